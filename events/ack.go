@@ -1,0 +1,407 @@
+package events
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Error codes an ack may carry (PROTOCOL §5).
+const (
+	CodeStaleCheckpoint    = "stale_checkpoint"
+	CodeCheckpointConflict = "checkpoint_conflict"
+	CodeInvalidPhase       = "invalid_phase"
+	CodeStaleAttempt       = "stale_attempt"
+	CodeDeadlineExceeded   = "deadline_exceeded"
+	CodeRestartInScope     = "restart_in_scope"
+	CodeExportFailed       = "export_failed"
+	CodeInstallFailed      = "install_failed"
+	CodeSuperseded         = "superseded"
+	CodeInternal           = "internal"
+)
+
+var codeRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
+
+// MaxBlockers caps the blocker list of a prepare ack; BlockerCount always
+// carries the full count.
+const MaxBlockers = 100
+
+// MaxDetail bounds the length of an error detail.
+const MaxDetail = 4096
+
+// AckError is the error a member answers a phase with.
+type AckError struct {
+	// Code is a snake_case code, one of the Code* constants or a
+	// participant's own.
+	Code string `json:"code"`
+	// Detail says what happened, for a person.
+	Detail string `json:"detail,omitempty"`
+}
+
+// Error implements error.
+func (e *AckError) Error() string { return e.Code + ": " + e.Detail }
+
+// State is a member's phase-machine state (PROTOCOL §5).
+type State string
+
+// The member states.
+const (
+	StateIdle      State = "idle"
+	StatePreparing State = "preparing"
+	StatePrepared  State = "prepared"
+	StateCommitted State = "committed"
+	StateRestored  State = "restored"
+)
+
+// Valid reports whether s is a member state.
+func (s State) Valid() bool {
+	switch s {
+	case StateIdle, StatePreparing, StatePrepared, StateCommitted, StateRestored:
+		return true
+	}
+	return false
+}
+
+// AckHeader is carried by every ack (PROTOCOL §4).
+type AckHeader struct {
+	// Run is the run id.
+	Run string `json:"run"`
+	// Member is the member that answers.
+	Member Member `json:"member"`
+	// Seq is the sequence of the phase event this ack answers.
+	Seq uint64 `json:"seq"`
+	// CheckpointID is the checkpoint (or operation) id of that phase.
+	CheckpointID string `json:"checkpoint_id"`
+	// Epoch is the epoch the member serves.
+	Epoch uint64 `json:"epoch"`
+	// OK tells success; on failure Error says why.
+	OK bool `json:"ok"`
+	// Error is set when OK is false.
+	Error *AckError `json:"error,omitempty"`
+	// State is the member's phase after handling the event.
+	State State `json:"phase"`
+	// TookMS is how long the member took, in milliseconds.
+	TookMS int64 `json:"took_ms"`
+}
+
+func (h AckHeader) validate() error {
+	var errs []error
+	if err := ValidateRun(h.Run); err != nil {
+		errs = append(errs, prefixField("data.", err))
+	}
+	if err := validateMember("data.member", string(h.Member)); err != nil {
+		errs = append(errs, err)
+	}
+	if h.Seq == 0 {
+		errs = append(errs, fieldErr("data.seq", ErrInvalid, "must be at least 1"))
+	}
+	if err := ValidateCheckpointID(h.CheckpointID); err != nil {
+		errs = append(errs, prefixField("data.", err))
+	}
+	switch {
+	case h.OK && h.Error != nil:
+		errs = append(errs, fieldErr("data.error", ErrInvalid, "set on an ok ack"))
+	case !h.OK && h.Error == nil:
+		errs = append(errs, fieldErr("data.error", ErrInvalid, "missing on a failed ack"))
+	case h.Error != nil:
+		if !codeRE.MatchString(h.Error.Code) {
+			errs = append(errs, fieldErr("data.error.code", ErrInvalid, "%q must match %s", clip(h.Error.Code), codeRE))
+		}
+		if len(h.Error.Detail) > MaxDetail {
+			errs = append(errs, fieldErr("data.error.detail", ErrTooLarge, "%d bytes, limit %d", len(h.Error.Detail), MaxDetail))
+		}
+	}
+	if !h.State.Valid() {
+		errs = append(errs, fieldErr("data.phase", ErrInvalid, "%q is not a member state", clip(string(h.State))))
+	}
+	if h.TookMS < 0 {
+		errs = append(errs, fieldErr("data.took_ms", ErrInvalid, "negative"))
+	}
+	return errors.Join(errs...)
+}
+
+func (h AckHeader) ackRoute(p Phase) route {
+	return route{run: h.Run, subject: h.CheckpointID, nats: AckSubject(h.Run, h.Seq, p, h.Member),
+		source: h.Member, seq: h.Seq, epoch: h.Epoch, hasSeq: true}
+}
+
+// Fail marks the ack failed with a code and detail.
+func (h *AckHeader) Fail(code, detail string) {
+	if len(detail) > MaxDetail {
+		detail = detail[:MaxDetail]
+	}
+	h.OK = false
+	h.Error = &AckError{Code: code, Detail: detail}
+}
+
+// PauseReport is what a sandbox daemon reports when it pauses or continues
+// its launch (PROTOCOL §6).
+type PauseReport struct {
+	// Mode is freeze, stop or hold.
+	Mode string `json:"mode"`
+	// PauseSeq counts the pauses of the launch.
+	PauseSeq int `json:"pause_seq"`
+	// Identity is the supervisor's pid and start time, "<pid>:<start>".
+	Identity string `json:"identity"`
+	// Wall is the daemon's wall clock when it acted.
+	Wall time.Time `json:"wall"`
+	// Uptime is the daemon's uptime in seconds when it acted.
+	Uptime float64 `json:"uptime"`
+	// PIDCount is how many processes it acted on; PIDs lists the first few.
+	PIDCount int   `json:"pid_count"`
+	PIDs     []int `json:"pids,omitempty"`
+	// Pending lists holdouts, "<pid>:D" for a process in state D.
+	Pending []string `json:"pending,omitempty"`
+	// Fallback is set when the pause could not be confirmed and the launch
+	// falls back to stop and relaunch; it says why.
+	Fallback string `json:"fallback,omitempty"`
+	// TookMS is how long the pause or continue took.
+	TookMS float64 `json:"took_ms"`
+}
+
+// PrepareAck answers a prepare.
+type PrepareAck struct {
+	AckHeader
+	// Ready tells whether every piece of the member's work is at a boundary.
+	Ready bool `json:"ready"`
+	// Blockers are the first MaxBlockers keys that are not ready.
+	Blockers []string `json:"blockers,omitempty"`
+	// BlockerCount is the full number of blockers.
+	BlockerCount int `json:"blocker_count"`
+	// Restarts are the episodes this member cannot capture; never capped.
+	Restarts []string `json:"restarts,omitempty"`
+	// Counts are the member's own tallies (runs parked, sessions held, ...).
+	Counts map[string]int `json:"counts,omitempty"`
+	// Pause is set by a sandbox daemon.
+	Pause *PauseReport `json:"pause,omitempty"`
+}
+
+// SetBlockers records every blocker: the list is capped, the count is not.
+func (a *PrepareAck) SetBlockers(all []string) {
+	a.BlockerCount = len(all)
+	if len(all) > MaxBlockers {
+		all = all[:MaxBlockers]
+	}
+	a.Blockers = append([]string(nil), all...)
+}
+
+// Type implements Data.
+func (PrepareAck) Type() Type { return TypePrepareAck }
+
+// Validate implements Data.
+func (a PrepareAck) Validate() error {
+	errs := []error{a.validate()}
+	if len(a.Blockers) > MaxBlockers {
+		errs = append(errs, fieldErr("data.blockers", ErrTooLarge, "%d entries, limit %d", len(a.Blockers), MaxBlockers))
+	}
+	if a.BlockerCount < len(a.Blockers) {
+		errs = append(errs, fieldErr("data.blocker_count", ErrInvalid, "%d is below the %d blockers listed", a.BlockerCount, len(a.Blockers)))
+	}
+	if a.Ready && a.BlockerCount > 0 {
+		errs = append(errs, fieldErr("data.ready", ErrInvalid, "ready with %d blockers", a.BlockerCount))
+	}
+	for i, b := range a.Blockers {
+		if b == "" || len(b) > 256 {
+			errs = append(errs, fieldErr(fmt.Sprintf("data.blockers[%d]", i), ErrInvalid, "must be 1 to 256 bytes"))
+			break
+		}
+	}
+	errs = append(errs, validateKeys("data.restarts", a.Restarts))
+	if len(a.Counts) > 64 {
+		errs = append(errs, fieldErr("data.counts", ErrTooLarge, "%d entries, limit 64", len(a.Counts)))
+	}
+	return errors.Join(errs...)
+}
+
+func (a PrepareAck) route() route { return a.ackRoute(PhasePrepare) }
+
+// RenewAck answers a renew.
+type RenewAck struct {
+	AckHeader
+	// Lease is when the member's lease now runs out.
+	Lease time.Time `json:"lease,omitzero"`
+}
+
+// Type implements Data.
+func (RenewAck) Type() Type { return TypeRenewAck }
+
+// Validate implements Data.
+func (a RenewAck) Validate() error { return a.validate() }
+
+func (a RenewAck) route() route { return a.ackRoute(PhaseRenew) }
+
+// ManifestSchema is the schema version of member manifests.
+const ManifestSchema = 1
+
+var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// MemberManifest describes the records one member exported for one
+// checkpoint. It is created once in sp_manifests under
+// <run>.<checkpoint>.<member>; readers verify the digest and count.
+type MemberManifest struct {
+	// Schema is ManifestSchema.
+	Schema int `json:"schema"`
+	// Run, CheckpointID and Member say whose records these are.
+	Run          string `json:"run"`
+	CheckpointID string `json:"checkpoint_id"`
+	Member       Member `json:"member"`
+	// Object is the object name in sp_records.
+	Object string `json:"object"`
+	// SHA256 is the hex digest of the object's bytes.
+	SHA256 string `json:"sha256"`
+	// Count is the number of records (JSON lines).
+	Count int `json:"count"`
+	// Size is the object's length in bytes.
+	Size int64 `json:"size"`
+	// Episodes are the capture keys of the exported records.
+	Episodes []string `json:"episodes,omitempty"`
+}
+
+// Validate checks the manifest.
+func (m MemberManifest) Validate() error {
+	var errs []error
+	if m.Schema != ManifestSchema {
+		errs = append(errs, fieldErr("manifest.schema", ErrUnknownVersion, "%d, this build reads %d", m.Schema, ManifestSchema))
+	}
+	if err := ValidateRun(m.Run); err != nil {
+		errs = append(errs, prefixField("manifest.", err))
+	}
+	if err := ValidateCheckpointID(m.CheckpointID); err != nil {
+		errs = append(errs, prefixField("manifest.", err))
+	}
+	if err := validateMember("manifest.member", string(m.Member)); err != nil {
+		errs = append(errs, err)
+	}
+	if want := RecordsObject(m.Run, m.CheckpointID, m.Member); m.Object != want {
+		errs = append(errs, fieldErr("manifest.object", ErrMismatch, "%q, want %q", clip(m.Object), want))
+	}
+	if !sha256RE.MatchString(m.SHA256) {
+		errs = append(errs, fieldErr("manifest.sha256", ErrInvalid, "%q is not a hex sha256", clip(m.SHA256)))
+	}
+	if m.Count < 0 || m.Size < 0 {
+		errs = append(errs, fieldErr("manifest.count", ErrInvalid, "negative count or size"))
+	}
+	errs = append(errs, validateKeys("manifest.episodes", m.Episodes))
+	return errors.Join(errs...)
+}
+
+// RecordsObject returns the sp_records object name of a member's records,
+// <run>/<checkpoint>/<member>.jsonl.
+func RecordsObject(run, checkpoint string, m Member) string {
+	return run + "/" + checkpoint + "/" + string(m) + ".jsonl"
+}
+
+// CommitAck answers a commit.
+type CommitAck struct {
+	AckHeader
+	// Manifest describes the exported records; set when OK.
+	Manifest *MemberManifest `json:"manifest,omitempty"`
+}
+
+// Type implements Data.
+func (CommitAck) Type() Type { return TypeCommitAck }
+
+// Validate implements Data.
+func (a CommitAck) Validate() error {
+	errs := []error{a.validate()}
+	if a.OK && a.Manifest == nil {
+		errs = append(errs, fieldErr("data.manifest", ErrInvalid, "missing on an ok commit ack"))
+	}
+	if a.Manifest != nil {
+		errs = append(errs, prefixField("data.", a.Manifest.Validate()))
+		if a.Manifest.Member != a.Member || a.Manifest.CheckpointID != a.CheckpointID || a.Manifest.Run != a.Run {
+			errs = append(errs, fieldErr("data.manifest", ErrMismatch, "names %s/%s/%s, the ack is %s/%s/%s",
+				a.Manifest.Run, a.Manifest.CheckpointID, a.Manifest.Member, a.Run, a.CheckpointID, a.Member))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (a CommitAck) route() route { return a.ackRoute(PhaseCommit) }
+
+// ResumeAck answers a resume.
+type ResumeAck struct {
+	AckHeader
+	// Pause is set by a sandbox daemon that continued its launch.
+	Pause *PauseReport `json:"pause,omitempty"`
+}
+
+// Type implements Data.
+func (ResumeAck) Type() Type { return TypeResumeAck }
+
+// Validate implements Data.
+func (a ResumeAck) Validate() error { return a.validate() }
+
+func (a ResumeAck) route() route { return a.ackRoute(PhaseResume) }
+
+// RestoreAck answers a restore.
+type RestoreAck struct {
+	AckHeader
+	// Source is the checkpoint the member restored from.
+	Source string `json:"source_checkpoint_id,omitempty"`
+	// Restored are the next-attempt capture keys the member now holds.
+	Restored []string `json:"restored,omitempty"`
+}
+
+// Type implements Data.
+func (RestoreAck) Type() Type { return TypeRestoreAck }
+
+// Validate implements Data.
+func (a RestoreAck) Validate() error {
+	errs := []error{a.validate(), validateKeys("data.restored", a.Restored)}
+	if a.Source != "" {
+		errs = append(errs, ValidateToken("data.source_checkpoint_id", a.Source))
+	}
+	return errors.Join(errs...)
+}
+
+func (a RestoreAck) route() route { return a.ackRoute(PhaseRestore) }
+
+// RetireAck answers a retire.
+type RetireAck struct {
+	AckHeader
+}
+
+// Type implements Data.
+func (RetireAck) Type() Type { return TypeRetireAck }
+
+// Validate implements Data.
+func (a RetireAck) Validate() error { return a.validate() }
+
+func (a RetireAck) route() route { return a.ackRoute(PhaseRetire) }
+
+// ForgetAck answers a forget.
+type ForgetAck struct {
+	AckHeader
+}
+
+// Type implements Data.
+func (ForgetAck) Type() Type { return TypeForgetAck }
+
+// Validate implements Data.
+func (a ForgetAck) Validate() error { return a.validate() }
+
+func (a ForgetAck) route() route { return a.ackRoute(PhaseForget) }
+
+// ReleaseAck answers a release.
+type ReleaseAck struct {
+	AckHeader
+	// Deleted are the ids of what the member deleted (snapshot ids for an
+	// owner).
+	Deleted []string `json:"deleted,omitempty"`
+}
+
+// Type implements Data.
+func (ReleaseAck) Type() Type { return TypeReleaseAck }
+
+// Validate implements Data.
+func (a ReleaseAck) Validate() error {
+	errs := []error{a.validate()}
+	if len(a.Deleted) > MaxListLen {
+		errs = append(errs, fieldErr("data.deleted", ErrTooLarge, "%d entries, limit %d", len(a.Deleted), MaxListLen))
+	}
+	return errors.Join(errs...)
+}
+
+func (a ReleaseAck) route() route { return a.ackRoute(PhaseRelease) }

@@ -1,0 +1,272 @@
+package events
+
+import (
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cloudevents/sdk-go/v2/binding/format"
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/cloudevents/sdk-go/v2/types"
+	"github.com/nats-io/nats.go"
+)
+
+// Header names used on the wire.
+const (
+	// HeaderPrefix starts every CloudEvents attribute header in binary mode.
+	HeaderPrefix = "ce-"
+	// HeaderMsgID is NATS's deduplication header; it carries ce-id.
+	HeaderMsgID = nats.MsgIdHdr
+	// HeaderContentType marks a structured-mode message when its value
+	// starts with application/cloudevents.
+	HeaderContentType = "content-type"
+)
+
+// Limits on what Parse reads from headers.
+const (
+	// MaxHeaderValue bounds one decoded ce-* header value.
+	MaxHeaderValue = 4096
+	// MaxAttributes bounds the number of ce-* headers.
+	MaxAttributes = 32
+)
+
+// Encode writes e as a binary-mode CloudEvents NATS message (CloudEvents
+// NATS protocol binding 1.0.3 §3.1): one lower-case ce-<attribute> header
+// per attribute, values percent-encoded, the data as the body, and ce-id
+// repeated in Nats-Msg-Id so that the server drops a repeated publish.
+func Encode(subject string, e event.Event) (*nats.Msg, error) {
+	if err := e.Validate(); err != nil {
+		return nil, fieldErr("event", ErrInvalid, "%v", err)
+	}
+	if len(e.Data()) > MaxDataSize {
+		return nil, fieldErr("data", ErrTooLarge, "%d bytes, limit %d", len(e.Data()), MaxDataSize)
+	}
+	m := nats.NewMsg(subject)
+	set := func(name, v string) { m.Header[HeaderPrefix+name] = []string{percentEncode(v)} }
+	set("specversion", e.SpecVersion())
+	set("id", e.ID())
+	set("source", e.Source())
+	set("type", e.Type())
+	if v := e.Subject(); v != "" {
+		set("subject", v)
+	}
+	if t := e.Time(); !t.IsZero() {
+		set("time", t.UTC().Format(time.RFC3339Nano))
+	}
+	if v := e.DataContentType(); v != "" {
+		set("datacontenttype", v)
+	}
+	if v := e.DataSchema(); v != "" {
+		set("dataschema", v)
+	}
+	for name, v := range e.Extensions() {
+		s, err := types.Format(v)
+		if err != nil {
+			return nil, fieldErr("ce-"+name, ErrInvalid, "%v", err)
+		}
+		set(strings.ToLower(name), s)
+	}
+	m.Header[HeaderMsgID] = []string{e.ID()}
+	m.Data = e.Data()
+	return m, nil
+}
+
+// Parse reads a CloudEvent from a NATS message. Binary mode is the norm;
+// a message whose Content-Type starts with application/cloudevents is read
+// in structured mode, as the binding requires. Header names match
+// case-insensitively; values are unquoted and percent-decoded once, and
+// must be valid UTF-8.
+func Parse(m *nats.Msg) (event.Event, error) {
+	if len(m.Data) > MaxDataSize {
+		return event.Event{}, fieldErr("data", ErrTooLarge, "%d bytes, limit %d", len(m.Data), MaxDataSize)
+	}
+	attrs := map[string]string{}
+	var contentType string
+	for k, vs := range m.Header {
+		lk := strings.ToLower(k)
+		if lk == HeaderContentType && len(vs) > 0 {
+			contentType = vs[0]
+			continue
+		}
+		if !strings.HasPrefix(lk, HeaderPrefix) || len(vs) == 0 {
+			continue
+		}
+		name := lk[len(HeaderPrefix):]
+		if _, dup := attrs[name]; dup || len(vs) > 1 {
+			return event.Event{}, fieldErr(lk, ErrMalformed, "repeated header")
+		}
+		if len(attrs) == MaxAttributes {
+			return event.Event{}, fieldErr("headers", ErrTooLarge, "more than %d ce-* headers", MaxAttributes)
+		}
+		v, err := percentDecode(lk, vs[0])
+		if err != nil {
+			return event.Event{}, err
+		}
+		attrs[name] = v
+	}
+	if strings.HasPrefix(strings.ToLower(strings.TrimSpace(contentType)), "application/cloudevents") {
+		return parseStructured(m)
+	}
+	return parseBinary(attrs, contentType, m.Data)
+}
+
+func parseStructured(m *nats.Msg) (event.Event, error) {
+	if !utf8.Valid(m.Data) {
+		return event.Event{}, fieldErr("data", ErrMalformed, "invalid UTF-8")
+	}
+	e := event.New()
+	if err := format.JSON.Unmarshal(m.Data, &e); err != nil {
+		return event.Event{}, fieldErr("data", ErrMalformed, "structured event: %v", err)
+	}
+	if e.SpecVersion() != event.CloudEventsVersionV1 {
+		return event.Event{}, fieldErr("specversion", ErrUnknownVersion, "%q, want %s", clip(e.SpecVersion()), event.CloudEventsVersionV1)
+	}
+	if err := e.Validate(); err != nil {
+		return event.Event{}, fieldErr("event", ErrInvalid, "%v", err)
+	}
+	return e, nil
+}
+
+func parseBinary(attrs map[string]string, contentType string, data []byte) (event.Event, error) {
+	sv, ok := attrs["specversion"]
+	if !ok {
+		return event.Event{}, fieldErr("ce-specversion", ErrInvalid, "missing")
+	}
+	if sv != event.CloudEventsVersionV1 {
+		return event.Event{}, fieldErr("ce-specversion", ErrUnknownVersion, "%q, want %s", clip(sv), event.CloudEventsVersionV1)
+	}
+	e := event.New(event.CloudEventsVersionV1)
+	for _, req := range []string{"id", "source", "type"} {
+		if strings.TrimSpace(attrs[req]) == "" {
+			return event.Event{}, fieldErr("ce-"+req, ErrInvalid, "missing")
+		}
+	}
+	for name, v := range attrs {
+		var err error
+		switch name {
+		case "specversion":
+		case "id":
+			e.SetID(v)
+		case "source":
+			err = e.Context.SetSource(v)
+		case "type":
+			e.SetType(v)
+		case "subject":
+			e.SetSubject(v)
+		case "time":
+			var t time.Time
+			t, err = time.Parse(time.RFC3339Nano, v)
+			if err == nil {
+				e.SetTime(t)
+			}
+		case "datacontenttype":
+			e.SetDataContentType(v)
+		case "dataschema":
+			err = e.Context.SetDataSchema(v)
+		default:
+			if !event.IsExtensionNameValid(name) || len(name) > 20 {
+				return event.Event{}, fieldErr("ce-"+name, ErrInvalid, "not a valid extension name")
+			}
+			err = e.Context.SetExtension(name, v)
+		}
+		if err != nil {
+			return event.Event{}, fieldErr("ce-"+name, ErrInvalid, "%q: %v", clip(v), err)
+		}
+	}
+	if e.DataContentType() == "" && contentType != "" {
+		e.SetDataContentType(contentType)
+	}
+	if err := e.Validate(); err != nil {
+		return event.Event{}, fieldErr("event", ErrInvalid, "%v", err)
+	}
+	if len(data) > 0 {
+		e.DataEncoded = data
+	}
+	return e, nil
+}
+
+// percentEncode encodes space, double quote, percent and every byte
+// outside U+0021..U+007E as %XY with upper-case hex over the UTF-8 bytes
+// (binding §3.1.3.2).
+func percentEncode(s string) string {
+	needs := false
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= 0x20 || c >= 0x7f || c == '"' || c == '%' {
+			needs = true
+			break
+		}
+	}
+	if !needs {
+		return s
+	}
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	b.Grow(len(s) + 8)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= 0x20 || c >= 0x7f || c == '"' || c == '%' {
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&0xf])
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+// percentDecode unquotes a value (a surrounding pair of double quotes) and
+// percent-decodes it once; the result must be valid UTF-8.
+func percentDecode(field, s string) (string, error) {
+	if len(s) > 3*MaxHeaderValue {
+		return "", fieldErr(field, ErrTooLarge, "%d bytes, limit %d", len(s), MaxHeaderValue)
+	}
+	if len(s) >= 2 && s[0] == '"' && s[len(s)-1] == '"' {
+		s = s[1 : len(s)-1]
+	}
+	if strings.IndexByte(s, '%') < 0 {
+		if !utf8.ValidString(s) {
+			return "", fieldErr(field, ErrMalformed, "invalid UTF-8")
+		}
+		if len(s) > MaxHeaderValue {
+			return "", fieldErr(field, ErrTooLarge, "%d bytes, limit %d", len(s), MaxHeaderValue)
+		}
+		return s, nil
+	}
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			b = append(b, s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", fieldErr(field, ErrMalformed, "truncated percent-escape")
+		}
+		hi, ok1 := unhex(s[i+1])
+		lo, ok2 := unhex(s[i+2])
+		if !ok1 || !ok2 {
+			return "", fieldErr(field, ErrMalformed, "bad percent-escape %q", s[i:i+3])
+		}
+		b = append(b, hi<<4|lo)
+		i += 2
+	}
+	if !utf8.Valid(b) {
+		return "", fieldErr(field, ErrMalformed, "invalid UTF-8")
+	}
+	if len(b) > MaxHeaderValue {
+		return "", fieldErr(field, ErrTooLarge, "%d bytes, limit %d", len(b), MaxHeaderValue)
+	}
+	return string(b), nil
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}

@@ -1,0 +1,297 @@
+package events
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+)
+
+// Data is the payload of one event type: one Go type per CloudEvent type.
+// The interface is sealed; only this package's types implement it.
+type Data interface {
+	// Type returns the CloudEvents type the payload travels as.
+	Type() Type
+	// Validate checks every field against the protocol and returns an
+	// error naming the first field that breaks it (errors.Join of several).
+	Validate() error
+
+	route() route
+}
+
+// route is what the envelope derives from a payload.
+type route struct {
+	run     string
+	subject string // ce-subject
+	nats    string // NATS subject
+	source  Member // the member that must send it; "" means any bridge
+	seq     uint64
+	epoch   uint64
+	hasSeq  bool
+}
+
+// Extension attribute names (PROTOCOL §4).
+const (
+	ExtRun   = "sprun"
+	ExtSeq   = "spseq"
+	ExtEpoch = "spepoch"
+)
+
+// ContentTypeJSON is the data content type of every Stillpoint event.
+const ContentTypeJSON = "application/json"
+
+// MaxDataSize bounds the JSON data of one event. It stays below NATS's
+// default 1 MiB max_payload with room for the headers; larger exports go to
+// the sp_records object store and the event carries their manifest.
+const MaxDataSize = 960 << 10
+
+// Option changes how New builds an event.
+type Option func(*options)
+
+type options struct {
+	id string
+	at time.Time
+}
+
+// WithID sets ce-id (and so Nats-Msg-Id). Publishers that may repeat a
+// publish after a crash use a deterministic id so that the server drops the
+// repeat. The default is a fresh unique id.
+func WithID(id string) Option { return func(o *options) { o.id = id } }
+
+// WithTime sets ce-time. The default is the current time.
+func WithTime(t time.Time) Option { return func(o *options) { o.at = t } }
+
+// New builds a CloudEvent from a payload sent by source. It validates the
+// payload and checks that source may send it: phases and outcomes come from
+// a bridge, acks and membership events from the member they name.
+func New(source Member, d Data, opts ...Option) (event.Event, error) {
+	o := options{}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.id == "" {
+		o.id = nuid.Next()
+	}
+	if o.at.IsZero() {
+		o.at = time.Now()
+	}
+	if err := source.Validate(); err != nil {
+		return event.Event{}, err
+	}
+	if err := d.Validate(); err != nil {
+		return event.Event{}, err
+	}
+	r := d.route()
+	if err := checkSource("source", source, r); err != nil {
+		return event.Event{}, err
+	}
+	body, err := json.Marshal(d)
+	if err != nil {
+		return event.Event{}, fieldErr("data", ErrMalformed, "%v", err)
+	}
+	if len(body) > MaxDataSize {
+		return event.Event{}, fieldErr("data", ErrTooLarge, "%d bytes, limit %d", len(body), MaxDataSize)
+	}
+	e := event.New(event.CloudEventsVersionV1)
+	e.SetID(o.id)
+	e.SetSource("/" + r.run + "/" + string(source))
+	e.SetType(string(d.Type()))
+	e.SetSubject(r.subject)
+	e.SetTime(o.at.UTC())
+	e.SetDataContentType(ContentTypeJSON)
+	e.SetExtension(ExtRun, r.run)
+	if r.hasSeq {
+		e.SetExtension(ExtSeq, strconv.FormatUint(r.seq, 10))
+	}
+	e.SetExtension(ExtEpoch, strconv.FormatUint(r.epoch, 10))
+	e.DataEncoded = body
+	if err := e.Validate(); err != nil {
+		return event.Event{}, fieldErr("event", ErrInvalid, "%v", err)
+	}
+	return e, nil
+}
+
+// Marshal builds the event for d and encodes it as a NATS message on the
+// subject the protocol gives it (PROTOCOL §3).
+func Marshal(source Member, d Data, opts ...Option) (*nats.Msg, error) {
+	e, err := New(source, d, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return Encode(d.route().nats, e)
+}
+
+// Subject returns the NATS subject d is published on.
+func Subject(d Data) string { return d.route().nats }
+
+// Decode reads the payload of e as T, checking the type (and its version),
+// the data, and that the envelope agrees with the data: run, checkpoint,
+// sequence, epoch and sender.
+func Decode[T Data](e event.Event) (T, error) {
+	var zero T
+	if err := checkType(e.Type()); err != nil {
+		return zero, err
+	}
+	if Type(e.Type()) != zero.Type() {
+		return zero, fieldErr("ce-type", ErrMismatch, "%q, want %q", e.Type(), zero.Type())
+	}
+	if err := checkData(e); err != nil {
+		return zero, err
+	}
+	d, err := decodeData[T](e.Data())
+	if err != nil {
+		return zero, err
+	}
+	if err := checkEnvelope(e, d); err != nil {
+		return zero, err
+	}
+	return d, nil
+}
+
+// DecodeAny reads the payload of e as whichever type ce-type names; the
+// result is one of this package's payload types (a value, not a pointer).
+func DecodeAny(e event.Event) (Data, error) {
+	if err := checkType(e.Type()); err != nil {
+		return nil, err
+	}
+	if err := checkData(e); err != nil {
+		return nil, err
+	}
+	d, err := registry[Type(e.Type())](e.Data())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkEnvelope(e, d); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Unmarshal parses a NATS message and decodes its payload. When the message
+// carries a subject (it does when it came from the server), the subject must
+// be the one the payload belongs on, so an ack published on one member's
+// subject cannot claim to come from another.
+func Unmarshal(m *nats.Msg) (event.Event, Data, error) {
+	e, err := Parse(m)
+	if err != nil {
+		return event.Event{}, nil, err
+	}
+	d, err := DecodeAny(e)
+	if err != nil {
+		return event.Event{}, nil, err
+	}
+	if m.Subject != "" && m.Subject != d.route().nats {
+		return event.Event{}, nil, fieldErr("subject", ErrMismatch, "%q, the event belongs on %q", clip(m.Subject), d.route().nats)
+	}
+	return e, d, nil
+}
+
+func checkData(e event.Event) error {
+	if ct := e.DataContentType(); ct != "" && !strings.HasPrefix(ct, ContentTypeJSON) {
+		return fieldErr("ce-datacontenttype", ErrInvalid, "%q, want %s", clip(ct), ContentTypeJSON)
+	}
+	b := e.Data()
+	if len(b) == 0 {
+		return fieldErr("data", ErrInvalid, "missing")
+	}
+	if len(b) > MaxDataSize {
+		return fieldErr("data", ErrTooLarge, "%d bytes, limit %d", len(b), MaxDataSize)
+	}
+	if !utf8.Valid(b) {
+		return fieldErr("data", ErrMalformed, "invalid UTF-8")
+	}
+	return nil
+}
+
+func decodeData[T Data](b []byte) (T, error) {
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		var zero T
+		return zero, fieldErr("data", ErrMalformed, "%v", err)
+	}
+	if err := v.Validate(); err != nil {
+		var zero T
+		return zero, err
+	}
+	return v, nil
+}
+
+// checkEnvelope checks that the CloudEvents attributes agree with the data.
+func checkEnvelope(e event.Event, d Data) error {
+	r := d.route()
+	src := e.Source()
+	run, member, ok := strings.Cut(strings.TrimPrefix(src, "/"), "/")
+	if !strings.HasPrefix(src, "/") || !ok {
+		return fieldErr("ce-source", ErrInvalid, "%q must be /<run>/<member>", clip(src))
+	}
+	if run != r.run {
+		return fieldErr("ce-source", ErrMismatch, "run %q, data says %q", clip(run), r.run)
+	}
+	if err := validateMember("ce-source", member); err != nil {
+		return err
+	}
+	if err := checkSource("ce-source", Member(member), r); err != nil {
+		return err
+	}
+	if e.Subject() != r.subject {
+		return fieldErr("ce-subject", ErrMismatch, "%q, data says %q", clip(e.Subject()), r.subject)
+	}
+	ext := e.Extensions()
+	if v, _ := ext[ExtRun].(string); v != r.run {
+		return fieldErr("ce-"+ExtRun, ErrMismatch, "%q, data says %q", clip(v), r.run)
+	}
+	if r.hasSeq {
+		if err := checkUint(ext, ExtSeq, r.seq, true); err != nil {
+			return err
+		}
+	}
+	return checkUint(ext, ExtEpoch, r.epoch, false)
+}
+
+func checkUint(ext map[string]any, name string, want uint64, required bool) error {
+	raw, ok := ext[name]
+	if !ok {
+		if required {
+			return fieldErr("ce-"+name, ErrInvalid, "missing")
+		}
+		return nil
+	}
+	var got uint64
+	switch v := raw.(type) {
+	case string:
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return fieldErr("ce-"+name, ErrInvalid, "%q is not a number", clip(v))
+		}
+		got = n
+	case int32:
+		if v < 0 {
+			return fieldErr("ce-"+name, ErrInvalid, "%d is negative", v)
+		}
+		got = uint64(v)
+	default:
+		return fieldErr("ce-"+name, ErrInvalid, "unexpected %T", raw)
+	}
+	if got != want {
+		return fieldErr("ce-"+name, ErrMismatch, "%d, data says %d", got, want)
+	}
+	return nil
+}
+
+func checkSource(field string, source Member, r route) error {
+	if r.source == "" {
+		if source.Kind() != KindBridge {
+			return fieldErr(field, ErrMismatch, "%q: only a bridge sends this event", source)
+		}
+		return nil
+	}
+	if source != r.source {
+		return fieldErr(field, ErrMismatch, "%q, data says member %q", source, r.source)
+	}
+	return nil
+}

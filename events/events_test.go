@@ -1,0 +1,245 @@
+package events
+
+import (
+	"errors"
+	"math/rand/v2"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+func TestSamplesCoverEveryType(t *testing.T) {
+	s := samples()
+	for _, typ := range Types() {
+		if _, ok := s[typ]; !ok {
+			t.Errorf("no sample for %s", typ)
+		}
+	}
+}
+
+func TestRoundTripEveryType(t *testing.T) {
+	for typ, s := range samples() {
+		t.Run(typ.Noun(), func(t *testing.T) {
+			at := time.Date(2026, 11, 29, 8, 0, 0, 123456789, time.UTC)
+			m, err := Marshal(s.src, s.data, WithID("id-"+typ.Noun()), WithTime(at))
+			if err != nil {
+				t.Fatalf("Marshal: %v", err)
+			}
+			if got := m.Header.Get(HeaderMsgID); got != "id-"+typ.Noun() {
+				t.Errorf("Nats-Msg-Id = %q, want the ce-id", got)
+			}
+			for k := range m.Header {
+				if strings.HasPrefix(strings.ToLower(k), "ce-") && k != strings.ToLower(k) {
+					t.Errorf("header %q is not lower-case", k)
+				}
+			}
+			e, d, err := Unmarshal(m)
+			if err != nil {
+				t.Fatalf("Unmarshal: %v", err)
+			}
+			if !reflect.DeepEqual(d, s.data) {
+				t.Errorf("data changed in the round trip:\n got %#v\nwant %#v", d, s.data)
+			}
+			if !e.Time().Equal(at) || e.Type() != string(typ) || e.SpecVersion() != "1.0" {
+				t.Errorf("attributes: time %v type %s specversion %s", e.Time(), e.Type(), e.SpecVersion())
+			}
+			if got := e.Source(); !strings.HasPrefix(got, "/run1/") {
+				t.Errorf("source = %q", got)
+			}
+		})
+	}
+}
+
+func TestDecodeTyped(t *testing.T) {
+	s := samples()[TypeCommit]
+	e, err := New(s.src, s.data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Decode[Commit](e)
+	if err != nil {
+		t.Fatalf("Decode[Commit]: %v", err)
+	}
+	if !c.Stop || len(c.Scope) != 2 || c.Scope[1] != (Episode{Rollout: "r2", Attempt: 3}) {
+		t.Errorf("decoded %+v", c)
+	}
+	if _, err := Decode[Prepare](e); !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "ce-type") {
+		t.Errorf("Decode[Prepare] of a commit: %v, want a ce-type mismatch", err)
+	}
+}
+
+func TestSubjects(t *testing.T) {
+	cases := map[Type]string{
+		TypePrepare:             "sp.run1.phase.prepare",
+		TypePrepareAck:          "sp.run1.ack.1.prepare.agent.a0",
+		TypeCommitAck:           "sp.run1.ack.3.commit.agent.a0",
+		TypeCheckpointCommitted: "sp.run1.outcome.checkpoint.committed",
+		TypeMemberJoined:        "sp.run1.member.sandbox.sb-1",
+	}
+	s := samples()
+	for typ, want := range cases {
+		if got := Subject(s[typ].data); got != want {
+			t.Errorf("%s: subject %q, want %q", typ, got, want)
+		}
+	}
+	if got := AckFilter("run1", 9); got != "sp.run1.ack.9.>" {
+		t.Errorf("AckFilter = %q", got)
+	}
+}
+
+func TestPercentEncoding(t *testing.T) {
+	cases := []struct{ in, out string }{
+		{"plain", "plain"},
+		{"ckpt-42 café", "ckpt-42%20caf%C3%A9"},
+		{`a"b%c`, "a%22b%25c"},
+		{"tab\there~", "tab%09here~"},
+		{"\x7f", "%7F"},
+	}
+	for _, c := range cases {
+		if got := percentEncode(c.in); got != c.out {
+			t.Errorf("percentEncode(%q) = %q, want %q", c.in, got, c.out)
+		}
+		back, err := percentDecode("x", c.out)
+		if err != nil || back != c.in {
+			t.Errorf("percentDecode(%q) = %q, %v", c.out, back, err)
+		}
+	}
+	if got, err := percentDecode("x", `"quoted%20value"`); err != nil || got != "quoted value" {
+		t.Errorf("quoted value decoded to %q, %v", got, err)
+	}
+	for _, bad := range []string{"%", "%4", "%G1", "%C3", "\xff"} {
+		if _, err := percentDecode("ce-subject", bad); err == nil || !strings.Contains(err.Error(), "ce-subject") {
+			t.Errorf("percentDecode(%q) = %v, want an error naming ce-subject", bad, err)
+		}
+	}
+}
+
+func TestHeaderNamesAreCaseInsensitive(t *testing.T) {
+	m, err := Marshal(testBridge, Prepare{testPhase(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mixed := nats.NewMsg(m.Subject)
+	mixed.Data = m.Data
+	for k, v := range m.Header {
+		if strings.HasPrefix(k, "ce-") {
+			k = "Ce-" + strings.ToUpper(k[3:4]) + k[4:]
+		}
+		mixed.Header[k] = v
+	}
+	if _, d, err := Unmarshal(mixed); err != nil || d.Type() != TypePrepare {
+		t.Fatalf("mixed-case headers: %v", err)
+	}
+}
+
+func TestNonASCIIAttributesSurvive(t *testing.T) {
+	e, err := New(testBridge, Prepare{testPhase(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.SetExtension("note", "résumé 100% \"done\"")
+	m, err := Encode("sp.run1.phase.prepare", e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Header.Get("ce-note"); got != "r%C3%A9sum%C3%A9%20100%25%20%22done%22" {
+		t.Errorf("ce-note on the wire = %q", got)
+	}
+	back, err := Parse(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := back.Extensions()["note"]; got != "résumé 100% \"done\"" {
+		t.Errorf("ce-note read back = %q", got)
+	}
+}
+
+func TestStructuredModeIsRead(t *testing.T) {
+	m := nats.NewMsg("sp.run1.phase.prepare")
+	m.Header.Set("Content-Type", "application/cloudevents+json; charset=utf-8")
+	m.Data = []byte(`{"specversion":"1.0","id":"x1","source":"/run1/bridge.main","type":"dev.stillpoint.phase.prepare.v1",
+		"subject":"ckpt-7","sprun":"run1","spseq":"1","spepoch":"2","datacontenttype":"application/json",
+		"data":{"run":"run1","checkpoint_id":"ckpt-7","seq":1,"epoch":2,"deadline":"2026-11-29T08:00:30Z","members":["agent.a0"]}}`)
+	_, d, err := Unmarshal(m)
+	if err != nil {
+		t.Fatalf("structured: %v", err)
+	}
+	if p := d.(Prepare); p.CheckpointID != "ckpt-7" || p.Members[0] != "agent.a0" {
+		t.Errorf("decoded %+v", p)
+	}
+}
+
+func TestEpisodes(t *testing.T) {
+	good := map[string]Episode{
+		"r1":           {"r1", 0},
+		"r1-a1":        {"r1", 1},
+		"task.7_x-a12": {"task.7_x", 12},
+		"a-b":          {"a-b", 0},
+	}
+	for s, want := range good {
+		got, err := ParseEpisode(s)
+		if err != nil || got != want || got.String() != s {
+			t.Errorf("ParseEpisode(%q) = %+v, %v", s, got, err)
+		}
+	}
+	for _, s := range []string{"", "r1-a0", "r1-a01", "r1-a1-a2", "../x", "a/b", "-x", ".x", "a b", "a*", strings.Repeat("x", 129)} {
+		if _, err := ParseEpisode(s); err == nil || !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseEpisode(%q) = %v, want ErrInvalid", s, err)
+		}
+	}
+	if (Episode{"r", 2}).Next() != (Episode{"r", 3}) {
+		t.Error("Next")
+	}
+}
+
+func TestTokens(t *testing.T) {
+	for _, s := range []string{"run1", "R_2-x", strings.Repeat("a", 64)} {
+		if err := ValidateRun(s); err != nil {
+			t.Errorf("ValidateRun(%q): %v", s, err)
+		}
+	}
+	for _, s := range []string{"", "a.b", "a*", ">", "../etc", "a b", "_x", strings.Repeat("a", 65), "é"} {
+		err := ValidateRun(s)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "run") {
+			t.Errorf("ValidateRun(%q) = %v, want ErrInvalid naming run", s, err)
+		}
+	}
+	if _, err := NewMember(KindAgent, "a.b"); err == nil {
+		t.Error("member name with a dot accepted")
+	}
+	if err := Member("robot.x").Validate(); err == nil || !strings.Contains(err.Error(), "kind") {
+		t.Errorf("unknown kind: %v", err)
+	}
+}
+
+// TestValidIDMatchesThePattern checks the byte-loop matcher against the
+// PROTOCOL §2 patterns it replaces, over many generated strings.
+func TestValidIDMatchesThePattern(t *testing.T) {
+	token, rollout := regexp.MustCompile(tokenRE), regexp.MustCompile(rolloutRE)
+	alphabet := "aZ09_-.*> /é"
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < 20000; i++ {
+		n := rng.IntN(70)
+		if i%100 == 0 {
+			n = 60 + rng.IntN(80)
+		}
+		var b strings.Builder
+		for j := 0; j < n; j++ {
+			b.WriteByte(alphabet[rng.IntN(len(alphabet))])
+		}
+		s := b.String()
+		if got, want := validID(s, 64, false), token.MatchString(s); got != want {
+			t.Fatalf("token %q: validID %v, pattern %v", s, got, want)
+		}
+		if got, want := validID(s, 128, true), rollout.MatchString(s); got != want {
+			t.Fatalf("rollout %q: validID %v, pattern %v", s, got, want)
+		}
+		if got, want := attemptSuffix(s) >= 0, regexp.MustCompile(`-a[0-9]+$`).MatchString(s); got != want {
+			t.Fatalf("attempt suffix %q: %v, pattern %v", s, got, want)
+		}
+	}
+}

@@ -1,0 +1,300 @@
+package events
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Phase names a checkpoint phase (PROTOCOL §5).
+type Phase string
+
+// The phases.
+const (
+	PhasePrepare Phase = "prepare"
+	PhaseRenew   Phase = "renew"
+	PhaseCommit  Phase = "commit"
+	PhaseResume  Phase = "resume"
+	PhaseRestore Phase = "restore"
+	PhaseRetire  Phase = "retire"
+	PhaseForget  Phase = "forget"
+	PhaseRelease Phase = "release"
+)
+
+// Phases lists every phase in protocol order.
+var Phases = []Phase{PhasePrepare, PhaseRenew, PhaseCommit, PhaseResume, PhaseRestore, PhaseRetire, PhaseForget, PhaseRelease}
+
+// Valid reports whether p is a phase of the protocol.
+func (p Phase) Valid() bool {
+	for _, q := range Phases {
+		if p == q {
+			return true
+		}
+	}
+	return false
+}
+
+// MaxMembers bounds the member set a phase names.
+const MaxMembers = 16384
+
+// PhaseHeader is carried by every phase event (PROTOCOL §4). For retire,
+// forget and release, CheckpointID is the id of that operation.
+type PhaseHeader struct {
+	// Run is the run id.
+	Run string `json:"run"`
+	// CheckpointID is the checkpoint (or operation) id the phase belongs to.
+	CheckpointID string `json:"checkpoint_id"`
+	// Seq is the phase sequence, monotonic per run, assigned by the bridge.
+	Seq uint64 `json:"seq"`
+	// Epoch is the number of restores of the run so far.
+	Epoch uint64 `json:"epoch"`
+	// Deadline is when the bridge stops waiting for acks (RFC 3339, UTC).
+	Deadline time.Time `json:"deadline"`
+	// Members is the member set the bridge expects to answer.
+	Members []Member `json:"members"`
+}
+
+func (h PhaseHeader) validate() error {
+	var errs []error
+	if err := ValidateRun(h.Run); err != nil {
+		errs = append(errs, prefixField("data.", err))
+	}
+	if err := ValidateCheckpointID(h.CheckpointID); err != nil {
+		errs = append(errs, prefixField("data.", err))
+	}
+	if h.Seq == 0 {
+		errs = append(errs, fieldErr("data.seq", ErrInvalid, "must be at least 1"))
+	}
+	if h.Deadline.IsZero() {
+		errs = append(errs, fieldErr("data.deadline", ErrInvalid, "missing"))
+	}
+	if len(h.Members) > MaxMembers {
+		errs = append(errs, fieldErr("data.members", ErrTooLarge, "%d members, limit %d", len(h.Members), MaxMembers))
+	} else {
+		for i, m := range h.Members {
+			if err := validateMember(fmt.Sprintf("data.members[%d]", i), string(m)); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (h PhaseHeader) phaseRoute(p Phase) route {
+	return route{run: h.Run, subject: h.CheckpointID, nats: PhaseSubject(h.Run, p), seq: h.Seq, epoch: h.Epoch, hasSeq: true}
+}
+
+// Prepare asks every member to close admission and bring its work to a
+// boundary.
+type Prepare struct {
+	PhaseHeader
+}
+
+// Type implements Data.
+func (Prepare) Type() Type { return TypePrepare }
+
+// Validate implements Data.
+func (p Prepare) Validate() error { return p.validate() }
+
+func (p Prepare) route() route { return p.phaseRoute(PhasePrepare) }
+
+// Renew extends the lease of an open checkpoint during a slow outer save.
+type Renew struct {
+	PhaseHeader
+}
+
+// Type implements Data.
+func (Renew) Type() Type { return TypeRenew }
+
+// Validate implements Data.
+func (p Renew) Validate() error { return p.validate() }
+
+func (p Renew) route() route { return p.phaseRoute(PhaseRenew) }
+
+// Commit asks every prepared member to export its state once.
+type Commit struct {
+	PhaseHeader
+	// Scope is the episodes that continue from this checkpoint.
+	Scope []Episode `json:"scope"`
+	// Stop asks members to park (kill) exported work once the checkpoint
+	// manifest is durable.
+	Stop bool `json:"stop,omitempty"`
+}
+
+// Type implements Data.
+func (Commit) Type() Type { return TypeCommit }
+
+// Validate implements Data.
+func (p Commit) Validate() error {
+	return errors.Join(p.validate(), validateEpisodes("data.scope", p.Scope))
+}
+
+func (p Commit) route() route { return p.phaseRoute(PhaseCommit) }
+
+// Resume reopens admission; it is also the abort of an open checkpoint.
+type Resume struct {
+	PhaseHeader
+	// Aborted tells whether the checkpoint was abandoned (true) or
+	// committed (false).
+	Aborted bool `json:"aborted,omitempty"`
+}
+
+// Type implements Data.
+func (Resume) Type() Type { return TypeResume }
+
+// Validate implements Data.
+func (p Resume) Validate() error { return p.validate() }
+
+func (p Resume) route() route { return p.phaseRoute(PhaseResume) }
+
+// Restore asks fresh members to install a checkpoint's records, all or
+// none. It opens a new epoch.
+type Restore struct {
+	PhaseHeader
+	// Source is the checkpoint restored from.
+	Source string `json:"source_checkpoint_id"`
+	// Scope is the checkpointed episodes that continue; each continues as
+	// its Next() attempt.
+	Scope []Episode `json:"scope"`
+}
+
+// Type implements Data.
+func (Restore) Type() Type { return TypeRestore }
+
+// Validate implements Data.
+func (p Restore) Validate() error {
+	var errs []error
+	errs = append(errs, p.validate())
+	if err := ValidateToken("data.source_checkpoint_id", p.Source); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, validateEpisodes("data.scope", p.Scope))
+	return errors.Join(errs...)
+}
+
+func (p Restore) route() route { return p.phaseRoute(PhaseRestore) }
+
+// Retire refuses the given attempts (and every earlier attempt of the same
+// rollouts) from now on and stops their work.
+type Retire struct {
+	PhaseHeader
+	// Episodes are the attempts to refuse.
+	Episodes []Episode `json:"episodes"`
+}
+
+// Type implements Data.
+func (Retire) Type() Type { return TypeRetire }
+
+// Validate implements Data.
+func (p Retire) Validate() error {
+	err := validateEpisodes("data.episodes", p.Episodes)
+	if err == nil && len(p.Episodes) == 0 {
+		err = fieldErr("data.episodes", ErrInvalid, "at least one episode")
+	}
+	return errors.Join(p.validate(), err)
+}
+
+func (p Retire) route() route { return p.phaseRoute(PhaseRetire) }
+
+// Forget drops the refusal marks of rollouts that are finished for good.
+type Forget struct {
+	PhaseHeader
+	// Rollouts are the rollout ids to forget.
+	Rollouts []string `json:"rollouts"`
+}
+
+// Type implements Data.
+func (Forget) Type() Type { return TypeForget }
+
+// Validate implements Data.
+func (p Forget) Validate() error {
+	errs := []error{p.validate()}
+	if len(p.Rollouts) == 0 {
+		errs = append(errs, fieldErr("data.rollouts", ErrInvalid, "at least one rollout"))
+	}
+	for i, r := range p.Rollouts {
+		if err := ValidateRollout(fmt.Sprintf("data.rollouts[%d]", i), r); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (p Forget) route() route { return p.phaseRoute(PhaseForget) }
+
+// Release asks members to delete external state that no kept checkpoint
+// names. An empty Keep is the final release: nothing is kept.
+type Release struct {
+	PhaseHeader
+	// Keep lists the checkpoint ids still kept.
+	Keep []string `json:"keep"`
+}
+
+// Type implements Data.
+func (Release) Type() Type { return TypeRelease }
+
+// Validate implements Data.
+func (p Release) Validate() error {
+	return errors.Join(p.validate(), validateTokens("data.keep", p.Keep))
+}
+
+func (p Release) route() route { return p.phaseRoute(PhaseRelease) }
+
+// MaxListLen bounds every list an event carries (scopes, restarts, keep
+// lists), so that a hostile event cannot make a reader allocate without
+// bound; MaxDataSize bounds the bytes.
+const MaxListLen = 1 << 16
+
+func validateEpisodes(field string, eps []Episode) error {
+	if len(eps) > MaxListLen {
+		return fieldErr(field, ErrTooLarge, "%d entries, limit %d", len(eps), MaxListLen)
+	}
+	for i, e := range eps {
+		if err := e.Validate(); err != nil {
+			return prefixField(fmt.Sprintf("%s[%d].", field, i), err)
+		}
+	}
+	return nil
+}
+
+func validateTokens(field string, ids []string) error {
+	if len(ids) > MaxListLen {
+		return fieldErr(field, ErrTooLarge, "%d entries, limit %d", len(ids), MaxListLen)
+	}
+	for i, id := range ids {
+		if err := ValidateToken(fmt.Sprintf("%s[%d]", field, i), id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateKeys(field string, keys []string) error {
+	if len(keys) > MaxListLen {
+		return fieldErr(field, ErrTooLarge, "%d entries, limit %d", len(keys), MaxListLen)
+	}
+	for i, k := range keys {
+		if _, err := ParseEpisode(k); err != nil {
+			return prefixField(fmt.Sprintf("%s[%d].", field, i), err)
+		}
+	}
+	return nil
+}
+
+// prefixField puts a path in front of the field a FieldError names.
+func prefixField(prefix string, err error) error {
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		var errs []error
+		for _, e := range joined.Unwrap() {
+			errs = append(errs, prefixField(prefix, e))
+		}
+		return errors.Join(errs...)
+	}
+	var fe *FieldError
+	if errors.As(err, &fe) {
+		return &FieldError{Field: prefix + fe.Field, Err: fe.Err}
+	}
+	return err
+}

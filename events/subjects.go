@@ -1,0 +1,41 @@
+package events
+
+import "strconv"
+
+// SubjectPrefix is the first token of every Stillpoint subject; the
+// STILLPOINT stream captures "sp.>".
+const SubjectPrefix = "sp"
+
+// PhaseSubject returns sp.<run>.phase.<phase>.
+func PhaseSubject(run string, p Phase) string {
+	return SubjectPrefix + "." + run + ".phase." + string(p)
+}
+
+// PhaseFilter returns the filter a member consumes phases with,
+// sp.<run>.phase.>.
+func PhaseFilter(run string) string { return SubjectPrefix + "." + run + ".phase.>" }
+
+// AckSubject returns sp.<run>.ack.<seq>.<phase>.<member>: one subject per
+// (phase event, member), written once (PROTOCOL §3).
+func AckSubject(run string, seq uint64, p Phase, m Member) string {
+	return SubjectPrefix + "." + run + ".ack." + strconv.FormatUint(seq, 10) + "." + string(p) + "." + string(m)
+}
+
+// AckFilter returns the filter for every ack of one phase event,
+// sp.<run>.ack.<seq>.>.
+func AckFilter(run string, seq uint64) string {
+	return SubjectPrefix + "." + run + ".ack." + strconv.FormatUint(seq, 10) + ".>"
+}
+
+// OutcomeSubject returns sp.<run>.outcome.<noun>.<verb> for an outcome type.
+func OutcomeSubject(run string, t Type) string {
+	return SubjectPrefix + "." + run + ".outcome." + t.Noun()
+}
+
+// MemberSubject returns sp.<run>.member.<member>.
+func MemberSubject(run string, m Member) string {
+	return SubjectPrefix + "." + run + ".member." + string(m)
+}
+
+// RunFilter returns sp.<run>.>, everything one run said.
+func RunFilter(run string) string { return SubjectPrefix + "." + run + ".>" }
