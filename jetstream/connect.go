@@ -1,0 +1,173 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Reconnect behaviour of Connect. A member must ride out a server restart or a cluster failover
+// (4–9 s for a crashed R3 leader), so it never gives up.
+const (
+	// ConnectTimeout bounds one dial to one server unless ctx has an earlier deadline.
+	ConnectTimeout = 2 * time.Second
+	// ReconnectWait is the pause between reconnect attempts to the same server.
+	ReconnectWait = 500 * time.Millisecond
+)
+
+// ConnConfig says how to reach the NATS server or cluster and how to authenticate. At most one of
+// CredsFile, NKeyFile and Token may be set.
+type ConnConfig struct {
+	// URL is the server URL, or several separated by commas for a cluster
+	// ("nats://a:4222,nats://b:4222"). Required.
+	URL string
+	// CredsFile is a .creds file (user JWT and nkey seed), as `nsc` writes it.
+	CredsFile string
+	// NKeyFile is a file holding an nkey user seed.
+	NKeyFile string
+	// Token is a bare authentication token.
+	Token string
+	// Name is the connection name the server shows in its monitoring (e.g. "agent.a1").
+	Name string
+}
+
+// Validate reports every problem of c, joined, each wrapping ErrInvalidConfig and naming the
+// field. It does not read the files.
+func (c ConnConfig) Validate() error {
+	var errs []error
+	field := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: ConnConfig."+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if strings.TrimSpace(c.URL) == "" {
+		field("URL: required")
+	} else {
+		for i, u := range strings.Split(c.URL, ",") {
+			if err := checkURL(strings.TrimSpace(u)); err != nil {
+				field("URL entry %d: %v", i+1, err)
+			}
+		}
+	}
+	var auth []string
+	for _, a := range [...]struct{ name, value string }{
+		{"CredsFile", c.CredsFile}, {"NKeyFile", c.NKeyFile}, {"Token", c.Token},
+	} {
+		if a.value != "" {
+			auth = append(auth, a.name)
+		}
+	}
+	if len(auth) > 1 {
+		field("%s: set at most one authentication method", strings.Join(auth, ", "))
+	}
+	return errors.Join(errs...)
+}
+
+// Connect validates cfg and connects to NATS. It reconnects forever with ReconnectWait between
+// attempts; opts are applied last and override these defaults (add handlers for disconnect and
+// reconnect there). ctx bounds the first connection through its deadline: one dial to one server
+// waits at most ConnectTimeout or until the deadline, whichever is sooner. Errors name what failed
+// (the config field, the file, or the servers, with credentials in URLs redacted).
+func Connect(ctx context.Context, cfg ConnConfig, opts ...nats.Option) (*nats.Conn, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), err)
+	}
+
+	timeout := ConnectTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(deadline))
+		if timeout <= 0 {
+			return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), context.DeadlineExceeded)
+		}
+	}
+	all := []nats.Option{
+		nats.Timeout(timeout),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(ReconnectWait),
+	}
+	if cfg.Name != "" {
+		all = append(all, nats.Name(cfg.Name))
+	}
+	switch {
+	case cfg.CredsFile != "":
+		if _, err := os.Stat(cfg.CredsFile); err != nil {
+			return nil, fmt.Errorf("jetstream: connect: creds file: %w", err)
+		}
+		all = append(all, nats.UserCredentials(cfg.CredsFile))
+	case cfg.NKeyFile != "":
+		opt, err := nats.NkeyOptionFromSeed(cfg.NKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("jetstream: connect: nkey seed file %s: %w", cfg.NKeyFile, err)
+		}
+		all = append(all, opt)
+	case cfg.Token != "":
+		all = append(all, nats.Token(cfg.Token))
+	}
+	all = append(all, opts...)
+
+	nc, err := nats.Connect(joinURLs(cfg.URL), all...)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), err)
+	}
+	return nc, nil
+}
+
+// checkURL accepts "host:port" and URLs with a scheme that nats.go dials.
+func checkURL(s string) error {
+	if s == "" {
+		return errors.New("empty")
+	}
+	if !strings.Contains(s, "://") {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("%q: %w", redactURL(s), err)
+	}
+	switch u.Scheme {
+	case "nats", "tls", "ws", "wss":
+	default:
+		return fmt.Errorf("%q: scheme %q, want nats, tls, ws or wss", redactURL(s), u.Scheme)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%q: no host", redactURL(s))
+	}
+	return nil
+}
+
+// joinURLs trims the entries of a comma-separated URL list.
+func joinURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		parts[i] = strings.TrimSpace(p)
+	}
+	return strings.Join(parts, ",")
+}
+
+// redactURLs hides user names, passwords and tokens in a comma-separated URL list.
+func redactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		parts[i] = redactURL(strings.TrimSpace(p))
+	}
+	return strings.Join(parts, ",")
+}
+
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		if at := strings.LastIndex(s, "@"); at >= 0 {
+			return "redacted@" + s[at+1:]
+		}
+		return s
+	}
+	u.User = url.User("redacted")
+	return u.String()
+}

@@ -1,0 +1,74 @@
+package jetstream_test
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+)
+
+func TestConnConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  jetstream.ConnConfig
+		want string // "" = valid
+	}{
+		{"one url", jetstream.ConnConfig{URL: "nats://127.0.0.1:4222"}, ""},
+		{"cluster", jetstream.ConnConfig{URL: "nats://a:1, nats://b:2,tls://c:3"}, ""},
+		{"host port", jetstream.ConnConfig{URL: "127.0.0.1:4222", Token: "t"}, ""},
+		{"no url", jetstream.ConnConfig{}, "ConnConfig.URL: required"},
+		{"empty entry", jetstream.ConnConfig{URL: "nats://a:1,,nats://b:2"}, "ConnConfig.URL entry 2: empty"},
+		{"bad scheme", jetstream.ConnConfig{URL: "http://a:1"}, `scheme "http"`},
+		{"two auth", jetstream.ConnConfig{URL: "nats://a:1", CredsFile: "x.creds", Token: "t"}, "ConnConfig.CredsFile, Token: set at most one"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Validate() = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, jetstream.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate() = %v, want ErrInvalidConfig containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestConnect(t *testing.T) {
+	env := jstest.Start(t, jstest.WithoutProvision())
+	ctx := testContext(t)
+
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: env.URL, Name: "agent.a1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if nc.Opts.Name != "agent.a1" || nc.Opts.MaxReconnect != -1 {
+		t.Errorf("connection name %q, max reconnects %d; want agent.a1, -1", nc.Opts.Name, nc.Opts.MaxReconnect)
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	missing := filepath.Join(t.TempDir(), "missing.creds")
+	if _, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: env.URL, CredsFile: missing}); err == nil ||
+		!strings.Contains(err.Error(), "creds file") || !strings.Contains(err.Error(), missing) {
+		t.Errorf("Connect with a missing creds file: %v, want an error naming the file", err)
+	}
+	seed := filepath.Join(t.TempDir(), "missing.nk")
+	if _, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: env.URL, NKeyFile: seed}); err == nil ||
+		!strings.Contains(err.Error(), "nkey seed file") || !strings.Contains(err.Error(), seed) {
+		t.Errorf("Connect with a missing nkey seed file: %v, want an error naming the file", err)
+	}
+
+	// Credentials in a URL never reach an error message.
+	_, err = jetstream.Connect(ctx, jetstream.ConnConfig{URL: "nats://user:hunter2@127.0.0.1:1"})
+	if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "127.0.0.1:1") {
+		t.Errorf("Connect to a closed port: %v, want an error naming the server without its password", err)
+	}
+}

@@ -1,0 +1,57 @@
+// Package jetstream is the bus of the Stillpoint checkpoint protocol: the layout of streams and
+// buckets on NATS JetStream (PROTOCOL.md §3), the code that creates and opens it, the two ways a
+// member publishes, and the connection every process makes.
+//
+// It imports nats.go only, never nats-server, so that sandboxd, a small static binary, can use
+// it. The embedded server for tests and single-node deployments is in jetstream/embedded; the
+// test helper is jetstream/jstest.
+//
+// # Layout
+//
+// One stream holds the whole conversation and is the audit log:
+//
+//	stream  STILLPOINT     subjects sp.>, Limits retention, file storage, MaxAge (7 days),
+//	                       duplicate window (2 min), replicas (1 embedded, 3 on a cluster)
+//	  sp.<run>.phase.<phase>                   phase events, published by the bridge only
+//	  sp.<run>.ack.<seq>.<phase>.<member>      one ack per (phase event, member), once only
+//	  sp.<run>.outcome.<kind>                  checkpoint.committed, restore.failed, ...
+//	  sp.<run>.member.<member>                 joined / left
+//	kv      sp_members     <run>.<member> heartbeats; the bucket's TTL (30 s) is the liveness
+//	kv      sp_manifests   <run>.<checkpoint>[.<member>] created once; <run>.LATEST moved by
+//	                       compare-and-set; 16 revisions of history for `nats kv history`
+//	kv      sp_snapshots   the owner's snapshot index: snapshot id -> checkpoints naming it
+//	object  sp_records     <run>/<checkpoint>/<member>.jsonl, a member's exported records
+//
+// Topology holds what varies between deployments (replicas, ages, history). Provision creates
+// whatever of the layout is missing and returns a Bus, a handle on all of it; it is idempotent and
+// safe to run from every process at start. It never changes an object that exists: if one exists
+// with a different configuration, it returns ErrConfigConflict naming each differing field with
+// both values, for example
+//
+//	jetstream: config conflict: stream STILLPOINT: replicas 1, want 3; max_age 1h0m0s, want 168h0m0s
+//
+// and the operator decides (`nats stream edit`, or delete and provision again). Open only looks
+// the layout up, for processes that must not create it; it returns ErrNotProvisioned naming
+// what is missing.
+//
+// # Publishing
+//
+// Publishes that matter are synchronous and idempotent by construction. There are two kinds:
+//
+//   - PublishDedup is for events with an id of their own, such as phase events: the message
+//     carries Nats-Msg-Id (the CloudEvent id), and the server stores a repeat inside the duplicate
+//     window only once, answering with an ack whose Duplicate is set. After the window a repeat
+//     is stored again, so dedup alone bounds repeats in time only.
+//   - PublishOnce is the once-only ack. It publishes with the expected last subject sequence 0:
+//     the subject must be empty. Each ack has a subject of its own, so a member can ack a phase
+//     once, forever: a repeat (a redelivered phase, a member restarted mid-reply) is refused,
+//     inside the window as a duplicate and after it with error 10071 (wrong last sequence). Both
+//     come back as ErrAlreadyDone, which the member treats as success: its ack is already on the
+//     bus. IsWrongLastSequence tells the second case apart.
+//
+// # Connecting
+//
+// ConnConfig names the servers (comma-separated for a cluster) and one way to authenticate: a
+// .creds file, an nkey seed file or a token. Connect reconnects forever, since a member must
+// outlive a server restart or a cluster failover; pass nats.Options to add handlers.
+package jetstream

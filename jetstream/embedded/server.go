@@ -1,0 +1,214 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/rs/zerolog"
+)
+
+// Defaults of Config and ClusterConfig.
+const (
+	// DefaultHost is the interface servers listen on: loopback only.
+	DefaultHost = "127.0.0.1"
+	// DefaultReadyTimeout bounds how long Start and StartCluster wait for the server to be ready.
+	DefaultReadyTimeout = 10 * time.Second
+)
+
+var (
+	// ErrInvalidConfig is returned (wrapped, one error per field, joined) by Config.Validate and
+	// ClusterConfig.Validate.
+	ErrInvalidConfig = errors.New("embedded: invalid config")
+
+	// ErrNotReady is returned (wrapped) by Start and StartCluster when the server did not accept
+	// connections, did not enable JetStream, or (for a cluster) did not elect a JetStream meta
+	// leader within ReadyTimeout or before ctx ended. The server has been shut down.
+	ErrNotReady = errors.New("embedded: server not ready")
+
+	// ErrFatal is wrapped by the error Start returns when nats-server reported a fatal error
+	// (such as "Can't start JetStream"), which would have exited a stand-alone server.
+	ErrFatal = errors.New("embedded: nats-server fatal error")
+)
+
+// Config configures one embedded JetStream server.
+type Config struct {
+	// Dir is the JetStream file store directory. Required; never share it between servers.
+	Dir string
+	// Host is the interface to listen on (default 127.0.0.1).
+	Host string
+	// Port is the client port; 0 picks a random free port (ClientURL reports it).
+	Port int
+	// ServerName is the server's name in monitoring and logs (default: its generated id).
+	ServerName string
+	// Token, if set, is required from every client (nats.Token or ConnConfig.Token).
+	Token string
+	// Logger receives the server's logs (the zero value discards them).
+	Logger zerolog.Logger
+	// ReadyTimeout bounds the wait for the server to be ready (default 10 s).
+	ReadyTimeout time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Host == "" {
+		c.Host = DefaultHost
+	}
+	if c.ReadyTimeout == 0 {
+		c.ReadyTimeout = DefaultReadyTimeout
+	}
+}
+
+// Validate reports every problem of c, joined, each wrapping ErrInvalidConfig and naming the
+// field. Call it after defaults; Start does both.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Dir == "" {
+		errs = append(errs, fmt.Errorf("%w: Config.Dir: required", ErrInvalidConfig))
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		errs = append(errs, fmt.Errorf("%w: Config.Port %d: must be 0 (random) or a port number", ErrInvalidConfig, c.Port))
+	}
+	if c.ReadyTimeout < 0 {
+		errs = append(errs, fmt.Errorf("%w: Config.ReadyTimeout %s: must not be negative", ErrInvalidConfig, c.ReadyTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// Server is a running embedded nats-server with JetStream.
+type Server struct {
+	ns     *server.Server
+	log    *Logger
+	routed bool // listens for cluster routes
+}
+
+// Start starts a JetStream server with its file store in cfg.Dir and returns once it accepts
+// connections and JetStream is enabled. The server installs no signal handlers. The caller must
+// call Shutdown.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	port := cfg.Port
+	if port == 0 {
+		port = server.RANDOM_PORT // nats-server reads 0 as its default port, 4222
+	}
+	opts := &server.Options{
+		ServerName:    cfg.ServerName,
+		Host:          cfg.Host,
+		Port:          port,
+		JetStream:     true,
+		StoreDir:      cfg.Dir,
+		NoSigs:        true,
+		Authorization: cfg.Token,
+	}
+	s, err := startNode(opts, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitReady(ctx, cfg.ReadyTimeout, []*Server{s}, nil); err != nil {
+		s.Shutdown()
+		return nil, err
+	}
+	return s, nil
+}
+
+// ClientURL returns the URL clients connect to, with the real port when Port was 0.
+func (s *Server) ClientURL() string {
+	return s.ns.ClientURL()
+}
+
+// Name returns the server's name (its id when Config.ServerName was empty).
+func (s *Server) Name() string {
+	return s.ns.Name()
+}
+
+// NATS returns the underlying nats-server, for tests that need its internals (leadership,
+// monitoring). Do not call its Shutdown; call Server.Shutdown.
+func (s *Server) NATS() *server.Server {
+	return s.ns
+}
+
+// Shutdown stops the server and waits until it has stopped. It is safe to call more than once and
+// from several goroutines; every call returns once the server is down.
+func (s *Server) Shutdown() {
+	s.ns.Shutdown()
+	s.ns.WaitForShutdown()
+}
+
+// startNode creates and starts one nats-server with a zerolog adapter. nats-server's Start
+// returns once the client listener is up; readiness is waited for separately (waitReady).
+func startNode(opts *server.Options, log zerolog.Logger) (*Server, error) {
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded: new server: %w", err)
+	}
+	name := opts.ServerName
+	if name == "" {
+		name = ns.ID()
+	}
+	logger := NewLogger(log.With().Str("server", name).Logger())
+	debug, trace := levels(log)
+	ns.SetLoggerV2(logger, debug, trace, false)
+	ns.Start()
+	s := &Server{ns: ns, log: logger, routed: opts.Cluster.Port != 0}
+	if err := logger.err(); err != nil {
+		s.Shutdown()
+		return nil, err
+	}
+	return s, nil
+}
+
+const (
+	// readyPoll is how often waitReady looks at the servers.
+	readyPoll = 10 * time.Millisecond
+	// readyCheck bounds one call of nats-server's ReadyForConnections, which polls on its own.
+	readyCheck = 50 * time.Millisecond
+)
+
+// waitReady polls until every node listens for clients (and routes, when clustered) with
+// JetStream enabled and, if more is not nil, more returns nil. It gives up when timeout passes,
+// ctx ends, or a node reports a fatal error.
+func waitReady(ctx context.Context, timeout time.Duration, nodes []*Server, more func() error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(readyPoll)
+	defer tick.Stop()
+	for {
+		err := readyNow(nodes, more)
+		if err == nil || errors.Is(err, ErrFatal) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (waited at most %s): %w: %w", ErrNotReady, timeout, err, context.Cause(ctx))
+		case <-tick.C:
+		}
+	}
+}
+
+func readyNow(nodes []*Server, more func() error) error {
+	for _, n := range nodes {
+		if err := n.log.err(); err != nil {
+			return fmt.Errorf("server %s: %w", n.Name(), err)
+		}
+		switch {
+		case n.ns.Addr() == nil:
+			return fmt.Errorf("server %s: not listening for clients", n.Name())
+		case n.routed && n.ns.ClusterAddr() == nil:
+			return fmt.Errorf("server %s: not listening for routes", n.Name())
+		case !n.ns.JetStreamEnabled():
+			return fmt.Errorf("server %s: JetStream not enabled", n.Name())
+		case !n.ns.ReadyForConnections(readyCheck):
+			// The listeners above are up, so this returns at once unless another listener
+			// nats-server waits for is not.
+			return fmt.Errorf("server %s: not ready for connections", n.Name())
+		}
+	}
+	if more != nil {
+		return more()
+	}
+	return nil
+}

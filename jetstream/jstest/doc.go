@@ -1,0 +1,17 @@
+// Package jstest is the one helper for tests that need a real JetStream: never a mock of NATS.
+//
+//	func TestSomething(t *testing.T) {
+//		env := jstest.Start(t)                  // server, connection, provisioned bus
+//		ack, err := jetstream.PublishOnce(t.Context(), env.JS, msg)
+//		...
+//	}
+//
+// Start runs an embedded server on a random port with its store in t.TempDir(), connects to it,
+// and provisions the bus layout of package jetstream (default Topology, or WithTopology; nothing
+// with WithoutProvision). StartCluster does the same on a 3-node cluster, with 3 replicas unless
+// the topology says otherwise. Env.Connect opens more connections, for tests with several members.
+//
+// Everything is torn down by t.Cleanup, in order: connections are closed, then the server is shut
+// down and waited for, so a test leaves no goroutine behind (goleak.VerifyTestMain passes). Any
+// failure to set up fails the test at once.
+package jstest

@@ -1,0 +1,157 @@
+package jstest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
+)
+
+// setupTimeout bounds starting, connecting and provisioning in Start and StartCluster.
+const setupTimeout = 30 * time.Second
+
+// Env is a running JetStream for one test: a server (or cluster), a connection to it and, unless
+// WithoutProvision was given, the provisioned bus. Everything is torn down by t.Cleanup.
+type Env struct {
+	// Server is the embedded server; nil for StartCluster.
+	Server *embedded.Server
+	// Cluster is the embedded cluster; nil for Start.
+	Cluster *embedded.Cluster
+	// URL is the client URL; comma-separated URLs of every node for a cluster.
+	URL string
+	// Conn is the test's connection.
+	Conn *nats.Conn
+	// JS is a JetStream context on Conn.
+	JS natsjs.JetStream
+	// Topology is the topology that was (or, with WithoutProvision, would have been) provisioned,
+	// with defaults applied.
+	Topology jetstream.Topology
+	// Bus is the provisioned bus; nil with WithoutProvision.
+	Bus *jetstream.Bus
+}
+
+// Option changes what Start and StartCluster set up.
+type Option func(*options)
+
+type options struct {
+	provision bool
+	topology  jetstream.Topology
+	logger    zerolog.Logger
+}
+
+// WithoutProvision leaves the server empty: no stream, no buckets, Env.Bus nil.
+func WithoutProvision() Option {
+	return func(o *options) { o.provision = false }
+}
+
+// WithTopology provisions t instead of the default topology. On a cluster, a zero t.Replicas
+// becomes 3.
+func WithTopology(t jetstream.Topology) Option {
+	return func(o *options) { o.topology = t }
+}
+
+// WithLogger sends the server's logs to log (by default they are discarded). Use a logger that
+// outlives the test: the server may log while shutting down during cleanup.
+func WithLogger(log zerolog.Logger) Option {
+	return func(o *options) { o.logger = log }
+}
+
+func newOptions(opts []Option) options {
+	o := options{provision: true, logger: zerolog.Nop()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// Start starts an embedded JetStream server on a random port with its store in t.TempDir(),
+// connects to it and provisions the bus. Cleanup closes every connection made through the Env
+// and shuts the server down, waiting until it has stopped. Any failure fails the test at once.
+func Start(t testing.TB, opts ...Option) *Env {
+	t.Helper()
+	o := newOptions(opts)
+	ctx, cancel := context.WithTimeout(t.Context(), setupTimeout)
+	defer cancel()
+
+	srv, err := embedded.Start(ctx, embedded.Config{
+		Dir:        t.TempDir(),
+		ServerName: "jstest",
+		Logger:     o.logger,
+	})
+	if err != nil {
+		t.Fatalf("jstest: start server: %v", err)
+	}
+	t.Cleanup(srv.Shutdown) // runs after the connections' cleanups below
+	env := &Env{Server: srv, URL: srv.ClientURL()}
+	env.setup(ctx, t, o)
+	return env
+}
+
+// StartCluster starts a 3-node embedded cluster (stores under t.TempDir()), waits for its
+// JetStream meta leader, connects to all nodes and provisions the bus with 3 replicas unless the
+// topology given says otherwise. Cleanup is as for Start.
+func StartCluster(t testing.TB, opts ...Option) *Env {
+	t.Helper()
+	o := newOptions(opts)
+	if o.topology.Replicas == 0 {
+		o.topology.Replicas = 3
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), setupTimeout)
+	defer cancel()
+
+	c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{
+		Dir:    t.TempDir(),
+		Nodes:  3,
+		Logger: o.logger,
+	})
+	if err != nil {
+		t.Fatalf("jstest: start cluster: %v", err)
+	}
+	t.Cleanup(c.Shutdown)
+	env := &Env{Cluster: c, URL: c.URL()}
+	env.setup(ctx, t, o)
+	return env
+}
+
+func (e *Env) setup(ctx context.Context, t testing.TB, o options) {
+	t.Helper()
+	e.Topology = o.topology.WithDefaults()
+	e.Conn, e.JS = e.connect(ctx, t)
+	if !o.provision {
+		return
+	}
+	bus, err := jetstream.Provision(ctx, e.JS, e.Topology)
+	if err != nil {
+		t.Fatalf("jstest: provision: %v", err)
+	}
+	e.Bus = bus
+}
+
+// Connect opens another connection to the server (or cluster) and a JetStream context on it. The
+// connection is closed in cleanup.
+func (e *Env) Connect(t testing.TB) (*nats.Conn, natsjs.JetStream) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), setupTimeout)
+	defer cancel()
+	return e.connect(ctx, t)
+}
+
+func (e *Env) connect(ctx context.Context, t testing.TB) (*nats.Conn, natsjs.JetStream) {
+	t.Helper()
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: e.URL, Name: t.Name()})
+	if err != nil {
+		t.Fatalf("jstest: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := natsjs.New(nc)
+	if err != nil {
+		t.Fatalf("jstest: jetstream context: %v", err)
+	}
+	return nc, js
+}

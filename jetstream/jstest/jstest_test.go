@@ -1,0 +1,43 @@
+package jstest_test
+
+import (
+	"errors"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestStart(t *testing.T) {
+	env := jstest.Start(t)
+	if env.Server == nil || env.Cluster != nil || env.URL != env.Server.ClientURL() {
+		t.Fatalf("env: Server %v, Cluster %v, URL %q", env.Server, env.Cluster, env.URL)
+	}
+	if env.Bus == nil || env.Topology != (jetstream.Topology{}).WithDefaults() {
+		t.Fatalf("env: Bus %v, Topology %+v; want the default topology provisioned", env.Bus, env.Topology)
+	}
+
+	nc, js := env.Connect(t)
+	if nc == env.Conn {
+		t.Fatal("Connect returned the Env's own connection")
+	}
+	if _, err := jetstream.Open(t.Context(), js); err != nil {
+		t.Fatalf("Open through the extra connection: %v", err)
+	}
+}
+
+func TestStartWithoutProvision(t *testing.T) {
+	env := jstest.Start(t, jstest.WithoutProvision())
+	if env.Bus != nil {
+		t.Fatalf("env.Bus = %v, want nil", env.Bus)
+	}
+	if _, err := jetstream.Open(t.Context(), env.JS); !errors.Is(err, jetstream.ErrNotProvisioned) {
+		t.Fatalf("Open: %v, want ErrNotProvisioned", err)
+	}
+}

@@ -1,0 +1,245 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+)
+
+var (
+	// ErrConfigConflict is returned (wrapped, one error per object, joined) by Provision when a
+	// stream or bucket already exists with a configuration that differs from the Topology. The
+	// message names the object and every field that differs, with both values.
+	ErrConfigConflict = errors.New("jetstream: config conflict")
+
+	// ErrNotProvisioned is returned (wrapped) by Open when the stream or a bucket does not exist.
+	// The message lists everything that is missing.
+	ErrNotProvisioned = errors.New("jetstream: not provisioned")
+)
+
+// Bus is a handle on every object of the bus layout (PROTOCOL.md §3). It holds no connection of
+// its own: closing the nats.Conn behind the JetStream it came from ends it.
+type Bus struct {
+	// Stream is StreamName, the audit log of phases, acks, outcomes and membership.
+	Stream natsjs.Stream
+	// Members is BucketMembers: heartbeats with a TTL.
+	Members natsjs.KeyValue
+	// Manifests is BucketManifests: created once, LATEST moved with compare-and-set.
+	Manifests natsjs.KeyValue
+	// Snapshots is BucketSnapshots: the owner's snapshot index.
+	Snapshots natsjs.KeyValue
+	// Records is BucketRecords: members' exported records.
+	Records natsjs.ObjectStore
+}
+
+// resource is one object of the bus as Provision sees it: a backing stream to look up, a
+// comparison against what it should be, and a way to create it.
+type resource struct {
+	what   string // for messages: "stream STILLPOINT", "kv bucket sp_members", ...
+	stream string // the backing stream's name
+	diff   func(have natsjs.StreamConfig) []string
+	create func(ctx context.Context, js natsjs.JetStream) error
+}
+
+// Provision makes the bus of t exist and returns a handle on it. It creates what is missing and
+// leaves alone what already exists with the same configuration, so running it any number of
+// times, from any number of processes, changes nothing after the first. An existing object whose
+// configuration differs from t is never updated: Provision returns ErrConfigConflict naming every
+// difference and creates nothing. Zero fields of t take their defaults; an invalid t returns
+// ErrInvalidConfig.
+func Provision(ctx context.Context, js natsjs.JetStream, t Topology) (*Bus, error) {
+	if js == nil {
+		return nil, errors.New("jetstream: provision: nil JetStream")
+	}
+	t = t.WithDefaults()
+	if err := t.Validate(); err != nil {
+		return nil, err
+	}
+
+	resources := t.resources()
+	var missing []resource
+	var conflicts []error
+	for _, r := range resources {
+		have, err := lookupStreamConfig(ctx, js, r.stream)
+		switch {
+		case errors.Is(err, natsjs.ErrStreamNotFound):
+			missing = append(missing, r)
+		case err != nil:
+			return nil, fmt.Errorf("jetstream: provision: look up %s: %w", r.what, err)
+		default:
+			if err := r.check(have); err != nil {
+				conflicts = append(conflicts, err)
+			}
+		}
+	}
+	if len(conflicts) > 0 {
+		return nil, errors.Join(conflicts...)
+	}
+
+	for _, r := range missing {
+		err := r.create(ctx, js)
+		if errors.Is(err, natsjs.ErrStreamNameAlreadyInUse) || errors.Is(err, natsjs.ErrBucketExists) {
+			// Another provisioner created it between our look-up and our create: accept what it
+			// made if it is what we would have made.
+			have, lerr := lookupStreamConfig(ctx, js, r.stream)
+			if lerr != nil {
+				return nil, fmt.Errorf("jetstream: provision: look up %s after create: %w", r.what, errors.Join(err, lerr))
+			}
+			err = r.check(have)
+		}
+		if err != nil {
+			if errors.Is(err, ErrConfigConflict) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("jetstream: provision: create %s: %w", r.what, err)
+		}
+	}
+	return Open(ctx, js)
+}
+
+// Open returns a handle on a bus that Provision has made, creating nothing. If anything is
+// missing it returns ErrNotProvisioned naming all of it.
+func Open(ctx context.Context, js natsjs.JetStream) (*Bus, error) {
+	if js == nil {
+		return nil, errors.New("jetstream: open: nil JetStream")
+	}
+	var (
+		bus     Bus
+		missing []string
+		err     error
+	)
+	bus.Stream, err = js.Stream(ctx, StreamName)
+	switch {
+	case errors.Is(err, natsjs.ErrStreamNotFound):
+		missing = append(missing, "stream "+StreamName)
+	case err != nil:
+		return nil, fmt.Errorf("jetstream: open: stream %s: %w", StreamName, err)
+	}
+	for _, kv := range []struct {
+		bucket string
+		into   *natsjs.KeyValue
+	}{
+		{BucketMembers, &bus.Members},
+		{BucketManifests, &bus.Manifests},
+		{BucketSnapshots, &bus.Snapshots},
+	} {
+		*kv.into, err = js.KeyValue(ctx, kv.bucket)
+		switch {
+		case errors.Is(err, natsjs.ErrBucketNotFound):
+			missing = append(missing, "kv bucket "+kv.bucket)
+		case err != nil:
+			return nil, fmt.Errorf("jetstream: open: kv bucket %s: %w", kv.bucket, err)
+		}
+	}
+	bus.Records, err = js.ObjectStore(ctx, BucketRecords)
+	switch {
+	case errors.Is(err, natsjs.ErrBucketNotFound):
+		missing = append(missing, "object store "+BucketRecords)
+	case err != nil:
+		return nil, fmt.Errorf("jetstream: open: object store %s: %w", BucketRecords, err)
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%w: missing %s (run Provision first)", ErrNotProvisioned, strings.Join(missing, ", "))
+	}
+	return &bus, nil
+}
+
+// resources lists the objects of t in the order Provision creates them.
+func (t Topology) resources() []resource {
+	scfg := t.streamConfig()
+	rs := []resource{{
+		what:   "stream " + scfg.Name,
+		stream: scfg.Name,
+		diff: func(have natsjs.StreamConfig) []string {
+			var d diffs
+			d.subjects(have.Subjects, scfg.Subjects)
+			diffField(&d, "retention", have.Retention, scfg.Retention)
+			diffField(&d, "storage", have.Storage, scfg.Storage)
+			diffField(&d, "replicas", replicas(have.Replicas), scfg.Replicas)
+			diffField(&d, "duplicates", have.Duplicates, scfg.Duplicates)
+			diffField(&d, "max_age", have.MaxAge, scfg.MaxAge)
+			return d
+		},
+		create: func(ctx context.Context, js natsjs.JetStream) error {
+			_, err := js.CreateStream(ctx, scfg)
+			return err
+		},
+	}}
+	for _, kcfg := range t.keyValueConfigs() {
+		rs = append(rs, resource{
+			what:   fmt.Sprintf("kv bucket %s (stream KV_%s)", kcfg.Bucket, kcfg.Bucket),
+			stream: "KV_" + kcfg.Bucket,
+			diff: func(have natsjs.StreamConfig) []string {
+				var d diffs
+				diffField(&d, "history", have.MaxMsgsPerSubject, int64(kcfg.History))
+				diffField(&d, "ttl", have.MaxAge, kcfg.TTL)
+				diffField(&d, "replicas", replicas(have.Replicas), kcfg.Replicas)
+				diffField(&d, "storage", have.Storage, kcfg.Storage)
+				return d
+			},
+			create: func(ctx context.Context, js natsjs.JetStream) error {
+				_, err := js.CreateKeyValue(ctx, kcfg)
+				return err
+			},
+		})
+	}
+	ocfg := t.objectStoreConfig()
+	rs = append(rs, resource{
+		what:   fmt.Sprintf("object store %s (stream OBJ_%s)", ocfg.Bucket, ocfg.Bucket),
+		stream: "OBJ_" + ocfg.Bucket,
+		diff: func(have natsjs.StreamConfig) []string {
+			var d diffs
+			diffField(&d, "replicas", replicas(have.Replicas), ocfg.Replicas)
+			diffField(&d, "storage", have.Storage, ocfg.Storage)
+			return d
+		},
+		create: func(ctx context.Context, js natsjs.JetStream) error {
+			_, err := js.CreateObjectStore(ctx, ocfg)
+			return err
+		},
+	})
+	return rs
+}
+
+// check returns ErrConfigConflict naming every difference between have and r, or nil.
+func (r resource) check(have natsjs.StreamConfig) error {
+	d := r.diff(have)
+	if len(d) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: %s", ErrConfigConflict, r.what, strings.Join(d, "; "))
+}
+
+// lookupStreamConfig returns the configuration of the named stream, or an error that matches
+// natsjs.ErrStreamNotFound when there is none.
+func lookupStreamConfig(ctx context.Context, js natsjs.JetStream, name string) (natsjs.StreamConfig, error) {
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return natsjs.StreamConfig{}, err
+	}
+	return s.CachedInfo().Config, nil
+}
+
+// diffs collects "<field> <have>, want <want>" descriptions.
+type diffs []string
+
+func diffField[T comparable](d *diffs, name string, have, want T) {
+	if have != want {
+		*d = append(*d, fmt.Sprintf("%s %v, want %v", name, have, want))
+	}
+}
+
+func (d *diffs) subjects(have, want []string) {
+	if !slices.Equal(have, want) {
+		*d = append(*d, fmt.Sprintf("subjects %q, want %q", have, want))
+	}
+}
+
+// replicas reads a stored replica count; the server treats 0 as 1.
+func replicas(n int) int {
+	return max(n, 1)
+}

@@ -1,0 +1,98 @@
+package jetstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+)
+
+var (
+	// ErrAlreadyDone is returned (wrapped) by PublishOnce when the subject already holds a
+	// message: the server refused the publish as a wrong last subject sequence, or deduplicated
+	// it by its Nats-Msg-Id. For an ack subject this means the member has already acked the
+	// phase, and the caller treats it as success.
+	ErrAlreadyDone = errors.New("jetstream: already done")
+
+	// ErrNoMsgID is returned by PublishDedup when the message has no Nats-Msg-Id header.
+	ErrNoMsgID = errors.New("jetstream: message has no " + natsjs.MsgIDHeader + " header")
+)
+
+// PublishOnce publishes msg only if its subject holds no message yet: it sends the header
+// Nats-Expected-Last-Subject-Sequence: 0, and keeps the Nats-Msg-Id header msg already has.
+// This is the once-only ack of PROTOCOL.md §3. The guarantee has no time bound: it holds after
+// the duplicate window too, for as long as the stream keeps the first message.
+//
+// When the subject already holds a message PublishOnce returns an error that matches
+// ErrAlreadyDone. Inside the duplicate window, with the same Nats-Msg-Id, the server answers
+// with a duplicate ack, which is returned along with the error (its Sequence is the first
+// message's); otherwise the ack is nil and the error also satisfies IsWrongLastSequence.
+// msg itself is not modified.
+func PublishOnce(ctx context.Context, js natsjs.JetStream, msg *nats.Msg) (*natsjs.PubAck, error) {
+	out, err := outgoing(js, msg)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: publish once: %w", err)
+	}
+	ack, err := js.PublishMsg(ctx, out, natsjs.WithExpectLastSequencePerSubject(0))
+	switch {
+	case IsWrongLastSequence(err):
+		return nil, fmt.Errorf("%w: %s: %w", ErrAlreadyDone, out.Subject, err)
+	case err != nil:
+		return nil, fmt.Errorf("jetstream: publish once to %s: %w", out.Subject, err)
+	case ack.Duplicate:
+		return ack, fmt.Errorf("%w: %s: duplicate of %s sequence %d", ErrAlreadyDone, out.Subject, ack.Stream, ack.Sequence)
+	}
+	return ack, nil
+}
+
+// PublishDedup publishes msg synchronously and returns the server's ack. msg must carry a
+// Nats-Msg-Id header (else ErrNoMsgID): a repeat inside the stream's duplicate window is not
+// stored again and its ack has Duplicate set and the first message's Sequence. After the window a
+// repeat is stored again; use PublishOnce where that must never happen.
+func PublishDedup(ctx context.Context, js natsjs.JetStream, msg *nats.Msg) (*natsjs.PubAck, error) {
+	out, err := outgoing(js, msg)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: publish dedup: %w", err)
+	}
+	if out.Header.Get(natsjs.MsgIDHeader) == "" {
+		return nil, fmt.Errorf("%w (subject %s)", ErrNoMsgID, out.Subject)
+	}
+	ack, err := js.PublishMsg(ctx, out)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: publish dedup to %s: %w", out.Subject, err)
+	}
+	return ack, nil
+}
+
+// IsWrongLastSequence reports whether err is the server's "wrong last sequence" refusal of an
+// expected-sequence publish: error code 10071, or 10164, which replicated (R>1) streams report
+// for the same condition.
+func IsWrongLastSequence(err error) bool {
+	apiErr, ok := errors.AsType[*natsjs.APIError](err)
+	if !ok {
+		return false
+	}
+	return apiErr.ErrorCode == natsjs.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == natsjs.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// outgoing checks the arguments of a publish and returns a copy of msg that the publish may add
+// headers to without touching the caller's message.
+func outgoing(js natsjs.JetStream, msg *nats.Msg) (*nats.Msg, error) {
+	switch {
+	case js == nil:
+		return nil, errors.New("nil JetStream")
+	case msg == nil:
+		return nil, errors.New("nil message")
+	case msg.Subject == "":
+		return nil, errors.New("message has no subject")
+	}
+	out := nats.NewMsg(msg.Subject)
+	for k, vs := range msg.Header {
+		out.Header[k] = append([]string(nil), vs...)
+	}
+	out.Data = msg.Data
+	return out, nil
+}

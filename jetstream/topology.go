@@ -1,0 +1,168 @@
+package jetstream
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+)
+
+// Names of the objects that make up the bus (PROTOCOL.md §3).
+const (
+	// StreamName is the one stream that holds the whole conversation and is the audit log.
+	StreamName = "STILLPOINT"
+	// StreamSubjects is the subject filter of StreamName: every subject of the protocol.
+	StreamSubjects = "sp.>"
+	// BucketMembers is the KV bucket of member heartbeats, keyed <run>.<member>, with a TTL.
+	BucketMembers = "sp_members"
+	// BucketManifests is the KV bucket of checkpoint and member manifests and the LATEST pointer.
+	BucketManifests = "sp_manifests"
+	// BucketSnapshots is the KV bucket of the owner's snapshot index.
+	BucketSnapshots = "sp_snapshots"
+	// BucketRecords is the object store of members' exported records.
+	BucketRecords = "sp_records"
+)
+
+// Defaults of Topology, applied to zero fields by WithDefaults.
+const (
+	// DefaultReplicas is the replica count of every stream and bucket: 1 for an embedded server.
+	DefaultReplicas = 1
+	// DefaultMaxAge is how long the stream keeps a message.
+	DefaultMaxAge = 7 * 24 * time.Hour
+	// DefaultDuplicates is the stream's Nats-Msg-Id duplicate window.
+	DefaultDuplicates = 2 * time.Minute
+	// DefaultMemberTTL is the TTL of the BucketMembers bucket: a member that stops heartbeating
+	// disappears after it.
+	DefaultMemberTTL = 30 * time.Second
+	// DefaultManifestHistory is the number of revisions BucketManifests keeps per key, so that
+	// `nats kv history sp_manifests <run>.LATEST` shows recent moves.
+	DefaultManifestHistory = 16
+)
+
+// maxReplicas is the largest replica count JetStream accepts.
+const maxReplicas = 5
+
+// ErrInvalidConfig is returned (wrapped, one error per field, joined) by Topology.Validate and
+// ConnConfig.Validate when a field has a value that cannot be used.
+var ErrInvalidConfig = errors.New("jetstream: invalid config")
+
+// Topology is the shape of the bus: how many replicas every object has and how long things live.
+// The zero value, after WithDefaults, is the single-node layout of PROTOCOL.md §3.
+type Topology struct {
+	// Replicas is the replica count of the stream and of every bucket (default 1; 3 on a cluster).
+	Replicas int
+	// MaxAge is how long the stream keeps a message (default 7 days).
+	MaxAge time.Duration
+	// Duplicates is the stream's duplicate window for Nats-Msg-Id (default 2 minutes).
+	Duplicates time.Duration
+	// MemberTTL is the TTL of the sp_members bucket (default 30 seconds).
+	MemberTTL time.Duration
+	// ManifestHistory is the KV history of sp_manifests (default 16, at most 64).
+	ManifestHistory int
+}
+
+// WithDefaults returns a copy of t with every zero field set to its default.
+func (t Topology) WithDefaults() Topology {
+	t.setDefaults()
+	return t
+}
+
+func (t *Topology) setDefaults() {
+	if t.Replicas == 0 {
+		t.Replicas = DefaultReplicas
+	}
+	if t.MaxAge == 0 {
+		t.MaxAge = DefaultMaxAge
+	}
+	if t.Duplicates == 0 {
+		t.Duplicates = DefaultDuplicates
+	}
+	if t.MemberTTL == 0 {
+		t.MemberTTL = DefaultMemberTTL
+	}
+	if t.ManifestHistory == 0 {
+		t.ManifestHistory = DefaultManifestHistory
+	}
+}
+
+// Validate reports every field of t that JetStream would refuse, joined, each wrapping
+// ErrInvalidConfig and naming the field. It does not apply defaults: call it on WithDefaults().
+func (t Topology) Validate() error {
+	var errs []error
+	field := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: Topology."+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if t.Replicas < 1 || t.Replicas > maxReplicas {
+		field("Replicas %d: must be between 1 and %d", t.Replicas, maxReplicas)
+	}
+	if t.MaxAge <= 0 {
+		field("MaxAge %s: must be positive", t.MaxAge)
+	}
+	if t.Duplicates <= 0 {
+		field("Duplicates %s: must be positive", t.Duplicates)
+	} else if t.MaxAge > 0 && t.Duplicates > t.MaxAge {
+		field("Duplicates %s: must not exceed MaxAge %s", t.Duplicates, t.MaxAge)
+	}
+	if t.MemberTTL <= 0 {
+		field("MemberTTL %s: must be positive", t.MemberTTL)
+	}
+	if t.ManifestHistory < 1 || t.ManifestHistory > natsjs.KeyValueMaxHistory {
+		field("ManifestHistory %d: must be between 1 and %d", t.ManifestHistory, natsjs.KeyValueMaxHistory)
+	}
+	return errors.Join(errs...)
+}
+
+// streamConfig is the configuration of StreamName.
+func (t Topology) streamConfig() natsjs.StreamConfig {
+	return natsjs.StreamConfig{
+		Name:        StreamName,
+		Description: "Stillpoint checkpoint protocol: phases, acks, outcomes, membership",
+		Subjects:    []string{StreamSubjects},
+		Retention:   natsjs.LimitsPolicy,
+		Storage:     natsjs.FileStorage,
+		Replicas:    t.Replicas,
+		MaxAge:      t.MaxAge,
+		Duplicates:  t.Duplicates,
+		Discard:     natsjs.DiscardOld,
+		AllowDirect: true,
+	}
+}
+
+// keyValueConfigs are the configurations of the KV buckets, in a fixed order.
+func (t Topology) keyValueConfigs() []natsjs.KeyValueConfig {
+	return []natsjs.KeyValueConfig{
+		{
+			Bucket:      BucketMembers,
+			Description: "Stillpoint members: <run>.<member> heartbeats",
+			History:     1,
+			TTL:         t.MemberTTL,
+			Storage:     natsjs.FileStorage,
+			Replicas:    t.Replicas,
+		},
+		{
+			Bucket:      BucketManifests,
+			Description: "Stillpoint manifests: <run>.<checkpoint>[.<member>], <run>.LATEST",
+			History:     uint8(t.ManifestHistory),
+			Storage:     natsjs.FileStorage,
+			Replicas:    t.Replicas,
+		},
+		{
+			Bucket:      BucketSnapshots,
+			Description: "Stillpoint snapshot index: snapshot id -> checkpoints",
+			History:     1,
+			Storage:     natsjs.FileStorage,
+			Replicas:    t.Replicas,
+		},
+	}
+}
+
+// objectStoreConfig is the configuration of BucketRecords.
+func (t Topology) objectStoreConfig() natsjs.ObjectStoreConfig {
+	return natsjs.ObjectStoreConfig{
+		Bucket:      BucketRecords,
+		Description: "Stillpoint records: <run>/<checkpoint>/<member>.jsonl",
+		Storage:     natsjs.FileStorage,
+		Replicas:    t.Replicas,
+	}
+}
