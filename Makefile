@@ -1,0 +1,39 @@
+# Stillpoint's build and test targets. `make test` is the test command the
+# README and CI use; everything it needs is fetched by the go command.
+
+GO        ?= go
+FUZZTIME  ?= 20s
+BENCHTIME ?= 2s
+PKGS      ?= ./...
+
+.PHONY: all build test lint fuzz bench ci clean
+
+all: build
+
+build:
+	$(GO) build $(PKGS)
+	CGO_ENABLED=0 $(GO) build -o bin/stillpoint ./cmd/stillpoint
+
+## test: every test, with the race detector (the README's test command).
+test:
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+## lint: gofmt must have nothing to say, go vet must pass.
+lint:
+	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+## fuzz: a short run of every fuzz target (FUZZTIME each).
+fuzz:
+	$(GO) test ./events -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME)
+
+## bench: the benchmarks recorded in docs/BENCHMARKS.md.
+bench:
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./jetstream/...
+
+## ci: what .ci/run does.
+ci: lint test fuzz
+
+clean:
+	rm -rf bin .stillpoint

@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// ExitFailure is the exit status of a command that failed; ExitUsage of one
+// that was called wrongly.
+const (
+	ExitFailure = 1
+	ExitUsage   = 2
+)
+
+// globals are the flags every subcommand shares.
+type globals struct {
+	conn      jetstream.ConnConfig
+	logLevel  string
+	logFormat string
+	stdout    io.Writer
+	stderr    io.Writer
+}
+
+// env returns the first non-empty environment variable of names.
+func env(names ...string) string {
+	for _, n := range names {
+		if v := os.Getenv(n); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// Main runs the command line with args and returns the exit status.
+func Main(args []string, stdout, stderr io.Writer) int {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	ctx, stop := signalContext(stderr)
+	defer stop()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.err != nil {
+			fmt.Fprintln(stderr, "stillpoint:", ee.err)
+		}
+		return ee.code
+	}
+	fmt.Fprintln(stderr, "stillpoint:", err)
+	if strings.Contains(err.Error(), "unknown command") || strings.Contains(err.Error(), "flag") {
+		return ExitUsage
+	}
+	return ExitFailure
+}
+
+// exitError carries a specific exit status out of a command.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "stillpoint",
+		Short: "Checkpoint and restore agentic-RL rollouts over NATS JetStream",
+		Long: `Stillpoint takes a checkpoint of thousands of running agent rollouts at any
+moment and continues every one of them after a crash: harness processes paused
+and continued (or relaunched from their saved session), sandboxes snapshotted and
+forked, no model call repeated. Checkpoint phases are CloudEvents on NATS
+JetStream; the stream is the audit log.
+
+Every command that talks to NATS takes the connection from --nats-url and the
+credential flags, or from the environment: STILLPOINT_NATS_URL (or NATS_URL),
+NATS_CREDS, NATS_NKEY, NATS_TOKEN.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.conn.URL, "nats-url", env("STILLPOINT_NATS_URL", "NATS_URL"),
+		"NATS server URL(s), comma-separated for a cluster (env STILLPOINT_NATS_URL, NATS_URL)")
+	pf.StringVar(&g.conn.CredsFile, "creds", env("NATS_CREDS"), "NATS user credentials file (env NATS_CREDS)")
+	pf.StringVar(&g.conn.NKeyFile, "nkey", env("NATS_NKEY"), "NATS nkey seed file (env NATS_NKEY)")
+	pf.StringVar(&g.conn.Token, "token", env("NATS_TOKEN"), "NATS auth token; prefer the env NATS_TOKEN, flags show in ps")
+	pf.StringVar(&g.logLevel, "log-level", envOr("STILLPOINT_LOG_LEVEL", "info"), "log level: trace, debug, info, warn, error (env STILLPOINT_LOG_LEVEL)")
+	pf.StringVar(&g.logFormat, "log-format", envOr("STILLPOINT_LOG_FORMAT", "auto"), "log format: auto (pretty on a terminal, JSON otherwise), json, pretty")
+	root.AddCommand(newServerCmd(g), newVersionCmd(g))
+	return root
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// logger builds the zerolog logger the flags ask for, writing to stderr.
+func (g *globals) logger() (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(strings.ToLower(g.logLevel))
+	if err != nil || g.logLevel == "" {
+		return zerolog.Nop(), fmt.Errorf("--log-level %q: want trace, debug, info, warn or error", g.logLevel)
+	}
+	var w io.Writer = g.stderr
+	pretty := false
+	switch g.logFormat {
+	case "json":
+	case "pretty":
+		pretty = true
+	case "auto":
+		if f, ok := g.stderr.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+			pretty = true
+		}
+	default:
+		return zerolog.Nop(), fmt.Errorf("--log-format %q: want auto, json or pretty", g.logFormat)
+	}
+	if pretty {
+		w = zerolog.ConsoleWriter{Out: g.stderr, TimeFormat: time.TimeOnly}
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+}
+
+// signalContext returns a context that the first SIGINT or SIGTERM cancels;
+// a second one exits at once.
+func signalContext(stderr io.Writer) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ch:
+			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case <-ch:
+			fmt.Fprintln(stderr, "stillpoint: second signal, exiting now")
+			os.Exit(130)
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(ch)
+		close(done)
+		cancel()
+	}
+}
