@@ -137,8 +137,12 @@ func (t Topology) keyValueConfigs() []natsjs.KeyValueConfig {
 			Description: "Stillpoint members: <run>.<member> heartbeats",
 			History:     1,
 			TTL:         t.MemberTTL,
-			Storage:     natsjs.FileStorage,
-			Replicas:    t.Replicas,
+			// An expired heartbeat leaves a marker, so that a watcher (the
+			// bridge gathering acks) sees a dead member at once rather than
+			// waiting out the phase deadline.
+			LimitMarkerTTL: t.MemberTTL,
+			Storage:        natsjs.FileStorage,
+			Replicas:       t.Replicas,
 		},
 		{
 			Bucket:      BucketManifests,

@@ -1,0 +1,135 @@
+package events
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Storage formats: what the bus's KV buckets and object store hold
+// (PROTOCOL §3). They are part of the wire contract like the events: a
+// reader refuses a schema it does not know.
+
+// MemberKey returns the sp_members key of a member, <run>.<member>.
+func MemberKey(run string, m Member) string { return run + "." + string(m) }
+
+// MemberKeyFilter returns the sp_members filter of one run, <run>.>.
+func MemberKeyFilter(run string) string { return run + ".>" }
+
+// ManifestKey returns the sp_manifests key of a checkpoint, <run>.<checkpoint>.
+func ManifestKey(run, checkpoint string) string { return run + "." + checkpoint }
+
+// MemberManifestKey returns the sp_manifests key of one member's manifest,
+// <run>.<checkpoint>.<member>.
+func MemberManifestKey(run, checkpoint string, m Member) string {
+	return run + "." + checkpoint + "." + string(m)
+}
+
+// LatestKey returns the sp_manifests key of the run's newest committed
+// checkpoint, <run>.LATEST (moved by compare-and-set).
+func LatestKey(run string) string { return run + ".LATEST" }
+
+// MemberInfo is a member's heartbeat in sp_members: who is alive and what
+// it can do. The member puts it at start and then every third of the
+// bucket's TTL; an expired key means a dead member.
+type MemberInfo struct {
+	// Run and Member name the member.
+	Run    string `json:"run"`
+	Member Member `json:"member"`
+	// Epoch is the epoch the member serves; meaningful once Served.
+	Epoch uint64 `json:"epoch"`
+	// Served tells whether the member has handled a phase yet. A restore
+	// goes to members that have not: a fresh fleet.
+	Served bool `json:"served"`
+	// Capabilities are as in MemberJoined.
+	Capabilities []string `json:"capabilities,omitempty"`
+	// Host, PID and Version say where and what it runs.
+	Host    string `json:"host,omitempty"`
+	PID     int    `json:"pid,omitempty"`
+	Version string `json:"version,omitempty"`
+	// Started is when the member started; Heartbeat when it last wrote.
+	Started   time.Time `json:"started"`
+	Heartbeat time.Time `json:"heartbeat"`
+}
+
+// Validate checks the heartbeat.
+func (m MemberInfo) Validate() error {
+	return errors.Join(prefixField("member_info.", ValidateRun(m.Run)), validateMember("member_info.member", string(m.Member)))
+}
+
+// CheckpointSchema is the schema version of checkpoint manifests.
+const CheckpointSchema = 1
+
+// CheckpointManifest is the commit point of a checkpoint, created once in
+// sp_manifests at <run>.<checkpoint>. A bridge that aborts a checkpoint
+// creates the key with Aborted set instead, so that no other bridge (a
+// zombie that was presumed dead) can create the manifest afterwards
+// (PROTOCOL §7, invariant 2).
+type CheckpointManifest struct {
+	// Schema is CheckpointSchema.
+	Schema int `json:"schema"`
+	// Run, CheckpointID and Epoch say which checkpoint this is.
+	Run          string `json:"run"`
+	CheckpointID string `json:"checkpoint_id"`
+	Epoch        uint64 `json:"epoch"`
+	// Created is when the bridge created the key.
+	Created time.Time `json:"created"`
+	// Aborted marks a checkpoint that will never exist; Reason says why.
+	Aborted bool   `json:"aborted,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	// Continued and Restarted are the episodes the checkpoint continues and
+	// those that restart from their input.
+	Continued []string `json:"continued,omitempty"`
+	Restarted []string `json:"restarted,omitempty"`
+	// Members holds every member's manifest.
+	Members []MemberManifest `json:"members,omitempty"`
+	// PrepareSeq and CommitSeq are the phase sequences of the checkpoint.
+	PrepareSeq uint64 `json:"prepare_seq,omitempty"`
+	CommitSeq  uint64 `json:"commit_seq,omitempty"`
+	// PrepareMS and CommitMS time the two phases.
+	PrepareMS int64 `json:"prepare_ms,omitempty"`
+	CommitMS  int64 `json:"commit_ms,omitempty"`
+	// Stop tells whether the checkpoint parked the fleet.
+	Stop bool `json:"stop,omitempty"`
+}
+
+// Validate checks the manifest.
+func (c CheckpointManifest) Validate() error {
+	var errs []error
+	if c.Schema != CheckpointSchema {
+		errs = append(errs, fieldErr("checkpoint.schema", ErrUnknownVersion, "%d, this build reads %d", c.Schema, CheckpointSchema))
+	}
+	errs = append(errs, prefixField("checkpoint.", errors.Join(ValidateRun(c.Run), ValidateCheckpointID(c.CheckpointID))))
+	errs = append(errs, validateKeys("checkpoint.continued", c.Continued), validateKeys("checkpoint.restarted", c.Restarted))
+	for i, m := range c.Members {
+		if err := m.Validate(); err != nil {
+			errs = append(errs, prefixField(fmt.Sprintf("checkpoint.members[%d].", i), err))
+			break
+		}
+		if m.Run != c.Run || m.CheckpointID != c.CheckpointID {
+			errs = append(errs, fieldErr(fmt.Sprintf("checkpoint.members[%d]", i), ErrMismatch, "names %s/%s", m.Run, m.CheckpointID))
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Latest is the value of <run>.LATEST.
+type Latest struct {
+	// CheckpointID is the newest committed checkpoint.
+	CheckpointID string `json:"checkpoint_id"`
+	// Epoch is the epoch it was taken in.
+	Epoch uint64 `json:"epoch"`
+	// Updated is when the pointer moved.
+	Updated time.Time `json:"updated"`
+}
+
+// Record is one line of a member's records object in sp_records: the
+// state of one captured thing, keyed by its capture key.
+type Record struct {
+	// Key is the capture key (an episode) or another id the member owns.
+	Key string `json:"key"`
+	// Data is the member's own JSON.
+	Data json.RawMessage `json:"data"`
+}
