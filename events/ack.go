@@ -126,6 +126,19 @@ func (h AckHeader) ackRoute(p Phase) route {
 		source: h.Member, seq: h.Seq, epoch: h.Epoch, hasSeq: true}
 }
 
+// Header returns the ack's common fields; with Answers it makes every ack
+// type an Ack.
+func (h AckHeader) Header() AckHeader { return h }
+
+// Ack is implemented by every ack payload.
+type Ack interface {
+	Data
+	// Header returns the fields every ack carries.
+	Header() AckHeader
+	// Answers returns the phase the ack answers.
+	Answers() Phase
+}
+
 // Fail marks the ack failed with a code and detail.
 func (h *AckHeader) Fail(code, detail string) {
 	if len(detail) > MaxDetail {
@@ -186,6 +199,9 @@ func (a *PrepareAck) SetBlockers(all []string) {
 	a.Blockers = append([]string(nil), all...)
 }
 
+// Answers implements Ack.
+func (PrepareAck) Answers() Phase { return PhasePrepare }
+
 // Type implements Data.
 func (PrepareAck) Type() Type { return TypePrepareAck }
 
@@ -222,6 +238,9 @@ type RenewAck struct {
 	// Lease is when the member's lease now runs out.
 	Lease time.Time `json:"lease,omitzero"`
 }
+
+// Answers implements Ack.
+func (RenewAck) Answers() Phase { return PhaseRenew }
 
 // Type implements Data.
 func (RenewAck) Type() Type { return TypeRenewAck }
@@ -299,6 +318,9 @@ type CommitAck struct {
 	Manifest *MemberManifest `json:"manifest,omitempty"`
 }
 
+// Answers implements Ack.
+func (CommitAck) Answers() Phase { return PhaseCommit }
+
 // Type implements Data.
 func (CommitAck) Type() Type { return TypeCommitAck }
 
@@ -327,6 +349,9 @@ type ResumeAck struct {
 	Pause *PauseReport `json:"pause,omitempty"`
 }
 
+// Answers implements Ack.
+func (ResumeAck) Answers() Phase { return PhaseResume }
+
 // Type implements Data.
 func (ResumeAck) Type() Type { return TypeResumeAck }
 
@@ -343,6 +368,9 @@ type RestoreAck struct {
 	// Restored are the next-attempt capture keys the member now holds.
 	Restored []string `json:"restored,omitempty"`
 }
+
+// Answers implements Ack.
+func (RestoreAck) Answers() Phase { return PhaseRestore }
 
 // Type implements Data.
 func (RestoreAck) Type() Type { return TypeRestoreAck }
@@ -363,6 +391,9 @@ type RetireAck struct {
 	AckHeader
 }
 
+// Answers implements Ack.
+func (RetireAck) Answers() Phase { return PhaseRetire }
+
 // Type implements Data.
 func (RetireAck) Type() Type { return TypeRetireAck }
 
@@ -375,6 +406,9 @@ func (a RetireAck) route() route { return a.ackRoute(PhaseRetire) }
 type ForgetAck struct {
 	AckHeader
 }
+
+// Answers implements Ack.
+func (ForgetAck) Answers() Phase { return PhaseForget }
 
 // Type implements Data.
 func (ForgetAck) Type() Type { return TypeForgetAck }
@@ -391,6 +425,9 @@ type ReleaseAck struct {
 	// owner).
 	Deleted []string `json:"deleted,omitempty"`
 }
+
+// Answers implements Ack.
+func (ReleaseAck) Answers() Phase { return PhaseRelease }
 
 // Type implements Data.
 func (ReleaseAck) Type() Type { return TypeReleaseAck }

@@ -243,3 +243,20 @@ func TestValidIDMatchesThePattern(t *testing.T) {
 		}
 	}
 }
+
+func TestEveryAckAndPhaseImplementsItsInterface(t *testing.T) {
+	for typ, s := range samples() {
+		switch {
+		case strings.Contains(string(typ), ".ack."):
+			a, ok := s.data.(Ack)
+			if !ok || "dev.stillpoint.ack."+string(a.Answers())+".v1" != string(typ) || a.Header().Member != "agent.a0" {
+				t.Errorf("%s: not an Ack of its phase", typ)
+			}
+		case strings.Contains(string(typ), ".phase."):
+			p, ok := s.data.(PhaseEvent)
+			if !ok || "dev.stillpoint.phase."+string(p.Phase())+".v1" != string(typ) || p.Header().Run != "run1" {
+				t.Errorf("%s: not a PhaseEvent of its phase", typ)
+			}
+		}
+	}
+}

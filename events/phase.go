@@ -54,6 +54,19 @@ type PhaseHeader struct {
 	Members []Member `json:"members"`
 }
 
+// Header returns the phase's common fields; with Phase it makes every
+// phase type a PhaseEvent.
+func (h PhaseHeader) Header() PhaseHeader { return h }
+
+// PhaseEvent is implemented by every phase payload.
+type PhaseEvent interface {
+	Data
+	// Header returns the fields every phase carries.
+	Header() PhaseHeader
+	// Phase returns the phase.
+	Phase() Phase
+}
+
 func (h PhaseHeader) validate() error {
 	var errs []error
 	if err := ValidateRun(h.Run); err != nil {
@@ -91,6 +104,9 @@ type Prepare struct {
 	PhaseHeader
 }
 
+// Phase implements PhaseEvent.
+func (Prepare) Phase() Phase { return PhasePrepare }
+
 // Type implements Data.
 func (Prepare) Type() Type { return TypePrepare }
 
@@ -103,6 +119,9 @@ func (p Prepare) route() route { return p.phaseRoute(PhasePrepare) }
 type Renew struct {
 	PhaseHeader
 }
+
+// Phase implements PhaseEvent.
+func (Renew) Phase() Phase { return PhaseRenew }
 
 // Type implements Data.
 func (Renew) Type() Type { return TypeRenew }
@@ -122,6 +141,9 @@ type Commit struct {
 	Stop bool `json:"stop,omitempty"`
 }
 
+// Phase implements PhaseEvent.
+func (Commit) Phase() Phase { return PhaseCommit }
+
 // Type implements Data.
 func (Commit) Type() Type { return TypeCommit }
 
@@ -139,6 +161,9 @@ type Resume struct {
 	// committed (false).
 	Aborted bool `json:"aborted,omitempty"`
 }
+
+// Phase implements PhaseEvent.
+func (Resume) Phase() Phase { return PhaseResume }
 
 // Type implements Data.
 func (Resume) Type() Type { return TypeResume }
@@ -158,6 +183,9 @@ type Restore struct {
 	// its Next() attempt.
 	Scope []Episode `json:"scope"`
 }
+
+// Phase implements PhaseEvent.
+func (Restore) Phase() Phase { return PhaseRestore }
 
 // Type implements Data.
 func (Restore) Type() Type { return TypeRestore }
@@ -183,6 +211,9 @@ type Retire struct {
 	Episodes []Episode `json:"episodes"`
 }
 
+// Phase implements PhaseEvent.
+func (Retire) Phase() Phase { return PhaseRetire }
+
 // Type implements Data.
 func (Retire) Type() Type { return TypeRetire }
 
@@ -203,6 +234,9 @@ type Forget struct {
 	// Rollouts are the rollout ids to forget.
 	Rollouts []string `json:"rollouts"`
 }
+
+// Phase implements PhaseEvent.
+func (Forget) Phase() Phase { return PhaseForget }
 
 // Type implements Data.
 func (Forget) Type() Type { return TypeForget }
@@ -231,6 +265,9 @@ type Release struct {
 	// Keep lists the checkpoint ids still kept.
 	Keep []string `json:"keep"`
 }
+
+// Phase implements PhaseEvent.
+func (Release) Phase() Phase { return PhaseRelease }
 
 // Type implements Data.
 func (Release) Type() Type { return TypeRelease }
