@@ -1,0 +1,568 @@
+package member_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/participants/member"
+)
+
+const (
+	self  events.Member = "agent.a"
+	grace               = time.Minute
+)
+
+var t0 = time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)
+
+// mt drives a Machine with a fake clock and a bridge's sequence numbers.
+type mt struct {
+	t     *testing.T
+	m     *member.Machine
+	now   time.Time
+	seq   uint64
+	epoch uint64
+	op    uint64 // the op of the last effect that started a handler
+	man   events.MemberManifest
+}
+
+func newMT(t *testing.T) *mt {
+	return &mt{t: t, m: member.NewMachine("run1", self, grace), now: t0}
+}
+
+func (x *mt) hdr(id string) events.PhaseHeader {
+	x.seq++
+	return events.PhaseHeader{Run: "run1", CheckpointID: id, Seq: x.seq, Epoch: x.epoch, Deadline: x.now.Add(10 * time.Second), Members: []events.Member{self}}
+}
+
+func (x *mt) step(in member.Input) []member.Effect {
+	effs := x.m.Step(x.now, in)
+	for _, e := range effs {
+		switch e := e.(type) {
+		case member.WaitReady:
+			x.op = e.Op
+		case member.WriteCommit:
+			x.op = e.Op
+		case member.InstallRestore:
+			x.op = e.Op
+		case member.CallParticipant:
+			x.op = e.Op
+		}
+	}
+	return effs
+}
+
+func (x *mt) phase(d events.PhaseEvent) []member.Effect {
+	return x.step(member.PhaseReceived{Data: d})
+}
+
+func (x *mt) prepare(id string) []member.Effect {
+	return x.phase(events.Prepare{PhaseHeader: x.hdr(id)})
+}
+
+func (x *mt) ready(r member.Report) []member.Effect {
+	return x.step(member.ReadinessReported{Op: x.op, Report: r})
+}
+
+func (x *mt) commit(id string, scope ...events.Episode) []member.Effect {
+	return x.phase(events.Commit{PhaseHeader: x.hdr(id), Scope: scope})
+}
+
+func (x *mt) written(id string) []member.Effect {
+	x.man = events.MemberManifest{Schema: 1, Run: "run1", CheckpointID: id, Member: self,
+		Object: events.RecordsObject("run1", id, self), SHA256: strings.Repeat("ab", 32), Count: 1, Size: 10, Episodes: []string{"r1"}}
+	return x.step(member.RecordsWritten{Op: x.op, Manifest: x.man})
+}
+
+func (x *mt) created() []member.Effect { return x.step(member.ManifestCreated{Op: x.op}) }
+
+func (x *mt) resume(id string) []member.Effect {
+	return x.phase(events.Resume{PhaseHeader: x.hdr(id)})
+}
+
+func (x *mt) restore(id, source string, scope ...events.Episode) []member.Effect {
+	return x.phase(events.Restore{PhaseHeader: x.hdr(id), Source: source, Scope: scope})
+}
+
+func (x *mt) retire(eps ...events.Episode) []member.Effect {
+	return x.phase(events.Retire{PhaseHeader: x.hdr("op"), Episodes: eps})
+}
+
+// prepared brings the machine to prepared on id.
+func (x *mt) prepared(id string) {
+	x.prepare(id)
+	x.ready(member.Report{Ready: true})
+	x.state(member.StatePrepared)
+}
+
+// committed brings the machine to committed on id.
+func (x *mt) committed(id string, stop bool) {
+	x.prepared(id)
+	x.phase(events.Commit{PhaseHeader: x.hdr(id), Stop: stop})
+	x.written(id)
+	x.created()
+	x.state(member.StateCommitted)
+}
+
+func (x *mt) state(s member.State) {
+	x.t.Helper()
+	if got := x.m.State(); got != s {
+		x.t.Fatalf("state %s, want %s", got, s)
+	}
+}
+
+// describe renders effects as short strings: "reply prepare ok prepared",
+// "reply commit stale_checkpoint idle", "wait", "write", "manifest",
+// "install", "call retire", "reopen c1 (resume)", "drop", "supersede",
+// "park c1".
+func describe(effs []member.Effect) []string {
+	var out []string
+	for _, e := range effs {
+		switch e := e.(type) {
+		case member.Reply:
+			code := "ok"
+			if !e.Header.OK {
+				code = e.Header.Error.Code
+			}
+			out = append(out, fmt.Sprintf("reply %s %s %s", e.Phase, code, e.Header.State))
+		case member.WaitReady:
+			out = append(out, "wait")
+		case member.WriteCommit:
+			out = append(out, "write")
+		case member.CommitManifest:
+			out = append(out, "manifest")
+		case member.InstallRestore:
+			out = append(out, "install")
+		case member.CallParticipant:
+			out = append(out, "call "+string(e.Data.Phase()))
+		case member.Reopen:
+			out = append(out, fmt.Sprintf("reopen %s (%s)", e.CheckpointID, e.Reason))
+		case member.Drop:
+			out = append(out, "drop")
+		case member.Supersede:
+			out = append(out, "supersede")
+		case member.Park:
+			out = append(out, "park "+e.CheckpointID)
+		default:
+			out = append(out, fmt.Sprintf("%T", e))
+		}
+	}
+	return out
+}
+
+var (
+	r1 = events.Episode{Rollout: "r1"}
+	r2 = events.Episode{Rollout: "r2"}
+)
+
+// TestMachine checks the phase machine against PROTOCOL.md §5, one row per
+// rule, named after its section.
+func TestMachine(t *testing.T) {
+	rows := []struct {
+		name  string
+		setup func(x *mt)
+		do    func(x *mt) []member.Effect
+		want  []string
+		state member.State
+	}{
+		{"§5 transitions: idle -prepare-> preparing, waits for readiness", nil,
+			func(x *mt) []member.Effect { return x.prepare("c1") },
+			[]string{"wait"}, member.StatePreparing},
+		{"§5 transitions: preparing -ready-> prepared", func(x *mt) { x.prepare("c1") },
+			func(x *mt) []member.Effect { return x.ready(member.Report{Ready: true}) },
+			[]string{"reply prepare ok prepared"}, member.StatePrepared},
+		{"§5 prepare: not ready by the reply time answers with blockers, stays preparing", func(x *mt) { x.prepare("c1") },
+			func(x *mt) []member.Effect { return x.ready(member.Report{Blockers: []string{"r1"}}) },
+			[]string{"reply prepare ok preparing"}, member.StatePreparing},
+		{"§5 prepare: a second prepare of the open id waits again", func(x *mt) {
+			x.prepare("c1")
+			x.ready(member.Report{Blockers: []string{"r1"}})
+		}, func(x *mt) []member.Effect { return x.prepare("c1") },
+			[]string{"wait"}, member.StatePreparing},
+		{"§5 prepare: a failing Prepare reopens admission", func(x *mt) { x.prepare("c1") },
+			func(x *mt) []member.Effect {
+				return x.step(member.ReadinessReported{Op: x.op, Err: errors.New("boom")})
+			},
+			[]string{"reopen c1 (prepare failed)", "reply prepare internal idle"}, member.StateIdle},
+		{"§5 transitions: prepared -commit-> writes the records", func(x *mt) { x.prepared("c1") },
+			func(x *mt) []member.Effect { return x.commit("c1", r1) },
+			[]string{"write"}, member.StatePrepared},
+		{"§5 commit: the manifest is created only once the records are written", func(x *mt) {
+			x.prepared("c1")
+			x.commit("c1", r1)
+		}, func(x *mt) []member.Effect { return x.written("c1") },
+			[]string{"manifest"}, member.StatePrepared},
+		{"§5 transitions: prepared -commit-> committed once the manifest exists", func(x *mt) {
+			x.prepared("c1")
+			x.commit("c1", r1)
+			x.written("c1")
+		}, func(x *mt) []member.Effect { return x.created() },
+			[]string{"reply commit ok committed"}, member.StateCommitted},
+		{"§5 commit: a failed write answers the error and stays prepared", func(x *mt) {
+			x.prepared("c1")
+			x.commit("c1", r1)
+		}, func(x *mt) []member.Effect {
+			return x.step(member.RecordsWritten{Op: x.op, Err: &events.AckError{Code: events.CodeExportFailed, Detail: "x"}})
+		}, []string{"reply commit export_failed prepared"}, member.StatePrepared},
+		{"§5 commit: a duplicate commit while writing is answered with it", func(x *mt) {
+			x.prepared("c1")
+			x.commit("c1", r1)
+			x.commit("c1", r1)
+			x.written("c1")
+		}, func(x *mt) []member.Effect { return x.created() },
+			[]string{"reply commit ok committed", "reply commit ok committed"}, member.StateCommitted},
+		{"§5 commit: another scope while writing is a conflict", func(x *mt) {
+			x.prepared("c1")
+			x.commit("c1", r1)
+		}, func(x *mt) []member.Effect { return x.commit("c1", r2) },
+			[]string{"reply commit checkpoint_conflict prepared"}, member.StatePrepared},
+		{"§5 transitions: committed -resume-> idle", func(x *mt) { x.committed("c1", false) },
+			func(x *mt) []member.Effect { return x.resume("c1") },
+			[]string{"reopen c1 (resume)", "reply resume ok idle"}, member.StateIdle},
+		{"§5 transitions: idle -restore-> restored", nil,
+			func(x *mt) []member.Effect {
+				x.restore("r1", "k1", r1)
+				return x.step(member.RestoreFinished{Op: x.op, Restored: []string{"r1-a1"}})
+			}, []string{"reply restore ok restored"}, member.StateRestored},
+		{"§5 restore: a failed install reopens admission, the member stays fresh and idle", func(x *mt) { x.restore("r1", "k1", r1) },
+			func(x *mt) []member.Effect {
+				return x.step(member.RestoreFinished{Op: x.op, Err: &events.AckError{Code: events.CodeInstallFailed, Detail: "x"}})
+			}, []string{"reopen r1 (restore failed)", "reply restore install_failed idle"}, member.StateIdle},
+		{"§5 restore: only on a member that has not served", func(x *mt) {
+			x.prepared("c1")
+			x.resume("c1")
+		}, func(x *mt) []member.Effect { return x.restore("r1", "k1", r1) },
+			[]string{"reply restore invalid_phase idle"}, member.StateIdle},
+		{"§5 restore: a resume during the install cancels it", func(x *mt) { x.restore("r1", "k1", r1) },
+			func(x *mt) []member.Effect { return x.resume("r1") },
+			[]string{"reopen r1 (resume)", "reply restore stale_checkpoint idle", "reply resume ok idle"}, member.StateIdle},
+		{"§5 transitions: restored -resume-> idle", func(x *mt) {
+			x.restore("r1", "k1", r1)
+			x.step(member.RestoreFinished{Op: x.op})
+		}, func(x *mt) []member.Effect { return x.resume("r1") },
+			[]string{"reopen r1 (resume)", "reply resume ok idle"}, member.StateIdle},
+		{"§5 Fencing: a resumed id is stale", func(x *mt) {
+			x.prepared("c1")
+			x.resume("c1")
+		}, func(x *mt) []member.Effect { return x.prepare("c1") },
+			[]string{"reply prepare stale_checkpoint idle"}, member.StateIdle},
+		{"§5 Fencing: a commit of a resumed id is stale", func(x *mt) {
+			x.prepared("c1")
+			x.resume("c1")
+		}, func(x *mt) []member.Effect { return x.commit("c1") },
+			[]string{"reply commit stale_checkpoint idle"}, member.StateIdle},
+		{"§5 Fencing: a resume of an unknown id while idle is ok and fences it", func(x *mt) { x.resume("c1") },
+			func(x *mt) []member.Effect { return x.prepare("c1") },
+			[]string{"reply prepare stale_checkpoint idle"}, member.StateIdle},
+		{"§5 Fencing: a resume of a resumed id is ok, whatever is open now", func(x *mt) {
+			x.resume("c1")
+			x.prepared("c2")
+		}, func(x *mt) []member.Effect { return x.resume("c1") },
+			[]string{"reply resume ok prepared"}, member.StatePrepared},
+		{"§5 Fencing: another id while one is open is a conflict", func(x *mt) { x.prepared("c1") },
+			func(x *mt) []member.Effect { return x.prepare("c2") },
+			[]string{"reply prepare checkpoint_conflict prepared"}, member.StatePrepared},
+		{"§5 Fencing: resuming another id while one is open is a conflict", func(x *mt) { x.prepared("c1") },
+			func(x *mt) []member.Effect { return x.resume("c2") },
+			[]string{"reply resume checkpoint_conflict prepared"}, member.StatePrepared},
+		{"§5 Fencing: commit in idle is invalid_phase", nil,
+			func(x *mt) []member.Effect { return x.commit("c1") },
+			[]string{"reply commit invalid_phase idle"}, member.StateIdle},
+		{"§5 Fencing: commit while preparing is invalid_phase", func(x *mt) { x.prepare("c1") },
+			func(x *mt) []member.Effect { return x.commit("c1") },
+			[]string{"reply commit invalid_phase preparing"}, member.StatePreparing},
+		{"§5 Fencing: renew in idle is invalid_phase", nil,
+			func(x *mt) []member.Effect { return x.phase(events.Renew{PhaseHeader: x.hdr("c1")}) },
+			[]string{"reply renew invalid_phase idle"}, member.StateIdle},
+		{"§5 Fencing: retire while a checkpoint is open: resume first", func(x *mt) { x.prepared("c1") },
+			func(x *mt) []member.Effect { return x.retire(r1) },
+			[]string{"reply retire invalid_phase prepared"}, member.StatePrepared},
+		{"§5 Fencing: release while a restore installs: resume first", func(x *mt) { x.restore("r1", "k1", r1) },
+			func(x *mt) []member.Effect { return x.phase(events.Release{PhaseHeader: x.hdr("op")}) },
+			[]string{"reply release invalid_phase idle"}, member.StateIdle},
+		{"§5 retire: allowed when restored", func(x *mt) {
+			x.restore("r1", "k1", r1)
+			x.step(member.RestoreFinished{Op: x.op})
+		}, func(x *mt) []member.Effect { return x.retire(r1.Next()) },
+			[]string{"call retire"}, member.StateRestored},
+		{"§5 retire: the participant's answer is the ack", func(x *mt) { x.retire(r1) },
+			func(x *mt) []member.Effect { return x.step(member.CallFinished{Op: x.op}) },
+			[]string{"reply retire ok idle"}, member.StateIdle},
+		{"§5 Idempotence: a duplicate prepare gets the recorded reply", func(x *mt) { x.prepared("c1") },
+			func(x *mt) []member.Effect { return x.prepare("c1") },
+			[]string{"reply prepare ok prepared"}, member.StatePrepared},
+		{"§5 Idempotence: a duplicate commit gets the recorded reply", func(x *mt) { x.committed("c1", false) },
+			func(x *mt) []member.Effect { return x.commit("c1") },
+			[]string{"reply commit ok committed"}, member.StateCommitted},
+		{"§5 Idempotence: a duplicate restore gets the recorded reply", func(x *mt) {
+			x.restore("r1", "k1", r1)
+			x.step(member.RestoreFinished{Op: x.op})
+		}, func(x *mt) []member.Effect { return x.restore("r1", "k1", r1) },
+			[]string{"reply restore ok restored"}, member.StateRestored},
+		{"§5 a resume during a commit write answers the commit stale", func(x *mt) {
+			x.prepared("c1")
+			x.commit("c1", r1)
+		}, func(x *mt) []member.Effect { return x.resume("c1") },
+			[]string{"reopen c1 (resume)", "reply commit stale_checkpoint idle", "reply resume ok idle"}, member.StateIdle},
+		{"§5 a resume during a commit write: records written after it never get a manifest", func(x *mt) {
+			x.prepared("c1")
+			x.commit("c1", r1)
+			x.resume("c1")
+		}, func(x *mt) []member.Effect { return x.written("c1") },
+			nil, member.StateIdle},
+		{"§5 a resume while a prepare waits answers the prepare stale", func(x *mt) { x.prepare("c1") },
+			func(x *mt) []member.Effect { return x.resume("c1") },
+			[]string{"reopen c1 (resume)", "reply prepare stale_checkpoint idle", "reply resume ok idle"}, member.StateIdle},
+		{"§5 a readiness report after the resume is dropped", func(x *mt) {
+			x.prepare("c1")
+			x.resume("c1")
+		}, func(x *mt) []member.Effect { return x.ready(member.Report{Ready: true}) },
+			nil, member.StateIdle},
+		{"§5 Lease: no expiry before deadline + grace", func(x *mt) {
+			x.prepared("c1")
+			x.now = x.now.Add(10*time.Second + grace - time.Nanosecond)
+		}, func(x *mt) []member.Effect { return x.step(member.LeaseTick{}) },
+			nil, member.StatePrepared},
+		{"§5 Lease: at deadline + grace the member resumes by itself, no ack", func(x *mt) {
+			x.prepared("c1")
+			x.now = x.now.Add(10*time.Second + grace)
+		}, func(x *mt) []member.Effect { return x.step(member.LeaseTick{}) },
+			[]string{"reopen c1 (lease expired)"}, member.StateIdle},
+		{"§5 Lease: expiry fences the id", func(x *mt) {
+			x.prepared("c1")
+			x.now = x.now.Add(time.Hour)
+			x.step(member.LeaseTick{})
+		}, func(x *mt) []member.Effect { return x.commit("c1") },
+			[]string{"reply commit stale_checkpoint idle"}, member.StateIdle},
+		{"§5 Lease: expiry during a commit write answers the commit", func(x *mt) {
+			x.prepared("c1")
+			x.commit("c1", r1)
+			x.now = x.now.Add(time.Hour)
+		}, func(x *mt) []member.Effect { return x.step(member.LeaseTick{}) },
+			[]string{"reopen c1 (lease expired)", "reply commit stale_checkpoint idle"}, member.StateIdle},
+		{"§5 Epochs: a phase of an older epoch is ignored", func(x *mt) {
+			x.epoch = 2
+			x.resume("x")
+			x.epoch = 1
+		}, func(x *mt) []member.Effect { return x.prepare("c1") },
+			[]string{"drop"}, member.StateIdle},
+		{"§5 Epochs: a newer epoch supersedes a member that served", func(x *mt) {
+			x.prepared("c1")
+			x.resume("c1")
+			x.epoch = 1
+		}, func(x *mt) []member.Effect { return x.prepare("c2") },
+			[]string{"supersede"}, member.StateIdle},
+		{"§5 Epochs: a newer epoch not addressed to a member that served still supersedes it", func(x *mt) {
+			x.prepared("c1")
+			x.epoch = 1
+		}, func(x *mt) []member.Effect {
+			h := x.hdr("r1")
+			h.Members = []events.Member{"agent.fresh"}
+			return x.phase(events.Restore{PhaseHeader: h, Source: "c0"})
+		}, []string{"supersede"}, member.StatePrepared},
+		{"§5 Epochs: a restore of a newer epoch goes to a member that has not served", func(x *mt) {
+			x.resume("c0")
+			x.epoch = 1
+		}, func(x *mt) []member.Effect { return x.restore("r1", "k1", r1) },
+			[]string{"install"}, member.StateIdle},
+		{"§5 Epochs: a phase for other members is ignored", nil,
+			func(x *mt) []member.Effect {
+				h := x.hdr("c1")
+				h.Members = []events.Member{"agent.b"}
+				return x.phase(events.Prepare{PhaseHeader: h})
+			}, []string{"drop"}, member.StateIdle},
+		{"§5 commit with stop: park once the outcome names the member", func(x *mt) { x.committed("c1", true) },
+			func(x *mt) []member.Effect {
+				return x.step(member.OutcomeReceived{Committed: events.CheckpointCommitted{
+					OutcomeHeader: events.OutcomeHeader{Run: "run1", CheckpointID: "c1"}, Members: []events.Member{self}}})
+			}, []string{"park c1"}, member.StateCommitted},
+		{"§5 commit without stop: no park", func(x *mt) { x.committed("c1", false) },
+			func(x *mt) []member.Effect {
+				return x.step(member.OutcomeReceived{Committed: events.CheckpointCommitted{
+					OutcomeHeader: events.OutcomeHeader{Run: "run1", CheckpointID: "c1"}, Members: []events.Member{self}}})
+			}, nil, member.StateCommitted},
+		{"§5 commit: a prepare or restore deadline already passed is refused, nothing changes", func(x *mt) {},
+			func(x *mt) []member.Effect {
+				h := x.hdr("c1")
+				h.Deadline = x.now
+				return x.phase(events.Prepare{PhaseHeader: h})
+			}, []string{"reply prepare deadline_exceeded idle"}, member.StateIdle},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			x := newMT(t)
+			if row.setup != nil {
+				row.setup(x)
+			}
+			got := describe(row.do(x))
+			if !slices.Equal(got, row.want) {
+				t.Fatalf("effects %q, want %q", got, row.want)
+			}
+			x.state(row.state)
+		})
+	}
+}
+
+// §5 Fencing: the machine remembers the last ResumedKept resumed ids.
+func TestMachineFencesLast64(t *testing.T) {
+	x := newMT(t)
+	for i := range member.ResumedKept + 1 {
+		x.resume(fmt.Sprintf("c%d", i))
+	}
+	if x.m.Resumed("c0") || !x.m.Resumed("c1") || !x.m.Resumed(fmt.Sprintf("c%d", member.ResumedKept)) {
+		t.Fatalf("c0 fenced %v, c1 %v", x.m.Resumed("c0"), x.m.Resumed("c1"))
+	}
+	if got := describe(x.prepare("c0")); !slices.Equal(got, []string{"wait"}) {
+		t.Fatalf("prepare of an id forgotten by the fence: %q", got)
+	}
+}
+
+// §5 Lease: every accepted phase extends it to deadline + grace, never
+// backwards; a refused phase does not.
+func TestMachineLease(t *testing.T) {
+	x := newMT(t)
+	if !x.m.Lease().IsZero() {
+		t.Fatal("lease while idle")
+	}
+	h := x.hdr("c1")
+	x.phase(events.Prepare{PhaseHeader: h})
+	if want := h.Deadline.Add(grace); !x.m.Lease().Equal(want) {
+		t.Fatalf("lease %s, want %s", x.m.Lease(), want)
+	}
+	long := x.hdr("c1")
+	long.Deadline = long.Deadline.Add(time.Hour)
+	effs := x.phase(events.Renew{PhaseHeader: long})
+	ack := effs[0].(member.Reply).Ack(0).(events.RenewAck)
+	if want := long.Deadline.Add(grace); !x.m.Lease().Equal(want) || !ack.Lease.Equal(want) {
+		t.Fatalf("lease %s, ack %s, want %s", x.m.Lease(), ack.Lease, want)
+	}
+	x.phase(events.Renew{PhaseHeader: x.hdr("c1")})
+	if want := long.Deadline.Add(grace); !x.m.Lease().Equal(want) {
+		t.Fatalf("lease moved back to %s", x.m.Lease())
+	}
+	far := x.hdr("c2")
+	far.Deadline = far.Deadline.Add(10 * time.Hour)
+	x.phase(events.Renew{PhaseHeader: far}) // conflict: refused, no extension
+	if want := long.Deadline.Add(grace); !x.m.Lease().Equal(want) {
+		t.Fatalf("a refused renew moved the lease to %s", x.m.Lease())
+	}
+	x.resume("c1")
+	if !x.m.Lease().IsZero() {
+		t.Fatal("lease after resume")
+	}
+}
+
+// §5 retire marks: per rollout the highest retired attempt, refused at or
+// below it, until forget.
+func TestMachineRetireMarks(t *testing.T) {
+	x := newMT(t)
+	x.retire(events.Episode{Rollout: "r1", Attempt: 2}, events.Episode{Rollout: "r1", Attempt: 1})
+	for _, c := range []struct {
+		ep    events.Episode
+		stale bool
+	}{{events.Episode{Rollout: "r1"}, true}, {events.Episode{Rollout: "r1", Attempt: 2}, true},
+		{events.Episode{Rollout: "r1", Attempt: 3}, false}, {events.Episode{Rollout: "r2"}, false}} {
+		if err := x.m.Admit(c.ep); errors.Is(err, member.ErrStaleAttempt) != c.stale {
+			t.Errorf("Admit(%s) = %v, want stale %v", c.ep, err, c.stale)
+		}
+	}
+	marks, v1 := x.m.Marks(), x.m.MarksVersion()
+	if marks["r1"] != 2 {
+		t.Fatalf("marks %v", marks)
+	}
+	x.phase(events.Forget{PhaseHeader: x.hdr("op"), Rollouts: []string{"r1"}})
+	if err := x.m.Admit(events.Episode{Rollout: "r1"}); err != nil {
+		t.Fatalf("after forget: %v", err)
+	}
+	if x.m.MarksVersion() == v1 {
+		t.Fatal("marks version unchanged by forget")
+	}
+}
+
+// §5 Epochs: a member serves the epoch of the first phase it handles; the
+// acks carry it.
+func TestMachineEpochAdoption(t *testing.T) {
+	x := newMT(t)
+	if _, ok := x.m.Epoch(); ok {
+		t.Fatal("epoch before any phase")
+	}
+	x.epoch = 3
+	effs := x.resume("c0")
+	if e, ok := x.m.Epoch(); !ok || e != 3 || effs[0].(member.Reply).Header.Epoch != 3 || x.m.Served() {
+		t.Fatalf("epoch %d %v, served %v", e, ok, x.m.Served())
+	}
+	x.epoch = 4 // not served yet: adopt the newer epoch
+	x.prepared("c1")
+	if e, _ := x.m.Epoch(); e != 4 || !x.m.Served() {
+		t.Fatalf("epoch %d, served %v; want 4, served", e, x.m.Served())
+	}
+}
+
+// §5 prepare: the ack of a not-ready prepare caps its blockers and counts
+// them all.
+func TestMachineBlockersCapped(t *testing.T) {
+	x := newMT(t)
+	x.prepare("c1")
+	var blockers []string
+	for i := range 150 {
+		blockers = append(blockers, fmt.Sprintf("r%d", i))
+	}
+	effs := x.ready(member.Report{Blockers: blockers, Restarts: []string{"r9-a1"}})
+	ack := effs[0].(member.Reply).Ack(1500 * time.Millisecond).(events.PrepareAck)
+	if ack.Ready || len(ack.Blockers) != events.MaxBlockers || ack.BlockerCount != 150 || ack.TookMS != 1500 {
+		t.Fatalf("ack %d blockers, count %d, took %d", len(ack.Blockers), ack.BlockerCount, ack.TookMS)
+	}
+	if err := ack.Validate(); err != nil {
+		t.Fatalf("ack does not validate: %v", err)
+	}
+}
+
+// §5 prepare: the reply time is the deadline less min(1 s, a tenth of the
+// time left).
+func TestReplyAt(t *testing.T) {
+	for _, c := range []struct{ left, before time.Duration }{
+		{30 * time.Second, time.Second}, {5 * time.Second, 500 * time.Millisecond}, {0, 0}, {-time.Second, 0},
+	} {
+		d := t0.Add(c.left)
+		if got := member.ReplyAt(t0, d); !got.Equal(d.Add(-c.before)) {
+			t.Errorf("left %s: reply at %s before the deadline, want %s", c.left, d.Sub(got), c.before)
+		}
+	}
+}
+
+// §5 states: every transition lists its legal successors; the rest are
+// refused naming both states.
+func TestCheckTransition(t *testing.T) {
+	legal := map[[2]member.State]bool{
+		{member.StateIdle, member.StatePreparing}:     true,
+		{member.StateIdle, member.StateRestored}:      true,
+		{member.StatePreparing, member.StatePrepared}: true,
+		{member.StatePreparing, member.StateIdle}:     true,
+		{member.StatePrepared, member.StateCommitted}: true,
+		{member.StatePrepared, member.StateIdle}:      true,
+		{member.StateCommitted, member.StateIdle}:     true,
+		{member.StateRestored, member.StateIdle}:      true,
+	}
+	states := []member.State{member.StateIdle, member.StatePreparing, member.StatePrepared, member.StateCommitted, member.StateRestored}
+	for _, from := range states {
+		if !from.Wire().Valid() {
+			t.Errorf("%s is not a wire state", from)
+		}
+		for _, to := range states {
+			err := member.CheckTransition(from, to)
+			if legal[[2]member.State{from, to}] != (err == nil) {
+				t.Errorf("%s -> %s: %v", from, to, err)
+			}
+			if err != nil && (!errors.Is(err, member.ErrTransition) || !strings.Contains(err.Error(), from.String()) || !strings.Contains(err.Error(), to.String())) {
+				t.Errorf("error %q does not name both states", err)
+			}
+		}
+	}
+	if s := member.State(9).String(); s != "State(9)" {
+		t.Errorf("String of an unknown state: %s", s)
+	}
+}

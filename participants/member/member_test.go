@@ -1,0 +1,456 @@
+package member_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+)
+
+func TestMain(m *testing.M) {
+	// nats.go v1.55 leaks one goroutine in some ObjectStore.Put calls:
+	// newAsyncReply starts resetPendingAcksOnReconnect, which reads
+	// publisher.connStatusCh under the lock only when it gets to run; when
+	// Put's deferred cleanupReplySub has set it to nil first, the goroutine
+	// waits on a nil channel forever. It is not ours to stop.
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"))
+}
+
+// TestConformance runs the conformance suite against the test participant.
+func TestConformance(t *testing.T) {
+	membertest.Run(t, membertest.Harness{
+		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
+			return membertest.NewParticipant(name.Name())
+		},
+	})
+}
+
+// world is one test's bus, bridge and member with the test participant.
+type world struct {
+	env    *jstest.Env
+	bridge *membertest.Bridge
+	h      *membertest.Handle
+	p      *membertest.Participant
+	name   events.Member
+}
+
+func start(t *testing.T, opts membertest.Options) *world {
+	t.Helper()
+	env := jstest.Start(t)
+	hs := membertest.StartMembers(t, env, "run1", 1, opts)
+	return &world{env: env, bridge: membertest.NewBridge(t, env, "run1"), h: hs[0], p: hs[0].Participant, name: hs[0].Name}
+}
+
+func (w *world) phase(t *testing.T, d events.PhaseEvent) events.Ack {
+	t.Helper()
+	return w.bridge.Ack(w.bridge.Publish(d), d.Phase(), w.name)
+}
+
+func (w *world) prepare(t *testing.T, id string) events.Ack {
+	t.Helper()
+	return w.phase(t, events.Prepare{PhaseHeader: w.bridge.Header(id, 10*time.Second, w.name)})
+}
+
+func (w *world) commit(t *testing.T, id string, scope []events.Episode, stop bool) events.Ack {
+	t.Helper()
+	return w.phase(t, events.Commit{PhaseHeader: w.bridge.Header(id, 10*time.Second, w.name), Scope: scope, Stop: stop})
+}
+
+func (w *world) resume(t *testing.T, id string) events.Ack {
+	t.Helper()
+	return w.phase(t, events.Resume{PhaseHeader: w.bridge.Header(id, 10*time.Second, w.name)})
+}
+
+func want(t *testing.T, d events.Ack, code string, state events.State) {
+	t.Helper()
+	h := d.Header()
+	if got := membertest.Code(d); got != code || h.State != state {
+		t.Fatalf("%T: code %q (%+v), state %s; want %q, %s", d, got, h.Error, h.State, code, state)
+	}
+}
+
+// pollUntil calls cond every 10 ms until it is true, for at most 10 s.
+func pollUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		timer := time.NewTimer(10 * time.Millisecond)
+		<-timer.C
+	}
+}
+
+// §5 commit: a duplicate commit reuses the one export; Export runs once.
+func TestCommitExportsOnce(t *testing.T) {
+	w := start(t, membertest.Options{Episodes: 3})
+	eps := []events.Episode{{Rollout: "t0-r0"}, {Rollout: "t0-r1"}, {Rollout: "t0-r2"}}
+	want(t, w.prepare(t, "c1"), "", events.StatePrepared)
+	c1 := w.commit(t, "c1", eps, false).(events.CommitAck)
+	c2 := w.commit(t, "c1", eps, false).(events.CommitAck)
+	if n := w.p.Count("export"); n != 1 {
+		t.Fatalf("Export called %d times, want 1", n)
+	}
+	if c1.Manifest.Count != 3 || c1.Manifest.SHA256 != c2.Manifest.SHA256 {
+		t.Fatalf("manifests %+v and %+v differ", c1.Manifest, c2.Manifest)
+	}
+}
+
+// §5 commit: a failed export leaves the member prepared; the next commit
+// exports again and succeeds.
+func TestCommitExportFailureRetries(t *testing.T) {
+	w := start(t, membertest.Options{Episodes: 1})
+	want(t, w.prepare(t, "c1"), "", events.StatePrepared)
+	w.p.FailExport(membertest.ErrInjected)
+	want(t, w.commit(t, "c1", nil, false), events.CodeExportFailed, events.StatePrepared)
+	w.p.FailExport(nil)
+	want(t, w.commit(t, "c1", nil, false), "", events.StateCommitted)
+	if n := w.p.Count("export"); n != 2 {
+		t.Fatalf("Export called %d times, want 2 (one failed)", n)
+	}
+}
+
+// §5 commit: a scope that names a restart of this member fails closed, and
+// readiness that regressed since prepare refuses the commit.
+func TestCommitRefusesRestartsAndRegressions(t *testing.T) {
+	w := start(t, membertest.Options{Episodes: 2})
+	eps := []events.Episode{{Rollout: "t0-r0"}, {Rollout: "t0-r1"}}
+	w.p.SetRestarts("t0-r1")
+	p := w.prepare(t, "c1").(events.PrepareAck)
+	if !slices.Equal(p.Restarts, []string{"t0-r1"}) {
+		t.Fatalf("prepare ack restarts %v", p.Restarts)
+	}
+	want(t, w.commit(t, "c1", eps, false), events.CodeRestartInScope, events.StatePrepared)
+	w.p.Block(eps[0])
+	want(t, w.commit(t, "c1", eps[:1], false), events.CodeInvalidPhase, events.StatePrepared)
+	w.p.Unblock(eps[0])
+	want(t, w.commit(t, "c1", eps[:1], false), "", events.StateCommitted)
+	if n := w.p.Count("export"); n != 1 {
+		t.Fatalf("Export called %d times, want 1", n)
+	}
+}
+
+// §5 prepare: a Prepare that fails reopens admission; the id is not fenced.
+func TestPrepareFailureReopens(t *testing.T) {
+	w := start(t, membertest.Options{Episodes: 1})
+	w.p.FailPrepare(membertest.ErrInjected)
+	want(t, w.prepare(t, "c1"), events.CodeInternal, events.StateIdle)
+	if n := w.p.Count("resume"); n != 1 {
+		t.Fatalf("Resume called %d times, want 1", n)
+	}
+	w.p.FailPrepare(nil)
+	want(t, w.prepare(t, "c1"), "", events.StatePrepared)
+	if w.p.AdmissionOpen() {
+		t.Fatal("admission open while prepared")
+	}
+}
+
+// §5 commit with stop: the participant parks the exported records once
+// the outcome names this member; a park failure is only logged.
+func TestStopCommitParks(t *testing.T) {
+	w := start(t, membertest.Options{Episodes: 2})
+	want(t, w.prepare(t, "c1"), "", events.StatePrepared)
+	want(t, w.commit(t, "c1", nil, true), "", events.StateCommitted)
+	if n := w.p.Count("park"); n != 0 {
+		t.Fatalf("parked before the outcome")
+	}
+	outcome := events.CheckpointCommitted{OutcomeHeader: events.OutcomeHeader{Run: "run1", CheckpointID: "c1"},
+		Continued: []string{"t0-r0", "t0-r1"}, Members: []events.Member{"agent.other"}, Stop: true}
+	w.bridge.PublishOutcome(outcome)
+	w.bridge.Barrier(w.name)
+	if n := w.p.Count("park"); n != 0 {
+		t.Fatalf("parked on an outcome that does not name the member")
+	}
+	w.p.FailPark(membertest.ErrInjected)
+	outcome.Members = []events.Member{w.name}
+	w.bridge.PublishOutcome(outcome)
+	w.bridge.PublishOutcome(outcome)
+	pollUntil(t, "Park", func() bool { return w.p.Count("park") > 0 })
+	w.bridge.Barrier(w.name)
+	if n := w.p.Count("park"); n != 1 {
+		t.Fatalf("Park called %d times, want 1", n)
+	}
+	calls := w.p.Calls()
+	var park membertest.Call
+	for _, c := range calls {
+		if c.Method == "park" {
+			park = c
+		}
+	}
+	if !slices.Equal(park.Keys, []string{"t0-r0", "t0-r1"}) {
+		t.Fatalf("parked %v", park.Keys)
+	}
+}
+
+// §5 restore: an install that fails installs nothing and reopens admission.
+func TestRestoreInstallFailure(t *testing.T) {
+	env := jstest.Start(t)
+	b := membertest.NewBridge(t, env, "run1")
+	hs := membertest.StartMembers(t, env, "run1", 1, membertest.Options{Episodes: 2})
+	a := hs[0].Name
+	for _, d := range []events.PhaseEvent{
+		events.Prepare{PhaseHeader: b.Header("k1", 10*time.Second, a)},
+		events.Commit{PhaseHeader: b.Header("k1", 10*time.Second, a)},
+		events.Resume{PhaseHeader: b.Header("k1", 10*time.Second, a)},
+	} {
+		if c := membertest.Code(b.Ack(b.Publish(d), d.Phase(), a)); c != "" {
+			t.Fatalf("%s: %s", d.Phase(), c)
+		}
+	}
+	if err := hs[0].Stop(); err != nil {
+		t.Fatal(err)
+	}
+	p := membertest.NewParticipant("t0")
+	p.FailInstall(membertest.ErrInjected)
+	membertest.StartMember(t, env, "run1", a, p, membertest.Options{})
+	b.Epoch = 1
+	scope := []events.Episode{{Rollout: "t0-r0"}, {Rollout: "t0-r1"}}
+	r := b.Ack(b.Publish(events.Restore{PhaseHeader: b.Header("r1", 10*time.Second, a), Source: "k1", Scope: scope}), events.PhaseRestore, a)
+	want(t, r, events.CodeInstallFailed, events.StateIdle)
+	if live := p.Live(); len(live) != 0 {
+		t.Fatalf("live %v after a failed install", live)
+	}
+	if !p.AdmissionOpen() || p.Count("resume") != 1 {
+		t.Fatalf("admission open %v, resumes %d; want reopened once", p.AdmissionOpen(), p.Count("resume"))
+	}
+	p.FailInstall(nil)
+	r = b.Ack(b.Publish(events.Restore{PhaseHeader: b.Header("r2", 10*time.Second, a), Source: "k1", Scope: scope[:1]}), events.PhaseRestore, a)
+	want(t, r, "", events.StateRestored)
+	if got := r.(events.RestoreAck).Restored; !slices.Equal(got, []string{"t0-r0-a1"}) {
+		t.Fatalf("restored %v", got)
+	}
+	var installed []string
+	for _, c := range p.Calls() {
+		if c.Method == "install" && c.Err == nil {
+			installed = c.Keys
+		}
+	}
+	if !slices.Equal(installed, []string{"t0-r0"}) {
+		t.Fatalf("install got records %v, want only the scope's t0-r0", installed)
+	}
+}
+
+// §5 Lease: expiry calls Resumer and fences the id, with no ack.
+func TestLeaseExpiryResumes(t *testing.T) {
+	w := start(t, membertest.Options{Episodes: 1, Grace: 200 * time.Millisecond})
+	hdr := w.bridge.Header("c1", 300*time.Millisecond, w.name)
+	want(t, w.bridge.Ack(w.bridge.Publish(events.Prepare{PhaseHeader: hdr}), events.PhasePrepare, w.name), "", events.StatePrepared)
+	pollUntil(t, "the lease to expire", func() bool { return w.p.Count("resume") == 1 })
+	if now := time.Now(); now.Before(hdr.Deadline.Add(200 * time.Millisecond)) {
+		t.Fatalf("resumed %s early", hdr.Deadline.Add(200*time.Millisecond).Sub(now))
+	}
+	if !w.p.AdmissionOpen() {
+		t.Fatal("admission still closed")
+	}
+	want(t, w.prepare(t, "c1"), events.CodeStaleCheckpoint, events.StateIdle)
+}
+
+// §3 A restarted process of the same member resumes its consumer; events
+// older than the process that were already answered are not handled again.
+func TestOldEventsAlreadyAnswered(t *testing.T) {
+	env := jstest.Start(t)
+	b := membertest.NewBridge(t, env, "run1")
+	hs := membertest.StartMembers(t, env, "run1", 1, membertest.Options{Episodes: 1})
+	a := hs[0].Name
+	seq := b.Publish(events.Prepare{PhaseHeader: b.Header("c1", 10*time.Second, a)})
+	b.Ack(seq, events.PhasePrepare, a)
+	if err := hs[0].Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// Rewind the member's consumer to the start of the stream, as a server
+	// that lost the consumer's memory state would.
+	name := member.ConsumerName("run1", a)
+	if err := env.Bus.Stream.DeleteConsumer(t.Context(), name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Bus.Stream.CreateConsumer(t.Context(), natsjs.ConsumerConfig{
+		Durable: name, FilterSubjects: []string{events.PhaseFilter("run1")}, AckPolicy: natsjs.AckExplicitPolicy, MemoryStorage: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := membertest.NewParticipant("t0")
+	membertest.StartMember(t, env, "run1", a, p, membertest.Options{})
+	b.Barrier(a)
+	if n := p.Count("prepare"); n != 0 {
+		t.Fatalf("the new process handled the old prepare (%d prepares)", n)
+	}
+	if n := b.AckCount(seq, events.PhasePrepare, a); n != 1 {
+		t.Fatalf("%d acks of the old prepare", n)
+	}
+}
+
+// §5 Readiness: Report fields a participant gets wrong fail its prepare.
+func TestPrepareRefusesBadReport(t *testing.T) {
+	env := jstest.Start(t)
+	b := membertest.NewBridge(t, env, "run1")
+	h := events.Member("agent.x")
+	membertest.StartMember(t, env, "run1", h, reportParticipant{report: member.Report{Ready: true, Restarts: []string{"bad key with spaces"}}}, membertest.Options{})
+	want(t, b.Ack(b.Publish(events.Prepare{PhaseHeader: b.Header("c1", 10*time.Second, h)}), events.PhasePrepare, h), events.CodeInternal, events.StateIdle)
+}
+
+// reportParticipant reports what it is told; it is a Subject with nothing
+// else.
+type reportParticipant struct{ report member.Report }
+
+func (r reportParticipant) Prepare(context.Context, member.Checkpoint) (member.Report, error) {
+	return r.report, nil
+}
+func (reportParticipant) Bind(*member.Member)                             {}
+func (reportParticipant) AddWork(testing.TB, int) []events.Episode        { return nil }
+func (reportParticipant) Hold(events.Episode) func()                      { return func() {} }
+func (reportParticipant) Live() []string                                  { return nil }
+func (reportParticipant) PaceWrites(func(ctx context.Context, index int)) {}
+
+// A participant with Prepare only (PrepareFunc) still commits: zero
+// records, an empty object and a manifest.
+func TestPrepareFuncOnly(t *testing.T) {
+	env := jstest.Start(t)
+	b := membertest.NewBridge(t, env, "run1")
+	a := events.Member("owner.min")
+	m, err := member.New(member.Config{Run: "run1", Member: a, JS: env.JS, Bus: env.Bus,
+		Participant: member.PrepareFunc(func(context.Context, member.Checkpoint) (member.Report, error) {
+			return member.Report{Ready: true}, nil
+		}), PollEvery: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	membertest.WaitRegistered(t, env, "run1", a, nil)
+	want(t, b.Ack(b.Publish(events.Prepare{PhaseHeader: b.Header("c1", 10*time.Second, a)}), events.PhasePrepare, a), "", events.StatePrepared)
+	c := b.Ack(b.Publish(events.Commit{PhaseHeader: b.Header("c1", 10*time.Second, a)}), events.PhaseCommit, a).(events.CommitAck)
+	want(t, c, "", events.StateCommitted)
+	if c.Manifest.Count != 0 || c.Manifest.Size != 0 {
+		t.Fatalf("manifest %+v, want zero records", c.Manifest)
+	}
+	if _, recs, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.Records, "run1", "c1", a, nil); err != nil || len(recs) != 0 {
+		t.Fatalf("ReadRecords: %v, %d records", err, len(recs))
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	env := jstest.Start(t)
+	_, err := member.New(member.Config{Run: "bad run", Member: "bridge.b", Grace: -1, Capabilities: []string{"Bad Cap"}})
+	if !errors.Is(err, member.ErrInvalidConfig) {
+		t.Fatalf("New: %v, want ErrInvalidConfig", err)
+	}
+	for _, f := range []string{"Config.Run", "Config.Member", "Config.JS", "Config.Bus", "Config.Participant", "Config.Grace"} {
+		if !strings.Contains(err.Error(), f) {
+			t.Errorf("error %q does not name %s", err, f)
+		}
+	}
+	other, _ := env.Connect(t)
+	_, err = member.New(member.Config{Run: "run1", Member: "agent.a", JS: env.JS, Conn: other, Bus: env.Bus,
+		Participant: member.PrepareFunc(nil), Capabilities: []string{"Bad Cap"}})
+	for _, f := range []string{"Config.Conn", "Config.Capabilities"} {
+		if err == nil || !strings.Contains(err.Error(), f) {
+			t.Errorf("error %v does not name %s", err, f)
+		}
+	}
+	m, err := member.New(member.Config{Run: "run1", Member: "agent.a", JS: env.JS, Bus: env.Bus, Participant: member.PrepareFunc(nil)})
+	if err != nil || m.Name() != "agent.a" {
+		t.Fatalf("New: %v", err)
+	}
+}
+
+func TestConsumerName(t *testing.T) {
+	cases := map[string][2]string{
+		"sp_run1_agent_a0":        {"run1", "agent.a0"},
+		"sp_r__agent_agent_x":     {"r_agent", "agent.x"},
+		"sp_r_agent_agent__x":     {"r", "agent.agent_x"},
+		"sp_run-2_sandbox_s__1__": {"run-2", "sandbox.s_1_"},
+	}
+	seen := map[string]bool{}
+	for want, in := range cases {
+		got := member.ConsumerName(in[0], events.Member(in[1]))
+		if got != want {
+			t.Errorf("ConsumerName(%s, %s) = %s, want %s", in[0], in[1], got, want)
+		}
+		if seen[got] || strings.ContainsAny(got, ".*> ") {
+			t.Errorf("name %s repeated or invalid", got)
+		}
+		seen[got] = true
+	}
+}
+
+// §5 commit: a manifest that already exists with other content is never
+// overwritten, nor its object; a retry with another scope is a conflict.
+func TestCommitNeverOverwrites(t *testing.T) {
+	w := start(t, membertest.Options{Episodes: 2})
+	eps := []events.Episode{{Rollout: "t0-r0"}, {Rollout: "t0-r1"}}
+	other, err := member.Digest("run1", "c1", w.name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := member.CreateManifest(t.Context(), w.env.Bus.Manifests, other); err != nil {
+		t.Fatal(err)
+	}
+	want(t, w.prepare(t, "c1"), "", events.StatePrepared)
+	want(t, w.commit(t, "c1", eps, false), events.CodeCheckpointConflict, events.StatePrepared)
+	if _, err := w.env.Bus.Records.GetInfo(t.Context(), events.RecordsObject("run1", "c1", w.name)); !errors.Is(err, natsjs.ErrObjectNotFound) {
+		t.Fatalf("records object written under an existing manifest: %v", err)
+	}
+	c := w.commit(t, "c1", eps[:1], false)
+	want(t, c, events.CodeCheckpointConflict, events.StatePrepared)
+	if d := c.Header().Error.Detail; !strings.Contains(d, "another scope") {
+		t.Fatalf("detail %q", d)
+	}
+	if n := w.p.Count("export"); n != 1 {
+		t.Fatalf("Export called %d times, want 1", n)
+	}
+}
+
+// §5 Epochs fence zombies: superseded in the middle of a commit write, a
+// member stops without an ack, a manifest or a records object.
+func TestSupersededMidWrite(t *testing.T) {
+	w := start(t, membertest.Options{Episodes: 3})
+	reached := make(chan struct{})
+	w.p.SetWriteHook(func(ctx context.Context, _ string, i int) {
+		if i == 1 {
+			close(reached)
+			<-ctx.Done()
+		}
+	})
+	want(t, w.prepare(t, "c1"), "", events.StatePrepared)
+	cseq := w.bridge.Publish(events.Commit{PhaseHeader: w.bridge.Header("c1", 10*time.Second, w.name)})
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the write never reached record 1")
+	}
+	w.bridge.Epoch = 1
+	w.bridge.Publish(events.Resume{PhaseHeader: w.bridge.Header("c1", 10*time.Second, w.name)})
+	if err := w.h.Err(); !errors.Is(err, member.ErrSuperseded) {
+		t.Fatalf("Run: %v, want ErrSuperseded", err)
+	}
+	if _, ok := w.bridge.Lookup(cseq, events.PhaseCommit, w.name); ok {
+		t.Fatal("a superseded member answered its commit")
+	}
+	if _, err := w.env.Bus.Manifests.Get(t.Context(), events.MemberManifestKey("run1", "c1", w.name)); !errors.Is(err, natsjs.ErrKeyNotFound) {
+		t.Fatalf("manifest: %v, want none", err)
+	}
+	if _, err := w.env.Bus.Records.GetInfo(t.Context(), events.RecordsObject("run1", "c1", w.name)); !errors.Is(err, natsjs.ErrObjectNotFound) {
+		t.Fatalf("records object: %v, want none", err)
+	}
+	if n := w.p.Count("resume"); n != 0 {
+		t.Fatalf("a superseded member reopened admission %d times", n)
+	}
+}

@@ -1,0 +1,150 @@
+package membertest
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+)
+
+// Bridge plays the controller bridge in tests: it publishes phase events
+// the way the bridge does (events.Marshal, jetstream.PublishDedup, ce-id
+// <run>.<seq>.<phase>) and reads the members' acks from the stream. It is
+// not safe for concurrent use.
+type Bridge struct {
+	// Env is the bus.
+	Env *jstest.Env
+	// Run is the run id.
+	Run string
+	// Name is the bridge's member name (default bridge.test).
+	Name events.Member
+	// Epoch is stamped on every phase built by Header.
+	Epoch uint64
+	// Timeout bounds every wait for an ack (default 10 s).
+	Timeout time.Duration
+
+	t   testing.TB
+	seq uint64
+}
+
+// NewBridge returns a Bridge for run on env.
+func NewBridge(t testing.TB, env *jstest.Env, run string) *Bridge {
+	return &Bridge{Env: env, Run: run, Name: "bridge.test", Timeout: 10 * time.Second, t: t}
+}
+
+// Header returns the header of the next phase event: a new sequence, the
+// bridge's epoch, a deadline `in` from now, addressed to members.
+func (b *Bridge) Header(id string, in time.Duration, members ...events.Member) events.PhaseHeader {
+	b.seq++
+	return events.PhaseHeader{Run: b.Run, CheckpointID: id, Seq: b.seq, Epoch: b.Epoch,
+		Deadline: time.Now().Add(in).UTC(), Members: members}
+}
+
+// Publish publishes a phase event with the bridge's deterministic id and
+// returns its sequence.
+func (b *Bridge) Publish(d events.PhaseEvent) uint64 {
+	b.t.Helper()
+	return b.PublishWithID(d, b.Run+"."+strconv.FormatUint(d.Header().Seq, 10)+"."+string(d.Phase()))
+}
+
+// PublishWithID publishes a phase event with ce-id (and Nats-Msg-Id) id:
+// the same event under another id is stored again, as after a bridge
+// restart past the duplicate window.
+func (b *Bridge) PublishWithID(d events.PhaseEvent, id string) uint64 {
+	b.t.Helper()
+	msg, err := events.Marshal(b.Name, d, events.WithID(id))
+	if err != nil {
+		b.t.Fatalf("membertest: bridge: %v", err)
+	}
+	if _, err := jetstream.PublishDedup(b.t.Context(), b.Env.JS, msg); err != nil {
+		b.t.Fatalf("membertest: bridge: publish: %v", err)
+	}
+	return d.Header().Seq
+}
+
+// PublishOutcome publishes an outcome (checkpoint.committed, ...).
+func (b *Bridge) PublishOutcome(d events.Data) {
+	b.t.Helper()
+	msg, err := events.Marshal(b.Name, d)
+	if err != nil {
+		b.t.Fatalf("membertest: bridge: %v", err)
+	}
+	if _, err := jetstream.PublishDedup(b.t.Context(), b.Env.JS, msg); err != nil {
+		b.t.Fatalf("membertest: bridge: publish: %v", err)
+	}
+}
+
+// Lookup returns the ack of member m to phase event seq, if it is there.
+func (b *Bridge) Lookup(seq uint64, p events.Phase, m events.Member) (events.Ack, bool) {
+	b.t.Helper()
+	raw, err := b.Env.Bus.Stream.GetLastMsgForSubject(b.t.Context(), events.AckSubject(b.Run, seq, p, m))
+	if errors.Is(err, natsjs.ErrMsgNotFound) {
+		return nil, false
+	}
+	if err != nil {
+		b.t.Fatalf("membertest: bridge: read ack: %v", err)
+	}
+	_, d, err := events.Unmarshal(rawMsg(raw))
+	if err != nil {
+		b.t.Fatalf("membertest: bridge: ack of %s to %s %d does not decode: %v", m, p, seq, err)
+	}
+	a, ok := d.(events.Ack)
+	if !ok {
+		b.t.Fatalf("membertest: bridge: %T on an ack subject", d)
+	}
+	return a, true
+}
+
+// Ack waits for member m's ack to phase event seq and returns it.
+func (b *Bridge) Ack(seq uint64, p events.Phase, m events.Member) events.Ack {
+	b.t.Helper()
+	var d events.Ack
+	poll(b.t, b.Timeout, nil, func() bool {
+		var ok bool
+		d, ok = b.Lookup(seq, p, m)
+		return ok
+	}, "the ack of %s to %s %d", m, p, seq)
+	return d
+}
+
+// AckCount returns how many acks the stream holds for (seq, p, m).
+func (b *Bridge) AckCount(seq uint64, p events.Phase, m events.Member) uint64 {
+	b.t.Helper()
+	subj := events.AckSubject(b.Run, seq, p, m)
+	info, err := b.Env.Bus.Stream.Info(b.t.Context(), natsjs.WithSubjectFilter(subj))
+	if err != nil {
+		b.t.Fatalf("membertest: bridge: stream info: %v", err)
+	}
+	return info.State.Subjects[subj]
+}
+
+// Barrier publishes a resume of a fresh id to m and waits for its answer.
+// A member handles phase events in order, so once it answers, every event
+// published before has been handled as far as it is handled at once.
+func (b *Bridge) Barrier(m events.Member) {
+	b.t.Helper()
+	h := b.Header(fmt.Sprintf("barrier-%d", b.seq+1), 10*time.Second, m)
+	b.Ack(b.Publish(events.Resume{PhaseHeader: h}), events.PhaseResume, m)
+}
+
+// Code returns an ack's error code, "" when it is ok.
+func Code(a events.Ack) string {
+	h := a.Header()
+	if h.OK {
+		return ""
+	}
+	return h.Error.Code
+}
+
+// rawMsg turns a stored stream message back into a NATS message.
+func rawMsg(raw *natsjs.RawStreamMsg) *nats.Msg {
+	return &nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}
+}

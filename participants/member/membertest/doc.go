@@ -1,0 +1,19 @@
+// Package membertest holds what tests of members need, against a real
+// embedded NATS server (jetstream/jstest), never a mock.
+//
+//   - Participant: a configurable test participant. It holds a set of
+//     episodes; readiness can be held back per episode (Block, Unblock,
+//     Hold); it exports one record per live episode; install, prepare,
+//     export and park can be told to fail; commit writes can be paced per
+//     record (SetWriteHook) so that a test can resume in the middle of one;
+//     every call is recorded (Calls, Count).
+//   - Run: the conformance suite every participant passes. A participant
+//     package supplies a Harness that builds its participant as a Subject;
+//     the suite builds and runs the Member, plays the bridge (Bridge:
+//     phases published with events.Marshal and jetstream.PublishDedup, acks
+//     read from the stream) and checks the rules of PROTOCOL.md §5, one
+//     subtest per rule, each named after its section.
+//   - StartMember and StartMembers: members running in-process against a
+//     jstest.Env, for bridge tests (agent.t0, agent.t1, ... by default),
+//     returning Handles to control readiness and failures and to stop them.
+package membertest

@@ -1,0 +1,198 @@
+package membertest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member"
+)
+
+// Options configure members started by StartMember and StartMembers. The
+// zero value is usable.
+type Options struct {
+	// Kind is the member kind of StartMembers' names (default agent).
+	Kind events.MemberKind
+	// Prefix starts StartMembers' member names, <kind>.<prefix><i>
+	// (default "t").
+	Prefix string
+	// Episodes is how many live episodes each test participant of
+	// StartMembers starts with (attempt 0, rollouts <prefix><i>-r<j>).
+	Episodes int
+	// Grace is the lease grace (default 30 s: long enough not to expire in
+	// a test that does not want it to).
+	Grace time.Duration
+	// PollEvery is the prepare poll interval (default 100 ms).
+	PollEvery time.Duration
+	// Logger receives the members' logs (default: the test's log).
+	Logger *zerolog.Logger
+}
+
+func (o Options) withDefaults(t testing.TB) Options {
+	if o.Kind == "" {
+		o.Kind = events.KindAgent
+	}
+	if o.Prefix == "" {
+		o.Prefix = "t"
+	}
+	if o.Grace == 0 {
+		o.Grace = 30 * time.Second
+	}
+	if o.PollEvery == 0 {
+		o.PollEvery = 100 * time.Millisecond
+	}
+	if o.Logger == nil {
+		l := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel).With().Timestamp().Logger()
+		o.Logger = &l
+	}
+	return o
+}
+
+// Handle is one member running in-process.
+type Handle struct {
+	// Name is the member's name.
+	Name events.Member
+	// Member is the runtime.
+	Member *member.Member
+	// Subject is its participant.
+	Subject Subject
+	// Participant is its participant when it is a test Participant.
+	Participant *Participant
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+	once   sync.Once
+}
+
+// Done is closed when the member's Run has returned.
+func (h *Handle) Done() <-chan struct{} { return h.done }
+
+// Err returns what Run returned; valid once Done is closed.
+func (h *Handle) Err() error {
+	<-h.done
+	return h.err
+}
+
+// Stop stops the member (a clean stop) and waits for Run to return; it
+// returns Run's error. It is idempotent, and runs in the test's cleanup.
+func (h *Handle) Stop() error {
+	h.once.Do(h.cancel)
+	<-h.done
+	return h.err
+}
+
+// StartMember starts a member named name of run with participant s, on a
+// connection of its own to env, and waits until it has registered: from
+// then on it hears every phase published. The test's cleanup stops it.
+func StartMember(t testing.TB, env *jstest.Env, run string, name events.Member, s Subject, opts Options) *Handle {
+	t.Helper()
+	opts = opts.withDefaults(t)
+	_, js := env.Connect(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	bus, err := jetstream.Open(ctx, js)
+	if err != nil {
+		t.Fatalf("membertest: open bus: %v", err)
+	}
+	m, err := member.New(member.Config{
+		Run: run, Member: name, JS: js, Bus: bus, Participant: s,
+		Logger: *opts.Logger, Grace: opts.Grace, PollEvery: opts.PollEvery,
+	})
+	if err != nil {
+		t.Fatalf("membertest: %v", err)
+	}
+	s.Bind(m)
+	rctx, rcancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	h := &Handle{Name: name, Member: m, Subject: s, cancel: rcancel, done: make(chan struct{})}
+	h.Participant, _ = s.(*Participant)
+	go func() {
+		defer close(h.done)
+		h.err = m.Run(rctx)
+	}()
+	t.Cleanup(func() {
+		if err := h.Stop(); err != nil && !errors.Is(err, member.ErrSuperseded) {
+			t.Errorf("membertest: %s: Run: %v", name, err)
+		}
+	})
+	WaitRegistered(t, env, run, name, h.done)
+	return h
+}
+
+// WaitRegistered waits until member name of run has its heartbeat key, or
+// done is closed (the member stopped first), or 10 s pass.
+func WaitRegistered(t testing.TB, env *jstest.Env, run string, name events.Member, done <-chan struct{}) events.MemberInfo {
+	t.Helper()
+	var info events.MemberInfo
+	poll(t, 10*time.Second, done, func() bool {
+		e, err := env.Bus.Members.Get(t.Context(), events.MemberKey(run, name))
+		if errors.Is(err, natsjs.ErrKeyNotFound) {
+			return false
+		}
+		if err != nil {
+			t.Fatalf("membertest: read heartbeat of %s: %v", name, err)
+		}
+		if err := json.Unmarshal(e.Value(), &info); err != nil {
+			t.Fatalf("membertest: heartbeat of %s: %v", name, err)
+		}
+		return true
+	}, "member %s to register", name)
+	return info
+}
+
+// StartMembers starts n test-participant members of run in-process, named
+// <kind>.<prefix><i> (agent.t0, agent.t1, ... by default), each on its own
+// connection, each holding opts.Episodes live episodes. It returns when all
+// have registered; the test's cleanup stops them. A bridge test controls
+// them through the handles: Participant.Block and Unblock for readiness,
+// FailInstall and friends for failures, Stop to stop one.
+func StartMembers(t testing.TB, env *jstest.Env, run string, n int, opts Options) []*Handle {
+	t.Helper()
+	opts = opts.withDefaults(t)
+	hs := make([]*Handle, 0, n)
+	for i := range n {
+		prefix := fmt.Sprintf("%s%d", opts.Prefix, i)
+		name, err := events.NewMember(opts.Kind, prefix)
+		if err != nil {
+			t.Fatalf("membertest: %v", err)
+		}
+		p := NewParticipant(prefix)
+		for j := range opts.Episodes {
+			p.Add(events.Episode{Rollout: fmt.Sprintf("%s-r%d", prefix, j)})
+		}
+		hs = append(hs, StartMember(t, env, run, name, p, opts))
+	}
+	return hs
+}
+
+// poll calls cond every 10 ms until it is true; it fails the test after
+// within, or when stop (if not nil) is closed first.
+func poll(t testing.TB, within time.Duration, stop <-chan struct{}, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-deadline.C:
+			t.Fatalf("membertest: timed out after %s waiting for "+format, append([]any{within}, args...)...)
+		case <-stop:
+			if cond() {
+				return
+			}
+			t.Fatalf("membertest: stopped while waiting for "+format, args...)
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,362 @@
+package member
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"slices"
+	"strings"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+)
+
+var (
+	// ErrCorruptRecords is returned (wrapped, naming every difference) by
+	// ReadRecords when a member's records do not match their manifest: size,
+	// sha256, count, a line that is not a record, a manifest that names
+	// another run, checkpoint, member or object, or an object that is gone.
+	ErrCorruptRecords = errors.New("member: corrupt records")
+
+	// ErrNoManifest is returned by ReadRecords when the member has no
+	// manifest in the checkpoint (it exported nothing there).
+	ErrNoManifest = errors.New("member: no member manifest")
+
+	// ErrWriteStopped is returned by WriteRecords when ctx ended before a
+	// record: the write stops there, nothing of it stays in the store.
+	ErrWriteStopped = errors.New("member: records write stopped")
+
+	// ErrManifestExists is returned by CreateManifest when the key already
+	// holds a different manifest: another writer got there first.
+	ErrManifestExists = errors.New("member: member manifest exists with other content")
+
+	// ErrBadRecord is returned by WriteRecords for a record that cannot be
+	// written: an empty or oversized key, or data that is not JSON.
+	ErrBadRecord = errors.New("member: bad record")
+)
+
+// MaxRecordKey bounds a record's key.
+const MaxRecordKey = 256
+
+// encodeRecord returns the record as one JSON line.
+func encodeRecord(i int, r events.Record) ([]byte, error) {
+	if r.Key == "" || len(r.Key) > MaxRecordKey {
+		return nil, fmt.Errorf("%w: record %d: key must be 1 to %d bytes", ErrBadRecord, i, MaxRecordKey)
+	}
+	b, err := json.Marshal(r) // compacts Data: one record, one line
+	if err != nil {
+		return nil, fmt.Errorf("%w: record %d (%s): %v", ErrBadRecord, i, r.Key, err)
+	}
+	return append(b, '\n'), nil
+}
+
+// episodesOf returns the sorted, unique capture keys among the records'
+// keys; keys that are not episodes are left out.
+func episodesOf(records []events.Record) []string {
+	var out []string
+	for _, r := range records {
+		if _, err := events.ParseEpisode(r.Key); err == nil {
+			out = append(out, r.Key)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// recordReader streams records as JSON lines, hashing as it goes, and
+// checks the stop signal (ctx) before each record.
+type recordReader struct {
+	ctx     context.Context
+	id      string
+	records []events.Record
+	before  func(ctx context.Context, checkpointID string, index int)
+	next    int
+	buf     []byte
+	h       hash.Hash
+	size    int64
+	err     error
+}
+
+// Read implements io.Reader: it fills p with as many whole or partial
+// records as fit, producing each record only when it is needed.
+func (r *recordReader) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		if len(r.buf) == 0 {
+			if r.err == nil {
+				r.err = r.produce()
+			}
+			if r.err != nil {
+				if n > 0 {
+					return n, nil
+				}
+				return 0, r.err
+			}
+		}
+		c := copy(p[n:], r.buf)
+		r.buf = r.buf[c:]
+		n += c
+	}
+	return n, nil
+}
+
+// produce encodes the next record into buf, or says why not.
+func (r *recordReader) produce() error {
+	if r.next == len(r.records) {
+		return io.EOF
+	}
+	if r.before != nil {
+		r.before(r.ctx, r.id, r.next)
+	}
+	if err := r.ctx.Err(); err != nil {
+		return fmt.Errorf("%w before record %d of %d: %w", ErrWriteStopped, r.next, len(r.records), err)
+	}
+	line, err := encodeRecord(r.next, r.records[r.next])
+	if err != nil {
+		return err
+	}
+	r.h.Write(line)
+	r.size += int64(len(line))
+	r.buf = line
+	r.next++
+	return nil
+}
+
+// Digest returns the manifest records would get, without writing them.
+func Digest(run, checkpoint string, m events.Member, records []events.Record) (events.MemberManifest, error) {
+	h := sha256.New()
+	var size int64
+	for i, r := range records {
+		line, err := encodeRecord(i, r)
+		if err != nil {
+			return events.MemberManifest{}, err
+		}
+		h.Write(line)
+		size += int64(len(line))
+	}
+	return manifestOf(run, checkpoint, m, records, h.Sum(nil), size)
+}
+
+func manifestOf(run, checkpoint string, m events.Member, records []events.Record, sum []byte, size int64) (events.MemberManifest, error) {
+	man := events.MemberManifest{
+		Schema:       events.ManifestSchema,
+		Run:          run,
+		CheckpointID: checkpoint,
+		Member:       m,
+		Object:       events.RecordsObject(run, checkpoint, m),
+		SHA256:       hex.EncodeToString(sum),
+		Count:        len(records),
+		Size:         size,
+		Episodes:     episodesOf(records),
+	}
+	if err := man.Validate(); err != nil {
+		return events.MemberManifest{}, fmt.Errorf("member: manifest: %w", err)
+	}
+	return man, nil
+}
+
+// WriteRecords writes records as JSON lines (one events.Record per line)
+// to events.RecordsObject(run, checkpoint, m) in store, streaming and
+// hashing sha256 as it goes, and returns the manifest that describes the
+// object (not yet created: see CreateManifest). ctx is the stop signal: it
+// is checked before each record (after before, when set, is called), and
+// once it is done the write stops with ErrWriteStopped and its partial
+// chunks are purged; a write that reached its end is not undone.
+func WriteRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
+	records []events.Record, before func(ctx context.Context, checkpointID string, index int)) (events.MemberManifest, error) {
+	if err := ctx.Err(); err != nil {
+		return events.MemberManifest{}, fmt.Errorf("%w before record 0 of %d: %w", ErrWriteStopped, len(records), err)
+	}
+	name := events.RecordsObject(run, checkpoint, m)
+	rr := &recordReader{ctx: ctx, id: checkpoint, records: records, before: before, h: sha256.New()}
+	// The store call itself is not cancelled by the stop signal, so that a
+	// stopped write purges what it sent; the reader stops it.
+	info, err := store.Put(context.WithoutCancel(ctx), natsjs.ObjectMeta{
+		Name:        name,
+		Description: fmt.Sprintf("records of %s in checkpoint %s of run %s", m, checkpoint, run),
+	}, rr)
+	if err != nil {
+		if errors.Is(err, ErrWriteStopped) || errors.Is(err, ErrBadRecord) {
+			return events.MemberManifest{}, err
+		}
+		return events.MemberManifest{}, fmt.Errorf("member: write %s: %w", name, err)
+	}
+	sum := rr.h.Sum(nil)
+	if info.Size != uint64(rr.size) || info.Digest != "SHA-256="+base64.URLEncoding.EncodeToString(sum) {
+		return events.MemberManifest{}, fmt.Errorf("member: write %s: the store holds %d bytes, digest %s; wrote %d bytes, sha256 %x",
+			name, info.Size, info.Digest, rr.size, sum)
+	}
+	return manifestOf(run, checkpoint, m, records, sum, rr.size)
+}
+
+// CreateManifest creates man in kv at events.MemberManifestKey, with
+// Create, never Put: a manifest is written once. If the key already holds
+// the same manifest (a redelivered commit), that is success; a different
+// one returns ErrManifestExists.
+func CreateManifest(ctx context.Context, kv natsjs.KeyValue, man events.MemberManifest) error {
+	if err := man.Validate(); err != nil {
+		return fmt.Errorf("member: manifest: %w", err)
+	}
+	key := events.MemberManifestKey(man.Run, man.CheckpointID, man.Member)
+	b, err := json.Marshal(man)
+	if err != nil {
+		return fmt.Errorf("member: manifest %s: %w", key, err)
+	}
+	_, err = kv.Create(ctx, key, b)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, natsjs.ErrKeyExists) {
+		return fmt.Errorf("member: create manifest %s: %w", key, err)
+	}
+	have, gerr := GetManifest(ctx, kv, man.Run, man.CheckpointID, man.Member)
+	if gerr != nil {
+		return fmt.Errorf("member: create manifest %s: exists, and reading it: %w", key, gerr)
+	}
+	if diff := manifestDiff(have, man); diff != "" {
+		return fmt.Errorf("%w: %s: %s", ErrManifestExists, key, diff)
+	}
+	return nil
+}
+
+// GetManifest reads and validates a member manifest; ErrNoManifest if
+// there is none.
+func GetManifest(ctx context.Context, kv natsjs.KeyValue, run, checkpoint string, m events.Member) (events.MemberManifest, error) {
+	key := events.MemberManifestKey(run, checkpoint, m)
+	e, err := kv.Get(ctx, key)
+	if errors.Is(err, natsjs.ErrKeyNotFound) {
+		return events.MemberManifest{}, fmt.Errorf("%w: %s", ErrNoManifest, key)
+	}
+	if err != nil {
+		return events.MemberManifest{}, fmt.Errorf("member: read manifest %s: %w", key, err)
+	}
+	var man events.MemberManifest
+	if err := json.Unmarshal(e.Value(), &man); err != nil {
+		return events.MemberManifest{}, fmt.Errorf("%w: manifest %s: %v", ErrCorruptRecords, key, err)
+	}
+	if err := man.Validate(); err != nil {
+		return events.MemberManifest{}, fmt.Errorf("%w: manifest %s: %w", ErrCorruptRecords, key, err)
+	}
+	if man.Run != run || man.CheckpointID != checkpoint || man.Member != m {
+		return events.MemberManifest{}, fmt.Errorf("%w: manifest %s names %s/%s/%s", ErrCorruptRecords, key, man.Run, man.CheckpointID, man.Member)
+	}
+	return man, nil
+}
+
+// manifestDiff names the fields in which two manifests differ, "" if none.
+func manifestDiff(have, want events.MemberManifest) string {
+	var d []string
+	if have.Schema != want.Schema {
+		d = append(d, fmt.Sprintf("schema %d, want %d", have.Schema, want.Schema))
+	}
+	if have.Object != want.Object {
+		d = append(d, fmt.Sprintf("object %s, want %s", have.Object, want.Object))
+	}
+	if have.SHA256 != want.SHA256 {
+		d = append(d, fmt.Sprintf("sha256 %s, want %s", have.SHA256, want.SHA256))
+	}
+	if have.Count != want.Count {
+		d = append(d, fmt.Sprintf("count %d, want %d", have.Count, want.Count))
+	}
+	if have.Size != want.Size {
+		d = append(d, fmt.Sprintf("size %d, want %d", have.Size, want.Size))
+	}
+	if !slices.Equal(have.Episodes, want.Episodes) {
+		d = append(d, fmt.Sprintf("episodes %v, want %v", have.Episodes, want.Episodes))
+	}
+	return strings.Join(d, "; ")
+}
+
+// ReadRecords reads the member manifest of m in checkpoint, then the
+// object it names, and verifies size, sha256 and count over the whole
+// object; it returns the manifest and the records keep accepts (all when
+// keep is nil). Any difference returns ErrCorruptRecords naming each one,
+// and no records. No manifest returns ErrNoManifest.
+func ReadRecords(ctx context.Context, kv natsjs.KeyValue, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
+	keep func(events.Record) bool) (events.MemberManifest, []events.Record, error) {
+	man, err := GetManifest(ctx, kv, run, checkpoint, m)
+	if err != nil {
+		return events.MemberManifest{}, nil, err
+	}
+	obj, err := store.Get(ctx, man.Object)
+	if errors.Is(err, natsjs.ErrObjectNotFound) {
+		return man, nil, fmt.Errorf("%w: %s: the object is missing", ErrCorruptRecords, man.Object)
+	}
+	if err != nil {
+		return man, nil, fmt.Errorf("member: read %s: %w", man.Object, err)
+	}
+	defer obj.Close()
+
+	h := sha256.New()
+	br := bufio.NewReaderSize(obj, 64<<10)
+	var (
+		kept    []events.Record
+		count   int
+		size    int64
+		bad     string
+		readErr error
+	)
+	for {
+		line, err := br.ReadBytes('\n')
+		h.Write(line)
+		size += int64(len(line))
+		if len(line) > 0 {
+			if line[len(line)-1] != '\n' {
+				if bad == "" {
+					bad = fmt.Sprintf("the object does not end with a newline (%d bytes after the last one)", len(line))
+				}
+			} else {
+				count++
+				var r events.Record
+				switch derr := json.Unmarshal(line, &r); {
+				case derr != nil && bad == "":
+					bad = fmt.Sprintf("line %d is not a record: %v", count, derr)
+				case derr == nil && r.Key == "" && bad == "":
+					bad = fmt.Sprintf("line %d has no key", count)
+				case derr == nil && r.Key != "" && (keep == nil || keep(r)):
+					kept = append(kept, r)
+				}
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			readErr = err
+			break
+		}
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	var diffs []string
+	if readErr != nil {
+		if errors.Is(readErr, natsjs.ErrDigestMismatch) {
+			diffs = append(diffs, "the object store's own digest does not match its chunks")
+		} else {
+			return man, nil, fmt.Errorf("member: read %s: %w", man.Object, readErr)
+		}
+	}
+	if size != man.Size {
+		diffs = append(diffs, fmt.Sprintf("size %d, manifest says %d", size, man.Size))
+	}
+	if sum != man.SHA256 {
+		diffs = append(diffs, fmt.Sprintf("sha256 %s, manifest says %s", sum, man.SHA256))
+	}
+	if count != man.Count {
+		diffs = append(diffs, fmt.Sprintf("count %d, manifest says %d", count, man.Count))
+	}
+	if bad != "" {
+		diffs = append(diffs, bad)
+	}
+	if len(diffs) > 0 {
+		return man, nil, fmt.Errorf("%w: %s: %s", ErrCorruptRecords, man.Object, strings.Join(diffs, "; "))
+	}
+	return man, kept, nil
+}

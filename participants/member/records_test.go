@@ -1,0 +1,160 @@
+package member_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member"
+)
+
+func records(n, size int) []events.Record {
+	var out []events.Record
+	for i := range n {
+		b, _ := json.Marshal(map[string]any{"i": i, "pad": strings.Repeat("x", size)})
+		out = append(out, events.Record{Key: fmt.Sprintf("r%d", i), Data: b})
+	}
+	return out
+}
+
+// PROTOCOL §3 sp_records: records round-trip, digest and count verified,
+// across object chunks.
+func TestRecordsRoundTrip(t *testing.T) {
+	env := jstest.Start(t)
+	recs := append(records(40, 10_000), events.Record{Key: "snap-not-an-episode!", Data: json.RawMessage(`{"a": [1, 2]}`)})
+	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, recs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if man.Count != len(recs) || len(man.Episodes) != 40 || man.Object != "run1/c1/agent.a.jsonl" {
+		t.Fatalf("manifest %+v", man)
+	}
+	if d, err := member.Digest("run1", "c1", self, recs); err != nil || d.SHA256 != man.SHA256 || d.Size != man.Size {
+		t.Fatalf("Digest %+v, %v; want %+v", d, err, man)
+	}
+	if err := member.CreateManifest(t.Context(), env.Bus.Manifests, man); err != nil {
+		t.Fatal(err)
+	}
+	if err := member.CreateManifest(t.Context(), env.Bus.Manifests, man); err != nil {
+		t.Fatalf("create of the same manifest again: %v", err)
+	}
+	other := man
+	other.Count++
+	if err := member.CreateManifest(t.Context(), env.Bus.Manifests, other); !errors.Is(err, member.ErrManifestExists) || !strings.Contains(err.Error(), "count") {
+		t.Fatalf("create of another manifest: %v, want ErrManifestExists naming count", err)
+	}
+	got, all, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.Records, "run1", "c1", self, nil)
+	if err != nil || len(all) != len(recs) || got.SHA256 != man.SHA256 {
+		t.Fatalf("ReadRecords: %v, %d records", err, len(all))
+	}
+	if string(all[40].Data) != `{"a":[1,2]}` {
+		t.Fatalf("data %s, want it compacted", all[40].Data)
+	}
+	_, some, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.Records, "run1", "c1", self,
+		func(r events.Record) bool { return r.Key == "r3" })
+	if err != nil || len(some) != 1 || some[0].Key != "r3" {
+		t.Fatalf("filtered read: %v, %v", err, some)
+	}
+	if _, _, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.Records, "run1", "c2", self, nil); !errors.Is(err, member.ErrNoManifest) {
+		t.Fatalf("read without manifest: %v", err)
+	}
+}
+
+// PROTOCOL §3: readers verify sha256 and count, and name what differs.
+func TestRecordsCorrupt(t *testing.T) {
+	env := jstest.Start(t)
+	recs := records(3, 10)
+	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, recs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := member.CreateManifest(t.Context(), env.Bus.Manifests, man); err != nil {
+		t.Fatal(err)
+	}
+	good, err := env.Bus.Records.GetBytes(t.Context(), man.Object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(good), "\n")
+	for _, c := range []struct {
+		name, data string
+		names      []string
+	}{
+		{"a byte flipped", strings.Replace(string(good), `"i":1`, `"i":7`, 1), []string{"sha256"}},
+		{"a record dropped", lines[0] + lines[1], []string{"size", "sha256", "count"}},
+		{"garbage line", string(good[:len(good)-1]) + "x\nnot json\n", []string{"count", "line 3 is not a record"}},
+		{"no final newline", string(good[:len(good)-1]), []string{"newline"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := env.Bus.Records.PutBytes(t.Context(), man.Object, []byte(c.data)); err != nil {
+				t.Fatal(err)
+			}
+			_, recs, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.Records, "run1", "c1", self, nil)
+			if !errors.Is(err, member.ErrCorruptRecords) || recs != nil {
+				t.Fatalf("ReadRecords: %v, %d records; want ErrCorruptRecords and none", err, len(recs))
+			}
+			for _, n := range c.names {
+				if !strings.Contains(err.Error(), n) {
+					t.Errorf("error %q does not name %s", err, n)
+				}
+			}
+		})
+	}
+	if err := env.Bus.Records.Delete(t.Context(), man.Object); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.Records, "run1", "c1", self, nil); !errors.Is(err, member.ErrCorruptRecords) {
+		t.Fatalf("object gone: %v", err)
+	}
+}
+
+// PROTOCOL §5: a stopped write stops before its next record and leaves no
+// object behind.
+func TestRecordsWriteStops(t *testing.T) {
+	env := jstest.Start(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	var seen []int
+	_, err := member.WriteRecords(ctx, env.Bus.Records, "run1", "c1", self, records(10, 50_000), func(_ context.Context, id string, i int) {
+		seen = append(seen, i)
+		if i == 5 {
+			cancel()
+		}
+	})
+	if !errors.Is(err, member.ErrWriteStopped) || !strings.Contains(err.Error(), "before record 5") {
+		t.Fatalf("WriteRecords: %v, want ErrWriteStopped before record 5", err)
+	}
+	if !slices.Equal(seen, []int{0, 1, 2, 3, 4, 5}) {
+		t.Fatalf("hook saw %v", seen)
+	}
+	if _, err := env.Bus.Records.GetInfo(t.Context(), "run1/c1/agent.a.jsonl"); !errors.Is(err, natsjs.ErrObjectNotFound) {
+		t.Fatalf("object after a stopped write: %v", err)
+	}
+	info, err := env.JS.Stream(t.Context(), "OBJ_sp_records")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.CachedInfo().State.Msgs; n != 0 {
+		t.Fatalf("%d chunks left in the store", n)
+	}
+}
+
+func TestRecordsBad(t *testing.T) {
+	env := jstest.Start(t)
+	for _, r := range []events.Record{{Key: ""}, {Key: strings.Repeat("k", 300)}, {Key: "r1", Data: json.RawMessage(`{bad`)}} {
+		if _, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, []events.Record{r}, nil); !errors.Is(err, member.ErrBadRecord) {
+			t.Errorf("record %.20q: %v, want ErrBadRecord", r.Key, err)
+		}
+	}
+	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, nil, nil)
+	if err != nil || man.Count != 0 || man.Size != 0 {
+		t.Fatalf("empty write: %+v, %v", man, err)
+	}
+}
