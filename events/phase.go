@@ -259,11 +259,14 @@ func (p Forget) Validate() error {
 func (p Forget) route() route { return p.phaseRoute(PhaseForget) }
 
 // Release asks members to delete external state that no kept checkpoint
-// names. An empty Keep is the final release: nothing is kept.
+// names.
 type Release struct {
 	PhaseHeader
 	// Keep lists the checkpoint ids still kept.
 	Keep []string `json:"keep"`
+	// Final marks the last release of a run: nothing is kept, and the
+	// bridge deletes even the markers of aborted checkpoints.
+	Final bool `json:"final,omitempty"`
 }
 
 // Phase implements PhaseEvent.
@@ -274,7 +277,11 @@ func (Release) Type() Type { return TypeRelease }
 
 // Validate implements Data.
 func (p Release) Validate() error {
-	return errors.Join(p.validate(), validateTokens("data.keep", p.Keep))
+	errs := []error{p.validate(), validateTokens("data.keep", p.Keep)}
+	if p.Final && len(p.Keep) > 0 {
+		errs = append(errs, fieldErr("data.final", ErrInvalid, "a final release keeps nothing, but keep lists %d", len(p.Keep)))
+	}
+	return errors.Join(errs...)
 }
 
 func (p Release) route() route { return p.phaseRoute(PhaseRelease) }

@@ -1,0 +1,392 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// Bridge is the controller bridge of one run. Its methods are safe for
+// concurrent use; operations run one at a time.
+type Bridge struct {
+	cfg    Config
+	log    zerolog.Logger
+	source events.Member
+
+	mu   sync.Mutex // one operation at a time
+	held *heldCheckpoint
+}
+
+// heldCheckpoint is a checkpoint held prepared for an outer save.
+type heldCheckpoint struct {
+	mu      sync.Mutex // held by a renew while it publishes
+	req     CheckpointRequest
+	id      string
+	prepare events.Prepare
+	tally   *Tally
+	started time.Time
+	prepMS  int64
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+// New checks cfg and returns a bridge. Call Recover (Run does) before the
+// first operation after a restart.
+func New(cfg Config) (*Bridge, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	src, _ := events.NewMember(events.KindBridge, cfg.Name)
+	return &Bridge{cfg: cfg, source: src,
+		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(src)).Logger()}, nil
+}
+
+// Run recovers whatever the last bridge left open, then blocks until ctx
+// ends, when it abandons a held checkpoint by resuming the fleet.
+func (b *Bridge) Run(ctx context.Context) error {
+	if err := b.Recover(ctx); err != nil && ctx.Err() == nil {
+		return err
+	}
+	<-ctx.Done()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if h := b.held; h != nil {
+		b.stopRenew()
+		cctx, cancel := context.WithTimeout(context.Background(), b.cfg.ResumeTimeout+5*time.Second)
+		defer cancel()
+		st, err := b.state(cctx)
+		if err == nil {
+			_, err = b.abort(cctx, &st, h.prepare.PhaseHeader, events.PhasePrepare, &Failure{Phase: events.PhasePrepare,
+				Reason: "the bridge stopped while the checkpoint was held"}, h.started, h.prepMS)
+		}
+		if err != nil {
+			b.log.Error().Err(err).Str("checkpoint", h.id).Msg("abandoning the held checkpoint")
+		}
+	}
+	return nil
+}
+
+// runState is what the stream says about the run: its last phase event.
+type runState struct {
+	seq       uint64 // protocol sequence of the last phase event
+	streamSeq uint64 // its stream sequence, the fence of the next publish
+	epoch     uint64
+	last      events.PhaseEvent // nil before the first phase
+	lastAt    time.Time
+}
+
+// state reads the run's last phase event back from the stream.
+func (b *Bridge) state(ctx context.Context) (runState, error) {
+	raw, err := b.cfg.Bus.Stream.GetLastMsgForSubject(ctx, events.PhaseFilter(b.cfg.Run))
+	if errors.Is(err, natsjs.ErrMsgNotFound) {
+		return runState{}, nil
+	}
+	if err != nil {
+		return runState{}, fmt.Errorf("bridge: read the last phase of run %s: %w", b.cfg.Run, err)
+	}
+	_, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+	if err != nil {
+		return runState{}, fmt.Errorf("bridge: the last phase of run %s (stream sequence %d) does not decode: %w", b.cfg.Run, raw.Sequence, err)
+	}
+	p, ok := d.(events.PhaseEvent)
+	if !ok {
+		return runState{}, fmt.Errorf("bridge: stream sequence %d on %s is a %s, not a phase", raw.Sequence, raw.Subject, d.Type())
+	}
+	h := p.Header()
+	return runState{seq: h.Seq, streamSeq: raw.Sequence, epoch: h.Epoch, last: p, lastAt: raw.Time}, nil
+}
+
+// header builds the header of the next phase event.
+func (b *Bridge) header(st *runState, id string, epoch uint64, members []events.Member, timeout time.Duration) events.PhaseHeader {
+	return events.PhaseHeader{Run: b.cfg.Run, CheckpointID: id, Seq: st.seq + 1, Epoch: epoch,
+		Deadline: b.cfg.Now().Add(timeout).UTC().Truncate(time.Millisecond), Members: members}
+}
+
+// publishPhase publishes p fenced on the run's last phase: if another
+// bridge published in between, the server refuses it and ErrFenced is
+// returned. On success st describes p.
+func (b *Bridge) publishPhase(ctx context.Context, st *runState, p events.PhaseEvent) error {
+	h := p.Header()
+	id := b.cfg.Run + "." + strconv.FormatUint(h.Seq, 10) + "." + string(p.Phase())
+	msg, err := events.Marshal(b.source, p, events.WithID(id))
+	if err != nil {
+		return fmt.Errorf("bridge: build %s: %w", p.Phase(), err)
+	}
+	ack, err := b.cfg.JS.PublishMsg(ctx, msg, natsjs.WithExpectLastSequenceForSubject(st.streamSeq, events.PhaseFilter(b.cfg.Run)))
+	if jetstream.IsWrongLastSequence(err) {
+		// Our own earlier attempt may have landed: then the last phase is ours.
+		now, serr := b.state(ctx)
+		if serr == nil && now.last != nil && now.seq == h.Seq && now.last.Phase() == p.Phase() && now.last.Header().CheckpointID == h.CheckpointID {
+			*st = now
+			return nil
+		}
+		return fmt.Errorf("%w: publishing %s seq %d: %w", ErrFenced, p.Phase(), h.Seq, err)
+	}
+	if err != nil {
+		return fmt.Errorf("bridge: publish %s seq %d: %w", p.Phase(), h.Seq, err)
+	}
+	*st = runState{seq: h.Seq, streamSeq: ack.Sequence, epoch: h.Epoch, last: p, lastAt: b.cfg.Now()}
+	b.log.Debug().Str("phase", string(p.Phase())).Uint64("seq", h.Seq).Str("checkpoint", h.CheckpointID).
+		Int("members", len(h.Members)).Msg("phase published")
+	return nil
+}
+
+// publishOutcome publishes an outcome once: a deterministic id makes a
+// repeat inside the duplicate window a no-op, and outcomeOf lets recovery
+// check for it beyond.
+func (b *Bridge) publishOutcome(ctx context.Context, o events.Data, opID string) error {
+	msg, err := events.Marshal(b.source, o, events.WithID(b.cfg.Run+"."+opID+"."+o.Type().Noun()))
+	if err != nil {
+		return fmt.Errorf("bridge: build outcome: %w", err)
+	}
+	if _, err := jetstream.PublishDedup(ctx, b.cfg.JS, msg); err != nil {
+		return fmt.Errorf("bridge: publish outcome %s: %w", o.Type().Noun(), err)
+	}
+	return nil
+}
+
+// outcomeOf returns the last outcome of type t if it belongs to opID.
+func (b *Bridge) outcomeOf(ctx context.Context, t events.Type, opID string) (events.Data, error) {
+	raw, err := b.cfg.Bus.Stream.GetLastMsgForSubject(ctx, events.OutcomeSubject(b.cfg.Run, t))
+	if errors.Is(err, natsjs.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bridge: read outcome %s: %w", t.Noun(), err)
+	}
+	e, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: outcome at stream sequence %d: %w", raw.Sequence, err)
+	}
+	if e.Subject() != opID {
+		return nil, nil
+	}
+	return d, nil
+}
+
+// liveMembers reads the run's heartbeats. fresh selects members that have
+// served no phase; otherwise it returns the members of epoch, plus fresh
+// ones (a member that joined since the last phase serves the next).
+func (b *Bridge) liveMembers(ctx context.Context, epoch uint64, fresh bool) ([]events.Member, []events.MemberInfo, error) {
+	lister, err := b.cfg.Bus.Members.ListKeysFiltered(ctx, events.MemberKeyFilter(b.cfg.Run))
+	if err != nil {
+		return nil, nil, fmt.Errorf("bridge: list members: %w", err)
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	var (
+		members []events.Member
+		infos   []events.MemberInfo
+	)
+	for _, k := range keys {
+		e, err := b.cfg.Bus.Members.Get(ctx, k)
+		if errors.Is(err, natsjs.ErrKeyNotFound) {
+			continue // expired since the listing
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("bridge: read member %s: %w", k, err)
+		}
+		var info events.MemberInfo
+		if err := json.Unmarshal(e.Value(), &info); err != nil || info.Validate() != nil || info.Run != b.cfg.Run ||
+			events.MemberKey(b.cfg.Run, info.Member) != k {
+			b.log.Warn().Str("key", k).Msg("ignoring a member heartbeat that does not decode or names another key")
+			continue
+		}
+		if info.Member.Kind() == events.KindBridge {
+			continue
+		}
+		infos = append(infos, info)
+		switch {
+		case fresh && !info.Served:
+		case !fresh && (!info.Served || info.Epoch == epoch):
+		default:
+			continue
+		}
+		members = append(members, info.Member)
+	}
+	sort.Slice(members, func(i, j int) bool { return members[i] < members[j] })
+	return members, infos, nil
+}
+
+// gather reads the acks of phase event p until the tally decides, the
+// deadline (plus a little slack for clocks) passes, or ctx ends. A member
+// whose heartbeat expires or is deleted fails the phase at once.
+func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdict, error) {
+	h := p.Header()
+	slack := min(time.Second, h.Deadline.Sub(b.cfg.Now())/10)
+	if slack < 0 {
+		slack = 0
+	}
+	hh := h
+	hh.Deadline = h.Deadline.Add(slack)
+	t := NewTally(p.Phase(), hh)
+	// A restore waits for every answer even after a failure: all or none
+	// needs to know what each member installed before retiring.
+	t.WaitAll = p.Phase() == events.PhaseRestore
+	if v := t.Decide(b.cfg.Now()); v != Waiting || len(h.Members) == 0 {
+		return t, v, nil
+	}
+	gctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	acks := make(chan *nats.Msg, 256)
+	cons, err := b.cfg.JS.OrderedConsumer(gctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
+		FilterSubjects: []string{events.AckFilter(b.cfg.Run, h.Seq)}, DeliverPolicy: natsjs.DeliverAllPolicy})
+	if err != nil {
+		return nil, Failed, fmt.Errorf("bridge: ack consumer for seq %d: %w", h.Seq, err)
+	}
+	cc, err := cons.Consume(func(m natsjs.Msg) {
+		select {
+		case acks <- &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}:
+		case <-gctx.Done():
+		}
+	})
+	if err != nil {
+		return nil, Failed, fmt.Errorf("bridge: consume acks of seq %d: %w", h.Seq, err)
+	}
+	defer cc.Stop()
+
+	watcher, err := b.cfg.Bus.Members.Watch(gctx, events.MemberKeyFilter(b.cfg.Run), natsjs.UpdatesOnly())
+	if err != nil {
+		return nil, Failed, fmt.Errorf("bridge: watch members: %w", err)
+	}
+	defer watcher.Stop()
+	// A member may have died between the member listing and the publish.
+	for _, m := range h.Members {
+		if _, err := b.cfg.Bus.Members.Get(gctx, events.MemberKey(b.cfg.Run, m)); errors.Is(err, natsjs.ErrKeyNotFound) {
+			t.Dead(m)
+		}
+	}
+	memberOf := map[string]events.Member{}
+	for _, m := range h.Members {
+		memberOf[events.MemberKey(b.cfg.Run, m)] = m
+	}
+
+	timer := time.NewTimer(time.Until(hh.Deadline))
+	defer timer.Stop()
+	for {
+		if v := t.Decide(b.cfg.Now()); v != Waiting {
+			return t, v, nil
+		}
+		select {
+		case <-ctx.Done():
+			return t, Failed, ctx.Err()
+		case <-timer.C:
+		case m := <-acks:
+			_, d, err := events.Unmarshal(m)
+			if err != nil {
+				b.log.Warn().Err(err).Str("subject", m.Subject).Msg("refusing an ack")
+				continue
+			}
+			ack, ok := d.(events.Ack)
+			if !ok {
+				b.log.Warn().Str("subject", m.Subject).Str("type", string(d.Type())).Msg("refusing a non-ack on an ack subject")
+				continue
+			}
+			if !t.Add(ack) {
+				ah := ack.Header()
+				b.log.Warn().Str("member", string(ah.Member)).Uint64("epoch", ah.Epoch).Uint64("want_epoch", h.Epoch).
+					Str("checkpoint", ah.CheckpointID).Msg("ignoring an ack that does not answer this phase (stale epoch or foreign)")
+			}
+		case e := <-watcher.Updates():
+			if e == nil || e.Operation() == natsjs.KeyValuePut {
+				continue
+			}
+			if m, ok := memberOf[e.Key()]; ok {
+				b.log.Warn().Str("dead", string(m)).Str("phase", string(p.Phase())).Msg("member died or left during a phase")
+				t.Dead(m)
+			}
+		}
+	}
+}
+
+// resume publishes a resume of id and waits briefly for its acks, returning
+// the members that did not answer (they reopen when their lease runs out).
+func (b *Bridge) resume(ctx context.Context, st *runState, id string, members []events.Member, aborted bool) ([]events.Member, error) {
+	r := events.Resume{PhaseHeader: b.header(st, id, st.epoch, members, b.cfg.ResumeTimeout), Aborted: aborted}
+	if err := b.publishPhase(ctx, st, r); err != nil {
+		return nil, err
+	}
+	t, v, err := b.gather(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if v == Complete {
+		return nil, nil
+	}
+	var missing []events.Member
+	errs, _, _ := t.Failure(b.cfg.Now())
+	for _, e := range errs {
+		missing = append(missing, e.Member)
+	}
+	b.log.Warn().Int("not_resumed", len(missing)).Str("checkpoint", id).Msg("members did not ack the resume; their leases will reopen them")
+	return missing, nil
+}
+
+// phaseTimeout returns the deadline length a request asks for.
+func (b *Bridge) phaseTimeout(ms int64) time.Duration {
+	if ms > 0 {
+		return time.Duration(ms) * time.Millisecond
+	}
+	return b.cfg.PhaseTimeout
+}
+
+// manifest reads the checkpoint key of id; nil if absent.
+func (b *Bridge) manifest(ctx context.Context, id string) (*events.CheckpointManifest, uint64, error) {
+	e, err := b.cfg.Bus.Manifests.Get(ctx, events.ManifestKey(b.cfg.Run, id))
+	if errors.Is(err, natsjs.ErrKeyNotFound) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("bridge: read manifest %s: %w", id, err)
+	}
+	var m events.CheckpointManifest
+	if err := json.Unmarshal(e.Value(), &m); err != nil {
+		return nil, 0, fmt.Errorf("bridge: manifest %s does not decode: %w", id, err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, 0, fmt.Errorf("bridge: manifest %s: %w", id, err)
+	}
+	return &m, e.Revision(), nil
+}
+
+// createManifest creates the checkpoint key once. If the key exists it
+// returns what is there and created=false.
+func (b *Bridge) createManifest(ctx context.Context, m events.CheckpointManifest) (have *events.CheckpointManifest, created bool, err error) {
+	v, err := json.Marshal(m)
+	if err != nil {
+		return nil, false, err
+	}
+	_, err = b.cfg.Bus.Manifests.Create(ctx, events.ManifestKey(b.cfg.Run, m.CheckpointID), v)
+	if errors.Is(err, natsjs.ErrKeyExists) {
+		have, _, err := b.manifest(ctx, m.CheckpointID)
+		if err != nil {
+			return nil, false, err
+		}
+		if have == nil {
+			return nil, false, fmt.Errorf("bridge: manifest %s exists and vanished", m.CheckpointID)
+		}
+		return have, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("bridge: create manifest %s: %w", m.CheckpointID, err)
+	}
+	return &m, true, nil
+}
+
+func ms(d time.Duration) int64 { return d.Milliseconds() }

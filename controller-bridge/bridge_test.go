@@ -1,0 +1,364 @@
+package bridge_test
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+)
+
+// TestCheckpointCommits: PROTOCOL §5 bridge rules — prepare, all ready,
+// commit, manifest created once, LATEST moved, outcome, resume.
+func TestCheckpointCommits(t *testing.T) {
+	env := jstest.Start(t)
+	hs := fleet(t, env, 3, 2)
+	b := startBridge(t, env, bridge.Config{})
+
+	res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != bridge.StatusCommitted || len(res.Members) != 3 || len(res.Continued) != 6 {
+		t.Fatalf("result %+v", res)
+	}
+	m := manifestOf(t, env, "c1")
+	if m == nil || m.Aborted || len(m.Members) != 3 || len(m.Continued) != 6 {
+		t.Fatalf("manifest %+v", m)
+	}
+	st, err := b.Status(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Latest == nil || st.Latest.CheckpointID != "c1" || st.Open != "" || st.LastPhase != events.PhaseResume {
+		t.Fatalf("status %+v", st)
+	}
+	waitFor(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
+
+	// Asking again for c1 returns its result and publishes nothing.
+	again, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1"})
+	if err != nil || again.Status != bridge.StatusCommitted {
+		t.Fatalf("repeat: %+v %v", again, err)
+	}
+	st2, _ := b.Status(ctx(t))
+	if st2.Seq != st.Seq {
+		t.Errorf("a repeated checkpoint published phases: seq %d → %d", st.Seq, st2.Seq)
+	}
+	// A second checkpoint moves LATEST by compare-and-set.
+	if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridge.StatusCommitted {
+		t.Fatalf("c2: %+v %v", res, err)
+	}
+	if st, _ := b.Status(ctx(t)); st.Latest.CheckpointID != "c2" || len(st.Checkpoints) != 2 {
+		t.Fatalf("after c2: %+v", st)
+	}
+}
+
+// TestCheckpointAbortsOnBlocker: a member not ready by the deadline aborts
+// the checkpoint; the outcome names it and its blocker; the checkpoint key
+// is an abort marker, so no manifest can ever appear (PROTOCOL §7.2).
+func TestCheckpointAbortsOnBlocker(t *testing.T) {
+	env := jstest.Start(t)
+	hs := fleet(t, env, 3, 2)
+	b := startBridge(t, env, bridge.Config{})
+	blocked := events.Episode{Rollout: "t1-r0"}
+	hs[1].Participant.Block(blocked)
+
+	res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", TimeoutMS: 1500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != bridge.StatusFailed || res.Failure == nil || res.Failure.Phase != events.PhasePrepare {
+		t.Fatalf("result %+v", res)
+	}
+	if got := res.Failure.Blockers[hs[1].Name]; !slices.Equal(got, []string{blocked.String()}) {
+		t.Errorf("blockers of %s: %v (failure %+v)", hs[1].Name, got, res.Failure)
+	}
+	if len(res.Failure.Errors) != 1 || res.Failure.Errors[0].Member != hs[1].Name {
+		t.Errorf("errors name %+v, want only %s", res.Failure.Errors, hs[1].Name)
+	}
+	if m := manifestOf(t, env, "c1"); m == nil || !m.Aborted {
+		t.Fatalf("checkpoint key after an abort: %+v", m)
+	}
+	waitFor(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
+	if st, _ := b.Status(ctx(t)); st.Latest != nil {
+		t.Errorf("LATEST moved by an aborted checkpoint: %+v", st.Latest)
+	}
+	// Unblocked, the next checkpoint commits.
+	hs[1].Participant.Unblock(blocked)
+	if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridge.StatusCommitted {
+		t.Fatalf("c2: %+v %v", res, err)
+	}
+}
+
+// TestCheckpointAbortsOnDeadMember: a member that dies during a checkpoint
+// fails it at once (its heartbeat key goes), well before the deadline.
+func TestCheckpointAbortsOnDeadMember(t *testing.T) {
+	env := jstest.Start(t)
+	hs := fleet(t, env, 3, 1)
+	b := startBridge(t, env, bridge.Config{})
+	hs[2].Participant.Block(events.Episode{Rollout: "t2-r0"})
+	go func() {
+		// Stop the blocked member while the bridge waits on it.
+		waitFor(t, 10*time.Second, "prepare to reach t2", func() bool { return hs[2].Participant.Count("prepare") > 0 })
+		_ = hs[2].Stop()
+	}()
+	start := time.Now()
+	res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", TimeoutMS: 20000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("a dead member took %s to fail the checkpoint", took)
+	}
+	if res.Status != bridge.StatusFailed {
+		t.Fatalf("result %+v", res)
+	}
+	found := false
+	for _, e := range res.Failure.Errors {
+		if e.Member == hs[2].Name && (e.Code == "member_dead" || e.Code == events.CodeMissingAck) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("failure does not name the dead member: %+v", res.Failure)
+	}
+}
+
+// TestRestoreAllOrNone: a committed checkpoint restores into a fresh fleet
+// as the next attempts; a fleet where one member fails to install restores
+// nothing, and the next attempts are retired everywhere.
+func TestRestoreAllOrNone(t *testing.T) {
+	env := jstest.Start(t)
+	old := fleet(t, env, 2, 2)
+	b := startBridge(t, env, bridge.Config{})
+	if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", Stop: true}); err != nil || res.Status != bridge.StatusCommitted {
+		t.Fatalf("checkpoint: %+v %v", res, err)
+	}
+	for _, h := range old {
+		_ = h.Stop()
+	}
+
+	t.Run("fails", func(t *testing.T) {
+		fresh := membertest.StartMembers(t, env, run, 2, membertest.Options{})
+		fresh[1].Participant.FailInstall(errors.New("disk full"))
+		res, err := b.Restore(ctx(t), bridge.RestoreRequest{ID: "restore-1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != bridge.StatusFailed || len(res.Retired) != 4 || res.Epoch != 1 {
+			t.Fatalf("result %+v", res)
+		}
+		if len(res.Failure.Errors) != 1 || res.Failure.Errors[0].Member != fresh[1].Name {
+			t.Errorf("failure %+v does not name %s", res.Failure, fresh[1].Name)
+		}
+		for _, h := range fresh {
+			if live := h.Participant.Live(); len(live) != 0 {
+				t.Errorf("%s holds %v after a failed restore", h.Name, live)
+			}
+			if err := h.Member.Admit(events.Episode{Rollout: "t0-r0", Attempt: 1}); err == nil && h.Name == fresh[0].Name {
+				t.Errorf("%s admits a retired next attempt", h.Name)
+			}
+		}
+		for _, h := range fresh {
+			_ = h.Stop()
+		}
+	})
+	t.Run("completes", func(t *testing.T) {
+		fresh := membertest.StartMembers(t, env, run, 2, membertest.Options{})
+		res, err := b.Restore(ctx(t), bridge.RestoreRequest{ID: "restore-2", Source: "c1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != bridge.StatusCompleted || res.Epoch != 2 {
+			t.Fatalf("result %+v", res)
+		}
+		want := []string{"t0-r0-a1", "t0-r1-a1", "t1-r0-a1", "t1-r1-a1"}
+		if !slices.Equal(res.Restored, want) {
+			t.Errorf("restored %v, want %v", res.Restored, want)
+		}
+		if live := fresh[0].Participant.Live(); !slices.Equal(live, want[:2]) {
+			t.Errorf("t0 holds %v", live)
+		}
+		// The restored fleet checkpoints again in the new epoch.
+		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridge.StatusCommitted || res.Epoch != 2 {
+			t.Fatalf("checkpoint after restore: %+v %v", res, err)
+		}
+	})
+}
+
+// TestRestoreRefusesWithoutFreshMembers: records of a member with no fresh
+// member of that name would be lost; the restore is refused up front.
+func TestRestoreRefusesWithoutFreshMembers(t *testing.T) {
+	env := jstest.Start(t)
+	fleet(t, env, 2, 1)
+	b := startBridge(t, env, bridge.Config{})
+	if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridge.StatusCommitted {
+		t.Fatalf("%+v %v", res, err)
+	}
+	_, err := b.Restore(ctx(t), bridge.RestoreRequest{})
+	if !errors.Is(err, bridge.ErrNoFreshMember) || !strings.Contains(err.Error(), "agent.t0") {
+		t.Fatalf("restore into a served fleet: %v", err)
+	}
+	if _, err := b.Restore(ctx(t), bridge.RestoreRequest{Source: "nope"}); !errors.Is(err, bridge.ErrNotFound) {
+		t.Fatalf("restore of an unknown checkpoint: %v", err)
+	}
+}
+
+// TestRetireAndForget: retired attempts are refused by every member until
+// forgotten.
+func TestRetireAndForget(t *testing.T) {
+	env := jstest.Start(t)
+	hs := fleet(t, env, 2, 2)
+	b := startBridge(t, env, bridge.Config{})
+	res, err := b.Retire(ctx(t), []string{"t0-r0", "t1-r1-a2"})
+	if err != nil || res.Status != bridge.StatusCompleted {
+		t.Fatalf("retire: %+v %v", res, err)
+	}
+	for _, h := range hs {
+		if err := h.Member.Admit(events.Episode{Rollout: "t1-r1", Attempt: 2}); err == nil {
+			t.Errorf("%s admits a retired attempt", h.Name)
+		}
+		if err := h.Member.Admit(events.Episode{Rollout: "t1-r1", Attempt: 3}); err != nil {
+			t.Errorf("%s refuses a later attempt: %v", h.Name, err)
+		}
+	}
+	if res, err := b.Forget(ctx(t), []string{"t1-r1"}); err != nil || res.Status != bridge.StatusCompleted {
+		t.Fatalf("forget: %+v %v", res, err)
+	}
+	for _, h := range hs {
+		if err := h.Member.Admit(events.Episode{Rollout: "t1-r1", Attempt: 2}); err != nil {
+			t.Errorf("%s still refuses a forgotten rollout: %v", h.Name, err)
+		}
+	}
+	if _, err := b.Retire(ctx(t), []string{"../x"}); !errors.Is(err, bridge.ErrBadRequest) {
+		t.Errorf("retire of a path-like id: %v", err)
+	}
+}
+
+// TestRelease: a release keeps what it is told and deletes the manifests
+// and records of the rest; the final release leaves nothing of the run.
+func TestRelease(t *testing.T) {
+	env := jstest.Start(t)
+	hs := fleet(t, env, 2, 1)
+	b := startBridge(t, env, bridge.Config{})
+	for _, id := range []string{"c1", "c2", "c3"} {
+		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err != nil || res.Status != bridge.StatusCommitted {
+			t.Fatalf("%s: %+v %v", id, res, err)
+		}
+	}
+	if n := len(objects(t, env)); n != 6 {
+		t.Fatalf("%d record objects, want 6", n)
+	}
+	res, err := b.Release(ctx(t), bridge.ReleaseRequest{Keep: []string{"c1"}, KeepLatest: 1})
+	if err != nil || res.Status != bridge.StatusCompleted {
+		t.Fatalf("release: %+v %v", res, err)
+	}
+	if !slices.Equal(res.Keep, []string{"c1", "c3"}) || !slices.Equal(res.Deleted, []string{"c2"}) {
+		t.Fatalf("kept %v, deleted %v", res.Keep, res.Deleted)
+	}
+	if manifestOf(t, env, "c2") != nil || manifestOf(t, env, "c1") == nil {
+		t.Error("c2's manifest kept or c1's deleted")
+	}
+	for _, o := range objects(t, env) {
+		if strings.Contains(o, "/c2/") {
+			t.Errorf("record %s of a released checkpoint is left", o)
+		}
+	}
+	for _, h := range hs {
+		if h.Participant.Count("release") != 1 {
+			t.Errorf("%s was not asked to release", h.Name)
+		}
+	}
+	if _, err := b.Release(ctx(t), bridge.ReleaseRequest{Keep: []string{"c2"}}); !errors.Is(err, bridge.ErrNotFound) {
+		t.Errorf("keeping a released checkpoint: %v", err)
+	}
+	// The final release.
+	if res, err := b.Release(ctx(t), bridge.ReleaseRequest{}); err != nil || res.Status != bridge.StatusCompleted {
+		t.Fatalf("final release: %+v %v", res, err)
+	}
+	if keys := kvKeys(t, env); len(keys) != 0 {
+		t.Errorf("after the final release sp_manifests holds %v", keys)
+	}
+	if objs := objects(t, env); len(objs) != 0 {
+		t.Errorf("after the final release sp_records holds %v", objs)
+	}
+}
+
+// TestHeldCheckpoint: hold parks the fleet across an outer save, renewing
+// the lease; commit then finishes it. Another operation meanwhile is
+// refused.
+func TestHeldCheckpoint(t *testing.T) {
+	env := jstest.Start(t)
+	hs := fleet(t, env, 2, 1)
+	b := startBridge(t, env, bridge.Config{PhaseTimeout: 600 * time.Millisecond})
+	res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", Hold: true})
+	if err != nil || res.Status != bridge.StatusPrepared {
+		t.Fatalf("hold: %+v %v", res, err)
+	}
+	if _, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c2"}); !errors.Is(err, bridge.ErrBusy) {
+		t.Errorf("a second checkpoint while one is held: %v", err)
+	}
+	// Outlive two phase timeouts: renewals keep the fleet parked.
+	waitFor(t, 5*time.Second, "two renewals", func() bool {
+		st, err := b.Status(ctx(t))
+		return err == nil && st.Seq >= 3
+	})
+	for _, h := range hs {
+		if h.Participant.AdmissionOpen() {
+			t.Fatalf("%s reopened while the checkpoint is held", h.Name)
+		}
+	}
+	res, err = b.Commit(ctx(t), "c1", false)
+	if err != nil || res.Status != bridge.StatusCommitted {
+		t.Fatalf("commit: %+v %v", res, err)
+	}
+	waitFor(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
+}
+
+// TestTimeline reads a checkpoint back from the stream as the post-mortem
+// does (an ordered consumer over sp.<run>.>) and finds it in protocol
+// order: prepare, every prepare ack, commit, every commit ack, the outcome,
+// resume, every resume ack.
+func TestTimeline(t *testing.T) {
+	env := jstest.Start(t)
+	fleet(t, env, 2, 1)
+	b := startBridge(t, env, bridge.Config{})
+	for _, id := range []string{"c1", "c2"} {
+		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err != nil || res.Status != bridge.StatusCommitted {
+			t.Fatalf("%+v %v", res, err)
+		}
+	}
+	entries, err := bridge.ReadTimeline(ctx(t), env.JS, run, "c2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for i, e := range entries {
+		if i > 0 && e.StreamSeq <= entries[i-1].StreamSeq {
+			t.Fatalf("out of stream order at %d", i)
+		}
+		got = append(got, e.Type.Noun())
+	}
+	want := []string{"phase.prepare", "ack.prepare", "ack.prepare", "phase.commit", "ack.commit", "ack.commit",
+		"checkpoint.committed", "phase.resume", "ack.resume", "ack.resume"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("timeline of c2:\n got %v\nwant %v", got, want)
+	}
+	for _, e := range entries {
+		if e.CheckpointID != "c2" || e.Summary == "" || strings.HasPrefix(e.Summary, "undecodable") {
+			t.Errorf("entry %+v", e)
+		}
+	}
+	all, err := bridge.ReadTimeline(ctx(t), env.JS, run, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) < 2*len(want)+2 {
+		t.Errorf("the whole run has %d events", len(all))
+	}
+}

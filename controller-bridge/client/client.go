@@ -1,0 +1,164 @@
+// Package client is the Go client of the controller bridge's HTTP API: what
+// a Go controller (and the stillpoint CLI) calls to checkpoint, restore,
+// retire, forget and release a run.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+)
+
+// Client calls one bridge.
+type Client struct {
+	base  string
+	token string
+	http  *http.Client
+}
+
+// Error is a non-2xx answer of the bridge.
+type Error struct {
+	// Status is the HTTP status; Code and Detail the bridge's error.
+	Status int
+	Code   string
+	Detail string
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	return fmt.Sprintf("bridge: %s (HTTP %d): %s", e.Code, e.Status, e.Detail)
+}
+
+// New returns a client of the bridge at baseURL (http://host:port) that
+// sends token as a bearer token. Operations wait as long as their phases
+// do; bound them with the ctx of each call.
+func New(baseURL, token string) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("client: bridge URL %q: want http(s)://host:port", baseURL)
+	}
+	return &Client{base: strings.TrimRight(baseURL, "/"), token: token, http: &http.Client{Timeout: 0}}, nil
+}
+
+// Checkpoint asks for a checkpoint; a result with Status failed is not an
+// error.
+func (c *Client) Checkpoint(ctx context.Context, req bridge.CheckpointRequest) (*bridge.CheckpointResult, error) {
+	var res bridge.CheckpointResult
+	return &res, c.do(ctx, http.MethodPost, "/v1/checkpoints", req, &res)
+}
+
+// Commit commits a checkpoint held prepared.
+func (c *Client) Commit(ctx context.Context, id string, stop bool) (*bridge.CheckpointResult, error) {
+	var res bridge.CheckpointResult
+	return &res, c.do(ctx, http.MethodPost, "/v1/checkpoints/"+url.PathEscape(id)+"/commit", map[string]bool{"stop": stop}, &res)
+}
+
+// Abort abandons a checkpoint held prepared.
+func (c *Client) Abort(ctx context.Context, id string) (*bridge.CheckpointResult, error) {
+	var res bridge.CheckpointResult
+	return &res, c.do(ctx, http.MethodPost, "/v1/checkpoints/"+url.PathEscape(id)+"/abort", nil, &res)
+}
+
+// Get returns the result of a finished checkpoint.
+func (c *Client) Get(ctx context.Context, id string) (*bridge.CheckpointResult, error) {
+	var res bridge.CheckpointResult
+	return &res, c.do(ctx, http.MethodGet, "/v1/checkpoints/"+url.PathEscape(id), nil, &res)
+}
+
+// Restore restores a checkpoint (LATEST when req.Source is empty).
+func (c *Client) Restore(ctx context.Context, req bridge.RestoreRequest) (*bridge.RestoreResult, error) {
+	var res bridge.RestoreResult
+	return &res, c.do(ctx, http.MethodPost, "/v1/restore", req, &res)
+}
+
+// Retire refuses the given attempts everywhere from now on.
+func (c *Client) Retire(ctx context.Context, episodes []string) (*bridge.OpResult, error) {
+	var res bridge.OpResult
+	return &res, c.do(ctx, http.MethodPost, "/v1/retire", map[string][]string{"episodes": episodes}, &res)
+}
+
+// Forget drops the refusal marks of rollouts.
+func (c *Client) Forget(ctx context.Context, rollouts []string) (*bridge.OpResult, error) {
+	var res bridge.OpResult
+	return &res, c.do(ctx, http.MethodPost, "/v1/forget", map[string][]string{"rollouts": rollouts}, &res)
+}
+
+// Release deletes what no kept checkpoint names.
+func (c *Client) Release(ctx context.Context, req bridge.ReleaseRequest) (*bridge.OpResult, error) {
+	var res bridge.OpResult
+	return &res, c.do(ctx, http.MethodPost, "/v1/release", req, &res)
+}
+
+// Status reads the run's state.
+func (c *Client) Status(ctx context.Context) (*bridge.Status, error) {
+	var res bridge.Status
+	return &res, c.do(ctx, http.MethodGet, "/v1/status", nil, &res)
+}
+
+// Ready waits until the bridge answers /healthz or ctx ends.
+func (c *Client) Ready(ctx context.Context) error {
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/healthz", nil)
+		resp, err := c.http.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("client: bridge at %s not ready: %w", c.base, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("client: %s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("client: %s %s: reading the answer: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error bridge.APIError `json:"error"`
+		}
+		if json.Unmarshal(raw, &e) != nil || e.Error.Code == "" {
+			return &Error{Status: resp.StatusCode, Code: "http_error", Detail: strings.TrimSpace(string(raw))}
+		}
+		return &Error{Status: resp.StatusCode, Code: e.Error.Code, Detail: e.Error.Detail}
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("client: %s %s: the answer does not decode: %w", method, path, err)
+	}
+	return nil
+}

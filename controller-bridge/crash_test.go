@@ -1,0 +1,216 @@
+package bridge_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/client"
+	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+)
+
+// startBridgeProcess starts a bridge as its own process, armed with the
+// failpoints given, and returns it with a client of its API.
+func startBridgeProcess(t *testing.T, env *jstest.Env, failpoints string) (*proc, *client.Client) {
+	t.Helper()
+	p := spawn(t, env, "bridge", failpoint.Env+"="+failpoints)
+	addr := p.line(t, "listening ", 30*time.Second)
+	c, err := client.New("http://"+addr, testToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, c
+}
+
+// TestBridgeCrashDuringCheckpoint kills the bridge (SIGKILL, a separate
+// process) at every point of a checkpoint, starts another, and checks that
+// it finished or aborted the checkpoint from the bus alone: an outcome
+// exists, a failed checkpoint has an abort marker and never a manifest, a
+// committed one is LATEST, every member has reopened, and the run goes on.
+func TestBridgeCrashDuringCheckpoint(t *testing.T) {
+	cases := []struct {
+		failpoint string
+		block     bool // a blocker makes the prepare fail, to reach the abort path
+		want      string
+	}{
+		{"bridge/after-prepare", false, bridge.StatusFailed},
+		{"bridge/after-prepare-acks", false, bridge.StatusFailed},
+		{"bridge/after-commit", false, bridge.StatusCommitted},
+		{"bridge/after-commit-acks", false, bridge.StatusCommitted},
+		{"bridge/after-manifest", false, bridge.StatusCommitted},
+		{"bridge/after-latest", false, bridge.StatusCommitted},
+		{"bridge/after-outcome", false, bridge.StatusCommitted},
+		{"bridge/after-abort-marker", true, bridge.StatusFailed},
+	}
+	for _, c := range cases {
+		t.Run(c.failpoint, func(t *testing.T) {
+			t.Parallel()
+			env := jstest.Start(t)
+			hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 2})
+			if c.block {
+				hs[0].Participant.Block(events.Episode{Rollout: "t0-r0"})
+			}
+			dying, cl := startBridgeProcess(t, env, c.failpoint)
+			cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			if res, err := cl.Checkpoint(cctx, bridge.CheckpointRequest{ID: "c1", TimeoutMS: 1500}); err == nil {
+				t.Fatalf("the bridge answered %+v instead of dying at %s", res, c.failpoint)
+			}
+			dying.wait(t, 30*time.Second)
+			if c.block {
+				hs[0].Participant.Unblock(events.Episode{Rollout: "t0-r0"})
+			}
+
+			_, cl = startBridgeProcess(t, env, "")
+			res, err := cl.Get(cctx, "c1")
+			if err != nil {
+				t.Fatalf("after recovery: %v", err)
+			}
+			if res.Status != c.want {
+				t.Fatalf("c1 is %s after recovery, want %s (%+v)", res.Status, c.want, res)
+			}
+			st, err := cl.Status(cctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Open != "" {
+				t.Errorf("still open after recovery: %s", st.Open)
+			}
+			m := manifestOf(t, env, "c1")
+			switch c.want {
+			case bridge.StatusCommitted:
+				if m == nil || m.Aborted || len(m.Continued) != 4 || st.Latest == nil || st.Latest.CheckpointID != "c1" {
+					t.Errorf("committed c1: manifest %+v, LATEST %+v", m, st.Latest)
+				}
+			case bridge.StatusFailed:
+				if m == nil || !m.Aborted || st.Latest != nil {
+					t.Errorf("failed c1: manifest %+v (want an abort marker), LATEST %+v", m, st.Latest)
+				}
+			}
+			waitFor(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
+			if res, err := cl.Checkpoint(cctx, bridge.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridge.StatusCommitted {
+				t.Fatalf("the run does not go on: %+v %v", res, err)
+			}
+		})
+	}
+}
+
+// TestBridgeCrashDuringRestore does the same at every point of a restore,
+// with a fleet that installs (completed) and one where a member fails
+// (failed: the next attempts retired everywhere).
+func TestBridgeCrashDuringRestore(t *testing.T) {
+	cases := []struct {
+		failpoint string
+		fail      bool
+		want      string
+	}{
+		{"bridge/after-restore", false, bridge.StatusCompleted},
+		{"bridge/after-restore-acks", false, bridge.StatusCompleted},
+		{"bridge/after-restore-acks", true, bridge.StatusFailed},
+		{"bridge/after-restore-retire", true, bridge.StatusFailed},
+	}
+	for _, c := range cases {
+		name := c.failpoint
+		if c.fail {
+			name += "/install-fails"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			env := jstest.Start(t)
+			old := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 2})
+			b := startBridge(t, env, bridge.Config{})
+			if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", Stop: true}); err != nil || res.Status != bridge.StatusCommitted {
+				t.Fatalf("%+v %v", res, err)
+			}
+			for _, h := range old {
+				_ = h.Stop()
+			}
+			fresh := membertest.StartMembers(t, env, run, 2, membertest.Options{})
+			if c.fail {
+				fresh[1].Participant.FailInstall(errors.New("fork failed"))
+			}
+			dying, cl := startBridgeProcess(t, env, c.failpoint)
+			cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			if res, err := cl.Restore(cctx, bridge.RestoreRequest{ID: "r1"}); err == nil {
+				t.Fatalf("the bridge answered %+v instead of dying", res)
+			}
+			dying.wait(t, 30*time.Second)
+			_, cl = startBridgeProcess(t, env, "")
+			st, err := cl.Status(cctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Open != "" || st.Epoch != 1 {
+				t.Errorf("after recovery: open %q, epoch %d", st.Open, st.Epoch)
+			}
+			entries, err := bridge.ReadTimeline(cctx, env.JS, run, "r1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var outcome events.Type
+			for _, e := range entries {
+				if e.Type == events.TypeRestoreCompleted || e.Type == events.TypeRestoreFailed {
+					outcome = e.Type
+				}
+			}
+			want := map[string]events.Type{bridge.StatusCompleted: events.TypeRestoreCompleted, bridge.StatusFailed: events.TypeRestoreFailed}[c.want]
+			if outcome != want {
+				t.Fatalf("outcome %q, want %q", outcome, want)
+			}
+			waitFor(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(fresh) })
+			if c.fail {
+				for _, h := range fresh {
+					if err := h.Member.Admit(events.Episode{Rollout: "t0-r0", Attempt: 1}); err == nil {
+						t.Errorf("%s admits a next attempt of a failed restore", h.Name)
+					}
+				}
+			} else if live := fresh[0].Participant.Live(); len(live) != 2 {
+				t.Errorf("t0 holds %v after a completed restore", live)
+			}
+		})
+	}
+}
+
+// TestFleetOfProcesses: members as separate processes checkpoint through
+// the bridge, and a kill -9 of one of them fails the next checkpoint at
+// once, naming it.
+func TestFleetOfProcesses(t *testing.T) {
+	env := jstest.Start(t, jstest.WithTopology(jetstream.Topology{MemberTTL: 3 * time.Second}))
+	var procs []*proc
+	for _, name := range []string{"agent.p0", "owner.p1"} {
+		procs = append(procs, spawn(t, env, "member", nameEnv+"="+name, episodesEnv+"=3"))
+	}
+	for _, name := range []events.Member{"agent.p0", "owner.p1"} {
+		membertest.WaitRegistered(t, env, run, name, nil)
+	}
+	b := startBridge(t, env, bridge.Config{})
+	res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1"})
+	if err != nil || res.Status != bridge.StatusCommitted || len(res.Continued) != 6 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if err := procs[1].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	procs[1].wait(t, 10*time.Second)
+	start := time.Now()
+	res, err = b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c2", TimeoutMS: 30000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != bridge.StatusFailed || len(res.Failure.Errors) != 1 || res.Failure.Errors[0].Member != "owner.p1" ||
+		res.Failure.Errors[0].Code != "member_dead" {
+		t.Fatalf("after kill -9 of owner.p1: %+v", res.Failure)
+	}
+	// The heartbeat expires within its TTL (3 s here), long before the
+	// 30 s deadline.
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the dead member failed the checkpoint after %s", took)
+	}
+}

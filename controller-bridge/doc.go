@@ -1,0 +1,45 @@
+// Package bridge is the controller bridge: the one component per training
+// run that turns a controller's request (checkpoint, restore, retire,
+// forget, release) into phase events on the bus, gathers the members'
+// acks, and writes the result where it lasts.
+//
+// # What it owns
+//
+// The bridge publishes every phase event of its run on sp.<run>.phase.<phase>
+// and every outcome on sp.<run>.outcome.<noun>.<verb>. It creates checkpoint
+// manifests in sp_manifests (once, never replaced) and moves <run>.LATEST by
+// compare-and-set. Members answer on their once-only ack subjects; the
+// bridge reads them with an ordered consumer and watches sp_members so that
+// a dead member fails a phase at once.
+//
+// # Checkpoint
+//
+// prepare → every member ready → commit (the scope, stop) → every member
+// manifest → checkpoint manifest created (the commit point) → LATEST moved
+// → outcome checkpoint.committed → resume (not with stop: the fleet stays
+// parked). Any blocker, error, dead member, missing ack or passed deadline
+// aborts: the checkpoint key is created as an abort marker (so that no
+// other bridge can commit it later), then outcome checkpoint.failed naming
+// every blocker and member, then resume.
+//
+// # Restore
+//
+// A restore goes to a fresh fleet (members that have served no phase) and
+// opens the next epoch. Every member installs all of its records or none.
+// If any member fails, the next attempts of every scoped episode are
+// retired everywhere, the fleet is resumed and restore.failed is reported:
+// those rollouts restart from their input.
+//
+// # No state of its own
+//
+// Everything the bridge knows it reads back from the stream and KV: the last
+// phase event (its sequence, epoch and checkpoint), the acks, the manifests.
+// A bridge killed at any point and started again finishes or aborts what was
+// open (Recover). Two bridges cannot both publish: each phase is published
+// with the expected last sequence of the run's phase subjects, so a zombie's
+// publish is refused by the server.
+//
+// The controller reaches the bridge through its Go methods, the HTTP JSON
+// API (Handler; docs/API.md), the Go HTTP client in package client, or the
+// stillpoint CLI.
+package bridge

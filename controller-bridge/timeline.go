@@ -1,0 +1,137 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// TimelineEntry is one event of a run as the stream recorded it.
+type TimelineEntry struct {
+	// StreamSeq and Time are the stream's sequence and receive time.
+	StreamSeq uint64    `json:"stream_seq"`
+	Time      time.Time `json:"time"`
+	Subject   string    `json:"subject"`
+	// Type, Source and CheckpointID are the event's ce-type, sender and
+	// ce-subject.
+	Type         events.Type `json:"type"`
+	Source       string      `json:"source"`
+	CheckpointID string      `json:"checkpoint_id"`
+	// Summary says what the event says, in a line.
+	Summary string `json:"summary"`
+	// Data is the decoded payload.
+	Data events.Data `json:"-"`
+}
+
+// ReadTimeline reads a run's events from the stream in order, as the
+// post-mortem does with the nats CLI: an ordered consumer over sp.<run>.>,
+// from the first message to the last one present when it started. With a
+// checkpoint id it keeps only that checkpoint's (or operation's) events.
+// Events that do not decode are returned with their error in Summary.
+func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint string) ([]TimelineEntry, error) {
+	if err := events.ValidateRun(run); err != nil {
+		return nil, err
+	}
+	if checkpoint != "" {
+		if err := events.ValidateCheckpointID(checkpoint); err != nil {
+			return nil, err
+		}
+	}
+	stream, err := js.Stream(ctx, jetstream.StreamName)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: timeline: %w", err)
+	}
+	last, err := stream.GetLastMsgForSubject(ctx, events.RunFilter(run))
+	if err != nil {
+		return nil, fmt.Errorf("bridge: timeline of run %s: %w", run, err)
+	}
+	cons, err := js.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
+		FilterSubjects: []string{events.RunFilter(run)}, DeliverPolicy: natsjs.DeliverAllPolicy})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: timeline consumer: %w", err)
+	}
+	var out []TimelineEntry
+	for {
+		m, err := cons.Next(natsjs.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			return out, fmt.Errorf("bridge: timeline of run %s: %w", run, err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return out, err
+		}
+		e := TimelineEntry{StreamSeq: md.Sequence.Stream, Time: md.Timestamp, Subject: m.Subject()}
+		ev, d, err := events.Unmarshal(&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+		if err != nil {
+			e.Summary = "undecodable: " + err.Error()
+		} else {
+			e.Type, e.Source, e.CheckpointID, e.Data = events.Type(ev.Type()), ev.Source(), ev.Subject(), d
+			e.Summary = Summarize(d)
+		}
+		if checkpoint == "" || e.CheckpointID == checkpoint {
+			out = append(out, e)
+		}
+		if md.Sequence.Stream >= last.Sequence {
+			return out, nil
+		}
+	}
+}
+
+// Summarize says in one line what an event says.
+func Summarize(d events.Data) string {
+	switch v := d.(type) {
+	case events.PhaseEvent:
+		h := v.Header()
+		s := fmt.Sprintf("%s seq %d epoch %d to %d members, deadline %s", v.Phase(), h.Seq, h.Epoch, len(h.Members), h.Deadline.Format(time.RFC3339))
+		switch p := v.(type) {
+		case events.Commit:
+			s += fmt.Sprintf(", scope %d, stop %v", len(p.Scope), p.Stop)
+		case events.Restore:
+			s += ", from " + p.Source
+		case events.Release:
+			s += fmt.Sprintf(", keep %v", p.Keep)
+		}
+		return s
+	case events.Ack:
+		h := v.Header()
+		s := fmt.Sprintf("%s ack of seq %d by %s: ", v.Answers(), h.Seq, h.Member)
+		if !h.OK {
+			return s + "error " + h.Error.Code + ": " + h.Error.Detail
+		}
+		switch a := v.(type) {
+		case events.PrepareAck:
+			if !a.Ready {
+				return s + fmt.Sprintf("not ready, %d blockers %s", a.BlockerCount, strings.Join(a.Blockers, ","))
+			}
+			return s + fmt.Sprintf("ready, %d restarts", len(a.Restarts))
+		case events.CommitAck:
+			return s + fmt.Sprintf("exported %d records sha256 %.12s", a.Manifest.Count, a.Manifest.SHA256)
+		case events.RestoreAck:
+			return s + fmt.Sprintf("restored %d", len(a.Restored))
+		}
+		return s + "ok, now " + string(h.State)
+	case events.CheckpointCommitted:
+		return fmt.Sprintf("checkpoint %s committed: %d continued, %d restarted, prepare %d ms, commit %d ms",
+			v.CheckpointID, len(v.Continued), len(v.Restarted), v.PrepareMS, v.CommitMS)
+	case events.CheckpointFailed:
+		return fmt.Sprintf("checkpoint %s failed in %s: %s", v.CheckpointID, v.Phase, v.Reason)
+	case events.RestoreCompleted:
+		return fmt.Sprintf("restore %s from %s completed: %d restored", v.CheckpointID, v.Source, len(v.Restored))
+	case events.RestoreFailed:
+		return fmt.Sprintf("restore %s from %s failed: %d members, %d retired", v.CheckpointID, v.Source, len(v.Errors), len(v.Retired))
+	case events.ReleaseCompleted:
+		return fmt.Sprintf("release %s: kept %v, deleted %v", v.CheckpointID, v.Keep, v.Deleted)
+	case events.MemberJoined:
+		return fmt.Sprintf("%s joined (epoch %d, %v)", v.Member, v.Epoch, v.Capabilities)
+	case events.MemberLeft:
+		return fmt.Sprintf("%s left: %s", v.Member, v.Reason)
+	}
+	return string(d.Type())
+}
