@@ -3,7 +3,6 @@
 
 GO        ?= go
 FUZZTIME  ?= 20s
-BENCHTIME ?= 2s
 PKGS      ?= ./...
 
 .PHONY: all build test lint fuzz bench ci clean
@@ -30,7 +29,8 @@ fuzz:
 
 ## bench: the benchmarks recorded in docs/BENCHMARKS.md.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./jetstream/...
+	$(GO) test -run '^$$' -bench PublishPhase -benchtime 3s -count 3 ./jetstream/
+	$(GO) test -run '^$$' -bench 'RawFanout|CheckpointCycle' -benchtime 10x -timeout 30m ./controller-bridge/
 
 ## ci: what .ci/run does.
 ci: lint test fuzz

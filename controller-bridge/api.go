@@ -112,9 +112,6 @@ type CheckpointResult struct {
 	Stop bool `json:"stop,omitempty"`
 	// Failure is set when Status is failed.
 	Failure *Failure `json:"failure,omitempty"`
-	// NotResumed lists members that did not ack the resume in time; they
-	// reopen by themselves when their lease runs out.
-	NotResumed []events.Member `json:"not_resumed,omitempty"`
 }
 
 // RestoreRequest asks for a restore into a fresh fleet.
@@ -144,8 +141,6 @@ type RestoreResult struct {
 	// Members are the fresh members that took part.
 	Members []events.Member `json:"members"`
 	Failure *Failure        `json:"failure,omitempty"`
-	// NotResumed is as in CheckpointResult.
-	NotResumed []events.Member `json:"not_resumed,omitempty"`
 }
 
 // OpResult is the result of a retire, forget or release.

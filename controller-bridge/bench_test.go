@@ -21,10 +21,10 @@ import (
 // benchSizes are the member counts of the coordination benchmarks.
 var benchSizes = []int{1, 100, 1000, 2048}
 
-// benchConns is how many NATS connections the in-process members share in
-// both benchmarks, so that the baseline and the checkpoint pay the same
-// connection layout.
-const benchConns = 16
+// benchConns is how many NATS connections the raw subscribers share: one,
+// as the members of BenchmarkCheckpointCycle share their host's one
+// connection, so that both pay the same connection layout.
+const benchConns = 1
 
 // reportLatencies adds p50 and p99 of per-operation times to b.
 func reportLatencies(b *testing.B, ds []time.Duration) {
@@ -104,30 +104,50 @@ func fanout(nc *nats.Conn, n int) error {
 }
 
 // BenchmarkCheckpointCycle measures one full checkpoint — prepare, commit
-// (an empty records object and a manifest per member), checkpoint manifest,
-// LATEST, outcome, resume — with N in-process members that do no work, on
-// an embedded server. Compare with BenchmarkRawFanout of the same N.
+// (an empty export and a manifest per member), checkpoint manifest,
+// LATEST, outcome, resume — with N in-process members that do no work,
+// sharing the process's one consumer (member.Host), on an embedded server.
+// Compare with BenchmarkRawFanout of the same N.
 func BenchmarkCheckpointCycle(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run("members="+strconv.Itoa(n), func(b *testing.B) {
 			env := jstest.Start(b)
 			quiet := zerolog.Nop()
-			membertest.StartMembers(b, env, run, n, membertest.Options{Logger: &quiet})
+			// One process hosts every member: one consumer, one decode per
+			// event (PROTOCOL §3).
+			host := membertest.StartHost(b, env, run, "bench")
+			membertest.StartMembers(b, env, run, n, membertest.Options{Logger: &quiet, Host: host})
 			br := startBridgeQuiet(b, env)
-			var lat []time.Duration
+			var lat, prep, commit []time.Duration
 			i := 0
 			for b.Loop() {
 				i++
 				start := time.Now()
 				res, err := br.Checkpoint(b.Context(), bridge.CheckpointRequest{ID: "b" + strconv.Itoa(i), TimeoutMS: 60000})
 				if err != nil || res.Status != bridge.StatusCommitted {
+					if res != nil && res.Failure != nil {
+						b.Fatalf("checkpoint: %+v", *res.Failure)
+					}
 					b.Fatalf("checkpoint: %v %+v", err, res)
 				}
 				lat = append(lat, time.Since(start))
+				prep = append(prep, time.Duration(res.PrepareMS)*time.Millisecond)
+				commit = append(commit, time.Duration(res.CommitMS)*time.Millisecond)
 			}
 			reportLatencies(b, lat)
+			b.ReportMetric(median(prep), "prepare-p50-ms")
+			b.ReportMetric(median(commit), "commit-p50-ms")
 		})
 	}
+}
+
+func median(ds []time.Duration) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return float64(s[len(s)/2].Microseconds()) / 1000
 }
 
 func startBridgeQuiet(b *testing.B, env *jstest.Env) *bridge.Bridge {
@@ -140,5 +160,12 @@ func startBridgeQuiet(b *testing.B, env *jstest.Env) *bridge.Bridge {
 	if err != nil {
 		b.Fatal(err)
 	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(b.Context()))
+	done := make(chan error, 1)
+	go func() { done <- br.Run(ctx) }()
+	b.Cleanup(func() {
+		cancel()
+		<-done
+	})
 	return br
 }

@@ -27,6 +27,10 @@ type Bridge struct {
 
 	mu   sync.Mutex // one operation at a time
 	held *heldCheckpoint
+
+	bgCtx    context.Context // ends when Run returns
+	bgCancel context.CancelFunc
+	bg       sync.WaitGroup // resume watchers
 }
 
 // heldCheckpoint is a checkpoint held prepared for an outer save.
@@ -50,13 +54,20 @@ func New(cfg Config) (*Bridge, error) {
 		return nil, err
 	}
 	src, _ := events.NewMember(events.KindBridge, cfg.Name)
-	return &Bridge{cfg: cfg, source: src,
-		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(src)).Logger()}, nil
+	b := &Bridge{cfg: cfg, source: src,
+		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(src)).Logger()}
+	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
+	return b, nil
 }
 
 // Run recovers whatever the last bridge left open, then blocks until ctx
-// ends, when it abandons a held checkpoint by resuming the fleet.
+// ends, when it abandons a held checkpoint by resuming the fleet and stops
+// its background watchers.
 func (b *Bridge) Run(ctx context.Context) error {
+	defer func() {
+		b.bgCancel()
+		b.bg.Wait()
+	}()
 	if err := b.Recover(ctx); err != nil && ctx.Err() == nil {
 		return err
 	}
@@ -181,28 +192,17 @@ func (b *Bridge) outcomeOf(ctx context.Context, t events.Type, opID string) (eve
 // served no phase; otherwise it returns the members of epoch, plus fresh
 // ones (a member that joined since the last phase serves the next).
 func (b *Bridge) liveMembers(ctx context.Context, epoch uint64, fresh bool) ([]events.Member, []events.MemberInfo, error) {
-	lister, err := b.cfg.Bus.Members.ListKeysFiltered(ctx, events.MemberKeyFilter(b.cfg.Run))
+	values, err := snapshot(ctx, b.cfg.Bus.Members, events.MemberKeyFilter(b.cfg.Run))
 	if err != nil {
-		return nil, nil, fmt.Errorf("bridge: list members: %w", err)
-	}
-	var keys []string
-	for k := range lister.Keys() {
-		keys = append(keys, k)
+		return nil, nil, fmt.Errorf("bridge: read members: %w", err)
 	}
 	var (
 		members []events.Member
 		infos   []events.MemberInfo
 	)
-	for _, k := range keys {
-		e, err := b.cfg.Bus.Members.Get(ctx, k)
-		if errors.Is(err, natsjs.ErrKeyNotFound) {
-			continue // expired since the listing
-		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("bridge: read member %s: %w", k, err)
-		}
+	for k, v := range values {
 		var info events.MemberInfo
-		if err := json.Unmarshal(e.Value(), &info); err != nil || info.Validate() != nil || info.Run != b.cfg.Run ||
+		if err := json.Unmarshal(v, &info); err != nil || info.Validate() != nil || info.Run != b.cfg.Run ||
 			events.MemberKey(b.cfg.Run, info.Member) != k {
 			b.log.Warn().Str("key", k).Msg("ignoring a member heartbeat that does not decode or names another key")
 			continue
@@ -220,7 +220,33 @@ func (b *Bridge) liveMembers(ctx context.Context, epoch uint64, fresh bool) ([]e
 		members = append(members, info.Member)
 	}
 	sort.Slice(members, func(i, j int) bool { return members[i] < members[j] })
+	sort.Slice(infos, func(i, j int) bool { return infos[i].Member < infos[j].Member })
 	return members, infos, nil
+}
+
+// snapshot reads the current values of a bucket's keys under filter in one
+// pass (a watcher's initial values), rather than one request per key.
+func snapshot(ctx context.Context, kv natsjs.KeyValue, filter string) (map[string][]byte, error) {
+	w, err := kv.Watch(ctx, filter, natsjs.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	out := map[string][]byte{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("watcher closed")
+			}
+			if e == nil {
+				return out, nil
+			}
+			out[e.Key()] = e.Value()
+		}
+	}
 }
 
 // gather reads the acks of phase event p until the tally decides, the
@@ -261,21 +287,19 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 	}
 	defer cc.Stop()
 
-	watcher, err := b.cfg.Bus.Members.Watch(gctx, events.MemberKeyFilter(b.cfg.Run), natsjs.UpdatesOnly())
+	// The watcher's initial values say who is alive now (a member may have
+	// died between the member listing and the publish); its updates, who
+	// dies while the phase runs.
+	watcher, err := b.cfg.Bus.Members.Watch(gctx, events.MemberKeyFilter(b.cfg.Run))
 	if err != nil {
 		return nil, Failed, fmt.Errorf("bridge: watch members: %w", err)
 	}
 	defer watcher.Stop()
-	// A member may have died between the member listing and the publish.
-	for _, m := range h.Members {
-		if _, err := b.cfg.Bus.Members.Get(gctx, events.MemberKey(b.cfg.Run, m)); errors.Is(err, natsjs.ErrKeyNotFound) {
-			t.Dead(m)
-		}
-	}
 	memberOf := map[string]events.Member{}
 	for _, m := range h.Members {
 		memberOf[events.MemberKey(b.cfg.Run, m)] = m
 	}
+	alive, initial := map[string]bool{}, true
 
 	timer := time.NewTimer(time.Until(hh.Deadline))
 	defer timer.Stop()
@@ -304,7 +328,28 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 					Str("checkpoint", ah.CheckpointID).Msg("ignoring an ack that does not answer this phase (stale epoch or foreign)")
 			}
 		case e := <-watcher.Updates():
-			if e == nil || e.Operation() == natsjs.KeyValuePut {
+			switch {
+			case e == nil && initial:
+				initial = false
+				for k, m := range memberOf {
+					if alive[k] {
+						continue
+					}
+					// A key written while the watcher loaded can come after
+					// its marker: ask for the few not seen.
+					if _, err := b.cfg.Bus.Members.Get(gctx, k); errors.Is(err, natsjs.ErrKeyNotFound) {
+						b.log.Warn().Str("dead", string(m)).Str("phase", string(p.Phase())).Msg("member not alive at the phase's start")
+						t.Dead(m)
+					}
+				}
+				continue
+			case e == nil:
+				continue
+			case e.Operation() == natsjs.KeyValuePut:
+				alive[e.Key()] = true
+				continue
+			}
+			if initial {
 				continue
 			}
 			if m, ok := memberOf[e.Key()]; ok {
@@ -315,27 +360,29 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 	}
 }
 
-// resume publishes a resume of id and waits briefly for its acks, returning
-// the members that did not answer (they reopen when their lease runs out).
-func (b *Bridge) resume(ctx context.Context, st *runState, id string, members []events.Member, aborted bool) ([]events.Member, error) {
+// resume publishes a resume of id and returns: resume acks are not
+// waited for (a member that misses the resume reopens when its lease runs
+// out), but a background watcher owned by the bridge logs every member
+// that does not ack it within ResumeTimeout.
+func (b *Bridge) resume(ctx context.Context, st *runState, id string, members []events.Member, aborted bool) error {
 	r := events.Resume{PhaseHeader: b.header(st, id, st.epoch, members, b.cfg.ResumeTimeout), Aborted: aborted}
 	if err := b.publishPhase(ctx, st, r); err != nil {
-		return nil, err
+		return err
 	}
-	t, v, err := b.gather(ctx, r)
-	if err != nil {
-		return nil, err
-	}
-	if v == Complete {
-		return nil, nil
-	}
-	var missing []events.Member
-	errs, _, _ := t.Failure(b.cfg.Now())
-	for _, e := range errs {
-		missing = append(missing, e.Member)
-	}
-	b.log.Warn().Int("not_resumed", len(missing)).Str("checkpoint", id).Msg("members did not ack the resume; their leases will reopen them")
-	return missing, nil
+	b.bg.Go(func() {
+		t, v, err := b.gather(b.bgCtx, r)
+		if err != nil || v == Complete {
+			return
+		}
+		errs, _, _ := t.Failure(b.cfg.Now())
+		missing := make([]string, 0, len(errs))
+		for _, e := range errs {
+			missing = append(missing, string(e.Member))
+		}
+		b.log.Warn().Str("checkpoint", id).Strs("not_resumed", missing).
+			Msg("members did not ack the resume in time; their leases will reopen them")
+	})
+	return nil
 }
 
 // phaseTimeout returns the deadline length a request asks for.

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -121,21 +122,35 @@ func (b *Bridge) buildManifest(ctx context.Context, c events.Commit, t *Tally, r
 	for _, r := range restarts {
 		restarted[r] = true
 	}
+	stored, err := snapshot(ctx, b.cfg.Bus.Manifests, events.ManifestKey(b.cfg.Run, c.CheckpointID)+".>")
+	if err != nil {
+		return m, fmt.Errorf("bridge: read member manifests: %w", err)
+	}
 	continued := map[string]bool{}
 	for _, member := range c.Members {
 		ack, _ := t.Acks()[member].(events.CommitAck)
 		if ack.Manifest == nil {
 			return m, fmt.Errorf("member %s acked the commit without a manifest", member)
 		}
-		stored, err := b.memberManifest(ctx, c.CheckpointID, member)
-		if err != nil {
-			return m, err
+		raw, ok := stored[events.MemberManifestKey(b.cfg.Run, c.CheckpointID, member)]
+		if !ok {
+			return m, fmt.Errorf("member %s acked the commit of %s but created no manifest", member, c.CheckpointID)
 		}
-		if stored.SHA256 != ack.Manifest.SHA256 || stored.Count != ack.Manifest.Count || stored.Object != ack.Manifest.Object {
+		var mm events.MemberManifest
+		if err := json.Unmarshal(raw, &mm); err != nil {
+			return m, fmt.Errorf("member %s: manifest does not decode: %w", member, err)
+		}
+		if err := mm.Validate(); err != nil {
+			return m, fmt.Errorf("member %s: %w", member, err)
+		}
+		if mm.Member != member || mm.CheckpointID != c.CheckpointID || mm.Run != b.cfg.Run {
+			return m, fmt.Errorf("member %s: its manifest names %s/%s/%s", member, mm.Run, mm.CheckpointID, mm.Member)
+		}
+		if mm.SHA256 != ack.Manifest.SHA256 || mm.Count != ack.Manifest.Count || mm.Object != ack.Manifest.Object {
 			return m, fmt.Errorf("member %s: its ack and its stored manifest disagree", member)
 		}
-		m.Members = append(m.Members, stored)
-		for _, k := range stored.Episodes {
+		m.Members = append(m.Members, mm)
+		for _, k := range mm.Episodes {
 			if !restarted[k] {
 				continued[k] = true
 			}
@@ -187,11 +202,9 @@ func (b *Bridge) finishCommitted(ctx context.Context, st *runState, m events.Che
 	res := resultOf(&m)
 	res.Members = members
 	if !m.Stop {
-		notResumed, err := b.resume(ctx, st, m.CheckpointID, members, false)
-		if err != nil {
+		if err := b.resume(ctx, st, m.CheckpointID, members, false); err != nil {
 			return nil, err
 		}
-		res.NotResumed = notResumed
 	}
 	log.Info().Int64("prepare_ms", m.PrepareMS).Int64("commit_ms", m.CommitMS).Bool("stop", m.Stop).Msg("checkpoint committed")
 	return res, nil
@@ -260,11 +273,9 @@ func (b *Bridge) finishAborted(ctx context.Context, st *runState, m *events.Chec
 	if st.last != nil && st.last.Phase() == events.PhaseResume && st.last.Header().CheckpointID == m.CheckpointID {
 		return res, nil
 	}
-	notResumed, err := b.resume(ctx, st, m.CheckpointID, members, true)
-	if err != nil {
+	if err := b.resume(ctx, st, m.CheckpointID, members, true); err != nil {
 		return nil, err
 	}
-	res.NotResumed = notResumed
 	return res, nil
 }
 

@@ -111,7 +111,7 @@ func (b *Bridge) finishRestore(ctx context.Context, st *runState, r events.Resto
 			res.Restored = append(res.Restored, ack.(events.RestoreAck).Restored...)
 		}
 		sort.Strings(res.Restored)
-		if res.NotResumed, err = b.resume(ctx, st, r.CheckpointID, r.Members, false); err != nil {
+		if err := b.resume(ctx, st, r.CheckpointID, r.Members, false); err != nil {
 			return nil, err
 		}
 		return res, b.completeRestore(ctx, res)
@@ -149,8 +149,7 @@ func (b *Bridge) failRestore(ctx context.Context, st *runState, r events.Restore
 		res.Retired = append(res.Retired, e.Next().String())
 	}
 	if st.last == nil || st.last.Phase() != events.PhaseResume {
-		var err error
-		if res.NotResumed, err = b.resume(ctx, st, r.CheckpointID, r.Members, true); err != nil {
+		if err := b.resume(ctx, st, r.CheckpointID, r.Members, true); err != nil {
 			return nil, err
 		}
 	}

@@ -15,28 +15,6 @@ import (
 
 func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
 
-// memberManifest reads the manifest a member created for a checkpoint.
-func (b *Bridge) memberManifest(ctx context.Context, checkpoint string, m events.Member) (events.MemberManifest, error) {
-	var mm events.MemberManifest
-	e, err := b.cfg.Bus.Manifests.Get(ctx, events.MemberManifestKey(b.cfg.Run, checkpoint, m))
-	if errors.Is(err, natsjs.ErrKeyNotFound) {
-		return mm, fmt.Errorf("member %s acked the commit of %s but created no manifest", m, checkpoint)
-	}
-	if err != nil {
-		return mm, fmt.Errorf("bridge: read the manifest of %s: %w", m, err)
-	}
-	if err := json.Unmarshal(e.Value(), &mm); err != nil {
-		return mm, fmt.Errorf("member %s: manifest does not decode: %w", m, err)
-	}
-	if err := mm.Validate(); err != nil {
-		return mm, fmt.Errorf("member %s: %w", m, err)
-	}
-	if mm.Member != m || mm.CheckpointID != checkpoint || mm.Run != b.cfg.Run {
-		return mm, fmt.Errorf("member %s: its manifest names %s/%s/%s", m, mm.Run, mm.CheckpointID, mm.Member)
-	}
-	return mm, nil
-}
-
 // latest reads LATEST and its revision; nil if there is none.
 func (b *Bridge) latest(ctx context.Context) (*events.Latest, uint64, error) {
 	e, err := b.cfg.Bus.Manifests.Get(ctx, events.LatestKey(b.cfg.Run))

@@ -43,6 +43,8 @@ type Tally struct {
 	acks     map[events.Member]events.Ack
 	dead     map[events.Member]bool
 	ignored  int
+	failed   int // acks not OK
+	notReady int // OK prepare acks not ready
 
 	// WaitAll keeps waiting for every answer (or the deadline, or a death)
 	// after an ack failed, instead of failing at once.
@@ -75,6 +77,11 @@ func (t *Tally) Add(ack events.Ack) bool {
 		return false
 	}
 	t.acks[h.Member] = ack
+	if !h.OK {
+		t.failed++
+	} else if !ackOK(ack) {
+		t.notReady++
+	}
 	return true
 }
 
@@ -99,26 +106,12 @@ func (t *Tally) Acks() map[events.Member]events.Ack { return t.acks }
 // A not-ready prepare ack does not end the wait early, so that the outcome
 // can name the blockers of every member.
 func (t *Tally) Decide(now time.Time) Verdict {
-	for _, ack := range t.acks {
-		if !ack.Header().OK && !t.WaitAll {
-			return Failed
-		}
-	}
-	if len(t.dead) > 0 {
+	switch {
+	case t.failed > 0 && !t.WaitAll, len(t.dead) > 0:
 		return Failed
-	}
-	if len(t.acks) == len(t.expected) {
-		for _, ack := range t.acks {
-			if !ack.Header().OK {
-				return Failed
-			}
-			if !ackOK(ack) {
-				return Failed
-			}
-		}
+	case len(t.acks) == len(t.expected) && t.failed+t.notReady == 0:
 		return Complete
-	}
-	if !now.Before(t.deadline) {
+	case len(t.acks) == len(t.expected), !now.Before(t.deadline):
 		return Failed
 	}
 	return Waiting

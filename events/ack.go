@@ -253,7 +253,18 @@ func (a RenewAck) route() route { return a.ackRoute(PhaseRenew) }
 // ManifestSchema is the schema version of member manifests.
 const ManifestSchema = 1
 
-var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+// isSHA256 reports whether s is 64 lower-case hex digits.
+func isSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // MemberManifest describes the records one member exported for one
 // checkpoint. It is created once in sp_manifests under
@@ -295,7 +306,7 @@ func (m MemberManifest) Validate() error {
 	if want := RecordsObject(m.Run, m.CheckpointID, m.Member); m.Object != want {
 		errs = append(errs, fieldErr("manifest.object", ErrMismatch, "%q, want %q", clip(m.Object), want))
 	}
-	if !sha256RE.MatchString(m.SHA256) {
+	if !isSHA256(m.SHA256) {
 		errs = append(errs, fieldErr("manifest.sha256", ErrInvalid, "%q is not a hex sha256", clip(m.SHA256)))
 	}
 	if m.Count < 0 || m.Size < 0 {

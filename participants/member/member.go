@@ -102,6 +102,10 @@ type Config struct {
 	PollEvery time.Duration
 	// Capabilities say what the member can do, as in events.MemberJoined.
 	Capabilities []string
+	// Host, when set, delivers the run's events to this member from the
+	// one consumer of its process instead of a consumer of its own; Run
+	// the host first.
+	Host *Host
 	// Now tells the time (default time.Now). The driver's timers (lease,
 	// prepare reply time, polling) wait on the real clock for the durations
 	// it computes with Now; the phase machine itself takes time as input.
@@ -208,7 +212,7 @@ type Member struct {
 	held         map[uint64]*held
 	workers      map[uint64]*worker
 	results      chan Input
-	inbox        chan natsjs.Msg
+	inbox        chan delivery
 	consumeErrs  chan error
 	superseded   bool
 	lastPark     uint64
@@ -308,18 +312,33 @@ func (m *Member) Run(ctx context.Context) error {
 	m.held = map[uint64]*held{}
 	m.workers = map[uint64]*worker{}
 	m.results = make(chan Input, 16)
-	m.inbox = make(chan natsjs.Msg)
 	m.consumeErrs = make(chan error, 8)
 
-	cons, err := m.consumer(ctx)
-	if err != nil {
-		return startErr(ctx, err)
+	var cons natsjs.Consumer
+	if h := m.cfg.Host; h != nil {
+		// A host hands out every event to every member without waiting on
+		// any one: the buffer keeps one slow member from holding up the rest.
+		m.inbox = make(chan delivery, 64)
+		if err := h.attach(ctx, m, m.inbox); err != nil {
+			return startErr(ctx, err)
+		}
+		defer h.detach(m)
+	} else {
+		m.inbox = make(chan delivery)
+		var err error
+		if cons, err = m.consumer(ctx); err != nil {
+			return startErr(ctx, err)
+		}
 	}
 	ttl, err := m.register(ctx)
 	if err != nil {
 		return startErr(ctx, err)
 	}
-	m.log.Info().Str("consumer", ConsumerName(m.cfg.Run, m.cfg.Member)).Msg("member joined")
+	consumerName := ConsumerName(m.cfg.Run, m.cfg.Member)
+	if m.cfg.Host != nil {
+		consumerName = HostConsumerName(m.cfg.Run, m.cfg.Host.cfg.Name)
+	}
+	m.log.Info().Str("consumer", consumerName).Msg("member joined")
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -329,31 +348,48 @@ func (m *Member) Run(ctx context.Context) error {
 	bg.Go(func() { m.heartbeat(runCtx, ttl) })
 
 	stopping := make(chan struct{})
-	cc, err := cons.Consume(func(msg natsjs.Msg) {
-		select {
-		case m.inbox <- msg:
-		case <-stopping:
+	var cc natsjs.ConsumeContext
+	if cons != nil {
+		cc, err = cons.Consume(func(msg natsjs.Msg) {
+			select {
+			case m.inbox <- delivery{msg: msg}:
+			case <-stopping:
+			}
+		}, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
+			// Runs on a nats.go goroutine: hand the error to the loop, which
+			// logs it, so that nothing logs once Run has returned.
+			select {
+			case m.consumeErrs <- err:
+			default:
+			}
+		}))
+		if err != nil {
+			cancel()
+			bg.Wait()
+			m.leave(context.WithoutCancel(ctx), "start failed")
+			return startErr(ctx, fmt.Errorf("member: consume: %w", err))
 		}
-	}, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
-		// Runs on a nats.go goroutine: hand the error to the loop, which
-		// logs it, so that nothing logs once Run has returned.
-		select {
-		case m.consumeErrs <- err:
-		default:
-		}
-	}))
-	if err != nil {
-		cancel()
-		bg.Wait()
-		m.leave(context.WithoutCancel(ctx), "start failed")
-		return startErr(ctx, fmt.Errorf("member: consume: %w", err))
 	}
 
 	loopErr := m.loop(runCtx)
 
 	close(stopping)
-	cc.Stop()
-	<-cc.Closed()
+	if cc != nil {
+		cc.Stop()
+		<-cc.Closed()
+	} else {
+		m.cfg.Host.detach(m)
+		// Events the host handed over but the loop never took go back.
+		for {
+			select {
+			case dl := <-m.inbox:
+				_ = dl.msg.Nak()
+				continue
+			default:
+			}
+			break
+		}
+	}
 	m.stopWorkers()
 	// Events still waiting for an answer go back to the server, for the
 	// next process of this member; it checks their ack subjects first.
@@ -537,8 +573,8 @@ func (m *Member) loop(ctx context.Context) error {
 				return fmt.Errorf("%w: %w", ErrConsumerLost, err)
 			}
 			m.log.Warn().Err(err).Msg("consume")
-		case msg := <-m.inbox:
-			m.receive(ctx, msg)
+		case dl := <-m.inbox:
+			m.receive(ctx, dl)
 		case in := <-m.results:
 			m.step(ctx, in)
 		case <-lease.C:
@@ -562,8 +598,12 @@ func (m *Member) loop(ctx context.Context) error {
 }
 
 // receive decodes one message from the consumer and feeds it in.
-func (m *Member) receive(ctx context.Context, msg natsjs.Msg) {
-	e, d, err := events.Unmarshal(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
+func (m *Member) receive(ctx context.Context, dl delivery) {
+	msg, e, d := dl.msg, dl.event, dl.data
+	var err error
+	if d == nil {
+		e, d, err = events.Unmarshal(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
+	}
 	if err != nil {
 		m.log.Error().Err(err).Str("subject", msg.Subject()).Msg("malformed event refused")
 		if terr := msg.TermWithReason(clipReason(err.Error())); terr != nil {
@@ -1004,6 +1044,11 @@ func (m *Member) exportOnce(ctx context.Context, c events.Commit) ([]events.Reco
 // exists: then the records must be the ones it describes, and the object
 // is left alone.
 func (m *Member) write(ctx context.Context, id string, records []events.Record) (events.MemberManifest, error) {
+	if len(records) == 0 {
+		// No object to overwrite: CreateManifest alone tells a repeat
+		// (the same manifest) from a conflict.
+		return Digest(m.cfg.Run, id, m.cfg.Member, nil)
+	}
 	have, err := GetManifest(ctx, m.cfg.Bus.Manifests, m.cfg.Run, id, m.cfg.Member)
 	switch {
 	case err == nil:

@@ -35,6 +35,17 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// TestConformanceShared runs the suite with every member fed by a Host:
+// one consumer per process, one decode per event.
+func TestConformanceShared(t *testing.T) {
+	membertest.Run(t, membertest.Harness{
+		Shared: true,
+		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
+			return membertest.NewParticipant(name.Name())
+		},
+	})
+}
+
 // world is one test's bus, bridge and member with the test participant.
 type world struct {
 	env    *jstest.Env

@@ -169,11 +169,19 @@ func manifestOf(run, checkpoint string, m events.Member, records []events.Record
 // object (not yet created: see CreateManifest). ctx is the stop signal: it
 // is checked before each record (after before, when set, is called), and
 // once it is done the write stops with ErrWriteStopped and its partial
-// chunks are purged; a write that reached its end is not undone.
+// chunks are purged; a write that reached its end is not undone. No
+// records write no object: the manifest alone describes an empty export.
 func WriteRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
 	records []events.Record, before func(ctx context.Context, checkpointID string, index int)) (events.MemberManifest, error) {
 	if err := ctx.Err(); err != nil {
 		return events.MemberManifest{}, fmt.Errorf("%w before record 0 of %d: %w", ErrWriteStopped, len(records), err)
+	}
+	if len(records) == 0 {
+		// Nothing to store: the manifest (count 0, size 0, the digest of no
+		// bytes) says so, and readers fetch no object for it. A member with
+		// nothing in flight pays one KV create per checkpoint, not an
+		// object write.
+		return Digest(run, checkpoint, m, nil)
 	}
 	name := events.RecordsObject(run, checkpoint, m)
 	rr := &recordReader{ctx: ctx, id: checkpoint, records: records, before: before, h: sha256.New()}
@@ -279,12 +287,20 @@ func manifestDiff(have, want events.MemberManifest) string {
 // object it names, and verifies size, sha256 and count over the whole
 // object; it returns the manifest and the records keep accepts (all when
 // keep is nil). Any difference returns ErrCorruptRecords naming each one,
-// and no records. No manifest returns ErrNoManifest.
+// and no records. No manifest returns ErrNoManifest. A manifest of no
+// records names no object and reads as empty.
 func ReadRecords(ctx context.Context, kv natsjs.KeyValue, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
 	keep func(events.Record) bool) (events.MemberManifest, []events.Record, error) {
 	man, err := GetManifest(ctx, kv, run, checkpoint, m)
 	if err != nil {
 		return events.MemberManifest{}, nil, err
+	}
+	if man.Count == 0 && man.Size == 0 {
+		// An empty export has no object; its digest must be that of no bytes.
+		if empty, _ := Digest(run, checkpoint, m, nil); man.SHA256 != empty.SHA256 {
+			return man, nil, fmt.Errorf("%w: %s: count 0 and size 0 but sha256 %s", ErrCorruptRecords, man.Object, man.SHA256)
+		}
+		return man, nil, nil
 	}
 	obj, err := store.Get(ctx, man.Object)
 	if errors.Is(err, natsjs.ErrObjectNotFound) {

@@ -158,3 +158,34 @@ func TestRecordsBad(t *testing.T) {
 		t.Fatalf("empty write: %+v, %v", man, err)
 	}
 }
+
+// An empty export writes no object: the manifest alone says "nothing", and
+// a manifest that claims no records with another digest is refused.
+func TestRecordsEmptyExportHasNoObject(t *testing.T) {
+	env := jstest.Start(t)
+	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if man.Count != 0 || man.Size != 0 || man.SHA256 != "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855" {
+		t.Fatalf("manifest %+v", man)
+	}
+	if _, err := env.Bus.Records.GetInfo(t.Context(), man.Object); !errors.Is(err, natsjs.ErrObjectNotFound) {
+		t.Fatalf("an empty export wrote an object: %v", err)
+	}
+	if err := member.CreateManifest(t.Context(), env.Bus.Manifests, man); err != nil {
+		t.Fatal(err)
+	}
+	if _, recs, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.Records, "run1", "c1", self, nil); err != nil || len(recs) != 0 {
+		t.Fatalf("ReadRecords of an empty export: %d records, %v", len(recs), err)
+	}
+	forged := man
+	forged.CheckpointID, forged.Object = "c2", "run1/c2/agent.a.jsonl"
+	forged.SHA256 = strings.Repeat("ab", 32)
+	if err := member.CreateManifest(t.Context(), env.Bus.Manifests, forged); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.Records, "run1", "c2", self, nil); !errors.Is(err, member.ErrCorruptRecords) {
+		t.Fatalf("an empty manifest with a wrong digest: %v, want ErrCorruptRecords", err)
+	}
+}

@@ -36,6 +36,9 @@ type Options struct {
 	PollEvery time.Duration
 	// Logger receives the members' logs (default: the test's log).
 	Logger *zerolog.Logger
+	// Host, when set, feeds the members from one shared consumer
+	// (StartHost) instead of one consumer each.
+	Host *member.Host
 }
 
 func (o Options) withDefaults(t testing.TB) Options {
@@ -98,16 +101,26 @@ func (h *Handle) Stop() error {
 func StartMember(t testing.TB, env *jstest.Env, run string, name events.Member, s Subject, opts Options) *Handle {
 	t.Helper()
 	opts = opts.withDefaults(t)
-	_, js := env.Connect(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	bus, err := jetstream.Open(ctx, js)
-	if err != nil {
-		t.Fatalf("membertest: open bus: %v", err)
+	var (
+		js  natsjs.JetStream
+		bus *jetstream.Bus
+	)
+	if opts.Host != nil {
+		// Members of one process share its connection as they share its
+		// consumer.
+		js, bus = opts.Host.JetStream(), opts.Host.Bus()
+	} else {
+		_, js = env.Connect(t)
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		var err error
+		if bus, err = jetstream.Open(ctx, js); err != nil {
+			t.Fatalf("membertest: open bus: %v", err)
+		}
 	}
 	m, err := member.New(member.Config{
 		Run: run, Member: name, JS: js, Bus: bus, Participant: s,
-		Logger: *opts.Logger, Grace: opts.Grace, PollEvery: opts.PollEvery,
+		Logger: *opts.Logger, Grace: opts.Grace, PollEvery: opts.PollEvery, Host: opts.Host,
 	})
 	if err != nil {
 		t.Fatalf("membertest: %v", err)
@@ -195,4 +208,30 @@ func poll(t testing.TB, within time.Duration, stop <-chan struct{}, cond func() 
 		case <-tick.C:
 		}
 	}
+}
+
+// StartHost runs a member.Host named name for run on a connection of its
+// own until the test ends; pass it in Options.Host.
+func StartHost(t testing.TB, env *jstest.Env, run, name string) *member.Host {
+	t.Helper()
+	_, js := env.Connect(t)
+	bus, err := jetstream.Open(t.Context(), js)
+	if err != nil {
+		t.Fatalf("membertest: open bus: %v", err)
+	}
+	h, err := member.NewHost(member.HostConfig{Run: run, Name: name, JS: js, Bus: bus,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)})
+	if err != nil {
+		t.Fatalf("membertest: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("membertest: host %s: %v", name, err)
+		}
+	})
+	return h
 }

@@ -46,6 +46,9 @@ type Harness struct {
 	// New returns a fresh participant for member name on env, holding no
 	// work. The suite builds, runs and stops its Member.
 	New func(t *testing.T, env *jstest.Env, name events.Member) Subject
+	// Shared runs every member of the suite behind a member.Host, the one
+	// consumer of a process that hosts many members.
+	Shared bool
 }
 
 // suite is one subtest's world: a bus, a run, a bridge.
@@ -55,6 +58,7 @@ type suite struct {
 	env    *jstest.Env
 	run    string
 	bridge *Bridge
+	hosts  int
 }
 
 func newSuite(t *testing.T, h Harness) *suite {
@@ -77,6 +81,12 @@ func (s *suite) name(n string) events.Member {
 
 func (s *suite) start(name events.Member, opts Options) *Handle {
 	s.t.Helper()
+	if s.h.Shared && opts.Host == nil {
+		// Every start is a new process: a host of its own, since a host
+		// lives as long as its process.
+		s.hosts++
+		opts.Host = StartHost(s.t, s.env, s.run, fmt.Sprintf("suite-%s-%d", name.Name(), s.hosts))
+	}
 	return StartMember(s.t, s.env, s.run, name, s.h.New(s.t, s.env, name), opts)
 }
 

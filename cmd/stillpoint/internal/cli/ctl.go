@@ -109,9 +109,6 @@ func printResult(w io.Writer, res any) {
 			fmt.Fprintln(w)
 		}
 		printFailure(w, r.Failure)
-		if len(r.NotResumed) > 0 {
-			fmt.Fprintf(w, "  not resumed yet (their lease will reopen them): %v\n", r.NotResumed)
-		}
 	case *bridge.RestoreResult:
 		fmt.Fprintf(w, "restore %s of checkpoint %s: %s (epoch %d, %d members)\n", r.RestoreID, r.Source, r.Status, r.Epoch, len(r.Members))
 		if r.Status == bridge.StatusCompleted {
