@@ -102,6 +102,13 @@ type Config struct {
 	PollEvery time.Duration
 	// Capabilities say what the member can do, as in events.MemberJoined.
 	Capabilities []string
+	// StateFile, when set, makes the member read through an ordered
+	// consumer, which keeps no state on the server (PROTOCOL §3: thousands
+	// of sandbox daemons), and keep its position in this file: a restarted
+	// process resumes after the last event it handled. Events are then
+	// never redelivered by the server; one given back is delivered again
+	// locally.
+	StateFile string
 	// Host, when set, delivers the run's events to this member from the
 	// one consumer of its process instead of a consumer of its own; Run
 	// the host first.
@@ -218,6 +225,9 @@ type Member struct {
 	lastPark     uint64
 	runCtx       context.Context
 	wg           sync.WaitGroup // workers
+	floor        *floor         // with StateFile
+	stopping     chan struct{}
+	again        sync.WaitGroup // local redeliveries
 }
 
 // export is what a checkpoint exported, and for which scope.
@@ -323,6 +333,12 @@ func (m *Member) Run(ctx context.Context) error {
 			return startErr(ctx, err)
 		}
 		defer h.detach(m)
+	} else if m.cfg.StateFile != "" {
+		m.inbox = make(chan delivery)
+		var err error
+		if cons, err = m.orderedConsumer(ctx); err != nil {
+			return startErr(ctx, err)
+		}
 	} else {
 		m.inbox = make(chan delivery)
 		var err error
@@ -335,6 +351,9 @@ func (m *Member) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	consumerName := ConsumerName(m.cfg.Run, m.cfg.Member)
+	if m.cfg.StateFile != "" {
+		consumerName = "ordered, position in " + m.cfg.StateFile
+	}
 	if m.cfg.Host != nil {
 		consumerName = HostConsumerName(m.cfg.Run, m.cfg.Host.cfg.Name)
 	}
@@ -348,9 +367,13 @@ func (m *Member) Run(ctx context.Context) error {
 	bg.Go(func() { m.heartbeat(runCtx, ttl) })
 
 	stopping := make(chan struct{})
+	m.stopping = stopping
 	var cc natsjs.ConsumeContext
 	if cons != nil {
 		cc, err = cons.Consume(func(msg natsjs.Msg) {
+			if m.floor != nil {
+				msg = m.track(msg)
+			}
 			select {
 			case m.inbox <- delivery{msg: msg}:
 			case <-stopping:
@@ -374,6 +397,7 @@ func (m *Member) Run(ctx context.Context) error {
 	loopErr := m.loop(runCtx)
 
 	close(stopping)
+	m.again.Wait()
 	if cc != nil {
 		cc.Stop()
 		<-cc.Closed()
@@ -460,6 +484,65 @@ func (m *Member) consumer(ctx context.Context) (natsjs.Consumer, error) {
 		return nil, fmt.Errorf("member: create consumer %s: %w", name, err)
 	}
 	return cons, nil
+}
+
+// orderedConsumer makes the member's ordered consumer, starting after the
+// position its state file holds (or with what is published from now on).
+func (m *Member) orderedConsumer(ctx context.Context) (natsjs.Consumer, error) {
+	pos, err := loadPosition(m.cfg.StateFile)
+	if err != nil {
+		return nil, err
+	}
+	cfg := natsjs.OrderedConsumerConfig{
+		FilterSubjects: []string{events.PhaseFilter(m.cfg.Run), events.OutcomeSubject(m.cfg.Run, events.TypeCheckpointCommitted)},
+		DeliverPolicy:  natsjs.DeliverNewPolicy,
+	}
+	if pos > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = natsjs.DeliverByStartSequencePolicy, pos+1
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	cons, err := m.cfg.JS.OrderedConsumer(cctx, jetstream.StreamName, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("member: ordered consumer: %w", err)
+	}
+	m.floor = &floor{path: m.cfg.StateFile, run: m.cfg.Run, member: string(m.cfg.Member), pending: map[uint64]bool{}, saved: pos, high: pos}
+	return cons, nil
+}
+
+// track wraps a message of the ordered consumer so that its ack moves the
+// saved position.
+func (m *Member) track(msg natsjs.Msg) natsjs.Msg {
+	md, err := msg.Metadata()
+	if err != nil {
+		return msg
+	}
+	m.floor.delivered(md.Sequence.Stream)
+	return &orderedMsg{Msg: msg, seq: md.Sequence.Stream, delivered: 1, floor: m.floor, again: m.redeliver}
+}
+
+// redeliver hands a message given back to the loop again after d.
+func (m *Member) redeliver(o *orderedMsg, d time.Duration) {
+	o.delivered++
+	stopping := m.stopping
+	select {
+	case <-stopping:
+		return // stopping: the next process resumes from the saved position
+	default:
+	}
+	m.again.Go(func() {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-stopping:
+			return
+		}
+		select {
+		case m.inbox <- delivery{msg: o}:
+		case <-stopping:
+		}
+	})
 }
 
 // register announces the member and puts its heartbeat; it returns the

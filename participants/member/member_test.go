@@ -3,6 +3,8 @@ package member_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -29,6 +31,17 @@ func TestMain(m *testing.M) {
 // TestConformance runs the conformance suite against the test participant.
 func TestConformance(t *testing.T) {
 	membertest.Run(t, membertest.Harness{
+		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
+			return membertest.NewParticipant(name.Name())
+		},
+	})
+}
+
+// TestConformanceOrdered runs the suite with every member on an ordered
+// consumer and a state file, as sandbox daemons run.
+func TestConformanceOrdered(t *testing.T) {
+	membertest.Run(t, membertest.Harness{
+		Ordered: true,
 		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
 			return membertest.NewParticipant(name.Name())
 		},
@@ -463,5 +476,50 @@ func TestSupersededMidWrite(t *testing.T) {
 	}
 	if n := w.p.Count("resume"); n != 0 {
 		t.Fatalf("a superseded member reopened admission %d times", n)
+	}
+}
+
+// PROTOCOL §3: a sandbox daemon reads through an ordered consumer and keeps
+// its position in a state file. Stopped and started again, it resumes after
+// the last event it handled: it answers what was published while it was
+// down, and never answers twice what it had answered.
+func TestOrderedMemberResumesFromItsStateFile(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	state := filepath.Join(t.TempDir(), "position.json")
+	name := events.Member("sandbox.sb1")
+	startOne := func() *membertest.Handle {
+		return membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("sb1"), membertest.Options{StateFile: state})
+	}
+	h := startOne()
+	prep := events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)}
+	seq1 := bridge.Publish(prep)
+	want(t, bridge.Ack(seq1, events.PhasePrepare, name), "", events.StatePrepared)
+	seq2 := bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
+	want(t, bridge.Ack(seq2, events.PhaseResume, name), "", events.StateIdle)
+	if err := h.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(state)
+	if err != nil || !strings.Contains(string(b), `"stream_seq"`) {
+		t.Fatalf("state file: %s, %v", b, err)
+	}
+
+	// While it is down, a retire is published; a new process of the member
+	// answers it from the saved position, and only it.
+	seq3 := bridge.Publish(events.Retire{PhaseHeader: bridge.Header("retire-3", 10*time.Second, name),
+		Episodes: []events.Episode{{Rollout: "r9", Attempt: 2}}})
+	h2 := startOne()
+	want(t, bridge.Ack(seq3, events.PhaseRetire, name), "", events.StateIdle)
+	if err := h2.Member.Admit(events.Episode{Rollout: "r9", Attempt: 2}); err == nil {
+		t.Error("the retire published while the member was down was not applied")
+	}
+	for _, s := range []struct {
+		seq uint64
+		p   events.Phase
+	}{{seq1, events.PhasePrepare}, {seq2, events.PhaseResume}, {seq3, events.PhaseRetire}} {
+		if n := bridge.AckCount(s.seq, s.p, name); n != 1 {
+			t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
+		}
 	}
 }

@@ -39,6 +39,9 @@ type Options struct {
 	// Host, when set, feeds the members from one shared consumer
 	// (StartHost) instead of one consumer each.
 	Host *member.Host
+	// StateFile, when set, runs the member on an ordered consumer keeping
+	// its position there (member.Config.StateFile).
+	StateFile string
 }
 
 func (o Options) withDefaults(t testing.TB) Options {
@@ -120,7 +123,7 @@ func StartMember(t testing.TB, env *jstest.Env, run string, name events.Member, 
 	}
 	m, err := member.New(member.Config{
 		Run: run, Member: name, JS: js, Bus: bus, Participant: s,
-		Logger: *opts.Logger, Grace: opts.Grace, PollEvery: opts.PollEvery, Host: opts.Host,
+		Logger: *opts.Logger, Grace: opts.Grace, PollEvery: opts.PollEvery, Host: opts.Host, StateFile: opts.StateFile,
 	})
 	if err != nil {
 		t.Fatalf("membertest: %v", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -49,6 +50,10 @@ type Harness struct {
 	// Shared runs every member of the suite behind a member.Host, the one
 	// consumer of a process that hosts many members.
 	Shared bool
+	// Ordered runs every member on an ordered consumer with a state file
+	// (Config.StateFile), as sandbox daemons do; a restarted member of the
+	// same name keeps its file.
+	Ordered bool
 }
 
 // suite is one subtest's world: a bus, a run, a bridge.
@@ -59,6 +64,7 @@ type suite struct {
 	run    string
 	bridge *Bridge
 	hosts  int
+	dir    string
 }
 
 func newSuite(t *testing.T, h Harness) *suite {
@@ -81,6 +87,12 @@ func (s *suite) name(n string) events.Member {
 
 func (s *suite) start(name events.Member, opts Options) *Handle {
 	s.t.Helper()
+	if s.h.Ordered && opts.StateFile == "" {
+		if s.dir == "" {
+			s.dir = s.t.TempDir()
+		}
+		opts.StateFile = filepath.Join(s.dir, name.Name()+".position.json")
+	}
 	if s.h.Shared && opts.Host == nil {
 		// Every start is a new process: a host of its own, since a host
 		// lives as long as its process.
