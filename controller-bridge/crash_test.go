@@ -3,6 +3,7 @@ package bridge_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,5 +213,39 @@ func TestFleetOfProcesses(t *testing.T) {
 	// 30 s deadline.
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("the dead member failed the checkpoint after %s", took)
+	}
+}
+
+// TestBridgeCrashDuringRelease: a bridge killed after publishing a release
+// leaves it to the next bridge, which finishes the deletion and reports it.
+func TestBridgeCrashDuringRelease(t *testing.T) {
+	env := jstest.Start(t)
+	hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
+	b := startBridge(t, env, bridge.Config{})
+	for _, id := range []string{"c1", "c2"} {
+		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err != nil || res.Status != bridge.StatusCommitted {
+			t.Fatalf("%+v %v", res, err)
+		}
+	}
+	dying, cl := startBridgeProcess(t, env, "bridge/after-release")
+	cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if res, err := cl.Release(cctx, bridge.ReleaseRequest{KeepLatest: 1}); err == nil {
+		t.Fatalf("the bridge answered %+v instead of dying", res)
+	}
+	dying.wait(t, 30*time.Second)
+	_, cl = startBridgeProcess(t, env, "")
+	if st, err := cl.Status(cctx); err != nil || st.Open != "" || len(st.Checkpoints) != 1 || st.Checkpoints[0].CheckpointID != "c2" {
+		t.Fatalf("after recovery: %+v %v", st, err)
+	}
+	for _, o := range objects(t, env) {
+		if strings.Contains(o, "/c1/") {
+			t.Errorf("records %s of the released c1 are left", o)
+		}
+	}
+	for _, h := range hs {
+		if h.Participant.Count("release") != 1 {
+			t.Errorf("%s released %d times", h.Name, h.Participant.Count("release"))
+		}
 	}
 }
