@@ -22,10 +22,7 @@ func (b *Bridge) Checkpoint(ctx context.Context, req CheckpointRequest) (*Checkp
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.held != nil {
-		return nil, fmt.Errorf("%w: checkpoint %s is held prepared", ErrBusy, b.held.id)
-	}
-	if err := b.recoverLocked(ctx); err != nil {
+	if err := b.begin(ctx); err != nil {
 		return nil, err
 	}
 	if req.ID == "" {
@@ -342,12 +339,7 @@ func (b *Bridge) stopRenew() {
 func (b *Bridge) Commit(ctx context.Context, id string, stop bool) (*CheckpointResult, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	h := b.held
-	if h == nil || h.id != id {
-		return nil, fmt.Errorf("%w: no checkpoint %s is held", ErrNotFound, id)
-	}
-	b.stopRenew()
-	st, err := b.state(ctx)
+	h, st, err := b.unhold(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -360,17 +352,33 @@ func (b *Bridge) Commit(ctx context.Context, id string, stop bool) (*CheckpointR
 func (b *Bridge) Abort(ctx context.Context, id string) (*CheckpointResult, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	h := b.held
-	if h == nil || h.id != id {
-		return nil, fmt.Errorf("%w: no checkpoint %s is held", ErrNotFound, id)
-	}
-	b.stopRenew()
-	st, err := b.state(ctx)
+	h, st, err := b.unhold(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	return b.abort(ctx, &st, h.prepare.PhaseHeader, events.PhasePrepare,
 		&Failure{Phase: events.PhasePrepare, Reason: "aborted by the controller"}, h.started, h.prepMS)
+}
+
+// unhold ends the hold of checkpoint id and reads the run's state, for
+// Commit and Abort. The caller holds b.mu.
+func (b *Bridge) unhold(ctx context.Context, id string) (*heldCheckpoint, runState, error) {
+	h := b.held
+	if h == nil || h.id != id {
+		return nil, runState{}, fmt.Errorf("%w: no checkpoint %s is held", ErrNotFound, id)
+	}
+	b.stopRenew()
+	st, err := b.state(ctx)
+	return h, st, err
+}
+
+// begin refuses an operation while a checkpoint is held and finishes what
+// a previous bridge left open. The caller holds b.mu.
+func (b *Bridge) begin(ctx context.Context) error {
+	if b.held != nil {
+		return fmt.Errorf("%w: checkpoint %s is held prepared", ErrBusy, b.held.id)
+	}
+	return b.recoverLocked(ctx)
 }
 
 func restartsOf(t *Tally) []string {

@@ -71,10 +71,7 @@ func (b *Bridge) simpleOp(ctx context.Context, phase events.Phase, build func(ev
 // startOp recovers, refuses while a checkpoint is held, and returns the
 // run state and the members of its epoch.
 func (b *Bridge) startOp(ctx context.Context) (runState, []events.Member, error) {
-	if b.held != nil {
-		return runState{}, nil, fmt.Errorf("%w: checkpoint %s is held prepared", ErrBusy, b.held.id)
-	}
-	if err := b.recoverLocked(ctx); err != nil {
+	if err := b.begin(ctx); err != nil {
 		return runState{}, nil, err
 	}
 	st, err := b.state(ctx)

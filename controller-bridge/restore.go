@@ -32,10 +32,7 @@ func (b *Bridge) Restore(ctx context.Context, req RestoreRequest) (*RestoreResul
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.held != nil {
-		return nil, fmt.Errorf("%w: checkpoint %s is held prepared", ErrBusy, b.held.id)
-	}
-	if err := b.recoverLocked(ctx); err != nil {
+	if err := b.begin(ctx); err != nil {
 		return nil, err
 	}
 	if req.Source == "" {

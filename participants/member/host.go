@@ -80,20 +80,8 @@ func HostConsumerName(run, name string) string {
 func (h *Host) Run(ctx context.Context) error {
 	name := HostConsumerName(h.cfg.Run, h.cfg.Name)
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	cons, err := h.cfg.Bus.Stream.CreateOrUpdateConsumer(cctx, natsjs.ConsumerConfig{
-		Durable:     name,
-		Description: fmt.Sprintf("phases of run %s for the members of process %s", h.cfg.Run, h.cfg.Name),
-		FilterSubjects: []string{
-			events.PhaseFilter(h.cfg.Run),
-			events.OutcomeSubject(h.cfg.Run, events.TypeCheckpointCommitted),
-		},
-		DeliverPolicy:     natsjs.DeliverNewPolicy,
-		AckPolicy:         natsjs.AckExplicitPolicy,
-		AckWait:           AckWait,
-		MaxAckPending:     MaxAckPending,
-		InactiveThreshold: ConsumerInactiveThreshold,
-		MemoryStorage:     true,
-	})
+	cons, err := h.cfg.Bus.Stream.CreateOrUpdateConsumer(cctx,
+		durableConfig(h.cfg.Run, name, fmt.Sprintf("phases of run %s for the members of process %s", h.cfg.Run, h.cfg.Name)))
 	cancel()
 	if err != nil {
 		return startErr(ctx, fmt.Errorf("member: host consumer %s: %w", name, err))

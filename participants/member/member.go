@@ -450,6 +450,29 @@ func startErr(ctx context.Context, err error) error {
 	return err
 }
 
+// subjects are what every member reads: the run's phases, and the
+// committed outcomes that tell a stop commit to park.
+func subjects(run string) []string {
+	return []string{events.PhaseFilter(run), events.OutcomeSubject(run, events.TypeCheckpointCommitted)}
+}
+
+// durableConfig is the one consumer of a member process (PROTOCOL §3):
+// explicit acks, state in memory (a file-state durable costs a disk write
+// per ack), delivering what is published from its creation on.
+func durableConfig(run, name, description string) natsjs.ConsumerConfig {
+	return natsjs.ConsumerConfig{
+		Durable:           name,
+		Description:       description,
+		FilterSubjects:    subjects(run),
+		DeliverPolicy:     natsjs.DeliverNewPolicy,
+		AckPolicy:         natsjs.AckExplicitPolicy,
+		AckWait:           AckWait,
+		MaxAckPending:     MaxAckPending,
+		InactiveThreshold: ConsumerInactiveThreshold,
+		MemoryStorage:     true,
+	}
+}
+
 // consumer finds the member's durable consumer, or creates it to deliver
 // only what is published from now on.
 func (m *Member) consumer(ctx context.Context) (natsjs.Consumer, error) {
@@ -463,20 +486,8 @@ func (m *Member) consumer(ctx context.Context) (natsjs.Consumer, error) {
 	if !errors.Is(err, natsjs.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("member: look up consumer %s: %w", name, err)
 	}
-	cons, err = m.cfg.Bus.Stream.CreateConsumer(cctx, natsjs.ConsumerConfig{
-		Durable:     name,
-		Description: fmt.Sprintf("phases of run %s for member %s", m.cfg.Run, m.cfg.Member),
-		FilterSubjects: []string{
-			events.PhaseFilter(m.cfg.Run),
-			events.OutcomeSubject(m.cfg.Run, events.TypeCheckpointCommitted),
-		},
-		DeliverPolicy:     natsjs.DeliverNewPolicy,
-		AckPolicy:         natsjs.AckExplicitPolicy,
-		AckWait:           AckWait,
-		MaxAckPending:     MaxAckPending,
-		InactiveThreshold: ConsumerInactiveThreshold,
-		MemoryStorage:     true,
-	})
+	cons, err = m.cfg.Bus.Stream.CreateConsumer(cctx,
+		durableConfig(m.cfg.Run, name, fmt.Sprintf("phases of run %s for member %s", m.cfg.Run, m.cfg.Member)))
 	if errors.Is(err, natsjs.ErrConsumerExists) {
 		cons, err = m.cfg.Bus.Stream.Consumer(cctx, name)
 	}
@@ -493,10 +504,7 @@ func (m *Member) orderedConsumer(ctx context.Context) (natsjs.Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := natsjs.OrderedConsumerConfig{
-		FilterSubjects: []string{events.PhaseFilter(m.cfg.Run), events.OutcomeSubject(m.cfg.Run, events.TypeCheckpointCommitted)},
-		DeliverPolicy:  natsjs.DeliverNewPolicy,
-	}
+	cfg := natsjs.OrderedConsumerConfig{FilterSubjects: subjects(m.cfg.Run), DeliverPolicy: natsjs.DeliverNewPolicy}
 	if pos > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = natsjs.DeliverByStartSequencePolicy, pos+1
 	}
