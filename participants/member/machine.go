@@ -133,6 +133,10 @@ func (RestoreFinished) input()   {}
 func (CallFinished) input()      {}
 func (OutcomeReceived) input()   {}
 
+// reasonResume is the Reopen reason of a resume phase (the one reopen that
+// an ack follows).
+const reasonResume = "resume"
+
 // Effect is something the driver must do. Effects come in the order they
 // must be done. Only this package's types implement it.
 type Effect interface{ effect() }
@@ -568,7 +572,7 @@ func (m *Machine) readiness(now time.Time, in ReadinessReported) []Effect {
 		}
 		m.restarts = slices.Clone(rep.Restarts)
 		body := func(h events.AckHeader) events.Data {
-			return events.PrepareAck{AckHeader: h, Ready: true, Restarts: slices.Clone(rep.Restarts), Counts: rep.Counts}
+			return events.PrepareAck{AckHeader: h, Ready: true, Restarts: slices.Clone(rep.Restarts), Counts: rep.Counts, Pause: rep.Pause}
 		}
 		m.replies[replyKey{id, p}] = body
 		return []Effect{m.ok(p, seq, id, body)}
@@ -576,7 +580,7 @@ func (m *Machine) readiness(now time.Time, in ReadinessReported) []Effect {
 	// Not ready by the reply time: admission stays closed, the blockers
 	// are listed, nothing is recorded.
 	return []Effect{m.ok(p, seq, id, func(h events.AckHeader) events.Data {
-		a := events.PrepareAck{AckHeader: h, Restarts: slices.Clone(rep.Restarts), Counts: rep.Counts}
+		a := events.PrepareAck{AckHeader: h, Restarts: slices.Clone(rep.Restarts), Counts: rep.Counts, Pause: rep.Pause}
 		a.SetBlockers(rep.Blockers)
 		return a
 	})}
@@ -702,7 +706,7 @@ func (m *Machine) resume(d events.Resume) []Effect {
 		return []Effect{m.fail(p, h.Seq, id, &events.AckError{Code: events.CodeCheckpointConflict,
 			Detail: fmt.Sprintf("checkpoint %s is open (state %s)", m.open, m.describe())})}
 	}
-	out := m.reopen(id, true, "resume", nil)
+	out := m.reopen(id, true, reasonResume, nil)
 	return append(out, m.ok(p, h.Seq, id, nil))
 }
 

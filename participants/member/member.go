@@ -226,6 +226,7 @@ type Member struct {
 	runCtx       context.Context
 	wg           sync.WaitGroup // workers
 	floor        *floor         // with StateFile
+	continued    map[string]*events.PauseReport
 	stopping     chan struct{}
 	again        sync.WaitGroup // local redeliveries
 }
@@ -321,6 +322,7 @@ func (m *Member) Run(ctx context.Context) error {
 	m.info.Started = m.started
 	m.held = map[uint64]*held{}
 	m.workers = map[uint64]*worker{}
+	m.continued = map[string]*events.PauseReport{}
 	m.results = make(chan Input, 16)
 	m.consumeErrs = make(chan error, 8)
 
@@ -896,6 +898,13 @@ func (m *Member) reply(ctx context.Context, r Reply) {
 		log, took = hm.log, m.cfg.Now().Sub(hm.received)
 	}
 	ack := r.Ack(took)
+	if ra, ok := ack.(events.ResumeAck); ok {
+		if rep := m.continued[r.Header.CheckpointID]; rep != nil {
+			ra.Pause = rep
+			ack = ra
+			delete(m.continued, r.Header.CheckpointID)
+		}
+	}
 	id := m.cfg.Run + "." + strconv.FormatUint(seq, 10) + "." + string(r.Phase) + "." + string(m.cfg.Member)
 	msg, err := events.Marshal(m.cfg.Member, ack, events.WithID(id), events.WithTime(m.cfg.Now()))
 	if err != nil {
@@ -984,7 +993,16 @@ func (m *Member) reopen(ctx context.Context, e Reopen) {
 		m.exportMu.Lock()
 		delete(m.exported, e.CheckpointID)
 		m.exportMu.Unlock()
-		if r, ok := m.cfg.Participant.(Resumer); ok {
+		switch r := m.cfg.Participant.(type) {
+		case Continuer:
+			rep, err := r.Continue(ctx, e.CheckpointID)
+			if err != nil {
+				log.Error().Err(err).Str("reason", e.Reason).Msg("continuing failed")
+			}
+			if rep != nil && e.Reason == reasonResume {
+				m.continued[e.CheckpointID] = rep // for the resume ack that follows
+			}
+		case Resumer:
 			if err := r.Resume(ctx, e.CheckpointID); err != nil {
 				log.Error().Err(err).Str("reason", e.Reason).Msg("reopening admission failed")
 			}

@@ -523,3 +523,41 @@ func TestOrderedMemberResumesFromItsStateFile(t *testing.T) {
 		}
 	}
 }
+
+// pausing is a participant that pauses something at prepare and continues
+// it at resume, reporting both, as a sandbox daemon does.
+type pausing struct {
+	*membertest.Participant
+	seq int
+}
+
+func (p *pausing) Prepare(ctx context.Context, cp member.Checkpoint) (member.Report, error) {
+	rep, err := p.Participant.Prepare(ctx, cp)
+	p.seq++
+	rep.Pause = &events.PauseReport{Mode: "freeze", PauseSeq: p.seq, Identity: "1:2", PIDCount: 3}
+	return rep, err
+}
+
+func (p *pausing) Continue(ctx context.Context, id string) (*events.PauseReport, error) {
+	return &events.PauseReport{Mode: "freeze", PauseSeq: p.seq, Identity: "1:2", PIDCount: 3}, p.Participant.Resume(ctx, id)
+}
+
+// PROTOCOL §6: every pause and continue ack carries the report of what the
+// participant did.
+func TestPauseReportsReachTheAcks(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	name := events.Member("sandbox.sb1")
+	p := &pausing{Participant: membertest.NewParticipant("sb1")}
+	membertest.StartMember(t, env, "run1", name, p, membertest.Options{})
+	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
+	pa := bridge.Ack(seq, events.PhasePrepare, name).(events.PrepareAck)
+	if pa.Pause == nil || pa.Pause.Mode != "freeze" || pa.Pause.PauseSeq != 1 {
+		t.Fatalf("prepare ack pause %+v", pa.Pause)
+	}
+	seq = bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
+	ra := bridge.Ack(seq, events.PhaseResume, name).(events.ResumeAck)
+	if ra.Pause == nil || ra.Pause.PauseSeq != 1 || !p.AdmissionOpen() {
+		t.Fatalf("resume ack pause %+v, admission open %v", ra.Pause, p.AdmissionOpen())
+	}
+}

@@ -39,6 +39,9 @@ type Report struct {
 	// Counts are the participant's own tallies (runs parked, sessions
 	// held), at most 64 entries.
 	Counts map[string]int
+	// Pause is what a sandbox daemon did to its launch (PROTOCOL §6); it
+	// goes into the prepare ack.
+	Pause *events.PauseReport
 }
 
 // validate checks what the report will put into an ack, so that a
@@ -100,6 +103,13 @@ type Exporter interface {
 // expiry, after a prepare that failed and after a restore that failed.
 type Resumer interface {
 	Resume(ctx context.Context, checkpointID string) error
+}
+
+// Continuer is a Resumer that says what it did: a sandbox daemon continues
+// its paused launch and reports it, and the report goes into the resume
+// ack. When a participant implements Continuer, Resume is not called.
+type Continuer interface {
+	Continue(ctx context.Context, checkpointID string) (*events.PauseReport, error)
 }
 
 // Installer is implemented by a participant that can be restored. Install
