@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -21,9 +22,10 @@ import (
 // Bridge is the controller bridge of one run. Its methods are safe for
 // concurrent use; operations run one at a time.
 type Bridge struct {
-	cfg    Config
-	log    zerolog.Logger
-	source events.Member
+	cfg      Config
+	log      zerolog.Logger
+	source   events.Member
+	instance string // this process's nonce, in every phase id
 
 	mu   sync.Mutex // one operation at a time
 	held *heldCheckpoint
@@ -39,6 +41,7 @@ type heldCheckpoint struct {
 	req     CheckpointRequest
 	id      string
 	prepare events.Prepare
+	lastID  string // the id of the last phase this bridge published for it
 	tally   *Tally
 	started time.Time
 	prepMS  int64
@@ -54,7 +57,7 @@ func New(cfg Config) (*Bridge, error) {
 		return nil, err
 	}
 	src, _ := events.NewMember(events.KindBridge, cfg.Name)
-	b := &Bridge{cfg: cfg, source: src,
+	b := &Bridge{cfg: cfg, source: src, instance: nuid.Next(),
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(src)).Logger()}
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 	return b, nil
@@ -96,6 +99,7 @@ type runState struct {
 	streamSeq uint64 // its stream sequence, the fence of the next publish
 	epoch     uint64
 	last      events.PhaseEvent // nil before the first phase
+	lastID    string            // its ce-id
 	lastAt    time.Time
 }
 
@@ -108,7 +112,7 @@ func (b *Bridge) state(ctx context.Context) (runState, error) {
 	if err != nil {
 		return runState{}, fmt.Errorf("bridge: read the last phase of run %s: %w", b.cfg.Run, err)
 	}
-	_, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+	e, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
 	if err != nil {
 		return runState{}, fmt.Errorf("bridge: the last phase of run %s (stream sequence %d) does not decode: %w", b.cfg.Run, raw.Sequence, err)
 	}
@@ -117,7 +121,7 @@ func (b *Bridge) state(ctx context.Context) (runState, error) {
 		return runState{}, fmt.Errorf("bridge: stream sequence %d on %s is a %s, not a phase", raw.Sequence, raw.Subject, d.Type())
 	}
 	h := p.Header()
-	return runState{seq: h.Seq, streamSeq: raw.Sequence, epoch: h.Epoch, last: p, lastAt: raw.Time}, nil
+	return runState{seq: h.Seq, streamSeq: raw.Sequence, epoch: h.Epoch, last: p, lastID: e.ID(), lastAt: raw.Time}, nil
 }
 
 // header builds the header of the next phase event.
@@ -131,16 +135,20 @@ func (b *Bridge) header(st *runState, id string, epoch uint64, members []events.
 // returned. On success st describes p.
 func (b *Bridge) publishPhase(ctx context.Context, st *runState, p events.PhaseEvent) error {
 	h := p.Header()
-	id := b.cfg.Run + "." + strconv.FormatUint(h.Seq, 10) + "." + string(p.Phase())
+	// The id is this process's own (its instance nonce), so that a second
+	// bridge publishing the same sequence never looks like a duplicate of
+	// ours to the server, and our own retry always does.
+	id := b.cfg.Run + "." + strconv.FormatUint(h.Seq, 10) + "." + string(p.Phase()) + "." + h.CheckpointID + "." + b.instance
 	msg, err := events.Marshal(b.source, p, events.WithID(id))
 	if err != nil {
 		return fmt.Errorf("bridge: build %s: %w", p.Phase(), err)
 	}
 	ack, err := b.cfg.JS.PublishMsg(ctx, msg, natsjs.WithExpectLastSequenceForSubject(st.streamSeq, events.PhaseFilter(b.cfg.Run)))
 	if jetstream.IsWrongLastSequence(err) {
-		// Our own earlier attempt may have landed: then the last phase is ours.
+		// Our own earlier attempt may have landed: then the last phase is
+		// ours, by its id.
 		now, serr := b.state(ctx)
-		if serr == nil && now.last != nil && now.seq == h.Seq && now.last.Phase() == p.Phase() && now.last.Header().CheckpointID == h.CheckpointID {
+		if serr == nil && now.lastID == id {
 			*st = now
 			return nil
 		}
@@ -149,7 +157,7 @@ func (b *Bridge) publishPhase(ctx context.Context, st *runState, p events.PhaseE
 	if err != nil {
 		return fmt.Errorf("bridge: publish %s seq %d: %w", p.Phase(), h.Seq, err)
 	}
-	*st = runState{seq: h.Seq, streamSeq: ack.Sequence, epoch: h.Epoch, last: p, lastAt: b.cfg.Now()}
+	*st = runState{seq: h.Seq, streamSeq: ack.Sequence, epoch: h.Epoch, last: p, lastID: id, lastAt: b.cfg.Now()}
 	b.log.Debug().Str("phase", string(p.Phase())).Uint64("seq", h.Seq).Str("checkpoint", h.CheckpointID).
 		Int("members", len(h.Members)).Msg("phase published")
 	return nil
@@ -264,21 +272,38 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 	// A restore waits for every answer even after a failure: all or none
 	// needs to know what each member installed before retiring.
 	t.WaitAll = p.Phase() == events.PhaseRestore
-	if v := t.Decide(b.cfg.Now()); v != Waiting || len(h.Members) == 0 {
-		return t, v, nil
+	if len(h.Members) == 0 {
+		return t, t.Decide(b.cfg.Now()), nil
 	}
 	gctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
-	acks := make(chan *nats.Msg, 256)
+	// Acks already in the stream count whatever the time: a bridge that
+	// recovers after the deadline reads what the members said. The
+	// deadline applies only once those are read.
+	var backlog uint64
+	if last, err := b.cfg.Bus.Stream.GetLastMsgForSubject(gctx, events.AckFilter(b.cfg.Run, h.Seq)); err == nil {
+		backlog = last.Sequence
+	} else if !errors.Is(err, natsjs.ErrMsgNotFound) {
+		return nil, Failed, fmt.Errorf("bridge: acks of seq %d: %w", h.Seq, err)
+	}
+	type ackMsg struct {
+		msg *nats.Msg
+		seq uint64
+	}
+	acks := make(chan ackMsg, 256)
 	cons, err := b.cfg.JS.OrderedConsumer(gctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
 		FilterSubjects: []string{events.AckFilter(b.cfg.Run, h.Seq)}, DeliverPolicy: natsjs.DeliverAllPolicy})
 	if err != nil {
 		return nil, Failed, fmt.Errorf("bridge: ack consumer for seq %d: %w", h.Seq, err)
 	}
 	cc, err := cons.Consume(func(m natsjs.Msg) {
+		var seq uint64
+		if md, err := m.Metadata(); err == nil {
+			seq = md.Sequence.Stream
+		}
 		select {
-		case acks <- &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}:
+		case acks <- ackMsg{&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, seq}:
 		case <-gctx.Done():
 		}
 	})
@@ -300,18 +325,30 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 		memberOf[events.MemberKey(b.cfg.Run, m)] = m
 	}
 	alive, initial := map[string]bool{}, true
+	instance := map[string]string{}
 
 	timer := time.NewTimer(time.Until(hh.Deadline))
 	defer timer.Stop()
 	for {
-		if v := t.Decide(b.cfg.Now()); v != Waiting {
+		now := b.cfg.Now()
+		if backlog > 0 && !now.Before(hh.Deadline) {
+			now = hh.Deadline.Add(-time.Nanosecond) // the backlog is not read yet
+		}
+		if v := t.Decide(now); v != Waiting {
 			return t, v, nil
 		}
 		select {
 		case <-ctx.Done():
 			return t, Failed, ctx.Err()
 		case <-timer.C:
-		case m := <-acks:
+			if backlog > 0 {
+				timer.Reset(50 * time.Millisecond)
+			}
+		case am := <-acks:
+			if am.seq >= backlog {
+				backlog = 0
+			}
+			m := am.msg
 			_, d, err := events.Unmarshal(m)
 			if err != nil {
 				b.log.Warn().Err(err).Str("subject", m.Subject).Msg("refusing an ack")
@@ -346,7 +383,15 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 			case e == nil:
 				continue
 			case e.Operation() == natsjs.KeyValuePut:
-				alive[e.Key()] = true
+				var info events.MemberInfo
+				_ = json.Unmarshal(e.Value(), &info)
+				m, tracked := memberOf[e.Key()]
+				if was, seen := instance[e.Key()]; tracked && seen && !initial && was != info.Instance {
+					// Another process took the name: the one asked is gone.
+					b.log.Warn().Str("dead", string(m)).Str("phase", string(p.Phase())).Msg("member replaced by a new process during a phase")
+					t.Dead(m)
+				}
+				alive[e.Key()], instance[e.Key()] = true, info.Instance
 				continue
 			}
 			if initial {

@@ -333,10 +333,17 @@ func TestTimeline(t *testing.T) {
 			t.Fatalf("%+v %v", res, err)
 		}
 	}
-	entries, err := bridge.ReadTimeline(ctx(t), env.JS, run, "c2")
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := []string{"phase.prepare", "ack.prepare", "ack.prepare", "phase.commit", "ack.commit", "ack.commit",
+		"checkpoint.committed", "phase.resume", "ack.resume", "ack.resume"}
+	// The bridge does not wait for resume acks: read until they are in.
+	var entries []bridge.TimelineEntry
+	waitFor(t, 10*time.Second, "the resume acks", func() bool {
+		var err error
+		if entries, err = bridge.ReadTimeline(ctx(t), env.JS, run, "c2"); err != nil {
+			t.Fatal(err)
+		}
+		return len(entries) >= len(want)
+	})
 	var got []string
 	for i, e := range entries {
 		if i > 0 && e.StreamSeq <= entries[i-1].StreamSeq {
@@ -344,8 +351,6 @@ func TestTimeline(t *testing.T) {
 		}
 		got = append(got, e.Type.Noun())
 	}
-	want := []string{"phase.prepare", "ack.prepare", "ack.prepare", "phase.commit", "ack.commit", "ack.commit",
-		"checkpoint.committed", "phase.resume", "ack.resume", "ack.resume"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("timeline of c2:\n got %v\nwant %v", got, want)
 	}
@@ -360,5 +365,35 @@ func TestTimeline(t *testing.T) {
 	}
 	if len(all) < 2*len(want)+2 {
 		t.Errorf("the whole run has %d events", len(all))
+	}
+}
+
+// TestSecondBridgeFencesTheFirst: two bridges of one run (the first one a
+// zombie presumed dead). The second takes the run over and aborts what the
+// first held open; the first can then neither commit it nor renew it, and
+// the checkpoint never gets a manifest (PROTOCOL §7.2).
+func TestSecondBridgeFencesTheFirst(t *testing.T) {
+	env := jstest.Start(t)
+	hs := fleet(t, env, 2, 1)
+	zombie := startBridge(t, env, bridge.Config{PhaseTimeout: 2 * time.Second})
+	if res, err := zombie.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "x", Hold: true}); err != nil || res.Status != bridge.StatusPrepared {
+		t.Fatalf("hold: %+v %v", res, err)
+	}
+	second := startBridge(t, env, bridge.Config{Name: "second"})
+	if res, err := second.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "y"}); err != nil || res.Status != bridge.StatusCommitted {
+		t.Fatalf("the second bridge's checkpoint: %+v %v", res, err)
+	}
+	if m := manifestOf(t, env, "x"); m == nil || !m.Aborted {
+		t.Fatalf("x after the takeover: %+v, want an abort marker", m)
+	}
+	if _, err := zombie.Commit(ctx(t), "x", false); !errors.Is(err, bridge.ErrFenced) {
+		t.Fatalf("the zombie's commit: %v, want ErrFenced", err)
+	}
+	if m := manifestOf(t, env, "x"); m == nil || !m.Aborted {
+		t.Fatalf("x after the zombie's commit: %+v", m)
+	}
+	waitFor(t, 5*time.Second, "the fleet to reopen", func() bool { return allOpen(hs) })
+	if st, _ := second.Status(ctx(t)); st.Latest == nil || st.Latest.CheckpointID != "y" {
+		t.Fatalf("LATEST %+v, want y", st.Latest)
 	}
 }

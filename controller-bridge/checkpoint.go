@@ -69,7 +69,7 @@ func (b *Bridge) Checkpoint(ctx context.Context, req CheckpointRequest) (*Checkp
 			Errors: errs, Blockers: blockers, BlockerCount: counts}, started, prepMS)
 	}
 	if req.Hold {
-		b.hold(req, prep, tally, started, prepMS, timeout)
+		b.hold(req, prep, st.lastID, tally, started, prepMS, timeout)
 		log.Info().Int64("prepare_ms", prepMS).Msg("checkpoint held prepared")
 		return &CheckpointResult{Run: b.cfg.Run, CheckpointID: req.ID, Status: StatusPrepared, Epoch: st.epoch,
 			Members: members, PrepareMS: prepMS, Restarted: restartsOf(tally)}, nil
@@ -207,7 +207,8 @@ func (b *Bridge) finishCommitted(ctx context.Context, st *runState, m events.Che
 	return res, nil
 }
 
-// moveLatest points LATEST at m by compare-and-set, unless it already does.
+// moveLatest points LATEST at m by compare-and-set, unless it already
+// does or names a checkpoint committed later.
 func (b *Bridge) moveLatest(ctx context.Context, m events.CheckpointManifest) error {
 	key := events.LatestKey(b.cfg.Run)
 	for range 5 {
@@ -215,10 +216,12 @@ func (b *Bridge) moveLatest(ctx context.Context, m events.CheckpointManifest) er
 		if err != nil {
 			return err
 		}
-		if cur != nil && cur.CheckpointID == m.CheckpointID {
+		if cur != nil && (cur.CheckpointID == m.CheckpointID || cur.CommitSeq > m.CommitSeq) {
+			// Already there, or a later checkpoint is: a slow bridge
+			// finishing an older one never moves LATEST back.
 			return nil
 		}
-		v, _ := jsonMarshal(events.Latest{CheckpointID: m.CheckpointID, Epoch: m.Epoch, Updated: b.cfg.Now().UTC()})
+		v, _ := jsonMarshal(events.Latest{CheckpointID: m.CheckpointID, Epoch: m.Epoch, CommitSeq: m.CommitSeq, Updated: b.cfg.Now().UTC()})
 		if cur == nil {
 			_, err = b.cfg.Bus.Manifests.Create(ctx, key, v)
 		} else {
@@ -278,9 +281,10 @@ func (b *Bridge) finishAborted(ctx context.Context, st *runState, m *events.Chec
 
 // hold keeps a prepared checkpoint parked, renewing the lease every third
 // of the phase timeout until Commit or Abort. The caller holds b.mu.
-func (b *Bridge) hold(req CheckpointRequest, prep events.Prepare, t *Tally, started time.Time, prepMS int64, timeout time.Duration) {
+func (b *Bridge) hold(req CheckpointRequest, prep events.Prepare, lastID string, t *Tally, started time.Time, prepMS int64, timeout time.Duration) {
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &heldCheckpoint{req: req, id: req.ID, prepare: prep, tally: t, started: started, prepMS: prepMS, stop: cancel, done: make(chan struct{})}
+	h := &heldCheckpoint{req: req, id: req.ID, prepare: prep, lastID: lastID, tally: t, started: started, prepMS: prepMS,
+		stop: cancel, done: make(chan struct{})}
 	b.held = h
 	go func() {
 		defer close(h.done)
@@ -312,10 +316,14 @@ func (b *Bridge) renew(ctx context.Context, h *heldCheckpoint, timeout time.Dura
 	if err != nil {
 		return err
 	}
+	if st.lastID != h.lastID {
+		return fmt.Errorf("%w: checkpoint %s is no longer the run's open phase (last is %s)", ErrFenced, h.id, st.lastID)
+	}
 	r := events.Renew{PhaseHeader: b.header(&st, h.id, st.epoch, h.prepare.Members, timeout)}
 	if err := b.publishPhase(ctx, &st, r); err != nil {
 		return err
 	}
+	h.lastID = st.lastID
 	b.log.Debug().Str("checkpoint", h.id).Msg("lease renewed")
 	return nil
 }
@@ -369,6 +377,11 @@ func (b *Bridge) unhold(ctx context.Context, id string) (*heldCheckpoint, runSta
 	}
 	b.stopRenew()
 	st, err := b.state(ctx)
+	if err == nil && st.lastID != h.lastID {
+		// Another bridge took the run over (and aborted this checkpoint, or
+		// will): committing now would commit after its resume.
+		err = fmt.Errorf("%w: checkpoint %s is no longer the run's open phase", ErrFenced, h.id)
+	}
 	return h, st, err
 }
 

@@ -39,18 +39,24 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 		failpoint string
 		block     bool // a blocker makes the prepare fail, to reach the abort path
 		want      string
+		late      bool // the next bridge starts after the phase's deadline
 	}{
-		{"bridge/after-prepare", false, bridge.StatusFailed},
-		{"bridge/after-prepare-acks", false, bridge.StatusFailed},
-		{"bridge/after-commit", false, bridge.StatusCommitted},
-		{"bridge/after-commit-acks", false, bridge.StatusCommitted},
-		{"bridge/after-manifest", false, bridge.StatusCommitted},
-		{"bridge/after-latest", false, bridge.StatusCommitted},
-		{"bridge/after-outcome", false, bridge.StatusCommitted},
-		{"bridge/after-abort-marker", true, bridge.StatusFailed},
+		{"bridge/after-prepare", false, bridge.StatusFailed, false},
+		{"bridge/after-prepare-acks", false, bridge.StatusFailed, false},
+		{"bridge/after-commit", false, bridge.StatusCommitted, false},
+		{"bridge/after-commit-acks", false, bridge.StatusCommitted, false},
+		{"bridge/after-manifest", false, bridge.StatusCommitted, false},
+		{"bridge/after-latest", false, bridge.StatusCommitted, false},
+		{"bridge/after-outcome", false, bridge.StatusCommitted, false},
+		{"bridge/after-abort-marker", true, bridge.StatusFailed, false},
+		{"bridge/after-commit-acks", false, bridge.StatusCommitted, true},
 	}
 	for _, c := range cases {
-		t.Run(c.failpoint, func(t *testing.T) {
+		name := c.failpoint
+		if c.late {
+			name += "/recovered-after-the-deadline"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			env := jstest.Start(t)
 			hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 2})
@@ -60,10 +66,15 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 			dying, cl := startBridgeProcess(t, env, c.failpoint)
 			cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
+			asked := time.Now()
 			if res, err := cl.Checkpoint(cctx, bridge.CheckpointRequest{ID: "c1", TimeoutMS: 1500}); err == nil {
 				t.Fatalf("the bridge answered %+v instead of dying at %s", res, c.failpoint)
 			}
 			dying.wait(t, 30*time.Second)
+			if c.late {
+				// Acks already on the bus count after the deadline too.
+				waitFor(t, 10*time.Second, "the phase deadline to pass", func() bool { return time.Since(asked) > 3*time.Second })
+			}
 			if c.block {
 				hs[0].Participant.Unblock(events.Episode{Rollout: "t0-r0"})
 			}
@@ -110,16 +121,21 @@ func TestBridgeCrashDuringRestore(t *testing.T) {
 		failpoint string
 		fail      bool
 		want      string
+		late      bool
 	}{
-		{"bridge/after-restore", false, bridge.StatusCompleted},
-		{"bridge/after-restore-acks", false, bridge.StatusCompleted},
-		{"bridge/after-restore-acks", true, bridge.StatusFailed},
-		{"bridge/after-restore-retire", true, bridge.StatusFailed},
+		{"bridge/after-restore", false, bridge.StatusCompleted, false},
+		{"bridge/after-restore-acks", false, bridge.StatusCompleted, false},
+		{"bridge/after-restore-acks", false, bridge.StatusCompleted, true},
+		{"bridge/after-restore-acks", true, bridge.StatusFailed, false},
+		{"bridge/after-restore-retire", true, bridge.StatusFailed, false},
 	}
 	for _, c := range cases {
 		name := c.failpoint
 		if c.fail {
 			name += "/install-fails"
+		}
+		if c.late {
+			name += "/recovered-after-the-deadline"
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -139,10 +155,14 @@ func TestBridgeCrashDuringRestore(t *testing.T) {
 			dying, cl := startBridgeProcess(t, env, c.failpoint)
 			cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
-			if res, err := cl.Restore(cctx, bridge.RestoreRequest{ID: "r1"}); err == nil {
+			asked := time.Now()
+			if res, err := cl.Restore(cctx, bridge.RestoreRequest{ID: "r1", TimeoutMS: 1500}); err == nil {
 				t.Fatalf("the bridge answered %+v instead of dying", res)
 			}
 			dying.wait(t, 30*time.Second)
+			if c.late {
+				waitFor(t, 10*time.Second, "the phase deadline to pass", func() bool { return time.Since(asked) > 3*time.Second })
+			}
 			_, cl = startBridgeProcess(t, env, "")
 			st, err := cl.Status(cctx)
 			if err != nil {

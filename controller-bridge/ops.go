@@ -86,8 +86,8 @@ func (b *Bridge) startOp(ctx context.Context) (runState, []events.Member, error)
 // kept checkpoint names, then deletes the manifests and records of every
 // checkpoint not kept. A release that keeps nothing is the final release:
 // it leaves no manifest, record or LATEST of the run. Abort markers are
-// kept by every release but the final one, so that an aborted checkpoint
-// can never be created later (PROTOCOL §7, invariant 2).
+// kept by every release, so that an aborted checkpoint can never be
+// created later (PROTOCOL §7, invariant 2).
 func (b *Bridge) Release(ctx context.Context, req ReleaseRequest) (*OpResult, error) {
 	if err := validateTokens("keep", req.Keep); err != nil {
 		return nil, err
@@ -149,7 +149,10 @@ func (b *Bridge) finishRelease(ctx context.Context, p events.Release) (*OpResult
 			return nil, err
 		}
 		for _, m := range all {
-			if kept[m.CheckpointID] || (m.Aborted && !p.Final) {
+			// Abort markers stay, even after the final release: deleting one
+			// would let a slow bridge create that checkpoint after all
+			// (PROTOCOL §7, invariant 2). They name no snapshot or record.
+			if kept[m.CheckpointID] || m.Aborted {
 				continue
 			}
 			if err := b.deleteCheckpoint(ctx, m); err != nil {

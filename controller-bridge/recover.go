@@ -86,6 +86,12 @@ func (b *Bridge) recoverLocked(ctx context.Context) error {
 			return err
 		}
 	case events.Restore:
+		if o, err := b.outcomeOf(ctx, events.TypeRestoreCompleted, h.CheckpointID); err != nil {
+			return err
+		} else if o != nil {
+			log.Warn().Msg("recovering: a completed restore was not resumed; resuming")
+			return b.resume(ctx, &st, h.CheckpointID, h.Members, false)
+		}
 		log.Warn().Msg("recovering: a restore was left open; reading its acks")
 		_, err := b.finishRestore(ctx, &st, p)
 		return err

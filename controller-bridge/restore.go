@@ -108,10 +108,13 @@ func (b *Bridge) finishRestore(ctx context.Context, st *runState, r events.Resto
 			res.Restored = append(res.Restored, ack.(events.RestoreAck).Restored...)
 		}
 		sort.Strings(res.Restored)
-		if err := b.resume(ctx, st, r.CheckpointID, r.Members, false); err != nil {
+		// The outcome first: once the fleet runs the next attempts, the
+		// stream must already say which (a bridge that dies in between
+		// finds the outcome and only resumes).
+		if err := b.completeRestore(ctx, res); err != nil {
 			return nil, err
 		}
-		return res, b.completeRestore(ctx, res)
+		return res, b.resume(ctx, st, r.CheckpointID, r.Members, false)
 	}
 	errs, _, _ := t.Failure(b.cfg.Now())
 	res.Failure = &Failure{Phase: events.PhaseRestore, Reason: fmt.Sprintf("%d of %d members did not install", len(errs), len(r.Members)), Errors: errs}

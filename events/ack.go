@@ -276,7 +276,8 @@ type MemberManifest struct {
 	Run          string `json:"run"`
 	CheckpointID string `json:"checkpoint_id"`
 	Member       Member `json:"member"`
-	// Object is the object name in sp_records.
+	// Object is the object name in sp_records (RecordsObject: named by
+	// the digest).
 	Object string `json:"object"`
 	// SHA256 is the hex digest of the object's bytes.
 	SHA256 string `json:"sha256"`
@@ -303,7 +304,7 @@ func (m MemberManifest) Validate() error {
 	if err := validateMember("manifest.member", string(m.Member)); err != nil {
 		errs = append(errs, err)
 	}
-	if want := RecordsObject(m.Run, m.CheckpointID, m.Member); m.Object != want {
+	if want := RecordsObject(m.Run, m.CheckpointID, m.Member, m.SHA256); m.Object != want {
 		errs = append(errs, fieldErr("manifest.object", ErrMismatch, "%q, want %q", clip(m.Object), want))
 	}
 	if !isSHA256(m.SHA256) {
@@ -316,10 +317,23 @@ func (m MemberManifest) Validate() error {
 	return errors.Join(errs...)
 }
 
-// RecordsObject returns the sp_records object name of a member's records,
-// <run>/<checkpoint>/<member>.jsonl.
-func RecordsObject(run, checkpoint string, m Member) string {
-	return run + "/" + checkpoint + "/" + string(m) + ".jsonl"
+// RecordsObject returns the sp_records object name of a member's records
+// in a checkpoint, named by their content:
+// <run>/<checkpoint>/<member>.<first 16 hex digits of the sha256>.jsonl.
+// A name fixed by the content can never be written again with other bytes,
+// so a manifest always names the bytes it was created for, even if a
+// presumed-dead process of the same member writes late.
+func RecordsObject(run, checkpoint string, m Member, sha256 string) string {
+	if len(sha256) > 16 {
+		sha256 = sha256[:16]
+	}
+	return RecordsPrefix(run, checkpoint, m) + sha256 + ".jsonl"
+}
+
+// RecordsPrefix returns the prefix of every records object of a member in a
+// checkpoint.
+func RecordsPrefix(run, checkpoint string, m Member) string {
+	return run + "/" + checkpoint + "/" + string(m) + "."
 }
 
 // CommitAck answers a commit.

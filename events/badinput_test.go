@@ -77,7 +77,7 @@ func TestBadInputIsRefusedNamingTheField(t *testing.T) {
 		}, ErrInvalid, "data.error"},
 		{"bad manifest digest", TypeCommitAck, func(m *nats.Msg) { m.Data = []byte(strings.Replace(string(m.Data), `"sha256":"e3`, `"sha256":"zz`, 1)) }, ErrInvalid, "data.manifest.sha256"},
 		{"manifest names another object", TypeCommitAck, func(m *nats.Msg) {
-			m.Data = []byte(strings.Replace(string(m.Data), `run1/ckpt-7/agent.a0.jsonl`, `run1/ckpt-7/../x.jsonl`, 1))
+			m.Data = []byte(strings.Replace(string(m.Data), `run1/ckpt-7/agent.a0.e3b0c44298fc1c14.jsonl`, `run1/ckpt-7/../x.jsonl`, 1))
 		}, ErrMismatch, "data.manifest.object"},
 		{"manifest of an unknown schema", TypeCommitAck, func(m *nats.Msg) { m.Data = []byte(strings.Replace(string(m.Data), `"schema":1`, `"schema":2`, 1)) }, ErrUnknownVersion, "data.manifest.schema"},
 		{"too many blockers", TypePrepareAck, func(m *nats.Msg) {

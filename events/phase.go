@@ -264,8 +264,7 @@ type Release struct {
 	PhaseHeader
 	// Keep lists the checkpoint ids still kept.
 	Keep []string `json:"keep"`
-	// Final marks the last release of a run: nothing is kept, and the
-	// bridge deletes even the markers of aborted checkpoints.
+	// Final marks the last release of a run: nothing is kept.
 	Final bool `json:"final,omitempty"`
 }
 

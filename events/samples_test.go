@@ -27,7 +27,7 @@ func samples() map[Type]struct {
 } {
 	ep := func(s string) Episode { e, _ := ParseEpisode(s); return e }
 	manifest := &MemberManifest{Schema: ManifestSchema, Run: "run1", CheckpointID: "ckpt-7", Member: "agent.a0",
-		Object: "run1/ckpt-7/agent.a0.jsonl", SHA256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+		Object: "run1/ckpt-7/agent.a0.e3b0c44298fc1c14.jsonl", SHA256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
 		Count: 2, Size: 120, Episodes: []string{"r1", "r2-a3"}}
 	out := map[Type]struct {
 		src  Member

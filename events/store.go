@@ -37,6 +37,9 @@ type MemberInfo struct {
 	// Run and Member name the member.
 	Run    string `json:"run"`
 	Member Member `json:"member"`
+	// Instance identifies the process: a new process of the same member
+	// has a new instance, which tells a replacement from a heartbeat.
+	Instance string `json:"instance,omitempty"`
 	// Epoch is the epoch the member serves; meaningful once Served.
 	Epoch uint64 `json:"epoch"`
 	// Served tells whether the member has handled a phase yet. A restore
@@ -121,6 +124,9 @@ type Latest struct {
 	CheckpointID string `json:"checkpoint_id"`
 	// Epoch is the epoch it was taken in.
 	Epoch uint64 `json:"epoch"`
+	// CommitSeq is the phase sequence of its commit: LATEST only moves to
+	// a checkpoint committed later than the one it names.
+	CommitSeq uint64 `json:"commit_seq,omitempty"`
 	// Updated is when the pointer moved.
 	Updated time.Time `json:"updated"`
 }

@@ -136,10 +136,16 @@ func (h *Host) dispatch(ctx context.Context, m natsjs.Msg) {
 	shared := &sharedMsg{Msg: m}
 	shared.left.Store(int32(len(targets)))
 	for _, in := range targets {
+		// Never wait on one member: one whose loop is busy (a long retire,
+		// a slow participant) gives its share back, and the server
+		// delivers the event again to everyone; those that answered it
+		// find their ack on the bus and do nothing.
 		select {
 		case in <- delivery{msg: shared, event: e, data: d}:
 		case <-ctx.Done():
-			return
+			_ = shared.Nak()
+		default:
+			_ = shared.NakWithDelay(time.Second)
 		}
 	}
 }

@@ -74,7 +74,7 @@ func (x *mt) commit(id string, scope ...events.Episode) []member.Effect {
 
 func (x *mt) written(id string) []member.Effect {
 	x.man = events.MemberManifest{Schema: 1, Run: "run1", CheckpointID: id, Member: self,
-		Object: events.RecordsObject("run1", id, self), SHA256: strings.Repeat("ab", 32), Count: 1, Size: 10, Episodes: []string{"r1"}}
+		Object: events.RecordsObject("run1", id, self, strings.Repeat("ab", 32)), SHA256: strings.Repeat("ab", 32), Count: 1, Size: 10, Episodes: []string{"r1"}}
 	return x.step(member.RecordsWritten{Op: x.op, Manifest: x.man})
 }
 

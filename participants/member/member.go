@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -43,6 +44,11 @@ var (
 	// ErrConsumerLost is returned (wrapped) by Run when its consumer was
 	// deleted under it: a member that cannot hear phases must not go on.
 	ErrConsumerLost = errors.New("member: consumer lost")
+
+	// ErrReplaced is returned by Run when another process has taken this
+	// member's name (its heartbeat key names another instance): the one
+	// that was presumed dead stops, touching nothing.
+	ErrReplaced = errors.New("member: replaced by another process of the same name")
 )
 
 // CodeCorruptRecords is the ack error code of a restore whose records do
@@ -271,7 +277,7 @@ func New(cfg Config) (*Member, error) {
 		exported: map[string]export{},
 		info: events.MemberInfo{
 			Run: cfg.Run, Member: cfg.Member, Capabilities: slices.Clone(cfg.Capabilities),
-			Host: host, PID: os.Getpid(),
+			Host: host, PID: os.Getpid(), Instance: nuid.Next(),
 		},
 	}
 	return m, nil
@@ -379,6 +385,7 @@ func (m *Member) Run(ctx context.Context) error {
 			select {
 			case m.inbox <- delivery{msg: msg}:
 			case <-stopping:
+				_ = msg.Nak() // for the next process of this member
 			}
 		}, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
 			// Runs on a nats.go goroutine: hand the error to the loop, which
@@ -596,7 +603,37 @@ func (m *Member) putInfo(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("member: heartbeat: %w", err)
 	}
-	rev, err := m.cfg.Bus.Members.Put(ctx, events.MemberKey(m.cfg.Run, m.cfg.Member), b)
+	key := events.MemberKey(m.cfg.Run, m.cfg.Member)
+	if m.infoRev == 0 {
+		// Registration takes the name, from any earlier process of it.
+		rev, err := m.cfg.Bus.Members.Put(ctx, key, b)
+		if err != nil {
+			return fmt.Errorf("member: heartbeat: %w", err)
+		}
+		m.infoRev = rev
+		return nil
+	}
+	// Later beats only update what this process wrote: if another process
+	// of the same name has written since, this one was replaced.
+	rev, err := m.cfg.Bus.Members.Update(ctx, key, b, m.infoRev)
+	if err == nil {
+		m.infoRev = rev
+		return nil
+	}
+	cur, gerr := m.cfg.Bus.Members.Get(ctx, key)
+	switch {
+	case errors.Is(gerr, natsjs.ErrKeyNotFound):
+		// Expired (a long pause, a slow heartbeat): register again.
+		rev, err = m.cfg.Bus.Members.Create(ctx, key, b)
+	case gerr != nil:
+		return fmt.Errorf("member: heartbeat: %w", gerr)
+	default:
+		var other events.MemberInfo
+		if json.Unmarshal(cur.Value(), &other) == nil && other.Instance != m.info.Instance {
+			return fmt.Errorf("%w: instance %s holds %s", ErrReplaced, other.Instance, key)
+		}
+		rev, err = m.cfg.Bus.Members.Update(ctx, key, b, cur.Revision())
+	}
 	if err != nil {
 		return fmt.Errorf("member: heartbeat: %w", err)
 	}
@@ -618,12 +655,26 @@ func (m *Member) heartbeat(ctx context.Context, ttl time.Duration) {
 			return
 		case <-t.C:
 			cctx, cancel := context.WithTimeout(ctx, callTimeout)
-			if err := m.putInfo(cctx); err != nil && ctx.Err() == nil {
-				m.log.Warn().Err(err).Msg("heartbeat")
-			}
+			err := m.putInfo(cctx)
 			cancel()
+			if err != nil && ctx.Err() == nil {
+				m.heartbeatFailed(err)
+			}
 		}
 	}
+}
+
+// heartbeatFailed logs a failed heartbeat; a replaced member tells its
+// loop to stop.
+func (m *Member) heartbeatFailed(err error) {
+	if errors.Is(err, ErrReplaced) {
+		select {
+		case m.consumeErrs <- err:
+		default:
+		}
+		return
+	}
+	m.log.Warn().Err(err).Msg("heartbeat")
 }
 
 // leave publishes MemberLeft. On a clean stop it deletes the heartbeat
@@ -662,6 +713,10 @@ func (m *Member) loop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case err := <-m.consumeErrs:
+			if errors.Is(err, ErrReplaced) {
+				m.log.Warn().Err(err).Msg("another process took this member's name; stopping without touching shared state")
+				return err
+			}
 			if errors.Is(err, natsjs.ErrConsumerDeleted) || errors.Is(err, natsjs.ErrConsumerNotFound) {
 				return fmt.Errorf("%w: %w", ErrConsumerLost, err)
 			}
@@ -778,7 +833,7 @@ func (m *Member) sync(ctx context.Context) {
 	if changed {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		if err := m.putInfo(cctx); err != nil {
-			m.log.Warn().Err(err).Msg("heartbeat")
+			m.heartbeatFailed(err)
 		}
 		cancel()
 	}

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -429,8 +430,8 @@ func TestCommitNeverOverwrites(t *testing.T) {
 	}
 	want(t, w.prepare(t, "c1"), "", events.StatePrepared)
 	want(t, w.commit(t, "c1", eps, false), events.CodeCheckpointConflict, events.StatePrepared)
-	if _, err := w.env.Bus.Records.GetInfo(t.Context(), events.RecordsObject("run1", "c1", w.name)); !errors.Is(err, natsjs.ErrObjectNotFound) {
-		t.Fatalf("records object written under an existing manifest: %v", err)
+	if has, err := member.HasObjects(t.Context(), w.env.Bus.Records, "run1", "c1", w.name); has || err != nil {
+		t.Fatalf("records object written under an existing manifest: %v %v", has, err)
 	}
 	c := w.commit(t, "c1", eps[:1], false)
 	want(t, c, events.CodeCheckpointConflict, events.StatePrepared)
@@ -471,8 +472,8 @@ func TestSupersededMidWrite(t *testing.T) {
 	if _, err := w.env.Bus.Manifests.Get(t.Context(), events.MemberManifestKey("run1", "c1", w.name)); !errors.Is(err, natsjs.ErrKeyNotFound) {
 		t.Fatalf("manifest: %v, want none", err)
 	}
-	if _, err := w.env.Bus.Records.GetInfo(t.Context(), events.RecordsObject("run1", "c1", w.name)); !errors.Is(err, natsjs.ErrObjectNotFound) {
-		t.Fatalf("records object: %v, want none", err)
+	if has, err := member.HasObjects(t.Context(), w.env.Bus.Records, "run1", "c1", w.name); has || err != nil {
+		t.Fatalf("records object: %v %v, want none", has, err)
 	}
 	if n := w.p.Count("resume"); n != 0 {
 		t.Fatalf("a superseded member reopened admission %d times", n)
@@ -559,5 +560,34 @@ func TestPauseReportsReachTheAcks(t *testing.T) {
 	ra := bridge.Ack(seq, events.PhaseResume, name).(events.ResumeAck)
 	if ra.Pause == nil || ra.Pause.PauseSeq != 1 || !p.AdmissionOpen() {
 		t.Fatalf("resume ack pause %+v, admission open %v", ra.Pause, p.AdmissionOpen())
+	}
+}
+
+// A process presumed dead whose name a new process took (a restore into a
+// fresh fleet of the same names) stops at its next heartbeat instead of
+// writing over the new one's: the heartbeat key carries an instance, and
+// later beats only update what the process itself wrote.
+func TestReplacedMemberStops(t *testing.T) {
+	env := jstest.Start(t, jstest.WithTopology(jetstream.Topology{MemberTTL: 1500 * time.Millisecond}))
+	name := events.Member("agent.a")
+	old := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("a"), membertest.Options{})
+	first := membertest.WaitRegistered(t, env, "run1", name, nil)
+	fresh := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("a"), membertest.Options{})
+	select {
+	case <-old.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the replaced process is still running")
+	}
+	if err := old.Err(); !errors.Is(err, member.ErrReplaced) {
+		t.Fatalf("the replaced process returned %v, want ErrReplaced", err)
+	}
+	info := membertest.WaitRegistered(t, env, "run1", name, nil)
+	if info.Instance == first.Instance || info.Instance == "" {
+		t.Fatalf("heartbeat instance %q, the first was %q", info.Instance, first.Instance)
+	}
+	select {
+	case <-fresh.Done():
+		t.Fatalf("the new process stopped: %v", fresh.Err())
+	default:
 	}
 }

@@ -151,7 +151,7 @@ func manifestOf(run, checkpoint string, m events.Member, records []events.Record
 		Run:          run,
 		CheckpointID: checkpoint,
 		Member:       m,
-		Object:       events.RecordsObject(run, checkpoint, m),
+		Object:       events.RecordsObject(run, checkpoint, m, hex.EncodeToString(sum)),
 		SHA256:       hex.EncodeToString(sum),
 		Count:        len(records),
 		Size:         size,
@@ -164,7 +164,7 @@ func manifestOf(run, checkpoint string, m events.Member, records []events.Record
 }
 
 // WriteRecords writes records as JSON lines (one events.Record per line)
-// to events.RecordsObject(run, checkpoint, m) in store, streaming and
+// to events.RecordsObject (named by their digest) in store, streaming and
 // hashing sha256 as it goes, and returns the manifest that describes the
 // object (not yet created: see CreateManifest). ctx is the stop signal: it
 // is checked before each record (after before, when set, is called), and
@@ -183,7 +183,13 @@ func WriteRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint
 		// object write.
 		return Digest(run, checkpoint, m, nil)
 	}
-	name := events.RecordsObject(run, checkpoint, m)
+	// The object is named by its content, so the digest comes first; the
+	// write hashes again as it streams and must agree.
+	want, err := Digest(run, checkpoint, m, records)
+	if err != nil {
+		return events.MemberManifest{}, err
+	}
+	name := want.Object
 	rr := &recordReader{ctx: ctx, id: checkpoint, records: records, before: before, h: sha256.New()}
 	// The store call itself is not cancelled by the stop signal, so that a
 	// stopped write purges what it sent; the reader stops it.
@@ -202,7 +208,29 @@ func WriteRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint
 		return events.MemberManifest{}, fmt.Errorf("member: write %s: the store holds %d bytes, digest %s; wrote %d bytes, sha256 %x",
 			name, info.Size, info.Digest, rr.size, sum)
 	}
+	if got := hex.EncodeToString(sum); got != want.SHA256 {
+		return events.MemberManifest{}, fmt.Errorf("member: write %s: streamed sha256 %s, the records digest to %s", name, got, want.SHA256)
+	}
 	return manifestOf(run, checkpoint, m, records, sum, rr.size)
+}
+
+// HasObjects reports whether any records object of member m in checkpoint
+// is in store (whatever its digest): a stopped write must leave none.
+func HasObjects(ctx context.Context, store natsjs.ObjectStore, run, checkpoint string, m events.Member) (bool, error) {
+	infos, err := store.List(ctx)
+	if errors.Is(err, natsjs.ErrNoObjectsFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	prefix := events.RecordsPrefix(run, checkpoint, m)
+	for _, o := range infos {
+		if strings.HasPrefix(o.Name, prefix) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // CreateManifest creates man in kv at events.MemberManifestKey, with

@@ -34,7 +34,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if man.Count != len(recs) || len(man.Episodes) != 40 || man.Object != "run1/c1/agent.a.jsonl" {
+	if man.Count != len(recs) || len(man.Episodes) != 40 || man.Object != events.RecordsObject("run1", "c1", self, man.SHA256) || !strings.HasPrefix(man.Object, "run1/c1/agent.a.") {
 		t.Fatalf("manifest %+v", man)
 	}
 	if d, err := member.Digest("run1", "c1", self, recs); err != nil || d.SHA256 != man.SHA256 || d.Size != man.Size {
@@ -134,8 +134,8 @@ func TestRecordsWriteStops(t *testing.T) {
 	if !slices.Equal(seen, []int{0, 1, 2, 3, 4, 5}) {
 		t.Fatalf("hook saw %v", seen)
 	}
-	if _, err := env.Bus.Records.GetInfo(t.Context(), "run1/c1/agent.a.jsonl"); !errors.Is(err, natsjs.ErrObjectNotFound) {
-		t.Fatalf("object after a stopped write: %v", err)
+	if has, err := member.HasObjects(t.Context(), env.Bus.Records, "run1", "c1", self); has || err != nil {
+		t.Fatalf("object after a stopped write: %v %v", has, err)
 	}
 	info, err := env.JS.Stream(t.Context(), "OBJ_sp_records")
 	if err != nil {
@@ -180,8 +180,8 @@ func TestRecordsEmptyExportHasNoObject(t *testing.T) {
 		t.Fatalf("ReadRecords of an empty export: %d records, %v", len(recs), err)
 	}
 	forged := man
-	forged.CheckpointID, forged.Object = "c2", "run1/c2/agent.a.jsonl"
-	forged.SHA256 = strings.Repeat("ab", 32)
+	forged.CheckpointID, forged.SHA256 = "c2", strings.Repeat("ab", 32)
+	forged.Object = events.RecordsObject("run1", "c2", self, forged.SHA256)
 	if err := member.CreateManifest(t.Context(), env.Bus.Manifests, forged); err != nil {
 		t.Fatal(err)
 	}

@@ -137,7 +137,7 @@ func StartMember(t testing.TB, env *jstest.Env, run string, name events.Member, 
 		h.err = m.Run(rctx)
 	}()
 	t.Cleanup(func() {
-		if err := h.Stop(); err != nil && !errors.Is(err, member.ErrSuperseded) {
+		if err := h.Stop(); err != nil && !errors.Is(err, member.ErrSuperseded) && !errors.Is(err, member.ErrReplaced) {
 			t.Errorf("membertest: %s: Run: %v", name, err)
 		}
 	})

@@ -1,0 +1,176 @@
+//go:build linux
+
+package provider
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// benchSize is a changed tree: bytes of file data in files files, 100 per
+// directory.
+type benchSize struct {
+	name  string
+	bytes int64
+	files int
+}
+
+var benchSizes = []benchSize{
+	{"1MiB", 1 << 20, 100},
+	{"100MiB", 100 << 20, 10_000},
+	{"1GiB", 1 << 30, 10_000},
+}
+
+// genTree writes the tree under dir (through the sandbox's Root, so into
+// its upper layer) and syncs, so that no write-back of it runs while the
+// timer does.
+func genTree(b *testing.B, dir string, sz benchSize) {
+	b.Helper()
+	rng := rand.New(rand.NewPCG(1, 2))
+	pool := make([]byte, 2<<20)
+	for i := range pool {
+		pool[i] = byte(rng.Uint32())
+	}
+	per := int(sz.bytes / int64(sz.files))
+	for i := range sz.files {
+		d := filepath.Join(dir, fmt.Sprintf("d%03d", i/100))
+		if i%100 == 0 {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				b.Fatal(err)
+			}
+		}
+		off := (i * 7919) % (len(pool) - per)
+		if err := os.WriteFile(filepath.Join(d, fmt.Sprintf("f%05d", i)), pool[off:off+per], 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	unix.Sync()
+}
+
+func benchProvider(b *testing.B, name string) Provider {
+	b.Helper()
+	switch name {
+	case "overlay":
+		return newOverlay(b)
+	case "dir":
+		return newDir(b)
+	}
+	b.Fatalf("unknown provider %s", name)
+	return nil
+}
+
+// BenchmarkSnapshot: one Snapshot of a sandbox whose changes are the
+// tree (overlay: frozen, upper copied, thawed). The snapshot is deleted
+// and the disk synced outside the timer.
+func BenchmarkSnapshot(b *testing.B) {
+	ctx := context.Background()
+	for _, prov := range []string{"overlay", "dir"} {
+		for _, sz := range benchSizes {
+			b.Run("provider="+prov+"/size="+sz.name, func(b *testing.B) {
+				p := benchProvider(b, prov)
+				sb := start(b, p, Spec{ID: "bench"})
+				genTree(b, filepath.Join(sb.Root, "data"), sz)
+				b.SetBytes(sz.bytes)
+				i := 0
+				for b.Loop() {
+					s := snapshot(b, p, "bench", fmt.Sprintf("s%d", i))
+					b.StopTimer()
+					if s.Files < sz.files {
+						b.Fatalf("snapshot has %d entries, want at least %d", s.Files, sz.files)
+					}
+					if err := p.DeleteSnapshot(ctx, s.ID); err != nil {
+						b.Fatal(err)
+					}
+					unix.Sync()
+					i++
+					b.StartTimer()
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkCopyBaseline: cp -a of the same tree, the yardstick of
+// BenchmarkSnapshot in the same run.
+func BenchmarkCopyBaseline(b *testing.B) {
+	requireRoot(b)
+	for _, sz := range benchSizes {
+		b.Run("size="+sz.name, func(b *testing.B) {
+			dir := b.TempDir()
+			src := filepath.Join(dir, "upper")
+			genTree(b, filepath.Join(src, "data"), sz)
+			b.SetBytes(sz.bytes)
+			i := 0
+			for b.Loop() {
+				dst := filepath.Join(dir, fmt.Sprintf("copy%d", i))
+				if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
+					b.Fatalf("cp -a: %v\n%s", err, out)
+				}
+				b.StopTimer()
+				if err := os.RemoveAll(dst); err != nil {
+					b.Fatal(err)
+				}
+				unix.Sync()
+				i++
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// BenchmarkFork: Fork a snapshot of the tree into a running sandbox (copy
+// the snapshot's files, mount, start the init). Stopped outside the timer.
+func BenchmarkFork(b *testing.B) {
+	ctx := context.Background()
+	for _, prov := range []string{"overlay", "dir"} {
+		for _, sz := range benchSizes[:2] {
+			b.Run("provider="+prov+"/size="+sz.name, func(b *testing.B) {
+				p := benchProvider(b, prov)
+				sb := start(b, p, Spec{ID: "bench"})
+				genTree(b, filepath.Join(sb.Root, "data"), sz)
+				snapshot(b, p, "bench", "base")
+				unix.Sync()
+				b.SetBytes(sz.bytes)
+				i := 0
+				for b.Loop() {
+					f := fork(b, p, "base", Spec{ID: fmt.Sprintf("f%d", i)})
+					b.StopTimer()
+					if err := p.Stop(ctx, f.ID); err != nil {
+						b.Fatal(err)
+					}
+					unix.Sync()
+					i++
+					b.StartTimer()
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkStart: start-to-ready of a fresh sandbox (Start returns once
+// its init runs inside the finished sandbox). Stopped outside the timer.
+func BenchmarkStart(b *testing.B) {
+	ctx := context.Background()
+	for _, prov := range []string{"overlay", "dir"} {
+		b.Run("provider="+prov, func(b *testing.B) {
+			p := benchProvider(b, prov)
+			i := 0
+			for b.Loop() {
+				sb := start(b, p, Spec{ID: fmt.Sprintf("s%d", i)})
+				b.StopTimer()
+				if err := p.Stop(ctx, sb.ID); err != nil {
+					b.Fatal(err)
+				}
+				i++
+				b.StartTimer()
+			}
+		})
+	}
+}

@@ -1,0 +1,74 @@
+//go:build linux
+
+package provider
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// Default returns the provider to use with state under stateDir: the
+// overlay provider when the process is root on Linux and a trial run
+// works (mount an overlay, make a cgroup that can freeze), the dir
+// provider otherwise. The provider's Reason method says which and why.
+func Default(stateDir string) (Provider, error) {
+	why := ""
+	if euid := os.Geteuid(); euid != 0 {
+		why = fmt.Sprintf("dir: not root (euid %d); the overlay provider needs root", euid)
+	} else if ov, err := NewOverlay(OverlayConfig{StateDir: stateDir}); err != nil {
+		why = fmt.Sprintf("dir: overlay unavailable: %v", err)
+	} else if err := ov.probe(); err != nil {
+		why = fmt.Sprintf("dir: overlay probe failed: %v", err)
+	} else {
+		ov.reason = "overlay: root on Linux; trial overlay mount and freezable cgroup v2 worked"
+		return ov, nil
+	}
+	d, err := NewDir(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	d.reason = why
+	return d, nil
+}
+
+// probe mounts an overlay of an empty directory and makes a cgroup under
+// CgroupParent, checks that it can freeze and be killed, and removes both.
+func (o *Overlay) probe() (err error) {
+	dir, err := os.MkdirTemp(o.cfg.StateDir, ".probe-")
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, os.RemoveAll(dir)) }()
+	var paths [4]string
+	for i, n := range []string{"lower", "upper", "work", "merged"} {
+		paths[i] = filepath.Join(dir, n)
+		if err := os.Mkdir(paths[i], 0o700); err != nil {
+			return err
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,%s", paths[0], paths[1], paths[2], overlayOptions)
+	if err := unix.Mount("overlay", paths[3], "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay: %w", err)
+	}
+	if err := unix.Unmount(paths[3], 0); err != nil {
+		return fmt.Errorf("unmount overlay: %w", err)
+	}
+	if err := os.MkdirAll(o.cfg.CgroupParent, 0o755); err != nil {
+		return fmt.Errorf("cgroup parent: %w", err)
+	}
+	cg := cgroup(filepath.Join(o.cfg.CgroupParent, filepath.Base(dir)))
+	if err := os.Mkdir(string(cg), 0o755); err != nil {
+		return fmt.Errorf("make cgroup: %w", err)
+	}
+	defer func() { err = errors.Join(err, unix.Rmdir(string(cg))) }()
+	for _, f := range []string{"cgroup.freeze", "cgroup.kill", "cgroup.events"} {
+		if _, err := os.Stat(filepath.Join(string(cg), f)); err != nil {
+			return fmt.Errorf("cgroup %s: %w", f, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,362 @@
+//go:build linux
+
+package provider
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// tagEnv is set in the environment of every process a Dir sandbox starts,
+// to the sandbox's directory, so that Stop also finds the processes that
+// left its process group.
+const tagEnv = "STILLPOINT_SANDBOX"
+
+// Dir runs each sandbox as a plain directory, <state>/sandboxes/<id>/root,
+// with Init and every Exec working in it. It needs no privileges and
+// isolates nothing: the processes see the host's file system, processes
+// and network. Snapshot and Fork copy the directory (reflinked where the
+// file system can); they do not pause the sandbox, so a snapshot is
+// consistent when the sandbox is quiet, which a checkpoint's prepare
+// phase ensures by pausing the launch. Its methods are safe for concurrent
+// use.
+type Dir struct {
+	state   string
+	timeout time.Duration
+	snaps   *snapStore
+	reason  string
+
+	mu    sync.Mutex
+	boxes map[string]*dirBox
+}
+
+// dirBox is one sandbox; see overlayBox for the locking.
+type dirBox struct {
+	mu      sync.Mutex
+	sb      Sandbox
+	env     []string // includes the tag
+	tag     string
+	done    chan struct{}
+	started bool
+	gone    bool
+}
+
+// NewDir returns a Dir provider keeping its sandboxes and snapshots under
+// stateDir (created if missing). Half-made snapshots an earlier process
+// left are removed.
+func NewDir(stateDir string) (*Dir, error) {
+	if !filepath.IsAbs(stateDir) {
+		return nil, invalid("stateDir", "%q is not absolute", stateDir)
+	}
+	if err := os.MkdirAll(filepath.Join(stateDir, "sandboxes"), 0o700); err != nil {
+		return nil, err
+	}
+	snaps, err := newSnapStore(filepath.Join(stateDir, "snapshots"))
+	if err != nil {
+		return nil, err
+	}
+	return &Dir{
+		state:   stateDir,
+		timeout: DefaultStopTimeout,
+		snaps:   snaps,
+		reason:  "constructed directly",
+		boxes:   make(map[string]*dirBox),
+	}, nil
+}
+
+// Name returns "dir".
+func (d *Dir) Name() string { return "dir" }
+
+// Caps: snapshots of files, not of processes.
+func (d *Dir) Caps() Caps { return Caps{Snapshot: true} }
+
+// Reason says why Default chose this provider.
+func (d *Dir) Reason() string { return d.reason }
+
+func (d *Dir) dir(id string) string { return filepath.Join(d.state, "sandboxes", id) }
+
+// Start creates the directory, writes spec's files and starts Init (by
+// default "sleep infinity") in its own process group.
+func (d *Dir) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
+	return d.start(ctx, spec, "")
+}
+
+// Fork starts spec.ID with its directory copied from the snapshot.
+func (d *Dir) Fork(ctx context.Context, snapshotID string, spec Spec) (*Sandbox, error) {
+	if err := ValidateID("snapshotID", snapshotID); err != nil {
+		return nil, err
+	}
+	return d.start(ctx, spec, snapshotID)
+}
+
+func (d *Dir) start(ctx context.Context, spec Spec, snapshotID string) (*Sandbox, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	box, err := d.reserve(spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer box.mu.Unlock()
+	if err := d.create(ctx, box, spec, snapshotID); err != nil {
+		terr := d.teardown(spec.ID, box)
+		if terr == nil {
+			d.forget(spec.ID, box)
+		}
+		return nil, errors.Join(fmt.Errorf("start %s: %w", spec.ID, err), terr)
+	}
+	d.mu.Lock()
+	box.started = true
+	d.mu.Unlock()
+	sb := box.sb
+	return &sb, nil
+}
+
+func (d *Dir) reserve(id string) (*dirBox, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.boxes[id]; ok {
+		return nil, fmt.Errorf("%w: sandbox %q", ErrExists, id)
+	}
+	if _, err := os.Lstat(d.dir(id)); err == nil {
+		return nil, fmt.Errorf("%w: sandbox %q is on disk from an earlier process; Stop it first", ErrExists, id)
+	}
+	box := &dirBox{tag: tagEnv + "=" + d.dir(id)}
+	box.mu.Lock()
+	d.boxes[id] = box
+	return box, nil
+}
+
+func (d *Dir) forget(id string, box *dirBox) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.boxes[id] == box {
+		delete(d.boxes, id)
+	}
+}
+
+func (d *Dir) create(ctx context.Context, box *dirBox, spec Spec, snapshotID string) error {
+	dir := d.dir(spec.ID)
+	root := filepath.Join(dir, "root")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if snapshotID == "" {
+		if err := os.Mkdir(root, 0o755); err != nil {
+			return err
+		}
+	} else if err := d.copyFromSnapshot(ctx, snapshotID, root); err != nil {
+		return err
+	}
+	if err := populate(root, spec); err != nil {
+		return err
+	}
+	workdir := root
+	if spec.Workdir != "" {
+		wd, _ := cleanAbs("", spec.Workdir)
+		workdir = filepath.Join(root, wd)
+	}
+	box.env = append(withDefaults(spec.Env, "PATH="+os.Getenv("PATH"), "HOME="+root), box.tag)
+	box.sb = Sandbox{ID: spec.ID, Root: root, Workdir: workdir}
+	argv := spec.Init
+	if len(argv) == 0 {
+		argv = []string{"sleep", "infinity"}
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir, cmd.Env = workdir, box.env
+	cmd.Stdout, cmd.Stderr = spec.Output, spec.Output
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start init: %w", err)
+	}
+	box.sb.InitPID = cmd.Process.Pid
+	box.done = make(chan struct{})
+	go func() { // stopped by the teardown, which kills the process and waits for done
+		_ = cmd.Wait()
+		close(box.done)
+	}()
+	return nil
+}
+
+func (d *Dir) copyFromSnapshot(ctx context.Context, snapshotID, root string) error {
+	sdir, meta, release, err := d.snaps.open(snapshotID)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if meta.Provider != d.Name() {
+		return fmt.Errorf("%w: snapshotID %q was taken by provider %q, not %q", ErrInvalid, snapshotID, meta.Provider, d.Name())
+	}
+	_, err = copyTree(ctx, filepath.Join(sdir, "root"), root)
+	return err
+}
+
+// Stop kills the init's process group and every process carrying the
+// sandbox's tag, waits for the init, removes the directory and checks
+// that no tagged process and no directory is left.
+func (d *Dir) Stop(ctx context.Context, id string) error {
+	if err := ValidateID("id", id); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	box, ok := d.boxes[id]
+	if !ok {
+		box = &dirBox{tag: tagEnv + "=" + d.dir(id)}
+		d.boxes[id] = box
+	}
+	d.mu.Unlock()
+	box.mu.Lock()
+	defer box.mu.Unlock()
+	d.mu.Lock()
+	box.gone = true
+	d.mu.Unlock()
+	if err := d.teardown(id, box); err != nil {
+		return err
+	}
+	d.forget(id, box)
+	return nil
+}
+
+func (d *Dir) teardown(id string, box *dirBox) error {
+	var errs []error
+	if box.sb.InitPID > 0 {
+		_ = syscall.Kill(-box.sb.InitPID, syscall.SIGKILL)
+	}
+	err := poll(context.Background(), d.timeout, func() (bool, error) {
+		pids := tagged(box.tag)
+		for _, p := range pids {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+		return len(pids) == 0, nil
+	})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("%w: processes of %s: %v", ErrLeftover, id, tagged(box.tag)))
+	}
+	if box.done != nil {
+		t := time.NewTimer(d.timeout)
+		select {
+		case <-box.done:
+		case <-t.C:
+			errs = append(errs, fmt.Errorf("%w: init %d of %s did not exit", ErrLeftover, box.sb.InitPID, id))
+		}
+		t.Stop()
+	}
+	dir := d.dir(id)
+	if err := os.RemoveAll(dir); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("%w: directory %s", ErrLeftover, dir))
+	}
+	return errors.Join(errs...)
+}
+
+// Snapshot copies the sandbox's directory to snapshots/<snapshotID>/root
+// without pausing it.
+func (d *Dir) Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, error) {
+	if err := errors.Join(ValidateID("id", id), ValidateID("snapshotID", snapshotID)); err != nil {
+		return Snapshot{}, err
+	}
+	box, err := d.box(id)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	box.mu.Lock()
+	defer box.mu.Unlock()
+	if box.gone || !box.started {
+		return Snapshot{}, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
+	}
+	meta := snapMeta{ID: snapshotID, Provider: d.Name(), Sandbox: id}
+	return d.snaps.create(meta, func(dst string) (copyStats, time.Duration, error) {
+		t0 := time.Now()
+		st, err := copyTree(ctx, box.sb.Root, filepath.Join(dst, "root"))
+		return st, time.Since(t0), err
+	})
+}
+
+// DeleteSnapshot removes snapshots/<snapshotID>.
+func (d *Dir) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	if err := ValidateID("snapshotID", snapshotID); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return d.snaps.delete(snapshotID)
+}
+
+// Exec runs argv (looked up in the host's PATH) with the working directory
+// opts.Dir or the sandbox's Workdir, in its own process group; when ctx
+// ends the group is killed.
+func (d *Dir) Exec(ctx context.Context, id string, argv []string, opts ExecOptions) (ExecResult, error) {
+	if err := errors.Join(ValidateID("id", id), validateExec(argv, opts)); err != nil {
+		return ExecResult{}, err
+	}
+	box, err := d.box(id)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	d.mu.Lock()
+	ready := box.started && !box.gone
+	sb, env := box.sb, box.env
+	d.mu.Unlock()
+	if !ready {
+		return ExecResult{}, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = opts.Dir
+	if cmd.Dir == "" {
+		cmd.Dir = sb.Workdir
+	}
+	cmd.Env = append(slices.Clone(env), opts.Env...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, &stdout, &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = time.Second
+	err = cmd.Run()
+	return execResult(ctx, cmd, err, &stdout, &stderr)
+}
+
+func (d *Dir) box(id string) (*dirBox, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	box, ok := d.boxes[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
+	}
+	return box, nil
+}
+
+// Sandboxes lists the sandboxes this provider started and those on disk.
+func (d *Dir) Sandboxes() []string {
+	d.mu.Lock()
+	ids := slices.Collect(maps.Keys(d.boxes))
+	d.mu.Unlock()
+	return withOnDisk(ids, filepath.Join(d.state, "sandboxes"))
+}
+
+// Snapshots lists the complete snapshots in the store.
+func (d *Dir) Snapshots() ([]string, error) { return d.snaps.list() }
+
+// withOnDisk adds the directory names under dir to ids, sorted and
+// without duplicates.
+func withOnDisk(ids []string, dir string) []string {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		ids = append(ids, e.Name())
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
+}

@@ -1,0 +1,617 @@
+//go:build linux
+
+package provider
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Defaults of OverlayConfig.
+const (
+	// DefaultCgroupParentName is the directory under the cgroup v2 mount
+	// that holds one cgroup per sandbox.
+	DefaultCgroupParentName = "stillpoint-sandboxes"
+	// DefaultFreezeTimeout bounds how long Snapshot waits for the sandbox's
+	// cgroup to report frozen.
+	DefaultFreezeTimeout = 10 * time.Second
+	// DefaultStopTimeout bounds each wait of a teardown: processes dying,
+	// the cgroup emptying, a busy mount letting go.
+	DefaultStopTimeout = 10 * time.Second
+	// DefaultStartTimeout bounds how long Start waits for the first process
+	// to be set up and exec'd.
+	DefaultStartTimeout = 30 * time.Second
+)
+
+// overlayOptions are fixed so that an upper directory is self-contained
+// and can be copied to another sandbox over the same base: no index (it
+// would tie the upper to this work dir), no redirects (renaming a base
+// directory copies it up instead), no metacopy (copy-up copies data).
+const overlayOptions = "index=off,redirect_dir=off,metacopy=off"
+
+// OverlayConfig configures an Overlay provider.
+type OverlayConfig struct {
+	// StateDir holds sandboxes/<id>/{upper,work,merged} and
+	// snapshots/<id>/upper. Required; created if missing. Must be on a
+	// file system that can be an overlay upper layer (not overlay itself).
+	StateDir string
+	// BaseDir is the read-only image every sandbox starts from, the
+	// overlay's lower directory. Default "/", the host's root file system
+	// (without the file systems mounted on it).
+	BaseDir string
+	// CgroupParent is the cgroup v2 directory under which each sandbox
+	// gets <CgroupParent>/<id>. Default <cgroup v2 mount>/stillpoint-sandboxes.
+	CgroupParent string
+	// FreezeTimeout: default DefaultFreezeTimeout.
+	FreezeTimeout time.Duration
+	// StopTimeout: default DefaultStopTimeout.
+	StopTimeout time.Duration
+	// StartTimeout: default DefaultStartTimeout.
+	StartTimeout time.Duration
+}
+
+func (c *OverlayConfig) setDefaults(cgMount string) {
+	if c.BaseDir == "" {
+		c.BaseDir = "/"
+	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = filepath.Join(cgMount, DefaultCgroupParentName)
+	}
+	if c.FreezeTimeout == 0 {
+		c.FreezeTimeout = DefaultFreezeTimeout
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = DefaultStopTimeout
+	}
+	if c.StartTimeout == 0 {
+		c.StartTimeout = DefaultStartTimeout
+	}
+}
+
+// Validate checks the config; the errors, joined, wrap ErrInvalid and name
+// the field.
+func (c OverlayConfig) Validate() error {
+	var errs []error
+	for _, f := range []struct{ name, v string }{{"StateDir", c.StateDir}, {"BaseDir", c.BaseDir}, {"CgroupParent", c.CgroupParent}} {
+		switch {
+		case f.v == "" && f.name == "StateDir":
+			errs = append(errs, invalid(f.name, "missing"))
+		case f.v != "" && !filepath.IsAbs(f.v):
+			errs = append(errs, invalid(f.name, "%q is not absolute", f.v))
+		case strings.ContainsAny(f.v, ",:\\\n"):
+			errs = append(errs, invalid(f.name, "%q has a character overlay options cannot hold (, : \\ newline)", f.v))
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"FreezeTimeout", c.FreezeTimeout}, {"StopTimeout", c.StopTimeout}, {"StartTimeout", c.StartTimeout}} {
+		if d.v < 0 {
+			errs = append(errs, invalid(d.name, "negative"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Overlay runs each sandbox as an overlay over a read-only base, with its
+// own cgroup and PID, mount, UTS and cgroup namespaces. It needs root on
+// Linux, cgroup v2 and util-linux's nsenter. Its methods are safe for
+// concurrent use.
+type Overlay struct {
+	cfg     OverlayConfig
+	cgMount string // where cgroup v2 is mounted; the same path inside
+	nsenter string
+	snaps   *snapStore
+	reason  string
+
+	mu    sync.Mutex
+	boxes map[string]*overlayBox
+}
+
+// overlayBox is one sandbox. mu serializes Start, Snapshot and Stop of it.
+// started and gone change with both mu and Overlay.mu held, so Exec reads
+// them (and then sb and env, set before started) under Overlay.mu alone.
+type overlayBox struct {
+	mu      sync.Mutex
+	sb      Sandbox
+	env     []string
+	proc    *os.Process   // the init, if this process started it
+	done    chan struct{} // closed once proc was reaped; nil if none
+	started bool          // Start finished
+	gone    bool          // Stop ran
+}
+
+// NewOverlay checks the config and what the provider needs (root, cgroup
+// v2, nsenter), creates the state directories and removes half-made
+// snapshots an earlier process left. It does not mount anything; Default
+// does a trial run.
+func NewOverlay(cfg OverlayConfig) (*Overlay, error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: the overlay provider needs root (euid %d)", errors.ErrUnsupported, os.Geteuid())
+	}
+	cgMount, err := cgroup2Mount()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errors.ErrUnsupported, err)
+	}
+	cfg.setDefaults(cgMount)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	nsenter, err := exec.LookPath("nsenter")
+	if err != nil {
+		return nil, fmt.Errorf("%w: nsenter not found; install util-linux (apt-get install util-linux): %w", errors.ErrUnsupported, err)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "sandboxes"), 0o700); err != nil {
+		return nil, err
+	}
+	snaps, err := newSnapStore(filepath.Join(cfg.StateDir, "snapshots"))
+	if err != nil {
+		return nil, err
+	}
+	return &Overlay{
+		cfg:     cfg,
+		cgMount: cgMount,
+		nsenter: nsenter,
+		snaps:   snaps,
+		reason:  "constructed directly",
+		boxes:   make(map[string]*overlayBox),
+	}, nil
+}
+
+// Name returns "overlay".
+func (o *Overlay) Name() string { return "overlay" }
+
+// Caps: snapshots of files (the upper layer), not of processes.
+func (o *Overlay) Caps() Caps { return Caps{Snapshot: true} }
+
+// Reason says why Default chose this provider.
+func (o *Overlay) Reason() string { return o.reason }
+
+// Config returns the config with its defaults filled in.
+func (o *Overlay) Config() OverlayConfig { return o.cfg }
+
+func (o *Overlay) dir(id string) string    { return filepath.Join(o.cfg.StateDir, "sandboxes", id) }
+func (o *Overlay) cgroup(id string) cgroup { return cgroup(filepath.Join(o.cfg.CgroupParent, id)) }
+
+// Start mounts a fresh overlay over the base and starts spec.Init in it.
+func (o *Overlay) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
+	return o.start(ctx, spec, "")
+}
+
+// Fork starts spec.ID with its upper layer copied from the snapshot.
+func (o *Overlay) Fork(ctx context.Context, snapshotID string, spec Spec) (*Sandbox, error) {
+	if err := ValidateID("snapshotID", snapshotID); err != nil {
+		return nil, err
+	}
+	return o.start(ctx, spec, snapshotID)
+}
+
+func (o *Overlay) start(ctx context.Context, spec Spec, snapshotID string) (*Sandbox, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	box, err := o.reserve(spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer box.mu.Unlock()
+	if err := o.create(ctx, box, spec, snapshotID); err != nil {
+		terr := o.teardown(spec.ID, box)
+		if terr == nil {
+			o.forget(spec.ID, box)
+		}
+		return nil, errors.Join(fmt.Errorf("start %s: %w", spec.ID, err), terr)
+	}
+	o.mu.Lock()
+	box.started = true
+	o.mu.Unlock()
+	sb := box.sb
+	return &sb, nil
+}
+
+// reserve claims id, refusing one in use here or left on disk, and
+// returns its box locked.
+func (o *Overlay) reserve(id string) (*overlayBox, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.boxes[id]; ok {
+		return nil, fmt.Errorf("%w: sandbox %q", ErrExists, id)
+	}
+	if _, err := os.Lstat(o.dir(id)); err == nil {
+		return nil, fmt.Errorf("%w: sandbox %q is on disk from an earlier process; Stop it first", ErrExists, id)
+	}
+	if _, err := os.Lstat(string(o.cgroup(id))); err == nil {
+		return nil, fmt.Errorf("%w: cgroup %s exists; Stop %q first", ErrExists, o.cgroup(id), id)
+	}
+	box := &overlayBox{}
+	box.mu.Lock()
+	o.boxes[id] = box
+	return box, nil
+}
+
+func (o *Overlay) forget(id string, box *overlayBox) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.boxes[id] == box {
+		delete(o.boxes, id)
+	}
+}
+
+func (o *Overlay) create(ctx context.Context, box *overlayBox, spec Spec, snapshotID string) error {
+	dir := o.dir(spec.ID)
+	upper, work, merged := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "merged")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	if snapshotID == "" {
+		if err := os.Mkdir(upper, 0o755); err != nil {
+			return err
+		}
+	} else if err := o.copyFromSnapshot(ctx, snapshotID, upper); err != nil {
+		return err
+	}
+	for _, d := range []string{work, merged} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return err
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,%s", o.cfg.BaseDir, upper, work, overlayOptions)
+	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay on %s: %w", merged, err)
+	}
+	workdir := spec.Workdir
+	if workdir == "" {
+		workdir = "/"
+	}
+	workdir, _ = cleanAbs("", workdir)
+	if err := populate(merged, spec); err != nil {
+		return err
+	}
+	cg := o.cgroup(spec.ID)
+	if err := os.MkdirAll(o.cfg.CgroupParent, 0o755); err != nil {
+		return err
+	}
+	if err := os.Mkdir(string(cg), 0o755); err != nil {
+		return err
+	}
+	box.env = withDefaults(spec.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root")
+	box.sb = Sandbox{ID: spec.ID, Root: merged, Workdir: workdir, Cgroup: string(cg)}
+	return o.startInit(ctx, box, spec, initConfig{
+		Root:        merged,
+		Hostname:    spec.ID,
+		Cgroup:      string(cg),
+		CgroupMount: o.cgMount,
+		Workdir:     workdir,
+		Argv:        spec.Init,
+		Env:         box.env,
+	})
+}
+
+func (o *Overlay) copyFromSnapshot(ctx context.Context, snapshotID, upper string) error {
+	sdir, meta, release, err := o.snaps.open(snapshotID)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if meta.Provider != o.Name() || meta.Base != o.cfg.BaseDir {
+		return fmt.Errorf("%w: snapshotID %q was taken by provider %q over base %q, not %q over %q",
+			ErrInvalid, snapshotID, meta.Provider, meta.Base, o.Name(), o.cfg.BaseDir)
+	}
+	_, err = copyTree(ctx, filepath.Join(sdir, "upper"), upper)
+	return err
+}
+
+// startInit starts the helper (see init_linux.go) in new PID, mount and
+// UTS namespaces, born in the sandbox's cgroup, and waits until it has
+// exec'd Init or failed.
+func (o *Overlay) startInit(ctx context.Context, box *overlayBox, spec Spec, c initConfig) error {
+	js, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	cgfd, err := unix.Open(c.Cgroup, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: c.Cgroup, Err: err}
+	}
+	defer unix.Close(cgfd)
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	cmd := &exec.Cmd{
+		Path:       "/proc/self/exe",
+		Args:       []string{initArg0},
+		Env:        []string{initEnv + "=" + string(js)},
+		Stdout:     spec.Output,
+		Stderr:     spec.Output,
+		ExtraFiles: []*os.File{w}, // fd 3 = initStatusFD
+		SysProcAttr: &syscall.SysProcAttr{
+			Cloneflags:  syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS,
+			UseCgroupFD: true,
+			CgroupFD:    cgfd,
+		},
+	}
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		return fmt.Errorf("start sandbox init: %w", err)
+	}
+	box.sb.InitPID = cmd.Process.Pid
+	box.proc = cmd.Process
+	box.done = make(chan struct{})
+	go func() { // stopped by the teardown, which kills the process and waits for done
+		_ = cmd.Wait()
+		close(box.done)
+	}()
+	msg, err := readStatus(ctx, r, o.cfg.StartTimeout)
+	if err != nil {
+		return fmt.Errorf("wait for sandbox init: %w", err)
+	}
+	if len(msg) > 0 {
+		return errors.New(string(msg))
+	}
+	return nil
+}
+
+// readStatus reads the status pipe to its end, bounded by ctx and timeout.
+func readStatus(ctx context.Context, r *os.File, timeout time.Duration) ([]byte, error) {
+	if err := r.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = r.SetReadDeadline(time.Now()) })
+	defer stop()
+	msg, err := io.ReadAll(r)
+	if err != nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
+	return msg, err
+}
+
+// Stop tears the sandbox down: kill its cgroup, reap the init, remove the
+// cgroups, unmount, remove the directory, and check that none of it is
+// left. It also stops a sandbox that an earlier process left in the state
+// directory.
+func (o *Overlay) Stop(ctx context.Context, id string) error {
+	if err := ValidateID("id", id); err != nil {
+		return err
+	}
+	o.mu.Lock()
+	box, ok := o.boxes[id]
+	if !ok {
+		box = &overlayBox{}
+		o.boxes[id] = box
+	}
+	o.mu.Unlock()
+	box.mu.Lock()
+	defer box.mu.Unlock()
+	o.mu.Lock()
+	box.gone = true
+	o.mu.Unlock()
+	if err := o.teardown(id, box); err != nil {
+		return err
+	}
+	o.forget(id, box)
+	return nil
+}
+
+// teardown removes everything of sandbox id. It runs to the end even if a
+// step fails, so that a retry has less to do, and it is bounded by
+// StopTimeout per wait rather than by a caller's context: a half-done
+// teardown is worse than a late one.
+func (o *Overlay) teardown(id string, box *overlayBox) error {
+	ctx := context.Background()
+	timeout := o.cfg.StopTimeout
+	dir, cg := o.dir(id), o.cgroup(id)
+	var errs []error
+	_, err := os.Lstat(string(cg))
+	hasCgroup := err == nil
+	if hasCgroup {
+		if err := cg.thaw(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// The init first: its death makes the kernel kill the PID namespace,
+	// and nsenter, still alive, reaps the child it forked into it. Killed
+	// in one sweep with the cgroup, that child would be reparented outside
+	// the namespace and the init's exit would wait until the host's init
+	// got round to reaping it.
+	if box.proc != nil {
+		_ = box.proc.Signal(syscall.SIGKILL) // through its pidfd: never a reused pid
+	} else if hasCgroup {
+		if pid := cg.nsInit(); pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if box.done != nil {
+		t := time.NewTimer(timeout)
+		select {
+		case <-box.done:
+		case <-t.C:
+			errs = append(errs, fmt.Errorf("%w: init %d of %s did not exit", ErrLeftover, box.sb.InitPID, id))
+		}
+		t.Stop()
+	}
+	if hasCgroup {
+		if err := cg.kill(ctx, timeout); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := cg.remove(ctx, timeout); err != nil {
+		errs = append(errs, err)
+	}
+	if err := unmountUnder(ctx, dir, timeout); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		errs = append(errs, err)
+	}
+	// Confirm.
+	if _, err := os.Lstat(string(cg)); !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("%w: cgroup %s", ErrLeftover, cg))
+	}
+	if ms, err := mountsUnder(dir); err != nil || len(ms) > 0 {
+		errs = append(errs, fmt.Errorf("%w: mounts %v under %s (%v)", ErrLeftover, ms, dir, err))
+	}
+	if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("%w: directory %s", ErrLeftover, dir))
+	}
+	return errors.Join(errs...)
+}
+
+// unmountUnder unmounts every mount at or below dir, deepest first. A
+// mount that stays busy past half the timeout is detached (MNT_DETACH):
+// it leaves the mount table now and the kernel frees it when its last user
+// lets go.
+func unmountUnder(ctx context.Context, dir string, timeout time.Duration) error {
+	ms, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range ms {
+		err := poll(ctx, timeout/2, func() (bool, error) {
+			err := unix.Unmount(m, 0)
+			switch {
+			case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+				return true, nil
+			case errors.Is(err, unix.EBUSY):
+				return false, nil
+			}
+			return false, err
+		})
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			err = unix.Unmount(m, unix.MNT_DETACH)
+		}
+		if err != nil {
+			errs = append(errs, &os.PathError{Op: "umount", Path: m, Err: err})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Snapshot freezes the sandbox's cgroup, copies its upper layer (its
+// changes to the base, not the base) to snapshots/<snapshotID>/upper, and
+// thaws it again on every path.
+func (o *Overlay) Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, error) {
+	if err := errors.Join(ValidateID("id", id), ValidateID("snapshotID", snapshotID)); err != nil {
+		return Snapshot{}, err
+	}
+	box, err := o.box(id)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	box.mu.Lock()
+	defer box.mu.Unlock()
+	if box.gone || !box.started {
+		return Snapshot{}, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
+	}
+	meta := snapMeta{ID: snapshotID, Provider: o.Name(), Base: o.cfg.BaseDir, Sandbox: id}
+	return o.snaps.create(meta, func(dst string) (st copyStats, took time.Duration, err error) {
+		cg := cgroup(box.sb.Cgroup)
+		t0 := time.Now()
+		if err := cg.freeze(ctx, o.cfg.FreezeTimeout); err != nil {
+			return st, 0, err
+		}
+		defer func() {
+			took = time.Since(t0)
+			if terr := cg.thaw(); terr != nil {
+				err = errors.Join(err, fmt.Errorf("thaw %s: %w", cg, terr))
+			}
+		}()
+		st, err = copyTree(ctx, filepath.Join(o.dir(id), "upper"), filepath.Join(dst, "upper"))
+		return st, 0, err
+	})
+}
+
+// DeleteSnapshot removes snapshots/<snapshotID>.
+func (o *Overlay) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	if err := ValidateID("snapshotID", snapshotID); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return o.snaps.delete(snapshotID)
+}
+
+// Exec runs argv in the sandbox's namespaces and root through nsenter,
+// with the process born in the sandbox's cgroup (so a snapshot freezes it
+// and Stop kills it). When ctx ends, nsenter and everything it started are
+// killed.
+func (o *Overlay) Exec(ctx context.Context, id string, argv []string, opts ExecOptions) (ExecResult, error) {
+	if err := errors.Join(ValidateID("id", id), validateExec(argv, opts)); err != nil {
+		return ExecResult{}, err
+	}
+	box, err := o.box(id)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	o.mu.Lock()
+	ready := box.started && !box.gone
+	sb, env := box.sb, box.env
+	o.mu.Unlock()
+	if !ready {
+		return ExecResult{}, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
+	}
+	dir := opts.Dir
+	if dir == "" {
+		dir = sb.Workdir
+	}
+	cgfd, err := unix.Open(sb.Cgroup, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return ExecResult{}, fmt.Errorf("%w: sandbox %q: %w", ErrNotFound, id, err)
+	}
+	defer unix.Close(cgfd)
+	args := append([]string{
+		"--target=" + strconv.Itoa(sb.InitPID),
+		"--mount", "--pid", "--uts", "--cgroup", "--root", "--wdns=" + dir, "--",
+	}, argv...)
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, o.nsenter, args...)
+	cmd.Env = append(slices.Clone(env), opts.Env...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, &stdout, &stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: cgfd}
+	cmd.Cancel = func() error { killInside(cmd.Process.Pid); return nil }
+	cmd.WaitDelay = time.Second
+	err = cmd.Run()
+	return execResult(ctx, cmd, err, &stdout, &stderr)
+}
+
+func (o *Overlay) box(id string) (*overlayBox, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	box, ok := o.boxes[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
+	}
+	return box, nil
+}
+
+// Sandboxes lists the sandboxes this provider started and those on disk.
+func (o *Overlay) Sandboxes() []string {
+	o.mu.Lock()
+	ids := slices.Collect(maps.Keys(o.boxes))
+	o.mu.Unlock()
+	return withOnDisk(ids, filepath.Join(o.cfg.StateDir, "sandboxes"))
+}
+
+// Snapshots lists the complete snapshots in the store.
+func (o *Overlay) Snapshots() ([]string, error) { return o.snaps.list() }

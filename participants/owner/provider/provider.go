@@ -1,0 +1,192 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+)
+
+// Sentinel errors. Errors for bad input wrap ErrInvalid and name the field.
+var (
+	// ErrInvalid is returned (wrapped, naming the field) for an id, path,
+	// argv or config value that the provider refuses.
+	ErrInvalid = errors.New("provider: invalid argument")
+
+	// ErrNotFound is returned (wrapped) by Snapshot, Fork and Exec for a
+	// sandbox or snapshot that this provider does not hold.
+	ErrNotFound = errors.New("provider: not found")
+
+	// ErrExists is returned (wrapped) by Start, Fork and Snapshot when the
+	// sandbox or snapshot id is already in use, on disk or in memory.
+	ErrExists = errors.New("provider: already exists")
+
+	// ErrNoSnapshot is returned by Snapshot and Fork of a provider whose
+	// Caps().Snapshot is false. The owner then runs restart_only.
+	ErrNoSnapshot = errors.New("provider: snapshots not supported")
+
+	// ErrFreeze is returned (wrapped) by Snapshot when the sandbox's cgroup
+	// did not report frozen in time; the sandbox was thawed again and no
+	// snapshot was kept.
+	ErrFreeze = errors.New("provider: sandbox did not freeze")
+
+	// ErrLeftover is returned (wrapped) by Stop and DeleteSnapshot when,
+	// after the teardown, something of the sandbox or snapshot is still
+	// there: a process, a mount, a cgroup or a directory. The error says
+	// what.
+	ErrLeftover = errors.New("provider: teardown left something behind")
+)
+
+// Provider is what the sandbox owner needs from a sandbox provider: run
+// sandboxes, snapshot and fork them, and list what it holds. Caps says
+// which of these abilities are real; a provider that cannot snapshot
+// returns ErrNoSnapshot from the Snapshotter methods.
+type Provider interface {
+	// Name is a short lower-case name, e.g. "overlay", "dir".
+	Name() string
+	// Caps says what the provider can do.
+	Caps() Caps
+	Runner
+	Snapshotter
+	Lister
+}
+
+// Runner starts and stops sandboxes and runs commands in them.
+type Runner interface {
+	// Start creates the sandbox spec.ID, writes spec's files into it and
+	// starts its first process. It returns once that process runs inside
+	// the finished sandbox. A Start that fails leaves nothing behind.
+	Start(ctx context.Context, spec Spec) (*Sandbox, error)
+	// Stop kills every process of the sandbox, unmounts and removes what
+	// Start made, and confirms that nothing is left (ErrLeftover
+	// otherwise). Stopping an unknown or stopped sandbox returns nil.
+	Stop(ctx context.Context, id string) error
+	// Exec runs argv inside the sandbox and waits for it. A command that
+	// ran and failed is not an error: see ExecResult.ExitCode. When ctx
+	// ends, the command and its descendants are killed.
+	Exec(ctx context.Context, id string, argv []string, opts ExecOptions) (ExecResult, error)
+}
+
+// Snapshotter takes and forks snapshots of sandboxes.
+type Snapshotter interface {
+	// Snapshot captures the sandbox's files (and, when Caps().KeepsProcesses,
+	// its processes) as snapshotID. The sandbox keeps running.
+	Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, error)
+	// Fork starts a new sandbox, spec.ID, whose files start as the
+	// snapshot's; spec's files are written over them.
+	Fork(ctx context.Context, snapshotID string, spec Spec) (*Sandbox, error)
+	// DeleteSnapshot removes a snapshot and confirms it is gone. Deleting
+	// an unknown snapshot returns nil.
+	DeleteSnapshot(ctx context.Context, snapshotID string) error
+}
+
+// Lister lists what a provider holds, for leak checks.
+type Lister interface {
+	// Sandboxes returns the ids of the sandboxes this provider holds,
+	// sorted: those it started and those its state directory still has
+	// from an earlier process.
+	Sandboxes() []string
+	// Snapshots returns the ids of the snapshots in its store, sorted.
+	Snapshots() ([]string, error)
+}
+
+// Caps says what a provider can do.
+type Caps struct {
+	// Snapshot is true when Snapshot and Fork work. When false the owner
+	// runs restart_only (PROTOCOL §6).
+	Snapshot bool `json:"snapshot"`
+	// KeepsProcesses is true when a snapshot holds the sandbox's running
+	// processes and a fork resumes them (a VM or CRIU snapshot), so that
+	// a restore can adopt the paused launch instead of relaunching it
+	// (PROTOCOL §6, keeps_processes). Local providers here keep files only.
+	KeepsProcesses bool `json:"keeps_processes"`
+}
+
+// Spec describes a sandbox to start.
+type Spec struct {
+	// ID names the sandbox. It must match ^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$
+	// (it becomes a directory and a cgroup name, and may become a subject
+	// token).
+	ID string
+	// Init is the sandbox's first process (argv; argv[0] is looked up in
+	// the sandbox's PATH). Empty means a minimal idle init that only reaps
+	// children.
+	Init []string
+	// Env is the environment of Init and of every Exec. PATH and HOME get
+	// defaults when missing.
+	Env []string
+	// Workdir is the working directory of Init and the default of Exec, as
+	// an absolute path inside the sandbox; it is created if missing.
+	// Default "/". (The dir provider maps it under the sandbox's root.)
+	Workdir string
+	// Files are written into the sandbox before Init starts, keyed by path
+	// relative to the sandbox's root, mode 0644, parents 0755. Absolute
+	// paths and ".." are refused; symbolic links are resolved inside the
+	// sandbox.
+	Files map[string][]byte
+	// CopyIn copies host files (regular files only) into the sandbox
+	// before Init starts, after Files.
+	CopyIn []CopyIn
+	// Output receives Init's stdout and stderr; nil discards them.
+	Output io.Writer
+}
+
+// CopyIn is one host file to copy into a sandbox.
+type CopyIn struct {
+	// HostPath is the file on the host (absolute).
+	HostPath string
+	// SandboxPath is where it goes, relative to the sandbox's root, as for
+	// Spec.Files.
+	SandboxPath string
+	// Mode is the permission bits of the copy; 0 keeps the host file's.
+	Mode uint32
+}
+
+// Sandbox is a started sandbox.
+type Sandbox struct {
+	// ID is Spec.ID.
+	ID string `json:"id"`
+	// Root is the host path where the sandbox's file system is visible
+	// (the overlay's merged directory, or the dir provider's directory).
+	Root string `json:"root"`
+	// Workdir is the working directory as the sandbox's processes see it.
+	Workdir string `json:"workdir"`
+	// InitPID is the host pid of the first process.
+	InitPID int `json:"init_pid"`
+	// Cgroup is the host path of the sandbox's cgroup v2 directory, or ""
+	// when the provider gives it none.
+	Cgroup string `json:"cgroup,omitempty"`
+}
+
+// Snapshot describes a snapshot that was taken.
+type Snapshot struct {
+	// ID is the snapshot id.
+	ID string `json:"id"`
+	// Size is the number of bytes of file data copied (each inode once).
+	Size int64 `json:"size"`
+	// Files is the number of entries copied: files, directories, links,
+	// devices (whiteouts) and the like, not counting the top directory.
+	Files int `json:"files"`
+	// Took is how long the sandbox was held (frozen) for the copy.
+	Took time.Duration `json:"took"`
+}
+
+// ExecOptions are the optional parts of an Exec.
+type ExecOptions struct {
+	// Dir is the working directory as the sandbox sees it; "" means the
+	// sandbox's Workdir.
+	Dir string
+	// Env is added to the sandbox's environment (a later entry wins).
+	Env []string
+	// Stdin is the command's standard input; nil means empty.
+	Stdin io.Reader
+}
+
+// ExecResult is what a command run by Exec left.
+type ExecResult struct {
+	// Stdout and Stderr are everything the command wrote.
+	Stdout []byte
+	Stderr []byte
+	// ExitCode is the exit status, or 128+n when signal n killed it.
+	ExitCode int
+}

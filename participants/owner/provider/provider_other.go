@@ -1,0 +1,33 @@
+//go:build !linux
+
+package provider
+
+import (
+	"errors"
+	"time"
+)
+
+// OverlayConfig configures an Overlay provider (Linux only).
+type OverlayConfig struct {
+	StateDir      string
+	BaseDir       string
+	CgroupParent  string
+	FreezeTimeout time.Duration
+	StopTimeout   time.Duration
+	StartTimeout  time.Duration
+}
+
+// Overlay is the overlay provider; it exists on Linux only.
+type Overlay struct{}
+
+// Dir is the dir provider; it exists on Linux only.
+type Dir struct{}
+
+// NewOverlay returns errors.ErrUnsupported outside Linux.
+func NewOverlay(OverlayConfig) (*Overlay, error) { return nil, errors.ErrUnsupported }
+
+// NewDir returns errors.ErrUnsupported outside Linux.
+func NewDir(string) (*Dir, error) { return nil, errors.ErrUnsupported }
+
+// Default returns errors.ErrUnsupported outside Linux.
+func Default(string) (Provider, error) { return nil, errors.ErrUnsupported }
