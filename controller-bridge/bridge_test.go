@@ -397,3 +397,23 @@ func TestSecondBridgeFencesTheFirst(t *testing.T) {
 		t.Fatalf("LATEST %+v, want y", st.Latest)
 	}
 }
+
+// TestRestoreNeedsNoFreshMemberForEmptyExports: a member that exported
+// nothing (a sandbox daemon; its sandbox is forked under a new id) needs no
+// fresh member of its name for a restore.
+func TestRestoreNeedsNoFreshMemberForEmptyExports(t *testing.T) {
+	env := jstest.Start(t)
+	withWork := membertest.StartMembers(t, env, run, 1, membertest.Options{Episodes: 2})
+	idle := membertest.StartMembers(t, env, run, 1, membertest.Options{Prefix: "idle"})
+	b := startBridge(t, env, bridge.Config{})
+	if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", Stop: true}); err != nil || res.Status != bridge.StatusCommitted {
+		t.Fatalf("%+v %v", res, err)
+	}
+	_ = withWork[0].Stop()
+	_ = idle[0].Stop()
+	membertest.StartMembers(t, env, run, 1, membertest.Options{})
+	res, err := b.Restore(ctx(t), bridge.RestoreRequest{})
+	if err != nil || res.Status != bridge.StatusCompleted || len(res.Restored) != 2 {
+		t.Fatalf("restore without a fresh agent.idle0: %+v %v", res, err)
+	}
+}

@@ -64,9 +64,12 @@ func (b *Bridge) Restore(ctx context.Context, req RestoreRequest) (*RestoreResul
 	for _, f := range fresh {
 		isFresh[f] = true
 	}
+	// Every member with records needs a fresh member of its name to
+	// install them; one that exported nothing (a sandbox daemon, whose
+	// sandbox the owner forks under a new id) needs none.
 	var missing []string
 	for _, mm := range m.Members {
-		if !isFresh[mm.Member] {
+		if mm.Count > 0 && !isFresh[mm.Member] {
 			missing = append(missing, string(mm.Member))
 		}
 	}
