@@ -1,0 +1,11 @@
+// Command sandboxd is the in-sandbox daemon: it supervises the harness
+// launch, pauses and continues it, and stops it. See `sandboxd help`.
+package main
+
+import (
+	"os"
+
+	"github.com/stillpoint/stillpoint/cmd/sandboxd/internal/cli"
+)
+
+func main() { os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr)) }

@@ -1,0 +1,128 @@
+package sandboxd
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Defaults of Config (PROTOCOL §6 and reference/nemo-gym-protocol.md §7).
+const (
+	// DefaultGrace is how long Stop waits after SIGINT before SIGKILL.
+	DefaultGrace = 10 * time.Second
+	// DefaultConfirmTimeout is how long a pause waits for every process to
+	// be stopped or frozen.
+	DefaultConfirmTimeout = 5 * time.Second
+	// DefaultPendingTimeout is how long a pause keeps waiting past the
+	// confirm timeout while the only holdouts are in state D.
+	DefaultPendingTimeout = 30 * time.Second
+	// DefaultKillTimeout bounds the wait for a kill to leave nothing
+	// behind.
+	DefaultKillTimeout = 10 * time.Second
+	// DefaultHoldPoll is how often a held launch (pause file) looks at its
+	// pause and stop files.
+	DefaultHoldPoll = 250 * time.Millisecond
+	// CgroupSubtree is the cgroup the supervisor creates under its own to
+	// hold the launch cgroups, when Config.CgroupRoot is not set.
+	CgroupSubtree = "stillpoint-sandboxd"
+	// EnvTag is the environment variable every launch gets, set to its id;
+	// every process it starts inherits it unless it clears its
+	// environment.
+	EnvTag = "STILLPOINT_LAUNCH"
+)
+
+// Config configures a Supervisor. The zero value of every field but
+// StateDir is a working default.
+type Config struct {
+	// StateDir holds one directory per launch (record.json, output.log,
+	// and the stop and pause files) plus the supervisor's lock. Required.
+	StateDir string
+	// Logger receives structured logs (the zero value discards them).
+	Logger zerolog.Logger
+	// Mode is the default pause mode of launches whose Spec names none
+	// (default: freeze where the host allows it, else stop).
+	Mode Mode
+	// CgroupRoot is the cgroup v2 directory under which each launch gets
+	// its cgroup launch-<id> (default: <the supervisor's cgroup>/
+	// stillpoint-sandboxd, created if missing). A root that cannot be
+	// created or written leaves freeze unavailable.
+	CgroupRoot string
+	// NoCgroup never uses cgroups: launches run in the supervisor's cgroup
+	// and freeze is unavailable, as on a host without cgroup v2.
+	NoCgroup bool
+	// Grace is the wait between SIGINT and SIGKILL when stopping a running
+	// launch (default 10 s).
+	Grace time.Duration
+	// ConfirmTimeout bounds a pause's wait for every process to stop or
+	// freeze (default 5 s).
+	ConfirmTimeout time.Duration
+	// PendingTimeout extends that wait while the only holdouts are in
+	// state D (default 30 s; never less than ConfirmTimeout).
+	PendingTimeout time.Duration
+	// KillTimeout bounds a kill's wait for nothing to be left (default
+	// 10 s).
+	KillTimeout time.Duration
+	// HoldPoll is how often a held launch looks at its pause and stop
+	// files (default 250 ms).
+	HoldPoll time.Duration
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.Grace == 0 {
+		c.Grace = DefaultGrace
+	}
+	if c.ConfirmTimeout == 0 {
+		c.ConfirmTimeout = DefaultConfirmTimeout
+	}
+	if c.PendingTimeout == 0 {
+		c.PendingTimeout = DefaultPendingTimeout
+	}
+	if c.PendingTimeout < c.ConfirmTimeout {
+		c.PendingTimeout = c.ConfirmTimeout
+	}
+	if c.KillTimeout == 0 {
+		c.KillTimeout = DefaultKillTimeout
+	}
+	if c.HoldPoll == 0 {
+		c.HoldPoll = DefaultHoldPoll
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.StateDir != "" {
+		if abs, err := filepath.Abs(c.StateDir); err == nil {
+			c.StateDir = abs
+		}
+	}
+}
+
+// Validate reports every problem of c, each naming the field.
+func (c Config) Validate() error {
+	var errs []error
+	if c.StateDir == "" {
+		errs = append(errs, fmt.Errorf("%w: Config.StateDir is required", ErrInvalidConfig))
+	}
+	if c.Mode > ModeHold {
+		errs = append(errs, fmt.Errorf("%w: Config.Mode: %v", ErrInvalidConfig, c.Mode))
+	}
+	if c.CgroupRoot != "" && !filepath.IsAbs(c.CgroupRoot) {
+		errs = append(errs, fmt.Errorf("%w: Config.CgroupRoot %q must be absolute", ErrInvalidConfig, c.CgroupRoot))
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"Grace", c.Grace}, {"ConfirmTimeout", c.ConfirmTimeout}, {"PendingTimeout", c.PendingTimeout},
+		{"KillTimeout", c.KillTimeout}, {"HoldPoll", c.HoldPoll},
+	} {
+		if f.d < 0 {
+			errs = append(errs, fmt.Errorf("%w: Config.%s must not be negative", ErrInvalidConfig, f.name))
+		}
+	}
+	return errors.Join(errs...)
+}

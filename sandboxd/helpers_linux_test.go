@@ -1,0 +1,379 @@
+package sandboxd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// Binaries the tests build before any supervisor starts: once a supervisor
+// runs, its reap loop reaps every child of the test process, so os/exec's
+// Wait must not be used after that.
+var (
+	threadsBin  string
+	sandboxdBin string
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		tmp, err := os.MkdirTemp("", "sandboxd-test-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(tmp)
+		if err := buildHelpers(tmp); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		code := m.Run()
+		cleanupBenchTrees()
+		if code == 0 {
+			if err := goleak.Find(); err != nil {
+				fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
+				return 1
+			}
+		}
+		return code
+	}()
+	os.Exit(code)
+}
+
+func buildHelpers(dir string) error {
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(gobin); err != nil {
+		if gobin, err = exec.LookPath("go"); err != nil {
+			return fmt.Errorf("the tests build helpers with the go command: install Go (https://go.dev/dl) and put it in PATH")
+		}
+	}
+	threadsBin = filepath.Join(dir, "threads")
+	sandboxdBin = filepath.Join(dir, "sandboxd")
+	for _, b := range []struct{ out, pkg string }{
+		{threadsBin, "./testdata/threads"},
+		{sandboxdBin, "../cmd/sandboxd"},
+	} {
+		cmd := exec.Command(gobin, "build", "-o", b.out, b.pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	return nil
+}
+
+// requireTool fails the test (never skips) when a command is missing.
+func requireTool(t testing.TB, name, hint string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("%s is required by this test and is not in PATH: %s", name, hint)
+	}
+	return p
+}
+
+// testPrefix is a short id prefix unique to the test, so that its launches
+// (and their tags) can be told from any other.
+func testPrefix(t testing.TB) string {
+	h := fnv.New32a()
+	h.Write([]byte(t.Name()))
+	return fmt.Sprintf("t%08x", h.Sum32())
+}
+
+func launchID(t testing.TB, s string) string { return testPrefix(t) + "-" + s }
+
+// testCgroupRoot makes a cgroup for the test's launches under the
+// supervisor's default subtree and, at cleanup, checks that no launch
+// cgroup is left in it and removes it.
+func testCgroupRoot(t testing.TB) string {
+	t.Helper()
+	own, err := ownCgroupDir()
+	if err != nil {
+		t.Fatalf("freeze mode needs cgroup v2: %v (run as root on a host with cgroup v2 mounted and writable)", err)
+	}
+	parent := filepath.Join(own, CgroupSubtree)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		t.Fatalf("freeze mode needs a writable cgroup v2 (run the tests as root): %v", err)
+	}
+	dir := filepath.Join(parent, testPrefix(t)+"-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatalf("freeze mode needs a writable cgroup v2 (run the tests as root): %v", err)
+	}
+	t.Cleanup(func() {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if e.IsDir() {
+				t.Errorf("cgroup %s left behind", filepath.Join(dir, e.Name()))
+				_ = (&cgroup{dir: filepath.Join(dir, e.Name())}).kill()
+				_ = (&cgroup{dir: filepath.Join(dir, e.Name())}).remove()
+			}
+		}
+		if err := os.Remove(dir); err != nil {
+			t.Errorf("remove test cgroup: %v", err)
+		}
+		_ = os.Remove(parent) // shared; fails while others use it
+	})
+	return dir
+}
+
+// startSupervisor creates and runs a supervisor for the test. Freeze mode
+// gets a cgroup root of the test's own; stop mode runs without cgroups, as
+// on a host without cgroup v2. Cleanup stops it, waits for Run, and checks
+// that nothing the test started is left: no child of the test process, no
+// process with the test's tag, no cgroup.
+func startSupervisor(t testing.TB, cfg Config) *Supervisor {
+	t.Helper()
+	if cfg.StateDir == "" {
+		cfg.StateDir = t.TempDir()
+	}
+	if !cfg.NoCgroup && cfg.CgroupRoot == "" {
+		cfg.CgroupRoot = testCgroupRoot(t)
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = 2 * time.Second
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		checkNothingLeft(t)
+	})
+	return s
+}
+
+// checkNothingLeft fails the test if a child of the test process or a
+// process tagged with one of the test's launch ids is still there.
+func checkNothingLeft(t testing.TB) {
+	t.Helper()
+	prefix := []byte(EnvTag + "=" + testPrefix(t))
+	var left string
+	ok := pollUntil(5*time.Second, func() bool {
+		kids, _ := selfChildren(nil)
+		tagged := taggedWithPrefix(prefix)
+		left = fmt.Sprintf("children %v, tagged %v", kids, tagged)
+		return len(kids) == 0 && len(tagged) == 0
+	})
+	if !ok {
+		t.Errorf("processes left behind: %s", left)
+	}
+}
+
+func taggedWithPrefix(prefix []byte) []int {
+	pids, _ := listPIDs()
+	var out []int
+	for _, pid := range pids {
+		if pid == os.Getpid() {
+			continue
+		}
+		st, _, err := readStat(pid, nil)
+		if err != nil || st.state == 'Z' {
+			continue
+		}
+		b, err := readInto(procPath(pid, "/environ"), nil)
+		if err != nil {
+			continue
+		}
+		for e := range bytes.SplitSeq(b, []byte{0}) {
+			if bytes.HasPrefix(e, prefix) {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// pollUntil polls cond every few milliseconds until it holds (true) or
+// the timeout passes (false).
+func pollUntil(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitFor fails the test unless cond holds within timeout.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !pollUntil(timeout, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// holdsFor checks that check keeps returning nil for d, polling it; it
+// fails the test at the first error. It is how a test observes that
+// nothing changes while a launch is paused.
+func holdsFor(t testing.TB, d time.Duration, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		if err := check(); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// launchPIDs lists every live process of launch id on the host: those with
+// its tag, plus the tree under the harness (which finds the ones that
+// cleared their environment).
+func launchPIDs(t testing.TB, s *Supervisor, id string) []int {
+	t.Helper()
+	rec, err := s.Status(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	var out []int
+	add := func(pid int) {
+		if !seen[pid] {
+			seen[pid] = true
+			out = append(out, pid)
+		}
+	}
+	for _, p := range scanHost(launchMark{tag: []byte(EnvTag + "=" + id), rootPID: rec.PID, rootStart: rec.PIDStart}, newWalker()) {
+		add(p.pid)
+	}
+	if rec.PID > 0 {
+		for _, pid := range treeOf(rec.PID) {
+			add(pid)
+		}
+	}
+	return out
+}
+
+// treeOf lists pid and its descendants.
+func treeOf(pid int) []int {
+	var out []int
+	level := []int{pid}
+	for len(level) > 0 {
+		var next []int
+		for _, p := range level {
+			st, _, err := readStat(p, nil)
+			if err != nil || st.state == 'Z' {
+				continue
+			}
+			out = append(out, p)
+			next, _, _ = readChildren(p, st.threads, nil, next)
+		}
+		level = next
+	}
+	return out
+}
+
+// cpuTicks returns utime+stime of each pid (gone ones are left out).
+func cpuTicks(pids []int) map[int]uint64 {
+	m := map[int]uint64{}
+	for _, pid := range pids {
+		if st, _, err := readStat(pid, nil); err == nil {
+			m[pid] = st.utime + st.stime
+		}
+	}
+	return m
+}
+
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return -1
+	}
+	return fi.Size()
+}
+
+func readFile(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func stateOf(pid int) byte {
+	st, _, err := readStat(pid, nil)
+	if err != nil {
+		return 0
+	}
+	return st.state
+}
+
+func commOf(pid int) string {
+	b, err := os.ReadFile(procPath(pid, "/comm"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// findComm waits until a process named comm is in the launch and returns
+// its pid.
+func findComm(t testing.TB, s *Supervisor, id, comm string) int {
+	t.Helper()
+	var pid int
+	waitFor(t, 10*time.Second, comm+" in launch "+id, func() bool {
+		for _, p := range launchPIDs(t, s, id) {
+			if commOf(p) == comm {
+				pid = p
+				return true
+			}
+		}
+		return false
+	})
+	return pid
+}
+
+// mustLaunch launches and fails the test on error.
+func mustLaunch(t testing.TB, s *Supervisor, spec Spec) Record {
+	t.Helper()
+	rec, err := s.Launch(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Launch %s: %v", spec.ID, err)
+	}
+	return rec
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// modes are the two confirming pause modes, each with the supervisor
+// configuration that goes with it.
+var pauseModes = []struct {
+	name string
+	mode Mode
+	cfg  Config
+}{
+	{"freeze", ModeFreeze, Config{Mode: ModeFreeze}},
+	{"stop", ModeStop, Config{Mode: ModeStop, NoCgroup: true}},
+}

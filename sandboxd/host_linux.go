@@ -1,0 +1,612 @@
+package sandboxd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+)
+
+// linuxHost is the Linux host: /proc, pidfds, signals, cgroup v2.
+type linuxHost struct {
+	log     zerolog.Logger
+	self    Identity
+	selfPID int
+	cgRoot  string // where launch cgroups go; "" when freeze is unavailable
+	cgMade  bool   // the root is the default subtree (removed when empty)
+
+	mu     sync.Mutex
+	active map[string]*linuxLaunch
+}
+
+func newHost(cfg Config, log zerolog.Logger) (host, error) {
+	self, err := IdentityOf(os.Getpid())
+	if err != nil {
+		return nil, fmt.Errorf("sandboxd: own identity: %w", err)
+	}
+	h := &linuxHost{log: log, self: self, selfPID: os.Getpid(), active: map[string]*linuxLaunch{}}
+	if !cfg.NoCgroup {
+		root, err := prepareCgroupRoot(cfg.CgroupRoot)
+		if err != nil {
+			log.Warn().Err(err).Msg("no writable cgroup v2: freeze unavailable, pausing in stop mode")
+		} else {
+			h.cgRoot, h.cgMade = root, cfg.CgroupRoot == ""
+		}
+	}
+	return h, nil
+}
+
+func (h *linuxHost) identity() Identity { return h.self }
+func (h *linuxHost) uptime() float64    { return uptime() }
+func (h *linuxHost) acquireReaper() error {
+	return acquireReaper()
+}
+func (h *linuxHost) releaseReaper() { releaseReaper() }
+
+func (h *linuxHost) modes() []Mode {
+	if h.cgRoot != "" {
+		return []Mode{ModeFreeze, ModeStop, ModeHold}
+	}
+	return []Mode{ModeStop, ModeHold}
+}
+
+// close removes the default cgroup subtree if nothing else uses it.
+func (h *linuxHost) close() {
+	if h.cgMade {
+		_ = unix.Rmdir(h.cgRoot)
+	}
+}
+
+// lock takes an exclusive flock on <stateDir>/.lock (released by the
+// kernel when the process dies) and writes the supervisor's identity.
+func (h *linuxHost) lock(stateDir string) (func(), error) {
+	path := filepath.Join(stateDir, ".lock")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		return nil, fmt.Errorf("%w: %s held by %s", ErrStateLocked, stateDir, strings.TrimSpace(string(holder)))
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(h.self.String()+"\n"), 0)
+	return func() {
+		_ = f.Truncate(0)
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+// linuxLaunch is one started launch.
+type linuxLaunch struct {
+	h        *linuxHost
+	id       string
+	mark     launchMark
+	root     *proc // pidfd held for the launch's life
+	cg       *cgroup
+	cgRel    string // the cgroup as /proc/<pid>/cgroup names it
+	exitC    chan exitInfo
+	isReaped atomic.Bool
+	knownMu  sync.Mutex
+	known    map[int]uint64 // pid -> start of processes seen in the last walk
+	paused   *stopSet       // the stop-mode pause in force, its pidfds held
+}
+
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := os.Getenv("PATH")
+	for _, e := range env {
+		if p, ok := strings.CutPrefix(e, "PATH="); ok {
+			path = p
+		}
+	}
+	for dir := range strings.SplitSeq(path, ":") {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: executable not found in PATH", name)
+}
+
+// start forks the harness in a new session (so its own process group),
+// directly into its cgroup with CLONE_INTO_CGROUP when it gets one, with
+// the tag in its environment, stdin from /dev/null and stdout and stderr
+// appended to the output file. Its exit is subscribed before it runs.
+func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
+	argv0, err := lookPath(s.argv[0], s.env)
+	if err != nil {
+		return nil, err
+	}
+	env := s.env
+	if env == nil {
+		env = os.Environ()
+	}
+	tag := EnvTag + "=" + s.id
+	env2 := make([]string, 0, len(env)+1)
+	for _, e := range env {
+		if !strings.HasPrefix(e, EnvTag+"=") {
+			env2 = append(env2, e)
+		}
+	}
+	env2 = append(env2, tag)
+	out, err := os.OpenFile(s.output, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer out.Close()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, err
+	}
+	defer null.Close()
+
+	var cg *cgroup
+	cgfd := -1
+	if s.cgroup && h.cgRoot != "" {
+		if cg, err = createLaunchCgroup(h.cgRoot, s.id); err != nil {
+			return nil, fmt.Errorf("launch cgroup: %w", err)
+		}
+		if cgfd, err = unix.Open(cg.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+			_ = cg.remove()
+			return nil, fmt.Errorf("launch cgroup: %w", err)
+		}
+		defer unix.Close(cgfd)
+	}
+	// The child's stat and cgroup are read before the reap loop may reap
+	// it: a harness that exits at once is still a zombie then.
+	var st statInfo
+	var cgRel string
+	fork := func(withCgroup bool) (int, chan exitInfo, int, error) {
+		pidfd := -1
+		attr := &syscall.ProcAttr{
+			Dir: s.dir, Env: env2, Files: []uintptr{null.Fd(), out.Fd(), out.Fd()},
+			Sys: &syscall.SysProcAttr{Setsid: true, PidFD: &pidfd, UseCgroupFD: withCgroup, CgroupFD: cgfd},
+		}
+		pid, ch, err := startSubscribed(func() (int, error) {
+			pid, err := syscall.ForkExec(argv0, s.argv, attr)
+			if err == nil {
+				st, _, _ = readStat(pid, nil)
+				if withCgroup {
+					cgRel = cgroupOf(pid)
+				}
+			}
+			return pid, err
+		})
+		return pid, ch, pidfd, err
+	}
+	pid, exits, pidfd, err := fork(cg != nil)
+	if err != nil && cg != nil && (errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP)) {
+		h.log.Warn().Err(err).Str("launch", s.id).Msg("clone into cgroup failed; starting without a cgroup")
+		_ = cg.remove()
+		cg = nil
+		pid, exits, pidfd, err = fork(false)
+	}
+	if err != nil {
+		if cg != nil {
+			_ = cg.remove()
+		}
+		return nil, err
+	}
+	l := &linuxLaunch{
+		h: h, id: s.id, cg: cg,
+		mark:  launchMark{tag: []byte(tag), rootPID: pid, rootStart: st.start},
+		root:  &proc{pid: pid, start: st.start, fd: pidfd, statFD: -1},
+		exitC: exits,
+		known: map[int]uint64{},
+	}
+	if cg != nil {
+		l.cgRel = cgRel
+	}
+	h.mu.Lock()
+	h.active[s.id] = l
+	h.mu.Unlock()
+	return l, nil
+}
+
+// cgroupOf returns the cgroup v2 path of pid as /proc/<pid>/cgroup shows
+// it.
+func cgroupOf(pid int) string {
+	b, err := readInto(procPath(pid, "/cgroup"), nil)
+	if err != nil {
+		return ""
+	}
+	for line := range bytes.SplitSeq(b, []byte("\n")) {
+		if p, ok := bytes.CutPrefix(line, []byte("0::")); ok {
+			return string(p)
+		}
+	}
+	return ""
+}
+
+func (l *linuxLaunch) pid() int               { return l.root.pid }
+func (l *linuxLaunch) pidStart() uint64       { return l.root.start }
+func (l *linuxLaunch) exits() <-chan exitInfo { return l.exitC }
+func (l *linuxLaunch) reaped()                { l.isReaped.Store(true) }
+func (l *linuxLaunch) exitedNow() bool        { return l.isReaped.Load() || exitedNow(l.root.fd) }
+func (l *linuxLaunch) cgroupDir() string {
+	if l.cg == nil {
+		return ""
+	}
+	return l.cg.dir
+}
+
+// roots returns the walk's starting points: the harness (until it is
+// reaped) and the supervisor's children that belong to this launch,
+// orphans reparented to the subreaper.
+func (l *linuxLaunch) roots(w *walker) []cand {
+	h := l.h
+	var out []cand
+	if !l.isReaped.Load() {
+		out = append(out, cand{pid: l.root.pid, ppid: h.selfPID})
+	}
+	kids, b := selfChildren(w.buf)
+	w.buf = b
+	if len(kids) == 0 {
+		return out
+	}
+	h.mu.Lock()
+	launches := make([]*linuxLaunch, 0, len(h.active))
+	rootPIDs := map[int]bool{}
+	for _, o := range h.active {
+		launches = append(launches, o)
+		rootPIDs[o.root.pid] = true
+	}
+	h.mu.Unlock()
+	for _, k := range kids {
+		if rootPIDs[k] {
+			continue
+		}
+		st, b, err := readStat(k, w.buf)
+		w.buf = b
+		if err != nil || (st.state == 'Z' || st.state == 'X') && st.threads <= 1 || st.ppid != h.selfPID {
+			continue
+		}
+		if h.attribute(k, st, launches, w) == l {
+			out = append(out, cand{pid: k, ppid: h.selfPID})
+		}
+	}
+	return out
+}
+
+// attribute says which launch an orphan of the supervisor belongs to: the
+// launch whose cgroup holds it, else whose session or process group it is
+// in, else whose tag it carries, else which last saw it, else the only
+// launch there is. An orphan that cleared its environment, left the
+// session and was never seen, while several launches run without
+// cgroups, is nobody's; the process's last supervisor kills it when it
+// stops (releaseReaper).
+func (h *linuxHost) attribute(pid int, st statInfo, launches []*linuxLaunch, w *walker) *linuxLaunch {
+	var cgPath string
+	for _, l := range launches {
+		if l.cgRel == "" {
+			continue
+		}
+		if cgPath == "" {
+			if cgPath = cgroupOf(pid); cgPath == "" {
+				break
+			}
+		}
+		if cgPath == l.cgRel || strings.HasPrefix(cgPath, l.cgRel+"/") {
+			return l
+		}
+	}
+	for _, l := range launches {
+		if l.mark.matchStat(st) && l.mark.checked(w).rootPID > 0 {
+			return l
+		}
+	}
+	for _, l := range launches {
+		var has bool
+		if has, w.buf = environHas(pid, l.mark.tag, w.buf); has {
+			return l
+		}
+	}
+	for _, l := range launches {
+		l.knownMu.Lock()
+		s, ok := l.known[pid]
+		l.knownMu.Unlock()
+		if ok && s == st.start {
+			return l
+		}
+	}
+	if len(launches) == 1 {
+		return launches[0]
+	}
+	return nil
+}
+
+// remember notes the processes of a walk, to recognise them as orphans
+// later.
+func (l *linuxLaunch) remember(ps []*proc) {
+	m := make(map[int]uint64, len(ps))
+	for _, p := range ps {
+		m[p.pid] = p.start
+	}
+	l.knownMu.Lock()
+	l.known = m
+	l.knownMu.Unlock()
+}
+
+// pause pauses the launch in mode freeze or stop (or scan, the benchmark
+// baseline). An unconfirmed pause has been undone when it returns.
+func (l *linuxLaunch) pause(ctx context.Context, mode Mode, o pauseOpts) (pauseOutcome, error) {
+	if l.exitedNow() {
+		return pauseOutcome{ended: true}, nil
+	}
+	var out pauseOutcome
+	switch mode {
+	case ModeFreeze:
+		if l.cg == nil {
+			return out, ErrModeUnavailable
+		}
+		out = l.freeze(ctx, o)
+	case ModeStop, modeScan:
+		walk := walkStop
+		if mode == modeScan {
+			walk = scanStop
+		}
+		set, r := walk(ctx, l.roots, o)
+		if !r.ok {
+			return pauseOutcome{fallback: r.reason, pending: r.pendingD}, nil
+		}
+		live := set.live()
+		l.remember(live)
+		l.paused = set
+		out = pauseOutcome{confirmed: true, count: len(live), undo: set}
+		for _, p := range live {
+			if len(out.pids) < MaxReportPIDs {
+				out.pids = append(out.pids, p.pid)
+			}
+			if p.inD {
+				out.pending = append(out.pending, fmt.Sprintf("%d:D", p.pid))
+			}
+		}
+	default:
+		return out, fmt.Errorf("%w: %s", ErrModeUnavailable, mode)
+	}
+	if out.confirmed && l.exitedNow() {
+		// The harness exited just before the pause took hold: undo it; the
+		// launch keeps its result.
+		_, _ = l.resume(ctx, mode, &out, time.Until(o.confirmBy))
+		return pauseOutcome{ended: true}, nil
+	}
+	return out, nil
+}
+
+// freeze writes cgroup.freeze and waits for "frozen 1"; past the confirm
+// timeout it keeps waiting only while some thread is in D, up to the
+// pending timeout. Unconfirmed, it thaws again: a cgroup is never left
+// half frozen.
+func (l *linuxLaunch) freeze(ctx context.Context, o pauseOpts) pauseOutcome {
+	c := l.cg
+	frozen := func(_, f bool) bool { return f }
+	err := c.setFreeze(true)
+	ok := false
+	if err == nil {
+		ok, err = c.waitEvents(ctx, o.confirmBy, frozen)
+	}
+	var pendingD []string
+	for !ok && err == nil && time.Now().Before(o.pendingBy) {
+		if pendingD = c.threadsInD(); len(pendingD) == 0 {
+			break
+		}
+		next := time.Now().Add(100 * time.Millisecond)
+		if o.pendingBy.Before(next) {
+			next = o.pendingBy
+		}
+		ok, err = c.waitEvents(ctx, next, frozen)
+	}
+	if !ok {
+		why := "not frozen in time"
+		if err != nil {
+			why = err.Error()
+		}
+		if len(pendingD) > 0 {
+			why += ": PENDING " + strings.Join(pendingD, " PENDING ")
+		}
+		if terr := l.thaw(); terr != nil {
+			why += "; thaw: " + terr.Error()
+		}
+		return pauseOutcome{fallback: "freeze: " + why, pending: pendingD}
+	}
+	pids, _ := c.procs()
+	out := pauseOutcome{confirmed: true, count: len(pids)}
+	// The harness first, then the rest as the kernel lists them.
+	if root := l.root.pid; !l.isReaped.Load() {
+		out.pids = append(out.pids, root)
+	}
+	for _, p := range pids {
+		if len(out.pids) >= MaxReportPIDs {
+			break
+		}
+		if len(out.pids) == 0 || p != out.pids[0] {
+			out.pids = append(out.pids, p)
+		}
+	}
+	return out
+}
+
+// thaw writes 0 to cgroup.freeze and waits for "frozen 0".
+func (l *linuxLaunch) thaw() error {
+	if err := l.cg.setFreeze(false); err != nil {
+		return err
+	}
+	ok, err := l.cg.waitEvents(context.Background(), time.Now().Add(5*time.Second), func(_, f bool) bool { return !f })
+	if err == nil && !ok {
+		err = errors.New("still frozen")
+	}
+	return err
+}
+
+// threadsInD lists "<pid>:D" for the processes of the cgroup with a
+// thread in D.
+func (c *cgroup) threadsInD() []string {
+	pids, _ := c.procs()
+	var out []string
+	w := newWalker()
+	for _, pid := range pids {
+		tids, err := readTasks(pid)
+		if err != nil {
+			continue
+		}
+		for _, tid := range tids {
+			st, b, err := readTaskStat(pid, tid, w.buf)
+			w.buf = b
+			if err == nil && st.state == 'D' {
+				out = append(out, fmt.Sprintf("%d:D", pid))
+				break
+			}
+		}
+	}
+	return out
+}
+
+// resume undoes a pause: thaw, or SIGCONT bottom-up to what the walk
+// stopped.
+func (l *linuxLaunch) resume(_ context.Context, mode Mode, p *pauseOutcome, _ time.Duration) (int, error) {
+	switch mode {
+	case ModeFreeze:
+		if err := l.thaw(); err != nil {
+			return 0, err
+		}
+		return p.count, nil
+	case ModeStop, modeScan:
+		set, _ := p.undo.(*stopSet)
+		if set == nil {
+			return 0, nil
+		}
+		p.undo, l.paused = nil, nil
+		return set.resume(), nil
+	}
+	return 0, nil
+}
+
+// interrupt sends SIGINT to the harness's process group, to every process
+// of its tree and orphans, and to every process of its cgroup.
+func (l *linuxLaunch) interrupt() {
+	if !l.isReaped.Load() {
+		_ = unix.Kill(-l.root.pid, unix.SIGINT)
+	}
+	w := newWalker()
+	found := discover(l.roots, unix.SIGINT, w)
+	if l.cg == nil {
+		return
+	}
+	seen := make(map[int]bool, len(found))
+	for _, p := range found {
+		seen[p.pid] = true
+	}
+	pids, _ := l.cg.procs()
+	for _, pid := range pids {
+		if seen[pid] {
+			continue
+		}
+		p, _, b, err := openProc(pid, 0, 0, true, w.buf)
+		w.buf = b
+		if err != nil {
+			continue
+		}
+		if rel := cgroupOf(pid); rel == l.cgRel || strings.HasPrefix(rel, l.cgRel+"/") {
+			_ = p.signal(unix.SIGINT)
+		}
+		p.close()
+	}
+}
+
+// kill SIGKILLs everything of the launch and confirms: cgroup.kill and
+// "populated 0" where it has a cgroup (it works while frozen), then the
+// tree and orphans, pass after pass, then every process on the host with
+// the launch's tag or in its session. True when nothing was left.
+func (l *linuxLaunch) kill(ctx context.Context, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	ok := true
+	if l.cg != nil {
+		if err := l.cg.kill(); err != nil {
+			l.h.log.Warn().Err(err).Str("launch", l.id).Msg("cgroup.kill")
+			ok = false
+		} else {
+			got, err := l.cg.waitEvents(ctx, deadline, func(p, _ bool) bool { return !p })
+			ok = got && err == nil
+		}
+	}
+	if !killTree(ctx, l.roots, deadline) {
+		ok = false
+	}
+	if !killMarked(ctx, l.mark, deadline) {
+		ok = false
+	}
+	return ok
+}
+
+// release forgets the launch: drops its exit subscription (if it was never
+// reaped), closes the harness's pidfd, and removes the cgroup once empty.
+func (l *linuxLaunch) release() error {
+	l.h.mu.Lock()
+	delete(l.h.active, l.id)
+	l.h.mu.Unlock()
+	unsubscribe(l.root.pid, l.exitC)
+	l.root.close()
+	if l.paused != nil {
+		// Killed while paused: its pidfds go without a SIGCONT.
+		l.paused.release()
+		l.paused = nil
+	}
+	if l.cg == nil {
+		return nil
+	}
+	if pop, _, err := l.cg.events(); err == nil && pop {
+		return fmt.Errorf("cgroup %s still populated; left in place", l.cg.dir)
+	}
+	return l.cg.remove()
+}
+
+// recoverLaunch kills what is left of a launch of a previous supervisor:
+// its cgroup, then its harness and every process with its tag or in its
+// session. True when nothing was left.
+func (h *linuxHost) recoverLaunch(ctx context.Context, rec Record, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	ok := true
+	if rec.Cgroup != "" {
+		if _, err := os.Stat(rec.Cgroup); err == nil {
+			c := &cgroup{dir: rec.Cgroup}
+			if err := c.kill(); err == nil {
+				got, err := c.waitEvents(ctx, deadline, func(p, _ bool) bool { return !p })
+				ok = got && err == nil
+			} else {
+				ok = false
+			}
+			if ok {
+				if err := c.remove(); err != nil {
+					h.log.Warn().Err(err).Str("launch", rec.ID).Msg("remove a lost launch's cgroup")
+				}
+			}
+		}
+	}
+	// The session rule only while the harness itself is alive: the
+	// previous supervisor may have died long ago, and once the harness and
+	// its session are gone, its pid (and so a session id) may name someone
+	// else's.
+	m := launchMark{tag: []byte(EnvTag + "=" + rec.ID)}
+	if (Identity{PID: rec.PID, Start: rec.PIDStart}).Alive() {
+		m.rootPID, m.rootStart = rec.PID, rec.PIDStart
+	}
+	return killMarked(ctx, m, deadline) && ok
+}
