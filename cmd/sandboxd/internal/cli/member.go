@@ -1,0 +1,110 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/sandboxd"
+	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+)
+
+// member runs the daemon on the bus: member sandbox.<id> of a run, serving
+// the agent's launch requests, until SIGINT or SIGTERM.
+func memberCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("member", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	url := fs.String("nats-url", envOr("STILLPOINT_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL(s) (env STILLPOINT_NATS_URL)")
+	creds := fs.String("creds", os.Getenv("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
+	token := fs.String("token", "", "NATS token (prefer env NATS_TOKEN)")
+	run := fs.String("run", os.Getenv("STILLPOINT_RUN"), "run id (env STILLPOINT_RUN)")
+	id := fs.String("id", os.Getenv("STILLPOINT_SANDBOX"), "sandbox id: the member is sandbox.<id> (env STILLPOINT_SANDBOX)")
+	state := fs.String("state", "", "state directory (required)")
+	modeName := fs.String("mode", "", "default pause mode: freeze, stop or hold (default: the host's best)")
+	grace := fs.Duration("grace", sandboxd.DefaultGrace, "wait between SIGINT and SIGKILL on stop")
+	root := fs.String("cgroup-root", "", "cgroup v2 directory for launch cgroups")
+	noCg := fs.Bool("no-cgroup", false, "never use cgroups (freeze unavailable)")
+	lease := fs.Duration("lease-grace", member.DefaultGrace, "lease grace after a phase's deadline")
+	level := fs.String("log-level", "info", "log level (logs go to stderr)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *token == "" {
+		*token = os.Getenv("NATS_TOKEN")
+	}
+	if *state == "" || *run == "" || *id == "" {
+		fmt.Fprint(stderr, "sandboxd member: --state, --run and --id are required\n"+usage)
+		return 2
+	}
+	mode, err := sandboxd.ParseMode(*modeName)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 2
+	}
+	lvl, err := zerolog.ParseLevel(*level)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 2
+	}
+	log := zerolog.New(stderr).Level(lvl).With().Timestamp().Logger()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: *url, CredsFile: *creds, Token: *token, Name: "sandboxd-" + *id})
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 1
+	}
+	defer nc.Close()
+	js, err := natsjs.New(nc)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 1
+	}
+	bus, err := jetstream.Open(ctx, js)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 1
+	}
+	sup, err := sandboxd.New(sandboxd.Config{StateDir: *state, Mode: mode, Grace: *grace, CgroupRoot: *root, NoCgroup: *noCg, Logger: log})
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 1
+	}
+	d, err := daemon.New(daemon.Config{Run: *run, SandboxID: *id, JS: js, Bus: bus, Supervisor: sup, Grace: *lease, Logger: log})
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 2
+	}
+	var modes []string
+	for _, m := range sup.Modes() {
+		modes = append(modes, m.String())
+	}
+	line, _ := json.Marshal(map[string]any{"event": "member", "member": d.Name(), "modes": modes, "service": daemon.ServiceSubject(*run, *id)})
+	fmt.Fprintf(stdout, "%s\n", line)
+	if err := d.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		if errors.Is(err, member.ErrSuperseded) || errors.Is(err, member.ErrReplaced) {
+			return 0
+		}
+		return 1
+	}
+	return 0
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

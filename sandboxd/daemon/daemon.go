@@ -1,0 +1,310 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/sandboxd"
+)
+
+// ErrAdmissionClosed is returned for a launch asked while a checkpoint is
+// open: the agent launches again after the resume.
+var ErrAdmissionClosed = errors.New("daemon: admission closed by an open checkpoint")
+
+// Config configures a daemon.
+type Config struct {
+	// Run is the run id; SandboxID the sandbox's id (the member is
+	// sandbox.<SandboxID>). Required.
+	Run       string
+	SandboxID string
+	// JS and Bus are the daemon's JetStream and bus. Required.
+	JS  natsjs.JetStream
+	Bus *jetstream.Bus
+	// Supervisor runs the launches; the daemon runs it. Required.
+	Supervisor *sandboxd.Supervisor
+	// StateFile keeps the daemon's position in the phase stream (default
+	// <supervisor state dir>/position.json).
+	StateFile string
+	// Grace is the member's lease grace (default member.DefaultGrace).
+	Grace time.Duration
+	// Logger receives structured logs.
+	Logger zerolog.Logger
+}
+
+// Daemon is sandboxd on the bus.
+type Daemon struct {
+	cfg    Config
+	log    zerolog.Logger
+	name   events.Member
+	sup    *sandboxd.Supervisor
+	member *member.Member
+
+	mu       sync.Mutex
+	open     string            // checkpoint id while admission is closed
+	paused   map[string]string // launch id -> checkpoint that paused it
+	episodes map[string]string // launch id -> episode key, persisted
+}
+
+// New checks cfg and returns a daemon ready to Run.
+func New(cfg Config) (*Daemon, error) {
+	var errs []error
+	if err := events.ValidateRun(cfg.Run); err != nil {
+		errs = append(errs, fmt.Errorf("daemon: Config.Run: %w", err))
+	}
+	name, err := events.NewMember(events.KindSandbox, cfg.SandboxID)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("daemon: Config.SandboxID: %w", err))
+	}
+	if cfg.JS == nil || cfg.Bus == nil || cfg.Supervisor == nil {
+		errs = append(errs, errors.New("daemon: Config.JS, Bus and Supervisor are required"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if cfg.StateFile == "" {
+		cfg.StateFile = filepath.Join(cfg.Supervisor.StateDir(), "position.json")
+	}
+	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, paused: map[string]string{}, episodes: map[string]string{},
+		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
+	if err := d.loadEpisodes(); err != nil {
+		return nil, err
+	}
+	caps := []string{}
+	for _, m := range cfg.Supervisor.Modes() {
+		caps = append(caps, "pause:"+m.String())
+	}
+	d.member, err = member.New(member.Config{Run: cfg.Run, Member: name, JS: cfg.JS, Bus: cfg.Bus, Participant: d,
+		Logger: cfg.Logger, Grace: cfg.Grace, StateFile: cfg.StateFile, Capabilities: caps})
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Name returns the daemon's member name.
+func (d *Daemon) Name() events.Member { return d.name }
+
+// Run runs the supervisor, the bus member and the service until ctx ends
+// or the member is superseded or replaced.
+func (d *Daemon) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return d.sup.Run(gctx) })
+	svc, err := d.serve(gctx)
+	if err != nil {
+		return err
+	}
+	defer svc.stop()
+	g.Go(func() error {
+		err := d.member.Run(gctx)
+		if errors.Is(err, member.ErrSuperseded) || errors.Is(err, member.ErrReplaced) {
+			d.log.Warn().Err(err).Msg("stopping: another sandboxd serves this sandbox now")
+		}
+		return err
+	})
+	return g.Wait()
+}
+
+// Prepare implements member.Participant: close admission and pause every
+// launch; ready once each is paused, ended, or stopped after a pause that
+// did not confirm.
+func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Report, error) {
+	d.mu.Lock()
+	d.open = cp.ID
+	d.mu.Unlock()
+	var reports []sandboxd.PauseReport
+	for _, rec := range d.sup.List() {
+		if rec.State == sandboxd.StateEnded {
+			continue
+		}
+		d.mu.Lock()
+		already := d.paused[rec.ID] == cp.ID
+		d.mu.Unlock()
+		if already {
+			continue
+		}
+		rep, err := d.sup.Pause(ctx, rec.ID, sandboxd.ModeDefault)
+		switch {
+		case errors.Is(err, sandboxd.ErrUnconfirmed):
+			// Unconfirmed, and undone: never leave it running through a
+			// snapshot. Stop it; the agent relaunches from its session.
+			d.log.Warn().Str("launch", rec.ID).Str("fallback", rep.Fallback).Msg("pause not confirmed; stopping the launch for a relaunch")
+			if _, err := d.sup.Stop(ctx, rec.ID); err != nil {
+				return member.Report{}, fmt.Errorf("stop %s after an unconfirmed pause: %w", rec.ID, err)
+			}
+		case errors.Is(err, sandboxd.ErrStopping):
+			continue // being stopped: it ends by itself
+		case err != nil:
+			return member.Report{}, fmt.Errorf("pause %s: %w", rec.ID, err)
+		case rep.State == sandboxd.StateEnded:
+			continue // ended just before the pause: it keeps its result
+		default:
+			d.mu.Lock()
+			d.paused[rec.ID] = cp.ID
+			d.mu.Unlock()
+		}
+		reports = append(reports, rep)
+	}
+	return member.Report{Ready: true, Pause: summarize(reports), Counts: map[string]int{"launches": len(reports)}}, nil
+}
+
+// Continue implements member.Continuer: continue what this checkpoint
+// paused and reopen admission.
+func (d *Daemon) Continue(ctx context.Context, id string) (*events.PauseReport, error) {
+	d.mu.Lock()
+	var ids []string
+	for l, c := range d.paused {
+		if c == id || id == "" {
+			ids = append(ids, l)
+		}
+	}
+	if d.open == id {
+		d.open = ""
+	}
+	d.mu.Unlock()
+	sort.Strings(ids)
+	var reports []sandboxd.PauseReport
+	var errs []error
+	for _, l := range ids {
+		rep, err := d.sup.Continue(ctx, l)
+		d.mu.Lock()
+		delete(d.paused, l)
+		d.mu.Unlock()
+		if err != nil {
+			// A continue that failed stopped the launch: the agent sees it
+			// ended and relaunches.
+			errs = append(errs, fmt.Errorf("continue %s: %w", l, err))
+			continue
+		}
+		reports = append(reports, rep)
+	}
+	return summarize(reports), errors.Join(errs...)
+}
+
+// Retire implements member.Retirer: stop the launches of the retired
+// attempts (and earlier ones of the same rollouts).
+func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
+	mark := map[string]int{}
+	for _, e := range eps {
+		mark[e.Rollout] = max(mark[e.Rollout], e.Attempt)
+	}
+	var errs []error
+	for _, rec := range d.sup.List() {
+		if rec.State == sandboxd.StateEnded {
+			continue
+		}
+		d.mu.Lock()
+		key := d.episodes[rec.ID]
+		d.mu.Unlock()
+		ep, err := events.ParseEpisode(key)
+		if err != nil {
+			continue
+		}
+		if m, ok := mark[ep.Rollout]; ok && ep.Attempt <= m {
+			if _, err := d.sup.Cancel(ctx, rec.ID); err != nil && !errors.Is(err, sandboxd.ErrUnknownLaunch) {
+				errs = append(errs, fmt.Errorf("stop %s of retired %s: %w", rec.ID, key, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// launch starts a launch for episode, unless a checkpoint is open.
+func (d *Daemon) launch(ctx context.Context, episode string, spec sandboxd.Spec) (sandboxd.Record, error) {
+	if episode != "" {
+		ep, err := events.ParseEpisode(episode)
+		if err != nil {
+			return sandboxd.Record{}, err
+		}
+		if err := d.member.Admit(ep); err != nil {
+			return sandboxd.Record{}, err
+		}
+	}
+	d.mu.Lock()
+	if d.open != "" {
+		open := d.open
+		d.mu.Unlock()
+		return sandboxd.Record{}, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
+	}
+	if episode != "" {
+		d.episodes[spec.ID] = episode
+		if err := d.saveEpisodesLocked(); err != nil {
+			d.mu.Unlock()
+			return sandboxd.Record{}, err
+		}
+	}
+	d.mu.Unlock()
+	return d.sup.Launch(ctx, spec)
+}
+
+func (d *Daemon) episodesFile() string {
+	return filepath.Join(d.sup.StateDir(), "episodes.json")
+}
+
+func (d *Daemon) loadEpisodes() error {
+	b, err := os.ReadFile(d.episodesFile())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	if err := json.Unmarshal(b, &d.episodes); err != nil {
+		return fmt.Errorf("daemon: %s does not decode: %w", d.episodesFile(), err)
+	}
+	return nil
+}
+
+func (d *Daemon) saveEpisodesLocked() error {
+	b, _ := json.Marshal(d.episodes)
+	tmp := d.episodesFile() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	if err := os.Rename(tmp, d.episodesFile()); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	return nil
+}
+
+// summarize folds the reports of a pause or continue of every launch into
+// the one report an ack carries: nil when no launch was touched.
+func summarize(reports []sandboxd.PauseReport) *events.PauseReport {
+	if len(reports) == 0 {
+		return nil
+	}
+	out := &events.PauseReport{Mode: reports[0].Mode.String(), PauseSeq: reports[0].PauseSeq,
+		Identity: reports[0].Identity.String(), Wall: reports[0].Wall, Uptime: reports[0].Uptime}
+	var fallbacks []string
+	for _, r := range reports {
+		out.PIDCount += r.PIDCount
+		if len(out.PIDs) < 16 {
+			out.PIDs = append(out.PIDs, r.PIDs[:min(len(r.PIDs), 16-len(out.PIDs))]...)
+		}
+		out.Pending = append(out.Pending, r.Pending...)
+		if r.Fallback != "" {
+			fallbacks = append(fallbacks, r.Launch+": "+r.Fallback)
+		}
+		out.TookMS += r.TookMS
+		out.PauseSeq = max(out.PauseSeq, r.PauseSeq)
+	}
+	out.Fallback = strings.Join(fallbacks, "; ")
+	if len(out.Pending) > 100 {
+		out.Pending = out.Pending[:100]
+	}
+	return out
+}

@@ -1,0 +1,205 @@
+package daemon_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+	"github.com/stillpoint/stillpoint/sandboxd"
+	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"))
+}
+
+const run = "run1"
+
+// id makes a launch id unique on the host: launches of every test process
+// share the supervisor's default cgroup subtree.
+func id(s string) string { return s + "-" + strconv.Itoa(os.Getpid()) }
+
+// start runs a daemon for sandbox sb1 until the test ends.
+func start(t *testing.T, env *jstest.Env) (*daemon.Daemon, *daemon.Client) {
+	return startWithGrace(t, env, 0)
+}
+
+func startWithGrace(t *testing.T, env *jstest.Env, grace time.Duration) (*daemon.Daemon, *daemon.Client) {
+	t.Helper()
+	nc, js := env.Connect(t)
+	bus, err := jetstream.Open(t.Context(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	sup, err := sandboxd.New(sandboxd.Config{StateDir: t.TempDir(), Logger: log, Grace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.New(daemon.Config{Run: run, SandboxID: "sb1", JS: js, Bus: bus, Supervisor: sup, Logger: log, Grace: grace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon Run: %v", err)
+		}
+	})
+	membertest.WaitRegistered(t, env, run, d.Name(), nil)
+	c, err := daemon.NewClient(nc, run, "sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, c
+}
+
+func size(t *testing.T, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatal(t.Context().Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// PROTOCOL §6 through the bus: prepare pauses the launch (its ack carries
+// the pause report) and nothing of it runs or writes while paused; resume
+// continues exactly it (the ack carries that too); a launch asked during
+// the checkpoint is refused; a retire stops the launch of the attempt.
+func TestPauseAndContinueThroughTheBus(t *testing.T) {
+	env := jstest.Start(t)
+	d, c := start(t, env)
+	bridge := membertest.NewBridge(t, env, run)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := c.Launch(ctx, daemon.LaunchRequest{LaunchID: id("l1"), Episode: "r1", Dir: dir,
+		Command: "while :; do echo x >> out; sleep 0.02; done"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the launch to write", func() bool { return size(t, out) > 0 })
+
+	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, d.Name())})
+	pa := bridge.Ack(seq, events.PhasePrepare, d.Name()).(events.PrepareAck)
+	if !pa.Ready || pa.Pause == nil || pa.Pause.PIDCount < 1 || pa.Pause.PauseSeq != 1 || pa.Pause.Identity == "" {
+		t.Fatalf("prepare ack: ready %v, pause %+v", pa.Ready, pa.Pause)
+	}
+	t.Logf("paused in mode %s: %d processes in %.1f ms", pa.Pause.Mode, pa.Pause.PIDCount, pa.Pause.TookMS)
+	before := size(t, out)
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if s := size(t, out); s != before {
+			t.Fatalf("the paused launch wrote: %d -> %d bytes", before, s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_, err := c.Launch(ctx, daemon.LaunchRequest{LaunchID: id("l2"), Command: "true"})
+	var se *daemon.ServiceError
+	if !errors.As(err, &se) || se.Code != "admission_closed" || se.Status != 409 {
+		t.Fatalf("launch during a checkpoint: %v, want admission_closed", err)
+	}
+
+	seq = bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, d.Name())})
+	ra := bridge.Ack(seq, events.PhaseResume, d.Name()).(events.ResumeAck)
+	if ra.Pause == nil || ra.Pause.PauseSeq != 1 {
+		t.Fatalf("resume ack pause %+v", ra.Pause)
+	}
+	waitFor(t, "the launch to write again", func() bool { return size(t, out) > before })
+
+	seq = bridge.Publish(events.Retire{PhaseHeader: bridge.Header("retire-1", 10*time.Second, d.Name()),
+		Episodes: []events.Episode{{Rollout: "r1"}}})
+	if a := bridge.Ack(seq, events.PhaseRetire, d.Name()); !a.Header().OK {
+		t.Fatalf("retire ack %+v", a.Header())
+	}
+	rc, err := c.Receipt(ctx, id("l1"), true)
+	if err != nil || rc.Outcome != sandboxd.OutcomeInterrupted {
+		t.Fatalf("receipt after the retire: %+v %v", rc, err)
+	}
+	if _, err := c.Launch(ctx, daemon.LaunchRequest{LaunchID: id("l3"), Episode: "r1", Command: "true"}); !errors.As(err, &se) || se.Code != "stale_attempt" {
+		t.Fatalf("launch of a retired attempt: %v, want stale_attempt", err)
+	}
+}
+
+// Bad requests are refused naming what is wrong.
+func TestServiceRefusesBadRequests(t *testing.T) {
+	env := jstest.Start(t)
+	_, c := start(t, env)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var se *daemon.ServiceError
+	for _, r := range []daemon.LaunchRequest{
+		{LaunchID: "../x", Command: "true"},
+		{LaunchID: id("ok")},
+		{LaunchID: id("ok2"), Command: "true", Episode: "r1-a0"},
+		{LaunchID: id("ok3"), Command: "true", Mode: "sleepy"},
+	} {
+		if _, err := c.Launch(ctx, r); !errors.As(err, &se) || se.Status/100 != 4 {
+			t.Errorf("launch %+v: %v, want a 4xx", r, err)
+		}
+	}
+	if _, err := c.Status(ctx, "nope"); !errors.As(err, &se) || se.Code != "unknown_launch" {
+		t.Errorf("status of an unknown launch: %v", err)
+	}
+}
+
+// PROTOCOL §5 lease: a daemon whose bridge never resumes it continues its
+// paused launch by itself once the lease (deadline + grace) runs out.
+func TestLeaseExpiryContinuesThePausedLaunch(t *testing.T) {
+	env := jstest.Start(t)
+	d, c := startWithGrace(t, env, 300*time.Millisecond)
+	bridge := membertest.NewBridge(t, env, run)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := c.Launch(ctx, daemon.LaunchRequest{LaunchID: id("l1"), Dir: dir, Command: "while :; do echo x >> out; sleep 0.02; done"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the launch to write", func() bool { return size(t, out) > 0 })
+	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 700*time.Millisecond, d.Name())})
+	if pa := bridge.Ack(seq, events.PhasePrepare, d.Name()).(events.PrepareAck); !pa.Ready || pa.Pause == nil {
+		t.Fatalf("prepare ack %+v", pa)
+	}
+	paused := size(t, out)
+	rec, err := c.Status(ctx, id("l1"))
+	if err != nil || rec.State != sandboxd.StatePaused {
+		t.Fatalf("status while paused: %+v %v", rec.State, err)
+	}
+	// No resume comes: the lease runs out after about 1 s.
+	waitFor(t, "the lease to continue the launch", func() bool { return size(t, out) > paused })
+	waitFor(t, "the launch to be running again", func() bool {
+		rec, err := c.Status(ctx, id("l1"))
+		return err == nil && rec.State == sandboxd.StateRunning
+	})
+}

@@ -1,0 +1,21 @@
+// Package daemon is sandboxd as a bus member: it puts the process
+// supervisor (package sandboxd) on the bus as member sandbox.<id> of a run,
+// and serves the agent's requests for its sandbox.
+//
+//  1. Phases: the daemon reads its run's phases through an ordered consumer
+//     and keeps its position in a state file (PROTOCOL §3: thousands of
+//     sandbox daemons hold no consumer state on the server). At prepare it
+//     closes admission (new launches wait for the resume) and pauses every
+//     launch in its mode; the prepare ack carries the pause report (mode,
+//     pause_seq, identity, wall, uptime, pids). A pause that does not
+//     confirm stops the launch instead and says so (fallback): the agent
+//     relaunches it from its saved session after the resume. At resume, or
+//     when its lease runs out, it continues exactly what it paused and
+//     reports that in the resume ack. A retire stops the launches of the
+//     retired attempts. A sandbox daemon exports nothing: what a sandbox
+//     holds is the owner's snapshot and the agent's bookmark.
+//  2. Service: a NATS micro service on spsvc.<run>.sandbox.<id>.<endpoint>
+//     with endpoints launch, status, pause, continue, stop and receipt, for
+//     the agent that drives the sandbox (Client). Its subjects are outside
+//     sp.>, so requests are not kept in the audit stream.
+package daemon
