@@ -31,6 +31,7 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench PublishPhase -benchtime 3s -count 3 ./jetstream/
 	$(GO) test -run '^$$' -bench 'RawFanout|CheckpointCycle' -benchtime 10x -timeout 30m ./controller-bridge/
+	$(GO) test -run '^$$' -bench 'Pause|RawFreeze' -benchtime 10x -count 3 -timeout 30m ./sandboxd/
 
 ## ci: what .ci/run does.
 ci: lint test fuzz
