@@ -1,0 +1,53 @@
+// Package owner is the sandbox owner participant (PROTOCOL §5–§6): it owns
+// one sandbox per session on a shared provider, lends it to the agent, and
+// takes part in checkpoints as a member of the run (package
+// participants/member).
+//
+// # Sessions
+//
+// A session's sandbox is started on the provider and the task's setup
+// (Config.Setup) runs against it; only when the setup succeeded is the
+// session tracked. Setup may return a small JSON object, the session data,
+// which is exported beside the snapshot and restored with it. A failing
+// setup, or one returning anything but a JSON object (or nothing), stops
+// the sandbox and tracks nothing.
+//
+//	s, err := o.StartSession(ctx, "sess-1", ep, provider.Spec{ID: "sess-1"})
+//	s, err = o.RequireSandbox("sess-1") // ErrNoSandbox: answer 409
+//	err = o.CloseSession(ctx, "sess-1") // the empty-body close; idempotent
+//
+// SeedSession is what a seed request calls: after a restore it returns the
+// restored fork of the session (its setup does not run again) instead of
+// starting a new sandbox.
+//
+// # Modes
+//
+// New decides the mode once, at startup:
+//
+//  1. checkpointing off: ModeOff; Run joins no bus.
+//  2. the owner lends no sandboxes: ModeRestartOnly.
+//  3. the provider cannot snapshot: ModeRestartOnly, with one warning
+//     naming the provider.
+//  4. otherwise ModeExported, which needs Config.StateDir and one worker.
+//
+// # Checkpoints
+//
+// Prepare closes admission: StartSession, SeedSession, EndSession and
+// CloseSession called while a checkpoint is open wait for its resume (or
+// for their ctx); requests already in flight finish, and Prepare reports
+// ready once none is in flight. In ModeRestartOnly Prepare reports every
+// session's episode as a restart and is ready at once.
+//
+// Export snapshots every live session's sandbox as the snapshot
+// <checkpoint>-<session> (made a token), indexes it in the sp_snapshots KV
+// bucket (snapshot id -> {run, snapshot, checkpoints}) and returns one
+// record per session, keyed by its episode, with data
+// {session, sandbox: {provider, snapshot, sandbox_id}, workdir, data}.
+//
+// Install validates every record before it touches the provider, then
+// forks every snapshot or none, stops the superseded sandboxes it still
+// holds, and tracks the forks as the sessions' next attempts. Retire and
+// EndSession stop sandboxes and keep their snapshots; Release deletes the
+// snapshots no kept checkpoint names; Park stops the exported sandboxes
+// after a commit with stop.
+package owner

@@ -1,0 +1,167 @@
+package owner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+)
+
+// casAttempts bounds the compare-and-set retries of an index update.
+const casAttempts = 16
+
+// update applies fn to the index entry of snapshot id (nil when absent)
+// with compare-and-set; fn returns the new entry (nil to delete it) and
+// whether to write it at all.
+func (o *Owner) update(ctx context.Context, id string, fn func(e *IndexEntry) (next *IndexEntry, write bool)) error {
+	kv := o.cfg.Bus.Snapshots
+	for range casAttempts {
+		var (
+			cur *IndexEntry
+			rev uint64
+		)
+		ent, err := kv.Get(ctx, id)
+		switch {
+		case errors.Is(err, natsjs.ErrKeyNotFound):
+		case err != nil:
+			return fmt.Errorf("owner: read index of %s: %w", id, err)
+		default:
+			cur = &IndexEntry{}
+			if err := json.Unmarshal(ent.Value(), cur); err != nil {
+				return fmt.Errorf("owner: index of %s: %w", id, err)
+			}
+			rev = ent.Revision()
+		}
+		next, write := fn(cur)
+		switch {
+		case !write, next == nil && cur == nil:
+			return nil
+		case next == nil:
+			err = kv.Delete(ctx, id, natsjs.LastRevision(rev))
+		default:
+			b, merr := json.Marshal(next)
+			if merr != nil {
+				return merr
+			}
+			if cur == nil {
+				_, err = kv.Create(ctx, id, b)
+			} else {
+				_, err = kv.Update(ctx, id, b, rev)
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, natsjs.ErrKeyExists) && !isWrongSeq(err) {
+			return fmt.Errorf("owner: write index of %s: %w", id, err)
+		}
+	}
+	return fmt.Errorf("owner: write index of %s: too many concurrent updates", id)
+}
+
+// isWrongSeq tells whether err is a lost compare-and-set.
+func isWrongSeq(err error) bool {
+	var apiErr *natsjs.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == natsjs.JSErrCodeStreamWrongLastSequence
+}
+
+// index records that checkpoint ckpt names snapshot id.
+func (o *Owner) index(ctx context.Context, id, ckpt string) error {
+	return o.update(ctx, id, func(e *IndexEntry) (*IndexEntry, bool) {
+		if e == nil {
+			return &IndexEntry{Run: o.cfg.Run, Snapshot: id, Checkpoints: []string{ckpt}}, true
+		}
+		if slices.Contains(e.Checkpoints, ckpt) {
+			return e, false
+		}
+		e.Checkpoints = append(e.Checkpoints, ckpt)
+		return e, true
+	})
+}
+
+// unindex drops ckpt from snapshot id's entry and deletes the snapshot
+// when no checkpoint names it any more.
+func (o *Owner) unindex(ctx context.Context, id, ckpt string) error {
+	var gone bool
+	err := o.update(ctx, id, func(e *IndexEntry) (*IndexEntry, bool) {
+		gone = false
+		if e == nil {
+			gone = true
+			return nil, false
+		}
+		e.Checkpoints = slices.DeleteFunc(e.Checkpoints, func(c string) bool { return c == ckpt })
+		if len(e.Checkpoints) == 0 {
+			gone = true
+			return nil, true
+		}
+		return e, true
+	})
+	if err != nil {
+		return err
+	}
+	if gone {
+		return o.cfg.Provider.DeleteSnapshot(ctx, id)
+	}
+	return nil
+}
+
+// Release deletes every snapshot of the run that no checkpoint in keep
+// names, per the sp_snapshots index, and drops the released checkpoints
+// from the entries of the snapshots it keeps. It returns the deleted
+// snapshot ids, sorted. A snapshot whose deletion fails stays indexed, for
+// the next release.
+func (o *Owner) Release(ctx context.Context, keep []string) ([]string, error) {
+	keys, err := o.cfg.Bus.Snapshots.Keys(ctx)
+	if errors.Is(err, natsjs.ErrNoKeysFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("owner: list the snapshot index: %w", err)
+	}
+	var (
+		deleted []string
+		errs    []error
+	)
+	for _, id := range keys {
+		var drop bool
+		err := o.update(ctx, id, func(e *IndexEntry) (*IndexEntry, bool) {
+			drop = false
+			if e == nil || e.Run != o.cfg.Run {
+				return e, false
+			}
+			kept := slices.DeleteFunc(slices.Clone(e.Checkpoints), func(c string) bool { return !slices.Contains(keep, c) })
+			if len(kept) == 0 {
+				drop = true
+				return e, false // deleted below, once the snapshot is gone
+			}
+			if len(kept) == len(e.Checkpoints) {
+				return e, false
+			}
+			e.Checkpoints = kept
+			return e, true
+		})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !drop {
+			continue
+		}
+		if err := o.cfg.Provider.DeleteSnapshot(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("owner: delete snapshot %s: %w", id, err))
+			continue
+		}
+		if err := o.cfg.Bus.Snapshots.Delete(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("owner: unindex snapshot %s: %w", id, err))
+		}
+		deleted = append(deleted, id)
+	}
+	slices.Sort(deleted)
+	if len(deleted) > 0 {
+		o.log.Info().Strs("deleted", deleted).Strs("keep", keep).Msg("released snapshots")
+	}
+	return deleted, errors.Join(errs...)
+}

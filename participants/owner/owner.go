@@ -1,0 +1,263 @@
+package owner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/owner/provider"
+)
+
+// DefaultSnapshotParallelism is how many snapshots (and forks) run at once
+// when Config.SnapshotParallelism is 0.
+const DefaultSnapshotParallelism = 16
+
+// Sentinel errors.
+var (
+	// ErrInvalidConfig is wrapped by every Config.Validate and New error;
+	// the message names the field.
+	ErrInvalidConfig = errors.New("owner: invalid config")
+	// ErrNoSandbox is returned by RequireSandbox and EndSession for a
+	// session without a sandbox; an HTTP front answers 409 Conflict.
+	ErrNoSandbox = errors.New("owner: session has no sandbox")
+	// ErrSessionExists is returned by StartSession for a session id that
+	// is already tracked or being started.
+	ErrSessionExists = errors.New("owner: session already exists")
+	// ErrSetup is returned (wrapped) by StartSession when the setup failed
+	// or returned something other than a JSON object; the sandbox was
+	// stopped and nothing is tracked.
+	ErrSetup = errors.New("owner: session setup failed")
+	// ErrRecord is returned (wrapped, naming the record) by Install for a
+	// malformed record; nothing was installed or forked.
+	ErrRecord = errors.New("owner: malformed record")
+	// ErrRestartOnly is returned by Install when an owner that does not
+	// export gets records to install.
+	ErrRestartOnly = errors.New("owner: restart_only owner cannot install records")
+)
+
+// Mode is how the owner takes part in checkpoints, decided by New.
+type Mode int
+
+// The modes.
+const (
+	// ModeOff: checkpointing is off; Run joins no bus.
+	ModeOff Mode = iota
+	// ModeRestartOnly: sessions are not captured; a prepare reports them
+	// as restarts.
+	ModeRestartOnly
+	// ModeExported: a commit snapshots every session's sandbox.
+	ModeExported
+)
+
+// String returns the mode's protocol name.
+func (m Mode) String() string {
+	switch m {
+	case ModeOff:
+		return "off"
+	case ModeRestartOnly:
+		return "restart_only"
+	case ModeExported:
+		return "exported"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// SetupFunc is a task's setup: it runs against a session's started sandbox
+// and may return a small JSON object, the session data, or nothing. It may
+// change s.Workdir.
+type SetupFunc func(ctx context.Context, s *Session) (json.RawMessage, error)
+
+// Config configures an Owner.
+type Config struct {
+	// Run is the run id. Required.
+	Run string
+	// Name is the owner's name; the member is owner.<Name>. Required.
+	Name string
+	// JS is the JetStream context. Required with Checkpointing.
+	JS natsjs.JetStream
+	// Bus is the provisioned bus; its Snapshots bucket is the snapshot
+	// index. Required with Checkpointing.
+	Bus *jetstream.Bus
+	// Provider runs the sandboxes. Required.
+	Provider provider.Provider
+	// Checkpointing turns checkpoints on; false (the default) is ModeOff.
+	Checkpointing bool
+	// LendsSandboxes tells whether the owner lends sandboxes to agents; an
+	// owner that does not runs restart_only.
+	LendsSandboxes bool
+	// StateDir is the checkpoint state directory (absolute); required in
+	// ModeExported.
+	StateDir string
+	// Workers is the number of worker processes serving the owner's
+	// sessions (default 1); ModeExported requires 1, since release and
+	// park do not reach other workers.
+	Workers int
+	// SnapshotParallelism bounds concurrent snapshots and forks (default
+	// DefaultSnapshotParallelism).
+	SnapshotParallelism int
+	// Setup is the task's setup, run by StartSession; nil runs none.
+	Setup SetupFunc
+	// Logger receives the owner's logs; the zero value discards them.
+	Logger zerolog.Logger
+	// Grace is the member's lease grace (default member.DefaultGrace).
+	Grace time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Workers == 0 {
+		c.Workers = 1
+	}
+	if c.SnapshotParallelism == 0 {
+		c.SnapshotParallelism = DefaultSnapshotParallelism
+	}
+}
+
+// Validate reports every unusable field, joined, each wrapping
+// ErrInvalidConfig and naming the field. It checks what every mode needs;
+// New checks the exported mode's StateDir and Workers once it has decided
+// the mode.
+func (c Config) Validate() error {
+	var errs []error
+	field := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: Config."+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if err := events.ValidateRun(c.Run); err != nil {
+		field("Run: %v", err)
+	}
+	if _, err := events.NewMember(events.KindOwner, c.Name); err != nil {
+		field("Name: %v", err)
+	}
+	if c.Checkpointing && c.JS == nil {
+		field("JS: required with checkpointing")
+	}
+	if c.Checkpointing && (c.Bus == nil || c.Bus.Snapshots == nil) {
+		field("Bus: required with checkpointing, with its Snapshots bucket (use jetstream.Open)")
+	}
+	if c.Provider == nil {
+		field("Provider: required")
+	}
+	if c.Workers < 0 {
+		field("Workers %d: must not be negative", c.Workers)
+	}
+	if c.SnapshotParallelism < 0 {
+		field("SnapshotParallelism %d: must not be negative", c.SnapshotParallelism)
+	}
+	if c.StateDir != "" && !filepath.IsAbs(c.StateDir) {
+		field("StateDir %q: must be absolute", c.StateDir)
+	}
+	if c.Grace < 0 {
+		field("Grace %s: must not be negative", c.Grace)
+	}
+	return errors.Join(errs...)
+}
+
+// decideMode returns the mode cfg runs in, and whether the provider's lack
+// of snapshots decided it.
+func decideMode(cfg Config) (m Mode, noSnapshot bool) {
+	switch {
+	case !cfg.Checkpointing:
+		return ModeOff, false
+	case !cfg.LendsSandboxes:
+		return ModeRestartOnly, false
+	case !cfg.Provider.Caps().Snapshot:
+		return ModeRestartOnly, true
+	}
+	return ModeExported, false
+}
+
+// Owner is the sandbox owner. Create it with New; its methods are safe for
+// concurrent use.
+type Owner struct {
+	cfg    Config
+	log    zerolog.Logger
+	mode   Mode
+	member *member.Member // nil in ModeOff
+
+	mu       sync.Mutex
+	sessions map[string]*Session
+	pending  map[string]events.Episode // sessions being started
+	inFlight map[uint64]string         // request -> session id
+	nextReq  uint64
+	closed   bool          // admission closed by a prepare
+	reopen   chan struct{} // closed by the resume that reopens admission
+}
+
+// New checks cfg, decides the mode (see the package doc) and returns an
+// owner ready to Run.
+func New(cfg Config) (*Owner, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	name, _ := events.NewMember(events.KindOwner, cfg.Name)
+	log := cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()
+	mode, noSnap := decideMode(cfg)
+	if mode == ModeExported {
+		var errs []error
+		if cfg.StateDir == "" {
+			errs = append(errs, fmt.Errorf("%w: Config.StateDir: required by the exported mode", ErrInvalidConfig))
+		}
+		if cfg.Workers != 1 {
+			errs = append(errs, fmt.Errorf("%w: Config.Workers %d: the exported mode needs exactly 1 (release and park do not reach other workers)", ErrInvalidConfig, cfg.Workers))
+		}
+		if err := errors.Join(errs...); err != nil {
+			return nil, err
+		}
+	}
+	if noSnap {
+		log.Warn().Str("provider", cfg.Provider.Name()).Msgf("sandbox provider %q cannot snapshot; its rollouts restart after a crash instead of continuing", cfg.Provider.Name())
+	}
+	o := &Owner{
+		cfg:      cfg,
+		log:      log.With().Str("mode", mode.String()).Logger(),
+		mode:     mode,
+		sessions: map[string]*Session{},
+		pending:  map[string]events.Episode{},
+		inFlight: map[uint64]string{},
+	}
+	if mode != ModeOff {
+		m, err := member.New(member.Config{
+			Run: cfg.Run, Member: name, JS: cfg.JS, Bus: cfg.Bus, Participant: o,
+			Logger: cfg.Logger, Grace: cfg.Grace,
+		})
+		if err != nil {
+			return nil, err
+		}
+		o.member = m
+	}
+	return o, nil
+}
+
+// Mode returns the mode New decided.
+func (o *Owner) Mode() Mode { return o.mode }
+
+// Member returns the member runtime, nil in ModeOff.
+func (o *Owner) Member() *member.Member { return o.member }
+
+// Run runs the member runtime with the owner as its participant until ctx
+// ends (see member.Member.Run for what it returns). In ModeOff it joins no
+// bus and waits for ctx.
+func (o *Owner) Run(ctx context.Context) error {
+	if o.member == nil {
+		<-ctx.Done()
+		return nil
+	}
+	return o.member.Run(ctx)
+}
+
+// notify tells the member runtime that readiness may have changed.
+func (o *Owner) notify() {
+	if o.member != nil {
+		o.member.Notify()
+	}
+}

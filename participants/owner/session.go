@@ -1,0 +1,252 @@
+package owner
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/participants/owner/provider"
+)
+
+// Session is one session's sandbox as the owner tracks it. The owner hands
+// out copies: changing one changes nothing tracked.
+type Session struct {
+	// ID is the session id.
+	ID string
+	// Episode is the attempt the session serves.
+	Episode events.Episode
+	// Sandbox is the session's sandbox.
+	Sandbox *provider.Sandbox
+	// Workdir is the working directory inside the sandbox (absolute);
+	// Spec.Workdir, or "/", unless the setup changed it.
+	Workdir string
+	// Data is the session data the setup returned (a JSON object), or nil.
+	Data json.RawMessage
+
+	// restored marks a fork a restore installed that no seed has reused.
+	restored bool
+}
+
+func (s *Session) clone() *Session {
+	c := *s
+	if s.Sandbox != nil {
+		sb := *s.Sandbox
+		c.Sandbox = &sb
+	}
+	c.Data = bytes.Clone(s.Data)
+	return &c
+}
+
+// enter admits one request: it waits while a checkpoint holds admission
+// closed (until the resume, or ctx), then counts the request in flight.
+// The caller calls leave with the returned token.
+func (o *Owner) enter(ctx context.Context, sessionID string) (uint64, error) {
+	o.mu.Lock()
+	for o.closed {
+		ch := o.reopen
+		o.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("owner: waiting for a checkpoint to resume: %w", ctx.Err())
+		}
+		o.mu.Lock()
+	}
+	defer o.mu.Unlock()
+	o.nextReq++
+	o.inFlight[o.nextReq] = sessionID
+	return o.nextReq, nil
+}
+
+// leave ends a request enter admitted.
+func (o *Owner) leave(req uint64) {
+	o.mu.Lock()
+	delete(o.inFlight, req)
+	n := len(o.inFlight)
+	o.mu.Unlock()
+	if n == 0 {
+		o.notify()
+	}
+}
+
+// checkData accepts nothing (empty or null) or a JSON object.
+func checkData(d json.RawMessage) (json.RawMessage, error) {
+	t := bytes.TrimSpace(d)
+	if len(t) == 0 || bytes.Equal(t, []byte("null")) {
+		return nil, nil
+	}
+	if t[0] != '{' || !json.Valid(t) {
+		return nil, fmt.Errorf("session data must be a JSON object, got %.40q", t)
+	}
+	return bytes.Clone(t), nil
+}
+
+// StartSession starts a sandbox for the session on the provider
+// (spec.ID defaults to the session id made a token), runs the setup
+// against it and, only when the setup succeeded and returned a JSON object
+// or nothing, tracks the session. The setup gets a copy of the session
+// and may change its Workdir (absolute); other changes are ignored. Otherwise the sandbox is stopped, nothing
+// is tracked, and the error wraps ErrSetup. While a checkpoint is open it
+// waits for the resume first. A retired episode is refused
+// (member.ErrStaleAttempt).
+func (o *Owner) StartSession(ctx context.Context, sessionID string, ep events.Episode, spec provider.Spec) (*Session, error) {
+	if err := events.ValidateRollout("session", sessionID); err != nil {
+		return nil, err
+	}
+	if err := ep.Validate(); err != nil {
+		return nil, err
+	}
+	req, err := o.enter(ctx, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	defer o.leave(req)
+	return o.start(ctx, sessionID, ep, spec)
+}
+
+func (o *Owner) start(ctx context.Context, sessionID string, ep events.Episode, spec provider.Spec) (*Session, error) {
+	if o.member != nil {
+		if err := o.member.Admit(ep); err != nil {
+			return nil, err
+		}
+	}
+	o.mu.Lock()
+	_, tracked := o.sessions[sessionID]
+	_, starting := o.pending[sessionID]
+	if tracked || starting {
+		o.mu.Unlock()
+		return nil, fmt.Errorf("%w: %s", ErrSessionExists, sessionID)
+	}
+	o.pending[sessionID] = ep
+	o.mu.Unlock()
+	defer func() {
+		o.mu.Lock()
+		delete(o.pending, sessionID)
+		o.mu.Unlock()
+	}()
+
+	if spec.ID == "" {
+		spec.ID = token(sessionID)
+	}
+	if spec.Workdir == "" {
+		spec.Workdir = "/"
+	}
+	sb, err := o.cfg.Provider.Start(ctx, spec)
+	if err != nil {
+		return nil, fmt.Errorf("owner: start sandbox of session %s: %w", sessionID, err)
+	}
+	s := &Session{ID: sessionID, Episode: ep, Sandbox: sb, Workdir: spec.Workdir}
+	if o.cfg.Setup != nil {
+		c := s.clone()
+		raw, err := o.cfg.Setup(ctx, c)
+		if err == nil {
+			raw, err = checkData(raw)
+		}
+		if err == nil && !path.IsAbs(c.Workdir) {
+			err = fmt.Errorf("workdir %q is not absolute", c.Workdir)
+		}
+		if err != nil {
+			serr := o.cfg.Provider.Stop(context.WithoutCancel(ctx), sb.ID)
+			return nil, errors.Join(fmt.Errorf("%w: session %s: %w", ErrSetup, sessionID, err), serr)
+		}
+		s.Data, s.Workdir = raw, c.Workdir
+	}
+	o.mu.Lock()
+	o.sessions[sessionID] = s
+	o.mu.Unlock()
+	o.log.Debug().Str("session", sessionID).Str("sandbox", sb.ID).Msg("session started")
+	return s.clone(), nil
+}
+
+// SeedSession is what a seed request calls: when a restore installed the
+// session for ep, it returns that fork (the setup does not run again);
+// otherwise it starts the session as StartSession does.
+func (o *Owner) SeedSession(ctx context.Context, sessionID string, ep events.Episode, spec provider.Spec) (*Session, error) {
+	if err := events.ValidateRollout("session", sessionID); err != nil {
+		return nil, err
+	}
+	if err := ep.Validate(); err != nil {
+		return nil, err
+	}
+	req, err := o.enter(ctx, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	defer o.leave(req)
+	o.mu.Lock()
+	if s, ok := o.sessions[sessionID]; ok && s.restored && s.Episode == ep {
+		s.restored = false
+		c := s.clone()
+		o.mu.Unlock()
+		return c, nil
+	}
+	o.mu.Unlock()
+	return o.start(ctx, sessionID, ep, spec)
+}
+
+// Session returns the tracked session, including a fork a restore
+// installed.
+func (o *Owner) Session(sessionID string) (*Session, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s, ok := o.sessions[sessionID]
+	if !ok {
+		return nil, false
+	}
+	return s.clone(), true
+}
+
+// RequireSandbox returns the session, or ErrNoSandbox when it has no
+// sandbox: a verify of such a session is refused (409), not graded.
+func (o *Owner) RequireSandbox(sessionID string) (*Session, error) {
+	s, ok := o.Session(sessionID)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", ErrNoSandbox, sessionID)
+	}
+	return s, nil
+}
+
+// EndSession stops the session's sandbox and forgets the session and its
+// data; its snapshots stay until a release. It returns ErrNoSandbox for an
+// unknown session. A stop that fails leaves the session tracked.
+func (o *Owner) EndSession(ctx context.Context, sessionID string) error {
+	req, err := o.enter(ctx, sessionID)
+	if err != nil {
+		return err
+	}
+	defer o.leave(req)
+	return o.end(ctx, sessionID)
+}
+
+func (o *Owner) end(ctx context.Context, sessionID string) error {
+	o.mu.Lock()
+	s, ok := o.sessions[sessionID]
+	o.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNoSandbox, sessionID)
+	}
+	if err := o.cfg.Provider.Stop(ctx, s.Sandbox.ID); err != nil {
+		return fmt.Errorf("owner: stop sandbox %s of session %s: %w", s.Sandbox.ID, sessionID, err)
+	}
+	o.mu.Lock()
+	if o.sessions[sessionID] == s {
+		delete(o.sessions, sessionID)
+	}
+	o.mu.Unlock()
+	return nil
+}
+
+// CloseSession is the empty-body close: it ends the session, and does
+// nothing for a session that is already closed (or never existed). A
+// closed session is not exported.
+func (o *Owner) CloseSession(ctx context.Context, sessionID string) error {
+	err := o.EndSession(ctx, sessionID)
+	if errors.Is(err, ErrNoSandbox) {
+		return nil
+	}
+	return err
+}
