@@ -1,0 +1,290 @@
+package owner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/owner/provider"
+)
+
+// ServiceSubject returns the subject prefix of an owner's service,
+// spsvc.<run>.owner.<name>; endpoints are below it. The subjects are
+// outside sp.>, so requests are not kept in the audit stream.
+func ServiceSubject(run, name string) string { return "spsvc." + run + ".owner." + name }
+
+// SpecFunc builds the sandbox of a session from its task: the files the
+// task puts in, the sandbox's first process (sandboxd), its environment.
+type SpecFunc func(sessionID string, ep events.Episode, task json.RawMessage) (provider.Spec, error)
+
+// GradeFunc grades a session: a task type's check of the sandbox (files
+// written, commands' results) and of the session data its setup returned.
+// It returns the verdict as a JSON object.
+type GradeFunc func(ctx context.Context, p provider.Provider, s *Session) (json.RawMessage, error)
+
+// SeedRequest asks for a session's sandbox.
+type SeedRequest struct {
+	SessionID string          `json:"session_id"`
+	Episode   string          `json:"episode"`
+	Task      json.RawMessage `json:"task,omitempty"`
+}
+
+// SessionInfo is what the agent learns of a session.
+type SessionInfo struct {
+	SessionID string `json:"session_id"`
+	Episode   string `json:"episode"`
+	// SandboxID is the sandbox's id: its daemon is member sandbox.<id>.
+	SandboxID string `json:"sandbox_id"`
+	Workdir   string `json:"workdir"`
+	// Restored tells a fork a restore installed (its setup did not run
+	// again).
+	Restored bool `json:"restored,omitempty"`
+	// RestartOnly tells the agent that this owner cannot capture the
+	// session: its rollout restarts from its input after a crash.
+	RestartOnly bool `json:"restart_only,omitempty"`
+}
+
+// SessionRef names a session.
+type SessionRef struct {
+	SessionID string `json:"session_id"`
+}
+
+// VerifyResult is the grade of a session.
+type VerifyResult struct {
+	SessionID string          `json:"session_id"`
+	Result    json.RawMessage `json:"result"`
+}
+
+// ServiceError is the error an owner endpoint answers with.
+type ServiceError struct {
+	Status int
+	Code   string
+	Detail string
+}
+
+// Error implements error.
+func (e *ServiceError) Error() string { return fmt.Sprintf("owner: %s (%d): %s", e.Code, e.Status, e.Detail) }
+
+func classify(err error) (int, string) {
+	switch {
+	case errors.Is(err, ErrNoSandbox):
+		return 409, "no_sandbox"
+	case errors.Is(err, member.ErrStaleAttempt):
+		return 409, "stale_attempt"
+	case errors.Is(err, ErrSessionExists):
+		return 409, "session_exists"
+	case errors.Is(err, ErrSetup):
+		return 422, "setup_failed"
+	case errors.Is(err, events.ErrInvalid), errors.Is(err, provider.ErrInvalid), errors.Is(err, errBadRequest):
+		return 400, "bad_request"
+	}
+	return 500, "internal"
+}
+
+var errBadRequest = errors.New("bad request")
+
+// Serve runs the owner's micro service for agents until ctx ends:
+// seed_session (a sandbox for a session, a restored fork when there is
+// one), sandbox_access (the current sandbox of a session), verify (409
+// without a sandbox), close_session (idempotent). Handlers run in their
+// own goroutines; Serve waits for them before it returns.
+func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade GradeFunc) error {
+	svc, err := micro.AddService(nc, micro.Config{Name: "stillpoint-owner", Version: "1.0.0",
+		Description: "sandbox owner " + o.cfg.Name + " of run " + o.cfg.Run,
+		Metadata:    map[string]string{"run": o.cfg.Run, "owner": o.cfg.Name}})
+	if err != nil {
+		return fmt.Errorf("owner: service: %w", err)
+	}
+	var (
+		mu      sync.Mutex
+		closing bool
+		wg      sync.WaitGroup
+	)
+	g := svc.AddGroup(ServiceSubject(o.cfg.Run, o.cfg.Name), micro.WithGroupQueueGroupDisabled())
+	add := func(name string, fn func(body []byte) (any, error)) error {
+		return g.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			if closing {
+				return
+			}
+			wg.Go(func() {
+				res, err := fn(req.Data())
+				if err != nil {
+					status, code := classify(err)
+					_ = req.Error(strconv.Itoa(status), code+": "+err.Error(), nil)
+					return
+				}
+				_ = req.RespondJSON(res)
+			})
+		}))
+	}
+	ref := func(body []byte) (string, error) {
+		var r SessionRef
+		if err := strict(body, &r); err != nil {
+			return "", err
+		}
+		return r.SessionID, events.ValidateRollout("session_id", r.SessionID)
+	}
+	errs := []error{
+		add("seed_session", func(body []byte) (any, error) {
+			var r SeedRequest
+			if err := strict(body, &r); err != nil {
+				return nil, err
+			}
+			ep, err := events.ParseEpisode(r.Episode)
+			if err != nil {
+				return nil, err
+			}
+			var ps provider.Spec
+			if spec != nil {
+				if ps, err = spec(r.SessionID, ep, r.Task); err != nil {
+					return nil, fmt.Errorf("%w: task: %w", errBadRequest, err)
+				}
+			}
+			prev, had := o.Session(r.SessionID)
+			s, err := o.SeedSession(ctx, r.SessionID, ep, ps)
+			if err != nil {
+				return nil, err
+			}
+			return o.info(s, had && prev.restored && prev.Episode == ep), nil
+		}),
+		add("sandbox_access", func(body []byte) (any, error) {
+			id, err := ref(body)
+			if err != nil {
+				return nil, err
+			}
+			s, err := o.RequireSandbox(id)
+			if err != nil {
+				return nil, err
+			}
+			return o.info(s, false), nil
+		}),
+		add("verify", func(body []byte) (any, error) {
+			id, err := ref(body)
+			if err != nil {
+				return nil, err
+			}
+			s, err := o.RequireSandbox(id)
+			if err != nil {
+				return nil, err
+			}
+			if grade == nil {
+				return VerifyResult{SessionID: id, Result: json.RawMessage(`{}`)}, nil
+			}
+			res, err := grade(ctx, o.cfg.Provider, s)
+			if err != nil {
+				return nil, fmt.Errorf("owner: grade %s: %w", id, err)
+			}
+			return VerifyResult{SessionID: id, Result: res}, nil
+		}),
+		add("close_session", func(body []byte) (any, error) {
+			id, err := ref(body)
+			if err != nil {
+				return nil, err
+			}
+			return struct{}{}, o.CloseSession(ctx, id)
+		}),
+	}
+	if err := errors.Join(errs...); err != nil {
+		_ = svc.Stop()
+		return fmt.Errorf("owner: service endpoints: %w", err)
+	}
+	<-ctx.Done()
+	mu.Lock()
+	closing = true
+	mu.Unlock()
+	wg.Wait()
+	return svc.Stop()
+}
+
+func (o *Owner) info(s *Session, restored bool) SessionInfo {
+	return SessionInfo{SessionID: s.ID, Episode: s.Episode.String(), SandboxID: s.Sandbox.ID, Workdir: s.Workdir,
+		Restored: restored, RestartOnly: o.mode != ModeExported}
+}
+
+func strict(body []byte, v any) error {
+	if len(body) > 1<<20 {
+		return fmt.Errorf("%w: body over 1 MiB", errBadRequest)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %v", errBadRequest, err)
+	}
+	return nil
+}
+
+// Client calls one owner's service.
+type Client struct {
+	nc      *nats.Conn
+	subject string
+}
+
+// NewClient returns a client of owner name of run over nc.
+func NewClient(nc *nats.Conn, run, name string) (*Client, error) {
+	if err := events.ValidateRun(run); err != nil {
+		return nil, err
+	}
+	if err := events.ValidateToken("owner", name); err != nil {
+		return nil, err
+	}
+	return &Client{nc: nc, subject: ServiceSubject(run, name)}, nil
+}
+
+// SeedSession asks for the sandbox of a session.
+func (c *Client) SeedSession(ctx context.Context, r SeedRequest) (SessionInfo, error) {
+	var out SessionInfo
+	return out, c.call(ctx, "seed_session", r, &out)
+}
+
+// SandboxAccess returns the current sandbox of a session (a fork after a
+// restore).
+func (c *Client) SandboxAccess(ctx context.Context, sessionID string) (SessionInfo, error) {
+	var out SessionInfo
+	return out, c.call(ctx, "sandbox_access", SessionRef{SessionID: sessionID}, &out)
+}
+
+// Verify grades a session.
+func (c *Client) Verify(ctx context.Context, sessionID string) (VerifyResult, error) {
+	var out VerifyResult
+	return out, c.call(ctx, "verify", SessionRef{SessionID: sessionID}, &out)
+}
+
+// CloseSession ends a session without a verdict.
+func (c *Client) CloseSession(ctx context.Context, sessionID string) error {
+	var out struct{}
+	return c.call(ctx, "close_session", SessionRef{SessionID: sessionID}, &out)
+}
+
+func (c *Client) call(ctx context.Context, endpoint string, in, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	msg, err := c.nc.RequestWithContext(ctx, c.subject+"."+endpoint, b)
+	if err != nil {
+		return fmt.Errorf("owner %s: %w", endpoint, err)
+	}
+	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
+		status, _ := strconv.Atoi(code)
+		se := &ServiceError{Status: status, Detail: msg.Header.Get(micro.ErrorHeader)}
+		if k, rest, ok := strings.Cut(se.Detail, ": "); ok {
+			se.Code, se.Detail = k, rest
+		}
+		return se
+	}
+	if err := json.Unmarshal(msg.Data, out); err != nil {
+		return fmt.Errorf("owner %s: the answer does not decode: %w", endpoint, err)
+	}
+	return nil
+}
