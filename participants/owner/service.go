@@ -72,7 +72,9 @@ type ServiceError struct {
 }
 
 // Error implements error.
-func (e *ServiceError) Error() string { return fmt.Sprintf("owner: %s (%d): %s", e.Code, e.Status, e.Detail) }
+func (e *ServiceError) Error() string {
+	return fmt.Sprintf("owner: %s (%d): %s", e.Code, e.Status, e.Detail)
+}
 
 func classify(err error) (int, string) {
 	switch {
