@@ -125,7 +125,7 @@ func (cg cgroup) events() (populated, frozen bool, err error) {
 // poll calls done until it reports true, an error, or timeout passes.
 func poll(ctx context.Context, timeout time.Duration, done func() (bool, error)) error {
 	deadline := time.Now().Add(timeout)
-	wait := time.Millisecond
+	wait := 100 * time.Microsecond
 	for {
 		ok, err := done()
 		if err != nil || ok {

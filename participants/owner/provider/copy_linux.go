@@ -61,7 +61,7 @@ func (c *copier) dir(src, dst string, st *unix.Stat_t) error {
 	if err := unix.Mkdir(dst, 0o700); err != nil {
 		return &os.PathError{Op: "mkdir", Path: dst, Err: err}
 	}
-	f, err := os.Open(src)
+	f, err := openNoatime(src, unix.O_DIRECTORY)
 	if err != nil {
 		return err
 	}
@@ -129,7 +129,7 @@ func (c *copier) entry(s, d string, st *unix.Stat_t) error {
 // file copies a regular file's data: a reflink (FICLONE) where the file
 // system shares extents, else copy_file_range through io.Copy.
 func (c *copier) file(s, d string, st *unix.Stat_t) error {
-	in, err := os.OpenFile(s, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	in, err := openNoatime(s, unix.O_NOFOLLOW)
 	if err != nil {
 		return err
 	}
@@ -156,6 +156,17 @@ func (c *copier) file(s, d string, st *unix.Stat_t) error {
 		return err
 	}
 	return out.Close()
+}
+
+// openNoatime opens path for reading without updating its access time
+// (O_NOATIME, allowed to root and to the file's owner), so that copying a
+// sandbox does not change it.
+func openNoatime(path string, flags int) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOATIME|flags, 0)
+	if errors.Is(err, unix.EPERM) {
+		f, err = os.OpenFile(path, os.O_RDONLY|flags, 0)
+	}
+	return f, err
 }
 
 // meta sets owner, xattrs, mode and times, in that order: chown clears

@@ -181,3 +181,40 @@ func TestCopierGrowsXattrBuffer(t *testing.T) {
 		t.Fatalf("get = %d bytes, %v", len(got), err)
 	}
 }
+
+// Copying does not change the source, not even an access time (symbolic
+// links aside: reading one updates its access time, and nothing reads it).
+func TestCopyTreeLeavesSourceAlone(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	makeTree(t, src)
+	var paths []string
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type()&fs.ModeSymlink == 0 {
+			paths = append(paths, p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Date(2003, 4, 5, 6, 7, 8, 0, time.UTC)
+	for _, p := range paths {
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := copyTree(context.Background(), src, filepath.Join(dir, "dst")); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range paths {
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Atim.Sec != old.Unix() {
+			t.Errorf("copy changed the access time of %s to %d", p, st.Atim.Sec)
+		}
+	}
+}

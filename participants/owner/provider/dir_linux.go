@@ -78,7 +78,7 @@ func NewDir(stateDir string) (*Dir, error) {
 // Name returns "dir".
 func (d *Dir) Name() string { return "dir" }
 
-// Caps: snapshots of files, not of processes.
+// Caps reports snapshots of files, not of processes.
 func (d *Dir) Caps() Caps { return Caps{Snapshot: true} }
 
 // Reason says why Default chose this provider.
@@ -309,7 +309,11 @@ func (d *Dir) Exec(ctx context.Context, id string, argv []string, opts ExecOptio
 	}
 	d.mu.Lock()
 	ready := box.started && !box.gone
-	sb, env := box.sb, box.env
+	var sb Sandbox
+	var env []string
+	if ready {
+		sb, env = box.sb, box.env
+	}
 	d.mu.Unlock()
 	if !ready {
 		return ExecResult{}, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)

@@ -179,3 +179,34 @@ func TestRefusesEscapes(t *testing.T) {
 		})
 	}
 }
+
+// Exec in a dir sandbox: exit code, stdin, env and dir; when its context
+// ends, its process group is killed.
+func TestDirExec(t *testing.T) {
+	d := newDir(t)
+	sb := start(t, d, Spec{ID: "ex", Env: []string{"FOO=spec"}, Workdir: "/w"})
+	ctx := context.Background()
+	res, err := d.Exec(ctx, "ex", []string{"sh", "-c", `read x; echo "$x $FOO $BAR"; pwd; exit 4`},
+		ExecOptions{Env: []string{"BAR=opt"}, Stdin: strings.NewReader("in\n")})
+	if err != nil || string(res.Stdout) != "in spec opt\n"+sb.Workdir+"\n" || res.ExitCode != 4 {
+		t.Errorf("result = %q %q %d, %v", res.Stdout, res.Stderr, res.ExitCode, err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.Exec(cctx, "ex", []string{"sh", "-c", "sleep 1000 & sleep 1001"}, ExecOptions{})
+		done <- err
+	}()
+	tag := tagEnv + "=" + filepath.Dir(sb.Root)
+	var pids []int
+	eventually(t, "the command to start", func() bool {
+		pids = tagged(tag)
+		return len(pids) >= 4 // init, sh, two sleeps
+	})
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled exec: %v", err)
+	}
+	eventually(t, "only init to remain", func() bool { return len(tagged(tag)) == 1 })
+	stop(t, d, sb, pids...)
+}

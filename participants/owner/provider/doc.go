@@ -52,6 +52,10 @@
 // The overlay is mounted with index=off,redirect_dir=off,metacopy=off, so
 // that an upper directory holds complete files and plain whiteouts and
 // can be copied to another sandbox over the same base.
+// When the base shows the state directory (it lies on the base's file
+// system, as with the host root), an empty read-only tmpfs covers it
+// inside every sandbox: no sandbox reads another's upper layer or a
+// snapshot through the base.
 //
 // The first process is started by running the owner's own executable
 // again (/proc/self/exe, argv[0] "stillpoint-sandbox-init", setup in the

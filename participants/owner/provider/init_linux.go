@@ -42,6 +42,7 @@ type initConfig struct {
 	Cgroup      string   `json:"cgroup"`       // host path of the sandbox's cgroup
 	CgroupMount string   `json:"cgroup_mount"` // where cgroup v2 is mounted, on the host and inside
 	Workdir     string   `json:"workdir"`      // inside
+	Mask        string   `json:"mask"`         // inside path to cover with an empty read-only tmpfs
 	Argv        []string `json:"argv"`         // empty: idle init
 	Env         []string `json:"env"`
 }
@@ -104,12 +105,17 @@ func (c initConfig) setup() error {
 	}
 	r := c.Root
 	cgInside := c.CgroupMount
-	mounts := []mountSpec{
+	var mounts []mountSpec
+	if c.Mask != "" {
+		// First, so that a mount below (a tmpfs /tmp) may cover it in turn.
+		mounts = append(mounts, mountSpec{"tmpfs", c.Mask, "tmpfs", unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "mode=755,size=4k"})
+	}
+	mounts = append(mounts, []mountSpec{
 		{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 		{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
 		{"tmpfs", "/dev", "tmpfs", unix.MS_NOSUID | unix.MS_STRICTATIME, "mode=755,size=64k"},
 		{"sysfs", "/sys", "sysfs", unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
-	}
+	}...)
 	if strings.HasPrefix(cgInside, "/sys/fs/cgroup/") {
 		// Hybrid layout: a tmpfs at /sys/fs/cgroup holds the v2 mount point.
 		mounts = append(mounts, mountSpec{"tmpfs", "/sys/fs/cgroup", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "mode=755,size=4k"})

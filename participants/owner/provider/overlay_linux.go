@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -118,6 +119,7 @@ type Overlay struct {
 	cfg     OverlayConfig
 	cgMount string // where cgroup v2 is mounted; the same path inside
 	nsenter string
+	mask    string // StateDir as seen inside, when the base shows it; hidden
 	snaps   *snapStore
 	reason  string
 
@@ -129,13 +131,18 @@ type Overlay struct {
 // started and gone change with both mu and Overlay.mu held, so Exec reads
 // them (and then sb and env, set before started) under Overlay.mu alone.
 type overlayBox struct {
-	mu      sync.Mutex
-	sb      Sandbox
-	env     []string
-	proc    *os.Process   // the init, if this process started it
-	done    chan struct{} // closed once proc was reaped; nil if none
-	started bool          // Start finished
-	gone    bool          // Stop ran
+	mu   sync.Mutex
+	sb   Sandbox
+	env  []string
+	proc *os.Process   // the init, if this process started it
+	done chan struct{} // closed once proc was reaped; nil if none
+	// reap is held shared by each Exec while nsenter enters the sandbox by
+	// the init's pid, and exclusively to reap the init: until then the pid
+	// cannot name another process. exited is set once the init has exited.
+	reap    sync.RWMutex
+	exited  atomic.Bool
+	started bool // Start finished
+	gone    bool // Stop ran
 }
 
 // NewOverlay checks the config and what the provider needs (root, cgroup
@@ -161,6 +168,10 @@ func NewOverlay(cfg OverlayConfig) (*Overlay, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "sandboxes"), 0o700); err != nil {
 		return nil, err
 	}
+	mask, err := stateMask(cfg.BaseDir, cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
 	snaps, err := newSnapStore(filepath.Join(cfg.StateDir, "snapshots"))
 	if err != nil {
 		return nil, err
@@ -169,16 +180,50 @@ func NewOverlay(cfg OverlayConfig) (*Overlay, error) {
 		cfg:     cfg,
 		cgMount: cgMount,
 		nsenter: nsenter,
+		mask:    mask,
 		snaps:   snaps,
 		reason:  "constructed directly",
 		boxes:   make(map[string]*overlayBox),
 	}, nil
 }
 
+// stateMask returns the state directory's path inside a sandbox when the
+// base shows it (it lies in the base's file system), so that the sandbox
+// init covers it: otherwise every sandbox could read every other
+// sandbox's upper layer and every snapshot through the read-only base.
+func stateMask(base, state string) (string, error) {
+	realBase, err := filepath.EvalSymlinks(base)
+	if err != nil {
+		return "", err
+	}
+	realState, err := filepath.EvalSymlinks(state)
+	if err != nil {
+		return "", err
+	}
+	rel, err := filepath.Rel(realBase, realState)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return "", nil // outside the base
+	}
+	if rel == "." {
+		return "", invalid("StateDir", "%q is the base directory itself", state)
+	}
+	var sb, ss unix.Stat_t
+	if err := unix.Stat(realBase, &sb); err != nil {
+		return "", err
+	}
+	if err := unix.Stat(realState, &ss); err != nil {
+		return "", err
+	}
+	if sb.Dev != ss.Dev {
+		return "", nil // another file system: the overlay shows only its mount point
+	}
+	return "/" + rel, nil
+}
+
 // Name returns "overlay".
 func (o *Overlay) Name() string { return "overlay" }
 
-// Caps: snapshots of files (the upper layer), not of processes.
+// Caps reports snapshots of files (the upper layer), not of processes.
 func (o *Overlay) Caps() Caps { return Caps{Snapshot: true} }
 
 // Reason says why Default chose this provider.
@@ -299,6 +344,7 @@ func (o *Overlay) create(ctx context.Context, box *overlayBox, spec Spec, snapsh
 		Cgroup:      string(cg),
 		CgroupMount: o.cgMount,
 		Workdir:     workdir,
+		Mask:        o.mask,
 		Argv:        spec.Init,
 		Env:         box.env,
 	})
@@ -358,8 +404,12 @@ func (o *Overlay) startInit(ctx context.Context, box *overlayBox, spec Spec, c i
 	box.proc = cmd.Process
 	box.done = make(chan struct{})
 	go func() { // stopped by the teardown, which kills the process and waits for done
+		defer close(box.done)
+		waitExit(cmd.Process.Pid)
+		box.reap.Lock()
+		defer box.reap.Unlock()
+		box.exited.Store(true)
 		_ = cmd.Wait()
-		close(box.done)
 	}()
 	msg, err := readStatus(ctx, r, o.cfg.StartTimeout)
 	if err != nil {
@@ -369,6 +419,17 @@ func (o *Overlay) startInit(ctx context.Context, box *overlayBox, spec Spec, c i
 		return errors.New(string(msg))
 	}
 	return nil
+}
+
+// waitExit blocks until the child pid has exited, without reaping it.
+func waitExit(pid int) {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return
+		}
+	}
 }
 
 // readStatus reads the status pipe to its end, bounded by ctx and timeout.
@@ -554,8 +615,9 @@ func (o *Overlay) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 
 // Exec runs argv in the sandbox's namespaces and root through nsenter,
 // with the process born in the sandbox's cgroup (so a snapshot freezes it
-// and Stop kills it). When ctx ends, nsenter and everything it started are
-// killed.
+// and Stop kills it). When ctx ends, everything nsenter started is killed.
+// nsenter's own failures, such as an opts.Dir missing inside, show as
+// exit code 1 with its message on Stderr.
 func (o *Overlay) Exec(ctx context.Context, id string, argv []string, opts ExecOptions) (ExecResult, error) {
 	if err := errors.Join(ValidateID("id", id), validateExec(argv, opts)); err != nil {
 		return ExecResult{}, err
@@ -566,10 +628,19 @@ func (o *Overlay) Exec(ctx context.Context, id string, argv []string, opts ExecO
 	}
 	o.mu.Lock()
 	ready := box.started && !box.gone
-	sb, env := box.sb, box.env
+	var sb Sandbox
+	var env []string
+	if ready {
+		sb, env = box.sb, box.env
+	}
 	o.mu.Unlock()
 	if !ready {
 		return ExecResult{}, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
+	}
+	box.reap.RLock()
+	defer box.reap.RUnlock()
+	if box.exited.Load() {
+		return ExecResult{}, fmt.Errorf("%w: sandbox %q", ErrExited, id)
 	}
 	dir := opts.Dir
 	if dir == "" {

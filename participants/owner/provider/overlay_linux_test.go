@@ -428,3 +428,97 @@ func getxattr(path, name string) (string, error) {
 	}
 	return string(bytes.TrimRight(buf[:n], "\x00")), nil
 }
+
+// Several sandboxes at once: start, exec, snapshot, fork and stop in
+// parallel, then nothing is left.
+func TestOverlayConcurrent(t *testing.T) {
+	ov := newOverlay(t)
+	ctx := context.Background()
+	errs := make(chan error, 4)
+	for i := range 4 {
+		go func() {
+			id := fmt.Sprintf("c%d", i)
+			errs <- func() error {
+				if _, err := ov.Start(ctx, Spec{ID: id}); err != nil {
+					return err
+				}
+				if _, err := ov.Exec(ctx, id, []string{"sh", "-c", "echo " + id + " > /f"}, ExecOptions{}); err != nil {
+					return err
+				}
+				if _, err := ov.Snapshot(ctx, id, id+"-s"); err != nil {
+					return err
+				}
+				if _, err := ov.Fork(ctx, id+"-s", Spec{ID: id + "-f"}); err != nil {
+					return err
+				}
+				res, err := ov.Exec(ctx, id+"-f", []string{"cat", "/f"}, ExecOptions{})
+				if err == nil && string(res.Stdout) != id+"\n" {
+					err = fmt.Errorf("fork %s-f reads %q", id, res.Stdout)
+				}
+				return errors.Join(err, ov.Stop(ctx, id), ov.Stop(ctx, id+"-f"), ov.DeleteSnapshot(ctx, id+"-s"))
+			}()
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	if left := ov.Sandboxes(); len(left) > 0 {
+		t.Errorf("left: %v", left)
+	}
+}
+
+// When the init exits by itself, Exec refuses (its namespaces are gone,
+// and its pid must never be used to enter another process's), and Stop
+// still cleans up.
+func TestOverlayInitExited(t *testing.T) {
+	ov := newOverlay(t)
+	sb := start(t, ov, Spec{ID: "short", Init: []string{"sh", "-c", "read x"}}) // stdin is /dev/null: exits at once
+	eventually(t, "the init to exit", func() bool { return !alive(sb.InitPID) })
+	eventually(t, "Exec to refuse", func() bool {
+		_, err := ov.Exec(context.Background(), "short", []string{"true"}, ExecOptions{})
+		return errors.Is(err, ErrExited)
+	})
+	stop(t, ov, sb)
+}
+
+// A state directory that the base shows (here under /var/tmp, on the root
+// file system) is hidden inside every sandbox: no sandbox reads another's
+// upper layer or a snapshot through the read-only base.
+func TestOverlayHidesStateDir(t *testing.T) {
+	requireRoot(t)
+	state, err := os.MkdirTemp("/var/tmp", "stillpoint-provider-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.RemoveAll(state); err != nil {
+			t.Error(err)
+		}
+	})
+	base := newOverlay(t) // for its cgroup parent and cleanup checks
+	cfg := base.Config()
+	cfg.StateDir = state
+	ov, err := NewOverlay(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cleanupProvider(t, ov)
+		checkNoMounts(t, state)
+	})
+	if ov.mask != state {
+		t.Fatalf("mask = %q, want %q", ov.mask, state)
+	}
+	start(t, ov, Spec{ID: "a", Files: map[string][]byte{"secret": []byte("a's\n")}})
+	snapshot(t, ov, "a", "a-snap")
+	start(t, ov, Spec{ID: "b"})
+	out := run(t, ov, "b", "ls -A "+state+"; cat "+state+"/sandboxes/a/upper/secret 2>/dev/null || echo hidden; touch "+state+"/x 2>/dev/null || echo read-only")
+	if out != "hidden\nread-only\n" {
+		t.Errorf("sandbox b sees the state dir: %q", out)
+	}
+	if exists(filepath.Join(state, "sandboxes", "b", "upper", strings.TrimPrefix(state, "/"))) {
+		t.Error("the mask left a directory in b's upper layer")
+	}
+}

@@ -21,6 +21,10 @@ var (
 	// sandbox or snapshot id is already in use, on disk or in memory.
 	ErrExists = errors.New("provider: already exists")
 
+	// ErrExited is returned (wrapped) by Exec when the sandbox's first
+	// process has exited: its namespaces are gone. Stop it.
+	ErrExited = errors.New("provider: sandbox init exited")
+
 	// ErrNoSnapshot is returned by Snapshot and Fork of a provider whose
 	// Caps().Snapshot is false. The owner then runs restart_only.
 	ErrNoSnapshot = errors.New("provider: snapshots not supported")
