@@ -5,14 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
-	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
@@ -64,17 +62,8 @@ type VerifyResult struct {
 	Result    json.RawMessage `json:"result"`
 }
 
-// ServiceError is the error an owner endpoint answers with.
-type ServiceError struct {
-	Status int
-	Code   string
-	Detail string
-}
-
-// Error implements error.
-func (e *ServiceError) Error() string {
-	return fmt.Sprintf("owner: %s (%d): %s", e.Code, e.Status, e.Detail)
-}
+// ServiceError is the error the service answers with.
+type ServiceError = jetstream.ServiceError
 
 func classify(err error) (int, string) {
 	switch {
@@ -86,13 +75,11 @@ func classify(err error) (int, string) {
 		return 409, "session_exists"
 	case errors.Is(err, ErrSetup):
 		return 422, "setup_failed"
-	case errors.Is(err, events.ErrInvalid), errors.Is(err, provider.ErrInvalid), errors.Is(err, errBadRequest):
+	case errors.Is(err, events.ErrInvalid), errors.Is(err, provider.ErrInvalid), errors.Is(err, jetstream.ErrBadRequest):
 		return 400, "bad_request"
 	}
 	return 500, "internal"
 }
-
-var errBadRequest = errors.New("bad request")
 
 // Serve runs the owner's micro service for agents until ctx ends:
 // seed_session (a sandbox for a session, a restored fork when there is
@@ -100,47 +87,24 @@ var errBadRequest = errors.New("bad request")
 // without a sandbox), close_session (idempotent). Handlers run in their
 // own goroutines; Serve waits for them before it returns.
 func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade GradeFunc) error {
-	svc, err := micro.AddService(nc, micro.Config{Name: "stillpoint-owner", Version: "1.0.0",
+	s, err := jetstream.NewService(nc, micro.Config{Name: "stillpoint-owner", Version: "1.0.0",
 		Description: "sandbox owner " + o.cfg.Name + " of run " + o.cfg.Run,
-		Metadata:    map[string]string{"run": o.cfg.Run, "owner": o.cfg.Name}})
+		Metadata:    map[string]string{"run": o.cfg.Run, "owner": o.cfg.Name}},
+		ServiceSubject(o.cfg.Run, o.cfg.Name), classify)
 	if err != nil {
-		return fmt.Errorf("owner: service: %w", err)
-	}
-	var (
-		mu      sync.Mutex
-		closing bool
-		wg      sync.WaitGroup
-	)
-	g := svc.AddGroup(ServiceSubject(o.cfg.Run, o.cfg.Name), micro.WithGroupQueueGroupDisabled())
-	add := func(name string, fn func(body []byte) (any, error)) error {
-		return g.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
-			mu.Lock()
-			defer mu.Unlock()
-			if closing {
-				return
-			}
-			wg.Go(func() {
-				res, err := fn(req.Data())
-				if err != nil {
-					status, code := classify(err)
-					_ = req.Error(strconv.Itoa(status), code+": "+err.Error(), nil)
-					return
-				}
-				_ = req.RespondJSON(res)
-			})
-		}))
+		return fmt.Errorf("owner: %w", err)
 	}
 	ref := func(body []byte) (string, error) {
 		var r SessionRef
-		if err := strict(body, &r); err != nil {
+		if err := jetstream.DecodeRequest(body, &r); err != nil {
 			return "", err
 		}
 		return r.SessionID, events.ValidateRollout("session_id", r.SessionID)
 	}
 	errs := []error{
-		add("seed_session", func(body []byte) (any, error) {
+		s.Handle("seed_session", func(body []byte) (any, error) {
 			var r SeedRequest
-			if err := strict(body, &r); err != nil {
+			if err := jetstream.DecodeRequest(body, &r); err != nil {
 				return nil, err
 			}
 			ep, err := events.ParseEpisode(r.Episode)
@@ -150,46 +114,46 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade G
 			var ps provider.Spec
 			if spec != nil {
 				if ps, err = spec(r.SessionID, ep, r.Task); err != nil {
-					return nil, fmt.Errorf("%w: task: %w", errBadRequest, err)
+					return nil, fmt.Errorf("%w: task: %w", jetstream.ErrBadRequest, err)
 				}
 			}
 			prev, had := o.Session(r.SessionID)
-			s, err := o.SeedSession(ctx, r.SessionID, ep, ps)
+			sess, err := o.SeedSession(ctx, r.SessionID, ep, ps)
 			if err != nil {
 				return nil, err
 			}
-			return o.info(s, had && prev.restored && prev.Episode == ep), nil
+			return o.info(sess, had && prev.restored && prev.Episode == ep), nil
 		}),
-		add("sandbox_access", func(body []byte) (any, error) {
+		s.Handle("sandbox_access", func(body []byte) (any, error) {
 			id, err := ref(body)
 			if err != nil {
 				return nil, err
 			}
-			s, err := o.RequireSandbox(id)
+			sess, err := o.RequireSandbox(id)
 			if err != nil {
 				return nil, err
 			}
-			return o.info(s, false), nil
+			return o.info(sess, false), nil
 		}),
-		add("verify", func(body []byte) (any, error) {
+		s.Handle("verify", func(body []byte) (any, error) {
 			id, err := ref(body)
 			if err != nil {
 				return nil, err
 			}
-			s, err := o.RequireSandbox(id)
+			sess, err := o.RequireSandbox(id)
 			if err != nil {
 				return nil, err
 			}
 			if grade == nil {
 				return VerifyResult{SessionID: id, Result: json.RawMessage(`{}`)}, nil
 			}
-			res, err := grade(ctx, o.cfg.Provider, s)
+			res, err := grade(ctx, o.cfg.Provider, sess)
 			if err != nil {
 				return nil, fmt.Errorf("owner: grade %s: %w", id, err)
 			}
 			return VerifyResult{SessionID: id, Result: res}, nil
 		}),
-		add("close_session", func(body []byte) (any, error) {
+		s.Handle("close_session", func(body []byte) (any, error) {
 			id, err := ref(body)
 			if err != nil {
 				return nil, err
@@ -198,32 +162,16 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade G
 		}),
 	}
 	if err := errors.Join(errs...); err != nil {
-		_ = svc.Stop()
+		_ = s.Stop()
 		return fmt.Errorf("owner: service endpoints: %w", err)
 	}
 	<-ctx.Done()
-	mu.Lock()
-	closing = true
-	mu.Unlock()
-	wg.Wait()
-	return svc.Stop()
+	return s.Stop()
 }
 
 func (o *Owner) info(s *Session, restored bool) SessionInfo {
 	return SessionInfo{SessionID: s.ID, Episode: s.Episode.String(), SandboxID: s.Sandbox.ID, Workdir: s.Workdir,
 		Restored: restored, RestartOnly: o.mode != ModeExported}
-}
-
-func strict(body []byte, v any) error {
-	if len(body) > 1<<20 {
-		return fmt.Errorf("%w: body over 1 MiB", errBadRequest)
-	}
-	dec := json.NewDecoder(strings.NewReader(string(body)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: %v", errBadRequest, err)
-	}
-	return nil
 }
 
 // Client calls one owner's service.
@@ -269,24 +217,5 @@ func (c *Client) CloseSession(ctx context.Context, sessionID string) error {
 }
 
 func (c *Client) call(ctx context.Context, endpoint string, in, out any) error {
-	b, err := json.Marshal(in)
-	if err != nil {
-		return err
-	}
-	msg, err := c.nc.RequestWithContext(ctx, c.subject+"."+endpoint, b)
-	if err != nil {
-		return fmt.Errorf("owner %s: %w", endpoint, err)
-	}
-	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
-		status, _ := strconv.Atoi(code)
-		se := &ServiceError{Status: status, Detail: msg.Header.Get(micro.ErrorHeader)}
-		if k, rest, ok := strings.Cut(se.Detail, ": "); ok {
-			se.Code, se.Detail = k, rest
-		}
-		return se
-	}
-	if err := json.Unmarshal(msg.Data, out); err != nil {
-		return fmt.Errorf("owner %s: the answer does not decode: %w", endpoint, err)
-	}
-	return nil
+	return jetstream.Call(ctx, c.nc, c.subject+"."+endpoint, in, out)
 }

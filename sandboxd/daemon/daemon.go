@@ -108,7 +108,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer svc.stop()
+	defer func() { _ = svc.Stop() }()
 	g.Go(func() error {
 		err := d.member.Run(gctx)
 		if errors.Is(err, member.ErrSuperseded) || errors.Is(err, member.ErrReplaced) {

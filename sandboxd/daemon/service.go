@@ -1,20 +1,16 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/sandboxd"
 )
@@ -53,110 +49,54 @@ type LaunchRef struct {
 	Wait bool `json:"wait,omitempty"`
 }
 
-// ServiceError is the error a service endpoint answers with.
-type ServiceError struct {
-	// Status is an HTTP-like status: 400, 404, 409, 500.
-	Status int
-	// Code names the error, e.g. admission_closed.
-	Code   string
-	Detail string
-}
+// ServiceError is the error the service answers with.
+type ServiceError = jetstream.ServiceError
 
-// Error implements error.
-func (e *ServiceError) Error() string {
-	return fmt.Sprintf("sandboxd: %s (%d): %s", e.Code, e.Status, e.Detail)
-}
-
-func classify(err error) *ServiceError {
-	se := &ServiceError{Status: 500, Code: "internal", Detail: err.Error()}
+func classify(err error) (int, string) {
 	switch {
-	case errors.Is(err, sandboxd.ErrInvalidSpec), errors.Is(err, events.ErrInvalid):
-		se.Status, se.Code = 400, "bad_request"
+	case errors.Is(err, sandboxd.ErrInvalidSpec), errors.Is(err, events.ErrInvalid), errors.Is(err, jetstream.ErrBadRequest):
+		return 400, "bad_request"
 	case errors.Is(err, sandboxd.ErrUnknownLaunch):
-		se.Status, se.Code = 404, "unknown_launch"
+		return 404, "unknown_launch"
 	case errors.Is(err, ErrAdmissionClosed):
-		se.Status, se.Code = 409, "admission_closed"
+		return 409, "admission_closed"
 	case errors.Is(err, member.ErrStaleAttempt):
-		se.Status, se.Code = 409, "stale_attempt"
+		return 409, "stale_attempt"
 	case errors.Is(err, sandboxd.ErrLaunchExists):
-		se.Status, se.Code = 409, "launch_exists"
+		return 409, "launch_exists"
 	case errors.Is(err, sandboxd.ErrNotEnded):
-		se.Status, se.Code = 409, "not_ended"
+		return 409, "not_ended"
 	case errors.Is(err, sandboxd.ErrUnconfirmed):
-		se.Status, se.Code = 409, "unconfirmed"
+		return 409, "unconfirmed"
 	case errors.Is(err, sandboxd.ErrModeUnavailable):
-		se.Status, se.Code = 409, "mode_unavailable"
+		return 409, "mode_unavailable"
 	}
-	return se
+	return 500, "internal"
 }
 
-// service is the daemon's micro service and its in-flight handlers.
-type service struct {
-	svc     micro.Service
-	mu      sync.Mutex
-	closing bool
-	wg      sync.WaitGroup
-}
-
-// handle runs fn in a goroutine unless the service is stopping.
-func (s *service) handle(fn func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closing {
-		return
-	}
-	s.wg.Go(fn)
-}
-
-// stop lets the handlers in flight answer, then stops the service: a
-// handler never responds through a stopped service.
-func (s *service) stop() {
-	s.mu.Lock()
-	s.closing = true
-	s.mu.Unlock()
-	s.wg.Wait()
-	_ = s.svc.Stop()
-}
-
-// serve adds the micro service; handlers run in goroutines (a pause can
-// take seconds) bound to ctx, and stop waits for them.
-func (d *Daemon) serve(ctx context.Context) (*service, error) {
-	nc := d.cfg.JS.Conn()
-	svc, err := micro.AddService(nc, micro.Config{
+// serve adds the micro service; handlers are bound to ctx, and the
+// service's Stop waits for them.
+func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
+	s, err := jetstream.NewService(d.cfg.JS.Conn(), micro.Config{
 		Name:        "stillpoint-sandboxd",
 		Version:     "1.0.0",
 		Description: "sandboxd of sandbox " + d.cfg.SandboxID + " in run " + d.cfg.Run,
 		Metadata:    map[string]string{"run": d.cfg.Run, "sandbox": d.cfg.SandboxID},
-	})
+	}, ServiceSubject(d.cfg.Run, d.cfg.SandboxID), classify)
 	if err != nil {
-		return nil, fmt.Errorf("daemon: service: %w", err)
-	}
-	s := &service{svc: svc}
-	g := svc.AddGroup(ServiceSubject(d.cfg.Run, d.cfg.SandboxID), micro.WithGroupQueueGroupDisabled())
-	add := func(name string, fn func(ctx context.Context, body []byte) (any, error)) error {
-		return g.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
-			s.handle(func() {
-				res, err := fn(ctx, req.Data())
-				if err != nil {
-					se := classify(err)
-					_ = req.Error(strconv.Itoa(se.Status), se.Code+": "+se.Detail, nil)
-					return
-				}
-				_ = req.RespondJSON(res)
-			})
-		}))
+		return nil, fmt.Errorf("daemon: %w", err)
 	}
 	ref := func(body []byte) (LaunchRef, error) {
 		var r LaunchRef
-		if err := strictJSON(body, &r); err != nil {
+		if err := jetstream.DecodeRequest(body, &r); err != nil {
 			return r, err
 		}
 		return r, sandboxd.ValidateID(r.LaunchID)
 	}
 	errs := []error{
-		add("launch", func(ctx context.Context, body []byte) (any, error) {
+		s.Handle("launch", func(body []byte) (any, error) {
 			var r LaunchRequest
-			if err := strictJSON(body, &r); err != nil {
+			if err := jetstream.DecodeRequest(body, &r); err != nil {
 				return nil, err
 			}
 			mode, err := sandboxd.ParseMode(r.Mode)
@@ -166,14 +106,14 @@ func (d *Daemon) serve(ctx context.Context) (*service, error) {
 			return d.launch(ctx, r.Episode, sandboxd.Spec{ID: r.LaunchID, Command: r.Command, Argv: r.Argv, Dir: r.Dir,
 				Env: r.Env, Timeout: time.Duration(r.TimeoutMS) * time.Millisecond, Mode: mode})
 		}),
-		add("status", func(ctx context.Context, body []byte) (any, error) {
+		s.Handle("status", func(body []byte) (any, error) {
 			r, err := ref(body)
 			if err != nil {
 				return nil, err
 			}
 			return d.sup.Status(r.LaunchID)
 		}),
-		add("pause", func(ctx context.Context, body []byte) (any, error) {
+		s.Handle("pause", func(body []byte) (any, error) {
 			r, err := ref(body)
 			if err != nil {
 				return nil, err
@@ -184,14 +124,14 @@ func (d *Daemon) serve(ctx context.Context) (*service, error) {
 			}
 			return d.sup.Pause(ctx, r.LaunchID, mode)
 		}),
-		add("continue", func(ctx context.Context, body []byte) (any, error) {
+		s.Handle("continue", func(body []byte) (any, error) {
 			r, err := ref(body)
 			if err != nil {
 				return nil, err
 			}
 			return d.sup.Continue(ctx, r.LaunchID)
 		}),
-		add("stop", func(ctx context.Context, body []byte) (any, error) {
+		s.Handle("stop", func(body []byte) (any, error) {
 			r, err := ref(body)
 			if err != nil {
 				return nil, err
@@ -201,7 +141,7 @@ func (d *Daemon) serve(ctx context.Context) (*service, error) {
 			}
 			return d.sup.Stop(ctx, r.LaunchID)
 		}),
-		add("receipt", func(ctx context.Context, body []byte) (any, error) {
+		s.Handle("receipt", func(body []byte) (any, error) {
 			r, err := ref(body)
 			if err != nil {
 				return nil, err
@@ -213,24 +153,10 @@ func (d *Daemon) serve(ctx context.Context) (*service, error) {
 		}),
 	}
 	if err := errors.Join(errs...); err != nil {
-		s.stop()
+		_ = s.Stop()
 		return nil, fmt.Errorf("daemon: service endpoints: %w", err)
 	}
 	return s, nil
-}
-
-// strictJSON decodes a request body, refusing unknown fields and oversized
-// bodies with an error that names them.
-func strictJSON(body []byte, v any) error {
-	if len(body) > 1<<20 {
-		return fmt.Errorf("%w: request body over 1 MiB", sandboxd.ErrInvalidSpec)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: request: %v", sandboxd.ErrInvalidSpec, err)
-	}
-	return nil
 }
 
 // Client calls one sandbox's service.
@@ -287,24 +213,5 @@ func (c *Client) Receipt(ctx context.Context, id string, wait bool) (sandboxd.Re
 }
 
 func (c *Client) call(ctx context.Context, endpoint string, in, out any) error {
-	b, err := json.Marshal(in)
-	if err != nil {
-		return err
-	}
-	msg, err := c.nc.RequestWithContext(ctx, c.subject+"."+endpoint, b)
-	if err != nil {
-		return fmt.Errorf("sandboxd %s: %w", endpoint, err)
-	}
-	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
-		status, _ := strconv.Atoi(code)
-		se := &ServiceError{Status: status, Detail: msg.Header.Get(micro.ErrorHeader)}
-		if k, rest, ok := strings.Cut(se.Detail, ": "); ok {
-			se.Code, se.Detail = k, rest
-		}
-		return se
-	}
-	if err := json.Unmarshal(msg.Data, out); err != nil {
-		return fmt.Errorf("sandboxd %s: the answer does not decode: %w", endpoint, err)
-	}
-	return nil
+	return jetstream.Call(ctx, c.nc, c.subject+"."+endpoint, in, out)
 }

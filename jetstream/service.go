@@ -1,0 +1,136 @@
+package jetstream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// Request-reply services (the sandbox daemon's and the owner's, for
+// agents) are NATS micro services with JSON bodies, on subjects under
+// spsvc., outside the audit stream.
+
+// MaxRequestBody bounds a service request.
+const MaxRequestBody = 1 << 20
+
+// ErrBadRequest is wrapped by DecodeRequest for a body that is not the
+// JSON object expected.
+var ErrBadRequest = errors.New("bad request")
+
+// ServiceError is the error a service endpoint answers with: an HTTP-like
+// status (400, 404, 409, 422, 500), a snake_case code and a detail.
+type ServiceError struct {
+	Status int
+	Code   string
+	Detail string
+}
+
+// Error implements error.
+func (e *ServiceError) Error() string {
+	return fmt.Sprintf("%s (%d): %s", e.Code, e.Status, e.Detail)
+}
+
+// Classify maps a handler's error to a status and a code.
+type Classify func(error) (status int, code string)
+
+// Service is a group of JSON endpoints under one subject prefix. Each
+// request is handled in its own goroutine (an endpoint may take seconds);
+// Stop lets the handlers in flight answer, then stops the service, so no
+// handler ever answers through a stopped service.
+type Service struct {
+	svc      micro.Service
+	group    micro.Group
+	classify Classify
+
+	mu      sync.Mutex
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// NewService adds a micro service named cfg.Name whose endpoints live
+// under prefix.
+func NewService(nc *nats.Conn, cfg micro.Config, prefix string, classify Classify) (*Service, error) {
+	svc, err := micro.AddService(nc, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: service %s: %w", cfg.Name, err)
+	}
+	return &Service{svc: svc, classify: classify, group: svc.AddGroup(prefix, micro.WithGroupQueueGroupDisabled())}, nil
+}
+
+// Handle adds endpoint name: fn gets the request body and returns the
+// answer, marshalled as JSON, or an error, answered as a ServiceError.
+func (s *Service) Handle(name string, fn func(body []byte) (any, error)) error {
+	return s.group.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.closing {
+			return
+		}
+		s.wg.Go(func() {
+			res, err := fn(req.Data())
+			if err != nil {
+				status, code := s.classify(err)
+				_ = req.Error(strconv.Itoa(status), code+": "+err.Error(), nil)
+				return
+			}
+			_ = req.RespondJSON(res)
+		})
+	}))
+}
+
+// Stop waits for the handlers in flight, then stops the service.
+func (s *Service) Stop() error {
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	s.wg.Wait()
+	return s.svc.Stop()
+}
+
+// DecodeRequest decodes a request body strictly: one JSON object, no
+// unknown field, at most MaxRequestBody bytes; the error wraps
+// ErrBadRequest and names what is wrong.
+func DecodeRequest(body []byte, v any) error {
+	if len(body) > MaxRequestBody {
+		return fmt.Errorf("%w: body over %d bytes", ErrBadRequest, MaxRequestBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadRequest, err)
+	}
+	return nil
+}
+
+// Call sends in as JSON to subject and decodes the answer into out; an
+// error answer comes back as a *ServiceError.
+func Call(ctx context.Context, nc *nats.Conn, subject string, in, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	msg, err := nc.RequestWithContext(ctx, subject, b)
+	if err != nil {
+		return fmt.Errorf("%s: %w", subject, err)
+	}
+	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
+		status, _ := strconv.Atoi(code)
+		se := &ServiceError{Status: status, Detail: msg.Header.Get(micro.ErrorHeader)}
+		if k, rest, ok := strings.Cut(se.Detail, ": "); ok {
+			se.Code, se.Detail = k, rest
+		}
+		return se
+	}
+	if err := json.Unmarshal(msg.Data, out); err != nil {
+		return fmt.Errorf("%s: the answer does not decode: %w", subject, err)
+	}
+	return nil
+}
