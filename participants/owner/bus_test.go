@@ -2,6 +2,7 @@ package owner
 
 import (
 	"context"
+	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"slices"
 	"testing"
 	"time"
@@ -35,39 +36,40 @@ func runOwner(t *testing.T, env *jstest.Env, o *Owner) {
 // ready, commits one record per session, reopens admission on resume, and
 // a final release deletes the snapshots it took.
 func TestCheckpointThroughBus(t *testing.T) {
-	env := jstest.Start(t)
-	d := newDir(t)
-	o := newOwner(t, baseConfig(t, env, d, "o1"))
-	runOwner(t, env, o)
-	m := o.Member().Name()
-	br := membertest.NewBridge(t, env, testRun)
-	ctx := t.Context()
+	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+		env := jstest.Start(t)
+		o := newOwner(t, baseConfig(t, env, d, "o1"))
+		runOwner(t, env, o)
+		m := o.Member().Name()
+		br := membertest.NewBridge(t, env, testRun)
+		ctx := t.Context()
 
-	s := start(t, o, "s1", ep("r1", 0))
-	sh(t, d, s.Sandbox.ID, "echo hi > hi.txt")
+		s := start(t, o, "s1", ep("r1", 0))
+		sh(t, d, s.Sandbox.ID, "echo hi > hi.txt")
 
-	pa := br.Ack(br.Publish(events.Prepare{PhaseHeader: br.Header("c1", 10*time.Second, m)}), events.PhasePrepare, m).(events.PrepareAck)
-	if !pa.OK || !pa.Ready {
-		t.Fatalf("prepare ack %+v", pa)
-	}
-	ca := br.Ack(br.Publish(events.Commit{PhaseHeader: br.Header("c1", 10*time.Second, m), Scope: []events.Episode{ep("r1", 0)}}), events.PhaseCommit, m).(events.CommitAck)
-	if !ca.OK || ca.Manifest == nil || ca.Manifest.Count != 1 {
-		t.Fatalf("commit ack %+v", ca)
-	}
-	if got := snapshots(t, d); !slices.Equal(got, []string{"c1-s1"}) {
-		t.Errorf("snapshots %v", got)
-	}
-	br.Ack(br.Publish(events.Resume{PhaseHeader: br.Header("c1", 10*time.Second, m)}), events.PhaseResume, m)
-
-	// Admission is open again.
-	start(t, o, "s2", ep("r2", 0))
-	for _, id := range []string{"s1", "s2"} {
-		if err := o.CloseSession(ctx, id); err != nil {
-			t.Fatal(err)
+		pa := br.Ack(br.Publish(events.Prepare{PhaseHeader: br.Header("c1", 10*time.Second, m)}), events.PhasePrepare, m).(events.PrepareAck)
+		if !pa.OK || !pa.Ready {
+			t.Fatalf("prepare ack %+v", pa)
 		}
-	}
-	ra := br.Ack(br.Publish(events.Release{PhaseHeader: br.Header("op1", 10*time.Second, m), Final: true}), events.PhaseRelease, m).(events.ReleaseAck)
-	if !ra.OK || !slices.Equal(ra.Deleted, []string{"c1-s1"}) {
-		t.Fatalf("release ack %+v", ra)
-	}
+		ca := br.Ack(br.Publish(events.Commit{PhaseHeader: br.Header("c1", 10*time.Second, m), Scope: []events.Episode{ep("r1", 0)}}), events.PhaseCommit, m).(events.CommitAck)
+		if !ca.OK || ca.Manifest == nil || ca.Manifest.Count != 1 {
+			t.Fatalf("commit ack %+v", ca)
+		}
+		if got := snapshots(t, d); !slices.Equal(got, []string{"c1-s1"}) {
+			t.Errorf("snapshots %v", got)
+		}
+		br.Ack(br.Publish(events.Resume{PhaseHeader: br.Header("c1", 10*time.Second, m)}), events.PhaseResume, m)
+
+		// Admission is open again.
+		start(t, o, "s2", ep("r2", 0))
+		for _, id := range []string{"s1", "s2"} {
+			if err := o.CloseSession(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ra := br.Ack(br.Publish(events.Release{PhaseHeader: br.Header("op1", 10*time.Second, m), Final: true}), events.PhaseRelease, m).(events.ReleaseAck)
+		if !ra.OK || !slices.Equal(ra.Deleted, []string{"c1-s1"}) {
+			t.Fatalf("release ack %+v", ra)
+		}
+	})
 }

@@ -41,6 +41,21 @@ func newDir(t *testing.T) *provider.Dir {
 	return d
 }
 
+// forEachProvider runs fn as a subtest with each real local provider: the
+// overlay provider (namespaces, overlayfs, cgroups: root) and the dir
+// provider. Each fails the test if a sandbox or snapshot is left.
+func forEachProvider(t *testing.T, fn func(t *testing.T, p provider.Provider)) {
+	t.Run("dir", func(t *testing.T) { fn(t, newDir(t)) })
+	t.Run("overlay", func(t *testing.T) {
+		o, err := provider.NewOverlay(provider.OverlayConfig{StateDir: t.TempDir()})
+		if err != nil {
+			t.Fatalf("overlay provider (run as root on Linux with overlayfs and cgroup v2): %v", err)
+		}
+		t.Cleanup(func() { checkEmpty(t, o) })
+		fn(t, o)
+	})
+}
+
 // checkEmpty fails the test if p holds a sandbox or snapshot, and removes
 // them.
 func checkEmpty(t *testing.T, p provider.Provider) {

@@ -113,58 +113,59 @@ func errString(err error) string {
 // A session is tracked only after its setup succeeded with a JSON object
 // or nothing; otherwise its sandbox is stopped.
 func TestSetupFailureTracksNothing(t *testing.T) {
-	env := jstest.Start(t)
-	d := newDir(t)
-	for _, tc := range []struct {
-		name  string
-		setup SetupFunc
-	}{
-		{"error", func(context.Context, *Session) (json.RawMessage, error) { return nil, errors.New("boom") }},
-		{"array", func(context.Context, *Session) (json.RawMessage, error) { return json.RawMessage(`[1]`), nil }},
-		{"string", func(context.Context, *Session) (json.RawMessage, error) { return json.RawMessage(`"x"`), nil }},
-		{"invalid", func(context.Context, *Session) (json.RawMessage, error) { return json.RawMessage(`{"a":`), nil }},
-		{"relative workdir", func(_ context.Context, s *Session) (json.RawMessage, error) { s.Workdir = "work"; return nil, nil }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := baseConfig(t, env, d, "o1")
-			cfg.Setup = tc.setup
-			o := newOwner(t, cfg)
-			_, err := o.StartSession(t.Context(), "s1", ep("r1", 0), provider.Spec{})
-			if !errors.Is(err, ErrSetup) {
-				t.Fatalf("StartSession: %v, want ErrSetup", err)
+	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+		env := jstest.Start(t)
+		for _, tc := range []struct {
+			name  string
+			setup SetupFunc
+		}{
+			{"error", func(context.Context, *Session) (json.RawMessage, error) { return nil, errors.New("boom") }},
+			{"array", func(context.Context, *Session) (json.RawMessage, error) { return json.RawMessage(`[1]`), nil }},
+			{"string", func(context.Context, *Session) (json.RawMessage, error) { return json.RawMessage(`"x"`), nil }},
+			{"invalid", func(context.Context, *Session) (json.RawMessage, error) { return json.RawMessage(`{"a":`), nil }},
+			{"relative workdir", func(_ context.Context, s *Session) (json.RawMessage, error) { s.Workdir = "work"; return nil, nil }},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				cfg := baseConfig(t, env, d, "o1")
+				cfg.Setup = tc.setup
+				o := newOwner(t, cfg)
+				_, err := o.StartSession(t.Context(), "s1", ep("r1", 0), provider.Spec{})
+				if !errors.Is(err, ErrSetup) {
+					t.Fatalf("StartSession: %v, want ErrSetup", err)
+				}
+				if _, ok := o.Session("s1"); ok {
+					t.Error("a failed session is tracked")
+				}
+				if _, err := o.RequireSandbox("s1"); !errors.Is(err, ErrNoSandbox) {
+					t.Errorf("RequireSandbox: %v, want ErrNoSandbox", err)
+				}
+				if sbs := d.Sandboxes(); len(sbs) != 0 {
+					t.Errorf("sandboxes left: %v", sbs)
+				}
+				if recs := checkpoint(t, o, "c1"); len(recs) != 0 {
+					t.Errorf("exported %v", recs)
+				}
+			})
+		}
+
+		t.Run("close", func(t *testing.T) {
+			o := newOwner(t, baseConfig(t, env, d, "o1"))
+			start(t, o, "s1", ep("r1", 0))
+			if _, err := o.StartSession(t.Context(), "s1", ep("r1", 0), provider.Spec{}); !errors.Is(err, ErrSessionExists) {
+				t.Errorf("second start: %v", err)
 			}
-			if _, ok := o.Session("s1"); ok {
-				t.Error("a failed session is tracked")
+			for range 2 {
+				if err := o.CloseSession(t.Context(), "s1"); err != nil {
+					t.Fatalf("CloseSession: %v", err)
+				}
 			}
-			if _, err := o.RequireSandbox("s1"); !errors.Is(err, ErrNoSandbox) {
-				t.Errorf("RequireSandbox: %v, want ErrNoSandbox", err)
+			if recs := checkpoint(t, o, "c-close"); len(recs) != 0 {
+				t.Errorf("a closed session was exported: %v", recs)
 			}
-			if sbs := d.Sandboxes(); len(sbs) != 0 {
-				t.Errorf("sandboxes left: %v", sbs)
-			}
-			if recs := checkpoint(t, o, "c1"); len(recs) != 0 {
-				t.Errorf("exported %v", recs)
+			if err := o.EndSession(t.Context(), "s1"); !errors.Is(err, ErrNoSandbox) {
+				t.Errorf("EndSession of a closed session: %v", err)
 			}
 		})
-	}
-
-	t.Run("close", func(t *testing.T) {
-		o := newOwner(t, baseConfig(t, env, d, "o1"))
-		start(t, o, "s1", ep("r1", 0))
-		if _, err := o.StartSession(t.Context(), "s1", ep("r1", 0), provider.Spec{}); !errors.Is(err, ErrSessionExists) {
-			t.Errorf("second start: %v", err)
-		}
-		for range 2 {
-			if err := o.CloseSession(t.Context(), "s1"); err != nil {
-				t.Fatalf("CloseSession: %v", err)
-			}
-		}
-		if recs := checkpoint(t, o, "c-close"); len(recs) != 0 {
-			t.Errorf("a closed session was exported: %v", recs)
-		}
-		if err := o.EndSession(t.Context(), "s1"); !errors.Is(err, ErrNoSandbox) {
-			t.Errorf("EndSession of a closed session: %v", err)
-		}
 	})
 }
 

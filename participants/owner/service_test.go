@@ -54,67 +54,68 @@ func serve(t *testing.T, env *jstest.Env, o *Owner, spec SpecFunc, grade GradeFu
 // data), a verify without a sandbox is a 409, close is idempotent, and bad
 // requests are refused naming what is wrong.
 func TestServiceForAgents(t *testing.T) {
-	env := jstest.Start(t)
-	p := newDir(t)
-	cfg := baseConfig(t, env, p, "o1")
-	cfg.Setup = func(_ context.Context, s *Session) (json.RawMessage, error) {
-		return json.RawMessage(`{"want":"42"}`), nil
-	}
-	o := newOwner(t, cfg)
-	spec := func(sessionID string, _ events.Episode, task json.RawMessage) (provider.Spec, error) {
-		var tk struct{ Prompt string }
-		if err := json.Unmarshal(task, &tk); err != nil {
-			return provider.Spec{}, err
+	forEachProvider(t, func(t *testing.T, p provider.Provider) {
+		env := jstest.Start(t)
+		cfg := baseConfig(t, env, p, "o1")
+		cfg.Setup = func(_ context.Context, s *Session) (json.RawMessage, error) {
+			return json.RawMessage(`{"want":"42"}`), nil
 		}
-		return provider.Spec{Files: map[string][]byte{"task.txt": []byte(tk.Prompt)}}, nil
-	}
-	grade := func(ctx context.Context, p provider.Provider, s *Session) (json.RawMessage, error) {
-		res, err := p.Exec(ctx, s.Sandbox.ID, []string{"sh", "-c", "cat answer.txt 2>/dev/null"}, provider.ExecOptions{})
-		if err != nil {
-			return nil, err
+		o := newOwner(t, cfg)
+		spec := func(sessionID string, _ events.Episode, task json.RawMessage) (provider.Spec, error) {
+			var tk struct{ Prompt string }
+			if err := json.Unmarshal(task, &tk); err != nil {
+				return provider.Spec{}, err
+			}
+			return provider.Spec{Files: map[string][]byte{"task.txt": []byte(tk.Prompt)}}, nil
 		}
-		var data struct{ Want string }
-		_ = json.Unmarshal(s.Data, &data)
-		ok := strings.TrimSpace(string(res.Stdout)) == data.Want
-		return json.Marshal(map[string]any{"reward": map[bool]int{true: 1, false: 0}[ok]})
-	}
-	c := serve(t, env, o, spec, grade)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
+		grade := func(ctx context.Context, p provider.Provider, s *Session) (json.RawMessage, error) {
+			res, err := p.Exec(ctx, s.Sandbox.ID, []string{"sh", "-c", "cat answer.txt 2>/dev/null"}, provider.ExecOptions{})
+			if err != nil {
+				return nil, err
+			}
+			var data struct{ Want string }
+			_ = json.Unmarshal(s.Data, &data)
+			ok := strings.TrimSpace(string(res.Stdout)) == data.Want
+			return json.Marshal(map[string]any{"reward": map[bool]int{true: 1, false: 0}[ok]})
+		}
+		c := serve(t, env, o, spec, grade)
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
 
-	info, err := c.SeedSession(ctx, SeedRequest{SessionID: "s1", Episode: "r1", Task: json.RawMessage(`{"prompt":"write 42"}`)})
-	if err != nil || info.SandboxID == "" || info.RestartOnly || info.Restored {
-		t.Fatalf("seed: %+v %v", info, err)
-	}
-	if got := sh(t, p, info.SandboxID, "cat task.txt"); got != "write 42" {
-		t.Fatalf("task file %q", got)
-	}
-	if acc, err := c.SandboxAccess(ctx, "s1"); err != nil || acc.SandboxID != info.SandboxID {
-		t.Fatalf("sandbox_access: %+v %v", acc, err)
-	}
-	if v, err := c.Verify(ctx, "s1"); err != nil || string(v.Result) != `{"reward":0}` {
-		t.Fatalf("verify before the answer: %s %v", v.Result, err)
-	}
-	sh(t, p, info.SandboxID, "echo 42 > answer.txt")
-	if v, err := c.Verify(ctx, "s1"); err != nil || string(v.Result) != `{"reward":1}` {
-		t.Fatalf("verify: %s %v", v.Result, err)
-	}
-	var se *ServiceError
-	if _, err := c.Verify(ctx, "nobody"); !errors.As(err, &se) || se.Status != 409 || se.Code != "no_sandbox" {
-		t.Fatalf("verify without a sandbox: %v, want 409 no_sandbox", err)
-	}
-	for _, bad := range []SeedRequest{{SessionID: "../x", Episode: "r2"}, {SessionID: "s2", Episode: "r2-a0"}, {SessionID: "s3", Episode: "r3", Task: json.RawMessage(`[1]`)}} {
-		if _, err := c.SeedSession(ctx, bad); !errors.As(err, &se) || se.Status != 400 {
-			t.Errorf("seed %+v: %v, want a 400", bad, err)
+		info, err := c.SeedSession(ctx, SeedRequest{SessionID: "s1", Episode: "r1", Task: json.RawMessage(`{"prompt":"write 42"}`)})
+		if err != nil || info.SandboxID == "" || info.RestartOnly || info.Restored {
+			t.Fatalf("seed: %+v %v", info, err)
 		}
-	}
-	if err := c.CloseSession(ctx, "s1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.CloseSession(ctx, "s1"); err != nil {
-		t.Fatalf("second close: %v", err)
-	}
-	if _, err := c.SandboxAccess(ctx, "s1"); !errors.As(err, &se) || se.Code != "no_sandbox" {
-		t.Fatalf("access after close: %v", err)
-	}
+		if got := sh(t, p, info.SandboxID, "cat task.txt"); got != "write 42" {
+			t.Fatalf("task file %q", got)
+		}
+		if acc, err := c.SandboxAccess(ctx, "s1"); err != nil || acc.SandboxID != info.SandboxID {
+			t.Fatalf("sandbox_access: %+v %v", acc, err)
+		}
+		if v, err := c.Verify(ctx, "s1"); err != nil || string(v.Result) != `{"reward":0}` {
+			t.Fatalf("verify before the answer: %s %v", v.Result, err)
+		}
+		sh(t, p, info.SandboxID, "echo 42 > answer.txt")
+		if v, err := c.Verify(ctx, "s1"); err != nil || string(v.Result) != `{"reward":1}` {
+			t.Fatalf("verify: %s %v", v.Result, err)
+		}
+		var se *ServiceError
+		if _, err := c.Verify(ctx, "nobody"); !errors.As(err, &se) || se.Status != 409 || se.Code != "no_sandbox" {
+			t.Fatalf("verify without a sandbox: %v, want 409 no_sandbox", err)
+		}
+		for _, bad := range []SeedRequest{{SessionID: "../x", Episode: "r2"}, {SessionID: "s2", Episode: "r2-a0"}, {SessionID: "s3", Episode: "r3", Task: json.RawMessage(`[1]`)}} {
+			if _, err := c.SeedSession(ctx, bad); !errors.As(err, &se) || se.Status != 400 {
+				t.Errorf("seed %+v: %v, want a 400", bad, err)
+			}
+		}
+		if err := c.CloseSession(ctx, "s1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.CloseSession(ctx, "s1"); err != nil {
+			t.Fatalf("second close: %v", err)
+		}
+		if _, err := c.SandboxAccess(ctx, "s1"); !errors.As(err, &se) || se.Code != "no_sandbox" {
+			t.Fatalf("access after close: %v", err)
+		}
+	})
 }
