@@ -122,8 +122,14 @@ func (cg cgroup) events() (populated, frozen bool, err error) {
 	return populated, frozen, nil
 }
 
-// poll calls done until it reports true, an error, or timeout passes.
+// poll calls done until it reports true, an error, or timeout passes,
+// backing off from 100 µs to 20 ms between calls.
 func poll(ctx context.Context, timeout time.Duration, done func() (bool, error)) error {
+	return pollUpTo(ctx, timeout, 20*time.Millisecond, done)
+}
+
+// pollUpTo is poll with the longest wait between calls given.
+func pollUpTo(ctx context.Context, timeout, longest time.Duration, done func() (bool, error)) error {
 	deadline := time.Now().Add(timeout)
 	wait := 100 * time.Microsecond
 	for {
@@ -141,7 +147,7 @@ func poll(ctx context.Context, timeout time.Duration, done func() (bool, error))
 			return ctx.Err()
 		case <-t.C:
 		}
-		wait = min(2*wait, 20*time.Millisecond)
+		wait = min(2*wait, longest)
 	}
 }
 
@@ -151,7 +157,9 @@ func (cg cgroup) freeze(ctx context.Context, timeout time.Duration) error {
 	if err := cg.write("cgroup.freeze", "1"); err != nil {
 		return fmt.Errorf("%w: %w", ErrFreeze, err)
 	}
-	err := poll(ctx, timeout, func() (bool, error) {
+	// A freeze takes about a millisecond per thousand tasks: look often,
+	// so that a snapshot does not wait out a long back-off step.
+	err := pollUpTo(ctx, timeout, time.Millisecond, func() (bool, error) {
 		_, frozen, err := cg.events()
 		return frozen, err
 	})
