@@ -54,10 +54,11 @@ type Daemon struct {
 	sup    *sandboxd.Supervisor
 	member *member.Member
 
-	mu       sync.Mutex
-	open     string            // checkpoint id while admission is closed
-	paused   map[string]string // launch id -> checkpoint that paused it
-	episodes map[string]string // launch id -> episode key, persisted
+	mu        sync.Mutex
+	open      string            // checkpoint id while admission is closed
+	launching int               // launches admitted and not yet registered
+	paused    map[string]string // launch id -> checkpoint that paused it
+	episodes  map[string]string // launch id -> episode key, persisted
 }
 
 // New checks cfg and returns a daemon ready to Run.
@@ -125,16 +126,33 @@ func (d *Daemon) Run(ctx context.Context) error {
 func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Report, error) {
 	d.mu.Lock()
 	d.open = cp.ID
+	launching := d.launching
 	d.mu.Unlock()
+	if launching > 0 {
+		// A launch admitted before the checkpoint closed admission is still
+		// registering: wait for it, or it would escape the pause.
+		return member.Report{Blockers: []string{"launch-registering"}}, nil
+	}
 	var reports []sandboxd.PauseReport
 	for _, rec := range d.sup.List() {
 		if rec.State == sandboxd.StateEnded {
 			continue
 		}
 		d.mu.Lock()
-		already := d.paused[rec.ID] == cp.ID
+		mark := d.paused[rec.ID]
+		if mark == "" && rec.State == sandboxd.StatePaused {
+			// Paused by the agent, not by a checkpoint: it is still, and its
+			// continue is the agent's to send.
+			d.mu.Unlock()
+			continue
+		}
+		if mark != cp.ID {
+			// Marked before the pause: a pause cut short by a resume may
+			// still complete, and the resume must then continue it.
+			d.paused[rec.ID] = cp.ID
+		}
 		d.mu.Unlock()
-		if already {
+		if mark == cp.ID {
 			continue
 		}
 		rep, err := d.sup.Pause(ctx, rec.ID, sandboxd.ModeDefault)
@@ -142,24 +160,37 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 		case errors.Is(err, sandboxd.ErrUnconfirmed):
 			// Unconfirmed, and undone: never leave it running through a
 			// snapshot. Stop it; the agent relaunches from its session.
+			d.unmark(rec.ID)
 			d.log.Warn().Str("launch", rec.ID).Str("fallback", rep.Fallback).Msg("pause not confirmed; stopping the launch for a relaunch")
 			if _, err := d.sup.Stop(ctx, rec.ID); err != nil {
 				return member.Report{}, fmt.Errorf("stop %s after an unconfirmed pause: %w", rec.ID, err)
 			}
 		case errors.Is(err, sandboxd.ErrStopping):
+			d.unmark(rec.ID)
 			continue // being stopped: it ends by itself
 		case err != nil:
 			return member.Report{}, fmt.Errorf("pause %s: %w", rec.ID, err)
 		case rep.State == sandboxd.StateEnded:
+			d.unmark(rec.ID)
 			continue // ended just before the pause: it keeps its result
-		default:
-			d.mu.Lock()
-			d.paused[rec.ID] = cp.ID
-			d.mu.Unlock()
 		}
 		reports = append(reports, rep)
 	}
 	return member.Report{Ready: true, Pause: summarize(reports), Counts: map[string]int{"launches": len(reports)}}, nil
+}
+
+func (d *Daemon) unmark(id string) {
+	d.mu.Lock()
+	delete(d.paused, id)
+	d.mu.Unlock()
+}
+
+// PausedByCheckpoint tells whether a checkpoint holds launch id paused:
+// the agent's continue must not undo it.
+func (d *Daemon) PausedByCheckpoint(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.paused[id] != ""
 }
 
 // Continue implements member.Continuer: continue what this checkpoint
@@ -223,11 +254,14 @@ func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
 	return errors.Join(errs...)
 }
 
-// launch starts a launch for episode, unless a checkpoint is open.
+// launch starts a launch for episode, unless a checkpoint is open. A
+// prepare that comes while it registers waits for it; an attempt retired
+// meanwhile is stopped again at once.
 func (d *Daemon) launch(ctx context.Context, episode string, spec sandboxd.Spec) (sandboxd.Record, error) {
+	var ep events.Episode
 	if episode != "" {
-		ep, err := events.ParseEpisode(episode)
-		if err != nil {
+		var err error
+		if ep, err = events.ParseEpisode(episode); err != nil {
 			return sandboxd.Record{}, err
 		}
 		if err := d.member.Admit(ep); err != nil {
@@ -247,8 +281,26 @@ func (d *Daemon) launch(ctx context.Context, episode string, spec sandboxd.Spec)
 			return sandboxd.Record{}, err
 		}
 	}
+	d.launching++
 	d.mu.Unlock()
-	return d.sup.Launch(ctx, spec)
+	defer func() {
+		d.mu.Lock()
+		d.launching--
+		d.mu.Unlock()
+		d.member.Notify()
+	}()
+	rec, err := d.sup.Launch(ctx, spec)
+	if err != nil {
+		return rec, err
+	}
+	if episode != "" {
+		if err := d.member.Admit(ep); err != nil {
+			// Retired while it registered: a retired attempt leaves nothing.
+			_, _ = d.sup.Cancel(context.WithoutCancel(ctx), spec.ID)
+			return rec, err
+		}
+	}
+	return rec, nil
 }
 
 func (d *Daemon) episodesFile() string {

@@ -203,3 +203,43 @@ func TestLeaseExpiryContinuesThePausedLaunch(t *testing.T) {
 		return err == nil && rec.State == sandboxd.StateRunning
 	})
 }
+
+// The agent's pauses and the checkpoint's do not undo each other: a launch
+// the agent paused stays paused through a checkpoint's resume, and the
+// agent cannot continue a launch a checkpoint holds paused.
+func TestAgentAndCheckpointPausesStayApart(t *testing.T) {
+	env := jstest.Start(t)
+	d, c := start(t, env)
+	bridge := membertest.NewBridge(t, env, run)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for _, l := range []string{"mine", "theirs"} {
+		if _, err := c.Launch(ctx, daemon.LaunchRequest{LaunchID: id(l), Command: "sleep 30"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Pause(ctx, id("mine"), ""); err != nil {
+		t.Fatal(err)
+	}
+	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, d.Name())})
+	if pa := bridge.Ack(seq, events.PhasePrepare, d.Name()).(events.PrepareAck); !pa.Ready {
+		t.Fatalf("prepare ack %+v", pa)
+	}
+	var se *daemon.ServiceError
+	if _, err := c.Continue(ctx, id("theirs")); !errors.As(err, &se) || se.Code != "admission_closed" {
+		t.Fatalf("the agent continued a launch the checkpoint holds: %v", err)
+	}
+	seq = bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, d.Name())})
+	bridge.Ack(seq, events.PhaseResume, d.Name())
+	if rec, err := c.Status(ctx, id("theirs")); err != nil || rec.State != sandboxd.StateRunning {
+		t.Fatalf("the checkpoint's launch after the resume: %v %v", rec.State, err)
+	}
+	if rec, err := c.Status(ctx, id("mine")); err != nil || rec.State != sandboxd.StatePaused {
+		t.Fatalf("the agent's paused launch after the checkpoint's resume: %v %v", rec.State, err)
+	}
+	for _, l := range []string{"mine", "theirs"} {
+		if _, err := c.Stop(ctx, id(l), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

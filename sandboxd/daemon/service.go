@@ -129,6 +129,9 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 			if err != nil {
 				return nil, err
 			}
+			if d.PausedByCheckpoint(r.LaunchID) {
+				return nil, fmt.Errorf("%w: launch %s is paused by a checkpoint", ErrAdmissionClosed, r.LaunchID)
+			}
 			return d.sup.Continue(ctx, r.LaunchID)
 		}),
 		s.Handle("stop", func(body []byte) (any, error) {
