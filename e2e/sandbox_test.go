@@ -76,6 +76,19 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatalf("overlay provider (run the tests as root on Linux with overlayfs and cgroup v2): %v", err)
 	}
+	// Whatever happens, nothing of the test outlives it (registered first,
+	// so it runs after the owner, the bridge and the services stopped).
+	t.Cleanup(func() {
+		for _, id := range p.Sandboxes() {
+			if err := p.Stop(context.Background(), id); err != nil {
+				t.Errorf("stop sandbox %s: %v", id, err)
+			}
+		}
+		snaps, _ := p.Snapshots()
+		for _, id := range snaps {
+			_ = p.DeleteSnapshot(context.Background(), id)
+		}
+	})
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
 	o, err := owner.New(owner.Config{Run: run, Name: "o1", JS: env.JS, Bus: env.Bus, Provider: p, Checkpointing: true,
 		LendsSandboxes: true, StateDir: t.TempDir(), Logger: log})

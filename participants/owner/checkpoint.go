@@ -333,6 +333,26 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 	held := prov.Sandboxes()
 	installed := make([]events.Episode, 0, len(ps))
 	o.mu.Lock()
+	// All or none, again under the lock: a session started meanwhile, or a
+	// cancelled install, installs nothing and leaves no fork.
+	var late error
+	for _, p := range ps {
+		if _, ok := o.sessions[p.data.Session]; ok {
+			late = errors.Join(late, fmt.Errorf("%w: session %s was started during the install", ErrSessionExists, p.data.Session))
+		}
+	}
+	if late == nil {
+		late = ctx.Err()
+	}
+	if late != nil {
+		o.mu.Unlock()
+		for _, sb := range forks {
+			if serr := prov.Stop(context.WithoutCancel(ctx), sb.ID); serr != nil {
+				late = errors.Join(late, fmt.Errorf("owner: stop fork %s: %w", sb.ID, serr))
+			}
+		}
+		return nil, late
+	}
 	for i, p := range ps {
 		o.sessions[p.data.Session] = &Session{
 			ID: p.data.Session, Episode: p.ep.Next(), Sandbox: forks[i],

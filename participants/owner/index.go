@@ -13,6 +13,22 @@ import (
 // casAttempts bounds the compare-and-set retries of an index update.
 const casAttempts = 16
 
+// entry reads the index entry of snapshot id; nil when absent.
+func (o *Owner) entry(ctx context.Context, id string) (*IndexEntry, error) {
+	ent, err := o.cfg.Bus.Snapshots.Get(ctx, id)
+	if errors.Is(err, natsjs.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("owner: read index of %s: %w", id, err)
+	}
+	e := &IndexEntry{}
+	if err := json.Unmarshal(ent.Value(), e); err != nil {
+		return nil, fmt.Errorf("owner: index of %s: %w", id, err)
+	}
+	return e, nil
+}
+
 // update applies fn to the index entry of snapshot id (nil when absent)
 // with compare-and-set; fn returns the new entry (nil to delete it) and
 // whether to write it at all.
@@ -85,27 +101,26 @@ func (o *Owner) index(ctx context.Context, id, ckpt string) error {
 // unindex drops ckpt from snapshot id's entry and deletes the snapshot
 // when no checkpoint names it any more.
 func (o *Owner) unindex(ctx context.Context, id, ckpt string) error {
-	var gone bool
-	err := o.update(ctx, id, func(e *IndexEntry) (*IndexEntry, bool) {
-		gone = false
+	// Delete the snapshot first when ckpt is the only checkpoint naming it:
+	// were the entry dropped first and the delete to fail, nothing would
+	// name the snapshot any more and no release would find it.
+	if e, err := o.entry(ctx, id); err != nil {
+		return err
+	} else if e == nil || (len(e.Checkpoints) == 1 && e.Checkpoints[0] == ckpt) {
+		if err := o.cfg.Provider.DeleteSnapshot(ctx, id); err != nil {
+			return err
+		}
+	}
+	return o.update(ctx, id, func(e *IndexEntry) (*IndexEntry, bool) {
 		if e == nil {
-			gone = true
 			return nil, false
 		}
 		e.Checkpoints = slices.DeleteFunc(e.Checkpoints, func(c string) bool { return c == ckpt })
 		if len(e.Checkpoints) == 0 {
-			gone = true
 			return nil, true
 		}
 		return e, true
 	})
-	if err != nil {
-		return err
-	}
-	if gone {
-		return o.cfg.Provider.DeleteSnapshot(ctx, id)
-	}
-	return nil
 }
 
 // Release deletes every snapshot of the run that no checkpoint in keep

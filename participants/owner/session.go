@@ -158,6 +158,16 @@ func (o *Owner) start(ctx context.Context, sessionID string, ep events.Episode, 
 	o.mu.Lock()
 	o.sessions[sessionID] = s
 	o.mu.Unlock()
+	if o.member != nil {
+		// A retire that came while the sandbox started did not see the
+		// session: a retired attempt leaves no sandbox.
+		if err := o.member.Admit(ep); err != nil {
+			o.mu.Lock()
+			delete(o.sessions, sessionID)
+			o.mu.Unlock()
+			return nil, errors.Join(err, o.cfg.Provider.Stop(context.WithoutCancel(ctx), sb.ID))
+		}
+	}
 	o.log.Debug().Str("session", sessionID).Str("sandbox", sb.ID).Msg("session started")
 	return s.clone(), nil
 }
