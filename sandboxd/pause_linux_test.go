@@ -18,6 +18,10 @@ import (
 // processes runs and none of its files changes (PROTOCOL §7, invariant 5).
 func frozenFor(t *testing.T, d time.Duration, pids []int, files ...string) {
 	t.Helper()
+	// The kernel accounts a thread's last tick before its stop lazily:
+	// take the baseline once that has settled.
+	settle := time.NewTimer(50 * time.Millisecond)
+	<-settle.C
 	ticks := cpuTicks(pids)
 	sizes := make([]int64, len(files))
 	for i, f := range files {
