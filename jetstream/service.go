@@ -42,9 +42,10 @@ func (e *ServiceError) Error() string {
 type Classify func(error) (status int, code string)
 
 // Service is a group of JSON endpoints under one subject prefix. Each
-// request is handled in its own goroutine (an endpoint may take seconds);
-// Stop lets the handlers in flight answer, then stops the service, so no
-// handler ever answers through a stopped service.
+// endpoint serves its requests in turn on its own goroutine (micro reads a
+// request's state after its handler returns, so a handler must answer
+// before it returns); Stop lets the handlers in flight answer, then stops
+// the service.
 type Service struct {
 	svc      micro.Service
 	group    micro.Group
@@ -70,19 +71,23 @@ func NewService(nc *nats.Conn, cfg micro.Config, prefix string, classify Classif
 func (s *Service) Handle(name string, fn func(body []byte) (any, error)) error {
 	return s.group.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
 		s.mu.Lock()
-		defer s.mu.Unlock()
 		if s.closing {
+			s.mu.Unlock()
 			return
 		}
-		s.wg.Go(func() {
-			res, err := fn(req.Data())
-			if err != nil {
-				status, code := s.classify(err)
-				_ = req.Error(strconv.Itoa(status), code+": "+err.Error(), nil)
-				return
-			}
-			_ = req.RespondJSON(res)
-		})
+		s.wg.Add(1)
+		s.mu.Unlock()
+		defer s.wg.Done()
+		// micro reads the request's state once the handler returns, so the
+		// answer is given here, on the endpoint's own goroutine: requests to
+		// one endpoint are served in turn, endpoints side by side.
+		res, err := fn(req.Data())
+		if err != nil {
+			status, code := s.classify(err)
+			_ = req.Error(strconv.Itoa(status), code+": "+err.Error(), nil)
+			return
+		}
+		_ = req.RespondJSON(res)
 	}))
 }
 
