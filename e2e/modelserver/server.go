@@ -1,0 +1,312 @@
+package modelserver
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// TaskHeader names the task of a request.
+const TaskHeader = "X-Stillpoint-Task"
+
+// ToolCall is a tool call in a scripted reply (OpenAI shape).
+type ToolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// Turn is one scripted assistant reply: text, tool calls, or both.
+type Turn struct {
+	Content   string     `json:"content,omitempty"`
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+}
+
+// Script maps a task id to its turns, in order.
+type Script map[string][]Turn
+
+// Message is a chat message as the server reads it.
+type Message struct {
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content,omitempty"`
+	ToolCalls  json.RawMessage `json:"tool_calls,omitempty"`
+	ToolCallID string          `json:"tool_call_id,omitempty"`
+}
+
+// Request is the part of a chat-completions request the server reads.
+type Request struct {
+	Model    string    `json:"model"`
+	Messages []Message `json:"messages"`
+	Stream   bool      `json:"stream,omitempty"`
+	User     string    `json:"user,omitempty"`
+}
+
+// Entry is one request in the ledger.
+type Entry struct {
+	Task string `json:"task"`
+	// Digest is the sha256 of the request's messages (canonical JSON).
+	Digest string `json:"digest"`
+	// Turn is the script turn answered; UserTurns counts user messages.
+	Turn      int  `json:"turn"`
+	UserTurns int  `json:"user_turns"`
+	Stream    bool `json:"stream"`
+	// Cut tells a streamed reply stopped early on purpose.
+	Cut  bool      `json:"cut,omitempty"`
+	Time time.Time `json:"time"`
+}
+
+// Server is the scripted model server. Its methods are safe for concurrent
+// use.
+type Server struct {
+	script Script
+
+	mu      sync.Mutex
+	ledger  []Entry
+	hold    chan struct{} // closed on Release; nil when not holding
+	held    int
+	cutNext int // chunks after which the next stream stops; 0: no cut
+}
+
+// New returns a server answering from script.
+func New(script Script) *Server { return &Server{script: script} }
+
+// Hold makes every reply wait until Release.
+func (s *Server) Hold() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hold == nil {
+		s.hold = make(chan struct{})
+	}
+}
+
+// Release lets held replies go.
+func (s *Server) Release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hold != nil {
+		close(s.hold)
+		s.hold = nil
+	}
+}
+
+// Held returns how many replies wait now.
+func (s *Server) Held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.held
+}
+
+// CutNext makes the next streamed reply stop after chunks chunks, without
+// its final [DONE].
+func (s *Server) CutNext(chunks int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cutNext = chunks
+}
+
+// Ledger returns a copy of every request so far.
+func (s *Server) Ledger() []Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Entry(nil), s.ledger...)
+}
+
+// Repeats returns the digests requested more than once, per task: a
+// repeated model call.
+func (s *Server) Repeats() map[string][]string {
+	seen := map[string]int{}
+	out := map[string][]string{}
+	for _, e := range s.Ledger() {
+		if e.Cut {
+			continue // a cut stream is re-sent on purpose
+		}
+		seen[e.Task+"/"+e.Digest]++
+		if seen[e.Task+"/"+e.Digest] == 2 {
+			out[e.Task] = append(out[e.Task], e.Digest)
+		}
+	}
+	return out
+}
+
+// Digest returns the ledger digest of messages.
+func Digest(msgs []Message) string {
+	b, _ := json.Marshal(msgs)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// ServeHTTP answers /v1/chat/completions and GET /ledger.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/ledger":
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(s.Ledger())
+	case r.Method == http.MethodPost && r.URL.Path == "/v1/chat/completions":
+		s.complete(w, r)
+	default:
+		http.Error(w, `{"error":{"message":"not found"}}`, http.StatusNotFound)
+	}
+}
+
+func apiError(w http.ResponseWriter, status int, format string, args ...any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"message": fmt.Sprintf(format, args...)}})
+}
+
+func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, 16<<20))
+	if err != nil {
+		apiError(w, http.StatusBadRequest, "reading the body: %v", err)
+		return
+	}
+	var req Request
+	if err := json.Unmarshal(body, &req); err != nil {
+		apiError(w, http.StatusBadRequest, "the body is not a chat-completions request: %v", err)
+		return
+	}
+	task := r.Header.Get(TaskHeader)
+	if task == "" {
+		task = req.User
+	}
+	turns, ok := s.script[task]
+	if !ok {
+		apiError(w, http.StatusNotFound, "no script for task %q", task)
+		return
+	}
+	turn, users := 0, 0
+	for _, m := range req.Messages {
+		switch m.Role {
+		case "assistant":
+			turn++
+		case "user":
+			users++
+		}
+	}
+	if turn >= len(turns) {
+		apiError(w, http.StatusBadRequest, "task %q has %d turns; the request is at turn %d", task, len(turns), turn)
+		return
+	}
+	s.mu.Lock()
+	hold, cut := s.hold, 0
+	if req.Stream {
+		cut, s.cutNext = s.cutNext, 0
+	}
+	entry := Entry{Task: task, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Time: time.Now()}
+	s.ledger = append(s.ledger, entry)
+	if hold != nil {
+		s.held++
+	}
+	s.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+		s.mu.Lock()
+		s.held--
+		s.mu.Unlock()
+		if r.Context().Err() != nil {
+			return
+		}
+	}
+	t := turns[turn]
+	id := fmt.Sprintf("chatcmpl-%s-%d", entry.Digest[:12], turn)
+	if !req.Stream {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"id": id, "object": "chat.completion", "model": req.Model,
+			"choices": []any{map[string]any{"index": 0, "finish_reason": finish(t),
+				"message": map[string]any{"role": "assistant", "content": t.Content, "tool_calls": t.ToolCalls}}},
+		})
+		return
+	}
+	s.stream(w, id, req.Model, t, cut)
+}
+
+func finish(t Turn) string {
+	if len(t.ToolCalls) > 0 {
+		return "tool_calls"
+	}
+	return "stop"
+}
+
+// stream sends t as server-sent events: the content in a few chunks, the
+// tool calls, a final chunk with the finish reason, then [DONE]; with cut
+// > 0 it stops after cut chunks.
+func (s *Server) stream(w http.ResponseWriter, id, model string, t Turn, cut int) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		apiError(w, http.StatusInternalServerError, "streaming unsupported")
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	var chunks []map[string]any
+	for _, part := range split(t.Content, 3) {
+		chunks = append(chunks, map[string]any{"content": part})
+	}
+	for i, tc := range t.ToolCalls {
+		chunks = append(chunks, map[string]any{"tool_calls": []any{map[string]any{"index": i, "id": tc.ID, "type": "function",
+			"function": map[string]string{"name": tc.Function.Name, "arguments": tc.Function.Arguments}}}})
+	}
+	send := func(delta map[string]any, reason any) {
+		b, _ := json.Marshal(map[string]any{"id": id, "object": "chat.completion.chunk", "model": model,
+			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": reason}}})
+		_, _ = fmt.Fprintf(w, "data: %s\n\n", b)
+		fl.Flush()
+	}
+	send(map[string]any{"role": "assistant"}, nil)
+	for i, c := range chunks {
+		if cut > 0 && i >= cut {
+			return // cut mid-way: no finish, no [DONE]
+		}
+		send(c, nil)
+	}
+	send(map[string]any{}, finish(t))
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	fl.Flush()
+}
+
+// split cuts s into at most n parts, between runes.
+func split(s string, n int) []string {
+	r := []rune(s)
+	if len(r) == 0 {
+		return nil
+	}
+	size := (len(r) + n - 1) / n
+	var out []string
+	for len(r) > size {
+		out = append(out, string(r[:size]))
+		r = r[size:]
+	}
+	return append(out, string(r))
+}
+
+// ErrNoScript is returned by LoadScript for a script file that does not
+// decode.
+var ErrNoScript = errors.New("modelserver: bad script")
+
+// LoadScript reads a script from JSON: {"task": [{"content": ...}, ...]}.
+func LoadScript(b []byte) (Script, error) {
+	var s Script
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoScript, err)
+	}
+	for task, turns := range s {
+		if strings.TrimSpace(task) == "" || len(turns) == 0 {
+			return nil, fmt.Errorf("%w: task %q has no turns", ErrNoScript, task)
+		}
+	}
+	return s, nil
+}

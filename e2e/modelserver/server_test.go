@@ -1,0 +1,162 @@
+package modelserver_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stillpoint/stillpoint/e2e/modelserver"
+)
+
+var script = modelserver.Script{
+	"t1": {
+		{ToolCalls: []modelserver.ToolCall{func() modelserver.ToolCall {
+			var tc modelserver.ToolCall
+			tc.ID, tc.Type = "call-1", "function"
+			tc.Function.Name, tc.Function.Arguments = "bash", `{"command":"echo hi > a.txt"}`
+			return tc
+		}()}},
+		{Content: "done: wrote a.txt"},
+	},
+}
+
+func post(t *testing.T, url, task string, msgs []modelserver.Message, stream bool) *http.Response {
+	t.Helper()
+	b, _ := json.Marshal(modelserver.Request{Model: "m", Messages: msgs, Stream: stream})
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(b))
+	req.Header.Set(modelserver.TaskHeader, task)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+func user(s string) modelserver.Message {
+	b, _ := json.Marshal(s)
+	return modelserver.Message{Role: "user", Content: b}
+}
+
+// The reply is the turn the conversation is at; a repeated request shows in
+// the ledger; an unknown task is refused.
+func TestRepliesFollowTheConversation(t *testing.T) {
+	s := modelserver.New(script)
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	msgs := []modelserver.Message{user("write a.txt")}
+	var out struct {
+		Choices []struct {
+			FinishReason string `json:"finish_reason"`
+			Message      struct {
+				Content   string                 `json:"content"`
+				ToolCalls []modelserver.ToolCall `json:"tool_calls"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	_ = json.NewDecoder(post(t, srv.URL, "t1", msgs, false).Body).Decode(&out)
+	if out.Choices[0].FinishReason != "tool_calls" || out.Choices[0].Message.ToolCalls[0].Function.Name != "bash" {
+		t.Fatalf("turn 0: %+v", out)
+	}
+	msgs = append(msgs, modelserver.Message{Role: "assistant", ToolCalls: json.RawMessage(`[{"id":"call-1"}]`)},
+		modelserver.Message{Role: "tool", ToolCallID: "call-1", Content: json.RawMessage(`"ok"`)})
+	_ = json.NewDecoder(post(t, srv.URL, "t1", msgs, false).Body).Decode(&out)
+	if out.Choices[0].Message.Content != "done: wrote a.txt" {
+		t.Fatalf("turn 1: %+v", out)
+	}
+	if r := s.Repeats(); len(r) != 0 {
+		t.Fatalf("repeats %v", r)
+	}
+	post(t, srv.URL, "t1", msgs, false) // the same call again
+	if r := s.Repeats(); len(r["t1"]) != 1 {
+		t.Fatalf("a repeated call is not in the ledger: %v", r)
+	}
+	for _, e := range s.Ledger() {
+		if e.UserTurns != 1 {
+			t.Errorf("ledger entry %+v has %d user turns", e, e.UserTurns)
+		}
+	}
+	if resp := post(t, srv.URL, "nope", msgs, false); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown task: %d", resp.StatusCode)
+	}
+}
+
+// Streaming: the content arrives in chunks and ends with [DONE]; a cut
+// stream stops early without it.
+func TestStreamAndCut(t *testing.T) {
+	s := modelserver.New(script)
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	msgs := []modelserver.Message{user("x"), {Role: "assistant", Content: json.RawMessage(`""`)}}
+	read := func(resp *http.Response) (text string, done bool) {
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			line := strings.TrimPrefix(sc.Text(), "data: ")
+			if line == "[DONE]" {
+				done = true
+				continue
+			}
+			var c struct {
+				Choices []struct {
+					Delta struct{ Content string } `json:"delta"`
+				} `json:"choices"`
+			}
+			if json.Unmarshal([]byte(line), &c) == nil && len(c.Choices) > 0 {
+				text += c.Choices[0].Delta.Content
+			}
+		}
+		return text, done
+	}
+	if text, done := read(post(t, srv.URL, "t1", msgs, true)); text != "done: wrote a.txt" || !done {
+		t.Fatalf("stream: %q done %v", text, done)
+	}
+	s.CutNext(1)
+	if text, done := read(post(t, srv.URL, "t1", msgs, true)); done || text == "done: wrote a.txt" {
+		t.Fatalf("cut stream: %q done %v", text, done)
+	}
+}
+
+// A held reply waits until Release.
+func TestHold(t *testing.T) {
+	s := modelserver.New(script)
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	s.Hold()
+	got := make(chan *http.Response, 1)
+	go func() {
+		b, _ := json.Marshal(modelserver.Request{Model: "m", Messages: []modelserver.Message{user("x")}})
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", bytes.NewReader(b))
+		req.Header.Set(modelserver.TaskHeader, "t1")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			got <- resp
+		}
+		close(got)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Held() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the reply was not held")
+		}
+		select {
+		case <-got:
+			t.Fatal("a held reply was answered")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	s.Release()
+	select {
+	case resp := <-got:
+		if resp == nil || resp.StatusCode != 200 {
+			t.Fatalf("after release: %v", resp)
+		}
+		resp.Body.Close()
+	case <-time.After(5 * time.Second):
+		t.Fatal("not released")
+	}
+}
