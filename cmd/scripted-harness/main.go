@@ -1,0 +1,34 @@
+// Command scripted-harness is the coding-agent harness of the end-to-end
+// tests (package e2e/harness): it talks to a chat-completions model, runs
+// the tool commands it asks for and keeps its session in --data.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/stillpoint/stillpoint/e2e/harness"
+)
+
+func main() {
+	var cfg harness.Config
+	flag.StringVar(&cfg.ModelURL, "model-url", os.Getenv("STILLPOINT_MODEL_URL"), "chat-completions server base URL")
+	flag.StringVar(&cfg.Model, "model", "scripted", "model name")
+	flag.StringVar(&cfg.Task, "task", "", "task id")
+	flag.StringVar(&cfg.Prompt, "prompt", "", "user message of a new session")
+	flag.StringVar(&cfg.DataDir, "data", ".harness", "session folder")
+	flag.StringVar(&cfg.WorkDir, "work", ".", "where tool commands run")
+	flag.BoolVar(&cfg.Continue, "continue", false, "continue the saved session without a user message")
+	flag.Parse()
+	cfg.Out = os.Stdout
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := harness.Run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "scripted-harness:", err)
+		os.Exit(1)
+	}
+}

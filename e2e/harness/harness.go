@@ -1,0 +1,219 @@
+// Package harness is a scripted coding-agent harness for end-to-end tests:
+// it behaves as a CLI agent does where Stillpoint can see it. It keeps its
+// session (the messages) durably in a data folder, calls a chat-completions
+// model over HTTP, runs the tool commands the model asks for as child
+// processes (they may start sessions of their own or daemonize), and can
+// continue a saved session without adding a user message.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/stillpoint/stillpoint/e2e/modelserver"
+)
+
+// SessionFile is the session's file in the data folder.
+const SessionFile = "session.json"
+
+// Session is what the harness keeps on disk.
+type Session struct {
+	Task     string                `json:"task"`
+	Messages []modelserver.Message `json:"messages"`
+}
+
+// Config configures a run.
+type Config struct {
+	// ModelURL is the server's base URL; Model its model name.
+	ModelURL string
+	Model    string
+	// Task names the task (sent as modelserver.TaskHeader).
+	Task string
+	// Prompt is the user message of a new session.
+	Prompt string
+	// DataDir holds the session file.
+	DataDir string
+	// WorkDir is where tool commands run.
+	WorkDir string
+	// Continue continues the saved session without a user message.
+	Continue bool
+	// MaxTurns bounds the model calls of one run (default 32).
+	MaxTurns int
+	// Out receives the final answer.
+	Out io.Writer
+}
+
+// Load reads a saved session; a missing file is (nil, nil).
+func Load(dataDir string) (*Session, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, SessionFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var s Session
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("harness: %s does not decode: %w", SessionFile, err)
+	}
+	return &s, nil
+}
+
+// save writes the session durably: a temporary file, fsync, rename.
+func save(dataDir string, s *Session) error {
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dataDir, SessionFile+".tmp")
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dataDir, SessionFile))
+}
+
+type toolArgs struct {
+	Command string `json:"command"`
+}
+
+// Run runs the agent loop until the model answers without tool calls.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.MaxTurns == 0 {
+		cfg.MaxTurns = 32
+	}
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	s, err := Load(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	switch {
+	case cfg.Continue && s == nil:
+		return errors.New("harness: --continue without a saved session")
+	case cfg.Continue && s.Task != cfg.Task:
+		return fmt.Errorf("harness: the saved session is of task %q, not %q", s.Task, cfg.Task)
+	case !cfg.Continue:
+		prompt, _ := json.Marshal(cfg.Prompt)
+		s = &Session{Task: cfg.Task, Messages: []modelserver.Message{{Role: "user", Content: prompt}}}
+		if err := save(cfg.DataDir, s); err != nil {
+			return err
+		}
+	}
+	for range cfg.MaxTurns {
+		last := s.Messages[len(s.Messages)-1]
+		if last.Role == "assistant" {
+			calls := pendingCalls(s)
+			if len(calls) == 0 {
+				var text string
+				_ = json.Unmarshal(last.Content, &text)
+				fmt.Fprintln(cfg.Out, text)
+				return nil
+			}
+			for _, tc := range calls {
+				out := runTool(ctx, cfg.WorkDir, tc)
+				content, _ := json.Marshal(out)
+				s.Messages = append(s.Messages, modelserver.Message{Role: "tool", ToolCallID: tc.ID, Content: content})
+				if err := save(cfg.DataDir, s); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		reply, err := call(ctx, cfg, s.Messages)
+		if err != nil {
+			return err
+		}
+		s.Messages = append(s.Messages, reply)
+		if err := save(cfg.DataDir, s); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("harness: no answer after %d model calls", cfg.MaxTurns)
+}
+
+// pendingCalls returns the tool calls of the last assistant message that
+// have no tool result yet.
+func pendingCalls(s *Session) []modelserver.ToolCall {
+	last := s.Messages[len(s.Messages)-1]
+	var calls []modelserver.ToolCall
+	_ = json.Unmarshal(last.ToolCalls, &calls)
+	return calls
+}
+
+func runTool(ctx context.Context, dir string, tc modelserver.ToolCall) string {
+	var a toolArgs
+	if err := json.Unmarshal([]byte(tc.Function.Arguments), &a); err != nil || tc.Function.Name != "bash" {
+		return fmt.Sprintf("error: unknown tool %q or bad arguments", tc.Function.Name)
+	}
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", a.Command)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("%s\nexit: %v", out, err)
+	}
+	return string(out)
+}
+
+func call(ctx context.Context, cfg Config, msgs []modelserver.Message) (modelserver.Message, error) {
+	b, _ := json.Marshal(modelserver.Request{Model: cfg.Model, Messages: msgs})
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodPost, cfg.ModelURL+"/v1/chat/completions", bytes.NewReader(b))
+	if err != nil {
+		return modelserver.Message{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(modelserver.TaskHeader, cfg.Task)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return modelserver.Message{}, fmt.Errorf("harness: model call: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return modelserver.Message{}, fmt.Errorf("harness: model answered %d: %s", resp.StatusCode, body)
+	}
+	var out struct {
+		Choices []struct {
+			Message struct {
+				Content   string                 `json:"content"`
+				ToolCalls []modelserver.ToolCall `json:"tool_calls"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) == 0 {
+		return modelserver.Message{}, fmt.Errorf("harness: model answer does not decode: %v", err)
+	}
+	m := out.Choices[0].Message
+	content, _ := json.Marshal(m.Content)
+	msg := modelserver.Message{Role: "assistant", Content: content}
+	if len(m.ToolCalls) > 0 {
+		msg.ToolCalls, _ = json.Marshal(m.ToolCalls)
+	}
+	return msg, nil
+}
