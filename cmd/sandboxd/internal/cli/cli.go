@@ -143,12 +143,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, "sandboxd run: --state and a command are required\n"+usage)
 		return 2
 	}
-	mode, err := sandboxd.ParseMode(*modeName)
-	if err != nil {
-		fmt.Fprintln(stderr, "sandboxd:", err)
-		return 2
-	}
-	lvl, err := zerolog.ParseLevel(*level)
+	mode, lvl, err := parseModeAndLevel(*modeName, *level)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 2
@@ -235,3 +230,14 @@ func serve(sup *sandboxd.Supervisor, spec sandboxd.Spec, out *printer) int {
 }
 
 func signalNumber(name string) int { return int(unix.SignalNum(name)) }
+
+// parseModeAndLevel reads the --mode and --log-level flags every command
+// that runs a supervisor takes.
+func parseModeAndLevel(mode, level string) (sandboxd.Mode, zerolog.Level, error) {
+	m, err := sandboxd.ParseMode(mode)
+	if err != nil {
+		return 0, 0, err
+	}
+	lvl, err := zerolog.ParseLevel(level)
+	return m, lvl, err
+}

@@ -47,12 +47,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, "sandboxd member: --state, --run and --id are required\n"+usage)
 		return 2
 	}
-	mode, err := sandboxd.ParseMode(*modeName)
-	if err != nil {
-		fmt.Fprintln(stderr, "sandboxd:", err)
-		return 2
-	}
-	lvl, err := zerolog.ParseLevel(*level)
+	mode, lvl, err := parseModeAndLevel(*modeName, *level)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 2
