@@ -480,5 +480,3 @@ func (b *Bridge) createManifest(ctx context.Context, m events.CheckpointManifest
 	}
 	return &m, true, nil
 }
-
-func ms(d time.Duration) int64 { return d.Milliseconds() }

@@ -59,7 +59,7 @@ func (b *Bridge) Checkpoint(ctx context.Context, req CheckpointRequest) (*Checkp
 	if err != nil {
 		return nil, err
 	}
-	prepMS := ms(b.cfg.Now().Sub(started))
+	prepMS := b.cfg.Now().Sub(started).Milliseconds()
 	failpoint.Hit("bridge/after-prepare-acks")
 	if verdict != Complete {
 		errs, blockers, counts := tally.Failure(b.cfg.Now())
@@ -95,7 +95,7 @@ func (b *Bridge) commit(ctx context.Context, st *runState, req CheckpointRequest
 		return nil, err
 	}
 	failpoint.Hit("bridge/after-commit-acks")
-	commitMS := ms(b.cfg.Now().Sub(commitStart))
+	commitMS := b.cfg.Now().Sub(commitStart).Milliseconds()
 	if verdict != Complete {
 		errs, _, _ := tally.Failure(b.cfg.Now())
 		log.Warn().Int("failed_members", len(errs)).Msg("commit failed; aborting")
@@ -221,7 +221,7 @@ func (b *Bridge) moveLatest(ctx context.Context, m events.CheckpointManifest) er
 			// finishing an older one never moves LATEST back.
 			return nil
 		}
-		v, _ := jsonMarshal(events.Latest{CheckpointID: m.CheckpointID, Epoch: m.Epoch, CommitSeq: m.CommitSeq, Updated: b.cfg.Now().UTC()})
+		v, _ := json.Marshal(events.Latest{CheckpointID: m.CheckpointID, Epoch: m.Epoch, CommitSeq: m.CommitSeq, Updated: b.cfg.Now().UTC()})
 		if cur == nil {
 			_, err = b.cfg.Bus.Manifests.Create(ctx, key, v)
 		} else {

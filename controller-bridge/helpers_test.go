@@ -27,10 +27,7 @@ func TestMain(m *testing.M) {
 	case "member":
 		os.Exit(memberProcess())
 	}
-	// nats.go v1.55 can leave this goroutine of an async publisher (the
-	// object store's Put publishes async) blocked on a nil channel when its
-	// connection closes before the goroutine reads the status channel.
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"))
+	goleak.VerifyTestMain(m, jstest.LeakOptions()...)
 }
 
 const run = "run1"

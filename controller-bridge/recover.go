@@ -35,7 +35,7 @@ func (b *Bridge) recoverLocked(ctx context.Context) error {
 			return nil
 		}
 		log.Warn().Msg("recovering: a checkpoint was left preparing; aborting it")
-		prepMS := ms(b.cfg.Now().Sub(st.lastAt))
+		prepMS := b.cfg.Now().Sub(st.lastAt).Milliseconds()
 		_, err := b.abort(ctx, &st, h, events.PhasePrepare, &Failure{Phase: events.PhasePrepare,
 			Reason: "the bridge restarted while the checkpoint was preparing"}, st.lastAt, max(prepMS, 0))
 		return err

@@ -13,8 +13,6 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 )
 
-func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
-
 // latest reads LATEST and its revision; nil if there is none.
 func (b *Bridge) latest(ctx context.Context) (*events.Latest, uint64, error) {
 	e, err := b.cfg.Bus.Manifests.Get(ctx, events.LatestKey(b.cfg.Run))

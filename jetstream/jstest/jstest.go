@@ -2,6 +2,7 @@ package jstest
 
 import (
 	"context"
+	"go.uber.org/goleak"
 	"testing"
 	"time"
 
@@ -154,4 +155,13 @@ func (e *Env) connect(ctx context.Context, t testing.TB) (*nats.Conn, natsjs.Jet
 		t.Fatalf("jstest: jetstream context: %v", err)
 	}
 	return nc, js
+}
+
+// LeakOptions are the goleak options of packages whose tests use
+// JetStream: nats.go v1.55 can leave one goroutine of an async publisher
+// (the object store's Put publishes async) blocked on a nil channel when
+// its connection closes before the goroutine reads the status channel. It
+// is not ours to stop. Use goleak.VerifyTestMain(m, jstest.LeakOptions()...).
+func LeakOptions() []goleak.Option {
+	return []goleak.Option{goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect")}
 }

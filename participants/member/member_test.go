@@ -21,12 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// nats.go v1.55 leaks one goroutine in some ObjectStore.Put calls:
-	// newAsyncReply starts resetPendingAcksOnReconnect, which reads
-	// publisher.connStatusCh under the lock only when it gets to run; when
-	// Put's deferred cleanupReplySub has set it to nil first, the goroutine
-	// waits on a nil channel forever. It is not ours to stop.
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"))
+	goleak.VerifyTestMain(m, jstest.LeakOptions()...)
 }
 
 // TestConformance runs the conformance suite against the test participant.

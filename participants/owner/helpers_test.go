@@ -21,9 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// nats.go leaks one goroutine in some ObjectStore.Put calls (see
-	// participants/member/membertest); it is not ours to stop.
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect"))
+	goleak.VerifyTestMain(m, jstest.LeakOptions()...)
 }
 
 const testRun = "run1"
