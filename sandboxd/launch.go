@@ -391,7 +391,7 @@ func (l *launch) persist() {
 		rec.Receipt = &Receipt{
 			ID: l.id, Started: !rec.Started.IsZero(), ExitCode: code, Signal: sig, Outcome: out,
 			StopReason: l.m.StopReason(), TimedOut: timedOut, CleanupConfirmed: confirmed,
-			Error: errText, Ended: ended, Pauses: rec.Pauses,
+			Error: errText, Ended: ended, Pauses: rec.Pauses, OutputTail: readTail(rec.Output, OutputTailBytes),
 		}
 	}
 	if err := writeRecord(l.dir, &rec, rec.State == StateEnded); err != nil {

@@ -73,6 +73,9 @@ type Receipt struct {
 	Error string `json:"error,omitempty"`
 	// Ended is when the harness exited (or the launch was given up).
 	Ended time.Time `json:"ended"`
+	// OutputTail is the last OutputTailBytes of the launch's output, so that
+	// a caller outside the sandbox can read a harness's answer.
+	OutputTail string `json:"output_tail,omitempty"`
 	// Pauses counts the launch's pauses.
 	Pauses PauseStats `json:"pauses"`
 }
@@ -186,6 +189,29 @@ func writeRecord(dir string, r *Record, sync bool) error {
 		return fmt.Errorf("sandboxd: write record %s: %w", r.ID, err)
 	}
 	return nil
+}
+
+// OutputTailBytes is how much of a launch's output its receipt carries.
+const OutputTailBytes = 4096
+
+// readTail returns the last n bytes of the file at path ("" when it cannot
+// be read).
+func readTail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := max(st.Size()-n, 0)
+	b := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(b, off); err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 func fileExists(path string) bool {

@@ -59,6 +59,7 @@ type Daemon struct {
 	launching int               // launches admitted and not yet registered
 	paused    map[string]string // launch id -> checkpoint that paused it
 	episodes  map[string]string // launch id -> episode key, persisted
+	nopause   map[string]bool   // launches checkpoints leave alone
 }
 
 // New checks cfg and returns a daemon ready to Run.
@@ -80,7 +81,7 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.StateFile == "" {
 		cfg.StateFile = filepath.Join(cfg.Supervisor.StateDir(), "position.json")
 	}
-	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, paused: map[string]string{}, episodes: map[string]string{},
+	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{},
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
 	if err := d.loadEpisodes(); err != nil {
 		return nil, err
@@ -139,6 +140,11 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 			continue
 		}
 		d.mu.Lock()
+		if d.nopause[rec.ID] {
+			// Its agent stops it, or lets it run (a restart-only rollout).
+			d.mu.Unlock()
+			continue
+		}
 		mark := d.paused[rec.ID]
 		if mark == "" && rec.State == sandboxd.StatePaused {
 			// Paused by the agent, not by a checkpoint: it is still, and its
@@ -257,7 +263,7 @@ func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
 // launch starts a launch for episode, unless a checkpoint is open. A
 // prepare that comes while it registers waits for it; an attempt retired
 // meanwhile is stopped again at once.
-func (d *Daemon) launch(ctx context.Context, episode string, spec sandboxd.Spec) (sandboxd.Record, error) {
+func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec sandboxd.Spec) (sandboxd.Record, error) {
 	var ep events.Episode
 	if episode != "" {
 		var err error
@@ -280,6 +286,9 @@ func (d *Daemon) launch(ctx context.Context, episode string, spec sandboxd.Spec)
 			d.mu.Unlock()
 			return sandboxd.Record{}, err
 		}
+	}
+	if nopause {
+		d.nopause[spec.ID] = true
 	}
 	d.launching++
 	d.mu.Unlock()

@@ -36,6 +36,10 @@ type LaunchRequest struct {
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 	// Mode is the launch's pause mode (default: the daemon's).
 	Mode string `json:"mode,omitempty"`
+	// NoPause keeps checkpoints from pausing the launch: its agent stops
+	// it instead (an adapter that does not pause), or lets it run through
+	// (a restart-only rollout).
+	NoPause bool `json:"no_pause,omitempty"`
 }
 
 // LaunchRef names a launch in the other requests.
@@ -45,8 +49,11 @@ type LaunchRef struct {
 	Mode string `json:"mode,omitempty"`
 	// Cancel makes a stop kill at once, without the SIGINT grace.
 	Cancel bool `json:"cancel,omitempty"`
-	// Wait makes a receipt request wait until the launch has ended.
-	Wait bool `json:"wait,omitempty"`
+	// Wait makes a receipt request wait until the launch has ended; with
+	// WaitMS, at most that long (then it answers 409 not_ended), so that a
+	// long wait never holds the endpoint past its caller.
+	Wait   bool  `json:"wait,omitempty"`
+	WaitMS int64 `json:"wait_ms,omitempty"`
 }
 
 // ServiceError is the error the service answers with.
@@ -103,7 +110,7 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 			if err != nil {
 				return nil, err
 			}
-			return d.launch(ctx, r.Episode, sandboxd.Spec{ID: r.LaunchID, Command: r.Command, Argv: r.Argv, Dir: r.Dir,
+			return d.launch(ctx, r.Episode, r.NoPause, sandboxd.Spec{ID: r.LaunchID, Command: r.Command, Argv: r.Argv, Dir: r.Dir,
 				Env: r.Env, Timeout: time.Duration(r.TimeoutMS) * time.Millisecond, Mode: mode})
 		}),
 		s.Handle("status", func(body []byte) (any, error) {
@@ -148,6 +155,15 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 			r, err := ref(body)
 			if err != nil {
 				return nil, err
+			}
+			if r.Wait && r.WaitMS > 0 {
+				wctx, cancel := context.WithTimeout(ctx, time.Duration(r.WaitMS)*time.Millisecond)
+				defer cancel()
+				rc, err := d.sup.Wait(wctx, r.LaunchID)
+				if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+					return nil, fmt.Errorf("%w: %s after %d ms", sandboxd.ErrNotEnded, r.LaunchID, r.WaitMS)
+				}
+				return rc, err
 			}
 			if r.Wait {
 				return d.sup.Wait(ctx, r.LaunchID)
@@ -213,6 +229,13 @@ func (c *Client) Stop(ctx context.Context, id string, cancel bool) (sandboxd.Rec
 func (c *Client) Receipt(ctx context.Context, id string, wait bool) (sandboxd.Receipt, error) {
 	var out sandboxd.Receipt
 	return out, c.call(ctx, "receipt", LaunchRef{LaunchID: id, Wait: wait}, &out)
+}
+
+// WaitReceipt waits at most d for launch id to end: its receipt, or a
+// ServiceError with code not_ended.
+func (c *Client) WaitReceipt(ctx context.Context, id string, d time.Duration) (sandboxd.Receipt, error) {
+	var out sandboxd.Receipt
+	return out, c.call(ctx, "receipt", LaunchRef{LaunchID: id, Wait: true, WaitMS: max(d.Milliseconds(), 1)}, &out)
 }
 
 func (c *Client) call(ctx context.Context, endpoint string, in, out any) error {
