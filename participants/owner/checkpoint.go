@@ -312,6 +312,9 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 	err := forEach(len(ps), o.cfg.SnapshotParallelism, func(i int) error {
 		p := ps[i]
 		spec := provider.Spec{ID: token(fmt.Sprintf("%s-e%d", p.data.Session, r.Epoch)), Workdir: p.data.Workdir}
+		if o.cfg.ForkSpec != nil {
+			spec = o.cfg.ForkSpec(spec)
+		}
 		sb, err := prov.Fork(ctx, p.data.Sandbox.Snapshot, spec)
 		if err != nil {
 			return fmt.Errorf("owner: fork %s for session %s: %w", p.data.Sandbox.Snapshot, p.data.Session, err)
@@ -368,6 +371,8 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 		}
 		if err := prov.Stop(ctx, old); err != nil {
 			o.log.Warn().Err(err).Str("sandbox", old).Msg("stop a superseded sandbox")
+		} else {
+			o.daemonGone(ctx, old)
 		}
 	}
 	o.log.Info().Str("source", r.Source).Int("sessions", len(installed)).Msg("restored")

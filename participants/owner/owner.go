@@ -33,6 +33,10 @@ var (
 	// ErrSessionExists is returned by StartSession for a session id that
 	// is already tracked or being started.
 	ErrSessionExists = errors.New("owner: session already exists")
+	// ErrAdmissionClosed is what the service answers (409
+	// admission_closed) to a request that arrives while a checkpoint is
+	// open: the caller retries after the resume. The Go API waits instead.
+	ErrAdmissionClosed = errors.New("owner: admission closed by an open checkpoint")
 	// ErrSetup is returned (wrapped) by StartSession when the setup failed
 	// or returned something other than a JSON object; the sandbox was
 	// stopped and nothing is tracked.
@@ -107,6 +111,10 @@ type Config struct {
 	SnapshotParallelism int
 	// Setup is the task's setup, run by StartSession; nil runs none.
 	Setup SetupFunc
+	// ForkSpec completes the spec of each fork a restore starts (the
+	// provider's Fork runs its Init: e.g. sandboxd under the fork's id,
+	// through SandboxdSpec); nil forks with an idle init.
+	ForkSpec func(provider.Spec) provider.Spec
 	// Logger receives the owner's logs; the zero value discards them.
 	Logger zerolog.Logger
 	// Grace is the member's lease grace (default member.DefaultGrace).

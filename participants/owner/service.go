@@ -56,6 +56,14 @@ type SessionRef struct {
 	SessionID string `json:"session_id"`
 }
 
+// VerifyRequest asks for a session's grade.
+type VerifyRequest struct {
+	SessionID string `json:"session_id"`
+	// End ends the session once it is graded: the agent that asks leaves
+	// the sandbox to the owner (PROTOCOL §6, the cleanup rule).
+	End bool `json:"end,omitempty"`
+}
+
 // VerifyResult is the grade of a session.
 type VerifyResult struct {
 	SessionID string          `json:"session_id"`
@@ -71,6 +79,8 @@ func classify(err error) (int, string) {
 		return 409, "no_sandbox"
 	case errors.Is(err, member.ErrStaleAttempt):
 		return 409, "stale_attempt"
+	case errors.Is(err, ErrAdmissionClosed):
+		return 409, "admission_closed"
 	case errors.Is(err, ErrSessionExists):
 		return 409, "session_exists"
 	case errors.Is(err, ErrSetup):
@@ -84,7 +94,8 @@ func classify(err error) (int, string) {
 // Serve runs the owner's micro service for agents until ctx ends:
 // seed_session (a sandbox for a session, a restored fork when there is
 // one), sandbox_access (the current sandbox of a session), verify (409
-// without a sandbox), close_session (idempotent). Handlers run in their
+// without a sandbox), close_session (idempotent). While a checkpoint is
+// open, seed_session and verify answer 409 admission_closed at once. Handlers run in their
 // own goroutines; Serve waits for them before it returns.
 func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade GradeFunc) error {
 	s, err := jetstream.NewService(nc, micro.Config{Name: "stillpoint-owner", Version: "1.0.0",
@@ -94,6 +105,9 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade G
 	if err != nil {
 		return fmt.Errorf("owner: %w", err)
 	}
+	// Requests over the bus are refused while a checkpoint is open, not
+	// held (see noHoldKey); close_session is held, as nothing waits on it.
+	rctx := context.WithValue(ctx, noHoldKey{}, true)
 	ref := func(body []byte) (string, error) {
 		var r SessionRef
 		if err := jetstream.DecodeRequest(body, &r); err != nil {
@@ -118,7 +132,7 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade G
 				}
 			}
 			prev, had := o.Session(r.SessionID)
-			sess, err := o.SeedSession(ctx, r.SessionID, ep, ps)
+			sess, err := o.SeedSession(rctx, r.SessionID, ep, ps)
 			if err != nil {
 				return nil, err
 			}
@@ -136,22 +150,14 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade G
 			return o.info(sess, false), nil
 		}),
 		s.Handle("verify", func(body []byte) (any, error) {
-			id, err := ref(body)
-			if err != nil {
+			var r VerifyRequest
+			if err := jetstream.DecodeRequest(body, &r); err != nil {
 				return nil, err
 			}
-			sess, err := o.RequireSandbox(id)
-			if err != nil {
+			if err := events.ValidateRollout("session_id", r.SessionID); err != nil {
 				return nil, err
 			}
-			if grade == nil {
-				return VerifyResult{SessionID: id, Result: json.RawMessage(`{}`)}, nil
-			}
-			res, err := grade(ctx, o.cfg.Provider, sess)
-			if err != nil {
-				return nil, fmt.Errorf("owner: grade %s: %w", id, err)
-			}
-			return VerifyResult{SessionID: id, Result: res}, nil
+			return o.verify(rctx, r, grade)
 		}),
 		s.Handle("close_session", func(body []byte) (any, error) {
 			id, err := ref(body)
@@ -167,6 +173,33 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade G
 	}
 	<-ctx.Done()
 	return s.Stop()
+}
+
+// verify grades a session as a request admitted like any other (a
+// checkpoint waits for it, and one that is open holds it back), and ends
+// it when asked.
+func (o *Owner) verify(ctx context.Context, r VerifyRequest, grade GradeFunc) (VerifyResult, error) {
+	req, err := o.enter(ctx, r.SessionID)
+	if err != nil {
+		return VerifyResult{}, err
+	}
+	defer o.leave(req)
+	sess, err := o.RequireSandbox(r.SessionID)
+	if err != nil {
+		return VerifyResult{}, err
+	}
+	res := json.RawMessage(`{}`)
+	if grade != nil {
+		if res, err = grade(ctx, o.cfg.Provider, sess); err != nil {
+			return VerifyResult{}, fmt.Errorf("owner: grade %s: %w", r.SessionID, err)
+		}
+	}
+	if r.End {
+		if err := o.end(ctx, r.SessionID); err != nil {
+			return VerifyResult{}, err
+		}
+	}
+	return VerifyResult{SessionID: r.SessionID, Result: res}, nil
 }
 
 func (o *Owner) info(s *Session, restored bool) SessionInfo {
@@ -206,8 +239,13 @@ func (c *Client) SandboxAccess(ctx context.Context, sessionID string) (SessionIn
 
 // Verify grades a session.
 func (c *Client) Verify(ctx context.Context, sessionID string) (VerifyResult, error) {
+	return c.VerifyEnd(ctx, VerifyRequest{SessionID: sessionID})
+}
+
+// VerifyEnd grades a session and, with r.End, ends it.
+func (c *Client) VerifyEnd(ctx context.Context, r VerifyRequest) (VerifyResult, error) {
 	var out VerifyResult
-	return out, c.call(ctx, "verify", SessionRef{SessionID: sessionID}, &out)
+	return out, c.call(ctx, "verify", r, &out)
 }
 
 // CloseSession ends a session without a verdict.

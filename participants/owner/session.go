@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
@@ -46,6 +49,10 @@ func (s *Session) clone() *Session {
 // The caller calls leave with the returned token.
 func (o *Owner) enter(ctx context.Context, sessionID string) (uint64, error) {
 	o.mu.Lock()
+	if ctx.Value(noHoldKey{}) != nil && o.closed {
+		o.mu.Unlock()
+		return 0, ErrAdmissionClosed
+	}
 	for o.closed {
 		ch := o.reopen
 		o.mu.Unlock()
@@ -61,6 +68,12 @@ func (o *Owner) enter(ctx context.Context, sessionID string) (uint64, error) {
 	o.inFlight[o.nextReq] = sessionID
 	return o.nextReq, nil
 }
+
+// noHoldKey marks the context of a service request: enter refuses it
+// while a checkpoint is open instead of holding it. An agent waits on the
+// owner's answer at prepare; if the owner held the request until the
+// resume, each would wait on the other until the deadline.
+type noHoldKey struct{}
 
 // leave ends a request enter admitted.
 func (o *Owner) leave(req uint64) {
@@ -242,12 +255,31 @@ func (o *Owner) end(ctx context.Context, sessionID string) error {
 	if err := o.cfg.Provider.Stop(ctx, s.Sandbox.ID); err != nil {
 		return fmt.Errorf("owner: stop sandbox %s of session %s: %w", s.Sandbox.ID, sessionID, err)
 	}
+	o.daemonGone(ctx, s.Sandbox.ID)
 	o.mu.Lock()
 	if o.sessions[sessionID] == s {
 		delete(o.sessions, sessionID)
 	}
 	o.mu.Unlock()
 	return nil
+}
+
+// daemonGone deletes the heartbeat of a stopped sandbox's daemon (member
+// sandbox.<id>, if it ran one): it cannot say goodbye itself, and until its
+// heartbeat expired every phase would count on it.
+func (o *Owner) daemonGone(ctx context.Context, sandboxID string) {
+	if o.cfg.Bus == nil {
+		return
+	}
+	m, err := events.NewMember(events.KindSandbox, sandboxID)
+	if err != nil {
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := o.cfg.Bus.Members.Delete(dctx, events.MemberKey(o.cfg.Run, m)); err != nil && !errors.Is(err, natsjs.ErrKeyNotFound) {
+		o.log.Debug().Err(err).Str("sandbox", sandboxID).Msg("delete the stopped sandbox daemon's heartbeat")
+	}
 }
 
 // CloseSession is the empty-body close: it ends the session, and does
