@@ -375,8 +375,7 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 					// A key written while the watcher loaded can come after
 					// its marker: ask for the few not seen.
 					if _, err := b.cfg.Bus.Members.Get(gctx, k); errors.Is(err, natsjs.ErrKeyNotFound) {
-						b.log.Warn().Str("dead", string(m)).Str("phase", string(p.Phase())).Msg("member not alive at the phase's start")
-						t.Dead(m)
+						b.dead(t, m, p.Phase(), "member not alive at the phase's start")
 					}
 				}
 				continue
@@ -388,8 +387,7 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 				m, tracked := memberOf[e.Key()]
 				if was, seen := instance[e.Key()]; tracked && seen && !initial && was != info.Instance {
 					// Another process took the name: the one asked is gone.
-					b.log.Warn().Str("dead", string(m)).Str("phase", string(p.Phase())).Msg("member replaced by a new process during a phase")
-					t.Dead(m)
+					b.dead(t, m, p.Phase(), "member replaced by a new process during a phase")
 				}
 				alive[e.Key()], instance[e.Key()] = true, info.Instance
 				continue
@@ -398,11 +396,21 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 				continue
 			}
 			if m, ok := memberOf[e.Key()]; ok {
-				b.log.Warn().Str("dead", string(m)).Str("phase", string(p.Phase())).Msg("member died or left during a phase")
-				t.Dead(m)
+				b.dead(t, m, p.Phase(), "member died or left during a phase")
 			}
 		}
 	}
+}
+
+// dead tells the tally that m died, or excuses it where the phase allows.
+func (b *Bridge) dead(t *Tally, m events.Member, p events.Phase, why string) {
+	if t.Excusable(m) {
+		b.log.Info().Str("member", string(m)).Str("phase", string(p)).Msg(why + "; a sandbox daemon holds nothing this phase acts on: left out")
+		t.Excuse(m)
+		return
+	}
+	b.log.Warn().Str("dead", string(m)).Str("phase", string(p)).Msg(why)
+	t.Dead(m)
 }
 
 // resume publishes a resume of id and returns: resume acks are not

@@ -84,7 +84,9 @@ func (b *Bridge) commit(ctx context.Context, st *runState, req CheckpointRequest
 	restarts := restartsOf(prepTally)
 	scope := scopeOf(req.Episodes, restarts)
 	commitStart := b.cfg.Now()
-	c := events.Commit{PhaseHeader: b.header(st, req.ID, st.epoch, prep.Members, timeout), Scope: scope, Stop: req.Stop}
+	// A sandbox daemon excused at prepare (its sandbox stopped) is not
+	// asked to commit.
+	c := events.Commit{PhaseHeader: b.header(st, req.ID, st.epoch, prepTally.Members(), timeout), Scope: scope, Stop: req.Stop}
 	if err := b.publishPhase(ctx, st, c); err != nil {
 		return nil, err
 	}
@@ -107,7 +109,7 @@ func (b *Bridge) commit(ctx context.Context, st *runState, req CheckpointRequest
 		log.Warn().Err(err).Msg("member manifests do not verify; aborting")
 		return b.abort(ctx, st, c.PhaseHeader, events.PhaseCommit, &Failure{Phase: events.PhaseCommit, Reason: err.Error()}, started, prepMS)
 	}
-	return b.finishCommitted(ctx, st, m, c.Members)
+	return b.finishCommitted(ctx, st, m, tally.Members())
 }
 
 // buildManifest assembles the checkpoint manifest from the commit acks,
@@ -124,7 +126,7 @@ func (b *Bridge) buildManifest(ctx context.Context, c events.Commit, t *Tally, r
 		return m, fmt.Errorf("bridge: read member manifests: %w", err)
 	}
 	continued := map[string]bool{}
-	for _, member := range c.Members {
+	for _, member := range t.Members() {
 		ack, _ := t.Acks()[member].(events.CommitAck)
 		if ack.Manifest == nil {
 			return m, fmt.Errorf("member %s acked the commit without a manifest", member)

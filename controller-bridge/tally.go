@@ -94,8 +94,38 @@ func (t *Tally) Dead(m events.Member) {
 	}
 }
 
+// Excusable tells whether a member that dies or leaves during this phase
+// may be left out instead of failing it: a sandbox daemon. Its sandbox
+// stops when its session ends (the owner deletes its heartbeat then, and a
+// session may end just as a phase starts), and nothing depends on the
+// daemon itself: its agent is ready only once the daemon acked the pause
+// or the launch is confirmed stopped, and its files are snapshotted by the
+// owner from outside. A daemon that is alive and not ready still blocks.
+func (t *Tally) Excusable(m events.Member) bool {
+	return m.Kind() == events.KindSandbox
+}
+
+// Excuse leaves an expected member that has not answered out of the
+// phase; see Excusable.
+func (t *Tally) Excuse(m events.Member) {
+	if _, answered := t.acks[m]; t.expected[m] && !answered {
+		delete(t.expected, m)
+	}
+}
+
 // Ignored counts the acks Add refused.
 func (t *Tally) Ignored() int { return t.ignored }
+
+// Members returns the members expected to answer (the phase's member set
+// less those excused), sorted.
+func (t *Tally) Members() []events.Member {
+	members := make([]events.Member, 0, len(t.expected))
+	for m := range t.expected {
+		members = append(members, m)
+	}
+	sort.Slice(members, func(i, j int) bool { return members[i] < members[j] })
+	return members
+}
 
 // Acks returns the acks so far, by member.
 func (t *Tally) Acks() map[events.Member]events.Ack { return t.acks }
