@@ -47,12 +47,14 @@ type Classify func(error) (status int, code string)
 // before it returns); Stop lets the handlers in flight answer, then stops
 // the service.
 type Service struct {
+	nc       *nats.Conn
 	svc      micro.Service
 	group    micro.Group
 	classify Classify
 
 	mu      sync.Mutex
 	closing bool
+	cancels []context.CancelFunc
 	wg      sync.WaitGroup
 }
 
@@ -63,7 +65,7 @@ func NewService(nc *nats.Conn, cfg micro.Config, prefix string, classify Classif
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: service %s: %w", cfg.Name, err)
 	}
-	return &Service{svc: svc, classify: classify, group: svc.AddGroup(prefix, micro.WithGroupQueueGroupDisabled())}, nil
+	return &Service{nc: nc, svc: svc, classify: classify, group: svc.AddGroup(prefix, micro.WithGroupQueueGroupDisabled())}, nil
 }
 
 // Handle adds endpoint name: fn gets the request body and returns the
@@ -91,10 +93,53 @@ func (s *Service) Handle(name string, fn func(body []byte) (any, error)) error {
 	}))
 }
 
+// HandleAsync adds endpoint name whose requests are served side by side,
+// each on its own goroutine, for requests that take long (a rollout).
+// micro sees such a request as answered at once; the answer is published
+// to its reply subject by hand, with micro's error headers. fn's ctx ends
+// with ctx or when Stop is called; Stop waits for fn.
+func (s *Service) HandleAsync(ctx context.Context, name string, fn func(ctx context.Context, body []byte) (any, error)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	s.mu.Lock()
+	s.cancels = append(s.cancels, cancel)
+	s.mu.Unlock()
+	return s.group.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return
+		}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		body := bytes.Clone(req.Data())
+		reply := req.Reply()
+		go func() {
+			defer s.wg.Done()
+			res, err := fn(ctx, body)
+			if reply == "" {
+				return
+			}
+			m := nats.NewMsg(reply)
+			if err != nil {
+				status, code := s.classify(err)
+				m.Header.Set(micro.ErrorCodeHeader, strconv.Itoa(status))
+				m.Header.Set(micro.ErrorHeader, code+": "+err.Error())
+			} else if m.Data, err = json.Marshal(res); err != nil {
+				m.Header.Set(micro.ErrorCodeHeader, "500")
+				m.Header.Set(micro.ErrorHeader, "internal: "+err.Error())
+			}
+			_ = s.nc.PublishMsg(m)
+		}()
+	}))
+}
+
 // Stop waits for the handlers in flight, then stops the service.
 func (s *Service) Stop() error {
 	s.mu.Lock()
 	s.closing = true
+	for _, c := range s.cancels {
+		c()
+	}
 	s.mu.Unlock()
 	s.wg.Wait()
 	return s.svc.Stop()
