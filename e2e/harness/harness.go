@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/stillpoint/stillpoint/e2e/modelserver"
@@ -44,6 +45,8 @@ type Config struct {
 	DataDir string
 	// WorkDir is where tool commands run.
 	WorkDir string
+	// Episode is sent as modelserver.EpisodeHeader.
+	Episode string
 	// Continue continues the saved session without a user message.
 	Continue bool
 	// MaxTurns bounds the model calls of one run (default 32).
@@ -96,6 +99,34 @@ func save(dataDir string, s *Session) error {
 	return os.Rename(tmp, filepath.Join(dataDir, SessionFile))
 }
 
+// Decision is the answer of Check: whether a relaunch can continue the
+// saved session, and why.
+type Decision struct {
+	Continue bool   `json:"continue"`
+	Reason   string `json:"reason"`
+}
+
+// Check decides whether the saved session in dataDir can be continued: it
+// must be of task and start with its user turn, and hold a completed model
+// response; otherwise the relaunch starts over.
+func Check(dataDir, task string) Decision {
+	s, err := Load(dataDir)
+	switch {
+	case err != nil:
+		return Decision{Reason: "the saved session does not read: " + err.Error()}
+	case s == nil:
+		return Decision{Reason: "no saved session"}
+	case s.Task != task || len(s.Messages) == 0 || s.Messages[0].Role != "user":
+		return Decision{Reason: "the saved session does not start with the task"}
+	}
+	for _, m := range s.Messages {
+		if m.Role == "assistant" {
+			return Decision{Continue: true, Reason: fmt.Sprintf("the saved session holds %d messages with a model response", len(s.Messages))}
+		}
+	}
+	return Decision{Reason: "the saved session holds no model response"}
+}
+
 type toolArgs struct {
 	Command string `json:"command"`
 }
@@ -136,6 +167,12 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			for _, tc := range calls {
 				out := runTool(ctx, cfg.WorkDir, tc)
+				if ctx.Err() != nil {
+					// Interrupted: the tool did not complete, and its call
+					// stays pending in the session, so that a continuation
+					// runs it again.
+					return fmt.Errorf("harness: interrupted in tool call %s: %w", tc.ID, ctx.Err())
+				}
 				content, _ := json.Marshal(out)
 				s.Messages = append(s.Messages, modelserver.Message{Role: "tool", ToolCallID: tc.ID, Content: content})
 				if err := save(cfg.DataDir, s); err != nil {
@@ -172,6 +209,11 @@ func runTool(ctx context.Context, dir string, tc modelserver.ToolCall) string {
 	}
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", a.Command)
 	cmd.Dir = dir
+	// The tool runs in its own process group, which an interruption kills
+	// whole: a shell's children would otherwise hold its output open.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = time.Second
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Sprintf("%s\nexit: %v", out, err)
@@ -189,6 +231,9 @@ func call(ctx context.Context, cfg Config, msgs []modelserver.Message) (modelser
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(modelserver.TaskHeader, cfg.Task)
+	if cfg.Episode != "" {
+		req.Header.Set(modelserver.EpisodeHeader, cfg.Episode)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return modelserver.Message{}, fmt.Errorf("harness: model call: %w", err)

@@ -16,6 +16,11 @@ import (
 // TaskHeader names the task of a request.
 const TaskHeader = "X-Stillpoint-Task"
 
+// EpisodeHeader names the episode (rollout attempt) that sends a request;
+// the ledger keeps it, so that a call one attempt abandoned in a crash and
+// the next attempt re-issued tells apart from a repeat.
+const EpisodeHeader = "X-Stillpoint-Episode"
+
 // ToolCall is a tool call in a scripted reply (OpenAI shape).
 type ToolCall struct {
 	ID       string `json:"id"`
@@ -54,6 +59,8 @@ type Request struct {
 // Entry is one request in the ledger.
 type Entry struct {
 	Task string `json:"task"`
+	// Episode is the sender's EpisodeHeader.
+	Episode string `json:"episode,omitempty"`
 	// Digest is the sha256 of the request's messages (canonical JSON).
 	Digest string `json:"digest"`
 	// Turn is the script turn answered; UserTurns counts user messages.
@@ -63,6 +70,9 @@ type Entry struct {
 	// Cut tells a streamed reply stopped early on purpose.
 	Cut  bool      `json:"cut,omitempty"`
 	Time time.Time `json:"time"`
+	// Delivered is when the whole reply was written; zero for a reply the
+	// caller never got (it went away while the reply was held).
+	Delivered time.Time `json:"delivered,omitzero"`
 }
 
 // Server is the scripted model server. Its methods are safe for concurrent
@@ -121,18 +131,53 @@ func (s *Server) Ledger() []Entry {
 	return append([]Entry(nil), s.ledger...)
 }
 
-// Repeats returns the digests requested more than once, per task: a
-// repeated model call.
+// Repeats returns, per task, the digests an episode requested again after
+// a reply to it was delivered: a repeated model call. A call whose reply
+// never arrived (the caller was stopped) or was cut on purpose may be sent
+// again.
 func (s *Server) Repeats() map[string][]string {
-	seen := map[string]int{}
+	delivered := map[string]bool{}
 	out := map[string][]string{}
 	for _, e := range s.Ledger() {
-		if e.Cut {
-			continue // a cut stream is re-sent on purpose
-		}
-		seen[e.Task+"/"+e.Digest]++
-		if seen[e.Task+"/"+e.Digest] == 2 {
+		k := e.Task + "/" + e.Episode + "/" + e.Digest
+		if delivered[k] {
 			out[e.Task] = append(out[e.Task], e.Digest)
+		}
+		if !e.Cut && !e.Delivered.IsZero() {
+			delivered[k] = true
+		}
+	}
+	return out
+}
+
+// Reissue is a call that a later episode of a task sent again after an
+// earlier episode had its reply: the next attempt re-issuing what a crash
+// abandoned.
+type Reissue struct {
+	Task   string `json:"task"`
+	Digest string `json:"digest"`
+	// Earlier is the earlier episode and Delivered when it got the reply;
+	// Later the episode that sent it again.
+	Earlier   string    `json:"earlier"`
+	Delivered time.Time `json:"delivered"`
+	Later     string    `json:"later"`
+}
+
+// Reissued returns the calls that a later episode sent again.
+func (s *Server) Reissued() []Reissue {
+	type first struct {
+		episode string
+		at      time.Time
+	}
+	got := map[string]first{}
+	var out []Reissue
+	for _, e := range s.Ledger() {
+		k := e.Task + "/" + e.Digest
+		if f, ok := got[k]; ok && f.episode != e.Episode {
+			out = append(out, Reissue{Task: e.Task, Digest: e.Digest, Earlier: f.episode, Delivered: f.at, Later: e.Episode})
+		}
+		if _, ok := got[k]; !ok && !e.Cut && !e.Delivered.IsZero() {
+			got[k] = first{e.Episode, e.Delivered}
 		}
 	}
 	return out
@@ -202,8 +247,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	if req.Stream {
 		cut, s.cutNext = s.cutNext, 0
 	}
-	entry := Entry{Task: task, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Time: time.Now()}
+	entry := Entry{Task: task, Episode: r.Header.Get(EpisodeHeader), Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Time: time.Now()}
 	s.ledger = append(s.ledger, entry)
+	index := len(s.ledger) - 1
 	if hold != nil {
 		s.held++
 	}
@@ -222,16 +268,22 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	t := turns[turn]
 	id := fmt.Sprintf("chatcmpl-%s-%d", entry.Digest[:12], turn)
+	var werr error
 	if !req.Stream {
 		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]any{
+		werr = json.NewEncoder(w).Encode(map[string]any{
 			"id": id, "object": "chat.completion", "model": req.Model,
 			"choices": []any{map[string]any{"index": 0, "finish_reason": finish(t),
 				"message": map[string]any{"role": "assistant", "content": t.Content, "tool_calls": t.ToolCalls}}},
 		})
-		return
+	} else {
+		s.stream(w, id, req.Model, t, cut)
 	}
-	s.stream(w, id, req.Model, t, cut)
+	if werr == nil && r.Context().Err() == nil {
+		s.mu.Lock()
+		s.ledger[index].Delivered = time.Now()
+		s.mu.Unlock()
+	}
 }
 
 func finish(t Turn) string {
