@@ -1,0 +1,571 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/owner"
+	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+)
+
+var (
+	// ErrParked is returned for a rollout that a checkpoint with stop
+	// parked: its bookmark is in the checkpoint, and a restore continues
+	// it.
+	ErrParked = errors.New("agent: parked by a checkpoint with stop")
+	// ErrBusy is returned for a request of a rollout whose other attempt
+	// runs here.
+	ErrBusy = errors.New("agent: another attempt of the rollout runs here")
+	// ErrClosed is returned once the agent is stopping.
+	ErrClosed = errors.New("agent: stopping")
+	// ErrInvalidConfig is returned (wrapped, naming the field) by New.
+	ErrInvalidConfig = errors.New("agent: invalid config")
+	// errShutdown cancels runs when the agent stops or is superseded: like
+	// a crash, it touches no shared state.
+	errShutdown = errors.New("agent: shutting down")
+)
+
+// Defaults of Config.
+const (
+	DefaultConcurrency = 16
+	DefaultMaxLaunches = 16
+	DefaultReceiptWait = 10 * time.Second
+)
+
+// Config configures an Agent.
+type Config struct {
+	// Run is the run id; Name the agent's name (member agent.<Name>).
+	// Required.
+	Run  string
+	Name string
+	// JS and Bus are the agent's JetStream and bus. Required.
+	JS  natsjs.JetStream
+	Bus *jetstream.Bus
+	// Owner is the name of the sandbox owner that lends the sandboxes.
+	// Required.
+	Owner string
+	// Adapter drives the harness. Required.
+	Adapter Adapter
+	// Concurrency is how many rollouts run at once (default
+	// DefaultConcurrency); queued ones wait registered at their seed
+	// bookmark, and parked ones keep their slots.
+	Concurrency int
+	// NoCheckpointing makes every rollout a restart: never parked, its
+	// sandbox stopped at its end.
+	NoCheckpointing bool
+	// MaxLaunches bounds the launches of one attempt (default
+	// DefaultMaxLaunches).
+	MaxLaunches int
+	// ReceiptWait is how long one wait for a launch's end may hold the
+	// daemon's receipt endpoint (default DefaultReceiptWait).
+	ReceiptWait time.Duration
+	// Grace and PollEvery are the member's (see member.Config).
+	Grace     time.Duration
+	PollEvery time.Duration
+	// Logger receives structured logs.
+	Logger zerolog.Logger
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if err := events.ValidateRun(c.Run); err != nil {
+		errs = append(errs, fmt.Errorf("%w: Run: %w", ErrInvalidConfig, err))
+	}
+	if err := events.ValidateToken("Name", c.Name); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, err))
+	}
+	if err := events.ValidateToken("Owner", c.Owner); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %w", ErrInvalidConfig, err))
+	}
+	if c.JS == nil || c.Bus == nil {
+		errs = append(errs, fmt.Errorf("%w: JS and Bus are required", ErrInvalidConfig))
+	}
+	if c.Adapter == nil {
+		errs = append(errs, fmt.Errorf("%w: Adapter is required", ErrInvalidConfig))
+	}
+	if c.Concurrency < 0 || c.MaxLaunches < 0 || c.ReceiptWait < 0 {
+		errs = append(errs, fmt.Errorf("%w: Concurrency, MaxLaunches and ReceiptWait must not be negative", ErrInvalidConfig))
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.MaxLaunches == 0 {
+		c.MaxLaunches = DefaultMaxLaunches
+	}
+	if c.ReceiptWait == 0 {
+		c.ReceiptWait = DefaultReceiptWait
+	}
+	return errors.Join(errs...)
+}
+
+// Request asks for one rollout.
+type Request struct {
+	RolloutID string          `json:"rollout_id"`
+	Attempt   int             `json:"attempt"`
+	Task      json.RawMessage `json:"task"`
+}
+
+// Validate checks the request's ids and task.
+func (r Request) Validate() error {
+	var errs []error
+	if err := events.ValidateRollout("rollout_id", r.RolloutID); err != nil {
+		errs = append(errs, err)
+	}
+	if r.Attempt < 0 {
+		errs = append(errs, fmt.Errorf("%w: attempt %d is negative", events.ErrInvalid, r.Attempt))
+	}
+	if t := bytes.TrimSpace(r.Task); len(t) == 0 || bytes.Equal(t, []byte("null")) || !json.Valid(t) {
+		errs = append(errs, fmt.Errorf("%w: task: required, a JSON value", events.ErrInvalid))
+	}
+	return errors.Join(errs...)
+}
+
+// Result is a verified rollout.
+type Result struct {
+	RolloutID string `json:"rollout_id"`
+	Attempt   int    `json:"attempt"`
+	// Episode is the episode key, <rollout> or <rollout>-a<attempt>.
+	Episode string `json:"episode"`
+	// Adapter names the harness adapter.
+	Adapter string `json:"adapter"`
+	// Answer is what the harness answered; Verdict the owner's grade.
+	Answer  json.RawMessage `json:"answer,omitempty"`
+	Verdict json.RawMessage `json:"verdict,omitempty"`
+	// Restart tells a rollout nothing could save (restarted from its input
+	// after a crash); Restored one that continued from a checkpoint.
+	Restart  bool `json:"restart,omitempty"`
+	Restored bool `json:"restored,omitempty"`
+	// Launches is the launch log.
+	Launches []LaunchRecord `json:"launches"`
+}
+
+// Agent is the harness driver: a bus member whose work is rollouts.
+type Agent struct {
+	cfg    Config
+	name   events.Member
+	nc     *nats.Conn
+	member *member.Member
+	owner  *owner.Client
+	acks   *ackBook
+	log    zerolog.Logger
+	slots  chan struct{}
+
+	mu        sync.Mutex
+	ctx       context.Context // the Run context, once running
+	closed    bool            // admission closed by a checkpoint
+	open      string          // that checkpoint
+	reopen    chan struct{}   // closed when admission reopens
+	stopping  bool
+	runs      map[string]*run     // by rollout id
+	installed map[string]Bookmark // by rollout id, restored and not yet asked for
+	daemons   map[string]*daemon.Client
+	wg        sync.WaitGroup
+}
+
+// New checks cfg and returns an agent ready to Run.
+func New(cfg Config) (*Agent, error) {
+	a, err := newAgent(cfg)
+	if err != nil {
+		return nil, err
+	}
+	a.member, err = member.New(member.Config{Run: cfg.Run, Member: a.name, JS: cfg.JS, Bus: cfg.Bus, Participant: a,
+		Logger: cfg.Logger, Grace: cfg.Grace, PollEvery: cfg.PollEvery, Capabilities: []string{"adapter:" + cfg.Adapter.Name()}})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// newAgent builds the agent without its member.
+func newAgent(cfg Config) (*Agent, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	name, _ := events.NewMember(events.KindAgent, cfg.Name)
+	nc := cfg.JS.Conn()
+	oc, err := owner.NewClient(nc, cfg.Run, cfg.Owner)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, name: name, nc: nc, owner: oc, acks: newAckBook(cfg.Run, cfg.Bus.Stream),
+		log:   cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger(),
+		slots: make(chan struct{}, cfg.Concurrency), reopen: make(chan struct{}),
+		runs: map[string]*run{}, installed: map[string]Bookmark{}, daemons: map[string]*daemon.Client{}}
+	return a, nil
+}
+
+// Name returns the agent's member name.
+func (a *Agent) Name() events.Member { return a.name }
+
+// Member returns the agent's bus member.
+func (a *Agent) Member() *member.Member { return a.member }
+
+// Run runs the member, the ack subscription and the run service until ctx
+// ends or the member is superseded or replaced. Rollouts in flight are
+// left as a crash leaves them: a restore continues them.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := a.acks.subscribe(a.nc); err != nil {
+		return fmt.Errorf("agent: subscribe to sandbox acks: %w", err)
+	}
+	defer a.acks.close()
+	g, gctx := errgroup.WithContext(ctx)
+	a.mu.Lock()
+	a.ctx = gctx
+	a.mu.Unlock()
+	svc, err := a.serve(gctx)
+	if err != nil {
+		return err
+	}
+	g.Go(func() error {
+		err := a.member.Run(gctx)
+		if errors.Is(err, member.ErrSuperseded) || errors.Is(err, member.ErrReplaced) {
+			a.log.Warn().Err(err).Msg("stopping: another agent serves this name now")
+		}
+		return err
+	})
+	err = g.Wait()
+	a.shutdown()
+	_ = svc.Stop()
+	return err
+}
+
+// shutdown stops every run as a crash would: nothing is cleaned up.
+func (a *Agent) shutdown() {
+	a.mu.Lock()
+	a.stopping = true
+	for _, r := range a.runs {
+		r.cancel(errShutdown)
+	}
+	a.mu.Unlock()
+	a.wg.Wait()
+}
+
+// daemon returns the client of a sandbox's daemon.
+func (a *Agent) daemon(sandbox string) (*daemon.Client, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if c, ok := a.daemons[sandbox]; ok {
+		return c, nil
+	}
+	c, err := daemon.NewClient(a.nc, a.cfg.Run, sandbox)
+	if err != nil {
+		return nil, err
+	}
+	a.daemons[sandbox] = c
+	return c, nil
+}
+
+// Rollout runs one rollout and returns its result once verified. It is
+// registered at its seed bookmark (or at the bookmark a restore installed
+// for this attempt) before it waits for a slot. A second request of the
+// same attempt waits for the same result; ctx ending cancels the rollout
+// (its launch is killed and its session closed).
+func (a *Agent) Rollout(ctx context.Context, req Request) (Result, error) {
+	r, err := a.start(req)
+	if err != nil {
+		return Result{}, err
+	}
+	stop := context.AfterFunc(ctx, func() {
+		r.cancel(fmt.Errorf("agent: rollout %s cancelled by its caller: %w", r.key, context.Cause(ctx)))
+	})
+	defer stop()
+	<-r.done
+	return r.res, r.err
+}
+
+func (a *Agent) start(req Request) (*run, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	if v, ok := a.cfg.Adapter.(TaskValidator); ok {
+		if err := v.ValidateTask(req.Task); err != nil {
+			return nil, fmt.Errorf("%w: task: %w", events.ErrInvalid, err)
+		}
+	}
+	ep := events.Episode{Rollout: req.RolloutID, Attempt: req.Attempt}
+	if err := a.member.Admit(ep); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.stopping || a.ctx == nil {
+		return nil, ErrClosed
+	}
+	if r, ok := a.runs[req.RolloutID]; ok {
+		if r.ep == ep {
+			return r, nil
+		}
+		return nil, fmt.Errorf("%w: %s asked, %s runs", ErrBusy, ep, r.ep)
+	}
+	bm := Bookmark{V: BookmarkVersion, Next: StageSeed, Rollout: req.RolloutID, Attempt: req.Attempt, Task: req.Task}
+	restored := false
+	if ib, ok := a.installed[req.RolloutID]; ok {
+		switch {
+		case ib.Attempt == req.Attempt:
+			bm, restored = ib, true
+			delete(a.installed, req.RolloutID)
+		case ib.Attempt > req.Attempt:
+			return nil, fmt.Errorf("%w: %s: a restore continues it as attempt %d", member.ErrStaleAttempt, ep, ib.Attempt)
+		default:
+			delete(a.installed, req.RolloutID) // the controller restarts it
+		}
+	}
+	ctx, cancel := context.WithCancelCause(a.ctx)
+	r := &run{key: ep.String(), ep: ep, req: req, ctx: ctx, cancel: cancel, done: make(chan struct{}),
+		parkCh: make(chan struct{}, 1), bm: bm, at: atBoundary, restored: restored, seeded: bm.Session != "",
+		log: a.log.With().Str("episode", ep.String()).Logger()}
+	if a.closed {
+		// A checkpoint is open: the run waits at its boundary; the open
+		// checkpoint's prepare asks it too, so it is ready by its report.
+		r.parkReq = &parkRequest{cp: a.open, reopen: a.reopen}
+	}
+	a.runs[req.RolloutID] = r
+	a.wg.Add(1)
+	go a.drive(r)
+	a.member.Notify()
+	return r, nil
+}
+
+// where a run stands, for readiness.
+type where uint8
+
+const (
+	// atBoundary: waiting at a bookmark (queued for a slot, or held by a
+	// checkpoint); exportable.
+	atBoundary where = iota
+	// atBusy: running a stage.
+	atBusy
+	// atParked: its launch paused in place by checkpoint parkedFor;
+	// exportable for that checkpoint.
+	atParked
+)
+
+type parkRequest struct {
+	cp     string
+	seq    uint64
+	dl     time.Time
+	reopen <-chan struct{}
+}
+
+// run is one attempt in flight.
+type run struct {
+	key    string
+	ep     events.Episode
+	req    Request
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+	res    Result
+	err    error
+	parkCh chan struct{}
+	log    zerolog.Logger
+
+	// Guarded by Agent.mu.
+	bm        Bookmark
+	at        where
+	parkedFor string
+	parkReq   *parkRequest
+	restored  bool
+	seeded    bool
+	launch    string // the launch in flight
+	sandbox   string // its sandbox
+	hold      int    // test hook: > 0 keeps the run busy
+}
+
+func (a *Agent) bookmark(r *run) Bookmark {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return r.bm.clone()
+}
+
+// drive runs a rollout to its end and applies the cleanup rule.
+func (a *Agent) drive(r *run) {
+	defer a.wg.Done()
+	res, err := a.queue(r)
+	if err != nil {
+		a.cleanup(r, err)
+	}
+	a.mu.Lock()
+	r.res, r.err = res, err
+	if a.runs[r.ep.Rollout] == r {
+		delete(a.runs, r.ep.Rollout)
+	}
+	a.mu.Unlock()
+	close(r.done)
+	a.member.Notify()
+	ev := r.log.Info()
+	if err != nil {
+		ev = r.log.Warn().Err(err)
+	}
+	ev.Int("launches", len(res.Launches)).Msg("rollout ended")
+}
+
+func (a *Agent) queue(r *run) (Result, error) {
+	select {
+	case a.slots <- struct{}{}:
+	case <-r.ctx.Done():
+		return Result{}, context.Cause(r.ctx)
+	}
+	defer func() { <-a.slots }()
+	return a.stages(r)
+}
+
+// stages runs seed → harness → verify → return, recording the bookmark
+// before each.
+func (a *Agent) stages(r *run) (Result, error) {
+	bm := a.bookmark(r)
+	for {
+		if err := a.boundary(r, bm); err != nil {
+			return Result{}, err
+		}
+		var err error
+		switch bm.Next {
+		case StageSeed:
+			bm, err = a.seed(r, bm)
+		case StageHarness:
+			bm, err = a.harness(r, bm)
+		case StageVerify:
+			bm, err = a.verify(r, bm)
+		case StageReturn:
+			res := *bm.Result
+			res.Launches = bm.Launches
+			return res, nil
+		default:
+			err = bm.Validate()
+		}
+		if errors.Is(err, errAdmissionClosed) {
+			bm = a.bookmark(r) // back to the boundary, to wait for the resume
+			continue
+		}
+		if err != nil {
+			return Result{}, err
+		}
+	}
+}
+
+// errAdmissionClosed: a daemon or the owner refused a request because a
+// checkpoint is open; the run waits at its boundary and tries again.
+var errAdmissionClosed = errors.New("agent: admission closed")
+
+func isAdmissionClosed(err error) bool {
+	var se *jetstream.ServiceError
+	return errors.As(err, &se) && se.Code == "admission_closed"
+}
+
+func isCode(err error, code string) bool {
+	var se *jetstream.ServiceError
+	return errors.As(err, &se) && se.Code == code
+}
+
+// boundary records bm and, while a checkpoint holds admission closed,
+// waits there: the checkpoint exports the run at bm.
+func (a *Agent) boundary(r *run, bm Bookmark) error {
+	if err := bm.Validate(); err != nil {
+		return fmt.Errorf("agent: %s: %w", r.key, err)
+	}
+	if err := a.member.Admit(r.ep); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	r.bm, r.at, r.parkedFor = bm, atBoundary, ""
+	for a.closed || r.hold > 0 {
+		ch := a.reopen
+		a.mu.Unlock()
+		a.member.Notify()
+		select {
+		case <-ch:
+		case <-time.After(50 * time.Millisecond): // a test hold
+		case <-r.ctx.Done():
+			return context.Cause(r.ctx)
+		}
+		a.mu.Lock()
+	}
+	r.at = atBusy
+	a.mu.Unlock()
+	return a.member.Admit(r.ep)
+}
+
+// seed asks the owner for the session's sandbox.
+func (a *Agent) seed(r *run, bm Bookmark) (Bookmark, error) {
+	info, err := a.owner.SeedSession(r.ctx, owner.SeedRequest{SessionID: bm.Rollout, Episode: r.key, Task: bm.Task})
+	if isAdmissionClosed(err) {
+		return bm, errAdmissionClosed
+	}
+	if err != nil {
+		return bm, fmt.Errorf("agent: seed %s: %w", r.key, err)
+	}
+	a.mu.Lock()
+	r.seeded = true
+	a.mu.Unlock()
+	state, err := a.cfg.Adapter.NewState(r.req)
+	if err != nil {
+		return bm, fmt.Errorf("agent: %s: %w", r.key, err)
+	}
+	bm.Next, bm.Session, bm.Owner, bm.VerifyMode = StageHarness, bm.Rollout, a.cfg.Owner, "owner"
+	bm.Sandbox, bm.Workdir, bm.State = info.SandboxID, info.Workdir, state
+	bm.Restart = a.cfg.NoCheckpointing || info.RestartOnly || info.SandboxID == ""
+	if bm.Restart {
+		r.log.Info().Bool("owner_restart_only", info.RestartOnly).Msg("restart-only rollout: never parked, restarts from its input")
+	}
+	return bm, nil
+}
+
+// verify asks the owner for the grade; the owner ends the session.
+func (a *Agent) verify(r *run, bm Bookmark) (Bookmark, error) {
+	vr, err := a.owner.VerifyEnd(r.ctx, owner.VerifyRequest{SessionID: bm.Session, End: true})
+	if isAdmissionClosed(err) {
+		return bm, errAdmissionClosed
+	}
+	if err != nil {
+		return bm, fmt.Errorf("agent: verify %s: %w", r.key, err)
+	}
+	a.mu.Lock()
+	restored := r.restored
+	r.seeded = false // the owner ended the session
+	a.mu.Unlock()
+	bm.Next = StageReturn
+	bm.Result = &Result{RolloutID: bm.Rollout, Attempt: r.ep.Attempt, Episode: r.key, Adapter: a.cfg.Adapter.Name(),
+		Answer: bm.Answer, Verdict: vr.Result, Restart: bm.Restart, Restored: restored}
+	return bm, nil
+}
+
+// cleanup applies the cleanup rule to a run that ends without a result.
+func (a *Agent) cleanup(r *run, cause error) {
+	if errors.Is(cause, errShutdown) || errors.Is(cause, member.ErrSuperseded) {
+		return // as a crash: nothing shared is touched
+	}
+	a.mu.Lock()
+	launch, sandbox, seeded := r.launch, r.sandbox, r.seeded
+	session := r.bm.Session
+	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 30*time.Second)
+	defer cancel()
+	if launch != "" {
+		if dc, err := a.daemon(sandbox); err == nil {
+			if _, err := dc.Stop(ctx, launch, true); err != nil && !isCode(err, "unknown_launch") {
+				r.log.Warn().Err(err).Str("launch", launch).Msg("kill the launch")
+			}
+		}
+	}
+	if errors.Is(cause, ErrParked) {
+		return // the checkpoint holds the rest
+	}
+	if seeded && session != "" {
+		if err := a.owner.CloseSession(ctx, session); err != nil {
+			r.log.Warn().Err(err).Msg("close the session")
+		}
+	}
+}

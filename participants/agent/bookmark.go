@@ -1,0 +1,189 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// BookmarkVersion is the bookmark format this package writes and reads.
+const BookmarkVersion = 1
+
+// Stage is where a rollout goes next (PROTOCOL §6, Bookmark v1).
+type Stage string
+
+// The stages, in order.
+const (
+	// StageSeed asks the owner for the session's sandbox.
+	StageSeed Stage = "seed"
+	// StageHarness launches (or relaunches) the harness and waits for it.
+	StageHarness Stage = "harness"
+	// StageVerify asks the owner for the grade.
+	StageVerify Stage = "verify"
+	// StageReturn returns the stored result.
+	StageReturn Stage = "return"
+)
+
+// ErrBadBookmark is wrapped by DecodeBookmark and Bookmark.Validate: the
+// attempt fails with an error that names what is wrong.
+var ErrBadBookmark = errors.New("agent: bad bookmark")
+
+// Launch outcomes in the launch log.
+const (
+	LaunchRunning     = "running"
+	LaunchFinished    = "finished"
+	LaunchInterrupted = "interrupted"
+	LaunchFailed      = "failed"
+)
+
+// LaunchRecord is one launch of a rollout's harness, as the launch log in
+// the bookmark and in the result tells it.
+type LaunchRecord struct {
+	// ID is the launch id in the sandbox's daemon; Sandbox the sandbox.
+	ID      string `json:"id"`
+	Sandbox string `json:"sandbox"`
+	// Attempt is the attempt that launched it.
+	Attempt int `json:"attempt"`
+	// Continued tells whether the launch continued a saved session, and
+	// Why says why (or why it started over).
+	Continued bool   `json:"continued"`
+	Why       string `json:"why"`
+	// Started is when it was launched; DurationMS how long it ran until it
+	// ended (paused time included).
+	Started    time.Time `json:"started"`
+	DurationMS int64     `json:"duration_ms,omitempty"`
+	// Ended is running, finished, interrupted or failed.
+	Ended string `json:"ended"`
+	// ExitCode is the harness's exit code once it finished.
+	ExitCode int `json:"exit_code,omitempty"`
+	// Pauses is how many checkpoints paused it in place.
+	Pauses int `json:"pauses"`
+	// Detail says how it ended, for an interrupted or failed launch.
+	Detail string `json:"detail,omitempty"`
+}
+
+// Bookmark is a rollout's position, recorded before each stage; a
+// checkpoint exports it and a restore continues from it.
+type Bookmark struct {
+	// V is the format version, BookmarkVersion.
+	V int `json:"v"`
+	// Next is the stage to run next.
+	Next Stage `json:"next"`
+	// Rollout, Attempt and Task are the request; Attempt is the attempt
+	// that recorded the bookmark.
+	Rollout string          `json:"rollout"`
+	Attempt int             `json:"attempt"`
+	Task    json.RawMessage `json:"task"`
+	// Session is the owner's session id (the session cookie); Owner the
+	// owner that lends its sandbox.
+	Session string `json:"session,omitempty"`
+	Owner   string `json:"owner,omitempty"`
+	// VerifyMode is how the rollout is graded: "owner" (the owner's verify).
+	VerifyMode string `json:"verify_mode,omitempty"`
+	// Sandbox is the sandbox last lent (a hint: sandbox_access says which
+	// is current) and Workdir its working directory.
+	Sandbox string `json:"sandbox,omitempty"`
+	Workdir string `json:"workdir,omitempty"`
+	// Restart marks a rollout nothing can save: never parked, restarted
+	// from its input after a crash.
+	Restart bool `json:"restart,omitempty"`
+	// State is the adapter's state (where the harness keeps its session).
+	State json.RawMessage `json:"state,omitempty"`
+	// Resume tells the next launch to continue the saved session, if the
+	// adapter's resume decision agrees.
+	Resume bool `json:"resume,omitempty"`
+	// Launches is the launch log.
+	Launches []LaunchRecord `json:"launches,omitempty"`
+	// Answer is what the harness answered (set once a launch finished).
+	Answer json.RawMessage `json:"answer,omitempty"`
+	// Result is the result to return (at StageReturn).
+	Result *Result `json:"result,omitempty"`
+	// KeepsProcesses and RelayGen are kept for providers whose snapshots
+	// keep processes (PROTOCOL §6); this agent relaunches instead.
+	KeepsProcesses bool `json:"keeps_processes,omitempty"`
+	RelayGen       int  `json:"relay_gen,omitempty"`
+}
+
+// Validate checks b: its version, its stage and what that stage needs.
+func (b *Bookmark) Validate() error {
+	if b.V != BookmarkVersion {
+		return fmt.Errorf("%w: version %d, this agent reads version %d", ErrBadBookmark, b.V, BookmarkVersion)
+	}
+	var errs []error
+	if err := events.ValidateRollout("bookmark.rollout", b.Rollout); err != nil {
+		errs = append(errs, err)
+	}
+	if b.Attempt < 0 {
+		errs = append(errs, fmt.Errorf("bookmark.attempt: %d is negative", b.Attempt))
+	}
+	need := func(ok bool, field string) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("bookmark.%s: required at stage %s", field, b.Next))
+		}
+	}
+	switch b.Next {
+	case StageSeed:
+	case StageHarness:
+		need(b.Session != "", "session")
+		need(len(b.State) > 0, "state")
+	case StageVerify:
+		need(b.Session != "", "session")
+	case StageReturn:
+		need(b.Result != nil, "result")
+	default:
+		errs = append(errs, fmt.Errorf("bookmark.next: unknown stage %q (want seed, harness, verify or return)", b.Next))
+	}
+	if b.Session != "" {
+		if err := events.ValidateRollout("bookmark.session", b.Session); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadBookmark, err)
+	}
+	return nil
+}
+
+// DecodeBookmark decodes and validates a bookmark; the error names what is
+// wrong.
+func DecodeBookmark(raw []byte) (Bookmark, error) {
+	var b Bookmark
+	t := bytes.TrimSpace(raw)
+	if len(t) == 0 || t[0] != '{' {
+		return b, fmt.Errorf("%w: not a JSON object: %.40q", ErrBadBookmark, t)
+	}
+	var head struct {
+		V *int `json:"v"`
+	}
+	if err := json.Unmarshal(t, &head); err != nil {
+		return b, fmt.Errorf("%w: %v", ErrBadBookmark, err)
+	}
+	if head.V == nil {
+		return b, fmt.Errorf("%w: no version field \"v\"", ErrBadBookmark)
+	}
+	if *head.V != BookmarkVersion {
+		return b, fmt.Errorf("%w: version %d, this agent reads version %d", ErrBadBookmark, *head.V, BookmarkVersion)
+	}
+	if err := json.Unmarshal(t, &b); err != nil {
+		return b, fmt.Errorf("%w: %v", ErrBadBookmark, err)
+	}
+	return b, b.Validate()
+}
+
+// clone returns a deep enough copy to hand out.
+func (b Bookmark) clone() Bookmark {
+	b.Task = bytes.Clone(b.Task)
+	b.State = bytes.Clone(b.State)
+	b.Answer = bytes.Clone(b.Answer)
+	b.Launches = append([]LaunchRecord(nil), b.Launches...)
+	if b.Result != nil {
+		r := *b.Result
+		r.Launches = append([]LaunchRecord(nil), r.Launches...)
+		b.Result = &r
+	}
+	return b
+}

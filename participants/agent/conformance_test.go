@@ -1,0 +1,116 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+)
+
+// subject is the agent as the conformance suite drives it: its work is
+// rollouts queued at their seed bookmark (the one slot is taken), which a
+// checkpoint exports there; a restore installs bookmarks the next attempt
+// continues from.
+type subject struct {
+	*Agent
+	prefix string
+	stop   context.CancelFunc
+
+	mu   sync.Mutex
+	n    int
+	pace func(ctx context.Context, index int)
+}
+
+var _ member.WriteHook = (*subject)(nil)
+
+func (s *subject) Bind(m *member.Member) { s.member = m }
+
+func (s *subject) AddWork(t testing.TB, n int) []events.Episode {
+	t.Helper()
+	var eps []events.Episode
+	for range n {
+		s.mu.Lock()
+		s.n++
+		id := fmt.Sprintf("%s-w%d", s.prefix, s.n)
+		s.mu.Unlock()
+		if _, err := s.start(Request{RolloutID: id, Task: task}); err != nil {
+			t.Fatalf("start %s: %v", id, err)
+		}
+		eps = append(eps, events.Episode{Rollout: id})
+	}
+	return eps
+}
+
+func (s *subject) Hold(ep events.Episode) func() {
+	s.Agent.mu.Lock()
+	r := s.runs[ep.Rollout]
+	if r != nil {
+		r.hold++
+	}
+	s.Agent.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.Agent.mu.Lock()
+			if r != nil {
+				r.hold--
+			}
+			s.Agent.mu.Unlock()
+			s.member.Notify()
+		})
+	}
+}
+
+func (s *subject) Live() []string {
+	s.Agent.mu.Lock()
+	defer s.Agent.mu.Unlock()
+	keys := map[string]bool{}
+	for _, r := range s.runs {
+		keys[r.key] = true
+	}
+	for _, bm := range s.installed {
+		keys[events.Episode{Rollout: bm.Rollout, Attempt: bm.Attempt}.String()] = true
+	}
+	return slices.Sorted(maps.Keys(keys))
+}
+
+func (s *subject) PaceWrites(before func(ctx context.Context, index int)) {
+	s.mu.Lock()
+	s.pace = before
+	s.mu.Unlock()
+}
+
+func (s *subject) BeforeRecord(ctx context.Context, _ string, index int) {
+	s.mu.Lock()
+	p := s.pace
+	s.mu.Unlock()
+	if p != nil {
+		p(ctx, index)
+	}
+}
+
+// TestConformance runs the member conformance suite against the agent.
+func TestConformance(t *testing.T) {
+	membertest.Run(t, membertest.Harness{
+		Kind: events.KindAgent,
+		New: func(t *testing.T, env *jstest.Env, name events.Member) membertest.Subject {
+			a, err := newAgent(Config{Run: "run1", Name: name.Name(), JS: env.JS, Bus: env.Bus, Owner: "o1", Concurrency: 1,
+				Adapter: &Scripted{Binary: "/nonexistent", ModelURL: "http://127.0.0.1:1"}, Logger: testLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.slots <- struct{}{} // the one slot is taken: every run waits at seed
+			ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+			a.ctx = ctx
+			t.Cleanup(func() { cancel(); a.wg.Wait() })
+			return &subject{Agent: a, prefix: name.Name(), stop: cancel}
+		},
+	})
+}

@@ -1,0 +1,141 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/owner/provider"
+)
+
+func record(t *testing.T, key string, bm Bookmark) events.Record {
+	t.Helper()
+	b, err := json.Marshal(bm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return events.Record{Key: key, Data: b}
+}
+
+var task = json.RawMessage(`{"task":"t","prompt":"p"}`)
+
+// A continuation at return returns the stored result: no owner call, no
+// launch; the launch log of the checkpointed attempt comes with it.
+func TestContinuationAtReturnReturnsTheStoredResult(t *testing.T) {
+	w := newWorld(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	stored := &Result{RolloutID: "r1", Attempt: 0, Episode: "r1", Adapter: "scripted", Answer: json.RawMessage(`"done"`),
+		Verdict: json.RawMessage(`{"reward":1}`)}
+	launches := []LaunchRecord{{ID: "r1.l1", Sandbox: "sb1", Ended: LaunchFinished, Why: "first launch"}}
+	bm := Bookmark{V: 1, Next: StageReturn, Rollout: "r1", Task: task, Session: "r1", Result: stored, Launches: launches}
+	if eps, err := w.agent.Install(ctx, events.Restore{}, []events.Record{record(t, "r1", bm)}); err != nil || len(eps) != 1 {
+		t.Fatalf("Install: %v %v", eps, err)
+	}
+	res, err := w.agent.Rollout(ctx, Request{RolloutID: "r1", Attempt: 1, Task: task})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Verdict) != `{"reward":1}` || string(res.Answer) != `"done"` || len(res.Launches) != 1 || res.Launches[0].ID != "r1.l1" {
+		t.Fatalf("result %+v, want the stored one", res)
+	}
+	if n := w.grades.Load(); n != 0 {
+		t.Fatalf("%d grades, want none", n)
+	}
+}
+
+// A continuation at verify grades again without launching, and the owner
+// ends the session.
+func TestContinuationAtVerifyGradesWithoutLaunching(t *testing.T) {
+	w := newWorld(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// The session a restore forked for the next attempt.
+	if _, err := w.owner.StartSession(ctx, "r1", events.Episode{Rollout: "r1", Attempt: 1}, provider.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	launches := []LaunchRecord{{ID: "r1.l1", Sandbox: "sb-r1", Ended: LaunchFinished}}
+	bm := Bookmark{V: 1, Next: StageVerify, Rollout: "r1", Task: task, Session: "r1", Owner: "o1", Answer: json.RawMessage(`"42"`),
+		Launches: launches}
+	if _, err := w.agent.Install(ctx, events.Restore{}, []events.Record{record(t, "r1", bm)}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := w.agent.Rollout(ctx, Request{RolloutID: "r1", Attempt: 1, Task: task})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Restored || string(res.Verdict) != `{"reward":1}` || string(res.Answer) != `"42"` || len(res.Launches) != 1 || res.Episode != "r1-a1" {
+		t.Fatalf("result %+v", res)
+	}
+	if n := w.grades.Load(); n != 1 {
+		t.Fatalf("%d grades, want 1", n)
+	}
+	if _, ok := w.owner.Session("r1"); ok {
+		t.Fatal("the verified session was not ended")
+	}
+}
+
+// Install is all or none: a malformed or unknown-version bookmark fails the
+// restore with an error naming the record, and nothing is installed.
+func TestInstallRefusesABadBookmarkAndInstallsNothing(t *testing.T) {
+	w := newWorld(t)
+	ctx := t.Context()
+	good := record(t, "r1", Bookmark{V: 1, Next: StageSeed, Rollout: "r1", Task: task})
+	for _, bad := range []events.Record{
+		{Key: "r2", Data: json.RawMessage(`{"v":9,"next":"seed","rollout":"r2"}`)},
+		{Key: "r2", Data: json.RawMessage(`{"v":1,"next":"fly","rollout":"r2"}`)},
+		{Key: "r3", Data: json.RawMessage(`{"v":1,"next":"seed","rollout":"r2","task":{}}`)},
+		{Key: "r2-a", Data: good.Data},
+	} {
+		_, err := w.agent.Install(ctx, events.Restore{}, []events.Record{good, bad})
+		if err == nil || !strings.Contains(err.Error(), "record") {
+			t.Fatalf("Install with %s: %v, want an error naming the record", bad.Data, err)
+		}
+		if n := len(w.agent.installed); n != 0 {
+			t.Fatalf("%d bookmarks installed after a failed install", n)
+		}
+	}
+}
+
+// Requests are checked at the boundary: bad ids, a negative attempt, a
+// task that is not JSON get 400; an attempt below the restored one is
+// stale.
+func TestRunEndpointRefusesBadRequests(t *testing.T) {
+	w := newWorld(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	c, err := NewClient(w.env.Conn, testRun, "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []Request{
+		{RolloutID: "../etc", Task: task},
+		{RolloutID: "r.a1", Attempt: -1, Task: task},
+		{RolloutID: "r-a3", Task: task},
+		{RolloutID: "r1"},
+		{RolloutID: "r1", Task: json.RawMessage(`{"prompt":"no task name"}`)},
+	} {
+		_, err := c.Rollout(ctx, body)
+		var se *jetstream.ServiceError
+		if !errors.As(err, &se) || se.Status != 400 {
+			t.Errorf("Rollout(%+v) = %v, want 400", body, err)
+		}
+	}
+	var raw json.RawMessage
+	if err := jetstream.Call(ctx, w.env.Conn, ServiceSubject(testRun, "a1")+".run", map[string]any{"rollout_id": "r1", "bogus": 1}, &raw); err == nil {
+		t.Error("an unknown field was accepted")
+	}
+	bm := Bookmark{V: 1, Next: StageSeed, Rollout: "r1", Attempt: 2, Task: task}
+	if _, err := w.agent.Install(ctx, events.Restore{}, []events.Record{record(t, "r1-a2", bm)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.agent.Rollout(ctx, Request{RolloutID: "r1", Attempt: 1, Task: task}); !errors.Is(err, member.ErrStaleAttempt) {
+		t.Fatalf("attempt 1 of a rollout restored as attempt 3: %v, want ErrStaleAttempt", err)
+	}
+}

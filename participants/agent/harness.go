@@ -1,0 +1,322 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/stillpoint/stillpoint/sandboxd"
+	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+)
+
+// harness launches the harness (a relaunch asks the adapter whether the
+// saved session continues) and waits for it, parking at checkpoints.
+func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
+	if len(bm.Launches) >= a.cfg.MaxLaunches {
+		return bm, fmt.Errorf("agent: %s: gave up after %d launches", r.key, len(bm.Launches))
+	}
+	info, err := a.owner.SandboxAccess(r.ctx, bm.Session)
+	if err != nil {
+		return bm, fmt.Errorf("agent: sandbox_access %s: %w", r.key, err)
+	}
+	if info.SandboxID == "" {
+		return bm, fmt.Errorf("agent: %s: the owner lends no sandbox", r.key)
+	}
+	dc, err := a.daemon(info.SandboxID)
+	if err != nil {
+		return bm, err
+	}
+	bm.Sandbox, bm.Workdir = info.SandboxID, info.Workdir
+	n := len(bm.Launches) + 1
+	lc := LaunchContext{Rollout: bm.Rollout, Attempt: r.ep.Attempt, Task: bm.Task, Session: info, State: bm.State,
+		Exec: a.execer(r, dc, n)}
+	lr := LaunchRecord{ID: fmt.Sprintf("%s.l%d", r.key, n), Sandbox: info.SandboxID, Attempt: r.ep.Attempt, Why: "first launch"}
+	if bm.Resume || len(bm.Launches) > 0 {
+		d, err := a.cfg.Adapter.ResumeDecision(r.ctx, lc)
+		if errors.Is(err, errAdmissionClosed) || isAdmissionClosed(err) {
+			return bm, errAdmissionClosed
+		}
+		if err != nil {
+			return bm, fmt.Errorf("agent: %s: resume decision: %w", r.key, err)
+		}
+		lr.Continued, lr.Why = d.Continue, d.Reason
+		if !d.Continue && d.State != nil {
+			bm.State, lc.State = d.State, d.State
+		}
+	}
+	lc.Resume = lr.Continued
+	cmd, err := a.cfg.Adapter.Command(lc)
+	if err != nil {
+		return bm, fmt.Errorf("agent: %s: %w", r.key, err)
+	}
+	lr.Started = time.Now().UTC()
+	_, err = launch(r.ctx, dc, daemon.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
+		TimeoutMS: cmd.Timeout.Milliseconds(), Mode: cmd.Mode, NoPause: bm.Restart || !a.cfg.Adapter.PausesAtCheckpoints()})
+	switch {
+	case isAdmissionClosed(err):
+		return bm, errAdmissionClosed
+	case err != nil && !isCode(err, "launch_exists"):
+		return bm, fmt.Errorf("agent: %s: launch: %w", r.key, err)
+	}
+	lr.Ended = LaunchRunning
+	bm.Launches = append(bm.Launches, lr)
+	a.mu.Lock()
+	r.bm, r.launch, r.sandbox = bm.clone(), lr.ID, info.SandboxID
+	a.mu.Unlock()
+	r.log.Info().Str("launch", lr.ID).Str("sandbox", info.SandboxID).Bool("continued", lr.Continued).Str("why", lr.Why).Msg("launched")
+	bm, err = a.waitLaunch(r, bm, lc, dc, lr.ID)
+	a.mu.Lock()
+	r.launch, r.sandbox = "", ""
+	a.mu.Unlock()
+	return bm, err
+}
+
+// DaemonWait is how long a launch waits for a sandbox's daemon to answer:
+// a sandbox just lent (or forked) starts its daemon in the background.
+const DaemonWait = 60 * time.Second
+
+// launch asks the daemon for a launch, waiting for a daemon that is not
+// up yet.
+func launch(ctx context.Context, dc *daemon.Client, req daemon.LaunchRequest) (sandboxd.Record, error) {
+	deadline := time.Now().Add(DaemonWait)
+	for wait := 20 * time.Millisecond; ; wait = min(wait*2, time.Second) {
+		rec, err := dc.Launch(ctx, req)
+		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
+			return rec, err
+		}
+		select {
+		case <-ctx.Done():
+			return rec, context.Cause(ctx)
+		case <-time.After(wait):
+		}
+	}
+}
+
+type receiptResult struct {
+	rc  sandboxd.Receipt
+	err error
+}
+
+// watchReceipt waits for the launch's end in bounded waits, so that no
+// request holds the daemon's endpoint past its caller.
+func (a *Agent) watchReceipt(ctx context.Context, dc *daemon.Client, id string) <-chan receiptResult {
+	ch := make(chan receiptResult, 1)
+	go func() {
+		var lost time.Time
+		for {
+			cctx, cancel := context.WithTimeout(ctx, a.cfg.ReceiptWait+10*time.Second)
+			rc, err := dc.WaitReceipt(cctx, id, a.cfg.ReceiptWait)
+			cancel()
+			switch {
+			case err == nil:
+				ch <- receiptResult{rc: rc}
+				return
+			case ctx.Err() != nil:
+				return
+			case isCode(err, "not_ended"):
+				lost = time.Time{}
+				continue
+			case isCode(err, "unknown_launch"):
+				ch <- receiptResult{rc: sandboxd.Receipt{ID: id, ExitCode: -1, Outcome: sandboxd.OutcomeFailed,
+					Error: "the sandbox's daemon does not know the launch", Ended: time.Now()}}
+				return
+			}
+			// The daemon does not answer (restarting, or its sandbox is
+			// gone): try again, and give the launch up after two minutes.
+			if lost.IsZero() {
+				lost = time.Now()
+			} else if time.Since(lost) > 2*time.Minute {
+				ch <- receiptResult{rc: sandboxd.Receipt{ID: id, ExitCode: -1, Outcome: sandboxd.OutcomeFailed,
+					Error: "the sandbox's daemon stopped answering: " + err.Error(), Ended: time.Now()}}
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	return ch
+}
+
+// waitLaunch waits for the launch to end, parking it at each checkpoint.
+func (a *Agent) waitLaunch(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, id string) (Bookmark, error) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	receipts := a.watchReceipt(ctx, dc, id)
+	for {
+		select {
+		case res := <-receipts:
+			return a.ended(r, bm, lc, res.rc)
+		case <-r.parkCh:
+			pr := a.parkRequestOf(r)
+			if pr == nil || bm.Restart {
+				continue // stale, or a restart: never parked
+			}
+			next, done, err := a.park(r, bm, lc, dc, id, pr, receipts)
+			if err != nil || done {
+				return next, err
+			}
+			bm = next
+		case <-r.ctx.Done():
+			return bm, context.Cause(r.ctx)
+		}
+	}
+}
+
+// parkRequestOf returns the run's park request while its checkpoint is
+// still open.
+func (a *Agent) parkRequestOf(r *run) *parkRequest {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	pr := r.parkReq
+	if pr == nil || !a.closed || a.open != pr.cp {
+		return nil
+	}
+	return pr
+}
+
+// park brings a running launch to a boundary for checkpoint pr.cp: paused
+// in place once its daemon acked the pause, else stopped for a relaunch
+// after the resume. done tells that the launch ended (next is then the
+// bookmark of the following stage).
+func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, id string, pr *parkRequest,
+	receipts <-chan receiptResult) (next Bookmark, done bool, err error) {
+	why := "the adapter does not pause"
+	if a.cfg.Adapter.PausesAtCheckpoints() {
+		ctx, cancel := context.WithDeadline(r.ctx, pr.dl)
+		ack, err := a.acks.wait(ctx, pr.seq, lc.Session.SandboxID, pr.reopen, 250*time.Millisecond)
+		cancel()
+		switch {
+		case errors.Is(err, errReopened):
+			return bm, false, nil // the checkpoint is over: the launch runs on
+		case r.ctx.Err() != nil:
+			return bm, false, context.Cause(r.ctx)
+		case err != nil:
+			why = "no pause ack from sandbox " + lc.Session.SandboxID + " by the deadline"
+		case !ack.OK || !ack.Ready:
+			why = fmt.Sprintf("sandbox %s did not confirm the pause (ok %v, ready %v)", lc.Session.SandboxID, ack.OK, ack.Ready)
+		default:
+			rec, err := dc.Status(r.ctx, id)
+			switch {
+			case err != nil:
+				why = "status after the pause: " + err.Error()
+			case rec.State == sandboxd.StatePaused:
+				return a.parkPaused(r, bm, pr, receipts, rec)
+			case rec.State == sandboxd.StateEnded && rec.Receipt != nil:
+				// It ended before the pause (or the daemon stopped it): it
+				// keeps its result, or relaunches.
+				next, err := a.ended(r, bm, lc, *rec.Receipt)
+				return next, true, err
+			default:
+				why = fmt.Sprintf("the launch is %s after its sandbox acked the pause", rec.State)
+			}
+		}
+	}
+	r.log.Info().Str("launch", id).Str("why", why).Msg("stopping the launch for a relaunch after the checkpoint")
+	rc, err := dc.Stop(r.ctx, id, false)
+	if err != nil {
+		if res := <-receipts; res.err == nil && res.rc.ID != "" {
+			rc = res.rc
+		} else {
+			return bm, true, fmt.Errorf("agent: %s: stop %s at a checkpoint: %w", r.key, id, err)
+		}
+	}
+	next, err = a.ended(r, bm, lc, rc)
+	return next, true, err
+}
+
+// parkPaused parks a run whose launch its daemon paused: exported with
+// resume (a crash relaunches it on the saved session); after the resume
+// the same launch continues.
+func (a *Agent) parkPaused(r *run, bm Bookmark, pr *parkRequest, receipts <-chan receiptResult,
+	rec sandboxd.Record) (Bookmark, bool, error) {
+	ex := bm.clone()
+	ex.Resume = true
+	last := &ex.Launches[len(ex.Launches)-1]
+	last.Pauses++
+	last.Ended = LaunchInterrupted
+	last.Detail = "paused by checkpoint " + pr.cp
+	last.DurationMS = time.Since(last.Started).Milliseconds()
+	a.mu.Lock()
+	r.bm, r.at, r.parkedFor = ex, atParked, pr.cp
+	a.mu.Unlock()
+	a.member.Notify()
+	r.log.Debug().Str("checkpoint", pr.cp).Str("mode", rec.Pauses.Mode.String()).Msg("parked, launch paused in place")
+	select {
+	case <-pr.reopen:
+	case <-r.ctx.Done():
+		return bm, false, context.Cause(r.ctx)
+	}
+	bm.Resume = true
+	bm.Launches[len(bm.Launches)-1].Pauses++
+	a.mu.Lock()
+	r.bm, r.at, r.parkedFor = bm.clone(), atBusy, ""
+	a.mu.Unlock()
+	return bm, false, nil
+}
+
+// ended records how the launch ended: a finished harness goes on to
+// verify with its answer; an interrupted or failed one relaunches.
+func (a *Agent) ended(r *run, bm Bookmark, lc LaunchContext, rc sandboxd.Receipt) (Bookmark, error) {
+	last := &bm.Launches[len(bm.Launches)-1]
+	end := rc.Ended
+	if end.IsZero() {
+		end = time.Now()
+	}
+	last.DurationMS = end.Sub(last.Started).Milliseconds()
+	last.ExitCode = rc.ExitCode
+	switch rc.Outcome {
+	case sandboxd.OutcomeFinished:
+		last.Ended, last.Detail = LaunchFinished, ""
+		ans, err := a.cfg.Adapter.Answer(lc, ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail})
+		if err != nil {
+			return bm, fmt.Errorf("agent: %s: answer of %s: %w", r.key, last.ID, err)
+		}
+		bm.Answer, bm.Next, bm.Resume = ans, StageVerify, false
+	case sandboxd.OutcomeInterrupted:
+		last.Ended, last.Detail = LaunchInterrupted, string(rc.StopReason)
+		bm.Next, bm.Resume = StageHarness, true
+	default:
+		last.Ended, last.Detail = LaunchFailed, rc.Error
+		bm.Next, bm.Resume = StageHarness, true
+	}
+	r.log.Info().Str("launch", last.ID).Str("ended", last.Ended).Int("exit", rc.ExitCode).Int("pauses", last.Pauses).Msg("launch ended")
+	return bm, nil
+}
+
+// execer runs short commands in the sandbox for the adapter: launches the
+// checkpoints leave alone, as they end in moments.
+func (a *Agent) execer(r *run, dc *daemon.Client, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
+	k := 0
+	return func(ctx context.Context, argv []string) (ExecResult, error) {
+		k++
+		id := fmt.Sprintf("%s.l%d.x%d", r.key, n, k)
+		if _, err := launch(ctx, dc, daemon.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
+			TimeoutMS: time.Minute.Milliseconds()}); err != nil {
+			if isAdmissionClosed(err) {
+				return ExecResult{}, errAdmissionClosed
+			}
+			if !isCode(err, "launch_exists") {
+				return ExecResult{}, err
+			}
+		}
+		for {
+			rc, err := dc.WaitReceipt(ctx, id, a.cfg.ReceiptWait)
+			if isCode(err, "not_ended") {
+				continue
+			}
+			if err != nil {
+				return ExecResult{}, err
+			}
+			if rc.Outcome != sandboxd.OutcomeFinished {
+				return ExecResult{}, fmt.Errorf("command %v: %s %s", argv, rc.Outcome, rc.Error)
+			}
+			return ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail}, nil
+		}
+	}
+}
