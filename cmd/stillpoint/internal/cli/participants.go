@@ -1,0 +1,222 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/owner"
+	"github.com/stillpoint/stillpoint/participants/owner/provider"
+)
+
+type agentFlags struct {
+	run         string
+	name        string
+	owner       string
+	modelURL    string
+	harness     string
+	concurrency int
+	noPause     bool
+	timeout     time.Duration
+}
+
+func newAgentCmd(g *globals) *cobra.Command {
+	var f agentFlags
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run an agent: rollouts of the scripted harness in sandboxes an owner lends",
+		Long: `Run the agent (member agent.<name>) of a run: it serves rollout requests on the
+micro endpoint spsvc.<run>.agent.<name>.run, drives each rollout through seed,
+harness, verify and return in a sandbox the owner lends, and takes part in every
+checkpoint: runs park at their bookmark, launches pause in place, a restore
+continues them. The harness is the scripted coding agent (adapter "scripted").`,
+		Example: `  stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000`,
+		Args:    cobra.NoArgs,
+		RunE:    func(cmd *cobra.Command, _ []string) error { return runAgent(cmd.Context(), g, f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.run, "run", env("STILLPOINT_RUN"), "run id (env STILLPOINT_RUN)")
+	fl.StringVar(&f.name, "name", "a1", "agent name: member agent.<name>")
+	fl.StringVar(&f.owner, "owner", "o1", "name of the sandbox owner that lends the sandboxes")
+	fl.StringVar(&f.modelURL, "model-url", env("STILLPOINT_MODEL_URL"), "chat-completions server the harness calls (env STILLPOINT_MODEL_URL)")
+	fl.StringVar(&f.harness, "harness", tasks.HarnessPath, "the harness's path inside the sandbox")
+	fl.IntVar(&f.concurrency, "concurrency", agent.DefaultConcurrency, "rollouts run at once")
+	fl.BoolVar(&f.noPause, "no-pause", false, "never pause launches: stop them at a checkpoint and relaunch after it")
+	fl.DurationVar(&f.timeout, "launch-timeout", 10*time.Minute, "time limit of one launch, paused time not counted")
+	return cmd
+}
+
+func runAgent(ctx context.Context, g *globals, f agentFlags) error {
+	log, err := g.logger()
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err}
+	}
+	if f.modelURL == "" {
+		return &exitError{code: ExitUsage, err: errors.New("--model-url (or STILLPOINT_MODEL_URL) is required")}
+	}
+	bus, js, closeBus, err := openBus(ctx, g, "stillpoint-agent-"+f.name, 1)
+	if err != nil {
+		return err
+	}
+	defer closeBus()
+	a, err := agent.New(agent.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Owner: f.owner, Concurrency: f.concurrency,
+		Adapter: &agent.Scripted{Binary: f.harness, ModelURL: f.modelURL, NoPause: f.noPause, Timeout: f.timeout}, Logger: log})
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err}
+	}
+	log.Info().Str("run", f.run).Str("member", string(a.Name())).Msg("agent serving")
+	fmt.Fprintf(g.stdout, "stillpoint: agent %s of run %s serving\n", a.Name(), f.run)
+	return quiet(a.Run(ctx))
+}
+
+type ownerFlags struct {
+	run           string
+	name          string
+	provider      string
+	stateDir      string
+	sandboxd      string
+	harness       string
+	sandboxNATS   string
+	sandboxCreds  string
+	sandboxMode   string
+	noCheckpoints bool
+	reap          bool
+}
+
+func newOwnerCmd(g *globals) *cobra.Command {
+	var f ownerFlags
+	cmd := &cobra.Command{
+		Use:   "owner",
+		Short: "Run a sandbox owner: sessions, their sandboxes, snapshots and forks",
+		Long: `Run the sandbox owner (member owner.<name>) of a run. It lends a sandbox per
+session on its provider (overlay as root, else dir), with sandboxd as the
+sandbox's first process and the scripted harness copied in; it snapshots every
+live session at a checkpoint's commit, forks them at a restore, and deletes
+snapshots on release. Agents reach it on spsvc.<run>.owner.<name>.
+
+--sandboxd and --harness are host paths of static binaries (CGO_ENABLED=0):
+go build -o bin/ ./cmd/sandboxd ./cmd/scripted-harness`,
+		Example: `  stillpoint owner --run train-7 --name o1 --sandboxd bin/sandboxd --harness bin/scripted-harness`,
+		Args:    cobra.NoArgs,
+		RunE:    func(cmd *cobra.Command, _ []string) error { return runOwner(cmd.Context(), g, f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.run, "run", env("STILLPOINT_RUN"), "run id (env STILLPOINT_RUN)")
+	fl.StringVar(&f.name, "name", "o1", "owner name: member owner.<name>")
+	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
+	fl.StringVar(&f.stateDir, "state-dir", "", "where sandboxes and snapshots live (default: a directory under the system temp dir)")
+	fl.StringVar(&f.sandboxd, "sandboxd", "", "host path of the static sandboxd binary (required)")
+	fl.StringVar(&f.harness, "harness", "", "host path of the static scripted-harness binary (required)")
+	fl.StringVar(&f.sandboxNATS, "sandbox-nats-url", "", "server URL the sandboxes' daemons use (default --nats-url)")
+	fl.StringVar(&f.sandboxCreds, "sandbox-creds", "", "credentials file copied into each sandbox for its daemon")
+	fl.StringVar(&f.sandboxMode, "pause-mode", "", "sandboxd pause mode: freeze, stop or hold (default: the best the host allows)")
+	fl.BoolVar(&f.noCheckpoints, "no-checkpoints", false, "lend sandboxes but take no part in checkpoints (restart_only)")
+	fl.BoolVar(&f.reap, "reap", false, "stop the sandboxes an earlier owner process left in --state-dir, print their ids, and exit")
+	return cmd
+}
+
+func openProvider(kind, stateDir string) (provider.Provider, error) {
+	switch kind {
+	case "auto":
+		return provider.Default(stateDir)
+	case "overlay":
+		return provider.NewOverlay(provider.OverlayConfig{StateDir: stateDir})
+	case "dir":
+		return provider.NewDir(stateDir)
+	}
+	return nil, fmt.Errorf("--provider %q: want auto, overlay or dir", kind)
+}
+
+func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
+	log, err := g.logger()
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err}
+	}
+	if !f.reap && (f.sandboxd == "" || f.harness == "") {
+		return &exitError{code: ExitUsage, err: errors.New("--sandboxd and --harness are required (static binaries: CGO_ENABLED=0 go build ./cmd/sandboxd ./cmd/scripted-harness)")}
+	}
+	for _, p := range []*string{&f.sandboxd, &f.harness} {
+		if f.reap {
+			break
+		}
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return &exitError{code: ExitUsage, err: err}
+		}
+		if _, err := os.Stat(abs); err != nil {
+			return &exitError{code: ExitUsage, err: err}
+		}
+		*p = abs
+	}
+	if f.stateDir == "" {
+		f.stateDir = filepath.Join(os.TempDir(), "stillpoint-owner-"+f.run+"-"+f.name)
+	}
+	if f.stateDir, err = filepath.Abs(f.stateDir); err != nil {
+		return &exitError{code: ExitUsage, err: err}
+	}
+	prov, err := openProvider(f.provider, filepath.Join(f.stateDir, "provider"))
+	if err != nil {
+		return err
+	}
+	// A sandbox on disk at start is one a crashed owner process left: its
+	// sessions live on only in checkpoints (a restore forks them), so it
+	// is stopped, as the machine's crash would have.
+	for _, id := range prov.Sandboxes() {
+		if err := prov.Stop(ctx, id); err != nil {
+			return fmt.Errorf("stop sandbox %s left by an earlier owner: %w", id, err)
+		}
+		log.Warn().Str("sandbox", id).Msg("stopped a sandbox left by an earlier owner process")
+		if f.reap {
+			fmt.Fprintln(g.stdout, id)
+		}
+	}
+	if f.reap {
+		return nil
+	}
+	natsURL := f.sandboxNATS
+	if natsURL == "" {
+		natsURL = g.conn.URL
+	}
+	var args []string
+	if f.sandboxMode != "" {
+		args = append(args, "--mode", f.sandboxMode)
+	}
+	sc := tasks.SpecConfig{Harness: f.harness, Sandboxd: owner.SandboxdConfig{Binary: f.sandboxd, NATSURL: natsURL, Run: f.run,
+		CredsFile: f.sandboxCreds, Args: args}}
+	bus, js, closeBus, err := openBus(ctx, g, "stillpoint-owner-"+f.name, 1)
+	if err != nil {
+		return err
+	}
+	defer closeBus()
+	o, err := owner.New(owner.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Provider: prov, Checkpointing: !f.noCheckpoints,
+		LendsSandboxes: true, StateDir: filepath.Join(f.stateDir, "owner"), ForkSpec: tasks.ForkSpec(sc), Logger: log})
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err}
+	}
+	desc := prov.Name()
+	if r, ok := prov.(interface{ Reason() string }); ok && r.Reason() != "" {
+		desc += ": " + r.Reason()
+	}
+	log.Info().Str("run", f.run).Str("provider", desc).Msg("owner serving")
+	fmt.Fprintf(g.stdout, "stillpoint: owner %s of run %s serving (%s)\n", f.name, f.run, desc)
+	grp, gctx := errgroup.WithContext(ctx)
+	grp.Go(func() error { return o.Run(gctx) })
+	grp.Go(func() error { return o.Serve(gctx, connOf(js), tasks.Spec(sc), tasks.Grade) })
+	return quiet(grp.Wait())
+}
+
+// quiet turns the end a signal asked for into a clean exit.
+func quiet(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
