@@ -139,3 +139,63 @@ func TestRunEndpointRefusesBadRequests(t *testing.T) {
 		t.Fatalf("attempt 1 of a rollout restored as attempt 3: %v, want ErrStaleAttempt", err)
 	}
 }
+
+// A rollout whose owner cannot capture its session is a restart: a prepare
+// reports it as one (never a blocker), a commit does not export it, and
+// when it is cancelled the cleanup rule closes its session.
+func TestRestartOnlyRolloutIsNeverParked(t *testing.T) {
+	w := newWorldOn(t, true)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.agent.Rollout(rctx, Request{RolloutID: "r1", Task: task})
+		done <- err
+	}()
+	// The dir sandbox runs no daemon: the launch waits for one, and the run
+	// stays in its harness stage.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w.agent.mu.Lock()
+		r := w.agent.runs["r1"]
+		restart := r != nil && r.bm.Restart
+		w.agent.mu.Unlock()
+		if restart {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the rollout was never marked a restart")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cp := member.Checkpoint{Run: testRun, ID: "c1", Seq: 1, Deadline: time.Now().Add(10 * time.Second)}
+	rep, err := w.agent.Prepare(ctx, cp)
+	if err != nil || !rep.Ready || len(rep.Blockers) != 0 || len(rep.Restarts) != 1 || rep.Restarts[0] != "r1" {
+		t.Fatalf("prepare: %+v %v, want ready with restart r1", rep, err)
+	}
+	recs, err := w.agent.Export(ctx, events.Commit{PhaseHeader: events.PhaseHeader{CheckpointID: "c1"}})
+	if err != nil || len(recs) != 0 {
+		t.Fatalf("export: %v %v, want no records", recs, err)
+	}
+	if err := w.agent.Resume(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := w.owner.Session("r1"); !ok {
+		t.Fatal("the session is gone before the rollout ended")
+	}
+	stop()
+	if err := <-done; err == nil {
+		t.Fatal("a cancelled rollout returned a result")
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		if _, ok := w.owner.Session("r1"); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the cancelled rollout's session was not closed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -49,12 +49,20 @@ type world struct {
 	grades atomic.Int32
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T) *world { return newWorldOn(t, false) }
+
+// newWorldOn builds the world; with restartOnly the owner's provider cannot
+// snapshot, so the owner is restart_only.
+func newWorldOn(t *testing.T, restartOnly bool) *world {
 	t.Helper()
 	w := &world{env: jstest.Start(t)}
 	var err error
 	if w.prov, err = provider.NewDir(t.TempDir()); err != nil {
 		t.Fatal(err)
+	}
+	var prov provider.Provider = w.prov
+	if restartOnly {
+		prov = provider.NewNoSnapshot(w.prov)
 	}
 	t.Cleanup(func() {
 		for _, id := range w.prov.Sandboxes() {
@@ -63,7 +71,7 @@ func newWorld(t *testing.T) *world {
 			}
 		}
 	})
-	w.owner, err = owner.New(owner.Config{Run: testRun, Name: "o1", JS: w.env.JS, Bus: w.env.Bus, Provider: w.prov,
+	w.owner, err = owner.New(owner.Config{Run: testRun, Name: "o1", JS: w.env.JS, Bus: w.env.Bus, Provider: prov,
 		Checkpointing: true, LendsSandboxes: true, StateDir: t.TempDir(), Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
