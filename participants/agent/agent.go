@@ -171,6 +171,8 @@ type Agent struct {
 	stopping  bool
 	runs      map[string]*run     // by rollout id
 	installed map[string]Bookmark // by rollout id, restored and not yet asked for
+	finished  map[string]*run     // by rollout id: the last ended runs, for a request asked again
+	order     []*run              // finished, oldest first
 	daemons   map[string]*daemon.Client
 	wg        sync.WaitGroup
 }
@@ -203,7 +205,8 @@ func newAgent(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, name: name, nc: nc, owner: oc, acks: newAckBook(cfg.Run, cfg.Bus.Stream),
 		log:   cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger(),
 		slots: make(chan struct{}, cfg.Concurrency), reopen: make(chan struct{}),
-		runs: map[string]*run{}, installed: map[string]Bookmark{}, daemons: map[string]*daemon.Client{}}
+		runs: map[string]*run{}, installed: map[string]Bookmark{}, finished: map[string]*run{},
+		daemons: map[string]*daemon.Client{}}
 	return a, nil
 }
 
@@ -310,6 +313,16 @@ func (a *Agent) start(req Request) (*run, error) {
 		}
 		return nil, fmt.Errorf("%w: %s asked, %s runs", ErrBusy, ep, r.ep)
 	}
+	if r, ok := a.finished[req.RolloutID]; ok {
+		switch {
+		case r.ep == ep:
+			// Asked again (a controller that restarted): the same answer,
+			// never a second run of the attempt.
+			return r, nil
+		case r.ep.Attempt > ep.Attempt:
+			return nil, fmt.Errorf("%w: %s asked, %s already ran", member.ErrStaleAttempt, ep, r.ep)
+		}
+	}
 	bm := Bookmark{V: BookmarkVersion, Next: StageSeed, Rollout: req.RolloutID, Attempt: req.Attempt, Task: req.Task}
 	restored := false
 	if ib, ok := a.installed[req.RolloutID]; ok {
@@ -403,6 +416,9 @@ func (a *Agent) drive(r *run) {
 	if a.runs[r.ep.Rollout] == r {
 		delete(a.runs, r.ep.Rollout)
 	}
+	if !errors.Is(err, errShutdown) {
+		a.remember(r)
+	}
 	a.mu.Unlock()
 	close(r.done)
 	a.member.Notify()
@@ -411,6 +427,24 @@ func (a *Agent) drive(r *run) {
 		ev = r.log.Warn().Err(err)
 	}
 	ev.Int("launches", len(res.Launches)).Msg("rollout ended")
+}
+
+// MaxFinished is how many ended rollouts an agent remembers, so that a
+// request asked again (by a controller that restarted) gets the same
+// answer instead of a second run.
+const MaxFinished = 8192
+
+// remember keeps r's outcome; the caller holds a.mu.
+func (a *Agent) remember(r *run) {
+	a.finished[r.ep.Rollout] = r
+	a.order = append(a.order, r)
+	for len(a.order) > MaxFinished {
+		old := a.order[0]
+		if a.finished[old.ep.Rollout] == old {
+			delete(a.finished, old.ep.Rollout)
+		}
+		a.order = a.order[1:]
+	}
 }
 
 func (a *Agent) queue(r *run) (Result, error) {
@@ -442,6 +476,9 @@ func (a *Agent) stages(r *run) (Result, error) {
 		case StageReturn:
 			res := *bm.Result
 			res.Launches = bm.Launches
+			a.mu.Lock()
+			res.Restored = res.Restored || r.restored
+			a.mu.Unlock()
 			return res, nil
 		default:
 			err = bm.Validate()

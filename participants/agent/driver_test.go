@@ -199,3 +199,28 @@ func TestRestartOnlyRolloutIsNeverParked(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A request asked again after its rollout ended gets the same answer; no
+// second run of the attempt starts.
+func TestRequestAskedAgainGetsTheSameAnswer(t *testing.T) {
+	w := newWorld(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	stored := &Result{RolloutID: "r1", Attempt: 1, Episode: "r1-a1", Adapter: "scripted", Verdict: json.RawMessage(`{"reward":1}`)}
+	bm := Bookmark{V: 1, Next: StageReturn, Rollout: "r1", Task: task, Result: stored}
+	if _, err := w.agent.Install(ctx, events.Restore{}, []events.Record{record(t, "r1", bm)}); err != nil {
+		t.Fatal(err)
+	}
+	c, _ := NewClient(w.env.Conn, testRun, "a1")
+	first, err := c.Rollout(ctx, Request{RolloutID: "r1", Attempt: 1, Task: task})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.Rollout(ctx, Request{RolloutID: "r1", Attempt: 1, Task: task})
+	if err != nil || string(again.Verdict) != string(first.Verdict) || !again.Restored {
+		t.Fatalf("asked again: %+v %v, want the first answer %+v", again, err, first)
+	}
+	if _, err := c.Rollout(ctx, Request{RolloutID: "r1", Attempt: 0, Task: task}); err == nil {
+		t.Fatal("an earlier attempt of a finished rollout ran")
+	}
+}

@@ -204,6 +204,11 @@ func (a *Agent) Retire(ctx context.Context, eps []events.Episode) error {
 			delete(a.installed, id)
 		}
 	}
+	for id, r := range a.finished {
+		if m, ok := mark[id]; ok && r.ep.Attempt <= m {
+			delete(a.finished, id)
+		}
+	}
 	a.mu.Unlock()
 	for _, r := range waits {
 		select {
