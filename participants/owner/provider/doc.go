@@ -47,7 +47,7 @@
 // inside). Per sandbox:
 //
 //	<state>/sandboxes/<id>/{upper,work,merged}   overlay: lowerdir=<base>, upperdir, workdir
-//	<cgroup v2>/stillpoint-sandboxes/<id>         its cgroup (CgroupParent)
+//	<cgroup v2>/stillpoint-sandboxes/<h>/<id>     its cgroup (CgroupParent; h names StateDir)
 //
 // The overlay is mounted with index=off,redirect_dir=off,metacopy=off, so
 // that an upper directory holds complete files and plain whiteouts and

@@ -5,6 +5,8 @@ package provider
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -58,7 +60,9 @@ type OverlayConfig struct {
 	// (without the file systems mounted on it).
 	BaseDir string
 	// CgroupParent is the cgroup v2 directory under which each sandbox
-	// gets <CgroupParent>/<id>. Default <cgroup v2 mount>/stillpoint-sandboxes.
+	// gets <CgroupParent>/<id>. Default <cgroup v2 mount>/stillpoint-sandboxes/<h>,
+	// h naming StateDir (8 hex digits of its sha256), so that owners with
+	// different state directories never share a cgroup name.
 	CgroupParent string
 	// FreezeTimeout: default DefaultFreezeTimeout.
 	FreezeTimeout time.Duration
@@ -73,7 +77,10 @@ func (c *OverlayConfig) setDefaults(cgMount string) {
 		c.BaseDir = "/"
 	}
 	if c.CgroupParent == "" {
-		c.CgroupParent = filepath.Join(cgMount, DefaultCgroupParentName)
+		// One parent per state directory: two owners on a host (two runs,
+		// two tests) may use the same sandbox ids.
+		sum := sha256.Sum256([]byte(filepath.Clean(c.StateDir)))
+		c.CgroupParent = filepath.Join(cgMount, DefaultCgroupParentName, hex.EncodeToString(sum[:4]))
 	}
 	if c.FreezeTimeout == 0 {
 		c.FreezeTimeout = DefaultFreezeTimeout
@@ -123,6 +130,10 @@ type Overlay struct {
 	snaps   *snapStore
 	reason  string
 
+	// defaultParent tells a CgroupParent the provider chose, which it
+	// removes once empty.
+	defaultParent bool
+
 	mu    sync.Mutex
 	boxes map[string]*overlayBox
 }
@@ -157,6 +168,7 @@ func NewOverlay(cfg OverlayConfig) (*Overlay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errors.ErrUnsupported, err)
 	}
+	defaultParent := cfg.CgroupParent == ""
 	cfg.setDefaults(cgMount)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -184,6 +196,8 @@ func NewOverlay(cfg OverlayConfig) (*Overlay, error) {
 		snaps:   snaps,
 		reason:  "constructed directly",
 		boxes:   make(map[string]*overlayBox),
+
+		defaultParent: defaultParent,
 	}, nil
 }
 
@@ -470,6 +484,12 @@ func (o *Overlay) Stop(ctx context.Context, id string) error {
 		return err
 	}
 	o.forget(id, box)
+	o.mu.Lock()
+	empty := len(o.boxes) == 0
+	o.mu.Unlock()
+	if empty && o.defaultParent {
+		_ = os.Remove(o.cfg.CgroupParent) // best effort: fails while a sandbox is left on disk
+	}
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -110,7 +111,7 @@ NATS_CREDS, NATS_NKEY, NATS_TOKEN.`,
 	pf.StringVar(&g.logFormat, "log-format", envOr("STILLPOINT_LOG_FORMAT", "auto"), "log format: auto (pretty on a terminal, JSON otherwise), json, pretty")
 	root.AddCommand(newServerCmd(g), newVersionCmd(g), newBridgeCmd(g),
 		newCheckpointCmd(g), newCommitHeldCmd(g), newRestoreCmd(g), newRetireCmd(g), newForgetCmd(g), newReleaseCmd(g), newStatusCmd(g), newTimelineCmd(g),
-		newAgentCmd(g), newOwnerCmd(g))
+		newAgentCmd(g), newOwnerCmd(g), newCollectCmd(g))
 	return root
 }
 
@@ -146,6 +147,11 @@ func (g *globals) logger() (zerolog.Logger, error) {
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
 }
 
+// termHandler, when set, takes SIGTERM instead of the context's cancel: a
+// command that stops gracefully in its own way (collect checkpoints with
+// stop) sets it. SIGINT still cancels.
+var termHandler atomic.Pointer[func()]
+
 // signalContext returns a context that the first SIGINT or SIGTERM cancels;
 // a second one exits at once.
 func signalContext(stderr io.Writer) (context.Context, func()) {
@@ -154,11 +160,18 @@ func signalContext(stderr io.Writer) (context.Context, func()) {
 	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() {
-		select {
-		case <-ch:
-			cancel()
-		case <-done:
-			return
+		for {
+			select {
+			case sig := <-ch:
+				if h := termHandler.Load(); h != nil && sig == syscall.SIGTERM {
+					(*h)() // the command stops in its own way
+					continue
+				}
+				cancel()
+			case <-done:
+				return
+			}
+			break
 		}
 		select {
 		case <-ch:

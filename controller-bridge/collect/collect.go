@@ -1,0 +1,374 @@
+package collect
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/client"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/agent"
+)
+
+// ErrStopped is returned by Run after Stop: a checkpoint with stop
+// committed, and the collection can be continued by running it again.
+var ErrStopped = errors.New("collect: stopped after a committed checkpoint")
+
+// ExitStopped is the exit status of a collection stopped by a checkpoint
+// (EX_TEMPFAIL: run it again to continue).
+const ExitStopped = 75
+
+// Controller is the bridge as the collector drives it: *bridge.Bridge in
+// process or *client.Client over HTTP.
+type Controller interface {
+	Checkpoint(ctx context.Context, req bridge.CheckpointRequest) (*bridge.CheckpointResult, error)
+	Restore(ctx context.Context, req bridge.RestoreRequest) (*bridge.RestoreResult, error)
+	Retire(ctx context.Context, episodes []string) (*bridge.OpResult, error)
+	Release(ctx context.Context, req bridge.ReleaseRequest) (*bridge.OpResult, error)
+	Status(ctx context.Context) (*bridge.Status, error)
+}
+
+var (
+	_ Controller = (*bridge.Bridge)(nil)
+	_ Controller = (*client.Client)(nil)
+)
+
+// Task is one line of the tasks file.
+type Task struct {
+	RolloutID string          `json:"rollout_id"`
+	Task      json.RawMessage `json:"task"`
+}
+
+// ReadTasks reads a tasks JSONL file, checking every line; a duplicate
+// rollout id is an error.
+func ReadTasks(path string) ([]Task, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []Task
+	seen := map[string]int{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Bytes()
+		if len(trimSpace(line)) == 0 {
+			continue
+		}
+		var t Task
+		if err := json.Unmarshal(line, &t); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+		}
+		if err := events.ValidateRollout("rollout_id", t.RolloutID); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", path, n, err)
+		}
+		if len(t.Task) == 0 {
+			return nil, fmt.Errorf("%s:%d: no task", path, n)
+		}
+		if prev, ok := seen[t.RolloutID]; ok {
+			return nil, fmt.Errorf("%s:%d: rollout %s already on line %d", path, n, t.RolloutID, prev)
+		}
+		seen[t.RolloutID] = n
+		out = append(out, t)
+	}
+	return out, sc.Err()
+}
+
+func trimSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t' || b[0] == '\r') {
+		b = b[1:]
+	}
+	return b
+}
+
+// Config configures a Collector.
+type Config struct {
+	// Run is the run id. Required.
+	Run string
+	// Tasks are the rollouts to collect. Required.
+	Tasks []Task
+	// Output is the results file (JSONL, one line per rollout). Required.
+	Output string
+	// DispatchLog is the dispatch log (default Output + ".dispatch").
+	DispatchLog string
+	// Agents are the names of the run's agents. Required.
+	Agents []string
+	// Conn reaches the agents; JS and Bus read the fleet's state.
+	// Required.
+	Conn *nats.Conn
+	JS   natsjs.JetStream
+	Bus  *jetstream.Bus
+	// Controller is the bridge. Required.
+	Controller Controller
+	// Concurrency bounds the rollouts in flight (default 64).
+	Concurrency int
+	// CheckpointEvery takes a checkpoint this often (0: only on request).
+	CheckpointEvery time.Duration
+	// Keep is how many committed checkpoints to keep (the rest are
+	// released after each commit). At the end, Keep 0 releases everything.
+	Keep int
+	// RecoverGrace is how long a collector that saw the fleet restart waits
+	// for every agent and owner to come back (default 60 s).
+	RecoverGrace time.Duration
+	// OnCommit, when set, is called after each committed checkpoint, before
+	// older ones are released (the demo verifies every member manifest).
+	OnCommit func(ctx context.Context, res *bridge.CheckpointResult)
+	// Logger receives structured logs.
+	Logger zerolog.Logger
+	// Progress, when set, receives a live status line (a terminal).
+	Progress io.Writer
+}
+
+// Result is one line of the output file.
+type Result struct {
+	RolloutID string        `json:"rollout_id"`
+	Attempt   int           `json:"attempt"`
+	Episode   string        `json:"episode"`
+	Agent     string        `json:"agent"`
+	OK        bool          `json:"ok"`
+	Error     string        `json:"error,omitempty"`
+	Result    *agent.Result `json:"result,omitempty"`
+	Time      time.Time     `json:"time"`
+}
+
+// dispatchEntry is one line of the dispatch log.
+type dispatchEntry struct {
+	RolloutID string `json:"rollout_id"`
+	Attempt   int    `json:"attempt"`
+	Agent     string `json:"agent"`
+	// Instance is the agent process's instance when it was sent: a
+	// recovery asks that process again, or knows it is gone.
+	Instance string    `json:"instance,omitempty"`
+	Time     time.Time `json:"time"`
+}
+
+// CheckpointStat is one checkpoint the collector asked for.
+type CheckpointStat struct {
+	ID        string `json:"checkpoint_id"`
+	Status    string `json:"status"`
+	Stop      bool   `json:"stop,omitempty"`
+	PrepareMS int64  `json:"prepare_ms"`
+	CommitMS  int64  `json:"commit_ms"`
+	Continued int    `json:"continued"`
+	Reason    string `json:"reason,omitempty"`
+	// Began is when the collector asked for it.
+	Began time.Time `json:"began"`
+}
+
+// Summary is what a collection did.
+type Summary struct {
+	Rollouts int `json:"rollouts"`
+	// Results counts the output's lines (this run and earlier ones);
+	// Failed those with an error.
+	Results int `json:"results"`
+	Failed  int `json:"failed"`
+	// ContinuedInPlace counts results with a launch a checkpoint paused and
+	// that went on; Relaunched those with a launch that continued a saved
+	// session (after a stop or a crash); Restored those continued from a
+	// restored checkpoint.
+	ContinuedInPlace int              `json:"continued_in_place"`
+	Relaunched       int              `json:"relaunched"`
+	Restored         int              `json:"restored"`
+	Checkpoints      []CheckpointStat `json:"checkpoints"`
+	Restores         []string         `json:"restores"`
+	Recoveries       int              `json:"recoveries"`
+	Retired          int              `json:"retired"`
+	Elapsed          time.Duration    `json:"elapsed_ns"`
+}
+
+// Committed returns the committed checkpoints.
+func (s *Summary) Committed() []CheckpointStat {
+	var out []CheckpointStat
+	for _, c := range s.Checkpoints {
+		if c.Status == bridge.StatusCommitted {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Collector runs one collection.
+type Collector struct {
+	cfg   Config
+	log   zerolog.Logger
+	byID  map[string]Task
+	start time.Time
+
+	mu         sync.Mutex
+	out        *os.File
+	dlog       *os.File
+	done       map[string]Result // by rollout id
+	attempt    map[string]int    // the attempt to send next (or in flight)
+	route      map[string]string // rollout -> agent name, from a restored checkpoint
+	sentTo     map[string]dispatchEntry // rollout -> its last dispatch
+	instances  map[string]string        // member -> its live instance
+	inflight   map[string]context.CancelFunc
+	queue      []string
+	sum        Summary
+	ckptOpen   bool
+	lastEvent  string
+	stopping   bool
+	recovering bool
+	// pendingRetire are attempts to retire before more dispatches.
+	pendingRetire []string
+
+	ckptNow chan struct{}
+	stopNow chan struct{}
+	stopped bool
+	changed chan struct{} // a rollout ended
+	fleet   chan string   // a member restarted: the reason
+}
+
+// New checks cfg and returns a collector ready to Run.
+func New(cfg Config) (*Collector, error) {
+	var errs []error
+	if err := events.ValidateRun(cfg.Run); err != nil {
+		errs = append(errs, fmt.Errorf("collect: Run: %w", err))
+	}
+	if len(cfg.Tasks) == 0 {
+		errs = append(errs, errors.New("collect: no tasks"))
+	}
+	if cfg.Output == "" {
+		errs = append(errs, errors.New("collect: Output is required"))
+	}
+	if len(cfg.Agents) == 0 {
+		errs = append(errs, errors.New("collect: Agents is required"))
+	}
+	for _, a := range cfg.Agents {
+		if err := events.ValidateToken("agent", a); err != nil {
+			errs = append(errs, fmt.Errorf("collect: Agents: %w", err))
+		}
+	}
+	if cfg.Conn == nil || cfg.JS == nil || cfg.Bus == nil || cfg.Controller == nil {
+		errs = append(errs, errors.New("collect: Conn, JS, Bus and Controller are required"))
+	}
+	if cfg.Keep < 0 || cfg.Concurrency < 0 {
+		errs = append(errs, errors.New("collect: Keep and Concurrency must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if cfg.DispatchLog == "" {
+		cfg.DispatchLog = cfg.Output + ".dispatch"
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 64
+	}
+	if cfg.RecoverGrace == 0 {
+		cfg.RecoverGrace = 60 * time.Second
+	}
+	c := &Collector{cfg: cfg, log: cfg.Logger.With().Str("run", cfg.Run).Str("component", "collect").Logger(),
+		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{},
+		sentTo: map[string]dispatchEntry{}, instances: map[string]string{},
+		inflight: map[string]context.CancelFunc{}, ckptNow: make(chan struct{}, 1), stopNow: make(chan struct{}),
+		changed: make(chan struct{}, 1), fleet: make(chan string, 1)}
+	for _, t := range cfg.Tasks {
+		if _, dup := c.byID[t.RolloutID]; dup {
+			return nil, fmt.Errorf("collect: rollout %s twice in the tasks", t.RolloutID)
+		}
+		c.byID[t.RolloutID] = t
+	}
+	return c, nil
+}
+
+// CheckpointNow asks for a checkpoint as soon as none is open.
+func (c *Collector) CheckpointNow() {
+	select {
+	case c.ckptNow <- struct{}{}:
+	default:
+	}
+}
+
+// Stop asks for a checkpoint with stop; Run then returns ErrStopped once
+// it committed.
+func (c *Collector) Stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.stopped {
+		c.stopped = true
+		close(c.stopNow)
+	}
+}
+
+// Summary returns what the collection did so far.
+func (c *Collector) Summary() Summary {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sum
+	s.Checkpoints = slices.Clone(s.Checkpoints)
+	s.Restores = slices.Clone(s.Restores)
+	s.Rollouts = len(c.cfg.Tasks)
+	s.Results, s.Failed, s.ContinuedInPlace, s.Relaunched, s.Restored = 0, 0, 0, 0, 0
+	for _, r := range c.done {
+		s.Results++
+		if !r.OK {
+			s.Failed++
+			continue
+		}
+		inPlace, relaunched := false, false
+		for _, l := range r.Result.Launches {
+			inPlace = inPlace || (l.Pauses > 0 && l.Ended == agent.LaunchFinished)
+			relaunched = relaunched || l.Continued
+		}
+		if inPlace {
+			s.ContinuedInPlace++
+		}
+		if relaunched {
+			s.Relaunched++
+		}
+		if r.Result.Restored {
+			s.Restored++
+		}
+	}
+	if !c.start.IsZero() {
+		s.Elapsed = time.Since(c.start)
+	}
+	return s
+}
+
+// Results returns the results written so far, by rollout id.
+func (c *Collector) Results() map[string]Result {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]Result, len(c.done))
+	for k, v := range c.done {
+		out[k] = v
+	}
+	return out
+}
+
+// agentOf returns the agent a rollout goes to: the one that holds it in
+// the restored checkpoint, else one chosen by hash.
+func (c *Collector) agentOf(id string) string {
+	if a, ok := c.route[id]; ok {
+		return a
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return c.cfg.Agents[int(h.Sum32())%len(c.cfg.Agents)]
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,24 @@
+// Package collect is a rollout collection that survives any crash: the
+// controller's part that a training loop plays in production, and what
+// `stillpoint collect` and `stillpoint demo` run.
+//
+// A Collector reads tasks (rollout id + task payload), dispatches them as
+// rollouts to the run's agents over the bus with bounded concurrency, and
+// writes every result exactly once to an output JSONL file. Before each
+// dispatch it appends (rollout, attempt) to a dispatch log and syncs it, so
+// that a collector started again knows everything that may be running.
+//
+// It checkpoints through the controller bridge on a timer, on request
+// (CheckpointNow, SIGUSR1 in the CLI) and once with stop (Stop, SIGTERM),
+// and after each commit releases all but the newest Keep checkpoints.
+//
+// Started again with the same run (or when it sees the agents and the
+// owner restarted under it), it recovers: if the fleet is fresh it restores
+// LATEST, sends every continued rollout as its restored attempt (the agent
+// continues it from its bookmark), retires the restored attempts of
+// rollouts already in the output, and retires every other dispatched but
+// unfinished attempt and sends it again one attempt later; if the fleet is
+// still the one it left (only the collector died), it asks again for the
+// same attempts, and the agents answer from the run in flight or the result
+// they kept.
+package collect

@@ -1,0 +1,128 @@
+package collect
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"sync"
+	"text/tabwriter"
+	"time"
+)
+
+// Counts are the collection's live tallies.
+type Counts struct {
+	Done, Running, Paused, Queued, Failed, Total int
+}
+
+// Counts returns the live tallies.
+func (c *Collector) Counts() Counts {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := Counts{Done: len(c.done), Running: len(c.inflight), Queued: len(c.queue), Total: len(c.byID)}
+	for _, r := range c.done {
+		if !r.OK {
+			n.Failed++
+		}
+	}
+	if c.ckptOpen {
+		n.Paused, n.Running = n.Running, 0
+	}
+	return n
+}
+
+// progress redraws a status line on cfg.Progress (a terminal) until the
+// returned stop is called.
+func (c *Collector) progress(ctx context.Context) (stop func()) {
+	if c.cfg.Progress == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			c.drawLine()
+			select {
+			case <-ctx.Done():
+				c.drawLine()
+				fmt.Fprintln(c.cfg.Progress)
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { cancel(); <-done }) }
+}
+
+func (c *Collector) drawLine() {
+	n := c.Counts()
+	c.mu.Lock()
+	var committed int
+	var last CheckpointStat
+	for _, s := range c.sum.Checkpoints {
+		if s.Status == "committed" {
+			committed++
+			last = s
+		}
+	}
+	open, event := c.ckptOpen, c.lastEvent
+	c.mu.Unlock()
+	line := fmt.Sprintf("%d/%d done  %d running  %d paused  %d queued  %d failed  |  %d checkpoints",
+		n.Done, n.Total, n.Running, n.Paused, n.Queued, n.Failed, committed)
+	if committed > 0 {
+		line += fmt.Sprintf(" (last: prepare %d ms, commit %d ms)", last.PrepareMS, last.CommitMS)
+	}
+	if open {
+		line += "  checkpointing…"
+	}
+	if event != "" {
+		line += "  |  " + event
+	}
+	fmt.Fprintf(c.cfg.Progress, "\r\033[K%s", line)
+}
+
+// WriteSummary writes the summary table of a collection.
+func WriteSummary(w io.Writer, s Summary) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "rollouts\t%d\n", s.Rollouts)
+	fmt.Fprintf(tw, "results\t%d (%d failed)\n", s.Results, s.Failed)
+	fmt.Fprintf(tw, "continued in place\t%d\n", s.ContinuedInPlace)
+	fmt.Fprintf(tw, "relaunched on a saved session\t%d\n", s.Relaunched)
+	fmt.Fprintf(tw, "restored from a checkpoint\t%d\n", s.Restored)
+	fmt.Fprintf(tw, "recoveries\t%d (restores: %v; attempts retired: %d)\n", s.Recoveries, s.Restores, s.Retired)
+	fmt.Fprintf(tw, "elapsed\t%s\n", s.Elapsed.Round(time.Millisecond))
+	_ = tw.Flush()
+	if len(s.Checkpoints) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "checkpoint\tstatus\tprepare ms\tcommit ms\tcontinued\tnote")
+	for _, c := range s.Checkpoints {
+		note := c.Reason
+		if c.Stop {
+			note = "stop " + note
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", c.ID, c.Status, c.PrepareMS, c.CommitMS, c.Continued, note)
+	}
+	_ = tw.Flush()
+	if cs := s.Committed(); len(cs) > 0 {
+		prep := make([]int64, 0, len(cs))
+		commit := make([]int64, 0, len(cs))
+		for _, c := range cs {
+			prep, commit = append(prep, c.PrepareMS), append(commit, c.CommitMS)
+		}
+		fmt.Fprintf(w, "prepare p50 %d ms, max %d ms; commit p50 %d ms, max %d ms\n", p50(prep), slices.Max(prep), p50(commit), slices.Max(commit))
+	}
+}
+
+func p50(v []int64) int64 {
+	s := slices.Clone(v)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}

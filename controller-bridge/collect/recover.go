@@ -1,0 +1,261 @@
+package collect
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// recover brings the collection back after a crash (of the collector, the
+// fleet, or both): see the package doc.
+func (c *Collector) recover(ctx context.Context, why string) error {
+	c.mu.Lock()
+	c.recovering = true
+	c.lastEvent = "recovering: " + why
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.recovering = false
+		c.sum.Recoveries++
+		c.mu.Unlock()
+		c.signal()
+	}()
+	c.log.Warn().Str("why", why).Msg("recovering")
+	// What is in flight belongs to the fleet that was: drop it.
+	c.cancelInflight()
+	c.waitInflight(ctx, 10*time.Second)
+
+	st, latest, err := c.waitFleet(ctx)
+	if err != nil {
+		return err
+	}
+	fresh := true
+	live := map[string]string{}
+	for _, m := range st.Members {
+		if k := m.Member.Kind(); (k == events.KindAgent || k == events.KindOwner) && m.Served {
+			fresh = false
+		}
+		live[string(m.Member)] = m.Instance
+	}
+	// Rollouts sent to an agent process that still runs are asked again
+	// from it; only those whose agent restarted need the checkpoint.
+	c.mu.Lock()
+	lost := 0
+	for id, e := range c.sentTo {
+		if _, done := c.done[id]; !done && (e.Instance == "" || live["agent."+e.Agent] != e.Instance) {
+			lost++
+		}
+	}
+	c.mu.Unlock()
+	if lost == 0 {
+		c.log.Info().Msg("every agent that holds an unfinished rollout still runs: asking again for the attempts in flight")
+		return c.reattach()
+	}
+	c.log.Warn().Int("lost", lost).Bool("fresh_fleet", fresh).Msg("rollouts whose agent restarted")
+	switch {
+	case fresh && latest != nil:
+		rr, err := c.cfg.Controller.Restore(ctx, bridge.RestoreRequest{})
+		switch {
+		case isNoFreshMember(err):
+			c.log.Warn().Err(err).Msg("the fleet is not fresh: asking again for the attempts in flight")
+			return c.reattach()
+		case err != nil:
+			return fmt.Errorf("collect: restore: %w", err)
+		case rr.Status == bridge.StatusCompleted:
+			return c.continueRestored(ctx, latest, rr)
+		default:
+			c.log.Warn().Strs("retired", rr.Retired).Msg("the restore failed; every unfinished rollout starts over one attempt later")
+			return c.restartUnfinished(ctx, rr.Retired)
+		}
+	case fresh:
+		c.log.Warn().Msg("no committed checkpoint: every unfinished rollout starts over one attempt later")
+		return c.restartUnfinished(ctx, nil)
+	default:
+		return c.reattach()
+	}
+}
+
+// waitFleet waits until every agent is alive and the members that hold
+// records of LATEST are all fresh or all still the ones that served, up to
+// RecoverGrace; it returns the bridge's status and LATEST's manifest.
+func (c *Collector) waitFleet(ctx context.Context) (*bridge.Status, *events.CheckpointManifest, error) {
+	deadline := time.Now().Add(c.cfg.RecoverGrace)
+	for {
+		st, err := c.cfg.Controller.Status(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("collect: bridge status: %w", err)
+		}
+		var latest *events.CheckpointManifest
+		if st.Latest != nil {
+			if latest, err = c.manifest(ctx, st.Latest.CheckpointID); err != nil {
+				return nil, nil, err
+			}
+		}
+		alive := map[events.Member]events.MemberInfo{}
+		for _, m := range st.Members {
+			alive[m.Member] = m
+		}
+		need := map[events.Member]bool{}
+		for _, a := range c.cfg.Agents {
+			need[events.Member("agent."+a)] = true
+		}
+		if latest != nil {
+			for _, mm := range latest.Members {
+				if mm.Member.Kind() != events.KindSandbox {
+					need[mm.Member] = true
+				}
+			}
+		}
+		ok, fresh, served := true, 0, 0
+		for m := range need {
+			info, up := alive[m]
+			switch {
+			case !up:
+				ok = false
+			case info.Served:
+				served++
+			default:
+				fresh++
+			}
+		}
+		if ok && (fresh == 0 || served == 0) {
+			return st, latest, nil
+		}
+		if time.Now().After(deadline) {
+			c.log.Warn().Int("fresh", fresh).Int("served", served).Int("members", len(need)).Msg("the fleet did not settle; going on")
+			return st, latest, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// manifest reads a checkpoint manifest.
+func (c *Collector) manifest(ctx context.Context, id string) (*events.CheckpointManifest, error) {
+	e, err := c.cfg.Bus.Manifests.Get(ctx, events.ManifestKey(c.cfg.Run, id))
+	if err != nil {
+		return nil, fmt.Errorf("collect: manifest of %s: %w", id, err)
+	}
+	var m events.CheckpointManifest
+	if err := json.Unmarshal(e.Value(), &m); err != nil {
+		return nil, fmt.Errorf("collect: manifest of %s: %w", id, err)
+	}
+	return &m, nil
+}
+
+// continueRestored queues each continued rollout as its restored attempt,
+// on the agent that holds it, retires the restored attempts of rollouts
+// already written, and starts every other unfinished rollout over one
+// attempt later.
+func (c *Collector) continueRestored(ctx context.Context, m *events.CheckpointManifest, rr *bridge.RestoreResult) error {
+	restored := map[string]int{}
+	for _, k := range rr.Restored {
+		ep, err := events.ParseEpisode(k)
+		if err != nil {
+			continue
+		}
+		if _, ours := c.byID[ep.Rollout]; ours {
+			restored[ep.Rollout] = max(restored[ep.Rollout], ep.Attempt)
+		}
+	}
+	var retire []string
+	c.mu.Lock()
+	c.sum.Restores = append(c.sum.Restores, m.CheckpointID)
+	c.route = map[string]string{}
+	for _, mm := range m.Members {
+		if mm.Member.Kind() != events.KindAgent {
+			continue
+		}
+		for _, k := range mm.Episodes {
+			if ep, err := events.ParseEpisode(k); err == nil {
+				c.route[ep.Rollout] = mm.Member.Name()
+			}
+		}
+	}
+	c.queue = nil
+	for _, t := range c.cfg.Tasks {
+		id := t.RolloutID
+		a, isRestored := restored[id]
+		_, done := c.done[id]
+		last, dispatched := c.attempt[id]
+		switch {
+		case done && isRestored:
+			retire = append(retire, events.Episode{Rollout: id, Attempt: a}.String())
+		case done:
+		case isRestored:
+			c.attempt[id] = a
+			c.queue = append(c.queue, id)
+		case dispatched:
+			retire = append(retire, events.Episode{Rollout: id, Attempt: last}.String())
+			c.attempt[id] = last + 1
+			c.queue = append(c.queue, id)
+		default:
+			c.queue = append(c.queue, id)
+		}
+	}
+	c.lastEvent = fmt.Sprintf("restored %s: %d continue", m.CheckpointID, len(restored))
+	c.mu.Unlock()
+	c.log.Info().Str("checkpoint", m.CheckpointID).Int("continue", len(restored)).Int("retire", len(retire)).Msg("restored")
+	if len(retire) > 0 {
+		if err := c.retire(ctx, retire); err != nil {
+			return fmt.Errorf("collect: retire after the restore: %w", err)
+		}
+	}
+	return nil
+}
+
+// restartUnfinished retires every dispatched unfinished attempt and queues
+// it one attempt later (above any attempt a failed restore retired).
+func (c *Collector) restartUnfinished(ctx context.Context, retired []string) error {
+	above := map[string]int{}
+	for _, k := range retired {
+		if ep, err := events.ParseEpisode(k); err == nil {
+			above[ep.Rollout] = max(above[ep.Rollout], ep.Attempt)
+		}
+	}
+	var retire []string
+	c.mu.Lock()
+	c.queue = nil
+	for _, t := range c.cfg.Tasks {
+		id := t.RolloutID
+		if _, done := c.done[id]; done {
+			continue
+		}
+		if last, dispatched := c.attempt[id]; dispatched {
+			retire = append(retire, events.Episode{Rollout: id, Attempt: last}.String())
+			c.attempt[id] = max(last, above[id]) + 1
+		}
+		c.queue = append(c.queue, id)
+	}
+	c.mu.Unlock()
+	slices.Sort(retire)
+	if len(retire) > 0 {
+		if err := c.retire(ctx, retire); err != nil {
+			return fmt.Errorf("collect: retire: %w", err)
+		}
+	}
+	return nil
+}
+
+// reattach asks again for every unfinished attempt: the agents answer from
+// the run in flight or from the result they kept.
+func (c *Collector) reattach() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.queue = nil
+	for _, t := range c.cfg.Tasks {
+		if _, done := c.done[t.RolloutID]; !done {
+			c.queue = append(c.queue, t.RolloutID)
+		}
+	}
+	c.lastEvent = "asking again for the attempts in flight"
+	return nil
+}

@@ -1,0 +1,424 @@
+package collect
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/client"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/agent"
+)
+
+// Run collects every task's result, then releases what Keep does not
+// keep. It returns ErrStopped after Stop, and ctx's error when ctx ends
+// (the collection can then be run again).
+func (c *Collector) Run(ctx context.Context) (Summary, error) {
+	c.start = time.Now()
+	prior, err := c.openFiles()
+	if err != nil {
+		return c.Summary(), fmt.Errorf("collect: %w", err)
+	}
+	defer c.out.Close()
+	defer c.dlog.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer c.cancelInflight()
+	if err := c.watchFleet(ctx); err != nil {
+		return c.Summary(), err
+	}
+	for id, e := range prior {
+		if _, ok := c.byID[id]; ok {
+			c.attempt[id] = e.Attempt
+			c.sentTo[id] = e
+		}
+	}
+	c.log.Info().Int("tasks", len(c.cfg.Tasks)).Int("done", len(c.done)).Int("dispatched_before", len(prior)).Msg("collection starting")
+	if len(prior) > 0 {
+		if err := c.recover(ctx, "started again"); err != nil {
+			return c.Summary(), err
+		}
+	} else {
+		c.enqueueRest()
+	}
+	var tick <-chan time.Time
+	if c.cfg.CheckpointEvery > 0 {
+		t := time.NewTicker(c.cfg.CheckpointEvery)
+		defer t.Stop()
+		tick = t.C
+	}
+	stopProgress := c.progress(ctx)
+	defer stopProgress()
+	for {
+		c.flushRetire(ctx)
+		c.dispatch(ctx)
+		if c.finished() {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return c.Summary(), ctx.Err()
+		case <-c.changed:
+		case <-tick:
+			c.checkpoint(ctx, false)
+		case <-c.ckptNow:
+			c.checkpoint(ctx, false)
+		case <-c.stopNow:
+			return c.Summary(), c.stop(ctx)
+		case why := <-c.fleet:
+			if err := c.recover(ctx, why); err != nil {
+				return c.Summary(), err
+			}
+		}
+	}
+	stopProgress()
+	c.finalRelease(ctx)
+	s := c.Summary()
+	c.log.Info().Int("results", s.Results).Int("failed", s.Failed).Int("checkpoints", len(s.Committed())).
+		Dur("elapsed", s.Elapsed).Msg("collection finished")
+	return s, nil
+}
+
+// enqueueRest queues every task without a result and not in flight.
+func (c *Collector) enqueueRest() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	queued := map[string]bool{}
+	for _, id := range c.queue {
+		queued[id] = true
+	}
+	for _, t := range c.cfg.Tasks {
+		id := t.RolloutID
+		if _, done := c.done[id]; done || queued[id] || c.inflight[id] != nil {
+			continue
+		}
+		c.queue = append(c.queue, id)
+	}
+}
+
+// finished tells whether every task has a result.
+func (c *Collector) finished() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.done) >= len(c.byID) && len(c.inflight) == 0
+}
+
+func (c *Collector) signal() {
+	select {
+	case c.changed <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch sends queued rollouts up to the concurrency bound.
+func (c *Collector) dispatch(ctx context.Context) {
+	for {
+		c.mu.Lock()
+		if c.stopping || c.recovering || len(c.queue) == 0 || len(c.inflight) >= c.cfg.Concurrency {
+			c.mu.Unlock()
+			return
+		}
+		id := c.queue[0]
+		c.queue = c.queue[1:]
+		if _, done := c.done[id]; done || c.inflight[id] != nil {
+			c.mu.Unlock()
+			continue
+		}
+		attempt := c.attempt[id]
+		name := c.agentOf(id)
+		// The dispatch log first, synced: a collector started again knows
+		// every attempt that may be running.
+		e := dispatchEntry{RolloutID: id, Attempt: attempt, Agent: name, Instance: c.instances["agent."+name], Time: time.Now().UTC()}
+		if err := appendLine(c.dlog, e); err != nil {
+			c.mu.Unlock()
+			c.log.Error().Err(err).Msg("write the dispatch log; not dispatching")
+			return
+		}
+		c.sentTo[id] = e
+		rctx, cancel := context.WithCancel(ctx)
+		c.inflight[id] = cancel
+		c.mu.Unlock()
+		go c.send(rctx, id, attempt, name)
+	}
+}
+
+// send runs one rollout request and records how it ended.
+func (c *Collector) send(ctx context.Context, id string, attempt int, name string) {
+	cl, err := agent.NewClient(c.cfg.Conn, c.cfg.Run, name)
+	var res agent.Result
+	if err == nil {
+		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+			res, err = cl.Rollout(ctx, agent.Request{RolloutID: id, Attempt: attempt, Task: c.byID[id].Task})
+			if !errors.Is(err, nats.ErrNoResponders) {
+				break
+			}
+			// The agent is not up (yet, or again): wait for it.
+			select {
+			case <-ctx.Done():
+			case <-time.After(wait):
+				continue
+			}
+			break
+		}
+	}
+	c.finish(id, attempt, name, res, err)
+}
+
+// finish records a rollout's end: a result (or a failure) exactly once;
+// anything that leaves it unfinished leaves it to a checkpoint's restore.
+func (c *Collector) finish(id string, attempt int, name string, res agent.Result, err error) {
+	c.mu.Lock()
+	defer c.signal()
+	defer c.mu.Unlock()
+	if cancel := c.inflight[id]; cancel != nil {
+		cancel()
+		delete(c.inflight, id)
+	}
+	if _, dup := c.done[id]; dup {
+		c.log.Warn().Str("rollout", id).Int("attempt", attempt).Msg("a second answer for a rollout already written; dropped")
+		return
+	}
+	ep := events.Episode{Rollout: id, Attempt: attempt}.String()
+	var se *jetstream.ServiceError
+	switch {
+	case err == nil:
+		c.write(Result{RolloutID: id, Attempt: attempt, Episode: ep, Agent: name, OK: true, Result: &res, Time: time.Now().UTC()})
+		c.lastEvent = id + " done"
+		return
+	case errors.As(err, &se) && (se.Code == "rollout_failed" || se.Code == "bad_request" || se.Code == "bad_bookmark"):
+		c.write(Result{RolloutID: id, Attempt: attempt, Episode: ep, Agent: name, Error: se.Error(), Time: time.Now().UTC()})
+		c.lastEvent = id + " failed"
+		return
+	case errors.As(err, &se) && se.Code == "parked" && !c.stopping:
+		// Parked by an earlier stop checkpoint that no restore continued:
+		// its progress is only in that checkpoint; start it over.
+		c.lastEvent = id + " parked; restarting"
+		c.log.Info().Str("episode", ep).Msg("parked by an earlier stop checkpoint; retiring it and starting it over")
+		c.pendingRetire = append(c.pendingRetire, ep)
+		c.attempt[id] = attempt + 1
+		c.queue = append(c.queue, id)
+		return
+	}
+	// Unfinished: the agent stopped or went away, a stop checkpoint parked
+	// it, or a recovery cancelled it. A restore (or a retry one attempt
+	// later) takes it from here.
+	c.log.Debug().Err(err).Str("episode", ep).Msg("rollout unfinished")
+}
+
+// write appends a result; the caller holds c.mu.
+func (c *Collector) write(r Result) {
+	if err := appendLine(c.out, r); err != nil {
+		c.log.Error().Err(err).Str("rollout", r.RolloutID).Msg("write the result")
+		return
+	}
+	c.done[r.RolloutID] = r
+	ev := c.log.Info()
+	if !r.OK {
+		ev = c.log.Warn().Str("error", r.Error)
+	}
+	ev.Str("episode", r.Episode).Str("agent", r.Agent).Int("done", len(c.done)).Int("of", len(c.byID)).Msg("result")
+}
+
+func (c *Collector) cancelInflight() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cancel := range c.inflight {
+		cancel()
+	}
+}
+
+// checkpoint takes one checkpoint and releases what Keep does not keep.
+func (c *Collector) checkpoint(ctx context.Context, stop bool) *bridge.CheckpointResult {
+	c.mu.Lock()
+	c.ckptOpen = true
+	c.mu.Unlock()
+	began := time.Now()
+	res, err := c.cfg.Controller.Checkpoint(ctx, bridge.CheckpointRequest{Stop: stop})
+	st := CheckpointStat{Stop: stop, Began: began}
+	switch {
+	case err != nil:
+		st.Status, st.Reason = bridge.StatusFailed, err.Error()
+	default:
+		st.ID, st.Status, st.PrepareMS, st.CommitMS, st.Continued = res.CheckpointID, res.Status, res.PrepareMS, res.CommitMS, len(res.Continued)
+		if res.Failure != nil {
+			st.Reason = res.Failure.Reason
+		}
+	}
+	c.mu.Lock()
+	c.ckptOpen = false
+	c.sum.Checkpoints = append(c.sum.Checkpoints, st)
+	c.lastEvent = fmt.Sprintf("checkpoint %s %s", st.ID, st.Status)
+	c.mu.Unlock()
+	ev := c.log.Info()
+	if st.Status != bridge.StatusCommitted {
+		ev = c.log.Warn().Str("reason", st.Reason)
+	}
+	ev.Str("checkpoint", st.ID).Str("status", st.Status).Bool("stop", stop).Int64("prepare_ms", st.PrepareMS).
+		Int64("commit_ms", st.CommitMS).Int("continued", st.Continued).Msg("checkpoint")
+	if err != nil || res.Status != bridge.StatusCommitted {
+		return res
+	}
+	if c.cfg.OnCommit != nil {
+		c.cfg.OnCommit(ctx, res)
+	}
+	if !stop {
+		if rel, err := c.cfg.Controller.Release(ctx, bridge.ReleaseRequest{KeepLatest: max(c.cfg.Keep, 1)}); err != nil || rel.Status != bridge.StatusCompleted {
+			c.log.Warn().Err(err).Msg("release of older checkpoints failed; it is tried again after the next one")
+		}
+	}
+	return res
+}
+
+// stop takes a checkpoint with stop and, once it committed, returns
+// ErrStopped; the agents park what it exported.
+func (c *Collector) stop(ctx context.Context) error {
+	c.mu.Lock()
+	c.stopping = true
+	c.mu.Unlock()
+	c.log.Info().Msg("stopping: checkpoint with stop")
+	for try := 1; try <= 3; try++ {
+		res := c.checkpoint(ctx, true)
+		if res != nil && res.Status == bridge.StatusCommitted {
+			c.waitInflight(ctx, 30*time.Second)
+			return ErrStopped
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return errors.New("collect: stop: the checkpoint with stop did not commit in 3 tries; nothing was parked, run again to continue")
+}
+
+// waitInflight waits up to d for the requests in flight to return (after a
+// stop they come back parked), then cancels the rest.
+func (c *Collector) waitInflight(ctx context.Context, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for {
+		c.mu.Lock()
+		n := len(c.inflight)
+		c.mu.Unlock()
+		if n == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			c.cancelInflight()
+			return
+		}
+		select {
+		case <-c.changed:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// finalRelease releases what the end of the collection does not keep.
+func (c *Collector) finalRelease(ctx context.Context) {
+	req := bridge.ReleaseRequest{KeepLatest: c.cfg.Keep}
+	rel, err := c.cfg.Controller.Release(ctx, req)
+	if err != nil || rel.Status != bridge.StatusCompleted {
+		c.log.Warn().Err(err).Msg("final release failed")
+		return
+	}
+	c.log.Info().Int("keep", c.cfg.Keep).Strs("deleted", rel.Deleted).Msg("released")
+}
+
+// watchFleet watches the heartbeats of the run's agents and owners: a
+// member whose process was replaced (a new instance) means the fleet
+// restarted under the collector, and a recovery is due. It returns once
+// the current heartbeats are read.
+func (c *Collector) watchFleet(ctx context.Context) error {
+	w, err := c.cfg.Bus.Members.Watch(ctx, events.MemberKeyFilter(c.cfg.Run))
+	if err != nil {
+		return fmt.Errorf("collect: watch members: %w", err)
+	}
+	loaded := make(chan struct{})
+	go func() {
+		defer func() { _ = w.Stop() }()
+		initial := true
+		for {
+			var e natsjs.KeyValueEntry
+			select {
+			case <-ctx.Done():
+				return
+			case e = <-w.Updates():
+			}
+			if e == nil {
+				if initial {
+					initial = false
+					close(loaded)
+				}
+				continue
+			}
+			if e.Operation() != natsjs.KeyValuePut {
+				continue
+			}
+			var info events.MemberInfo
+			if json.Unmarshal(e.Value(), &info) != nil {
+				continue
+			}
+			k := info.Member.Kind()
+			if k != events.KindAgent && k != events.KindOwner {
+				continue
+			}
+			c.mu.Lock()
+			was, seen := c.instances[string(info.Member)]
+			c.instances[string(info.Member)] = info.Instance
+			c.mu.Unlock()
+			if seen && was != info.Instance && !initial {
+				select {
+				case c.fleet <- string(info.Member) + " restarted":
+				default:
+				}
+			}
+		}
+	}()
+	select {
+	case <-loaded:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// isNoFreshMember tells the restore's refusal for want of a fresh fleet.
+func isNoFreshMember(err error) bool {
+	var ce *client.Error
+	return errors.Is(err, bridge.ErrNoFreshMember) || (errors.As(err, &ce) && ce.Code == "no_fresh_member")
+}
+
+// flushRetire retires the attempts finish queued for it.
+func (c *Collector) flushRetire(ctx context.Context) {
+	c.mu.Lock()
+	eps := c.pendingRetire
+	c.pendingRetire = nil
+	c.mu.Unlock()
+	if len(eps) == 0 {
+		return
+	}
+	if err := c.retire(ctx, eps); err != nil {
+		c.log.Warn().Err(err).Strs("episodes", eps).Msg("retire failed")
+	}
+}
+
+// retire retires episodes on every member.
+func (c *Collector) retire(ctx context.Context, eps []string) error {
+	res, err := c.cfg.Controller.Retire(ctx, eps)
+	if err != nil {
+		return err
+	}
+	if res.Status != bridge.StatusCompleted {
+		reason := "failed"
+		if res.Failure != nil {
+			reason = res.Failure.Reason
+		}
+		return fmt.Errorf("retire of %d attempts: %s", len(eps), reason)
+	}
+	c.mu.Lock()
+	c.sum.Retired += len(eps)
+	c.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,232 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+)
+
+const bridgeToken = "e2e-token"
+
+// collector runs `stillpoint collect` against the fleet, with the bridge's
+// API served from the test.
+type collector struct {
+	f       *fleet
+	url     string
+	tasks   string
+	output  string
+	log     *syncBuffer
+	cmd     *exec.Cmd
+	done    chan struct{}
+	exit    int
+	runs    int
+	extraKV []string
+}
+
+func (f *fleet) collector(t *testing.T) *collector {
+	t.Helper()
+	srv := httptest.NewServer(f.br.Handler(bridgeToken))
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	c := &collector{f: f, url: srv.URL, tasks: filepath.Join(dir, "tasks.jsonl"), output: filepath.Join(dir, "results.jsonl"), log: &syncBuffer{}}
+	fh, err := os.Create(c.tasks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range f.tasks {
+		b, _ := json.Marshal(tk)
+		fmt.Fprintln(fh, string(b))
+	}
+	if err := fh.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.logs["collect"] = c.log
+	f.mu.Unlock()
+	return c
+}
+
+// start runs the collector once more.
+func (c *collector) start(args ...string) {
+	c.runs++
+	fmt.Fprintf(c.log, "=== collect run %d\n", c.runs)
+	agents := ""
+	for i, a := range c.f.agents {
+		if i > 0 {
+			agents += ","
+		}
+		agents += a
+	}
+	c.cmd = exec.Command(c.f.bins.stillpoint, append([]string{"--nats-url", c.f.env.URL, "--log-format", "json", "collect", "--run", c.f.run,
+		"--tasks", c.tasks, "--output", c.output, "--agents", agents, "--bridge-url", c.url}, args...)...)
+	c.cmd.Env = append(os.Environ(), "STILLPOINT_BRIDGE_TOKEN="+bridgeToken)
+	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := c.cmd.Start(); err != nil {
+		c.f.t.Fatal(err)
+	}
+	c.done = make(chan struct{})
+	go func() {
+		err := c.cmd.Wait()
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+			c.exit = 0
+		case errors.As(err, &ee):
+			c.exit = ee.ExitCode()
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				c.exit = -int(ws.Signal())
+			}
+		default:
+			c.exit = -1000
+		}
+		close(c.done)
+	}()
+}
+
+func (c *collector) wait(d time.Duration) int {
+	c.f.t.Helper()
+	select {
+	case <-c.done:
+		return c.exit
+	case <-time.After(d):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+		c.f.t.Fatalf("collect did not finish in %s", d)
+		return 0
+	}
+}
+
+// results reads the output and checks that every rollout has exactly one
+// line, each with a full grade.
+func (c *collector) results() map[string]collect.Result {
+	c.f.t.Helper()
+	fh, err := os.Open(c.output)
+	if err != nil {
+		c.f.t.Fatal(err)
+	}
+	defer fh.Close()
+	out := map[string]collect.Result{}
+	sc := bufio.NewScanner(fh)
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		var r collect.Result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			c.f.t.Fatalf("output line %q: %v", sc.Text(), err)
+		}
+		if _, dup := out[r.RolloutID]; dup {
+			c.f.t.Errorf("%s: a second result in the output", r.RolloutID)
+		}
+		out[r.RolloutID] = r
+	}
+	for _, tk := range c.f.tasks {
+		r, ok := out[tk.RolloutID]
+		switch {
+		case !ok:
+			c.f.t.Errorf("%s: no result", tk.RolloutID)
+		case !r.OK:
+			c.f.t.Errorf("%s: failed: %s", tk.RolloutID, r.Error)
+		default:
+			reward(c.f.t, *r.Result)
+		}
+	}
+	return out
+}
+
+func (f *fleet) latest(ctx context.Context) string {
+	st, err := f.br.Status(ctx)
+	if err != nil || st.Latest == nil {
+		return ""
+	}
+	return st.Latest.CheckpointID
+}
+
+// TestCollectSIGUSR1CheckpointsAndGoesOn: SIGUSR1 takes a checkpoint and
+// the collection goes on to write every result exactly once; at the end
+// --keep 0 releases everything.
+func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
+	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 2, steps: 1})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	c := f.collector(t)
+	c.start("--keep", "0")
+	f.waitCalls(8, 3)
+	_ = c.cmd.Process.Signal(syscall.SIGUSR1)
+	waitFor(t, "a committed checkpoint", func() bool { return f.latest(ctx) != "" })
+	if code := c.wait(time.Minute); code != 0 {
+		t.Fatalf("collect exited %d", code)
+	}
+	c.results()
+	f.checkLedger(time.Time{})
+	if st, err := f.br.Status(ctx); err != nil || len(st.Checkpoints) != 0 {
+		t.Fatalf("after --keep 0 checkpoints are left: %+v %v", st, err)
+	}
+}
+
+// TestCollectSIGTERMStopsAndTheRerunRestores: SIGTERM takes a checkpoint
+// with stop and exits 75 once it committed; the job restarts (fresh agents
+// and owner) and the rerun restores LATEST, continues the parked rollouts
+// and ends with each result written exactly once.
+func TestCollectSIGTERMStopsAndTheRerunRestores(t *testing.T) {
+	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 3, steps: 1})
+	c := f.collector(t)
+	c.start()
+	f.waitCalls(8, 3)
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	if code := c.wait(time.Minute); code != collect.ExitStopped {
+		t.Fatalf("collect exited %d after SIGTERM, want %d", code, collect.ExitStopped)
+	}
+	if f.latest(t.Context()) == "" {
+		t.Fatal("no committed checkpoint after the stop")
+	}
+	// The job restarts: new agent and owner processes.
+	f.kill9("agent-a1", "agent-a2", "owner")
+	f.startOwner()
+	for _, a := range f.agents {
+		f.startAgent(a, "--concurrency", "8")
+	}
+	c.start()
+	if code := c.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("the rerun exited %d", code)
+	}
+	res := c.results()
+	restored := 0
+	for _, r := range res {
+		if r.Result != nil && r.Result.Restored {
+			restored++
+		}
+	}
+	if restored == 0 {
+		t.Fatal("no rollout continued from the restored checkpoint")
+	}
+	f.checkLedger(time.Time{}.Add(1)) // re-issues only of calls abandoned after a checkpoint began
+}
+
+// TestCollectKilledAndRerun: kill -9 of the collector itself; the fleet
+// lives on, and the rerun asks again for the attempts in flight: every
+// result is written exactly once and no model call is repeated.
+func TestCollectKilledAndRerun(t *testing.T) {
+	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 2, steps: 1})
+	c := f.collector(t)
+	c.start("--checkpoint-every", "1s")
+	f.waitCalls(8, 3)
+	_ = c.cmd.Process.Kill()
+	<-c.done
+	c.start("--checkpoint-every", "1s")
+	if code := c.wait(2 * time.Minute); code != 0 {
+		t.Fatalf("the rerun exited %d", code)
+	}
+	c.results()
+	f.checkLedger(time.Time{})
+}
