@@ -213,9 +213,9 @@ type Collector struct {
 	mu         sync.Mutex
 	out        *os.File
 	dlog       *os.File
-	done       map[string]Result // by rollout id
-	attempt    map[string]int    // the attempt to send next (or in flight)
-	route      map[string]string // rollout -> agent name, from a restored checkpoint
+	done       map[string]Result        // by rollout id
+	attempt    map[string]int           // the attempt to send next (or in flight)
+	route      map[string]string        // rollout -> agent name, from a restored checkpoint
 	sentTo     map[string]dispatchEntry // rollout -> its last dispatch
 	instances  map[string]string        // member -> its live instance
 	inflight   map[string]context.CancelFunc
