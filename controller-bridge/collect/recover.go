@@ -19,6 +19,11 @@ func (c *Collector) recover(ctx context.Context, why string) error {
 	c.lastEvent = "recovering: " + why
 	c.mu.Unlock()
 	defer func() {
+		// Restarts seen while recovering are the ones it waited for.
+		select {
+		case <-c.fleet:
+		default:
+		}
 		c.mu.Lock()
 		c.recovering = false
 		c.sum.Recoveries++
