@@ -81,8 +81,38 @@ func (c *Collector) recover(ctx context.Context, why string) error {
 		c.log.Warn().Msg("no committed checkpoint: every unfinished rollout starts over one attempt later")
 		return c.restartUnfinished(ctx, nil)
 	default:
-		return c.reattach()
+		return c.partial(ctx, live)
 	}
+}
+
+// partial handles a fleet that is not fresh but lost some agents: the
+// rollouts of agents that still run are asked again; those of an agent that
+// restarted are retired (the owner stops their sandboxes) and sent one
+// attempt later, since no restore can go into a fleet that served.
+func (c *Collector) partial(ctx context.Context, live map[string]string) error {
+	var retire []string
+	c.mu.Lock()
+	c.queue = nil
+	for _, t := range c.cfg.Tasks {
+		id := t.RolloutID
+		if _, done := c.done[id]; done {
+			continue
+		}
+		if e, sent := c.sentTo[id]; sent && (e.Instance == "" || live["agent."+e.Agent] != e.Instance) {
+			retire = append(retire, events.Episode{Rollout: id, Attempt: c.attempt[id]}.String())
+			c.attempt[id]++
+		}
+		c.queue = append(c.queue, id)
+	}
+	c.mu.Unlock()
+	c.log.Warn().Int("restart", len(retire)).Msg("the fleet served already: rollouts of restarted agents start over one attempt later")
+	if len(retire) > 0 {
+		slices.Sort(retire)
+		if err := c.retire(ctx, retire); err != nil {
+			return fmt.Errorf("collect: retire: %w", err)
+		}
+	}
+	return nil
 }
 
 // waitFleet waits until every agent is alive and the members that hold

@@ -484,7 +484,14 @@ func (a *Agent) stages(r *run) (Result, error) {
 			err = bm.Validate()
 		}
 		if errors.Is(err, errAdmissionClosed) {
-			bm = a.bookmark(r) // back to the boundary, to wait for the resume
+			// Back to the boundary, to wait for the resume; the owner or the
+			// daemon may hear the checkpoint before (or reopen after) this
+			// agent, so do not ask again at once.
+			select {
+			case <-r.ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+			bm = a.bookmark(r)
 			continue
 		}
 		if err != nil {
