@@ -36,6 +36,10 @@ type ClusterConfig struct {
 	Name string
 	// Token, if set, is required from every client of every node.
 	Token string
+	// Users, if set, are the only clients every node admits, each by its nkey and with its
+	// permissions (RoleUsers makes one per Role). At most one of Token and Users. Routes
+	// between the nodes need neither.
+	Users []User
 	// Logger receives every node's logs, with a server field naming the node (the zero value
 	// discards them).
 	Logger zerolog.Logger
@@ -75,6 +79,7 @@ func (c ClusterConfig) Validate() error {
 	if c.ReadyTimeout < 0 {
 		errs = append(errs, fmt.Errorf("%w: ClusterConfig.ReadyTimeout %s: must not be negative", ErrInvalidConfig, c.ReadyTimeout))
 	}
+	errs = append(errs, validateUsers("ClusterConfig.Users", c.Users, c.Token)...)
 	return errors.Join(errs...)
 }
 
@@ -112,6 +117,7 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 			StoreDir:      filepath.Join(cfg.Dir, name),
 			NoSigs:        true,
 			Authorization: cfg.Token,
+			Nkeys:         nkeyUsers(cfg.Users),
 			Cluster: server.ClusterOpts{
 				Name: cfg.Name,
 				Host: cfg.Host,

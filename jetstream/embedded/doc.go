@@ -20,6 +20,13 @@
 // each other. It returns only once a JetStream meta leader is elected and every node follows it,
 // because JetStream API calls fail or time out before that.
 //
+// Clients authenticate with a token (Config.Token) or as nkey users (Config.Users), each with
+// its permissions. RoleUsers makes one user per Role (bridge, agent, owner, sandbox,
+// controller, admin) from seed files in a directory, creating the missing ones, with the
+// permissions of RolePermissions: only the bridge publishes phases and outcomes, a member acks
+// and heartbeats only as its own kind, only admin changes streams. Its doc says what those
+// permissions do not restrict (reading, consumers, replies; names within a role).
+//
 // Shutdown, on a Server or a Cluster, stops and waits until everything has stopped; it is safe to
 // call twice. Shutdown time grows with the number of file-backed consumers (about 10 ms each).
 //

@@ -45,6 +45,9 @@ type Config struct {
 	ServerName string
 	// Token, if set, is required from every client (nats.Token or ConnConfig.Token).
 	Token string
+	// Users, if set, are the only clients admitted, each by its nkey and with its permissions
+	// (RoleUsers makes one per Role). At most one of Token and Users.
+	Users []User
 	// Logger receives the server's logs (the zero value discards them).
 	Logger zerolog.Logger
 	// ReadyTimeout bounds the wait for the server to be ready (default 10 s).
@@ -73,6 +76,7 @@ func (c Config) Validate() error {
 	if c.ReadyTimeout < 0 {
 		errs = append(errs, fmt.Errorf("%w: Config.ReadyTimeout %s: must not be negative", ErrInvalidConfig, c.ReadyTimeout))
 	}
+	errs = append(errs, validateUsers("Config.Users", c.Users, c.Token)...)
 	return errors.Join(errs...)
 }
 
@@ -103,6 +107,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		StoreDir:      cfg.Dir,
 		NoSigs:        true,
 		Authorization: cfg.Token,
+		Nkeys:         nkeyUsers(cfg.Users),
 	}
 	s, err := startNode(opts, cfg.Logger)
 	if err != nil {
