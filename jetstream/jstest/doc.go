@@ -11,6 +11,10 @@
 // with WithoutProvision). StartCluster does the same on a 3-node cluster, with 3 replicas unless
 // the topology says otherwise. Env.Connect opens more connections, for tests with several members.
 //
+// WithRoles starts the server requiring the per-role nkeys of embedded.RoleUsers (seeds in
+// Env.AuthDir): Env.Conn is the admin's, env.As(embedded.RoleAgent).Connect(t) an agent's, and
+// a permissions violation on a connection Connect made fails the test.
+//
 // Everything is torn down by t.Cleanup, in order: connections are closed, then the server is shut
 // down and waited for, so a test leaves no goroutine behind (goleak.VerifyTestMain passes). Any
 // failure to set up fails the test at once.

@@ -2,9 +2,12 @@ package jstest
 
 import (
 	"context"
-	"go.uber.org/goleak"
+	"errors"
+	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -35,6 +38,10 @@ type Env struct {
 	Topology jetstream.Topology
 	// Bus is the provisioned bus; nil with WithoutProvision.
 	Bus *jetstream.Bus
+	// AuthDir, with WithRoles, holds the roles' nkey seed files (embedded.SeedFile); "" without.
+	AuthDir string
+
+	role embedded.Role // the role Connect connects as, with WithRoles
 }
 
 // Option changes what Start and StartCluster set up.
@@ -44,6 +51,7 @@ type options struct {
 	provision bool
 	topology  jetstream.Topology
 	logger    zerolog.Logger
+	roles     bool
 }
 
 // WithoutProvision leaves the server empty: no stream, no buckets, Env.Bus nil.
@@ -63,6 +71,13 @@ func WithLogger(log zerolog.Logger) Option {
 	return func(o *options) { o.logger = log }
 }
 
+// WithRoles makes the server (or every node) admit only the nkey users of embedded.RoleUsers,
+// with the permissions of their roles on every run, their seeds in Env.AuthDir. Env.Conn, and
+// so provisioning, is the admin role's; Env.As(role).Connect connects as another role.
+func WithRoles() Option {
+	return func(o *options) { o.roles = true }
+}
+
 func newOptions(opts []Option) options {
 	o := options{provision: true, logger: zerolog.Nop()}
 	for _, opt := range opts {
@@ -80,16 +95,18 @@ func Start(t testing.TB, opts ...Option) *Env {
 	ctx, cancel := context.WithTimeout(t.Context(), setupTimeout)
 	defer cancel()
 
+	authDir, users := roleUsers(t, o)
 	srv, err := embedded.Start(ctx, embedded.Config{
 		Dir:        t.TempDir(),
 		ServerName: "jstest",
+		Users:      users,
 		Logger:     o.logger,
 	})
 	if err != nil {
 		t.Fatalf("jstest: start server: %v", err)
 	}
 	t.Cleanup(srv.Shutdown) // runs after the connections' cleanups below
-	env := &Env{Server: srv, URL: srv.ClientURL()}
+	env := &Env{Server: srv, URL: srv.ClientURL(), AuthDir: authDir}
 	env.setup(ctx, t, o)
 	return env
 }
@@ -106,18 +123,34 @@ func StartCluster(t testing.TB, opts ...Option) *Env {
 	ctx, cancel := context.WithTimeout(t.Context(), setupTimeout)
 	defer cancel()
 
+	authDir, users := roleUsers(t, o)
 	c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{
 		Dir:    t.TempDir(),
 		Nodes:  3,
+		Users:  users,
 		Logger: o.logger,
 	})
 	if err != nil {
 		t.Fatalf("jstest: start cluster: %v", err)
 	}
 	t.Cleanup(c.Shutdown)
-	env := &Env{Cluster: c, URL: c.URL()}
+	env := &Env{Cluster: c, URL: c.URL(), AuthDir: authDir}
 	env.setup(ctx, t, o)
 	return env
+}
+
+// roleUsers makes the role seeds in a temporary dir, with WithRoles.
+func roleUsers(t testing.TB, o options) (string, []embedded.User) {
+	t.Helper()
+	if !o.roles {
+		return "", nil
+	}
+	dir := t.TempDir()
+	users, err := embedded.RoleUsers(dir, "")
+	if err != nil {
+		t.Fatalf("jstest: role users: %v", err)
+	}
+	return dir, users
 }
 
 func (e *Env) setup(ctx context.Context, t testing.TB, o options) {
@@ -134,8 +167,31 @@ func (e *Env) setup(ctx context.Context, t testing.TB, o options) {
 	e.Bus = bus
 }
 
-// Connect opens another connection to the server (or cluster) and a JetStream context on it. The
-// connection is closed in cleanup.
+// As returns a copy of e whose Connect (and ConnConfig) connect as role; everything else, Conn
+// and Bus included, is e's. It needs WithRoles.
+func (e *Env) As(role embedded.Role) *Env {
+	c := *e
+	c.role = role
+	return &c
+}
+
+// ConnConfig returns how Connect connects, named name: for a process the test starts (pass
+// NKeyFile as its --nkey).
+func (e *Env) ConnConfig(name string) jetstream.ConnConfig {
+	cfg := jetstream.ConnConfig{URL: e.URL, Name: name}
+	if e.AuthDir != "" {
+		role := e.role
+		if role == "" {
+			role = embedded.RoleAdmin
+		}
+		cfg.NKeyFile = embedded.SeedFile(e.AuthDir, role)
+	}
+	return cfg
+}
+
+// Connect opens another connection to the server (or cluster) and a JetStream context on it, as
+// the Env's role with WithRoles (admin unless As says otherwise). The connection is closed in
+// cleanup.
 func (e *Env) Connect(t testing.TB) (*nats.Conn, natsjs.JetStream) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), setupTimeout)
@@ -145,7 +201,19 @@ func (e *Env) Connect(t testing.TB) (*nats.Conn, natsjs.JetStream) {
 
 func (e *Env) connect(ctx context.Context, t testing.TB) (*nats.Conn, natsjs.JetStream) {
 	t.Helper()
-	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: e.URL, Name: t.Name()})
+	if e.role != "" && e.AuthDir == "" {
+		t.Fatalf("jstest: Env.As(%s) needs an Env started WithRoles", e.role)
+	}
+	var opts []nats.Option
+	if e.AuthDir != "" {
+		// With roles, a permissions violation means the role lacks what the code under test
+		// does: fail the test, naming it (nats.go only reports it here, and the call itself
+		// times out or is ignored).
+		v := &violations{role: e.role}
+		opts = append(opts, nats.ErrorHandler(v.handle))
+		t.Cleanup(func() { v.check(t) }) // after nc.Close below
+	}
+	nc, err := jetstream.Connect(ctx, e.ConnConfig(t.Name()), opts...)
 	if err != nil {
 		t.Fatalf("jstest: %v", err)
 	}
@@ -155,6 +223,38 @@ func (e *Env) connect(ctx context.Context, t testing.TB) (*nats.Conn, natsjs.Jet
 		t.Fatalf("jstest: jetstream context: %v", err)
 	}
 	return nc, js
+}
+
+// violations collects a connection's permissions violations.
+type violations struct {
+	role embedded.Role
+	mu   sync.Mutex
+	errs []error
+	done bool
+}
+
+func (v *violations) handle(_ *nats.Conn, _ *nats.Subscription, err error) {
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.done {
+		v.errs = append(v.errs, err)
+	}
+}
+
+func (v *violations) check(t testing.TB) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.done = true
+	role := v.role
+	if role == "" {
+		role = embedded.RoleAdmin
+	}
+	for _, err := range v.errs {
+		t.Errorf("jstest: a connection of role %s: %v", role, err)
+	}
 }
 
 // LeakOptions are the goleak options of packages whose tests use
