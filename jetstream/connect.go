@@ -1,6 +1,7 @@
 package jetstream
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 )
 
 // Reconnect behaviour of Connect. A member must ride out a server restart or a cluster failover
@@ -117,6 +119,30 @@ func Connect(ctx context.Context, cfg ConnConfig, opts ...nats.Option) (*nats.Co
 		return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), err)
 	}
 	return nc, nil
+}
+
+// IsNKeySeedFile reports whether the file at path holds a bare nkey user seed (as `stillpoint
+// server --auth-dir` writes them, for ConnConfig.NKeyFile) rather than a .creds file (a user JWT
+// and its seed, for ConnConfig.CredsFile). It returns an error if the file cannot be read or
+// holds neither.
+func IsNKeySeedFile(path string) (bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false, fmt.Errorf("jetstream: credentials file: %w", err)
+	}
+	defer clear(b)
+	if bytes.Contains(b, []byte("-----BEGIN NATS USER JWT-----")) {
+		return false, nil
+	}
+	kp, err := nkeys.ParseDecoratedNKey(b)
+	if err != nil {
+		return false, fmt.Errorf("jetstream: credentials file %s: neither a .creds file nor an nkey seed: %w", path, err)
+	}
+	defer kp.Wipe()
+	if pub, err := kp.PublicKey(); err != nil || !nkeys.IsValidPublicUserKey(pub) {
+		return false, fmt.Errorf("jetstream: credentials file %s: an nkey seed, but not a user's", path)
+	}
+	return true, nil
 }
 
 // checkURL accepts "host:port" and URLs with a scheme that nats.go dials.

@@ -2,9 +2,12 @@ package jetstream_test
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nats-io/nkeys"
 
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -70,5 +73,43 @@ func TestConnect(t *testing.T) {
 	_, err = jetstream.Connect(ctx, jetstream.ConnConfig{URL: "nats://user:hunter2@127.0.0.1:1"})
 	if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Errorf("Connect to a closed port: %v, want an error naming the server without its password", err)
+	}
+}
+
+func TestIsNKeySeedFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	acct, _ := nkeys.CreateAccount()
+	aseed, _ := acct.Seed()
+	creds := "-----BEGIN NATS USER JWT-----\neyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.e30.sig\n------END NATS USER JWT------\n\n" +
+		"-----BEGIN USER NKEY SEED-----\n" + string(seed) + "\n------END USER NKEY SEED------\n"
+	for _, tc := range []struct {
+		name, content string
+		seed          bool
+		err           string
+	}{
+		{"user.nk", string(seed) + "\n", true, ""},
+		{"user.creds", creds, false, ""},
+		{"account.nk", string(aseed), false, "not a user's"},
+		{"junk", "hello\n", false, "neither a .creds file nor an nkey seed"},
+	} {
+		got, err := jetstream.IsNKeySeedFile(write(tc.name, tc.content))
+		if got != tc.seed || (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%s: %v, %v; want %v, error containing %q", tc.name, got, err, tc.seed, tc.err)
+		}
+	}
+	if _, err := jetstream.IsNKeySeedFile(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v, want ErrNotExist", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/sandboxd/daemon"
@@ -20,7 +21,9 @@ import (
 // TestStaticMemberBinary builds sandboxd as the static binary that goes
 // into sandboxes (CGO_ENABLED=0), runs `sandboxd member` as its own process
 // against an embedded server, and drives a launch through a checkpoint:
-// the prepare ack carries the pause, the resume ack the continue.
+// the prepare ack carries the pause, the resume ack the continue. With
+// roles, the daemon connects with the sandbox role's nkey (--nkey) and the
+// agent calls it with the agent role's.
 func TestStaticMemberBinary(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "sandboxd")
 	build := exec.Command("go", "build", "-o", bin, ".")
@@ -28,8 +31,18 @@ func TestStaticMemberBinary(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	env := jstest.Start(t)
-	cmd := exec.Command(bin, "member", "--nats-url", env.URL, "--run", "run1", "--id", "sb1", "--state", t.TempDir(), "--grace", "1s")
+	t.Run("open", func(t *testing.T) { memberBinary(t, bin, jstest.Start(t), nil) })
+	t.Run("roles", func(t *testing.T) {
+		env := jstest.Start(t, jstest.WithRoles())
+		memberBinary(t, bin, env.As(embedded.RoleAgent), []string{"--nkey", env.As(embedded.RoleSandbox).ConnConfig("").NKeyFile})
+	})
+}
+
+// memberBinary runs the binary with more args, its client on a connection
+// of env's.
+func memberBinary(t *testing.T, bin string, env *jstest.Env, more []string) {
+	args := append([]string{"member", "--nats-url", env.URL, "--run", "run1", "--id", "sb1", "--state", t.TempDir(), "--grace", "1s"}, more...)
+	cmd := exec.Command(bin, args...)
 	stdout, _ := cmd.StdoutPipe()
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -57,7 +70,8 @@ func TestStaticMemberBinary(t *testing.T) {
 	}
 	name := events.Member("sandbox.sb1")
 	membertest.WaitRegistered(t, env, "run1", name, nil)
-	c, err := daemon.NewClient(env.Conn, "run1", "sb1")
+	nc, _ := env.Connect(t)
+	c, err := daemon.NewClient(nc, "run1", "sb1")
 	if err != nil {
 		t.Fatal(err)
 	}

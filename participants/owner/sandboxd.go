@@ -17,12 +17,14 @@ type SandboxdConfig struct {
 	NATSURL string
 	// Run is the run id.
 	Run string
-	// CredsFile, when set, is copied in and used: the sandbox's own NATS
-	// credentials. The intended permissions, for an operator to issue:
-	// subscribe to sp.<run>.phase.> and sp.<run>.outcome.>, publish only
-	// sp.<run>.ack.*.*.sandbox.<id>, sp.<run>.member.sandbox.<id> and its
-	// service replies, and the sp_members key <run>.sandbox.<id>.
+	// CredsFile, when set, is copied in and used (--creds): the sandbox's
+	// own NATS credentials, a .creds file. NKeyFile, when set instead, is
+	// an nkey seed file copied in and used (--nkey), such as the sandbox
+	// role's of `stillpoint server --auth-dir` (embedded.RoleSandbox: it
+	// acks, heartbeats and serves only as a sandbox). Every sandbox gets
+	// the same file, and the harness inside may be able to read it.
 	CredsFile string
+	NKeyFile  string
 	// Args are more sandboxd member flags (e.g. --mode stop).
 	Args []string
 }
@@ -37,6 +39,10 @@ func SandboxdSpec(spec provider.Spec, c SandboxdConfig) provider.Spec {
 	if c.CredsFile != "" {
 		spec.CopyIn = append(spec.CopyIn, provider.CopyIn{HostPath: c.CredsFile, SandboxPath: "etc/stillpoint/nats.creds", Mode: 0o600})
 		init = append(init, "--creds", "/etc/stillpoint/nats.creds")
+	}
+	if c.NKeyFile != "" {
+		spec.CopyIn = append(spec.CopyIn, provider.CopyIn{HostPath: c.NKeyFile, SandboxPath: "etc/stillpoint/nats.nk", Mode: 0o600})
+		init = append(init, "--nkey", "/etc/stillpoint/nats.nk")
 	}
 	spec.Init = append(init, c.Args...)
 	return spec

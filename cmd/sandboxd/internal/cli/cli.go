@@ -33,7 +33,7 @@ const usage = `usage:
   sandboxd run --state DIR [--id ID] [--mode freeze|stop|hold] [--grace D]
                [--timeout D] [--cgroup-root DIR] [--no-cgroup] [--log-level L]
                -- command [args...]
-  sandboxd member --state DIR --run RUN --id SANDBOX [--nats-url URL] [--creds F]
+  sandboxd member --state DIR --run RUN --id SANDBOX [--nats-url URL] [--creds F | --nkey F]
                [--mode M] [--grace D] [--lease-grace D] [--cgroup-root DIR] [--no-cgroup]
 
 member: the daemon on the bus, member sandbox.<SANDBOX> of RUN: it pauses its

@@ -27,6 +27,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	url := fs.String("nats-url", envOr("STILLPOINT_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL(s) (env STILLPOINT_NATS_URL)")
 	creds := fs.String("creds", os.Getenv("NATS_CREDS"), "NATS credentials file (env NATS_CREDS)")
+	nkey := fs.String("nkey", os.Getenv("NATS_NKEY"), "NATS nkey seed file, e.g. the sandbox role's (env NATS_NKEY)")
 	token := fs.String("token", "", "NATS token (prefer env NATS_TOKEN)")
 	run := fs.String("run", os.Getenv("STILLPOINT_RUN"), "run id (env STILLPOINT_RUN)")
 	id := fs.String("id", os.Getenv("STILLPOINT_SANDBOX"), "sandbox id: the member is sandbox.<id> (env STILLPOINT_SANDBOX)")
@@ -55,7 +56,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 	log := zerolog.New(stderr).Level(lvl).With().Timestamp().Logger()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: *url, CredsFile: *creds, Token: *token, Name: "sandboxd-" + *id})
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: *url, CredsFile: *creds, NKeyFile: *nkey, Token: *token, Name: "sandboxd-" + *id})
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent"
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
@@ -116,7 +117,7 @@ go build -o bin/ ./cmd/sandboxd ./cmd/scripted-harness`,
 	fl.StringVar(&f.sandboxd, "sandboxd", "", "host path of the static sandboxd binary (required)")
 	fl.StringVar(&f.harness, "harness", "", "host path of the static scripted-harness binary (required)")
 	fl.StringVar(&f.sandboxNATS, "sandbox-nats-url", "", "server URL the sandboxes' daemons use (default --nats-url)")
-	fl.StringVar(&f.sandboxCreds, "sandbox-creds", "", "credentials file copied into each sandbox for its daemon")
+	fl.StringVar(&f.sandboxCreds, "sandbox-creds", "", "credentials copied into each sandbox for its daemon: a .creds file or an nkey seed (server --auth-dir's sandbox.nk)")
 	fl.StringVar(&f.sandboxMode, "pause-mode", "", "sandboxd pause mode: freeze, stop or hold (default: the best the host allows)")
 	fl.BoolVar(&f.noCheckpoints, "no-checkpoints", false, "lend sandboxes but take no part in checkpoints (restart_only)")
 	fl.BoolVar(&f.reap, "reap", false, "stop the sandboxes an earlier owner process left in --state-dir, print their ids, and exit")
@@ -189,8 +190,16 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	if f.sandboxMode != "" {
 		args = append(args, "--mode", f.sandboxMode)
 	}
-	sc := tasks.SpecConfig{Harness: f.harness, Sandboxd: owner.SandboxdConfig{Binary: f.sandboxd, NATSURL: natsURL, Run: f.run,
-		CredsFile: f.sandboxCreds, Args: args}}
+	sd := owner.SandboxdConfig{Binary: f.sandboxd, NATSURL: natsURL, Run: f.run, CredsFile: f.sandboxCreds, Args: args}
+	if f.sandboxCreds != "" {
+		// An nkey seed (the sandbox role's of server --auth-dir) goes in as --nkey.
+		if seed, err := jetstream.IsNKeySeedFile(f.sandboxCreds); err != nil {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--sandbox-creds: %w", err)}
+		} else if seed {
+			sd.CredsFile, sd.NKeyFile = "", f.sandboxCreds
+		}
+	}
+	sc := tasks.SpecConfig{Harness: f.harness, Sandboxd: sd}
 	bus, js, closeBus, err := openBus(ctx, g, "stillpoint-owner-"+f.name, 1)
 	if err != nil {
 		return err
