@@ -2,9 +2,12 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,6 +23,7 @@ type serverFlags struct {
 	listen  string
 	cluster bool
 	token   string
+	authDir string
 	maxAge  time.Duration
 }
 
@@ -37,11 +41,19 @@ With --cluster it runs a 3-node cluster on loopback in this process (each node i
 own store under --dir) and provisions everything at 3 replicas: a demo of the
 replicated layout, not a production deployment.
 
+With --auth-dir DIR every client needs an nkey, one per role, with the
+permissions of its role: DIR/bridge.nk, agent.nk, owner.nk, sandbox.nk (copied
+into each sandbox: give it to the owner as --sandbox-creds), controller.nk (the
+CLI's reads, a collector) and admin.nk (anything: the nats CLI). Seeds in DIR are
+reused, missing ones created (mode 0600). Components take theirs with --nkey.
+Only the bridge publishes phases and outcomes; a member acks only as its own kind.
+
 It runs until interrupted: the first SIGINT or SIGTERM shuts the server down
 cleanly, a second exits at once.`,
 		Example: `  stillpoint server                       # 127.0.0.1:4222, store in ./.stillpoint/nats
   stillpoint server --listen 127.0.0.1:0  # a random port, printed at start
-  stillpoint server --cluster --dir /tmp/sp-cluster`,
+  stillpoint server --cluster --dir /tmp/sp-cluster
+  stillpoint server --auth-dir .stillpoint/auth  # then: stillpoint bridge --nkey .stillpoint/auth/bridge.nk ...`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServer(cmd.Context(), g, f) },
 	}
@@ -49,6 +61,7 @@ cleanly, a second exits at once.`,
 	cmd.Flags().StringVar(&f.listen, "listen", "127.0.0.1:4222", "client address host:port (port 0: random); with --cluster only the host is used")
 	cmd.Flags().BoolVar(&f.cluster, "cluster", false, "run a 3-node cluster on loopback and provision at R3")
 	cmd.Flags().StringVar(&f.token, "auth-token", env("STILLPOINT_SERVER_TOKEN"), "require this token from clients (env STILLPOINT_SERVER_TOKEN)")
+	cmd.Flags().StringVar(&f.authDir, "auth-dir", "", "require per-role nkeys, seeds in this directory (<role>.nk; created if missing)")
 	cmd.Flags().DurationVar(&f.maxAge, "max-age", 0, "how long the stream keeps messages (default 7 days)")
 	return cmd
 }
@@ -66,6 +79,19 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	if err != nil || port < 0 || port > 65535 {
 		return &exitError{code: ExitUsage, err: fmt.Errorf("--listen %q: port must be 0..65535", f.listen)}
 	}
+	// The server provisions the bus itself: under --auth-dir as admin, since
+	// no other role may create a stream.
+	conn := jetstream.ConnConfig{Token: f.token, Name: "stillpoint-server"}
+	var users []embedded.User
+	if f.authDir != "" {
+		if f.token != "" {
+			return &exitError{code: ExitUsage, err: errors.New("--auth-dir and --auth-token (or STILLPOINT_SERVER_TOKEN): use one")}
+		}
+		if users, err = embedded.RoleUsers(f.authDir, ""); err != nil {
+			return err
+		}
+		conn.NKeyFile = embedded.SeedFile(f.authDir, embedded.RoleAdmin)
+	}
 	topo := jetstream.Topology{MaxAge: f.maxAge}
 	var (
 		url      string
@@ -73,14 +99,14 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	)
 	nlog := log.With().Str("component", "nats").Logger()
 	if f.cluster {
-		c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{Dir: f.dir, Host: host, Token: f.token, Logger: nlog})
+		c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{Dir: f.dir, Host: host, Token: f.token, Users: users, Logger: nlog})
 		if err != nil {
 			return err
 		}
 		url, shutdown = c.URL(), c.Shutdown
 		topo.Replicas = c.Len()
 	} else {
-		s, err := embedded.Start(ctx, embedded.Config{Dir: f.dir, Host: host, Port: port, ServerName: "stillpoint", Token: f.token, Logger: nlog})
+		s, err := embedded.Start(ctx, embedded.Config{Dir: f.dir, Host: host, Port: port, ServerName: "stillpoint", Token: f.token, Users: users, Logger: nlog})
 		if err != nil {
 			return err
 		}
@@ -88,7 +114,8 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	}
 	defer shutdown()
 
-	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, Token: f.token, Name: "stillpoint-server"})
+	conn.URL = url
+	nc, err := jetstream.Connect(ctx, conn)
 	if err != nil {
 		return err
 	}
@@ -98,8 +125,19 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	}
 	log.Info().Str("url", url).Str("dir", f.dir).Bool("cluster", f.cluster).Int("replicas", topo.WithDefaults().Replicas).
 		Msg("NATS with JetStream is ready and the bus is provisioned")
-	fmt.Fprintf(g.stdout, "stillpoint: NATS ready at %s (store %s)\nstillpoint: try: nats --server %s stream info %s\n",
-		url, f.dir, url, jetstream.StreamName)
+	fmt.Fprintf(g.stdout, "stillpoint: NATS ready at %s (store %s)\n", url, f.dir)
+	try := ""
+	if f.authDir != "" {
+		roles := make([]string, 0, len(embedded.Roles()))
+		for _, r := range embedded.Roles() {
+			roles = append(roles, string(r))
+		}
+		log.Info().Str("auth_dir", f.authDir).Strs("roles", roles).Msg("clients need the nkey of their role")
+		fmt.Fprintf(g.stdout, "stillpoint: clients need their role's nkey: --nkey %s (role: %s)\n",
+			filepath.Join(f.authDir, "<role>.nk"), strings.Join(roles, ", "))
+		try = " --nkey " + embedded.SeedFile(f.authDir, embedded.RoleAdmin)
+	}
+	fmt.Fprintf(g.stdout, "stillpoint: try: nats --server %s%s stream info %s\n", url, try, jetstream.StreamName)
 	<-ctx.Done()
 	log.Info().Msg("shutting down")
 	return nil

@@ -1,0 +1,242 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/client"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+)
+
+// startCommand runs a command's run function until the test ends and
+// returns the first match of re in its stdout.
+func startCommand(t *testing.T, what string, re *regexp.Regexp, run func(ctx context.Context, g *globals) error, conn jetstream.ConnConfig) string {
+	t.Helper()
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	g := &globals{stdout: stdout, stderr: stderr, logLevel: "warn", logFormat: "json", conn: conn}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, g) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s returned %v\n%s", what, err, stderr.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("%s did not stop", what)
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if m := re.FindStringSubmatch(stdout.String()); m != nil {
+			return m[1]
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("%s exited early: %v\n%s", what, err, stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not ready; stdout:\n%s\nstderr:\n%s", what, stdout.String(), stderr.String())
+		}
+	}
+}
+
+// TestServerAuthDir runs `stillpoint server --auth-dir` (one node and a
+// cluster): it writes a seed per role, admits no one else, provisions the
+// bus as admin; an agent cannot publish a phase, and `stillpoint bridge`
+// with the bridge's nkey checkpoints members connected as agents.
+func TestServerAuthDir(t *testing.T) {
+	for _, cluster := range []bool{false, true} {
+		name := "single"
+		if cluster {
+			name = "cluster"
+		}
+		t.Run(name, func(t *testing.T) {
+			auth, store := filepath.Join(t.TempDir(), "auth"), t.TempDir()
+			serve := func(ctx context.Context, g *globals) error {
+				return runServer(ctx, g, serverFlags{dir: store, listen: "127.0.0.1:0", cluster: cluster, authDir: auth})
+			}
+			url := startCommand(t, "server", readyRE, serve, jetstream.ConnConfig{})
+			seeds := map[embedded.Role][]byte{}
+			for _, role := range embedded.Roles() {
+				b, err := os.ReadFile(embedded.SeedFile(auth, role))
+				if err != nil || !bytes.HasPrefix(b, []byte("SU")) {
+					t.Fatalf("%s seed: %v %q", role, err, b)
+				}
+				seeds[role] = b
+			}
+			ctx := t.Context()
+			if nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url}); err == nil {
+				nc.Close()
+				t.Fatal("a client without an nkey was admitted")
+			}
+			conn := func(role embedded.Role) jetstream.ConnConfig {
+				return jetstream.ConnConfig{URL: url, NKeyFile: embedded.SeedFile(auth, role), Name: string(role)}
+			}
+			admin, err := jetstream.Connect(ctx, conn(embedded.RoleAdmin))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(admin.Close)
+			ajs, _ := natsjs.New(admin)
+			bus, err := jetstream.Open(ctx, ajs)
+			if err != nil {
+				t.Fatalf("the bus is not provisioned: %v", err)
+			}
+
+			violations := make(chan error, 4)
+			agent, err := jetstream.Connect(ctx, conn(embedded.RoleAgent), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				violations <- err
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(agent.Close)
+			if err := agent.Publish("sp.r.phase.prepare", []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-violations:
+				if !errors.Is(err, nats.ErrPermissionViolation) {
+					t.Errorf("agent publishing a phase: %v, want a permissions violation", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("agent publishing a phase: no permissions violation")
+			}
+			if _, err := bus.Stream.GetLastMsgForSubject(ctx, "sp.r.phase.prepare"); !errors.Is(err, natsjs.ErrMsgNotFound) {
+				t.Errorf("the agent's phase reached the stream: %v", err)
+			}
+
+			// The bridge command under its role, members under theirs.
+			tokenFile := filepath.Join(t.TempDir(), "token")
+			if err := os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			api := startCommand(t, "bridge", regexp.MustCompile(`serving on (http://\S+)`), func(ctx context.Context, g *globals) error {
+				return runBridge(ctx, g, bridgeFlags{run: "r1", name: "main", listen: "127.0.0.1:0", tokenFile: tokenFile, timeout: 10 * time.Second, replicas: 1})
+			}, conn(embedded.RoleBridge))
+			env := &jstest.Env{URL: url, Conn: admin, JS: ajs, Bus: bus, AuthDir: auth}
+			membertest.StartMembers(t, env.As(embedded.RoleAgent), "r1", 2, membertest.Options{Episodes: 1})
+			c, err := client.New(api, "s3cret")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if res, err := c.Checkpoint(cctx, bridge.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridge.StatusCommitted {
+				t.Fatalf("checkpoint through the bridge command: %+v %v", res, err)
+			}
+
+			if cluster {
+				return
+			}
+			// A server started again on the same dir admits the same keys.
+			t.Run("restart", func(t *testing.T) {
+				startCommand(t, "second server", readyRE, func(ctx context.Context, g *globals) error {
+					return runServer(ctx, g, serverFlags{dir: t.TempDir(), listen: "127.0.0.1:0", authDir: auth})
+				}, jetstream.ConnConfig{})
+				for role, b := range seeds {
+					if now, _ := os.ReadFile(embedded.SeedFile(auth, role)); !bytes.Equal(now, b) {
+						t.Errorf("%s: the seed changed", role)
+					}
+				}
+			})
+		})
+	}
+}
+
+func TestServerAuthDirAndTokenConflict(t *testing.T) {
+	g := &globals{stdout: &syncBuffer{}, stderr: &syncBuffer{}, logLevel: "warn", logFormat: "json"}
+	err := runServer(t.Context(), g, serverFlags{dir: t.TempDir(), listen: "127.0.0.1:0", authDir: t.TempDir(), token: "t"})
+	var ee *exitError
+	if !errors.As(err, &ee) || ee.code != ExitUsage || !strings.Contains(err.Error(), "--auth-dir and --auth-token") {
+		t.Errorf("runServer with both: %v, want a usage error naming both", err)
+	}
+}
+
+// TestRolesCheckpointRestoreRelease runs the bridge and members of every
+// kind, each connected with its own role: checkpoints, a restore into a
+// fresh fleet and releases all work, and the controller reads the timeline.
+func TestRolesCheckpointRestoreRelease(t *testing.T) {
+	env := jstest.Start(t, jstest.WithRoles())
+	const run = "r1"
+	fleet := func() []*membertest.Handle {
+		hs := membertest.StartMembers(t, env.As(embedded.RoleAgent), run, 2, membertest.Options{Episodes: 2})
+		hs = append(hs, membertest.StartMembers(t, env.As(embedded.RoleOwner), run, 1, membertest.Options{Kind: events.KindOwner, Prefix: "o", Episodes: 1})...)
+		return append(hs, membertest.StartMembers(t, env.As(embedded.RoleSandbox), run, 1, membertest.Options{Kind: events.KindSandbox, Prefix: "s",
+			StateFile: filepath.Join(t.TempDir(), "sandboxd.state")})...)
+	}
+	old := fleet()
+	nc, js := env.As(embedded.RoleBridge).Connect(t)
+	bus, err := jetstream.Open(t.Context(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bridge.New(bridge.Config{Run: run, Name: "main", JS: js, Bus: bus, Conn: nc, PhaseTimeout: 10 * time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- b.Run(bctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("bridge Run: %v", err)
+		}
+	})
+	ctx, cancelCtx := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancelCtx()
+
+	if res, err := b.Checkpoint(ctx, bridge.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridge.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	res, err := b.Checkpoint(ctx, bridge.CheckpointRequest{ID: "c2", Stop: true})
+	if err != nil || res.Status != bridge.StatusCommitted {
+		t.Fatalf("c2: %+v %v", res, err)
+	}
+	if len(res.Members) != 4 {
+		t.Errorf("c2 had members %v, want 2 agents, an owner and a sandbox", res.Members)
+	}
+	// A fresh fleet restores it, as after a crash.
+	for _, h := range old {
+		_ = h.Stop()
+	}
+	fleet()
+	rr, err := b.Restore(ctx, bridge.RestoreRequest{ID: "restore-1", Source: "c2"})
+	if err != nil || rr.Status != bridge.StatusCompleted || len(rr.Restored) != 5 {
+		t.Fatalf("restore: %+v %v", rr, err)
+	}
+	if res, err := b.Checkpoint(ctx, bridge.CheckpointRequest{ID: "c3"}); err != nil || res.Status != bridge.StatusCommitted {
+		t.Fatalf("c3: %+v %v", res, err)
+	}
+	if op, err := b.Release(ctx, bridge.ReleaseRequest{KeepLatest: 1}); err != nil || op.Status != bridge.StatusCompleted {
+		t.Fatalf("release: %+v %v", op, err)
+	}
+
+	_, cjs := env.As(embedded.RoleController).Connect(t)
+	entries, err := bridge.ReadTimeline(ctx, cjs, run, "")
+	if err != nil || len(entries) == 0 {
+		t.Fatalf("timeline as the controller: %d entries, %v", len(entries), err)
+	}
+}
