@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -81,7 +82,16 @@ func sandboxInit(cfg string) {
 	if err != nil {
 		fail(err)
 	}
-	fail(fmt.Errorf("exec %s: %w", prog, syscall.Exec(prog, c.Argv, c.Env)))
+	err = syscall.Exec(prog, c.Argv, c.Env)
+	// ETXTBSY: the owner process just wrote prog (CopyIn), and a child it
+	// forked meanwhile for another sandbox holds the write descriptor until
+	// that child's own exec (Go's fork and exec share no lock with file
+	// writes). It clears within moments: try again.
+	for try := 0; errors.Is(err, syscall.ETXTBSY) && try < 50; try++ {
+		time.Sleep(20 * time.Millisecond)
+		err = syscall.Exec(prog, c.Argv, c.Env)
+	}
+	fail(fmt.Errorf("exec %s: %w", prog, err))
 }
 
 type mountSpec struct {
