@@ -325,7 +325,11 @@ func TestHeldCheckpoint(t *testing.T) {
 // order: prepare, every prepare ack, commit, every commit ack, the outcome,
 // resume, every resume ack.
 func TestTimeline(t *testing.T) {
-	env := jstest.Start(t)
+	t.Run("server", func(t *testing.T) { testTimeline(t, jstest.Start(t)) })
+	t.Run("cluster", func(t *testing.T) { testTimeline(t, jstest.StartCluster(t)) })
+}
+
+func testTimeline(t *testing.T, env *jstest.Env) {
 	fleet(t, env, 2, 1)
 	b := startBridge(t, env, bridge.Config{})
 	for _, id := range []string{"c1", "c2"} {

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -32,7 +33,7 @@ type TimelineEntry struct {
 
 // ReadTimeline reads a run's events from the stream in order, as the
 // post-mortem does with the nats CLI: an ordered consumer over sp.<run>.>,
-// from the first message to the last one present when it started. With a
+// from the first message to the last one present when it read it. With a
 // checkpoint id it keeps only that checkpoint's (or operation's) events.
 // Events that do not decode are returned with their error in Summary.
 func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint string) ([]TimelineEntry, error) {
@@ -44,14 +45,6 @@ func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint stri
 			return nil, err
 		}
 	}
-	stream, err := js.Stream(ctx, jetstream.StreamName)
-	if err != nil {
-		return nil, fmt.Errorf("bridge: timeline: %w", err)
-	}
-	last, err := stream.GetLastMsgForSubject(ctx, events.RunFilter(run))
-	if err != nil {
-		return nil, fmt.Errorf("bridge: timeline of run %s: %w", run, err)
-	}
 	cons, err := js.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
 		FilterSubjects: []string{events.RunFilter(run)}, DeliverPolicy: natsjs.DeliverAllPolicy})
 	if err != nil {
@@ -60,6 +53,16 @@ func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint stri
 	var out []TimelineEntry
 	for {
 		m, err := cons.Next(natsjs.FetchMaxWait(5 * time.Second))
+		for try := 0; errors.Is(err, nats.ErrNoResponders) && try < 20; try++ {
+			// On a cluster the first pull can reach the server before the
+			// consumer the ordered consumer just created: ask again.
+			select {
+			case <-ctx.Done():
+				return out, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+			m, err = cons.Next(natsjs.FetchMaxWait(5 * time.Second))
+		}
 		if err != nil {
 			return out, fmt.Errorf("bridge: timeline of run %s: %w", run, err)
 		}
@@ -78,7 +81,10 @@ func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint stri
 		if checkpoint == "" || e.CheckpointID == checkpoint {
 			out = append(out, e)
 		}
-		if md.Sequence.Stream >= last.Sequence {
+		// The consumer counts what is left of the run's events: none, and
+		// the timeline is read to where it stood. (A wildcard last-message
+		// lookup, used before, found no responder on a cluster.)
+		if md.NumPending == 0 {
 			return out, nil
 		}
 	}
