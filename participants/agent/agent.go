@@ -527,11 +527,15 @@ func (a *Agent) boundary(r *run, bm Bookmark) error {
 	r.bm, r.at, r.parkedFor = bm, atBoundary, ""
 	for a.closed || r.hold > 0 {
 		ch := a.reopen
+		var poll <-chan time.Time
+		if r.hold > 0 {
+			poll = time.After(50 * time.Millisecond) // a test hold: look again
+		}
 		a.mu.Unlock()
 		a.member.Notify()
 		select {
 		case <-ch:
-		case <-time.After(50 * time.Millisecond): // a test hold
+		case <-poll:
 		case <-r.ctx.Done():
 			return context.Cause(r.ctx)
 		}
@@ -544,16 +548,18 @@ func (a *Agent) boundary(r *run, bm Bookmark) error {
 
 // seed asks the owner for the session's sandbox.
 func (a *Agent) seed(r *run, bm Bookmark) (Bookmark, error) {
-	info, err := a.owner.SeedSession(r.ctx, owner.SeedRequest{SessionID: bm.Rollout, Episode: r.key, Task: bm.Task})
+	a.mu.Lock()
+	r.seeded = true // from now on the owner may hold a session to close
+	a.mu.Unlock()
+	info, err := retryNoResponders(r.ctx, 5*time.Minute, func(ctx context.Context) (owner.SessionInfo, error) {
+		return a.owner.SeedSession(ctx, owner.SeedRequest{SessionID: bm.Rollout, Episode: r.key, Task: bm.Task})
+	})
 	if isAdmissionClosed(err) {
 		return bm, errAdmissionClosed
 	}
 	if err != nil {
 		return bm, fmt.Errorf("agent: seed %s: %w", r.key, err)
 	}
-	a.mu.Lock()
-	r.seeded = true
-	a.mu.Unlock()
 	state, err := a.cfg.Adapter.NewState(r.req)
 	if err != nil {
 		return bm, fmt.Errorf("agent: %s: %w", r.key, err)
@@ -569,7 +575,9 @@ func (a *Agent) seed(r *run, bm Bookmark) (Bookmark, error) {
 
 // verify asks the owner for the grade; the owner ends the session.
 func (a *Agent) verify(r *run, bm Bookmark) (Bookmark, error) {
-	vr, err := a.owner.VerifyEnd(r.ctx, owner.VerifyRequest{SessionID: bm.Session, End: true})
+	vr, err := retryNoResponders(r.ctx, 10*time.Minute, func(ctx context.Context) (owner.VerifyResult, error) {
+		return a.owner.VerifyEnd(ctx, owner.VerifyRequest{SessionID: bm.Session, End: true})
+	})
 	if isAdmissionClosed(err) {
 		return bm, errAdmissionClosed
 	}
@@ -593,7 +601,7 @@ func (a *Agent) cleanup(r *run, cause error) {
 	}
 	a.mu.Lock()
 	launch, sandbox, seeded := r.launch, r.sandbox, r.seeded
-	session := r.bm.Session
+	session := r.ep.Rollout // the session id; the bookmark may not name it yet
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 30*time.Second)
 	defer cancel()
@@ -607,7 +615,7 @@ func (a *Agent) cleanup(r *run, cause error) {
 	if errors.Is(cause, ErrParked) {
 		return // the checkpoint holds the rest
 	}
-	if seeded && session != "" {
+	if seeded {
 		if err := a.owner.CloseSession(ctx, session); err != nil {
 			r.log.Warn().Err(err).Msg("close the session")
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/sandboxd"
 	"github.com/stillpoint/stillpoint/sandboxd/daemon"
 )
@@ -18,7 +19,9 @@ func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
 	if len(bm.Launches) >= a.cfg.MaxLaunches {
 		return bm, fmt.Errorf("agent: %s: gave up after %d launches", r.key, len(bm.Launches))
 	}
-	info, err := a.owner.SandboxAccess(r.ctx, bm.Session)
+	info, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (owner.SessionInfo, error) {
+		return a.owner.SandboxAccess(ctx, bm.Session)
+	})
 	if err != nil {
 		return bm, fmt.Errorf("agent: sandbox_access %s: %w", r.key, err)
 	}
@@ -68,9 +71,12 @@ func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
 	a.mu.Unlock()
 	r.log.Info().Str("launch", lr.ID).Str("sandbox", info.SandboxID).Bool("continued", lr.Continued).Str("why", lr.Why).Msg("launched")
 	bm, err = a.waitLaunch(r, bm, lc, dc, lr.ID)
-	a.mu.Lock()
-	r.launch, r.sandbox = "", ""
-	a.mu.Unlock()
+	if err == nil {
+		// Ended; otherwise the cleanup rule still has it to kill.
+		a.mu.Lock()
+		r.launch, r.sandbox = "", ""
+		a.mu.Unlock()
+	}
 	return bm, err
 }
 
@@ -81,15 +87,25 @@ const DaemonWait = 60 * time.Second
 // launch asks the daemon for a launch, waiting for a daemon that is not
 // up yet.
 func launch(ctx context.Context, dc *daemon.Client, req daemon.LaunchRequest) (sandboxd.Record, error) {
+	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxd.Record, error) { return dc.Launch(ctx, req) })
+}
+
+// retryNoResponders calls fn with a context bounded by timeout, again while
+// nobody answers (a daemon or an owner starting, or restarting) for up to
+// DaemonWait: such a request reached no one, so asking again is safe. A
+// request that timed out is not asked again.
+func retryNoResponders[T any](ctx context.Context, timeout time.Duration, fn func(context.Context) (T, error)) (T, error) {
 	deadline := time.Now().Add(DaemonWait)
 	for wait := 20 * time.Millisecond; ; wait = min(wait*2, time.Second) {
-		rec, err := dc.Launch(ctx, req)
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		v, err := fn(cctx)
+		cancel()
 		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
-			return rec, err
+			return v, err
 		}
 		select {
 		case <-ctx.Done():
-			return rec, context.Cause(ctx)
+			return v, context.Cause(ctx)
 		case <-time.After(wait):
 		}
 	}
@@ -201,10 +217,15 @@ func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, i
 		case !ack.OK || !ack.Ready:
 			why = fmt.Sprintf("sandbox %s did not confirm the pause (ok %v, ready %v)", lc.Session.SandboxID, ack.OK, ack.Ready)
 		default:
-			rec, err := dc.Status(r.ctx, id)
+			rec, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxd.Record, error) { return dc.Status(ctx, id) })
 			switch {
 			case err != nil:
 				why = "status after the pause: " + err.Error()
+			case rec.State == sandboxd.StatePaused && rec.Pauses.Mode == sandboxd.ModeHold:
+				// Held, not still: its processes run on and its files may
+				// change under the snapshot. Without a model relay to hold
+				// it, stop it instead.
+				why = "the launch is held, not frozen or stopped"
 			case rec.State == sandboxd.StatePaused:
 				return a.parkPaused(r, bm, pr, receipts, rec)
 			case rec.State == sandboxd.StateEnded && rec.Receipt != nil:
@@ -217,12 +238,22 @@ func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, i
 			}
 		}
 	}
+	select {
+	case <-pr.reopen:
+		return bm, false, nil // the checkpoint is over: the launch runs on
+	default:
+	}
 	r.log.Info().Str("launch", id).Str("why", why).Msg("stopping the launch for a relaunch after the checkpoint")
-	rc, err := dc.Stop(r.ctx, id, false)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 2*time.Minute)
+	rc, err := dc.Stop(sctx, id, false)
+	cancel()
 	if err != nil {
-		if res := <-receipts; res.err == nil && res.rc.ID != "" {
+		select {
+		case res := <-receipts:
 			rc = res.rc
-		} else {
+		case <-r.ctx.Done():
+			return bm, true, context.Cause(r.ctx)
+		case <-time.After(time.Minute):
 			return bm, true, fmt.Errorf("agent: %s: stop %s at a checkpoint: %w", r.key, id, err)
 		}
 	}
