@@ -152,9 +152,11 @@ type dispatchEntry struct {
 	RolloutID string `json:"rollout_id"`
 	Attempt   int    `json:"attempt"`
 	Agent     string `json:"agent"`
-	// Instance is the agent process's instance when it was sent: a
-	// recovery asks that process again, or knows it is gone.
+	// Instance is the agent process's instance when it was sent, and
+	// Owners the owners' instances: a recovery asks that process again, or
+	// knows it (or the owner of its sandbox) is gone.
 	Instance string    `json:"instance,omitempty"`
+	Owners   string    `json:"owners,omitempty"`
 	Time     time.Time `json:"time"`
 }
 
@@ -203,6 +205,12 @@ func (s *Summary) Committed() []CheckpointStat {
 	return out
 }
 
+// flight is one request in flight.
+type flight struct {
+	cancel context.CancelFunc
+	gen    uint64
+}
+
 // Collector runs one collection.
 type Collector struct {
 	cfg   Config
@@ -218,7 +226,7 @@ type Collector struct {
 	route      map[string]string        // rollout -> agent name, from a restored checkpoint
 	sentTo     map[string]dispatchEntry // rollout -> its last dispatch
 	instances  map[string]string        // member -> its live instance
-	inflight   map[string]context.CancelFunc
+	inflight   map[string]*flight
 	queue      []string
 	sum        Summary
 	ckptOpen   bool
@@ -227,6 +235,9 @@ type Collector struct {
 	recovering bool
 	// pendingRetire are attempts to retire before more dispatches.
 	pendingRetire []string
+	// fatal ends Run: a result that could not be written.
+	fatal error
+	gen   uint64
 
 	ckptNow chan struct{}
 	stopNow chan struct{}
@@ -276,7 +287,7 @@ func New(cfg Config) (*Collector, error) {
 	c := &Collector{cfg: cfg, log: cfg.Logger.With().Str("run", cfg.Run).Str("component", "collect").Logger(),
 		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{},
 		sentTo: map[string]dispatchEntry{}, instances: map[string]string{},
-		inflight: map[string]context.CancelFunc{}, ckptNow: make(chan struct{}, 1), stopNow: make(chan struct{}),
+		inflight: map[string]*flight{}, ckptNow: make(chan struct{}, 1), stopNow: make(chan struct{}),
 		changed: make(chan struct{}, 1), fleet: make(chan string, 1)}
 	for _, t := range cfg.Tasks {
 		if _, dup := c.byID[t.RolloutID]; dup {

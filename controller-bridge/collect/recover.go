@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
@@ -19,11 +20,6 @@ func (c *Collector) recover(ctx context.Context, why string) error {
 	c.lastEvent = "recovering: " + why
 	c.mu.Unlock()
 	defer func() {
-		// Restarts seen while recovering are the ones it waited for.
-		select {
-		case <-c.fleet:
-		default:
-		}
 		c.mu.Lock()
 		c.recovering = false
 		c.sum.Recoveries++
@@ -50,9 +46,10 @@ func (c *Collector) recover(ctx context.Context, why string) error {
 	// Rollouts sent to an agent process that still runs are asked again
 	// from it; only those whose agent restarted need the checkpoint.
 	c.mu.Lock()
+	owners := ownersOf(live)
 	lost := 0
 	for id, e := range c.sentTo {
-		if _, done := c.done[id]; !done && (e.Instance == "" || live["agent."+e.Agent] != e.Instance) {
+		if _, done := c.done[id]; !done && c.isLost(e, live, owners) {
 			lost++
 		}
 	}
@@ -85,6 +82,24 @@ func (c *Collector) recover(ctx context.Context, why string) error {
 	}
 }
 
+// isLost tells whether the agent a rollout was sent to, or an owner, is
+// not the process it was.
+func (c *Collector) isLost(e dispatchEntry, live map[string]string, owners string) bool {
+	return e.Instance == "" || live["agent."+e.Agent] != e.Instance || (e.Owners != "" && e.Owners != owners)
+}
+
+// ownersOf names the live owners' processes as ownersKey does.
+func ownersOf(live map[string]string) string {
+	var parts []string
+	for m, inst := range live {
+		if strings.HasPrefix(m, string(events.KindOwner)+".") {
+			parts = append(parts, m+"="+inst)
+		}
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ",")
+}
+
 // partial handles a fleet that is not fresh but lost some agents: the
 // rollouts of agents that still run are asked again; those of an agent that
 // restarted are retired (the owner stops their sandboxes) and sent one
@@ -98,7 +113,7 @@ func (c *Collector) partial(ctx context.Context, live map[string]string) error {
 		if _, done := c.done[id]; done {
 			continue
 		}
-		if e, sent := c.sentTo[id]; sent && (e.Instance == "" || live["agent."+e.Agent] != e.Instance) {
+		if e, sent := c.sentTo[id]; sent && c.isLost(e, live, ownersOf(live)) {
 			retire = append(retire, events.Episode{Rollout: id, Attempt: c.attempt[id]}.String())
 			c.attempt[id]++
 		}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -59,6 +61,12 @@ func (c *Collector) Run(ctx context.Context) (Summary, error) {
 	for {
 		c.flushRetire(ctx)
 		c.dispatch(ctx)
+		c.mu.Lock()
+		fatal := c.fatal
+		c.mu.Unlock()
+		if fatal != nil {
+			return c.Summary(), fatal
+		}
 		if c.finished() {
 			break
 		}
@@ -107,7 +115,27 @@ func (c *Collector) enqueueRest() {
 func (c *Collector) finished() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.done) >= len(c.byID) && len(c.inflight) == 0
+	if len(c.inflight) > 0 {
+		return false
+	}
+	for id := range c.byID {
+		if _, done := c.done[id]; !done {
+			return false
+		}
+	}
+	return true
+}
+
+// ownersKey names the owners' processes now; the caller holds c.mu.
+func (c *Collector) ownersKey() string {
+	var parts []string
+	for m, inst := range c.instances {
+		if strings.HasPrefix(m, string(events.KindOwner)+".") {
+			parts = append(parts, m+"="+inst)
+		}
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ",")
 }
 
 func (c *Collector) signal() {
@@ -135,7 +163,8 @@ func (c *Collector) dispatch(ctx context.Context) {
 		name := c.agentOf(id)
 		// The dispatch log first, synced: a collector started again knows
 		// every attempt that may be running.
-		e := dispatchEntry{RolloutID: id, Attempt: attempt, Agent: name, Instance: c.instances["agent."+name], Time: time.Now().UTC()}
+		e := dispatchEntry{RolloutID: id, Attempt: attempt, Agent: name, Instance: c.instances["agent."+name], Owners: c.ownersKey(),
+			Time: time.Now().UTC()}
 		if err := appendLine(c.dlog, e); err != nil {
 			c.mu.Unlock()
 			c.log.Error().Err(err).Msg("write the dispatch log; not dispatching")
@@ -143,14 +172,16 @@ func (c *Collector) dispatch(ctx context.Context) {
 		}
 		c.sentTo[id] = e
 		rctx, cancel := context.WithCancel(ctx)
-		c.inflight[id] = cancel
+		c.gen++
+		fl := &flight{cancel: cancel, gen: c.gen}
+		c.inflight[id] = fl
 		c.mu.Unlock()
-		go c.send(rctx, id, attempt, name)
+		go c.send(rctx, id, attempt, name, fl.gen)
 	}
 }
 
 // send runs one rollout request and records how it ended.
-func (c *Collector) send(ctx context.Context, id string, attempt int, name string) {
+func (c *Collector) send(ctx context.Context, id string, attempt int, name string, gen uint64) {
 	cl, err := agent.NewClient(c.cfg.Conn, c.cfg.Run, name)
 	var res agent.Result
 	if err == nil {
@@ -168,54 +199,72 @@ func (c *Collector) send(ctx context.Context, id string, attempt int, name strin
 			break
 		}
 	}
-	c.finish(id, attempt, name, res, err)
+	c.finish(id, attempt, name, gen, res, err)
 }
 
 // finish records a rollout's end: a result (or a failure) exactly once;
-// anything that leaves it unfinished leaves it to a checkpoint's restore.
-func (c *Collector) finish(id string, attempt int, name string, res agent.Result, err error) {
+// anything that leaves it unfinished leaves it to a checkpoint's restore,
+// or queues it again.
+func (c *Collector) finish(id string, attempt int, name string, gen uint64, res agent.Result, err error) {
 	c.mu.Lock()
 	defer c.signal()
 	defer c.mu.Unlock()
-	if cancel := c.inflight[id]; cancel != nil {
-		cancel()
-		delete(c.inflight, id)
+	fl := c.inflight[id]
+	if fl == nil || fl.gen != gen {
+		return // a request a recovery dropped; a newer one is in flight or queued
 	}
+	fl.cancel()
+	delete(c.inflight, id)
 	if _, dup := c.done[id]; dup {
 		c.log.Warn().Str("rollout", id).Int("attempt", attempt).Msg("a second answer for a rollout already written; dropped")
 		return
 	}
 	ep := events.Episode{Rollout: id, Attempt: attempt}.String()
 	var se *jetstream.ServiceError
+	isSE := errors.As(err, &se)
 	switch {
 	case err == nil:
 		c.write(Result{RolloutID: id, Attempt: attempt, Episode: ep, Agent: name, OK: true, Result: &res, Time: time.Now().UTC()})
 		c.lastEvent = id + " done"
-		return
-	case errors.As(err, &se) && (se.Code == "rollout_failed" || se.Code == "bad_request" || se.Code == "bad_bookmark"):
+	case isSE && (se.Code == "rollout_failed" || se.Code == "bad_request" || se.Code == "bad_bookmark"):
 		c.write(Result{RolloutID: id, Attempt: attempt, Episode: ep, Agent: name, Error: se.Error(), Time: time.Now().UTC()})
 		c.lastEvent = id + " failed"
-		return
-	case errors.As(err, &se) && se.Code == "parked" && !c.stopping:
-		// Parked by an earlier stop checkpoint that no restore continued:
-		// its progress is only in that checkpoint; start it over.
-		c.lastEvent = id + " parked; restarting"
-		c.log.Info().Str("episode", ep).Msg("parked by an earlier stop checkpoint; retiring it and starting it over")
+	case c.stopping || c.recovering || errors.Is(err, context.Canceled):
+		// A stop checkpoint parked it, or a recovery dropped it: the
+		// restore (or the recovery) takes it from here.
+	case isSE && (se.Code == "parked" || se.Code == "stale_attempt"):
+		// Parked by an earlier stop checkpoint that no restore continued,
+		// or retired under it: start it over one attempt later.
+		c.lastEvent = id + " " + se.Code + "; starting over"
+		c.log.Info().Str("episode", ep).Str("code", se.Code).Msg("retiring the attempt and starting it over one attempt later")
 		c.pendingRetire = append(c.pendingRetire, ep)
 		c.attempt[id] = attempt + 1
 		c.queue = append(c.queue, id)
-		return
+	default:
+		// The agent is stopping or went away, or is busy with another
+		// attempt: ask again in a while (a recovery may come first).
+		c.log.Debug().Err(err).Str("episode", ep).Msg("rollout unfinished; asking again")
+		go func() {
+			time.Sleep(time.Second)
+			c.mu.Lock()
+			if _, done := c.done[id]; !done && c.inflight[id] == nil && !slices.Contains(c.queue, id) {
+				c.queue = append(c.queue, id)
+			}
+			c.mu.Unlock()
+			c.signal()
+		}()
 	}
-	// Unfinished: the agent stopped or went away, a stop checkpoint parked
-	// it, or a recovery cancelled it. A restore (or a retry one attempt
-	// later) takes it from here.
-	c.log.Debug().Err(err).Str("episode", ep).Msg("rollout unfinished")
 }
 
 // write appends a result; the caller holds c.mu.
 func (c *Collector) write(r Result) {
 	if err := appendLine(c.out, r); err != nil {
+		// The output cannot take it: stop here; a run started again asks
+		// the agent again and gets the same answer.
 		c.log.Error().Err(err).Str("rollout", r.RolloutID).Msg("write the result")
+		if c.fatal == nil {
+			c.fatal = fmt.Errorf("collect: write the result of %s: %w", r.RolloutID, err)
+		}
 		return
 	}
 	c.done[r.RolloutID] = r
@@ -229,8 +278,8 @@ func (c *Collector) write(r Result) {
 func (c *Collector) cancelInflight() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, cancel := range c.inflight {
-		cancel()
+	for _, fl := range c.inflight {
+		fl.cancel()
 	}
 }
 
