@@ -1,0 +1,590 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mattn/go-isatty"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/client"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/e2e/modelserver"
+	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/participants/member"
+)
+
+type demoFlags struct {
+	rollouts int
+	agents   int
+	dir      string
+	provider string
+	cluster  bool
+	auth     bool
+	tool     time.Duration
+}
+
+func newDemoCmd(g *globals) *cobra.Command {
+	var f demoFlags
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Run a rollout collection through 3 checkpoints and a crash, and check the invariants",
+		Long: `Run the whole system on this machine, no outside service: an embedded NATS
+server, the bridge, a sandbox owner on the best provider (overlay as root, dir
+otherwise), a few agents (each its own process), the scripted model server and
+harness, and a bundled task set of small coding tasks (their tools write files,
+run a slow command and start a detached process).
+
+The collection goes through 3 checkpoints and one crash: after the second
+checkpoint the agents and the owner are killed with SIGKILL and started again,
+and the collector restores the checkpoint. At the end it prints how many
+rollouts continued in place and how many relaunched, the checkpoint timings,
+the PROTOCOL §7 invariants checked on this run, and the nats commands to read
+what happened. The last line is:
+  demo: <N> rollouts, <N> results, <C> continued in place, <R> relaunched, <K> checkpoints committed, invariants ok
+
+It builds the static sandboxd and harness binaries first (go build, from the
+stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDemo(cmd.Context(), g, f) },
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&f.rollouts, "rollouts", 32, "tasks in the set")
+	fl.IntVar(&f.agents, "agents", 2, "agent processes")
+	fl.StringVar(&f.dir, "dir", "", "work directory: logs, results, the NATS store (default: a new one under the temp dir)")
+	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
+	fl.BoolVar(&f.cluster, "cluster", false, "run a 3-node NATS cluster (R3) instead of one server")
+	fl.BoolVar(&f.auth, "auth", false, "give every component its own credentials (per-role nkeys with their permissions)")
+	fl.DurationVar(&f.tool, "tool-time", 4*time.Second, "how long each task's slow tool call runs")
+	return cmd
+}
+
+// demo is one demo run's world.
+type demo struct {
+	g       *globals
+	f       demoFlags
+	dir     string
+	self    string
+	bin     string
+	natsURL string
+	authDir string
+	run     string
+	token   string
+	log     zerolog.Logger
+
+	mu    sync.Mutex
+	procs map[string]*exec.Cmd
+	dead  map[string]chan struct{}
+}
+
+func (d *demo) say(format string, args ...any) {
+	fmt.Fprintf(d.g.stdout, "demo: "+format+"\n", args...)
+}
+
+func runDemo(ctx context.Context, g *globals, f demoFlags) error {
+	if f.rollouts < 1 || f.agents < 1 {
+		return &exitError{code: ExitUsage, err: errors.New("--rollouts and --agents must be at least 1")}
+	}
+	d := &demo{g: g, f: f, run: "demo", token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*exec.Cmd{},
+		dead: map[string]chan struct{}{}, log: zerolog.New(g.stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
+	var err error
+	if d.dir = f.dir; d.dir == "" {
+		if d.dir, err = os.MkdirTemp("", "stillpoint-demo-"); err != nil {
+			return err
+		}
+	}
+	if d.dir, err = filepath.Abs(d.dir); err != nil {
+		return err
+	}
+	if d.self, err = os.Executable(); err != nil {
+		return err
+	}
+	d.say("work directory %s (logs, results, the NATS store)", d.dir)
+	if err := d.build(ctx); err != nil {
+		return err
+	}
+	began := time.Now()
+	defer d.stopAll()
+	if err := d.startNATS(ctx); err != nil {
+		return err
+	}
+	conn := jetstream.ConnConfig{URL: d.natsURL, Name: "stillpoint-demo"}
+	if d.authDir != "" {
+		conn.NKeyFile = embedded.SeedFile(d.authDir, embedded.RoleAdmin)
+	}
+	nc, err := jetstream.Connect(ctx, conn)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := natsjs.New(nc)
+	if err != nil {
+		return err
+	}
+	bus, err := jetstream.Open(ctx, js)
+	if err != nil {
+		return err
+	}
+
+	ts, script := tasks.Set(tasks.Options{N: f.rollouts, ToolSeconds: f.tool.Seconds(), Steps: 2})
+	ms := modelserver.New(script)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	msrv := &http.Server{Handler: ms, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = msrv.Serve(ln) }()
+	defer msrv.Close()
+	modelURL := "http://" + ln.Addr().String()
+
+	bridgeURL, err := d.startBridge(ctx)
+	if err != nil {
+		return err
+	}
+	if err := d.startOwner(ctx, js, bus); err != nil {
+		return err
+	}
+	var agents []string
+	for i := range f.agents {
+		name := fmt.Sprintf("a%d", i+1)
+		agents = append(agents, name)
+		if err := d.startAgent(ctx, bus, name, modelURL); err != nil {
+			return err
+		}
+	}
+	d.say("NATS %s, bridge %s, owner o1, agents %s, model server %s", d.natsURL, bridgeURL, strings.Join(agents, ","), modelURL)
+
+	ctl, err := client.New(bridgeURL, d.token)
+	if err != nil {
+		return err
+	}
+	var ctasks []collect.Task
+	for _, t := range ts {
+		ctasks = append(ctasks, collect.Task{RolloutID: t.RolloutID, Task: t.Task})
+	}
+	chk := &demoChecks{}
+	var progress *os.File
+	if fd, ok := g.stderr.(*os.File); ok && isatty.IsTerminal(fd.Fd()) {
+		progress = fd
+	}
+	cfg := collect.Config{Run: d.run, Tasks: ctasks, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
+		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: f.rollouts, Keep: 0, RecoverGrace: 30 * time.Second,
+		Logger: zerolog.New(filepath2Writer(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
+		OnCommit: func(ctx context.Context, res *bridge.CheckpointResult) {
+			chk.verifyManifests(ctx, bus, d.run, res.CheckpointID)
+		}}
+	if progress != nil {
+		cfg.Progress = progress
+	}
+	col, err := collect.New(cfg)
+	if err != nil {
+		return err
+	}
+	dctx, stopDirector := context.WithCancel(ctx)
+	defer stopDirector()
+	directed := make(chan error, 1)
+	go func() { directed <- d.direct(dctx, col, ms, bus, agents, modelURL) }()
+	sum, err := col.Run(ctx)
+	stopDirector()
+	if derr := <-directed; derr != nil && !errors.Is(derr, context.Canceled) {
+		d.say("the crash step did not run as planned: %v", derr)
+	}
+	if err != nil {
+		return fmt.Errorf("demo: collection: %w", err)
+	}
+	fmt.Fprintln(g.stdout)
+	collect.WriteSummary(g.stdout, sum)
+	fmt.Fprintln(g.stdout)
+
+	d.stopAll()
+	leftover := d.reap(ctx)
+	inv := chk.check(ctx, d, js, bus, ms, sum, leftover)
+	fmt.Fprintln(g.stdout, "invariants (PROTOCOL §7) checked on this run:")
+	failed := []string{}
+	for _, r := range inv {
+		mark := "ok"
+		if !r.ok {
+			mark = "FAILED"
+			failed = append(failed, r.name)
+		}
+		fmt.Fprintf(g.stdout, "  %-6s %d. %s: %s\n", mark, r.n, r.name, r.detail)
+	}
+	fmt.Fprintln(g.stdout)
+	fmt.Fprintf(g.stdout, "to read what happened (the store is in %s):\n", filepath.Join(d.dir, "nats"))
+	fmt.Fprintf(g.stdout, "  go run ./cmd/stillpoint server --dir %s --listen 127.0.0.1:4333 &\n", filepath.Join(d.dir, "nats"))
+	if d.authDir != "" {
+		fmt.Fprintf(g.stdout, "  (with --auth-dir %s, and --nkey %s on the commands below)\n", d.authDir, embedded.SeedFile(d.authDir, embedded.RoleAdmin))
+	}
+	fmt.Fprintf(g.stdout, "  go run ./cmd/stillpoint timeline --run %s --nats-url nats://127.0.0.1:4333\n", d.run)
+	fmt.Fprintf(g.stdout, "  nats --server nats://127.0.0.1:4333 stream view STILLPOINT --subject 'sp.%s.phase.>'\n", d.run)
+	fmt.Fprintf(g.stdout, "  nats --server nats://127.0.0.1:4333 stream view STILLPOINT --subject 'sp.%s.outcome.>'\n", d.run)
+	fmt.Fprintf(g.stdout, "  nats --server nats://127.0.0.1:4333 kv history sp_members\n")
+	fmt.Fprintf(g.stdout, "took %s (build excluded)\n\n", time.Since(began).Round(100*time.Millisecond))
+
+	verdict := "invariants ok"
+	if len(failed) > 0 {
+		verdict = "invariants FAILED: " + strings.Join(failed, ", ")
+	}
+	fmt.Fprintf(g.stdout, "demo: %d rollouts, %d results, %d continued in place, %d relaunched, %d checkpoints committed, %s\n",
+		sum.Rollouts, sum.Results, sum.ContinuedInPlace, sum.Relaunched, len(sum.Committed()), verdict)
+	if len(failed) > 0 {
+		return &exitError{code: ExitFailure}
+	}
+	return nil
+}
+
+// filepath2Writer opens a log file (created with its directory); on error
+// logs are discarded.
+func filepath2Writer(p string) *os.File {
+	_ = os.MkdirAll(filepath.Dir(p), 0o755)
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		f, _ = os.Open(os.DevNull)
+	}
+	return f
+}
+
+// build builds the static binaries that go into sandboxes.
+func (d *demo) build(ctx context.Context) error {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	mod := strings.TrimSpace(string(out))
+	if err != nil || mod == "" || mod == os.DevNull {
+		return errors.New("demo: run it from the stillpoint checkout (it builds sandboxd and the harness with the Go toolchain): go run ./cmd/stillpoint demo")
+	}
+	d.bin = filepath.Join(d.dir, "bin")
+	d.say("building the static sandboxd and scripted harness (CGO_ENABLED=0)")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", d.bin+"/", "./cmd/sandboxd", "./cmd/scripted-harness")
+	cmd.Dir = filepath.Dir(mod)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("demo: go build: %v\n%s", err, b)
+	}
+	return nil
+}
+
+// startNATS starts the embedded server (or cluster) and provisions the
+// bus, or uses --nats-url.
+func (d *demo) startNATS(ctx context.Context) error {
+	if d.g.conn.URL != "" {
+		d.natsURL = d.g.conn.URL
+		return nil
+	}
+	var users []embedded.User
+	provision := jetstream.ConnConfig{Name: "stillpoint-demo-provision"}
+	if d.f.auth {
+		d.authDir = filepath.Join(d.dir, "auth")
+		var err error
+		if users, err = embedded.RoleUsers(d.authDir, ""); err != nil {
+			return err
+		}
+		provision.NKeyFile = embedded.SeedFile(d.authDir, embedded.RoleAdmin)
+	}
+	topo := jetstream.Topology{}
+	nlog := zerolog.New(filepath2Writer(filepath.Join(d.dir, "logs", "nats.log"))).With().Timestamp().Logger()
+	if d.f.cluster {
+		c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{Dir: filepath.Join(d.dir, "nats"), Users: users, Logger: nlog})
+		if err != nil {
+			return err
+		}
+		d.natsURL = c.URL()
+		topo.Replicas = c.Len()
+		go func() { <-ctx.Done(); c.Shutdown() }()
+	} else {
+		s, err := embedded.Start(ctx, embedded.Config{Dir: filepath.Join(d.dir, "nats"), ServerName: "stillpoint-demo", Users: users, Logger: nlog})
+		if err != nil {
+			return err
+		}
+		d.natsURL = s.ClientURL()
+		go func() { <-ctx.Done(); s.Shutdown() }()
+	}
+	provision.URL = d.natsURL
+	nc, err := jetstream.Connect(ctx, provision)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := natsjs.New(nc)
+	if err != nil {
+		return err
+	}
+	_, err = jetstream.Provision(ctx, js, topo)
+	return err
+}
+
+// spawn starts a component as a process of this binary.
+func (d *demo) spawn(name string, role embedded.Role, env []string, args ...string) error {
+	full := []string{"--nats-url", d.natsURL, "--log-format", "json", "--log-level", "info"}
+	if d.authDir != "" {
+		full = append(full, "--nkey", embedded.SeedFile(d.authDir, role))
+	}
+	cmd := exec.Command(d.self, append(full, args...)...)
+	logf := filepath2Writer(filepath.Join(d.dir, "logs", name+".log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("demo: start %s: %w", name, err)
+	}
+	dead := make(chan struct{})
+	go func() { _ = cmd.Wait(); _ = logf.Close(); close(dead) }()
+	d.mu.Lock()
+	d.procs[name], d.dead[name] = cmd, dead
+	d.mu.Unlock()
+	return nil
+}
+
+// waitMember waits for a new instance of member m to register.
+func (d *demo) waitMember(ctx context.Context, bus *jetstream.Bus, m events.Member, not string, proc string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if e, err := bus.Members.Get(ctx, events.MemberKey(d.run, m)); err == nil {
+			var info events.MemberInfo
+			if json.Unmarshal(e.Value(), &info) == nil && info.Instance != "" && info.Instance != not {
+				return nil
+			}
+		}
+		d.mu.Lock()
+		dead := d.dead[proc]
+		d.mu.Unlock()
+		select {
+		case <-dead:
+			return fmt.Errorf("demo: %s exited; see %s", proc, filepath.Join(d.dir, "logs", proc+".log"))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("demo: %s did not register; see %s", m, filepath.Join(d.dir, "logs", proc+".log"))
+}
+
+func (d *demo) instance(ctx context.Context, bus *jetstream.Bus, m events.Member) string {
+	e, err := bus.Members.Get(ctx, events.MemberKey(d.run, m))
+	if err != nil {
+		return ""
+	}
+	var info events.MemberInfo
+	_ = json.Unmarshal(e.Value(), &info)
+	return info.Instance
+}
+
+func (d *demo) startBridge(ctx context.Context) (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	if err := d.spawn("bridge", embedded.RoleBridge, []string{"STILLPOINT_BRIDGE_TOKEN=" + d.token},
+		"bridge", "--run", d.run, "--listen", addr); err != nil {
+		return "", err
+	}
+	url := "http://" + addr
+	c, _ := client.New(url, d.token)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if err := c.Ready(ctx); err == nil {
+			return url, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return "", fmt.Errorf("demo: the bridge did not come up; see %s", filepath.Join(d.dir, "logs", "bridge.log"))
+}
+
+func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstream.Bus) error {
+	prev := d.instance(ctx, bus, "owner.o1")
+	args := []string{"owner", "--run", d.run, "--name", "o1", "--provider", d.f.provider, "--state-dir", filepath.Join(d.dir, "owner"),
+		"--sandboxd", filepath.Join(d.bin, "sandboxd"), "--harness", filepath.Join(d.bin, "scripted-harness")}
+	if d.authDir != "" {
+		args = append(args, "--sandbox-creds", embedded.SeedFile(d.authDir, embedded.RoleSandbox))
+	}
+	if err := d.spawn("owner", embedded.RoleOwner, nil, args...); err != nil {
+		return err
+	}
+	return d.waitMember(ctx, bus, "owner.o1", prev, "owner")
+}
+
+func (d *demo) startAgent(ctx context.Context, bus *jetstream.Bus, name, modelURL string) error {
+	m := events.Member("agent." + name)
+	prev := d.instance(ctx, bus, m)
+	if err := d.spawn("agent-"+name, embedded.RoleAgent, nil, "agent", "--run", d.run, "--name", name, "--owner", "o1",
+		"--model-url", modelURL, "--concurrency", fmt.Sprint(d.f.rollouts)); err != nil {
+		return err
+	}
+	return d.waitMember(ctx, bus, m, prev, "agent-"+name)
+}
+
+// kill9 kills the named processes with SIGKILL and waits for them.
+func (d *demo) kill9(names ...string) {
+	for _, n := range names {
+		d.mu.Lock()
+		cmd, dead := d.procs[n], d.dead[n]
+		d.mu.Unlock()
+		if cmd == nil {
+			continue
+		}
+		_ = cmd.Process.Kill()
+		<-dead
+	}
+}
+
+// stopAll stops every process (SIGTERM, then SIGKILL after 20 s).
+func (d *demo) stopAll() {
+	d.mu.Lock()
+	procs := make(map[string]*exec.Cmd, len(d.procs))
+	for k, v := range d.procs {
+		procs[k] = v
+	}
+	d.procs = map[string]*exec.Cmd{}
+	d.mu.Unlock()
+	for _, cmd := range procs {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for n, cmd := range procs {
+		d.mu.Lock()
+		dead := d.dead[n]
+		d.mu.Unlock()
+		select {
+		case <-dead:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-dead
+		}
+	}
+}
+
+// reap stops sandboxes left in the owner's state directory and returns
+// their ids (none, when every session ended).
+func (d *demo) reap(ctx context.Context) []string {
+	cmd := exec.CommandContext(ctx, d.self, "owner", "--reap", "--provider", d.f.provider, "--state-dir", filepath.Join(d.dir, "owner"),
+		"--log-level", "error")
+	out, err := cmd.Output()
+	if err != nil {
+		return []string{"(reap failed: " + err.Error() + ")"}
+	}
+	var ids []string
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if s := strings.TrimSpace(sc.Text()); s != "" && !strings.HasPrefix(s, "stillpoint:") {
+			ids = append(ids, s)
+		}
+	}
+	return ids
+}
+
+// direct drives the run: a checkpoint once every rollout is under way, a
+// second once a quarter are in their slow tool, then the crash (SIGKILL of the agents and
+// the owner, started again: the collector restores), then a third.
+func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserver.Server, bus *jetstream.Bus, agents []string, modelURL string) error {
+	n := d.f.rollouts
+	calls := func(min int) int {
+		per := map[string]int{}
+		for _, e := range ms.Ledger() {
+			per[e.Task]++
+		}
+		k := 0
+		for _, c := range per {
+			if c >= min {
+				k++
+			}
+		}
+		return k
+	}
+	waitUntil := func(what string, cond func() bool) error {
+		for !cond() {
+			if col.Counts().Done >= n {
+				return fmt.Errorf("the collection finished before %s", what)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		return nil
+	}
+	committed := func() int { s := col.Summary(); return len(s.Committed()) }
+	checkpoint := func(k int) error {
+		col.CheckpointNow()
+		return waitUntil(fmt.Sprintf("checkpoint %d", k), func() bool { return committed() >= k })
+	}
+	if err := waitUntil("every rollout started", func() bool { return calls(2) >= n }); err != nil {
+		return err
+	}
+	if err := checkpoint(1); err != nil {
+		return err
+	}
+	if err := waitUntil("a quarter of the rollouts were in their slow tool", func() bool { return calls(4) >= max(n/4, 1) }); err != nil {
+		return err
+	}
+	if err := checkpoint(2); err != nil {
+		return err
+	}
+	d.say("kill -9 of the agents and the owner")
+	names := []string{"owner"}
+	for _, a := range agents {
+		names = append(names, "agent-"+a)
+	}
+	d.kill9(names...)
+	if err := d.startOwner(ctx, nil, bus); err != nil {
+		return err
+	}
+	for _, a := range agents {
+		if err := d.startAgent(ctx, bus, a, modelURL); err != nil {
+			return err
+		}
+	}
+	if err := waitUntil("the restore", func() bool { return len(col.Summary().Restores) > 0 }); err != nil {
+		return err
+	}
+	d.say("restored %s into the new processes", col.Summary().Restores[0])
+	time.Sleep(300 * time.Millisecond)
+	return checkpoint(3)
+}
+
+// demoChecks gathers what the invariants need while the run goes.
+type demoChecks struct {
+	mu        sync.Mutex
+	manifests int
+	bad       []string
+}
+
+// verifyManifests reads back every member manifest of a committed
+// checkpoint and its records, verifying size, sha256 and count.
+func (c *demoChecks) verifyManifests(ctx context.Context, bus *jetstream.Bus, run, id string) {
+	e, err := bus.Manifests.Get(ctx, events.ManifestKey(run, id))
+	var m events.CheckpointManifest
+	if err == nil {
+		err = json.Unmarshal(e.Value(), &m)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.bad = append(c.bad, fmt.Sprintf("%s: manifest: %v", id, err))
+		return
+	}
+	for _, mm := range m.Members {
+		if _, _, err := member.ReadRecords(ctx, bus.Manifests, bus.Records, run, id, mm.Member, nil); err != nil {
+			c.bad = append(c.bad, fmt.Sprintf("%s/%s: %v", id, mm.Member, err))
+			continue
+		}
+		c.manifests++
+	}
+}
