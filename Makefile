@@ -32,6 +32,7 @@ bench:
 	$(GO) test -run '^$$' -bench PublishPhase -benchtime 3s -count 3 ./jetstream/
 	$(GO) test -run '^$$' -bench 'RawFanout|CheckpointCycle' -benchtime 10x -timeout 30m ./controller-bridge/
 	$(GO) test -run '^$$' -bench 'Pause|RawFreeze' -benchtime 10x -count 3 -timeout 30m ./sandboxd/
+	$(GO) test -run '^$$' -bench Checkpoint64LiveRollouts -benchtime 1x -count 1 -timeout 30m ./e2e/
 
 ## ci: what .ci/run does.
 ci: lint test fuzz

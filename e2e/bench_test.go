@@ -1,0 +1,618 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/e2e/modelserver"
+	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/member"
+)
+
+// The shape of BenchmarkCheckpoint64LiveRollouts.
+const (
+	benchRollouts = 64
+	benchAgents   = 2
+	benchRounds   = 10
+	// benchToolSeconds is how long each rollout's mid-tool runs: long
+	// enough that every rollout is still in it after the last of the
+	// rounds (the benchmark checks it), short enough to wait out at the
+	// end so that every rollout finishes and closes its own sandbox.
+	benchToolSeconds = 120
+)
+
+// BenchmarkCheckpoint64LiveRollouts measures a checkpoint of 64 live
+// rollouts end to end: the bridge in this process, an owner (overlay
+// sandboxes) and two agents as stillpoint processes, 64 sandboxes each
+// running sandboxd and the scripted harness, every harness in the middle
+// of a tool call. It takes benchRounds checkpoints in a row and reports
+// per phase the p50 and p90 (and the max, in the table it prints) of
+// prepare and commit (the bridge's own timing, CheckpointResult.PrepareMS
+// and CommitMS), resume (the resume phase's stream time to the last
+// member's resume ack) and total (the prepare phase's stream time to the
+// last resume ack). The table also says where each phase's time went:
+// per member class, when its last ack arrived and the longest handling
+// time a member reported; and what the owner's snapshots took.
+//
+// Baseline, same process and fleet, taken first: the same number of
+// checkpoints with nothing in flight (owner and agents idle, no
+// sandboxes). The *-ratio metrics are live p50 over baseline p50.
+//
+// Each run takes its fixed rounds whatever b.N is: use -benchtime 1x.
+// A run takes about two and a half minutes, most of it waiting for the
+// tools to end, and needs root (overlay sandboxes, cgroups).
+func BenchmarkCheckpoint64LiveRollouts(b *testing.B) {
+	if b.N > 1 {
+		b.Fatalf("each run takes a fixed %d checkpoints of a fresh fleet: run with -benchtime 1x", benchRounds)
+	}
+	load := benchLoadavg()
+	f := startBenchFleet(b, benchRollouts, benchAgents, benchToolSeconds)
+	ctx, cancel := context.WithTimeout(b.Context(), 15*time.Minute)
+	defer cancel()
+
+	base := make([]benchSample, 0, benchRounds)
+	for i := range benchRounds {
+		s, res := f.checkpoint(ctx, fmt.Sprintf("idle-%d", i+1))
+		if len(res.Continued) != 0 || len(res.Members) != 1+benchAgents {
+			b.Fatalf("idle checkpoint continued %v with members %v: the fleet is not idle", res.Continued, res.Members)
+		}
+		base = append(base, s)
+	}
+	f.release(ctx, 2)
+
+	var outs []<-chan outcome
+	dispatched := time.Now()
+	for i := range benchRollouts {
+		outs = append(outs, f.dispatch(ctx, i))
+	}
+	// Three model calls: setup, one step, and the computing call, whose
+	// tool (sleep benchToolSeconds) every harness now runs.
+	f.waitCalls(benchRollouts, 3, 3*time.Minute)
+	spread := time.Since(dispatched)
+	time.Sleep(500 * time.Millisecond) // the last replies reach their harnesses
+
+	live := make([]benchSample, 0, benchRounds)
+	liveStart := time.Now()
+	for i := range benchRounds {
+		id := fmt.Sprintf("live-%d", i+1)
+		s, res := f.checkpoint(ctx, id)
+		if len(res.Continued) != benchRollouts || len(res.Restarted) != 0 {
+			b.Fatalf("%s continued %d, restarted %v; want all %d continued", id, len(res.Continued), res.Restarted, benchRollouts)
+		}
+		if n := s.members; n != 1+benchAgents+benchRollouts {
+			b.Fatalf("%s had %d members, want the owner, %d agents and %d sandbox daemons", id, n, benchAgents, benchRollouts)
+		}
+		f.checkMidTool(ctx, id)
+		live = append(live, s)
+		f.release(ctx, 2)
+	}
+	rounds := time.Since(liveStart)
+	load += " to " + benchLoadavg()
+
+	// Every rollout finishes on its own (its session closed, its sandbox
+	// stopped by the owner) with the one launch it started, paused in
+	// place by each checkpoint: the checkpoints caught what they claim.
+	for i, ch := range outs {
+		var o outcome
+		select {
+		case o = <-ch:
+		case <-ctx.Done():
+			b.Fatalf("%s did not return: %v", tasks.ID(i), ctx.Err())
+		}
+		if o.err != nil {
+			b.Fatalf("%s: %v", tasks.ID(i), o.err)
+		}
+		var v tasks.Verdict
+		if err := json.Unmarshal(o.res.Verdict, &v); err != nil || v.Reward != 1 {
+			b.Fatalf("%s: verdict %s", tasks.ID(i), o.res.Verdict)
+		}
+		l := o.res.Launches
+		if len(l) != 1 || l[0].Pauses != benchRounds || l[0].Ended != agent.LaunchFinished {
+			b.Fatalf("%s: launch log %+v, want one finished launch paused %d times", tasks.ID(i), l, benchRounds)
+		}
+	}
+	if r := f.ms.Repeats(); len(r) != 0 {
+		b.Fatalf("repeated model calls: %v", r)
+	}
+	f.release(ctx, 0)
+
+	benchReport(b, base, live, fmt.Sprintf("%d live rollouts, all in their %d s tool %.1f s after dispatch; %d checkpoints in %.1f s; load average %s",
+		benchRollouts, benchToolSeconds, spread.Seconds(), benchRounds, rounds.Seconds(), load))
+}
+
+// benchSample is one checkpoint's times.
+type benchSample struct {
+	// prepare and commit are the bridge's; call is the Checkpoint call's
+	// wall time (prepare publish to resume publish, from here).
+	prepare, commit, call time.Duration
+	// resume is the resume phase's stream time to its last ack's; total
+	// the prepare phase's stream time to the last resume ack's.
+	resume, total time.Duration
+	// last is, per phase and member class (owner, agent, sandbox), the
+	// time from the phase's publish to the class's last ack, and took
+	// the longest handling time (TookMS) a member of the class reported.
+	last, took map[string]time.Duration
+	members    int
+	commitAt   time.Time
+	// snaps is what the owner's snapshots of the checkpoint say about
+	// themselves (read from the provider's meta.json files).
+	snaps benchSnapStats
+}
+
+// benchSnapStats sums up the owner's snapshots of one checkpoint. took is a
+// snapshot's own time (freeze, copy of the upper layer, thaw); the span
+// runs from the first snapshot's start to the last one's end, and start
+// and tail place it in the commit phase: from the commit's publish to the
+// first snapshot's start, and from the last snapshot's end to the owner's
+// commit ack (indexing, records, manifest, ack).
+type benchSnapStats struct {
+	n                      int
+	bytes                  int64
+	tookP50, tookMax       time.Duration
+	start, span, ownerTail time.Duration
+}
+
+func benchMS(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// checkpoint takes checkpoint id and waits until every member acked its
+// resume, so that checkpoints do not overlap a previous resume.
+func (f *benchFleet) checkpoint(ctx context.Context, id string) (benchSample, *bridge.CheckpointResult) {
+	f.tb.Helper()
+	start := time.Now()
+	res, err := f.br.Checkpoint(ctx, bridge.CheckpointRequest{ID: id})
+	call := time.Since(start)
+	if err != nil || res.Status != bridge.StatusCommitted {
+		if res != nil && res.Failure != nil {
+			f.tb.Fatalf("checkpoint %s: %+v", id, *res.Failure)
+		}
+		f.tb.Fatalf("checkpoint %s: %+v %v", id, res, err)
+	}
+	s := f.timesOf(ctx, id)
+	s.prepare, s.commit, s.call = benchMS(res.PrepareMS), benchMS(res.CommitMS), call
+	s.snaps = f.snapStatsOf(id, s)
+	return s, res
+}
+
+// snapStatsOf reads the meta.json of each of checkpoint id's snapshots in
+// the owner's overlay store (best effort: a layout it does not know
+// gives zeros).
+func (f *benchFleet) snapStatsOf(id string, s benchSample) benchSnapStats {
+	type meta struct {
+		Size    int64         `json:"size"`
+		Took    time.Duration `json:"took"`
+		Created time.Time     `json:"created"`
+	}
+	paths, _ := filepath.Glob(filepath.Join(f.state, "owner", "provider", "snapshots", id+"-*", "meta.json"))
+	var st benchSnapStats
+	var took []time.Duration
+	var first, last time.Time
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		var m meta
+		if err != nil || json.Unmarshal(b, &m) != nil {
+			continue
+		}
+		st.n++
+		st.bytes += m.Size
+		took = append(took, m.Took)
+		if begin := m.Created.Add(-m.Took); first.IsZero() || begin.Before(first) {
+			first = begin
+		}
+		if m.Created.After(last) {
+			last = m.Created
+		}
+	}
+	if st.n == 0 {
+		return st
+	}
+	st.tookP50, st.tookMax = benchQuantile(took, 0.5), slices.Max(took)
+	st.span = last.Sub(first)
+	if !s.commitAt.IsZero() {
+		st.start = first.Sub(s.commitAt)
+		st.ownerTail = s.commitAt.Add(s.last["commit/owner"]).Sub(last)
+	}
+	return st
+}
+
+// timesOf reads checkpoint id's events back from the stream, waiting
+// until every member of its resume has acked.
+func (f *benchFleet) timesOf(ctx context.Context, id string) benchSample {
+	f.tb.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		tl, err := bridge.ReadTimeline(ctx, f.env.JS, f.run, id)
+		if err != nil {
+			f.tb.Fatalf("timeline of %s: %v", id, err)
+		}
+		s, missing := benchSampleOf(tl)
+		if len(missing) == 0 {
+			return s
+		}
+		if time.Now().After(deadline) {
+			f.tb.Fatalf("checkpoint %s: no resume ack from %v after a minute", id, missing)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// benchSampleOf computes a checkpoint's times from its timeline and
+// returns the members whose resume ack is not in it yet (a placeholder
+// before the resume is).
+func benchSampleOf(tl []bridge.TimelineEntry) (benchSample, []events.Member) {
+	s := benchSample{last: map[string]time.Duration{}, took: map[string]time.Duration{}}
+	phases := map[events.Phase]bridge.TimelineEntry{}
+	seqs := map[uint64]events.Phase{}
+	for _, e := range tl {
+		if p, ok := e.Data.(events.PhaseEvent); ok {
+			phases[p.Phase()] = e
+			seqs[p.Header().Seq] = p.Phase()
+		}
+	}
+	res, ok := phases[events.PhaseResume]
+	if !ok {
+		return s, []events.Member{"(no resume yet)"}
+	}
+	acked := map[events.Member]bool{}
+	var lastResume time.Time
+	for _, e := range tl {
+		a, ok := e.Data.(events.Ack)
+		if !ok {
+			continue
+		}
+		h := a.Header()
+		p, ok := seqs[h.Seq]
+		if !ok || p != a.Answers() {
+			continue
+		}
+		class, _, _ := strings.Cut(string(h.Member), ".")
+		k := string(p) + "/" + class
+		s.last[k] = max(s.last[k], e.Time.Sub(phases[p].Time))
+		s.took[k] = max(s.took[k], benchMS(h.TookMS))
+		if p == events.PhaseResume {
+			acked[h.Member] = true
+			if e.Time.After(lastResume) {
+				lastResume = e.Time
+			}
+		}
+	}
+	members := res.Data.(events.PhaseEvent).Header().Members
+	var missing []events.Member
+	for _, m := range members {
+		if !acked[m] {
+			missing = append(missing, m)
+		}
+	}
+	s.members = len(members)
+	if c, ok := phases[events.PhaseCommit]; ok {
+		s.commitAt = c.Time
+	}
+	s.resume = lastResume.Sub(res.Time)
+	s.total = lastResume.Sub(phases[events.PhasePrepare].Time)
+	return s, missing
+}
+
+// checkMidTool checks that the agents exported every rollout at its
+// harness bookmark with resume set: paused in place, mid-tool.
+func (f *benchFleet) checkMidTool(ctx context.Context, checkpoint string) {
+	f.tb.Helper()
+	n := 0
+	for _, a := range f.agents {
+		_, recs, err := member.ReadRecords(ctx, f.env.Bus.Manifests, f.env.Bus.Records, f.run, checkpoint, events.Member("agent."+a), nil)
+		if err != nil {
+			f.tb.Fatalf("records of agent.%s in %s: %v", a, checkpoint, err)
+		}
+		for _, r := range recs {
+			bm, err := agent.DecodeBookmark(r.Data)
+			if err != nil {
+				f.tb.Fatalf("record %s: %v", r.Key, err)
+			}
+			if bm.Next != agent.StageHarness || !bm.Resume || len(bm.Launches) != 1 {
+				f.tb.Fatalf("%s: %s exported at %s resume %v launches %+v: not paused mid-tool", checkpoint, r.Key, bm.Next, bm.Resume, bm.Launches)
+			}
+			n++
+		}
+	}
+	if n != benchRollouts {
+		f.tb.Fatalf("%s: %d rollouts exported, want %d", checkpoint, n, benchRollouts)
+	}
+}
+
+// release keeps the newest keep checkpoints (none: the final release).
+func (f *benchFleet) release(ctx context.Context, keep int) {
+	f.tb.Helper()
+	if r, err := f.br.Release(ctx, bridge.ReleaseRequest{KeepLatest: keep}); err != nil || r.Status != bridge.StatusCompleted {
+		f.tb.Fatalf("release keeping %d: %+v %v", keep, r, err)
+	}
+}
+
+// benchQuantile returns the q-quantile of ds by nearest rank (of 10: p50 is
+// the 5th, p90 the 9th).
+func benchQuantile(ds []time.Duration, q float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[max(int(math.Ceil(q*float64(len(s))))-1, 0)]
+}
+
+// benchLoadavg returns the 1-minute load average, the machine's other work.
+func benchLoadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
+}
+
+func benchMSF(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// benchReport reports the p50s, p90s and ratios as metrics and prints
+// the whole picture: p50/p90/max per phase, live and baseline, and where the time
+// of each phase went per member class.
+func benchReport(b *testing.B, base, live []benchSample, head string) {
+	col := func(ss []benchSample, f func(benchSample) time.Duration) []time.Duration {
+		out := make([]time.Duration, len(ss))
+		for i, s := range ss {
+			out[i] = f(s)
+		}
+		return out
+	}
+	type row struct {
+		name string
+		get  func(benchSample) time.Duration
+	}
+	rows := []row{
+		{"prepare", func(s benchSample) time.Duration { return s.prepare }},
+		{"commit", func(s benchSample) time.Duration { return s.commit }},
+		{"resume", func(s benchSample) time.Duration { return s.resume }},
+		{"total", func(s benchSample) time.Duration { return s.total }},
+		{"call", func(s benchSample) time.Duration { return s.call }},
+	}
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%s\nms, p50 / p90 / max\n", head)
+	fmt.Fprintf(&sb, "%-8s %-24s %-24s %s\n", "phase", "live", "baseline (idle)", "ratio p50")
+	for _, r := range rows {
+		l, bl := col(live, r.get), col(base, r.get)
+		lp, bp := benchQuantile(l, 0.5), benchQuantile(bl, 0.5)
+		ratio := math.NaN()
+		if bp > 0 {
+			ratio = float64(lp) / float64(bp)
+		}
+		fmt.Fprintf(&sb, "%-8s %-24s %-24s %.1f\n", r.name,
+			fmt.Sprintf("%.0f / %.0f / %.0f", benchMSF(lp), benchMSF(benchQuantile(l, 0.9)), benchMSF(slices.Max(l))),
+			fmt.Sprintf("%.0f / %.0f / %.0f", benchMSF(bp), benchMSF(benchQuantile(bl, 0.9)), benchMSF(slices.Max(bl))), ratio)
+		if r.name == "call" {
+			continue
+		}
+		b.ReportMetric(benchMSF(lp), r.name+"-p50-ms")
+		b.ReportMetric(benchMSF(benchQuantile(l, 0.9)), r.name+"-p90-ms")
+		b.ReportMetric(benchMSF(bp), "base-"+r.name+"-p50-ms")
+		if bp > 0 {
+			b.ReportMetric(ratio, r.name+"-ratio")
+		}
+	}
+	fmt.Fprintf(&sb, "where the time went (live, p50 over the checkpoints): phase publish to the class's last ack; longest took_ms in the class\n")
+	for _, p := range []events.Phase{events.PhasePrepare, events.PhaseCommit, events.PhaseResume} {
+		for _, class := range []string{"owner", "agent", "sandbox"} {
+			k := string(p) + "/" + class
+			fmt.Fprintf(&sb, "  %-16s last ack %6.0f   took %6.0f\n", k,
+				benchMSF(benchQuantile(col(live, func(s benchSample) time.Duration { return s.last[k] }), 0.5)),
+				benchMSF(benchQuantile(col(live, func(s benchSample) time.Duration { return s.took[k] }), 0.5)))
+		}
+	}
+	fmt.Fprintf(&sb, "each live checkpoint, ms: prepare commit resume total | last ack of prepare: sandbox agent | of commit: owner (took) sandbox agent\n")
+	fmt.Fprintf(&sb, "  | owner's snapshots: count, MB, took p50/max; commit publish to first snapshot start, span of all, last snapshot end to owner ack\n")
+	for i, s := range live {
+		n := s.snaps
+		fmt.Fprintf(&sb, "  live-%-2d %5.0f %5.0f %5.0f %5.0f | %5.0f %5.0f | %5.0f (%5.0f) %5.0f %5.0f | %2d %5.0f %4.0f/%4.0f %4.0f %5.0f %4.0f\n", i+1,
+			benchMSF(s.prepare), benchMSF(s.commit), benchMSF(s.resume), benchMSF(s.total),
+			benchMSF(s.last["prepare/sandbox"]), benchMSF(s.last["prepare/agent"]),
+			benchMSF(s.last["commit/owner"]), benchMSF(s.took["commit/owner"]), benchMSF(s.last["commit/sandbox"]), benchMSF(s.last["commit/agent"]),
+			n.n, float64(n.bytes)/1e6, benchMSF(n.tookP50), benchMSF(n.tookMax), benchMSF(n.start), benchMSF(n.span), benchMSF(n.ownerTail))
+	}
+	// The testing package keeps 10 lines of a benchmark's log: the table
+	// goes to stdout.
+	fmt.Printf("\n--- %s\n%s", b.Name(), sb.String())
+	// One op is a whole run (a fleet and 2×benchRounds checkpoints):
+	// ns/op would mislead.
+	b.ReportMetric(0, "ns/op")
+}
+
+// benchFleet is the fleet of startFleet, for a benchmark: an embedded
+// server, the scripted model server, the bridge in this process, and an
+// owner and agents as processes, started with the same flags.
+//
+// It is its own type because startFleet and the helpers it calls
+// (waitFor, runUntilCleanup) take *testing.T; once they take
+// testing.TB, this can become startFleet.
+type benchFleet struct {
+	tb     testing.TB
+	run    string
+	env    *jstest.Env
+	bins   bins
+	ms     *modelserver.Server
+	br     *bridge.Bridge
+	state  string
+	tasks  []tasks.Task
+	procs  []*proc
+	logs   map[string]*syncBuffer
+	agents []string
+}
+
+func startBenchFleet(tb testing.TB, n, agents int, toolSeconds float64) *benchFleet {
+	tb.Helper()
+	bn := benchBins(tb)
+	env := jstest.Start(tb)
+	ts, script := tasks.Set(tasks.Options{N: n, ToolSeconds: toolSeconds, Steps: 1})
+	ms := modelserver.New(script)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv := &http.Server{Handler: ms}
+	go func() { _ = srv.Serve(ln) }()
+	tb.Cleanup(func() { _ = srv.Close() })
+	f := &benchFleet{tb: tb, run: "e2e", env: env, bins: bn, ms: ms, state: tb.TempDir(), tasks: ts, logs: map[string]*syncBuffer{}}
+	tb.Cleanup(f.stopAll)
+	log := zerolog.New(zerolog.NewTestWriter(tb)).Level(zerolog.WarnLevel)
+	f.br, err = bridge.New(bridge.Config{Run: f.run, Conn: env.Conn, JS: env.JS, Bus: env.Bus, Logger: log, PhaseTimeout: 30 * time.Second})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	bctx, bcancel := context.WithCancel(context.WithoutCancel(tb.Context()))
+	bdone := make(chan error, 1)
+	go func() { bdone <- f.br.Run(bctx) }()
+	tb.Cleanup(func() {
+		bcancel()
+		if err := <-bdone; err != nil && !errors.Is(err, context.Canceled) {
+			tb.Errorf("bridge: %v", err)
+		}
+	})
+	f.start("owner", "owner.o1", "owner", "--run", f.run, "--name", "o1", "--provider", "overlay",
+		"--state-dir", filepath.Join(f.state, "owner"), "--sandboxd", bn.sandboxd, "--harness", bn.harness)
+	for i := range agents {
+		name := fmt.Sprintf("a%d", i+1)
+		f.agents = append(f.agents, name)
+		f.start("agent-"+name, events.Member("agent."+name), "agent", "--run", f.run, "--name", name, "--owner", "o1",
+			"--model-url", "http://"+ln.Addr().String(), "--concurrency", fmt.Sprint(n))
+	}
+	return f
+}
+
+// benchBins is buildBins for a testing.TB: the same binaries, built once.
+func benchBins(tb testing.TB) bins {
+	tb.Helper()
+	binsOnce.Do(func() {
+		binsDir, binsErr = os.MkdirTemp("", "stillpoint-e2e-bin-")
+		if binsErr != nil {
+			return
+		}
+		binsVal = bins{filepath.Join(binsDir, "stillpoint"), filepath.Join(binsDir, "sandboxd"), filepath.Join(binsDir, "scripted-harness")}
+		cmd := exec.Command("go", "build", "-o", binsDir+"/", "../cmd/stillpoint", "../cmd/sandboxd", "../cmd/scripted-harness")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binsErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binsErr != nil {
+		tb.Fatal(binsErr)
+	}
+	return binsVal
+}
+
+// start starts a participant process and waits for its heartbeat.
+func (f *benchFleet) start(name string, m events.Member, args ...string) {
+	f.tb.Helper()
+	buf := &syncBuffer{}
+	f.logs[name] = buf
+	cmd := exec.Command(f.bins.stillpoint, append([]string{"--nats-url", f.env.URL, "--log-format", "json", "--log-level", "info"}, args...)...)
+	cmd.Stdout, cmd.Stderr = buf, buf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.tb.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	f.procs = append(f.procs, p)
+	f.waitUntil("member "+string(m)+" to register", 30*time.Second, func() bool {
+		e, err := f.env.Bus.Members.Get(f.tb.Context(), events.MemberKey(f.run, m))
+		var info events.MemberInfo
+		return err == nil && json.Unmarshal(e.Value(), &info) == nil && info.Instance != ""
+	})
+}
+
+// stopAll stops the processes as fleet.stopAll does, shows their logs if
+// the benchmark failed, and fails it if a sandbox was left behind.
+func (f *benchFleet) stopAll() {
+	for _, p := range f.procs {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range f.procs {
+		select {
+		case <-p.done:
+		case <-time.After(20 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+	if f.tb.Failed() {
+		for name, b := range f.logs {
+			b.mu.Lock()
+			s := b.String()
+			b.mu.Unlock()
+			if len(s) > 30000 {
+				s = "...\n" + s[len(s)-30000:]
+			}
+			f.tb.Logf("--- %s log:\n%s", name, s)
+		}
+	}
+	out, err := exec.Command(f.bins.stillpoint, "owner", "--reap", "--provider", "overlay", "--state-dir", filepath.Join(f.state, "owner")).CombinedOutput()
+	if err != nil {
+		f.tb.Errorf("reap leftover sandboxes: %v\n%s", err, out)
+	} else if s := strings.TrimSpace(string(out)); s != "" && !f.tb.Failed() {
+		f.tb.Errorf("sandboxes left behind: %s", s)
+	}
+}
+
+// dispatch sends task i's first attempt to its agent.
+func (f *benchFleet) dispatch(ctx context.Context, i int) <-chan outcome {
+	ch := make(chan outcome, 1)
+	c, err := agent.NewClient(f.env.Conn, f.run, f.agents[i%len(f.agents)])
+	if err != nil {
+		f.tb.Fatal(err)
+	}
+	go func() {
+		res, err := c.Rollout(ctx, agent.Request{RolloutID: f.tasks[i].RolloutID, Task: f.tasks[i].Task})
+		ch <- outcome{res, err}
+	}()
+	return ch
+}
+
+// waitCalls waits until each of the first n tasks made calls model calls.
+func (f *benchFleet) waitCalls(n, calls int, timeout time.Duration) {
+	f.tb.Helper()
+	f.waitUntil(fmt.Sprintf("%d model calls of each of %d tasks", calls, n), timeout, func() bool {
+		got := map[string]int{}
+		for _, e := range f.ms.Ledger() {
+			got[e.Task]++
+		}
+		for i := range n {
+			if got[tasks.ID(i)] < calls {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func (f *benchFleet) waitUntil(what string, timeout time.Duration, cond func() bool) {
+	f.tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			f.tb.Fatalf("timed out waiting for %s", what)
+		}
+		select {
+		case <-f.tb.Context().Done():
+			f.tb.Fatal(f.tb.Context().Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
