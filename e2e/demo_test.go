@@ -3,8 +3,10 @@ package e2e
 import (
 	"bytes"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -18,7 +20,14 @@ var demoLine = regexp.MustCompile(`^demo: (\d+) rollouts, (\d+) results, (\d+) c
 func runDemo(t *testing.T, args ...string) {
 	t.Helper()
 	b := buildBins(t)
-	cmd := exec.Command(b.stillpoint, append([]string{"demo", "--dir", t.TempDir()}, args...)...)
+	var global []string
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "--nats-url" { // a global flag: before the command
+			global, args = []string{args[i], args[i+1]}, append(args[:i:i], args[i+2:]...)
+			break
+		}
+	}
+	cmd := exec.Command(b.stillpoint, append(append(global, "demo", "--dir", t.TempDir()), args...)...)
 	cmd.Dir = ".." // it builds sandboxd and the harness from the checkout
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -44,3 +53,33 @@ func runDemo(t *testing.T, args ...string) {
 // machine, each component its own process, through 3 checkpoints and a
 // kill -9 of the agents and the owner.
 func TestDemo(t *testing.T) { runDemo(t) }
+
+// TestDemoOnAClusterWithCredentials runs the demo against a 3-node cluster
+// that `stillpoint server --cluster --auth-dir` runs as its own process,
+// every component a separate process with its own role's nkey: the
+// multi-node set-up of the README.
+func TestDemoOnAClusterWithCredentials(t *testing.T) {
+	b := buildBins(t)
+	dir := t.TempDir()
+	auth := filepath.Join(dir, "auth")
+	srv := exec.Command(b.stillpoint, "server", "--cluster", "--dir", filepath.Join(dir, "nats"), "--listen", "127.0.0.1:0", "--auth-dir", auth)
+	out := &syncBuffer{}
+	srv.Stdout, srv.Stderr = out, out
+	srv.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Process.Signal(syscall.SIGTERM); _ = srv.Wait() })
+	ready := regexp.MustCompile(`NATS ready at (\S+)`)
+	var url string
+	waitFor(t, "the cluster", func() bool {
+		out.mu.Lock()
+		defer out.mu.Unlock()
+		if m := ready.FindStringSubmatch(out.String()); m != nil {
+			url = m[1]
+			return true
+		}
+		return false
+	})
+	runDemo(t, "--nats-url", url, "--auth-dir", auth)
+}

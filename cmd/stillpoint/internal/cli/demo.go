@@ -39,6 +39,7 @@ type demoFlags struct {
 	provider string
 	cluster  bool
 	auth     bool
+	authDir  string
 	tool     time.Duration
 }
 
@@ -72,7 +73,9 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	fl.StringVar(&f.dir, "dir", "", "work directory: logs, results, the NATS store (default: a new one under the temp dir)")
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
 	fl.BoolVar(&f.cluster, "cluster", false, "run a 3-node NATS cluster (R3) instead of one server")
+	// With the global --nats-url the demo uses that server instead.
 	fl.BoolVar(&f.auth, "auth", false, "give every component its own credentials (per-role nkeys with their permissions)")
+	fl.StringVar(&f.authDir, "auth-dir", "", "with --nats-url: the per-role nkey seeds of that server (stillpoint server --auth-dir)")
 	fl.DurationVar(&f.tool, "tool-time", 4*time.Second, "how long each task's slow tool call runs")
 	return cmd
 }
@@ -284,8 +287,13 @@ func (d *demo) build(ctx context.Context) error {
 // bus, or uses --nats-url.
 func (d *demo) startNATS(ctx context.Context) error {
 	if d.g.conn.URL != "" {
-		d.natsURL = d.g.conn.URL
+		// A server of its own (one node or a cluster, run by `stillpoint
+		// server`), which provisioned the bus.
+		d.natsURL, d.authDir = d.g.conn.URL, d.f.authDir
 		return nil
+	}
+	if d.f.authDir != "" {
+		return &exitError{code: ExitUsage, err: errors.New("--auth-dir goes with --nats-url (the server's seeds); alone, use --auth")}
 	}
 	var users []embedded.User
 	provision := jetstream.ConnConfig{Name: "stillpoint-demo-provision"}
