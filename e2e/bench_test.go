@@ -554,9 +554,7 @@ func (f *benchFleet) stopAll() {
 	}
 	if f.tb.Failed() {
 		for name, b := range f.logs {
-			b.mu.Lock()
 			s := b.String()
-			b.mu.Unlock()
 			if len(s) > 30000 {
 				s = "...\n" + s[len(s)-30000:]
 			}

@@ -73,8 +73,6 @@ func TestDemoOnAClusterWithCredentials(t *testing.T) {
 	ready := regexp.MustCompile(`NATS ready at (\S+)`)
 	var url string
 	waitFor(t, "the cluster", func() bool {
-		out.mu.Lock()
-		defer out.mu.Unlock()
 		if m := ready.FindStringSubmatch(out.String()); m != nil {
 			url = m[1]
 			return true

@@ -70,15 +70,24 @@ type proc struct {
 
 // syncBuffer is a bytes.Buffer safe for a process's writes and a test's
 // reads.
+// It has no ReadFrom: os/exec would copy into the buffer through it,
+// around the lock.
 type syncBuffer struct {
-	mu sync.Mutex
-	bytes.Buffer
+	mu  sync.Mutex
+	buf bytes.Buffer
 }
 
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.Buffer.Write(p)
+	return b.buf.Write(p)
+}
+
+// String returns what was written so far.
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // fleet is one run's world: an embedded server, the scripted model server,
@@ -227,9 +236,7 @@ func (f *fleet) stopAll() {
 	}
 	if f.t.Failed() {
 		for name, b := range f.logs {
-			b.mu.Lock()
 			s := b.String()
-			b.mu.Unlock()
 			if len(s) > 30000 {
 				s = "...\n" + s[len(s)-30000:]
 			}
