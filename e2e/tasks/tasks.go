@@ -10,6 +10,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path"
+	"path/filepath"
 	"strings"
 
 	"github.com/stillpoint/stillpoint/e2e/modelserver"
@@ -18,8 +20,9 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
-// HarnessPath is where the scripted harness goes in a sandbox.
-const HarnessPath = "/usr/local/bin/scripted-harness"
+// HarnessPath is where the scripted harness is in a sandbox: in the bound
+// binaries directory (owner.BinDir), or copied there.
+const HarnessPath = owner.BinDir + "/scripted-harness"
 
 // Workdir is the tasks' working directory in the sandbox.
 const Workdir = "/work"
@@ -96,6 +99,11 @@ type SpecConfig struct {
 	Harness string
 }
 
+// bound tells whether the harness comes with the bound binaries directory.
+func (c SpecConfig) bound() bool {
+	return c.Sandboxd.BinDir != "" && filepath.Join(c.Sandboxd.BinDir, path.Base(HarnessPath)) == filepath.Clean(c.Harness)
+}
+
 // Spec returns the owner's SpecFunc: a sandbox per session, named after
 // the session, with sandboxd as its first process and the harness copied
 // in.
@@ -105,8 +113,10 @@ func Spec(c SpecConfig) owner.SpecFunc {
 		if len(id) > 64 {
 			return provider.Spec{}, fmt.Errorf("session %s: sandbox id %q too long", sessionID, id)
 		}
-		s := provider.Spec{ID: id, Workdir: Workdir,
-			CopyIn: []provider.CopyIn{{HostPath: c.Harness, SandboxPath: HarnessPath[1:], Mode: 0o755}}}
+		s := provider.Spec{ID: id, Workdir: Workdir}
+		if !c.bound() {
+			s.CopyIn = []provider.CopyIn{{HostPath: c.Harness, SandboxPath: HarnessPath[1:], Mode: 0o755}}
+		}
 		return owner.SandboxdSpec(s, c.Sandboxd), nil
 	}
 }
@@ -115,7 +125,10 @@ func Spec(c SpecConfig) owner.SpecFunc {
 // sandboxd again under its own id (its files, the harness included, come
 // from the snapshot).
 func ForkSpec(c SpecConfig) func(provider.Spec) provider.Spec {
-	return func(s provider.Spec) provider.Spec { return owner.SandboxdSpec(s, c.Sandboxd) }
+	return func(s provider.Spec) provider.Spec {
+		// A copied harness is in the snapshot; a bound one is bound again.
+		return owner.SandboxdSpec(s, c.Sandboxd)
+	}
 }
 
 // Verdict is a task's grade.

@@ -159,7 +159,7 @@ func (d *Dir) create(ctx context.Context, box *dirBox, spec Spec, snapshotID str
 	} else if err := d.copyFromSnapshot(ctx, snapshotID, root); err != nil {
 		return err
 	}
-	if err := populate(root, spec); err != nil {
+	if err := populate(root, spec, false); err != nil {
 		return err
 	}
 	workdir := root

@@ -38,14 +38,21 @@ const (
 
 // initConfig is the setup handed to the helper.
 type initConfig struct {
-	Root        string   `json:"root"`         // host path of the overlay's merged dir
-	Hostname    string   `json:"hostname"`     // the sandbox id
-	Cgroup      string   `json:"cgroup"`       // host path of the sandbox's cgroup
-	CgroupMount string   `json:"cgroup_mount"` // where cgroup v2 is mounted, on the host and inside
-	Workdir     string   `json:"workdir"`      // inside
-	Mask        string   `json:"mask"`         // inside path to cover with an empty read-only tmpfs
-	Argv        []string `json:"argv"`         // empty: idle init
-	Env         []string `json:"env"`
+	Root        string     `json:"root"`         // host path of the overlay's merged dir
+	Hostname    string     `json:"hostname"`     // the sandbox id
+	Cgroup      string     `json:"cgroup"`       // host path of the sandbox's cgroup
+	CgroupMount string     `json:"cgroup_mount"` // where cgroup v2 is mounted, on the host and inside
+	Workdir     string     `json:"workdir"`      // inside
+	Mask        string     `json:"mask"`         // inside path to cover with an empty read-only tmpfs
+	Argv        []string   `json:"argv"`         // empty: idle init
+	Env         []string   `json:"env"`
+	Binds       []initBind `json:"binds,omitempty"` // host directories shown read-only inside
+}
+
+// initBind is one read-only bind mount of a host directory.
+type initBind struct {
+	Host   string `json:"host"`
+	Inside string `json:"inside"`
 }
 
 func init() {
@@ -141,6 +148,17 @@ func (c initConfig) setup() error {
 			if err := setupDev(r + "/dev"); err != nil {
 				return err
 			}
+		}
+	}
+	for _, b := range c.Binds {
+		if err := mkdirInside(r, b.Inside); err != nil {
+			return err
+		}
+		if err := unix.Mount(b.Host, r+b.Inside, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s on %s: %w", b.Host, b.Inside, err)
+		}
+		if err := unix.Mount("", r+b.Inside, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+			return fmt.Errorf("make %s read-only: %w", b.Inside, err)
 		}
 	}
 	// The sandbox's own cgroup as the root of its v2 hierarchy.

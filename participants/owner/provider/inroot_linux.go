@@ -112,8 +112,9 @@ func (r *rootDir) writeFile(rel string, data io.Reader, mode uint32) error {
 }
 
 // populate writes a spec's working directory, Files and CopyIn into the
-// sandbox root dir. The spec was validated.
-func populate(dir string, spec Spec) error {
+// sandbox root dir, and for each Bind its mount point (mount) or a copy of
+// its regular files. The spec was validated.
+func populate(dir string, spec Spec, mount bool) error {
 	r, err := openRoot(dir)
 	if err != nil {
 		return err
@@ -134,6 +135,28 @@ func populate(dir string, spec Spec) error {
 	for i, c := range spec.CopyIn {
 		if err := r.copyIn(c); err != nil {
 			return fmt.Errorf("spec.CopyIn[%d]: %w", i, err)
+		}
+	}
+	for i, b := range spec.Binds {
+		rel, _ := cleanRel("", b.SandboxDir)
+		if err := r.mkdirAll(rel); err != nil {
+			return fmt.Errorf("spec.Binds[%d]: %w", i, err)
+		}
+		if mount {
+			continue
+		}
+		ents, err := os.ReadDir(b.HostDir)
+		if err != nil {
+			return fmt.Errorf("spec.Binds[%d]: %w", i, err)
+		}
+		for _, e := range ents {
+			if !e.Type().IsRegular() {
+				continue
+			}
+			c := CopyIn{HostPath: path.Join(b.HostDir, e.Name()), SandboxPath: path.Join(rel, e.Name())}
+			if err := r.copyIn(c); err != nil {
+				return fmt.Errorf("spec.Binds[%d]: %w", i, err)
+			}
 		}
 	}
 	return nil

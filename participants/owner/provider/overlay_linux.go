@@ -340,7 +340,7 @@ func (o *Overlay) create(ctx context.Context, box *overlayBox, spec Spec, snapsh
 		workdir = "/"
 	}
 	workdir, _ = cleanAbs("", workdir)
-	if err := populate(merged, spec); err != nil {
+	if err := populate(merged, spec, true); err != nil {
 		return err
 	}
 	cg := o.cgroup(spec.ID)
@@ -361,7 +361,17 @@ func (o *Overlay) create(ctx context.Context, box *overlayBox, spec Spec, snapsh
 		Mask:        o.mask,
 		Argv:        spec.Init,
 		Env:         box.env,
+		Binds:       initBinds(spec.Binds),
 	})
+}
+
+func initBinds(bs []Bind) []initBind {
+	out := make([]initBind, 0, len(bs))
+	for _, b := range bs {
+		rel, _ := cleanRel("", b.SandboxDir)
+		out = append(out, initBind{Host: b.HostDir, Inside: "/" + rel})
+	}
+	return out
 }
 
 func (o *Overlay) copyFromSnapshot(ctx context.Context, snapshotID, upper string) error {

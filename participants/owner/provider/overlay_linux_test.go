@@ -522,3 +522,43 @@ func TestOverlayHidesStateDir(t *testing.T) {
 		t.Error("the mask left a directory in b's upper layer")
 	}
 }
+
+// A bound host directory shows read-only in the sandbox and is not the
+// sandbox's files: a snapshot copies none of it, and a fork shows it again
+// from its own spec. The dir provider copies it in instead.
+func TestBindsShowHostDirectoriesReadOnly(t *testing.T) {
+	host := t.TempDir()
+	big := bytes.Repeat([]byte("x"), 1<<20)
+	if err := os.WriteFile(filepath.Join(host, "tool"), big, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	binds := []Bind{{HostDir: host, SandboxDir: "opt/bin"}}
+	t.Run("overlay", func(t *testing.T) {
+		p := newOverlay(t)
+		sb := start(t, p, Spec{ID: "b1", Binds: binds})
+		if got := run(t, p, sb.ID, "wc -c < /opt/bin/tool; touch /opt/bin/x 2>/dev/null && echo writable || echo read-only"); got != "1048576\nread-only\n" {
+			t.Fatalf("inside: %q", got)
+		}
+		s := snapshot(t, p, sb.ID, "s1")
+		if s.Size >= 1<<20 {
+			t.Fatalf("the snapshot copied %d bytes: the bound directory went into it", s.Size)
+		}
+		f := fork(t, p, "s1", Spec{ID: "b2", Binds: binds})
+		if got := run(t, p, f.ID, "wc -c < /opt/bin/tool"); got != "1048576\n" {
+			t.Fatalf("fork: %q", got)
+		}
+		stop(t, p, f)
+		stop(t, p, sb)
+		if err := p.DeleteSnapshot(context.Background(), "s1"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("dir", func(t *testing.T) {
+		p := newDir(t)
+		sb := start(t, p, Spec{ID: "b1", Binds: binds})
+		if got := run(t, p, sb.ID, "wc -c < opt/bin/tool"); strings.TrimSpace(got) != "1048576" {
+			t.Fatalf("inside: %q", got)
+		}
+		stop(t, p, sb)
+	})
+}

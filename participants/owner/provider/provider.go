@@ -131,8 +131,23 @@ type Spec struct {
 	// CopyIn copies host files (regular files only) into the sandbox
 	// before Init starts, after Files.
 	CopyIn []CopyIn
+	// Binds show host directories read-only inside the sandbox (binaries
+	// the sandbox runs, the same for every sandbox). They are not the
+	// sandbox's files: a snapshot does not copy them, and a fork gets them
+	// from its own Spec. The overlay provider bind-mounts them; the dir
+	// provider, which has no mount namespace, copies their regular files in.
+	Binds []Bind
 	// Output receives Init's stdout and stderr; nil discards them.
 	Output io.Writer
+}
+
+// Bind is one host directory shown read-only in a sandbox.
+type Bind struct {
+	// HostDir is the directory on the host (absolute).
+	HostDir string
+	// SandboxDir is where it shows, relative to the sandbox's root, as for
+	// Spec.Files.
+	SandboxDir string
 }
 
 // CopyIn is one host file to copy into a sandbox.

@@ -56,6 +56,15 @@ func (s Spec) Validate() error {
 			errs = append(errs, invalid(field+".Mode", "%#o has bits beyond 07777", c.Mode))
 		}
 	}
+	for i, b := range s.Binds {
+		field := fmt.Sprintf("spec.Binds[%d]", i)
+		if !path.IsAbs(b.HostDir) {
+			errs = append(errs, invalid(field+".HostDir", "%q is not absolute", b.HostDir))
+		}
+		if _, err := cleanRel(field+".SandboxDir", b.SandboxDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 

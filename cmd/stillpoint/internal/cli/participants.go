@@ -104,7 +104,9 @@ live session at a checkpoint's commit, forks them at a restore, and deletes
 snapshots on release. Agents reach it on spsvc.<run>.owner.<name>.
 
 --sandboxd and --harness are host paths of static binaries (CGO_ENABLED=0):
-go build -o bin/ ./cmd/sandboxd ./cmd/scripted-harness`,
+go build -o bin/ ./cmd/sandboxd ./cmd/scripted-harness. In one directory
+(named sandboxd and scripted-harness), that directory is shown read-only in
+every sandbox at /opt/stillpoint/bin; otherwise they are copied in.`,
 		Example: `  stillpoint owner --run train-7 --name o1 --sandboxd bin/sandboxd --harness bin/scripted-harness`,
 		Args:    cobra.NoArgs,
 		RunE:    func(cmd *cobra.Command, _ []string) error { return runOwner(cmd.Context(), g, f) },
@@ -198,6 +200,11 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 		} else if seed {
 			sd.CredsFile, sd.NKeyFile = "", f.sandboxCreds
 		}
+	}
+	if filepath.Dir(f.sandboxd) == filepath.Dir(f.harness) && filepath.Base(f.harness) == filepath.Base(tasks.HarnessPath) {
+		// Both binaries in one directory: it is shown read-only in each
+		// sandbox, not copied, so snapshots do not carry 20 MB of them.
+		sd.BinDir = filepath.Dir(f.sandboxd)
 	}
 	sc := tasks.SpecConfig{Harness: f.harness, Sandboxd: sd}
 	bus, js, closeBus, err := openBus(ctx, g, "stillpoint-owner-"+f.name, 1)
