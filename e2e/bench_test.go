@@ -458,7 +458,7 @@ type benchFleet struct {
 
 func startBenchFleet(tb testing.TB, n, agents int, toolSeconds float64) *benchFleet {
 	tb.Helper()
-	bn := benchBins(tb)
+	bn := buildBins(tb)
 	env := jstest.Start(tb)
 	ts, script := tasks.Set(tasks.Options{N: n, ToolSeconds: toolSeconds, Steps: 1})
 	ms := modelserver.New(script)
@@ -494,27 +494,6 @@ func startBenchFleet(tb testing.TB, n, agents int, toolSeconds float64) *benchFl
 			"--model-url", "http://"+ln.Addr().String(), "--concurrency", fmt.Sprint(n))
 	}
 	return f
-}
-
-// benchBins is buildBins for a testing.TB: the same binaries, built once.
-func benchBins(tb testing.TB) bins {
-	tb.Helper()
-	binsOnce.Do(func() {
-		binsDir, binsErr = os.MkdirTemp("", "stillpoint-e2e-bin-")
-		if binsErr != nil {
-			return
-		}
-		binsVal = bins{filepath.Join(binsDir, "stillpoint"), filepath.Join(binsDir, "sandboxd"), filepath.Join(binsDir, "scripted-harness")}
-		cmd := exec.Command("go", "build", "-o", binsDir+"/", "../cmd/stillpoint", "../cmd/sandboxd", "../cmd/scripted-harness")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binsErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binsErr != nil {
-		tb.Fatal(binsErr)
-	}
-	return binsVal
 }
 
 // start starts a participant process and waits for its heartbeat.

@@ -39,7 +39,7 @@ var (
 	binsErr  error
 )
 
-func buildBins(t *testing.T) bins {
+func buildBins(t testing.TB) bins {
 	t.Helper()
 	binsOnce.Do(func() {
 		binsDir, binsErr = os.MkdirTemp("", "stillpoint-e2e-bin-")

@@ -160,6 +160,23 @@ func DecodeRequest(body []byte, v any) error {
 	return nil
 }
 
+// ServiceClient calls the endpoints of one service, the subjects below a
+// prefix.
+type ServiceClient struct {
+	nc     *nats.Conn
+	prefix string
+}
+
+// NewServiceClient returns a client of the service under prefix.
+func NewServiceClient(nc *nats.Conn, prefix string) *ServiceClient {
+	return &ServiceClient{nc: nc, prefix: prefix}
+}
+
+// Call calls endpoint as Call does.
+func (c *ServiceClient) Call(ctx context.Context, endpoint string, in, out any) error {
+	return Call(ctx, c.nc, c.prefix+"."+endpoint, in, out)
+}
+
 // Call sends in as JSON to subject and decodes the answer into out; an
 // error answer comes back as a *ServiceError.
 func Call(ctx context.Context, nc *nats.Conn, subject string, in, out any) error {

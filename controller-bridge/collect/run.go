@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -127,16 +126,7 @@ func (c *Collector) finished() bool {
 }
 
 // ownersKey names the owners' processes now; the caller holds c.mu.
-func (c *Collector) ownersKey() string {
-	var parts []string
-	for m, inst := range c.instances {
-		if strings.HasPrefix(m, string(events.KindOwner)+".") {
-			parts = append(parts, m+"="+inst)
-		}
-	}
-	slices.Sort(parts)
-	return strings.Join(parts, ",")
-}
+func (c *Collector) ownersKey() string { return ownersOf(c.instances) }
 
 func (c *Collector) signal() {
 	select {

@@ -74,8 +74,7 @@ func (a *Agent) serve(ctx context.Context) (*jetstream.Service, error) {
 
 // Client calls one agent's service.
 type Client struct {
-	nc      *nats.Conn
-	subject string
+	svc *jetstream.ServiceClient
 }
 
 // NewClient returns a client of agent name of run over nc.
@@ -86,12 +85,12 @@ func NewClient(nc *nats.Conn, run, name string) (*Client, error) {
 	if err := events.ValidateToken("agent", name); err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, subject: ServiceSubject(run, name)}, nil
+	return &Client{svc: jetstream.NewServiceClient(nc, ServiceSubject(run, name))}, nil
 }
 
 // Rollout runs a rollout on the agent and waits for its result (ctx bounds
 // the wait, not the rollout: a request asked again joins the same run).
 func (c *Client) Rollout(ctx context.Context, r Request) (Result, error) {
 	var out Result
-	return out, jetstream.Call(ctx, c.nc, c.subject+".run", r, &out)
+	return out, c.svc.Call(ctx, "run", r, &out)
 }

@@ -21,9 +21,10 @@ type subject struct {
 	*Owner
 	prefix string
 
-	mu   sync.Mutex
-	n    int
-	pace func(ctx context.Context, index int)
+	membertest.Pacer
+
+	mu sync.Mutex
+	n  int
 }
 
 var _ member.WriteHook = (*subject)(nil)
@@ -65,21 +66,6 @@ func (s *subject) Live() []string {
 		keys[ss.Episode.String()] = true
 	}
 	return slices.Sorted(maps.Keys(keys))
-}
-
-func (s *subject) PaceWrites(before func(ctx context.Context, index int)) {
-	s.mu.Lock()
-	s.pace = before
-	s.mu.Unlock()
-}
-
-func (s *subject) BeforeRecord(ctx context.Context, _ string, index int) {
-	s.mu.Lock()
-	p := s.pace
-	s.mu.Unlock()
-	if p != nil {
-		p(ctx, index)
-	}
 }
 
 // TestConformance runs the member conformance suite against the owner.

@@ -209,8 +209,7 @@ func (o *Owner) info(s *Session, restored bool) SessionInfo {
 
 // Client calls one owner's service.
 type Client struct {
-	nc      *nats.Conn
-	subject string
+	svc *jetstream.ServiceClient
 }
 
 // NewClient returns a client of owner name of run over nc.
@@ -221,20 +220,20 @@ func NewClient(nc *nats.Conn, run, name string) (*Client, error) {
 	if err := events.ValidateToken("owner", name); err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, subject: ServiceSubject(run, name)}, nil
+	return &Client{svc: jetstream.NewServiceClient(nc, ServiceSubject(run, name))}, nil
 }
 
 // SeedSession asks for the sandbox of a session.
 func (c *Client) SeedSession(ctx context.Context, r SeedRequest) (SessionInfo, error) {
 	var out SessionInfo
-	return out, c.call(ctx, "seed_session", r, &out)
+	return out, c.svc.Call(ctx, "seed_session", r, &out)
 }
 
 // SandboxAccess returns the current sandbox of a session (a fork after a
 // restore).
 func (c *Client) SandboxAccess(ctx context.Context, sessionID string) (SessionInfo, error) {
 	var out SessionInfo
-	return out, c.call(ctx, "sandbox_access", SessionRef{SessionID: sessionID}, &out)
+	return out, c.svc.Call(ctx, "sandbox_access", SessionRef{SessionID: sessionID}, &out)
 }
 
 // Verify grades a session.
@@ -245,15 +244,11 @@ func (c *Client) Verify(ctx context.Context, sessionID string) (VerifyResult, er
 // VerifyEnd grades a session and, with r.End, ends it.
 func (c *Client) VerifyEnd(ctx context.Context, r VerifyRequest) (VerifyResult, error) {
 	var out VerifyResult
-	return out, c.call(ctx, "verify", r, &out)
+	return out, c.svc.Call(ctx, "verify", r, &out)
 }
 
 // CloseSession ends a session without a verdict.
 func (c *Client) CloseSession(ctx context.Context, sessionID string) error {
 	var out struct{}
-	return c.call(ctx, "close_session", SessionRef{SessionID: sessionID}, &out)
-}
-
-func (c *Client) call(ctx context.Context, endpoint string, in, out any) error {
-	return jetstream.Call(ctx, c.nc, c.subject+"."+endpoint, in, out)
+	return c.svc.Call(ctx, "close_session", SessionRef{SessionID: sessionID}, &out)
 }

@@ -180,8 +180,7 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 
 // Client calls one sandbox's service.
 type Client struct {
-	nc      *nats.Conn
-	subject string
+	svc *jetstream.ServiceClient
 }
 
 // NewClient returns a client of sandbox sandboxID of run over nc.
@@ -192,52 +191,49 @@ func NewClient(nc *nats.Conn, run, sandboxID string) (*Client, error) {
 	if err := events.ValidateToken("sandbox", sandboxID); err != nil {
 		return nil, err
 	}
-	return &Client{nc: nc, subject: ServiceSubject(run, sandboxID)}, nil
+	return &Client{svc: jetstream.NewServiceClient(nc, ServiceSubject(run, sandboxID))}, nil
 }
 
 // Launch starts a launch.
 func (c *Client) Launch(ctx context.Context, r LaunchRequest) (sandboxd.Record, error) {
 	var out sandboxd.Record
-	return out, c.call(ctx, "launch", r, &out)
+	return out, c.svc.Call(ctx, "launch", r, &out)
 }
 
 // Status returns a launch's record.
 func (c *Client) Status(ctx context.Context, id string) (sandboxd.Record, error) {
 	var out sandboxd.Record
-	return out, c.call(ctx, "status", LaunchRef{LaunchID: id}, &out)
+	return out, c.svc.Call(ctx, "status", LaunchRef{LaunchID: id}, &out)
 }
 
 // Pause pauses a launch (mode "" for its own).
 func (c *Client) Pause(ctx context.Context, id, mode string) (sandboxd.PauseReport, error) {
 	var out sandboxd.PauseReport
-	return out, c.call(ctx, "pause", LaunchRef{LaunchID: id, Mode: mode}, &out)
+	return out, c.svc.Call(ctx, "pause", LaunchRef{LaunchID: id, Mode: mode}, &out)
 }
 
 // Continue continues a paused launch.
 func (c *Client) Continue(ctx context.Context, id string) (sandboxd.PauseReport, error) {
 	var out sandboxd.PauseReport
-	return out, c.call(ctx, "continue", LaunchRef{LaunchID: id}, &out)
+	return out, c.svc.Call(ctx, "continue", LaunchRef{LaunchID: id}, &out)
 }
 
 // Stop stops a launch (cancel: at once, without the SIGINT grace).
 func (c *Client) Stop(ctx context.Context, id string, cancel bool) (sandboxd.Receipt, error) {
 	var out sandboxd.Receipt
-	return out, c.call(ctx, "stop", LaunchRef{LaunchID: id, Cancel: cancel}, &out)
+	return out, c.svc.Call(ctx, "stop", LaunchRef{LaunchID: id, Cancel: cancel}, &out)
 }
 
 // Receipt returns a launch's receipt; with wait, once it has ended.
 func (c *Client) Receipt(ctx context.Context, id string, wait bool) (sandboxd.Receipt, error) {
 	var out sandboxd.Receipt
-	return out, c.call(ctx, "receipt", LaunchRef{LaunchID: id, Wait: wait}, &out)
+	return out, c.svc.Call(ctx, "receipt", LaunchRef{LaunchID: id, Wait: wait}, &out)
 }
 
 // WaitReceipt waits at most d for launch id to end: its receipt, or a
 // ServiceError with code not_ended.
 func (c *Client) WaitReceipt(ctx context.Context, id string, d time.Duration) (sandboxd.Receipt, error) {
 	var out sandboxd.Receipt
-	return out, c.call(ctx, "receipt", LaunchRef{LaunchID: id, Wait: true, WaitMS: max(d.Milliseconds(), 1)}, &out)
+	return out, c.svc.Call(ctx, "receipt", LaunchRef{LaunchID: id, Wait: true, WaitMS: max(d.Milliseconds(), 1)}, &out)
 }
 
-func (c *Client) call(ctx context.Context, endpoint string, in, out any) error {
-	return jetstream.Call(ctx, c.nc, c.subject+"."+endpoint, in, out)
-}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -663,5 +664,29 @@ func waitClosed(t testing.TB, ch <-chan struct{}, what string) {
 	case <-ch:
 	case <-time.After(10 * time.Second):
 		t.Fatalf("membertest: timed out waiting for %s", what)
+	}
+}
+
+// Pacer implements Subject.PaceWrites, and member.WriteHook with it, for a
+// participant package's subject to embed.
+type Pacer struct {
+	mu   sync.Mutex
+	pace func(ctx context.Context, index int)
+}
+
+// PaceWrites implements Subject.
+func (p *Pacer) PaceWrites(before func(ctx context.Context, index int)) {
+	p.mu.Lock()
+	p.pace = before
+	p.mu.Unlock()
+}
+
+// BeforeRecord implements member.WriteHook.
+func (p *Pacer) BeforeRecord(ctx context.Context, _ string, index int) {
+	p.mu.Lock()
+	pace := p.pace
+	p.mu.Unlock()
+	if pace != nil {
+		pace(ctx, index)
 	}
 }

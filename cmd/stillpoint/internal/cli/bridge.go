@@ -75,13 +75,8 @@ func openBus(ctx context.Context, g *globals, name string, replicas int) (*jetst
 		conn.URL = "nats://127.0.0.1:4222"
 	}
 	conn.Name = name
-	nc, err := jetstream.Connect(ctx, conn)
+	nc, js, err := connectJS(ctx, conn)
 	if err != nil {
-		return nil, nil, nil, err
-	}
-	js, err := natsjs.New(nc)
-	if err != nil {
-		nc.Close()
 		return nil, nil, nil, err
 	}
 	bus, err := jetstream.Open(ctx, js)
@@ -138,6 +133,20 @@ func runBridge(ctx context.Context, g *globals, f bridgeFlags) error {
 	log.Info().Str("run", f.run).Str("api", "http://"+ln.Addr().String()).Msg("bridge serving")
 	fmt.Fprintf(g.stdout, "stillpoint: bridge of run %s serving on http://%s\n", f.run, ln.Addr())
 	return grp.Wait()
+}
+
+// connectJS connects and returns the connection with its JetStream handle.
+func connectJS(ctx context.Context, conn jetstream.ConnConfig) (*nats.Conn, natsjs.JetStream, error) {
+	nc, err := jetstream.Connect(ctx, conn)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := natsjs.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }
 
 // connOf returns the NATS connection under a JetStream handle.

@@ -133,15 +133,11 @@ func runDemo(ctx context.Context, g *globals, f demoFlags) error {
 	if d.authDir != "" {
 		conn.NKeyFile = embedded.SeedFile(d.authDir, embedded.RoleAdmin)
 	}
-	nc, err := jetstream.Connect(ctx, conn)
+	nc, js, err := connectJS(ctx, conn)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := natsjs.New(nc)
-	if err != nil {
-		return err
-	}
 	bus, err := jetstream.Open(ctx, js)
 	if err != nil {
 		return err
@@ -324,15 +320,11 @@ func (d *demo) startNATS(ctx context.Context) error {
 		go func() { <-ctx.Done(); s.Shutdown() }()
 	}
 	provision.URL = d.natsURL
-	nc, err := jetstream.Connect(ctx, provision)
+	nc, js, err := connectJS(ctx, provision)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := natsjs.New(nc)
-	if err != nil {
-		return err
-	}
 	_, err = jetstream.Provision(ctx, js, topo)
 	return err
 }
