@@ -236,4 +236,3 @@ func (c *Client) WaitReceipt(ctx context.Context, id string, d time.Duration) (s
 	var out sandboxd.Receipt
 	return out, c.svc.Call(ctx, "receipt", LaunchRef{LaunchID: id, Wait: true, WaitMS: max(d.Milliseconds(), 1)}, &out)
 }
-
