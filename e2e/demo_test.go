@@ -81,3 +81,8 @@ func TestDemoOnAClusterWithCredentials(t *testing.T) {
 	})
 	runDemo(t, "--nats-url", url, "--auth-dir", auth)
 }
+
+// TestDemoOnTheDirProvider runs the demo on the provider a machine without
+// root gets: sandboxes are plain directories whose processes see the host's
+// paths (the agent and sandboxd put paths under the sandbox's root).
+func TestDemoOnTheDirProvider(t *testing.T) { runDemo(t, "--provider", "dir") }

@@ -146,7 +146,7 @@ func Grade(ctx context.Context, p provider.Provider, s *owner.Session) (json.Raw
 		return nil, fmt.Errorf("grade: session %s is not a task of the set", s.ID)
 	}
 	res, err := p.Exec(ctx, s.Sandbox.ID, []string{"sh", "-c", "cat out/answer.txt; head -c 9 out/detached.txt; echo; head -1 out/steps.txt"},
-		provider.ExecOptions{Dir: Workdir})
+		provider.ExecOptions{}) // the sandbox's working directory, Workdir
 	if err != nil {
 		return nil, err
 	}

@@ -90,14 +90,15 @@ func (s *Scripted) Command(lc LaunchContext) (Command, error) {
 	if err := json.Unmarshal(lc.State, &st); err != nil || st.DataDir == "" {
 		return Command{}, fmt.Errorf("scripted state %s: no data_dir", lc.State)
 	}
-	argv := []string{s.Binary, "--model-url", s.ModelURL, "--task", t.Task, "--data", st.DataDir, "--work", lc.Session.Workdir}
+	in := lc.Session.InSandbox
+	argv := []string{in(s.Binary), "--model-url", s.ModelURL, "--task", t.Task, "--data", in(st.DataDir), "--work", in(lc.Session.Workdir)}
 	if lc.Resume {
 		argv = append(argv, "--continue")
 	} else {
 		argv = append(argv, "--prompt", t.Prompt)
 	}
 	argv = append(argv, "--episode", events.Episode{Rollout: lc.Rollout, Attempt: lc.Attempt}.String())
-	return Command{Argv: argv, Dir: lc.Session.Workdir, Timeout: s.Timeout}, nil
+	return Command{Argv: argv, Dir: in(lc.Session.Workdir), Timeout: s.Timeout}, nil
 }
 
 // ResumeDecision implements Adapter: it asks the harness itself (its
@@ -112,7 +113,8 @@ func (s *Scripted) ResumeDecision(ctx context.Context, lc LaunchContext) (Decisi
 	if err := json.Unmarshal(lc.State, &st); err != nil || st.DataDir == "" {
 		return Decision{}, fmt.Errorf("scripted state %s: no data_dir", lc.State)
 	}
-	res, err := lc.Exec(ctx, []string{s.Binary, "--check", "--task", t.Task, "--data", st.DataDir})
+	in := lc.Session.InSandbox
+	res, err := lc.Exec(ctx, []string{in(s.Binary), "--check", "--task", t.Task, "--data", in(st.DataDir)})
 	if err != nil {
 		return Decision{}, err
 	}

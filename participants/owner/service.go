@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -43,12 +44,25 @@ type SessionInfo struct {
 	// SandboxID is the sandbox's id: its daemon is member sandbox.<id>.
 	SandboxID string `json:"sandbox_id"`
 	Workdir   string `json:"workdir"`
+	// Root is the sandbox's root as its processes see it ("/", or the host
+	// path of a dir sandbox): paths inside it, Workdir included, are
+	// path.Join(Root, p) to a command launched in the sandbox.
+	Root string `json:"root,omitempty"`
 	// Restored tells a fork a restore installed (its setup did not run
 	// again).
 	Restored bool `json:"restored,omitempty"`
 	// RestartOnly tells the agent that this owner cannot capture the
 	// session: its rollout restarts from its input after a crash.
 	RestartOnly bool `json:"restart_only,omitempty"`
+}
+
+// InSandbox returns the path a command launched in the sandbox uses for p,
+// a path inside it.
+func (i SessionInfo) InSandbox(p string) string {
+	if i.Root == "" || i.Root == "/" {
+		return p
+	}
+	return path.Join(i.Root, p)
 }
 
 // SessionRef names a session.
@@ -203,7 +217,7 @@ func (o *Owner) verify(ctx context.Context, r VerifyRequest, grade GradeFunc) (V
 }
 
 func (o *Owner) info(s *Session, restored bool) SessionInfo {
-	return SessionInfo{SessionID: s.ID, Episode: s.Episode.String(), SandboxID: s.Sandbox.ID, Workdir: s.Workdir,
+	return SessionInfo{SessionID: s.ID, Episode: s.Episode.String(), SandboxID: s.Sandbox.ID, Workdir: s.Workdir, Root: s.Sandbox.ProcRoot,
 		Restored: restored, RestartOnly: o.mode != ModeExported}
 }
 

@@ -167,12 +167,15 @@ func (d *Dir) create(ctx context.Context, box *dirBox, spec Spec, snapshotID str
 		wd, _ := cleanAbs("", spec.Workdir)
 		workdir = filepath.Join(root, wd)
 	}
-	box.env = append(withDefaults(spec.Env, "PATH="+os.Getenv("PATH"), "HOME="+root), box.tag)
-	box.sb = Sandbox{ID: spec.ID, Root: root, Workdir: workdir}
-	argv := spec.Init
+	box.env = append(withDefaults(spec.Env, "PATH="+os.Getenv("PATH"), "HOME="+root), box.tag, RootEnv+"="+root)
+	box.sb = Sandbox{ID: spec.ID, Root: root, Workdir: workdir, ProcRoot: root}
+	argv := slices.Clone(spec.Init)
 	if len(argv) == 0 {
 		argv = []string{"sleep", "infinity"}
 	}
+	// An absolute program inside the sandbox (a file Files, CopyIn or
+	// Binds put there) runs from there.
+	argv[0] = inRootProgram(root, argv[0])
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir, cmd.Env = workdir, box.env
 	cmd.Stdout, cmd.Stderr = spec.Output, spec.Output
@@ -319,7 +322,7 @@ func (d *Dir) Exec(ctx context.Context, id string, argv []string, opts ExecOptio
 		return ExecResult{}, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
 	}
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd := exec.CommandContext(ctx, inRootProgram(sb.Root, argv[0]), argv[1:]...)
 	cmd.Dir = opts.Dir
 	if cmd.Dir == "" {
 		cmd.Dir = sb.Workdir
@@ -363,4 +366,21 @@ func withOnDisk(ids []string, dir string) []string {
 	}
 	slices.Sort(ids)
 	return slices.Compact(ids)
+}
+
+// inRootProgram returns root+prog for an absolute prog that exists under
+// root, and prog otherwise (a host program such as sh).
+func inRootProgram(root, prog string) string {
+	if !filepath.IsAbs(prog) {
+		return prog
+	}
+	if p := filepath.Join(root, prog); fileIsRegular(p) {
+		return p
+	}
+	return prog
+}
+
+func fileIsRegular(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
 }

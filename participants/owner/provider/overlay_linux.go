@@ -351,7 +351,7 @@ func (o *Overlay) create(ctx context.Context, box *overlayBox, spec Spec, snapsh
 		return err
 	}
 	box.env = withDefaults(spec.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root")
-	box.sb = Sandbox{ID: spec.ID, Root: merged, Workdir: workdir, Cgroup: string(cg)}
+	box.sb = Sandbox{ID: spec.ID, Root: merged, Workdir: workdir, ProcRoot: "/", Cgroup: string(cg)}
 	return o.startInit(ctx, box, spec, initConfig{
 		Root:        merged,
 		Hostname:    spec.ID,

@@ -141,6 +141,12 @@ type Spec struct {
 	Output io.Writer
 }
 
+// RootEnv is set in the environment of a sandbox's processes by a provider
+// whose processes see the host's paths (dir): the sandbox's root, so that a
+// program that knows paths inside the sandbox (sandboxd's state directory)
+// can find them.
+const RootEnv = "STILLPOINT_SANDBOX_ROOT"
+
 // Bind is one host directory shown read-only in a sandbox.
 type Bind struct {
 	// HostDir is the directory on the host (absolute).
@@ -170,6 +176,11 @@ type Sandbox struct {
 	Root string `json:"root"`
 	// Workdir is the working directory as the sandbox's processes see it.
 	Workdir string `json:"workdir"`
+	// ProcRoot is the sandbox's root as its own processes see it: "/" when
+	// the provider gives them a mount namespace (overlay), Root when they
+	// see the host's paths (dir). A path inside the sandbox, p, is
+	// path.Join(ProcRoot, p) to them.
+	ProcRoot string `json:"proc_root"`
 	// InitPID is the host pid of the first process.
 	InitPID int `json:"init_pid"`
 	// Cgroup is the host path of the sandbox's cgroup v2 directory, or ""

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -47,6 +48,16 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 	if *state == "" || *run == "" || *id == "" {
 		fmt.Fprint(stderr, "sandboxd member: --state, --run and --id are required\n"+usage)
 		return 2
+	}
+	// In a sandbox whose processes see the host's paths (the dir provider
+	// sets STILLPOINT_SANDBOX_ROOT, provider.RootEnv), the paths given are
+	// inside the sandbox: under its root.
+	if r := os.Getenv("STILLPOINT_SANDBOX_ROOT"); r != "" {
+		for _, p := range []*string{state, creds, nkey} {
+			if filepath.IsAbs(*p) {
+				*p = filepath.Join(r, *p)
+			}
+		}
 	}
 	mode, lvl, err := parseModeAndLevel(*modeName, *level)
 	if err != nil {

@@ -185,7 +185,7 @@ func runDemo(ctx context.Context, g *globals, f demoFlags) error {
 		progress = fd
 	}
 	cfg := collect.Config{Run: d.run, Tasks: ctasks, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
-		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: f.rollouts, Keep: 0, RecoverGrace: 30 * time.Second,
+		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: f.rollouts, Keep: 0, RecoverGrace: 90 * time.Second,
 		Logger: zerolog.New(filepath2Writer(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
 		OnCommit: func(ctx context.Context, res *bridge.CheckpointResult) {
 			chk.verifyManifests(ctx, bus, d.run, res.CheckpointID)

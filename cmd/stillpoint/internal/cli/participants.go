@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -172,14 +173,25 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	// A sandbox on disk at start is one a crashed owner process left: its
 	// sessions live on only in checkpoints (a restore forks them), so it
 	// is stopped, as the machine's crash would have.
+	reap, _ := errgroup.WithContext(ctx)
+	reap.SetLimit(8) // the owner joins the run only once they are gone
+	var printMu sync.Mutex
 	for _, id := range prov.Sandboxes() {
-		if err := prov.Stop(ctx, id); err != nil {
-			return fmt.Errorf("stop sandbox %s left by an earlier owner: %w", id, err)
-		}
-		log.Warn().Str("sandbox", id).Msg("stopped a sandbox left by an earlier owner process")
-		if f.reap {
-			fmt.Fprintln(g.stdout, id)
-		}
+		reap.Go(func() error {
+			if err := prov.Stop(ctx, id); err != nil {
+				return fmt.Errorf("stop sandbox %s left by an earlier owner: %w", id, err)
+			}
+			log.Warn().Str("sandbox", id).Msg("stopped a sandbox left by an earlier owner process")
+			if f.reap {
+				printMu.Lock()
+				fmt.Fprintln(g.stdout, id)
+				printMu.Unlock()
+			}
+			return nil
+		})
+	}
+	if err := reap.Wait(); err != nil {
+		return err
 	}
 	if f.reap {
 		return nil
