@@ -33,7 +33,7 @@ func (f *fleet) agentRecords(ctx context.Context, checkpoint, name string) map[s
 	return out
 }
 
-func reward(t *testing.T, res agent.Result) float64 {
+func reward(t testing.TB, res agent.Result) float64 {
 	t.Helper()
 	var v tasks.Verdict
 	if err := json.Unmarshal(res.Verdict, &v); err != nil {

@@ -3,27 +3,18 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
-	"github.com/stillpoint/stillpoint/e2e/modelserver"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
-	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent"
 	"github.com/stillpoint/stillpoint/participants/member"
 )
@@ -82,11 +73,11 @@ func BenchmarkCheckpoint64LiveRollouts(b *testing.B) {
 	var outs []<-chan outcome
 	dispatched := time.Now()
 	for i := range benchRollouts {
-		outs = append(outs, f.dispatch(ctx, i))
+		outs = append(outs, f.dispatch(ctx, i, 0))
 	}
 	// Three model calls: setup, one step, and the computing call, whose
 	// tool (sleep benchToolSeconds) every harness now runs.
-	f.waitCalls(benchRollouts, 3, 3*time.Minute)
+	f.waitCallsWithin(benchRollouts, 3, 3*time.Minute)
 	spread := time.Since(dispatched)
 	time.Sleep(500 * time.Millisecond) // the last replies reach their harnesses
 
@@ -176,15 +167,15 @@ func benchMS(n int64) time.Duration { return time.Duration(n) * time.Millisecond
 // checkpoint takes checkpoint id and waits until every member acked its
 // resume, so that checkpoints do not overlap a previous resume.
 func (f *benchFleet) checkpoint(ctx context.Context, id string) (benchSample, *bridge.CheckpointResult) {
-	f.tb.Helper()
+	f.t.Helper()
 	start := time.Now()
 	res, err := f.br.Checkpoint(ctx, bridge.CheckpointRequest{ID: id})
 	call := time.Since(start)
 	if err != nil || res.Status != bridge.StatusCommitted {
 		if res != nil && res.Failure != nil {
-			f.tb.Fatalf("checkpoint %s: %+v", id, *res.Failure)
+			f.t.Fatalf("checkpoint %s: %+v", id, *res.Failure)
 		}
-		f.tb.Fatalf("checkpoint %s: %+v %v", id, res, err)
+		f.t.Fatalf("checkpoint %s: %+v %v", id, res, err)
 	}
 	s := f.timesOf(ctx, id)
 	s.prepare, s.commit, s.call = benchMS(res.PrepareMS), benchMS(res.CommitMS), call
@@ -236,19 +227,19 @@ func (f *benchFleet) snapStatsOf(id string, s benchSample) benchSnapStats {
 // timesOf reads checkpoint id's events back from the stream, waiting
 // until every member of its resume has acked.
 func (f *benchFleet) timesOf(ctx context.Context, id string) benchSample {
-	f.tb.Helper()
+	f.t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		tl, err := bridge.ReadTimeline(ctx, f.env.JS, f.run, id)
 		if err != nil {
-			f.tb.Fatalf("timeline of %s: %v", id, err)
+			f.t.Fatalf("timeline of %s: %v", id, err)
 		}
 		s, missing := benchSampleOf(tl)
 		if len(missing) == 0 {
 			return s
 		}
 		if time.Now().After(deadline) {
-			f.tb.Fatalf("checkpoint %s: no resume ack from %v after a minute", id, missing)
+			f.t.Fatalf("checkpoint %s: no resume ack from %v after a minute", id, missing)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -313,34 +304,34 @@ func benchSampleOf(tl []bridge.TimelineEntry) (benchSample, []events.Member) {
 // checkMidTool checks that the agents exported every rollout at its
 // harness bookmark with resume set: paused in place, mid-tool.
 func (f *benchFleet) checkMidTool(ctx context.Context, checkpoint string) {
-	f.tb.Helper()
+	f.t.Helper()
 	n := 0
 	for _, a := range f.agents {
 		_, recs, err := member.ReadRecords(ctx, f.env.Bus.Manifests, f.env.Bus.Records, f.run, checkpoint, events.Member("agent."+a), nil)
 		if err != nil {
-			f.tb.Fatalf("records of agent.%s in %s: %v", a, checkpoint, err)
+			f.t.Fatalf("records of agent.%s in %s: %v", a, checkpoint, err)
 		}
 		for _, r := range recs {
 			bm, err := agent.DecodeBookmark(r.Data)
 			if err != nil {
-				f.tb.Fatalf("record %s: %v", r.Key, err)
+				f.t.Fatalf("record %s: %v", r.Key, err)
 			}
 			if bm.Next != agent.StageHarness || !bm.Resume || len(bm.Launches) != 1 {
-				f.tb.Fatalf("%s: %s exported at %s resume %v launches %+v: not paused mid-tool", checkpoint, r.Key, bm.Next, bm.Resume, bm.Launches)
+				f.t.Fatalf("%s: %s exported at %s resume %v launches %+v: not paused mid-tool", checkpoint, r.Key, bm.Next, bm.Resume, bm.Launches)
 			}
 			n++
 		}
 	}
 	if n != benchRollouts {
-		f.tb.Fatalf("%s: %d rollouts exported, want %d", checkpoint, n, benchRollouts)
+		f.t.Fatalf("%s: %d rollouts exported, want %d", checkpoint, n, benchRollouts)
 	}
 }
 
 // release keeps the newest keep checkpoints (none: the final release).
 func (f *benchFleet) release(ctx context.Context, keep int) {
-	f.tb.Helper()
+	f.t.Helper()
 	if r, err := f.br.Release(ctx, bridge.ReleaseRequest{KeepLatest: keep}); err != nil || r.Status != bridge.StatusCompleted {
-		f.tb.Fatalf("release keeping %d: %+v %v", keep, r, err)
+		f.t.Fatalf("release keeping %d: %+v %v", keep, r, err)
 	}
 }
 
@@ -442,134 +433,20 @@ func benchReport(b *testing.B, base, live []benchSample, head string) {
 // It is its own type because startFleet and the helpers it calls
 // (waitFor, runUntilCleanup) take *testing.T; once they take
 // testing.TB, this can become startFleet.
-type benchFleet struct {
-	tb     testing.TB
-	run    string
-	env    *jstest.Env
-	bins   bins
-	ms     *modelserver.Server
-	br     *bridge.Bridge
-	state  string
-	tasks  []tasks.Task
-	procs  []*proc
-	logs   map[string]*syncBuffer
-	agents []string
-}
+// benchFleet is the e2e fleet with the benchmark's own readings.
+type benchFleet struct{ *fleet }
 
 func startBenchFleet(tb testing.TB, n, agents int, toolSeconds float64) *benchFleet {
 	tb.Helper()
-	bn := buildBins(tb)
-	env := jstest.Start(tb)
-	ts, script := tasks.Set(tasks.Options{N: n, ToolSeconds: toolSeconds, Steps: 1})
-	ms := modelserver.New(script)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	srv := &http.Server{Handler: ms}
-	go func() { _ = srv.Serve(ln) }()
-	tb.Cleanup(func() { _ = srv.Close() })
-	f := &benchFleet{tb: tb, run: "e2e", env: env, bins: bn, ms: ms, state: tb.TempDir(), tasks: ts, logs: map[string]*syncBuffer{}}
-	tb.Cleanup(f.stopAll)
-	log := zerolog.New(zerolog.NewTestWriter(tb)).Level(zerolog.WarnLevel)
-	f.br, err = bridge.New(bridge.Config{Run: f.run, Conn: env.Conn, JS: env.JS, Bus: env.Bus, Logger: log, PhaseTimeout: 30 * time.Second})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	bctx, bcancel := context.WithCancel(context.WithoutCancel(tb.Context()))
-	bdone := make(chan error, 1)
-	go func() { bdone <- f.br.Run(bctx) }()
-	tb.Cleanup(func() {
-		bcancel()
-		if err := <-bdone; err != nil && !errors.Is(err, context.Canceled) {
-			tb.Errorf("bridge: %v", err)
-		}
-	})
-	f.start("owner", "owner.o1", "owner", "--run", f.run, "--name", "o1", "--provider", "overlay",
-		"--state-dir", filepath.Join(f.state, "owner"), "--sandboxd", bn.sandboxd, "--harness", bn.harness)
-	for i := range agents {
-		name := fmt.Sprintf("a%d", i+1)
-		f.agents = append(f.agents, name)
-		f.start("agent-"+name, events.Member("agent."+name), "agent", "--run", f.run, "--name", name, "--owner", "o1",
-			"--model-url", "http://"+ln.Addr().String(), "--concurrency", fmt.Sprint(n))
-	}
-	return f
+	return &benchFleet{startFleet(tb, fleetOptions{n: n, agents: agents, concurrency: n, toolSeconds: toolSeconds, steps: 1})}
 }
 
-// start starts a participant process and waits for its heartbeat.
-func (f *benchFleet) start(name string, m events.Member, args ...string) {
-	f.tb.Helper()
-	buf := &syncBuffer{}
-	f.logs[name] = buf
-	cmd := exec.Command(f.bins.stillpoint, append([]string{"--nats-url", f.env.URL, "--log-format", "json", "--log-level", "info"}, args...)...)
-	cmd.Stdout, cmd.Stderr = buf, buf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.tb.Fatalf("start %s: %v", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); close(p.done) }()
-	f.procs = append(f.procs, p)
-	f.waitUntil("member "+string(m)+" to register", 30*time.Second, func() bool {
-		e, err := f.env.Bus.Members.Get(f.tb.Context(), events.MemberKey(f.run, m))
-		var info events.MemberInfo
-		return err == nil && json.Unmarshal(e.Value(), &info) == nil && info.Instance != ""
-	})
-}
-
-// stopAll stops the processes as fleet.stopAll does, shows their logs if
-// the benchmark failed, and fails it if a sandbox was left behind.
-func (f *benchFleet) stopAll() {
-	for _, p := range f.procs {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	for _, p := range f.procs {
-		select {
-		case <-p.done:
-		case <-time.After(20 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-	}
-	if f.tb.Failed() {
-		for name, b := range f.logs {
-			s := b.String()
-			if len(s) > 30000 {
-				s = "...\n" + s[len(s)-30000:]
-			}
-			f.tb.Logf("--- %s log:\n%s", name, s)
-		}
-	}
-	out, err := exec.Command(f.bins.stillpoint, "owner", "--reap", "--provider", "overlay", "--state-dir", filepath.Join(f.state, "owner")).CombinedOutput()
-	if err != nil {
-		f.tb.Errorf("reap leftover sandboxes: %v\n%s", err, out)
-	} else if s := strings.TrimSpace(string(out)); s != "" && !f.tb.Failed() {
-		f.tb.Errorf("sandboxes left behind: %s", s)
-	}
-}
-
-// dispatch sends task i's first attempt to its agent.
-func (f *benchFleet) dispatch(ctx context.Context, i int) <-chan outcome {
-	ch := make(chan outcome, 1)
-	c, err := agent.NewClient(f.env.Conn, f.run, f.agents[i%len(f.agents)])
-	if err != nil {
-		f.tb.Fatal(err)
-	}
-	go func() {
-		res, err := c.Rollout(ctx, agent.Request{RolloutID: f.tasks[i].RolloutID, Task: f.tasks[i].Task})
-		ch <- outcome{res, err}
-	}()
-	return ch
-}
-
-// waitCalls waits until each of the first n tasks made calls model calls.
-func (f *benchFleet) waitCalls(n, calls int, timeout time.Duration) {
-	f.tb.Helper()
-	f.waitUntil(fmt.Sprintf("%d model calls of each of %d tasks", calls, n), timeout, func() bool {
-		got := map[string]int{}
-		for _, e := range f.ms.Ledger() {
-			got[e.Task]++
-		}
+// waitCallsWithin waits up to timeout until each of the first n tasks made
+// calls model calls.
+func (f *benchFleet) waitCallsWithin(n, calls int, timeout time.Duration) {
+	f.t.Helper()
+	waitWithin(f.t, timeout, fmt.Sprintf("%d model calls of each of %d tasks", calls, n), func() bool {
+		got := f.callsOf()
 		for i := range n {
 			if got[tasks.ID(i)] < calls {
 				return false
@@ -577,19 +454,4 @@ func (f *benchFleet) waitCalls(n, calls int, timeout time.Duration) {
 		}
 		return true
 	})
-}
-
-func (f *benchFleet) waitUntil(what string, timeout time.Duration, cond func() bool) {
-	f.tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			f.tb.Fatalf("timed out waiting for %s", what)
-		}
-		select {
-		case <-f.tb.Context().Done():
-			f.tb.Fatal(f.tb.Context().Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }

@@ -93,7 +93,7 @@ func (b *syncBuffer) String() string {
 // fleet is one run's world: an embedded server, the scripted model server,
 // the bridge in this process, and an owner and agents as processes.
 type fleet struct {
-	t      *testing.T
+	t      testing.TB
 	run    string
 	env    *jstest.Env
 	bins   bins
@@ -117,7 +117,7 @@ type fleetOptions struct {
 	steps       int
 }
 
-func startFleet(t *testing.T, o fleetOptions) *fleet {
+func startFleet(t testing.TB, o fleetOptions) *fleet {
 	t.Helper()
 	b := buildBins(t)
 	env := jstest.Start(t)

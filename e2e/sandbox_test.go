@@ -39,7 +39,7 @@ func buildSandboxd(t *testing.T) string {
 }
 
 // runUntilCleanup runs fn until the test ends and checks its error.
-func runUntilCleanup(t *testing.T, name string, fn func(ctx context.Context) error) {
+func runUntilCleanup(t testing.TB, name string, fn func(ctx context.Context) error) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan error, 1)
 	go func() { done <- fn(ctx) }()
@@ -182,9 +182,15 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	waitWithin(t, 30*time.Second, what, cond)
+}
+
+// waitWithin waits up to d for cond, failing the test after.
+func waitWithin(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
