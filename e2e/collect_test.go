@@ -101,8 +101,14 @@ func (c *collector) wait(d time.Duration) int {
 	case <-c.done:
 		return c.exit
 	case <-time.After(d):
-		_ = c.cmd.Process.Kill()
-		<-c.done
+		// Its goroutines go to the log, to say where it hung.
+		_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-c.done:
+		case <-time.After(2 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
 		c.f.t.Fatalf("collect did not finish in %s", d)
 		return 0
 	}
@@ -229,4 +235,36 @@ func TestCollectKilledAndRerun(t *testing.T) {
 	}
 	c.results()
 	f.checkLedger(time.Time{})
+}
+
+// TestCollectAgentRestartedUnderIt: one of two agents is killed with -9 and
+// started again while the collection runs, the rest of the fleet lives on.
+// No restore can go into a fleet that served: the collector retires the
+// lost agent's attempts (the owner stops their sandboxes) and sends them one
+// attempt later, asks the other agent again for its own, and every result
+// is written exactly once.
+func TestCollectAgentRestartedUnderIt(t *testing.T) {
+	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 3, steps: 1})
+	c := f.collector(t)
+	c.start()
+	f.waitCalls(8, 3)
+	f.kill9("agent-a2")
+	f.startAgent("a2", "--concurrency", "8")
+	if code := c.wait(75 * time.Second); code != 0 {
+		t.Fatalf("collect exited %d", code)
+	}
+	res := c.results()
+	restarted := 0
+	for _, r := range res {
+		if r.Attempt > 0 {
+			restarted++
+			if r.Agent != "a2" {
+				t.Errorf("%s: attempt %d on %s; only a2's rollouts should start over", r.RolloutID, r.Attempt, r.Agent)
+			}
+		}
+	}
+	if restarted == 0 {
+		t.Fatal("no rollout of the restarted agent started over")
+	}
+	f.checkLedger(time.Time{}.Add(1)) // calls the lost agent made may be re-issued by the next attempt
 }

@@ -20,5 +20,6 @@
 // unfinished attempt and sends it again one attempt later; if the fleet is
 // still the one it left (only the collector died), it asks again for the
 // same attempts, and the agents answer from the run in flight or the result
-// they kept.
+// they kept; when only some agents restarted (or nothing was committed), their
+// rollouts are retired and sent one attempt later and the others asked again.
 package collect

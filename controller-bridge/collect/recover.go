@@ -74,10 +74,10 @@ func (c *Collector) recover(ctx context.Context, why string) error {
 			c.log.Warn().Strs("retired", rr.Retired).Msg("the restore failed; every unfinished rollout starts over one attempt later")
 			return c.restartUnfinished(ctx, rr.Retired)
 		}
-	case fresh:
-		c.log.Warn().Msg("no committed checkpoint: every unfinished rollout starts over one attempt later")
-		return c.restartUnfinished(ctx, nil)
 	default:
+		// No checkpoint to restore, or a fleet that served: the lost
+		// agents' rollouts start over one attempt later, the others are
+		// asked again.
 		return c.partial(ctx, live)
 	}
 }
@@ -100,10 +100,10 @@ func ownersOf(live map[string]string) string {
 	return strings.Join(parts, ",")
 }
 
-// partial handles a fleet that is not fresh but lost some agents: the
-// rollouts of agents that still run are asked again; those of an agent that
-// restarted are retired (the owner stops their sandboxes) and sent one
-// attempt later, since no restore can go into a fleet that served.
+// partial handles a fleet that lost some agents when no restore can help
+// (nothing committed, or members that served): the rollouts of agents that
+// still run are asked again; those of an agent (or owner) that restarted
+// are retired (the owner stops their sandboxes) and sent one attempt later.
 func (c *Collector) partial(ctx context.Context, live map[string]string) error {
 	var retire []string
 	c.mu.Lock()

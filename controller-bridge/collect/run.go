@@ -160,7 +160,7 @@ func (c *Collector) dispatch(ctx context.Context) {
 			c.log.Error().Err(err).Msg("write the dispatch log; not dispatching")
 			return
 		}
-		c.sentTo[id] = e
+		c.sentTo[id], c.attempt[id] = e, attempt
 		rctx, cancel := context.WithCancel(ctx)
 		c.gen++
 		fl := &flight{cancel: cancel, gen: c.gen}
@@ -180,7 +180,15 @@ func (c *Collector) send(ctx context.Context, id string, attempt int, name strin
 			if !errors.Is(err, nats.ErrNoResponders) {
 				break
 			}
-			// The agent is not up (yet, or again): wait for it.
+			// The agent is not up yet: wait for it. One that came back as
+			// another process has lost this attempt: the recovery its
+			// restart triggers takes the rollout from here.
+			c.mu.Lock()
+			sent, now := c.sentTo[id].Instance, c.instances["agent."+name]
+			c.mu.Unlock()
+			if sent != "" && now != sent {
+				break
+			}
 			select {
 			case <-ctx.Done():
 			case <-time.After(wait):

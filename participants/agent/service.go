@@ -34,6 +34,10 @@ func classify(err error) (int, string) {
 		return 503, "stopping"
 	case errors.Is(err, ErrBadBookmark):
 		return 422, "bad_bookmark"
+	case isCode(err, "session_exists"):
+		// The owner still holds this attempt's session for another agent
+		// process (one that died): the controller retires the attempt.
+		return 409, "session_exists"
 	}
 	return 500, "rollout_failed"
 }
