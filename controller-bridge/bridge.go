@@ -103,8 +103,45 @@ type runState struct {
 	lastAt    time.Time
 }
 
-// state reads the run's last phase event back from the stream.
+// state reads the run's last phase event back from the stream; when the
+// stream no longer holds it (aged out), the head record keeps the run's
+// sequence and epoch going.
 func (b *Bridge) state(ctx context.Context) (runState, error) {
+	st, err := b.lastPhaseEvent(ctx)
+	if err != nil {
+		return st, err
+	}
+	e, err := b.cfg.Bus.Manifests.Get(ctx, events.HeadKey(b.cfg.Run))
+	switch {
+	case errors.Is(err, natsjs.ErrKeyNotFound):
+	case err != nil:
+		return st, fmt.Errorf("bridge: read the head of run %s: %w", b.cfg.Run, err)
+	default:
+		var h events.Head
+		if err := json.Unmarshal(e.Value(), &h); err != nil {
+			return st, fmt.Errorf("bridge: the head of run %s does not decode: %w", b.cfg.Run, err)
+		}
+		if h.Seq > st.seq {
+			st.seq, st.epoch = h.Seq, max(st.epoch, h.Epoch)
+			if st.last != nil {
+				st.last, st.lastID = nil, "" // older than the head: not the run's last
+			}
+		}
+	}
+	return st, nil
+}
+
+// saveHead records the run's head after a phase publish; best effort (the
+// stream holds the phase until it ages out).
+func (b *Bridge) saveHead(ctx context.Context, h events.PhaseHeader) {
+	v, _ := json.Marshal(events.Head{Seq: h.Seq, Epoch: h.Epoch, Updated: b.cfg.Now().UTC()})
+	if _, err := b.cfg.Bus.Manifests.Put(ctx, events.HeadKey(b.cfg.Run), v); err != nil {
+		b.log.Warn().Err(err).Uint64("seq", h.Seq).Msg("record the run's head")
+	}
+}
+
+// lastPhaseEvent reads the run's last phase event back from the stream.
+func (b *Bridge) lastPhaseEvent(ctx context.Context) (runState, error) {
 	raw, err := b.cfg.Bus.Stream.GetLastMsgForSubject(ctx, events.PhaseFilter(b.cfg.Run))
 	if errors.Is(err, natsjs.ErrMsgNotFound) {
 		return runState{}, nil
@@ -158,6 +195,7 @@ func (b *Bridge) publishPhase(ctx context.Context, st *runState, p events.PhaseE
 		return fmt.Errorf("bridge: publish %s seq %d: %w", p.Phase(), h.Seq, err)
 	}
 	*st = runState{seq: h.Seq, streamSeq: ack.Sequence, epoch: h.Epoch, last: p, lastID: id, lastAt: b.cfg.Now()}
+	b.saveHead(ctx, h)
 	b.log.Debug().Str("phase", string(p.Phase())).Uint64("seq", h.Seq).Str("checkpoint", h.CheckpointID).
 		Int("members", len(h.Members)).Msg("phase published")
 	return nil

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -419,5 +421,44 @@ func TestRestoreNeedsNoFreshMemberForEmptyExports(t *testing.T) {
 	res, err := b.Restore(ctx(t), bridge.RestoreRequest{})
 	if err != nil || res.Status != bridge.StatusCompleted || len(res.Restored) != 2 {
 		t.Fatalf("restore without a fresh agent.idle0: %+v %v", res, err)
+	}
+}
+
+// TestHeadOutlivesAgedOutPhases: when the run's phases have left the stream
+// (MaxAge), a bridge goes on from the run's head record: the sequence never
+// goes back, and the reserved checkpoint ids are refused.
+func TestHeadOutlivesAgedOutPhases(t *testing.T) {
+	env := jstest.Start(t)
+	fleet(t, env, 2, 1)
+	b := startBridge(t, env, bridge.Config{})
+	for _, id := range []string{"c1", "c2"} {
+		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err != nil || res.Status != bridge.StatusCommitted {
+			t.Fatalf("%+v %v", res, err)
+		}
+	}
+	st, err := b.Status(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := st.Seq
+	// What MaxAge does to an idle run: its phase events are gone.
+	if err := env.Bus.Stream.Purge(ctx(t), natsjs.WithPurgeSubject(events.PhaseFilter(run))); err != nil {
+		t.Fatal(err)
+	}
+	b2 := startBridge(t, env, bridge.Config{Name: "second"})
+	if st, err := b2.Status(ctx(t)); err != nil || st.Seq != before {
+		t.Fatalf("a bridge after the phases aged out reads seq %d (%v), want %d", st.Seq, err, before)
+	}
+	res, err := b2.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c3"})
+	if err != nil || res.Status != bridge.StatusCommitted {
+		t.Fatalf("checkpoint after the phases aged out: %+v %v", res, err)
+	}
+	if st, _ := b2.Status(ctx(t)); st.Seq <= before {
+		t.Fatalf("seq %d after c3, want above %d", st.Seq, before)
+	}
+	for _, id := range []string{"LATEST", "HEAD"} {
+		if _, err := b2.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err == nil || !strings.Contains(err.Error(), "reserved") {
+			t.Errorf("checkpoint id %s: %v, want it refused as reserved", id, err)
+		}
 	}
 }

@@ -39,7 +39,7 @@ func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, 
 	var ids []string
 	for k := range lister.Keys() {
 		id := strings.TrimPrefix(k, b.cfg.Run+".")
-		if id != "LATEST" {
+		if id != "LATEST" && id != "HEAD" { // the run's own keys (events.LatestKey, HeadKey)
 			ids = append(ids, id)
 		}
 	}

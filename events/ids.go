@@ -81,7 +81,13 @@ func ValidateToken(field, v string) error {
 func ValidateRun(v string) error { return ValidateToken("run", v) }
 
 // ValidateCheckpointID checks a checkpoint (or operation) id.
-func ValidateCheckpointID(v string) error { return ValidateToken("checkpoint_id", v) }
+func ValidateCheckpointID(v string) error {
+	if v == "LATEST" || v == "HEAD" {
+		// sp_manifests keys <run>.LATEST and <run>.HEAD are the run's own.
+		return fieldErr("checkpoint_id", ErrInvalid, "%q is reserved", v)
+	}
+	return ValidateToken("checkpoint_id", v)
+}
 
 // ValidateRollout checks a rollout or session id: PROTOCOL §2 allows dots
 // but not a trailing "-a<digits>", which would make episode keys ambiguous.

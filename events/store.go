@@ -30,6 +30,19 @@ func MemberManifestKey(run, checkpoint string, m Member) string {
 // checkpoint, <run>.LATEST (moved by compare-and-set).
 func LatestKey(run string) string { return run + ".LATEST" }
 
+// HeadKey returns the sp_manifests key of the run's head: the sequence and
+// epoch of its last phase event, kept beyond the stream's MaxAge.
+func HeadKey(run string) string { return run + ".HEAD" }
+
+// Head is the run's head record (HeadKey): a bridge that finds the run's
+// phases aged out of the stream goes on from it, never back to sequence 0
+// and epoch 0.
+type Head struct {
+	Seq     uint64    `json:"seq"`
+	Epoch   uint64    `json:"epoch"`
+	Updated time.Time `json:"updated"`
+}
+
 // MemberInfo is a member's heartbeat in sp_members: who is alive and what
 // it can do. The member puts it at start and then every third of the
 // bucket's TTL; an expired key means a dead member.
