@@ -85,13 +85,16 @@ func unescapeMount(s string) string {
 // prepareCgroupRoot creates root (default <own cgroup>/stillpoint-sandboxd)
 // and checks that a child cgroup can be made there with cgroup.freeze and
 // cgroup.kill writable. Any failure means freeze is unavailable.
-func prepareCgroupRoot(root string) (string, error) {
+func prepareCgroupRoot(root, name string) (string, error) {
 	if root == "" {
 		own, err := ownCgroupDir()
 		if err != nil {
 			return "", err
 		}
-		root = filepath.Join(own, CgroupSubtree)
+		if name == "" {
+			name = CgroupSubtree
+		}
+		root = filepath.Join(own, name)
 	}
 	if err := os.Mkdir(root, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", err

@@ -50,6 +50,11 @@ type Config struct {
 	// stillpoint-sandboxd, created if missing). A root that cannot be
 	// created or written leaves freeze unavailable.
 	CgroupRoot string
+	// CgroupName is the name of that directory under the supervisor's own
+	// cgroup when CgroupRoot is not set (default CgroupSubtree). Supervisors
+	// that share a cgroup (sandboxes without a cgroup namespace of their
+	// own) need names of their own.
+	CgroupName string
 	// NoCgroup never uses cgroups: launches run in the supervisor's cgroup
 	// and freeze is unavailable, as on a host without cgroup v2.
 	NoCgroup bool

@@ -36,7 +36,7 @@ func newHost(cfg Config, log zerolog.Logger) (host, error) {
 	}
 	h := &linuxHost{log: log, self: self, selfPID: os.Getpid(), active: map[string]*linuxLaunch{}}
 	if !cfg.NoCgroup {
-		root, err := prepareCgroupRoot(cfg.CgroupRoot)
+		root, err := prepareCgroupRoot(cfg.CgroupRoot, cfg.CgroupName)
 		if err != nil {
 			log.Warn().Err(err).Msg("no writable cgroup v2: freeze unavailable, pausing in stop mode")
 		} else {

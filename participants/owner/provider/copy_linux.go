@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -31,6 +32,7 @@ type copier struct {
 	links   map[devIno]string // first copy of each inode with more than one link
 	noClone bool              // FICLONE failed once: the file system cannot reflink
 	strict  bool              // as root every attribute must be kept
+	live    bool              // the tree may change under the copy: skip what vanishes
 	buf     []byte            // xattr names and values
 	stats   copyStats
 }
@@ -40,7 +42,19 @@ type copier struct {
 // xattr namespaces an unprivileged user cannot set are left as the
 // process makes them.
 func copyTree(ctx context.Context, src, dst string) (copyStats, error) {
+	return copyTreeOf(ctx, src, dst, false)
+}
+
+// copyLiveTree is copyTree of a tree whose processes may still write in it
+// (a dir sandbox, which nothing freezes): an entry removed between the
+// directory read and its copy is skipped, as it is gone.
+func copyLiveTree(ctx context.Context, src, dst string) (copyStats, error) {
+	return copyTreeOf(ctx, src, dst, true)
+}
+
+func copyTreeOf(ctx context.Context, src, dst string, live bool) (copyStats, error) {
 	c := &copier{
+		live:   live,
 		ctx:    ctx,
 		links:  make(map[devIno]string),
 		strict: os.Geteuid() == 0,
@@ -77,10 +91,17 @@ func (c *copier) dir(src, dst string, st *unix.Stat_t) error {
 		s, d := src+"/"+name, dst+"/"+name
 		var est unix.Stat_t
 		if err := unix.Lstat(s, &est); err != nil {
+			if c.live && errors.Is(err, unix.ENOENT) {
+				continue
+			}
 			return &os.PathError{Op: "lstat", Path: s, Err: err}
 		}
 		c.stats.entries++
 		if err := c.entry(s, d, &est); err != nil {
+			if c.live && errors.Is(err, fs.ErrNotExist) {
+				_ = os.RemoveAll(d)
+				continue
+			}
 			return err
 		}
 	}

@@ -176,12 +176,23 @@ func (d *Dir) create(ctx context.Context, box *dirBox, spec Spec, snapshotID str
 	// An absolute program inside the sandbox (a file Files, CopyIn or
 	// Binds put there) runs from there.
 	argv[0] = inRootProgram(root, argv[0])
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir, cmd.Env = workdir, box.env
-	cmd.Stdout, cmd.Stderr = spec.Output, spec.Output
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start init: %w", err)
+	var cmd *exec.Cmd
+	for try := 0; ; try++ {
+		cmd = exec.Command(argv[0], argv[1:]...)
+		cmd.Dir, cmd.Env = workdir, box.env
+		cmd.Stdout, cmd.Stderr = spec.Output, spec.Output
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		err := cmd.Start()
+		if err == nil {
+			break
+		}
+		// ETXTBSY: the program was just copied in, and a child forked
+		// meanwhile for another sandbox holds the write descriptor until
+		// its own exec. It clears within moments.
+		if !errors.Is(err, syscall.ETXTBSY) || try >= 50 {
+			return fmt.Errorf("start init: %w", err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	box.sb.InitPID = cmd.Process.Pid
 	box.done = make(chan struct{})
@@ -283,7 +294,7 @@ func (d *Dir) Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, er
 	meta := snapMeta{ID: snapshotID, Provider: d.Name(), Sandbox: id}
 	return d.snaps.create(meta, func(dst string) (copyStats, time.Duration, error) {
 		t0 := time.Now()
-		st, err := copyTree(ctx, box.sb.Root, filepath.Join(dst, "root"))
+		st, err := copyLiveTree(ctx, box.sb.Root, filepath.Join(dst, "root"))
 		return st, time.Since(t0), err
 	})
 }
