@@ -151,8 +151,9 @@ func (b *Bridge) finishRelease(ctx context.Context, p events.Release) (*OpResult
 		for _, m := range all {
 			// Abort markers stay, even after the final release: deleting one
 			// would let a slow bridge create that checkpoint after all
-			// (PROTOCOL §7, invariant 2). They name no snapshot or record.
-			if kept[m.CheckpointID] || m.Aborted {
+			// (PROTOCOL §7, invariant 2). The records and member manifests
+			// its members wrote before the abort go (deleteCheckpoint).
+			if kept[m.CheckpointID] {
 				continue
 			}
 			if err := b.deleteCheckpoint(ctx, m); err != nil {

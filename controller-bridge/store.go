@@ -59,7 +59,8 @@ func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, 
 
 // deleteCheckpoint deletes a checkpoint's records, member manifests and
 // manifest, in that order, so that a crash in between leaves a manifest
-// that names missing records rather than records nothing names.
+// that names missing records rather than records nothing names. An abort
+// marker stays: only what its members wrote before the abort goes.
 func (b *Bridge) deleteCheckpoint(ctx context.Context, m events.CheckpointManifest) error {
 	prefix := b.cfg.Run + "/" + m.CheckpointID + "/"
 	objs, err := b.cfg.Bus.Records.List(ctx)
@@ -85,6 +86,9 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, m events.CheckpointManife
 		if err := b.cfg.Bus.Manifests.Purge(ctx, k); err != nil {
 			return fmt.Errorf("bridge: delete %s: %w", k, err)
 		}
+	}
+	if m.Aborted {
+		return nil // the abort marker stays
 	}
 	if err := b.cfg.Bus.Manifests.Purge(ctx, events.ManifestKey(b.cfg.Run, m.CheckpointID)); err != nil {
 		return fmt.Errorf("bridge: delete manifest %s: %w", m.CheckpointID, err)
