@@ -113,9 +113,9 @@ func (f *fleet) waitCalls(n, calls int) {
 }
 
 // checkLedger asserts PROTOCOL §7.4 on the model server's ledger: no call
-// repeated within an attempt, none injected, and a call re-issued by a
-// later attempt only if the earlier one got its reply after the restored
-// checkpoint began (the crash abandoned it).
+// repeated after its reply was saved, none injected, and a call re-issued
+// by a later attempt only if the earlier one saved its reply after the
+// restored checkpoint began, or never (the crash abandoned it).
 func (f *fleet) checkLedger(restoredFrom time.Time) {
 	f.t.Helper()
 	if r := f.ms.Repeats(); len(r) != 0 {
@@ -127,9 +127,9 @@ func (f *fleet) checkLedger(restoredFrom time.Time) {
 		}
 	}
 	for _, r := range f.ms.Reissued() {
-		if restoredFrom.IsZero() || r.Delivered.Before(restoredFrom) {
-			f.t.Errorf("%s: %s re-issued a call %s had its reply to at %s, before the restored checkpoint",
-				r.Task, r.Later, r.Earlier, r.Delivered.Format(time.StampMilli))
+		if !r.Saved.IsZero() && (restoredFrom.IsZero() || r.Saved.Before(restoredFrom)) {
+			f.t.Errorf("%s: %s re-issued a call whose reply %s had saved at %s, before the restored checkpoint",
+				r.Task, r.Later, r.Earlier, r.Saved.Format(time.StampMilli))
 		}
 	}
 }

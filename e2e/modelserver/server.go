@@ -63,6 +63,10 @@ type Entry struct {
 	Episode string `json:"episode,omitempty"`
 	// Digest is the sha256 of the request's messages (canonical JSON).
 	Digest string `json:"digest"`
+	// Messages is how many messages the request carried: the conversation
+	// only grows, so a later request of the episode with more messages
+	// means this reply was saved.
+	Messages int `json:"messages"`
 	// Turn is the script turn answered; UserTurns counts user messages.
 	Turn      int  `json:"turn"`
 	UserTurns int  `json:"user_turns"`
@@ -132,19 +136,29 @@ func (s *Server) Ledger() []Entry {
 }
 
 // Repeats returns, per task, the digests an episode requested again after
-// a reply to it was delivered: a repeated model call. A call whose reply
-// never arrived (the caller was stopped) or was cut on purpose may be sent
-// again.
+// it had saved the reply: after a delivered reply, a later request of the
+// episode carried more messages, and then the same call came again. A call
+// whose reply never arrived, was cut on purpose, or was abandoned before it
+// was saved (a stop or a crash right after the reply) may be sent again.
 func (s *Server) Repeats() map[string][]string {
-	delivered := map[string]bool{}
+	l := s.Ledger()
 	out := map[string][]string{}
-	for _, e := range s.Ledger() {
-		k := e.Task + "/" + e.Episode + "/" + e.Digest
-		if delivered[k] {
-			out[e.Task] = append(out[e.Task], e.Digest)
+	for i, e := range l {
+		if e.Cut || e.Delivered.IsZero() {
+			continue
 		}
-		if !e.Cut && !e.Delivered.IsZero() {
-			delivered[k] = true
+		saved := false
+		for _, f := range l[i+1:] {
+			if f.Task != e.Task || f.Episode != e.Episode {
+				continue
+			}
+			if f.Messages > e.Messages {
+				saved = true
+			}
+			if saved && f.Digest == e.Digest {
+				out[e.Task] = append(out[e.Task], e.Digest)
+				break
+			}
 		}
 	}
 	return out
@@ -157,27 +171,39 @@ type Reissue struct {
 	Task   string `json:"task"`
 	Digest string `json:"digest"`
 	// Earlier is the earlier episode and Delivered when it got the reply;
-	// Later the episode that sent it again.
+	// Saved when it had saved it (its next request, with more messages;
+	// zero if it never sent one); Later the episode that sent it again.
 	Earlier   string    `json:"earlier"`
 	Delivered time.Time `json:"delivered"`
+	Saved     time.Time `json:"saved,omitzero"`
 	Later     string    `json:"later"`
 }
 
-// Reissued returns the calls that a later episode sent again.
+// Reissued returns the calls that a later episode sent again. A re-issue
+// is legitimate when the earlier episode saved the reply only after the
+// checkpoint the later one was restored from (or never): the snapshot did
+// not hold it.
 func (s *Server) Reissued() []Reissue {
-	type first struct {
-		episode string
-		at      time.Time
-	}
-	got := map[string]first{}
+	l := s.Ledger()
 	var out []Reissue
-	for _, e := range s.Ledger() {
-		k := e.Task + "/" + e.Digest
-		if f, ok := got[k]; ok && f.episode != e.Episode {
-			out = append(out, Reissue{Task: e.Task, Digest: e.Digest, Earlier: f.episode, Delivered: f.at, Later: e.Episode})
+	seen := map[string]bool{}
+	for i, e := range l {
+		if e.Cut || e.Delivered.IsZero() || seen[e.Task+"/"+e.Episode+"/"+e.Digest] {
+			continue
 		}
-		if _, ok := got[k]; !ok && !e.Cut && !e.Delivered.IsZero() {
-			got[k] = first{e.Episode, e.Delivered}
+		seen[e.Task+"/"+e.Episode+"/"+e.Digest] = true
+		var saved time.Time
+		for _, f := range l[i+1:] {
+			if f.Task != e.Task {
+				continue
+			}
+			if f.Episode == e.Episode && f.Messages > e.Messages && saved.IsZero() {
+				saved = f.Time
+			}
+			if f.Episode != e.Episode && f.Digest == e.Digest {
+				out = append(out, Reissue{Task: e.Task, Digest: e.Digest, Earlier: e.Episode, Delivered: e.Delivered, Saved: saved, Later: f.Episode})
+				break
+			}
 		}
 	}
 	return out
@@ -247,7 +273,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	if req.Stream {
 		cut, s.cutNext = s.cutNext, 0
 	}
-	entry := Entry{Task: task, Episode: r.Header.Get(EpisodeHeader), Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Time: time.Now()}
+	entry := Entry{Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Time: time.Now()}
 	s.ledger = append(s.ledger, entry)
 	index := len(s.ledger) - 1
 	if hold != nil {

@@ -83,12 +83,12 @@ func (c *demoChecks) check(ctx context.Context, d *demo, js natsjs.JetStream, bu
 	early := 0
 	reissued := ms.Reissued()
 	for _, r := range reissued {
-		if restoredFrom.IsZero() || r.Delivered.Before(restoredFrom) {
+		if !r.Saved.IsZero() && (restoredFrom.IsZero() || r.Saved.Before(restoredFrom)) {
 			early++
 		}
 	}
 	add(4, "no model call repeated, no turn injected", len(repeats) == 0 && injected == 0 && early == 0,
-		"%d calls; %d repeated within an attempt, %d with an injected user turn; %d re-issued after the crash, all of calls made after the restored checkpoint began (%d before)",
+		"%d calls; %d sent again after their reply was saved, %d with an injected user turn; %d re-issued by a restored attempt, each a call whose reply the crash lost (saved after the restored checkpoint began, or never; %d saved before)",
 		len(ms.Ledger()), len(repeats), injected, len(reissued), early)
 
 	// 5. Paused launches were still: every pause a sandbox acked was confirmed.
