@@ -44,9 +44,7 @@ func (c *Collector) openFiles() (map[string]dispatchEntry, error) {
 		if err := json.Unmarshal(line, &e); err != nil || e.RolloutID == "" {
 			return fmt.Errorf("%s: a line that is not a dispatch: %.80q", c.cfg.DispatchLog, line)
 		}
-		if p, ok := prior[e.RolloutID]; !ok || e.Attempt >= p.Attempt {
-			prior[e.RolloutID] = e
-		}
+		prior[e.RolloutID] = e // the last dispatch is the one that counts
 		return nil
 	}); err != nil {
 		return nil, err

@@ -30,6 +30,11 @@ func (c *Collector) recover(ctx context.Context, why string) error {
 	// What is in flight belongs to the fleet that was: drop it.
 	c.cancelInflight()
 	c.waitInflight(ctx, 10*time.Second)
+	// Requests still out are dropped: their late answers find no flight
+	// (finish checks the generation), and the recovery requeues them.
+	c.mu.Lock()
+	clear(c.inflight)
+	c.mu.Unlock()
 
 	st, latest, err := c.waitFleet(ctx)
 	if err != nil {
