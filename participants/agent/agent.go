@@ -557,6 +557,15 @@ func (a *Agent) seed(r *run, bm Bookmark) (Bookmark, error) {
 	if isAdmissionClosed(err) {
 		return bm, errAdmissionClosed
 	}
+	var se *jetstream.ServiceError
+	if errors.As(err, &se) && se.Status >= 400 && se.Status < 500 {
+		// Refused outright: no session of this run was made, and the one
+		// the owner holds under this id (another attempt's) is not ours
+		// to close.
+		a.mu.Lock()
+		r.seeded = false
+		a.mu.Unlock()
+	}
 	if err != nil {
 		return bm, fmt.Errorf("agent: seed %s: %w", r.key, err)
 	}
