@@ -115,10 +115,15 @@ func (c *copier) entry(s, d string, st *unix.Stat_t) error {
 	if kind != unix.S_IFDIR && st.Nlink > 1 {
 		key := devIno{uint64(st.Dev), st.Ino}
 		if first, ok := c.links[key]; ok {
-			if err := unix.Linkat(unix.AT_FDCWD, first, unix.AT_FDCWD, d, 0); err != nil {
+			err := unix.Linkat(unix.AT_FDCWD, first, unix.AT_FDCWD, d, 0)
+			if err == nil {
+				return nil
+			}
+			if !c.live || !errors.Is(err, unix.ENOENT) {
 				return &os.LinkError{Op: "link", Old: first, New: d, Err: err}
 			}
-			return nil
+			// The first name vanished from the copy (a live tree): copy
+			// this one instead.
 		}
 		c.links[key] = d
 	}
