@@ -135,9 +135,27 @@ func (b *Bridge) state(ctx context.Context) (runState, error) {
 // stream holds the phase until it ages out).
 func (b *Bridge) saveHead(ctx context.Context, h events.PhaseHeader) {
 	v, _ := json.Marshal(events.Head{Seq: h.Seq, Epoch: h.Epoch, Updated: b.cfg.Now().UTC()})
-	if _, err := b.cfg.Bus.Manifests.Put(ctx, events.HeadKey(b.cfg.Run), v); err != nil {
-		b.log.Warn().Err(err).Uint64("seq", h.Seq).Msg("record the run's head")
+	key := events.HeadKey(b.cfg.Run)
+	// Compare-and-set, never backwards: a delayed write of another bridge
+	// must not lower the head.
+	for range 3 {
+		e, err := b.cfg.Bus.Manifests.Get(ctx, key)
+		switch {
+		case errors.Is(err, natsjs.ErrKeyNotFound):
+			_, err = b.cfg.Bus.Manifests.Create(ctx, key, v)
+		case err == nil:
+			var cur events.Head
+			if json.Unmarshal(e.Value(), &cur) == nil && cur.Seq >= h.Seq {
+				return
+			}
+			_, err = b.cfg.Bus.Manifests.Update(ctx, key, v, e.Revision())
+		}
+		if err == nil {
+			return
+		}
+		b.log.Debug().Err(err).Uint64("seq", h.Seq).Msg("record the run's head; trying again")
 	}
+	b.log.Warn().Uint64("seq", h.Seq).Msg("could not record the run's head")
 }
 
 // lastPhaseEvent reads the run's last phase event back from the stream.
