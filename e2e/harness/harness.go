@@ -155,6 +155,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
+	var savedAt time.Time // when this process saved the last reply
 	for range cfg.MaxTurns {
 		last := s.Messages[len(s.Messages)-1]
 		if last.Role == "assistant" {
@@ -181,7 +182,7 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			continue
 		}
-		reply, err := call(ctx, cfg, s.Messages)
+		reply, err := call(ctx, cfg, s.Messages, savedAt)
 		if err != nil {
 			return err
 		}
@@ -189,6 +190,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err := save(cfg.DataDir, s); err != nil {
 			return err
 		}
+		savedAt = time.Now()
 	}
 	return fmt.Errorf("harness: no answer after %d model calls", cfg.MaxTurns)
 }
@@ -221,7 +223,7 @@ func runTool(ctx context.Context, dir string, tc modelserver.ToolCall) string {
 	return string(out)
 }
 
-func call(ctx context.Context, cfg Config, msgs []modelserver.Message) (modelserver.Message, error) {
+func call(ctx context.Context, cfg Config, msgs []modelserver.Message, savedAt time.Time) (modelserver.Message, error) {
 	b, _ := json.Marshal(modelserver.Request{Model: cfg.Model, Messages: msgs})
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
@@ -233,6 +235,9 @@ func call(ctx context.Context, cfg Config, msgs []modelserver.Message) (modelser
 	req.Header.Set(modelserver.TaskHeader, cfg.Task)
 	if cfg.Episode != "" {
 		req.Header.Set(modelserver.EpisodeHeader, cfg.Episode)
+	}
+	if !savedAt.IsZero() {
+		req.Header.Set(modelserver.SavedHeader, savedAt.UTC().Format(time.RFC3339Nano))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

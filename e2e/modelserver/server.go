@@ -16,6 +16,10 @@ import (
 // TaskHeader names the task of a request.
 const TaskHeader = "X-Stillpoint-Task"
 
+// SavedHeader carries when the sender saved the reply to its previous
+// request (RFC 3339): the ledger then knows whether a snapshot could hold it.
+const SavedHeader = "X-Stillpoint-Saved"
+
 // EpisodeHeader names the episode (rollout attempt) that sends a request;
 // the ledger keeps it, so that a call one attempt abandoned in a crash and
 // the next attempt re-issued tells apart from a repeat.
@@ -63,6 +67,9 @@ type Entry struct {
 	Episode string `json:"episode,omitempty"`
 	// Digest is the sha256 of the request's messages (canonical JSON).
 	Digest string `json:"digest"`
+	// PrevSaved is when the sender saved its previous reply (SavedHeader),
+	// zero when it did not say.
+	PrevSaved time.Time `json:"prev_saved,omitzero"`
 	// Messages is how many messages the request carried: the conversation
 	// only grows, so a later request of the episode with more messages
 	// means this reply was saved.
@@ -171,8 +178,9 @@ type Reissue struct {
 	Task   string `json:"task"`
 	Digest string `json:"digest"`
 	// Earlier is the earlier episode and Delivered when it got the reply;
-	// Saved when it had saved it (its next request, with more messages;
-	// zero if it never sent one); Later the episode that sent it again.
+	// Saved when it had saved it (as its next request says, or that
+	// request's time; zero if it never sent one); Later the episode that
+	// sent it again.
 	Earlier   string    `json:"earlier"`
 	Delivered time.Time `json:"delivered"`
 	Saved     time.Time `json:"saved,omitzero"`
@@ -198,7 +206,12 @@ func (s *Server) Reissued() []Reissue {
 				continue
 			}
 			if f.Episode == e.Episode && f.Messages > e.Messages && saved.IsZero() {
-				saved = f.Time
+				// When the reply was saved: what the sender says, else the
+				// next request's time, an upper bound.
+				saved = f.PrevSaved
+				if saved.IsZero() || saved.After(f.Time) {
+					saved = f.Time
+				}
 			}
 			if f.Episode != e.Episode && f.Digest == e.Digest {
 				out = append(out, Reissue{Task: e.Task, Digest: e.Digest, Earlier: e.Episode, Delivered: e.Delivered, Saved: saved, Later: f.Episode})
@@ -273,7 +286,8 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	if req.Stream {
 		cut, s.cutNext = s.cutNext, 0
 	}
-	entry := Entry{Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Time: time.Now()}
+	prevSaved, _ := time.Parse(time.RFC3339Nano, r.Header.Get(SavedHeader))
+	entry := Entry{Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Time: time.Now()}
 	s.ledger = append(s.ledger, entry)
 	index := len(s.ledger) - 1
 	if hold != nil {
