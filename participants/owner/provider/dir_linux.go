@@ -177,22 +177,15 @@ func (d *Dir) create(ctx context.Context, box *dirBox, spec Spec, snapshotID str
 	// Binds put there) runs from there.
 	argv[0] = inRootProgram(root, argv[0])
 	var cmd *exec.Cmd
-	for try := 0; ; try++ {
+	err := whileTextBusy(func() error {
 		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.Dir, cmd.Env = workdir, box.env
 		cmd.Stdout, cmd.Stderr = spec.Output, spec.Output
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		err := cmd.Start()
-		if err == nil {
-			break
-		}
-		// ETXTBSY: the program was just copied in, and a child forked
-		// meanwhile for another sandbox holds the write descriptor until
-		// its own exec. It clears within moments.
-		if !errors.Is(err, syscall.ETXTBSY) || try >= 50 {
-			return fmt.Errorf("start init: %w", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return cmd.Start()
+	})
+	if err != nil {
+		return fmt.Errorf("start init: %w", err)
 	}
 	box.sb.InitPID = cmd.Process.Pid
 	box.done = make(chan struct{})

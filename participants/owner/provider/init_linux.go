@@ -89,16 +89,22 @@ func sandboxInit(cfg string) {
 	if err != nil {
 		fail(err)
 	}
-	err = syscall.Exec(prog, c.Argv, c.Env)
-	// ETXTBSY: the owner process just wrote prog (CopyIn), and a child it
-	// forked meanwhile for another sandbox holds the write descriptor until
-	// that child's own exec (Go's fork and exec share no lock with file
-	// writes). It clears within moments: try again.
+	err = whileTextBusy(func() error { return syscall.Exec(prog, c.Argv, c.Env) })
+	fail(fmt.Errorf("exec %s: %w", prog, err))
+}
+
+// whileTextBusy runs start, the exec of a program the owner just wrote
+// into a sandbox (CopyIn, Binds copied), again while it fails with
+// ETXTBSY: a child the owner forked meanwhile for another sandbox holds the
+// write descriptor until its own exec (Go's fork and exec share no lock
+// with file writes). It clears within moments.
+func whileTextBusy(start func() error) error {
+	err := start()
 	for try := 0; errors.Is(err, syscall.ETXTBSY) && try < 50; try++ {
 		time.Sleep(20 * time.Millisecond)
-		err = syscall.Exec(prog, c.Argv, c.Env)
+		err = start()
 	}
-	fail(fmt.Errorf("exec %s: %w", prog, err))
+	return err
 }
 
 type mountSpec struct {
