@@ -72,13 +72,9 @@ func NewService(nc *nats.Conn, cfg micro.Config, prefix string, classify Classif
 // answer, marshalled as JSON, or an error, answered as a ServiceError.
 func (s *Service) Handle(name string, fn func(body []byte) (any, error)) error {
 	return s.group.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
+		if !s.admit() {
 			return
 		}
-		s.wg.Add(1)
-		s.mu.Unlock()
 		defer s.wg.Done()
 		// micro reads the request's state once the handler returns, so the
 		// answer is given here, on the endpoint's own goroutine: requests to
@@ -104,13 +100,9 @@ func (s *Service) HandleAsync(ctx context.Context, name string, fn func(ctx cont
 	s.cancels = append(s.cancels, cancel)
 	s.mu.Unlock()
 	return s.group.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
-		s.mu.Lock()
-		if s.closing {
-			s.mu.Unlock()
+		if !s.admit() {
 			return
 		}
-		s.wg.Add(1)
-		s.mu.Unlock()
 		body := bytes.Clone(req.Data())
 		reply := req.Reply()
 		go func() {
@@ -131,6 +123,18 @@ func (s *Service) HandleAsync(ctx context.Context, name string, fn func(ctx cont
 			_ = s.nc.PublishMsg(m)
 		}()
 	}))
+}
+
+// admit counts a request in (Stop waits for it), unless the service is
+// stopping; the caller calls s.wg.Done when it answered.
+func (s *Service) admit() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.wg.Add(1)
+	return true
 }
 
 // Stop waits for the handlers in flight, then stops the service.

@@ -21,7 +21,6 @@ import (
 type subject struct {
 	*Agent
 	prefix string
-	stop   context.CancelFunc
 
 	membertest.Pacer
 
@@ -96,7 +95,7 @@ func TestConformance(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 			a.ctx = ctx
 			t.Cleanup(func() { cancel(); a.wg.Wait() })
-			return &subject{Agent: a, prefix: name.Name(), stop: cancel}
+			return &subject{Agent: a, prefix: name.Name()}
 		},
 	})
 }

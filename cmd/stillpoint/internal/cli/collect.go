@@ -145,5 +145,3 @@ func splitList(s string) []string {
 	}
 	return out
 }
-
-var _ = context.Background

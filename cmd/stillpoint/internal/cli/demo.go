@@ -186,7 +186,7 @@ func runDemo(ctx context.Context, g *globals, f demoFlags) error {
 	}
 	cfg := collect.Config{Run: d.run, Tasks: ctasks, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
 		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: f.rollouts, Keep: 0, RecoverGrace: 90 * time.Second,
-		Logger: zerolog.New(filepath2Writer(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
+		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
 		OnCommit: func(ctx context.Context, res *bridge.CheckpointResult) {
 			chk.verifyManifests(ctx, bus, d.run, res.CheckpointID)
 		}}
@@ -250,9 +250,9 @@ func runDemo(ctx context.Context, g *globals, f demoFlags) error {
 	return nil
 }
 
-// filepath2Writer opens a log file (created with its directory); on error
+// openLogFile opens a log file (created with its directory); on error
 // logs are discarded.
-func filepath2Writer(p string) *os.File {
+func openLogFile(p string) *os.File {
 	_ = os.MkdirAll(filepath.Dir(p), 0o755)
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -302,7 +302,7 @@ func (d *demo) startNATS(ctx context.Context) error {
 		provision.NKeyFile = embedded.SeedFile(d.authDir, embedded.RoleAdmin)
 	}
 	topo := jetstream.Topology{}
-	nlog := zerolog.New(filepath2Writer(filepath.Join(d.dir, "logs", "nats.log"))).With().Timestamp().Logger()
+	nlog := zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "nats.log"))).With().Timestamp().Logger()
 	if d.f.cluster {
 		c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{Dir: filepath.Join(d.dir, "nats"), Users: users, Logger: nlog})
 		if err != nil {
@@ -336,7 +336,7 @@ func (d *demo) spawn(name string, role embedded.Role, env []string, args ...stri
 		full = append(full, "--nkey", embedded.SeedFile(d.authDir, role))
 	}
 	cmd := exec.Command(d.self, append(full, args...)...)
-	logf := filepath2Writer(filepath.Join(d.dir, "logs", name+".log"))
+	logf := openLogFile(filepath.Join(d.dir, "logs", name+".log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
