@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -90,5 +91,48 @@ func BenchmarkPublishPhase(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+	})
+}
+
+// BenchmarkPublishOnceConcurrent measures what a host's members do when a
+// phase arrives: 1,000 goroutines on one connection each publish one
+// once-only ack and wait for the server's answer. One op is the whole burst.
+// "sync" is the baseline, a synchronous nats.go publish per goroutine (a
+// request round trip each); "once" is PublishOnce, which pipelines the
+// goroutines' publishes on the connection's one async reply subscription.
+func BenchmarkPublishOnceConcurrent(b *testing.B) {
+	const burst = 1000
+	env := jstest.Start(b)
+	ctx := context.Background()
+	body := []byte(`{"run":"bench","ok":true}`)
+	round := 0
+	run := func(b *testing.B, publish func(m *nats.Msg) error) {
+		for b.Loop() {
+			round++
+			errs := make(chan error, burst)
+			for i := range burst {
+				go func() {
+					m := &nats.Msg{Subject: "sp.bench.ack." + strconv.Itoa(round) + ".prepare.agent.a" + strconv.Itoa(i), Data: body}
+					errs <- publish(m)
+				}()
+			}
+			for range burst {
+				if err := <-errs; err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+	}
+	b.Run("sync", func(b *testing.B) {
+		run(b, func(m *nats.Msg) error {
+			_, err := env.JS.PublishMsg(ctx, m, natsjs.WithExpectLastSequencePerSubject(0))
+			return err
+		})
+	})
+	b.Run("once", func(b *testing.B) {
+		run(b, func(m *nats.Msg) error {
+			_, err := jetstream.PublishOnce(ctx, env.JS, m)
+			return err
+		})
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -35,7 +36,7 @@ func PublishOnce(ctx context.Context, js natsjs.JetStream, msg *nats.Msg) (*nats
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: publish once: %w", err)
 	}
-	ack, err := js.PublishMsg(ctx, out, natsjs.WithExpectLastSequencePerSubject(0))
+	ack, err := publish(ctx, js, out, natsjs.WithExpectLastSequencePerSubject(0))
 	switch {
 	case IsWrongLastSequence(err):
 		return nil, fmt.Errorf("%w: %s: %w", ErrAlreadyDone, out.Subject, err)
@@ -59,7 +60,7 @@ func PublishDedup(ctx context.Context, js natsjs.JetStream, msg *nats.Msg) (*nat
 	if out.Header.Get(natsjs.MsgIDHeader) == "" {
 		return nil, fmt.Errorf("%w (subject %s)", ErrNoMsgID, out.Subject)
 	}
-	ack, err := js.PublishMsg(ctx, out)
+	ack, err := publish(ctx, js, out)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: publish dedup to %s: %w", out.Subject, err)
 	}
@@ -80,6 +81,38 @@ func IsWrongLastSequence(err error) bool {
 
 // outgoing checks the arguments of a publish and returns a copy of msg that the publish may add
 // headers to without touching the caller's message.
+// publishTimeout bounds the wait for a server ack when ctx has no deadline, as a synchronous
+// publish of nats.go does.
+const publishTimeout = 5 * time.Second
+
+// publish sends msg and waits for the server's ack. It publishes asynchronously and waits on the
+// future: many goroutines of one process publishing at once (a host's members acking a phase)
+// then share one reply subscription and pipeline on the connection instead of each paying a
+// request round trip of its own. When the connection has too many acks outstanding it falls
+// back to a synchronous publish.
+func publish(ctx context.Context, js natsjs.JetStream, msg *nats.Msg, opts ...natsjs.PublishOpt) (*natsjs.PubAck, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, publishTimeout)
+		defer cancel()
+	}
+	f, err := js.PublishMsgAsync(msg, opts...)
+	if errors.Is(err, natsjs.ErrTooManyStalledMsgs) {
+		return js.PublishMsg(ctx, msg, opts...)
+	}
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case ack := <-f.Ok():
+		return ack, nil
+	case err := <-f.Err():
+		return nil, err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
 func outgoing(js natsjs.JetStream, msg *nats.Msg) (*nats.Msg, error) {
 	switch {
 	case js == nil:

@@ -3,6 +3,8 @@ package jetstream_test
 import (
 	"context"
 	"errors"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -170,6 +172,46 @@ func TestIsWrongLastSequence(t *testing.T) {
 	} {
 		if got := jetstream.IsWrongLastSequence(tc.err); got != tc.want {
 			t.Errorf("IsWrongLastSequence(%v) = %t, want %t", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestPublishOnceBurst: many goroutines publish once each on one connection
+// whose outstanding async acks are capped far below the burst, so most
+// publishes wait for room first (or, after the stall wait, publish
+// synchronously). Every subject ends with exactly one message and a second
+// round reports every ack as done.
+func TestPublishOnceBurst(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := testContext(t)
+	js, err := natsjs.New(env.Conn, natsjs.WithPublishAsyncMaxPending(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const burst = 40
+	subject := func(i int) string { return "sp.run1.ack.9.prepare.agent.b" + strconv.Itoa(i) }
+	round := func() []error {
+		errs := make([]error, burst)
+		var wg sync.WaitGroup
+		for i := range burst {
+			wg.Go(func() { _, errs[i] = jetstream.PublishOnce(ctx, js, ackMsg(subject(i), "")) })
+		}
+		wg.Wait()
+		return errs
+	}
+	for i, err := range round() {
+		if err != nil {
+			t.Errorf("member %d: first PublishOnce: %v", i, err)
+		}
+	}
+	for i, err := range round() {
+		if !errors.Is(err, jetstream.ErrAlreadyDone) {
+			t.Errorf("member %d: second PublishOnce: %v, want ErrAlreadyDone", i, err)
+		}
+	}
+	for i := range burst {
+		if n := subjectCount(ctx, t, env.Bus.Stream, subject(i)); n != 1 {
+			t.Errorf("%s holds %d messages, want 1", subject(i), n)
 		}
 	}
 }
