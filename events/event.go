@@ -70,46 +70,23 @@ func WithTime(t time.Time) Option { return func(o *options) { o.at = t } }
 // payload and checks that source may send it: phases and outcomes come from
 // a bridge, acks and membership events from the member they name.
 func New(source Member, d Data, opts ...Option) (event.Event, error) {
-	o := options{}
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.id == "" {
-		o.id = nuid.Next()
-	}
-	if o.at.IsZero() {
-		o.at = time.Now()
-	}
-	if err := source.Validate(); err != nil {
-		return event.Event{}, err
-	}
-	if err := d.Validate(); err != nil {
-		return event.Event{}, err
-	}
-	r := d.route()
-	if err := checkSource("source", source, r); err != nil {
-		return event.Event{}, err
-	}
-	body, err := json.Marshal(d)
+	env, err := build(source, d, opts)
 	if err != nil {
-		return event.Event{}, fieldErr("data", ErrMalformed, "%v", err)
-	}
-	if len(body) > MaxDataSize {
-		return event.Event{}, fieldErr("data", ErrTooLarge, "%d bytes, limit %d", len(body), MaxDataSize)
+		return event.Event{}, err
 	}
 	e := event.New(event.CloudEventsVersionV1)
-	e.SetID(o.id)
-	e.SetSource("/" + r.run + "/" + string(source))
-	e.SetType(string(d.Type()))
-	e.SetSubject(r.subject)
-	e.SetTime(o.at.UTC())
+	e.SetID(env.id)
+	e.SetSource(env.source)
+	e.SetType(string(env.typ))
+	e.SetSubject(env.r.subject)
+	e.SetTime(env.at)
 	e.SetDataContentType(ContentTypeJSON)
-	e.SetExtension(ExtRun, r.run)
-	if r.hasSeq {
-		e.SetExtension(ExtSeq, strconv.FormatUint(r.seq, 10))
+	e.SetExtension(ExtRun, env.r.run)
+	if env.r.hasSeq {
+		e.SetExtension(ExtSeq, strconv.FormatUint(env.r.seq, 10))
 	}
-	e.SetExtension(ExtEpoch, strconv.FormatUint(r.epoch, 10))
-	e.DataEncoded = body
+	e.SetExtension(ExtEpoch, strconv.FormatUint(env.r.epoch, 10))
+	e.DataEncoded = env.body
 	if err := e.Validate(); err != nil {
 		return event.Event{}, fieldErr("event", ErrInvalid, "%v", err)
 	}
@@ -117,13 +94,88 @@ func New(source Member, d Data, opts ...Option) (event.Event, error) {
 }
 
 // Marshal builds the event for d and encodes it as a NATS message on the
-// subject the protocol gives it (PROTOCOL §3).
+// subject the protocol gives it (PROTOCOL §3). The message is what Encode
+// makes of New's event, written straight from the payload: members send one
+// per phase, so it skips the intermediate event.
 func Marshal(source Member, d Data, opts ...Option) (*nats.Msg, error) {
-	e, err := New(source, d, opts...)
+	env, err := build(source, d, opts)
 	if err != nil {
 		return nil, err
 	}
-	return Encode(d.route().nats, e)
+	m := &nats.Msg{Subject: env.r.nats, Header: make(nats.Header, 11), Data: env.body}
+	set := func(name, v string) { m.Header[HeaderPrefix+name] = []string{percentEncode(v)} }
+	set("specversion", event.CloudEventsVersionV1)
+	set("id", env.id)
+	set("source", env.source)
+	set("type", string(env.typ))
+	set("subject", env.r.subject)
+	set("time", env.at.Format(time.RFC3339Nano))
+	set("datacontenttype", ContentTypeJSON)
+	set(ExtRun, env.r.run)
+	if env.r.hasSeq {
+		set(ExtSeq, strconv.FormatUint(env.r.seq, 10))
+	}
+	set(ExtEpoch, strconv.FormatUint(env.r.epoch, 10))
+	m.Header[HeaderMsgID] = []string{env.id}
+	return m, nil
+}
+
+// envelope is what New and Marshal derive from a payload.
+type envelope struct {
+	id, source string
+	typ        Type
+	at         time.Time
+	r          route
+	body       []byte
+}
+
+// build validates a payload and its sender and derives its envelope.
+func build(source Member, d Data, opts []Option) (envelope, error) {
+	o := options{}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.id == "" {
+		o.id = nuid.Next()
+	}
+	if err := checkID(o.id); err != nil {
+		return envelope{}, err
+	}
+	if o.at.IsZero() {
+		o.at = time.Now()
+	}
+	if err := source.Validate(); err != nil {
+		return envelope{}, err
+	}
+	if err := d.Validate(); err != nil {
+		return envelope{}, err
+	}
+	r := d.route()
+	if err := checkSource("source", source, r); err != nil {
+		return envelope{}, err
+	}
+	body, err := json.Marshal(d)
+	if err != nil {
+		return envelope{}, fieldErr("data", ErrMalformed, "%v", err)
+	}
+	if len(body) > MaxDataSize {
+		return envelope{}, fieldErr("data", ErrTooLarge, "%d bytes, limit %d", len(body), MaxDataSize)
+	}
+	return envelope{id: o.id, source: "/" + r.run + "/" + string(source), typ: d.Type(), at: o.at.UTC(), r: r, body: body}, nil
+}
+
+// checkID checks an event id given with WithID: it also travels unencoded
+// as Nats-Msg-Id, so it must be printable ASCII without spaces.
+func checkID(id string) error {
+	if len(id) > MaxHeaderValue {
+		return fieldErr("ce-id", ErrTooLarge, "%d bytes, limit %d", len(id), MaxHeaderValue)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= 0x20 || c >= 0x7f {
+			return fieldErr("ce-id", ErrInvalid, "%q: only printable ASCII without spaces", clip(id))
+		}
+	}
+	return nil
 }
 
 // Subject returns the NATS subject d is published on.

@@ -260,3 +260,41 @@ func TestEveryAckAndPhaseImplementsItsInterface(t *testing.T) {
 		}
 	}
 }
+
+// TestMarshalIsEncodeOfNew: Marshal writes the message straight from the
+// payload; it must be exactly what Encode makes of New's event, for every
+// event type.
+func TestMarshalIsEncodeOfNew(t *testing.T) {
+	at := time.Date(2026, 11, 29, 8, 0, 0, 123456789, time.FixedZone("x", 3600))
+	for typ, s := range samples() {
+		opts := []Option{WithID("id-" + typ.Noun()), WithTime(at)}
+		got, err := Marshal(s.src, s.data, opts...)
+		if err != nil {
+			t.Fatalf("%s: Marshal: %v", typ, err)
+		}
+		e, err := New(s.src, s.data, opts...)
+		if err != nil {
+			t.Fatalf("%s: New: %v", typ, err)
+		}
+		want, err := Encode(Subject(s.data), e)
+		if err != nil {
+			t.Fatalf("%s: Encode: %v", typ, err)
+		}
+		if got.Subject != want.Subject || string(got.Data) != string(want.Data) || !reflect.DeepEqual(got.Header, want.Header) {
+			t.Errorf("%s: Marshal gave\n%s %v %s\nEncode(New) gave\n%s %v %s", typ, got.Subject, got.Header, got.Data, want.Subject, want.Header, want.Data)
+		}
+	}
+}
+
+// TestMarshalRefusesUnsafeIDs: the id also travels unencoded as
+// Nats-Msg-Id, so a space, a control character or a non-ASCII byte in it
+// is refused and named.
+func TestMarshalRefusesUnsafeIDs(t *testing.T) {
+	s := samples()[TypePrepare]
+	for _, id := range []string{"a b", "a\r\nNats-Expected-Stream: x", "é", strings.Repeat("a", MaxHeaderValue+1)} {
+		_, err := Marshal(s.src, s.data, WithID(id))
+		if err == nil || !strings.Contains(err.Error(), "ce-id") {
+			t.Errorf("Marshal with id %q: %v, want an error naming ce-id", id, err)
+		}
+	}
+}
