@@ -317,6 +317,13 @@ func snapshot(ctx context.Context, kv natsjs.KeyValue, filter string) (map[strin
 // deadline (plus a little slack for clocks) passes, or ctx ends. A member
 // whose heartbeat expires or is deleted fails the phase at once.
 func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdict, error) {
+	return b.collect(ctx, p, true)
+}
+
+// collect is gather; without live it does not watch heartbeats, and a dead
+// member is only reported when the deadline passes (the resume check,
+// which only logs, spares the bridge reading every heartbeat once more).
+func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*Tally, Verdict, error) {
 	h := p.Header()
 	slack := min(time.Second, h.Deadline.Sub(b.cfg.Now())/10)
 	if slack < 0 {
@@ -371,11 +378,15 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 	// The watcher's initial values say who is alive now (a member may have
 	// died between the member listing and the publish); its updates, who
 	// dies while the phase runs.
-	watcher, err := b.cfg.Bus.Members.Watch(gctx, events.MemberKeyFilter(b.cfg.Run))
-	if err != nil {
-		return nil, Failed, fmt.Errorf("bridge: watch members: %w", err)
+	var updates <-chan natsjs.KeyValueEntry // nil without live: never ready
+	if live {
+		watcher, err := b.cfg.Bus.Members.Watch(gctx, events.MemberKeyFilter(b.cfg.Run))
+		if err != nil {
+			return nil, Failed, fmt.Errorf("bridge: watch members: %w", err)
+		}
+		defer watcher.Stop()
+		updates = watcher.Updates()
 	}
-	defer watcher.Stop()
 	memberOf := map[string]events.Member{}
 	for _, m := range h.Members {
 		memberOf[events.MemberKey(b.cfg.Run, m)] = m
@@ -420,7 +431,7 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 				b.log.Warn().Str("member", string(ah.Member)).Uint64("epoch", ah.Epoch).Uint64("want_epoch", h.Epoch).
 					Str("checkpoint", ah.CheckpointID).Msg("ignoring an ack that does not answer this phase (stale epoch or foreign)")
 			}
-		case e := <-watcher.Updates():
+		case e := <-updates:
 			switch {
 			case e == nil && initial:
 				initial = false
@@ -479,7 +490,7 @@ func (b *Bridge) resume(ctx context.Context, st *runState, id string, members []
 		return err
 	}
 	b.bg.Go(func() {
-		t, v, err := b.gather(b.bgCtx, r)
+		t, v, err := b.collect(b.bgCtx, r, false)
 		if err != nil || v == Complete {
 			return
 		}
