@@ -298,3 +298,25 @@ func TestMarshalRefusesUnsafeIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestIncludes: exact whether or not the list is sorted.
+func TestIncludes(t *testing.T) {
+	sorted := []Member{"agent.a0", "agent.a1", "owner.o0", "sandbox.s1"}
+	unsorted := []Member{"sandbox.s1", "agent.a1", "owner.o0", "agent.a0"}
+	for _, c := range []struct {
+		list []Member
+		m    Member
+		want bool
+	}{
+		{sorted, "agent.a0", true}, {sorted, "sandbox.s1", true}, {sorted, "agent.a2", false}, {sorted, "bridge.main", false},
+		{unsorted, "agent.a0", true}, {unsorted, "sandbox.s1", true}, {unsorted, "owner.o0", true}, {unsorted, "agent.a2", false},
+		{nil, "agent.a0", false},
+	} {
+		if got := Includes(c.list, c.m); got != c.want {
+			t.Errorf("Includes(%v, %s) = %v, want %v", c.list, c.m, got, c.want)
+		}
+		if got := (PhaseHeader{Members: c.list}).Names(c.m); got != c.want {
+			t.Errorf("PhaseHeader{%v}.Names(%s) = %v, want %v", c.list, c.m, got, c.want)
+		}
+	}
+}

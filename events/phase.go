@@ -3,6 +3,7 @@ package events
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -57,6 +58,23 @@ type PhaseHeader struct {
 // Header returns the phase's common fields; with Phase it makes every
 // phase type a PhaseEvent.
 func (h PhaseHeader) Header() PhaseHeader { return h }
+
+// Names reports whether m is in the member set. Every member of a host
+// asks this of the same event, so it is a binary search on the sorted list
+// the bridge sends, with an exact scan only when m is not found in a list
+// that is not sorted.
+func (h PhaseHeader) Names(m Member) bool {
+	return Includes(h.Members, m)
+}
+
+// Includes reports whether members holds m: a binary search when members
+// is sorted (as the bridge sends every member list), a scan otherwise.
+func Includes(members []Member, m Member) bool {
+	if _, found := slices.BinarySearch(members, m); found {
+		return true
+	}
+	return !slices.IsSorted(members) && slices.Contains(members, m)
+}
 
 // PhaseEvent is implemented by every phase payload.
 type PhaseEvent interface {

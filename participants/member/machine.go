@@ -378,7 +378,7 @@ func (m *Machine) phase(now time.Time, d events.PhaseEvent) []Effect {
 	if m.epochSet && h.Epoch > m.epoch && m.served {
 		return []Effect{Supersede{Seq: h.Seq, Epoch: m.epoch, Newer: h.Epoch}}
 	}
-	if !slices.Contains(h.Members, m.self) {
+	if !h.Names(m.self) {
 		return []Effect{Drop{Seq: h.Seq, Reason: "not addressed to this member"}}
 	}
 	if !m.epochSet || h.Epoch > m.epoch {
@@ -906,7 +906,7 @@ func (m *Machine) outcome(c events.CheckpointCommitted) []Effect {
 	if m.state != StateCommitted || m.stopCommit == "" || m.stopCommit != c.CheckpointID || m.parked {
 		return nil
 	}
-	if !slices.Contains(c.Members, m.self) {
+	if !events.Includes(c.Members, m.self) {
 		return nil
 	}
 	m.parked = true
