@@ -32,8 +32,10 @@ fuzz:
 
 ## bench: the benchmarks recorded in docs/BENCHMARKS.md.
 bench:
+	$(GO) test -run '^$$' -bench 'Ack' -benchmem -count 3 ./events/
 	$(GO) test -run '^$$' -bench PublishPhase -benchtime 3s -count 3 ./jetstream/
-	$(GO) test -run '^$$' -bench 'RawFanout|CheckpointCycle' -benchtime 10x -timeout 30m ./controller-bridge/
+	$(GO) test -run '^$$' -bench PublishOnceConcurrent -benchtime 20x -count 3 ./jetstream/
+	$(GO) test -run '^$$' -bench 'RawFanout|CheckpointCycle|BusFloor' -benchtime 10x -timeout 30m ./controller-bridge/
 	$(GO) test -run '^$$' -bench 'Pause|RawFreeze' -benchtime 10x -count 3 -timeout 30m ./sandboxd/
 	$(GO) test -run '^$$' -bench Checkpoint64LiveRollouts -benchtime 1x -count 1 -timeout 30m ./e2e/
 
