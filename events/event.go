@@ -108,7 +108,9 @@ func Marshal(source Member, d Data, opts ...Option) (*nats.Msg, error) {
 	set("id", env.id)
 	set("source", env.source)
 	set("type", string(env.typ))
-	set("subject", env.r.subject)
+	if env.r.subject != "" {
+		set("subject", env.r.subject)
+	}
 	set("time", env.at.Format(time.RFC3339Nano))
 	set("datacontenttype", ContentTypeJSON)
 	set(ExtRun, env.r.run)
