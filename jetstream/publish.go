@@ -48,7 +48,7 @@ func PublishOnce(ctx context.Context, js natsjs.JetStream, msg *nats.Msg) (*nats
 	return ack, nil
 }
 
-// PublishDedup publishes msg synchronously and returns the server's ack. msg must carry a
+// PublishDedup publishes msg, waits for the server's ack and returns it. msg must carry a
 // Nats-Msg-Id header (else ErrNoMsgID): a repeat inside the stream's duplicate window is not
 // stored again and its ack has Duplicate set and the first message's Sequence. After the window a
 // repeat is stored again; use PublishOnce where that must never happen.
@@ -82,15 +82,28 @@ func IsWrongLastSequence(err error) bool {
 // outgoing checks the arguments of a publish and returns a copy of msg that the publish may add
 // headers to without touching the caller's message.
 // publishTimeout bounds the wait for a server ack when ctx has no deadline, as a synchronous
-// publish of nats.go does.
+// publish of nats.go does, and is the async ack timeout New sets.
 const publishTimeout = 5 * time.Second
+
+// New returns a JetStream context on nc for the publishes of this package: an async publish
+// whose ack never comes is failed and forgotten after publishTimeout, so that no pending ack
+// stays registered on the connection for good.
+func New(nc *nats.Conn) (natsjs.JetStream, error) {
+	return natsjs.New(nc, natsjs.WithPublishAsyncTimeout(publishTimeout))
+}
 
 // publish sends msg and waits for the server's ack. It publishes asynchronously and waits on the
 // future: many goroutines of one process publishing at once (a host's members acking a phase)
 // then share one reply subscription and pipeline on the connection instead of each paying a
 // request round trip of its own. When the connection has too many acks outstanding it falls
-// back to a synchronous publish.
+// back to a synchronous publish. A ctx that is already done publishes nothing; one that ends
+// while the ack is on its way returns ctx's error unless the ack is already in (the message
+// may still be stored: callers publish idempotently). Pass a JetStream made by New so that an
+// ack that never comes is also forgotten by the connection.
 func publish(ctx context.Context, js natsjs.JetStream, msg *nats.Msg, opts ...natsjs.PublishOpt) (*natsjs.PubAck, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, publishTimeout)
@@ -109,7 +122,15 @@ func publish(ctx context.Context, js natsjs.JetStream, msg *nats.Msg, opts ...na
 	case err := <-f.Err():
 		return nil, err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		// An answer that came at the same moment wins over the context.
+		select {
+		case ack := <-f.Ok():
+			return ack, nil
+		case err := <-f.Err():
+			return nil, err
+		default:
+			return nil, ctx.Err()
+		}
 	}
 }
 

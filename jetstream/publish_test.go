@@ -215,3 +215,17 @@ func TestPublishOnceBurst(t *testing.T) {
 		}
 	}
 }
+
+// TestPublishOnceCancelled: a context already done publishes nothing.
+func TestPublishOnceCancelled(t *testing.T) {
+	env := jstest.Start(t)
+	ctx, cancel := context.WithCancel(testContext(t))
+	cancel()
+	const subject = "sp.run1.ack.9.prepare.agent.cancelled"
+	if _, err := jetstream.PublishOnce(ctx, env.JS, ackMsg(subject, "")); !errors.Is(err, context.Canceled) {
+		t.Fatalf("PublishOnce with a cancelled context: %v, want context.Canceled", err)
+	}
+	if n := subjectCount(testContext(t), t, env.Bus.Stream, subject); n != 0 {
+		t.Fatalf("%s holds %d messages after a cancelled publish, want 0", subject, n)
+	}
+}
