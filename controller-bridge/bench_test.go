@@ -214,7 +214,12 @@ func BenchmarkBusFloor(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run("members="+strconv.Itoa(n), func(b *testing.B) {
 			env := jstest.Start(b)
-			nc, js := env.Connect(b)
+			nc, _ := env.Connect(b)
+			// Room for every future of a commit round (two per member).
+			js, err := natsjs.New(nc, natsjs.WithPublishAsyncMaxPending(4*n+16))
+			if err != nil {
+				b.Fatal(err)
+			}
 			template, err := events.Marshal("agent.m0", events.PrepareAck{AckHeader: events.AckHeader{Run: run, Member: "agent.m0",
 				Seq: 1, CheckpointID: "b1", Epoch: 1, OK: true, State: events.StatePrepared}})
 			if err != nil {
@@ -232,6 +237,7 @@ func BenchmarkBusFloor(b *testing.B) {
 			// The process's members: answer each phase with every member's
 			// writes, pipelined, and report the first failure.
 			failed := make(chan error, 1)
+			finished := make(chan struct{}, 1) // a round's writes all answered
 			fail := func(err error) {
 				select {
 				case failed <- err:
@@ -268,15 +274,19 @@ func BenchmarkBusFloor(b *testing.B) {
 							futures = append(futures, f)
 						}
 					}
+					deadline := time.After(30 * time.Second)
 					for _, f := range futures {
 						select {
 						case <-f.Ok():
 						case err := <-f.Err():
 							fail(err)
-						case <-time.After(30 * time.Second):
+							return
+						case <-deadline:
 							fail(errors.New("no answer to an async publish in 30 s"))
+							return
 						}
 					}
+					finished <- struct{}{}
 				})
 			})
 			if err != nil {
@@ -296,7 +306,7 @@ func BenchmarkBusFloor(b *testing.B) {
 				start := time.Now()
 				for phase := range 3 {
 					round++
-					if err := floorRound(env, round, phase == 1, n, failed); err != nil {
+					if err := floorRound(env, round, phase == 1, n, failed, finished); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -309,8 +319,9 @@ func BenchmarkBusFloor(b *testing.B) {
 }
 
 // floorRound broadcasts one phase and waits until the stream holds an ack
-// from each of the n members, read back by an ordered consumer.
-func floorRound(env *jstest.Env, round int, commit bool, n int, failed <-chan error) error {
+// from each of the n members, read back by an ordered consumer, and every
+// write of the round (member manifests too) has its server ack.
+func floorRound(env *jstest.Env, round int, commit bool, n int, failed <-chan error, finished <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	r := strconv.Itoa(round)
@@ -337,12 +348,14 @@ func floorRound(env *jstest.Env, round int, commit bool, n int, failed <-chan er
 	if err := env.Conn.PublishMsg(phase); err != nil {
 		return err
 	}
-	select {
-	case <-done:
-		return nil
-	case err := <-failed:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("round %d: %d of %d acks", round, got.Load(), n)
+	for _, ch := range []<-chan struct{}{done, finished} {
+		select {
+		case <-ch:
+		case err := <-failed:
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("round %d: %d of %d acks", round, got.Load(), n)
+		}
 	}
+	return nil
 }

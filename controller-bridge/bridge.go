@@ -320,9 +320,10 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 	return b.collect(ctx, p, true)
 }
 
-// collect is gather; without live it does not watch heartbeats, and a dead
-// member is only reported when the deadline passes (the resume check,
-// which only logs, spares the bridge reading every heartbeat once more).
+// collect is gather; without live it does not watch heartbeats, so a dead
+// member is only reported when the deadline passes, among those that did
+// not answer, and no sandbox daemon is excused (the resume check, which
+// only logs, spares the bridge reading every heartbeat once more).
 func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*Tally, Verdict, error) {
 	h := p.Header()
 	slack := min(time.Second, h.Deadline.Sub(b.cfg.Now())/10)
