@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"syscall"
 
+	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -79,7 +80,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	js, err := natsjs.New(nc)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1
