@@ -82,8 +82,15 @@ func IsWrongLastSequence(err error) bool {
 // outgoing checks the arguments of a publish and returns a copy of msg that the publish may add
 // headers to without touching the caller's message.
 // publishTimeout bounds the wait for a server ack when ctx has no deadline, as a synchronous
-// publish of nats.go does.
+// publish of nats.go does, and is the async ack timeout New sets.
 const publishTimeout = 5 * time.Second
+
+// New returns a JetStream context on nc for the publishes of this package: an async publish
+// whose ack never comes is failed and forgotten after publishTimeout, so that no pending ack
+// stays registered on the connection for good.
+func New(nc *nats.Conn) (natsjs.JetStream, error) {
+	return natsjs.New(nc, natsjs.WithPublishAsyncTimeout(publishTimeout))
+}
 
 // publish sends msg and waits for the server's ack. It publishes asynchronously and waits on the
 // future: many goroutines of one process publishing at once (a host's members acking a phase)
@@ -91,13 +98,8 @@ const publishTimeout = 5 * time.Second
 // request round trip of its own. When the connection has too many acks outstanding it falls
 // back to a synchronous publish. A ctx that is already done publishes nothing; one that ends
 // while the ack is on its way returns ctx's error unless the ack is already in (the message
-// may still be stored: callers publish idempotently).
-//
-// nats.go forgets a pending async ack when its answer or a reconnect comes. The server answers
-// every publish it reads, so none lingers in practice; if some did, once 4,000 were pending a
-// publish would wait 200 ms for room and then go synchronously: slower, never wrong. The JetStream
-// option that would time them out (WithPublishAsyncTimeout) arms a timer per publish and made the
-// 1,000-member checkpoint cycle half as slow again (290 ms against 190 ms p50), so it is not set.
+// may still be stored: callers publish idempotently). Pass a JetStream made by New so that an
+// ack that never comes is also forgotten by the connection.
 func publish(ctx context.Context, js natsjs.JetStream, msg *nats.Msg, opts ...natsjs.PublishOpt) (*natsjs.PubAck, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

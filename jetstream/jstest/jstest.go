@@ -218,7 +218,7 @@ func (e *Env) connect(ctx context.Context, t testing.TB) (*nats.Conn, natsjs.Jet
 		t.Fatalf("jstest: %v", err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := natsjs.New(nc)
+	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatalf("jstest: jetstream context: %v", err)
 	}

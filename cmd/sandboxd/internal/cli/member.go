@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"syscall"
 
-	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -80,7 +79,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer nc.Close()
-	js, err := natsjs.New(nc)
+	js, err := jetstream.New(nc)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1

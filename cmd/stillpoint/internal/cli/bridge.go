@@ -141,7 +141,7 @@ func connectJS(ctx context.Context, conn jetstream.ConnConfig) (*nats.Conn, nats
 	if err != nil {
 		return nil, nil, err
 	}
-	js, err := natsjs.New(nc)
+	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
