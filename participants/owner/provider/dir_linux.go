@@ -8,12 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sync"
 	"syscall"
 	"time"
 )
@@ -36,20 +34,13 @@ type Dir struct {
 	timeout time.Duration
 	snaps   *snapStore
 	reason  string
-
-	mu    sync.Mutex
-	boxes map[string]*dirBox
+	boxes   *registry[*dirBox]
 }
 
-// dirBox is one sandbox; see overlayBox for the locking.
+// dirBox is one sandbox; its env includes the tag.
 type dirBox struct {
-	mu      sync.Mutex
-	sb      Sandbox
-	env     []string // includes the tag
-	tag     string
-	done    chan struct{}
-	started bool
-	gone    bool
+	boxState
+	tag string
 }
 
 // NewDir returns a Dir provider keeping its sandboxes and snapshots under
@@ -71,7 +62,7 @@ func NewDir(stateDir string) (*Dir, error) {
 		timeout: DefaultStopTimeout,
 		snaps:   snaps,
 		reason:  "constructed directly",
-		boxes:   make(map[string]*dirBox),
+		boxes:   newRegistry[*dirBox](stateDir),
 	}, nil
 }
 
@@ -84,7 +75,12 @@ func (d *Dir) Caps() Caps { return Caps{Snapshot: true} }
 // Reason says why Default chose this provider.
 func (d *Dir) Reason() string { return d.reason }
 
-func (d *Dir) dir(id string) string { return filepath.Join(d.state, "sandboxes", id) }
+func (d *Dir) dir(id string) string { return d.boxes.dir(id) }
+
+// newBox returns the box of sandbox id, tagged.
+func (d *Dir) newBox(id string) func() *dirBox {
+	return func() *dirBox { return &dirBox{tag: tagEnv + "=" + d.dir(id)} }
+}
 
 // Start creates the directory, writes spec's files and starts Init (by
 // default "sleep infinity") in its own process group.
@@ -101,49 +97,8 @@ func (d *Dir) Fork(ctx context.Context, snapshotID string, spec Spec) (*Sandbox,
 }
 
 func (d *Dir) start(ctx context.Context, spec Spec, snapshotID string) (*Sandbox, error) {
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
-	box, err := d.reserve(spec.ID)
-	if err != nil {
-		return nil, err
-	}
-	defer box.mu.Unlock()
-	if err := d.create(ctx, box, spec, snapshotID); err != nil {
-		terr := d.teardown(spec.ID, box)
-		if terr == nil {
-			d.forget(spec.ID, box)
-		}
-		return nil, errors.Join(fmt.Errorf("start %s: %w", spec.ID, err), terr)
-	}
-	d.mu.Lock()
-	box.started = true
-	d.mu.Unlock()
-	sb := box.sb
-	return &sb, nil
-}
-
-func (d *Dir) reserve(id string) (*dirBox, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, ok := d.boxes[id]; ok {
-		return nil, fmt.Errorf("%w: sandbox %q", ErrExists, id)
-	}
-	if _, err := os.Lstat(d.dir(id)); err == nil {
-		return nil, fmt.Errorf("%w: sandbox %q is on disk from an earlier process; Stop it first", ErrExists, id)
-	}
-	box := &dirBox{tag: tagEnv + "=" + d.dir(id)}
-	box.mu.Lock()
-	d.boxes[id] = box
-	return box, nil
-}
-
-func (d *Dir) forget(id string, box *dirBox) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.boxes[id] == box {
-		delete(d.boxes, id)
-	}
+	return d.boxes.start(spec, d.newBox(spec.ID), nil,
+		func(box *dirBox) error { return d.create(ctx, box, spec, snapshotID) }, d.teardown)
 }
 
 func (d *Dir) create(ctx context.Context, box *dirBox, spec Spec, snapshotID string) error {
@@ -213,26 +168,7 @@ func (d *Dir) copyFromSnapshot(ctx context.Context, snapshotID, root string) err
 // sandbox's tag, waits for the init, removes the directory and checks
 // that no tagged process and no directory is left.
 func (d *Dir) Stop(ctx context.Context, id string) error {
-	if err := ValidateID("id", id); err != nil {
-		return err
-	}
-	d.mu.Lock()
-	box, ok := d.boxes[id]
-	if !ok {
-		box = &dirBox{tag: tagEnv + "=" + d.dir(id)}
-		d.boxes[id] = box
-	}
-	d.mu.Unlock()
-	box.mu.Lock()
-	defer box.mu.Unlock()
-	d.mu.Lock()
-	box.gone = true
-	d.mu.Unlock()
-	if err := d.teardown(id, box); err != nil {
-		return err
-	}
-	d.forget(id, box)
-	return nil
+	return d.boxes.stop(id, d.newBox(id), d.teardown)
 }
 
 func (d *Dir) teardown(id string, box *dirBox) error {
@@ -275,15 +211,11 @@ func (d *Dir) Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, er
 	if err := errors.Join(ValidateID("id", id), ValidateID("snapshotID", snapshotID)); err != nil {
 		return Snapshot{}, err
 	}
-	box, err := d.box(id)
+	box, err := d.boxes.lockLive(id)
 	if err != nil {
 		return Snapshot{}, err
 	}
-	box.mu.Lock()
 	defer box.mu.Unlock()
-	if box.gone || !box.started {
-		return Snapshot{}, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
-	}
 	meta := snapMeta{ID: snapshotID, Provider: d.Name(), Sandbox: id}
 	return d.snaps.create(meta, func(dst string) (copyStats, time.Duration, error) {
 		t0 := time.Now()
@@ -310,20 +242,9 @@ func (d *Dir) Exec(ctx context.Context, id string, argv []string, opts ExecOptio
 	if err := errors.Join(ValidateID("id", id), validateExec(argv, opts)); err != nil {
 		return ExecResult{}, err
 	}
-	box, err := d.box(id)
+	_, sb, env, err := d.boxes.ready(id)
 	if err != nil {
 		return ExecResult{}, err
-	}
-	d.mu.Lock()
-	ready := box.started && !box.gone
-	var sb Sandbox
-	var env []string
-	if ready {
-		sb, env = box.sb, box.env
-	}
-	d.mu.Unlock()
-	if !ready {
-		return ExecResult{}, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
 	}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, inRootProgram(sb.Root, argv[0]), argv[1:]...)
@@ -340,23 +261,8 @@ func (d *Dir) Exec(ctx context.Context, id string, argv []string, opts ExecOptio
 	return execResult(ctx, cmd, err, &stdout, &stderr)
 }
 
-func (d *Dir) box(id string) (*dirBox, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	box, ok := d.boxes[id]
-	if !ok {
-		return nil, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
-	}
-	return box, nil
-}
-
 // Sandboxes lists the sandboxes this provider started and those on disk.
-func (d *Dir) Sandboxes() []string {
-	d.mu.Lock()
-	ids := slices.Collect(maps.Keys(d.boxes))
-	d.mu.Unlock()
-	return withOnDisk(ids, filepath.Join(d.state, "sandboxes"))
-}
+func (d *Dir) Sandboxes() []string { return d.boxes.ids() }
 
 // Snapshots lists the complete snapshots in the store.
 func (d *Dir) Snapshots() ([]string, error) { return d.snaps.list() }

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,27 +133,21 @@ type Overlay struct {
 	// removes once empty.
 	defaultParent bool
 
-	mu    sync.Mutex
-	boxes map[string]*overlayBox
+	boxes *registry[*overlayBox]
 }
 
-// overlayBox is one sandbox. mu serializes Start, Snapshot and Stop of it.
-// started and gone change with both mu and Overlay.mu held, so Exec reads
-// them (and then sb and env, set before started) under Overlay.mu alone.
+// overlayBox is one sandbox; its done is closed once proc was reaped.
 type overlayBox struct {
-	mu   sync.Mutex
-	sb   Sandbox
-	env  []string
-	proc *os.Process   // the init, if this process started it
-	done chan struct{} // closed once proc was reaped; nil if none
+	boxState
+	proc *os.Process // the init, if this process started it
 	// reap is held shared by each Exec while nsenter enters the sandbox by
 	// the init's pid, and exclusively to reap the init: until then the pid
 	// cannot name another process. exited is set once the init has exited.
-	reap    sync.RWMutex
-	exited  atomic.Bool
-	started bool // Start finished
-	gone    bool // Stop ran
+	reap   sync.RWMutex
+	exited atomic.Bool
 }
+
+func newOverlayBox() *overlayBox { return &overlayBox{} }
 
 // NewOverlay checks the config and what the provider needs (root, cgroup
 // v2, nsenter), creates the state directories and removes half-made
@@ -195,7 +188,7 @@ func NewOverlay(cfg OverlayConfig) (*Overlay, error) {
 		mask:    mask,
 		snaps:   snaps,
 		reason:  "constructed directly",
-		boxes:   make(map[string]*overlayBox),
+		boxes:   newRegistry[*overlayBox](cfg.StateDir),
 
 		defaultParent: defaultParent,
 	}, nil
@@ -246,7 +239,7 @@ func (o *Overlay) Reason() string { return o.reason }
 // Config returns the config with its defaults filled in.
 func (o *Overlay) Config() OverlayConfig { return o.cfg }
 
-func (o *Overlay) dir(id string) string    { return filepath.Join(o.cfg.StateDir, "sandboxes", id) }
+func (o *Overlay) dir(id string) string    { return o.boxes.dir(id) }
 func (o *Overlay) cgroup(id string) cgroup { return cgroup(filepath.Join(o.cfg.CgroupParent, id)) }
 
 // Start mounts a fresh overlay over the base and starts spec.Init in it.
@@ -263,54 +256,14 @@ func (o *Overlay) Fork(ctx context.Context, snapshotID string, spec Spec) (*Sand
 }
 
 func (o *Overlay) start(ctx context.Context, spec Spec, snapshotID string) (*Sandbox, error) {
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
-	box, err := o.reserve(spec.ID)
-	if err != nil {
-		return nil, err
-	}
-	defer box.mu.Unlock()
-	if err := o.create(ctx, box, spec, snapshotID); err != nil {
-		terr := o.teardown(spec.ID, box)
-		if terr == nil {
-			o.forget(spec.ID, box)
+	free := func() error {
+		if _, err := os.Lstat(string(o.cgroup(spec.ID))); err == nil {
+			return fmt.Errorf("%w: cgroup %s exists; Stop %q first", ErrExists, o.cgroup(spec.ID), spec.ID)
 		}
-		return nil, errors.Join(fmt.Errorf("start %s: %w", spec.ID, err), terr)
+		return nil
 	}
-	o.mu.Lock()
-	box.started = true
-	o.mu.Unlock()
-	sb := box.sb
-	return &sb, nil
-}
-
-// reserve claims id, refusing one in use here or left on disk, and
-// returns its box locked.
-func (o *Overlay) reserve(id string) (*overlayBox, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if _, ok := o.boxes[id]; ok {
-		return nil, fmt.Errorf("%w: sandbox %q", ErrExists, id)
-	}
-	if _, err := os.Lstat(o.dir(id)); err == nil {
-		return nil, fmt.Errorf("%w: sandbox %q is on disk from an earlier process; Stop it first", ErrExists, id)
-	}
-	if _, err := os.Lstat(string(o.cgroup(id))); err == nil {
-		return nil, fmt.Errorf("%w: cgroup %s exists; Stop %q first", ErrExists, o.cgroup(id), id)
-	}
-	box := &overlayBox{}
-	box.mu.Lock()
-	o.boxes[id] = box
-	return box, nil
-}
-
-func (o *Overlay) forget(id string, box *overlayBox) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.boxes[id] == box {
-		delete(o.boxes, id)
-	}
+	return o.boxes.start(spec, newOverlayBox, free,
+		func(box *overlayBox) error { return o.create(ctx, box, spec, snapshotID) }, o.teardown)
 }
 
 func (o *Overlay) create(ctx context.Context, box *overlayBox, spec Spec, snapshotID string) error {
@@ -475,29 +428,10 @@ func readStatus(ctx context.Context, r *os.File, timeout time.Duration) ([]byte,
 // left. It also stops a sandbox that an earlier process left in the state
 // directory.
 func (o *Overlay) Stop(ctx context.Context, id string) error {
-	if err := ValidateID("id", id); err != nil {
+	if err := o.boxes.stop(id, newOverlayBox, o.teardown); err != nil {
 		return err
 	}
-	o.mu.Lock()
-	box, ok := o.boxes[id]
-	if !ok {
-		box = &overlayBox{}
-		o.boxes[id] = box
-	}
-	o.mu.Unlock()
-	box.mu.Lock()
-	defer box.mu.Unlock()
-	o.mu.Lock()
-	box.gone = true
-	o.mu.Unlock()
-	if err := o.teardown(id, box); err != nil {
-		return err
-	}
-	o.forget(id, box)
-	o.mu.Lock()
-	empty := len(o.boxes) == 0
-	o.mu.Unlock()
-	if empty && o.defaultParent {
+	if o.defaultParent && o.boxes.empty() {
 		_ = os.Remove(o.cfg.CgroupParent) // best effort: fails while a sandbox is left on disk
 	}
 	return nil
@@ -605,15 +539,11 @@ func (o *Overlay) Snapshot(ctx context.Context, id, snapshotID string) (Snapshot
 	if err := errors.Join(ValidateID("id", id), ValidateID("snapshotID", snapshotID)); err != nil {
 		return Snapshot{}, err
 	}
-	box, err := o.box(id)
+	box, err := o.boxes.lockLive(id)
 	if err != nil {
 		return Snapshot{}, err
 	}
-	box.mu.Lock()
 	defer box.mu.Unlock()
-	if box.gone || !box.started {
-		return Snapshot{}, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
-	}
 	meta := snapMeta{ID: snapshotID, Provider: o.Name(), Base: o.cfg.BaseDir, Sandbox: id}
 	return o.snaps.create(meta, func(dst string) (st copyStats, took time.Duration, err error) {
 		cg := cgroup(box.sb.Cgroup)
@@ -652,20 +582,9 @@ func (o *Overlay) Exec(ctx context.Context, id string, argv []string, opts ExecO
 	if err := errors.Join(ValidateID("id", id), validateExec(argv, opts)); err != nil {
 		return ExecResult{}, err
 	}
-	box, err := o.box(id)
+	box, sb, env, err := o.boxes.ready(id)
 	if err != nil {
 		return ExecResult{}, err
-	}
-	o.mu.Lock()
-	ready := box.started && !box.gone
-	var sb Sandbox
-	var env []string
-	if ready {
-		sb, env = box.sb, box.env
-	}
-	o.mu.Unlock()
-	if !ready {
-		return ExecResult{}, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
 	}
 	box.reap.RLock()
 	defer box.reap.RUnlock()
@@ -696,23 +615,8 @@ func (o *Overlay) Exec(ctx context.Context, id string, argv []string, opts ExecO
 	return execResult(ctx, cmd, err, &stdout, &stderr)
 }
 
-func (o *Overlay) box(id string) (*overlayBox, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	box, ok := o.boxes[id]
-	if !ok {
-		return nil, fmt.Errorf("%w: sandbox %q", ErrNotFound, id)
-	}
-	return box, nil
-}
-
 // Sandboxes lists the sandboxes this provider started and those on disk.
-func (o *Overlay) Sandboxes() []string {
-	o.mu.Lock()
-	ids := slices.Collect(maps.Keys(o.boxes))
-	o.mu.Unlock()
-	return withOnDisk(ids, filepath.Join(o.cfg.StateDir, "sandboxes"))
-}
+func (o *Overlay) Sandboxes() []string { return o.boxes.ids() }
 
 // Snapshots lists the complete snapshots in the store.
 func (o *Overlay) Snapshots() ([]string, error) { return o.snaps.list() }
