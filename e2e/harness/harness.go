@@ -167,7 +167,20 @@ func Run(ctx context.Context, cfg Config) error {
 				return nil
 			}
 			for _, tc := range calls {
-				out := runTool(ctx, cfg.WorkDir, tc)
+				out, signalled := runTool(ctx, cfg.WorkDir, tc)
+				if signalled && ctx.Err() == nil {
+					// A stop signals the harness and every process of its
+					// tree at about the same time, so the tool may be
+					// seen dead before the harness sees its own signal.
+					// A tool killed by a signal is taken as interrupted
+					// if the harness is interrupted soon after.
+					t := time.NewTimer(InterruptGrace)
+					select {
+					case <-ctx.Done():
+					case <-t.C:
+					}
+					t.Stop()
+				}
 				if ctx.Err() != nil {
 					// Interrupted: the tool did not complete, and its call
 					// stays pending in the session, so that a continuation
@@ -204,10 +217,17 @@ func pendingCalls(s *Session) []modelserver.ToolCall {
 	return calls
 }
 
-func runTool(ctx context.Context, dir string, tc modelserver.ToolCall) string {
+// InterruptGrace is how long the harness waits, after a tool is killed by
+// a signal, for an interruption of its own before it keeps the tool's
+// result.
+const InterruptGrace = time.Second
+
+// runTool runs one tool call and returns its output, and whether the tool
+// was killed by a signal.
+func runTool(ctx context.Context, dir string, tc modelserver.ToolCall) (string, bool) {
 	var a toolArgs
 	if err := json.Unmarshal([]byte(tc.Function.Arguments), &a); err != nil || tc.Function.Name != "bash" {
-		return fmt.Sprintf("error: unknown tool %q or bad arguments", tc.Function.Name)
+		return fmt.Sprintf("error: unknown tool %q or bad arguments", tc.Function.Name), false
 	}
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", a.Command)
 	cmd.Dir = dir
@@ -218,9 +238,17 @@ func runTool(ctx context.Context, dir string, tc modelserver.ToolCall) string {
 	cmd.WaitDelay = time.Second
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Sprintf("%s\nexit: %v", out, err)
+		var ee *exec.ExitError
+		signalled := false
+		if errors.As(err, &ee) {
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok {
+				// A shell reports a child killed by a signal as 128+n.
+				signalled = ws.Signaled() || ws.ExitStatus() > 128
+			}
+		}
+		return fmt.Sprintf("%s\nexit: %v", out, err), signalled
 	}
-	return string(out)
+	return string(out), false
 }
 
 func call(ctx context.Context, cfg Config, msgs []modelserver.Message, savedAt time.Time) (modelserver.Message, error) {

@@ -2,10 +2,15 @@ package harness_test
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -99,5 +104,88 @@ func TestContinueAfterAStop(t *testing.T) {
 		if e.UserTurns != 1 {
 			t.Fatalf("a user turn was injected: %+v", e)
 		}
+	}
+}
+
+// childEnv makes the test binary run the harness as a process of its own,
+// configured by the rest of the environment, as cmd/scripted-harness does.
+const childEnv = "STILLPOINT_HARNESS_TEST_CHILD"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) == "" {
+		os.Exit(m.Run())
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	err := harness.Run(ctx, harness.Config{ModelURL: os.Getenv("MODEL_URL"), Task: "t2", Prompt: "compute",
+		DataDir: os.Getenv("DATA_DIR"), WorkDir: os.Getenv("WORK_DIR"), Continue: os.Getenv("CONTINUE") != ""})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// A stop signals the tool a little before the harness sees its own
+// signal: the tool is taken as interrupted, its call stays pending, and the
+// continuation runs it again instead of going on with the signal as its
+// result.
+func TestToolKilledByAStopStaysPending(t *testing.T) {
+	ms := modelserver.New(modelserver.Script{"t2": {
+		{ToolCalls: []modelserver.ToolCall{bash("c1", "echo $$ > tool.pid; until [ -e go ]; do sleep 0.02; done; echo 42 > answer.txt")}},
+		{Content: "done"},
+	}})
+	srv := httptest.NewServer(ms)
+	defer srv.Close()
+	dir := t.TempDir()
+	run := func(cont bool) *exec.Cmd {
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), childEnv+"=1", "MODEL_URL="+srv.URL, "DATA_DIR="+filepath.Join(dir, "data"), "WORK_DIR="+dir)
+		if cont {
+			cmd.Env = append(cmd.Env, "CONTINUE=1")
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	cmd := run(false)
+	var tool int
+	for deadline := time.Now().Add(10 * time.Second); tool == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the tool did not start")
+		}
+		b, _ := os.ReadFile(filepath.Join(dir, "tool.pid"))
+		tool, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	// The tool (its own process group) first, then the harness.
+	if err := syscall.Kill(-tool, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	if err := cmd.Wait(); err == nil {
+		t.Fatal("the interrupted harness exited 0")
+	}
+	s, err := harness.Load(filepath.Join(dir, "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(s.Messages); n != 2 || s.Messages[n-1].Role != "assistant" {
+		t.Fatalf("saved session holds %d messages, the last %q: want the tool call still pending", n, s.Messages[n-1].Role)
+	}
+	// The continuation runs the tool again, to its end this time.
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(true).Wait(); err != nil {
+		t.Fatalf("continuation: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "answer.txt")); string(b) != "42\n" {
+		t.Fatalf("answer.txt %q: the interrupted tool was not run again", b)
+	}
+	if r := ms.Repeats(); len(r) != 0 {
+		t.Fatalf("repeated model calls %v", r)
 	}
 }
