@@ -334,8 +334,13 @@ func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*
 	hh.Deadline = h.Deadline.Add(slack)
 	t := NewTally(p.Phase(), hh)
 	// A restore waits for every answer even after a failure: all or none
-	// needs to know what each member installed before retiring.
-	t.WaitAll = p.Phase() == events.PhaseRestore
+	// needs to know what each member installed before retiring. Retire,
+	// forget and release have nothing to abort: their result says what
+	// every member did (a release, what each one deleted).
+	switch p.Phase() {
+	case events.PhaseRestore, events.PhaseRetire, events.PhaseForget, events.PhaseRelease:
+		t.WaitAll = true
+	}
 	if len(h.Members) == 0 {
 		return t, t.Decide(b.cfg.Now()), nil
 	}

@@ -291,6 +291,53 @@ func TestRelease(t *testing.T) {
 	}
 }
 
+// TestReleaseKeepsManifestsWhenAMemberFails: a member that did not
+// release may still hold state that the manifests name, so the bridge
+// deletes nothing of its own, reports the member, and a retry finishes the
+// release.
+func TestReleaseKeepsManifestsWhenAMemberFails(t *testing.T) {
+	env := jstest.Start(t)
+	hs := fleet(t, env, 2, 1)
+	b := startBridge(t, env, bridge.Config{})
+	for _, id := range []string{"c1", "c2"} {
+		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err != nil || res.Status != bridge.StatusCommitted {
+			t.Fatalf("%s: %+v %v", id, res, err)
+		}
+	}
+	objs := objects(t, env)
+	hs[1].Participant.FailRelease(errors.New("snapshot store unreachable"))
+	res, err := b.Release(ctx(t), bridge.ReleaseRequest{Keep: []string{"c2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != bridge.StatusFailed || len(res.Deleted) != 0 || res.Failure == nil {
+		t.Fatalf("release with a failing member: %+v", res)
+	}
+	if len(res.Failure.Errors) != 1 || res.Failure.Errors[0].Member != hs[1].Name ||
+		!strings.Contains(res.Failure.Errors[0].Detail, "snapshot store unreachable") {
+		t.Errorf("failure %+v does not name %s and its error", res.Failure, hs[1].Name)
+	}
+	if !slices.Equal(res.MemberDeleted[hs[0].Name], []string{"c1"}) {
+		t.Errorf("member deletions %v: %s released c1", res.MemberDeleted, hs[0].Name)
+	}
+	if manifestOf(t, env, "c1") == nil || !slices.Equal(objects(t, env), objs) {
+		t.Error("the bridge deleted c1's manifest or records although a member did not release")
+	}
+	hs[1].Participant.FailRelease(nil)
+	res, err = b.Release(ctx(t), bridge.ReleaseRequest{Keep: []string{"c2"}})
+	if err != nil || res.Status != bridge.StatusCompleted || !slices.Equal(res.Deleted, []string{"c1"}) {
+		t.Fatalf("retried release: %+v %v", res, err)
+	}
+	if manifestOf(t, env, "c1") != nil || manifestOf(t, env, "c2") == nil {
+		t.Error("after the retry c1's manifest is left or c2's is gone")
+	}
+	for _, o := range objects(t, env) {
+		if strings.Contains(o, "/c1/") {
+			t.Errorf("record %s of a released checkpoint is left", o)
+		}
+	}
+}
+
 // TestHeldCheckpoint: hold parks the fleet across an outer save, renewing
 // the lease; commit then finishes it. Another operation meanwhile is
 // refused.

@@ -62,6 +62,7 @@ type Participant struct {
 	failPrep  error
 	failExp   error
 	failPark  error
+	failRel   error
 	writeHook func(ctx context.Context, checkpointID string, index int)
 	member    *member.Member
 }
@@ -207,6 +208,10 @@ func (p *Participant) FailExport(err error) { p.mu.Lock(); p.failExp = err; p.mu
 
 // FailPark makes every Park fail with err (nil: succeed).
 func (p *Participant) FailPark(err error) { p.mu.Lock(); p.failPark = err; p.mu.Unlock() }
+
+// FailRelease makes every Release fail with err, deleting nothing (nil:
+// succeed).
+func (p *Participant) FailRelease(err error) { p.mu.Lock(); p.failRel = err; p.mu.Unlock() }
 
 // SetWriteHook makes every commit write call hook before each record
 // (nil: no hook). The hook may block until ctx is done.
@@ -394,10 +399,14 @@ func (p *Participant) Forget(_ context.Context, rollouts []string) error {
 }
 
 // Release deletes the external state of every exported checkpoint not in
-// keep and returns those checkpoint ids.
+// keep and returns those checkpoint ids, or fails as told.
 func (p *Participant) Release(_ context.Context, keep []string) ([]string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.failRel != nil {
+		p.record(Call{Method: "release", Err: p.failRel})
+		return nil, p.failRel
+	}
 	var deleted []string
 	for id := range p.exported {
 		if !slices.Contains(keep, id) {
