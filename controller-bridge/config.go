@@ -31,8 +31,9 @@ type Config struct {
 	// Name is the bridge's member name half: it publishes as bridge.<Name>
 	// (default "main").
 	Name string
-	// Conn is the NATS connection; JS and Bus are JetStream on it and the
-	// provisioned bus. Required.
+	// Conn is the NATS connection; JS and Bus are JetStream on it (from
+	// jetstream.New, whose async ack timeout frees acks that never come)
+	// and the provisioned bus. Required.
 	Conn *nats.Conn
 	JS   natsjs.JetStream
 	Bus  *jetstream.Bus

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
@@ -53,7 +52,7 @@ func bridgeProcess() int {
 		return 1
 	}
 	defer nc.Close()
-	js, _ := natsjs.New(nc)
+	js, _ := jetstream.New(nc)
 	bus, err := jetstream.Open(ctx, js)
 	if err != nil {
 		log.Error().Err(err).Msg("open bus")
@@ -92,7 +91,7 @@ func memberProcess() int {
 		return 1
 	}
 	defer nc.Close()
-	js, _ := natsjs.New(nc)
+	js, _ := jetstream.New(nc)
 	bus, err := jetstream.Open(ctx, js)
 	if err != nil {
 		return 1

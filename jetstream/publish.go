@@ -27,9 +27,11 @@ var (
 // the duplicate window too, for as long as the stream keeps the first message.
 //
 // When the subject already holds a message PublishOnce returns an error that matches
-// ErrAlreadyDone. Inside the duplicate window, with the same Nats-Msg-Id, the server answers
+// ErrAlreadyDone. Usually the ack is then nil and the error also satisfies IsWrongLastSequence
+// (a single-replica stream checks the expected sequence before the Nats-Msg-Id); a replicated
+// stream may instead answer a repeat with the same Nats-Msg-Id, inside the duplicate window,
 // with a duplicate ack, which is returned along with the error (its Sequence is the first
-// message's); otherwise the ack is nil and the error also satisfies IsWrongLastSequence.
+// message's).
 // msg itself is not modified.
 func PublishOnce(ctx context.Context, js natsjs.JetStream, msg *nats.Msg) (*natsjs.PubAck, error) {
 	out, err := outgoing(js, msg)
@@ -79,17 +81,25 @@ func IsWrongLastSequence(err error) bool {
 		apiErr.ErrorCode == natsjs.JSErrCodeStreamWrongLastSequenceConstant
 }
 
-// outgoing checks the arguments of a publish and returns a copy of msg that the publish may add
-// headers to without touching the caller's message.
 // publishTimeout bounds the wait for a server ack when ctx has no deadline, as a synchronous
-// publish of nats.go does, and is the async ack timeout New sets.
+// publish of nats.go does.
 const publishTimeout = 5 * time.Second
 
+// asyncAckTimeout is the async ack timeout New sets: after it the connection forgets an ack that
+// never came. It is longer than any wait of publish (callers bound those with their contexts), so
+// that it frees what was abandoned and never cuts a caller's deadline short.
+const asyncAckTimeout = time.Minute
+
+// maxStallWait is how long publish lets nats.go wait for room among the outstanding acks before
+// it publishes synchronously instead (nats.go's own default).
+const maxStallWait = 200 * time.Millisecond
+
 // New returns a JetStream context on nc for the publishes of this package: an async publish
-// whose ack never comes is failed and forgotten after publishTimeout, so that no pending ack
-// stays registered on the connection for good.
+// whose ack never comes is failed and forgotten after asyncAckTimeout, so that no pending ack
+// stays registered on the connection for good. Every JetStream a participant or the bridge
+// publishes acks or outcomes with should come from New.
 func New(nc *nats.Conn) (natsjs.JetStream, error) {
-	return natsjs.New(nc, natsjs.WithPublishAsyncTimeout(publishTimeout))
+	return natsjs.New(nc, natsjs.WithPublishAsyncTimeout(asyncAckTimeout))
 }
 
 // publish sends msg and waits for the server's ack. It publishes asynchronously and waits on the
@@ -98,19 +108,30 @@ func New(nc *nats.Conn) (natsjs.JetStream, error) {
 // request round trip of its own. When the connection has too many acks outstanding it falls
 // back to a synchronous publish. A ctx that is already done publishes nothing; one that ends
 // while the ack is on its way returns ctx's error unless the ack is already in (the message
-// may still be stored: callers publish idempotently). Pass a JetStream made by New so that an
-// ack that never comes is also forgotten by the connection.
+// may still be stored: callers publish idempotently). The wait is ctx's, or publishTimeout
+// when ctx has no deadline. Pass a JetStream made by New so that an ack that never comes is
+// also forgotten by the connection.
 func publish(ctx context.Context, js natsjs.JetStream, msg *nats.Msg, opts ...natsjs.PublishOpt) (*natsjs.PubAck, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if _, ok := ctx.Deadline(); !ok {
+	dl, ok := ctx.Deadline()
+	if !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, publishTimeout)
 		defer cancel()
+		dl, _ = ctx.Deadline()
 	}
-	f, err := js.PublishMsgAsync(msg, opts...)
+	// Waiting for room among the outstanding acks must not outlast ctx.
+	stall := min(time.Until(dl), maxStallWait)
+	if stall <= 0 {
+		return nil, context.DeadlineExceeded
+	}
+	f, err := js.PublishMsgAsync(msg, append(opts[:len(opts):len(opts)], natsjs.WithStallWait(stall))...)
 	if errors.Is(err, natsjs.ErrTooManyStalledMsgs) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
 		return js.PublishMsg(ctx, msg, opts...)
 	}
 	if err != nil {
@@ -134,6 +155,8 @@ func publish(ctx context.Context, js natsjs.JetStream, msg *nats.Msg, opts ...na
 	}
 }
 
+// outgoing checks the arguments of a publish and returns a copy of msg that the publish may add
+// headers to without touching the caller's message.
 func outgoing(js natsjs.JetStream, msg *nats.Msg) (*nats.Msg, error) {
 	switch {
 	case js == nil:

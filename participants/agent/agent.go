@@ -51,7 +51,8 @@ type Config struct {
 	// Required.
 	Run  string
 	Name string
-	// JS and Bus are the agent's JetStream and bus. Required.
+	// JS and Bus are the agent's JetStream (from jetstream.New) and bus.
+	// Required.
 	JS  natsjs.JetStream
 	Bus *jetstream.Bus
 	// Owner is the name of the sandbox owner that lends the sandboxes.

@@ -91,7 +91,8 @@ type Config struct {
 	Member events.Member
 	// Conn is the connection; optional, JS.Conn() when nil.
 	Conn *nats.Conn
-	// JS is the JetStream context the member uses. Required.
+	// JS is the JetStream context the member uses. Required; make it with
+	// jetstream.New, whose async ack timeout frees acks that never come.
 	JS natsjs.JetStream
 	// Bus is the provisioned bus (jetstream.Open on JS). Required.
 	Bus *jetstream.Bus

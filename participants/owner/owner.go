@@ -87,7 +87,8 @@ type Config struct {
 	Run string
 	// Name is the owner's name; the member is owner.<Name>. Required.
 	Name string
-	// JS is the JetStream context. Required with Checkpointing.
+	// JS is the JetStream context (from jetstream.New). Required with
+	// Checkpointing.
 	JS natsjs.JetStream
 	// Bus is the provisioned bus; its Snapshots bucket is the snapshot
 	// index. Required with Checkpointing.

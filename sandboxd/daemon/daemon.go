@@ -32,7 +32,8 @@ type Config struct {
 	// sandbox.<SandboxID>). Required.
 	Run       string
 	SandboxID string
-	// JS and Bus are the daemon's JetStream and bus. Required.
+	// JS and Bus are the daemon's JetStream (from jetstream.New) and bus.
+	// Required.
 	JS  natsjs.JetStream
 	Bus *jetstream.Bus
 	// Supervisor runs the launches; the daemon runs it. Required.
