@@ -10,6 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -32,6 +35,8 @@ type collector struct {
 	exit    int
 	runs    int
 	extraKV []string
+	// tty, when set, is the collector's stderr: a terminal.
+	tty *terminal
 }
 
 func (f *fleet) collector(t *testing.T) *collector {
@@ -72,6 +77,9 @@ func (c *collector) start(args ...string) {
 		"--tasks", c.tasks, "--output", c.output, "--agents", agents, "--bridge-url", c.url}, args...)...)
 	c.cmd.Env = append(os.Environ(), "STILLPOINT_BRIDGE_TOKEN="+bridgeToken)
 	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
+	if c.tty != nil {
+		c.cmd.Stderr = c.tty.tty
+	}
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := c.cmd.Start(); err != nil {
 		c.f.t.Fatal(err)
@@ -166,6 +174,13 @@ func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	c := f.collector(t)
+	// Its stderr is a terminal: it draws the live line there.
+	screen := &syncBuffer{}
+	tty, err := openTerminal(screen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.tty = tty
 	c.start("--keep", "0")
 	f.waitCalls(8, 3)
 	_ = c.cmd.Process.Signal(syscall.SIGUSR1)
@@ -173,6 +188,8 @@ func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
 	if code := c.wait(time.Minute); code != 0 {
 		t.Fatalf("collect exited %d", code)
 	}
+	tty.close()
+	checkProgress(t, screen.String(), 8)
 	c.results()
 	f.checkLedger(time.Time{})
 	if st, err := f.br.Status(ctx); err != nil || len(st.Checkpoints) != 0 {
@@ -267,4 +284,26 @@ func TestCollectAgentRestartedUnderIt(t *testing.T) {
 		t.Fatal("no rollout of the restarted agent started over")
 	}
 	f.checkLedger(time.Time{}.Add(1)) // calls the lost agent made may be re-issued by the next attempt
+}
+
+// checkProgress checks what a collection of n rollouts drew on its
+// terminal: the line redrawn in place, rollouts running on after the
+// checkpoint committed, and a last line with every rollout done and the
+// committed checkpoint's times.
+func checkProgress(t *testing.T, screen string, n int) {
+	t.Helper()
+	draws := strings.Split(screen, "\r\x1b[K")
+	if len(draws) < 3 {
+		t.Fatalf("%d live lines drawn on the terminal, want several:\n%q", len(draws)-1, screen)
+	}
+	last := strings.TrimSpace(draws[len(draws)-1])
+	for _, want := range []string{fmt.Sprintf("%d/%d done", n, n), "0 running", "0 failed", "1 checkpoints (last: prepare "} {
+		if !strings.Contains(last, want) {
+			t.Errorf("the last live line %q does not say %q", last, want)
+		}
+	}
+	after := regexp.MustCompile(`[1-9][0-9]* running .*\| +checkpoint \S+ committed`)
+	if !slices.ContainsFunc(draws, after.MatchString) {
+		t.Errorf("no live line shows rollouts running on after the checkpoint committed:\n%q", screen)
+	}
 }

@@ -218,19 +218,22 @@ type Collector struct {
 	byID  map[string]Task
 	start time.Time
 
-	mu         sync.Mutex
-	out        *os.File
-	dlog       *os.File
-	done       map[string]Result        // by rollout id
-	attempt    map[string]int           // the attempt to send next (or in flight)
-	route      map[string]string        // rollout -> agent name, from a restored checkpoint
-	sentTo     map[string]dispatchEntry // rollout -> its last dispatch
-	instances  map[string]string        // member -> its live instance
-	inflight   map[string]*flight
-	queue      []string
-	sum        Summary
-	ckptOpen   bool
-	lastEvent  string
+	mu        sync.Mutex
+	out       *os.File
+	dlog      *os.File
+	done      map[string]Result        // by rollout id
+	attempt   map[string]int           // the attempt to send next (or in flight)
+	route     map[string]string        // rollout -> agent name, from a restored checkpoint
+	sentTo    map[string]dispatchEntry // rollout -> its last dispatch
+	instances map[string]string        // member -> its live instance
+	inflight  map[string]*flight
+	queue     []string
+	sum       Summary
+	ckptOpen  bool
+	lastEvent string
+	// redrawNow asks the live line to be drawn at once (a checkpoint
+	// opened or ended), not at the next tick.
+	redrawNow  chan struct{}
 	stopping   bool
 	recovering bool
 	// pendingRetire are attempts to retire before more dispatches.
@@ -288,7 +291,7 @@ func New(cfg Config) (*Collector, error) {
 		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{},
 		sentTo: map[string]dispatchEntry{}, instances: map[string]string{},
 		inflight: map[string]*flight{}, ckptNow: make(chan struct{}, 1), stopNow: make(chan struct{}),
-		changed: make(chan struct{}, 1), fleet: make(chan string, 1)}
+		changed: make(chan struct{}, 1), fleet: make(chan string, 1), redrawNow: make(chan struct{}, 1)}
 	for _, t := range cfg.Tasks {
 		if _, dup := c.byID[t.RolloutID]; dup {
 			return nil, fmt.Errorf("collect: rollout %s twice in the tasks", t.RolloutID)

@@ -52,11 +52,20 @@ func (c *Collector) progress(ctx context.Context) (stop func()) {
 				fmt.Fprintln(c.cfg.Progress)
 				return
 			case <-t.C:
+			case <-c.redrawNow:
 			}
 		}
 	}()
 	var once sync.Once
 	return func() { once.Do(func() { cancel(); <-done }) }
+}
+
+// redraw asks for the live line to be drawn now; it never blocks.
+func (c *Collector) redraw() {
+	select {
+	case c.redrawNow <- struct{}{}:
+	default:
+	}
 }
 
 func (c *Collector) drawLine() {

@@ -287,6 +287,7 @@ func (c *Collector) checkpoint(ctx context.Context, stop bool) *bridge.Checkpoin
 	c.mu.Lock()
 	c.ckptOpen = true
 	c.mu.Unlock()
+	c.redraw()
 	began := time.Now()
 	res, err := c.cfg.Controller.Checkpoint(ctx, bridge.CheckpointRequest{Stop: stop})
 	st := CheckpointStat{Stop: stop, Began: began}
@@ -304,6 +305,7 @@ func (c *Collector) checkpoint(ctx context.Context, stop bool) *bridge.Checkpoin
 	c.sum.Checkpoints = append(c.sum.Checkpoints, st)
 	c.lastEvent = fmt.Sprintf("checkpoint %s %s", st.ID, st.Status)
 	c.mu.Unlock()
+	c.redraw()
 	ev := c.log.Info()
 	if st.Status != bridge.StatusCommitted {
 		ev = c.log.Warn().Str("reason", st.Reason)

@@ -1,0 +1,61 @@
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// terminal is a pseudo-terminal whose output is copied to a buffer: a
+// child given tty as its stderr sees a terminal there.
+type terminal struct {
+	tty  *os.File
+	out  *syncBuffer
+	done chan struct{}
+}
+
+// openTerminal opens a pseudo-terminal and starts copying what is written
+// to it into out.
+func openTerminal(out *syncBuffer) (*terminal, error) {
+	ptm, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open /dev/ptmx: %w", err)
+	}
+	fd := int(ptm.Fd())
+	if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+		ptm.Close()
+		return nil, fmt.Errorf("unlock the pseudo-terminal: %w", err)
+	}
+	n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
+	if err != nil {
+		ptm.Close()
+		return nil, fmt.Errorf("pseudo-terminal number: %w", err)
+	}
+	tty, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		ptm.Close()
+		return nil, fmt.Errorf("open /dev/pts/%d: %w", n, err)
+	}
+	t := &terminal{tty: tty, out: out, done: make(chan struct{})}
+	go func() {
+		defer close(t.done)
+		defer ptm.Close()
+		// Reading ends with EIO once no process holds the terminal open.
+		_, err := io.Copy(out, ptm)
+		if err != nil && !errors.Is(err, syscall.EIO) {
+			fmt.Fprintf(out, "\n[terminal: %v]\n", err)
+		}
+	}()
+	return t, nil
+}
+
+// close closes the test's end of the terminal and waits until everything
+// the children wrote has been copied.
+func (t *terminal) close() {
+	t.tty.Close()
+	<-t.done
+}
