@@ -265,23 +265,42 @@ func TestEveryAckAndPhaseImplementsItsInterface(t *testing.T) {
 // payload; it must be exactly what Encode makes of New's event, for every
 // event type.
 func TestMarshalIsEncodeOfNew(t *testing.T) {
-	at := time.Date(2026, 11, 29, 8, 0, 0, 123456789, time.FixedZone("x", 3600))
+	times := []time.Time{
+		time.Date(2026, 11, 29, 8, 0, 0, 123456789, time.FixedZone("x", 3600)),
+		time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC), // no fraction
+		time.Date(1, 1, 1, 0, 0, 0, 1000, time.UTC),
+		time.Now(), // with a monotonic reading
+	}
+	ids := []string{"", "id-%41", `q"uote`, "a.b_c-9"} // "": the default id
 	for typ, s := range samples() {
-		opts := []Option{WithID("id-" + typ.Noun()), WithTime(at)}
-		got, err := Marshal(s.src, s.data, opts...)
-		if err != nil {
-			t.Fatalf("%s: Marshal: %v", typ, err)
-		}
-		e, err := New(s.src, s.data, opts...)
-		if err != nil {
-			t.Fatalf("%s: New: %v", typ, err)
-		}
-		want, err := Encode(Subject(s.data), e)
-		if err != nil {
-			t.Fatalf("%s: Encode: %v", typ, err)
-		}
-		if got.Subject != want.Subject || string(got.Data) != string(want.Data) || !reflect.DeepEqual(got.Header, want.Header) {
-			t.Errorf("%s: Marshal gave\n%s %v %s\nEncode(New) gave\n%s %v %s", typ, got.Subject, got.Header, got.Data, want.Subject, want.Header, want.Data)
+		for i, at := range times {
+			for _, id := range ids {
+				opts := []Option{WithTime(at)}
+				if id != "" {
+					opts = append(opts, WithID(id+"-"+typ.Noun()))
+				}
+				got, err := Marshal(s.src, s.data, opts...)
+				if err != nil {
+					t.Fatalf("%s: Marshal: %v", typ, err)
+				}
+				if id == "" {
+					// The default id is random: compare with an Encode of
+					// the id Marshal chose.
+					opts = append(opts, WithID(got.Header.Get("ce-id")))
+				}
+				e, err := New(s.src, s.data, opts...)
+				if err != nil {
+					t.Fatalf("%s: New: %v", typ, err)
+				}
+				want, err := Encode(Subject(s.data), e)
+				if err != nil {
+					t.Fatalf("%s: Encode: %v", typ, err)
+				}
+				if got.Subject != want.Subject || string(got.Data) != string(want.Data) || !reflect.DeepEqual(got.Header, want.Header) {
+					t.Errorf("%s, time %d, id %q: Marshal gave\n%s %v %s\nEncode(New) gave\n%s %v %s", typ, i, id,
+						got.Subject, got.Header, got.Data, want.Subject, want.Header, want.Data)
+				}
+			}
 		}
 	}
 }
