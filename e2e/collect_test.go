@@ -180,6 +180,10 @@ func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(tty.close)
+	f.mu.Lock()
+	f.logs["collect-tty"] = screen // its stderr, for a failure's dump
+	f.mu.Unlock()
 	c.tty = tty
 	c.start("--keep", "0")
 	f.waitCalls(8, 3)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,16 +31,14 @@ func openTerminal(out *syncBuffer) (*terminal, error) {
 		ptm.Close()
 		return nil, fmt.Errorf("unlock the pseudo-terminal: %w", err)
 	}
-	n, err := unix.IoctlGetInt(fd, unix.TIOCGPTN)
-	if err != nil {
+	// TIOCGPTPEER opens the matching end directly, whichever devpts
+	// mount the master belongs to.
+	pfd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TIOCGPTPEER, uintptr(unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC))
+	if errno != 0 {
 		ptm.Close()
-		return nil, fmt.Errorf("pseudo-terminal number: %w", err)
+		return nil, fmt.Errorf("open the pseudo-terminal's peer: %w", errno)
 	}
-	tty, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
-	if err != nil {
-		ptm.Close()
-		return nil, fmt.Errorf("open /dev/pts/%d: %w", n, err)
-	}
+	tty := os.NewFile(pfd, "pty")
 	t := &terminal{tty: tty, out: out, done: make(chan struct{})}
 	go func() {
 		defer close(t.done)
@@ -54,8 +53,12 @@ func openTerminal(out *syncBuffer) (*terminal, error) {
 }
 
 // close closes the test's end of the terminal and waits until everything
-// the children wrote has been copied.
+// the children wrote has been copied, or a few seconds if a child still
+// holds the terminal open (a test that failed before it ended).
 func (t *terminal) close() {
 	t.tty.Close()
-	<-t.done
+	select {
+	case <-t.done:
+	case <-time.After(5 * time.Second):
+	}
 }

@@ -86,8 +86,8 @@ func IsWrongLastSequence(err error) bool {
 const publishTimeout = 5 * time.Second
 
 // asyncAckTimeout is the async ack timeout New sets: after it the connection forgets an ack that
-// never came. It is longer than any wait of publish (callers bound those with their contexts), so
-// that it frees what was abandoned and never cuts a caller's deadline short.
+// never came. It is the longest wait of publish, far above the callers' own bounds (a member
+// waits 10 s for its ack), so that it frees what was abandoned without cutting them short.
 const asyncAckTimeout = time.Minute
 
 // maxStallWait is how long publish lets nats.go wait for room among the outstanding acks before
@@ -108,17 +108,24 @@ func New(nc *nats.Conn) (natsjs.JetStream, error) {
 // request round trip of its own. When the connection has too many acks outstanding it falls
 // back to a synchronous publish. A ctx that is already done publishes nothing; one that ends
 // while the ack is on its way returns ctx's error unless the ack is already in (the message
-// may still be stored: callers publish idempotently). The wait is ctx's, or publishTimeout
-// when ctx has no deadline. Pass a JetStream made by New so that an ack that never comes is
+// may still be stored: callers publish idempotently). The wait is ctx's, at most
+// asyncAckTimeout, or publishTimeout when ctx has no deadline. Pass a JetStream made by New so that an ack that never comes is
 // also forgotten by the connection.
 func publish(ctx context.Context, js natsjs.JetStream, msg *nats.Msg, opts ...natsjs.PublishOpt) (*natsjs.PubAck, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	dl, ok := ctx.Deadline()
-	if !ok {
+	switch {
+	case !ok:
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, publishTimeout)
+		defer cancel()
+		dl, _ = ctx.Deadline()
+	case time.Until(dl) > asyncAckTimeout:
+		// The connection gives up on the ack then anyway.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, asyncAckTimeout)
 		defer cancel()
 		dl, _ = ctx.Deadline()
 	}

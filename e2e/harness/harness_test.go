@@ -148,7 +148,37 @@ func TestToolKilledByAStopStaysPending(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		// A failed test leaves no harness behind (a passed one waited for
+		// it, and its group id may be reused by then).
+		t.Cleanup(func() {
+			if t.Failed() {
+				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			}
+		})
 		return cmd
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, "tool.pid")); len(b) > 0 {
+			if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+				_ = syscall.Kill(-pid, syscall.SIGKILL)
+			}
+		}
+	})
+	// wait waits for a harness run, at most a minute.
+	wait := func(cmd *exec.Cmd) error {
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(time.Minute):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			t.Fatal("the harness did not end in a minute")
+			return nil
+		}
 	}
 	cmd := run(false)
 	var tool int
@@ -165,7 +195,7 @@ func TestToolKilledByAStopStaysPending(t *testing.T) {
 	}
 	time.Sleep(20 * time.Millisecond)
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
-	if err := cmd.Wait(); err == nil {
+	if err := wait(cmd); err == nil {
 		t.Fatal("the interrupted harness exited 0")
 	}
 	s, err := harness.Load(filepath.Join(dir, "data"))
@@ -179,7 +209,7 @@ func TestToolKilledByAStopStaysPending(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(true).Wait(); err != nil {
+	if err := wait(run(true)); err != nil {
 		t.Fatalf("continuation: %v", err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, "answer.txt")); string(b) != "42\n" {
