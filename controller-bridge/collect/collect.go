@@ -233,7 +233,9 @@ type Collector struct {
 	lastEvent string
 	// redrawNow asks the live line to be drawn at once (a checkpoint
 	// opened or ended), not at the next tick.
-	redrawNow  chan struct{}
+	redrawNow chan struct{}
+	// tick is how often the live line is redrawn; zero is 250 ms.
+	tick       time.Duration
 	stopping   bool
 	recovering bool
 	// pendingRetire are attempts to retire before more dispatches.

@@ -42,7 +42,11 @@ func (c *Collector) progress(ctx context.Context) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(250 * time.Millisecond)
+		tick := c.tick
+		if tick == 0 {
+			tick = 250 * time.Millisecond
+		}
+		t := time.NewTicker(tick)
 		defer t.Stop()
 		for {
 			c.drawLine()
