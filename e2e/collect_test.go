@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
 const bridgeToken = "e2e-token"
@@ -29,7 +30,7 @@ type collector struct {
 	url     string
 	tasks   string
 	output  string
-	log     *syncBuffer
+	log     *jstest.Buffer
 	cmd     *exec.Cmd
 	done    chan struct{}
 	exit    int
@@ -44,7 +45,7 @@ func (f *fleet) collector(t *testing.T) *collector {
 	srv := httptest.NewServer(f.br.Handler(bridgeToken))
 	t.Cleanup(srv.Close)
 	dir := t.TempDir()
-	c := &collector{f: f, url: srv.URL, tasks: filepath.Join(dir, "tasks.jsonl"), output: filepath.Join(dir, "results.jsonl"), log: &syncBuffer{}}
+	c := &collector{f: f, url: srv.URL, tasks: filepath.Join(dir, "tasks.jsonl"), output: filepath.Join(dir, "results.jsonl"), log: &jstest.Buffer{}}
 	fh, err := os.Create(c.tasks)
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +176,7 @@ func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
 	defer cancel()
 	c := f.collector(t)
 	// Its stderr is a terminal: it draws the live line there.
-	screen := &syncBuffer{}
+	screen := &jstest.Buffer{}
 	tty, err := openTerminal(screen)
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
 // demoLine is the demo's last line (issue 7).
@@ -63,7 +65,7 @@ func TestDemoOnAClusterWithCredentials(t *testing.T) {
 	dir := t.TempDir()
 	auth := filepath.Join(dir, "auth")
 	srv := exec.Command(b.stillpoint, "server", "--cluster", "--dir", filepath.Join(dir, "nats"), "--listen", "127.0.0.1:0", "--auth-dir", auth)
-	out := &syncBuffer{}
+	out := &jstest.Buffer{}
 	srv.Stdout, srv.Stderr = out, out
 	srv.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := srv.Start(); err != nil {

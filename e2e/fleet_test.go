@@ -68,28 +68,6 @@ type proc struct {
 	err  error
 }
 
-// syncBuffer is a bytes.Buffer safe for a process's writes and a test's
-// reads.
-// It has no ReadFrom: os/exec would copy into the buffer through it,
-// around the lock.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// String returns what was written so far.
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // fleet is one run's world: an embedded server, the scripted model server,
 // the bridge in this process, and an owner and agents as processes.
 type fleet struct {
@@ -104,7 +82,7 @@ type fleet struct {
 	tasks  []tasks.Task
 	mu     sync.Mutex
 	procs  map[string]*proc
-	logs   map[string]*syncBuffer
+	logs   map[string]*jstest.Buffer
 	agents []string
 }
 
@@ -131,7 +109,7 @@ func startFleet(t testing.TB, o fleetOptions) *fleet {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	f := &fleet{t: t, run: "e2e", env: env, bins: b, ms: ms, msURL: "http://" + ln.Addr().String(), state: t.TempDir(),
-		tasks: ts, procs: map[string]*proc{}, logs: map[string]*syncBuffer{}}
+		tasks: ts, procs: map[string]*proc{}, logs: map[string]*jstest.Buffer{}}
 	t.Cleanup(f.stopAll)
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
 	f.br, err = bridge.New(bridge.Config{Run: f.run, Conn: env.Conn, JS: env.JS, Bus: env.Bus, Logger: log, PhaseTimeout: 30 * time.Second})
@@ -164,7 +142,7 @@ func (f *fleet) start(name string, member events.Member, args ...string) {
 	f.mu.Lock()
 	buf, ok := f.logs[name]
 	if !ok {
-		buf = &syncBuffer{}
+		buf = &jstest.Buffer{}
 		f.logs[name] = buf
 	}
 	f.mu.Unlock()

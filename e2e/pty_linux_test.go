@@ -9,19 +9,21 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
 // terminal is a pseudo-terminal whose output is copied to a buffer: a
 // child given tty as its stderr sees a terminal there.
 type terminal struct {
 	tty  *os.File
-	out  *syncBuffer
+	out  *jstest.Buffer
 	done chan struct{}
 }
 
 // openTerminal opens a pseudo-terminal and starts copying what is written
 // to it into out.
-func openTerminal(out *syncBuffer) (*terminal, error) {
+func openTerminal(out *jstest.Buffer) (*terminal, error) {
 	ptm, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open /dev/ptmx: %w", err)

@@ -1,7 +1,6 @@
 package embedded_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/url"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
 func TestMain(m *testing.M) {
@@ -136,27 +136,9 @@ func TestFatalIsReturned(t *testing.T) {
 	t.Logf("Start with an unusable store dir: %v", err)
 }
 
-// syncBuffer is a bytes.Buffer that server goroutines may write to while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestLoggerAdapter(t *testing.T) {
 	ctx := testContext(t)
-	var out syncBuffer
+	var out jstest.Buffer
 	log := zerolog.New(&out).Level(zerolog.InfoLevel)
 	s, err := embedded.Start(ctx, embedded.Config{Dir: t.TempDir(), ServerName: "logged", Logger: log})
 	if err != nil {

@@ -18,4 +18,7 @@
 // Everything is torn down by t.Cleanup, in order: connections are closed, then the server is shut
 // down and waited for, so a test leaves no goroutine behind (goleak.VerifyTestMain passes). Any
 // failure to set up fails the test at once.
+//
+// Buffer collects what those servers, members and the processes a test starts write (logs,
+// output) while the test reads it.
 package jstest

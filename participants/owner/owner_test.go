@@ -56,7 +56,7 @@ func TestModeDecision(t *testing.T) {
 	}
 
 	t.Run("provider without snapshots", func(t *testing.T) {
-		var logs syncBuffer
+		var logs jstest.Buffer
 		cfg := baseConfig(t, env, provider.NewNoSnapshot(d), "o1")
 		cfg.StateDir, cfg.Workers = "", 2 // restart_only needs neither
 		cfg.Logger = zerolog.New(&logs)

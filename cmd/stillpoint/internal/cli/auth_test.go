@@ -28,7 +28,7 @@ import (
 // returns the first match of re in its stdout.
 func startCommand(t *testing.T, what string, re *regexp.Regexp, run func(ctx context.Context, g *globals) error, conn jetstream.ConnConfig) string {
 	t.Helper()
-	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	stdout, stderr := &jstest.Buffer{}, &jstest.Buffer{}
 	g := &globals{stdout: stdout, stderr: stderr, logLevel: "warn", logFormat: "json", conn: conn}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -165,7 +165,7 @@ func TestServerAuthDir(t *testing.T) {
 }
 
 func TestServerAuthDirAndTokenConflict(t *testing.T) {
-	g := &globals{stdout: &syncBuffer{}, stderr: &syncBuffer{}, logLevel: "warn", logFormat: "json"}
+	g := &globals{stdout: &jstest.Buffer{}, stderr: &jstest.Buffer{}, logLevel: "warn", logFormat: "json"}
 	err := runServer(t.Context(), g, serverFlags{dir: t.TempDir(), listen: "127.0.0.1:0", authDir: t.TempDir(), token: "t"})
 	var ee *exitError
 	if !errors.As(err, &ee) || ee.code != ExitUsage || !strings.Contains(err.Error(), "--auth-dir and --auth-token") {

@@ -5,32 +5,14 @@ import (
 	"context"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
-
-// syncBuffer is a bytes.Buffer safe for a command writing and a test reading.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestVersion(t *testing.T) {
 	var out, errb bytes.Buffer
@@ -77,7 +59,7 @@ func TestServerRunsAndProvisions(t *testing.T) {
 			name = "cluster"
 		}
 		t.Run(name, func(t *testing.T) {
-			stdout, stderr := &syncBuffer{}, &syncBuffer{}
+			stdout, stderr := &jstest.Buffer{}, &jstest.Buffer{}
 			g := &globals{stdout: stdout, stderr: stderr, logLevel: "warn", logFormat: "json"}
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
