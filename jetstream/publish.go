@@ -115,20 +115,18 @@ func publish(ctx context.Context, js natsjs.JetStream, msg *nats.Msg, opts ...na
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	dl, ok := ctx.Deadline()
-	switch {
-	case !ok:
+	// No deadline: publishTimeout. One past asyncAckTimeout: that, as the
+	// connection gives up on the ack then anyway.
+	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > asyncAckTimeout {
+		limit := asyncAckTimeout
+		if !ok {
+			limit = publishTimeout
+		}
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, publishTimeout)
+		ctx, cancel = context.WithTimeout(ctx, limit)
 		defer cancel()
-		dl, _ = ctx.Deadline()
-	case time.Until(dl) > asyncAckTimeout:
-		// The connection gives up on the ack then anyway.
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, asyncAckTimeout)
-		defer cancel()
-		dl, _ = ctx.Deadline()
 	}
+	dl, _ := ctx.Deadline()
 	// Waiting for room among the outstanding acks must not outlast ctx.
 	stall := min(time.Until(dl), maxStallWait)
 	if stall <= 0 {
