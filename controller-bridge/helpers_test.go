@@ -125,20 +125,10 @@ func manifestOf(t testing.TB, env *jstest.Env, id string) *events.CheckpointMani
 	return &m
 }
 
-// waitFor polls cond every 10 ms for up to within.
+// waitFor is jstest.WaitFor.
 func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		select {
-		case <-t.Context().Done():
-			t.Fatal(t.Context().Err())
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	jstest.WaitFor(t, within, what, cond)
 }
 
 // allOpen reports whether every participant has admission open again.

@@ -20,5 +20,5 @@
 // failure to set up fails the test at once.
 //
 // Buffer collects what those servers, members and the processes a test starts write (logs,
-// output) while the test reads it.
+// output) while the test reads it; WaitFor polls a condition they bring about, with a bound.
 package jstest

@@ -99,17 +99,10 @@ func want(t *testing.T, d events.Ack, code string, state events.State) {
 	}
 }
 
-// pollUntil calls cond every 10 ms until it is true, for at most 10 s.
+// pollUntil waits up to 10 s for cond (jstest.WaitFor).
 func pollUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		timer := time.NewTimer(10 * time.Millisecond)
-		<-timer.C
-	}
+	jstest.WaitFor(t, 10*time.Second, what, cond)
 }
 
 // §5 commit: a duplicate commit reuses the one export; Export runs once.

@@ -77,19 +77,10 @@ func size(t *testing.T, path string) int64 {
 	return fi.Size()
 }
 
+// waitFor waits up to 10 s for cond (jstest.WaitFor).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		select {
-		case <-t.Context().Done():
-			t.Fatal(t.Context().Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	jstest.WaitFor(t, 10*time.Second, what, cond)
 }
 
 // PROTOCOL §6 through the bus: prepare pauses the launch (its ack carries
