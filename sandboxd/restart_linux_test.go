@@ -3,6 +3,7 @@ package sandboxd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,7 +84,16 @@ func TestRestartedSupervisor(t *testing.T) {
 	var rec Record
 	waitFor(t, 10*time.Second, "the daemon's launch", func() bool {
 		rec, err = ReadRecord(state, id)
-		return err == nil && rec.State == StateRunning && len(taggedWithPrefix([]byte(EnvTag+"="+id))) == 2
+		if err != nil || rec.State != StateRunning {
+			return false
+		}
+		// Settled: both are their sleep by now, not a shell that is about
+		// to fork or exec (a process seen mid-exec may not show its tag).
+		tagged := taggedWithPrefix([]byte(EnvTag + "=" + id))
+		return len(tagged) == 2 && !slices.ContainsFunc(tagged, func(pid int) bool {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+			return strings.TrimSpace(string(b)) != "sleep"
+		})
 	})
 	old := rec.Supervisor
 	if old.PID != pid || !old.Alive() || rec.Cgroup == "" {
