@@ -339,3 +339,17 @@ func TestIncludes(t *testing.T) {
 		}
 	}
 }
+
+func TestServiceSubject(t *testing.T) {
+	a, _ := NewMember(KindAgent, "a1")
+	s, _ := NewMember(KindSandbox, "sb-7")
+	for _, c := range []struct{ got, want string }{
+		{ServiceSubject("r1", a), "spsvc.r1.agent.a1"},
+		{ServiceSubject("r1", s), "spsvc.r1.sandbox.sb-7"},
+		{ServiceFilter("r1", KindOwner), "spsvc.r1.owner.*.>"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %s, want %s", c.got, c.want)
+		}
+	}
+}

@@ -39,3 +39,21 @@ func MemberSubject(run string, m Member) string {
 
 // RunFilter returns sp.<run>.>, everything one run said.
 func RunFilter(run string) string { return SubjectPrefix + "." + run + ".>" }
+
+// ServicePrefix is the first token of every participant's request/reply
+// service subject. Services are outside the audit stream: the stream
+// captures sp.> only.
+const ServicePrefix = "spsvc"
+
+// ServiceSubject returns spsvc.<run>.<kind>.<name>, the subject prefix of
+// member m's micro service (an agent's run endpoint, an owner's sessions,
+// a sandbox daemon's launches); endpoints are one token below it.
+func ServiceSubject(run string, m Member) string {
+	return ServicePrefix + "." + run + "." + string(m.Kind()) + "." + m.Name()
+}
+
+// ServiceFilter returns spsvc.<run>.<kind>.*.>, every endpoint of every
+// member of one kind in a run (what a role's permissions name).
+func ServiceFilter(run string, kind MemberKind) string {
+	return ServicePrefix + "." + run + "." + string(kind) + ".*.>"
+}
