@@ -13,9 +13,9 @@
 // previous supervisor left (ErrSupervisorRestarted). While Run runs:
 //
 //	rec, err := sup.Launch(ctx, sandboxd.Spec{ID: "r1", Command: "opencode run ..."})
-//	rep, err := sup.Pause(ctx, "r1", sandboxd.ModeDefault) // PauseReport for the ack
-//	rep, err = sup.Continue(ctx, "r1")
-//	rc, err := sup.Stop(ctx, "r1")                           // or Cancel, or Wait
+//	res, err := sup.Pause(ctx, "r1", sandboxapi.ModeDefault) // a sandboxapi.PauseResult
+//	res, err = sup.Continue(ctx, "r1")
+//	rc, err := sup.Stop(ctx, "r1") // or Cancel, or Wait
 //
 // Each launch has a driver goroutine that owns its Machine, a pure state
 // machine (Step(now, input) -> effects; no I/O, no clock) in the manner of
@@ -24,6 +24,13 @@
 // its inputs; the driver carries out the effects (spawn, pause, continue,
 // SIGINT, kill, cleanup, persist). Every operation on a launch is
 // serialised on its driver.
+//
+// The launch record, its receipt, the pause result and the enums they
+// carry (Mode, State, Outcome, StopReason, Identity) are the wire types of
+// package sandboxapi: the supervisor keeps them on disk, the daemon
+// (package sandboxd/daemon) serves them, and an agent reads them without
+// building the supervisor. The Machine that moves a launch through the
+// states stays here.
 //
 // # The rules it keeps
 //
@@ -63,7 +70,7 @@
 //  5. Deadlines. Spec.Timeout counts running time only: the deadline is
 //     start + Timeout + time paused; when it passes, the launch is stopped
 //     and its receipt says TimedOut.
-//  6. Pausing. Every pause and continue returns a PauseReport: mode,
+//  6. Pausing. Every pause and continue returns a PauseResult: mode,
 //     pause_seq, identity, wall clock, uptime (CLOCK_BOOTTIME), the pids,
 //     the processes counted paused in D, and on failure the Fallback.
 //     ModeFreeze writes 1 to cgroup.freeze and waits for "frozen 1"

@@ -18,7 +18,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/owner"
-	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 var (
@@ -174,7 +174,7 @@ type Agent struct {
 	installed map[string]Bookmark // by rollout id, restored and not yet asked for
 	finished  map[string]*run     // by rollout id: the last ended runs, for a request asked again
 	order     []*run              // finished, oldest first
-	daemons   map[string]*daemon.Client
+	daemons   map[string]*sandboxapi.Client
 	wg        sync.WaitGroup
 }
 
@@ -207,7 +207,7 @@ func newAgent(cfg Config) (*Agent, error) {
 		log:   cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger(),
 		slots: make(chan struct{}, cfg.Concurrency), reopen: make(chan struct{}),
 		runs: map[string]*run{}, installed: map[string]Bookmark{}, finished: map[string]*run{},
-		daemons: map[string]*daemon.Client{}}
+		daemons: map[string]*sandboxapi.Client{}}
 	return a, nil
 }
 
@@ -258,13 +258,13 @@ func (a *Agent) shutdown() {
 }
 
 // daemon returns the client of a sandbox's daemon.
-func (a *Agent) daemon(sandbox string) (*daemon.Client, error) {
+func (a *Agent) daemon(sandbox string) (*sandboxapi.Client, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if c, ok := a.daemons[sandbox]; ok {
 		return c, nil
 	}
-	c, err := daemon.NewClient(a.nc, a.cfg.Run, sandbox)
+	c, err := sandboxapi.NewClient(a.nc, a.cfg.Run, sandbox)
 	if err != nil {
 		return nil, err
 	}

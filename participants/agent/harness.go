@@ -9,8 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/stillpoint/stillpoint/participants/owner"
-	"github.com/stillpoint/stillpoint/sandboxd"
-	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // harness launches the harness (a relaunch asks the adapter whether the
@@ -56,7 +55,7 @@ func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
 		return bm, fmt.Errorf("agent: %s: %w", r.key, err)
 	}
 	lr.Started = time.Now().UTC()
-	_, err = launch(r.ctx, dc, daemon.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
+	_, err = launch(r.ctx, dc, sandboxapi.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
 		TimeoutMS: cmd.Timeout.Milliseconds(), Mode: cmd.Mode, NoPause: bm.Restart || !a.cfg.Adapter.PausesAtCheckpoints()})
 	switch {
 	case isAdmissionClosed(err):
@@ -86,8 +85,8 @@ const DaemonWait = 60 * time.Second
 
 // launch asks the daemon for a launch, waiting for a daemon that is not
 // up yet.
-func launch(ctx context.Context, dc *daemon.Client, req daemon.LaunchRequest) (sandboxd.Record, error) {
-	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxd.Record, error) { return dc.Launch(ctx, req) })
+func launch(ctx context.Context, dc *sandboxapi.Client, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
+	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) { return dc.Launch(ctx, req) })
 }
 
 // retryNoResponders calls fn with a context bounded by timeout, again while
@@ -112,13 +111,13 @@ func retryNoResponders[T any](ctx context.Context, timeout time.Duration, fn fun
 }
 
 type receiptResult struct {
-	rc  sandboxd.Receipt
+	rc  sandboxapi.Receipt
 	err error
 }
 
 // watchReceipt waits for the launch's end in bounded waits, so that no
 // request holds the daemon's endpoint past its caller.
-func (a *Agent) watchReceipt(ctx context.Context, dc *daemon.Client, id string) <-chan receiptResult {
+func (a *Agent) watchReceipt(ctx context.Context, dc *sandboxapi.Client, id string) <-chan receiptResult {
 	ch := make(chan receiptResult, 1)
 	go func() {
 		var lost time.Time
@@ -136,7 +135,7 @@ func (a *Agent) watchReceipt(ctx context.Context, dc *daemon.Client, id string) 
 				lost = time.Time{}
 				continue
 			case isCode(err, "unknown_launch"):
-				ch <- receiptResult{rc: sandboxd.Receipt{ID: id, ExitCode: -1, Outcome: sandboxd.OutcomeFailed,
+				ch <- receiptResult{rc: sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeFailed,
 					Error: "the sandbox's daemon does not know the launch", Ended: time.Now()}}
 				return
 			}
@@ -145,7 +144,7 @@ func (a *Agent) watchReceipt(ctx context.Context, dc *daemon.Client, id string) 
 			if lost.IsZero() {
 				lost = time.Now()
 			} else if time.Since(lost) > 2*time.Minute {
-				ch <- receiptResult{rc: sandboxd.Receipt{ID: id, ExitCode: -1, Outcome: sandboxd.OutcomeFailed,
+				ch <- receiptResult{rc: sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeFailed,
 					Error: "the sandbox's daemon stopped answering: " + err.Error(), Ended: time.Now()}}
 				return
 			}
@@ -160,7 +159,7 @@ func (a *Agent) watchReceipt(ctx context.Context, dc *daemon.Client, id string) 
 }
 
 // waitLaunch waits for the launch to end, parking it at each checkpoint.
-func (a *Agent) waitLaunch(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, id string) (Bookmark, error) {
+func (a *Agent) waitLaunch(r *run, bm Bookmark, lc LaunchContext, dc *sandboxapi.Client, id string) (Bookmark, error) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
 	receipts := a.watchReceipt(ctx, dc, id)
@@ -200,7 +199,7 @@ func (a *Agent) parkRequestOf(r *run) *parkRequest {
 // in place once its daemon acked the pause, else stopped for a relaunch
 // after the resume. done tells that the launch ended (next is then the
 // bookmark of the following stage).
-func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, id string, pr *parkRequest,
+func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *sandboxapi.Client, id string, pr *parkRequest,
 	receipts <-chan receiptResult) (next Bookmark, done bool, err error) {
 	why := "the adapter does not pause"
 	if a.cfg.Adapter.PausesAtCheckpoints() {
@@ -217,18 +216,18 @@ func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, i
 		case !ack.OK || !ack.Ready:
 			why = fmt.Sprintf("sandbox %s did not confirm the pause (ok %v, ready %v)", lc.Session.SandboxID, ack.OK, ack.Ready)
 		default:
-			rec, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxd.Record, error) { return dc.Status(ctx, id) })
+			rec, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.Record, error) { return dc.Status(ctx, id) })
 			switch {
 			case err != nil:
 				why = "status after the pause: " + err.Error()
-			case rec.State == sandboxd.StatePaused && rec.Pauses.Mode == sandboxd.ModeHold:
+			case rec.State == sandboxapi.StatePaused && rec.Pauses.Mode == sandboxapi.ModeHold:
 				// Held, not still: its processes run on and its files may
 				// change under the snapshot. Without a model relay to hold
 				// it, stop it instead.
 				why = "the launch is held, not frozen or stopped"
-			case rec.State == sandboxd.StatePaused:
+			case rec.State == sandboxapi.StatePaused:
 				return a.parkPaused(r, bm, pr, receipts, rec)
-			case rec.State == sandboxd.StateEnded && rec.Receipt != nil:
+			case rec.State == sandboxapi.StateEnded && rec.Receipt != nil:
 				// It ended before the pause (or the daemon stopped it): it
 				// keeps its result, or relaunches.
 				next, err := a.ended(r, bm, lc, *rec.Receipt)
@@ -265,7 +264,7 @@ func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, i
 // resume (a crash relaunches it on the saved session); after the resume
 // the same launch continues.
 func (a *Agent) parkPaused(r *run, bm Bookmark, pr *parkRequest, receipts <-chan receiptResult,
-	rec sandboxd.Record) (Bookmark, bool, error) {
+	rec sandboxapi.Record) (Bookmark, bool, error) {
 	ex := bm.clone()
 	ex.Resume = true
 	last := &ex.Launches[len(ex.Launches)-1]
@@ -293,7 +292,7 @@ func (a *Agent) parkPaused(r *run, bm Bookmark, pr *parkRequest, receipts <-chan
 
 // ended records how the launch ended: a finished harness goes on to
 // verify with its answer; an interrupted or failed one relaunches.
-func (a *Agent) ended(r *run, bm Bookmark, lc LaunchContext, rc sandboxd.Receipt) (Bookmark, error) {
+func (a *Agent) ended(r *run, bm Bookmark, lc LaunchContext, rc sandboxapi.Receipt) (Bookmark, error) {
 	last := &bm.Launches[len(bm.Launches)-1]
 	end := rc.Ended
 	if end.IsZero() {
@@ -302,14 +301,14 @@ func (a *Agent) ended(r *run, bm Bookmark, lc LaunchContext, rc sandboxd.Receipt
 	last.DurationMS = end.Sub(last.Started).Milliseconds()
 	last.ExitCode = rc.ExitCode
 	switch rc.Outcome {
-	case sandboxd.OutcomeFinished:
+	case sandboxapi.OutcomeFinished:
 		last.Ended, last.Detail = LaunchFinished, ""
 		ans, err := a.cfg.Adapter.Answer(lc, ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail})
 		if err != nil {
 			return bm, fmt.Errorf("agent: %s: answer of %s: %w", r.key, last.ID, err)
 		}
 		bm.Answer, bm.Next, bm.Resume = ans, StageVerify, false
-	case sandboxd.OutcomeInterrupted:
+	case sandboxapi.OutcomeInterrupted:
 		last.Ended, last.Detail = LaunchInterrupted, string(rc.StopReason)
 		bm.Next, bm.Resume = StageHarness, true
 	default:
@@ -322,12 +321,12 @@ func (a *Agent) ended(r *run, bm Bookmark, lc LaunchContext, rc sandboxd.Receipt
 
 // execer runs short commands in the sandbox for the adapter: launches the
 // checkpoints leave alone, as they end in moments.
-func (a *Agent) execer(r *run, dc *daemon.Client, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
+func (a *Agent) execer(r *run, dc *sandboxapi.Client, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
 	k := 0
 	return func(ctx context.Context, argv []string) (ExecResult, error) {
 		k++
 		id := fmt.Sprintf("%s.l%d.x%d", r.key, n, k)
-		if _, err := launch(ctx, dc, daemon.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
+		if _, err := launch(ctx, dc, sandboxapi.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
 			TimeoutMS: time.Minute.Milliseconds()}); err != nil {
 			if isAdmissionClosed(err) {
 				return ExecResult{}, errAdmissionClosed
@@ -344,7 +343,7 @@ func (a *Agent) execer(r *run, dc *daemon.Client, n int) func(ctx context.Contex
 			if err != nil {
 				return ExecResult{}, err
 			}
-			if rc.Outcome != sandboxd.OutcomeFinished {
+			if rc.Outcome != sandboxapi.OutcomeFinished {
 				return ExecResult{}, fmt.Errorf("command %v: %s %s", argv, rc.Outcome, rc.Error)
 			}
 			return ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail}, nil
