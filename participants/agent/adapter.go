@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/owner"
 )
 
@@ -21,7 +22,7 @@ type Adapter interface {
 	PausesAtCheckpoints() bool
 	// NewState returns the state of a new rollout (where its session
 	// lives in the sandbox). It is stored in the bookmark.
-	NewState(r Request) (json.RawMessage, error)
+	NewState(r agentapi.Request) (json.RawMessage, error)
 	// Command returns the launch of the harness; lc.Resume asks it to
 	// continue the saved session without a new user turn.
 	Command(lc LaunchContext) (Command, error)

@@ -1,9 +1,7 @@
 package agent
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -16,6 +14,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
@@ -112,47 +111,6 @@ func (c *Config) validate() error {
 	return errors.Join(errs...)
 }
 
-// Request asks for one rollout.
-type Request struct {
-	RolloutID string          `json:"rollout_id"`
-	Attempt   int             `json:"attempt"`
-	Task      json.RawMessage `json:"task"`
-}
-
-// Validate checks the request's ids and task.
-func (r Request) Validate() error {
-	var errs []error
-	if err := events.ValidateRollout("rollout_id", r.RolloutID); err != nil {
-		errs = append(errs, err)
-	}
-	if r.Attempt < 0 {
-		errs = append(errs, fmt.Errorf("%w: attempt %d is negative", events.ErrInvalid, r.Attempt))
-	}
-	if t := bytes.TrimSpace(r.Task); len(t) == 0 || bytes.Equal(t, []byte("null")) || !json.Valid(t) {
-		errs = append(errs, fmt.Errorf("%w: task: required, a JSON value", events.ErrInvalid))
-	}
-	return errors.Join(errs...)
-}
-
-// Result is a verified rollout.
-type Result struct {
-	RolloutID string `json:"rollout_id"`
-	Attempt   int    `json:"attempt"`
-	// Episode is the episode key, <rollout> or <rollout>-a<attempt>.
-	Episode string `json:"episode"`
-	// Adapter names the harness adapter.
-	Adapter string `json:"adapter"`
-	// Answer is what the harness answered; Verdict the owner's grade.
-	Answer  json.RawMessage `json:"answer,omitempty"`
-	Verdict json.RawMessage `json:"verdict,omitempty"`
-	// Restart tells a rollout nothing could save (restarted from its input
-	// after a crash); Restored one that continued from a checkpoint.
-	Restart  bool `json:"restart,omitempty"`
-	Restored bool `json:"restored,omitempty"`
-	// Launches is the launch log.
-	Launches []LaunchRecord `json:"launches"`
-}
-
 // Agent is the harness driver: a bus member whose work is rollouts.
 type Agent struct {
 	cfg    Config
@@ -170,10 +128,10 @@ type Agent struct {
 	open      string          // that checkpoint
 	reopen    chan struct{}   // closed when admission reopens
 	stopping  bool
-	runs      map[string]*run     // by rollout id
-	installed map[string]Bookmark // by rollout id, restored and not yet asked for
-	finished  map[string]*run     // by rollout id: the last ended runs, for a request asked again
-	order     []*run              // finished, oldest first
+	runs      map[string]*run              // by rollout id
+	installed map[string]agentapi.Bookmark // by rollout id, restored and not yet asked for
+	finished  map[string]*run              // by rollout id: the last ended runs, for a request asked again
+	order     []*run                       // finished, oldest first
 	daemons   map[string]*sandboxapi.Client
 	wg        sync.WaitGroup
 }
@@ -206,7 +164,7 @@ func newAgent(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, name: name, nc: nc, owner: oc, acks: newAckBook(cfg.Run, cfg.Bus.Stream),
 		log:   cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger(),
 		slots: make(chan struct{}, cfg.Concurrency), reopen: make(chan struct{}),
-		runs: map[string]*run{}, installed: map[string]Bookmark{}, finished: map[string]*run{},
+		runs: map[string]*run{}, installed: map[string]agentapi.Bookmark{}, finished: map[string]*run{},
 		daemons: map[string]*sandboxapi.Client{}}
 	return a, nil
 }
@@ -277,10 +235,10 @@ func (a *Agent) daemon(sandbox string) (*sandboxapi.Client, error) {
 // for this attempt) before it waits for a slot. A second request of the
 // same attempt waits for the same result; ctx ending cancels the rollout
 // (its launch is killed and its session closed).
-func (a *Agent) Rollout(ctx context.Context, req Request) (Result, error) {
+func (a *Agent) Rollout(ctx context.Context, req agentapi.Request) (agentapi.Result, error) {
 	r, err := a.start(req)
 	if err != nil {
-		return Result{}, err
+		return agentapi.Result{}, err
 	}
 	stop := context.AfterFunc(ctx, func() {
 		r.cancel(fmt.Errorf("agent: rollout %s cancelled by its caller: %w", r.key, context.Cause(ctx)))
@@ -290,7 +248,7 @@ func (a *Agent) Rollout(ctx context.Context, req Request) (Result, error) {
 	return r.res, r.err
 }
 
-func (a *Agent) start(req Request) (*run, error) {
+func (a *Agent) start(req agentapi.Request) (*run, error) {
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
@@ -324,7 +282,7 @@ func (a *Agent) start(req Request) (*run, error) {
 			return nil, fmt.Errorf("%w: %s asked, %s already ran", member.ErrStaleAttempt, ep, r.ep)
 		}
 	}
-	bm := Bookmark{V: BookmarkVersion, Next: StageSeed, Rollout: req.RolloutID, Attempt: req.Attempt, Task: req.Task}
+	bm := agentapi.Bookmark{V: agentapi.BookmarkVersion, Next: agentapi.StageSeed, Rollout: req.RolloutID, Attempt: req.Attempt, Task: req.Task}
 	restored := false
 	if ib, ok := a.installed[req.RolloutID]; ok {
 		switch {
@@ -378,17 +336,17 @@ type parkRequest struct {
 type run struct {
 	key    string
 	ep     events.Episode
-	req    Request
+	req    agentapi.Request
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	done   chan struct{}
-	res    Result
+	res    agentapi.Result
 	err    error
 	parkCh chan struct{}
 	log    zerolog.Logger
 
 	// Guarded by Agent.mu.
-	bm        Bookmark
+	bm        agentapi.Bookmark
 	at        where
 	parkedFor string
 	parkReq   *parkRequest
@@ -399,10 +357,10 @@ type run struct {
 	hold      int    // test hook: > 0 keeps the run busy
 }
 
-func (a *Agent) bookmark(r *run) Bookmark {
+func (a *Agent) bookmark(r *run) agentapi.Bookmark {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return r.bm.clone()
+	return r.bm.Clone()
 }
 
 // drive runs a rollout to its end and applies the cleanup rule.
@@ -448,11 +406,11 @@ func (a *Agent) remember(r *run) {
 	}
 }
 
-func (a *Agent) queue(r *run) (Result, error) {
+func (a *Agent) queue(r *run) (agentapi.Result, error) {
 	select {
 	case a.slots <- struct{}{}:
 	case <-r.ctx.Done():
-		return Result{}, context.Cause(r.ctx)
+		return agentapi.Result{}, context.Cause(r.ctx)
 	}
 	defer func() { <-a.slots }()
 	return a.stages(r)
@@ -460,21 +418,21 @@ func (a *Agent) queue(r *run) (Result, error) {
 
 // stages runs seed → harness → verify → return, recording the bookmark
 // before each.
-func (a *Agent) stages(r *run) (Result, error) {
+func (a *Agent) stages(r *run) (agentapi.Result, error) {
 	bm := a.bookmark(r)
 	for {
 		if err := a.boundary(r, bm); err != nil {
-			return Result{}, err
+			return agentapi.Result{}, err
 		}
 		var err error
 		switch bm.Next {
-		case StageSeed:
+		case agentapi.StageSeed:
 			bm, err = a.seed(r, bm)
-		case StageHarness:
+		case agentapi.StageLaunch:
 			bm, err = a.harness(r, bm)
-		case StageVerify:
+		case agentapi.StageVerify:
 			bm, err = a.verify(r, bm)
-		case StageReturn:
+		case agentapi.StageReturn:
 			res := *bm.Result
 			res.Launches = bm.Launches
 			a.mu.Lock()
@@ -496,7 +454,7 @@ func (a *Agent) stages(r *run) (Result, error) {
 			continue
 		}
 		if err != nil {
-			return Result{}, err
+			return agentapi.Result{}, err
 		}
 	}
 }
@@ -517,7 +475,7 @@ func isCode(err error, code string) bool {
 
 // boundary records bm and, while a checkpoint holds admission closed,
 // waits there: the checkpoint exports the run at bm.
-func (a *Agent) boundary(r *run, bm Bookmark) error {
+func (a *Agent) boundary(r *run, bm agentapi.Bookmark) error {
 	if err := bm.Validate(); err != nil {
 		return fmt.Errorf("agent: %s: %w", r.key, err)
 	}
@@ -548,7 +506,7 @@ func (a *Agent) boundary(r *run, bm Bookmark) error {
 }
 
 // seed asks the owner for the session's sandbox.
-func (a *Agent) seed(r *run, bm Bookmark) (Bookmark, error) {
+func (a *Agent) seed(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 	a.mu.Lock()
 	r.seeded = true // from now on the owner may hold a session to close
 	a.mu.Unlock()
@@ -574,7 +532,7 @@ func (a *Agent) seed(r *run, bm Bookmark) (Bookmark, error) {
 	if err != nil {
 		return bm, fmt.Errorf("agent: %s: %w", r.key, err)
 	}
-	bm.Next, bm.Session, bm.Owner, bm.VerifyMode = StageHarness, bm.Rollout, a.cfg.Owner, "owner"
+	bm.Next, bm.Session, bm.Owner, bm.VerifyMode = agentapi.StageLaunch, bm.Rollout, a.cfg.Owner, "owner"
 	bm.Sandbox, bm.Workdir, bm.State = info.SandboxID, info.Workdir, state
 	bm.Restart = a.cfg.NoCheckpointing || info.RestartOnly || info.SandboxID == ""
 	if bm.Restart {
@@ -584,7 +542,7 @@ func (a *Agent) seed(r *run, bm Bookmark) (Bookmark, error) {
 }
 
 // verify asks the owner for the grade; the owner ends the session.
-func (a *Agent) verify(r *run, bm Bookmark) (Bookmark, error) {
+func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 	vr, err := retryNoResponders(r.ctx, 10*time.Minute, func(ctx context.Context) (owner.VerifyResult, error) {
 		return a.owner.VerifyEnd(ctx, owner.VerifyRequest{SessionID: bm.Session, End: true})
 	})
@@ -598,8 +556,8 @@ func (a *Agent) verify(r *run, bm Bookmark) (Bookmark, error) {
 	restored := r.restored
 	r.seeded = false // the owner ended the session
 	a.mu.Unlock()
-	bm.Next = StageReturn
-	bm.Result = &Result{RolloutID: bm.Rollout, Attempt: r.ep.Attempt, Episode: r.key, Adapter: a.cfg.Adapter.Name(),
+	bm.Next = agentapi.StageReturn
+	bm.Result = &agentapi.Result{RolloutID: bm.Rollout, Attempt: r.ep.Attempt, Episode: r.key, Adapter: a.cfg.Adapter.Name(),
 		Answer: bm.Answer, Verdict: vr.Result, Restart: bm.Restart, Restored: restored}
 	return bm, nil
 }

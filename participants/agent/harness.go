@@ -8,13 +8,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // harness launches the harness (a relaunch asks the adapter whether the
 // saved session continues) and waits for it, parking at checkpoints.
-func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
+func (a *Agent) harness(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 	if len(bm.Launches) >= a.cfg.MaxLaunches {
 		return bm, fmt.Errorf("agent: %s: gave up after %d launches", r.key, len(bm.Launches))
 	}
@@ -35,7 +36,7 @@ func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
 	n := len(bm.Launches) + 1
 	lc := LaunchContext{Rollout: bm.Rollout, Attempt: r.ep.Attempt, Task: bm.Task, Session: info, State: bm.State,
 		Exec: a.execer(r, dc, n)}
-	lr := LaunchRecord{ID: fmt.Sprintf("%s.l%d", r.key, n), Sandbox: info.SandboxID, Attempt: r.ep.Attempt, Why: "first launch"}
+	lr := agentapi.LaunchRecord{ID: fmt.Sprintf("%s.l%d", r.key, n), Sandbox: info.SandboxID, Attempt: r.ep.Attempt, Why: "first launch"}
 	if bm.Resume || len(bm.Launches) > 0 {
 		d, err := a.cfg.Adapter.ResumeDecision(r.ctx, lc)
 		if errors.Is(err, errAdmissionClosed) || isAdmissionClosed(err) {
@@ -63,10 +64,10 @@ func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
 	case err != nil && !isCode(err, "launch_exists"):
 		return bm, fmt.Errorf("agent: %s: launch: %w", r.key, err)
 	}
-	lr.Ended = LaunchRunning
+	lr.Ended = agentapi.LaunchRunning
 	bm.Launches = append(bm.Launches, lr)
 	a.mu.Lock()
-	r.bm, r.launch, r.sandbox = bm.clone(), lr.ID, info.SandboxID
+	r.bm, r.launch, r.sandbox = bm.Clone(), lr.ID, info.SandboxID
 	a.mu.Unlock()
 	r.log.Info().Str("launch", lr.ID).Str("sandbox", info.SandboxID).Bool("continued", lr.Continued).Str("why", lr.Why).Msg("launched")
 	bm, err = a.waitLaunch(r, bm, lc, dc, lr.ID)
@@ -159,7 +160,7 @@ func (a *Agent) watchReceipt(ctx context.Context, dc *sandboxapi.Client, id stri
 }
 
 // waitLaunch waits for the launch to end, parking it at each checkpoint.
-func (a *Agent) waitLaunch(r *run, bm Bookmark, lc LaunchContext, dc *sandboxapi.Client, id string) (Bookmark, error) {
+func (a *Agent) waitLaunch(r *run, bm agentapi.Bookmark, lc LaunchContext, dc *sandboxapi.Client, id string) (agentapi.Bookmark, error) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
 	receipts := a.watchReceipt(ctx, dc, id)
@@ -199,8 +200,8 @@ func (a *Agent) parkRequestOf(r *run) *parkRequest {
 // in place once its daemon acked the pause, else stopped for a relaunch
 // after the resume. done tells that the launch ended (next is then the
 // bookmark of the following stage).
-func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *sandboxapi.Client, id string, pr *parkRequest,
-	receipts <-chan receiptResult) (next Bookmark, done bool, err error) {
+func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc *sandboxapi.Client, id string, pr *parkRequest,
+	receipts <-chan receiptResult) (next agentapi.Bookmark, done bool, err error) {
 	why := "the adapter does not pause"
 	if a.cfg.Adapter.PausesAtCheckpoints() {
 		ctx, cancel := context.WithDeadline(r.ctx, pr.dl)
@@ -263,13 +264,13 @@ func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *sandboxapi.Clien
 // parkPaused parks a run whose launch its daemon paused: exported with
 // resume (a crash relaunches it on the saved session); after the resume
 // the same launch continues.
-func (a *Agent) parkPaused(r *run, bm Bookmark, pr *parkRequest, receipts <-chan receiptResult,
-	rec sandboxapi.Record) (Bookmark, bool, error) {
-	ex := bm.clone()
+func (a *Agent) parkPaused(r *run, bm agentapi.Bookmark, pr *parkRequest, receipts <-chan receiptResult,
+	rec sandboxapi.Record) (agentapi.Bookmark, bool, error) {
+	ex := bm.Clone()
 	ex.Resume = true
 	last := &ex.Launches[len(ex.Launches)-1]
 	last.Pauses++
-	last.Ended = LaunchInterrupted
+	last.Ended = agentapi.LaunchInterrupted
 	last.Detail = "paused by checkpoint " + pr.cp
 	last.DurationMS = time.Since(last.Started).Milliseconds()
 	a.mu.Lock()
@@ -285,14 +286,14 @@ func (a *Agent) parkPaused(r *run, bm Bookmark, pr *parkRequest, receipts <-chan
 	bm.Resume = true
 	bm.Launches[len(bm.Launches)-1].Pauses++
 	a.mu.Lock()
-	r.bm, r.at, r.parkedFor = bm.clone(), atBusy, ""
+	r.bm, r.at, r.parkedFor = bm.Clone(), atBusy, ""
 	a.mu.Unlock()
 	return bm, false, nil
 }
 
 // ended records how the launch ended: a finished harness goes on to
 // verify with its answer; an interrupted or failed one relaunches.
-func (a *Agent) ended(r *run, bm Bookmark, lc LaunchContext, rc sandboxapi.Receipt) (Bookmark, error) {
+func (a *Agent) ended(r *run, bm agentapi.Bookmark, lc LaunchContext, rc sandboxapi.Receipt) (agentapi.Bookmark, error) {
 	last := &bm.Launches[len(bm.Launches)-1]
 	end := rc.Ended
 	if end.IsZero() {
@@ -302,18 +303,18 @@ func (a *Agent) ended(r *run, bm Bookmark, lc LaunchContext, rc sandboxapi.Recei
 	last.ExitCode = rc.ExitCode
 	switch rc.Outcome {
 	case sandboxapi.OutcomeFinished:
-		last.Ended, last.Detail = LaunchFinished, ""
+		last.Ended, last.Detail = agentapi.LaunchFinished, ""
 		ans, err := a.cfg.Adapter.Answer(lc, ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail})
 		if err != nil {
 			return bm, fmt.Errorf("agent: %s: answer of %s: %w", r.key, last.ID, err)
 		}
-		bm.Answer, bm.Next, bm.Resume = ans, StageVerify, false
+		bm.Answer, bm.Next, bm.Resume = ans, agentapi.StageVerify, false
 	case sandboxapi.OutcomeInterrupted:
-		last.Ended, last.Detail = LaunchInterrupted, string(rc.StopReason)
-		bm.Next, bm.Resume = StageHarness, true
+		last.Ended, last.Detail = agentapi.LaunchInterrupted, string(rc.StopReason)
+		bm.Next, bm.Resume = agentapi.StageLaunch, true
 	default:
-		last.Ended, last.Detail = LaunchFailed, rc.Error
-		bm.Next, bm.Resume = StageHarness, true
+		last.Ended, last.Detail = agentapi.LaunchFailed, rc.Error
+		bm.Next, bm.Resume = agentapi.StageLaunch, true
 	}
 	r.log.Info().Str("launch", last.ID).Str("ended", last.Ended).Int("exit", rc.ExitCode).Int("pauses", last.Pauses).Msg("launch ended")
 	return bm, nil
