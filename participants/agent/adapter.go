@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
-	"github.com/stillpoint/stillpoint/participants/owner"
 )
 
 // Adapter is everything harness-specific: where the harness keeps its
@@ -48,7 +47,7 @@ type LaunchContext struct {
 	Attempt int
 	Task    json.RawMessage
 	// Session is the owner's session with its current sandbox.
-	Session owner.SessionInfo
+	Session SessionInfo
 	// State is the adapter's state from the bookmark.
 	State json.RawMessage
 	// Resume asks for a continuation of the saved session.

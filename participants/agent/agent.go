@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -16,7 +17,6 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
-	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -57,6 +57,12 @@ type Config struct {
 	// Owner is the name of the sandbox owner that lends the sandboxes.
 	// Required.
 	Owner string
+	// OwnerService is how the agent calls that owner (default: the owner's
+	// service client on JS's connection).
+	OwnerService Owner
+	// SandboxService returns how the agent calls the daemon of a sandbox,
+	// once per sandbox (default: a sandboxapi.Client on JS's connection).
+	SandboxService func(sandboxID string) (Sandbox, error)
 	// Adapter drives the harness. Required.
 	Adapter Adapter
 	// Concurrency is how many rollouts run at once (default
@@ -117,7 +123,7 @@ type Agent struct {
 	name   events.Member
 	nc     *nats.Conn
 	member *member.Member
-	owner  *owner.Client
+	owner  Owner
 	acks   *ackBook
 	log    zerolog.Logger
 	slots  chan struct{}
@@ -132,7 +138,7 @@ type Agent struct {
 	installed map[string]agentapi.Bookmark // by rollout id, restored and not yet asked for
 	finished  map[string]*run              // by rollout id: the last ended runs, for a request asked again
 	order     []*run                       // finished, oldest first
-	daemons   map[string]*sandboxapi.Client
+	sandboxes map[string]Sandbox           // by sandbox id
 	wg        sync.WaitGroup
 }
 
@@ -157,15 +163,21 @@ func newAgent(cfg Config) (*Agent, error) {
 	}
 	name, _ := events.NewMember(events.KindAgent, cfg.Name)
 	nc := cfg.JS.Conn()
-	oc, err := owner.NewClient(nc, cfg.Run, cfg.Owner)
-	if err != nil {
-		return nil, err
+	if cfg.OwnerService == nil {
+		oc, err := dialOwner(nc, cfg.Run, cfg.Owner)
+		if err != nil {
+			return nil, err
+		}
+		cfg.OwnerService = oc
 	}
-	a := &Agent{cfg: cfg, name: name, nc: nc, owner: oc, acks: newAckBook(cfg.Run, cfg.Bus.Stream),
+	if cfg.SandboxService == nil {
+		cfg.SandboxService = func(id string) (Sandbox, error) { return sandboxapi.NewClient(nc, cfg.Run, id) }
+	}
+	a := &Agent{cfg: cfg, name: name, nc: nc, owner: cfg.OwnerService, acks: newAckBook(cfg.Run, cfg.Bus.Stream),
 		log:   cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger(),
 		slots: make(chan struct{}, cfg.Concurrency), reopen: make(chan struct{}),
 		runs: map[string]*run{}, installed: map[string]agentapi.Bookmark{}, finished: map[string]*run{},
-		daemons: map[string]*sandboxapi.Client{}}
+		sandboxes: map[string]Sandbox{}}
 	return a, nil
 }
 
@@ -213,21 +225,6 @@ func (a *Agent) shutdown() {
 	}
 	a.mu.Unlock()
 	a.wg.Wait()
-}
-
-// daemon returns the client of a sandbox's daemon.
-func (a *Agent) daemon(sandbox string) (*sandboxapi.Client, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if c, ok := a.daemons[sandbox]; ok {
-		return c, nil
-	}
-	c, err := sandboxapi.NewClient(a.nc, a.cfg.Run, sandbox)
-	if err != nil {
-		return nil, err
-	}
-	a.daemons[sandbox] = c
-	return c, nil
 }
 
 // Rollout runs one rollout and returns its result once verified. It is
@@ -463,10 +460,9 @@ func (a *Agent) stages(r *run) (agentapi.Result, error) {
 // checkpoint is open; the run waits at its boundary and tries again.
 var errAdmissionClosed = errors.New("agent: admission closed")
 
-func isAdmissionClosed(err error) bool {
-	var se *jetstream.ServiceError
-	return errors.As(err, &se) && se.Code == "admission_closed"
-}
+// isAdmissionClosed tells a refusal for an open checkpoint, which the
+// owner and the daemons answer with the same code.
+func isAdmissionClosed(err error) bool { return isCode(err, sandboxapi.CodeAdmissionClosed) }
 
 func isCode(err error, code string) bool {
 	var se *jetstream.ServiceError
@@ -510,8 +506,8 @@ func (a *Agent) seed(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 	a.mu.Lock()
 	r.seeded = true // from now on the owner may hold a session to close
 	a.mu.Unlock()
-	info, err := retryNoResponders(r.ctx, 5*time.Minute, func(ctx context.Context) (owner.SessionInfo, error) {
-		return a.owner.SeedSession(ctx, owner.SeedRequest{SessionID: bm.Rollout, Episode: r.key, Task: bm.Task})
+	info, err := retryNoResponders(r.ctx, 5*time.Minute, func(ctx context.Context) (SessionInfo, error) {
+		return a.seedSession(ctx, bm.Rollout, r.key, bm.Task)
 	})
 	if isAdmissionClosed(err) {
 		return bm, errAdmissionClosed
@@ -543,8 +539,8 @@ func (a *Agent) seed(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 
 // verify asks the owner for the grade; the owner ends the session.
 func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
-	vr, err := retryNoResponders(r.ctx, 10*time.Minute, func(ctx context.Context) (owner.VerifyResult, error) {
-		return a.owner.VerifyEnd(ctx, owner.VerifyRequest{SessionID: bm.Session, End: true})
+	verdict, err := retryNoResponders(r.ctx, 10*time.Minute, func(ctx context.Context) (json.RawMessage, error) {
+		return a.verifyEnd(ctx, bm.Session)
 	})
 	if isAdmissionClosed(err) {
 		return bm, errAdmissionClosed
@@ -558,7 +554,7 @@ func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) 
 	a.mu.Unlock()
 	bm.Next = agentapi.StageReturn
 	bm.Result = &agentapi.Result{RolloutID: bm.Rollout, Attempt: r.ep.Attempt, Episode: r.key, Adapter: a.cfg.Adapter.Name(),
-		Answer: bm.Answer, Verdict: vr.Result, Restart: bm.Restart, Restored: restored}
+		Answer: bm.Answer, Verdict: verdict, Restart: bm.Restart, Restored: restored}
 	return bm, nil
 }
 
@@ -574,8 +570,8 @@ func (a *Agent) cleanup(r *run, cause error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 30*time.Second)
 	defer cancel()
 	if launch != "" {
-		if dc, err := a.daemon(sandbox); err == nil {
-			if _, err := dc.Stop(ctx, launch, true); err != nil && !isCode(err, "unknown_launch") {
+		if dc, err := a.sandbox(sandbox); err == nil {
+			if _, err := dc.Stop(ctx, launch, true); err != nil && !isCode(err, sandboxapi.CodeUnknownLaunch) {
 				r.log.Warn().Err(err).Str("launch", launch).Msg("kill the launch")
 			}
 		}

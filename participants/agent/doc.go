@@ -3,11 +3,13 @@
 // sandbox owner lends, through a small Adapter per harness.
 //
 // A rollout request (the micro endpoint spsvc.<run>.agent.<name>.run, or
-// Agent.Rollout) is registered at its seed bookmark before it waits for a
-// concurrency slot, then runs the stages seed → harness → verify →
-// return, recording a v1 Bookmark before each. Before every launch the
-// driver asks the owner's sandbox_access which sandbox is current (a fork
-// after a restore) and, on a relaunch, the adapter's ResumeDecision.
+// Agent.Rollout; package agentapi holds the request, the result, the
+// bookmark and the client) is registered at its seed bookmark before it
+// waits for a concurrency slot, then runs the stages seed → harness →
+// verify → return, recording a v1 Bookmark before each. Before every
+// launch the driver asks the owner's sandbox_access which sandbox is
+// current (a fork after a restore) and, on a relaunch, the adapter's
+// ResumeDecision.
 //
 // At a checkpoint's prepare every run is asked to park. A run between
 // stages waits at its bookmark. A run whose harness runs is ready once its
@@ -29,4 +31,10 @@
 // verified one nothing (the owner ended the session); one that fails or is
 // cancelled before verify has its launch killed and its session closed.
 // A stopping or superseded agent touches nothing, as a crash would not.
+//
+// The agent calls the owner and the sandboxes' daemons through interfaces
+// of its own, Owner (owner.go, the one file that names the owner's
+// package) and Sandbox (sandbox.go), with only the calls it makes; Config
+// can give other implementations, and by default they are the services'
+// clients on the agent's connection.
 package agent

@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
-	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -19,7 +18,7 @@ func (a *Agent) harness(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error)
 	if len(bm.Launches) >= a.cfg.MaxLaunches {
 		return bm, fmt.Errorf("agent: %s: gave up after %d launches", r.key, len(bm.Launches))
 	}
-	info, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (owner.SessionInfo, error) {
+	info, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (SessionInfo, error) {
 		return a.owner.SandboxAccess(ctx, bm.Session)
 	})
 	if err != nil {
@@ -28,7 +27,7 @@ func (a *Agent) harness(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error)
 	if info.SandboxID == "" {
 		return bm, fmt.Errorf("agent: %s: the owner lends no sandbox", r.key)
 	}
-	dc, err := a.daemon(info.SandboxID)
+	dc, err := a.sandbox(info.SandboxID)
 	if err != nil {
 		return bm, err
 	}
@@ -61,7 +60,7 @@ func (a *Agent) harness(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error)
 	switch {
 	case isAdmissionClosed(err):
 		return bm, errAdmissionClosed
-	case err != nil && !isCode(err, "launch_exists"):
+	case err != nil && !isCode(err, sandboxapi.CodeLaunchExists):
 		return bm, fmt.Errorf("agent: %s: launch: %w", r.key, err)
 	}
 	lr.Ended = agentapi.LaunchRunning
@@ -86,7 +85,7 @@ const DaemonWait = 60 * time.Second
 
 // launch asks the daemon for a launch, waiting for a daemon that is not
 // up yet.
-func launch(ctx context.Context, dc *sandboxapi.Client, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
+func launch(ctx context.Context, dc Sandbox, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
 	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) { return dc.Launch(ctx, req) })
 }
 
@@ -118,7 +117,7 @@ type receiptResult struct {
 
 // watchReceipt waits for the launch's end in bounded waits, so that no
 // request holds the daemon's endpoint past its caller.
-func (a *Agent) watchReceipt(ctx context.Context, dc *sandboxapi.Client, id string) <-chan receiptResult {
+func (a *Agent) watchReceipt(ctx context.Context, dc Sandbox, id string) <-chan receiptResult {
 	ch := make(chan receiptResult, 1)
 	go func() {
 		var lost time.Time
@@ -132,10 +131,10 @@ func (a *Agent) watchReceipt(ctx context.Context, dc *sandboxapi.Client, id stri
 				return
 			case ctx.Err() != nil:
 				return
-			case isCode(err, "not_ended"):
+			case isCode(err, sandboxapi.CodeNotEnded):
 				lost = time.Time{}
 				continue
-			case isCode(err, "unknown_launch"):
+			case isCode(err, sandboxapi.CodeUnknownLaunch):
 				ch <- receiptResult{rc: sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeFailed,
 					Error: "the sandbox's daemon does not know the launch", Ended: time.Now()}}
 				return
@@ -160,7 +159,7 @@ func (a *Agent) watchReceipt(ctx context.Context, dc *sandboxapi.Client, id stri
 }
 
 // waitLaunch waits for the launch to end, parking it at each checkpoint.
-func (a *Agent) waitLaunch(r *run, bm agentapi.Bookmark, lc LaunchContext, dc *sandboxapi.Client, id string) (agentapi.Bookmark, error) {
+func (a *Agent) waitLaunch(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox, id string) (agentapi.Bookmark, error) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel()
 	receipts := a.watchReceipt(ctx, dc, id)
@@ -200,7 +199,7 @@ func (a *Agent) parkRequestOf(r *run) *parkRequest {
 // in place once its daemon acked the pause, else stopped for a relaunch
 // after the resume. done tells that the launch ended (next is then the
 // bookmark of the following stage).
-func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc *sandboxapi.Client, id string, pr *parkRequest,
+func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox, id string, pr *parkRequest,
 	receipts <-chan receiptResult) (next agentapi.Bookmark, done bool, err error) {
 	why := "the adapter does not pause"
 	if a.cfg.Adapter.PausesAtCheckpoints() {
@@ -322,7 +321,7 @@ func (a *Agent) ended(r *run, bm agentapi.Bookmark, lc LaunchContext, rc sandbox
 
 // execer runs short commands in the sandbox for the adapter: launches the
 // checkpoints leave alone, as they end in moments.
-func (a *Agent) execer(r *run, dc *sandboxapi.Client, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
+func (a *Agent) execer(r *run, dc Sandbox, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
 	k := 0
 	return func(ctx context.Context, argv []string) (ExecResult, error) {
 		k++
@@ -332,13 +331,13 @@ func (a *Agent) execer(r *run, dc *sandboxapi.Client, n int) func(ctx context.Co
 			if isAdmissionClosed(err) {
 				return ExecResult{}, errAdmissionClosed
 			}
-			if !isCode(err, "launch_exists") {
+			if !isCode(err, sandboxapi.CodeLaunchExists) {
 				return ExecResult{}, err
 			}
 		}
 		for {
 			rc, err := dc.WaitReceipt(ctx, id, a.cfg.ReceiptWait)
-			if isCode(err, "not_ended") {
+			if isCode(err, sandboxapi.CodeNotEnded) {
 				continue
 			}
 			if err != nil {
