@@ -1,8 +1,8 @@
 // Package sandboxd is the process-supervision core of the in-sandbox daemon
-// (PROTOCOL.md §6): it launches the agent harness, finds every process the
-// launch starts, pauses and continues them, stops them, and records what
-// happened, so that a checkpoint can hold a sandbox still and nothing of a
-// launch is ever lost or left behind. The bus member that subscribes to
+// (PROTOCOL.md §6): it launches the agent's harness (or any command), finds
+// every process the launch starts, pauses and continues them, stops them,
+// and records what happened, so that a checkpoint can hold a sandbox still
+// and nothing of a launch is ever lost or left behind. The bus member that subscribes to
 // phases and acks them is built on top of it.
 //
 // # Shape
@@ -20,7 +20,7 @@
 // Each launch has a driver goroutine that owns its Machine, a pure state
 // machine (Step(now, input) -> effects; no I/O, no clock) in the manner of
 // etcd's raft: pending -> held | running; running <-> paused; running |
-// paused -> stopping -> ended. Requests, the harness's exit and timers are
+// paused -> stopping -> ended. Requests, the process's exit and timers are
 // its inputs; the driver carries out the effects (spawn, pause, continue,
 // SIGINT, kill, cleanup, persist). Every operation on a launch is
 // serialised on its driver.
@@ -34,7 +34,8 @@
 //
 // # The rules it keeps
 //
-//  1. Launching. The harness runs as /bin/sh -c Command (or Argv) in a new
+//  1. Launching. A launch's process (its root: the harness when an agent
+//     launches one) runs as /bin/sh -c Command (or Argv) in a new
 //     session and process group, with STILLPOINT_LAUNCH=<id> added to its
 //     environment, stdin from /dev/null, stdout and stderr appended to
 //     <state>/<id>/output.log. Where freeze is available it is started
@@ -54,7 +55,7 @@
 //  3. Records. <state>/<id>/record.json holds the launch: id, command, start,
 //     the supervisor's Identity (pid and start time, so a restarted
 //     supervisor is told apart), state, pauses (count, sequence, paused
-//     time), and once it has ended its Receipt: the harness's own exit code
+//     time), and once it has ended its Receipt: the process's own exit code
 //     or signal, outcome finished | interrupted | failed, and whether the
 //     cleanup was confirmed. It is replaced atomically; the final one is
 //     fsynced. A stop file (<state>/<id>/stop) keeps a launch that has not
@@ -65,7 +66,7 @@
 //     whatever is still found, until none is: cgroup.kill and "populated 0"
 //     with a cgroup, then the tree, then the host scan. A paused launch is
 //     killed at once (SIGKILL works on stopped and cgroup-frozen tasks);
-//     Cancel skips the grace. When the harness exits by itself, whatever it
+//     Cancel skips the grace. When the process exits by itself, whatever it
 //     left is killed the same way.
 //  5. Deadlines. Spec.Timeout counts running time only: the deadline is
 //     start + Timeout + time paused; when it passes, the launch is stopped

@@ -215,11 +215,11 @@ func (l *launch) exited(ex exitInfo) {
 	if l.hl != nil {
 		l.hl.reaped()
 	}
-	l.log.Debug().Int("code", ex.code).Str("signal", ex.signal).Msg("harness exited")
+	l.log.Debug().Int("code", ex.code).Str("signal", ex.signal).Msg("process exited")
 	l.step(context.Background(), Exited{Code: ex.code, Signal: ex.signal})
 }
 
-// awaitExit waits for the exit of a harness known to have exited (a
+// awaitExit waits for the exit of a process known to have exited (a
 // zombie the reap loop is about to reap, or has reaped).
 func (l *launch) awaitExit() {
 	if l.exitC == nil {
@@ -231,7 +231,7 @@ func (l *launch) awaitExit() {
 	case ex := <-l.exitC:
 		l.exited(ex)
 	case <-t.C:
-		l.log.Error().Msg("harness exited but was not reaped in time")
+		l.log.Error().Msg("process exited but was not reaped in time")
 	}
 }
 
@@ -322,7 +322,7 @@ func (l *launch) setTimer(at time.Time) {
 	l.timer.Reset(d)
 }
 
-// retryKill kills again a launch whose harness has not been reaped since
+// retryKill kills again a launch whose process has not been reaped since
 // the last kill; when the supervisor is shutting down it gives up after
 // three tries, recording the launch as ended with its cleanup unconfirmed.
 func (l *launch) retryKill() {
@@ -331,7 +331,7 @@ func (l *launch) retryKill() {
 		return
 	}
 	if l.stopping && l.killTries >= 3 {
-		l.log.Error().Int("tries", l.killTries).Msg("harness not reaped after repeated kills; giving up")
+		l.log.Error().Int("tries", l.killTries).Msg("process not reaped after repeated kills; giving up")
 		l.exitC = nil
 		l.step(context.Background(), Exited{Code: -1, Signal: "unreaped"})
 		return

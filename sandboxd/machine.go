@@ -36,17 +36,17 @@ type Input interface{ input() }
 // which of the launch's files exist.
 type Begin struct{ StopFile, PauseFile bool }
 
-// Spawned reports that the harness started.
+// Spawned reports that the launch's process started.
 type Spawned struct{}
 
-// SpawnFailed reports that the harness could not start.
+// SpawnFailed reports that the launch's process could not start.
 type SpawnFailed struct{ Err string }
 
 // PauseAsked is a pause request in Mode (resolved: never ModeDefault).
 type PauseAsked struct{ Mode sandboxapi.Mode }
 
 // PauseDone reports a DoPause: confirmed, or fallen back (and undone),
-// or not attempted because the harness had already exited (Ended: its exit
+// or not attempted because the process had already exited (Ended: its exit
 // follows as Exited, and the launch keeps its result).
 type PauseDone struct {
 	Mode      sandboxapi.Mode
@@ -72,14 +72,14 @@ type StopAsked struct {
 // Tick is the timer the last SetTimer asked for.
 type Tick struct{}
 
-// Exited reports the harness's end: its exit code, or the signal that
+// Exited reports the end of the launch's process: its exit code, or the signal that
 // killed it (Code -1).
 type Exited struct {
 	Code   int
 	Signal string
 }
 
-// CleanedUp reports the kill of whatever the harness left behind.
+// CleanedUp reports the kill of whatever the process left behind.
 type CleanedUp struct{ Confirmed bool }
 
 func (Begin) input()         {}
@@ -97,7 +97,7 @@ func (CleanedUp) input()     {}
 // Effect is something the driver must do for the machine, in order.
 type Effect interface{ effect() }
 
-// Spawn: start the harness, then feed Spawned or SpawnFailed.
+// Spawn: start the launch's process, then feed Spawned or SpawnFailed.
 type Spawn struct{}
 
 // DoPause: pause the launch in Mode as pause number Seq, then feed
@@ -114,10 +114,10 @@ type DoContinue struct{ Mode sandboxapi.Mode }
 type Interrupt struct{}
 
 // Kill: SIGKILL everything of the launch (cgroup.kill where it has one)
-// and confirm; the harness's exit then arrives as Exited.
+// and confirm; the process's exit then arrives as Exited.
 type Kill struct{}
 
-// Cleanup: kill whatever the harness left behind, then feed CleanedUp.
+// Cleanup: kill whatever the process left behind, then feed CleanedUp.
 type Cleanup struct{}
 
 // SetTimer: feed Tick at At (the zero time cancels the timer).
@@ -194,7 +194,7 @@ func (m *Machine) Deadline() (time.Time, bool) {
 	return m.started.Add(m.timeout + m.pausedTotal), true
 }
 
-// Started returns when the harness started, and false if it has not.
+// Started returns when the launch's process started, and false if it has not.
 func (m *Machine) Started() (time.Time, bool) { return m.started, !m.started.IsZero() }
 
 // Pauses returns the pause statistics, counting a pause in progress up to
@@ -422,7 +422,7 @@ func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 			m.outcome = sandboxapi.OutcomeInterrupted
 		case in.Signal != "":
 			m.outcome = sandboxapi.OutcomeFailed
-			m.err = "harness killed by " + in.Signal
+			m.err = "process killed by " + in.Signal
 		default:
 			m.outcome = sandboxapi.OutcomeFinished
 		}

@@ -15,7 +15,7 @@ import (
 const (
 	// RecordFile is the launch record, JSON, replaced atomically.
 	RecordFile = "record.json"
-	// OutputFile receives the harness's stdout and stderr.
+	// OutputFile receives the launch process's stdout and stderr.
 	OutputFile = "output.log"
 	// StopFileName, when present before the launch starts, keeps it from
 	// ever starting. Stop and Cancel create it for a launch they do not

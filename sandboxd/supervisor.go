@@ -60,7 +60,7 @@ func (s Spec) Validate() error {
 	return errors.Join(errs...)
 }
 
-// exitInfo is a harness's exit: its code, or the signal that killed it.
+// exitInfo is a launch process's exit: its code, or the signal that killed it.
 type exitInfo struct {
 	code   int
 	signal string
@@ -85,7 +85,7 @@ type pauseOpts struct {
 // pauseOutcome is what the host did for a pause.
 type pauseOutcome struct {
 	confirmed bool
-	ended     bool // the harness had exited: nothing was paused
+	ended     bool // the process had exited: nothing was paused
 	count     int
 	pids      []int
 	pending   []string
@@ -322,7 +322,7 @@ func (s *Supervisor) get(id string) *launch {
 // with EnvTag=<id> added, stdout and stderr to <state>/<id>/output.log and,
 // in freeze mode, in its own cgroup. If the stop file exists the launch
 // never starts (it ends interrupted); if the pause file exists it is held
-// until Continue. It returns the record once the harness has started (or
+// until Continue. It returns the record once the process has started (or
 // was held, or ended); a start failure is recorded as failed and returned.
 // Launch blocks until Run serves.
 func (s *Supervisor) Launch(ctx context.Context, spec Spec) (sandboxapi.Record, error) {
@@ -431,7 +431,7 @@ func (s *Supervisor) Continue(ctx context.Context, id string) (sandboxapi.PauseR
 // everything of it after the grace (a paused launch is killed at once: it
 // cannot act on SIGINT), SIGKILL again to anything still found, and waits
 // until it is confirmed gone. It returns the receipt (outcome interrupted
-// unless the harness had finished), or ErrKillUnconfirmed with it. For a
+// unless the process had finished), or ErrKillUnconfirmed with it. For a
 // launch that has not started (or is not known yet) the stop file is
 // created, so that it never starts.
 func (s *Supervisor) Stop(ctx context.Context, id string) (sandboxapi.Receipt, error) {

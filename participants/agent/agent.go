@@ -413,7 +413,7 @@ func (a *Agent) queue(r *run) (agentapi.Result, error) {
 	return a.stages(r)
 }
 
-// stages runs seed → harness → verify → return, recording the bookmark
+// stages runs seed → launch → verify → return, recording the bookmark
 // before each.
 func (a *Agent) stages(r *run) (agentapi.Result, error) {
 	bm := a.bookmark(r)
@@ -426,7 +426,7 @@ func (a *Agent) stages(r *run) (agentapi.Result, error) {
 		case agentapi.StageSeed:
 			bm, err = a.seed(r, bm)
 		case agentapi.StageLaunch:
-			bm, err = a.harness(r, bm)
+			bm, err = a.launchStage(r, bm)
 		case agentapi.StageVerify:
 			bm, err = a.verify(r, bm)
 		case agentapi.StageReturn:

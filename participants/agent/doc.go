@@ -2,14 +2,18 @@
 // work is rollouts of a CLI agent harness, each in a sandbox that a
 // sandbox owner lends, through a small Adapter per harness.
 //
+// A harness is the CLI agent program a rollout drives (OpenCode, the
+// scripted harness); its Adapter knows where it keeps its session and how
+// to launch it.
+//
 // A rollout request (the micro endpoint spsvc.<run>.agent.<name>.run, or
 // Agent.Rollout; package agentapi holds the request, the result, the
 // bookmark and the client) is registered at its seed bookmark before it
-// waits for a concurrency slot, then runs the stages seed → harness →
-// verify → return, recording a v1 Bookmark before each. Before every
-// launch the driver asks the owner's sandbox_access which sandbox is
-// current (a fork after a restore) and, on a relaunch, the adapter's
-// ResumeDecision.
+// waits for a concurrency slot, then runs the stages seed → launch →
+// verify → return, recording a v1 Bookmark before each (the launch stage
+// is "harness" on the wire). Before every launch the driver asks the
+// owner's sandbox_access which sandbox is current (a fork after a restore)
+// and, on a relaunch, the adapter's ResumeDecision.
 //
 // At a checkpoint's prepare every run is asked to park. A run between
 // stages waits at its bookmark. A run whose harness runs is ready once its
@@ -23,7 +27,7 @@
 //
 // A restore installs the exported bookmarks; the controller then asks for
 // each continued rollout as its next attempt, and the driver continues it
-// from its bookmark: at harness it relaunches on the saved session in the
+// from its bookmark: at launch it relaunches on the saved session in the
 // forked sandbox, at verify it grades again without launching, at return
 // it returns the stored result.
 //

@@ -155,7 +155,7 @@ func TestRestartOnlyRolloutIsNeverParked(t *testing.T) {
 		done <- err
 	}()
 	// The dir sandbox runs no daemon: the launch waits for one, and the run
-	// stays in its harness stage.
+	// stays in its launch stage.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		w.agent.mu.Lock()

@@ -12,9 +12,10 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
-// harness launches the harness (a relaunch asks the adapter whether the
-// saved session continues) and waits for it, parking at checkpoints.
-func (a *Agent) harness(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
+// launchStage runs the launch stage (agentapi.StageLaunch, "harness" on
+// the wire): it launches the harness (a relaunch asks the adapter whether
+// the saved session continues) and waits for it, parking at checkpoints.
+func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 	if len(bm.Launches) >= a.cfg.MaxLaunches {
 		return bm, fmt.Errorf("agent: %s: gave up after %d launches", r.key, len(bm.Launches))
 	}
@@ -55,7 +56,7 @@ func (a *Agent) harness(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error)
 		return bm, fmt.Errorf("agent: %s: %w", r.key, err)
 	}
 	lr.Started = time.Now().UTC()
-	_, err = launch(r.ctx, dc, sandboxapi.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
+	_, err = startLaunch(r.ctx, dc, sandboxapi.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
 		TimeoutMS: cmd.Timeout.Milliseconds(), Mode: cmd.Mode, NoPause: bm.Restart || !a.cfg.Adapter.PausesAtCheckpoints()})
 	switch {
 	case isAdmissionClosed(err):
@@ -83,9 +84,9 @@ func (a *Agent) harness(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error)
 // a sandbox just lent (or forked) starts its daemon in the background.
 const DaemonWait = 60 * time.Second
 
-// launch asks the daemon for a launch, waiting for a daemon that is not
-// up yet.
-func launch(ctx context.Context, dc Sandbox, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
+// startLaunch asks the daemon for a launch, waiting for a daemon that is
+// not up yet.
+func startLaunch(ctx context.Context, dc Sandbox, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
 	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) { return dc.Launch(ctx, req) })
 }
 
@@ -326,7 +327,7 @@ func (a *Agent) execer(r *run, dc Sandbox, n int) func(ctx context.Context, argv
 	return func(ctx context.Context, argv []string) (ExecResult, error) {
 		k++
 		id := fmt.Sprintf("%s.l%d.x%d", r.key, n, k)
-		if _, err := launch(ctx, dc, sandboxapi.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
+		if _, err := startLaunch(ctx, dc, sandboxapi.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
 			TimeoutMS: time.Minute.Milliseconds()}); err != nil {
 			if isAdmissionClosed(err) {
 				return ExecResult{}, errAdmissionClosed
