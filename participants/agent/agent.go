@@ -189,7 +189,8 @@ func (a *Agent) Member() *member.Member { return a.member }
 
 // Run runs the member, the ack subscription and the run service until ctx
 // ends or the member is superseded or replaced. Rollouts in flight are
-// left as a crash leaves them: a restore continues them.
+// left as a crash leaves them: a restore continues them. Run returns once
+// every goroutine it or a rollout started has ended.
 func (a *Agent) Run(ctx context.Context) error {
 	if err := a.acks.subscribe(a.nc); err != nil {
 		return fmt.Errorf("agent: subscribe to sandbox acks: %w", err)
@@ -197,10 +198,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.acks.close()
 	g, gctx := errgroup.WithContext(ctx)
 	a.mu.Lock()
-	a.ctx = gctx
+	// Runs do not end with gctx, whose cause would read as a cancel (and
+	// have the cleanup rule kill their launches): shutdown ends them, as a
+	// crash would, or their caller, a retire or a park does.
+	a.ctx = context.WithoutCancel(gctx)
 	a.mu.Unlock()
 	svc, err := a.serve(gctx)
 	if err != nil {
+		a.shutdown()
 		return err
 	}
 	g.Go(func() error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -117,10 +118,12 @@ type receiptResult struct {
 }
 
 // watchReceipt waits for the launch's end in bounded waits, so that no
-// request holds the daemon's endpoint past its caller.
-func (a *Agent) watchReceipt(ctx context.Context, dc Sandbox, id string) <-chan receiptResult {
+// request holds the daemon's endpoint past its caller. The wait runs on a
+// goroutine of wg until ctx ends or the receipt is sent (at most one, and
+// the channel holds it): the caller cancels ctx and waits for wg.
+func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox, id string) <-chan receiptResult {
 	ch := make(chan receiptResult, 1)
-	go func() {
+	wg.Go(func() {
 		var lost time.Time
 		for {
 			cctx, cancel := context.WithTimeout(ctx, a.cfg.ReceiptWait+10*time.Second)
@@ -155,15 +158,18 @@ func (a *Agent) watchReceipt(ctx context.Context, dc Sandbox, id string) <-chan 
 			case <-time.After(time.Second):
 			}
 		}
-	}()
+	})
 	return ch
 }
 
 // waitLaunch waits for the launch to end, parking it at each checkpoint.
+// Its receipt watcher has stopped when it returns.
 func (a *Agent) waitLaunch(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox, id string) (agentapi.Bookmark, error) {
+	var watcher sync.WaitGroup
+	defer watcher.Wait()
 	ctx, cancel := context.WithCancel(r.ctx)
-	defer cancel()
-	receipts := a.watchReceipt(ctx, dc, id)
+	defer cancel() // before the Wait above: the watcher ends with ctx
+	receipts := a.watchReceipt(ctx, &watcher, dc, id)
 	for {
 		select {
 		case res := <-receipts:
