@@ -11,20 +11,20 @@ import (
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
-	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 )
 
 // agentRecords reads the bookmarks agent name exported in checkpoint.
-func (f *fleet) agentRecords(ctx context.Context, checkpoint, name string) map[string]agent.Bookmark {
+func (f *fleet) agentRecords(ctx context.Context, checkpoint, name string) map[string]agentapi.Bookmark {
 	f.t.Helper()
 	_, recs, err := member.ReadRecords(ctx, f.env.Bus.Manifests, f.env.Bus.Records, f.run, checkpoint, events.Member("agent."+name), nil)
 	if err != nil {
 		f.t.Fatalf("records of agent.%s in %s: %v", name, checkpoint, err)
 	}
-	out := map[string]agent.Bookmark{}
+	out := map[string]agentapi.Bookmark{}
 	for _, r := range recs {
-		bm, err := agent.DecodeBookmark(r.Data)
+		bm, err := agentapi.DecodeBookmark(r.Data)
 		if err != nil {
 			f.t.Fatalf("record %s: %v", r.Key, err)
 		}
@@ -33,7 +33,7 @@ func (f *fleet) agentRecords(ctx context.Context, checkpoint, name string) map[s
 	return out
 }
 
-func reward(t testing.TB, res agent.Result) float64 {
+func reward(t testing.TB, res agentapi.Result) float64 {
 	t.Helper()
 	var v tasks.Verdict
 	if err := json.Unmarshal(res.Verdict, &v); err != nil {
@@ -63,7 +63,7 @@ func TestPausedLaunchContinuesInPlace(t *testing.T) {
 			t.Fatalf("%s continued %v", id, res.Continued)
 		}
 		bm := f.agentRecords(ctx, id, "a1")[tasks.ID(0)]
-		if bm.Next != agent.StageHarness || !bm.Resume || len(bm.Launches) != 1 {
+		if bm.Next != agentapi.StageLaunch || !bm.Resume || len(bm.Launches) != 1 {
 			t.Fatalf("%s: exported bookmark next %s resume %v launches %+v", id, bm.Next, bm.Resume, bm.Launches)
 		}
 	}
@@ -72,7 +72,7 @@ func TestPausedLaunchContinuesInPlace(t *testing.T) {
 		t.Fatalf("rollout: %v", o.err)
 	}
 	reward(t, o.res)
-	if len(o.res.Launches) != 1 || o.res.Launches[0].Pauses != 2 || o.res.Launches[0].Ended != agent.LaunchFinished {
+	if len(o.res.Launches) != 1 || o.res.Launches[0].Pauses != 2 || o.res.Launches[0].Ended != agentapi.LaunchFinished {
 		t.Fatalf("launch log %+v, want one finished launch paused twice", o.res.Launches)
 	}
 	if r := f.ms.Repeats(); len(r) != 0 {
@@ -204,10 +204,10 @@ func TestQueuedRunExportedAtSeed(t *testing.T) {
 	f.waitCalls(1, 3)
 	f.checkpoint(ctx, "c1")
 	recs := f.agentRecords(ctx, "c1", "a1")
-	if bm := recs[tasks.ID(1)]; bm.Next != agent.StageSeed {
+	if bm := recs[tasks.ID(1)]; bm.Next != agentapi.StageSeed {
 		t.Fatalf("the queued rollout was exported at %q, want seed", bm.Next)
 	}
-	if bm := recs[tasks.ID(0)]; bm.Next != agent.StageHarness || !bm.Resume {
+	if bm := recs[tasks.ID(0)]; bm.Next != agentapi.StageLaunch || !bm.Resume {
 		t.Fatalf("the running rollout was exported at %q resume %v", bm.Next, bm.Resume)
 	}
 	for _, ch := range []<-chan outcome{a, b} {
@@ -234,7 +234,7 @@ func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 	f.waitCalls(1, 3)
 	f.checkpoint(ctx, "c1")
 	bm := f.agentRecords(ctx, "c1", "a1")[tasks.ID(0)]
-	if bm.Next != agent.StageHarness || !bm.Resume || len(bm.Launches) != 1 || bm.Launches[0].Ended != agent.LaunchInterrupted {
+	if bm.Next != agentapi.StageLaunch || !bm.Resume || len(bm.Launches) != 1 || bm.Launches[0].Ended != agentapi.LaunchInterrupted {
 		t.Fatalf("exported bookmark %s resume %v launches %+v", bm.Next, bm.Resume, bm.Launches)
 	}
 	o := <-out
@@ -243,7 +243,7 @@ func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 	}
 	reward(t, o.res)
 	l := o.res.Launches
-	if len(l) != 2 || l[0].Ended != agent.LaunchInterrupted || l[0].Pauses != 0 || !l[1].Continued || l[1].Ended != agent.LaunchFinished {
+	if len(l) != 2 || l[0].Ended != agentapi.LaunchInterrupted || l[0].Pauses != 0 || !l[1].Continued || l[1].Ended != agentapi.LaunchFinished {
 		t.Fatalf("launch log %+v: want one interrupted launch, then one that continued the session", l)
 	}
 	f.checkLedger(time.Time{})
@@ -262,7 +262,7 @@ func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
 	defer cancel()
 	var (
 		mu      sync.Mutex
-		results = map[string][]agent.Result{}
+		results = map[string][]agentapi.Result{}
 	)
 	collect := func(i int, ch <-chan outcome, crashed <-chan struct{}) {
 		o := <-ch

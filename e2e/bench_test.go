@@ -15,7 +15,7 @@ import (
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
-	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 )
 
@@ -117,7 +117,7 @@ func BenchmarkCheckpoint64LiveRollouts(b *testing.B) {
 			b.Fatalf("%s: verdict %s", tasks.ID(i), o.res.Verdict)
 		}
 		l := o.res.Launches
-		if len(l) != 1 || l[0].Pauses != benchRounds || l[0].Ended != agent.LaunchFinished {
+		if len(l) != 1 || l[0].Pauses != benchRounds || l[0].Ended != agentapi.LaunchFinished {
 			b.Fatalf("%s: launch log %+v, want one finished launch paused %d times", tasks.ID(i), l, benchRounds)
 		}
 	}
@@ -312,11 +312,11 @@ func (f *benchFleet) checkMidTool(ctx context.Context, checkpoint string) {
 			f.t.Fatalf("records of agent.%s in %s: %v", a, checkpoint, err)
 		}
 		for _, r := range recs {
-			bm, err := agent.DecodeBookmark(r.Data)
+			bm, err := agentapi.DecodeBookmark(r.Data)
 			if err != nil {
 				f.t.Fatalf("record %s: %v", r.Key, err)
 			}
-			if bm.Next != agent.StageHarness || !bm.Resume || len(bm.Launches) != 1 {
+			if bm.Next != agentapi.StageLaunch || !bm.Resume || len(bm.Launches) != 1 {
 				f.t.Fatalf("%s: %s exported at %s resume %v launches %+v: not paused mid-tool", checkpoint, r.Key, bm.Next, bm.Resume, bm.Launches)
 			}
 			n++

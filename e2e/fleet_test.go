@@ -24,7 +24,7 @@ import (
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
-	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
 
 // bins are the binaries the end-to-end tests run as processes, built once
@@ -239,8 +239,8 @@ func (f *fleet) reapLeftovers() {
 }
 
 // client returns the client of agent name.
-func (f *fleet) client(name string) *agent.Client {
-	c, err := agent.NewClient(f.env.Conn, f.run, name)
+func (f *fleet) client(name string) *agentapi.Client {
+	c, err := agentapi.NewClient(f.env.Conn, f.run, name)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -251,7 +251,7 @@ func (f *fleet) client(name string) *agent.Client {
 func (f *fleet) agentOf(i int) string { return f.agents[i%len(f.agents)] }
 
 type outcome struct {
-	res agent.Result
+	res agentapi.Result
 	err error
 }
 
@@ -261,7 +261,7 @@ func (f *fleet) dispatch(ctx context.Context, i, attempt int) <-chan outcome {
 	ch := make(chan outcome, 1)
 	c := f.client(f.agentOf(i))
 	go func() {
-		res, err := c.Rollout(ctx, agent.Request{RolloutID: f.tasks[i].RolloutID, Attempt: attempt, Task: f.tasks[i].Task})
+		res, err := c.Rollout(ctx, agentapi.Request{RolloutID: f.tasks[i].RolloutID, Attempt: attempt, Task: f.tasks[i].Task})
 		ch <- outcome{res, err}
 	}()
 	return ch
@@ -283,6 +283,6 @@ func (f *fleet) checkpoint(ctx context.Context, id string) *bridge.CheckpointRes
 }
 
 func isParkedOrStopping(err error) bool {
-	var se *agent.ServiceError
+	var se *agentapi.ServiceError
 	return errors.As(err, &se) && (se.Code == "parked" || se.Code == "stopping")
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
-	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 
 	"encoding/json"
 )
@@ -123,8 +123,8 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	})
 	sandbox := events.Member("sandbox." + info.SandboxID)
 	membertest.WaitRegistered(t, env, run, sandbox, nil)
-	dc, _ := daemon.NewClient(env.Conn, run, info.SandboxID)
-	if _, err := dc.Launch(ctx, daemon.LaunchRequest{LaunchID: "l1", Episode: "r1", Dir: "/work",
+	dc, _ := sandboxapi.NewClient(env.Conn, run, info.SandboxID)
+	if _, err := dc.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: "l1", Episode: "r1", Dir: "/work",
 		Command: "i=0; while :; do i=$((i+1)); echo line-$i >> /work/out; sleep 0.01; done"}); err != nil {
 		t.Fatalf("launch through sandboxd: %v", err)
 	}

@@ -148,12 +148,16 @@ func (h *AckHeader) Fail(code, detail string) {
 	h.Error = &AckError{Code: code, Detail: detail}
 }
 
-// PauseReport is what a sandbox daemon reports when it pauses or continues
-// its launch (PROTOCOL §6).
+// PauseReport is what a sandbox daemon's prepare or resume ack carries
+// (PROTOCOL §6): the summary over every launch it paused at the prepare or
+// continued at the resume. The daemon folds it from the result of each
+// launch's pause or continue (sandboxapi.PauseResult): mode, identity, wall
+// and uptime of the first, the highest pause number, sums of the counts
+// and times, the first pids, and each launch's fallback.
 type PauseReport struct {
 	// Mode is freeze, stop or hold.
 	Mode string `json:"mode"`
-	// PauseSeq counts the pauses of the launch.
+	// PauseSeq is the highest pause number of the launches (pause N).
 	PauseSeq int `json:"pause_seq"`
 	// Identity is the supervisor's pid and start time, "<pid>:<start>".
 	Identity string `json:"identity"`
@@ -166,8 +170,9 @@ type PauseReport struct {
 	PIDs     []int `json:"pids,omitempty"`
 	// Pending lists holdouts, "<pid>:D" for a process in state D.
 	Pending []string `json:"pending,omitempty"`
-	// Fallback is set when the pause could not be confirmed and the launch
-	// falls back to stop and relaunch; it says why.
+	// Fallback is set when a launch's pause could not be confirmed and it
+	// falls back to stop and relaunch; it says why, "<launch>: <why>" for
+	// each such launch.
 	Fallback string `json:"fallback,omitempty"`
 	// TookMS is how long the pause or continue took.
 	TookMS float64 `json:"took_ms"`
@@ -186,7 +191,7 @@ type PrepareAck struct {
 	Restarts []string `json:"restarts,omitempty"`
 	// Counts are the member's own tallies (runs parked, sessions held, ...).
 	Counts map[string]int `json:"counts,omitempty"`
-	// Pause is set by a sandbox daemon.
+	// Pause is set by a sandbox daemon that paused launches.
 	Pause *PauseReport `json:"pause,omitempty"`
 }
 
@@ -370,7 +375,7 @@ func (a CommitAck) route() route { return a.ackRoute(PhaseCommit) }
 // ResumeAck answers a resume.
 type ResumeAck struct {
 	AckHeader
-	// Pause is set by a sandbox daemon that continued its launch.
+	// Pause is set by a sandbox daemon that continued launches.
 	Pause *PauseReport `json:"pause,omitempty"`
 }
 

@@ -353,3 +353,17 @@ func TestServiceSubject(t *testing.T) {
 		}
 	}
 }
+
+// Sentinels name their package; a FieldError names it once, then the field
+// and the class.
+func TestSentinelsNameThePackage(t *testing.T) {
+	for _, err := range []error{ErrInvalid, ErrUnknownType, ErrUnknownVersion, ErrTooLarge, ErrMalformed, ErrMismatch} {
+		if !strings.HasPrefix(err.Error(), "events: ") {
+			t.Errorf("%q does not name the package", err)
+		}
+	}
+	err := ValidateRun("a b")
+	if !errors.Is(err, ErrInvalid) || strings.Count(err.Error(), "events: ") != 1 || !strings.HasPrefix(err.Error(), "events: run: invalid: ") {
+		t.Errorf("ValidateRun: %q, want events: run: invalid: ...", err)
+	}
+}

@@ -23,7 +23,7 @@ const MaxRequestBody = 1 << 20
 
 // ErrBadRequest is wrapped by DecodeRequest for a body that is not the
 // JSON object expected.
-var ErrBadRequest = errors.New("bad request")
+var ErrBadRequest = errors.New("jetstream: bad request")
 
 // ServiceError is the error a service endpoint answers with: an HTTP-like
 // status (400, 404, 409, 422, 500), a snake_case code and a detail.

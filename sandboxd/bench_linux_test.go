@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // The benchmarks pause and continue real process trees: flat (a dash
@@ -142,8 +144,8 @@ var benchSizes = []int{100, 1000, 2400}
 func BenchmarkPause(b *testing.B) {
 	modes := []struct {
 		name string
-		mode Mode
-	}{{"freeze", ModeFreeze}, {"stop", ModeStop}, {"scan", modeScan}}
+		mode sandboxapi.Mode
+	}{{"freeze", sandboxapi.ModeFreeze}, {"stop", sandboxapi.ModeStop}, {"scan", modeScan}}
 	for _, shape := range []string{"flat", "nested"} {
 		for _, n := range benchSizes {
 			tr := &benchTree{shape: shape, n: n}
@@ -158,7 +160,7 @@ func BenchmarkPause(b *testing.B) {
 	}
 }
 
-func benchPauseLoop(b *testing.B, s *Supervisor, id string, mode Mode) {
+func benchPauseLoop(b *testing.B, s *Supervisor, id string, mode sandboxapi.Mode) {
 	ctx := context.Background()
 	var pause, cont time.Duration
 	var pids int

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // Defaults of Config (PROTOCOL §6 and reference/nemo-gym-protocol.md §7).
@@ -44,7 +46,7 @@ type Config struct {
 	Logger zerolog.Logger
 	// Mode is the default pause mode of launches whose Spec names none
 	// (default: freeze where the host allows it, else stop).
-	Mode Mode
+	Mode sandboxapi.Mode
 	// CgroupRoot is the cgroup v2 directory under which each launch gets
 	// its cgroup launch-<id> (default: <the supervisor's cgroup>/
 	// stillpoint-sandboxd, created if missing). A root that cannot be
@@ -112,7 +114,7 @@ func (c Config) Validate() error {
 	if c.StateDir == "" {
 		errs = append(errs, fmt.Errorf("%w: Config.StateDir is required", ErrInvalidConfig))
 	}
-	if c.Mode > ModeHold {
+	if c.Mode > sandboxapi.ModeHold {
 		errs = append(errs, fmt.Errorf("%w: Config.Mode: %v", ErrInvalidConfig, c.Mode))
 	}
 	if c.CgroupRoot != "" && !filepath.IsAbs(c.CgroupRoot) {

@@ -1,8 +1,8 @@
 // Package sandboxd is the process-supervision core of the in-sandbox daemon
-// (PROTOCOL.md §6): it launches the agent harness, finds every process the
-// launch starts, pauses and continues them, stops them, and records what
-// happened, so that a checkpoint can hold a sandbox still and nothing of a
-// launch is ever lost or left behind. The bus member that subscribes to
+// (PROTOCOL.md §6): it launches the agent's harness (or any command), finds
+// every process the launch starts, pauses and continues them, stops them,
+// and records what happened, so that a checkpoint can hold a sandbox still
+// and nothing of a launch is ever lost or left behind. The bus member that subscribes to
 // phases and acks them is built on top of it.
 //
 // # Shape
@@ -13,21 +13,29 @@
 // previous supervisor left (ErrSupervisorRestarted). While Run runs:
 //
 //	rec, err := sup.Launch(ctx, sandboxd.Spec{ID: "r1", Command: "opencode run ..."})
-//	rep, err := sup.Pause(ctx, "r1", sandboxd.ModeDefault) // PauseReport for the ack
-//	rep, err = sup.Continue(ctx, "r1")
-//	rc, err := sup.Stop(ctx, "r1")                           // or Cancel, or Wait
+//	res, err := sup.Pause(ctx, "r1", sandboxapi.ModeDefault) // a sandboxapi.PauseResult
+//	res, err = sup.Continue(ctx, "r1")
+//	rc, err := sup.Stop(ctx, "r1") // or Cancel, or Wait
 //
 // Each launch has a driver goroutine that owns its Machine, a pure state
 // machine (Step(now, input) -> effects; no I/O, no clock) in the manner of
 // etcd's raft: pending -> held | running; running <-> paused; running |
-// paused -> stopping -> ended. Requests, the harness's exit and timers are
+// paused -> stopping -> ended. Requests, the process's exit and timers are
 // its inputs; the driver carries out the effects (spawn, pause, continue,
 // SIGINT, kill, cleanup, persist). Every operation on a launch is
 // serialised on its driver.
 //
+// The launch record, its receipt, the pause result and the enums they
+// carry (Mode, State, Outcome, StopReason, Identity) are the wire types of
+// package sandboxapi: the supervisor keeps them on disk, the daemon
+// (package sandboxd/daemon) serves them, and an agent reads them without
+// building the supervisor. The Machine that moves a launch through the
+// states stays here.
+//
 // # The rules it keeps
 //
-//  1. Launching. The harness runs as /bin/sh -c Command (or Argv) in a new
+//  1. Launching. A launch's process (its root: the harness when an agent
+//     launches one) runs as /bin/sh -c Command (or Argv) in a new
 //     session and process group, with STILLPOINT_LAUNCH=<id> added to its
 //     environment, stdin from /dev/null, stdout and stderr appended to
 //     <state>/<id>/output.log. Where freeze is available it is started
@@ -47,7 +55,7 @@
 //  3. Records. <state>/<id>/record.json holds the launch: id, command, start,
 //     the supervisor's Identity (pid and start time, so a restarted
 //     supervisor is told apart), state, pauses (count, sequence, paused
-//     time), and once it has ended its Receipt: the harness's own exit code
+//     time), and once it has ended its Receipt: the process's own exit code
 //     or signal, outcome finished | interrupted | failed, and whether the
 //     cleanup was confirmed. It is replaced atomically; the final one is
 //     fsynced. A stop file (<state>/<id>/stop) keeps a launch that has not
@@ -58,12 +66,12 @@
 //     whatever is still found, until none is: cgroup.kill and "populated 0"
 //     with a cgroup, then the tree, then the host scan. A paused launch is
 //     killed at once (SIGKILL works on stopped and cgroup-frozen tasks);
-//     Cancel skips the grace. When the harness exits by itself, whatever it
+//     Cancel skips the grace. When the process exits by itself, whatever it
 //     left is killed the same way.
 //  5. Deadlines. Spec.Timeout counts running time only: the deadline is
 //     start + Timeout + time paused; when it passes, the launch is stopped
 //     and its receipt says TimedOut.
-//  6. Pausing. Every pause and continue returns a PauseReport: mode,
+//  6. Pausing. Every pause and continue returns a PauseResult: mode,
 //     pause_seq, identity, wall clock, uptime (CLOCK_BOOTTIME), the pids,
 //     the processes counted paused in D, and on failure the Fallback.
 //     ModeFreeze writes 1 to cgroup.freeze and waits for "frozen 1"

@@ -21,7 +21,7 @@ var (
 	ErrNotEnded = errors.New("sandboxd: launch has not ended")
 	// ErrUnconfirmed is returned by Pause when the pause could not be
 	// confirmed in time. Whatever it stopped or froze has been continued
-	// again, the launch is running, and the PauseReport's Fallback says
+	// again, the launch is running, and the PauseResult's Fallback says
 	// why; the caller falls back to stop and relaunch (PROTOCOL §6).
 	ErrUnconfirmed = errors.New("sandboxd: pause not confirmed")
 	// ErrContinueFailed is returned by Continue when a paused launch could

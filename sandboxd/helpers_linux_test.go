@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // Binaries the tests build before any supervisor starts: once a supervisor
@@ -352,7 +354,7 @@ func findComm(t testing.TB, s *Supervisor, id, comm string) int {
 }
 
 // mustLaunch launches and fails the test on error.
-func mustLaunch(t testing.TB, s *Supervisor, spec Spec) Record {
+func mustLaunch(t testing.TB, s *Supervisor, spec Spec) sandboxapi.Record {
 	t.Helper()
 	rec, err := s.Launch(context.Background(), spec)
 	if err != nil {
@@ -371,9 +373,9 @@ func ctxT(t testing.TB) context.Context {
 // configuration that goes with it.
 var pauseModes = []struct {
 	name string
-	mode Mode
+	mode sandboxapi.Mode
 	cfg  Config
 }{
-	{"freeze", ModeFreeze, Config{Mode: ModeFreeze}},
-	{"stop", ModeStop, Config{Mode: ModeStop, NoCgroup: true}},
+	{"freeze", sandboxapi.ModeFreeze, Config{Mode: sandboxapi.ModeFreeze}},
+	{"stop", sandboxapi.ModeStop, Config{Mode: sandboxapi.ModeStop, NoCgroup: true}},
 }

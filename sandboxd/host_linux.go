@@ -15,12 +15,14 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // linuxHost is the Linux host: /proc, pidfds, signals, cgroup v2.
 type linuxHost struct {
 	log     zerolog.Logger
-	self    Identity
+	self    sandboxapi.Identity
 	selfPID int
 	cgRoot  string // where launch cgroups go; "" when freeze is unavailable
 	cgMade  bool   // the root is the default subtree (removed when empty)
@@ -46,18 +48,18 @@ func newHost(cfg Config, log zerolog.Logger) (host, error) {
 	return h, nil
 }
 
-func (h *linuxHost) identity() Identity { return h.self }
-func (h *linuxHost) uptime() float64    { return uptime() }
+func (h *linuxHost) identity() sandboxapi.Identity { return h.self }
+func (h *linuxHost) uptime() float64               { return uptime() }
 func (h *linuxHost) acquireReaper() error {
 	return acquireReaper()
 }
 func (h *linuxHost) releaseReaper() { releaseReaper() }
 
-func (h *linuxHost) modes() []Mode {
+func (h *linuxHost) modes() []sandboxapi.Mode {
 	if h.cgRoot != "" {
-		return []Mode{ModeFreeze, ModeStop, ModeHold}
+		return []sandboxapi.Mode{sandboxapi.ModeFreeze, sandboxapi.ModeStop, sandboxapi.ModeHold}
 	}
-	return []Mode{ModeStop, ModeHold}
+	return []sandboxapi.Mode{sandboxapi.ModeStop, sandboxapi.ModeHold}
 }
 
 // close removes the default cgroup subtree if nothing else uses it.
@@ -347,18 +349,18 @@ func (l *linuxLaunch) remember(ps []*proc) {
 
 // pause pauses the launch in mode freeze or stop (or scan, the benchmark
 // baseline). An unconfirmed pause has been undone when it returns.
-func (l *linuxLaunch) pause(ctx context.Context, mode Mode, o pauseOpts) (pauseOutcome, error) {
+func (l *linuxLaunch) pause(ctx context.Context, mode sandboxapi.Mode, o pauseOpts) (pauseOutcome, error) {
 	if l.exitedNow() {
 		return pauseOutcome{ended: true}, nil
 	}
 	var out pauseOutcome
 	switch mode {
-	case ModeFreeze:
+	case sandboxapi.ModeFreeze:
 		if l.cg == nil {
 			return out, ErrModeUnavailable
 		}
 		out = l.freeze(ctx, o)
-	case ModeStop, modeScan:
+	case sandboxapi.ModeStop, modeScan:
 		walk := walkStop
 		if mode == modeScan {
 			walk = scanStop
@@ -481,14 +483,14 @@ func (c *cgroup) threadsInD() []string {
 
 // resume undoes a pause: thaw, or SIGCONT bottom-up to what the walk
 // stopped.
-func (l *linuxLaunch) resume(_ context.Context, mode Mode, p *pauseOutcome, _ time.Duration) (int, error) {
+func (l *linuxLaunch) resume(_ context.Context, mode sandboxapi.Mode, p *pauseOutcome, _ time.Duration) (int, error) {
 	switch mode {
-	case ModeFreeze:
+	case sandboxapi.ModeFreeze:
 		if err := l.thaw(); err != nil {
 			return 0, err
 		}
 		return p.count, nil
-	case ModeStop, modeScan:
+	case sandboxapi.ModeStop, modeScan:
 		set, _ := p.undo.(*stopSet)
 		if set == nil {
 			return 0, nil
@@ -581,7 +583,7 @@ func (l *linuxLaunch) release() error {
 // recoverLaunch kills what is left of a launch of a previous supervisor:
 // its cgroup, then its harness and every process with its tag or in its
 // session. True when nothing was left.
-func (h *linuxHost) recoverLaunch(ctx context.Context, rec Record, timeout time.Duration) bool {
+func (h *linuxHost) recoverLaunch(ctx context.Context, rec sandboxapi.Record, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	ok := true
 	if rec.Cgroup != "" {
@@ -605,7 +607,7 @@ func (h *linuxHost) recoverLaunch(ctx context.Context, rec Record, timeout time.
 	// its session are gone, its pid (and so a session id) may name someone
 	// else's.
 	m := launchMark{tag: []byte(EnvTag + "=" + rec.ID)}
-	if (Identity{PID: rec.PID, Start: rec.PIDStart}).Alive() {
+	if Alive(sandboxapi.Identity{PID: rec.PID, Start: rec.PIDStart}) {
 		m.rootPID, m.rootStart = rec.PID, rec.PIDStart
 	}
 	return killMarked(ctx, m, deadline) && ok

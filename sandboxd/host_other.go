@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // newHost fails off Linux: the supervisor needs /proc, pidfds, a child
@@ -16,7 +18,9 @@ func newHost(Config, zerolog.Logger) (host, error) {
 }
 
 // IdentityOf returns errors.ErrUnsupported off Linux.
-func IdentityOf(int) (Identity, error) { return Identity{}, errors.ErrUnsupported }
+func IdentityOf(int) (sandboxapi.Identity, error) {
+	return sandboxapi.Identity{}, errors.ErrUnsupported
+}
 
 // Alive reports false off Linux.
-func (i Identity) Alive() bool { return false }
+func Alive(sandboxapi.Identity) bool { return false }

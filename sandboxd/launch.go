@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // errFinished is returned by launch.call once the launch's driver has
@@ -30,16 +32,16 @@ const (
 // command is a request to a launch's driver.
 type command struct {
 	kind   cmdKind
-	mode   Mode
-	reason StopReason
+	mode   sandboxapi.Mode
+	reason sandboxapi.StopReason
 	grace  time.Duration
 	ctx    context.Context
 	reply  chan result
 }
 
 type result struct {
-	report PauseReport
-	err    error
+	pause sandboxapi.PauseResult
+	err   error
 }
 
 // launch is the driver of one launch: a goroutine that owns the launch's
@@ -50,7 +52,7 @@ type launch struct {
 	id   string
 	dir  string
 	spec Spec
-	mode Mode
+	mode sandboxapi.Mode
 	log  zerolog.Logger
 	m    *Machine
 
@@ -70,13 +72,13 @@ type launch struct {
 	lastOut     pauseOutcome
 	lastErr     error
 	lastResumed int
-	lastReport  PauseReport
+	lastPause   sandboxapi.PauseResult
 
 	mu  sync.Mutex // guards rec, read by other goroutines
-	rec Record
+	rec sandboxapi.Record
 }
 
-func newLaunch(s *Supervisor, spec Spec, mode Mode, dir string) *launch {
+func newLaunch(s *Supervisor, spec Spec, mode sandboxapi.Mode, dir string) *launch {
 	argv := spec.Argv
 	if spec.Command != "" {
 		argv = []string{"/bin/sh", "-c", spec.Command}
@@ -89,16 +91,16 @@ func newLaunch(s *Supervisor, spec Spec, mode Mode, dir string) *launch {
 		cmds: make(chan command), done: make(chan struct{}),
 	}
 	l.spec.Argv = argv
-	l.rec = Record{
+	l.rec = sandboxapi.Record{
 		V: recordVersion, ID: spec.ID, Command: spec.Command, Argv: argv, Dir: spec.Dir,
-		Created: now, Supervisor: s.self, State: StatePending, Mode: mode,
+		Created: now, Supervisor: s.self, State: sandboxapi.StatePending, Mode: mode,
 		Output: filepath.Join(dir, OutputFile), Timeout: spec.Timeout, Updated: now,
 	}
 	return l
 }
 
 // record returns a copy of the launch's current record.
-func (l *launch) record() Record {
+func (l *launch) record() sandboxapi.Record {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r := l.rec
@@ -123,7 +125,7 @@ func (l *launch) call(ctx context.Context, c command) (result, error) {
 	case l.cmds <- c:
 	case <-l.done:
 		if c.kind == cmdPause || c.kind == cmdContinue {
-			return result{report: l.endedReport(c.kind)}, nil
+			return result{pause: l.endedPause(c.kind)}, nil
 		}
 		return result{}, errFinished
 	case <-ctx.Done():
@@ -137,13 +139,13 @@ func (l *launch) call(ctx context.Context, c command) (result, error) {
 	}
 }
 
-func (l *launch) endedReport(k cmdKind) PauseReport {
+func (l *launch) endedPause(k cmdKind) sandboxapi.PauseResult {
 	op := "pause"
 	if k == cmdContinue {
 		op = "continue"
 	}
 	rec := l.record()
-	rep := l.s.newReport(l.id, op, rec.Pauses.Mode)
+	rep := l.s.newPauseResult(l.id, op, rec.Pauses.Mode)
 	rep.State, rep.PauseSeq = rec.State, rec.Pauses.Seq
 	return rep
 }
@@ -183,7 +185,7 @@ func (l *launch) run() {
 		case <-closing:
 			closing = nil
 			l.stopping = true
-			l.step(context.Background(), StopAsked{Reason: StopShutdown, Grace: l.s.cfg.Grace})
+			l.step(context.Background(), StopAsked{Reason: sandboxapi.StopShutdown, Grace: l.s.cfg.Grace})
 		}
 	}
 	for _, t := range []*time.Timer{l.timer, l.killRetry} {
@@ -213,11 +215,11 @@ func (l *launch) exited(ex exitInfo) {
 	if l.hl != nil {
 		l.hl.reaped()
 	}
-	l.log.Debug().Int("code", ex.code).Str("signal", ex.signal).Msg("harness exited")
+	l.log.Debug().Int("code", ex.code).Str("signal", ex.signal).Msg("process exited")
 	l.step(context.Background(), Exited{Code: ex.code, Signal: ex.signal})
 }
 
-// awaitExit waits for the exit of a harness known to have exited (a
+// awaitExit waits for the exit of a process known to have exited (a
 // zombie the reap loop is about to reap, or has reaped).
 func (l *launch) awaitExit() {
 	if l.exitC == nil {
@@ -229,7 +231,7 @@ func (l *launch) awaitExit() {
 	case ex := <-l.exitC:
 		l.exited(ex)
 	case <-t.C:
-		l.log.Error().Msg("harness exited but was not reaped in time")
+		l.log.Error().Msg("process exited but was not reaped in time")
 	}
 }
 
@@ -258,7 +260,7 @@ func (l *launch) apply(ctx context.Context, e Effect) {
 		o := pauseOpts{confirmBy: now.Add(cfg.ConfirmTimeout), pendingBy: now.Add(cfg.PendingTimeout)}
 		var out pauseOutcome
 		var err error
-		if e.Mode == ModeHold {
+		if e.Mode == sandboxapi.ModeHold {
 			out.confirmed = true
 		} else {
 			out, err = l.hl.pause(ctx, e.Mode, o)
@@ -268,7 +270,7 @@ func (l *launch) apply(ctx context.Context, e Effect) {
 	case DoContinue:
 		var n int
 		var err error
-		if e.Mode != ModeHold {
+		if e.Mode != sandboxapi.ModeHold {
 			n, err = l.hl.resume(ctx, e.Mode, &l.lastOut, cfg.ConfirmTimeout)
 		}
 		l.lastResumed, l.lastErr = n, err
@@ -320,7 +322,7 @@ func (l *launch) setTimer(at time.Time) {
 	l.timer.Reset(d)
 }
 
-// retryKill kills again a launch whose harness has not been reaped since
+// retryKill kills again a launch whose process has not been reaped since
 // the last kill; when the supervisor is shutting down it gives up after
 // three tries, recording the launch as ended with its cleanup unconfirmed.
 func (l *launch) retryKill() {
@@ -329,7 +331,7 @@ func (l *launch) retryKill() {
 		return
 	}
 	if l.stopping && l.killTries >= 3 {
-		l.log.Error().Int("tries", l.killTries).Msg("harness not reaped after repeated kills; giving up")
+		l.log.Error().Int("tries", l.killTries).Msg("process not reaped after repeated kills; giving up")
 		l.exitC = nil
 		l.step(context.Background(), Exited{Code: -1, Signal: "unreaped"})
 		return
@@ -339,21 +341,21 @@ func (l *launch) retryKill() {
 
 // checkHeld looks at the pause and stop files of a held launch.
 func (l *launch) checkHeld() {
-	if l.m.State() != StateHeld {
+	if l.m.State() != sandboxapi.StateHeld {
 		l.holdTick.Stop()
 		l.holdTick = nil
 		return
 	}
 	switch {
 	case fileExists(filepath.Join(l.dir, StopFileName)):
-		l.step(context.Background(), StopAsked{Reason: StopFile})
+		l.step(context.Background(), StopAsked{Reason: sandboxapi.StopFile})
 	case !fileExists(filepath.Join(l.dir, PauseFileName)):
 		l.step(context.Background(), ContinueAsked{})
 	}
 }
 
 func (l *launch) spawn() {
-	hasCgroup := slices.Contains(l.s.modes, ModeFreeze)
+	hasCgroup := slices.Contains(l.s.modes, sandboxapi.ModeFreeze)
 	hl, err := l.s.host.start(startSpec{
 		id: l.id, argv: l.spec.Argv, dir: l.spec.Dir, env: l.spec.Env,
 		output: filepath.Join(l.dir, OutputFile), cgroup: hasCgroup,
@@ -364,9 +366,9 @@ func (l *launch) spawn() {
 		return
 	}
 	l.hl, l.exitC = hl, hl.exits()
-	if l.mode == ModeFreeze && hl.cgroupDir() == "" {
+	if l.mode == sandboxapi.ModeFreeze && hl.cgroupDir() == "" {
 		l.log.Warn().Msg("launch runs without a cgroup: pausing in stop mode")
-		l.mode = ModeStop
+		l.mode = sandboxapi.ModeStop
 	}
 	l.log.Info().Int("pid", hl.pid()).Str("cgroup", hl.cgroupDir()).Stringer("mode", l.mode).Msg("launch started")
 	l.step(context.Background(), Spawned{})
@@ -385,16 +387,16 @@ func (l *launch) persist() {
 	if l.hl != nil {
 		rec.PID, rec.PIDStart, rec.Cgroup = l.hl.pid(), l.hl.pidStart(), l.hl.cgroupDir()
 	}
-	if rec.State == StateEnded {
+	if rec.State == sandboxapi.StateEnded {
 		out, code, sig, errText, timedOut := l.m.Result()
 		ended, _, confirmed := l.m.Ended()
-		rec.Receipt = &Receipt{
+		rec.Receipt = &sandboxapi.Receipt{
 			ID: l.id, Started: !rec.Started.IsZero(), ExitCode: code, Signal: sig, Outcome: out,
 			StopReason: l.m.StopReason(), TimedOut: timedOut, CleanupConfirmed: confirmed,
 			Error: errText, Ended: ended, Pauses: rec.Pauses, OutputTail: readTail(rec.Output, OutputTailBytes),
 		}
 	}
-	if err := writeRecord(l.dir, &rec, rec.State == StateEnded); err != nil {
+	if err := writeRecord(l.dir, &rec, rec.State == sandboxapi.StateEnded); err != nil {
 		l.log.Error().Err(err).Msg("persist launch record")
 	}
 	l.mu.Lock()
@@ -412,12 +414,12 @@ func (l *launch) handle(c command) {
 		c.reply <- result{err: err}
 	case cmdPause:
 		rep, err := l.pause(c)
-		c.reply <- result{report: rep, err: err}
+		c.reply <- result{pause: rep, err: err}
 	case cmdContinue:
 		rep, err := l.resume(c)
-		c.reply <- result{report: rep, err: err}
+		c.reply <- result{pause: rep, err: err}
 	case cmdStop:
-		if c.reason == StopCancelled && l.m.State() == StateRunning {
+		if c.reason == sandboxapi.StopCancelled && l.m.State() == sandboxapi.StateRunning {
 			l.log.Info().Msg("cancel: SIGKILL")
 		}
 		c.reply <- result{err: l.step(context.Background(), StopAsked{Reason: c.reason, Grace: c.grace})}
@@ -427,25 +429,25 @@ func (l *launch) handle(c command) {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // pause carries out a Pause request.
-func (l *launch) pause(c command) (PauseReport, error) {
+func (l *launch) pause(c command) (sandboxapi.PauseResult, error) {
 	mode := c.mode
-	if mode == ModeDefault {
+	if mode == sandboxapi.ModeDefault {
 		mode = l.mode
 	}
-	rep := l.s.newReport(l.id, "pause", mode)
-	if mode != modeScan && !slices.Contains(l.s.modes, mode) || mode == ModeFreeze && l.hl != nil && l.hl.cgroupDir() == "" {
+	rep := l.s.newPauseResult(l.id, "pause", mode)
+	if mode != modeScan && !slices.Contains(l.s.modes, mode) || mode == sandboxapi.ModeFreeze && l.hl != nil && l.hl.cgroupDir() == "" {
 		return rep, fmt.Errorf("%w: launch %s cannot pause in %s", ErrModeUnavailable, l.id, mode)
 	}
 	switch l.m.State() {
-	case StatePaused:
-		return l.lastReport, nil
-	case StateRunning:
+	case sandboxapi.StatePaused:
+		return l.lastPause, nil
+	case sandboxapi.StateRunning:
 		if l.hl.exitedNow() {
 			// It ended just before the pause: it keeps its result.
 			l.awaitExit()
 		}
 	}
-	if st := l.m.State(); st == StateEnded {
+	if st := l.m.State(); st == sandboxapi.StateEnded {
 		rep.State, rep.PauseSeq = st, l.m.Seq()
 		return rep, nil
 	}
@@ -468,13 +470,13 @@ func (l *launch) pause(c command) (PauseReport, error) {
 	}
 	rep.State, rep.PauseSeq = l.m.State(), l.m.Seq()
 	switch rep.State {
-	case StatePaused:
+	case sandboxapi.StatePaused:
 		rep.PIDCount, rep.PIDs, rep.Pending = l.lastOut.count, l.lastOut.pids, l.lastOut.pending
-		l.lastReport = rep
+		l.lastPause = rep
 		l.log.Info().Stringer("mode", mode).Int("seq", rep.PauseSeq).Int("pids", rep.PIDCount).
 			Strs("pending", rep.Pending).Float64("took_ms", rep.TookMS).Msg("paused")
 		return rep, nil
-	case StateRunning:
+	case sandboxapi.StateRunning:
 		rep.Fallback = l.lastOut.fallback
 		if l.lastErr != nil {
 			rep.Fallback = l.lastErr.Error()
@@ -487,21 +489,21 @@ func (l *launch) pause(c command) (PauseReport, error) {
 }
 
 // resume carries out a Continue request.
-func (l *launch) resume(c command) (PauseReport, error) {
+func (l *launch) resume(c command) (sandboxapi.PauseResult, error) {
 	start := time.Now()
-	rep := l.s.newReport(l.id, "continue", l.m.PauseMode())
+	rep := l.s.newPauseResult(l.id, "continue", l.m.PauseMode())
 	var err error
 	switch l.m.State() {
-	case StateHeld:
+	case sandboxapi.StateHeld:
 		if rerr := os.Remove(filepath.Join(l.dir, PauseFileName)); rerr != nil && !os.IsNotExist(rerr) {
 			return rep, rerr
 		}
 		if fileExists(filepath.Join(l.dir, StopFileName)) {
-			err = l.step(c.ctx, StopAsked{Reason: StopFile})
+			err = l.step(c.ctx, StopAsked{Reason: sandboxapi.StopFile})
 		} else {
 			err = l.step(c.ctx, ContinueAsked{})
 		}
-	case StatePaused:
+	case sandboxapi.StatePaused:
 		l.lastResumed, l.lastErr = 0, nil
 		err = l.step(c.ctx, ContinueAsked{})
 		if err == nil && l.lastErr != nil {

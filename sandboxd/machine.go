@@ -4,116 +4,28 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
-
-// State is a launch's lifecycle state.
-type State uint8
-
-// The launch states. Every transition the machine makes is listed in
-// successors; anything else is refused with ErrTransition.
-const (
-	// StatePending is a launch that was accepted and has not started.
-	StatePending State = iota
-	// StateHeld is a launch that a pause reached before it started (the
-	// pause file): it starts on continue, or never if a stop comes first.
-	StateHeld
-	// StateRunning is a launch whose harness runs.
-	StateRunning
-	// StatePaused is a launch paused in some mode, until continue.
-	StatePaused
-	// StateStopping is a launch being stopped: SIGINT sent and the grace
-	// running, or SIGKILL sent.
-	StateStopping
-	// StateEnded is a launch whose harness exited (or that never started);
-	// its receipt is final.
-	StateEnded
-)
-
-var stateNames = [...]string{"pending", "held", "running", "paused", "stopping", "ended"}
-
-// String returns the state's record name.
-func (s State) String() string {
-	if int(s) < len(stateNames) {
-		return stateNames[s]
-	}
-	return fmt.Sprintf("State(%d)", uint8(s))
-}
-
-// MarshalText implements encoding.TextMarshaler.
-func (s State) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
-
-// UnmarshalText implements encoding.TextUnmarshaler.
-func (s *State) UnmarshalText(b []byte) error {
-	i := slices.Index(stateNames[:], string(b))
-	if i < 0 {
-		return fmt.Errorf("sandboxd: unknown launch state %q", b)
-	}
-	*s = State(i)
-	return nil
-}
 
 // successors lists the legal transitions: pending -> held | running |
 // ended; held -> running | ended; running -> paused | stopping | ended;
 // paused -> running | stopping | ended; stopping -> ended.
-var successors = map[State][]State{
-	StatePending:  {StateHeld, StateRunning, StateEnded},
-	StateHeld:     {StateRunning, StateEnded},
-	StateRunning:  {StatePaused, StateStopping, StateEnded},
-	StatePaused:   {StateRunning, StateStopping, StateEnded},
-	StateStopping: {StateEnded},
+var successors = map[sandboxapi.State][]sandboxapi.State{
+	sandboxapi.StatePending:  {sandboxapi.StateHeld, sandboxapi.StateRunning, sandboxapi.StateEnded},
+	sandboxapi.StateHeld:     {sandboxapi.StateRunning, sandboxapi.StateEnded},
+	sandboxapi.StateRunning:  {sandboxapi.StatePaused, sandboxapi.StateStopping, sandboxapi.StateEnded},
+	sandboxapi.StatePaused:   {sandboxapi.StateRunning, sandboxapi.StateStopping, sandboxapi.StateEnded},
+	sandboxapi.StateStopping: {sandboxapi.StateEnded},
 }
 
 // CheckTransition returns nil if from -> to is a legal transition, else an
 // error wrapping ErrTransition that names both states.
-func CheckTransition(from, to State) error {
+func CheckTransition(from, to sandboxapi.State) error {
 	if slices.Contains(successors[from], to) {
 		return nil
 	}
 	return fmt.Errorf("%w from %s to %s", ErrTransition, from, to)
-}
-
-// StopReason is why a launch was stopped.
-type StopReason uint8
-
-// The stop reasons.
-const (
-	// StopNone: not stopped.
-	StopNone StopReason = iota
-	// StopRequested: Stop (SIGINT, grace, SIGKILL).
-	StopRequested
-	// StopCancelled: Cancel (SIGKILL at once).
-	StopCancelled
-	// StopDeadline: the launch's deadline passed (paused time excluded).
-	StopDeadline
-	// StopFile: the stop file was there before the launch started.
-	StopFile
-	// StopShutdown: the supervisor is shutting down.
-	StopShutdown
-	// StopContinueFailed: a paused launch could not be continued.
-	StopContinueFailed
-)
-
-var stopNames = [...]string{"", "stop", "cancel", "deadline", "stop-file", "shutdown", "continue-failed"}
-
-// String returns the reason's record name ("" for StopNone).
-func (r StopReason) String() string {
-	if int(r) < len(stopNames) {
-		return stopNames[r]
-	}
-	return fmt.Sprintf("StopReason(%d)", uint8(r))
-}
-
-// MarshalText implements encoding.TextMarshaler.
-func (r StopReason) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
-
-// UnmarshalText implements encoding.TextUnmarshaler.
-func (r *StopReason) UnmarshalText(b []byte) error {
-	i := slices.Index(stopNames[:], string(b))
-	if i < 0 {
-		return fmt.Errorf("sandboxd: unknown stop reason %q", b)
-	}
-	*r = StopReason(i)
-	return nil
 }
 
 // Input is something that happens to a launch: a request, the result of an
@@ -124,20 +36,20 @@ type Input interface{ input() }
 // which of the launch's files exist.
 type Begin struct{ StopFile, PauseFile bool }
 
-// Spawned reports that the harness started.
+// Spawned reports that the launch's process started.
 type Spawned struct{}
 
-// SpawnFailed reports that the harness could not start.
+// SpawnFailed reports that the launch's process could not start.
 type SpawnFailed struct{ Err string }
 
 // PauseAsked is a pause request in Mode (resolved: never ModeDefault).
-type PauseAsked struct{ Mode Mode }
+type PauseAsked struct{ Mode sandboxapi.Mode }
 
 // PauseDone reports a DoPause: confirmed, or fallen back (and undone),
-// or not attempted because the harness had already exited (Ended: its exit
+// or not attempted because the process had already exited (Ended: its exit
 // follows as Exited, and the launch keeps its result).
 type PauseDone struct {
-	Mode      Mode
+	Mode      sandboxapi.Mode
 	Confirmed bool
 	Ended     bool
 }
@@ -153,21 +65,21 @@ type ContinueDone struct{ OK bool }
 // running launch (Grace 0: SIGKILL at once); a paused launch is killed at
 // once, since it cannot act on SIGINT.
 type StopAsked struct {
-	Reason StopReason
+	Reason sandboxapi.StopReason
 	Grace  time.Duration
 }
 
 // Tick is the timer the last SetTimer asked for.
 type Tick struct{}
 
-// Exited reports the harness's end: its exit code, or the signal that
+// Exited reports the end of the launch's process: its exit code, or the signal that
 // killed it (Code -1).
 type Exited struct {
 	Code   int
 	Signal string
 }
 
-// CleanedUp reports the kill of whatever the harness left behind.
+// CleanedUp reports the kill of whatever the process left behind.
 type CleanedUp struct{ Confirmed bool }
 
 func (Begin) input()         {}
@@ -185,27 +97,27 @@ func (CleanedUp) input()     {}
 // Effect is something the driver must do for the machine, in order.
 type Effect interface{ effect() }
 
-// Spawn: start the harness, then feed Spawned or SpawnFailed.
+// Spawn: start the launch's process, then feed Spawned or SpawnFailed.
 type Spawn struct{}
 
 // DoPause: pause the launch in Mode as pause number Seq, then feed
 // PauseDone.
 type DoPause struct {
-	Mode Mode
+	Mode sandboxapi.Mode
 	Seq  int
 }
 
 // DoContinue: continue the pause made in Mode, then feed ContinueDone.
-type DoContinue struct{ Mode Mode }
+type DoContinue struct{ Mode sandboxapi.Mode }
 
 // Interrupt: send SIGINT to the launch's group and tree.
 type Interrupt struct{}
 
 // Kill: SIGKILL everything of the launch (cgroup.kill where it has one)
-// and confirm; the harness's exit then arrives as Exited.
+// and confirm; the process's exit then arrives as Exited.
 type Kill struct{}
 
-// Cleanup: kill whatever the harness left behind, then feed CleanedUp.
+// Cleanup: kill whatever the process left behind, then feed CleanedUp.
 type Cleanup struct{}
 
 // SetTimer: feed Tick at At (the zero time cancels the timer).
@@ -236,7 +148,7 @@ func (Done) effect()       {}
 // no clock. It keeps the pause count, the pause sequence, the paused time
 // (which never counts against the deadline) and how the launch ended.
 type Machine struct {
-	state   State
+	state   sandboxapi.State
 	timeout time.Duration
 	grace   time.Duration
 
@@ -245,15 +157,15 @@ type Machine struct {
 	pausedTotal time.Duration
 	pauses      int
 	seq         int
-	pauseMode   Mode
+	pauseMode   sandboxapi.Mode
 	fallbacks   int
 
-	stop     StopReason
+	stop     sandboxapi.StopReason
 	timedOut bool
 	graceAt  time.Time
 	killSent bool
 
-	outcome          Outcome
+	outcome          sandboxapi.Outcome
 	exitCode         int
 	signal           string
 	err              string
@@ -270,29 +182,29 @@ func NewMachine(timeout, grace time.Duration) *Machine {
 }
 
 // State returns the current state.
-func (m *Machine) State() State { return m.state }
+func (m *Machine) State() sandboxapi.State { return m.state }
 
 // Deadline returns when the launch's deadline passes, given the pauses so
 // far, and false when there is none (no timeout, not started, paused, or
 // stopping).
 func (m *Machine) Deadline() (time.Time, bool) {
-	if m.timeout <= 0 || m.state != StateRunning {
+	if m.timeout <= 0 || m.state != sandboxapi.StateRunning {
 		return time.Time{}, false
 	}
 	return m.started.Add(m.timeout + m.pausedTotal), true
 }
 
-// Started returns when the harness started, and false if it has not.
+// Started returns when the launch's process started, and false if it has not.
 func (m *Machine) Started() (time.Time, bool) { return m.started, !m.started.IsZero() }
 
 // Pauses returns the pause statistics, counting a pause in progress up to
 // now.
-func (m *Machine) Pauses(now time.Time) PauseStats {
+func (m *Machine) Pauses(now time.Time) sandboxapi.PauseStats {
 	total := m.pausedTotal
-	if m.state == StatePaused {
+	if m.state == sandboxapi.StatePaused {
 		total += now.Sub(m.pausedSince)
 	}
-	return PauseStats{
+	return sandboxapi.PauseStats{
 		Count: m.pauses, Seq: m.seq, Total: total, Since: m.pausedSince,
 		Mode: m.pauseMode, Fallbacks: m.fallbacks,
 	}
@@ -302,13 +214,13 @@ func (m *Machine) Pauses(now time.Time) PauseStats {
 func (m *Machine) Seq() int { return m.seq }
 
 // PauseMode returns the mode of the current (or last) pause.
-func (m *Machine) PauseMode() Mode { return m.pauseMode }
+func (m *Machine) PauseMode() sandboxapi.Mode { return m.pauseMode }
 
 // StopReason returns why the launch is being or was stopped.
-func (m *Machine) StopReason() StopReason { return m.stop }
+func (m *Machine) StopReason() sandboxapi.StopReason { return m.stop }
 
 // Result returns how the launch ended (OutcomeNone until it has).
-func (m *Machine) Result() (o Outcome, code int, signal, err string, timedOut bool) {
+func (m *Machine) Result() (o sandboxapi.Outcome, code int, signal, err string, timedOut bool) {
 	return m.outcome, m.exitCode, m.signal, m.err, m.timedOut
 }
 
@@ -318,7 +230,7 @@ func (m *Machine) Ended() (at time.Time, cleanupDone, confirmed bool) {
 	return m.ended, m.cleanupDone, m.cleanupConfirmed
 }
 
-func (m *Machine) to(s State) error {
+func (m *Machine) to(s sandboxapi.State) error {
 	if err := CheckTransition(m.state, s); err != nil {
 		return err
 	}
@@ -332,7 +244,7 @@ func (m *Machine) refuse(in Input) error {
 
 // creditPause ends the pause in progress, adding its time to the total.
 func (m *Machine) creditPause(now time.Time) {
-	if m.state == StatePaused && !m.pausedSince.IsZero() {
+	if m.state == sandboxapi.StatePaused && !m.pausedSince.IsZero() {
 		m.pausedTotal += now.Sub(m.pausedSince)
 	}
 	m.pausedSince = time.Time{}
@@ -343,26 +255,26 @@ func (m *Machine) timer() SetTimer {
 	if at, ok := m.Deadline(); ok {
 		return SetTimer{At: at}
 	}
-	if m.state == StateStopping && !m.killSent && !m.graceAt.IsZero() {
+	if m.state == sandboxapi.StateStopping && !m.killSent && !m.graceAt.IsZero() {
 		return SetTimer{At: m.graceAt}
 	}
 	return SetTimer{}
 }
 
-func (m *Machine) endUnstarted(now time.Time, r StopReason) ([]Effect, error) {
-	if err := m.to(StateEnded); err != nil {
+func (m *Machine) endUnstarted(now time.Time, r sandboxapi.StopReason) ([]Effect, error) {
+	if err := m.to(sandboxapi.StateEnded); err != nil {
 		return nil, err
 	}
-	m.stop, m.outcome, m.ended = r, OutcomeInterrupted, now
+	m.stop, m.outcome, m.ended = r, sandboxapi.OutcomeInterrupted, now
 	m.cleanupDone, m.cleanupConfirmed = true, true
 	m.pausedSince = time.Time{}
 	return []Effect{SetTimer{}, Persist{}, Done{}}, nil
 }
 
-func (m *Machine) beginStop(now time.Time, r StopReason, grace time.Duration) ([]Effect, error) {
-	wasPaused := m.state == StatePaused
+func (m *Machine) beginStop(now time.Time, r sandboxapi.StopReason, grace time.Duration) ([]Effect, error) {
+	wasPaused := m.state == sandboxapi.StatePaused
 	m.creditPause(now)
-	if err := m.to(StateStopping); err != nil {
+	if err := m.to(sandboxapi.StateStopping); err != nil {
 		return nil, err
 	}
 	m.stop = r
@@ -378,57 +290,57 @@ func (m *Machine) beginStop(now time.Time, r StopReason, grace time.Duration) ([
 func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 	switch in := in.(type) {
 	case Begin:
-		if m.state != StatePending {
+		if m.state != sandboxapi.StatePending {
 			return nil, m.refuse(in)
 		}
 		switch {
 		case in.StopFile:
-			return m.endUnstarted(now, StopFile)
+			return m.endUnstarted(now, sandboxapi.StopFile)
 		case in.PauseFile:
 			m.pauses++
 			m.seq++
-			return []Effect{Persist{}, Hold{}}, m.to(StateHeld)
+			return []Effect{Persist{}, Hold{}}, m.to(sandboxapi.StateHeld)
 		}
 		return []Effect{Spawn{}}, nil
 
 	case Spawned:
-		if err := m.to(StateRunning); err != nil {
+		if err := m.to(sandboxapi.StateRunning); err != nil {
 			return nil, err
 		}
 		m.started = now
 		return []Effect{Persist{}, m.timer()}, nil
 
 	case SpawnFailed:
-		if m.state != StatePending && m.state != StateHeld {
+		if m.state != sandboxapi.StatePending && m.state != sandboxapi.StateHeld {
 			return nil, m.refuse(in)
 		}
-		if err := m.to(StateEnded); err != nil {
+		if err := m.to(sandboxapi.StateEnded); err != nil {
 			return nil, err
 		}
-		m.outcome, m.err, m.ended = OutcomeFailed, in.Err, now
+		m.outcome, m.err, m.ended = sandboxapi.OutcomeFailed, in.Err, now
 		m.cleanupDone, m.cleanupConfirmed = true, true
 		return []Effect{Persist{}, Done{}}, nil
 
 	case PauseAsked:
 		switch m.state {
-		case StatePending, StateHeld:
+		case sandboxapi.StatePending, sandboxapi.StateHeld:
 			// A pause before the start holds the launch until continue.
 			m.pauses++
 			m.seq++
 			eff := []Effect{Persist{}, Hold{}}
-			if m.state == StatePending {
-				return eff, m.to(StateHeld)
+			if m.state == sandboxapi.StatePending {
+				return eff, m.to(sandboxapi.StateHeld)
 			}
 			return eff, nil
-		case StateRunning:
+		case sandboxapi.StateRunning:
 			return []Effect{DoPause{Mode: in.Mode, Seq: m.seq + 1}}, nil
-		case StateStopping:
+		case sandboxapi.StateStopping:
 			return nil, fmt.Errorf("%w (%s)", ErrStopping, m.stop)
 		}
 		return nil, nil // paused already, or ended: nothing to do
 
 	case PauseDone:
-		if m.state != StateRunning {
+		if m.state != sandboxapi.StateRunning {
 			return nil, m.refuse(in)
 		}
 		if in.Ended {
@@ -438,7 +350,7 @@ func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 			m.fallbacks++
 			return []Effect{Persist{}}, nil
 		}
-		if err := m.to(StatePaused); err != nil {
+		if err := m.to(sandboxapi.StatePaused); err != nil {
 			return nil, err
 		}
 		m.pauses++
@@ -448,33 +360,33 @@ func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 
 	case ContinueAsked:
 		switch m.state {
-		case StateHeld:
+		case sandboxapi.StateHeld:
 			return []Effect{Spawn{}}, nil
-		case StatePaused:
+		case sandboxapi.StatePaused:
 			return []Effect{DoContinue{Mode: m.pauseMode}}, nil
 		}
 		return nil, nil
 
 	case ContinueDone:
-		if m.state != StatePaused {
+		if m.state != sandboxapi.StatePaused {
 			return nil, m.refuse(in)
 		}
 		if !in.OK {
-			return m.beginStop(now, StopContinueFailed, 0)
+			return m.beginStop(now, sandboxapi.StopContinueFailed, 0)
 		}
 		m.creditPause(now)
-		if err := m.to(StateRunning); err != nil {
+		if err := m.to(sandboxapi.StateRunning); err != nil {
 			return nil, err
 		}
 		return []Effect{Persist{}, m.timer()}, nil
 
 	case StopAsked:
 		switch m.state {
-		case StatePending, StateHeld:
+		case sandboxapi.StatePending, sandboxapi.StateHeld:
 			return m.endUnstarted(now, in.Reason)
-		case StateRunning, StatePaused:
+		case sandboxapi.StateRunning, sandboxapi.StatePaused:
 			return m.beginStop(now, in.Reason, in.Grace)
-		case StateStopping:
+		case sandboxapi.StateStopping:
 			if in.Grace <= 0 && !m.killSent {
 				m.killSent = true
 				return []Effect{SetTimer{}, Kill{}}, nil
@@ -484,12 +396,12 @@ func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 
 	case Tick:
 		switch m.state {
-		case StateRunning:
+		case sandboxapi.StateRunning:
 			if at, ok := m.Deadline(); ok && !now.Before(at) {
 				m.timedOut = true
-				return m.beginStop(now, StopDeadline, m.grace)
+				return m.beginStop(now, sandboxapi.StopDeadline, m.grace)
 			}
-		case StateStopping:
+		case sandboxapi.StateStopping:
 			if !m.killSent && !m.graceAt.IsZero() && !now.Before(m.graceAt) {
 				m.killSent = true
 				return []Effect{Kill{}}, nil
@@ -499,28 +411,28 @@ func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 
 	case Exited:
 		switch m.state {
-		case StateRunning, StatePaused, StateStopping:
+		case sandboxapi.StateRunning, sandboxapi.StatePaused, sandboxapi.StateStopping:
 		default:
 			return nil, m.refuse(in)
 		}
 		m.creditPause(now)
 		m.exitCode, m.signal, m.ended = in.Code, in.Signal, now
 		switch {
-		case m.stop != StopNone:
-			m.outcome = OutcomeInterrupted
+		case m.stop != sandboxapi.StopNone:
+			m.outcome = sandboxapi.OutcomeInterrupted
 		case in.Signal != "":
-			m.outcome = OutcomeFailed
-			m.err = "harness killed by " + in.Signal
+			m.outcome = sandboxapi.OutcomeFailed
+			m.err = "process killed by " + in.Signal
 		default:
-			m.outcome = OutcomeFinished
+			m.outcome = sandboxapi.OutcomeFinished
 		}
-		if err := m.to(StateEnded); err != nil {
+		if err := m.to(sandboxapi.StateEnded); err != nil {
 			return nil, err
 		}
 		return []Effect{SetTimer{}, Persist{}, Cleanup{}}, nil
 
 	case CleanedUp:
-		if m.state != StateEnded || m.cleanupDone {
+		if m.state != sandboxapi.StateEnded || m.cleanupDone {
 			return nil, m.refuse(in)
 		}
 		m.cleanupDone, m.cleanupConfirmed = true, in.Confirmed

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -17,7 +19,7 @@ type step struct {
 	ms    int
 	in    Input
 	want  []Effect
-	state State
+	state sandboxapi.State
 	err   error
 }
 
@@ -48,22 +50,22 @@ func TestMachine(t *testing.T) {
 	t.Run("finishes with its exit code", func(t *testing.T) {
 		m := NewMachine(0, grace)
 		runScript(t, m, []step{
-			{0, Begin{}, []Effect{Spawn{}}, StatePending, nil},
-			{1, Spawned{}, []Effect{Persist{}, SetTimer{}}, StateRunning, nil},
-			{9, Exited{Code: 3}, []Effect{SetTimer{}, Persist{}, Cleanup{}}, StateEnded, nil},
-			{10, CleanedUp{Confirmed: true}, []Effect{Persist{}, Done{}}, StateEnded, nil},
+			{0, Begin{}, []Effect{Spawn{}}, sandboxapi.StatePending, nil},
+			{1, Spawned{}, []Effect{Persist{}, SetTimer{}}, sandboxapi.StateRunning, nil},
+			{9, Exited{Code: 3}, []Effect{SetTimer{}, Persist{}, Cleanup{}}, sandboxapi.StateEnded, nil},
+			{10, CleanedUp{Confirmed: true}, []Effect{Persist{}, Done{}}, sandboxapi.StateEnded, nil},
 		})
 		o, code, sig, _, timedOut := m.Result()
-		if o != OutcomeFinished || code != 3 || sig != "" || timedOut {
+		if o != sandboxapi.OutcomeFinished || code != 3 || sig != "" || timedOut {
 			t.Fatalf("result %v %d %q %v", o, code, sig, timedOut)
 		}
 	})
 	t.Run("stop file: never starts", func(t *testing.T) {
 		m := NewMachine(0, grace)
 		runScript(t, m, []step{
-			{0, Begin{StopFile: true, PauseFile: true}, []Effect{SetTimer{}, Persist{}, Done{}}, StateEnded, nil},
+			{0, Begin{StopFile: true, PauseFile: true}, []Effect{SetTimer{}, Persist{}, Done{}}, sandboxapi.StateEnded, nil},
 		})
-		if o, _, _, _, _ := m.Result(); o != OutcomeInterrupted || m.StopReason() != StopFile {
+		if o, _, _, _, _ := m.Result(); o != sandboxapi.OutcomeInterrupted || m.StopReason() != sandboxapi.StopFile {
 			t.Fatalf("outcome %v reason %v", o, m.StopReason())
 		}
 		if _, ok := m.Started(); ok {
@@ -73,9 +75,9 @@ func TestMachine(t *testing.T) {
 	t.Run("pause file holds until continue, then a stop file wins", func(t *testing.T) {
 		m := NewMachine(0, grace)
 		runScript(t, m, []step{
-			{0, Begin{PauseFile: true}, []Effect{Persist{}, Hold{}}, StateHeld, nil},
-			{5, PauseAsked{Mode: ModeFreeze}, []Effect{Persist{}, Hold{}}, StateHeld, nil},
-			{9, StopAsked{Reason: StopFile}, []Effect{SetTimer{}, Persist{}, Done{}}, StateEnded, nil},
+			{0, Begin{PauseFile: true}, []Effect{Persist{}, Hold{}}, sandboxapi.StateHeld, nil},
+			{5, PauseAsked{Mode: sandboxapi.ModeFreeze}, []Effect{Persist{}, Hold{}}, sandboxapi.StateHeld, nil},
+			{9, StopAsked{Reason: sandboxapi.StopFile}, []Effect{SetTimer{}, Persist{}, Done{}}, sandboxapi.StateEnded, nil},
 		})
 		if p := m.Pauses(at(9)); p.Count != 2 || p.Seq != 2 {
 			t.Fatalf("pauses %+v", p)
@@ -84,29 +86,29 @@ func TestMachine(t *testing.T) {
 	t.Run("held launch starts on continue", func(t *testing.T) {
 		m := NewMachine(0, grace)
 		runScript(t, m, []step{
-			{0, PauseAsked{Mode: ModeStop}, []Effect{Persist{}, Hold{}}, StateHeld, nil},
-			{5, ContinueAsked{}, []Effect{Spawn{}}, StateHeld, nil},
-			{6, Spawned{}, []Effect{Persist{}, SetTimer{}}, StateRunning, nil},
+			{0, PauseAsked{Mode: sandboxapi.ModeStop}, []Effect{Persist{}, Hold{}}, sandboxapi.StateHeld, nil},
+			{5, ContinueAsked{}, []Effect{Spawn{}}, sandboxapi.StateHeld, nil},
+			{6, Spawned{}, []Effect{Persist{}, SetTimer{}}, sandboxapi.StateRunning, nil},
 		})
 	})
 	t.Run("paused time does not count against the deadline", func(t *testing.T) {
 		m := NewMachine(time.Second, grace)
 		runScript(t, m, []step{
-			{0, Begin{}, []Effect{Spawn{}}, StatePending, nil},
-			{0, Spawned{}, []Effect{Persist{}, SetTimer{At: at(1000)}}, StateRunning, nil},
-			{400, PauseAsked{Mode: ModeFreeze}, []Effect{DoPause{Mode: ModeFreeze, Seq: 1}}, StateRunning, nil},
-			{400, PauseDone{Mode: ModeFreeze, Confirmed: true}, []Effect{SetTimer{}, Persist{}}, StatePaused, nil},
+			{0, Begin{}, []Effect{Spawn{}}, sandboxapi.StatePending, nil},
+			{0, Spawned{}, []Effect{Persist{}, SetTimer{At: at(1000)}}, sandboxapi.StateRunning, nil},
+			{400, PauseAsked{Mode: sandboxapi.ModeFreeze}, []Effect{DoPause{Mode: sandboxapi.ModeFreeze, Seq: 1}}, sandboxapi.StateRunning, nil},
+			{400, PauseDone{Mode: sandboxapi.ModeFreeze, Confirmed: true}, []Effect{SetTimer{}, Persist{}}, sandboxapi.StatePaused, nil},
 			// A timer that fires while paused does nothing.
-			{1000, Tick{}, []Effect{SetTimer{}}, StatePaused, nil},
-			{2400, ContinueAsked{}, []Effect{DoContinue{Mode: ModeFreeze}}, StatePaused, nil},
-			{2400, ContinueDone{OK: true}, []Effect{Persist{}, SetTimer{At: at(3000)}}, StateRunning, nil},
-			{2999, Tick{}, []Effect{SetTimer{At: at(3000)}}, StateRunning, nil},
-			{3000, Tick{}, []Effect{Persist{}, Interrupt{}, SetTimer{At: at(3500)}}, StateStopping, nil},
-			{3500, Tick{}, []Effect{Kill{}}, StateStopping, nil},
-			{3510, Exited{Code: -1, Signal: "SIGKILL"}, []Effect{SetTimer{}, Persist{}, Cleanup{}}, StateEnded, nil},
+			{1000, Tick{}, []Effect{SetTimer{}}, sandboxapi.StatePaused, nil},
+			{2400, ContinueAsked{}, []Effect{DoContinue{Mode: sandboxapi.ModeFreeze}}, sandboxapi.StatePaused, nil},
+			{2400, ContinueDone{OK: true}, []Effect{Persist{}, SetTimer{At: at(3000)}}, sandboxapi.StateRunning, nil},
+			{2999, Tick{}, []Effect{SetTimer{At: at(3000)}}, sandboxapi.StateRunning, nil},
+			{3000, Tick{}, []Effect{Persist{}, Interrupt{}, SetTimer{At: at(3500)}}, sandboxapi.StateStopping, nil},
+			{3500, Tick{}, []Effect{Kill{}}, sandboxapi.StateStopping, nil},
+			{3510, Exited{Code: -1, Signal: "SIGKILL"}, []Effect{SetTimer{}, Persist{}, Cleanup{}}, sandboxapi.StateEnded, nil},
 		})
 		o, _, _, _, timedOut := m.Result()
-		if o != OutcomeInterrupted || !timedOut || m.StopReason() != StopDeadline {
+		if o != sandboxapi.OutcomeInterrupted || !timedOut || m.StopReason() != sandboxapi.StopDeadline {
 			t.Fatalf("outcome %v timedOut %v reason %v", o, timedOut, m.StopReason())
 		}
 		if p := m.Pauses(at(3510)); p.Count != 1 || p.Total != 2*time.Second {
@@ -116,12 +118,12 @@ func TestMachine(t *testing.T) {
 	t.Run("an unconfirmed pause leaves it running", func(t *testing.T) {
 		m := NewMachine(time.Second, grace)
 		runScript(t, m, []step{
-			{0, Begin{}, []Effect{Spawn{}}, StatePending, nil},
-			{0, Spawned{}, []Effect{Persist{}, SetTimer{At: at(1000)}}, StateRunning, nil},
-			{10, PauseAsked{Mode: ModeStop}, []Effect{DoPause{Mode: ModeStop, Seq: 1}}, StateRunning, nil},
-			{20, PauseDone{Mode: ModeStop}, []Effect{Persist{}}, StateRunning, nil},
-			{30, PauseAsked{Mode: ModeStop}, []Effect{DoPause{Mode: ModeStop, Seq: 1}}, StateRunning, nil},
-			{40, PauseDone{Mode: ModeStop, Ended: true}, nil, StateRunning, nil},
+			{0, Begin{}, []Effect{Spawn{}}, sandboxapi.StatePending, nil},
+			{0, Spawned{}, []Effect{Persist{}, SetTimer{At: at(1000)}}, sandboxapi.StateRunning, nil},
+			{10, PauseAsked{Mode: sandboxapi.ModeStop}, []Effect{DoPause{Mode: sandboxapi.ModeStop, Seq: 1}}, sandboxapi.StateRunning, nil},
+			{20, PauseDone{Mode: sandboxapi.ModeStop}, []Effect{Persist{}}, sandboxapi.StateRunning, nil},
+			{30, PauseAsked{Mode: sandboxapi.ModeStop}, []Effect{DoPause{Mode: sandboxapi.ModeStop, Seq: 1}}, sandboxapi.StateRunning, nil},
+			{40, PauseDone{Mode: sandboxapi.ModeStop, Ended: true}, nil, sandboxapi.StateRunning, nil},
 		})
 		if p := m.Pauses(at(40)); p.Count != 0 || p.Fallbacks != 1 {
 			t.Fatalf("pauses %+v", p)
@@ -130,34 +132,34 @@ func TestMachine(t *testing.T) {
 	t.Run("pause is idempotent; a stopping launch refuses it", func(t *testing.T) {
 		m := NewMachine(0, grace)
 		runScript(t, m, []step{
-			{0, Begin{}, []Effect{Spawn{}}, StatePending, nil},
-			{0, Spawned{}, []Effect{Persist{}, SetTimer{}}, StateRunning, nil},
-			{1, PauseAsked{Mode: ModeHold}, []Effect{DoPause{Mode: ModeHold, Seq: 1}}, StateRunning, nil},
-			{1, PauseDone{Mode: ModeHold, Confirmed: true}, []Effect{SetTimer{}, Persist{}}, StatePaused, nil},
-			{2, PauseAsked{Mode: ModeHold}, nil, StatePaused, nil},
-			{3, ContinueAsked{}, []Effect{DoContinue{Mode: ModeHold}}, StatePaused, nil},
-			{3, ContinueDone{OK: true}, []Effect{Persist{}, SetTimer{}}, StateRunning, nil},
-			{4, ContinueAsked{}, nil, StateRunning, nil},
-			{5, StopAsked{Reason: StopRequested, Grace: grace}, []Effect{Persist{}, Interrupt{}, SetTimer{At: at(505)}}, StateStopping, nil},
-			{6, PauseAsked{Mode: ModeStop}, nil, StateStopping, ErrStopping},
+			{0, Begin{}, []Effect{Spawn{}}, sandboxapi.StatePending, nil},
+			{0, Spawned{}, []Effect{Persist{}, SetTimer{}}, sandboxapi.StateRunning, nil},
+			{1, PauseAsked{Mode: sandboxapi.ModeHold}, []Effect{DoPause{Mode: sandboxapi.ModeHold, Seq: 1}}, sandboxapi.StateRunning, nil},
+			{1, PauseDone{Mode: sandboxapi.ModeHold, Confirmed: true}, []Effect{SetTimer{}, Persist{}}, sandboxapi.StatePaused, nil},
+			{2, PauseAsked{Mode: sandboxapi.ModeHold}, nil, sandboxapi.StatePaused, nil},
+			{3, ContinueAsked{}, []Effect{DoContinue{Mode: sandboxapi.ModeHold}}, sandboxapi.StatePaused, nil},
+			{3, ContinueDone{OK: true}, []Effect{Persist{}, SetTimer{}}, sandboxapi.StateRunning, nil},
+			{4, ContinueAsked{}, nil, sandboxapi.StateRunning, nil},
+			{5, StopAsked{Reason: sandboxapi.StopRequested, Grace: grace}, []Effect{Persist{}, Interrupt{}, SetTimer{At: at(505)}}, sandboxapi.StateStopping, nil},
+			{6, PauseAsked{Mode: sandboxapi.ModeStop}, nil, sandboxapi.StateStopping, ErrStopping},
 			// Cancel while stopping escalates to SIGKILL at once.
-			{7, StopAsked{Reason: StopCancelled}, []Effect{SetTimer{}, Kill{}}, StateStopping, nil},
-			{8, StopAsked{Reason: StopCancelled}, nil, StateStopping, nil},
-			{9, Exited{Code: 130}, []Effect{SetTimer{}, Persist{}, Cleanup{}}, StateEnded, nil},
+			{7, StopAsked{Reason: sandboxapi.StopCancelled}, []Effect{SetTimer{}, Kill{}}, sandboxapi.StateStopping, nil},
+			{8, StopAsked{Reason: sandboxapi.StopCancelled}, nil, sandboxapi.StateStopping, nil},
+			{9, Exited{Code: 130}, []Effect{SetTimer{}, Persist{}, Cleanup{}}, sandboxapi.StateEnded, nil},
 		})
-		if o, code, _, _, _ := m.Result(); o != OutcomeInterrupted || code != 130 {
+		if o, code, _, _, _ := m.Result(); o != sandboxapi.OutcomeInterrupted || code != 130 {
 			t.Fatalf("outcome %v code %d", o, code)
 		}
 	})
 	t.Run("a paused launch is killed at once on stop", func(t *testing.T) {
 		m := NewMachine(0, grace)
 		runScript(t, m, []step{
-			{0, Begin{}, []Effect{Spawn{}}, StatePending, nil},
-			{0, Spawned{}, []Effect{Persist{}, SetTimer{}}, StateRunning, nil},
-			{1, PauseAsked{Mode: ModeFreeze}, []Effect{DoPause{Mode: ModeFreeze, Seq: 1}}, StateRunning, nil},
-			{1, PauseDone{Mode: ModeFreeze, Confirmed: true}, []Effect{SetTimer{}, Persist{}}, StatePaused, nil},
-			{50, StopAsked{Reason: StopRequested, Grace: grace}, []Effect{SetTimer{}, Persist{}, Kill{}}, StateStopping, nil},
-			{51, Exited{Code: -1, Signal: "SIGKILL"}, []Effect{SetTimer{}, Persist{}, Cleanup{}}, StateEnded, nil},
+			{0, Begin{}, []Effect{Spawn{}}, sandboxapi.StatePending, nil},
+			{0, Spawned{}, []Effect{Persist{}, SetTimer{}}, sandboxapi.StateRunning, nil},
+			{1, PauseAsked{Mode: sandboxapi.ModeFreeze}, []Effect{DoPause{Mode: sandboxapi.ModeFreeze, Seq: 1}}, sandboxapi.StateRunning, nil},
+			{1, PauseDone{Mode: sandboxapi.ModeFreeze, Confirmed: true}, []Effect{SetTimer{}, Persist{}}, sandboxapi.StatePaused, nil},
+			{50, StopAsked{Reason: sandboxapi.StopRequested, Grace: grace}, []Effect{SetTimer{}, Persist{}, Kill{}}, sandboxapi.StateStopping, nil},
+			{51, Exited{Code: -1, Signal: "SIGKILL"}, []Effect{SetTimer{}, Persist{}, Cleanup{}}, sandboxapi.StateEnded, nil},
 		})
 		if p := m.Pauses(at(51)); p.Total != 49*time.Millisecond {
 			t.Fatalf("paused %v", p.Total)
@@ -166,41 +168,41 @@ func TestMachine(t *testing.T) {
 	t.Run("continue that fails kills", func(t *testing.T) {
 		m := NewMachine(0, grace)
 		runScript(t, m, []step{
-			{0, Begin{}, []Effect{Spawn{}}, StatePending, nil},
-			{0, Spawned{}, []Effect{Persist{}, SetTimer{}}, StateRunning, nil},
-			{1, PauseAsked{Mode: ModeFreeze}, []Effect{DoPause{Mode: ModeFreeze, Seq: 1}}, StateRunning, nil},
-			{1, PauseDone{Mode: ModeFreeze, Confirmed: true}, []Effect{SetTimer{}, Persist{}}, StatePaused, nil},
-			{2, ContinueAsked{}, []Effect{DoContinue{Mode: ModeFreeze}}, StatePaused, nil},
-			{3, ContinueDone{OK: false}, []Effect{SetTimer{}, Persist{}, Kill{}}, StateStopping, nil},
+			{0, Begin{}, []Effect{Spawn{}}, sandboxapi.StatePending, nil},
+			{0, Spawned{}, []Effect{Persist{}, SetTimer{}}, sandboxapi.StateRunning, nil},
+			{1, PauseAsked{Mode: sandboxapi.ModeFreeze}, []Effect{DoPause{Mode: sandboxapi.ModeFreeze, Seq: 1}}, sandboxapi.StateRunning, nil},
+			{1, PauseDone{Mode: sandboxapi.ModeFreeze, Confirmed: true}, []Effect{SetTimer{}, Persist{}}, sandboxapi.StatePaused, nil},
+			{2, ContinueAsked{}, []Effect{DoContinue{Mode: sandboxapi.ModeFreeze}}, sandboxapi.StatePaused, nil},
+			{3, ContinueDone{OK: false}, []Effect{SetTimer{}, Persist{}, Kill{}}, sandboxapi.StateStopping, nil},
 		})
-		if m.StopReason() != StopContinueFailed {
+		if m.StopReason() != sandboxapi.StopContinueFailed {
 			t.Fatal(m.StopReason())
 		}
 	})
 	t.Run("killed by a signal nobody sent: failed", func(t *testing.T) {
 		m := NewMachine(0, grace)
 		runScript(t, m, []step{
-			{0, Begin{}, []Effect{Spawn{}}, StatePending, nil},
-			{0, Spawned{}, []Effect{Persist{}, SetTimer{}}, StateRunning, nil},
-			{1, Exited{Code: -1, Signal: "SIGSEGV"}, []Effect{SetTimer{}, Persist{}, Cleanup{}}, StateEnded, nil},
+			{0, Begin{}, []Effect{Spawn{}}, sandboxapi.StatePending, nil},
+			{0, Spawned{}, []Effect{Persist{}, SetTimer{}}, sandboxapi.StateRunning, nil},
+			{1, Exited{Code: -1, Signal: "SIGSEGV"}, []Effect{SetTimer{}, Persist{}, Cleanup{}}, sandboxapi.StateEnded, nil},
 		})
-		if o, _, _, _, _ := m.Result(); o != OutcomeFailed {
+		if o, _, _, _, _ := m.Result(); o != sandboxapi.OutcomeFailed {
 			t.Fatal(o)
 		}
 	})
 	t.Run("start failure", func(t *testing.T) {
 		m := NewMachine(0, grace)
 		runScript(t, m, []step{
-			{0, Begin{}, []Effect{Spawn{}}, StatePending, nil},
-			{0, SpawnFailed{Err: "no such file"}, []Effect{Persist{}, Done{}}, StateEnded, nil},
-			{1, Spawned{}, nil, StateEnded, ErrTransition},
+			{0, Begin{}, []Effect{Spawn{}}, sandboxapi.StatePending, nil},
+			{0, SpawnFailed{Err: "no such file"}, []Effect{Persist{}, Done{}}, sandboxapi.StateEnded, nil},
+			{1, Spawned{}, nil, sandboxapi.StateEnded, ErrTransition},
 		})
 	})
 }
 
 func TestCheckTransition(t *testing.T) {
-	for from := StatePending; from <= StateEnded; from++ {
-		for to := StatePending; to <= StateEnded; to++ {
+	for from := sandboxapi.StatePending; from <= sandboxapi.StateEnded; from++ {
+		for to := sandboxapi.StatePending; to <= sandboxapi.StateEnded; to++ {
 			err := CheckTransition(from, to)
 			legal := false
 			for _, s := range successors[from] {

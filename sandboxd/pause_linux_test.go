@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // frozenFor checks, for d, that no process in pids gains CPU time and that
@@ -82,16 +84,16 @@ func TestPauseStopsEverything(t *testing.T) {
 				pids = launchPIDs(t, s, id)
 				return len(pids) >= 4 && fileSize(a) > 0 && fileSize(b) > 0
 			})
-			rep, err := s.Pause(ctxT(t), id, ModeDefault)
+			rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
 			if err != nil {
 				t.Fatalf("Pause: %v (%+v)", err, rep)
 			}
-			if rep.State != StatePaused || rep.Mode != pm.mode || rep.PauseSeq != 1 || rep.Fallback != "" ||
+			if rep.State != sandboxapi.StatePaused || rep.Mode != pm.mode || rep.PauseSeq != 1 || rep.Fallback != "" ||
 				rep.Identity != s.Identity() || rep.Uptime <= 0 || rep.Wall.IsZero() || rep.PIDCount < 4 {
 				t.Fatalf("report %+v", rep)
 			}
 			pids = launchPIDs(t, s, id)
-			if pm.mode == ModeStop {
+			if pm.mode == sandboxapi.ModeStop {
 				// Every thread stopped, but for a vfork parent (dash runs
 				// sleep with vfork), whose D the report lists.
 				for pid, st := range stateLetters(pids) {
@@ -102,15 +104,15 @@ func TestPauseStopsEverything(t *testing.T) {
 			}
 			frozenFor(t, 300*time.Millisecond, pids, a, b)
 			// Pausing again repeats the report.
-			again, err := s.Pause(ctxT(t), id, ModeDefault)
+			again, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
 			if err != nil || again.PauseSeq != rep.PauseSeq || again.PIDCount != rep.PIDCount {
 				t.Fatalf("second Pause: %+v, %v", again, err)
 			}
-			if rec, _ := s.Status(id); rec.State != StatePaused || rec.Pauses.Count != 1 || rec.Deadline != (time.Time{}) {
+			if rec, _ := s.Status(id); rec.State != sandboxapi.StatePaused || rec.Pauses.Count != 1 || rec.Deadline != (time.Time{}) {
 				t.Fatalf("record %+v", rec)
 			}
 			crep, err := s.Continue(ctxT(t), id)
-			if err != nil || crep.State != StateRunning || crep.PauseSeq != 1 || crep.Op != "continue" {
+			if err != nil || crep.State != sandboxapi.StateRunning || crep.PauseSeq != 1 || crep.Op != "continue" {
 				t.Fatalf("Continue: %+v, %v", crep, err)
 			}
 			sa, sb, ticks := fileSize(a), fileSize(b), cpuTicks(pids)
@@ -124,7 +126,7 @@ func TestPauseStopsEverything(t *testing.T) {
 				return fileSize(a) > sa && fileSize(b) > sb && ran >= 2
 			})
 			rec, _ := s.Status(id)
-			if rec.Pauses.Count != 1 || rec.Pauses.Total < 300*time.Millisecond || rec.State != StateRunning {
+			if rec.Pauses.Count != 1 || rec.Pauses.Total < 300*time.Millisecond || rec.State != sandboxapi.StateRunning {
 				t.Fatalf("record %+v", rec)
 			}
 		})
@@ -142,7 +144,7 @@ func TestTwoPausesSameLaunch(t *testing.T) {
 			rec := mustLaunch(t, s, Spec{ID: id, Command: `for i in 1 2 3 4 5 6; do echo step $i >> ` + steps + `; sleep 0.05; done; echo done >> ` + steps})
 			for n, after := range []string{"step 2", "step 4"} {
 				waitFor(t, 10*time.Second, after, func() bool { return strings.Contains(readFile(t, steps), after) })
-				rep, err := s.Pause(ctxT(t), id, ModeDefault)
+				rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
 				if err != nil || rep.PauseSeq != n+1 {
 					t.Fatalf("Pause %d: %+v, %v", n+1, rep, err)
 				}
@@ -152,7 +154,7 @@ func TestTwoPausesSameLaunch(t *testing.T) {
 				}
 			}
 			rc, err := s.Wait(ctxT(t), id)
-			if err != nil || rc.ExitCode != 0 || rc.Outcome != OutcomeFinished {
+			if err != nil || rc.ExitCode != 0 || rc.Outcome != sandboxapi.OutcomeFinished {
 				t.Fatalf("receipt %+v, %v", rc, err)
 			}
 			want := "step 1\nstep 2\nstep 3\nstep 4\nstep 5\nstep 6\ndone\n"
@@ -172,13 +174,13 @@ func TestTwoPausesSameLaunch(t *testing.T) {
 func TestPauseBeforeStartHolds(t *testing.T) {
 	s := startSupervisor(t, Config{HoldPoll: 20 * time.Millisecond})
 	id := launchID(t, "a")
-	rep, err := s.Pause(ctxT(t), id, ModeDefault)
-	if err != nil || rep.State != StateHeld {
+	rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
+	if err != nil || rep.State != sandboxapi.StateHeld {
 		t.Fatalf("Pause of an unknown launch: %+v, %v", rep, err)
 	}
 	marker := filepath.Join(t.TempDir(), "ran")
 	rec := mustLaunch(t, s, Spec{ID: id, Argv: []string{"touch", marker}})
-	if rec.State != StateHeld || rec.Pauses.Count != 1 {
+	if rec.State != sandboxapi.StateHeld || rec.Pauses.Count != 1 {
 		t.Fatalf("record %+v", rec)
 	}
 	holdsFor(t, 200*time.Millisecond, func() error {
@@ -188,7 +190,7 @@ func TestPauseBeforeStartHolds(t *testing.T) {
 		return nil
 	})
 	crep, err := s.Continue(ctxT(t), id)
-	if err != nil || crep.State != StateRunning {
+	if err != nil || crep.State != sandboxapi.StateRunning {
 		t.Fatalf("Continue: %+v, %v", crep, err)
 	}
 	rc, err := s.Wait(ctxT(t), id)
@@ -203,7 +205,7 @@ func TestPauseBeforeStartHolds(t *testing.T) {
 		if err := touch(LaunchDir(s.StateDir(), id), PauseFileName); err != nil {
 			t.Fatal(err)
 		}
-		if rec := mustLaunch(t, s, Spec{ID: id, Argv: []string{"true"}}); rec.State != StateHeld {
+		if rec := mustLaunch(t, s, Spec{ID: id, Argv: []string{"true"}}); rec.State != sandboxapi.StateHeld {
 			t.Fatalf("record %+v", rec)
 		}
 	}
@@ -216,7 +218,7 @@ func TestPauseBeforeStartHolds(t *testing.T) {
 	if rc, err := s.Wait(ctxT(t), id2); err != nil || !rc.Started || rc.ExitCode != 0 {
 		t.Fatalf("%s: %+v, %v", id2, rc, err)
 	}
-	if rc, err := s.Wait(ctxT(t), id3); err != nil || rc.Started || rc.StopReason != StopFile {
+	if rc, err := s.Wait(ctxT(t), id3); err != nil || rc.Started || rc.StopReason != sandboxapi.StopFile {
 		t.Fatalf("%s: %+v, %v", id3, rc, err)
 	}
 }
@@ -233,8 +235,8 @@ func TestEndedBeforePauseKeepsResult(t *testing.T) {
 			if _, err := s.Wait(ctxT(t), id); err != nil {
 				t.Fatal(err)
 			}
-			rep, err := s.Pause(ctxT(t), id, ModeDefault)
-			if err != nil || rep.State != StateEnded {
+			rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
+			if err != nil || rep.State != sandboxapi.StateEnded {
 				t.Fatalf("Pause: %+v, %v", rep, err)
 			}
 			// Exited but perhaps not reaped yet: the pause races the exit.
@@ -242,11 +244,11 @@ func TestEndedBeforePauseKeepsResult(t *testing.T) {
 			id2 := launchID(t, "b")
 			mustLaunch(t, s, Spec{ID: id2, Command: `touch ` + marker + `; exit 5`})
 			waitFor(t, 5*time.Second, "the marker", func() bool { return fileExists(marker) })
-			rep, err = s.Pause(ctxT(t), id2, ModeDefault)
+			rep, err = s.Pause(ctxT(t), id2, sandboxapi.ModeDefault)
 			if err != nil {
 				t.Fatalf("Pause: %+v, %v", rep, err)
 			}
-			if rep.State == StatePaused { // the pause won: it had not exited
+			if rep.State == sandboxapi.StatePaused { // the pause won: it had not exited
 				if _, err := s.Continue(ctxT(t), id2); err != nil {
 					t.Fatal(err)
 				}
@@ -256,7 +258,7 @@ func TestEndedBeforePauseKeepsResult(t *testing.T) {
 				code int
 			}{{id, 3}, {id2, 5}} {
 				rc, err := s.Wait(ctxT(t), c.id)
-				if err != nil || rc.ExitCode != c.code || rc.Outcome != OutcomeFinished {
+				if err != nil || rc.ExitCode != c.code || rc.Outcome != sandboxapi.OutcomeFinished {
 					t.Fatalf("%s: %+v, %v", c.id, rc, err)
 				}
 			}
@@ -283,21 +285,21 @@ func TestUnconfirmedPauseFallsBack(t *testing.T) {
 			waitFor(t, 5*time.Second, "the busy loops", func() bool { pids = launchPIDs(t, s, id); return len(pids) >= 5 })
 			fallbacks := 0
 			for try := 0; try < 20 && fallbacks == 0; try++ {
-				rep, err := s.Pause(ctxT(t), id, ModeDefault)
+				rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
 				if err == nil {
 					if _, err := s.Continue(ctxT(t), id); err != nil {
 						t.Fatal(err)
 					}
 					continue
 				}
-				if !errors.Is(err, ErrUnconfirmed) || rep.Fallback == "" || rep.State != StateRunning {
+				if !errors.Is(err, ErrUnconfirmed) || rep.Fallback == "" || rep.State != sandboxapi.StateRunning {
 					t.Fatalf("Pause: %+v, %v", rep, err)
 				}
 				fallbacks++
-				if rec, _ := s.Status(id); rec.State != StateRunning || rec.Pauses.Fallbacks == 0 {
+				if rec, _ := s.Status(id); rec.State != sandboxapi.StateRunning || rec.Pauses.Fallbacks == 0 {
 					t.Fatalf("record %+v", rec)
 				}
-				if pm.mode == ModeFreeze {
+				if pm.mode == sandboxapi.ModeFreeze {
 					rec, _ := s.Status(id)
 					b, _ := os.ReadFile(filepath.Join(rec.Cgroup, "cgroup.freeze"))
 					_, frozen, _ := (&cgroup{dir: rec.Cgroup}).events()
@@ -341,7 +343,7 @@ func TestForkStorm50Pauses(t *testing.T) {
 			failed, inD := 0, 0
 			var worst float64
 			for i := 0; i < 50; i++ {
-				rep, err := s.Pause(ctxT(t), id, ModeDefault)
+				rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
 				if err != nil {
 					failed++
 					t.Logf("pause %d: %v", i, err)
@@ -375,11 +377,11 @@ func TestJobControlShell(t *testing.T) {
 			id := launchID(t, "a")
 			rec := mustLaunch(t, s, Spec{ID: id, Argv: []string{"bash", "-c", "set -m; sleep 1; echo rc=$?"}})
 			sleepPID := findComm(t, s, id, "sleep")
-			rep, err := s.Pause(ctxT(t), id, ModeDefault)
+			rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
 			if err != nil {
 				t.Fatalf("Pause: %v", err)
 			}
-			if pm.mode == ModeStop && (stateOf(sleepPID) != 'T' || stateOf(rec.PID) != 'T') {
+			if pm.mode == sandboxapi.ModeStop && (stateOf(sleepPID) != 'T' || stateOf(rec.PID) != 'T') {
 				t.Fatalf("not stopped: bash %c, sleep %c", stateOf(rec.PID), stateOf(sleepPID))
 			}
 			frozenFor(t, 100*time.Millisecond, []int{rec.PID, sleepPID})
@@ -416,12 +418,12 @@ func TestMultiThreaded(t *testing.T) {
 				st, _, err := readStat(rec.PID, nil)
 				return err == nil && st.threads >= 3 && strings.HasPrefix(readFile(t, out), "ready") && fileSize(out+".busy") > 0
 			})
-			rep, err := s.Pause(ctxT(t), id, ModeDefault)
+			rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
 			if err != nil {
 				t.Fatalf("Pause: %+v, %v", rep, err)
 			}
 			states := stateLetters([]int{rec.PID})[rec.PID]
-			if len(states) < 3 || pm.mode == ModeStop && strings.Trim(states, "T") != "" {
+			if len(states) < 3 || pm.mode == sandboxapi.ModeStop && strings.Trim(states, "T") != "" {
 				t.Fatalf("threads in %q after the pause", states)
 			}
 			w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
@@ -483,11 +485,11 @@ else:
 					}
 					return false
 				})
-				rep, err := s.Pause(ctxT(t), id, ModeDefault)
+				rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
 				if err != nil {
 					t.Fatalf("Pause: %+v, %v", rep, err)
 				}
-				if pm.mode == ModeStop && !slices.Contains(rep.Pending, strconv.Itoa(parent)+":D") {
+				if pm.mode == sandboxapi.ModeStop && !slices.Contains(rep.Pending, strconv.Itoa(parent)+":D") {
 					t.Fatalf("pending %v, want %d:D", rep.Pending, parent)
 				}
 				if _, err := s.Continue(ctxT(t), id); err != nil {
@@ -519,14 +521,14 @@ func TestHoldMode(t *testing.T) {
 	id := launchID(t, "a")
 	mustLaunch(t, s, Spec{ID: id, Command: `while :; do echo x >> ` + file + `; sleep 0.01; done`, Timeout: time.Hour})
 	waitFor(t, 5*time.Second, "the writer", func() bool { return fileSize(file) > 0 })
-	rep, err := s.Pause(ctxT(t), id, ModeHold)
-	if err != nil || rep.Mode != ModeHold || rep.State != StatePaused || rep.TookMS > 100 {
+	rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeHold)
+	if err != nil || rep.Mode != sandboxapi.ModeHold || rep.State != sandboxapi.StatePaused || rep.TookMS > 100 {
 		t.Fatalf("Pause: %+v, %v", rep, err)
 	}
 	n := fileSize(file)
 	waitFor(t, 5*time.Second, "the held launch to go on writing", func() bool { return fileSize(file) > n })
 	rec, _ := s.Status(id)
-	if rec.State != StatePaused || !rec.Deadline.IsZero() {
+	if rec.State != sandboxapi.StatePaused || !rec.Deadline.IsZero() {
 		t.Fatalf("record %+v", rec)
 	}
 	if _, err := s.Continue(ctxT(t), id); err != nil {
@@ -537,7 +539,7 @@ func TestHoldMode(t *testing.T) {
 	if rec.Pauses.Total <= 0 || !rec.Deadline.Equal(want) {
 		t.Fatalf("deadline %v, want %v (paused %v)", rec.Deadline, want, rec.Pauses.Total)
 	}
-	if _, err := s.Pause(ctxT(t), id, ModeFreeze); !errors.Is(err, ErrModeUnavailable) && err != nil {
+	if _, err := s.Pause(ctxT(t), id, sandboxapi.ModeFreeze); !errors.Is(err, ErrModeUnavailable) && err != nil {
 		t.Fatalf("freeze: %v", err)
 	}
 }
@@ -554,11 +556,11 @@ func TestDeadlineExcludesPausedTime(t *testing.T) {
 			id := launchID(t, "a")
 			rec := mustLaunch(t, s, Spec{ID: id, Command: `sleep 1000`, Timeout: 600 * time.Millisecond})
 			waitFor(t, 5*time.Second, "200 ms of run", func() bool { return time.Since(rec.Started) > 200*time.Millisecond })
-			if _, err := s.Pause(ctxT(t), id, ModeDefault); err != nil {
+			if _, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault); err != nil {
 				t.Fatal(err)
 			}
 			holdsFor(t, 800*time.Millisecond, func() error {
-				if r, _ := s.Status(id); r.State != StatePaused {
+				if r, _ := s.Status(id); r.State != sandboxapi.StatePaused {
 					return fmt.Errorf("paused launch is %s", r.State)
 				}
 				return nil
@@ -566,11 +568,11 @@ func TestDeadlineExcludesPausedTime(t *testing.T) {
 			if _, err := s.Continue(ctxT(t), id); err != nil {
 				t.Fatal(err)
 			}
-			if r, _ := s.Status(id); r.State != StateRunning {
+			if r, _ := s.Status(id); r.State != sandboxapi.StateRunning {
 				t.Fatalf("stopped %v after its start, though paused 800 ms of it: %+v", time.Since(rec.Started), r)
 			}
 			rc, err := s.Wait(ctxT(t), id)
-			if err != nil || !rc.TimedOut || rc.Outcome != OutcomeInterrupted || rc.StopReason != StopDeadline {
+			if err != nil || !rc.TimedOut || rc.Outcome != sandboxapi.OutcomeInterrupted || rc.StopReason != sandboxapi.StopDeadline {
 				t.Fatalf("receipt %+v, %v", rc, err)
 			}
 			if ran := rc.Ended.Sub(rec.Started); ran < 600*time.Millisecond+rc.Pauses.Total {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // errGone means the process (or thread) no longer exists.
@@ -339,17 +341,17 @@ func selfChildren(buf []byte) ([]int, []byte) {
 }
 
 // IdentityOf returns the identity of process pid.
-func IdentityOf(pid int) (Identity, error) {
+func IdentityOf(pid int) (sandboxapi.Identity, error) {
 	st, _, err := readStat(pid, nil)
 	if err != nil {
-		return Identity{}, err
+		return sandboxapi.Identity{}, err
 	}
-	return Identity{PID: pid, Start: st.start}, nil
+	return sandboxapi.Identity{PID: pid, Start: st.start}, nil
 }
 
 // Alive reports whether the process i names is still running (or a
 // zombie): a process with i's pid exists and has i's start time.
-func (i Identity) Alive() bool {
+func Alive(i sandboxapi.Identity) bool {
 	if i.PID <= 0 {
 		return false
 	}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // The pause modes the host allows, from the library and from the binary.
@@ -23,13 +25,13 @@ func TestModes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(ms, []Mode{ModeFreeze, ModeStop, ModeHold}) {
+	if !slices.Equal(ms, []sandboxapi.Mode{sandboxapi.ModeFreeze, sandboxapi.ModeStop, sandboxapi.ModeHold}) {
 		t.Fatalf("modes %v: this host has a writable cgroup v2, freeze must be first (run the tests as root)", ms)
 	}
-	if ms, _ := DetectModes(Config{NoCgroup: true}); !slices.Equal(ms, []Mode{ModeStop, ModeHold}) {
+	if ms, _ := DetectModes(Config{NoCgroup: true}); !slices.Equal(ms, []sandboxapi.Mode{sandboxapi.ModeStop, sandboxapi.ModeHold}) {
 		t.Fatalf("modes without cgroups: %v", ms)
 	}
-	if _, err := New(Config{StateDir: t.TempDir(), NoCgroup: true, Mode: ModeFreeze}); !errors.Is(err, ErrModeUnavailable) {
+	if _, err := New(Config{StateDir: t.TempDir(), NoCgroup: true, Mode: sandboxapi.ModeFreeze}); !errors.Is(err, ErrModeUnavailable) {
 		t.Fatalf("freeze without cgroups: %v", err)
 	}
 	// No supervisor runs in this test, so os/exec may wait for the binary.
@@ -41,8 +43,8 @@ func TestModes(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(out), "sandboxd ") {
 		t.Fatalf("sandboxd version: %q, %v", out, err)
 	}
-	for _, m := range []Mode{ModeDefault, ModeFreeze, ModeStop, ModeHold} {
-		if back, err := ParseMode(m.String()); err != nil || back != m {
+	for _, m := range []sandboxapi.Mode{sandboxapi.ModeDefault, sandboxapi.ModeFreeze, sandboxapi.ModeStop, sandboxapi.ModeHold} {
+		if back, err := sandboxapi.ParseMode(m.String()); err != nil || back != m {
 			t.Errorf("ParseMode(%q) = %v, %v", m, back, err)
 		}
 	}
@@ -81,10 +83,10 @@ func TestRestartedSupervisor(t *testing.T) {
 			_, _ = unix.Wait4(pid, nil, 0, nil)
 		}
 	}()
-	var rec Record
+	var rec sandboxapi.Record
 	waitFor(t, 10*time.Second, "the daemon's launch", func() bool {
 		rec, err = ReadRecord(state, id)
-		if err != nil || rec.State != StateRunning {
+		if err != nil || rec.State != sandboxapi.StateRunning {
 			return false
 		}
 		// Settled: both are their sleep by now, not a shell that is about
@@ -96,7 +98,7 @@ func TestRestartedSupervisor(t *testing.T) {
 		})
 	})
 	old := rec.Supervisor
-	if old.PID != pid || !old.Alive() || rec.Cgroup == "" {
+	if old.PID != pid || !Alive(old) || rec.Cgroup == "" {
 		t.Fatalf("record %+v (daemon pid %d)", rec, pid)
 	}
 
@@ -118,8 +120,8 @@ func TestRestartedSupervisor(t *testing.T) {
 	}
 	reaped = true
 	left := taggedWithPrefix([]byte(EnvTag + "=" + id))
-	if len(left) != 2 || old.Alive() {
-		t.Fatalf("after the daemon's death: tagged %v, alive %v", left, old.Alive())
+	if len(left) != 2 || Alive(old) {
+		t.Fatalf("after the daemon's death: tagged %v, alive %v", left, Alive(old))
 	}
 
 	// A new supervisor, a new identity.
@@ -131,7 +133,7 @@ func TestRestartedSupervisor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rc.Outcome != OutcomeFailed || !strings.Contains(rc.Error, ErrSupervisorRestarted.Error()) ||
+	if rc.Outcome != sandboxapi.OutcomeFailed || !strings.Contains(rc.Error, ErrSupervisorRestarted.Error()) ||
 		!strings.Contains(rc.Error, old.String()) || !rc.CleanupConfirmed || !rc.Started {
 		t.Fatalf("receipt %+v", rc)
 	}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // stopConfigs are the two ways a supervisor finds and kills processes:
@@ -78,7 +80,7 @@ func TestStopScenarios(t *testing.T) {
 					if err != nil {
 						t.Fatalf("Stop: %v", err)
 					}
-					if rc.Outcome != OutcomeInterrupted || !rc.Started || !rc.CleanupConfirmed || rc.StopReason != StopRequested {
+					if rc.Outcome != sandboxapi.OutcomeInterrupted || !rc.Started || !rc.CleanupConfirmed || rc.StopReason != sandboxapi.StopRequested {
 						t.Fatalf("receipt %+v", rc)
 					}
 					for _, pid := range procs {
@@ -109,7 +111,7 @@ func TestStopIgnoresSIGINT(t *testing.T) {
 			if took < c.cfg.Grace {
 				t.Fatalf("stopped in %v, before the grace of %v", took, c.cfg.Grace)
 			}
-			if rc.Signal != "SIGKILL" || rc.Outcome != OutcomeInterrupted || !rc.CleanupConfirmed {
+			if rc.Signal != "SIGKILL" || rc.Outcome != sandboxapi.OutcomeInterrupted || !rc.CleanupConfirmed {
 				t.Fatalf("receipt %+v", rc)
 			}
 		})
@@ -121,7 +123,7 @@ func TestStopBeforeStart(t *testing.T) {
 	s := startSupervisor(t, Config{})
 	id := launchID(t, "a")
 	rc, err := s.Stop(ctxT(t), id)
-	if err != nil || rc.Started || rc.StopReason != StopFile {
+	if err != nil || rc.Started || rc.StopReason != sandboxapi.StopFile {
 		t.Fatalf("Stop of an unknown launch: %+v, %v", rc, err)
 	}
 	if !fileExists(filepath.Join(s.StateDir(), id, StopFileName)) {
@@ -129,7 +131,7 @@ func TestStopBeforeStart(t *testing.T) {
 	}
 	marker := filepath.Join(t.TempDir(), "ran")
 	rec := mustLaunch(t, s, Spec{ID: id, Argv: []string{"touch", marker}})
-	if rec.State != StateEnded || rec.Receipt == nil || rec.Receipt.Started || rec.Receipt.Outcome != OutcomeInterrupted {
+	if rec.State != sandboxapi.StateEnded || rec.Receipt == nil || rec.Receipt.Started || rec.Receipt.Outcome != sandboxapi.OutcomeInterrupted {
 		t.Fatalf("record %+v", rec)
 	}
 	if fileExists(marker) {
@@ -162,7 +164,7 @@ func TestStopLeavesOtherLaunches(t *testing.T) {
 					t.Errorf("launch b's pid %d (%s) is in state %q", pid, commOf(pid), st)
 				}
 			}
-			if rec, _ := s.Status(b); rec.State != StateRunning {
+			if rec, _ := s.Status(b); rec.State != sandboxapi.StateRunning {
 				t.Fatalf("launch b is %s", rec.State)
 			}
 		})
@@ -186,13 +188,13 @@ func TestCancel(t *testing.T) {
 				var procs []int
 				waitFor(t, 5*time.Second, "the daemon", func() bool { procs = launchPIDs(t, s, id); return len(procs) >= 2 })
 				if paused {
-					if _, err := s.Pause(ctxT(t), id, ModeDefault); err != nil {
+					if _, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault); err != nil {
 						t.Fatal(err)
 					}
 				}
 				start := time.Now()
 				rc, err := s.Cancel(ctxT(t), id)
-				if err != nil || rc.Signal != "SIGKILL" || rc.StopReason != StopCancelled || !rc.CleanupConfirmed {
+				if err != nil || rc.Signal != "SIGKILL" || rc.StopReason != sandboxapi.StopCancelled || !rc.CleanupConfirmed {
 					t.Fatalf("Cancel: %+v, %v", rc, err)
 				}
 				if took := time.Since(start); took > 10*time.Second {
@@ -218,7 +220,7 @@ func TestLaunchOutputAndExitCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rc.ExitCode != 3 || rc.Outcome != OutcomeFinished || !rc.Started || !rc.CleanupConfirmed {
+	if rc.ExitCode != 3 || rc.Outcome != sandboxapi.OutcomeFinished || !rc.Started || !rc.CleanupConfirmed {
 		t.Fatalf("receipt %+v", rc)
 	}
 	out := readFile(t, rec.Output)
@@ -236,7 +238,7 @@ func TestLaunchOutputAndExitCode(t *testing.T) {
 	// A command that cannot start is a failed launch.
 	bad := launchID(t, "bad")
 	rec, err = s.Launch(ctxT(t), Spec{ID: bad, Argv: []string{"/nonexistent/harness"}})
-	if err == nil || rec.Receipt == nil || rec.Receipt.Outcome != OutcomeFailed {
+	if err == nil || rec.Receipt == nil || rec.Receipt.Outcome != sandboxapi.OutcomeFailed {
 		t.Fatalf("bad launch: %+v, %v", rec, err)
 	}
 }
@@ -260,7 +262,7 @@ func TestShutdownStopsLaunches(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc, err := s.Receipt(id)
-	if err != nil || rc.Outcome != OutcomeInterrupted || rc.StopReason != StopShutdown || !rc.CleanupConfirmed {
+	if err != nil || rc.Outcome != sandboxapi.OutcomeInterrupted || rc.StopReason != sandboxapi.StopShutdown || !rc.CleanupConfirmed {
 		t.Fatalf("receipt %+v, %v", rc, err)
 	}
 	if _, err := s.Launch(context.Background(), Spec{ID: launchID(t, "b"), Argv: []string{"true"}}); !errors.Is(err, ErrClosed) {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // Spec is what to launch.
@@ -34,7 +36,7 @@ type Spec struct {
 	// run this long, paused time not counted (0: no deadline).
 	Timeout time.Duration
 	// Mode is the launch's default pause mode (default: the supervisor's).
-	Mode Mode
+	Mode sandboxapi.Mode
 }
 
 // Validate reports every problem of s, each naming the field.
@@ -52,13 +54,13 @@ func (s Spec) Validate() error {
 	if s.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("%w: Spec.Timeout must not be negative", ErrInvalidSpec))
 	}
-	if s.Mode > ModeHold {
+	if s.Mode > sandboxapi.ModeHold {
 		errs = append(errs, fmt.Errorf("%w: Spec.Mode %v", ErrInvalidSpec, s.Mode))
 	}
 	return errors.Join(errs...)
 }
 
-// exitInfo is a harness's exit: its code, or the signal that killed it.
+// exitInfo is a launch process's exit: its code, or the signal that killed it.
 type exitInfo struct {
 	code   int
 	signal string
@@ -83,7 +85,7 @@ type pauseOpts struct {
 // pauseOutcome is what the host did for a pause.
 type pauseOutcome struct {
 	confirmed bool
-	ended     bool // the harness had exited: nothing was paused
+	ended     bool // the process had exited: nothing was paused
 	count     int
 	pids      []int
 	pending   []string
@@ -94,14 +96,14 @@ type pauseOutcome struct {
 // host is what the supervisor needs from the operating system; newHost
 // returns the Linux one (host_linux.go) or errors.ErrUnsupported.
 type host interface {
-	identity() Identity
-	modes() []Mode
+	identity() sandboxapi.Identity
+	modes() []sandboxapi.Mode
 	uptime() float64
 	lock(stateDir string) (unlock func(), err error)
 	acquireReaper() error
 	releaseReaper()
 	start(s startSpec) (hostLaunch, error)
-	recoverLaunch(ctx context.Context, rec Record, timeout time.Duration) bool
+	recoverLaunch(ctx context.Context, rec sandboxapi.Record, timeout time.Duration) bool
 	close()
 }
 
@@ -113,8 +115,8 @@ type hostLaunch interface {
 	exits() <-chan exitInfo
 	exitedNow() bool
 	reaped()
-	pause(ctx context.Context, mode Mode, o pauseOpts) (pauseOutcome, error)
-	resume(ctx context.Context, mode Mode, p *pauseOutcome, timeout time.Duration) (int, error)
+	pause(ctx context.Context, mode sandboxapi.Mode, o pauseOpts) (pauseOutcome, error)
+	resume(ctx context.Context, mode sandboxapi.Mode, p *pauseOutcome, timeout time.Duration) (int, error)
 	interrupt()
 	kill(ctx context.Context, timeout time.Duration) bool
 	release() error
@@ -129,8 +131,8 @@ type Supervisor struct {
 	cfg   Config
 	log   zerolog.Logger
 	host  host
-	self  Identity
-	modes []Mode
+	self  sandboxapi.Identity
+	modes []sandboxapi.Mode
 
 	running  atomic.Bool
 	ready    chan struct{} // closed when Run is serving, or failed to
@@ -163,7 +165,7 @@ func New(cfg Config) (*Supervisor, error) {
 		ready: make(chan struct{}), closing: make(chan struct{}),
 		launches: map[string]*launch{},
 	}
-	if cfg.Mode != ModeDefault && !slices.Contains(s.modes, cfg.Mode) {
+	if cfg.Mode != sandboxapi.ModeDefault && !slices.Contains(s.modes, cfg.Mode) {
 		h.close()
 		return nil, fmt.Errorf("%w: Config.Mode %s (this host allows %v)", ErrModeUnavailable, cfg.Mode, s.modes)
 	}
@@ -173,7 +175,7 @@ func New(cfg Config) (*Supervisor, error) {
 // DetectModes returns the pause modes the host allows under cfg (its
 // CgroupRoot and NoCgroup; StateDir is not needed), as New finds them,
 // and leaves nothing behind.
-func DetectModes(cfg Config) ([]Mode, error) {
+func DetectModes(cfg Config) ([]sandboxapi.Mode, error) {
 	cfg.setDefaults()
 	h, err := newHost(cfg, cfg.Logger)
 	if err != nil {
@@ -185,20 +187,20 @@ func DetectModes(cfg Config) ([]Mode, error) {
 
 // Modes returns the pause modes this host allows, the default first:
 // freeze (when a cgroup v2 child can be created and frozen), stop, hold.
-func (s *Supervisor) Modes() []Mode { return slices.Clone(s.modes) }
+func (s *Supervisor) Modes() []sandboxapi.Mode { return slices.Clone(s.modes) }
 
 // Identity returns the supervisor's identity (pid and start time).
-func (s *Supervisor) Identity() Identity { return s.self }
+func (s *Supervisor) Identity() sandboxapi.Identity { return s.self }
 
 // StateDir returns the state directory.
 func (s *Supervisor) StateDir() string { return s.cfg.StateDir }
 
 // defaultMode resolves m for a launch.
-func (s *Supervisor) defaultMode(m Mode) Mode {
-	if m != ModeDefault {
+func (s *Supervisor) defaultMode(m sandboxapi.Mode) sandboxapi.Mode {
+	if m != sandboxapi.ModeDefault {
 		return m
 	}
-	if s.cfg.Mode != ModeDefault {
+	if s.cfg.Mode != sandboxapi.ModeDefault {
 		return s.cfg.Mode
 	}
 	return s.modes[0]
@@ -264,13 +266,13 @@ func (s *Supervisor) recoverAll(ctx context.Context) {
 			continue
 		}
 		rec, err := ReadRecord(s.cfg.StateDir, e.Name())
-		if err != nil || rec.State == StateEnded || rec.Supervisor == s.self {
+		if err != nil || rec.State == sandboxapi.StateEnded || rec.Supervisor == s.self {
 			continue
 		}
 		confirmed := s.host.recoverLaunch(ctx, rec, s.cfg.KillTimeout)
 		now := s.cfg.Now()
 		msg := fmt.Sprintf("%v: launch of supervisor %s, now %s", ErrSupervisorRestarted, rec.Supervisor, s.self)
-		if rec.Supervisor.Alive() {
+		if Alive(rec.Supervisor) {
 			msg += " (that process is alive but no longer holds the state directory)"
 		}
 		pauses := rec.Pauses
@@ -278,9 +280,9 @@ func (s *Supervisor) recoverAll(ctx context.Context) {
 			pauses.Total += now.Sub(pauses.Since)
 			pauses.Since = time.Time{}
 		}
-		rec.State, rec.Pauses, rec.Deadline, rec.Updated = StateEnded, pauses, time.Time{}, now
-		rec.Receipt = &Receipt{
-			ID: rec.ID, Started: !rec.Started.IsZero(), ExitCode: -1, Outcome: OutcomeFailed,
+		rec.State, rec.Pauses, rec.Deadline, rec.Updated = sandboxapi.StateEnded, pauses, time.Time{}, now
+		rec.Receipt = &sandboxapi.Receipt{
+			ID: rec.ID, Started: !rec.Started.IsZero(), ExitCode: -1, Outcome: sandboxapi.OutcomeFailed,
 			CleanupConfirmed: confirmed, Error: msg, Ended: now, Pauses: pauses,
 		}
 		if err := writeRecord(LaunchDir(s.cfg.StateDir, rec.ID), &rec, true); err != nil {
@@ -320,33 +322,33 @@ func (s *Supervisor) get(id string) *launch {
 // with EnvTag=<id> added, stdout and stderr to <state>/<id>/output.log and,
 // in freeze mode, in its own cgroup. If the stop file exists the launch
 // never starts (it ends interrupted); if the pause file exists it is held
-// until Continue. It returns the record once the harness has started (or
+// until Continue. It returns the record once the process has started (or
 // was held, or ended); a start failure is recorded as failed and returned.
 // Launch blocks until Run serves.
-func (s *Supervisor) Launch(ctx context.Context, spec Spec) (Record, error) {
+func (s *Supervisor) Launch(ctx context.Context, spec Spec) (sandboxapi.Record, error) {
 	if err := spec.Validate(); err != nil {
-		return Record{}, err
+		return sandboxapi.Record{}, err
 	}
 	if err := s.waitReady(ctx); err != nil {
-		return Record{}, err
+		return sandboxapi.Record{}, err
 	}
 	mode := s.defaultMode(spec.Mode)
 	if !slices.Contains(s.modes, mode) {
-		return Record{}, fmt.Errorf("%w: %s for launch %s (this host allows %v)", ErrModeUnavailable, mode, spec.ID, s.modes)
+		return sandboxapi.Record{}, fmt.Errorf("%w: %s for launch %s (this host allows %v)", ErrModeUnavailable, mode, spec.ID, s.modes)
 	}
 	dir := LaunchDir(s.cfg.StateDir, spec.ID)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return Record{}, ErrClosed
+		return sandboxapi.Record{}, ErrClosed
 	}
 	if s.launches[spec.ID] != nil || fileExists(filepath.Join(dir, RecordFile)) {
 		s.mu.Unlock()
-		return Record{}, fmt.Errorf("%w: %s", ErrLaunchExists, spec.ID)
+		return sandboxapi.Record{}, fmt.Errorf("%w: %s", ErrLaunchExists, spec.ID)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		s.mu.Unlock()
-		return Record{}, fmt.Errorf("sandboxd: launch %s: %w", spec.ID, err)
+		return sandboxapi.Record{}, fmt.Errorf("sandboxd: launch %s: %w", spec.ID, err)
 	}
 	l := newLaunch(s, spec, mode, dir)
 	s.launches[spec.ID] = l
@@ -358,7 +360,7 @@ func (s *Supervisor) Launch(ctx context.Context, spec Spec) (Record, error) {
 		return l.record(), err
 	}
 	rec := l.record()
-	if rec.State == StateEnded && rec.Receipt != nil && rec.Receipt.Outcome == OutcomeFailed {
+	if rec.State == sandboxapi.StateEnded && rec.Receipt != nil && rec.Receipt.Outcome == sandboxapi.OutcomeFailed {
 		return rec, fmt.Errorf("sandboxd: launch %s: %s", spec.ID, rec.Receipt.Error)
 	}
 	return rec, nil
@@ -367,23 +369,23 @@ func (s *Supervisor) Launch(ctx context.Context, spec Spec) (Record, error) {
 // Pause pauses launch id in mode (ModeDefault: the launch's) and returns
 // once the pause is confirmed: every process frozen (freeze), stopped
 // (stop), or at once (hold). A pause that cannot be confirmed is undone
-// and returns the report with its Fallback and ErrUnconfirmed. Pausing a
-// paused launch repeats its report. A launch that has ended keeps its
-// result and is not paused (report State ended). For a launch that has not
-// started (or is not known yet), the pause file is created, so that it is
-// held until Continue (report State held).
-func (s *Supervisor) Pause(ctx context.Context, id string, mode Mode) (PauseReport, error) {
+// and returns the result with its Fallback and ErrUnconfirmed. Pausing a
+// paused launch repeats its result. A launch that has ended keeps its
+// receipt and is not paused (result State ended). For a launch that has
+// not started (or is not known yet), the pause file is created, so that it
+// is held until Continue (result State held).
+func (s *Supervisor) Pause(ctx context.Context, id string, mode sandboxapi.Mode) (sandboxapi.PauseResult, error) {
 	if err := ValidateID(id); err != nil {
-		return PauseReport{}, err
+		return sandboxapi.PauseResult{}, err
 	}
 	if err := s.waitReady(ctx); err != nil {
-		return PauseReport{}, err
+		return sandboxapi.PauseResult{}, err
 	}
 	if l := s.get(id); l != nil {
 		r, err := l.call(ctx, command{kind: cmdPause, mode: mode})
-		return r.report, err
+		return r.pause, err
 	}
-	rep := s.newReport(id, "pause", mode)
+	rep := s.newPauseResult(id, "pause", mode)
 	if rec, err := ReadRecord(s.cfg.StateDir, id); err == nil {
 		rep.State, rep.PauseSeq = rec.State, rec.Pauses.Seq
 		return rep, nil
@@ -391,7 +393,7 @@ func (s *Supervisor) Pause(ctx context.Context, id string, mode Mode) (PauseRepo
 	if err := touch(LaunchDir(s.cfg.StateDir, id), PauseFileName); err != nil {
 		return rep, err
 	}
-	rep.State = StateHeld
+	rep.State = sandboxapi.StateHeld
 	return rep, nil
 }
 
@@ -401,18 +403,18 @@ func (s *Supervisor) Pause(ctx context.Context, id string, mode Mode) (PauseRepo
 // removed). Continuing a launch that is not paused does nothing. If a
 // paused launch cannot be continued it is killed and ErrContinueFailed is
 // returned.
-func (s *Supervisor) Continue(ctx context.Context, id string) (PauseReport, error) {
+func (s *Supervisor) Continue(ctx context.Context, id string) (sandboxapi.PauseResult, error) {
 	if err := ValidateID(id); err != nil {
-		return PauseReport{}, err
+		return sandboxapi.PauseResult{}, err
 	}
 	if err := s.waitReady(ctx); err != nil {
-		return PauseReport{}, err
+		return sandboxapi.PauseResult{}, err
 	}
 	if l := s.get(id); l != nil {
 		r, err := l.call(ctx, command{kind: cmdContinue})
-		return r.report, err
+		return r.pause, err
 	}
-	rep := s.newReport(id, "continue", ModeDefault)
+	rep := s.newPauseResult(id, "continue", sandboxapi.ModeDefault)
 	err := os.Remove(filepath.Join(LaunchDir(s.cfg.StateDir, id), PauseFileName))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return rep, err
@@ -420,7 +422,7 @@ func (s *Supervisor) Continue(ctx context.Context, id string) (PauseReport, erro
 	if rec, err := ReadRecord(s.cfg.StateDir, id); err == nil {
 		rep.State, rep.PauseSeq = rec.State, rec.Pauses.Seq
 	} else {
-		rep.State = StatePending
+		rep.State = sandboxapi.StatePending
 	}
 	return rep, nil
 }
@@ -429,25 +431,25 @@ func (s *Supervisor) Continue(ctx context.Context, id string) (PauseReport, erro
 // everything of it after the grace (a paused launch is killed at once: it
 // cannot act on SIGINT), SIGKILL again to anything still found, and waits
 // until it is confirmed gone. It returns the receipt (outcome interrupted
-// unless the harness had finished), or ErrKillUnconfirmed with it. For a
+// unless the process had finished), or ErrKillUnconfirmed with it. For a
 // launch that has not started (or is not known yet) the stop file is
 // created, so that it never starts.
-func (s *Supervisor) Stop(ctx context.Context, id string) (Receipt, error) {
-	return s.stop(ctx, id, StopRequested, s.cfg.Grace)
+func (s *Supervisor) Stop(ctx context.Context, id string) (sandboxapi.Receipt, error) {
+	return s.stop(ctx, id, sandboxapi.StopRequested, s.cfg.Grace)
 }
 
 // Cancel is Stop without the grace: SIGKILL to everything of the launch at
 // once, paused or not.
-func (s *Supervisor) Cancel(ctx context.Context, id string) (Receipt, error) {
-	return s.stop(ctx, id, StopCancelled, 0)
+func (s *Supervisor) Cancel(ctx context.Context, id string) (sandboxapi.Receipt, error) {
+	return s.stop(ctx, id, sandboxapi.StopCancelled, 0)
 }
 
-func (s *Supervisor) stop(ctx context.Context, id string, why StopReason, grace time.Duration) (Receipt, error) {
+func (s *Supervisor) stop(ctx context.Context, id string, why sandboxapi.StopReason, grace time.Duration) (sandboxapi.Receipt, error) {
 	if err := ValidateID(id); err != nil {
-		return Receipt{}, err
+		return sandboxapi.Receipt{}, err
 	}
 	if err := s.waitReady(ctx); err != nil {
-		return Receipt{}, err
+		return sandboxapi.Receipt{}, err
 	}
 	l := s.get(id)
 	if l == nil {
@@ -455,13 +457,13 @@ func (s *Supervisor) stop(ctx context.Context, id string, why StopReason, grace 
 			return *rec.Receipt, nil
 		}
 		if err := touch(LaunchDir(s.cfg.StateDir, id), StopFileName); err != nil {
-			return Receipt{}, err
+			return sandboxapi.Receipt{}, err
 		}
-		return Receipt{ID: id, ExitCode: -1, Outcome: OutcomeInterrupted, StopReason: StopFile, CleanupConfirmed: true, Ended: s.cfg.Now()}, nil
+		return sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeInterrupted, StopReason: sandboxapi.StopFile, CleanupConfirmed: true, Ended: s.cfg.Now()}, nil
 	}
 	l.abortPause()
 	if _, err := l.call(ctx, command{kind: cmdStop, reason: why, grace: grace}); err != nil && !errors.Is(err, errFinished) {
-		return Receipt{}, err
+		return sandboxapi.Receipt{}, err
 	}
 	return s.waitLaunch(ctx, l)
 }
@@ -469,14 +471,14 @@ func (s *Supervisor) stop(ctx context.Context, id string, why StopReason, grace 
 // Wait blocks until launch id has ended and its cleanup is done, and
 // returns its receipt. It first waits for Run to serve, so a launch that a
 // previous supervisor left is reported once it has been recovered.
-func (s *Supervisor) Wait(ctx context.Context, id string) (Receipt, error) {
+func (s *Supervisor) Wait(ctx context.Context, id string) (sandboxapi.Receipt, error) {
 	if err := ValidateID(id); err != nil {
-		return Receipt{}, err
+		return sandboxapi.Receipt{}, err
 	}
 	select {
 	case <-s.ready:
 	case <-ctx.Done():
-		return Receipt{}, ctx.Err()
+		return sandboxapi.Receipt{}, ctx.Err()
 	}
 	if l := s.get(id); l != nil {
 		return s.waitLaunch(ctx, l)
@@ -488,15 +490,15 @@ func (s *Supervisor) Wait(ctx context.Context, id string) (Receipt, error) {
 	return rc, err
 }
 
-func (s *Supervisor) waitLaunch(ctx context.Context, l *launch) (Receipt, error) {
+func (s *Supervisor) waitLaunch(ctx context.Context, l *launch) (sandboxapi.Receipt, error) {
 	select {
 	case <-l.done:
 	case <-ctx.Done():
-		return Receipt{}, ctx.Err()
+		return sandboxapi.Receipt{}, ctx.Err()
 	}
 	rec := l.record()
 	if rec.Receipt == nil {
-		return Receipt{}, fmt.Errorf("%w: %s", ErrNotEnded, l.id)
+		return sandboxapi.Receipt{}, fmt.Errorf("%w: %s", ErrNotEnded, l.id)
 	}
 	if !rec.Receipt.CleanupConfirmed {
 		return *rec.Receipt, fmt.Errorf("%w: launch %s", ErrKillUnconfirmed, l.id)
@@ -507,9 +509,9 @@ func (s *Supervisor) waitLaunch(ctx context.Context, l *launch) (Receipt, error)
 // Status returns the record of launch id: from memory for a launch of this
 // supervisor, else from the state directory (where, until Run serves, a
 // launch of a previous supervisor may not be recorded as ended yet).
-func (s *Supervisor) Status(id string) (Record, error) {
+func (s *Supervisor) Status(id string) (sandboxapi.Record, error) {
 	if err := ValidateID(id); err != nil {
-		return Record{}, err
+		return sandboxapi.Record{}, err
 	}
 	if l := s.get(id); l != nil {
 		return l.record(), nil
@@ -518,22 +520,22 @@ func (s *Supervisor) Status(id string) (Record, error) {
 }
 
 // Receipt returns the receipt of launch id, or ErrNotEnded.
-func (s *Supervisor) Receipt(id string) (Receipt, error) {
+func (s *Supervisor) Receipt(id string) (sandboxapi.Receipt, error) {
 	rec, err := s.Status(id)
 	if err != nil {
-		return Receipt{}, err
+		return sandboxapi.Receipt{}, err
 	}
 	if rec.Receipt == nil {
-		return Receipt{}, fmt.Errorf("%w: %s is %s", ErrNotEnded, id, rec.State)
+		return sandboxapi.Receipt{}, fmt.Errorf("%w: %s is %s", ErrNotEnded, id, rec.State)
 	}
 	return *rec.Receipt, nil
 }
 
 // List returns the records of every launch in the state directory, this
 // supervisor's from memory.
-func (s *Supervisor) List() []Record {
+func (s *Supervisor) List() []sandboxapi.Record {
 	ents, _ := os.ReadDir(s.cfg.StateDir)
-	var out []Record
+	var out []sandboxapi.Record
 	for _, e := range ents {
 		if !e.IsDir() || ValidateID(e.Name()) != nil {
 			continue
@@ -545,9 +547,10 @@ func (s *Supervisor) List() []Record {
 	return out
 }
 
-// newReport starts a report with the supervisor's identity and clocks.
-func (s *Supervisor) newReport(id, op string, m Mode) PauseReport {
-	return PauseReport{
+// newPauseResult starts a pause or continue result with the supervisor's
+// identity and clocks.
+func (s *Supervisor) newPauseResult(id, op string, m sandboxapi.Mode) sandboxapi.PauseResult {
+	return sandboxapi.PauseResult{
 		Launch: id, Op: op, Mode: m, Identity: s.self,
 		Wall: s.cfg.Now().UTC(), Uptime: s.host.uptime(),
 	}

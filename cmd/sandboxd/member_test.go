@@ -15,7 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
-	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // TestStaticMemberBinary builds sandboxd as the static binary that goes
@@ -71,14 +71,14 @@ func memberBinary(t *testing.T, bin string, env *jstest.Env, more []string) {
 	name := events.Member("sandbox.sb1")
 	membertest.WaitRegistered(t, env, "run1", name, nil)
 	nc, _ := env.Connect(t)
-	c, err := daemon.NewClient(nc, "run1", "sb1")
+	c, err := sandboxapi.NewClient(nc, "run1", "sb1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	launch := "l1-" + strconv.Itoa(os.Getpid()) // unique on the host: cgroups are shared
-	if _, err := c.Launch(ctx, daemon.LaunchRequest{LaunchID: launch, Episode: "r1", Command: "sleep 30"}); err != nil {
+	if _, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: launch, Episode: "r1", Command: "sleep 30"}); err != nil {
 		t.Fatal(err)
 	}
 	bridge := membertest.NewBridge(t, env, "run1")

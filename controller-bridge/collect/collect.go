@@ -22,7 +22,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
-	"github.com/stillpoint/stillpoint/participants/agent"
+	agent "github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
 
 // ErrStopped is returned by Run after Stop: a checkpoint with stop

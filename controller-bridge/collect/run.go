@@ -15,7 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
-	"github.com/stillpoint/stillpoint/participants/agent"
+	agent "github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
 
 // Run collects every task's result, then releases what Keep does not

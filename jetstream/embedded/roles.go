@@ -115,7 +115,7 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				kv(jetstream.BucketMembers, k+".*"),
 				kv(jetstream.BucketManifests, "*."+k+".*"),
 			), pub...)},
-			Subscribe: Subjects{Allow: append([]string{"_INBOX.>", "$SRV.>", "spsvc." + r + "." + k + ".*.>"}, sub...)},
+			Subscribe: Subjects{Allow: append([]string{"_INBOX.>", "$SRV.>", events.ServiceFilter(r, kind)}, sub...)},
 		}
 	}
 	switch role {
@@ -130,8 +130,8 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 		}, nil
 	case RoleAgent:
 		return member(events.KindAgent, append([]string{
-			"spsvc." + r + ".owner.*.>",
-			"spsvc." + r + ".sandbox.*.>",
+			events.ServiceFilter(r, events.KindOwner),
+			events.ServiceFilter(r, events.KindSandbox),
 		}, records...), []string{sp + "ack.*." + string(events.PhasePrepare) + "." + string(events.KindSandbox) + ".*"}), nil
 	case RoleOwner:
 		return member(events.KindOwner, append([]string{
@@ -142,7 +142,7 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 		return member(events.KindSandbox, nil, nil), nil
 	case RoleController:
 		return &Permissions{
-			Publish:   Subjects{Allow: append(common(), "spsvc."+r+".agent.*.>", "$SRV.>")},
+			Publish:   Subjects{Allow: append(common(), events.ServiceFilter(r, events.KindAgent), "$SRV.>")},
 			Subscribe: Subjects{Allow: []string{"_INBOX.>"}},
 		}, nil
 	case RoleAdmin:

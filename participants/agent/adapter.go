@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/stillpoint/stillpoint/participants/owner"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
 
 // Adapter is everything harness-specific: where the harness keeps its
@@ -21,7 +21,7 @@ type Adapter interface {
 	PausesAtCheckpoints() bool
 	// NewState returns the state of a new rollout (where its session
 	// lives in the sandbox). It is stored in the bookmark.
-	NewState(r Request) (json.RawMessage, error)
+	NewState(r agentapi.Request) (json.RawMessage, error)
 	// Command returns the launch of the harness; lc.Resume asks it to
 	// continue the saved session without a new user turn.
 	Command(lc LaunchContext) (Command, error)
@@ -47,7 +47,7 @@ type LaunchContext struct {
 	Attempt int
 	Task    json.RawMessage
 	// Session is the owner's session with its current sandbox.
-	Session owner.SessionInfo
+	Session SessionInfo
 	// State is the adapter's state from the bookmark.
 	State json.RawMessage
 	// Resume asks for a continuation of the saved session.

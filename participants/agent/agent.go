@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,9 +15,9 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
-	"github.com/stillpoint/stillpoint/participants/owner"
-	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 var (
@@ -58,6 +57,12 @@ type Config struct {
 	// Owner is the name of the sandbox owner that lends the sandboxes.
 	// Required.
 	Owner string
+	// OwnerService is how the agent calls that owner (default: the owner's
+	// service client on JS's connection).
+	OwnerService Owner
+	// SandboxService returns how the agent calls the daemon of a sandbox,
+	// once per sandbox (default: a sandboxapi.Client on JS's connection).
+	SandboxService func(sandboxID string) (Sandbox, error)
 	// Adapter drives the harness. Required.
 	Adapter Adapter
 	// Concurrency is how many rollouts run at once (default
@@ -112,54 +117,13 @@ func (c *Config) validate() error {
 	return errors.Join(errs...)
 }
 
-// Request asks for one rollout.
-type Request struct {
-	RolloutID string          `json:"rollout_id"`
-	Attempt   int             `json:"attempt"`
-	Task      json.RawMessage `json:"task"`
-}
-
-// Validate checks the request's ids and task.
-func (r Request) Validate() error {
-	var errs []error
-	if err := events.ValidateRollout("rollout_id", r.RolloutID); err != nil {
-		errs = append(errs, err)
-	}
-	if r.Attempt < 0 {
-		errs = append(errs, fmt.Errorf("%w: attempt %d is negative", events.ErrInvalid, r.Attempt))
-	}
-	if t := bytes.TrimSpace(r.Task); len(t) == 0 || bytes.Equal(t, []byte("null")) || !json.Valid(t) {
-		errs = append(errs, fmt.Errorf("%w: task: required, a JSON value", events.ErrInvalid))
-	}
-	return errors.Join(errs...)
-}
-
-// Result is a verified rollout.
-type Result struct {
-	RolloutID string `json:"rollout_id"`
-	Attempt   int    `json:"attempt"`
-	// Episode is the episode key, <rollout> or <rollout>-a<attempt>.
-	Episode string `json:"episode"`
-	// Adapter names the harness adapter.
-	Adapter string `json:"adapter"`
-	// Answer is what the harness answered; Verdict the owner's grade.
-	Answer  json.RawMessage `json:"answer,omitempty"`
-	Verdict json.RawMessage `json:"verdict,omitempty"`
-	// Restart tells a rollout nothing could save (restarted from its input
-	// after a crash); Restored one that continued from a checkpoint.
-	Restart  bool `json:"restart,omitempty"`
-	Restored bool `json:"restored,omitempty"`
-	// Launches is the launch log.
-	Launches []LaunchRecord `json:"launches"`
-}
-
 // Agent is the harness driver: a bus member whose work is rollouts.
 type Agent struct {
 	cfg    Config
 	name   events.Member
 	nc     *nats.Conn
 	member *member.Member
-	owner  *owner.Client
+	owner  Owner
 	acks   *ackBook
 	log    zerolog.Logger
 	slots  chan struct{}
@@ -170,11 +134,11 @@ type Agent struct {
 	open      string          // that checkpoint
 	reopen    chan struct{}   // closed when admission reopens
 	stopping  bool
-	runs      map[string]*run     // by rollout id
-	installed map[string]Bookmark // by rollout id, restored and not yet asked for
-	finished  map[string]*run     // by rollout id: the last ended runs, for a request asked again
-	order     []*run              // finished, oldest first
-	daemons   map[string]*daemon.Client
+	runs      map[string]*run              // by rollout id
+	installed map[string]agentapi.Bookmark // by rollout id, restored and not yet asked for
+	finished  map[string]*run              // by rollout id: the last ended runs, for a request asked again
+	order     []*run                       // finished, oldest first
+	sandboxes map[string]Sandbox           // by sandbox id
 	wg        sync.WaitGroup
 }
 
@@ -199,15 +163,21 @@ func newAgent(cfg Config) (*Agent, error) {
 	}
 	name, _ := events.NewMember(events.KindAgent, cfg.Name)
 	nc := cfg.JS.Conn()
-	oc, err := owner.NewClient(nc, cfg.Run, cfg.Owner)
-	if err != nil {
-		return nil, err
+	if cfg.OwnerService == nil {
+		oc, err := dialOwner(nc, cfg.Run, cfg.Owner)
+		if err != nil {
+			return nil, err
+		}
+		cfg.OwnerService = oc
 	}
-	a := &Agent{cfg: cfg, name: name, nc: nc, owner: oc, acks: newAckBook(cfg.Run, cfg.Bus.Stream),
+	if cfg.SandboxService == nil {
+		cfg.SandboxService = func(id string) (Sandbox, error) { return sandboxapi.NewClient(nc, cfg.Run, id) }
+	}
+	a := &Agent{cfg: cfg, name: name, nc: nc, owner: cfg.OwnerService, acks: newAckBook(cfg.Run, cfg.Bus.Stream),
 		log:   cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger(),
 		slots: make(chan struct{}, cfg.Concurrency), reopen: make(chan struct{}),
-		runs: map[string]*run{}, installed: map[string]Bookmark{}, finished: map[string]*run{},
-		daemons: map[string]*daemon.Client{}}
+		runs: map[string]*run{}, installed: map[string]agentapi.Bookmark{}, finished: map[string]*run{},
+		sandboxes: map[string]Sandbox{}}
 	return a, nil
 }
 
@@ -219,7 +189,8 @@ func (a *Agent) Member() *member.Member { return a.member }
 
 // Run runs the member, the ack subscription and the run service until ctx
 // ends or the member is superseded or replaced. Rollouts in flight are
-// left as a crash leaves them: a restore continues them.
+// left as a crash leaves them: a restore continues them. Run returns once
+// every goroutine it or a rollout started has ended.
 func (a *Agent) Run(ctx context.Context) error {
 	if err := a.acks.subscribe(a.nc); err != nil {
 		return fmt.Errorf("agent: subscribe to sandbox acks: %w", err)
@@ -227,10 +198,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.acks.close()
 	g, gctx := errgroup.WithContext(ctx)
 	a.mu.Lock()
-	a.ctx = gctx
+	// Runs do not end with gctx, whose cause would read as a cancel (and
+	// have the cleanup rule kill their launches): shutdown ends them, as a
+	// crash would, or their caller, a retire or a park does.
+	a.ctx = context.WithoutCancel(gctx)
 	a.mu.Unlock()
 	svc, err := a.serve(gctx)
 	if err != nil {
+		a.shutdown()
 		return err
 	}
 	g.Go(func() error {
@@ -257,30 +232,15 @@ func (a *Agent) shutdown() {
 	a.wg.Wait()
 }
 
-// daemon returns the client of a sandbox's daemon.
-func (a *Agent) daemon(sandbox string) (*daemon.Client, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if c, ok := a.daemons[sandbox]; ok {
-		return c, nil
-	}
-	c, err := daemon.NewClient(a.nc, a.cfg.Run, sandbox)
-	if err != nil {
-		return nil, err
-	}
-	a.daemons[sandbox] = c
-	return c, nil
-}
-
 // Rollout runs one rollout and returns its result once verified. It is
 // registered at its seed bookmark (or at the bookmark a restore installed
 // for this attempt) before it waits for a slot. A second request of the
 // same attempt waits for the same result; ctx ending cancels the rollout
 // (its launch is killed and its session closed).
-func (a *Agent) Rollout(ctx context.Context, req Request) (Result, error) {
+func (a *Agent) Rollout(ctx context.Context, req agentapi.Request) (agentapi.Result, error) {
 	r, err := a.start(req)
 	if err != nil {
-		return Result{}, err
+		return agentapi.Result{}, err
 	}
 	stop := context.AfterFunc(ctx, func() {
 		r.cancel(fmt.Errorf("agent: rollout %s cancelled by its caller: %w", r.key, context.Cause(ctx)))
@@ -290,7 +250,7 @@ func (a *Agent) Rollout(ctx context.Context, req Request) (Result, error) {
 	return r.res, r.err
 }
 
-func (a *Agent) start(req Request) (*run, error) {
+func (a *Agent) start(req agentapi.Request) (*run, error) {
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
@@ -324,7 +284,7 @@ func (a *Agent) start(req Request) (*run, error) {
 			return nil, fmt.Errorf("%w: %s asked, %s already ran", member.ErrStaleAttempt, ep, r.ep)
 		}
 	}
-	bm := Bookmark{V: BookmarkVersion, Next: StageSeed, Rollout: req.RolloutID, Attempt: req.Attempt, Task: req.Task}
+	bm := agentapi.Bookmark{V: agentapi.BookmarkVersion, Next: agentapi.StageSeed, Rollout: req.RolloutID, Attempt: req.Attempt, Task: req.Task}
 	restored := false
 	if ib, ok := a.installed[req.RolloutID]; ok {
 		switch {
@@ -378,17 +338,17 @@ type parkRequest struct {
 type run struct {
 	key    string
 	ep     events.Episode
-	req    Request
+	req    agentapi.Request
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	done   chan struct{}
-	res    Result
+	res    agentapi.Result
 	err    error
 	parkCh chan struct{}
 	log    zerolog.Logger
 
 	// Guarded by Agent.mu.
-	bm        Bookmark
+	bm        agentapi.Bookmark
 	at        where
 	parkedFor string
 	parkReq   *parkRequest
@@ -399,10 +359,10 @@ type run struct {
 	hold      int    // test hook: > 0 keeps the run busy
 }
 
-func (a *Agent) bookmark(r *run) Bookmark {
+func (a *Agent) bookmark(r *run) agentapi.Bookmark {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return r.bm.clone()
+	return r.bm.Clone()
 }
 
 // drive runs a rollout to its end and applies the cleanup rule.
@@ -448,33 +408,33 @@ func (a *Agent) remember(r *run) {
 	}
 }
 
-func (a *Agent) queue(r *run) (Result, error) {
+func (a *Agent) queue(r *run) (agentapi.Result, error) {
 	select {
 	case a.slots <- struct{}{}:
 	case <-r.ctx.Done():
-		return Result{}, context.Cause(r.ctx)
+		return agentapi.Result{}, context.Cause(r.ctx)
 	}
 	defer func() { <-a.slots }()
 	return a.stages(r)
 }
 
-// stages runs seed → harness → verify → return, recording the bookmark
+// stages runs seed → launch → verify → return, recording the bookmark
 // before each.
-func (a *Agent) stages(r *run) (Result, error) {
+func (a *Agent) stages(r *run) (agentapi.Result, error) {
 	bm := a.bookmark(r)
 	for {
 		if err := a.boundary(r, bm); err != nil {
-			return Result{}, err
+			return agentapi.Result{}, err
 		}
 		var err error
 		switch bm.Next {
-		case StageSeed:
+		case agentapi.StageSeed:
 			bm, err = a.seed(r, bm)
-		case StageHarness:
-			bm, err = a.harness(r, bm)
-		case StageVerify:
+		case agentapi.StageLaunch:
+			bm, err = a.launchStage(r, bm)
+		case agentapi.StageVerify:
 			bm, err = a.verify(r, bm)
-		case StageReturn:
+		case agentapi.StageReturn:
 			res := *bm.Result
 			res.Launches = bm.Launches
 			a.mu.Lock()
@@ -496,7 +456,7 @@ func (a *Agent) stages(r *run) (Result, error) {
 			continue
 		}
 		if err != nil {
-			return Result{}, err
+			return agentapi.Result{}, err
 		}
 	}
 }
@@ -505,10 +465,9 @@ func (a *Agent) stages(r *run) (Result, error) {
 // checkpoint is open; the run waits at its boundary and tries again.
 var errAdmissionClosed = errors.New("agent: admission closed")
 
-func isAdmissionClosed(err error) bool {
-	var se *jetstream.ServiceError
-	return errors.As(err, &se) && se.Code == "admission_closed"
-}
+// isAdmissionClosed tells a refusal for an open checkpoint, which the
+// owner and the daemons answer with the same code.
+func isAdmissionClosed(err error) bool { return isCode(err, sandboxapi.CodeAdmissionClosed) }
 
 func isCode(err error, code string) bool {
 	var se *jetstream.ServiceError
@@ -517,7 +476,7 @@ func isCode(err error, code string) bool {
 
 // boundary records bm and, while a checkpoint holds admission closed,
 // waits there: the checkpoint exports the run at bm.
-func (a *Agent) boundary(r *run, bm Bookmark) error {
+func (a *Agent) boundary(r *run, bm agentapi.Bookmark) error {
 	if err := bm.Validate(); err != nil {
 		return fmt.Errorf("agent: %s: %w", r.key, err)
 	}
@@ -548,12 +507,12 @@ func (a *Agent) boundary(r *run, bm Bookmark) error {
 }
 
 // seed asks the owner for the session's sandbox.
-func (a *Agent) seed(r *run, bm Bookmark) (Bookmark, error) {
+func (a *Agent) seed(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 	a.mu.Lock()
 	r.seeded = true // from now on the owner may hold a session to close
 	a.mu.Unlock()
-	info, err := retryNoResponders(r.ctx, 5*time.Minute, func(ctx context.Context) (owner.SessionInfo, error) {
-		return a.owner.SeedSession(ctx, owner.SeedRequest{SessionID: bm.Rollout, Episode: r.key, Task: bm.Task})
+	info, err := retryNoResponders(r.ctx, 5*time.Minute, func(ctx context.Context) (SessionInfo, error) {
+		return a.seedSession(ctx, bm.Rollout, r.key, bm.Task)
 	})
 	if isAdmissionClosed(err) {
 		return bm, errAdmissionClosed
@@ -574,7 +533,7 @@ func (a *Agent) seed(r *run, bm Bookmark) (Bookmark, error) {
 	if err != nil {
 		return bm, fmt.Errorf("agent: %s: %w", r.key, err)
 	}
-	bm.Next, bm.Session, bm.Owner, bm.VerifyMode = StageHarness, bm.Rollout, a.cfg.Owner, "owner"
+	bm.Next, bm.Session, bm.Owner, bm.VerifyMode = agentapi.StageLaunch, bm.Rollout, a.cfg.Owner, "owner"
 	bm.Sandbox, bm.Workdir, bm.State = info.SandboxID, info.Workdir, state
 	bm.Restart = a.cfg.NoCheckpointing || info.RestartOnly || info.SandboxID == ""
 	if bm.Restart {
@@ -584,9 +543,9 @@ func (a *Agent) seed(r *run, bm Bookmark) (Bookmark, error) {
 }
 
 // verify asks the owner for the grade; the owner ends the session.
-func (a *Agent) verify(r *run, bm Bookmark) (Bookmark, error) {
-	vr, err := retryNoResponders(r.ctx, 10*time.Minute, func(ctx context.Context) (owner.VerifyResult, error) {
-		return a.owner.VerifyEnd(ctx, owner.VerifyRequest{SessionID: bm.Session, End: true})
+func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
+	verdict, err := retryNoResponders(r.ctx, 10*time.Minute, func(ctx context.Context) (json.RawMessage, error) {
+		return a.verifyEnd(ctx, bm.Session)
 	})
 	if isAdmissionClosed(err) {
 		return bm, errAdmissionClosed
@@ -598,9 +557,9 @@ func (a *Agent) verify(r *run, bm Bookmark) (Bookmark, error) {
 	restored := r.restored
 	r.seeded = false // the owner ended the session
 	a.mu.Unlock()
-	bm.Next = StageReturn
-	bm.Result = &Result{RolloutID: bm.Rollout, Attempt: r.ep.Attempt, Episode: r.key, Adapter: a.cfg.Adapter.Name(),
-		Answer: bm.Answer, Verdict: vr.Result, Restart: bm.Restart, Restored: restored}
+	bm.Next = agentapi.StageReturn
+	bm.Result = &agentapi.Result{RolloutID: bm.Rollout, Attempt: r.ep.Attempt, Episode: r.key, Adapter: a.cfg.Adapter.Name(),
+		Answer: bm.Answer, Verdict: verdict, Restart: bm.Restart, Restored: restored}
 	return bm, nil
 }
 
@@ -616,8 +575,8 @@ func (a *Agent) cleanup(r *run, cause error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 30*time.Second)
 	defer cancel()
 	if launch != "" {
-		if dc, err := a.daemon(sandbox); err == nil {
-			if _, err := dc.Stop(ctx, launch, true); err != nil && !isCode(err, "unknown_launch") {
+		if dc, err := a.sandbox(sandbox); err == nil {
+			if _, err := dc.Stop(ctx, launch, true); err != nil && !isCode(err, sandboxapi.CodeUnknownLaunch) {
 				r.log.Warn().Err(err).Str("launch", launch).Msg("kill the launch")
 			}
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
@@ -40,7 +41,7 @@ func (s *subject) AddWork(t testing.TB, n int) []events.Episode {
 		s.n++
 		id := fmt.Sprintf("%s-w%d", s.prefix, s.n)
 		s.mu.Unlock()
-		if _, err := s.start(Request{RolloutID: id, Task: task}); err != nil {
+		if _, err := s.start(agentapi.Request{RolloutID: id, Task: task}); err != nil {
 			t.Fatalf("start %s: %v", id, err)
 		}
 		eps = append(eps, events.Episode{Rollout: id})

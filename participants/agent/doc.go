@@ -2,12 +2,18 @@
 // work is rollouts of a CLI agent harness, each in a sandbox that a
 // sandbox owner lends, through a small Adapter per harness.
 //
+// A harness is the CLI agent program a rollout drives (OpenCode, the
+// scripted harness); its Adapter knows where it keeps its session and how
+// to launch it.
+//
 // A rollout request (the micro endpoint spsvc.<run>.agent.<name>.run, or
-// Agent.Rollout) is registered at its seed bookmark before it waits for a
-// concurrency slot, then runs the stages seed → harness → verify →
-// return, recording a v1 Bookmark before each. Before every launch the
-// driver asks the owner's sandbox_access which sandbox is current (a fork
-// after a restore) and, on a relaunch, the adapter's ResumeDecision.
+// Agent.Rollout; package agentapi holds the request, the result, the
+// bookmark and the client) is registered at its seed bookmark before it
+// waits for a concurrency slot, then runs the stages seed → launch →
+// verify → return, recording a v1 Bookmark before each (the launch stage
+// is "harness" on the wire). Before every launch the driver asks the
+// owner's sandbox_access which sandbox is current (a fork after a restore)
+// and, on a relaunch, the adapter's ResumeDecision.
 //
 // At a checkpoint's prepare every run is asked to park. A run between
 // stages waits at its bookmark. A run whose harness runs is ready once its
@@ -21,7 +27,7 @@
 //
 // A restore installs the exported bookmarks; the controller then asks for
 // each continued rollout as its next attempt, and the driver continues it
-// from its bookmark: at harness it relaunches on the saved session in the
+// from its bookmark: at launch it relaunches on the saved session in the
 // forked sandbox, at verify it grades again without launching, at return
 // it returns the stored result.
 //
@@ -29,4 +35,10 @@
 // verified one nothing (the owner ended the session); one that fails or is
 // cancelled before verify has its launch killed and its session closed.
 // A stopping or superseded agent touches nothing, as a crash would not.
+//
+// The agent calls the owner and the sandboxes' daemons through interfaces
+// of its own, Owner (owner.go, the one file that names the owner's
+// package) and Sandbox (sandbox.go), with only the calls it makes; Config
+// can give other implementations, and by default they are the services'
+// clients on the agent's connection.
 package agent

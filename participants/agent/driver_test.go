@@ -10,11 +10,12 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
-func record(t *testing.T, key string, bm Bookmark) events.Record {
+func record(t *testing.T, key string, bm agentapi.Bookmark) events.Record {
 	t.Helper()
 	b, err := json.Marshal(bm)
 	if err != nil {
@@ -31,14 +32,14 @@ func TestContinuationAtReturnReturnsTheStoredResult(t *testing.T) {
 	w := newWorld(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	stored := &Result{RolloutID: "r1", Attempt: 0, Episode: "r1", Adapter: "scripted", Answer: json.RawMessage(`"done"`),
+	stored := &agentapi.Result{RolloutID: "r1", Attempt: 0, Episode: "r1", Adapter: "scripted", Answer: json.RawMessage(`"done"`),
 		Verdict: json.RawMessage(`{"reward":1}`)}
-	launches := []LaunchRecord{{ID: "r1.l1", Sandbox: "sb1", Ended: LaunchFinished, Why: "first launch"}}
-	bm := Bookmark{V: 1, Next: StageReturn, Rollout: "r1", Task: task, Session: "r1", Result: stored, Launches: launches}
+	launches := []agentapi.LaunchRecord{{ID: "r1.l1", Sandbox: "sb1", Ended: agentapi.LaunchFinished, Why: "first launch"}}
+	bm := agentapi.Bookmark{V: 1, Next: agentapi.StageReturn, Rollout: "r1", Task: task, Session: "r1", Result: stored, Launches: launches}
 	if eps, err := w.agent.Install(ctx, events.Restore{}, []events.Record{record(t, "r1", bm)}); err != nil || len(eps) != 1 {
 		t.Fatalf("Install: %v %v", eps, err)
 	}
-	res, err := w.agent.Rollout(ctx, Request{RolloutID: "r1", Attempt: 1, Task: task})
+	res, err := w.agent.Rollout(ctx, agentapi.Request{RolloutID: "r1", Attempt: 1, Task: task})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,13 +61,13 @@ func TestContinuationAtVerifyGradesWithoutLaunching(t *testing.T) {
 	if _, err := w.owner.StartSession(ctx, "r1", events.Episode{Rollout: "r1", Attempt: 1}, provider.Spec{}); err != nil {
 		t.Fatal(err)
 	}
-	launches := []LaunchRecord{{ID: "r1.l1", Sandbox: "sb-r1", Ended: LaunchFinished}}
-	bm := Bookmark{V: 1, Next: StageVerify, Rollout: "r1", Task: task, Session: "r1", Owner: "o1", Answer: json.RawMessage(`"42"`),
+	launches := []agentapi.LaunchRecord{{ID: "r1.l1", Sandbox: "sb-r1", Ended: agentapi.LaunchFinished}}
+	bm := agentapi.Bookmark{V: 1, Next: agentapi.StageVerify, Rollout: "r1", Task: task, Session: "r1", Owner: "o1", Answer: json.RawMessage(`"42"`),
 		Launches: launches}
 	if _, err := w.agent.Install(ctx, events.Restore{}, []events.Record{record(t, "r1", bm)}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := w.agent.Rollout(ctx, Request{RolloutID: "r1", Attempt: 1, Task: task})
+	res, err := w.agent.Rollout(ctx, agentapi.Request{RolloutID: "r1", Attempt: 1, Task: task})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +87,7 @@ func TestContinuationAtVerifyGradesWithoutLaunching(t *testing.T) {
 func TestInstallRefusesABadBookmarkAndInstallsNothing(t *testing.T) {
 	w := newWorld(t)
 	ctx := t.Context()
-	good := record(t, "r1", Bookmark{V: 1, Next: StageSeed, Rollout: "r1", Task: task})
+	good := record(t, "r1", agentapi.Bookmark{V: 1, Next: agentapi.StageSeed, Rollout: "r1", Task: task})
 	for _, bad := range []events.Record{
 		{Key: "r2", Data: json.RawMessage(`{"v":9,"next":"seed","rollout":"r2"}`)},
 		{Key: "r2", Data: json.RawMessage(`{"v":1,"next":"fly","rollout":"r2"}`)},
@@ -110,11 +111,11 @@ func TestRunEndpointRefusesBadRequests(t *testing.T) {
 	w := newWorld(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	c, err := NewClient(w.env.Conn, testRun, "a1")
+	c, err := agentapi.NewClient(w.env.Conn, testRun, "a1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, body := range []Request{
+	for _, body := range []agentapi.Request{
 		{RolloutID: "../etc", Task: task},
 		{RolloutID: "r.a1", Attempt: -1, Task: task},
 		{RolloutID: "r-a3", Task: task},
@@ -128,14 +129,14 @@ func TestRunEndpointRefusesBadRequests(t *testing.T) {
 		}
 	}
 	var raw json.RawMessage
-	if err := jetstream.Call(ctx, w.env.Conn, ServiceSubject(testRun, "a1")+".run", map[string]any{"rollout_id": "r1", "bogus": 1}, &raw); err == nil {
+	if err := jetstream.Call(ctx, w.env.Conn, events.ServiceSubject(testRun, w.agent.Name())+"."+agentapi.EndpointRun, map[string]any{"rollout_id": "r1", "bogus": 1}, &raw); err == nil {
 		t.Error("an unknown field was accepted")
 	}
-	bm := Bookmark{V: 1, Next: StageSeed, Rollout: "r1", Attempt: 2, Task: task}
+	bm := agentapi.Bookmark{V: 1, Next: agentapi.StageSeed, Rollout: "r1", Attempt: 2, Task: task}
 	if _, err := w.agent.Install(ctx, events.Restore{}, []events.Record{record(t, "r1-a2", bm)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.agent.Rollout(ctx, Request{RolloutID: "r1", Attempt: 1, Task: task}); !errors.Is(err, member.ErrStaleAttempt) {
+	if _, err := w.agent.Rollout(ctx, agentapi.Request{RolloutID: "r1", Attempt: 1, Task: task}); !errors.Is(err, member.ErrStaleAttempt) {
 		t.Fatalf("attempt 1 of a rollout restored as attempt 3: %v, want ErrStaleAttempt", err)
 	}
 }
@@ -150,11 +151,11 @@ func TestRestartOnlyRolloutIsNeverParked(t *testing.T) {
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		_, err := w.agent.Rollout(rctx, Request{RolloutID: "r1", Task: task})
+		_, err := w.agent.Rollout(rctx, agentapi.Request{RolloutID: "r1", Task: task})
 		done <- err
 	}()
 	// The dir sandbox runs no daemon: the launch waits for one, and the run
-	// stays in its harness stage.
+	// stays in its launch stage.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		w.agent.mu.Lock()
@@ -206,21 +207,21 @@ func TestRequestAskedAgainGetsTheSameAnswer(t *testing.T) {
 	w := newWorld(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	stored := &Result{RolloutID: "r1", Attempt: 1, Episode: "r1-a1", Adapter: "scripted", Verdict: json.RawMessage(`{"reward":1}`)}
-	bm := Bookmark{V: 1, Next: StageReturn, Rollout: "r1", Task: task, Result: stored}
+	stored := &agentapi.Result{RolloutID: "r1", Attempt: 1, Episode: "r1-a1", Adapter: "scripted", Verdict: json.RawMessage(`{"reward":1}`)}
+	bm := agentapi.Bookmark{V: 1, Next: agentapi.StageReturn, Rollout: "r1", Task: task, Result: stored}
 	if _, err := w.agent.Install(ctx, events.Restore{}, []events.Record{record(t, "r1", bm)}); err != nil {
 		t.Fatal(err)
 	}
-	c, _ := NewClient(w.env.Conn, testRun, "a1")
-	first, err := c.Rollout(ctx, Request{RolloutID: "r1", Attempt: 1, Task: task})
+	c, _ := agentapi.NewClient(w.env.Conn, testRun, "a1")
+	first, err := c.Rollout(ctx, agentapi.Request{RolloutID: "r1", Attempt: 1, Task: task})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := c.Rollout(ctx, Request{RolloutID: "r1", Attempt: 1, Task: task})
+	again, err := c.Rollout(ctx, agentapi.Request{RolloutID: "r1", Attempt: 1, Task: task})
 	if err != nil || string(again.Verdict) != string(first.Verdict) || !again.Restored {
 		t.Fatalf("asked again: %+v %v, want the first answer %+v", again, err, first)
 	}
-	if _, err := c.Rollout(ctx, Request{RolloutID: "r1", Attempt: 0, Task: task}); err == nil {
+	if _, err := c.Rollout(ctx, agentapi.Request{RolloutID: "r1", Attempt: 0, Task: task}); err == nil {
 		t.Fatal("an earlier attempt of a finished rollout ran")
 	}
 }

@@ -49,11 +49,15 @@ type world struct {
 	grades atomic.Int32
 }
 
-func newWorld(t *testing.T) *world { return newWorldOn(t, false) }
+func newWorld(t *testing.T) *world { return newWorldWith(t, false, nil) }
 
 // newWorldOn builds the world; with restartOnly the owner's provider cannot
 // snapshot, so the owner is restart_only.
-func newWorldOn(t *testing.T, restartOnly bool) *world {
+func newWorldOn(t *testing.T, restartOnly bool) *world { return newWorldWith(t, restartOnly, nil) }
+
+// newWorldWith builds the world with the agent's Config.SandboxService
+// (nil: the daemons' clients).
+func newWorldWith(t *testing.T, restartOnly bool, sandboxes func(string) (Sandbox, error)) *world {
 	t.Helper()
 	w := &world{env: jstest.Start(t)}
 	var err error
@@ -84,7 +88,7 @@ func newWorldOn(t *testing.T, restartOnly bool) *world {
 	nc, _ := w.env.Connect(t)
 	runUntilCleanup(t, "owner service", func(ctx context.Context) error { return w.owner.Serve(ctx, nc, nil, grade) })
 	membertest.WaitRegistered(t, w.env, testRun, "owner.o1", nil)
-	w.agent, err = New(Config{Run: testRun, Name: "a1", JS: w.env.JS, Bus: w.env.Bus, Owner: "o1",
+	w.agent, err = New(Config{Run: testRun, Name: "a1", JS: w.env.JS, Bus: w.env.Bus, Owner: "o1", SandboxService: sandboxes,
 		Adapter: &Scripted{Binary: "/nonexistent/harness", ModelURL: "http://127.0.0.1:1"}, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 )
 
@@ -46,7 +47,7 @@ func (a *Agent) Prepare(_ context.Context, cp member.Checkpoint) (member.Report,
 			rep.Restarts = append(rep.Restarts, r.key)
 		case r.at == atBoundary && r.hold == 0:
 			parked++
-			if r.bm.Next == StageSeed && !r.seeded {
+			if r.bm.Next == agentapi.StageSeed && !r.seeded {
 				queued++
 			}
 		case r.at == atParked && r.parkedFor == cp.ID:
@@ -82,7 +83,7 @@ func (a *Agent) Export(_ context.Context, c events.Commit) ([]events.Record, err
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var recs []events.Record
-	add := func(key string, bm Bookmark) error {
+	add := func(key string, bm agentapi.Bookmark) error {
 		if len(scope) > 0 && !scope[key] {
 			return nil
 		}
@@ -148,7 +149,7 @@ func (a *Agent) Resume(_ context.Context, checkpointID string) error {
 // rollouts, all or none; each continues as its next attempt when the
 // controller asks for it.
 func (a *Agent) Install(ctx context.Context, _ events.Restore, records []events.Record) ([]events.Episode, error) {
-	bms := make([]Bookmark, 0, len(records))
+	bms := make([]agentapi.Bookmark, 0, len(records))
 	eps := make([]events.Episode, 0, len(records))
 	var errs []error
 	for _, rec := range records {
@@ -157,13 +158,13 @@ func (a *Agent) Install(ctx context.Context, _ events.Restore, records []events.
 			errs = append(errs, fmt.Errorf("record %q: %w", rec.Key, err))
 			continue
 		}
-		bm, err := DecodeBookmark(rec.Data)
+		bm, err := agentapi.DecodeBookmark(rec.Data)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("record %s: %w", rec.Key, err))
 			continue
 		}
 		if bm.Rollout != ep.Rollout || bm.Attempt != ep.Attempt {
-			errs = append(errs, fmt.Errorf("record %s: %w: it holds %s attempt %d", rec.Key, ErrBadBookmark, bm.Rollout, bm.Attempt))
+			errs = append(errs, fmt.Errorf("record %s: %w: it holds %s attempt %d", rec.Key, agentapi.ErrBadBookmark, bm.Rollout, bm.Attempt))
 			continue
 		}
 		bm.Attempt = ep.Next().Attempt

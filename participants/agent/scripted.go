@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
 
 // Scripted is the adapter of the scripted coding-agent harness
@@ -73,7 +74,7 @@ func (s *Scripted) ValidateTask(task json.RawMessage) error {
 }
 
 // NewState implements Adapter.
-func (s *Scripted) NewState(r Request) (json.RawMessage, error) {
+func (s *Scripted) NewState(r agentapi.Request) (json.RawMessage, error) {
 	if _, err := decodeTask(r.Task); err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/sandboxd"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // ErrAdmissionClosed is returned for a launch asked while a checkpoint is
@@ -135,9 +136,9 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 		// registering: wait for it, or it would escape the pause.
 		return member.Report{Blockers: []string{"launch-registering"}}, nil
 	}
-	var reports []sandboxd.PauseReport
+	var reports []sandboxapi.PauseResult
 	for _, rec := range d.sup.List() {
-		if rec.State == sandboxd.StateEnded {
+		if rec.State == sandboxapi.StateEnded {
 			continue
 		}
 		d.mu.Lock()
@@ -147,7 +148,7 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 			continue
 		}
 		mark := d.paused[rec.ID]
-		if mark == "" && rec.State == sandboxd.StatePaused {
+		if mark == "" && rec.State == sandboxapi.StatePaused {
 			// Paused by the agent, not by a checkpoint: it is still, and its
 			// continue is the agent's to send.
 			d.mu.Unlock()
@@ -162,7 +163,7 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 		if mark == cp.ID {
 			continue
 		}
-		rep, err := d.sup.Pause(ctx, rec.ID, sandboxd.ModeDefault)
+		rep, err := d.sup.Pause(ctx, rec.ID, sandboxapi.ModeDefault)
 		switch {
 		case errors.Is(err, sandboxd.ErrUnconfirmed):
 			// Unconfirmed, and undone: never leave it running through a
@@ -177,7 +178,7 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 			continue // being stopped: it ends by itself
 		case err != nil:
 			return member.Report{}, fmt.Errorf("pause %s: %w", rec.ID, err)
-		case rep.State == sandboxd.StateEnded:
+		case rep.State == sandboxapi.StateEnded:
 			d.unmark(rec.ID)
 			continue // ended just before the pause: it keeps its result
 		}
@@ -215,7 +216,7 @@ func (d *Daemon) Continue(ctx context.Context, id string) (*events.PauseReport, 
 	}
 	d.mu.Unlock()
 	sort.Strings(ids)
-	var reports []sandboxd.PauseReport
+	var reports []sandboxapi.PauseResult
 	var errs []error
 	for _, l := range ids {
 		rep, err := d.sup.Continue(ctx, l)
@@ -242,7 +243,7 @@ func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
 	}
 	var errs []error
 	for _, rec := range d.sup.List() {
-		if rec.State == sandboxd.StateEnded {
+		if rec.State == sandboxapi.StateEnded {
 			continue
 		}
 		d.mu.Lock()
@@ -264,28 +265,28 @@ func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
 // launch starts a launch for episode, unless a checkpoint is open. A
 // prepare that comes while it registers waits for it; an attempt retired
 // meanwhile is stopped again at once.
-func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec sandboxd.Spec) (sandboxd.Record, error) {
+func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec sandboxd.Spec) (sandboxapi.Record, error) {
 	var ep events.Episode
 	if episode != "" {
 		var err error
 		if ep, err = events.ParseEpisode(episode); err != nil {
-			return sandboxd.Record{}, err
+			return sandboxapi.Record{}, err
 		}
 		if err := d.member.Admit(ep); err != nil {
-			return sandboxd.Record{}, err
+			return sandboxapi.Record{}, err
 		}
 	}
 	d.mu.Lock()
 	if d.open != "" {
 		open := d.open
 		d.mu.Unlock()
-		return sandboxd.Record{}, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
+		return sandboxapi.Record{}, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
 	}
 	if episode != "" {
 		d.episodes[spec.ID] = episode
 		if err := d.saveEpisodesLocked(); err != nil {
 			d.mu.Unlock()
-			return sandboxd.Record{}, err
+			return sandboxapi.Record{}, err
 		}
 	}
 	if nopause {
@@ -343,16 +344,17 @@ func (d *Daemon) saveEpisodesLocked() error {
 	return nil
 }
 
-// summarize folds the reports of a pause or continue of every launch into
-// the one report an ack carries: nil when no launch was touched.
-func summarize(reports []sandboxd.PauseReport) *events.PauseReport {
-	if len(reports) == 0 {
+// summarize folds the results of a pause or continue of every launch into
+// the one events.PauseReport an ack carries: nil when no launch was
+// touched.
+func summarize(results []sandboxapi.PauseResult) *events.PauseReport {
+	if len(results) == 0 {
 		return nil
 	}
-	out := &events.PauseReport{Mode: reports[0].Mode.String(), PauseSeq: reports[0].PauseSeq,
-		Identity: reports[0].Identity.String(), Wall: reports[0].Wall, Uptime: reports[0].Uptime}
+	out := &events.PauseReport{Mode: results[0].Mode.String(), PauseSeq: results[0].PauseSeq,
+		Identity: results[0].Identity.String(), Wall: results[0].Wall, Uptime: results[0].Uptime}
 	var fallbacks []string
-	for _, r := range reports {
+	for _, r := range results {
 		out.PIDCount += r.PIDCount
 		if len(out.PIDs) < 16 {
 			out.PIDs = append(out.PIDs, r.PIDs[:min(len(r.PIDs), 16-len(out.PIDs))]...)

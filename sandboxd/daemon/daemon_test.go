@@ -18,6 +18,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/sandboxd"
 	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 func TestMain(m *testing.M) {
@@ -31,11 +32,11 @@ const run = "run1"
 func id(s string) string { return s + "-" + strconv.Itoa(os.Getpid()) }
 
 // start runs a daemon for sandbox sb1 until the test ends.
-func start(t *testing.T, env *jstest.Env) (*daemon.Daemon, *daemon.Client) {
+func start(t *testing.T, env *jstest.Env) (*daemon.Daemon, *sandboxapi.Client) {
 	return startWithGrace(t, env, 0)
 }
 
-func startWithGrace(t *testing.T, env *jstest.Env, grace time.Duration) (*daemon.Daemon, *daemon.Client) {
+func startWithGrace(t *testing.T, env *jstest.Env, grace time.Duration) (*daemon.Daemon, *sandboxapi.Client) {
 	t.Helper()
 	nc, js := env.Connect(t)
 	bus, err := jetstream.Open(t.Context(), js)
@@ -61,7 +62,7 @@ func startWithGrace(t *testing.T, env *jstest.Env, grace time.Duration) (*daemon
 		}
 	})
 	membertest.WaitRegistered(t, env, run, d.Name(), nil)
-	c, err := daemon.NewClient(nc, run, "sb1")
+	c, err := sandboxapi.NewClient(nc, run, "sb1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestPauseAndContinueThroughTheBus(t *testing.T) {
 	out := filepath.Join(dir, "out")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if _, err := c.Launch(ctx, daemon.LaunchRequest{LaunchID: id("l1"), Episode: "r1", Dir: dir,
+	if _, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id("l1"), Episode: "r1", Dir: dir,
 		Command: "while :; do echo x >> out; sleep 0.02; done"}); err != nil {
 		t.Fatal(err)
 	}
@@ -115,8 +116,8 @@ func TestPauseAndContinueThroughTheBus(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	_, err := c.Launch(ctx, daemon.LaunchRequest{LaunchID: id("l2"), Command: "true"})
-	var se *daemon.ServiceError
+	_, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id("l2"), Command: "true"})
+	var se *sandboxapi.ServiceError
 	if !errors.As(err, &se) || se.Code != "admission_closed" || se.Status != 409 {
 		t.Fatalf("launch during a checkpoint: %v, want admission_closed", err)
 	}
@@ -134,10 +135,10 @@ func TestPauseAndContinueThroughTheBus(t *testing.T) {
 		t.Fatalf("retire ack %+v", a.Header())
 	}
 	rc, err := c.Receipt(ctx, id("l1"), true)
-	if err != nil || rc.Outcome != sandboxd.OutcomeInterrupted {
+	if err != nil || rc.Outcome != sandboxapi.OutcomeInterrupted {
 		t.Fatalf("receipt after the retire: %+v %v", rc, err)
 	}
-	if _, err := c.Launch(ctx, daemon.LaunchRequest{LaunchID: id("l3"), Episode: "r1", Command: "true"}); !errors.As(err, &se) || se.Code != "stale_attempt" {
+	if _, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id("l3"), Episode: "r1", Command: "true"}); !errors.As(err, &se) || se.Code != "stale_attempt" {
 		t.Fatalf("launch of a retired attempt: %v, want stale_attempt", err)
 	}
 }
@@ -148,8 +149,8 @@ func TestServiceRefusesBadRequests(t *testing.T) {
 	_, c := start(t, env)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	var se *daemon.ServiceError
-	for _, r := range []daemon.LaunchRequest{
+	var se *sandboxapi.ServiceError
+	for _, r := range []sandboxapi.LaunchRequest{
 		{LaunchID: "../x", Command: "true"},
 		{LaunchID: id("ok")},
 		{LaunchID: id("ok2"), Command: "true", Episode: "r1-a0"},
@@ -174,7 +175,7 @@ func TestLeaseExpiryContinuesThePausedLaunch(t *testing.T) {
 	out := filepath.Join(dir, "out")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if _, err := c.Launch(ctx, daemon.LaunchRequest{LaunchID: id("l1"), Dir: dir, Command: "while :; do echo x >> out; sleep 0.02; done"}); err != nil {
+	if _, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id("l1"), Dir: dir, Command: "while :; do echo x >> out; sleep 0.02; done"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the launch to write", func() bool { return size(t, out) > 0 })
@@ -184,14 +185,14 @@ func TestLeaseExpiryContinuesThePausedLaunch(t *testing.T) {
 	}
 	paused := size(t, out)
 	rec, err := c.Status(ctx, id("l1"))
-	if err != nil || rec.State != sandboxd.StatePaused {
+	if err != nil || rec.State != sandboxapi.StatePaused {
 		t.Fatalf("status while paused: %+v %v", rec.State, err)
 	}
 	// No resume comes: the lease runs out after about 1 s.
 	waitFor(t, "the lease to continue the launch", func() bool { return size(t, out) > paused })
 	waitFor(t, "the launch to be running again", func() bool {
 		rec, err := c.Status(ctx, id("l1"))
-		return err == nil && rec.State == sandboxd.StateRunning
+		return err == nil && rec.State == sandboxapi.StateRunning
 	})
 }
 
@@ -205,7 +206,7 @@ func TestAgentAndCheckpointPausesStayApart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	for _, l := range []string{"mine", "theirs"} {
-		if _, err := c.Launch(ctx, daemon.LaunchRequest{LaunchID: id(l), Command: "sleep 30"}); err != nil {
+		if _, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id(l), Command: "sleep 30"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -216,16 +217,16 @@ func TestAgentAndCheckpointPausesStayApart(t *testing.T) {
 	if pa := bridge.Ack(seq, events.PhasePrepare, d.Name()).(events.PrepareAck); !pa.Ready {
 		t.Fatalf("prepare ack %+v", pa)
 	}
-	var se *daemon.ServiceError
+	var se *sandboxapi.ServiceError
 	if _, err := c.Continue(ctx, id("theirs")); !errors.As(err, &se) || se.Code != "admission_closed" {
 		t.Fatalf("the agent continued a launch the checkpoint holds: %v", err)
 	}
 	seq = bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, d.Name())})
 	bridge.Ack(seq, events.PhaseResume, d.Name())
-	if rec, err := c.Status(ctx, id("theirs")); err != nil || rec.State != sandboxd.StateRunning {
+	if rec, err := c.Status(ctx, id("theirs")); err != nil || rec.State != sandboxapi.StateRunning {
 		t.Fatalf("the checkpoint's launch after the resume: %v %v", rec.State, err)
 	}
-	if rec, err := c.Status(ctx, id("mine")); err != nil || rec.State != sandboxd.StatePaused {
+	if rec, err := c.Status(ctx, id("mine")); err != nil || rec.State != sandboxapi.StatePaused {
 		t.Fatalf("the agent's paused launch after the checkpoint's resume: %v %v", rec.State, err)
 	}
 	for _, l := range []string{"mine", "theirs"} {

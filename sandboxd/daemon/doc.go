@@ -16,6 +16,11 @@
 //     holds is the owner's snapshot and the agent's bookmark.
 //  2. Service: a NATS micro service on spsvc.<run>.sandbox.<id>.<endpoint>
 //     with endpoints launch, status, pause, continue, stop and receipt, for
-//     the agent that drives the sandbox (Client). Its subjects are outside
-//     sp.>, so requests are not kept in the audit stream.
+//     the agent that drives the sandbox. Package sandboxapi is its contract
+//     (request and answer types, error codes) and holds the agent's
+//     Client. Its subjects are outside sp.>, so requests are not kept in
+//     the audit stream.
+//  3. Pause results and reports: each launch's pause or continue answers
+//     with a sandboxapi.PauseResult; the prepare and resume acks carry one
+//     events.PauseReport, the summary over all the launches touched.
 package daemon

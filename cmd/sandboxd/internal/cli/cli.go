@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stillpoint/stillpoint/sandboxd"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // Version is the release version, set at build time with
@@ -184,11 +185,11 @@ func serve(sup *sandboxd.Supervisor, spec sandboxd.Spec, out *printer) int {
 		return 1
 	}
 	out.print("launched", rec, nil)
-	ended := make(chan sandboxd.Receipt, 1)
+	ended := make(chan sandboxapi.Receipt, 1)
 	wg.Go(func() {
 		r, err := sup.Wait(ctx, spec.ID)
 		if err != nil && !errors.Is(err, sandboxd.ErrKillUnconfirmed) {
-			r = sandboxd.Receipt{ID: spec.ID, ExitCode: -1, Error: err.Error()}
+			r = sandboxapi.Receipt{ID: spec.ID, ExitCode: -1, Error: err.Error()}
 		}
 		ended <- r
 	})
@@ -212,7 +213,7 @@ func serve(sup *sandboxd.Supervisor, spec sandboxd.Spec, out *printer) int {
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGUSR1:
-				rep, err := sup.Pause(ctx, spec.ID, sandboxd.ModeDefault)
+				rep, err := sup.Pause(ctx, spec.ID, sandboxapi.ModeDefault)
 				out.print("pause", rep, err)
 			case syscall.SIGUSR2:
 				rep, err := sup.Continue(ctx, spec.ID)
@@ -233,8 +234,8 @@ func signalNumber(name string) int { return int(unix.SignalNum(name)) }
 
 // parseModeAndLevel reads the --mode and --log-level flags every command
 // that runs a supervisor takes.
-func parseModeAndLevel(mode, level string) (sandboxd.Mode, zerolog.Level, error) {
-	m, err := sandboxd.ParseMode(mode)
+func parseModeAndLevel(mode, level string) (sandboxapi.Mode, zerolog.Level, error) {
+	m, err := sandboxapi.ParseMode(mode)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/sandboxd"
@@ -103,7 +104,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 	for _, m := range sup.Modes() {
 		modes = append(modes, m.String())
 	}
-	line, _ := json.Marshal(map[string]any{"event": "member", "member": d.Name(), "modes": modes, "service": daemon.ServiceSubject(*run, *id)})
+	line, _ := json.Marshal(map[string]any{"event": "member", "member": d.Name(), "modes": modes, "service": events.ServiceSubject(*run, d.Name())})
 	fmt.Fprintf(stdout, "%s\n", line)
 	if err := d.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(stderr, "sandboxd:", err)

@@ -1,4 +1,4 @@
-package agent
+package agentapi
 
 import (
 	"errors"
@@ -38,5 +38,18 @@ func TestDecodeBookmark(t *testing.T) {
 		if !errors.Is(err, ErrBadBookmark) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("DecodeBookmark(%s) = %v, want ErrBadBookmark naming %q", c.in, err, c.want)
 		}
+	}
+}
+
+// A clone shares nothing a caller could change under the original.
+func TestBookmarkCloneSharesNoSlice(t *testing.T) {
+	b := Bookmark{V: 1, Next: StageReturn, Rollout: "r1", Task: []byte(`{}`), State: []byte(`{"d":1}`),
+		Launches: []LaunchRecord{{ID: "r1.l1"}}, Result: &Result{Launches: []LaunchRecord{{ID: "r1.l1"}}}}
+	c := b.Clone()
+	c.Task[0], c.State[0], c.Launches[0].ID, c.Result.Launches[0].ID = 'x', 'x', "x", "x"
+	c.Result.Episode = "x"
+	if string(b.Task) != `{}` || string(b.State) != `{"d":1}` || b.Launches[0].ID != "r1.l1" ||
+		b.Result.Launches[0].ID != "r1.l1" || b.Result.Episode != "" {
+		t.Fatalf("the clone changed the original: %+v", b)
 	}
 }

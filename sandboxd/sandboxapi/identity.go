@@ -1,4 +1,4 @@
-package sandboxd
+package sandboxapi
 
 import (
 	"fmt"
@@ -9,7 +9,7 @@ import (
 // Identity names one process for as long as the machine runs: its pid and
 // its start time (field 22 of /proc/<pid>/stat, clock ticks since boot). A
 // pid alone is reused; the pair is not. A supervisor's identity goes into
-// every launch record and every pause or continue report, so a restarted
+// every launch record and every pause or continue result, so a restarted
 // supervisor (same state directory, new process) is told apart from the
 // one that paused the launch, and a VM snapshot restored with its
 // processes is recognised as the same one (PROTOCOL §6, restore of a
@@ -35,24 +35,7 @@ func ParseIdentity(s string) (Identity, error) {
 	pid, err1 := strconv.Atoi(p)
 	start, err2 := strconv.ParseUint(st, 10, 64)
 	if !ok || err1 != nil || err2 != nil || pid <= 0 {
-		return Identity{}, fmt.Errorf("sandboxd: malformed identity %q (want <pid>:<start>)", s)
+		return Identity{}, fmt.Errorf("sandboxapi: malformed identity %q (want <pid>:<start>)", s)
 	}
 	return Identity{PID: pid, Start: start}, nil
-}
-
-// ValidateID checks a launch id: 1 to 128 characters from [A-Za-z0-9._-],
-// starting with a letter or digit. It is a directory name in the state
-// directory, part of a cgroup name and the value of the environment tag.
-func ValidateID(id string) error {
-	if len(id) == 0 || len(id) > 128 {
-		return fmt.Errorf("%w: launch id %q must have 1 to 128 characters", ErrInvalidSpec, id)
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if !alnum && (i == 0 || c != '.' && c != '_' && c != '-') {
-			return fmt.Errorf("%w: launch id %q: character %q at %d (want [A-Za-z0-9][A-Za-z0-9._-]*)", ErrInvalidSpec, id, c, i)
-		}
-	}
-	return nil
 }

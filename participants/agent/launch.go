@@ -4,22 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/stillpoint/stillpoint/participants/owner"
-	"github.com/stillpoint/stillpoint/sandboxd"
-	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
-// harness launches the harness (a relaunch asks the adapter whether the
-// saved session continues) and waits for it, parking at checkpoints.
-func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
+// launchStage runs the launch stage (agentapi.StageLaunch, "harness" on
+// the wire): it launches the harness (a relaunch asks the adapter whether
+// the saved session continues) and waits for it, parking at checkpoints.
+func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 	if len(bm.Launches) >= a.cfg.MaxLaunches {
 		return bm, fmt.Errorf("agent: %s: gave up after %d launches", r.key, len(bm.Launches))
 	}
-	info, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (owner.SessionInfo, error) {
+	info, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (SessionInfo, error) {
 		return a.owner.SandboxAccess(ctx, bm.Session)
 	})
 	if err != nil {
@@ -28,7 +29,7 @@ func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
 	if info.SandboxID == "" {
 		return bm, fmt.Errorf("agent: %s: the owner lends no sandbox", r.key)
 	}
-	dc, err := a.daemon(info.SandboxID)
+	dc, err := a.sandbox(info.SandboxID)
 	if err != nil {
 		return bm, err
 	}
@@ -36,7 +37,7 @@ func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
 	n := len(bm.Launches) + 1
 	lc := LaunchContext{Rollout: bm.Rollout, Attempt: r.ep.Attempt, Task: bm.Task, Session: info, State: bm.State,
 		Exec: a.execer(r, dc, n)}
-	lr := LaunchRecord{ID: fmt.Sprintf("%s.l%d", r.key, n), Sandbox: info.SandboxID, Attempt: r.ep.Attempt, Why: "first launch"}
+	lr := agentapi.LaunchRecord{ID: fmt.Sprintf("%s.l%d", r.key, n), Sandbox: info.SandboxID, Attempt: r.ep.Attempt, Why: "first launch"}
 	if bm.Resume || len(bm.Launches) > 0 {
 		d, err := a.cfg.Adapter.ResumeDecision(r.ctx, lc)
 		if errors.Is(err, errAdmissionClosed) || isAdmissionClosed(err) {
@@ -56,18 +57,18 @@ func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
 		return bm, fmt.Errorf("agent: %s: %w", r.key, err)
 	}
 	lr.Started = time.Now().UTC()
-	_, err = launch(r.ctx, dc, daemon.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
+	_, err = startLaunch(r.ctx, dc, sandboxapi.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
 		TimeoutMS: cmd.Timeout.Milliseconds(), Mode: cmd.Mode, NoPause: bm.Restart || !a.cfg.Adapter.PausesAtCheckpoints()})
 	switch {
 	case isAdmissionClosed(err):
 		return bm, errAdmissionClosed
-	case err != nil && !isCode(err, "launch_exists"):
+	case err != nil && !isCode(err, sandboxapi.CodeLaunchExists):
 		return bm, fmt.Errorf("agent: %s: launch: %w", r.key, err)
 	}
-	lr.Ended = LaunchRunning
+	lr.Ended = agentapi.LaunchRunning
 	bm.Launches = append(bm.Launches, lr)
 	a.mu.Lock()
-	r.bm, r.launch, r.sandbox = bm.clone(), lr.ID, info.SandboxID
+	r.bm, r.launch, r.sandbox = bm.Clone(), lr.ID, info.SandboxID
 	a.mu.Unlock()
 	r.log.Info().Str("launch", lr.ID).Str("sandbox", info.SandboxID).Bool("continued", lr.Continued).Str("why", lr.Why).Msg("launched")
 	bm, err = a.waitLaunch(r, bm, lc, dc, lr.ID)
@@ -84,10 +85,10 @@ func (a *Agent) harness(r *run, bm Bookmark) (Bookmark, error) {
 // a sandbox just lent (or forked) starts its daemon in the background.
 const DaemonWait = 60 * time.Second
 
-// launch asks the daemon for a launch, waiting for a daemon that is not
-// up yet.
-func launch(ctx context.Context, dc *daemon.Client, req daemon.LaunchRequest) (sandboxd.Record, error) {
-	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxd.Record, error) { return dc.Launch(ctx, req) })
+// startLaunch asks the daemon for a launch, waiting for a daemon that is
+// not up yet.
+func startLaunch(ctx context.Context, dc Sandbox, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
+	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) { return dc.Launch(ctx, req) })
 }
 
 // retryNoResponders calls fn with a context bounded by timeout, again while
@@ -112,15 +113,17 @@ func retryNoResponders[T any](ctx context.Context, timeout time.Duration, fn fun
 }
 
 type receiptResult struct {
-	rc  sandboxd.Receipt
+	rc  sandboxapi.Receipt
 	err error
 }
 
 // watchReceipt waits for the launch's end in bounded waits, so that no
-// request holds the daemon's endpoint past its caller.
-func (a *Agent) watchReceipt(ctx context.Context, dc *daemon.Client, id string) <-chan receiptResult {
+// request holds the daemon's endpoint past its caller. The wait runs on a
+// goroutine of wg until ctx ends or the receipt is sent (at most one, and
+// the channel holds it): the caller cancels ctx and waits for wg.
+func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox, id string) <-chan receiptResult {
 	ch := make(chan receiptResult, 1)
-	go func() {
+	wg.Go(func() {
 		var lost time.Time
 		for {
 			cctx, cancel := context.WithTimeout(ctx, a.cfg.ReceiptWait+10*time.Second)
@@ -132,11 +135,11 @@ func (a *Agent) watchReceipt(ctx context.Context, dc *daemon.Client, id string) 
 				return
 			case ctx.Err() != nil:
 				return
-			case isCode(err, "not_ended"):
+			case isCode(err, sandboxapi.CodeNotEnded):
 				lost = time.Time{}
 				continue
-			case isCode(err, "unknown_launch"):
-				ch <- receiptResult{rc: sandboxd.Receipt{ID: id, ExitCode: -1, Outcome: sandboxd.OutcomeFailed,
+			case isCode(err, sandboxapi.CodeUnknownLaunch):
+				ch <- receiptResult{rc: sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeFailed,
 					Error: "the sandbox's daemon does not know the launch", Ended: time.Now()}}
 				return
 			}
@@ -145,7 +148,7 @@ func (a *Agent) watchReceipt(ctx context.Context, dc *daemon.Client, id string) 
 			if lost.IsZero() {
 				lost = time.Now()
 			} else if time.Since(lost) > 2*time.Minute {
-				ch <- receiptResult{rc: sandboxd.Receipt{ID: id, ExitCode: -1, Outcome: sandboxd.OutcomeFailed,
+				ch <- receiptResult{rc: sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeFailed,
 					Error: "the sandbox's daemon stopped answering: " + err.Error(), Ended: time.Now()}}
 				return
 			}
@@ -155,15 +158,18 @@ func (a *Agent) watchReceipt(ctx context.Context, dc *daemon.Client, id string) 
 			case <-time.After(time.Second):
 			}
 		}
-	}()
+	})
 	return ch
 }
 
 // waitLaunch waits for the launch to end, parking it at each checkpoint.
-func (a *Agent) waitLaunch(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, id string) (Bookmark, error) {
+// Its receipt watcher has stopped when it returns.
+func (a *Agent) waitLaunch(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox, id string) (agentapi.Bookmark, error) {
+	var watcher sync.WaitGroup
+	defer watcher.Wait()
 	ctx, cancel := context.WithCancel(r.ctx)
-	defer cancel()
-	receipts := a.watchReceipt(ctx, dc, id)
+	defer cancel() // before the Wait above: the watcher ends with ctx
+	receipts := a.watchReceipt(ctx, &watcher, dc, id)
 	for {
 		select {
 		case res := <-receipts:
@@ -200,8 +206,8 @@ func (a *Agent) parkRequestOf(r *run) *parkRequest {
 // in place once its daemon acked the pause, else stopped for a relaunch
 // after the resume. done tells that the launch ended (next is then the
 // bookmark of the following stage).
-func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, id string, pr *parkRequest,
-	receipts <-chan receiptResult) (next Bookmark, done bool, err error) {
+func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox, id string, pr *parkRequest,
+	receipts <-chan receiptResult) (next agentapi.Bookmark, done bool, err error) {
 	why := "the adapter does not pause"
 	if a.cfg.Adapter.PausesAtCheckpoints() {
 		ctx, cancel := context.WithDeadline(r.ctx, pr.dl)
@@ -217,18 +223,18 @@ func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, i
 		case !ack.OK || !ack.Ready:
 			why = fmt.Sprintf("sandbox %s did not confirm the pause (ok %v, ready %v)", lc.Session.SandboxID, ack.OK, ack.Ready)
 		default:
-			rec, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxd.Record, error) { return dc.Status(ctx, id) })
+			rec, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.Record, error) { return dc.Status(ctx, id) })
 			switch {
 			case err != nil:
 				why = "status after the pause: " + err.Error()
-			case rec.State == sandboxd.StatePaused && rec.Pauses.Mode == sandboxd.ModeHold:
+			case rec.State == sandboxapi.StatePaused && rec.Pauses.Mode == sandboxapi.ModeHold:
 				// Held, not still: its processes run on and its files may
 				// change under the snapshot. Without a model relay to hold
 				// it, stop it instead.
 				why = "the launch is held, not frozen or stopped"
-			case rec.State == sandboxd.StatePaused:
+			case rec.State == sandboxapi.StatePaused:
 				return a.parkPaused(r, bm, pr, receipts, rec)
-			case rec.State == sandboxd.StateEnded && rec.Receipt != nil:
+			case rec.State == sandboxapi.StateEnded && rec.Receipt != nil:
 				// It ended before the pause (or the daemon stopped it): it
 				// keeps its result, or relaunches.
 				next, err := a.ended(r, bm, lc, *rec.Receipt)
@@ -264,13 +270,13 @@ func (a *Agent) park(r *run, bm Bookmark, lc LaunchContext, dc *daemon.Client, i
 // parkPaused parks a run whose launch its daemon paused: exported with
 // resume (a crash relaunches it on the saved session); after the resume
 // the same launch continues.
-func (a *Agent) parkPaused(r *run, bm Bookmark, pr *parkRequest, receipts <-chan receiptResult,
-	rec sandboxd.Record) (Bookmark, bool, error) {
-	ex := bm.clone()
+func (a *Agent) parkPaused(r *run, bm agentapi.Bookmark, pr *parkRequest, receipts <-chan receiptResult,
+	rec sandboxapi.Record) (agentapi.Bookmark, bool, error) {
+	ex := bm.Clone()
 	ex.Resume = true
 	last := &ex.Launches[len(ex.Launches)-1]
 	last.Pauses++
-	last.Ended = LaunchInterrupted
+	last.Ended = agentapi.LaunchInterrupted
 	last.Detail = "paused by checkpoint " + pr.cp
 	last.DurationMS = time.Since(last.Started).Milliseconds()
 	a.mu.Lock()
@@ -286,14 +292,14 @@ func (a *Agent) parkPaused(r *run, bm Bookmark, pr *parkRequest, receipts <-chan
 	bm.Resume = true
 	bm.Launches[len(bm.Launches)-1].Pauses++
 	a.mu.Lock()
-	r.bm, r.at, r.parkedFor = bm.clone(), atBusy, ""
+	r.bm, r.at, r.parkedFor = bm.Clone(), atBusy, ""
 	a.mu.Unlock()
 	return bm, false, nil
 }
 
 // ended records how the launch ended: a finished harness goes on to
 // verify with its answer; an interrupted or failed one relaunches.
-func (a *Agent) ended(r *run, bm Bookmark, lc LaunchContext, rc sandboxd.Receipt) (Bookmark, error) {
+func (a *Agent) ended(r *run, bm agentapi.Bookmark, lc LaunchContext, rc sandboxapi.Receipt) (agentapi.Bookmark, error) {
 	last := &bm.Launches[len(bm.Launches)-1]
 	end := rc.Ended
 	if end.IsZero() {
@@ -302,19 +308,19 @@ func (a *Agent) ended(r *run, bm Bookmark, lc LaunchContext, rc sandboxd.Receipt
 	last.DurationMS = end.Sub(last.Started).Milliseconds()
 	last.ExitCode = rc.ExitCode
 	switch rc.Outcome {
-	case sandboxd.OutcomeFinished:
-		last.Ended, last.Detail = LaunchFinished, ""
+	case sandboxapi.OutcomeFinished:
+		last.Ended, last.Detail = agentapi.LaunchFinished, ""
 		ans, err := a.cfg.Adapter.Answer(lc, ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail})
 		if err != nil {
 			return bm, fmt.Errorf("agent: %s: answer of %s: %w", r.key, last.ID, err)
 		}
-		bm.Answer, bm.Next, bm.Resume = ans, StageVerify, false
-	case sandboxd.OutcomeInterrupted:
-		last.Ended, last.Detail = LaunchInterrupted, string(rc.StopReason)
-		bm.Next, bm.Resume = StageHarness, true
+		bm.Answer, bm.Next, bm.Resume = ans, agentapi.StageVerify, false
+	case sandboxapi.OutcomeInterrupted:
+		last.Ended, last.Detail = agentapi.LaunchInterrupted, string(rc.StopReason)
+		bm.Next, bm.Resume = agentapi.StageLaunch, true
 	default:
-		last.Ended, last.Detail = LaunchFailed, rc.Error
-		bm.Next, bm.Resume = StageHarness, true
+		last.Ended, last.Detail = agentapi.LaunchFailed, rc.Error
+		bm.Next, bm.Resume = agentapi.StageLaunch, true
 	}
 	r.log.Info().Str("launch", last.ID).Str("ended", last.Ended).Int("exit", rc.ExitCode).Int("pauses", last.Pauses).Msg("launch ended")
 	return bm, nil
@@ -322,29 +328,29 @@ func (a *Agent) ended(r *run, bm Bookmark, lc LaunchContext, rc sandboxd.Receipt
 
 // execer runs short commands in the sandbox for the adapter: launches the
 // checkpoints leave alone, as they end in moments.
-func (a *Agent) execer(r *run, dc *daemon.Client, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
+func (a *Agent) execer(r *run, dc Sandbox, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
 	k := 0
 	return func(ctx context.Context, argv []string) (ExecResult, error) {
 		k++
 		id := fmt.Sprintf("%s.l%d.x%d", r.key, n, k)
-		if _, err := launch(ctx, dc, daemon.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
+		if _, err := startLaunch(ctx, dc, sandboxapi.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
 			TimeoutMS: time.Minute.Milliseconds()}); err != nil {
 			if isAdmissionClosed(err) {
 				return ExecResult{}, errAdmissionClosed
 			}
-			if !isCode(err, "launch_exists") {
+			if !isCode(err, sandboxapi.CodeLaunchExists) {
 				return ExecResult{}, err
 			}
 		}
 		for {
 			rc, err := dc.WaitReceipt(ctx, id, a.cfg.ReceiptWait)
-			if isCode(err, "not_ended") {
+			if isCode(err, sandboxapi.CodeNotEnded) {
 				continue
 			}
 			if err != nil {
 				return ExecResult{}, err
 			}
-			if rc.Outcome != sandboxd.OutcomeFinished {
+			if rc.Outcome != sandboxapi.OutcomeFinished {
 				return ExecResult{}, fmt.Errorf("command %v: %s %s", argv, rc.Outcome, rc.Error)
 			}
 			return ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail}, nil

@@ -1,4 +1,4 @@
-package agent
+package agentapi
 
 import (
 	"bytes"
@@ -20,8 +20,9 @@ type Stage string
 const (
 	// StageSeed asks the owner for the session's sandbox.
 	StageSeed Stage = "seed"
-	// StageHarness launches (or relaunches) the harness and waits for it.
-	StageHarness Stage = "harness"
+	// StageLaunch launches (or relaunches) the harness and waits for it.
+	// Its wire value is "harness", as PROTOCOL §6 names it.
+	StageLaunch Stage = "harness"
 	// StageVerify asks the owner for the grade.
 	StageVerify Stage = "verify"
 	// StageReturn returns the stored result.
@@ -30,7 +31,7 @@ const (
 
 // ErrBadBookmark is wrapped by DecodeBookmark and Bookmark.Validate: the
 // attempt fails with an error that names what is wrong.
-var ErrBadBookmark = errors.New("agent: bad bookmark")
+var ErrBadBookmark = errors.New("agentapi: bad bookmark")
 
 // Launch outcomes in the launch log.
 const (
@@ -127,7 +128,7 @@ func (b *Bookmark) Validate() error {
 	}
 	switch b.Next {
 	case StageSeed:
-	case StageHarness:
+	case StageLaunch:
 		need(b.Session != "", "session")
 		need(len(b.State) > 0, "state")
 	case StageVerify:
@@ -174,8 +175,8 @@ func DecodeBookmark(raw []byte) (Bookmark, error) {
 	return b, b.Validate()
 }
 
-// clone returns a deep enough copy to hand out.
-func (b Bookmark) clone() Bookmark {
+// Clone returns a copy of b that shares no slice with it.
+func (b Bookmark) Clone() Bookmark {
 	b.Task = bytes.Clone(b.Task)
 	b.State = bytes.Clone(b.State)
 	b.Answer = bytes.Clone(b.Answer)

@@ -1,0 +1,56 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/stillpoint/stillpoint/participants/owner"
+)
+
+// This file is the agent's one view of the sandbox owner: the calls it
+// makes and the owner's wire types it reads. No other file of the package
+// names the owner's package.
+
+// Owner is what the agent calls on the sandbox owner that lends its
+// sandboxes (PROTOCOL §6: seed_session, sandbox_access, verify,
+// close_session). The owner's service client implements it.
+type Owner interface {
+	// SeedSession returns the session's sandbox, made (or forked by a
+	// restore) for it.
+	SeedSession(ctx context.Context, r owner.SeedRequest) (owner.SessionInfo, error)
+	// SandboxAccess returns the session's current sandbox: a fork after a
+	// restore.
+	SandboxAccess(ctx context.Context, sessionID string) (owner.SessionInfo, error)
+	// VerifyEnd grades the session; with r.End the owner then ends it.
+	VerifyEnd(ctx context.Context, r owner.VerifyRequest) (owner.VerifyResult, error)
+	// CloseSession ends a session without a grade; closing one that is gone
+	// is not an error.
+	CloseSession(ctx context.Context, sessionID string) error
+}
+
+var _ Owner = (*owner.Client)(nil)
+
+// SessionInfo is what the owner tells the agent of a session: its current
+// sandbox, the working directory, and whether it can be captured at all.
+// It is the owner's wire type.
+type SessionInfo = owner.SessionInfo
+
+// dialOwner is the default of Config.OwnerService: the service client of
+// owner name of run over nc.
+func dialOwner(nc *nats.Conn, run, name string) (Owner, error) {
+	return owner.NewClient(nc, run, name)
+}
+
+// seedSession asks the owner for session's sandbox, for the attempt
+// episode of a rollout with task.
+func (a *Agent) seedSession(ctx context.Context, session, episode string, task json.RawMessage) (SessionInfo, error) {
+	return a.owner.SeedSession(ctx, owner.SeedRequest{SessionID: session, Episode: episode, Task: task})
+}
+
+// verifyEnd asks the owner for session's grade and to end the session.
+func (a *Agent) verifyEnd(ctx context.Context, session string) (json.RawMessage, error) {
+	vr, err := a.owner.VerifyEnd(ctx, owner.VerifyRequest{SessionID: session, End: true})
+	return vr.Result, err
+}

@@ -1,0 +1,26 @@
+// Package sandboxapi is the wire contract of a sandbox daemon's service:
+// the request and answer types of its endpoints, the enums they carry, and
+// Client, the agent's side of it. It imports only events, jetstream and the
+// standard library, so a caller of a daemon does not build the supervisor.
+//
+//  1. Subjects. A daemon serves member sandbox.<id> of a run on
+//     events.ServiceSubject(run, sandbox.<id>), spsvc.<run>.sandbox.<id>,
+//     with one endpoint a token below it: launch, status, pause, continue,
+//     stop and receipt (the Endpoint constants). The subjects are outside
+//     sp.>, so requests are not kept in the audit stream.
+//  2. Bodies. Requests are JSON objects decoded strictly (no unknown
+//     field): LaunchRequest for launch, LaunchRef for the others. Answers
+//     are a Record (launch, status), a PauseResult (pause, continue) or a
+//     Receipt (stop, receipt).
+//  3. Errors. A refusal is a jetstream.ServiceError whose Code is one of
+//     the Code constants: a caller decides on the code, never on the
+//     detail text. A receipt asked with a bounded wait answers CodeNotEnded
+//     when the wait runs out, so that no request holds the endpoint past its
+//     caller.
+//  4. Enums. Mode, State, Outcome and StopReason travel as their protocol
+//     names (text marshalling); the zero value of each is "none" or "the
+//     default", never a real state.
+//
+// The supervisor (package sandboxd) writes these same types to its launch
+// records on disk; package sandboxd/daemon serves them.
+package sandboxapi

@@ -1,0 +1,72 @@
+package sandboxapi_test
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+)
+
+// The enums travel as their protocol names and come back as themselves;
+// a name that is not one is refused.
+func TestEnumsTravelAsTheirNames(t *testing.T) {
+	type enum interface {
+		MarshalText() ([]byte, error)
+	}
+	cases := []struct {
+		v    enum
+		name string
+		back func([]byte) (any, error)
+	}{
+		{sandboxapi.ModeFreeze, "freeze", func(b []byte) (any, error) { var v sandboxapi.Mode; return v, v.UnmarshalText(b) }},
+		{sandboxapi.ModeDefault, "default", func(b []byte) (any, error) { var v sandboxapi.Mode; return v, v.UnmarshalText(b) }},
+		{sandboxapi.StatePaused, "paused", func(b []byte) (any, error) { var v sandboxapi.State; return v, v.UnmarshalText(b) }},
+		{sandboxapi.OutcomeInterrupted, "interrupted", func(b []byte) (any, error) { var v sandboxapi.Outcome; return v, v.UnmarshalText(b) }},
+		{sandboxapi.StopDeadline, "deadline", func(b []byte) (any, error) { var v sandboxapi.StopReason; return v, v.UnmarshalText(b) }},
+	}
+	for _, c := range cases {
+		b, err := c.v.MarshalText()
+		if err != nil || string(b) != c.name {
+			t.Errorf("MarshalText(%v) = %q, %v, want %q", c.v, b, err, c.name)
+		}
+	}
+	rec := sandboxapi.Record{V: 1, ID: "l1", State: sandboxapi.StatePaused, Mode: sandboxapi.ModeStop,
+		Supervisor: sandboxapi.Identity{PID: 7, Start: 99}, Created: time.Unix(5, 0).UTC(),
+		Pauses:  sandboxapi.PauseStats{Count: 1, Seq: 1, Mode: sandboxapi.ModeStop},
+		Receipt: &sandboxapi.Receipt{ID: "l1", Outcome: sandboxapi.OutcomeFinished, StopReason: sandboxapi.StopRequested}}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back sandboxapi.Record
+	if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back, rec) {
+		t.Fatalf("record %s came back as %+v, %v", b, back, err)
+	}
+	for _, bad := range []string{`{"state":"asleep"}`, `{"mode":"sideways"}`, `{"receipt":{"outcome":"maybe"}}`, `{"receipt":{"stop_reason":"whim"}}`} {
+		if err := json.Unmarshal([]byte(bad), &back); err == nil {
+			t.Errorf("%s decoded", bad)
+		}
+	}
+	if _, err := sandboxapi.ParseMode("sideways"); !errors.Is(err, sandboxapi.ErrUnknownMode) {
+		t.Errorf("ParseMode(sideways) = %v, want ErrUnknownMode", err)
+	}
+	if m, err := sandboxapi.ParseMode(""); err != nil || m != sandboxapi.ModeDefault {
+		t.Errorf(`ParseMode("") = %v, %v, want ModeDefault`, m, err)
+	}
+}
+
+func TestIdentityRoundTrip(t *testing.T) {
+	id := sandboxapi.Identity{PID: 41, Start: 9912}
+	back, err := sandboxapi.ParseIdentity(id.String())
+	if err != nil || back != id || id.String() != "41:9912" {
+		t.Fatalf("ParseIdentity(%q) = %v, %v", id.String(), back, err)
+	}
+	for _, bad := range []string{"", "41", "0:1", "-1:2", "a:b", "41:"} {
+		if _, err := sandboxapi.ParseIdentity(bad); err == nil {
+			t.Errorf("ParseIdentity(%q) accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,93 @@
+package sandboxapi
+
+import "github.com/stillpoint/stillpoint/jetstream"
+
+// The service's endpoints, one subject token below the daemon's
+// events.ServiceSubject.
+const (
+	// EndpointLaunch starts a launch: LaunchRequest in, Record out.
+	EndpointLaunch = "launch"
+	// EndpointStatus returns a launch's Record.
+	EndpointStatus = "status"
+	// EndpointPause pauses a launch (LaunchRef.Mode, default its own): a
+	// PauseResult.
+	EndpointPause = "pause"
+	// EndpointContinue continues a launch the caller paused: a
+	// PauseResult. A launch a checkpoint paused is the checkpoint's to
+	// continue (CodeAdmissionClosed).
+	EndpointContinue = "continue"
+	// EndpointStop stops a launch (LaunchRef.Cancel: at once): its Receipt.
+	EndpointStop = "stop"
+	// EndpointReceipt returns a launch's Receipt; with LaunchRef.Wait, once
+	// it has ended.
+	EndpointReceipt = "receipt"
+)
+
+// The codes of the service's errors (jetstream.ServiceError.Code).
+const (
+	// CodeBadRequest (400): a body that does not decode, a malformed
+	// launch id or an invalid launch.
+	CodeBadRequest = "bad_request"
+	// CodeUnknownLaunch (404): no launch has that id.
+	CodeUnknownLaunch = "unknown_launch"
+	// CodeAdmissionClosed (409): a checkpoint is open; launch again after
+	// its resume.
+	CodeAdmissionClosed = "admission_closed"
+	// CodeStaleAttempt (409): the launch's episode was retired.
+	CodeStaleAttempt = "stale_attempt"
+	// CodeLaunchExists (409): the launch id was used already (a launch
+	// asked again after its answer was lost).
+	CodeLaunchExists = "launch_exists"
+	// CodeNotEnded (409): the launch has not ended (a receipt without a
+	// wait, or a bounded wait that ran out).
+	CodeNotEnded = "not_ended"
+	// CodeUnconfirmed (409): a pause could not be confirmed and was undone.
+	CodeUnconfirmed = "unconfirmed"
+	// CodeModeUnavailable (409): a pause mode this host or launch cannot
+	// use, or that does not exist.
+	CodeModeUnavailable = "mode_unavailable"
+	// CodeInternal (500): anything else.
+	CodeInternal = "internal"
+)
+
+// ServiceError is the error the service answers with.
+type ServiceError = jetstream.ServiceError
+
+// LaunchRequest asks for a launch.
+type LaunchRequest struct {
+	// LaunchID names the launch: 1 to 128 characters of [A-Za-z0-9._-],
+	// starting with a letter or digit (sandboxd.ValidateID). The agent
+	// keeps it in its bookmark.
+	LaunchID string `json:"launch_id"`
+	// Episode is the attempt the launch works for (a capture key): a
+	// retire of it stops the launch, and a retired attempt cannot launch.
+	Episode string `json:"episode,omitempty"`
+	// Command (run by /bin/sh -c) or Argv, exactly one of them.
+	Command string   `json:"command,omitempty"`
+	Argv    []string `json:"argv,omitempty"`
+	Dir     string   `json:"dir,omitempty"`
+	Env     []string `json:"env,omitempty"`
+	// TimeoutMS is the launch's deadline, paused time not counted.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Mode is the launch's pause mode, a Mode's name (default: the
+	// daemon's).
+	Mode string `json:"mode,omitempty"`
+	// NoPause keeps checkpoints from pausing the launch: its agent stops
+	// it instead (an adapter that does not pause), or lets it run through
+	// (a restart-only rollout).
+	NoPause bool `json:"no_pause,omitempty"`
+}
+
+// LaunchRef names a launch in the other requests.
+type LaunchRef struct {
+	LaunchID string `json:"launch_id"`
+	// Mode is the pause mode of a pause request (default: the launch's).
+	Mode string `json:"mode,omitempty"`
+	// Cancel makes a stop kill at once, without the SIGINT grace.
+	Cancel bool `json:"cancel,omitempty"`
+	// Wait makes a receipt request wait until the launch has ended; with
+	// WaitMS, at most that long (then it answers CodeNotEnded), so that a
+	// long wait never holds the endpoint past its caller.
+	Wait   bool  `json:"wait,omitempty"`
+	WaitMS int64 `json:"wait_ms,omitempty"`
+}
