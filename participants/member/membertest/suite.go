@@ -75,6 +75,10 @@ type Harness struct {
 	// installs nothing, and, with no record to pace, that a resume racing
 	// a commit never leaves a manifest behind the resume.
 	NoRecords bool
+	// Serial runs the subtests one after another instead of in parallel:
+	// for a participant of which one process holds only one (a sandbox
+	// daemon's supervisor treats every child of the process as its own).
+	Serial bool
 }
 
 // suite is one subtest's world: a bus, a run, a bridge.
@@ -89,7 +93,9 @@ type suite struct {
 }
 
 func newSuite(t *testing.T, h Harness) *suite {
-	t.Parallel()
+	if !h.Serial {
+		t.Parallel()
+	}
 	env := jstest.Start(t)
 	return &suite{t: t, h: h, env: env, run: "run1", bridge: NewBridge(t, env, "run1")}
 }
