@@ -58,8 +58,9 @@ type Harness struct {
 	// New returns a fresh participant for member name on env, holding no
 	// work. The suite builds, runs and stops its Member.
 	New func(t *testing.T, env *jstest.Env, name events.Member) Subject
-	// Shared runs every member of the suite behind a member.Host, the one
-	// consumer of a process that hosts many members.
+	// Shared runs every member of the suite behind a Host
+	// (member.Config.Source), the one consumer of a process that hosts
+	// many members.
 	Shared bool
 	// Ordered runs every member on an ordered consumer with a state file
 	// (Config.StateFile), as sandbox daemons do; a restarted member of the
