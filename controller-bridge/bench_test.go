@@ -133,7 +133,7 @@ func fanout(nc *nats.Conn, n int) error {
 // BenchmarkCheckpointCycle measures one full checkpoint — prepare, commit
 // (an empty export and a manifest per member), checkpoint manifest,
 // LATEST, outcome, resume — with N in-process members that do no work,
-// sharing the process's one consumer (member.Host), on an embedded server.
+// sharing the process's one consumer (membertest.Host), on an embedded server.
 // Compare with BenchmarkRawFanout of the same N.
 func BenchmarkCheckpointCycle(b *testing.B) {
 	for _, n := range benchSizes {

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"sync"
@@ -29,7 +30,10 @@ type subject struct {
 	n  int
 }
 
-var _ member.WriteHook = (*subject)(nil)
+// Export paces the participant's export for the suite (PaceWrites).
+func (s *subject) Export(ctx context.Context, c events.Commit) iter.Seq2[events.Record, error] {
+	return s.Pace(ctx, s.Agent.Export(ctx, c))
+}
 
 func (s *subject) Bind(m *member.Member) { s.member = m }
 

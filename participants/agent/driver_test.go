@@ -12,6 +12,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -175,7 +176,7 @@ func TestRestartOnlyRolloutIsNeverParked(t *testing.T) {
 	if err != nil || !rep.Ready || len(rep.Blockers) != 0 || len(rep.Restarts) != 1 || rep.Restarts[0] != "r1" {
 		t.Fatalf("prepare: %+v %v, want ready with restart r1", rep, err)
 	}
-	recs, err := w.agent.Export(ctx, events.Commit{PhaseHeader: events.PhaseHeader{CheckpointID: "c1"}})
+	recs, err := membertest.Drain(w.agent.Export(ctx, events.Commit{PhaseHeader: events.PhaseHeader{CheckpointID: "c1"}}))
 	if err != nil || len(recs) != 0 {
 		t.Fatalf("export: %v %v, want no records", recs, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"slices"
 	"time"
 
@@ -75,7 +76,12 @@ func deadlineMargin(cp member.Checkpoint) time.Duration {
 // Export implements member.Exporter: the bookmark of every run at a
 // boundary or paused for this checkpoint, and of every restored rollout
 // not asked for yet; restarts are not exported.
-func (a *Agent) Export(_ context.Context, c events.Commit) ([]events.Record, error) {
+func (a *Agent) Export(_ context.Context, c events.Commit) iter.Seq2[events.Record, error] {
+	return member.Records(a.export(c))
+}
+
+// export takes the bookmarks of Export under the agent's lock.
+func (a *Agent) export(c events.Commit) ([]events.Record, error) {
 	scope := map[string]bool{}
 	for _, e := range c.Scope {
 		scope[e.String()] = true

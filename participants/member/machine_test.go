@@ -40,7 +40,11 @@ func (x *mt) hdr(id string) events.PhaseHeader {
 }
 
 func (x *mt) step(in member.Input) []member.Effect {
-	effs := x.m.Step(x.now, in)
+	x.t.Helper()
+	effs, err := x.m.Step(x.now, in)
+	if err != nil && !x.m.Superseded() {
+		x.t.Fatalf("Step(%T): %v", in, err)
+	}
 	for _, e := range effs {
 		switch e := e.(type) {
 		case member.WaitReady:
@@ -565,4 +569,121 @@ func TestCheckTransition(t *testing.T) {
 	if s := member.State(9).String(); s != "State(9)" {
 		t.Errorf("String of an unknown state: %s", s)
 	}
+}
+
+// §5 commit: export once per checkpoint id. The machine keeps what a
+// commit exported, even when its write failed; a later commit writes the
+// same records again, a commit of another scope is refused, Park gets the
+// records, and a reopen drops them.
+func TestMachineExportOnce(t *testing.T) {
+	recs := []events.Record{{Key: "r1", Data: []byte(`{"n":1}`)}}
+	ex := &member.Export{Scope: []events.Episode{r1}, Records: recs}
+	writeOf := func(effs []member.Effect) member.WriteCommit {
+		t.Helper()
+		for _, e := range effs {
+			if w, ok := e.(member.WriteCommit); ok {
+				return w
+			}
+		}
+		t.Fatalf("no write in %q", describe(effs))
+		return member.WriteCommit{}
+	}
+
+	x := newMT(t)
+	x.prepared("c1")
+	if w := writeOf(x.commit("c1", r1)); w.Export != nil {
+		t.Fatalf("the first commit reuses %+v", w.Export)
+	}
+	failed := x.step(member.RecordsWritten{Op: x.op, Export: ex, Err: &events.AckError{Code: events.CodeExportFailed, Detail: "store down"}})
+	if got := describe(failed); !slices.Equal(got, []string{"reply commit export_failed prepared"}) {
+		t.Fatalf("effects %q", got)
+	}
+	if got, ok := x.m.Exported("c1"); !ok || !sameRecords(got.Records, recs) {
+		t.Fatalf("kept %+v %v, want the export of the failed write", got, ok)
+	}
+
+	other := x.commit("c1", r2)
+	if got := describe(other); !slices.Equal(got, []string{"reply commit checkpoint_conflict prepared"}) {
+		t.Fatalf("a commit of another scope: %q", got)
+	}
+	if d := other[0].(member.Reply).Header.Error.Detail; !strings.Contains(d, "another scope") {
+		t.Fatalf("detail %q", d)
+	}
+
+	w := writeOf(x.phase(events.Commit{PhaseHeader: x.hdr("c1"), Scope: []events.Episode{r1}, Stop: true}))
+	if w.Export == nil || !sameRecords(w.Export.Records, recs) {
+		t.Fatalf("the retry reuses %+v, want the kept export", w.Export)
+	}
+	x.written("c1")
+	x.created()
+	x.state(member.StateCommitted)
+	effs := x.step(member.OutcomeReceived{Committed: events.CheckpointCommitted{
+		OutcomeHeader: events.OutcomeHeader{Run: "run1", CheckpointID: "c1"}, Members: []events.Member{self}, Stop: true}})
+	if len(effs) != 1 || !sameRecords(effs[0].(member.Park).Records, recs) {
+		t.Fatalf("park %q, want the exported records", describe(effs))
+	}
+
+	x.resume("c1")
+	if _, ok := x.m.Exported("c1"); ok {
+		t.Fatal("the export outlived the resume")
+	}
+}
+
+// §5 commit: a write that reports no export (the records were reused)
+// keeps the machine's export as it was; a result after the resume keeps
+// nothing.
+func TestMachineExportAfterResumeDropped(t *testing.T) {
+	x := newMT(t)
+	x.prepared("c1")
+	x.commit("c1", r1)
+	op := x.op
+	x.resume("c1")
+	x.step(member.RecordsWritten{Op: op, Export: &member.Export{Scope: []events.Episode{r1}}})
+	if _, ok := x.m.Exported("c1"); ok {
+		t.Fatal("an export reported after the resume was kept")
+	}
+}
+
+// §5 Epochs fence zombies: once superseded, the machine answers nothing,
+// starts nothing and says so.
+func TestMachineSupersededIgnoresEverything(t *testing.T) {
+	x := newMT(t)
+	x.prepared("c1")
+	x.resume("c1")
+	x.epoch = 1
+	if got := describe(x.prepare("c2")); !slices.Equal(got, []string{"supersede"}) || !x.m.Superseded() {
+		t.Fatalf("effects %q, superseded %v", got, x.m.Superseded())
+	}
+	for _, in := range []member.Input{
+		member.PhaseReceived{Data: events.Prepare{PhaseHeader: x.hdr("c3")}},
+		member.LeaseTick{},
+		member.ReadinessReported{Op: x.op, Report: member.Report{Ready: true}},
+	} {
+		effs, err := x.m.Step(x.now, in)
+		if len(effs) != 0 || !errors.Is(err, member.ErrSuperseded) {
+			t.Fatalf("Step(%T) after the supersession: %q, %v", in, describe(effs), err)
+		}
+	}
+	if _, err := newMT(t).m.Step(t0, nil); !errors.Is(err, member.ErrUnknownInput) {
+		t.Fatalf("Step(nil): %v", err)
+	}
+}
+
+// §5 retire marks: Marks is a snapshot the driver can hand out; later
+// retires do not change it.
+func TestMachineMarksSnapshot(t *testing.T) {
+	x := newMT(t)
+	x.retire(events.Episode{Rollout: "r1", Attempt: 1})
+	snap := x.m.Marks()
+	x.retire(events.Episode{Rollout: "r1", Attempt: 5}, events.Episode{Rollout: "r2"})
+	if len(snap) != 1 || snap["r1"] != 1 {
+		t.Fatalf("snapshot changed to %v", snap)
+	}
+	if m := x.m.Marks(); m["r1"] != 5 || len(m) != 2 {
+		t.Fatalf("marks %v", m)
+	}
+}
+
+func sameRecords(a, b []events.Record) bool {
+	return slices.EqualFunc(a, b, func(x, y events.Record) bool { return x.Key == y.Key && string(x.Data) == string(y.Data) })
 }

@@ -378,6 +378,11 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("error %v does not name %s", err, f)
 		}
 	}
+	_, err = member.New(member.Config{Run: "run1", Member: "agent.a", JS: env.JS, Bus: env.Bus, Participant: member.PrepareFunc(nil),
+		Source: membertest.StartHost(t, env, "run1", "h"), StateFile: filepath.Join(t.TempDir(), "position.json")})
+	if err == nil || !strings.Contains(err.Error(), "Config.StateFile") {
+		t.Errorf("a Source and a StateFile: %v, want an error naming Config.StateFile", err)
+	}
 	m, err := member.New(member.Config{Run: "run1", Member: "agent.a", JS: env.JS, Bus: env.Bus, Participant: member.PrepareFunc(nil)})
 	if err != nil || m.Name() != "agent.a" {
 		t.Fatalf("New: %v", err)

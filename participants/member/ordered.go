@@ -10,7 +10,12 @@ import (
 	"sync"
 	"time"
 
+	cloudevent "github.com/cloudevents/sdk-go/v2/event"
 	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/atomicfile"
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // position is what a member that reads through an ordered consumer keeps in
@@ -37,10 +42,39 @@ func loadPosition(path string) (uint64, error) {
 	return p.StreamSeq, nil
 }
 
+// orderedFeed makes the member's ordered consumer, which keeps no state on
+// the server (PROTOCOL §3: thousands of sandbox daemons), starting after
+// the position its state file holds (or with what is published from now
+// on). The server never redelivers its messages: one given back comes
+// again locally (redeliver).
+func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
+	pos, err := loadPosition(m.cfg.StateFile)
+	if err != nil {
+		return nil, err
+	}
+	cfg := natsjs.OrderedConsumerConfig{FilterSubjects: subjects(m.cfg.Run), DeliverPolicy: natsjs.DeliverNewPolicy}
+	if pos > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = natsjs.DeliverByStartSequencePolicy, pos+1
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	cons, err := m.cfg.JS.OrderedConsumer(cctx, jetstream.StreamName, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("member: ordered consumer: %w", err)
+	}
+	fl := &floor{path: m.cfg.StateFile, run: m.cfg.Run, member: string(m.cfg.Member), pending: map[uint64]bool{}, saved: pos, high: pos}
+	m.inbox = make(chan Delivery)
+	r := &redeliverer{inbox: m.inbox, stopping: make(chan struct{})}
+	f := m.consume("ordered, position in "+m.cfg.StateFile, cons, func(msg natsjs.Msg) Delivery {
+		return newOrderedDelivery(msg, fl, r)
+	}, r.stop)
+	return f, nil
+}
+
 // floor tracks which delivered events are handled, and keeps the state
 // file at the highest stream sequence below which all are.
 type floor struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // the consumer's goroutine delivers, the loop handles
 	path    string
 	run     string
 	member  string
@@ -56,7 +90,7 @@ func (f *floor) delivered(seq uint64) {
 	f.high = max(f.high, seq)
 }
 
-// done marks seq handled and saves the floor if it moved.
+// done marks seq handled and saves the floor, durably, if it moved.
 func (f *floor) done(seq uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -68,51 +102,60 @@ func (f *floor) done(seq uint64) error {
 	if at <= f.saved {
 		return nil
 	}
-	b, _ := json.Marshal(position{Run: f.run, Member: f.member, StreamSeq: at})
-	tmp := f.path + ".tmp"
+	b, err := json.Marshal(position{Run: f.run, Member: f.member, StreamSeq: at})
+	if err != nil {
+		return fmt.Errorf("member: state file: %w", err)
+	}
 	if err := os.MkdirAll(filepath.Dir(f.path), 0o755); err != nil {
 		return fmt.Errorf("member: state file: %w", err)
 	}
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("member: state file: %w", err)
-	}
-	if err := os.Rename(tmp, f.path); err != nil {
+	if err := atomicfile.Write(f.path, b, 0o644); err != nil {
 		return fmt.Errorf("member: state file: %w", err)
 	}
 	f.saved = at
 	return nil
 }
 
-// orderedMsg is a message of an ordered consumer, which the server never
-// redelivers: acknowledging it moves the member's saved position, and
-// giving it back (Nak) delivers it again locally after the delay.
-type orderedMsg struct {
-	natsjs.Msg
+// orderedDelivery is a message of an ordered consumer: acknowledging it
+// (or refusing it) moves the member's saved position, and giving it back
+// delivers it again locally after the delay.
+type orderedDelivery struct {
+	msg       natsjs.Msg
 	seq       uint64
-	delivered int
+	delivered uint64
 	floor     *floor
-	again     func(*orderedMsg, time.Duration)
+	again     *redeliverer
 }
 
-func (o *orderedMsg) Ack() error                      { return o.floor.done(o.seq) }
-func (o *orderedMsg) DoubleAck(context.Context) error { return o.Ack() }
-func (o *orderedMsg) Term() error                     { return o.Ack() }
-func (o *orderedMsg) TermWithReason(string) error     { return o.Ack() }
-func (o *orderedMsg) InProgress() error               { return nil }
-func (o *orderedMsg) Nak() error                      { return o.NakWithDelay(0) }
-func (o *orderedMsg) NakWithDelay(d time.Duration) error {
-	o.again(o, max(d, 100*time.Millisecond))
-	return nil
-}
-
-// Metadata counts local redeliveries, so that a message given back is
-// checked against its ack subject when it comes again.
-func (o *orderedMsg) Metadata() (*natsjs.MsgMetadata, error) {
-	md, err := o.Msg.Metadata()
-	if err != nil {
-		return nil, err
+func newOrderedDelivery(msg natsjs.Msg, fl *floor, again *redeliverer) *orderedDelivery {
+	d := &orderedDelivery{msg: msg, delivered: 1, floor: fl, again: again}
+	if md, err := msg.Metadata(); err == nil {
+		d.seq = md.Sequence.Stream
+		fl.delivered(d.seq)
 	}
-	c := *md
-	c.NumDelivered = uint64(o.delivered)
-	return &c, nil
+	return d
+}
+
+func (o *orderedDelivery) Subject() string                               { return o.msg.Subject() }
+func (o *orderedDelivery) Event() (cloudevent.Event, events.Data, error) { return decode(o.msg) }
+func (o *orderedDelivery) Sequence() uint64                              { return o.seq }
+func (o *orderedDelivery) Delivered() uint64                             { return o.delivered }
+func (o *orderedDelivery) InProgress() error                             { return nil }
+func (o *orderedDelivery) Term(string) error                             { return o.Ack() }
+
+// Ack moves the saved position past the event once every event before it
+// is handled too. A message without metadata is not tracked.
+func (o *orderedDelivery) Ack() error {
+	if o.seq == 0 {
+		return nil
+	}
+	return o.floor.done(o.seq)
+}
+
+// Nak delivers the event again, locally, after delay (at least 100 ms);
+// the count of deliveries goes up, so the loop checks its ack subject.
+func (o *orderedDelivery) Nak(delay time.Duration) error {
+	o.delivered++
+	o.again.after(o, max(delay, 100*time.Millisecond))
+	return nil
 }

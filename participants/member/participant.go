@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -89,13 +90,34 @@ type PrepareFunc func(ctx context.Context, cp Checkpoint) (Report, error)
 func (f PrepareFunc) Prepare(ctx context.Context, cp Checkpoint) (Report, error) { return f(ctx, cp) }
 
 // Exporter is implemented by a participant with state to checkpoint.
-// Export returns the records of the commit's scope; it is called once per
-// checkpoint id, and a redelivered or repeated commit reuses its records.
-// A participant without Exporter exports zero records (its records object
-// and member manifest are still written). The runtime keeps the returned
-// slice until the checkpoint is resumed: do not change it afterwards.
+// Export yields the records of the commit's scope one by one, and an
+// error (with a zero record) to fail the export; Records adapts a slice.
+// The runtime writes each record as it comes (PROTOCOL §5, commit):
+// sha256 as it goes, the stop signal checked before each; so a
+// participant with much to export can stream it, and one that needs time
+// per record takes it inside the iteration, where ctx ending stops it.
+// Export is called once per checkpoint id: the runtime keeps the records,
+// and a redelivered or repeated commit writes them again, as does Park. A
+// participant without Exporter exports zero records (its member manifest
+// is still created). Do not change a record's Data once it is yielded.
 type Exporter interface {
-	Export(ctx context.Context, c events.Commit) ([]events.Record, error)
+	Export(ctx context.Context, c events.Commit) iter.Seq2[events.Record, error]
+}
+
+// Records yields records, or only err when it is not nil: an export that
+// has its records at hand.
+func Records(records []events.Record, err error) iter.Seq2[events.Record, error] {
+	return func(yield func(events.Record, error) bool) {
+		if err != nil {
+			yield(events.Record{}, err)
+			return
+		}
+		for _, r := range records {
+			if !yield(r, nil) {
+				return
+			}
+		}
+	}
 }
 
 // Resumer is implemented by a participant that closes admission: Resume
@@ -150,12 +172,4 @@ type Releaser interface {
 // the exported records hold. Best effort: failures are logged.
 type Parker interface {
 	Park(ctx context.Context, records []events.Record) error
-}
-
-// WriteHook is implemented by a participant that wants to see a commit
-// write before each record is written. Tests use it to pace a write and
-// resume in the middle of it. BeforeRecord may block; it must return when
-// ctx is done (the write then stops before that record).
-type WriteHook interface {
-	BeforeRecord(ctx context.Context, checkpointID string, index int)
 }

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"iter"
 	"slices"
 	"strings"
 
@@ -71,17 +72,41 @@ func episodesOf(records []events.Record) []string {
 	return slices.Compact(out)
 }
 
+// digest accumulates records as JSON lines: their sha256, size and count,
+// one record at a time.
+type digest struct {
+	h    hash.Hash
+	size int64
+	n    int
+}
+
+func newDigest() *digest { return &digest{h: sha256.New()} }
+
+// add encodes the next record, hashes it and returns its line.
+func (d *digest) add(r events.Record) ([]byte, error) {
+	line, err := encodeRecord(d.n, r)
+	if err != nil {
+		return nil, err
+	}
+	d.h.Write(line)
+	d.size += int64(len(line))
+	d.n++
+	return line, nil
+}
+
+// manifest returns the manifest of the records added, which are records.
+func (d *digest) manifest(run, checkpoint string, m events.Member, records []events.Record) (events.MemberManifest, error) {
+	return manifestOf(run, checkpoint, m, records, d.h.Sum(nil), d.size)
+}
+
 // recordReader streams records as JSON lines, hashing as it goes, and
 // checks the stop signal (ctx) before each record.
 type recordReader struct {
 	ctx     context.Context
-	id      string
 	records []events.Record
-	before  func(ctx context.Context, checkpointID string, index int)
-	next    int
+	before  func(index int)
 	buf     []byte
-	h       hash.Hash
-	size    int64
+	d       *digest
 	err     error
 }
 
@@ -110,39 +135,128 @@ func (r *recordReader) Read(p []byte) (int, error) {
 
 // produce encodes the next record into buf, or says why not.
 func (r *recordReader) produce() error {
-	if r.next == len(r.records) {
+	next := r.d.n
+	if next == len(r.records) {
 		return io.EOF
 	}
 	if r.before != nil {
-		r.before(r.ctx, r.id, r.next)
+		r.before(next)
 	}
 	if err := r.ctx.Err(); err != nil {
-		return fmt.Errorf("%w before record %d of %d: %w", ErrWriteStopped, r.next, len(r.records), err)
+		return fmt.Errorf("%w before record %d of %d: %w", ErrWriteStopped, next, len(r.records), err)
 	}
-	line, err := encodeRecord(r.next, r.records[r.next])
+	line, err := r.d.add(r.records[next])
 	if err != nil {
 		return err
 	}
-	r.h.Write(line)
-	r.size += int64(len(line))
 	r.buf = line
-	r.next++
 	return nil
 }
 
 // Digest returns the manifest records would get, without writing them.
 func Digest(run, checkpoint string, m events.Member, records []events.Record) (events.MemberManifest, error) {
-	h := sha256.New()
-	var size int64
-	for i, r := range records {
-		line, err := encodeRecord(i, r)
-		if err != nil {
+	d := newDigest()
+	for _, r := range records {
+		if _, err := d.add(r); err != nil {
 			return events.MemberManifest{}, err
 		}
-		h.Write(line)
-		size += int64(len(line))
 	}
-	return manifestOf(run, checkpoint, m, records, h.Sum(nil), size)
+	return d.manifest(run, checkpoint, m, records)
+}
+
+// Collect takes the records of an export (Exporter) one at a time, as
+// they come: each is checked and hashed as it arrives (ErrBadRecord), and
+// the stop signal (ctx) is checked before each, so that a stopped export
+// ends with ErrWriteStopped before its next record and keeps nothing. An
+// error the iteration yields fails it. It returns the records and the
+// manifest a write of them gets; nil records are an empty export.
+func Collect(ctx context.Context, run, checkpoint string, m events.Member,
+	records iter.Seq2[events.Record, error]) ([]events.Record, events.MemberManifest, error) {
+	d := newDigest()
+	var out []events.Record
+	stopped := func() ([]events.Record, events.MemberManifest, error) {
+		return nil, events.MemberManifest{}, fmt.Errorf("%w before record %d: %w", ErrWriteStopped, d.n, context.Cause(ctx))
+	}
+	if ctx.Err() != nil {
+		return stopped()
+	}
+	if records != nil {
+		for r, err := range records {
+			if ctx.Err() != nil {
+				return stopped()
+			}
+			if err != nil {
+				return nil, events.MemberManifest{}, err
+			}
+			if _, err := d.add(r); err != nil {
+				return nil, events.MemberManifest{}, err
+			}
+			out = append(out, r)
+		}
+	}
+	man, err := d.manifest(run, checkpoint, m, out)
+	if err != nil {
+		return nil, events.MemberManifest{}, err
+	}
+	return slices.Clip(out), man, nil
+}
+
+// WriteRecords writes records as JSON lines (one events.Record per line)
+// to events.RecordsObject (named by their digest) in store, streaming and
+// hashing sha256 as it goes, and returns the manifest that describes the
+// object (not yet created: see CreateManifest). ctx is the stop signal: it
+// is checked before each record, and once it is done the write stops with
+// ErrWriteStopped and its partial chunks are purged; a write that reached
+// its end is not undone. No records write no object: the manifest alone
+// describes an empty export.
+func WriteRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
+	records []events.Record) (events.MemberManifest, error) {
+	return writeRecords(ctx, store, run, checkpoint, m, records, nil)
+}
+
+// writeRecords is WriteRecords; before, when set, is called ahead of each
+// record's stop check: the tests stop a write in the middle with it.
+func writeRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
+	records []events.Record, before func(index int)) (events.MemberManifest, error) {
+	if err := ctx.Err(); err != nil {
+		return events.MemberManifest{}, fmt.Errorf("%w before record 0 of %d: %w", ErrWriteStopped, len(records), err)
+	}
+	if len(records) == 0 {
+		// Nothing to store: the manifest (count 0, size 0, the digest of no
+		// bytes) says so, and readers fetch no object for it. A member with
+		// nothing in flight pays one KV create per checkpoint, not an
+		// object write.
+		return Digest(run, checkpoint, m, nil)
+	}
+	// The object is named by its content, so the digest comes first; the
+	// write hashes again as it streams and must agree.
+	want, err := Digest(run, checkpoint, m, records)
+	if err != nil {
+		return events.MemberManifest{}, err
+	}
+	name := want.Object
+	rr := &recordReader{ctx: ctx, records: records, before: before, d: newDigest()}
+	// The store call itself is not cancelled by the stop signal, so that a
+	// stopped write purges what it sent; the reader stops it.
+	info, err := store.Put(context.WithoutCancel(ctx), natsjs.ObjectMeta{
+		Name:        name,
+		Description: fmt.Sprintf("records of %s in checkpoint %s of run %s", m, checkpoint, run),
+	}, rr)
+	if err != nil {
+		if errors.Is(err, ErrWriteStopped) || errors.Is(err, ErrBadRecord) {
+			return events.MemberManifest{}, err
+		}
+		return events.MemberManifest{}, fmt.Errorf("member: write %s: %w", name, err)
+	}
+	sum := rr.d.h.Sum(nil)
+	if info.Size != uint64(rr.d.size) || info.Digest != "SHA-256="+base64.URLEncoding.EncodeToString(sum) {
+		return events.MemberManifest{}, fmt.Errorf("member: write %s: the store holds %d bytes, digest %s; wrote %d bytes, sha256 %x",
+			name, info.Size, info.Digest, rr.d.size, sum)
+	}
+	if got := hex.EncodeToString(sum); got != want.SHA256 {
+		return events.MemberManifest{}, fmt.Errorf("member: write %s: streamed sha256 %s, the records digest to %s", name, got, want.SHA256)
+	}
+	return manifestOf(run, checkpoint, m, records, sum, rr.d.size)
 }
 
 func manifestOf(run, checkpoint string, m events.Member, records []events.Record, sum []byte, size int64) (events.MemberManifest, error) {
@@ -161,57 +275,6 @@ func manifestOf(run, checkpoint string, m events.Member, records []events.Record
 		return events.MemberManifest{}, fmt.Errorf("member: manifest: %w", err)
 	}
 	return man, nil
-}
-
-// WriteRecords writes records as JSON lines (one events.Record per line)
-// to events.RecordsObject (named by their digest) in store, streaming and
-// hashing sha256 as it goes, and returns the manifest that describes the
-// object (not yet created: see CreateManifest). ctx is the stop signal: it
-// is checked before each record (after before, when set, is called), and
-// once it is done the write stops with ErrWriteStopped and its partial
-// chunks are purged; a write that reached its end is not undone. No
-// records write no object: the manifest alone describes an empty export.
-func WriteRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
-	records []events.Record, before func(ctx context.Context, checkpointID string, index int)) (events.MemberManifest, error) {
-	if err := ctx.Err(); err != nil {
-		return events.MemberManifest{}, fmt.Errorf("%w before record 0 of %d: %w", ErrWriteStopped, len(records), err)
-	}
-	if len(records) == 0 {
-		// Nothing to store: the manifest (count 0, size 0, the digest of no
-		// bytes) says so, and readers fetch no object for it. A member with
-		// nothing in flight pays one KV create per checkpoint, not an
-		// object write.
-		return Digest(run, checkpoint, m, nil)
-	}
-	// The object is named by its content, so the digest comes first; the
-	// write hashes again as it streams and must agree.
-	want, err := Digest(run, checkpoint, m, records)
-	if err != nil {
-		return events.MemberManifest{}, err
-	}
-	name := want.Object
-	rr := &recordReader{ctx: ctx, id: checkpoint, records: records, before: before, h: sha256.New()}
-	// The store call itself is not cancelled by the stop signal, so that a
-	// stopped write purges what it sent; the reader stops it.
-	info, err := store.Put(context.WithoutCancel(ctx), natsjs.ObjectMeta{
-		Name:        name,
-		Description: fmt.Sprintf("records of %s in checkpoint %s of run %s", m, checkpoint, run),
-	}, rr)
-	if err != nil {
-		if errors.Is(err, ErrWriteStopped) || errors.Is(err, ErrBadRecord) {
-			return events.MemberManifest{}, err
-		}
-		return events.MemberManifest{}, fmt.Errorf("member: write %s: %w", name, err)
-	}
-	sum := rr.h.Sum(nil)
-	if info.Size != uint64(rr.size) || info.Digest != "SHA-256="+base64.URLEncoding.EncodeToString(sum) {
-		return events.MemberManifest{}, fmt.Errorf("member: write %s: the store holds %d bytes, digest %s; wrote %d bytes, sha256 %x",
-			name, info.Size, info.Digest, rr.size, sum)
-	}
-	if got := hex.EncodeToString(sum); got != want.SHA256 {
-		return events.MemberManifest{}, fmt.Errorf("member: write %s: streamed sha256 %s, the records digest to %s", name, got, want.SHA256)
-	}
-	return manifestOf(run, checkpoint, m, records, sum, rr.size)
 }
 
 // HasObjects reports whether any records object of member m in checkpoint

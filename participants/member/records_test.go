@@ -30,7 +30,7 @@ func records(n, size int) []events.Record {
 func TestRecordsRoundTrip(t *testing.T) {
 	env := jstest.Start(t)
 	recs := append(records(40, 10_000), events.Record{Key: "snap-not-an-episode!", Data: json.RawMessage(`{"a": [1, 2]}`)})
-	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, recs, nil)
+	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, recs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 func TestRecordsCorrupt(t *testing.T) {
 	env := jstest.Start(t)
 	recs := records(3, 10)
-	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, recs, nil)
+	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, recs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestRecordsWriteStops(t *testing.T) {
 	env := jstest.Start(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	var seen []int
-	_, err := member.WriteRecords(ctx, env.Bus.Records, "run1", "c1", self, records(10, 50_000), func(_ context.Context, id string, i int) {
+	_, err := member.WriteRecordsPaced(ctx, env.Bus.Records, "run1", "c1", self, records(10, 50_000), func(i int) {
 		seen = append(seen, i)
 		if i == 5 {
 			cancel()
@@ -149,11 +149,11 @@ func TestRecordsWriteStops(t *testing.T) {
 func TestRecordsBad(t *testing.T) {
 	env := jstest.Start(t)
 	for _, r := range []events.Record{{Key: ""}, {Key: strings.Repeat("k", 300)}, {Key: "r1", Data: json.RawMessage(`{bad`)}} {
-		if _, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, []events.Record{r}, nil); !errors.Is(err, member.ErrBadRecord) {
+		if _, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, []events.Record{r}); !errors.Is(err, member.ErrBadRecord) {
 			t.Errorf("record %.20q: %v, want ErrBadRecord", r.Key, err)
 		}
 	}
-	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, nil, nil)
+	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, nil)
 	if err != nil || man.Count != 0 || man.Size != 0 {
 		t.Fatalf("empty write: %+v, %v", man, err)
 	}
@@ -163,7 +163,7 @@ func TestRecordsBad(t *testing.T) {
 // a manifest that claims no records with another digest is refused.
 func TestRecordsEmptyExportHasNoObject(t *testing.T) {
 	env := jstest.Start(t)
-	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, nil, nil)
+	man, err := member.WriteRecords(t.Context(), env.Bus.Records, "run1", "c1", self, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,5 +187,51 @@ func TestRecordsEmptyExportHasNoObject(t *testing.T) {
 	}
 	if _, _, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.Records, "run1", "c2", self, nil); !errors.Is(err, member.ErrCorruptRecords) {
 		t.Fatalf("an empty manifest with a wrong digest: %v, want ErrCorruptRecords", err)
+	}
+}
+
+// PROTOCOL §5: a commit takes its export one record at a time, hashing as
+// it goes; a stop before a record ends it there and keeps nothing, and an
+// export that fails or yields a bad record fails it.
+func TestCollect(t *testing.T) {
+	recs := records(6, 10)
+	all := member.Records(recs, nil)
+	got, man, err := member.Collect(t.Context(), "run1", "c1", self, all)
+	if err != nil || len(got) != 6 {
+		t.Fatalf("Collect: %d records, %v", len(got), err)
+	}
+	if want, _ := member.Digest("run1", "c1", self, recs); man.SHA256 != want.SHA256 || man.Count != 6 {
+		t.Fatalf("manifest %+v, want %+v", man, want)
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	var pulled []int
+	got, _, err = member.Collect(ctx, "run1", "c1", self, func(yield func(events.Record, error) bool) {
+		for i, r := range recs {
+			pulled = append(pulled, i)
+			if i == 3 {
+				cancel() // the resume arrives while record 3 is produced
+			}
+			if !yield(r, nil) {
+				return
+			}
+		}
+	})
+	if !errors.Is(err, member.ErrWriteStopped) || !strings.Contains(err.Error(), "before record 3") || got != nil {
+		t.Fatalf("Collect: %d records, %v; want ErrWriteStopped before record 3 and none", len(got), err)
+	}
+	if !slices.Equal(pulled, []int{0, 1, 2, 3}) {
+		t.Fatalf("the export was asked for %v after the stop", pulled)
+	}
+
+	if _, _, err := member.Collect(t.Context(), "run1", "c1", self, member.Records(nil, member.ErrBadRecord)); !errors.Is(err, member.ErrBadRecord) {
+		t.Fatalf("a failed export: %v", err)
+	}
+	bad := member.Records([]events.Record{recs[0], {Key: ""}}, nil)
+	if _, _, err := member.Collect(t.Context(), "run1", "c1", self, bad); !errors.Is(err, member.ErrBadRecord) || !strings.Contains(err.Error(), "record 1") {
+		t.Fatalf("a bad record: %v", err)
+	}
+	if got, man, err := member.Collect(t.Context(), "run1", "c1", self, nil); err != nil || len(got) != 0 || man.Count != 0 {
+		t.Fatalf("no export: %d records, %+v, %v", len(got), man, err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"path"
 	"slices"
@@ -157,7 +158,12 @@ func (o *Owner) Resume(_ context.Context, checkpointID string) error {
 // record per session, sorted by key. If any snapshot fails, the snapshots
 // it took are deleted and the export fails. Outside ModeExported it
 // returns no records.
-func (o *Owner) Export(ctx context.Context, c events.Commit) ([]events.Record, error) {
+func (o *Owner) Export(ctx context.Context, c events.Commit) iter.Seq2[events.Record, error] {
+	return member.Records(o.export(ctx, c))
+}
+
+// export takes Export's snapshots and builds its records.
+func (o *Owner) export(ctx context.Context, c events.Commit) ([]events.Record, error) {
 	if o.mode != ModeExported {
 		return nil, nil
 	}

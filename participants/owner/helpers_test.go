@@ -15,6 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -141,7 +142,7 @@ func checkpoint(t *testing.T, o *Owner, id string) []events.Record {
 	if err != nil || !rep.Ready {
 		t.Fatalf("Prepare %s: %+v, %v", id, rep, err)
 	}
-	recs, err := o.Export(ctx, events.Commit{PhaseHeader: events.PhaseHeader{Run: testRun, CheckpointID: id}})
+	recs, err := membertest.Drain(o.Export(ctx, events.Commit{PhaseHeader: events.PhaseHeader{Run: testRun, CheckpointID: id}}))
 	if err != nil {
 		t.Fatalf("Export %s: %v", id, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -81,7 +82,7 @@ func TestModeDecision(t *testing.T) {
 		if err != nil || !rep.Ready || !slices.Equal(rep.Restarts, []string{"r1"}) {
 			t.Fatalf("Prepare: %+v, %v", rep, err)
 		}
-		recs, err := o.Export(t.Context(), events.Commit{PhaseHeader: events.PhaseHeader{Run: testRun, CheckpointID: "c1"}})
+		recs, err := membertest.Drain(o.Export(t.Context(), events.Commit{PhaseHeader: events.PhaseHeader{Run: testRun, CheckpointID: "c1"}}))
 		if err != nil || len(recs) != 0 {
 			t.Fatalf("Export: %v, %v", recs, err)
 		}

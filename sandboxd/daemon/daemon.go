@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -50,22 +51,62 @@ type Config struct {
 
 // Daemon is sandboxd on the bus.
 type Daemon struct {
-	cfg    Config
-	log    zerolog.Logger
-	name   events.Member
-	sup    *sandboxd.Supervisor
-	member *member.Member
+	cfg      Config
+	log      zerolog.Logger
+	name     events.Member
+	sup      *sandboxd.Supervisor
+	launches launches // sup, as the member side uses it
+	member   *member.Member
 
 	mu        sync.Mutex
-	open      string            // checkpoint id while admission is closed
-	launching int               // launches admitted and not yet registered
-	paused    map[string]string // launch id -> checkpoint that paused it
-	episodes  map[string]string // launch id -> episode key, persisted
-	nopause   map[string]bool   // launches checkpoints leave alone
+	open      string                              // checkpoint id while admission is closed
+	launching int                                 // launches admitted and not yet registered
+	paused    map[string]string                   // launch id -> checkpoint that paused it
+	episodes  map[string]string                   // launch id -> episode key, persisted
+	nopause   map[string]bool                     // launches checkpoints leave alone
+	pausing   map[string]*pausing                 // launch id -> its pause in flight
+	confirmed map[string][]sandboxapi.PauseResult // checkpoint id -> its pauses that confirmed
+	failed    map[string]error                    // checkpoint id -> why one of its pauses failed
+	closing   bool                                // Run is returning: no new pause
+	pauses    sync.WaitGroup                      // the pausing goroutines
+}
+
+// launches is the supervisor as the daemon's member side uses it.
+type launches interface {
+	List() []sandboxapi.Record
+	Pause(ctx context.Context, id string, mode sandboxapi.Mode) (sandboxapi.PauseResult, error)
+	Continue(ctx context.Context, id string) (sandboxapi.PauseResult, error)
+	Stop(ctx context.Context, id string) (sandboxapi.Receipt, error)
+	Cancel(ctx context.Context, id string) (sandboxapi.Receipt, error)
+}
+
+// pausing is one launch's pause in flight for a checkpoint.
+type pausing struct {
+	checkpoint string
+	cancel     context.CancelFunc
+	done       chan struct{}
 }
 
 // New checks cfg and returns a daemon ready to Run.
 func New(cfg Config) (*Daemon, error) {
+	d, err := newDaemon(cfg)
+	if err != nil {
+		return nil, err
+	}
+	caps := []string{}
+	for _, m := range cfg.Supervisor.Modes() {
+		caps = append(caps, "pause:"+m.String())
+	}
+	d.member, err = member.New(member.Config{Run: cfg.Run, Member: d.name, JS: cfg.JS, Bus: cfg.Bus, Participant: d,
+		Logger: cfg.Logger, Grace: cfg.Grace, StateFile: d.cfg.StateFile, Capabilities: caps})
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// newDaemon is New without the member.
+func newDaemon(cfg Config) (*Daemon, error) {
 	var errs []error
 	if err := events.ValidateRun(cfg.Run); err != nil {
 		errs = append(errs, fmt.Errorf("daemon: Config.Run: %w", err))
@@ -83,18 +124,11 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.StateFile == "" {
 		cfg.StateFile = filepath.Join(cfg.Supervisor.StateDir(), "position.json")
 	}
-	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{},
+	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, launches: cfg.Supervisor,
+		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{},
+		pausing: map[string]*pausing{}, confirmed: map[string][]sandboxapi.PauseResult{}, failed: map[string]error{},
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
 	if err := d.loadEpisodes(); err != nil {
-		return nil, err
-	}
-	caps := []string{}
-	for _, m := range cfg.Supervisor.Modes() {
-		caps = append(caps, "pause:"+m.String())
-	}
-	d.member, err = member.New(member.Config{Run: cfg.Run, Member: name, JS: cfg.JS, Bus: cfg.Bus, Participant: d,
-		Logger: cfg.Logger, Grace: cfg.Grace, StateFile: cfg.StateFile, Capabilities: caps})
-	if err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -104,7 +138,9 @@ func New(cfg Config) (*Daemon, error) {
 func (d *Daemon) Name() events.Member { return d.name }
 
 // Run runs the supervisor, the bus member and the service until ctx ends
-// or the member is superseded or replaced.
+// or the member is superseded or replaced. Pauses a prepare started and
+// that are still in flight when the member stops are cut short, and Run
+// waits for them.
 func (d *Daemon) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return d.sup.Run(gctx) })
@@ -114,6 +150,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	defer func() { _ = svc.Stop() }()
 	g.Go(func() error {
+		defer d.stopPauses() // no Prepare comes once the member has stopped
 		err := d.member.Run(gctx)
 		if errors.Is(err, member.ErrSuperseded) || errors.Is(err, member.ErrReplaced) {
 			d.log.Warn().Err(err).Msg("stopping: another sandboxd serves this sandbox now")
@@ -123,68 +160,146 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return g.Wait()
 }
 
-// Prepare implements member.Participant: close admission and pause every
-// launch; ready once each is paused, ended, or stopped after a pause that
-// did not confirm.
+// Prepare implements member.Participant: close admission and start pausing
+// every launch, and report at once. It is ready once each launch is
+// paused, ended, or stopped after a pause that did not confirm; until
+// then the launches still pausing are its blockers (their episode, or
+// their id), and each pause that ends calls Member.Notify, so that the
+// runtime asks again. A pause that failed fails the next Prepare.
 func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Report, error) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.open = cp.ID
-	launching := d.launching
-	d.mu.Unlock()
-	if launching > 0 {
+	if err := d.failed[cp.ID]; err != nil {
+		return member.Report{}, err
+	}
+	if d.launching > 0 {
 		// A launch admitted before the checkpoint closed admission is still
 		// registering: wait for it, or it would escape the pause.
 		return member.Report{Blockers: []string{"launch-registering"}}, nil
 	}
-	var reports []sandboxapi.PauseResult
-	for _, rec := range d.sup.List() {
-		if rec.State == sandboxapi.StateEnded {
-			continue
-		}
-		d.mu.Lock()
-		if d.nopause[rec.ID] {
-			// Its agent stops it, or lets it run (a restart-only rollout).
-			d.mu.Unlock()
+	var blockers []string
+	for _, rec := range d.launches.List() {
+		if rec.State == sandboxapi.StateEnded || d.nopause[rec.ID] {
+			// Ended, or its agent stops it or lets it run (a restart-only
+			// rollout).
 			continue
 		}
 		mark := d.paused[rec.ID]
 		if mark == "" && rec.State == sandboxapi.StatePaused {
 			// Paused by the agent, not by a checkpoint: it is still, and its
 			// continue is the agent's to send.
-			d.mu.Unlock()
 			continue
 		}
 		if mark != cp.ID {
+			if d.closing {
+				return member.Report{}, errors.New("daemon: stopping")
+			}
 			// Marked before the pause: a pause cut short by a resume may
 			// still complete, and the resume must then continue it.
 			d.paused[rec.ID] = cp.ID
+			d.startPause(ctx, cp.ID, rec.ID)
+		}
+		if d.pausing[rec.ID] != nil {
+			b := d.episodes[rec.ID]
+			if b == "" {
+				b = rec.ID
+			}
+			blockers = append(blockers, b)
+		}
+	}
+	if len(blockers) > 0 {
+		sort.Strings(blockers)
+		return member.Report{Blockers: blockers, Counts: map[string]int{"pausing": len(blockers)}}, nil
+	}
+	reports := d.confirmed[cp.ID]
+	return member.Report{Ready: true, Pause: summarize(reports), Counts: map[string]int{"launches": len(reports)}}, nil
+}
+
+// startPause pauses launch id for checkpoint cp in a goroutine of the
+// daemon's; a resume of cp (Continue) or the end of Run cuts it short.
+// d.mu is held.
+func (d *Daemon) startPause(ctx context.Context, cp, id string) {
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p := &pausing{checkpoint: cp, cancel: cancel, done: make(chan struct{})}
+	d.pausing[id] = p
+	d.pauses.Go(func() {
+		defer close(p.done)
+		defer cancel()
+		d.pause(pctx, cp, id)
+		d.mu.Lock()
+		if d.pausing[id] == p {
+			delete(d.pausing, id)
 		}
 		d.mu.Unlock()
-		if mark == cp.ID {
-			continue
+		d.member.Notify()
+	})
+}
+
+// pause pauses launch id for checkpoint cp and records how it went.
+func (d *Daemon) pause(ctx context.Context, cp, id string) {
+	rep, err := d.launches.Pause(ctx, id, sandboxapi.ModeDefault)
+	switch {
+	case ctx.Err() != nil:
+		// Cut short: the mark stays, and whoever cut it continues the
+		// launch, in case the pause completed after all.
+	case errors.Is(err, sandboxd.ErrUnconfirmed):
+		// Unconfirmed, and undone: never leave it running through a
+		// snapshot. Stop it; the agent relaunches from its session.
+		d.unmark(id)
+		d.log.Warn().Str("launch", id).Str("fallback", rep.Fallback).Msg("pause not confirmed; stopping the launch for a relaunch")
+		if _, err := d.launches.Stop(ctx, id); err != nil {
+			d.fail(cp, fmt.Errorf("stop %s after an unconfirmed pause: %w", id, err))
+			return
 		}
-		rep, err := d.sup.Pause(ctx, rec.ID, sandboxapi.ModeDefault)
-		switch {
-		case errors.Is(err, sandboxd.ErrUnconfirmed):
-			// Unconfirmed, and undone: never leave it running through a
-			// snapshot. Stop it; the agent relaunches from its session.
-			d.unmark(rec.ID)
-			d.log.Warn().Str("launch", rec.ID).Str("fallback", rep.Fallback).Msg("pause not confirmed; stopping the launch for a relaunch")
-			if _, err := d.sup.Stop(ctx, rec.ID); err != nil {
-				return member.Report{}, fmt.Errorf("stop %s after an unconfirmed pause: %w", rec.ID, err)
-			}
-		case errors.Is(err, sandboxd.ErrStopping):
-			d.unmark(rec.ID)
-			continue // being stopped: it ends by itself
-		case err != nil:
-			return member.Report{}, fmt.Errorf("pause %s: %w", rec.ID, err)
-		case rep.State == sandboxapi.StateEnded:
-			d.unmark(rec.ID)
-			continue // ended just before the pause: it keeps its result
-		}
-		reports = append(reports, rep)
+		d.confirm(cp, rep)
+	case errors.Is(err, sandboxd.ErrStopping):
+		d.unmark(id) // being stopped: it ends by itself
+	case err != nil:
+		d.fail(cp, fmt.Errorf("pause %s: %w", id, err))
+	case rep.State == sandboxapi.StateEnded:
+		d.unmark(id) // ended just before the pause: it keeps its result
+	default:
+		d.confirm(cp, rep)
 	}
-	return member.Report{Ready: true, Pause: summarize(reports), Counts: map[string]int{"launches": len(reports)}}, nil
+}
+
+func (d *Daemon) confirm(cp string, rep sandboxapi.PauseResult) {
+	d.mu.Lock()
+	d.confirmed[cp] = append(d.confirmed[cp], rep)
+	d.mu.Unlock()
+}
+
+func (d *Daemon) fail(cp string, err error) {
+	d.mu.Lock()
+	d.failed[cp] = errors.Join(d.failed[cp], err)
+	d.mu.Unlock()
+}
+
+// cutPauses cuts short the pauses in flight of checkpoint id (every one
+// when id is "") and waits until each has returned.
+func (d *Daemon) cutPauses(id string) {
+	d.mu.Lock()
+	var done []chan struct{}
+	for _, p := range d.pausing {
+		if p.checkpoint == id || id == "" {
+			p.cancel()
+			done = append(done, p.done)
+		}
+	}
+	d.mu.Unlock()
+	for _, ch := range done {
+		<-ch
+	}
+}
+
+// stopPauses cuts every pause short, lets no new one start, and waits.
+func (d *Daemon) stopPauses() {
+	d.mu.Lock()
+	d.closing = true
+	d.mu.Unlock()
+	d.cutPauses("")
+	d.pauses.Wait()
 }
 
 func (d *Daemon) unmark(id string) {
@@ -202,9 +317,14 @@ func (d *Daemon) PausedByCheckpoint(id string) bool {
 }
 
 // Continue implements member.Continuer: continue what this checkpoint
-// paused and reopen admission.
+// paused and reopen admission. Its pauses still in flight are cut short
+// first, and waited for: one may still complete, and is then continued
+// with the rest.
 func (d *Daemon) Continue(ctx context.Context, id string) (*events.PauseReport, error) {
+	d.cutPauses(id)
 	d.mu.Lock()
+	delete(d.confirmed, id)
+	delete(d.failed, id)
 	var ids []string
 	for l, c := range d.paused {
 		if c == id || id == "" {
@@ -219,7 +339,7 @@ func (d *Daemon) Continue(ctx context.Context, id string) (*events.PauseReport, 
 	var reports []sandboxapi.PauseResult
 	var errs []error
 	for _, l := range ids {
-		rep, err := d.sup.Continue(ctx, l)
+		rep, err := d.launches.Continue(ctx, l)
 		d.mu.Lock()
 		delete(d.paused, l)
 		d.mu.Unlock()
@@ -242,7 +362,7 @@ func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
 		mark[e.Rollout] = max(mark[e.Rollout], e.Attempt)
 	}
 	var errs []error
-	for _, rec := range d.sup.List() {
+	for _, rec := range d.launches.List() {
 		if rec.State == sandboxapi.StateEnded {
 			continue
 		}
@@ -254,7 +374,7 @@ func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
 			continue
 		}
 		if m, ok := mark[ep.Rollout]; ok && ep.Attempt <= m {
-			if _, err := d.sup.Cancel(ctx, rec.ID); err != nil && !errors.Is(err, sandboxd.ErrUnknownLaunch) {
+			if _, err := d.launches.Cancel(ctx, rec.ID); err != nil && !errors.Is(err, sandboxd.ErrUnknownLaunch) {
 				errs = append(errs, fmt.Errorf("stop %s of retired %s: %w", rec.ID, key, err))
 			}
 		}
@@ -351,6 +471,8 @@ func summarize(results []sandboxapi.PauseResult) *events.PauseReport {
 	if len(results) == 0 {
 		return nil
 	}
+	results = slices.Clone(results)
+	slices.SortFunc(results, func(a, b sandboxapi.PauseResult) int { return strings.Compare(a.Launch, b.Launch) })
 	out := &events.PauseReport{Mode: results[0].Mode.String(), PauseSeq: results[0].PauseSeq,
 		Identity: results[0].Identity.String(), Wall: results[0].Wall, Uptime: results[0].Uptime}
 	var fallbacks []string

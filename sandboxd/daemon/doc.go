@@ -5,13 +5,18 @@
 //  1. Phases: the daemon reads its run's phases through an ordered consumer
 //     and keeps its position in a state file (PROTOCOL §3: thousands of
 //     sandbox daemons hold no consumer state on the server). At prepare it
-//     closes admission (new launches wait for the resume) and pauses every
-//     launch in its mode; the prepare ack carries the pause report (mode,
-//     pause_seq, identity, wall, uptime, pids). A pause that does not
-//     confirm stops the launch instead and says so (fallback): the agent
-//     relaunches it from its saved session after the resume. At resume, or
-//     when its lease runs out, it continues exactly what it paused and
-//     reports that in the resume ack. A retire stops the launches of the
+//     closes admission (new launches wait for the resume) and starts
+//     pausing every launch in its mode, in goroutines of its own that Run
+//     waits for; Prepare returns at once, not ready with the launches still
+//     pausing as its blockers, and each pause that ends calls
+//     Member.Notify. Once every launch is paused, ended or stopped, the
+//     prepare ack is ready and carries the pause report (mode, pause_seq,
+//     identity, wall, uptime, pids). A pause that does not confirm stops
+//     the launch instead and says so (fallback): the agent relaunches it
+//     from its saved session after the resume. At resume, or when its
+//     lease runs out, it cuts short the pauses still in flight, waits for
+//     them, and continues exactly what it paused (a pause cut short may
+//     still have completed), and reports that in the resume ack. A retire stops the launches of the
 //     retired attempts. A sandbox daemon exports nothing: what a sandbox
 //     holds is the owner's snapshot and the agent's bookmark.
 //  2. Service: a NATS micro service on spsvc.<run>.sandbox.<id>.<endpoint>

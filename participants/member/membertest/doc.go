@@ -4,16 +4,21 @@
 //   - Participant: a configurable test participant. It holds a set of
 //     episodes; readiness can be held back per episode (Block, Unblock,
 //     Hold); it exports one record per live episode; install, prepare,
-//     export and park can be told to fail; commit writes can be paced per
-//     record (SetWriteHook) so that a test can resume in the middle of one;
-//     every call is recorded (Calls, Count).
-//   - Run: the conformance suite every participant passes. A participant
-//     package supplies a Harness that builds its participant as a Subject;
-//     the suite builds and runs the Member, plays the bridge (Bridge:
-//     phases published with events.Marshal and jetstream.PublishDedup, acks
-//     read from the stream) and checks the rules of PROTOCOL.md §5, one
-//     subtest per rule, each named after its section.
+//     export and park can be told to fail; its exports can be paced per
+//     record (SetWriteHook) so that a test can resume in the middle of a
+//     commit's write; every call is recorded (Calls, Count).
+//   - Run: the conformance suite every participant passes (rules_*.go). A
+//     participant package supplies a Harness that builds its participant
+//     as a Subject (Pacer paces an Exporter's records; a Subject that runs
+//     its member beside other work is a Runner); the suite builds and runs
+//     the Member, plays the bridge (Bridge: phases published with
+//     events.Marshal and jetstream.PublishDedup, acks read from the stream)
+//     and checks the rules of PROTOCOL.md §5, one subtest per rule, each
+//     named after its section.
 //   - StartMember and StartMembers: members running in-process against a
 //     jstest.Env, for bridge tests (agent.t0, agent.t1, ... by default),
 //     returning Handles to control readiness and failures and to stop them.
+//   - Host: one consumer for every member of a process (a member.Source),
+//     as a benchmark or a large fleet in one test runs them (StartHost,
+//     Options.Host).
 package membertest

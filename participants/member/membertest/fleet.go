@@ -37,8 +37,8 @@ type Options struct {
 	// Logger receives the members' logs (default: the test's log).
 	Logger *zerolog.Logger
 	// Host, when set, feeds the members from one shared consumer
-	// (StartHost) instead of one consumer each.
-	Host *member.Host
+	// (StartHost, member.Config.Source) instead of one consumer each.
+	Host *Host
 	// StateFile, when set, runs the member on an ordered consumer keeping
 	// its position there (member.Config.StateFile).
 	StateFile string
@@ -121,20 +121,28 @@ func StartMember(t testing.TB, env *jstest.Env, run string, name events.Member, 
 			t.Fatalf("membertest: open bus: %v", err)
 		}
 	}
-	m, err := member.New(member.Config{
+	cfg := member.Config{
 		Run: run, Member: name, JS: js, Bus: bus, Participant: s,
-		Logger: *opts.Logger, Grace: opts.Grace, PollEvery: opts.PollEvery, Host: opts.Host, StateFile: opts.StateFile,
-	})
+		Logger: *opts.Logger, Grace: opts.Grace, PollEvery: opts.PollEvery, StateFile: opts.StateFile,
+	}
+	if opts.Host != nil {
+		cfg.Source = opts.Host
+	}
+	m, err := member.New(cfg)
 	if err != nil {
 		t.Fatalf("membertest: %v", err)
 	}
 	s.Bind(m)
+	runMember := m.Run
+	if r, ok := s.(Runner); ok {
+		runMember = r.Run
+	}
 	rctx, rcancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	h := &Handle{Name: name, Member: m, Subject: s, cancel: rcancel, done: make(chan struct{})}
 	h.Participant, _ = s.(*Participant)
 	go func() {
 		defer close(h.done)
-		h.err = m.Run(rctx)
+		h.err = runMember(rctx)
 	}()
 	t.Cleanup(func() {
 		if err := h.Stop(); err != nil && !errors.Is(err, member.ErrSuperseded) && !errors.Is(err, member.ErrReplaced) {
@@ -213,16 +221,16 @@ func poll(t testing.TB, within time.Duration, stop <-chan struct{}, cond func() 
 	}
 }
 
-// StartHost runs a member.Host named name for run on a connection of its
-// own until the test ends; pass it in Options.Host.
-func StartHost(t testing.TB, env *jstest.Env, run, name string) *member.Host {
+// StartHost runs a Host named name for run on a connection of its own
+// until the test ends; pass it in Options.Host.
+func StartHost(t testing.TB, env *jstest.Env, run, name string) *Host {
 	t.Helper()
 	_, js := env.Connect(t)
 	bus, err := jetstream.Open(t.Context(), js)
 	if err != nil {
 		t.Fatalf("membertest: open bus: %v", err)
 	}
-	h, err := member.NewHost(member.HostConfig{Run: run, Name: name, JS: js, Bus: bus,
+	h, err := NewHost(HostConfig{Run: run, Name: name, JS: js, Bus: bus,
 		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)})
 	if err != nil {
 		t.Fatalf("membertest: %v", err)

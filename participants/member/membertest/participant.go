@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"sync"
@@ -42,8 +43,8 @@ type RecordData struct {
 // live episodes; admission closes on the first Prepare of a checkpoint and
 // reopens on Resume; readiness can be held back per episode; it exports
 // one record per live episode; its install, prepare and export can be told
-// to fail; its commit writes can be paced per record; and it records every
-// call. It implements member.Participant and every optional interface, and
+// to fail; its exports can be paced per record (SetWriteHook); and it
+// records every call. It implements member.Participant and every optional interface, and
 // the suite's Subject. It is safe for concurrent use.
 type Participant struct {
 	mu        sync.Mutex
@@ -93,7 +94,6 @@ var (
 	_ member.Forgetter   = (*Participant)(nil)
 	_ member.Releaser    = (*Participant)(nil)
 	_ member.Parker      = (*Participant)(nil)
-	_ member.WriteHook   = (*Participant)(nil)
 	_ Subject            = (*Participant)(nil)
 )
 
@@ -213,8 +213,10 @@ func (p *Participant) FailPark(err error) { p.mu.Lock(); p.failPark = err; p.mu.
 // succeed).
 func (p *Participant) FailRelease(err error) { p.mu.Lock(); p.failRel = err; p.mu.Unlock() }
 
-// SetWriteHook makes every commit write call hook before each record
-// (nil: no hook). The hook may block until ctx is done.
+// SetWriteHook makes every export call hook before it yields each record
+// (nil: no hook), so that a test can pace a commit's write: the runtime
+// writes each record as the export yields it. The hook may block until
+// ctx is done; the export then stops.
 func (p *Participant) SetWriteHook(hook func(ctx context.Context, checkpointID string, index int)) {
 	p.mu.Lock()
 	p.writeHook = hook
@@ -291,9 +293,36 @@ func (p *Participant) Prepare(_ context.Context, cp member.Checkpoint) (member.R
 	}, nil
 }
 
-// Export returns one record per live episode in the scope (every live
-// episode when the scope is empty), sorted by key.
-func (p *Participant) Export(_ context.Context, c events.Commit) ([]events.Record, error) {
+// Export yields one record per live episode in the scope (every live
+// episode when the scope is empty), sorted by key: it takes them under its
+// lock, then yields them one by one, calling the write hook (if any)
+// before each and stopping once ctx is done.
+func (p *Participant) Export(ctx context.Context, c events.Commit) iter.Seq2[events.Record, error] {
+	recs, err := p.export(c)
+	p.mu.Lock()
+	hook := p.writeHook
+	p.mu.Unlock()
+	return func(yield func(events.Record, error) bool) {
+		if err != nil {
+			yield(events.Record{}, err)
+			return
+		}
+		for i, r := range recs {
+			if hook != nil {
+				hook(ctx, c.CheckpointID, i)
+			}
+			if err := ctx.Err(); err != nil {
+				yield(events.Record{}, err)
+				return
+			}
+			if !yield(r, nil) {
+				return
+			}
+		}
+	}
+}
+
+func (p *Participant) export(c events.Commit) ([]events.Record, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.failExp != nil {
@@ -431,15 +460,18 @@ func (p *Participant) Park(_ context.Context, records []events.Record) error {
 	return p.failPark
 }
 
-// BeforeRecord calls the write hook, if any.
-func (p *Participant) BeforeRecord(ctx context.Context, checkpointID string, index int) {
-	p.mu.Lock()
-	h := p.writeHook
-	p.mu.Unlock()
-	if h != nil {
-		h(ctx, checkpointID, index)
-	}
-}
-
 // ErrInjected is a failure tests inject.
 var ErrInjected = errors.New("membertest: injected failure")
+
+// Drain takes every record an export yields, as the runtime does, or the
+// error it yields first.
+func Drain(records iter.Seq2[events.Record, error]) ([]events.Record, error) {
+	var out []events.Record
+	for r, err := range records {
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}

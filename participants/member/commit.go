@@ -1,0 +1,157 @@
+package member
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// writeCommit re-checks readiness, exports once (or takes the export the
+// machine kept), writes the records and reports the manifest to create
+// (PROTOCOL §5, commit). A stop (ctx) ends it without a report: the
+// machine has answered the commit already, and its manifest is never
+// created.
+func (m *Member) writeCommit(ctx context.Context, e WriteCommit) {
+	c := e.Commit
+	fail := func(ex *Export, code, format string, args ...any) {
+		m.post(ctx, RecordsWritten{Op: e.Op, Export: ex, Err: &events.AckError{Code: code, Detail: fmt.Sprintf(format, args...)}})
+	}
+	cp := Checkpoint{Run: c.Run, ID: c.CheckpointID, Seq: c.Seq, Epoch: c.Epoch, Deadline: c.Deadline}
+	rep, err := m.cfg.Participant.Prepare(ctx, cp)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		fail(nil, events.CodeInternal, "readiness re-check: %v", err)
+		return
+	}
+	// Readiness can regress after prepare; never commit such a cut.
+	if !rep.Ready || len(rep.Blockers) > 0 {
+		b := rep.Blockers
+		if len(b) > 10 {
+			b = b[:10]
+		}
+		fail(nil, events.CodeInvalidPhase, "no longer ready to commit: %d blockers %v", len(rep.Blockers), b)
+		return
+	}
+	// Fail closed: a restart in scope would continue a rollout whose state
+	// this member never captured.
+	restarts := map[string]bool{}
+	for _, k := range append(slices.Clone(e.Restarts), rep.Restarts...) {
+		restarts[k] = true
+	}
+	var inScope []string
+	for _, ep := range c.Scope {
+		if restarts[ep.String()] {
+			inScope = append(inScope, ep.String())
+		}
+	}
+	if len(inScope) > 0 {
+		slices.Sort(inScope)
+		fail(nil, events.CodeRestartInScope, "the scope names episodes that restart here: %v", inScope)
+		return
+	}
+	records, fresh, err := m.export(ctx, e)
+	if ctx.Err() != nil {
+		return // stopped by a resume or a lease expiry: no manifest, ever
+	}
+	if err != nil {
+		fail(nil, events.CodeExportFailed, "export: %v", err)
+		return
+	}
+	man, err := m.write(ctx, c.CheckpointID, records)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		code := events.CodeExportFailed
+		if errors.Is(err, ErrManifestExists) {
+			code = events.CodeCheckpointConflict
+		}
+		fail(fresh, code, "%v", err)
+		return
+	}
+	m.post(ctx, RecordsWritten{Op: e.Op, Export: fresh, Manifest: man})
+}
+
+// export returns the records of the commit: the ones the checkpoint
+// exported already, or the participant's, taken one at a time as its
+// Export yields them (Collect). fresh is the new export, for the machine
+// to keep; nil when the records were reused.
+func (m *Member) export(ctx context.Context, e WriteCommit) (records []events.Record, fresh *Export, err error) {
+	if e.Export != nil {
+		return e.Export.Records, nil, nil
+	}
+	c := e.Commit
+	var recs []events.Record
+	if x, ok := m.cfg.Participant.(Exporter); ok {
+		if recs, _, err = Collect(ctx, m.cfg.Run, c.CheckpointID, m.cfg.Member, x.Export(ctx, c)); err != nil {
+			return nil, nil, err
+		}
+	}
+	return recs, &Export{Scope: slices.Clone(c.Scope), Records: recs}, nil
+}
+
+// write stores the records of checkpoint id unless its manifest already
+// exists: then the records must be the ones it describes, and the object
+// is left alone.
+func (m *Member) write(ctx context.Context, id string, records []events.Record) (events.MemberManifest, error) {
+	if len(records) == 0 {
+		// No object to overwrite: CreateManifest alone tells a repeat
+		// (the same manifest) from a conflict.
+		return Digest(m.cfg.Run, id, m.cfg.Member, nil)
+	}
+	have, err := GetManifest(ctx, m.cfg.Bus.Manifests, m.cfg.Run, id, m.cfg.Member)
+	switch {
+	case err == nil:
+		want, derr := Digest(m.cfg.Run, id, m.cfg.Member, records)
+		if derr != nil {
+			return events.MemberManifest{}, derr
+		}
+		if diff := manifestDiff(have, want); diff != "" {
+			return events.MemberManifest{}, fmt.Errorf("%w: %s: %s", ErrManifestExists, events.MemberManifestKey(m.cfg.Run, id, m.cfg.Member), diff)
+		}
+		return want, nil
+	case !errors.Is(err, ErrNoManifest):
+		return events.MemberManifest{}, err
+	}
+	return WriteRecords(ctx, m.cfg.Bus.Records, m.cfg.Run, id, m.cfg.Member, records)
+}
+
+// createManifest creates a commit's member manifest; it runs in the loop,
+// so a resume handled first means it never runs (PROTOCOL §5).
+func (m *Member) createManifest(ctx context.Context, e CommitManifest) ManifestCreated {
+	res := ManifestCreated{Op: e.Op}
+	m.withProgress(func() {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		if err := CreateManifest(cctx, m.cfg.Bus.Manifests, e.Manifest); err != nil {
+			code := events.CodeExportFailed
+			if errors.Is(err, ErrManifestExists) {
+				code = events.CodeCheckpointConflict
+			}
+			res.Err = &events.AckError{Code: code, Detail: err.Error()}
+		}
+	})
+	return res
+}
+
+// park frees what a stop commit exported, best effort, in a worker.
+func (m *Member) park(e Park) {
+	p, ok := m.cfg.Participant.(Parker)
+	if !ok {
+		return
+	}
+	m.lastPark++
+	m.spawn(^m.lastPark, e.CheckpointID, func(ctx context.Context) {
+		log := m.log.With().Str("checkpoint", e.CheckpointID).Logger()
+		if err := p.Park(ctx, e.Records); err != nil {
+			log.Warn().Err(err).Msg("parking the exported work failed; the checkpoint is durable")
+			return
+		}
+		log.Info().Int("records", len(e.Records)).Msg("exported work parked")
+	})
+}

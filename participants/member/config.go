@@ -1,0 +1,159 @@
+package member
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// Defaults of Config.
+const (
+	// DefaultGrace is the lease grace: a member resumes by itself this long
+	// after the deadline of the last phase it accepted.
+	DefaultGrace = 10 * time.Minute
+	// DefaultPollEvery is how often a waiting prepare asks the participant
+	// again without a Notify.
+	DefaultPollEvery = time.Second
+)
+
+// Consumer settings (PROTOCOL §3).
+const (
+	// AckWait is how long the server waits for a phase message to be
+	// acknowledged before it delivers it again; handlers that take longer
+	// send InProgress every third of it.
+	AckWait = 30 * time.Second
+	// MaxAckPending is how many phase messages may be unacknowledged at
+	// once, so that a resume arrives while a prepare still waits.
+	MaxAckPending = 256
+	// ConsumerInactiveThreshold is how long the server keeps a member's
+	// durable consumer after the last process using it went away; a member
+	// restarted within it resumes where it was.
+	ConsumerInactiveThreshold = time.Hour
+	// callTimeout bounds one call to the bus.
+	callTimeout = 10 * time.Second
+)
+
+// Config configures a Member.
+type Config struct {
+	// Run is the run id. Required.
+	Run string
+	// Member is this member's name, <kind>.<name>; kind agent, owner or
+	// sandbox. Required.
+	Member events.Member
+	// Conn is the connection; optional, JS.Conn() when nil.
+	Conn *nats.Conn
+	// JS is the JetStream context the member uses. Required; make it with
+	// jetstream.New, whose async ack timeout frees acks that never come.
+	JS natsjs.JetStream
+	// Bus is the provisioned bus (jetstream.Open on JS). Required.
+	Bus *jetstream.Bus
+	// Participant is what the member drives. Required. Its optional
+	// abilities (Exporter, Resumer or Continuer, Installer, Retirer,
+	// Forgetter, Releaser, Parker) are found by type assertion.
+	Participant Participant
+	// Logger receives the member's logs; the zero value discards them.
+	Logger zerolog.Logger
+	// Grace is the lease grace (default DefaultGrace).
+	Grace time.Duration
+	// PollEvery is how often a waiting prepare polls (default
+	// DefaultPollEvery).
+	PollEvery time.Duration
+	// Capabilities say what the member can do, as in events.MemberJoined.
+	Capabilities []string
+	// StateFile, when set, makes the member read through an ordered
+	// consumer, which keeps no state on the server (PROTOCOL §3: thousands
+	// of sandbox daemons), and keep its position in this file: a restarted
+	// process resumes after the last event it handled. Events are then
+	// never redelivered by the server; one given back is delivered again
+	// locally.
+	StateFile string
+	// Source, when set, feeds the member the run's events instead of a
+	// consumer of its own: a process that hosts many members keeps one
+	// consumer for all of them (PROTOCOL §3). StateFile is then unused.
+	Source Source
+	// Now tells the time (default time.Now). The driver's timers (lease,
+	// prepare reply time, polling) wait on the real clock for the durations
+	// it computes with Now; the phase machine itself takes time as input.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() {
+	if c.Conn == nil && c.JS != nil {
+		c.Conn = c.JS.Conn()
+	}
+	if c.Grace == 0 {
+		c.Grace = DefaultGrace
+	}
+	if c.PollEvery == 0 {
+		c.PollEvery = DefaultPollEvery
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+}
+
+// Validate reports every unusable field, joined, each wrapping
+// ErrInvalidConfig and naming the field. Call it after defaults (New does).
+func (c Config) Validate() error {
+	var errs []error
+	field := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: Config."+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if err := events.ValidateRun(c.Run); err != nil {
+		field("Run: %v", err)
+	}
+	if err := c.Member.Validate(); err != nil {
+		field("Member: %v", err)
+	} else if c.Member.Kind() == events.KindBridge {
+		field("Member %s: a bridge does not run the member runtime", c.Member)
+	}
+	if c.JS == nil {
+		field("JS: required")
+	} else if c.Conn != nil && c.JS.Conn() != c.Conn {
+		field("Conn: not the connection of JS")
+	}
+	switch {
+	case c.Bus == nil:
+		field("Bus: required")
+	case c.Bus.Stream == nil || c.Bus.Members == nil || c.Bus.Manifests == nil || c.Bus.Records == nil:
+		field("Bus: needs Stream, Members, Manifests and Records (use jetstream.Open)")
+	}
+	if c.Participant == nil {
+		field("Participant: required")
+	}
+	if c.Grace < 0 {
+		field("Grace %s: must not be negative", c.Grace)
+	}
+	if c.PollEvery < 0 {
+		field("PollEvery %s: must not be negative", c.PollEvery)
+	}
+	if len(c.Capabilities) > 0 && events.ValidateRun(c.Run) == nil && c.Member.Validate() == nil {
+		if err := (events.MemberJoined{Run: c.Run, Member: c.Member, Capabilities: c.Capabilities}).Validate(); err != nil {
+			field("Capabilities: %v", err)
+		}
+	}
+	if c.Source != nil && c.StateFile != "" {
+		field("StateFile: a member fed by a Source keeps no position of its own")
+	}
+	if c.Now == nil {
+		field("Now: required")
+	}
+	return errors.Join(errs...)
+}
+
+// ConsumerName returns the name of a member's durable consumer: sp_, the
+// run, _, the member's kind, _, its name, with every _ inside the run and
+// the name doubled, so that no two (run, member) pairs share a name.
+// Consumer names cannot contain dots.
+func ConsumerName(run string, m events.Member) string {
+	esc := func(s string) string { return strings.ReplaceAll(s, "_", "__") }
+	return "sp_" + esc(run) + "_" + string(m.Kind()) + "_" + esc(m.Name())
+}

@@ -1,0 +1,143 @@
+package member
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	cloudevent "github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// subjects are what every member reads: the run's phases, and the
+// committed outcomes that tell a stop commit to park.
+func subjects(run string) []string {
+	return []string{events.PhaseFilter(run), events.OutcomeSubject(run, events.TypeCheckpointCommitted)}
+}
+
+// DurableConfig returns the configuration of the one durable consumer of a
+// member process (PROTOCOL §3), named name: the events a member reads,
+// explicit acks, state in memory (a file-state durable costs a disk write
+// per ack), delivering what is published from its creation on. A Source
+// that feeds many members uses it too.
+func DurableConfig(run, name, description string) natsjs.ConsumerConfig {
+	return natsjs.ConsumerConfig{
+		Durable:           name,
+		Description:       description,
+		FilterSubjects:    subjects(run),
+		DeliverPolicy:     natsjs.DeliverNewPolicy,
+		AckPolicy:         natsjs.AckExplicitPolicy,
+		AckWait:           AckWait,
+		MaxAckPending:     MaxAckPending,
+		InactiveThreshold: ConsumerInactiveThreshold,
+		MemoryStorage:     true,
+	}
+}
+
+// durableFeed finds the member's durable consumer, or creates it to
+// deliver only what is published from now on.
+func (m *Member) durableFeed(ctx context.Context) (*feed, error) {
+	name := ConsumerName(m.cfg.Run, m.cfg.Member)
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	cons, err := m.cfg.Bus.Stream.Consumer(cctx, name)
+	if errors.Is(err, natsjs.ErrConsumerNotFound) {
+		cons, err = m.cfg.Bus.Stream.CreateConsumer(cctx,
+			DurableConfig(m.cfg.Run, name, fmt.Sprintf("phases of run %s for member %s", m.cfg.Run, m.cfg.Member)))
+		if errors.Is(err, natsjs.ErrConsumerExists) {
+			cons, err = m.cfg.Bus.Stream.Consumer(cctx, name)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("member: create consumer %s: %w", name, err)
+		}
+	} else if err != nil {
+		return nil, fmt.Errorf("member: look up consumer %s: %w", name, err)
+	}
+	m.inbox = make(chan Delivery)
+	return m.consume(name, cons, func(msg natsjs.Msg) Delivery { return newDurableDelivery(msg) }, nil), nil
+}
+
+// consume is the feed of a consumer of the member's own: wrap makes each
+// message a Delivery, and again (when set) waits for the local
+// redeliveries a stop must not outlive.
+func (m *Member) consume(name string, cons natsjs.Consumer, wrap func(natsjs.Msg) Delivery, again func()) *feed {
+	stopping := make(chan struct{})
+	var cc natsjs.ConsumeContext
+	f := &feed{name: name}
+	f.start = func() error {
+		var err error
+		cc, err = cons.Consume(func(msg natsjs.Msg) {
+			dl := wrap(msg)
+			select {
+			case m.inbox <- dl:
+			case <-stopping:
+				_ = dl.Nak(0) // for the next process of this member
+			}
+		}, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
+			// Runs on a nats.go goroutine: hand the error to the loop, which
+			// logs it, so that nothing logs once Run has returned.
+			select {
+			case m.consumeErrs <- err:
+			default:
+			}
+		}))
+		if err != nil {
+			return fmt.Errorf("member: consume: %w", err)
+		}
+		return nil
+	}
+	f.stop = func() {
+		// Local redeliveries end first: a message the handler gives back
+		// once stopping is closed then finds them stopped, and no new one
+		// starts.
+		if again != nil {
+			again()
+		}
+		close(stopping)
+		if cc != nil {
+			cc.Stop()
+			<-cc.Closed()
+		}
+	}
+	return f
+}
+
+// decode decodes a JetStream message as an event.
+func decode(msg natsjs.Msg) (cloudevent.Event, events.Data, error) {
+	return events.Unmarshal(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
+}
+
+// durableDelivery is a message of a durable consumer: the server
+// redelivers what is given back, or not acknowledged within AckWait.
+type durableDelivery struct {
+	msg       natsjs.Msg
+	seq       uint64
+	delivered uint64
+}
+
+func newDurableDelivery(msg natsjs.Msg) *durableDelivery {
+	d := &durableDelivery{msg: msg, delivered: 1}
+	if md, err := msg.Metadata(); err == nil {
+		d.seq, d.delivered = md.Sequence.Stream, md.NumDelivered
+	}
+	return d
+}
+
+func (d *durableDelivery) Subject() string                               { return d.msg.Subject() }
+func (d *durableDelivery) Event() (cloudevent.Event, events.Data, error) { return decode(d.msg) }
+func (d *durableDelivery) Sequence() uint64                              { return d.seq }
+func (d *durableDelivery) Delivered() uint64                             { return d.delivered }
+func (d *durableDelivery) Ack() error                                    { return d.msg.Ack() }
+func (d *durableDelivery) Term(reason string) error                      { return d.msg.TermWithReason(reason) }
+func (d *durableDelivery) InProgress() error                             { return d.msg.InProgress() }
+
+func (d *durableDelivery) Nak(delay time.Duration) error {
+	if delay <= 0 {
+		return d.msg.Nak()
+	}
+	return d.msg.NakWithDelay(delay)
+}

@@ -1,0 +1,17 @@
+package member
+
+import (
+	"context"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// WriteRecordsPaced is WriteRecords calling before(index) ahead of each
+// record, so that a test can stop a write in the middle of the store's
+// write.
+func WriteRecordsPaced(ctx context.Context, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
+	records []events.Record, before func(index int)) (events.MemberManifest, error) {
+	return writeRecords(ctx, store, run, checkpoint, m, records, before)
+}

@@ -1,0 +1,151 @@
+package member
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// register announces the member and puts its heartbeat; it returns the
+// members bucket's TTL.
+func (m *Member) register(ctx context.Context) (time.Duration, error) {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	st, err := m.cfg.Bus.Members.Status(cctx)
+	if err != nil {
+		return 0, fmt.Errorf("member: members bucket: %w", err)
+	}
+	// Joined first: the audit log shows the member before anything can be
+	// addressed to it through its heartbeat.
+	joined := events.MemberJoined{Run: m.cfg.Run, Member: m.cfg.Member, Capabilities: m.info.Capabilities,
+		Host: m.info.Host, PID: m.info.PID}
+	if err := m.announce(cctx, joined); err != nil {
+		return 0, err
+	}
+	if err := m.putInfo(cctx); err != nil {
+		return 0, err
+	}
+	return st.TTL(), nil
+}
+
+func (m *Member) announce(ctx context.Context, d events.Data) error {
+	msg, err := events.Marshal(m.cfg.Member, d)
+	if err != nil {
+		return fmt.Errorf("member: %s: %w", d.Type(), err)
+	}
+	if _, err := jetstream.PublishDedup(ctx, m.cfg.JS, msg); err != nil {
+		return fmt.Errorf("member: %s: %w", d.Type(), err)
+	}
+	return nil
+}
+
+func (m *Member) putInfo(ctx context.Context) error {
+	m.infoMu.Lock()
+	defer m.infoMu.Unlock()
+	m.info.Heartbeat = m.cfg.Now().UTC()
+	b, err := json.Marshal(m.info)
+	if err != nil {
+		return fmt.Errorf("member: heartbeat: %w", err)
+	}
+	key := events.MemberKey(m.cfg.Run, m.cfg.Member)
+	if m.infoRev == 0 {
+		// Registration takes the name, from any earlier process of it.
+		rev, err := m.cfg.Bus.Members.Put(ctx, key, b)
+		if err != nil {
+			return fmt.Errorf("member: heartbeat: %w", err)
+		}
+		m.infoRev = rev
+		return nil
+	}
+	// Later beats only update what this process wrote: if another process
+	// of the same name has written since, this one was replaced.
+	rev, err := m.cfg.Bus.Members.Update(ctx, key, b, m.infoRev)
+	if err == nil {
+		m.infoRev = rev
+		return nil
+	}
+	cur, gerr := m.cfg.Bus.Members.Get(ctx, key)
+	switch {
+	case errors.Is(gerr, natsjs.ErrKeyNotFound):
+		// Expired (a long pause, a slow heartbeat): register again.
+		rev, err = m.cfg.Bus.Members.Create(ctx, key, b)
+	case gerr != nil:
+		return fmt.Errorf("member: heartbeat: %w", gerr)
+	default:
+		var other events.MemberInfo
+		if json.Unmarshal(cur.Value(), &other) == nil && other.Instance != m.info.Instance {
+			return fmt.Errorf("%w: instance %s holds %s", ErrReplaced, other.Instance, key)
+		}
+		rev, err = m.cfg.Bus.Members.Update(ctx, key, b, cur.Revision())
+	}
+	if err != nil {
+		return fmt.Errorf("member: heartbeat: %w", err)
+	}
+	m.infoRev = rev
+	return nil
+}
+
+// heartbeat refreshes the member's key every third of the bucket's TTL.
+func (m *Member) heartbeat(ctx context.Context, ttl time.Duration) {
+	every := ttl / 3
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			cctx, cancel := context.WithTimeout(ctx, callTimeout)
+			err := m.putInfo(cctx)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				m.heartbeatFailed(err)
+			}
+		}
+	}
+}
+
+// heartbeatFailed logs a failed heartbeat; a replaced member tells its
+// loop to stop.
+func (m *Member) heartbeatFailed(err error) {
+	if errors.Is(err, ErrReplaced) {
+		select {
+		case m.consumeErrs <- err:
+		default:
+		}
+		return
+	}
+	m.log.Warn().Err(err).Msg("heartbeat")
+}
+
+// leave publishes MemberLeft. On a clean stop it deletes the heartbeat
+// key, unless another process has written it since; a superseded member
+// leaves the key to expire, since it may now belong to its successor.
+func (m *Member) leave(ctx context.Context, reason string) {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	epoch, _ := m.machine.Epoch()
+	if err := m.announce(cctx, events.MemberLeft{Run: m.cfg.Run, Member: m.cfg.Member, Epoch: epoch, Reason: reason}); err != nil {
+		m.log.Warn().Err(err).Msg("leave")
+	}
+	if reason == "superseded" {
+		return
+	}
+	m.infoMu.Lock()
+	rev := m.infoRev
+	m.infoMu.Unlock()
+	err := m.cfg.Bus.Members.Delete(cctx, events.MemberKey(m.cfg.Run, m.cfg.Member), natsjs.LastRevision(rev))
+	if err != nil {
+		m.log.Debug().Err(err).Msg("heartbeat key left in place")
+	}
+}

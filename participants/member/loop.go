@@ -1,0 +1,208 @@
+package member
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// held is a phase event waiting for its answer: every delivery of it.
+type held struct {
+	dls      []Delivery
+	received time.Time
+	log      zerolog.Logger
+}
+
+// loop is the member's one goroutine: it owns the machine and does every
+// transition, every ack and every manifest create, in order.
+func (m *Member) loop(ctx context.Context) error {
+	lease := time.NewTimer(time.Hour)
+	lease.Stop()
+	defer lease.Stop()
+	var leaseAt time.Time
+	progress := time.NewTicker(AckWait / 3)
+	defer progress.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-m.consumeErrs:
+			if errors.Is(err, ErrReplaced) {
+				m.log.Warn().Err(err).Msg("another process took this member's name; stopping without touching shared state")
+				return err
+			}
+			if errors.Is(err, natsjs.ErrConsumerDeleted) || errors.Is(err, natsjs.ErrConsumerNotFound) {
+				return fmt.Errorf("%w: %w", ErrConsumerLost, err)
+			}
+			m.log.Warn().Err(err).Msg("consume")
+		case dl := <-m.inbox:
+			m.receive(ctx, dl)
+		case in := <-m.results:
+			m.step(ctx, in)
+		case <-lease.C:
+			leaseAt = time.Time{}
+			m.step(ctx, LeaseTick{})
+		case <-progress.C:
+			m.inProgress(m.allHeld())
+		}
+		if m.machine.Superseded() {
+			return nil
+		}
+		if l := m.machine.Lease(); !l.Equal(leaseAt) {
+			leaseAt = l
+			if l.IsZero() {
+				lease.Stop()
+			} else {
+				lease.Reset(max(l.Sub(m.cfg.Now()), 0))
+			}
+		}
+	}
+}
+
+// receive decodes one delivery and feeds it in.
+func (m *Member) receive(ctx context.Context, dl Delivery) {
+	e, d, err := dl.Event()
+	if err != nil {
+		m.log.Error().Err(err).Str("subject", dl.Subject()).Msg("malformed event refused")
+		if terr := dl.Term(clipReason(err.Error())); terr != nil {
+			m.log.Warn().Err(terr).Msg("term")
+		}
+		return
+	}
+	if c, ok := d.(events.CheckpointCommitted); ok {
+		m.step(ctx, OutcomeReceived{Committed: c})
+		m.ackAll(dl)
+		return
+	}
+	pe, ok := d.(events.PhaseEvent)
+	if !ok {
+		m.log.Warn().Str("type", string(d.Type())).Str("subject", dl.Subject()).Msg("unexpected event refused")
+		_ = dl.Term("not a phase event")
+		return
+	}
+	h, p := pe.Header(), pe.Phase()
+	log := m.log.With().Str("checkpoint", h.CheckpointID).Str("phase", string(p)).Uint64("seq", h.Seq).Uint64("epoch", h.Epoch).Logger()
+	if hm, ok := m.held[h.Seq]; ok {
+		hm.dls = append(hm.dls, dl) // delivered again while its answer is pending
+		return
+	}
+	// PROTOCOL §5, Idempotence: an event that comes again, or that is older
+	// than this process, may have been answered already.
+	if dl.Delivered() > 1 || e.Time().Before(m.started) {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		_, err := m.cfg.Bus.Stream.GetLastMsgForSubject(cctx, events.AckSubject(m.cfg.Run, h.Seq, p, m.cfg.Member))
+		cancel()
+		switch {
+		case err == nil:
+			log.Debug().Msg("already answered; redelivery ignored")
+			m.ackAll(dl)
+			return
+		case !errors.Is(err, natsjs.ErrMsgNotFound):
+			log.Warn().Err(err).Msg("cannot check for an earlier answer; will retry")
+			_ = dl.Nak(time.Second)
+			return
+		}
+	}
+	m.held[h.Seq] = &held{dls: []Delivery{dl}, received: m.cfg.Now(), log: log}
+	log.Debug().Uint64("stream_seq", dl.Sequence()).Msg("phase received")
+	m.step(ctx, PhaseReceived{Data: pe})
+}
+
+func clipReason(s string) string {
+	if len(s) > 200 {
+		return s[:200]
+	}
+	return s
+}
+
+// step feeds one input to the machine and does what it says.
+func (m *Member) step(ctx context.Context, in Input) {
+	effects, err := m.machine.Step(m.cfg.Now(), in)
+	if err != nil {
+		m.log.Debug().Err(err).Msg("input not taken")
+		return
+	}
+	m.sync(ctx)
+	for _, eff := range effects {
+		m.do(ctx, eff)
+	}
+}
+
+// sync publishes what the machine changed that others read: the retire
+// marks, as a new snapshot for Admit (before any retire stops work), and
+// the heartbeat's served flag and epoch (before the ack that follows).
+func (m *Member) sync(ctx context.Context) {
+	if v := m.machine.MarksVersion(); v != m.marksVersion {
+		m.marksVersion = v
+		marks := m.machine.Marks()
+		m.marks.Store(&marks)
+	}
+	epoch, _ := m.machine.Epoch()
+	served := m.machine.Served()
+	m.infoMu.Lock()
+	changed := m.info.Epoch != epoch || m.info.Served != served
+	m.info.Epoch, m.info.Served = epoch, served
+	m.infoMu.Unlock()
+	if changed {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		if err := m.putInfo(cctx); err != nil {
+			m.heartbeatFailed(err)
+		}
+		cancel()
+	}
+}
+
+// do carries out one effect of the machine.
+func (m *Member) do(ctx context.Context, eff Effect) {
+	switch e := eff.(type) {
+	case Reply:
+		m.reply(ctx, e)
+	case Drop:
+		if hm := m.take(e.Seq); hm != nil {
+			hm.log.Debug().Str("reason", e.Reason).Msg("phase ignored")
+			m.ackAll(hm.dls...)
+		}
+	case Supersede:
+		m.log.Warn().Uint64("epoch", e.Epoch).Uint64("newer", e.Newer).Uint64("seq", e.Seq).Msg("a phase of a newer epoch arrived")
+		m.giveBackHeld() // for whoever serves the new epoch
+		m.stopWorkers()
+	case WaitReady:
+		m.spawn(e.Op, e.Checkpoint.ID, func(wctx context.Context) { m.waitReady(wctx, e) })
+	case WriteCommit:
+		m.spawn(e.Op, e.Commit.CheckpointID, func(wctx context.Context) { m.writeCommit(wctx, e) })
+	case CommitManifest:
+		m.step(ctx, m.createManifest(ctx, e))
+	case InstallRestore:
+		m.spawn(e.Op, e.Restore.CheckpointID, func(wctx context.Context) { m.installRestore(wctx, e) })
+	case CallParticipant:
+		m.step(ctx, m.call(ctx, e))
+	case Reopen:
+		m.reopen(ctx, e)
+	case Park:
+		m.park(e)
+	}
+}
+
+// take removes and returns the held event with sequence seq.
+func (m *Member) take(seq uint64) *held {
+	hm := m.held[seq]
+	delete(m.held, seq)
+	return hm
+}
+
+// giveBackHeld gives every event still waiting for an answer back to the
+// server.
+func (m *Member) giveBackHeld() {
+	for seq, hm := range m.held {
+		for _, dl := range hm.dls {
+			_ = dl.Nak(0)
+		}
+		delete(m.held, seq)
+	}
+}

@@ -1,0 +1,112 @@
+package member
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// reply publishes an ack once and acknowledges the event it answers.
+func (m *Member) reply(ctx context.Context, r Reply) {
+	seq := r.Header.Seq
+	hm := m.take(seq)
+	log, took := m.log, time.Duration(0)
+	if hm != nil {
+		log, took = hm.log, m.cfg.Now().Sub(hm.received)
+	}
+	ack := r.Ack(took)
+	if ra, ok := ack.(events.ResumeAck); ok {
+		if rep := m.continued[r.Header.CheckpointID]; rep != nil {
+			ra.Pause = rep
+			ack = ra
+			delete(m.continued, r.Header.CheckpointID)
+		}
+	}
+	id := m.cfg.Run + "." + strconv.FormatUint(seq, 10) + "." + string(r.Phase) + "." + string(m.cfg.Member)
+	msg, err := events.Marshal(m.cfg.Member, ack, events.WithID(id), events.WithTime(m.cfg.Now()))
+	if err != nil {
+		log.Error().Err(err).Msg("cannot build the ack; event dropped")
+		if hm != nil {
+			for _, dl := range hm.dls {
+				_ = dl.Term("member cannot build its ack")
+			}
+		}
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	_, err = jetstream.PublishOnce(cctx, m.cfg.JS, msg)
+	cancel()
+	if err != nil && !errors.Is(err, jetstream.ErrAlreadyDone) {
+		log.Warn().Err(err).Msg("cannot publish the ack; the event will come again")
+		if hm != nil {
+			for _, dl := range hm.dls {
+				_ = dl.Nak(time.Second)
+			}
+		}
+		return
+	}
+	ev := log.Info()
+	if !r.Header.OK {
+		ev = log.Warn().Str("code", r.Header.Error.Code).Str("detail", r.Header.Error.Detail)
+	}
+	ev.Str("state", string(r.Header.State)).Dur("took", took).Bool("repeat", err != nil).Msg("answered")
+	if hm != nil {
+		m.ackAll(hm.dls...)
+	}
+}
+
+// ackAll acknowledges deliveries, logging what fails.
+func (m *Member) ackAll(dls ...Delivery) {
+	for _, dl := range dls {
+		if err := dl.Ack(); err != nil {
+			m.log.Warn().Err(err).Msg("ack")
+		}
+	}
+}
+
+// allHeld returns every delivery waiting for an answer.
+func (m *Member) allHeld() []Delivery {
+	var out []Delivery
+	for _, hm := range m.held {
+		out = append(out, hm.dls...)
+	}
+	return out
+}
+
+func (m *Member) inProgress(dls []Delivery) {
+	for _, dl := range dls {
+		_ = dl.InProgress()
+	}
+}
+
+// withProgress runs fn, a call that blocks the loop, and keeps every held
+// delivery alive meanwhile.
+func (m *Member) withProgress(fn func()) {
+	dls := m.allHeld()
+	if len(dls) == 0 {
+		fn()
+		return
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(AckWait / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				m.inProgress(dls)
+			}
+		}
+	})
+	defer wg.Wait()
+	defer close(stop)
+	fn()
+}

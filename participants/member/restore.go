@@ -1,0 +1,68 @@
+package member
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// installRestore reads and verifies the member's own records in the
+// source checkpoint and installs those in scope, all or none.
+func (m *Member) installRestore(ctx context.Context, e InstallRestore) {
+	r := e.Restore
+	fail := func(code string, err error) {
+		m.post(ctx, RestoreFinished{Op: e.Op, Err: &events.AckError{Code: code, Detail: err.Error()}})
+	}
+	scope := map[events.Episode]bool{}
+	for _, ep := range r.Scope {
+		scope[ep] = true
+	}
+	keep := func(rec events.Record) bool {
+		ep, err := events.ParseEpisode(rec.Key)
+		return err != nil || scope[ep]
+	}
+	_, records, err := ReadRecords(ctx, m.cfg.Bus.Manifests, m.cfg.Bus.Records, m.cfg.Run, r.Source, m.cfg.Member, keep)
+	if ctx.Err() != nil {
+		return
+	}
+	switch {
+	case errors.Is(err, ErrNoManifest):
+		m.log.Info().Str("checkpoint", r.CheckpointID).Str("source", r.Source).Msg("no records of this member in the source checkpoint; nothing to restore")
+		m.post(ctx, RestoreFinished{Op: e.Op})
+		return
+	case errors.Is(err, ErrCorruptRecords):
+		fail(CodeCorruptRecords, err)
+		return
+	case err != nil:
+		fail(events.CodeInstallFailed, err)
+		return
+	}
+	inst, ok := m.cfg.Participant.(Installer)
+	if !ok {
+		if len(records) > 0 {
+			fail(events.CodeInstallFailed, fmt.Errorf("member: %d records in scope and the participant cannot install (no Installer)", len(records)))
+			return
+		}
+		m.post(ctx, RestoreFinished{Op: e.Op})
+		return
+	}
+	installed, err := inst.Install(ctx, r, records)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		fail(events.CodeInstallFailed, fmt.Errorf("install: %w", err))
+		return
+	}
+	keys := make([]string, 0, len(installed))
+	for _, ep := range installed {
+		if err := ep.Validate(); err != nil {
+			fail(events.CodeInstallFailed, fmt.Errorf("install returned an invalid episode: %w", err))
+			return
+		}
+		keys = append(keys, ep.Next().String())
+	}
+	m.post(ctx, RestoreFinished{Op: e.Op, Restored: keys})
+}
