@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/cgroup"
 )
 
 // The benchmarks pause and continue real process trees: flat (a dash
@@ -39,11 +41,11 @@ func benchSupervisor(b *testing.B) *Supervisor {
 	if bench.s != nil {
 		return bench.s
 	}
-	own, err := ownCgroupDir()
+	own, err := cgroup.Self()
 	if err != nil {
 		b.Fatalf("the benchmarks need cgroup v2: %v", err)
 	}
-	bench.root = filepath.Join(own, CgroupSubtree, "bench-"+strconv.Itoa(os.Getpid()))
+	bench.root = filepath.Join(string(own), CgroupSubtree, "bench-"+strconv.Itoa(os.Getpid()))
 	if err := os.MkdirAll(bench.root, 0o755); err != nil {
 		b.Fatalf("the benchmarks need a writable cgroup v2 (run as root): %v", err)
 	}
@@ -112,10 +114,10 @@ func (tr *benchTree) get(b *testing.B) *Supervisor {
 		b.Fatal(err)
 	}
 	tr.built = true
-	c := &cgroup{dir: rec.Cgroup}
+	c := cgroup.Dir(rec.Cgroup)
 	var got int
 	if !pollUntil(2*time.Minute, func() bool {
-		pids, _ := c.procs()
+		pids, _ := c.AllProcs()
 		got = len(pids)
 		return got >= tr.n
 	}) {
@@ -196,24 +198,18 @@ func BenchmarkRawFreeze(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			c := &cgroup{dir: rec.Cgroup}
+			c := cgroup.Dir(rec.Cgroup)
 			ctx := context.Background()
 			var freeze, thaw time.Duration
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				if err := c.setFreeze(true); err != nil {
+				if err := c.Freeze(ctx, time.Now().Add(10*time.Second)); err != nil {
 					b.Fatal(err)
-				}
-				if ok, err := c.waitEvents(ctx, time.Now().Add(10*time.Second), func(_, f bool) bool { return f }); !ok || err != nil {
-					b.Fatalf("not frozen: %v", err)
 				}
 				t1 := time.Now()
-				if err := c.setFreeze(false); err != nil {
+				if err := c.Thaw(ctx, time.Now().Add(10*time.Second)); err != nil {
 					b.Fatal(err)
-				}
-				if ok, err := c.waitEvents(ctx, time.Now().Add(10*time.Second), func(_, f bool) bool { return !f }); !ok || err != nil {
-					b.Fatalf("not thawed: %v", err)
 				}
 				freeze += t1.Sub(t0)
 				thaw += time.Since(t1)

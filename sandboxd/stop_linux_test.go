@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
 // stopConfigs are the two ways a supervisor finds and kills processes:
@@ -292,7 +294,7 @@ func TestUnclaimedOrphanKilledAtShutdown(t *testing.T) {
 		kids, _ := selfChildren(nil)
 		for _, k := range kids {
 			if commOf(k) == "sleep" {
-				if b, _ := os.ReadFile(procPath(k, "/environ")); len(b) == 0 {
+				if b, _ := os.ReadFile(procfs.Path(k, "/environ")); len(b) == 0 {
 					orphan = k
 					return true
 				}
