@@ -372,7 +372,7 @@ func (l *launch) spawn() {
 	l.step(context.Background(), Spawned{})
 }
 
-// persist writes the record from the machine (fsynced once ended).
+// persist writes the record from the machine.
 func (l *launch) persist() {
 	now := l.s.cfg.Now()
 	l.mu.Lock()
@@ -394,7 +394,7 @@ func (l *launch) persist() {
 			Error: errText, Ended: ended, Pauses: rec.Pauses, OutputTail: readTail(rec.Output, OutputTailBytes),
 		}
 	}
-	if err := writeRecord(l.dir, &rec, rec.State == StateEnded); err != nil {
+	if err := writeRecord(l.dir, &rec); err != nil {
 		l.log.Error().Err(err).Msg("persist launch record")
 	}
 	l.mu.Lock()

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/atomicfile"
 )
 
 // Files in a launch's directory, <StateDir>/<id>/.
@@ -154,38 +156,16 @@ func ReadRecord(stateDir, id string) (Record, error) {
 	return r, nil
 }
 
-// writeRecord replaces the record atomically (write, rename). With sync it
-// also fsyncs the file and the directory, so that a final receipt survives
-// a crash of the machine; the in-between states are rewritten often and a
-// lost one is harmless.
-func writeRecord(dir string, r *Record, sync bool) error {
+// writeRecord replaces the record durably (atomicfile.Write: fsync,
+// rename, fsync of the directory), so that a reader or a supervisor
+// restarted after a crash of the machine sees one whole record, never a
+// torn one or an older state than the last one written.
+func writeRecord(dir string, r *Record) error {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return fmt.Errorf("sandboxd: encode record %s: %w", r.ID, err)
 	}
-	b = append(b, '\n')
-	tmp := filepath.Join(dir, RecordFile+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return fmt.Errorf("sandboxd: write record %s: %w", r.ID, err)
-	}
-	_, err = f.Write(b)
-	if err == nil && sync {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, RecordFile))
-	}
-	if err == nil && sync {
-		if d, derr := os.Open(dir); derr == nil {
-			err = d.Sync()
-			_ = d.Close()
-		}
-	}
-	if err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, RecordFile), append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("sandboxd: write record %s: %w", r.ID, err)
 	}
 	return nil

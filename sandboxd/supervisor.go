@@ -283,7 +283,7 @@ func (s *Supervisor) recoverAll(ctx context.Context) {
 			ID: rec.ID, Started: !rec.Started.IsZero(), ExitCode: -1, Outcome: OutcomeFailed,
 			CleanupConfirmed: confirmed, Error: msg, Ended: now, Pauses: pauses,
 		}
-		if err := writeRecord(LaunchDir(s.cfg.StateDir, rec.ID), &rec, true); err != nil {
+		if err := writeRecord(LaunchDir(s.cfg.StateDir, rec.ID), &rec); err != nil {
 			s.log.Error().Err(err).Str("launch", rec.ID).Msg("record a lost launch")
 		}
 		s.log.Warn().Str("launch", rec.ID).Stringer("was", rec.Supervisor).Bool("cleanup_confirmed", confirmed).Msg("launch lost to a supervisor restart")
