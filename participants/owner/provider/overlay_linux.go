@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
 // Defaults of OverlayConfig.
@@ -517,6 +518,22 @@ func killCgroup(ctx context.Context, cg cgroup.Dir, timeout time.Duration) error
 		return fmt.Errorf("cgroup %s still has processes: %w", cg, err)
 	}
 	return nil
+}
+
+// mountsUnder returns the mount points at or below dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	ms, err := procfs.Mounts()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range ms {
+		if m.Point == dir || strings.HasPrefix(m.Point, dir+"/") {
+			out = append(out, m.Point)
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	return out, nil
 }
 
 // unmountUnder unmounts every mount at or below dir, deepest first. A

@@ -9,8 +9,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
-	"strings"
 	"syscall"
 
 	"github.com/stillpoint/stillpoint/internal/cgroup"
@@ -90,22 +88,6 @@ func nsInit(cg cgroup.Dir) int {
 		}
 	}
 	return 0
-}
-
-// mountsUnder returns the mount points at or below dir, deepest first.
-func mountsUnder(dir string) ([]string, error) {
-	ms, err := procfs.Mounts()
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, m := range ms {
-		if m.Point == dir || strings.HasPrefix(m.Point, dir+"/") {
-			out = append(out, m.Point)
-		}
-	}
-	slices.SortFunc(out, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
-	return out, nil
 }
 
 // execResult turns what cmd.Run returned into an ExecResult and an error
