@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -41,11 +42,11 @@ func benchSupervisor(b *testing.B) *Supervisor {
 	if bench.s != nil {
 		return bench.s
 	}
-	own, err := ownCgroupDir()
+	own, err := cgroup.Self()
 	if err != nil {
 		b.Fatalf("the benchmarks need cgroup v2: %v", err)
 	}
-	bench.root = filepath.Join(own, CgroupSubtree, "bench-"+strconv.Itoa(os.Getpid()))
+	bench.root = filepath.Join(string(own), CgroupSubtree, "bench-"+strconv.Itoa(os.Getpid()))
 	if err := os.MkdirAll(bench.root, 0o755); err != nil {
 		b.Fatalf("the benchmarks need a writable cgroup v2 (run as root): %v", err)
 	}
@@ -114,10 +115,10 @@ func (tr *benchTree) get(b *testing.B) *Supervisor {
 		b.Fatal(err)
 	}
 	tr.built = true
-	c := &cgroup{dir: rec.Cgroup}
+	c := cgroup.Dir(rec.Cgroup)
 	var got int
 	if !pollUntil(2*time.Minute, func() bool {
-		pids, _ := c.procs()
+		pids, _ := c.AllProcs()
 		got = len(pids)
 		return got >= tr.n
 	}) {
@@ -198,24 +199,18 @@ func BenchmarkRawFreeze(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			c := &cgroup{dir: rec.Cgroup}
+			c := cgroup.Dir(rec.Cgroup)
 			ctx := context.Background()
 			var freeze, thaw time.Duration
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				if err := c.setFreeze(true); err != nil {
+				if err := c.Freeze(ctx, time.Now().Add(10*time.Second)); err != nil {
 					b.Fatal(err)
-				}
-				if ok, err := c.waitEvents(ctx, time.Now().Add(10*time.Second), func(_, f bool) bool { return f }); !ok || err != nil {
-					b.Fatalf("not frozen: %v", err)
 				}
 				t1 := time.Now()
-				if err := c.setFreeze(false); err != nil {
+				if err := c.Thaw(ctx, time.Now().Add(10*time.Second)); err != nil {
 					b.Fatal(err)
-				}
-				if ok, err := c.waitEvents(ctx, time.Now().Add(10*time.Second), func(_, f bool) bool { return !f }); !ok || err != nil {
-					b.Fatalf("not thawed: %v", err)
 				}
 				freeze += t1.Sub(t0)
 				thaw += time.Since(t1)

@@ -57,10 +57,11 @@
 //     supervisor is told apart), state, pauses (count, sequence, paused
 //     time), and once it has ended its Receipt: the process's own exit code
 //     or signal, outcome finished | interrupted | failed, and whether the
-//     cleanup was confirmed. It is replaced atomically; the final one is
-//     fsynced. A stop file (<state>/<id>/stop) keeps a launch that has not
-//     started from starting; a pause file holds it until Continue. A launch
-//     that ended just before a pause keeps its result and is not paused.
+//     cleanup was confirmed. Every write replaces it atomically and
+//     durably (fsync of the file, rename, fsync of the directory). A stop
+//     file (<state>/<id>/stop) keeps a launch that has not started from
+//     starting; a pause file holds it until Continue. A launch that ended
+//     just before a pause keeps its result and is not paused.
 //  4. Stopping. Stop sends SIGINT to the group and the tree, SIGKILL to
 //     everything after the grace (Config.Grace, 10 s), and SIGKILL again to
 //     whatever is still found, until none is: cgroup.kill and "populated 0"

@@ -18,6 +18,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -101,11 +103,11 @@ func launchID(t testing.TB, s string) string { return testPrefix(t) + "-" + s }
 // cgroup is left in it and removes it.
 func testCgroupRoot(t testing.TB) string {
 	t.Helper()
-	own, err := ownCgroupDir()
+	own, err := cgroup.Self()
 	if err != nil {
 		t.Fatalf("freeze mode needs cgroup v2: %v (run as root on a host with cgroup v2 mounted and writable)", err)
 	}
-	parent := filepath.Join(own, CgroupSubtree)
+	parent := filepath.Join(string(own), CgroupSubtree)
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		t.Fatalf("freeze mode needs a writable cgroup v2 (run the tests as root): %v", err)
 	}
@@ -118,8 +120,9 @@ func testCgroupRoot(t testing.TB) string {
 		for _, e := range ents {
 			if e.IsDir() {
 				t.Errorf("cgroup %s left behind", filepath.Join(dir, e.Name()))
-				_ = (&cgroup{dir: filepath.Join(dir, e.Name())}).kill()
-				_ = (&cgroup{dir: filepath.Join(dir, e.Name())}).remove()
+				left := cgroup.Dir(filepath.Join(dir, e.Name()))
+				_ = left.Kill()
+				_ = removeCgroup(left)
 			}
 		}
 		if err := os.Remove(dir); err != nil {
@@ -181,17 +184,17 @@ func checkNothingLeft(t testing.TB) {
 }
 
 func taggedWithPrefix(prefix []byte) []int {
-	pids, _ := listPIDs()
+	pids, _ := procfs.PIDs()
 	var out []int
 	for _, pid := range pids {
 		if pid == os.Getpid() {
 			continue
 		}
-		st, _, err := readStat(pid, nil)
-		if err != nil || st.state == 'Z' {
+		st, _, err := procfs.ReadStat(pid, nil)
+		if err != nil || st.State == 'Z' {
 			continue
 		}
-		b, err := readInto(procPath(pid, "/environ"), nil)
+		b, err := procfs.ReadFile(procfs.Path(pid, "/environ"), nil)
 		if err != nil {
 			continue
 		}
@@ -280,12 +283,12 @@ func treeOf(pid int) []int {
 	for len(level) > 0 {
 		var next []int
 		for _, p := range level {
-			st, _, err := readStat(p, nil)
-			if err != nil || st.state == 'Z' {
+			st, _, err := procfs.ReadStat(p, nil)
+			if err != nil || st.State == 'Z' {
 				continue
 			}
 			out = append(out, p)
-			next, _, _ = readChildren(p, st.threads, nil, next)
+			next, _, _ = procfs.Children(p, st.Threads, nil, next)
 		}
 		level = next
 	}
@@ -296,8 +299,8 @@ func treeOf(pid int) []int {
 func cpuTicks(pids []int) map[int]uint64 {
 	m := map[int]uint64{}
 	for _, pid := range pids {
-		if st, _, err := readStat(pid, nil); err == nil {
-			m[pid] = st.utime + st.stime
+		if st, _, err := procfs.ReadStat(pid, nil); err == nil {
+			m[pid] = st.UTime + st.STime
 		}
 	}
 	return m
@@ -321,15 +324,15 @@ func readFile(t testing.TB, path string) string {
 }
 
 func stateOf(pid int) byte {
-	st, _, err := readStat(pid, nil)
+	st, _, err := procfs.ReadStat(pid, nil)
 	if err != nil {
 		return 0
 	}
-	return st.state
+	return st.State
 }
 
 func commOf(pid int) string {
-	b, err := os.ReadFile(procPath(pid, "/comm"))
+	b, err := os.ReadFile(procfs.Path(pid, "/comm"))
 	if err != nil {
 		return ""
 	}

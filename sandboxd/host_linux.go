@@ -1,7 +1,6 @@
 package sandboxd
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -24,8 +25,8 @@ type linuxHost struct {
 	log     zerolog.Logger
 	self    sandboxapi.Identity
 	selfPID int
-	cgRoot  string // where launch cgroups go; "" when freeze is unavailable
-	cgMade  bool   // the root is the default subtree (removed when empty)
+	cgRoot  cgroup.Dir // where launch cgroups go; "" when freeze is unavailable
+	cgMade  bool       // the root is the default subtree (removed when empty)
 
 	mu     sync.Mutex
 	active map[string]*linuxLaunch
@@ -65,7 +66,7 @@ func (h *linuxHost) modes() []sandboxapi.Mode {
 // close removes the default cgroup subtree if nothing else uses it.
 func (h *linuxHost) close() {
 	if h.cgMade {
-		_ = unix.Rmdir(h.cgRoot)
+		_ = unix.Rmdir(string(h.cgRoot))
 	}
 }
 
@@ -96,9 +97,9 @@ type linuxLaunch struct {
 	h        *linuxHost
 	id       string
 	mark     launchMark
-	root     *proc // pidfd held for the launch's life
-	cg       *cgroup
-	cgRel    string // the cgroup as /proc/<pid>/cgroup names it
+	root     *proc      // pidfd held for the launch's life
+	cg       cgroup.Dir // "" without one
+	cgRel    string     // the cgroup as /proc/<pid>/cgroup names it
 	exitC    chan exitInfo
 	isReaped atomic.Bool
 	knownMu  sync.Mutex
@@ -160,21 +161,21 @@ func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
 	}
 	defer null.Close()
 
-	var cg *cgroup
+	var cg cgroup.Dir
 	cgfd := -1
 	if s.cgroup && h.cgRoot != "" {
 		if cg, err = createLaunchCgroup(h.cgRoot, s.id); err != nil {
 			return nil, fmt.Errorf("launch cgroup: %w", err)
 		}
-		if cgfd, err = unix.Open(cg.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
-			_ = cg.remove()
+		if cgfd, err = cg.OpenFD(); err != nil {
+			_ = removeCgroup(cg)
 			return nil, fmt.Errorf("launch cgroup: %w", err)
 		}
 		defer unix.Close(cgfd)
 	}
 	// The child's stat and cgroup are read before the reap loop may reap
 	// it: a harness that exits at once is still a zombie then.
-	var st statInfo
+	var st procfs.Stat
 	var cgRel string
 	fork := func(withCgroup bool) (int, chan exitInfo, int, error) {
 		pidfd := -1
@@ -185,7 +186,7 @@ func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
 		pid, ch, err := startSubscribed(func() (int, error) {
 			pid, err := syscall.ForkExec(argv0, s.argv, attr)
 			if err == nil {
-				st, _, _ = readStat(pid, nil)
+				st, _, _ = procfs.ReadStat(pid, nil)
 				if withCgroup {
 					cgRel = cgroupOf(pid)
 				}
@@ -194,27 +195,27 @@ func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
 		})
 		return pid, ch, pidfd, err
 	}
-	pid, exits, pidfd, err := fork(cg != nil)
-	if err != nil && cg != nil && (errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP)) {
+	pid, exits, pidfd, err := fork(cg != "")
+	if err != nil && cg != "" && (errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP)) {
 		h.log.Warn().Err(err).Str("launch", s.id).Msg("clone into cgroup failed; starting without a cgroup")
-		_ = cg.remove()
-		cg = nil
+		_ = removeCgroup(cg)
+		cg = ""
 		pid, exits, pidfd, err = fork(false)
 	}
 	if err != nil {
-		if cg != nil {
-			_ = cg.remove()
+		if cg != "" {
+			_ = removeCgroup(cg)
 		}
 		return nil, err
 	}
 	l := &linuxLaunch{
 		h: h, id: s.id, cg: cg,
-		mark:  launchMark{tag: []byte(tag), rootPID: pid, rootStart: st.start},
-		root:  &proc{pid: pid, start: st.start, fd: pidfd, statFD: -1},
+		mark:  launchMark{tag: []byte(tag), rootPID: pid, rootStart: st.Start},
+		root:  &proc{pid: pid, start: st.Start, fd: pidfd, statFD: -1},
 		exitC: exits,
 		known: map[int]uint64{},
 	}
-	if cg != nil {
+	if cg != "" {
 		l.cgRel = cgRel
 	}
 	h.mu.Lock()
@@ -224,18 +225,10 @@ func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
 }
 
 // cgroupOf returns the cgroup v2 path of pid as /proc/<pid>/cgroup shows
-// it.
+// it ("" when it cannot be read).
 func cgroupOf(pid int) string {
-	b, err := readInto(procPath(pid, "/cgroup"), nil)
-	if err != nil {
-		return ""
-	}
-	for line := range bytes.SplitSeq(b, []byte("\n")) {
-		if p, ok := bytes.CutPrefix(line, []byte("0::")); ok {
-			return string(p)
-		}
-	}
-	return ""
+	p, _, _ := procfs.Cgroup(pid, nil)
+	return p
 }
 
 func (l *linuxLaunch) pid() int               { return l.root.pid }
@@ -243,12 +236,7 @@ func (l *linuxLaunch) pidStart() uint64       { return l.root.start }
 func (l *linuxLaunch) exits() <-chan exitInfo { return l.exitC }
 func (l *linuxLaunch) reaped()                { l.isReaped.Store(true) }
 func (l *linuxLaunch) exitedNow() bool        { return l.isReaped.Load() || exitedNow(l.root.fd) }
-func (l *linuxLaunch) cgroupDir() string {
-	if l.cg == nil {
-		return ""
-	}
-	return l.cg.dir
-}
+func (l *linuxLaunch) cgroupDir() string      { return string(l.cg) }
 
 // roots returns the walk's starting points: the harness (until it is
 // reaped) and the supervisor's children that belong to this launch,
@@ -276,9 +264,9 @@ func (l *linuxLaunch) roots(w *walker) []cand {
 		if rootPIDs[k] {
 			continue
 		}
-		st, b, err := readStat(k, w.buf)
+		st, b, err := procfs.ReadStat(k, w.buf)
 		w.buf = b
-		if err != nil || (st.state == 'Z' || st.state == 'X') && st.threads <= 1 || st.ppid != h.selfPID {
+		if err != nil || (st.State == 'Z' || st.State == 'X') && st.Threads <= 1 || st.PPID != h.selfPID {
 			continue
 		}
 		if h.attribute(k, st, launches, w) == l {
@@ -295,7 +283,7 @@ func (l *linuxLaunch) roots(w *walker) []cand {
 // session and was never seen, while several launches run without
 // cgroups, is nobody's; the process's last supervisor kills it when it
 // stops (releaseReaper).
-func (h *linuxHost) attribute(pid int, st statInfo, launches []*linuxLaunch, w *walker) *linuxLaunch {
+func (h *linuxHost) attribute(pid int, st procfs.Stat, launches []*linuxLaunch, w *walker) *linuxLaunch {
 	var cgPath string
 	for _, l := range launches {
 		if l.cgRel == "" {
@@ -317,7 +305,7 @@ func (h *linuxHost) attribute(pid int, st statInfo, launches []*linuxLaunch, w *
 	}
 	for _, l := range launches {
 		var has bool
-		if has, w.buf = environHas(pid, l.mark.tag, w.buf); has {
+		if has, w.buf = procfs.EnvironHas(pid, l.mark.tag, w.buf); has {
 			return l
 		}
 	}
@@ -325,7 +313,7 @@ func (h *linuxHost) attribute(pid int, st statInfo, launches []*linuxLaunch, w *
 		l.knownMu.Lock()
 		s, ok := l.known[pid]
 		l.knownMu.Unlock()
-		if ok && s == st.start {
+		if ok && s == st.Start {
 			return l
 		}
 	}
@@ -356,7 +344,7 @@ func (l *linuxLaunch) pause(ctx context.Context, mode sandboxapi.Mode, o pauseOp
 	var out pauseOutcome
 	switch mode {
 	case sandboxapi.ModeFreeze:
-		if l.cg == nil {
+		if l.cg == "" {
 			return out, ErrModeUnavailable
 		}
 		out = l.freeze(ctx, o)
@@ -399,22 +387,22 @@ func (l *linuxLaunch) pause(ctx context.Context, mode sandboxapi.Mode, o pauseOp
 // half frozen.
 func (l *linuxLaunch) freeze(ctx context.Context, o pauseOpts) pauseOutcome {
 	c := l.cg
-	frozen := func(_, f bool) bool { return f }
-	err := c.setFreeze(true)
+	frozen := func(e cgroup.Events) bool { return e.Frozen }
+	err := c.SetFreeze(true)
 	ok := false
 	if err == nil {
-		ok, err = c.waitEvents(ctx, o.confirmBy, frozen)
+		ok, err = c.WaitEvents(ctx, o.confirmBy, frozen)
 	}
 	var pendingD []string
 	for !ok && err == nil && time.Now().Before(o.pendingBy) {
-		if pendingD = c.threadsInD(); len(pendingD) == 0 {
+		if pendingD = threadsInD(c); len(pendingD) == 0 {
 			break
 		}
 		next := time.Now().Add(100 * time.Millisecond)
 		if o.pendingBy.Before(next) {
 			next = o.pendingBy
 		}
-		ok, err = c.waitEvents(ctx, next, frozen)
+		ok, err = c.WaitEvents(ctx, next, frozen)
 	}
 	if !ok {
 		why := "not frozen in time"
@@ -429,7 +417,7 @@ func (l *linuxLaunch) freeze(ctx context.Context, o pauseOpts) pauseOutcome {
 		}
 		return pauseOutcome{fallback: "freeze: " + why, pending: pendingD}
 	}
-	pids, _ := c.procs()
+	pids, _ := c.AllProcs()
 	out := pauseOutcome{confirmed: true, count: len(pids)}
 	// The harness first, then the rest as the kernel lists them.
 	if root := l.root.pid; !l.isReaped.Load() {
@@ -448,31 +436,24 @@ func (l *linuxLaunch) freeze(ctx context.Context, o pauseOpts) pauseOutcome {
 
 // thaw writes 0 to cgroup.freeze and waits for "frozen 0".
 func (l *linuxLaunch) thaw() error {
-	if err := l.cg.setFreeze(false); err != nil {
-		return err
-	}
-	ok, err := l.cg.waitEvents(context.Background(), time.Now().Add(5*time.Second), func(_, f bool) bool { return !f })
-	if err == nil && !ok {
-		err = errors.New("still frozen")
-	}
-	return err
+	return l.cg.Thaw(context.Background(), time.Now().Add(5*time.Second))
 }
 
 // threadsInD lists "<pid>:D" for the processes of the cgroup with a
 // thread in D.
-func (c *cgroup) threadsInD() []string {
-	pids, _ := c.procs()
+func threadsInD(c cgroup.Dir) []string {
+	pids, _ := c.AllProcs()
 	var out []string
 	w := newWalker()
 	for _, pid := range pids {
-		tids, err := readTasks(pid)
+		tids, err := procfs.Tasks(pid)
 		if err != nil {
 			continue
 		}
 		for _, tid := range tids {
-			st, b, err := readTaskStat(pid, tid, w.buf)
+			st, b, err := procfs.ReadTaskStat(pid, tid, w.buf)
 			w.buf = b
-			if err == nil && st.state == 'D' {
+			if err == nil && st.State == 'D' {
 				out = append(out, fmt.Sprintf("%d:D", pid))
 				break
 			}
@@ -509,14 +490,14 @@ func (l *linuxLaunch) interrupt() {
 	}
 	w := newWalker()
 	found := discover(l.roots, unix.SIGINT, w)
-	if l.cg == nil {
+	if l.cg == "" {
 		return
 	}
 	seen := make(map[int]bool, len(found))
 	for _, p := range found {
 		seen[p.pid] = true
 	}
-	pids, _ := l.cg.procs()
+	pids, _ := l.cg.AllProcs()
 	for _, pid := range pids {
 		if seen[pid] {
 			continue
@@ -540,12 +521,12 @@ func (l *linuxLaunch) interrupt() {
 func (l *linuxLaunch) kill(ctx context.Context, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	ok := true
-	if l.cg != nil {
-		if err := l.cg.kill(); err != nil {
+	if l.cg != "" {
+		if err := l.cg.Kill(); err != nil {
 			l.h.log.Warn().Err(err).Str("launch", l.id).Msg("cgroup.kill")
 			ok = false
 		} else {
-			got, err := l.cg.waitEvents(ctx, deadline, func(p, _ bool) bool { return !p })
+			got, err := l.cg.WaitEvents(ctx, deadline, func(e cgroup.Events) bool { return !e.Populated })
 			ok = got && err == nil
 		}
 	}
@@ -571,13 +552,13 @@ func (l *linuxLaunch) release() error {
 		l.paused.release()
 		l.paused = nil
 	}
-	if l.cg == nil {
+	if l.cg == "" {
 		return nil
 	}
-	if pop, _, err := l.cg.events(); err == nil && pop {
-		return fmt.Errorf("cgroup %s still populated; left in place", l.cg.dir)
+	if ev, err := l.cg.Events(); err == nil && ev.Populated {
+		return fmt.Errorf("cgroup %s still populated; left in place", l.cg)
 	}
-	return l.cg.remove()
+	return removeCgroup(l.cg)
 }
 
 // recoverLaunch kills what is left of a launch of a previous supervisor:
@@ -588,15 +569,15 @@ func (h *linuxHost) recoverLaunch(ctx context.Context, rec sandboxapi.Record, ti
 	ok := true
 	if rec.Cgroup != "" {
 		if _, err := os.Stat(rec.Cgroup); err == nil {
-			c := &cgroup{dir: rec.Cgroup}
-			if err := c.kill(); err == nil {
-				got, err := c.waitEvents(ctx, deadline, func(p, _ bool) bool { return !p })
+			c := cgroup.Dir(rec.Cgroup)
+			if err := c.Kill(); err == nil {
+				got, err := c.WaitEvents(ctx, deadline, func(e cgroup.Events) bool { return !e.Populated })
 				ok = got && err == nil
 			} else {
 				ok = false
 			}
 			if ok {
-				if err := c.remove(); err != nil {
+				if err := removeCgroup(c); err != nil {
 					h.log.Warn().Err(err).Str("launch", rec.ID).Msg("remove a lost launch's cgroup")
 				}
 			}

@@ -374,7 +374,7 @@ func (l *launch) spawn() {
 	l.step(context.Background(), Spawned{})
 }
 
-// persist writes the record from the machine (fsynced once ended).
+// persist writes the record from the machine.
 func (l *launch) persist() {
 	now := l.s.cfg.Now()
 	l.mu.Lock()
@@ -396,7 +396,10 @@ func (l *launch) persist() {
 			Error: errText, Ended: ended, Pauses: rec.Pauses, OutputTail: readTail(rec.Output, OutputTailBytes),
 		}
 	}
-	if err := writeRecord(l.dir, &rec, rec.State == sandboxapi.StateEnded); err != nil {
+	// Durable: the launch accepted, started (its pid, for a restarted
+	// supervisor), and its receipt. A pause's states are only replaced.
+	durable := rec.State == sandboxapi.StateEnded || rec.Pauses.Count == 0 && rec.State != sandboxapi.StatePaused
+	if err := writeRecord(l.dir, &rec, durable); err != nil {
 		l.log.Error().Err(err).Msg("persist launch record")
 	}
 	l.mu.Lock()

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -48,14 +50,14 @@ func frozenFor(t *testing.T, d time.Duration, pids []int, files ...string) {
 func stateLetters(pids []int) map[int]string {
 	m := map[int]string{}
 	for _, pid := range pids {
-		tids, err := readTasks(pid)
+		tids, err := procfs.Tasks(pid)
 		if err != nil {
 			continue
 		}
 		var b strings.Builder
 		for _, tid := range tids {
-			if st, _, err := readTaskStat(pid, tid, nil); err == nil {
-				b.WriteByte(st.state)
+			if st, _, err := procfs.ReadTaskStat(pid, tid, nil); err == nil {
+				b.WriteByte(st.State)
 			}
 		}
 		m[pid] = b.String()
@@ -302,8 +304,8 @@ func TestUnconfirmedPauseFallsBack(t *testing.T) {
 				if pm.mode == sandboxapi.ModeFreeze {
 					rec, _ := s.Status(id)
 					b, _ := os.ReadFile(filepath.Join(rec.Cgroup, "cgroup.freeze"))
-					_, frozen, _ := (&cgroup{dir: rec.Cgroup}).events()
-					if strings.TrimSpace(string(b)) != "0" || frozen {
+					ev, _ := cgroup.Dir(rec.Cgroup).Events()
+					if frozen := ev.Frozen; strings.TrimSpace(string(b)) != "0" || frozen {
 						t.Fatalf("cgroup left frozen: cgroup.freeze %q, frozen %v", b, frozen)
 					}
 				}
@@ -415,8 +417,8 @@ func TestMultiThreaded(t *testing.T) {
 			id := launchID(t, "a")
 			rec := mustLaunch(t, s, Spec{ID: id, Argv: []string{threadsBin, fifo, out}})
 			waitFor(t, 5*time.Second, "the helper's threads", func() bool {
-				st, _, err := readStat(rec.PID, nil)
-				return err == nil && st.threads >= 3 && strings.HasPrefix(readFile(t, out), "ready") && fileSize(out+".busy") > 0
+				st, _, err := procfs.ReadStat(rec.PID, nil)
+				return err == nil && st.Threads >= 3 && strings.HasPrefix(readFile(t, out), "ready") && fileSize(out+".busy") > 0
 			})
 			rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
 			if err != nil {
@@ -474,10 +476,10 @@ else:
 				var parent int
 				waitFor(t, 10*time.Second, "a vfork parent in D", func() bool {
 					for _, pid := range launchPIDs(t, s, id) {
-						tids, _ := readTasks(pid)
+						tids, _ := procfs.Tasks(pid)
 						for _, tid := range tids {
-							st, _, err := readTaskStat(pid, tid, nil)
-							if v, _ := vforkWait(pid, tid, nil); err == nil && st.state == 'D' && v {
+							st, _, err := procfs.ReadTaskStat(pid, tid, nil)
+							if v, _ := procfs.VforkWait(pid, tid, nil); err == nil && st.State == 'D' && v {
 								parent = pid
 								return true
 							}

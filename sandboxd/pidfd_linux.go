@@ -2,6 +2,8 @@ package sandboxd
 
 import (
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
 // proc is one process the supervisor acts on: its pid, its start time (the
@@ -33,36 +35,36 @@ type proc struct {
 // checks is the process the pidfd holds: if wantPPID > 0 its parent must be
 // wantPPID (a pid read from a children list, which may have been reused
 // since), if wantStart > 0 its start time must match. Anything else,
-// including a process that died, is errGone. The stat is returned for the
-// caller's use (state, threads). With holdFD the pidfd and the stat file
-// stay open (the walk closes the stat file once the process is confirmed,
-// the pidfd at continue); without, p.fd is -1.
-func openProc(pid, wantPPID int, wantStart uint64, holdFD bool, buf []byte) (*proc, statInfo, []byte, error) {
+// including a process that died, is procfs.ErrGone. The stat is returned
+// for the caller's use (state, threads). With holdFD the pidfd and the
+// stat file stay open (the walk closes the stat file once the process is
+// confirmed, the pidfd at continue); without, p.fd is -1.
+func openProc(pid, wantPPID int, wantStart uint64, holdFD bool, buf []byte) (*proc, procfs.Stat, []byte, error) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		if err == unix.ESRCH {
-			return nil, statInfo{}, buf, errGone
+			return nil, procfs.Stat{}, buf, procfs.ErrGone
 		}
 		if err != unix.EMFILE && err != unix.ENFILE {
-			return nil, statInfo{}, buf, err
+			return nil, procfs.Stat{}, buf, err
 		}
 		fd = -1 // out of descriptors: fall back to verify-then-signal
 	}
 	p := &proc{pid: pid, fd: fd, statFD: -1}
 	if holdFD {
-		if sfd, err := unix.Open(procPath(pid, "/stat"), unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+		if sfd, err := procfs.OpenStat(pid); err == nil {
 			p.statFD = sfd
 		}
 	}
 	st, buf, err := p.readStat(buf)
-	if err == nil && (wantPPID > 0 && st.ppid != wantPPID || wantStart > 0 && st.start != wantStart) {
-		err = errGone
+	if err == nil && (wantPPID > 0 && st.PPID != wantPPID || wantStart > 0 && st.Start != wantStart) {
+		err = procfs.ErrGone
 	}
 	if err != nil {
 		p.close()
 		return nil, st, buf, err
 	}
-	p.start = st.start
+	p.start = st.Start
 	if !holdFD && p.fd >= 0 {
 		unix.Close(p.fd)
 		p.fd = -1
@@ -72,20 +74,11 @@ func openProc(pid, wantPPID int, wantStart uint64, holdFD bool, buf []byte) (*pr
 
 // readStat reads the process's stat through the held file when there is
 // one.
-func (p *proc) readStat(buf []byte) (statInfo, []byte, error) {
+func (p *proc) readStat(buf []byte) (procfs.Stat, []byte, error) {
 	if p.statFD < 0 {
-		return readStat(p.pid, buf)
+		return procfs.ReadStat(p.pid, buf)
 	}
-	buf = buf[:cap(buf)]
-	if len(buf) < 1024 {
-		buf = make([]byte, 4096)
-	}
-	n, err := unix.Pread(p.statFD, buf, 0)
-	if err != nil {
-		return statInfo{}, buf[:0], errGone
-	}
-	st, err := parseStat(buf[:n])
-	return st, buf[:n], err
+	return procfs.ReadStatFD(p.statFD, buf)
 }
 
 // closeStat closes the held stat file.
@@ -98,12 +91,12 @@ func (p *proc) closeStat() {
 
 // signal sends sig through the pidfd; without one it opens a pidfd,
 // checks the start time, signals and closes. A process that is gone is
-// errGone.
+// procfs.ErrGone.
 func (p *proc) signal(sig unix.Signal) error {
 	if p.fd >= 0 {
 		err := unix.PidfdSendSignal(p.fd, sig, nil, 0)
 		if err == unix.ESRCH {
-			return errGone
+			return procfs.ErrGone
 		}
 		return err
 	}
@@ -119,7 +112,7 @@ func (p *proc) signal(sig unix.Signal) error {
 		err = unix.PidfdSendSignal(q.fd, sig, nil, 0)
 	}
 	if err == unix.ESRCH {
-		return errGone
+		return procfs.ErrGone
 	}
 	return err
 }

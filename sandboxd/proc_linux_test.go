@@ -6,21 +6,6 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
-func TestParseStat(t *testing.T) {
-	line := []byte("4242 (a (weird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 17 4 0 0 20 0 3 0 123456 1000 100\n")
-	st, err := parseStat(line)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := statInfo{state: 'S', ppid: 1, pgrp: 4242, session: 4242, utime: 17, stime: 4, threads: 3, start: 123456}
-	if st != want {
-		t.Fatalf("got %+v, want %+v", st, want)
-	}
-	if _, err := parseStat([]byte("1 (x) S 1")); err == nil {
-		t.Fatal("short stat accepted")
-	}
-}
-
 func TestIdentity(t *testing.T) {
 	self, err := IdentityOf(1)
 	if err != nil || self.PID != 1 || !Alive(self) {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/stillpoint/stillpoint/internal/atomicfile"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -55,38 +56,24 @@ func ReadRecord(stateDir, id string) (sandboxapi.Record, error) {
 	return r, nil
 }
 
-// writeRecord replaces the record atomically (write, rename). With sync it
-// also fsyncs the file and the directory, so that a final receipt survives
-// a crash of the machine; the in-between states are rewritten often and a
-// lost one is harmless.
-func writeRecord(dir string, r *sandboxapi.Record, sync bool) error {
+// writeRecord replaces the record atomically, so that a reader or a
+// restarted supervisor sees one whole record, never a torn one. A durable
+// write (the launch accepted, its final receipt) also survives a crash of
+// the machine (atomicfile.Write); the states in between (paused, running
+// again) are rewritten at every pause and continue, and after a crash of
+// the machine every launch is dead and recovered as lost whatever state its
+// record shows, so they are only replaced (atomicfile.Replace), without
+// the fsyncs that would double the cost of a pause.
+func writeRecord(dir string, r *sandboxapi.Record, durable bool) error {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return fmt.Errorf("sandboxd: encode record %s: %w", r.ID, err)
 	}
-	b = append(b, '\n')
-	tmp := filepath.Join(dir, RecordFile+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return fmt.Errorf("sandboxd: write record %s: %w", r.ID, err)
+	write := atomicfile.Replace
+	if durable {
+		write = atomicfile.Write
 	}
-	_, err = f.Write(b)
-	if err == nil && sync {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, RecordFile))
-	}
-	if err == nil && sync {
-		if d, derr := os.Open(dir); derr == nil {
-			err = d.Sync()
-			_ = d.Close()
-		}
-	}
-	if err != nil {
+	if err := write(filepath.Join(dir, RecordFile), append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("sandboxd: write record %s: %w", r.ID, err)
 	}
 	return nil

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
 // launchMark is what identifies a launch's processes anywhere on the host:
@@ -17,8 +19,8 @@ type launchMark struct {
 	rootStart uint64
 }
 
-func (m launchMark) matchStat(st statInfo) bool {
-	return m.rootPID > 0 && (st.session == m.rootPID || st.pgrp == m.rootPID) && st.start >= m.rootStart
+func (m launchMark) matchStat(st procfs.Stat) bool {
+	return m.rootPID > 0 && (st.Session == m.rootPID || st.PGID == m.rootPID) && st.Start >= m.rootStart
 }
 
 // checked returns m without its session rule if the harness's pid now
@@ -30,9 +32,9 @@ func (m launchMark) checked(w *walker) launchMark {
 	if m.rootPID <= 0 {
 		return m
 	}
-	st, b, err := readStat(m.rootPID, w.buf)
+	st, b, err := procfs.ReadStat(m.rootPID, w.buf)
 	w.buf = b
-	if err == nil && st.start != m.rootStart {
+	if err == nil && st.Start != m.rootStart {
 		m.rootPID = 0
 	}
 	return m
@@ -42,7 +44,7 @@ func (m launchMark) checked(w *walker) launchMark {
 // allows: O(host), and environ takes each target's mmap lock) and returns
 // those that carry the launch's mark, with their pidfds closed.
 func scanHost(m launchMark, w *walker) []*proc {
-	pids, err := listPIDs()
+	pids, err := procfs.PIDs()
 	if err != nil {
 		return nil
 	}
@@ -53,19 +55,19 @@ func scanHost(m launchMark, w *walker) []*proc {
 		if pid == self {
 			continue
 		}
-		st, b, err := readStat(pid, w.buf)
+		st, b, err := procfs.ReadStat(pid, w.buf)
 		w.buf = b
-		if err != nil || (st.state == 'Z' || st.state == 'X') && st.threads <= 1 {
+		if err != nil || (st.State == 'Z' || st.State == 'X') && st.Threads <= 1 {
 			continue
 		}
 		hit := m.matchStat(st)
 		if !hit {
-			hit, w.buf = environHas(pid, m.tag, w.buf)
+			hit, w.buf = procfs.EnvironHas(pid, m.tag, w.buf)
 		}
 		if !hit {
 			continue
 		}
-		p, _, b2, err := openProc(pid, 0, st.start, false, w.buf)
+		p, _, b2, err := openProc(pid, 0, st.Start, false, w.buf)
 		w.buf = b2
 		if err == nil {
 			out = append(out, p)
@@ -104,17 +106,17 @@ func scanStop(ctx context.Context, roots func(*walker) []cand, o pauseOpts) (*st
 	w := newWalker()
 	s := newStopSet()
 	for pass := 0; pass < maxPasses; pass++ {
-		pids, err := listPIDs()
+		pids, err := procfs.PIDs()
 		if err != nil {
 			s.resume()
 			return nil, walkResult{reason: "scan /proc: " + err.Error()}
 		}
 		kids := map[int][]int{}
 		for _, pid := range pids {
-			st, b, err := readStat(pid, w.buf)
+			st, b, err := procfs.ReadStat(pid, w.buf)
 			w.buf = b
 			if err == nil {
-				kids[st.ppid] = append(kids[st.ppid], pid)
+				kids[st.PPID] = append(kids[st.PPID], pid)
 			}
 		}
 		var todo []cand

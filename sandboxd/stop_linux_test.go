@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -151,10 +152,21 @@ func TestStopLeavesOtherLaunches(t *testing.T) {
 			a, b := launchID(t, "a"), launchID(t, "b")
 			mustLaunch(t, s, Spec{ID: a, Command: `(setsid sleep 1000 &); sleep 1001 & wait`})
 			mustLaunch(t, s, Spec{ID: b, Command: `(setsid sleep 1002 &); sleep 1003 & wait`})
+			// b's two sleeps: the subshell that starts the setsid one exits
+			// at once, so only the long-lived processes are checked.
+			sleeps := func(id string) []int {
+				var out []int
+				for _, pid := range launchPIDs(t, s, id) {
+					if commOf(pid) == "sleep" {
+						out = append(out, pid)
+					}
+				}
+				return out
+			}
 			var bProcs []int
-			waitFor(t, 5*time.Second, "both launches' processes", func() bool {
-				bProcs = launchPIDs(t, s, b)
-				return len(launchPIDs(t, s, a)) >= 3 && len(bProcs) >= 3
+			waitFor(t, 5*time.Second, "both launches' sleeps", func() bool {
+				bProcs = sleeps(b)
+				return len(sleeps(a)) == 2 && len(bProcs) == 2
 			})
 			if _, err := s.Stop(ctxT(t), a); err != nil {
 				t.Fatal(err)
@@ -294,7 +306,7 @@ func TestUnclaimedOrphanKilledAtShutdown(t *testing.T) {
 		kids, _ := selfChildren(nil)
 		for _, k := range kids {
 			if commOf(k) == "sleep" {
-				if b, _ := os.ReadFile(procPath(k, "/environ")); len(b) == 0 {
+				if b, _ := os.ReadFile(procfs.Path(k, "/environ")); len(b) == 0 {
 					orphan = k
 					return true
 				}

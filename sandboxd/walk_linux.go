@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
 // walker holds one goroutine's scratch buffer for /proc reads.
@@ -119,13 +121,13 @@ func (s *stopSet) stopLevel(level []cand, seen map[int]bool, sig unix.Signal, w 
 			dead[i] = true
 			return
 		}
-		p.depth, p.threads, p.state = c.depth, st.threads, st.state
+		p.depth, p.threads, p.state = c.depth, st.Threads, st.State
 		switch {
-		case (st.state == 'Z' || st.state == 'X') && st.threads <= 1:
+		case (st.State == 'Z' || st.State == 'X') && st.Threads <= 1:
 			p.close() // dead already; its children are the subreaper's now
 			dead[i] = true
 			return
-		case st.state == 'T' || st.state == 't':
+		case st.State == 'T' || st.State == 't':
 			p.wasStopped = true
 		default:
 			if err := p.signal(sig); err != nil {
@@ -155,27 +157,27 @@ func (s *stopSet) stopLevel(level []cand, seen map[int]bool, sig unix.Signal, w 
 func classifyLive(p *proc, w *walker) procClass {
 	st, b, err := p.readStat(w.buf)
 	w.buf = b
-	if err != nil || st.start != p.start {
+	if err != nil || st.Start != p.start {
 		return procGone
 	}
-	p.threads, p.state = st.threads, st.state
-	if st.threads <= 1 {
-		return classifyProcess([]threadClass{classifyState(p.pid, p.pid, st.state, false, w)})
+	p.threads, p.state = st.Threads, st.State
+	if st.Threads <= 1 {
+		return classifyProcess([]threadClass{classifyState(p.pid, p.pid, st.State, false, w)})
 	}
-	tids, err := readTasks(p.pid)
+	tids, err := procfs.Tasks(p.pid)
 	if err != nil {
 		return procGone
 	}
-	leaderStopped := st.state == 'T' || st.state == 't'
+	leaderStopped := st.State == 'T' || st.State == 't'
 	classes := make([]threadClass, 0, len(tids))
 	for _, tid := range tids {
-		ts, b, err := readTaskStat(p.pid, tid, w.buf)
+		ts, b, err := procfs.ReadTaskStat(p.pid, tid, w.buf)
 		w.buf = b
 		if err != nil {
 			classes = append(classes, threadGone)
 			continue
 		}
-		classes = append(classes, classifyState(p.pid, tid, ts.state, leaderStopped, w))
+		classes = append(classes, classifyState(p.pid, tid, ts.State, leaderStopped, w))
 	}
 	return classifyProcess(classes)
 }
@@ -184,11 +186,11 @@ func classifyState(pid, tid int, state byte, leaderStopped bool, w *walker) thre
 	if state != 'D' || leaderStopped {
 		return classifyThread(state, leaderStopped, false, false)
 	}
-	pending, b := sigstopPending(pid, tid, w.buf)
+	pending, b := procfs.SignalPending(pid, tid, unix.SIGSTOP, w.buf)
 	w.buf = b
 	vfork := false
 	if !pending {
-		vfork, w.buf = vforkWait(pid, tid, w.buf)
+		vfork, w.buf = procfs.VforkWait(pid, tid, w.buf)
 	}
 	return classifyThread(state, false, pending, vfork)
 }
@@ -269,7 +271,7 @@ func (s *stopSet) children(procs []*proc, w *walker) []cand {
 		if p.gone {
 			return
 		}
-		out, b, _ := readChildren(p.pid, p.threads, w.buf, nil)
+		out, b, _ := procfs.Children(p.pid, p.threads, w.buf, nil)
 		w.buf = b
 		lists[i] = out
 	})
@@ -381,15 +383,15 @@ func discover(roots func(*walker) []cand, sig unix.Signal, w *walker) []*proc {
 			if err != nil {
 				continue
 			}
-			if (st.state == 'Z' || st.state == 'X') && st.threads <= 1 {
+			if (st.State == 'Z' || st.State == 'X') && st.Threads <= 1 {
 				p.close()
 				continue
 			}
-			p.depth, p.threads = c.depth, st.threads
+			p.depth, p.threads = c.depth, st.Threads
 			if sig != 0 {
 				_ = p.signal(sig)
 			}
-			kids, b2, _ := readChildren(p.pid, p.threads, w.buf, nil)
+			kids, b2, _ := procfs.Children(p.pid, p.threads, w.buf, nil)
 			w.buf = b2
 			for _, k := range kids {
 				next = append(next, cand{pid: k, ppid: p.pid, depth: c.depth + 1})

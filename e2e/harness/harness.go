@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/e2e/modelserver"
+	"github.com/stillpoint/stillpoint/internal/atomicfile"
 )
 
 // SessionFile is the session's file in the data folder.
@@ -71,7 +72,7 @@ func Load(dataDir string) (*Session, error) {
 	return &s, nil
 }
 
-// save writes the session durably: a temporary file, fsync, rename.
+// save writes the session durably (atomicfile.Write).
 func save(dataDir string, s *Session) error {
 	if err := os.MkdirAll(dataDir, 0o755); err != nil {
 		return err
@@ -80,23 +81,7 @@ func save(dataDir string, s *Session) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dataDir, SessionFile+".tmp")
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dataDir, SessionFile))
+	return atomicfile.Write(filepath.Join(dataDir, SessionFile), b, 0o644)
 }
 
 // Decision is the answer of Check: whether a relaunch can continue the

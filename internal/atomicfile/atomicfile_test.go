@@ -67,3 +67,18 @@ func TestWriteNeedsTheDirectory(t *testing.T) {
 		t.Fatalf("Write into a missing directory: %v, want ErrNotExist", err)
 	}
 }
+
+func TestReplaceReplaces(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "record.json")
+	for _, v := range []string{"pending", "paused", "running"} {
+		if err := Replace(p, []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := os.ReadFile(p); string(b) != v {
+			t.Fatalf("read %q, want %q", b, v)
+		}
+	}
+	if _, err := os.Stat(p + tmpSuffix); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("temporary file left behind: %v", err)
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/atomicfile"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/sandboxd"
@@ -454,11 +455,7 @@ func (d *Daemon) loadEpisodes() error {
 
 func (d *Daemon) saveEpisodesLocked() error {
 	b, _ := json.Marshal(d.episodes)
-	tmp := d.episodesFile() + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return fmt.Errorf("daemon: %w", err)
-	}
-	if err := os.Rename(tmp, d.episodesFile()); err != nil {
+	if err := atomicfile.Write(d.episodesFile(), b, 0o644); err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	return nil

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/cgroup"
 )
 
 // Default returns the provider to use with state under stateDir: the
@@ -60,15 +62,13 @@ func (o *Overlay) probe() (err error) {
 	if err := os.MkdirAll(o.cfg.CgroupParent, 0o755); err != nil {
 		return fmt.Errorf("cgroup parent: %w", err)
 	}
-	cg := cgroup(filepath.Join(o.cfg.CgroupParent, filepath.Base(dir)))
-	if err := os.Mkdir(string(cg), 0o755); err != nil {
+	cg, err := cgroup.Create(filepath.Join(o.cfg.CgroupParent, filepath.Base(dir)))
+	if err != nil {
 		return fmt.Errorf("make cgroup: %w", err)
 	}
 	defer func() { err = errors.Join(err, unix.Rmdir(string(cg))) }()
-	for _, f := range []string{"cgroup.freeze", "cgroup.kill", "cgroup.events"} {
-		if _, err := os.Stat(filepath.Join(string(cg), f)); err != nil {
-			return fmt.Errorf("cgroup %s: %w", f, err)
-		}
+	if err := cg.Check(); err != nil {
+		return fmt.Errorf("cgroup %s: %w", cg, err)
 	}
 	return nil
 }

@@ -11,11 +11,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/stillpoint/stillpoint/internal/cgroup"
 )
 
 func TestMain(m *testing.M) {
@@ -41,7 +42,7 @@ func requireRoot(t testing.TB) {
 func newOverlay(t testing.TB) *Overlay {
 	t.Helper()
 	requireRoot(t)
-	cgMount, err := cgroup2Mount()
+	cgMount, err := cgroup.Mount()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,22 +198,7 @@ func exists(path string) bool {
 // cgroupPids lists the pids in a cgroup and its children.
 func cgroupPids(t testing.TB, cg string) []int {
 	t.Helper()
-	var pids []int
-	err := filepath.WalkDir(cg, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.IsDir() {
-			return err
-		}
-		b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
-		if err != nil {
-			return err
-		}
-		for _, f := range strings.Fields(string(b)) {
-			var pid int
-			fmt.Sscan(f, &pid)
-			pids = append(pids, pid)
-		}
-		return nil
-	})
+	pids, err := cgroup.Dir(cg).AllProcs()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
 // Defaults of OverlayConfig.
@@ -157,7 +160,7 @@ func NewOverlay(cfg OverlayConfig) (*Overlay, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: the overlay provider needs root (euid %d)", errors.ErrUnsupported, os.Geteuid())
 	}
-	cgMount, err := cgroup2Mount()
+	cgMount, err := cgroup.Mount()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errors.ErrUnsupported, err)
 	}
@@ -239,8 +242,8 @@ func (o *Overlay) Reason() string { return o.reason }
 // Config returns the config with its defaults filled in.
 func (o *Overlay) Config() OverlayConfig { return o.cfg }
 
-func (o *Overlay) dir(id string) string    { return o.boxes.dir(id) }
-func (o *Overlay) cgroup(id string) cgroup { return cgroup(filepath.Join(o.cfg.CgroupParent, id)) }
+func (o *Overlay) dir(id string) string        { return o.boxes.dir(id) }
+func (o *Overlay) cgroup(id string) cgroup.Dir { return cgroup.Dir(o.cfg.CgroupParent).Child(id) }
 
 // Start mounts a fresh overlay over the base and starts spec.Init in it.
 func (o *Overlay) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
@@ -300,7 +303,7 @@ func (o *Overlay) create(ctx context.Context, box *overlayBox, spec Spec, snapsh
 	if err := os.MkdirAll(o.cfg.CgroupParent, 0o755); err != nil {
 		return err
 	}
-	if err := os.Mkdir(string(cg), 0o755); err != nil {
+	if _, err := cgroup.Create(string(cg)); err != nil {
 		return err
 	}
 	box.env = withDefaults(spec.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root")
@@ -449,7 +452,7 @@ func (o *Overlay) teardown(id string, box *overlayBox) error {
 	_, err := os.Lstat(string(cg))
 	hasCgroup := err == nil
 	if hasCgroup {
-		if err := cg.thaw(); err != nil {
+		if err := cg.SetFreeze(false); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -461,7 +464,7 @@ func (o *Overlay) teardown(id string, box *overlayBox) error {
 	if box.proc != nil {
 		_ = box.proc.Signal(syscall.SIGKILL) // through its pidfd: never a reused pid
 	} else if hasCgroup {
-		if pid := cg.nsInit(); pid > 0 {
+		if pid := nsInit(cg); pid > 0 {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
@@ -475,11 +478,11 @@ func (o *Overlay) teardown(id string, box *overlayBox) error {
 		t.Stop()
 	}
 	if hasCgroup {
-		if err := cg.kill(ctx, timeout); err != nil {
+		if err := killCgroup(ctx, cg, timeout); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := cg.remove(ctx, timeout); err != nil {
+	if err := cg.Remove(ctx, time.Now().Add(timeout)); err != nil {
 		errs = append(errs, err)
 	}
 	if err := unmountUnder(ctx, dir, timeout); err != nil {
@@ -499,6 +502,38 @@ func (o *Overlay) teardown(id string, box *overlayBox) error {
 		errs = append(errs, fmt.Errorf("%w: directory %s", ErrLeftover, dir))
 	}
 	return errors.Join(errs...)
+}
+
+// killCgroup kills every process in cg and below it and waits until the
+// kernel reports it empty.
+func killCgroup(ctx context.Context, cg cgroup.Dir, timeout time.Duration) error {
+	if err := cg.Kill(); err != nil {
+		return err
+	}
+	ok, err := cg.WaitEvents(ctx, time.Now().Add(timeout), func(e cgroup.Events) bool { return !e.Populated })
+	if err == nil && !ok {
+		err = os.ErrDeadlineExceeded
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup %s still has processes: %w", cg, err)
+	}
+	return nil
+}
+
+// mountsUnder returns the mount points at or below dir, deepest first.
+func mountsUnder(dir string) ([]string, error) {
+	ms, err := procfs.Mounts()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range ms {
+		if m.Point == dir || strings.HasPrefix(m.Point, dir+"/") {
+			out = append(out, m.Point)
+		}
+	}
+	slices.SortFunc(out, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	return out, nil
 }
 
 // unmountUnder unmounts every mount at or below dir, deepest first. A
@@ -546,14 +581,15 @@ func (o *Overlay) Snapshot(ctx context.Context, id, snapshotID string) (Snapshot
 	defer box.mu.Unlock()
 	meta := snapMeta{ID: snapshotID, Provider: o.Name(), Base: o.cfg.BaseDir, Sandbox: id}
 	return o.snaps.create(meta, func(dst string) (st copyStats, took time.Duration, err error) {
-		cg := cgroup(box.sb.Cgroup)
+		cg := cgroup.Dir(box.sb.Cgroup)
 		t0 := time.Now()
-		if err := cg.freeze(ctx, o.cfg.FreezeTimeout); err != nil {
-			return st, 0, err
+		// A freeze the kernel does not confirm in FreezeTimeout is undone.
+		if err := cg.Freeze(ctx, t0.Add(o.cfg.FreezeTimeout)); err != nil {
+			return st, 0, fmt.Errorf("%w: %s: %w", ErrFreeze, cg, err)
 		}
 		defer func() {
 			took = time.Since(t0)
-			if terr := cg.thaw(); terr != nil {
+			if terr := cg.SetFreeze(false); terr != nil {
 				err = errors.Join(err, fmt.Errorf("thaw %s: %w", cg, terr))
 			}
 		}()

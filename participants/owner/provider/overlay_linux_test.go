@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/cgroup"
 )
 
 // The main path: a file written inside lands in Root and in upper, a
@@ -47,7 +49,7 @@ func TestOverlaySnapshotFork(t *testing.T) {
 	}
 	run(t, ov, "a", "echo two > two.txt; echo changed > one.txt")
 	// The sandbox runs on after its snapshot: it was thawed.
-	if _, frozen, _ := cgroup(a.Cgroup).events(); frozen {
+	if ev, _ := cgroup.Dir(a.Cgroup).Events(); ev.Frozen {
 		t.Error("sandbox still frozen after Snapshot")
 	}
 
@@ -258,9 +260,9 @@ echo $!`
 		t.Fatalf("inside: %q", out)
 	}
 	// From the host: the child is under the sandbox's cgroup, frozen.
-	child := cgroup(filepath.Join(sb.Cgroup, "launch"))
-	if _, frozen, err := child.events(); err != nil || !frozen {
-		t.Fatalf("host view of %s: frozen %v, %v", child, frozen, err)
+	child := cgroup.Dir(sb.Cgroup).Child("launch")
+	if ev, err := child.Events(); err != nil || !ev.Frozen {
+		t.Fatalf("host view of %s: frozen %v, %v", child, ev.Frozen, err)
 	}
 	pids := cgroupPids(t, string(child))
 	if len(pids) != 1 {

@@ -9,33 +9,24 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
+
+	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
 // descendants returns pid's descendants, parents before children, read
 // from /proc/<pid>/task/*/children (never a scan of all of /proc).
 func descendants(pid int) []int {
 	var out []int
+	var buf []byte
 	queue := []int{pid}
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
-		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", p))
-		for _, t := range tasks {
-			b, err := os.ReadFile(t)
-			if err != nil {
-				continue
-			}
-			for _, f := range strings.Fields(string(b)) {
-				if c, err := strconv.Atoi(f); err == nil {
-					out = append(out, c)
-					queue = append(queue, c)
-				}
-			}
-		}
+		n := len(out)
+		out, buf, _ = procfs.Children(p, 0, buf, out)
+		queue = append(queue, out[n:]...)
 	}
 	return out
 }
@@ -59,27 +50,21 @@ func killInside(pid int) {
 // processes of a dir sandbox, including those that left its process group.
 // Zombies have no environment and are not returned.
 func tagged(tag string) []int {
-	ents, err := os.ReadDir("/proc")
+	pids, err := procfs.PIDs()
 	if err != nil {
 		return nil
 	}
 	want := []byte(tag)
 	self := os.Getpid()
 	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == self {
+	var buf []byte
+	for _, pid := range pids {
+		if pid == self {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil {
-			continue
-		}
-		for _, kv := range bytes.Split(b, []byte{0}) {
-			if bytes.Equal(kv, want) {
-				out = append(out, pid)
-				break
-			}
+		var has bool
+		if has, buf = procfs.EnvironHas(pid, want, buf); has {
+			out = append(out, pid)
 		}
 	}
 	return out
@@ -87,13 +72,22 @@ func tagged(tag string) []int {
 
 // alive reports whether pid names a process that is not a zombie.
 func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
+	st, _, err := procfs.ReadStat(pid, nil)
+	return err == nil && st.State != 'Z'
+}
+
+// nsInit returns the pid of the process in cg (not in its children) that
+// is pid 1 of its PID namespace: a sandbox's init, found without the
+// process that started it. 0 if there is none.
+func nsInit(cg cgroup.Dir) int {
+	pids, _ := cg.Procs()
+	for _, pid := range pids {
+		ids, err := procfs.NSpid(pid)
+		if err == nil && len(ids) > 1 && ids[len(ids)-1] == 1 {
+			return pid
+		}
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+	return 0
 }
 
 // execResult turns what cmd.Run returned into an ExecResult and an error

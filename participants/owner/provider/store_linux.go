@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/atomicfile"
 )
 
 // snapMeta is a snapshot's meta.json.
@@ -30,7 +32,8 @@ type snapMeta struct {
 // snapStore is <state>/snapshots: one directory per snapshot holding
 // meta.json and the copied files. A snapshot is built under a ".tmp-" name
 // and renamed into place, so a snapshot directory is always complete; a
-// deleted one is renamed to ".del-" before its files are removed.
+// deleted one is renamed to ".del-" before its files are removed. The
+// store's directory is fsynced before create or delete reports success.
 type snapStore struct {
 	dir string
 	// mu: Fork holds it shared while it copies from a snapshot; the renames
@@ -85,8 +88,13 @@ func (s *snapStore) create(meta snapMeta, fill func(dir string) (copyStats, time
 		s.mu.Lock()
 		if _, serr := os.Lstat(s.path(meta.ID)); serr == nil {
 			err = fmt.Errorf("%w: snapshot %q", ErrExists, meta.ID)
-		} else {
-			err = os.Rename(tmp, s.path(meta.ID))
+		} else if err = os.Rename(tmp, s.path(meta.ID)); err == nil {
+			// The rename is what makes the snapshot; it is durable once the
+			// store's directory is synced. A snapshot that cannot be made
+			// durable is taken back.
+			if err = atomicfile.SyncDir(s.dir); err != nil {
+				err = errors.Join(err, os.RemoveAll(s.path(meta.ID)))
+			}
 		}
 		s.mu.Unlock()
 	}
@@ -136,7 +144,8 @@ func (s *snapStore) delete(id string) error {
 			return fmt.Errorf("%w: snapshot %q: %s is still there", ErrLeftover, id, p)
 		}
 	}
-	return nil
+	// Durable: a crash of the machine does not bring the snapshot back.
+	return atomicfile.SyncDir(s.dir)
 }
 
 // list returns the ids of the complete snapshots, sorted.
@@ -155,10 +164,11 @@ func (s *snapStore) list() ([]string, error) {
 	return ids, nil
 }
 
+// writeJSON writes v as indented JSON, durably (atomicfile.Write).
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o600)
+	return atomicfile.Write(path, append(b, '\n'), 0o600)
 }
