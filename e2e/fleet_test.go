@@ -20,11 +20,11 @@ import (
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
-	"github.com/stillpoint/stillpoint/e2e/modelserver"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
 // bins are the binaries the end-to-end tests run as processes, built once
