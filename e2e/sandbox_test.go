@@ -15,9 +15,11 @@ import (
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"github.com/stillpoint/stillpoint/sandboxd/daemon"
 
@@ -111,11 +113,11 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	oc, _ := owner.NewClient(env.Conn, run, "o1")
-	var info owner.SessionInfo
+	oc, _ := ownerapi.NewClient(env.Conn, run, "o1")
+	var info ownerapi.SessionInfo
 	waitFor(t, "the owner's service", func() bool {
-		info, err = oc.SeedSession(ctx, owner.SeedRequest{SessionID: "s1", Episode: "r1"})
-		var se *owner.ServiceError
+		info, err = oc.SeedSession(ctx, ownerapi.SeedRequest{SessionID: "s1", Episode: "r1"})
+		var se *jetstream.ServiceError
 		if errors.As(err, &se) {
 			t.Fatalf("seed: %v", err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -29,38 +30,6 @@ var (
 	_ member.Releaser    = (*Owner)(nil)
 	_ member.Parker      = (*Owner)(nil)
 )
-
-// RecordData is the data of an exported record: one session.
-type RecordData struct {
-	// Session is the session id.
-	Session string `json:"session"`
-	// Sandbox names the snapshot the session's sandbox was captured as.
-	Sandbox SandboxRef `json:"sandbox"`
-	// Workdir is the working directory inside the sandbox.
-	Workdir string `json:"workdir"`
-	// Data is the session data, {} when the setup returned none.
-	Data json.RawMessage `json:"data"`
-}
-
-// SandboxRef names a session's snapshot and the sandbox it was taken of.
-type SandboxRef struct {
-	// Provider is the provider's name.
-	Provider string `json:"provider"`
-	// Snapshot is the snapshot id.
-	Snapshot string `json:"snapshot"`
-	// SandboxID is the id of the sandbox the snapshot was taken of.
-	SandboxID string `json:"sandbox_id"`
-}
-
-// IndexEntry is the value of a snapshot's key in the sp_snapshots bucket.
-type IndexEntry struct {
-	// Run is the run id.
-	Run string `json:"run"`
-	// Snapshot is the snapshot id (the key).
-	Snapshot string `json:"snapshot"`
-	// Checkpoints are the checkpoint ids that name the snapshot.
-	Checkpoints []string `json:"checkpoints"`
-}
 
 // token makes s a token (^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$): it is s when s
 // is one already; otherwise the characters outside the set become _, and a
@@ -210,9 +179,9 @@ func (o *Owner) Export(ctx context.Context, c events.Commit) ([]events.Record, e
 		if len(d) == 0 {
 			d = json.RawMessage("{}")
 		}
-		b, err := json.Marshal(RecordData{
+		b, err := json.Marshal(ownerapi.RecordData{
 			Session: s.ID,
-			Sandbox: SandboxRef{Provider: p.Name(), Snapshot: SnapshotID(c.CheckpointID, s.ID), SandboxID: s.Sandbox.ID},
+			Sandbox: ownerapi.SandboxRef{Provider: p.Name(), Snapshot: SnapshotID(c.CheckpointID, s.ID), SandboxID: s.Sandbox.ID},
 			Workdir: s.Workdir, Data: d,
 		})
 		if err != nil {
@@ -228,7 +197,7 @@ func (o *Owner) Export(ctx context.Context, c events.Commit) ([]events.Record, e
 // parsed is one validated record of an Install.
 type parsed struct {
 	ep   events.Episode
-	data RecordData
+	data ownerapi.RecordData
 }
 
 // parseRecord validates a record completely.
@@ -240,7 +209,7 @@ func (o *Owner) parseRecord(i int, rec events.Record) (parsed, error) {
 	if err != nil {
 		return bad("key: %v", err)
 	}
-	var d RecordData
+	var d ownerapi.RecordData
 	dec := json.NewDecoder(bytes.NewReader(rec.Data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&d); err != nil {
@@ -409,7 +378,7 @@ func (o *Owner) Retire(ctx context.Context, eps []events.Episode) error {
 func (o *Owner) Park(ctx context.Context, records []events.Record) error {
 	var errs []error
 	for _, rec := range records {
-		var d RecordData
+		var d ownerapi.RecordData
 		if err := json.Unmarshal(rec.Data, &d); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %s: %v", ErrRecord, rec.Key, err))
 			continue

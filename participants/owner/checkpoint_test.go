@@ -10,6 +10,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -37,7 +38,7 @@ func TestCommitAndRestore(t *testing.T) {
 			t.Fatalf("records %+v", recs)
 		}
 		r1, r2 := decode(t, recs[0]), decode(t, recs[1])
-		want1 := RecordData{Session: "d1", Sandbox: SandboxRef{Provider: d.Name(), Snapshot: "c1-d1", SandboxID: d1.Sandbox.ID}, Workdir: "/work"}
+		want1 := ownerapi.RecordData{Session: "d1", Sandbox: ownerapi.SandboxRef{Provider: d.Name(), Snapshot: "c1-d1", SandboxID: d1.Sandbox.ID}, Workdir: "/work"}
 		if r1.Session != want1.Session || r1.Sandbox != want1.Sandbox || r1.Workdir != want1.Workdir || string(r1.Data) != `{"seed":"d1"}` {
 			t.Errorf("record d1 = %+v (data %s)", r1, r1.Data)
 		}
@@ -51,7 +52,7 @@ func TestCommitAndRestore(t *testing.T) {
 		if err != nil {
 			t.Fatalf("index: %v", err)
 		}
-		var ie IndexEntry
+		var ie ownerapi.IndexEntry
 		if err := json.Unmarshal(e.Value(), &ie); err != nil || ie.Run != testRun || ie.Snapshot != "c1-d1" || !slices.Equal(ie.Checkpoints, []string{"c1"}) {
 			t.Errorf("index entry %s: %+v, %v", e.Value(), ie, err)
 		}
@@ -139,7 +140,7 @@ func TestInstallAllOrNone(t *testing.T) {
 		held := d.Sandboxes()
 		restore := events.Restore{PhaseHeader: events.PhaseHeader{Run: testRun, CheckpointID: "restore-1", Epoch: 1}, Source: "c1"}
 
-		mutate := func(i int, f func(d *RecordData)) []events.Record {
+		mutate := func(i int, f func(d *ownerapi.RecordData)) []events.Record {
 			out := slices.Clone(recs)
 			rd := decode(t, out[i])
 			f(&rd)
@@ -149,9 +150,9 @@ func TestInstallAllOrNone(t *testing.T) {
 		for name, bad := range map[string][]events.Record{
 			"bad json":       append(slices.Clone(recs[:2]), events.Record{Key: recs[2].Key, Data: json.RawMessage(`{"session":`)}),
 			"bad key":        append(slices.Clone(recs[:2]), events.Record{Key: "x-a01", Data: recs[2].Data}),
-			"other provider": mutate(2, func(d *RecordData) { d.Sandbox.Provider = "remote" }),
-			"array data":     mutate(2, func(d *RecordData) { d.Data = json.RawMessage(`[1]`) }),
-			"relative dir":   mutate(2, func(d *RecordData) { d.Workdir = "work" }),
+			"other provider": mutate(2, func(d *ownerapi.RecordData) { d.Sandbox.Provider = "remote" }),
+			"array data":     mutate(2, func(d *ownerapi.RecordData) { d.Data = json.RawMessage(`[1]`) }),
+			"relative dir":   mutate(2, func(d *ownerapi.RecordData) { d.Workdir = "work" }),
 		} {
 			t.Run(name, func(t *testing.T) {
 				b := newOwner(t, cfg)
@@ -171,7 +172,7 @@ func TestInstallAllOrNone(t *testing.T) {
 		t.Run("fork failure", func(t *testing.T) {
 			b := newOwner(t, cfg)
 			// The last record names a snapshot the provider does not hold.
-			_, err := b.Install(ctx, restore, mutate(2, func(d *RecordData) { d.Sandbox.Snapshot = "missing" }))
+			_, err := b.Install(ctx, restore, mutate(2, func(d *ownerapi.RecordData) { d.Sandbox.Snapshot = "missing" }))
 			if !errors.Is(err, provider.ErrNotFound) {
 				t.Fatalf("Install: %v, want ErrNotFound", err)
 			}

@@ -3,6 +3,9 @@
 // takes part in checkpoints as a member of the run (package
 // participants/member).
 //
+// The wire side (the requests agents send, the records the owner exports,
+// the client) is package ownerapi; Serve answers it on the bus.
+//
 // # Sessions
 //
 // A session's sandbox is started on the provider and the task's setup
@@ -40,9 +43,10 @@
 //
 // Export snapshots every live session's sandbox as the snapshot
 // <checkpoint>-<session> (made a token), indexes it in the sp_snapshots KV
-// bucket (snapshot id -> {run, snapshot, checkpoints}) and returns one
-// record per session, keyed by its episode, with data
-// {session, sandbox: {provider, snapshot, sandbox_id}, workdir, data}.
+// bucket (snapshot id -> ownerapi.IndexEntry {run, snapshot, checkpoints})
+// and returns one record per session, keyed by its episode, with data an
+// ownerapi.RecordData {session, sandbox: {provider, snapshot, sandbox_id},
+// workdir, data}.
 //
 // Install validates every record before it touches the provider, then
 // forks every snapshot or none, stops the superseded sandboxes it still

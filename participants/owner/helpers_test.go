@@ -15,6 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -151,9 +152,9 @@ func checkpoint(t *testing.T, o *Owner, id string) []events.Record {
 	return recs
 }
 
-func decode(t *testing.T, rec events.Record) RecordData {
+func decode(t *testing.T, rec events.Record) ownerapi.RecordData {
 	t.Helper()
-	var d RecordData
+	var d ownerapi.RecordData
 	if err := json.Unmarshal(rec.Data, &d); err != nil {
 		t.Fatalf("record %s: %v", rec.Key, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -49,15 +50,15 @@ func TestUnderRoles(t *testing.T) {
 		}
 	})
 	anc, _ := env.As(embedded.RoleAgent).Connect(t)
-	c, err := NewClient(anc, testRun, "o1")
+	c, err := ownerapi.NewClient(anc, testRun, "o1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cctx, ccancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer ccancel()
-	var info SessionInfo
+	var info ownerapi.SessionInfo
 	for {
-		if info, err = c.SeedSession(cctx, SeedRequest{SessionID: "s1", Episode: "r1"}); err == nil && info.SandboxID != "" {
+		if info, err = c.SeedSession(cctx, ownerapi.SeedRequest{SessionID: "s1", Episode: "r1"}); err == nil && info.SandboxID != "" {
 			break
 		}
 		select {

@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
 // serve runs the owner's service until the test ends and returns a client.
-func serve(t *testing.T, env *jstest.Env, o *Owner, spec SpecFunc, grade GradeFunc) *Client {
+func serve(t *testing.T, env *jstest.Env, o *Owner, spec SpecFunc, grade GradeFunc) *ownerapi.Client {
 	t.Helper()
 	nc, _ := env.Connect(t)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
@@ -26,7 +28,7 @@ func serve(t *testing.T, env *jstest.Env, o *Owner, spec SpecFunc, grade GradeFu
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	c, err := NewClient(env.Conn, testRun, o.cfg.Name)
+	c, err := ownerapi.NewClient(env.Conn, testRun, o.cfg.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +36,7 @@ func serve(t *testing.T, env *jstest.Env, o *Owner, spec SpecFunc, grade GradeFu
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := c.SandboxAccess(t.Context(), "probe")
-		var se *ServiceError
+		var se *jetstream.ServiceError
 		if errors.As(err, &se) {
 			return c
 		}
@@ -82,7 +84,7 @@ func TestServiceForAgents(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
 
-		info, err := c.SeedSession(ctx, SeedRequest{SessionID: "s1", Episode: "r1", Task: json.RawMessage(`{"prompt":"write 42"}`)})
+		info, err := c.SeedSession(ctx, ownerapi.SeedRequest{SessionID: "s1", Episode: "r1", Task: json.RawMessage(`{"prompt":"write 42"}`)})
 		if err != nil || info.SandboxID == "" || info.RestartOnly || info.Restored {
 			t.Fatalf("seed: %+v %v", info, err)
 		}
@@ -103,7 +105,7 @@ func TestServiceForAgents(t *testing.T) {
 		if _, err := c.Verify(ctx, "nobody"); !errors.As(err, &se) || se.Status != 409 || se.Code != "no_sandbox" {
 			t.Fatalf("verify without a sandbox: %v, want 409 no_sandbox", err)
 		}
-		for _, bad := range []SeedRequest{{SessionID: "../x", Episode: "r2"}, {SessionID: "s2", Episode: "r2-a0"}, {SessionID: "s3", Episode: "r3", Task: json.RawMessage(`[1]`)}} {
+		for _, bad := range []ownerapi.SeedRequest{{SessionID: "../x", Episode: "r2"}, {SessionID: "s2", Episode: "r2-a0"}, {SessionID: "s3", Episode: "r3", Task: json.RawMessage(`[1]`)}} {
 			if _, err := c.SeedSession(ctx, bad); !errors.As(err, &se) || se.Status != 400 {
 				t.Errorf("seed %+v: %v, want a 400", bad, err)
 			}
