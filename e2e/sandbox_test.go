@@ -53,7 +53,7 @@ func runUntilCleanup(t testing.TB, name string, fn func(ctx context.Context) err
 	})
 }
 
-func execOut(t *testing.T, p provider.Provider, id, script string) string {
+func execOut(t *testing.T, p owner.Execer, id, script string) string {
 	t.Helper()
 	res, err := p.Exec(t.Context(), id, []string{"sh", "-c", script}, provider.ExecOptions{})
 	if err != nil || res.ExitCode != 0 {
@@ -92,18 +92,18 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 		}
 	})
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
-	o, err := owner.New(owner.Config{Run: run, Name: "o1", JS: env.JS, Bus: env.Bus, Provider: p, Checkpointing: true,
-		LendsSandboxes: true, StateDir: t.TempDir(), Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntilCleanup(t, "owner", o.Run)
 	spec := func(sessionID string, _ events.Episode, _ json.RawMessage) (provider.Spec, error) {
 		return owner.SandboxdSpec(provider.Spec{ID: "sb-" + sessionID, Workdir: "/work"},
 			owner.SandboxdConfig{Binary: bin, NATSURL: env.URL, Run: run, Args: []string{"--grace", "1s"}}), nil
 	}
+	o, err := owner.New(owner.Config{Run: run, Name: "o1", JS: env.JS, Bus: env.Bus, Provider: p, Checkpointing: true,
+		LendsSandboxes: true, StateDir: t.TempDir(), TaskKind: owner.TaskFuncs{SpecFn: spec}, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, "owner", o.Run)
 	nc, _ := env.Connect(t)
-	runUntilCleanup(t, "owner service", func(ctx context.Context) error { return o.Serve(ctx, nc, spec, nil) })
+	runUntilCleanup(t, "owner service", func(ctx context.Context) error { return o.Serve(ctx, nc) })
 	membertest.WaitRegistered(t, env, run, "owner.o1", nil)
 	br, err := bridge.New(bridge.Config{Run: run, Conn: env.Conn, JS: env.JS, Bus: env.Bus, Logger: log, PhaseTimeout: 20 * time.Second})
 	if err != nil {

@@ -151,7 +151,7 @@ func (o *Owner) Export(ctx context.Context, c events.Commit) ([]events.Record, e
 	}
 	o.mu.Unlock()
 
-	p := o.cfg.Provider
+	p := o.snap // the exported mode's provider is a Snapshotter
 	taken := make([]bool, len(sessions))
 	err := forEach(len(sessions), o.cfg.SnapshotParallelism, func(i int) error {
 		s := sessions[i]
@@ -181,7 +181,7 @@ func (o *Owner) Export(ctx context.Context, c events.Commit) ([]events.Record, e
 		}
 		b, err := json.Marshal(ownerapi.RecordData{
 			Session: s.ID,
-			Sandbox: ownerapi.SandboxRef{Provider: p.Name(), Snapshot: SnapshotID(c.CheckpointID, s.ID), SandboxID: s.Sandbox.ID},
+			Sandbox: ownerapi.SandboxRef{Provider: o.cfg.Provider.Name(), Snapshot: SnapshotID(c.CheckpointID, s.ID), SandboxID: s.Sandbox.ID},
 			Workdir: s.Workdir, Data: d,
 		})
 		if err != nil {
@@ -240,8 +240,9 @@ func (o *Owner) parseRecord(i int, rec events.Record) (parsed, error) {
 // record first (a malformed one fails the install with ErrRecord before
 // the provider is touched), forks every snapshot into a new sandbox or
 // none (a failed fork stops the forks already made), stops the superseded
-// sandboxes the provider still holds, and tracks the sessions as their
-// next attempts, for SeedSession to reuse.
+// sandboxes the provider still holds (every superseded one when it is not a
+// Lister), and tracks the sessions as their next attempts, for SeedSession
+// to reuse.
 func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.Record) ([]events.Episode, error) {
 	if len(records) == 0 {
 		return nil, ctx.Err()
@@ -278,13 +279,14 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 
 	prov := o.cfg.Provider
 	forks := make([]*provider.Sandbox, len(ps))
+	forker, _ := o.kind.(Forker)
 	err := forEach(len(ps), o.cfg.SnapshotParallelism, func(i int) error {
 		p := ps[i]
 		spec := provider.Spec{ID: token(fmt.Sprintf("%s-e%d", p.data.Session, r.Epoch)), Workdir: p.data.Workdir}
-		if o.cfg.ForkSpec != nil {
-			spec = o.cfg.ForkSpec(spec)
+		if forker != nil {
+			spec = forker.ForkSpec(spec)
 		}
-		sb, err := prov.Fork(ctx, p.data.Sandbox.Snapshot, spec)
+		sb, err := o.snap.Fork(ctx, p.data.Sandbox.Snapshot, spec)
 		if err != nil {
 			return fmt.Errorf("owner: fork %s for session %s: %w", p.data.Sandbox.Snapshot, p.data.Session, err)
 		}
@@ -302,7 +304,11 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 		return nil, err
 	}
 
-	held := prov.Sandboxes()
+	lister, listed := prov.(Lister)
+	var held []string
+	if listed {
+		held = lister.Sandboxes()
+	}
 	installed := make([]events.Episode, 0, len(ps))
 	o.mu.Lock()
 	// All or none, again under the lock: a session started meanwhile, or a
@@ -335,7 +341,7 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 	o.mu.Unlock()
 	for _, p := range ps {
 		old := p.data.Sandbox.SandboxID
-		if _, found := slices.BinarySearch(held, old); !found || slices.ContainsFunc(forks, func(sb *provider.Sandbox) bool { return sb.ID == old }) {
+		if _, found := slices.BinarySearch(held, old); (listed && !found) || slices.ContainsFunc(forks, func(sb *provider.Sandbox) bool { return sb.ID == old }) {
 			continue
 		}
 		if err := prov.Stop(ctx, old); err != nil {

@@ -20,12 +20,12 @@ import (
 // running setup again, and a final release leaves nothing (PROTOCOL §5
 // commit and restore, §6 sandbox owner).
 func TestCommitAndRestore(t *testing.T) {
-	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+	forEachProvider(t, func(t *testing.T, d fullProvider) {
 		env := jstest.Start(t)
 		ctx := t.Context()
 		var calls atomic.Int32
 		cfg := baseConfig(t, env, d, "o1")
-		cfg.Setup = dataSetup(&calls)
+		cfg.TaskKind = TaskFuncs{SetupFn: dataSetup(&calls)}
 		a := newOwner(t, cfg)
 		d1 := start(t, a, "d1", ep("r1", 0))
 		s2 := start(t, a, "s2", ep("r2", 1))
@@ -86,7 +86,7 @@ func TestCommitAndRestore(t *testing.T) {
 
 		// The replacement attempt's seed reuses the fork.
 		before := calls.Load()
-		s, err := b.SeedSession(ctx, "d1", ep("r1", 1), provider.Spec{})
+		s, err := b.SeedSession(ctx, "d1", ep("r1", 1), nil)
 		if err != nil || s.Sandbox.ID != f1.Sandbox.ID {
 			t.Fatalf("SeedSession: %+v, %v", s, err)
 		}
@@ -123,12 +123,12 @@ func TestCommitAndRestore(t *testing.T) {
 // Install validates every record before it touches the provider, and
 // forks all or none.
 func TestInstallAllOrNone(t *testing.T) {
-	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+	forEachProvider(t, func(t *testing.T, d fullProvider) {
 		env := jstest.Start(t)
 		ctx := t.Context()
 		cfg := baseConfig(t, env, d, "o1")
 		var calls atomic.Int32
-		cfg.Setup = dataSetup(&calls)
+		cfg.TaskKind = TaskFuncs{SetupFn: dataSetup(&calls)}
 		a := newOwner(t, cfg)
 		for i, id := range []string{"d1", "d2", "d3"} {
 			start(t, a, id, ep("r"+id, i))
@@ -198,7 +198,7 @@ func TestInstallAllOrNone(t *testing.T) {
 // Release deletes the snapshots no kept checkpoint names and keeps the
 // rest; the final release leaves none (PROTOCOL §5 release).
 func TestRelease(t *testing.T) {
-	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+	forEachProvider(t, func(t *testing.T, d fullProvider) {
 		env := jstest.Start(t)
 		ctx := t.Context()
 		o := newOwner(t, baseConfig(t, env, d, "o1"))
@@ -249,7 +249,7 @@ func TestSnapshotID(t *testing.T) {
 // After a commit with stop, Park stops the exported sandboxes and keeps
 // their snapshots.
 func TestPark(t *testing.T) {
-	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+	forEachProvider(t, func(t *testing.T, d fullProvider) {
 		env := jstest.Start(t)
 		ctx := t.Context()
 		o := newOwner(t, baseConfig(t, env, d, "o1"))

@@ -109,7 +109,7 @@ func (o *Owner) unindex(ctx context.Context, id, ckpt string) error {
 	if e, err := o.entry(ctx, id); err != nil {
 		return err
 	} else if e == nil || (len(e.Checkpoints) == 1 && e.Checkpoints[0] == ckpt) {
-		if err := o.cfg.Provider.DeleteSnapshot(ctx, id); err != nil {
+		if err := o.deleteSnapshot(ctx, id); err != nil {
 			return err
 		}
 	}
@@ -167,7 +167,7 @@ func (o *Owner) Release(ctx context.Context, keep []string) ([]string, error) {
 		if !drop {
 			continue
 		}
-		if err := o.cfg.Provider.DeleteSnapshot(ctx, id); err != nil {
+		if err := o.deleteSnapshot(ctx, id); err != nil {
 			errs = append(errs, fmt.Errorf("owner: delete snapshot %s: %w", id, err))
 			continue
 		}
@@ -181,4 +181,13 @@ func (o *Owner) Release(ctx context.Context, keep []string) ([]string, error) {
 		o.log.Info().Strs("deleted", deleted).Strs("keep", keep).Msg("released snapshots")
 	}
 	return deleted, errors.Join(errs...)
+}
+
+// deleteSnapshot deletes snapshot id on the provider; a provider that
+// cannot snapshot holds none, and there is nothing to delete.
+func (o *Owner) deleteSnapshot(ctx context.Context, id string) error {
+	if o.snap == nil {
+		return nil
+	}
+	return o.snap.DeleteSnapshot(ctx, id)
 }

@@ -2,7 +2,6 @@ package owner
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
-	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
 // TestUnderRoles runs the owner connected with the owner role of `stillpoint
@@ -37,11 +35,7 @@ func TestUnderRoles(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan error, 1)
 	go func() {
-		done <- o.Serve(ctx, ojs.Conn(), func(string, events.Episode, json.RawMessage) (provider.Spec, error) {
-			return provider.Spec{}, nil
-		}, func(context.Context, provider.Provider, *Session) (json.RawMessage, error) {
-			return json.RawMessage(`{}`), nil
-		})
+		done <- o.Serve(ctx, ojs.Conn())
 	}()
 	t.Cleanup(func() {
 		cancel()

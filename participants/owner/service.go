@@ -2,7 +2,6 @@ package owner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -15,15 +14,6 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
-
-// SpecFunc builds the sandbox of a session from its task: the files the
-// task puts in, the sandbox's first process (sandboxd), its environment.
-type SpecFunc func(sessionID string, ep events.Episode, task json.RawMessage) (provider.Spec, error)
-
-// GradeFunc grades a session: a task type's check of the sandbox (files
-// written, commands' results) and of the session data its setup returned.
-// It returns the verdict as a JSON object.
-type GradeFunc func(ctx context.Context, p provider.Provider, s *Session) (json.RawMessage, error)
 
 // ServiceError is the error the service answers with.
 type ServiceError = jetstream.ServiceError
@@ -40,20 +30,21 @@ func classify(err error) (int, string) {
 		return 409, "session_exists"
 	case errors.Is(err, ErrSetup):
 		return 422, "setup_failed"
-	case errors.Is(err, events.ErrInvalid), errors.Is(err, provider.ErrInvalid), errors.Is(err, jetstream.ErrBadRequest):
+	case errors.Is(err, ErrBadTask), errors.Is(err, events.ErrInvalid), errors.Is(err, provider.ErrInvalid), errors.Is(err, jetstream.ErrBadRequest):
 		return 400, "bad_request"
 	}
 	return 500, "internal"
 }
 
 // Serve runs the owner's micro service for agents (package ownerapi) until
-// ctx ends:
-// seed_session (a sandbox for a session, a restored fork when there is
-// one), sandbox_access (the current sandbox of a session), verify (409
+// ctx ends: seed_session (a sandbox for a session, built by the task kind
+// from the task, or a restored fork when there is one), sandbox_access (the
+// current sandbox of a session), verify (the task kind's grade; 409
 // without a sandbox), close_session (idempotent). While a checkpoint is
-// open, seed_session and verify answer 409 admission_closed at once. Handlers run in their
-// own goroutines; Serve waits for them before it returns.
-func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade GradeFunc) error {
+// open, seed_session and verify answer 409 admission_closed at once.
+// Handlers run in their own goroutines; Serve waits for them before it
+// returns.
+func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 	s, err := jetstream.NewService(nc, micro.Config{Name: "stillpoint-owner", Version: "1.0.0",
 		Description: "sandbox owner " + o.cfg.Name + " of run " + o.cfg.Run,
 		Metadata:    map[string]string{"run": o.cfg.Run, "owner": o.cfg.Name}},
@@ -81,14 +72,8 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade G
 			if err != nil {
 				return nil, err
 			}
-			var ps provider.Spec
-			if spec != nil {
-				if ps, err = spec(r.SessionID, ep, r.Task); err != nil {
-					return nil, fmt.Errorf("%w: task: %w", jetstream.ErrBadRequest, err)
-				}
-			}
 			prev, had := o.Session(r.SessionID)
-			sess, err := o.SeedSession(rctx, r.SessionID, ep, ps)
+			sess, err := o.SeedSession(rctx, r.SessionID, ep, r.Task)
 			if err != nil {
 				return nil, err
 			}
@@ -113,7 +98,7 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade G
 			if err := events.ValidateRollout("session_id", r.SessionID); err != nil {
 				return nil, err
 			}
-			return o.verify(rctx, r, grade)
+			return o.verify(rctx, r)
 		}),
 		s.Handle(ownerapi.EndpointClose, func(body []byte) (any, error) {
 			id, err := ref(body)
@@ -134,7 +119,7 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn, spec SpecFunc, grade G
 // verify grades a session as a request admitted like any other (a
 // checkpoint waits for it, and one that is open holds it back), and ends
 // it when asked.
-func (o *Owner) verify(ctx context.Context, r ownerapi.VerifyRequest, grade GradeFunc) (ownerapi.VerifyResult, error) {
+func (o *Owner) verify(ctx context.Context, r ownerapi.VerifyRequest) (ownerapi.VerifyResult, error) {
 	req, err := o.enter(ctx, r.SessionID)
 	if err != nil {
 		return ownerapi.VerifyResult{}, err
@@ -144,11 +129,9 @@ func (o *Owner) verify(ctx context.Context, r ownerapi.VerifyRequest, grade Grad
 	if err != nil {
 		return ownerapi.VerifyResult{}, err
 	}
-	res := json.RawMessage(`{}`)
-	if grade != nil {
-		if res, err = grade(ctx, o.cfg.Provider, sess); err != nil {
-			return ownerapi.VerifyResult{}, fmt.Errorf("owner: grade %s: %w", r.SessionID, err)
-		}
+	res, err := o.kind.Grade(ctx, o.exec, sess)
+	if err != nil {
+		return ownerapi.VerifyResult{}, fmt.Errorf("owner: grade %s: %w", r.SessionID, err)
 	}
 	if r.End {
 		if err := o.end(ctx, r.SessionID); err != nil {

@@ -23,8 +23,8 @@ type SeedRequest struct {
 	SessionID string `json:"session_id"`
 	// Episode is the attempt the session serves, <rollout>-a<attempt>.
 	Episode string `json:"episode"`
-	// Task is the task payload; the owner builds the sandbox from it and
-	// may refuse it (400 bad_request).
+	// Task is the task payload; the owner's task kind builds the sandbox
+	// from it and may refuse it (400 bad_request).
 	Task json.RawMessage `json:"task,omitempty"`
 }
 
@@ -72,6 +72,6 @@ type VerifyRequest struct {
 // VerifyResult is the grade of a session.
 type VerifyResult struct {
 	SessionID string `json:"session_id"`
-	// Result is the verdict the owner's grade returned, a JSON object.
+	// Result is the verdict the owner's task kind returned, a JSON object.
 	Result json.RawMessage `json:"result"`
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/scripted"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
@@ -159,7 +160,7 @@ func readResults(path string, n int) (lines int, dups, missing, ungraded []strin
 		if seen[r.RolloutID] == 2 {
 			dups = append(dups, r.RolloutID)
 		}
-		var v tasks.Verdict
+		var v scripted.Verdict
 		if !r.OK || r.Result == nil || json.Unmarshal(r.Result.Verdict, &v) != nil || v.Reward != 1 {
 			ungraded = append(ungraded, r.RolloutID)
 		}
