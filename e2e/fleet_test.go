@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -79,7 +80,7 @@ type fleet struct {
 	msURL  string
 	br     *bridge.Bridge
 	state  string
-	tasks  []tasks.Task
+	tasks  []collect.Task
 	mu     sync.Mutex
 	procs  map[string]*proc
 	logs   map[string]*jstest.Buffer

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
@@ -24,13 +25,6 @@ type Options struct {
 	// Steps is how many extra write-and-check steps each task takes
 	// (default 2).
 	Steps int
-}
-
-// Task is one rollout of the set: its id and its payload for the scripted
-// adapter.
-type Task struct {
-	RolloutID string          `json:"rollout_id"`
-	Task      json.RawMessage `json:"task"`
 }
 
 // ID returns the rollout id of task i.
@@ -50,7 +44,7 @@ func call(id, cmd string) modelserver.ToolCall {
 // that takes ToolSeconds, writes out/detached.txt from a process in a
 // session of its own, and answers "done <id>"; its check reads the answer,
 // the detached process's mark and the first step back.
-func Set(o Options) ([]Task, modelserver.Script) {
+func Set(o Options) ([]collect.Task, modelserver.Script) {
 	if o.ToolSeconds == 0 {
 		o.ToolSeconds = 0.5
 	}
@@ -58,7 +52,7 @@ func Set(o Options) ([]Task, modelserver.Script) {
 		o.Steps = 2
 	}
 	script := modelserver.Script{}
-	tasks := make([]Task, o.N)
+	tasks := make([]collect.Task, o.N)
 	for i := range o.N {
 		id := ID(i)
 		turns := []modelserver.Turn{{Content: "Setting up.", ToolCalls: []modelserver.ToolCall{call("c0", "mkdir -p out && echo start > out/steps.txt")}}}
@@ -81,7 +75,7 @@ func Set(o Options) ([]Task, modelserver.Script) {
 				Expect:  fmt.Sprintf("%d detached- start", 6*7+i),
 			},
 		})
-		tasks[i] = Task{RolloutID: id, Task: payload}
+		tasks[i] = collect.Task{RolloutID: id, Task: payload}
 	}
 	return tasks, script
 }

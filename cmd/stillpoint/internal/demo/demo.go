@@ -199,16 +199,12 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if err != nil {
 		return err
 	}
-	var ctasks []collect.Task
-	for _, t := range ts {
-		ctasks = append(ctasks, collect.Task{RolloutID: t.RolloutID, Task: t.Task})
-	}
 	chk := &demoChecks{}
 	var progress *os.File
 	if fd, ok := env.Stderr.(*os.File); ok && isatty.IsTerminal(fd.Fd()) {
 		progress = fd
 	}
-	cfg := collect.Config{Run: d.run, Tasks: ctasks, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
+	cfg := collect.Config{Run: d.run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
 		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: f.rollouts, Keep: 0, RecoverGrace: 90 * time.Second,
 		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
 		OnCommit: func(ctx context.Context, res *bridge.CheckpointResult) {
