@@ -13,6 +13,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/scripted"
 )
 
 // agentRecords reads the bookmarks agent name exported in checkpoint.
@@ -35,7 +36,7 @@ func (f *fleet) agentRecords(ctx context.Context, checkpoint, name string) map[s
 
 func reward(t testing.TB, res agentapi.Result) float64 {
 	t.Helper()
-	var v tasks.Verdict
+	var v scripted.Verdict
 	if err := json.Unmarshal(res.Verdict, &v); err != nil {
 		t.Fatalf("verdict of %s: %s: %v", res.Episode, res.Verdict, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/scripted"
 )
 
 // The shape of BenchmarkCheckpoint64LiveRollouts.
@@ -112,7 +113,7 @@ func BenchmarkCheckpoint64LiveRollouts(b *testing.B) {
 		if o.err != nil {
 			b.Fatalf("%s: %v", tasks.ID(i), o.err)
 		}
-		var v tasks.Verdict
+		var v scripted.Verdict
 		if err := json.Unmarshal(o.res.Verdict, &v); err != nil || v.Reward != 1 {
 			b.Fatalf("%s: verdict %s", tasks.ID(i), o.res.Verdict)
 		}

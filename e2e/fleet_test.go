@@ -20,11 +20,12 @@ import (
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
-	"github.com/stillpoint/stillpoint/e2e/modelserver"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
 // bins are the binaries the end-to-end tests run as processes, built once
@@ -79,7 +80,7 @@ type fleet struct {
 	msURL  string
 	br     *bridge.Bridge
 	state  string
-	tasks  []tasks.Task
+	tasks  []collect.Task
 	mu     sync.Mutex
 	procs  map[string]*proc
 	logs   map[string]*jstest.Buffer

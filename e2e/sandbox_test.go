@@ -15,9 +15,11 @@ import (
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 
@@ -51,7 +53,7 @@ func runUntilCleanup(t testing.TB, name string, fn func(ctx context.Context) err
 	})
 }
 
-func execOut(t *testing.T, p provider.Provider, id, script string) string {
+func execOut(t *testing.T, p owner.Execer, id, script string) string {
 	t.Helper()
 	res, err := p.Exec(t.Context(), id, []string{"sh", "-c", script}, provider.ExecOptions{})
 	if err != nil || res.ExitCode != 0 {
@@ -90,18 +92,18 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 		}
 	})
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
-	o, err := owner.New(owner.Config{Run: run, Name: "o1", JS: env.JS, Bus: env.Bus, Provider: p, Checkpointing: true,
-		LendsSandboxes: true, StateDir: t.TempDir(), Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runUntilCleanup(t, "owner", o.Run)
 	spec := func(sessionID string, _ events.Episode, _ json.RawMessage) (provider.Spec, error) {
 		return owner.SandboxdSpec(provider.Spec{ID: "sb-" + sessionID, Workdir: "/work"},
 			owner.SandboxdConfig{Binary: bin, NATSURL: env.URL, Run: run, Args: []string{"--grace", "1s"}}), nil
 	}
+	o, err := owner.New(owner.Config{Run: run, Name: "o1", JS: env.JS, Bus: env.Bus, Provider: p, Checkpointing: true,
+		LendsSandboxes: true, StateDir: t.TempDir(), TaskKind: owner.TaskFuncs{SpecFn: spec}, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, "owner", o.Run)
 	nc, _ := env.Connect(t)
-	runUntilCleanup(t, "owner service", func(ctx context.Context) error { return o.Serve(ctx, nc, spec, nil) })
+	runUntilCleanup(t, "owner service", func(ctx context.Context) error { return o.Serve(ctx, nc) })
 	membertest.WaitRegistered(t, env, run, "owner.o1", nil)
 	br, err := bridge.New(bridge.Config{Run: run, Conn: env.Conn, JS: env.JS, Bus: env.Bus, Logger: log, PhaseTimeout: 20 * time.Second})
 	if err != nil {
@@ -111,11 +113,11 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	oc, _ := owner.NewClient(env.Conn, run, "o1")
-	var info owner.SessionInfo
+	oc, _ := ownerapi.NewClient(env.Conn, run, "o1")
+	var info ownerapi.SessionInfo
 	waitFor(t, "the owner's service", func() bool {
-		info, err = oc.SeedSession(ctx, owner.SeedRequest{SessionID: "s1", Episode: "r1"})
-		var se *owner.ServiceError
+		info, err = oc.SeedSession(ctx, ownerapi.SeedRequest{SessionID: "s1", Episode: "r1"})
+		var se *jetstream.ServiceError
 		if errors.As(err, &se) {
 			t.Fatalf("seed: %v", err)
 		}

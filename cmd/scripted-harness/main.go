@@ -1,5 +1,5 @@
-// Command scripted-harness is the coding-agent harness of the end-to-end
-// tests (package e2e/harness): it talks to a chat-completions model, runs
+// Command scripted-harness is the scripted coding-agent harness (package
+// participants/scripted/harness): it talks to a chat-completions model, runs
 // the tool commands it asks for and keeps its session in --data.
 package main
 
@@ -12,7 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/stillpoint/stillpoint/e2e/harness"
+	"github.com/stillpoint/stillpoint/participants/scripted/harness"
 )
 
 func main() {

@@ -244,11 +244,18 @@ type Collector struct {
 	fatal error
 	gen   uint64
 
+	// retries are unfinished rollouts to queue again (Run's loop does).
+	retries []retry
+
 	ckptNow chan struct{}
 	stopNow chan struct{}
 	stopped bool
 	changed chan struct{} // a rollout ended
 	fleet   chan string   // a member restarted: the reason
+
+	// work holds the goroutines Run starts: one per request in flight and
+	// the fleet watcher. Run waits for them before it returns.
+	work sync.WaitGroup
 }
 
 // New checks cfg and returns a collector ready to Run.

@@ -30,6 +30,10 @@ func (c *Collector) Run(ctx context.Context) (Summary, error) {
 	defer c.out.Close()
 	defer c.dlog.Close()
 	ctx, cancel := context.WithCancel(ctx)
+	// The goroutines Run starts (the requests in flight, the fleet
+	// watcher) end with ctx; they are waited for before the files close,
+	// so no late answer is written to a closed output.
+	defer c.work.Wait()
 	defer cancel()
 	defer c.cancelInflight()
 	if err := c.watchFleet(ctx); err != nil {
@@ -69,9 +73,15 @@ func (c *Collector) Run(ctx context.Context) (Summary, error) {
 		if c.finished() {
 			break
 		}
+		var retry <-chan time.Time
+		if d, ok := c.nextRetry(time.Now()); ok {
+			retry = time.After(d)
+		}
 		select {
 		case <-ctx.Done():
 			return c.Summary(), ctx.Err()
+		case <-retry:
+			c.requeueDue(time.Now())
 		case <-c.changed:
 		case <-tick:
 			c.checkpoint(ctx, false)
@@ -166,7 +176,7 @@ func (c *Collector) dispatch(ctx context.Context) {
 		fl := &flight{cancel: cancel, gen: c.gen}
 		c.inflight[id] = fl
 		c.mu.Unlock()
-		go c.send(rctx, id, attempt, name, fl.gen)
+		c.work.Go(func() { c.send(rctx, id, attempt, name, fl.gen) })
 	}
 }
 
@@ -241,18 +251,53 @@ func (c *Collector) finish(id string, attempt int, name string, gen uint64, res 
 		c.queue = append(c.queue, id)
 	default:
 		// The agent is stopping or went away, or is busy with another
-		// attempt: ask again in a while (a recovery may come first).
+		// attempt: ask again in a while (a recovery may come first). Run's
+		// loop queues it when the time comes.
 		c.log.Debug().Err(err).Str("episode", ep).Msg("rollout unfinished; asking again")
-		go func() {
-			time.Sleep(time.Second)
-			c.mu.Lock()
-			if _, done := c.done[id]; !done && c.inflight[id] == nil && !slices.Contains(c.queue, id) {
-				c.queue = append(c.queue, id)
-			}
-			c.mu.Unlock()
-			c.signal()
-		}()
+		c.retries = append(c.retries, retry{id: id, at: time.Now().Add(retryAfter)})
 	}
+}
+
+// retryAfter is how long an unfinished rollout waits before it is asked
+// again.
+const retryAfter = time.Second
+
+// retry is an unfinished rollout to queue again at a time.
+type retry struct {
+	id string
+	at time.Time
+}
+
+// nextRetry returns how long until the first retry is due.
+func (c *Collector) nextRetry(now time.Time) (time.Duration, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.retries) == 0 {
+		return 0, false
+	}
+	first := c.retries[0].at
+	for _, r := range c.retries[1:] {
+		if r.at.Before(first) {
+			first = r.at
+		}
+	}
+	return max(first.Sub(now), 0), true
+}
+
+// requeueDue queues the rollouts whose retry is due, unless they ended,
+// are in flight or are queued already.
+func (c *Collector) requeueDue(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retries = slices.DeleteFunc(c.retries, func(r retry) bool {
+		if r.at.After(now) {
+			return false
+		}
+		if _, done := c.done[r.id]; !done && c.inflight[r.id] == nil && !slices.Contains(c.queue, r.id) {
+			c.queue = append(c.queue, r.id)
+		}
+		return true
+	})
 }
 
 // write appends a result; the caller holds c.mu.
@@ -379,14 +424,15 @@ func (c *Collector) finalRelease(ctx context.Context) {
 // watchFleet watches the heartbeats of the run's agents and owners: a
 // member whose process was replaced (a new instance) means the fleet
 // restarted under the collector, and a recovery is due. It returns once
-// the current heartbeats are read.
+// the current heartbeats are read; the watch goes on in a goroutine of
+// c.work until ctx ends.
 func (c *Collector) watchFleet(ctx context.Context) error {
 	w, err := c.cfg.Bus.Members.Watch(ctx, events.MemberKeyFilter(c.cfg.Run))
 	if err != nil {
 		return fmt.Errorf("collect: watch members: %w", err)
 	}
 	loaded := make(chan struct{})
-	go func() {
+	c.work.Go(func() {
 		defer func() { _ = w.Stop() }()
 		initial := true
 		for {
@@ -425,7 +471,7 @@ func (c *Collector) watchFleet(ctx context.Context) error {
 				}
 			}
 		}
-	}()
+	})
 	select {
 	case <-loaded:
 		return nil

@@ -92,7 +92,7 @@ func TestConformance(t *testing.T) {
 		Kind: events.KindAgent,
 		New: func(t *testing.T, env *jstest.Env, name events.Member) membertest.Subject {
 			a, err := newAgent(Config{Run: "run1", Name: name.Name(), JS: env.JS, Bus: env.Bus, Owner: "o1", Concurrency: 1,
-				Adapter: &Scripted{Binary: "/nonexistent", ModelURL: "http://127.0.0.1:1"}, Logger: testLogger(t)})
+				Adapter: testAdapter{}, Logger: testLogger(t)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
@@ -40,7 +41,7 @@ func runUntilCleanup(t *testing.T, name string, fn func(ctx context.Context) err
 }
 
 // world is an owner on the dir provider, serving, with a grade that counts
-// its calls, and an agent of the scripted adapter.
+// its calls, and an agent of the test adapter.
 type world struct {
 	env    *jstest.Env
 	prov   *provider.Dir
@@ -64,7 +65,7 @@ func newWorldWith(t *testing.T, restartOnly bool, sandboxes func(string) (Sandbo
 	if w.prov, err = provider.NewDir(t.TempDir()); err != nil {
 		t.Fatal(err)
 	}
-	var prov provider.Provider = w.prov
+	var prov owner.Provider = w.prov
 	if restartOnly {
 		prov = provider.NewNoSnapshot(w.prov)
 	}
@@ -75,25 +76,62 @@ func newWorldWith(t *testing.T, restartOnly bool, sandboxes func(string) (Sandbo
 			}
 		}
 	})
+	grade := func(context.Context, owner.Execer, *owner.Session) (json.RawMessage, error) {
+		w.grades.Add(1)
+		return json.RawMessage(`{"reward":1}`), nil
+	}
 	w.owner, err = owner.New(owner.Config{Run: testRun, Name: "o1", JS: w.env.JS, Bus: w.env.Bus, Provider: prov,
-		Checkpointing: true, LendsSandboxes: true, StateDir: t.TempDir(), Logger: testLogger(t)})
+		Checkpointing: true, LendsSandboxes: true, StateDir: t.TempDir(), TaskKind: owner.TaskFuncs{GradeFn: grade}, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runUntilCleanup(t, "owner", w.owner.Run)
-	grade := func(context.Context, provider.Provider, *owner.Session) (json.RawMessage, error) {
-		w.grades.Add(1)
-		return json.RawMessage(`{"reward":1}`), nil
-	}
 	nc, _ := w.env.Connect(t)
-	runUntilCleanup(t, "owner service", func(ctx context.Context) error { return w.owner.Serve(ctx, nc, nil, grade) })
+	runUntilCleanup(t, "owner service", func(ctx context.Context) error { return w.owner.Serve(ctx, nc) })
 	membertest.WaitRegistered(t, w.env, testRun, "owner.o1", nil)
 	w.agent, err = New(Config{Run: testRun, Name: "a1", JS: w.env.JS, Bus: w.env.Bus, Owner: "o1", SandboxService: sandboxes,
-		Adapter: &Scripted{Binary: "/nonexistent/harness", ModelURL: "http://127.0.0.1:1"}, Logger: testLogger(t)})
+		Adapter: testAdapter{}, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runUntilCleanup(t, "agent", w.agent.Run)
 	membertest.WaitRegistered(t, w.env, testRun, "agent.a1", nil)
 	return w
+}
+
+// testAdapter is the adapter of the tests: a task names its script
+// ({"task": <name>}, refused without one), a rollout's state is its
+// session folder, and a launch runs a harness that is not in the sandbox.
+// The dir sandboxes of the tests run no sandbox daemon, so no launch
+// starts: a run that gets to its harness stage stays there.
+type testAdapter struct{}
+
+func (testAdapter) Name() string              { return "test" }
+func (testAdapter) PausesAtCheckpoints() bool { return true }
+
+func (testAdapter) ValidateTask(task json.RawMessage) error {
+	var t struct{ Task string }
+	if err := json.Unmarshal(task, &t); err != nil {
+		return err
+	}
+	if t.Task == "" {
+		return errors.New("test task: no task name")
+	}
+	return nil
+}
+
+func (testAdapter) NewState(r agentapi.Request) (json.RawMessage, error) {
+	return json.Marshal(map[string]string{"data_dir": "/var/lib/test-harness/" + r.RolloutID})
+}
+
+func (testAdapter) Command(lc LaunchContext) (Command, error) {
+	return Command{Argv: []string{lc.Session.InSandbox("/nonexistent/harness")}, Dir: lc.Session.InSandbox(lc.Session.Workdir)}, nil
+}
+
+func (testAdapter) ResumeDecision(context.Context, LaunchContext) (Decision, error) {
+	return Decision{Continue: true, Reason: "test"}, nil
+}
+
+func (testAdapter) Answer(_ LaunchContext, out ExecResult) (json.RawMessage, error) {
+	return json.Marshal(out.Output)
 }

@@ -6,7 +6,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/stillpoint/stillpoint/participants/owner"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 )
 
 // This file is the agent's one view of the sandbox owner: the calls it
@@ -19,38 +19,38 @@ import (
 type Owner interface {
 	// SeedSession returns the session's sandbox, made (or forked by a
 	// restore) for it.
-	SeedSession(ctx context.Context, r owner.SeedRequest) (owner.SessionInfo, error)
+	SeedSession(ctx context.Context, r ownerapi.SeedRequest) (ownerapi.SessionInfo, error)
 	// SandboxAccess returns the session's current sandbox: a fork after a
 	// restore.
-	SandboxAccess(ctx context.Context, sessionID string) (owner.SessionInfo, error)
+	SandboxAccess(ctx context.Context, sessionID string) (ownerapi.SessionInfo, error)
 	// VerifyEnd grades the session; with r.End the owner then ends it.
-	VerifyEnd(ctx context.Context, r owner.VerifyRequest) (owner.VerifyResult, error)
+	VerifyEnd(ctx context.Context, r ownerapi.VerifyRequest) (ownerapi.VerifyResult, error)
 	// CloseSession ends a session without a grade; closing one that is gone
 	// is not an error.
 	CloseSession(ctx context.Context, sessionID string) error
 }
 
-var _ Owner = (*owner.Client)(nil)
+var _ Owner = (*ownerapi.Client)(nil)
 
 // SessionInfo is what the owner tells the agent of a session: its current
 // sandbox, the working directory, and whether it can be captured at all.
 // It is the owner's wire type.
-type SessionInfo = owner.SessionInfo
+type SessionInfo = ownerapi.SessionInfo
 
 // dialOwner is the default of Config.OwnerService: the service client of
 // owner name of run over nc.
 func dialOwner(nc *nats.Conn, run, name string) (Owner, error) {
-	return owner.NewClient(nc, run, name)
+	return ownerapi.NewClient(nc, run, name)
 }
 
 // seedSession asks the owner for session's sandbox, for the attempt
 // episode of a rollout with task.
 func (a *Agent) seedSession(ctx context.Context, session, episode string, task json.RawMessage) (SessionInfo, error) {
-	return a.owner.SeedSession(ctx, owner.SeedRequest{SessionID: session, Episode: episode, Task: task})
+	return a.owner.SeedSession(ctx, ownerapi.SeedRequest{SessionID: session, Episode: episode, Task: task})
 }
 
 // verifyEnd asks the owner for session's grade and to end the session.
 func (a *Agent) verifyEnd(ctx context.Context, session string) (json.RawMessage, error) {
-	vr, err := a.owner.VerifyEnd(ctx, owner.VerifyRequest{SessionID: session, End: true})
+	vr, err := a.owner.VerifyEnd(ctx, ownerapi.VerifyRequest{SessionID: session, End: true})
 	return vr.Result, err
 }

@@ -2,7 +2,6 @@ package owner
 
 import (
 	"context"
-	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"slices"
 	"testing"
 	"time"
@@ -36,7 +35,7 @@ func runOwner(t *testing.T, env *jstest.Env, o *Owner) {
 // ready, commits one record per session, reopens admission on resume, and
 // a final release deletes the snapshots it took.
 func TestCheckpointThroughBus(t *testing.T) {
-	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+	forEachProvider(t, func(t *testing.T, d fullProvider) {
 		env := jstest.Start(t)
 		o := newOwner(t, baseConfig(t, env, d, "o1"))
 		runOwner(t, env, o)

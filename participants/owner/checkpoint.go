@@ -17,6 +17,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -30,38 +31,6 @@ var (
 	_ member.Releaser    = (*Owner)(nil)
 	_ member.Parker      = (*Owner)(nil)
 )
-
-// RecordData is the data of an exported record: one session.
-type RecordData struct {
-	// Session is the session id.
-	Session string `json:"session"`
-	// Sandbox names the snapshot the session's sandbox was captured as.
-	Sandbox SandboxRef `json:"sandbox"`
-	// Workdir is the working directory inside the sandbox.
-	Workdir string `json:"workdir"`
-	// Data is the session data, {} when the setup returned none.
-	Data json.RawMessage `json:"data"`
-}
-
-// SandboxRef names a session's snapshot and the sandbox it was taken of.
-type SandboxRef struct {
-	// Provider is the provider's name.
-	Provider string `json:"provider"`
-	// Snapshot is the snapshot id.
-	Snapshot string `json:"snapshot"`
-	// SandboxID is the id of the sandbox the snapshot was taken of.
-	SandboxID string `json:"sandbox_id"`
-}
-
-// IndexEntry is the value of a snapshot's key in the sp_snapshots bucket.
-type IndexEntry struct {
-	// Run is the run id.
-	Run string `json:"run"`
-	// Snapshot is the snapshot id (the key).
-	Snapshot string `json:"snapshot"`
-	// Checkpoints are the checkpoint ids that name the snapshot.
-	Checkpoints []string `json:"checkpoints"`
-}
 
 // token makes s a token (^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$): it is s when s
 // is one already; otherwise the characters outside the set become _, and a
@@ -188,7 +157,7 @@ func (o *Owner) export(ctx context.Context, c events.Commit) ([]events.Record, e
 	}
 	o.mu.Unlock()
 
-	p := o.cfg.Provider
+	p := o.snap // the exported mode's provider is a Snapshotter
 	taken := make([]bool, len(sessions))
 	err := forEach(len(sessions), o.cfg.SnapshotParallelism, func(i int) error {
 		s := sessions[i]
@@ -216,9 +185,9 @@ func (o *Owner) export(ctx context.Context, c events.Commit) ([]events.Record, e
 		if len(d) == 0 {
 			d = json.RawMessage("{}")
 		}
-		b, err := json.Marshal(RecordData{
+		b, err := json.Marshal(ownerapi.RecordData{
 			Session: s.ID,
-			Sandbox: SandboxRef{Provider: p.Name(), Snapshot: SnapshotID(c.CheckpointID, s.ID), SandboxID: s.Sandbox.ID},
+			Sandbox: ownerapi.SandboxRef{Provider: o.cfg.Provider.Name(), Snapshot: SnapshotID(c.CheckpointID, s.ID), SandboxID: s.Sandbox.ID},
 			Workdir: s.Workdir, Data: d,
 		})
 		if err != nil {
@@ -234,7 +203,7 @@ func (o *Owner) export(ctx context.Context, c events.Commit) ([]events.Record, e
 // parsed is one validated record of an Install.
 type parsed struct {
 	ep   events.Episode
-	data RecordData
+	data ownerapi.RecordData
 }
 
 // parseRecord validates a record completely.
@@ -246,7 +215,7 @@ func (o *Owner) parseRecord(i int, rec events.Record) (parsed, error) {
 	if err != nil {
 		return bad("key: %v", err)
 	}
-	var d RecordData
+	var d ownerapi.RecordData
 	dec := json.NewDecoder(bytes.NewReader(rec.Data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&d); err != nil {
@@ -277,8 +246,9 @@ func (o *Owner) parseRecord(i int, rec events.Record) (parsed, error) {
 // record first (a malformed one fails the install with ErrRecord before
 // the provider is touched), forks every snapshot into a new sandbox or
 // none (a failed fork stops the forks already made), stops the superseded
-// sandboxes the provider still holds, and tracks the sessions as their
-// next attempts, for SeedSession to reuse.
+// sandboxes the provider still holds (every superseded one when it is not a
+// Lister), and tracks the sessions as their next attempts, for SeedSession
+// to reuse.
 func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.Record) ([]events.Episode, error) {
 	if len(records) == 0 {
 		return nil, ctx.Err()
@@ -315,13 +285,14 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 
 	prov := o.cfg.Provider
 	forks := make([]*provider.Sandbox, len(ps))
+	forker, _ := o.kind.(Forker)
 	err := forEach(len(ps), o.cfg.SnapshotParallelism, func(i int) error {
 		p := ps[i]
 		spec := provider.Spec{ID: token(fmt.Sprintf("%s-e%d", p.data.Session, r.Epoch)), Workdir: p.data.Workdir}
-		if o.cfg.ForkSpec != nil {
-			spec = o.cfg.ForkSpec(spec)
+		if forker != nil {
+			spec = forker.ForkSpec(spec)
 		}
-		sb, err := prov.Fork(ctx, p.data.Sandbox.Snapshot, spec)
+		sb, err := o.snap.Fork(ctx, p.data.Sandbox.Snapshot, spec)
 		if err != nil {
 			return fmt.Errorf("owner: fork %s for session %s: %w", p.data.Sandbox.Snapshot, p.data.Session, err)
 		}
@@ -339,7 +310,11 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 		return nil, err
 	}
 
-	held := prov.Sandboxes()
+	lister, listed := prov.(Lister)
+	var held []string
+	if listed {
+		held = lister.Sandboxes()
+	}
 	installed := make([]events.Episode, 0, len(ps))
 	o.mu.Lock()
 	// All or none, again under the lock: a session started meanwhile, or a
@@ -372,7 +347,7 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 	o.mu.Unlock()
 	for _, p := range ps {
 		old := p.data.Sandbox.SandboxID
-		if _, found := slices.BinarySearch(held, old); !found || slices.ContainsFunc(forks, func(sb *provider.Sandbox) bool { return sb.ID == old }) {
+		if _, found := slices.BinarySearch(held, old); (listed && !found) || slices.ContainsFunc(forks, func(sb *provider.Sandbox) bool { return sb.ID == old }) {
 			continue
 		}
 		if err := prov.Stop(ctx, old); err != nil {
@@ -415,7 +390,7 @@ func (o *Owner) Retire(ctx context.Context, eps []events.Episode) error {
 func (o *Owner) Park(ctx context.Context, records []events.Record) error {
 	var errs []error
 	for _, rec := range records {
-		var d RecordData
+		var d ownerapi.RecordData
 		if err := json.Unmarshal(rec.Data, &d); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %s: %v", ErrRecord, rec.Key, err))
 			continue

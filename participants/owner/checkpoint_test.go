@@ -10,6 +10,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -19,12 +20,12 @@ import (
 // running setup again, and a final release leaves nothing (PROTOCOL §5
 // commit and restore, §6 sandbox owner).
 func TestCommitAndRestore(t *testing.T) {
-	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+	forEachProvider(t, func(t *testing.T, d fullProvider) {
 		env := jstest.Start(t)
 		ctx := t.Context()
 		var calls atomic.Int32
 		cfg := baseConfig(t, env, d, "o1")
-		cfg.Setup = dataSetup(&calls)
+		cfg.TaskKind = TaskFuncs{SetupFn: dataSetup(&calls)}
 		a := newOwner(t, cfg)
 		d1 := start(t, a, "d1", ep("r1", 0))
 		s2 := start(t, a, "s2", ep("r2", 1))
@@ -37,7 +38,7 @@ func TestCommitAndRestore(t *testing.T) {
 			t.Fatalf("records %+v", recs)
 		}
 		r1, r2 := decode(t, recs[0]), decode(t, recs[1])
-		want1 := RecordData{Session: "d1", Sandbox: SandboxRef{Provider: d.Name(), Snapshot: "c1-d1", SandboxID: d1.Sandbox.ID}, Workdir: "/work"}
+		want1 := ownerapi.RecordData{Session: "d1", Sandbox: ownerapi.SandboxRef{Provider: d.Name(), Snapshot: "c1-d1", SandboxID: d1.Sandbox.ID}, Workdir: "/work"}
 		if r1.Session != want1.Session || r1.Sandbox != want1.Sandbox || r1.Workdir != want1.Workdir || string(r1.Data) != `{"seed":"d1"}` {
 			t.Errorf("record d1 = %+v (data %s)", r1, r1.Data)
 		}
@@ -51,7 +52,7 @@ func TestCommitAndRestore(t *testing.T) {
 		if err != nil {
 			t.Fatalf("index: %v", err)
 		}
-		var ie IndexEntry
+		var ie ownerapi.IndexEntry
 		if err := json.Unmarshal(e.Value(), &ie); err != nil || ie.Run != testRun || ie.Snapshot != "c1-d1" || !slices.Equal(ie.Checkpoints, []string{"c1"}) {
 			t.Errorf("index entry %s: %+v, %v", e.Value(), ie, err)
 		}
@@ -85,7 +86,7 @@ func TestCommitAndRestore(t *testing.T) {
 
 		// The replacement attempt's seed reuses the fork.
 		before := calls.Load()
-		s, err := b.SeedSession(ctx, "d1", ep("r1", 1), provider.Spec{})
+		s, err := b.SeedSession(ctx, "d1", ep("r1", 1), nil)
 		if err != nil || s.Sandbox.ID != f1.Sandbox.ID {
 			t.Fatalf("SeedSession: %+v, %v", s, err)
 		}
@@ -122,12 +123,12 @@ func TestCommitAndRestore(t *testing.T) {
 // Install validates every record before it touches the provider, and
 // forks all or none.
 func TestInstallAllOrNone(t *testing.T) {
-	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+	forEachProvider(t, func(t *testing.T, d fullProvider) {
 		env := jstest.Start(t)
 		ctx := t.Context()
 		cfg := baseConfig(t, env, d, "o1")
 		var calls atomic.Int32
-		cfg.Setup = dataSetup(&calls)
+		cfg.TaskKind = TaskFuncs{SetupFn: dataSetup(&calls)}
 		a := newOwner(t, cfg)
 		for i, id := range []string{"d1", "d2", "d3"} {
 			start(t, a, id, ep("r"+id, i))
@@ -139,7 +140,7 @@ func TestInstallAllOrNone(t *testing.T) {
 		held := d.Sandboxes()
 		restore := events.Restore{PhaseHeader: events.PhaseHeader{Run: testRun, CheckpointID: "restore-1", Epoch: 1}, Source: "c1"}
 
-		mutate := func(i int, f func(d *RecordData)) []events.Record {
+		mutate := func(i int, f func(d *ownerapi.RecordData)) []events.Record {
 			out := slices.Clone(recs)
 			rd := decode(t, out[i])
 			f(&rd)
@@ -149,9 +150,9 @@ func TestInstallAllOrNone(t *testing.T) {
 		for name, bad := range map[string][]events.Record{
 			"bad json":       append(slices.Clone(recs[:2]), events.Record{Key: recs[2].Key, Data: json.RawMessage(`{"session":`)}),
 			"bad key":        append(slices.Clone(recs[:2]), events.Record{Key: "x-a01", Data: recs[2].Data}),
-			"other provider": mutate(2, func(d *RecordData) { d.Sandbox.Provider = "remote" }),
-			"array data":     mutate(2, func(d *RecordData) { d.Data = json.RawMessage(`[1]`) }),
-			"relative dir":   mutate(2, func(d *RecordData) { d.Workdir = "work" }),
+			"other provider": mutate(2, func(d *ownerapi.RecordData) { d.Sandbox.Provider = "remote" }),
+			"array data":     mutate(2, func(d *ownerapi.RecordData) { d.Data = json.RawMessage(`[1]`) }),
+			"relative dir":   mutate(2, func(d *ownerapi.RecordData) { d.Workdir = "work" }),
 		} {
 			t.Run(name, func(t *testing.T) {
 				b := newOwner(t, cfg)
@@ -171,7 +172,7 @@ func TestInstallAllOrNone(t *testing.T) {
 		t.Run("fork failure", func(t *testing.T) {
 			b := newOwner(t, cfg)
 			// The last record names a snapshot the provider does not hold.
-			_, err := b.Install(ctx, restore, mutate(2, func(d *RecordData) { d.Sandbox.Snapshot = "missing" }))
+			_, err := b.Install(ctx, restore, mutate(2, func(d *ownerapi.RecordData) { d.Sandbox.Snapshot = "missing" }))
 			if !errors.Is(err, provider.ErrNotFound) {
 				t.Fatalf("Install: %v, want ErrNotFound", err)
 			}
@@ -197,7 +198,7 @@ func TestInstallAllOrNone(t *testing.T) {
 // Release deletes the snapshots no kept checkpoint names and keeps the
 // rest; the final release leaves none (PROTOCOL §5 release).
 func TestRelease(t *testing.T) {
-	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+	forEachProvider(t, func(t *testing.T, d fullProvider) {
 		env := jstest.Start(t)
 		ctx := t.Context()
 		o := newOwner(t, baseConfig(t, env, d, "o1"))
@@ -248,7 +249,7 @@ func TestSnapshotID(t *testing.T) {
 // After a commit with stop, Park stops the exported sandboxes and keeps
 // their snapshots.
 func TestPark(t *testing.T) {
-	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+	forEachProvider(t, func(t *testing.T, d fullProvider) {
 		env := jstest.Start(t)
 		ctx := t.Context()
 		o := newOwner(t, baseConfig(t, env, d, "o1"))

@@ -3,14 +3,36 @@
 // takes part in checkpoints as a member of the run (package
 // participants/member).
 //
+// The wire side (the requests agents send, the records the owner exports,
+// the client) is package ownerapi; Serve answers it on the bus.
+//
+// # Providers
+//
+// The owner declares what it asks of a sandbox provider (capabilities.go):
+// Provider (Name, Start, Stop) always; Snapshotter (Caps, Snapshot, Fork,
+// DeleteSnapshot) for the exported mode; Lister (Sandboxes) and Execer
+// (Exec) when the provider has them. The concrete providers are in package
+// provider.
+//
+// # Task kinds
+//
+// Config.TaskKind says what a task is: Spec builds a session's sandbox
+// from the seed's task payload (a refusal is ErrBadTask, 400), Grade
+// grades it at verify. A kind may also be a Setuper (Setup runs against
+// the started sandbox) and a Forker (ForkSpec completes the spec of each
+// fork a restore starts). TaskFuncs makes a kind of functions. The
+// scripted kind is participants/scripted's Kind; `stillpoint owner
+// --task-kind` chooses among the kinds the CLI knows.
+//
 // # Sessions
 //
-// A session's sandbox is started on the provider and the task's setup
-// (Config.Setup) runs against it; only when the setup succeeded is the
-// session tracked. Setup may return a small JSON object, the session data,
-// which is exported beside the snapshot and restored with it. A failing
-// setup, or one returning anything but a JSON object (or nothing), stops
-// the sandbox and tracks nothing.
+// A session's sandbox is started on the provider and the task kind's setup
+// runs against it; only when the setup succeeded is the session tracked.
+// Setup may return a small JSON object, the session data, which is
+// exported beside the snapshot and restored with it: what the grade must
+// keep out of the agent's reach (the scripted kind pins its check there).
+// A failing setup, or one returning anything but a JSON object (or
+// nothing), stops the sandbox and tracks nothing.
 //
 //	s, err := o.StartSession(ctx, "sess-1", ep, provider.Spec{ID: "sess-1"})
 //	s, err = o.RequireSandbox("sess-1") // ErrNoSandbox: answer 409
@@ -18,7 +40,8 @@
 //
 // SeedSession is what a seed request calls: after a restore it returns the
 // restored fork of the session (its setup does not run again) instead of
-// starting a new sandbox.
+// starting a new sandbox; otherwise the task kind builds the sandbox from
+// the task payload and the setup gets the payload too.
 //
 // # Modes
 //
@@ -26,8 +49,8 @@
 //
 //  1. checkpointing off: ModeOff; Run joins no bus.
 //  2. the owner lends no sandboxes: ModeRestartOnly.
-//  3. the provider cannot snapshot: ModeRestartOnly, with one warning
-//     naming the provider.
+//  3. the provider cannot snapshot (it is not a Snapshotter, or its Caps
+//     say so): ModeRestartOnly, with one warning naming the provider.
 //  4. otherwise ModeExported, which needs Config.StateDir and one worker.
 //
 // # Checkpoints
@@ -40,9 +63,10 @@
 //
 // Export snapshots every live session's sandbox as the snapshot
 // <checkpoint>-<session> (made a token), indexes it in the sp_snapshots KV
-// bucket (snapshot id -> {run, snapshot, checkpoints}) and returns one
-// record per session, keyed by its episode, with data
-// {session, sandbox: {provider, snapshot, sandbox_id}, workdir, data}.
+// bucket (snapshot id -> ownerapi.IndexEntry {run, snapshot, checkpoints})
+// and returns one record per session, keyed by its episode, with data an
+// ownerapi.RecordData {session, sandbox: {provider, snapshot, sandbox_id},
+// workdir, data}.
 //
 // Install validates every record before it touches the provider, then
 // forks every snapshot or none, stops the superseded sandboxes it still

@@ -16,6 +16,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -24,6 +25,23 @@ func TestMain(m *testing.M) {
 }
 
 const testRun = "run1"
+
+// fullProvider is what the tests ask of the local providers: every
+// ability the owner uses, and the snapshot listing of the leak checks.
+type fullProvider interface {
+	Provider
+	Snapshotter
+	Lister
+	Execer
+	Snapshots() ([]string, error)
+}
+
+// The local providers have every ability the owner uses.
+var (
+	_ fullProvider = (*provider.Dir)(nil)
+	_ fullProvider = (*provider.Overlay)(nil)
+	_ fullProvider = (*provider.NoSnapshot)(nil)
+)
 
 // newDir returns a dir provider under t.TempDir(); the test fails if it
 // still holds a sandbox or a snapshot when the test ends (which then stops
@@ -41,7 +59,7 @@ func newDir(t *testing.T) *provider.Dir {
 // forEachProvider runs fn as a subtest with each real local provider: the
 // overlay provider (namespaces, overlayfs, cgroups: root) and the dir
 // provider. Each fails the test if a sandbox or snapshot is left.
-func forEachProvider(t *testing.T, fn func(t *testing.T, p provider.Provider)) {
+func forEachProvider(t *testing.T, fn func(t *testing.T, p fullProvider)) {
 	t.Run("dir", func(t *testing.T) { fn(t, newDir(t)) })
 	t.Run("overlay", func(t *testing.T) {
 		o, err := provider.NewOverlay(provider.OverlayConfig{StateDir: t.TempDir()})
@@ -55,7 +73,7 @@ func forEachProvider(t *testing.T, fn func(t *testing.T, p provider.Provider)) {
 
 // checkEmpty fails the test if p holds a sandbox or snapshot, and removes
 // them.
-func checkEmpty(t *testing.T, p provider.Provider) {
+func checkEmpty(t *testing.T, p fullProvider) {
 	t.Helper()
 	ctx := context.Background()
 	if sbs := p.Sandboxes(); len(sbs) > 0 {
@@ -80,7 +98,7 @@ func checkEmpty(t *testing.T, p provider.Provider) {
 // {"seed":"<session>"} and moves the working directory to /work for
 // sessions whose id starts with "d", and returns nothing otherwise.
 func dataSetup(calls *atomic.Int32) SetupFunc {
-	return func(_ context.Context, s *Session) (json.RawMessage, error) {
+	return func(_ context.Context, _ Execer, s *Session, _ json.RawMessage) (json.RawMessage, error) {
 		calls.Add(1)
 		if strings.HasPrefix(s.ID, "d") {
 			s.Workdir = "/work"
@@ -94,7 +112,7 @@ func testLogger(t *testing.T) zerolog.Logger {
 	return zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
 }
 
-func baseConfig(t *testing.T, env *jstest.Env, p provider.Provider, name string) Config {
+func baseConfig(t *testing.T, env *jstest.Env, p fullProvider, name string) Config {
 	return Config{
 		Run: testRun, Name: name, JS: env.JS, Bus: env.Bus, Provider: p,
 		Checkpointing: true, LendsSandboxes: true, StateDir: t.TempDir(),
@@ -125,7 +143,7 @@ func start(t *testing.T, o *Owner, id string, e events.Episode) *Session {
 }
 
 // sh runs a shell script in the session's sandbox and returns its stdout.
-func sh(t *testing.T, p provider.Provider, sandboxID, script string) string {
+func sh(t *testing.T, p fullProvider, sandboxID, script string) string {
 	t.Helper()
 	res, err := p.Exec(t.Context(), sandboxID, []string{"sh", "-c", script}, provider.ExecOptions{})
 	if err != nil || res.ExitCode != 0 {
@@ -152,16 +170,16 @@ func checkpoint(t *testing.T, o *Owner, id string) []events.Record {
 	return recs
 }
 
-func decode(t *testing.T, rec events.Record) RecordData {
+func decode(t *testing.T, rec events.Record) ownerapi.RecordData {
 	t.Helper()
-	var d RecordData
+	var d ownerapi.RecordData
 	if err := json.Unmarshal(rec.Data, &d); err != nil {
 		t.Fatalf("record %s: %v", rec.Key, err)
 	}
 	return d
 }
 
-func snapshots(t *testing.T, p provider.Provider) []string {
+func snapshots(t *testing.T, p fullProvider) []string {
 	t.Helper()
 	s, err := p.Snapshots()
 	if err != nil {

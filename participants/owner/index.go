@@ -8,13 +8,15 @@ import (
 	"slices"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 )
 
 // casAttempts bounds the compare-and-set retries of an index update.
 const casAttempts = 16
 
 // entry reads the index entry of snapshot id; nil when absent.
-func (o *Owner) entry(ctx context.Context, id string) (*IndexEntry, error) {
+func (o *Owner) entry(ctx context.Context, id string) (*ownerapi.IndexEntry, error) {
 	ent, err := o.cfg.Bus.Snapshots.Get(ctx, id)
 	if errors.Is(err, natsjs.ErrKeyNotFound) {
 		return nil, nil
@@ -22,7 +24,7 @@ func (o *Owner) entry(ctx context.Context, id string) (*IndexEntry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("owner: read index of %s: %w", id, err)
 	}
-	e := &IndexEntry{}
+	e := &ownerapi.IndexEntry{}
 	if err := json.Unmarshal(ent.Value(), e); err != nil {
 		return nil, fmt.Errorf("owner: index of %s: %w", id, err)
 	}
@@ -32,11 +34,11 @@ func (o *Owner) entry(ctx context.Context, id string) (*IndexEntry, error) {
 // update applies fn to the index entry of snapshot id (nil when absent)
 // with compare-and-set; fn returns the new entry (nil to delete it) and
 // whether to write it at all.
-func (o *Owner) update(ctx context.Context, id string, fn func(e *IndexEntry) (next *IndexEntry, write bool)) error {
+func (o *Owner) update(ctx context.Context, id string, fn func(e *ownerapi.IndexEntry) (next *ownerapi.IndexEntry, write bool)) error {
 	kv := o.cfg.Bus.Snapshots
 	for range casAttempts {
 		var (
-			cur *IndexEntry
+			cur *ownerapi.IndexEntry
 			rev uint64
 		)
 		ent, err := kv.Get(ctx, id)
@@ -45,7 +47,7 @@ func (o *Owner) update(ctx context.Context, id string, fn func(e *IndexEntry) (n
 		case err != nil:
 			return fmt.Errorf("owner: read index of %s: %w", id, err)
 		default:
-			cur = &IndexEntry{}
+			cur = &ownerapi.IndexEntry{}
 			if err := json.Unmarshal(ent.Value(), cur); err != nil {
 				return fmt.Errorf("owner: index of %s: %w", id, err)
 			}
@@ -86,9 +88,9 @@ func isWrongSeq(err error) bool {
 
 // index records that checkpoint ckpt names snapshot id.
 func (o *Owner) index(ctx context.Context, id, ckpt string) error {
-	return o.update(ctx, id, func(e *IndexEntry) (*IndexEntry, bool) {
+	return o.update(ctx, id, func(e *ownerapi.IndexEntry) (*ownerapi.IndexEntry, bool) {
 		if e == nil {
-			return &IndexEntry{Run: o.cfg.Run, Snapshot: id, Checkpoints: []string{ckpt}}, true
+			return &ownerapi.IndexEntry{Run: o.cfg.Run, Snapshot: id, Checkpoints: []string{ckpt}}, true
 		}
 		if slices.Contains(e.Checkpoints, ckpt) {
 			return e, false
@@ -107,11 +109,11 @@ func (o *Owner) unindex(ctx context.Context, id, ckpt string) error {
 	if e, err := o.entry(ctx, id); err != nil {
 		return err
 	} else if e == nil || (len(e.Checkpoints) == 1 && e.Checkpoints[0] == ckpt) {
-		if err := o.cfg.Provider.DeleteSnapshot(ctx, id); err != nil {
+		if err := o.deleteSnapshot(ctx, id); err != nil {
 			return err
 		}
 	}
-	return o.update(ctx, id, func(e *IndexEntry) (*IndexEntry, bool) {
+	return o.update(ctx, id, func(e *ownerapi.IndexEntry) (*ownerapi.IndexEntry, bool) {
 		if e == nil {
 			return nil, false
 		}
@@ -142,7 +144,7 @@ func (o *Owner) Release(ctx context.Context, keep []string) ([]string, error) {
 	)
 	for _, id := range keys {
 		var drop bool
-		err := o.update(ctx, id, func(e *IndexEntry) (*IndexEntry, bool) {
+		err := o.update(ctx, id, func(e *ownerapi.IndexEntry) (*ownerapi.IndexEntry, bool) {
 			drop = false
 			if e == nil || e.Run != o.cfg.Run {
 				return e, false
@@ -165,7 +167,7 @@ func (o *Owner) Release(ctx context.Context, keep []string) ([]string, error) {
 		if !drop {
 			continue
 		}
-		if err := o.cfg.Provider.DeleteSnapshot(ctx, id); err != nil {
+		if err := o.deleteSnapshot(ctx, id); err != nil {
 			errs = append(errs, fmt.Errorf("owner: delete snapshot %s: %w", id, err))
 			continue
 		}
@@ -179,4 +181,13 @@ func (o *Owner) Release(ctx context.Context, keep []string) ([]string, error) {
 		o.log.Info().Strs("deleted", deleted).Strs("keep", keep).Msg("released snapshots")
 	}
 	return deleted, errors.Join(errs...)
+}
+
+// deleteSnapshot deletes snapshot id on the provider; a provider that
+// cannot snapshot holds none, and there is nothing to delete.
+func (o *Owner) deleteSnapshot(ctx context.Context, id string) error {
+	if o.snap == nil {
+		return nil
+	}
+	return o.snap.DeleteSnapshot(ctx, id)
 }

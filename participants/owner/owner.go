@@ -2,7 +2,6 @@ package owner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -15,7 +14,6 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
-	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
 // DefaultSnapshotParallelism is how many snapshots (and forks) run at once
@@ -47,6 +45,12 @@ var (
 	// ErrRestartOnly is returned by Install when an owner that does not
 	// export gets records to install.
 	ErrRestartOnly = errors.New("owner: restart_only owner cannot install records")
+	// ErrBadTask is returned (wrapped) by SeedSession when the task kind
+	// refused the task payload; the service answers 400 bad_request.
+	ErrBadTask = errors.New("owner: task refused by its kind")
+	// ErrNoExec is returned (wrapped) by the Execer a task kind gets when
+	// the provider cannot run commands (it is not an Execer).
+	ErrNoExec = errors.New("owner: provider cannot run commands")
 )
 
 // Mode is how the owner takes part in checkpoints, decided by New.
@@ -76,11 +80,6 @@ func (m Mode) String() string {
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
 
-// SetupFunc is a task's setup: it runs against a session's started sandbox
-// and may return a small JSON object, the session data, or nothing. It may
-// change s.Workdir.
-type SetupFunc func(ctx context.Context, s *Session) (json.RawMessage, error)
-
 // Config configures an Owner.
 type Config struct {
 	// Run is the run id. Required.
@@ -93,8 +92,9 @@ type Config struct {
 	// Bus is the provisioned bus; its Snapshots bucket is the snapshot
 	// index. Required with Checkpointing.
 	Bus *jetstream.Bus
-	// Provider runs the sandboxes. Required.
-	Provider provider.Provider
+	// Provider runs the sandboxes. Required. The exported mode needs it to
+	// be a Snapshotter too; a Lister and an Execer are used when it is one.
+	Provider Provider
 	// Checkpointing turns checkpoints on; false (the default) is ModeOff.
 	Checkpointing bool
 	// LendsSandboxes tells whether the owner lends sandboxes to agents; an
@@ -110,12 +110,11 @@ type Config struct {
 	// SnapshotParallelism bounds concurrent snapshots and forks (default
 	// DefaultSnapshotParallelism).
 	SnapshotParallelism int
-	// Setup is the task's setup, run by StartSession; nil runs none.
-	Setup SetupFunc
-	// ForkSpec completes the spec of each fork a restore starts (the
-	// provider's Fork runs its Init: e.g. sandboxd under the fork's id,
-	// through SandboxdSpec); nil forks with an idle init.
-	ForkSpec func(provider.Spec) provider.Spec
+	// TaskKind is the kind of task the owner serves: the sandbox of a
+	// seeded session, its setup, its grade, the spec of a restored fork.
+	// Nil serves sandboxes of the zero spec, sets nothing up and grades
+	// every session {} (TaskFuncs{}).
+	TaskKind TaskKind
 	// Logger receives the owner's logs; the zero value discards them.
 	Logger zerolog.Logger
 	// Grace is the member's lease grace (default member.DefaultGrace).
@@ -173,12 +172,13 @@ func (c Config) Validate() error {
 // decideMode returns the mode cfg runs in, and whether the provider's lack
 // of snapshots decided it.
 func decideMode(cfg Config) (m Mode, noSnapshot bool) {
+	sn, canSnapshot := cfg.Provider.(Snapshotter)
 	switch {
 	case !cfg.Checkpointing:
 		return ModeOff, false
 	case !cfg.LendsSandboxes:
 		return ModeRestartOnly, false
-	case !cfg.Provider.Caps().Snapshot:
+	case !canSnapshot || !sn.Caps().Snapshot:
 		return ModeRestartOnly, true
 	}
 	return ModeExported, false
@@ -191,6 +191,9 @@ type Owner struct {
 	log    zerolog.Logger
 	mode   Mode
 	member *member.Member // nil in ModeOff
+	kind   TaskKind
+	snap   Snapshotter // nil when the provider is not one
+	exec   Execer      // the provider, or noExec
 
 	mu       sync.Mutex
 	sessions map[string]*Session
@@ -230,9 +233,20 @@ func New(cfg Config) (*Owner, error) {
 		cfg:      cfg,
 		log:      log.With().Str("mode", mode.String()).Logger(),
 		mode:     mode,
+		kind:     cfg.TaskKind,
+		exec:     noExec{provider: cfg.Provider.Name()},
 		sessions: map[string]*Session{},
 		pending:  map[string]events.Episode{},
 		inFlight: map[uint64]string{},
+	}
+	if o.kind == nil {
+		o.kind = TaskFuncs{}
+	}
+	if sn, ok := cfg.Provider.(Snapshotter); ok {
+		o.snap = sn
+	}
+	if x, ok := cfg.Provider.(Execer); ok {
+		o.exec = x
 	}
 	if mode != ModeOff {
 		m, err := member.New(member.Config{

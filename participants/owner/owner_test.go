@@ -114,21 +114,32 @@ func errString(err error) string {
 // A session is tracked only after its setup succeeded with a JSON object
 // or nothing; otherwise its sandbox is stopped.
 func TestSetupFailureTracksNothing(t *testing.T) {
-	forEachProvider(t, func(t *testing.T, d provider.Provider) {
+	forEachProvider(t, func(t *testing.T, d fullProvider) {
 		env := jstest.Start(t)
 		for _, tc := range []struct {
 			name  string
 			setup SetupFunc
 		}{
-			{"error", func(context.Context, *Session) (json.RawMessage, error) { return nil, errors.New("boom") }},
-			{"array", func(context.Context, *Session) (json.RawMessage, error) { return json.RawMessage(`[1]`), nil }},
-			{"string", func(context.Context, *Session) (json.RawMessage, error) { return json.RawMessage(`"x"`), nil }},
-			{"invalid", func(context.Context, *Session) (json.RawMessage, error) { return json.RawMessage(`{"a":`), nil }},
-			{"relative workdir", func(_ context.Context, s *Session) (json.RawMessage, error) { s.Workdir = "work"; return nil, nil }},
+			{"error", func(context.Context, Execer, *Session, json.RawMessage) (json.RawMessage, error) {
+				return nil, errors.New("boom")
+			}},
+			{"array", func(context.Context, Execer, *Session, json.RawMessage) (json.RawMessage, error) {
+				return json.RawMessage(`[1]`), nil
+			}},
+			{"string", func(context.Context, Execer, *Session, json.RawMessage) (json.RawMessage, error) {
+				return json.RawMessage(`"x"`), nil
+			}},
+			{"invalid", func(context.Context, Execer, *Session, json.RawMessage) (json.RawMessage, error) {
+				return json.RawMessage(`{"a":`), nil
+			}},
+			{"relative workdir", func(_ context.Context, _ Execer, s *Session, _ json.RawMessage) (json.RawMessage, error) {
+				s.Workdir = "work"
+				return nil, nil
+			}},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				cfg := baseConfig(t, env, d, "o1")
-				cfg.Setup = tc.setup
+				cfg.TaskKind = TaskFuncs{SetupFn: tc.setup}
 				o := newOwner(t, cfg)
 				_, err := o.StartSession(t.Context(), "s1", ep("r1", 0), provider.Spec{})
 				if !errors.Is(err, ErrSetup) {
@@ -177,13 +188,13 @@ func TestAdmission(t *testing.T) {
 	d := newDir(t)
 	entered, release := make(chan struct{}), make(chan struct{})
 	cfg := baseConfig(t, env, d, "o1")
-	cfg.Setup = func(ctx context.Context, s *Session) (json.RawMessage, error) {
+	cfg.TaskKind = TaskFuncs{SetupFn: func(_ context.Context, _ Execer, s *Session, _ json.RawMessage) (json.RawMessage, error) {
 		if s.ID == "slow" {
 			close(entered)
 			<-release
 		}
 		return nil, nil
-	}
+	}}
 	o := newOwner(t, cfg)
 	ctx := t.Context()
 

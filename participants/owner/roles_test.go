@@ -2,7 +2,6 @@ package owner
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"testing"
 	"time"
@@ -12,7 +11,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
-	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 )
 
 // TestUnderRoles runs the owner connected with the owner role of `stillpoint
@@ -36,11 +35,7 @@ func TestUnderRoles(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan error, 1)
 	go func() {
-		done <- o.Serve(ctx, ojs.Conn(), func(string, events.Episode, json.RawMessage) (provider.Spec, error) {
-			return provider.Spec{}, nil
-		}, func(context.Context, provider.Provider, *Session) (json.RawMessage, error) {
-			return json.RawMessage(`{}`), nil
-		})
+		done <- o.Serve(ctx, ojs.Conn())
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -49,15 +44,15 @@ func TestUnderRoles(t *testing.T) {
 		}
 	})
 	anc, _ := env.As(embedded.RoleAgent).Connect(t)
-	c, err := NewClient(anc, testRun, "o1")
+	c, err := ownerapi.NewClient(anc, testRun, "o1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cctx, ccancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer ccancel()
-	var info SessionInfo
+	var info ownerapi.SessionInfo
 	for {
-		if info, err = c.SeedSession(cctx, SeedRequest{SessionID: "s1", Episode: "r1"}); err == nil && info.SandboxID != "" {
+		if info, err = c.SeedSession(cctx, ownerapi.SeedRequest{SessionID: "s1", Episode: "r1"}); err == nil && info.SandboxID != "" {
 			break
 		}
 		select {

@@ -4,29 +4,32 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
 // serve runs the owner's service until the test ends and returns a client.
-func serve(t *testing.T, env *jstest.Env, o *Owner, spec SpecFunc, grade GradeFunc) *Client {
+func serve(t *testing.T, env *jstest.Env, o *Owner) *ownerapi.Client {
 	t.Helper()
 	nc, _ := env.Connect(t)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
 	done := make(chan error, 1)
-	go func() { done <- o.Serve(ctx, nc, spec, grade) }()
+	go func() { done <- o.Serve(ctx, nc) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	c, err := NewClient(env.Conn, testRun, o.cfg.Name)
+	c, err := ownerapi.NewClient(env.Conn, testRun, o.cfg.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +37,7 @@ func serve(t *testing.T, env *jstest.Env, o *Owner, spec SpecFunc, grade GradeFu
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := c.SandboxAccess(t.Context(), "probe")
-		var se *ServiceError
+		var se *jetstream.ServiceError
 		if errors.As(err, &se) {
 			return c
 		}
@@ -54,13 +57,15 @@ func serve(t *testing.T, env *jstest.Env, o *Owner, spec SpecFunc, grade GradeFu
 // data), a verify without a sandbox is a 409, close is idempotent, and bad
 // requests are refused naming what is wrong.
 func TestServiceForAgents(t *testing.T) {
-	forEachProvider(t, func(t *testing.T, p provider.Provider) {
+	forEachProvider(t, func(t *testing.T, p fullProvider) {
 		env := jstest.Start(t)
 		cfg := baseConfig(t, env, p, "o1")
-		cfg.Setup = func(_ context.Context, s *Session) (json.RawMessage, error) {
+		setup := func(_ context.Context, _ Execer, s *Session, task json.RawMessage) (json.RawMessage, error) {
+			if string(task) != `{"prompt":"write 42"}` {
+				return nil, fmt.Errorf("setup got task %s", task)
+			}
 			return json.RawMessage(`{"want":"42"}`), nil
 		}
-		o := newOwner(t, cfg)
 		spec := func(sessionID string, _ events.Episode, task json.RawMessage) (provider.Spec, error) {
 			var tk struct{ Prompt string }
 			if err := json.Unmarshal(task, &tk); err != nil {
@@ -68,8 +73,8 @@ func TestServiceForAgents(t *testing.T) {
 			}
 			return provider.Spec{Files: map[string][]byte{"task.txt": []byte(tk.Prompt)}}, nil
 		}
-		grade := func(ctx context.Context, p provider.Provider, s *Session) (json.RawMessage, error) {
-			res, err := p.Exec(ctx, s.Sandbox.ID, []string{"sh", "-c", "cat answer.txt 2>/dev/null"}, provider.ExecOptions{})
+		grade := func(ctx context.Context, x Execer, s *Session) (json.RawMessage, error) {
+			res, err := x.Exec(ctx, s.Sandbox.ID, []string{"sh", "-c", "cat answer.txt 2>/dev/null"}, provider.ExecOptions{})
 			if err != nil {
 				return nil, err
 			}
@@ -78,11 +83,12 @@ func TestServiceForAgents(t *testing.T) {
 			ok := strings.TrimSpace(string(res.Stdout)) == data.Want
 			return json.Marshal(map[string]any{"reward": map[bool]int{true: 1, false: 0}[ok]})
 		}
-		c := serve(t, env, o, spec, grade)
+		cfg.TaskKind = TaskFuncs{SpecFn: spec, SetupFn: setup, GradeFn: grade}
+		c := serve(t, env, newOwner(t, cfg))
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
 
-		info, err := c.SeedSession(ctx, SeedRequest{SessionID: "s1", Episode: "r1", Task: json.RawMessage(`{"prompt":"write 42"}`)})
+		info, err := c.SeedSession(ctx, ownerapi.SeedRequest{SessionID: "s1", Episode: "r1", Task: json.RawMessage(`{"prompt":"write 42"}`)})
 		if err != nil || info.SandboxID == "" || info.RestartOnly || info.Restored {
 			t.Fatalf("seed: %+v %v", info, err)
 		}
@@ -99,11 +105,11 @@ func TestServiceForAgents(t *testing.T) {
 		if v, err := c.Verify(ctx, "s1"); err != nil || string(v.Result) != `{"reward":1}` {
 			t.Fatalf("verify: %s %v", v.Result, err)
 		}
-		var se *ServiceError
+		var se *jetstream.ServiceError
 		if _, err := c.Verify(ctx, "nobody"); !errors.As(err, &se) || se.Status != 409 || se.Code != "no_sandbox" {
 			t.Fatalf("verify without a sandbox: %v, want 409 no_sandbox", err)
 		}
-		for _, bad := range []SeedRequest{{SessionID: "../x", Episode: "r2"}, {SessionID: "s2", Episode: "r2-a0"}, {SessionID: "s3", Episode: "r3", Task: json.RawMessage(`[1]`)}} {
+		for _, bad := range []ownerapi.SeedRequest{{SessionID: "../x", Episode: "r2"}, {SessionID: "s2", Episode: "r2-a0"}, {SessionID: "s3", Episode: "r3", Task: json.RawMessage(`[1]`)}} {
 			if _, err := c.SeedSession(ctx, bad); !errors.As(err, &se) || se.Status != 400 {
 				t.Errorf("seed %+v: %v, want a 400", bad, err)
 			}

@@ -99,11 +99,12 @@ func checkData(d json.RawMessage) (json.RawMessage, error) {
 }
 
 // StartSession starts a sandbox for the session on the provider
-// (spec.ID defaults to the session id made a token), runs the setup
-// against it and, only when the setup succeeded and returned a JSON object
-// or nothing, tracks the session. The setup gets a copy of the session
-// and may change its Workdir (absolute); other changes are ignored. Otherwise the sandbox is stopped, nothing
-// is tracked, and the error wraps ErrSetup. While a checkpoint is open it
+// (spec.ID defaults to the session id made a token), runs the task kind's
+// setup against it (with no task payload) and, only when the setup
+// succeeded and returned a JSON object or nothing, tracks the session. The
+// setup gets a copy of the session and may change its Workdir (absolute);
+// other changes are ignored. Otherwise the sandbox is stopped, nothing is
+// tracked, and the error wraps ErrSetup. While a checkpoint is open it
 // waits for the resume first. A retired episode is refused
 // (member.ErrStaleAttempt).
 func (o *Owner) StartSession(ctx context.Context, sessionID string, ep events.Episode, spec provider.Spec) (*Session, error) {
@@ -118,10 +119,10 @@ func (o *Owner) StartSession(ctx context.Context, sessionID string, ep events.Ep
 		return nil, err
 	}
 	defer o.leave(req)
-	return o.start(ctx, sessionID, ep, spec)
+	return o.start(ctx, sessionID, ep, spec, nil)
 }
 
-func (o *Owner) start(ctx context.Context, sessionID string, ep events.Episode, spec provider.Spec) (*Session, error) {
+func (o *Owner) start(ctx context.Context, sessionID string, ep events.Episode, spec provider.Spec, task json.RawMessage) (*Session, error) {
 	if o.member != nil {
 		if err := o.member.Admit(ep); err != nil {
 			return nil, err
@@ -153,9 +154,9 @@ func (o *Owner) start(ctx context.Context, sessionID string, ep events.Episode, 
 		return nil, fmt.Errorf("owner: start sandbox of session %s: %w", sessionID, err)
 	}
 	s := &Session{ID: sessionID, Episode: ep, Sandbox: sb, Workdir: spec.Workdir}
-	if o.cfg.Setup != nil {
+	if su, ok := o.kind.(Setuper); ok {
 		c := s.clone()
-		raw, err := o.cfg.Setup(ctx, c)
+		raw, err := su.Setup(ctx, o.exec, c, task)
 		if err == nil {
 			raw, err = checkData(raw)
 		}
@@ -187,13 +188,19 @@ func (o *Owner) start(ctx context.Context, sessionID string, ep events.Episode, 
 
 // SeedSession is what a seed request calls: when a restore installed the
 // session for ep, it returns that fork (the setup does not run again);
-// otherwise it starts the session as StartSession does.
-func (o *Owner) SeedSession(ctx context.Context, sessionID string, ep events.Episode, spec provider.Spec) (*Session, error) {
+// otherwise it builds the sandbox's spec from the task payload with the
+// task kind (a refusal wraps ErrBadTask) and starts the session as
+// StartSession does, its setup getting the task payload.
+func (o *Owner) SeedSession(ctx context.Context, sessionID string, ep events.Episode, task json.RawMessage) (*Session, error) {
 	if err := events.ValidateRollout("session", sessionID); err != nil {
 		return nil, err
 	}
 	if err := ep.Validate(); err != nil {
 		return nil, err
+	}
+	spec, err := o.kind.Spec(sessionID, ep, task)
+	if err != nil {
+		return nil, fmt.Errorf("%w: session %s: %w", ErrBadTask, sessionID, err)
 	}
 	req, err := o.enter(ctx, sessionID)
 	if err != nil {
@@ -208,7 +215,7 @@ func (o *Owner) SeedSession(ctx context.Context, sessionID string, ep events.Epi
 		return c, nil
 	}
 	o.mu.Unlock()
-	return o.start(ctx, sessionID, ep, spec)
+	return o.start(ctx, sessionID, ep, spec, task)
 }
 
 // Session returns the tracked session, including a fork a restore

@@ -13,11 +13,12 @@ import (
 	"github.com/stillpoint/stillpoint/internal/cgroup"
 )
 
-// Default returns the provider to use with state under stateDir: the
+// Default chooses the provider to use with state under stateDir: the
 // overlay provider when the process is root on Linux and a trial run
 // works (mount an overlay, make a cgroup that can freeze), the dir
-// provider otherwise. The provider's Reason method says which and why.
-func Default(stateDir string) (Provider, error) {
+// provider otherwise. It returns exactly one of the two (unless it fails);
+// its Reason method says which and why.
+func Default(stateDir string) (*Overlay, *Dir, error) {
 	why := ""
 	if euid := os.Geteuid(); euid != 0 {
 		why = fmt.Sprintf("dir: not root (euid %d); the overlay provider needs root", euid)
@@ -27,14 +28,14 @@ func Default(stateDir string) (Provider, error) {
 		why = fmt.Sprintf("dir: overlay probe failed: %v", err)
 	} else {
 		ov.reason = "overlay: root on Linux; trial overlay mount and freezable cgroup v2 worked"
-		return ov, nil
+		return ov, nil, nil
 	}
 	d, err := NewDir(stateDir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	d.reason = why
-	return d, nil
+	return nil, d, nil
 }
 
 // probe mounts an overlay of an empty directory and makes a cgroup under

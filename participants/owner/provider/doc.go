@@ -6,10 +6,13 @@
 //
 // # The contract
 //
-// Provider is Runner (Start, Stop, Exec) + Snapshotter (Snapshot, Fork,
-// DeleteSnapshot) + Lister (Sandboxes, Snapshots) + Name and Caps. The
-// owner should declare the smaller interface it calls; these are here so
-// that every provider is checked against the same shape.
+// The package holds concrete providers (Overlay, Dir, NoSnapshot); it
+// declares no interface for them. Each has the same methods: Name and
+// Caps; Start, Stop and Exec; Snapshot, Fork and DeleteSnapshot;
+// Sandboxes and Snapshots. The sandbox owner declares the few it calls
+// (participants/owner: Provider, Snapshotter, Lister, Execer), and the
+// tests check every provider against the whole shape. The rules each
+// method keeps:
 //
 //  1. Ids. Sandbox and snapshot ids match ^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$
 //     (PROTOCOL §2 tokens); they become directory and cgroup names.
@@ -123,21 +126,23 @@
 //
 // # nosnapshot
 //
-// NewNoSnapshot wraps a provider, reports Caps{} and returns ErrNoSnapshot
-// from Snapshot and Fork: the stand-in for docker, apptainer or enroot in
-// tests of the owner's restart_only mode.
+// NewNoSnapshot wraps a provider (Start, Stop, Exec and Sandboxes pass
+// through), reports Caps{} and returns ErrNoSnapshot from Snapshot and
+// Fork: the stand-in for docker, apptainer or enroot in tests of the
+// owner's restart_only mode.
 //
 // # Choosing
 //
 // Default(stateDir) returns the overlay provider when the process is root
 // on Linux and a trial run works (an overlay mount of an empty directory,
-// a cgroup with cgroup.freeze and cgroup.kill), else the dir provider. Both
-// have a Reason method saying which and why, for the owner's startup log.
+// a cgroup with cgroup.freeze and cgroup.kill), else the dir provider: one
+// of its two results is set. Both have a Reason method saying which and
+// why, for the owner's startup log.
 //
 // # Remote providers
 //
-// A provider backed by a remote API (OpenSandbox, E2B-style services)
-// implements the same Provider:
+// A provider backed by a remote API (OpenSandbox, E2B-style services) has
+// the same methods:
 //
 //   - Start creates a sandbox from an image with Spec.Env, uploads
 //     Spec.Files and Spec.CopyIn, starts Spec.Init, and waits until the
@@ -162,7 +167,7 @@
 //
 // # Files
 //
-// provider.go (the contract), spec.go (validation), overlay_linux.go,
+// provider.go (errors and the types of the contract), spec.go (validation), overlay_linux.go,
 // init_linux.go (the sandbox's first process), dir_linux.go,
 // nosnapshot.go, default_linux.go, copy_linux.go (the tree copier),
 // inroot_linux.go (writing files inside a root), cgroup_linux.go,

@@ -7,11 +7,19 @@ import "context"
 // providers that cannot snapshot (docker, apptainer, enroot), so that
 // tests can drive the owner's restart_only mode (PROTOCOL §6).
 type NoSnapshot struct {
-	inner Provider
+	inner Wrapped
+}
+
+// Wrapped is what NoSnapshot passes through to the provider it wraps.
+type Wrapped interface {
+	Start(ctx context.Context, spec Spec) (*Sandbox, error)
+	Stop(ctx context.Context, id string) error
+	Exec(ctx context.Context, id string, argv []string, opts ExecOptions) (ExecResult, error)
+	Sandboxes() []string
 }
 
 // NewNoSnapshot wraps p.
-func NewNoSnapshot(p Provider) *NoSnapshot { return &NoSnapshot{inner: p} }
+func NewNoSnapshot(p Wrapped) *NoSnapshot { return &NoSnapshot{inner: p} }
 
 // Name returns "nosnapshot".
 func (n *NoSnapshot) Name() string { return "nosnapshot" }

@@ -387,11 +387,14 @@ func TestOverlayStopsLeftovers(t *testing.T) {
 func TestDefaultPicksOverlayAsRoot(t *testing.T) {
 	requireRoot(t)
 	state := t.TempDir()
-	p, err := Default(state)
+	p, d, err := Default(state)
 	if err != nil {
 		t.Fatal(err)
 	}
-	reason := p.(interface{ Reason() string }).Reason()
+	if p == nil {
+		t.Fatalf("Default = %s (%s)", d.Name(), d.Reason())
+	}
+	reason := p.Reason()
 	if p.Name() != "overlay" || !strings.HasPrefix(reason, "overlay:") {
 		t.Fatalf("Default = %s (%s)", p.Name(), reason)
 	}
@@ -401,7 +404,7 @@ func TestDefaultPicksOverlayAsRoot(t *testing.T) {
 			t.Errorf("probe left %s", e.Name())
 		}
 	}
-	cg := p.(*Overlay).cfg.CgroupParent
+	cg := p.cfg.CgroupParent
 	ents, _ = os.ReadDir(cg)
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), ".probe") {

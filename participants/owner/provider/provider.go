@@ -1,7 +1,6 @@
 package provider
 
 import (
-	"context"
 	"errors"
 	"io"
 	"time"
@@ -40,59 +39,6 @@ var (
 	// what.
 	ErrLeftover = errors.New("provider: teardown left something behind")
 )
-
-// Provider is what the sandbox owner needs from a sandbox provider: run
-// sandboxes, snapshot and fork them, and list what it holds. Caps says
-// which of these abilities are real; a provider that cannot snapshot
-// returns ErrNoSnapshot from the Snapshotter methods.
-type Provider interface {
-	// Name is a short lower-case name, e.g. "overlay", "dir".
-	Name() string
-	// Caps says what the provider can do.
-	Caps() Caps
-	Runner
-	Snapshotter
-	Lister
-}
-
-// Runner starts and stops sandboxes and runs commands in them.
-type Runner interface {
-	// Start creates the sandbox spec.ID, writes spec's files into it and
-	// starts its first process. It returns once that process runs inside
-	// the finished sandbox. A Start that fails leaves nothing behind.
-	Start(ctx context.Context, spec Spec) (*Sandbox, error)
-	// Stop kills every process of the sandbox, unmounts and removes what
-	// Start made, and confirms that nothing is left (ErrLeftover
-	// otherwise). Stopping an unknown or stopped sandbox returns nil.
-	Stop(ctx context.Context, id string) error
-	// Exec runs argv inside the sandbox and waits for it. A command that
-	// ran and failed is not an error: see ExecResult.ExitCode. When ctx
-	// ends, the command and its descendants are killed.
-	Exec(ctx context.Context, id string, argv []string, opts ExecOptions) (ExecResult, error)
-}
-
-// Snapshotter takes and forks snapshots of sandboxes.
-type Snapshotter interface {
-	// Snapshot captures the sandbox's files (and, when Caps().KeepsProcesses,
-	// its processes) as snapshotID. The sandbox keeps running.
-	Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, error)
-	// Fork starts a new sandbox, spec.ID, whose files start as the
-	// snapshot's; spec's files are written over them.
-	Fork(ctx context.Context, snapshotID string, spec Spec) (*Sandbox, error)
-	// DeleteSnapshot removes a snapshot and confirms it is gone. Deleting
-	// an unknown snapshot returns nil.
-	DeleteSnapshot(ctx context.Context, snapshotID string) error
-}
-
-// Lister lists what a provider holds, for leak checks.
-type Lister interface {
-	// Sandboxes returns the ids of the sandboxes this provider holds,
-	// sorted: those it started and those its state directory still has
-	// from an earlier process.
-	Sandboxes() []string
-	// Snapshots returns the ids of the snapshots in its store, sorted.
-	Snapshots() ([]string, error)
-}
 
 // Caps says what a provider can do.
 type Caps struct {

@@ -30,4 +30,4 @@ func NewOverlay(OverlayConfig) (*Overlay, error) { return nil, errors.ErrUnsuppo
 func NewDir(string) (*Dir, error) { return nil, errors.ErrUnsupported }
 
 // Default returns errors.ErrUnsupported outside Linux.
-func Default(string) (Provider, error) { return nil, errors.ErrUnsupported }
+func Default(string) (*Overlay, *Dir, error) { return nil, nil, errors.ErrUnsupported }

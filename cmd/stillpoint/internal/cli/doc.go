@@ -1,5 +1,7 @@
 // Package cli is the stillpoint command line: the root command with its
 // global NATS and logging flags, and one file per subcommand. Subcommands
 // parse flags into a component's Config and call its Run(ctx); they hold no
-// logic of their own.
+// logic of their own. `stillpoint owner --task-kind` picks its kind from
+// taskkinds.go. The demo is package demo, registered in root.go; it is the
+// only command that uses the bundled task set of e2e/.
 package cli

@@ -6,17 +6,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent"
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/scripted"
 )
 
 type agentFlags struct {
@@ -49,7 +50,7 @@ continues them. The harness is the scripted coding agent (adapter "scripted").`,
 	fl.StringVar(&f.name, "name", "a1", "agent name: member agent.<name>")
 	fl.StringVar(&f.owner, "owner", "o1", "name of the sandbox owner that lends the sandboxes")
 	fl.StringVar(&f.modelURL, "model-url", env("STILLPOINT_MODEL_URL"), "chat-completions server the harness calls (env STILLPOINT_MODEL_URL)")
-	fl.StringVar(&f.harness, "harness", tasks.HarnessPath, "the harness's path inside the sandbox")
+	fl.StringVar(&f.harness, "harness", scripted.HarnessPath, "the harness's path inside the sandbox")
 	fl.IntVar(&f.concurrency, "concurrency", agent.DefaultConcurrency, "rollouts run at once")
 	fl.BoolVar(&f.noPause, "no-pause", false, "never pause launches: stop them at a checkpoint and relaunch after it")
 	fl.DurationVar(&f.timeout, "launch-timeout", 10*time.Minute, "time limit of one launch, paused time not counted")
@@ -70,7 +71,7 @@ func runAgent(ctx context.Context, g *globals, f agentFlags) error {
 	}
 	defer closeBus()
 	a, err := agent.New(agent.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Owner: f.owner, Concurrency: f.concurrency,
-		Adapter: &agent.Scripted{Binary: f.harness, ModelURL: f.modelURL, NoPause: f.noPause, Timeout: f.timeout}, Logger: log})
+		Adapter: &scripted.Adapter{Binary: f.harness, ModelURL: f.modelURL, NoPause: f.noPause, Timeout: f.timeout}, Logger: log})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
@@ -82,6 +83,7 @@ func runAgent(ctx context.Context, g *globals, f agentFlags) error {
 type ownerFlags struct {
 	run           string
 	name          string
+	taskKind      string
 	provider      string
 	stateDir      string
 	sandboxd      string
@@ -100,9 +102,14 @@ func newOwnerCmd(g *globals) *cobra.Command {
 		Short: "Run a sandbox owner: sessions, their sandboxes, snapshots and forks",
 		Long: `Run the sandbox owner (member owner.<name>) of a run. It lends a sandbox per
 session on its provider (overlay as root, else dir), with sandboxd as the
-sandbox's first process and the scripted harness copied in; it snapshots every
-live session at a checkpoint's commit, forks them at a restore, and deletes
-snapshots on release. Agents reach it on spsvc.<run>.owner.<name>.
+sandbox's first process; it snapshots every live session at a checkpoint's
+commit, forks them at a restore, and deletes snapshots on release. Agents
+reach it on spsvc.<run>.owner.<name>.
+
+--task-kind chooses how a session's sandbox is built from its task and how
+it is graded. The kinds: ` + strings.Join(taskKindNames(), ", ") + `.
+  scripted  the scripted harness copied in (--harness); the grade runs the
+            check the task names and compares its output
 
 --sandboxd and --harness are host paths of static binaries (CGO_ENABLED=0):
 go build -o bin/ ./cmd/sandboxd ./cmd/scripted-harness. In one directory
@@ -115,6 +122,7 @@ every sandbox at /opt/stillpoint/bin; otherwise they are copied in.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.run, "run", env("STILLPOINT_RUN"), "run id (env STILLPOINT_RUN)")
 	fl.StringVar(&f.name, "name", "o1", "owner name: member owner.<name>")
+	fl.StringVar(&f.taskKind, "task-kind", "scripted", "the kind of task served: "+strings.Join(taskKindNames(), ", "))
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
 	fl.StringVar(&f.stateDir, "state-dir", "", "where sandboxes and snapshots live (default: a directory under the system temp dir)")
 	fl.StringVar(&f.sandboxd, "sandboxd", "", "host path of the static sandboxd binary (required)")
@@ -127,10 +135,24 @@ every sandbox at /opt/stillpoint/bin; otherwise they are copied in.`,
 	return cmd
 }
 
-func openProvider(kind, stateDir string) (provider.Provider, error) {
+// sandboxProvider is what the owner command asks of a provider: what the
+// owner uses, and the listing that reaps what an earlier process left.
+type sandboxProvider interface {
+	owner.Provider
+	owner.Lister
+}
+
+func openProvider(kind, stateDir string) (sandboxProvider, error) {
 	switch kind {
 	case "auto":
-		return provider.Default(stateDir)
+		ov, d, err := provider.Default(stateDir)
+		switch {
+		case err != nil:
+			return nil, err
+		case ov != nil:
+			return ov, nil
+		}
+		return d, nil
 	case "overlay":
 		return provider.NewOverlay(provider.OverlayConfig{StateDir: stateDir})
 	case "dir":
@@ -144,12 +166,16 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
-	if !f.reap && (f.sandboxd == "" || f.harness == "") {
-		return &exitError{code: ExitUsage, err: errors.New("--sandboxd and --harness are required (static binaries: CGO_ENABLED=0 go build ./cmd/sandboxd ./cmd/scripted-harness)")}
+	newKind, ok := taskKinds()[f.taskKind]
+	if !ok {
+		return &exitError{code: ExitUsage, err: fmt.Errorf("--task-kind %q: want one of %s", f.taskKind, strings.Join(taskKindNames(), ", "))}
+	}
+	if !f.reap && f.sandboxd == "" {
+		return &exitError{code: ExitUsage, err: errors.New("--sandboxd is required (a static binary: CGO_ENABLED=0 go build ./cmd/sandboxd)")}
 	}
 	for _, p := range []*string{&f.sandboxd, &f.harness} {
-		if f.reap {
-			break
+		if f.reap || *p == "" {
+			continue
 		}
 		abs, err := filepath.Abs(*p)
 		if err != nil {
@@ -213,19 +239,22 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 			sd.CredsFile, sd.NKeyFile = "", f.sandboxCreds
 		}
 	}
-	if filepath.Dir(f.sandboxd) == filepath.Dir(f.harness) && filepath.Base(f.harness) == filepath.Base(tasks.HarnessPath) {
+	if filepath.Dir(f.sandboxd) == filepath.Dir(f.harness) && filepath.Base(f.harness) == filepath.Base(scripted.HarnessPath) {
 		// Both binaries in one directory: it is shown read-only in each
 		// sandbox, not copied, so snapshots do not carry 20 MB of them.
 		sd.BinDir = filepath.Dir(f.sandboxd)
 	}
-	sc := tasks.SpecConfig{Harness: f.harness, Sandboxd: sd}
+	kind, err := newKind(taskKindConfig{sandboxd: sd, harness: f.harness})
+	if err != nil {
+		return &exitError{code: ExitUsage, err: fmt.Errorf("--task-kind %s: %w", f.taskKind, err)}
+	}
 	bus, js, closeBus, err := openBus(ctx, g, "stillpoint-owner-"+f.name, 1)
 	if err != nil {
 		return err
 	}
 	defer closeBus()
 	o, err := owner.New(owner.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Provider: prov, Checkpointing: !f.noCheckpoints,
-		LendsSandboxes: true, StateDir: filepath.Join(f.stateDir, "owner"), ForkSpec: tasks.ForkSpec(sc), Logger: log})
+		LendsSandboxes: true, StateDir: filepath.Join(f.stateDir, "owner"), TaskKind: kind, Logger: log})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
@@ -233,11 +262,11 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	if r, ok := prov.(interface{ Reason() string }); ok && r.Reason() != "" {
 		desc += ": " + r.Reason()
 	}
-	log.Info().Str("run", f.run).Str("provider", desc).Msg("owner serving")
-	fmt.Fprintf(g.stdout, "stillpoint: owner %s of run %s serving (%s)\n", f.name, f.run, desc)
+	log.Info().Str("run", f.run).Str("provider", desc).Str("task_kind", f.taskKind).Msg("owner serving")
+	fmt.Fprintf(g.stdout, "stillpoint: owner %s of run %s serving %s tasks (%s)\n", f.name, f.run, f.taskKind, desc)
 	grp, gctx := errgroup.WithContext(ctx)
 	grp.Go(func() error { return o.Run(gctx) })
-	grp.Go(func() error { return o.Serve(gctx, connOf(js), tasks.Spec(sc), tasks.Grade) })
+	grp.Go(func() error { return o.Serve(gctx, connOf(js)) })
 	return quiet(grp.Wait())
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/stillpoint/stillpoint/cmd/stillpoint/internal/demo"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
@@ -113,6 +114,25 @@ NATS_CREDS, NATS_NKEY, NATS_TOKEN.`,
 		newCheckpointCmd(g), newCommitHeldCmd(g), newRestoreCmd(g), newRetireCmd(g), newForgetCmd(g), newReleaseCmd(g), newStatusCmd(g), newTimelineCmd(g),
 		newAgentCmd(g), newOwnerCmd(g), newCollectCmd(g), newDemoCmd(g))
 	return root
+}
+
+// newDemoCmd is `stillpoint demo` (package demo) with its errors turned
+// into exit statuses: a wrong call is a usage error, and failed invariants,
+// which the demo printed, exit 1 without another word.
+func newDemoCmd(g *globals) *cobra.Command {
+	cmd := demo.Command(demo.Env{Stdout: g.stdout, Stderr: g.stderr, Conn: &g.conn})
+	run := cmd.RunE
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		err := run(c, args)
+		switch {
+		case errors.Is(err, demo.ErrUsage):
+			return &exitError{code: ExitUsage, err: err}
+		case errors.Is(err, demo.ErrInvariants):
+			return &exitError{code: ExitFailure}
+		}
+		return err
+	}
+	return cmd
 }
 
 func envOr(name, def string) string {

@@ -1,5 +1,6 @@
-// Package harness is a scripted coding-agent harness for end-to-end tests:
-// it behaves as a CLI agent does where Stillpoint can see it. It keeps its
+// Package harness is the scripted coding-agent harness (the program is
+// cmd/scripted-harness), which the end-to-end tests and the demo run in
+// sandboxes: it behaves as a CLI agent does where Stillpoint can see it. It keeps its
 // session (the messages) durably in a data folder, calls a chat-completions
 // model over HTTP, runs the tool commands the model asks for as child
 // processes (they may start sessions of their own or daemonize), and can
@@ -20,8 +21,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/stillpoint/stillpoint/e2e/modelserver"
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
 // SessionFile is the session's file in the data folder.

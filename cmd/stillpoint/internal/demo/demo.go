@@ -1,4 +1,4 @@
-package cli
+package demo
 
 import (
 	"bufio"
@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/mattn/go-isatty"
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
@@ -24,12 +26,12 @@ import (
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
-	"github.com/stillpoint/stillpoint/e2e/modelserver"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
 type demoFlags struct {
@@ -43,7 +45,29 @@ type demoFlags struct {
 	tool     time.Duration
 }
 
-func newDemoCmd(g *globals) *cobra.Command {
+// Env is what the demo takes from the command line it is part of.
+type Env struct {
+	// Stdout gets the demo's report, Stderr its warnings and the live
+	// line (when it is a terminal).
+	Stdout, Stderr io.Writer
+	// Conn is the root command's connection flags, read when the demo
+	// runs: with a URL, the demo uses that server (one that `stillpoint
+	// server` runs) instead of starting its own.
+	Conn *jetstream.ConnConfig
+}
+
+// Sentinel errors of the demo's command.
+var (
+	// ErrUsage is wrapped by the errors of a demo called wrongly.
+	ErrUsage = errors.New("demo: usage")
+	// ErrInvariants is returned once the demo ran and printed its report,
+	// when an invariant failed.
+	ErrInvariants = errors.New("demo: invariants failed")
+)
+
+// Command returns the `demo` command. Its errors wrap ErrUsage for a
+// wrong call; ErrInvariants says the run failed a check it reported.
+func Command(env Env) *cobra.Command {
 	var f demoFlags
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -65,7 +89,7 @@ what happened. The last line is:
 It builds the static sandboxd and harness binaries first (go build, from the
 stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDemo(cmd.Context(), g, f) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDemo(cmd.Context(), env, f) },
 	}
 	fl := cmd.Flags()
 	fl.IntVar(&f.rollouts, "rollouts", 32, "tasks in the set")
@@ -82,7 +106,7 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 
 // demo is one demo run's world.
 type demo struct {
-	g       *globals
+	env     Env
 	f       demoFlags
 	dir     string
 	self    string
@@ -99,15 +123,15 @@ type demo struct {
 }
 
 func (d *demo) say(format string, args ...any) {
-	fmt.Fprintf(d.g.stdout, "demo: "+format+"\n", args...)
+	fmt.Fprintf(d.env.Stdout, "demo: "+format+"\n", args...)
 }
 
-func runDemo(ctx context.Context, g *globals, f demoFlags) error {
+func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.rollouts < 1 || f.agents < 1 {
-		return &exitError{code: ExitUsage, err: errors.New("--rollouts and --agents must be at least 1")}
+		return fmt.Errorf("%w: --rollouts and --agents must be at least 1", ErrUsage)
 	}
-	d := &demo{g: g, f: f, run: "demo", token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*exec.Cmd{},
-		dead: map[string]chan struct{}{}, log: zerolog.New(g.stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
+	d := &demo{env: env, f: f, run: "demo", token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*exec.Cmd{},
+		dead: map[string]chan struct{}{}, log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
 	var err error
 	if d.dir = f.dir; d.dir == "" {
 		if d.dir, err = os.MkdirTemp("", "stillpoint-demo-"); err != nil {
@@ -175,16 +199,12 @@ func runDemo(ctx context.Context, g *globals, f demoFlags) error {
 	if err != nil {
 		return err
 	}
-	var ctasks []collect.Task
-	for _, t := range ts {
-		ctasks = append(ctasks, collect.Task{RolloutID: t.RolloutID, Task: t.Task})
-	}
 	chk := &demoChecks{}
 	var progress *os.File
-	if fd, ok := g.stderr.(*os.File); ok && isatty.IsTerminal(fd.Fd()) {
+	if fd, ok := env.Stderr.(*os.File); ok && isatty.IsTerminal(fd.Fd()) {
 		progress = fd
 	}
-	cfg := collect.Config{Run: d.run, Tasks: ctasks, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
+	cfg := collect.Config{Run: d.run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
 		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: f.rollouts, Keep: 0, RecoverGrace: 90 * time.Second,
 		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
 		OnCommit: func(ctx context.Context, res *bridge.CheckpointResult) {
@@ -209,14 +229,14 @@ func runDemo(ctx context.Context, g *globals, f demoFlags) error {
 	if err != nil {
 		return fmt.Errorf("demo: collection: %w", err)
 	}
-	fmt.Fprintln(g.stdout)
-	collect.WriteSummary(g.stdout, sum)
-	fmt.Fprintln(g.stdout)
+	fmt.Fprintln(env.Stdout)
+	collect.WriteSummary(env.Stdout, sum)
+	fmt.Fprintln(env.Stdout)
 
 	d.stopAll()
 	leftover := d.reap(ctx)
 	inv := chk.check(ctx, d, js, bus, ms, sum, leftover)
-	fmt.Fprintln(g.stdout, "invariants (PROTOCOL §7) checked on this run:")
+	fmt.Fprintln(env.Stdout, "invariants (PROTOCOL §7) checked on this run:")
 	failed := []string{}
 	for _, r := range inv {
 		mark := "ok"
@@ -224,30 +244,44 @@ func runDemo(ctx context.Context, g *globals, f demoFlags) error {
 			mark = "FAILED"
 			failed = append(failed, r.name)
 		}
-		fmt.Fprintf(g.stdout, "  %-6s %d. %s: %s\n", mark, r.n, r.name, r.detail)
+		fmt.Fprintf(env.Stdout, "  %-6s %d. %s: %s\n", mark, r.n, r.name, r.detail)
 	}
-	fmt.Fprintln(g.stdout)
-	fmt.Fprintf(g.stdout, "to read what happened (the store is in %s):\n", filepath.Join(d.dir, "nats"))
-	fmt.Fprintf(g.stdout, "  go run ./cmd/stillpoint server --dir %s --listen 127.0.0.1:4333 &\n", filepath.Join(d.dir, "nats"))
+	fmt.Fprintln(env.Stdout)
+	fmt.Fprintf(env.Stdout, "to read what happened (the store is in %s):\n", filepath.Join(d.dir, "nats"))
+	fmt.Fprintf(env.Stdout, "  go run ./cmd/stillpoint server --dir %s --listen 127.0.0.1:4333 &\n", filepath.Join(d.dir, "nats"))
 	if d.authDir != "" {
-		fmt.Fprintf(g.stdout, "  (with --auth-dir %s, and --nkey %s on the commands below)\n", d.authDir, embedded.SeedFile(d.authDir, embedded.RoleAdmin))
+		fmt.Fprintf(env.Stdout, "  (with --auth-dir %s, and --nkey %s on the commands below)\n", d.authDir, embedded.SeedFile(d.authDir, embedded.RoleAdmin))
 	}
-	fmt.Fprintf(g.stdout, "  go run ./cmd/stillpoint timeline --run %s --nats-url nats://127.0.0.1:4333\n", d.run)
-	fmt.Fprintf(g.stdout, "  nats --server nats://127.0.0.1:4333 stream view STILLPOINT --subject 'sp.%s.phase.>'\n", d.run)
-	fmt.Fprintf(g.stdout, "  nats --server nats://127.0.0.1:4333 stream view STILLPOINT --subject 'sp.%s.outcome.>'\n", d.run)
-	fmt.Fprintf(g.stdout, "  nats --server nats://127.0.0.1:4333 kv history sp_members\n")
-	fmt.Fprintf(g.stdout, "took %s (build excluded)\n\n", time.Since(began).Round(100*time.Millisecond))
+	fmt.Fprintf(env.Stdout, "  go run ./cmd/stillpoint timeline --run %s --nats-url nats://127.0.0.1:4333\n", d.run)
+	fmt.Fprintf(env.Stdout, "  nats --server nats://127.0.0.1:4333 stream view STILLPOINT --subject 'sp.%s.phase.>'\n", d.run)
+	fmt.Fprintf(env.Stdout, "  nats --server nats://127.0.0.1:4333 stream view STILLPOINT --subject 'sp.%s.outcome.>'\n", d.run)
+	fmt.Fprintf(env.Stdout, "  nats --server nats://127.0.0.1:4333 kv history sp_members\n")
+	fmt.Fprintf(env.Stdout, "took %s (build excluded)\n\n", time.Since(began).Round(100*time.Millisecond))
 
 	verdict := "invariants ok"
 	if len(failed) > 0 {
 		verdict = "invariants FAILED: " + strings.Join(failed, ", ")
 	}
-	fmt.Fprintf(g.stdout, "demo: %d rollouts, %d results, %d continued in place, %d relaunched, %d checkpoints committed, %s\n",
+	fmt.Fprintf(env.Stdout, "demo: %d rollouts, %d results, %d continued in place, %d relaunched, %d checkpoints committed, %s\n",
 		sum.Rollouts, sum.Results, sum.ContinuedInPlace, sum.Relaunched, len(sum.Committed()), verdict)
 	if len(failed) > 0 {
-		return &exitError{code: ExitFailure}
+		return ErrInvariants
 	}
 	return nil
+}
+
+// connectJS connects and returns the connection with its JetStream handle.
+func connectJS(ctx context.Context, conn jetstream.ConnConfig) (*nats.Conn, natsjs.JetStream, error) {
+	nc, err := jetstream.Connect(ctx, conn)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }
 
 // openLogFile opens a log file (created with its directory); on error
@@ -282,14 +316,14 @@ func (d *demo) build(ctx context.Context) error {
 // startNATS starts the embedded server (or cluster) and provisions the
 // bus, or uses --nats-url.
 func (d *demo) startNATS(ctx context.Context) error {
-	if d.g.conn.URL != "" {
+	if d.env.Conn.URL != "" {
 		// A server of its own (one node or a cluster, run by `stillpoint
 		// server`), which provisioned the bus.
-		d.natsURL, d.authDir = d.g.conn.URL, d.f.authDir
+		d.natsURL, d.authDir = d.env.Conn.URL, d.f.authDir
 		return nil
 	}
 	if d.f.authDir != "" {
-		return &exitError{code: ExitUsage, err: errors.New("--auth-dir goes with --nats-url (the server's seeds); alone, use --auth")}
+		return fmt.Errorf("%w: --auth-dir goes with --nats-url (the server's seeds); alone, use --auth", ErrUsage)
 	}
 	var users []embedded.User
 	provision := jetstream.ConnConfig{Name: "stillpoint-demo-provision"}

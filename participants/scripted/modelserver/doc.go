@@ -1,9 +1,10 @@
 // Package modelserver is a scripted, OpenAI-compatible chat-completions
-// server for end-to-end tests: it answers POST /v1/chat/completions,
-// streaming (server-sent events) or not, from a script per task, tool
-// calls included, and keeps a ledger of every request so that a test can
-// prove that no model call was repeated and no user turn injected across a
-// pause, a checkpoint or a restore (PROTOCOL §7, invariant 4).
+// server, the model of the scripted harness in the end-to-end tests and
+// the demo: it answers POST /v1/chat/completions, streaming (server-sent
+// events) or not, from a script per task, tool calls included, and keeps
+// a ledger of every request so that a test can prove that no model call
+// was repeated and no user turn injected across a pause, a checkpoint or a
+// restore (PROTOCOL §7, invariant 4).
 //
 // A request names its task with the header X-Stillpoint-Task (or, failing
 // that, the request's "user" field). The reply is the script's turn number

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stillpoint/stillpoint/e2e/modelserver"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
 var script = modelserver.Script{

@@ -1,4 +1,4 @@
-package cli
+package demo
 
 import (
 	"bufio"
@@ -15,10 +15,11 @@ import (
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
-	"github.com/stillpoint/stillpoint/e2e/modelserver"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/scripted"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
 // invariant is one PROTOCOL §7 check of the demo.
@@ -159,7 +160,7 @@ func readResults(path string, n int) (lines int, dups, missing, ungraded []strin
 		if seen[r.RolloutID] == 2 {
 			dups = append(dups, r.RolloutID)
 		}
-		var v tasks.Verdict
+		var v scripted.Verdict
 		if !r.OK || r.Result == nil || json.Unmarshal(r.Result.Verdict, &v) != nil || v.Reward != 1 {
 			ungraded = append(ungraded, r.RolloutID)
 		}

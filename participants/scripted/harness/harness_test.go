@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stillpoint/stillpoint/e2e/harness"
-	"github.com/stillpoint/stillpoint/e2e/modelserver"
+	"github.com/stillpoint/stillpoint/participants/scripted/harness"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
 func bash(id, command string) modelserver.ToolCall {

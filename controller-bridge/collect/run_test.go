@@ -1,0 +1,159 @@
+package collect
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+	"github.com/rs/zerolog"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+)
+
+// errStopping is what the test's agent answers a rollout it will not run:
+// the answer of an agent that is shutting down (503 stopping).
+var errStopping = errors.New("the agent is stopping")
+
+// serveAgent serves agent name's run endpoint on the bus until the test
+// ends: answer gets each request's rollout id and the service's context
+// (which ends when the service stops).
+func serveAgent(t *testing.T, env *jstest.Env, run, name string, answer func(ctx context.Context, rollout string) error) {
+	t.Helper()
+	nc, _ := env.Connect(t)
+	s, err := jetstream.NewService(nc, micro.Config{Name: "test-agent", Version: "1.0.0"},
+		events.ServiceSubject(run, events.Member("agent."+name)),
+		func(err error) (int, string) {
+			if errors.Is(err, errStopping) {
+				return 503, "stopping"
+			}
+			return 500, "rollout_failed"
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.HandleAsync(t.Context(), "run", func(ctx context.Context, body []byte) (any, error) {
+		var req struct {
+			RolloutID string `json:"rollout_id"`
+		}
+		if err := json.Unmarshal(body, &req); err != nil {
+			return nil, err
+		}
+		return struct{}{}, answer(ctx, req.RolloutID)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Stop(); err != nil {
+			t.Errorf("stop the test agent: %v", err)
+		}
+	})
+}
+
+// noController is the controller of a collection that takes no
+// checkpoint: every call fails.
+type noController struct{}
+
+var errNoController = errors.New("this test takes no checkpoint")
+
+func (noController) Checkpoint(context.Context, bridge.CheckpointRequest) (*bridge.CheckpointResult, error) {
+	return nil, errNoController
+}
+
+func (noController) Restore(context.Context, bridge.RestoreRequest) (*bridge.RestoreResult, error) {
+	return nil, errNoController
+}
+
+func (noController) Retire(context.Context, []string) (*bridge.OpResult, error) {
+	return nil, errNoController
+}
+
+func (noController) Release(context.Context, bridge.ReleaseRequest) (*bridge.OpResult, error) {
+	return nil, errNoController
+}
+
+func (noController) Status(context.Context) (*bridge.Status, error) { return nil, errNoController }
+
+// collectorGoroutines returns the stacks of the goroutines that run the
+// collector's code, at this instant.
+func collectorGoroutines() []string {
+	buf := make([]byte, 1<<16)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "controller-bridge/collect.(*Collector)") {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// TestRunJoinsItsGoroutines: when Run returns, none of the goroutines it
+// started is left: not the request still in flight (r1, which the agent
+// never answers), not the retry of an unfinished rollout (r2, which the
+// agent answers "stopping" and which is asked again a second later), not
+// the fleet watcher. So no late answer can reach the output after Run
+// closed it.
+func TestRunJoinsItsGoroutines(t *testing.T) {
+	const run = "joins"
+	env := jstest.Start(t)
+	asked := make(chan string, 16)
+	serveAgent(t, env, run, "a1", func(ctx context.Context, rollout string) error {
+		asked <- rollout
+		if rollout == "r1" {
+			<-ctx.Done() // in flight until the service stops
+			return ctx.Err()
+		}
+		return errStopping
+	})
+	nc, js := env.Connect(t)
+	c, err := New(Config{Run: run, Tasks: []Task{{RolloutID: "r1", Task: json.RawMessage(`{}`)}, {RolloutID: "r2", Task: json.RawMessage(`{}`)}},
+		Output: filepath.Join(t.TempDir(), "results.jsonl"), Agents: []string{"a1"}, Conn: nc, JS: js, Bus: env.Bus,
+		Controller: noController{}, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Run(ctx)
+		done <- err
+	}()
+
+	counts := map[string]int{}
+	timeout := time.After(20 * time.Second)
+	for counts["r1"] < 1 || counts["r2"] < 2 {
+		select {
+		case id := <-asked:
+			counts[id]++
+		case err := <-done:
+			t.Fatalf("Run returned early: %v", err)
+		case <-timeout:
+			t.Fatalf("the agent was asked %v, want r1 once and r2 twice (asked again after its answer)", counts)
+		}
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v, want context.Canceled", err)
+	}
+	if gs := collectorGoroutines(); len(gs) > 0 {
+		t.Fatalf("%d goroutines of the collector outlive Run:\n\n%s", len(gs), strings.Join(gs, "\n\n"))
+	}
+}
