@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
@@ -38,7 +39,7 @@ type Bridge struct {
 // heldCheckpoint is a checkpoint held prepared for an outer save.
 type heldCheckpoint struct {
 	mu      sync.Mutex // held by a renew while it publishes
-	req     CheckpointRequest
+	req     bridgeapi.CheckpointRequest
 	id      string
 	prepare events.Prepare
 	lastID  string // the id of the last phase this bridge published for it
@@ -83,7 +84,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 		defer cancel()
 		st, err := b.state(cctx)
 		if err == nil {
-			_, err = b.abort(cctx, &st, h.prepare.PhaseHeader, events.PhasePrepare, &Failure{Phase: events.PhasePrepare,
+			_, err = b.abort(cctx, &st, h.prepare.PhaseHeader, events.PhasePrepare, &bridgeapi.Failure{Phase: events.PhasePrepare,
 				Reason: "the bridge stopped while the checkpoint was held"}, h.started, h.prepMS)
 		}
 		if err != nil {
@@ -186,7 +187,7 @@ func (b *Bridge) header(st *runState, id string, epoch uint64, members []events.
 }
 
 // publishPhase publishes p fenced on the run's last phase: if another
-// bridge published in between, the server refuses it and ErrFenced is
+// bridge published in between, the server refuses it and bridgeapi.ErrFenced is
 // returned. On success st describes p.
 func (b *Bridge) publishPhase(ctx context.Context, st *runState, p events.PhaseEvent) error {
 	h := p.Header()
@@ -207,7 +208,7 @@ func (b *Bridge) publishPhase(ctx context.Context, st *runState, p events.PhaseE
 			*st = now
 			return nil
 		}
-		return fmt.Errorf("%w: publishing %s seq %d: %w", ErrFenced, p.Phase(), h.Seq, err)
+		return fmt.Errorf("%w: publishing %s seq %d: %w", bridgeapi.ErrFenced, p.Phase(), h.Seq, err)
 	}
 	if err != nil {
 		return fmt.Errorf("bridge: publish %s seq %d: %w", p.Phase(), h.Seq, err)

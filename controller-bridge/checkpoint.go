@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
 	"github.com/stillpoint/stillpoint/events"
 )
@@ -16,8 +17,8 @@ import (
 // Status failed and names every blocker and member. Errors are for what
 // kept the bridge from deciding (a bad request, another operation open,
 // the bus).
-func (b *Bridge) Checkpoint(ctx context.Context, req CheckpointRequest) (*CheckpointResult, error) {
-	if err := req.validate(); err != nil {
+func (b *Bridge) Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest) (*bridgeapi.CheckpointResult, error) {
+	if err := req.Validate(); err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
@@ -32,14 +33,14 @@ func (b *Bridge) Checkpoint(ctx context.Context, req CheckpointRequest) (*Checkp
 	if m, _, err := b.manifest(ctx, req.ID); err != nil {
 		return nil, err
 	} else if m != nil {
-		return resultOf(m), nil
+		return bridgeapi.ResultOf(m), nil
 	}
 	st, err := b.state(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if st.last != nil && st.last.Header().CheckpointID == req.ID {
-		return nil, fmt.Errorf("%w: id %s was already used by %s seq %d", ErrBadRequest, req.ID, st.last.Phase(), st.seq)
+		return nil, fmt.Errorf("%w: id %s was already used by %s seq %d", bridgeapi.ErrBadRequest, req.ID, st.last.Phase(), st.seq)
 	}
 	members, _, err := b.liveMembers(ctx, st.epoch, false)
 	if err != nil {
@@ -64,22 +65,22 @@ func (b *Bridge) Checkpoint(ctx context.Context, req CheckpointRequest) (*Checkp
 	if verdict != Complete {
 		errs, blockers, counts := tally.Failure(b.cfg.Now())
 		log.Warn().Int("failed_members", len(errs)).Msg("prepare failed; aborting")
-		return b.abort(ctx, &st, prep.PhaseHeader, events.PhasePrepare, &Failure{Phase: events.PhasePrepare,
+		return b.abort(ctx, &st, prep.PhaseHeader, events.PhasePrepare, &bridgeapi.Failure{Phase: events.PhasePrepare,
 			Reason: fmt.Sprintf("%d of %d members not ready, failed or silent", len(errs), len(members)),
 			Errors: errs, Blockers: blockers, BlockerCount: counts}, started, prepMS)
 	}
 	if req.Hold {
 		b.hold(req, prep, st.lastID, tally, started, prepMS, timeout)
 		log.Info().Int64("prepare_ms", prepMS).Msg("checkpoint held prepared")
-		return &CheckpointResult{Run: b.cfg.Run, CheckpointID: req.ID, Status: StatusPrepared, Epoch: st.epoch,
+		return &bridgeapi.CheckpointResult{Run: b.cfg.Run, CheckpointID: req.ID, Status: bridgeapi.StatusPrepared, Epoch: st.epoch,
 			Members: members, PrepareMS: prepMS, Restarted: restartsOf(tally)}, nil
 	}
 	return b.commit(ctx, &st, req, prep, tally, started, prepMS, timeout)
 }
 
 // commit runs the commit phase of a prepared checkpoint and finishes it.
-func (b *Bridge) commit(ctx context.Context, st *runState, req CheckpointRequest, prep events.Prepare, prepTally *Tally,
-	started time.Time, prepMS int64, timeout time.Duration) (*CheckpointResult, error) {
+func (b *Bridge) commit(ctx context.Context, st *runState, req bridgeapi.CheckpointRequest, prep events.Prepare, prepTally *Tally,
+	started time.Time, prepMS int64, timeout time.Duration) (*bridgeapi.CheckpointResult, error) {
 	log := b.log.With().Str("checkpoint", req.ID).Logger()
 	restarts := restartsOf(prepTally)
 	scope := scopeOf(req.Episodes, restarts)
@@ -101,13 +102,13 @@ func (b *Bridge) commit(ctx context.Context, st *runState, req CheckpointRequest
 	if verdict != Complete {
 		errs, _, _ := tally.Failure(b.cfg.Now())
 		log.Warn().Int("failed_members", len(errs)).Msg("commit failed; aborting")
-		return b.abort(ctx, st, c.PhaseHeader, events.PhaseCommit, &Failure{Phase: events.PhaseCommit,
+		return b.abort(ctx, st, c.PhaseHeader, events.PhaseCommit, &bridgeapi.Failure{Phase: events.PhaseCommit,
 			Reason: fmt.Sprintf("%d of %d members did not export", len(errs), len(c.Members)), Errors: errs}, started, prepMS)
 	}
 	m, err := b.buildManifest(ctx, c, tally, restarts, prep.Seq, prepMS, commitMS)
 	if err != nil {
 		log.Warn().Err(err).Msg("member manifests do not verify; aborting")
-		return b.abort(ctx, st, c.PhaseHeader, events.PhaseCommit, &Failure{Phase: events.PhaseCommit, Reason: err.Error()}, started, prepMS)
+		return b.abort(ctx, st, c.PhaseHeader, events.PhaseCommit, &bridgeapi.Failure{Phase: events.PhaseCommit, Reason: err.Error()}, started, prepMS)
 	}
 	return b.finishCommitted(ctx, st, m, tally.Members())
 }
@@ -165,7 +166,7 @@ func (b *Bridge) buildManifest(ctx context.Context, c events.Commit, t *Tally, r
 // finishCommitted creates the manifest (the commit point), moves LATEST,
 // publishes the outcome and resumes (not with stop). Every step is
 // idempotent, so recovery calls it again after a crash anywhere in it.
-func (b *Bridge) finishCommitted(ctx context.Context, st *runState, m events.CheckpointManifest, members []events.Member) (*CheckpointResult, error) {
+func (b *Bridge) finishCommitted(ctx context.Context, st *runState, m events.CheckpointManifest, members []events.Member) (*bridgeapi.CheckpointResult, error) {
 	log := b.log.With().Str("checkpoint", m.CheckpointID).Logger()
 	have, created, err := b.createManifest(ctx, m)
 	if err != nil {
@@ -174,7 +175,7 @@ func (b *Bridge) finishCommitted(ctx context.Context, st *runState, m events.Che
 	if have.Aborted {
 		// Another bridge aborted it first: it never exists.
 		log.Warn().Str("reason", have.Reason).Msg("the checkpoint was aborted by another bridge; not committing")
-		return b.finishAborted(ctx, st, have, members, events.PhaseCommit, &Failure{Phase: events.PhaseCommit, Reason: have.Reason})
+		return b.finishAborted(ctx, st, have, members, events.PhaseCommit, &bridgeapi.Failure{Phase: events.PhaseCommit, Reason: have.Reason})
 	}
 	m = *have
 	if created {
@@ -198,7 +199,7 @@ func (b *Bridge) finishCommitted(ctx context.Context, st *runState, m events.Che
 		}
 	}
 	failpoint.Hit("bridge/after-outcome")
-	res := resultOf(&m)
+	res := bridgeapi.ResultOf(&m)
 	res.Members = members
 	if !m.Stop {
 		if err := b.resume(ctx, st, m.CheckpointID, members, false); err != nil {
@@ -241,7 +242,7 @@ func (b *Bridge) moveLatest(ctx context.Context, m events.CheckpointManifest) er
 // checkpoint.failed and resumes the fleet. If the checkpoint was committed
 // first (by this bridge before a crash, or another), it finishes that
 // instead.
-func (b *Bridge) abort(ctx context.Context, st *runState, h events.PhaseHeader, phase events.Phase, f *Failure, started time.Time, prepMS int64) (*CheckpointResult, error) {
+func (b *Bridge) abort(ctx context.Context, st *runState, h events.PhaseHeader, phase events.Phase, f *bridgeapi.Failure, started time.Time, prepMS int64) (*bridgeapi.CheckpointResult, error) {
 	marker := events.CheckpointManifest{Schema: events.CheckpointSchema, Run: b.cfg.Run, CheckpointID: h.CheckpointID, Epoch: h.Epoch,
 		Created: b.cfg.Now().UTC(), Aborted: true, Reason: f.Reason, PrepareMS: prepMS}
 	have, _, err := b.createManifest(ctx, marker)
@@ -257,7 +258,7 @@ func (b *Bridge) abort(ctx context.Context, st *runState, h events.PhaseHeader, 
 }
 
 // finishAborted publishes checkpoint.failed (once) and resumes.
-func (b *Bridge) finishAborted(ctx context.Context, st *runState, m *events.CheckpointManifest, members []events.Member, phase events.Phase, f *Failure) (*CheckpointResult, error) {
+func (b *Bridge) finishAborted(ctx context.Context, st *runState, m *events.CheckpointManifest, members []events.Member, phase events.Phase, f *bridgeapi.Failure) (*bridgeapi.CheckpointResult, error) {
 	if o, err := b.outcomeOf(ctx, events.TypeCheckpointFailed, m.CheckpointID); err != nil {
 		return nil, err
 	} else if o == nil {
@@ -270,7 +271,7 @@ func (b *Bridge) finishAborted(ctx context.Context, st *runState, m *events.Chec
 			return nil, err
 		}
 	}
-	res := &CheckpointResult{Run: b.cfg.Run, CheckpointID: m.CheckpointID, Status: StatusFailed, Epoch: m.Epoch,
+	res := &bridgeapi.CheckpointResult{Run: b.cfg.Run, CheckpointID: m.CheckpointID, Status: bridgeapi.StatusFailed, Epoch: m.Epoch,
 		Members: members, PrepareMS: m.PrepareMS, Failure: f}
 	if st.last != nil && st.last.Phase() == events.PhaseResume && st.last.Header().CheckpointID == m.CheckpointID {
 		return res, nil
@@ -283,7 +284,7 @@ func (b *Bridge) finishAborted(ctx context.Context, st *runState, m *events.Chec
 
 // hold keeps a prepared checkpoint parked, renewing the lease every third
 // of the phase timeout until Commit or Abort. The caller holds b.mu.
-func (b *Bridge) hold(req CheckpointRequest, prep events.Prepare, lastID string, t *Tally, started time.Time, prepMS int64, timeout time.Duration) {
+func (b *Bridge) hold(req bridgeapi.CheckpointRequest, prep events.Prepare, lastID string, t *Tally, started time.Time, prepMS int64, timeout time.Duration) {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &heldCheckpoint{req: req, id: req.ID, prepare: prep, lastID: lastID, tally: t, started: started, prepMS: prepMS,
 		stop: cancel, done: make(chan struct{})}
@@ -319,7 +320,7 @@ func (b *Bridge) renew(ctx context.Context, h *heldCheckpoint, timeout time.Dura
 		return err
 	}
 	if st.lastID != h.lastID {
-		return fmt.Errorf("%w: checkpoint %s is no longer the run's open phase (last is %s)", ErrFenced, h.id, st.lastID)
+		return fmt.Errorf("%w: checkpoint %s is no longer the run's open phase (last is %s)", bridgeapi.ErrFenced, h.id, st.lastID)
 	}
 	r := events.Renew{PhaseHeader: b.header(&st, h.id, st.epoch, h.prepare.Members, timeout)}
 	if err := b.publishPhase(ctx, &st, r); err != nil {
@@ -345,8 +346,8 @@ func (b *Bridge) stopRenew() {
 }
 
 // Commit commits the checkpoint held prepared by a Checkpoint with Hold;
-// stop parks the fleet as in CheckpointRequest.
-func (b *Bridge) Commit(ctx context.Context, id string, stop bool) (*CheckpointResult, error) {
+// stop parks the fleet as in bridgeapi.CheckpointRequest.
+func (b *Bridge) Commit(ctx context.Context, id string, stop bool) (*bridgeapi.CheckpointResult, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	h, st, err := b.unhold(ctx, id)
@@ -359,7 +360,7 @@ func (b *Bridge) Commit(ctx context.Context, id string, stop bool) (*CheckpointR
 }
 
 // Abort abandons the held checkpoint id: abort marker, outcome, resume.
-func (b *Bridge) Abort(ctx context.Context, id string) (*CheckpointResult, error) {
+func (b *Bridge) Abort(ctx context.Context, id string) (*bridgeapi.CheckpointResult, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	h, st, err := b.unhold(ctx, id)
@@ -367,7 +368,7 @@ func (b *Bridge) Abort(ctx context.Context, id string) (*CheckpointResult, error
 		return nil, err
 	}
 	return b.abort(ctx, &st, h.prepare.PhaseHeader, events.PhasePrepare,
-		&Failure{Phase: events.PhasePrepare, Reason: "aborted by the controller"}, h.started, h.prepMS)
+		&bridgeapi.Failure{Phase: events.PhasePrepare, Reason: "aborted by the controller"}, h.started, h.prepMS)
 }
 
 // unhold ends the hold of checkpoint id and reads the run's state, for
@@ -375,14 +376,14 @@ func (b *Bridge) Abort(ctx context.Context, id string) (*CheckpointResult, error
 func (b *Bridge) unhold(ctx context.Context, id string) (*heldCheckpoint, runState, error) {
 	h := b.held
 	if h == nil || h.id != id {
-		return nil, runState{}, fmt.Errorf("%w: no checkpoint %s is held", ErrNotFound, id)
+		return nil, runState{}, fmt.Errorf("%w: no checkpoint %s is held", bridgeapi.ErrNotFound, id)
 	}
 	b.stopRenew()
 	st, err := b.state(ctx)
 	if err == nil && st.lastID != h.lastID {
 		// Another bridge took the run over (and aborted this checkpoint, or
 		// will): committing now would commit after its resume.
-		err = fmt.Errorf("%w: checkpoint %s is no longer the run's open phase", ErrFenced, h.id)
+		err = fmt.Errorf("%w: checkpoint %s is no longer the run's open phase", bridgeapi.ErrFenced, h.id)
 	}
 	return h, st, err
 }
@@ -391,7 +392,7 @@ func (b *Bridge) unhold(ctx context.Context, id string) (*heldCheckpoint, runSta
 // a previous bridge left open. The caller holds b.mu.
 func (b *Bridge) begin(ctx context.Context) error {
 	if b.held != nil {
-		return fmt.Errorf("%w: checkpoint %s is held prepared", ErrBusy, b.held.id)
+		return fmt.Errorf("%w: checkpoint %s is held prepared", bridgeapi.ErrBusy, b.held.id)
 	}
 	return b.recoverLocked(ctx)
 }
@@ -432,21 +433,6 @@ func scopeOf(episodes, restarts []string) []events.Episode {
 		scope = append(scope, ep)
 	}
 	return scope
-}
-
-func resultOf(m *events.CheckpointManifest) *CheckpointResult {
-	r := &CheckpointResult{Run: m.Run, CheckpointID: m.CheckpointID, Epoch: m.Epoch, Continued: m.Continued,
-		Restarted: m.Restarted, PrepareMS: m.PrepareMS, CommitMS: m.CommitMS, Stop: m.Stop}
-	if m.Aborted {
-		r.Status = StatusFailed
-		r.Failure = &Failure{Reason: m.Reason}
-	} else {
-		r.Status = StatusCommitted
-	}
-	for _, mm := range m.Members {
-		r.Members = append(r.Members, mm.Member)
-	}
-	return r
 }
 
 // sanitizeID makes a generated id a valid token.

@@ -41,5 +41,6 @@
 //
 // The controller reaches the bridge through its Go methods, the HTTP JSON
 // API (Handler; docs/API.md), the Go HTTP client in package client, or the
-// stillpoint CLI.
+// stillpoint CLI. The requests, results, errors and routes they share are
+// the types of package bridgeapi.
 package bridge

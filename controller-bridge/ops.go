@@ -6,19 +6,20 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
 	"github.com/stillpoint/stillpoint/events"
 )
 
 // Retire refuses the given attempts (and earlier ones of the same
 // rollouts) on every member from now on and stops their work.
-func (b *Bridge) Retire(ctx context.Context, episodes []string) (*OpResult, error) {
+func (b *Bridge) Retire(ctx context.Context, episodes []string) (*bridgeapi.OpResult, error) {
 	eps, err := parseEpisodes(episodes)
 	if err != nil {
 		return nil, err
 	}
 	if len(eps) == 0 {
-		return nil, fmt.Errorf("%w: retire needs at least one episode", ErrBadRequest)
+		return nil, fmt.Errorf("%w: retire needs at least one episode", bridgeapi.ErrBadRequest)
 	}
 	return b.simpleOp(ctx, events.PhaseRetire, func(h events.PhaseHeader) events.PhaseEvent {
 		return events.Retire{PhaseHeader: h, Episodes: eps}
@@ -26,13 +27,13 @@ func (b *Bridge) Retire(ctx context.Context, episodes []string) (*OpResult, erro
 }
 
 // Forget drops the refusal marks of rollouts that are finished for good.
-func (b *Bridge) Forget(ctx context.Context, rollouts []string) (*OpResult, error) {
+func (b *Bridge) Forget(ctx context.Context, rollouts []string) (*bridgeapi.OpResult, error) {
 	if len(rollouts) == 0 {
-		return nil, fmt.Errorf("%w: forget needs at least one rollout", ErrBadRequest)
+		return nil, fmt.Errorf("%w: forget needs at least one rollout", bridgeapi.ErrBadRequest)
 	}
 	for i, r := range rollouts {
 		if err := events.ValidateRollout(fmt.Sprintf("rollouts[%d]", i), r); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+			return nil, fmt.Errorf("%w: %w", bridgeapi.ErrBadRequest, err)
 		}
 	}
 	return b.simpleOp(ctx, events.PhaseForget, func(h events.PhaseHeader) events.PhaseEvent {
@@ -42,7 +43,7 @@ func (b *Bridge) Forget(ctx context.Context, rollouts []string) (*OpResult, erro
 
 // simpleOp publishes a retire or forget to the members of the current
 // epoch and gathers their acks.
-func (b *Bridge) simpleOp(ctx context.Context, phase events.Phase, build func(events.PhaseHeader) events.PhaseEvent) (*OpResult, error) {
+func (b *Bridge) simpleOp(ctx context.Context, phase events.Phase, build func(events.PhaseHeader) events.PhaseEvent) (*bridgeapi.OpResult, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	st, members, err := b.startOp(ctx)
@@ -58,11 +59,11 @@ func (b *Bridge) simpleOp(ctx context.Context, phase events.Phase, build func(ev
 	if err != nil {
 		return nil, err
 	}
-	res := &OpResult{Run: b.cfg.Run, OpID: id, Phase: phase, Status: StatusCompleted, Members: members}
+	res := &bridgeapi.OpResult{Run: b.cfg.Run, OpID: id, Phase: phase, Status: bridgeapi.StatusCompleted, Members: members}
 	if v != Complete {
 		errs, _, _ := t.Failure(b.cfg.Now())
-		res.Status = StatusFailed
-		res.Failure = &Failure{Phase: phase, Reason: fmt.Sprintf("%d of %d members failed or were silent", len(errs), len(members)), Errors: errs}
+		res.Status = bridgeapi.StatusFailed
+		res.Failure = &bridgeapi.Failure{Phase: phase, Reason: fmt.Sprintf("%d of %d members failed or were silent", len(errs), len(members)), Errors: errs}
 	}
 	b.log.Info().Str("op", id).Str("status", res.Status).Msg(string(phase) + " done")
 	return res, nil
@@ -88,12 +89,12 @@ func (b *Bridge) startOp(ctx context.Context) (runState, []events.Member, error)
 // it leaves no manifest, record or LATEST of the run. Abort markers are
 // kept by every release, so that an aborted checkpoint can never be
 // created later (PROTOCOL §7, invariant 2).
-func (b *Bridge) Release(ctx context.Context, req ReleaseRequest) (*OpResult, error) {
+func (b *Bridge) Release(ctx context.Context, req bridgeapi.ReleaseRequest) (*bridgeapi.OpResult, error) {
 	if err := validateTokens("keep", req.Keep); err != nil {
 		return nil, err
 	}
 	if req.KeepLatest < 0 {
-		return nil, fmt.Errorf("%w: keep_latest: negative", ErrBadRequest)
+		return nil, fmt.Errorf("%w: keep_latest: negative", bridgeapi.ErrBadRequest)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -121,8 +122,8 @@ func (b *Bridge) Release(ctx context.Context, req ReleaseRequest) (*OpResult, er
 
 // finishRelease gathers release acks and, if every member released,
 // deletes what is not kept. Recovery calls it again.
-func (b *Bridge) finishRelease(ctx context.Context, p events.Release) (*OpResult, error) {
-	res := &OpResult{Run: b.cfg.Run, OpID: p.CheckpointID, Phase: events.PhaseRelease, Status: StatusCompleted,
+func (b *Bridge) finishRelease(ctx context.Context, p events.Release) (*bridgeapi.OpResult, error) {
+	res := &bridgeapi.OpResult{Run: b.cfg.Run, OpID: p.CheckpointID, Phase: events.PhaseRelease, Status: bridgeapi.StatusCompleted,
 		Members: p.Members, Keep: p.Keep, MemberDeleted: map[events.Member][]string{}}
 	t, v, err := b.gather(ctx, p)
 	if err != nil {
@@ -137,8 +138,8 @@ func (b *Bridge) finishRelease(ctx context.Context, p events.Release) (*OpResult
 		// Keep the bridge's side: a member that did not release may still
 		// hold snapshots that these manifests name.
 		errs, _, _ := t.Failure(b.cfg.Now())
-		res.Status = StatusFailed
-		res.Failure = &Failure{Phase: events.PhaseRelease, Reason: fmt.Sprintf("%d of %d members did not release; manifests kept", len(errs), len(p.Members)), Errors: errs}
+		res.Status = bridgeapi.StatusFailed
+		res.Failure = &bridgeapi.Failure{Phase: events.PhaseRelease, Reason: fmt.Sprintf("%d of %d members did not release; manifests kept", len(errs), len(p.Members)), Errors: errs}
 	} else {
 		kept := map[string]bool{}
 		for _, k := range p.Keep {
@@ -191,7 +192,7 @@ func (b *Bridge) finishRelease(ctx context.Context, p events.Release) (*OpResult
 }
 
 // keepSet resolves a release request to the committed checkpoints kept.
-func keepSet(all []events.CheckpointManifest, req ReleaseRequest) ([]string, error) {
+func keepSet(all []events.CheckpointManifest, req bridgeapi.ReleaseRequest) ([]string, error) {
 	committed := map[string]bool{}
 	var order []string
 	for _, m := range all {
@@ -203,7 +204,7 @@ func keepSet(all []events.CheckpointManifest, req ReleaseRequest) ([]string, err
 	keep := map[string]bool{}
 	for _, k := range req.Keep {
 		if !committed[k] {
-			return nil, fmt.Errorf("%w: keep names %s, which is not a committed checkpoint", ErrNotFound, k)
+			return nil, fmt.Errorf("%w: keep names %s, which is not a committed checkpoint", bridgeapi.ErrNotFound, k)
 		}
 		keep[k] = true
 	}
@@ -219,12 +220,12 @@ func keepSet(all []events.CheckpointManifest, req ReleaseRequest) ([]string, err
 }
 
 // Status reads the run's state from the bus.
-func (b *Bridge) Status(ctx context.Context) (*Status, error) {
+func (b *Bridge) Status(ctx context.Context) (*bridgeapi.Status, error) {
 	st, err := b.state(ctx)
 	if err != nil {
 		return nil, err
 	}
-	s := &Status{Run: b.cfg.Run, Epoch: st.epoch, Seq: st.seq, Checkpoints: []CheckpointInfo{}, Members: []events.MemberInfo{}}
+	s := &bridgeapi.Status{Run: b.cfg.Run, Epoch: st.epoch, Seq: st.seq, Checkpoints: []bridgeapi.CheckpointInfo{}, Members: []events.MemberInfo{}}
 	if st.last != nil {
 		s.LastPhase, s.LastCheckpoint = st.last.Phase(), st.last.Header().CheckpointID
 	}
@@ -246,7 +247,7 @@ func (b *Bridge) Status(ctx context.Context) (*Status, error) {
 		return nil, err
 	}
 	for _, m := range all {
-		s.Checkpoints = append(s.Checkpoints, CheckpointInfo{CheckpointID: m.CheckpointID, Epoch: m.Epoch, Created: m.Created,
+		s.Checkpoints = append(s.Checkpoints, bridgeapi.CheckpointInfo{CheckpointID: m.CheckpointID, Epoch: m.Epoch, Created: m.Created,
 			Aborted: m.Aborted, Reason: m.Reason, Continued: len(m.Continued), Restarted: len(m.Restarted), Members: len(m.Members), Stop: m.Stop})
 	}
 	_, infos, err := b.liveMembers(ctx, st.epoch, false)
@@ -264,7 +265,7 @@ func parseEpisodes(keys []string) ([]events.Episode, error) {
 	for i, k := range keys {
 		e, err := events.ParseEpisode(k)
 		if err != nil {
-			return nil, fmt.Errorf("%w: episodes[%d]: %w", ErrBadRequest, i, err)
+			return nil, fmt.Errorf("%w: episodes[%d]: %w", bridgeapi.ErrBadRequest, i, err)
 		}
 		out = append(out, e)
 	}
@@ -274,7 +275,7 @@ func parseEpisodes(keys []string) ([]events.Episode, error) {
 func validateTokens(field string, ids []string) error {
 	for i, id := range ids {
 		if err := events.ValidateToken(fmt.Sprintf("%s[%d]", field, i), id); err != nil {
-			return fmt.Errorf("%w: %w", ErrBadRequest, err)
+			return fmt.Errorf("%w: %w", bridgeapi.ErrBadRequest, err)
 		}
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 )
 
@@ -36,7 +37,7 @@ func (b *Bridge) recoverLocked(ctx context.Context) error {
 		}
 		log.Warn().Msg("recovering: a checkpoint was left preparing; aborting it")
 		prepMS := b.cfg.Now().Sub(st.lastAt).Milliseconds()
-		_, err := b.abort(ctx, &st, h, events.PhasePrepare, &Failure{Phase: events.PhasePrepare,
+		_, err := b.abort(ctx, &st, h, events.PhasePrepare, &bridgeapi.Failure{Phase: events.PhasePrepare,
 			Reason: "the bridge restarted while the checkpoint was preparing"}, st.lastAt, max(prepMS, 0))
 		return err
 	case events.Commit:
@@ -69,11 +70,11 @@ func (b *Bridge) recoverLocked(ctx context.Context) error {
 				log.Warn().Err(err).Msg("recovering: member manifests do not verify")
 			}
 			errs, _, _ := t.Failure(b.cfg.Now())
-			_, err = b.abort(ctx, &st, h, events.PhaseCommit, &Failure{Phase: events.PhaseCommit,
+			_, err = b.abort(ctx, &st, h, events.PhaseCommit, &bridgeapi.Failure{Phase: events.PhaseCommit,
 				Reason: "the bridge restarted during the commit and not every member exported", Errors: errs}, st.lastAt, 0)
 			return err
 		case m.Aborted:
-			_, err := b.finishAborted(ctx, &st, m, h.Members, events.PhaseCommit, &Failure{Phase: events.PhaseCommit, Reason: m.Reason})
+			_, err := b.finishAborted(ctx, &st, m, h.Members, events.PhaseCommit, &bridgeapi.Failure{Phase: events.PhaseCommit, Reason: m.Reason})
 			return err
 		default:
 			if m.Stop {
@@ -101,8 +102,8 @@ func (b *Bridge) recoverLocked(ctx context.Context) error {
 			return err // a retire of its own: nothing left to do
 		}
 		log.Warn().Msg("recovering: a failed restore was left retiring; finishing it")
-		res := &RestoreResult{Run: b.cfg.Run, RestoreID: r.CheckpointID, Source: r.Source, Epoch: r.Epoch, Members: r.Members,
-			Failure: &Failure{Phase: events.PhaseRestore, Reason: "the restore failed (recovered after a bridge restart)"}}
+		res := &bridgeapi.RestoreResult{Run: b.cfg.Run, RestoreID: r.CheckpointID, Source: r.Source, Epoch: r.Epoch, Members: r.Members,
+			Failure: &bridgeapi.Failure{Phase: events.PhaseRestore, Reason: "the restore failed (recovered after a bridge restart)"}}
 		_, err = b.failRestore(ctx, &st, *r, res)
 		return err
 	case events.Resume:
@@ -117,9 +118,9 @@ func (b *Bridge) recoverLocked(ctx context.Context) error {
 			return err
 		}
 		log.Warn().Msg("recovering: a restore resumed without an outcome; reporting it")
-		res := &RestoreResult{Run: b.cfg.Run, RestoreID: r.CheckpointID, Source: r.Source, Epoch: r.Epoch, Members: r.Members}
+		res := &bridgeapi.RestoreResult{Run: b.cfg.Run, RestoreID: r.CheckpointID, Source: r.Source, Epoch: r.Epoch, Members: r.Members}
 		if p.Aborted {
-			res.Failure = &Failure{Phase: events.PhaseRestore, Reason: "the restore failed (recovered after a bridge restart)"}
+			res.Failure = &bridgeapi.Failure{Phase: events.PhaseRestore, Reason: "the restore failed (recovered after a bridge restart)"}
 			_, err = b.failRestore(ctx, &st, *r, res)
 			return err
 		}

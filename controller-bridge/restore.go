@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
 	"github.com/stillpoint/stillpoint/events"
 )
@@ -16,19 +17,19 @@ import (
 // the fleet resumes and the result is failed; those rollouts then restart
 // from their input. Members of the old epoch that are still alive are
 // superseded by the new epoch and stop.
-func (b *Bridge) Restore(ctx context.Context, req RestoreRequest) (*RestoreResult, error) {
+func (b *Bridge) Restore(ctx context.Context, req bridgeapi.RestoreRequest) (*bridgeapi.RestoreResult, error) {
 	if req.Source != "" {
 		if err := events.ValidateCheckpointID(req.Source); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+			return nil, fmt.Errorf("%w: %w", bridgeapi.ErrBadRequest, err)
 		}
 	}
 	if req.ID != "" {
 		if err := events.ValidateCheckpointID(req.ID); err != nil {
-			return nil, fmt.Errorf("%w: restore_id: %w", ErrBadRequest, err)
+			return nil, fmt.Errorf("%w: restore_id: %w", bridgeapi.ErrBadRequest, err)
 		}
 	}
 	if req.TimeoutMS < 0 {
-		return nil, fmt.Errorf("%w: timeout_ms: negative", ErrBadRequest)
+		return nil, fmt.Errorf("%w: timeout_ms: negative", bridgeapi.ErrBadRequest)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -41,7 +42,7 @@ func (b *Bridge) Restore(ctx context.Context, req RestoreRequest) (*RestoreResul
 			return nil, err
 		}
 		if l == nil {
-			return nil, fmt.Errorf("%w: run %s has no committed checkpoint (no LATEST)", ErrNotFound, b.cfg.Run)
+			return nil, fmt.Errorf("%w: run %s has no committed checkpoint (no LATEST)", bridgeapi.ErrNotFound, b.cfg.Run)
 		}
 		req.Source = l.CheckpointID
 	}
@@ -50,7 +51,7 @@ func (b *Bridge) Restore(ctx context.Context, req RestoreRequest) (*RestoreResul
 		return nil, err
 	}
 	if m == nil || m.Aborted {
-		return nil, fmt.Errorf("%w: checkpoint %s of run %s is not committed", ErrNotFound, req.Source, b.cfg.Run)
+		return nil, fmt.Errorf("%w: checkpoint %s of run %s is not committed", bridgeapi.ErrNotFound, req.Source, b.cfg.Run)
 	}
 	st, err := b.state(ctx)
 	if err != nil {
@@ -75,7 +76,7 @@ func (b *Bridge) Restore(ctx context.Context, req RestoreRequest) (*RestoreResul
 	}
 	if len(missing) > 0 {
 		sort.Strings(missing)
-		return nil, fmt.Errorf("%w: checkpoint %s has records of %v, and no fresh member of those names is alive", ErrNoFreshMember, req.Source, missing)
+		return nil, fmt.Errorf("%w: checkpoint %s has records of %v, and no fresh member of those names is alive", bridgeapi.ErrNoFreshMember, req.Source, missing)
 	}
 	epoch := st.epoch + 1
 	if req.ID == "" {
@@ -98,14 +99,14 @@ func (b *Bridge) Restore(ctx context.Context, req RestoreRequest) (*RestoreResul
 
 // finishRestore gathers the restore acks and completes or fails the
 // restore. Recovery calls it again for a restore left open.
-func (b *Bridge) finishRestore(ctx context.Context, st *runState, r events.Restore) (*RestoreResult, error) {
+func (b *Bridge) finishRestore(ctx context.Context, st *runState, r events.Restore) (*bridgeapi.RestoreResult, error) {
 	log := b.log.With().Str("restore", r.CheckpointID).Logger()
 	t, v, err := b.gather(ctx, r)
 	if err != nil {
 		return nil, err
 	}
 	failpoint.Hit("bridge/after-restore-acks")
-	res := &RestoreResult{Run: b.cfg.Run, RestoreID: r.CheckpointID, Source: r.Source, Epoch: r.Epoch, Members: r.Members}
+	res := &bridgeapi.RestoreResult{Run: b.cfg.Run, RestoreID: r.CheckpointID, Source: r.Source, Epoch: r.Epoch, Members: r.Members}
 	if v == Complete {
 		for _, ack := range t.Acks() {
 			res.Restored = append(res.Restored, ack.(events.RestoreAck).Restored...)
@@ -120,7 +121,7 @@ func (b *Bridge) finishRestore(ctx context.Context, st *runState, r events.Resto
 		return res, b.resume(ctx, st, r.CheckpointID, r.Members, false)
 	}
 	errs, _, _ := t.Failure(b.cfg.Now())
-	res.Failure = &Failure{Phase: events.PhaseRestore, Reason: fmt.Sprintf("%d of %d members did not install", len(errs), len(r.Members)), Errors: errs}
+	res.Failure = &bridgeapi.Failure{Phase: events.PhaseRestore, Reason: fmt.Sprintf("%d of %d members did not install", len(errs), len(r.Members)), Errors: errs}
 	log.Warn().Int("failed_members", len(errs)).Msg("restore failed; retiring the next attempts everywhere")
 	return b.failRestore(ctx, st, r, res)
 }
@@ -128,8 +129,8 @@ func (b *Bridge) finishRestore(ctx context.Context, st *runState, r events.Resto
 // failRestore retires the next attempt of every scoped episode on every
 // member (the outcome of a failed install is uncertain), resumes and
 // reports restore.failed.
-func (b *Bridge) failRestore(ctx context.Context, st *runState, r events.Restore, res *RestoreResult) (*RestoreResult, error) {
-	res.Status = StatusFailed
+func (b *Bridge) failRestore(ctx context.Context, st *runState, r events.Restore, res *bridgeapi.RestoreResult) (*bridgeapi.RestoreResult, error) {
+	res.Status = bridgeapi.StatusFailed
 	if len(r.Scope) > 0 && st.last != nil && st.last.Phase() == events.PhaseRestore {
 		next := make([]events.Episode, len(r.Scope))
 		for i, e := range r.Scope {
@@ -171,8 +172,8 @@ func (b *Bridge) failRestore(ctx context.Context, st *runState, r events.Restore
 	return res, nil
 }
 
-func (b *Bridge) completeRestore(ctx context.Context, res *RestoreResult) error {
-	res.Status = StatusCompleted
+func (b *Bridge) completeRestore(ctx context.Context, res *bridgeapi.RestoreResult) error {
+	res.Status = bridgeapi.StatusCompleted
 	if o, err := b.outcomeOf(ctx, events.TypeRestoreCompleted, res.RestoreID); err != nil || o != nil {
 		return err
 	}
