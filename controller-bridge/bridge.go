@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
@@ -43,7 +44,7 @@ type heldCheckpoint struct {
 	id      string
 	prepare events.Prepare
 	lastID  string // the id of the last phase this bridge published for it
-	tally   *Tally
+	tally   *machine.Tally
 	started time.Time
 	prepMS  int64
 	stop    context.CancelFunc
@@ -317,7 +318,7 @@ func snapshot(ctx context.Context, kv natsjs.KeyValue, filter string) (map[strin
 // gather reads the acks of phase event p until the tally decides, the
 // deadline (plus a little slack for clocks) passes, or ctx ends. A member
 // whose heartbeat expires or is deleted fails the phase at once.
-func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdict, error) {
+func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*machine.Tally, machine.Verdict, error) {
 	return b.collect(ctx, p, true)
 }
 
@@ -325,7 +326,7 @@ func (b *Bridge) gather(ctx context.Context, p events.PhaseEvent) (*Tally, Verdi
 // member is only reported when the deadline passes, among those that did
 // not answer, and no sandbox daemon is excused (the resume check, which
 // only logs, spares the bridge reading every heartbeat once more).
-func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*Tally, Verdict, error) {
+func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*machine.Tally, machine.Verdict, error) {
 	h := p.Header()
 	slack := min(time.Second, h.Deadline.Sub(b.cfg.Now())/10)
 	if slack < 0 {
@@ -333,7 +334,7 @@ func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*
 	}
 	hh := h
 	hh.Deadline = h.Deadline.Add(slack)
-	t := NewTally(p.Phase(), hh)
+	t := machine.NewTally(p.Phase(), hh)
 	// A restore waits for every answer even after a failure: all or none
 	// needs to know what each member installed before retiring. Retire,
 	// forget and release have nothing to abort: their result says what
@@ -355,7 +356,7 @@ func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*
 	if last, err := b.cfg.Bus.Stream.GetLastMsgForSubject(gctx, events.AckFilter(b.cfg.Run, h.Seq)); err == nil {
 		backlog = last.Sequence
 	} else if !errors.Is(err, natsjs.ErrMsgNotFound) {
-		return nil, Failed, fmt.Errorf("bridge: acks of seq %d: %w", h.Seq, err)
+		return nil, machine.Failed, fmt.Errorf("bridge: acks of seq %d: %w", h.Seq, err)
 	}
 	type ackMsg struct {
 		msg *nats.Msg
@@ -365,7 +366,7 @@ func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*
 	cons, err := b.cfg.JS.OrderedConsumer(gctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
 		FilterSubjects: []string{events.AckFilter(b.cfg.Run, h.Seq)}, DeliverPolicy: natsjs.DeliverAllPolicy})
 	if err != nil {
-		return nil, Failed, fmt.Errorf("bridge: ack consumer for seq %d: %w", h.Seq, err)
+		return nil, machine.Failed, fmt.Errorf("bridge: ack consumer for seq %d: %w", h.Seq, err)
 	}
 	cc, err := cons.Consume(func(m natsjs.Msg) {
 		var seq uint64
@@ -378,7 +379,7 @@ func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*
 		}
 	})
 	if err != nil {
-		return nil, Failed, fmt.Errorf("bridge: consume acks of seq %d: %w", h.Seq, err)
+		return nil, machine.Failed, fmt.Errorf("bridge: consume acks of seq %d: %w", h.Seq, err)
 	}
 	defer cc.Stop()
 
@@ -389,7 +390,7 @@ func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*
 	if live {
 		watcher, err := b.cfg.Bus.Members.Watch(gctx, events.MemberKeyFilter(b.cfg.Run))
 		if err != nil {
-			return nil, Failed, fmt.Errorf("bridge: watch members: %w", err)
+			return nil, machine.Failed, fmt.Errorf("bridge: watch members: %w", err)
 		}
 		defer watcher.Stop()
 		updates = watcher.Updates()
@@ -408,12 +409,12 @@ func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*
 		if backlog > 0 && !now.Before(hh.Deadline) {
 			now = hh.Deadline.Add(-time.Nanosecond) // the backlog is not read yet
 		}
-		if v := t.Decide(now); v != Waiting {
+		if v := t.Decide(now); v != machine.Waiting {
 			return t, v, nil
 		}
 		select {
 		case <-ctx.Done():
-			return t, Failed, ctx.Err()
+			return t, machine.Failed, ctx.Err()
 		case <-timer.C:
 			if backlog > 0 {
 				timer.Reset(50 * time.Millisecond)
@@ -477,7 +478,7 @@ func (b *Bridge) collect(ctx context.Context, p events.PhaseEvent, live bool) (*
 }
 
 // dead tells the tally that m died, or excuses it where the phase allows.
-func (b *Bridge) dead(t *Tally, m events.Member, p events.Phase, why string) {
+func (b *Bridge) dead(t *machine.Tally, m events.Member, p events.Phase, why string) {
 	if t.Excusable(m) {
 		b.log.Info().Str("member", string(m)).Str("phase", string(p)).Msg(why + "; a sandbox daemon holds nothing this phase acts on: left out")
 		t.Excuse(m)
@@ -498,7 +499,7 @@ func (b *Bridge) resume(ctx context.Context, st *runState, id string, members []
 	}
 	b.bg.Go(func() {
 		t, v, err := b.collect(b.bgCtx, r, false)
-		if err != nil || v == Complete {
+		if err != nil || v == machine.Complete {
 			return
 		}
 		errs, _, _ := t.Failure(b.cfg.Now())

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
+	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
 )
 
@@ -62,7 +63,7 @@ func (b *Bridge) Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest
 	}
 	prepMS := b.cfg.Now().Sub(started).Milliseconds()
 	failpoint.Hit("bridge/after-prepare-acks")
-	if verdict != Complete {
+	if verdict != machine.Complete {
 		errs, blockers, counts := tally.Failure(b.cfg.Now())
 		log.Warn().Int("failed_members", len(errs)).Msg("prepare failed; aborting")
 		return b.abort(ctx, &st, prep.PhaseHeader, events.PhasePrepare, &bridgeapi.Failure{Phase: events.PhasePrepare,
@@ -79,7 +80,7 @@ func (b *Bridge) Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest
 }
 
 // commit runs the commit phase of a prepared checkpoint and finishes it.
-func (b *Bridge) commit(ctx context.Context, st *runState, req bridgeapi.CheckpointRequest, prep events.Prepare, prepTally *Tally,
+func (b *Bridge) commit(ctx context.Context, st *runState, req bridgeapi.CheckpointRequest, prep events.Prepare, prepTally *machine.Tally,
 	started time.Time, prepMS int64, timeout time.Duration) (*bridgeapi.CheckpointResult, error) {
 	log := b.log.With().Str("checkpoint", req.ID).Logger()
 	restarts := restartsOf(prepTally)
@@ -99,7 +100,7 @@ func (b *Bridge) commit(ctx context.Context, st *runState, req bridgeapi.Checkpo
 	}
 	failpoint.Hit("bridge/after-commit-acks")
 	commitMS := b.cfg.Now().Sub(commitStart).Milliseconds()
-	if verdict != Complete {
+	if verdict != machine.Complete {
 		errs, _, _ := tally.Failure(b.cfg.Now())
 		log.Warn().Int("failed_members", len(errs)).Msg("commit failed; aborting")
 		return b.abort(ctx, st, c.PhaseHeader, events.PhaseCommit, &bridgeapi.Failure{Phase: events.PhaseCommit,
@@ -115,7 +116,7 @@ func (b *Bridge) commit(ctx context.Context, st *runState, req bridgeapi.Checkpo
 
 // buildManifest assembles the checkpoint manifest from the commit acks,
 // checking every member manifest against the one the member created.
-func (b *Bridge) buildManifest(ctx context.Context, c events.Commit, t *Tally, restarts []string, prepSeq uint64, prepMS, commitMS int64) (events.CheckpointManifest, error) {
+func (b *Bridge) buildManifest(ctx context.Context, c events.Commit, t *machine.Tally, restarts []string, prepSeq uint64, prepMS, commitMS int64) (events.CheckpointManifest, error) {
 	m := events.CheckpointManifest{Schema: events.CheckpointSchema, Run: b.cfg.Run, CheckpointID: c.CheckpointID, Epoch: c.Epoch,
 		Created: b.cfg.Now().UTC(), Restarted: restarts, PrepareSeq: prepSeq, CommitSeq: c.Seq, PrepareMS: prepMS, CommitMS: commitMS, Stop: c.Stop}
 	restarted := map[string]bool{}
@@ -284,7 +285,7 @@ func (b *Bridge) finishAborted(ctx context.Context, st *runState, m *events.Chec
 
 // hold keeps a prepared checkpoint parked, renewing the lease every third
 // of the phase timeout until Commit or Abort. The caller holds b.mu.
-func (b *Bridge) hold(req bridgeapi.CheckpointRequest, prep events.Prepare, lastID string, t *Tally, started time.Time, prepMS int64, timeout time.Duration) {
+func (b *Bridge) hold(req bridgeapi.CheckpointRequest, prep events.Prepare, lastID string, t *machine.Tally, started time.Time, prepMS int64, timeout time.Duration) {
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &heldCheckpoint{req: req, id: req.ID, prepare: prep, lastID: lastID, tally: t, started: started, prepMS: prepMS,
 		stop: cancel, done: make(chan struct{})}
@@ -397,7 +398,7 @@ func (b *Bridge) begin(ctx context.Context) error {
 	return b.recoverLocked(ctx)
 }
 
-func restartsOf(t *Tally) []string {
+func restartsOf(t *machine.Tally) []string {
 	seen := map[string]bool{}
 	var out []string
 	for _, ack := range t.Acks() {

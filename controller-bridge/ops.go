@@ -8,6 +8,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
+	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
 )
 
@@ -60,7 +61,7 @@ func (b *Bridge) simpleOp(ctx context.Context, phase events.Phase, build func(ev
 		return nil, err
 	}
 	res := &bridgeapi.OpResult{Run: b.cfg.Run, OpID: id, Phase: phase, Status: bridgeapi.StatusCompleted, Members: members}
-	if v != Complete {
+	if v != machine.Complete {
 		errs, _, _ := t.Failure(b.cfg.Now())
 		res.Status = bridgeapi.StatusFailed
 		res.Failure = &bridgeapi.Failure{Phase: phase, Reason: fmt.Sprintf("%d of %d members failed or were silent", len(errs), len(members)), Errors: errs}
@@ -134,7 +135,7 @@ func (b *Bridge) finishRelease(ctx context.Context, p events.Release) (*bridgeap
 			res.MemberDeleted[m] = r.Deleted
 		}
 	}
-	if v != Complete {
+	if v != machine.Complete {
 		// Keep the bridge's side: a member that did not release may still
 		// hold snapshots that these manifests name.
 		errs, _, _ := t.Failure(b.cfg.Now())

@@ -9,6 +9,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
 )
 
@@ -52,7 +53,7 @@ func (b *Bridge) recoverLocked(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			if v == Complete {
+			if v == machine.Complete {
 				prep, _ := b.lastPhase(ctx, events.PhasePrepare)
 				var prepSeq uint64
 				var restarts []string

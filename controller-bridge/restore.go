@@ -8,6 +8,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
+	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
 )
 
@@ -107,7 +108,7 @@ func (b *Bridge) finishRestore(ctx context.Context, st *runState, r events.Resto
 	}
 	failpoint.Hit("bridge/after-restore-acks")
 	res := &bridgeapi.RestoreResult{Run: b.cfg.Run, RestoreID: r.CheckpointID, Source: r.Source, Epoch: r.Epoch, Members: r.Members}
-	if v == Complete {
+	if v == machine.Complete {
 		for _, ack := range t.Acks() {
 			res.Restored = append(res.Restored, ack.(events.RestoreAck).Restored...)
 		}
@@ -143,7 +144,7 @@ func (b *Bridge) failRestore(ctx context.Context, st *runState, r events.Restore
 		failpoint.Hit("bridge/after-restore-retire")
 		if t, v, err := b.gather(ctx, ret); err != nil {
 			return nil, err
-		} else if v != Complete {
+		} else if v != machine.Complete {
 			errs, _, _ := t.Failure(b.cfg.Now())
 			b.log.Error().Int("failed_members", len(errs)).Msg("retire after a failed restore did not complete everywhere")
 			res.Failure.Errors = append(res.Failure.Errors, errs...)
