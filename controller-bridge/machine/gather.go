@@ -23,13 +23,17 @@ type gathering struct {
 	backlog uint64
 }
 
-// gather asks for the acks of phase p. The deadline gets a little slack
-// for clocks: a tenth of the time left, at most a second.
+// GatherDeadline is when the gathering of a phase with deadline d,
+// started at now, stops waiting: d plus a little slack for clocks, a
+// tenth of the time left and at most a second.
+func GatherDeadline(now, d time.Time) time.Time {
+	return d.Add(max(min(time.Second, d.Sub(now)/10), 0))
+}
+
+// gather asks for the acks of phase p, waiting until GatherDeadline.
 func (m *Machine) gather(now time.Time, p events.PhaseEvent, watch bool) []Effect {
-	h := p.Header()
-	slack := max(min(time.Second, h.Deadline.Sub(now)/10), 0)
-	hh := h
-	hh.Deadline = h.Deadline.Add(slack)
+	hh := p.Header()
+	hh.Deadline = GatherDeadline(now, hh.Deadline)
 	t := NewTally(p.Phase(), hh)
 	// A restore waits for every answer even after a failure: all or none
 	// needs to know what each member installed before retiring. Retire,
