@@ -1,6 +1,3 @@
-// Package client is the Go client of the controller bridge's HTTP API: what
-// a Go controller (and the stillpoint CLI) calls to checkpoint, restore,
-// retire, forget and release a run.
 package client
 
 import (
