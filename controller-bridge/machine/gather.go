@@ -57,8 +57,15 @@ func (m *Machine) gatherStarted(now time.Time, in GatherStarted) ([]Effect, erro
 	}
 	m.g.backlog, m.want = in.Backlog, wantAcks
 	effs, err := m.decide(now)
-	if err == nil && m.want == wantAcks && m.g.watch {
+	switch {
+	case err != nil || m.want != wantAcks:
+	case m.g.watch:
 		effs = append(effs, SetTimer{After: max(m.g.tally.deadline.Sub(now), 0)})
+	default:
+		// Reading back what is recorded takes no time; a read that never
+		// reaches the last ack (gone from the stream meanwhile) must not
+		// hang the bridge.
+		effs = append(effs, SetTimer{After: m.cfg.PhaseTimeout})
 	}
 	return effs, err
 }
