@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -151,8 +152,8 @@ func BenchmarkCheckpointCycle(b *testing.B) {
 			for b.Loop() {
 				i++
 				start := time.Now()
-				res, err := br.Checkpoint(b.Context(), bridge.CheckpointRequest{ID: "b" + strconv.Itoa(i), TimeoutMS: 60000})
-				if err != nil || res.Status != bridge.StatusCommitted {
+				res, err := br.Checkpoint(b.Context(), bridgeapi.CheckpointRequest{ID: "b" + strconv.Itoa(i), TimeoutMS: 60000})
+				if err != nil || res.Status != bridgeapi.StatusCommitted {
 					if res != nil && res.Failure != nil {
 						b.Fatalf("checkpoint: %+v", *res.Failure)
 					}

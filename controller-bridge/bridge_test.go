@@ -10,6 +10,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -22,11 +23,11 @@ func TestCheckpointCommits(t *testing.T) {
 	hs := fleet(t, env, 3, 2)
 	b := startBridge(t, env, bridge.Config{})
 
-	res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1"})
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Status != bridge.StatusCommitted || len(res.Members) != 3 || len(res.Continued) != 6 {
+	if res.Status != bridgeapi.StatusCommitted || len(res.Members) != 3 || len(res.Continued) != 6 {
 		t.Fatalf("result %+v", res)
 	}
 	m := manifestOf(t, env, "c1")
@@ -43,8 +44,8 @@ func TestCheckpointCommits(t *testing.T) {
 	waitFor(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
 
 	// Asking again for c1 returns its result and publishes nothing.
-	again, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1"})
-	if err != nil || again.Status != bridge.StatusCommitted {
+	again, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"})
+	if err != nil || again.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("repeat: %+v %v", again, err)
 	}
 	st2, _ := b.Status(ctx(t))
@@ -52,7 +53,7 @@ func TestCheckpointCommits(t *testing.T) {
 		t.Errorf("a repeated checkpoint published phases: seq %d → %d", st.Seq, st2.Seq)
 	}
 	// A second checkpoint moves LATEST by compare-and-set.
-	if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridge.StatusCommitted {
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("c2: %+v %v", res, err)
 	}
 	if st, _ := b.Status(ctx(t)); st.Latest.CheckpointID != "c2" || len(st.Checkpoints) != 2 {
@@ -70,11 +71,11 @@ func TestCheckpointAbortsOnBlocker(t *testing.T) {
 	blocked := events.Episode{Rollout: "t1-r0"}
 	hs[1].Participant.Block(blocked)
 
-	res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", TimeoutMS: 1500})
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 1500})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Status != bridge.StatusFailed || res.Failure == nil || res.Failure.Phase != events.PhasePrepare {
+	if res.Status != bridgeapi.StatusFailed || res.Failure == nil || res.Failure.Phase != events.PhasePrepare {
 		t.Fatalf("result %+v", res)
 	}
 	if got := res.Failure.Blockers[hs[1].Name]; !slices.Equal(got, []string{blocked.String()}) {
@@ -92,7 +93,7 @@ func TestCheckpointAbortsOnBlocker(t *testing.T) {
 	}
 	// Unblocked, the next checkpoint commits.
 	hs[1].Participant.Unblock(blocked)
-	if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridge.StatusCommitted {
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("c2: %+v %v", res, err)
 	}
 }
@@ -110,14 +111,14 @@ func TestCheckpointAbortsOnDeadMember(t *testing.T) {
 		_ = hs[2].Stop()
 	}()
 	start := time.Now()
-	res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", TimeoutMS: 20000})
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 20000})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("a dead member took %s to fail the checkpoint", took)
 	}
-	if res.Status != bridge.StatusFailed {
+	if res.Status != bridgeapi.StatusFailed {
 		t.Fatalf("result %+v", res)
 	}
 	found := false
@@ -138,7 +139,7 @@ func TestRestoreAllOrNone(t *testing.T) {
 	env := jstest.Start(t)
 	old := fleet(t, env, 2, 2)
 	b := startBridge(t, env, bridge.Config{})
-	if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", Stop: true}); err != nil || res.Status != bridge.StatusCommitted {
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", Stop: true}); err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("checkpoint: %+v %v", res, err)
 	}
 	for _, h := range old {
@@ -148,11 +149,11 @@ func TestRestoreAllOrNone(t *testing.T) {
 	t.Run("fails", func(t *testing.T) {
 		fresh := membertest.StartMembers(t, env, run, 2, membertest.Options{})
 		fresh[1].Participant.FailInstall(errors.New("disk full"))
-		res, err := b.Restore(ctx(t), bridge.RestoreRequest{ID: "restore-1"})
+		res, err := b.Restore(ctx(t), bridgeapi.RestoreRequest{ID: "restore-1"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Status != bridge.StatusFailed || len(res.Retired) != 4 || res.Epoch != 1 {
+		if res.Status != bridgeapi.StatusFailed || len(res.Retired) != 4 || res.Epoch != 1 {
 			t.Fatalf("result %+v", res)
 		}
 		if len(res.Failure.Errors) != 1 || res.Failure.Errors[0].Member != fresh[1].Name {
@@ -172,11 +173,11 @@ func TestRestoreAllOrNone(t *testing.T) {
 	})
 	t.Run("completes", func(t *testing.T) {
 		fresh := membertest.StartMembers(t, env, run, 2, membertest.Options{})
-		res, err := b.Restore(ctx(t), bridge.RestoreRequest{ID: "restore-2", Source: "c1"})
+		res, err := b.Restore(ctx(t), bridgeapi.RestoreRequest{ID: "restore-2", Source: "c1"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Status != bridge.StatusCompleted || res.Epoch != 2 {
+		if res.Status != bridgeapi.StatusCompleted || res.Epoch != 2 {
 			t.Fatalf("result %+v", res)
 		}
 		want := []string{"t0-r0-a1", "t0-r1-a1", "t1-r0-a1", "t1-r1-a1"}
@@ -187,7 +188,7 @@ func TestRestoreAllOrNone(t *testing.T) {
 			t.Errorf("t0 holds %v", live)
 		}
 		// The restored fleet checkpoints again in the new epoch.
-		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridge.StatusCommitted || res.Epoch != 2 {
+		if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridgeapi.StatusCommitted || res.Epoch != 2 {
 			t.Fatalf("checkpoint after restore: %+v %v", res, err)
 		}
 	})
@@ -199,14 +200,14 @@ func TestRestoreRefusesWithoutFreshMembers(t *testing.T) {
 	env := jstest.Start(t)
 	fleet(t, env, 2, 1)
 	b := startBridge(t, env, bridge.Config{})
-	if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridge.StatusCommitted {
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("%+v %v", res, err)
 	}
-	_, err := b.Restore(ctx(t), bridge.RestoreRequest{})
-	if !errors.Is(err, bridge.ErrNoFreshMember) || !strings.Contains(err.Error(), "agent.t0") {
+	_, err := b.Restore(ctx(t), bridgeapi.RestoreRequest{})
+	if !errors.Is(err, bridgeapi.ErrNoFreshMember) || !strings.Contains(err.Error(), "agent.t0") {
 		t.Fatalf("restore into a served fleet: %v", err)
 	}
-	if _, err := b.Restore(ctx(t), bridge.RestoreRequest{Source: "nope"}); !errors.Is(err, bridge.ErrNotFound) {
+	if _, err := b.Restore(ctx(t), bridgeapi.RestoreRequest{Source: "nope"}); !errors.Is(err, bridgeapi.ErrNotFound) {
 		t.Fatalf("restore of an unknown checkpoint: %v", err)
 	}
 }
@@ -218,7 +219,7 @@ func TestRetireAndForget(t *testing.T) {
 	hs := fleet(t, env, 2, 2)
 	b := startBridge(t, env, bridge.Config{})
 	res, err := b.Retire(ctx(t), []string{"t0-r0", "t1-r1-a2"})
-	if err != nil || res.Status != bridge.StatusCompleted {
+	if err != nil || res.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("retire: %+v %v", res, err)
 	}
 	for _, h := range hs {
@@ -229,7 +230,7 @@ func TestRetireAndForget(t *testing.T) {
 			t.Errorf("%s refuses a later attempt: %v", h.Name, err)
 		}
 	}
-	if res, err := b.Forget(ctx(t), []string{"t1-r1"}); err != nil || res.Status != bridge.StatusCompleted {
+	if res, err := b.Forget(ctx(t), []string{"t1-r1"}); err != nil || res.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("forget: %+v %v", res, err)
 	}
 	for _, h := range hs {
@@ -237,7 +238,7 @@ func TestRetireAndForget(t *testing.T) {
 			t.Errorf("%s still refuses a forgotten rollout: %v", h.Name, err)
 		}
 	}
-	if _, err := b.Retire(ctx(t), []string{"../x"}); !errors.Is(err, bridge.ErrBadRequest) {
+	if _, err := b.Retire(ctx(t), []string{"../x"}); !errors.Is(err, bridgeapi.ErrBadRequest) {
 		t.Errorf("retire of a path-like id: %v", err)
 	}
 }
@@ -249,15 +250,15 @@ func TestRelease(t *testing.T) {
 	hs := fleet(t, env, 2, 1)
 	b := startBridge(t, env, bridge.Config{})
 	for _, id := range []string{"c1", "c2", "c3"} {
-		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err != nil || res.Status != bridge.StatusCommitted {
+		if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id}); err != nil || res.Status != bridgeapi.StatusCommitted {
 			t.Fatalf("%s: %+v %v", id, res, err)
 		}
 	}
 	if n := len(objects(t, env)); n != 6 {
 		t.Fatalf("%d record objects, want 6", n)
 	}
-	res, err := b.Release(ctx(t), bridge.ReleaseRequest{Keep: []string{"c1"}, KeepLatest: 1})
-	if err != nil || res.Status != bridge.StatusCompleted {
+	res, err := b.Release(ctx(t), bridgeapi.ReleaseRequest{Keep: []string{"c1"}, KeepLatest: 1})
+	if err != nil || res.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("release: %+v %v", res, err)
 	}
 	if !slices.Equal(res.Keep, []string{"c1", "c3"}) || !slices.Equal(res.Deleted, []string{"c2"}) {
@@ -276,11 +277,11 @@ func TestRelease(t *testing.T) {
 			t.Errorf("%s was not asked to release", h.Name)
 		}
 	}
-	if _, err := b.Release(ctx(t), bridge.ReleaseRequest{Keep: []string{"c2"}}); !errors.Is(err, bridge.ErrNotFound) {
+	if _, err := b.Release(ctx(t), bridgeapi.ReleaseRequest{Keep: []string{"c2"}}); !errors.Is(err, bridgeapi.ErrNotFound) {
 		t.Errorf("keeping a released checkpoint: %v", err)
 	}
 	// The final release.
-	if res, err := b.Release(ctx(t), bridge.ReleaseRequest{}); err != nil || res.Status != bridge.StatusCompleted {
+	if res, err := b.Release(ctx(t), bridgeapi.ReleaseRequest{}); err != nil || res.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", res, err)
 	}
 	if keys := kvKeys(t, env); len(keys) != 0 {
@@ -300,17 +301,17 @@ func TestReleaseKeepsManifestsWhenAMemberFails(t *testing.T) {
 	hs := fleet(t, env, 2, 1)
 	b := startBridge(t, env, bridge.Config{})
 	for _, id := range []string{"c1", "c2"} {
-		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err != nil || res.Status != bridge.StatusCommitted {
+		if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id}); err != nil || res.Status != bridgeapi.StatusCommitted {
 			t.Fatalf("%s: %+v %v", id, res, err)
 		}
 	}
 	objs := objects(t, env)
 	hs[1].Participant.FailRelease(errors.New("snapshot store unreachable"))
-	res, err := b.Release(ctx(t), bridge.ReleaseRequest{Keep: []string{"c2"}})
+	res, err := b.Release(ctx(t), bridgeapi.ReleaseRequest{Keep: []string{"c2"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Status != bridge.StatusFailed || len(res.Deleted) != 0 || res.Failure == nil {
+	if res.Status != bridgeapi.StatusFailed || len(res.Deleted) != 0 || res.Failure == nil {
 		t.Fatalf("release with a failing member: %+v", res)
 	}
 	if len(res.Failure.Errors) != 1 || res.Failure.Errors[0].Member != hs[1].Name ||
@@ -324,8 +325,8 @@ func TestReleaseKeepsManifestsWhenAMemberFails(t *testing.T) {
 		t.Error("the bridge deleted c1's manifest or records although a member did not release")
 	}
 	hs[1].Participant.FailRelease(nil)
-	res, err = b.Release(ctx(t), bridge.ReleaseRequest{Keep: []string{"c2"}})
-	if err != nil || res.Status != bridge.StatusCompleted || !slices.Equal(res.Deleted, []string{"c1"}) {
+	res, err = b.Release(ctx(t), bridgeapi.ReleaseRequest{Keep: []string{"c2"}})
+	if err != nil || res.Status != bridgeapi.StatusCompleted || !slices.Equal(res.Deleted, []string{"c1"}) {
 		t.Fatalf("retried release: %+v %v", res, err)
 	}
 	if manifestOf(t, env, "c1") != nil || manifestOf(t, env, "c2") == nil {
@@ -345,11 +346,11 @@ func TestHeldCheckpoint(t *testing.T) {
 	env := jstest.Start(t)
 	hs := fleet(t, env, 2, 1)
 	b := startBridge(t, env, bridge.Config{PhaseTimeout: 600 * time.Millisecond})
-	res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", Hold: true})
-	if err != nil || res.Status != bridge.StatusPrepared {
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", Hold: true})
+	if err != nil || res.Status != bridgeapi.StatusPrepared {
 		t.Fatalf("hold: %+v %v", res, err)
 	}
-	if _, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c2"}); !errors.Is(err, bridge.ErrBusy) {
+	if _, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"}); !errors.Is(err, bridgeapi.ErrBusy) {
 		t.Errorf("a second checkpoint while one is held: %v", err)
 	}
 	// Outlive two phase timeouts: renewals keep the fleet parked.
@@ -363,7 +364,7 @@ func TestHeldCheckpoint(t *testing.T) {
 		}
 	}
 	res, err = b.Commit(ctx(t), "c1", false)
-	if err != nil || res.Status != bridge.StatusCommitted {
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("commit: %+v %v", res, err)
 	}
 	waitFor(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
@@ -382,7 +383,7 @@ func testTimeline(t *testing.T, env *jstest.Env) {
 	fleet(t, env, 2, 1)
 	b := startBridge(t, env, bridge.Config{})
 	for _, id := range []string{"c1", "c2"} {
-		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err != nil || res.Status != bridge.StatusCommitted {
+		if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id}); err != nil || res.Status != bridgeapi.StatusCommitted {
 			t.Fatalf("%+v %v", res, err)
 		}
 	}
@@ -429,17 +430,17 @@ func TestSecondBridgeFencesTheFirst(t *testing.T) {
 	env := jstest.Start(t)
 	hs := fleet(t, env, 2, 1)
 	zombie := startBridge(t, env, bridge.Config{PhaseTimeout: 2 * time.Second})
-	if res, err := zombie.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "x", Hold: true}); err != nil || res.Status != bridge.StatusPrepared {
+	if res, err := zombie.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "x", Hold: true}); err != nil || res.Status != bridgeapi.StatusPrepared {
 		t.Fatalf("hold: %+v %v", res, err)
 	}
 	second := startBridge(t, env, bridge.Config{Name: "second"})
-	if res, err := second.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "y"}); err != nil || res.Status != bridge.StatusCommitted {
+	if res, err := second.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "y"}); err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("the second bridge's checkpoint: %+v %v", res, err)
 	}
 	if m := manifestOf(t, env, "x"); m == nil || !m.Aborted {
 		t.Fatalf("x after the takeover: %+v, want an abort marker", m)
 	}
-	if _, err := zombie.Commit(ctx(t), "x", false); !errors.Is(err, bridge.ErrFenced) {
+	if _, err := zombie.Commit(ctx(t), "x", false); !errors.Is(err, bridgeapi.ErrFenced) {
 		t.Fatalf("the zombie's commit: %v, want ErrFenced", err)
 	}
 	if m := manifestOf(t, env, "x"); m == nil || !m.Aborted {
@@ -459,14 +460,14 @@ func TestRestoreNeedsNoFreshMemberForEmptyExports(t *testing.T) {
 	withWork := membertest.StartMembers(t, env, run, 1, membertest.Options{Episodes: 2})
 	idle := membertest.StartMembers(t, env, run, 1, membertest.Options{Prefix: "idle"})
 	b := startBridge(t, env, bridge.Config{})
-	if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", Stop: true}); err != nil || res.Status != bridge.StatusCommitted {
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", Stop: true}); err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("%+v %v", res, err)
 	}
 	_ = withWork[0].Stop()
 	_ = idle[0].Stop()
 	membertest.StartMembers(t, env, run, 1, membertest.Options{})
-	res, err := b.Restore(ctx(t), bridge.RestoreRequest{})
-	if err != nil || res.Status != bridge.StatusCompleted || len(res.Restored) != 2 {
+	res, err := b.Restore(ctx(t), bridgeapi.RestoreRequest{})
+	if err != nil || res.Status != bridgeapi.StatusCompleted || len(res.Restored) != 2 {
 		t.Fatalf("restore without a fresh agent.idle0: %+v %v", res, err)
 	}
 }
@@ -479,7 +480,7 @@ func TestHeadOutlivesAgedOutPhases(t *testing.T) {
 	fleet(t, env, 2, 1)
 	b := startBridge(t, env, bridge.Config{})
 	for _, id := range []string{"c1", "c2"} {
-		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err != nil || res.Status != bridge.StatusCommitted {
+		if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id}); err != nil || res.Status != bridgeapi.StatusCommitted {
 			t.Fatalf("%+v %v", res, err)
 		}
 	}
@@ -496,15 +497,15 @@ func TestHeadOutlivesAgedOutPhases(t *testing.T) {
 	if st, err := b2.Status(ctx(t)); err != nil || st.Seq != before {
 		t.Fatalf("a bridge after the phases aged out reads seq %d (%v), want %d", st.Seq, err, before)
 	}
-	res, err := b2.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c3"})
-	if err != nil || res.Status != bridge.StatusCommitted {
+	res, err := b2.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c3"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("checkpoint after the phases aged out: %+v %v", res, err)
 	}
 	if st, _ := b2.Status(ctx(t)); st.Seq <= before {
 		t.Fatalf("seq %d after c3, want above %d", st.Seq, before)
 	}
 	for _, id := range []string{"LATEST", "HEAD"} {
-		if _, err := b2.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err == nil || !strings.Contains(err.Error(), "reserved") {
+		if _, err := b2.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id}); err == nil || !strings.Contains(err.Error(), "reserved") {
 			t.Errorf("checkpoint id %s: %v, want it refused as reserved", id, err)
 		}
 	}

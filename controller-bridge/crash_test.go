@@ -8,6 +8,7 @@ import (
 	"time"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
 	"github.com/stillpoint/stillpoint/events"
@@ -41,15 +42,15 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 		want      string
 		late      bool // the next bridge starts after the phase's deadline
 	}{
-		{"bridge/after-prepare", false, bridge.StatusFailed, false},
-		{"bridge/after-prepare-acks", false, bridge.StatusFailed, false},
-		{"bridge/after-commit", false, bridge.StatusCommitted, false},
-		{"bridge/after-commit-acks", false, bridge.StatusCommitted, false},
-		{"bridge/after-manifest", false, bridge.StatusCommitted, false},
-		{"bridge/after-latest", false, bridge.StatusCommitted, false},
-		{"bridge/after-outcome", false, bridge.StatusCommitted, false},
-		{"bridge/after-abort-marker", true, bridge.StatusFailed, false},
-		{"bridge/after-commit-acks", false, bridge.StatusCommitted, true},
+		{"bridge/after-prepare", false, bridgeapi.StatusFailed, false},
+		{"bridge/after-prepare-acks", false, bridgeapi.StatusFailed, false},
+		{"bridge/after-commit", false, bridgeapi.StatusCommitted, false},
+		{"bridge/after-commit-acks", false, bridgeapi.StatusCommitted, false},
+		{"bridge/after-manifest", false, bridgeapi.StatusCommitted, false},
+		{"bridge/after-latest", false, bridgeapi.StatusCommitted, false},
+		{"bridge/after-outcome", false, bridgeapi.StatusCommitted, false},
+		{"bridge/after-abort-marker", true, bridgeapi.StatusFailed, false},
+		{"bridge/after-commit-acks", false, bridgeapi.StatusCommitted, true},
 	}
 	for _, c := range cases {
 		name := c.failpoint
@@ -67,7 +68,7 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 			cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			asked := time.Now()
-			if res, err := cl.Checkpoint(cctx, bridge.CheckpointRequest{ID: "c1", TimeoutMS: 1500}); err == nil {
+			if res, err := cl.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 1500}); err == nil {
 				t.Fatalf("the bridge answered %+v instead of dying at %s", res, c.failpoint)
 			}
 			dying.wait(t, 30*time.Second)
@@ -96,17 +97,17 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 			}
 			m := manifestOf(t, env, "c1")
 			switch c.want {
-			case bridge.StatusCommitted:
+			case bridgeapi.StatusCommitted:
 				if m == nil || m.Aborted || len(m.Continued) != 4 || st.Latest == nil || st.Latest.CheckpointID != "c1" {
 					t.Errorf("committed c1: manifest %+v, LATEST %+v", m, st.Latest)
 				}
-			case bridge.StatusFailed:
+			case bridgeapi.StatusFailed:
 				if m == nil || !m.Aborted || st.Latest != nil {
 					t.Errorf("failed c1: manifest %+v (want an abort marker), LATEST %+v", m, st.Latest)
 				}
 			}
 			waitFor(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
-			if res, err := cl.Checkpoint(cctx, bridge.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridge.StatusCommitted {
+			if res, err := cl.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridgeapi.StatusCommitted {
 				t.Fatalf("the run does not go on: %+v %v", res, err)
 			}
 		})
@@ -123,11 +124,11 @@ func TestBridgeCrashDuringRestore(t *testing.T) {
 		want      string
 		late      bool
 	}{
-		{"bridge/after-restore", false, bridge.StatusCompleted, false},
-		{"bridge/after-restore-acks", false, bridge.StatusCompleted, false},
-		{"bridge/after-restore-acks", false, bridge.StatusCompleted, true},
-		{"bridge/after-restore-acks", true, bridge.StatusFailed, false},
-		{"bridge/after-restore-retire", true, bridge.StatusFailed, false},
+		{"bridge/after-restore", false, bridgeapi.StatusCompleted, false},
+		{"bridge/after-restore-acks", false, bridgeapi.StatusCompleted, false},
+		{"bridge/after-restore-acks", false, bridgeapi.StatusCompleted, true},
+		{"bridge/after-restore-acks", true, bridgeapi.StatusFailed, false},
+		{"bridge/after-restore-retire", true, bridgeapi.StatusFailed, false},
 	}
 	for _, c := range cases {
 		name := c.failpoint
@@ -142,7 +143,7 @@ func TestBridgeCrashDuringRestore(t *testing.T) {
 			env := jstest.Start(t)
 			old := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 2})
 			b := startBridge(t, env, bridge.Config{})
-			if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1", Stop: true}); err != nil || res.Status != bridge.StatusCommitted {
+			if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", Stop: true}); err != nil || res.Status != bridgeapi.StatusCommitted {
 				t.Fatalf("%+v %v", res, err)
 			}
 			for _, h := range old {
@@ -156,7 +157,7 @@ func TestBridgeCrashDuringRestore(t *testing.T) {
 			cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			asked := time.Now()
-			if res, err := cl.Restore(cctx, bridge.RestoreRequest{ID: "r1", TimeoutMS: 1500}); err == nil {
+			if res, err := cl.Restore(cctx, bridgeapi.RestoreRequest{ID: "r1", TimeoutMS: 1500}); err == nil {
 				t.Fatalf("the bridge answered %+v instead of dying", res)
 			}
 			dying.wait(t, 30*time.Second)
@@ -181,7 +182,7 @@ func TestBridgeCrashDuringRestore(t *testing.T) {
 					outcome = e.Type
 				}
 			}
-			want := map[string]events.Type{bridge.StatusCompleted: events.TypeRestoreCompleted, bridge.StatusFailed: events.TypeRestoreFailed}[c.want]
+			want := map[string]events.Type{bridgeapi.StatusCompleted: events.TypeRestoreCompleted, bridgeapi.StatusFailed: events.TypeRestoreFailed}[c.want]
 			if outcome != want {
 				t.Fatalf("outcome %q, want %q", outcome, want)
 			}
@@ -212,8 +213,8 @@ func TestFleetOfProcesses(t *testing.T) {
 		membertest.WaitRegistered(t, env, run, name, nil)
 	}
 	b := startBridge(t, env, bridge.Config{})
-	res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c1"})
-	if err != nil || res.Status != bridge.StatusCommitted || len(res.Continued) != 6 {
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Continued) != 6 {
 		t.Fatalf("%+v %v", res, err)
 	}
 	if err := procs[1].cmd.Process.Kill(); err != nil {
@@ -221,11 +222,11 @@ func TestFleetOfProcesses(t *testing.T) {
 	}
 	procs[1].wait(t, 10*time.Second)
 	start := time.Now()
-	res, err = b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: "c2", TimeoutMS: 30000})
+	res, err = b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2", TimeoutMS: 30000})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Status != bridge.StatusFailed || len(res.Failure.Errors) != 1 || res.Failure.Errors[0].Member != "owner.p1" ||
+	if res.Status != bridgeapi.StatusFailed || len(res.Failure.Errors) != 1 || res.Failure.Errors[0].Member != "owner.p1" ||
 		res.Failure.Errors[0].Code != "member_dead" {
 		t.Fatalf("after kill -9 of owner.p1: %+v", res.Failure)
 	}
@@ -243,14 +244,14 @@ func TestBridgeCrashDuringRelease(t *testing.T) {
 	hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
 	b := startBridge(t, env, bridge.Config{})
 	for _, id := range []string{"c1", "c2"} {
-		if res, err := b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id}); err != nil || res.Status != bridge.StatusCommitted {
+		if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id}); err != nil || res.Status != bridgeapi.StatusCommitted {
 			t.Fatalf("%+v %v", res, err)
 		}
 	}
 	dying, cl := startBridgeProcess(t, env, "bridge/after-release")
 	cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if res, err := cl.Release(cctx, bridge.ReleaseRequest{KeepLatest: 1}); err == nil {
+	if res, err := cl.Release(cctx, bridgeapi.ReleaseRequest{KeepLatest: 1}); err == nil {
 		t.Fatalf("the bridge answered %+v instead of dying", res)
 	}
 	dying.wait(t, 30*time.Second)

@@ -3,6 +3,23 @@
 // forget, release) into phase events on the bus, gathers the members'
 // acks, and writes the result where it lasts.
 //
+// # Shape
+//
+// The bridge rules of PROTOCOL §5 live in package machine, a pure core:
+// Step(now, input) returns effects. This package is its driver. Each
+// operation takes the run's operation slot (one at a time; a held
+// checkpoint's renew is one too), finishes what a previous bridge left
+// open, reads the View its ask needs (the run's last phase, the live
+// members, the key it names), and then carries out the machine's effects
+// in order — publish a phase fenced on the run's last, read a phase's acks
+// with an ordered consumer while watching its members' heartbeats, read
+// and create manifests, move LATEST, publish outcomes, delete what a
+// release does not keep — feeding back what it observes, until the
+// machine finishes the operation with its result. Timers wait for the
+// durations the machine computes; the clock is Config.Now. The failpoints
+// of the crash tests (internal/failpoint, "bridge/after-prepare", ...)
+// fire right after the effect they are named after.
+//
 // # What it owns
 //
 // The bridge publishes every phase event of its run on sp.<run>.phase.<phase>
@@ -20,7 +37,8 @@
 // parked). Any blocker, error, dead member, missing ack or passed deadline
 // aborts: the checkpoint key is created as an abort marker (so that no
 // other bridge can commit it later), then outcome checkpoint.failed naming
-// every blocker and member, then resume.
+// every blocker and member, then resume. With hold, the bridge stops after
+// prepare and renews the lease until Commit or Abort.
 //
 // # Restore
 //
@@ -35,11 +53,15 @@
 // Everything the bridge knows it reads back from the stream and KV: the last
 // phase event (its sequence, epoch and checkpoint), the acks, the manifests.
 // A bridge killed at any point and started again finishes or aborts what was
-// open (Recover). Two bridges cannot both publish: each phase is published
-// with the expected last sequence of the run's phase subjects, so a zombie's
-// publish is refused by the server.
+// open (Recover): it reads the open operation's phases back from the stream
+// and feeds them to a fresh machine, which carries on with only what
+// remains; Status names the open operation from the same replay. Two
+// bridges cannot both publish: each phase is published with the expected
+// last sequence of the run's phase subjects, so a zombie's publish is
+// refused by the server.
 //
 // The controller reaches the bridge through its Go methods, the HTTP JSON
 // API (Handler; docs/API.md), the Go HTTP client in package client, or the
-// stillpoint CLI.
+// stillpoint CLI. The requests, results, errors and routes they share are
+// the types of package bridgeapi.
 package bridge

@@ -10,34 +10,23 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 )
-
-// MaxRequestBody bounds an API request body.
-const MaxRequestBody = 1 << 20
-
-// APIError is the body of every non-2xx answer: {"error":{"code","detail"}}.
-type APIError struct {
-	Code   string `json:"code"`
-	Detail string `json:"detail"`
-}
-
-// Error implements error.
-func (e *APIError) Error() string { return e.Code + ": " + e.Detail }
 
 // Handler returns the bridge's HTTP JSON API (docs/API.md). Every route
 // but /healthz requires "Authorization: Bearer <token>", compared in
 // constant time; an empty token turns authentication off.
 func (b *Bridge) Handler(token string) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+bridgeapi.PathHealth, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "run": b.cfg.Run})
 	})
 	api := func(pattern string, h func(ctx context.Context, r *http.Request) (any, error)) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			if !authorized(r, token) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="stillpoint"`)
-				writeError(w, http.StatusUnauthorized, &APIError{Code: "unauthorized", Detail: "missing or wrong bearer token"})
+				writeError(w, http.StatusUnauthorized, &bridgeapi.APIError{Code: "unauthorized", Detail: "missing or wrong bearer token"})
 				return
 			}
 			res, err := h(r.Context(), r)
@@ -50,79 +39,73 @@ func (b *Bridge) Handler(token string) http.Handler {
 			writeJSON(w, http.StatusOK, res)
 		})
 	}
-	api("POST /v1/checkpoints", func(ctx context.Context, r *http.Request) (any, error) {
-		var req CheckpointRequest
+	api("POST "+bridgeapi.PathCheckpoints, func(ctx context.Context, r *http.Request) (any, error) {
+		var req bridgeapi.CheckpointRequest
 		if err := decode(r, &req); err != nil {
 			return nil, err
 		}
 		return b.Checkpoint(ctx, req)
 	})
-	api("GET /v1/checkpoints/{id}", func(ctx context.Context, r *http.Request) (any, error) {
+	api("GET "+bridgeapi.PathCheckpoint, func(ctx context.Context, r *http.Request) (any, error) {
 		return b.Get(ctx, r.PathValue("id"))
 	})
-	api("POST /v1/checkpoints/{id}/commit", func(ctx context.Context, r *http.Request) (any, error) {
-		var req struct {
-			Stop bool `json:"stop"`
-		}
+	api("POST "+bridgeapi.PathCommit, func(ctx context.Context, r *http.Request) (any, error) {
+		var req bridgeapi.CommitRequest
 		if err := decode(r, &req); err != nil {
 			return nil, err
 		}
 		return b.Commit(ctx, r.PathValue("id"), req.Stop)
 	})
-	api("POST /v1/checkpoints/{id}/abort", func(ctx context.Context, r *http.Request) (any, error) {
+	api("POST "+bridgeapi.PathAbort, func(ctx context.Context, r *http.Request) (any, error) {
 		return b.Abort(ctx, r.PathValue("id"))
 	})
-	api("POST /v1/restore", func(ctx context.Context, r *http.Request) (any, error) {
-		var req RestoreRequest
+	api("POST "+bridgeapi.PathRestore, func(ctx context.Context, r *http.Request) (any, error) {
+		var req bridgeapi.RestoreRequest
 		if err := decode(r, &req); err != nil {
 			return nil, err
 		}
 		return b.Restore(ctx, req)
 	})
-	api("POST /v1/retire", func(ctx context.Context, r *http.Request) (any, error) {
-		var req struct {
-			Episodes []string `json:"episodes"`
-		}
+	api("POST "+bridgeapi.PathRetire, func(ctx context.Context, r *http.Request) (any, error) {
+		var req bridgeapi.RetireRequest
 		if err := decode(r, &req); err != nil {
 			return nil, err
 		}
 		return b.Retire(ctx, req.Episodes)
 	})
-	api("POST /v1/forget", func(ctx context.Context, r *http.Request) (any, error) {
-		var req struct {
-			Rollouts []string `json:"rollouts"`
-		}
+	api("POST "+bridgeapi.PathForget, func(ctx context.Context, r *http.Request) (any, error) {
+		var req bridgeapi.ForgetRequest
 		if err := decode(r, &req); err != nil {
 			return nil, err
 		}
 		return b.Forget(ctx, req.Rollouts)
 	})
-	api("POST /v1/release", func(ctx context.Context, r *http.Request) (any, error) {
-		var req ReleaseRequest
+	api("POST "+bridgeapi.PathRelease, func(ctx context.Context, r *http.Request) (any, error) {
+		var req bridgeapi.ReleaseRequest
 		if err := decode(r, &req); err != nil {
 			return nil, err
 		}
 		return b.Release(ctx, req)
 	})
-	api("GET /v1/status", func(ctx context.Context, r *http.Request) (any, error) {
+	api("GET "+bridgeapi.PathStatus, func(ctx context.Context, r *http.Request) (any, error) {
 		return b.Status(ctx)
 	})
 	return mux
 }
 
 // Get returns the result of a checkpoint that committed or failed.
-func (b *Bridge) Get(ctx context.Context, id string) (*CheckpointResult, error) {
+func (b *Bridge) Get(ctx context.Context, id string) (*bridgeapi.CheckpointResult, error) {
 	if err := events.ValidateCheckpointID(id); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		return nil, fmt.Errorf("%w: %w", bridgeapi.ErrBadRequest, err)
 	}
 	m, _, err := b.manifest(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if m == nil {
-		return nil, fmt.Errorf("%w: checkpoint %s of run %s", ErrNotFound, id, b.cfg.Run)
+		return nil, fmt.Errorf("%w: checkpoint %s of run %s", bridgeapi.ErrNotFound, id, b.cfg.Run)
 	}
-	return resultOf(m), nil
+	return bridgeapi.ResultOf(m), nil
 }
 
 func authorized(r *http.Request, token string) bool {
@@ -137,12 +120,12 @@ func authorized(r *http.Request, token string) bool {
 // oversized body is a bad request naming what is wrong. An empty body is
 // an empty request.
 func decode(r *http.Request, v any) error {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxRequestBody+1))
+	body, err := io.ReadAll(io.LimitReader(r.Body, bridgeapi.MaxRequestBody+1))
 	if err != nil {
-		return fmt.Errorf("%w: reading the body: %w", ErrBadRequest, err)
+		return fmt.Errorf("%w: reading the body: %w", bridgeapi.ErrBadRequest, err)
 	}
-	if len(body) > MaxRequestBody {
-		return fmt.Errorf("%w: body over %d bytes", ErrBadRequest, MaxRequestBody)
+	if len(body) > bridgeapi.MaxRequestBody {
+		return fmt.Errorf("%w: body over %d bytes", bridgeapi.ErrBadRequest, bridgeapi.MaxRequestBody)
 	}
 	if len(strings.TrimSpace(string(body))) == 0 {
 		return nil
@@ -150,30 +133,30 @@ func decode(r *http.Request, v any) error {
 	dec := json.NewDecoder(strings.NewReader(string(body)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("%w: body: %w", ErrBadRequest, err)
+		return fmt.Errorf("%w: body: %w", bridgeapi.ErrBadRequest, err)
 	}
 	if dec.More() {
-		return fmt.Errorf("%w: body: trailing data after the JSON object", ErrBadRequest)
+		return fmt.Errorf("%w: body: trailing data after the JSON object", bridgeapi.ErrBadRequest)
 	}
 	return nil
 }
 
-func classify(err error) (int, *APIError) {
+func classify(err error) (int, *bridgeapi.APIError) {
 	switch {
-	case errors.Is(err, ErrBadRequest), errors.Is(err, events.ErrInvalid):
-		return http.StatusBadRequest, &APIError{Code: "bad_request", Detail: err.Error()}
-	case errors.Is(err, ErrNotFound):
-		return http.StatusNotFound, &APIError{Code: "not_found", Detail: err.Error()}
-	case errors.Is(err, ErrBusy):
-		return http.StatusConflict, &APIError{Code: "checkpoint_conflict", Detail: err.Error()}
-	case errors.Is(err, ErrFenced):
-		return http.StatusConflict, &APIError{Code: "fenced", Detail: err.Error()}
-	case errors.Is(err, ErrNoFreshMember):
-		return http.StatusConflict, &APIError{Code: "no_fresh_member", Detail: err.Error()}
+	case errors.Is(err, bridgeapi.ErrBadRequest), errors.Is(err, events.ErrInvalid):
+		return http.StatusBadRequest, &bridgeapi.APIError{Code: "bad_request", Detail: err.Error()}
+	case errors.Is(err, bridgeapi.ErrNotFound):
+		return http.StatusNotFound, &bridgeapi.APIError{Code: "not_found", Detail: err.Error()}
+	case errors.Is(err, bridgeapi.ErrBusy):
+		return http.StatusConflict, &bridgeapi.APIError{Code: "checkpoint_conflict", Detail: err.Error()}
+	case errors.Is(err, bridgeapi.ErrFenced):
+		return http.StatusConflict, &bridgeapi.APIError{Code: "fenced", Detail: err.Error()}
+	case errors.Is(err, bridgeapi.ErrNoFreshMember):
+		return http.StatusConflict, &bridgeapi.APIError{Code: "no_fresh_member", Detail: err.Error()}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return http.StatusServiceUnavailable, &APIError{Code: "cancelled", Detail: err.Error()}
+		return http.StatusServiceUnavailable, &bridgeapi.APIError{Code: "cancelled", Detail: err.Error()}
 	}
-	return http.StatusInternalServerError, &APIError{Code: "internal", Detail: err.Error()}
+	return http.StatusInternalServerError, &bridgeapi.APIError{Code: "internal", Detail: err.Error()}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -184,6 +167,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-func writeError(w http.ResponseWriter, status int, e *APIError) {
-	writeJSON(w, status, map[string]*APIError{"error": e})
+func writeError(w http.ResponseWriter, status int, e *bridgeapi.APIError) {
+	writeJSON(w, status, map[string]*bridgeapi.APIError{"error": e})
 }

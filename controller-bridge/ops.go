@@ -2,84 +2,194 @@ package bridge
 
 import (
 	"context"
-	"fmt"
-	"sort"
-	"strconv"
+	"errors"
 
-	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
 )
 
-// Retire refuses the given attempts (and earlier ones of the same
-// rollouts) on every member from now on and stops their work.
-func (b *Bridge) Retire(ctx context.Context, episodes []string) (*OpResult, error) {
-	eps, err := parseEpisodes(episodes)
+// The controller's operations. Each one validates its request, takes the
+// run's operation slot, finishes what a previous bridge left open, reads
+// what its ask needs, and drives the machine. A failure of the fleet is
+// not an error: the result has Status failed and names every blocker and
+// member. Errors are for what kept the bridge from deciding (a bad
+// request, another operation open, the bus).
+
+// errNoResult is a machine that finished without a result: a bug.
+var errNoResult = errors.New("bridge: the operation ended without a result")
+
+// begin returns the machine to ask: the held checkpoint's, which refuses
+// every other operation, or a fresh one once whatever was left open is
+// finished, with the run's state. The caller holds the operation slot.
+func (b *Bridge) begin(ctx context.Context) (*machine.Machine, runState, error) {
+	b.mu.Lock()
+	h := b.held
+	b.mu.Unlock()
+	if h != nil {
+		return h.m, runState{}, nil
+	}
+	st, err := b.recoverLocked(ctx)
+	return machine.New(b.machineConfig()), st, err
+}
+
+// ask drives m with in and returns its finish, or the error that ended it.
+func (b *Bridge) ask(ctx context.Context, m *machine.Machine, in machine.Input) (machine.Finish, error) {
+	fin, err := b.drive(ctx, m, in)
+	if err = firstErr(err, fin.Err); err != nil {
+		return fin, err
+	}
+	if fin.Checkpoint == nil && fin.Restore == nil && fin.Op == nil {
+		return fin, errNoResult
+	}
+	return fin, nil
+}
+
+// Checkpoint takes a checkpoint: prepare, commit, manifest, LATEST,
+// outcome, resume (PROTOCOL §5, Bridge rules).
+func (b *Bridge) Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest) (*bridgeapi.CheckpointResult, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	if err := b.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer b.unlock()
+	m, st, err := b.begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if len(eps) == 0 {
-		return nil, fmt.Errorf("%w: retire needs at least one episode", ErrBadRequest)
+	if req.ID == "" {
+		req.ID = machine.NewCheckpointID(b.cfg.Now())
 	}
-	return b.simpleOp(ctx, events.PhaseRetire, func(h events.PhaseHeader) events.PhaseEvent {
-		return events.Retire{PhaseHeader: h, Episodes: eps}
-	})
+	v := st.view()
+	if m.State() == machine.StateIdle { // a held machine refuses before it reads a view
+		if v.Manifest, _, err = b.manifest(ctx, req.ID); err != nil {
+			return nil, err
+		}
+		if v.Manifest == nil {
+			if v.Members, _, err = b.liveMembers(ctx, st.epoch, false); err != nil {
+				return nil, err
+			}
+		}
+	}
+	fin, err := b.ask(ctx, m, machine.CheckpointAsked{Request: req, View: v})
+	if err != nil {
+		return nil, err
+	}
+	b.logCheckpoint(fin.Checkpoint)
+	return fin.Checkpoint, nil
+}
+
+// Commit commits the checkpoint held prepared by a Checkpoint with Hold;
+// stop parks the fleet as in CheckpointRequest.
+func (b *Bridge) Commit(ctx context.Context, id string, stop bool) (*bridgeapi.CheckpointResult, error) {
+	return b.unhold(ctx, id, func(v machine.View) machine.Input { return machine.CommitAsked{ID: id, Stop: stop, View: v} })
+}
+
+// Abort abandons the held checkpoint id: abort marker, outcome, resume.
+func (b *Bridge) Abort(ctx context.Context, id string) (*bridgeapi.CheckpointResult, error) {
+	return b.unhold(ctx, id, func(v machine.View) machine.Input { return machine.AbortAsked{ID: id, View: v} })
+}
+
+// unhold asks the held checkpoint's machine to commit or abort it, with
+// the run's last phase: another bridge that published since fences it.
+func (b *Bridge) unhold(ctx context.Context, id string, ask func(machine.View) machine.Input) (*bridgeapi.CheckpointResult, error) {
+	if err := b.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer b.unlock()
+	m, v := machine.New(b.machineConfig()), machine.View{} // an idle machine holds nothing
+	if b.heldID() == id {
+		h := b.takeHold()
+		st, err := b.state(ctx)
+		if err != nil {
+			return nil, err
+		}
+		m, v = h.m, st.view()
+	}
+	fin, err := b.ask(ctx, m, ask(v))
+	if err != nil {
+		return nil, err
+	}
+	b.logCheckpoint(fin.Checkpoint)
+	return fin.Checkpoint, nil
+}
+
+func (b *Bridge) logCheckpoint(r *bridgeapi.CheckpointResult) {
+	ev := b.log.Info()
+	if r.Status == bridgeapi.StatusFailed {
+		ev = b.log.Warn()
+		if r.Failure != nil {
+			ev = ev.Str("failed_phase", string(r.Failure.Phase)).Str("reason", r.Failure.Reason).Int("failed_members", len(r.Failure.Errors))
+		}
+	}
+	ev.Str("checkpoint", r.CheckpointID).Str("status", r.Status).Int64("prepare_ms", r.PrepareMS).Int64("commit_ms", r.CommitMS).
+		Bool("stop", r.Stop).Msg("checkpoint " + r.Status)
+}
+
+// Restore restores a committed checkpoint (LATEST by default) into the
+// fresh members of the run, opening the next epoch. It is all or none: if
+// any member fails, the next attempts of the scope are retired everywhere,
+// the fleet resumes and the result is failed; those rollouts then restart
+// from their input. Members of the old epoch that are still alive are
+// superseded by the new epoch and stop.
+func (b *Bridge) Restore(ctx context.Context, req bridgeapi.RestoreRequest) (*bridgeapi.RestoreResult, error) {
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	if err := b.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer b.unlock()
+	m, st, err := b.begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v := st.view()
+	if m.State() == machine.StateIdle {
+		if v.Latest, _, err = b.latest(ctx); err != nil {
+			return nil, err
+		}
+		source := req.Source
+		if source == "" && v.Latest != nil {
+			source = v.Latest.CheckpointID
+		}
+		if source != "" {
+			if v.Manifest, _, err = b.manifest(ctx, source); err != nil {
+				return nil, err
+			}
+		}
+		if v.Members, _, err = b.liveMembers(ctx, 0, true); err != nil {
+			return nil, err
+		}
+	}
+	fin, err := b.ask(ctx, m, machine.RestoreAsked{Request: req, View: v})
+	if err != nil {
+		return nil, err
+	}
+	r := fin.Restore
+	b.log.Info().Str("restore", r.RestoreID).Str("source", r.Source).Uint64("epoch", r.Epoch).Str("status", r.Status).
+		Int("restored", len(r.Restored)).Int("retired", len(r.Retired)).Msg("restore " + r.Status)
+	return r, nil
+}
+
+// Retire refuses the given attempts (and earlier ones of the same
+// rollouts) on every member from now on and stops their work.
+func (b *Bridge) Retire(ctx context.Context, episodes []string) (*bridgeapi.OpResult, error) {
+	eps, err := bridgeapi.RetireRequest{Episodes: episodes}.Parse()
+	if err != nil {
+		return nil, err
+	}
+	return b.runOp(ctx, func(v machine.View) machine.Input { return machine.RetireAsked{Episodes: eps, View: v} }, false)
 }
 
 // Forget drops the refusal marks of rollouts that are finished for good.
-func (b *Bridge) Forget(ctx context.Context, rollouts []string) (*OpResult, error) {
-	if len(rollouts) == 0 {
-		return nil, fmt.Errorf("%w: forget needs at least one rollout", ErrBadRequest)
-	}
-	for i, r := range rollouts {
-		if err := events.ValidateRollout(fmt.Sprintf("rollouts[%d]", i), r); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
-		}
-	}
-	return b.simpleOp(ctx, events.PhaseForget, func(h events.PhaseHeader) events.PhaseEvent {
-		return events.Forget{PhaseHeader: h, Rollouts: rollouts}
-	})
-}
-
-// simpleOp publishes a retire or forget to the members of the current
-// epoch and gathers their acks.
-func (b *Bridge) simpleOp(ctx context.Context, phase events.Phase, build func(events.PhaseHeader) events.PhaseEvent) (*OpResult, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	st, members, err := b.startOp(ctx)
-	if err != nil {
+func (b *Bridge) Forget(ctx context.Context, rollouts []string) (*bridgeapi.OpResult, error) {
+	if err := (bridgeapi.ForgetRequest{Rollouts: rollouts}).Validate(); err != nil {
 		return nil, err
 	}
-	id := string(phase) + "-" + strconv.FormatUint(st.seq+1, 10)
-	p := build(b.header(&st, id, st.epoch, members, b.cfg.PhaseTimeout))
-	if err := b.publishPhase(ctx, &st, p); err != nil {
-		return nil, err
-	}
-	t, v, err := b.gather(ctx, p)
-	if err != nil {
-		return nil, err
-	}
-	res := &OpResult{Run: b.cfg.Run, OpID: id, Phase: phase, Status: StatusCompleted, Members: members}
-	if v != Complete {
-		errs, _, _ := t.Failure(b.cfg.Now())
-		res.Status = StatusFailed
-		res.Failure = &Failure{Phase: phase, Reason: fmt.Sprintf("%d of %d members failed or were silent", len(errs), len(members)), Errors: errs}
-	}
-	b.log.Info().Str("op", id).Str("status", res.Status).Msg(string(phase) + " done")
-	return res, nil
-}
-
-// startOp recovers, refuses while a checkpoint is held, and returns the
-// run state and the members of its epoch.
-func (b *Bridge) startOp(ctx context.Context) (runState, []events.Member, error) {
-	if err := b.begin(ctx); err != nil {
-		return runState{}, nil, err
-	}
-	st, err := b.state(ctx)
-	if err != nil {
-		return runState{}, nil, err
-	}
-	members, _, err := b.liveMembers(ctx, st.epoch, false)
-	return st, members, err
+	return b.runOp(ctx, func(v machine.View) machine.Input { return machine.ForgetAsked{Rollouts: rollouts, View: v} }, false)
 }
 
 // Release asks every member to delete external state (snapshots) that no
@@ -88,156 +198,61 @@ func (b *Bridge) startOp(ctx context.Context) (runState, []events.Member, error)
 // it leaves no manifest, record or LATEST of the run. Abort markers are
 // kept by every release, so that an aborted checkpoint can never be
 // created later (PROTOCOL §7, invariant 2).
-func (b *Bridge) Release(ctx context.Context, req ReleaseRequest) (*OpResult, error) {
-	if err := validateTokens("keep", req.Keep); err != nil {
+func (b *Bridge) Release(ctx context.Context, req bridgeapi.ReleaseRequest) (*bridgeapi.OpResult, error) {
+	if err := req.Validate(); err != nil {
 		return nil, err
 	}
-	if req.KeepLatest < 0 {
-		return nil, fmt.Errorf("%w: keep_latest: negative", ErrBadRequest)
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	st, members, err := b.startOp(ctx)
-	if err != nil {
-		return nil, err
-	}
-	all, err := b.checkpoints(ctx)
-	if err != nil {
-		return nil, err
-	}
-	keep, err := keepSet(all, req)
-	if err != nil {
-		return nil, err
-	}
-	id := "release-" + strconv.FormatUint(st.seq+1, 10)
-	p := events.Release{PhaseHeader: b.header(&st, id, st.epoch, members, b.cfg.PhaseTimeout), Keep: keep,
-		Final: len(req.Keep) == 0 && req.KeepLatest == 0}
-	if err := b.publishPhase(ctx, &st, p); err != nil {
-		return nil, err
-	}
-	failpoint.Hit("bridge/after-release")
-	return b.finishRelease(ctx, p)
+	return b.runOp(ctx, func(v machine.View) machine.Input { return machine.ReleaseAsked{Request: req, View: v} }, true)
 }
 
-// finishRelease gathers release acks and, if every member released,
-// deletes what is not kept. Recovery calls it again.
-func (b *Bridge) finishRelease(ctx context.Context, p events.Release) (*OpResult, error) {
-	res := &OpResult{Run: b.cfg.Run, OpID: p.CheckpointID, Phase: events.PhaseRelease, Status: StatusCompleted,
-		Members: p.Members, Keep: p.Keep, MemberDeleted: map[events.Member][]string{}}
-	t, v, err := b.gather(ctx, p)
+// runOp runs a retire, forget or release: to the members of the run's epoch
+// (and, for a release, with every checkpoint key).
+func (b *Bridge) runOp(ctx context.Context, ask func(machine.View) machine.Input, checkpoints bool) (*bridgeapi.OpResult, error) {
+	if err := b.lock(ctx); err != nil {
+		return nil, err
+	}
+	defer b.unlock()
+	m, st, err := b.begin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for m, ack := range t.Acks() {
-		if r, ok := ack.(events.ReleaseAck); ok && len(r.Deleted) > 0 {
-			res.MemberDeleted[m] = r.Deleted
-		}
-	}
-	if v != Complete {
-		// Keep the bridge's side: a member that did not release may still
-		// hold snapshots that these manifests name.
-		errs, _, _ := t.Failure(b.cfg.Now())
-		res.Status = StatusFailed
-		res.Failure = &Failure{Phase: events.PhaseRelease, Reason: fmt.Sprintf("%d of %d members did not release; manifests kept", len(errs), len(p.Members)), Errors: errs}
-	} else {
-		kept := map[string]bool{}
-		for _, k := range p.Keep {
-			kept[k] = true
-		}
-		all, err := b.checkpoints(ctx)
-		if err != nil {
+	v := st.view()
+	if m.State() == machine.StateIdle {
+		if v.Members, _, err = b.liveMembers(ctx, st.epoch, false); err != nil {
 			return nil, err
 		}
-		for _, m := range all {
-			// Abort markers stay, even after the final release: deleting one
-			// would let a slow bridge create that checkpoint after all
-			// (PROTOCOL §7, invariant 2). The records and member manifests
-			// its members wrote before the abort go (deleteCheckpoint).
-			if kept[m.CheckpointID] {
-				continue
-			}
-			if err := b.deleteCheckpoint(ctx, m); err != nil {
+		if checkpoints {
+			if v.Checkpoints, err = b.checkpoints(ctx); err != nil {
 				return nil, err
 			}
-			if !m.Aborted {
-				res.Deleted = append(res.Deleted, m.CheckpointID)
-			}
-		}
-		if l, _, err := b.latest(ctx); err != nil {
-			return nil, err
-		} else if l != nil && !kept[l.CheckpointID] {
-			if err := b.cfg.Bus.Manifests.Purge(ctx, events.LatestKey(b.cfg.Run)); err != nil {
-				return nil, fmt.Errorf("bridge: delete LATEST: %w", err)
-			}
 		}
 	}
-	if o, err := b.outcomeOf(ctx, events.TypeReleaseCompleted, p.CheckpointID); err != nil {
+	fin, err := b.ask(ctx, m, ask(v))
+	if err != nil {
 		return nil, err
-	} else if o == nil {
-		out := events.ReleaseCompleted{OutcomeHeader: events.OutcomeHeader{Run: b.cfg.Run, CheckpointID: p.CheckpointID, Epoch: p.Epoch},
-			Keep: p.Keep, Deleted: res.Deleted}
-		if res.Failure != nil {
-			out.Errors = res.Failure.Errors
-		}
-		if out.Keep == nil {
-			out.Keep = []string{}
-		}
-		if err := b.publishOutcome(ctx, out, p.CheckpointID); err != nil {
-			return nil, err
-		}
 	}
-	b.log.Info().Strs("keep", p.Keep).Strs("deleted", res.Deleted).Str("status", res.Status).Msg("release done")
-	return res, nil
+	r := fin.Op
+	b.log.Info().Str("op", r.OpID).Str("status", r.Status).Strs("keep", r.Keep).Strs("deleted", r.Deleted).Msg(string(r.Phase) + " done")
+	return r, nil
 }
 
-// keepSet resolves a release request to the committed checkpoints kept.
-func keepSet(all []events.CheckpointManifest, req ReleaseRequest) ([]string, error) {
-	committed := map[string]bool{}
-	var order []string
-	for _, m := range all {
-		if !m.Aborted {
-			committed[m.CheckpointID] = true
-			order = append(order, m.CheckpointID)
-		}
-	}
-	keep := map[string]bool{}
-	for _, k := range req.Keep {
-		if !committed[k] {
-			return nil, fmt.Errorf("%w: keep names %s, which is not a committed checkpoint", ErrNotFound, k)
-		}
-		keep[k] = true
-	}
-	for i := len(order) - 1; i >= 0 && i >= len(order)-req.KeepLatest; i-- {
-		keep[order[i]] = true
-	}
-	out := make([]string, 0, len(keep))
-	for k := range keep {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out, nil
-}
-
-// Status reads the run's state from the bus.
-func (b *Bridge) Status(ctx context.Context) (*Status, error) {
+// Status reads the run's state from the bus. What is open comes from the
+// machine, fed the open operation's history as recovery would be.
+func (b *Bridge) Status(ctx context.Context) (*bridgeapi.Status, error) {
 	st, err := b.state(ctx)
 	if err != nil {
 		return nil, err
 	}
-	s := &Status{Run: b.cfg.Run, Epoch: st.epoch, Seq: st.seq, Checkpoints: []CheckpointInfo{}, Members: []events.MemberInfo{}}
+	s := &bridgeapi.Status{Run: b.cfg.Run, Epoch: st.epoch, Seq: st.seq, Checkpoints: []bridgeapi.CheckpointInfo{},
+		Members: []events.MemberInfo{}, Held: b.heldID()}
 	if st.last != nil {
 		s.LastPhase, s.LastCheckpoint = st.last.Phase(), st.last.Header().CheckpointID
 	}
-	if op, err := b.openOp(ctx, st); err != nil {
+	m, err := b.replay(ctx, st)
+	if err != nil {
 		return nil, err
-	} else if op != "" {
-		s.Open = op
 	}
-	b.mu.Lock()
-	if b.held != nil {
-		s.Held = b.held.id
-	}
-	b.mu.Unlock()
+	s.Open = m.Open()
 	if s.Latest, _, err = b.latest(ctx); err != nil {
 		return nil, err
 	}
@@ -245,9 +260,9 @@ func (b *Bridge) Status(ctx context.Context) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, m := range all {
-		s.Checkpoints = append(s.Checkpoints, CheckpointInfo{CheckpointID: m.CheckpointID, Epoch: m.Epoch, Created: m.Created,
-			Aborted: m.Aborted, Reason: m.Reason, Continued: len(m.Continued), Restarted: len(m.Restarted), Members: len(m.Members), Stop: m.Stop})
+	for _, c := range all {
+		s.Checkpoints = append(s.Checkpoints, bridgeapi.CheckpointInfo{CheckpointID: c.CheckpointID, Epoch: c.Epoch, Created: c.Created,
+			Aborted: c.Aborted, Reason: c.Reason, Continued: len(c.Continued), Restarted: len(c.Restarted), Members: len(c.Members), Stop: c.Stop})
 	}
 	_, infos, err := b.liveMembers(ctx, st.epoch, false)
 	if err != nil {
@@ -257,25 +272,4 @@ func (b *Bridge) Status(ctx context.Context) (*Status, error) {
 		s.Members = infos
 	}
 	return s, nil
-}
-
-func parseEpisodes(keys []string) ([]events.Episode, error) {
-	out := make([]events.Episode, 0, len(keys))
-	for i, k := range keys {
-		e, err := events.ParseEpisode(k)
-		if err != nil {
-			return nil, fmt.Errorf("%w: episodes[%d]: %w", ErrBadRequest, i, err)
-		}
-		out = append(out, e)
-	}
-	return out, nil
-}
-
-func validateTokens(field string, ids []string) error {
-	for i, id := range ids {
-		if err := events.ValidateToken(fmt.Sprintf("%s[%d]", field, i), id); err != nil {
-			return fmt.Errorf("%w: %w", ErrBadRequest, err)
-		}
-	}
-	return nil
 }

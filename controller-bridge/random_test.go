@@ -10,6 +10,7 @@ import (
 	"time"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
@@ -97,7 +98,7 @@ func (r *randomRun) step(i int) string {
 		}
 		ep := live[r.rng.IntN(len(live))]
 		res, err := r.b.Retire(ctx(t), []string{ep.String()})
-		if err != nil || res.Status != bridge.StatusCompleted {
+		if err != nil || res.Status != bridgeapi.StatusCompleted {
 			t.Fatalf("retire %s: %+v %v", ep, res, err)
 		}
 		if ep.Attempt >= r.marks[ep.Rollout] {
@@ -106,7 +107,7 @@ func (r *randomRun) step(i int) string {
 		return "retire " + ep.String()
 	case x < 68:
 		for ro := range r.marks {
-			if res, err := r.b.Forget(ctx(t), []string{ro}); err != nil || res.Status != bridge.StatusCompleted {
+			if res, err := r.b.Forget(ctx(t), []string{ro}); err != nil || res.Status != bridgeapi.StatusCompleted {
 				t.Fatalf("forget %s: %+v %v", ro, res, err)
 			}
 			delete(r.marks, ro)
@@ -120,8 +121,8 @@ func (r *randomRun) step(i int) string {
 		h.Participant.Add(ep)
 		return "new work " + ep.String() + " on " + string(h.Name)
 	case x < 84:
-		res, err := r.b.Release(ctx(t), bridge.ReleaseRequest{KeepLatest: 1 + r.rng.IntN(2)})
-		if err != nil || res.Status != bridge.StatusCompleted {
+		res, err := r.b.Release(ctx(t), bridgeapi.ReleaseRequest{KeepLatest: 1 + r.rng.IntN(2)})
+		if err != nil || res.Status != bridgeapi.StatusCompleted {
 			t.Fatalf("release: %+v %v", res, err)
 		}
 		for _, id := range res.Deleted {
@@ -170,11 +171,11 @@ func (r *randomRun) checkpoint() string {
 	case x < 45:
 		how = "held"
 	}
-	var res *bridge.CheckpointResult
+	var res *bridgeapi.CheckpointResult
 	var err error
 	if how == "held" {
-		res, err = r.b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id, TimeoutMS: timeout, Hold: true})
-		if err != nil || res.Status != bridge.StatusPrepared {
+		res, err = r.b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id, TimeoutMS: timeout, Hold: true})
+		if err != nil || res.Status != bridgeapi.StatusPrepared {
 			t.Fatalf("hold %s: %+v %v", id, res, err)
 		}
 		if r.rng.IntN(2) == 0 {
@@ -185,7 +186,7 @@ func (r *randomRun) checkpoint() string {
 			how = "held then committed"
 		}
 	} else {
-		res, err = r.b.Checkpoint(ctx(t), bridge.CheckpointRequest{ID: id, TimeoutMS: timeout})
+		res, err = r.b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id, TimeoutMS: timeout})
 	}
 	if undo != nil {
 		undo()
@@ -194,9 +195,9 @@ func (r *randomRun) checkpoint() string {
 		t.Fatalf("checkpoint %s (%s): %v", id, how, err)
 	}
 	switch {
-	case expectFail && res.Status != bridge.StatusFailed, !expectFail && res.Status != bridge.StatusCommitted:
+	case expectFail && res.Status != bridgeapi.StatusFailed, !expectFail && res.Status != bridgeapi.StatusCommitted:
 		t.Fatalf("checkpoint %s (%s): %s, %+v", id, how, res.Status, res.Failure)
-	case res.Status == bridge.StatusCommitted:
+	case res.Status == bridgeapi.StatusCommitted:
 		r.committed[id] = true
 	default:
 		r.failed[id] = true
@@ -216,15 +217,15 @@ func (r *randomRun) restore(failOne bool) string {
 	if failOne {
 		r.hs[1].Participant.FailInstall(errors.New("fork failed"))
 	}
-	res, err := r.b.Restore(ctx(t), bridge.RestoreRequest{})
+	res, err := r.b.Restore(ctx(t), bridgeapi.RestoreRequest{})
 	if err != nil {
 		t.Fatalf("restore: %v", err)
 	}
 	r.marks = map[string]int{}
 	switch {
-	case failOne && res.Status != bridge.StatusFailed, !failOne && res.Status != bridge.StatusCompleted:
+	case failOne && res.Status != bridgeapi.StatusFailed, !failOne && res.Status != bridgeapi.StatusCompleted:
 		t.Fatalf("restore (fail one %v): %s %+v", failOne, res.Status, res.Failure)
-	case res.Status == bridge.StatusFailed:
+	case res.Status == bridgeapi.StatusFailed:
 		// Invariant 6: the retired next attempts are refused everywhere
 		// and nothing of them is live.
 		for _, k := range res.Retired {

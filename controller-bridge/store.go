@@ -10,8 +10,12 @@ import (
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
 )
+
+// The bridge's reads and writes of sp_manifests, sp_members and
+// sp_records: what the machine asks for, carried out.
 
 // latest reads LATEST and its revision; nil if there is none.
 func (b *Bridge) latest(ctx context.Context) (*events.Latest, uint64, error) {
@@ -27,6 +31,77 @@ func (b *Bridge) latest(ctx context.Context) (*events.Latest, uint64, error) {
 		return nil, 0, fmt.Errorf("bridge: LATEST does not decode: %w", err)
 	}
 	return &l, e.Revision(), nil
+}
+
+// moveLatest points LATEST at l by compare-and-set, unless it already
+// does or names a checkpoint committed later.
+func (b *Bridge) moveLatest(ctx context.Context, l events.Latest) error {
+	key := events.LatestKey(b.cfg.Run)
+	v, _ := json.Marshal(l)
+	for range 5 {
+		cur, rev, err := b.latest(ctx)
+		if err != nil {
+			return err
+		}
+		if cur != nil && (cur.CheckpointID == l.CheckpointID || cur.CommitSeq > l.CommitSeq) {
+			// Already there, or a later checkpoint is: a slow bridge
+			// finishing an older one never moves LATEST back.
+			return nil
+		}
+		if cur == nil {
+			_, err = b.cfg.Bus.Manifests.Create(ctx, key, v)
+		} else {
+			_, err = b.cfg.Bus.Manifests.Update(ctx, key, v, rev)
+		}
+		if err == nil {
+			return nil
+		}
+		b.log.Debug().Err(err).Msg("LATEST moved under us; reading it again")
+	}
+	return fmt.Errorf("bridge: LATEST of run %s keeps moving; giving up", b.cfg.Run)
+}
+
+// manifest reads the checkpoint key of id; nil if absent.
+func (b *Bridge) manifest(ctx context.Context, id string) (*events.CheckpointManifest, uint64, error) {
+	e, err := b.cfg.Bus.Manifests.Get(ctx, events.ManifestKey(b.cfg.Run, id))
+	if errors.Is(err, natsjs.ErrKeyNotFound) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("bridge: read manifest %s: %w", id, err)
+	}
+	var m events.CheckpointManifest
+	if err := json.Unmarshal(e.Value(), &m); err != nil {
+		return nil, 0, fmt.Errorf("bridge: manifest %s does not decode: %w", id, err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, 0, fmt.Errorf("bridge: manifest %s: %w", id, err)
+	}
+	return &m, e.Revision(), nil
+}
+
+// createManifest creates the checkpoint key once. If the key exists it
+// returns what is there and created=false.
+func (b *Bridge) createManifest(ctx context.Context, m events.CheckpointManifest) (have *events.CheckpointManifest, created bool, err error) {
+	v, err := json.Marshal(m)
+	if err != nil {
+		return nil, false, err
+	}
+	_, err = b.cfg.Bus.Manifests.Create(ctx, events.ManifestKey(b.cfg.Run, m.CheckpointID), v)
+	if errors.Is(err, natsjs.ErrKeyExists) {
+		have, _, err := b.manifest(ctx, m.CheckpointID)
+		if err != nil {
+			return nil, false, err
+		}
+		if have == nil {
+			return nil, false, fmt.Errorf("bridge: manifest %s exists and vanished", m.CheckpointID)
+		}
+		return have, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("bridge: create manifest %s: %w", m.CheckpointID, err)
+	}
+	return &m, true, nil
 }
 
 // checkpoints lists every checkpoint key of the run (committed and
@@ -57,12 +132,35 @@ func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, 
 	return out, nil
 }
 
+// deleteCheckpoints deletes what a release does not keep, then LATEST
+// unless it names a kept checkpoint.
+func (b *Bridge) deleteCheckpoints(ctx context.Context, del []machine.Deletion, keep []string) error {
+	for _, d := range del {
+		if err := b.deleteCheckpoint(ctx, d); err != nil {
+			return err
+		}
+	}
+	l, _, err := b.latest(ctx)
+	if err != nil || l == nil {
+		return err
+	}
+	for _, k := range keep {
+		if k == l.CheckpointID {
+			return nil
+		}
+	}
+	if err := b.cfg.Bus.Manifests.Purge(ctx, events.LatestKey(b.cfg.Run)); err != nil {
+		return fmt.Errorf("bridge: delete LATEST: %w", err)
+	}
+	return nil
+}
+
 // deleteCheckpoint deletes a checkpoint's records, member manifests and
-// manifest, in that order, so that a crash in between leaves a manifest
-// that names missing records rather than records nothing names. An abort
-// marker stays: only what its members wrote before the abort goes.
-func (b *Bridge) deleteCheckpoint(ctx context.Context, m events.CheckpointManifest) error {
-	prefix := b.cfg.Run + "/" + m.CheckpointID + "/"
+// key, in that order, so that a crash in between leaves a manifest that
+// names missing records rather than records nothing names. With
+// KeepMarker the key stays: only what its members wrote goes.
+func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error {
+	prefix := b.cfg.Run + "/" + d.CheckpointID + "/"
 	objs, err := b.cfg.Bus.Records.List(ctx)
 	if err != nil && !errors.Is(err, natsjs.ErrNoObjectsFound) {
 		return fmt.Errorf("bridge: list records: %w", err)
@@ -74,7 +172,7 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, m events.CheckpointManife
 			}
 		}
 	}
-	lister, err := b.cfg.Bus.Manifests.ListKeysFiltered(ctx, events.ManifestKey(b.cfg.Run, m.CheckpointID)+".>")
+	lister, err := b.cfg.Bus.Manifests.ListKeysFiltered(ctx, events.ManifestKey(b.cfg.Run, d.CheckpointID)+".>")
 	if err != nil {
 		return fmt.Errorf("bridge: list member manifests: %w", err)
 	}
@@ -87,11 +185,72 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, m events.CheckpointManife
 			return fmt.Errorf("bridge: delete %s: %w", k, err)
 		}
 	}
-	if m.Aborted {
-		return nil // the abort marker stays
+	if d.KeepMarker {
+		return nil
 	}
-	if err := b.cfg.Bus.Manifests.Purge(ctx, events.ManifestKey(b.cfg.Run, m.CheckpointID)); err != nil {
-		return fmt.Errorf("bridge: delete manifest %s: %w", m.CheckpointID, err)
+	if err := b.cfg.Bus.Manifests.Purge(ctx, events.ManifestKey(b.cfg.Run, d.CheckpointID)); err != nil {
+		return fmt.Errorf("bridge: delete manifest %s: %w", d.CheckpointID, err)
 	}
 	return nil
+}
+
+// liveMembers reads the run's heartbeats. fresh selects members that have
+// served no phase; otherwise it returns the members of epoch, plus fresh
+// ones (a member that joined since the last phase serves the next).
+func (b *Bridge) liveMembers(ctx context.Context, epoch uint64, fresh bool) ([]events.Member, []events.MemberInfo, error) {
+	values, err := snapshot(ctx, b.cfg.Bus.Members, events.MemberKeyFilter(b.cfg.Run))
+	if err != nil {
+		return nil, nil, fmt.Errorf("bridge: read members: %w", err)
+	}
+	var (
+		members []events.Member
+		infos   []events.MemberInfo
+	)
+	for k, v := range values {
+		var info events.MemberInfo
+		if err := json.Unmarshal(v, &info); err != nil || info.Validate() != nil || info.Run != b.cfg.Run ||
+			events.MemberKey(b.cfg.Run, info.Member) != k {
+			b.log.Warn().Str("key", k).Msg("ignoring a member heartbeat that does not decode or names another key")
+			continue
+		}
+		if info.Member.Kind() == events.KindBridge {
+			continue
+		}
+		infos = append(infos, info)
+		switch {
+		case fresh && !info.Served:
+		case !fresh && (!info.Served || info.Epoch == epoch):
+		default:
+			continue
+		}
+		members = append(members, info.Member)
+	}
+	sort.Slice(members, func(i, j int) bool { return members[i] < members[j] })
+	sort.Slice(infos, func(i, j int) bool { return infos[i].Member < infos[j].Member })
+	return members, infos, nil
+}
+
+// snapshot reads the current values of a bucket's keys under filter in one
+// pass (a watcher's initial values), rather than one request per key.
+func snapshot(ctx context.Context, kv natsjs.KeyValue, filter string) (map[string][]byte, error) {
+	w, err := kv.Watch(ctx, filter, natsjs.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	out := map[string][]byte{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("watcher closed")
+			}
+			if e == nil {
+				return out, nil
+			}
+			out[e.Key()] = e.Value()
+		}
+	}
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
@@ -84,7 +84,7 @@ func TestPausedLaunchContinuesInPlace(t *testing.T) {
 			t.Fatalf("a request with %d user turns: a turn was injected", e.UserTurns)
 		}
 	}
-	if rel, err := f.br.Release(ctx, bridge.ReleaseRequest{}); err != nil || rel.Status != bridge.StatusCompleted {
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", rel, err)
 	}
 }
@@ -166,8 +166,8 @@ func TestCrashRestoreRelaunchesOnSavedSession(t *testing.T) {
 	}
 	f.startOwner()
 	f.startAgent("a1", "--concurrency", fmt.Sprint(n))
-	rr, err := f.br.Restore(ctx, bridge.RestoreRequest{})
-	if err != nil || rr.Status != bridge.StatusCompleted {
+	rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{})
+	if err != nil || rr.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("restore: %+v %v", rr, err)
 	}
 	var second []<-chan outcome
@@ -187,7 +187,7 @@ func TestCrashRestoreRelaunchesOnSavedSession(t *testing.T) {
 		}
 	}
 	f.checkLedger(began)
-	if rel, err := f.br.Release(ctx, bridge.ReleaseRequest{}); err != nil || rel.Status != bridge.StatusCompleted {
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", rel, err)
 	}
 }
@@ -299,8 +299,8 @@ func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
 	for _, a := range f.agents {
 		f.startAgent(a, "--concurrency", fmt.Sprint(n))
 	}
-	rr, err := f.br.Restore(ctx, bridge.RestoreRequest{})
-	if err != nil || rr.Status != bridge.StatusCompleted {
+	rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{})
+	if err != nil || rr.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("restore: %+v %v", rr, err)
 	}
 	var done []string
@@ -315,7 +315,7 @@ func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
 	}
 	mu.Unlock()
 	if len(done) > 0 {
-		if r, err := f.br.Retire(ctx, done); err != nil || r.Status != bridge.StatusCompleted {
+		if r, err := f.br.Retire(ctx, done); err != nil || r.Status != bridgeapi.StatusCompleted {
 			t.Fatalf("retire of the restored attempts of finished rollouts: %+v %v", r, err)
 		}
 	}
@@ -331,7 +331,7 @@ func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
 	}
 	t.Logf("%d rollouts returned before the crash, %d after the restore", len(done), n-len(done))
 	f.checkLedger(began)
-	if rel, err := f.br.Release(ctx, bridge.ReleaseRequest{}); err != nil || rel.Status != bridge.StatusCompleted {
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", rel, err)
 	}
 }

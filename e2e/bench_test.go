@@ -13,6 +13,7 @@ import (
 	"time"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
@@ -167,12 +168,12 @@ func benchMS(n int64) time.Duration { return time.Duration(n) * time.Millisecond
 
 // checkpoint takes checkpoint id and waits until every member acked its
 // resume, so that checkpoints do not overlap a previous resume.
-func (f *benchFleet) checkpoint(ctx context.Context, id string) (benchSample, *bridge.CheckpointResult) {
+func (f *benchFleet) checkpoint(ctx context.Context, id string) (benchSample, *bridgeapi.CheckpointResult) {
 	f.t.Helper()
 	start := time.Now()
-	res, err := f.br.Checkpoint(ctx, bridge.CheckpointRequest{ID: id})
+	res, err := f.br.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: id})
 	call := time.Since(start)
-	if err != nil || res.Status != bridge.StatusCommitted {
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		if res != nil && res.Failure != nil {
 			f.t.Fatalf("checkpoint %s: %+v", id, *res.Failure)
 		}
@@ -331,7 +332,7 @@ func (f *benchFleet) checkMidTool(ctx context.Context, checkpoint string) {
 // release keeps the newest keep checkpoints (none: the final release).
 func (f *benchFleet) release(ctx context.Context, keep int) {
 	f.t.Helper()
-	if r, err := f.br.Release(ctx, bridge.ReleaseRequest{KeepLatest: keep}); err != nil || r.Status != bridge.StatusCompleted {
+	if r, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{KeepLatest: keep}); err != nil || r.Status != bridgeapi.StatusCompleted {
 		f.t.Fatalf("release keeping %d: %+v %v", keep, r, err)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
@@ -274,10 +275,10 @@ func (f *fleet) waitLedger(n int) {
 	waitFor(f.t, fmt.Sprintf("%d model calls", n), func() bool { return len(f.ms.Ledger()) >= n })
 }
 
-func (f *fleet) checkpoint(ctx context.Context, id string) *bridge.CheckpointResult {
+func (f *fleet) checkpoint(ctx context.Context, id string) *bridgeapi.CheckpointResult {
 	f.t.Helper()
-	res, err := f.br.Checkpoint(ctx, bridge.CheckpointRequest{ID: id})
-	if err != nil || res.Status != bridge.StatusCommitted {
+	res, err := f.br.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: id})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		f.t.Fatalf("checkpoint %s: %+v %v", id, res, err)
 	}
 	return res

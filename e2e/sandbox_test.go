@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -132,8 +133,8 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	}
 	waitFor(t, "the writer", func() bool { return execOut(t, p, info.SandboxID, "wc -l < /work/out 2>/dev/null || echo 0") != "0" })
 
-	res, err := br.Checkpoint(ctx, bridge.CheckpointRequest{ID: "c1"})
-	if err != nil || res.Status != bridge.StatusCommitted {
+	res, err := br.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c1"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("checkpoint: %+v %v", res, err)
 	}
 	if len(res.Members) != 2 || len(res.Continued) != 1 || res.Continued[0] != "r1" {
@@ -170,7 +171,7 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	if err := p.Stop(ctx, "fork1"); err != nil {
 		t.Fatal(err)
 	}
-	if rel, err := br.Release(ctx, bridge.ReleaseRequest{}); err != nil || rel.Status != bridge.StatusCompleted {
+	if rel, err := br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", rel, err)
 	}
 	if err := oc.CloseSession(ctx, "s1"); err != nil {

@@ -1,6 +1,3 @@
-// Package client is the Go client of the controller bridge's HTTP API: what
-// a Go controller (and the stillpoint CLI) calls to checkpoint, restore,
-// retire, forget and release a run.
 package client
 
 import (
@@ -14,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 )
 
 // Client calls one bridge.
@@ -50,63 +47,63 @@ func New(baseURL, token string) (*Client, error) {
 
 // Checkpoint asks for a checkpoint; a result with Status failed is not an
 // error.
-func (c *Client) Checkpoint(ctx context.Context, req bridge.CheckpointRequest) (*bridge.CheckpointResult, error) {
-	var res bridge.CheckpointResult
-	return &res, c.do(ctx, http.MethodPost, "/v1/checkpoints", req, &res)
+func (c *Client) Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest) (*bridgeapi.CheckpointResult, error) {
+	var res bridgeapi.CheckpointResult
+	return &res, c.do(ctx, http.MethodPost, bridgeapi.PathCheckpoints, req, &res)
 }
 
 // Commit commits a checkpoint held prepared.
-func (c *Client) Commit(ctx context.Context, id string, stop bool) (*bridge.CheckpointResult, error) {
-	var res bridge.CheckpointResult
-	return &res, c.do(ctx, http.MethodPost, "/v1/checkpoints/"+url.PathEscape(id)+"/commit", map[string]bool{"stop": stop}, &res)
+func (c *Client) Commit(ctx context.Context, id string, stop bool) (*bridgeapi.CheckpointResult, error) {
+	var res bridgeapi.CheckpointResult
+	return &res, c.do(ctx, http.MethodPost, bridgeapi.CommitPath(id), bridgeapi.CommitRequest{Stop: stop}, &res)
 }
 
 // Abort abandons a checkpoint held prepared.
-func (c *Client) Abort(ctx context.Context, id string) (*bridge.CheckpointResult, error) {
-	var res bridge.CheckpointResult
-	return &res, c.do(ctx, http.MethodPost, "/v1/checkpoints/"+url.PathEscape(id)+"/abort", nil, &res)
+func (c *Client) Abort(ctx context.Context, id string) (*bridgeapi.CheckpointResult, error) {
+	var res bridgeapi.CheckpointResult
+	return &res, c.do(ctx, http.MethodPost, bridgeapi.AbortPath(id), nil, &res)
 }
 
 // Get returns the result of a finished checkpoint.
-func (c *Client) Get(ctx context.Context, id string) (*bridge.CheckpointResult, error) {
-	var res bridge.CheckpointResult
-	return &res, c.do(ctx, http.MethodGet, "/v1/checkpoints/"+url.PathEscape(id), nil, &res)
+func (c *Client) Get(ctx context.Context, id string) (*bridgeapi.CheckpointResult, error) {
+	var res bridgeapi.CheckpointResult
+	return &res, c.do(ctx, http.MethodGet, bridgeapi.CheckpointPath(id), nil, &res)
 }
 
 // Restore restores a checkpoint (LATEST when req.Source is empty).
-func (c *Client) Restore(ctx context.Context, req bridge.RestoreRequest) (*bridge.RestoreResult, error) {
-	var res bridge.RestoreResult
-	return &res, c.do(ctx, http.MethodPost, "/v1/restore", req, &res)
+func (c *Client) Restore(ctx context.Context, req bridgeapi.RestoreRequest) (*bridgeapi.RestoreResult, error) {
+	var res bridgeapi.RestoreResult
+	return &res, c.do(ctx, http.MethodPost, bridgeapi.PathRestore, req, &res)
 }
 
 // Retire refuses the given attempts everywhere from now on.
-func (c *Client) Retire(ctx context.Context, episodes []string) (*bridge.OpResult, error) {
-	var res bridge.OpResult
-	return &res, c.do(ctx, http.MethodPost, "/v1/retire", map[string][]string{"episodes": episodes}, &res)
+func (c *Client) Retire(ctx context.Context, episodes []string) (*bridgeapi.OpResult, error) {
+	var res bridgeapi.OpResult
+	return &res, c.do(ctx, http.MethodPost, bridgeapi.PathRetire, bridgeapi.RetireRequest{Episodes: episodes}, &res)
 }
 
 // Forget drops the refusal marks of rollouts.
-func (c *Client) Forget(ctx context.Context, rollouts []string) (*bridge.OpResult, error) {
-	var res bridge.OpResult
-	return &res, c.do(ctx, http.MethodPost, "/v1/forget", map[string][]string{"rollouts": rollouts}, &res)
+func (c *Client) Forget(ctx context.Context, rollouts []string) (*bridgeapi.OpResult, error) {
+	var res bridgeapi.OpResult
+	return &res, c.do(ctx, http.MethodPost, bridgeapi.PathForget, bridgeapi.ForgetRequest{Rollouts: rollouts}, &res)
 }
 
 // Release deletes what no kept checkpoint names.
-func (c *Client) Release(ctx context.Context, req bridge.ReleaseRequest) (*bridge.OpResult, error) {
-	var res bridge.OpResult
-	return &res, c.do(ctx, http.MethodPost, "/v1/release", req, &res)
+func (c *Client) Release(ctx context.Context, req bridgeapi.ReleaseRequest) (*bridgeapi.OpResult, error) {
+	var res bridgeapi.OpResult
+	return &res, c.do(ctx, http.MethodPost, bridgeapi.PathRelease, req, &res)
 }
 
 // Status reads the run's state.
-func (c *Client) Status(ctx context.Context) (*bridge.Status, error) {
-	var res bridge.Status
-	return &res, c.do(ctx, http.MethodGet, "/v1/status", nil, &res)
+func (c *Client) Status(ctx context.Context) (*bridgeapi.Status, error) {
+	var res bridgeapi.Status
+	return &res, c.do(ctx, http.MethodGet, bridgeapi.PathStatus, nil, &res)
 }
 
 // Ready waits until the bridge answers /healthz or ctx ends.
 func (c *Client) Ready(ctx context.Context) error {
 	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.base+"/healthz", nil)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.base+bridgeapi.PathHealth, nil)
 		resp, err := c.http.Do(req)
 		if err == nil {
 			resp.Body.Close()
@@ -150,7 +147,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	if resp.StatusCode/100 != 2 {
 		var e struct {
-			Error bridge.APIError `json:"error"`
+			Error bridgeapi.APIError `json:"error"`
 		}
 		if json.Unmarshal(raw, &e) != nil || e.Error.Code == "" {
 			return &Error{Status: resp.StatusCode, Code: "http_error", Detail: strings.TrimSpace(string(raw))}

@@ -18,7 +18,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -36,17 +36,14 @@ const ExitStopped = 75
 // Controller is the bridge as the collector drives it: *bridge.Bridge in
 // process or *client.Client over HTTP.
 type Controller interface {
-	Checkpoint(ctx context.Context, req bridge.CheckpointRequest) (*bridge.CheckpointResult, error)
-	Restore(ctx context.Context, req bridge.RestoreRequest) (*bridge.RestoreResult, error)
-	Retire(ctx context.Context, episodes []string) (*bridge.OpResult, error)
-	Release(ctx context.Context, req bridge.ReleaseRequest) (*bridge.OpResult, error)
-	Status(ctx context.Context) (*bridge.Status, error)
+	Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest) (*bridgeapi.CheckpointResult, error)
+	Restore(ctx context.Context, req bridgeapi.RestoreRequest) (*bridgeapi.RestoreResult, error)
+	Retire(ctx context.Context, episodes []string) (*bridgeapi.OpResult, error)
+	Release(ctx context.Context, req bridgeapi.ReleaseRequest) (*bridgeapi.OpResult, error)
+	Status(ctx context.Context) (*bridgeapi.Status, error)
 }
 
-var (
-	_ Controller = (*bridge.Bridge)(nil)
-	_ Controller = (*client.Client)(nil)
-)
+var _ Controller = (*client.Client)(nil) // *bridge.Bridge: progress_test.go
 
 // Task is one line of the tasks file.
 type Task struct {
@@ -128,7 +125,7 @@ type Config struct {
 	RecoverGrace time.Duration
 	// OnCommit, when set, is called after each committed checkpoint, before
 	// older ones are released (the demo verifies every member manifest).
-	OnCommit func(ctx context.Context, res *bridge.CheckpointResult)
+	OnCommit func(ctx context.Context, res *bridgeapi.CheckpointResult)
 	// Logger receives structured logs.
 	Logger zerolog.Logger
 	// Progress, when set, receives a live status line (a terminal).
@@ -198,7 +195,7 @@ type Summary struct {
 func (s *Summary) Committed() []CheckpointStat {
 	var out []CheckpointStat
 	for _, c := range s.Checkpoints {
-		if c.Status == bridge.StatusCommitted {
+		if c.Status == bridgeapi.StatusCommitted {
 			out = append(out, c)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
@@ -16,6 +17,9 @@ import (
 // draws is a terminal that hands each drawing of the live line to the
 // test.
 type draws chan string
+
+// The bridge in process is a Controller, as the HTTP client is.
+var _ Controller = (*bridge.Bridge)(nil)
 
 func (d draws) Write(p []byte) (int, error) {
 	d <- string(p)
@@ -74,12 +78,12 @@ func TestLiveLineRedrawnWhenACheckpointOpensAndEnds(t *testing.T) {
 	defer stop()
 	screen.next(t, "0 checkpoints")
 
-	done := make(chan *bridge.CheckpointResult, 1)
+	done := make(chan *bridgeapi.CheckpointResult, 1)
 	go func() { done <- c.checkpoint(ctx, false) }()
 	screen.next(t, "checkpointing…")
 	close(hold)
 	res := <-done
-	if res == nil || res.Status != bridge.StatusCommitted {
+	if res == nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("checkpoint: %+v", res)
 	}
 	line := screen.next(t, "checkpoint "+res.CheckpointID+" committed")

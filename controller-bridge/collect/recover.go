@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 )
 
@@ -66,14 +66,14 @@ func (c *Collector) recover(ctx context.Context, why string) error {
 	c.log.Warn().Int("lost", lost).Bool("fresh_fleet", fresh).Msg("rollouts whose agent restarted")
 	switch {
 	case fresh && latest != nil:
-		rr, err := c.cfg.Controller.Restore(ctx, bridge.RestoreRequest{})
+		rr, err := c.cfg.Controller.Restore(ctx, bridgeapi.RestoreRequest{})
 		switch {
 		case isNoFreshMember(err):
 			c.log.Warn().Err(err).Msg("the fleet is not fresh: asking again for the attempts in flight")
 			return c.reattach()
 		case err != nil:
 			return fmt.Errorf("collect: restore: %w", err)
-		case rr.Status == bridge.StatusCompleted:
+		case rr.Status == bridgeapi.StatusCompleted:
 			return c.continueRestored(ctx, latest, rr)
 		default:
 			c.log.Warn().Strs("retired", rr.Retired).Msg("the restore failed; every unfinished rollout starts over one attempt later")
@@ -138,7 +138,7 @@ func (c *Collector) partial(ctx context.Context, live map[string]string) error {
 // waitFleet waits until every agent is alive and the members that hold
 // records of LATEST are all fresh or all still the ones that served, up to
 // RecoverGrace; it returns the bridge's status and LATEST's manifest.
-func (c *Collector) waitFleet(ctx context.Context) (*bridge.Status, *events.CheckpointManifest, error) {
+func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.CheckpointManifest, error) {
 	deadline := time.Now().Add(c.cfg.RecoverGrace)
 	for {
 		st, err := c.cfg.Controller.Status(ctx)
@@ -210,7 +210,7 @@ func (c *Collector) manifest(ctx context.Context, id string) (*events.Checkpoint
 // on the agent that holds it, retires the restored attempts of rollouts
 // already written, and starts every other unfinished rollout over one
 // attempt later.
-func (c *Collector) continueRestored(ctx context.Context, m *events.CheckpointManifest, rr *bridge.RestoreResult) error {
+func (c *Collector) continueRestored(ctx context.Context, m *events.CheckpointManifest, rr *bridgeapi.RestoreResult) error {
 	restored := map[string]int{}
 	for _, k := range rr.Restored {
 		ep, err := events.ParseEpisode(k)

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -328,17 +328,17 @@ func (c *Collector) cancelInflight() {
 }
 
 // checkpoint takes one checkpoint and releases what Keep does not keep.
-func (c *Collector) checkpoint(ctx context.Context, stop bool) *bridge.CheckpointResult {
+func (c *Collector) checkpoint(ctx context.Context, stop bool) *bridgeapi.CheckpointResult {
 	c.mu.Lock()
 	c.ckptOpen = true
 	c.mu.Unlock()
 	c.redraw()
 	began := time.Now()
-	res, err := c.cfg.Controller.Checkpoint(ctx, bridge.CheckpointRequest{Stop: stop})
+	res, err := c.cfg.Controller.Checkpoint(ctx, bridgeapi.CheckpointRequest{Stop: stop})
 	st := CheckpointStat{Stop: stop, Began: began}
 	switch {
 	case err != nil:
-		st.Status, st.Reason = bridge.StatusFailed, err.Error()
+		st.Status, st.Reason = bridgeapi.StatusFailed, err.Error()
 	default:
 		st.ID, st.Status, st.PrepareMS, st.CommitMS, st.Continued = res.CheckpointID, res.Status, res.PrepareMS, res.CommitMS, len(res.Continued)
 		if res.Failure != nil {
@@ -352,19 +352,19 @@ func (c *Collector) checkpoint(ctx context.Context, stop bool) *bridge.Checkpoin
 	c.mu.Unlock()
 	c.redraw()
 	ev := c.log.Info()
-	if st.Status != bridge.StatusCommitted {
+	if st.Status != bridgeapi.StatusCommitted {
 		ev = c.log.Warn().Str("reason", st.Reason)
 	}
 	ev.Str("checkpoint", st.ID).Str("status", st.Status).Bool("stop", stop).Int64("prepare_ms", st.PrepareMS).
 		Int64("commit_ms", st.CommitMS).Int("continued", st.Continued).Msg("checkpoint")
-	if err != nil || res.Status != bridge.StatusCommitted {
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		return res
 	}
 	if c.cfg.OnCommit != nil {
 		c.cfg.OnCommit(ctx, res)
 	}
 	if !stop {
-		if rel, err := c.cfg.Controller.Release(ctx, bridge.ReleaseRequest{KeepLatest: max(c.cfg.Keep, 1)}); err != nil || rel.Status != bridge.StatusCompleted {
+		if rel, err := c.cfg.Controller.Release(ctx, bridgeapi.ReleaseRequest{KeepLatest: max(c.cfg.Keep, 1)}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 			c.log.Warn().Err(err).Msg("release of older checkpoints failed; it is tried again after the next one")
 		}
 	}
@@ -380,7 +380,7 @@ func (c *Collector) stop(ctx context.Context) error {
 	c.log.Info().Msg("stopping: checkpoint with stop")
 	for try := 1; try <= 3; try++ {
 		res := c.checkpoint(ctx, true)
-		if res != nil && res.Status == bridge.StatusCommitted {
+		if res != nil && res.Status == bridgeapi.StatusCommitted {
 			c.waitInflight(ctx, 30*time.Second)
 			return ErrStopped
 		}
@@ -412,9 +412,9 @@ func (c *Collector) waitInflight(ctx context.Context, d time.Duration) {
 
 // finalRelease releases what the end of the collection does not keep.
 func (c *Collector) finalRelease(ctx context.Context) {
-	req := bridge.ReleaseRequest{KeepLatest: c.cfg.Keep}
+	req := bridgeapi.ReleaseRequest{KeepLatest: c.cfg.Keep}
 	rel, err := c.cfg.Controller.Release(ctx, req)
-	if err != nil || rel.Status != bridge.StatusCompleted {
+	if err != nil || rel.Status != bridgeapi.StatusCompleted {
 		c.log.Warn().Err(err).Msg("final release failed")
 		return
 	}
@@ -483,7 +483,7 @@ func (c *Collector) watchFleet(ctx context.Context) error {
 // isNoFreshMember tells the restore's refusal for want of a fresh fleet.
 func isNoFreshMember(err error) bool {
 	var ce *client.Error
-	return errors.Is(err, bridge.ErrNoFreshMember) || (errors.As(err, &ce) && ce.Code == "no_fresh_member")
+	return errors.Is(err, bridgeapi.ErrNoFreshMember) || (errors.As(err, &ce) && ce.Code == "no_fresh_member")
 }
 
 // flushRetire retires the attempts finish queued for it.
@@ -506,7 +506,7 @@ func (c *Collector) retire(ctx context.Context, eps []string) error {
 	if err != nil {
 		return err
 	}
-	if res.Status != bridge.StatusCompleted {
+	if res.Status != bridgeapi.StatusCompleted {
 		reason := "failed"
 		if res.Failure != nil {
 			reason = res.Failure.Reason

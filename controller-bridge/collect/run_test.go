@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/rs/zerolog"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -65,23 +65,23 @@ type noController struct{}
 
 var errNoController = errors.New("this test takes no checkpoint")
 
-func (noController) Checkpoint(context.Context, bridge.CheckpointRequest) (*bridge.CheckpointResult, error) {
+func (noController) Checkpoint(context.Context, bridgeapi.CheckpointRequest) (*bridgeapi.CheckpointResult, error) {
 	return nil, errNoController
 }
 
-func (noController) Restore(context.Context, bridge.RestoreRequest) (*bridge.RestoreResult, error) {
+func (noController) Restore(context.Context, bridgeapi.RestoreRequest) (*bridgeapi.RestoreResult, error) {
 	return nil, errNoController
 }
 
-func (noController) Retire(context.Context, []string) (*bridge.OpResult, error) {
+func (noController) Retire(context.Context, []string) (*bridgeapi.OpResult, error) {
 	return nil, errNoController
 }
 
-func (noController) Release(context.Context, bridge.ReleaseRequest) (*bridge.OpResult, error) {
+func (noController) Release(context.Context, bridgeapi.ReleaseRequest) (*bridgeapi.OpResult, error) {
 	return nil, errNoController
 }
 
-func (noController) Status(context.Context) (*bridge.Status, error) { return nil, errNoController }
+func (noController) Status(context.Context) (*bridgeapi.Status, error) { return nil, errNoController }
 
 // collectorGoroutines returns the stacks of the goroutines that run the
 // collector's code, at this instant.

@@ -1,7 +1,3 @@
-// Package failpoint kills the process at named points when the environment
-// asks for it, so that crash tests can stop a real process exactly where
-// they mean to, without timing. STILLPOINT_FAILPOINTS is a comma-separated
-// list of names; a process that reaches a listed point sends itself SIGKILL.
 package failpoint
 
 import (

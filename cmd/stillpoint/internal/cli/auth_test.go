@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -142,7 +143,7 @@ func TestServerAuthDir(t *testing.T) {
 			}
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
-			if res, err := c.Checkpoint(cctx, bridge.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridge.StatusCommitted {
+			if res, err := c.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
 				t.Fatalf("checkpoint through the bridge command: %+v %v", res, err)
 			}
 
@@ -208,11 +209,11 @@ func TestRolesCheckpointRestoreRelease(t *testing.T) {
 	ctx, cancelCtx := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancelCtx()
 
-	if res, err := b.Checkpoint(ctx, bridge.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridge.StatusCommitted {
+	if res, err := b.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("c1: %+v %v", res, err)
 	}
-	res, err := b.Checkpoint(ctx, bridge.CheckpointRequest{ID: "c2", Stop: true})
-	if err != nil || res.Status != bridge.StatusCommitted {
+	res, err := b.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c2", Stop: true})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("c2: %+v %v", res, err)
 	}
 	if len(res.Members) != 4 {
@@ -223,14 +224,14 @@ func TestRolesCheckpointRestoreRelease(t *testing.T) {
 		_ = h.Stop()
 	}
 	fleet()
-	rr, err := b.Restore(ctx, bridge.RestoreRequest{ID: "restore-1", Source: "c2"})
-	if err != nil || rr.Status != bridge.StatusCompleted || len(rr.Restored) != 5 {
+	rr, err := b.Restore(ctx, bridgeapi.RestoreRequest{ID: "restore-1", Source: "c2"})
+	if err != nil || rr.Status != bridgeapi.StatusCompleted || len(rr.Restored) != 5 {
 		t.Fatalf("restore: %+v %v", rr, err)
 	}
-	if res, err := b.Checkpoint(ctx, bridge.CheckpointRequest{ID: "c3"}); err != nil || res.Status != bridge.StatusCommitted {
+	if res, err := b.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c3"}); err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("c3: %+v %v", res, err)
 	}
-	if op, err := b.Release(ctx, bridge.ReleaseRequest{KeepLatest: 1}); err != nil || op.Status != bridge.StatusCompleted {
+	if op, err := b.Release(ctx, bridgeapi.ReleaseRequest{KeepLatest: 1}); err != nil || op.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("release: %+v %v", op, err)
 	}
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 )
 
@@ -73,17 +73,17 @@ func ctl(g *globals, f *ctlFlags, call func(ctx context.Context, c *client.Clien
 
 func failed(res any) bool {
 	switch r := res.(type) {
-	case *bridge.CheckpointResult:
-		return r.Status == bridge.StatusFailed
-	case *bridge.RestoreResult:
-		return r.Status == bridge.StatusFailed
-	case *bridge.OpResult:
-		return r.Status == bridge.StatusFailed
+	case *bridgeapi.CheckpointResult:
+		return r.Status == bridgeapi.StatusFailed
+	case *bridgeapi.RestoreResult:
+		return r.Status == bridgeapi.StatusFailed
+	case *bridgeapi.OpResult:
+		return r.Status == bridgeapi.StatusFailed
 	}
 	return false
 }
 
-func printFailure(w io.Writer, f *bridge.Failure) {
+func printFailure(w io.Writer, f *bridgeapi.Failure) {
 	if f == nil {
 		return
 	}
@@ -98,10 +98,10 @@ func printFailure(w io.Writer, f *bridge.Failure) {
 
 func printResult(w io.Writer, res any) {
 	switch r := res.(type) {
-	case *bridge.CheckpointResult:
+	case *bridgeapi.CheckpointResult:
 		fmt.Fprintf(w, "checkpoint %s of run %s: %s (epoch %d, %d members, prepare %d ms, commit %d ms)\n",
 			r.CheckpointID, r.Run, r.Status, r.Epoch, len(r.Members), r.PrepareMS, r.CommitMS)
-		if r.Status == bridge.StatusCommitted {
+		if r.Status == bridgeapi.StatusCommitted {
 			fmt.Fprintf(w, "  %d episodes continue, %d restart from their input", len(r.Continued), len(r.Restarted))
 			if r.Stop {
 				fmt.Fprint(w, "; the fleet is parked")
@@ -109,15 +109,15 @@ func printResult(w io.Writer, res any) {
 			fmt.Fprintln(w)
 		}
 		printFailure(w, r.Failure)
-	case *bridge.RestoreResult:
+	case *bridgeapi.RestoreResult:
 		fmt.Fprintf(w, "restore %s of checkpoint %s: %s (epoch %d, %d members)\n", r.RestoreID, r.Source, r.Status, r.Epoch, len(r.Members))
-		if r.Status == bridge.StatusCompleted {
+		if r.Status == bridgeapi.StatusCompleted {
 			fmt.Fprintf(w, "  %d episodes restored as their next attempt\n", len(r.Restored))
 		} else {
 			fmt.Fprintf(w, "  %d next attempts retired; those rollouts restart from their input\n", len(r.Retired))
 		}
 		printFailure(w, r.Failure)
-	case *bridge.OpResult:
+	case *bridgeapi.OpResult:
 		fmt.Fprintf(w, "%s %s: %s (%d members)\n", r.Phase, r.OpID, r.Status, len(r.Members))
 		if r.Phase == "release" {
 			fmt.Fprintf(w, "  kept %v, deleted %v\n", r.Keep, r.Deleted)
@@ -126,7 +126,7 @@ func printResult(w io.Writer, res any) {
 			}
 		}
 		printFailure(w, r.Failure)
-	case *bridge.Status:
+	case *bridgeapi.Status:
 		fmt.Fprintf(w, "run %s: epoch %d, last phase %s of %s (seq %d)\n", r.Run, r.Epoch, r.LastPhase, r.LastCheckpoint, r.Seq)
 		if r.Open != "" {
 			fmt.Fprintf(w, "  open: %s\n", r.Open)
@@ -158,7 +158,7 @@ func printResult(w io.Writer, res any) {
 
 func newCheckpointCmd(g *globals) *cobra.Command {
 	var f ctlFlags
-	var req bridge.CheckpointRequest
+	var req bridgeapi.CheckpointRequest
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "checkpoint",
@@ -183,7 +183,7 @@ It prints the result and exits 0 when the checkpoint committed, 1 when it failed
 
 func newRestoreCmd(g *globals) *cobra.Command {
 	var f ctlFlags
-	var req bridge.RestoreRequest
+	var req bridgeapi.RestoreRequest
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "restore",
@@ -235,7 +235,7 @@ func newForgetCmd(g *globals) *cobra.Command {
 
 func newReleaseCmd(g *globals) *cobra.Command {
 	var f ctlFlags
-	var req bridge.ReleaseRequest
+	var req bridgeapi.ReleaseRequest
 	cmd := &cobra.Command{
 		Use:   "release",
 		Short: "Delete snapshots, records and manifests that no kept checkpoint names",

@@ -14,6 +14,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
@@ -49,7 +50,7 @@ func (c *demoChecks) check(ctx context.Context, d *demo, js natsjs.JetStream, bu
 	// 2. A checkpoint resumed without a manifest never gets one.
 	var failed, wrong []string
 	for _, ck := range sum.Checkpoints {
-		if ck.Status == bridge.StatusCommitted || ck.ID == "" {
+		if ck.Status == bridgeapi.StatusCommitted || ck.ID == "" {
 			continue
 		}
 		failed = append(failed, ck.ID)

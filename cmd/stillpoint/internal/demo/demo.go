@@ -23,7 +23,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
@@ -207,7 +207,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	cfg := collect.Config{Run: d.run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
 		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: f.rollouts, Keep: 0, RecoverGrace: 90 * time.Second,
 		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
-		OnCommit: func(ctx context.Context, res *bridge.CheckpointResult) {
+		OnCommit: func(ctx context.Context, res *bridgeapi.CheckpointResult) {
 			chk.verifyManifests(ctx, bus, d.run, res.CheckpointID)
 		}}
 	if progress != nil {

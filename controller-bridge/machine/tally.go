@@ -1,4 +1,4 @@
-package bridge
+package machine
 
 import (
 	"fmt"
@@ -112,6 +112,10 @@ func (t *Tally) Excuse(m events.Member) {
 		delete(t.expected, m)
 	}
 }
+
+// Expects reports whether m is expected to answer: in the phase's member
+// set and not excused.
+func (t *Tally) Expects(m events.Member) bool { return t.expected[m] }
 
 // Ignored counts the acks Add refused.
 func (t *Tally) Ignored() int { return t.ignored }

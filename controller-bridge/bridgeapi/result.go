@@ -1,28 +1,9 @@
-package bridge
+package bridgeapi
 
 import (
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
-)
-
-// Errors the bridge's operations return. The HTTP API maps each to a status
-// and an error code (see docs/API.md).
-var (
-	// ErrBusy is returned when another operation of the run is open.
-	ErrBusy = errors.New("bridge: another operation is open")
-	// ErrNotFound is returned for a checkpoint that does not exist.
-	ErrNotFound = errors.New("bridge: not found")
-	// ErrFenced is returned when another bridge published a phase of this
-	// run in between: this bridge is not the run's bridge any more.
-	ErrFenced = errors.New("bridge: fenced by another bridge")
-	// ErrBadRequest is returned for a request that names something invalid.
-	ErrBadRequest = errors.New("bridge: bad request")
-	// ErrNoFreshMember is returned by Restore when a member of the
-	// checkpoint has no fresh member to restore into.
-	ErrNoFreshMember = errors.New("bridge: no fresh member to restore into")
 )
 
 // Status values of results.
@@ -32,51 +13,6 @@ const (
 	StatusPrepared  = "prepared"
 	StatusCompleted = "completed"
 )
-
-// CheckpointRequest asks for a checkpoint.
-type CheckpointRequest struct {
-	// ID is the checkpoint id; empty picks one (c-<UTC time>). Asking again
-	// for an id that already committed or failed returns that result.
-	ID string `json:"checkpoint_id,omitempty"`
-	// Episodes are the controller's episodes; those no member reports as a
-	// restart continue. Empty means every episode the members hold.
-	Episodes []string `json:"episodes,omitempty"`
-	// Stop parks (kills) the exported work once the checkpoint is durable,
-	// and does not resume the fleet.
-	Stop bool `json:"stop,omitempty"`
-	// TimeoutMS is each phase's deadline from its publish (0: the bridge's
-	// default).
-	TimeoutMS int64 `json:"timeout_ms,omitempty"`
-	// Hold stops after prepare with the fleet parked and returns status
-	// "prepared"; the bridge renews the lease until Commit or Abort. This is
-	// the window for a slow outer save.
-	Hold bool `json:"hold,omitempty"`
-}
-
-func (r CheckpointRequest) validate() error {
-	var errs []error
-	if r.ID != "" {
-		if err := events.ValidateCheckpointID(r.ID); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	for i, e := range r.Episodes {
-		if _, err := events.ParseEpisode(e); err != nil {
-			errs = append(errs, fmt.Errorf("episodes[%d]: %w", i, err))
-			break
-		}
-	}
-	if r.TimeoutMS < 0 {
-		errs = append(errs, errors.New("timeout_ms: negative"))
-	}
-	if r.Hold && r.Stop {
-		errs = append(errs, errors.New("hold and stop: a held checkpoint is committed with its own stop flag"))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadRequest, err)
-	}
-	return nil
-}
 
 // Failure says why an operation failed.
 type Failure struct {
@@ -114,14 +50,21 @@ type CheckpointResult struct {
 	Failure *Failure `json:"failure,omitempty"`
 }
 
-// RestoreRequest asks for a restore into a fresh fleet.
-type RestoreRequest struct {
-	// Source is the checkpoint to restore; empty means LATEST.
-	Source string `json:"source_checkpoint_id,omitempty"`
-	// ID is the restore operation's id; empty picks restore-e<epoch>.
-	ID string `json:"restore_id,omitempty"`
-	// TimeoutMS is the restore phase's deadline (0: the default).
-	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+// ResultOf returns the result a checkpoint key records: committed with
+// what its manifest names, or failed with the abort marker's reason.
+func ResultOf(m *events.CheckpointManifest) *CheckpointResult {
+	r := &CheckpointResult{Run: m.Run, CheckpointID: m.CheckpointID, Epoch: m.Epoch, Continued: m.Continued,
+		Restarted: m.Restarted, PrepareMS: m.PrepareMS, CommitMS: m.CommitMS, Stop: m.Stop}
+	if m.Aborted {
+		r.Status = StatusFailed
+		r.Failure = &Failure{Reason: m.Reason}
+	} else {
+		r.Status = StatusCommitted
+	}
+	for _, mm := range m.Members {
+		r.Members = append(r.Members, mm.Member)
+	}
+	return r
 }
 
 // RestoreResult is the result of a restore.
@@ -158,15 +101,6 @@ type OpResult struct {
 	// MemberDeleted lists what each member deleted (snapshots, ...).
 	MemberDeleted map[events.Member][]string `json:"member_deleted,omitempty"`
 	Failure       *Failure                   `json:"failure,omitempty"`
-}
-
-// ReleaseRequest asks the fleet and the bridge to delete what no kept
-// checkpoint names.
-type ReleaseRequest struct {
-	// Keep lists checkpoint ids to keep.
-	Keep []string `json:"keep,omitempty"`
-	// KeepLatest keeps the newest N committed checkpoints as well.
-	KeepLatest int `json:"keep_latest,omitempty"`
 }
 
 // CheckpointInfo summarizes one checkpoint in Status.

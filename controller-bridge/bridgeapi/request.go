@@ -1,0 +1,167 @@
+package bridgeapi
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// CheckpointRequest asks for a checkpoint.
+type CheckpointRequest struct {
+	// ID is the checkpoint id; empty picks one (c-<UTC time>). Asking again
+	// for an id that already committed or failed returns that result.
+	ID string `json:"checkpoint_id,omitempty"`
+	// Episodes are the controller's episodes; those no member reports as a
+	// restart continue. Empty means every episode the members hold.
+	Episodes []string `json:"episodes,omitempty"`
+	// Stop parks (kills) the exported work once the checkpoint is durable,
+	// and does not resume the fleet.
+	Stop bool `json:"stop,omitempty"`
+	// TimeoutMS is each phase's deadline from its publish (0: the bridge's
+	// default).
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Hold stops after prepare with the fleet parked and returns status
+	// "prepared"; the bridge renews the lease until Commit or Abort. This is
+	// the window for a slow outer save.
+	Hold bool `json:"hold,omitempty"`
+}
+
+// Validate returns nil for a valid request, else an error wrapping
+// ErrBadRequest that names every field that is wrong.
+func (r CheckpointRequest) Validate() error {
+	var errs []error
+	if r.ID != "" {
+		if err := events.ValidateCheckpointID(r.ID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for i, e := range r.Episodes {
+		if _, err := events.ParseEpisode(e); err != nil {
+			errs = append(errs, fmt.Errorf("episodes[%d]: %w", i, err))
+			break
+		}
+	}
+	if r.TimeoutMS < 0 {
+		errs = append(errs, errors.New("timeout_ms: negative"))
+	}
+	if r.Hold && r.Stop {
+		errs = append(errs, errors.New("hold and stop: a held checkpoint is committed with its own stop flag"))
+	}
+	return badRequest(errs...)
+}
+
+// CommitRequest is the body of a held checkpoint's commit.
+type CommitRequest struct {
+	// Stop parks the fleet as in CheckpointRequest.
+	Stop bool `json:"stop"`
+}
+
+// RestoreRequest asks for a restore into a fresh fleet.
+type RestoreRequest struct {
+	// Source is the checkpoint to restore; empty means LATEST.
+	Source string `json:"source_checkpoint_id,omitempty"`
+	// ID is the restore operation's id; empty picks restore-e<epoch>.
+	ID string `json:"restore_id,omitempty"`
+	// TimeoutMS is the restore phase's deadline (0: the default).
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+// Validate returns nil for a valid request, else an error wrapping
+// ErrBadRequest that names every field that is wrong.
+func (r RestoreRequest) Validate() error {
+	var errs []error
+	if r.Source != "" {
+		if err := events.ValidateCheckpointID(r.Source); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if r.ID != "" {
+		if err := events.ValidateCheckpointID(r.ID); err != nil {
+			errs = append(errs, fmt.Errorf("restore_id: %w", err))
+		}
+	}
+	if r.TimeoutMS < 0 {
+		errs = append(errs, errors.New("timeout_ms: negative"))
+	}
+	return badRequest(errs...)
+}
+
+// RetireRequest is the body of a retire.
+type RetireRequest struct {
+	// Episodes are the attempts to refuse (and earlier ones of the same
+	// rollouts); at least one.
+	Episodes []string `json:"episodes"`
+}
+
+// Parse returns the episodes, or an error wrapping ErrBadRequest that
+// names the first one that does not parse.
+func (r RetireRequest) Parse() ([]events.Episode, error) {
+	if len(r.Episodes) == 0 {
+		return nil, badRequest(errors.New("retire needs at least one episode"))
+	}
+	out := make([]events.Episode, 0, len(r.Episodes))
+	for i, k := range r.Episodes {
+		e, err := events.ParseEpisode(k)
+		if err != nil {
+			return nil, badRequest(fmt.Errorf("episodes[%d]: %w", i, err))
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// ForgetRequest is the body of a forget.
+type ForgetRequest struct {
+	// Rollouts are the rollouts whose refusal marks are dropped; at least
+	// one.
+	Rollouts []string `json:"rollouts"`
+}
+
+// Validate returns nil for a valid request, else an error wrapping
+// ErrBadRequest naming the first rollout id that is wrong.
+func (r ForgetRequest) Validate() error {
+	if len(r.Rollouts) == 0 {
+		return badRequest(errors.New("forget needs at least one rollout"))
+	}
+	for i, ro := range r.Rollouts {
+		if err := events.ValidateRollout(fmt.Sprintf("rollouts[%d]", i), ro); err != nil {
+			return badRequest(err)
+		}
+	}
+	return nil
+}
+
+// ReleaseRequest asks the fleet and the bridge to delete what no kept
+// checkpoint names.
+type ReleaseRequest struct {
+	// Keep lists checkpoint ids to keep.
+	Keep []string `json:"keep,omitempty"`
+	// KeepLatest keeps the newest N committed checkpoints as well.
+	KeepLatest int `json:"keep_latest,omitempty"`
+}
+
+// Validate returns nil for a valid request, else an error wrapping
+// ErrBadRequest naming the first field that is wrong.
+func (r ReleaseRequest) Validate() error {
+	for i, id := range r.Keep {
+		if err := events.ValidateToken(fmt.Sprintf("keep[%d]", i), id); err != nil {
+			return badRequest(err)
+		}
+	}
+	if r.KeepLatest < 0 {
+		return badRequest(errors.New("keep_latest: negative"))
+	}
+	return nil
+}
+
+// Final reports whether the release keeps nothing: the run's last.
+func (r ReleaseRequest) Final() bool { return len(r.Keep) == 0 && r.KeepLatest == 0 }
+
+// badRequest joins errs under ErrBadRequest; nil when there are none.
+func badRequest(errs ...error) error {
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	return nil
+}

@@ -1,0 +1,271 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
+	"github.com/stillpoint/stillpoint/controller-bridge/machine"
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// driving carries out one machine's effects and feeds it what the bus
+// shows: the acks and heartbeats of the phase it gathers, and its timer.
+type driving struct {
+	b *Bridge
+	m *machine.Machine
+
+	acks  *ackReader // the phase gathered, nil when none
+	timer *time.Timer
+	armed bool          // the timer runs
+	after time.Duration // the last SetTimer
+
+	fin *machine.Finish // the operation's end, once the machine said it
+}
+
+func (b *Bridge) newDriving(m *machine.Machine) *driving { return &driving{b: b, m: m} }
+
+// close stops what the driving started.
+func (d *driving) close() {
+	if d.acks != nil {
+		d.acks.close()
+		d.acks = nil
+	}
+	if d.timer != nil {
+		d.timer.Stop()
+	}
+}
+
+// drive feeds in to m and carries out its effects, waiting for what the
+// bus shows, until the operation finishes or the machine waits for
+// nothing (a replay that has read what it needs, a closed operation).
+// A machine left holding a checkpoint prepared is kept, renewing.
+func (b *Bridge) drive(ctx context.Context, m *machine.Machine, in machine.Input) (machine.Finish, error) {
+	d := b.newDriving(m)
+	defer d.close()
+	if err := d.step(ctx, in); err != nil {
+		return machine.Finish{}, err
+	}
+	for d.fin == nil {
+		ins, err := d.wait(ctx)
+		if errors.Is(err, errNothingPending) {
+			return machine.Finish{}, nil
+		}
+		if err != nil {
+			ins = []machine.Input{machine.EffectFailed{Err: err}}
+		}
+		for _, in := range ins {
+			if err := d.step(ctx, in); err != nil {
+				return machine.Finish{}, err
+			}
+		}
+	}
+	if m.Held() != "" {
+		b.startHold(m, d.after)
+	}
+	return *d.fin, nil
+}
+
+// step feeds in to the machine and carries out the effects, and the
+// effects of the answers, that need no waiting.
+func (d *driving) step(ctx context.Context, in machine.Input) error {
+	effs, err := d.m.Step(d.b.cfg.Now(), in)
+	for err == nil && len(effs) > 0 {
+		e := effs[0]
+		effs = effs[1:]
+		if ans := d.carry(ctx, e); ans != nil {
+			var more []machine.Effect
+			more, err = d.m.Step(d.b.cfg.Now(), ans)
+			effs = append(effs, more...)
+		}
+	}
+	return err
+}
+
+var errNothingPending = errors.New("bridge: the machine waits for nothing")
+
+// wait blocks until an ack, a heartbeat change or the timer, and returns
+// what the machine is to be told.
+func (d *driving) wait(ctx context.Context) ([]machine.Input, error) {
+	var timer <-chan time.Time
+	if d.armed {
+		timer = d.timer.C
+	}
+	if d.acks == nil && timer == nil {
+		return nil, errNothingPending
+	}
+	for {
+		var (
+			acks    <-chan ackMsg
+			updates <-chan kvUpdate
+		)
+		if d.acks != nil {
+			acks, updates = d.acks.msgs, d.acks.updates
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timer:
+			d.armed = false
+			return []machine.Input{machine.Tick{}}, nil
+		case am := <-acks:
+			return []machine.Input{d.acks.ack(am)}, nil
+		case u := <-updates:
+			if ins := d.acks.update(ctx, u); len(ins) > 0 {
+				return ins, nil
+			}
+		}
+	}
+}
+
+// carry carries out one effect and returns the machine's answer to it,
+// nil for an effect that has none. An error of the bus is the answer
+// EffectFailed: the machine decides what it means.
+func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
+	b := d.b
+	failed := func(err error) machine.Input { return machine.EffectFailed{Err: err} }
+	switch e := e.(type) {
+	case machine.PublishPhase:
+		p, err := b.publishPhase(ctx, e.Fence, e.Event)
+		if err != nil {
+			return failed(err)
+		}
+		b.logPublished(d.m, e.Event)
+		if name := publishFailpoint(d.m, e.Event.Phase()); name != "" {
+			failpoint.Hit(name)
+		}
+		return p
+	case machine.StartGathering:
+		r, backlog, err := b.openAcks(ctx, e.Event, e.Watch)
+		if err != nil {
+			return failed(err)
+		}
+		d.acks = r
+		return machine.GatherStarted{Seq: e.Event.Header().Seq, Backlog: backlog}
+	case machine.StopGathering:
+		if d.acks != nil {
+			d.acks.close()
+			d.acks = nil
+		}
+		switch e.Phase {
+		case events.PhasePrepare, events.PhaseCommit, events.PhaseRestore:
+			if e.Decided {
+				failpoint.Hit("bridge/after-" + string(e.Phase) + "-acks")
+			}
+		}
+	case machine.SetTimer:
+		if d.timer == nil {
+			d.timer = time.NewTimer(e.After)
+		} else {
+			d.timer.Reset(e.After)
+		}
+		d.armed, d.after = true, e.After
+	case machine.ReadMemberManifests:
+		values, err := snapshot(ctx, b.cfg.Bus.Manifests, events.ManifestKey(b.cfg.Run, e.CheckpointID)+".>")
+		if err != nil {
+			return failed(fmt.Errorf("bridge: read member manifests: %w", err))
+		}
+		return machine.MemberManifestsRead{Values: values}
+	case machine.CreateManifest:
+		have, created, err := b.createManifest(ctx, e.Manifest)
+		if err != nil {
+			return failed(err)
+		}
+		switch {
+		case !have.Aborted:
+			failpoint.Hit("bridge/after-manifest")
+		case e.Manifest.Aborted:
+			b.log.Warn().Str("checkpoint", have.CheckpointID).Str("reason", have.Reason).Msg("checkpoint aborted")
+			failpoint.Hit("bridge/after-abort-marker")
+		}
+		return machine.ManifestCreated{Manifest: *have, Created: created}
+	case machine.MoveLatest:
+		if err := b.moveLatest(ctx, e.Latest); err != nil {
+			return failed(err)
+		}
+		failpoint.Hit("bridge/after-latest")
+		return machine.LatestMoved{}
+	case machine.PublishOutcome:
+		if err := b.publishOutcomeOnce(ctx, e.Outcome, e.ID); err != nil {
+			return failed(err)
+		}
+		if e.Outcome.Type() == events.TypeCheckpointCommitted {
+			failpoint.Hit("bridge/after-outcome")
+		}
+		return machine.OutcomePublished{Type: e.Outcome.Type()}
+	case machine.ListCheckpoints:
+		all, err := b.checkpoints(ctx)
+		if err != nil {
+			return failed(err)
+		}
+		return machine.CheckpointsListed{Checkpoints: all}
+	case machine.DeleteCheckpoints:
+		if err := b.deleteCheckpoints(ctx, e.Delete, e.Keep); err != nil {
+			return failed(err)
+		}
+		return machine.CheckpointsDeleted{}
+	case machine.ReadManifest:
+		m, _, err := b.manifest(ctx, e.CheckpointID)
+		if err != nil {
+			return failed(err)
+		}
+		return machine.ManifestFound{Manifest: m}
+	case machine.ReadOutcome:
+		o, err := b.outcomeOf(ctx, e.Type, e.ID)
+		if err != nil {
+			return failed(err)
+		}
+		return machine.OutcomeSeen{Type: e.Type, Data: o}
+	case machine.WatchResume:
+		b.watchResume(e.Event)
+	case machine.Note:
+		ev := b.log.WithLevel(noteLevels[e.Level])
+		if e.Member != "" {
+			ev = ev.Str("member", string(e.Member))
+		}
+		ev.Msg(e.Msg)
+	case machine.Finish:
+		d.fin = &e
+	}
+	return nil
+}
+
+var noteLevels = [...]zerolog.Level{zerolog.DebugLevel, zerolog.InfoLevel, zerolog.WarnLevel, zerolog.ErrorLevel}
+
+// publishFailpoint names the failpoint right after a phase is published:
+// the crash tests kill the bridge there.
+func publishFailpoint(m *machine.Machine, p events.Phase) string {
+	switch p {
+	case events.PhasePrepare, events.PhaseCommit, events.PhaseRestore, events.PhaseRelease:
+		return "bridge/after-" + string(p)
+	case events.PhaseRetire:
+		if m.State() == machine.StateRestoreFailing {
+			return "bridge/after-restore-retire"
+		}
+	}
+	return ""
+}
+
+// logPublished says a phase went out.
+func (b *Bridge) logPublished(m *machine.Machine, p events.PhaseEvent) {
+	h := p.Header()
+	ev := b.log.Debug()
+	switch p.Phase() {
+	case events.PhasePrepare, events.PhaseCommit, events.PhaseRestore, events.PhaseRelease:
+		ev = b.log.Info()
+	}
+	switch p := p.(type) {
+	case events.Commit:
+		ev = ev.Int("scope", len(p.Scope)).Bool("stop", p.Stop)
+	case events.Restore:
+		ev = ev.Str("source", p.Source).Int("scope", len(p.Scope))
+	case events.Resume:
+		ev = ev.Bool("aborted", p.Aborted)
+	}
+	ev.Str("phase", string(p.Phase())).Str("checkpoint", h.CheckpointID).Uint64("seq", h.Seq).Uint64("epoch", h.Epoch).
+		Int("members", len(h.Members)).Str("state", m.State().String()).Msg(string(p.Phase()) + " published")
+}

@@ -1,0 +1,13 @@
+// Package failpoint kills the process at named points when the environment
+// asks for it, so that crash tests can stop a real process exactly where
+// they mean to, without timing. STILLPOINT_FAILPOINTS is a comma-separated
+// list of names; a process that reaches a listed point sends itself SIGKILL.
+//
+// The bridge's points are named after the effect they follow:
+// bridge/after-prepare, -commit, -restore and -release right after that
+// phase is published; bridge/after-prepare-acks, -commit-acks and
+// -restore-acks once the phase is decided; bridge/after-manifest,
+// bridge/after-abort-marker, bridge/after-latest, bridge/after-outcome
+// (checkpoint.committed) and bridge/after-restore-retire (the retire of a
+// failed restore, published).
+package failpoint

@@ -1,0 +1,86 @@
+// Package machine is the controller bridge's checkpoint and restore
+// machine: the bridge rules of PROTOCOL §5 as a pure core, in the manner
+// of etcd's raft RawNode. It does no I/O, reads no clock, starts no
+// goroutine and logs nothing: Step(now, input) returns effects, and the
+// driver (package bridge) carries them out and feeds back what it
+// observes. One machine holds at most one operation open (PROTOCOL §5:
+// one checkpoint open per run).
+//
+// # Inputs
+//
+// What the controller asks, each with the View the driver read just
+// before (the run's last phase, its members, the key the ask names):
+// CheckpointAsked, CommitAsked and AbortAsked (a held checkpoint),
+// RestoreAsked, RetireAsked, ForgetAsked, ReleaseAsked, and Shutdown.
+//
+// What the bus shows: PhasePublished (a phase on the stream, with its
+// stream sequence, ce-id and time), GatherStarted, AckSeen and MemberGone
+// (a member that died, left or was replaced while its phase ran),
+// MemberManifestsRead, ManifestCreated (created, or found: committed or an
+// abort marker), ManifestFound, LatestMoved, OutcomePublished and
+// OutcomeSeen, CheckpointsListed, CheckpointsDeleted; EffectFailed when
+// the driver could not do what was asked (a publish refused as fenced,
+// the bus).
+//
+// Time: Tick, when a timer the machine set runs out (a deadline, the
+// renew of a held checkpoint). Every Step gets now; deadlines are now plus
+// a timeout, and SetTimer says how long the driver waits.
+//
+// # Effects
+//
+// In the order they are to be done: PublishPhase (the machine builds the
+// event: sequence, epoch, deadline, members, scope; the fence is the
+// stream sequence of the run's last phase), StartGathering and
+// StopGathering (with whether heartbeats are watched), ReadMemberManifests,
+// CreateManifest (the checkpoint manifest or the abort marker),
+// MoveLatest, PublishOutcome, ListCheckpoints and DeleteCheckpoints (a
+// release), ReadManifest and ReadOutcome (a replay), SetTimer, WatchResume
+// (a resume is checked in the background, never waited for), Note (a log
+// line), and Finish, which ends the operation with its bridgeapi result or
+// an error. An effect that asks for an answer is the last of its batch.
+//
+// # States
+//
+// StateIdle, then per operation: StatePreparing → StateHeld (a checkpoint
+// held for an outer save) → StateCommitting → StateVerifying →
+// StateCommitted, or StateAborting from any of them; StateRestoring →
+// StateRestored or StateRestoreFailing; StateOperating (retire, forget);
+// StateReleasing; and StateReplaying for recovery. State.String names
+// each; CheckTransition refuses a transition that successors does not
+// list, naming both states.
+//
+// The rules (PROTOCOL §5, Bridge rules, and §7): prepare → every member
+// ready → commit → every member manifest verified → the checkpoint
+// manifest created, which is the commit point → LATEST → outcome
+// checkpoint.committed → resume (not with stop). Any blocker, error, dead
+// member, missing ack or passed deadline aborts: the abort marker first
+// (so that no other bridge can commit the checkpoint later; §7 invariant
+// 2), then checkpoint.failed naming every blocker and member, then resume.
+// Whoever creates the checkpoint key first decides: an abort that finds a
+// manifest finishes the commit, a commit that finds a marker reports the
+// abort. A restore opens the next epoch and is all or none: on any failure
+// the next attempts of its scope are retired everywhere, the fleet
+// resumed, restore.failed reported. Acks of another epoch, sequence or
+// checkpoint are ignored (and noted); a sandbox daemon that is gone is
+// left out rather than failing the phase; acks already recorded count
+// whatever the time (the deadline waits until they are read). A release
+// deletes the bridge's side only if every member released, and keeps
+// abort markers.
+//
+// # Recovery by replay
+//
+// The bridge keeps no state that the stream and KV do not hold (§5). A
+// bridge that starts, or finds an operation that another bridge left open,
+// reads the operation's phase events back from the stream, from its first
+// (prepare, restore, retire, forget or release) to the run's last, and
+// feeds them to a fresh machine: Recover. The machine asks what it needs
+// to know of the end (ReadManifest, ReadOutcome); Open then names the open
+// operation (Status shows it), and Replayed makes the machine carry on,
+// emitting only what remains: a phase already on the stream is not
+// published again, the acks already recorded are read back, an outcome on
+// the stream is not reported twice. A prepare left open is aborted (the
+// controller's call died with that bridge); a commit left open is finished
+// if every member exported, else aborted; a committed checkpoint is
+// finished (a stop commit whose outcome is out is closed); a restore is
+// resumed, finished or failed from its acks; a release is finished.
+package machine

@@ -1,0 +1,114 @@
+package machine
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// NewCheckpointID is the id of a checkpoint whose request names none:
+// c-<UTC time>, made a valid token.
+func NewCheckpointID(now time.Time) string {
+	b := []byte("c-" + now.UTC().Format("20060102T150405.000Z"))
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '-'
+		}
+	}
+	return string(b)
+}
+
+// buildManifest assembles the checkpoint manifest from the commit's acks,
+// checking each member manifest as stored (values, by key) against the one
+// its ack describes.
+func buildManifest(run string, now time.Time, c events.Commit, t *Tally, stored map[string][]byte, restarts []string,
+	prepSeq uint64, prepMS, commitMS int64) (events.CheckpointManifest, error) {
+	m := events.CheckpointManifest{Schema: events.CheckpointSchema, Run: run, CheckpointID: c.CheckpointID, Epoch: c.Epoch,
+		Created: now.UTC(), Restarted: restarts, PrepareSeq: prepSeq, CommitSeq: c.Seq, PrepareMS: prepMS, CommitMS: commitMS, Stop: c.Stop}
+	restarted := map[string]bool{}
+	for _, r := range restarts {
+		restarted[r] = true
+	}
+	continued := map[string]bool{}
+	acks := t.Acks()
+	for _, member := range t.Members() {
+		ack, _ := acks[member].(events.CommitAck)
+		if ack.Manifest == nil {
+			return m, fmt.Errorf("member %s acked the commit without a manifest", member)
+		}
+		raw, ok := stored[events.MemberManifestKey(run, c.CheckpointID, member)]
+		if !ok {
+			return m, fmt.Errorf("member %s acked the commit of %s but created no manifest", member, c.CheckpointID)
+		}
+		var mm events.MemberManifest
+		if err := json.Unmarshal(raw, &mm); err != nil {
+			return m, fmt.Errorf("member %s: manifest does not decode: %w", member, err)
+		}
+		if err := mm.Validate(); err != nil {
+			return m, fmt.Errorf("member %s: %w", member, err)
+		}
+		if mm.Member != member || mm.CheckpointID != c.CheckpointID || mm.Run != run {
+			return m, fmt.Errorf("member %s: its manifest names %s/%s/%s", member, mm.Run, mm.CheckpointID, mm.Member)
+		}
+		if mm.SHA256 != ack.Manifest.SHA256 || mm.Count != ack.Manifest.Count || mm.Object != ack.Manifest.Object {
+			return m, fmt.Errorf("member %s: its ack and its stored manifest disagree", member)
+		}
+		m.Members = append(m.Members, mm)
+		for _, k := range mm.Episodes {
+			if !restarted[k] {
+				continued[k] = true
+			}
+		}
+	}
+	for k := range continued {
+		m.Continued = append(m.Continued, k)
+	}
+	sort.Strings(m.Continued)
+	return m, m.Validate()
+}
+
+// restartsOf returns the episodes that the prepare's acks report as
+// restarts, sorted; nil for no tally.
+func restartsOf(t *Tally) []string {
+	if t == nil {
+		return nil
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, ack := range t.Acks() {
+		if p, ok := ack.(events.PrepareAck); ok {
+			for _, r := range p.Restarts {
+				if !seen[r] {
+					seen[r] = true
+					out = append(out, r)
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// scopeOf returns the commit scope: the controller's episodes minus the
+// restarts, or nil (every episode the members hold) when it named none.
+func scopeOf(episodes, restarts []string) []events.Episode {
+	if len(episodes) == 0 {
+		return nil
+	}
+	skip := map[string]bool{}
+	for _, r := range restarts {
+		skip[r] = true
+	}
+	var scope []events.Episode
+	for _, e := range episodes {
+		if skip[e] {
+			continue
+		}
+		ep, _ := events.ParseEpisode(e)
+		scope = append(scope, ep)
+	}
+	return scope
+}

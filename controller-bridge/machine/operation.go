@@ -1,0 +1,86 @@
+package machine
+
+import (
+	"time"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// kind is what an operation is.
+type kind uint8
+
+const (
+	opCheckpoint kind = iota
+	opRestore
+	opRetire
+	opForget
+	opRelease
+)
+
+// operation is the one operation open in the run: what it was asked, its
+// phases so far, and what the stream and KV said about it.
+type operation struct {
+	kind kind
+	id   string
+	// replayed: rebuilt from the stream by Recover, not asked of this
+	// machine; its results go to no one.
+	replayed bool
+
+	// The operation's phases, as published or read back.
+	prepare *events.Prepare
+	commit  *events.Commit
+	restore *events.Restore
+	retire  *events.Retire
+	resume  *events.Resume
+	phase   events.PhaseEvent // a retire, forget or release of its own
+
+	// A checkpoint: the request, each phase's deadline length, when it
+	// started, the prepare's tally and the timings.
+	req         bridgeapi.CheckpointRequest
+	timeout     time.Duration
+	started     time.Time
+	prepTally   *Tally
+	commitTally *Tally
+	prepMS      int64
+	commitStart time.Time
+	commitMS    int64
+	// members are those the outcome, the result and the resume name;
+	// manifest is the checkpoint key once created or found; failure why
+	// the checkpoint is aborted.
+	members  []events.Member
+	manifest *events.CheckpointManifest
+	failure  *bridgeapi.Failure
+
+	// What a replay read: whether the checkpoint key was read, and each
+	// outcome type read (nil data: none on the stream).
+	manifestRead bool
+	outcomes     map[events.Type]events.Data
+	// retireGathered: the retire of a failed restore has been gathered.
+	retireGathered bool
+
+	rres *bridgeapi.RestoreResult
+	ores *bridgeapi.OpResult
+}
+
+// result is a finished checkpoint's result: committed with what its
+// manifest names, or failed with its failure.
+func (o *operation) result() *bridgeapi.CheckpointResult {
+	m := o.manifest
+	if m.Aborted {
+		return &bridgeapi.CheckpointResult{Run: m.Run, CheckpointID: m.CheckpointID, Status: bridgeapi.StatusFailed, Epoch: m.Epoch,
+			Members: o.members, PrepareMS: m.PrepareMS, Failure: o.failure}
+	}
+	res := bridgeapi.ResultOf(m)
+	res.Members = o.members
+	return res
+}
+
+// seen reports whether a replay found outcome t of the operation.
+func (o *operation) seen(t events.Type) bool { return o.outcomes[t] != nil }
+
+// read reports whether a replay read outcome t.
+func (o *operation) read(t events.Type) bool {
+	_, ok := o.outcomes[t]
+	return ok
+}

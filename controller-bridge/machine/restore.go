@@ -1,0 +1,192 @@
+package machine
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// askRestore starts a restore of a committed checkpoint (LATEST when the
+// request names none) into the fresh members, opening the next epoch.
+func (m *Machine) askRestore(now time.Time, in RestoreAsked) ([]Effect, error) {
+	if err := m.refuseBusy(); err != nil {
+		return nil, err
+	}
+	req, v := in.Request, in.View
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	source := req.Source
+	if source == "" {
+		if v.Latest == nil {
+			return nil, fmt.Errorf("%w: run %s has no committed checkpoint (no LATEST)", bridgeapi.ErrNotFound, m.cfg.Run)
+		}
+		source = v.Latest.CheckpointID
+	}
+	man := v.Manifest
+	if man == nil || man.Aborted || man.CheckpointID != source {
+		return nil, fmt.Errorf("%w: checkpoint %s of run %s is not committed", bridgeapi.ErrNotFound, source, m.cfg.Run)
+	}
+	// Every member with records needs a fresh member of its name to
+	// install them; one that exported nothing (a sandbox daemon, whose
+	// sandbox the owner forks under a new id) needs none.
+	fresh := map[events.Member]bool{}
+	for _, f := range v.Members {
+		fresh[f] = true
+	}
+	var missing []string
+	for _, mm := range man.Members {
+		if mm.Count > 0 && !fresh[mm.Member] {
+			missing = append(missing, string(mm.Member))
+		}
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return nil, fmt.Errorf("%w: checkpoint %s has records of %v, and no fresh member of those names is alive",
+			bridgeapi.ErrNoFreshMember, source, missing)
+	}
+	if err := m.to(StateRestoring); err != nil {
+		return nil, err
+	}
+	m.view(v)
+	epoch := m.epoch + 1
+	id := req.ID
+	if id == "" {
+		id = "restore-e" + strconv.FormatUint(epoch, 10)
+	}
+	scope := make([]events.Episode, 0, len(man.Continued))
+	for _, k := range man.Continued {
+		e, _ := events.ParseEpisode(k)
+		scope = append(scope, e)
+	}
+	r := events.Restore{PhaseHeader: m.header(now, id, epoch, v.Members, m.timeout(req.TimeoutMS)), Source: source, Scope: scope}
+	m.op = &operation{kind: opRestore, id: id, restore: &r,
+		rres: &bridgeapi.RestoreResult{Run: m.cfg.Run, RestoreID: id, Source: source, Epoch: epoch, Members: v.Members}}
+	return m.publish(r), nil
+}
+
+// restoreGathered takes the restore's verdict: all installed, or the
+// restore fails all or none.
+func (m *Machine) restoreGathered(now time.Time, t *Tally, v Verdict) ([]Effect, error) {
+	if v == Complete {
+		if err := m.to(StateRestored); err != nil {
+			return nil, err
+		}
+		return m.restoreInstalled(now, t)
+	}
+	if err := m.to(StateRestoreFailing); err != nil {
+		return nil, err
+	}
+	r := m.op.restore
+	errs, _, _ := t.Failure(now)
+	m.op.rres.Failure = &bridgeapi.Failure{Phase: events.PhaseRestore,
+		Reason: fmt.Sprintf("%d of %d members did not install", len(errs), len(r.Members)), Errors: errs}
+	note := Note{Level: LevelWarn, Msg: fmt.Sprintf("restore failed (%d members); retiring the next attempts everywhere", len(errs))}
+	effs, err := m.retireNext(now)
+	return append([]Effect{note}, effs...), err
+}
+
+// restoreInstalled reports restore.completed with what every member
+// restored. The outcome comes first: once the fleet runs the next
+// attempts, the stream must already say which (a bridge that dies in
+// between finds the outcome and only resumes).
+func (m *Machine) restoreInstalled(now time.Time, t *Tally) ([]Effect, error) {
+	res := m.op.rres
+	res.Status, res.Restored = bridgeapi.StatusCompleted, nil
+	for _, ack := range t.Acks() {
+		if ra, ok := ack.(events.RestoreAck); ok {
+			res.Restored = append(res.Restored, ra.Restored...)
+		}
+	}
+	sort.Strings(res.Restored)
+	out := events.RestoreCompleted{OutcomeHeader: events.OutcomeHeader{Run: m.cfg.Run, CheckpointID: res.RestoreID, Epoch: res.Epoch},
+		Source: res.Source, Restored: res.Restored}
+	if out.Restored == nil {
+		out.Restored = []string{}
+	}
+	m.want = wantOutcomePublished
+	return []Effect{PublishOutcome{ID: res.RestoreID, Outcome: out}}, nil
+}
+
+// afterRestoreCompleted resumes the restored fleet (unless a replay found
+// the resume on the stream).
+func (m *Machine) afterRestoreCompleted(now time.Time) ([]Effect, error) {
+	if m.lastIs(events.PhaseResume, m.op.id) {
+		return m.finish(Finish{Restore: m.op.rres})
+	}
+	return m.resume(now, m.op.restore.Members, false), nil
+}
+
+// retireNext retires the next attempt of every scoped episode on every
+// member (what a failed install left is uncertain), unless the retire is
+// already on the stream.
+func (m *Machine) retireNext(now time.Time) ([]Effect, error) {
+	r := m.op.restore
+	if len(r.Scope) == 0 || !m.lastIs(events.PhaseRestore, r.CheckpointID) {
+		return m.afterRetire(now)
+	}
+	next := make([]events.Episode, len(r.Scope))
+	for i, e := range r.Scope {
+		next[i] = e.Next()
+	}
+	return m.publish(events.Retire{PhaseHeader: m.header(now, r.CheckpointID, r.Epoch, r.Members, m.cfg.PhaseTimeout), Episodes: next}), nil
+}
+
+// retireGathered adds the members that did not retire to the failure.
+func (m *Machine) retireGathered(now time.Time, t *Tally, v Verdict) ([]Effect, error) {
+	m.op.retireGathered = true
+	var effs []Effect
+	if v != Complete {
+		errs, _, _ := t.Failure(now)
+		f := m.op.rres.Failure
+		f.Errors = append(f.Errors, errs...)
+		effs = append(effs, Note{Level: LevelError, Msg: fmt.Sprintf(
+			"retire after a failed restore did not complete everywhere (%d members)", len(errs))})
+	}
+	more, err := m.afterRetire(now)
+	return append(effs, more...), err
+}
+
+// afterRetire resumes the fleet (unless it is resumed already), then
+// restore.failed follows.
+func (m *Machine) afterRetire(now time.Time) ([]Effect, error) {
+	res, r := m.op.rres, m.op.restore
+	res.Status, res.Retired = bridgeapi.StatusFailed, nil
+	for _, e := range r.Scope {
+		res.Retired = append(res.Retired, e.Next().String())
+	}
+	if !m.lastIs(events.PhaseResume, r.CheckpointID) {
+		return m.resume(now, r.Members, true), nil
+	}
+	return m.publishRestoreFailed()
+}
+
+// publishRestoreFailed reports restore.failed: who did not install, and
+// the attempts retired (those rollouts restart from their input).
+func (m *Machine) publishRestoreFailed() ([]Effect, error) {
+	res := m.op.rres
+	out := events.RestoreFailed{OutcomeHeader: events.OutcomeHeader{Run: m.cfg.Run, CheckpointID: res.RestoreID, Epoch: res.Epoch},
+		Source: res.Source, Errors: res.Failure.Errors, Retired: res.Retired}
+	if out.Errors == nil {
+		out.Errors = []events.MemberError{}
+	}
+	m.want = wantOutcomePublished
+	return []Effect{PublishOutcome{ID: res.RestoreID, Outcome: out}}, nil
+}
+
+// restoreFailedRead takes the restore's acks read back by a replay of a
+// failed restore: they name who did not install. What remains follows:
+// the retire's acks, if it was published and not answered yet, then the
+// resume and the outcome.
+func (m *Machine) restoreFailedRead(now time.Time, t *Tally) ([]Effect, error) {
+	errs, _, _ := t.Failure(now)
+	m.op.rres.Failure.Errors = errs
+	if m.op.retire != nil && !m.op.retireGathered && m.lastIs(events.PhaseRetire, m.op.id) {
+		return m.gather(now, *m.op.retire, true), nil
+	}
+	return m.afterRetire(now)
+}

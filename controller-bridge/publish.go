@@ -1,0 +1,110 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/machine"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// publishPhase publishes p fenced on the run's last phase, whose stream
+// sequence is fence: if another bridge published in between, the server
+// refuses it and an error wrapping bridgeapi.ErrFenced is returned.
+func (b *Bridge) publishPhase(ctx context.Context, fence uint64, p events.PhaseEvent) (machine.PhasePublished, error) {
+	h := p.Header()
+	// The id is this process's own (its instance nonce), so that a second
+	// bridge publishing the same sequence never looks like a duplicate of
+	// ours to the server, and our own retry always does.
+	id := b.cfg.Run + "." + strconv.FormatUint(h.Seq, 10) + "." + string(p.Phase()) + "." + h.CheckpointID + "." + b.instance
+	msg, err := events.Marshal(b.source, p, events.WithID(id))
+	if err != nil {
+		return machine.PhasePublished{}, fmt.Errorf("bridge: build %s: %w", p.Phase(), err)
+	}
+	ack, err := b.cfg.JS.PublishMsg(ctx, msg, natsjs.WithExpectLastSequenceForSubject(fence, events.PhaseFilter(b.cfg.Run)))
+	if jetstream.IsWrongLastSequence(err) {
+		// Our own earlier attempt may have landed: then the last phase is
+		// ours, by its id.
+		now, serr := b.state(ctx)
+		if serr == nil && now.lastID == id {
+			return machine.PhasePublished{Event: now.last, StreamSeq: now.streamSeq, ID: id, At: now.lastAt}, nil
+		}
+		return machine.PhasePublished{}, fmt.Errorf("%w: publishing %s seq %d: %w", bridgeapi.ErrFenced, p.Phase(), h.Seq, err)
+	}
+	if err != nil {
+		return machine.PhasePublished{}, fmt.Errorf("bridge: publish %s seq %d: %w", p.Phase(), h.Seq, err)
+	}
+	b.saveHead(ctx, h)
+	return machine.PhasePublished{Event: p, StreamSeq: ack.Sequence, ID: id, At: b.cfg.Now()}, nil
+}
+
+// saveHead records the run's head after a phase publish; best effort (the
+// stream holds the phase until it ages out).
+func (b *Bridge) saveHead(ctx context.Context, h events.PhaseHeader) {
+	v, _ := json.Marshal(events.Head{Seq: h.Seq, Epoch: h.Epoch, Updated: b.cfg.Now().UTC()})
+	key := events.HeadKey(b.cfg.Run)
+	// Compare-and-set, never backwards: a delayed write of another bridge
+	// must not lower the head.
+	for range 3 {
+		e, err := b.cfg.Bus.Manifests.Get(ctx, key)
+		switch {
+		case errors.Is(err, natsjs.ErrKeyNotFound):
+			_, err = b.cfg.Bus.Manifests.Create(ctx, key, v)
+		case err == nil:
+			var cur events.Head
+			if json.Unmarshal(e.Value(), &cur) == nil && cur.Seq >= h.Seq {
+				return
+			}
+			_, err = b.cfg.Bus.Manifests.Update(ctx, key, v, e.Revision())
+		}
+		if err == nil {
+			return
+		}
+		b.log.Debug().Err(err).Uint64("seq", h.Seq).Msg("record the run's head; trying again")
+	}
+	b.log.Warn().Uint64("seq", h.Seq).Msg("could not record the run's head")
+}
+
+// publishOutcomeOnce publishes outcome o of operation opID unless the
+// stream holds it already: a deterministic id makes a repeat inside the
+// duplicate window a no-op, and the check covers what lies beyond.
+func (b *Bridge) publishOutcomeOnce(ctx context.Context, o events.Data, opID string) error {
+	if have, err := b.outcomeOf(ctx, o.Type(), opID); err != nil || have != nil {
+		return err
+	}
+	msg, err := events.Marshal(b.source, o, events.WithID(b.cfg.Run+"."+opID+"."+o.Type().Noun()))
+	if err != nil {
+		return fmt.Errorf("bridge: build outcome: %w", err)
+	}
+	if _, err := jetstream.PublishDedup(ctx, b.cfg.JS, msg); err != nil {
+		return fmt.Errorf("bridge: publish outcome %s: %w", o.Type().Noun(), err)
+	}
+	return nil
+}
+
+// outcomeOf returns the last outcome of type t if it belongs to opID.
+func (b *Bridge) outcomeOf(ctx context.Context, t events.Type, opID string) (events.Data, error) {
+	raw, err := b.cfg.Bus.Stream.GetLastMsgForSubject(ctx, events.OutcomeSubject(b.cfg.Run, t))
+	if errors.Is(err, natsjs.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bridge: read outcome %s: %w", t.Noun(), err)
+	}
+	e, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: outcome at stream sequence %d: %w", raw.Sequence, err)
+	}
+	if e.Subject() != opID {
+		return nil, nil
+	}
+	return d, nil
+}
