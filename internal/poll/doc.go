@@ -20,12 +20,15 @@
 //
 //	poll.Wait(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
 //
+// Holds is the opposite check: that something stays as it is for a while,
+// looked at every 20 ms.
+//
 // A deadline bounds how long a test waits for something that should happen,
 // not how long it takes: pass one that is long against the normal time (the
 // tests run with -race, beside other packages' tests and other work, on two
 // cores), so that only something that does not happen fails.
 //
-// Both look one last time when the deadline passes, so that a condition
+// Until and Wait look one last time when the deadline passes, so that a condition
 // that comes true while the last interval runs out still counts. Neither
 // starts a goroutine. The package imports neither package testing nor
 // anything of NATS: tests of every package and production code can use it.

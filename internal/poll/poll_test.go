@@ -158,3 +158,21 @@ func TestNoTestingOrNATSDependency(t *testing.T) {
 		}
 	}
 }
+
+func TestHolds(t *testing.T) {
+	n := 0
+	start := time.Now()
+	poll.Holds(t, 50*time.Millisecond, func() error { n++; return nil })
+	if took := time.Since(start); took < 50*time.Millisecond || n < 2 {
+		t.Fatalf("Holds took %s with %d looks, want at least 50ms and 2", took, n)
+	}
+
+	var f fakeT
+	func() {
+		defer func() { _ = recover() }()
+		poll.Holds(&f, time.Minute, func() error { return errors.New("it moved") })
+	}()
+	if f.failed != "it moved" {
+		t.Fatalf("Holds failed with %q, want the check's error", f.failed)
+	}
+}

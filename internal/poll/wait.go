@@ -32,3 +32,24 @@ func Wait(t T, within time.Duration, what string, cond func() bool) {
 		t.Fatalf("poll: timed out after %s waiting for %s", within, what)
 	}
 }
+
+// Holds calls check (every 20 ms, at least twice) for d and fails the test
+// at the first error it returns: how a test observes that something stays
+// as it is for a while (nothing of a paused process runs or writes, say).
+// Unlike Wait, it always takes d.
+func Holds(t T, d time.Duration, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		if err := check(); err != nil {
+			t.Fatalf("%v", err)
+		}
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(min(holdsInterval, time.Until(deadline)+time.Millisecond))
+	}
+}
+
+// holdsInterval is how often Holds looks.
+const holdsInterval = 20 * time.Millisecond

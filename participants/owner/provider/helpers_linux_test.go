@@ -204,17 +204,3 @@ func cgroupPids(t testing.TB, cg string) []int {
 	}
 	return pids
 }
-
-// eventually polls cond every few milliseconds until it holds or the
-// deadline passes.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		timer := time.NewTimer(5 * time.Millisecond)
-		<-timer.C
-	}
-}
