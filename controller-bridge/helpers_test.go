@@ -11,9 +11,10 @@ import (
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
-	"go.uber.org/goleak"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"go.uber.org/goleak"
+
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -123,12 +124,6 @@ func manifestOf(t testing.TB, env *jstest.Env, id string) *events.CheckpointMani
 		t.Fatal(err)
 	}
 	return &m
-}
-
-// waitFor is jstest.WaitFor.
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	jstest.WaitFor(t, within, what, cond)
 }
 
 // allOpen reports whether every participant has admission open again.

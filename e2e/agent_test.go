@@ -11,6 +11,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/scripted"
@@ -56,8 +57,7 @@ func TestPausedLaunchContinuesInPlace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	out := f.dispatch(ctx, 0, 0)
-	f.waitLedger(3) // the computing call was answered: its tool sleeps 4 s
-	time.Sleep(300 * time.Millisecond)
+	f.waitCalls(1, 3) // the computing call was answered: its tool sleeps 4 s
 	for _, id := range []string{"c1", "c2"} {
 		res := f.checkpoint(ctx, id)
 		if len(res.Continued) != 1 {
@@ -89,20 +89,28 @@ func TestPausedLaunchContinuesInPlace(t *testing.T) {
 	}
 }
 
-// callsOf counts the model calls of each task.
+// callsOf counts the model calls of each task whose reply was delivered.
 func (f *fleet) callsOf() map[string]int {
 	n := map[string]int{}
 	for _, e := range f.ms.Ledger() {
-		n[e.Task]++
+		if !e.Delivered.IsZero() {
+			n[e.Task]++
+		}
 	}
 	return n
 }
 
-// waitCalls waits until each of the first n tasks made at least calls
-// model calls.
+// waitCalls waits up to 30 s until each of the first n tasks got the
+// replies of at least calls model calls.
 func (f *fleet) waitCalls(n, calls int) {
 	f.t.Helper()
-	waitFor(f.t, fmt.Sprintf("%d model calls of each of %d tasks", calls, n), func() bool {
+	f.waitCallsWithin(n, calls, 30*time.Second)
+}
+
+// waitCallsWithin is waitCalls with a deadline of its own.
+func (f *fleet) waitCallsWithin(n, calls int, within time.Duration) {
+	f.t.Helper()
+	poll.Wait(f.t, within, fmt.Sprintf("the replies of %d model calls of each of %d tasks", calls, n), func() bool {
 		got := f.callsOf()
 		for i := range n {
 			if got[tasks.ID(i)] < calls {

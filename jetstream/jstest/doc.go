@@ -19,6 +19,7 @@
 // down and waited for, so a test leaves no goroutine behind (goleak.VerifyTestMain passes). Any
 // failure to set up fails the test at once.
 //
-// Buffer collects what those servers, members and the processes a test starts write (logs,
-// output) while the test reads it; WaitFor polls a condition they bring about, with a bound.
+// Buffer collects what those servers and members write (logs, output) while the test reads it.
+// To wait for a condition they bring about, use internal/poll's Wait; to start a process,
+// internal/child.
 package jstest
