@@ -13,9 +13,8 @@ import (
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
-	"go.uber.org/goleak"
-
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -28,7 +27,7 @@ func TestMain(m *testing.M) {
 	case "member":
 		os.Exit(memberProcess())
 	}
-	goleak.VerifyTestMain(m, jstest.LeakOptions()...)
+	leak.VerifyTestMain(m, jstest.LeakOptions()...)
 }
 
 const run = "run1"

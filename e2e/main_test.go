@@ -3,8 +3,7 @@ package e2e
 import (
 	"testing"
 
-	"go.uber.org/goleak"
-
+	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
@@ -12,5 +11,5 @@ import (
 // owners and servers they run in-process, and the goroutines that wait for
 // the processes they start.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, jstest.LeakOptions()...)
+	leak.VerifyTestMain(m, jstest.LeakOptions()...)
 }

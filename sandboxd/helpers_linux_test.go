@@ -15,10 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
@@ -45,7 +44,7 @@ func TestMain(m *testing.M) {
 		code := m.Run()
 		cleanupBenchTrees()
 		if code == 0 {
-			if err := goleak.Find(); err != nil {
+			if err := leak.Find(); err != nil {
 				fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
 				return 1
 			}

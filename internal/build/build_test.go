@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/stillpoint/stillpoint/internal/leak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leak.VerifyTestMain(m) }
 
 // forget drops this process's memory of its builds, as a new process
 // starts without it.

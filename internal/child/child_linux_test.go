@@ -13,14 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leak.VerifyTestMain(m) }
 
 func sh(name, script string) child.Spec {
 	return child.Spec{Name: name, Path: "/bin/sh", Args: []string{"-c", script}}

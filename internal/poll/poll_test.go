@@ -11,12 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leak.VerifyTestMain(m) }
 
 func TestUntilHoldsAtOnce(t *testing.T) {
 	calls := 0

@@ -12,9 +12,8 @@ import (
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
-	"go.uber.org/goleak"
-
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -23,7 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, jstest.LeakOptions()...)
+	leak.VerifyTestMain(m, jstest.LeakOptions()...)
 }
 
 // TestConformance runs the conformance suite against the test participant.

@@ -12,9 +12,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"go.uber.org/goleak"
-
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -25,7 +24,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, jstest.LeakOptions()...)
+	leak.VerifyTestMain(m, jstest.LeakOptions()...)
 }
 
 const run = "run1"

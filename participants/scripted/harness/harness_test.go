@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/scripted/harness"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
@@ -109,7 +110,7 @@ const childEnv = "STILLPOINT_HARNESS_TEST_CHILD"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "" {
-		os.Exit(m.Run())
+		leak.VerifyTestMain(m)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
