@@ -11,7 +11,7 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
-// Defaults of Config (PROTOCOL §6 and reference/nemo-gym-protocol.md §7).
+// Defaults of Config (PROTOCOL §6, Stop and Pause modes).
 const (
 	// DefaultGrace is how long Stop waits after SIGINT before SIGKILL.
 	DefaultGrace = 10 * time.Second

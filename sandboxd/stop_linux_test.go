@@ -25,9 +25,9 @@ var stopConfigs = []struct {
 	{"nocgroup", Config{Grace: 300 * time.Millisecond, NoCgroup: true}},
 }
 
-// The stop scenarios of the reference (nemo-gym-protocol.md §6.2, "stop
-// scenarios"), each checked to leave nothing behind: every process the
-// launch started is found and killed, and the receipt says interrupted.
+// The stop scenarios (PROTOCOL §6, Stop; docs/SANDBOXD.md, Stopping), each
+// checked to leave nothing behind: every process the launch started is
+// found and killed, and the receipt says interrupted.
 func TestStopScenarios(t *testing.T) {
 	requireTool(t, "setsid", "apt-get install util-linux")
 	requireTool(t, "env", "apt-get install coreutils")

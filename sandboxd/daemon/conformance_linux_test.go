@@ -31,7 +31,7 @@ import (
 // no launch of its own claims for its only launch, so two supervisors with
 // launches must not share a test process.
 func TestConformance(t *testing.T) {
-	membertest.Run(t, membertest.Harness{
+	membertest.Run(t, membertest.Suite{
 		Kind:      events.KindSandbox,
 		Ordered:   true,
 		NoRecords: true,
