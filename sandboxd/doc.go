@@ -49,9 +49,10 @@
 //     /proc/<pid>/task/*/children (one read per process, never a scan of
 //     /proc), plus the orphans reparented to the supervisor, which are
 //     attributed to a launch by its cgroup, its session or process group,
-//     its tag, an earlier walk, or as the only launch. In freeze mode the
-//     cgroup is the authority. A scan of /proc for the tag (and the
-//     session) is the last resort, used only when killing.
+//     its tag or an earlier walk, and to none on anything less (another
+//     Supervisor's launches are children of the process too). In freeze
+//     mode the cgroup is the authority. A scan of /proc for the tag (and
+//     the session) is the last resort, used only when killing.
 //  3. Records. <state>/<id>/record.json holds the launch: id, command, start,
 //     the supervisor's Identity (pid and start time, so a restarted
 //     supervisor is told apart), state, pauses (count, sequence, paused

@@ -276,13 +276,15 @@ func (l *linuxLaunch) roots(w *walker) []cand {
 	return out
 }
 
-// attribute says which launch an orphan of the supervisor belongs to: the
-// launch whose cgroup holds it, else whose session or process group it is
-// in, else whose tag it carries, else which last saw it, else the only
-// launch there is. An orphan that cleared its environment, left the
-// session and was never seen, while several launches run without
-// cgroups, is nobody's; the process's last supervisor kills it when it
-// stops (releaseReaper).
+// attribute says which launch a child of the process that is no launch's
+// root belongs to, on positive evidence only: the launch whose cgroup
+// holds it, else whose session or process group it is in, else whose tag
+// it carries, else whose walk last saw it in the tree. Anything else is
+// nobody's, however few launches there are: the process's children
+// include the launches of every other Supervisor in it, and processes of
+// no launch at all. An orphan that cleared its environment, left the
+// session and was never seen, without cgroups, is nobody's; the process's
+// last supervisor kills it when it stops (releaseReaper).
 func (h *linuxHost) attribute(pid int, st procfs.Stat, launches []*linuxLaunch, w *walker) *linuxLaunch {
 	var cgPath string
 	for _, l := range launches {
@@ -316,9 +318,6 @@ func (h *linuxHost) attribute(pid int, st procfs.Stat, launches []*linuxLaunch, 
 		if ok && s == st.Start {
 			return l
 		}
-	}
-	if len(launches) == 1 {
-		return launches[0]
 	}
 	return nil
 }
