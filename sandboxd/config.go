@@ -34,6 +34,13 @@ const (
 	// every process it starts inherits it unless it clears its
 	// environment.
 	EnvTag = "STILLPOINT_LAUNCH"
+	// EnvMark is the environment variable every launch gets beside EnvTag,
+	// set to <supervisor tag>/<id>: the tag names the supervisor's state
+	// directory, so that the mark is the launch's alone on the host, where
+	// ids repeat across sandboxes and runs. It is what a stop and a
+	// restarted supervisor look for; a process with another supervisor's
+	// mark, or with the id alone, is never theirs.
+	EnvMark = "STILLPOINT_LAUNCH_MARK"
 )
 
 // Config configures a Supervisor. The zero value of every field but

@@ -36,8 +36,12 @@
 //
 //  1. Launching. A launch's process (its root: the harness when an agent
 //     launches one) runs as /bin/sh -c Command (or Argv) in a new
-//     session and process group, with STILLPOINT_LAUNCH=<id> added to its
-//     environment, stdin from /dev/null, stdout and stderr appended to
+//     session and process group, with STILLPOINT_LAUNCH=<id> and
+//     STILLPOINT_LAUNCH_MARK=<tag>/<id> added to its environment (the tag
+//     names the supervisor's state directory: ids repeat across
+//     supervisors on a host, marks do not, and only a process with this
+//     supervisor's mark is ever taken for its own), stdin from
+//     /dev/null, stdout and stderr appended to
 //     <state>/<id>/output.log. Where freeze is available it is started
 //     directly in its own cgroup v2, <root>/launch-<id>, with
 //     CLONE_INTO_CGROUP (the root defaults to <the supervisor's

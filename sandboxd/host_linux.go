@@ -2,6 +2,8 @@ package sandboxd
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -25,6 +27,7 @@ type linuxHost struct {
 	log     zerolog.Logger
 	self    sandboxapi.Identity
 	selfPID int
+	tag     string     // the state directory's tag (stateTag); "" without one
 	cgRoot  cgroup.Dir // where launch cgroups go; "" when freeze is unavailable
 	cgMade  bool       // the root is the default subtree (removed when empty)
 
@@ -38,6 +41,11 @@ func newHost(cfg Config, log zerolog.Logger) (host, error) {
 		return nil, fmt.Errorf("sandboxd: own identity: %w", err)
 	}
 	h := &linuxHost{log: log, self: self, selfPID: os.Getpid(), active: map[string]*linuxLaunch{}}
+	if cfg.StateDir != "" {
+		if h.tag, err = stateTag(cfg.StateDir); err != nil {
+			return nil, fmt.Errorf("%w: Config.StateDir: %w", ErrInvalidConfig, err)
+		}
+	}
 	if !cfg.NoCgroup {
 		root, err := prepareCgroupRoot(cfg.CgroupRoot, cfg.CgroupName)
 		if err != nil {
@@ -129,10 +137,34 @@ func lookPath(name string, env []string) (string, error) {
 	return "", fmt.Errorf("%s: executable not found in PATH", name)
 }
 
+// stateTag names the state directory dir among all on the host: 16 hex
+// digits of a hash of its resolved path, device and inode. Only one
+// supervisor at a time holds a state directory (lock), so the tag names
+// that supervisor among the live ones; a supervisor restarted on the same
+// directory gets the same tag and finds its predecessor's processes, and a
+// copy of the directory (a forked sandbox) gets another.
+func stateTag(dir string) (string, error) {
+	resolved, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(resolved, &st); err != nil {
+		return "", &os.PathError{Op: "stat", Path: resolved, Err: err}
+	}
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d", resolved, st.Dev, st.Ino))
+	return hex.EncodeToString(sum[:8]), nil
+}
+
+// markOf is the environment entry that marks the processes of launch id
+// of the supervisor whose state directory has tag.
+func markOf(tag, id string) string { return EnvMark + "=" + tag + "/" + id }
+
 // start forks the harness in a new session (so its own process group),
 // directly into its cgroup with CLONE_INTO_CGROUP when it gets one, with
-// the tag in its environment, stdin from /dev/null and stdout and stderr
-// appended to the output file. Its exit is subscribed before it runs.
+// its id and mark in its environment, stdin from /dev/null and stdout and
+// stderr appended to the output file. Its exit is subscribed before it
+// runs.
 func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
 	argv0, err := lookPath(s.argv[0], s.env)
 	if err != nil {
@@ -142,14 +174,14 @@ func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
 	if env == nil {
 		env = os.Environ()
 	}
-	tag := EnvTag + "=" + s.id
-	env2 := make([]string, 0, len(env)+1)
+	tag := markOf(h.tag, s.id)
+	env2 := make([]string, 0, len(env)+2)
 	for _, e := range env {
-		if !strings.HasPrefix(e, EnvTag+"=") {
+		if !strings.HasPrefix(e, EnvTag+"=") && !strings.HasPrefix(e, EnvMark+"=") {
 			env2 = append(env2, e)
 		}
 	}
-	env2 = append(env2, tag)
+	env2 = append(env2, EnvTag+"="+s.id, tag)
 	out, err := os.OpenFile(s.output, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -582,13 +614,17 @@ func (h *linuxHost) recoverLaunch(ctx context.Context, rec sandboxapi.Record, ti
 			}
 		}
 	}
-	// The session rule only while the harness itself is alive: the
-	// previous supervisor may have died long ago, and once the harness and
-	// its session are gone, its pid (and so a session id) may name someone
-	// else's.
-	m := launchMark{tag: []byte(EnvTag + "=" + rec.ID)}
+	// The session rule only while the harness itself is alive and carries
+	// the mark: the previous supervisor may have died long ago, and once
+	// the harness and its session are gone, its pid (and so a session id)
+	// may name someone else's; and a record copied with its state
+	// directory (a forked sandbox) names a harness that is another
+	// supervisor's.
+	m := launchMark{tag: []byte(markOf(h.tag, rec.ID))}
 	if Alive(sandboxapi.Identity{PID: rec.PID, Start: rec.PIDStart}) {
-		m.rootPID, m.rootStart = rec.PID, rec.PIDStart
+		if has, _ := procfs.EnvironHas(rec.PID, m.tag, nil); has {
+			m.rootPID, m.rootStart = rec.PID, rec.PIDStart
+		}
 	}
 	return killMarked(ctx, m, deadline) && ok
 }

@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
@@ -44,6 +49,155 @@ func untouched(t *testing.T, what string, ids []sandboxapi.Identity) {
 			t.Errorf("%s: pid %d (%s) alive %v, state %q", what, id.PID, commOf(id.PID), Alive(id), st)
 		}
 	}
+}
+
+// otherProcess is a supervisor in a process of its own: `sandboxd run`
+// with one launch.
+type otherProcess struct {
+	pid, pidfd int
+	state, log string
+}
+
+// startOtherProcess starts `sandboxd run` with flags (--no-cgroup if
+// none) for launch id running cmd, before any supervisor of the test runs
+// (so that the test may reap it), and waits until the launch runs.
+// Cleanup kills it if it is still there.
+func startOtherProcess(t *testing.T, id, cmd string, flags ...string) *otherProcess {
+	t.Helper()
+	dir := t.TempDir()
+	o := &otherProcess{state: filepath.Join(dir, "state"), log: filepath.Join(dir, "log")}
+	logf, err := os.Create(o.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	if len(flags) == 0 {
+		flags = []string{"--no-cgroup"}
+	}
+	argv := append([]string{sandboxdBin, "run", "--state", o.state, "--id", id, "--grace", "200ms"}, flags...)
+	argv = append(argv, "--", "sh", "-c", cmd)
+	pid, err := syscall.ForkExec(sandboxdBin, argv, &syscall.ProcAttr{
+		Env: os.Environ(), Files: []uintptr{0, logf.Fd(), logf.Fd()}, Sys: &syscall.SysProcAttr{Setsid: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.pid = pid
+	if o.pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !exitedNow(o.pidfd) {
+			_ = unix.PidfdSendSignal(o.pidfd, unix.SIGKILL, nil, 0)
+		}
+		waitFor(t, 10*time.Second, "sandboxd run to exit", func() bool { return exitedNow(o.pidfd) })
+		// Reap it unless a reap loop did.
+		_ = unix.Waitid(unix.P_PIDFD, o.pidfd, nil, unix.WEXITED|unix.WNOHANG, nil)
+		unix.Close(o.pidfd)
+	})
+	waitFor(t, 10*time.Second, "the other supervisor's launch", func() bool {
+		rec, err := ReadRecord(o.state, id)
+		return err == nil && rec.State == sandboxapi.StateRunning
+	})
+	return o
+}
+
+// stop ends the other supervisor's launch and waits until the process has
+// exited.
+func (o *otherProcess) stop(t *testing.T) {
+	t.Helper()
+	if err := unix.PidfdSendSignal(o.pidfd, unix.SIGTERM, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "sandboxd run to exit", func() bool { return exitedNow(o.pidfd) })
+	if t.Failed() {
+		b, _ := os.ReadFile(o.log)
+		t.Logf("sandboxd run's log:\n%s", b)
+	}
+}
+
+// Launch ids repeat across sandboxes and runs. Two supervisors in one PID
+// namespace (two dir sandboxes), each running a launch of the same id
+// whose harness detached a daemon: stopping the launch of one leaves the
+// other's harness and daemon alone, though both carry that launch id in
+// their environment.
+func TestSameLaunchIDUnderTwoSupervisors(t *testing.T) {
+	requireTool(t, "setsid", "apt-get install util-linux")
+	for _, c := range stopConfigs {
+		t.Run(c.name, func(t *testing.T) {
+			id := launchID(t, "same")
+			otherDaemon, otherHarness := uniqueArg(3001), uniqueArg(3002)
+			other := startOtherProcess(t, id, `(setsid sh -c 'exec sleep `+otherDaemon+`' &); exec sleep `+otherHarness)
+			var theirs []sandboxapi.Identity
+			waitFor(t, 5*time.Second, "the other launch's sleeps", func() bool {
+				theirs = append(withArg(otherDaemon), withArg(otherHarness)...)
+				return len(theirs) == 2
+			})
+
+			s := startSupervisor(t, c.cfg)
+			ownDaemon, ownHarness := uniqueArg(3003), uniqueArg(3004)
+			mustLaunch(t, s, Spec{ID: id, Command: `(setsid sh -c 'exec sleep ` + ownDaemon + `' &); exec sleep ` + ownHarness})
+			var ours []sandboxapi.Identity
+			waitFor(t, 5*time.Second, "this launch's sleeps", func() bool {
+				ours = append(withArg(ownDaemon), withArg(ownHarness)...)
+				return len(ours) == 2
+			})
+			rc, err := s.Stop(ctxT(t), id)
+			if err != nil || !rc.CleanupConfirmed {
+				t.Fatalf("Stop: %+v, %v", rc, err)
+			}
+			for _, p := range ours {
+				if Alive(p) && stateOf(p.PID) != 'Z' {
+					t.Errorf("pid %d of the stopped launch still there", p.PID)
+				}
+			}
+			untouched(t, "the other supervisor's launch of the same id", theirs)
+			if rec, err := ReadRecord(other.state, id); err != nil || rec.State != sandboxapi.StateRunning {
+				t.Errorf("the other launch: %s, %v", rec.State, err)
+			}
+			other.stop(t)
+			rec, err := ReadRecord(other.state, id)
+			if err != nil || rec.Receipt == nil || rec.Receipt.StopReason != sandboxapi.StopRequested {
+				t.Fatalf("the other launch's record after its own stop: %+v, %v", rec, err)
+			}
+		})
+	}
+}
+
+// A sandbox forked from a snapshot has a copy of the state directory,
+// records of launches that run on in the original among them. The copy's
+// supervisor ends those launches as lost, but what it kills is only ever
+// its own: the original's harness and its daemon, though they carry the
+// launch id and the record names the harness, are left alone.
+func TestCopiedStateDirectoryLeavesTheOriginal(t *testing.T) {
+	requireTool(t, "setsid", "apt-get install util-linux")
+	id := launchID(t, "a")
+	daemon, harness := uniqueArg(3031), uniqueArg(3032)
+	orig := startOtherProcess(t, id, `(setsid sh -c 'exec sleep `+daemon+`' &); exec sleep `+harness)
+	var theirs []sandboxapi.Identity
+	waitFor(t, 5*time.Second, "the original launch's sleeps", func() bool {
+		theirs = append(withArg(daemon), withArg(harness)...)
+		return len(theirs) == 2
+	})
+	copied := t.TempDir()
+	rec, err := ReadRecord(orig.state, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(LaunchDir(copied, id), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeRecord(LaunchDir(copied, id), &rec, false); err != nil {
+		t.Fatal(err)
+	}
+
+	s := startSupervisor(t, Config{StateDir: copied, NoCgroup: true})
+	rc, err := s.Wait(ctxT(t), id)
+	if err != nil || rc.Outcome != sandboxapi.OutcomeFailed || !strings.Contains(rc.Error, ErrSupervisorRestarted.Error()) {
+		t.Fatalf("the copied launch: %+v, %v", rc, err)
+	}
+	untouched(t, "the original's launch", theirs)
+	orig.stop(t)
 }
 
 // Two supervisors in one process (as in tests, or a daemon that serves

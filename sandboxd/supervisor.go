@@ -29,8 +29,8 @@ type Spec struct {
 	Argv []string
 	// Dir is the working directory (default: the supervisor's).
 	Dir string
-	// Env is the environment (default: the supervisor's). EnvTag=<ID> is
-	// always added.
+	// Env is the environment (default: the supervisor's). EnvTag=<ID> and
+	// EnvMark are always added (replacing any there).
 	Env []string
 	// Timeout stops the launch (as interrupted, with TimedOut) once it has
 	// run this long, paused time not counted (0: no deadline).
@@ -177,6 +177,7 @@ func New(cfg Config) (*Supervisor, error) {
 // and leaves nothing behind.
 func DetectModes(cfg Config) ([]sandboxapi.Mode, error) {
 	cfg.setDefaults()
+	cfg.StateDir = "" // nothing is launched
 	h, err := newHost(cfg, cfg.Logger)
 	if err != nil {
 		return nil, err
@@ -319,7 +320,7 @@ func (s *Supervisor) get(id string) *launch {
 }
 
 // Launch accepts spec and starts it: in a new session and process group,
-// with EnvTag=<id> added, stdout and stderr to <state>/<id>/output.log and,
+// with EnvTag=<id> and EnvMark added, stdout and stderr to <state>/<id>/output.log and,
 // in freeze mode, in its own cgroup. If the stop file exists the launch
 // never starts (it ends interrupted); if the pause file exists it is held
 // until Continue. It returns the record once the process has started (or
