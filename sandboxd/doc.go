@@ -43,19 +43,23 @@
 //     supervisor's mark is ever taken for its own), stdin from
 //     /dev/null, stdout and stderr appended to
 //     <state>/<id>/output.log. Where freeze is available it is started
-//     directly in its own cgroup v2, <root>/launch-<id>, with
-//     CLONE_INTO_CGROUP (the root defaults to <the supervisor's
-//     cgroup>/stillpoint-sandboxd; no controller is enabled, so the
-//     no-internal-process rule does not apply). Its exit is subscribed
-//     before it is started (containerd's reaper), and one reap loop reaps
-//     every child, launch roots and the orphans the subreaper adopts.
+//     directly in its own cgroup v2, <root>/sup-<pid>-<start>-<tag>/
+//     launch-<id>, with CLONE_INTO_CGROUP: the root (default <the
+//     supervisor's cgroup>/stillpoint-sandboxd) is shared by every
+//     supervisor that uses it, the sup- cgroup is this supervisor's
+//     alone (its identity and its tag), and empty ones of supervisors
+//     that are gone are removed by the next to start or stop; no
+//     controller is enabled, so the no-internal-process rule does not
+//     apply. Its exit is subscribed before it is started (containerd's
+//     reaper), and one reap loop reaps every child, launch roots and the
+//     orphans the subreaper adopts.
 //  2. Finding processes. A launch's processes are its tree, read from
 //     /proc/<pid>/task/*/children (one read per process, never a scan of
 //     /proc), plus the orphans reparented to the supervisor, which are
 //     attributed to a launch by its cgroup, its session or process group,
-//     its tag or an earlier walk, and to none on anything less (another
+//     its mark or an earlier walk, and to none on anything less (another
 //     Supervisor's launches are children of the process too). In freeze
-//     mode the cgroup is the authority. A scan of /proc for the tag (and
+//     mode the cgroup is the authority. A scan of /proc for the mark (and
 //     the session) is the last resort, used only when killing.
 //  3. Records. <state>/<id>/record.json holds the launch: id, command, start,
 //     the supervisor's Identity (pid and start time, so a restarted

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,11 +29,13 @@ type linuxHost struct {
 	self    sandboxapi.Identity
 	selfPID int
 	tag     string     // the state directory's tag (stateTag); "" without one
-	cgRoot  cgroup.Dir // where launch cgroups go; "" when freeze is unavailable
-	cgMade  bool       // the root is the default subtree (removed when empty)
+	cgRoot  cgroup.Dir // the parent shared with other supervisors; "" when freeze is unavailable
+	cgMade  bool       // the parent is the default subtree (removed when empty)
+	cgOwn   cgroup.Dir // this supervisor's own cgroup in it, holding the launch cgroups
 
-	mu     sync.Mutex
-	active map[string]*linuxLaunch
+	mu      sync.Mutex
+	active  map[string]*linuxLaunch
+	ownMade bool // cgOwn was made by this host (guarded by mu)
 }
 
 func newHost(cfg Config, log zerolog.Logger) (host, error) {
@@ -47,11 +50,15 @@ func newHost(cfg Config, log zerolog.Logger) (host, error) {
 		}
 	}
 	if !cfg.NoCgroup {
-		root, err := prepareCgroupRoot(cfg.CgroupRoot, cfg.CgroupName)
+		parent, err := cgroupParent(cfg.CgroupRoot, cfg.CgroupName)
+		if err == nil {
+			err = prepareCgroupParent(parent, self)
+		}
 		if err != nil {
 			log.Warn().Err(err).Msg("no writable cgroup v2: freeze unavailable, pausing in stop mode")
 		} else {
-			h.cgRoot, h.cgMade = root, cfg.CgroupRoot == ""
+			h.cgRoot, h.cgMade = parent, cfg.CgroupRoot == ""
+			h.cgOwn = parent.Child(ownCgroupName(self, h.tag))
 		}
 	}
 	return h, nil
@@ -71,8 +78,31 @@ func (h *linuxHost) modes() []sandboxapi.Mode {
 	return []sandboxapi.Mode{sandboxapi.ModeStop, sandboxapi.ModeHold}
 }
 
-// close removes the default cgroup subtree if nothing else uses it.
+// reap removes the cgroups that supervisors that are gone left in the
+// shared parent (reapCgroups).
+func (h *linuxHost) reap() {
+	if h.cgRoot != "" {
+		reapCgroups(h.cgRoot, h.log)
+	}
+}
+
+// close removes the supervisor's own cgroup (unless a launch cgroup is
+// left in it, still populated), reaps, and removes the default parent if
+// nothing else uses it.
 func (h *linuxHost) close() {
+	if h.cgRoot == "" {
+		return
+	}
+	h.mu.Lock()
+	made := h.ownMade
+	h.ownMade = false
+	h.mu.Unlock()
+	if made {
+		if err := h.cgOwn.Remove(context.Background(), time.Now().Add(reapTimeout)); err != nil {
+			h.log.Warn().Err(err).Msg("own cgroup left in place")
+		}
+	}
+	h.reap()
 	if h.cgMade {
 		_ = unix.Rmdir(string(h.cgRoot))
 	}
@@ -196,7 +226,10 @@ func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
 	var cg cgroup.Dir
 	cgfd := -1
 	if s.cgroup && h.cgRoot != "" {
-		if cg, err = createLaunchCgroup(h.cgRoot, s.id); err != nil {
+		h.mu.Lock()
+		h.ownMade = true // from the first try on: close removes it if it is there
+		h.mu.Unlock()
+		if cg, err = createLaunchCgroup(h.cgRoot, h.cgOwn, s.id); err != nil {
 			return nil, fmt.Errorf("launch cgroup: %w", err)
 		}
 		if cgfd, err = cg.OpenFD(); err != nil {
@@ -592,25 +625,21 @@ func (l *linuxLaunch) release() error {
 	return removeCgroup(l.cg)
 }
 
-// recoverLaunch kills what is left of a launch of a previous supervisor:
-// its cgroup, then its harness and every process with its tag or in its
-// session. True when nothing was left.
+// recoverLaunch kills what is left of a launch of a previous supervisor
+// of the state directory: its cgroup, then its harness and every process
+// with its mark or in its session. True when nothing was left. A cgroup
+// that is not a launch cgroup of a supervisor of this state directory
+// (isOwnLaunchCgroup) is left alone: the record was copied from another.
 func (h *linuxHost) recoverLaunch(ctx context.Context, rec sandboxapi.Record, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	ok := true
-	if rec.Cgroup != "" {
-		if _, err := os.Stat(rec.Cgroup); err == nil {
-			c := cgroup.Dir(rec.Cgroup)
-			if err := c.Kill(); err == nil {
-				got, err := c.WaitEvents(ctx, deadline, func(e cgroup.Events) bool { return !e.Populated })
-				ok = got && err == nil
-			} else {
-				ok = false
-			}
-			if ok {
-				if err := removeCgroup(c); err != nil {
-					h.log.Warn().Err(err).Str("launch", rec.ID).Msg("remove a lost launch's cgroup")
-				}
+	if rec.Cgroup != "" && !isOwnLaunchCgroup(rec.Cgroup, h.tag) {
+		h.log.Warn().Str("launch", rec.ID).Str("cgroup", rec.Cgroup).Msg("a lost launch's cgroup is not this state directory's: left alone")
+	} else if rec.Cgroup != "" {
+		ok = killLostCgroup(ctx, cgroup.Dir(rec.Cgroup), deadline)
+		if ok {
+			if err := removeCgroup(cgroup.Dir(rec.Cgroup)); err != nil {
+				h.log.Warn().Err(err).Str("launch", rec.ID).Msg("remove a lost launch's cgroup")
 			}
 		}
 	}
@@ -627,4 +656,22 @@ func (h *linuxHost) recoverLaunch(ctx context.Context, rec sandboxapi.Record, ti
 		}
 	}
 	return killMarked(ctx, m, deadline) && ok
+}
+
+// killLostCgroup kills the processes of a lost launch's cgroup and waits
+// until it is empty. A cgroup that is gone (never made, or reaped by
+// another supervisor once it was empty) holds nothing.
+func killLostCgroup(ctx context.Context, c cgroup.Dir, deadline time.Time) bool {
+	gone := func() bool {
+		_, err := os.Stat(string(c))
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	if gone() {
+		return true
+	}
+	if err := c.Kill(); err != nil {
+		return gone()
+	}
+	got, err := c.WaitEvents(ctx, deadline, func(e cgroup.Events) bool { return !e.Populated })
+	return got && err == nil || gone()
 }

@@ -2,16 +2,20 @@ package sandboxd
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -168,36 +172,55 @@ func TestSameLaunchIDUnderTwoSupervisors(t *testing.T) {
 // records of launches that run on in the original among them. The copy's
 // supervisor ends those launches as lost, but what it kills is only ever
 // its own: the original's harness and its daemon, though they carry the
-// launch id and the record names the harness, are left alone.
+// launch id and the record names the harness and its cgroup, are left
+// alone.
 func TestCopiedStateDirectoryLeavesTheOriginal(t *testing.T) {
 	requireTool(t, "setsid", "apt-get install util-linux")
-	id := launchID(t, "a")
-	daemon, harness := uniqueArg(3031), uniqueArg(3032)
-	orig := startOtherProcess(t, id, `(setsid sh -c 'exec sleep `+daemon+`' &); exec sleep `+harness)
-	var theirs []sandboxapi.Identity
-	waitFor(t, 5*time.Second, "the original launch's sleeps", func() bool {
-		theirs = append(withArg(daemon), withArg(harness)...)
-		return len(theirs) == 2
-	})
-	copied := t.TempDir()
-	rec, err := ReadRecord(orig.state, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(LaunchDir(copied, id), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeRecord(LaunchDir(copied, id), &rec, false); err != nil {
-		t.Fatal(err)
-	}
+	for _, c := range stopConfigs {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := Config{NoCgroup: true}
+			flags := []string{"--no-cgroup"}
+			if !c.cfg.NoCgroup {
+				cfg = Config{CgroupRoot: testCgroupRoot(t)}
+				flags = []string{"--cgroup-root", cfg.CgroupRoot, "--mode", "freeze"}
+			}
+			id := launchID(t, "a")
+			daemon, harness := uniqueArg(3031), uniqueArg(3032)
+			orig := startOtherProcess(t, id, `(setsid sh -c 'exec sleep `+daemon+`' &); exec sleep `+harness, flags...)
+			var theirs []sandboxapi.Identity
+			waitFor(t, 5*time.Second, "the original launch's sleeps", func() bool {
+				theirs = append(withArg(daemon), withArg(harness)...)
+				return len(theirs) == 2
+			})
+			rec, err := ReadRecord(orig.state, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (rec.Cgroup == "") != c.cfg.NoCgroup {
+				t.Fatalf("the original launch's cgroup: %q", rec.Cgroup)
+			}
+			cfg.StateDir = t.TempDir()
+			if err := os.MkdirAll(LaunchDir(cfg.StateDir, id), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := writeRecord(LaunchDir(cfg.StateDir, id), &rec, false); err != nil {
+				t.Fatal(err)
+			}
 
-	s := startSupervisor(t, Config{StateDir: copied, NoCgroup: true})
-	rc, err := s.Wait(ctxT(t), id)
-	if err != nil || rc.Outcome != sandboxapi.OutcomeFailed || !strings.Contains(rc.Error, ErrSupervisorRestarted.Error()) {
-		t.Fatalf("the copied launch: %+v, %v", rc, err)
+			s := startSupervisor(t, cfg)
+			rc, err := s.Wait(ctxT(t), id)
+			if err != nil || rc.Outcome != sandboxapi.OutcomeFailed || !strings.Contains(rc.Error, ErrSupervisorRestarted.Error()) {
+				t.Fatalf("the copied launch: %+v, %v", rc, err)
+			}
+			untouched(t, "the original's launch", theirs)
+			if rec.Cgroup != "" {
+				if ev, err := cgroup.Dir(rec.Cgroup).Events(); err != nil || !ev.Populated {
+					t.Errorf("the original's cgroup %s: %+v, %v", rec.Cgroup, ev, err)
+				}
+			}
+			orig.stop(t)
+		})
 	}
-	untouched(t, "the original's launch", theirs)
-	orig.stop(t)
 }
 
 // Two supervisors in one process (as in tests, or a daemon that serves
@@ -245,4 +268,189 @@ func TestStopLeavesAnotherSupervisorsLaunch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Supervisors come and go under one default parent (<own cgroup>/<name>),
+// which each creates when it needs it and removes when it is the last to
+// leave; others only probe the modes there, creating and removing it as
+// fast as they can. No launch fails for a parent removed under it, every
+// launch gets a cgroup, and once all have gone nothing is left.
+func TestConcurrentSupervisorsShareTheCgroupParent(t *testing.T) {
+	own, err := cgroup.Self()
+	if err != nil {
+		t.Fatalf("freeze mode needs cgroup v2: %v (run as root on a host with cgroup v2 mounted and writable)", err)
+	}
+	name := CgroupSubtree + "-" + testPrefix(t) + "-" + strconv.Itoa(os.Getpid())
+	parent := own.Child(name)
+	t.Cleanup(func() {
+		if _, err := os.Stat(string(parent)); err == nil {
+			t.Errorf("the shared parent %s is left behind", parent)
+			_ = removeCgroup(parent)
+		}
+	})
+	stop := make(chan struct{})
+	var probes, sups sync.WaitGroup
+	probes.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if ms, err := DetectModes(Config{CgroupName: name}); err != nil || ms[0] != sandboxapi.ModeFreeze {
+				t.Errorf("DetectModes: %v, %v", ms, err)
+				return
+			}
+		}
+	})
+	for w := range 3 {
+		sups.Go(func() {
+			for round := range 4 {
+				if !superviseRound(t, Config{StateDir: t.TempDir(), CgroupName: name, Mode: sandboxapi.ModeFreeze}, fmt.Sprintf("w%d-r%d", w, round)) {
+					return
+				}
+			}
+		})
+	}
+	sups.Wait()
+	close(stop)
+	probes.Wait()
+	checkNothingLeft(t)
+}
+
+// superviseRound runs one supervisor for a few short launches, each of
+// which must get a cgroup, and stops it. It reports false (the test has
+// failed) if any step failed.
+func superviseRound(t *testing.T, cfg Config, tag string) bool {
+	s, err := New(cfg)
+	if err != nil {
+		t.Errorf("New: %v", err)
+		return false
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	for i := range 4 {
+		id := launchID(t, fmt.Sprintf("%s-%d", tag, i))
+		rec, err := s.Launch(ctx, Spec{ID: id, Argv: []string{"true"}})
+		if err != nil {
+			t.Errorf("Launch %s: %v", id, err)
+			return false
+		}
+		if rec.Cgroup == "" {
+			t.Errorf("launch %s runs without a cgroup", id)
+			return false
+		}
+		if rc, err := s.Wait(ctx, id); err != nil || rc.ExitCode != 0 {
+			t.Errorf("launch %s: %+v, %v", id, rc, err)
+			return false
+		}
+	}
+	return true
+}
+
+// A supervisor removes what supervisors that are gone left in the shared
+// parent, when it starts and when it stops, as long as it is empty: a
+// supervisor's own cgroup (with the empty launch cgroups a kill -9 left in
+// it) and a probe's. It leaves a cgroup whose owner lives, one that still
+// holds a process, and anything it does not know.
+func TestLeftoverCgroupsOfGoneSupervisorsReaped(t *testing.T) {
+	root := cgroup.Dir(testCgroupRoot(t))
+	self, err := IdentityOf(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := sandboxapi.Identity{PID: self.PID, Start: self.Start + 1} // that pid, another process
+	mk := func(path string) cgroup.Dir {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(string(root), path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return root.Child(path)
+	}
+	deadEmpty := mk(fmt.Sprintf("sup-%d-%d-0123456789abcdef", gone.PID, gone.Start))
+	mk(filepath.Join(filepath.Base(string(deadEmpty)), "launch-x"))
+	frozen := mk(filepath.Join(filepath.Base(string(deadEmpty)), "launch-y"))
+	if err := frozen.SetFreeze(true); err != nil {
+		t.Fatal(err)
+	}
+	deadProbe := mk(fmt.Sprintf("probe-%d-%d-01234567", gone.PID, gone.Start))
+	deadBusy := mk(fmt.Sprintf("sup-%d-%d-fedcba9876543210", gone.PID, gone.Start))
+	busy := mk(filepath.Join(filepath.Base(string(deadBusy)), "launch-z"))
+	alive := mk(fmt.Sprintf("sup-%d-%d-00000000000000ff", self.PID, self.Start))
+	unknown := mk("someone-elses")
+	t.Cleanup(func() {
+		for _, d := range []cgroup.Dir{alive, unknown} {
+			_ = removeCgroup(d)
+		}
+	})
+	// A process in the busy one, started before any supervisor runs.
+	fd, err := busy.OpenFD()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pidfd int
+	pid, err := syscall.ForkExec("/bin/sleep", []string{"sleep", uniqueArg(3021)}, &syscall.ProcAttr{
+		Sys: &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd, PidFD: &pidfd},
+	})
+	unix.Close(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pidfd)
+
+	s, err := New(Config{StateDir: t.TempDir(), CgroupRoot: string(root)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- s.Run(ctx) }()
+	// A launch returns once Run serves, and Run serves once it has looked.
+	id := launchID(t, "a")
+	mustLaunch(t, s, Spec{ID: id, Argv: []string{"true"}})
+	if _, err := s.Wait(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+	exists := func(d cgroup.Dir) bool { _, err := os.Stat(string(d)); return err == nil }
+	for _, d := range []cgroup.Dir{deadEmpty, deadProbe} {
+		if exists(d) {
+			t.Errorf("%s, empty and its owner gone, is still there", d)
+		}
+	}
+	for _, d := range []cgroup.Dir{deadBusy, busy, alive, unknown} {
+		if !exists(d) {
+			t.Errorf("%s was removed", d)
+		}
+	}
+	if st := stateOf(pid); st == 0 || st == 'Z' {
+		t.Fatalf("the process in %s is gone (%q)", busy, st)
+	}
+	// Once empty, it goes when the supervisor stops.
+	if err := unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := busy.WaitEvents(ctxT(t), time.Now().Add(10*time.Second), func(e cgroup.Events) bool { return !e.Populated }); !ok || err != nil {
+		t.Fatalf("%s still populated: %v", busy, err)
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if exists(deadBusy) {
+		t.Errorf("%s, empty now, is still there after the supervisor stopped", deadBusy)
+	}
+	ents, _ := os.ReadDir(string(root))
+	for _, e := range ents {
+		if e.IsDir() && e.Name() != filepath.Base(string(alive)) && e.Name() != filepath.Base(string(unknown)) {
+			t.Errorf("%s left in the parent", e.Name())
+		}
+	}
+	checkNothingLeft(t)
 }

@@ -104,6 +104,7 @@ type host interface {
 	releaseReaper()
 	start(s startSpec) (hostLaunch, error)
 	recoverLaunch(ctx context.Context, rec sandboxapi.Record, timeout time.Duration) bool
+	reap()
 	close()
 }
 
@@ -208,11 +209,12 @@ func (s *Supervisor) defaultMode(m sandboxapi.Mode) sandboxapi.Mode {
 }
 
 // Run serves until ctx ends. It locks the state directory, makes the
-// process a child subreaper with one reap loop, and ends every launch a
+// process a child subreaper with one reap loop, ends every launch a
 // previous supervisor left unfinished (ErrSupervisorRestarted: killed, and
-// recorded as failed). When ctx ends it stops every launch (SIGINT, the
-// grace, SIGKILL; paused ones at once), waits until each is confirmed
-// gone, and returns nil.
+// recorded as failed), and removes the empty cgroups that supervisors
+// that are gone left in the shared parent. When ctx ends it stops every
+// launch (SIGINT, the grace, SIGKILL; paused ones at once), waits until
+// each is confirmed gone, and returns nil.
 func (s *Supervisor) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
@@ -234,6 +236,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fail(err)
 	}
 	s.recoverAll(ctx)
+	s.host.reap()
 	s.log.Info().Stringer("identity", s.self).Interface("modes", s.modes).Str("state", s.cfg.StateDir).Msg("supervisor running")
 	close(s.ready)
 
