@@ -31,18 +31,23 @@
 //
 // # The rules it keeps
 //
-//  1. Launching: a launch runs in a new session and process group, tagged
-//     in its environment, in a cgroup v2 of its own where freeze is
-//     available; its exit is subscribed before it starts, and one reap loop
-//     reaps every child.
+//  1. Launching: a launch runs in a new session and process group, marked
+//     in its environment with STILLPOINT_LAUNCH_MARK=<tag>/<id> (the tag
+//     names the supervisor's state directory: ids repeat across
+//     supervisors on a host, marks do not), in a cgroup v2 of its own where
+//     freeze is available, under a cgroup that is this supervisor's alone;
+//     its exit is subscribed before it starts, and one reap loop reaps
+//     every child.
 //  2. Finding processes: a launch's processes are its tree, read from
 //     /proc/<pid>/task/*/children, never a scan of /proc (but as the last
-//     resort of a kill), plus the orphans the subreaper adopts; in freeze
-//     mode the cgroup is the authority.
-//  3. Records: <state>/<id>/record.json, replaced atomically and durably
-//     (internal/atomicfile), holds the launch and, once it ended, its
-//     Receipt; a stop file keeps a launch from starting, a pause file holds
-//     it until Continue.
+//     resort of a kill), plus the orphans the subreaper adopts, attributed
+//     only on positive evidence (cgroup, session or process group, mark,
+//     an earlier walk); in freeze mode the cgroup is the authority.
+//  3. Records: <state>/<id>/record.json, replaced atomically
+//     (internal/atomicfile; durably for the launch accepted, started and
+//     ended), holds the launch and, once it ended, its Receipt; a stop
+//     file keeps a launch from starting, a pause file holds it until
+//     Continue.
 //  4. Stopping: SIGINT, SIGKILL after Config.Grace (10 s), SIGKILL again to
 //     whatever is still found, until none is (PROTOCOL §6, Stop).
 //  5. Deadlines: Spec.Timeout counts running time only.

@@ -74,10 +74,6 @@ type Suite struct {
 	// installs nothing, and, with no record to pace, that a resume racing
 	// a commit never leaves a manifest behind the resume.
 	NoRecords bool
-	// Serial runs the subtests one after another instead of in parallel:
-	// for a participant of which one process holds only one (a sandbox
-	// daemon's supervisor treats every child of the process as its own).
-	Serial bool
 }
 
 // world is one subtest's world: a bus, a run, a bridge.
@@ -92,9 +88,7 @@ type world struct {
 }
 
 func newWorld(t *testing.T, h Suite) *world {
-	if !h.Serial {
-		t.Parallel()
-	}
+	t.Parallel()
 	env := jstest.Start(t)
 	return &world{t: t, h: h, env: env, run: "run1", bridge: NewBridge(t, env, "run1")}
 }
