@@ -20,11 +20,14 @@ build:
 test:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
-## lint: gofmt must have nothing to say, go vet must pass.
+## lint: gofmt must have nothing to say, go vet must pass, and the docs'
+## checks (a doc.go per package, a doc comment per exported name, every
+## file and function ARCHITECTURE.md names, every § reference) must pass.
 lint:
 	@out="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) test -count=1 ./docs
 
 ## fuzz: a short run of every fuzz target (FUZZTIME each).
 fuzz:

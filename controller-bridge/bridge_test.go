@@ -64,7 +64,7 @@ func TestCheckpointCommits(t *testing.T) {
 
 // TestCheckpointAbortsOnBlocker: a member not ready by the deadline aborts
 // the checkpoint; the outcome names it and its blocker; the checkpoint key
-// is an abort marker, so no manifest can ever appear (PROTOCOL §7.2).
+// is an abort marker, so no manifest can ever appear (PROTOCOL §7, invariant 2).
 func TestCheckpointAbortsOnBlocker(t *testing.T) {
 	env := jstest.Start(t)
 	hs := fleet(t, env, 3, 2)
@@ -426,7 +426,7 @@ func testTimeline(t *testing.T, env *jstest.Env) {
 // TestSecondBridgeFencesTheFirst: two bridges of one run (the first one a
 // zombie presumed dead). The second takes the run over and aborts what the
 // first held open; the first can then neither commit it nor renew it, and
-// the checkpoint never gets a manifest (PROTOCOL §7.2).
+// the checkpoint never gets a manifest (PROTOCOL §7, invariant 2).
 func TestSecondBridgeFencesTheFirst(t *testing.T) {
 	env := jstest.Start(t)
 	hs := fleet(t, env, 2, 1)

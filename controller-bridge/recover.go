@@ -8,7 +8,7 @@ import (
 )
 
 // Recover finishes or aborts whatever the run's last bridge left open,
-// from what the stream and KV hold (machine's doc: recovery by replay): a
+// from what the stream and KV hold (docs/BRIDGE.md, Recovery by replay): a
 // prepare is aborted (the controller's call died with that bridge); a
 // commit is finished if every member exported, else aborted; a restore is
 // finished or failed from its acks; a release deletes what it had not.

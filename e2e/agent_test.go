@@ -121,7 +121,7 @@ func (f *fleet) waitCallsWithin(n, calls int, within time.Duration) {
 	})
 }
 
-// checkLedger asserts PROTOCOL §7.4 on the model server's ledger: no call
+// checkLedger asserts PROTOCOL §7, invariant 4, on the model server's ledger: no call
 // repeated after its reply was saved, none injected, and a call re-issued
 // by a later attempt only if the earlier one saved its reply after the
 // restored checkpoint began, or never (the crash abandoned it).
@@ -273,7 +273,7 @@ func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
 		mu      sync.Mutex
 		results = map[string][]agentapi.Result{}
 	)
-	collect := func(i int, ch <-chan outcome, crashed <-chan struct{}) {
+	awaitResult := func(i int, ch <-chan outcome, crashed <-chan struct{}) {
 		o := <-ch
 		if o.err != nil {
 			select {
@@ -292,7 +292,7 @@ func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		ch := f.dispatch(lost, i, 0)
-		wg.Go(func() { collect(i, ch, crashed) })
+		wg.Go(func() { awaitResult(i, ch, crashed) })
 	}
 	f.waitCalls(n, 2)
 	f.checkpoint(ctx, "c1")
@@ -319,7 +319,7 @@ func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
 			continue
 		}
 		ch := f.dispatch(ctx, i, 1)
-		wg.Go(func() { collect(i, ch, nil) })
+		wg.Go(func() { awaitResult(i, ch, nil) })
 	}
 	mu.Unlock()
 	if len(done) > 0 {

@@ -31,7 +31,7 @@ const (
 )
 
 // Encode writes e as a binary-mode CloudEvents NATS message (CloudEvents
-// NATS protocol binding 1.0.3 §3.1): one lower-case ce-<attribute> header
+// NATS protocol binding 1.0.3, section 3.1): one lower-case ce-<attribute> header
 // per attribute, values percent-encoded, the data as the body, and ce-id
 // repeated in Nats-Msg-Id so that the server drops a repeated publish.
 func Encode(subject string, e event.Event) (*nats.Msg, error) {
@@ -187,7 +187,7 @@ func parseBinary(attrs map[string]string, contentType string, data []byte) (even
 
 // percentEncode encodes space, double quote, percent and every byte
 // outside U+0021..U+007E as %XY with upper-case hex over the UTF-8 bytes
-// (binding §3.1.3.2).
+// (the binding's section 3.1.3.2).
 func percentEncode(s string) string {
 	needs := false
 	for i := 0; i < len(s); i++ {

@@ -14,13 +14,13 @@
 //	                       duplicate window (2 min), replicas (1 embedded, 3 on a cluster)
 //	  sp.<run>.phase.<phase>                   phase events, published by the bridge only
 //	  sp.<run>.ack.<seq>.<phase>.<member>      one ack per (phase event, member), once only
-//	  sp.<run>.outcome.<kind>                  checkpoint.committed, restore.failed, ...
+//	  sp.<run>.outcome.<noun>.<verb>           checkpoint.committed, restore.failed, ...
 //	  sp.<run>.member.<member>                 joined / left
 //	kv      sp_members     <run>.<member> heartbeats; the bucket's TTL (30 s) is the liveness
 //	kv      sp_manifests   <run>.<checkpoint>[.<member>] created once; <run>.LATEST moved by
-//	                       compare-and-set; 16 revisions of history for `nats kv history`
+//	                       compare-and-set; <run>.HEAD; 16 revisions of history
 //	kv      sp_snapshots   the owner's snapshot index: snapshot id -> checkpoints naming it
-//	object  sp_records     <run>/<checkpoint>/<member>.jsonl, a member's exported records
+//	object  sp_records     <run>/<checkpoint>/<member>.<sha256 prefix>.jsonl, exported records
 //
 // Topology holds what varies between deployments (replicas, ages, history). Provision creates
 // whatever of the layout is missing and returns a Bus, a handle on all of it; it is idempotent and

@@ -11,7 +11,7 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
-// Defaults of Config (PROTOCOL §6 and reference/nemo-gym-protocol.md §7).
+// Defaults of Config (PROTOCOL §6, Stop and Pause modes).
 const (
 	// DefaultGrace is how long Stop waits after SIGINT before SIGKILL.
 	DefaultGrace = 10 * time.Second
@@ -28,12 +28,20 @@ const (
 	// pause and stop files.
 	DefaultHoldPoll = 250 * time.Millisecond
 	// CgroupSubtree is the cgroup the supervisor creates under its own to
-	// hold the launch cgroups, when Config.CgroupRoot is not set.
+	// hold its cgroup and its launches', when Config.CgroupRoot is not
+	// set; every supervisor in that cgroup shares it.
 	CgroupSubtree = "stillpoint-sandboxd"
 	// EnvTag is the environment variable every launch gets, set to its id;
 	// every process it starts inherits it unless it clears its
 	// environment.
 	EnvTag = "STILLPOINT_LAUNCH"
+	// EnvMark is the environment variable every launch gets beside EnvTag,
+	// set to <supervisor tag>/<id>: the tag names the supervisor's state
+	// directory, so that the mark is the launch's alone on the host, where
+	// ids repeat across sandboxes and runs. It is what a stop and a
+	// restarted supervisor look for; a process with another supervisor's
+	// mark, or with the id alone, is never theirs.
+	EnvMark = "STILLPOINT_LAUNCH_MARK"
 )
 
 // Config configures a Supervisor. The zero value of every field but
@@ -47,15 +55,17 @@ type Config struct {
 	// Mode is the default pause mode of launches whose Spec names none
 	// (default: freeze where the host allows it, else stop).
 	Mode sandboxapi.Mode
-	// CgroupRoot is the cgroup v2 directory under which each launch gets
-	// its cgroup launch-<id> (default: <the supervisor's cgroup>/
-	// stillpoint-sandboxd, created if missing). A root that cannot be
-	// created or written leaves freeze unavailable.
+	// CgroupRoot is the cgroup v2 directory under which the supervisor
+	// gets a cgroup of its own, sup-<pid>-<start>-<tag> (its identity and
+	// its state directory's tag), and each launch its cgroup launch-<id> in
+	// that (default: <the supervisor's cgroup>/stillpoint-sandboxd,
+	// created if missing and removed by the last supervisor to leave it).
+	// Any number of supervisors may share it: each removes only its own
+	// cgroups, and the empty ones of supervisors that are gone. A root that
+	// cannot be created or written leaves freeze unavailable.
 	CgroupRoot string
 	// CgroupName is the name of that directory under the supervisor's own
-	// cgroup when CgroupRoot is not set (default CgroupSubtree). Supervisors
-	// that share a cgroup (sandboxes without a cgroup namespace of their
-	// own) need names of their own.
+	// cgroup when CgroupRoot is not set (default CgroupSubtree).
 	CgroupName string
 	// NoCgroup never uses cgroups: launches run in the supervisor's cgroup
 	// and freeze is unavailable, as on a host without cgroup v2.

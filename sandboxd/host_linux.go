@@ -2,8 +2,11 @@ package sandboxd
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -25,11 +28,14 @@ type linuxHost struct {
 	log     zerolog.Logger
 	self    sandboxapi.Identity
 	selfPID int
-	cgRoot  cgroup.Dir // where launch cgroups go; "" when freeze is unavailable
-	cgMade  bool       // the root is the default subtree (removed when empty)
+	tag     string     // the state directory's tag (stateTag); "" without one
+	cgRoot  cgroup.Dir // the parent shared with other supervisors; "" when freeze is unavailable
+	cgMade  bool       // the parent is the default subtree (removed when empty)
+	cgOwn   cgroup.Dir // this supervisor's own cgroup in it, holding the launch cgroups
 
-	mu     sync.Mutex
-	active map[string]*linuxLaunch
+	mu      sync.Mutex
+	active  map[string]*linuxLaunch
+	ownMade bool // cgOwn was made by this host (guarded by mu)
 }
 
 func newHost(cfg Config, log zerolog.Logger) (host, error) {
@@ -38,12 +44,21 @@ func newHost(cfg Config, log zerolog.Logger) (host, error) {
 		return nil, fmt.Errorf("sandboxd: own identity: %w", err)
 	}
 	h := &linuxHost{log: log, self: self, selfPID: os.Getpid(), active: map[string]*linuxLaunch{}}
+	if cfg.StateDir != "" {
+		if h.tag, err = stateTag(cfg.StateDir); err != nil {
+			return nil, fmt.Errorf("%w: Config.StateDir: %w", ErrInvalidConfig, err)
+		}
+	}
 	if !cfg.NoCgroup {
-		root, err := prepareCgroupRoot(cfg.CgroupRoot, cfg.CgroupName)
+		parent, err := cgroupParent(cfg.CgroupRoot, cfg.CgroupName)
+		if err == nil {
+			err = prepareCgroupParent(parent, self)
+		}
 		if err != nil {
 			log.Warn().Err(err).Msg("no writable cgroup v2: freeze unavailable, pausing in stop mode")
 		} else {
-			h.cgRoot, h.cgMade = root, cfg.CgroupRoot == ""
+			h.cgRoot, h.cgMade = parent, cfg.CgroupRoot == ""
+			h.cgOwn = parent.Child(ownCgroupName(self, h.tag))
 		}
 	}
 	return h, nil
@@ -63,8 +78,31 @@ func (h *linuxHost) modes() []sandboxapi.Mode {
 	return []sandboxapi.Mode{sandboxapi.ModeStop, sandboxapi.ModeHold}
 }
 
-// close removes the default cgroup subtree if nothing else uses it.
+// reap removes the cgroups that supervisors that are gone left in the
+// shared parent (reapCgroups).
+func (h *linuxHost) reap() {
+	if h.cgRoot != "" {
+		reapCgroups(h.cgRoot, h.log)
+	}
+}
+
+// close removes the supervisor's own cgroup (unless a launch cgroup is
+// left in it, still populated), reaps, and removes the default parent if
+// nothing else uses it.
 func (h *linuxHost) close() {
+	if h.cgRoot == "" {
+		return
+	}
+	h.mu.Lock()
+	made := h.ownMade
+	h.ownMade = false
+	h.mu.Unlock()
+	if made {
+		if err := h.cgOwn.Remove(context.Background(), time.Now().Add(reapTimeout)); err != nil {
+			h.log.Warn().Err(err).Msg("own cgroup left in place")
+		}
+	}
+	h.reap()
 	if h.cgMade {
 		_ = unix.Rmdir(string(h.cgRoot))
 	}
@@ -129,10 +167,34 @@ func lookPath(name string, env []string) (string, error) {
 	return "", fmt.Errorf("%s: executable not found in PATH", name)
 }
 
+// stateTag names the state directory dir among all on the host: 16 hex
+// digits of a hash of its resolved path, device and inode. Only one
+// supervisor at a time holds a state directory (lock), so the tag names
+// that supervisor among the live ones; a supervisor restarted on the same
+// directory gets the same tag and finds its predecessor's processes, and a
+// copy of the directory (a forked sandbox) gets another.
+func stateTag(dir string) (string, error) {
+	resolved, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(resolved, &st); err != nil {
+		return "", &os.PathError{Op: "stat", Path: resolved, Err: err}
+	}
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d\x00%d", resolved, st.Dev, st.Ino))
+	return hex.EncodeToString(sum[:8]), nil
+}
+
+// markOf is the environment entry that marks the processes of launch id
+// of the supervisor whose state directory has tag.
+func markOf(tag, id string) string { return EnvMark + "=" + tag + "/" + id }
+
 // start forks the harness in a new session (so its own process group),
 // directly into its cgroup with CLONE_INTO_CGROUP when it gets one, with
-// the tag in its environment, stdin from /dev/null and stdout and stderr
-// appended to the output file. Its exit is subscribed before it runs.
+// its id and mark in its environment, stdin from /dev/null and stdout and
+// stderr appended to the output file. Its exit is subscribed before it
+// runs.
 func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
 	argv0, err := lookPath(s.argv[0], s.env)
 	if err != nil {
@@ -142,14 +204,14 @@ func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
 	if env == nil {
 		env = os.Environ()
 	}
-	tag := EnvTag + "=" + s.id
-	env2 := make([]string, 0, len(env)+1)
+	tag := markOf(h.tag, s.id)
+	env2 := make([]string, 0, len(env)+2)
 	for _, e := range env {
-		if !strings.HasPrefix(e, EnvTag+"=") {
+		if !strings.HasPrefix(e, EnvTag+"=") && !strings.HasPrefix(e, EnvMark+"=") {
 			env2 = append(env2, e)
 		}
 	}
-	env2 = append(env2, tag)
+	env2 = append(env2, EnvTag+"="+s.id, tag)
 	out, err := os.OpenFile(s.output, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
@@ -164,7 +226,10 @@ func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
 	var cg cgroup.Dir
 	cgfd := -1
 	if s.cgroup && h.cgRoot != "" {
-		if cg, err = createLaunchCgroup(h.cgRoot, s.id); err != nil {
+		h.mu.Lock()
+		h.ownMade = true // from the first try on: close removes it if it is there
+		h.mu.Unlock()
+		if cg, err = createLaunchCgroup(h.cgRoot, h.cgOwn, s.id); err != nil {
 			return nil, fmt.Errorf("launch cgroup: %w", err)
 		}
 		if cgfd, err = cg.OpenFD(); err != nil {
@@ -276,13 +341,15 @@ func (l *linuxLaunch) roots(w *walker) []cand {
 	return out
 }
 
-// attribute says which launch an orphan of the supervisor belongs to: the
-// launch whose cgroup holds it, else whose session or process group it is
-// in, else whose tag it carries, else which last saw it, else the only
-// launch there is. An orphan that cleared its environment, left the
-// session and was never seen, while several launches run without
-// cgroups, is nobody's; the process's last supervisor kills it when it
-// stops (releaseReaper).
+// attribute says which launch a child of the process that is no launch's
+// root belongs to, on positive evidence only: the launch whose cgroup
+// holds it, else whose session or process group it is in, else whose tag
+// it carries, else whose walk last saw it in the tree. Anything else is
+// nobody's, however few launches there are: the process's children
+// include the launches of every other Supervisor in it, and processes of
+// no launch at all. An orphan that cleared its environment, left the
+// session and was never seen, without cgroups, is nobody's; the process's
+// last supervisor kills it when it stops (releaseReaper).
 func (h *linuxHost) attribute(pid int, st procfs.Stat, launches []*linuxLaunch, w *walker) *linuxLaunch {
 	var cgPath string
 	for _, l := range launches {
@@ -316,9 +383,6 @@ func (h *linuxHost) attribute(pid int, st procfs.Stat, launches []*linuxLaunch, 
 		if ok && s == st.Start {
 			return l
 		}
-	}
-	if len(launches) == 1 {
-		return launches[0]
 	}
 	return nil
 }
@@ -561,35 +625,53 @@ func (l *linuxLaunch) release() error {
 	return removeCgroup(l.cg)
 }
 
-// recoverLaunch kills what is left of a launch of a previous supervisor:
-// its cgroup, then its harness and every process with its tag or in its
-// session. True when nothing was left.
+// recoverLaunch kills what is left of a launch of a previous supervisor
+// of the state directory: its cgroup, then its harness and every process
+// with its mark or in its session. True when nothing was left. A cgroup
+// that is not a launch cgroup of a supervisor of this state directory
+// (isOwnLaunchCgroup) is left alone: the record was copied from another.
 func (h *linuxHost) recoverLaunch(ctx context.Context, rec sandboxapi.Record, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
 	ok := true
-	if rec.Cgroup != "" {
-		if _, err := os.Stat(rec.Cgroup); err == nil {
-			c := cgroup.Dir(rec.Cgroup)
-			if err := c.Kill(); err == nil {
-				got, err := c.WaitEvents(ctx, deadline, func(e cgroup.Events) bool { return !e.Populated })
-				ok = got && err == nil
-			} else {
-				ok = false
-			}
-			if ok {
-				if err := removeCgroup(c); err != nil {
-					h.log.Warn().Err(err).Str("launch", rec.ID).Msg("remove a lost launch's cgroup")
-				}
+	if rec.Cgroup != "" && !isOwnLaunchCgroup(rec.Cgroup, h.tag) {
+		h.log.Warn().Str("launch", rec.ID).Str("cgroup", rec.Cgroup).Msg("a lost launch's cgroup is not this state directory's: left alone")
+	} else if rec.Cgroup != "" {
+		ok = killLostCgroup(ctx, cgroup.Dir(rec.Cgroup), deadline)
+		if ok {
+			if err := removeCgroup(cgroup.Dir(rec.Cgroup)); err != nil {
+				h.log.Warn().Err(err).Str("launch", rec.ID).Msg("remove a lost launch's cgroup")
 			}
 		}
 	}
-	// The session rule only while the harness itself is alive: the
-	// previous supervisor may have died long ago, and once the harness and
-	// its session are gone, its pid (and so a session id) may name someone
-	// else's.
-	m := launchMark{tag: []byte(EnvTag + "=" + rec.ID)}
+	// The session rule only while the harness itself is alive and carries
+	// the mark: the previous supervisor may have died long ago, and once
+	// the harness and its session are gone, its pid (and so a session id)
+	// may name someone else's; and a record copied with its state
+	// directory (a forked sandbox) names a harness that is another
+	// supervisor's.
+	m := launchMark{tag: []byte(markOf(h.tag, rec.ID))}
 	if Alive(sandboxapi.Identity{PID: rec.PID, Start: rec.PIDStart}) {
-		m.rootPID, m.rootStart = rec.PID, rec.PIDStart
+		if has, _ := procfs.EnvironHas(rec.PID, m.tag, nil); has {
+			m.rootPID, m.rootStart = rec.PID, rec.PIDStart
+		}
 	}
 	return killMarked(ctx, m, deadline) && ok
+}
+
+// killLostCgroup kills the processes of a lost launch's cgroup and waits
+// until it is empty. A cgroup that is gone (never made, or reaped by
+// another supervisor once it was empty) holds nothing.
+func killLostCgroup(ctx context.Context, c cgroup.Dir, deadline time.Time) bool {
+	gone := func() bool {
+		_, err := os.Stat(string(c))
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	if gone() {
+		return true
+	}
+	if err := c.Kill(); err != nil {
+		return gone()
+	}
+	got, err := c.WaitEvents(ctx, deadline, func(e cgroup.Events) bool { return !e.Populated })
+	return got && err == nil || gone()
 }

@@ -219,8 +219,8 @@ func TestCheckTransition(t *testing.T) {
 }
 
 // classifyThread and classifyProcess decide when a stop-mode pause is
-// confirmed (reference/process-freeze-notes.md §2: the multi-threaded
-// trap, vfork parents, D with a stop pending).
+// confirmed (docs/SANDBOXD.md, Pausing: the multi-threaded trap, vfork
+// parents, D with a stop pending).
 func TestClassify(t *testing.T) {
 	threads := []struct {
 		state                             byte

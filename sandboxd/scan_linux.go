@@ -11,10 +11,12 @@ import (
 )
 
 // launchMark is what identifies a launch's processes anywhere on the host:
-// its environment tag, and the session and process group its harness
-// leads (a process keeps them unless it calls setsid or setpgid).
+// its mark in their environment (the supervisor's tag and the launch id:
+// ids repeat across supervisors, tags do not), and the session and
+// process group its harness leads (a process keeps them unless it calls
+// setsid or setpgid).
 type launchMark struct {
-	tag       []byte // "STILLPOINT_LAUNCH=<id>"
+	tag       []byte // "STILLPOINT_LAUNCH_MARK=<supervisor tag>/<id>"
 	rootPID   int    // 0: match the tag only
 	rootStart uint64
 }

@@ -26,9 +26,9 @@ var stopConfigs = []struct {
 	{"nocgroup", Config{Grace: 300 * time.Millisecond, NoCgroup: true}},
 }
 
-// The stop scenarios of the reference (nemo-gym-protocol.md §6.2, "stop
-// scenarios"), each checked to leave nothing behind: every process the
-// launch started is found and killed, and the receipt says interrupted.
+// The stop scenarios (PROTOCOL §6, Stop; docs/SANDBOXD.md, Stopping), each
+// checked to leave nothing behind: every process the launch started is
+// found and killed, and the receipt says interrupted.
 func TestStopScenarios(t *testing.T) {
 	requireTool(t, "setsid", "apt-get install util-linux")
 	requireTool(t, "env", "apt-get install coreutils")
@@ -37,20 +37,24 @@ func TestStopScenarios(t *testing.T) {
 		cmd  string
 		// sleeps is how many sleep processes run before the stop.
 		sleeps int
+		// unclaimed, without cgroups, is the one sleep nothing names as
+		// the launch's: the stop leaves it, and the supervisor's shutdown
+		// (the cleanup, which checks that no child is left) kills it.
+		unclaimed bool
 	}{
 		// An install step: a shell waiting on a background job.
-		{"install", `sleep 1001 & wait`, 1},
+		{"install", `sleep 1001 & wait`, 1, false},
 		// A command in a session of its own.
-		{"own session", `setsid sleep 1002 & wait`, 1},
+		{"own session", `setsid sleep 1002 & wait`, 1, false},
 		// A daemon: double fork and setsid; it is reparented to the
 		// supervisor (the subreaper).
-		{"detached daemon", `(setsid sh -c 'exec sleep 1003' &); exec sleep 1004`, 2},
+		{"detached daemon", `(setsid sh -c 'exec sleep 1003' &); exec sleep 1004`, 2, false},
 		// A child that cleared its environment: no tag, found in the tree.
-		{"cleared environment", `env -i /bin/sh -c 'sleep 1005' & wait`, 1},
+		{"cleared environment", `env -i /bin/sh -c 'sleep 1005' & wait`, 1, false},
 		// A detached child that cleared its environment: no tag, own
-		// session, not in the tree: found by its cgroup, or as the orphan
-		// of the only launch.
-		{"detached cleared environment", `(env -i setsid /bin/sleep 1006 &); exec sleep 1007`, 2},
+		// session, not in the tree: found by its cgroup; without one it is
+		// nobody's (see TestUnclaimedOrphanKilledAtShutdown).
+		{"detached cleared environment", `(env -i setsid /bin/sleep 1006 &); exec sleep 1007`, 2, true},
 	}
 	for _, c := range stopConfigs {
 		t.Run(c.name, func(t *testing.T) {
@@ -86,7 +90,14 @@ func TestStopScenarios(t *testing.T) {
 						t.Fatalf("receipt %+v", rc)
 					}
 					for _, pid := range procs {
-						if st := stateOf(pid); st != 0 && st != 'Z' {
+						st := stateOf(pid)
+						if sc.unclaimed && c.cfg.NoCgroup && commOf(pid) == "sleep" && untaggedEnv(pid) {
+							if st == 0 || st == 'Z' {
+								t.Errorf("the unclaimed orphan %d was attributed: update this test and the docs", pid)
+							}
+							continue
+						}
+						if st != 0 && st != 'Z' {
 							t.Errorf("pid %d (%s) still there in state %c", pid, commOf(pid), st)
 						}
 					}
@@ -329,4 +340,11 @@ func TestUnclaimedOrphanKilledAtShutdown(t *testing.T) {
 		t.Fatalf("orphan %d still there (%c) after the last supervisor stopped", orphan, st)
 	}
 	checkNothingLeft(t)
+}
+
+// untaggedEnv reports whether pid's environment is empty (it cleared it
+// at exec).
+func untaggedEnv(pid int) bool {
+	b, err := os.ReadFile(procfs.Path(pid, "/environ"))
+	return err == nil && len(b) == 0
 }

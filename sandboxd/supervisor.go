@@ -29,8 +29,8 @@ type Spec struct {
 	Argv []string
 	// Dir is the working directory (default: the supervisor's).
 	Dir string
-	// Env is the environment (default: the supervisor's). EnvTag=<ID> is
-	// always added.
+	// Env is the environment (default: the supervisor's). EnvTag=<ID> and
+	// EnvMark are always added (replacing any there).
 	Env []string
 	// Timeout stops the launch (as interrupted, with TimedOut) once it has
 	// run this long, paused time not counted (0: no deadline).
@@ -104,6 +104,7 @@ type host interface {
 	releaseReaper()
 	start(s startSpec) (hostLaunch, error)
 	recoverLaunch(ctx context.Context, rec sandboxapi.Record, timeout time.Duration) bool
+	reap()
 	close()
 }
 
@@ -177,6 +178,7 @@ func New(cfg Config) (*Supervisor, error) {
 // and leaves nothing behind.
 func DetectModes(cfg Config) ([]sandboxapi.Mode, error) {
 	cfg.setDefaults()
+	cfg.StateDir = "" // nothing is launched
 	h, err := newHost(cfg, cfg.Logger)
 	if err != nil {
 		return nil, err
@@ -207,11 +209,12 @@ func (s *Supervisor) defaultMode(m sandboxapi.Mode) sandboxapi.Mode {
 }
 
 // Run serves until ctx ends. It locks the state directory, makes the
-// process a child subreaper with one reap loop, and ends every launch a
+// process a child subreaper with one reap loop, ends every launch a
 // previous supervisor left unfinished (ErrSupervisorRestarted: killed, and
-// recorded as failed). When ctx ends it stops every launch (SIGINT, the
-// grace, SIGKILL; paused ones at once), waits until each is confirmed
-// gone, and returns nil.
+// recorded as failed), and removes the empty cgroups that supervisors
+// that are gone left in the shared parent. When ctx ends it stops every
+// launch (SIGINT, the grace, SIGKILL; paused ones at once), waits until
+// each is confirmed gone, and returns nil.
 func (s *Supervisor) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
@@ -233,6 +236,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return fail(err)
 	}
 	s.recoverAll(ctx)
+	s.host.reap()
 	s.log.Info().Stringer("identity", s.self).Interface("modes", s.modes).Str("state", s.cfg.StateDir).Msg("supervisor running")
 	close(s.ready)
 
@@ -319,7 +323,7 @@ func (s *Supervisor) get(id string) *launch {
 }
 
 // Launch accepts spec and starts it: in a new session and process group,
-// with EnvTag=<id> added, stdout and stderr to <state>/<id>/output.log and,
+// with EnvTag=<id> and EnvMark added, stdout and stderr to <state>/<id>/output.log and,
 // in freeze mode, in its own cgroup. If the stop file exists the launch
 // never starts (it ends interrupted); if the pause file exists it is held
 // until Continue. It returns the record once the process has started (or

@@ -1,5 +1,3 @@
-// Command sandboxd is the in-sandbox daemon: it supervises the harness
-// launch, pauses and continues it, and stops it. See `sandboxd help`.
 package main
 
 import (

@@ -1,5 +1,3 @@
-// Command stillpoint runs Stillpoint's parts: the embedded NATS server, and
-// the subcommands later capabilities add. See `stillpoint --help`.
 package main
 
 import (

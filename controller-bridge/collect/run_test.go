@@ -21,7 +21,7 @@ import (
 
 // errStopping is what the test's agent answers a rollout it will not run:
 // the answer of an agent that is shutting down (503 stopping).
-var errStopping = errors.New("the agent is stopping")
+var errStopping = errors.New("collect: the agent is stopping")
 
 // serveAgent serves agent name's run endpoint on the bus until the test
 // ends: answer gets each request's rollout id and the service's context
@@ -63,7 +63,7 @@ func serveAgent(t *testing.T, env *jstest.Env, run, name string, answer func(ctx
 // checkpoint: every call fails.
 type noController struct{}
 
-var errNoController = errors.New("this test takes no checkpoint")
+var errNoController = errors.New("collect: this test takes no checkpoint")
 
 func (noController) Checkpoint(context.Context, bridgeapi.CheckpointRequest) (*bridgeapi.CheckpointResult, error) {
 	return nil, errNoController

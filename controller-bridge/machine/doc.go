@@ -49,38 +49,23 @@
 // each; CheckTransition refuses a transition that successors does not
 // list, naming both states.
 //
-// The rules (PROTOCOL §5, Bridge rules, and §7): prepare → every member
-// ready → commit → every member manifest verified → the checkpoint
-// manifest created, which is the commit point → LATEST → outcome
-// checkpoint.committed → resume (not with stop). Any blocker, error, dead
-// member, missing ack or passed deadline aborts: the abort marker first
-// (so that no other bridge can commit the checkpoint later; §7 invariant
-// 2), then checkpoint.failed naming every blocker and member, then resume.
-// Whoever creates the checkpoint key first decides: an abort that finds a
-// manifest finishes the commit, a commit that finds a marker reports the
-// abort. A restore opens the next epoch and is all or none: on any failure
-// the next attempts of its scope are retired everywhere, the fleet
-// resumed, restore.failed reported. Acks of another epoch, sequence or
-// checkpoint are ignored (and noted); a sandbox daemon that is gone is
-// left out rather than failing the phase; acks already recorded count
-// whatever the time (the deadline waits until they are read). A release
-// deletes the bridge's side only if every member released, and keeps
-// abort markers.
+// # Rules
+//
+// PROTOCOL §5, Bridge rules, and §7: the checkpoint manifest is the commit
+// point, and an abort creates the checkpoint key as an abort marker before
+// anything else (§7, invariant 2), so whoever creates the key first
+// decides. A restore opens the next epoch and is all or none. Acks of
+// another epoch, sequence or checkpoint are ignored; a sandbox daemon
+// that is gone is left out rather than failing the phase; acks already
+// recorded count whatever the time. A release deletes the bridge's side
+// only if every member released, and keeps abort markers.
 //
 // # Recovery by replay
 //
-// The bridge keeps no state that the stream and KV do not hold (§5). A
-// bridge that starts, or finds an operation that another bridge left open,
-// reads the operation's phase events back from the stream, from its first
-// (prepare, restore, retire, forget or release) to the run's last, and
-// feeds them to a fresh machine: Recover. The machine asks what it needs
-// to know of the end (ReadManifest, ReadOutcome); Open then names the open
-// operation (Status shows it), and Replayed makes the machine carry on,
-// emitting only what remains: a phase already on the stream is not
-// published again, the acks already recorded are read back, an outcome on
-// the stream is not reported twice. A prepare left open is aborted (the
-// controller's call died with that bridge); a commit left open is finished
-// if every member exported, else aborted; a committed checkpoint is
-// finished (a stop commit whose outcome is out is closed); a restore is
-// resumed, finished or failed from its acks; a release is finished.
+// A bridge that starts reads the open operation's phase events back from
+// the stream and feeds them to a fresh machine (Recover); the machine asks
+// what it needs to know of the end (ReadManifest, ReadOutcome), Open then
+// names the open operation, and Replayed makes it carry on, emitting only
+// what remains. docs/BRIDGE.md says what each kind of open operation
+// becomes.
 package machine

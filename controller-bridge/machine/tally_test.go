@@ -81,9 +81,9 @@ func TestTally(t *testing.T) {
 	}
 }
 
-// TestTallyRefusesForeignAcks: PROTOCOL §5 "The bridge ignores acks from an
-// older epoch"; acks of another seq, checkpoint, phase or member are not
-// counted either.
+// TestTallyRefusesForeignAcks: PROTOCOL §5, Bridge rules: acks of another
+// phase, sequence, checkpoint or epoch are ignored; nor are a member's
+// outside the phase's set counted.
 func TestTallyRefusesForeignAcks(t *testing.T) {
 	a := events.Member("agent.a")
 	tl := NewTally(events.PhasePrepare, header(a))

@@ -24,8 +24,8 @@
 // its permissions. RoleUsers makes one user per Role (bridge, agent, owner, sandbox,
 // controller, admin) from seed files in a directory, creating the missing ones, with the
 // permissions of RolePermissions: only the bridge publishes phases and outcomes, a member acks
-// and heartbeats only as its own kind, only admin changes streams. Its doc says what those
-// permissions do not restrict (reading, consumers, replies; names within a role).
+// and heartbeats only as its own kind, only admin changes streams. docs/PERMISSIONS.md says what
+// those permissions do not restrict (reading, consumers, replies; names within a role).
 //
 // Shutdown, on a Server or a Cluster, stops and waits until everything has stopped; it is safe to
 // call twice. Shutdown time grows with the number of file-backed consumers (about 10 ms each).

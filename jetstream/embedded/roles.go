@@ -50,51 +50,11 @@ func SeedFile(dir string, role Role) string {
 }
 
 // RolePermissions returns what role may publish and subscribe to on the bus of run, or of
-// every run when run is "". RoleAdmin gets nil: everything.
-//
-// What is restricted, by subject (PROTOCOL §3):
-//
-//   - Phase events sp.<run>.phase.> and outcomes sp.<run>.outcome.>: the bridge only.
-//   - Acks sp.<run>.ack.<seq>.<phase>.<kind>.<name> and membership sp.<run>.member.<kind>.<name>:
-//     a member role only with its own kind (an agent acks only as agent.*).
-//   - KV writes (put, create, update, delete and purge are publishes to $KV.<bucket>.<key>):
-//     sp_members <run>.<kind>.* for a member role's own kind (and an owner's sandboxes, whose
-//     heartbeats it deletes when it stops them); member manifests <run>.<checkpoint>.<kind>.*
-//     likewise; checkpoint manifests and LATEST (any key of sp_manifests under the run) the
-//     bridge only; sp_snapshots the owner only.
-//   - The object store sp_records ($O.sp_records.> and purging its stream): the bridge, agents
-//     and owners; not sandboxes, which export no records. Object names are not restricted per
-//     member; a member's manifest carries its records' sha256 and count, and readers verify
-//     both, so tampering shows as a failed restore rather than a wrong one.
-//   - Services: a role serves (subscribes to) only spsvc.<run>.<its kind>.*.>, and calls only
-//     those it uses: agents call owners and sandboxes, the controller calls agents.
-//   - Core subscriptions to sp.<run>.>: none, but an agent's to its sandboxes' prepare acks
-//     (sp.<run>.ack.*.prepare.sandbox.*). Everything else reads the stream through JetStream.
-//   - The JetStream API: an allow list of what clients of the bus use (account info, stream
-//     and consumer info and names, message get and direct get, consumer create, delete and
-//     next). No role but admin may create, update, delete or purge a stream (but the records
-//     store's purge above), delete a message, snapshot, restore, or touch the meta group: the
-//     server provisions the bus, and no component can remove the audit log.
-//
-// What is not restricted, so not to be relied on against a hostile client of a role:
-//
-//   - Names within a role: every agent shares the agent role, so an agent can ack, heartbeat
-//     or write a manifest as another agent, and a sandbox as another sandbox; and runs, when
-//     run is "".
-//   - Reading: every role reads every stream and bucket through the JetStream API.
-//   - Consumers: every role creates and deletes consumers on any stream (KV watches and the
-//     object store use push consumers, the member runtime pull and ordered ones), including
-//     another member's durable consumer, and acks ($JS.ACK.>) any consumer's messages.
-//     nats-server 2.15 does not check a push consumer's deliver subject against its creator's
-//     publish permissions (only that it does not feed the consumer's own stream), so a client
-//     can have the server deliver messages it stored where it may (its own acks, its own KV
-//     keys, with any headers and body) onto any subject that has a subscriber: a service
-//     endpoint, another client's inbox, the agents' subscription to sandbox prepare acks (and
-//     from there into the stream), or any subject an admin subscribes to. Only separate NATS
-//     accounts, with the stream in one and the API imported into the others, would close this.
-//   - Replies: every role publishes to and subscribes to _INBOX.>, as request-reply,
-//     JetStream and the micro services need, so a client can read or forge replies meant for
-//     another.
+// every run when run is "". RoleAdmin gets nil: everything. Phases and outcomes are the bridge's
+// alone, a member role acks, heartbeats and writes manifests only as its own kind, and no role but
+// admin changes a stream. docs/PERMISSIONS.md says, subject by subject, what is restricted and what
+// is not: reading, consumers, replies and names within a role are open to every role, so the
+// permissions guard against a confused component, not a hostile one.
 func RolePermissions(role Role, run string) (*Permissions, error) {
 	r := "*"
 	if run != "" {

@@ -88,7 +88,7 @@ func (s *subject) Live() []string {
 
 // TestConformance runs the member conformance suite against the agent.
 func TestConformance(t *testing.T) {
-	membertest.Run(t, membertest.Harness{
+	membertest.Run(t, membertest.Suite{
 		Kind: events.KindAgent,
 		New: func(t *testing.T, env *jstest.Env, name events.Member) membertest.Subject {
 			a, err := newAgent(Config{Run: "run1", Name: name.Name(), JS: env.JS, Bus: env.Bus, Owner: "o1", Concurrency: 1,

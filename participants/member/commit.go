@@ -79,7 +79,7 @@ func (m *Member) writeCommit(ctx context.Context, e WriteCommit) {
 
 // export returns the records of the commit: the ones the checkpoint
 // exported already, or the participant's, taken one at a time as its
-// Export yields them (Collect). fresh is the new export, for the machine
+// Export yields them (TakeExport). fresh is the new export, for the machine
 // to keep; nil when the records were reused.
 func (m *Member) export(ctx context.Context, e WriteCommit) (records []events.Record, fresh *Export, err error) {
 	if e.Export != nil {
@@ -88,7 +88,7 @@ func (m *Member) export(ctx context.Context, e WriteCommit) (records []events.Re
 	c := e.Commit
 	var recs []events.Record
 	if x, ok := m.cfg.Participant.(Exporter); ok {
-		if recs, _, err = Collect(ctx, m.cfg.Run, c.CheckpointID, m.cfg.Member, x.Export(ctx, c)); err != nil {
+		if recs, _, err = TakeExport(ctx, m.cfg.Run, c.CheckpointID, m.cfg.Member, x.Export(ctx, c)); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -36,7 +36,7 @@
 //
 // # Records
 //
-// A commit takes the participant's export one record at a time (Collect),
+// A commit takes the participant's export one record at a time (TakeExport),
 // writes it to sp_records (WriteRecords) and creates the member manifest
 // (CreateManifest) in the loop, so that a resume handled first means the
 // manifest is never created (§5, §7 invariant 2). A restore reads and

@@ -203,8 +203,8 @@ func (m *Machine) phase(now time.Time, d events.PhaseEvent) []Effect {
 	return nil
 }
 
-// admit applies the fencing rules in the reference's order: stale, then
-// conflict, then phase.
+// admit applies the fencing rules in PROTOCOL §5's order (Fencing):
+// stale, then conflict, then phase.
 func (m *Machine) admit(h events.PhaseHeader, p events.Phase, allowed ...State) *events.AckError {
 	if m.resumedSet[h.CheckpointID] {
 		return &events.AckError{Code: events.CodeStaleCheckpoint, Detail: fmt.Sprintf("checkpoint %s was already resumed", h.CheckpointID)}

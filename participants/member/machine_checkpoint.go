@@ -51,7 +51,7 @@ func (m *Machine) readiness(now time.Time, in ReadinessReported) []Effect {
 		e := &events.AckError{Code: events.CodeInternal, Detail: "prepare: " + in.Err.Error()}
 		if m.open == id && m.state == StatePreparing {
 			// A prepare that fails reopens admission, so that state and
-			// admission never disagree (reference §1.3); the id is not fenced.
+			// admission never disagree; the id is not fenced.
 			out := m.reopen(id, false, "prepare failed", e)
 			return append(out, m.fail(p, seq, id, e))
 		}

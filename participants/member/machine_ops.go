@@ -88,7 +88,7 @@ func (m *Machine) outside(h events.PhaseHeader, p events.Phase, d events.PhaseEv
 	switch d := d.(type) {
 	case events.Retire:
 		// Mark first, then stop the work: a request sent before the retire
-		// and arriving after it is refused (reference §1.3).
+		// and arriving after it is refused (PROTOCOL §5, retire).
 		for _, ep := range d.Episodes {
 			if mark, ok := m.marks[ep.Rollout]; !ok || ep.Attempt > mark {
 				m.marks[ep.Rollout] = ep.Attempt

@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 
 // TestConformance runs the conformance suite against the test participant.
 func TestConformance(t *testing.T) {
-	membertest.Run(t, membertest.Harness{
+	membertest.Run(t, membertest.Suite{
 		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
 			return membertest.NewParticipant(name.Name())
 		},
@@ -37,7 +37,7 @@ func TestConformance(t *testing.T) {
 // TestConformanceOrdered runs the suite with every member on an ordered
 // consumer and a state file, as sandbox daemons run.
 func TestConformanceOrdered(t *testing.T) {
-	membertest.Run(t, membertest.Harness{
+	membertest.Run(t, membertest.Suite{
 		Ordered: true,
 		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
 			return membertest.NewParticipant(name.Name())
@@ -48,7 +48,7 @@ func TestConformanceOrdered(t *testing.T) {
 // TestConformanceShared runs the suite with every member fed by a Host:
 // one consumer per process, one decode per event.
 func TestConformanceShared(t *testing.T) {
-	membertest.Run(t, membertest.Harness{
+	membertest.Run(t, membertest.Suite{
 		Shared: true,
 		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
 			return membertest.NewParticipant(name.Name())
@@ -264,7 +264,7 @@ func TestLeaseExpiryResumes(t *testing.T) {
 	want(t, w.prepare(t, "c1"), events.CodeStaleCheckpoint, events.StateIdle)
 }
 
-// §3 A restarted process of the same member resumes its consumer; events
+// §3, Consumers: a restarted process of the same member resumes its consumer; events
 // older than the process that were already answered are not handled again.
 func TestOldEventsAlreadyAnswered(t *testing.T) {
 	env := jstest.Start(t)

@@ -164,13 +164,13 @@ func Digest(run, checkpoint string, m events.Member, records []events.Record) (e
 	return d.manifest(run, checkpoint, m, records)
 }
 
-// Collect takes the records of an export (Exporter) one at a time, as
+// TakeExport takes the records of an export (Exporter) one at a time, as
 // they come: each is checked and hashed as it arrives (ErrBadRecord), and
 // the stop signal (ctx) is checked before each, so that a stopped export
 // ends with ErrWriteStopped before its next record and keeps nothing. An
 // error the iteration yields fails it. It returns the records and the
 // manifest a write of them gets; nil records are an empty export.
-func Collect(ctx context.Context, run, checkpoint string, m events.Member,
+func TakeExport(ctx context.Context, run, checkpoint string, m events.Member,
 	records iter.Seq2[events.Record, error]) ([]events.Record, events.MemberManifest, error) {
 	d := newDigest()
 	var out []events.Record

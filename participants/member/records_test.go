@@ -193,12 +193,12 @@ func TestRecordsEmptyExportHasNoObject(t *testing.T) {
 // PROTOCOL §5: a commit takes its export one record at a time, hashing as
 // it goes; a stop before a record ends it there and keeps nothing, and an
 // export that fails or yields a bad record fails it.
-func TestCollect(t *testing.T) {
+func TestTakeExport(t *testing.T) {
 	recs := records(6, 10)
 	all := member.Records(recs, nil)
-	got, man, err := member.Collect(t.Context(), "run1", "c1", self, all)
+	got, man, err := member.TakeExport(t.Context(), "run1", "c1", self, all)
 	if err != nil || len(got) != 6 {
-		t.Fatalf("Collect: %d records, %v", len(got), err)
+		t.Fatalf("TakeExport: %d records, %v", len(got), err)
 	}
 	if want, _ := member.Digest("run1", "c1", self, recs); man.SHA256 != want.SHA256 || man.Count != 6 {
 		t.Fatalf("manifest %+v, want %+v", man, want)
@@ -206,7 +206,7 @@ func TestCollect(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(t.Context())
 	var pulled []int
-	got, _, err = member.Collect(ctx, "run1", "c1", self, func(yield func(events.Record, error) bool) {
+	got, _, err = member.TakeExport(ctx, "run1", "c1", self, func(yield func(events.Record, error) bool) {
 		for i, r := range recs {
 			pulled = append(pulled, i)
 			if i == 3 {
@@ -218,20 +218,20 @@ func TestCollect(t *testing.T) {
 		}
 	})
 	if !errors.Is(err, member.ErrWriteStopped) || !strings.Contains(err.Error(), "before record 3") || got != nil {
-		t.Fatalf("Collect: %d records, %v; want ErrWriteStopped before record 3 and none", len(got), err)
+		t.Fatalf("TakeExport: %d records, %v; want ErrWriteStopped before record 3 and none", len(got), err)
 	}
 	if !slices.Equal(pulled, []int{0, 1, 2, 3}) {
 		t.Fatalf("the export was asked for %v after the stop", pulled)
 	}
 
-	if _, _, err := member.Collect(t.Context(), "run1", "c1", self, member.Records(nil, member.ErrBadRecord)); !errors.Is(err, member.ErrBadRecord) {
+	if _, _, err := member.TakeExport(t.Context(), "run1", "c1", self, member.Records(nil, member.ErrBadRecord)); !errors.Is(err, member.ErrBadRecord) {
 		t.Fatalf("a failed export: %v", err)
 	}
 	bad := member.Records([]events.Record{recs[0], {Key: ""}}, nil)
-	if _, _, err := member.Collect(t.Context(), "run1", "c1", self, bad); !errors.Is(err, member.ErrBadRecord) || !strings.Contains(err.Error(), "record 1") {
+	if _, _, err := member.TakeExport(t.Context(), "run1", "c1", self, bad); !errors.Is(err, member.ErrBadRecord) || !strings.Contains(err.Error(), "record 1") {
 		t.Fatalf("a bad record: %v", err)
 	}
-	if got, man, err := member.Collect(t.Context(), "run1", "c1", self, nil); err != nil || len(got) != 0 || man.Count != 0 {
+	if got, man, err := member.TakeExport(t.Context(), "run1", "c1", self, nil); err != nil || len(got) != 0 || man.Count != 0 {
 		t.Fatalf("no export: %d records, %+v, %v", len(got), man, err)
 	}
 }

@@ -78,7 +78,7 @@ func TestConformance(t *testing.T) {
 		mu    sync.Mutex
 		provs = map[*jstest.Env]*provider.Dir{}
 	)
-	membertest.Run(t, membertest.Harness{
+	membertest.Run(t, membertest.Suite{
 		Kind: events.KindOwner,
 		New: func(t *testing.T, env *jstest.Env, name events.Member) membertest.Subject {
 			mu.Lock()

@@ -57,8 +57,10 @@
 //
 // Prepare closes admission: StartSession, SeedSession, EndSession and
 // CloseSession called while a checkpoint is open wait for its resume (or
-// for their ctx); requests already in flight finish, and Prepare reports
-// ready once none is in flight. In ModeRestartOnly Prepare reports every
+// for their ctx), but the service answers seed_session and verify 409
+// admission_closed at once (an agent parking a run may be waiting on one:
+// PROTOCOL §5, Readiness); requests already in flight finish, and Prepare
+// reports ready once none is in flight. In ModeRestartOnly Prepare reports every
 // session's episode as a restart and is ready at once.
 //
 // Export snapshots every live session's sandbox as the snapshot

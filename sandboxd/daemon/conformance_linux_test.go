@@ -27,16 +27,14 @@ import (
 // each member is a Daemon with a real Supervisor (freeze mode where cgroup
 // v2 allows it) whose work is real launches. A sandbox daemon exports and
 // installs nothing (NoRecords) and reads through an ordered consumer with
-// a state file (Ordered), as in production. The subtests run one after
-// another (Serial): a supervisor takes the children of its process that
-// no launch of its own claims for its only launch, so two supervisors with
-// launches must not share a test process.
+// a state file (Ordered), as in production. The subtests run in
+// parallel: several supervisors share the test process, each taking only
+// the processes it has positive evidence for.
 func TestConformance(t *testing.T) {
-	membertest.Run(t, membertest.Harness{
+	membertest.Run(t, membertest.Suite{
 		Kind:      events.KindSandbox,
 		Ordered:   true,
 		NoRecords: true,
-		Serial:    true,
 		New: func(t *testing.T, env *jstest.Env, name events.Member) membertest.Subject {
 			log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
 			sup, err := sandboxd.New(sandboxd.Config{StateDir: t.TempDir(), Logger: log, Grace: time.Second})

@@ -28,4 +28,6 @@
 //  3. Pause results and reports: each launch's pause or continue answers
 //     with a sandboxapi.PauseResult; the prepare and resume acks carry one
 //     events.PauseReport, the summary over all the launches touched.
+//
+// docs/SANDBOXD.md, "On the bus", is the long form.
 package daemon

@@ -5,7 +5,8 @@ import (
 	"slices"
 )
 
-// Outcome is how a launch ended (PROTOCOL §6, the launch record).
+// Outcome is how a launch ended (PROTOCOL §6, Bookmark v1: a launch ends
+// finished, interrupted or failed).
 type Outcome uint8
 
 // The outcomes. OutcomeNone is a launch that has not ended.

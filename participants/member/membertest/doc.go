@@ -8,7 +8,7 @@
 //     record (SetWriteHook) so that a test can resume in the middle of a
 //     commit's write; every call is recorded (Calls, Count).
 //   - Run: the conformance suite every participant passes (rules_*.go). A
-//     participant package supplies a Harness that builds its participant
+//     participant package supplies a Suite that builds its participant
 //     as a Subject (Pacer paces an Exporter's records; a Subject that runs
 //     its member beside other work is a Runner); the suite builds and runs
 //     the Member, plays the bridge (Bridge: phases published with

@@ -16,9 +16,9 @@ import (
 
 // checkpointRules runs the subtests of registration (§3), a checkpoint's
 // phases and their idempotence (§5), and event decoding (§4).
-func checkpointRules(t *testing.T, h Harness) {
+func checkpointRules(t *testing.T, h Suite) {
 	t.Run("§3 registration: heartbeat, served flag, joined and left", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		info, ok := s.info(a)
@@ -46,7 +46,7 @@ func checkpointRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 prepare, commit, resume: the manifest verifies", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 3)
@@ -82,7 +82,7 @@ func checkpointRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 Idempotence: a redelivered event is a no-op", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 2)
@@ -112,7 +112,7 @@ func checkpointRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 Idempotence: duplicate phases get the same reply, export once", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 3)
@@ -144,7 +144,7 @@ func checkpointRules(t *testing.T, h Harness) {
 			resumeRacingCommit(t, h)
 			return
 		}
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 4)
@@ -179,7 +179,7 @@ func checkpointRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§4 a malformed event is refused and changes nothing", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		hd.Subject.AddWork(t, 1)
@@ -202,8 +202,8 @@ func checkpointRules(t *testing.T, h Harness) {
 // wins. Either the commit was answered before the resume (its manifest
 // exists), or it was cut short (stale_checkpoint) and its manifest never
 // appears, not even after a barrier and another commit.
-func resumeRacingCommit(t *testing.T, h Harness) {
-	s := newSuite(t, h)
+func resumeRacingCommit(t *testing.T, h Suite) {
+	s := newWorld(t, h)
 	a := s.name("c0")
 	hd := s.start(a, Options{})
 	eps := hd.Subject.AddWork(t, 2)

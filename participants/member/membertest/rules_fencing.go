@@ -11,9 +11,9 @@ import (
 )
 
 // fencingRules runs the subtests of fencing, readiness and the lease (§5).
-func fencingRules(t *testing.T, h Harness) {
+func fencingRules(t *testing.T, h Suite) {
 	t.Run("§5 Fencing: stale_checkpoint after resume", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 1)
@@ -28,7 +28,7 @@ func fencingRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 Fencing: checkpoint_conflict while another is open", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 1)
@@ -41,7 +41,7 @@ func fencingRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 Fencing: invalid_phase", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 1)
@@ -59,7 +59,7 @@ func fencingRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 prepare: not ready answers its blockers before the deadline", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 2)
@@ -87,7 +87,7 @@ func fencingRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 prepare: Notify wakes a waiting prepare", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{PollEvery: time.Hour})
 		eps := hd.Subject.AddWork(t, 1)
@@ -107,7 +107,7 @@ func fencingRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 resume while a prepare waits", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 1)
@@ -120,7 +120,7 @@ func fencingRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 Lease: a member resumes by itself when the lease runs out", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		grace := 300 * time.Millisecond
 		hd := s.start(a, Options{Grace: grace})
@@ -140,7 +140,7 @@ func fencingRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 Lease: renew extends the lease, never backwards", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		grace := 20 * time.Second
 		hd := s.start(a, Options{Grace: grace})

@@ -12,9 +12,9 @@ import (
 )
 
 // restoreRules runs the subtests of restore, retire marks and epochs (§5).
-func restoreRules(t *testing.T, h Harness) {
+func restoreRules(t *testing.T, h Suite) {
 	t.Run("§5 restore: all or none, next attempts, only into a fresh member", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a, b := s.name("c0"), s.name("c1")
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 3)
@@ -83,7 +83,7 @@ func restoreRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 retire marks refuse attempts until forget", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 2)
@@ -113,7 +113,7 @@ func restoreRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 Epochs: a newer epoch supersedes a member that served", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		hd.Subject.AddWork(t, 1)
@@ -134,7 +134,7 @@ func restoreRules(t *testing.T, h Harness) {
 	})
 
 	t.Run("§5 Epochs: older epochs and phases for others are ignored", func(t *testing.T) {
-		s := newSuite(t, h)
+		s := newWorld(t, h)
 		a := s.name("c0")
 		hd := s.start(a, Options{})
 		hd.Subject.AddWork(t, 1)

@@ -37,7 +37,7 @@ type Subject interface {
 	// PaceWrites makes every export call before(ctx, index) before it
 	// yields record index (nil: no pacing), so that the suite can resume in
 	// the middle of a commit's write; Pacer does it for an Exporter.
-	// before may block until ctx is done. A Harness with NoRecords never
+	// before may block until ctx is done. A Suite with NoRecords never
 	// calls it.
 	PaceWrites(before func(ctx context.Context, index int))
 }
@@ -51,8 +51,9 @@ type Runner interface {
 	Run(ctx context.Context) error
 }
 
-// Harness is what a participant package supplies to run the suite.
-type Harness struct {
+// Suite is what a participant package supplies to run the conformance
+// suite: how to build its participant, and how its members run.
+type Suite struct {
 	// Kind is the member kind of the suite's members (default agent).
 	Kind events.MemberKind
 	// New returns a fresh participant for member name on env, holding no
@@ -73,16 +74,12 @@ type Harness struct {
 	// installs nothing, and, with no record to pace, that a resume racing
 	// a commit never leaves a manifest behind the resume.
 	NoRecords bool
-	// Serial runs the subtests one after another instead of in parallel:
-	// for a participant of which one process holds only one (a sandbox
-	// daemon's supervisor treats every child of the process as its own).
-	Serial bool
 }
 
-// suite is one subtest's world: a bus, a run, a bridge.
-type suite struct {
+// world is one subtest's world: a bus, a run, a bridge.
+type world struct {
 	t      *testing.T
-	h      Harness
+	h      Suite
 	env    *jstest.Env
 	run    string
 	bridge *Bridge
@@ -90,15 +87,13 @@ type suite struct {
 	dir    string
 }
 
-func newSuite(t *testing.T, h Harness) *suite {
-	if !h.Serial {
-		t.Parallel()
-	}
+func newWorld(t *testing.T, h Suite) *world {
+	t.Parallel()
 	env := jstest.Start(t)
-	return &suite{t: t, h: h, env: env, run: "run1", bridge: NewBridge(t, env, "run1")}
+	return &world{t: t, h: h, env: env, run: "run1", bridge: NewBridge(t, env, "run1")}
 }
 
-func (s *suite) name(n string) events.Member {
+func (s *world) name(n string) events.Member {
 	kind := s.h.Kind
 	if kind == "" {
 		kind = events.KindAgent
@@ -110,7 +105,7 @@ func (s *suite) name(n string) events.Member {
 	return m
 }
 
-func (s *suite) start(name events.Member, opts Options) *Handle {
+func (s *world) start(name events.Member, opts Options) *Handle {
 	s.t.Helper()
 	if s.h.Ordered && opts.StateFile == "" {
 		if s.dir == "" {
@@ -128,28 +123,28 @@ func (s *suite) start(name events.Member, opts Options) *Handle {
 }
 
 // phase publishes d and waits for m's ack.
-func (s *suite) phase(m events.Member, d events.PhaseEvent) events.Ack {
+func (s *world) phase(m events.Member, d events.PhaseEvent) events.Ack {
 	s.t.Helper()
 	return s.bridge.Ack(s.bridge.Publish(d), d.Phase(), m)
 }
 
-func (s *suite) prepare(m events.Member, id string, in time.Duration) events.PrepareAck {
+func (s *world) prepare(m events.Member, id string, in time.Duration) events.PrepareAck {
 	s.t.Helper()
 	return s.phase(m, events.Prepare{PhaseHeader: s.bridge.Header(id, in, m)}).(events.PrepareAck)
 }
 
-func (s *suite) commit(m events.Member, id string, scope []events.Episode, stop bool) events.CommitAck {
+func (s *world) commit(m events.Member, id string, scope []events.Episode, stop bool) events.CommitAck {
 	s.t.Helper()
 	return s.phase(m, events.Commit{PhaseHeader: s.bridge.Header(id, 10*time.Second, m), Scope: scope, Stop: stop}).(events.CommitAck)
 }
 
-func (s *suite) resume(m events.Member, id string) events.ResumeAck {
+func (s *world) resume(m events.Member, id string) events.ResumeAck {
 	s.t.Helper()
 	return s.phase(m, events.Resume{PhaseHeader: s.bridge.Header(id, 10*time.Second, m)}).(events.ResumeAck)
 }
 
 // expect fails unless ack a has error code (""=ok) and state.
-func (s *suite) expect(a events.Ack, code string, state events.State) {
+func (s *world) expect(a events.Ack, code string, state events.State) {
 	s.t.Helper()
 	h := a.Header()
 	if got := Code(a); got != code || h.State != state {
@@ -163,7 +158,7 @@ func (s *suite) expect(a events.Ack, code string, state events.State) {
 
 // checkpoint prepares, commits (scope) and resumes id on m, and returns the
 // commit's manifest.
-func (s *suite) checkpoint(m events.Member, id string, scope []events.Episode) events.MemberManifest {
+func (s *world) checkpoint(m events.Member, id string, scope []events.Episode) events.MemberManifest {
 	s.t.Helper()
 	s.expect(s.prepare(m, id, 10*time.Second), "", events.StatePrepared)
 	c := s.commit(m, id, scope, false)
@@ -190,7 +185,7 @@ func nextKeys(eps []events.Episode) []string {
 	return out
 }
 
-func (s *suite) info(m events.Member) (events.MemberInfo, bool) {
+func (s *world) info(m events.Member) (events.MemberInfo, bool) {
 	s.t.Helper()
 	e, err := s.env.Bus.Members.Get(s.t.Context(), events.MemberKey(s.run, m))
 	if errors.Is(err, natsjs.ErrKeyNotFound) {
@@ -206,7 +201,7 @@ func (s *suite) info(m events.Member) (events.MemberInfo, bool) {
 	return info, true
 }
 
-func (s *suite) lastMembership(m events.Member) events.Data {
+func (s *world) lastMembership(m events.Member) events.Data {
 	s.t.Helper()
 	raw, err := s.env.Bus.Stream.GetLastMsgForSubject(s.t.Context(), events.MemberSubject(s.run, m))
 	if err != nil {
@@ -222,9 +217,9 @@ func (s *suite) lastMembership(m events.Member) events.Data {
 // Run runs the conformance suite against the participant h builds. Every
 // subtest runs against a real embedded NATS server of its own; the suite
 // plays the bridge. Subtest names cite the PROTOCOL section they check.
-func Run(t *testing.T, h Harness) {
+func Run(t *testing.T, h Suite) {
 	if h.New == nil {
-		t.Fatal("membertest: Harness.New is required")
+		t.Fatal("membertest: Suite.New is required")
 	}
 	checkpointRules(t, h)
 	fencingRules(t, h)

@@ -65,7 +65,7 @@ type SessionRef struct {
 type VerifyRequest struct {
 	SessionID string `json:"session_id"`
 	// End ends the session once it is graded: the agent that asks leaves
-	// the sandbox to the owner (PROTOCOL §6, the cleanup rule).
+	// the sandbox to the owner (the cleanup rule of package agent).
 	End bool `json:"end,omitempty"`
 }
 

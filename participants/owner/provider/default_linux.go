@@ -39,7 +39,8 @@ func Default(stateDir string) (*Overlay, *Dir, error) {
 }
 
 // probe mounts an overlay of an empty directory and makes a cgroup under
-// CgroupParent, checks that it can freeze and be killed, and removes both.
+// CgroupParent, checks that it can freeze and be killed, and removes both
+// (and the parent, as Stop of the last sandbox does).
 func (o *Overlay) probe() (err error) {
 	dir, err := os.MkdirTemp(o.cfg.StateDir, ".probe-")
 	if err != nil {
@@ -60,11 +61,11 @@ func (o *Overlay) probe() (err error) {
 	if err := unix.Unmount(paths[3], 0); err != nil {
 		return fmt.Errorf("unmount overlay: %w", err)
 	}
-	if err := os.MkdirAll(o.cfg.CgroupParent, 0o755); err != nil {
-		return fmt.Errorf("cgroup parent: %w", err)
-	}
-	cg, err := cgroup.Create(filepath.Join(o.cfg.CgroupParent, filepath.Base(dir)))
-	if err != nil {
+	// The parent it made goes again (unless a sandbox left on disk is in
+	// it): an owner that never starts a sandbox leaves no cgroup.
+	defer o.dropParent()
+	cg := cgroup.Dir(o.cfg.CgroupParent).Child(filepath.Base(dir))
+	if err := o.createCgroup(cg); err != nil {
 		return fmt.Errorf("make cgroup: %w", err)
 	}
 	defer func() { err = errors.Join(err, unix.Rmdir(string(cg))) }()

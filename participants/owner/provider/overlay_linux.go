@@ -64,7 +64,11 @@ type OverlayConfig struct {
 	// CgroupParent is the cgroup v2 directory under which each sandbox
 	// gets <CgroupParent>/<id>. Default <cgroup v2 mount>/stillpoint-sandboxes/<h>,
 	// h naming StateDir (8 hex digits of its sha256), so that owners with
-	// different state directories never share a cgroup name.
+	// different state directories never share a cgroup name; the default
+	// one is made when a sandbox needs it, marked with the owner's process
+	// identity, and removed when no sandbox is left in it, and an empty
+	// one whose owner is gone is removed by the next provider beside it
+	// (cgroup_linux.go).
 	CgroupParent string
 	// FreezeTimeout: default DefaultFreezeTimeout.
 	FreezeTimeout time.Duration
@@ -300,10 +304,7 @@ func (o *Overlay) create(ctx context.Context, box *overlayBox, spec Spec, snapsh
 		return err
 	}
 	cg := o.cgroup(spec.ID)
-	if err := os.MkdirAll(o.cfg.CgroupParent, 0o755); err != nil {
-		return err
-	}
-	if _, err := cgroup.Create(string(cg)); err != nil {
+	if err := o.createCgroup(cg); err != nil {
 		return err
 	}
 	box.env = withDefaults(spec.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root")
@@ -434,8 +435,8 @@ func (o *Overlay) Stop(ctx context.Context, id string) error {
 	if err := o.boxes.stop(id, newOverlayBox, o.teardown); err != nil {
 		return err
 	}
-	if o.defaultParent && o.boxes.empty() {
-		_ = os.Remove(o.cfg.CgroupParent) // best effort: fails while a sandbox is left on disk
+	if o.boxes.empty() {
+		o.dropParent()
 	}
 	return nil
 }

@@ -2,8 +2,6 @@ package cli
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -53,18 +51,15 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	// In a sandbox whose processes see the host's paths (the dir provider
 	// sets STILLPOINT_SANDBOX_ROOT, provider.RootEnv), the paths given are
-	// inside the sandbox: under its root.
-	cgName := ""
+	// inside the sandbox: under its root. Such sandboxes share their
+	// owner's cgroup, and so the parent of their supervisors' cgroups, in
+	// which each supervisor has one of its own.
 	if r := os.Getenv("STILLPOINT_SANDBOX_ROOT"); r != "" {
 		for _, p := range []*string{state, creds, nkey} {
 			if filepath.IsAbs(*p) {
 				*p = filepath.Join(r, *p)
 			}
 		}
-		// Such sandboxes share their owner's cgroup: launch cgroups go
-		// under a directory of this sandbox's own.
-		sum := sha256.Sum256([]byte(r))
-		cgName = sandboxd.CgroupSubtree + "-" + hex.EncodeToString(sum[:4])
 	}
 	mode, lvl, err := parseModeAndLevel(*modeName, *level)
 	if err != nil {
@@ -90,7 +85,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1
 	}
-	sup, err := sandboxd.New(sandboxd.Config{StateDir: *state, Mode: mode, Grace: *grace, CgroupRoot: *root, CgroupName: cgName, NoCgroup: *noCg, Logger: log})
+	sup, err := sandboxd.New(sandboxd.Config{StateDir: *state, Mode: mode, Grace: *grace, CgroupRoot: *root, NoCgroup: *noCg, Logger: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1

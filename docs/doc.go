@@ -1,0 +1,13 @@
+// Package docs holds the project's documentation pages (*.md beside this
+// file) and the tests that keep them and the code's own documentation true:
+//
+//   - every package has a doc.go that carries its package comment
+//     ("Package <name> ..." or, for a main package, "Command <dir> ...");
+//   - every exported name has a doc comment that starts with the name;
+//   - every path/file.go that ARCHITECTURE.md names exists, and every
+//     function, method or type it names in that file is declared there;
+//   - every § reference of the code and of these pages names a section
+//     that PROTOCOL.md has.
+//
+// `make lint` runs them (go test ./docs); so does `make test`.
+package docs
