@@ -15,6 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -47,6 +48,7 @@ func startBridgeProcess(t *testing.T, env *jstest.Env, failpoints string) (*chil
 // exists, a failed checkpoint has an abort marker and never a manifest, a
 // committed one is LATEST, every member has reopened, and the run goes on.
 func TestBridgeCrashDuringCheckpoint(t *testing.T) {
+	tier.E2E(t)
 	cases := []struct {
 		failpoint string
 		block     bool // a blocker makes the prepare fail, to reach the abort path
@@ -129,6 +131,7 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 // with a fleet that installs (completed) and one where a member fails
 // (failed: the next attempts retired everywhere).
 func TestBridgeCrashDuringRestore(t *testing.T) {
+	tier.E2E(t)
 	cases := []struct {
 		failpoint string
 		fail      bool
@@ -215,6 +218,7 @@ func TestBridgeCrashDuringRestore(t *testing.T) {
 // the bridge, and a kill -9 of one of them fails the next checkpoint at
 // once, naming it.
 func TestFleetOfProcesses(t *testing.T) {
+	tier.E2E(t)
 	env := jstest.Start(t, jstest.WithTopology(jetstream.Topology{MemberTTL: 3 * time.Second}))
 	var procs []*child.Process
 	for _, name := range []string{"agent.p0", "owner.p1"} {
@@ -252,6 +256,7 @@ func TestFleetOfProcesses(t *testing.T) {
 // TestBridgeCrashDuringRelease: a bridge killed after publishing a release
 // leaves it to the next bridge, which finishes the deletion and reports it.
 func TestBridgeCrashDuringRelease(t *testing.T) {
+	tier.E2E(t)
 	env := jstest.Start(t)
 	hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
 	b := startBridge(t, env, bridge.Config{})

@@ -12,6 +12,7 @@ import (
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/scripted"
@@ -53,6 +54,7 @@ func reward(t testing.TB, res agentapi.Result) float64 {
 // after each (one launch, two pauses), and finishes with its grade; no
 // model call is repeated and no user turn injected.
 func TestPausedLaunchContinuesInPlace(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 1, toolSeconds: 4, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -150,6 +152,7 @@ func (f *fleet) checkLedger(restoredFrom time.Time) {
 // rollout relaunches in its fork on the saved session, continues it, and
 // finishes with a full grade and no repeated model call.
 func TestCrashRestoreRelaunchesOnSavedSession(t *testing.T) {
+	tier.E2E(t)
 	const n = 4
 	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 3, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
@@ -204,6 +207,7 @@ func TestCrashRestoreRelaunchesOnSavedSession(t *testing.T) {
 // registered at its seed bookmark; a checkpoint exports it there instead of
 // waiting for it, and it runs after the resume.
 func TestQueuedRunExportedAtSeed(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 2, concurrency: 1, toolSeconds: 3, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -236,6 +240,7 @@ func TestQueuedRunExportedAtSeed(t *testing.T) {
 // not pause gets its launch stopped at prepare (the daemon leaves it
 // alone) and relaunched after the resume on its saved session.
 func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 1, noPause: true, toolSeconds: 3, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -265,6 +270,7 @@ func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 // has its restored attempt retired instead of run again; no model call is
 // repeated and no user turn injected.
 func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
+	tier.E2E(t)
 	const n = 64
 	f := startFleet(t, fleetOptions{n: n, agents: 2, concurrency: n, toolSeconds: 1.5, steps: 2})
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)

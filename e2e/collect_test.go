@@ -18,6 +18,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
@@ -149,6 +150,7 @@ func (f *fleet) latest(ctx context.Context) string {
 // the collection goes on to write every result exactly once; at the end
 // --keep 0 releases everything.
 func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 2, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -187,6 +189,7 @@ func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
 // and owner) and the rerun restores LATEST, continues the parked rollouts
 // and ends with each result written exactly once.
 func TestCollectSIGTERMStopsAndTheRerunRestores(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 3, steps: 1})
 	c := f.collector(t)
 	c.start()
@@ -225,6 +228,7 @@ func TestCollectSIGTERMStopsAndTheRerunRestores(t *testing.T) {
 // lives on, and the rerun asks again for the attempts in flight: every
 // result is written exactly once and no model call is repeated.
 func TestCollectKilledAndRerun(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 2, steps: 1})
 	c := f.collector(t)
 	c.start("--checkpoint-every", "1s")
@@ -249,6 +253,7 @@ func TestCollectKilledAndRerun(t *testing.T) {
 // attempt later, asks the other agent again for its own, and every result
 // is written exactly once.
 func TestCollectAgentRestartedUnderIt(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 3, steps: 1})
 	c := f.collector(t)
 	c.start()

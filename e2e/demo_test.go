@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/tier"
 )
 
 // demoLine is the demo's last line (issue 7).
@@ -54,13 +55,17 @@ func runDemo(t *testing.T, args ...string) {
 // TestDemo runs the README's first command: the whole system on one
 // machine, each component its own process, through 3 checkpoints and a
 // kill -9 of the agents and the owner.
-func TestDemo(t *testing.T) { runDemo(t) }
+func TestDemo(t *testing.T) {
+	tier.E2E(t)
+	runDemo(t)
+}
 
 // TestDemoOnAClusterWithCredentials runs the demo against a 3-node cluster
 // that `stillpoint server --cluster --auth-dir` runs as its own process,
 // every component a separate process with its own role's nkey: the
 // multi-node set-up of the README.
 func TestDemoOnAClusterWithCredentials(t *testing.T) {
+	tier.E2E(t)
 	b := buildBins(t)
 	dir := t.TempDir()
 	auth := filepath.Join(dir, "auth")
@@ -79,4 +84,7 @@ func TestDemoOnAClusterWithCredentials(t *testing.T) {
 // TestDemoOnTheDirProvider runs the demo on the provider a machine without
 // root gets: sandboxes are plain directories whose processes see the host's
 // paths (the agent and sandboxd put paths under the sandbox's root).
-func TestDemoOnTheDirProvider(t *testing.T) { runDemo(t, "--provider", "dir") }
+func TestDemoOnTheDirProvider(t *testing.T) {
+	tier.E2E(t)
+	runDemo(t, "--provider", "dir")
+}

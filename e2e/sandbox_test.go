@@ -15,6 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -60,6 +61,7 @@ func execOut(t *testing.T, p owner.Execer, id, script string) string {
 // sandbox goes on writing, and the final release and the session's end
 // leave no sandbox, snapshot, mount or cgroup behind.
 func TestCheckpointOfALiveSandbox(t *testing.T) {
+	tier.E2E(t)
 	bin := build.StaticForTest(t, build.Sandboxd)[build.Sandboxd]
 	env := jstest.Start(t)
 	p, err := provider.NewOverlay(provider.OverlayConfig{StateDir: t.TempDir()})

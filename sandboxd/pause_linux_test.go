@@ -15,6 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -337,6 +338,7 @@ func TestUnconfirmedPauseFallsBack(t *testing.T) {
 // without end, so vfork parents in D are caught all the time: none may
 // fail, in freeze and in stop mode (the reference's walk failed 19 of 35).
 func TestForkStorm50Pauses(t *testing.T) {
+	tier.Long(t)
 	for _, pm := range pauseModes {
 		t.Run(pm.name, func(t *testing.T) {
 			s := startSupervisor(t, pm.cfg)
@@ -373,6 +375,7 @@ func TestForkStorm50Pauses(t *testing.T) {
 // nothing: it goes on and prints rc=0. In stop mode this takes stopping the
 // shell before its command and continuing the command first.
 func TestJobControlShell(t *testing.T) {
+	tier.Long(t)
 	requireTool(t, "bash", "apt-get install bash")
 	for _, pm := range pauseModes {
 		t.Run(pm.name, func(t *testing.T) {
@@ -551,6 +554,7 @@ func TestHoldMode(t *testing.T) {
 // for 800 ms is still running 1.2 s after its start, and is stopped as
 // timed out only after deadline + paused time.
 func TestDeadlineExcludesPausedTime(t *testing.T) {
+	tier.Long(t)
 	for _, pm := range pauseModes {
 		t.Run(pm.name, func(t *testing.T) {
 			cfg := pm.cfg

@@ -13,6 +13,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -26,6 +27,7 @@ import (
 // roles, the daemon connects with the sandbox role's nkey (--nkey) and the
 // agent calls it with the agent role's.
 func TestStaticMemberBinary(t *testing.T) {
+	tier.E2E(t)
 	bin := build.StaticForTest(t, build.Sandboxd)[build.Sandboxd]
 	t.Run("open", func(t *testing.T) { memberBinary(t, bin, jstest.Start(t), nil) })
 	t.Run("roles", func(t *testing.T) {

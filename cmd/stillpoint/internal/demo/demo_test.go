@@ -7,6 +7,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
@@ -24,9 +25,7 @@ var summaryLine = regexp.MustCompile(`(?m)^demo: 4 rollouts, 4 results, \d+ cont
 // ok, and stops everything it started (TestMain checks its goroutines; the
 // e2e package runs the whole demo as the README does).
 func TestDemoInProcess(t *testing.T) {
-	if testing.Short() {
-		t.Skip("long: the whole demo, processes and sandboxes (make test-short skips it; make test runs it)")
-	}
+	tier.E2E(t)
 	bin := build.StaticForTest(t, build.Stillpoint)[build.Stillpoint]
 	out, errb := &jstest.Buffer{}, &jstest.Buffer{}
 	env := Env{Stdout: out, Stderr: errb, Conn: &jetstream.ConnConfig{}, Program: bin}
