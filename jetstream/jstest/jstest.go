@@ -286,10 +286,10 @@ func (v *violations) check(t testing.TB) {
 // resetPendingAcksOnReconnect; that goroutine reads the context's status
 // channel once it runs, under the publisher's lock. Put ends with
 // cleanupReplySub, which removes the status listener and sets that field to
-// nil under the same lock. When Put ends before the goroutine first ran
-// (a loaded machine's scheduler delays it: one Put in a hundred, with two
-// CPU hogs beside the tests), the goroutine reads nil and blocks on a nil
-// channel for good: no close of the connection or of anything else can
+// nil under the same lock. When Put ends before the goroutine first ran (a
+// loaded machine's scheduler delays it: about one Put in two hundred with
+// two CPU hogs beside the tests), the goroutine reads nil and blocks on a
+// nil channel for good: no close of the connection or of anything else can
 // end it. Every other goroutine of nats.go ends once jstest closed the
 // connection, and is waited for, so it needs no ignore.
 func LeakOptions() []leak.Option {
