@@ -1,5 +1,12 @@
 # Stillpoint's build and test targets. `make test` is the test command the
 # README and CI use; everything it needs is fetched by the go command.
+# `make help` lists the targets.
+#
+# The tests come in tiers (internal/tier marks which test is in which):
+#   make test-short   unit and conformance tests (-short), under a minute
+#   make e2e          the end-to-end tests: package e2e and E2E_RUN below
+#   make test         every test: the two above and the long unit tests
+#   make test-loaded  make test with a CPU hog on every core beside it
 
 GO        ?= go
 # An execution count, not a duration: Go 1.26's fuzz coordinator can report
@@ -7,8 +14,14 @@ GO        ?= go
 # load (go.dev/issue/75804, fixed in 1.27). 400,000 runs take about 15 s here.
 FUZZTIME  ?= 400000x
 PKGS      ?= ./...
+# The end-to-end tests outside package e2e (those that call tier.E2E;
+# internal/tier's test keeps this list and them in step), and their packages.
+E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestDemoInProcess)$$'
+E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/
+# The CPU hogs of test-loaded: one per core.
+HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all build test lint fuzz bench ci clean
+.PHONY: all help build test test-short e2e test-loaded lint fuzz bench ci clean
 
 all: build
 
@@ -16,9 +29,32 @@ build:
 	$(GO) build $(PKGS)
 	CGO_ENABLED=0 $(GO) build -o bin/stillpoint ./cmd/stillpoint
 
+## help: list the targets.
+help:
+	@sed -n 's/^## //p' $(MAKEFILE_LIST)
+
 ## test: every test, with the race detector (the README's test command).
 test:
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+## test-short: the unit and conformance tests (-race -short): the end-to-end
+## and long tests skip themselves. Under a minute on 2 cores.
+test-short:
+	$(GO) test -race -short -count=1 -timeout 10m $(PKGS)
+
+## e2e: the end-to-end tests: package e2e, and E2E_RUN in E2E_PKGS (the
+## bridge's crash and process tests, the static sandboxd, the demo in-process).
+e2e:
+	$(GO) test -race -count=1 -timeout 20m ./e2e/...
+	$(GO) test -race -count=1 -timeout 20m -run $(E2E_RUN) $(E2E_PKGS)
+
+## test-loaded: make test with HOGS CPU hogs (sha256sum /dev/zero, one per
+## core) beside it, killed when the tests end, whatever their result.
+test-loaded:
+	@hogs=""; for i in $$(seq $(HOGS)); do sha256sum /dev/zero & hogs="$$hogs $$!"; done; \
+	trap 'kill $$hogs 2>/dev/null; wait $$hogs 2>/dev/null' EXIT INT TERM; \
+	echo "== make test beside $(HOGS) CPU hogs (pids$$hogs)"; \
+	$(MAKE) --no-print-directory test
 
 ## lint: gofmt must have nothing to say, go vet must pass, and the docs'
 ## checks (a doc.go per package, a doc comment per exported name, every

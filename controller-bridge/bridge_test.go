@@ -12,6 +12,7 @@ import (
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
@@ -41,7 +42,7 @@ func TestCheckpointCommits(t *testing.T) {
 	if st.Latest == nil || st.Latest.CheckpointID != "c1" || st.Open != "" || st.LastPhase != events.PhaseResume {
 		t.Fatalf("status %+v", st)
 	}
-	waitFor(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
+	poll.Wait(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
 
 	// Asking again for c1 returns its result and publishes nothing.
 	again, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"})
@@ -87,7 +88,7 @@ func TestCheckpointAbortsOnBlocker(t *testing.T) {
 	if m := manifestOf(t, env, "c1"); m == nil || !m.Aborted {
 		t.Fatalf("checkpoint key after an abort: %+v", m)
 	}
-	waitFor(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
+	poll.Wait(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
 	if st, _ := b.Status(ctx(t)); st.Latest != nil {
 		t.Errorf("LATEST moved by an aborted checkpoint: %+v", st.Latest)
 	}
@@ -107,7 +108,7 @@ func TestCheckpointAbortsOnDeadMember(t *testing.T) {
 	hs[2].Participant.Block(events.Episode{Rollout: "t2-r0"})
 	go func() {
 		// Stop the blocked member while the bridge waits on it.
-		waitFor(t, 10*time.Second, "prepare to reach t2", func() bool { return hs[2].Participant.Count("prepare") > 0 })
+		poll.Wait(t, 10*time.Second, "prepare to reach t2", func() bool { return hs[2].Participant.Count("prepare") > 0 })
 		_ = hs[2].Stop()
 	}()
 	start := time.Now()
@@ -354,7 +355,7 @@ func TestHeldCheckpoint(t *testing.T) {
 		t.Errorf("a second checkpoint while one is held: %v", err)
 	}
 	// Outlive two phase timeouts: renewals keep the fleet parked.
-	waitFor(t, 5*time.Second, "two renewals", func() bool {
+	poll.Wait(t, 5*time.Second, "two renewals", func() bool {
 		st, err := b.Status(ctx(t))
 		return err == nil && st.Seq >= 3
 	})
@@ -367,7 +368,7 @@ func TestHeldCheckpoint(t *testing.T) {
 	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("commit: %+v %v", res, err)
 	}
-	waitFor(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
+	poll.Wait(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
 }
 
 // TestTimeline reads a checkpoint back from the stream as the post-mortem
@@ -391,7 +392,7 @@ func testTimeline(t *testing.T, env *jstest.Env) {
 		"checkpoint.committed", "phase.resume", "ack.resume", "ack.resume"}
 	// The bridge does not wait for resume acks: read until they are in.
 	var entries []bridge.TimelineEntry
-	waitFor(t, 10*time.Second, "the resume acks", func() bool {
+	poll.Wait(t, 10*time.Second, "the resume acks", func() bool {
 		var err error
 		if entries, err = bridge.ReadTimeline(ctx(t), env.JS, run, "c2"); err != nil {
 			t.Fatal(err)
@@ -446,7 +447,7 @@ func TestSecondBridgeFencesTheFirst(t *testing.T) {
 	if m := manifestOf(t, env, "x"); m == nil || !m.Aborted {
 		t.Fatalf("x after the zombie's commit: %+v", m)
 	}
-	waitFor(t, 5*time.Second, "the fleet to reopen", func() bool { return allOpen(hs) })
+	poll.Wait(t, 5*time.Second, "the fleet to reopen", func() bool { return allOpen(hs) })
 	if st, _ := second.Status(ctx(t)); st.Latest == nil || st.Latest.CheckpointID != "y" {
 		t.Fatalf("LATEST %+v, want y", st.Latest)
 	}

@@ -3,6 +3,7 @@ package bridge_test
 import (
 	"context"
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -12,18 +13,29 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
 
+// listeningRE is the line a bridge process prints once it serves.
+var listeningRE = regexp.MustCompile(`(?m)^listening (\S+)$`)
+
 // startBridgeProcess starts a bridge as its own process, armed with the
 // failpoints given, and returns it with a client of its API.
-func startBridgeProcess(t *testing.T, env *jstest.Env, failpoints string) (*proc, *client.Client) {
+func startBridgeProcess(t *testing.T, env *jstest.Env, failpoints string) (*child.Process, *client.Client) {
 	t.Helper()
 	p := spawn(t, env, "bridge", failpoint.Env+"="+failpoints)
-	addr := p.line(t, "listening ", 30*time.Second)
-	c, err := client.New("http://"+addr, testToken)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	m, err := p.WaitOutput(ctx, listeningRE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New("http://"+m[1], testToken)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,6 +48,7 @@ func startBridgeProcess(t *testing.T, env *jstest.Env, failpoints string) (*proc
 // exists, a failed checkpoint has an abort marker and never a manifest, a
 // committed one is LATEST, every member has reopened, and the run goes on.
 func TestBridgeCrashDuringCheckpoint(t *testing.T) {
+	tier.E2E(t)
 	cases := []struct {
 		failpoint string
 		block     bool // a blocker makes the prepare fail, to reach the abort path
@@ -71,10 +84,10 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 			if res, err := cl.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 1500}); err == nil {
 				t.Fatalf("the bridge answered %+v instead of dying at %s", res, c.failpoint)
 			}
-			dying.wait(t, 30*time.Second)
+			exited(t, dying, 30*time.Second)
 			if c.late {
 				// Acks already on the bus count after the deadline too.
-				waitFor(t, 10*time.Second, "the phase deadline to pass", func() bool { return time.Since(asked) > 3*time.Second })
+				poll.Wait(t, 10*time.Second, "the phase deadline to pass", func() bool { return time.Since(asked) > 3*time.Second })
 			}
 			if c.block {
 				hs[0].Participant.Unblock(events.Episode{Rollout: "t0-r0"})
@@ -106,7 +119,7 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 					t.Errorf("failed c1: manifest %+v (want an abort marker), LATEST %+v", m, st.Latest)
 				}
 			}
-			waitFor(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
+			poll.Wait(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
 			if res, err := cl.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridgeapi.StatusCommitted {
 				t.Fatalf("the run does not go on: %+v %v", res, err)
 			}
@@ -118,6 +131,7 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 // with a fleet that installs (completed) and one where a member fails
 // (failed: the next attempts retired everywhere).
 func TestBridgeCrashDuringRestore(t *testing.T) {
+	tier.E2E(t)
 	cases := []struct {
 		failpoint string
 		fail      bool
@@ -160,9 +174,9 @@ func TestBridgeCrashDuringRestore(t *testing.T) {
 			if res, err := cl.Restore(cctx, bridgeapi.RestoreRequest{ID: "r1", TimeoutMS: 1500}); err == nil {
 				t.Fatalf("the bridge answered %+v instead of dying", res)
 			}
-			dying.wait(t, 30*time.Second)
+			exited(t, dying, 30*time.Second)
 			if c.late {
-				waitFor(t, 10*time.Second, "the phase deadline to pass", func() bool { return time.Since(asked) > 3*time.Second })
+				poll.Wait(t, 10*time.Second, "the phase deadline to pass", func() bool { return time.Since(asked) > 3*time.Second })
 			}
 			_, cl = startBridgeProcess(t, env, "")
 			st, err := cl.Status(cctx)
@@ -186,7 +200,7 @@ func TestBridgeCrashDuringRestore(t *testing.T) {
 			if outcome != want {
 				t.Fatalf("outcome %q, want %q", outcome, want)
 			}
-			waitFor(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(fresh) })
+			poll.Wait(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(fresh) })
 			if c.fail {
 				for _, h := range fresh {
 					if err := h.Member.Admit(events.Episode{Rollout: "t0-r0", Attempt: 1}); err == nil {
@@ -204,8 +218,9 @@ func TestBridgeCrashDuringRestore(t *testing.T) {
 // the bridge, and a kill -9 of one of them fails the next checkpoint at
 // once, naming it.
 func TestFleetOfProcesses(t *testing.T) {
+	tier.E2E(t)
 	env := jstest.Start(t, jstest.WithTopology(jetstream.Topology{MemberTTL: 3 * time.Second}))
-	var procs []*proc
+	var procs []*child.Process
 	for _, name := range []string{"agent.p0", "owner.p1"} {
 		procs = append(procs, spawn(t, env, "member", nameEnv+"="+name, episodesEnv+"=3"))
 	}
@@ -217,10 +232,11 @@ func TestFleetOfProcesses(t *testing.T) {
 	if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Continued) != 6 {
 		t.Fatalf("%+v %v", res, err)
 	}
-	if err := procs[1].cmd.Process.Kill(); err != nil {
+	kctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := procs[1].Kill(kctx); err != nil {
 		t.Fatal(err)
 	}
-	procs[1].wait(t, 10*time.Second)
 	start := time.Now()
 	res, err = b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2", TimeoutMS: 30000})
 	if err != nil {
@@ -240,6 +256,7 @@ func TestFleetOfProcesses(t *testing.T) {
 // TestBridgeCrashDuringRelease: a bridge killed after publishing a release
 // leaves it to the next bridge, which finishes the deletion and reports it.
 func TestBridgeCrashDuringRelease(t *testing.T) {
+	tier.E2E(t)
 	env := jstest.Start(t)
 	hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
 	b := startBridge(t, env, bridge.Config{})
@@ -254,7 +271,7 @@ func TestBridgeCrashDuringRelease(t *testing.T) {
 	if res, err := cl.Release(cctx, bridgeapi.ReleaseRequest{KeepLatest: 1}); err == nil {
 		t.Fatalf("the bridge answered %+v instead of dying", res)
 	}
-	dying.wait(t, 30*time.Second)
+	exited(t, dying, 30*time.Second)
 	_, cl = startBridgeProcess(t, env, "")
 	if st, err := cl.Status(cctx); err != nil || st.Open != "" || len(st.Checkpoints) != 1 || st.Checkpoints[0].CheckpointID != "c2" {
 		t.Fatalf("after recovery: %+v %v", st, err)

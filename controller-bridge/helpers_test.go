@@ -11,10 +11,10 @@ import (
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
-	"go.uber.org/goleak"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 	case "member":
 		os.Exit(memberProcess())
 	}
-	goleak.VerifyTestMain(m, jstest.LeakOptions()...)
+	leak.VerifyTestMain(m, jstest.LeakOptions()...)
 }
 
 const run = "run1"
@@ -123,12 +123,6 @@ func manifestOf(t testing.TB, env *jstest.Env, id string) *events.CheckpointMani
 		t.Fatal(err)
 	}
 	return &m
-}
-
-// waitFor is jstest.WaitFor.
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	jstest.WaitFor(t, within, what, cond)
 }
 
 // allOpen reports whether every participant has admission open again.

@@ -1,17 +1,13 @@
 package bridge_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +16,7 @@ import (
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
@@ -115,94 +112,21 @@ func memberProcess() int {
 	return 0
 }
 
-// proc is a child process of the test.
-type proc struct {
-	cmd  *exec.Cmd
-	out  chan string
-	done chan struct{}
-	mu   sync.Mutex
-	logs strings.Builder
+// spawn re-executes the test binary in a role. Its output goes to the
+// test log on failure; the test's cleanup stops and reaps it (SIGTERM,
+// then SIGKILL to its group after 10 s).
+func spawn(t *testing.T, env *jstest.Env, role string, extra ...string) *child.Process {
+	t.Helper()
+	return child.StartForTest(t, child.Spec{Name: role, Path: os.Args[0], Args: []string{"-test.run=^$"},
+		Env: append([]string{roleEnv + "=" + role, natsEnv + "=" + env.URL}, extra...), Grace: 10 * time.Second})
 }
 
-// spawn re-executes the test binary in a role. Its stderr goes to the
-// test log on failure; the test's cleanup kills and reaps it.
-func spawn(t *testing.T, env *jstest.Env, role string, extra ...string) *proc {
+// exited waits up to within for p to exit (a failpoint's kill).
+func exited(t *testing.T, p *child.Process, within time.Duration) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), roleEnv+"="+role, natsEnv+"="+env.URL)
-	cmd.Env = append(cmd.Env, extra...)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
+	ctx, cancel := context.WithTimeout(t.Context(), within)
+	defer cancel()
+	if _, err := p.Wait(ctx); err != nil {
 		t.Fatal(err)
-	}
-	p := &proc{cmd: cmd, out: make(chan string, 16), done: make(chan struct{})}
-	cmd.Stderr = writerFunc(func(b []byte) (int, error) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.logs.Write(b)
-	})
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			select {
-			case p.out <- sc.Text():
-			default:
-			}
-		}
-	}()
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			p.mu.Lock()
-			t.Logf("%s process log:\n%s", role, p.logs.String())
-			p.mu.Unlock()
-		}
-	})
-	return p
-}
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
-
-// line waits for a line of stdout that starts with prefix.
-func (p *proc) line(t *testing.T, prefix string, within time.Duration) string {
-	t.Helper()
-	timer := time.NewTimer(within)
-	defer timer.Stop()
-	for {
-		select {
-		case l := <-p.out:
-			if strings.HasPrefix(l, prefix) {
-				return strings.TrimSpace(strings.TrimPrefix(l, prefix))
-			}
-		case <-p.done:
-			t.Fatalf("process exited before printing %q", prefix)
-		case <-timer.C:
-			t.Fatalf("no %q from the process within %s", prefix, within)
-		}
-	}
-}
-
-// wait waits for the process to exit (a failpoint kill) and returns its
-// exit state.
-func (p *proc) wait(t *testing.T, within time.Duration) *os.ProcessState {
-	t.Helper()
-	select {
-	case <-p.done:
-		return p.cmd.ProcessState
-	case <-time.After(within):
-		t.Fatalf("process still running after %s", within)
-		return nil
 	}
 }

@@ -12,6 +12,7 @@ import (
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -202,7 +203,7 @@ func (r *randomRun) checkpoint() string {
 	default:
 		r.failed[id] = true
 	}
-	waitFor(t, 10*time.Second, "the fleet to reopen", func() bool { return allOpen(r.hs) })
+	poll.Wait(t, 10*time.Second, "the fleet to reopen", func() bool { return allOpen(r.hs) })
 	return fmt.Sprintf("checkpoint %s (%s, %d ms): %s", id, how, timeout, res.Status)
 }
 
@@ -236,7 +237,7 @@ func (r *randomRun) restore(failOne bool) string {
 		}
 		r.hs[1].Participant.FailInstall(nil)
 	}
-	waitFor(t, 10*time.Second, "the fleet to reopen", func() bool { return allOpen(r.hs) })
+	poll.Wait(t, 10*time.Second, "the fleet to reopen", func() bool { return allOpen(r.hs) })
 	return fmt.Sprintf("restore (fail one %v): %s, %d restored, %d retired", failOne, res.Status, len(res.Restored), len(res.Retired))
 }
 

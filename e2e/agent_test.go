@@ -11,6 +11,8 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/scripted"
@@ -52,12 +54,12 @@ func reward(t testing.TB, res agentapi.Result) float64 {
 // after each (one launch, two pauses), and finishes with its grade; no
 // model call is repeated and no user turn injected.
 func TestPausedLaunchContinuesInPlace(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 1, toolSeconds: 4, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	out := f.dispatch(ctx, 0, 0)
-	f.waitLedger(3) // the computing call was answered: its tool sleeps 4 s
-	time.Sleep(300 * time.Millisecond)
+	f.waitCalls(1, 3) // the computing call was answered: its tool sleeps 4 s
 	for _, id := range []string{"c1", "c2"} {
 		res := f.checkpoint(ctx, id)
 		if len(res.Continued) != 1 {
@@ -89,20 +91,28 @@ func TestPausedLaunchContinuesInPlace(t *testing.T) {
 	}
 }
 
-// callsOf counts the model calls of each task.
+// callsOf counts the model calls of each task whose reply was delivered.
 func (f *fleet) callsOf() map[string]int {
 	n := map[string]int{}
 	for _, e := range f.ms.Ledger() {
-		n[e.Task]++
+		if !e.Delivered.IsZero() {
+			n[e.Task]++
+		}
 	}
 	return n
 }
 
-// waitCalls waits until each of the first n tasks made at least calls
-// model calls.
+// waitCalls waits up to 30 s until each of the first n tasks got the
+// replies of at least calls model calls.
 func (f *fleet) waitCalls(n, calls int) {
 	f.t.Helper()
-	waitFor(f.t, fmt.Sprintf("%d model calls of each of %d tasks", calls, n), func() bool {
+	f.waitCallsWithin(n, calls, 30*time.Second)
+}
+
+// waitCallsWithin is waitCalls with a deadline of its own.
+func (f *fleet) waitCallsWithin(n, calls int, within time.Duration) {
+	f.t.Helper()
+	poll.Wait(f.t, within, fmt.Sprintf("the replies of %d model calls of each of %d tasks", calls, n), func() bool {
 		got := f.callsOf()
 		for i := range n {
 			if got[tasks.ID(i)] < calls {
@@ -142,6 +152,7 @@ func (f *fleet) checkLedger(restoredFrom time.Time) {
 // rollout relaunches in its fork on the saved session, continues it, and
 // finishes with a full grade and no repeated model call.
 func TestCrashRestoreRelaunchesOnSavedSession(t *testing.T) {
+	tier.E2E(t)
 	const n = 4
 	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 3, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
@@ -196,6 +207,7 @@ func TestCrashRestoreRelaunchesOnSavedSession(t *testing.T) {
 // registered at its seed bookmark; a checkpoint exports it there instead of
 // waiting for it, and it runs after the resume.
 func TestQueuedRunExportedAtSeed(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 2, concurrency: 1, toolSeconds: 3, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -228,6 +240,7 @@ func TestQueuedRunExportedAtSeed(t *testing.T) {
 // not pause gets its launch stopped at prepare (the daemon leaves it
 // alone) and relaunched after the resume on its saved session.
 func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 1, noPause: true, toolSeconds: 3, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -257,6 +270,7 @@ func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 // has its restored attempt retired instead of run again; no model call is
 // repeated and no user turn injected.
 func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
+	tier.E2E(t)
 	const n = 64
 	f := startFleet(t, fleetOptions{n: n, agents: 2, concurrency: n, toolSeconds: 1.5, steps: 2})
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)

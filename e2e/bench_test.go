@@ -16,6 +16,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/scripted"
@@ -77,11 +78,11 @@ func BenchmarkCheckpoint64LiveRollouts(b *testing.B) {
 	for i := range benchRollouts {
 		outs = append(outs, f.dispatch(ctx, i, 0))
 	}
-	// Three model calls: setup, one step, and the computing call, whose
-	// tool (sleep benchToolSeconds) every harness now runs.
+	// The replies of three model calls: setup, one step, and the
+	// computing call, whose tool (sleep benchToolSeconds) every harness
+	// now runs.
 	f.waitCallsWithin(benchRollouts, 3, 3*time.Minute)
 	spread := time.Since(dispatched)
-	time.Sleep(500 * time.Millisecond) // the last replies reach their harnesses
 
 	live := make([]benchSample, 0, benchRounds)
 	liveStart := time.Now()
@@ -230,21 +231,25 @@ func (f *benchFleet) snapStatsOf(id string, s benchSample) benchSnapStats {
 // until every member of its resume has acked.
 func (f *benchFleet) timesOf(ctx context.Context, id string) benchSample {
 	f.t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	var (
+		s       benchSample
+		missing []events.Member
+	)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	// Each look reads the run's whole timeline: every 100 ms.
+	err := poll.Until(wctx, poll.Every(100*time.Millisecond), func() (bool, error) {
 		tl, err := bridge.ReadTimeline(ctx, f.env.JS, f.run, id)
 		if err != nil {
-			f.t.Fatalf("timeline of %s: %v", id, err)
+			return false, err
 		}
-		s, missing := benchSampleOf(tl)
-		if len(missing) == 0 {
-			return s
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("checkpoint %s: no resume ack from %v after a minute", id, missing)
-		}
-		time.Sleep(100 * time.Millisecond)
+		s, missing = benchSampleOf(tl)
+		return len(missing) == 0, nil
+	})
+	if err != nil {
+		f.t.Fatalf("checkpoint %s: no resume ack from %v after a minute: %v", id, missing, err)
 	}
+	return s
 }
 
 // benchSampleOf computes a checkpoint's times from its timeline and
@@ -428,32 +433,11 @@ func benchReport(b *testing.B, base, live []benchSample, head string) {
 	b.ReportMetric(0, "ns/op")
 }
 
-// benchFleet is the fleet of startFleet, for a benchmark: an embedded
-// server, the scripted model server, the bridge in this process, and an
-// owner and agents as processes, started with the same flags.
-//
-// It is its own type because startFleet and the helpers it calls
-// (waitFor, runUntilCleanup) take *testing.T; once they take
-// testing.TB, this can become startFleet.
-// benchFleet is the e2e fleet with the benchmark's own readings.
+// benchFleet is the e2e fleet (startFleet) with the benchmark's own
+// readings.
 type benchFleet struct{ *fleet }
 
 func startBenchFleet(tb testing.TB, n, agents int, toolSeconds float64) *benchFleet {
 	tb.Helper()
 	return &benchFleet{startFleet(tb, fleetOptions{n: n, agents: agents, concurrency: n, toolSeconds: toolSeconds, steps: 1})}
-}
-
-// waitCallsWithin waits up to timeout until each of the first n tasks made
-// calls model calls.
-func (f *benchFleet) waitCallsWithin(n, calls int, timeout time.Duration) {
-	f.t.Helper()
-	waitWithin(f.t, timeout, fmt.Sprintf("%d model calls of each of %d tasks", calls, n), func() bool {
-		got := f.callsOf()
-		for i := range n {
-			if got[tasks.ID(i)] < calls {
-				return false
-			}
-		}
-		return true
-	})
 }

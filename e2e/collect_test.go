@@ -4,11 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -18,6 +16,9 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
@@ -26,16 +27,12 @@ const bridgeToken = "e2e-token"
 // collector runs `stillpoint collect` against the fleet, with the bridge's
 // API served from the test.
 type collector struct {
-	f       *fleet
-	url     string
-	tasks   string
-	output  string
-	log     *jstest.Buffer
-	cmd     *exec.Cmd
-	done    chan struct{}
-	exit    int
-	runs    int
-	extraKV []string
+	f      *fleet
+	url    string
+	tasks  string
+	output string
+	p      *child.Process // the latest run
+	runs   int
 	// tty, when set, is the collector's stderr: a terminal.
 	tty *terminal
 }
@@ -45,7 +42,7 @@ func (f *fleet) collector(t *testing.T) *collector {
 	srv := httptest.NewServer(f.br.Handler(bridgeToken))
 	t.Cleanup(srv.Close)
 	dir := t.TempDir()
-	c := &collector{f: f, url: srv.URL, tasks: filepath.Join(dir, "tasks.jsonl"), output: filepath.Join(dir, "results.jsonl"), log: &jstest.Buffer{}}
+	c := &collector{f: f, url: srv.URL, tasks: filepath.Join(dir, "tasks.jsonl"), output: filepath.Join(dir, "results.jsonl")}
 	fh, err := os.Create(c.tasks)
 	if err != nil {
 		t.Fatal(err)
@@ -57,70 +54,52 @@ func (f *fleet) collector(t *testing.T) *collector {
 	if err := fh.Close(); err != nil {
 		t.Fatal(err)
 	}
-	f.mu.Lock()
-	f.logs["collect"] = c.log
-	f.mu.Unlock()
 	return c
 }
 
 // start runs the collector once more.
 func (c *collector) start(args ...string) {
 	c.runs++
-	fmt.Fprintf(c.log, "=== collect run %d\n", c.runs)
-	agents := ""
-	for i, a := range c.f.agents {
-		if i > 0 {
-			agents += ","
-		}
-		agents += a
-	}
-	c.cmd = exec.Command(c.f.bins.stillpoint, append([]string{"--nats-url", c.f.env.URL, "--log-format", "json", "collect", "--run", c.f.run,
-		"--tasks", c.tasks, "--output", c.output, "--agents", agents, "--bridge-url", c.url}, args...)...)
-	c.cmd.Env = append(os.Environ(), "STILLPOINT_BRIDGE_TOKEN="+bridgeToken)
-	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
+	agents := strings.Join(c.f.agents, ",")
+	spec := child.Spec{Name: fmt.Sprintf("collect (run %d)", c.runs), Path: c.f.bins.stillpoint,
+		Args: append([]string{"--nats-url", c.f.env.URL, "--log-format", "json", "collect", "--run", c.f.run,
+			"--tasks", c.tasks, "--output", c.output, "--agents", agents, "--bridge-url", c.url}, args...),
+		Env: []string{"STILLPOINT_BRIDGE_TOKEN=" + bridgeToken}}
 	if c.tty != nil {
-		c.cmd.Stderr = c.tty.tty
+		spec.Stderr = c.tty.tty
 	}
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := c.cmd.Start(); err != nil {
-		c.f.t.Fatal(err)
-	}
-	c.done = make(chan struct{})
-	go func() {
-		err := c.cmd.Wait()
-		var ee *exec.ExitError
-		switch {
-		case err == nil:
-			c.exit = 0
-		case errors.As(err, &ee):
-			c.exit = ee.ExitCode()
-			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-				c.exit = -int(ws.Signal())
-			}
-		default:
-			c.exit = -1000
-		}
-		close(c.done)
-	}()
+	c.p = child.StartForTest(c.f.t, spec)
 }
 
+// signal sends sig to the running collector.
+func (c *collector) signal(sig syscall.Signal) {
+	c.f.t.Helper()
+	if err := c.p.Signal(sig); err != nil {
+		c.f.t.Fatalf("signal %s to collect: %v", sig, err)
+	}
+}
+
+// wait waits up to d for the collector to exit and returns its exit
+// status, or minus the signal that ended it.
 func (c *collector) wait(d time.Duration) int {
 	c.f.t.Helper()
-	select {
-	case <-c.done:
-		return c.exit
-	case <-time.After(d):
-		// Its goroutines go to the log, to say where it hung.
-		_ = c.cmd.Process.Signal(syscall.SIGQUIT)
-		select {
-		case <-c.done:
-		case <-time.After(2 * time.Second):
-			_ = c.cmd.Process.Kill()
-			<-c.done
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	exit, err := c.p.Wait(ctx)
+	if err != nil {
+		// Its goroutines go to its output, to say where it hung.
+		_ = c.p.Signal(syscall.SIGQUIT)
+		quit, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if _, err := c.p.Wait(quit); err != nil {
+			c.p.Stop()
 		}
 		c.f.t.Fatalf("collect did not finish in %s", d)
-		return 0
 	}
+	if exit.Signal != 0 {
+		return -int(exit.Signal)
+	}
+	return exit.Code
 }
 
 // results reads the output and checks that every rollout has exactly one
@@ -171,6 +150,7 @@ func (f *fleet) latest(ctx context.Context) string {
 // the collection goes on to write every result exactly once; at the end
 // --keep 0 releases everything.
 func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 2, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -181,15 +161,17 @@ func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(tty.close)
-	f.mu.Lock()
-	f.logs["collect-tty"] = screen // its stderr, for a failure's dump
-	f.mu.Unlock()
+	t.Cleanup(func() {
+		tty.close()
+		if t.Failed() {
+			t.Logf("--- collect's terminal:\n%q", screen.String())
+		}
+	})
 	c.tty = tty
 	c.start("--keep", "0")
 	f.waitCalls(8, 3)
-	_ = c.cmd.Process.Signal(syscall.SIGUSR1)
-	waitFor(t, "a committed checkpoint", func() bool { return f.latest(ctx) != "" })
+	c.signal(syscall.SIGUSR1)
+	poll.Wait(t, 30*time.Second, "a committed checkpoint", func() bool { return f.latest(ctx) != "" })
 	if code := c.wait(time.Minute); code != 0 {
 		t.Fatalf("collect exited %d", code)
 	}
@@ -207,11 +189,12 @@ func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
 // and owner) and the rerun restores LATEST, continues the parked rollouts
 // and ends with each result written exactly once.
 func TestCollectSIGTERMStopsAndTheRerunRestores(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 3, steps: 1})
 	c := f.collector(t)
 	c.start()
 	f.waitCalls(8, 3)
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	c.signal(syscall.SIGTERM)
 	if code := c.wait(time.Minute); code != collect.ExitStopped {
 		t.Fatalf("collect exited %d after SIGTERM, want %d", code, collect.ExitStopped)
 	}
@@ -245,12 +228,16 @@ func TestCollectSIGTERMStopsAndTheRerunRestores(t *testing.T) {
 // lives on, and the rerun asks again for the attempts in flight: every
 // result is written exactly once and no model call is repeated.
 func TestCollectKilledAndRerun(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 2, steps: 1})
 	c := f.collector(t)
 	c.start("--checkpoint-every", "1s")
 	f.waitCalls(8, 3)
-	_ = c.cmd.Process.Kill()
-	<-c.done
+	kctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := c.p.Kill(kctx); err != nil {
+		t.Fatal(err)
+	}
 	c.start("--checkpoint-every", "1s")
 	if code := c.wait(2 * time.Minute); code != 0 {
 		t.Fatalf("the rerun exited %d", code)
@@ -266,6 +253,7 @@ func TestCollectKilledAndRerun(t *testing.T) {
 // attempt later, asks the other agent again for its own, and every result
 // is written exactly once.
 func TestCollectAgentRestartedUnderIt(t *testing.T) {
+	tier.E2E(t)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 3, steps: 1})
 	c := f.collector(t)
 	c.start()

@@ -1,19 +1,16 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,50 +21,25 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/build"
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
-// bins are the binaries the end-to-end tests run as processes, built once
-// per test binary: stillpoint (agent, owner), and the static sandboxd and
+// bins are the binaries the end-to-end tests run as processes:
+// stillpoint (agent, owner, collect, demo), and the static sandboxd and
 // scripted harness that go into sandboxes.
 type bins struct{ stillpoint, sandboxd, harness string }
 
-var (
-	binsOnce sync.Once
-	binsDir  string
-	binsVal  bins
-	binsErr  error
-)
-
+// buildBins builds them (internal/build: once per test binary, shared with
+// the other packages' tests).
 func buildBins(t testing.TB) bins {
 	t.Helper()
-	binsOnce.Do(func() {
-		binsDir, binsErr = os.MkdirTemp("", "stillpoint-e2e-bin-")
-		if binsErr != nil {
-			return
-		}
-		binsVal = bins{filepath.Join(binsDir, "stillpoint"), filepath.Join(binsDir, "sandboxd"), filepath.Join(binsDir, "scripted-harness")}
-		cmd := exec.Command("go", "build", "-o", binsDir+"/", "../cmd/stillpoint", "../cmd/sandboxd", "../cmd/scripted-harness")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binsErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binsErr != nil {
-		t.Fatal(binsErr)
-	}
-	return binsVal
-}
-
-// proc is a participant running as its own process.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  *bytes.Buffer
-	done chan struct{}
-	err  error
+	b := build.StaticForTest(t, build.Stillpoint, build.Sandboxd, build.ScriptedHarness)
+	return bins{b[build.Stillpoint], b[build.Sandboxd], b[build.ScriptedHarness]}
 }
 
 // fleet is one run's world: an embedded server, the scripted model server,
@@ -83,8 +55,7 @@ type fleet struct {
 	state  string
 	tasks  []collect.Task
 	mu     sync.Mutex
-	procs  map[string]*proc
-	logs   map[string]*jstest.Buffer
+	procs  map[string]*child.Process // the latest process of each name
 	agents []string
 }
 
@@ -108,11 +79,15 @@ func startFleet(t testing.TB, o fleetOptions) *fleet {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: ms}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close(); <-served })
 	f := &fleet{t: t, run: "e2e", env: env, bins: b, ms: ms, msURL: "http://" + ln.Addr().String(), state: t.TempDir(),
-		tasks: ts, procs: map[string]*proc{}, logs: map[string]*jstest.Buffer{}}
-	t.Cleanup(f.stopAll)
+		tasks: ts, procs: map[string]*child.Process{}}
+	// Registered before any process starts, so it runs once they all
+	// stopped (each process's own cleanup stops it and dumps its output
+	// if the test failed).
+	t.Cleanup(f.reapLeftovers)
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
 	f.br, err = bridge.New(bridge.Config{Run: f.run, Conn: env.Conn, JS: env.JS, Bus: env.Bus, Logger: log, PhaseTimeout: 30 * time.Second})
 	if err != nil {
@@ -141,28 +116,15 @@ func (f *fleet) start(name string, member events.Member, args ...string) {
 			prev[member] = info.Instance
 		}
 	}
-	f.mu.Lock()
-	buf, ok := f.logs[name]
-	if !ok {
-		buf = &jstest.Buffer{}
-		f.logs[name] = buf
-	}
-	f.mu.Unlock()
-	fmt.Fprintf(buf, "=== start %s\n", time.Now().Format(time.TimeOnly))
-	cmd := exec.Command(f.bins.stillpoint, append([]string{"--nats-url", f.env.URL, "--log-format", "json", "--log-level", "info"}, args...)...)
-	cmd.Stdout, cmd.Stderr = buf, buf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		f.t.Fatalf("start %s: %v", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() { p.err = cmd.Wait(); close(p.done) }()
+	p := child.StartForTest(f.t, child.Spec{Name: name, Path: f.bins.stillpoint,
+		Args: append([]string{"--nats-url", f.env.URL, "--log-format", "json", "--log-level", "info"}, args...)})
 	f.mu.Lock()
 	f.procs[name] = p
 	f.mu.Unlock()
 	// A fresh process: wait for its own heartbeat, not the one a killed
 	// process left.
-	waitFor(f.t, "member "+string(member)+" to register", func() bool {
+	poll.Wait(f.t, 30*time.Second, "member "+string(member)+" to register", func() bool {
+		exitedEarly(f.t, p)
 		e, err := f.env.Bus.Members.Get(f.t.Context(), events.MemberKey(f.run, member))
 		if err != nil {
 			return false
@@ -170,6 +132,16 @@ func (f *fleet) start(name string, member events.Member, args ...string) {
 		var info events.MemberInfo
 		return json.Unmarshal(e.Value(), &info) == nil && info.Instance != "" && info.Instance != prev[member]
 	})
+}
+
+// exitedEarly fails the test if p has exited.
+func exitedEarly(t testing.TB, p *child.Process) {
+	t.Helper()
+	select {
+	case <-p.Exited():
+		t.Fatalf("%s exited before it was ready", p.Name())
+	default:
+	}
 }
 
 func (f *fleet) startOwner() {
@@ -182,8 +154,10 @@ func (f *fleet) startAgent(name string, args ...string) {
 		"--model-url", f.msURL}, args...)...)
 }
 
-// kill9 kills the named processes with SIGKILL and waits for them.
+// kill9 kills the named processes with SIGKILL and waits for them: a
+// crash. What they started (an owner's sandboxes) lives on.
 func (f *fleet) kill9(names ...string) {
+	f.t.Helper()
 	for _, n := range names {
 		f.mu.Lock()
 		p := f.procs[n]
@@ -191,41 +165,13 @@ func (f *fleet) kill9(names ...string) {
 		if p == nil {
 			continue
 		}
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func (f *fleet) stopAll() {
-	f.mu.Lock()
-	ps := make([]*proc, 0, len(f.procs))
-	for _, p := range f.procs {
-		ps = append(ps, p)
-	}
-	f.mu.Unlock()
-	for _, p := range ps {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	for _, p := range ps {
-		select {
-		case <-p.done:
-		case <-time.After(20 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := p.Kill(ctx)
+		cancel()
+		if err != nil {
+			f.t.Fatal(err)
 		}
 	}
-	if f.t.Failed() {
-		for name, b := range f.logs {
-			s := b.String()
-			if len(s) > 30000 {
-				s = "...\n" + s[len(s)-30000:]
-			}
-			f.t.Logf("--- %s log:\n%s", name, s)
-		}
-	}
-	// The owner's sandboxes are gone once it stopped; a crashed owner's are
-	// reaped by the restarted one. Anything left is a leak.
-	f.reapLeftovers()
 }
 
 // reapLeftovers stops sandboxes an owner left (after a test failure) so
@@ -267,12 +213,6 @@ func (f *fleet) dispatch(ctx context.Context, i, attempt int) <-chan outcome {
 		ch <- outcome{res, err}
 	}()
 	return ch
-}
-
-// waitLedger waits until the model server has seen n requests.
-func (f *fleet) waitLedger(n int) {
-	f.t.Helper()
-	waitFor(f.t, fmt.Sprintf("%d model calls", n), func() bool { return len(f.ms.Ledger()) >= n })
 }
 
 func (f *fleet) checkpoint(ctx context.Context, id string) *bridgeapi.CheckpointResult {

@@ -1,16 +1,15 @@
 package e2e
 
 import (
-	"os"
 	"testing"
+
+	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
-// TestMain removes the binaries the tests built once the package's tests
-// are done.
+// TestMain checks that the tests leave no goroutine behind: the bridge,
+// owners and servers they run in-process, and the goroutines that wait for
+// the processes they start.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if binsDir != "" {
-		_ = os.RemoveAll(binsDir)
-	}
-	os.Exit(code)
+	leak.VerifyTestMain(m, jstest.LeakOptions()...)
 }

@@ -3,9 +3,6 @@ package e2e
 import (
 	"context"
 	"errors"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +13,9 @@ import (
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/build"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -28,18 +28,6 @@ import (
 )
 
 const run = "e2e"
-
-// buildSandboxd builds the static sandboxd binary that goes into sandboxes.
-func buildSandboxd(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "sandboxd")
-	cmd := exec.Command("go", "build", "-o", bin, "../cmd/sandboxd")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build sandboxd: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // runUntilCleanup runs fn until the test ends and checks its error.
 func runUntilCleanup(t testing.TB, name string, fn func(ctx context.Context) error) {
@@ -73,7 +61,8 @@ func execOut(t *testing.T, p owner.Execer, id, script string) string {
 // sandbox goes on writing, and the final release and the session's end
 // leave no sandbox, snapshot, mount or cgroup behind.
 func TestCheckpointOfALiveSandbox(t *testing.T) {
-	bin := buildSandboxd(t)
+	tier.E2E(t)
+	bin := build.StaticForTest(t, build.Sandboxd)[build.Sandboxd]
 	env := jstest.Start(t)
 	p, err := provider.NewOverlay(provider.OverlayConfig{StateDir: t.TempDir()})
 	if err != nil {
@@ -116,7 +105,7 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	defer cancel()
 	oc, _ := ownerapi.NewClient(env.Conn, run, "o1")
 	var info ownerapi.SessionInfo
-	waitFor(t, "the owner's service", func() bool {
+	poll.Wait(t, 30*time.Second, "the owner's service", func() bool {
 		info, err = oc.SeedSession(ctx, ownerapi.SeedRequest{SessionID: "s1", Episode: "r1"})
 		var se *jetstream.ServiceError
 		if errors.As(err, &se) {
@@ -131,7 +120,7 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 		Command: "i=0; while :; do i=$((i+1)); echo line-$i >> /work/out; sleep 0.01; done"}); err != nil {
 		t.Fatalf("launch through sandboxd: %v", err)
 	}
-	waitFor(t, "the writer", func() bool { return execOut(t, p, info.SandboxID, "wc -l < /work/out 2>/dev/null || echo 0") != "0" })
+	poll.Wait(t, 30*time.Second, "the writer", func() bool { return execOut(t, p, info.SandboxID, "wc -l < /work/out 2>/dev/null || echo 0") != "0" })
 
 	res, err := br.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c1"})
 	if err != nil || res.Status != bridgeapi.StatusCommitted {
@@ -164,7 +153,7 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 			t.Fatalf("the snapshot's file is torn or out of order at line %d: %q", i+1, l)
 		}
 	}
-	waitFor(t, "the resumed writer", func() bool {
+	poll.Wait(t, 30*time.Second, "the resumed writer", func() bool {
 		n, _ := strconv.Atoi(execOut(t, p, info.SandboxID, "wc -l < /work/out"))
 		return n > len(lines)
 	})
@@ -182,26 +171,5 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	}
 	if snaps, err := p.Snapshots(); err != nil || len(snaps) != 0 {
 		t.Errorf("snapshots left: %v %v", snaps, err)
-	}
-}
-
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	waitWithin(t, 30*time.Second, what, cond)
-}
-
-// waitWithin waits up to d for cond, failing the test after.
-func waitWithin(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		select {
-		case <-t.Context().Done():
-			t.Fatal(t.Context().Err())
-		case <-time.After(50 * time.Millisecond):
-		}
 	}
 }

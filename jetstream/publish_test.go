@@ -3,6 +3,7 @@ package jetstream_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
@@ -78,30 +80,17 @@ func checkPublishOnce(ctx context.Context, t *testing.T, env *jstest.Env) {
 	case <-ctx.Done():
 		t.Fatal(ctx.Err())
 	}
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.Now().Add(5 * window)
-	for {
+	poll.Wait(t, 5*window, fmt.Sprintf("the server to stop deduplicating after the %s window", window), func() bool {
 		ack, err = jetstream.PublishOnce(ctx, env.JS, msg)
 		if !errors.Is(err, jetstream.ErrAlreadyDone) {
 			t.Fatalf("PublishOnce after the duplicate window: ack %+v, err %v; want ErrAlreadyDone", ack, err)
 		}
-		if jetstream.IsWrongLastSequence(err) {
-			if ack != nil {
-				t.Errorf("wrong-last-sequence refusal came with ack %+v, want nil", ack)
-			}
-			t.Logf("after the window (%s later): %v", time.Since(published).Round(time.Millisecond), err)
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("still deduplicated %s after the %s window: ack %+v, err %v", time.Since(published), window, ack, err)
-		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			t.Fatal(ctx.Err())
-		}
+		return jetstream.IsWrongLastSequence(err)
+	})
+	if ack != nil {
+		t.Errorf("wrong-last-sequence refusal came with ack %+v, want nil", ack)
 	}
+	t.Logf("after the window (%s later): %v", time.Since(published).Round(time.Millisecond), err)
 
 	if n := subjectCount(ctx, t, env.Bus.Stream, ackSubject); n != 1 {
 		t.Errorf("stream holds %d messages on %s, want 1", n, ackSubject)

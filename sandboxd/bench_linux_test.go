@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -116,14 +117,10 @@ func (tr *benchTree) get(b *testing.B) *Supervisor {
 	}
 	tr.built = true
 	c := cgroup.Dir(rec.Cgroup)
-	var got int
-	if !pollUntil(2*time.Minute, func() bool {
+	poll.Wait(b, 2*time.Minute, fmt.Sprintf("the %s tree of %d processes", tr.shape, tr.n), func() bool {
 		pids, _ := c.AllProcs()
-		got = len(pids)
-		return got >= tr.n
-	}) {
-		b.Fatalf("%s tree of %d: only %d processes after 2 minutes", tr.shape, tr.n, got)
-	}
+		return len(pids) >= tr.n
+	})
 	return tr.s
 }
 

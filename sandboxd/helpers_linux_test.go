@@ -9,16 +9,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -33,20 +33,18 @@ var (
 
 func TestMain(m *testing.M) {
 	code := func() int {
-		tmp, err := os.MkdirTemp("", "sandboxd-test-")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		bins, err := build.Static(ctx, "./sandboxd/testdata/threads", build.Sandboxd)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		defer os.RemoveAll(tmp)
-		if err := buildHelpers(tmp); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
+		threadsBin, sandboxdBin = bins["./sandboxd/testdata/threads"], bins[build.Sandboxd]
 		code := m.Run()
 		cleanupBenchTrees()
 		if code == 0 {
-			if err := goleak.Find(); err != nil {
+			if err := leak.Find(); err != nil {
 				fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
 				return 1
 			}
@@ -54,28 +52,6 @@ func TestMain(m *testing.M) {
 		return code
 	}()
 	os.Exit(code)
-}
-
-func buildHelpers(dir string) error {
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(gobin); err != nil {
-		if gobin, err = exec.LookPath("go"); err != nil {
-			return fmt.Errorf("the tests build helpers with the go command: install Go (https://go.dev/dl) and put it in PATH")
-		}
-	}
-	threadsBin = filepath.Join(dir, "threads")
-	sandboxdBin = filepath.Join(dir, "sandboxd")
-	for _, b := range []struct{ out, pkg string }{
-		{threadsBin, "./testdata/threads"},
-		{sandboxdBin, "../cmd/sandboxd"},
-	} {
-		cmd := exec.Command(gobin, "build", "-o", b.out, b.pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
-		}
-	}
-	return nil
 }
 
 // requireTool fails the test (never skips) when a command is missing.
@@ -172,13 +148,15 @@ func checkNothingLeft(t testing.TB) {
 	t.Helper()
 	prefix := []byte(EnvTag + "=" + testPrefix(t))
 	var left string
-	ok := pollUntil(5*time.Second, func() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := poll.Until(ctx, poll.Backoff(time.Millisecond, 20*time.Millisecond), func() (bool, error) {
 		kids, _ := selfChildren(nil)
 		tagged := taggedWithPrefix(prefix)
 		left = fmt.Sprintf("children %v, tagged %v", kids, tagged)
-		return len(kids) == 0 && len(tagged) == 0
+		return len(kids) == 0 && len(tagged) == 0, nil
 	})
-	if !ok {
+	if err != nil {
 		t.Errorf("processes left behind: %s", left)
 	}
 }
@@ -206,46 +184,6 @@ func taggedWithPrefix(prefix []byte) []int {
 		}
 	}
 	return out
-}
-
-// pollUntil polls cond every few milliseconds until it holds (true) or
-// the timeout passes (false).
-func pollUntil(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// waitFor fails the test unless cond holds within timeout.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	if !pollUntil(timeout, cond) {
-		t.Fatalf("timed out after %v waiting for %s", timeout, what)
-	}
-}
-
-// holdsFor checks that check keeps returning nil for d, polling it; it
-// fails the test at the first error. It is how a test observes that
-// nothing changes while a launch is paused.
-func holdsFor(t testing.TB, d time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		if err := check(); err != nil {
-			t.Fatal(err)
-		}
-		if time.Now().After(deadline) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // launchPIDs lists every live process of launch id on the host: those with
@@ -344,7 +282,7 @@ func commOf(pid int) string {
 func findComm(t testing.TB, s *Supervisor, id, comm string) int {
 	t.Helper()
 	var pid int
-	waitFor(t, 10*time.Second, comm+" in launch "+id, func() bool {
+	poll.Wait(t, 10*time.Second, comm+" in launch "+id, func() bool {
 		for _, p := range launchPIDs(t, s, id) {
 			if commOf(p) == comm {
 				pid = p

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -31,7 +33,7 @@ func frozenFor(t *testing.T, d time.Duration, pids []int, files ...string) {
 	for i, f := range files {
 		sizes[i] = fileSize(f)
 	}
-	holdsFor(t, d, func() error {
+	poll.Holds(t, d, func() error {
 		for pid, was := range cpuTicks(pids) {
 			if now := ticks[pid]; was != now {
 				return fmt.Errorf("pid %d (%s) ran while paused: cpu ticks %d -> %d", pid, commOf(pid), now, was)
@@ -82,7 +84,7 @@ func TestPauseStopsEverything(t *testing.T) {
 				setsid sh -c 'while :; do :; done' &
 				wait`})
 			var pids []int
-			waitFor(t, 5*time.Second, "every process of the launch", func() bool {
+			poll.Wait(t, 5*time.Second, "every process of the launch", func() bool {
 				pids = launchPIDs(t, s, id)
 				return len(pids) >= 4 && fileSize(a) > 0 && fileSize(b) > 0
 			})
@@ -118,7 +120,7 @@ func TestPauseStopsEverything(t *testing.T) {
 				t.Fatalf("Continue: %+v, %v", crep, err)
 			}
 			sa, sb, ticks := fileSize(a), fileSize(b), cpuTicks(pids)
-			waitFor(t, 5*time.Second, "the launch to run again", func() bool {
+			poll.Wait(t, 5*time.Second, "the launch to run again", func() bool {
 				ran := 0
 				for pid, n := range cpuTicks(pids) {
 					if n > ticks[pid] {
@@ -145,7 +147,7 @@ func TestTwoPausesSameLaunch(t *testing.T) {
 			id := launchID(t, "a")
 			rec := mustLaunch(t, s, Spec{ID: id, Command: `for i in 1 2 3 4 5 6; do echo step $i >> ` + steps + `; sleep 0.05; done; echo done >> ` + steps})
 			for n, after := range []string{"step 2", "step 4"} {
-				waitFor(t, 10*time.Second, after, func() bool { return strings.Contains(readFile(t, steps), after) })
+				poll.Wait(t, 10*time.Second, after, func() bool { return strings.Contains(readFile(t, steps), after) })
 				rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
 				if err != nil || rep.PauseSeq != n+1 {
 					t.Fatalf("Pause %d: %+v, %v", n+1, rep, err)
@@ -185,7 +187,7 @@ func TestPauseBeforeStartHolds(t *testing.T) {
 	if rec.State != sandboxapi.StateHeld || rec.Pauses.Count != 1 {
 		t.Fatalf("record %+v", rec)
 	}
-	holdsFor(t, 200*time.Millisecond, func() error {
+	poll.Holds(t, 200*time.Millisecond, func() error {
 		if fileExists(marker) {
 			return errors.New("a held launch ran")
 		}
@@ -245,7 +247,7 @@ func TestEndedBeforePauseKeepsResult(t *testing.T) {
 			marker := filepath.Join(t.TempDir(), "m")
 			id2 := launchID(t, "b")
 			mustLaunch(t, s, Spec{ID: id2, Command: `touch ` + marker + `; exit 5`})
-			waitFor(t, 5*time.Second, "the marker", func() bool { return fileExists(marker) })
+			poll.Wait(t, 5*time.Second, "the marker", func() bool { return fileExists(marker) })
 			rep, err = s.Pause(ctxT(t), id2, sandboxapi.ModeDefault)
 			if err != nil {
 				t.Fatalf("Pause: %+v, %v", rep, err)
@@ -284,7 +286,7 @@ func TestUnconfirmedPauseFallsBack(t *testing.T) {
 			id := launchID(t, "a")
 			mustLaunch(t, s, Spec{ID: id, Command: `for i in 1 2 3 4; do sh -c 'while :; do :; done' & done; wait`})
 			var pids []int
-			waitFor(t, 5*time.Second, "the busy loops", func() bool { pids = launchPIDs(t, s, id); return len(pids) >= 5 })
+			poll.Wait(t, 5*time.Second, "the busy loops", func() bool { pids = launchPIDs(t, s, id); return len(pids) >= 5 })
 			fallbacks := 0
 			for try := 0; try < 20 && fallbacks == 0; try++ {
 				rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
@@ -315,7 +317,7 @@ func TestUnconfirmedPauseFallsBack(t *testing.T) {
 					}
 				}
 				ticks := cpuTicks(pids)
-				waitFor(t, 5*time.Second, "the loops to run on", func() bool {
+				poll.Wait(t, 5*time.Second, "the loops to run on", func() bool {
 					ran := 0
 					for pid, n := range cpuTicks(pids) {
 						if n > ticks[pid] {
@@ -336,12 +338,13 @@ func TestUnconfirmedPauseFallsBack(t *testing.T) {
 // without end, so vfork parents in D are caught all the time: none may
 // fail, in freeze and in stop mode (the reference's walk failed 19 of 35).
 func TestForkStorm50Pauses(t *testing.T) {
+	tier.Long(t)
 	for _, pm := range pauseModes {
 		t.Run(pm.name, func(t *testing.T) {
 			s := startSupervisor(t, pm.cfg)
 			id := launchID(t, "a")
 			mustLaunch(t, s, Spec{ID: id, Command: `for i in 1 2 3 4; do sh -c 'while :; do /bin/true; done' & done; wait`})
-			waitFor(t, 5*time.Second, "the loops", func() bool { return len(launchPIDs(t, s, id)) >= 5 })
+			poll.Wait(t, 5*time.Second, "the loops", func() bool { return len(launchPIDs(t, s, id)) >= 5 })
 			failed, inD := 0, 0
 			var worst float64
 			for i := 0; i < 50; i++ {
@@ -372,6 +375,7 @@ func TestForkStorm50Pauses(t *testing.T) {
 // nothing: it goes on and prints rc=0. In stop mode this takes stopping the
 // shell before its command and continuing the command first.
 func TestJobControlShell(t *testing.T) {
+	tier.Long(t)
 	requireTool(t, "bash", "apt-get install bash")
 	for _, pm := range pauseModes {
 		t.Run(pm.name, func(t *testing.T) {
@@ -416,7 +420,7 @@ func TestMultiThreaded(t *testing.T) {
 			}
 			id := launchID(t, "a")
 			rec := mustLaunch(t, s, Spec{ID: id, Argv: []string{threadsBin, fifo, out}})
-			waitFor(t, 5*time.Second, "the helper's threads", func() bool {
+			poll.Wait(t, 5*time.Second, "the helper's threads", func() bool {
 				st, _, err := procfs.ReadStat(rec.PID, nil)
 				return err == nil && st.Threads >= 3 && strings.HasPrefix(readFile(t, out), "ready") && fileSize(out+".busy") > 0
 			})
@@ -440,7 +444,7 @@ func TestMultiThreaded(t *testing.T) {
 			if _, err := s.Continue(ctxT(t), id); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 5*time.Second, "the blocked thread's read", func() bool { return strings.Contains(readFile(t, out), "read x") })
+			poll.Wait(t, 5*time.Second, "the blocked thread's read", func() bool { return strings.Contains(readFile(t, out), "read x") })
 		})
 	}
 }
@@ -474,7 +478,7 @@ else:
 				id := launchID(t, "a")
 				rec := mustLaunch(t, s, Spec{ID: id, Argv: []string{py, "-c", spawn, fifo, shape}})
 				var parent int
-				waitFor(t, 10*time.Second, "a vfork parent in D", func() bool {
+				poll.Wait(t, 10*time.Second, "a vfork parent in D", func() bool {
 					for _, pid := range launchPIDs(t, s, id) {
 						tids, _ := procfs.Tasks(pid)
 						for _, tid := range tids {
@@ -498,7 +502,7 @@ else:
 					t.Fatal(err)
 				}
 				// Let the child's open finish: it execs, the parent returns.
-				waitFor(t, 5*time.Second, "the FIFO writer", func() bool {
+				poll.Wait(t, 5*time.Second, "the FIFO writer", func() bool {
 					w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
 					if err != nil {
 						return false
@@ -522,13 +526,13 @@ func TestHoldMode(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "f")
 	id := launchID(t, "a")
 	mustLaunch(t, s, Spec{ID: id, Command: `while :; do echo x >> ` + file + `; sleep 0.01; done`, Timeout: time.Hour})
-	waitFor(t, 5*time.Second, "the writer", func() bool { return fileSize(file) > 0 })
+	poll.Wait(t, 5*time.Second, "the writer", func() bool { return fileSize(file) > 0 })
 	rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeHold)
 	if err != nil || rep.Mode != sandboxapi.ModeHold || rep.State != sandboxapi.StatePaused || rep.TookMS > 100 {
 		t.Fatalf("Pause: %+v, %v", rep, err)
 	}
 	n := fileSize(file)
-	waitFor(t, 5*time.Second, "the held launch to go on writing", func() bool { return fileSize(file) > n })
+	poll.Wait(t, 5*time.Second, "the held launch to go on writing", func() bool { return fileSize(file) > n })
 	rec, _ := s.Status(id)
 	if rec.State != sandboxapi.StatePaused || !rec.Deadline.IsZero() {
 		t.Fatalf("record %+v", rec)
@@ -550,6 +554,7 @@ func TestHoldMode(t *testing.T) {
 // for 800 ms is still running 1.2 s after its start, and is stopped as
 // timed out only after deadline + paused time.
 func TestDeadlineExcludesPausedTime(t *testing.T) {
+	tier.Long(t)
 	for _, pm := range pauseModes {
 		t.Run(pm.name, func(t *testing.T) {
 			cfg := pm.cfg
@@ -557,11 +562,11 @@ func TestDeadlineExcludesPausedTime(t *testing.T) {
 			s := startSupervisor(t, cfg)
 			id := launchID(t, "a")
 			rec := mustLaunch(t, s, Spec{ID: id, Command: `sleep 1000`, Timeout: 600 * time.Millisecond})
-			waitFor(t, 5*time.Second, "200 ms of run", func() bool { return time.Since(rec.Started) > 200*time.Millisecond })
+			poll.Wait(t, 5*time.Second, "200 ms of run", func() bool { return time.Since(rec.Started) > 200*time.Millisecond })
 			if _, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault); err != nil {
 				t.Fatal(err)
 			}
-			holdsFor(t, 800*time.Millisecond, func() error {
+			poll.Holds(t, 800*time.Millisecond, func() error {
 				if r, _ := s.Status(id); r.State != sandboxapi.StatePaused {
 					return fmt.Errorf("paused launch is %s", r.State)
 				}

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -84,7 +85,7 @@ func TestRestartedSupervisor(t *testing.T) {
 		}
 	}()
 	var rec sandboxapi.Record
-	waitFor(t, 10*time.Second, "the daemon's launch", func() bool {
+	poll.Wait(t, 10*time.Second, "the daemon's launch", func() bool {
 		rec, err = ReadRecord(state, id)
 		if err != nil || rec.State != sandboxapi.StateRunning {
 			return false

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -94,12 +95,12 @@ func startOtherProcess(t *testing.T, id, cmd string, flags ...string) *otherProc
 		if !exitedNow(o.pidfd) {
 			_ = unix.PidfdSendSignal(o.pidfd, unix.SIGKILL, nil, 0)
 		}
-		waitFor(t, 10*time.Second, "sandboxd run to exit", func() bool { return exitedNow(o.pidfd) })
+		poll.Wait(t, 10*time.Second, "sandboxd run to exit", func() bool { return exitedNow(o.pidfd) })
 		// Reap it unless a reap loop did.
 		_ = unix.Waitid(unix.P_PIDFD, o.pidfd, nil, unix.WEXITED|unix.WNOHANG, nil)
 		unix.Close(o.pidfd)
 	})
-	waitFor(t, 10*time.Second, "the other supervisor's launch", func() bool {
+	poll.Wait(t, 10*time.Second, "the other supervisor's launch", func() bool {
 		rec, err := ReadRecord(o.state, id)
 		return err == nil && rec.State == sandboxapi.StateRunning
 	})
@@ -113,7 +114,7 @@ func (o *otherProcess) stop(t *testing.T) {
 	if err := unix.PidfdSendSignal(o.pidfd, unix.SIGTERM, nil, 0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "sandboxd run to exit", func() bool { return exitedNow(o.pidfd) })
+	poll.Wait(t, 10*time.Second, "sandboxd run to exit", func() bool { return exitedNow(o.pidfd) })
 	if t.Failed() {
 		b, _ := os.ReadFile(o.log)
 		t.Logf("sandboxd run's log:\n%s", b)
@@ -133,7 +134,7 @@ func TestSameLaunchIDUnderTwoSupervisors(t *testing.T) {
 			otherDaemon, otherHarness := uniqueArg(3001), uniqueArg(3002)
 			other := startOtherProcess(t, id, `(setsid sh -c 'exec sleep `+otherDaemon+`' &); exec sleep `+otherHarness)
 			var theirs []sandboxapi.Identity
-			waitFor(t, 5*time.Second, "the other launch's sleeps", func() bool {
+			poll.Wait(t, 5*time.Second, "the other launch's sleeps", func() bool {
 				theirs = append(withArg(otherDaemon), withArg(otherHarness)...)
 				return len(theirs) == 2
 			})
@@ -142,7 +143,7 @@ func TestSameLaunchIDUnderTwoSupervisors(t *testing.T) {
 			ownDaemon, ownHarness := uniqueArg(3003), uniqueArg(3004)
 			mustLaunch(t, s, Spec{ID: id, Command: `(setsid sh -c 'exec sleep ` + ownDaemon + `' &); exec sleep ` + ownHarness})
 			var ours []sandboxapi.Identity
-			waitFor(t, 5*time.Second, "this launch's sleeps", func() bool {
+			poll.Wait(t, 5*time.Second, "this launch's sleeps", func() bool {
 				ours = append(withArg(ownDaemon), withArg(ownHarness)...)
 				return len(ours) == 2
 			})
@@ -188,7 +189,7 @@ func TestCopiedStateDirectoryLeavesTheOriginal(t *testing.T) {
 			daemon, harness := uniqueArg(3031), uniqueArg(3032)
 			orig := startOtherProcess(t, id, `(setsid sh -c 'exec sleep `+daemon+`' &); exec sleep `+harness, flags...)
 			var theirs []sandboxapi.Identity
-			waitFor(t, 5*time.Second, "the original launch's sleeps", func() bool {
+			poll.Wait(t, 5*time.Second, "the original launch's sleeps", func() bool {
 				theirs = append(withArg(daemon), withArg(harness)...)
 				return len(theirs) == 2
 			})
@@ -241,7 +242,7 @@ func TestStopLeavesAnotherSupervisorsLaunch(t *testing.T) {
 			mustLaunch(t, a, Spec{ID: idA, Command: `exec sleep ` + harnessA})
 			recB := mustLaunch(t, b, Spec{ID: idB, Command: `exec sleep ` + harnessB})
 			var theirs []sandboxapi.Identity
-			waitFor(t, 5*time.Second, "both harnesses", func() bool {
+			poll.Wait(t, 5*time.Second, "both harnesses", func() bool {
 				theirs = withArg(harnessB)
 				return len(withArg(harnessA)) == 1 && len(theirs) == 1
 			})

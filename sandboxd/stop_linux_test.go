@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -63,7 +64,7 @@ func TestStopScenarios(t *testing.T) {
 					id := launchID(t, "a")
 					mustLaunch(t, s, Spec{ID: id, Command: sc.cmd})
 					var procs []int
-					waitFor(t, 5*time.Second, "the launch's sleeps", func() bool {
+					poll.Wait(t, 5*time.Second, "the launch's sleeps", func() bool {
 						procs = launchPIDs(t, s, id)
 						if strings.Contains(sc.name, "cleared") {
 							// Untagged processes outside the tree: count the
@@ -175,7 +176,7 @@ func TestStopLeavesOtherLaunches(t *testing.T) {
 				return out
 			}
 			var bProcs []int
-			waitFor(t, 5*time.Second, "both launches' sleeps", func() bool {
+			poll.Wait(t, 5*time.Second, "both launches' sleeps", func() bool {
 				bProcs = sleeps(b)
 				return len(sleeps(a)) == 2 && len(bProcs) == 2
 			})
@@ -209,7 +210,7 @@ func TestCancel(t *testing.T) {
 				}
 				mustLaunch(t, s, Spec{ID: id, Command: `trap '' INT; (setsid sh -c 'exec sleep 1000' &); exec sleep 1001`})
 				var procs []int
-				waitFor(t, 5*time.Second, "the daemon", func() bool { procs = launchPIDs(t, s, id); return len(procs) >= 2 })
+				poll.Wait(t, 5*time.Second, "the daemon", func() bool { procs = launchPIDs(t, s, id); return len(procs) >= 2 })
 				if paused {
 					if _, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault); err != nil {
 						t.Fatal(err)
@@ -279,7 +280,7 @@ func TestShutdownStopsLaunches(t *testing.T) {
 	go func() { errc <- s.Run(ctx) }()
 	id := launchID(t, "a")
 	mustLaunch(t, s, Spec{ID: id, Command: `(setsid sleep 1000 &); sleep 1001`})
-	waitFor(t, 5*time.Second, "the launch", func() bool { return len(launchPIDs(t, s, id)) >= 2 })
+	poll.Wait(t, 5*time.Second, "the launch", func() bool { return len(launchPIDs(t, s, id)) >= 2 })
 	cancel()
 	if err := <-errc; err != nil {
 		t.Fatal(err)
@@ -313,7 +314,7 @@ func TestUnclaimedOrphanKilledAtShutdown(t *testing.T) {
 	mustLaunch(t, s, Spec{ID: a, Command: `(env -i setsid /bin/sleep 1000 &); exec sleep 1001`})
 	mustLaunch(t, s, Spec{ID: b, Command: `exec sleep 1002`})
 	var orphan int
-	waitFor(t, 5*time.Second, "the untagged orphan", func() bool {
+	poll.Wait(t, 5*time.Second, "the untagged orphan", func() bool {
 		kids, _ := selfChildren(nil)
 		for _, k := range kids {
 			if commOf(k) == "sleep" {

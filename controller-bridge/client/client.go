@@ -36,13 +36,23 @@ func (e *Error) Error() string {
 
 // New returns a client of the bridge at baseURL (http://host:port) that
 // sends token as a bearer token. Operations wait as long as their phases
-// do; bound them with the ctx of each call.
+// do; bound them with the ctx of each call. The client keeps its
+// connections to the bridge open between calls; Close closes them.
 func New(baseURL, token string) (*Client, error) {
 	u, err := url.Parse(baseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("client: bridge URL %q: want http(s)://host:port", baseURL)
 	}
-	return &Client{base: strings.TrimRight(baseURL, "/"), token: token, http: &http.Client{Timeout: 0}}, nil
+	// A transport of its own, so that Close closes this client's
+	// connections, and ends their goroutines, and no one else's.
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	return &Client{base: strings.TrimRight(baseURL, "/"), token: token, http: &http.Client{Transport: tr}}, nil
+}
+
+// Close closes the connections the client keeps open between calls, and
+// with them their goroutines. A call after Close opens a new one.
+func (c *Client) Close() {
+	c.http.CloseIdleConnections()
 }
 
 // Checkpoint asks for a checkpoint; a result with Status failed is not an

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // startSleep starts a child of the test that sleeps until it is killed,
@@ -33,28 +35,11 @@ func startSleep(t *testing.T, tag string) *exec.Cmd {
 	return cmd
 }
 
-// eventually polls cond, a millisecond apart, until it holds; it fails
-// the test after 10 seconds.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 10s waiting for %s", what)
-		}
-		select {
-		case <-t.Context().Done():
-			t.Fatal(t.Context().Err())
-		case <-time.After(time.Millisecond):
-		}
-	}
-}
-
 // waitState waits until the state of pid is one of states.
 func waitState(t *testing.T, pid int, states string) Stat {
 	t.Helper()
 	var st Stat
-	eventually(t, fmt.Sprintf("process %d in state %s", pid, states), func() bool {
+	poll.Wait(t, 10*time.Second, fmt.Sprintf("process %d in state %s", pid, states), func() bool {
 		var err error
 		st, _, err = ReadStat(pid, nil)
 		return err == nil && strings.IndexByte(states, st.State) >= 0
@@ -176,7 +161,7 @@ func TestChildrenOfALeaderThatReadsOnlyItsOwnList(t *testing.T) {
 		_ = shell.Wait()
 	})
 	var kids []int
-	eventually(t, "the shell's child", func() bool {
+	poll.Wait(t, 10*time.Second, "the shell's child", func() bool {
 		kids, _, err = Children(shell.Process.Pid, 1, nil, kids[:0])
 		return err != nil || len(kids) > 0
 	})

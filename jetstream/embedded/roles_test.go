@@ -375,13 +375,31 @@ func TestRolesServe(t *testing.T) {
 	if m, err := acks.NextMsg(5 * time.Second); err != nil || m.Subject != "sp.r.ack.7.prepare.sandbox.s1" {
 		t.Errorf("the agent hearing a sandbox's prepare ack: %v %v", m, err)
 	}
-	// Errors come before the flush's answer; their callbacks a little later.
-	time.Sleep(100 * time.Millisecond)
-	for who, errs := range map[string]chan error{"sandbox": serrs, "agent": aerrs} {
+	noViolations(t, snc, serrs, "sandbox")
+	noViolations(t, anc, aerrs, "agent")
+}
+
+// noViolations checks that nc got no async error so far: it makes a
+// permissions violation on purpose (a phase, which only the bridge
+// publishes) and, nats.go calling a connection's error handler in order,
+// fails the test on any error that comes before that one.
+func noViolations(t *testing.T, nc *nats.Conn, errs chan error, who string) {
+	t.Helper()
+	const marker = "sp.r.phase.prepare"
+	if err := nc.Publish(marker, nil); err != nil {
+		t.Fatal(err)
+	}
+	timeout := time.After(5 * time.Second)
+	for {
 		select {
 		case err := <-errs:
+			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+marker+`"`) {
+				return
+			}
 			t.Errorf("%s: %v", who, err)
-		default:
+		case <-timeout:
+			t.Errorf("%s: no permissions violation for the marker %s within 5 s", who, marker)
+			return
 		}
 	}
 }

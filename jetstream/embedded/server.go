@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // Defaults of Config and ClusterConfig.
@@ -179,19 +181,18 @@ const (
 func waitReady(ctx context.Context, timeout time.Duration, nodes []*Server, more func() error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	tick := time.NewTicker(readyPoll)
-	defer tick.Stop()
-	for {
-		err := readyNow(nodes, more)
-		if err == nil || errors.Is(err, ErrFatal) {
-			return err
+	var last error
+	err := poll.Until(ctx, poll.Every(readyPoll), func() (bool, error) {
+		last = readyNow(nodes, more)
+		if errors.Is(last, ErrFatal) {
+			return false, last
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (waited at most %s): %w: %w", ErrNotReady, timeout, err, context.Cause(ctx))
-		case <-tick.C:
-		}
+		return last == nil, nil
+	})
+	if err != nil && !errors.Is(err, ErrFatal) {
+		return fmt.Errorf("%w (waited at most %s): %w: %w", ErrNotReady, timeout, last, err)
 	}
+	return err
 }
 
 func readyNow(nodes []*Server, more func() error) error {

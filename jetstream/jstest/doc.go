@@ -15,10 +15,13 @@
 // Env.AuthDir): Env.Conn is the admin's, env.As(embedded.RoleAgent).Connect(t) an agent's, and
 // a permissions violation on a connection Connect made fails the test.
 //
-// Everything is torn down by t.Cleanup, in order: connections are closed, then the server is shut
-// down and waited for, so a test leaves no goroutine behind (goleak.VerifyTestMain passes). Any
-// failure to set up fails the test at once.
+// Everything is torn down by t.Cleanup, in order: connections are closed and waited for (nats.go's
+// closed handler has run), then the server is shut down and waited for, so a test leaves no
+// goroutine behind (leak.VerifyTestMain(m, jstest.LeakOptions()...) passes; LeakOptions says why
+// it ignores one goroutine of nats.go, and only while it is blocked forever). Any failure to set
+// up fails the test at once.
 //
-// Buffer collects what those servers, members and the processes a test starts write (logs,
-// output) while the test reads it; WaitFor polls a condition they bring about, with a bound.
+// Buffer collects what those servers and members write (logs, output) while the test reads it.
+// To wait for a condition they bring about, use internal/poll's Wait; to start a process,
+// internal/child.
 package jstest

@@ -4,14 +4,13 @@ import (
 	"errors"
 	"testing"
 
-	"go.uber.org/goleak"
-
+	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	leak.VerifyTestMain(m, jstest.LeakOptions()...)
 }
 
 func TestStart(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
@@ -157,20 +158,12 @@ func TestRestartOnlyRolloutIsNeverParked(t *testing.T) {
 	}()
 	// The dir sandbox runs no daemon: the launch waits for one, and the run
 	// stays in its launch stage.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Wait(t, 10*time.Second, "the rollout to be marked a restart", func() bool {
 		w.agent.mu.Lock()
+		defer w.agent.mu.Unlock()
 		r := w.agent.runs["r1"]
-		restart := r != nil && r.bm.Restart
-		w.agent.mu.Unlock()
-		if restart {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the rollout was never marked a restart")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return r != nil && r.bm.Restart
+	})
 	cp := member.Checkpoint{Run: testRun, ID: "c1", Seq: 1, Deadline: time.Now().Add(10 * time.Second)}
 	rep, err := w.agent.Prepare(ctx, cp)
 	if err != nil || !rep.Ready || len(rep.Blockers) != 0 || len(rep.Restarts) != 1 || rep.Restarts[0] != "r1" {
@@ -190,16 +183,10 @@ func TestRestartOnlyRolloutIsNeverParked(t *testing.T) {
 	if err := <-done; err == nil {
 		t.Fatal("a cancelled rollout returned a result")
 	}
-	deadline = time.Now().Add(10 * time.Second)
-	for {
-		if _, ok := w.owner.Session("r1"); !ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the cancelled rollout's session was not closed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Wait(t, 10*time.Second, "the cancelled rollout's session to be closed", func() bool {
+		_, ok := w.owner.Session("r1")
+		return !ok
+	})
 }
 
 // A request asked again after its rollout ended gets the same answer; no

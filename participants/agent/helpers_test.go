@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/rs/zerolog"
-	"go.uber.org/goleak"
 
+	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -18,7 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, jstest.LeakOptions()...)
+	leak.VerifyTestMain(m, jstest.LeakOptions()...)
 }
 
 const testRun = "run1"

@@ -11,9 +11,10 @@ import (
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/goleak"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
@@ -21,7 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, jstest.LeakOptions()...)
+	leak.VerifyTestMain(m, jstest.LeakOptions()...)
 }
 
 // TestConformance runs the conformance suite against the test participant.
@@ -97,12 +98,6 @@ func want(t *testing.T, d events.Ack, code string, state events.State) {
 	if got := membertest.Code(d); got != code || h.State != state {
 		t.Fatalf("%T: code %q (%+v), state %s; want %q, %s", d, got, h.Error, h.State, code, state)
 	}
-}
-
-// pollUntil waits up to 10 s for cond (jstest.WaitFor).
-func pollUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	jstest.WaitFor(t, 10*time.Second, what, cond)
 }
 
 // §5 commit: a duplicate commit reuses the one export; Export runs once.
@@ -189,7 +184,7 @@ func TestStopCommitParks(t *testing.T) {
 	outcome.Members = []events.Member{w.name}
 	w.bridge.PublishOutcome(outcome)
 	w.bridge.PublishOutcome(outcome)
-	pollUntil(t, "Park", func() bool { return w.p.Count("park") > 0 })
+	poll.Wait(t, 10*time.Second, "Park", func() bool { return w.p.Count("park") > 0 })
 	w.bridge.Barrier(w.name)
 	if n := w.p.Count("park"); n != 1 {
 		t.Fatalf("Park called %d times, want 1", n)
@@ -259,7 +254,7 @@ func TestLeaseExpiryResumes(t *testing.T) {
 	w := start(t, membertest.Options{Episodes: 1, Grace: 200 * time.Millisecond})
 	hdr := w.bridge.Header("c1", 300*time.Millisecond, w.name)
 	want(t, w.bridge.Ack(w.bridge.Publish(events.Prepare{PhaseHeader: hdr}), events.PhasePrepare, w.name), "", events.StatePrepared)
-	pollUntil(t, "the lease to expire", func() bool { return w.p.Count("resume") == 1 })
+	poll.Wait(t, 10*time.Second, "the lease to expire", func() bool { return w.p.Count("resume") == 1 })
 	if now := time.Now(); now.Before(hdr.Deadline.Add(200 * time.Millisecond)) {
 		t.Fatalf("resumed %s early", hdr.Deadline.Add(200*time.Millisecond).Sub(now))
 	}

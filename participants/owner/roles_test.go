@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -51,16 +52,11 @@ func TestUnderRoles(t *testing.T) {
 	cctx, ccancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer ccancel()
 	var info ownerapi.SessionInfo
-	for {
-		if info, err = c.SeedSession(cctx, ownerapi.SeedRequest{SessionID: "s1", Episode: "r1"}); err == nil && info.SandboxID != "" {
-			break
-		}
-		select {
-		case <-cctx.Done():
-			t.Fatalf("seed as an agent: %v", err)
-		case <-time.After(20 * time.Millisecond): // the service's subscriptions are not in yet
-		}
-	}
+	// Until the service's subscriptions are in, a seed finds no responder.
+	poll.Wait(t, 30*time.Second, "a seed as an agent", func() bool {
+		info, err = c.SeedSession(cctx, ownerapi.SeedRequest{SessionID: "s1", Episode: "r1"})
+		return err == nil && info.SandboxID != ""
+	})
 
 	m := o.Member().Name()
 	br := membertest.NewBridge(t, env, testRun) // admin: the bridge role's own test is the CLI's

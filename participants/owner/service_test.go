@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
@@ -34,22 +35,12 @@ func serve(t *testing.T, env *jstest.Env, o *Owner) *ownerapi.Client {
 		t.Fatal(err)
 	}
 	// The service answers once its subscriptions are in.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Wait(t, 10*time.Second, "the owner service to answer", func() bool {
 		_, err := c.SandboxAccess(t.Context(), "probe")
 		var se *jetstream.ServiceError
-		if errors.As(err, &se) {
-			return c
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("owner service not answering: %v", err)
-		}
-		select {
-		case <-t.Context().Done():
-			t.Fatal(t.Context().Err())
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+		return errors.As(err, &se)
+	})
+	return c
 }
 
 // The agent's calls over the bus: seed (the task's files go in, the setup

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -219,7 +220,7 @@ func TestResumeContinuesAPauseItCutShort(t *testing.T) {
 	defer release()
 
 	pseq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 30*time.Second, hd.Name)})
-	jstest.WaitFor(t, 10*time.Second, "the pause to be under way", func() bool {
+	poll.Wait(t, 10*time.Second, "the pause to be under way", func() bool {
 		s.Daemon.mu.Lock()
 		defer s.Daemon.mu.Unlock()
 		return s.pausing[id] != nil

@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,9 +11,10 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"go.uber.org/goleak"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -22,7 +24,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, jstest.LeakOptions()...)
+	leak.VerifyTestMain(m, jstest.LeakOptions()...)
 }
 
 const run = "run1"
@@ -78,12 +80,6 @@ func size(t *testing.T, path string) int64 {
 	return fi.Size()
 }
 
-// waitFor waits up to 10 s for cond (jstest.WaitFor).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	jstest.WaitFor(t, 10*time.Second, what, cond)
-}
-
 // PROTOCOL §6 through the bus: prepare pauses the launch (its ack carries
 // the pause report) and nothing of it runs or writes while paused; resume
 // continues exactly it (the ack carries that too); a launch asked during
@@ -100,7 +96,7 @@ func TestPauseAndContinueThroughTheBus(t *testing.T) {
 		Command: "while :; do echo x >> out; sleep 0.02; done"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the launch to write", func() bool { return size(t, out) > 0 })
+	poll.Wait(t, 10*time.Second, "the launch to write", func() bool { return size(t, out) > 0 })
 
 	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, d.Name())})
 	pa := bridge.Ack(seq, events.PhasePrepare, d.Name()).(events.PrepareAck)
@@ -109,13 +105,12 @@ func TestPauseAndContinueThroughTheBus(t *testing.T) {
 	}
 	t.Logf("paused in mode %s: %d processes in %.1f ms", pa.Pause.Mode, pa.Pause.PIDCount, pa.Pause.TookMS)
 	before := size(t, out)
-	deadline := time.Now().Add(300 * time.Millisecond)
-	for time.Now().Before(deadline) {
+	poll.Holds(t, 300*time.Millisecond, func() error {
 		if s := size(t, out); s != before {
-			t.Fatalf("the paused launch wrote: %d -> %d bytes", before, s)
+			return fmt.Errorf("the paused launch wrote: %d -> %d bytes", before, s)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	_, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id("l2"), Command: "true"})
 	var se *sandboxapi.ServiceError
 	if !errors.As(err, &se) || se.Code != "admission_closed" || se.Status != 409 {
@@ -127,7 +122,7 @@ func TestPauseAndContinueThroughTheBus(t *testing.T) {
 	if ra.Pause == nil || ra.Pause.PauseSeq != 1 {
 		t.Fatalf("resume ack pause %+v", ra.Pause)
 	}
-	waitFor(t, "the launch to write again", func() bool { return size(t, out) > before })
+	poll.Wait(t, 10*time.Second, "the launch to write again", func() bool { return size(t, out) > before })
 
 	seq = bridge.Publish(events.Retire{PhaseHeader: bridge.Header("retire-1", 10*time.Second, d.Name()),
 		Episodes: []events.Episode{{Rollout: "r1"}}})
@@ -178,7 +173,7 @@ func TestLeaseExpiryContinuesThePausedLaunch(t *testing.T) {
 	if _, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id("l1"), Dir: dir, Command: "while :; do echo x >> out; sleep 0.02; done"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the launch to write", func() bool { return size(t, out) > 0 })
+	poll.Wait(t, 10*time.Second, "the launch to write", func() bool { return size(t, out) > 0 })
 	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 700*time.Millisecond, d.Name())})
 	if pa := bridge.Ack(seq, events.PhasePrepare, d.Name()).(events.PrepareAck); !pa.Ready || pa.Pause == nil {
 		t.Fatalf("prepare ack %+v", pa)
@@ -189,8 +184,8 @@ func TestLeaseExpiryContinuesThePausedLaunch(t *testing.T) {
 		t.Fatalf("status while paused: %+v %v", rec.State, err)
 	}
 	// No resume comes: the lease runs out after about 1 s.
-	waitFor(t, "the lease to continue the launch", func() bool { return size(t, out) > paused })
-	waitFor(t, "the launch to be running again", func() bool {
+	poll.Wait(t, 10*time.Second, "the lease to continue the launch", func() bool { return size(t, out) > paused })
+	poll.Wait(t, 10*time.Second, "the launch to be running again", func() bool {
 		rec, err := c.Status(ctx, id("l1"))
 		return err == nil && rec.State == sandboxapi.StateRunning
 	})

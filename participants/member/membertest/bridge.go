@@ -11,6 +11,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
@@ -107,11 +108,11 @@ func (b *Bridge) Lookup(seq uint64, p events.Phase, m events.Member) (events.Ack
 func (b *Bridge) Ack(seq uint64, p events.Phase, m events.Member) events.Ack {
 	b.t.Helper()
 	var d events.Ack
-	poll(b.t, b.Timeout, nil, func() bool {
+	poll.Wait(b.t, b.Timeout, fmt.Sprintf("the ack of %s to %s %d", m, p, seq), func() bool {
 		var ok bool
 		d, ok = b.Lookup(seq, p, m)
 		return ok
-	}, "the ack of %s to %s %d", m, p, seq)
+	})
 	return d
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
@@ -158,9 +159,14 @@ func StartMember(t testing.TB, env *jstest.Env, run string, name events.Member, 
 func WaitRegistered(t testing.TB, env *jstest.Env, run string, name events.Member, done <-chan struct{}) events.MemberInfo {
 	t.Helper()
 	var info events.MemberInfo
-	poll(t, 10*time.Second, done, func() bool {
+	poll.Wait(t, 10*time.Second, fmt.Sprintf("member %s to register", name), func() bool {
 		e, err := env.Bus.Members.Get(t.Context(), events.MemberKey(run, name))
 		if errors.Is(err, natsjs.ErrKeyNotFound) {
+			select {
+			case <-done:
+				t.Fatalf("membertest: member %s stopped before it registered", name)
+			default:
+			}
 			return false
 		}
 		if err != nil {
@@ -170,7 +176,7 @@ func WaitRegistered(t testing.TB, env *jstest.Env, run string, name events.Membe
 			t.Fatalf("membertest: heartbeat of %s: %v", name, err)
 		}
 		return true
-	}, "member %s to register", name)
+	})
 	return info
 }
 
@@ -197,28 +203,6 @@ func StartMembers(t testing.TB, env *jstest.Env, run string, n int, opts Options
 		hs = append(hs, StartMember(t, env, run, name, p, opts))
 	}
 	return hs
-}
-
-// poll calls cond every 10 ms until it is true; it fails the test after
-// within, or when stop (if not nil) is closed first.
-func poll(t testing.TB, within time.Duration, stop <-chan struct{}, cond func() bool, format string, args ...any) {
-	t.Helper()
-	deadline := time.NewTimer(within)
-	defer deadline.Stop()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			t.Fatalf("membertest: timed out after %s waiting for "+format, append([]any{within}, args...)...)
-		case <-stop:
-			if cond() {
-				return
-			}
-			t.Fatalf("membertest: stopped while waiting for "+format, args...)
-		case <-tick.C:
-		}
-	}
 }
 
 // StartHost runs a Host named name for run on a connection of its own

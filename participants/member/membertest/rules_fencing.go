@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // fencingRules runs the subtests of fencing, readiness and the lease (§5).
@@ -94,9 +95,9 @@ func fencingRules(t *testing.T, h Suite) {
 		seq := s.bridge.Publish(events.Prepare{PhaseHeader: s.bridge.Header("c1", 30*time.Second, a)})
 		// The first readiness check has happened once the member is
 		// preparing (a conflicting prepare says so).
-		poll(t, 10*time.Second, nil, func() bool {
+		poll.Wait(t, 10*time.Second, "the member to be preparing", func() bool {
 			return s.prepare(a, "other", 10*time.Second).State == events.StatePreparing
-		}, "the member to be preparing")
+		})
 		start := time.Now()
 		release()
 		s.expect(s.bridge.Ack(seq, events.PhasePrepare, a), "", events.StatePrepared)
@@ -128,10 +129,10 @@ func fencingRules(t *testing.T, h Suite) {
 		s.expect(s.bridge.Ack(s.bridge.Publish(events.Prepare{PhaseHeader: hdr}), events.PhasePrepare, a), "", events.StatePrepared)
 		lease := hdr.Deadline.Add(grace)
 		probe := 0
-		poll(t, 10*time.Second, nil, func() bool {
+		poll.Wait(t, 10*time.Second, "the member to resume by itself", func() bool {
 			probe++
 			return Code(s.resume(a, fmt.Sprintf("probe-%d", probe))) == ""
-		}, "the member to resume by itself")
+		})
 		if now := time.Now(); now.Before(lease) {
 			t.Fatalf("resumed by itself %s before the lease ran out", lease.Sub(now))
 		}

@@ -176,7 +176,7 @@ func (d *Dir) teardown(id string, box *dirBox) error {
 	if box.sb.InitPID > 0 {
 		_ = syscall.Kill(-box.sb.InitPID, syscall.SIGKILL)
 	}
-	err := poll(context.Background(), d.timeout, func() (bool, error) {
+	err := pollWithin(context.Background(), d.timeout, func() (bool, error) {
 		pids := tagged(box.tag)
 		for _, p := range pids {
 			_ = syscall.Kill(p, syscall.SIGKILL)

@@ -10,8 +10,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // The dir provider: a plain directory, snapshot and fork copy it, and a
@@ -60,7 +63,7 @@ func TestDirStopKillsDaemon(t *testing.T) {
 	sb := start(t, d, Spec{ID: "daemon", Init: []string{"sh", "-c", "sleep 1000 & sleep 1001"}})
 	run(t, d, "daemon", `setsid sh -c 'sleep 1002' </dev/null >/dev/null 2>&1 &`)
 	var pids []int
-	eventually(t, "the sandbox's processes", func() bool {
+	poll.Wait(t, 10*time.Second, "the sandbox's processes", func() bool {
 		pids = tagged(tagEnv + "=" + filepath.Dir(sb.Root))
 		return len(pids) >= 5 // init sh, two sleeps, setsid sh, its sleep
 	})
@@ -199,7 +202,7 @@ func TestDirExec(t *testing.T) {
 	}()
 	tag := tagEnv + "=" + filepath.Dir(sb.Root)
 	var pids []int
-	eventually(t, "the command to start", func() bool {
+	poll.Wait(t, 10*time.Second, "the command to start", func() bool {
 		pids = tagged(tag)
 		return len(pids) >= 4 // init, sh, two sleeps
 	})
@@ -207,6 +210,6 @@ func TestDirExec(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled exec: %v", err)
 	}
-	eventually(t, "only init to remain", func() bool { return len(tagged(tag)) == 1 })
+	poll.Wait(t, 10*time.Second, "only init to remain", func() bool { return len(tagged(tag)) == 1 })
 	stop(t, d, sb, pids...)
 }

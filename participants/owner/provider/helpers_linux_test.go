@@ -14,13 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/leak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	leak.VerifyTestMain(m)
 }
 
 // requireRoot fails (never skips) a test that needs root, with a hint.
@@ -203,18 +202,4 @@ func cgroupPids(t testing.TB, cg string) []int {
 		t.Fatal(err)
 	}
 	return pids
-}
-
-// eventually polls cond every few milliseconds until it holds or the
-// deadline passes.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		timer := time.NewTimer(5 * time.Millisecond)
-		<-timer.C
-	}
 }

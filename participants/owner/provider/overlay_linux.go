@@ -548,7 +548,7 @@ func unmountUnder(ctx context.Context, dir string, timeout time.Duration) error 
 	}
 	var errs []error
 	for _, m := range ms {
-		err := poll(ctx, timeout/2, func() (bool, error) {
+		err := pollWithin(ctx, timeout/2, func() (bool, error) {
 			err := unix.Unmount(m, 0)
 			switch {
 			case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stillpoint/stillpoint/internal/cgroup"
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // The main path: a file written inside lands in Root and in upper, a
@@ -278,7 +279,7 @@ func TestOverlayStopKillsDaemon(t *testing.T) {
 	sb := start(t, ov, Spec{ID: "daemon"})
 	run(t, ov, "daemon", `setsid sh -c 'sleep 1000 & sleep 1001 & wait' </dev/null >/dev/null 2>&1 &`)
 	var pids []int
-	eventually(t, "the daemon's processes", func() bool {
+	poll.Wait(t, 10*time.Second, "the daemon's processes", func() bool {
 		pids = cgroupPids(t, sb.Cgroup)
 		return len(pids) >= 4 // init, setsid sh, two sleeps
 	})
@@ -298,7 +299,7 @@ func TestOverlayStopDuringExec(t *testing.T) {
 		done <- err
 	}()
 	var pids []int
-	eventually(t, "the command to start", func() bool {
+	poll.Wait(t, 10*time.Second, "the command to start", func() bool {
 		pids = cgroupPids(t, sb.Cgroup)
 		return len(pids) >= 4 // init, nsenter, sh, two sleeps
 	})
@@ -336,12 +337,12 @@ func TestOverlayExec(t *testing.T) {
 		_, err := ov.Exec(cctx, "ex", []string{"sh", "-c", "sleep 1000 & sleep 1001"}, ExecOptions{})
 		done <- err
 	}()
-	eventually(t, "the command to start", func() bool { return len(cgroupPids(t, sb.Cgroup)) >= 4 })
+	poll.Wait(t, 10*time.Second, "the command to start", func() bool { return len(cgroupPids(t, sb.Cgroup)) >= 4 })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled exec: %v", err)
 	}
-	eventually(t, "only init to remain", func() bool { return len(cgroupPids(t, sb.Cgroup)) == 1 })
+	poll.Wait(t, 10*time.Second, "only init to remain", func() bool { return len(cgroupPids(t, sb.Cgroup)) == 1 })
 	stop(t, ov, sb)
 }
 
@@ -480,8 +481,8 @@ func TestOverlayConcurrent(t *testing.T) {
 func TestOverlayInitExited(t *testing.T) {
 	ov := newOverlay(t)
 	sb := start(t, ov, Spec{ID: "short", Init: []string{"sh", "-c", "read x"}}) // stdin is /dev/null: exits at once
-	eventually(t, "the init to exit", func() bool { return !alive(sb.InitPID) })
-	eventually(t, "Exec to refuse", func() bool {
+	poll.Wait(t, 10*time.Second, "the init to exit", func() bool { return !alive(sb.InitPID) })
+	poll.Wait(t, 10*time.Second, "Exec to refuse", func() bool {
 		_, err := ov.Exec(context.Background(), "short", []string{"true"}, ExecOptions{})
 		return errors.Is(err, ErrExited)
 	})

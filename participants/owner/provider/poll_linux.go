@@ -6,29 +6,15 @@ import (
 	"context"
 	"os"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
-// poll calls done until it reports true, an error, or timeout passes
-// (os.ErrDeadlineExceeded), backing off from 100 µs to 20 ms between
-// calls.
-func poll(ctx context.Context, timeout time.Duration, done func() (bool, error)) error {
-	deadline := time.Now().Add(timeout)
-	wait := 100 * time.Microsecond
-	for {
-		ok, err := done()
-		if err != nil || ok {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return os.ErrDeadlineExceeded
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		wait = min(2*wait, 20*time.Millisecond)
-	}
+// pollWithin calls done (poll.Until, backing off from 100 µs to 20 ms
+// between calls) until it reports true, an error, or timeout passes
+// (os.ErrDeadlineExceeded) or ctx ends (its error).
+func pollWithin(ctx context.Context, timeout time.Duration, done func() (bool, error)) error {
+	ctx, cancel := context.WithTimeoutCause(ctx, timeout, os.ErrDeadlineExceeded)
+	defer cancel()
+	return poll.Until(ctx, poll.Backoff(100*time.Microsecond, 20*time.Millisecond), done)
 }

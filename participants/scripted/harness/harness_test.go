@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -14,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/scripted/harness"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
@@ -70,24 +72,19 @@ func TestContinueAfterAStop(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- harness.Run(ctx, cfg) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if b, _ := os.ReadFile(filepath.Join(dir, "a.txt")); len(b) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first tool did not run")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Wait(t, 10*time.Second, "the first tool to run", func() bool {
+		b, _ := os.ReadFile(filepath.Join(dir, "a.txt"))
+		return len(b) > 0
+	})
 	ms.Hold()
-	for ms.Held() == 0 {
+	poll.Wait(t, 10*time.Second, "a held model call", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("the run ended early: %v", err)
-		case <-time.After(5 * time.Millisecond):
+		default:
 		}
-	}
+		return ms.Held() > 0
+	})
 	cancel() // the harness is stopped with the reply pending
 	<-done
 	ms.Release()
@@ -113,7 +110,7 @@ const childEnv = "STILLPOINT_HARNESS_TEST_CHILD"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "" {
-		os.Exit(m.Run())
+		leak.VerifyTestMain(m)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -138,24 +135,14 @@ func TestToolKilledByAStopStaysPending(t *testing.T) {
 	srv := httptest.NewServer(ms)
 	defer srv.Close()
 	dir := t.TempDir()
-	run := func(cont bool) *exec.Cmd {
-		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), childEnv+"=1", "MODEL_URL="+srv.URL, "DATA_DIR="+filepath.Join(dir, "data"), "WORK_DIR="+dir)
+	run := func(cont bool) *child.Process {
+		env := []string{childEnv + "=1", "MODEL_URL=" + srv.URL, "DATA_DIR=" + filepath.Join(dir, "data"), "WORK_DIR=" + dir}
 		if cont {
-			cmd.Env = append(cmd.Env, "CONTINUE=1")
+			env = append(env, "CONTINUE=1")
 		}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		// A failed test leaves no harness behind (a passed one waited for
-		// it, and its group id may be reused by then).
-		t.Cleanup(func() {
-			if t.Failed() {
-				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			}
-		})
-		return cmd
+		// Its own process group; the test's cleanup stops it and kills
+		// what is left of the group.
+		return child.StartForTest(t, child.Spec{Name: "harness", Path: os.Args[0], Env: env})
 	}
 	t.Cleanup(func() {
 		if !t.Failed() {
@@ -168,34 +155,31 @@ func TestToolKilledByAStopStaysPending(t *testing.T) {
 		}
 	})
 	// wait waits for a harness run, at most a minute.
-	wait := func(cmd *exec.Cmd) error {
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(time.Minute):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			t.Fatal("the harness did not end in a minute")
-			return nil
+	wait := func(p *child.Process) child.Exit {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		exit, err := p.Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
+		return exit
 	}
-	cmd := run(false)
+	p := run(false)
 	var tool int
-	for deadline := time.Now().Add(10 * time.Second); tool == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the tool did not start")
-		}
+	poll.Wait(t, 10*time.Second, "the tool to start", func() bool {
 		b, _ := os.ReadFile(filepath.Join(dir, "tool.pid"))
 		tool, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	}
-	// The tool (its own process group) first, then the harness.
+		return tool > 0
+	})
+	// The tool (its own process group) first; once the harness has reaped
+	// it, the harness, within the InterruptGrace it waits for a signal of
+	// its own.
 	if err := syscall.Kill(-tool, syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond)
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
-	if err := wait(cmd); err == nil {
+	poll.Wait(t, 10*time.Second, "the harness to reap the tool", func() bool { return syscall.Kill(tool, 0) != nil })
+	_ = p.SignalGroup(syscall.SIGINT)
+	if exit := wait(p); exit.Success() {
 		t.Fatal("the interrupted harness exited 0")
 	}
 	s, err := harness.Load(filepath.Join(dir, "data"))
@@ -209,8 +193,8 @@ func TestToolKilledByAStopStaysPending(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := wait(run(true)); err != nil {
-		t.Fatalf("continuation: %v", err)
+	if exit := wait(run(true)); !exit.Success() {
+		t.Fatalf("continuation: %s", exit)
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, "answer.txt")); string(b) != "42\n" {
 		t.Fatalf("answer.txt %q: the interrupted tool was not run again", b)

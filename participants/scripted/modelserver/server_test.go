@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
@@ -142,17 +143,14 @@ func TestHold(t *testing.T) {
 		}
 		close(got)
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for s.Held() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the reply was not held")
-		}
+	poll.Wait(t, 5*time.Second, "the reply to be held", func() bool {
 		select {
 		case <-got:
 			t.Fatal("a held reply was answered")
-		case <-time.After(5 * time.Millisecond):
+		default:
 		}
-	}
+		return s.Held() == 1
+	})
 	s.Release()
 	select {
 	case resp := <-got:

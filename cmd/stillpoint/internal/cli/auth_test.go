@@ -19,6 +19,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -44,21 +45,23 @@ func startCommand(t *testing.T, what string, re *regexp.Regexp, run func(ctx con
 		case <-time.After(30 * time.Second):
 			t.Errorf("%s did not stop", what)
 		}
+		if t.Failed() {
+			t.Logf("--- %s stdout:\n%s\n--- %s stderr:\n%s", what, stdout.String(), what, stderr.String())
+		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if m := re.FindStringSubmatch(stdout.String()); m != nil {
-			return m[1]
+	var m []string
+	poll.Wait(t, 30*time.Second, what+" to be ready", func() bool {
+		if m = re.FindStringSubmatch(stdout.String()); m != nil {
+			return true
 		}
 		select {
 		case err := <-done:
 			t.Fatalf("%s exited early: %v\n%s", what, err, stderr.String())
-		case <-time.After(20 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not ready; stdout:\n%s\nstderr:\n%s", what, stdout.String(), stderr.String())
-		}
-	}
+		return false
+	})
+	return m[1]
 }
 
 // TestServerAuthDir runs `stillpoint server --auth-dir` (one node and a

@@ -10,6 +10,7 @@ import (
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
@@ -66,22 +67,24 @@ func TestServerRunsAndProvisions(t *testing.T) {
 			go func() {
 				done <- runServer(ctx, g, serverFlags{dir: t.TempDir(), listen: "127.0.0.1:0", cluster: cluster})
 			}()
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("--- server stderr:\n%s", stderr.String())
+				}
+			})
 			var url string
-			deadline := time.Now().Add(30 * time.Second)
-			for url == "" {
+			poll.Wait(t, 30*time.Second, "the server to be ready", func() bool {
 				if m := readyRE.FindStringSubmatch(stdout.String()); m != nil {
 					url = m[1]
-					break
+					return true
 				}
 				select {
 				case err := <-done:
 					t.Fatalf("server exited early: %v\n%s", err, stderr.String())
-				case <-time.After(20 * time.Millisecond):
+				default:
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("server not ready; stderr:\n%s", stderr.String())
-				}
-			}
+				return false
+			})
 			nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url})
 			if err != nil {
 				t.Fatal(err)

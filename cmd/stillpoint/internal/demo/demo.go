@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/mattn/go-isatty"
@@ -28,6 +27,9 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/build"
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/participants/member"
@@ -54,6 +56,9 @@ type Env struct {
 	// runs: with a URL, the demo uses that server (one that `stillpoint
 	// server` runs) instead of starting its own.
 	Conn *jetstream.ConnConfig
+	// Program is the stillpoint binary the bridge, the owner and the
+	// agents run as (default: this process's own, os.Executable).
+	Program string
 }
 
 // Sentinel errors of the demo's command.
@@ -100,26 +105,30 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	// With the global --nats-url the demo uses that server instead.
 	fl.BoolVar(&f.auth, "auth", false, "give every component its own credentials (per-role nkeys with their permissions)")
 	fl.StringVar(&f.authDir, "auth-dir", "", "with --nats-url: the per-role nkey seeds of that server (stillpoint server --auth-dir)")
-	fl.DurationVar(&f.tool, "tool-time", 4*time.Second, "how long each task's slow tool call runs")
+	fl.DurationVar(&f.tool, "tool-time", defaultToolTime, "how long each task's slow tool call runs")
 	return cmd
 }
 
+// defaultToolTime is --tool-time's default.
+const defaultToolTime = 4 * time.Second
+
 // demo is one demo run's world.
 type demo struct {
-	env     Env
-	f       demoFlags
-	dir     string
-	self    string
-	bin     string
-	natsURL string
-	authDir string
-	run     string
-	token   string
-	log     zerolog.Logger
+	env      Env
+	f        demoFlags
+	dir      string
+	self     string
+	sandboxd string
+	harness  string
+	natsURL  string
+	authDir  string
+	run      string
+	token    string
+	log      zerolog.Logger
 
 	mu    sync.Mutex
-	procs map[string]*exec.Cmd
-	dead  map[string]chan struct{}
+	procs map[string]*child.Process // the latest process of each name
+	all   []*child.Process          // every process started, killed ones too
 }
 
 func (d *demo) say(format string, args ...any) {
@@ -130,8 +139,8 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.rollouts < 1 || f.agents < 1 {
 		return fmt.Errorf("%w: --rollouts and --agents must be at least 1", ErrUsage)
 	}
-	d := &demo{env: env, f: f, run: "demo", token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*exec.Cmd{},
-		dead: map[string]chan struct{}{}, log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
+	d := &demo{env: env, f: f, run: "demo", token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
+		log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
 	var err error
 	if d.dir = f.dir; d.dir == "" {
 		if d.dir, err = os.MkdirTemp("", "stillpoint-demo-"); err != nil {
@@ -141,8 +150,10 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if d.dir, err = filepath.Abs(d.dir); err != nil {
 		return err
 	}
-	if d.self, err = os.Executable(); err != nil {
-		return err
+	if d.self = env.Program; d.self == "" {
+		if d.self, err = os.Executable(); err != nil {
+			return err
+		}
 	}
 	d.say("work directory %s (logs, results, the NATS store)", d.dir)
 	if err := d.build(ctx); err != nil {
@@ -150,9 +161,11 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	}
 	began := time.Now()
 	defer d.stopAll()
-	if err := d.startNATS(ctx); err != nil {
+	stopNATS, err := d.startNATS(ctx)
+	if err != nil {
 		return err
 	}
+	defer stopNATS()
 	conn := jetstream.ConnConfig{URL: d.natsURL, Name: "stillpoint-demo"}
 	if d.authDir != "" {
 		conn.NKeyFile = embedded.SeedFile(d.authDir, embedded.RoleAdmin)
@@ -174,8 +187,9 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 		return err
 	}
 	msrv := &http.Server{Handler: ms, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = msrv.Serve(ln) }()
-	defer msrv.Close()
+	served := make(chan struct{})
+	go func() { defer close(served); _ = msrv.Serve(ln) }()
+	defer func() { _ = msrv.Close(); <-served }()
 	modelURL := "http://" + ln.Addr().String()
 
 	bridgeURL, err := d.startBridge(ctx)
@@ -199,6 +213,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if err != nil {
 		return err
 	}
+	defer ctl.Close()
 	chk := &demoChecks{}
 	var progress *os.File
 	if fd, ok := env.Stderr.(*os.File); ok && isatty.IsTerminal(fd.Fd()) {
@@ -297,33 +312,29 @@ func openLogFile(p string) *os.File {
 
 // build builds the static binaries that go into sandboxes.
 func (d *demo) build(ctx context.Context) error {
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	mod := strings.TrimSpace(string(out))
-	if err != nil || mod == "" || mod == os.DevNull {
-		return errors.New("demo: run it from the stillpoint checkout (it builds sandboxd and the harness with the Go toolchain): go run ./cmd/stillpoint demo")
-	}
-	d.bin = filepath.Join(d.dir, "bin")
 	d.say("building the static sandboxd and scripted harness (CGO_ENABLED=0)")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", d.bin+"/", "./cmd/sandboxd", "./cmd/scripted-harness")
-	cmd.Dir = filepath.Dir(mod)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("demo: go build: %v\n%s", err, b)
+	bins, err := build.Static(ctx, build.Sandboxd, build.ScriptedHarness)
+	if errors.Is(err, build.ErrNoModule) || errors.Is(err, build.ErrNoGo) {
+		return fmt.Errorf("demo: run it from the stillpoint checkout (it builds sandboxd and the harness with the Go toolchain): go run ./cmd/stillpoint demo: %w", err)
 	}
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
+	}
+	d.sandboxd, d.harness = bins[build.Sandboxd], bins[build.ScriptedHarness]
 	return nil
 }
 
 // startNATS starts the embedded server (or cluster) and provisions the
-// bus, or uses --nats-url.
-func (d *demo) startNATS(ctx context.Context) error {
+// bus, or uses --nats-url. The function it returns shuts the server down.
+func (d *demo) startNATS(ctx context.Context) (func(), error) {
 	if d.env.Conn.URL != "" {
 		// A server of its own (one node or a cluster, run by `stillpoint
 		// server`), which provisioned the bus.
 		d.natsURL, d.authDir = d.env.Conn.URL, d.f.authDir
-		return nil
+		return func() {}, nil
 	}
 	if d.f.authDir != "" {
-		return fmt.Errorf("%w: --auth-dir goes with --nats-url (the server's seeds); alone, use --auth", ErrUsage)
+		return nil, fmt.Errorf("%w: --auth-dir goes with --nats-url (the server's seeds); alone, use --auth", ErrUsage)
 	}
 	var users []embedded.User
 	provision := jetstream.ConnConfig{Name: "stillpoint-demo-provision"}
@@ -331,82 +342,90 @@ func (d *demo) startNATS(ctx context.Context) error {
 		d.authDir = filepath.Join(d.dir, "auth")
 		var err error
 		if users, err = embedded.RoleUsers(d.authDir, ""); err != nil {
-			return err
+			return nil, err
 		}
 		provision.NKeyFile = embedded.SeedFile(d.authDir, embedded.RoleAdmin)
 	}
 	topo := jetstream.Topology{}
 	nlog := zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "nats.log"))).With().Timestamp().Logger()
+	var stop func()
 	if d.f.cluster {
 		c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{Dir: filepath.Join(d.dir, "nats"), Users: users, Logger: nlog})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		d.natsURL = c.URL()
 		topo.Replicas = c.Len()
-		go func() { <-ctx.Done(); c.Shutdown() }()
+		stop = c.Shutdown
 	} else {
 		s, err := embedded.Start(ctx, embedded.Config{Dir: filepath.Join(d.dir, "nats"), ServerName: "stillpoint-demo", Users: users, Logger: nlog})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		d.natsURL = s.ClientURL()
-		go func() { <-ctx.Done(); s.Shutdown() }()
+		stop = s.Shutdown
 	}
 	provision.URL = d.natsURL
 	nc, js, err := connectJS(ctx, provision)
 	if err != nil {
-		return err
+		stop()
+		return nil, err
 	}
 	defer nc.Close()
-	_, err = jetstream.Provision(ctx, js, topo)
-	return err
+	if _, err := jetstream.Provision(ctx, js, topo); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
 }
 
-// spawn starts a component as a process of this binary.
+// spawn starts a component as a process of the stillpoint binary, its
+// output in logs/<name>.log.
 func (d *demo) spawn(name string, role embedded.Role, env []string, args ...string) error {
 	full := []string{"--nats-url", d.natsURL, "--log-format", "json", "--log-level", "info"}
 	if d.authDir != "" {
 		full = append(full, "--nkey", embedded.SeedFile(d.authDir, role))
 	}
-	cmd := exec.Command(d.self, append(full, args...)...)
-	logf := openLogFile(filepath.Join(d.dir, "logs", name+".log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("demo: start %s: %w", name, err)
+	p, err := child.Start(child.Spec{Name: name, Path: d.self, Args: append(full, args...), Env: env,
+		LogFile: filepath.Join(d.dir, "logs", name+".log")})
+	if err != nil {
+		return fmt.Errorf("demo: %w", err)
 	}
-	dead := make(chan struct{})
-	go func() { _ = cmd.Wait(); _ = logf.Close(); close(dead) }()
 	d.mu.Lock()
-	d.procs[name], d.dead[name] = cmd, dead
+	d.procs[name] = p
+	d.all = append(d.all, p)
 	d.mu.Unlock()
 	return nil
 }
 
-// waitMember waits for a new instance of member m to register.
+// process returns the latest process named name.
+func (d *demo) process(name string) *child.Process {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.procs[name]
+}
+
+// waitMember waits for a new instance of member m, run by process proc,
+// to register.
 func (d *demo) waitMember(ctx context.Context, bus *jetstream.Bus, m events.Member, not string, proc string) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	p := d.process(proc)
+	wctx, cancel := context.WithTimeoutCause(ctx, 30*time.Second,
+		fmt.Errorf("demo: %s did not register; see %s", m, filepath.Join(d.dir, "logs", proc+".log")))
+	defer cancel()
+	return poll.Until(wctx, poll.Every(50*time.Millisecond), func() (bool, error) {
 		if e, err := bus.Members.Get(ctx, events.MemberKey(d.run, m)); err == nil {
 			var info events.MemberInfo
 			if json.Unmarshal(e.Value(), &info) == nil && info.Instance != "" && info.Instance != not {
-				return nil
+				return true, nil
 			}
 		}
-		d.mu.Lock()
-		dead := d.dead[proc]
-		d.mu.Unlock()
 		select {
-		case <-dead:
-			return fmt.Errorf("demo: %s exited; see %s", proc, filepath.Join(d.dir, "logs", proc+".log"))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		case <-p.Exited():
+			return false, fmt.Errorf("demo: %s exited; see %s", proc, filepath.Join(d.dir, "logs", proc+".log"))
+		default:
+			return false, nil
 		}
-	}
-	return fmt.Errorf("demo: %s did not register; see %s", m, filepath.Join(d.dir, "logs", proc+".log"))
+	})
 }
 
 func (d *demo) instance(ctx context.Context, bus *jetstream.Bus, m events.Member) string {
@@ -431,21 +450,35 @@ func (d *demo) startBridge(ctx context.Context) (string, error) {
 		return "", err
 	}
 	url := "http://" + addr
-	c, _ := client.New(url, d.token)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if err := c.Ready(ctx); err == nil {
-			return url, nil
-		}
-		time.Sleep(50 * time.Millisecond)
+	c, err := client.New(url, d.token)
+	if err != nil {
+		return "", err
 	}
-	return "", fmt.Errorf("demo: the bridge did not come up; see %s", filepath.Join(d.dir, "logs", "bridge.log"))
+	defer c.Close()
+	p := d.process("bridge")
+	wctx, cancel := context.WithTimeoutCause(ctx, 30*time.Second,
+		fmt.Errorf("demo: the bridge did not come up; see %s", filepath.Join(d.dir, "logs", "bridge.log")))
+	defer cancel()
+	err = poll.Until(wctx, poll.Every(50*time.Millisecond), func() (bool, error) {
+		select {
+		case <-p.Exited():
+			return false, fmt.Errorf("demo: the bridge exited; see %s", filepath.Join(d.dir, "logs", "bridge.log"))
+		default:
+		}
+		once, cancel := context.WithTimeout(wctx, time.Second)
+		defer cancel()
+		return c.Ready(once) == nil, nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return url, nil
 }
 
 func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstream.Bus) error {
 	prev := d.instance(ctx, bus, "owner.o1")
 	args := []string{"owner", "--run", d.run, "--name", "o1", "--provider", d.f.provider, "--state-dir", filepath.Join(d.dir, "owner"),
-		"--sandboxd", filepath.Join(d.bin, "sandboxd"), "--harness", filepath.Join(d.bin, "scripted-harness")}
+		"--sandboxd", d.sandboxd, "--harness", d.harness}
 	if d.authDir != "" {
 		args = append(args, "--sandbox-creds", embedded.SeedFile(d.authDir, embedded.RoleSandbox))
 	}
@@ -465,43 +498,30 @@ func (d *demo) startAgent(ctx context.Context, bus *jetstream.Bus, name, modelUR
 	return d.waitMember(ctx, bus, m, prev, "agent-"+name)
 }
 
-// kill9 kills the named processes with SIGKILL and waits for them.
-func (d *demo) kill9(names ...string) {
+// kill9 kills the named processes with SIGKILL and waits for them: a
+// crash, after which what they started (the owner's sandboxes) lives on.
+func (d *demo) kill9(ctx context.Context, names ...string) error {
 	for _, n := range names {
-		d.mu.Lock()
-		cmd, dead := d.procs[n], d.dead[n]
-		d.mu.Unlock()
-		if cmd == nil {
-			continue
+		if p := d.process(n); p != nil {
+			if err := p.Kill(ctx); err != nil {
+				return err
+			}
 		}
-		_ = cmd.Process.Kill()
-		<-dead
 	}
+	return nil
 }
 
-// stopAll stops every process (SIGTERM, then SIGKILL after 20 s).
+// stopAll stops every process it started (SIGTERM, then SIGKILL after 20 s,
+// all at once) and waits for them.
 func (d *demo) stopAll() {
 	d.mu.Lock()
-	procs := make(map[string]*exec.Cmd, len(d.procs))
-	for k, v := range d.procs {
-		procs[k] = v
-	}
-	d.procs = map[string]*exec.Cmd{}
+	all := d.all
 	d.mu.Unlock()
-	for _, cmd := range procs {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+	var wg sync.WaitGroup
+	for _, p := range all {
+		wg.Go(func() { p.Stop() })
 	}
-	for n, cmd := range procs {
-		d.mu.Lock()
-		dead := d.dead[n]
-		d.mu.Unlock()
-		select {
-		case <-dead:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-dead
-		}
-	}
+	wg.Wait()
 }
 
 // reap stops sandboxes left in the owner's state directory and returns
@@ -542,17 +562,15 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 		return k
 	}
 	waitUntil := func(what string, cond func() bool) error {
-		for !cond() {
+		return poll.Until(ctx, poll.Every(50*time.Millisecond), func() (bool, error) {
+			if cond() {
+				return true, nil
+			}
 			if col.Counts().Done >= n {
-				return fmt.Errorf("the collection finished before %s", what)
+				return false, fmt.Errorf("the collection finished before %s", what)
 			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-		return nil
+			return false, nil
+		})
 	}
 	committed := func() int { s := col.Summary(); return len(s.Committed()) }
 	checkpoint := func(k int) error {
@@ -576,7 +594,9 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 	for _, a := range agents {
 		names = append(names, "agent-"+a)
 	}
-	d.kill9(names...)
+	if err := d.kill9(ctx, names...); err != nil {
+		return err
+	}
 	if err := d.startOwner(ctx, nil, bus); err != nil {
 		return err
 	}

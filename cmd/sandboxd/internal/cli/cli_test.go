@@ -1,0 +1,83 @@
+package cli
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+)
+
+// TestMain checks that a command run in-process leaves no goroutine
+// behind once Main returned (the supervisor's, the daemon's, the bus's).
+func TestMain(m *testing.M) { leak.VerifyTestMain(m, jstest.LeakOptions()...) }
+
+func TestUsageAndVersion(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Main([]string{"version"}, &out, &errb); code != 0 || !strings.HasPrefix(out.String(), "sandboxd ") {
+		t.Errorf("version: exit %d, %q", code, out.String())
+	}
+	for _, args := range [][]string{nil, {"no-such-command"}, {"run"}, {"member", "--run", "r1"}} {
+		out.Reset()
+		errb.Reset()
+		if code := Main(args, &out, &errb); code != 2 || !strings.Contains(errb.String(), "usage:") {
+			t.Errorf("%q: exit %d, stderr %q; want 2 and the usage", args, code, errb.String())
+		}
+	}
+}
+
+// `sandboxd run` runs a supervisor in this process, launches the command
+// and returns its exit status once it ended, every goroutine it started
+// ended too (TestMain checks).
+func TestRunReturnsTheLaunchsExit(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := Main([]string{"run", "--state", t.TempDir(), "--no-cgroup", "--grace", "1s", "--", "sh", "-c", "exit 3"}, &out, &errb)
+	if code != 3 {
+		t.Fatalf("exit %d, want the launch's 3\nstdout:\n%s\nstderr:\n%s", code, out.String(), errb.String())
+	}
+	for _, want := range []string{`"event":"launched"`, `"event":"ended"`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("stdout lacks %s:\n%s", want, out.String())
+		}
+	}
+}
+
+// `sandboxd member` in process: it registers on the bus and stops, with
+// status 0, on SIGTERM.
+func TestMemberStopsOnSIGTERM(t *testing.T) {
+	env := jstest.Start(t)
+	stdout, stderr := &jstest.Buffer{}, &jstest.Buffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- Main([]string{"member", "--nats-url", env.URL, "--run", "run1", "--id", "sbcli", "--state", t.TempDir(),
+			"--no-cgroup", "--log-level", "warn"}, stdout, stderr)
+	}()
+	// The line comes once it handles SIGTERM itself, so that the signal
+	// below stops the command, not the test.
+	poll.Wait(t, 30*time.Second, "the member line", func() bool {
+		select {
+		case code := <-done:
+			t.Fatalf("member exited %d early\n%s", code, stderr.String())
+		default:
+		}
+		return strings.Contains(stdout.String(), `"event":"member"`)
+	})
+	membertest.WaitRegistered(t, env, "run1", "sandbox.sbcli", nil)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("member exited %d on SIGTERM\n%s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("member did not stop on SIGTERM\n%s", stderr.String())
+	}
+}
