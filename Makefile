@@ -68,6 +68,8 @@ lint:
 ## fuzz: a short run of every fuzz target (FUZZTIME each).
 fuzz:
 	$(GO) test ./events -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseStat$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseMount$$' -fuzztime $(FUZZTIME)
 
 ## bench: the benchmarks recorded in docs/BENCHMARKS.md.
 bench:
