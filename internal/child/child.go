@@ -19,6 +19,11 @@ import (
 const DefaultGrace = 20 * time.Second
 
 // Sentinel errors.
+// waitDelay bounds how long the reap waits, once the process exited, for
+// the processes it left to close its stdout and stderr: after it, os/exec
+// stops copying their output.
+const waitDelay = 2 * time.Second
+
 var (
 	// ErrExited is returned by WaitOutput when the process exited before
 	// writing what was awaited.
@@ -170,15 +175,25 @@ func (p *Process) collect() Exit {
 // its submatches. It returns an error wrapping ErrExited, with the output,
 // if the process exits first, and context.Cause(ctx) if ctx ends first.
 func (p *Process) WaitOutput(ctx context.Context, re *regexp.Regexp) ([]string, error) {
-	var m []string
+	var (
+		m        []string
+		exitSeen time.Time
+	)
 	err := poll.Until(ctx, poll.Backoff(time.Millisecond, 20*time.Millisecond), func() (bool, error) {
 		if m = re.FindStringSubmatch(p.out.String()); m != nil {
 			return true, nil
 		}
 		select {
 		case <-p.exited:
-			if m = re.FindStringSubmatch(p.out.String()); m != nil {
-				return true, nil
+			// What the process wrote before it exited may still be in its
+			// pipe: the copy into the buffer runs in a goroutine of its
+			// own, which a loaded machine can keep waiting. It is given as
+			// long as os/exec gives it at the reap (waitDelay).
+			if exitSeen.IsZero() {
+				exitSeen = time.Now()
+			}
+			if time.Since(exitSeen) < waitDelay {
+				return false, nil
 			}
 			return false, fmt.Errorf("%w before writing %q: %s: output:\n%s", ErrExited, re, p.spec.Name, p.out.String())
 		default:

@@ -9,15 +9,9 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
-
-// waitDelay bounds how long the reap waits, once the process exited, for
-// the processes it left to close its stdout and stderr: after it, os/exec
-// stops copying their output.
-const waitDelay = 2 * time.Second
 
 // processOS is the Linux part of a Process.
 type processOS struct {
