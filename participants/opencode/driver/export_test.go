@@ -7,3 +7,6 @@ import "io"
 func SummariseForTest(r io.Reader, w io.Writer) (Summary, error) {
 	return copyEvents(r, w, func(string) {})
 }
+
+// AnsweredForTest tells whether Continue would take msgs as answered.
+func AnsweredForTest(msgs []Message) bool { return answered(msgs) }

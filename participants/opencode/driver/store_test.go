@@ -157,3 +157,27 @@ func TestMainUsage(t *testing.T) {
 		}
 	}
 }
+
+// A session whose last step answered is not continued (no model call):
+// only a last assistant step that finished with text and no error is an
+// answer.
+func TestAnswered(t *testing.T) {
+	user := message("user", text("Fix it."))
+	failed := done(message("assistant", text("partial")), "stop")
+	failed.Info.Error = &driver.MessageError{Name: "MessageAbortedError"}
+	for _, c := range []struct {
+		name string
+		msgs []driver.Message
+		want bool
+	}{
+		{"answered", []driver.Message{user, done(message("assistant", tool("completed")), "tool-calls"), done(message("assistant", text("Fixed.")), "stop")}, true},
+		{"on a tool call", []driver.Message{user, done(message("assistant", tool("completed")), "tool-calls")}, false},
+		{"killed mid-tool", []driver.Message{user, message("assistant", tool("running"))}, false},
+		{"a failed step", []driver.Message{user, failed}, false},
+		{"continued, not yet answered", []driver.Message{user, done(message("assistant", text("Fixed.")), "stop"), message("user")}, false},
+	} {
+		if got := driver.AnsweredForTest(c.msgs); got != c.want {
+			t.Errorf("%s: answered %v, want %v", c.name, got, c.want)
+		}
+	}
+}
