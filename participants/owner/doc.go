@@ -21,8 +21,9 @@
 // grades it at verify. A kind may also be a Setuper (Setup runs against
 // the started sandbox) and a Forker (ForkSpec completes the spec of each
 // fork a restore starts). TaskFuncs makes a kind of functions. The
-// scripted kind is participants/scripted's Kind; `stillpoint owner
-// --task-kind` chooses among the kinds the CLI knows.
+// scripted kind is participants/scripted's Kind, the command kind (a task
+// defined in its JSON, docs/TASKS.md) participants/owner/commandkind's;
+// `stillpoint owner --task-kind` chooses among the kinds the CLI knows.
 //
 // # Sessions
 //
