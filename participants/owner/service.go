@@ -124,11 +124,12 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 // verify grades a session, and ends it when asked. A grade is a
 // boundary, not a request in flight (PROTOCOL §6, Sandbox owner): a
 // prepare does not wait for it, and it goes on through the checkpoint,
-// whose commit snapshots the session as it is. The end that follows it is
-// a request like any other: while a checkpoint is open it waits for the
-// resume, so that the sessions a prepare saw are the ones the commit
-// exports, and the verdict is answered only then. A verify asked while a
-// checkpoint is open is refused (admission_closed), as a seed is.
+// whose commit snapshots the session as it is. What follows it, the end
+// and the answer, is a request like any other: while a checkpoint is open
+// it waits for the resume, so that the sessions a prepare saw are the
+// ones the commit exports, and no verdict is answered under a checkpoint.
+// A verify asked while a checkpoint is open is refused (admission_closed),
+// as a seed is.
 func (o *Owner) verify(ctx context.Context, r ownerapi.VerifyRequest) (ownerapi.VerifyResult, error) {
 	sess, done, err := o.startGrade(ctx, r.SessionID)
 	if err != nil {
@@ -139,14 +140,14 @@ func (o *Owner) verify(ctx context.Context, r ownerapi.VerifyRequest) (ownerapi.
 	if err != nil {
 		return ownerapi.VerifyResult{}, fmt.Errorf("owner: grade %s: %w", r.SessionID, err)
 	}
+	// Held, not refused: the agent waits for this answer, not for the
+	// checkpoint.
+	req, err := o.admit(ctx, r.SessionID, true)
+	if err != nil {
+		return ownerapi.VerifyResult{}, err
+	}
+	defer o.leave(req)
 	if r.End {
-		// Held, not refused: the agent waits for this answer, not for
-		// the checkpoint.
-		req, err := o.admit(ctx, r.SessionID, true)
-		if err != nil {
-			return ownerapi.VerifyResult{}, err
-		}
-		defer o.leave(req)
 		if err := o.endGraded(ctx, r.SessionID, sess.Sandbox.ID); err != nil {
 			return ownerapi.VerifyResult{}, err
 		}
