@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
@@ -54,6 +55,7 @@ func run(t *testing.T, dir string, env []string, argv []string) (string, int) {
 // its verify fails as it comes, and passes after the fix its model script
 // applies; the control task's script applies none.
 func TestReposSolve(t *testing.T) {
+	tier.Long(t) // it runs every repository's tests, Go's included, twice
 	ts, script, err := Repos(RepoOptions{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
