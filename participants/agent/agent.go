@@ -325,6 +325,10 @@ const (
 	// atParked: its launch paused in place by checkpoint parkedFor;
 	// exportable for that checkpoint.
 	atParked
+	// atVerifying: its grade asked for and not answered yet. A grade is a
+	// boundary (PROTOCOL §6): exportable at its verify bookmark, which a
+	// restore grades again; the owner answers only after the checkpoint.
+	atVerifying
 )
 
 type parkRequest struct {
@@ -542,15 +546,37 @@ func (a *Agent) seed(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 	return bm, nil
 }
 
-// verify asks the owner for the grade; the owner ends the session.
+// VerifyWait bounds one verify request: the grade itself, and the resume
+// of a checkpoint that opened while it ran, which the owner waits for
+// before it ends the session and answers.
+const VerifyWait = 2 * time.Hour
+
+// verify asks the owner for the grade; the owner ends the session. While
+// the grade runs the run is at its verify bookmark: a checkpoint does not
+// wait for it (PROTOCOL §6), and exports the bookmark, at which a restored
+// attempt grades again.
 func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
-	verdict, err := retryNoResponders(r.ctx, 10*time.Minute, func(ctx context.Context) (json.RawMessage, error) {
+	a.mu.Lock()
+	r.at = atVerifying
+	a.mu.Unlock()
+	a.member.Notify()
+	verdict, err := retryNoResponders(r.ctx, VerifyWait, func(ctx context.Context) (json.RawMessage, error) {
 		return a.verifyEnd(ctx, bm.Session)
 	})
 	if isAdmissionClosed(err) {
 		return bm, errAdmissionClosed
 	}
 	if err != nil {
+		a.mu.Lock()
+		open := a.closed
+		a.mu.Unlock()
+		if open && r.ctx.Err() == nil {
+			// A checkpoint that opened while the grade ran holds the run at
+			// its verify bookmark (and the owner its session): it fails
+			// after the checkpoint, not under it, and grades again then.
+			r.log.Warn().Err(err).Msg("the grade failed while a checkpoint was open; grading again after it")
+			return bm, errAdmissionClosed
+		}
 		return bm, fmt.Errorf("agent: verify %s: %w", r.key, err)
 	}
 	a.mu.Lock()

@@ -13,6 +13,11 @@
 // the next turn and a repeated call gets the same one (and shows in the
 // ledger as a repeat).
 //
+// A script comes from JSON (LoadScript: {"task": [turns...]}) or from a
+// tasks file whose lines carry their turns beside the payload (LoadTasks,
+// TaskLine: "model": {"turns": [...]}), which `stillpoint tasks` writes
+// and `stillpoint modelserver --tasks` serves.
+//
 // For tests of in-flight calls, Hold makes replies wait until Release, and
 // CutNext makes the next streamed reply stop after a number of chunks.
 package modelserver
