@@ -369,6 +369,12 @@ func (a *Agent) bookmark(r *run) agentapi.Bookmark {
 func (a *Agent) drive(r *run) {
 	defer a.wg.Done()
 	res, err := a.queue(r)
+	if err != nil && r.ctx.Err() != nil {
+		// Cancelled: why (a shutdown, a park, a retire, the caller) decides
+		// the cleanup rule and the answer, not how the stage in flight
+		// reported its cut-off call.
+		err = context.Cause(r.ctx)
+	}
 	if err != nil {
 		a.cleanup(r, err)
 	}
