@@ -356,7 +356,6 @@ type run struct {
 	seeded    bool
 	launch    string // the launch in flight
 	sandbox   string // its sandbox
-	hold      int    // test hook: > 0 keeps the run busy
 }
 
 func (a *Agent) bookmark(r *run) agentapi.Bookmark {
@@ -491,17 +490,12 @@ func (a *Agent) boundary(r *run, bm agentapi.Bookmark) error {
 	}
 	a.mu.Lock()
 	r.bm, r.at, r.parkedFor = bm, atBoundary, ""
-	for a.closed || r.hold > 0 {
+	for a.closed {
 		ch := a.reopen
-		var poll <-chan time.Time
-		if r.hold > 0 {
-			poll = time.After(50 * time.Millisecond) // a test hold: look again
-		}
 		a.mu.Unlock()
 		a.member.Notify()
 		select {
 		case <-ch:
-		case <-poll:
 		case <-r.ctx.Done():
 			return context.Cause(r.ctx)
 		}
