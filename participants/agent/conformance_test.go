@@ -82,7 +82,7 @@ func (s *subject) AddWork(t testing.TB, n int) []events.Episode {
 		s.n++
 		id := fmt.Sprintf("%s-w%d", s.prefix, s.n)
 		s.mu.Unlock()
-		if _, err := s.start(agentapi.Request{RolloutID: id, Task: task}); err != nil {
+		if _, err := s.start(t.Context(), agentapi.Request{RolloutID: id, Task: task}); err != nil {
 			t.Fatalf("start %s: %v", id, err)
 		}
 		eps = append(eps, events.Episode{Rollout: id})
@@ -136,9 +136,8 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			a.slots <- struct{}{} // the one slot is taken: every run waits at seed
-			ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-			a.ctx = ctx
-			t.Cleanup(func() { cancel(); a.wg.Wait() })
+			a.running = true      // its member runs; the suite runs it
+			t.Cleanup(a.shutdown)
 			return &subject{Agent: a, prefix: name.Name(), held: map[*run]int{}}
 		},
 	})
