@@ -55,8 +55,8 @@ type Daemon struct {
 	cfg      Config
 	log      zerolog.Logger
 	name     events.Member
-	sup      *sandboxd.Supervisor
-	launches launches // sup, as the member side uses it
+	sup      *sandboxd.Supervisor // run by Run; its launches only through launches
+	launches launches             // sup, as the daemon controls its launches
 	member   *member.Member
 
 	mu        sync.Mutex
@@ -72,9 +72,16 @@ type Daemon struct {
 	pauses    sync.WaitGroup                      // the pausing goroutines
 }
 
-// launches is the supervisor as the daemon's member side uses it.
+// launches is the supervisor as the daemon controls its launches: the
+// member side and the service alike go through it, so that a test can
+// stand between the daemon and its supervisor (the conformance suite
+// holds pauses there).
 type launches interface {
+	Launch(ctx context.Context, spec sandboxd.Spec) (sandboxapi.Record, error)
 	List() []sandboxapi.Record
+	Status(id string) (sandboxapi.Record, error)
+	Receipt(id string) (sandboxapi.Receipt, error)
+	Wait(ctx context.Context, id string) (sandboxapi.Receipt, error)
 	Pause(ctx context.Context, id string, mode sandboxapi.Mode) (sandboxapi.PauseResult, error)
 	Continue(ctx context.Context, id string) (sandboxapi.PauseResult, error)
 	Stop(ctx context.Context, id string) (sandboxapi.Receipt, error)
@@ -421,14 +428,14 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec 
 		d.mu.Unlock()
 		d.member.Notify()
 	}()
-	rec, err := d.sup.Launch(ctx, spec)
+	rec, err := d.launches.Launch(ctx, spec)
 	if err != nil {
 		return rec, err
 	}
 	if episode != "" {
 		if err := d.member.Admit(ep); err != nil {
 			// Retired while it registered: a retired attempt leaves nothing.
-			_, _ = d.sup.Cancel(context.WithoutCancel(ctx), spec.ID)
+			_, _ = d.launches.Cancel(context.WithoutCancel(ctx), spec.ID)
 			return rec, err
 		}
 	}
