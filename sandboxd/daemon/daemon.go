@@ -150,10 +150,14 @@ func (d *Daemon) Name() events.Member { return d.name }
 // that are still in flight when the member stops are cut short, and Run
 // waits for them.
 func (d *Daemon) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return d.sup.Run(gctx) })
 	svc, err := d.serve(gctx)
 	if err != nil {
+		cancel()
+		_ = g.Wait() // the supervisor stops its launches and returns
 		return err
 	}
 	defer func() { _ = svc.Stop() }()

@@ -230,3 +230,33 @@ func TestAgentAndCheckpointPausesStayApart(t *testing.T) {
 		}
 	}
 }
+
+// Run that cannot serve returns its error only once the supervisor it
+// started has stopped: the supervisor then takes no launch.
+func TestRunThatCannotServeStopsItsSupervisor(t *testing.T) {
+	env := jstest.Start(t)
+	nc, js := env.Connect(t)
+	bus, err := jetstream.Open(t.Context(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	sup, err := sandboxd.New(sandboxd.Config{StateDir: t.TempDir(), Logger: log, Grace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.New(daemon.Config{Run: run, SandboxID: "sb1", JS: js, Bus: bus, Supervisor: sup, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close() // the service cannot be added
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := d.Run(ctx); err == nil {
+		t.Fatal("Run on a closed connection returned nil")
+	}
+	rec, err := sup.Launch(ctx, sandboxd.Spec{ID: id("after"), Command: "true"})
+	if !errors.Is(err, sandboxd.ErrClosed) {
+		t.Fatalf("launch after Run returned: %+v %v, want ErrClosed: the supervisor still runs", rec.State, err)
+	}
+}
