@@ -66,10 +66,11 @@ type Daemon struct {
 	episodes  map[string]string                   // launch id -> episode key, persisted
 	nopause   map[string]bool                     // launches checkpoints leave alone
 	pausing   map[string]*pausing                 // launch id -> its pause in flight
+	ending    map[string]context.CancelFunc       // launch id -> the watch for the end of its stop
 	confirmed map[string][]sandboxapi.PauseResult // checkpoint id -> its pauses that confirmed
 	failed    map[string]error                    // checkpoint id -> why one of its pauses failed
-	closing   bool                                // Run is returning: no new pause
-	pauses    sync.WaitGroup                      // the pausing goroutines
+	closing   bool                                // Run is returning: no new pause or watch
+	pauses    sync.WaitGroup                      // the pausing goroutines and the watches
 }
 
 // launches is the supervisor as the daemon controls its launches: the
@@ -134,7 +135,7 @@ func newDaemon(cfg Config) (*Daemon, error) {
 	}
 	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, launches: cfg.Supervisor,
 		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{},
-		pausing: map[string]*pausing{}, confirmed: map[string][]sandboxapi.PauseResult{}, failed: map[string]error{},
+		pausing: map[string]*pausing{}, ending: map[string]context.CancelFunc{}, confirmed: map[string][]sandboxapi.PauseResult{}, failed: map[string]error{},
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
 	if err := d.loadEpisodes(); err != nil {
 		return nil, err
@@ -177,7 +178,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 // paused, ended, or stopped after a pause that did not confirm; until
 // then the launches still pausing are its blockers (their episode, or
 // their id), and each pause that ends calls Member.Notify, so that the
-// runtime asks again. A pause that failed fails the next Prepare.
+// runtime asks again. A launch being stopped is not paused (the pause
+// would fail at once): it is a blocker until it has ended, which calls
+// Notify too. A pause that failed fails the next Prepare.
 func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Report, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -197,6 +200,12 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 			// rollout).
 			continue
 		}
+		if rec.State == sandboxapi.StateStopping {
+			// It ends by itself, within the stop's grace.
+			d.watchEnd(ctx, rec.ID)
+			blockers = append(blockers, d.blockerLocked(rec.ID))
+			continue
+		}
 		mark := d.paused[rec.ID]
 		if mark == "" && rec.State == sandboxapi.StatePaused {
 			// Paused by the agent, not by a checkpoint: it is still, and its
@@ -213,11 +222,7 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 			d.startPause(ctx, cp.ID, rec.ID)
 		}
 		if d.pausing[rec.ID] != nil {
-			b := d.episodes[rec.ID]
-			if b == "" {
-				b = rec.ID
-			}
-			blockers = append(blockers, b)
+			blockers = append(blockers, d.blockerLocked(rec.ID))
 		}
 	}
 	if len(blockers) > 0 {
@@ -226,6 +231,41 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 	}
 	reports := d.confirmed[cp.ID]
 	return member.Report{Ready: true, Pause: summarize(reports), Counts: map[string]int{"launches": len(reports)}}, nil
+}
+
+// blockerLocked names launch id as a blocker: its episode, or its id.
+// d.mu is held.
+func (d *Daemon) blockerLocked(id string) string {
+	if ep := d.episodes[id]; ep != "" {
+		return ep
+	}
+	return id
+}
+
+// watchEnd calls Member.Notify once launch id, being stopped, has ended,
+// from one goroutine of the daemon's per launch; the end of Run cuts it
+// short. A wait that fails for another reason does not notify (the
+// member's poll asks again): one that fails at once must not spin. d.mu
+// is held.
+func (d *Daemon) watchEnd(ctx context.Context, id string) {
+	if d.ending[id] != nil || d.closing {
+		return
+	}
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.ending[id] = cancel
+	d.pauses.Go(func() {
+		defer cancel()
+		_, err := d.launches.Wait(wctx, id)
+		d.mu.Lock()
+		delete(d.ending, id)
+		d.mu.Unlock()
+		switch {
+		case err == nil, errors.Is(err, sandboxd.ErrKillUnconfirmed):
+			d.member.Notify() // ended
+		case wctx.Err() == nil:
+			d.log.Debug().Err(err).Str("launch", id).Msg("waiting for the end of a stopping launch")
+		}
+	})
 }
 
 // startPause pauses launch id for checkpoint cp in a goroutine of the
@@ -305,10 +345,14 @@ func (d *Daemon) cutPauses(id string) {
 	}
 }
 
-// stopPauses cuts every pause short, lets no new one start, and waits.
+// stopPauses cuts every pause and watch short, lets no new one start, and
+// waits.
 func (d *Daemon) stopPauses() {
 	d.mu.Lock()
 	d.closing = true
+	for _, cancel := range d.ending {
+		cancel()
+	}
 	d.mu.Unlock()
 	d.cutPauses("")
 	d.pauses.Wait()
