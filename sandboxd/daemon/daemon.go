@@ -59,18 +59,18 @@ type Daemon struct {
 	launches launches             // sup, as the daemon controls its launches
 	member   *member.Member
 
-	mu        sync.Mutex
-	open      string                              // checkpoint id while admission is closed
-	launching int                                 // launches admitted and not yet registered
-	paused    map[string]string                   // launch id -> checkpoint that paused it
-	episodes  map[string]string                   // launch id -> episode key, persisted
-	nopause   map[string]bool                     // launches checkpoints leave alone
-	pausing   map[string]*pausing                 // launch id -> its pause in flight
-	ending    map[string]context.CancelFunc       // launch id -> the watch for the end of its stop
-	confirmed map[string][]sandboxapi.PauseResult // checkpoint id -> its pauses that confirmed
-	failed    map[string]error                    // checkpoint id -> why one of its pauses failed
-	closing   bool                                // Run is returning: no new pause or watch
-	pauses    sync.WaitGroup                      // the pausing goroutines and the watches
+	mu          sync.Mutex
+	open        string                              // checkpoint id while admission is closed
+	paused      map[string]string                   // launch id -> checkpoint that paused it
+	episodes    map[string]string                   // launch id -> episode key, persisted
+	nopause     map[string]bool                     // launches checkpoints leave alone
+	registering map[string]bool                     // launches admitted and not yet registered
+	pausing     map[string]*pausing                 // launch id -> its pause in flight
+	ending      map[string]context.CancelFunc       // launch id -> the watch for the end of its stop
+	confirmed   map[string][]sandboxapi.PauseResult // checkpoint id -> its pauses that confirmed
+	failed      map[string]error                    // checkpoint id -> why one of its pauses failed
+	closing     bool                                // Run is returning: no new pause or watch
+	pauses      sync.WaitGroup                      // the pausing goroutines and the watches
 }
 
 // launches is the supervisor as the daemon controls its launches: the
@@ -134,7 +134,7 @@ func newDaemon(cfg Config) (*Daemon, error) {
 		cfg.StateFile = filepath.Join(cfg.Supervisor.StateDir(), "position.json")
 	}
 	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, launches: cfg.Supervisor,
-		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{},
+		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{}, registering: map[string]bool{},
 		pausing: map[string]*pausing{}, ending: map[string]context.CancelFunc{}, confirmed: map[string][]sandboxapi.PauseResult{}, failed: map[string]error{},
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
 	if err := d.loadEpisodes(); err != nil {
@@ -188,7 +188,7 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 	if err := d.failed[cp.ID]; err != nil {
 		return member.Report{}, err
 	}
-	if d.launching > 0 {
+	if len(d.registering) > 0 {
 		// A launch admitted before the checkpoint closed admission is still
 		// registering: wait for it, or it would escape the pause.
 		return member.Report{Blockers: []string{"launch-registering"}}, nil
@@ -438,9 +438,14 @@ func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
 	return errors.Join(errs...)
 }
 
-// launch starts a launch for episode, unless a checkpoint is open. A
-// prepare that comes while it registers waits for it; an attempt retired
-// meanwhile is stopped again at once.
+// launch starts a launch for episode, unless a checkpoint is open. Its
+// episode (and its no-pause) is recorded before the supervisor starts it,
+// so that no crash leaves a launch that a retire cannot find (PROTOCOL §7,
+// invariant 6), and put back as it was if the supervisor refuses it. A
+// launch whose id is taken, or being launched, is refused before anything
+// is recorded: the launch that has the id stays as it was. A prepare that
+// comes while it registers waits for it; an attempt retired meanwhile is
+// stopped again at once.
 func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec sandboxd.Spec) (sandboxapi.Record, error) {
 	var ep events.Episode
 	if episode != "" {
@@ -458,27 +463,32 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec 
 		d.mu.Unlock()
 		return sandboxapi.Record{}, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
 	}
-	if episode != "" {
-		d.episodes[spec.ID] = episode
-		if err := d.saveEpisodesLocked(); err != nil {
-			d.mu.Unlock()
-			return sandboxapi.Record{}, err
-		}
+	if d.registering[spec.ID] {
+		d.mu.Unlock()
+		return sandboxapi.Record{}, fmt.Errorf("%w: %s is being launched", sandboxd.ErrLaunchExists, spec.ID)
 	}
-	if nopause {
-		d.nopause[spec.ID] = true
-	}
-	d.launching++
+	d.registering[spec.ID] = true
 	d.mu.Unlock()
 	defer func() {
 		d.mu.Lock()
-		d.launching--
+		delete(d.registering, spec.ID)
 		d.mu.Unlock()
 		d.member.Notify()
 	}()
-	rec, err := d.launches.Launch(ctx, spec)
+	if _, err := d.launches.Status(spec.ID); err == nil {
+		return sandboxapi.Record{}, fmt.Errorf("%w: %s", sandboxd.ErrLaunchExists, spec.ID)
+	}
+	undo, err := d.recordLaunch(spec.ID, episode, nopause)
 	if err != nil {
+		return sandboxapi.Record{}, err
+	}
+	rec, err := d.launches.Launch(ctx, spec)
+	if err != nil && rec.ID == "" {
+		undo() // refused (the supervisor's zero record): it leaves nothing
 		return rec, err
+	}
+	if err != nil {
+		return rec, err // it started and failed, and is recorded so
 	}
 	if episode != "" {
 		if err := d.member.Admit(ep); err != nil {
@@ -488,6 +498,47 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec 
 		}
 	}
 	return rec, nil
+}
+
+// recordLaunch records launch id's episode (persisted) and whether
+// checkpoints leave it alone, and returns the func that puts back what
+// was recorded before.
+func (d *Daemon) recordLaunch(id, episode string, nopause bool) (undo func(), err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	prevEpisode, hadEpisode := d.episodes[id]
+	prevNopause := d.nopause[id]
+	putBack := func() {
+		if hadEpisode {
+			d.episodes[id] = prevEpisode
+		} else {
+			delete(d.episodes, id)
+		}
+		if !prevNopause {
+			delete(d.nopause, id)
+		}
+	}
+	if episode != "" {
+		d.episodes[id] = episode
+		if err := d.saveEpisodesLocked(); err != nil {
+			putBack()
+			return nil, err
+		}
+	}
+	if nopause {
+		d.nopause[id] = true
+	}
+	return func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		putBack()
+		if episode == "" {
+			return
+		}
+		if err := d.saveEpisodesLocked(); err != nil {
+			d.log.Warn().Err(err).Str("launch", id).Msg("forget the episode of a refused launch")
+		}
+	}, nil
 }
 
 func (d *Daemon) episodesFile() string {
