@@ -88,8 +88,12 @@ func (d *driving) step(ctx context.Context, in machine.Input) error {
 
 var errNothingPending = errors.New("bridge: the machine waits for nothing")
 
+// errWatchClosed fails a gathering whose heartbeat watch closed under it.
+var errWatchClosed = errors.New("bridge: the members' heartbeat watch closed")
+
 // wait blocks until an ack, a heartbeat change or the timer, and returns
-// what the machine is to be told.
+// what the machine is to be told. A heartbeat watch that closes fails it
+// (errWatchClosed).
 func (d *driving) wait(ctx context.Context) ([]machine.Input, error) {
 	var timer <-chan time.Time
 	if d.armed {
@@ -114,7 +118,14 @@ func (d *driving) wait(ctx context.Context) ([]machine.Input, error) {
 			return []machine.Input{machine.Tick{}}, nil
 		case am := <-acks:
 			return []machine.Input{d.acks.ack(am)}, nil
-		case u := <-updates:
+		case u, ok := <-updates:
+			if !ok {
+				// The watch's subscription closed: who dies from now on is
+				// not seen. Stop reading it, and fail the operation (the
+				// machine decides what that means) rather than gather blind.
+				d.acks.updates = nil
+				return nil, fmt.Errorf("%w: gathering the acks of %s", errWatchClosed, d.acks.phase)
+			}
 			if ins := d.acks.update(ctx, u); len(ins) > 0 {
 				return ins, nil
 			}
