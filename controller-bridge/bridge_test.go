@@ -511,3 +511,35 @@ func TestHeadOutlivesAgedOutPhases(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldCheckpointOutlivesAFailedCommit: a commit of the held
+// checkpoint that cannot read the run's state fails and leaves the
+// checkpoint held; a commit once the state reads again commits it.
+func TestHeldCheckpointOutlivesAFailedCommit(t *testing.T) {
+	env := jstest.Start(t)
+	hs := fleet(t, env, 2, 1)
+	b := newBridge(t, env, bridge.Config{PhaseTimeout: 30 * time.Second})
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", Hold: true})
+	if err != nil || res.Status != bridgeapi.StatusPrepared {
+		t.Fatalf("hold: %+v %v", res, err)
+	}
+	head, err := env.Bus.Manifests.Get(ctx(t), events.HeadKey(run))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The run's head does not decode: the state read fails.
+	if _, err := env.Bus.Manifests.Put(ctx(t), events.HeadKey(run), []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b.Commit(ctx(t), "c1", false); err == nil {
+		t.Fatalf("commit with a head that does not decode: %+v, want an error", res)
+	}
+	if _, err := env.Bus.Manifests.Put(ctx(t), events.HeadKey(run), head.Value()); err != nil {
+		t.Fatal(err)
+	}
+	res, err = b.Commit(ctx(t), "c1", false)
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("commit once the state reads again: %+v %v, want committed: the failed commit lost the hold", res, err)
+	}
+	poll.Wait(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
+}

@@ -101,12 +101,15 @@ func (b *Bridge) unhold(ctx context.Context, id string, ask func(machine.View) m
 	defer b.unlock()
 	m, v := machine.New(b.machineConfig()), machine.View{} // an idle machine holds nothing
 	if b.heldID() == id {
-		h := b.takeHold()
+		// Read first: a read that fails leaves the checkpoint held. No
+		// renew comes in between, as this holds the operation slot.
 		st, err := b.state(ctx)
 		if err != nil {
 			return nil, err
 		}
-		m, v = h.m, st.view()
+		if h := b.takeHold(); h != nil {
+			m, v = h.m, st.view()
+		}
 	}
 	fin, err := b.ask(ctx, m, ask(v))
 	if err != nil {
