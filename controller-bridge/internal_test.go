@@ -74,3 +74,29 @@ func TestClosedHeartbeatWatchFailsTheWait(t *testing.T) {
 		t.Fatal("the wait still reads a closed heartbeat watch")
 	}
 }
+
+// The resume watcher reads the acks already recorded whatever the time;
+// when the last of them never comes (it left the stream), it gives up a
+// phase timeout after it started and reports on what it read, instead of
+// polling, with a consumer open, until the bridge stops.
+func TestResumeWatchGivesUpAReadBackThatNeverEnds(t *testing.T) {
+	env := jstest.Start(t)
+	b := newTestBridge(t, env, Config{PhaseTimeout: 300 * time.Millisecond})
+	r := events.Resume{PhaseHeader: events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 3,
+		Deadline: time.Now().Add(100 * time.Millisecond), Members: []events.Member{"agent.t0"}}}
+	rd := &ackReader{b: b, phase: events.PhaseResume, msgs: make(chan ackMsg)} // no ack ever comes
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	done := make(chan []string, 1)
+	go func() { done <- b.unresumed(ctx, r, rd, 7) }()
+	select {
+	case missing := <-done:
+		if len(missing) != 1 || missing[0] != "agent.t0" {
+			t.Fatalf("not resumed: %v, want agent.t0", missing)
+		}
+	case <-time.After(10 * time.Second):
+		cancel()
+		<-done
+		t.Fatal("the resume watcher still waits for a recorded ack that never comes")
+	}
+}
