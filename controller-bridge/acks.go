@@ -169,10 +169,16 @@ func (r *ackReader) update(ctx context.Context, e kvUpdate) []machine.Input {
 // watchResume checks in the background that every member acks resume r
 // within its deadline, and logs those that do not: resume acks never block
 // a result (a member that misses the resume reopens when its lease runs
-// out). It reads acks only, not every heartbeat once more.
+// out). It reads acks only, not every heartbeat once more. Once Run is
+// ending it does not start.
 func (b *Bridge) watchResume(r events.Resume) {
 	if len(r.Members) == 0 {
 		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return // Run is ending: nothing is added to what it waits for
 	}
 	b.bg.Go(func() {
 		ctx := b.bgCtx

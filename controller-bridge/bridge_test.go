@@ -1,6 +1,7 @@
 package bridge_test
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
@@ -542,4 +544,49 @@ func TestHeldCheckpointOutlivesAFailedCommit(t *testing.T) {
 		t.Fatalf("commit once the state reads again: %+v %v, want committed: the failed commit lost the hold", res, err)
 	}
 	poll.Wait(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
+}
+
+// TestCheckpointHeldAfterRunReturnedIsAbandoned: a Run that stops while a
+// checkpoint with hold is still preparing cannot wait for it for ever;
+// once it has returned, that checkpoint is abandoned when it prepares
+// (nobody would renew its lease), not held: the fleet reopens at once.
+func TestCheckpointHeldAfterRunReturnedIsAbandoned(t *testing.T) {
+	tier.Long(t) // Run waits 5 s for the operation slot
+	env := jstest.Start(t)
+	hs := fleet(t, env, 1, 1)
+	ep, err := events.ParseEpisode(hs[0].Participant.Live()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs[0].Participant.Block(ep)
+	b := buildBridge(t, env, bridge.Config{ResumeTimeout: 10 * time.Millisecond})
+	rctx, stop := context.WithCancel(context.WithoutCancel(t.Context()))
+	defer stop()
+	ran := make(chan error, 1)
+	go func() { ran <- b.Run(rctx) }()
+	type answer struct {
+		res *bridgeapi.CheckpointResult
+		err error
+	}
+	held := make(chan answer, 1)
+	go func() {
+		res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", Hold: true, TimeoutMS: 60_000})
+		held <- answer{res, err}
+	}()
+	poll.Wait(t, 10*time.Second, "the member to prepare", func() bool { return !hs[0].Participant.AdmissionOpen() })
+	stop()
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return while an operation held the slot")
+	}
+	hs[0].Participant.Unblock(ep)
+	a := <-held
+	if a.err != nil || a.res.Status != bridgeapi.StatusFailed {
+		t.Fatalf("the checkpoint after Run returned: %+v %v, want failed (abandoned)", a.res, a.err)
+	}
+	poll.Wait(t, 5*time.Second, "the member to reopen admission", func() bool { return allOpen(hs) })
 }

@@ -43,7 +43,8 @@ func (d *driving) close() {
 // drive feeds in to m and carries out its effects, waiting for what the
 // bus shows, until the operation finishes or the machine waits for
 // nothing (a replay that has read what it needs, a closed operation).
-// A machine left holding a checkpoint prepared is kept, renewing.
+// A machine left holding a checkpoint prepared is kept, renewing; once
+// Run is ending it is abandoned instead, and drive returns that finish.
 func (b *Bridge) drive(ctx context.Context, m *machine.Machine, in machine.Input) (machine.Finish, error) {
 	d := b.newDriving(m)
 	defer d.close()
@@ -64,8 +65,9 @@ func (b *Bridge) drive(ctx context.Context, m *machine.Machine, in machine.Input
 			}
 		}
 	}
-	if m.Held() != "" {
-		b.startHold(m, d.after)
+	if m.Held() != "" && !b.startHold(m, d.after) {
+		b.log.Warn().Str("checkpoint", m.Held()).Msg("the bridge is stopping: abandoning the checkpoint instead of holding it")
+		return b.abandon(ctx, m)
 	}
 	return *d.fin, nil
 }
