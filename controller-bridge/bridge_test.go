@@ -590,3 +590,18 @@ func TestCheckpointHeldAfterRunReturnedIsAbandoned(t *testing.T) {
 	}
 	poll.Wait(t, 5*time.Second, "the member to reopen admission", func() bool { return allOpen(hs) })
 }
+
+// TestCheckpointWithoutAnIDGetsOne: a checkpoint asked without an id gets
+// a new one (the machine's, c-<time>) and commits under it.
+func TestCheckpointWithoutAnIDGetsOne(t *testing.T) {
+	env := jstest.Start(t)
+	fleet(t, env, 1, 1)
+	b := startBridge(t, env, bridge.Config{})
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{})
+	if err != nil || res.Status != bridgeapi.StatusCommitted || !strings.HasPrefix(res.CheckpointID, "c-") {
+		t.Fatalf("checkpoint without an id: %+v %v, want committed as c-<time>", res, err)
+	}
+	if m := manifestOf(t, env, res.CheckpointID); m == nil || m.Aborted {
+		t.Fatalf("manifest of %s: %+v", res.CheckpointID, m)
+	}
+}

@@ -59,13 +59,13 @@ func (b *Bridge) Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest
 	if err != nil {
 		return nil, err
 	}
-	if req.ID == "" {
-		req.ID = machine.NewCheckpointID(b.cfg.Now())
-	}
 	v := st.view()
 	if m.State() == machine.StateIdle { // a held machine refuses before it reads a view
-		if v.Manifest, _, err = b.manifest(ctx, req.ID); err != nil {
-			return nil, err
+		// Without an id the machine makes a new one, which has no key.
+		if req.ID != "" {
+			if v.Manifest, _, err = b.manifest(ctx, req.ID); err != nil {
+				return nil, err
+			}
 		}
 		if v.Manifest == nil {
 			if v.Members, _, err = b.liveMembers(ctx, st.epoch, false); err != nil {
