@@ -447,6 +447,9 @@ func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
 // comes while it registers waits for it; an attempt retired meanwhile is
 // stopped again at once.
 func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec sandboxd.Spec) (sandboxapi.Record, error) {
+	if err := spec.Validate(); err != nil {
+		return sandboxapi.Record{}, err // before anything is recorded under its id
+	}
 	var ep events.Episode
 	if episode != "" {
 		var err error
