@@ -47,7 +47,7 @@ func (a *Agent) Prepare(_ context.Context, cp member.Checkpoint) (member.Report,
 		switch {
 		case r.bm.Restart:
 			rep.Restarts = append(rep.Restarts, r.key)
-		case r.at == atBoundary && r.hold == 0:
+		case r.at == atBoundary:
 			parked++
 			if r.bm.Next == agentapi.StageSeed && !r.seeded {
 				queued++
@@ -108,7 +108,7 @@ func (a *Agent) export(c events.Commit) ([]events.Record, error) {
 		if r.bm.Restart {
 			continue
 		}
-		if !(r.at == atBoundary && r.hold == 0) && !(r.at == atParked && r.parkedFor == c.CheckpointID) && r.at != atVerifying {
+		if r.at != atBoundary && !(r.at == atParked && r.parkedFor == c.CheckpointID) && r.at != atVerifying {
 			return nil, fmt.Errorf("agent: %s is not at a boundary for %s", r.key, c.CheckpointID)
 		}
 		if err := add(r.key, r.bm); err != nil {
