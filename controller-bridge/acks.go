@@ -169,10 +169,16 @@ func (r *ackReader) update(ctx context.Context, e kvUpdate) []machine.Input {
 // watchResume checks in the background that every member acks resume r
 // within its deadline, and logs those that do not: resume acks never block
 // a result (a member that misses the resume reopens when its lease runs
-// out). It reads acks only, not every heartbeat once more.
+// out). It reads acks only, not every heartbeat once more. Once Run is
+// ending it does not start.
 func (b *Bridge) watchResume(r events.Resume) {
 	if len(r.Members) == 0 {
 		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return // Run is ending: nothing is added to what it waits for
 	}
 	b.bg.Go(func() {
 		ctx := b.bgCtx
@@ -184,43 +190,61 @@ func (b *Bridge) watchResume(r events.Resume) {
 			return
 		}
 		defer rd.close()
-		h := r.PhaseHeader
-		h.Deadline = machine.GatherDeadline(b.cfg.Now(), h.Deadline)
-		t := machine.NewTally(events.PhaseResume, h)
-		timer := time.NewTimer(h.Deadline.Sub(b.cfg.Now()))
-		defer timer.Stop()
-		for {
-			now := b.cfg.Now()
-			if backlog > 0 && !now.Before(h.Deadline) {
-				now = h.Deadline.Add(-time.Nanosecond) // the recorded acks are not read yet
-			}
-			if v := t.Decide(now); v == machine.Complete {
-				return
-			} else if v == machine.Failed {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-timer.C:
-				if backlog > 0 {
-					timer.Reset(machine.BacklogPoll)
-				}
-			case am := <-rd.msgs:
-				if am.seq >= backlog {
-					backlog = 0
-				}
-				if in, ok := rd.ack(am).(machine.AckSeen); ok && in.Ack != nil {
-					t.Add(in.Ack)
-				}
-			}
+		if missing := b.unresumed(ctx, r, rd, backlog); len(missing) > 0 {
+			b.log.Warn().Str("checkpoint", r.CheckpointID).Strs("not_resumed", missing).
+				Msg("members did not ack the resume in time; their leases will reopen them")
 		}
-		errs, _, _ := t.Failure(b.cfg.Now())
-		missing := make([]string, 0, len(errs))
-		for _, e := range errs {
-			missing = append(missing, string(e.Member))
-		}
-		b.log.Warn().Str("checkpoint", r.CheckpointID).Strs("not_resumed", missing).
-			Msg("members did not ack the resume in time; their leases will reopen them")
 	})
+}
+
+// unresumed reads the acks of resume r from rd until every member acked
+// or the deadline passed, and returns the members that did not ack (none
+// once ctx ends). Acks already recorded (up to stream sequence backlog)
+// count whatever the time, but a read back that never reaches the last of
+// them (it left the stream meanwhile) gives up a phase timeout after the
+// start, as the machine's does, and decides on what it read.
+func (b *Bridge) unresumed(ctx context.Context, r events.Resume, rd *ackReader, backlog uint64) []string {
+	h := r.PhaseHeader
+	h.Deadline = machine.GatherDeadline(b.cfg.Now(), h.Deadline)
+	readBy := b.cfg.Now().Add(b.cfg.PhaseTimeout)
+	t := machine.NewTally(events.PhaseResume, h)
+	timer := time.NewTimer(h.Deadline.Sub(b.cfg.Now()))
+	defer timer.Stop()
+	for {
+		now := b.cfg.Now()
+		if backlog > 0 && !now.Before(readBy) {
+			b.log.Warn().Str("checkpoint", r.CheckpointID).Uint64("seq", h.Seq).Int("read", len(t.Acks())).
+				Msg("reading back the resume acks: the last recorded one never came; going on with what was read")
+			backlog = 0
+		}
+		if backlog > 0 && !now.Before(h.Deadline) {
+			now = h.Deadline.Add(-time.Nanosecond) // the recorded acks are not read yet
+		}
+		if v := t.Decide(now); v == machine.Complete {
+			return nil
+		} else if v == machine.Failed {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+			if backlog > 0 {
+				timer.Reset(machine.BacklogPoll)
+			}
+		case am := <-rd.msgs:
+			if am.seq >= backlog {
+				backlog = 0
+			}
+			if in, ok := rd.ack(am).(machine.AckSeen); ok && in.Ack != nil {
+				t.Add(in.Ack)
+			}
+		}
+	}
+	errs, _, _ := t.Failure(b.cfg.Now())
+	missing := make([]string, 0, len(errs))
+	for _, e := range errs {
+		missing = append(missing, string(e.Member))
+	}
+	return missing
 }

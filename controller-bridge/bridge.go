@@ -24,12 +24,17 @@ type Bridge struct {
 	// one too): a channel, so that waiting for it can be cancelled.
 	op chan struct{}
 
-	mu   sync.Mutex // guards held
-	held *hold      // the checkpoint held prepared, if any
+	mu     sync.Mutex // guards held and closed
+	held   *hold      // the checkpoint held prepared, if any
+	closed bool       // Run is ending: nothing new starts in bg
 
-	bgCtx    context.Context // ends when Run returns
+	// bgCtx is the lifetime of bg, the goroutines that outlive the
+	// operation that starts them (resume watchers, a held checkpoint's
+	// renewer): Run ends it and waits for them. It is kept here because
+	// those operations have no context of Run's to derive one from.
+	bgCtx    context.Context
 	bgCancel context.CancelFunc
-	bg       sync.WaitGroup // resume watchers, the renewer
+	bg       sync.WaitGroup
 }
 
 // New checks cfg and returns a bridge. Call Recover (Run does) before the
@@ -48,9 +53,11 @@ func New(cfg Config) (*Bridge, error) {
 
 // Run recovers whatever the last bridge left open, then blocks until ctx
 // ends, when it abandons a held checkpoint by resuming the fleet and stops
-// its background watchers.
+// its background watchers. From then on an operation still running holds
+// no checkpoint (it abandons it) and starts no watcher.
 func (b *Bridge) Run(ctx context.Context) error {
 	defer func() {
+		b.close()
 		b.bgCancel()
 		b.bg.Wait()
 	}()
@@ -58,26 +65,41 @@ func (b *Bridge) Run(ctx context.Context) error {
 		return err
 	}
 	<-ctx.Done()
+	b.close()
 	sctx, cancel := context.WithTimeout(context.Background(), b.cfg.ResumeTimeout+5*time.Second)
 	defer cancel()
 	if err := b.lock(sctx); err != nil {
-		return nil
+		return nil // the operation still running abandons its own hold
 	}
 	defer b.unlock()
 	h := b.takeHold()
 	if h == nil {
 		return nil
 	}
-	st, err := b.state(sctx)
-	if err == nil {
-		var fin machine.Finish
-		fin, err = b.drive(sctx, h.m, machine.Shutdown{View: st.view()})
-		err = firstErr(err, fin.Err)
-	}
-	if err != nil {
+	fin, err := b.abandon(sctx, h.m)
+	if err = firstErr(err, fin.Err); err != nil {
 		b.log.Error().Err(err).Str("checkpoint", h.id).Msg("abandoning the held checkpoint")
 	}
 	return nil
+}
+
+// close says Run is ending: startHold and watchResume start nothing in bg
+// from now on, so that nothing is added to bg while Run waits for it.
+func (b *Bridge) close() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+}
+
+// abandon resumes the fleet of the checkpoint m holds (an abort), as a
+// bridge that stops must: nobody would renew its lease. The caller holds
+// the operation slot.
+func (b *Bridge) abandon(ctx context.Context, m *machine.Machine) (machine.Finish, error) {
+	st, err := b.state(ctx)
+	if err != nil {
+		return machine.Finish{}, err
+	}
+	return b.drive(ctx, m, machine.Shutdown{View: st.view()})
 }
 
 // lock waits for the run's operation slot, or for ctx to end.

@@ -1,6 +1,7 @@
 package bridge_test
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
@@ -509,5 +511,97 @@ func TestHeadOutlivesAgedOutPhases(t *testing.T) {
 		if _, err := b2.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id}); err == nil || !strings.Contains(err.Error(), "reserved") {
 			t.Errorf("checkpoint id %s: %v, want it refused as reserved", id, err)
 		}
+	}
+}
+
+// TestHeldCheckpointOutlivesAFailedCommit: a commit of the held
+// checkpoint that cannot read the run's state fails and leaves the
+// checkpoint held; a commit once the state reads again commits it.
+func TestHeldCheckpointOutlivesAFailedCommit(t *testing.T) {
+	env := jstest.Start(t)
+	hs := fleet(t, env, 2, 1)
+	b := newBridge(t, env, bridge.Config{PhaseTimeout: 30 * time.Second})
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", Hold: true})
+	if err != nil || res.Status != bridgeapi.StatusPrepared {
+		t.Fatalf("hold: %+v %v", res, err)
+	}
+	head, err := env.Bus.Manifests.Get(ctx(t), events.HeadKey(run))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The run's head does not decode: the state read fails.
+	if _, err := env.Bus.Manifests.Put(ctx(t), events.HeadKey(run), []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b.Commit(ctx(t), "c1", false); err == nil {
+		t.Fatalf("commit with a head that does not decode: %+v, want an error", res)
+	}
+	if _, err := env.Bus.Manifests.Put(ctx(t), events.HeadKey(run), head.Value()); err != nil {
+		t.Fatal(err)
+	}
+	res, err = b.Commit(ctx(t), "c1", false)
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("commit once the state reads again: %+v %v, want committed: the failed commit lost the hold", res, err)
+	}
+	poll.Wait(t, 5*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) })
+}
+
+// TestCheckpointHeldAfterRunReturnedIsAbandoned: a Run that stops while a
+// checkpoint with hold is still preparing cannot wait for it for ever;
+// once it has returned, that checkpoint is abandoned when it prepares
+// (nobody would renew its lease), not held: the fleet reopens at once.
+func TestCheckpointHeldAfterRunReturnedIsAbandoned(t *testing.T) {
+	tier.Long(t) // Run waits 5 s for the operation slot
+	env := jstest.Start(t)
+	hs := fleet(t, env, 1, 1)
+	ep, err := events.ParseEpisode(hs[0].Participant.Live()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs[0].Participant.Block(ep)
+	b := buildBridge(t, env, bridge.Config{ResumeTimeout: 10 * time.Millisecond})
+	rctx, stop := context.WithCancel(context.WithoutCancel(t.Context()))
+	defer stop()
+	ran := make(chan error, 1)
+	go func() { ran <- b.Run(rctx) }()
+	type answer struct {
+		res *bridgeapi.CheckpointResult
+		err error
+	}
+	held := make(chan answer, 1)
+	go func() {
+		res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", Hold: true, TimeoutMS: 60_000})
+		held <- answer{res, err}
+	}()
+	poll.Wait(t, 10*time.Second, "the member to prepare", func() bool { return !hs[0].Participant.AdmissionOpen() })
+	stop()
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return while an operation held the slot")
+	}
+	hs[0].Participant.Unblock(ep)
+	a := <-held
+	if a.err != nil || a.res.Status != bridgeapi.StatusFailed {
+		t.Fatalf("the checkpoint after Run returned: %+v %v, want failed (abandoned)", a.res, a.err)
+	}
+	poll.Wait(t, 5*time.Second, "the member to reopen admission", func() bool { return allOpen(hs) })
+}
+
+// TestCheckpointWithoutAnIDGetsOne: a checkpoint asked without an id gets
+// a new one (the machine's, c-<time>) and commits under it.
+func TestCheckpointWithoutAnIDGetsOne(t *testing.T) {
+	env := jstest.Start(t)
+	fleet(t, env, 1, 1)
+	b := startBridge(t, env, bridge.Config{})
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{})
+	if err != nil || res.Status != bridgeapi.StatusCommitted || !strings.HasPrefix(res.CheckpointID, "c-") {
+		t.Fatalf("checkpoint without an id: %+v %v, want committed as c-<time>", res, err)
+	}
+	if m := manifestOf(t, env, res.CheckpointID); m == nil || m.Aborted {
+		t.Fatalf("manifest of %s: %+v", res.CheckpointID, m)
 	}
 }

@@ -43,7 +43,8 @@ func (d *driving) close() {
 // drive feeds in to m and carries out its effects, waiting for what the
 // bus shows, until the operation finishes or the machine waits for
 // nothing (a replay that has read what it needs, a closed operation).
-// A machine left holding a checkpoint prepared is kept, renewing.
+// A machine left holding a checkpoint prepared is kept, renewing; once
+// Run is ending it is abandoned instead, and drive returns that finish.
 func (b *Bridge) drive(ctx context.Context, m *machine.Machine, in machine.Input) (machine.Finish, error) {
 	d := b.newDriving(m)
 	defer d.close()
@@ -64,8 +65,9 @@ func (b *Bridge) drive(ctx context.Context, m *machine.Machine, in machine.Input
 			}
 		}
 	}
-	if m.Held() != "" {
-		b.startHold(m, d.after)
+	if m.Held() != "" && !b.startHold(m, d.after) {
+		b.log.Warn().Str("checkpoint", m.Held()).Msg("the bridge is stopping: abandoning the checkpoint instead of holding it")
+		return b.abandon(ctx, m)
 	}
 	return *d.fin, nil
 }
@@ -88,8 +90,12 @@ func (d *driving) step(ctx context.Context, in machine.Input) error {
 
 var errNothingPending = errors.New("bridge: the machine waits for nothing")
 
+// errWatchClosed fails a gathering whose heartbeat watch closed under it.
+var errWatchClosed = errors.New("bridge: the members' heartbeat watch closed")
+
 // wait blocks until an ack, a heartbeat change or the timer, and returns
-// what the machine is to be told.
+// what the machine is to be told. A heartbeat watch that closes fails it
+// (errWatchClosed).
 func (d *driving) wait(ctx context.Context) ([]machine.Input, error) {
 	var timer <-chan time.Time
 	if d.armed {
@@ -114,7 +120,14 @@ func (d *driving) wait(ctx context.Context) ([]machine.Input, error) {
 			return []machine.Input{machine.Tick{}}, nil
 		case am := <-acks:
 			return []machine.Input{d.acks.ack(am)}, nil
-		case u := <-updates:
+		case u, ok := <-updates:
+			if !ok {
+				// The watch's subscription closed: who dies from now on is
+				// not seen. Stop reading it, and fail the operation (the
+				// machine decides what that means) rather than gather blind.
+				d.acks.updates = nil
+				return nil, fmt.Errorf("%w: gathering the acks of %s", errWatchClosed, d.acks.phase)
+			}
 			if ins := d.acks.update(ctx, u); len(ins) > 0 {
 				return ins, nil
 			}

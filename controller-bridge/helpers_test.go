@@ -35,6 +35,38 @@ const run = "run1"
 // startBridge runs a bridge of run in-process until the test ends.
 func startBridge(t testing.TB, env *jstest.Env, cfg bridge.Config) *bridge.Bridge {
 	t.Helper()
+	b := buildBridge(t, env, cfg)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("bridge Run: %v", err)
+		}
+	})
+	return b
+}
+
+// newBridge is a bridge of run that does not run: no recovery of Run's
+// races what the test does to the bus. The test's cleanup runs it with a
+// context already ended, which stops what its operations left running
+// (a held checkpoint's renewer, resume watchers) as the end of Run does.
+func newBridge(t testing.TB, env *jstest.Env, cfg bridge.Config) *bridge.Bridge {
+	t.Helper()
+	b := buildBridge(t, env, cfg)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+		cancel()
+		if err := b.Run(ctx); err != nil {
+			t.Errorf("bridge Run: %v", err)
+		}
+	})
+	return b
+}
+
+func buildBridge(t testing.TB, env *jstest.Env, cfg bridge.Config) *bridge.Bridge {
+	t.Helper()
 	nc, js := env.Connect(t)
 	cfg.Run, cfg.Conn, cfg.JS = run, nc, js
 	if cfg.Bus == nil {
@@ -52,15 +84,6 @@ func startBridge(t testing.TB, env *jstest.Env, cfg bridge.Config) *bridge.Bridg
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-	done := make(chan error, 1)
-	go func() { done <- b.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("bridge Run: %v", err)
-		}
-	})
 	return b
 }
 

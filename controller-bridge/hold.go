@@ -17,19 +17,24 @@ type hold struct {
 }
 
 // startHold keeps m, held prepared, and renews its lease every `every`
-// (the timer the machine set) until takeHold. The caller holds the
-// operation slot.
-func (b *Bridge) startHold(m *machine.Machine, every time.Duration) {
+// (the timer the machine set) until takeHold. Once Run is ending it keeps
+// nothing and returns false: the caller abandons the checkpoint. The
+// caller holds the operation slot.
+func (b *Bridge) startHold(m *machine.Machine, every time.Duration) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
 	ctx, cancel := context.WithCancel(b.bgCtx)
 	h := &hold{m: m, id: m.Held(), stop: cancel, done: make(chan struct{})}
-	b.mu.Lock()
 	b.held = h
-	b.mu.Unlock()
 	b.bg.Go(func() {
 		defer close(h.done)
 		b.renewLoop(ctx, h, every)
 	})
 	b.log.Info().Str("checkpoint", h.id).Dur("renew_every", every).Msg("checkpoint held prepared")
+	return true
 }
 
 // takeHold ends the hold and returns it (nil if there is none): no renew

@@ -59,13 +59,13 @@ func (b *Bridge) Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest
 	if err != nil {
 		return nil, err
 	}
-	if req.ID == "" {
-		req.ID = machine.NewCheckpointID(b.cfg.Now())
-	}
 	v := st.view()
 	if m.State() == machine.StateIdle { // a held machine refuses before it reads a view
-		if v.Manifest, _, err = b.manifest(ctx, req.ID); err != nil {
-			return nil, err
+		// Without an id the machine makes a new one, which has no key.
+		if req.ID != "" {
+			if v.Manifest, _, err = b.manifest(ctx, req.ID); err != nil {
+				return nil, err
+			}
 		}
 		if v.Manifest == nil {
 			if v.Members, _, err = b.liveMembers(ctx, st.epoch, false); err != nil {
@@ -101,12 +101,15 @@ func (b *Bridge) unhold(ctx context.Context, id string, ask func(machine.View) m
 	defer b.unlock()
 	m, v := machine.New(b.machineConfig()), machine.View{} // an idle machine holds nothing
 	if b.heldID() == id {
-		h := b.takeHold()
+		// Read first: a read that fails leaves the checkpoint held. No
+		// renew comes in between, as this holds the operation slot.
 		st, err := b.state(ctx)
 		if err != nil {
 			return nil, err
 		}
-		m, v = h.m, st.view()
+		if h := b.takeHold(); h != nil {
+			m, v = h.m, st.view()
+		}
 	}
 	fin, err := b.ask(ctx, m, ask(v))
 	if err != nil {

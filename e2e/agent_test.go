@@ -115,7 +115,7 @@ func (f *fleet) waitCallsWithin(n, calls int, within time.Duration) {
 	poll.Wait(f.t, within, fmt.Sprintf("the replies of %d model calls of each of %d tasks", calls, n), func() bool {
 		got := f.callsOf()
 		for i := range n {
-			if got[tasks.ID(i)] < calls {
+			if got[f.tasks[i].RolloutID] < calls {
 				return false
 			}
 		}

@@ -54,6 +54,7 @@ type fleet struct {
 	br     *bridge.Bridge
 	state  string
 	tasks  []collect.Task
+	kind   string // the owner's --task-kind
 	mu     sync.Mutex
 	procs  map[string]*child.Process // the latest process of each name
 	agents []string
@@ -69,10 +70,16 @@ type fleetOptions struct {
 	noPause     bool
 	toolSeconds float64
 	steps       int
-	// tasks and script replace tasks.Set's; ownerArgs and agentArgs are
-	// more flags of the owner and the agents.
-	tasks                []collect.Task
-	script               modelserver.Script
+	// tasks and script replace tasks.Set's; kind is then the owner's
+	// --task-kind (default scripted).
+	tasks  []collect.Task
+	script modelserver.Script
+	kind   string
+	// repos, when set, runs the repository set (tasks.Repos; its Dir is
+	// made here) on an owner of the command kind instead of the scripted
+	// set.
+	repos *tasks.RepoOptions
+	// ownerArgs and agentArgs are more flags of the owner and the agents.
 	ownerArgs, agentArgs []string
 }
 
@@ -80,9 +87,21 @@ func startFleet(t testing.TB, o fleetOptions) *fleet {
 	t.Helper()
 	b := buildBins(t)
 	env := jstest.Start(t)
-	ts, script := o.tasks, o.script
-	if ts == nil {
+	ts, script, kind := o.tasks, o.script, o.kind
+	switch {
+	case o.repos != nil:
+		ro := *o.repos
+		ro.Dir = filepath.Join(t.TempDir(), "repos")
+		var err error
+		if ts, script, err = tasks.Repos(ro); err != nil {
+			t.Fatal(err)
+		}
+		kind = "command"
+	case ts == nil:
 		ts, script = tasks.Set(tasks.Options{N: o.n, ToolSeconds: o.toolSeconds, Steps: o.steps})
+	}
+	if kind == "" {
+		kind = "scripted"
 	}
 	ms := modelserver.New(script)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -94,7 +113,7 @@ func startFleet(t testing.TB, o fleetOptions) *fleet {
 	go func() { defer close(served); _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close(); <-served })
 	f := &fleet{t: t, run: "e2e", env: env, bins: b, ms: ms, msURL: "http://" + ln.Addr().String(), state: t.TempDir(),
-		tasks: ts, procs: map[string]*child.Process{}, ownerArgs: o.ownerArgs, agentArgs: o.agentArgs}
+		tasks: ts, kind: kind, procs: map[string]*child.Process{}, ownerArgs: o.ownerArgs, agentArgs: o.agentArgs}
 	// Registered before any process starts, so it runs once they all
 	// stopped (each process's own cleanup stops it and dumps its output
 	// if the test failed).
@@ -156,7 +175,7 @@ func exitedEarly(t testing.TB, p *child.Process) {
 }
 
 func (f *fleet) startOwner() {
-	f.start("owner", "owner.o1", append([]string{"owner", "--run", f.run, "--name", "o1", "--provider", "overlay",
+	f.start("owner", "owner.o1", append([]string{"owner", "--run", f.run, "--name", "o1", "--provider", "overlay", "--task-kind", f.kind,
 		"--state-dir", filepath.Join(f.state, "owner"), "--sandboxd", f.bins.sandboxd, "--harness", f.bins.harness}, f.ownerArgs...)...)
 }
 

@@ -328,7 +328,8 @@ func (s *Supervisor) get(id string) *launch {
 // never starts (it ends interrupted); if the pause file exists it is held
 // until Continue. It returns the record once the process has started (or
 // was held, or ended); a start failure is recorded as failed and returned.
-// Launch blocks until Run serves.
+// A launch it refuses (an invalid spec, a taken id, a closed supervisor)
+// returns the zero Record with the error. Launch blocks until Run serves.
 func (s *Supervisor) Launch(ctx context.Context, spec Spec) (sandboxapi.Record, error) {
 	if err := spec.Validate(); err != nil {
 		return sandboxapi.Record{}, err

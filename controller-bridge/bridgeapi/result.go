@@ -125,7 +125,10 @@ type Status struct {
 	// LastPhase and LastCheckpoint describe the last phase event.
 	LastPhase      events.Phase `json:"last_phase,omitempty"`
 	LastCheckpoint string       `json:"last_checkpoint,omitempty"`
-	// Open is set while an operation is unfinished.
+	// Open names the operation left unfinished, which the next operation
+	// finishes first: "checkpoint <id> (preparing)" or "(committing)",
+	// "release <id>", or "restore <id>" (a restore left retiring, or
+	// resumed without its outcome, included). Empty when none is.
 	Open string `json:"open,omitempty"`
 	// Held is the checkpoint held prepared, if any.
 	Held string `json:"held,omitempty"`

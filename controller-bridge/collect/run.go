@@ -426,26 +426,53 @@ func (c *Collector) finalRelease(ctx context.Context) {
 // restarted under the collector, and a recovery is due. It returns once
 // the current heartbeats are read; the watch goes on in a goroutine of
 // c.work until ctx ends.
+//
+// A watch that closes before ctx ends (nats.go closes its channel when its
+// subscription closes, which past a Stop or ctx means its connection
+// closed) fails the collection: a watch again on that connection cannot
+// mend it, and running on blind would miss a fleet restart. The
+// collection can be run again, and goes on where it was.
 func (c *Collector) watchFleet(ctx context.Context) error {
 	w, err := c.cfg.Bus.Members.Watch(ctx, events.MemberKeyFilter(c.cfg.Run))
 	if err != nil {
 		return fmt.Errorf("collect: watch members: %w", err)
 	}
-	loaded := make(chan struct{})
+	loaded := make(chan error, 1)
 	c.work.Go(func() {
 		defer func() { _ = w.Stop() }()
 		initial := true
 		for {
-			var e natsjs.KeyValueEntry
+			var (
+				e  natsjs.KeyValueEntry
+				ok bool
+			)
 			select {
 			case <-ctx.Done():
 				return
-			case e = <-w.Updates():
+			case e, ok = <-w.Updates():
+			}
+			if !ok {
+				if ctx.Err() != nil {
+					return
+				}
+				err := errors.New("collect: the members' heartbeat watch closed: fleet restarts would go unseen")
+				if initial {
+					loaded <- err
+					return
+				}
+				c.log.Error().Err(err).Msg("stopping the collection")
+				c.mu.Lock()
+				if c.fatal == nil {
+					c.fatal = err
+				}
+				c.mu.Unlock()
+				c.signal()
+				return
 			}
 			if e == nil {
 				if initial {
 					initial = false
-					close(loaded)
+					loaded <- nil
 				}
 				continue
 			}
@@ -473,8 +500,8 @@ func (c *Collector) watchFleet(ctx context.Context) error {
 		}
 	})
 	select {
-	case <-loaded:
-		return nil
+	case err := <-loaded:
+		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -157,3 +157,56 @@ func TestRunJoinsItsGoroutines(t *testing.T) {
 		t.Fatalf("%d goroutines of the collector outlive Run:\n\n%s", len(gs), strings.Join(gs, "\n\n"))
 	}
 }
+
+// TestRunStopsWhenTheFleetWatchCloses: nats.go closes a heartbeat watch's
+// channel when its subscription closes (here, its connection). Run then
+// stops with an error instead of reading the closed channel for ever, or
+// running on without seeing the fleet restart.
+func TestRunStopsWhenTheFleetWatchCloses(t *testing.T) {
+	const run = "watchcloses"
+	env := jstest.Start(t)
+	asked := make(chan string, 1)
+	serveAgent(t, env, run, "a1", func(ctx context.Context, rollout string) error {
+		asked <- rollout
+		<-ctx.Done() // in flight until the service stops
+		return ctx.Err()
+	})
+	nc, js := env.Connect(t)
+	_, watchJS := env.Connect(t)
+	bus, err := jetstream.Open(t.Context(), watchJS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{Run: run, Tasks: []Task{{RolloutID: "r1", Task: json.RawMessage(`{}`)}},
+		Output: filepath.Join(t.TempDir(), "results.jsonl"), Agents: []string{"a1"}, Conn: nc, JS: js, Bus: bus,
+		Controller: noController{}, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Run(ctx)
+		done <- err
+	}()
+	select {
+	case <-asked:
+	case err := <-done:
+		t.Fatalf("Run returned early: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the agent was never asked")
+	}
+	watchJS.Conn().Close()
+	select {
+	case err := <-done:
+		if err == nil || errors.Is(err, context.Canceled) {
+			t.Fatalf("Run after its fleet watch closed: %v, want the watch's failure", err)
+		}
+		t.Logf("Run: %v", err)
+	case <-time.After(10 * time.Second):
+		cancel()
+		<-done
+		t.Fatal("Run went on after its fleet watch closed")
+	}
+}

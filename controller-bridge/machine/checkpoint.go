@@ -20,7 +20,7 @@ func (m *Machine) askCheckpoint(now time.Time, in CheckpointAsked) ([]Effect, er
 		return nil, err
 	}
 	if req.ID == "" {
-		req.ID = NewCheckpointID(now)
+		req.ID = newCheckpointID(now)
 	}
 	v := in.View
 	if v.Manifest != nil {

@@ -40,8 +40,8 @@ type View struct {
 }
 
 // CheckpointAsked asks for a checkpoint. View: the run's last phase, the
-// members of its epoch, and Manifest, the key of Request.ID (which the
-// driver fills in with NewCheckpointID when the controller left it empty).
+// members of its epoch, and Manifest, the key of Request.ID (none when the
+// controller left the id empty: the machine then makes a new one).
 type CheckpointAsked struct {
 	Request bridgeapi.CheckpointRequest
 	View    View

@@ -9,9 +9,9 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 )
 
-// NewCheckpointID is the id of a checkpoint whose request names none:
+// newCheckpointID is the id of a checkpoint whose request names none:
 // c-<UTC time>, made a valid token.
-func NewCheckpointID(now time.Time) string {
+func newCheckpointID(now time.Time) string {
 	b := []byte("c-" + now.UTC().Format("20060102T150405.000Z"))
 	for i, c := range b {
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {

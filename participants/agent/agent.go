@@ -129,10 +129,10 @@ type Agent struct {
 	slots  chan struct{}
 
 	mu        sync.Mutex
-	ctx       context.Context // the Run context, once running
-	closed    bool            // admission closed by a checkpoint
-	open      string          // that checkpoint
-	reopen    chan struct{}   // closed when admission reopens
+	running   bool          // Run has started: runs may start
+	closed    bool          // admission closed by a checkpoint
+	open      string        // that checkpoint
+	reopen    chan struct{} // closed when admission reopens
 	stopping  bool
 	runs      map[string]*run              // by rollout id
 	installed map[string]agentapi.Bookmark // by rollout id, restored and not yet asked for
@@ -198,10 +198,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.acks.close()
 	g, gctx := errgroup.WithContext(ctx)
 	a.mu.Lock()
-	// Runs do not end with gctx, whose cause would read as a cancel (and
-	// have the cleanup rule kill their launches): shutdown ends them, as a
-	// crash would, or their caller, a retire or a park does.
-	a.ctx = context.WithoutCancel(gctx)
+	a.running = true
 	a.mu.Unlock()
 	svc, err := a.serve(gctx)
 	if err != nil {
@@ -238,7 +235,7 @@ func (a *Agent) shutdown() {
 // same attempt waits for the same result; ctx ending cancels the rollout
 // (its launch is killed and its session closed).
 func (a *Agent) Rollout(ctx context.Context, req agentapi.Request) (agentapi.Result, error) {
-	r, err := a.start(req)
+	r, err := a.start(ctx, req)
 	if err != nil {
 		return agentapi.Result{}, err
 	}
@@ -250,7 +247,11 @@ func (a *Agent) Rollout(ctx context.Context, req agentapi.Request) (agentapi.Res
 	return r.res, r.err
 }
 
-func (a *Agent) start(req agentapi.Request) (*run, error) {
+// start registers the run of req, or returns the one that runs it. The
+// run does not end with ctx, whose cancel would read as the caller's (and
+// have the cleanup rule kill its launch): shutdown ends it, as a crash
+// would, or its caller, a retire or a park does, through run.cancel.
+func (a *Agent) start(ctx context.Context, req agentapi.Request) (*run, error) {
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
@@ -265,7 +266,7 @@ func (a *Agent) start(req agentapi.Request) (*run, error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.stopping || a.ctx == nil {
+	if a.stopping || !a.running {
 		return nil, ErrClosed
 	}
 	if r, ok := a.runs[req.RolloutID]; ok {
@@ -297,8 +298,8 @@ func (a *Agent) start(req agentapi.Request) (*run, error) {
 			delete(a.installed, req.RolloutID) // the controller restarts it
 		}
 	}
-	ctx, cancel := context.WithCancelCause(a.ctx)
-	r := &run{key: ep.String(), ep: ep, req: req, ctx: ctx, cancel: cancel, done: make(chan struct{}),
+	rctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	r := &run{key: ep.String(), ep: ep, req: req, ctx: rctx, cancel: cancel, done: make(chan struct{}),
 		parkCh: make(chan struct{}, 1), bm: bm, at: atBoundary, restored: restored, seeded: bm.Session != "",
 		log: a.log.With().Str("episode", ep.String()).Logger()}
 	if a.closed {
@@ -325,6 +326,10 @@ const (
 	// atParked: its launch paused in place by checkpoint parkedFor;
 	// exportable for that checkpoint.
 	atParked
+	// atVerifying: its grade asked for and not answered yet. A grade is a
+	// boundary (PROTOCOL §6): exportable at its verify bookmark, which a
+	// restore grades again; the owner answers only after the checkpoint.
+	atVerifying
 )
 
 type parkRequest struct {
@@ -336,9 +341,14 @@ type parkRequest struct {
 
 // run is one attempt in flight.
 type run struct {
-	key    string
-	ep     events.Episode
-	req    agentapi.Request
+	key string
+	ep  events.Episode
+	req agentapi.Request
+	// ctx is the run's lifetime, kept here because it is the lifetime of
+	// the goroutines the run owns (drive, and the receipt watcher it
+	// starts), which every stage and the cleanup rule share: cancel ends
+	// it from outside (a shutdown, a park, a retire, the caller), and its
+	// cause says which.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	done   chan struct{}
@@ -356,7 +366,6 @@ type run struct {
 	seeded    bool
 	launch    string // the launch in flight
 	sandbox   string // its sandbox
-	hold      int    // test hook: > 0 keeps the run busy
 }
 
 func (a *Agent) bookmark(r *run) agentapi.Bookmark {
@@ -369,6 +378,12 @@ func (a *Agent) bookmark(r *run) agentapi.Bookmark {
 func (a *Agent) drive(r *run) {
 	defer a.wg.Done()
 	res, err := a.queue(r)
+	if err != nil && r.ctx.Err() != nil {
+		// Cancelled: why (a shutdown, a park, a retire, the caller) decides
+		// the cleanup rule and the answer, not how the stage in flight
+		// reported its cut-off call.
+		err = context.Cause(r.ctx)
+	}
 	if err != nil {
 		a.cleanup(r, err)
 	}
@@ -485,17 +500,12 @@ func (a *Agent) boundary(r *run, bm agentapi.Bookmark) error {
 	}
 	a.mu.Lock()
 	r.bm, r.at, r.parkedFor = bm, atBoundary, ""
-	for a.closed || r.hold > 0 {
+	for a.closed {
 		ch := a.reopen
-		var poll <-chan time.Time
-		if r.hold > 0 {
-			poll = time.After(50 * time.Millisecond) // a test hold: look again
-		}
 		a.mu.Unlock()
 		a.member.Notify()
 		select {
 		case <-ch:
-		case <-poll:
 		case <-r.ctx.Done():
 			return context.Cause(r.ctx)
 		}
@@ -542,15 +552,37 @@ func (a *Agent) seed(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 	return bm, nil
 }
 
-// verify asks the owner for the grade; the owner ends the session.
+// VerifyWait bounds one verify request: the grade itself, and the resume
+// of a checkpoint that opened while it ran, which the owner waits for
+// before it ends the session and answers.
+const VerifyWait = 2 * time.Hour
+
+// verify asks the owner for the grade; the owner ends the session. While
+// the grade runs the run is at its verify bookmark: a checkpoint does not
+// wait for it (PROTOCOL §6), and exports the bookmark, at which a restored
+// attempt grades again.
 func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
-	verdict, err := retryNoResponders(r.ctx, 10*time.Minute, func(ctx context.Context) (json.RawMessage, error) {
+	a.mu.Lock()
+	r.at = atVerifying
+	a.mu.Unlock()
+	a.member.Notify()
+	verdict, err := retryNoResponders(r.ctx, VerifyWait, func(ctx context.Context) (json.RawMessage, error) {
 		return a.verifyEnd(ctx, bm.Session)
 	})
 	if isAdmissionClosed(err) {
 		return bm, errAdmissionClosed
 	}
 	if err != nil {
+		a.mu.Lock()
+		open := a.closed
+		a.mu.Unlock()
+		if open && r.ctx.Err() == nil {
+			// A checkpoint that opened while the grade ran holds the run at
+			// its verify bookmark (and the owner its session): it fails
+			// after the checkpoint, not under it, and grades again then.
+			r.log.Warn().Err(err).Msg("the grade failed while a checkpoint was open; grading again after it")
+			return bm, errAdmissionClosed
+		}
 		return bm, fmt.Errorf("agent: verify %s: %w", r.key, err)
 	}
 	a.mu.Lock()

@@ -19,20 +19,57 @@ import (
 // subject is the agent as the conformance suite drives it: its work is
 // rollouts queued at their seed bookmark (the one slot is taken), which a
 // checkpoint exports there; a restore installs bookmarks the next attempt
-// continues from.
+// continues from. A held run is one the subject reports busy: a blocker at
+// prepare, and not at a boundary for an export.
 type subject struct {
 	*Agent
 	prefix string
 
 	membertest.Pacer
 
-	mu sync.Mutex
-	n  int
+	mu   sync.Mutex
+	n    int
+	held map[*run]int // holds on each run
 }
 
-// Export paces the participant's export for the suite (PaceWrites).
+// Prepare is the agent's, with every held run a blocker.
+func (s *subject) Prepare(ctx context.Context, cp member.Checkpoint) (member.Report, error) {
+	rep, err := s.Agent.Prepare(ctx, cp)
+	if err != nil {
+		return rep, err
+	}
+	for _, r := range s.busy() {
+		rep.Blockers = append(rep.Blockers, r.key)
+		rep.Counts["parked"]--
+	}
+	slices.Sort(rep.Blockers)
+	rep.Ready = len(rep.Blockers) == 0
+	return rep, nil
+}
+
+// Export paces the participant's export for the suite (PaceWrites); a
+// held run fails it as a run between boundaries does.
 func (s *subject) Export(ctx context.Context, c events.Commit) iter.Seq2[events.Record, error] {
+	if busy := s.busy(); len(busy) > 0 {
+		return member.Records(nil, fmt.Errorf("agent: %s is not at a boundary for %s", busy[0].key, c.CheckpointID))
+	}
 	return s.Pace(ctx, s.Agent.Export(ctx, c))
+}
+
+// busy returns the held runs that are still the agent's, restarts aside
+// (they never block).
+func (s *subject) busy() []*run {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Agent.mu.Lock()
+	defer s.Agent.mu.Unlock()
+	var out []*run
+	for r, n := range s.held {
+		if n > 0 && s.runs[r.ep.Rollout] == r && !r.bm.Restart {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 func (s *subject) Bind(m *member.Member) { s.member = m }
@@ -45,7 +82,7 @@ func (s *subject) AddWork(t testing.TB, n int) []events.Episode {
 		s.n++
 		id := fmt.Sprintf("%s-w%d", s.prefix, s.n)
 		s.mu.Unlock()
-		if _, err := s.start(agentapi.Request{RolloutID: id, Task: task}); err != nil {
+		if _, err := s.start(t.Context(), agentapi.Request{RolloutID: id, Task: task}); err != nil {
 			t.Fatalf("start %s: %v", id, err)
 		}
 		eps = append(eps, events.Episode{Rollout: id})
@@ -56,18 +93,20 @@ func (s *subject) AddWork(t testing.TB, n int) []events.Episode {
 func (s *subject) Hold(ep events.Episode) func() {
 	s.Agent.mu.Lock()
 	r := s.runs[ep.Rollout]
-	if r != nil {
-		r.hold++
-	}
 	s.Agent.mu.Unlock()
+	if r != nil {
+		s.mu.Lock()
+		s.held[r]++
+		s.mu.Unlock()
+	}
 	var once sync.Once
 	return func() {
 		once.Do(func() {
-			s.Agent.mu.Lock()
 			if r != nil {
-				r.hold--
+				s.mu.Lock()
+				s.held[r]--
+				s.mu.Unlock()
 			}
-			s.Agent.mu.Unlock()
 			s.member.Notify()
 		})
 	}
@@ -97,10 +136,9 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			a.slots <- struct{}{} // the one slot is taken: every run waits at seed
-			ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
-			a.ctx = ctx
-			t.Cleanup(func() { cancel(); a.wg.Wait() })
-			return &subject{Agent: a, prefix: name.Name()}
+			a.running = true      // its member runs; the suite runs it
+			t.Cleanup(a.shutdown)
+			return &subject{Agent: a, prefix: name.Name(), held: map[*run]int{}}
 		},
 	})
 }

@@ -22,7 +22,9 @@
 // resume the same launch goes on. An unconfirmed pause, or an adapter that
 // does not pause, gets a stop instead and a relaunch on the saved session
 // after the resume. A launch that ended before the park keeps its result.
-// Restart-only runs (the owner cannot capture the session) are never
+// A run waiting for its grade is ready at its verify bookmark: the
+// checkpoint does not wait for the grade (PROTOCOL §6), and the owner
+// answers it after the resume. Restart-only runs (the owner cannot capture the session) are never
 // parked; they restart from their input after a crash.
 //
 // A restore installs the exported bookmarks; the controller then asks for

@@ -213,3 +213,107 @@ func TestRequestAskedAgainGetsTheSameAnswer(t *testing.T) {
 		t.Fatal("an earlier attempt of a finished rollout ran")
 	}
 }
+
+// A grade in flight is a boundary (PROTOCOL §6): a checkpoint taken while
+// it runs finds the agent and the owner ready at once and exports the run
+// at its verify bookmark and the session being graded; the result comes
+// only after the resume. A restore of that checkpoint grades again on the
+// fork and returns one result.
+func TestCheckpointDoesNotWaitForAGrade(t *testing.T) {
+	w := newWorld(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	gate := make(chan struct{})
+	w.gate.Store(&gate)
+	if _, err := w.owner.StartSession(ctx, "r1", events.Episode{Rollout: "r1", Attempt: 1}, provider.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	bm := agentapi.Bookmark{V: 1, Next: agentapi.StageVerify, Rollout: "r1", Task: task, Session: "r1", Owner: "o1", Answer: json.RawMessage(`"42"`)}
+	if _, err := w.agent.Install(ctx, events.Restore{}, []events.Record{record(t, "r1", bm)}); err != nil {
+		t.Fatal(err)
+	}
+	type outcome struct {
+		res agentapi.Result
+		err error
+	}
+	first := make(chan outcome, 1)
+	go func() {
+		res, err := w.agent.Rollout(ctx, agentapi.Request{RolloutID: "r1", Attempt: 1, Task: task})
+		first <- outcome{res, err}
+	}()
+	poll.Wait(t, 10*time.Second, "the grade to start", func() bool { return w.grades.Load() == 1 })
+
+	cp := member.Checkpoint{Run: testRun, ID: "c1", Seq: 1, Deadline: time.Now().Add(10 * time.Second)}
+	var arep member.Report
+	poll.Wait(t, 10*time.Second, "the agent to report the run waiting for its grade", func() bool {
+		var err error
+		arep, err = w.agent.Prepare(ctx, cp)
+		return err == nil && arep.Counts["verifying"] == 1
+	})
+	orep, err := w.owner.Prepare(ctx, cp)
+	if !arep.Ready || err != nil || !orep.Ready || orep.Counts["grading"] != 1 {
+		t.Fatalf("prepare while the grade runs: agent %+v, owner %+v %v; want both ready", arep, orep, err)
+	}
+	commit := events.Commit{PhaseHeader: events.PhaseHeader{Run: testRun, CheckpointID: "c1"}}
+	arecs, err := membertest.Drain(w.agent.Export(ctx, commit))
+	if err != nil || len(arecs) != 1 {
+		t.Fatalf("agent export: %v %v", arecs, err)
+	}
+	if got, err := agentapi.DecodeBookmark(arecs[0].Data); err != nil || got.Next != agentapi.StageVerify || arecs[0].Key != "r1-a1" {
+		t.Fatalf("exported %s %+v %v, want r1-a1 at its verify bookmark", arecs[0].Key, got, err)
+	}
+	orecs, err := membertest.Drain(w.owner.Export(ctx, commit))
+	if err != nil || len(orecs) != 1 {
+		t.Fatalf("owner export: %v %v", orecs, err)
+	}
+
+	close(gate)
+	poll.Wait(t, 10*time.Second, "the grade to end", func() bool {
+		rep, err := w.owner.Prepare(ctx, cp)
+		return err == nil && rep.Counts["grading"] == 0
+	})
+	select {
+	case o := <-first:
+		t.Fatalf("a result while the checkpoint is open: %+v", o)
+	default:
+	}
+	if err := w.owner.Resume(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.agent.Resume(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	o := <-first
+	if o.err != nil || string(o.res.Verdict) != `{"reward":1}` || o.res.Episode != "r1-a1" {
+		t.Fatalf("the result after the resume: %+v", o)
+	}
+
+	// The fleet crashed after the checkpoint, and the controller never got
+	// that result: the restored attempt grades again on the fork.
+	restore := events.Restore{PhaseHeader: events.PhaseHeader{Run: testRun, CheckpointID: "restore-e1", Epoch: 1}, Source: "c1"}
+	if _, err := w.owner.Install(ctx, restore, orecs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.agent.Install(ctx, restore, arecs); err != nil {
+		t.Fatal(err)
+	}
+	res, err := w.agent.Rollout(ctx, agentapi.Request{RolloutID: "r1", Attempt: 2, Task: task})
+	if err != nil || !res.Restored || res.Episode != "r1-a2" || string(res.Verdict) != `{"reward":1}` {
+		t.Fatalf("the restored attempt: %+v %v", res, err)
+	}
+	if n := w.grades.Load(); n != 2 {
+		t.Fatalf("%d grades, want 2: the checkpointed one and the restored attempt's", n)
+	}
+	if _, ok := w.owner.Session("r1"); ok {
+		t.Fatal("the restored session was not ended by its grade")
+	}
+	snaps, err := w.prov.Snapshots()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range snaps {
+		if err := w.prov.DeleteSnapshot(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

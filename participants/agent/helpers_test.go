@@ -48,6 +48,8 @@ type world struct {
 	owner  *owner.Owner
 	agent  *Agent
 	grades atomic.Int32
+	// gate, when set, holds every grade until it is closed.
+	gate atomic.Pointer[chan struct{}]
 }
 
 func newWorld(t *testing.T) *world { return newWorldWith(t, false, nil) }
@@ -76,8 +78,15 @@ func newWorldWith(t *testing.T, restartOnly bool, sandboxes func(string) (Sandbo
 			}
 		}
 	})
-	grade := func(context.Context, owner.Execer, *owner.Session) (json.RawMessage, error) {
+	grade := func(ctx context.Context, _ owner.Execer, _ *owner.Session) (json.RawMessage, error) {
 		w.grades.Add(1)
+		if g := w.gate.Load(); g != nil {
+			select {
+			case <-*g:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		return json.RawMessage(`{"reward":1}`), nil
 	}
 	w.owner, err = owner.New(owner.Config{Run: testRun, Name: "o1", JS: w.env.JS, Bus: w.env.Bus, Provider: prov,

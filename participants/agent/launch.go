@@ -94,13 +94,18 @@ func startLaunch(ctx context.Context, dc Sandbox, req sandboxapi.LaunchRequest) 
 // retryNoResponders calls fn with a context bounded by timeout, again while
 // nobody answers (a daemon or an owner starting, or restarting) for up to
 // DaemonWait: such a request reached no one, so asking again is safe. A
-// request that timed out is not asked again.
+// request that timed out is not asked again. A request that fails once
+// ctx has ended returns ctx's cause, not the plain cancel the call saw:
+// the cause (a shutdown, a park, a retire) decides the cleanup rule.
 func retryNoResponders[T any](ctx context.Context, timeout time.Duration, fn func(context.Context) (T, error)) (T, error) {
 	deadline := time.Now().Add(DaemonWait)
 	for wait := 20 * time.Millisecond; ; wait = min(wait*2, time.Second) {
 		cctx, cancel := context.WithTimeout(ctx, timeout)
 		v, err := fn(cctx)
 		cancel()
+		if err != nil && ctx.Err() != nil {
+			return v, context.Cause(ctx)
+		}
 		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
 			return v, err
 		}

@@ -25,8 +25,9 @@ var (
 
 // Prepare implements member.Participant: close admission, ask every run
 // to park, and report: a run is ready at its bookmark (queued, between
-// stages, held by the checkpoint) or with its launch paused in place for
-// this checkpoint; restart-only runs never block.
+// stages, held by the checkpoint, or waiting for its grade) or with its
+// launch paused in place for this checkpoint; restart-only runs never
+// block.
 func (a *Agent) Prepare(_ context.Context, cp member.Checkpoint) (member.Report, error) {
 	a.mu.Lock()
 	if !a.closed || a.open != cp.ID {
@@ -34,7 +35,7 @@ func (a *Agent) Prepare(_ context.Context, cp member.Checkpoint) (member.Report,
 	}
 	dl := cp.Deadline.Add(-deadlineMargin(cp))
 	var rep member.Report
-	parked, paused, queued := 0, 0, 0
+	parked, paused, queued, verifying := 0, 0, 0, 0
 	for _, r := range a.runs {
 		if r.parkReq == nil || r.parkReq.cp != cp.ID || r.parkReq.seq != cp.Seq {
 			r.parkReq = &parkRequest{cp: cp.ID, seq: cp.Seq, dl: dl, reopen: a.reopen}
@@ -46,13 +47,15 @@ func (a *Agent) Prepare(_ context.Context, cp member.Checkpoint) (member.Report,
 		switch {
 		case r.bm.Restart:
 			rep.Restarts = append(rep.Restarts, r.key)
-		case r.at == atBoundary && r.hold == 0:
+		case r.at == atBoundary:
 			parked++
 			if r.bm.Next == agentapi.StageSeed && !r.seeded {
 				queued++
 			}
 		case r.at == atParked && r.parkedFor == cp.ID:
 			paused++
+		case r.at == atVerifying:
+			verifying++
 		default:
 			rep.Blockers = append(rep.Blockers, r.key)
 		}
@@ -62,8 +65,8 @@ func (a *Agent) Prepare(_ context.Context, cp member.Checkpoint) (member.Report,
 	slices.Sort(rep.Blockers)
 	slices.Sort(rep.Restarts)
 	rep.Ready = len(rep.Blockers) == 0
-	rep.Counts = map[string]int{"parked": parked, "paused": paused, "queued": queued, "restarts": len(rep.Restarts),
-		"installed": installed}
+	rep.Counts = map[string]int{"parked": parked, "paused": paused, "queued": queued, "verifying": verifying,
+		"restarts": len(rep.Restarts), "installed": installed}
 	return rep, nil
 }
 
@@ -74,8 +77,9 @@ func deadlineMargin(cp member.Checkpoint) time.Duration {
 }
 
 // Export implements member.Exporter: the bookmark of every run at a
-// boundary or paused for this checkpoint, and of every restored rollout
-// not asked for yet; restarts are not exported.
+// boundary (a run waiting for its grade at its verify bookmark) or paused
+// for this checkpoint, and of every restored rollout not asked for yet;
+// restarts are not exported.
 func (a *Agent) Export(_ context.Context, c events.Commit) iter.Seq2[events.Record, error] {
 	return member.Records(a.export(c))
 }
@@ -104,7 +108,7 @@ func (a *Agent) export(c events.Commit) ([]events.Record, error) {
 		if r.bm.Restart {
 			continue
 		}
-		if !(r.at == atBoundary && r.hold == 0) && !(r.at == atParked && r.parkedFor == c.CheckpointID) {
+		if r.at != atBoundary && !(r.at == atParked && r.parkedFor == c.CheckpointID) && r.at != atVerifying {
 			return nil, fmt.Errorf("agent: %s is not at a boundary for %s", r.key, c.CheckpointID)
 		}
 		if err := add(r.key, r.bm); err != nil {

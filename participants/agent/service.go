@@ -52,7 +52,7 @@ func (a *Agent) serve(ctx context.Context) (*jetstream.Service, error) {
 		if err := jetstream.DecodeRequest(body, &req); err != nil {
 			return nil, err
 		}
-		r, err := a.start(req)
+		r, err := a.start(ctx, req)
 		if err != nil {
 			return nil, err
 		}

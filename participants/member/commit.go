@@ -140,13 +140,13 @@ func (m *Member) createManifest(ctx context.Context, e CommitManifest) ManifestC
 }
 
 // park frees what a stop commit exported, best effort, in a worker.
-func (m *Member) park(e Park) {
+func (m *Member) park(ctx context.Context, e Park) {
 	p, ok := m.cfg.Participant.(Parker)
 	if !ok {
 		return
 	}
 	m.lastPark++
-	m.spawn(^m.lastPark, e.CheckpointID, func(ctx context.Context) {
+	m.spawn(ctx, ^m.lastPark, e.CheckpointID, func(ctx context.Context) {
 		log := m.log.With().Str("checkpoint", e.CheckpointID).Logger()
 		if err := p.Park(ctx, e.Records); err != nil {
 			log.Warn().Err(err).Msg("parking the exported work failed; the checkpoint is durable")

@@ -173,19 +173,19 @@ func (m *Member) do(ctx context.Context, eff Effect) {
 		m.giveBackHeld() // for whoever serves the new epoch
 		m.stopWorkers()
 	case WaitReady:
-		m.spawn(e.Op, e.Checkpoint.ID, func(wctx context.Context) { m.waitReady(wctx, e) })
+		m.spawn(ctx, e.Op, e.Checkpoint.ID, func(wctx context.Context) { m.waitReady(wctx, e) })
 	case WriteCommit:
-		m.spawn(e.Op, e.Commit.CheckpointID, func(wctx context.Context) { m.writeCommit(wctx, e) })
+		m.spawn(ctx, e.Op, e.Commit.CheckpointID, func(wctx context.Context) { m.writeCommit(wctx, e) })
 	case CommitManifest:
 		m.step(ctx, m.createManifest(ctx, e))
 	case InstallRestore:
-		m.spawn(e.Op, e.Restore.CheckpointID, func(wctx context.Context) { m.installRestore(wctx, e) })
+		m.spawn(ctx, e.Op, e.Restore.CheckpointID, func(wctx context.Context) { m.installRestore(wctx, e) })
 	case CallParticipant:
 		m.step(ctx, m.call(ctx, e))
 	case Reopen:
 		m.reopen(ctx, e)
 	case Park:
-		m.park(e)
+		m.park(ctx, e)
 	}
 }
 

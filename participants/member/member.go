@@ -46,7 +46,6 @@ type Member struct {
 	inbox        chan Delivery
 	consumeErrs  chan error
 	lastPark     uint64
-	runCtx       context.Context
 	wg           sync.WaitGroup // workers
 	continued    map[string]*events.PauseReport
 }
@@ -131,7 +130,6 @@ func (m *Member) Run(ctx context.Context) error {
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	m.runCtx = runCtx
 
 	var bg sync.WaitGroup
 	bg.Go(func() { m.heartbeat(runCtx, ttl) })

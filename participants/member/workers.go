@@ -13,9 +13,10 @@ type worker struct {
 	done   chan struct{}
 }
 
-// spawn runs fn in a worker goroutine for checkpoint id; Reopen of id or
-// the end of Run cancels it and waits for it.
-func (m *Member) spawn(op uint64, id string, fn func(ctx context.Context)) {
+// spawn runs fn in a worker goroutine for checkpoint id, with a context
+// of the loop's ctx; Reopen of id or the end of Run cancels it and waits
+// for it.
+func (m *Member) spawn(ctx context.Context, op uint64, id string, fn func(ctx context.Context)) {
 	for k, w := range m.workers {
 		select {
 		case <-w.done:
@@ -23,7 +24,7 @@ func (m *Member) spawn(op uint64, id string, fn func(ctx context.Context)) {
 		default:
 		}
 	}
-	wctx, cancel := context.WithCancel(m.runCtx)
+	wctx, cancel := context.WithCancel(ctx)
 	w := &worker{id: id, cancel: cancel, done: make(chan struct{})}
 	m.workers[op] = w
 	m.wg.Go(func() {

@@ -81,8 +81,10 @@ func forEach(n, limit int, fn func(i int) error) error {
 
 // Prepare closes admission (PROTOCOL §5). In ModeExported the owner is
 // ready when no request is in flight, and the requests in flight are the
-// blockers; in ModeRestartOnly it reports every session's episode as a
-// restart and is ready at once.
+// blockers; a grade running is no blocker (a verify is a boundary, PROTOCOL
+// §6): it goes on, and Counts["grading"] says how many run. In
+// ModeRestartOnly it reports every session's episode as a restart and is
+// ready at once.
 func (o *Owner) Prepare(_ context.Context, cp member.Checkpoint) (member.Report, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -91,7 +93,7 @@ func (o *Owner) Prepare(_ context.Context, cp member.Checkpoint) (member.Report,
 		o.reopen = make(chan struct{})
 		o.log.Debug().Str("checkpoint", cp.ID).Msg("admission closed")
 	}
-	counts := map[string]int{"sessions": len(o.sessions), "in_flight": len(o.inFlight)}
+	counts := map[string]int{"sessions": len(o.sessions), "in_flight": len(o.inFlight), "grading": len(o.grading)}
 	if o.mode != ModeExported {
 		keys := map[string]bool{}
 		for _, s := range o.sessions {

@@ -21,8 +21,9 @@
 // grades it at verify. A kind may also be a Setuper (Setup runs against
 // the started sandbox) and a Forker (ForkSpec completes the spec of each
 // fork a restore starts). TaskFuncs makes a kind of functions. The
-// scripted kind is participants/scripted's Kind; `stillpoint owner
-// --task-kind` chooses among the kinds the CLI knows.
+// scripted kind is participants/scripted's Kind, the command kind (a task
+// defined in its JSON, docs/TASKS.md) participants/owner/commandkind's;
+// `stillpoint owner --task-kind` chooses among the kinds the CLI knows.
 //
 // # Sessions
 //
@@ -60,7 +61,10 @@
 // for their ctx), but the service answers seed_session and verify 409
 // admission_closed at once (an agent parking a run may be waiting on one:
 // PROTOCOL §5, Readiness); requests already in flight finish, and Prepare
-// reports ready once none is in flight. In ModeRestartOnly Prepare reports every
+// reports ready once none is in flight. A grade in flight is no such
+// request (PROTOCOL §6: a verify is a boundary): it goes on through the
+// checkpoint, the end of its session waits for the resume, and the
+// verdict is answered after it. In ModeRestartOnly Prepare reports every
 // session's episode as a restart and is ready at once.
 //
 // Export snapshots every live session's sandbox as the snapshot

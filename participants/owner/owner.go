@@ -199,6 +199,7 @@ type Owner struct {
 	sessions map[string]*Session
 	pending  map[string]events.Episode // sessions being started
 	inFlight map[uint64]string         // request -> session id
+	grading  map[string]int            // session id -> grades running
 	nextReq  uint64
 	closed   bool          // admission closed by a prepare
 	reopen   chan struct{} // closed by the resume that reopens admission
@@ -238,6 +239,7 @@ func New(cfg Config) (*Owner, error) {
 		sessions: map[string]*Session{},
 		pending:  map[string]events.Episode{},
 		inFlight: map[uint64]string{},
+		grading:  map[string]int{},
 	}
 	if o.kind == nil {
 		o.kind = TaskFuncs{}

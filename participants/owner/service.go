@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -41,9 +42,11 @@ func classify(err error) (int, string) {
 // from the task, or a restored fork when there is one), sandbox_access (the
 // current sandbox of a session), verify (the task kind's grade; 409
 // without a sandbox), close_session (idempotent). While a checkpoint is
-// open, seed_session and verify answer 409 admission_closed at once.
-// Handlers run in their own goroutines; Serve waits for them before it
-// returns.
+// open, seed_session and verify answer 409 admission_closed at once; a
+// verify that runs when a checkpoint opens goes on (see verify). Seeds and
+// verifies are served side by side, each on a goroutine of its own (a
+// setup or a grade may take long), sandbox_access and close_session in
+// turn. Serve waits for every handler before it returns.
 func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 	s, err := jetstream.NewService(nc, micro.Config{Name: "stillpoint-owner", Version: "1.0.0",
 		Description: "sandbox owner " + o.cfg.Name + " of run " + o.cfg.Run,
@@ -63,7 +66,9 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 		return r.SessionID, events.ValidateRollout("session_id", r.SessionID)
 	}
 	errs := []error{
-		s.Handle(ownerapi.EndpointSeed, func(body []byte) (any, error) {
+		// A seed runs the task kind's setup and a verify its grade, which
+		// may take long: their requests are served side by side.
+		s.HandleAsync(rctx, ownerapi.EndpointSeed, func(ctx context.Context, body []byte) (any, error) {
 			var r ownerapi.SeedRequest
 			if err := jetstream.DecodeRequest(body, &r); err != nil {
 				return nil, err
@@ -73,7 +78,7 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 				return nil, err
 			}
 			prev, had := o.Session(r.SessionID)
-			sess, err := o.SeedSession(rctx, r.SessionID, ep, r.Task)
+			sess, err := o.SeedSession(ctx, r.SessionID, ep, r.Task)
 			if err != nil {
 				return nil, err
 			}
@@ -90,7 +95,7 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 			}
 			return o.info(sess, false), nil
 		}),
-		s.Handle(ownerapi.EndpointVerify, func(body []byte) (any, error) {
+		s.HandleAsync(rctx, ownerapi.EndpointVerify, func(ctx context.Context, body []byte) (any, error) {
 			var r ownerapi.VerifyRequest
 			if err := jetstream.DecodeRequest(body, &r); err != nil {
 				return nil, err
@@ -98,7 +103,7 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 			if err := events.ValidateRollout("session_id", r.SessionID); err != nil {
 				return nil, err
 			}
-			return o.verify(rctx, r)
+			return o.verify(ctx, r)
 		}),
 		s.Handle(ownerapi.EndpointClose, func(body []byte) (any, error) {
 			id, err := ref(body)
@@ -116,29 +121,82 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 	return s.Stop()
 }
 
-// verify grades a session as a request admitted like any other (a
-// checkpoint waits for it, and one that is open holds it back), and ends
-// it when asked.
+// verify grades a session, and ends it when asked. A grade is a
+// boundary, not a request in flight (PROTOCOL §6, Sandbox owner): a
+// prepare does not wait for it, and it goes on through the checkpoint,
+// whose commit snapshots the session as it is. What follows it, the end
+// and the answer, is a request like any other: while a checkpoint is open
+// it waits for the resume, so that the sessions a prepare saw are the
+// ones the commit exports, and no verdict is answered under a checkpoint.
+// A verify asked while a checkpoint is open is refused (admission_closed),
+// as a seed is.
 func (o *Owner) verify(ctx context.Context, r ownerapi.VerifyRequest) (ownerapi.VerifyResult, error) {
-	req, err := o.enter(ctx, r.SessionID)
-	if err != nil {
-		return ownerapi.VerifyResult{}, err
-	}
-	defer o.leave(req)
-	sess, err := o.RequireSandbox(r.SessionID)
+	sess, done, err := o.startGrade(ctx, r.SessionID)
 	if err != nil {
 		return ownerapi.VerifyResult{}, err
 	}
 	res, err := o.kind.Grade(ctx, o.exec, sess)
+	done()
 	if err != nil {
 		return ownerapi.VerifyResult{}, fmt.Errorf("owner: grade %s: %w", r.SessionID, err)
 	}
+	// Held, not refused: the agent waits for this answer, not for the
+	// checkpoint.
+	req, err := o.admit(ctx, r.SessionID, true)
+	if err != nil {
+		return ownerapi.VerifyResult{}, err
+	}
+	defer o.leave(req)
 	if r.End {
-		if err := o.end(ctx, r.SessionID); err != nil {
+		if err := o.endGraded(ctx, r.SessionID, sess.Sandbox.ID); err != nil {
 			return ownerapi.VerifyResult{}, err
 		}
 	}
 	return ownerapi.VerifyResult{SessionID: r.SessionID, Result: res}, nil
+}
+
+// startGrade admits a grade of the session: refused while a checkpoint is
+// open (when ctx is a service request's) and for a session without a
+// sandbox; counted among the grades running, which a prepare reports but
+// does not wait for. The caller calls done when the grade ends.
+func (o *Owner) startGrade(ctx context.Context, sessionID string) (*Session, func(), error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed && ctx.Value(noHoldKey{}) != nil {
+		return nil, nil, ErrAdmissionClosed
+	}
+	s, ok := o.sessions[sessionID]
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: %s", ErrNoSandbox, sessionID)
+	}
+	o.grading[sessionID]++
+	var once sync.Once
+	return s.clone(), func() {
+		once.Do(func() {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			if o.grading[sessionID]--; o.grading[sessionID] <= 0 {
+				delete(o.grading, sessionID)
+			}
+		})
+	}, nil
+}
+
+// endGraded ends the session after its grade, if it still has the sandbox
+// that was graded: one a retire, a park or a restore stopped or replaced
+// is left alone.
+func (o *Owner) endGraded(ctx context.Context, sessionID, sandboxID string) error {
+	o.mu.Lock()
+	s, ok := o.sessions[sessionID]
+	o.mu.Unlock()
+	if !ok || s.Sandbox.ID != sandboxID {
+		return nil
+	}
+	err := o.end(ctx, sessionID)
+	if errors.Is(err, ErrNoSandbox) {
+		return nil
+	}
+	return err
 }
 
 func (o *Owner) info(s *Session, restored bool) ownerapi.SessionInfo {

@@ -46,10 +46,17 @@ func (s *Session) clone() *Session {
 
 // enter admits one request: it waits while a checkpoint holds admission
 // closed (until the resume, or ctx), then counts the request in flight.
-// The caller calls leave with the returned token.
+// A service request (noHoldKey in ctx) is refused instead of held. The
+// caller calls leave with the returned token.
 func (o *Owner) enter(ctx context.Context, sessionID string) (uint64, error) {
+	return o.admit(ctx, sessionID, ctx.Value(noHoldKey{}) == nil)
+}
+
+// admit is enter; hold says whether a request that finds admission closed
+// waits for the resume (true) or is refused with ErrAdmissionClosed.
+func (o *Owner) admit(ctx context.Context, sessionID string, hold bool) (uint64, error) {
 	o.mu.Lock()
-	if ctx.Value(noHoldKey{}) != nil && o.closed {
+	if !hold && o.closed {
 		o.mu.Unlock()
 		return 0, ErrAdmissionClosed
 	}

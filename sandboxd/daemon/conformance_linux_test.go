@@ -62,12 +62,19 @@ var subjects atomic.Int64
 // (Bind), and the daemon runs it beside its supervisor and service (Run).
 type subject struct {
 	*Daemon
-	gate   *gate
-	prefix string
+	gate     *gate
+	prefix   string
+	prepares atomic.Int32 // the prepares the member asked
 
 	mu  sync.Mutex
 	n   int
 	ids map[events.Episode]string
+}
+
+// Prepare counts the member's prepares.
+func (s *subject) Prepare(ctx context.Context, cp member.Checkpoint) (member.Report, error) {
+	s.prepares.Add(1)
+	return s.Daemon.Prepare(ctx, cp)
 }
 
 var _ membertest.Runner = (*subject)(nil)
@@ -127,6 +134,7 @@ func (s *subject) PaceWrites(func(ctx context.Context, index int)) {}
 // starting until they are released (or the pause is cut short).
 type gate struct {
 	*sandboxd.Supervisor
+	pauses atomic.Int32 // the pauses asked for
 
 	mu   sync.Mutex
 	held map[string]*holdOf
@@ -173,6 +181,7 @@ func (g *gate) release(id string, h *holdOf) {
 
 // Pause waits while id is held, then pauses it.
 func (g *gate) Pause(ctx context.Context, id string, mode sandboxapi.Mode) (sandboxapi.PauseResult, error) {
+	g.pauses.Add(1)
 	g.mu.Lock()
 	h := g.held[id]
 	g.mu.Unlock()
@@ -198,22 +207,8 @@ func (g *gate) Pause(ctx context.Context, id string, mode sandboxapi.Mode) (sand
 func TestResumeContinuesAPauseItCutShort(t *testing.T) {
 	env := jstest.Start(t)
 	bridge := membertest.NewBridge(t, env, "run1")
-	var s *subject
-	hd := membertest.StartMember(t, env, "run1", "sandbox.sb1", func() membertest.Subject {
-		log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
-		sup, err := sandboxd.New(sandboxd.Config{StateDir: t.TempDir(), Logger: log, Grace: time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := newDaemon(Config{Run: "run1", SandboxID: "sb1", JS: env.JS, Bus: env.Bus, Supervisor: sup, Logger: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g := &gate{Supervisor: sup, held: map[string]*holdOf{}}
-		d.launches = g
-		s = &subject{Daemon: d, gate: g, prefix: fmt.Sprintf("sb1-%d-%d", os.Getpid(), subjects.Add(1)), ids: map[events.Episode]string{}}
-		return s
-	}(), membertest.Options{StateFile: filepath.Join(t.TempDir(), "position.json")})
+	s := newSubject(t, env, time.Second)
+	hd := membertest.StartMember(t, env, "run1", "sandbox.sb1", s, membertest.Options{StateFile: filepath.Join(t.TempDir(), "position.json")})
 	eps := s.AddWork(t, 1)
 	id := s.ids[eps[0]]
 	cut, release := s.gate.holdStubborn(id)
@@ -243,4 +238,82 @@ func TestResumeContinuesAPauseItCutShort(t *testing.T) {
 	if err != nil || rec.State != sandboxapi.StateRunning || rec.Pauses.Seq != 1 {
 		t.Fatalf("launch after the resume: %+v, %v; want running after one pause", rec, err)
 	}
+}
+
+// newSubject is a daemon for sandbox sb1 whose supervisor has grace, as
+// the conformance suite builds it.
+func newSubject(t *testing.T, env *jstest.Env, grace time.Duration) *subject {
+	t.Helper()
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	sup, err := sandboxd.New(sandboxd.Config{StateDir: t.TempDir(), Logger: log, Grace: grace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := newDaemon(Config{Run: "run1", SandboxID: "sb1", JS: env.JS, Bus: env.Bus, Supervisor: sup, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{Supervisor: sup, held: map[string]*holdOf{}}
+	d.launches = g
+	return &subject{Daemon: d, gate: g, prefix: fmt.Sprintf("sb1-%d-%d", os.Getpid(), subjects.Add(1)), ids: map[events.Episode]string{}}
+}
+
+// A launch being stopped blocks a prepare until it has ended, without a
+// pause: one would fail at once (it is stopping), and asking again would
+// spin for the whole grace. Its end wakes the prepare.
+func TestPrepareWaitsForAStoppingLaunchWithoutPausingIt(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	s := newSubject(t, env, time.Minute)
+	hd := membertest.StartMember(t, env, "run1", "sandbox.sb1", s, membertest.Options{PollEvery: time.Hour,
+		StateFile: filepath.Join(t.TempDir(), "position.json")})
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	ep := events.Episode{Rollout: "r1"}
+	id := s.prefix + "-stubborn"
+	// SIGINT is ignored (by the shell and the sleeps it starts): the stop
+	// waits out its grace.
+	if _, err := s.launch(ctx, ep.String(), false, sandboxd.Spec{ID: id, Command: "trap '' INT; while :; do sleep 0.05; done"}); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan struct{})
+	var stopErr error
+	go func() {
+		defer close(stopped)
+		_, stopErr = s.sup.Stop(ctx, id)
+	}()
+	t.Cleanup(func() {
+		// Not the grace, if the test fails first.
+		_, _ = s.sup.Cancel(context.WithoutCancel(ctx), id)
+		<-stopped
+	})
+	poll.Wait(t, 10*time.Second, "the launch to be stopping", func() bool {
+		rec, err := s.sup.Status(id)
+		return err == nil && rec.State == sandboxapi.StateStopping
+	})
+
+	before := s.prepares.Load()
+	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 30*time.Second, hd.Name)})
+	poll.Wait(t, 10*time.Second, "the member to ask a prepare", func() bool { return s.prepares.Load() > before })
+	poll.Holds(t, 300*time.Millisecond, func() error {
+		if n := s.gate.pauses.Load(); n != 0 {
+			return fmt.Errorf("%d pauses of a launch being stopped (%d prepares)", n, s.prepares.Load()-before)
+		}
+		return nil
+	})
+	if _, err := s.sup.Cancel(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	pa := bridge.Ack(seq, events.PhasePrepare, hd.Name).(events.PrepareAck)
+	if !pa.Ready {
+		t.Fatalf("prepare ack %+v after the launch ended, want ready", pa)
+	}
+	<-stopped
+	if stopErr != nil {
+		t.Fatalf("stop: %v", stopErr)
+	}
+	if n := s.gate.pauses.Load(); n != 0 {
+		t.Fatalf("%d pauses of a launch that was stopping, want none", n)
+	}
+	bridge.Ack(bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, hd.Name)}), events.PhaseResume, hd.Name)
 }

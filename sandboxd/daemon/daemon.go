@@ -55,26 +55,34 @@ type Daemon struct {
 	cfg      Config
 	log      zerolog.Logger
 	name     events.Member
-	sup      *sandboxd.Supervisor
-	launches launches // sup, as the member side uses it
+	sup      *sandboxd.Supervisor // run by Run; its launches only through launches
+	launches launches             // sup, as the daemon controls its launches
 	member   *member.Member
 
-	mu        sync.Mutex
-	open      string                              // checkpoint id while admission is closed
-	launching int                                 // launches admitted and not yet registered
-	paused    map[string]string                   // launch id -> checkpoint that paused it
-	episodes  map[string]string                   // launch id -> episode key, persisted
-	nopause   map[string]bool                     // launches checkpoints leave alone
-	pausing   map[string]*pausing                 // launch id -> its pause in flight
-	confirmed map[string][]sandboxapi.PauseResult // checkpoint id -> its pauses that confirmed
-	failed    map[string]error                    // checkpoint id -> why one of its pauses failed
-	closing   bool                                // Run is returning: no new pause
-	pauses    sync.WaitGroup                      // the pausing goroutines
+	mu          sync.Mutex
+	open        string                              // checkpoint id while admission is closed
+	paused      map[string]string                   // launch id -> checkpoint that paused it
+	episodes    map[string]string                   // launch id -> episode key, persisted
+	nopause     map[string]bool                     // launches checkpoints leave alone
+	registering map[string]bool                     // launches admitted and not yet registered
+	pausing     map[string]*pausing                 // launch id -> its pause in flight
+	ending      map[string]context.CancelFunc       // launch id -> the watch for the end of its stop
+	confirmed   map[string][]sandboxapi.PauseResult // checkpoint id -> its pauses that confirmed
+	failed      map[string]error                    // checkpoint id -> why one of its pauses failed
+	closing     bool                                // Run is returning: no new pause or watch
+	pauses      sync.WaitGroup                      // the pausing goroutines and the watches
 }
 
-// launches is the supervisor as the daemon's member side uses it.
+// launches is the supervisor as the daemon controls its launches: the
+// member side and the service alike go through it, so that a test can
+// stand between the daemon and its supervisor (the conformance suite
+// holds pauses there).
 type launches interface {
+	Launch(ctx context.Context, spec sandboxd.Spec) (sandboxapi.Record, error)
 	List() []sandboxapi.Record
+	Status(id string) (sandboxapi.Record, error)
+	Receipt(id string) (sandboxapi.Receipt, error)
+	Wait(ctx context.Context, id string) (sandboxapi.Receipt, error)
 	Pause(ctx context.Context, id string, mode sandboxapi.Mode) (sandboxapi.PauseResult, error)
 	Continue(ctx context.Context, id string) (sandboxapi.PauseResult, error)
 	Stop(ctx context.Context, id string) (sandboxapi.Receipt, error)
@@ -126,8 +134,8 @@ func newDaemon(cfg Config) (*Daemon, error) {
 		cfg.StateFile = filepath.Join(cfg.Supervisor.StateDir(), "position.json")
 	}
 	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, launches: cfg.Supervisor,
-		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{},
-		pausing: map[string]*pausing{}, confirmed: map[string][]sandboxapi.PauseResult{}, failed: map[string]error{},
+		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{}, registering: map[string]bool{},
+		pausing: map[string]*pausing{}, ending: map[string]context.CancelFunc{}, confirmed: map[string][]sandboxapi.PauseResult{}, failed: map[string]error{},
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
 	if err := d.loadEpisodes(); err != nil {
 		return nil, err
@@ -143,10 +151,14 @@ func (d *Daemon) Name() events.Member { return d.name }
 // that are still in flight when the member stops are cut short, and Run
 // waits for them.
 func (d *Daemon) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return d.sup.Run(gctx) })
 	svc, err := d.serve(gctx)
 	if err != nil {
+		cancel()
+		_ = g.Wait() // the supervisor stops its launches and returns
 		return err
 	}
 	defer func() { _ = svc.Stop() }()
@@ -166,7 +178,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 // paused, ended, or stopped after a pause that did not confirm; until
 // then the launches still pausing are its blockers (their episode, or
 // their id), and each pause that ends calls Member.Notify, so that the
-// runtime asks again. A pause that failed fails the next Prepare.
+// runtime asks again. A launch being stopped is not paused (the pause
+// would fail at once): it is a blocker until it has ended, which calls
+// Notify too. A pause that failed fails the next Prepare.
 func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Report, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -174,7 +188,7 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 	if err := d.failed[cp.ID]; err != nil {
 		return member.Report{}, err
 	}
-	if d.launching > 0 {
+	if len(d.registering) > 0 {
 		// A launch admitted before the checkpoint closed admission is still
 		// registering: wait for it, or it would escape the pause.
 		return member.Report{Blockers: []string{"launch-registering"}}, nil
@@ -184,6 +198,12 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 		if rec.State == sandboxapi.StateEnded || d.nopause[rec.ID] {
 			// Ended, or its agent stops it or lets it run (a restart-only
 			// rollout).
+			continue
+		}
+		if rec.State == sandboxapi.StateStopping {
+			// It ends by itself, within the stop's grace.
+			d.watchEnd(ctx, rec.ID)
+			blockers = append(blockers, d.blockerLocked(rec.ID))
 			continue
 		}
 		mark := d.paused[rec.ID]
@@ -202,11 +222,7 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 			d.startPause(ctx, cp.ID, rec.ID)
 		}
 		if d.pausing[rec.ID] != nil {
-			b := d.episodes[rec.ID]
-			if b == "" {
-				b = rec.ID
-			}
-			blockers = append(blockers, b)
+			blockers = append(blockers, d.blockerLocked(rec.ID))
 		}
 	}
 	if len(blockers) > 0 {
@@ -215,6 +231,41 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 	}
 	reports := d.confirmed[cp.ID]
 	return member.Report{Ready: true, Pause: summarize(reports), Counts: map[string]int{"launches": len(reports)}}, nil
+}
+
+// blockerLocked names launch id as a blocker: its episode, or its id.
+// d.mu is held.
+func (d *Daemon) blockerLocked(id string) string {
+	if ep := d.episodes[id]; ep != "" {
+		return ep
+	}
+	return id
+}
+
+// watchEnd calls Member.Notify once launch id, being stopped, has ended,
+// from one goroutine of the daemon's per launch; the end of Run cuts it
+// short. A wait that fails for another reason does not notify (the
+// member's poll asks again): one that fails at once must not spin. d.mu
+// is held.
+func (d *Daemon) watchEnd(ctx context.Context, id string) {
+	if d.ending[id] != nil || d.closing {
+		return
+	}
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.ending[id] = cancel
+	d.pauses.Go(func() {
+		defer cancel()
+		_, err := d.launches.Wait(wctx, id)
+		d.mu.Lock()
+		delete(d.ending, id)
+		d.mu.Unlock()
+		switch {
+		case err == nil, errors.Is(err, sandboxd.ErrKillUnconfirmed):
+			d.member.Notify() // ended
+		case wctx.Err() == nil:
+			d.log.Debug().Err(err).Str("launch", id).Msg("waiting for the end of a stopping launch")
+		}
+	})
 }
 
 // startPause pauses launch id for checkpoint cp in a goroutine of the
@@ -294,10 +345,14 @@ func (d *Daemon) cutPauses(id string) {
 	}
 }
 
-// stopPauses cuts every pause short, lets no new one start, and waits.
+// stopPauses cuts every pause and watch short, lets no new one start, and
+// waits.
 func (d *Daemon) stopPauses() {
 	d.mu.Lock()
 	d.closing = true
+	for _, cancel := range d.ending {
+		cancel()
+	}
 	d.mu.Unlock()
 	d.cutPauses("")
 	d.pauses.Wait()
@@ -383,10 +438,18 @@ func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
 	return errors.Join(errs...)
 }
 
-// launch starts a launch for episode, unless a checkpoint is open. A
-// prepare that comes while it registers waits for it; an attempt retired
-// meanwhile is stopped again at once.
+// launch starts a launch for episode, unless a checkpoint is open. Its
+// episode (and its no-pause) is recorded before the supervisor starts it,
+// so that no crash leaves a launch that a retire cannot find (PROTOCOL §7,
+// invariant 6), and put back as it was if the supervisor refuses it. A
+// launch whose id is taken, or being launched, is refused before anything
+// is recorded: the launch that has the id stays as it was. A prepare that
+// comes while it registers waits for it; an attempt retired meanwhile is
+// stopped again at once.
 func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec sandboxd.Spec) (sandboxapi.Record, error) {
+	if err := spec.Validate(); err != nil {
+		return sandboxapi.Record{}, err // before anything is recorded under its id
+	}
 	var ep events.Episode
 	if episode != "" {
 		var err error
@@ -403,36 +466,82 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec 
 		d.mu.Unlock()
 		return sandboxapi.Record{}, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
 	}
-	if episode != "" {
-		d.episodes[spec.ID] = episode
-		if err := d.saveEpisodesLocked(); err != nil {
-			d.mu.Unlock()
-			return sandboxapi.Record{}, err
-		}
+	if d.registering[spec.ID] {
+		d.mu.Unlock()
+		return sandboxapi.Record{}, fmt.Errorf("%w: %s is being launched", sandboxd.ErrLaunchExists, spec.ID)
 	}
-	if nopause {
-		d.nopause[spec.ID] = true
-	}
-	d.launching++
+	d.registering[spec.ID] = true
 	d.mu.Unlock()
 	defer func() {
 		d.mu.Lock()
-		d.launching--
+		delete(d.registering, spec.ID)
 		d.mu.Unlock()
 		d.member.Notify()
 	}()
-	rec, err := d.sup.Launch(ctx, spec)
+	if _, err := d.launches.Status(spec.ID); err == nil {
+		return sandboxapi.Record{}, fmt.Errorf("%w: %s", sandboxd.ErrLaunchExists, spec.ID)
+	}
+	undo, err := d.recordLaunch(spec.ID, episode, nopause)
 	if err != nil {
+		return sandboxapi.Record{}, err
+	}
+	rec, err := d.launches.Launch(ctx, spec)
+	if err != nil && rec.ID == "" {
+		undo() // refused (the supervisor's zero record): it leaves nothing
 		return rec, err
+	}
+	if err != nil {
+		return rec, err // it started and failed, and is recorded so
 	}
 	if episode != "" {
 		if err := d.member.Admit(ep); err != nil {
 			// Retired while it registered: a retired attempt leaves nothing.
-			_, _ = d.sup.Cancel(context.WithoutCancel(ctx), spec.ID)
+			_, _ = d.launches.Cancel(context.WithoutCancel(ctx), spec.ID)
 			return rec, err
 		}
 	}
 	return rec, nil
+}
+
+// recordLaunch records launch id's episode (persisted) and whether
+// checkpoints leave it alone, and returns the func that puts back what
+// was recorded before.
+func (d *Daemon) recordLaunch(id, episode string, nopause bool) (undo func(), err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	prevEpisode, hadEpisode := d.episodes[id]
+	prevNopause := d.nopause[id]
+	putBack := func() {
+		if hadEpisode {
+			d.episodes[id] = prevEpisode
+		} else {
+			delete(d.episodes, id)
+		}
+		if !prevNopause {
+			delete(d.nopause, id)
+		}
+	}
+	if episode != "" {
+		d.episodes[id] = episode
+		if err := d.saveEpisodesLocked(); err != nil {
+			putBack()
+			return nil, err
+		}
+	}
+	if nopause {
+		d.nopause[id] = true
+	}
+	return func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		putBack()
+		if episode == "" {
+			return
+		}
+		if err := d.saveEpisodesLocked(); err != nil {
+			d.log.Warn().Err(err).Str("launch", id).Msg("forget the episode of a refused launch")
+		}
+	}, nil
 }
 
 func (d *Daemon) episodesFile() string {

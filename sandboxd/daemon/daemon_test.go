@@ -230,3 +230,65 @@ func TestAgentAndCheckpointPausesStayApart(t *testing.T) {
 		}
 	}
 }
+
+// Run that cannot serve returns its error only once the supervisor it
+// started has stopped: the supervisor then takes no launch.
+func TestRunThatCannotServeStopsItsSupervisor(t *testing.T) {
+	env := jstest.Start(t)
+	nc, js := env.Connect(t)
+	bus, err := jetstream.Open(t.Context(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	sup, err := sandboxd.New(sandboxd.Config{StateDir: t.TempDir(), Logger: log, Grace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.New(daemon.Config{Run: run, SandboxID: "sb1", JS: js, Bus: bus, Supervisor: sup, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close() // the service cannot be added
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := d.Run(ctx); err == nil {
+		t.Fatal("Run on a closed connection returned nil")
+	}
+	rec, err := sup.Launch(ctx, sandboxd.Spec{ID: id("after"), Command: "true"})
+	if !errors.Is(err, sandboxd.ErrClosed) {
+		t.Fatalf("launch after Run returned: %+v %v, want ErrClosed: the supervisor still runs", rec.State, err)
+	}
+}
+
+// PROTOCOL §7, invariant 6: a launch refused because its id is taken
+// leaves the launch that has it as it was: a checkpoint still pauses it
+// (the refused one asked for none), and a retire of its episode still
+// stops it (the refused one named another).
+func TestRefusedLaunchLeavesTheLaunchThatHasItsID(t *testing.T) {
+	env := jstest.Start(t)
+	d, c := start(t, env)
+	bridge := membertest.NewBridge(t, env, run)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id("l1"), Episode: "r1", Command: "sleep 600"}); err != nil {
+		t.Fatal(err)
+	}
+	var se *sandboxapi.ServiceError
+	if _, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id("l1"), Episode: "r2", NoPause: true, Command: "true"}); !errors.As(err, &se) || se.Code != sandboxapi.CodeLaunchExists {
+		t.Fatalf("a second launch of the same id: %v, want launch_exists", err)
+	}
+	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, d.Name())})
+	if pa := bridge.Ack(seq, events.PhasePrepare, d.Name()).(events.PrepareAck); !pa.Ready || pa.Pause == nil || pa.Pause.PIDCount < 1 {
+		t.Fatalf("prepare ack: ready %v, pause %+v; want the launch paused", pa.Ready, pa.Pause)
+	}
+	bridge.Ack(bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, d.Name())}), events.PhaseResume, d.Name())
+	seq = bridge.Publish(events.Retire{PhaseHeader: bridge.Header("retire-1", 10*time.Second, d.Name()),
+		Episodes: []events.Episode{{Rollout: "r1"}}})
+	if a := bridge.Ack(seq, events.PhaseRetire, d.Name()); !a.Header().OK {
+		t.Fatalf("retire ack %+v", a.Header())
+	}
+	if rec, err := c.Status(ctx, id("l1")); err != nil || rec.State != sandboxapi.StateEnded {
+		t.Fatalf("the launch of retired r1: %v %v, want ended", rec.State, err)
+	}
+}

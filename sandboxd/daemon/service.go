@@ -74,7 +74,7 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 			if err != nil {
 				return nil, err
 			}
-			return d.sup.Status(r.LaunchID)
+			return d.launches.Status(r.LaunchID)
 		}),
 		s.Handle(sandboxapi.EndpointPause, func(body []byte) (any, error) {
 			r, err := ref(body)
@@ -85,7 +85,7 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 			if err != nil {
 				return nil, err
 			}
-			return d.sup.Pause(ctx, r.LaunchID, mode)
+			return d.launches.Pause(ctx, r.LaunchID, mode)
 		}),
 		s.Handle(sandboxapi.EndpointContinue, func(body []byte) (any, error) {
 			r, err := ref(body)
@@ -95,7 +95,7 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 			if d.PausedByCheckpoint(r.LaunchID) {
 				return nil, fmt.Errorf("%w: launch %s is paused by a checkpoint", ErrAdmissionClosed, r.LaunchID)
 			}
-			return d.sup.Continue(ctx, r.LaunchID)
+			return d.launches.Continue(ctx, r.LaunchID)
 		}),
 		s.Handle(sandboxapi.EndpointStop, func(body []byte) (any, error) {
 			r, err := ref(body)
@@ -103,9 +103,9 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 				return nil, err
 			}
 			if r.Cancel {
-				return d.sup.Cancel(ctx, r.LaunchID)
+				return d.launches.Cancel(ctx, r.LaunchID)
 			}
-			return d.sup.Stop(ctx, r.LaunchID)
+			return d.launches.Stop(ctx, r.LaunchID)
 		}),
 		s.Handle(sandboxapi.EndpointReceipt, func(body []byte) (any, error) {
 			r, err := ref(body)
@@ -115,16 +115,16 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 			if r.Wait && r.WaitMS > 0 {
 				wctx, cancel := context.WithTimeout(ctx, time.Duration(r.WaitMS)*time.Millisecond)
 				defer cancel()
-				rc, err := d.sup.Wait(wctx, r.LaunchID)
+				rc, err := d.launches.Wait(wctx, r.LaunchID)
 				if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 					return nil, fmt.Errorf("%w: %s after %d ms", sandboxd.ErrNotEnded, r.LaunchID, r.WaitMS)
 				}
 				return rc, err
 			}
 			if r.Wait {
-				return d.sup.Wait(ctx, r.LaunchID)
+				return d.launches.Wait(ctx, r.LaunchID)
 			}
-			return d.sup.Receipt(r.LaunchID)
+			return d.launches.Receipt(r.LaunchID)
 		}),
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -28,6 +28,11 @@
 // request asks for one (stream_options.include_usage), and send each tool
 // call in pieces, as a model does.
 //
+// A script comes from JSON (LoadScript: {"task": [turns...]}) or from a
+// tasks file whose lines carry their turns beside the payload (LoadTasks,
+// TaskLine: "model": {"turns": [...]}), which `stillpoint tasks` writes
+// and `stillpoint modelserver --tasks` serves.
+//
 // For tests of in-flight calls, Hold makes replies wait until Release,
 // CutNext makes the next streamed reply stop after a number of chunks, and
 // SlowNext spreads the next one out (the ledger entry's Chunks says how

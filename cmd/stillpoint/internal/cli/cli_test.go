@@ -124,14 +124,14 @@ func TestServerRunsAndProvisions(t *testing.T) {
 func TestOwnerTaskKind(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := Main([]string{"owner", "--run", "r1", "--task-kind", "nope", "--sandboxd", "/bin/sh", "--harness", "/bin/sh"}, &out, &errb)
-	if code != ExitUsage || !strings.Contains(errb.String(), `--task-kind "nope": want one of scripted`) {
+	if code != ExitUsage || !strings.Contains(errb.String(), `--task-kind "nope": want one of command, scripted`) {
 		t.Errorf("unknown task kind: exit %d, stderr %q", code, errb.String())
 	}
 	out.Reset()
 	if code := Main([]string{"owner", "--help"}, &out, &errb); code != 0 {
 		t.Fatalf("owner --help: exit %d", code)
 	}
-	if !strings.Contains(out.String(), "--task-kind") || !strings.Contains(out.String(), "scripted") {
+	if !strings.Contains(out.String(), "--task-kind") || !strings.Contains(out.String(), "scripted") || !strings.Contains(out.String(), "command ") {
 		t.Errorf("owner --help does not describe --task-kind:\n%s", out.String())
 	}
 }

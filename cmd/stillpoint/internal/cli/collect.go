@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -113,14 +114,7 @@ func runCollect(ctx context.Context, g *globals, f collectFlags) error {
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
-	usr1 := make(chan os.Signal, 1)
-	signal.Notify(usr1, syscall.SIGUSR1)
-	defer signal.Stop(usr1)
-	go func() {
-		for range usr1 {
-			c.CheckpointNow()
-		}
-	}()
+	defer onSignal(syscall.SIGUSR1, c.CheckpointNow)()
 	stop := c.Stop
 	termHandler.Store(&stop)
 	defer termHandler.Store(nil)
@@ -134,6 +128,31 @@ func runCollect(ctx context.Context, g *globals, f collectFlags) error {
 		return err
 	}
 	return nil
+}
+
+// onSignal calls fn each time the process gets sig, from a goroutine that
+// the returned stop ends and waits for: signal.Stop alone would leave it
+// waiting on a channel that is never closed.
+func onSignal(sig os.Signal, fn func()) (stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sig)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-ch:
+				fn()
+			case <-done:
+				return
+			}
+		}
+	})
+	return sync.OnceFunc(func() {
+		signal.Stop(ch)
+		close(done)
+		wg.Wait()
+	})
 }
 
 func splitList(s string) []string {

@@ -17,6 +17,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/agent"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner"
+	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 )
@@ -111,6 +112,7 @@ type ownerFlags struct {
 	sandboxMode   string
 	binds         []string
 	opencode      string
+	pinLimit      int
 	noCheckpoints bool
 	reap          bool
 }
@@ -130,6 +132,10 @@ reach it on spsvc.<run>.owner.<name>.
 it is graded. The kinds: ` + strings.Join(taskKindNames(), ", ") + `.
   scripted  the scripted harness copied in (--harness); the grade runs the
             check the task names and compares its output
+  command   a task defined in its JSON (docs/TASKS.md): a workspace copied
+            in, setup commands, pinned paths, and a verify command whose exit
+            status or JSON output is the reward; --harness, if given, is
+            copied in (or shown with the binaries directory)
 
 --sandboxd and --harness are host paths of static binaries (CGO_ENABLED=0):
 go build -o bin/ ./cmd/sandboxd ./cmd/scripted-harness. In one directory
@@ -154,12 +160,13 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
 	fl.StringVar(&f.stateDir, "state-dir", "", "where sandboxes and snapshots live (default: a directory under the system temp dir)")
 	fl.StringVar(&f.sandboxd, "sandboxd", "", "host path of the static sandboxd binary (required)")
-	fl.StringVar(&f.harness, "harness", "", "host path of the static scripted-harness binary (required)")
+	fl.StringVar(&f.harness, "harness", "", "host path of the static harness binary (the scripted kind requires it)")
 	fl.StringVar(&f.sandboxNATS, "sandbox-nats-url", "", "server URL the sandboxes' daemons use (default --nats-url)")
 	fl.StringVar(&f.sandboxCreds, "sandbox-creds", "", "credentials copied into each sandbox for its daemon: a .creds file or an nkey seed (server --auth-dir's sandbox.nk)")
 	fl.StringVar(&f.sandboxMode, "pause-mode", "", "sandboxd pause mode: freeze, stop or hold (default: the best the host allows)")
 	fl.StringArrayVar(&f.binds, "bind", nil, "HOST:SANDBOX: a host directory shown read-only at SANDBOX in every sandbox (repeatable)")
 	fl.StringVar(&f.opencode, "opencode", "", "host path of the static opencode-driver: show it, OpenCode and ripgrep in every sandbox")
+	fl.IntVar(&f.pinLimit, "pin-limit", commandkind.DefaultMaxPin, "command kind: the most bytes a session's pinned files may take")
 	fl.BoolVar(&f.noCheckpoints, "no-checkpoints", false, "lend sandboxes but take no part in checkpoints (restart_only)")
 	fl.BoolVar(&f.reap, "reap", false, "stop the sandboxes an earlier owner process left in --state-dir, print their ids, and exit")
 	return cmd
@@ -277,7 +284,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 		// sandbox, not copied, so snapshots do not carry 20 MB of them.
 		sd.BinDir = filepath.Dir(f.sandboxd)
 	}
-	kind, err := newKind(taskKindConfig{sandboxd: sd, harness: f.harness})
+	kind, err := newKind(taskKindConfig{sandboxd: sd, harness: f.harness, pinLimit: f.pinLimit})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: fmt.Errorf("--task-kind %s: %w", f.taskKind, err)}
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/stillpoint/stillpoint/participants/owner"
+	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 )
 
@@ -13,8 +14,10 @@ import (
 // kind: how sandboxd goes into each sandbox, and the kinds' own flags.
 type taskKindConfig struct {
 	sandboxd owner.SandboxdConfig
-	// harness is --harness, the host path of the scripted harness.
+	// harness is --harness, the host path of the harness binary.
 	harness string
+	// pinLimit is --pin-limit, the command kind's bound on pinned files.
+	pinLimit int
 }
 
 // taskKinds are the kinds of task `stillpoint owner --task-kind` serves,
@@ -26,6 +29,12 @@ func taskKinds() map[string]func(taskKindConfig) (owner.TaskKind, error) {
 				return nil, errors.New("the scripted kind needs --harness")
 			}
 			return scripted.Kind{Sandboxd: c.sandboxd, Harness: c.harness}, nil
+		},
+		"command": func(c taskKindConfig) (owner.TaskKind, error) {
+			if c.pinLimit < 0 {
+				return nil, errors.New("--pin-limit must not be negative")
+			}
+			return commandkind.Kind{Sandboxd: c.sandboxd, Harness: c.harness, MaxPin: c.pinLimit}, nil
 		},
 	}
 }

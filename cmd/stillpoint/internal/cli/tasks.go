@@ -1,0 +1,172 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/internal/atomicfile"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+)
+
+type tasksFlags struct {
+	set           string
+	out           string
+	dir           string
+	n             int
+	toolSeconds   float64
+	verifySeconds float64
+}
+
+func newTasksCmd(g *globals) *cobra.Command {
+	var f tasksFlags
+	cmd := &cobra.Command{
+		Use:   "tasks",
+		Short: "Write a bundled task set as a tasks file, with the scripted model's turns",
+		Long: `Write one of the bundled task sets as a tasks file (JSONL) that collect reads,
+each line with the scripted model's turns for its task beside the payload
+("model": {"turns": [...]}), which modelserver --tasks serves. docs/TASKS.md
+describes the format.
+
+  repos     small repositories with a failing test each (Python's unittest,
+            shell, Go), written into --dir with absolute paths in the file;
+            tasks of the command kind: owner --task-kind command. The script
+            applies each known fix; the control task's fixes nothing.
+  scripted  the scripted coding tasks of the demo: owner --task-kind scripted.`,
+		Example: `  stillpoint tasks --set repos --out tasks.jsonl --dir repos
+  stillpoint tasks --set scripted --n 32 --out tasks.jsonl`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runTasks(g, f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.set, "set", "repos", "the set: repos or scripted")
+	fl.StringVar(&f.out, "out", "tasks.jsonl", "the tasks file to write")
+	fl.StringVar(&f.dir, "dir", "", "repos: where the repositories go (default: repos beside --out)")
+	fl.IntVar(&f.n, "n", 8, "scripted: how many tasks")
+	fl.Float64Var(&f.toolSeconds, "tool-seconds", 0, "how long the slow tool call of each task takes (0: the set's default)")
+	fl.Float64Var(&f.verifySeconds, "verify-seconds", 0, "repos: how long each verify sleeps before it runs the tests")
+	return cmd
+}
+
+func runTasks(g *globals, f tasksFlags) error {
+	out, err := filepath.Abs(f.out)
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err}
+	}
+	var (
+		ts     []collect.Task
+		script modelserver.Script
+		where  string
+	)
+	switch f.set {
+	case "repos":
+		dir := f.dir
+		if dir == "" {
+			dir = filepath.Join(filepath.Dir(out), "repos")
+		}
+		if dir, err = filepath.Abs(dir); err != nil {
+			return &exitError{code: ExitUsage, err: err}
+		}
+		if ts, script, err = tasks.Repos(tasks.RepoOptions{Dir: dir, ToolSeconds: f.toolSeconds, VerifySeconds: f.verifySeconds}); err != nil {
+			return err
+		}
+		where = fmt.Sprintf(", their repositories in %s; serve them with owner --task-kind command", dir)
+	case "scripted":
+		if f.n < 1 {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--n %d: want at least 1", f.n)}
+		}
+		ts, script = tasks.Set(tasks.Options{N: f.n, ToolSeconds: f.toolSeconds})
+		where = "; serve them with owner --task-kind scripted"
+	default:
+		return &exitError{code: ExitUsage, err: fmt.Errorf("--set %q: want repos or scripted", f.set)}
+	}
+	var buf bytes.Buffer
+	if err := tasks.Write(&buf, ts, script); err != nil {
+		return err
+	}
+	if err := atomicfile.Write(out, buf.Bytes(), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(g.stdout, "stillpoint: wrote %d %s tasks to %s%s\n", len(ts), f.set, out, where)
+	return nil
+}
+
+type modelServerFlags struct {
+	tasks  string
+	listen string
+	ledger string
+}
+
+func newModelServerCmd(g *globals) *cobra.Command {
+	var f modelServerFlags
+	cmd := &cobra.Command{
+		Use:   "modelserver",
+		Short: "Serve the scripted model of a tasks file (OpenAI-compatible chat completions)",
+		Long: `Serve the scripted model: POST /v1/chat/completions answers each request with
+the next turn of its task's script (the request names the task with the
+X-Stillpoint-Task header, as the scripted harness sends it), read from the
+"model" turns of the tasks file's lines; GET /ledger lists every request, the
+proof that no call was repeated and no turn injected. With --ledger the ledger
+is also written to a file when the server stops.
+
+For real runs any OpenAI-compatible server (vLLM, say) takes its place: give
+the agents its URL as --model-url.`,
+		Example: `  stillpoint modelserver --tasks tasks.jsonl --listen 127.0.0.1:8000 --ledger ledger.json`,
+		Args:    cobra.NoArgs,
+		RunE:    func(cmd *cobra.Command, _ []string) error { return runModelServer(cmd.Context(), g, f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.tasks, "tasks", "", "tasks file whose lines carry model turns (required)")
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:8000", "HTTP address (port 0: random)")
+	fl.StringVar(&f.ledger, "ledger", "", "write the ledger (JSON) to this file when the server stops")
+	return cmd
+}
+
+func runModelServer(ctx context.Context, g *globals, f modelServerFlags) error {
+	if f.tasks == "" {
+		return &exitError{code: ExitUsage, err: errors.New("--tasks is required")}
+	}
+	script, err := modelserver.LoadTasksFile(f.tasks)
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err}
+	}
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return err
+	}
+	ms := modelserver.New(script)
+	srv := &http.Server{Handler: ms, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	fmt.Fprintf(g.stdout, "stillpoint: scripted model of %d tasks on http://%s\n", len(script), ln.Addr())
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	<-served
+	if f.ledger != "" {
+		b, err := json.MarshalIndent(ms.Ledger(), "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := atomicfile.Write(f.ledger, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(g.stdout, "stillpoint: ledger of %d requests written to %s\n", len(ms.Ledger()), f.ledger)
+	}
+	return nil
+}

@@ -1,0 +1,79 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+)
+
+// `tasks` writes a set as a tasks file the collector reads, whose lines
+// carry their model turns; `modelserver --tasks` serves them and writes
+// its ledger when it stops.
+func TestTasksAndModelServer(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "tasks.jsonl")
+	var out, errb bytes.Buffer
+	if code := Main([]string{"tasks", "--set", "scripted", "--n", "3", "--out", file}, &out, &errb); code != 0 {
+		t.Fatalf("tasks: exit %d: %s", code, errb.String())
+	}
+	ts, err := collect.ReadTasks(file)
+	if err != nil || len(ts) != 3 {
+		t.Fatalf("the collector reads %d tasks: %v", len(ts), err)
+	}
+	if code := Main([]string{"tasks", "--set", "nope", "--out", file}, &out, &errb); code != ExitUsage || !strings.Contains(errb.String(), "want repos or scripted") {
+		t.Errorf("tasks --set nope: exit %d, stderr %q", code, errb.String())
+	}
+
+	ledger := filepath.Join(dir, "ledger.json")
+	stdout := &jstest.Buffer{}
+	g := &globals{stdout: stdout, stderr: &jstest.Buffer{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- runModelServer(ctx, g, modelServerFlags{tasks: file, listen: "127.0.0.1:0", ledger: ledger})
+	}()
+	addr := regexp.MustCompile(`on (http://\S+)`)
+	var url string
+	poll.Wait(t, 10*time.Second, "the model server to listen", func() bool {
+		m := addr.FindStringSubmatch(stdout.String())
+		if m != nil {
+			url = m[1]
+		}
+		return m != nil
+	})
+	b, _ := json.Marshal(modelserver.Request{Model: "m", Messages: []modelserver.Message{{Role: "user", Content: json.RawMessage(`"go"`)}}})
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(b))
+	req.Header.Set(modelserver.TaskHeader, ts[0].RolloutID)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("a scripted call: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(ledger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l []modelserver.Entry
+	if err := json.Unmarshal(raw, &l); err != nil || len(l) != 1 || l[0].Task != ts[0].RolloutID {
+		t.Fatalf("ledger %s: %v", raw, err)
+	}
+	if code := Main([]string{"modelserver", "--tasks", filepath.Join(dir, "none.jsonl")}, &out, &errb); code != ExitUsage {
+		t.Errorf("modelserver of a missing file: exit %d", code)
+	}
+}

@@ -1,0 +1,143 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/tier"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+)
+
+// readmeMarker starts the paragraph before the README's block of the
+// parts by hand.
+const readmeMarker = "With a server running (`go run ./cmd/stillpoint server` in another terminal),"
+
+// byHandBlock returns the README's block of the parts by hand: the first
+// fenced sh block after readmeMarker.
+func byHandBlock(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), readmeMarker)
+	if !ok {
+		t.Fatalf("README.md has no paragraph starting %q", readmeMarker)
+	}
+	_, rest, ok = strings.Cut(rest, "\n```sh\n")
+	block, _, closed := strings.Cut(rest, "\n```\n")
+	if !ok || !closed {
+		t.Fatal("README.md: no fenced sh block after the parts by hand")
+	}
+	return block
+}
+
+// freeAddr returns a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestReadmeByHand runs the README's parts by hand as they are written,
+// from the checkout's root, against a server of its own: bash runs the
+// block, with its directory and its two ports given through the variables
+// the block reads. Every rollout of the repository set ends with one
+// result whose reward its tests gave, and the model server wrote its
+// ledger with no repeated call.
+func TestReadmeByHand(t *testing.T) {
+	tier.E2E(t)
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Fatal("the README's block runs in bash: apt-get install bash")
+	}
+	block := byHandBlock(t)
+	for _, want := range []string{"bin/stillpoint tasks", "bin/stillpoint modelserver", "bin/stillpoint collect", "kill $(jobs -p)"} {
+		if !strings.Contains(block, want) {
+			t.Fatalf("the README's block does not run %q:\n%s", want, block)
+		}
+	}
+	env := jstest.Start(t)
+	w := t.TempDir()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// The block's owner stops every sandbox it lent; what a failure
+		// left is stopped here, and fails the test.
+		out, err := exec.Command(filepath.Join(root, "bin", "stillpoint"), "owner", "--reap", "--state-dir", filepath.Join(w, "owner")).CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "" {
+			t.Errorf("sandboxes left by the README's owner: %s %v", out, err)
+		}
+	})
+	p := child.StartForTest(t, child.Spec{Name: "README parts by hand", Path: "bash", Args: []string{"-e", "-c", block}, Dir: root,
+		Env: []string{"W=" + w, "MODEL=" + freeAddr(t), "BRIDGE=" + freeAddr(t), "STILLPOINT_NATS_URL=" + env.URL,
+			"STILLPOINT_LOG_LEVEL=warn", "STILLPOINT_LOG_FORMAT=json"}})
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	exit, err := p.Wait(ctx)
+	if err != nil || !exit.Success() {
+		t.Fatalf("the README's block: %v %v\n%s", exit, err, p.Output())
+	}
+	for _, want := range []string{`wrote 10 repos tasks`, `scripted model of 10 tasks`, `results +10 \(0 failed\)`, `ledger of \d+ requests`} {
+		if !regexp.MustCompile(want).MatchString(p.Output()) {
+			t.Errorf("the block's output does not say %q:\n%s", want, p.Output())
+		}
+	}
+
+	f, err := os.Open(filepath.Join(w, "results.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	seen := map[string]int{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		var r collect.Result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("results line %q: %v", sc.Text(), err)
+		}
+		seen[r.RolloutID]++
+		if !r.OK || r.Result == nil {
+			t.Errorf("%s: failed: %s", r.RolloutID, r.Error)
+			continue
+		}
+		checkRepoVerdict(t, r.RolloutID, *r.Result)
+	}
+	for _, id := range tasks.RepoNames() {
+		if seen[id] != 1 {
+			t.Errorf("%s: %d results, want 1", id, seen[id])
+		}
+	}
+	raw, err := os.ReadFile(filepath.Join(w, "ledger.json"))
+	if err != nil {
+		t.Fatalf("the model server wrote no ledger: %v", err)
+	}
+	var ledger []modelserver.Entry
+	if err := json.Unmarshal(raw, &ledger); err != nil || len(ledger) < len(tasks.RepoNames()) {
+		t.Fatalf("ledger of %d entries: %v", len(ledger), err)
+	}
+	for _, e := range ledger {
+		if e.UserTurns != 1 {
+			t.Errorf("%s: a request with %d user turns", e.Task, e.UserTurns)
+		}
+	}
+}
