@@ -16,8 +16,8 @@ FUZZTIME  ?= 400000x
 PKGS      ?= ./...
 # The end-to-end tests outside package e2e (those that call tier.E2E;
 # internal/tier's test keeps this list and them in step), and their packages.
-E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestDemoInProcess)$$'
-E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/
+E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestDemoInProcess|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun)$$'
+E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/ ./participants/opencode/driver/
 # The CPU hogs of test-loaded: one per core.
 HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 
@@ -43,7 +43,8 @@ test-short:
 	$(GO) test -race -short -count=1 -timeout 10m $(PKGS)
 
 ## e2e: the end-to-end tests: package e2e, and E2E_RUN in E2E_PKGS (the
-## bridge's crash and process tests, the static sandboxd, the demo in-process).
+## bridge's crash and process tests, the static sandboxd, the demo in-process,
+## the OpenCode driver against the real OpenCode).
 e2e:
 	$(GO) test -race -count=1 -timeout 20m ./e2e/...
 	$(GO) test -race -count=1 -timeout 20m -run $(E2E_RUN) $(E2E_PKGS)

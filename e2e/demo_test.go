@@ -88,3 +88,12 @@ func TestDemoOnTheDirProvider(t *testing.T) {
 	tier.E2E(t)
 	runDemo(t, "--provider", "dir")
 }
+
+// TestDemoWithOpenCode runs `stillpoint demo --harness opencode`: the
+// repository tasks run by the real OpenCode, 8 at once, through the
+// demo's checkpoints and crash, every reward from the repository's tests.
+// Cost: about 3 minutes, 8 OpenCode processes at once.
+func TestDemoWithOpenCode(t *testing.T) {
+	tier.E2E(t)
+	runDemo(t, "--harness", "opencode")
+}

@@ -30,16 +30,16 @@ import (
 )
 
 // bins are the binaries the end-to-end tests run as processes:
-// stillpoint (agent, owner, collect, demo), and the static sandboxd and
-// scripted harness that go into sandboxes.
-type bins struct{ stillpoint, sandboxd, harness string }
+// stillpoint (agent, owner, collect, demo), and the static sandboxd,
+// scripted harness and OpenCode driver that go into sandboxes.
+type bins struct{ stillpoint, sandboxd, harness, driver string }
 
 // buildBins builds them (internal/build: once per test binary, shared with
 // the other packages' tests).
 func buildBins(t testing.TB) bins {
 	t.Helper()
-	b := build.StaticForTest(t, build.Stillpoint, build.Sandboxd, build.ScriptedHarness)
-	return bins{b[build.Stillpoint], b[build.Sandboxd], b[build.ScriptedHarness]}
+	b := build.StaticForTest(t, build.Stillpoint, build.Sandboxd, build.ScriptedHarness, build.OpenCodeDriver)
+	return bins{b[build.Stillpoint], b[build.Sandboxd], b[build.ScriptedHarness], b[build.OpenCodeDriver]}
 }
 
 // fleet is one run's world: an embedded server, the scripted model server,
@@ -58,6 +58,9 @@ type fleet struct {
 	mu     sync.Mutex
 	procs  map[string]*child.Process // the latest process of each name
 	agents []string
+	// ownerArgs and agentArgs are more flags of every owner and agent
+	// process the fleet starts.
+	ownerArgs, agentArgs []string
 }
 
 type fleetOptions struct {
@@ -67,19 +70,26 @@ type fleetOptions struct {
 	noPause     bool
 	toolSeconds float64
 	steps       int
+	// tasks and script replace tasks.Set's; kind is then the owner's
+	// --task-kind (default scripted).
+	tasks  []collect.Task
+	script modelserver.Script
+	kind   string
 	// repos, when set, runs the repository set (tasks.Repos; its Dir is
 	// made here) on an owner of the command kind instead of the scripted
 	// set.
 	repos *tasks.RepoOptions
+	// ownerArgs and agentArgs are more flags of the owner and the agents.
+	ownerArgs, agentArgs []string
 }
 
 func startFleet(t testing.TB, o fleetOptions) *fleet {
 	t.Helper()
 	b := buildBins(t)
 	env := jstest.Start(t)
-	ts, script := tasks.Set(tasks.Options{N: o.n, ToolSeconds: o.toolSeconds, Steps: o.steps})
-	kind := "scripted"
-	if o.repos != nil {
+	ts, script, kind := o.tasks, o.script, o.kind
+	switch {
+	case o.repos != nil:
 		ro := *o.repos
 		ro.Dir = filepath.Join(t.TempDir(), "repos")
 		var err error
@@ -87,6 +97,11 @@ func startFleet(t testing.TB, o fleetOptions) *fleet {
 			t.Fatal(err)
 		}
 		kind = "command"
+	case ts == nil:
+		ts, script = tasks.Set(tasks.Options{N: o.n, ToolSeconds: o.toolSeconds, Steps: o.steps})
+	}
+	if kind == "" {
+		kind = "scripted"
 	}
 	ms := modelserver.New(script)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -98,7 +113,7 @@ func startFleet(t testing.TB, o fleetOptions) *fleet {
 	go func() { defer close(served); _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close(); <-served })
 	f := &fleet{t: t, run: "e2e", env: env, bins: b, ms: ms, msURL: "http://" + ln.Addr().String(), state: t.TempDir(),
-		tasks: ts, kind: kind, procs: map[string]*child.Process{}}
+		tasks: ts, kind: kind, procs: map[string]*child.Process{}, ownerArgs: o.ownerArgs, agentArgs: o.agentArgs}
 	// Registered before any process starts, so it runs once they all
 	// stopped (each process's own cleanup stops it and dumps its output
 	// if the test failed).
@@ -160,13 +175,13 @@ func exitedEarly(t testing.TB, p *child.Process) {
 }
 
 func (f *fleet) startOwner() {
-	f.start("owner", "owner.o1", "owner", "--run", f.run, "--name", "o1", "--provider", "overlay", "--task-kind", f.kind,
-		"--state-dir", filepath.Join(f.state, "owner"), "--sandboxd", f.bins.sandboxd, "--harness", f.bins.harness)
+	f.start("owner", "owner.o1", append([]string{"owner", "--run", f.run, "--name", "o1", "--provider", "overlay", "--task-kind", f.kind,
+		"--state-dir", filepath.Join(f.state, "owner"), "--sandboxd", f.bins.sandboxd, "--harness", f.bins.harness}, f.ownerArgs...)...)
 }
 
 func (f *fleet) startAgent(name string, args ...string) {
-	f.start("agent-"+name, events.Member("agent."+name), append([]string{"agent", "--run", f.run, "--name", name, "--owner", "o1",
-		"--model-url", f.msURL}, args...)...)
+	f.start("agent-"+name, events.Member("agent."+name), append(append([]string{"agent", "--run", f.run, "--name", name, "--owner", "o1",
+		"--model-url", f.msURL}, f.agentArgs...), args...)...)
 }
 
 // kill9 kills the named processes with SIGKILL and waits for them: a

@@ -53,7 +53,19 @@ type RepoOptions struct {
 	VerifySeconds float64
 	// NoControl leaves the control task out.
 	NoControl bool
+	// Harness is the harness the model script is for: HarnessScripted
+	// (the default: every call is the scripted harness's bash tool) or
+	// HarnessOpenCode (OpenCode's own tools: the code is looked at with
+	// read, the fix made with edit or write where it is a plain edit or a
+	// whole file, the tests run with bash).
+	Harness string
 }
+
+// The harnesses a repository set's script is for (RepoOptions.Harness).
+const (
+	HarnessScripted = "scripted"
+	HarnessOpenCode = "opencode"
+)
 
 // repo is one repository of the set and how its task is solved.
 type repo struct {
@@ -62,7 +74,12 @@ type repo struct {
 	from   string // dir, tarball, git
 	prompt string
 	look   string // the first tool call: read the code
+	src    string // the file that holds the bug (OpenCode's read looks at it)
 	fix    string // the tool call that fixes it
+	// edit, when set, is the fix as OpenCode's edit tool makes it (old,
+	// new in src); a fix that writes a whole file (cat > F <<'EOF') is
+	// OpenCode's write tool.
+	edit [2]string
 	// tests runs the tests in a tool call; verify and reward grade it.
 	tests  string
 	verify []string
@@ -74,12 +91,13 @@ type repo struct {
 // repos is the set: python's unittest, shell scripts and Go, each with a
 // failing test and its known fix.
 var repos = []repo{
-	{name: "py-calc", lang: "python", from: "dir",
+	{name: "py-calc", src: "calc.py", lang: "python", from: "dir",
 		prompt: "The tests in test_calc.py fail: add() gives the wrong sum. Fix calc.py so that `python3 -m unittest` passes; do not change the tests.",
 		look:   "cat calc.py test_calc.py",
 		fix:    "sed -i 's/return a - b/return a + b/' calc.py && grep -n 'return a' calc.py",
+		edit:   [2]string{"return a - b", "return a + b"},
 		tests:  "python3 -m unittest -v", verify: []string{"python3", "-m", "unittest", "-v"}, pin: []string{"test_calc.py"}},
-	{name: "py-slug", lang: "python", from: "dir",
+	{name: "py-slug", src: "slug.py", lang: "python", from: "dir",
 		prompt: "slugify() in slug.py keeps capitals, punctuation and empty words. Fix it so that the tests in test_slug.py pass.",
 		look:   "cat slug.py test_slug.py",
 		fix: `cat > slug.py <<'EOF'
@@ -94,7 +112,7 @@ def slugify(title):
     return "-".join(re.findall(r"[a-z0-9]+", title.lower()))
 EOF`,
 		tests: "python3 -m unittest -v", verify: []string{"python3", "-m", "unittest", "-v"}, pin: []string{"test_slug.py"}},
-	{name: "py-roman", lang: "python", from: "dir",
+	{name: "py-roman", src: "roman.py", lang: "python", from: "dir",
 		prompt: "to_roman() in roman.py writes 4 as IIII. Make it use the subtractive pairs (IV, IX, XL, XC, CD, CM) so that the tests pass.",
 		look:   "cat roman.py test_roman.py",
 		fix: `python3 - <<'EOF'
@@ -105,12 +123,12 @@ open("roman.py", "w").write(re.sub(r"NUMERALS = \[.*\]", "NUMERALS = " + table, 
 EOF
 grep -n NUMERALS roman.py`,
 		tests: "python3 -m unittest -v", verify: []string{"python3", "-m", "unittest", "-v"}, pin: []string{"test_roman.py"}},
-	{name: "py-stack", lang: "python", from: "tarball",
+	{name: "py-stack", src: "stack.py", lang: "python", from: "tarball",
 		prompt: "Stack in stack.py pops and peeks the wrong end. Fix it so that the tests in test_stack.py pass.",
 		look:   "cat stack.py test_stack.py",
 		fix:    `sed -i 's/self.items.pop(0)/self.items.pop()/; s/self.items\[0\]/self.items[-1]/' stack.py && grep -n 'items' stack.py`,
 		tests:  "python3 -m unittest -v", verify: []string{"python3", "-m", "unittest", "-v"}, pin: []string{"test_stack.py"}},
-	{name: "py-wordfreq", lang: "python", from: "dir",
+	{name: "py-wordfreq", src: "wordfreq.py", lang: "python", from: "dir",
 		prompt: "count_words() in wordfreq.py splits on single spaces and keeps case and punctuation. Fix it: a word is a run of letters a to z, counted case-insensitively.",
 		look:   "cat wordfreq.py test_wordfreq.py",
 		fix: `cat > wordfreq.py <<'EOF'
@@ -130,17 +148,18 @@ EOF`,
 		// leaves the workspace.
 		setup: [][]string{{"sh", "-c", "python3 .grader/case.py && rm .grader/case.py"}},
 		pin:   []string{".grader", "test_wordfreq.py"}},
-	{name: "sh-greet", lang: "shell", from: "dir",
+	{name: "sh-greet", src: "greet.sh", lang: "shell", from: "dir",
 		prompt: "greet.sh prints \"Hello, !\" when it is given no name. Make it greet the world then, so that `sh test.sh` passes.",
 		look:   "cat greet.sh test.sh",
 		fix:    `sed -i 's/^name=\$1$/name=${1:-world}/' greet.sh && cat greet.sh`,
+		edit:   [2]string{"name=$1\n", "name=${1:-world}\n"},
 		tests:  "sh test.sh", verify: []string{"sh", "test.sh"}, pin: []string{"test.sh"}},
-	{name: "sh-count", lang: "shell", from: "git",
+	{name: "sh-count", src: "count.sh", lang: "shell", from: "git",
 		prompt: "count.sh counts every line, blank ones too. Make it count only the lines that hold something other than spaces and tabs, so that `sh test.sh` passes.",
 		look:   "cat count.sh test.sh && git log --oneline",
 		fix:    `sed -i "s/grep -c '' /grep -c '[^[:space:]]' /" count.sh && cat count.sh`,
 		tests:  "sh test.sh", verify: []string{"sh", "test.sh"}, pin: []string{"test.sh", "fixtures"}},
-	{name: "go-reverse", lang: "go", from: "dir",
+	{name: "go-reverse", src: "reverse.go", lang: "go", from: "dir",
 		prompt: "String in reverse.go reverses bytes, which breaks every character that is not ASCII. Make it reverse characters (runes), so that `go test` passes.",
 		look:   "cat reverse.go reverse_test.go",
 		fix: `cat > reverse.go <<'EOF'
@@ -157,7 +176,7 @@ func String(s string) string {
 }
 EOF`,
 		tests: "go test -count=1 -v ./...", verify: []string{"go", "test", "-count=1", "-v", "./..."}, pin: []string{"reverse_test.go", "go.mod"}},
-	{name: "go-fizzbuzz", lang: "go", from: "dir",
+	{name: "go-fizzbuzz", src: "fizzbuzz.go", lang: "go", from: "dir",
 		prompt: "Say in fizzbuzz.go answers Fizz for 15. Fix it so that `go test` passes.",
 		look:   "cat fizzbuzz.go fizzbuzz_test.go",
 		fix: `cat > fizzbuzz.go <<'EOF'
@@ -247,6 +266,15 @@ func Repos(o RepoOptions) ([]collect.Task, modelserver.Script, error) {
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, nil, err
 	}
+	var tools toolset
+	switch o.Harness {
+	case "", HarnessScripted:
+		tools = scriptedTools{}
+	case HarnessOpenCode:
+		tools = openCodeTools{}
+	default:
+		return nil, nil, fmt.Errorf("tasks: RepoOptions.Harness %q: want %s or %s", o.Harness, HarnessScripted, HarnessOpenCode)
+	}
 	script := modelserver.Script{}
 	var out []collect.Task
 	for _, r := range repos {
@@ -278,8 +306,8 @@ func Repos(o RepoOptions) ([]collect.Task, modelserver.Script, error) {
 			first = fmt.Sprintf("sleep %g; %s", o.ToolSeconds, first)
 		}
 		turns := []modelserver.Turn{
-			{Content: "Reading the code.", ToolCalls: []modelserver.ToolCall{call("look", r.look)}},
-			{Content: "Running the tests.", ToolCalls: []modelserver.ToolCall{call("test1", first)}},
+			{Content: "Reading the code.", ToolCalls: []modelserver.ToolCall{tools.look(r)}},
+			{Content: "Running the tests.", ToolCalls: []modelserver.ToolCall{tools.bash("test1", first)}},
 		}
 		ids := []string{r.name}
 		if r.name == "py-calc" && !o.NoControl {
@@ -293,8 +321,8 @@ func Repos(o RepoOptions) ([]collect.Task, modelserver.Script, error) {
 				tturns = append(tturns, modelserver.Turn{Content: "I could not find the bug in " + r.name + "."})
 			} else {
 				tturns = append(tturns,
-					modelserver.Turn{Content: "Applying the fix.", ToolCalls: []modelserver.ToolCall{call("fix", r.fix)}},
-					modelserver.Turn{Content: "Running the tests again.", ToolCalls: []modelserver.ToolCall{call("test2", tests+" 2>&1 | tail -20")}},
+					modelserver.Turn{Content: "Applying the fix.", ToolCalls: []modelserver.ToolCall{tools.fix(r)}},
+					modelserver.Turn{Content: "Running the tests again.", ToolCalls: []modelserver.ToolCall{tools.bash("test2", tests+" 2>&1 | tail -20")}},
 					modelserver.Turn{Content: "fixed " + id})
 			}
 			payload, err := json.Marshal(tk)
@@ -310,6 +338,48 @@ func Repos(o RepoOptions) ([]collect.Task, modelserver.Script, error) {
 	}
 	slices.SortFunc(out, func(a, b collect.Task) int { return strings.Compare(a.RolloutID, b.RolloutID) })
 	return out, script, nil
+}
+
+// toolset makes a repository task's tool calls for one harness.
+type toolset interface {
+	look(r repo) modelserver.ToolCall
+	fix(r repo) modelserver.ToolCall
+	bash(id, cmd string) modelserver.ToolCall
+}
+
+// scriptedTools are the scripted harness's: bash for everything.
+type scriptedTools struct{}
+
+func (scriptedTools) look(r repo) modelserver.ToolCall         { return call("look", r.look) }
+func (scriptedTools) fix(r repo) modelserver.ToolCall          { return call("fix", r.fix) }
+func (scriptedTools) bash(id, cmd string) modelserver.ToolCall { return call(id, cmd) }
+
+// openCodeTools are OpenCode's own: read, edit, write and bash.
+type openCodeTools struct{}
+
+func (openCodeTools) look(r repo) modelserver.ToolCall { return modelserver.ReadCall("look", r.src) }
+
+func (openCodeTools) fix(r repo) modelserver.ToolCall {
+	if r.edit != [2]string{} {
+		return modelserver.EditCall("fix", r.src, r.edit[0], r.edit[1])
+	}
+	if file, content, ok := heredoc(r.fix); ok {
+		return modelserver.WriteCall("fix", file, content)
+	}
+	return modelserver.BashCall("fix", r.fix)
+}
+
+func (openCodeTools) bash(id, cmd string) modelserver.ToolCall { return modelserver.BashCall(id, cmd) }
+
+// heredoc splits a fix of the form "cat > FILE <<'EOF'\n...\nEOF" into the
+// file and its content.
+func heredoc(fix string) (file, content string, ok bool) {
+	head, rest, ok := strings.Cut(fix, "\n")
+	if !ok || !strings.HasPrefix(head, "cat > ") || !strings.HasSuffix(head, " <<'EOF'") || !strings.HasSuffix(rest, "\nEOF") {
+		return "", "", false
+	}
+	file = strings.TrimSuffix(strings.TrimPrefix(head, "cat > "), " <<'EOF'")
+	return file, strings.TrimSuffix(rest, "EOF"), true
 }
 
 // files returns the repository's files: path (slash-separated, relative)

@@ -3,6 +3,7 @@ package tasks
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,13 +54,55 @@ func run(t *testing.T, dir string, env []string, argv []string) (string, int) {
 
 // Every repository of the set, checked out on this host: its setup runs,
 // its verify fails as it comes, and passes after the fix its model script
-// applies; the control task's script applies none.
+// applies; the control task's script applies none. The scripts of both
+// harnesses are run: the scripted harness's bash calls in a shell,
+// OpenCode's read, edit, write and bash as those tools do them (the e2e
+// tests run them in the real OpenCode).
 func TestReposSolve(t *testing.T) {
-	tier.Long(t) // it runs every repository's tests, Go's included, twice
-	ts, script, err := Repos(RepoOptions{Dir: t.TempDir()})
+	tier.Long(t) // it runs every repository's tests, Go's included, four times
+	for _, h := range []string{HarnessScripted, HarnessOpenCode} {
+		t.Run(h, func(t *testing.T) { testReposSolve(t, h) })
+	}
+}
+
+// apply does a tool call of harness h in dir, as the harness would.
+func apply(t *testing.T, h, dir string, tc modelserver.ToolCall) {
+	t.Helper()
+	var a struct{ Command, FilePath, OldString, NewString, Content string }
+	if err := json.Unmarshal([]byte(tc.Function.Arguments), &a); err != nil {
+		t.Fatalf("tool call %+v: %v", tc, err)
+	}
+	p := filepath.Join(dir, a.FilePath)
+	switch name := tc.Function.Name; {
+	case name == "bash" && a.Command != "":
+		run(t, dir, nil, []string{"/bin/sh", "-c", a.Command})
+	case h == HarnessOpenCode && name == "read":
+		if _, err := os.ReadFile(p); err != nil {
+			t.Fatalf("read %s: %v", a.FilePath, err)
+		}
+	case h == HarnessOpenCode && name == "edit":
+		b, err := os.ReadFile(p)
+		if err != nil || strings.Count(string(b), a.OldString) != 1 {
+			t.Fatalf("edit %s: %q is not there once (%v)", a.FilePath, a.OldString, err)
+		}
+		if err := os.WriteFile(p, []byte(strings.Replace(string(b), a.OldString, a.NewString, 1)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	case h == HarnessOpenCode && name == "write":
+		if err := os.WriteFile(p, []byte(a.Content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("tool call %+v is not one of the %s harness's", tc, h)
+	}
+}
+
+func testReposSolve(t *testing.T, h string) {
+	ts, script, err := Repos(RepoOptions{Dir: t.TempDir(), Harness: h})
 	if err != nil {
 		t.Fatal(err)
 	}
+	tools := map[string]bool{}
 	var ids []string
 	langs := map[string]int{}
 	for _, tk := range ts {
@@ -104,11 +147,8 @@ func TestReposSolve(t *testing.T) {
 		}
 		for _, turn := range turns {
 			for _, tc := range turn.ToolCalls {
-				var a struct{ Command string }
-				if tc.Function.Name != "bash" || json.Unmarshal([]byte(tc.Function.Arguments), &a) != nil {
-					t.Fatalf("%s: tool call %+v is not the scripted harness's bash", tk.RolloutID, tc)
-				}
-				run(t, dir, nil, []string{"/bin/sh", "-c", a.Command})
+				tools[tc.Function.Name] = true
+				apply(t, h, dir, tc)
 			}
 		}
 		if fixed := graded(); fixed == (tk.RolloutID == ControlID) {
@@ -120,6 +160,20 @@ func TestReposSolve(t *testing.T) {
 	}
 	if langs["python3"] < 4 || langs["sh"] < 2 || langs["go"] < 2 {
 		t.Errorf("verify programs %v: want Python, shell and Go repositories", langs)
+	}
+	if want := map[string]bool{"bash": true}; h == HarnessOpenCode {
+		if !tools["read"] || !tools["edit"] || !tools["write"] || !tools["bash"] {
+			t.Errorf("OpenCode's scripts use %v: want read, edit, write and bash", tools)
+		}
+	} else if !maps.Equal(tools, want) {
+		t.Errorf("the scripted harness's scripts use %v: want bash alone", tools)
+	}
+}
+
+// A harness the set has no script for is an error naming it.
+func TestReposUnknownHarness(t *testing.T) {
+	if _, _, err := Repos(RepoOptions{Dir: t.TempDir(), Harness: "aider"}); err == nil || !strings.Contains(err.Error(), `"aider"`) {
+		t.Fatalf("Repos with harness aider: %v", err)
 	}
 }
 

@@ -29,6 +29,8 @@ const (
 	Sandboxd = "./cmd/sandboxd"
 	// ScriptedHarness is the scripted coding-agent harness.
 	ScriptedHarness = "./cmd/scripted-harness"
+	// OpenCodeDriver is the in-sandbox driver of OpenCode.
+	OpenCodeDriver = "./cmd/opencode-driver"
 )
 
 // Module is the path of the module whose programs Static builds.

@@ -154,6 +154,24 @@ func Children(pid, threads int, buf []byte, out []int) ([]int, []byte, error) {
 	return out, buf, nil
 }
 
+// Tree returns pid and its descendants as their children lists show them
+// now, each parent before its children. A process that exits meanwhile
+// is left out with what it had started; pid gone is ErrGone.
+func Tree(pid int) ([]int, error) {
+	if _, err := os.Stat(Path(pid, "")); err != nil {
+		return nil, ErrGone
+	}
+	out := []int{pid}
+	var buf []byte
+	for i := 0; i < len(out); i++ {
+		var err error
+		if out, buf, err = Children(out[i], 0, buf, out); err != nil && err != ErrGone {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
 // SignalPending reports whether sig is pending for thread tid of pid, in
 // the thread's own pending set (SigPnd) or the process's shared one
 // (ShdPnd), as /proc/<pid>/task/<tid>/status shows them.

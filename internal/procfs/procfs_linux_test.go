@@ -100,6 +100,12 @@ func TestAChild(t *testing.T) {
 	if err != nil || !slices.Contains(kids, pid) {
 		t.Fatalf("Children of the test (every thread) = %v, %v; want %d among them", kids, err, pid)
 	}
+	if tree, err := Tree(os.Getpid()); err != nil || tree[0] != os.Getpid() || !slices.Contains(tree, pid) {
+		t.Fatalf("Tree of the test = %v, %v; want it first and %d in it", tree, err, pid)
+	}
+	if tree, err := Tree(pid); err != nil || !slices.Equal(tree, []int{pid}) {
+		t.Fatalf("Tree of the child = %v, %v; want it alone", tree, err)
+	}
 	pids, err := PIDs()
 	if err != nil || !slices.Contains(pids, pid) || !slices.Contains(pids, os.Getpid()) {
 		t.Fatalf("PIDs misses the test or its child: %v", err)

@@ -36,6 +36,9 @@ func Children(_, _ int, buf []byte, out []int) ([]int, []byte, error) {
 	return out, buf, errors.ErrUnsupported
 }
 
+// Tree returns errors.ErrUnsupported off Linux.
+func Tree(int) ([]int, error) { return nil, errors.ErrUnsupported }
+
 // SignalPending reports false off Linux.
 func SignalPending(_, _ int, _ syscall.Signal, buf []byte) (bool, []byte) { return false, buf }
 

@@ -28,7 +28,8 @@ type Adapter interface {
 	// ResumeDecision decides, before a relaunch, whether the saved session
 	// can be continued. It may run short commands in the sandbox
 	// (lc.Exec). A decision to start over returns the state of a fresh
-	// session folder.
+	// session folder; a decision to continue may return the state with
+	// what it learned of the saved session (its id).
 	ResumeDecision(ctx context.Context, lc LaunchContext) (Decision, error)
 	// Answer reads the harness's answer from a finished launch's output.
 	Answer(lc LaunchContext, out ExecResult) (json.RawMessage, error)
@@ -81,7 +82,7 @@ type Decision struct {
 	Continue bool
 	// Reason says why, for the launch log.
 	Reason string
-	// State replaces the adapter's state (a fresh session folder) when not
-	// nil.
+	// State replaces the adapter's state when not nil: a fresh session
+	// folder, or the saved session as the decision found it.
 	State json.RawMessage
 }

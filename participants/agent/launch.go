@@ -47,7 +47,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 			return bm, fmt.Errorf("agent: %s: resume decision: %w", r.key, err)
 		}
 		lr.Continued, lr.Why = d.Continue, d.Reason
-		if !d.Continue && d.State != nil {
+		if d.State != nil {
 			bm.State, lc.State = d.State, d.State
 		}
 	}

@@ -39,6 +39,11 @@ type SandboxdConfig struct {
 	// (with 64 sandboxes, a copied 13 MB daemon alone made every commit
 	// copy 0.8 GB).
 	BinDir string
+	// Binds are more host directories shown read-only in every sandbox
+	// and every fork: the programs a harness runs that are the same for
+	// all (OpenCode, ripgrep and the OpenCode driver, 190 MB that no
+	// snapshot copies).
+	Binds []provider.Bind
 }
 
 // SandboxdSpec returns spec with sandboxd as the first process, member
@@ -62,6 +67,7 @@ func SandboxdSpec(spec provider.Spec, c SandboxdConfig) provider.Spec {
 		spec.CopyIn = append(spec.CopyIn, provider.CopyIn{HostPath: c.NKeyFile, SandboxPath: "etc/stillpoint/nats.nk", Mode: 0o600})
 		init = append(init, "--nkey", "/etc/stillpoint/nats.nk")
 	}
+	spec.Binds = append(spec.Binds, c.Binds...)
 	spec.Init = append(init, c.Args...)
 	return spec
 }

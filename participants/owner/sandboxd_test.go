@@ -29,3 +29,18 @@ func TestSandboxdSpecCredentials(t *testing.T) {
 		}
 	}
 }
+
+// TestSandboxdSpecBinds: the config's binds go into every spec, beside the
+// bound binaries directory.
+func TestSandboxdSpecBinds(t *testing.T) {
+	oc := provider.Bind{HostDir: "/host/opencode", SandboxDir: "opt/stillpoint/opencode"}
+	cfg := SandboxdConfig{Binary: "/host/bin/sandboxd", BinDir: "/host/bin", Run: "run1", Binds: []provider.Bind{oc}}
+	spec := SandboxdSpec(provider.Spec{ID: "sb1"}, cfg)
+	want := []provider.Bind{{HostDir: "/host/bin", SandboxDir: BinDir[1:]}, oc}
+	if !slices.Equal(spec.Binds, want) {
+		t.Fatalf("binds %+v, want %+v", spec.Binds, want)
+	}
+	if err := spec.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -9,7 +9,8 @@
 // # The task
 //
 // A scripted task's payload is a Task: the model script the harness
-// follows, the first user message, and the check its grade runs:
+// follows, the first user message, the check its grade runs, and files
+// the sandbox's working directory starts with (a small repository):
 //
 //	{"task": "task-003",
 //	 "prompt": "Task 3: compute 6*7+3 into out/answer.txt.",

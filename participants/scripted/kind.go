@@ -44,9 +44,9 @@ func (k Kind) bound() bool {
 }
 
 // Spec implements owner.TaskKind: the sandbox sb-<episode>, its working
-// directory Workdir, sandboxd as its first process and the harness copied
-// in (unless it comes with the bound binaries directory). The task must
-// be a Task with a check.
+// directory Workdir with the task's files in it, sandboxd as its first
+// process and the harness copied in (unless it comes with the bound
+// binaries directory). The task must be a Task with a check.
 func (k Kind) Spec(sessionID string, ep events.Episode, task json.RawMessage) (provider.Spec, error) {
 	t, err := ParseTask(task)
 	if err != nil {
@@ -60,6 +60,12 @@ func (k Kind) Spec(sessionID string, ep events.Episode, task json.RawMessage) (p
 		return provider.Spec{}, fmt.Errorf("session %s: sandbox id %q too long", sessionID, id)
 	}
 	s := provider.Spec{ID: id, Workdir: Workdir}
+	for p, content := range t.Files {
+		if s.Files == nil {
+			s.Files = map[string][]byte{}
+		}
+		s.Files[path.Join(Workdir[1:], p)] = []byte(content)
+	}
 	if !k.bound() {
 		s.CopyIn = []provider.CopyIn{{HostPath: k.Harness, SandboxPath: HarnessPath[1:], Mode: 0o755}}
 	}

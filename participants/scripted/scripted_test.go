@@ -35,7 +35,8 @@ func task(t *testing.T, expect string) json.RawMessage {
 // A payload without a single-line script name, or with a check that runs
 // nothing, is not a task; the adapter and the kind refuse it.
 func TestParseTaskRefusesBadPayloads(t *testing.T) {
-	for _, raw := range []string{`[1]`, `{"prompt":"no name"}`, `{"task":"a\nb"}`, `{"task":"t","check":{"expect":"x"}}`} {
+	for _, raw := range []string{`[1]`, `{"prompt":"no name"}`, `{"task":"a\nb"}`, `{"task":"t","check":{"expect":"x"}}`,
+		`{"task":"t","files":{"../escape":"x"}}`, `{"task":"t","files":{"/etc/passwd":"x"}}`, `{"task":"t","files":{".":"x"}}`} {
 		if _, err := ParseTask(json.RawMessage(raw)); !errors.Is(err, ErrTask) {
 			t.Errorf("ParseTask(%s) = %v, want ErrTask", raw, err)
 		}
@@ -74,6 +75,10 @@ func TestKindSpec(t *testing.T) {
 	}
 	if len(s.CopyIn) != 0 || len(s.Binds) != 1 || s.Init[0] != owner.BinDir+"/sandboxd" {
 		t.Errorf("with the bound binaries directory: copy-in %+v, binds %+v, init %v", s.CopyIn, s.Binds, s.Init)
+	}
+	withFiles := json.RawMessage(`{"task":"t1","prompt":"p","check":{"command":["sh","test.sh"]},"files":{"calc.sh":"add","lib/x.sh":"x"}}`)
+	if s, err = k.Spec("task-1", ep, withFiles); err != nil || string(s.Files["work/calc.sh"]) != "add" || string(s.Files["work/lib/x.sh"]) != "x" {
+		t.Errorf("the task's files are not in the working directory: %v %v", s.Files, err)
 	}
 	if f := k.ForkSpec(provider.Spec{ID: "fork"}); len(f.Init) == 0 || !slices.Contains(f.Init, "fork") {
 		t.Errorf("a fork does not start sandboxd under its own id: %v", f.Init)

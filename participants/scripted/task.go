@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
+	"slices"
 	"strings"
 )
 
@@ -21,6 +23,11 @@ type Task struct {
 	// and pins it into the session data when the session is set up, so the
 	// agent cannot change it afterwards; the adapter ignores it.
 	Check *Check `json:"check,omitempty"`
+	// Files are written into the working directory when the owner's kind
+	// makes the sandbox, by path relative to it: a small repository for
+	// the harness to work on (OpenCode's edit and write tools, the
+	// scripted harness's commands).
+	Files map[string]string `json:"files,omitempty"`
 }
 
 // Check is a grade's check: a command run in the session's sandbox and
@@ -62,6 +69,11 @@ func ParseTask(raw json.RawMessage) (Task, error) {
 	}
 	if t.Check != nil && len(t.Check.Command) == 0 {
 		return t, fmt.Errorf("%w: check.command is empty", ErrTask)
+	}
+	for p := range t.Files {
+		if p == "" || path.IsAbs(p) || strings.ContainsRune(p, 0) || slices.Contains(strings.Split(p, "/"), "..") || path.Clean(p) == "." {
+			return t, fmt.Errorf("%w: files: %q is not a path inside the working directory", ErrTask, p)
+		}
 	}
 	return t, nil
 }

@@ -1,10 +1,10 @@
 // Package modelserver is a scripted, OpenAI-compatible chat-completions
-// server, the model of the scripted harness in the end-to-end tests and
-// the demo: it answers POST /v1/chat/completions, streaming (server-sent
-// events) or not, from a script per task, tool calls included, and keeps
-// a ledger of every request so that a test can prove that no model call
-// was repeated and no user turn injected across a pause, a checkpoint or a
-// restore (PROTOCOL §7, invariant 4).
+// server, the model of the scripted harness and of OpenCode in the
+// end-to-end tests and the demo: it answers POST /v1/chat/completions,
+// streaming (server-sent events) or not, from a script per task, tool
+// calls included, and keeps a ledger of every request so that a test can
+// prove that no model call was repeated and no user turn injected across
+// a pause, a checkpoint or a restore (PROTOCOL §7, invariant 4).
 //
 // A request names its task with the header X-Stillpoint-Task (or, failing
 // that, the request's "user" field). The reply is the script's turn number
@@ -13,11 +13,28 @@
 // the next turn and a repeated call gets the same one (and shows in the
 // ledger as a repeat).
 //
+// OpenCode's requests (opencode.go) offer its tools, and get three more
+// rules. An empty assistant message (a reply cut mid-stream, as OpenCode
+// stores it) is no turn. An assistant message whose every tool call came
+// back as Interrupted (OpenCode was killed while the tool ran, and a
+// continuation told the model so) is no turn either: the turn is answered
+// again, the same calls under new ids, as a model re-issues a call that
+// did not run; the ledger marks that request Retried, a new request and
+// not a repeat. And each scripted tool call is checked against the tools
+// the request offers (the name, the required arguments: BashCall,
+// ReadCall, EditCall and WriteCall build calls of OpenCode's bash, read,
+// edit and write). OpenCode's title call, which offers no tools, gets
+// TitleReply and is marked Title. Streams end with a usage chunk when the
+// request asks for one (stream_options.include_usage), and send each tool
+// call in pieces, as a model does.
+//
 // A script comes from JSON (LoadScript: {"task": [turns...]}) or from a
 // tasks file whose lines carry their turns beside the payload (LoadTasks,
 // TaskLine: "model": {"turns": [...]}), which `stillpoint tasks` writes
 // and `stillpoint modelserver --tasks` serves.
 //
-// For tests of in-flight calls, Hold makes replies wait until Release, and
-// CutNext makes the next streamed reply stop after a number of chunks.
+// For tests of in-flight calls, Hold makes replies wait until Release,
+// CutNext makes the next streamed reply stop after a number of chunks, and
+// SlowNext spreads the next one out (the ledger entry's Chunks says how
+// far it got), so that a test can catch the caller mid-stream.
 package modelserver

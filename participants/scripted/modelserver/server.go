@@ -58,6 +58,18 @@ type Request struct {
 	Messages []Message `json:"messages"`
 	Stream   bool      `json:"stream,omitempty"`
 	User     string    `json:"user,omitempty"`
+	// Tools are the tools the caller offers (OpenCode offers its own;
+	// the scripted harness none). A request with tools gets OpenCode's
+	// turn numbering, and its scripted tool calls are checked against
+	// them (opencode.go).
+	Tools json.RawMessage `json:"tools,omitempty"`
+	// StreamOptions asks for a usage chunk at the end of a stream.
+	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
+}
+
+// StreamOptions are a streamed request's options.
+type StreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
 }
 
 // Entry is one request in the ledger.
@@ -79,8 +91,16 @@ type Entry struct {
 	UserTurns int  `json:"user_turns"`
 	Stream    bool `json:"stream"`
 	// Cut tells a streamed reply stopped early on purpose.
-	Cut  bool      `json:"cut,omitempty"`
-	Time time.Time `json:"time"`
+	Cut bool `json:"cut,omitempty"`
+	// Title marks OpenCode's title call: not a turn of the script.
+	Title bool `json:"title,omitempty"`
+	// Retried tells the turn was answered again because the tool calls of
+	// its earlier answer were interrupted (an OpenCode session continued
+	// after a crash mid-tool): a new request, not a repeat.
+	Retried bool `json:"retried,omitempty"`
+	// Chunks counts the chunks of a streamed reply written so far.
+	Chunks int       `json:"chunks,omitempty"`
+	Time   time.Time `json:"time"`
 	// Delivered is when the whole reply was written; zero for a reply the
 	// caller never got (it went away while the reply was held).
 	Delivered time.Time `json:"delivered,omitzero"`
@@ -95,7 +115,8 @@ type Server struct {
 	ledger  []Entry
 	hold    chan struct{} // closed on Release; nil when not holding
 	held    int
-	cutNext int // chunks after which the next stream stops; 0: no cut
+	cutNext int           // chunks after which the next stream stops; 0: no cut
+	slow    time.Duration // the wait between the chunks of the next stream
 }
 
 // New returns a server answering from script.
@@ -133,6 +154,15 @@ func (s *Server) CutNext(chunks int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.cutNext = chunks
+}
+
+// SlowNext makes the next streamed reply wait d before each of its chunks
+// after the first, so that a test can catch its caller mid-stream (the
+// ledger entry's Chunks says how far it got).
+func (s *Server) SlowNext(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.slow = d
 }
 
 // Ledger returns a copy of every request so far.
@@ -268,7 +298,8 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusNotFound, "no script for task %q", task)
 		return
 	}
-	turn, users := 0, 0
+	title := isTitleCall(r, req)
+	turn, users, retries := 0, 0, 0
 	for _, m := range req.Messages {
 		switch m.Role {
 		case "assistant":
@@ -277,17 +308,31 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 			users++
 		}
 	}
-	if turn >= len(turns) {
+	if len(req.Tools) > 0 {
+		turn, retries = openCodeTurn(req.Messages)
+	}
+	var t Turn
+	switch {
+	case title:
+		t, turn, users = Turn{Content: TitleReply}, 0, users-1 // the title prompt is not the task's user turn
+	case turn >= len(turns):
 		apiError(w, http.StatusBadRequest, "task %q has %d turns; the request is at turn %d", task, len(turns), turn)
 		return
+	default:
+		t = retry(turns[turn], retries)
+		if err := checkToolCalls(req.Tools, t.ToolCalls); err != nil {
+			apiError(w, http.StatusBadRequest, "task %q turn %d: %v", task, turn, err)
+			return
+		}
 	}
 	s.mu.Lock()
-	hold, cut := s.hold, 0
+	hold, cut, slow := s.hold, 0, time.Duration(0)
 	if req.Stream {
 		cut, s.cutNext = s.cutNext, 0
+		slow, s.slow = s.slow, 0
 	}
 	prevSaved, _ := time.Parse(time.RFC3339Nano, r.Header.Get(SavedHeader))
-	entry := Entry{Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Time: time.Now()}
+	entry := Entry{Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Title: title, Retried: retries > 0, Time: time.Now()}
 	s.ledger = append(s.ledger, entry)
 	index := len(s.ledger) - 1
 	if hold != nil {
@@ -306,7 +351,6 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	t := turns[turn]
 	id := fmt.Sprintf("chatcmpl-%s-%d", entry.Digest[:12], turn)
 	var werr error
 	if !req.Stream {
@@ -317,7 +361,12 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 				"message": map[string]any{"role": "assistant", "content": t.Content, "tool_calls": t.ToolCalls}}},
 		})
 	} else {
-		s.stream(w, id, req.Model, t, cut)
+		usage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+		s.stream(w, id, req.Model, t, streamOptions{cut: cut, slow: slow, usage: usage, done: r.Context().Done(), sent: func(n int) {
+			s.mu.Lock()
+			s.ledger[index].Chunks = n
+			s.mu.Unlock()
+		}})
 	}
 	if werr == nil && r.Context().Err() == nil {
 		s.mu.Lock()
@@ -333,10 +382,21 @@ func finish(t Turn) string {
 	return "stop"
 }
 
-// stream sends t as server-sent events: the content in a few chunks, the
-// tool calls, a final chunk with the finish reason, then [DONE]; with cut
-// > 0 it stops after cut chunks.
-func (s *Server) stream(w http.ResponseWriter, id, model string, t Turn, cut int) {
+// streamOptions shape one streamed reply.
+type streamOptions struct {
+	cut   int             // stop after cut chunks (0: no cut)
+	slow  time.Duration   // wait between chunks
+	usage bool            // a usage chunk before [DONE]
+	sent  func(n int)     // called after each chunk with the count so far
+	done  <-chan struct{} // the caller went away: no more waits
+}
+
+// stream sends t as server-sent events: the content in a few chunks, each
+// tool call in a few (its name, then its arguments in pieces), a final
+// chunk with the finish reason, a usage chunk if asked, then [DONE]; with
+// o.cut > 0 it stops after o.cut chunks, and with o.slow > 0 it waits that
+// long before each chunk after the first.
+func (s *Server) stream(w http.ResponseWriter, id, model string, t Turn, o streamOptions) {
 	fl, ok := w.(http.Flusher)
 	if !ok {
 		apiError(w, http.StatusInternalServerError, "streaming unsupported")
@@ -349,23 +409,54 @@ func (s *Server) stream(w http.ResponseWriter, id, model string, t Turn, cut int
 		chunks = append(chunks, map[string]any{"content": part})
 	}
 	for i, tc := range t.ToolCalls {
-		chunks = append(chunks, map[string]any{"tool_calls": []any{map[string]any{"index": i, "id": tc.ID, "type": "function",
-			"function": map[string]string{"name": tc.Function.Name, "arguments": tc.Function.Arguments}}}})
+		pieces := split(tc.Function.Arguments, 3)
+		if len(pieces) == 0 {
+			pieces = []string{""}
+		}
+		for k, args := range pieces {
+			call := map[string]any{"index": i, "function": map[string]string{"arguments": args}}
+			if k == 0 {
+				call["id"], call["type"] = tc.ID, "function"
+				call["function"] = map[string]string{"name": tc.Function.Name, "arguments": args}
+			}
+			chunks = append(chunks, map[string]any{"tool_calls": []any{call}})
+		}
 	}
-	send := func(delta map[string]any, reason any) {
-		b, _ := json.Marshal(map[string]any{"id": id, "object": "chat.completion.chunk", "model": model,
-			"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": reason}}})
+	n := 0
+	write := func(v map[string]any) {
+		if n > 0 && o.slow > 0 {
+			t := time.NewTimer(o.slow)
+			select {
+			case <-t.C:
+			case <-o.done:
+			}
+			t.Stop()
+		}
+		v["id"], v["object"], v["model"] = id, "chat.completion.chunk", model
+		b, _ := json.Marshal(v)
 		_, _ = fmt.Fprintf(w, "data: %s\n\n", b)
 		fl.Flush()
+		n++
+		if o.sent != nil {
+			o.sent(n)
+		}
+	}
+	send := func(delta map[string]any, reason any) {
+		write(map[string]any{"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": reason}}})
 	}
 	send(map[string]any{"role": "assistant"}, nil)
 	for i, c := range chunks {
-		if cut > 0 && i >= cut {
+		if o.cut > 0 && i >= o.cut {
 			return // cut mid-way: no finish, no [DONE]
 		}
 		send(c, nil)
 	}
 	send(map[string]any{}, finish(t))
+	if o.usage {
+		// Token counts of a script mean nothing; they are there because
+		// OpenCode records them with each step.
+		write(map[string]any{"choices": []any{}, "usage": map[string]int{"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	fl.Flush()
 }

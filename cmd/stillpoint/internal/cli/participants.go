@@ -15,6 +15,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
@@ -26,6 +27,7 @@ type agentFlags struct {
 	name        string
 	owner       string
 	modelURL    string
+	adapter     string
 	harness     string
 	concurrency int
 	noPause     bool
@@ -41,17 +43,24 @@ func newAgentCmd(g *globals) *cobra.Command {
 micro endpoint spsvc.<run>.agent.<name>.run, drives each rollout through seed,
 harness, verify and return in a sandbox the owner lends, and takes part in every
 checkpoint: runs park at their bookmark, launches pause in place, a restore
-continues them. The harness is the scripted coding agent (adapter "scripted").`,
-		Example: `  stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000`,
-		Args:    cobra.NoArgs,
-		RunE:    func(cmd *cobra.Command, _ []string) error { return runAgent(cmd.Context(), g, f) },
+continues them.
+
+--adapter chooses the harness:
+  scripted  the scripted coding agent (--harness is its path in the sandbox)
+  opencode  OpenCode 1.18.33 through its driver, both shown in the sandbox by
+            the owner's --opencode (docs/OPENCODE.md)`,
+		Example: `  stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000
+  stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000 --adapter opencode`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runAgent(cmd.Context(), g, f) },
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.run, "run", env("STILLPOINT_RUN"), "run id (env STILLPOINT_RUN)")
 	fl.StringVar(&f.name, "name", "a1", "agent name: member agent.<name>")
 	fl.StringVar(&f.owner, "owner", "o1", "name of the sandbox owner that lends the sandboxes")
 	fl.StringVar(&f.modelURL, "model-url", env("STILLPOINT_MODEL_URL"), "chat-completions server the harness calls (env STILLPOINT_MODEL_URL)")
-	fl.StringVar(&f.harness, "harness", scripted.HarnessPath, "the harness's path inside the sandbox")
+	fl.StringVar(&f.adapter, "adapter", "scripted", "the harness: scripted or opencode")
+	fl.StringVar(&f.harness, "harness", scripted.HarnessPath, "the scripted harness's path inside the sandbox")
 	fl.IntVar(&f.concurrency, "concurrency", agent.DefaultConcurrency, "rollouts run at once")
 	fl.BoolVar(&f.noPause, "no-pause", false, "never pause launches: stop them at a checkpoint and relaunch after it")
 	fl.DurationVar(&f.timeout, "launch-timeout", 10*time.Minute, "time limit of one launch, paused time not counted")
@@ -66,17 +75,26 @@ func runAgent(ctx context.Context, g *globals, f agentFlags) error {
 	if f.modelURL == "" {
 		return &exitError{code: ExitUsage, err: errors.New("--model-url (or STILLPOINT_MODEL_URL) is required")}
 	}
+	var adapter agent.Adapter
+	switch f.adapter {
+	case "scripted":
+		adapter = &scripted.Adapter{Binary: f.harness, ModelURL: f.modelURL, NoPause: f.noPause, Timeout: f.timeout}
+	case "opencode":
+		adapter = &opencode.Adapter{ModelURL: f.modelURL, NoPause: f.noPause, Timeout: f.timeout}
+	default:
+		return &exitError{code: ExitUsage, err: fmt.Errorf("--adapter %q: want scripted or opencode", f.adapter)}
+	}
 	bus, js, closeBus, err := openBus(ctx, g, "stillpoint-agent-"+f.name, 1)
 	if err != nil {
 		return err
 	}
 	defer closeBus()
 	a, err := agent.New(agent.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Owner: f.owner, Concurrency: f.concurrency,
-		Adapter: &scripted.Adapter{Binary: f.harness, ModelURL: f.modelURL, NoPause: f.noPause, Timeout: f.timeout}, Logger: log})
+		Adapter: adapter, Logger: log})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
-	log.Info().Str("run", f.run).Str("member", string(a.Name())).Msg("agent serving")
+	log.Info().Str("run", f.run).Str("member", string(a.Name())).Str("adapter", adapter.Name()).Msg("agent serving")
 	fmt.Fprintf(g.stdout, "stillpoint: agent %s of run %s serving\n", a.Name(), f.run)
 	return quiet(a.Run(ctx))
 }
@@ -92,6 +110,8 @@ type ownerFlags struct {
 	sandboxNATS   string
 	sandboxCreds  string
 	sandboxMode   string
+	binds         []string
+	opencode      string
 	pinLimit      int
 	noCheckpoints bool
 	reap          bool
@@ -120,7 +140,15 @@ it is graded. The kinds: ` + strings.Join(taskKindNames(), ", ") + `.
 --sandboxd and --harness are host paths of static binaries (CGO_ENABLED=0):
 go build -o bin/ ./cmd/sandboxd ./cmd/scripted-harness. In one directory
 (named sandboxd and scripted-harness), that directory is shown read-only in
-every sandbox at /opt/stillpoint/bin; otherwise they are copied in.`,
+every sandbox at /opt/stillpoint/bin; otherwise they are copied in.
+
+--opencode DRIVER shows OpenCode in every sandbox, for agents with
+--adapter opencode: the OpenCode binary (` + opencode.BinaryEnv + `, or the npm
+install of ` + opencode.NPMPackage + ` in ` + opencode.SystemCache + ` or
+~/.cache/stillpoint/opencode), ripgrep (rg on PATH) and DRIVER, the static
+opencode-driver (go build ./cmd/opencode-driver), read-only at
+` + opencode.SandboxBinDir + `. --bind HOST:SANDBOX shows any host directory
+read-only in every sandbox; neither is copied into snapshots.`,
 		Example: `  stillpoint owner --run train-7 --name o1 --sandboxd bin/sandboxd --harness bin/scripted-harness`,
 		Args:    cobra.NoArgs,
 		RunE:    func(cmd *cobra.Command, _ []string) error { return runOwner(cmd.Context(), g, f) },
@@ -136,6 +164,8 @@ every sandbox at /opt/stillpoint/bin; otherwise they are copied in.`,
 	fl.StringVar(&f.sandboxNATS, "sandbox-nats-url", "", "server URL the sandboxes' daemons use (default --nats-url)")
 	fl.StringVar(&f.sandboxCreds, "sandbox-creds", "", "credentials copied into each sandbox for its daemon: a .creds file or an nkey seed (server --auth-dir's sandbox.nk)")
 	fl.StringVar(&f.sandboxMode, "pause-mode", "", "sandboxd pause mode: freeze, stop or hold (default: the best the host allows)")
+	fl.StringArrayVar(&f.binds, "bind", nil, "HOST:SANDBOX: a host directory shown read-only at SANDBOX in every sandbox (repeatable)")
+	fl.StringVar(&f.opencode, "opencode", "", "host path of the static opencode-driver: show it, OpenCode and ripgrep in every sandbox")
 	fl.IntVar(&f.pinLimit, "pin-limit", commandkind.DefaultMaxPin, "command kind: the most bytes a session's pinned files may take")
 	fl.BoolVar(&f.noCheckpoints, "no-checkpoints", false, "lend sandboxes but take no part in checkpoints (restart_only)")
 	fl.BoolVar(&f.reap, "reap", false, "stop the sandboxes an earlier owner process left in --state-dir, print their ids, and exit")
@@ -246,6 +276,9 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 			sd.CredsFile, sd.NKeyFile = "", f.sandboxCreds
 		}
 	}
+	if sd.Binds, err = sandboxBinds(f); err != nil {
+		return &exitError{code: ExitUsage, err: err}
+	}
 	if filepath.Dir(f.sandboxd) == filepath.Dir(f.harness) && filepath.Base(f.harness) == filepath.Base(scripted.HarnessPath) {
 		// Both binaries in one directory: it is shown read-only in each
 		// sandbox, not copied, so snapshots do not carry 20 MB of them.
@@ -275,6 +308,39 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	grp.Go(func() error { return o.Run(gctx) })
 	grp.Go(func() error { return o.Serve(gctx, connOf(js)) })
 	return quiet(grp.Wait())
+}
+
+// sandboxBinds returns the binds of --bind and --opencode. --opencode
+// stages OpenCode, ripgrep and the driver in the state directory (links
+// where it can) and binds that.
+func sandboxBinds(f ownerFlags) ([]provider.Bind, error) {
+	var binds []provider.Bind
+	for _, b := range f.binds {
+		host, in, ok := strings.Cut(b, ":")
+		if !ok || host == "" || !strings.HasPrefix(in, "/") {
+			return nil, fmt.Errorf("--bind %q: want HOST:SANDBOX, SANDBOX absolute", b)
+		}
+		abs, err := filepath.Abs(host)
+		if err != nil {
+			return nil, err
+		}
+		if fi, err := os.Stat(abs); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("--bind %q: %s is not a directory", b, abs)
+		}
+		binds = append(binds, provider.Bind{HostDir: abs, SandboxDir: strings.TrimLeft(in, "/")})
+	}
+	if f.opencode != "" {
+		h, err := opencode.Locate(f.opencode)
+		if err != nil {
+			return nil, fmt.Errorf("--opencode: %w", err)
+		}
+		ob, err := h.Binds(filepath.Join(f.stateDir, "opencode"))
+		if err != nil {
+			return nil, fmt.Errorf("--opencode: %w", err)
+		}
+		binds = append(binds, ob...)
+	}
+	return binds, nil
 }
 
 // quiet turns the end a signal asked for into a clean exit.

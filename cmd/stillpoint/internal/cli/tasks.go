@@ -26,6 +26,7 @@ type tasksFlags struct {
 	n             int
 	toolSeconds   float64
 	verifySeconds float64
+	harness       string
 }
 
 func newTasksCmd(g *globals) *cobra.Command {
@@ -42,8 +43,12 @@ describes the format.
             shell, Go), written into --dir with absolute paths in the file;
             tasks of the command kind: owner --task-kind command. The script
             applies each known fix; the control task's fixes nothing.
+            --harness says whose tools the script calls: the scripted
+            harness's (bash) or OpenCode's (read, edit, write, bash: for
+            agent --adapter opencode).
   scripted  the scripted coding tasks of the demo: owner --task-kind scripted.`,
 		Example: `  stillpoint tasks --set repos --out tasks.jsonl --dir repos
+  stillpoint tasks --set repos --harness opencode --out tasks.jsonl --dir repos
   stillpoint tasks --set scripted --n 32 --out tasks.jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runTasks(g, f) },
@@ -55,6 +60,7 @@ describes the format.
 	fl.IntVar(&f.n, "n", 8, "scripted: how many tasks")
 	fl.Float64Var(&f.toolSeconds, "tool-seconds", 0, "how long the slow tool call of each task takes (0: the set's default)")
 	fl.Float64Var(&f.verifySeconds, "verify-seconds", 0, "repos: how long each verify sleeps before it runs the tests")
+	fl.StringVar(&f.harness, "harness", tasks.HarnessScripted, "repos: the harness whose tools the model's script calls: scripted or opencode")
 	return cmd
 }
 
@@ -70,6 +76,9 @@ func runTasks(g *globals, f tasksFlags) error {
 	)
 	switch f.set {
 	case "repos":
+		if f.harness != tasks.HarnessScripted && f.harness != tasks.HarnessOpenCode {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--harness %q: want %s or %s", f.harness, tasks.HarnessScripted, tasks.HarnessOpenCode)}
+		}
 		dir := f.dir
 		if dir == "" {
 			dir = filepath.Join(filepath.Dir(out), "repos")
@@ -77,7 +86,7 @@ func runTasks(g *globals, f tasksFlags) error {
 		if dir, err = filepath.Abs(dir); err != nil {
 			return &exitError{code: ExitUsage, err: err}
 		}
-		if ts, script, err = tasks.Repos(tasks.RepoOptions{Dir: dir, ToolSeconds: f.toolSeconds, VerifySeconds: f.verifySeconds}); err != nil {
+		if ts, script, err = tasks.Repos(tasks.RepoOptions{Dir: dir, ToolSeconds: f.toolSeconds, VerifySeconds: f.verifySeconds, Harness: f.harness}); err != nil {
 			return err
 		}
 		where = fmt.Sprintf(", their repositories in %s; serve them with owner --task-kind command", dir)

@@ -35,6 +35,23 @@ func TestTasksAndModelServer(t *testing.T) {
 	if code := Main([]string{"tasks", "--set", "nope", "--out", file}, &out, &errb); code != ExitUsage || !strings.Contains(errb.String(), "want repos or scripted") {
 		t.Errorf("tasks --set nope: exit %d, stderr %q", code, errb.String())
 	}
+	errb.Reset()
+	if code := Main([]string{"tasks", "--set", "repos", "--harness", "aider", "--out", file}, &out, &errb); code != ExitUsage || !strings.Contains(errb.String(), `--harness "aider"`) {
+		t.Errorf("tasks --harness aider: exit %d, stderr %q", code, errb.String())
+	}
+	oc := filepath.Join(dir, "opencode.jsonl")
+	if code := Main([]string{"tasks", "--set", "repos", "--harness", "opencode", "--out", oc}, &out, &errb); code != 0 {
+		t.Fatalf("tasks --harness opencode: exit %d: %s", code, errb.String())
+	}
+	fh, err := os.Open(oc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := modelserver.LoadTasks(fh)
+	fh.Close()
+	if err != nil || len(script["py-calc"]) == 0 || script["py-calc"][0].ToolCalls[0].Function.Name != "read" {
+		t.Fatalf("the OpenCode repository script: %v %v", script["py-calc"], err)
+	}
 
 	ledger := filepath.Join(dir, "ledger.json")
 	stdout := &jstest.Buffer{}

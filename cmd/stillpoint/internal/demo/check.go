@@ -19,6 +19,7 @@ import (
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
@@ -64,9 +65,9 @@ func (c *demoChecks) check(ctx context.Context, d *demo, js natsjs.JetStream, bu
 	add(2, "no manifest after a resume", len(wrong) == 0, "%d checkpoints failed %v, none has a manifest other than its abort marker%s", len(failed), failed, list(wrong))
 
 	// 3. Exactly one result per rollout, each graded.
-	lines, dups, missing, ungraded := readResults(filepath.Join(d.dir, "results.jsonl"), d.f.rollouts)
+	lines, dups, missing, ungraded := readResults(filepath.Join(d.dir, "results.jsonl"), d.ids, d.graded)
 	add(3, "exactly one result per rollout", len(dups) == 0 && len(missing) == 0 && len(ungraded) == 0,
-		"%d lines for %d rollouts; duplicates %v, missing %v, not fully graded %v", lines, d.f.rollouts, dups, missing, ungraded)
+		"%d lines for %d rollouts; duplicates %v, missing %v, graded otherwise than their tasks expect %v", lines, len(d.ids), dups, missing, ungraded)
 
 	// 4. No model call repeated, no user turn injected.
 	repeats := ms.Repeats()
@@ -140,9 +141,28 @@ func list(s []string) string {
 	return ": " + strings.Join(s, "; ")
 }
 
+// graded tells whether a result has the reward its task expects: 1 from
+// the scripted set's check; from a repository task's own tests, 1 after
+// the scripted fix and 0 for the control task, which fixes nothing.
+func (d *demo) graded(r collect.Result) bool {
+	if !r.OK || r.Result == nil {
+		return false
+	}
+	if d.f.harness == harnessOpenCode {
+		var v commandkind.Verdict
+		want := 1.0
+		if r.RolloutID == tasks.ControlID {
+			want = 0
+		}
+		return json.Unmarshal(r.Result.Verdict, &v) == nil && v.Reward == want && v.Output != ""
+	}
+	var v scripted.Verdict
+	return json.Unmarshal(r.Result.Verdict, &v) == nil && v.Reward == 1
+}
+
 // readResults reads the output: how many lines, the rollouts with more
-// than one, those of the set without one, and those not fully graded.
-func readResults(path string, n int) (lines int, dups, missing, ungraded []string) {
+// than one, those of ids without one, and those graded wrongly.
+func readResults(path string, ids []string, graded func(collect.Result) bool) (lines int, dups, missing, ungraded []string) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, nil, []string{err.Error()}, nil
@@ -161,14 +181,13 @@ func readResults(path string, n int) (lines int, dups, missing, ungraded []strin
 		if seen[r.RolloutID] == 2 {
 			dups = append(dups, r.RolloutID)
 		}
-		var v scripted.Verdict
-		if !r.OK || r.Result == nil || json.Unmarshal(r.Result.Verdict, &v) != nil || v.Reward != 1 {
+		if !graded(r) {
 			ungraded = append(ungraded, r.RolloutID)
 		}
 	}
-	for i := range n {
-		if seen[tasks.ID(i)] == 0 {
-			missing = append(missing, tasks.ID(i))
+	for _, id := range ids {
+		if seen[id] == 0 {
+			missing = append(missing, id)
 		}
 	}
 	return lines, dups, missing, ungraded

@@ -33,6 +33,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
@@ -45,6 +46,7 @@ type demoFlags struct {
 	auth     bool
 	authDir  string
 	tool     time.Duration
+	harness  string
 }
 
 // Env is what the demo takes from the command line it is part of.
@@ -91,6 +93,13 @@ the PROTOCOL §7 invariants checked on this run, and the nats commands to read
 what happened. The last line is:
   demo: <N> rollouts, <N> results, <C> continued in place, <R> relaunched, <K> checkpoints committed, invariants ok
 
+With --harness opencode the agents run the real OpenCode (1.18.33, from npm:
+see docs/OPENCODE.md) on the bundled repository tasks instead (10 tasks of the
+command kind: small repositories with a failing test each, the model's script
+fixing 9 of them with OpenCode's own tools, the rewards from their tests);
+--rollouts is then the number of them in flight at once. Each OpenCode
+process takes about 0.6 GB and 4 s of CPU to start.
+
 It builds the static sandboxd and harness binaries first (go build, from the
 stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 		Args: cobra.NoArgs,
@@ -106,11 +115,22 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	fl.BoolVar(&f.auth, "auth", false, "give every component its own credentials (per-role nkeys with their permissions)")
 	fl.StringVar(&f.authDir, "auth-dir", "", "with --nats-url: the per-role nkey seeds of that server (stillpoint server --auth-dir)")
 	fl.DurationVar(&f.tool, "tool-time", defaultToolTime, "how long each task's slow tool call runs")
+	fl.StringVar(&f.harness, "harness", harnessScripted, "the agents' harness: scripted (the scripted task set) or opencode (the repository tasks, run by the real OpenCode)")
 	return cmd
 }
 
 // defaultToolTime is --tool-time's default.
 const defaultToolTime = 4 * time.Second
+
+// The harnesses of --harness.
+const (
+	harnessScripted = "scripted"
+	harnessOpenCode = "opencode"
+)
+
+// openCodeInFlight is the most OpenCode rollouts the demo runs at once
+// (0.6 GB each).
+const openCodeInFlight = 8
 
 // demo is one demo run's world.
 type demo struct {
@@ -120,9 +140,12 @@ type demo struct {
 	self     string
 	sandboxd string
 	harness  string
+	driver   string // the OpenCode driver, with --harness opencode
 	natsURL  string
 	authDir  string
 	run      string
+	ids      []string // the rollouts of the task set
+	inFlight int      // how many the collector runs at once
 	token    string
 	log      zerolog.Logger
 
@@ -138,6 +161,9 @@ func (d *demo) say(format string, args ...any) {
 func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.rollouts < 1 || f.agents < 1 {
 		return fmt.Errorf("%w: --rollouts and --agents must be at least 1", ErrUsage)
+	}
+	if f.harness != harnessScripted && f.harness != harnessOpenCode {
+		return fmt.Errorf("%w: --harness %q: want %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode)
 	}
 	d := &demo{env: env, f: f, run: "demo", token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
 		log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
@@ -180,7 +206,15 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 		return err
 	}
 
-	ts, script := tasks.Set(tasks.Options{N: f.rollouts, ToolSeconds: f.tool.Seconds(), Steps: 2})
+	ts, script, inFlight, err := d.taskSet()
+	if err != nil {
+		return err
+	}
+	d.inFlight = inFlight
+	d.ids = make([]string, len(ts))
+	for i, t := range ts {
+		d.ids[i] = t.RolloutID
+	}
 	ms := modelserver.New(script)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -220,7 +254,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 		progress = fd
 	}
 	cfg := collect.Config{Run: d.run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
-		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: f.rollouts, Keep: 0, RecoverGrace: 90 * time.Second,
+		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: inFlight, Keep: 0, RecoverGrace: 90 * time.Second,
 		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
 		OnCommit: func(ctx context.Context, res *bridgeapi.CheckpointResult) {
 			chk.verifyManifests(ctx, bus, d.run, res.CheckpointID)
@@ -310,17 +344,46 @@ func openLogFile(p string) *os.File {
 	return f
 }
 
-// build builds the static binaries that go into sandboxes.
+// taskSet returns the run's tasks and model script, and how many
+// rollouts the collector keeps in flight: the scripted set of --rollouts
+// tasks, all at once; or, with --harness opencode, the repository set for
+// OpenCode's tools, --rollouts of them at once (at most
+// openCodeInFlight).
+func (d *demo) taskSet() ([]collect.Task, modelserver.Script, int, error) {
+	if d.f.harness != harnessOpenCode {
+		ts, script := tasks.Set(tasks.Options{N: d.f.rollouts, ToolSeconds: d.f.tool.Seconds(), Steps: 2})
+		return ts, script, d.f.rollouts, nil
+	}
+	ts, script, err := tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: tasks.HarnessOpenCode})
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("demo: %w", err)
+	}
+	return ts, script, min(d.f.rollouts, openCodeInFlight, len(ts)), nil
+}
+
+// build builds the static binaries that go into sandboxes, and with
+// --harness opencode finds OpenCode and ripgrep.
 func (d *demo) build(ctx context.Context) error {
-	d.say("building the static sandboxd and scripted harness (CGO_ENABLED=0)")
-	bins, err := build.Static(ctx, build.Sandboxd, build.ScriptedHarness)
+	pkgs := []string{build.Sandboxd, build.ScriptedHarness}
+	what := "sandboxd and scripted harness"
+	if d.f.harness == harnessOpenCode {
+		if _, err := opencode.Binary(); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		if _, err := opencode.Ripgrep(); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		pkgs, what = append(pkgs, build.OpenCodeDriver), what+" and the OpenCode driver"
+	}
+	d.say("building the static %s (CGO_ENABLED=0)", what)
+	bins, err := build.Static(ctx, pkgs...)
 	if errors.Is(err, build.ErrNoModule) || errors.Is(err, build.ErrNoGo) {
 		return fmt.Errorf("demo: run it from the stillpoint checkout (it builds sandboxd and the harness with the Go toolchain): go run ./cmd/stillpoint demo: %w", err)
 	}
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	d.sandboxd, d.harness = bins[build.Sandboxd], bins[build.ScriptedHarness]
+	d.sandboxd, d.harness, d.driver = bins[build.Sandboxd], bins[build.ScriptedHarness], bins[build.OpenCodeDriver]
 	return nil
 }
 
@@ -479,6 +542,9 @@ func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstrea
 	prev := d.instance(ctx, bus, "owner.o1")
 	args := []string{"owner", "--run", d.run, "--name", "o1", "--provider", d.f.provider, "--state-dir", filepath.Join(d.dir, "owner"),
 		"--sandboxd", d.sandboxd, "--harness", d.harness}
+	if d.f.harness == harnessOpenCode {
+		args = append(args, "--task-kind", "command", "--opencode", d.driver)
+	}
 	if d.authDir != "" {
 		args = append(args, "--sandbox-creds", embedded.SeedFile(d.authDir, embedded.RoleSandbox))
 	}
@@ -491,8 +557,11 @@ func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstrea
 func (d *demo) startAgent(ctx context.Context, bus *jetstream.Bus, name, modelURL string) error {
 	m := events.Member("agent." + name)
 	prev := d.instance(ctx, bus, m)
-	if err := d.spawn("agent-"+name, embedded.RoleAgent, nil, "agent", "--run", d.run, "--name", name, "--owner", "o1",
-		"--model-url", modelURL, "--concurrency", fmt.Sprint(d.f.rollouts)); err != nil {
+	args := []string{"agent", "--run", d.run, "--name", name, "--owner", "o1", "--model-url", modelURL, "--concurrency", fmt.Sprint(d.f.rollouts)}
+	if d.f.harness == harnessOpenCode {
+		args = append(args, "--adapter", "opencode", "--launch-timeout", "10m")
+	}
+	if err := d.spawn("agent-"+name, embedded.RoleAgent, nil, args...); err != nil {
 		return err
 	}
 	return d.waitMember(ctx, bus, m, prev, "agent-"+name)
@@ -543,11 +612,13 @@ func (d *demo) reap(ctx context.Context) []string {
 	return ids
 }
 
-// direct drives the run: a checkpoint once every rollout is under way, a
-// second once a quarter are in their slow tool, then the crash (SIGKILL of the agents and
-// the owner, started again: the collector restores), then a third.
+// direct drives the run: a checkpoint once every rollout in flight is
+// under way (its second model call answered: in both task sets, its slow
+// tool runs then), a second once a quarter have had two more calls
+// answered and one rollout has returned, then the crash (SIGKILL of the agents and the owner, started
+// again: the collector restores), then a third.
 func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserver.Server, bus *jetstream.Bus, agents []string, modelURL string) error {
-	n := d.f.rollouts
+	n, inFlight := len(d.ids), d.inFlight
 	calls := func(min int) int {
 		per := map[string]int{}
 		for _, e := range ms.Ledger() {
@@ -577,13 +648,17 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 		col.CheckpointNow()
 		return waitUntil(fmt.Sprintf("checkpoint %d", k), func() bool { return committed() >= k })
 	}
-	if err := waitUntil("every rollout started", func() bool { return calls(2) >= n }); err != nil {
+	if err := waitUntil("every rollout in flight started", func() bool { return calls(2) >= inFlight }); err != nil {
 		return err
 	}
 	if err := checkpoint(1); err != nil {
 		return err
 	}
-	if err := waitUntil("a quarter of the rollouts were in their slow tool", func() bool { return calls(4) >= max(n/4, 1) }); err != nil {
+	// The crash comes right after the second checkpoint: by then a
+	// rollout that the first one paused has finished in place.
+	if err := waitUntil("a quarter of the rollouts had two more calls answered and one returned", func() bool {
+		return calls(4) >= max(inFlight/4, 1) && col.Counts().Done >= 1
+	}); err != nil {
 		return err
 	}
 	if err := checkpoint(2); err != nil {
