@@ -17,6 +17,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/internal/tier"
@@ -212,18 +213,26 @@ func (s stillness) diff(o stillness) string {
 // and the store unchanged), runs during (with the launch still paused),
 // then commits and waits for the resume. It returns the OpenCode process
 // (pid and start time) it saw paused.
-func (f *fleet) pausedFor(ctx context.Context, id string, l launch, d time.Duration, during func()) string {
+func (f *fleet) pausedFor(ctx context.Context, id, mode string, l launch, d time.Duration, during func()) string {
 	t := f.t.(*testing.T)
 	t.Helper()
 	res, err := f.br.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: id, Hold: true})
 	if err != nil || res.Status != bridgeapi.StatusPrepared {
 		t.Fatalf("checkpoint %s: %+v %v", id, res, err)
 	}
-	f.logPause(ctx, id)
 	before := l.sample(t)
+	f.checkPause(ctx, id, mode, len(before.procs))
 	for pid, v := range before.procs {
-		if !strings.Contains(v, "state T") && !strings.Contains(v, "state S") && !strings.Contains(v, "state D") {
-			t.Fatalf("%s: process %d is not paused: %s", id, pid, v)
+		switch mode {
+		case "stop":
+			if !strings.Contains(v, "state T") {
+				t.Fatalf("%s: process %d is not stopped: %s", id, pid, v)
+			}
+		case "freeze":
+			// A frozen task shows as sleeping; its cgroup says it is frozen.
+			if !frozen(pid) {
+				t.Fatalf("%s: process %d is not in a frozen cgroup: %s", id, pid, v)
+			}
 		}
 	}
 	if during != nil {
@@ -254,20 +263,50 @@ func (f *fleet) pausedFor(ctx context.Context, id string, l launch, d time.Durat
 	return ""
 }
 
-// logPause logs the pause the sandboxes' daemons reported in their
-// prepare acks of checkpoint id.
-func (f *fleet) logPause(ctx context.Context, id string) {
+// checkPause checks the pause the sandbox's daemon reported in its
+// prepare ack of checkpoint id: one, in mode, with no fallback, of the
+// launch's procs processes.
+func (f *fleet) checkPause(ctx context.Context, id, mode string, procs int) {
+	f.t.Helper()
 	entries, err := bridge.ReadTimeline(ctx, f.env.JS, f.run, id)
 	if err != nil {
-		f.t.Errorf("timeline of %s: %v", id, err)
-		return
+		f.t.Fatalf("timeline of %s: %v", id, err)
 	}
+	n := 0
 	for _, e := range entries {
-		if a, ok := e.Data.(events.PrepareAck); ok && a.Pause != nil {
-			f.t.Logf("%s: %s paused: mode %s, %d processes, %.1f ms%s", id, a.Member, a.Pause.Mode, a.Pause.PIDCount, a.Pause.TookMS,
-				map[bool]string{true: ", fallback: " + a.Pause.Fallback}[a.Pause.Fallback != ""])
+		a, ok := e.Data.(events.PrepareAck)
+		if !ok || a.Pause == nil {
+			continue
+		}
+		n++
+		f.t.Logf("%s: %s paused: mode %s, %d processes, %.1f ms", id, a.Member, a.Pause.Mode, a.Pause.PIDCount, a.Pause.TookMS)
+		if a.Pause.Mode != mode || a.Pause.Fallback != "" || a.Pause.PIDCount != procs {
+			f.t.Errorf("%s: %s paused in mode %s (fallback %q) with %d processes; want mode %s, no fallback, the launch's %d",
+				id, a.Member, a.Pause.Mode, a.Pause.Fallback, a.Pause.PIDCount, mode, procs)
 		}
 	}
+	if n != 1 {
+		f.t.Errorf("%s: %d sandbox pauses in the prepare acks, want 1", id, n)
+	}
+}
+
+// frozen tells whether process pid's cgroup (v2) is frozen.
+func frozen(pid int) bool {
+	root, err := cgroup.Mount()
+	if err != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			ev, err := cgroup.Dir(filepath.Join(root, p)).Events()
+			return err == nil && ev.Frozen
+		}
+	}
+	return false
 }
 
 // entries returns task's ledger entries.
@@ -338,22 +377,22 @@ func TestOpenCodePausedFourTimes(t *testing.T) {
 				return f.answered(id, turnTest1) && l.has("sleep")
 			})
 			var seen []string
-			seen = append(seen, f.pausedFor(ctx, "c1-mid-tool", l, 2*time.Second, f.ms.Hold))
+			seen = append(seen, f.pausedFor(ctx, "c1-mid-tool", mode, l, 2*time.Second, f.ms.Hold))
 
 			poll.Wait(t, time.Minute, "OpenCode waiting for its held reply", func() bool { return f.ms.Held() == 1 })
-			seen = append(seen, f.pausedFor(ctx, "c2-held-reply", l, 2*time.Second, f.ms.Release))
+			seen = append(seen, f.pausedFor(ctx, "c2-held-reply", mode, l, 2*time.Second, f.ms.Release))
 
 			poll.Wait(t, time.Minute, "OpenCode in its second test run", func() bool {
 				return f.answered(id, turnTest2) && l.has("sleep")
 			})
-			seen = append(seen, f.pausedFor(ctx, "c3-two-minutes", l, 2*time.Minute, func() { f.ms.SlowNext(time.Second) }))
+			seen = append(seen, f.pausedFor(ctx, "c3-two-minutes", mode, l, 2*time.Minute, func() { f.ms.SlowNext(time.Second) }))
 
 			poll.Wait(t, time.Minute, "OpenCode reading its answer", func() bool {
 				es := f.entries(id)
 				e := es[len(es)-1]
 				return e.Turn == turnAnswer && e.Chunks >= 2 && e.Delivered.IsZero()
 			})
-			seen = append(seen, f.pausedFor(ctx, "c4-mid-stream", l, 2*time.Second, nil))
+			seen = append(seen, f.pausedFor(ctx, "c4-mid-stream", mode, l, 2*time.Second, nil))
 			if len(slices.Compact(slices.Clone(seen))) != 1 {
 				t.Fatalf("OpenCode processes paused: %q, want the same one four times", seen)
 			}
@@ -540,6 +579,11 @@ func TestOpenCodeRolloutsThroughACrash(t *testing.T) {
 		f.checkOpenCodeLedger(f.id(i), "")
 	}
 	t.Logf("%d rollouts returned before the crash, %d continued their saved session after the restore", len(done), continued)
+	// Each was past its edit at the checkpoint: its saved session holds
+	// completed responses, so the restore continues it, not starts over.
+	if continued != n-len(done) {
+		t.Errorf("%d of the %d restored rollouts continued their saved session, want every one", continued, n-len(done))
+	}
 	f.checkLedger(began)
 	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", rel, err)

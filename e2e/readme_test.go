@@ -18,24 +18,28 @@ import (
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
-// readmeMarker starts the paragraph before the README's block of the
-// parts by hand.
-const readmeMarker = "With a server running (`go run ./cmd/stillpoint server` in another terminal),"
+// The README's text before its blocks of the parts by hand: with the
+// scripted harness, and with OpenCode.
+const (
+	readmeMarker         = "With a server running (`go run ./cmd/stillpoint server` in another terminal),"
+	readmeOpenCodeMarker = "hand with OpenCode, 4 rollouts at a time"
+)
 
-// byHandBlock returns the README's block of the parts by hand: the first
-// fenced sh block after readmeMarker.
-func byHandBlock(t *testing.T) string {
+// byHandBlock returns a README block of the parts by hand: the first
+// fenced sh block after marker.
+func byHandBlock(t *testing.T, marker string) string {
 	t.Helper()
 	b, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, ok := strings.Cut(string(b), readmeMarker)
+	_, rest, ok := strings.Cut(string(b), marker)
 	if !ok {
-		t.Fatalf("README.md has no paragraph starting %q", readmeMarker)
+		t.Fatalf("README.md has no text %q before its block", marker)
 	}
 	_, rest, ok = strings.Cut(rest, "\n```sh\n")
 	block, _, closed := strings.Cut(rest, "\n```\n")
@@ -64,10 +68,34 @@ func freeAddr(t *testing.T) string {
 // ledger with no repeated call.
 func TestReadmeByHand(t *testing.T) {
 	tier.E2E(t)
+	runByHand(t, byHandBlock(t, readmeMarker))
+}
+
+// TestReadmeByHandWithOpenCode runs the README's parts by hand with
+// OpenCode as they are written, as TestReadmeByHand does the first block:
+// the real OpenCode runs the repository set, 4 at a time. Cost: about 2
+// minutes.
+func TestReadmeByHandWithOpenCode(t *testing.T) {
+	tier.E2E(t)
+	if _, err := opencode.Binary(); err != nil {
+		t.Fatal(err)
+	}
+	block := byHandBlock(t, readmeOpenCodeMarker)
+	for _, want := range []string{"--harness opencode", "--opencode bin/opencode-driver", "--adapter opencode"} {
+		if !strings.Contains(block, want) {
+			t.Fatalf("the README's OpenCode block does not say %q:\n%s", want, block)
+		}
+	}
+	runByHand(t, block)
+}
+
+// runByHand runs a README block of the parts by hand and checks what it
+// did.
+func runByHand(t *testing.T, block string) {
+	t.Helper()
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Fatal("the README's block runs in bash: apt-get install bash")
 	}
-	block := byHandBlock(t)
 	for _, want := range []string{"bin/stillpoint tasks", "bin/stillpoint modelserver", "bin/stillpoint collect", "kill $(jobs -p)"} {
 		if !strings.Contains(block, want) {
 			t.Fatalf("the README's block does not run %q:\n%s", want, block)
@@ -90,7 +118,7 @@ func TestReadmeByHand(t *testing.T) {
 	p := child.StartForTest(t, child.Spec{Name: "README parts by hand", Path: "bash", Args: []string{"-e", "-c", block}, Dir: root,
 		Env: []string{"W=" + w, "MODEL=" + freeAddr(t), "BRIDGE=" + freeAddr(t), "STILLPOINT_NATS_URL=" + env.URL,
 			"STILLPOINT_LOG_LEVEL=warn", "STILLPOINT_LOG_FORMAT=json"}})
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
 	exit, err := p.Wait(ctx)
 	if err != nil || !exit.Success() {

@@ -27,10 +27,14 @@ type Adapter struct {
 	// ModelURL is the chat-completions server OpenCode calls (its base
 	// URL, without /v1).
 	ModelURL string
-	// Timeout bounds one launch (paused time not counted; 0 for none). It
-	// is also the bash tool's default timeout: OpenCode's own timers run
-	// through a pause.
+	// Timeout bounds one launch (paused time not counted; 0 for none).
 	Timeout time.Duration
+	// ToolTimeout is OpenCode's default timeout of a bash tool call (0:
+	// the driver's, an hour). OpenCode's own timers run on through a
+	// pause, so a pause longer than it times out the tool in flight the
+	// moment the launch continues; it is not tied to Timeout, which
+	// paused time does not count, for that reason.
+	ToolTimeout time.Duration
 	// NoPause makes the adapter one that does not pause: its launches are
 	// stopped at a checkpoint and relaunched after it.
 	NoPause bool
@@ -87,8 +91,11 @@ func (a *Adapter) bin(lc agent.LaunchContext, name string) string {
 
 func parseState(raw json.RawMessage) (state, error) {
 	var st state
-	if err := json.Unmarshal(raw, &st); err != nil || st.Home == "" {
-		return st, fmt.Errorf("opencode state %s: no home", raw)
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return st, fmt.Errorf("opencode: adapter state %s: %w", raw, err)
+	}
+	if st.Home == "" {
+		return st, fmt.Errorf("opencode: adapter state %s: no home", raw)
 	}
 	return st, nil
 }
@@ -140,11 +147,11 @@ func (a *Adapter) Command(lc agent.LaunchContext) (agent.Command, error) {
 	}
 	argv = append(argv, "--model-url", a.ModelURL,
 		"--header", modelserver.TaskHeader+"="+name, "--header", modelserver.EpisodeHeader+"="+episode)
-	if a.Timeout > 0 {
-		argv = append(argv, "--tool-timeout", a.Timeout.String())
+	if a.ToolTimeout > 0 {
+		argv = append(argv, "--tool-timeout", a.ToolTimeout.String())
 	}
 	in := lc.Session.InSandbox
-	env := driver.Environ(in(st.Home), in(lc.Session.Workdir), a.bin(lc, "")+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", a.Timeout)
+	env := driver.Environ(in(st.Home), in(lc.Session.Workdir), a.bin(lc, "")+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", a.ToolTimeout)
 	return agent.Command{Argv: argv, Env: env, Dir: in(lc.Session.Workdir), Timeout: a.Timeout}, nil
 }
 

@@ -41,7 +41,7 @@ func flag(argv []string, name string) string {
 // the prompt, the model and the headers that name the task and episode;
 // a relaunch that continues is its continue, on the saved session.
 func TestCommand(t *testing.T) {
-	a := &opencode.Adapter{ModelURL: "http://127.0.0.1:9", Timeout: 5 * time.Minute}
+	a := &opencode.Adapter{ModelURL: "http://127.0.0.1:9", Timeout: 5 * time.Minute, ToolTimeout: 3 * time.Hour}
 	lc := launchContext(t, a, "")
 	cmd, err := a.Command(lc)
 	if err != nil {
@@ -49,12 +49,12 @@ func TestCommand(t *testing.T) {
 	}
 	want := []string{"/opt/stillpoint/opencode/opencode-driver", "run", "--opencode", "/opt/stillpoint/opencode/opencode",
 		"--home", "/var/lib/stillpoint-opencode/r1/0", "--work", "/work", "--title", "r1", "--prompt", "Make test.sh pass.",
-		"--model-url", "http://127.0.0.1:9", "--header", "X-Stillpoint-Task=fix-add", "--header", "X-Stillpoint-Episode=r1-a2", "--tool-timeout", "5m0s"}
+		"--model-url", "http://127.0.0.1:9", "--header", "X-Stillpoint-Task=fix-add", "--header", "X-Stillpoint-Episode=r1-a2", "--tool-timeout", "3h0m0s"}
 	if !slices.Equal(cmd.Argv, want) {
 		t.Fatalf("argv\n%q\nwant\n%q", cmd.Argv, want)
 	}
 	env := strings.Join(cmd.Env, " ")
-	if cmd.Dir != "/work" || cmd.Timeout != 5*time.Minute || !strings.Contains(env, "PWD=/work") ||
+	if cmd.Dir != "/work" || cmd.Timeout != 5*time.Minute || !strings.Contains(env, "PWD=/work") || !strings.Contains(env, "BASH_DEFAULT_TIMEOUT_MS=10800000") ||
 		!strings.Contains(env, "XDG_DATA_HOME=/var/lib/stillpoint-opencode/r1/0/data") || !strings.Contains(env, "PATH=/opt/stillpoint/opencode:") {
 		t.Fatalf("command %+v", cmd)
 	}

@@ -64,8 +64,10 @@ func (c Config) export(ctx context.Context, stderr io.Writer, id string) (Export
 
 // Check is the resume decision, read from the saved session in the folder
 // (Decide): the session is found (findSession) and exported. A folder
-// with no session, or one whose session does not export, is a decision to
-// start over; the error is for a check that could not run.
+// with no session, one whose sessions do not list, or one whose session
+// does not export, is a decision to start over (a store the crash left
+// unreadable holds nothing to continue); the error is for a check that
+// could not run.
 func Check(ctx context.Context, c Config, stderr io.Writer) (Decision, error) {
 	if err := c.Validate(false); err != nil {
 		return Decision{}, err
@@ -74,8 +76,11 @@ func Check(ctx context.Context, c Config, stderr io.Writer) (Decision, error) {
 		return Decision{}, err
 	}
 	id, err := c.findSession(ctx, stderr)
+	if ctx.Err() != nil {
+		return Decision{}, context.Cause(ctx)
+	}
 	if err != nil {
-		return Decision{}, err
+		return Decision{Reason: "the saved sessions do not list: " + err.Error()}, nil
 	}
 	if id == "" {
 		return Decision{Reason: "no saved session"}, nil

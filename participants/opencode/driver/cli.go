@@ -117,8 +117,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	} else if err != nil {
 		sum.Error += "; " + err.Error()
 	}
-	b, _ := json.Marshal(sum)
-	fmt.Fprintf(stdout, "%s\n", b)
+	fmt.Fprintf(stdout, "%s\n", sum.Line())
 	if sum.Err() != nil {
 		return ExitFailed
 	}

@@ -50,11 +50,12 @@ type Config struct {
 	// <ModelURL>/v1/chat/completions); Headers go with every model call.
 	ModelURL string
 	Headers  map[string]string
-	// ToolTimeout is the bash tool's default timeout (0: an hour).
-	// OpenCode's timers run on in a pause, so a timeout shorter than a
-	// pause would kill a paused tool the moment it continues; the
+	// ToolTimeout is the bash tool's default timeout (0: an hour), not
+	// OpenCode's 2 minutes: OpenCode's timers run on in a pause, so a
+	// timeout shorter than a pause kills a paused tool the moment it
+	// continues (a timeout the model gives in its call, likewise); the
 	// launch's own deadline, which paused time does not count, is the
-	// bound that matters.
+	// bound of a tool that hangs.
 	ToolTimeout time.Duration
 }
 

@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -178,6 +182,70 @@ func TestAnswered(t *testing.T) {
 	} {
 		if got := driver.AnsweredForTest(c.msgs); got != c.want {
 			t.Errorf("%s: answered %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// A summary whose text and errors take many bytes once encoded (<, & and
+// newlines do) still reads back from the last 4 KiB of a launch's output,
+// the tail its receipt keeps, and the reader learns the text was cut; one
+// that fits is printed whole.
+func TestSummaryLineFitsTheReceiptTail(t *testing.T) {
+	long := strings.Repeat("if a < b && c > d {\n\treturn \"\x01\"\n}\n", 80) // 2.6 KiB, 4.5 encoded
+	var tools []string
+	for i := range 4 {
+		tools = append(tools, fmt.Sprintf("bash: %d %s", i, strings.Repeat("<&>", 66)))
+	}
+	for _, s := range []driver.Summary{
+		{Kind: driver.SummaryKind, Session: "ses_1", Steps: 9, Finish: "stop", Text: long},
+		{Kind: driver.SummaryKind, Session: "ses_1", Steps: 9, Finish: "tool-calls", Text: long, Error: long, ToolErrors: tools},
+		{Kind: driver.SummaryKind, Session: "ses_1", Steps: 1, Finish: "stop", Text: "Fixed <calc.py> & tested."},
+	} {
+		out := strings.Repeat(`{"type":"text","part":{"text":"<&>"}}`+"\n", 200) + string(s.Line()) + "\n"
+		tail := out[len(out)-4096:]
+		got, err := driver.ReadSummary(tail)
+		if err != nil {
+			t.Fatalf("summary with a %d-byte text: %v (line of %d bytes)", len(s.Text), err, len(s.Line()))
+		}
+		if got.Steps != s.Steps || got.Finish != s.Finish || (got.Err() == nil) != (s.Err() == nil) {
+			t.Errorf("read back %+v, want %+v", got, s)
+		}
+		if cut := got.Text != s.Text; got.Truncated != cut || !strings.HasPrefix(s.Text, got.Text) || cut != (s.Text == long) {
+			t.Errorf("text of %d bytes (truncated %v), want the whole %d bytes or, when they do not fit, a prefix marked truncated", len(got.Text), got.Truncated, len(s.Text))
+		}
+		if s.Error != "" && (got.Error == "" || !strings.HasPrefix(s.Error, got.Error)) {
+			t.Errorf("error %q, want a prefix of %q", got.Error, s.Error)
+		}
+	}
+}
+
+// A folder whose store does not list its sessions (OpenCode fails, or
+// prints what does not decode: a store the crash left unreadable) is a
+// decision to start over, not an error that would fail the rollout; a
+// check whose context ended is an error.
+func TestCheckStartsOverOnAStoreThatDoesNotList(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ name, script, reason string }{
+		{"fails", "echo 'database disk image is malformed' >&2; exit 1", "do not list"},
+		{"garbage", "echo '[{\"id\": '", "do not list"},
+		{"empty", "echo '[]'", "no saved session"},
+	} {
+		oc := filepath.Join(dir, c.name, "opencode")
+		if err := os.MkdirAll(filepath.Dir(oc), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(oc, []byte("#!/bin/sh\n"+c.script+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cfg := driver.Config{OpenCode: oc, Home: filepath.Join(dir, c.name, "home"), Workdir: dir, Title: "r1", Prompt: "p"}
+		d, err := driver.Check(t.Context(), cfg, io.Discard)
+		if err != nil || d.Continue || !strings.Contains(d.Reason, c.reason) {
+			t.Errorf("%s: decision %+v, %v; want to start over: %q", c.name, d, err, c.reason)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		if _, err := driver.Check(ctx, cfg, io.Discard); err == nil {
+			t.Errorf("%s: a check with its context ended decided", c.name)
 		}
 	}
 }

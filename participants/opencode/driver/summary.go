@@ -2,10 +2,12 @@ package driver
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -13,9 +15,14 @@ import (
 // SummaryKind marks the summary line among the lines of a launch's output.
 const SummaryKind = "stillpoint.opencode.summary"
 
-// maxText bounds a summary's text, so that the summary fits in the output
-// tail a launch's receipt carries (4 KiB).
+// maxText bounds a summary's text before it is encoded.
 const maxText = 2048
+
+// maxLine bounds the encoded summary line (Summary.Line), so that the
+// whole line fits in the output tail a launch's receipt carries (4 KiB),
+// after the end of the line before it. JSON may take six bytes for one of
+// the text (\u0000), so bounding the text alone does not bound the line.
+const maxLine = 3 << 10
 
 // Summary is how a run or a continuation ended, read from OpenCode's own
 // record of it (the --format json events, or the session's messages). The
@@ -48,7 +55,7 @@ type Summary struct {
 
 // ErrFailed is wrapped by Summary.Err: the launch did not end with an
 // answer.
-var ErrFailed = errors.New("opencode: the launch failed")
+var ErrFailed = errors.New("opencode-driver: the launch failed")
 
 // Err returns nil for a launch that ended with an answer (its last step
 // finished with "stop" and some text, and nothing failed), else an error
@@ -69,6 +76,46 @@ func (s Summary) Err() error {
 		return fmt.Errorf("%w: the last step has no text", ErrFailed)
 	}
 	return nil
+}
+
+// Line returns the summary as the driver prints it: one line of JSON (no
+// newline) of at most maxLine bytes. What does not fit is cut, the
+// longest of the text, the error and the tool errors first, the text
+// marked Truncated.
+func (s Summary) Line() []byte {
+	s.ToolErrors = slices.Clone(s.ToolErrors) // cut below, not the caller's
+	for {
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		_ = enc.Encode(s) // a Summary has only strings, ints and bools
+		b := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+		if len(b) <= maxLine {
+			return b
+		}
+		longest, n := (*string)(nil), 0
+		for _, f := range append([]*string{&s.Text, &s.Error, &s.Session, &s.Finish}, pointers(s.ToolErrors)...) {
+			if len(*f) > n {
+				longest, n = f, len(*f)
+			}
+		}
+		if longest == nil || n == 0 {
+			return b // cannot happen: the fixed fields take far less
+		}
+		*longest, _ = clip(*longest, n/2)
+		if longest == &s.Text {
+			s.Truncated = true
+		}
+	}
+}
+
+// pointers returns pointers to ss's elements.
+func pointers(ss []string) []*string {
+	out := make([]*string, len(ss))
+	for i := range ss {
+		out[i] = &ss[i]
+	}
+	return out
 }
 
 // ReadSummary finds the summary line in a launch's output (the last one,

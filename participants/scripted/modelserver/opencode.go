@@ -113,7 +113,7 @@ type offeredTool struct {
 }
 
 // errToolCall is wrapped by checkToolCalls.
-var errToolCall = errors.New("the script's tool call does not fit the offered tools")
+var errToolCall = errors.New("modelserver: the script's tool call does not fit the offered tools")
 
 // checkToolCalls checks a scripted answer against the tools the request
 // offers, when it offers some: each call names one of them and its

@@ -162,6 +162,9 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.rollouts < 1 || f.agents < 1 {
 		return fmt.Errorf("%w: --rollouts and --agents must be at least 1", ErrUsage)
 	}
+	if f.harness == "" {
+		f.harness = harnessScripted
+	}
 	if f.harness != harnessScripted && f.harness != harnessOpenCode {
 		return fmt.Errorf("%w: --harness %q: want %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode)
 	}
@@ -615,7 +618,7 @@ func (d *demo) reap(ctx context.Context) []string {
 // direct drives the run: a checkpoint once every rollout in flight is
 // under way (its second model call answered: in both task sets, its slow
 // tool runs then), a second once a quarter have had two more calls
-// answered and one rollout has returned, then the crash (SIGKILL of the agents and the owner, started
+// answered (and, with OpenCode, one rollout has returned), then the crash (SIGKILL of the agents and the owner, started
 // again: the collector restores), then a third.
 func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserver.Server, bus *jetstream.Bus, agents []string, modelURL string) error {
 	n, inFlight := len(d.ids), d.inFlight
@@ -654,10 +657,16 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 	if err := checkpoint(1); err != nil {
 		return err
 	}
-	// The crash comes right after the second checkpoint: by then a
-	// rollout that the first one paused has finished in place.
-	if err := waitUntil("a quarter of the rollouts had two more calls answered and one returned", func() bool {
-		return calls(4) >= max(inFlight/4, 1) && col.Counts().Done >= 1
+	// The crash comes right after the second checkpoint. The scripted
+	// rollouts finish close together, so it comes while a quarter are
+	// on; OpenCode's take longer and apart, so it waits for one that the
+	// first checkpoint paused to have finished in place.
+	returned := 0
+	if d.f.harness == harnessOpenCode {
+		returned = 1
+	}
+	if err := waitUntil("a quarter of the rollouts had two more calls answered", func() bool {
+		return calls(4) >= max(inFlight/4, 1) && col.Counts().Done >= returned
 	}); err != nil {
 		return err
 	}
