@@ -68,11 +68,15 @@ func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
 	f := m.consume("ordered, position in "+m.cfg.StateFile, cons, func(msg natsjs.Msg) Delivery {
 		return newOrderedDelivery(msg, fl, r)
 	}, r.stop)
+	// nats.go makes an ordered consumer that disappears again by itself,
+	// from the event after the last it delivered: nothing to do.
+	f.recreate = func(context.Context) (uint64, error) { return 0, nil }
 	return f, nil
 }
 
 // floor tracks which delivered events are handled, and keeps the state
-// file at the highest stream sequence below which all are.
+// file (when path is set) at the highest stream sequence below which all
+// are.
 type floor struct {
 	mu      sync.Mutex // the consumer's goroutine delivers, the loop handles
 	path    string
@@ -102,6 +106,10 @@ func (f *floor) done(seq uint64) error {
 	if at <= f.saved {
 		return nil
 	}
+	if f.path == "" {
+		f.saved = at
+		return nil
+	}
 	b, err := json.Marshal(position{Run: f.run, Member: f.member, StreamSeq: at})
 	if err != nil {
 		return fmt.Errorf("member: state file: %w", err)
@@ -114,6 +122,18 @@ func (f *floor) done(seq uint64) error {
 	}
 	f.saved = at
 	return nil
+}
+
+// next returns the first stream sequence not known to be handled, and the
+// highest sequence delivered.
+func (f *floor) next() (from, high uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at := max(f.high, f.saved)
+	for s := range f.pending {
+		at = min(at, s-1)
+	}
+	return at + 1, f.high
 }
 
 // orderedDelivery is a message of an ordered consumer: acknowledging it
