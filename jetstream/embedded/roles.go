@@ -222,4 +222,3 @@ func writeSeedOnce(path string, seed []byte) error {
 	}
 	return nil
 }
-
