@@ -11,7 +11,7 @@ import (
 	"time"
 
 	cloudevent "github.com/cloudevents/sdk-go/v2/event"
-	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
@@ -44,35 +44,82 @@ func loadPosition(path string) (uint64, error) {
 
 // orderedFeed makes the member's ordered consumer, which keeps no state on
 // the server (PROTOCOL §3: thousands of sandbox daemons), starting after
-// the position its state file holds (or with what is published from now
-// on). The server never redelivers its messages: one given back comes
-// again locally (redeliver).
+// the position its state file holds (or with what is published from its
+// opening on). It is a push consumer filtered on the run's phases alone
+// (and the committed outcomes, for a participant that parks): a sandbox's
+// own credentials allow it that consumer, named by its filter in the
+// create subject, and no pull from any other (docs/PERMISSIONS.md). The
+// server never redelivers its messages: one given back comes again
+// locally (redeliver).
 func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
 	pos, err := loadPosition(m.cfg.StateFile)
 	if err != nil {
 		return nil, err
 	}
-	cfg := natsjs.OrderedConsumerConfig{FilterSubjects: subjects(m.cfg.Run), DeliverPolicy: natsjs.DeliverNewPolicy}
-	if pos > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = natsjs.DeliverByStartSequencePolicy, pos+1
+	if pos == 0 {
+		// What is published from now on: the feed starts after the
+		// member registers, and must not miss what comes in between.
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		info, err := m.cfg.Bus.Stream.Info(cctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("member: ordered consumer: stream info: %w", err)
+		}
+		pos = info.State.LastSeq
 	}
-	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	defer cancel()
-	cons, err := m.cfg.JS.OrderedConsumer(cctx, jetstream.StreamName, cfg)
+	legacy, err := m.cfg.JS.Conn().JetStream(nats.MaxWait(orderedCallTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("member: ordered consumer: %w", err)
+	}
+	subject := events.PhaseFilter(m.cfg.Run)
+	opts := []nats.SubOpt{nats.OrderedConsumer(), nats.BindStream(jetstream.StreamName), nats.StartSequence(pos + 1),
+		nats.IdleHeartbeat(orderedHeartbeat)}
+	if _, parks := m.cfg.Participant.(Parker); parks {
+		subject = ""
+		opts = append(opts, nats.ConsumerFilterSubjects(subjects(m.cfg.Run)...))
 	}
 	fl := &floor{path: m.cfg.StateFile, run: m.cfg.Run, member: string(m.cfg.Member), pending: map[uint64]bool{}, saved: pos, high: pos}
 	m.inbox = make(chan Delivery)
 	r := &redeliverer{inbox: m.inbox, stopping: make(chan struct{})}
-	f := m.consume("ordered, position in "+m.cfg.StateFile, cons, func(msg natsjs.Msg) Delivery {
-		return newOrderedDelivery(msg, fl, r)
-	}, r.stop)
+	stopping := make(chan struct{})
+	var sub *nats.Subscription
+	f := &feed{name: "ordered, position in " + m.cfg.StateFile}
+	f.start = func() error {
+		var err error
+		sub, err = legacy.Subscribe(subject, func(msg *nats.Msg) {
+			dl := newOrderedDelivery(msg, fl, r)
+			select {
+			case m.inbox <- dl:
+			case <-stopping: // not handled: the position stays before it
+			}
+		}, opts...)
+		if err != nil {
+			return fmt.Errorf("member: ordered consumer: %w", err)
+		}
+		return nil
+	}
+	f.stop = func() {
+		r.stop()
+		close(stopping)
+		if sub != nil {
+			// Deleting the consumer may be refused (a sandbox deletes no
+			// consumer): the server drops it once no one listens.
+			_ = sub.Unsubscribe()
+		}
+	}
 	// nats.go makes an ordered consumer that disappears again by itself,
 	// from the event after the last it delivered: nothing to do.
 	f.recreate = func(context.Context) (uint64, error) { return 0, nil }
 	return f, nil
 }
+
+// orderedCallTimeout bounds the ordered consumer's API calls: its delete
+// at stop, refused to a sandbox, waits for it.
+const orderedCallTimeout = 2 * time.Second
+
+// orderedHeartbeat is how often the server tells the ordered consumer it
+// is there when there is nothing to deliver: two missed make it again.
+const orderedHeartbeat = 2 * time.Second
 
 // floor tracks which delivered events are handled, and keeps the state
 // file (when path is set) at the highest stream sequence below which all
@@ -140,14 +187,14 @@ func (f *floor) next() (from, high uint64) {
 // (or refusing it) moves the member's saved position, and giving it back
 // delivers it again locally after the delay.
 type orderedDelivery struct {
-	msg       natsjs.Msg
+	msg       *nats.Msg
 	seq       uint64
 	delivered uint64
 	floor     *floor
 	again     *redeliverer
 }
 
-func newOrderedDelivery(msg natsjs.Msg, fl *floor, again *redeliverer) *orderedDelivery {
+func newOrderedDelivery(msg *nats.Msg, fl *floor, again *redeliverer) *orderedDelivery {
 	d := &orderedDelivery{msg: msg, delivered: 1, floor: fl, again: again}
 	if md, err := msg.Metadata(); err == nil {
 		d.seq = md.Sequence.Stream
@@ -156,12 +203,14 @@ func newOrderedDelivery(msg natsjs.Msg, fl *floor, again *redeliverer) *orderedD
 	return d
 }
 
-func (o *orderedDelivery) Subject() string                               { return o.msg.Subject() }
-func (o *orderedDelivery) Event() (cloudevent.Event, events.Data, error) { return decode(o.msg) }
-func (o *orderedDelivery) Sequence() uint64                              { return o.seq }
-func (o *orderedDelivery) Delivered() uint64                             { return o.delivered }
-func (o *orderedDelivery) InProgress() error                             { return nil }
-func (o *orderedDelivery) Term(string) error                             { return o.Ack() }
+func (o *orderedDelivery) Subject() string { return o.msg.Subject }
+func (o *orderedDelivery) Event() (cloudevent.Event, events.Data, error) {
+	return events.Unmarshal(o.msg)
+}
+func (o *orderedDelivery) Sequence() uint64  { return o.seq }
+func (o *orderedDelivery) Delivered() uint64 { return o.delivered }
+func (o *orderedDelivery) InProgress() error { return nil }
+func (o *orderedDelivery) Term(string) error { return o.Ack() }
 
 // Ack moves the saved position past the event once every event before it
 // is handled too. A message without metadata is not tracked.
