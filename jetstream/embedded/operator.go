@@ -267,10 +267,9 @@ func (a *Authority) WriteSigner(kind events.MemberKind, path string) error {
 	if !ok {
 		return fmt.Errorf("%w: WriteSigner: kind %q has no scoped signing key", ErrInvalidConfig, kind)
 	}
-	seed, _ := kp.Seed()
+	seed, _ := kp.Seed() // the key's own bytes: not to be cleared here
 	apub, _ := a.account.PublicKey()
 	b, err := json.Marshal(signerFile{Kind: kind, Account: apub, Seed: string(seed)})
-	clear(seed)
 	if err != nil {
 		return fmt.Errorf("embedded: signer file: %w", err)
 	}

@@ -52,7 +52,9 @@ func (m *Member) durableFeed(ctx context.Context) (*feed, error) {
 	// consumer starts if this one disappears.
 	tr := &floor{pending: map[uint64]bool{}}
 	if info := cons.CachedInfo(); info != nil {
-		tr.saved, tr.high = info.AckFloor.Stream, info.Delivered.Stream
+		// From the ack floor: what an earlier process was delivered and
+		// did not ack is older than this process, so checked if it comes.
+		tr.saved, tr.high = info.AckFloor.Stream, info.AckFloor.Stream
 	}
 	wrap := func(msg natsjs.Msg) Delivery { return newDurableDelivery(msg, tr) }
 	m.inbox = make(chan Delivery)
