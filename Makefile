@@ -21,7 +21,7 @@ E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/
 # The CPU hogs of test-loaded: one per core.
 HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all help build test test-short e2e test-loaded lint fuzz bench ci clean
+.PHONY: all help build test test-short e2e test-loaded lint fuzz bench ci clean microvm-assets
 
 all: build
 
@@ -80,6 +80,11 @@ bench:
 	$(GO) test -run '^$$' -bench 'RawFanout|CheckpointCycle|BusFloor' -benchtime 10x -timeout 30m ./controller-bridge/
 	$(GO) test -run '^$$' -bench 'Pause|RawFreeze' -benchtime 10x -count 3 -timeout 30m ./sandboxd/
 	$(GO) test -run '^$$' -bench Checkpoint64LiveRollouts -benchtime 1x -count 1 -timeout 30m ./e2e/
+
+## microvm-assets: download the guest kernel of the microvm provider and
+## extract its vmlinux and modules into the cache (.ci/microvm-assets).
+microvm-assets:
+	.ci/microvm-assets
 
 ## ci: what .ci/run does.
 ci: lint test fuzz
