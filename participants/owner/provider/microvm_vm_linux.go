@@ -209,8 +209,8 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 	if err != nil {
 		return vm, err
 	}
-	if err := m.restore(ctx, vm, state, ram != ""); err != nil {
-		return vm, err
+	if err := m.restore(ctx, vm, state); err != nil {
+		return vm, fmt.Errorf("restore: %w (qemu: %s)", err, tailFile(filepath.Join(dir, "qemu.log"), 1024))
 	}
 	req.NATSURL = guestURL
 	req.Entropy = entropy()
@@ -315,12 +315,12 @@ func (vm *machine) reap() {
 
 // restore loads state into an incoming VM and runs it: the template's
 // device state (its RAM is the shared file) or a snapshot's RAM and
-// devices.
-func (m *MicroVM) restore(ctx context.Context, vm *machine, state string, ignoreShared bool) error {
-	if ignoreShared {
-		if err := vm.qmp.SetIgnoreShared(ctx, true); err != nil {
-			return err
-		}
+// devices. x-ignore-shared is on in every VM (a stream states it and the
+// destination must match); it skips only RAM mapped shared, the
+// template's, so a snapshot of a fork carries all of its RAM.
+func (m *MicroVM) restore(ctx context.Context, vm *machine, state string) error {
+	if err := vm.qmp.SetIgnoreShared(ctx, true); err != nil {
+		return err
 	}
 	if err := vm.qmp.Do(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + state}, nil); err != nil {
 		return err
