@@ -280,6 +280,11 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 	if err := vm.stop(m.cfg.StopTimeout); err != nil {
 		return err
 	}
+	for _, s := range []string{mc.QMP, mc.Control} {
+		if err := os.Remove(s); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
 	t.meta.PID, t.meta.Start = 0, 0
 	if err := writeVMMeta(t.dir, t.meta); err != nil {
 		return err

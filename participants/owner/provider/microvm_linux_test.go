@@ -159,12 +159,16 @@ func TestMicroVMStartExecStop(t *testing.T) {
 	t1 := time.Now()
 	sb2 := start(t, m, Spec{ID: "vm2", Init: counterInit})
 	t.Logf("start from the warm template took %s", time.Since(t1))
-	stop(t, m, sb2)
-	if err := m.Stop(context.Background(), "vm1"); err != nil {
-		t.Fatal(err)
-	}
-	if alive(sb.InitPID) {
-		t.Errorf("QEMU %d still alive after Stop", sb.InitPID)
+	for _, s := range []*Sandbox{sb2, sb} {
+		if err := m.Stop(context.Background(), s.ID); err != nil {
+			t.Fatal(err)
+		}
+		if alive(s.InitPID) {
+			t.Errorf("QEMU %d of %s still alive after Stop", s.InitPID, s.ID)
+		}
+		if exists(m.boxes.dir(s.ID)) {
+			t.Errorf("%s: directory %s still there after Stop", s.ID, m.boxes.dir(s.ID))
+		}
 	}
 	if _, err := m.Exec(context.Background(), "vm1", []string{"true"}, ExecOptions{}); !errors.Is(err, ErrNotFound) {
 		t.Errorf("exec after stop: %v, want ErrNotFound", err)
