@@ -122,7 +122,7 @@ func (m *MicroVM) imageOf(ctx context.Context, kind, dir string, size int64) (st
 // the few files and directories a shell and sandboxd expect.
 func (m *MicroVM) defaultBaseTree(ctx context.Context) (string, error) {
 	dir := filepath.Join(m.cache, "basetree-"+m.initrdKey)
-	if _, err := os.Stat(filepath.Join(dir, ".complete")); err == nil {
+	if _, err := os.Stat(dir + ".complete"); err == nil {
 		return dir, nil
 	}
 	_ = os.RemoveAll(dir)
@@ -162,13 +162,12 @@ func (m *MicroVM) defaultBaseTree(ctx context.Context) (string, error) {
 		"etc/group":    "root:x:0:\nnogroup:x:65534:\n",
 		"etc/hosts":    "127.0.0.1 localhost\n",
 		"etc/hostname": "sandbox\n",
-		".complete":    "",
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
 			return "", err
 		}
 	}
-	return dir, nil
+	return dir, os.WriteFile(dir+".complete", nil, 0o644)
 }
 
 // template returns the warm template of the images, booting it once.

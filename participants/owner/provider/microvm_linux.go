@@ -433,9 +433,12 @@ func (m *MicroVM) Exec(ctx context.Context, id string, argv []string, opts ExecO
 	if err := errors.Join(ValidateID("id", id), validateExec(argv, opts)); err != nil {
 		return ExecResult{}, err
 	}
-	box, _, env, err := m.boxes.ready(id)
+	box, sb, env, err := m.boxes.ready(id)
 	if err != nil {
 		return ExecResult{}, err
+	}
+	if opts.Dir == "" {
+		opts.Dir = sb.Workdir
 	}
 	vm := box.vm
 	if vm == nil {

@@ -213,6 +213,16 @@ func TestMicroVMForksKeepProcessesAcrossAnOwnerCrash(t *testing.T) {
 	_ = cmd.Wait()
 	t.Logf("snapshot taken between counter %d and %d; owner killed", before, after)
 
+	// Nobody renews the dead owner's VM: it powers itself off once its
+	// lease runs out.
+	left, err := readVMMeta(filepath.Join(state, "sandboxes", "crashed"))
+	if err != nil || left.PID == 0 {
+		t.Fatalf("the dead owner's vm.json: %+v %v", left, err)
+	}
+	t0 := time.Now()
+	poll.Wait(t, 4*ownerTestLease, "the dead owner's VM to power itself off", func() bool { return !alive(left.PID) })
+	t.Logf("the dead owner's VM powered off %s after the kill (lease %s)", time.Since(t0).Round(time.Millisecond), ownerTestLease)
+
 	m := newMicroVM(t, state)
 	defer cleanupMicroVM(t, m)
 	// What the dead owner left: its sandbox (a restarted owner reaps it)
@@ -264,9 +274,13 @@ func TestMicroVMForksKeepProcessesAcrossAnOwnerCrash(t *testing.T) {
 	}
 }
 
+// ownerTestLease is the lease of the crash test's first owner: short, so
+// that its VM powers off soon after the owner's death.
+const ownerTestLease = 6 * time.Second
+
 // microvmOwnerMain is the first owner of the crash test.
 func microvmOwnerMain(state string) int {
-	m, err := NewMicroVM(MicroVMConfig{StateDir: state, CacheDir: microvmCache(), Sandboxd: os.Getenv("STILLPOINT_TEST_SANDBOXD"), Accel: "tcg", Lease: 20 * time.Second})
+	m, err := NewMicroVM(MicroVMConfig{StateDir: state, CacheDir: microvmCache(), Sandboxd: os.Getenv("STILLPOINT_TEST_SANDBOXD"), Accel: "tcg", Lease: ownerTestLease})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
