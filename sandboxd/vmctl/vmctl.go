@@ -116,6 +116,11 @@ type Request struct {
 	// Args are more `sandboxd member` flags; Sandbox, Run and NATSURL
 	// override --id, --run and --nats-url.
 	Args []string `json:"args,omitempty"`
+	// Init, when Run is empty, is the sandbox's first process instead of
+	// sandboxd member: started in the root with Workdir and Env, kept
+	// across forks (same pid), reported as Hello.InitPID. A reidentify
+	// without Run only reseeds, sets the clock and writes the files.
+	Init []string `json:"init,omitempty"`
 	// LeaseMS, when positive, is the lease from now, in milliseconds.
 	LeaseMS int64 `json:"lease_ms,omitempty"`
 	// Epoch is the restore's epoch a reidentified sandboxd moves to
@@ -152,8 +157,15 @@ func (r Request) Validate() error {
 	switch r.Op {
 	case OpHello, OpSync:
 	case OpIdentify, OpReidentify:
-		if r.Sandbox == "" || r.Run == "" || r.NATSURL == "" {
-			bad("%s: sandbox, run and nats_url are required", r.Op)
+		switch {
+		case r.Sandbox == "":
+			bad("%s: sandbox is required", r.Op)
+		case r.Run != "" && r.NATSURL == "":
+			bad("%s: nats_url is required with run", r.Op)
+		case r.Run == "" && r.Op == OpIdentify && len(r.Init) == 0:
+			bad("identify: run (sandboxd member) or init is required")
+		case r.Run != "" && len(r.Init) > 0:
+			bad("%s: run and init are exclusive", r.Op)
 		}
 		if len(r.Entropy) < EntropyBytes {
 			bad("%s: entropy: %d bytes, want %d", r.Op, len(r.Entropy), EntropyBytes)
@@ -161,8 +173,8 @@ func (r Request) Validate() error {
 		if r.SetClock && r.Wall.IsZero() {
 			bad("%s: set_clock without wall", r.Op)
 		}
-		if r.Op == OpReidentify && r.Epoch == 0 {
-			bad("reidentify: epoch is required")
+		if r.Op == OpReidentify && r.Run != "" && r.Epoch == 0 {
+			bad("reidentify: epoch is required with run")
 		}
 		if r.LeaseMS < 0 {
 			bad("%s: lease_ms %d is negative", r.Op, r.LeaseMS)
@@ -204,6 +216,8 @@ type Hello struct {
 	BootID string `json:"boot_id,omitempty"`
 	// Identity is sandboxd's (PID 1).
 	Identity Identity `json:"identity"`
+	// InitPID is the pid of Identify.Init, when the sandbox runs one.
+	InitPID int `json:"init_pid,omitempty"`
 	// Uptime is CLOCK_BOOTTIME in seconds: continuous from the snapshot in
 	// a fork.
 	Uptime float64 `json:"uptime"`

@@ -63,6 +63,20 @@ func TestRequestValidate(t *testing.T) {
 	if err := re.Validate(); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("reidentify without epoch: %v", err)
 	}
+	initOnly := Request{ID: 1, Op: OpIdentify, Sandbox: "s", Init: []string{"sh", "-c", "true"}, Entropy: ent}
+	if err := initOnly.Validate(); err != nil {
+		t.Fatalf("identify with init: %v", err)
+	}
+	initOnly.Op = OpReidentify
+	initOnly.Init = nil
+	if err := initOnly.Validate(); err != nil {
+		t.Fatalf("reidentify without run: %v", err)
+	}
+	both := id
+	both.Init = []string{"true"}
+	if err := both.Validate(); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("run and init: %v", err)
+	}
 	short := id
 	short.Entropy = ent[:8]
 	if err := short.Validate(); !errors.Is(err, ErrProtocol) {
