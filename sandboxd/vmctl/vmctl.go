@@ -243,7 +243,7 @@ type ExecResult struct {
 
 // Response is the guest's answer to one Request.
 type Response struct {
-	// ID is the request's.
+	// ID is the request's; 0 in the refusal of a line that did not decode.
 	ID uint64 `json:"id"`
 	// OK says the op was done; Error says why not.
 	OK    bool   `json:"ok"`
@@ -312,7 +312,8 @@ func DecodeGuestLine(line []byte) (*Response, *Notice, error) {
 	if err := json.Unmarshal(line, &r); err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
-	if r.ID == 0 {
+	if r.ID == 0 && r.OK {
+		// ID 0 is only the refusal of a line the guest could not read.
 		return nil, nil, fmt.Errorf("%w: a response without id", ErrProtocol)
 	}
 	return &r, nil, nil

@@ -102,4 +102,7 @@ func TestDecodeGuestLine(t *testing.T) {
 	if _, _, err := DecodeGuestLine([]byte(`{"ok":true}`)); !errors.Is(err, ErrProtocol) {
 		t.Fatalf("no id: %v", err)
 	}
+	if r, _, err := DecodeGuestLine([]byte(`{"id":0,"ok":false,"error":"bad line"}`)); err != nil || r.Error != "bad line" {
+		t.Fatalf("refusal of an unreadable line: %+v %v", r, err)
+	}
 }
