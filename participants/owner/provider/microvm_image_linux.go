@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -76,20 +77,86 @@ func (m *MicroVM) baseImage(ctx context.Context) (string, error) {
 	return img, err
 }
 
-// harnessImage returns the read-only image of the one bound directory
-// (an empty one without binds), cached by content.
-func (m *MicroVM) harnessImage(ctx context.Context, binds []Bind) (string, error) {
+// harnessImage returns the read-only image of what the guest shows at
+// BinDirInGuest: the one bound directory and the files Spec.CopyIn puts
+// there (an empty image without either), cached by content.
+func (m *MicroVM) harnessImage(ctx context.Context, binds []Bind, copyIn []CopyIn) (string, error) {
 	m.imgMu.Lock()
 	defer m.imgMu.Unlock()
+	var files []CopyIn
+	for _, c := range copyIn {
+		if rel, _ := cleanRel("", c.SandboxPath); strings.HasPrefix("/"+rel+"/", BinDirInGuest+"/") {
+			files = append(files, c)
+		}
+	}
 	dir := ""
-	if len(binds) == 1 {
+	switch {
+	case len(files) > 0:
+		// Staged: the bound tree and the files, in a directory of their
+		// own, remembered by what they are made of.
+		key := sha256.New()
+		for _, b := range binds {
+			fmt.Fprintf(key, "bind %s\n", b.HostDir)
+		}
+		for _, c := range files {
+			fi, err := os.Stat(c.HostPath)
+			if err != nil {
+				return "", invalid("spec.CopyIn", "%v", err)
+			}
+			fmt.Fprintf(key, "file %s %s %d %d %o\n", c.HostPath, c.SandboxPath, fi.Size(), fi.ModTime().UnixNano(), c.Mode)
+		}
+		k := hex.EncodeToString(key.Sum(nil))
+		if img, ok := m.staged[k]; ok {
+			return img, nil
+		}
+		stage, err := os.MkdirTemp(m.cache, ".stage-")
+		if err != nil {
+			return "", err
+		}
+		defer os.RemoveAll(stage)
+		if len(binds) == 1 {
+			if _, err := copyTree(ctx, binds[0].HostDir, stage+"/t"); err != nil {
+				return "", err
+			}
+		} else if err := os.Mkdir(stage+"/t", 0o755); err != nil {
+			return "", err
+		}
+		for _, c := range files {
+			rel, _ := cleanRel("", c.SandboxPath)
+			dst := filepath.Join(stage, "t", strings.TrimPrefix("/"+rel, BinDirInGuest))
+			b, err := os.ReadFile(c.HostPath)
+			if err != nil {
+				return "", err
+			}
+			mode := os.FileMode(c.Mode)
+			if mode == 0 {
+				mode = 0o755
+			}
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				return "", err
+			}
+			if err := os.WriteFile(dst, b, mode); err != nil {
+				return "", err
+			}
+		}
+		img, err := m.sizedImage(ctx, stage+"/t")
+		if err == nil {
+			m.staged[k] = img
+		}
+		return img, err
+	case len(binds) == 1:
 		dir = binds[0].HostDir
-	} else {
+	default:
 		dir = filepath.Join(m.cache, "empty")
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return "", err
 		}
 	}
+	return m.sizedImage(ctx, dir)
+}
+
+// sizedImage is the harness image of dir, sized for its files.
+func (m *MicroVM) sizedImage(ctx context.Context, dir string) (string, error) {
 	size, err := treeSize(dir)
 	if err != nil {
 		return "", err
@@ -121,7 +188,20 @@ func (m *MicroVM) imageOf(ctx context.Context, kind, dir string, size int64) (st
 // defaultBaseTree makes the default root tree: busybox and its applets,
 // the few files and directories a shell and sandboxd expect.
 func (m *MicroVM) defaultBaseTree(ctx context.Context) (string, error) {
-	dir := filepath.Join(m.cache, "basetree-"+m.initrdKey)
+	tools, err := hostTools(ctx, m.cfg.HostTools)
+	if err != nil {
+		return "", err
+	}
+	key := sha256.New()
+	fmt.Fprintf(key, "%s\n", m.initrdKey)
+	for _, f := range tools {
+		fi, err := os.Stat(f.Src)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(key, "%s %s %d %d\n", f.Src, f.Dst, fi.Size(), fi.ModTime().UnixNano())
+	}
+	dir := filepath.Join(m.cache, "basetree-"+hex.EncodeToString(key.Sum(nil))[:16])
 	if _, err := os.Stat(dir + ".complete"); err == nil {
 		return dir, nil
 	}
@@ -157,6 +237,22 @@ func (m *MicroVM) defaultBaseTree(ctx context.Context) (string, error) {
 			return "", err
 		}
 	}
+	// The host tools replace busybox's applets of their names, with the
+	// shared libraries they load at the same paths.
+	for _, f := range tools {
+		dst := filepath.Join(dir, f.Dst)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return "", err
+		}
+		_ = os.Remove(dst)
+		b, err := os.ReadFile(f.Src)
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(dst, b, 0o755); err != nil {
+			return "", err
+		}
+	}
 	for name, data := range map[string]string{
 		"etc/passwd":   "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
 		"etc/group":    "root:x:0:\nnogroup:x:65534:\n",
@@ -168,6 +264,58 @@ func (m *MicroVM) defaultBaseTree(ctx context.Context) (string, error) {
 		}
 	}
 	return dir, os.WriteFile(dir+".complete", nil, 0o644)
+}
+
+// hostFile is one host file of the default root tree: Src on the host,
+// Dst in the tree.
+type hostFile struct{ Src, Dst string }
+
+// hostTools resolves HostTools entries ("PROG", installed at its host
+// path, or "PATH=PROG", installed at PATH) and adds the shared libraries
+// each program loads (ldd) at their host paths.
+func hostTools(ctx context.Context, entries []string) ([]hostFile, error) {
+	seen := map[string]bool{}
+	var out []hostFile
+	add := func(src, dst string) {
+		if !seen[dst] {
+			seen[dst] = true
+			out = append(out, hostFile{src, dst})
+		}
+	}
+	for _, e := range entries {
+		dst, prog, named := strings.Cut(e, "=")
+		if !named {
+			prog = e
+		}
+		p, err := exec.LookPath(prog)
+		if err != nil {
+			return nil, invalid("HostTools", "%s: %v", prog, err)
+		}
+		if p, err = filepath.Abs(p); err != nil {
+			return nil, err
+		}
+		if !named {
+			dst = p
+		}
+		if !filepath.IsAbs(dst) {
+			return nil, invalid("HostTools", "%q: the path in the tree must be absolute", e)
+		}
+		add(p, dst)
+		ldd, err := exec.CommandContext(ctx, "ldd", p).Output()
+		if err != nil {
+			continue // a static program ("not a dynamic executable")
+		}
+		for _, line := range strings.Split(string(ldd), "\n") {
+			f := strings.Fields(line)
+			switch {
+			case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
+				add(f[2], f[2])
+			case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
+				add(f[0], f[0])
+			}
+		}
+	}
+	return out, nil
 }
 
 // template returns the warm template of the images, booting it once.

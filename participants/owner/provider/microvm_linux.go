@@ -38,6 +38,12 @@ const (
 	DefaultVMStartTimeout = 3 * time.Minute
 )
 
+// DefaultHostTools are the host programs the default root tree holds
+// beside busybox: util-linux's setsid, whose -w (wait for the program) the
+// harnesses' tools use and busybox's lacks, and dash as /bin/sh, since
+// busybox's shell runs its own applets before any program on PATH.
+var DefaultHostTools = []string{"setsid", "/bin/sh=dash"}
+
 // MicroVMConfig configures a MicroVM provider.
 type MicroVMConfig struct {
 	// StateDir holds sandboxes/, snapshots/ and layers/ (the qcow2 images
@@ -55,8 +61,14 @@ type MicroVMConfig struct {
 	// cache directories microvm.FindAssets looks in.
 	AssetsDir string
 	// BaseDir is the directory the guests' root image is built from (once,
-	// cached by content); default: a minimal tree of busybox applets.
+	// cached by content); default: a minimal tree of busybox applets and
+	// HostTools.
 	BaseDir string
+	// HostTools are host programs (looked up on PATH) copied into the
+	// default root tree, with the shared libraries they load, over
+	// busybox's applets: "PROG" at its host path, "PATH=PROG" at PATH.
+	// Default DefaultHostTools.
+	HostTools []string
 	// BaseSize is the root image's size in bytes; default DefaultBaseSize.
 	BaseSize int64
 	// MemMiB is each guest's RAM; default DefaultMemMiB.
@@ -88,6 +100,9 @@ func (c *MicroVMConfig) setDefaults() {
 	}
 	if c.MemMiB == 0 {
 		c.MemMiB = DefaultMemMiB
+	}
+	if c.HostTools == nil {
+		c.HostTools = DefaultHostTools
 	}
 	if c.Accel == "" {
 		c.Accel = "auto"
@@ -162,8 +177,9 @@ type MicroVM struct {
 
 	initrdKey string
 
-	imgMu sync.Mutex
-	base  string // the root image, once built
+	imgMu  sync.Mutex
+	base   string            // the root image, once built
+	staged map[string]string // harness images of staged files, by what they hold
 
 	gcMu      sync.Mutex
 	tmplMu    sync.Mutex
@@ -200,7 +216,7 @@ func NewMicroVM(cfg MicroVMConfig) (*MicroVM, error) {
 	}
 	m := &MicroVM{cfg: cfg, assets: assets, tscKHz: khz, log: cfg.Logger,
 		layers: filepath.Join(cfg.StateDir, "layers"), cache: cfg.CacheDir,
-		boxes: newRegistry[*vmBox](cfg.StateDir), templates: map[string]*template{}}
+		boxes: newRegistry[*vmBox](cfg.StateDir), templates: map[string]*template{}, staged: map[string]string{}}
 	for _, d := range []string{filepath.Join(cfg.StateDir, "sandboxes"), m.layers, m.cache} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
@@ -335,6 +351,9 @@ func (m *MicroVM) identity(spec Spec) (vmctl.Request, error) {
 		r.Files = append(r.Files, vmctl.File{Path: "/" + rel, Mode: 0o644, Data: spec.Files[p]})
 	}
 	for i, c := range spec.CopyIn {
+		if rel, _ := cleanRel("", c.SandboxPath); strings.HasPrefix("/"+rel+"/", BinDirInGuest+"/") {
+			continue // on the harness disk (harnessImage)
+		}
 		b, err := os.ReadFile(c.HostPath)
 		if err != nil {
 			return r, invalid(fmt.Sprintf("spec.CopyIn[%d].HostPath", i), "%v", err)

@@ -149,7 +149,7 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 		if err != nil {
 			return nil, err
 		}
-		harness, err := m.harnessImage(ctx, spec.Binds)
+		harness, err := m.harnessImage(ctx, spec.Binds, spec.CopyIn)
 		if err != nil {
 			return nil, err
 		}

@@ -13,7 +13,7 @@ import (
 // dir's tree (mkfs.ext4 -d), owned by root, labelled label. The image is
 // written under a temporary name and renamed, so dst is whole or absent.
 func Ext4Image(ctx context.Context, mkfs, dir, dst, label string, size int64) error {
-	tmp := filepath.Join(filepath.Dir(dst), ".tmp-"+filepath.Base(dst))
+	tmp := fmt.Sprintf("%s/.tmp-%d-%s", filepath.Dir(dst), os.Getpid(), filepath.Base(dst))
 	_ = os.Remove(tmp)
 	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4", "-L", label, "-d", dir,
 		"-E", "root_owner=0:0", "-O", "^has_journal", "-m", "0", tmp, strconv.FormatInt(size/1024, 10)+"k")

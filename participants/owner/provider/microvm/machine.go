@@ -18,7 +18,7 @@ const (
 	// GuestNATS is where the guest reaches the NATS server.
 	GuestNATS = "10.0.2.100:4222"
 	// GuestUpstream is where the guest reaches the model upstream.
-	GuestUpstream = "10.0.2.101:8080"
+	GuestUpstream = "10.0.2.90:8080"
 )
 
 // Disk is one virtio block device of a machine.
