@@ -205,10 +205,12 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 	}
 	mc := m.machineFor(spec.ID, dir, meta, fwd)
 	mc.RAMFile, mc.Incoming = ram, true
+	t0 := time.Now()
 	vm, err := m.startQEMU(spec.ID, dir, mc, meta)
 	if err != nil {
 		return vm, err
 	}
+	tQEMU := time.Now()
 	if err := m.restore(ctx, vm, state); err != nil {
 		return vm, fmt.Errorf("restore: %w (qemu: %s)", err, tailFile(filepath.Join(dir, "qemu.log"), 1024))
 	}
@@ -225,15 +227,19 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 			req.Init = nil // it runs on from the snapshot
 		}
 	}
+	tRestore := time.Now()
 	hello, err := vm.ctl.Hello(ctx)
 	if err != nil {
 		return vm, fmt.Errorf("hello: %w", err)
 	}
-	m.log.Debug().Str("sandbox", spec.ID).Str("state", string(hello.State)).Str("op", string(req.Op)).Msg("microvm: guest answered")
+	tHello := time.Now()
 	resp, err := vm.call(ctx, req)
 	if err != nil {
 		return vm, fmt.Errorf("%s %s: %w (console: %s)", req.Op, spec.ID, err, tailFile(filepath.Join(dir, "console.log"), 2048))
 	}
+	m.log.Debug().Str("sandbox", spec.ID).Str("state", string(hello.State)).Str("op", string(req.Op)).
+		Dur("qemu", tQEMU.Sub(t0)).Dur("restore", tRestore.Sub(tQEMU)).Dur("hello", tHello.Sub(tRestore)).
+		Dur("identify", time.Since(tHello)).Msg("microvm: guest running and identified")
 	if resp.Hello != nil {
 		vm.hello = *resp.Hello
 	}
