@@ -99,6 +99,10 @@ func TestSystemIdentifyPlainInit(t *testing.T) {
 	if h2.InitPID != h.InitPID || h2.Sandbox != "s2" {
 		t.Fatalf("after reidentify: %+v, init was %d", h2, h.InitPID)
 	}
+	// An exec with no dir runs in the identity's working directory.
+	if r, err := s.Exec(context.Background(), vmctl.Request{Argv: []string{"pwd"}}); err != nil || string(r.Stdout) != filepath.Join(root, "made/here")+"\n" {
+		t.Fatalf("exec's default dir: %q %v", r.Stdout, err)
+	}
 	if _, err := s.Identify(context.Background(), vmctl.Request{Op: vmctl.OpIdentify, Sandbox: "s3", Run: "r", Entropy: ent}); err == nil {
 		t.Fatal("identify with a run and no Members: no error")
 	}
