@@ -53,6 +53,10 @@ type SystemConfig struct {
 	Console *os.File
 	// Hostname sets the hostname to the sandbox id at each identify.
 	Hostname bool
+	// SetEnv makes an identify's Env (with PATH and HOME defaults) the
+	// process's environment, which sandboxd member's launches inherit: a
+	// kernel starts its init with next to none.
+	SetEnv bool
 	// Logger receives the system's logs.
 	Logger zerolog.Logger
 }
@@ -127,6 +131,15 @@ func (s *System) Identify(ctx context.Context, req vmctl.Request) (vmctl.Hello, 
 	if req.Workdir != "" {
 		if err := os.MkdirAll(s.dir(req.Workdir), 0o755); err != nil {
 			return vmctl.Hello{}, fmt.Errorf("guest: workdir: %w", err)
+		}
+	}
+	if s.cfg.SetEnv && req.Op == vmctl.OpIdentify {
+		os.Clearenv()
+		for _, kv := range Env(req.Env) {
+			k, v, _ := strings.Cut(kv, "=")
+			if err := os.Setenv(k, v); err != nil {
+				return vmctl.Hello{}, fmt.Errorf("guest: env %s: %w", k, err)
+			}
 		}
 	}
 	if s.cfg.Hostname {

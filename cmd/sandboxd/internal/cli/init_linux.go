@@ -81,7 +81,7 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	members := &vmMembers{ctx: runCtx, wg: &wg, log: log, stderr: console}
-	sys := guest.NewSystem(guest.SystemConfig{Members: members, Console: console, Hostname: !*noBoot, Logger: log})
+	sys := guest.NewSystem(guest.SystemConfig{Members: members, Console: console, Hostname: !*noBoot, SetEnv: !*noBoot, Logger: log})
 	defer sys.Close()
 	lease := guest.NewLease(boot.Lease)
 	srv, err := guest.NewServer(guest.ServerConfig{Guest: sys, Lease: lease, Logger: log})
