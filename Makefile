@@ -71,6 +71,8 @@ fuzz:
 	$(GO) test ./events -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseStat$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseMount$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeGuestLine$$' -fuzztime $(FUZZTIME)
 
 ## bench: the benchmarks recorded in docs/BENCHMARKS.md.
 bench:
