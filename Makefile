@@ -16,7 +16,7 @@ FUZZTIME  ?= 400000x
 PKGS      ?= ./...
 # The end-to-end tests outside package e2e (those that call tier.E2E;
 # internal/tier's test keeps this list and them in step), and their packages.
-E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun)$$'
+E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun)$$'
 E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/ ./participants/opencode/driver/
 # The CPU hogs of test-loaded: one per core.
 HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
@@ -71,6 +71,8 @@ fuzz:
 	$(GO) test ./events -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseStat$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseMount$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeGuestLine$$' -fuzztime $(FUZZTIME)
 
 ## bench: the benchmarks recorded in docs/BENCHMARKS.md.
 bench:

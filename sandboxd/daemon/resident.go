@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -13,6 +14,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/sandboxd"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // ErrResidentClosed is returned by Join once the Resident's Run has
@@ -44,7 +46,7 @@ type ResidentConfig struct {
 	Logger zerolog.Logger
 	// Stopped, when set, is called when a daemon stops by itself
 	// (superseded, replaced, or its member failed), from the daemon's
-	// goroutine.
+	// goroutine, once its launches are stopped.
 	Stopped func(member events.Member, err error)
 }
 
@@ -75,11 +77,12 @@ type Resident struct {
 
 // served is a daemon the Resident runs, with its connection.
 type served struct {
-	d      *Daemon
-	nc     *nats.Conn
-	cancel context.CancelFunc
-	done   chan struct{}
-	err    error // set before done closes
+	d        *Daemon
+	nc       *nats.Conn
+	cancel   context.CancelFunc
+	detached atomic.Bool // set before the connection is closed under it
+	done     chan struct{}
+	err      error // set before done closes
 }
 
 // NewResident returns a Resident; Run runs it.
@@ -151,7 +154,10 @@ func (r *Resident) Join(ctx context.Context, id Identity) (events.Member, error)
 	if old := r.cur; old != nil {
 		r.cur = nil
 		// Closed first: whatever the old member does from now on fails
-		// locally and reaches no server.
+		// locally and reaches no server. Marked before: a daemon that
+		// stops on its closed connection has not stopped by itself, and
+		// its launches go on.
+		old.detached.Store(true)
 		old.nc.Close()
 		old.cancel()
 		<-old.done
@@ -169,6 +175,7 @@ func (r *Resident) Join(ctx context.Context, id Identity) (events.Member, error)
 		s.nc.Close()
 		return "", fmt.Errorf("daemon: %s did not join: %w", s.d.Name(), s.err)
 	case <-ctx.Done():
+		s.detached.Store(true)
 		s.nc.Close()
 		s.cancel()
 		<-s.done
@@ -204,14 +211,42 @@ func (r *Resident) start(ctx context.Context, id Identity) (*served, error) {
 	r.wg.Go(func() {
 		s.err = d.Serve(dctx)
 		close(s.done)
-		if dctx.Err() == nil {
-			// It stopped by itself: superseded, replaced, or failed.
+		joined := false
+		select {
+		case <-d.Joined():
+			joined = true
+		default:
+		}
+		// A daemon that never joined (the Join fails and says why) or that
+		// Join detached has not stopped by itself.
+		if dctx.Err() == nil && !s.detached.Load() && joined {
+			// It stopped by itself: superseded, replaced, or failed. As Run
+			// does when its daemon stops, its work stops: a superseded
+			// member's launches must not go on beside the new epoch's.
 			nc.Close()
-			r.log.Warn().Err(s.err).Str("member", string(d.Name())).Msg("the daemon stopped")
+			r.log.Warn().Err(s.err).Str("member", string(d.Name())).Msg("the daemon stopped; stopping its launches")
+			r.stopLaunches(dctx)
 			if r.cfg.Stopped != nil {
 				r.cfg.Stopped(d.Name(), s.err)
 			}
 		}
 	})
 	return s, nil
+}
+
+// stopLaunchesWait bounds the kills of stopLaunches.
+const stopLaunchesWait = 30 * time.Second
+
+// stopLaunches kills every launch of the supervisor that has not ended.
+func (r *Resident) stopLaunches(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, stopLaunchesWait)
+	defer cancel()
+	for _, rec := range r.cfg.Supervisor.List() {
+		if rec.State == sandboxapi.StateEnded {
+			continue
+		}
+		if _, err := r.cfg.Supervisor.Cancel(ctx, rec.ID); err != nil && !errors.Is(err, sandboxd.ErrUnknownLaunch) {
+			r.log.Warn().Err(err).Str("launch", rec.ID).Msg("stop a launch of a daemon that stopped")
+		}
+	}
 }

@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/sandboxd"
 	"github.com/stillpoint/stillpoint/sandboxd/daemon"
@@ -217,4 +219,53 @@ func TestReidentifyAFork(t *testing.T) {
 		t.Errorf("fork 2's key was written by another: %+v", i)
 	}
 	_ = l2
+}
+
+// TestResidentSupersededStopsItsLaunches: a resident daemon that a newer
+// epoch supersedes stops its launches, as a daemon's Run does (PROTOCOL §5,
+// Epochs fence zombies), and says so; the supervisor stays for a later
+// identity.
+func TestResidentSupersededStopsItsLaunches(t *testing.T) {
+	env := jstest.Start(t)
+	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
+	sup, err := sandboxd.New(sandboxd.Config{StateDir: t.TempDir(), Logger: log, Grace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan error, 1)
+	r, err := daemon.NewResident(daemon.ResidentConfig{Supervisor: sup, Logger: log,
+		Stopped: func(_ events.Member, err error) { stopped <- err }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Resident.Run: %v", err)
+		}
+	}()
+	m := join(t, env, r, "s1", 1)
+	c, _ := launch(t, env, "s1", id("l1"), t.TempDir())
+	bridge := membertest.NewBridge(t, env, run)
+	bridge.Epoch = 2
+	bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c9", 10*time.Second, m)})
+	select {
+	case err := <-stopped:
+		if !errors.Is(err, member.ErrSuperseded) {
+			t.Fatalf("stopped with %v, want ErrSuperseded", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the superseded daemon did not stop")
+	}
+	rc, err := sup.Receipt(id("l1"))
+	if err != nil || rc.ExitCode == 0 {
+		t.Fatalf("the superseded daemon's launch: %+v %v, want it stopped", rc, err)
+	}
+	if _, ok := r.Member(); ok {
+		t.Error("Member() still names the superseded daemon")
+	}
+	_ = c
 }

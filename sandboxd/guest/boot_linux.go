@@ -87,14 +87,6 @@ func ParseCmdline(cmdline string) (BootConfig, error) {
 	return c, errors.Join(errs...)
 }
 
-// Boot makes the initramfs's PID 1 a sandbox's init, after EarlyMounts: it
-// loads the modules of ModulesFile, brings up
-// lo and eth0 (slirp's fixed address and gateway), mounts the root disk
-// and the read-only binaries disk, moves /proc, /sys and /dev into it and
-// switches root into it (MS_MOVE onto /, then chroot, as switch_root
-// does), then mounts cgroup2 (so freeze works), /dev/pts, /dev/shm, /tmp
-// and /run in the new root. It runs before the reap loop: the busybox
-// commands it starts are waited for by os/exec.
 // EarlyMounts mounts /proc, /sys and /dev (devtmpfs) in the initramfs, so
 // that the init has a console and its command line; Boot comes after it.
 func EarlyMounts() error {
@@ -108,6 +100,14 @@ func EarlyMounts() error {
 	return nil
 }
 
+// Boot makes the initramfs's PID 1 a sandbox's init, after EarlyMounts: it
+// loads the modules of ModulesFile, brings up lo and eth0 (slirp's fixed
+// address and gateway), mounts the root disk and the read-only binaries
+// disk, moves /proc, /sys and /dev into it and switches root into it
+// (MS_MOVE onto /, then chroot, as switch_root does), then mounts cgroup2
+// (so freeze works), /dev/pts, /dev/shm, /tmp and /run in the new root.
+// It runs before the reap loop: the busybox commands it starts are waited
+// for by os/exec.
 func Boot(ctx context.Context, c BootConfig, log zerolog.Logger) error {
 	if err := loadModules(ctx, log); err != nil {
 		return err

@@ -53,6 +53,10 @@ type SystemConfig struct {
 	Console *os.File
 	// Hostname sets the hostname to the sandbox id at each identify.
 	Hostname bool
+	// SetEnv makes an identify's Env (with PATH and HOME defaults) the
+	// process's environment, which sandboxd member's launches inherit: a
+	// kernel starts its init with next to none.
+	SetEnv bool
 	// Logger receives the system's logs.
 	Logger zerolog.Logger
 }
@@ -70,6 +74,7 @@ type System struct {
 	run     string
 	member  string
 	epoch   uint64
+	workdir string
 	init    *sandboxd.Child
 }
 
@@ -128,6 +133,15 @@ func (s *System) Identify(ctx context.Context, req vmctl.Request) (vmctl.Hello, 
 			return vmctl.Hello{}, fmt.Errorf("guest: workdir: %w", err)
 		}
 	}
+	if s.cfg.SetEnv && req.Op == vmctl.OpIdentify {
+		os.Clearenv()
+		for _, kv := range Env(req.Env) {
+			k, v, _ := strings.Cut(kv, "=")
+			if err := os.Setenv(k, v); err != nil {
+				return vmctl.Hello{}, fmt.Errorf("guest: env %s: %w", k, err)
+			}
+		}
+	}
 	if s.cfg.Hostname {
 		if err := unix.Sethostname([]byte(req.Sandbox)); err != nil {
 			return vmctl.Hello{}, fmt.Errorf("guest: sethostname: %w", err)
@@ -150,6 +164,9 @@ func (s *System) Identify(ctx context.Context, req vmctl.Request) (vmctl.Hello, 
 	}
 	s.mu.Lock()
 	s.sandbox, s.run, s.member = req.Sandbox, req.Run, member
+	if req.Workdir != "" {
+		s.workdir = req.Workdir
+	}
 	if req.Op == vmctl.OpReidentify && req.Run != "" {
 		s.epoch = req.Epoch
 	}
@@ -233,8 +250,9 @@ func Env(env []string) []string {
 	return out
 }
 
-// Exec implements Guest: the command runs in a session of its own, its
-// output captured; a timeout (or the end of ctx) kills its process group.
+// Exec implements Guest: the command runs in a session of its own, in
+// req.Dir (default: the identity's Workdir, else /), its output captured;
+// a timeout (or the end of ctx) kills its process group.
 func (s *System) Exec(ctx context.Context, req vmctl.Request) (vmctl.ExecResult, error) {
 	if req.TimeoutMS > 0 {
 		var cancel context.CancelFunc
@@ -259,9 +277,14 @@ func (s *System) Exec(ctx context.Context, req vmctl.Request) (vmctl.ExecResult,
 		outW.Close()
 		return vmctl.ExecResult{}, err
 	}
-	dir := "/"
+	s.mu.Lock()
+	dir := s.workdir
+	s.mu.Unlock()
 	if req.Dir != "" {
 		dir = req.Dir
+	}
+	if dir == "" {
+		dir = "/"
 	}
 	c, err := sandboxd.StartChild(sandboxd.ChildSpec{Argv: req.Argv, Dir: s.dir(dir), Env: Env(req.Env),
 		Files: [3]*os.File{inR, outW, errW}, Setsid: true})

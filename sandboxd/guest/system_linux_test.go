@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,7 +100,38 @@ func TestSystemIdentifyPlainInit(t *testing.T) {
 	if h2.InitPID != h.InitPID || h2.Sandbox != "s2" {
 		t.Fatalf("after reidentify: %+v, init was %d", h2, h.InitPID)
 	}
+	// An exec with no dir runs in the identity's working directory.
+	if r, err := s.Exec(context.Background(), vmctl.Request{Argv: []string{"pwd"}}); err != nil || string(r.Stdout) != filepath.Join(root, "made/here")+"\n" {
+		t.Fatalf("exec's default dir: %q %v", r.Stdout, err)
+	}
 	if _, err := s.Identify(context.Background(), vmctl.Request{Op: vmctl.OpIdentify, Sandbox: "s3", Run: "r", Entropy: ent}); err == nil {
 		t.Fatal("identify with a run and no Members: no error")
+	}
+}
+
+// TestSystemIdentifySetsTheEnvironment: in a VM the identify's Env becomes
+// PID 1's, which the member's launches inherit.
+func TestSystemIdentifySetsTheEnvironment(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestSystemIdentifySetsTheEnvironment needs root (the reseed ioctls): run the tests as root, as CI does")
+	}
+	saved := os.Environ()
+	t.Cleanup(func() {
+		os.Clearenv()
+		for _, kv := range saved {
+			k, v, _ := strings.Cut(kv, "=")
+			_ = os.Setenv(k, v)
+		}
+	})
+	holdReaper(t)
+	s := NewSystem(SystemConfig{Root: t.TempDir(), SetEnv: true})
+	defer s.Close()
+	_, err := s.Identify(context.Background(), vmctl.Request{Op: vmctl.OpIdentify, Sandbox: "s1", Entropy: bytes.Repeat([]byte{7}, vmctl.EntropyBytes),
+		Env: []string{"FOO=bar", "HOME=/work"}, Init: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Getenv("FOO") != "bar" || os.Getenv("HOME") != "/work" || os.Getenv("PATH") != DefaultPath || len(os.Environ()) != 3 {
+		t.Fatalf("environment after identify: %q", os.Environ())
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,7 +33,7 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("init", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	noBoot := fs.Bool("no-boot", false, "do not boot (mounts, modules, network, root switch): the root is already the sandbox's")
-	port := fs.String("port", "", "the control port's device (default: the virtio port named by sp.ctl)")
+	port := fs.String("port", "", "the control port's device (default: the virtio port named by sp.ctl); unix:PATH, for a test, a socket whose end ends the init")
 	level := fs.String("log-level", "info", "log level (logs go to the console)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -79,7 +81,7 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	members := &vmMembers{ctx: runCtx, wg: &wg, log: log, stderr: console}
-	sys := guest.NewSystem(guest.SystemConfig{Members: members, Console: console, Hostname: !*noBoot, Logger: log})
+	sys := guest.NewSystem(guest.SystemConfig{Members: members, Console: console, Hostname: !*noBoot, SetEnv: !*noBoot, Logger: log})
 	defer sys.Close()
 	lease := guest.NewLease(boot.Lease)
 	srv, err := guest.NewServer(guest.ServerConfig{Guest: sys, Lease: lease, Logger: log})
@@ -88,25 +90,12 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	members.notice = srv.Notify
 
-	path := *port
-	if path == "" {
-		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		err := poll.Until(pctx, poll.Backoff(time.Millisecond, 50*time.Millisecond), func() (bool, error) {
-			p, err := guest.FindPort(boot.Port)
-			path = p
-			return err == nil, nil
-		})
-		cancel()
-		if err != nil {
-			return fatal(console, fmt.Errorf("sandboxd init: no control port %s", boot.Port))
-		}
-	}
-	p, err := guest.OpenPort(runCtx, path)
+	conn, closeConn, ends, err := openControl(runCtx, *port, boot.Port)
 	if err != nil {
 		return fatal(console, err)
 	}
-	defer p.Close()
-	log.Info().Str("port", path).Dur("lease", boot.Lease).Msg("serving the control channel")
+	defer closeConn()
+	log.Info().Str("port", *port).Dur("lease", boot.Lease).Msg("serving the control channel")
 
 	expired := make(chan struct{})
 	wg.Go(func() {
@@ -114,12 +103,15 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 			close(expired)
 		}
 	})
-	served := make(chan error, 1)
-	go func() { // ends with the port: powering off ends everything
+	served := make(chan struct{})
+	// The port is read until the machine powers off, so this goroutine is
+	// not waited for (its Read ends only with the process); a test's
+	// socket ends it.
+	go func() {
+		defer close(served)
 		for {
-			err := srv.Serve(runCtx, p)
-			if runCtx.Err() != nil {
-				served <- err
+			err := srv.Serve(runCtx, conn)
+			if runCtx.Err() != nil || ends {
 				return
 			}
 			log.Warn().Err(err).Msg("control channel; serving again")
@@ -130,7 +122,14 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}()
-	<-expired
+	select {
+	case <-expired:
+	case <-served:
+		// A test's socket closed: stop as a lease would, without powering
+		// off.
+		members.stop(shutdownWait)
+		return 0
+	}
 	log.Warn().Msg("the lease ran out: powering off")
 	notified := make(chan struct{})
 	go func() { // a host that is gone leaves the write blocked
@@ -143,14 +142,43 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	members.stop(shutdownWait)
 	if *noBoot {
-		stopAll()
-		p.Close()
 		return 0
 	}
 	if err := guest.PowerOff(); err != nil {
 		return fatal(console, err)
 	}
 	return 0
+}
+
+// openControl opens the control channel: the virtio port named name (or
+// the device given), or, for a test outside a VM, a unix socket
+// ("unix:PATH"), whose end also ends the init (ends).
+func openControl(ctx context.Context, given, name string) (conn io.ReadWriter, closeConn func(), ends bool, err error) {
+	if path, ok := strings.CutPrefix(given, "unix:"); ok {
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			return nil, nil, false, fmt.Errorf("sandboxd init: control socket: %w", err)
+		}
+		return c, func() { _ = c.Close() }, true, nil
+	}
+	path := given
+	if path == "" {
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := poll.Until(pctx, poll.Backoff(time.Millisecond, 50*time.Millisecond), func() (bool, error) {
+			p, err := guest.FindPort(name)
+			path = p
+			return err == nil, nil
+		})
+		cancel()
+		if err != nil {
+			return nil, nil, false, fmt.Errorf("sandboxd init: no control port %s", name)
+		}
+	}
+	p, err := guest.OpenPort(ctx, path)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	return p, func() { _ = p.Close() }, false, nil
 }
 
 // openConsole opens /dev/console as the init's stdin, stdout and stderr
