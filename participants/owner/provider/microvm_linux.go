@@ -230,10 +230,13 @@ func NewMicroVM(cfg MicroVMConfig) (*MicroVM, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout)
 	defer cancel()
-	if cfg.Sandboxd != "" {
-		if err := m.buildInitrd(ctx); err != nil {
-			return nil, err
-		}
+	if cfg.Sandboxd == "" {
+		// It only stops what an earlier process left: no guest to boot.
+		m.accel, m.reason = "none", "no sandboxd: stops what an earlier process left, starts nothing"
+		return m, nil
+	}
+	if err := m.buildInitrd(ctx); err != nil {
+		return nil, err
 	}
 	m.accel, m.reason, err = microvm.PickAccel(ctx, assets, cfg.Accel, m.cache, khz)
 	if err != nil {
