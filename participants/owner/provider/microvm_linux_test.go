@@ -153,6 +153,14 @@ func TestMicroVMStartExecStop(t *testing.T) {
 		t.Fatalf("exec: %+v %v", res, err)
 	}
 	waitCounter(t, m, "vm1", 3)
+	run(t, m, "vm1", "date -s @1000000000 >/dev/null") // the guest's clock, far from the host's
+	if err := m.SetClock(context.Background(), "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	guest, _ := strconv.ParseInt(strings.TrimSpace(run(t, m, "vm1", "date +%s")), 10, 64)
+	if d := time.Now().Unix() - guest; d < -5 || d > 5 {
+		t.Errorf("after SetClock the guest's clock is %d s from the host's", d)
+	}
 	if got := m.Sandboxes(); !slices.Equal(got, []string{"vm1"}) {
 		t.Fatalf("Sandboxes() = %v", got)
 	}
