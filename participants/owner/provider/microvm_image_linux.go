@@ -416,7 +416,7 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 		func() error { return q.SetFastMigration(ctx) },
 		func() error { return q.Do(ctx, "stop", nil, nil) },
 		func() error {
-			return q.Do(ctx, "migrate", map[string]any{"uri": "exec:cat > " + filepath.Join(t.dir, "state")}, nil)
+			return q.Do(ctx, "migrate", map[string]any{"uri": microvm.SaveURI(filepath.Join(t.dir, "state"))}, nil)
 		},
 		func() error { _, err := q.WaitMigration(ctx); return err },
 	} {

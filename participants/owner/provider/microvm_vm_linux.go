@@ -328,7 +328,7 @@ func (m *MicroVM) restore(ctx context.Context, vm *machine, state string) error 
 	if err := vm.qmp.SetIgnoreShared(ctx, true); err != nil {
 		return err
 	}
-	if err := vm.qmp.Do(ctx, "migrate-incoming", map[string]any{"uri": "exec:cat " + state}, nil); err != nil {
+	if err := vm.qmp.Do(ctx, "migrate-incoming", map[string]any{"uri": microvm.LoadURI(state)}, nil); err != nil {
 		return err
 	}
 	st, err := vm.qmp.WaitStatus(ctx, "inmigrate")
@@ -461,7 +461,7 @@ func (m *MicroVM) snapshotInto(ctx context.Context, vm *machine, dst string) (co
 	if err == nil {
 		vm.node = node
 		meta.Chain = append([]string{top}, meta.Chain...)
-		err = q.Do(ctx, "migrate", map[string]any{"uri": "exec:cat > " + filepath.Join(dst, "state")}, nil)
+		err = q.Do(ctx, "migrate", map[string]any{"uri": microvm.SaveURI(filepath.Join(dst, "state"))}, nil)
 		if err == nil {
 			_, err = q.WaitMigration(ctx)
 		}

@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
@@ -76,7 +77,7 @@ func FindAssets(dir string) (Assets, error) {
 		*t.dst = p
 	}
 	if a.Busybox != "" {
-		if b, err := os.ReadFile(a.Busybox); err == nil && isDynamicELF(b) {
+		if dynamicELF(a.Busybox) {
 			errs = append(errs, fmt.Errorf("%w: %s is linked dynamically; the guest needs busybox-static (apt-get install busybox-static)", ErrAssets, a.Busybox))
 		}
 	}
@@ -117,8 +118,19 @@ func FindAssets(dir string) (Assets, error) {
 	return a, errors.Join(errs...)
 }
 
-// isDynamicELF reports whether an ELF file has a PT_INTERP program header
-// (it names a dynamic loader).
-func isDynamicELF(b []byte) bool {
-	return len(b) > 64 && string(b[:4]) == "\x7fELF" && strings.Contains(string(b[:min(len(b), 4096)]), "/lib64/ld-linux")
+// dynamicELF reports whether the ELF file at p names a program
+// interpreter (a dynamic loader): a guest without the host's libraries
+// cannot run it.
+func dynamicELF(p string) bool {
+	f, err := elf.Open(p)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return true
+		}
+	}
+	return false
 }

@@ -6,10 +6,12 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -89,8 +91,8 @@ func (ir Initramfs) Write(ctx context.Context, dst string) error {
 	if err != nil {
 		return err
 	}
-	for name, data := range ir.Files {
-		if err := c.File(path.Clean(name), 0o755, data); err != nil {
+	for _, name := range slices.Sorted(maps.Keys(ir.Files)) {
+		if err := c.File(path.Clean(name), 0o755, ir.Files[name]); err != nil {
 			return err
 		}
 	}

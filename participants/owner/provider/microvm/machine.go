@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -99,7 +101,7 @@ func (m Machine) Args() []string {
 			"-device", fmt.Sprintf("virtio-blk-device,drive=%s,id=%s-dev", d.ID, d.ID))
 	}
 	netdev := "user,id=n0,restrict=on"
-	for _, g := range sortedKeys(m.Forwards) {
+	for _, g := range slices.Sorted(maps.Keys(m.Forwards)) {
 		host, port, _ := strings.Cut(m.Forwards[g], ":")
 		netdev += fmt.Sprintf(",guestfwd=tcp:%s-cmd:%s nc %s %s", g, strings.ReplaceAll(m.Busybox, ",", ",,"), host, port)
 	}
@@ -111,19 +113,6 @@ func (m Machine) Args() []string {
 		args = append(args, "-incoming", "defer")
 	}
 	return args
-}
-
-func sortedKeys(m map[string]string) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	for i := 1; i < len(ks); i++ {
-		for j := i; j > 0 && ks[j] < ks[j-1]; j-- {
-			ks[j], ks[j-1] = ks[j-1], ks[j]
-		}
-	}
-	return ks
 }
 
 // KernelArgs returns the guest kernel's command line: the console on the

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -195,3 +196,12 @@ func (q *QMP) SetIgnoreShared(ctx context.Context, on bool) error {
 func (q *QMP) SetFastMigration(ctx context.Context) error {
 	return q.Do(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40, "downtime-limit": 100000}, nil)
 }
+
+// SaveURI is the migration URI that writes the stream to the file at path
+// (QEMU 7.2 has no file: URI; its exec: runs the command with /bin/sh).
+func SaveURI(path string) string { return "exec:cat > " + shellQuote(path) }
+
+// LoadURI is the incoming migration URI that reads the file at path.
+func LoadURI(path string) string { return "exec:cat " + shellQuote(path) }
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
