@@ -8,7 +8,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/tier"
 )
 
@@ -147,6 +149,52 @@ func TestContractSnapshotForkIndependent(t *testing.T) {
 		}
 		if err := p.DeleteSnapshot(ctx, "s1"); err != nil {
 			t.Fatalf("second DeleteSnapshot: %v", err)
+		}
+	})
+}
+
+// A Start that fails leaves nothing behind; an Exec that Stop interrupts
+// returns (with an error or a killed command's exit), and when an Exec's
+// context ends the command is killed and Exec returns.
+func TestContractFailuresLeaveNothing(t *testing.T) {
+	forEachProvider(t, func(t *testing.T, p Provider) {
+		ctx := context.Background()
+		_, err := p.Start(ctx, Spec{ID: "bad", CopyIn: []CopyIn{{HostPath: "/nonexistent/file", SandboxPath: "x"}}})
+		if err == nil {
+			t.Fatal("Start with a missing CopyIn file succeeded")
+		}
+		if got := p.Sandboxes(); len(got) != 0 {
+			t.Fatalf("a failed Start left %v", got)
+		}
+		start(t, p, Spec{ID: "busy", Workdir: "/work"})
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		t0 := time.Now()
+		res, err := p.Exec(cctx, "busy", []string{"sh", "-c", "sleep 1000"}, ExecOptions{})
+		cancel()
+		if err == nil && res.ExitCode == 0 {
+			t.Fatalf("an Exec whose context ended succeeded: %+v", res)
+		}
+		if d := time.Since(t0); d > 20*time.Second {
+			t.Fatalf("an Exec whose context ended after 2 s returned after %s", d)
+		}
+		done := make(chan struct{})
+		go func() { // ends when Stop kills the command
+			defer close(done)
+			res, err := p.Exec(ctx, "busy", []string{"sh", "-c", "sleep 1000"}, ExecOptions{})
+			if err == nil && res.ExitCode == 0 {
+				t.Errorf("an Exec that Stop interrupted exited 0")
+			}
+		}()
+		poll.Wait(t, 30*time.Second, "the command to run", func() bool {
+			return strings.Contains(run(t, p, "busy", "ps -o args 2>/dev/null || ps"), "sleep 1000")
+		})
+		if err := p.Stop(ctx, "busy"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("an Exec did not return after Stop")
 		}
 	})
 }
