@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -332,10 +333,12 @@ func (m *MicroVM) template(ctx context.Context, base, harness string) (*template
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.ok {
+		touchTemplate(t)
 		return t, nil
 	}
 	if meta, err := readVMMeta(t.dir); err == nil && fileIsRegular(filepath.Join(t.dir, "complete")) {
 		t.meta, t.ok = meta, true // an earlier process made it
+		touchTemplate(t)
 		return t, nil
 	}
 	t0 := time.Now()
@@ -397,6 +400,7 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 	if vm != nil {
 		defer vm.stop(m.cfg.StopTimeout)
 	}
+	defer func() { _ = m.removeSockets(id) }() // the success path below checks it
 	if err != nil {
 		return err
 	}
@@ -427,10 +431,8 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 	if err := vm.stop(m.cfg.StopTimeout); err != nil {
 		return err
 	}
-	for _, s := range []string{mc.QMP, mc.Control} {
-		if err := os.Remove(s); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
+	if err := m.removeSockets(id); err != nil {
+		return err
 	}
 	t.meta.PID, t.meta.Start = 0, 0
 	if err := writeVMMeta(t.dir, t.meta); err != nil {
@@ -493,4 +495,103 @@ func treeSize(dir string) (int64, error) {
 		return nil
 	})
 	return n, err
+}
+
+// Pruning of the cache: PruneKeep templates are always kept (the most
+// recently used), and any used within PruneUnused.
+const (
+	PruneKeep   = 4
+	PruneUnused = time.Hour
+)
+
+// touchTemplate marks a template used now, for pruneCache.
+func touchTemplate(t *template) {
+	now := time.Now()
+	_ = os.Chtimes(filepath.Join(t.dir, "complete"), now, now)
+}
+
+// pruneCache removes from the cache the templates beyond the PruneKeep
+// most recently used that were not used for PruneUnused and that no
+// sandbox or snapshot of this state directory stands on, the images no
+// kept template or own disk needs, and stale initramfs and root trees. A
+// template another process is building (its lock held) stays.
+func (m *MicroVM) pruneCache() error {
+	held := map[string]bool{}
+	for _, parent := range []string{filepath.Join(m.cfg.StateDir, "sandboxes"), filepath.Join(m.cfg.StateDir, "snapshots")} {
+		dirs, _ := os.ReadDir(parent)
+		for _, d := range dirs {
+			if meta, err := readVMMeta(filepath.Join(parent, d.Name())); err == nil {
+				for _, l := range append(meta.Chain, meta.Base, meta.Harness) {
+					held[l] = true
+				}
+			}
+		}
+	}
+	tdir := filepath.Join(m.cache, "templates")
+	ents, _ := os.ReadDir(tdir)
+	type tmpl struct {
+		dir  string
+		used time.Time
+	}
+	var ts []tmpl
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		d := filepath.Join(tdir, e.Name())
+		fi, err := os.Stat(filepath.Join(d, "complete"))
+		if err != nil {
+			fi, err = os.Stat(d)
+		}
+		if err == nil {
+			ts = append(ts, tmpl{d, fi.ModTime()})
+		}
+	}
+	slices.SortFunc(ts, func(a, b tmpl) int { return b.used.Compare(a.used) })
+	var errs []error
+	keep := map[string]bool{}
+	for i, t := range ts {
+		if i < PruneKeep || time.Since(t.used) < PruneUnused || held[filepath.Join(t.dir, "disk.qcow2")] {
+			keep[t.dir] = true
+			continue
+		}
+		f, err := os.OpenFile(t.dir+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+			f.Close()
+			keep[t.dir] = true // being built or read by another process
+			continue
+		}
+		errs = append(errs, os.RemoveAll(t.dir), os.Remove(t.dir+".lock"))
+		f.Close()
+	}
+	for d := range keep {
+		if meta, err := readVMMeta(d); err == nil {
+			held[meta.Base], held[meta.Harness] = true, true
+		}
+	}
+	stale := func(p string) bool {
+		fi, err := os.Stat(p)
+		return err == nil && time.Since(fi.ModTime()) > PruneUnused
+	}
+	imgs, _ := os.ReadDir(filepath.Join(m.cache, "images"))
+	for _, e := range imgs {
+		p := filepath.Join(m.cache, "images", e.Name())
+		if !held[p] && stale(p) {
+			errs = append(errs, os.Remove(p))
+		}
+	}
+	top, _ := os.ReadDir(m.cache)
+	for _, e := range top {
+		p := filepath.Join(m.cache, e.Name())
+		switch {
+		case strings.HasPrefix(e.Name(), "initrd-") && p != m.initrdPath() && stale(p),
+			strings.HasPrefix(e.Name(), "basetree-") && stale(p):
+			errs = append(errs, os.RemoveAll(p))
+		}
+	}
+	return errors.Join(errs...)
 }

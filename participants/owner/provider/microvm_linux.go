@@ -53,6 +53,12 @@ type MicroVMConfig struct {
 	// the root and harness images, the warm templates, the accelerator
 	// probe's answer. Default <StateDir>/cache.
 	CacheDir string
+	// PruneCache makes NewMicroVM remove what the cache no longer needs
+	// (pruneCache: templates beyond the PruneKeep most recently used and
+	// unused for PruneUnused, the images only they needed). The default
+	// cache is always pruned; a shared one only when set, and only for a
+	// cache no other state directory's snapshots stand on after an hour.
+	PruneCache bool
 	// Sandboxd is the host path of the static sandboxd, the guests' init.
 	// Required to start sandboxes (a provider without it only stops what
 	// an earlier process left).
@@ -174,6 +180,10 @@ type MicroVM struct {
 	layers string // <state>/layers
 	cache  string // <state>/cache
 	socks  string // the sockets' directory (short: unix socket paths are limited)
+	// sockMu is held shared from making the sockets' directory until a
+	// QEMU has made its sockets in it, and exclusively to remove the
+	// directory once empty.
+	sockMu sync.RWMutex
 
 	initrdKey string
 
@@ -222,9 +232,7 @@ func NewMicroVM(cfg MicroVMConfig) (*MicroVM, error) {
 			return nil, err
 		}
 	}
-	if m.socks, err = socketDir(cfg.StateDir); err != nil {
-		return nil, err
-	}
+	m.socks = socketDir(cfg.StateDir)
 	if m.snaps, err = newSnapStore(filepath.Join(cfg.StateDir, "snapshots")); err != nil {
 		return nil, err
 	}
@@ -238,6 +246,11 @@ func NewMicroVM(cfg MicroVMConfig) (*MicroVM, error) {
 	if err := m.buildInitrd(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.PruneCache || filepath.Clean(cfg.CacheDir) == filepath.Join(cfg.StateDir, "cache") {
+		if err := m.pruneCache(); err != nil {
+			m.log.Warn().Err(err).Str("cache", m.cache).Msg("microvm: pruning the cache")
+		}
+	}
 	m.accel, m.reason, err = microvm.PickAccel(ctx, assets, cfg.Accel, m.cache, khz)
 	if err != nil {
 		return nil, err
@@ -247,13 +260,31 @@ func NewMicroVM(cfg MicroVMConfig) (*MicroVM, error) {
 
 // socketDir returns a directory for the VMs' unix sockets: <state>/s when
 // its paths leave room under the 108 bytes of a socket address, else one
-// under /tmp named for the state directory.
-func socketDir(state string) (string, error) {
+// under /tmp named for the state directory. It is made when a VM starts
+// and removed when its last socket goes.
+func socketDir(state string) string {
 	d := filepath.Join(state, "s")
 	if len(d) > 60 {
 		d = filepath.Join(os.TempDir(), "stillpoint-vm-"+shortHash(filepath.Clean(state)))
 	}
-	return d, os.MkdirAll(d, 0o700)
+	return d
+}
+
+// removeSockets removes sandbox id's sockets, and their directory once it
+// is empty.
+func (m *MicroVM) removeSockets(id string) error {
+	m.sockMu.Lock()
+	defer m.sockMu.Unlock()
+	var errs []error
+	for _, s := range []string{m.sock(id, "q"), m.sock(id, "c")} {
+		if err := os.Remove(s); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(m.socks); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // Name returns "microvm".
@@ -401,11 +432,7 @@ func (m *MicroVM) teardown(id string, box *vmBox) error {
 	} else if meta, err := readVMMeta(dir); err == nil {
 		errs = append(errs, killLeftover(meta, m.cfg.StopTimeout))
 	}
-	for _, s := range []string{m.sock(id, "q"), m.sock(id, "c")} {
-		if err := os.Remove(s); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
-		}
-	}
+	errs = append(errs, m.removeSockets(id))
 	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, err)
 	}

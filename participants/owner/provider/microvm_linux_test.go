@@ -52,7 +52,7 @@ func newMicroVM(t testing.TB, state string) *MicroVM {
 	t.Helper()
 	requireMicroVM(t)
 	sd := build.StaticForTest(t, build.Sandboxd)[build.Sandboxd]
-	m, err := NewMicroVM(MicroVMConfig{StateDir: state, CacheDir: microvmCache(), Sandboxd: sd, Accel: "tcg", Lease: 20 * time.Second})
+	m, err := NewMicroVM(MicroVMConfig{StateDir: state, CacheDir: microvmCache(), PruneCache: true, Sandboxd: sd, Accel: "tcg", Lease: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,10 @@ func cleanupMicroVM(t testing.TB, m *MicroVM) {
 
 func checkMicroVMEmpty(t testing.TB, m *MicroVM) {
 	t.Helper()
-	for _, d := range []string{m.layers, m.socks, filepath.Join(m.cfg.StateDir, "sandboxes"), filepath.Join(m.cfg.StateDir, "snapshots")} {
+	if exists(m.socks) {
+		t.Errorf("the sockets' directory %s is still there", m.socks)
+	}
+	for _, d := range []string{m.layers, filepath.Join(m.cfg.StateDir, "sandboxes"), filepath.Join(m.cfg.StateDir, "snapshots")} {
 		ents, err := os.ReadDir(d)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			t.Error(err)

@@ -266,6 +266,12 @@ func (m *MicroVM) machineFor(id, dir string, meta vmMeta, fwd map[string]string)
 // not take it along: the lease does), records it in dir's vm.json and
 // connects to its QMP socket.
 func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta) (*machine, error) {
+	// The sockets' directory stays until QEMU has made its sockets in it.
+	m.sockMu.RLock()
+	defer m.sockMu.RUnlock()
+	if err := os.MkdirAll(m.socks, 0o700); err != nil {
+		return nil, err
+	}
 	for _, s := range []string{mc.QMP, mc.Control} {
 		_ = os.Remove(s)
 	}

@@ -39,13 +39,14 @@ const DefaultSandboxLease = 60 * time.Second
 
 // MicroVMConfig configures a MicroVM provider (Linux only).
 type MicroVMConfig struct {
-	StateDir string
-	CacheDir string
-	Sandboxd string
-	Accel    string
-	Lease    time.Duration
-	Upstream string
-	Logger   zerolog.Logger
+	StateDir   string
+	CacheDir   string
+	PruneCache bool
+	Sandboxd   string
+	Accel      string
+	Lease      time.Duration
+	Upstream   string
+	Logger     zerolog.Logger
 }
 
 // MicroVM is the microvm provider; it exists on Linux only.

@@ -491,7 +491,7 @@ func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstrea
 		"--sandboxd", d.sandboxd, "--harness", d.harness}
 	if d.f.provider == "microvm" {
 		// Images and the warm template are kept for the next demo.
-		args = append(args, "--sandbox-upstream", d.modelAddr, "--microvm-cache", filepath.Join(os.TempDir(), "stillpoint-microvm-cache"))
+		args = append(args, "--sandbox-upstream", d.modelAddr, "--microvm-cache", filepath.Join(os.TempDir(), "stillpoint-microvm-cache"), "--microvm-prune-cache")
 	}
 	if d.authDir != "" {
 		args = append(args, "--sandbox-creds", embedded.SeedFile(d.authDir, embedded.RoleSandbox))
