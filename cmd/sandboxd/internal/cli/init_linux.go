@@ -57,7 +57,10 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 			console, stdout, stderr = c, c, c
 		}
 	}
-	log := zerolog.New(console).Level(lvl).With().Timestamp().Str("component", "init").Logger()
+	// Each part names itself in its logs (component); the init's own lines
+	// say "init".
+	base := zerolog.New(console).Level(lvl).With().Timestamp().Logger()
+	log := base.With().Str("component", "init").Logger()
 	cmdline, _ := os.ReadFile("/proc/cmdline")
 	boot, err := guest.ParseCmdline(string(cmdline))
 	if err != nil {
@@ -80,11 +83,11 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 	defer stopAll()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	members := &vmMembers{ctx: runCtx, wg: &wg, log: log, stderr: console}
-	sys := guest.NewSystem(guest.SystemConfig{Members: members, Console: console, Hostname: !*noBoot, SetEnv: !*noBoot, Logger: log})
+	members := &vmMembers{ctx: runCtx, wg: &wg, log: base, stderr: console}
+	sys := guest.NewSystem(guest.SystemConfig{Members: members, Console: console, Hostname: !*noBoot, SetEnv: !*noBoot, Logger: base})
 	defer sys.Close()
 	lease := guest.NewLease(boot.Lease)
-	srv, err := guest.NewServer(guest.ServerConfig{Guest: sys, Lease: lease, Logger: log})
+	srv, err := guest.NewServer(guest.ServerConfig{Guest: sys, Lease: lease, Logger: base})
 	if err != nil {
 		return fatal(console, err)
 	}
