@@ -57,7 +57,10 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 			console, stdout, stderr = c, c, c
 		}
 	}
-	log := zerolog.New(console).Level(lvl).With().Timestamp().Str("component", "init").Logger()
+	// Each part names itself in its logs (component); the init's own lines
+	// say "init".
+	base := zerolog.New(console).Level(lvl).With().Timestamp().Logger()
+	log := base.With().Str("component", "init").Logger()
 	cmdline, _ := os.ReadFile("/proc/cmdline")
 	boot, err := guest.ParseCmdline(string(cmdline))
 	if err != nil {
@@ -80,22 +83,22 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 	defer stopAll()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	members := &vmMembers{ctx: runCtx, wg: &wg, log: log, stderr: console}
-	sys := guest.NewSystem(guest.SystemConfig{Members: members, Console: console, Hostname: !*noBoot, SetEnv: !*noBoot, Logger: log})
+	members := &vmMembers{ctx: runCtx, wg: &wg, log: base, stderr: console}
+	sys := guest.NewSystem(guest.SystemConfig{Members: members, Console: console, Hostname: !*noBoot, SetEnv: !*noBoot, Logger: base})
 	defer sys.Close()
 	lease := guest.NewLease(boot.Lease)
-	srv, err := guest.NewServer(guest.ServerConfig{Guest: sys, Lease: lease, Logger: log})
+	srv, err := guest.NewServer(guest.ServerConfig{Guest: sys, Lease: lease, Logger: base})
 	if err != nil {
 		return fatal(console, err)
 	}
 	members.notice = srv.Notify
 
-	conn, closeConn, ends, err := openControl(runCtx, *port, boot.Port)
+	conn, closeConn, ends, path, err := openControl(runCtx, *port, boot.Port)
 	if err != nil {
 		return fatal(console, err)
 	}
 	defer closeConn()
-	log.Info().Str("port", *port).Dur("lease", boot.Lease).Msg("serving the control channel")
+	log.Info().Str("port", path).Dur("lease", boot.Lease).Msg("serving the control channel")
 
 	expired := make(chan struct{})
 	wg.Go(func() {
@@ -152,16 +155,17 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 
 // openControl opens the control channel: the virtio port named name (or
 // the device given), or, for a test outside a VM, a unix socket
-// ("unix:PATH"), whose end also ends the init (ends).
-func openControl(ctx context.Context, given, name string) (conn io.ReadWriter, closeConn func(), ends bool, err error) {
-	if path, ok := strings.CutPrefix(given, "unix:"); ok {
-		c, err := net.Dial("unix", path)
+// ("unix:PATH"), whose end also ends the init (ends); path is what was
+// opened.
+func openControl(ctx context.Context, given, name string) (conn io.ReadWriter, closeConn func(), ends bool, path string, err error) {
+	if sock, ok := strings.CutPrefix(given, "unix:"); ok {
+		c, err := net.Dial("unix", sock)
 		if err != nil {
-			return nil, nil, false, fmt.Errorf("sandboxd init: control socket: %w", err)
+			return nil, nil, false, "", fmt.Errorf("sandboxd init: control socket: %w", err)
 		}
-		return c, func() { _ = c.Close() }, true, nil
+		return c, func() { _ = c.Close() }, true, given, nil
 	}
-	path := given
+	path = given
 	if path == "" {
 		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		err := poll.Until(pctx, poll.Backoff(time.Millisecond, 50*time.Millisecond), func() (bool, error) {
@@ -171,14 +175,14 @@ func openControl(ctx context.Context, given, name string) (conn io.ReadWriter, c
 		})
 		cancel()
 		if err != nil {
-			return nil, nil, false, fmt.Errorf("sandboxd init: no control port %s", name)
+			return nil, nil, false, "", fmt.Errorf("sandboxd init: no control port %s", name)
 		}
 	}
 	p, err := guest.OpenPort(ctx, path)
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, false, "", err
 	}
-	return p, func() { _ = p.Close() }, false, nil
+	return p, func() { _ = p.Close() }, false, path, nil
 }
 
 // openConsole opens /dev/console as the init's stdin, stdout and stderr
