@@ -45,6 +45,18 @@ func TestConformanceOrdered(t *testing.T) {
 	})
 }
 
+// TestConformanceOrderedPush runs the suite on the push variant of the
+// ordered consumer, a sandbox daemon's with a user of its own.
+func TestConformanceOrderedPush(t *testing.T) {
+	membertest.Run(t, membertest.Suite{
+		Ordered: true,
+		NoPull:  true,
+		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
+			return membertest.NewParticipant(name.Name())
+		},
+	})
+}
+
 // TestConformanceShared runs the suite with every member fed by a Host:
 // one consumer per process, one decode per event.
 func TestConformanceShared(t *testing.T) {
@@ -585,14 +597,14 @@ func TestReplacedMemberStops(t *testing.T) {
 // published while it was gone is answered, once, and nothing answered
 // before is answered again. Run does not return.
 func TestLostConsumerIsMadeAgain(t *testing.T) {
-	for _, ordered := range []bool{false, true} {
-		t.Run(map[bool]string{false: "durable", true: "ordered"}[ordered], func(t *testing.T) {
+	for _, feed := range []string{"durable", "ordered", "ordered push"} {
+		t.Run(feed, func(t *testing.T) {
 			env := jstest.Start(t)
 			bridge := membertest.NewBridge(t, env, "run1")
 			name := events.Member("agent.a1")
 			opts := membertest.Options{}
-			if ordered {
-				name, opts.StateFile = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json")
+			if feed != "durable" {
+				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "ordered push"
 			}
 			h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), opts)
 			seq1 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})

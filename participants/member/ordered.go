@@ -12,6 +12,7 @@ import (
 
 	cloudevent "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
@@ -26,36 +27,78 @@ type position struct {
 	StreamSeq uint64 `json:"stream_seq"`
 }
 
-// loadPosition reads a state file; a missing file is position 0.
-func loadPosition(path string) (uint64, error) {
+// loadPosition reads a state file; a missing file is position 0, and so is
+// one that another member (or another run) wrote: the file of a sandbox
+// daemon re-identified after a fork holds the position of the snapshot's
+// member, and nothing before the new member registers can name it, so it
+// reads from the stream's end (docs/MICROVM.md, Re-identification).
+func loadPosition(path, run string, m events.Member) (pos uint64, other string, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
+		return 0, "", nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("member: state file: %w", err)
+		return 0, "", fmt.Errorf("member: state file: %w", err)
 	}
 	var p position
 	if err := json.Unmarshal(b, &p); err != nil {
-		return 0, fmt.Errorf("member: state file %s does not decode: %w", path, err)
+		return 0, "", fmt.Errorf("member: state file %s does not decode: %w", path, err)
 	}
-	return p.StreamSeq, nil
+	if p.Run != run || p.Member != string(m) {
+		return 0, p.Run + "/" + p.Member, nil
+	}
+	return p.StreamSeq, "", nil
 }
 
 // orderedFeed makes the member's ordered consumer, which keeps no state on
 // the server (PROTOCOL §3: thousands of sandbox daemons), starting after
-// the position its state file holds (or with what is published from its
-// opening on). It is a push consumer filtered on the run's phases alone
+// the position its state file holds (or with what is published from now
+// on). The server never redelivers its messages: one given back comes
+// again locally (redeliver).
+func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
+	pos, other, err := loadPosition(m.cfg.StateFile, m.cfg.Run, m.cfg.Member)
+	if err != nil {
+		return nil, err
+	}
+	if other != "" {
+		m.log.Info().Str("state_file", m.cfg.StateFile).Str("written_by", other).Msg("position of another member: reading from the stream's end")
+	}
+	if m.cfg.NoPull {
+		return m.pushedFeed(ctx, pos)
+	}
+	// The consumer's name is drawn here from crypto/rand (never nats.go's
+	// process-wide nuid, which forks of one VM snapshot share).
+	cfg := natsjs.OrderedConsumerConfig{FilterSubjects: subjects(m.cfg.Run), DeliverPolicy: natsjs.DeliverNewPolicy,
+		NamePrefix: "sp_" + events.NewID()}
+	if pos > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = natsjs.DeliverByStartSequencePolicy, pos+1
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	cons, err := m.cfg.JS.OrderedConsumer(cctx, jetstream.StreamName, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("member: ordered consumer: %w", err)
+	}
+	fl := &floor{path: m.cfg.StateFile, run: m.cfg.Run, member: string(m.cfg.Member), pending: map[uint64]bool{}, saved: pos, high: pos}
+	m.inbox = make(chan Delivery)
+	r := &redeliverer{inbox: m.inbox, stopping: make(chan struct{})}
+	f := m.consume("ordered, position in "+m.cfg.StateFile, cons, func(msg natsjs.Msg) Delivery {
+		return newOrderedDelivery(msg, fl, r)
+	}, r.stop)
+	// nats.go makes an ordered consumer that disappears again by itself,
+	// from the event after the last it delivered: nothing to do.
+	f.recreate = func(context.Context) (uint64, error) { return 0, nil }
+	return f, nil
+}
+
+// pushedFeed is orderedFeed for a member whose user may not pull
+// (Config.NoPull): an ordered push consumer, filtered on the run's phases alone
 // (and the committed outcomes, for a participant that parks): a sandbox's
 // own credentials allow it that consumer, named by its filter in the
 // create subject, and no pull from any other (docs/PERMISSIONS.md). The
 // server never redelivers its messages: one given back comes again
 // locally (redeliver).
-func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
-	pos, err := loadPosition(m.cfg.StateFile)
-	if err != nil {
-		return nil, err
-	}
+func (m *Member) pushedFeed(ctx context.Context, pos uint64) (*feed, error) {
 	if pos == 0 {
 		// What is published from now on: the feed starts after the
 		// member registers, and must not miss what comes in between.
@@ -72,7 +115,10 @@ func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
 		return nil, fmt.Errorf("member: ordered consumer: %w", err)
 	}
 	subject := events.PhaseFilter(m.cfg.Run)
+	// The first consumer's name is drawn from crypto/rand, as the pull
+	// feed's; nats.go names the ones it makes again from its nuid.
 	opts := []nats.SubOpt{nats.OrderedConsumer(), nats.BindStream(jetstream.StreamName), nats.StartSequence(pos + 1),
+		nats.ConsumerName("sp_" + events.NewID()),
 		nats.IdleHeartbeat(orderedHeartbeat)}
 	if _, parks := m.cfg.Participant.(Parker); parks {
 		subject = ""
@@ -87,7 +133,7 @@ func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
 	f.start = func() error {
 		var err error
 		sub, err = legacy.Subscribe(subject, func(msg *nats.Msg) {
-			dl := newOrderedDelivery(msg, fl, r)
+			dl := newPushedDelivery(msg, fl, r)
 			select {
 			case m.inbox <- dl:
 			case <-stopping: // not handled: the position stays before it
@@ -194,11 +240,28 @@ type orderedDelivery struct {
 	again     *redeliverer
 }
 
-func newOrderedDelivery(msg *nats.Msg, fl *floor, again *redeliverer) *orderedDelivery {
-	d := &orderedDelivery{msg: msg, delivered: 1, floor: fl, again: again}
+// newOrderedDelivery is a message of the pull feed's consumer.
+func newOrderedDelivery(msg natsjs.Msg, fl *floor, again *redeliverer) *orderedDelivery {
+	var seq uint64
 	if md, err := msg.Metadata(); err == nil {
-		d.seq = md.Sequence.Stream
-		fl.delivered(d.seq)
+		seq = md.Sequence.Stream
+	}
+	return newDelivery(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()}, seq, fl, again)
+}
+
+// newPushedDelivery is a message of the push feed's consumer.
+func newPushedDelivery(msg *nats.Msg, fl *floor, again *redeliverer) *orderedDelivery {
+	var seq uint64
+	if md, err := msg.Metadata(); err == nil {
+		seq = md.Sequence.Stream
+	}
+	return newDelivery(msg, seq, fl, again)
+}
+
+func newDelivery(msg *nats.Msg, seq uint64, fl *floor, again *redeliverer) *orderedDelivery {
+	d := &orderedDelivery{msg: msg, seq: seq, delivered: 1, floor: fl, again: again}
+	if seq != 0 {
+		fl.delivered(seq)
 	}
 	return d
 }
