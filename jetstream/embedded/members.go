@@ -90,7 +90,9 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 			events.ServiceFilter(run, events.KindOwner),
 			events.ServiceFilter(run, events.KindSandbox),
 		)
+		// It hears its sandboxes' prepare acks, and reads one published before it looked.
 		sub = append(sub, sp+"ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*")
+		pub = append(pub, direct(jetstream.StreamName, sp+"ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*"))
 	case events.KindOwner:
 		pub = append(pub,
 			kvPub(jetstream.BucketMembers, string(events.KindSandbox)+".*"),

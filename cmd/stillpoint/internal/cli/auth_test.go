@@ -64,7 +64,7 @@ func startCommand(t *testing.T, what string, re *regexp.Regexp, run func(ctx con
 	return m[1]
 }
 
-// TestServerAuthDir runs `stillpoint server --auth-dir` (one node and a
+// TestServerAuthDir runs `stillpoint server --auth-dir --nkeys` (one node and a
 // cluster): it writes a seed per role, admits no one else, provisions the
 // bus as admin; an agent cannot publish a phase, and `stillpoint bridge`
 // with the bridge's nkey checkpoints members connected as agents.
@@ -77,7 +77,7 @@ func TestServerAuthDir(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			auth, store := filepath.Join(t.TempDir(), "auth"), t.TempDir()
 			serve := func(ctx context.Context, g *globals) error {
-				return runServer(ctx, g, serverFlags{dir: store, listen: "127.0.0.1:0", cluster: cluster, authDir: auth})
+				return runServer(ctx, g, serverFlags{dir: store, listen: "127.0.0.1:0", cluster: cluster, authDir: auth, nkeys: true})
 			}
 			url := startCommand(t, "server", readyRE, serve, jetstream.ConnConfig{})
 			seeds := map[embedded.Role][]byte{}
@@ -156,7 +156,7 @@ func TestServerAuthDir(t *testing.T) {
 			// A server started again on the same dir admits the same keys.
 			t.Run("restart", func(t *testing.T) {
 				startCommand(t, "second server", readyRE, func(ctx context.Context, g *globals) error {
-					return runServer(ctx, g, serverFlags{dir: t.TempDir(), listen: "127.0.0.1:0", authDir: auth})
+					return runServer(ctx, g, serverFlags{dir: t.TempDir(), listen: "127.0.0.1:0", authDir: auth, nkeys: true})
 				}, jetstream.ConnConfig{})
 				for role, b := range seeds {
 					if now, _ := os.ReadFile(embedded.SeedFile(auth, role)); !bytes.Equal(now, b) {
@@ -245,7 +245,7 @@ func TestRolesCheckpointRestoreRelease(t *testing.T) {
 	}
 }
 
-// TestServerOperatorMode runs `stillpoint server --auth-dir --operator` (one
+// TestServerOperatorMode runs `stillpoint server --auth-dir` (one
 // node and a cluster): it writes the roles' creds and the sandbox signer,
 // admits no one else, provisions the bus as admin; `stillpoint creds` mints
 // agents and an owner users of their own, with which they take part in a
@@ -256,7 +256,7 @@ func TestServerOperatorMode(t *testing.T) {
 		t.Run(map[bool]string{false: "single", true: "cluster"}[cluster], func(t *testing.T) {
 			auth, store := filepath.Join(t.TempDir(), "auth"), t.TempDir()
 			url := startCommand(t, "server", readyRE, func(ctx context.Context, g *globals) error {
-				return runServer(ctx, g, serverFlags{dir: store, listen: "127.0.0.1:0", cluster: cluster, authDir: auth, operator: true})
+				return runServer(ctx, g, serverFlags{dir: store, listen: "127.0.0.1:0", cluster: cluster, authDir: auth})
 			}, jetstream.ConnConfig{})
 			for _, f := range []string{embedded.CredsFile(auth, embedded.RoleBridge), embedded.CredsFile(auth, embedded.RoleController),
 				embedded.CredsFile(auth, embedded.RoleAdmin), filepath.Join(auth, "sandbox-signer.json")} {

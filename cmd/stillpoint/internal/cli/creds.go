@@ -24,9 +24,9 @@ func newCredsCmd(g *globals) *cobra.Command {
 	var f credsFlags
 	cmd := &cobra.Command{
 		Use:   "creds",
-		Short: "Mint the NATS credentials of one member (server --auth-dir --operator)",
+		Short: "Mint the NATS credentials of one member (server --auth-dir)",
 		Long: `Mint a user of its own for one agent or owner (or sandbox) of a run, with the
-keys of a server's --auth-dir (stillpoint server --auth-dir DIR --operator): the
+keys of a server's --auth-dir (stillpoint server --auth-dir DIR): the
 user may ack, heartbeat, write manifests and serve only as that member, in that
 run (docs/PERMISSIONS.md). The .creds file goes to --out (mode 0600); give it to
 the component with --creds. A run id with credentials of its own is lower case,
