@@ -354,3 +354,58 @@ func TestExpiredAndRevokedSandbox(t *testing.T) {
 		nc.Close()
 	}
 }
+
+// TestSandboxJWTRenewedOnReconnect: a sandbox's connection takes the JWT its
+// creds file holds at each connect, so when its first JWT expires the server
+// cuts it off and it comes back with the renewed one written meanwhile.
+func TestSandboxJWTRenewedOnReconnect(t *testing.T) {
+	auth, _, s, _ := operatorServer(t)
+	ctx := testContext(t)
+	signerFile := filepath.Join(t.TempDir(), "sandbox-signer.json")
+	if err := auth.WriteSigner(events.KindSandbox, signerFile); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := embedded.LoadSigner(signerFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, _, err := signer.Mint("r", "sb1", 2*time.Second, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "nats.creds")
+	if err := os.WriteFile(path, short, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reconnected := make(chan struct{}, 1)
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: s.ClientURL(), CredsFile: path},
+		nats.ReconnectHandler(func(*nats.Conn) {
+			select {
+			case reconnected <- struct{}{}:
+			default:
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	renewed, _, err := signer.Mint("r", "sb1", time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, renewed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-reconnected:
+	case <-ctx.Done():
+		t.Fatal("the sandbox did not come back after its first JWT expired")
+	}
+	js, err := natsjs.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "sp.r.ack.1.prepare.sandbox.sb1", nil); err != nil {
+		t.Errorf("acking with the renewed JWT: %v", err)
+	}
+}

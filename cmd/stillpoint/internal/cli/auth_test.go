@@ -250,7 +250,8 @@ func TestRolesCheckpointRestoreRelease(t *testing.T) {
 // admits no one else, provisions the bus as admin; `stillpoint creds` mints
 // agents and an owner users of their own, with which they take part in a
 // checkpoint through `stillpoint bridge` without one permissions
-// violation, and an agent's user cannot ack as another agent.
+// violation (and another once an agent's consumer was deleted under it),
+// and an agent's user cannot ack as another agent.
 func TestServerOperatorMode(t *testing.T) {
 	for _, cluster := range []bool{false, true} {
 		t.Run(map[bool]string{false: "single", true: "cluster"}[cluster], func(t *testing.T) {
@@ -310,6 +311,16 @@ func TestServerOperatorMode(t *testing.T) {
 			res, err := c.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c1"})
 			if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Members) != 3 {
 				t.Fatalf("checkpoint through the bridge command: %+v %v, want committed with 3 members", res, err)
+			}
+			// A live member's durable consumer deleted (as a sandbox's workload
+			// did before issue 16): the run goes on, and the next checkpoint
+			// commits with every member.
+			if err := bus.Stream.DeleteConsumer(ctx, "sp_r1_agent_a1"); err != nil {
+				t.Fatal(err)
+			}
+			res, err = c.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c2"})
+			if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Members) != 3 {
+				t.Fatalf("checkpoint after a member's consumer was deleted: %+v %v, want committed with 3 members", res, err)
 			}
 
 			violations := make(chan error, 4)
