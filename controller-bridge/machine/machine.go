@@ -292,7 +292,7 @@ func (m *Machine) outcomePublished(now time.Time, in OutcomePublished) ([]Effect
 		return m.afterRestoreCompleted(now)
 	case events.TypeRestoreFailed:
 		return m.finish(Finish{Restore: m.op.rres})
-	case events.TypeReleaseCompleted:
+	case events.TypeReleaseCompleted, events.TypeReleaseFailed:
 		return m.finish(Finish{Op: m.op.ores})
 	}
 	return nil, fmt.Errorf("%w: outcome %s in state %s", ErrUnexpected, in.Type, m.state)

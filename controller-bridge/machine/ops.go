@@ -148,17 +148,23 @@ func (m *Machine) checkpointsDeleted(in CheckpointsDeleted) ([]Effect, error) {
 	return m.publishReleased(), nil
 }
 
-// publishReleased reports release.completed: what was kept and deleted,
-// and who did not release.
+// publishReleased reports the release's outcome: release.completed with
+// what was kept and deleted, or, when any member did not release,
+// release.failed naming each one and what the others deleted.
 func (m *Machine) publishReleased() []Effect {
 	res := m.op.ores
-	out := events.ReleaseCompleted{OutcomeHeader: events.OutcomeHeader{Run: m.cfg.Run, CheckpointID: res.OpID, Epoch: m.op.phase.Header().Epoch},
-		Keep: res.Keep, Deleted: res.Deleted}
-	if res.Failure != nil {
-		out.Errors = res.Failure.Errors
+	h := events.OutcomeHeader{Run: m.cfg.Run, CheckpointID: res.OpID, Epoch: m.op.phase.Header().Epoch}
+	keep := res.Keep
+	if keep == nil {
+		keep = []string{}
 	}
-	if out.Keep == nil {
-		out.Keep = []string{}
+	var out events.Data = events.ReleaseCompleted{OutcomeHeader: h, Keep: keep, Deleted: res.Deleted}
+	if res.Failure != nil {
+		f := events.ReleaseFailed{OutcomeHeader: h, Keep: keep, Reason: res.Failure.Reason, Errors: res.Failure.Errors}
+		if len(res.MemberDeleted) > 0 {
+			f.Deleted = res.MemberDeleted
+		}
+		out = f
 	}
 	m.want = wantOutcomePublished
 	return []Effect{PublishOutcome{ID: res.OpID, Outcome: out}}

@@ -111,8 +111,11 @@ func (m *Machine) nextRead() []Effect {
 			return read(events.TypeRestoreFailed)
 		}
 	case opRelease:
-		if !o.read(events.TypeReleaseCompleted) {
+		switch {
+		case !o.read(events.TypeReleaseCompleted):
 			return read(events.TypeReleaseCompleted)
+		case !o.seen(events.TypeReleaseCompleted) && !o.read(events.TypeReleaseFailed):
+			return read(events.TypeReleaseFailed)
 		}
 	}
 	return nil
@@ -144,7 +147,7 @@ func (o *operation) closed() bool {
 	case opRestore:
 		return o.seen(events.TypeRestoreFailed) || o.seen(events.TypeRestoreCompleted) && o.resume != nil
 	case opRelease:
-		return o.seen(events.TypeReleaseCompleted)
+		return o.seen(events.TypeReleaseCompleted) || o.seen(events.TypeReleaseFailed)
 	}
 	return true // a retire or forget of its own: its acks are its result
 }

@@ -394,6 +394,8 @@ func (s *script) input(cmd string, a args, line string) (Input, bool) {
 			d = events.RestoreFailed{}
 		case events.TypeReleaseCompleted:
 			d = events.ReleaseCompleted{}
+		case events.TypeReleaseFailed:
+			d = events.ReleaseFailed{}
 		default:
 			d = events.CheckpointCommitted{}
 		}
