@@ -23,6 +23,12 @@ func (m *Machine) recover(in Recover) ([]Effect, error) {
 		if err := o.replay(p.Event, i == 0); err != nil {
 			return nil, err
 		}
+		switch p.Event.Phase() {
+		case events.PhasePrepare:
+			o.prepAt = p.At
+		case events.PhaseCommit:
+			o.commitStart = p.At
+		}
 		h := p.Event.Header()
 		m.seq, m.fence, m.epoch = h.Seq, p.StreamSeq, h.Epoch
 		m.last, m.lastID, m.lastAt = p.Event, p.ID, p.At
@@ -210,6 +216,12 @@ func (m *Machine) replayed(now time.Time) ([]Effect, error) {
 		case o.commit != nil:
 			if err := m.to(StateCommitting); err != nil {
 				return nil, err
+			}
+			// The timings the dead bridge kept in memory, from the
+			// phases' publish times: the prepare lasted until the commit
+			// was published, and the commit lasts until it is decided.
+			if !o.prepAt.IsZero() && !o.commitStart.IsZero() {
+				o.prepMS = max(o.commitStart.Sub(o.prepAt).Milliseconds(), 0)
 			}
 			if o.prepare != nil {
 				return note("a commit was left open; reading its acks", m.gather(now, *o.prepare, false), nil)
