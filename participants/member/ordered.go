@@ -1,6 +1,7 @@
 package member
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,9 +19,22 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
+// ErrStateFile is returned (wrapped) by Run when the member's state file
+// (Config.StateFile) is torn, truncated or of another version: the member
+// does not start rather than guess where it was. The file is left as it
+// is. (A sandbox fork's daemon finds its parent's file, copied with the
+// sandbox, and goes on from that position, so the member named in it is
+// not checked.)
+var ErrStateFile = errors.New("member: unusable state file")
+
+// positionVersion is the version of the state file this build writes; a
+// file without one was written before versions and is read as this one.
+const positionVersion = 1
+
 // position is what a member that reads through an ordered consumer keeps in
 // its state file: the stream sequence below which every event is handled.
 type position struct {
+	V         int    `json:"v,omitempty"`
 	Run       string `json:"run"`
 	Member    string `json:"member"`
 	StreamSeq uint64 `json:"stream_seq"`
@@ -35,9 +49,30 @@ func loadPosition(path string) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("member: state file: %w", err)
 	}
+	seq, err := decodePosition(b)
+	if err != nil {
+		return 0, fmt.Errorf("%w %s: %w", ErrStateFile, path, err)
+	}
+	return seq, nil
+}
+
+// decodePosition checks a state file's bytes: one whole JSON object of a
+// known version.
+func decodePosition(b []byte) (uint64, error) {
+	t := bytes.TrimSpace(b)
+	if len(t) == 0 {
+		return 0, fmt.Errorf("empty (%d bytes): torn by a crash?", len(b))
+	}
+	dec := json.NewDecoder(bytes.NewReader(t))
 	var p position
-	if err := json.Unmarshal(b, &p); err != nil {
-		return 0, fmt.Errorf("member: state file %s does not decode: %w", path, err)
+	if err := dec.Decode(&p); err != nil {
+		return 0, fmt.Errorf("torn or not JSON (%d bytes): %w", len(b), err)
+	}
+	if dec.More() {
+		return 0, fmt.Errorf("trailing data after the JSON object (%d bytes)", len(b))
+	}
+	if p.V != 0 && p.V != positionVersion {
+		return 0, fmt.Errorf("version %d, this build reads version %d", p.V, positionVersion)
 	}
 	return p.StreamSeq, nil
 }
@@ -102,7 +137,7 @@ func (f *floor) done(seq uint64) error {
 	if at <= f.saved {
 		return nil
 	}
-	b, err := json.Marshal(position{Run: f.run, Member: f.member, StreamSeq: at})
+	b, err := json.Marshal(position{V: positionVersion, Run: f.run, Member: f.member, StreamSeq: at})
 	if err != nil {
 		return fmt.Errorf("member: state file: %w", err)
 	}
