@@ -335,6 +335,27 @@ func TestReleaseKeepsManifestsWhenAMemberFails(t *testing.T) {
 			t.Errorf("release.failed %+v does not name %s, or what %s deleted", f, hs[1].Name, hs[0].Name)
 		}
 	})
+	// c1, not kept, may have lost what it names (hs[0] deleted its
+	// snapshot): it is marked, and a restore of it is refused before any
+	// phase, naming what is gone and who failed. c2, kept, is not marked.
+	if m := manifestOf(t, env, "c1"); m == nil || m.Released == nil || m.Released.Op != res.OpID {
+		t.Fatalf("c1 after the failed release: %+v", m)
+	}
+	if m := manifestOf(t, env, "c2"); m == nil || m.Released != nil {
+		t.Fatalf("c2, kept, is marked: %+v", m)
+	}
+	before, err := b.Status(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Restore(ctx(t), bridgeapi.RestoreRequest{Source: "c1"})
+	if !errors.Is(err, bridgeapi.ErrReleased) || !strings.Contains(err.Error(), string(hs[0].Name)+" deleted c1") ||
+		!strings.Contains(err.Error(), string(hs[1].Name)) {
+		t.Fatalf("restore of c1: %v, want ErrReleased naming what %s deleted and that %s failed", err, hs[0].Name, hs[1].Name)
+	}
+	if after, err := b.Status(ctx(t)); err != nil || after.Seq != before.Seq {
+		t.Fatalf("the refused restore published a phase: seq %d then %d (%v)", before.Seq, after.Seq, err)
+	}
 	hs[1].Participant.FailRelease(nil)
 	res, err = b.Release(ctx(t), bridgeapi.ReleaseRequest{Keep: []string{"c2"}})
 	if err != nil || res.Status != bridgeapi.StatusCompleted || !slices.Equal(res.Deleted, []string{"c1"}) {

@@ -242,6 +242,8 @@ func classify(err error) (int, *bridgeapi.APIError) {
 		return http.StatusConflict, &bridgeapi.APIError{Code: "checkpoint_conflict", Detail: err.Error()}
 	case errors.Is(err, bridgeapi.ErrFenced):
 		return http.StatusConflict, &bridgeapi.APIError{Code: "fenced", Detail: err.Error()}
+	case errors.Is(err, bridgeapi.ErrReleased):
+		return http.StatusConflict, &bridgeapi.APIError{Code: "checkpoint_released", Detail: err.Error()}
 	case errors.Is(err, bridgeapi.ErrNoFreshMember):
 		return http.StatusConflict, &bridgeapi.APIError{Code: "no_fresh_member", Detail: err.Error()}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

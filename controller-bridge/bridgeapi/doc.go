@@ -24,7 +24,7 @@
 // # Errors
 //
 // The sentinels (ErrBusy, ErrNotFound, ErrFenced, ErrBadRequest, ErrTooLarge,
-// ErrNoFreshMember) are what kept the bridge from deciding. Over HTTP each
+// ErrReleased, ErrNoFreshMember) are what kept the bridge from deciding. Over HTTP each
 // maps to a status and an APIError code (docs/API.md, Conventions).
 //
 // # Routes

@@ -69,7 +69,8 @@ func answerLost(err error) bool {
 		return ce.Status >= 500
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, bridgeapi.ErrBusy), errors.Is(err, bridgeapi.ErrNotFound), errors.Is(err, bridgeapi.ErrFenced),
-		errors.Is(err, bridgeapi.ErrBadRequest), errors.Is(err, bridgeapi.ErrTooLarge), errors.Is(err, bridgeapi.ErrNoFreshMember), errors.Is(err, events.ErrInvalid):
+		errors.Is(err, bridgeapi.ErrBadRequest), errors.Is(err, bridgeapi.ErrTooLarge), errors.Is(err, bridgeapi.ErrNoFreshMember),
+		errors.Is(err, bridgeapi.ErrReleased), errors.Is(err, events.ErrInvalid):
 		return false
 	}
 	return true

@@ -61,11 +61,12 @@ const (
 	wantCheckpointsListed
 	wantCheckpointsDeleted
 	wantTick
+	wantReleasedMarked
 )
 
 var wantNames = [...]string{"nothing", "PhasePublished", "GatherStarted", "acks", "MemberManifestsRead",
 	"ManifestCreated", "ManifestFound", "LatestMoved", "OutcomePublished", "OutcomeSeen", "CheckpointsListed",
-	"CheckpointsDeleted", "Tick"}
+	"CheckpointsDeleted", "Tick", "ReleasedMarked"}
 
 func (w want) String() string { return wantNames[w] }
 
@@ -133,6 +134,8 @@ func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 		return m.checkpointsListed(in)
 	case CheckpointsDeleted:
 		return m.checkpointsDeleted(in)
+	case ReleasedMarked:
+		return m.releasedMarked(in)
 	case Tick:
 		return m.tick(now)
 	case EffectFailed:

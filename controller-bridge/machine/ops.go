@@ -108,7 +108,14 @@ func (m *Machine) releaseGathered(now time.Time, t *Tally, v Verdict) ([]Effect,
 		res.Status = bridgeapi.StatusFailed
 		res.Failure = &bridgeapi.Failure{Phase: events.PhaseRelease,
 			Reason: fmt.Sprintf("%d of %d members did not release; manifests kept", len(errs), len(res.Members)), Errors: errs}
-		return m.publishReleased(), nil
+		// The manifests stay, but what they name may not: mark every
+		// checkpoint not kept, so that no restore installs half of one.
+		mark := events.ReleaseMark{Op: res.OpID, Failed: errs}
+		if len(res.MemberDeleted) > 0 {
+			mark.Deleted = res.MemberDeleted
+		}
+		m.want = wantReleasedMarked
+		return []Effect{MarkReleased{Keep: res.Keep, Mark: mark}}, nil
 	}
 	m.want = wantCheckpointsListed
 	return []Effect{ListCheckpoints{}}, nil
@@ -139,6 +146,13 @@ func (m *Machine) checkpointsListed(in CheckpointsListed) ([]Effect, error) {
 	}
 	m.want = wantCheckpointsDeleted
 	return []Effect{DeleteCheckpoints{Delete: del, Keep: res.Keep}}, nil
+}
+
+func (m *Machine) releasedMarked(in ReleasedMarked) ([]Effect, error) {
+	if err := m.expect(wantReleasedMarked, in); err != nil {
+		return nil, err
+	}
+	return m.publishReleased(), nil
 }
 
 func (m *Machine) checkpointsDeleted(in CheckpointsDeleted) ([]Effect, error) {

@@ -162,6 +162,13 @@ func show(e Effect) string {
 			ds = append(ds, d.CheckpointID+map[bool]string{true: "(keep marker)"}[d.KeepMarker])
 		}
 		return fmt.Sprintf("delete %s keep=%s", list(ds), list(e.Keep))
+	case MarkReleased:
+		var md []string
+		for m, ids := range e.Mark.Deleted {
+			md = append(md, fmt.Sprintf("%s:[%s]", m, strings.Join(ids, ",")))
+		}
+		sort.Strings(md)
+		return fmt.Sprintf("mark released keep=%s op=%s deleted=%s failed=%s", list(e.Keep), e.Mark.Op, list(md), errs(e.Mark.Failed))
 	case ReadManifest:
 		return "read manifest " + e.CheckpointID
 	case ReadOutcome:
