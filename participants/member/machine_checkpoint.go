@@ -276,7 +276,7 @@ func (m *Machine) tick(now time.Time) []Effect {
 			return nil
 		}
 		m.parked = true
-		return []Effect{Park{CheckpointID: m.open, Records: m.exports[m.open].Records}}
+		return []Effect{Park{CheckpointID: m.open, Records: m.exports[m.open].Records, LeaseExpired: true}}
 	}
 	// The bridge is gone: resume by ourselves (PROTOCOL §5, Lease).
 	return m.reopen(m.open, true, "lease expired", nil)
