@@ -16,12 +16,12 @@ FUZZTIME  ?= 400000x
 PKGS      ?= ./...
 # The end-to-end tests outside package e2e (those that call tier.E2E;
 # internal/tier's test keeps this list and them in step), and their packages.
-E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestDemoInProcess|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun)$$'
+E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun)$$'
 E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/ ./participants/opencode/driver/
 # The CPU hogs of test-loaded: one per core.
 HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all help build test test-short e2e test-loaded lint fuzz bench ci clean
+.PHONY: all help build test test-short e2e test-loaded lint fuzz bench ci clean microvm-assets
 
 all: build
 
@@ -78,6 +78,8 @@ fuzz:
 	$(GO) test ./sandboxd -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./sandboxd/daemon -run '^$$' -fuzz '^FuzzDecodeEpisodes$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./participants/owner/ownerapi -run '^$$' -fuzz '^FuzzDecodeIndexEntry$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeGuestLine$$' -fuzztime $(FUZZTIME)
 
 ## bench: the benchmarks recorded in docs/BENCHMARKS.md.
 bench:
@@ -87,6 +89,12 @@ bench:
 	$(GO) test -run '^$$' -bench 'RawFanout|CheckpointCycle|BusFloor' -benchtime 10x -timeout 30m ./controller-bridge/
 	$(GO) test -run '^$$' -bench 'Pause|RawFreeze' -benchtime 10x -count 3 -timeout 30m ./sandboxd/
 	$(GO) test -run '^$$' -bench Checkpoint64LiveRollouts -benchtime 1x -count 1 -timeout 30m ./e2e/
+	$(GO) test -run '^$$' -bench 'MicroVM' -benchtime 1x -count 1 -timeout 30m ./participants/owner/provider/
+
+## microvm-assets: download the guest kernel of the microvm provider and
+## extract its vmlinux and modules into the cache (.ci/microvm-assets).
+microvm-assets:
+	.ci/microvm-assets
 
 ## ci: what .ci/run does.
 ci: lint test fuzz

@@ -22,9 +22,7 @@ import (
 // ErrStateFile is returned (wrapped) by Run when the member's state file
 // (Config.StateFile) is torn, truncated or of another version: the member
 // does not start rather than guess where it was. The file is left as it
-// is. (A sandbox fork's daemon finds its parent's file, copied with the
-// sandbox, and goes on from that position, so the member named in it is
-// not checked.)
+// is.
 var ErrStateFile = errors.New("member: unusable state file")
 
 // positionVersion is the version of the state file this build writes; a
@@ -40,41 +38,49 @@ type position struct {
 	StreamSeq uint64 `json:"stream_seq"`
 }
 
-// loadPosition reads a state file; a missing file is position 0.
-func loadPosition(path string) (uint64, error) {
+// loadPosition reads a state file; a missing file is position 0, and so is
+// one that another member (or another run) wrote: the file of a sandbox
+// daemon re-identified after a fork holds the position of the snapshot's
+// member, and nothing before the new member registers can name it, so it
+// reads from the stream's end (docs/MICROVM.md, Re-identification). A file
+// that is torn or of an unknown version is ErrStateFile.
+func loadPosition(path, run string, m events.Member) (pos uint64, other string, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
+		return 0, "", nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("member: state file: %w", err)
+		return 0, "", fmt.Errorf("member: state file: %w", err)
 	}
-	seq, err := decodePosition(b)
+	p, err := decodePosition(b)
 	if err != nil {
-		return 0, fmt.Errorf("%w %s: %w", ErrStateFile, path, err)
+		return 0, "", fmt.Errorf("%w %s: %w", ErrStateFile, path, err)
 	}
-	return seq, nil
+	if p.Run != run || p.Member != string(m) {
+		return 0, p.Run + "/" + p.Member, nil
+	}
+	return p.StreamSeq, "", nil
 }
 
 // decodePosition checks a state file's bytes: one whole JSON object of a
 // known version.
-func decodePosition(b []byte) (uint64, error) {
+func decodePosition(b []byte) (position, error) {
 	t := bytes.TrimSpace(b)
 	if len(t) == 0 {
-		return 0, fmt.Errorf("empty (%d bytes): torn by a crash?", len(b))
+		return position{}, fmt.Errorf("empty (%d bytes): torn by a crash?", len(b))
 	}
 	dec := json.NewDecoder(bytes.NewReader(t))
 	var p position
 	if err := dec.Decode(&p); err != nil {
-		return 0, fmt.Errorf("torn or not JSON (%d bytes): %w", len(b), err)
+		return position{}, fmt.Errorf("torn or not JSON (%d bytes): %w", len(b), err)
 	}
 	if dec.More() {
-		return 0, fmt.Errorf("trailing data after the JSON object (%d bytes)", len(b))
+		return position{}, fmt.Errorf("trailing data after the JSON object (%d bytes)", len(b))
 	}
 	if p.V != 0 && p.V != positionVersion {
-		return 0, fmt.Errorf("version %d, this build reads version %d", p.V, positionVersion)
+		return position{}, fmt.Errorf("version %d, this build reads version %d", p.V, positionVersion)
 	}
-	return p.StreamSeq, nil
+	return p, nil
 }
 
 // orderedFeed makes the member's ordered consumer, which keeps no state on
@@ -83,11 +89,17 @@ func decodePosition(b []byte) (uint64, error) {
 // on). The server never redelivers its messages: one given back comes
 // again locally (redeliver).
 func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
-	pos, err := loadPosition(m.cfg.StateFile)
+	pos, other, err := loadPosition(m.cfg.StateFile, m.cfg.Run, m.cfg.Member)
 	if err != nil {
 		return nil, err
 	}
-	cfg := natsjs.OrderedConsumerConfig{FilterSubjects: subjects(m.cfg.Run), DeliverPolicy: natsjs.DeliverNewPolicy}
+	if other != "" {
+		m.log.Info().Str("state_file", m.cfg.StateFile).Str("written_by", other).Msg("position of another member: reading from the stream's end")
+	}
+	// The consumer's name is drawn here from crypto/rand (never nats.go's
+	// process-wide nuid, which forks of one VM snapshot share).
+	cfg := natsjs.OrderedConsumerConfig{FilterSubjects: subjects(m.cfg.Run), DeliverPolicy: natsjs.DeliverNewPolicy,
+		NamePrefix: "sp_" + events.NewID()}
 	if pos > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = natsjs.DeliverByStartSequencePolicy, pos+1
 	}

@@ -34,13 +34,14 @@ func TestStateFileErrors(t *testing.T) {
 		{"two objects", string(good) + string(good), 0, "trailing data"},
 		{"unknown version", `{"v":2,"run":"run1","member":"sandbox.sb1","stream_seq":7}`, 0, "version 2, this build reads version 1"},
 		{"negative position", `{"v":1,"stream_seq":-1}`, 0, "torn or not JSON"},
+		{"another member's", `{"v":1,"run":"run1","member":"sandbox.parent","stream_seq":7}`, 0, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "position.json")
 			if err := os.WriteFile(path, []byte(c.body), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			seq, err := loadPosition(path)
+			seq, _, err := loadPosition(path, "run1", "sandbox.sb1")
 			switch {
 			case c.want == "" && (err != nil || seq != c.seq):
 				t.Fatalf("position %d, %v; want %d", seq, err, c.seq)
@@ -52,7 +53,7 @@ func TestStateFileErrors(t *testing.T) {
 			}
 		})
 	}
-	if seq, err := loadPosition(filepath.Join(t.TempDir(), "none.json")); seq != 0 || err != nil {
+	if seq, _, err := loadPosition(filepath.Join(t.TempDir(), "none.json"), "run1", "sandbox.sb1"); seq != 0 || err != nil {
 		t.Errorf("a missing state file: %d, %v; want position 0", seq, err)
 	}
 }
@@ -67,16 +68,16 @@ func FuzzDecodePosition(f *testing.F) {
 	f.Add([]byte(`{"v":9,"stream_seq":1}`))
 	f.Add([]byte(""))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		seq, err := decodePosition(b)
+		p, err := decodePosition(b)
 		if err != nil {
-			if seq != 0 {
-				t.Fatalf("error %v with position %d", err, seq)
+			if p != (position{}) {
+				t.Fatalf("error %v with position %+v", err, p)
 			}
 			return
 		}
-		again, _ := json.Marshal(position{V: positionVersion, StreamSeq: seq})
-		if seq2, err := decodePosition(again); err != nil || seq2 != seq {
-			t.Fatalf("position %d rewritten reads %d, %v", seq, seq2, err)
+		again, _ := json.Marshal(position{V: positionVersion, Run: p.Run, Member: p.Member, StreamSeq: p.StreamSeq})
+		if p2, err := decodePosition(again); err != nil || p2.StreamSeq != p.StreamSeq || p2.Run != p.Run || p2.Member != p.Member {
+			t.Fatalf("position %+v rewritten reads %+v, %v", p, p2, err)
 		}
 	})
 }
