@@ -248,12 +248,16 @@ func (s *Server) Notify(n vmctl.Notice) {
 // answer writes r, the answer to a request read on connection conn,
 // unless the host connected again since: ids are the old host's (or, in a
 // fork, the snapshot's host's), and the host now connected may have a
-// request of its own with that id outstanding.
+// request of its own with that id outstanding. An answer that does not
+// encode (longer than vmctl.MaxLine) is replaced by a refusal of the
+// request: the host's call must not wait for an answer that never comes.
 func (s *Server) answer(conn uint64, r vmctl.Response) {
 	b, err := vmctl.Encode(r)
 	if err != nil {
-		s.log.Error().Err(err).Msg("encode a line to the host")
-		return
+		s.log.Error().Err(err).Uint64("id", r.ID).Msg("encode an answer to the host")
+		if b, err = vmctl.Encode(vmctl.Response{ID: r.ID, Error: "guest: the answer does not fit in a line: " + err.Error()}); err != nil {
+			return
+		}
 	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +43,9 @@ func (g *fakeGuest) Identify(_ context.Context, req vmctl.Request) (vmctl.Hello,
 }
 
 func (g *fakeGuest) Exec(ctx context.Context, req vmctl.Request) (vmctl.ExecResult, error) {
+	if req.Argv[0] == "big" { // an answer beyond vmctl.MaxLine
+		return vmctl.ExecResult{Stdout: make([]byte, vmctl.MaxLine)}, nil
+	}
 	select {
 	case <-g.release:
 	case <-ctx.Done():
@@ -369,5 +373,19 @@ func TestServerDropsAnswersToAnEarlierHost(t *testing.T) {
 	in.Close()
 	if b := <-rest; len(b) > 0 {
 		t.Fatalf("written after the reconnect: %s (the old exec's answer)", b)
+	}
+}
+
+// TestServerRefusesAnAnswerTooLongForALine: an answer that cannot be
+// written in one line is replaced by a refusal of its request, so that the
+// host's call ends.
+func TestServerRefusesAnAnswerTooLongForALine(t *testing.T) {
+	g := &fakeGuest{release: make(chan struct{})}
+	_, h, stop := serve(t, g, nil)
+	defer stop()
+	h.recv() // ready
+	h.send(`{"id":1,"op":"exec","argv":["big"]}`)
+	if r := h.answer(1); r.OK || !strings.Contains(r.Error, "does not fit") {
+		t.Fatalf("exec with an answer too long: %+v", r)
 	}
 }

@@ -298,13 +298,13 @@ func (s *System) Exec(ctx context.Context, req vmctl.Request) (vmctl.ExecResult,
 		return vmctl.ExecResult{}, err
 	}
 	var wg sync.WaitGroup
-	var stdout, stderr bytes.Buffer
+	stdout, stderr := &capped{max: vmctl.MaxOutput}, &capped{max: vmctl.MaxOutput}
 	wg.Go(func() {
 		_, _ = inW.Write(req.Stdin)
 		inW.Close()
 	})
-	wg.Go(func() { _, _ = io.Copy(&stdout, outR) })
-	wg.Go(func() { _, _ = io.Copy(&stderr, errR) })
+	wg.Go(func() { _, _ = io.Copy(stdout, outR) })
+	wg.Go(func() { _, _ = io.Copy(stderr, errR) })
 	code, sig, werr := c.Wait(ctx)
 	timedOut := false
 	if werr != nil {
@@ -329,7 +329,26 @@ func (s *System) Exec(ctx context.Context, req vmctl.Request) (vmctl.ExecResult,
 	if werr != nil && !timedOut {
 		return vmctl.ExecResult{}, werr
 	}
-	return vmctl.ExecResult{Exit: code, Signal: sig, TimedOut: timedOut, Stdout: stdout.Bytes(), Stderr: stderr.Bytes()}, nil
+	return vmctl.ExecResult{Exit: code, Signal: sig, TimedOut: timedOut, Stdout: stdout.b.Bytes(), Stderr: stderr.b.Bytes(),
+		Truncated: stdout.cut || stderr.cut}, nil
+}
+
+// capped keeps the first max bytes written to it and drops the rest, so
+// that a command's output never outgrows the answer's line while the
+// command, whose pipe is still read, runs to its end.
+type capped struct {
+	b   bytes.Buffer
+	max int
+	cut bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.max - c.b.Len(); room < len(p) {
+		c.b.Write(p[:max(room, 0)])
+		c.cut = true
+		return len(p), nil
+	}
+	return c.b.Write(p)
 }
 
 // SetClock implements Guest: CLOCK_REALTIME to wall.

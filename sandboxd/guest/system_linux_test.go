@@ -3,6 +3,7 @@ package guest
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,6 +52,11 @@ func TestSystemExec(t *testing.T) {
 	r, err = s.Exec(ctx, vmctl.Request{Argv: []string{"sh", "-c", "echo started; setsid sleep 30 & exit 0"}})
 	if err != nil || r.Exit != 0 || !bytes.HasPrefix(r.Stdout, []byte("started")) {
 		t.Fatalf("background: %+v %v", r, err)
+	}
+	// Output beyond vmctl.MaxOutput is read to its end and cut.
+	r, err = s.Exec(ctx, vmctl.Request{Argv: []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero; echo done >&2", vmctl.MaxOutput+1<<20)}})
+	if err != nil || r.Exit != 0 || len(r.Stdout) != vmctl.MaxOutput || !r.Truncated || string(r.Stderr) != "done\n" {
+		t.Fatalf("large output: exit %d, %d bytes, truncated %v, stderr %q, %v", r.Exit, len(r.Stdout), r.Truncated, r.Stderr, err)
 	}
 	if _, err := s.Exec(ctx, vmctl.Request{Argv: []string{"/no/such/program"}}); err == nil {
 		t.Fatal("exec of a missing program: no error")

@@ -19,6 +19,10 @@ const GuestPath = "/dev/virtio-ports/" + PortName
 // identify travels in one line, base64).
 const MaxLine = 64 << 20
 
+// MaxOutput bounds each of an exec's Stdout and Stderr: both, in base64,
+// fit in one MaxLine.
+const MaxOutput = 16 << 20
+
 // EntropyBytes is how many bytes of entropy an identify or reidentify
 // carries.
 const EntropyBytes = 64
@@ -236,9 +240,13 @@ type ExecResult struct {
 	Signal string `json:"signal,omitempty"`
 	// TimedOut says the timeout killed it.
 	TimedOut bool `json:"timed_out,omitempty"`
-	// Stdout and Stderr are its output (base64 on the wire).
+	// Stdout and Stderr are its output (base64 on the wire), each cut
+	// at MaxOutput bytes.
 	Stdout []byte `json:"stdout"`
 	Stderr []byte `json:"stderr"`
+	// Truncated says Stdout or Stderr was cut at MaxOutput (the rest of
+	// the output was read and dropped).
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // Response is the guest's answer to one Request.

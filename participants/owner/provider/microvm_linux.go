@@ -477,7 +477,9 @@ func (m *MicroVM) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 }
 
 // Exec runs argv in the guest through the control channel and waits for
-// it; when ctx has a deadline, the guest kills the command at it.
+// it; when ctx has a deadline, the guest kills the command at it. Output
+// beyond vmctl.MaxOutput bytes a stream is cut: the result comes with an
+// error wrapping microvm.ErrOutputTruncated.
 func (m *MicroVM) Exec(ctx context.Context, id string, argv []string, opts ExecOptions) (ExecResult, error) {
 	if err := errors.Join(ValidateID("id", id), validateExec(argv, opts)); err != nil {
 		return ExecResult{}, err
@@ -515,6 +517,9 @@ func (m *MicroVM) Exec(ctx context.Context, id string, argv []string, opts ExecO
 	res := ExecResult{Stdout: resp.Stdout, Stderr: resp.Stderr, ExitCode: resp.Exit}
 	if resp.Signal != "" || resp.Exit < 0 {
 		res.ExitCode = 128 + int(signalNum(resp.Signal))
+	}
+	if resp.Truncated {
+		return res, fmt.Errorf("%w: %s: more than %d bytes of stdout or stderr", microvm.ErrOutputTruncated, id, vmctl.MaxOutput)
 	}
 	return res, nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
+	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
 )
 
 // microvmOwnerEnv makes the test binary a stand-in owner (TestMain): it
@@ -154,6 +155,11 @@ func TestMicroVMStartExecStop(t *testing.T) {
 	res, err := m.Exec(context.Background(), "vm1", []string{"sh", "-c", "echo out; echo err >&2; exit 3"}, ExecOptions{Env: []string{"X=1"}})
 	if err != nil || res.ExitCode != 3 || string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" {
 		t.Fatalf("exec: %+v %v", res, err)
+	}
+	// Output beyond what an answer's line holds is cut, and said so.
+	res, err = m.Exec(context.Background(), "vm1", []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero", vmctl.MaxOutput+1)}, ExecOptions{})
+	if !errors.Is(err, microvm.ErrOutputTruncated) || len(res.Stdout) != vmctl.MaxOutput {
+		t.Fatalf("exec with %d bytes of output: %d bytes, %v; want %d and ErrOutputTruncated", vmctl.MaxOutput+1, len(res.Stdout), err, vmctl.MaxOutput)
 	}
 	waitCounter(t, m, "vm1", 3)
 	run(t, m, "vm1", "date -s @1000000000 >/dev/null") // the guest's clock, far from the host's

@@ -19,6 +19,10 @@ import (
 // the guest answered with ok false.
 var ErrGuest = errors.New("microvm: guest refused")
 
+// ErrOutputTruncated is returned (with the result, its output cut at
+// vmctl.MaxOutput bytes a stream) for an exec whose output was longer.
+var ErrOutputTruncated = errors.New("microvm: exec output truncated")
+
 // ErrClosed is returned by Call once the control channel closed (the
 // guest powered off, QEMU exited, or Close was called).
 var ErrClosed = errors.New("microvm: control channel closed")
