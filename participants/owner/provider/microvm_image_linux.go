@@ -398,7 +398,7 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 	mc.RAMFile, mc.RAMShared = filepath.Join(t.dir, "ram"), true
 	vm, err := m.startQEMU(id, t.dir, mc, t.meta)
 	if vm != nil {
-		defer vm.stop(m.cfg.StopTimeout)
+		defer vm.stop(context.Background(), m.cfg.StopTimeout)
 	}
 	defer func() { _ = m.removeSockets(id) }() // the success path below checks it
 	if err != nil {
@@ -428,7 +428,7 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 			return err
 		}
 	}
-	if err := vm.stop(m.cfg.StopTimeout); err != nil {
+	if err := vm.stop(ctx, m.cfg.StopTimeout); err != nil {
 		return err
 	}
 	if err := m.removeSockets(id); err != nil {

@@ -346,7 +346,7 @@ func (m *MicroVM) start(ctx context.Context, spec Spec, snapshotID string) (*San
 		box.env = id.Env
 		box.sb = Sandbox{ID: spec.ID, Workdir: id.Workdir, ProcRoot: "/", InitPID: vm.pid}
 		return nil
-	}, m.teardown)
+	}, m.teardownAfterStart)
 }
 
 // identity turns a spec into the guest's identify request. A spec whose
@@ -416,22 +416,37 @@ func (m *MicroVM) identity(spec Spec) (vmctl.Request, error) {
 // one host directory of Spec.Binds (owner.BinDir).
 const BinDirInGuest = "/opt/stillpoint/bin"
 
-// Stop powers the sandbox's VM off (QMP quit, then SIGKILL), reaps QEMU,
-// removes its disk layers no snapshot holds, its sockets and directory,
-// and checks that none of it is left. It also stops a VM an earlier
-// process left in the state directory.
+// Stop kills the sandbox's VM (SIGKILL: the guest's disk is a qcow2 layer
+// only this sandbox writes, so nothing of it needs a clean shutdown),
+// reaps QEMU, removes its disk layers no snapshot holds, its sockets and
+// directory, and checks that none of it is left. It also stops a VM an
+// earlier process left in the state directory. Nothing is removed before
+// QEMU is confirmed gone, so a Stop that fails (ErrLeftover: QEMU did not
+// exit within StopTimeout or before ctx ended) may be called again.
 func (m *MicroVM) Stop(ctx context.Context, id string) error {
-	return m.boxes.stop(id, newVMBox, m.teardown)
+	return m.boxes.stop(id, newVMBox, func(id string, box *vmBox) error { return m.teardown(ctx, id, box) })
 }
 
-func (m *MicroVM) teardown(id string, box *vmBox) error {
+// teardownAfterStart is the teardown of a start that failed.
+func (m *MicroVM) teardownAfterStart(id string, box *vmBox) error {
+	return m.teardown(context.Background(), id, box)
+}
+
+// teardown stops the sandbox's QEMU and, once it is gone, removes the
+// rest: while a QEMU may still run, its vm.json is the only record of it,
+// so it stays.
+func (m *MicroVM) teardown(ctx context.Context, id string, box *vmBox) error {
 	dir := m.boxes.dir(id)
-	var errs []error
 	if box.vm != nil {
-		errs = append(errs, box.vm.stop(m.cfg.StopTimeout))
+		if err := box.vm.stop(ctx, m.cfg.StopTimeout); err != nil {
+			return err
+		}
 	} else if meta, err := readVMMeta(dir); err == nil {
-		errs = append(errs, killLeftover(meta, m.cfg.StopTimeout))
+		if err := killLeftover(meta, m.cfg.StopTimeout); err != nil {
+			return err
+		}
 	}
+	var errs []error
 	errs = append(errs, m.removeSockets(id))
 	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, err)

@@ -329,3 +329,54 @@ func microvmOwnerMain(state string) int {
 	fmt.Printf("snapshotted %d %d %d\n", before, after, pid)
 	select {} // until killed
 }
+
+// TestMicroVMStopIsRetriedAndKeepsTheRecord: a Stop whose QEMU is not
+// reaped in time fails and removes nothing (vm.json is the only record of
+// the process); the next Stop checks again and, once QEMU is gone, removes
+// the rest. A process the test holds stands in for a QEMU whose reaping is
+// late.
+func TestMicroVMStopIsRetriedAndKeepsTheRecord(t *testing.T) {
+	state := t.TempDir()
+	m := &MicroVM{cfg: MicroVMConfig{StateDir: state, StopTimeout: 50 * time.Millisecond},
+		boxes: newRegistry[*vmBox](state), layers: filepath.Join(state, "layers"), socks: filepath.Join(state, "s")}
+	for _, d := range []string{m.layers, filepath.Join(state, "sandboxes")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	vm := &machine{id: "late", pid: cmd.Process.Pid, exited: make(chan struct{}), reaped: make(chan struct{})}
+	box, err := m.boxes.reserve("late", func() *vmBox { return &vmBox{vm: vm} }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	box.mu.Unlock()
+	dir := m.boxes.dir("late")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeVMMeta(dir, vmMeta{PID: vm.pid}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Stop(context.Background(), "late"); !errors.Is(err, ErrLeftover) {
+		t.Fatalf("Stop of a QEMU not reaped yet: %v, want ErrLeftover", err)
+	}
+	if _, err := readVMMeta(dir); err != nil {
+		t.Fatalf("a failed Stop removed the record of the process: %v", err)
+	}
+	<-exited // stop's SIGKILL took it; now the machine is reaped
+	close(vm.exited)
+	close(vm.reaped)
+	if err := m.Stop(context.Background(), "late"); err != nil {
+		t.Fatalf("Stop once QEMU is reaped: %v (a stale error of the first call?)", err)
+	}
+	if exists(dir) {
+		t.Errorf("%s still there after a Stop that succeeded", dir)
+	}
+}

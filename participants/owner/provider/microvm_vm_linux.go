@@ -83,10 +83,10 @@ type machine struct {
 	mu   sync.Mutex // guards meta
 	meta vmMeta
 
+	stopMu    sync.Mutex // serialises stop; guards stopLease and closed
 	stopLease context.CancelFunc
 	leaseDone chan struct{}
-	stopOnce  sync.Once
-	stopErr   error
+	closed    bool // the channels are closed
 }
 
 func (vm *machine) gone() bool {
@@ -388,30 +388,43 @@ func (m *MicroVM) startLease(vm *machine) {
 	}()
 }
 
-// stop kills QEMU's session and reaps it; it closes the channels and
-// waits for every goroutine of the machine. Idempotent.
-func (vm *machine) stop(timeout time.Duration) error {
-	vm.stopOnce.Do(func() {
-		if vm.stopLease != nil {
-			vm.stopLease()
-			<-vm.leaseDone
-		}
-		_ = syscall.Kill(-vm.pid, syscall.SIGKILL) // QEMU and its relays; its session is its own
+// stop kills QEMU's session and waits until it is reaped, at most
+// timeout and until ctx ends; once it is, it closes the channels and
+// waits for every goroutine of the machine. A stop that gave up is tried
+// again by the next call, which checks afresh; a stop after a successful
+// one returns nil.
+func (vm *machine) stop(ctx context.Context, timeout time.Duration) error {
+	vm.stopMu.Lock()
+	defer vm.stopMu.Unlock()
+	if vm.stopLease != nil {
+		vm.stopLease()
+		<-vm.leaseDone
+		vm.stopLease = nil
+	}
+	select {
+	case <-vm.reaped:
+	default:
+		_ = syscall.Kill(-vm.pid, syscall.SIGKILL) // QEMU; its session is its own
 		t := time.NewTimer(timeout)
 		defer t.Stop()
 		select {
 		case <-vm.reaped:
 		case <-t.C:
-			vm.stopErr = fmt.Errorf("%w: qemu %d of %s did not exit", ErrLeftover, vm.pid, vm.id)
+			return fmt.Errorf("%w: qemu %d of %s did not exit within %s", ErrLeftover, vm.pid, vm.id, timeout)
+		case <-ctx.Done():
+			return fmt.Errorf("%w: qemu %d of %s not reaped yet: %w", ErrLeftover, vm.pid, vm.id, ctx.Err())
 		}
+	}
+	if !vm.closed {
+		vm.closed = true
 		if vm.ctl != nil {
 			_ = vm.ctl.Close()
 		}
 		if vm.qmp != nil {
 			_ = vm.qmp.Close()
 		}
-	})
-	return vm.stopErr
+	}
+	return nil
 }
 
 // killLeftover kills the QEMU an earlier process left running (if the pid
