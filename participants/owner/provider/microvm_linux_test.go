@@ -380,3 +380,58 @@ func TestMicroVMStopIsRetriedAndKeepsTheRecord(t *testing.T) {
 		t.Errorf("%s still there after a Stop that succeeded", dir)
 	}
 }
+
+// TestMicroVMSnapshotCancelledMidMigrationRunsOn: a Snapshot whose ctx
+// ends while the VM's state is being written fails, but leaves no
+// migration running and the VM running (a paused guest's lease cannot
+// fire); the next Snapshot succeeds and so does a fork of it.
+func TestMicroVMSnapshotCancelledMidMigrationRunsOn(t *testing.T) {
+	tier.Long(t)
+	state := t.TempDir()
+	m := newMicroVM(t, state)
+	defer cleanupMicroVM(t, m)
+	start(t, m, Spec{ID: "vm1", Init: counterInit, Workdir: "/work"})
+	waitCounter(t, m, "vm1", 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watching := make(chan struct{})
+	go func() { // cancels ctx once QEMU writes the state file: mid-migration
+		defer close(watching)
+		wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+		defer wcancel()
+		_ = poll.Until(wctx, poll.Every(time.Millisecond), func() (bool, error) {
+			files, _ := filepath.Glob(filepath.Join(state, "snapshots", "*", "state"))
+			for _, f := range files {
+				if fi, err := os.Stat(f); err == nil && fi.Size() > 0 {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		cancel()
+	}()
+	_, err := m.Snapshot(ctx, "vm1", "s1")
+	<-watching
+	t.Logf("the snapshot cancelled mid-migration: %v", err)
+	if err == nil {
+		t.Log("the migration completed before the cancel: the rest checks the resume alone")
+		if err := m.DeleteSnapshot(context.Background(), "s1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	box, err := m.boxes.get("vm1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := box.vm.qmp.Status(context.Background()); err != nil || st != "running" {
+		t.Fatalf("after the cancelled snapshot the VM is %q (%v), want running", st, err)
+	}
+	last, _ := counter(t, m, "vm1")
+	waitCounter(t, m, "vm1", last+3)
+	snapshot(t, m, "vm1", "s2") // refused while a migration is left running
+	if _, err := m.Fork(context.Background(), "s2", Spec{ID: "vm2", Init: counterInit, Workdir: "/work", Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	last, _ = counter(t, m, "vm2")
+	waitCounter(t, m, "vm2", last+2)
+}
