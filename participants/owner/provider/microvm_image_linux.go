@@ -381,6 +381,14 @@ func lockFile(p string) (func(), error) {
 // its init is ready, and saves its device state (the RAM stays in the
 // file, which never changes again).
 func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness string) error {
+	// A process that died while it built this template may have left its
+	// QEMU (paused, so its lease cannot end it): vm.json is the only
+	// record of it.
+	if meta, err := readVMMeta(t.dir); err == nil {
+		if err := killLeftover(meta, m.cfg.StopTimeout); err != nil {
+			return err
+		}
+	}
 	_ = os.RemoveAll(t.dir)
 	if err := os.MkdirAll(t.dir, 0o700); err != nil {
 		return err
@@ -396,7 +404,7 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 	id := "template-" + t.key
 	mc := m.machineFor(id, t.dir, t.meta, nil)
 	mc.RAMFile, mc.RAMShared = filepath.Join(t.dir, "ram"), true
-	vm, err := m.startQEMU(id, t.dir, mc, t.meta)
+	vm, err := m.startQEMU(id, t.dir, mc, t.meta, true)
 	if vm != nil {
 		defer vm.stop(context.Background(), m.cfg.StopTimeout)
 	}
@@ -439,6 +447,33 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 		return err
 	}
 	return os.WriteFile(filepath.Join(t.dir, "complete"), nil, 0o600)
+}
+
+// reapTemplateLeftovers kills the QEMUs that earlier processes left while
+// they built a template (vm.json names one until the template is saved)
+// and the accelerator probe's, unless another process holds the
+// template's lock (it is building it now).
+func (m *MicroVM) reapTemplateLeftovers() error {
+	var errs []error
+	tdir := filepath.Join(m.cache, "templates")
+	ents, _ := os.ReadDir(tdir)
+	for _, e := range ents {
+		d := filepath.Join(tdir, e.Name())
+		meta, err := readVMMeta(d)
+		if !e.IsDir() || err != nil || meta.PID == 0 {
+			continue
+		}
+		f, err := os.OpenFile(d+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			errs = append(errs, killLeftover(meta, m.cfg.StopTimeout))
+		}
+		f.Close()
+	}
+	return errors.Join(append(errs, microvm.KillProbeLeftover(filepath.Join(m.cache, ".probe")))...)
 }
 
 // treeHash hashes a directory tree: every entry's path, type, mode and

@@ -236,6 +236,9 @@ func NewMicroVM(cfg MicroVMConfig) (*MicroVM, error) {
 	if m.snaps, err = newSnapStore(filepath.Join(cfg.StateDir, "snapshots")); err != nil {
 		return nil, err
 	}
+	if err := m.reapTemplateLeftovers(); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout)
 	defer cancel()
 	if cfg.Sandboxd == "" {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
@@ -434,4 +435,55 @@ func TestMicroVMSnapshotCancelledMidMigrationRunsOn(t *testing.T) {
 	}
 	last, _ = counter(t, m, "vm2")
 	waitCounter(t, m, "vm2", last+2)
+}
+
+// TestMicroVMReapsWhatATemplateBuildLeft: the QEMU of a template whose
+// builder died (vm.json names it, nobody holds the template's lock) is
+// killed when a provider starts; one being built by a live process (its
+// lock held) is left alone. Sleeps stand in for the QEMUs.
+func TestMicroVMReapsWhatATemplateBuildLeft(t *testing.T) {
+	cache := t.TempDir()
+	m := &MicroVM{cfg: MicroVMConfig{StopTimeout: 10 * time.Second}, cache: cache}
+	leftover := func(key string) (*exec.Cmd, chan struct{}) {
+		cmd := exec.Command("sleep", "60")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(waited) }()
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-waited })
+		st, _, err := procfs.ReadStat(cmd.Process.Pid, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(cache, "templates", key)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeVMMeta(dir, vmMeta{PID: cmd.Process.Pid, Start: st.Start}); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, waited
+	}
+	_, dead := leftover("dead")
+	_, building := leftover("building")
+	unlock, err := lockFile(filepath.Join(cache, "templates", "building.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	if err := m.reapTemplateLeftovers(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-dead:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the QEMU of a dead builder's template still runs")
+	}
+	select {
+	case <-building:
+		t.Fatal("the QEMU of a template a live process is building was killed")
+	default:
+	}
 }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -206,7 +207,7 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 	mc := m.machineFor(spec.ID, dir, meta, fwd)
 	mc.RAMFile, mc.Incoming = ram, true
 	t0 := time.Now()
-	vm, err := m.startQEMU(spec.ID, dir, mc, meta)
+	vm, err := m.startQEMU(spec.ID, dir, mc, meta, false)
 	if err != nil {
 		return vm, err
 	}
@@ -264,8 +265,10 @@ func (m *MicroVM) machineFor(id, dir string, meta vmMeta, fwd map[string]string)
 
 // startQEMU starts QEMU in a session of its own (an owner that dies does
 // not take it along: the lease does), records it in dir's vm.json and
-// connects to its QMP socket.
-func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta) (*machine, error) {
+// connects to its QMP socket. With dieWithOwner (a template's QEMU, which
+// is paused while it is saved, when its lease cannot run) it gets SIGKILL
+// when this process dies.
+func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta, dieWithOwner bool) (*machine, error) {
 	// The sockets' directory stays until QEMU has made its sockets in it.
 	m.sockMu.RLock()
 	defer m.sockMu.RUnlock()
@@ -284,6 +287,13 @@ func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta) (*m
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if dieWithOwner {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+		// Pdeathsig follows the thread that forks: locked, it is not one
+		// the runtime ends meanwhile.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
