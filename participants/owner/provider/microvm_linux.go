@@ -147,6 +147,11 @@ func (c MicroVMConfig) Validate() error {
 	if c.Lease < 3*time.Second {
 		errs = append(errs, invalid("Lease", "%s: at least 3s", c.Lease))
 	}
+	if c.Upstream != "" {
+		if err := checkHostPort(c.Upstream); err != nil {
+			errs = append(errs, invalid("Upstream", "%q: %v", c.Upstream, err))
+		}
+	}
 	if c.BaseSize < 16<<20 {
 		errs = append(errs, invalid("BaseSize", "%d: at least 16 MiB", c.BaseSize))
 	}

@@ -487,3 +487,38 @@ func TestMicroVMReapsWhatATemplateBuildLeft(t *testing.T) {
 	default:
 	}
 }
+
+// TestMicroVMNetdevAddresses: the NATS and upstream addresses go into
+// QEMU's -netdev option, where a comma would add options (restrict=off):
+// only host:port with an IP address or DNS name passes.
+func TestMicroVMNetdevAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		url  string
+		host string // "" when refused
+	}{
+		{"nats://127.0.0.1:4222", "127.0.0.1:4222"},
+		{"nats://localhost:4300", "127.0.0.1:4300"},
+		{"nats://nats.example:4222", "nats.example:4222"},
+		{"nats://[::1]:4222", "[::1]:4222"},
+		{"nats://h,restrict=off:4222", ""},
+		{"nats://h:4222,restrict=off", ""},
+	} {
+		_, host, _, err := natsForward(1, tc.url)
+		if tc.host == "" {
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("%s: host %q, %v; want ErrInvalid", tc.url, host, err)
+			}
+			continue
+		}
+		if err != nil || host != tc.host {
+			t.Errorf("%s: host %q, %v; want %q", tc.url, host, err, tc.host)
+		}
+	}
+	for _, up := range []string{"10.0.0.1:80,restrict=off", "a b:80", "h:x"} {
+		cfg := MicroVMConfig{StateDir: "/s", Upstream: up}
+		cfg.setDefaults()
+		if err := cfg.Validate(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "Upstream") {
+			t.Errorf("Upstream %q: %v, want ErrInvalid naming Upstream", up, err)
+		}
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -132,10 +133,33 @@ func natsForward(gen int, natsURL string) (guest, host, guestURL string, err err
 	if h := u.Hostname(); h == "localhost" {
 		host = net.JoinHostPort("127.0.0.1", u.Port())
 	}
+	if err := checkHostPort(host); err != nil {
+		return "", "", "", invalid("spec.Init --nats-url", "%q: %v", natsURL, err)
+	}
 	guest = fmt.Sprintf("10.0.2.%d:4222", 100+gen%100)
 	gu := *u
 	gu.Host = guest
 	return guest, host, gu.String(), nil
+}
+
+// checkHostPort accepts host:port where host is an IP address or a DNS
+// name and port a number: it goes into QEMU's -netdev option, where a
+// comma would start another option (restrict=off among them).
+func checkHostPort(hp string) error {
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return err
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	if net.ParseIP(host) != nil {
+		return nil
+	}
+	if host == "" || strings.Trim(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") != "" {
+		return fmt.Errorf("host %q is neither an IP address nor a DNS name", host)
+	}
+	return nil
 }
 
 // launch starts spec's VM: a fork of the template of its images, or of
