@@ -539,6 +539,45 @@ const (
 	PruneUnused = time.Hour
 )
 
+// registerCacheUser records this provider's state directory in the
+// cache's users/ (one file a state directory, holding its path), so that
+// the pruning of any provider sharing the cache sees what this one's
+// sandboxes and snapshots stand on.
+func (m *MicroVM) registerCacheUser() error {
+	dir := filepath.Join(m.cache, "users")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	state := filepath.Clean(m.cfg.StateDir)
+	return os.WriteFile(filepath.Join(dir, shortHash(state)), []byte(state+"\n"), 0o600)
+}
+
+// cacheUsers returns the state directories registered as users of the
+// cache (this one's always), dropping the registrations of those that are
+// gone.
+func (m *MicroVM) cacheUsers() []string {
+	own := filepath.Clean(m.cfg.StateDir)
+	out := []string{own}
+	dir := filepath.Join(m.cache, "users")
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		state := strings.TrimSpace(string(b))
+		if state == own || state == "" {
+			continue
+		}
+		if _, err := os.Stat(state); errors.Is(err, fs.ErrNotExist) {
+			_ = os.Remove(filepath.Join(dir, e.Name())) // nothing of it can stand on the cache
+			continue
+		}
+		out = append(out, state)
+	}
+	return out
+}
+
 // touchTemplate marks a template used now, for pruneCache.
 func touchTemplate(t *template) {
 	now := time.Now()
@@ -547,17 +586,30 @@ func touchTemplate(t *template) {
 
 // pruneCache removes from the cache the templates beyond the PruneKeep
 // most recently used that were not used for PruneUnused and that no
-// sandbox or snapshot of this state directory stands on, the images no
+// sandbox or snapshot of any state directory registered as the cache's
+// user (registerCacheUser) stands on, the images no
 // kept template or own disk needs, and stale initramfs and root trees. A
 // template another process is building (its lock held) stays.
 func (m *MicroVM) pruneCache() error {
 	held := map[string]bool{}
-	for _, parent := range []string{filepath.Join(m.cfg.StateDir, "sandboxes"), filepath.Join(m.cfg.StateDir, "snapshots")} {
-		dirs, _ := os.ReadDir(parent)
-		for _, d := range dirs {
-			if meta, err := readVMMeta(filepath.Join(parent, d.Name())); err == nil {
-				for _, l := range append(meta.Chain, meta.Base, meta.Harness) {
-					held[l] = true
+	for _, state := range m.cacheUsers() {
+		for _, parent := range []string{filepath.Join(state, "sandboxes"), filepath.Join(state, "snapshots")} {
+			dirs, _ := os.ReadDir(parent)
+			for _, d := range dirs {
+				metas := []vmMeta{}
+				if meta, err := readVMMeta(filepath.Join(parent, d.Name())); err == nil {
+					metas = append(metas, meta)
+				} else if subs, _ := os.ReadDir(filepath.Join(parent, d.Name())); len(subs) > 0 {
+					for _, sub := range subs { // a snapshot being made or deleted
+						if meta, err := readVMMeta(filepath.Join(parent, d.Name(), sub.Name())); err == nil {
+							metas = append(metas, meta)
+						}
+					}
+				}
+				for _, meta := range metas {
+					for _, l := range append(meta.Chain, meta.Base, meta.Harness) {
+						held[l] = true
+					}
 				}
 			}
 		}

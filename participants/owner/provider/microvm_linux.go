@@ -56,8 +56,9 @@ type MicroVMConfig struct {
 	// PruneCache makes NewMicroVM remove what the cache no longer needs
 	// (pruneCache: templates beyond the PruneKeep most recently used and
 	// unused for PruneUnused, the images only they needed). The default
-	// cache is always pruned; a shared one only when set, and only for a
-	// cache no other state directory's snapshots stand on after an hour.
+	// cache is always pruned; a shared one only when set. What the
+	// sandboxes and snapshots of any state directory that used the cache
+	// (and still exists) stand on is kept.
 	PruneCache bool
 	// Sandboxd is the host path of the static sandboxd, the guests' init.
 	// Required to start sandboxes (a provider without it only stops what
@@ -239,6 +240,9 @@ func NewMicroVM(cfg MicroVMConfig) (*MicroVM, error) {
 	}
 	m.socks = socketDir(cfg.StateDir)
 	if m.snaps, err = newSnapStore(filepath.Join(cfg.StateDir, "snapshots")); err != nil {
+		return nil, err
+	}
+	if err := m.registerCacheUser(); err != nil {
 		return nil, err
 	}
 	if err := m.reapTemplateLeftovers(); err != nil {

@@ -522,3 +522,54 @@ func TestMicroVMNetdevAddresses(t *testing.T) {
 		}
 	}
 }
+
+// TestMicroVMPruneKeepsWhatAnotherStateDirStandsOn: a provider pruning a
+// shared cache keeps the template another owner's snapshot stands on (its
+// disk chain ends in the template's disk), however old and unused.
+func TestMicroVMPruneKeepsWhatAnotherStateDirStandsOn(t *testing.T) {
+	cache, stateA, stateB := t.TempDir(), t.TempDir(), t.TempDir()
+	old := time.Now().Add(-2 * PruneUnused)
+	var tmpls []string
+	for i := range PruneKeep + 2 {
+		d := filepath.Join(cache, "templates", fmt.Sprintf("t%d", i))
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeVMMeta(d, vmMeta{Chain: []string{filepath.Join(d, "disk.qcow2")}}); err != nil {
+			t.Fatal(err)
+		}
+		c := filepath.Join(d, "complete")
+		if err := os.WriteFile(c, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		used := old.Add(time.Duration(i) * time.Minute) // t0 is the least recently used
+		if err := os.Chtimes(c, used, used); err != nil {
+			t.Fatal(err)
+		}
+		tmpls = append(tmpls, d)
+	}
+	b := &MicroVM{cfg: MicroVMConfig{StateDir: stateB}, cache: cache}
+	if err := b.registerCacheUser(); err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(stateB, "snapshots", "s1")
+	if err := os.MkdirAll(snap, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeVMMeta(snap, vmMeta{Chain: []string{filepath.Join(stateB, "layers", "x.qcow2"), filepath.Join(tmpls[0], "disk.qcow2")}}); err != nil {
+		t.Fatal(err)
+	}
+	a := &MicroVM{cfg: MicroVMConfig{StateDir: stateA}, cache: cache}
+	if err := a.registerCacheUser(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.pruneCache(); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(tmpls[0]) {
+		t.Error("the template another state directory's snapshot stands on was pruned")
+	}
+	if exists(tmpls[1]) {
+		t.Error("an old template nobody stands on beyond the newest PruneKeep was kept")
+	}
+}
