@@ -406,7 +406,10 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 	mc.RAMFile, mc.RAMShared = filepath.Join(t.dir, "ram"), true
 	vm, err := m.startQEMU(id, t.dir, mc, t.meta, true)
 	if vm != nil {
-		defer vm.stop(context.Background(), m.cfg.StopTimeout)
+		defer func() {
+			_ = vm.stop(context.Background(), m.cfg.StopTimeout)
+			_ = m.clearVMCgroup(context.Background(), id)
+		}()
 	}
 	defer func() { _ = m.removeSockets(id) }() // the success path below checks it
 	if err != nil {
@@ -469,7 +472,7 @@ func (m *MicroVM) reapTemplateLeftovers() error {
 			continue
 		}
 		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
-			errs = append(errs, killLeftover(meta, m.cfg.StopTimeout))
+			errs = append(errs, killLeftover(meta, m.cfg.StopTimeout), m.clearVMCgroup(context.Background(), "template-"+e.Name()))
 		}
 		f.Close()
 	}

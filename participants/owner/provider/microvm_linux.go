@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
 )
@@ -186,6 +187,9 @@ type MicroVM struct {
 	layers string // <state>/layers
 	cache  string // <state>/cache
 	socks  string // the sockets' directory (short: unix socket paths are limited)
+	// cgroups holds a cgroup for each QEMU of this state directory
+	// (vmCgroup); "" where there is no cgroup v2 to make them in.
+	cgroups cgroup.Dir
 	// sockMu is held shared from making the sockets' directory until a
 	// QEMU has made its sockets in it, and exclusively to remove the
 	// directory once empty.
@@ -239,6 +243,11 @@ func NewMicroVM(cfg MicroVMConfig) (*MicroVM, error) {
 		}
 	}
 	m.socks = socketDir(cfg.StateDir)
+	if mnt, err := cgroup.Mount(); err == nil {
+		m.cgroups = cgroup.Dir(mnt).Child("stillpoint-vms").Child(shortHash(filepath.Clean(cfg.StateDir)))
+	} else {
+		m.log.Warn().Err(err).Msg("microvm: no cgroup v2: a guestfwd relay (in a session of its own) may outlive its QEMU")
+	}
 	if m.snaps, err = newSnapStore(filepath.Join(cfg.StateDir, "snapshots")); err != nil {
 		return nil, err
 	}
@@ -457,6 +466,9 @@ func (m *MicroVM) teardown(ctx context.Context, id string, box *vmBox) error {
 		if err := killLeftover(meta, m.cfg.StopTimeout); err != nil {
 			return err
 		}
+	}
+	if err := m.clearVMCgroup(ctx, id); err != nil {
+		return err
 	}
 	var errs []error
 	errs = append(errs, m.removeSockets(id))

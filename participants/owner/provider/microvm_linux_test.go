@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,9 +92,20 @@ func checkMicroVMEmpty(t testing.TB, m *MicroVM) {
 	if pids := qemusUnder(m.cfg.StateDir); len(pids) > 0 {
 		t.Errorf("QEMU processes of %s still running: %v", m.cfg.StateDir, pids)
 	}
+	// QEMU's relays run in sessions of their own, with command lines that
+	// name neither QEMU nor the state directory: the VMs' cgroups hold
+	// them.
+	if m.cgroups == "" {
+		t.Error("the provider runs without the VMs' cgroups")
+	} else if exists(string(m.cgroups)) {
+		pids, _ := m.cgroups.AllProcs()
+		t.Errorf("the VMs' cgroup %s is still there, holding %v", m.cgroups, pids)
+	}
 }
 
-// qemusUnder lists the live processes whose command line names dir.
+// qemusUnder lists the live QEMUs whose command line names dir (their
+// relays name neither: checkMicroVMEmpty looks at the VMs' cgroups for
+// those).
 func qemusUnder(dir string) []int {
 	ents, _ := os.ReadDir("/proc")
 	var out []int
@@ -571,5 +583,72 @@ func TestMicroVMPruneKeepsWhatAnotherStateDirStandsOn(t *testing.T) {
 	}
 	if exists(tmpls[1]) {
 		t.Error("an old template nobody stands on beyond the newest PruneKeep was kept")
+	}
+}
+
+// TestMicroVMStopKillsTheRelays: the relays of a VM's guestfwd rules
+// (busybox nc, which libslirp starts in sessions of their own, out of
+// reach of a kill of QEMU's group) die with the VM. The upstream is a
+// listener whose accept queue is full, so the relay of a guest connection
+// hangs in connect (one with a connection ends when QEMU's end closes).
+func TestMicroVMStopKillsTheRelays(t *testing.T) {
+	tier.Long(t)
+	requireMicroVM(t)
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil { // room for one connection, never accepted
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstream := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	filler, err := net.DialTimeout("tcp", upstream, 10*time.Second) // fills the queue
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Close()
+	sd := build.StaticForTest(t, build.Sandboxd)[build.Sandboxd]
+	m, err := NewMicroVM(MicroVMConfig{StateDir: t.TempDir(), CacheDir: microvmCache(), PruneCache: true, Sandboxd: sd,
+		Accel: "tcg", Lease: 20 * time.Second, Upstream: upstream})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanupMicroVM(t, m)
+	start(t, m, Spec{ID: "vm1"})
+	run(t, m, "vm1", "setsid sh -c 'sleep 600 | nc "+strings.Replace(microvm.GuestUpstream, ":", " ", 1)+"' </dev/null >/dev/null 2>&1 &")
+	relays := func() []int { // busybox nc 127.0.0.1 <port>, hanging in connect
+		var out []int
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || !alive(pid) {
+				continue
+			}
+			b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if args := strings.Split(string(b), "\x00"); len(args) >= 4 && strings.HasSuffix(args[0], "busybox") && args[1] == "nc" &&
+				args[2] == "127.0.0.1" && "127.0.0.1:"+args[3] == upstream {
+				out = append(out, pid)
+			}
+		}
+		return out
+	}
+	poll.Wait(t, time.Minute, "the relay of the guest's connection", func() bool { return len(relays()) > 0 })
+	pids := relays()
+	if in, err := m.vmCgroup("vm1").AllProcs(); err != nil || !slices.Contains(in, pids[0]) {
+		t.Errorf("the VM's cgroup holds %v (%v), not the relay %d", in, err, pids[0])
+	}
+	if err := m.Stop(context.Background(), "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	if left := relays(); len(left) > 0 {
+		t.Fatalf("the relays %v outlived their VM's Stop", left)
 	}
 }

@@ -23,6 +23,9 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
@@ -76,7 +79,11 @@ type machine struct {
 	ctl    *microvm.Control
 	exited chan struct{} // closed once QEMU exited (not yet reaped)
 	reaped chan struct{}
-	node   string // the block node of the disk's top layer
+	// cg is the QEMU's cgroup ("" without one): it holds QEMU and the
+	// relays of its guestfwd rules, which libslirp starts in sessions of
+	// their own, out of reach of a kill of QEMU's process group.
+	cg   cgroup.Dir
+	node string // the block node of the disk's top layer
 	// ctlSock is the control channel's socket.
 	ctlSock string
 	// hello is the guest's answer to its identify or reidentify.
@@ -307,10 +314,22 @@ func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta, die
 		return nil, err
 	}
 	defer logf.Close()
+	cg, err := m.makeVMCgroup(id)
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(m.assets.QEMU, mc.Args()...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if cg != "" {
+		fd, err := cg.OpenFD()
+		if err != nil {
+			return nil, err
+		}
+		defer unix.Close(fd)
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	}
 	if dieWithOwner {
 		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 		// Pdeathsig follows the thread that forks: locked, it is not one
@@ -321,7 +340,7 @@ func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta, die
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
-	vm := &machine{id: id, dir: dir, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{}), reaped: make(chan struct{}), node: "root", meta: meta, ctlSock: mc.Control}
+	vm := &machine{id: id, dir: dir, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{}), reaped: make(chan struct{}), node: "root", meta: meta, ctlSock: mc.Control, cg: cg}
 	go vm.reap() // ended by QEMU's exit, which stop brings about
 	meta.PID = vm.pid
 	if st, _, err := procfs.ReadStat(vm.pid, nil); err == nil {
@@ -348,13 +367,14 @@ func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta, die
 	return vm, nil
 }
 
-// reap waits for QEMU's exit, kills what is left of its session (the nc
-// relays of its guestfwd rules) while the zombie still holds the group's
-// id, and reaps it.
+// reap waits for QEMU's exit, kills what is left in its cgroup (the nc
+// relays of its guestfwd rules), and reaps it.
 func (vm *machine) reap() {
 	waitExit(vm.pid)
 	close(vm.exited)
-	_ = syscall.Kill(-vm.pid, syscall.SIGKILL)
+	if vm.cg != "" {
+		_ = vm.cg.Kill()
+	}
 	_ = vm.cmd.Wait()
 	close(vm.reaped)
 }
@@ -439,6 +459,9 @@ func (vm *machine) stop(ctx context.Context, timeout time.Duration) error {
 	case <-vm.reaped:
 	default:
 		_ = syscall.Kill(-vm.pid, syscall.SIGKILL) // QEMU; its session is its own
+		if vm.cg != "" {
+			_ = vm.cg.Kill() // and its relays, in sessions of their own
+		}
 		t := time.NewTimer(timeout)
 		defer t.Stop()
 		select {
@@ -704,4 +727,75 @@ func tailFile(p string, n int) string {
 		b = b[len(b)-n:]
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// vmCgroup is the cgroup of VM id's QEMU ("" when the provider runs
+// without cgroups): <cgroup v2>/stillpoint-vms/<state hash>/<id hash>, a
+// path a restarted provider finds again.
+func (m *MicroVM) vmCgroup(id string) cgroup.Dir {
+	if m.cgroups == "" {
+		return ""
+	}
+	return m.cgroups.Child(shortHash(id))
+}
+
+// makeVMCgroup makes the cgroup for VM id's QEMU, emptying one an earlier
+// process left. It is called with sockMu held shared: the parent is
+// removed under it held exclusively (clearVMCgroup).
+func (m *MicroVM) makeVMCgroup(id string) (cgroup.Dir, error) {
+	cg := m.vmCgroup(id)
+	if cg == "" {
+		return "", nil
+	}
+	if err := os.MkdirAll(string(m.cgroups), 0o755); err != nil {
+		return "", fmt.Errorf("microvm: the VMs' cgroup: %w", err)
+	}
+	if _, err := cgroup.Create(string(cg)); errors.Is(err, fs.ErrExist) {
+		if err := m.emptyCgroup(context.Background(), cg); err != nil {
+			return "", err
+		}
+	} else if err != nil {
+		return "", fmt.Errorf("microvm: a VM's cgroup: %w", err)
+	}
+	return cg, nil
+}
+
+// emptyCgroup kills every process of cg and waits until it holds none.
+func (m *MicroVM) emptyCgroup(ctx context.Context, cg cgroup.Dir) error {
+	if _, err := os.Stat(string(cg)); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := cg.Kill(); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: kill cgroup %s: %w", ErrLeftover, cg, err)
+	}
+	ok, err := cg.WaitEvents(ctx, time.Now().Add(m.cfg.StopTimeout), func(e cgroup.Events) bool { return !e.Populated })
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil || !ok {
+		pids, _ := cg.AllProcs()
+		return fmt.Errorf("%w: cgroup %s still holds %v: %v", ErrLeftover, cg, pids, err)
+	}
+	return nil
+}
+
+// clearVMCgroup empties VM id's cgroup (QEMU, its relays) and removes it,
+// and the parent once no VM's cgroup is left in it.
+func (m *MicroVM) clearVMCgroup(ctx context.Context, id string) error {
+	cg := m.vmCgroup(id)
+	if cg == "" {
+		return nil
+	}
+	if err := m.emptyCgroup(ctx, cg); err != nil {
+		return err
+	}
+	if err := cg.Remove(ctx, time.Now().Add(m.cfg.StopTimeout)); err != nil {
+		return fmt.Errorf("%w: %w", ErrLeftover, err)
+	}
+	m.sockMu.Lock()
+	defer m.sockMu.Unlock()
+	if err := unix.Rmdir(string(m.cgroups)); err != nil && err != unix.ENOENT && err != unix.EBUSY && err != unix.ENOTEMPTY {
+		return fmt.Errorf("%w: rmdir %s: %w", ErrLeftover, m.cgroups, err)
+	}
+	return nil
 }
