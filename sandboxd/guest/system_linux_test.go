@@ -141,3 +141,32 @@ func TestSystemIdentifySetsTheEnvironment(t *testing.T) {
 		t.Fatalf("environment after identify: %q", os.Environ())
 	}
 }
+
+// TestSystemReportsThePlainInitsExit: the plain init's exit is told to the
+// host (vmctl.EventInit) and shown in Hello, for a host that connects
+// later.
+func TestSystemReportsThePlainInitsExit(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestSystemReportsThePlainInitsExit needs root (the reseed ioctls): run the tests as root, as CI does")
+	}
+	holdReaper(t)
+	s := NewSystem(SystemConfig{Root: t.TempDir()})
+	defer s.Close()
+	notices := make(chan vmctl.Notice, 1)
+	s.SetNotify(func(n vmctl.Notice) { notices <- n })
+	if _, err := s.Identify(context.Background(), vmctl.Request{Op: vmctl.OpIdentify, Sandbox: "s1",
+		Entropy: bytes.Repeat([]byte{7}, vmctl.EntropyBytes), Init: []string{"sh", "-c", "exit 3"}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-notices:
+		if n.Event != vmctl.EventInit || n.Why != "exit 3" {
+			t.Fatalf("notice %+v, want the init's exit 3", n)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no notice of the init's exit")
+	}
+	if h := s.Hello(); !h.InitExited {
+		t.Fatalf("hello after the init exited: %+v", h)
+	}
+}

@@ -222,6 +222,8 @@ type Hello struct {
 	Identity Identity `json:"identity"`
 	// InitPID is the pid of Identify.Init, when the sandbox runs one.
 	InitPID int `json:"init_pid,omitempty"`
+	// InitExited says the plain init exited (EventInit).
+	InitExited bool `json:"init_exited,omitempty"`
 	// Uptime is CLOCK_BOOTTIME in seconds: continuous from the snapshot in
 	// a fork.
 	Uptime float64 `json:"uptime"`
@@ -276,6 +278,10 @@ const (
 	EventLog Event = "log"
 	// EventMember: the sandboxd member stopped (Why says why).
 	EventMember Event = "member"
+	// EventInit: the plain init (Identify.Init) exited; Why is "exit N"
+	// or "signal NAME". Hello.InitExited says so too, for a host that was
+	// not connected then.
+	EventInit Event = "init"
 )
 
 // Notice is an event line.

@@ -415,7 +415,7 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 	if err != nil {
 		return err
 	}
-	if vm.ctl, err = microvm.DialControl(ctx, mc.Control, m.onNotice(id)); err != nil {
+	if vm.ctl, err = microvm.DialControl(ctx, mc.Control, m.onNotice(id, vm)); err != nil {
 		return err
 	}
 	hello, err := vm.ctl.Hello(ctx)

@@ -534,6 +534,9 @@ func (m *MicroVM) Exec(ctx context.Context, id string, argv []string, opts ExecO
 	if vm == nil {
 		return ExecResult{}, fmt.Errorf("%w: sandbox %q was left by an earlier process", ErrNotFound, id)
 	}
+	if vm.initExited.Load() {
+		return ExecResult{}, fmt.Errorf("%w: sandbox %q: its init exited in the guest", ErrExited, id)
+	}
 	req := vmctl.Request{Op: vmctl.OpExec, Argv: argv, Dir: opts.Dir, Env: append(slices.Clone(env), opts.Env...)}
 	if opts.Stdin != nil {
 		if req.Stdin, err = io.ReadAll(opts.Stdin); err != nil {

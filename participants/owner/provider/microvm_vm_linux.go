@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -88,6 +89,10 @@ type machine struct {
 	ctlSock string
 	// hello is the guest's answer to its identify or reidentify.
 	hello vmctl.Hello
+	// initExited says the guest's plain init exited (vmctl.EventInit, or
+	// Hello.InitExited): Exec refuses with ErrExited, as for the other
+	// providers' sandboxes whose init exited.
+	initExited atomic.Bool
 
 	mu   sync.Mutex // guards meta
 	meta vmMeta
@@ -265,6 +270,9 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 		return vm, fmt.Errorf("hello: %w", err)
 	}
 	tHello := time.Now()
+	if hello.InitExited {
+		vm.initExited.Store(true) // a fork of a snapshot taken after the init exited
+	}
 	resp, err := vm.call(ctx, req)
 	if err != nil {
 		return vm, fmt.Errorf("%s %s: %w (console: %s)", req.Op, spec.ID, err, tailFile(filepath.Join(dir, "console.log"), 2048))
@@ -401,15 +409,18 @@ func (m *MicroVM) restore(ctx context.Context, vm *machine, state string) error 
 	if err := vm.qmp.Do(ctx, "cont", nil, nil); err != nil {
 		return err
 	}
-	vm.ctl, err = microvm.DialControl(ctx, vm.ctlSock, m.onNotice(vm.id))
+	vm.ctl, err = microvm.DialControl(ctx, vm.ctlSock, m.onNotice(vm.id, vm))
 	return err
 }
 
-func (m *MicroVM) onNotice(id string) func(vmctl.Notice) {
+func (m *MicroVM) onNotice(id string, vm *machine) func(vmctl.Notice) {
 	return func(n vmctl.Notice) {
 		ev := m.log.Debug()
-		if n.Event == vmctl.EventPowerOff {
+		switch n.Event {
+		case vmctl.EventPowerOff:
 			ev = m.log.Warn()
+		case vmctl.EventInit:
+			vm.initExited.Store(true)
 		}
 		ev.Str("sandbox", id).Str("event", string(n.Event)).Str("why", n.Why).Str("msg", n.Msg).Msg("microvm: guest notice")
 	}
