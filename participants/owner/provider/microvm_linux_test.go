@@ -145,6 +145,33 @@ func counter(t testing.TB, p Provider, id string) (last, pid int) {
 	return last, pid
 }
 
+// consoleCounter reads the "counter N PID" lines of a console file: the
+// first N and how many follow it one by one, all of pid (a gap, a repeat
+// or another pid fails the test).
+func consoleCounter(t testing.TB, path string, pid int) (first, n int) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev := 0
+	for line := range strings.SplitSeq(string(b), "\n") {
+		var i, pp int
+		if _, err := fmt.Sscanf(strings.TrimSpace(line), "counter %d %d", &i, &pp); err != nil {
+			continue // the kernel's and sandboxd's lines
+		}
+		if pp != pid || (prev != 0 && i != prev+1) {
+			t.Fatalf("%s: console line %q after counter %d: a gap, a repeat or another process than %d", path, line, prev, pid)
+		}
+		if first == 0 {
+			first = i
+		}
+		prev = i
+		n++
+	}
+	return first, n
+}
+
 func waitCounter(t testing.TB, p Provider, id string, atLeast int) int {
 	t.Helper()
 	var last int
@@ -290,6 +317,16 @@ func TestMicroVMForksKeepProcessesAcrossAnOwnerCrash(t *testing.T) {
 		}
 		waitCounter(t, m, id, last+3) // it runs on, the same process, no gap
 		random[id] = run(t, m, id, "head -c 16 /dev/urandom | od -An -tx1")
+		// The console too: the fork's console file holds what the counter
+		// wrote since the restore, from the snapshot's instant on.
+		var first, n int
+		poll.Wait(t, time.Minute, id+"'s console counter", func() bool {
+			first, n = consoleCounter(t, filepath.Join(m.boxes.dir(id), "console.log"), initPID)
+			return n >= 3
+		})
+		if first <= before || first > after+1 {
+			t.Errorf("%s: the console counter starts at %d after the fork; the snapshot was taken between %d and %d", id, first, before, after)
+		}
 	}
 	if random["fork-a"] == random["fork-b"] {
 		t.Errorf("both forks read the same random bytes %q: the guest was not reseeded", random["fork-a"])
@@ -651,4 +688,63 @@ func TestMicroVMStopKillsTheRelays(t *testing.T) {
 	if left := relays(); len(left) > 0 {
 		t.Fatalf("the relays %v outlived their VM's Stop", left)
 	}
+}
+
+// TestMicroVMInitExited: the plain init of a guest exits (as in
+// TestOverlayInitExited), the guest tells the host, and Exec refuses with
+// ErrExited. Sandbox.InitPID is QEMU's pid, which lives on: the guest's
+// init is not a host process (PROVIDERS.md).
+func TestMicroVMInitExited(t *testing.T) {
+	tier.Long(t)
+	m := newMicroVM(t, t.TempDir())
+	defer cleanupMicroVM(t, m)
+	sb := start(t, m, Spec{ID: "short", Init: []string{"sh", "-c", "read x"}}) // stdin is /dev/null: exits at once
+	poll.Wait(t, time.Minute, "Exec to refuse", func() bool {
+		_, err := m.Exec(context.Background(), "short", []string{"true"}, ExecOptions{})
+		return errors.Is(err, ErrExited)
+	})
+	if !alive(sb.InitPID) {
+		t.Errorf("QEMU %d exited with the guest's init", sb.InitPID)
+	}
+	stop(t, m, sb)
+}
+
+// TestMicroVMConcurrent: TestOverlayConcurrent on microvm (start, exec,
+// snapshot, fork and stop of several sandboxes at once).
+func TestMicroVMConcurrent(t *testing.T) {
+	tier.Long(t)
+	m := newMicroVM(t, t.TempDir())
+	defer cleanupMicroVM(t, m)
+	testConcurrent(t, m)
+}
+
+// TestMicroVMStopsLeftovers: TestOverlayStopsLeftovers on microvm. A
+// second provider on the same state directory lists the first one's
+// sandbox, refuses to start over it, and stops it (its QEMU, found by
+// vm.json, and its cgroup); the first provider's Stop then still confirms.
+func TestMicroVMStopsLeftovers(t *testing.T) {
+	tier.Long(t)
+	m := newMicroVM(t, t.TempDir())
+	defer cleanupMicroVM(t, m)
+	sb := start(t, m, Spec{ID: "orphan"})
+	again, err := NewMicroVM(m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := again.Sandboxes(); !slices.Equal(got, []string{"orphan"}) {
+		t.Fatalf("second provider lists %v", got)
+	}
+	if _, err := again.Start(context.Background(), Spec{ID: "orphan"}); !errors.Is(err, ErrExists) {
+		t.Errorf("start over a leftover: %v", err)
+	}
+	if err := again.Stop(context.Background(), "orphan"); err != nil {
+		t.Fatal(err)
+	}
+	if alive(sb.InitPID) {
+		t.Errorf("QEMU %d still alive after the second provider's Stop", sb.InitPID)
+	}
+	if exists(m.boxes.dir("orphan")) || exists(string(m.vmCgroup("orphan"))) {
+		t.Error("the leftover's directory or cgroup is still there")
+	}
+	stop(t, m, sb)
 }
