@@ -405,12 +405,12 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 	mc := m.machineFor(id, t.dir, t.meta, nil)
 	mc.RAMFile, mc.RAMShared = filepath.Join(t.dir, "ram"), true
 	vm, err := m.startQEMU(id, t.dir, mc, t.meta, true)
-	if vm != nil {
-		defer func() {
+	defer func() {
+		if vm != nil {
 			_ = vm.stop(context.Background(), m.cfg.StopTimeout)
-			_ = m.clearVMCgroup(context.Background(), id)
-		}()
-	}
+		}
+		_ = m.clearVMCgroup(context.Background(), id) // also made when QEMU did not start
+	}()
 	defer func() { _ = m.removeSockets(id) }() // the success path below checks it
 	if err != nil {
 		return err
