@@ -564,7 +564,7 @@ func (m *MicroVM) snapshotInto(ctx context.Context, vm *machine, dst string) (co
 	}
 	// Whether stop, the disk's snapshot or the migration failed, the VM
 	// may be paused: it runs again before this returns.
-	rerr := resume(pctx, q)
+	rerr := resume(pctx, vm)
 	took := time.Since(t0)
 	meta.Pending = ""
 	vm.meta = meta
@@ -627,10 +627,14 @@ func endMigration(ctx context.Context, q *microvm.QMP) error {
 // resume runs the VM again after stop: QEMU marks a migration completed
 // before the VM reaches postmigrate, and refuses cont in between
 // ("Migration is not finalized yet"), so it looks at the run state and
-// sends cont until the VM runs, or ctx ends.
-func resume(ctx context.Context, q *microvm.QMP) error {
+// sends cont until the VM runs, QEMU exits, or ctx ends.
+func resume(ctx context.Context, vm *machine) error {
+	q := vm.qmp
 	var last error
 	err := poll.Until(ctx, poll.Backoff(time.Millisecond, 50*time.Millisecond), func() (bool, error) {
+		if vm.gone() {
+			return false, fmt.Errorf("%w: the VM of %s exited", ErrExited, vm.id)
+		}
 		st, err := q.Status(ctx)
 		if err != nil {
 			last = err
