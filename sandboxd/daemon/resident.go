@@ -42,6 +42,10 @@ type ResidentConfig struct {
 	// Supervisor runs the launches for the Resident's whole life; the
 	// Resident runs it. Required.
 	Supervisor *sandboxd.Supervisor
+	// Relay, when set, is the sandbox's model relay, given to every
+	// daemon of the Resident (Config.Relay): it outlives them, and a
+	// restored fork's daemon finds it still holding. Its maker runs it.
+	Relay Relay
 	// Logger receives the logs.
 	Logger zerolog.Logger
 	// Stopped, when set, is called when a daemon stops by itself
@@ -201,7 +205,7 @@ func (r *Resident) start(ctx context.Context, id Identity) (*served, error) {
 		return nil, err
 	}
 	d, err := New(Config{Run: id.Run, SandboxID: id.SandboxID, JS: js, Bus: bus, Supervisor: r.cfg.Supervisor,
-		Grace: id.Grace, AdoptEpoch: id.AdoptEpoch, Logger: r.cfg.Logger})
+		Grace: id.Grace, AdoptEpoch: id.AdoptEpoch, Relay: r.cfg.Relay, Logger: r.cfg.Logger})
 	if err != nil {
 		nc.Close()
 		return nil, err

@@ -254,17 +254,35 @@ func (v *vmMembers) Join(ctx context.Context, req vmctl.Request) (string, error)
 			v.mu.Unlock()
 			return "", err
 		}
-		res, err := daemon.NewResident(daemon.ResidentConfig{Supervisor: sup, Logger: v.log.Level(o.level),
+		rl, err := o.newRelay(v.log.Level(o.level))
+		if err != nil {
+			v.mu.Unlock()
+			return "", err
+		}
+		rcfg := daemon.ResidentConfig{Supervisor: sup, Logger: v.log.Level(o.level),
 			Stopped: func(m events.Member, err error) {
 				if v.notice != nil {
 					v.notice(vmctl.Notice{Event: vmctl.EventMember, Why: fmt.Sprintf("%s stopped: %v", m, err)})
 				}
-			}})
+			}}
+		if rl != nil {
+			rcfg.Relay = rl
+		}
+		res, err := daemon.NewResident(rcfg)
 		if err != nil {
 			v.mu.Unlock()
 			return "", err
 		}
 		rctx, cancel := context.WithCancel(v.ctx)
+		if rl != nil {
+			// The relay lives as long as the Resident: every identity of
+			// the guest (a fork's too) serves calls through it.
+			v.wg.Go(func() {
+				if err := rl.Run(rctx); err != nil {
+					v.log.Error().Err(err).Msg("the model relay stopped")
+				}
+			})
+		}
 		v.res, v.state, v.cancel, v.done = res, o.state, cancel, make(chan struct{})
 		done := v.done
 		v.wg.Go(func() {
