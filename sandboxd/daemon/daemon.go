@@ -56,8 +56,21 @@ type Config struct {
 	// relay_status and relay_repoint from it. Whoever made it runs it (it
 	// outlives the daemon in a Resident).
 	Relay Relay
+	// Failpoints inject faults for the end-to-end tests (zero: none).
+	Failpoints Failpoints
 	// Logger receives structured logs.
 	Logger zerolog.Logger
+}
+
+// Failpoints are the faults a daemon can be told to show, so that an
+// end-to-end test can reach the restore outcomes a healthy fork never
+// shows.
+type Failpoints struct {
+	// IdentityPrefix makes held, resume and collect of every launch whose
+	// id starts with it see another supervisor identity than the daemon's
+	// (its start time plus one): the launch reads as owned by a restarted
+	// supervisor.
+	IdentityPrefix string
 }
 
 // Relay is the model relay as the daemon uses it (package sandboxd/relay).

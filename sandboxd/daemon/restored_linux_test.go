@@ -251,3 +251,28 @@ func TestRelayEndpointsWithoutARelay(t *testing.T) {
 		t.Errorf("Repoint: %v, want %s", err, sandboxapi.CodeNoRelay)
 	}
 }
+
+// The identity failpoint makes the restore endpoints see another
+// supervisor for the launches it names, and only for them.
+func TestIdentityFailpoint(t *testing.T) {
+	env := jstest.Start(t)
+	res := resident(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := res.Join(ctx, daemon.Identity{Run: run, SandboxID: "fp", Conn: env.ConnConfig("sandboxd-fp"),
+		Failpoints: daemon.Failpoints{IdentityPrefix: "fp-"}}); err != nil {
+		t.Fatal(err)
+	}
+	work := t.TempDir()
+	c, rec := launch(t, env, "fp", "fp-"+id("a"), work)
+	_, other := launch(t, env, "fp", id("b"), t.TempDir())
+	for _, l := range []struct {
+		id   string
+		want sandboxapi.Verdict
+	}{{rec.ID, sandboxapi.VerdictIdentityChanged}, {other.ID, sandboxapi.VerdictNotHolding}} {
+		a, err := c.Held(t.Context(), l.id, 1, rec.Supervisor)
+		if err != nil || a.Verdict != l.want {
+			t.Errorf("Held(%s) = %v (%s), %v; want %v", l.id, a.Verdict, a.Reason, err, l.want)
+		}
+	}
+}

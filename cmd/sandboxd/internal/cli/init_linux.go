@@ -218,11 +218,13 @@ type vmMembers struct {
 	stderr io.Writer
 	notice func(vmctl.Notice)
 
-	mu     sync.Mutex
-	res    *daemon.Resident
-	state  string
-	cancel context.CancelFunc
-	done   chan struct{}
+	mu        sync.Mutex
+	res       *daemon.Resident
+	state     string
+	cancel    context.CancelFunc
+	done      chan struct{}
+	stopRelay context.CancelFunc // nil without a relay
+	relayDone chan struct{}
 }
 
 // identity parses an identify's args as member flags, with its explicit
@@ -236,7 +238,8 @@ func (v *vmMembers) identity(req vmctl.Request) (memberOpts, daemon.Identity, er
 	if o.state == "" {
 		o.state = "/var/lib/stillpoint-sandboxd"
 	}
-	return o, daemon.Identity{Run: o.run, SandboxID: o.id, Conn: o.conn, Grace: o.lease, AdoptEpoch: req.Epoch}, nil
+	return o, daemon.Identity{Run: o.run, SandboxID: o.id, Conn: o.conn, Grace: o.lease, AdoptEpoch: req.Epoch,
+		Failpoints: daemon.Failpoints{IdentityPrefix: o.failpoints.identityPrefix}}, nil
 }
 
 // Join implements guest.Members: the supervisor and the Resident start
@@ -277,8 +280,12 @@ func (v *vmMembers) Join(ctx context.Context, req vmctl.Request) (string, error)
 		if rl != nil {
 			// The relay lives as long as the Resident: every identity of
 			// the guest (a fork's too) serves calls through it.
+			relayCtx, stopRelay := context.WithCancel(rctx)
+			relayDone := make(chan struct{})
+			v.stopRelay, v.relayDone = stopRelay, relayDone
 			v.wg.Go(func() {
-				if err := rl.Run(rctx); err != nil {
+				defer close(relayDone)
+				if err := rl.Run(relayCtx); err != nil {
 					v.log.Error().Err(err).Msg("the model relay stopped")
 				}
 			})
@@ -313,6 +320,16 @@ func (v *vmMembers) Rejoin(ctx context.Context, req vmctl.Request) (string, erro
 	}
 	if o.state != state {
 		return "", fmt.Errorf("sandboxd init: reidentify with state %s, the supervisor's is %s", o.state, state)
+	}
+	if o.failpoints.relayDown {
+		v.mu.Lock()
+		stop, done := v.stopRelay, v.relayDone
+		v.mu.Unlock()
+		if stop != nil {
+			v.log.Warn().Msg("failpoint: the model relay stops at this reidentify")
+			stop()
+			<-done
+		}
 	}
 	m, err := res.Join(ctx, id)
 	return string(m), err

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -45,6 +46,33 @@ type memberOpts struct {
 	// relay).
 	relay         string
 	relayUpstream string
+	// failpoints are the --failpoint flags (see parseFailpoints).
+	failpoints failpoints
+}
+
+// failpoints are the faults the --failpoint flags ask for, for the
+// end-to-end tests: identity=<prefix> (daemon.Failpoints.IdentityPrefix)
+// and relay-down (at a reidentify in a microVM, the model relay stops
+// serving: a fork whose relay is gone).
+type failpoints struct {
+	identityPrefix string
+	relayDown      bool
+}
+
+// set parses one --failpoint value.
+func (f *failpoints) set(v string) error {
+	switch name, arg, _ := strings.Cut(v, "="); name {
+	case "identity":
+		if arg == "" {
+			return errors.New("--failpoint identity=<launch id prefix>: the prefix is empty")
+		}
+		f.identityPrefix = arg
+	case "relay-down":
+		f.relayDown = true
+	default:
+		return fmt.Errorf("unknown --failpoint %q (want identity=<prefix> or relay-down)", v)
+	}
+	return nil
 }
 
 // parseMemberFlags parses the member flags; explicit values in args win
@@ -66,6 +94,8 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	lease := fs.Duration("lease-grace", member.DefaultGrace, "lease grace after a phase's deadline")
 	level := fs.String("log-level", "info", "log level (logs go to stderr)")
 	relayAddr := fs.String("relay", "", "serve the model relay on this address, e.g. 127.0.0.1:"+fmt.Sprint(sandboxapi.DefaultRelayPort)+" (default: no relay)")
+	var fps failpoints
+	fs.Func("failpoint", "inject a fault, for the end-to-end tests: identity=<launch id prefix> or relay-down (repeatable)", fps.set)
 	relayUp := fs.String("relay-upstream", "", "the relay's first upstream URL, e.g. http://10.0.2.90:8080 (default: none until a relay_repoint)")
 	if err := fs.Parse(args); err != nil {
 		return memberOpts{}, fmt.Errorf("%w: %w", errFlags, err) // the flag package has said why
@@ -79,7 +109,7 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	}
 	return memberOpts{conn: jetstream.ConnConfig{URL: *url, CredsFile: *creds, NKeyFile: *nkey, Token: *token, Name: "sandboxd-" + *id},
 		run: *run, id: *id, state: *state, mode: mode, grace: *grace, root: *root, noCg: *noCg, lease: *lease, level: lvl,
-		relay: *relayAddr, relayUpstream: *relayUp}, nil
+		relay: *relayAddr, relayUpstream: *relayUp, failpoints: fps}, nil
 }
 
 // member runs the daemon on the bus: member sandbox.<id> of a run, serving
@@ -138,7 +168,8 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 2
 	}
-	cfg := daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log}
+	cfg := daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log,
+		Failpoints: daemon.Failpoints{IdentityPrefix: o.failpoints.identityPrefix}}
 	if rl != nil {
 		cfg.Relay = rl
 	}
