@@ -2,7 +2,7 @@
 // sandbox port that a harness is given as its model URL, forwarding every
 // OpenAI-compatible request, streaming (SSE) or not, to the current
 // upstream, so that a checkpoint can hold model calls still and a restore
-// can send them on to another model server (PROTOCOL §6, The model relay).
+// can send them on to another model server (PROTOCOL §6, Model relay).
 //
 //  1. Calls. Every request is one call, recorded once: a sequence number,
 //     the hex SHA-256 of its method, path and body (the digest), the
