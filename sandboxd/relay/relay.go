@@ -154,6 +154,9 @@ func (r *Relay) Release() {
 	}
 	r.holding = false
 	r.log.Info().Int("open", len(r.open)).Msg("releasing model calls")
+	// A kept-alive upstream connection may not have outlived the hold (a
+	// restored VM's old forward): calls from now on dial afresh.
+	r.client.CloseIdleConnections()
 	for _, c := range r.open {
 		c.signal()
 	}
@@ -183,6 +186,10 @@ func (r *Relay) Repoint(upstream string, gen uint64) (sandboxapi.RelayStatus, er
 	}
 	old := r.upstream
 	r.upstream, r.gen = strings.TrimRight(upstream, "/"), gen
+	// Idle connections to the old upstream (after a restore: to a forward
+	// the new VM does not have, where a request could wait forever) are
+	// never used again, even for the same address.
+	r.client.CloseIdleConnections()
 	cut := 0
 	for _, c := range r.open {
 		if a := c.att; a != nil && !a.ended && a.err == nil && a.gen < gen {
