@@ -276,3 +276,34 @@ func TestIdentityFailpoint(t *testing.T) {
 		}
 	}
 }
+
+// A checkpoint's resume releases the relay its prepare held; a launch asked
+// while a relay is left holding with admission open (a restore's hold whose
+// launch was abandoned) releases it too.
+func TestResumeAndNewLaunchReleaseTheRelay(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, run)
+	model := newModelServer(t, func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, `{}`) })
+	res, rl := residentWithRelay(t, t.TempDir(), model.URL)
+	m := join(t, env, res, "rel", 0)
+	c, _ := launch(t, env, "rel", id("r1"), t.TempDir())
+	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, m)})
+	if a := bridge.Ack(seq, events.PhasePrepare, m).(events.PrepareAck); !a.Ready || !rl.Holding() {
+		t.Fatalf("prepare: ready %v, relay holding %v", a.Ready, rl.Holding())
+	}
+	bridge.Ack(bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, m)}), events.PhaseResume, m)
+	poll.Wait(t, 10*time.Second, "the relay released by the resume", func() bool { return !rl.Holding() })
+
+	rl.Hold() // as a restored snapshot leaves it
+	if _, err := c.Launch(t.Context(), sandboxapi.LaunchRequest{LaunchID: id("r2"), Episode: id("r2"), Command: "sleep 30"}); err != nil {
+		t.Fatal(err)
+	}
+	if rl.Holding() {
+		t.Fatal("a launch with admission open left the relay holding")
+	}
+	for _, l := range []string{id("r1"), id("r2")} {
+		if _, err := c.Stop(t.Context(), l, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
