@@ -88,35 +88,26 @@ func (r *Relay) Serve(ctx context.Context, ln net.Listener) error {
 	r.log.Info().Str("url", r.url).Str("upstream", r.Upstream()).Msg("model relay listening")
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	served := false
 	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
+		served = true
 	}
 	r.mu.Lock()
 	r.up = false
 	close(r.stopping)
 	r.mu.Unlock()
 	_ = srv.Close()
-	if serr := <-errcOrNil(errc, err); serr != nil && !errors.Is(serr, http.ErrServerClosed) {
-		err = serr
+	if !served {
+		err = <-errc
 	}
 	r.handlers.Wait()
 	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
+		return nil
 	}
 	return err
-}
-
-// errcOrNil returns errc, or a channel that yields nil at once when the
-// serve goroutine has already reported (err set).
-func errcOrNil(errc chan error, err error) chan error {
-	if err != nil {
-		c := make(chan error, 1)
-		c <- nil
-		return c
-	}
-	return errc
 }
 
 // URL returns the URL a harness is given ("" before Serve).

@@ -33,7 +33,7 @@ type upstream struct {
 	got    chan string
 }
 
-func newUpstream(t *testing.T, answer func(w http.ResponseWriter, r *http.Request, body []byte)) *upstream {
+func newUpstream(t testing.TB, answer func(w http.ResponseWriter, r *http.Request, body []byte)) *upstream {
 	t.Helper()
 	u := &upstream{got: make(chan string, 16)}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
