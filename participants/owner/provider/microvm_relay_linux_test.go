@@ -134,13 +134,13 @@ func TestMicroVMRelayHoldsACallThroughAFork(t *testing.T) {
 	if _, err := f1.Repoint(ctx, upstream, 1); err != nil {
 		t.Fatal(err)
 	}
-	poll.Wait(t, time.Minute, "the cut call re-sent", func() bool { return len(model.ledger()) == 2 })
-	if got := model.ledger(); got[0] != call || got[1] != call {
-		t.Fatalf("the model server's ledger: %q, want the call twice, byte for byte (once cut, once re-sent)", got)
-	}
 	rep, err := f1.Resume(ctx, "l1", ack.Pause.PauseSeq, identity)
 	if err != nil || rep.State != sandboxapi.StateRunning || !rep.Frozen {
 		t.Fatalf("resume in the fork: %+v, %v", rep, err)
+	}
+	poll.Wait(t, time.Minute, "the cut call re-sent", func() bool { return len(model.ledger()) == 2 })
+	if got := model.ledger(); got[0] != call || got[1] != call {
+		t.Fatalf("the model server's ledger: %q, want the call twice, byte for byte (once cut, once re-sent)", got)
 	}
 	poll.Wait(t, time.Minute, "the harness's answer in the fork", func() bool {
 		return strings.Contains(run(t, m, "f1", "cat /work/answer 2>/dev/null; true"), "from the model")
