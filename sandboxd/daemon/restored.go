@@ -98,9 +98,27 @@ func (d *Daemon) Resume(ctx context.Context, r sandboxapi.ResumeRequest) (sandbo
 		d.mu.Unlock()
 		return sandboxapi.PauseResult{}, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
 	}
+	if d.resuming[r.LaunchID] {
+		d.mu.Unlock()
+		return sandboxapi.PauseResult{}, fmt.Errorf("%w: launch %s is being resumed", ErrNotHolding, r.LaunchID)
+	}
+	// From here until the continue is done a prepare counts the launch as
+	// a blocker and leaves it alone: it would otherwise take the held
+	// launch for one its agent paused, or pause it under a mark that the
+	// end of the take-over then clears.
+	d.resuming[r.LaunchID] = true
+	old := d.paused[r.LaunchID]
 	d.mu.Unlock()
 	rep, err := d.launches.Continue(ctx, r.LaunchID)
-	d.unmark(r.LaunchID)
+	d.mu.Lock()
+	delete(d.resuming, r.LaunchID)
+	if old != "" && d.paused[r.LaunchID] == old {
+		delete(d.paused, r.LaunchID) // the snapshot's checkpoint's mark, if this daemon had it
+	}
+	d.mu.Unlock()
+	if d.member != nil {
+		d.member.Notify() // a prepare that found it resuming asks again
+	}
 	d.releaseAfterRestore(r.LaunchID, "taken over")
 	if err != nil {
 		return rep, err
@@ -127,7 +145,11 @@ func (d *Daemon) Collect(r sandboxapi.CollectRequest) (sandboxapi.Receipt, error
 	case rec.State != sandboxapi.StateEnded || rec.Receipt == nil:
 		return sandboxapi.Receipt{}, fmt.Errorf("%w: launch %s is %s, not ended", ErrNotHolding, r.LaunchID, rec.State)
 	}
-	d.unmark(r.LaunchID)
+	d.mu.Lock()
+	if d.open == "" {
+		delete(d.paused, r.LaunchID) // no checkpoint of this daemon's is open: the mark is a restored one's
+	}
+	d.mu.Unlock()
 	d.releaseAfterRestore(r.LaunchID, "collected")
 	return *rec.Receipt, nil
 }
