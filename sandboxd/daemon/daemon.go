@@ -56,8 +56,36 @@ type Config struct {
 	// member serves it from the start (member.Config.AdoptEpoch, PROTOCOL
 	// §5).
 	AdoptEpoch uint64
+	// Relay, when set, is the sandbox's model relay: a checkpoint's
+	// prepare holds it and its resume releases it, and the service answers
+	// relay_status and relay_repoint from it. Whoever made it runs it (it
+	// outlives the daemon in a Resident).
+	Relay Relay
+	// Failpoints inject faults for the end-to-end tests (zero: none).
+	Failpoints Failpoints
 	// Logger receives structured logs.
 	Logger zerolog.Logger
+}
+
+// Failpoints are the faults a daemon can be told to show, so that an
+// end-to-end test can reach the restore outcomes a healthy fork never
+// shows.
+type Failpoints struct {
+	// IdentityPrefix makes held, resume and collect of every launch whose
+	// id starts with it see another supervisor identity than the daemon's
+	// (its start time plus one): the launch reads as owned by a restarted
+	// supervisor.
+	IdentityPrefix string
+}
+
+// Relay is the model relay as the daemon uses it (package sandboxd/relay).
+type Relay interface {
+	Hold()
+	Release()
+	Drop(why string)
+	Holding() bool
+	Status() sandboxapi.RelayStatus
+	Repoint(url string, generation uint64) (sandboxapi.RelayStatus, error)
 }
 
 // Daemon is sandboxd on the bus.
@@ -75,6 +103,7 @@ type Daemon struct {
 	episodes    map[string]string                   // launch id -> episode key, persisted
 	nopause     map[string]bool                     // launches checkpoints leave alone
 	registering map[string]bool                     // launches admitted and not yet registered
+	resuming    map[string]bool                     // launches a take-over (Resume) is continuing
 	pausing     map[string]*pausing                 // launch id -> its pause in flight
 	ending      map[string]context.CancelFunc       // launch id -> the watch for the end of its stop
 	confirmed   map[string][]sandboxapi.PauseResult // checkpoint id -> its pauses that confirmed
@@ -144,7 +173,7 @@ func newDaemon(cfg Config) (*Daemon, error) {
 		cfg.StateFile = filepath.Join(cfg.Supervisor.StateDir(), "position.json")
 	}
 	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, launches: cfg.Supervisor,
-		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{}, registering: map[string]bool{},
+		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{}, registering: map[string]bool{}, resuming: map[string]bool{},
 		pausing: map[string]*pausing{}, ending: map[string]context.CancelFunc{}, confirmed: map[string][]sandboxapi.PauseResult{}, failed: map[string]error{},
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
 	if err := d.loadEpisodes(); err != nil {
@@ -200,6 +229,11 @@ func (d *Daemon) Joined() <-chan struct{} { return d.member.Joined() }
 func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Report, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.open != cp.ID && d.cfg.Relay != nil {
+		// Before any launch is paused: no model call starts or is answered
+		// from now on until the resume.
+		d.cfg.Relay.Hold()
+	}
 	d.open = cp.ID
 	if err := d.failed[cp.ID]; err != nil {
 		return member.Report{}, err
@@ -219,6 +253,12 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 		if rec.State == sandboxapi.StateStopping {
 			// It ends by itself, within the stop's grace.
 			d.watchEnd(ctx, rec.ID)
+			blockers = append(blockers, d.blockerLocked(rec.ID))
+			continue
+		}
+		if d.resuming[rec.ID] {
+			// A take-over is continuing it: paused now, running in a
+			// moment. Pause it once that is done (Resume notifies).
 			blockers = append(blockers, d.blockerLocked(rec.ID))
 			continue
 		}
@@ -406,7 +446,15 @@ func (d *Daemon) Continue(ctx context.Context, id string) (*events.PauseReport, 
 	if d.open == id {
 		d.open = ""
 	}
+	reopened := d.open == ""
 	d.mu.Unlock()
+	defer func() {
+		if reopened && d.cfg.Relay != nil {
+			// After the launches are continued: the replies it kept reach
+			// harnesses that run again.
+			d.cfg.Relay.Release()
+		}
+	}()
 	sort.Strings(ids)
 	var reports []sandboxapi.PauseResult
 	var errs []error
@@ -488,6 +536,15 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec 
 	}
 	d.registering[spec.ID] = true
 	d.mu.Unlock()
+	if d.cfg.Relay != nil && d.cfg.Relay.Holding() {
+		// Admission is open and the relay still holds: a hold the
+		// snapshot of a restored sandbox kept, whose held launch its agent
+		// abandoned (or never took over). Its calls are dropped, never sent
+		// on (the relaunched harness makes its own), and the new launch's
+		// calls flow.
+		d.log.Warn().Str("launch", spec.ID).Msg("dropping the calls a restore left held: a new launch")
+		d.cfg.Relay.Drop("a new launch " + spec.ID + " replaces the held one")
+	}
 	defer func() {
 		d.mu.Lock()
 		delete(d.registering, spec.ID)
@@ -645,6 +702,10 @@ func summarize(results []sandboxapi.PauseResult) *events.PauseReport {
 		out.PauseSeq = max(out.PauseSeq, r.PauseSeq)
 	}
 	out.Fallback = strings.Join(fallbacks, "; ")
+	out.Frozen = true
+	for _, r := range results {
+		out.Frozen = out.Frozen && r.Frozen
+	}
 	if len(out.Pending) > 100 {
 		out.Pending = out.Pending[:100]
 	}
