@@ -29,10 +29,10 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/invariant"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
-	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
@@ -251,7 +251,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 		return err
 	}
 	defer ctl.Close()
-	chk := &demoChecks{}
+	verified := &invariant.Manifests{}
 	var progress *os.File
 	if fd, ok := env.Stderr.(*os.File); ok && isatty.IsTerminal(fd.Fd()) {
 		progress = fd
@@ -260,7 +260,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: inFlight, Keep: 0, RecoverGrace: 90 * time.Second,
 		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
 		OnCommit: func(ctx context.Context, res *bridgeapi.CheckpointResult) {
-			chk.verifyManifests(ctx, bus, d.run, res.CheckpointID)
+			verified.OnCommit(ctx, bus, d.run, res.CheckpointID)
 		}}
 	if progress != nil {
 		cfg.Progress = progress
@@ -287,17 +287,12 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 
 	d.stopAll()
 	leftover := d.reap(ctx)
-	inv := chk.check(ctx, d, js, bus, ms, sum, leftover)
+	inv := invariant.Check(ctx, invariant.Run{Run: d.run, JS: js, Bus: bus, Summary: sum,
+		Results: filepath.Join(d.dir, "results.jsonl"), Rollouts: d.ids, Graded: d.graded, Model: ms,
+		Manifests: verified, Sandboxes: leftover, NeedRestore: true})
 	fmt.Fprintln(env.Stdout, "invariants (PROTOCOL §7) checked on this run:")
-	failed := []string{}
-	for _, r := range inv {
-		mark := "ok"
-		if !r.ok {
-			mark = "FAILED"
-			failed = append(failed, r.name)
-		}
-		fmt.Fprintf(env.Stdout, "  %-6s %d. %s: %s\n", mark, r.n, r.name, r.detail)
-	}
+	invariant.Write(env.Stdout, inv)
+	failed := invariant.Failed(inv)
 	fmt.Fprintln(env.Stdout)
 	fmt.Fprintf(env.Stdout, "to read what happened (the store is in %s):\n", filepath.Join(d.dir, "nats"))
 	fmt.Fprintf(env.Stdout, "  go run ./cmd/stillpoint server --dir %s --listen 127.0.0.1:4333 &\n", filepath.Join(d.dir, "nats"))
@@ -695,34 +690,4 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 	d.say("restored %s into the new processes", col.Summary().Restores[0])
 	time.Sleep(300 * time.Millisecond)
 	return checkpoint(3)
-}
-
-// demoChecks gathers what the invariants need while the run goes.
-type demoChecks struct {
-	mu        sync.Mutex
-	manifests int
-	bad       []string
-}
-
-// verifyManifests reads back every member manifest of a committed
-// checkpoint and its records, verifying size, sha256 and count.
-func (c *demoChecks) verifyManifests(ctx context.Context, bus *jetstream.Bus, run, id string) {
-	e, err := bus.Manifests.Get(ctx, events.ManifestKey(run, id))
-	var m events.CheckpointManifest
-	if err == nil {
-		err = json.Unmarshal(e.Value(), &m)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err != nil {
-		c.bad = append(c.bad, fmt.Sprintf("%s: manifest: %v", id, err))
-		return
-	}
-	for _, mm := range m.Members {
-		if _, _, err := member.ReadRecords(ctx, bus.Manifests, bus.Records, run, id, mm.Member, nil); err != nil {
-			c.bad = append(c.bad, fmt.Sprintf("%s/%s: %v", id, mm.Member, err))
-			continue
-		}
-		c.manifests++
-	}
 }

@@ -5,7 +5,7 @@
 // collects the bundled task set (e2e/tasks) through three checkpoints and
 // a crash: after the second checkpoint it kills the agents and the owner
 // with SIGKILL and starts them again, and the collector restores. It then
-// checks the PROTOCOL §7 invariants on the run (check.go) and prints them,
+// checks the PROTOCOL §7 invariants on the run (internal/invariant) and prints them,
 // ending with one line:
 //
 //	demo: <N> rollouts, <N> results, <C> continued in place, <R> relaunched, <K> checkpoints committed, invariants ok
