@@ -126,7 +126,7 @@ func Check(ctx context.Context, r Run) []Result {
 	if r.Model == nil {
 		add(4, "no model call repeated, no turn injected", false, "no model ledger to read")
 	} else {
-		out = append(out, model(r.Model, r.Summary))
+		out = append(out, model(r.Model, tl))
 	}
 
 	// 5. Paused launches were still: every pause a sandbox acked was confirmed.
@@ -192,10 +192,25 @@ func outcomes(tl []bridge.TimelineEntry, sum collect.Summary) (committed, failed
 	return committed, failed
 }
 
-// model checks invariant 4 on the ledger. A call a restored attempt sends
-// again is no repeat when the crash lost its reply: saved after the
-// earliest restored checkpoint began, or never.
-func model(l Ledger, sum collect.Summary) Result {
+// model checks invariant 4 on the ledger. A call sent again by a later
+// attempt is no repeat when that attempt started over from its input (a
+// retired attempt's successor, or one whose restore failed), nor when a
+// restore continued it and the crash lost the reply: saved after the
+// checkpoint it was restored from began, or never. The restored attempts
+// and their checkpoints are the stream's restore.completed outcomes.
+func model(l Ledger, tl []bridge.TimelineEntry) Result {
+	began := map[string]time.Time{} // checkpoint → its first event
+	from := map[string]string{}     // restored episode → its checkpoint
+	for _, e := range tl {
+		if _, ok := began[e.CheckpointID]; !ok {
+			began[e.CheckpointID] = e.Time
+		}
+		if rc, ok := e.Data.(events.RestoreCompleted); ok {
+			for _, ep := range rc.Restored {
+				from[ep] = rc.Source
+			}
+		}
+	}
 	repeats := l.Repeats()
 	ledger := l.Ledger()
 	injected := 0
@@ -204,22 +219,22 @@ func model(l Ledger, sum collect.Summary) Result {
 			injected++
 		}
 	}
-	var restoredFrom time.Time
-	for _, ck := range sum.Checkpoints {
-		if slices.Contains(sum.Restores, ck.ID) && (restoredFrom.IsZero() || ck.Began.Before(restoredFrom)) {
-			restoredFrom = ck.Began
-		}
-	}
-	early := 0
+	restored, over, early := 0, 0, 0
 	reissued := l.Reissued()
 	for _, r := range reissued {
-		if !r.Saved.IsZero() && (restoredFrom.IsZero() || r.Saved.Before(restoredFrom)) {
+		src, ok := from[r.Later]
+		if !ok {
+			over++
+			continue
+		}
+		restored++
+		if !r.Saved.IsZero() && r.Saved.Before(began[src]) {
 			early++
 		}
 	}
 	return Result{N: 4, Name: "no model call repeated, no turn injected", OK: len(repeats) == 0 && injected == 0 && early == 0,
-		Detail: fmt.Sprintf("%d calls; %d sent again after their reply was saved, %d with an injected user turn; %d re-issued by a restored attempt, each a call whose reply the crash lost (saved after the restored checkpoint began, or never; %d saved before)",
-			len(ledger), len(repeats), injected, len(reissued), early)}
+		Detail: fmt.Sprintf("%d calls; %d sent again after their reply was saved, %d with an injected user turn; %d re-issued by a restored attempt, each a call whose reply the crash lost (saved after the restored checkpoint began, or never; %d saved before); %d by attempts that started over from their input",
+			len(ledger), len(repeats), injected, restored, early, over)}
 }
 
 // Failed returns the names of the invariants that failed.

@@ -2,6 +2,7 @@ package demo
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,6 +48,7 @@ type demoFlags struct {
 	authDir  string
 	tool     time.Duration
 	harness  string
+	steps    int // tool calls of each scripted task (default 2)
 }
 
 // Env is what the demo takes from the command line it is part of.
@@ -148,6 +150,10 @@ type demo struct {
 	inFlight int      // how many the collector runs at once
 	token    string
 	log      zerolog.Logger
+	// who starts the lines it says (default "demo").
+	who string
+	// bridgeAddr is the bridge's API address, once it started.
+	bridgeAddr string
 
 	mu    sync.Mutex
 	procs map[string]*child.Process // the latest process of each name
@@ -155,7 +161,11 @@ type demo struct {
 }
 
 func (d *demo) say(format string, args ...any) {
-	fmt.Fprintf(d.env.Stdout, "demo: "+format+"\n", args...)
+	who := d.who
+	if who == "" {
+		who = "demo"
+	}
+	fmt.Fprintf(d.env.Stdout, who+": "+format+"\n", args...)
 }
 
 func runDemo(ctx context.Context, env Env, f demoFlags) error {
@@ -349,7 +359,7 @@ func openLogFile(p string) *os.File {
 // openCodeInFlight).
 func (d *demo) taskSet() ([]collect.Task, modelserver.Script, int, error) {
 	if d.f.harness != harnessOpenCode {
-		ts, script := tasks.Set(tasks.Options{N: d.f.rollouts, ToolSeconds: d.f.tool.Seconds(), Steps: 2})
+		ts, script := tasks.Set(tasks.Options{N: d.f.rollouts, ToolSeconds: d.f.tool.Seconds(), Steps: cmp.Or(d.f.steps, 2)})
 		return ts, script, d.f.rollouts, nil
 	}
 	ts, script, err := tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: tasks.HarnessOpenCode})
@@ -499,14 +509,21 @@ func (d *demo) instance(ctx context.Context, bus *jetstream.Bus, m events.Member
 	return info.Instance
 }
 
-func (d *demo) startBridge(ctx context.Context) (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// startBridge starts the bridge (again, on the address it had: the
+// collector's client keeps its URL), with extra in its environment, and
+// waits until it serves.
+func (d *demo) startBridge(ctx context.Context, extra ...string) (string, error) {
+	addr := d.bridgeAddr
+	if addr == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr = ln.Addr().String()
+		_ = ln.Close()
+		d.bridgeAddr = addr
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	if err := d.spawn("bridge", embedded.RoleBridge, []string{"STILLPOINT_BRIDGE_TOKEN=" + d.token},
+	if err := d.spawn("bridge", embedded.RoleBridge, append([]string{"STILLPOINT_BRIDGE_TOKEN=" + d.token}, extra...),
 		"bridge", "--run", d.run, "--listen", addr); err != nil {
 		return "", err
 	}
