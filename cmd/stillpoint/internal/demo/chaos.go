@@ -340,7 +340,8 @@ func (p plannedFault) String() string {
 // and adds it to the table. Only a failure to set the round up is an
 // error; what the faults break is in the table.
 func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick uint64, t *chaosTable) error {
-	run := fmt.Sprintf("chaos%d", k)
+	// Run ids of their own: the process table is searched by run.
+	run := fmt.Sprintf("chaos%d-%08x", k, uint32(time.Now().UnixNano()))
 	d := &demo{env: w.env, f: demoFlags{rollouts: w.f.rollouts, agents: w.f.agents, provider: w.f.provider, tool: w.f.tool, steps: w.f.steps, harness: harnessScripted},
 		who: "chaos " + run, dir: filepath.Join(w.dir, run), self: w.self, sandboxd: w.sandboxd, harness: w.harness, natsURL: w.natsURL, run: run,
 		token: fmt.Sprintf("chaos-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
@@ -433,6 +434,8 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	if err := waitIdle(ctx, ctl, d); err != nil {
 		t.violations = append(t.violations, fmt.Sprintf("round %d: %v", k, err))
 	}
+	// What is left is checked and cleaned up even when ctx ended.
+	ctx = context.WithoutCancel(ctx)
 	d.stopAll()
 	leftover := d.reap(ctx)
 	procs, perr := runProcesses(run)

@@ -40,7 +40,8 @@ func runProcesses(run string) ([]string, error) {
 }
 
 // sandboxProcesses returns the sandbox daemons of run (sandboxd member
-// --run <run> --id ...) and the processes they launched.
+// --run <run> --id ...) and the processes they launched (their children:
+// the harnesses, not what those run in turn).
 func sandboxProcesses(run string) (daemons, launched []int, err error) {
 	pids, err := procfs.PIDs()
 	if err != nil {
@@ -52,8 +53,8 @@ func sandboxProcesses(run string) (daemons, launched []int, err error) {
 			continue
 		}
 		daemons = append(daemons, pid)
-		if tree, _ := procfs.Tree(pid); len(tree) > 1 {
-			launched = append(launched, tree[1:]...)
+		if kids, _, err := procfs.Children(pid, 0, nil, nil); err == nil {
+			launched = append(launched, kids...)
 		}
 	}
 	return daemons, launched, nil
