@@ -21,7 +21,12 @@ E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/
 # The CPU hogs of test-loaded: one per core.
 HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all help build test test-short e2e test-loaded lint fuzz bench ci clean
+# The fault kinds of `make chaos` and `make soak` (stillpoint chaos
+# --faults): every kind but those docs/RELIABILITY.md lists as open.
+CHAOS_FAULTS ?= bridge,agent,owner,fleet,harness,stall
+CHAOS_SEED   ?= 1
+
+.PHONY: all help build test test-short e2e test-loaded lint fuzz bench chaos soak ci clean
 
 all: build
 
@@ -72,6 +77,15 @@ fuzz:
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseStat$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseMount$$' -fuzztime $(FUZZTIME)
 
+## chaos: a 2-minute `stillpoint chaos` (random faults in rounds of
+## collection, every PROTOCOL §7 invariant checked after each round).
+chaos:
+	$(GO) run ./cmd/stillpoint chaos --seed $(CHAOS_SEED) --duration 2m --faults $(CHAOS_FAULTS)
+
+## soak: the 10-minute chaos soak whose table docs/RELIABILITY.md records.
+soak:
+	$(GO) run ./cmd/stillpoint chaos --seed $(CHAOS_SEED) --duration 10m --faults $(CHAOS_FAULTS)
+
 ## bench: the benchmarks recorded in docs/BENCHMARKS.md.
 bench:
 	$(GO) test -run '^$$' -bench 'Ack' -benchmem -count 3 ./events/
@@ -82,7 +96,7 @@ bench:
 	$(GO) test -run '^$$' -bench Checkpoint64LiveRollouts -benchtime 1x -count 1 -timeout 30m ./e2e/
 
 ## ci: what .ci/run does.
-ci: lint test fuzz
+ci: lint test fuzz chaos
 
 clean:
 	rm -rf bin .stillpoint

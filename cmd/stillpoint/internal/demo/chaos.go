@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,10 +54,14 @@ const (
 	// FaultNATS kills the NATS server (SIGKILL) at a phase and starts it
 	// again on the same store and address.
 	FaultNATS = "nats"
+	// FaultStall stops one agent (SIGSTOP) at a point: a member that never
+	// answers, until the checkpoint fails; it is continued (SIGCONT) then,
+	// and answers after the abort.
+	FaultStall = "stall"
 )
 
 // Faults lists every fault kind, in the order the table prints them.
-var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultSandboxd, FaultHarness, FaultNATS}
+var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultSandboxd, FaultHarness, FaultNATS, FaultStall}
 
 // BridgeFailpoints are the points FaultBridge arms (see the bridge's
 // failpoint package); the abort and restore ones are hit only when the
@@ -67,9 +72,42 @@ var BridgeFailpoints = []string{
 	"bridge/after-release", "bridge/after-restore", "bridge/after-restore-acks",
 }
 
-// chaosPhases are the phases a fault other than the bridge's waits for
-// (a restore only after a fleet's crash in the same round).
-var chaosPhases = []events.Phase{events.PhasePrepare, events.PhaseCommit, events.PhaseResume, events.PhaseRestore, events.PhaseRelease}
+// The points of a checkpoint a fault other than the bridge's waits for,
+// beside the phases: a commit ack on the bus (its member manifest is
+// written) and the checkpoint.committed outcome (the checkpoint manifest
+// and LATEST are).
+const (
+	pointCommitAcked events.Phase = "commit-acked"
+	pointCommitted   events.Phase = "committed"
+	// pointFailed, the checkpoint.failed outcome, ends a stall.
+	pointFailed events.Phase = "failed"
+)
+
+// chaosPhases are the points a fault other than the bridge's waits for (a
+// restore only after a fleet's crash in the same round).
+var chaosPhases = []events.Phase{events.PhasePrepare, events.PhaseCommit, pointCommitAcked, pointCommitted,
+	events.PhaseResume, events.PhaseRestore, events.PhaseRelease}
+
+// point names the point of a run's subject: its phase, pointCommitAcked
+// for a commit ack, pointCommitted for the outcome, "" for the rest.
+func point(run, subject string) events.Phase {
+	rest, ok := strings.CutPrefix(subject, events.SubjectPrefix+"."+run+".")
+	if !ok {
+		return ""
+	}
+	parts := strings.Split(rest, ".")
+	switch {
+	case len(parts) == 2 && parts[0] == "phase":
+		return events.Phase(parts[1])
+	case len(parts) >= 3 && parts[0] == "ack" && parts[2] == string(events.PhaseCommit):
+		return pointCommitAcked
+	case subject == events.OutcomeSubject(run, events.TypeCheckpointCommitted):
+		return pointCommitted
+	case subject == events.OutcomeSubject(run, events.TypeCheckpointFailed):
+		return pointFailed
+	}
+	return ""
+}
 
 type chaosFlags struct {
 	seed     uint64
@@ -83,6 +121,7 @@ type chaosFlags struct {
 	every    time.Duration
 	tool     time.Duration
 	steps    int
+	plan     string
 }
 
 // ChaosCommand returns the `chaos` command. Its errors wrap ErrUsage for a
@@ -99,13 +138,16 @@ passed: each round is a run of its own with --rollouts scripted tasks, a checkpo
 
   bridge    the bridge armed with a failpoint (a phase point: after-prepare, -commit-acks,
             -manifest, -latest, -outcome, -release, -restore, ...) kills itself there
-  agent     kill -9 of one agent at a phase (prepare, commit, resume, restore, release),
-            started again
+  agent     kill -9 of one agent at a point (the phases prepare, commit, resume, restore,
+            release; commit-acked: a member manifest written; committed: the checkpoint
+            manifest written), started again
   owner     kill -9 of the sandbox owner at a phase, started again
   fleet     kill -9 of the owner and every agent at a phase, started again: a restore
   sandboxd  kill -9 of one sandbox daemon at a phase
   harness   kill -9 of one process a sandbox daemon launched, at a phase
   nats      kill -9 of the NATS server at a phase, started again on the same store
+  stall     SIGSTOP of one agent at a point (a member that never answers) until a
+            checkpoint fails, then SIGCONT (it answers after the abort)
 
 After each round every PROTOCOL §7 invariant is checked on it (internal/invariant), and at
 the end a table says how many faults of each kind were injected, checkpoints committed and
@@ -129,6 +171,7 @@ checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
 	fl.DurationVar(&f.every, "every", 2*time.Second, "checkpoint interval of each round")
 	fl.DurationVar(&f.tool, "tool-time", 8*time.Second, "how long each task's slow tool call runs (a checkpoint catches it)")
 	fl.IntVar(&f.steps, "steps", 2, "quick tool calls of each task before its slow one")
+	fl.StringVar(&f.plan, "plan", "", "instead of drawing: one round per comma-separated entry, its faults joined by +, each kind@phase or bridge@<failpoint> (bridge@after-commit-acks+agent@prepare,fleet@commit)")
 	return cmd
 }
 
@@ -147,7 +190,11 @@ type chaosTable struct {
 
 // write prints the table.
 func (t *chaosTable) write(w io.Writer, f chaosFlags, took time.Duration) {
-	fmt.Fprintf(w, "chaos: seed %d, %s, %d rounds of %d rollouts, %d faults a round\n", f.seed, took.Round(time.Second), t.rounds, f.rollouts, f.perRound)
+	per := fmt.Sprintf("%d faults a round", f.perRound)
+	if f.plan != "" {
+		per = "the faults of --plan"
+	}
+	fmt.Fprintf(w, "chaos: seed %d, %s, %d rounds of %d rollouts, %s\n", f.seed, took.Round(time.Second), t.rounds, f.rollouts, per)
 	fmt.Fprintf(w, "  %-26s %8s %8s\n", "fault", "injected", "missed")
 	total := 0
 	for _, k := range Faults {
@@ -264,8 +311,11 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	if len(drawn) == 0 && f.perRound > 0 {
 		return fmt.Errorf("%w: --faults names no kind", ErrUsage)
 	}
+	planned, err := parsePlan(f.plan)
+	if err != nil {
+		return err
+	}
 	w := &chaosWorld{env: env, f: f}
-	var err error
 	if w.dir = f.dir; w.dir == "" {
 		if w.dir, err = os.MkdirTemp("", "stillpoint-chaos-"); err != nil {
 			return err
@@ -293,9 +343,15 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	rng := rand.New(rand.NewPCG(f.seed, f.seed^0x5eed))
 	t := &chaosTable{injected: map[string]int{}, missed: map[string]int{}}
 	began := time.Now()
-	for round := 1; round == 1 || time.Since(began) < f.duration; round++ {
+	for round := 1; planned != nil && round <= len(planned) || planned == nil && (round == 1 || time.Since(began) < f.duration); round++ {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if planned != nil {
+			if err := w.round(ctx, round, planned[round-1], rng.Uint64(), t); err != nil {
+				return err
+			}
+			continue
 		}
 		plan := make([]plannedFault, f.perRound)
 		restores := false // a restore phase comes only after a fleet's crash
@@ -329,9 +385,38 @@ type plannedFault struct {
 	failpoint string
 }
 
+// parsePlan parses --plan: nil when it is empty.
+func parsePlan(plan string) ([][]plannedFault, error) {
+	if strings.TrimSpace(plan) == "" {
+		return nil, nil
+	}
+	var out [][]plannedFault
+	for r := range strings.SplitSeq(plan, ",") {
+		var round []plannedFault
+		for f := range strings.SplitSeq(strings.TrimSpace(r), "+") {
+			kind, at, ok := strings.Cut(f, "@")
+			switch {
+			case !ok || !slices.Contains(Faults, kind):
+				return nil, fmt.Errorf("%w: --plan: %q: want kind@phase or bridge@<failpoint>, kind one of %s", ErrUsage, f, strings.Join(Faults, ","))
+			case kind == FaultBridge && !slices.Contains(BridgeFailpoints, "bridge/"+at):
+				return nil, fmt.Errorf("%w: --plan: %q: the bridge's failpoints are %s", ErrUsage, f, strings.Join(BridgeFailpoints, ", "))
+			case kind != FaultBridge && !slices.Contains(chaosPhases, events.Phase(at)):
+				return nil, fmt.Errorf("%w: --plan: %q: the phases are %v", ErrUsage, f, chaosPhases)
+			}
+			p := plannedFault{kind: kind, phase: events.Phase(at)}
+			if kind == FaultBridge {
+				p.phase, p.failpoint = "", "bridge/"+at
+			}
+			round = append(round, p)
+		}
+		out = append(out, round)
+	}
+	return out, nil
+}
+
 func (p plannedFault) String() string {
 	if p.kind == FaultBridge {
-		return p.kind + "@" + p.failpoint
+		return p.kind + "@" + strings.TrimPrefix(p.failpoint, "bridge/")
 	}
 	return fmt.Sprintf("%s@%s", p.kind, p.phase)
 }
@@ -558,8 +643,11 @@ func lastLine(s string) string {
 // other: each after its delay, at the next phase of its kind on the bus.
 func (i *injector) run(ctx context.Context, plan []plannedFault, col *collect.Collector) {
 	phases := make(chan events.Phase, 64)
-	sub, err := i.nc.Subscribe(events.PhaseFilter(i.d.run), func(m *nats.Msg) {
-		p := events.Phase(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:])
+	sub, err := i.nc.Subscribe(events.RunFilter(i.d.run), func(m *nats.Msg) {
+		p := point(i.d.run, m.Subject)
+		if p == "" {
+			return
+		}
 		select {
 		case phases <- p:
 		default:
@@ -606,7 +694,7 @@ func (i *injector) run(ctx context.Context, plan []plannedFault, col *collect.Co
 			i.count(p.kind, false)
 			continue
 		}
-		if err := i.inject(ctx, p); err != nil {
+		if err := i.inject(ctx, p, phases); err != nil {
 			i.d.say("%s: %v", p, err)
 			i.count(p.kind, false)
 			continue
@@ -615,10 +703,36 @@ func (i *injector) run(ctx context.Context, plan []plannedFault, col *collect.Co
 	}
 }
 
-// inject injects one fault now.
-func (i *injector) inject(ctx context.Context, p plannedFault) error {
+// inject injects one fault now; a stall reads the points that follow
+// from phases.
+func (i *injector) inject(ctx context.Context, p plannedFault, phases <-chan events.Phase) error {
 	d := i.d
 	switch p.kind {
+	case FaultStall:
+		a := i.agents[i.rng.IntN(len(i.agents))]
+		proc := d.process("agent-" + a)
+		d.say("SIGSTOP of agent %s at %s, until a checkpoint fails", a, p.phase)
+		if err := proc.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		defer func() {
+			d.say("SIGCONT of agent %s", a)
+			_ = proc.Signal(syscall.SIGCONT)
+		}()
+		limit := time.NewTimer(stallLimit)
+		defer limit.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-limit.C:
+				return nil
+			case ph := <-phases:
+				if ph == pointFailed {
+					return nil
+				}
+			}
+		}
 	case FaultAgent:
 		a := i.agents[i.rng.IntN(len(i.agents))]
 		d.say("kill -9 of agent %s at %s", a, p.phase)
@@ -677,3 +791,6 @@ func (i *injector) inject(ctx context.Context, p plannedFault) error {
 // once, and a partial loss (one agent, the owner) waits out the whole
 // grace before its rollouts start over.
 const chaosRecoverGrace = 15 * time.Second
+
+// stallLimit bounds a stall that sees no checkpoint fail.
+const stallLimit = time.Minute
