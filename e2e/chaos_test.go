@@ -20,19 +20,24 @@ import (
 var faultMatrix = []struct {
 	component string
 	rounds    []string
+	args      []string // more flags of its chaos
 }{
 	{"bridge", []string{"bridge@after-prepare", "bridge@after-prepare-acks", "bridge@after-commit", "bridge@after-commit-acks",
 		"bridge@after-manifest", "bridge@after-latest", "bridge@after-outcome", "bridge@after-release",
-		"fleet@commit+bridge@after-restore", "fleet@commit+bridge@after-restore-acks"}},
+		"fleet@commit+bridge@after-restore", "fleet@commit+bridge@after-restore-acks"}, nil},
 	{"agent", []string{"agent@prepare", "agent@commit", "agent@commit-acked", "agent@committed", "agent@resume", "agent@release",
-		"fleet@committed+agent@restore"}},
+		"fleet@committed+agent@restore"}, nil},
 	{"owner", []string{"owner@prepare", "owner@commit", "owner@commit-acked", "owner@committed", "owner@resume", "owner@release",
-		"fleet@committed+owner@restore"}},
-	{"fleet", []string{"fleet@prepare", "fleet@commit", "fleet@committed", "fleet@resume", "fleet@release"}},
-	{"harness", []string{"harness@prepare", "harness@commit", "harness@resume", "harness@release"}},
+		"fleet@committed+owner@restore"}, nil},
+	{"fleet", []string{"fleet@prepare", "fleet@commit", "fleet@committed", "fleet@resume", "fleet@release"}, nil},
+	{"harness", []string{"harness@prepare", "harness@commit", "harness@resume", "harness@release"}, nil},
 	// A member that never answers (SIGSTOP) until the checkpoint fails,
 	// and answers after the abort (SIGCONT).
-	{"stall", []string{"stall@prepare", "stall@commit"}},
+	{"stall", []string{"stall@prepare", "stall@commit"}, nil},
+	// One node of a 3-node R3 cluster, each node its own process, lost
+	// and back: killed at the point, started again on its store once a
+	// checkpoint ended without it.
+	{"node", []string{"node@prepare", "node@commit", "node@commit-acked", "node@committed", "node@resume"}, []string{"--cluster"}},
 }
 
 // chaosRoundRE is the line chaos prints after each round.
@@ -79,8 +84,10 @@ func runChaos(t *testing.T, rounds int, args ...string) {
 	t.Logf("chaos %s: %s", strings.Join(args, " "), time.Since(start).Round(time.Second))
 }
 
-// TestFaultMatrix kills each component (SIGKILL, real processes) at each
-// point of a checkpoint, a restore and a release, a round each, and
+// TestFaultMatrix kills each component (SIGKILL, real processes), and a
+// node of a 3-node cluster, at each point of a checkpoint, a restore and a
+// release, a round each, stalls an agent (SIGSTOP) until its checkpoint
+// fails, and
 // checks every PROTOCOL §7 invariant on every round (internal/invariant):
 // the run goes on, or is restored, and ends with every result once.
 func TestFaultMatrix(t *testing.T) {
@@ -88,7 +95,7 @@ func TestFaultMatrix(t *testing.T) {
 	for _, row := range faultMatrix {
 		t.Run(row.component, func(t *testing.T) {
 			t.Parallel()
-			runChaos(t, len(row.rounds), "--rollouts", "4", "--plan", strings.Join(row.rounds, ","))
+			runChaos(t, len(row.rounds), append([]string{"--rollouts", "4", "--plan", strings.Join(row.rounds, ",")}, row.args...)...)
 		})
 	}
 }

@@ -54,6 +54,10 @@ const (
 	// FaultNATS kills the NATS server (SIGKILL) at a phase and starts it
 	// again on the same store and address.
 	FaultNATS = "nats"
+	// FaultNode kills one node of the 3-node cluster (--cluster) with
+	// SIGKILL at a point, and starts it again on its store once a
+	// checkpoint has ended without it (or nodeDownFor has passed).
+	FaultNode = "node"
 	// FaultStall stops one agent (SIGSTOP) at a point: a member that never
 	// answers, until the checkpoint fails; it is continued (SIGCONT) then,
 	// and answers after the abort.
@@ -61,7 +65,7 @@ const (
 )
 
 // Faults lists every fault kind, in the order the table prints them.
-var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultSandboxd, FaultHarness, FaultNATS, FaultStall}
+var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultSandboxd, FaultHarness, FaultNATS, FaultNode, FaultStall}
 
 // BridgeFailpoints are the points FaultBridge arms (see the bridge's
 // failpoint package); the abort and restore ones are hit only when the
@@ -122,6 +126,7 @@ type chaosFlags struct {
 	tool     time.Duration
 	steps    int
 	plan     string
+	cluster  bool
 }
 
 // ChaosCommand returns the `chaos` command. Its errors wrap ErrUsage for a
@@ -146,6 +151,8 @@ passed: each round is a run of its own with --rollouts scripted tasks, a checkpo
   sandboxd  kill -9 of one sandbox daemon at a phase
   harness   kill -9 of one process a sandbox daemon launched, at a phase
   nats      kill -9 of the NATS server at a phase, started again on the same store
+  node      with --cluster: kill -9 of one node at a point, started again on its store
+            once a checkpoint ended without it
   stall     SIGSTOP of one agent at a point (a member that never answers) until a
             checkpoint fails, then SIGCONT (it answers after the abort)
 
@@ -159,6 +166,7 @@ checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runChaos(cmd.Context(), env, f) },
 	}
+	cmd.AddCommand(nodeCommand())
 	fl := cmd.Flags()
 	fl.Uint64Var(&f.seed, "seed", 1, "the seed that draws the faults")
 	fl.DurationVar(&f.duration, "duration", 2*time.Minute, "rounds start until this has passed (the last one finishes)")
@@ -166,7 +174,8 @@ checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
 	fl.IntVar(&f.agents, "agents", 2, "agent processes")
 	fl.StringVar(&f.dir, "dir", "", "work directory: a directory per round, the NATS store (default: a new one under the temp dir)")
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
-	fl.StringVar(&f.faults, "faults", strings.Join(Faults, ","), "the fault kinds to draw from, comma-separated")
+	fl.StringVar(&f.faults, "faults", "", "the fault kinds to draw from, comma-separated (default: every kind but node, or with --cluster every kind but nats)")
+	fl.BoolVar(&f.cluster, "cluster", false, "run NATS as a 3-node cluster (R3), each node its own process (the node fault kills one)")
 	fl.IntVar(&f.perRound, "per-round", 2, "faults in each round")
 	fl.DurationVar(&f.every, "every", 2*time.Second, "checkpoint interval of each round")
 	fl.DurationVar(&f.tool, "tool-time", 8*time.Second, "how long each task's slow tool call runs (a checkpoint catches it)")
@@ -227,8 +236,10 @@ type chaosWorld struct {
 	natsURL  string
 	natsAddr string
 
-	mu   sync.Mutex
-	nats *child.Process
+	mu     sync.Mutex
+	nats   *child.Process
+	nodes  []*clusterNode // with --cluster
+	routes string         // every node's route URL, joined
 }
 
 // natsReadyRE is the line `stillpoint server` prints once it serves.
@@ -279,6 +290,9 @@ func (w *chaosWorld) restartNATS(ctx context.Context) error {
 	return w.startNATS(ctx)
 }
 
+// cluster reports whether NATS runs as a cluster of node processes.
+func (w *chaosWorld) cluster() bool { return len(w.nodes) > 0 }
+
 func (w *chaosWorld) stopNATS() {
 	w.mu.Lock()
 	p := w.nats
@@ -290,6 +304,11 @@ func (w *chaosWorld) stopNATS() {
 
 func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	kinds := map[string]bool{}
+	if strings.TrimSpace(f.faults) == "" {
+		for _, k := range Faults {
+			kinds[k] = k != FaultNode && k != FaultNATS || k == FaultNode && f.cluster || k == FaultNATS && !f.cluster
+		}
+	}
 	for k := range strings.SplitSeq(f.faults, ",") {
 		if k = strings.TrimSpace(k); k == "" {
 			continue
@@ -301,6 +320,9 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	}
 	if f.rollouts < 1 || f.agents < 1 || f.perRound < 0 || f.duration <= 0 || f.every <= 0 {
 		return fmt.Errorf("%w: --rollouts and --agents must be at least 1, --per-round not negative, --duration and --every positive", ErrUsage)
+	}
+	if kinds[FaultNode] && !f.cluster || kinds[FaultNATS] && f.cluster {
+		return fmt.Errorf("%w: --faults: node goes with --cluster, nats without", ErrUsage)
 	}
 	var drawn []string
 	for _, k := range Faults {
@@ -335,10 +357,17 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 		return err
 	}
 	w.sandboxd, w.harness = b.sandboxd, b.harness
-	if err := w.startNATS(ctx); err != nil {
-		return err
+	if f.cluster {
+		defer w.stopCluster()
+		if err := w.startCluster(ctx); err != nil {
+			return err
+		}
+	} else {
+		if err := w.startNATS(ctx); err != nil {
+			return err
+		}
+		defer w.stopNATS()
 	}
-	defer w.stopNATS()
 
 	rng := rand.New(rand.NewPCG(f.seed, f.seed^0x5eed))
 	t := &chaosTable{injected: map[string]int{}, missed: map[string]int{}}
@@ -780,8 +809,37 @@ func (i *injector) inject(ctx context.Context, p plannedFault, phases <-chan eve
 		d.say("kill -9 of %s process %d at %s", p.kind, pid, p.phase)
 		return killPID(pid)
 	case FaultNATS:
+		if i.w.cluster() {
+			return errors.New("nats is a fault of one server; with --cluster, node")
+		}
 		d.say("kill -9 of the NATS server at %s, started again on its store", p.phase)
 		return i.w.restartNATS(ctx)
+	case FaultNode:
+		if !i.w.cluster() {
+			return errors.New("node is a fault of --cluster")
+		}
+		n := i.rng.IntN(len(i.w.nodes))
+		d.say("kill -9 of NATS node %s at %s", i.w.nodes[n].name, p.phase)
+		if err := i.w.killNode(ctx, n); err != nil {
+			return err
+		}
+		down := time.NewTimer(nodeDownFor)
+		defer down.Stop()
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				break wait
+			case <-down.C:
+				break wait
+			case ph := <-phases:
+				if ph == pointCommitted || ph == pointFailed {
+					break wait
+				}
+			}
+		}
+		d.say("NATS node %s started again on its store", i.w.nodes[n].name)
+		return i.w.startNode(context.WithoutCancel(ctx), n)
 	}
 	return fmt.Errorf("unknown fault kind %q", p.kind)
 }
@@ -791,6 +849,10 @@ func (i *injector) inject(ctx context.Context, p plannedFault, phases <-chan eve
 // once, and a partial loss (one agent, the owner) waits out the whole
 // grace before its rollouts start over.
 const chaosRecoverGrace = 15 * time.Second
+
+// nodeDownFor bounds how long a killed node stays down when no checkpoint
+// ends meanwhile.
+const nodeDownFor = 20 * time.Second
 
 // stallLimit bounds a stall that sees no checkpoint fail.
 const stallLimit = time.Minute
