@@ -11,33 +11,35 @@ import (
 	"github.com/stillpoint/stillpoint/internal/tier"
 )
 
-// faultMatrix is the fault matrix of issue 16, one row per component: each
-// entry is one round of `stillpoint chaos --plan` (a run of its own), its
+// faultMatrix is the fault matrix of issue 16: each row is one `stillpoint
+// chaos --plan`, each entry of its rounds one round (a run of its own), its
 // faults joined by +. A point is a phase (prepare, commit, resume, restore,
 // release), commit-acked (a member manifest is written) or committed (the
 // checkpoint manifest and LATEST are); the bridge's are its failpoints. A
-// restore comes from a fleet killed earlier in the same round.
+// restore comes from the fleet killed once a checkpoint committed, earlier
+// in the same round.
 var faultMatrix = []struct {
-	component string
-	rounds    []string
-	args      []string // more flags of its chaos
+	name   string
+	rounds []string
+	args   []string // more flags of its chaos
 }{
 	{"bridge", []string{"bridge@after-prepare", "bridge@after-prepare-acks", "bridge@after-commit", "bridge@after-commit-acks",
 		"bridge@after-manifest", "bridge@after-latest", "bridge@after-outcome", "bridge@after-release",
-		"fleet@commit+bridge@after-restore", "fleet@commit+bridge@after-restore-acks"}, nil},
+		"fleet@committed+bridge@after-restore", "fleet@committed+bridge@after-restore-acks"}, nil},
+	// An agent killed, and one that never answers (SIGSTOP) until the
+	// checkpoint fails and answers after the abort (SIGCONT).
 	{"agent", []string{"agent@prepare", "agent@commit", "agent@commit-acked", "agent@committed", "agent@resume", "agent@release",
-		"fleet@committed+agent@restore"}, nil},
+		"fleet@committed+agent@restore", "stall@prepare", "stall@commit"}, nil},
 	{"owner", []string{"owner@prepare", "owner@commit", "owner@commit-acked", "owner@committed", "owner@resume", "owner@release",
 		"fleet@committed+owner@restore"}, nil},
-	{"fleet", []string{"fleet@prepare", "fleet@commit", "fleet@committed", "fleet@resume", "fleet@release"}, nil},
-	{"harness", []string{"harness@prepare", "harness@commit", "harness@resume", "harness@release"}, nil},
-	// A member that never answers (SIGSTOP) until the checkpoint fails,
-	// and answers after the abort (SIGCONT).
-	{"stall", []string{"stall@prepare", "stall@commit"}, nil},
+	// The whole fleet (before anything committed, then with LATEST to
+	// restore), and a harness.
+	{"fleet-harness", []string{"fleet@prepare", "fleet@commit", "fleet@committed", "fleet@resume", "fleet@release",
+		"harness@prepare", "harness@commit", "harness@resume", "harness@release"}, nil},
 	// One node of a 3-node R3 cluster, each node its own process, lost
 	// and back: killed at the point, started again on its store once a
 	// checkpoint ended without it.
-	{"node", []string{"node@prepare", "node@commit", "node@commit-acked", "node@committed", "node@resume"}, []string{"--cluster"}},
+	{"cluster-node", []string{"node@prepare", "node@commit", "node@commit-acked", "node@committed", "node@resume"}, []string{"--cluster"}},
 }
 
 // chaosRoundRE is the line chaos prints after each round.
@@ -46,22 +48,27 @@ var chaosRoundRE = regexp.MustCompile(`(?m)^chaos: round (\d+): .*, (invariants 
 // chaosRowRE is a row of the table's faults: kind, injected, missed.
 var chaosRowRE = regexp.MustCompile(`(?m)^  (\S+)\s+(\d+)\s+(\d+)$`)
 
-// runChaos runs `stillpoint chaos` with args from the checkout (it builds
-// sandboxd and the harness there) and checks its table: every planned
-// fault injected, none missed, every round's invariants ok, exit status 0.
-func runChaos(t *testing.T, rounds int, args ...string) {
+// startChaos starts `stillpoint chaos` with args from the checkout (it
+// builds sandboxd and the harness there).
+func startChaos(t *testing.T, args ...string) *child.Process {
 	t.Helper()
 	b := buildBins(t)
-	p := child.StartForTest(t, child.Spec{Name: "chaos", Path: b.stillpoint, Dir: "..",
+	return child.StartForTest(t, child.Spec{Name: "chaos " + strings.Join(args, " "), Path: b.stillpoint, Dir: "..",
 		Args: append([]string{"chaos", "--dir", t.TempDir()}, args...)})
-	start := time.Now()
+}
+
+// checkChaos waits for a chaos process and checks its table: exit status
+// 0, rounds rounds (0: any), each with its invariants ok, every planned
+// fault injected and none missed, 0 invariant violations.
+func checkChaos(t *testing.T, p *child.Process, rounds int) {
+	t.Helper()
 	exit, err := p.Wait(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := p.Output()
 	if !exit.Success() {
-		t.Fatalf("chaos: %s (its output is below)", exit)
+		t.Fatalf("%s: %s\n%s", p.Name(), exit, out)
 	}
 	ok := 0
 	for _, m := range chaosRoundRE.FindAllStringSubmatch(out, -1) {
@@ -81,21 +88,36 @@ func runChaos(t *testing.T, rounds int, args ...string) {
 	if !strings.Contains(out, fmt.Sprintf("  %-26s %8d\n", "invariant violations", 0)) {
 		t.Errorf("the table does not say 0 invariant violations")
 	}
-	t.Logf("chaos %s: %s", strings.Join(args, " "), time.Since(start).Round(time.Second))
+	if t.Failed() {
+		t.Logf("%s:\n%s", p.Name(), out)
+	}
 }
 
-// TestFaultMatrix kills each component (SIGKILL, real processes), and a
-// node of a 3-node cluster, at each point of a checkpoint, a restore and a
-// release, a round each, stalls an agent (SIGSTOP) until its checkpoint
-// fails, and
-// checks every PROTOCOL §7 invariant on every round (internal/invariant):
-// the run goes on, or is restored, and ends with every result once.
+// TestFaultMatrix kills each component (SIGKILL, real processes) and a
+// node of a 3-node cluster at each point of a checkpoint, a restore and a
+// release, a round each, and stalls an agent (SIGSTOP) until its
+// checkpoint fails; every PROTOCOL §7 invariant is checked on every round
+// (internal/invariant): the run goes on, or is restored, and ends with
+// every result once. The rows run side by side (their rounds mostly wait
+// on tool calls), each checked in its subtest.
 func TestFaultMatrix(t *testing.T) {
 	tier.E2E(t)
-	for _, row := range faultMatrix {
-		t.Run(row.component, func(t *testing.T) {
-			t.Parallel()
-			runChaos(t, len(row.rounds), append([]string{"--rollouts", "4", "--plan", strings.Join(row.rounds, ",")}, row.args...)...)
-		})
+	start := time.Now()
+	procs := make([]*child.Process, len(faultMatrix))
+	for i, row := range faultMatrix {
+		procs[i] = startChaos(t, append([]string{"--rollouts", "4", "--tool-time", "5s", "--every", "1500ms",
+			"--plan", strings.Join(row.rounds, ",")}, row.args...)...)
 	}
+	for i, row := range faultMatrix {
+		t.Run(row.name, func(t *testing.T) { checkChaos(t, procs[i], len(row.rounds)) })
+	}
+	t.Logf("%d rows, %d rounds: %s", len(faultMatrix), rounds(), time.Since(start).Round(time.Second))
+}
+
+func rounds() int {
+	n := 0
+	for _, row := range faultMatrix {
+		n += len(row.rounds)
+	}
+	return n
 }

@@ -352,7 +352,7 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 		}
 	}
 	fmt.Fprintf(env.Stdout, "chaos: work directory %s (a directory per round, the NATS store)\n", w.dir)
-	b := &demo{env: env, f: demoFlags{harness: harnessScripted}}
+	b := &demo{env: env, who: "chaos", f: demoFlags{harness: harnessScripted}}
 	if err := b.build(ctx); err != nil {
 		return err
 	}
@@ -494,10 +494,16 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	defer func() { _ = msrv.Close(); <-served }()
 	modelURL := "http://" + ln.Addr().String()
 
+	// One bridge fault a round: the first bridge is armed, the ones it is
+	// started again as are not; a second one drawn is missed.
 	var armed []string
+	extraBridge := 0
 	for _, p := range plan {
-		if p.kind == FaultBridge && len(armed) == 0 {
+		switch {
+		case p.kind == FaultBridge && len(armed) == 0:
 			armed = append(armed, "STILLPOINT_FAILPOINTS="+p.failpoint)
+		case p.kind == FaultBridge:
+			extraBridge++
 		}
 	}
 	bridgeURL, err := d.startBridge(ctx, armed...)
@@ -532,7 +538,7 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	}
 
 	inj := &injector{w: w, d: d, bus: bus, nc: nc, agents: agents, modelURL: modelURL, rng: rand.New(rand.NewPCG(pick, 1)),
-		injected: map[string]int{}, missed: map[string]int{}}
+		injected: map[string]int{}, missed: map[string]int{FaultBridge: extraBridge}}
 	ictx, stopInjecting := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { inj.bridgeWatch(ictx, len(armed) > 0) })
