@@ -16,7 +16,7 @@ FUZZTIME  ?= 400000x
 PKGS      ?= ./...
 # The end-to-end tests outside package e2e (those that call tier.E2E;
 # internal/tier's test keeps this list and them in step), and their packages.
-E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestDemoInProcess|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun)$$'
+E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun)$$'
 E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/ ./participants/opencode/driver/
 # The CPU hogs of test-loaded: one per core.
 HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
@@ -26,7 +26,7 @@ HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,harness,stall
 CHAOS_SEED   ?= 1
 
-.PHONY: all help build test test-short e2e test-loaded lint fuzz bench chaos soak ci clean
+.PHONY: all help build test test-short e2e test-loaded lint fuzz bench chaos soak ci clean microvm-assets
 
 all: build
 
@@ -76,6 +76,8 @@ fuzz:
 	$(GO) test ./events -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseStat$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseMount$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeGuestLine$$' -fuzztime $(FUZZTIME)
 
 ## chaos: a 2-minute `stillpoint chaos` (random faults in rounds of
 ## collection, every PROTOCOL §7 invariant checked after each round).
@@ -94,6 +96,12 @@ bench:
 	$(GO) test -run '^$$' -bench 'RawFanout|CheckpointCycle|BusFloor' -benchtime 10x -timeout 30m ./controller-bridge/
 	$(GO) test -run '^$$' -bench 'Pause|RawFreeze' -benchtime 10x -count 3 -timeout 30m ./sandboxd/
 	$(GO) test -run '^$$' -bench Checkpoint64LiveRollouts -benchtime 1x -count 1 -timeout 30m ./e2e/
+	$(GO) test -run '^$$' -bench 'MicroVM' -benchtime 1x -count 1 -timeout 30m ./participants/owner/provider/
+
+## microvm-assets: download the guest kernel of the microvm provider and
+## extract its vmlinux and modules into the cache (.ci/microvm-assets).
+microvm-assets:
+	.ci/microvm-assets
 
 ## ci: what .ci/run does.
 ci: lint test fuzz chaos

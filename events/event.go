@@ -9,7 +9,6 @@ import (
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nuid"
 )
 
 // Data is the payload of one event type: one Go type per CloudEvent type.
@@ -138,7 +137,7 @@ func build(source Member, d Data, opts []Option) (envelope, error) {
 		opt(&o)
 	}
 	if o.id == "" {
-		o.id = nuid.Next()
+		o.id = NewID()
 	}
 	if err := checkID(o.id); err != nil {
 		return envelope{}, err

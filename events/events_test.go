@@ -367,3 +367,19 @@ func TestSentinelsNameThePackage(t *testing.T) {
 		t.Errorf("ValidateRun: %q, want events: run: invalid: ...", err)
 	}
 }
+
+// TestNewID: ids are IDLength base-62 characters, valid ce-ids, and do not
+// repeat.
+func TestNewID(t *testing.T) {
+	seen := map[string]bool{}
+	for range 10000 {
+		id := NewID()
+		if len(id) != IDLength || checkID(id) != nil || strings.Trim(id, idDigits) != "" {
+			t.Fatalf("id %q", id)
+		}
+		if seen[id] {
+			t.Fatalf("id %q repeated", id)
+		}
+		seen[id] = true
+	}
+}

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"crypto/rand"
 	"fmt"
 	"strconv"
 	"strings"
@@ -221,4 +222,30 @@ func clip(s string) string {
 		return s
 	}
 	return s[:max] + fmt.Sprintf("…(%d bytes)", len(s))
+}
+
+// idDigits are the characters of NewID.
+const idDigits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+// IDLength is the length of a NewID.
+const IDLength = 22
+
+// NewID returns a new unique id, the default ce-id of every event (and a
+// member's instance): IDLength base-62 characters drawn from crypto/rand
+// on each call, about 130 random bits. It never comes from a generator
+// seeded once per process (such as the nuid package's): the processes of
+// two forks of one VM memory snapshot share such a generator's state and
+// would draw the same ids, and the stream's deduplication (Nats-Msg-Id is
+// the ce-id, §4) would drop the second fork's events. A forked guest
+// reseeds its kernel RNG before it publishes (docs/MICROVM.md), so
+// crypto/rand differs from then on.
+func NewID() string {
+	var b [IDLength]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("events: crypto/rand failed: " + err.Error()) // crypto/rand.Read does not fail on Linux
+	}
+	for i, c := range b {
+		b[i] = idDigits[int(c)%len(idDigits)]
+	}
+	return string(b[:])
 }

@@ -2,8 +2,17 @@ package main
 
 import (
 	"os"
+	"path/filepath"
 
 	"github.com/stillpoint/stillpoint/cmd/sandboxd/internal/cli"
 )
 
-func main() { os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	args := os.Args[1:]
+	if os.Getpid() == 1 && filepath.Base(os.Args[0]) == "init" {
+		// The kernel runs /init of the initramfs with the words of its
+		// command line it does not know: sandboxd is the guest's init.
+		args = []string{"init"}
+	}
+	os.Exit(cli.Main(args, os.Stdout, os.Stderr))
+}

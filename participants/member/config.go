@@ -79,6 +79,15 @@ type Config struct {
 	// consumer of its own: a process that hosts many members keeps one
 	// consumer for all of them (PROTOCOL §3). StateFile is then unused.
 	Source Source
+	// AdoptEpoch, when not 0, starts the member as having served that
+	// epoch: a sandbox daemon that a restore adopts with its running
+	// launches (a process-keeping fork re-identified in place, PROTOCOL §5's
+	// one exception) moves to the restore's epoch before any phase. Phases
+	// of older epochs are then ignored, a newer epoch supersedes it, and it
+	// is never restored into, as any member that served. Only sandbox
+	// members may be adopted; every other member takes its epoch from the
+	// phases.
+	AdoptEpoch uint64
 	// Now tells the time (default time.Now). The driver's timers (lease,
 	// prepare reply time, polling) wait on the real clock for the durations
 	// it computes with Now; the phase machine itself takes time as input.
@@ -145,6 +154,9 @@ func (c Config) Validate() error {
 	}
 	if c.Now == nil {
 		field("Now: required")
+	}
+	if c.AdoptEpoch != 0 && c.Member.Validate() == nil && c.Member.Kind() != events.KindSandbox {
+		field("AdoptEpoch: only a sandbox daemon is adopted into an epoch, not %s", c.Member)
 	}
 	return errors.Join(errs...)
 }

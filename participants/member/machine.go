@@ -82,6 +82,12 @@ func NewMachine(run string, self events.Member, grace time.Duration) *Machine {
 	}
 }
 
+// Adopt makes the member one that has served epoch: a sandbox daemon a
+// restore adopts (Config.AdoptEpoch). Call it before the first Step.
+func (m *Machine) Adopt(epoch uint64) {
+	m.epoch, m.epochSet, m.served = epoch, true, true
+}
+
 // State returns the current state.
 func (m *Machine) State() State { return m.state }
 

@@ -506,6 +506,32 @@ func TestMachineEpochAdoption(t *testing.T) {
 	}
 }
 
+// §5 Epochs fence zombies, the adopted sandbox daemon: a member adopted
+// into epoch 3 has served it from the start. A phase of epoch 2 is
+// dropped, one of 3 is served, a restore is refused (it served), and a
+// phase of epoch 4 supersedes it.
+func TestMachineAdoptedEpoch(t *testing.T) {
+	x := newMT(t)
+	x.m.Adopt(3)
+	if e, ok := x.m.Epoch(); !ok || e != 3 || !x.m.Served() {
+		t.Fatalf("after Adopt(3): epoch %d %v, served %v", e, ok, x.m.Served())
+	}
+	x.epoch = 2
+	if got := describe(x.prepare("old")); !slices.Equal(got, []string{"drop"}) {
+		t.Fatalf("a prepare of epoch 2: %v", got)
+	}
+	x.epoch = 3
+	if got := describe(x.restore("restore-e3", "c1", r1)); !slices.Equal(got, []string{"reply restore invalid_phase idle"}) {
+		t.Fatalf("a restore into the adopted member: %v", got)
+	}
+	x.prepared("c2")
+	x.resume("c2")
+	x.epoch = 4
+	if got := describe(x.prepare("c3")); !slices.Equal(got, []string{"supersede"}) || !x.m.Superseded() {
+		t.Fatalf("a prepare of epoch 4: %v", got)
+	}
+}
+
 // §5 prepare: the ack of a not-ready prepare caps its blockers and counts
 // them all.
 func TestMachineBlockersCapped(t *testing.T) {
@@ -686,4 +712,17 @@ func TestMachineMarksSnapshot(t *testing.T) {
 
 func sameRecords(a, b []events.Record) bool {
 	return slices.EqualFunc(a, b, func(x, y events.Record) bool { return x.Key == y.Key && string(x.Data) == string(y.Data) })
+}
+
+// Only a sandbox daemon may be adopted into an epoch (PROTOCOL §5).
+func TestConfigAdoptEpochOnlySandbox(t *testing.T) {
+	for _, tc := range []struct {
+		m  events.Member
+		ok bool
+	}{{"agent.a", false}, {"owner.o", false}, {"sandbox.s", true}} {
+		err := member.Config{Run: "run1", Member: tc.m, AdoptEpoch: 2, Now: time.Now}.Validate()
+		if mentions := err != nil && strings.Contains(err.Error(), "AdoptEpoch"); mentions == tc.ok {
+			t.Errorf("%s: %v", tc.m, err)
+		}
+	}
 }

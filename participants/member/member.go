@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -24,6 +23,7 @@ type Member struct {
 	machine *Machine
 
 	running atomic.Bool
+	joined  chan struct{} // closed once Run has registered the member
 
 	// notify is closed and replaced by Notify; a waiting prepare holds
 	// the one it read before it asked the participant.
@@ -63,9 +63,14 @@ func New(cfg Config) (*Member, error) {
 		machine: NewMachine(cfg.Run, cfg.Member, cfg.Grace),
 		info: events.MemberInfo{
 			Run: cfg.Run, Member: cfg.Member, Capabilities: slices.Clone(cfg.Capabilities),
-			Host: host, PID: os.Getpid(), Instance: nuid.Next(),
+			Host: host, PID: os.Getpid(), Instance: events.NewID(),
 		},
 	}
+	if cfg.AdoptEpoch != 0 {
+		m.machine.Adopt(cfg.AdoptEpoch)
+		m.info.Epoch, m.info.Served = cfg.AdoptEpoch, true
+	}
+	m.joined = make(chan struct{})
 	ch := make(chan struct{})
 	m.notify.Store(&ch)
 	marks := map[string]int{}
@@ -75,6 +80,11 @@ func New(cfg Config) (*Member, error) {
 
 // Name returns the member's name.
 func (m *Member) Name() events.Member { return m.cfg.Member }
+
+// Joined is closed once Run has registered the member: its MemberJoined is
+// on the stream and its heartbeat in sp_members. A Run that fails to
+// start never closes it.
+func (m *Member) Joined() <-chan struct{} { return m.joined }
 
 // Notify tells the runtime that the participant's readiness may have
 // changed: a waiting prepare asks again at once. It never blocks.
@@ -127,6 +137,7 @@ func (m *Member) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	m.log.Info().Str("consumer", f.name).Msg("member joined")
+	close(m.joined)
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

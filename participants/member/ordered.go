@@ -26,20 +26,27 @@ type position struct {
 	StreamSeq uint64 `json:"stream_seq"`
 }
 
-// loadPosition reads a state file; a missing file is position 0.
-func loadPosition(path string) (uint64, error) {
+// loadPosition reads a state file; a missing file is position 0, and so is
+// one that another member (or another run) wrote: the file of a sandbox
+// daemon re-identified after a fork holds the position of the snapshot's
+// member, and nothing before the new member registers can name it, so it
+// reads from the stream's end (docs/MICROVM.md, Re-identification).
+func loadPosition(path, run string, m events.Member) (pos uint64, other string, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
+		return 0, "", nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("member: state file: %w", err)
+		return 0, "", fmt.Errorf("member: state file: %w", err)
 	}
 	var p position
 	if err := json.Unmarshal(b, &p); err != nil {
-		return 0, fmt.Errorf("member: state file %s does not decode: %w", path, err)
+		return 0, "", fmt.Errorf("member: state file %s does not decode: %w", path, err)
 	}
-	return p.StreamSeq, nil
+	if p.Run != run || p.Member != string(m) {
+		return 0, p.Run + "/" + p.Member, nil
+	}
+	return p.StreamSeq, "", nil
 }
 
 // orderedFeed makes the member's ordered consumer, which keeps no state on
@@ -48,11 +55,17 @@ func loadPosition(path string) (uint64, error) {
 // on). The server never redelivers its messages: one given back comes
 // again locally (redeliver).
 func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
-	pos, err := loadPosition(m.cfg.StateFile)
+	pos, other, err := loadPosition(m.cfg.StateFile, m.cfg.Run, m.cfg.Member)
 	if err != nil {
 		return nil, err
 	}
-	cfg := natsjs.OrderedConsumerConfig{FilterSubjects: subjects(m.cfg.Run), DeliverPolicy: natsjs.DeliverNewPolicy}
+	if other != "" {
+		m.log.Info().Str("state_file", m.cfg.StateFile).Str("written_by", other).Msg("position of another member: reading from the stream's end")
+	}
+	// The consumer's name is drawn here from crypto/rand (never nats.go's
+	// process-wide nuid, which forks of one VM snapshot share).
+	cfg := natsjs.OrderedConsumerConfig{FilterSubjects: subjects(m.cfg.Run), DeliverPolicy: natsjs.DeliverNewPolicy,
+		NamePrefix: "sp_" + events.NewID()}
 	if pos > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = natsjs.DeliverByStartSequencePolicy, pos+1
 	}

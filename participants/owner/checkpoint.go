@@ -315,7 +315,9 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 	forker, _ := o.kind.(Forker)
 	err := forEach(len(ps), o.cfg.SnapshotParallelism, func(i int) error {
 		p := ps[i]
-		spec := provider.Spec{ID: token(fmt.Sprintf("%s-e%d", p.data.Session, r.Epoch)), Workdir: p.data.Workdir}
+		// Epoch: a provider whose forks keep their processes moves the
+		// fork's running sandboxd to the restore's epoch (PROTOCOL §5).
+		spec := provider.Spec{ID: token(fmt.Sprintf("%s-e%d", p.data.Session, r.Epoch)), Workdir: p.data.Workdir, Epoch: r.Epoch}
 		if forker != nil {
 			spec = forker.ForkSpec(spec)
 		}

@@ -258,7 +258,7 @@ func New(cfg Config) (*Owner, error) {
 	if mode != ModeOff {
 		m, err := member.New(member.Config{
 			Run: cfg.Run, Member: name, JS: cfg.JS, Bus: cfg.Bus, Participant: o,
-			Logger: cfg.Logger, Grace: cfg.Grace,
+			Logger: cfg.Logger, Grace: cfg.Grace, Capabilities: providerCapabilities(cfg.Provider),
 		})
 		if err != nil {
 			return nil, err
@@ -266,6 +266,29 @@ func New(cfg Config) (*Owner, error) {
 		o.member = m
 	}
 	return o, nil
+}
+
+// providerCapabilities are the owner's member capabilities (its heartbeat
+// and joined event carry them): the provider's name and what its snapshots
+// keep, "provider:<name>", and with a Snapshotter "keeps_processes" when a
+// fork resumes the snapshot's processes, "clock:<how>" for how a fork's
+// clocks run (provider.ClockContinuous) and "sets_clock" when the provider
+// can set a fork's clock to the host's.
+func providerCapabilities(p Provider) []string {
+	caps := []string{"provider:" + p.Name()}
+	if sn, ok := p.(Snapshotter); ok {
+		c := sn.Caps()
+		if c.KeepsProcesses {
+			caps = append(caps, "keeps_processes")
+		}
+		if c.Clock != "" {
+			caps = append(caps, "clock:"+c.Clock)
+		}
+		if c.SetsClock {
+			caps = append(caps, "sets_clock")
+		}
+	}
+	return caps
 }
 
 // Mode returns the mode New decided.

@@ -46,6 +46,11 @@ type Config struct {
 	StateFile string
 	// Grace is the member's lease grace (default member.DefaultGrace).
 	Grace time.Duration
+	// AdoptEpoch, when not 0, is the epoch of the restore that adopted
+	// this daemon with its launches (a fork re-identified in place): the
+	// member serves it from the start (member.Config.AdoptEpoch, PROTOCOL
+	// §5).
+	AdoptEpoch uint64
 	// Logger receives structured logs.
 	Logger zerolog.Logger
 }
@@ -107,7 +112,7 @@ func New(cfg Config) (*Daemon, error) {
 		caps = append(caps, "pause:"+m.String())
 	}
 	d.member, err = member.New(member.Config{Run: cfg.Run, Member: d.name, JS: cfg.JS, Bus: cfg.Bus, Participant: d,
-		Logger: cfg.Logger, Grace: cfg.Grace, StateFile: d.cfg.StateFile, Capabilities: caps})
+		Logger: cfg.Logger, Grace: cfg.Grace, StateFile: d.cfg.StateFile, Capabilities: caps, AdoptEpoch: cfg.AdoptEpoch})
 	if err != nil {
 		return nil, err
 	}
@@ -151,27 +156,33 @@ func (d *Daemon) Name() events.Member { return d.name }
 // that are still in flight when the member stops are cut short, and Run
 // waits for them.
 func (d *Daemon) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return d.sup.Run(gctx) })
-	svc, err := d.serve(gctx)
+	g.Go(func() error { return d.Serve(gctx) })
+	return g.Wait()
+}
+
+// Serve runs the bus member and the service on a supervisor that the
+// caller runs (a Resident: the supervisor outlives the daemon), until ctx
+// ends or the member is superseded or replaced; the pauses in flight are
+// cut short and waited for, as in Run. A Daemon is served once.
+func (d *Daemon) Serve(ctx context.Context) error {
+	svc, err := d.serve(ctx)
 	if err != nil {
-		cancel()
-		_ = g.Wait() // the supervisor stops its launches and returns
 		return err
 	}
 	defer func() { _ = svc.Stop() }()
-	g.Go(func() error {
-		defer d.stopPauses() // no Prepare comes once the member has stopped
-		err := d.member.Run(gctx)
-		if errors.Is(err, member.ErrSuperseded) || errors.Is(err, member.ErrReplaced) {
-			d.log.Warn().Err(err).Msg("stopping: another sandboxd serves this sandbox now")
-		}
-		return err
-	})
-	return g.Wait()
+	defer d.stopPauses() // no Prepare comes once the member has stopped
+	err = d.member.Run(ctx)
+	if errors.Is(err, member.ErrSuperseded) || errors.Is(err, member.ErrReplaced) {
+		d.log.Warn().Err(err).Msg("stopping: another sandboxd serves this sandbox now")
+	}
+	return err
 }
+
+// Joined is closed once the daemon's member has registered (see
+// member.Member.Joined).
+func (d *Daemon) Joined() <-chan struct{} { return d.member.Joined() }
 
 // Prepare implements member.Participant: close admission and start pausing
 // every launch, and report at once. It is ready once each launch is

@@ -6,7 +6,8 @@
 //
 // # The contract
 //
-// The package holds concrete providers (Overlay, Dir, NoSnapshot); it
+// The package holds concrete providers (Overlay, Dir, NoSnapshot,
+// MicroVM); it
 // declares no interface for them. Each has the same methods: Name and
 // Caps; Start, Stop and Exec; Snapshot, Fork and DeleteSnapshot;
 // Sandboxes and Snapshots. The sandbox owner declares the few it calls
@@ -37,8 +38,8 @@
 //     and renamed into place.
 //  5. Caps.Snapshot false means Snapshot and Fork return ErrNoSnapshot and
 //     the owner runs restart_only, with one warning. Caps.KeepsProcesses
-//     true means a fork resumes the snapshot's processes (none here does;
-//     see docs/PROVIDERS.md, "Remote providers").
+//     true means a fork resumes the snapshot's processes (MicroVM; see
+//     docs/PROVIDERS.md, "Process-keeping providers").
 //  6. Exec runs a command inside (the setup and grading hooks use it): its
 //     exit code is in the result, not an error; when ctx ends, the command
 //     and what it started are killed.
@@ -55,6 +56,11 @@
 //     in their environment; a snapshot copies the directory.
 //   - NoSnapshot wraps a provider and cannot snapshot: the owner's
 //     restart_only mode.
+//   - MicroVM (root, Linux, QEMU): a QEMU microVM per sandbox, forked
+//     from a warm template; a snapshot is the VM's RAM, devices and disk
+//     at one instant, a fork resumes its processes and re-identifies its
+//     sandboxd (docs/MICROVM.md). The guest speaks sandboxd/vmctl on a
+//     virtio-serial port; package microvm holds QEMU's side of it.
 //
 // Default(stateDir) picks overlay when the process is root on Linux and a
 // trial run works, else dir; each says why (Reason). docs/PROVIDERS.md

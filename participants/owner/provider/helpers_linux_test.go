@@ -19,6 +19,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if state := os.Getenv(microvmOwnerEnv); state != "" {
+		os.Exit(microvmOwnerMain(state))
+	}
 	leak.VerifyTestMain(m)
 }
 

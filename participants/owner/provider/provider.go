@@ -50,7 +50,19 @@ type Caps struct {
 	// a restore can adopt the paused launch instead of relaunching it
 	// (PROTOCOL §6, keeps_processes). Local providers here keep files only.
 	KeepsProcesses bool `json:"keeps_processes"`
+	// Clock is how a fork's clocks run (ClockContinuous: on from the
+	// snapshot's instant, the downtime unseen); "" when a fork's processes
+	// start anew and read the host's clock.
+	Clock string `json:"clock,omitempty"`
+	// SetsClock is true when the provider can set a fork's wall clock to
+	// the host's (issue 15's host clock policy).
+	SetsClock bool `json:"sets_clock,omitempty"`
 }
+
+// ClockContinuous is Caps.Clock of a provider whose forks' clocks continue
+// from the snapshot's instant: a sandbox restored an hour later reads a
+// wall clock an hour behind the host's until it is set.
+const ClockContinuous = "continuous"
 
 // Spec describes a sandbox to start.
 type Spec struct {
@@ -85,6 +97,10 @@ type Spec struct {
 	Binds []Bind
 	// Output receives Init's stdout and stderr; nil discards them.
 	Output io.Writer
+	// Epoch is the restore's epoch, given to Fork: a provider whose forks
+	// keep their processes (Caps.KeepsProcesses) moves the fork's running
+	// sandboxd to it (PROTOCOL §5, an adopted sandboxd). Zero for a Start.
+	Epoch uint64
 }
 
 // RootEnv is set in the environment of a sandbox's processes by a provider

@@ -5,6 +5,8 @@ package provider
 import (
 	"errors"
 	"time"
+
+	"github.com/rs/zerolog"
 )
 
 // OverlayConfig configures an Overlay provider (Linux only).
@@ -31,3 +33,24 @@ func NewDir(string) (*Dir, error) { return nil, errors.ErrUnsupported }
 
 // Default returns errors.ErrUnsupported outside Linux.
 func Default(string) (*Overlay, *Dir, error) { return nil, nil, errors.ErrUnsupported }
+
+// DefaultSandboxLease is the microvm provider's default lease (Linux only).
+const DefaultSandboxLease = 60 * time.Second
+
+// MicroVMConfig configures a MicroVM provider (Linux only).
+type MicroVMConfig struct {
+	StateDir   string
+	CacheDir   string
+	PruneCache bool
+	Sandboxd   string
+	Accel      string
+	Lease      time.Duration
+	Upstream   string
+	Logger     zerolog.Logger
+}
+
+// MicroVM is the microvm provider; it exists on Linux only.
+type MicroVM struct{}
+
+// NewMicroVM returns errors.ErrUnsupported outside Linux.
+func NewMicroVM(MicroVMConfig) (*MicroVM, error) { return nil, errors.ErrUnsupported }

@@ -36,6 +36,11 @@ const usage = `usage:
                -- command [args...]
   sandboxd member --state DIR --run RUN --id SANDBOX [--nats-url URL] [--creds F | --nkey F]
                [--mode M] [--grace D] [--lease-grace D] [--cgroup-root DIR] [--no-cgroup]
+  sandboxd init [--no-boot] [--port DEV] [--log-level L]
+
+init: PID 1 of a microVM sandbox: boots into the root disk and serves the
+owner's control channel (a virtio-serial port); see docs/MICROVM.md. As
+/init of an initramfs (argv[0] "/init", PID 1) it runs without arguments.
 
 member: the daemon on the bus, member sandbox.<SANDBOX> of RUN: it pauses its
 launches at every checkpoint's prepare and continues them at resume, and
@@ -62,6 +67,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return run(args[1:], stdout, stderr)
 	case "member":
 		return memberCmd(args[1:], stdout, stderr)
+	case "init":
+		return initCmd(args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -19,11 +20,30 @@ import (
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/sandboxd"
 	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
-// member runs the daemon on the bus: member sandbox.<id> of a run, serving
-// the agent's launch requests, until SIGINT or SIGTERM.
-func memberCmd(args []string, stdout, stderr io.Writer) int {
+// errFlags wraps a flag parse error, which the flag package has printed.
+var errFlags = errors.New("sandboxd: bad flags")
+
+// memberOpts are the flags of `sandboxd member`; the guest init parses an
+// identify's args with them too.
+type memberOpts struct {
+	conn  jetstream.ConnConfig
+	run   string
+	id    string
+	state string
+	mode  sandboxapi.Mode
+	grace time.Duration
+	root  string
+	noCg  bool
+	lease time.Duration
+	level zerolog.Level
+}
+
+// parseMemberFlags parses the member flags; explicit values in args win
+// over the environment's.
+func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	fs := flag.NewFlagSet("member", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	url := fs.String("nats-url", envOr("STILLPOINT_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL(s) (env STILLPOINT_NATS_URL)")
@@ -40,12 +60,31 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 	lease := fs.Duration("lease-grace", member.DefaultGrace, "lease grace after a phase's deadline")
 	level := fs.String("log-level", "info", "log level (logs go to stderr)")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return memberOpts{}, fmt.Errorf("%w: %w", errFlags, err) // the flag package has said why
 	}
 	if *token == "" {
 		*token = os.Getenv("NATS_TOKEN")
 	}
-	if *state == "" || *run == "" || *id == "" {
+	mode, lvl, err := parseModeAndLevel(*modeName, *level)
+	if err != nil {
+		return memberOpts{}, err
+	}
+	return memberOpts{conn: jetstream.ConnConfig{URL: *url, CredsFile: *creds, NKeyFile: *nkey, Token: *token, Name: "sandboxd-" + *id},
+		run: *run, id: *id, state: *state, mode: mode, grace: *grace, root: *root, noCg: *noCg, lease: *lease, level: lvl}, nil
+}
+
+// member runs the daemon on the bus: member sandbox.<id> of a run, serving
+// the agent's launch requests, until SIGINT or SIGTERM.
+func memberCmd(args []string, stdout, stderr io.Writer) int {
+	o, err := parseMemberFlags(args, stderr)
+	if errors.Is(err, errFlags) {
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 2
+	}
+	if o.state == "" || o.run == "" || o.id == "" {
 		fmt.Fprint(stderr, "sandboxd member: --state, --run and --id are required\n"+usage)
 		return 2
 	}
@@ -55,21 +94,16 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 	// owner's cgroup, and so the parent of their supervisors' cgroups, in
 	// which each supervisor has one of its own.
 	if r := os.Getenv("STILLPOINT_SANDBOX_ROOT"); r != "" {
-		for _, p := range []*string{state, creds, nkey} {
+		for _, p := range []*string{&o.state, &o.conn.CredsFile, &o.conn.NKeyFile} {
 			if filepath.IsAbs(*p) {
 				*p = filepath.Join(r, *p)
 			}
 		}
 	}
-	mode, lvl, err := parseModeAndLevel(*modeName, *level)
-	if err != nil {
-		fmt.Fprintln(stderr, "sandboxd:", err)
-		return 2
-	}
-	log := zerolog.New(stderr).Level(lvl).With().Timestamp().Logger()
+	log := zerolog.New(stderr).Level(o.level).With().Timestamp().Logger()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: *url, CredsFile: *creds, NKeyFile: *nkey, Token: *token, Name: "sandboxd-" + *id})
+	nc, err := jetstream.Connect(ctx, o.conn)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1
@@ -85,12 +119,12 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1
 	}
-	sup, err := sandboxd.New(sandboxd.Config{StateDir: *state, Mode: mode, Grace: *grace, CgroupRoot: *root, NoCgroup: *noCg, Logger: log})
+	sup, err := sandboxd.New(o.supervisorConfig(log))
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1
 	}
-	d, err := daemon.New(daemon.Config{Run: *run, SandboxID: *id, JS: js, Bus: bus, Supervisor: sup, Grace: *lease, Logger: log})
+	d, err := daemon.New(daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log})
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 2
@@ -99,7 +133,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 	for _, m := range sup.Modes() {
 		modes = append(modes, m.String())
 	}
-	line, _ := json.Marshal(map[string]any{"event": "member", "member": d.Name(), "modes": modes, "service": events.ServiceSubject(*run, d.Name())})
+	line, _ := json.Marshal(map[string]any{"event": "member", "member": d.Name(), "modes": modes, "service": events.ServiceSubject(o.run, d.Name())})
 	fmt.Fprintf(stdout, "%s\n", line)
 	if err := d.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(stderr, "sandboxd:", err)
@@ -109,6 +143,11 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// supervisorConfig is the supervisor the member flags ask for.
+func (o memberOpts) supervisorConfig(log zerolog.Logger) sandboxd.Config {
+	return sandboxd.Config{StateDir: o.state, Mode: o.mode, Grace: o.grace, CgroupRoot: o.root, NoCgroup: o.noCg, Logger: log}
 }
 
 func envOr(name, def string) string {

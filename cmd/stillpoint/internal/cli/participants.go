@@ -19,6 +19,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 )
 
@@ -115,6 +116,11 @@ type ownerFlags struct {
 	pinLimit      int
 	noCheckpoints bool
 	reap          bool
+	sandboxLease  time.Duration
+	accel         string
+	upstream      string
+	vmCache       string
+	vmPrune       bool
 }
 
 func newOwnerCmd(g *globals) *cobra.Command {
@@ -157,8 +163,13 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.StringVar(&f.run, "run", env("STILLPOINT_RUN"), "run id (env STILLPOINT_RUN)")
 	fl.StringVar(&f.name, "name", "o1", "owner name: member owner.<name>")
 	fl.StringVar(&f.taskKind, "task-kind", "scripted", "the kind of task served: "+strings.Join(taskKindNames(), ", "))
-	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
+	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir, microvm")
 	fl.StringVar(&f.stateDir, "state-dir", "", "where sandboxes and snapshots live (default: a directory under the system temp dir)")
+	fl.DurationVar(&f.sandboxLease, "sandbox-lease", provider.DefaultSandboxLease, "microvm: a VM whose owner has not renewed its lease for this long powers itself off")
+	fl.StringVar(&f.accel, "microvm-accel", "auto", "microvm: auto (KVM when a probe guest runs at speed, else TCG), kvm or tcg")
+	fl.StringVar(&f.vmCache, "microvm-cache", "", "microvm: the directory of images and warm templates, which owners may share (default: under --state-dir)")
+	fl.BoolVar(&f.vmPrune, "microvm-prune-cache", false, "microvm: prune --microvm-cache at start (templates unused for an hour beyond the newest four); only for a cache no other owner's snapshots stand on")
+	fl.StringVar(&f.upstream, "sandbox-upstream", "", "microvm: HOST:PORT of the model upstream, reachable in each VM at "+microvm.GuestUpstream)
 	fl.StringVar(&f.sandboxd, "sandboxd", "", "host path of the static sandboxd binary (required)")
 	fl.StringVar(&f.harness, "harness", "", "host path of the static harness binary (the scripted kind requires it)")
 	fl.StringVar(&f.sandboxNATS, "sandbox-nats-url", "", "server URL the sandboxes' daemons use (default --nats-url)")
@@ -179,7 +190,7 @@ type sandboxProvider interface {
 	owner.Lister
 }
 
-func openProvider(kind, stateDir string) (sandboxProvider, error) {
+func openProvider(kind, stateDir string, mv provider.MicroVMConfig) (sandboxProvider, error) {
 	switch kind {
 	case "auto":
 		ov, d, err := provider.Default(stateDir)
@@ -194,8 +205,11 @@ func openProvider(kind, stateDir string) (sandboxProvider, error) {
 		return provider.NewOverlay(provider.OverlayConfig{StateDir: stateDir})
 	case "dir":
 		return provider.NewDir(stateDir)
+	case "microvm":
+		mv.StateDir = stateDir
+		return provider.NewMicroVM(mv)
 	}
-	return nil, fmt.Errorf("--provider %q: want auto, overlay or dir", kind)
+	return nil, fmt.Errorf("--provider %q: want auto, overlay, dir or microvm", kind)
 }
 
 func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
@@ -229,7 +243,8 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	if f.stateDir, err = filepath.Abs(f.stateDir); err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
-	prov, err := openProvider(f.provider, filepath.Join(f.stateDir, "provider"))
+	prov, err := openProvider(f.provider, filepath.Join(f.stateDir, "provider"), provider.MicroVMConfig{
+		Sandboxd: f.sandboxd, Lease: f.sandboxLease, Accel: f.accel, Upstream: f.upstream, CacheDir: f.vmCache, PruneCache: f.vmPrune, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/participants/opencode"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
@@ -111,7 +112,7 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	fl.IntVar(&f.rollouts, "rollouts", 32, "tasks in the set")
 	fl.IntVar(&f.agents, "agents", 2, "agent processes")
 	fl.StringVar(&f.dir, "dir", "", "work directory: logs, results, the NATS store (default: a new one under the temp dir)")
-	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
+	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir, microvm (QEMU microVMs: make microvm-assets first)")
 	fl.BoolVar(&f.cluster, "cluster", false, "run a 3-node NATS cluster (R3) instead of one server")
 	// With the global --nats-url the demo uses that server instead.
 	fl.BoolVar(&f.auth, "auth", false, "give every component its own credentials (per-role nkeys with their permissions)")
@@ -154,6 +155,9 @@ type demo struct {
 	who string
 	// bridgeAddr is the bridge's API address, once it started.
 	bridgeAddr string
+	// modelAddr is the model server's host address (a microvm owner
+	// forwards its guests to it).
+	modelAddr string
 
 	mu    sync.Mutex
 	procs map[string]*child.Process // the latest process of each name
@@ -238,6 +242,12 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	go func() { defer close(served); _ = msrv.Serve(ln) }()
 	defer func() { _ = msrv.Close(); <-served }()
 	modelURL := "http://" + ln.Addr().String()
+	d.modelAddr = ln.Addr().String()
+	if f.provider == "microvm" {
+		// The harness runs in a VM: it reaches the model server through
+		// the owner's slirp forward, not the host's loopback.
+		modelURL = "http://" + microvm.GuestUpstream
+	}
 
 	bridgeURL, err := d.startBridge(ctx)
 	if err != nil {
@@ -559,6 +569,10 @@ func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstrea
 		"--sandboxd", d.sandboxd, "--harness", d.harness}
 	if d.f.harness == harnessOpenCode {
 		args = append(args, "--task-kind", "command", "--opencode", d.driver)
+	}
+	if d.f.provider == "microvm" {
+		// Images and the warm template are kept for the next demo.
+		args = append(args, "--sandbox-upstream", d.modelAddr, "--microvm-cache", filepath.Join(os.TempDir(), "stillpoint-microvm-cache"), "--microvm-prune-cache")
 	}
 	if d.authDir != "" {
 		args = append(args, "--sandbox-creds", embedded.SeedFile(d.authDir, embedded.RoleSandbox))

@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 )
 
 // TestMain checks that a demo run in-process leaves no goroutine behind:
@@ -35,5 +37,24 @@ func TestDemoInProcess(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "did not run as planned") {
 		t.Logf("the crash step did not run as planned (the small set can finish first):\n%s", out.String())
+	}
+}
+
+// The demo on microVMs (the microvm provider, QEMU under TCG here): three
+// checkpoints, the kill -9 and a restore of VMs, invariants ok.
+func TestDemoMicroVM(t *testing.T) {
+	tier.E2E(t)
+	if os.Geteuid() != 0 {
+		t.Fatalf("the microvm provider runs QEMU as root: run as root")
+	}
+	if _, err := microvm.FindAssets(""); err != nil {
+		t.Fatalf("the microvm demo needs QEMU and the guest kernel: %v", err)
+	}
+	bin := build.StaticForTest(t, build.Stillpoint)[build.Stillpoint]
+	out, errb := &jstest.Buffer{}, &jstest.Buffer{}
+	env := Env{Stdout: out, Stderr: errb, Conn: &jetstream.ConnConfig{}, Program: bin}
+	err := runDemo(t.Context(), env, demoFlags{rollouts: 4, agents: 1, dir: t.TempDir(), provider: "microvm", tool: defaultToolTime})
+	if err != nil || !summaryLine.MatchString(out.String()) {
+		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errb.String())
 	}
 }

@@ -1,0 +1,568 @@
+//go:build linux
+
+package provider
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
+	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
+)
+
+// Defaults of MicroVMConfig.
+const (
+	// DefaultMemMiB is a guest's RAM.
+	DefaultMemMiB = 256
+	// DefaultSandboxLease is how long a guest runs on without a renewal
+	// from its owner before it powers itself off.
+	DefaultSandboxLease = 60 * time.Second
+	// DefaultBaseSize is the size of the guest root image (sparse).
+	DefaultBaseSize = 1 << 30
+	// DefaultVMStartTimeout bounds a boot (of a template) and a fork.
+	DefaultVMStartTimeout = 3 * time.Minute
+)
+
+// DefaultHostTools are the host programs the default root tree holds
+// beside busybox: util-linux's setsid, whose -w (wait for the program) the
+// harnesses' tools use and busybox's lacks, and dash as /bin/sh, since
+// busybox's shell runs its own applets before any program on PATH.
+var DefaultHostTools = []string{"setsid", "/bin/sh=dash"}
+
+// MicroVMConfig configures a MicroVM provider.
+type MicroVMConfig struct {
+	// StateDir holds sandboxes/, snapshots/ and layers/ (the qcow2 images
+	// of the sandboxes' disks). Required.
+	StateDir string
+	// CacheDir holds what providers may share and keep: the initramfs,
+	// the root and harness images, the warm templates, the accelerator
+	// probe's answer. Default <StateDir>/cache.
+	CacheDir string
+	// PruneCache makes NewMicroVM remove what the cache no longer needs
+	// (pruneCache: templates beyond the PruneKeep most recently used and
+	// unused for PruneUnused, the images only they needed). The default
+	// cache is always pruned; a shared one only when set, and only for a
+	// cache no other state directory's snapshots stand on after an hour.
+	PruneCache bool
+	// Sandboxd is the host path of the static sandboxd, the guests' init.
+	// Required to start sandboxes (a provider without it only stops what
+	// an earlier process left).
+	Sandboxd string
+	// AssetsDir holds the guest kernel (make microvm-assets); default: the
+	// cache directories microvm.FindAssets looks in.
+	AssetsDir string
+	// BaseDir is the directory the guests' root image is built from (once,
+	// cached by content); default: a minimal tree of busybox applets and
+	// HostTools.
+	BaseDir string
+	// HostTools are host programs (looked up on PATH) copied into the
+	// default root tree, with the shared libraries they load, over
+	// busybox's applets: "PROG" at its host path, "PATH=PROG" at PATH.
+	// Default DefaultHostTools.
+	HostTools []string
+	// BaseSize is the root image's size in bytes; default DefaultBaseSize.
+	BaseSize int64
+	// MemMiB is each guest's RAM; default DefaultMemMiB.
+	MemMiB int
+	// Accel is "auto" (the default: KVM when a probe guest runs at speed
+	// under it, else TCG), "kvm" or "tcg".
+	Accel string
+	// Lease is how long a guest runs without a renewal from this process
+	// (renewed every third of it); default DefaultSandboxLease.
+	Lease time.Duration
+	// Upstream, when set, is the host address (host:port) of the model
+	// upstream that guests reach at microvm.GuestUpstream.
+	Upstream string
+	// StartTimeout bounds a template's boot and a fork; default
+	// DefaultVMStartTimeout.
+	StartTimeout time.Duration
+	// StopTimeout bounds each wait of a teardown; default DefaultStopTimeout.
+	StopTimeout time.Duration
+	// Logger receives the provider's and the guests' log lines.
+	Logger zerolog.Logger
+}
+
+func (c *MicroVMConfig) setDefaults() {
+	if c.BaseSize == 0 {
+		c.BaseSize = DefaultBaseSize
+	}
+	if c.CacheDir == "" && c.StateDir != "" {
+		c.CacheDir = filepath.Join(c.StateDir, "cache")
+	}
+	if c.MemMiB == 0 {
+		c.MemMiB = DefaultMemMiB
+	}
+	if c.HostTools == nil {
+		c.HostTools = DefaultHostTools
+	}
+	if c.Accel == "" {
+		c.Accel = "auto"
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultSandboxLease
+	}
+	if c.StartTimeout == 0 {
+		c.StartTimeout = DefaultVMStartTimeout
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = DefaultStopTimeout
+	}
+}
+
+// Validate checks the config; the errors, joined, wrap ErrInvalid and name
+// the field.
+func (c MicroVMConfig) Validate() error {
+	var errs []error
+	for _, f := range []struct{ name, v string }{{"StateDir", c.StateDir}, {"Sandboxd", c.Sandboxd}, {"BaseDir", c.BaseDir}, {"AssetsDir", c.AssetsDir}, {"CacheDir", c.CacheDir}} {
+		switch {
+		case f.v == "" && f.name == "StateDir":
+			errs = append(errs, invalid(f.name, "missing"))
+		case f.v != "" && !filepath.IsAbs(f.v):
+			errs = append(errs, invalid(f.name, "%q is not absolute", f.v))
+		case strings.ContainsAny(f.v, ", \n"):
+			errs = append(errs, invalid(f.name, "%q holds a comma, space or newline (QEMU's option syntax)", f.v))
+		}
+	}
+	if !slices.Contains([]string{"auto", "kvm", "tcg"}, c.Accel) {
+		errs = append(errs, invalid("Accel", "%q: want auto, kvm or tcg", c.Accel))
+	}
+	if c.MemMiB < 64 {
+		errs = append(errs, invalid("MemMiB", "%d: at least 64", c.MemMiB))
+	}
+	if c.Lease < 3*time.Second {
+		errs = append(errs, invalid("Lease", "%s: at least 3s", c.Lease))
+	}
+	if c.BaseSize < 16<<20 {
+		errs = append(errs, invalid("BaseSize", "%d: at least 16 MiB", c.BaseSize))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"StartTimeout", c.StartTimeout}, {"StopTimeout", c.StopTimeout}} {
+		if d.v < 0 {
+			errs = append(errs, invalid(d.name, "negative"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// MicroVM runs each sandbox as a QEMU microVM whose snapshots keep its
+// processes: RAM, devices and disk at one instant (docs/MICROVM.md). A
+// sandbox starts as a fork of a warm template (booted once per root and
+// harness image), is told its identity over the control channel, and
+// renews a lease there so that it powers itself off when this process is
+// gone. Its methods are safe for concurrent use.
+type MicroVM struct {
+	cfg    MicroVMConfig
+	assets microvm.Assets
+	accel  string
+	tscKHz int64
+	reason string
+	log    zerolog.Logger
+
+	snaps  *snapStore
+	boxes  *registry[*vmBox]
+	layers string // <state>/layers
+	cache  string // <state>/cache
+	socks  string // the sockets' directory (short: unix socket paths are limited)
+	// sockMu is held shared from making the sockets' directory until a
+	// QEMU has made its sockets in it, and exclusively to remove the
+	// directory once empty.
+	sockMu sync.RWMutex
+
+	initrdKey string
+
+	imgMu  sync.Mutex
+	base   string            // the root image, once built
+	staged map[string]string // harness images of staged files, by what they hold
+
+	gcMu      sync.Mutex
+	tmplMu    sync.Mutex
+	templates map[string]*template
+}
+
+// vmBox is one sandbox.
+type vmBox struct {
+	boxState
+	vm *machine // nil for a sandbox an earlier process left
+}
+
+func newVMBox() *vmBox { return &vmBox{} }
+
+// NewMicroVM checks the config and what the provider needs (QEMU, qemu-img,
+// busybox-static, mkfs.ext4, the guest kernel of make microvm-assets),
+// picks the accelerator, and creates the state directories. Errors name
+// the package or make target that provides what is missing.
+func NewMicroVM(cfg MicroVMConfig) (*MicroVM, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(cfg.Sandboxd); cfg.Sandboxd != "" && (err != nil || !fi.Mode().IsRegular()) {
+		return nil, invalid("Sandboxd", "%s is not a file (build it: CGO_ENABLED=0 go build ./cmd/sandboxd)", cfg.Sandboxd)
+	}
+	assets, err := microvm.FindAssets(cfg.AssetsDir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errors.ErrUnsupported, err)
+	}
+	khz, err := microvm.HostTSCKHz()
+	if err != nil {
+		return nil, err
+	}
+	m := &MicroVM{cfg: cfg, assets: assets, tscKHz: khz, log: cfg.Logger,
+		layers: filepath.Join(cfg.StateDir, "layers"), cache: cfg.CacheDir,
+		boxes: newRegistry[*vmBox](cfg.StateDir), templates: map[string]*template{}, staged: map[string]string{}}
+	for _, d := range []string{filepath.Join(cfg.StateDir, "sandboxes"), m.layers, m.cache} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	m.socks = socketDir(cfg.StateDir)
+	if m.snaps, err = newSnapStore(filepath.Join(cfg.StateDir, "snapshots")); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout)
+	defer cancel()
+	if cfg.Sandboxd == "" {
+		// It only stops what an earlier process left: no guest to boot.
+		m.accel, m.reason = "none", "no sandboxd: stops what an earlier process left, starts nothing"
+		return m, nil
+	}
+	if err := m.buildInitrd(ctx); err != nil {
+		return nil, err
+	}
+	if cfg.PruneCache || filepath.Clean(cfg.CacheDir) == filepath.Join(cfg.StateDir, "cache") {
+		if err := m.pruneCache(); err != nil {
+			m.log.Warn().Err(err).Str("cache", m.cache).Msg("microvm: pruning the cache")
+		}
+	}
+	m.accel, m.reason, err = microvm.PickAccel(ctx, assets, cfg.Accel, m.cache, khz)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// socketDir returns a directory for the VMs' unix sockets: <state>/s when
+// its paths leave room under the 108 bytes of a socket address, else one
+// under /tmp named for the state directory. It is made when a VM starts
+// and removed when its last socket goes.
+func socketDir(state string) string {
+	d := filepath.Join(state, "s")
+	if len(d) > 60 {
+		d = filepath.Join(os.TempDir(), "stillpoint-vm-"+shortHash(filepath.Clean(state)))
+	}
+	return d
+}
+
+// removeSockets removes sandbox id's sockets, and their directory once it
+// is empty.
+func (m *MicroVM) removeSockets(id string) error {
+	m.sockMu.Lock()
+	defer m.sockMu.Unlock()
+	var errs []error
+	for _, s := range []string{m.sock(id, "q"), m.sock(id, "c")} {
+		if err := os.Remove(s); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.Remove(m.socks); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Name returns "microvm".
+func (m *MicroVM) Name() string { return "microvm" }
+
+// Caps reports snapshots that keep the sandbox's processes; after a fork
+// the guest's clocks continue from the snapshot's instant, and the
+// provider can set the guest's wall clock to the host's.
+func (m *MicroVM) Caps() Caps {
+	return Caps{Snapshot: true, KeepsProcesses: true, Clock: ClockContinuous, SetsClock: true}
+}
+
+// Reason says which accelerator the provider uses and why.
+func (m *MicroVM) Reason() string { return m.reason }
+
+// Config returns the config with its defaults filled in.
+func (m *MicroVM) Config() MicroVMConfig { return m.cfg }
+
+// Accel returns the accelerator in use: "kvm" or "tcg".
+func (m *MicroVM) Accel() string { return m.accel }
+
+// Start starts spec.ID as a fork of the warm template of its images and
+// identifies it: its sandboxd member joins the run.
+func (m *MicroVM) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
+	return m.start(ctx, spec, "")
+}
+
+// Fork starts spec.ID from snapshotID: the snapshot's RAM, devices and
+// disk, its processes running on; the guest's sandboxd is re-identified as
+// spec.ID and moves to spec.Epoch.
+func (m *MicroVM) Fork(ctx context.Context, snapshotID string, spec Spec) (*Sandbox, error) {
+	if err := ValidateID("snapshotID", snapshotID); err != nil {
+		return nil, err
+	}
+	return m.start(ctx, spec, snapshotID)
+}
+
+func (m *MicroVM) start(ctx context.Context, spec Spec, snapshotID string) (*Sandbox, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if m.cfg.Sandboxd == "" {
+		return nil, invalid("Sandboxd", "missing: the provider cannot start guests without the static sandboxd")
+	}
+	id, err := m.identity(spec)
+	if err != nil {
+		return nil, err
+	}
+	return m.boxes.start(spec, newVMBox, nil, func(box *vmBox) error {
+		ctx, cancel := context.WithTimeout(ctx, m.cfg.StartTimeout)
+		defer cancel()
+		vm, err := m.launch(ctx, spec, id, snapshotID)
+		if vm != nil {
+			box.vm = vm
+		}
+		if err != nil {
+			return err
+		}
+		box.env = id.Env
+		box.sb = Sandbox{ID: spec.ID, Workdir: id.Workdir, ProcRoot: "/", InitPID: vm.pid}
+		return nil
+	}, m.teardown)
+}
+
+// identity turns a spec into the guest's identify request. A spec whose
+// Init is `sandboxd member ...` (owner.SandboxdSpec) gives the member's
+// flags: the guest runs its sandboxd as that member. Any other Init is
+// the sandbox's first process (default: one that sleeps).
+func (m *MicroVM) identity(spec Spec) (vmctl.Request, error) {
+	var r vmctl.Request
+	r.Sandbox = spec.ID
+	if len(spec.Init) >= 2 && path.Base(spec.Init[0]) == "sandboxd" && spec.Init[1] == "member" {
+		r.Args = slices.Clone(spec.Init[2:])
+		for i := 0; i+1 < len(r.Args); i++ {
+			switch r.Args[i] {
+			case "--run":
+				r.Run = r.Args[i+1]
+			case "--nats-url":
+				r.NATSURL = r.Args[i+1]
+			}
+		}
+		if r.Run == "" || r.NATSURL == "" {
+			return r, invalid("spec.Init", "%q: --run and --nats-url are required", spec.Init)
+		}
+	} else {
+		r.Init = slices.Clone(spec.Init)
+		if len(r.Init) == 0 {
+			r.Init = []string{"sleep", "2147483647"}
+		}
+	}
+	r.Workdir = "/"
+	if spec.Workdir != "" {
+		r.Workdir, _ = cleanAbs("", spec.Workdir)
+	}
+	r.Env = withDefaults(spec.Env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:"+BinDirInGuest, "HOME=/root")
+	for _, p := range slices.Sorted(maps.Keys(spec.Files)) {
+		rel, _ := cleanRel("", p)
+		r.Files = append(r.Files, vmctl.File{Path: "/" + rel, Mode: 0o644, Data: spec.Files[p]})
+	}
+	for i, c := range spec.CopyIn {
+		if rel, _ := cleanRel("", c.SandboxPath); strings.HasPrefix("/"+rel+"/", BinDirInGuest+"/") {
+			continue // on the harness disk (harnessImage)
+		}
+		b, err := os.ReadFile(c.HostPath)
+		if err != nil {
+			return r, invalid(fmt.Sprintf("spec.CopyIn[%d].HostPath", i), "%v", err)
+		}
+		mode := c.Mode
+		if mode == 0 {
+			if fi, err := os.Stat(c.HostPath); err == nil {
+				mode = uint32(fi.Mode().Perm())
+			}
+		}
+		rel, _ := cleanRel("", c.SandboxPath)
+		r.Files = append(r.Files, vmctl.File{Path: "/" + rel, Mode: mode, Data: b})
+	}
+	for i, b := range spec.Binds {
+		if rel, _ := cleanRel("", b.SandboxDir); "/"+rel != BinDirInGuest {
+			return r, invalid(fmt.Sprintf("spec.Binds[%d]", i), "%s: a microVM shows one host directory, at %s (its read-only harness disk)", b.SandboxDir, BinDirInGuest)
+		}
+	}
+	if len(spec.Binds) > 1 {
+		return r, invalid("spec.Binds", "%d directories: a microVM shows one, at %s", len(spec.Binds), BinDirInGuest)
+	}
+	return r, nil
+}
+
+// BinDirInGuest is where a microVM shows its read-only harness disk, the
+// one host directory of Spec.Binds (owner.BinDir).
+const BinDirInGuest = "/opt/stillpoint/bin"
+
+// Stop powers the sandbox's VM off (QMP quit, then SIGKILL), reaps QEMU,
+// removes its disk layers no snapshot holds, its sockets and directory,
+// and checks that none of it is left. It also stops a VM an earlier
+// process left in the state directory.
+func (m *MicroVM) Stop(ctx context.Context, id string) error {
+	return m.boxes.stop(id, newVMBox, m.teardown)
+}
+
+func (m *MicroVM) teardown(id string, box *vmBox) error {
+	dir := m.boxes.dir(id)
+	var errs []error
+	if box.vm != nil {
+		errs = append(errs, box.vm.stop(m.cfg.StopTimeout))
+	} else if meta, err := readVMMeta(dir); err == nil {
+		errs = append(errs, killLeftover(meta, m.cfg.StopTimeout))
+	}
+	errs = append(errs, m.removeSockets(id))
+	if err := os.RemoveAll(dir); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, m.gc())
+	if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("%w: directory %s", ErrLeftover, dir))
+	}
+	return errors.Join(errs...)
+}
+
+// Snapshot captures the sandbox at one instant: the guest syncs, the VM
+// stops, its disk's top layer is frozen (a new one takes the writes), its
+// RAM and device state go to the snapshot's state file, and it runs on.
+func (m *MicroVM) Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, error) {
+	if err := errors.Join(ValidateID("id", id), ValidateID("snapshotID", snapshotID)); err != nil {
+		return Snapshot{}, err
+	}
+	box, err := m.boxes.lockLive(id)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	defer box.mu.Unlock()
+	if box.vm == nil {
+		return Snapshot{}, fmt.Errorf("%w: sandbox %q was left by an earlier process", ErrNotFound, id)
+	}
+	meta := snapMeta{ID: snapshotID, Provider: m.Name(), Sandbox: id}
+	return m.snaps.create(meta, func(dst string) (copyStats, time.Duration, error) {
+		return m.snapshotInto(ctx, box.vm, dst)
+	})
+}
+
+// DeleteSnapshot removes snapshots/<snapshotID> and the disk layers only it
+// held.
+func (m *MicroVM) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	if err := ValidateID("snapshotID", snapshotID); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return errors.Join(m.snaps.delete(snapshotID), m.gc())
+}
+
+// Exec runs argv in the guest through the control channel and waits for
+// it; when ctx has a deadline, the guest kills the command at it.
+func (m *MicroVM) Exec(ctx context.Context, id string, argv []string, opts ExecOptions) (ExecResult, error) {
+	if err := errors.Join(ValidateID("id", id), validateExec(argv, opts)); err != nil {
+		return ExecResult{}, err
+	}
+	box, sb, env, err := m.boxes.ready(id)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	if opts.Dir == "" {
+		opts.Dir = sb.Workdir
+	}
+	vm := box.vm
+	if vm == nil {
+		return ExecResult{}, fmt.Errorf("%w: sandbox %q was left by an earlier process", ErrNotFound, id)
+	}
+	req := vmctl.Request{Op: vmctl.OpExec, Argv: argv, Dir: opts.Dir, Env: append(slices.Clone(env), opts.Env...)}
+	if opts.Stdin != nil {
+		if req.Stdin, err = io.ReadAll(opts.Stdin); err != nil {
+			return ExecResult{}, err
+		}
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		req.TimeoutMS = max(time.Until(dl).Milliseconds(), 1)
+	}
+	resp, err := vm.call(ctx, req)
+	if err != nil {
+		if vm.gone() {
+			return ExecResult{}, fmt.Errorf("%w: sandbox %q: its VM exited", ErrExited, id)
+		}
+		return ExecResult{}, err
+	}
+	if resp.ExecResult == nil {
+		return ExecResult{}, fmt.Errorf("%w: exec: no result in the answer", microvm.ErrGuest)
+	}
+	res := ExecResult{Stdout: resp.Stdout, Stderr: resp.Stderr, ExitCode: resp.Exit}
+	if resp.Signal != "" || resp.Exit < 0 {
+		res.ExitCode = 128 + int(signalNum(resp.Signal))
+	}
+	return res, nil
+}
+
+// SetClock sets the guest's wall clock to the host's (a fork's clocks
+// continue from its snapshot's instant: Caps.Clock; issue 15's host clock
+// policy calls this).
+func (m *MicroVM) SetClock(ctx context.Context, id string) error {
+	if err := ValidateID("id", id); err != nil {
+		return err
+	}
+	box, _, _, err := m.boxes.ready(id)
+	if err != nil {
+		return err
+	}
+	if box.vm == nil {
+		return fmt.Errorf("%w: sandbox %q was left by an earlier process", ErrNotFound, id)
+	}
+	_, err = box.vm.call(ctx, vmctl.Request{Op: vmctl.OpClock, Wall: time.Now().UTC()})
+	return err
+}
+
+func signalNum(name string) unix.Signal {
+	if name == "" {
+		return unix.SIGKILL
+	}
+	if !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + strings.ToUpper(name)
+	}
+	if s := unix.SignalNum(name); s != 0 {
+		return s
+	}
+	return unix.SIGKILL
+}
+
+// Sandboxes lists the sandboxes this provider started and those on disk.
+func (m *MicroVM) Sandboxes() []string { return m.boxes.ids() }
+
+// Snapshots lists the complete snapshots in the store.
+func (m *MicroVM) Snapshots() ([]string, error) { return m.snaps.list() }
+
+func (m *MicroVM) sock(id, kind string) string {
+	return filepath.Join(m.socks, shortHash(id)+"."+kind)
+}
+
+// entropy returns fresh random bytes for a guest's CRNG.
+func entropy() []byte {
+	b := make([]byte, vmctl.EntropyBytes)
+	_, _ = rand.Read(b)
+	return b
+}

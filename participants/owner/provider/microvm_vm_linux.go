@@ -1,0 +1,577 @@
+//go:build linux
+
+package provider
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/procfs"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
+	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
+)
+
+// vmMeta is the vm.json of a sandbox, a snapshot or a template: what its
+// disk is made of and, for a running VM, which QEMU runs it.
+type vmMeta struct {
+	// Chain is the disk's qcow2 layers (paths: under <state>/layers, or a
+	// template's), top first; the bottom one's backing file is Base.
+	Chain []string `json:"chain"`
+	// Pending is a layer being made (a snapshot's new top): kept by the
+	// collector although no chain holds it yet.
+	Pending string `json:"pending,omitempty"`
+	// Base and Harness are the raw root and harness images (cache/images).
+	Base    string `json:"base"`
+	Harness string `json:"harness"`
+	// Gen picks the guest address of NATS (10.0.2.(100+Gen)): a fork's
+	// differs from its parent's, so the parent's connection, restored in
+	// the fork, never reaches the server.
+	Gen    int `json:"gen"`
+	MemMiB int `json:"mem_mib"`
+	// PID and Start name the QEMU process (Start: field 22 of its stat).
+	PID   int    `json:"pid,omitempty"`
+	Start uint64 `json:"start,omitempty"`
+	// NATSHost is the host address NATS connections are relayed to.
+	NATSHost string `json:"nats_host,omitempty"`
+	// Sandbox is the sandbox a snapshot was taken of.
+	Sandbox string `json:"sandbox,omitempty"`
+}
+
+func readVMMeta(dir string) (vmMeta, error) {
+	var m vmMeta
+	b, err := os.ReadFile(filepath.Join(dir, "vm.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &m)
+	}
+	return m, err
+}
+
+func writeVMMeta(dir string, m vmMeta) error { return writeJSON(filepath.Join(dir, "vm.json"), m) }
+
+// machine is a running QEMU of this process.
+type machine struct {
+	id     string
+	dir    string
+	pid    int
+	cmd    *exec.Cmd
+	qmp    *microvm.QMP
+	ctl    *microvm.Control
+	exited chan struct{} // closed once QEMU exited (not yet reaped)
+	reaped chan struct{}
+	node   string // the block node of the disk's top layer
+	// ctlSock is the control channel's socket.
+	ctlSock string
+	// hello is the guest's answer to its identify or reidentify.
+	hello vmctl.Hello
+
+	mu   sync.Mutex // guards meta
+	meta vmMeta
+
+	stopLease context.CancelFunc
+	leaseDone chan struct{}
+	stopOnce  sync.Once
+	stopErr   error
+}
+
+func (vm *machine) gone() bool {
+	select {
+	case <-vm.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// call sends a request on the control channel; a VM that exits meanwhile
+// ends the call.
+func (vm *machine) call(ctx context.Context, req vmctl.Request) (*vmctl.Response, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // ends with the call: cancel closes ctx.Done
+		select {
+		case <-vm.exited:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	resp, err := vm.ctl.Call(ctx, req)
+	if err != nil && vm.gone() {
+		return nil, fmt.Errorf("%w: the VM of %s exited: %w", ErrExited, vm.id, err)
+	}
+	return resp, err
+}
+
+// natsForward returns the guest address for generation gen and the host
+// address of the server a member flag --nats-url names.
+func natsForward(gen int, natsURL string) (guest, host, guestURL string, err error) {
+	u, err := url.Parse(natsURL)
+	if err != nil || u.Host == "" {
+		return "", "", "", invalid("spec.Init --nats-url", "%q is not a URL with a host", natsURL)
+	}
+	host = u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "4222")
+	}
+	if h := u.Hostname(); h == "localhost" {
+		host = net.JoinHostPort("127.0.0.1", u.Port())
+	}
+	guest = fmt.Sprintf("10.0.2.%d:4222", 100+gen%100)
+	gu := *u
+	gu.Host = guest
+	return guest, host, gu.String(), nil
+}
+
+// launch starts spec's VM: a fork of the template of its images, or of
+// snapshotID, then identified (or re-identified) over the control channel.
+// It returns the machine even when it fails later, so that the teardown
+// stops it.
+func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snapshotID string) (*machine, error) {
+	var parent vmMeta
+	var state, ram string
+	if snapshotID == "" {
+		base, err := m.baseImage(ctx)
+		if err != nil {
+			return nil, err
+		}
+		harness, err := m.harnessImage(ctx, spec.Binds, spec.CopyIn)
+		if err != nil {
+			return nil, err
+		}
+		t, err := m.template(ctx, base, harness)
+		if err != nil {
+			return nil, err
+		}
+		parent, state, ram = t.meta, filepath.Join(t.dir, "state"), filepath.Join(t.dir, "ram")
+	} else {
+		sdir, _, release, err := m.snaps.open(snapshotID)
+		if err != nil {
+			return nil, err
+		}
+		defer release() // the snapshot stays until QEMU has read its state
+		if parent, err = readVMMeta(sdir); err != nil {
+			return nil, fmt.Errorf("%w: snapshotID %q is not a microvm snapshot: %w", ErrInvalid, snapshotID, err)
+		}
+		state = filepath.Join(sdir, "state")
+		if spec.Epoch == 0 && req.Run != "" {
+			return nil, invalid("spec.Epoch", "a fork of a microvm snapshot whose sandboxd runs on needs the restore's epoch")
+		}
+	}
+	if parent.MemMiB != m.cfg.MemMiB {
+		return nil, invalid("MemMiB", "the snapshot's guest has %d MiB, this provider %d", parent.MemMiB, m.cfg.MemMiB)
+	}
+	gen := parent.Gen + 1
+	fwd := map[string]string{}
+	var guestURL, hostNATS string
+	if req.NATSURL != "" {
+		guestNATS, host, gurl, err := natsForward(gen, req.NATSURL)
+		if err != nil {
+			return nil, err
+		}
+		fwd[guestNATS], guestURL, hostNATS = host, gurl, host
+	}
+	if m.cfg.Upstream != "" {
+		fwd[microvm.GuestUpstream] = m.cfg.Upstream
+	}
+	dir := m.boxes.dir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, err
+	}
+	top := m.layer(newLayerName())
+	meta := vmMeta{Chain: append([]string{top}, parent.Chain...), Base: parent.Base, Harness: parent.Harness,
+		Gen: gen, MemMiB: m.cfg.MemMiB, NATSHost: hostNATS}
+	// The reference first, then the layer: the collector never sees a
+	// layer that nothing holds but that someone is about to use.
+	if err := writeVMMeta(dir, meta); err != nil {
+		return nil, err
+	}
+	if err := microvm.Overlay(ctx, m.assets.QEMUImg, parent.Chain[0], "qcow2", top); err != nil {
+		return nil, err
+	}
+	mc := m.machineFor(spec.ID, dir, meta, fwd)
+	mc.RAMFile, mc.Incoming = ram, true
+	t0 := time.Now()
+	vm, err := m.startQEMU(spec.ID, dir, mc, meta)
+	if err != nil {
+		return vm, err
+	}
+	tQEMU := time.Now()
+	if err := m.restore(ctx, vm, state); err != nil {
+		return vm, fmt.Errorf("restore: %w (qemu: %s)", err, tailFile(filepath.Join(dir, "qemu.log"), 1024))
+	}
+	req.NATSURL = guestURL
+	req.Entropy = entropy()
+	req.Wall = time.Now().UTC()
+	req.LeaseMS = m.cfg.Lease.Milliseconds()
+	req.Op = vmctl.OpIdentify
+	if snapshotID == "" {
+		req.SetClock = true // the template's clock stopped when it was made
+	} else {
+		req.Op, req.Epoch = vmctl.OpReidentify, spec.Epoch
+		if req.Run == "" {
+			req.Init = nil // it runs on from the snapshot
+		}
+	}
+	tRestore := time.Now()
+	hello, err := vm.ctl.Hello(ctx)
+	if err != nil {
+		return vm, fmt.Errorf("hello: %w", err)
+	}
+	tHello := time.Now()
+	resp, err := vm.call(ctx, req)
+	if err != nil {
+		return vm, fmt.Errorf("%s %s: %w (console: %s)", req.Op, spec.ID, err, tailFile(filepath.Join(dir, "console.log"), 2048))
+	}
+	m.log.Debug().Str("sandbox", spec.ID).Str("state", string(hello.State)).Str("op", string(req.Op)).
+		Dur("qemu", tQEMU.Sub(t0)).Dur("restore", tRestore.Sub(tQEMU)).Dur("hello", tHello.Sub(tRestore)).
+		Dur("identify", time.Since(tHello)).Msg("microvm: guest running and identified")
+	if resp.Hello != nil {
+		vm.hello = *resp.Hello
+	}
+	m.startLease(vm)
+	return vm, nil
+}
+
+// machineFor returns the command line every VM of a template shares (the
+// same devices in the same order), with its own sockets and console.
+func (m *MicroVM) machineFor(id, dir string, meta vmMeta, fwd map[string]string) microvm.Machine {
+	return microvm.Machine{
+		Accel: m.accel, MemMiB: meta.MemMiB,
+		Kernel: m.assets.Kernel, Initrd: m.initrdPath(), Append: microvm.KernelArgs(m.tscKHz, 2*time.Minute),
+		Disks: []microvm.Disk{
+			{ID: "root", File: meta.Chain[0], Format: "qcow2"},
+			{ID: "harness", File: meta.Harness, Format: "raw", ReadOnly: true},
+		},
+		QMP: m.sock(id, "q"), Control: m.sock(id, "c"), Serial: filepath.Join(dir, "console.log"),
+		Forwards: fwd, Busybox: m.assets.Busybox,
+	}
+}
+
+// startQEMU starts QEMU in a session of its own (an owner that dies does
+// not take it along: the lease does), records it in dir's vm.json and
+// connects to its QMP socket.
+func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta) (*machine, error) {
+	// The sockets' directory stays until QEMU has made its sockets in it.
+	m.sockMu.RLock()
+	defer m.sockMu.RUnlock()
+	if err := os.MkdirAll(m.socks, 0o700); err != nil {
+		return nil, err
+	}
+	for _, s := range []string{mc.QMP, mc.Control} {
+		_ = os.Remove(s)
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, "qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(m.assets.QEMU, mc.Args()...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start qemu: %w", err)
+	}
+	vm := &machine{id: id, dir: dir, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{}), reaped: make(chan struct{}), node: "root", meta: meta, ctlSock: mc.Control}
+	go vm.reap() // ended by QEMU's exit, which stop brings about
+	meta.PID = vm.pid
+	if st, _, err := procfs.ReadStat(vm.pid, nil); err == nil {
+		meta.Start = st.Start
+	}
+	vm.meta = meta
+	if err := writeVMMeta(dir, meta); err != nil {
+		return vm, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	qctx, qcancel := context.WithCancel(ctx)
+	defer qcancel()
+	go func() { // ends with this function: qcancel
+		select {
+		case <-vm.exited:
+			qcancel()
+		case <-qctx.Done():
+		}
+	}()
+	if vm.qmp, err = microvm.DialQMP(qctx, mc.QMP); err != nil {
+		return vm, fmt.Errorf("%w (qemu: %s)", err, tailFile(filepath.Join(dir, "qemu.log"), 1024))
+	}
+	return vm, nil
+}
+
+// reap waits for QEMU's exit, kills what is left of its session (the nc
+// relays of its guestfwd rules) while the zombie still holds the group's
+// id, and reaps it.
+func (vm *machine) reap() {
+	waitExit(vm.pid)
+	close(vm.exited)
+	_ = syscall.Kill(-vm.pid, syscall.SIGKILL)
+	_ = vm.cmd.Wait()
+	close(vm.reaped)
+}
+
+// restore loads state into an incoming VM and runs it: the template's
+// device state (its RAM is the shared file) or a snapshot's RAM and
+// devices. x-ignore-shared is on in every VM (a stream states it and the
+// destination must match); it skips only RAM mapped shared, the
+// template's, so a snapshot of a fork carries all of its RAM.
+func (m *MicroVM) restore(ctx context.Context, vm *machine, state string) error {
+	if err := vm.qmp.SetIgnoreShared(ctx, true); err != nil {
+		return err
+	}
+	if err := vm.qmp.Do(ctx, "migrate-incoming", map[string]any{"uri": microvm.LoadURI(state)}, nil); err != nil {
+		return err
+	}
+	st, err := vm.qmp.WaitStatus(ctx, "inmigrate")
+	if err != nil {
+		return err
+	}
+	if st != "paused" && st != "running" {
+		return fmt.Errorf("%w: after the incoming migration the VM is %q (qemu: %s)", microvm.ErrQMP, st, tailFile(filepath.Join(vm.dir, "qemu.log"), 1024))
+	}
+	if err := vm.qmp.Do(ctx, "cont", nil, nil); err != nil {
+		return err
+	}
+	vm.ctl, err = microvm.DialControl(ctx, vm.ctlSock, m.onNotice(vm.id))
+	return err
+}
+
+func (m *MicroVM) onNotice(id string) func(vmctl.Notice) {
+	return func(n vmctl.Notice) {
+		ev := m.log.Debug()
+		if n.Event == vmctl.EventPowerOff {
+			ev = m.log.Warn()
+		}
+		ev.Str("sandbox", id).Str("event", string(n.Event)).Str("why", n.Why).Str("msg", n.Msg).Msg("microvm: guest notice")
+	}
+}
+
+// startLease renews the guest's lease every third of it until stop.
+func (m *MicroVM) startLease(vm *machine) {
+	ctx, cancel := context.WithCancel(context.Background())
+	vm.stopLease, vm.leaseDone = cancel, make(chan struct{})
+	every := m.cfg.Lease / 3
+	go func() { // stopped by vm.stop: stopLease, then <-leaseDone
+		defer close(vm.leaseDone)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-vm.exited:
+				return
+			case <-t.C:
+			}
+			cctx, ccancel := context.WithTimeout(ctx, every)
+			_, err := vm.call(cctx, vmctl.Request{Op: vmctl.OpLease, UntilMS: m.cfg.Lease.Milliseconds()})
+			ccancel()
+			if err != nil && ctx.Err() == nil {
+				m.log.Warn().Err(err).Str("sandbox", vm.id).Msg("microvm: lease renewal failed")
+			}
+		}
+	}()
+}
+
+// stop kills QEMU's session and reaps it; it closes the channels and
+// waits for every goroutine of the machine. Idempotent.
+func (vm *machine) stop(timeout time.Duration) error {
+	vm.stopOnce.Do(func() {
+		if vm.stopLease != nil {
+			vm.stopLease()
+			<-vm.leaseDone
+		}
+		_ = syscall.Kill(-vm.pid, syscall.SIGKILL) // QEMU and its relays; its session is its own
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		select {
+		case <-vm.reaped:
+		case <-t.C:
+			vm.stopErr = fmt.Errorf("%w: qemu %d of %s did not exit", ErrLeftover, vm.pid, vm.id)
+		}
+		if vm.ctl != nil {
+			_ = vm.ctl.Close()
+		}
+		if vm.qmp != nil {
+			_ = vm.qmp.Close()
+		}
+	})
+	return vm.stopErr
+}
+
+// killLeftover kills the QEMU an earlier process left running (if the pid
+// still names it) and waits until it is gone.
+func killLeftover(meta vmMeta, timeout time.Duration) error {
+	if meta.PID <= 0 {
+		return nil
+	}
+	same := func() bool {
+		st, _, err := procfs.ReadStat(meta.PID, nil)
+		return err == nil && st.Start == meta.Start && st.State != 'Z'
+	}
+	if !same() {
+		return nil
+	}
+	_ = syscall.Kill(-meta.PID, syscall.SIGKILL)
+	_ = syscall.Kill(meta.PID, syscall.SIGKILL)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := poll.Until(ctx, poll.Backoff(time.Millisecond, 50*time.Millisecond), func() (bool, error) { return !same(), nil }); err != nil {
+		return fmt.Errorf("%w: qemu %d left by an earlier process did not exit", ErrLeftover, meta.PID)
+	}
+	return nil
+}
+
+// snapshotInto takes the snapshot into dst: vm.json and the state file.
+func (m *MicroVM) snapshotInto(ctx context.Context, vm *machine, dst string) (copyStats, time.Duration, error) {
+	var st copyStats
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, _ = vm.call(sctx, vmctl.Request{Op: vmctl.OpSync}) // best effort: stop flushes the disk anyway
+	cancel()
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	name := newLayerName()
+	top := m.layer(name)
+	meta := vm.meta
+	meta.Pending = top
+	if err := writeVMMeta(vm.dir, meta); err != nil {
+		return st, 0, err
+	}
+	q := vm.qmp
+	if err := q.SetFastMigration(ctx); err != nil {
+		return st, 0, err
+	}
+	t0 := time.Now()
+	if err := q.Do(ctx, "stop", nil, nil); err != nil {
+		return st, 0, err
+	}
+	node := "n" + name[:8]
+	err := q.Do(ctx, "blockdev-snapshot-sync", map[string]any{"node-name": vm.node, "snapshot-file": top,
+		"snapshot-node-name": node, "format": "qcow2"}, nil)
+	frozen := meta.Chain
+	if err == nil {
+		vm.node = node
+		meta.Chain = append([]string{top}, meta.Chain...)
+		err = q.Do(ctx, "migrate", map[string]any{"uri": microvm.SaveURI(filepath.Join(dst, "state"))}, nil)
+		if err == nil {
+			_, err = q.WaitMigration(ctx)
+		}
+	}
+	cerr := q.Do(context.WithoutCancel(ctx), "cont", nil, nil)
+	took := time.Since(t0)
+	meta.Pending = ""
+	vm.meta = meta
+	err = errors.Join(err, cerr, writeVMMeta(vm.dir, meta))
+	if err != nil {
+		return st, took, err
+	}
+	snap := vmMeta{Chain: frozen, Base: meta.Base, Harness: meta.Harness, Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id}
+	if err := writeVMMeta(dst, snap); err != nil {
+		return st, took, err
+	}
+	if fi, err := os.Stat(filepath.Join(dst, "state")); err == nil {
+		st.bytes, st.entries = fi.Size(), 1
+	}
+	return st, took, nil
+}
+
+// layer is the path of a disk layer.
+func (m *MicroVM) layer(name string) string { return filepath.Join(m.layers, name+".qcow2") }
+
+func newLayerName() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func shortHash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:6])
+}
+
+// gc removes the disk layers no sandbox, snapshot or template holds. It
+// lists the layers before it reads who holds them, and a layer is made
+// only after a vm.json names it: a layer made meanwhile is not listed.
+func (m *MicroVM) gc() error {
+	m.gcMu.Lock()
+	defer m.gcMu.Unlock()
+	ents, err := os.ReadDir(m.layers)
+	if err != nil {
+		return err
+	}
+	held := map[string]bool{}
+	for _, parent := range []string{filepath.Join(m.cfg.StateDir, "sandboxes"), filepath.Join(m.cfg.StateDir, "snapshots")} {
+		dirs, err := os.ReadDir(parent)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		for _, d := range dirs {
+			m.holdLayers(held, filepath.Join(parent, d.Name()))
+		}
+	}
+	var errs []error
+	for _, e := range ents {
+		if held[filepath.Join(m.layers, e.Name())] {
+			continue
+		}
+		if err := os.Remove(filepath.Join(m.layers, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// holdLayers marks the layers dir's vm.json names, also in a snapshot
+// being made or deleted (".tmp-" and ".del-" directories hold one level
+// more).
+func (m *MicroVM) holdLayers(held map[string]bool, dir string) {
+	meta, err := readVMMeta(dir)
+	if err != nil {
+		subs, _ := os.ReadDir(dir)
+		for _, s := range subs {
+			if s.IsDir() {
+				if meta, err := readVMMeta(filepath.Join(dir, s.Name())); err == nil {
+					markChain(held, meta)
+				}
+			}
+		}
+		return
+	}
+	markChain(held, meta)
+}
+
+func markChain(held map[string]bool, meta vmMeta) {
+	for _, l := range meta.Chain {
+		held[l] = true
+	}
+	if meta.Pending != "" {
+		held[meta.Pending] = true
+	}
+}
+
+// tailFile returns the last n bytes of a file, for error messages.
+func tailFile(p string, n int) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return strings.TrimSpace(string(b))
+}
