@@ -15,7 +15,7 @@ func TestChaosPoints(t *testing.T) {
 		"sp.r1.ack.7.commit.agent.a1":          pointCommitAcked,
 		"sp.r1.ack.6.prepare.agent.a1":         "",
 		"sp.r1.outcome.checkpoint.committed":   pointCommitted,
-		"sp.r1.outcome.checkpoint.failed":      "",
+		"sp.r1.outcome.checkpoint.failed":      pointFailed,
 		"sp.r2.phase.prepare":                  "",
 		"sp.r1.member.agent.a1":                "",
 		"sp.r1.phase.release":                  events.PhaseRelease,
