@@ -76,6 +76,13 @@ fuzz:
 	$(GO) test ./events -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseStat$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseMount$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./participants/agent/agentapi -run '^$$' -fuzz '^FuzzDecodeBookmark$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./participants/member -run '^$$' -fuzz '^FuzzScanRecords$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./participants/member -run '^$$' -fuzz '^FuzzDecodePosition$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./controller-bridge -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./sandboxd -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./sandboxd/daemon -run '^$$' -fuzz '^FuzzDecodeEpisodes$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./participants/owner/ownerapi -run '^$$' -fuzz '^FuzzDecodeIndexEntry$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeGuestLine$$' -fuzztime $(FUZZTIME)
 

@@ -327,11 +327,41 @@ func TestReleaseKeepsManifestsWhenAMemberFails(t *testing.T) {
 	if manifestOf(t, env, "c1") == nil || !slices.Equal(objects(t, env), objs) {
 		t.Error("the bridge deleted c1's manifest or records although a member did not release")
 	}
+	// The stream says it failed too: release.failed naming the member,
+	// never release.completed.
+	wantOutcome(t, env, res.OpID, events.TypeReleaseFailed, func(d events.Data) {
+		f := d.(events.ReleaseFailed)
+		if len(f.Errors) != 1 || f.Errors[0].Member != hs[1].Name || !slices.Equal(f.Deleted[hs[0].Name], []string{"c1"}) {
+			t.Errorf("release.failed %+v does not name %s, or what %s deleted", f, hs[1].Name, hs[0].Name)
+		}
+	})
+	// c1, not kept, may have lost what it names (hs[0] deleted its
+	// snapshot): it is marked, and a restore of it is refused before any
+	// phase, naming what is gone and who failed. c2, kept, is not marked.
+	if m := manifestOf(t, env, "c1"); m == nil || m.Released == nil || m.Released.Op != res.OpID {
+		t.Fatalf("c1 after the failed release: %+v", m)
+	}
+	if m := manifestOf(t, env, "c2"); m == nil || m.Released != nil {
+		t.Fatalf("c2, kept, is marked: %+v", m)
+	}
+	before, err := b.Status(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Restore(ctx(t), bridgeapi.RestoreRequest{Source: "c1"})
+	if !errors.Is(err, bridgeapi.ErrReleased) || !strings.Contains(err.Error(), string(hs[0].Name)+" deleted c1") ||
+		!strings.Contains(err.Error(), string(hs[1].Name)) {
+		t.Fatalf("restore of c1: %v, want ErrReleased naming what %s deleted and that %s failed", err, hs[0].Name, hs[1].Name)
+	}
+	if after, err := b.Status(ctx(t)); err != nil || after.Seq != before.Seq {
+		t.Fatalf("the refused restore published a phase: seq %d then %d (%v)", before.Seq, after.Seq, err)
+	}
 	hs[1].Participant.FailRelease(nil)
 	res, err = b.Release(ctx(t), bridgeapi.ReleaseRequest{Keep: []string{"c2"}})
 	if err != nil || res.Status != bridgeapi.StatusCompleted || !slices.Equal(res.Deleted, []string{"c1"}) {
 		t.Fatalf("retried release: %+v %v", res, err)
 	}
+	wantOutcome(t, env, res.OpID, events.TypeReleaseCompleted, nil)
 	if manifestOf(t, env, "c1") != nil || manifestOf(t, env, "c2") == nil {
 		t.Error("after the retry c1's manifest is left or c2's is gone")
 	}
@@ -603,5 +633,27 @@ func TestCheckpointWithoutAnIDGetsOne(t *testing.T) {
 	}
 	if m := manifestOf(t, env, res.CheckpointID); m == nil || m.Aborted {
 		t.Fatalf("manifest of %s: %+v", res.CheckpointID, m)
+	}
+}
+
+// wantOutcome checks that the timeline of operation id holds exactly one
+// outcome, of type want, and hands its data to check.
+func wantOutcome(t *testing.T, env *jstest.Env, id string, want events.Type, check func(events.Data)) {
+	t.Helper()
+	entries, err := bridge.ReadTimeline(ctx(t), env.JS, run, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outcomes []bridge.TimelineEntry
+	for _, e := range entries {
+		if strings.Contains(e.Subject, ".outcome.") {
+			outcomes = append(outcomes, e)
+		}
+	}
+	if len(outcomes) != 1 || outcomes[0].Type != want {
+		t.Fatalf("outcomes of %s: %+v, want one %s", id, outcomes, want)
+	}
+	if check != nil {
+		check(outcomes[0].Data)
 	}
 }

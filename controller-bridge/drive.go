@@ -221,6 +221,11 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 			return failed(err)
 		}
 		return machine.CheckpointsDeleted{}
+	case machine.MarkReleased:
+		if err := b.markReleased(ctx, e.Keep, e.Mark); err != nil {
+			return failed(err)
+		}
+		return machine.ReleasedMarked{}
 	case machine.ReadManifest:
 		m, _, err := b.manifest(ctx, e.CheckpointID)
 		if err != nil {

@@ -264,8 +264,12 @@ func (b *Bridge) Status(ctx context.Context) (*bridgeapi.Status, error) {
 		return nil, err
 	}
 	for _, c := range all {
-		s.Checkpoints = append(s.Checkpoints, bridgeapi.CheckpointInfo{CheckpointID: c.CheckpointID, Epoch: c.Epoch, Created: c.Created,
-			Aborted: c.Aborted, Reason: c.Reason, Continued: len(c.Continued), Restarted: len(c.Restarted), Members: len(c.Members), Stop: c.Stop})
+		info := bridgeapi.CheckpointInfo{CheckpointID: c.CheckpointID, Epoch: c.Epoch, Created: c.Created,
+			Aborted: c.Aborted, Reason: c.Reason, Continued: len(c.Continued), Restarted: len(c.Restarted), Members: len(c.Members), Stop: c.Stop}
+		if c.Released != nil {
+			info.Released = c.Released.Op
+		}
+		s.Checkpoints = append(s.Checkpoints, info)
 	}
 	_, infos, err := b.liveMembers(ctx, st.epoch, false)
 	if err != nil {

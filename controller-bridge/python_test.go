@@ -6,9 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
@@ -104,11 +106,34 @@ func TestHTTPAuthAndErrors(t *testing.T) {
 		{"GET", "/v1/checkpoints/nope", testToken, "", 404, "not_found"},
 		{"POST", "/v1/checkpoints/nope/commit", testToken, `{}`, 404, "not_found"},
 		{"POST", "/v1/release", testToken, `{"keep":["nope"]}`, 404, "not_found"},
+		// The scheme in any case, the token exactly.
+		{"GET", "/v1/status", "bearer " + testToken, "", 200, ""},
+		{"GET", "/v1/status", "BEARER  " + testToken, "", 200, ""},
+		{"GET", "/v1/status", "Basic " + testToken, "", 401, "unauthorized"},
+		{"GET", "/v1/status", "Bearer " + strings.ToUpper(testToken), "", 401, "unauthorized"},
+		// Every answer is JSON: an unknown route, a wrong method.
+		{"GET", "/v1/nope", testToken, "", 404, "not_found"},
+		{"GET", "/", "", "", 404, "not_found"},
+		{"DELETE", "/v1/status", testToken, "", 405, "method_not_allowed"},
+		{"GET", "/v1/checkpoints", testToken, "", 405, "method_not_allowed"},
+		{"PUT", "/v1/checkpoints/c1/commit", testToken, "", 405, "method_not_allowed"},
+		// A body over the bound.
+		{"POST", "/v1/checkpoints", testToken, `{"episodes":["` + strings.Repeat("r", bridgeapi.MaxRequestBody) + `"]}`, 413, "too_large"},
+		// A percent-encoded id, refused the same way on every route, even
+		// one that decodes to a valid id.
+		{"GET", "/v1/checkpoints/c%31", testToken, "", 400, "bad_request"},
+		{"GET", "/v1/checkpoints/a%2Fb", testToken, "", 400, "bad_request"},
+		{"POST", "/v1/checkpoints/c%31/commit", testToken, `{}`, 400, "bad_request"},
+		{"POST", "/v1/checkpoints/a%2Fb/abort", testToken, "", 400, "bad_request"},
+		{"POST", "/v1/checkpoints/a.b/abort", testToken, "", 400, "bad_request"},
 	}
 	for _, c := range cases {
 		req := httptest.NewRequest(c.method, srv.URL+c.path, stringsReader(c.body))
 		req.RequestURI = ""
-		if c.token != "" {
+		switch {
+		case strings.Contains(c.token, " "):
+			req.Header.Set("Authorization", c.token)
+		case c.token != "":
 			req.Header.Set("Authorization", "Bearer "+c.token)
 		}
 		resp, err := srv.Client().Do(req)
@@ -121,7 +146,16 @@ func TestHTTPAuthAndErrors(t *testing.T) {
 		_ = json.NewDecoder(resp.Body).Decode(&body)
 		resp.Body.Close()
 		if resp.StatusCode != c.status || body.Error.Code != c.code {
-			t.Errorf("%s %s %s: %d %q (%s), want %d %q", c.method, c.path, c.body, resp.StatusCode, body.Error.Code, body.Error.Detail, c.status, c.code)
+			t.Errorf("%s %s %.80s: %d %q (%s), want %d %q", c.method, c.path, c.body, resp.StatusCode, body.Error.Code, body.Error.Detail, c.status, c.code)
+		}
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s %s: Content-Type %q", c.method, c.path, ct)
+		}
+		if c.status == 405 && resp.Header.Get("Allow") == "" {
+			t.Errorf("%s %s: 405 without an Allow header", c.method, c.path)
+		}
+		if strings.Contains(c.path, "%") && !strings.Contains(body.Error.Detail, "percent-encoding") {
+			t.Errorf("%s %s: %q does not say why", c.method, c.path, body.Error.Detail)
 		}
 	}
 }

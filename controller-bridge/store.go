@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // The bridge's reads and writes of sp_manifests, sp_members and
@@ -130,6 +132,78 @@ func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, 
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, nil
+}
+
+// markReleased sets mark on every committed checkpoint not in keep,
+// merged with the mark an earlier failed release left: a checkpoint whose
+// external state a member may have deleted is restored no more. Each is
+// a compare-and-set on the manifest's revision.
+func (b *Bridge) markReleased(ctx context.Context, keep []string, mark events.ReleaseMark) error {
+	all, err := b.checkpoints(ctx)
+	if err != nil {
+		return err
+	}
+	for _, c := range all {
+		if c.Aborted || slices.Contains(keep, c.CheckpointID) {
+			continue
+		}
+		if err := b.markOne(ctx, c.CheckpointID, mark); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *Bridge) markOne(ctx context.Context, id string, mark events.ReleaseMark) error {
+	for range 8 {
+		m, rev, err := b.manifest(ctx, id)
+		if err != nil || m == nil {
+			return err // gone meanwhile: nothing to mark
+		}
+		next := mergeMark(m.Released, mark)
+		m.Released = &next
+		v, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		_, err = b.cfg.Bus.Manifests.Update(ctx, events.ManifestKey(b.cfg.Run, id), v, rev)
+		if err == nil {
+			b.log.Warn().Str("checkpoint", id).Str("release", mark.Op).Msg("marked partly released: it restores no more")
+			return nil
+		}
+		if !errors.Is(err, natsjs.ErrKeyExists) && !jetstream.IsWrongLastSequence(err) {
+			return fmt.Errorf("bridge: mark %s released: %w", id, err)
+		}
+	}
+	return fmt.Errorf("bridge: mark %s released: too many concurrent updates", id)
+}
+
+// mergeMark adds what mark says to an earlier mark: the newest release,
+// every deletion, every member that failed.
+func mergeMark(old *events.ReleaseMark, mark events.ReleaseMark) events.ReleaseMark {
+	if old == nil {
+		return mark
+	}
+	out := events.ReleaseMark{Op: mark.Op, Deleted: map[events.Member][]string{}}
+	for _, d := range []map[events.Member][]string{old.Deleted, mark.Deleted} {
+		for m, ids := range d {
+			for _, id := range ids {
+				if !slices.Contains(out.Deleted[m], id) {
+					out.Deleted[m] = append(out.Deleted[m], id)
+				}
+			}
+		}
+	}
+	if len(out.Deleted) == 0 {
+		out.Deleted = nil
+	}
+	out.Failed = slices.Clone(old.Failed)
+	for _, e := range mark.Failed {
+		if !slices.ContainsFunc(out.Failed, func(f events.MemberError) bool { return f.Member == e.Member }) {
+			out.Failed = append(out.Failed, e)
+		}
+	}
+	return out
 }
 
 // deleteCheckpoints deletes what a release does not keep, then LATEST

@@ -134,6 +134,12 @@ func Summarize(d events.Data) string {
 		return fmt.Sprintf("restore %s from %s failed: %d members, %d retired", v.CheckpointID, v.Source, len(v.Errors), len(v.Retired))
 	case events.ReleaseCompleted:
 		return fmt.Sprintf("release %s: kept %v, deleted %v", v.CheckpointID, v.Keep, v.Deleted)
+	case events.ReleaseFailed:
+		var who []string
+		for _, e := range v.Errors {
+			who = append(who, string(e.Member)+" "+e.Code)
+		}
+		return fmt.Sprintf("release %s failed: %s (%s); nothing of the bridge's deleted", v.CheckpointID, v.Reason, strings.Join(who, ", "))
 	case events.MemberJoined:
 		return fmt.Sprintf("%s joined (epoch %d, %v)", v.Member, v.Epoch, v.Capabilities)
 	case events.MemberLeft:

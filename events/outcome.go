@@ -176,15 +176,15 @@ func (o RestoreFailed) Validate() error {
 
 func (o RestoreFailed) route() route { return o.outcomeRoute(TypeRestoreFailed) }
 
-// ReleaseCompleted says what a release deleted.
+// ReleaseCompleted says a release finished on every member: what it kept
+// and what it deleted. A release that failed on any member is
+// ReleaseFailed instead.
 type ReleaseCompleted struct {
 	OutcomeHeader
 	// Keep are the checkpoints still kept.
 	Keep []string `json:"keep"`
 	// Deleted are the checkpoints whose manifests and records are gone.
 	Deleted []string `json:"deleted,omitempty"`
-	// Errors names members that could not delete everything.
-	Errors []MemberError `json:"errors,omitempty"`
 }
 
 // Type implements Data.
@@ -192,8 +192,54 @@ func (ReleaseCompleted) Type() Type { return TypeReleaseCompleted }
 
 // Validate implements Data.
 func (o ReleaseCompleted) Validate() error {
-	return errors.Join(o.validate(), validateTokens("data.keep", o.Keep), validateTokens("data.deleted", o.Deleted),
-		validateMemberErrors("data.errors", o.Errors))
+	return errors.Join(o.validate(), validateTokens("data.keep", o.Keep), validateTokens("data.deleted", o.Deleted))
 }
 
 func (o ReleaseCompleted) route() route { return o.outcomeRoute(TypeReleaseCompleted) }
+
+// ReleaseFailed says a release failed on at least one member: the bridge
+// deleted nothing of its own (no manifest, record or LATEST), as the
+// members that failed may still hold what the manifests name. The members
+// that did release may have deleted snapshots; Deleted lists them.
+type ReleaseFailed struct {
+	OutcomeHeader
+	// Keep are the checkpoints the release was asked to keep.
+	Keep []string `json:"keep"`
+	// Reason sums it up for a person.
+	Reason string `json:"reason"`
+	// Errors names every member that failed or never answered; at least
+	// one.
+	Errors []MemberError `json:"errors"`
+	// Deleted maps each member that released to what it deleted.
+	Deleted map[Member][]string `json:"member_deleted,omitempty"`
+}
+
+// Type implements Data.
+func (ReleaseFailed) Type() Type { return TypeReleaseFailed }
+
+// Validate implements Data.
+func (o ReleaseFailed) Validate() error {
+	errs := []error{o.validate(), validateTokens("data.keep", o.Keep), validateMemberErrors("data.errors", o.Errors)}
+	if len(o.Errors) == 0 {
+		errs = append(errs, fieldErr("data.errors", ErrInvalid, "a failed release names at least one member"))
+	}
+	if o.Reason == "" || len(o.Reason) > MaxDetail {
+		errs = append(errs, fieldErr("data.reason", ErrInvalid, "must be 1 to %d bytes", MaxDetail))
+	}
+	if len(o.Deleted) > MaxMembers {
+		errs = append(errs, fieldErr("data.member_deleted", ErrTooLarge, "%d members, limit %d", len(o.Deleted), MaxMembers))
+	}
+	for m, ids := range o.Deleted {
+		if err := validateMember("data.member_deleted", string(m)); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if err := validateTokens("data.member_deleted."+string(m), ids); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (o ReleaseFailed) route() route { return o.outcomeRoute(TypeReleaseFailed) }

@@ -76,6 +76,8 @@ func samples() map[Type]struct {
 	add(testBridge, RestoreFailed{OutcomeHeader: testOutcome(), Source: "ckpt-6",
 		Errors: []MemberError{{Member: "owner.o0", Code: CodeInstallFailed, Detail: "fork failed"}}, Retired: []string{"r1-a1"}})
 	add(testBridge, ReleaseCompleted{OutcomeHeader: testOutcome(), Keep: []string{"ckpt-7"}, Deleted: []string{"ckpt-5"}})
+	add(testBridge, ReleaseFailed{OutcomeHeader: testOutcome(), Keep: []string{"ckpt-7"}, Reason: "1 of 2 members did not release",
+		Errors: []MemberError{{Member: "owner.o0", Code: "release_failed", Detail: "disk"}}, Deleted: map[Member][]string{"agent.a0": {"snap-1"}}})
 	add("sandbox.sb-1", MemberJoined{Run: "run1", Member: "sandbox.sb-1", Epoch: 2, Capabilities: []string{"pause:freeze", "pause:stop"}, Host: "node-3", PID: 77, Version: "dev"})
 	add("sandbox.sb-1", MemberLeft{Run: "run1", Member: "sandbox.sb-1", Epoch: 2, Reason: "shutdown"})
 	return out

@@ -108,6 +108,42 @@ type CheckpointManifest struct {
 	CommitMS  int64 `json:"commit_ms,omitempty"`
 	// Stop tells whether the checkpoint parked the fleet.
 	Stop bool `json:"stop,omitempty"`
+	// Released is set on a committed checkpoint that a release did not
+	// keep and that failed: members may have deleted external state
+	// (snapshots) the checkpoint names, so it is restored no more.
+	Released *ReleaseMark `json:"released,omitempty"`
+}
+
+// ReleaseMark says which failed release left a checkpoint, and what is
+// known of what it deleted.
+type ReleaseMark struct {
+	// Op is the id of the last failed release that did not keep it.
+	Op string `json:"op"`
+	// Deleted maps each member that released to what it deleted (every
+	// failed release that did not keep the checkpoint, together).
+	Deleted map[Member][]string `json:"deleted,omitempty"`
+	// Failed names the members that did not release: they may have
+	// deleted some of it too.
+	Failed []MemberError `json:"failed,omitempty"`
+}
+
+// Validate checks the mark.
+func (r ReleaseMark) Validate() error {
+	errs := []error{ValidateToken("checkpoint.released.op", r.Op), validateMemberErrors("checkpoint.released.failed", r.Failed)}
+	if len(r.Deleted) > MaxMembers {
+		errs = append(errs, fieldErr("checkpoint.released.deleted", ErrTooLarge, "%d members, limit %d", len(r.Deleted), MaxMembers))
+	}
+	for m, ids := range r.Deleted {
+		if err := validateMember("checkpoint.released.deleted", string(m)); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if err := validateTokens("checkpoint.released.deleted."+string(m), ids); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Validate checks the manifest.
@@ -127,6 +163,9 @@ func (c CheckpointManifest) Validate() error {
 			errs = append(errs, fieldErr(fmt.Sprintf("checkpoint.members[%d]", i), ErrMismatch, "names %s/%s", m.Run, m.CheckpointID))
 			break
 		}
+	}
+	if c.Released != nil {
+		errs = append(errs, c.Released.Validate())
 	}
 	return errors.Join(errs...)
 }

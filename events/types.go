@@ -40,6 +40,7 @@ const (
 	TypeRestoreCompleted    Type = "dev.stillpoint.restore.completed.v1"
 	TypeRestoreFailed       Type = "dev.stillpoint.restore.failed.v1"
 	TypeReleaseCompleted    Type = "dev.stillpoint.release.completed.v1"
+	TypeReleaseFailed       Type = "dev.stillpoint.release.failed.v1"
 
 	TypeMemberJoined Type = "dev.stillpoint.member.joined.v1"
 	TypeMemberLeft   Type = "dev.stillpoint.member.left.v1"
@@ -90,6 +91,7 @@ func init() {
 	register[RestoreCompleted]()
 	register[RestoreFailed]()
 	register[ReleaseCompleted]()
+	register[ReleaseFailed]()
 	register[MemberJoined]()
 	register[MemberLeft]()
 }

@@ -1,6 +1,7 @@
 package sandboxd
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,25 +34,57 @@ const (
 // LaunchDir returns the directory of launch id in stateDir.
 func LaunchDir(stateDir, id string) string { return filepath.Join(stateDir, id) }
 
+// ErrBadRecord is returned (wrapped, naming the file and what is wrong)
+// by ReadRecord for a launch record that is torn, truncated, of an unknown
+// version or another launch's. The file is left as it is.
+var ErrBadRecord = errors.New("sandboxd: unusable launch record")
+
 // ReadRecord reads the record of launch id in stateDir; a missing record
-// is ErrUnknownLaunch.
+// is ErrUnknownLaunch, one that does not decode ErrBadRecord.
 func ReadRecord(stateDir, id string) (sandboxapi.Record, error) {
 	if err := ValidateID(id); err != nil {
 		return sandboxapi.Record{}, err
 	}
-	b, err := os.ReadFile(filepath.Join(LaunchDir(stateDir, id), RecordFile))
+	path := filepath.Join(LaunchDir(stateDir, id), RecordFile)
+	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return sandboxapi.Record{}, fmt.Errorf("%w: %s", ErrUnknownLaunch, id)
 	}
 	if err != nil {
 		return sandboxapi.Record{}, fmt.Errorf("sandboxd: read record %s: %w", id, err)
 	}
-	var r sandboxapi.Record
-	if err := json.Unmarshal(b, &r); err != nil {
-		return sandboxapi.Record{}, fmt.Errorf("sandboxd: record %s: %w", id, err)
+	r, err := decodeRecord(b, id)
+	if err != nil {
+		return sandboxapi.Record{}, fmt.Errorf("%w %s: %w", ErrBadRecord, path, err)
 	}
-	if r.V != recordVersion || r.ID != id {
-		return sandboxapi.Record{}, fmt.Errorf("sandboxd: record %s: version %d, id %q (want version %d)", id, r.V, r.ID, recordVersion)
+	return r, nil
+}
+
+// decodeRecord checks a launch record's bytes: one whole JSON object, of
+// this build's version, of launch id.
+func decodeRecord(b []byte, id string) (sandboxapi.Record, error) {
+	t := bytes.TrimSpace(b)
+	if len(t) == 0 {
+		return sandboxapi.Record{}, fmt.Errorf("empty (%d bytes): torn by a crash?", len(b))
+	}
+	var head struct {
+		V *int `json:"v"`
+	}
+	if err := json.Unmarshal(t, &head); err != nil {
+		return sandboxapi.Record{}, fmt.Errorf("torn or not JSON (%d bytes): %w", len(b), err)
+	}
+	switch {
+	case head.V == nil:
+		return sandboxapi.Record{}, errors.New(`no version field "v"`)
+	case *head.V != recordVersion:
+		return sandboxapi.Record{}, fmt.Errorf("version %d, this build reads version %d", *head.V, recordVersion)
+	}
+	var r sandboxapi.Record
+	if err := json.Unmarshal(t, &r); err != nil {
+		return sandboxapi.Record{}, fmt.Errorf("does not decode: %w", err)
+	}
+	if r.ID != id {
+		return sandboxapi.Record{}, fmt.Errorf("it is the record of launch %q, not %q", r.ID, id)
 	}
 	return r, nil
 }

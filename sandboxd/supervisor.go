@@ -270,7 +270,16 @@ func (s *Supervisor) recoverAll(ctx context.Context) {
 			continue
 		}
 		rec, err := ReadRecord(s.cfg.StateDir, e.Name())
-		if err != nil || rec.State == sandboxapi.StateEnded || rec.Supervisor == s.self {
+		if errors.Is(err, ErrUnknownLaunch) {
+			continue // a stop or pause file for a launch never made
+		}
+		if err != nil {
+			// Say so, leave the file for a person, and recover the others:
+			// what this launch left running, if anything, is not known.
+			s.log.Error().Err(err).Str("launch", e.Name()).Msg("a launch record left by the last supervisor cannot be read; its launch is not recovered")
+			continue
+		}
+		if rec.State == sandboxapi.StateEnded || rec.Supervisor == s.self {
 			continue
 		}
 		confirmed := s.host.recoverLaunch(ctx, rec, s.cfg.KillTimeout)

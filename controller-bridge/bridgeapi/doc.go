@@ -23,8 +23,8 @@
 //
 // # Errors
 //
-// The sentinels (ErrBusy, ErrNotFound, ErrFenced, ErrBadRequest,
-// ErrNoFreshMember) are what kept the bridge from deciding. Over HTTP each
+// The sentinels (ErrBusy, ErrNotFound, ErrFenced, ErrBadRequest, ErrTooLarge,
+// ErrReleased, ErrNoFreshMember) are what kept the bridge from deciding. Over HTTP each
 // maps to a status and an APIError code (docs/API.md, Conventions).
 //
 // # Routes

@@ -16,6 +16,11 @@ var (
 	ErrFenced = errors.New("bridgeapi: fenced by another bridge")
 	// ErrBadRequest is returned for a request that names something invalid.
 	ErrBadRequest = errors.New("bridgeapi: bad request")
+	// ErrTooLarge is returned for a request body over MaxRequestBody.
+	ErrTooLarge = errors.New("bridgeapi: request body too large")
+	// ErrReleased is returned by a restore of a checkpoint that a failed
+	// release did not keep: its members may have deleted what it names.
+	ErrReleased = errors.New("bridgeapi: checkpoint partly released")
 	// ErrNoFreshMember is returned by a restore when a member of the
 	// checkpoint has no fresh member to restore into.
 	ErrNoFreshMember = errors.New("bridgeapi: no fresh member to restore into")

@@ -114,6 +114,9 @@ type CheckpointInfo struct {
 	Restarted    int       `json:"restarted"`
 	Members      int       `json:"members"`
 	Stop         bool      `json:"stop,omitempty"`
+	// Released is the failed release that did not keep the checkpoint: it
+	// is restored no more (events.CheckpointManifest.Released).
+	Released string `json:"released,omitempty"`
 }
 
 // Status is the run as the bus shows it.

@@ -240,6 +240,8 @@ type Collector struct {
 	// fatal ends Run: a result that could not be written.
 	fatal error
 	gen   uint64
+	// ckptSeq counts the checkpoints this collector named.
+	ckptSeq int
 
 	// retries are unfinished rollouts to queue again (Run's loop does).
 	retries []retry

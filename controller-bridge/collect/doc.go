@@ -11,6 +11,11 @@
 // It checkpoints through the controller bridge on a timer, on request
 // (CheckpointNow, SIGUSR1 in the CLI) and once with stop (Stop, SIGTERM),
 // and after each commit releases all but the newest Keep checkpoints.
+// It names every checkpoint it asks for: when the answer is lost (the
+// bridge died or restarted under the request) it asks the bridge again for
+// the same id, and the bridge, having finished what its predecessor left
+// open, answers what became of it. The summary then counts that checkpoint
+// once, with the timings the bridge recorded.
 //
 // Started again with the same run (or when it sees the agents and the
 // owner restarted under it), it recovers: if the fleet is fresh it restores

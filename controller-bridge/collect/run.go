@@ -334,8 +334,9 @@ func (c *Collector) checkpoint(ctx context.Context, stop bool) *bridgeapi.Checkp
 	c.mu.Unlock()
 	c.redraw()
 	began := time.Now()
-	res, err := c.cfg.Controller.Checkpoint(ctx, bridgeapi.CheckpointRequest{Stop: stop})
-	st := CheckpointStat{Stop: stop, Began: began}
+	id := c.nextCheckpointID(began)
+	res, lost, err := c.askCheckpoint(ctx, bridgeapi.CheckpointRequest{ID: id, Stop: stop})
+	st := CheckpointStat{ID: id, Stop: stop, Began: began}
 	switch {
 	case err != nil:
 		st.Status, st.Reason = bridgeapi.StatusFailed, err.Error()
@@ -343,6 +344,13 @@ func (c *Collector) checkpoint(ctx context.Context, stop bool) *bridgeapi.Checkp
 		st.ID, st.Status, st.PrepareMS, st.CommitMS, st.Continued = res.CheckpointID, res.Status, res.PrepareMS, res.CommitMS, len(res.Continued)
 		if res.Failure != nil {
 			st.Reason = res.Failure.Reason
+		}
+		if lost {
+			note := "the first answer was lost; the bridge was asked again"
+			if st.Reason != "" {
+				note += ": " + st.Reason
+			}
+			st.Reason = note
 		}
 	}
 	c.mu.Lock()

@@ -81,8 +81,8 @@ func (m *Machine) publishCommit(now time.Time) ([]Effect, error) {
 func (m *Machine) commitGathered(now time.Time, t *Tally, v Verdict) ([]Effect, error) {
 	o, c := m.op, m.op.commit
 	o.members = t.Members()
-	if !o.replayed {
-		o.commitMS = now.Sub(o.commitStart).Milliseconds()
+	if !o.commitStart.IsZero() { // a replay whose commit aged out of the stream has no start
+		o.commitMS = max(now.Sub(o.commitStart).Milliseconds(), 0)
 	}
 	if v != Complete {
 		errs, _, _ := t.Failure(now)

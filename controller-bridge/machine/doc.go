@@ -18,9 +18,9 @@
 // (a member that died, left or was replaced while its phase ran),
 // MemberManifestsRead, ManifestCreated (created, or found: committed or an
 // abort marker), ManifestFound, LatestMoved, OutcomePublished and
-// OutcomeSeen, CheckpointsListed, CheckpointsDeleted; EffectFailed when
-// the driver could not do what was asked (a publish refused as fenced,
-// the bus).
+// OutcomeSeen, CheckpointsListed, CheckpointsDeleted, ReleasedMarked;
+// EffectFailed when the driver could not do what was asked (a publish
+// refused as fenced, the bus).
 //
 // Time: Tick, when a timer the machine set runs out (a deadline, the
 // renew of a held checkpoint). Every Step gets now; deadlines are now plus
@@ -33,8 +33,8 @@
 // stream sequence of the run's last phase), StartGathering and
 // StopGathering (with whether heartbeats are watched), ReadMemberManifests,
 // CreateManifest (the checkpoint manifest or the abort marker),
-// MoveLatest, PublishOutcome, ListCheckpoints and DeleteCheckpoints (a
-// release), ReadManifest and ReadOutcome (a replay), SetTimer, WatchResume
+// MoveLatest, PublishOutcome, ListCheckpoints, DeleteCheckpoints and
+// MarkReleased (a release), ReadManifest and ReadOutcome (a replay), SetTimer, WatchResume
 // (a resume is checked in the background, never waited for), Note (a log
 // line), and Finish, which ends the operation with its bridgeapi result or
 // an error. An effect that asks for an answer is the last of its batch.

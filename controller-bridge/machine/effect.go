@@ -87,6 +87,14 @@ type DeleteCheckpoints struct {
 	Keep   []string
 }
 
+// MarkReleased sets Mark on every committed checkpoint of the run not in
+// Keep, merging what an earlier mark says: a failed release leaves them
+// restorable no more. Answer: ReleasedMarked.
+type MarkReleased struct {
+	Keep []string
+	Mark events.ReleaseMark
+}
+
 // ReadManifest reads the checkpoint key of CheckpointID. Answer:
 // ManifestFound.
 type ReadManifest struct{ CheckpointID string }
@@ -143,6 +151,7 @@ func (MoveLatest) effect()          {}
 func (PublishOutcome) effect()      {}
 func (ListCheckpoints) effect()     {}
 func (DeleteCheckpoints) effect()   {}
+func (MarkReleased) effect()        {}
 func (ReadManifest) effect()        {}
 func (ReadOutcome) effect()         {}
 func (WatchResume) effect()         {}

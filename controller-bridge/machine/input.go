@@ -202,6 +202,9 @@ type CheckpointsListed struct{ Checkpoints []events.CheckpointManifest }
 // CheckpointsDeleted answers DeleteCheckpoints.
 type CheckpointsDeleted struct{}
 
+// ReleasedMarked answers MarkReleased.
+type ReleasedMarked struct{}
+
 // Tick says time passed: a timer the machine set (SetTimer) ran out.
 type Tick struct{}
 
@@ -233,5 +236,6 @@ func (OutcomePublished) input()    {}
 func (OutcomeSeen) input()         {}
 func (CheckpointsListed) input()   {}
 func (CheckpointsDeleted) input()  {}
+func (ReleasedMarked) input()      {}
 func (Tick) input()                {}
 func (EffectFailed) input()        {}

@@ -61,11 +61,12 @@ const (
 	wantCheckpointsListed
 	wantCheckpointsDeleted
 	wantTick
+	wantReleasedMarked
 )
 
 var wantNames = [...]string{"nothing", "PhasePublished", "GatherStarted", "acks", "MemberManifestsRead",
 	"ManifestCreated", "ManifestFound", "LatestMoved", "OutcomePublished", "OutcomeSeen", "CheckpointsListed",
-	"CheckpointsDeleted", "Tick"}
+	"CheckpointsDeleted", "Tick", "ReleasedMarked"}
 
 func (w want) String() string { return wantNames[w] }
 
@@ -133,6 +134,8 @@ func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 		return m.checkpointsListed(in)
 	case CheckpointsDeleted:
 		return m.checkpointsDeleted(in)
+	case ReleasedMarked:
+		return m.releasedMarked(in)
 	case Tick:
 		return m.tick(now)
 	case EffectFailed:
@@ -292,7 +295,7 @@ func (m *Machine) outcomePublished(now time.Time, in OutcomePublished) ([]Effect
 		return m.afterRestoreCompleted(now)
 	case events.TypeRestoreFailed:
 		return m.finish(Finish{Restore: m.op.rres})
-	case events.TypeReleaseCompleted:
+	case events.TypeReleaseCompleted, events.TypeReleaseFailed:
 		return m.finish(Finish{Op: m.op.ores})
 	}
 	return nil, fmt.Errorf("%w: outcome %s in state %s", ErrUnexpected, in.Type, m.state)

@@ -45,6 +45,8 @@ type operation struct {
 	prepMS      int64
 	commitStart time.Time
 	commitMS    int64
+	// prepAt is when the prepare was published, as a replay read it.
+	prepAt time.Time
 	// members are those the outcome, the result and the resume name;
 	// manifest is the checkpoint key once created or found; failure why
 	// the checkpoint is aborted.

@@ -108,7 +108,14 @@ func (m *Machine) releaseGathered(now time.Time, t *Tally, v Verdict) ([]Effect,
 		res.Status = bridgeapi.StatusFailed
 		res.Failure = &bridgeapi.Failure{Phase: events.PhaseRelease,
 			Reason: fmt.Sprintf("%d of %d members did not release; manifests kept", len(errs), len(res.Members)), Errors: errs}
-		return m.publishReleased(), nil
+		// The manifests stay, but what they name may not: mark every
+		// checkpoint not kept, so that no restore installs half of one.
+		mark := events.ReleaseMark{Op: res.OpID, Failed: errs}
+		if len(res.MemberDeleted) > 0 {
+			mark.Deleted = res.MemberDeleted
+		}
+		m.want = wantReleasedMarked
+		return []Effect{MarkReleased{Keep: res.Keep, Mark: mark}}, nil
 	}
 	m.want = wantCheckpointsListed
 	return []Effect{ListCheckpoints{}}, nil
@@ -141,6 +148,13 @@ func (m *Machine) checkpointsListed(in CheckpointsListed) ([]Effect, error) {
 	return []Effect{DeleteCheckpoints{Delete: del, Keep: res.Keep}}, nil
 }
 
+func (m *Machine) releasedMarked(in ReleasedMarked) ([]Effect, error) {
+	if err := m.expect(wantReleasedMarked, in); err != nil {
+		return nil, err
+	}
+	return m.publishReleased(), nil
+}
+
 func (m *Machine) checkpointsDeleted(in CheckpointsDeleted) ([]Effect, error) {
 	if err := m.expect(wantCheckpointsDeleted, in); err != nil {
 		return nil, err
@@ -148,17 +162,23 @@ func (m *Machine) checkpointsDeleted(in CheckpointsDeleted) ([]Effect, error) {
 	return m.publishReleased(), nil
 }
 
-// publishReleased reports release.completed: what was kept and deleted,
-// and who did not release.
+// publishReleased reports the release's outcome: release.completed with
+// what was kept and deleted, or, when any member did not release,
+// release.failed naming each one and what the others deleted.
 func (m *Machine) publishReleased() []Effect {
 	res := m.op.ores
-	out := events.ReleaseCompleted{OutcomeHeader: events.OutcomeHeader{Run: m.cfg.Run, CheckpointID: res.OpID, Epoch: m.op.phase.Header().Epoch},
-		Keep: res.Keep, Deleted: res.Deleted}
-	if res.Failure != nil {
-		out.Errors = res.Failure.Errors
+	h := events.OutcomeHeader{Run: m.cfg.Run, CheckpointID: res.OpID, Epoch: m.op.phase.Header().Epoch}
+	keep := res.Keep
+	if keep == nil {
+		keep = []string{}
 	}
-	if out.Keep == nil {
-		out.Keep = []string{}
+	var out events.Data = events.ReleaseCompleted{OutcomeHeader: h, Keep: keep, Deleted: res.Deleted}
+	if res.Failure != nil {
+		f := events.ReleaseFailed{OutcomeHeader: h, Keep: keep, Reason: res.Failure.Reason, Errors: res.Failure.Errors}
+		if len(res.MemberDeleted) > 0 {
+			f.Deleted = res.MemberDeleted
+		}
+		out = f
 	}
 	m.want = wantOutcomePublished
 	return []Effect{PublishOutcome{ID: res.OpID, Outcome: out}}

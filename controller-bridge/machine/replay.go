@@ -23,6 +23,12 @@ func (m *Machine) recover(in Recover) ([]Effect, error) {
 		if err := o.replay(p.Event, i == 0); err != nil {
 			return nil, err
 		}
+		switch p.Event.Phase() {
+		case events.PhasePrepare:
+			o.prepAt = p.At
+		case events.PhaseCommit:
+			o.commitStart = p.At
+		}
 		h := p.Event.Header()
 		m.seq, m.fence, m.epoch = h.Seq, p.StreamSeq, h.Epoch
 		m.last, m.lastID, m.lastAt = p.Event, p.ID, p.At
@@ -111,8 +117,11 @@ func (m *Machine) nextRead() []Effect {
 			return read(events.TypeRestoreFailed)
 		}
 	case opRelease:
-		if !o.read(events.TypeReleaseCompleted) {
+		switch {
+		case !o.read(events.TypeReleaseCompleted):
 			return read(events.TypeReleaseCompleted)
+		case !o.seen(events.TypeReleaseCompleted) && !o.read(events.TypeReleaseFailed):
+			return read(events.TypeReleaseFailed)
 		}
 	}
 	return nil
@@ -144,7 +153,7 @@ func (o *operation) closed() bool {
 	case opRestore:
 		return o.seen(events.TypeRestoreFailed) || o.seen(events.TypeRestoreCompleted) && o.resume != nil
 	case opRelease:
-		return o.seen(events.TypeReleaseCompleted)
+		return o.seen(events.TypeReleaseCompleted) || o.seen(events.TypeReleaseFailed)
 	}
 	return true // a retire or forget of its own: its acks are its result
 }
@@ -207,6 +216,12 @@ func (m *Machine) replayed(now time.Time) ([]Effect, error) {
 		case o.commit != nil:
 			if err := m.to(StateCommitting); err != nil {
 				return nil, err
+			}
+			// The timings the dead bridge kept in memory, from the
+			// phases' publish times: the prepare lasted until the commit
+			// was published, and the commit lasts until it is decided.
+			if !o.prepAt.IsZero() && !o.commitStart.IsZero() {
+				o.prepMS = max(o.commitStart.Sub(o.prepAt).Milliseconds(), 0)
 			}
 			if o.prepare != nil {
 				return note("a commit was left open; reading its acks", m.gather(now, *o.prepare, false), nil)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
@@ -30,6 +31,9 @@ func (m *Machine) askRestore(now time.Time, in RestoreAsked) ([]Effect, error) {
 	man := v.Manifest
 	if man == nil || man.Aborted || man.CheckpointID != source {
 		return nil, fmt.Errorf("%w: checkpoint %s of run %s is not committed", bridgeapi.ErrNotFound, source, m.cfg.Run)
+	}
+	if r := man.Released; r != nil {
+		return nil, fmt.Errorf("%w: checkpoint %s of run %s: %s", bridgeapi.ErrReleased, source, m.cfg.Run, describeMark(*r))
 	}
 	// Every member with records needs a fresh member of its name to
 	// install them; one that exported nothing (a sandbox daemon, whose
@@ -189,4 +193,26 @@ func (m *Machine) restoreFailedRead(now time.Time, t *Tally) ([]Effect, error) {
 		return m.gather(now, *m.op.retire, true), nil
 	}
 	return m.afterRetire(now)
+}
+
+// describeMark says what a failed release may have taken from a
+// checkpoint: what each member deleted, and who failed.
+func describeMark(r events.ReleaseMark) string {
+	var del []string
+	for mem, ids := range r.Deleted {
+		del = append(del, fmt.Sprintf("%s deleted %s", mem, strings.Join(ids, ", ")))
+	}
+	sort.Strings(del)
+	var failed []string
+	for _, e := range r.Failed {
+		failed = append(failed, fmt.Sprintf("%s (%s %s)", e.Member, e.Code, e.Detail))
+	}
+	s := "release " + r.Op + " did not keep it and failed, so what it names may be gone"
+	if len(del) > 0 {
+		s += "; " + strings.Join(del, "; ")
+	}
+	if len(failed) > 0 {
+		s += "; did not release: " + strings.Join(failed, ", ")
+	}
+	return s + "; nothing was installed: restore a checkpoint that release kept"
 }

@@ -277,6 +277,10 @@ func (s *script) input(cmd string, a args, line string) (Input, bool) {
 				count, _ := strconv.Atoi(n)
 				man.Members = append(man.Members, events.MemberManifest{Member: events.Member(name), Count: count})
 			}
+			if op, ok := a.kv["released-by"]; ok {
+				man.Released = &events.ReleaseMark{Op: op, Deleted: map[events.Member][]string{"owner.b": {"snap-1"}},
+					Failed: []events.MemberError{{Member: "agent.a", Code: "release_failed", Detail: "disk"}}}
+			}
 			v.Manifest = &man
 		}
 		return RestoreAsked{Request: req, View: v}, true
@@ -347,6 +351,8 @@ func (s *script) input(cmd string, a args, line string) (Input, bool) {
 		return LatestMoved{}, true
 	case "outcome-published":
 		return OutcomePublished{Type: s.outcome}, true
+	case "marked":
+		return ReleasedMarked{}, true
 	case "listed":
 		return CheckpointsListed{Checkpoints: s.checkpoints}, true
 	case "deleted":
@@ -394,6 +400,8 @@ func (s *script) input(cmd string, a args, line string) (Input, bool) {
 			d = events.RestoreFailed{}
 		case events.TypeReleaseCompleted:
 			d = events.ReleaseCompleted{}
+		case events.TypeReleaseFailed:
+			d = events.ReleaseFailed{}
 		default:
 			d = events.CheckpointCommitted{}
 		}

@@ -144,7 +144,15 @@ func show(e Effect) string {
 		case events.RestoreFailed:
 			return fmt.Sprintf("outcome restore.failed %s epoch=%d errors=%s retired=%s", o.CheckpointID, o.Epoch, errs(o.Errors), list(o.Retired))
 		case events.ReleaseCompleted:
-			return fmt.Sprintf("outcome release.completed %s keep=%s deleted=%s errors=%s", o.CheckpointID, list(o.Keep), list(o.Deleted), errs(o.Errors))
+			return fmt.Sprintf("outcome release.completed %s keep=%s deleted=%s", o.CheckpointID, list(o.Keep), list(o.Deleted))
+		case events.ReleaseFailed:
+			var md []string
+			for m, ids := range o.Deleted {
+				md = append(md, fmt.Sprintf("%s:[%s]", m, strings.Join(ids, ",")))
+			}
+			sort.Strings(md)
+			return fmt.Sprintf("outcome release.failed %s keep=%s reason=%q errors=%s member-deleted=%s", o.CheckpointID, list(o.Keep), o.Reason,
+				errs(o.Errors), list(md))
 		}
 	case ListCheckpoints:
 		return "list checkpoints"
@@ -154,6 +162,13 @@ func show(e Effect) string {
 			ds = append(ds, d.CheckpointID+map[bool]string{true: "(keep marker)"}[d.KeepMarker])
 		}
 		return fmt.Sprintf("delete %s keep=%s", list(ds), list(e.Keep))
+	case MarkReleased:
+		var md []string
+		for m, ids := range e.Mark.Deleted {
+			md = append(md, fmt.Sprintf("%s:[%s]", m, strings.Join(ids, ",")))
+		}
+		sort.Strings(md)
+		return fmt.Sprintf("mark released keep=%s op=%s deleted=%s failed=%s", list(e.Keep), e.Mark.Op, list(md), errs(e.Mark.Failed))
 	case ReadManifest:
 		return "read manifest " + e.CheckpointID
 	case ReadOutcome:

@@ -148,8 +148,11 @@ func (m *Member) park(ctx context.Context, e Park) {
 	m.lastPark++
 	m.spawn(ctx, ^m.lastPark, e.CheckpointID, func(ctx context.Context) {
 		log := m.log.With().Str("checkpoint", e.CheckpointID).Logger()
+		if e.LeaseExpired {
+			log.Warn().Msg("the lease ran out after a commit with stop and no outcome came: parking the export rather than resuming it")
+		}
 		if err := p.Park(ctx, e.Records); err != nil {
-			log.Warn().Err(err).Msg("parking the exported work failed; the checkpoint is durable")
+			log.Warn().Err(err).Msg("parking the exported work failed")
 			return
 		}
 		log.Info().Int("records", len(e.Records)).Msg("exported work parked")

@@ -265,6 +265,19 @@ func (m *Machine) tick(now time.Time) []Effect {
 	if m.lease.IsZero() || now.Before(m.lease) || m.open == "" {
 		return nil
 	}
+	if m.state == StateCommitted && m.stopCommit == m.open {
+		// A stop commit whose outcome never came: the bridge died between
+		// this member's commit and the outcome. The checkpoint may well be
+		// committed, and a restore would then continue this export
+		// elsewhere; resuming it here would run that work twice. Park it,
+		// as the outcome would have, and stay closed: a bridge that comes
+		// back finishes the checkpoint (an abort resumes the member).
+		if m.parked {
+			return nil
+		}
+		m.parked = true
+		return []Effect{Park{CheckpointID: m.open, Records: m.exports[m.open].Records, LeaseExpired: true}}
+	}
 	// The bridge is gone: resume by ourselves (PROTOCOL §5, Lease).
 	return m.reopen(m.open, true, "lease expired", nil)
 }

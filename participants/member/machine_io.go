@@ -180,6 +180,8 @@ type Reopen struct {
 type Park struct {
 	CheckpointID string
 	Records      []events.Record
+	// LeaseExpired says the outcome never came: the lease ran out first.
+	LeaseExpired bool
 }
 
 func (Reply) effect()           {}

@@ -348,6 +348,32 @@ func TestMachine(t *testing.T) {
 			x.now = x.now.Add(time.Hour)
 		}, func(x *mt) []member.Effect { return x.step(member.LeaseTick{}) },
 			[]string{"reopen c1 (lease expired)", "reply commit stale_checkpoint idle"}, member.StateIdle},
+		{"§5 Lease: expiry after a stop commit whose outcome never came parks the export, never resumes it", func(x *mt) {
+			x.committed("c1", true)
+			x.now = x.now.Add(time.Hour)
+		}, func(x *mt) []member.Effect { return x.step(member.LeaseTick{}) },
+			[]string{"park c1"}, member.StateCommitted},
+		{"§5 Lease: that export is parked once, and stays closed", func(x *mt) {
+			x.committed("c1", true)
+			x.now = x.now.Add(time.Hour)
+			x.step(member.LeaseTick{})
+			x.now = x.now.Add(time.Hour)
+			x.step(member.LeaseTick{})
+		}, func(x *mt) []member.Effect {
+			return x.step(member.OutcomeReceived{Committed: events.CheckpointCommitted{
+				OutcomeHeader: events.OutcomeHeader{Run: "run1", CheckpointID: "c1"}, Members: []events.Member{self}}})
+		}, nil, member.StateCommitted},
+		{"§5 Lease: a parked stop commit the bridge then aborts resumes", func(x *mt) {
+			x.committed("c1", true)
+			x.now = x.now.Add(time.Hour)
+			x.step(member.LeaseTick{})
+		}, func(x *mt) []member.Effect { return x.resume("c1") },
+			[]string{"reopen c1 (resume)", "reply resume ok idle"}, member.StateIdle},
+		{"§5 Lease: expiry after a commit without stop resumes", func(x *mt) {
+			x.committed("c1", false)
+			x.now = x.now.Add(time.Hour)
+		}, func(x *mt) []member.Effect { return x.step(member.LeaseTick{}) },
+			[]string{"reopen c1 (lease expired)"}, member.StateIdle},
 		{"§5 Epochs: a phase of an older epoch is ignored", func(x *mt) {
 			x.epoch = 2
 			x.resume("x")

@@ -3,6 +3,7 @@ package member_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -262,6 +263,28 @@ func TestLeaseExpiryResumes(t *testing.T) {
 		t.Fatal("admission still closed")
 	}
 	want(t, w.prepare(t, "c1"), events.CodeStaleCheckpoint, events.StateIdle)
+}
+
+// §5 Lease: a lease that runs out after a commit with stop whose outcome
+// never came (the bridge died in between) parks the export and does not
+// resume it: the checkpoint may be committed, and a restore would run that
+// work again.
+func TestLeaseExpiryAfterAStopCommitParks(t *testing.T) {
+	w := start(t, membertest.Options{Episodes: 1, Grace: 200 * time.Millisecond})
+	eps := []events.Episode{{Rollout: "t0-r0"}}
+	want(t, w.phase(t, events.Prepare{PhaseHeader: w.bridge.Header("c1", 300*time.Millisecond, w.name)}), "", events.StatePrepared)
+	want(t, w.phase(t, events.Commit{PhaseHeader: w.bridge.Header("c1", 300*time.Millisecond, w.name), Scope: eps, Stop: true}),
+		"", events.StateCommitted)
+	poll.Wait(t, 10*time.Second, "the export to be parked", func() bool { return w.p.Count("park") == 1 })
+	poll.Holds(t, 500*time.Millisecond, func() error {
+		if n := w.p.Count("resume"); n != 0 {
+			return fmt.Errorf("the export was resumed %d times after the lease ran out", n)
+		}
+		if w.p.AdmissionOpen() {
+			return errors.New("admission reopened")
+		}
+		return nil
+	})
 }
 
 // §3, Consumers: a restarted process of the same member resumes its consumer; events

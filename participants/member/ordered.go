@@ -1,6 +1,7 @@
 package member
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,9 +19,20 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
+// ErrStateFile is returned (wrapped) by Run when the member's state file
+// (Config.StateFile) is torn, truncated or of another version: the member
+// does not start rather than guess where it was. The file is left as it
+// is.
+var ErrStateFile = errors.New("member: unusable state file")
+
+// positionVersion is the version of the state file this build writes; a
+// file without one was written before versions and is read as this one.
+const positionVersion = 1
+
 // position is what a member that reads through an ordered consumer keeps in
 // its state file: the stream sequence below which every event is handled.
 type position struct {
+	V         int    `json:"v,omitempty"`
 	Run       string `json:"run"`
 	Member    string `json:"member"`
 	StreamSeq uint64 `json:"stream_seq"`
@@ -30,7 +42,8 @@ type position struct {
 // one that another member (or another run) wrote: the file of a sandbox
 // daemon re-identified after a fork holds the position of the snapshot's
 // member, and nothing before the new member registers can name it, so it
-// reads from the stream's end (docs/MICROVM.md, Re-identification).
+// reads from the stream's end (docs/MICROVM.md, Re-identification). A file
+// that is torn or of an unknown version is ErrStateFile.
 func loadPosition(path, run string, m events.Member) (pos uint64, other string, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -39,14 +52,35 @@ func loadPosition(path, run string, m events.Member) (pos uint64, other string, 
 	if err != nil {
 		return 0, "", fmt.Errorf("member: state file: %w", err)
 	}
-	var p position
-	if err := json.Unmarshal(b, &p); err != nil {
-		return 0, "", fmt.Errorf("member: state file %s does not decode: %w", path, err)
+	p, err := decodePosition(b)
+	if err != nil {
+		return 0, "", fmt.Errorf("%w %s: %w", ErrStateFile, path, err)
 	}
 	if p.Run != run || p.Member != string(m) {
 		return 0, p.Run + "/" + p.Member, nil
 	}
 	return p.StreamSeq, "", nil
+}
+
+// decodePosition checks a state file's bytes: one whole JSON object of a
+// known version.
+func decodePosition(b []byte) (position, error) {
+	t := bytes.TrimSpace(b)
+	if len(t) == 0 {
+		return position{}, fmt.Errorf("empty (%d bytes): torn by a crash?", len(b))
+	}
+	dec := json.NewDecoder(bytes.NewReader(t))
+	var p position
+	if err := dec.Decode(&p); err != nil {
+		return position{}, fmt.Errorf("torn or not JSON (%d bytes): %w", len(b), err)
+	}
+	if dec.More() {
+		return position{}, fmt.Errorf("trailing data after the JSON object (%d bytes)", len(b))
+	}
+	if p.V != 0 && p.V != positionVersion {
+		return position{}, fmt.Errorf("version %d, this build reads version %d", p.V, positionVersion)
+	}
+	return p, nil
 }
 
 // orderedFeed makes the member's ordered consumer, which keeps no state on
@@ -115,7 +149,7 @@ func (f *floor) done(seq uint64) error {
 	if at <= f.saved {
 		return nil
 	}
-	b, err := json.Marshal(position{Run: f.run, Member: f.member, StreamSeq: at})
+	b, err := json.Marshal(position{V: positionVersion, Run: f.run, Member: f.member, StreamSeq: at})
 	if err != nil {
 		return fmt.Errorf("member: state file: %w", err)
 	}

@@ -402,46 +402,8 @@ func ReadRecords(ctx context.Context, kv natsjs.KeyValue, store natsjs.ObjectSto
 	}
 	defer obj.Close()
 
-	h := sha256.New()
-	br := bufio.NewReaderSize(obj, 64<<10)
-	var (
-		kept    []events.Record
-		count   int
-		size    int64
-		bad     string
-		readErr error
-	)
-	for {
-		line, err := br.ReadBytes('\n')
-		h.Write(line)
-		size += int64(len(line))
-		if len(line) > 0 {
-			if line[len(line)-1] != '\n' {
-				if bad == "" {
-					bad = fmt.Sprintf("the object does not end with a newline (%d bytes after the last one)", len(line))
-				}
-			} else {
-				count++
-				var r events.Record
-				switch derr := json.Unmarshal(line, &r); {
-				case derr != nil && bad == "":
-					bad = fmt.Sprintf("line %d is not a record: %v", count, derr)
-				case derr == nil && r.Key == "" && bad == "":
-					bad = fmt.Sprintf("line %d has no key", count)
-				case derr == nil && r.Key != "" && (keep == nil || keep(r)):
-					kept = append(kept, r)
-				}
-			}
-		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			readErr = err
-			break
-		}
-	}
-	sum := hex.EncodeToString(h.Sum(nil))
+	sc := scanRecords(obj, keep)
+	kept, count, size, sum, bad, readErr := sc.kept, sc.count, sc.size, sc.sha256, sc.bad, sc.err
 	var diffs []string
 	if readErr != nil {
 		if errors.Is(readErr, natsjs.ErrDigestMismatch) {
@@ -466,4 +428,61 @@ func ReadRecords(ctx context.Context, kv natsjs.KeyValue, store natsjs.ObjectSto
 		return man, nil, fmt.Errorf("%w: %s: %s", ErrCorruptRecords, man.Object, strings.Join(diffs, "; "))
 	}
 	return man, kept, nil
+}
+
+// recordScan is what scanRecords read of a records object.
+type recordScan struct {
+	// kept are the records keep kept, in order.
+	kept []events.Record
+	// count is the number of whole lines, size the bytes read, sha256 their
+	// digest (hex).
+	count  int
+	size   int64
+	sha256 string
+	// bad describes the first line that is not a record ("" when none).
+	bad string
+	// err is a read error, the end of the object aside.
+	err error
+}
+
+// scanRecords reads a records object, one JSON record per line, hashing
+// every byte it reads. It never stops at a bad line: the counts and the
+// digest cover the whole object, so that the caller can say every way it
+// differs from its manifest.
+func scanRecords(rd io.Reader, keep func(events.Record) bool) recordScan {
+	h := sha256.New()
+	br := bufio.NewReaderSize(rd, 64<<10)
+	var sc recordScan
+	for {
+		line, err := br.ReadBytes('\n')
+		h.Write(line)
+		sc.size += int64(len(line))
+		if len(line) > 0 {
+			if line[len(line)-1] != '\n' {
+				if sc.bad == "" {
+					sc.bad = fmt.Sprintf("the object does not end with a newline (%d bytes after the last one)", len(line))
+				}
+			} else {
+				sc.count++
+				var r events.Record
+				switch derr := json.Unmarshal(line, &r); {
+				case derr != nil && sc.bad == "":
+					sc.bad = fmt.Sprintf("line %d is not a record: %v", sc.count, derr)
+				case derr == nil && r.Key == "" && sc.bad == "":
+					sc.bad = fmt.Sprintf("line %d has no key", sc.count)
+				case derr == nil && r.Key != "" && (keep == nil || keep(r)):
+					sc.kept = append(sc.kept, r)
+				}
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			sc.err = err
+			break
+		}
+	}
+	sc.sha256 = hex.EncodeToString(h.Sum(nil))
+	return sc
 }

@@ -24,11 +24,11 @@ func (o *Owner) entry(ctx context.Context, id string) (*ownerapi.IndexEntry, err
 	if err != nil {
 		return nil, fmt.Errorf("owner: read index of %s: %w", id, err)
 	}
-	e := &ownerapi.IndexEntry{}
-	if err := json.Unmarshal(ent.Value(), e); err != nil {
-		return nil, fmt.Errorf("owner: index of %s: %w", id, err)
+	e, err := ownerapi.DecodeIndexEntry(ent.Value(), id)
+	if err != nil {
+		return nil, fmt.Errorf("owner: %w", err)
 	}
-	return e, nil
+	return &e, nil
 }
 
 // update applies fn to the index entry of snapshot id (nil when absent)
@@ -47,10 +47,11 @@ func (o *Owner) update(ctx context.Context, id string, fn func(e *ownerapi.Index
 		case err != nil:
 			return fmt.Errorf("owner: read index of %s: %w", id, err)
 		default:
-			cur = &ownerapi.IndexEntry{}
-			if err := json.Unmarshal(ent.Value(), cur); err != nil {
-				return fmt.Errorf("owner: index of %s: %w", id, err)
+			e, err := ownerapi.DecodeIndexEntry(ent.Value(), id)
+			if err != nil {
+				return fmt.Errorf("owner: %w", err)
 			}
+			cur = &e
 			rev = ent.Revision()
 		}
 		next, write := fn(cur)

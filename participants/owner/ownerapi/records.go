@@ -1,6 +1,13 @@
 package ownerapi
 
-import "encoding/json"
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/stillpoint/stillpoint/events"
+)
 
 // RecordData is the data of a record an owner exports: one session.
 type RecordData struct {
@@ -32,4 +39,36 @@ type IndexEntry struct {
 	Snapshot string `json:"snapshot"`
 	// Checkpoints are the checkpoint ids that name the snapshot.
 	Checkpoints []string `json:"checkpoints"`
+}
+
+// DecodeIndexEntry decodes and checks the value of snapshot id's key in
+// the sp_snapshots bucket: one JSON object naming a run, that snapshot,
+// and valid checkpoint ids. The error says what is wrong.
+func DecodeIndexEntry(b []byte, id string) (IndexEntry, error) {
+	t := bytes.TrimSpace(b)
+	if len(t) == 0 {
+		return IndexEntry{}, fmt.Errorf("index entry %s: empty", id)
+	}
+	dec := json.NewDecoder(bytes.NewReader(t))
+	var e IndexEntry
+	if err := dec.Decode(&e); err != nil {
+		return IndexEntry{}, fmt.Errorf("index entry %s: torn or not JSON (%d bytes): %w", id, len(b), err)
+	}
+	if dec.More() {
+		return IndexEntry{}, fmt.Errorf("index entry %s: trailing data after the JSON object", id)
+	}
+	errs := []error{events.ValidateRun(e.Run)}
+	if e.Snapshot != id {
+		errs = append(errs, fmt.Errorf("snapshot %q under the key of %q", e.Snapshot, id))
+	}
+	for i, c := range e.Checkpoints {
+		if err := events.ValidateCheckpointID(c); err != nil {
+			errs = append(errs, fmt.Errorf("checkpoints[%d]: %w", i, err))
+			break
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return IndexEntry{}, fmt.Errorf("index entry %s: %w", id, err)
+	}
+	return e, nil
 }

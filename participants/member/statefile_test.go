@@ -1,0 +1,131 @@
+package member
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stillpoint/stillpoint/events"
+)
+
+// TestStateFileErrors: a state file that is torn, truncated, empty or of
+// an unknown version is refused with an error that says which and names
+// the file, and the file is left as it was; one written before versions
+// is read.
+func TestStateFileErrors(t *testing.T) {
+	good, _ := json.Marshal(position{V: positionVersion, Run: "run1", Member: "sandbox.sb1", StreamSeq: 41})
+	for _, c := range []struct {
+		name, body string
+		seq        uint64
+		want       string // "" for accepted
+	}{
+		{"current", string(good), 41, ""},
+		{"before versions", `{"run":"run1","member":"sandbox.sb1","stream_seq":7}`, 7, ""},
+		{"torn", string(good[:len(good)-9]), 0, "torn or not JSON"},
+		{"empty", "", 0, "empty"},
+		{"blank", "  \n", 0, "empty"},
+		{"not an object", "41", 0, "torn or not JSON"},
+		{"two objects", string(good) + string(good), 0, "trailing data"},
+		{"unknown version", `{"v":2,"run":"run1","member":"sandbox.sb1","stream_seq":7}`, 0, "version 2, this build reads version 1"},
+		{"negative position", `{"v":1,"stream_seq":-1}`, 0, "torn or not JSON"},
+		{"another member's", `{"v":1,"run":"run1","member":"sandbox.parent","stream_seq":7}`, 0, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "position.json")
+			if err := os.WriteFile(path, []byte(c.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			seq, _, err := loadPosition(path, "run1", "sandbox.sb1")
+			switch {
+			case c.want == "" && (err != nil || seq != c.seq):
+				t.Fatalf("position %d, %v; want %d", seq, err, c.seq)
+			case c.want != "" && (!errors.Is(err, ErrStateFile) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), path)):
+				t.Fatalf("error %v, want ErrStateFile naming %s and %q", err, path, c.want)
+			}
+			if b, _ := os.ReadFile(path); string(b) != c.body {
+				t.Errorf("the state file was changed to %q", b)
+			}
+		})
+	}
+	if seq, _, err := loadPosition(filepath.Join(t.TempDir(), "none.json"), "run1", "sandbox.sb1"); seq != 0 || err != nil {
+		t.Errorf("a missing state file: %d, %v; want position 0", seq, err)
+	}
+}
+
+// FuzzDecodePosition: a state file's bytes never panic the reader, and
+// whatever it accepts is the position a rewrite of it keeps.
+func FuzzDecodePosition(f *testing.F) {
+	good, _ := json.Marshal(position{V: positionVersion, Run: "run1", Member: "sandbox.sb1", StreamSeq: 41})
+	f.Add(good)
+	f.Add(good[:len(good)/2])
+	f.Add([]byte(`{"run":"run1","member":"sandbox.sb1","stream_seq":7}`))
+	f.Add([]byte(`{"v":9,"stream_seq":1}`))
+	f.Add([]byte(""))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := decodePosition(b)
+		if err != nil {
+			if p != (position{}) {
+				t.Fatalf("error %v with position %+v", err, p)
+			}
+			return
+		}
+		again, _ := json.Marshal(position{V: positionVersion, Run: p.Run, Member: p.Member, StreamSeq: p.StreamSeq})
+		if p2, err := decodePosition(again); err != nil || p2.StreamSeq != p.StreamSeq || p2.Run != p.Run || p2.Member != p.Member {
+			t.Fatalf("position %+v rewritten reads %+v, %v", p, p2, err)
+		}
+	})
+}
+
+// FuzzScanRecords: a records object of any bytes never panics the reader;
+// the size and digest cover every byte; when no line is bad, every line
+// is a record and each one kept re-encodes to a record with its key.
+func FuzzScanRecords(f *testing.F) {
+	var ok bytes.Buffer
+	for _, r := range []events.Record{{Key: "r1", Data: json.RawMessage(`{"stage":"launch"}`)}, {Key: "r2-a1", Data: json.RawMessage(`null`)}} {
+		b, _ := json.Marshal(r)
+		ok.Write(append(b, '\n'))
+	}
+	f.Add(ok.Bytes())
+	f.Add(ok.Bytes()[:ok.Len()-3])
+	f.Add([]byte("{\"key\":\"\"}\n"))
+	f.Add([]byte("not json\n{\"key\":\"r1\"}\n"))
+	f.Add([]byte(""))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		sc := scanRecords(bytes.NewReader(b), nil)
+		if sc.err != nil {
+			t.Fatalf("a read error from memory: %v", sc.err)
+		}
+		sum := sha256.Sum256(b)
+		if sc.size != int64(len(b)) || sc.sha256 != hex.EncodeToString(sum[:]) {
+			t.Fatalf("size %d sha256 %s for %d bytes", sc.size, sc.sha256, len(b))
+		}
+		if lines := bytes.Count(b, []byte("\n")); sc.count != lines {
+			t.Fatalf("count %d for %d lines", sc.count, lines)
+		}
+		if sc.bad != "" {
+			return
+		}
+		if len(sc.kept) != sc.count {
+			t.Fatalf("no bad line, but %d of %d lines kept", len(sc.kept), sc.count)
+		}
+		for _, r := range sc.kept {
+			if r.Key == "" {
+				t.Fatal("a record without a key was kept")
+			}
+			enc, err := json.Marshal(r)
+			if err != nil {
+				t.Fatalf("kept record %q does not re-encode: %v", r.Key, err)
+			}
+			var back events.Record
+			if err := json.Unmarshal(enc, &back); err != nil || back.Key != r.Key {
+				t.Fatalf("kept record %q re-encoded reads %q, %v", r.Key, back.Key, err)
+			}
+		}
+	})
+}
