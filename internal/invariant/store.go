@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
@@ -48,12 +49,35 @@ func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id st
 		return
 	}
 	for _, mm := range m.Members {
-		if _, _, err := member.ReadRecords(ctx, bus.Manifests, bus.Records, run, id, mm.Member, nil); err != nil {
+		if err := readRecords(ctx, bus, run, id, mm.Member); err != nil {
 			v.bad = append(v.bad, fmt.Sprintf("%s/%s: %v", id, mm.Member, err))
 			continue
 		}
 		v.manifests++
 	}
+}
+
+// readTries is how many times readRecords reads a member's records while
+// the bus fails the read (a node of a cluster lost, its leaders being
+// elected): only what was read and does not verify is a violation.
+const readTries = 5
+
+// readRecords reads and verifies one member manifest's records, again
+// after a second while the read itself fails.
+func readRecords(ctx context.Context, bus *jetstream.Bus, run, id string, m events.Member) error {
+	var err error
+	for try := 1; try <= readTries; try++ {
+		_, _, err = member.ReadRecords(ctx, bus.Manifests, bus.Records, run, id, m, nil)
+		if err == nil || errors.Is(err, member.ErrCorruptRecords) || errors.Is(err, member.ErrNoManifest) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
+	return err
 }
 
 // result returns what failed and how many member manifests verified.
