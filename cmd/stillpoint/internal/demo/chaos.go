@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -127,6 +128,7 @@ type chaosFlags struct {
 	steps    int
 	plan     string
 	cluster  bool
+	limit    time.Duration
 }
 
 // ChaosCommand returns the `chaos` command. Its errors wrap ErrUsage for a
@@ -175,6 +177,7 @@ checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
 	fl.StringVar(&f.dir, "dir", "", "work directory: a directory per round, the NATS store (default: a new one under the temp dir)")
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
 	fl.StringVar(&f.faults, "faults", "", "the fault kinds to draw from, comma-separated (default: every kind but node, or with --cluster every kind but nats)")
+	fl.DurationVar(&f.limit, "round-limit", 5*time.Minute, "a round whose collection has not finished by then is stopped and counted as a violation")
 	fl.BoolVar(&f.cluster, "cluster", false, "run NATS as a 3-node cluster (R3), each node its own process (the node fault kills one)")
 	fl.IntVar(&f.perRound, "per-round", 2, "faults in each round")
 	fl.DurationVar(&f.every, "every", 2*time.Second, "checkpoint interval of each round")
@@ -543,7 +546,12 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	var wg sync.WaitGroup
 	wg.Go(func() { inj.bridgeWatch(ictx, len(armed) > 0) })
 	wg.Go(func() { inj.run(ictx, plan, col) })
-	sum, cerr := col.Run(ctx)
+	rctx, stopRound := context.WithTimeoutCause(ctx, cmp.Or(w.f.limit, 5*time.Minute), errRoundLimit)
+	sum, cerr := col.Run(rctx)
+	stopRound()
+	if errors.Is(context.Cause(rctx), errRoundLimit) {
+		cerr = fmt.Errorf("%w (%s): %d results of %d", errRoundLimit, cmp.Or(w.f.limit, 5*time.Minute), col.Counts().Done, len(d.ids))
+	}
 	stopInjecting()
 	wg.Wait()
 	if cerr != nil {
@@ -849,6 +857,9 @@ func (i *injector) inject(ctx context.Context, p plannedFault, phases <-chan eve
 	}
 	return fmt.Errorf("unknown fault kind %q", p.kind)
 }
+
+// errRoundLimit is the cause of a round stopped at --round-limit.
+var errRoundLimit = errors.New("the collection did not finish within the round limit")
 
 // chaosRecoverGrace is how long a round's collector waits for the fleet
 // to settle after a crash: every fault starts what it killed again at
