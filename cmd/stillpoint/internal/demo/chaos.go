@@ -129,6 +129,7 @@ type chaosFlags struct {
 	plan     string
 	cluster  bool
 	limit    time.Duration
+	grace    time.Duration
 }
 
 // ChaosCommand returns the `chaos` command. Its errors wrap ErrUsage for a
@@ -177,6 +178,7 @@ checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
 	fl.StringVar(&f.dir, "dir", "", "work directory: a directory per round, the NATS store (default: a new one under the temp dir)")
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
 	fl.StringVar(&f.faults, "faults", "", "the fault kinds to draw from, comma-separated (default: every kind but node, or with --cluster every kind but nats)")
+	fl.DurationVar(&f.grace, "recover-grace", chaosRecoverGrace, "how long a round's collector waits for a fleet that restarted to settle (a restore needs all of it back)")
 	fl.DurationVar(&f.limit, "round-limit", 5*time.Minute, "a round whose collection has not finished by then is stopped and counted as a violation")
 	fl.BoolVar(&f.cluster, "cluster", false, "run NATS as a 3-node cluster (R3), each node its own process (the node fault kills one)")
 	fl.IntVar(&f.perRound, "per-round", 2, "faults in each round")
@@ -531,7 +533,7 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	defer ctl.Close()
 	verified := &invariant.Manifests{}
 	col, err := collect.New(collect.Config{Run: run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
-		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: len(ts), CheckpointEvery: w.f.every, RecoverGrace: chaosRecoverGrace,
+		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: len(ts), CheckpointEvery: w.f.every, RecoverGrace: cmp.Or(w.f.grace, chaosRecoverGrace),
 		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
 		OnCommit: func(ctx context.Context, res *bridgeapi.CheckpointResult) {
 			verified.OnCommit(ctx, bus, run, res.CheckpointID)

@@ -1,4 +1,4 @@
-package e2e
+package faults
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/tier"
 )
@@ -25,7 +26,10 @@ var faultMatrix = []struct {
 }{
 	{"bridge", []string{"bridge@after-prepare", "bridge@after-prepare-acks", "bridge@after-commit", "bridge@after-commit-acks",
 		"bridge@after-manifest", "bridge@after-latest", "bridge@after-outcome", "bridge@after-release",
-		"fleet@committed+bridge@after-restore", "fleet@committed+bridge@after-restore-acks"}, nil},
+		"fleet@committed+bridge@after-restore", "fleet@committed+bridge@after-restore-acks"},
+		// A restore needs the whole fleet back within the recovery grace:
+		// a loaded machine takes longer than chaos's 15 s to start it.
+		[]string{"--recover-grace", "45s"}},
 	// An agent killed, and one that never answers (SIGSTOP) until the
 	// checkpoint fails and answers after the abort (SIGCONT).
 	{"agent", []string{"agent@prepare", "agent@commit", "agent@commit-acked", "agent@committed", "agent@resume", "agent@release",
@@ -53,8 +57,8 @@ var chaosRowRE = regexp.MustCompile(`(?m)^  (\S+)\s+(\d+)\s+(\d+)$`)
 // builds sandboxd and the harness there).
 func startChaos(t *testing.T, args ...string) *child.Process {
 	t.Helper()
-	b := buildBins(t)
-	return child.StartForTest(t, child.Spec{Name: "chaos " + strings.Join(args, " "), Path: b.stillpoint, Dir: "..",
+	bin := build.StaticForTest(t, build.Stillpoint)[build.Stillpoint]
+	return child.StartForTest(t, child.Spec{Name: "chaos " + strings.Join(args, " "), Path: bin, Dir: "../..",
 		Args: append([]string{"chaos", "--dir", t.TempDir()}, args...)})
 }
 
