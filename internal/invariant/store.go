@@ -62,12 +62,19 @@ func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id st
 // elected): only what was read and does not verify is a violation.
 const readTries = 5
 
+// readTimeout bounds one try of readRecords.
+const readTimeout = 10 * time.Second
+
 // readRecords reads and verifies one member manifest's records, again
 // after a second while the read itself fails.
 func readRecords(ctx context.Context, bus *jetstream.Bus, run, id string, m events.Member) error {
 	var err error
 	for try := 1; try <= readTries; try++ {
-		_, _, err = member.ReadRecords(ctx, bus.Manifests, bus.Records, run, id, m, nil)
+		// Each try bounded: the verification runs in the collector's
+		// commit, and a read stuck on a lost node would hold the run.
+		rctx, cancel := context.WithTimeout(ctx, readTimeout)
+		_, _, err = member.ReadRecords(rctx, bus.Manifests, bus.Records, run, id, m, nil)
+		cancel()
 		if err == nil || errors.Is(err, member.ErrCorruptRecords) || errors.Is(err, member.ErrNoManifest) {
 			return err
 		}
