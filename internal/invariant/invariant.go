@@ -76,7 +76,7 @@ func Check(ctx context.Context, r Run) []Result {
 	add := func(n int, name string, ok bool, format string, args ...any) {
 		out = append(out, Result{N: n, Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
 	}
-	tl, terr := bridge.ReadTimeline(ctx, r.JS, r.Run, "")
+	tl, terr := readTimeline(ctx, r.JS, r.Run)
 	committed, failed := outcomes(tl, r.Summary)
 
 	// 1. Every committed checkpoint's member manifests verify; one restored.
@@ -173,6 +173,25 @@ func Check(ctx context.Context, r Run) []Result {
 	add(7, "the final release left nothing", snaps == 0 && records == 0 && len(left) == 0 && len(cerrs) == 0,
 		"%d snapshots indexed, %d record objects, %d sandboxes of run %s left%s", snaps, records, len(r.Sandboxes), r.Run, list(cerrs))
 	return out
+}
+
+// readTimeline reads the run's timeline, again (readTries in all, a
+// second apart) while the read fails: a cluster that just lost a node can
+// time a read out.
+func readTimeline(ctx context.Context, js natsjs.JetStream, run string) ([]bridge.TimelineEntry, error) {
+	var tl []bridge.TimelineEntry
+	var err error
+	for try := 1; try <= readTries; try++ {
+		if tl, err = bridge.ReadTimeline(ctx, js, run, ""); err == nil {
+			return tl, nil
+		}
+		select {
+		case <-ctx.Done():
+			return tl, err
+		case <-time.After(time.Second):
+		}
+	}
+	return tl, err
 }
 
 // outcomes returns the checkpoints the stream says committed and failed,
