@@ -58,9 +58,13 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch bool) 
 	}
 	gctx, cancel := context.WithCancel(ctx)
 	r = &ackReader{b: b, phase: p.Phase(), cancel: cancel, msgs: make(chan ackMsg, 256), initial: true}
+	// The reader as made here: a return with an error sets r to nil, and
+	// both the close below and the consumer's handler, which may still
+	// run until then, need it.
+	rd := r
 	defer func() {
 		if err != nil {
-			r.close()
+			rd.close()
 		}
 	}()
 	cons, err := b.cfg.JS.OrderedConsumer(gctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
@@ -74,7 +78,7 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch bool) 
 			seq = md.Sequence.Stream
 		}
 		select {
-		case r.msgs <- ackMsg{&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, seq}:
+		case rd.msgs <- ackMsg{&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, seq}:
 		case <-gctx.Done():
 		}
 	})

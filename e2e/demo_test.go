@@ -62,8 +62,8 @@ func TestDemo(t *testing.T) {
 
 // TestDemoOnAClusterWithCredentials runs the demo against a 3-node cluster
 // that `stillpoint server --cluster --auth-dir` runs as its own process,
-// every component a separate process with its own role's nkey: the
-// multi-node set-up of the README.
+// every component a separate process with a user of its own (every
+// sandbox too, minted by the owner): the multi-node set-up of the README.
 func TestDemoOnAClusterWithCredentials(t *testing.T) {
 	tier.E2E(t)
 	b := buildBins(t)

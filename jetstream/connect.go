@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 )
@@ -103,6 +104,14 @@ func Connect(ctx context.Context, cfg ConnConfig, opts ...nats.Option) (*nats.Co
 			return nil, fmt.Errorf("jetstream: connect: creds file: %w", err)
 		}
 		all = append(all, nats.UserCredentials(cfg.CredsFile))
+		// A member's own credentials let it read only its own inbox.
+		prefix, err := CredsInboxPrefix(cfg.CredsFile)
+		if err != nil {
+			return nil, err
+		}
+		if prefix != "" {
+			all = append(all, nats.CustomInboxPrefix(prefix))
+		}
 	case cfg.NKeyFile != "":
 		opt, err := nats.NkeyOptionFromSeed(cfg.NKeyFile)
 		if err != nil {
@@ -119,6 +128,45 @@ func Connect(ctx context.Context, cfg ConnConfig, opts ...nats.Option) (*nats.Co
 		return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), err)
 	}
 	return nc, nil
+}
+
+// MemberInboxPrefix returns the inbox prefix of member kind.name of run, _INBOX.<run>.<kind>.<name>,
+// below which a member with credentials of its own may subscribe (and nothing else of _INBOX).
+func MemberInboxPrefix(run, kind, name string) string {
+	return "_INBOX." + run + "." + kind + "." + name
+}
+
+// CredsInboxPrefix returns the inbox prefix a .creds file's user must use: MemberInboxPrefix of
+// its run and kind tags and its name when the user JWT has both tags (a member's own
+// credentials), else "". nats.UserCredentials reads the file again at every connect, so a renewed
+// JWT is used after a reconnect; its member does not change.
+func CredsInboxPrefix(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("jetstream: creds file: %w", err)
+	}
+	defer clear(b)
+	token, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		return "", fmt.Errorf("jetstream: creds file %s: %w", path, err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return "", fmt.Errorf("jetstream: creds file %s: user JWT: %w", path, err)
+	}
+	tag := func(key string) string {
+		for _, t := range uc.Tags {
+			if v, ok := strings.CutPrefix(t, key+":"); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	run, kind := tag("run"), tag("kind")
+	if run == "" || kind == "" || uc.Name == "" {
+		return "", nil
+	}
+	return MemberInboxPrefix(run, kind, uc.Name), nil
 }
 
 // IsNKeySeedFile reports whether the file at path holds a bare nkey user seed (as `stillpoint

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 )
@@ -76,4 +77,49 @@ func (p *Permissions) server() *server.Permissions {
 		return &server.SubjectPermission{Allow: slices.Clone(s.Allow), Deny: slices.Clone(s.Deny)}
 	}
 	return &server.Permissions{Publish: sp(p.Publish), Subscribe: sp(p.Subscribe)}
+}
+
+// validateTrust reports the problems of trust (nil is none), each wrapping ErrInvalidConfig and
+// naming the field under prefix ("Config" or "ClusterConfig").
+func validateTrust(prefix string, trust *Trust, users []User, token string) []error {
+	if trust == nil {
+		return nil
+	}
+	var errs []error
+	if len(users) > 0 || token != "" {
+		errs = append(errs, fmt.Errorf("%w: %s.Trust with Users or Token: set at most one", ErrInvalidConfig, prefix))
+	}
+	if _, err := jwt.DecodeOperatorClaims(trust.Operator); err != nil {
+		errs = append(errs, fmt.Errorf("%w: %s.Trust.Operator: %v", ErrInvalidConfig, prefix, err))
+	}
+	if _, ok := trust.Accounts[trust.SystemAccount]; !ok {
+		errs = append(errs, fmt.Errorf("%w: %s.Trust.SystemAccount %q: not one of Accounts", ErrInvalidConfig, prefix, trust.SystemAccount))
+	}
+	for pub, a := range trust.Accounts {
+		if ac, err := jwt.DecodeAccountClaims(a); err != nil || ac.Subject != pub {
+			errs = append(errs, fmt.Errorf("%w: %s.Trust.Accounts[%s]: not that account's JWT (%v)", ErrInvalidConfig, prefix, pub, err))
+		}
+	}
+	return errs
+}
+
+// apply puts the server in operator mode with a memory resolver preloaded with the accounts.
+func (t *Trust) apply(opts *server.Options) error {
+	if t == nil {
+		return nil
+	}
+	oc, err := jwt.DecodeOperatorClaims(t.Operator)
+	if err != nil {
+		return fmt.Errorf("%w: Trust.Operator: %v", ErrInvalidConfig, err)
+	}
+	res := &server.MemAccResolver{}
+	for pub, a := range t.Accounts {
+		if err := res.Store(pub, a); err != nil {
+			return fmt.Errorf("%w: Trust.Accounts[%s]: %v", ErrInvalidConfig, pub, err)
+		}
+	}
+	opts.TrustedOperators = []*jwt.OperatorClaims{oc}
+	opts.AccountResolver = res
+	opts.SystemAccount = t.SystemAccount
+	return nil
 }

@@ -37,9 +37,11 @@ type ClusterConfig struct {
 	// Token, if set, is required from every client of every node.
 	Token string
 	// Users, if set, are the only clients every node admits, each by its nkey and with its
-	// permissions (RoleUsers makes one per Role). At most one of Token and Users. Routes
-	// between the nodes need neither.
+	// permissions (RoleUsers makes one per Role). At most one of Token, Users and Trust. Routes
+	// between the nodes need none of them.
 	Users []User
+	// Trust, if set, runs every node in operator mode (Config.Trust).
+	Trust *Trust
 	// Logger receives every node's logs, with a server field naming the node (the zero value
 	// discards them).
 	Logger zerolog.Logger
@@ -80,6 +82,7 @@ func (c ClusterConfig) Validate() error {
 		errs = append(errs, fmt.Errorf("%w: ClusterConfig.ReadyTimeout %s: must not be negative", ErrInvalidConfig, c.ReadyTimeout))
 	}
 	errs = append(errs, validateUsers("ClusterConfig.Users", c.Users, c.Token)...)
+	errs = append(errs, validateTrust("ClusterConfig", c.Trust, c.Users, c.Token)...)
 	return errors.Join(errs...)
 }
 
@@ -124,6 +127,10 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 				Port: port,
 			},
 			Routes: server.RoutesFromStr(strings.Join(routes, ",")),
+		}
+		if err := cfg.Trust.apply(opts); err != nil {
+			c.Shutdown()
+			return nil, err
 		}
 		s, err := startNode(opts, cfg.Logger)
 		if err != nil {

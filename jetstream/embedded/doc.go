@@ -20,12 +20,17 @@
 // each other. It returns only once a JetStream meta leader is elected and every node follows it,
 // because JetStream API calls fail or time out before that.
 //
-// Clients authenticate with a token (Config.Token) or as nkey users (Config.Users), each with
-// its permissions. RoleUsers makes one user per Role (bridge, agent, owner, sandbox,
+// Clients authenticate with a token (Config.Token), as nkey users (Config.Users), each with
+// its permissions, or with user JWTs in operator mode (Config.Trust). An Authority is the
+// decentralized auth of one bus: an operator, a system account and account STILLPOINT, with a
+// signing key for the bridge, controller and admin roles (RoleCreds) and one scoped signing key
+// per member kind whose template, MemberPermissions, limits each user to its own member name and
+// run (MemberCreds; Signer.Mint, for an owner minting its sandboxes' short-lived users).
+// Server.UpdateAccount applies a revocation (Authority.Revoke) at once. RoleUsers makes one user per Role (bridge, agent, owner, sandbox,
 // controller, admin) from seed files in a directory, creating the missing ones, with the
 // permissions of RolePermissions: only the bridge publishes phases and outcomes, a member acks
 // and heartbeats only as its own kind, only admin changes streams. docs/PERMISSIONS.md says what
-// those permissions do not restrict (reading, consumers, replies; names within a role).
+// each way restricts and what it does not.
 //
 // Shutdown, on a Server or a Cluster, stops and waits until everything has stopped; it is safe to
 // call twice. Shutdown time grows with the number of file-backed consumers (about 10 ms each).

@@ -193,31 +193,32 @@ func createSeed(path string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("embedded: new user nkey: %w", err)
 	}
-	pub, err := kp.PublicKey()
-	if err != nil {
-		return "", fmt.Errorf("embedded: new user nkey: %w", err)
+	if err := writeSeedOnce(path, seed); err != nil {
+		return "", err
 	}
-	// Written aside, then linked into place: the link fails if another server on the same dir
-	// got there first (its seed is then used), and no one ever reads a half-written file.
+	clear(seed)
+	return loadOrCreateSeed(path) // another server on the same dir may have got there first
+}
+
+// writeSeedOnce writes seed to path, mode 0600, unless path exists: then the seed already there is
+// kept. It is written aside, then linked into place, so that no one ever reads a half-written file.
+func writeSeedOnce(path string, seed []byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), ".seed-*") // mode 0600
 	if err != nil {
-		return "", fmt.Errorf("embedded: seed file: %w", err)
+		return fmt.Errorf("embedded: seed file: %w", err)
 	}
 	defer os.Remove(f.Name())
 	line := append(bytes.Clone(seed), '\n')
 	_, werr := f.Write(line)
 	clear(line)
-	clear(seed)
 	if cerr := f.Close(); werr == nil {
 		werr = cerr
 	}
 	if werr != nil {
-		return "", fmt.Errorf("embedded: seed file %s: %w", path, werr)
+		return fmt.Errorf("embedded: seed file %s: %w", path, werr)
 	}
-	if err := os.Link(f.Name(), path); errors.Is(err, fs.ErrExist) {
-		return loadOrCreateSeed(path)
-	} else if err != nil {
-		return "", fmt.Errorf("embedded: seed file: %w", err)
+	if err := os.Link(f.Name(), path); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("embedded: seed file: %w", err)
 	}
-	return pub, nil
+	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
 
@@ -48,8 +49,11 @@ type Config struct {
 	// Token, if set, is required from every client (nats.Token or ConnConfig.Token).
 	Token string
 	// Users, if set, are the only clients admitted, each by its nkey and with its permissions
-	// (RoleUsers makes one per Role). At most one of Token and Users.
+	// (RoleUsers makes one per Role). At most one of Token, Users and Trust.
 	Users []User
+	// Trust, if set, runs the server in operator mode: it admits the users whose JWTs the
+	// accounts in Trust sign (an Authority's, Authority.Trust), each with its JWT's permissions.
+	Trust *Trust
 	// Logger receives the server's logs (the zero value discards them).
 	Logger zerolog.Logger
 	// ReadyTimeout bounds the wait for the server to be ready (default 10 s).
@@ -79,6 +83,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%w: Config.ReadyTimeout %s: must not be negative", ErrInvalidConfig, c.ReadyTimeout))
 	}
 	errs = append(errs, validateUsers("Config.Users", c.Users, c.Token)...)
+	errs = append(errs, validateTrust("Config", c.Trust, c.Users, c.Token)...)
 	return errors.Join(errs...)
 }
 
@@ -111,6 +116,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		Authorization: cfg.Token,
 		Nkeys:         nkeyUsers(cfg.Users),
 	}
+	if err := cfg.Trust.apply(opts); err != nil {
+		return nil, err
+	}
 	s, err := startNode(opts, cfg.Logger)
 	if err != nil {
 		return nil, err
@@ -120,6 +128,27 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// UpdateAccount gives the running server a new JWT of one of its trusted accounts (such as
+// Authority.AccountJWT after a Revoke): the server applies it at once, disconnecting the users it
+// revokes.
+func (s *Server) UpdateAccount(accountJWT string) error {
+	ac, err := jwt.DecodeAccountClaims(accountJWT)
+	if err != nil {
+		return fmt.Errorf("embedded: account JWT: %w", err)
+	}
+	acc, err := s.ns.LookupAccount(ac.Subject)
+	if err != nil {
+		return fmt.Errorf("embedded: account %s: %w", ac.Name, err)
+	}
+	if res, ok := s.ns.AccountResolver().(*server.MemAccResolver); ok {
+		if err := res.Store(ac.Subject, accountJWT); err != nil {
+			return fmt.Errorf("embedded: account %s: %w", ac.Name, err)
+		}
+	}
+	s.ns.UpdateAccountClaims(acc, ac)
+	return nil
 }
 
 // ClientURL returns the URL clients connect to, with the real port when Port was 0.

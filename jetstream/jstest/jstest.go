@@ -40,7 +40,8 @@ type Env struct {
 	// AuthDir, with WithRoles, holds the roles' nkey seed files (embedded.SeedFile); "" without.
 	AuthDir string
 
-	role embedded.Role // the role Connect connects as, with WithRoles
+	role  embedded.Role // the role Connect connects as, with WithRoles
+	creds string        // the .creds file Connect connects with, from WithCreds
 }
 
 // Option changes what Start and StartCluster set up.
@@ -174,10 +175,24 @@ func (e *Env) As(role embedded.Role) *Env {
 	return &c
 }
 
+// WithCreds returns a copy of e whose Connect (and ConnConfig) connect with the .creds file at
+// path, such as a member's own (embedded.Authority.MemberCreds) on a server in operator mode;
+// everything else is e's. A permissions violation on such a connection fails the test, as with
+// WithRoles.
+func (e *Env) WithCreds(path string) *Env {
+	c := *e
+	c.creds = path
+	return &c
+}
+
 // ConnConfig returns how Connect connects, named name: for a process the test starts (pass
-// NKeyFile as its --nkey).
+// NKeyFile as its --nkey, CredsFile as its --creds).
 func (e *Env) ConnConfig(name string) jetstream.ConnConfig {
 	cfg := jetstream.ConnConfig{URL: e.URL, Name: name}
+	if e.creds != "" {
+		cfg.CredsFile = e.creds
+		return cfg
+	}
 	if e.AuthDir != "" {
 		role := e.role
 		if role == "" {
@@ -200,7 +215,7 @@ func (e *Env) Connect(t testing.TB) (*nats.Conn, natsjs.JetStream) {
 
 func (e *Env) connect(ctx context.Context, t testing.TB) (*nats.Conn, natsjs.JetStream) {
 	t.Helper()
-	if e.role != "" && e.AuthDir == "" {
+	if e.role != "" && e.AuthDir == "" && e.creds == "" {
 		t.Fatalf("jstest: Env.As(%s) needs an Env started WithRoles", e.role)
 	}
 	// The closed handler is nats.go's last callback of a connection: once it ran, its
@@ -208,11 +223,14 @@ func (e *Env) connect(ctx context.Context, t testing.TB) (*nats.Conn, natsjs.Jet
 	closed := make(chan struct{})
 	var once sync.Once
 	opts := []nats.Option{nats.ClosedHandler(func(*nats.Conn) { once.Do(func() { close(closed) }) })}
-	if e.AuthDir != "" {
+	if e.AuthDir != "" || e.creds != "" {
 		// With roles, a permissions violation means the role lacks what the code under test
 		// does: fail the test, naming it (nats.go only reports it here, and the call itself
 		// times out or is ignored).
 		v := &violations{role: e.role}
+		if e.creds != "" {
+			v.role = embedded.Role("of " + e.creds)
+		}
 		opts = append(opts, nats.ErrorHandler(v.handle))
 		t.Cleanup(func() { v.check(t) }) // after the close below, so it sees every violation
 	}

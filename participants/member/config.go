@@ -75,6 +75,13 @@ type Config struct {
 	// never redelivered by the server; one given back is delivered again
 	// locally.
 	StateFile string
+	// NoPull, with StateFile, makes that ordered consumer a push consumer
+	// filtered on the run's phases alone (and the committed outcomes, for a
+	// participant that parks): for a member whose user may not pull from a
+	// consumer, a sandbox with a user of its own (docs/PERMISSIONS.md). Its
+	// first consumer's name is random; nats.go names the ones it makes again
+	// after a gap from its nuid, which forks of one VM snapshot share.
+	NoPull bool
 	// Source, when set, feeds the member the run's events instead of a
 	// consumer of its own: a process that hosts many members keeps one
 	// consumer for all of them (PROTOCOL §3). StateFile is then unused.

@@ -39,15 +39,55 @@ func DurableConfig(run, name, description string) natsjs.ConsumerConfig {
 }
 
 // durableFeed finds the member's durable consumer, or creates it to
-// deliver only what is published from now on.
+// deliver only what is published from now on. If the consumer disappears
+// later, the feed's recreate makes it again, from the first event the
+// member has not handled.
 func (m *Member) durableFeed(ctx context.Context) (*feed, error) {
 	name := ConsumerName(m.cfg.Run, m.cfg.Member)
+	cons, err := m.durableConsumer(ctx, name, 0)
+	if err != nil {
+		return nil, err
+	}
+	// The events delivered and not yet handled, in memory: where a new
+	// consumer starts if this one disappears.
+	tr := &floor{pending: map[uint64]bool{}}
+	if info := cons.CachedInfo(); info != nil {
+		// From the ack floor: what an earlier process was delivered and
+		// did not ack is older than this process, so checked if it comes.
+		tr.saved, tr.high = info.AckFloor.Stream, info.AckFloor.Stream
+	}
+	wrap := func(msg natsjs.Msg) Delivery { return newDurableDelivery(msg, tr) }
+	m.inbox = make(chan Delivery)
+	cur := m.consume(name, cons, wrap, nil)
+	f := &feed{name: name}
+	f.start = func() error { return cur.start() }
+	f.stop = func() { cur.stop() }
+	f.recreate = func(ctx context.Context) (uint64, error) {
+		cur.stop()
+		from, seen := tr.next()
+		cons, err := m.durableConsumer(ctx, name, from)
+		if err != nil {
+			return seen, err
+		}
+		cur = m.consume(name, cons, wrap, nil)
+		return seen, cur.start()
+	}
+	return f, nil
+}
+
+// durableConsumer finds the durable consumer name, or creates it: to
+// deliver what is published from now on when from is 0, else from stream
+// sequence from on.
+func (m *Member) durableConsumer(ctx context.Context, name string, from uint64) (natsjs.Consumer, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	cons, err := m.cfg.Bus.Stream.Consumer(cctx, name)
 	if errors.Is(err, natsjs.ErrConsumerNotFound) {
-		cons, err = m.cfg.Bus.Stream.CreateConsumer(cctx,
-			DurableConfig(m.cfg.Run, name, fmt.Sprintf("phases of run %s for member %s", m.cfg.Run, m.cfg.Member)))
+		cfg := DurableConfig(m.cfg.Run, name, fmt.Sprintf("phases of run %s for member %s", m.cfg.Run, m.cfg.Member))
+		if from > 0 {
+			cfg.DeliverPolicy, cfg.OptStartSeq = natsjs.DeliverByStartSequencePolicy, from
+		}
+		cons, err = m.cfg.Bus.Stream.CreateConsumer(cctx, cfg)
 		if errors.Is(err, natsjs.ErrConsumerExists) {
 			cons, err = m.cfg.Bus.Stream.Consumer(cctx, name)
 		}
@@ -57,8 +97,7 @@ func (m *Member) durableFeed(ctx context.Context) (*feed, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("member: look up consumer %s: %w", name, err)
 	}
-	m.inbox = make(chan Delivery)
-	return m.consume(name, cons, func(msg natsjs.Msg) Delivery { return newDurableDelivery(msg) }, nil), nil
+	return cons, nil
 }
 
 // consume is the feed of a consumer of the member's own: wrap makes each
@@ -117,12 +156,14 @@ type durableDelivery struct {
 	msg       natsjs.Msg
 	seq       uint64
 	delivered uint64
+	handled   *floor
 }
 
-func newDurableDelivery(msg natsjs.Msg) *durableDelivery {
-	d := &durableDelivery{msg: msg, delivered: 1}
+func newDurableDelivery(msg natsjs.Msg, handled *floor) *durableDelivery {
+	d := &durableDelivery{msg: msg, delivered: 1, handled: handled}
 	if md, err := msg.Metadata(); err == nil {
 		d.seq, d.delivered = md.Sequence.Stream, md.NumDelivered
+		handled.delivered(d.seq)
 	}
 	return d
 }
@@ -131,9 +172,25 @@ func (d *durableDelivery) Subject() string                               { retur
 func (d *durableDelivery) Event() (cloudevent.Event, events.Data, error) { return decode(d.msg) }
 func (d *durableDelivery) Sequence() uint64                              { return d.seq }
 func (d *durableDelivery) Delivered() uint64                             { return d.delivered }
-func (d *durableDelivery) Ack() error                                    { return d.msg.Ack() }
-func (d *durableDelivery) Term(reason string) error                      { return d.msg.TermWithReason(reason) }
-func (d *durableDelivery) InProgress() error                             { return d.msg.InProgress() }
+
+// Ack and Term mark the event handled (a new consumer would not start
+// before it), whether or not the server still has the consumer.
+func (d *durableDelivery) Ack() error {
+	d.done()
+	return d.msg.Ack()
+}
+
+func (d *durableDelivery) Term(reason string) error {
+	d.done()
+	return d.msg.TermWithReason(reason)
+}
+
+func (d *durableDelivery) done() {
+	if d.seq != 0 {
+		_ = d.handled.done(d.seq) // no state file: nothing to fail
+	}
+}
+func (d *durableDelivery) InProgress() error { return d.msg.InProgress() }
 
 func (d *durableDelivery) Nak(delay time.Duration) error {
 	if delay <= 0 {

@@ -58,6 +58,12 @@ type feed struct {
 	name  string
 	start func() error
 	stop  func()
+	// recreate, when set, replaces a consumer that disappeared (deleted,
+	// or lost with its server) with a new one that carries on from the
+	// first event not yet handled; it returns the highest stream sequence
+	// the old one delivered: events up to it may have been answered. It
+	// is called by the loop, between start and stop.
+	recreate func(ctx context.Context) (uint64, error)
 }
 
 // openFeed opens the member's feed: its Source, or a consumer of its own.

@@ -22,8 +22,10 @@ var (
 	// ErrAlreadyRunning is returned by a second call to Run.
 	ErrAlreadyRunning = errors.New("member: Run called twice")
 
-	// ErrConsumerLost is returned (wrapped) by Run when its consumer was
-	// deleted under it: a member that cannot hear phases must not go on.
+	// ErrConsumerLost is returned (wrapped) by Run when a consumer it
+	// cannot make again (one behind a Source) was deleted under it: a
+	// member that cannot hear phases must not go on. A member's own
+	// durable consumer is made again instead.
 	ErrConsumerLost = errors.New("member: consumer lost")
 
 	// ErrReplaced is returned by Run when another process has taken this

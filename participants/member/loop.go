@@ -28,6 +28,9 @@ func (m *Member) loop(ctx context.Context) error {
 	var leaseAt time.Time
 	progress := time.NewTicker(AckWait / 3)
 	defer progress.Stop()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -38,9 +41,20 @@ func (m *Member) loop(ctx context.Context) error {
 				return err
 			}
 			if errors.Is(err, natsjs.ErrConsumerDeleted) || errors.Is(err, natsjs.ErrConsumerNotFound) {
-				return fmt.Errorf("%w: %w", ErrConsumerLost, err)
+				if m.feed.recreate == nil {
+					return fmt.Errorf("%w: %w", ErrConsumerLost, err)
+				}
+				m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("consumer lost; making it again")
+				if !m.recreateFeed(ctx) {
+					retry.Reset(recreateRetry)
+				}
+				continue
 			}
 			m.log.Warn().Err(err).Msg("consume")
+		case <-retry.C:
+			if !m.recreateFeed(ctx) {
+				retry.Reset(recreateRetry)
+			}
 		case dl := <-m.inbox:
 			m.receive(ctx, dl)
 		case in := <-m.results:
@@ -63,6 +77,27 @@ func (m *Member) loop(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// recreateRetry is how soon the loop tries again to make a lost consumer
+// that could not be made (the server is away).
+const recreateRetry = time.Second
+
+// recreateFeed replaces the feed's lost consumer; it reports false, having
+// logged why, if it could not (try again later).
+func (m *Member) recreateFeed(ctx context.Context) bool {
+	seen, err := m.feed.recreate(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot make the consumer again; will retry")
+		}
+		return false
+	}
+	// Events the old consumer delivered may come again, each once: the
+	// ones answered already are recognised by their ack subject.
+	m.recheckTo = max(m.recheckTo, seen)
+	m.log.Info().Str("consumer", m.feed.name).Uint64("rechecked_to", seen).Msg("consumer made again; carrying on from the stream")
+	return true
 }
 
 // receive decodes one delivery and feeds it in.
@@ -94,7 +129,7 @@ func (m *Member) receive(ctx context.Context, dl Delivery) {
 	}
 	// PROTOCOL §5, Idempotence: an event that comes again, or that is older
 	// than this process, may have been answered already.
-	if dl.Delivered() > 1 || e.Time().Before(m.started) {
+	if dl.Delivered() > 1 || e.Time().Before(m.started) || (m.recheckTo > 0 && dl.Sequence() <= m.recheckTo) {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		_, err := m.cfg.Bus.Stream.GetLastMsgForSubject(cctx, events.AckSubject(m.cfg.Run, h.Seq, p, m.cfg.Member))
 		cancel()

@@ -44,6 +44,8 @@ type Member struct {
 	workers      map[uint64]*worker
 	results      chan Input
 	inbox        chan Delivery
+	feed         *feed
+	recheckTo    uint64 // events up to this stream sequence may have been answered by an earlier consumer
 	consumeErrs  chan error
 	lastPark     uint64
 	wg           sync.WaitGroup // workers
@@ -113,8 +115,9 @@ func (m *Member) Admit(ep events.Episode) error {
 // durable one (memory state, named by ConsumerName). It opens them before
 // it registers, so that no phase published after the registration is
 // missed. It returns nil when ctx ends, ErrSuperseded when a newer epoch
-// superseded the member, or an error when the member could not start or
-// lost its consumer.
+// superseded the member, or an error when the member could not start. A
+// durable consumer of its own that disappears is made again, from the
+// first event not handled; only a Source's loss ends Run (ErrConsumerLost).
 func (m *Member) Run(ctx context.Context) error {
 	if !m.running.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
@@ -131,6 +134,7 @@ func (m *Member) Run(ctx context.Context) error {
 	if err != nil {
 		return startErr(ctx, err)
 	}
+	m.feed = f
 	ttl, err := m.register(ctx)
 	if err != nil {
 		f.stop()

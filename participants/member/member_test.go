@@ -46,6 +46,18 @@ func TestConformanceOrdered(t *testing.T) {
 	})
 }
 
+// TestConformanceOrderedPush runs the suite on the push variant of the
+// ordered consumer, a sandbox daemon's with a user of its own.
+func TestConformanceOrderedPush(t *testing.T) {
+	membertest.Run(t, membertest.Suite{
+		Ordered: true,
+		NoPull:  true,
+		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
+			return membertest.NewParticipant(name.Name())
+		},
+	})
+}
+
 // TestConformanceShared runs the suite with every member fed by a Host:
 // one consumer per process, one decode per event.
 func TestConformanceShared(t *testing.T) {
@@ -600,5 +612,60 @@ func TestReplacedMemberStops(t *testing.T) {
 	case <-fresh.Done():
 		t.Fatalf("the new process stopped: %v", fresh.Err())
 	default:
+	}
+}
+
+// §3, Consumers: a member whose consumer disappears (deleted, or lost with
+// its server) makes it again and carries on from the stream: a phase
+// published while it was gone is answered, once, and nothing answered
+// before is answered again. Run does not return.
+func TestLostConsumerIsMadeAgain(t *testing.T) {
+	for _, feed := range []string{"durable", "ordered", "ordered push"} {
+		t.Run(feed, func(t *testing.T) {
+			env := jstest.Start(t)
+			bridge := membertest.NewBridge(t, env, "run1")
+			name := events.Member("agent.a1")
+			opts := membertest.Options{}
+			if feed != "durable" {
+				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "ordered push"
+			}
+			h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), opts)
+			seq1 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
+			want(t, bridge.Ack(seq1, events.PhasePrepare, name), "", events.StatePrepared)
+
+			var deleted []string
+			for info := range env.Bus.Stream.ListConsumers(t.Context()).Info() {
+				if info.Config.FilterSubject == events.PhaseFilter("run1") || slices.Contains(info.Config.FilterSubjects, events.PhaseFilter("run1")) {
+					if err := env.Bus.Stream.DeleteConsumer(t.Context(), info.Name); err != nil {
+						t.Fatal(err)
+					}
+					deleted = append(deleted, info.Name)
+				}
+			}
+			if len(deleted) != 1 {
+				t.Fatalf("deleted consumers %v, want the member's one", deleted)
+			}
+			seq2 := bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
+			want(t, bridge.Ack(seq2, events.PhaseResume, name), "", events.StateIdle)
+			seq3 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c2", 10*time.Second, name)})
+			want(t, bridge.Ack(seq3, events.PhasePrepare, name), "", events.StatePrepared)
+			select {
+			case <-h.Done():
+				t.Fatalf("Run returned: %v", h.Err())
+			default:
+			}
+			bridge.Barrier(name)
+			for _, s := range []struct {
+				seq uint64
+				p   events.Phase
+			}{{seq1, events.PhasePrepare}, {seq2, events.PhaseResume}, {seq3, events.PhasePrepare}} {
+				if n := bridge.AckCount(s.seq, s.p, name); n != 1 {
+					t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
+				}
+			}
+			if err := h.Stop(); err != nil {
+				t.Errorf("Run: %v, want nil after a clean stop", err)
+			}
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	cloudevent "github.com/cloudevents/sdk-go/v2/event"
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -96,6 +97,9 @@ func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
 	if other != "" {
 		m.log.Info().Str("state_file", m.cfg.StateFile).Str("written_by", other).Msg("position of another member: reading from the stream's end")
 	}
+	if m.cfg.NoPull {
+		return m.pushedFeed(ctx, pos)
+	}
 	// The consumer's name is drawn here from crypto/rand (never nats.go's
 	// process-wide nuid, which forks of one VM snapshot share).
 	cfg := natsjs.OrderedConsumerConfig{FilterSubjects: subjects(m.cfg.Run), DeliverPolicy: natsjs.DeliverNewPolicy,
@@ -115,11 +119,91 @@ func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
 	f := m.consume("ordered, position in "+m.cfg.StateFile, cons, func(msg natsjs.Msg) Delivery {
 		return newOrderedDelivery(msg, fl, r)
 	}, r.stop)
+	// nats.go makes an ordered consumer that disappears again by itself,
+	// from the event after the last it delivered: nothing to do.
+	f.recreate = func(context.Context) (uint64, error) { return 0, nil }
 	return f, nil
 }
 
+// pushedFeed is orderedFeed for a member whose user may not pull
+// (Config.NoPull): an ordered push consumer, filtered on the run's phases alone
+// (and the committed outcomes, for a participant that parks): a sandbox's
+// own credentials allow it that consumer, named by its filter in the
+// create subject, and no pull from any other (docs/PERMISSIONS.md). The
+// server never redelivers its messages: one given back comes again
+// locally (redeliver).
+func (m *Member) pushedFeed(ctx context.Context, pos uint64) (*feed, error) {
+	if pos == 0 {
+		// What is published from now on: the feed starts after the
+		// member registers, and must not miss what comes in between.
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		info, err := m.cfg.Bus.Stream.Info(cctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("member: ordered consumer: stream info: %w", err)
+		}
+		pos = info.State.LastSeq
+	}
+	legacy, err := m.cfg.JS.Conn().JetStream(nats.MaxWait(orderedCallTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("member: ordered consumer: %w", err)
+	}
+	subject := events.PhaseFilter(m.cfg.Run)
+	// The first consumer's name is drawn from crypto/rand, as the pull
+	// feed's; nats.go names the ones it makes again from its nuid.
+	opts := []nats.SubOpt{nats.OrderedConsumer(), nats.BindStream(jetstream.StreamName), nats.StartSequence(pos + 1),
+		nats.ConsumerName("sp_" + events.NewID()),
+		nats.IdleHeartbeat(orderedHeartbeat)}
+	if _, parks := m.cfg.Participant.(Parker); parks {
+		subject = ""
+		opts = append(opts, nats.ConsumerFilterSubjects(subjects(m.cfg.Run)...))
+	}
+	fl := &floor{path: m.cfg.StateFile, run: m.cfg.Run, member: string(m.cfg.Member), pending: map[uint64]bool{}, saved: pos, high: pos}
+	m.inbox = make(chan Delivery)
+	r := &redeliverer{inbox: m.inbox, stopping: make(chan struct{})}
+	stopping := make(chan struct{})
+	var sub *nats.Subscription
+	f := &feed{name: "ordered, position in " + m.cfg.StateFile}
+	f.start = func() error {
+		var err error
+		sub, err = legacy.Subscribe(subject, func(msg *nats.Msg) {
+			dl := newPushedDelivery(msg, fl, r)
+			select {
+			case m.inbox <- dl:
+			case <-stopping: // not handled: the position stays before it
+			}
+		}, opts...)
+		if err != nil {
+			return fmt.Errorf("member: ordered consumer: %w", err)
+		}
+		return nil
+	}
+	f.stop = func() {
+		r.stop()
+		close(stopping)
+		if sub != nil {
+			// Deleting the consumer may be refused (a sandbox deletes no
+			// consumer): the server drops it once no one listens.
+			_ = sub.Unsubscribe()
+		}
+	}
+	// nats.go makes an ordered consumer that disappears again by itself,
+	// from the event after the last it delivered: nothing to do.
+	f.recreate = func(context.Context) (uint64, error) { return 0, nil }
+	return f, nil
+}
+
+// orderedCallTimeout bounds the ordered consumer's API calls: its delete
+// at stop, refused to a sandbox, waits for it.
+const orderedCallTimeout = 2 * time.Second
+
+// orderedHeartbeat is how often the server tells the ordered consumer it
+// is there when there is nothing to deliver: two missed make it again.
+const orderedHeartbeat = 2 * time.Second
+
 // floor tracks which delivered events are handled, and keeps the state
-// file at the highest stream sequence below which all are.
+// file (when path is set) at the highest stream sequence below which all
+// are.
 type floor struct {
 	mu      sync.Mutex // the consumer's goroutine delivers, the loop handles
 	path    string
@@ -149,6 +233,10 @@ func (f *floor) done(seq uint64) error {
 	if at <= f.saved {
 		return nil
 	}
+	if f.path == "" {
+		f.saved = at
+		return nil
+	}
 	b, err := json.Marshal(position{V: positionVersion, Run: f.run, Member: f.member, StreamSeq: at})
 	if err != nil {
 		return fmt.Errorf("member: state file: %w", err)
@@ -163,32 +251,63 @@ func (f *floor) done(seq uint64) error {
 	return nil
 }
 
+// next returns the first stream sequence not known to be handled, and the
+// highest sequence delivered.
+func (f *floor) next() (from, high uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at := max(f.high, f.saved)
+	for s := range f.pending {
+		at = min(at, s-1)
+	}
+	return at + 1, f.high
+}
+
 // orderedDelivery is a message of an ordered consumer: acknowledging it
 // (or refusing it) moves the member's saved position, and giving it back
 // delivers it again locally after the delay.
 type orderedDelivery struct {
-	msg       natsjs.Msg
+	msg       *nats.Msg
 	seq       uint64
 	delivered uint64
 	floor     *floor
 	again     *redeliverer
 }
 
+// newOrderedDelivery is a message of the pull feed's consumer.
 func newOrderedDelivery(msg natsjs.Msg, fl *floor, again *redeliverer) *orderedDelivery {
-	d := &orderedDelivery{msg: msg, delivered: 1, floor: fl, again: again}
+	var seq uint64
 	if md, err := msg.Metadata(); err == nil {
-		d.seq = md.Sequence.Stream
-		fl.delivered(d.seq)
+		seq = md.Sequence.Stream
+	}
+	return newDelivery(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()}, seq, fl, again)
+}
+
+// newPushedDelivery is a message of the push feed's consumer.
+func newPushedDelivery(msg *nats.Msg, fl *floor, again *redeliverer) *orderedDelivery {
+	var seq uint64
+	if md, err := msg.Metadata(); err == nil {
+		seq = md.Sequence.Stream
+	}
+	return newDelivery(msg, seq, fl, again)
+}
+
+func newDelivery(msg *nats.Msg, seq uint64, fl *floor, again *redeliverer) *orderedDelivery {
+	d := &orderedDelivery{msg: msg, seq: seq, delivered: 1, floor: fl, again: again}
+	if seq != 0 {
+		fl.delivered(seq)
 	}
 	return d
 }
 
-func (o *orderedDelivery) Subject() string                               { return o.msg.Subject() }
-func (o *orderedDelivery) Event() (cloudevent.Event, events.Data, error) { return decode(o.msg) }
-func (o *orderedDelivery) Sequence() uint64                              { return o.seq }
-func (o *orderedDelivery) Delivered() uint64                             { return o.delivered }
-func (o *orderedDelivery) InProgress() error                             { return nil }
-func (o *orderedDelivery) Term(string) error                             { return o.Ack() }
+func (o *orderedDelivery) Subject() string { return o.msg.Subject }
+func (o *orderedDelivery) Event() (cloudevent.Event, events.Data, error) {
+	return events.Unmarshal(o.msg)
+}
+func (o *orderedDelivery) Sequence() uint64  { return o.seq }
+func (o *orderedDelivery) Delivered() uint64 { return o.delivered }
+func (o *orderedDelivery) InProgress() error { return nil }
+func (o *orderedDelivery) Term(string) error { return o.Ack() }
 
 // Ack moves the saved position past the event once every event before it
 // is handled too. A message without metadata is not tracked.

@@ -14,6 +14,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
 // DefaultSnapshotParallelism is how many snapshots (and forks) run at once
@@ -122,6 +123,9 @@ type Config struct {
 	TaskKind TaskKind
 	// Logger receives the owner's logs; the zero value discards them.
 	Logger zerolog.Logger
+	// SandboxCreds, when set, are the users of its sandboxes, which Run
+	// renews while they live (the task kind's SandboxdConfig.Creds).
+	SandboxCreds *SandboxCreds
 	// Grace is the member's lease grace (default member.DefaultGrace).
 	Grace time.Duration
 }
@@ -301,11 +305,31 @@ func (o *Owner) Member() *member.Member { return o.member }
 // ends (see member.Member.Run for what it returns). In ModeOff it joins no
 // bus and waits for ctx.
 func (o *Owner) Run(ctx context.Context) error {
+	if c := o.cfg.SandboxCreds; c != nil {
+		rctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { c.Renew(rctx, o.log, o.liveSandboxes) })
+		defer wg.Wait()
+		defer cancel()
+	}
 	if o.member == nil {
 		<-ctx.Done()
 		return nil
 	}
 	return o.member.Run(ctx)
+}
+
+// liveSandboxes returns the sandboxes of the owner's sessions.
+func (o *Owner) liveSandboxes() []*provider.Sandbox {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]*provider.Sandbox, 0, len(o.sessions))
+	for _, s := range o.sessions {
+		if s.Sandbox != nil {
+			out = append(out, s.Sandbox)
+		}
+	}
+	return out
 }
 
 // notify tells the member runtime that readiness may have changed.

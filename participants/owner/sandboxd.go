@@ -31,6 +31,10 @@ type SandboxdConfig struct {
 	// the same file, and the harness inside may be able to read it.
 	CredsFile string
 	NKeyFile  string
+	// Creds, when set instead, gives each sandbox a user of its own,
+	// renewed while it lives (the owner's Config.SandboxCreds must be the
+	// same): the daemon takes --creds from a directory shown read-only.
+	Creds *SandboxCreds
 	// Args are more sandboxd member flags (e.g. --mode stop).
 	Args []string
 	// BinDir, when set, is a host directory holding Binary (and whatever
@@ -62,6 +66,9 @@ func SandboxdSpec(spec provider.Spec, c SandboxdConfig) provider.Spec {
 	if c.CredsFile != "" {
 		spec.CopyIn = append(spec.CopyIn, provider.CopyIn{HostPath: c.CredsFile, SandboxPath: "etc/stillpoint/nats.creds", Mode: 0o600})
 		init = append(init, "--creds", "/etc/stillpoint/nats.creds")
+	}
+	if c.Creds != nil {
+		init = append(init, "--creds", c.Creds.spec(&spec))
 	}
 	if c.NKeyFile != "" {
 		spec.CopyIn = append(spec.CopyIn, provider.CopyIn{HostPath: c.NKeyFile, SandboxPath: "etc/stillpoint/nats.nk", Mode: 0o600})

@@ -46,6 +46,9 @@ type Config struct {
 	// StateFile keeps the daemon's position in the phase stream (default
 	// <supervisor state dir>/position.json).
 	StateFile string
+	// NoPull reads the phases through a push consumer (member.Config.NoPull):
+	// for a daemon with a user of its own, which may pull from no consumer.
+	NoPull bool
 	// Grace is the member's lease grace (default member.DefaultGrace).
 	Grace time.Duration
 	// AdoptEpoch, when not 0, is the epoch of the restore that adopted
@@ -114,7 +117,7 @@ func New(cfg Config) (*Daemon, error) {
 		caps = append(caps, "pause:"+m.String())
 	}
 	d.member, err = member.New(member.Config{Run: cfg.Run, Member: d.name, JS: cfg.JS, Bus: cfg.Bus, Participant: d,
-		Logger: cfg.Logger, Grace: cfg.Grace, StateFile: d.cfg.StateFile, Capabilities: caps, AdoptEpoch: cfg.AdoptEpoch})
+		Logger: cfg.Logger, Grace: cfg.Grace, StateFile: d.cfg.StateFile, NoPull: cfg.NoPull, Capabilities: caps, AdoptEpoch: cfg.AdoptEpoch})
 	if err != nil {
 		return nil, err
 	}

@@ -66,6 +66,15 @@ type Server struct {
 
 	wmu sync.Mutex // one line at a time
 	w   io.Writer
+	// conns counts the host's reconnects (guarded by wmu): an answer to a
+	// request read on an earlier connection is not written on this one.
+	conns uint64
+}
+
+// line is a request line and the connection (Server.conns) it came on.
+type line struct {
+	b    []byte
+	conn uint64
 }
 
 // NewServer returns a server in StateTemplate (or StateIdentified).
@@ -109,7 +118,7 @@ func (s *Server) Serve(ctx context.Context, conn io.ReadWriter) error {
 	if announce {
 		wg.Go(func() { s.Notify(vmctl.Notice{Event: vmctl.EventReady, State: vmctl.StateTemplate}) })
 	}
-	lines := make(chan []byte)
+	lines := make(chan line)
 	readErr := make(chan error, 1)
 	wg.Go(func() { readErr <- s.read(ctx, conn, lines) })
 	for {
@@ -119,32 +128,35 @@ func (s *Server) Serve(ctx context.Context, conn io.ReadWriter) error {
 				return nil
 			}
 			return err
-		case line := <-lines:
-			req, err := vmctl.DecodeRequest(line)
+		case l := <-lines:
+			req, err := vmctl.DecodeRequest(l.b)
 			if err != nil {
-				s.answer(vmctl.Response{ID: req.ID, Error: err.Error()})
+				s.answer(l.conn, vmctl.Response{ID: req.ID, Error: err.Error()})
 				continue
 			}
-			wg.Go(func() { s.answer(s.handle(ctx, req)) })
+			wg.Go(func() { s.answer(l.conn, s.handle(ctx, req)) })
 		}
 	}
 }
 
 // read splits conn into lines; a reconnect of the host drops the partial
-// line.
-func (s *Server) read(ctx context.Context, conn io.Reader, lines chan<- []byte) error {
+// line and makes the answers to the requests read before it go nowhere.
+func (s *Server) read(ctx context.Context, conn io.Reader, lines chan<- line) error {
 	br := bufio.NewReaderSize(conn, 64<<10)
 	var cur []byte
+	s.wmu.Lock()
+	gen := s.conns
+	s.wmu.Unlock()
 	for {
 		chunk, err := br.ReadSlice('\n')
 		cur = append(cur, chunk...)
 		switch {
 		case err == nil:
-			line := cur
+			b := cur
 			cur = nil
-			if len(line) > 1 {
+			if len(b) > 1 {
 				select {
-				case lines <- line:
+				case lines <- line{b: b, conn: gen}:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
@@ -156,6 +168,10 @@ func (s *Server) read(ctx context.Context, conn io.Reader, lines chan<- []byte) 
 		case errors.Is(err, ErrHostReconnected):
 			s.log.Info().Int("dropped", len(cur)).Msg("host connected again")
 			cur = nil
+			s.wmu.Lock()
+			s.conns++
+			gen = s.conns
+			s.wmu.Unlock()
 			br.Reset(conn)
 		default:
 			return err
@@ -229,7 +245,28 @@ func (s *Server) Notify(n vmctl.Notice) {
 	s.write(n)
 }
 
-func (s *Server) answer(r vmctl.Response) { s.write(r) }
+// answer writes r, the answer to a request read on connection conn,
+// unless the host connected again since: ids are the old host's (or, in a
+// fork, the snapshot's host's), and the host now connected may have a
+// request of its own with that id outstanding. An answer that does not
+// encode (longer than vmctl.MaxLine) is replaced by a refusal of the
+// request: the host's call must not wait for an answer that never comes.
+func (s *Server) answer(conn uint64, r vmctl.Response) {
+	b, err := vmctl.Encode(r)
+	if err != nil {
+		s.log.Error().Err(err).Uint64("id", r.ID).Msg("encode an answer to the host")
+		if b, err = vmctl.Encode(vmctl.Response{ID: r.ID, Error: "guest: the answer does not fit in a line: " + err.Error()}); err != nil {
+			return
+		}
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if conn != s.conns {
+		s.log.Info().Uint64("id", r.ID).Msg("answer to a request of an earlier host connection dropped")
+		return
+	}
+	s.writeLocked(b)
+}
 
 func (s *Server) write(v any) {
 	line, err := vmctl.Encode(v)
@@ -239,6 +276,10 @@ func (s *Server) write(v any) {
 	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	s.writeLocked(line)
+}
+
+func (s *Server) writeLocked(line []byte) {
 	if s.w == nil {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,6 +43,9 @@ func (g *fakeGuest) Identify(_ context.Context, req vmctl.Request) (vmctl.Hello,
 }
 
 func (g *fakeGuest) Exec(ctx context.Context, req vmctl.Request) (vmctl.ExecResult, error) {
+	if req.Argv[0] == "big" { // an answer beyond vmctl.MaxLine
+		return vmctl.ExecResult{Stdout: make([]byte, vmctl.MaxLine)}, nil
+	}
 	select {
 	case <-g.release:
 	case <-ctx.Done():
@@ -309,5 +313,86 @@ func TestLease(t *testing.T) {
 	cancel2()
 	if <-done {
 		t.Fatal("Run returned true when ctx ended")
+	}
+}
+
+// scriptedConn's reads come from a channel, one read a send: a test says
+// when the host sends a line and when it connects again.
+type scriptedConn struct {
+	io.Writer
+	reads chan scriptedRead
+}
+
+type scriptedRead struct {
+	b   []byte
+	err error
+}
+
+func (c *scriptedConn) Read(b []byte) (int, error) {
+	r, ok := <-c.reads
+	if !ok {
+		return 0, io.EOF
+	}
+	return copy(b, r.b), r.err
+}
+
+// TestServerDropsAnswersToAnEarlierHost: a request in flight when the host
+// connects again (a fork of a snapshot taken meanwhile, a restarted
+// owner) is not answered on the new connection, whose host may have a
+// request of the same id outstanding.
+func TestServerDropsAnswersToAnEarlierHost(t *testing.T) {
+	g := &fakeGuest{release: make(chan struct{})}
+	srv, err := NewServer(ServerConfig{Guest: g, Identified: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, in := io.Pipe()
+	conn := &scriptedConn{Writer: in, reads: make(chan scriptedRead)}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(context.Background(), conn) }()
+	conn.reads <- scriptedRead{b: []byte(`{"id":7,"op":"exec","argv":["old"]}` + "\n")}
+	conn.reads <- scriptedRead{err: ErrHostReconnected}
+	conn.reads <- scriptedRead{b: []byte(`{"id":7,"op":"hello"}` + "\n")}
+	lines := bufio.NewReader(out)
+	r, n, err := vmctl.DecodeGuestLine(mustLine(t, lines))
+	if err != nil || n != nil || r.ID != 7 || r.Hello == nil {
+		t.Fatalf("first answer on the new connection: %+v %+v %v, want the hello's", r, n, err)
+	}
+	close(g.release) // the old exec ends now: its answer must go nowhere
+	conn.reads <- scriptedRead{b: []byte(`{"id":8,"op":"sync"}` + "\n")}
+	r, n, err = vmctl.DecodeGuestLine(mustLine(t, lines))
+	if err != nil || n != nil || r.ID != 8 {
+		t.Fatalf("after the old exec ended: %+v %+v %v, want the answer to 8 (the exec's answer was written)", r, n, err)
+	}
+	rest := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(lines); rest <- b }()
+	close(conn.reads)
+	if err := <-done; err != nil { // Serve waited for the exec
+		t.Fatalf("Serve: %v", err)
+	}
+	in.Close()
+	if b := <-rest; len(b) > 0 {
+		t.Fatalf("written after the reconnect: %s (the old exec's answer)", b)
+	}
+}
+
+// TestServerRefusesAnAnswerTooLongForALine: an answer that cannot be
+// written in one line is replaced by a refusal of its request, so that the
+// host's call ends.
+func TestServerRefusesAnAnswerTooLongForALine(t *testing.T) {
+	g := &fakeGuest{release: make(chan struct{})}
+	_, h, stop := serve(t, g, nil)
+	defer stop()
+	h.recv() // ready
+	h.send(`{"id":1,"op":"exec","argv":["big"]}`)
+	// Encoding the answer that does not fit takes seconds under -race on a
+	// loaded machine: the read waits longer than recv's.
+	_ = h.conn.SetReadDeadline(time.Now().Add(3 * time.Minute))
+	line, err := h.lines.ReadBytes('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, _, err := vmctl.DecodeGuestLine(line); err != nil || r == nil || r.ID != 1 || r.OK || !strings.Contains(r.Error, "does not fit") {
+		t.Fatalf("exec with an answer too long: %+v %v", r, err)
 	}
 }

@@ -76,6 +76,18 @@ type System struct {
 	epoch   uint64
 	workdir string
 	init    *sandboxd.Child
+	// initExit is closed once the plain init exited.
+	initExit chan struct{}
+	closing  bool // Close kills the init: its exit is not news
+	notify   func(vmctl.Notice)
+}
+
+// SetNotify gives the function that sends notices to the host (the
+// Server's Notify): the exit of the plain init is one (vmctl.EventInit).
+func (s *System) SetNotify(notify func(vmctl.Notice)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.notify = notify
 }
 
 // NewSystem returns the guest's System.
@@ -92,6 +104,11 @@ func (s *System) Hello() vmctl.Hello {
 	h := vmctl.Hello{Sandbox: s.sandbox, Run: s.run, Member: s.member, Epoch: s.epoch}
 	if s.init != nil {
 		h.InitPID = s.init.PID()
+		select {
+		case <-s.initExit:
+			h.InitExited = true
+		default:
+		}
 	}
 	s.mu.Unlock()
 	if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
@@ -175,7 +192,8 @@ func (s *System) Identify(ctx context.Context, req vmctl.Request) (vmctl.Hello, 
 	return s.Hello(), nil
 }
 
-// startInit starts an identify's plain init; its exit is logged.
+// startInit starts an identify's plain init; its exit is logged and
+// reported to the host (vmctl.EventInit, Hello.InitExited).
 func (s *System) startInit(req vmctl.Request) error {
 	c, err := sandboxd.StartChild(sandboxd.ChildSpec{Argv: req.Init, Dir: s.dir(req.Workdir), Env: Env(req.Env),
 		Files: [3]*os.File{nil, s.cfg.Console, s.cfg.Console}, Setsid: true})
@@ -183,20 +201,44 @@ func (s *System) startInit(req vmctl.Request) error {
 		return err
 	}
 	s.mu.Lock()
-	s.init = c
+	s.init, s.initExit = c, make(chan struct{})
 	s.mu.Unlock()
 	s.log.Info().Int("pid", c.PID()).Strs("argv", req.Init).Msg("init started")
+	exited := s.initExit
+	// This goroutine ends once the init exited (Close kills it and waits
+	// for that) and the notice is written; the write waits while no host
+	// is connected, so Close does not wait for it: it ends with the next
+	// connection of a host, or with the machine.
+	go func() {
+		code, sig, _ := c.Wait(context.Background())
+		why := fmt.Sprintf("exit %d", code)
+		if sig != "" {
+			why = "signal " + sig
+		}
+		s.mu.Lock()
+		close(exited)
+		notify := s.notify
+		if s.closing {
+			notify = nil
+		}
+		s.mu.Unlock()
+		s.log.Info().Int("pid", c.PID()).Str("why", why).Msg("init exited")
+		if notify != nil {
+			notify(vmctl.Notice{Event: vmctl.EventInit, Why: why})
+		}
+	}()
 	return nil
 }
 
 // Close kills the plain init, if one runs, and waits for it.
 func (s *System) Close() {
 	s.mu.Lock()
-	c := s.init
+	c, exited := s.init, s.initExit
+	s.closing = true
 	s.mu.Unlock()
 	if c != nil {
 		c.Kill()
-		_, _, _ = c.Wait(context.Background())
+		<-exited
 	}
 }
 
@@ -298,13 +340,13 @@ func (s *System) Exec(ctx context.Context, req vmctl.Request) (vmctl.ExecResult,
 		return vmctl.ExecResult{}, err
 	}
 	var wg sync.WaitGroup
-	var stdout, stderr bytes.Buffer
+	stdout, stderr := &capped{max: vmctl.MaxOutput}, &capped{max: vmctl.MaxOutput}
 	wg.Go(func() {
 		_, _ = inW.Write(req.Stdin)
 		inW.Close()
 	})
-	wg.Go(func() { _, _ = io.Copy(&stdout, outR) })
-	wg.Go(func() { _, _ = io.Copy(&stderr, errR) })
+	wg.Go(func() { _, _ = io.Copy(stdout, outR) })
+	wg.Go(func() { _, _ = io.Copy(stderr, errR) })
 	code, sig, werr := c.Wait(ctx)
 	timedOut := false
 	if werr != nil {
@@ -329,7 +371,26 @@ func (s *System) Exec(ctx context.Context, req vmctl.Request) (vmctl.ExecResult,
 	if werr != nil && !timedOut {
 		return vmctl.ExecResult{}, werr
 	}
-	return vmctl.ExecResult{Exit: code, Signal: sig, TimedOut: timedOut, Stdout: stdout.Bytes(), Stderr: stderr.Bytes()}, nil
+	return vmctl.ExecResult{Exit: code, Signal: sig, TimedOut: timedOut, Stdout: stdout.b.Bytes(), Stderr: stderr.b.Bytes(),
+		Truncated: stdout.cut || stderr.cut}, nil
+}
+
+// capped keeps the first max bytes written to it and drops the rest, so
+// that a command's output never outgrows the answer's line while the
+// command, whose pipe is still read, runs to its end.
+type capped struct {
+	b   bytes.Buffer
+	max int
+	cut bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if room := c.max - c.b.Len(); room < len(p) {
+		c.b.Write(p[:max(room, 0)])
+		c.cut = true
+		return len(p), nil
+	}
+	return c.b.Write(p)
 }
 
 // SetClock implements Guest: CLOCK_REALTIME to wall.

@@ -3,6 +3,7 @@ package guest
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,6 +52,11 @@ func TestSystemExec(t *testing.T) {
 	r, err = s.Exec(ctx, vmctl.Request{Argv: []string{"sh", "-c", "echo started; setsid sleep 30 & exit 0"}})
 	if err != nil || r.Exit != 0 || !bytes.HasPrefix(r.Stdout, []byte("started")) {
 		t.Fatalf("background: %+v %v", r, err)
+	}
+	// Output beyond vmctl.MaxOutput is read to its end and cut.
+	r, err = s.Exec(ctx, vmctl.Request{Argv: []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero; echo done >&2", vmctl.MaxOutput+1<<20)}})
+	if err != nil || r.Exit != 0 || len(r.Stdout) != vmctl.MaxOutput || !r.Truncated || string(r.Stderr) != "done\n" {
+		t.Fatalf("large output: exit %d, %d bytes, truncated %v, stderr %q, %v", r.Exit, len(r.Stdout), r.Truncated, r.Stderr, err)
 	}
 	if _, err := s.Exec(ctx, vmctl.Request{Argv: []string{"/no/such/program"}}); err == nil {
 		t.Fatal("exec of a missing program: no error")
@@ -133,5 +139,34 @@ func TestSystemIdentifySetsTheEnvironment(t *testing.T) {
 	}
 	if os.Getenv("FOO") != "bar" || os.Getenv("HOME") != "/work" || os.Getenv("PATH") != DefaultPath || len(os.Environ()) != 3 {
 		t.Fatalf("environment after identify: %q", os.Environ())
+	}
+}
+
+// TestSystemReportsThePlainInitsExit: the plain init's exit is told to the
+// host (vmctl.EventInit) and shown in Hello, for a host that connects
+// later.
+func TestSystemReportsThePlainInitsExit(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestSystemReportsThePlainInitsExit needs root (the reseed ioctls): run the tests as root, as CI does")
+	}
+	holdReaper(t)
+	s := NewSystem(SystemConfig{Root: t.TempDir()})
+	defer s.Close()
+	notices := make(chan vmctl.Notice, 1)
+	s.SetNotify(func(n vmctl.Notice) { notices <- n })
+	if _, err := s.Identify(context.Background(), vmctl.Request{Op: vmctl.OpIdentify, Sandbox: "s1",
+		Entropy: bytes.Repeat([]byte{7}, vmctl.EntropyBytes), Init: []string{"sh", "-c", "exit 3"}}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-notices:
+		if n.Event != vmctl.EventInit || n.Why != "exit 3" {
+			t.Fatalf("notice %+v, want the init's exit 3", n)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no notice of the init's exit")
+	}
+	if h := s.Hello(); !h.InitExited {
+		t.Fatalf("hello after the init exited: %+v", h)
 	}
 }

@@ -19,6 +19,10 @@ const GuestPath = "/dev/virtio-ports/" + PortName
 // identify travels in one line, base64).
 const MaxLine = 64 << 20
 
+// MaxOutput bounds each of an exec's Stdout and Stderr: both, in base64,
+// fit in one MaxLine.
+const MaxOutput = 16 << 20
+
 // EntropyBytes is how many bytes of entropy an identify or reidentify
 // carries.
 const EntropyBytes = 64
@@ -218,6 +222,8 @@ type Hello struct {
 	Identity Identity `json:"identity"`
 	// InitPID is the pid of Identify.Init, when the sandbox runs one.
 	InitPID int `json:"init_pid,omitempty"`
+	// InitExited says the plain init exited (EventInit).
+	InitExited bool `json:"init_exited,omitempty"`
 	// Uptime is CLOCK_BOOTTIME in seconds: continuous from the snapshot in
 	// a fork.
 	Uptime float64 `json:"uptime"`
@@ -236,9 +242,13 @@ type ExecResult struct {
 	Signal string `json:"signal,omitempty"`
 	// TimedOut says the timeout killed it.
 	TimedOut bool `json:"timed_out,omitempty"`
-	// Stdout and Stderr are its output (base64 on the wire).
+	// Stdout and Stderr are its output (base64 on the wire), each cut
+	// at MaxOutput bytes.
 	Stdout []byte `json:"stdout"`
 	Stderr []byte `json:"stderr"`
+	// Truncated says Stdout or Stderr was cut at MaxOutput (the rest of
+	// the output was read and dropped).
+	Truncated bool `json:"truncated,omitempty"`
 }
 
 // Response is the guest's answer to one Request.
@@ -268,6 +278,10 @@ const (
 	EventLog Event = "log"
 	// EventMember: the sandboxd member stopped (Why says why).
 	EventMember Event = "member"
+	// EventInit: the plain init (Identify.Init) exited; Why is "exit N"
+	// or "signal NAME". Hello.InitExited says so too, for a host that was
+	// not connected then.
+	EventInit Event = "init"
 )
 
 // Notice is an event line.

@@ -43,6 +43,9 @@ type Options struct {
 	// StateFile, when set, runs the member on an ordered consumer keeping
 	// its position there (member.Config.StateFile).
 	StateFile string
+	// NoPull, with StateFile, makes that ordered consumer a push consumer
+	// (member.Config.NoPull), as for a sandbox with a user of its own.
+	NoPull bool
 }
 
 func (o Options) withDefaults(t testing.TB) Options {
@@ -124,7 +127,7 @@ func StartMember(t testing.TB, env *jstest.Env, run string, name events.Member, 
 	}
 	cfg := member.Config{
 		Run: run, Member: name, JS: js, Bus: bus, Participant: s,
-		Logger: *opts.Logger, Grace: opts.Grace, PollEvery: opts.PollEvery, StateFile: opts.StateFile,
+		Logger: *opts.Logger, Grace: opts.Grace, PollEvery: opts.PollEvery, StateFile: opts.StateFile, NoPull: opts.NoPull,
 	}
 	if opts.Host != nil {
 		cfg.Source = opts.Host

@@ -67,6 +67,9 @@ type Suite struct {
 	// (Config.StateFile), as sandbox daemons do; a restarted member of the
 	// same name keeps its file.
 	Ordered bool
+	// NoPull, with Ordered, runs them on the push variant of that consumer
+	// (Config.NoPull), as a sandbox daemon with a user of its own.
+	NoPull bool
 	// NoRecords says the participant neither exports nor installs: its
 	// state is somebody else's to checkpoint (a sandbox daemon: the
 	// owner's snapshot and the agent's bookmark). The suite then checks
@@ -112,6 +115,7 @@ func (s *world) start(name events.Member, opts Options) *Handle {
 			s.dir = s.t.TempDir()
 		}
 		opts.StateFile = filepath.Join(s.dir, name.Name()+".position.json")
+		opts.NoPull = s.h.NoPull
 	}
 	if s.h.Shared && opts.Host == nil {
 		// Every start is a new process: a host of its own, since a host

@@ -104,83 +104,85 @@ func TestNoSnapshot(t *testing.T) {
 // sandbox cannot carry a write out of it.
 func TestRefusesEscapes(t *testing.T) {
 	ctx := context.Background()
-	for _, p := range []Provider{newOverlay(t), newDir(t)} {
-		t.Run(p.Name(), func(t *testing.T) {
-			cases := []struct {
-				spec  Spec
-				field string
-			}{
-				{Spec{ID: "../x"}, "spec.ID"},
-				{Spec{ID: "a/b"}, "spec.ID"},
-				{Spec{ID: ""}, "spec.ID"},
-				{Spec{ID: "a.b"}, "spec.ID"},
-				{Spec{ID: strings.Repeat("x", 65)}, "spec.ID"},
-				{Spec{ID: "ok", Files: map[string][]byte{"../etc/passwd": nil}}, `spec.Files["../etc/passwd"]`},
-				{Spec{ID: "ok", Files: map[string][]byte{"a/../../b": nil}}, `spec.Files["a/../../b"]`},
-				{Spec{ID: "ok", Files: map[string][]byte{"/etc/passwd": nil}}, `spec.Files["/etc/passwd"]`},
-				{Spec{ID: "ok", Files: map[string][]byte{".": nil}}, `spec.Files["."]`},
-				{Spec{ID: "ok", CopyIn: []CopyIn{{HostPath: "/bin/sh", SandboxPath: "../sh"}}}, "spec.CopyIn[0].SandboxPath"},
-				{Spec{ID: "ok", CopyIn: []CopyIn{{HostPath: "bin/sh", SandboxPath: "sh"}}}, "spec.CopyIn[0].HostPath"},
-				{Spec{ID: "ok", Workdir: "/a/../.."}, "spec.Workdir"},
-				{Spec{ID: "ok", Workdir: "rel"}, "spec.Workdir"},
-				{Spec{ID: "ok", Env: []string{"NOEQUALS"}}, "spec.Env[0]"},
+	forEachProvider(t, func(t *testing.T, p Provider) {
+		cases := []struct {
+			spec  Spec
+			field string
+		}{
+			{Spec{ID: "../x"}, "spec.ID"},
+			{Spec{ID: "a/b"}, "spec.ID"},
+			{Spec{ID: ""}, "spec.ID"},
+			{Spec{ID: "a.b"}, "spec.ID"},
+			{Spec{ID: strings.Repeat("x", 65)}, "spec.ID"},
+			{Spec{ID: "ok", Files: map[string][]byte{"../etc/passwd": nil}}, `spec.Files["../etc/passwd"]`},
+			{Spec{ID: "ok", Files: map[string][]byte{"a/../../b": nil}}, `spec.Files["a/../../b"]`},
+			{Spec{ID: "ok", Files: map[string][]byte{"/etc/passwd": nil}}, `spec.Files["/etc/passwd"]`},
+			{Spec{ID: "ok", Files: map[string][]byte{".": nil}}, `spec.Files["."]`},
+			{Spec{ID: "ok", CopyIn: []CopyIn{{HostPath: "/bin/sh", SandboxPath: "../sh"}}}, "spec.CopyIn[0].SandboxPath"},
+			{Spec{ID: "ok", CopyIn: []CopyIn{{HostPath: "bin/sh", SandboxPath: "sh"}}}, "spec.CopyIn[0].HostPath"},
+			{Spec{ID: "ok", Workdir: "/a/../.."}, "spec.Workdir"},
+			{Spec{ID: "ok", Workdir: "rel"}, "spec.Workdir"},
+			{Spec{ID: "ok", Env: []string{"NOEQUALS"}}, "spec.Env[0]"},
+		}
+		for _, c := range cases {
+			_, err := p.Start(ctx, c.spec)
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.field) {
+				t.Errorf("Start(%+v): %v, want ErrInvalid naming %s", c.spec, err, c.field)
 			}
-			for _, c := range cases {
-				_, err := p.Start(ctx, c.spec)
-				if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.field) {
-					t.Errorf("Start(%+v): %v, want ErrInvalid naming %s", c.spec, err, c.field)
-				}
+		}
+		if _, err := p.Fork(ctx, "../s", Spec{ID: "ok"}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "snapshotID") {
+			t.Errorf("Fork(../s): %v", err)
+		}
+		if _, err := p.Snapshot(ctx, "ok", "s/1"); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "snapshotID") {
+			t.Errorf("Snapshot(s/1): %v", err)
+		}
+		for name, err := range map[string]error{
+			"Stop":           p.Stop(ctx, "../../x"),
+			"DeleteSnapshot": p.DeleteSnapshot(ctx, "../snapshots"),
+		} {
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("%s with a path-like id: %v", name, err)
 			}
-			if _, err := p.Fork(ctx, "../s", Spec{ID: "ok"}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "snapshotID") {
-				t.Errorf("Fork(../s): %v", err)
-			}
-			if _, err := p.Snapshot(ctx, "ok", "s/1"); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "snapshotID") {
-				t.Errorf("Snapshot(s/1): %v", err)
-			}
-			for name, err := range map[string]error{
-				"Stop":           p.Stop(ctx, "../../x"),
-				"DeleteSnapshot": p.DeleteSnapshot(ctx, "../snapshots"),
-			} {
-				if !errors.Is(err, ErrInvalid) {
-					t.Errorf("%s with a path-like id: %v", name, err)
-				}
-			}
-			if _, err := p.Exec(ctx, "../x", []string{"true"}, ExecOptions{}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "id") {
-				t.Errorf("Exec(../x): %v", err)
-			}
-			if left := p.Sandboxes(); len(left) > 0 {
-				t.Errorf("refused specs left sandboxes %v", left)
-			}
+		}
+		if _, err := p.Exec(ctx, "../x", []string{"true"}, ExecOptions{}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "id") {
+			t.Errorf("Exec(../x): %v", err)
+		}
+		if left := p.Sandboxes(); len(left) > 0 {
+			t.Errorf("refused specs left sandboxes %v", left)
+		}
 
-			// A link in the sandbox to a host path: a file written through
-			// it stays inside.
-			outside := filepath.Join(t.TempDir(), "target")
-			if err := os.WriteFile(outside, []byte("host\n"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			sb := start(t, p, Spec{ID: "link"})
+		// A link in the sandbox to a host path: a file written through
+		// it stays inside.
+		outside := filepath.Join(t.TempDir(), "target")
+		if err := os.WriteFile(outside, []byte("host\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		sb := start(t, p, Spec{ID: "link"})
+		if sb.Root == "" { // a guest's disk (microvm): the links are made inside
+			run(t, p, "link", "ln -s "+outside+" /escape && ln -s / /hostroot")
+		} else {
 			if err := os.Symlink(outside, filepath.Join(sb.Root, "escape")); err != nil {
 				t.Fatal(err)
 			}
 			if err := os.Symlink("/", filepath.Join(sb.Root, "hostroot")); err != nil {
 				t.Fatal(err)
 			}
-			snapshot(t, p, "link", "link-snap")
-			forked, err := p.Fork(ctx, "link-snap", Spec{ID: "link2", Files: map[string][]byte{
-				"escape": []byte("pwned\n"), "hostroot" + outside + ".2": []byte("pwned\n"),
-			}})
-			if err == nil {
-				stop(t, p, forked)
-			}
-			if got := readFile(t, outside); got != "host\n" {
-				t.Errorf("write through a link reached the host: %q", got)
-			}
-			if exists(outside + ".2") {
-				t.Error("write through a link to / reached the host")
-			}
-			stop(t, p, sb)
-		})
-	}
+		}
+		snapshot(t, p, "link", "link-snap")
+		forked, err := p.Fork(ctx, "link-snap", Spec{ID: "link2", Files: map[string][]byte{
+			"escape": []byte("pwned\n"), "hostroot" + outside + ".2": []byte("pwned\n"),
+		}})
+		if err == nil {
+			stop(t, p, forked)
+		}
+		if got := readFile(t, outside); got != "host\n" {
+			t.Errorf("write through a link reached the host: %q", got)
+		}
+		if exists(outside + ".2") {
+			t.Error("write through a link to / reached the host")
+		}
+		stop(t, p, sb)
+	})
 }
 
 // Exec in a dir sandbox: exit code, stdin, env and dir; when its context

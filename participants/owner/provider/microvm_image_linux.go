@@ -381,6 +381,14 @@ func lockFile(p string) (func(), error) {
 // its init is ready, and saves its device state (the RAM stays in the
 // file, which never changes again).
 func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness string) error {
+	// A process that died while it built this template may have left its
+	// QEMU (paused, so its lease cannot end it): vm.json is the only
+	// record of it.
+	if meta, err := readVMMeta(t.dir); err == nil {
+		if err := killLeftover(meta, m.cfg.StopTimeout); err != nil {
+			return err
+		}
+	}
 	_ = os.RemoveAll(t.dir)
 	if err := os.MkdirAll(t.dir, 0o700); err != nil {
 		return err
@@ -396,15 +404,18 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 	id := "template-" + t.key
 	mc := m.machineFor(id, t.dir, t.meta, nil)
 	mc.RAMFile, mc.RAMShared = filepath.Join(t.dir, "ram"), true
-	vm, err := m.startQEMU(id, t.dir, mc, t.meta)
-	if vm != nil {
-		defer vm.stop(m.cfg.StopTimeout)
-	}
+	vm, err := m.startQEMU(id, t.dir, mc, t.meta, true)
+	defer func() {
+		if vm != nil {
+			_ = vm.stop(context.Background(), m.cfg.StopTimeout)
+		}
+		_ = m.clearVMCgroup(context.Background(), id) // also made when QEMU did not start
+	}()
 	defer func() { _ = m.removeSockets(id) }() // the success path below checks it
 	if err != nil {
 		return err
 	}
-	if vm.ctl, err = microvm.DialControl(ctx, mc.Control, m.onNotice(id)); err != nil {
+	if vm.ctl, err = microvm.DialControl(ctx, mc.Control, m.onNotice(id, vm)); err != nil {
 		return err
 	}
 	hello, err := vm.ctl.Hello(ctx)
@@ -428,7 +439,7 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 			return err
 		}
 	}
-	if err := vm.stop(m.cfg.StopTimeout); err != nil {
+	if err := vm.stop(ctx, m.cfg.StopTimeout); err != nil {
 		return err
 	}
 	if err := m.removeSockets(id); err != nil {
@@ -439,6 +450,33 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 		return err
 	}
 	return os.WriteFile(filepath.Join(t.dir, "complete"), nil, 0o600)
+}
+
+// reapTemplateLeftovers kills the QEMUs that earlier processes left while
+// they built a template (vm.json names one until the template is saved)
+// and the accelerator probe's, unless another process holds the
+// template's lock (it is building it now).
+func (m *MicroVM) reapTemplateLeftovers() error {
+	var errs []error
+	tdir := filepath.Join(m.cache, "templates")
+	ents, _ := os.ReadDir(tdir)
+	for _, e := range ents {
+		d := filepath.Join(tdir, e.Name())
+		meta, err := readVMMeta(d)
+		if !e.IsDir() || err != nil || meta.PID == 0 {
+			continue
+		}
+		f, err := os.OpenFile(d+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			errs = append(errs, killLeftover(meta, m.cfg.StopTimeout), m.clearVMCgroup(context.Background(), "template-"+e.Name()))
+		}
+		f.Close()
+	}
+	return errors.Join(append(errs, microvm.KillProbeLeftover(filepath.Join(m.cache, ".probe")))...)
 }
 
 // treeHash hashes a directory tree: every entry's path, type, mode and
@@ -504,6 +542,45 @@ const (
 	PruneUnused = time.Hour
 )
 
+// registerCacheUser records this provider's state directory in the
+// cache's users/ (one file a state directory, holding its path), so that
+// the pruning of any provider sharing the cache sees what this one's
+// sandboxes and snapshots stand on.
+func (m *MicroVM) registerCacheUser() error {
+	dir := filepath.Join(m.cache, "users")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	state := filepath.Clean(m.cfg.StateDir)
+	return os.WriteFile(filepath.Join(dir, shortHash(state)), []byte(state+"\n"), 0o600)
+}
+
+// cacheUsers returns the state directories registered as users of the
+// cache (this one's always), dropping the registrations of those that are
+// gone.
+func (m *MicroVM) cacheUsers() []string {
+	own := filepath.Clean(m.cfg.StateDir)
+	out := []string{own}
+	dir := filepath.Join(m.cache, "users")
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		state := strings.TrimSpace(string(b))
+		if state == own || state == "" {
+			continue
+		}
+		if _, err := os.Stat(state); errors.Is(err, fs.ErrNotExist) {
+			_ = os.Remove(filepath.Join(dir, e.Name())) // nothing of it can stand on the cache
+			continue
+		}
+		out = append(out, state)
+	}
+	return out
+}
+
 // touchTemplate marks a template used now, for pruneCache.
 func touchTemplate(t *template) {
 	now := time.Now()
@@ -512,17 +589,30 @@ func touchTemplate(t *template) {
 
 // pruneCache removes from the cache the templates beyond the PruneKeep
 // most recently used that were not used for PruneUnused and that no
-// sandbox or snapshot of this state directory stands on, the images no
+// sandbox or snapshot of any state directory registered as the cache's
+// user (registerCacheUser) stands on, the images no
 // kept template or own disk needs, and stale initramfs and root trees. A
 // template another process is building (its lock held) stays.
 func (m *MicroVM) pruneCache() error {
 	held := map[string]bool{}
-	for _, parent := range []string{filepath.Join(m.cfg.StateDir, "sandboxes"), filepath.Join(m.cfg.StateDir, "snapshots")} {
-		dirs, _ := os.ReadDir(parent)
-		for _, d := range dirs {
-			if meta, err := readVMMeta(filepath.Join(parent, d.Name())); err == nil {
-				for _, l := range append(meta.Chain, meta.Base, meta.Harness) {
-					held[l] = true
+	for _, state := range m.cacheUsers() {
+		for _, parent := range []string{filepath.Join(state, "sandboxes"), filepath.Join(state, "snapshots")} {
+			dirs, _ := os.ReadDir(parent)
+			for _, d := range dirs {
+				metas := []vmMeta{}
+				if meta, err := readVMMeta(filepath.Join(parent, d.Name())); err == nil {
+					metas = append(metas, meta)
+				} else if subs, _ := os.ReadDir(filepath.Join(parent, d.Name())); len(subs) > 0 {
+					for _, sub := range subs { // a snapshot being made or deleted
+						if meta, err := readVMMeta(filepath.Join(parent, d.Name(), sub.Name())); err == nil {
+							metas = append(metas, meta)
+						}
+					}
+				}
+				for _, meta := range metas {
+					for _, l := range append(meta.Chain, meta.Base, meta.Harness) {
+						held[l] = true
+					}
 				}
 			}
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
 )
@@ -56,8 +57,9 @@ type MicroVMConfig struct {
 	// PruneCache makes NewMicroVM remove what the cache no longer needs
 	// (pruneCache: templates beyond the PruneKeep most recently used and
 	// unused for PruneUnused, the images only they needed). The default
-	// cache is always pruned; a shared one only when set, and only for a
-	// cache no other state directory's snapshots stand on after an hour.
+	// cache is always pruned; a shared one only when set. What the
+	// sandboxes and snapshots of any state directory that used the cache
+	// (and still exists) stand on is kept.
 	PruneCache bool
 	// Sandboxd is the host path of the static sandboxd, the guests' init.
 	// Required to start sandboxes (a provider without it only stops what
@@ -147,6 +149,11 @@ func (c MicroVMConfig) Validate() error {
 	if c.Lease < 3*time.Second {
 		errs = append(errs, invalid("Lease", "%s: at least 3s", c.Lease))
 	}
+	if c.Upstream != "" {
+		if err := checkHostPort(c.Upstream); err != nil {
+			errs = append(errs, invalid("Upstream", "%q: %v", c.Upstream, err))
+		}
+	}
 	if c.BaseSize < 16<<20 {
 		errs = append(errs, invalid("BaseSize", "%d: at least 16 MiB", c.BaseSize))
 	}
@@ -180,6 +187,9 @@ type MicroVM struct {
 	layers string // <state>/layers
 	cache  string // <state>/cache
 	socks  string // the sockets' directory (short: unix socket paths are limited)
+	// cgroups holds a cgroup for each QEMU of this state directory
+	// (vmCgroup); "" where there is no cgroup v2 to make them in.
+	cgroups cgroup.Dir
 	// sockMu is held shared from making the sockets' directory until a
 	// QEMU has made its sockets in it, and exclusively to remove the
 	// directory once empty.
@@ -233,7 +243,18 @@ func NewMicroVM(cfg MicroVMConfig) (*MicroVM, error) {
 		}
 	}
 	m.socks = socketDir(cfg.StateDir)
+	if mnt, err := cgroup.Mount(); err == nil {
+		m.cgroups = cgroup.Dir(mnt).Child("stillpoint-vms").Child(shortHash(filepath.Clean(cfg.StateDir)))
+	} else {
+		m.log.Warn().Err(err).Msg("microvm: no cgroup v2: a guestfwd relay (in a session of its own) may outlive its QEMU")
+	}
 	if m.snaps, err = newSnapStore(filepath.Join(cfg.StateDir, "snapshots")); err != nil {
+		return nil, err
+	}
+	if err := m.registerCacheUser(); err != nil {
+		return nil, err
+	}
+	if err := m.reapTemplateLeftovers(); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout)
@@ -346,7 +367,7 @@ func (m *MicroVM) start(ctx context.Context, spec Spec, snapshotID string) (*San
 		box.env = id.Env
 		box.sb = Sandbox{ID: spec.ID, Workdir: id.Workdir, ProcRoot: "/", InitPID: vm.pid}
 		return nil
-	}, m.teardown)
+	}, m.teardownAfterStart)
 }
 
 // identity turns a spec into the guest's identify request. A spec whose
@@ -416,22 +437,40 @@ func (m *MicroVM) identity(spec Spec) (vmctl.Request, error) {
 // one host directory of Spec.Binds (owner.BinDir).
 const BinDirInGuest = "/opt/stillpoint/bin"
 
-// Stop powers the sandbox's VM off (QMP quit, then SIGKILL), reaps QEMU,
-// removes its disk layers no snapshot holds, its sockets and directory,
-// and checks that none of it is left. It also stops a VM an earlier
-// process left in the state directory.
+// Stop kills the sandbox's VM (SIGKILL: the guest's disk is a qcow2 layer
+// only this sandbox writes, so nothing of it needs a clean shutdown),
+// reaps QEMU, removes its disk layers no snapshot holds, its sockets and
+// directory, and checks that none of it is left. It also stops a VM an
+// earlier process left in the state directory. Nothing is removed before
+// QEMU is confirmed gone, so a Stop that fails (ErrLeftover: QEMU did not
+// exit within StopTimeout or before ctx ended) may be called again.
 func (m *MicroVM) Stop(ctx context.Context, id string) error {
-	return m.boxes.stop(id, newVMBox, m.teardown)
+	return m.boxes.stop(id, newVMBox, func(id string, box *vmBox) error { return m.teardown(ctx, id, box) })
 }
 
-func (m *MicroVM) teardown(id string, box *vmBox) error {
+// teardownAfterStart is the teardown of a start that failed.
+func (m *MicroVM) teardownAfterStart(id string, box *vmBox) error {
+	return m.teardown(context.Background(), id, box)
+}
+
+// teardown stops the sandbox's QEMU and, once it is gone, removes the
+// rest: while a QEMU may still run, its vm.json is the only record of it,
+// so it stays.
+func (m *MicroVM) teardown(ctx context.Context, id string, box *vmBox) error {
 	dir := m.boxes.dir(id)
-	var errs []error
 	if box.vm != nil {
-		errs = append(errs, box.vm.stop(m.cfg.StopTimeout))
+		if err := box.vm.stop(ctx, m.cfg.StopTimeout); err != nil {
+			return err
+		}
 	} else if meta, err := readVMMeta(dir); err == nil {
-		errs = append(errs, killLeftover(meta, m.cfg.StopTimeout))
+		if err := killLeftover(meta, m.cfg.StopTimeout); err != nil {
+			return err
+		}
 	}
+	if err := m.clearVMCgroup(ctx, id); err != nil {
+		return err
+	}
+	var errs []error
 	errs = append(errs, m.removeSockets(id))
 	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, err)
@@ -477,7 +516,9 @@ func (m *MicroVM) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 }
 
 // Exec runs argv in the guest through the control channel and waits for
-// it; when ctx has a deadline, the guest kills the command at it.
+// it; when ctx has a deadline, the guest kills the command at it. Output
+// beyond vmctl.MaxOutput bytes a stream is cut: the result comes with an
+// error wrapping microvm.ErrOutputTruncated.
 func (m *MicroVM) Exec(ctx context.Context, id string, argv []string, opts ExecOptions) (ExecResult, error) {
 	if err := errors.Join(ValidateID("id", id), validateExec(argv, opts)); err != nil {
 		return ExecResult{}, err
@@ -492,6 +533,9 @@ func (m *MicroVM) Exec(ctx context.Context, id string, argv []string, opts ExecO
 	vm := box.vm
 	if vm == nil {
 		return ExecResult{}, fmt.Errorf("%w: sandbox %q was left by an earlier process", ErrNotFound, id)
+	}
+	if vm.initExited.Load() {
+		return ExecResult{}, fmt.Errorf("%w: sandbox %q: its init exited in the guest", ErrExited, id)
 	}
 	req := vmctl.Request{Op: vmctl.OpExec, Argv: argv, Dir: opts.Dir, Env: append(slices.Clone(env), opts.Env...)}
 	if opts.Stdin != nil {
@@ -515,6 +559,9 @@ func (m *MicroVM) Exec(ctx context.Context, id string, argv []string, opts ExecO
 	res := ExecResult{Stdout: resp.Stdout, Stderr: resp.Stderr, ExitCode: resp.Exit}
 	if resp.Signal != "" || resp.Exit < 0 {
 		res.ExitCode = 128 + int(signalNum(resp.Signal))
+	}
+	if resp.Truncated {
+		return res, fmt.Errorf("%w: %s: more than %d bytes of stdout or stderr", microvm.ErrOutputTruncated, id, vmctl.MaxOutput)
 	}
 	return res, nil
 }

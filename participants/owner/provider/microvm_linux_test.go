@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,8 +22,10 @@ import (
 
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
+	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
 )
 
 // microvmOwnerEnv makes the test binary a stand-in owner (TestMain): it
@@ -89,9 +92,20 @@ func checkMicroVMEmpty(t testing.TB, m *MicroVM) {
 	if pids := qemusUnder(m.cfg.StateDir); len(pids) > 0 {
 		t.Errorf("QEMU processes of %s still running: %v", m.cfg.StateDir, pids)
 	}
+	// QEMU's relays run in sessions of their own, with command lines that
+	// name neither QEMU nor the state directory: the VMs' cgroups hold
+	// them.
+	if m.cgroups == "" {
+		t.Error("the provider runs without the VMs' cgroups")
+	} else if exists(string(m.cgroups)) {
+		pids, _ := m.cgroups.AllProcs()
+		t.Errorf("the VMs' cgroup %s is still there, holding %v", m.cgroups, pids)
+	}
 }
 
-// qemusUnder lists the live processes whose command line names dir.
+// qemusUnder lists the live QEMUs whose command line names dir (their
+// relays name neither: checkMicroVMEmpty looks at the VMs' cgroups for
+// those).
 func qemusUnder(dir string) []int {
 	ents, _ := os.ReadDir("/proc")
 	var out []int
@@ -131,6 +145,33 @@ func counter(t testing.TB, p Provider, id string) (last, pid int) {
 	return last, pid
 }
 
+// consoleCounter reads the "counter N PID" lines of a console file: the
+// first N and how many follow it one by one, all of pid (a gap, a repeat
+// or another pid fails the test).
+func consoleCounter(t testing.TB, path string, pid int) (first, n int) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev := 0
+	for line := range strings.SplitSeq(string(b), "\n") {
+		var i, pp int
+		if _, err := fmt.Sscanf(strings.TrimSpace(line), "counter %d %d", &i, &pp); err != nil {
+			continue // the kernel's and sandboxd's lines
+		}
+		if pp != pid || (prev != 0 && i != prev+1) {
+			t.Fatalf("%s: console line %q after counter %d: a gap, a repeat or another process than %d", path, line, prev, pid)
+		}
+		if first == 0 {
+			first = i
+		}
+		prev = i
+		n++
+	}
+	return first, n
+}
+
 func waitCounter(t testing.TB, p Provider, id string, atLeast int) int {
 	t.Helper()
 	var last int
@@ -154,6 +195,11 @@ func TestMicroVMStartExecStop(t *testing.T) {
 	res, err := m.Exec(context.Background(), "vm1", []string{"sh", "-c", "echo out; echo err >&2; exit 3"}, ExecOptions{Env: []string{"X=1"}})
 	if err != nil || res.ExitCode != 3 || string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" {
 		t.Fatalf("exec: %+v %v", res, err)
+	}
+	// Output beyond what an answer's line holds is cut, and said so.
+	res, err = m.Exec(context.Background(), "vm1", []string{"sh", "-c", fmt.Sprintf("head -c %d /dev/zero", vmctl.MaxOutput+1)}, ExecOptions{})
+	if !errors.Is(err, microvm.ErrOutputTruncated) || len(res.Stdout) != vmctl.MaxOutput {
+		t.Fatalf("exec with %d bytes of output: %d bytes, %v; want %d and ErrOutputTruncated", vmctl.MaxOutput+1, len(res.Stdout), err, vmctl.MaxOutput)
 	}
 	waitCounter(t, m, "vm1", 3)
 	run(t, m, "vm1", "date -s @1000000000 >/dev/null") // the guest's clock, far from the host's
@@ -271,6 +317,16 @@ func TestMicroVMForksKeepProcessesAcrossAnOwnerCrash(t *testing.T) {
 		}
 		waitCounter(t, m, id, last+3) // it runs on, the same process, no gap
 		random[id] = run(t, m, id, "head -c 16 /dev/urandom | od -An -tx1")
+		// The console too: the fork's console file holds what the counter
+		// wrote since the restore, from the snapshot's instant on.
+		var first, n int
+		poll.Wait(t, time.Minute, id+"'s console counter", func() bool {
+			first, n = consoleCounter(t, filepath.Join(m.boxes.dir(id), "console.log"), initPID)
+			return n >= 3
+		})
+		if first <= before || first > after+1 {
+			t.Errorf("%s: the console counter starts at %d after the fork; the snapshot was taken between %d and %d", id, first, before, after)
+		}
 	}
 	if random["fork-a"] == random["fork-b"] {
 		t.Errorf("both forks read the same random bytes %q: the guest was not reseeded", random["fork-a"])
@@ -322,4 +378,373 @@ func microvmOwnerMain(state string) int {
 	fmt.Fprintf(os.Stderr, "snapshot: paused %s, %d bytes\n", s.Took, s.Size)
 	fmt.Printf("snapshotted %d %d %d\n", before, after, pid)
 	select {} // until killed
+}
+
+// TestMicroVMStopIsRetriedAndKeepsTheRecord: a Stop whose QEMU is not
+// reaped in time fails and removes nothing (vm.json is the only record of
+// the process); the next Stop checks again and, once QEMU is gone, removes
+// the rest. A process the test holds stands in for a QEMU whose reaping is
+// late.
+func TestMicroVMStopIsRetriedAndKeepsTheRecord(t *testing.T) {
+	state := t.TempDir()
+	m := &MicroVM{cfg: MicroVMConfig{StateDir: state, StopTimeout: 50 * time.Millisecond},
+		boxes: newRegistry[*vmBox](state), layers: filepath.Join(state, "layers"), socks: filepath.Join(state, "s")}
+	for _, d := range []string{m.layers, filepath.Join(state, "sandboxes")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command("sleep", "60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	vm := &machine{id: "late", pid: cmd.Process.Pid, exited: make(chan struct{}), reaped: make(chan struct{})}
+	box, err := m.boxes.reserve("late", func() *vmBox { return &vmBox{vm: vm} }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	box.mu.Unlock()
+	dir := m.boxes.dir("late")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeVMMeta(dir, vmMeta{PID: vm.pid}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Stop(context.Background(), "late"); !errors.Is(err, ErrLeftover) {
+		t.Fatalf("Stop of a QEMU not reaped yet: %v, want ErrLeftover", err)
+	}
+	if _, err := readVMMeta(dir); err != nil {
+		t.Fatalf("a failed Stop removed the record of the process: %v", err)
+	}
+	<-exited // stop's SIGKILL took it; now the machine is reaped
+	close(vm.exited)
+	close(vm.reaped)
+	if err := m.Stop(context.Background(), "late"); err != nil {
+		t.Fatalf("Stop once QEMU is reaped: %v (a stale error of the first call?)", err)
+	}
+	if exists(dir) {
+		t.Errorf("%s still there after a Stop that succeeded", dir)
+	}
+}
+
+// TestMicroVMSnapshotCancelledMidMigrationRunsOn: a Snapshot whose ctx
+// ends while the VM's state is being written fails, but leaves no
+// migration running and the VM running (a paused guest's lease cannot
+// fire); the next Snapshot succeeds and so does a fork of it.
+func TestMicroVMSnapshotCancelledMidMigrationRunsOn(t *testing.T) {
+	tier.Long(t)
+	state := t.TempDir()
+	m := newMicroVM(t, state)
+	defer cleanupMicroVM(t, m)
+	start(t, m, Spec{ID: "vm1", Init: counterInit, Workdir: "/work"})
+	waitCounter(t, m, "vm1", 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watching := make(chan struct{})
+	go func() { // cancels ctx once QEMU writes the state file: mid-migration
+		defer close(watching)
+		wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+		defer wcancel()
+		_ = poll.Until(wctx, poll.Every(time.Millisecond), func() (bool, error) {
+			files, _ := filepath.Glob(filepath.Join(state, "snapshots", "*", "state"))
+			for _, f := range files {
+				if fi, err := os.Stat(f); err == nil && fi.Size() > 0 {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		cancel()
+	}()
+	_, err := m.Snapshot(ctx, "vm1", "s1")
+	<-watching
+	t.Logf("the snapshot cancelled mid-migration: %v", err)
+	if err == nil {
+		t.Log("the migration completed before the cancel: the rest checks the resume alone")
+		if err := m.DeleteSnapshot(context.Background(), "s1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	box, err := m.boxes.get("vm1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := box.vm.qmp.Status(context.Background()); err != nil || st != "running" {
+		t.Fatalf("after the cancelled snapshot the VM is %q (%v), want running", st, err)
+	}
+	last, _ := counter(t, m, "vm1")
+	waitCounter(t, m, "vm1", last+3)
+	snapshot(t, m, "vm1", "s2") // refused while a migration is left running
+	if _, err := m.Fork(context.Background(), "s2", Spec{ID: "vm2", Init: counterInit, Workdir: "/work", Epoch: 2}); err != nil {
+		t.Fatal(err)
+	}
+	last, _ = counter(t, m, "vm2")
+	waitCounter(t, m, "vm2", last+2)
+}
+
+// TestMicroVMReapsWhatATemplateBuildLeft: the QEMU of a template whose
+// builder died (vm.json names it, nobody holds the template's lock) is
+// killed when a provider starts; one being built by a live process (its
+// lock held) is left alone. Sleeps stand in for the QEMUs.
+func TestMicroVMReapsWhatATemplateBuildLeft(t *testing.T) {
+	cache := t.TempDir()
+	m := &MicroVM{cfg: MicroVMConfig{StopTimeout: 10 * time.Second}, cache: cache}
+	leftover := func(key string) (*exec.Cmd, chan struct{}) {
+		cmd := exec.Command("sleep", "60")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(waited) }()
+		t.Cleanup(func() { _ = cmd.Process.Kill(); <-waited })
+		st, _, err := procfs.ReadStat(cmd.Process.Pid, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(cache, "templates", key)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeVMMeta(dir, vmMeta{PID: cmd.Process.Pid, Start: st.Start}); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, waited
+	}
+	_, dead := leftover("dead")
+	_, building := leftover("building")
+	unlock, err := lockFile(filepath.Join(cache, "templates", "building.lock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	if err := m.reapTemplateLeftovers(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-dead:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the QEMU of a dead builder's template still runs")
+	}
+	select {
+	case <-building:
+		t.Fatal("the QEMU of a template a live process is building was killed")
+	default:
+	}
+}
+
+// TestMicroVMNetdevAddresses: the NATS and upstream addresses go into
+// QEMU's -netdev option, where a comma would add options (restrict=off):
+// only host:port with an IP address or DNS name passes.
+func TestMicroVMNetdevAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		url  string
+		host string // "" when refused
+	}{
+		{"nats://127.0.0.1:4222", "127.0.0.1:4222"},
+		{"nats://localhost:4300", "127.0.0.1:4300"},
+		{"nats://nats.example:4222", "nats.example:4222"},
+		{"nats://[::1]:4222", "[::1]:4222"},
+		{"nats://h,restrict=off:4222", ""},
+		{"nats://h:4222,restrict=off", ""},
+	} {
+		_, host, _, err := natsForward(1, tc.url)
+		if tc.host == "" {
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("%s: host %q, %v; want ErrInvalid", tc.url, host, err)
+			}
+			continue
+		}
+		if err != nil || host != tc.host {
+			t.Errorf("%s: host %q, %v; want %q", tc.url, host, err, tc.host)
+		}
+	}
+	for _, up := range []string{"10.0.0.1:80,restrict=off", "a b:80", "h:x"} {
+		cfg := MicroVMConfig{StateDir: "/s", Upstream: up}
+		cfg.setDefaults()
+		if err := cfg.Validate(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "Upstream") {
+			t.Errorf("Upstream %q: %v, want ErrInvalid naming Upstream", up, err)
+		}
+	}
+}
+
+// TestMicroVMPruneKeepsWhatAnotherStateDirStandsOn: a provider pruning a
+// shared cache keeps the template another owner's snapshot stands on (its
+// disk chain ends in the template's disk), however old and unused.
+func TestMicroVMPruneKeepsWhatAnotherStateDirStandsOn(t *testing.T) {
+	cache, stateA, stateB := t.TempDir(), t.TempDir(), t.TempDir()
+	old := time.Now().Add(-2 * PruneUnused)
+	var tmpls []string
+	for i := range PruneKeep + 2 {
+		d := filepath.Join(cache, "templates", fmt.Sprintf("t%d", i))
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeVMMeta(d, vmMeta{Chain: []string{filepath.Join(d, "disk.qcow2")}}); err != nil {
+			t.Fatal(err)
+		}
+		c := filepath.Join(d, "complete")
+		if err := os.WriteFile(c, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		used := old.Add(time.Duration(i) * time.Minute) // t0 is the least recently used
+		if err := os.Chtimes(c, used, used); err != nil {
+			t.Fatal(err)
+		}
+		tmpls = append(tmpls, d)
+	}
+	b := &MicroVM{cfg: MicroVMConfig{StateDir: stateB}, cache: cache}
+	if err := b.registerCacheUser(); err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(stateB, "snapshots", "s1")
+	if err := os.MkdirAll(snap, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeVMMeta(snap, vmMeta{Chain: []string{filepath.Join(stateB, "layers", "x.qcow2"), filepath.Join(tmpls[0], "disk.qcow2")}}); err != nil {
+		t.Fatal(err)
+	}
+	a := &MicroVM{cfg: MicroVMConfig{StateDir: stateA}, cache: cache}
+	if err := a.registerCacheUser(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.pruneCache(); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(tmpls[0]) {
+		t.Error("the template another state directory's snapshot stands on was pruned")
+	}
+	if exists(tmpls[1]) {
+		t.Error("an old template nobody stands on beyond the newest PruneKeep was kept")
+	}
+}
+
+// TestMicroVMStopKillsTheRelays: the relays of a VM's guestfwd rules
+// (busybox nc, which libslirp starts in sessions of their own, out of
+// reach of a kill of QEMU's group) die with the VM. The upstream is a
+// listener whose accept queue is full, so the relay of a guest connection
+// hangs in connect (one with a connection ends when QEMU's end closes).
+func TestMicroVMStopKillsTheRelays(t *testing.T) {
+	tier.Long(t)
+	requireMicroVM(t)
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil { // room for one connection, never accepted
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstream := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	filler, err := net.DialTimeout("tcp", upstream, 10*time.Second) // fills the queue
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Close()
+	sd := build.StaticForTest(t, build.Sandboxd)[build.Sandboxd]
+	m, err := NewMicroVM(MicroVMConfig{StateDir: t.TempDir(), CacheDir: microvmCache(), PruneCache: true, Sandboxd: sd,
+		Accel: "tcg", Lease: 20 * time.Second, Upstream: upstream})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanupMicroVM(t, m)
+	start(t, m, Spec{ID: "vm1"})
+	run(t, m, "vm1", "setsid sh -c 'sleep 600 | nc "+strings.Replace(microvm.GuestUpstream, ":", " ", 1)+"' </dev/null >/dev/null 2>&1 &")
+	relays := func() []int { // busybox nc 127.0.0.1 <port>, hanging in connect
+		var out []int
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || !alive(pid) {
+				continue
+			}
+			b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if args := strings.Split(string(b), "\x00"); len(args) >= 4 && strings.HasSuffix(args[0], "busybox") && args[1] == "nc" &&
+				args[2] == "127.0.0.1" && "127.0.0.1:"+args[3] == upstream {
+				out = append(out, pid)
+			}
+		}
+		return out
+	}
+	poll.Wait(t, time.Minute, "the relay of the guest's connection", func() bool { return len(relays()) > 0 })
+	pids := relays()
+	if in, err := m.vmCgroup("vm1").AllProcs(); err != nil || !slices.Contains(in, pids[0]) {
+		t.Errorf("the VM's cgroup holds %v (%v), not the relay %d", in, err, pids[0])
+	}
+	if err := m.Stop(context.Background(), "vm1"); err != nil {
+		t.Fatal(err)
+	}
+	if left := relays(); len(left) > 0 {
+		t.Fatalf("the relays %v outlived their VM's Stop", left)
+	}
+}
+
+// TestMicroVMInitExited: the plain init of a guest exits (as in
+// TestOverlayInitExited), the guest tells the host, and Exec refuses with
+// ErrExited. Sandbox.InitPID is QEMU's pid, which lives on: the guest's
+// init is not a host process (PROVIDERS.md).
+func TestMicroVMInitExited(t *testing.T) {
+	tier.Long(t)
+	m := newMicroVM(t, t.TempDir())
+	defer cleanupMicroVM(t, m)
+	sb := start(t, m, Spec{ID: "short", Init: []string{"sh", "-c", "read x"}}) // stdin is /dev/null: exits at once
+	poll.Wait(t, time.Minute, "Exec to refuse", func() bool {
+		_, err := m.Exec(context.Background(), "short", []string{"true"}, ExecOptions{})
+		return errors.Is(err, ErrExited)
+	})
+	if !alive(sb.InitPID) {
+		t.Errorf("QEMU %d exited with the guest's init", sb.InitPID)
+	}
+	stop(t, m, sb)
+}
+
+// TestMicroVMConcurrent: TestOverlayConcurrent on microvm (start, exec,
+// snapshot, fork and stop of several sandboxes at once).
+func TestMicroVMConcurrent(t *testing.T) {
+	tier.Long(t)
+	m := newMicroVM(t, t.TempDir())
+	defer cleanupMicroVM(t, m)
+	testConcurrent(t, m)
+}
+
+// TestMicroVMStopsLeftovers: TestOverlayStopsLeftovers on microvm. A
+// second provider on the same state directory lists the first one's
+// sandbox, refuses to start over it, and stops it (its QEMU, found by
+// vm.json, and its cgroup); the first provider's Stop then still confirms.
+func TestMicroVMStopsLeftovers(t *testing.T) {
+	tier.Long(t)
+	m := newMicroVM(t, t.TempDir())
+	defer cleanupMicroVM(t, m)
+	sb := start(t, m, Spec{ID: "orphan"})
+	again, err := NewMicroVM(m.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := again.Sandboxes(); !slices.Equal(got, []string{"orphan"}) {
+		t.Fatalf("second provider lists %v", got)
+	}
+	if _, err := again.Start(context.Background(), Spec{ID: "orphan"}); !errors.Is(err, ErrExists) {
+		t.Errorf("start over a leftover: %v", err)
+	}
+	if err := again.Stop(context.Background(), "orphan"); err != nil {
+		t.Fatal(err)
+	}
+	if alive(sb.InitPID) {
+		t.Errorf("QEMU %d still alive after the second provider's Stop", sb.InitPID)
+	}
+	if exists(m.boxes.dir("orphan")) || exists(string(m.vmCgroup("orphan"))) {
+		t.Error("the leftover's directory or cgroup is still there")
+	}
+	stop(t, m, sb)
 }

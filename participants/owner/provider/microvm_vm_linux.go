@@ -16,11 +16,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
@@ -74,19 +80,27 @@ type machine struct {
 	ctl    *microvm.Control
 	exited chan struct{} // closed once QEMU exited (not yet reaped)
 	reaped chan struct{}
-	node   string // the block node of the disk's top layer
+	// cg is the QEMU's cgroup ("" without one): it holds QEMU and the
+	// relays of its guestfwd rules, which libslirp starts in sessions of
+	// their own, out of reach of a kill of QEMU's process group.
+	cg   cgroup.Dir
+	node string // the block node of the disk's top layer
 	// ctlSock is the control channel's socket.
 	ctlSock string
 	// hello is the guest's answer to its identify or reidentify.
 	hello vmctl.Hello
+	// initExited says the guest's plain init exited (vmctl.EventInit, or
+	// Hello.InitExited): Exec refuses with ErrExited, as for the other
+	// providers' sandboxes whose init exited.
+	initExited atomic.Bool
 
 	mu   sync.Mutex // guards meta
 	meta vmMeta
 
+	stopMu    sync.Mutex // serialises stop; guards stopLease and closed
 	stopLease context.CancelFunc
 	leaseDone chan struct{}
-	stopOnce  sync.Once
-	stopErr   error
+	closed    bool // the channels are closed
 }
 
 func (vm *machine) gone() bool {
@@ -131,10 +145,33 @@ func natsForward(gen int, natsURL string) (guest, host, guestURL string, err err
 	if h := u.Hostname(); h == "localhost" {
 		host = net.JoinHostPort("127.0.0.1", u.Port())
 	}
+	if err := checkHostPort(host); err != nil {
+		return "", "", "", invalid("spec.Init --nats-url", "%q: %v", natsURL, err)
+	}
 	guest = fmt.Sprintf("10.0.2.%d:4222", 100+gen%100)
 	gu := *u
 	gu.Host = guest
 	return guest, host, gu.String(), nil
+}
+
+// checkHostPort accepts host:port where host is an IP address or a DNS
+// name and port a number: it goes into QEMU's -netdev option, where a
+// comma would start another option (restrict=off among them).
+func checkHostPort(hp string) error {
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return err
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	if net.ParseIP(host) != nil {
+		return nil
+	}
+	if host == "" || strings.Trim(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-") != "" {
+		return fmt.Errorf("host %q is neither an IP address nor a DNS name", host)
+	}
+	return nil
 }
 
 // launch starts spec's VM: a fork of the template of its images, or of
@@ -206,7 +243,7 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 	mc := m.machineFor(spec.ID, dir, meta, fwd)
 	mc.RAMFile, mc.Incoming = ram, true
 	t0 := time.Now()
-	vm, err := m.startQEMU(spec.ID, dir, mc, meta)
+	vm, err := m.startQEMU(spec.ID, dir, mc, meta, false)
 	if err != nil {
 		return vm, err
 	}
@@ -233,6 +270,9 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 		return vm, fmt.Errorf("hello: %w", err)
 	}
 	tHello := time.Now()
+	if hello.InitExited {
+		vm.initExited.Store(true) // a fork of a snapshot taken after the init exited
+	}
 	resp, err := vm.call(ctx, req)
 	if err != nil {
 		return vm, fmt.Errorf("%s %s: %w (console: %s)", req.Op, spec.ID, err, tailFile(filepath.Join(dir, "console.log"), 2048))
@@ -264,8 +304,10 @@ func (m *MicroVM) machineFor(id, dir string, meta vmMeta, fwd map[string]string)
 
 // startQEMU starts QEMU in a session of its own (an owner that dies does
 // not take it along: the lease does), records it in dir's vm.json and
-// connects to its QMP socket.
-func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta) (*machine, error) {
+// connects to its QMP socket. With dieWithOwner (a template's QEMU, which
+// is paused while it is saved, when its lease cannot run) it gets SIGKILL
+// when this process dies.
+func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta, dieWithOwner bool) (*machine, error) {
 	// The sockets' directory stays until QEMU has made its sockets in it.
 	m.sockMu.RLock()
 	defer m.sockMu.RUnlock()
@@ -280,14 +322,33 @@ func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta) (*m
 		return nil, err
 	}
 	defer logf.Close()
+	cg, err := m.makeVMCgroup(id)
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(m.assets.QEMU, mc.Args()...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if cg != "" {
+		fd, err := cg.OpenFD()
+		if err != nil {
+			return nil, err
+		}
+		defer unix.Close(fd)
+		cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, fd
+	}
+	if dieWithOwner {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+		// Pdeathsig follows the thread that forks: locked, it is not one
+		// the runtime ends meanwhile.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
-	vm := &machine{id: id, dir: dir, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{}), reaped: make(chan struct{}), node: "root", meta: meta, ctlSock: mc.Control}
+	vm := &machine{id: id, dir: dir, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{}), reaped: make(chan struct{}), node: "root", meta: meta, ctlSock: mc.Control, cg: cg}
 	go vm.reap() // ended by QEMU's exit, which stop brings about
 	meta.PID = vm.pid
 	if st, _, err := procfs.ReadStat(vm.pid, nil); err == nil {
@@ -314,13 +375,14 @@ func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta) (*m
 	return vm, nil
 }
 
-// reap waits for QEMU's exit, kills what is left of its session (the nc
-// relays of its guestfwd rules) while the zombie still holds the group's
-// id, and reaps it.
+// reap waits for QEMU's exit, kills what is left in its cgroup (the nc
+// relays of its guestfwd rules), and reaps it.
 func (vm *machine) reap() {
 	waitExit(vm.pid)
 	close(vm.exited)
-	_ = syscall.Kill(-vm.pid, syscall.SIGKILL)
+	if vm.cg != "" {
+		_ = vm.cg.Kill()
+	}
 	_ = vm.cmd.Wait()
 	close(vm.reaped)
 }
@@ -347,15 +409,18 @@ func (m *MicroVM) restore(ctx context.Context, vm *machine, state string) error 
 	if err := vm.qmp.Do(ctx, "cont", nil, nil); err != nil {
 		return err
 	}
-	vm.ctl, err = microvm.DialControl(ctx, vm.ctlSock, m.onNotice(vm.id))
+	vm.ctl, err = microvm.DialControl(ctx, vm.ctlSock, m.onNotice(vm.id, vm))
 	return err
 }
 
-func (m *MicroVM) onNotice(id string) func(vmctl.Notice) {
+func (m *MicroVM) onNotice(id string, vm *machine) func(vmctl.Notice) {
 	return func(n vmctl.Notice) {
 		ev := m.log.Debug()
-		if n.Event == vmctl.EventPowerOff {
+		switch n.Event {
+		case vmctl.EventPowerOff:
 			ev = m.log.Warn()
+		case vmctl.EventInit:
+			vm.initExited.Store(true)
 		}
 		ev.Str("sandbox", id).Str("event", string(n.Event)).Str("why", n.Why).Str("msg", n.Msg).Msg("microvm: guest notice")
 	}
@@ -388,30 +453,46 @@ func (m *MicroVM) startLease(vm *machine) {
 	}()
 }
 
-// stop kills QEMU's session and reaps it; it closes the channels and
-// waits for every goroutine of the machine. Idempotent.
-func (vm *machine) stop(timeout time.Duration) error {
-	vm.stopOnce.Do(func() {
-		if vm.stopLease != nil {
-			vm.stopLease()
-			<-vm.leaseDone
+// stop kills QEMU's session and waits until it is reaped, at most
+// timeout and until ctx ends; once it is, it closes the channels and
+// waits for every goroutine of the machine. A stop that gave up is tried
+// again by the next call, which checks afresh; a stop after a successful
+// one returns nil.
+func (vm *machine) stop(ctx context.Context, timeout time.Duration) error {
+	vm.stopMu.Lock()
+	defer vm.stopMu.Unlock()
+	if vm.stopLease != nil {
+		vm.stopLease()
+		<-vm.leaseDone
+		vm.stopLease = nil
+	}
+	select {
+	case <-vm.reaped:
+	default:
+		_ = syscall.Kill(-vm.pid, syscall.SIGKILL) // QEMU; its session is its own
+		if vm.cg != "" {
+			_ = vm.cg.Kill() // and its relays, in sessions of their own
 		}
-		_ = syscall.Kill(-vm.pid, syscall.SIGKILL) // QEMU and its relays; its session is its own
 		t := time.NewTimer(timeout)
 		defer t.Stop()
 		select {
 		case <-vm.reaped:
 		case <-t.C:
-			vm.stopErr = fmt.Errorf("%w: qemu %d of %s did not exit", ErrLeftover, vm.pid, vm.id)
+			return fmt.Errorf("%w: qemu %d of %s did not exit within %s", ErrLeftover, vm.pid, vm.id, timeout)
+		case <-ctx.Done():
+			return fmt.Errorf("%w: qemu %d of %s not reaped yet: %w", ErrLeftover, vm.pid, vm.id, ctx.Err())
 		}
+	}
+	if !vm.closed {
+		vm.closed = true
 		if vm.ctl != nil {
 			_ = vm.ctl.Close()
 		}
 		if vm.qmp != nil {
 			_ = vm.qmp.Close()
 		}
-	})
-	return vm.stopErr
+	}
+	return nil
 }
 
 // killLeftover kills the QEMU an earlier process left running (if the pid
@@ -438,6 +519,13 @@ func killLeftover(meta vmMeta, timeout time.Duration) error {
 }
 
 // snapshotInto takes the snapshot into dst: vm.json and the state file.
+//
+// From QMP stop on, the VM is paused and its guest's lease cannot fire, so
+// everything up to the VM running again is done under a context of its
+// own (bounded by StartTimeout, not ended by ctx): the end of ctx ends
+// only the wait for the migration, which is then cancelled in QEMU (a
+// migration left running would pause the VM again when it completes, and
+// refuse the next snapshot), and the VM is resumed in every case (resume).
 func (m *MicroVM) snapshotInto(ctx context.Context, vm *machine, dst string) (copyStats, time.Duration, error) {
 	var st copyStats
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -456,27 +544,34 @@ func (m *MicroVM) snapshotInto(ctx context.Context, vm *machine, dst string) (co
 	if err := q.SetFastMigration(ctx); err != nil {
 		return st, 0, err
 	}
-	t0 := time.Now()
-	if err := q.Do(ctx, "stop", nil, nil); err != nil {
+	if err := ctx.Err(); err != nil {
 		return st, 0, err
 	}
-	node := "n" + name[:8]
-	err := q.Do(ctx, "blockdev-snapshot-sync", map[string]any{"node-name": vm.node, "snapshot-file": top,
-		"snapshot-node-name": node, "format": "qcow2"}, nil)
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
+	defer pcancel()
+	t0 := time.Now()
+	err := q.Do(pctx, "stop", nil, nil)
 	frozen := meta.Chain
 	if err == nil {
-		vm.node = node
-		meta.Chain = append([]string{top}, meta.Chain...)
-		err = q.Do(ctx, "migrate", map[string]any{"uri": microvm.SaveURI(filepath.Join(dst, "state"))}, nil)
+		node := "n" + name[:8]
+		err = q.Do(pctx, "blockdev-snapshot-sync", map[string]any{"node-name": vm.node, "snapshot-file": top,
+			"snapshot-node-name": node, "format": "qcow2"}, nil)
 		if err == nil {
-			_, err = q.WaitMigration(ctx)
+			vm.node = node
+			meta.Chain = append([]string{top}, meta.Chain...)
+			err = m.migrateOut(ctx, pctx, q, filepath.Join(dst, "state"))
 		}
 	}
-	cerr := q.Do(context.WithoutCancel(ctx), "cont", nil, nil)
+	// Whether stop, the disk's snapshot or the migration failed, the VM
+	// may be paused: it runs again before this returns.
+	rerr := resume(pctx, vm)
 	took := time.Since(t0)
 	meta.Pending = ""
 	vm.meta = meta
-	err = errors.Join(err, cerr, writeVMMeta(vm.dir, meta))
+	err = errors.Join(err, rerr, writeVMMeta(vm.dir, meta))
+	if rerr != nil {
+		m.log.Error().Err(rerr).Str("sandbox", vm.id).Msg("microvm: the VM could not be resumed after a snapshot: it stays paused until stopped")
+	}
 	if err != nil {
 		return st, took, err
 	}
@@ -488,6 +583,79 @@ func (m *MicroVM) snapshotInto(ctx context.Context, vm *machine, dst string) (co
 		st.bytes, st.entries = fi.Size(), 1
 	}
 	return st, took, nil
+}
+
+// migrateOut writes the VM's state to the file at path and waits until
+// the migration completed. Commands go under pctx; the wait ends with ctx
+// too, and a migration that did not complete is cancelled, waited for
+// until QEMU says it ended, so that no migration is left running.
+func (m *MicroVM) migrateOut(ctx, pctx context.Context, q *microvm.QMP, path string) error {
+	if err := q.Do(pctx, "migrate", map[string]any{"uri": microvm.SaveURI(path)}, nil); err != nil {
+		return errors.Join(err, endMigration(pctx, q))
+	}
+	wctx, wcancel := context.WithCancel(pctx)
+	defer wcancel()
+	stop := context.AfterFunc(ctx, wcancel)
+	defer stop()
+	_, err := q.WaitMigration(wctx)
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		err = fmt.Errorf("snapshot: %w", ctx.Err())
+	}
+	return errors.Join(err, endMigration(pctx, q))
+}
+
+// endMigration cancels an outgoing migration and waits until QEMU reports
+// it ended (cancelled, failed, or completed after all).
+func endMigration(ctx context.Context, q *microvm.QMP) error {
+	_ = q.Do(ctx, "migrate_cancel", nil, nil)
+	return poll.Until(ctx, poll.Backoff(time.Millisecond, 20*time.Millisecond), func() (bool, error) {
+		var info microvm.MigrationInfo
+		if err := q.Do(ctx, "query-migrate", nil, &info); err != nil {
+			return false, err
+		}
+		switch info.Status {
+		case "", "none", "cancelled", "failed", "completed":
+			return true, nil
+		}
+		return false, nil
+	})
+}
+
+// resume runs the VM again after stop: QEMU marks a migration completed
+// before the VM reaches postmigrate, and refuses cont in between
+// ("Migration is not finalized yet"), so it looks at the run state and
+// sends cont until the VM runs, QEMU exits, or ctx ends.
+func resume(ctx context.Context, vm *machine) error {
+	q := vm.qmp
+	var last error
+	err := poll.Until(ctx, poll.Backoff(time.Millisecond, 50*time.Millisecond), func() (bool, error) {
+		if vm.gone() {
+			return false, fmt.Errorf("%w: the VM of %s exited", ErrExited, vm.id)
+		}
+		st, err := q.Status(ctx)
+		if err != nil {
+			last = err
+			return false, nil
+		}
+		switch st {
+		case "running":
+			return true, nil
+		case "finish-migrate":
+			return false, nil // moving on to postmigrate
+		}
+		if err := q.Do(ctx, "cont", nil, nil); err != nil {
+			last = err
+			return false, nil
+		}
+		return false, nil // looked at again: running now?
+	})
+	if err != nil {
+		return fmt.Errorf("%w: resume after the snapshot: %w (last: %v)", microvm.ErrQMP, err, last)
+	}
+	return nil
 }
 
 // layer is the path of a disk layer.
@@ -574,4 +742,75 @@ func tailFile(p string, n int) string {
 		b = b[len(b)-n:]
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// vmCgroup is the cgroup of VM id's QEMU ("" when the provider runs
+// without cgroups): <cgroup v2>/stillpoint-vms/<state hash>/<id hash>, a
+// path a restarted provider finds again.
+func (m *MicroVM) vmCgroup(id string) cgroup.Dir {
+	if m.cgroups == "" {
+		return ""
+	}
+	return m.cgroups.Child(shortHash(id))
+}
+
+// makeVMCgroup makes the cgroup for VM id's QEMU, emptying one an earlier
+// process left. It is called with sockMu held shared: the parent is
+// removed under it held exclusively (clearVMCgroup).
+func (m *MicroVM) makeVMCgroup(id string) (cgroup.Dir, error) {
+	cg := m.vmCgroup(id)
+	if cg == "" {
+		return "", nil
+	}
+	if err := os.MkdirAll(string(m.cgroups), 0o755); err != nil {
+		return "", fmt.Errorf("microvm: the VMs' cgroup: %w", err)
+	}
+	if _, err := cgroup.Create(string(cg)); errors.Is(err, fs.ErrExist) {
+		if err := m.emptyCgroup(context.Background(), cg); err != nil {
+			return "", err
+		}
+	} else if err != nil {
+		return "", fmt.Errorf("microvm: a VM's cgroup: %w", err)
+	}
+	return cg, nil
+}
+
+// emptyCgroup kills every process of cg and waits until it holds none.
+func (m *MicroVM) emptyCgroup(ctx context.Context, cg cgroup.Dir) error {
+	if _, err := os.Stat(string(cg)); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := cg.Kill(); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: kill cgroup %s: %w", ErrLeftover, cg, err)
+	}
+	ok, err := cg.WaitEvents(ctx, time.Now().Add(m.cfg.StopTimeout), func(e cgroup.Events) bool { return !e.Populated })
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil || !ok {
+		pids, _ := cg.AllProcs()
+		return fmt.Errorf("%w: cgroup %s still holds %v: %v", ErrLeftover, cg, pids, err)
+	}
+	return nil
+}
+
+// clearVMCgroup empties VM id's cgroup (QEMU, its relays) and removes it,
+// and the parent once no VM's cgroup is left in it.
+func (m *MicroVM) clearVMCgroup(ctx context.Context, id string) error {
+	cg := m.vmCgroup(id)
+	if cg == "" {
+		return nil
+	}
+	if err := m.emptyCgroup(ctx, cg); err != nil {
+		return err
+	}
+	if err := cg.Remove(ctx, time.Now().Add(m.cfg.StopTimeout)); err != nil {
+		return fmt.Errorf("%w: %w", ErrLeftover, err)
+	}
+	m.sockMu.Lock()
+	defer m.sockMu.Unlock()
+	if err := unix.Rmdir(string(m.cgroups)); err != nil && err != unix.ENOENT && err != unix.EBUSY && err != unix.ENOTEMPTY {
+		return fmt.Errorf("%w: rmdir %s: %w", ErrLeftover, m.cgroups, err)
+	}
+	return nil
 }

@@ -438,7 +438,12 @@ func getxattr(path, name string) (string, error) {
 // Several sandboxes at once: start, exec, snapshot, fork and stop in
 // parallel, then nothing is left.
 func TestOverlayConcurrent(t *testing.T) {
-	ov := newOverlay(t)
+	testConcurrent(t, newOverlay(t))
+}
+
+// testConcurrent is TestOverlayConcurrent's body, which TestMicroVMConcurrent
+// runs too.
+func testConcurrent(t *testing.T, ov Provider) {
 	ctx := context.Background()
 	errs := make(chan error, 4)
 	for i := range 4 {

@@ -92,6 +92,7 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 		return fatal(console, err)
 	}
 	members.notice = srv.Notify
+	sys.SetNotify(srv.Notify)
 
 	conn, closeConn, ends, path, err := openControl(runCtx, *port, boot.Port)
 	if err != nil {

@@ -124,7 +124,18 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1
 	}
-	d, err := daemon.New(daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log})
+	// A user of its own (its creds name its member) may pull from no
+	// consumer: the daemon then reads through a push consumer.
+	var own bool
+	if o.conn.CredsFile != "" {
+		prefix, err := jetstream.CredsInboxPrefix(o.conn.CredsFile)
+		if err != nil {
+			fmt.Fprintln(stderr, "sandboxd:", err)
+			return 1
+		}
+		own = prefix != ""
+	}
+	d, err := daemon.New(daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log, NoPull: own})
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 2

@@ -64,7 +64,7 @@ func startCommand(t *testing.T, what string, re *regexp.Regexp, run func(ctx con
 	return m[1]
 }
 
-// TestServerAuthDir runs `stillpoint server --auth-dir` (one node and a
+// TestServerAuthDir runs `stillpoint server --auth-dir --nkeys` (one node and a
 // cluster): it writes a seed per role, admits no one else, provisions the
 // bus as admin; an agent cannot publish a phase, and `stillpoint bridge`
 // with the bridge's nkey checkpoints members connected as agents.
@@ -77,7 +77,7 @@ func TestServerAuthDir(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			auth, store := filepath.Join(t.TempDir(), "auth"), t.TempDir()
 			serve := func(ctx context.Context, g *globals) error {
-				return runServer(ctx, g, serverFlags{dir: store, listen: "127.0.0.1:0", cluster: cluster, authDir: auth})
+				return runServer(ctx, g, serverFlags{dir: store, listen: "127.0.0.1:0", cluster: cluster, authDir: auth, nkeys: true})
 			}
 			url := startCommand(t, "server", readyRE, serve, jetstream.ConnConfig{})
 			seeds := map[embedded.Role][]byte{}
@@ -156,7 +156,7 @@ func TestServerAuthDir(t *testing.T) {
 			// A server started again on the same dir admits the same keys.
 			t.Run("restart", func(t *testing.T) {
 				startCommand(t, "second server", readyRE, func(ctx context.Context, g *globals) error {
-					return runServer(ctx, g, serverFlags{dir: t.TempDir(), listen: "127.0.0.1:0", authDir: auth})
+					return runServer(ctx, g, serverFlags{dir: t.TempDir(), listen: "127.0.0.1:0", authDir: auth, nkeys: true})
 				}, jetstream.ConnConfig{})
 				for role, b := range seeds {
 					if now, _ := os.ReadFile(embedded.SeedFile(auth, role)); !bytes.Equal(now, b) {
@@ -243,4 +243,108 @@ func TestRolesCheckpointRestoreRelease(t *testing.T) {
 	if err != nil || len(entries) == 0 {
 		t.Fatalf("timeline as the controller: %d entries, %v", len(entries), err)
 	}
+}
+
+// TestServerOperatorMode runs `stillpoint server --auth-dir` (one
+// node and a cluster): it writes the roles' creds and the sandbox signer,
+// admits no one else, provisions the bus as admin; `stillpoint creds` mints
+// agents and an owner users of their own, with which they take part in a
+// checkpoint through `stillpoint bridge` without one permissions
+// violation (and another once an agent's consumer was deleted under it),
+// and an agent's user cannot ack as another agent.
+func TestServerOperatorMode(t *testing.T) {
+	for _, cluster := range []bool{false, true} {
+		t.Run(map[bool]string{false: "single", true: "cluster"}[cluster], func(t *testing.T) {
+			auth, store := filepath.Join(t.TempDir(), "auth"), t.TempDir()
+			url := startCommand(t, "server", readyRE, func(ctx context.Context, g *globals) error {
+				return runServer(ctx, g, serverFlags{dir: store, listen: "127.0.0.1:0", cluster: cluster, authDir: auth})
+			}, jetstream.ConnConfig{})
+			for _, f := range []string{embedded.CredsFile(auth, embedded.RoleBridge), embedded.CredsFile(auth, embedded.RoleController),
+				embedded.CredsFile(auth, embedded.RoleAdmin), filepath.Join(auth, "sandbox-signer.json")} {
+				if st, err := os.Stat(f); err != nil || st.Mode().Perm() != 0o600 {
+					t.Fatalf("%s: %v, want a file of mode 0600", f, err)
+				}
+			}
+			ctx := t.Context()
+			if nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url}, nats.NoReconnect()); err == nil {
+				nc.Close()
+				t.Fatal("a client without credentials was admitted")
+			}
+			admin, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, CredsFile: embedded.CredsFile(auth, embedded.RoleAdmin)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(admin.Close)
+			ajs, _ := natsjs.New(admin)
+			bus, err := jetstream.Open(ctx, ajs)
+			if err != nil {
+				t.Fatalf("the bus is not provisioned: %v", err)
+			}
+			mint := func(m events.Member) string {
+				out := filepath.Join(t.TempDir(), "member.creds")
+				g := &globals{stdout: &jstest.Buffer{}, stderr: &jstest.Buffer{}}
+				if err := runCreds(g, credsFlags{authDir: auth, run: "r1", member: string(m), out: out}); err != nil {
+					t.Fatalf("creds %s: %v", m, err)
+				}
+				return out
+			}
+
+			tokenFile := filepath.Join(t.TempDir(), "token")
+			if err := os.WriteFile(tokenFile, []byte("s3cret\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			api := startCommand(t, "bridge", regexp.MustCompile(`serving on (http://\S+)`), func(ctx context.Context, g *globals) error {
+				return runBridge(ctx, g, bridgeflagsForTest(tokenFile))
+			}, jetstream.ConnConfig{URL: url, CredsFile: embedded.CredsFile(auth, embedded.RoleBridge)})
+			env := &jstest.Env{URL: url, Conn: admin, JS: ajs, Bus: bus}
+			for _, m := range []events.Member{"agent.a1", "agent.a2", "owner.o1"} {
+				p := membertest.NewParticipant(m.Name())
+				p.Add(events.Episode{Rollout: m.Name() + "-r0"})
+				membertest.StartMember(t, env.WithCreds(mint(m)), "r1", m, p, membertest.Options{})
+			}
+			c, err := client.New(api, "s3cret")
+			if err != nil {
+				t.Fatal(err)
+			}
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			res, err := c.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c1"})
+			if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Members) != 3 {
+				t.Fatalf("checkpoint through the bridge command: %+v %v, want committed with 3 members", res, err)
+			}
+			// A live member's durable consumer deleted (as a sandbox's workload
+			// did before issue 16): the run goes on, and the next checkpoint
+			// commits with every member.
+			if err := bus.Stream.DeleteConsumer(ctx, "sp_r1_agent_a1"); err != nil {
+				t.Fatal(err)
+			}
+			res, err = c.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c2"})
+			if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Members) != 3 {
+				t.Fatalf("checkpoint after a member's consumer was deleted: %+v %v, want committed with 3 members", res, err)
+			}
+
+			violations := make(chan error, 4)
+			agent, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, CredsFile: mint("agent.a3")},
+				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(agent.Close)
+			if err := agent.Publish("sp.r1.ack.1.prepare.agent.a1", []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-violations:
+				if !errors.Is(err, nats.ErrPermissionViolation) {
+					t.Errorf("agent a3 acking as a1: %v, want a permissions violation", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("agent a3 acking as a1: no permissions violation")
+			}
+		})
+	}
+}
+
+func bridgeflagsForTest(tokenFile string) bridgeFlags {
+	return bridgeFlags{run: "r1", name: "main", listen: "127.0.0.1:0", tokenFile: tokenFile, timeout: 10 * time.Second, replicas: 1}
 }

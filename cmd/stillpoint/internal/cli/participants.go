@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/participants/agent"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner"
@@ -110,6 +111,7 @@ type ownerFlags struct {
 	harness       string
 	sandboxNATS   string
 	sandboxCreds  string
+	sandboxSigner string
 	sandboxMode   string
 	binds         []string
 	opencode      string
@@ -173,7 +175,8 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.StringVar(&f.sandboxd, "sandboxd", "", "host path of the static sandboxd binary (required)")
 	fl.StringVar(&f.harness, "harness", "", "host path of the static harness binary (the scripted kind requires it)")
 	fl.StringVar(&f.sandboxNATS, "sandbox-nats-url", "", "server URL the sandboxes' daemons use (default --nats-url)")
-	fl.StringVar(&f.sandboxCreds, "sandbox-creds", "", "credentials copied into each sandbox for its daemon: a .creds file or an nkey seed (server --auth-dir's sandbox.nk)")
+	fl.StringVar(&f.sandboxCreds, "sandbox-creds", "", "credentials copied into each sandbox for its daemon: a .creds file or an nkey seed (server --auth-dir --nkeys's sandbox.nk)")
+	fl.StringVar(&f.sandboxSigner, "sandbox-signer", "", "give each sandbox a user of its own, minted with this signer file (server --auth-dir's sandbox-signer.json) and renewed while it lives")
 	fl.StringVar(&f.sandboxMode, "pause-mode", "", "sandboxd pause mode: freeze, stop or hold (default: the best the host allows)")
 	fl.StringArrayVar(&f.binds, "bind", nil, "HOST:SANDBOX: a host directory shown read-only at SANDBOX in every sandbox (repeatable)")
 	fl.StringVar(&f.opencode, "opencode", "", "host path of the static opencode-driver: show it, OpenCode and ripgrep in every sandbox")
@@ -291,6 +294,21 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 			sd.CredsFile, sd.NKeyFile = "", f.sandboxCreds
 		}
 	}
+	var sandboxUsers *owner.SandboxCreds
+	if f.sandboxSigner != "" {
+		if f.sandboxCreds != "" {
+			return &exitError{code: ExitUsage, err: errors.New("--sandbox-creds and --sandbox-signer: use one")}
+		}
+		signer, err := embedded.LoadSigner(f.sandboxSigner)
+		if err != nil {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--sandbox-signer: %w", err)}
+		}
+		sandboxUsers = &owner.SandboxCreds{Minter: signer, Run: f.run, Dir: filepath.Join(f.stateDir, "creds")}
+		if err := sandboxUsers.Check(); err != nil {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--sandbox-signer: %w", err)}
+		}
+		sd.Creds = sandboxUsers
+	}
 	if sd.Binds, err = sandboxBinds(f); err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
@@ -309,7 +327,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	}
 	defer closeBus()
 	o, err := owner.New(owner.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Provider: prov, Checkpointing: !f.noCheckpoints,
-		LendsSandboxes: true, StateDir: filepath.Join(f.stateDir, "owner"), TaskKind: kind, Logger: log})
+		LendsSandboxes: true, StateDir: filepath.Join(f.stateDir, "owner"), TaskKind: kind, Logger: log, SandboxCreds: sandboxUsers})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}

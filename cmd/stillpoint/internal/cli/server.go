@@ -14,6 +14,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 )
@@ -24,7 +25,10 @@ type serverFlags struct {
 	cluster bool
 	token   string
 	authDir string
-	maxAge  time.Duration
+	// nkeys runs --auth-dir as per-role nkeys instead of decentralized
+	// auth (operator mode).
+	nkeys  bool
+	maxAge time.Duration
 }
 
 func newServerCmd(g *globals) *cobra.Command {
@@ -41,19 +45,27 @@ With --cluster it runs a 3-node cluster on loopback in this process (each node i
 own store under --dir) and provisions everything at 3 replicas: a demo of the
 replicated layout, not a production deployment.
 
-With --auth-dir DIR every client needs an nkey, one per role, with the
-permissions of its role: DIR/bridge.nk, agent.nk, owner.nk, sandbox.nk (copied
-into each sandbox: give it to the owner as --sandbox-creds), controller.nk (the
-CLI's reads, a collector) and admin.nk (anything: the nats CLI). Seeds in DIR are
-reused, missing ones created (mode 0600). Components take theirs with --nkey.
-Only the bridge publishes phases and outcomes; a member acks only as its own kind.
+With --auth-dir DIR the server runs NATS decentralized auth (docs/PERMISSIONS.md):
+an operator and account STILLPOINT whose keys are in DIR (reused, missing ones
+created, mode 0600). The bridge, controller (the CLI's reads, a collector) and
+admin (anything: the nats CLI) take DIR/<role>.creds with --creds; every agent
+and owner gets a user of its own, limited to its member name and run
+(stillpoint creds --auth-dir DIR --run RUN --member agent.a1); an owner given
+--sandbox-signer DIR/sandbox-signer.json mints each of its sandboxes a user of
+its own with a short expiry and renews it while the sandbox lives. Only the
+bridge publishes phases and outcomes; a member speaks only as itself.
+
+With --auth-dir DIR --nkeys it admits one nkey per role instead, with the
+permissions of its role: DIR/bridge.nk, agent.nk, owner.nk, sandbox.nk (give it
+to the owner as --sandbox-creds), controller.nk and admin.nk, taken with --nkey.
+Members of one kind are then not told apart.
 
 It runs until interrupted: the first SIGINT or SIGTERM shuts the server down
 cleanly, a second exits at once.`,
 		Example: `  stillpoint server                       # 127.0.0.1:4222, store in ./.stillpoint/nats
   stillpoint server --listen 127.0.0.1:0  # a random port, printed at start
   stillpoint server --cluster --dir /tmp/sp-cluster
-  stillpoint server --auth-dir .stillpoint/auth  # then: stillpoint bridge --nkey .stillpoint/auth/bridge.nk ...`,
+  stillpoint server --auth-dir .stillpoint/auth  # then: stillpoint bridge --creds .stillpoint/auth/bridge.creds ...`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServer(cmd.Context(), g, f) },
 	}
@@ -61,7 +73,8 @@ cleanly, a second exits at once.`,
 	cmd.Flags().StringVar(&f.listen, "listen", "127.0.0.1:4222", "client address host:port (port 0: random); with --cluster only the host is used")
 	cmd.Flags().BoolVar(&f.cluster, "cluster", false, "run a 3-node cluster on loopback and provision at R3")
 	cmd.Flags().StringVar(&f.token, "auth-token", env("STILLPOINT_SERVER_TOKEN"), "require this token from clients (env STILLPOINT_SERVER_TOKEN)")
-	cmd.Flags().StringVar(&f.authDir, "auth-dir", "", "require per-role nkeys, seeds in this directory (<role>.nk; created if missing)")
+	cmd.Flags().StringVar(&f.authDir, "auth-dir", "", "require credentials: decentralized auth, its keys and the roles' creds in this directory (created if missing)")
+	cmd.Flags().BoolVar(&f.nkeys, "nkeys", false, "with --auth-dir: one nkey per role instead of decentralized auth")
 	cmd.Flags().DurationVar(&f.maxAge, "max-age", 0, "how long the stream keeps messages (default 7 days)")
 	return cmd
 }
@@ -82,15 +95,28 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	// The server provisions the bus itself: under --auth-dir as admin, since
 	// no other role may create a stream.
 	conn := jetstream.ConnConfig{Token: f.token, Name: "stillpoint-server"}
-	var users []embedded.User
+	var (
+		users []embedded.User
+		trust *embedded.Trust
+	)
+	if f.nkeys && f.authDir == "" {
+		return &exitError{code: ExitUsage, err: errors.New("--nkeys goes with --auth-dir (where the seeds are)")}
+	}
 	if f.authDir != "" {
 		if f.token != "" {
 			return &exitError{code: ExitUsage, err: errors.New("--auth-dir and --auth-token (or STILLPOINT_SERVER_TOKEN): use one")}
 		}
-		if users, err = embedded.RoleUsers(f.authDir, ""); err != nil {
-			return err
+		if !f.nkeys {
+			if trust, err = operatorAuth(f.authDir); err != nil {
+				return err
+			}
+			conn.CredsFile = embedded.CredsFile(f.authDir, embedded.RoleAdmin)
+		} else {
+			if users, err = embedded.RoleUsers(f.authDir, ""); err != nil {
+				return err
+			}
+			conn.NKeyFile = embedded.SeedFile(f.authDir, embedded.RoleAdmin)
 		}
-		conn.NKeyFile = embedded.SeedFile(f.authDir, embedded.RoleAdmin)
 	}
 	topo := jetstream.Topology{MaxAge: f.maxAge}
 	var (
@@ -99,14 +125,14 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	)
 	nlog := log.With().Str("component", "nats").Logger()
 	if f.cluster {
-		c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{Dir: f.dir, Host: host, Token: f.token, Users: users, Logger: nlog})
+		c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{Dir: f.dir, Host: host, Token: f.token, Users: users, Trust: trust, Logger: nlog})
 		if err != nil {
 			return err
 		}
 		url, shutdown = c.URL(), c.Shutdown
 		topo.Replicas = c.Len()
 	} else {
-		s, err := embedded.Start(ctx, embedded.Config{Dir: f.dir, Host: host, Port: port, ServerName: "stillpoint", Token: f.token, Users: users, Logger: nlog})
+		s, err := embedded.Start(ctx, embedded.Config{Dir: f.dir, Host: host, Port: port, ServerName: "stillpoint", Token: f.token, Users: users, Trust: trust, Logger: nlog})
 		if err != nil {
 			return err
 		}
@@ -127,7 +153,14 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 		Msg("NATS with JetStream is ready and the bus is provisioned")
 	fmt.Fprintf(g.stdout, "stillpoint: NATS ready at %s (store %s)\n", url, f.dir)
 	try := ""
-	if f.authDir != "" {
+	switch {
+	case f.authDir != "" && !f.nkeys:
+		log.Info().Str("auth_dir", f.authDir).Msg("decentralized auth: clients need credentials")
+		fmt.Fprintf(g.stdout, "stillpoint: clients need credentials: --creds %s (role: bridge, controller, admin); "+
+			"members: stillpoint creds --auth-dir %s --run RUN --member KIND.NAME; owners: --sandbox-signer %s\n",
+			filepath.Join(f.authDir, "<role>.creds"), f.authDir, sandboxSignerFile(f.authDir))
+		try = " --creds " + embedded.CredsFile(f.authDir, embedded.RoleAdmin)
+	case f.authDir != "":
 		roles := make([]string, 0, len(embedded.Roles()))
 		for _, r := range embedded.Roles() {
 			roles = append(roles, string(r))
@@ -141,6 +174,28 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	<-ctx.Done()
 	log.Info().Msg("shutting down")
 	return nil
+}
+
+// operatorAuth loads (or makes) the authority in dir and writes what its
+// clients take: the roles' creds and the sandbox kind's signer file.
+func operatorAuth(dir string) (*embedded.Trust, error) {
+	auth, err := embedded.LoadAuthority(dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := auth.WriteRoleCreds(""); err != nil {
+		return nil, err
+	}
+	if err := auth.WriteSigner(events.KindSandbox, sandboxSignerFile(dir)); err != nil {
+		return nil, err
+	}
+	return auth.Trust()
+}
+
+// sandboxSignerFile is where `server --auth-dir` writes the
+// signer file owners mint their sandboxes' users with.
+func sandboxSignerFile(dir string) string {
+	return filepath.Join(dir, "sandbox-signer.json")
 }
 
 func provision(ctx context.Context, nc *nats.Conn, topo jetstream.Topology) error {

@@ -28,6 +28,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/atomicfile"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/invariant"
@@ -115,8 +116,8 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir, microvm (QEMU microVMs: make microvm-assets first)")
 	fl.BoolVar(&f.cluster, "cluster", false, "run a 3-node NATS cluster (R3) instead of one server")
 	// With the global --nats-url the demo uses that server instead.
-	fl.BoolVar(&f.auth, "auth", false, "give every component its own credentials (per-role nkeys with their permissions)")
-	fl.StringVar(&f.authDir, "auth-dir", "", "with --nats-url: the per-role nkey seeds of that server (stillpoint server --auth-dir)")
+	fl.BoolVar(&f.auth, "auth", false, "give every component its own credentials (decentralized auth: a user per member, per sandbox)")
+	fl.StringVar(&f.authDir, "auth-dir", "", "with --nats-url: that server's keys and creds (stillpoint server --auth-dir)")
 	fl.DurationVar(&f.tool, "tool-time", defaultToolTime, "how long each task's slow tool call runs")
 	fl.StringVar(&f.harness, "harness", harnessScripted, "the agents' harness: scripted (the scripted task set) or opencode (the repository tasks, run by the real OpenCode)")
 	return cmd
@@ -146,6 +147,7 @@ type demo struct {
 	driver   string // the OpenCode driver, with --harness opencode
 	natsURL  string
 	authDir  string
+	auth     *embedded.Authority // with credentials: mints the members' users
 	run      string
 	ids      []string // the rollouts of the task set
 	inFlight int      // how many the collector runs at once
@@ -211,7 +213,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	defer stopNATS()
 	conn := jetstream.ConnConfig{URL: d.natsURL, Name: "stillpoint-demo"}
 	if d.authDir != "" {
-		conn.NKeyFile = embedded.SeedFile(d.authDir, embedded.RoleAdmin)
+		conn.CredsFile = embedded.CredsFile(d.authDir, embedded.RoleAdmin)
 	}
 	nc, js, err := connectJS(ctx, conn)
 	if err != nil {
@@ -317,7 +319,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	fmt.Fprintf(env.Stdout, "to read what happened (the store is in %s):\n", filepath.Join(d.dir, "nats"))
 	fmt.Fprintf(env.Stdout, "  go run ./cmd/stillpoint server --dir %s --listen 127.0.0.1:4333 &\n", filepath.Join(d.dir, "nats"))
 	if d.authDir != "" {
-		fmt.Fprintf(env.Stdout, "  (with --auth-dir %s, and --nkey %s on the commands below)\n", d.authDir, embedded.SeedFile(d.authDir, embedded.RoleAdmin))
+		fmt.Fprintf(env.Stdout, "  (with --auth-dir %s, and --creds %s on the commands below)\n", d.authDir, embedded.CredsFile(d.authDir, embedded.RoleAdmin))
 	}
 	fmt.Fprintf(env.Stdout, "  go run ./cmd/stillpoint timeline --run %s --nats-url nats://127.0.0.1:4333\n", d.run)
 	fmt.Fprintf(env.Stdout, "  nats --server nats://127.0.0.1:4333 stream view STILLPOINT --subject 'sp.%s.phase.>'\n", d.run)
@@ -412,26 +414,41 @@ func (d *demo) startNATS(ctx context.Context) (func(), error) {
 		// A server of its own (one node or a cluster, run by `stillpoint
 		// server`), which provisioned the bus.
 		d.natsURL, d.authDir = d.env.Conn.URL, d.f.authDir
+		if d.authDir != "" {
+			var err error
+			if d.auth, err = embedded.LoadAuthority(d.authDir); err != nil {
+				return nil, err
+			}
+		}
 		return func() {}, nil
 	}
 	if d.f.authDir != "" {
 		return nil, fmt.Errorf("%w: --auth-dir goes with --nats-url (the server's seeds); alone, use --auth", ErrUsage)
 	}
-	var users []embedded.User
+	var trust *embedded.Trust
 	provision := jetstream.ConnConfig{Name: "stillpoint-demo-provision"}
 	if d.f.auth {
 		d.authDir = filepath.Join(d.dir, "auth")
 		var err error
-		if users, err = embedded.RoleUsers(d.authDir, ""); err != nil {
+		if d.auth, err = embedded.LoadAuthority(d.authDir); err != nil {
 			return nil, err
 		}
-		provision.NKeyFile = embedded.SeedFile(d.authDir, embedded.RoleAdmin)
+		if _, err := d.auth.WriteRoleCreds(""); err != nil {
+			return nil, err
+		}
+		if err := d.auth.WriteSigner(events.KindSandbox, filepath.Join(d.authDir, "sandbox-signer.json")); err != nil {
+			return nil, err
+		}
+		if trust, err = d.auth.Trust(); err != nil {
+			return nil, err
+		}
+		provision.CredsFile = embedded.CredsFile(d.authDir, embedded.RoleAdmin)
 	}
 	topo := jetstream.Topology{}
 	nlog := zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "nats.log"))).With().Timestamp().Logger()
 	var stop func()
 	if d.f.cluster {
-		c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{Dir: filepath.Join(d.dir, "nats"), Users: users, Logger: nlog})
+		c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{Dir: filepath.Join(d.dir, "nats"), Trust: trust, Logger: nlog})
 		if err != nil {
 			return nil, err
 		}
@@ -439,7 +456,7 @@ func (d *demo) startNATS(ctx context.Context) (func(), error) {
 		topo.Replicas = c.Len()
 		stop = c.Shutdown
 	} else {
-		s, err := embedded.Start(ctx, embedded.Config{Dir: filepath.Join(d.dir, "nats"), ServerName: "stillpoint-demo", Users: users, Logger: nlog})
+		s, err := embedded.Start(ctx, embedded.Config{Dir: filepath.Join(d.dir, "nats"), ServerName: "stillpoint-demo", Trust: trust, Logger: nlog})
 		if err != nil {
 			return nil, err
 		}
@@ -461,11 +478,25 @@ func (d *demo) startNATS(ctx context.Context) (func(), error) {
 }
 
 // spawn starts a component as a process of the stillpoint binary, its
-// output in logs/<name>.log.
-func (d *demo) spawn(name string, role embedded.Role, env []string, args ...string) error {
+// output in logs/<name>.log. With credentials, as is the bridge's role or
+// the member the component is, whose user of its own is minted here.
+func (d *demo) spawn(name, as string, env []string, args ...string) error {
 	full := []string{"--nats-url", d.natsURL, "--log-format", "json", "--log-level", "info"}
-	if d.authDir != "" {
-		full = append(full, "--nkey", embedded.SeedFile(d.authDir, role))
+	if d.auth != nil {
+		creds := embedded.CredsFile(d.authDir, embedded.Role(as))
+		if as != string(embedded.RoleBridge) {
+			b, _, err := d.auth.MemberCreds(d.run, events.Member(as), 0)
+			if err != nil {
+				return fmt.Errorf("demo: credentials of %s: %w", as, err)
+			}
+			creds = filepath.Join(d.authDir, as+".creds")
+			err = atomicfile.Write(creds, b, 0o600)
+			clear(b)
+			if err != nil {
+				return fmt.Errorf("demo: credentials of %s: %w", as, err)
+			}
+		}
+		full = append(full, "--creds", creds)
 	}
 	p, err := child.Start(child.Spec{Name: name, Path: d.self, Args: append(full, args...), Env: env,
 		LogFile: filepath.Join(d.dir, "logs", name+".log")})
@@ -533,7 +564,7 @@ func (d *demo) startBridge(ctx context.Context, extra ...string) (string, error)
 		_ = ln.Close()
 		d.bridgeAddr = addr
 	}
-	if err := d.spawn("bridge", embedded.RoleBridge, append([]string{"STILLPOINT_BRIDGE_TOKEN=" + d.token}, extra...),
+	if err := d.spawn("bridge", string(embedded.RoleBridge), append([]string{"STILLPOINT_BRIDGE_TOKEN=" + d.token}, extra...),
 		"bridge", "--run", d.run, "--listen", addr); err != nil {
 		return "", err
 	}
@@ -574,10 +605,10 @@ func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstrea
 		// Images and the warm template are kept for the next demo.
 		args = append(args, "--sandbox-upstream", d.modelAddr, "--microvm-cache", filepath.Join(os.TempDir(), "stillpoint-microvm-cache"), "--microvm-prune-cache")
 	}
-	if d.authDir != "" {
-		args = append(args, "--sandbox-creds", embedded.SeedFile(d.authDir, embedded.RoleSandbox))
+	if d.auth != nil {
+		args = append(args, "--sandbox-signer", filepath.Join(d.authDir, "sandbox-signer.json"))
 	}
-	if err := d.spawn("owner", embedded.RoleOwner, nil, args...); err != nil {
+	if err := d.spawn("owner", "owner.o1", nil, args...); err != nil {
 		return err
 	}
 	return d.waitMember(ctx, bus, "owner.o1", prev, "owner")
@@ -590,7 +621,7 @@ func (d *demo) startAgent(ctx context.Context, bus *jetstream.Bus, name, modelUR
 	if d.f.harness == harnessOpenCode {
 		args = append(args, "--adapter", "opencode", "--launch-timeout", "10m")
 	}
-	if err := d.spawn("agent-"+name, embedded.RoleAgent, nil, args...); err != nil {
+	if err := d.spawn("agent-"+name, string(m), nil, args...); err != nil {
 		return err
 	}
 	return d.waitMember(ctx, bus, m, prev, "agent-"+name)

@@ -8,11 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
 // ProbeBudget is how long the probe guest has under KVM to boot and run
@@ -102,7 +104,14 @@ func kvmUsable() error {
 // Probe boots the probe guest under KVM in dir and returns how long it
 // took from QEMU's start to the guest's last line; it gives up after
 // ProbeBudget.
+//
+// The probe's QEMU dies with this process (Pdeathsig: under a KVM that
+// does not run it at speed it would spin for ever); one that an earlier
+// process left anyway (its pid file in dir) is killed first.
 func Probe(ctx context.Context, a Assets, tscKHz int64, dir string) (time.Duration, error) {
+	if err := KillProbeLeftover(dir); err != nil {
+		return 0, err
+	}
 	_ = os.RemoveAll(dir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, err
@@ -119,10 +128,18 @@ func Probe(ctx context.Context, a Assets, tscKHz int64, dir string) (time.Durati
 	var out bytes.Buffer
 	cmd := exec.Command(a.QEMU, args...)
 	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
+	// Pdeathsig follows the thread that forks: locked, it is not one the
+	// runtime ends meanwhile.
+	runtime.LockOSThread()
+	err := cmd.Start()
+	runtime.UnlockOSThread()
+	if err != nil {
 		return 0, err
+	}
+	if st, _, err := procfs.ReadStat(cmd.Process.Pid, nil); err == nil {
+		_ = os.WriteFile(filepath.Join(dir, probePIDFile), fmt.Appendf(nil, "%d %d %d\n", cmd.Process.Pid, st.Start, os.Getpid()), 0o600)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }() // ends when QEMU exits, which the kill below ensures
@@ -133,7 +150,7 @@ func Probe(ctx context.Context, a Assets, tscKHz int64, dir string) (time.Durati
 	pctx, cancel := context.WithTimeout(ctx, ProbeBudget)
 	defer cancel()
 	var took time.Duration
-	err := poll.Until(pctx, poll.Every(20*time.Millisecond), func() (bool, error) {
+	err = poll.Until(pctx, poll.Every(20*time.Millisecond), func() (bool, error) {
 		b, _ := os.ReadFile(serial)
 		if bytes.Contains(b, []byte("stillpoint-probe-done")) {
 			took = time.Since(t0)
@@ -148,4 +165,39 @@ func Probe(ctx context.Context, a Assets, tscKHz int64, dir string) (time.Durati
 		return false, nil
 	})
 	return took, err
+}
+
+// probePIDFile names the probe's QEMU in the probe's directory: "<pid>
+// <start> <owner pid>" (start: field 22 of its stat).
+const probePIDFile = "qemu.pid"
+
+// KillProbeLeftover kills the probe QEMU an earlier process left in dir
+// (when its pid still names that process and the process that started it
+// is no longer its parent: a live provider's probe is left alone) and
+// waits until it is gone.
+func KillProbeLeftover(dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, probePIDFile))
+	if err != nil {
+		return nil
+	}
+	var pid, owner int
+	var start uint64
+	if _, err := fmt.Sscanf(string(b), "%d %d %d", &pid, &start, &owner); err != nil || pid <= 0 {
+		return nil
+	}
+	same := func() bool {
+		st, _, err := procfs.ReadStat(pid, nil)
+		return err == nil && st.Start == start && st.State != 'Z'
+	}
+	if st, _, err := procfs.ReadStat(pid, nil); err != nil || st.Start != start || st.State == 'Z' || st.PPID == owner {
+		return nil
+	}
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := poll.Until(ctx, poll.Backoff(time.Millisecond, 50*time.Millisecond), func() (bool, error) { return !same(), nil }); err != nil {
+		return fmt.Errorf("the probe QEMU %d an earlier process left did not exit: %w", pid, err)
+	}
+	return nil
 }

@@ -2,11 +2,16 @@ package microvm
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/internal/tier"
 )
 
@@ -47,5 +52,45 @@ func TestPickAccel(t *testing.T) {
 	}
 	if _, err := os.Stat(cache); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKillProbeLeftover: a probe QEMU whose provider died (its parent is
+// no longer the process that started it) is killed; a live provider's is
+// not. A sleep stands in for QEMU.
+func TestKillProbeLeftover(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		owner int
+		dies  bool
+	}{{"left", 0, true}, {"live", os.Getpid(), false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cmd := exec.Command("sleep", "60")
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			waited := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(waited) }()
+			defer func() { _ = cmd.Process.Kill(); <-waited }()
+			st, _, err := procfs.ReadStat(cmd.Process.Pid, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			line := fmt.Sprintf("%d %d %d\n", cmd.Process.Pid, st.Start, tc.owner)
+			if err := os.WriteFile(filepath.Join(dir, probePIDFile), []byte(line), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := KillProbeLeftover(dir); err != nil {
+				t.Fatal(err)
+			}
+			// KillProbeLeftover returns once its target is gone (a zombie
+			// here, until Wait), or at once when it leaves it alone.
+			st, _, err = procfs.ReadStat(cmd.Process.Pid, nil)
+			if gone := err != nil || st.State == 'Z'; gone != tc.dies {
+				t.Fatalf("probe gone: %v, want %v", gone, tc.dies)
+			}
+		})
 	}
 }

@@ -3,6 +3,8 @@ package microvm
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +18,10 @@ import (
 // ErrGuest is returned (wrapped, with the guest's message) for a request
 // the guest answered with ok false.
 var ErrGuest = errors.New("microvm: guest refused")
+
+// ErrOutputTruncated is returned (with the result, its output cut at
+// vmctl.MaxOutput bytes a stream) for an exec whose output was longer.
+var ErrOutputTruncated = errors.New("microvm: exec output truncated")
 
 // ErrClosed is returned by Call once the control channel closed (the
 // guest powered off, QEMU exited, or Close was called).
@@ -52,7 +58,7 @@ func DialControl(ctx context.Context, path string, onNotice func(vmctl.Notice)) 
 	if err != nil {
 		return nil, fmt.Errorf("control %s: %w", path, err)
 	}
-	c := &Control{conn: conn, onNotice: onNotice, waiting: map[uint64]chan *vmctl.Response{}, done: make(chan struct{})}
+	c := &Control{conn: conn, onNotice: onNotice, waiting: map[uint64]chan *vmctl.Response{}, done: make(chan struct{}), next: firstID()}
 	go c.read() // stopped by Close, which closes conn and waits for done
 	return c, nil
 }
@@ -106,6 +112,9 @@ func (c *Control) Call(ctx context.Context, req vmctl.Request) (*vmctl.Response,
 		return nil, err
 	}
 	c.next++
+	if c.next == 0 {
+		c.next++ // 0 is the id of the guest's answer to a line that did not decode
+	}
 	req.ID = c.next
 	c.waiting[req.ID] = ch
 	c.mu.Unlock()
@@ -147,6 +156,17 @@ func (c *Control) Call(ctx context.Context, req vmctl.Request) (*vmctl.Response,
 		forget()
 		return nil, fmt.Errorf("control %s: %w", req.Op, ctx.Err())
 	}
+}
+
+// firstID is where a connection's ids start: a random value, so that an
+// answer the guest owed the host of an earlier connection (a request in
+// flight at a snapshot's instant, answered in a fork) does not carry an id
+// this connection also uses. The guest drops such answers too
+// (guest.ErrHostReconnected); this covers a guest that was not told.
+func firstID() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) >> 1 // far from wrapping
 }
 
 // Hello asks the guest's state, sending hello again every second until

@@ -1,0 +1,66 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/atomicfile"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
+)
+
+type credsFlags struct {
+	authDir string
+	run     string
+	member  string
+	out     string
+	ttl     time.Duration
+}
+
+func newCredsCmd(g *globals) *cobra.Command {
+	var f credsFlags
+	cmd := &cobra.Command{
+		Use:   "creds",
+		Short: "Mint the NATS credentials of one member (server --auth-dir)",
+		Long: `Mint a user of its own for one agent or owner (or sandbox) of a run, with the
+keys of a server's --auth-dir (stillpoint server --auth-dir DIR): the
+user may ack, heartbeat, write manifests and serve only as that member, in that
+run (docs/PERMISSIONS.md). The .creds file goes to --out (mode 0600); give it to
+the component with --creds. A run id with credentials of its own is lower case,
+and an agent's or owner's run and name have no underscore.`,
+		Example: `  stillpoint creds --auth-dir .stillpoint/auth --run train-7 --member agent.a1 --out a1.creds
+  stillpoint agent --creds a1.creds --run train-7 --name a1 ...`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runCreds(g, f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.authDir, "auth-dir", "", "the server's --auth-dir (required)")
+	fl.StringVar(&f.run, "run", env("STILLPOINT_RUN"), "run id (env STILLPOINT_RUN)")
+	fl.StringVar(&f.member, "member", "", "the member, KIND.NAME: agent.a1, owner.o1 (required)")
+	fl.StringVar(&f.out, "out", "", "where the .creds file goes (required)")
+	fl.DurationVar(&f.ttl, "ttl", 0, "how long the credentials are valid (0: no expiry)")
+	return cmd
+}
+
+func runCreds(g *globals, f credsFlags) error {
+	if f.authDir == "" || f.run == "" || f.member == "" || f.out == "" {
+		return &exitError{code: ExitUsage, err: errors.New("--auth-dir, --run, --member and --out are required")}
+	}
+	auth, err := embedded.LoadAuthority(f.authDir)
+	if err != nil {
+		return err
+	}
+	b, user, err := auth.MemberCreds(f.run, events.Member(f.member), f.ttl)
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err}
+	}
+	defer clear(b)
+	if err := atomicfile.Write(f.out, b, 0o600); err != nil {
+		return fmt.Errorf("creds: %w", err)
+	}
+	fmt.Fprintf(g.stdout, "stillpoint: credentials of %s in run %s (user %s) in %s\n", f.member, f.run, user, f.out)
+	return nil
+}

@@ -1,0 +1,114 @@
+package embedded
+
+import (
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// The templates a member's permissions are written with when a scoped signing key mints its user
+// (MemberPermissions with these as run and name): nats-server fills them from the user JWT's run
+// tag and its name.
+const (
+	runTemplate  = "{{tag(run)}}"
+	nameTemplate = "{{name()}}"
+)
+
+// MemberPermissions returns what member kind.name of run may do on the bus, and nothing of any
+// other member or run: publish its own acks, membership, heartbeat key and member manifests, serve
+// its own service subject, read its own inbox (InboxPrefix), and the JetStream API calls of its
+// feed. An agent or an owner reads its phases from its own durable consumer (member.ConsumerName)
+// and no other: it creates, reads, acks and deletes that one only; it also watches its run's keys,
+// reads and writes records, and calls the services it uses (an agent its owners' and sandboxes',
+// and it hears its sandboxes' prepare acks). A sandbox, the least trusted, creates only ordered
+// push consumers filtered on its run's phases (the consumer-create subject carries the filter),
+// reads only its own keys and acks, and manages no stream, consumer or bucket. run and name may be
+// the templates a scoped signing key fills in.
+func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
+	k := string(kind)
+	sp := events.SubjectPrefix + "." + run + "."
+	self := k + "." + name
+	kvPub := func(bucket, key string) string { return "$KV." + bucket + "." + run + "." + key }
+	direct := func(stream, subject string) string { return "$JS.API.DIRECT.GET." + stream + "." + subject }
+	kvGet := func(bucket, key string) string {
+		return direct("KV_"+bucket, "$KV."+bucket+"."+run+"."+key)
+	}
+	pub := []string{
+		sp + "ack.*.*." + self,
+		sp + "member." + self,
+		kvPub(jetstream.BucketMembers, self),
+		kvPub(jetstream.BucketManifests, "*."+self),
+		"$JS.API.INFO",
+		"$JS.API.STREAM.INFO.*",
+		direct(jetstream.StreamName, sp+"ack.*.*."+self),
+		"_INBOX.>", // replies to whoever called
+	}
+	sub := []string{InboxPrefix(run, events.Member(self)) + ".>", "$SRV.>", events.ServiceSubject(run, events.Member(self)) + ".>"}
+	if kind == events.KindSandbox {
+		pub = append(pub,
+			kvGet(jetstream.BucketMembers, self),
+			kvGet(jetstream.BucketManifests, "*."+self),
+			"$JS.API.CONSUMER.CREATE."+jetstream.StreamName+".*."+events.PhaseFilter(run),
+			"$JS.FC."+jetstream.StreamName+".>",
+		)
+		return &Permissions{Publish: Subjects{Allow: pub}, Subscribe: Subjects{Allow: sub}}
+	}
+	// An agent's or an owner's own durable consumer of the run's phases. Its name is
+	// member.ConsumerName's: sp_<run>_<kind>_<name> (MemberCreds refuses a run or name with an
+	// underscore, which ConsumerName would double).
+	durable := jetstream.StreamName + ".sp_" + run + "_" + k + "_" + name
+	pub = append(pub,
+		"$JS.API.CONSUMER.CREATE."+durable,
+		"$JS.API.CONSUMER.DURABLE.CREATE."+durable,
+		"$JS.API.CONSUMER.INFO."+durable,
+		"$JS.API.CONSUMER.MSG.NEXT."+durable,
+		"$JS.API.CONSUMER.DELETE."+durable,
+		"$JS.ACK."+durable+".>",
+		"$JS.API.STREAM.NAMES",
+		kvGet(jetstream.BucketMembers, ">"),
+		kvGet(jetstream.BucketManifests, ">"),
+		direct("OBJ_"+jetstream.BucketRecords, ">"),
+		"$O."+jetstream.BucketRecords+".>",
+		"$JS.API.STREAM.PURGE.OBJ_"+jetstream.BucketRecords,
+		"$JS.FC.>",
+	)
+	// Watches of the run's keys and reads of records are ordered push consumers of the buckets'
+	// streams, which their library deletes when done.
+	for _, b := range []struct{ stream, filter string }{
+		{"KV_" + jetstream.BucketMembers, "$KV." + jetstream.BucketMembers + "." + run + ".>"},
+		{"KV_" + jetstream.BucketManifests, "$KV." + jetstream.BucketManifests + "." + run + ".>"},
+		{"OBJ_" + jetstream.BucketRecords, "$O." + jetstream.BucketRecords + ".>"},
+	} {
+		pub = append(pub,
+			"$JS.API.CONSUMER.CREATE."+b.stream+".*."+b.filter,
+			"$JS.API.CONSUMER.INFO."+b.stream+".*",
+			"$JS.API.CONSUMER.DELETE."+b.stream+".*",
+		)
+	}
+	switch kind {
+	case events.KindAgent:
+		pub = append(pub,
+			events.ServiceFilter(run, events.KindOwner),
+			events.ServiceFilter(run, events.KindSandbox),
+		)
+		// It hears its sandboxes' prepare acks, and reads one published before it looked.
+		sub = append(sub, sp+"ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*")
+		pub = append(pub, direct(jetstream.StreamName, sp+"ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*"))
+	case events.KindOwner:
+		pub = append(pub,
+			kvPub(jetstream.BucketMembers, string(events.KindSandbox)+".*"),
+			"$KV."+jetstream.BucketSnapshots+".>",
+			direct("KV_"+jetstream.BucketSnapshots, ">"),
+			"$JS.API.CONSUMER.CREATE.KV_"+jetstream.BucketSnapshots+".>",
+			"$JS.API.CONSUMER.INFO.KV_"+jetstream.BucketSnapshots+".*",
+			"$JS.API.CONSUMER.DELETE.KV_"+jetstream.BucketSnapshots+".*",
+		)
+	}
+	return &Permissions{Publish: Subjects{Allow: pub}, Subscribe: Subjects{Allow: sub}}
+}
+
+// InboxPrefix returns the inbox prefix of member m of run, _INBOX.<run>.<kind>.<name>: a member
+// with credentials of its own (MemberCreds, Signer) subscribes only below it, so it reads no
+// reply meant for another client. jetstream.Connect sets it from a member's credentials.
+func InboxPrefix(run string, m events.Member) string {
+	return jetstream.MemberInboxPrefix(run, string(m.Kind()), m.Name())
+}

@@ -1,0 +1,411 @@
+package embedded_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
+)
+
+// operatorServer starts a server in operator mode trusting a new authority, provisions the bus as
+// admin, and returns the authority, its dir, the server and the admin's bus.
+func operatorServer(t *testing.T) (*embedded.Authority, string, *embedded.Server, *jetstream.Bus) {
+	t.Helper()
+	ctx := testContext(t)
+	dir := filepath.Join(t.TempDir(), "auth")
+	auth, err := embedded.LoadAuthority(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trust, err := auth.Trust()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := embedded.Start(ctx, embedded.Config{Dir: t.TempDir(), Trust: trust})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	if _, err := auth.WriteRoleCreds(""); err != nil {
+		t.Fatal(err)
+	}
+	_, js, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleAdmin))
+	bus, err := jetstream.Provision(ctx, js, jetstream.Topology{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return auth, dir, s, bus
+}
+
+// connectCreds connects with a .creds file; the channel gets the connection's async errors.
+func connectCreds(t *testing.T, s *embedded.Server, creds string) (*nats.Conn, natsjs.JetStream, chan error) {
+	t.Helper()
+	errs := make(chan error, 64)
+	nc, err := jetstream.Connect(testContext(t), jetstream.ConnConfig{URL: s.ClientURL(), CredsFile: creds},
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case errs <- err:
+			default:
+			}
+		}))
+	if err != nil {
+		t.Fatalf("connect with %s: %v", creds, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := natsjs.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js, errs
+}
+
+// memberCreds mints member m of run r and writes its creds file.
+func memberCreds(t *testing.T, auth *embedded.Authority, m events.Member) string {
+	t.Helper()
+	b, _, err := auth.MemberCreds("r", m, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), strings.ReplaceAll(string(m), ".", "-")+".creds")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestMembersOnTheBus tries, with the credentials of one sandbox, one agent and one owner, every
+// action of issue 16's list (and its neighbours): each is refused by the server as a permissions
+// violation and nothing of it reaches the stream or a bucket, while what each member does as
+// itself works.
+func TestMembersOnTheBus(t *testing.T) {
+	auth, _, s, bus := operatorServer(t)
+	ctx := testContext(t)
+	// A live member's durable consumer, as an agent makes it.
+	durable := "sp_r_agent_a1"
+	if _, err := bus.Stream.CreateConsumer(ctx, natsjs.ConsumerConfig{Durable: durable,
+		FilterSubjects: []string{"sp.r.phase.>", "sp.r.outcome.checkpoint.committed"}, AckPolicy: natsjs.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	type conn struct {
+		nc   *nats.Conn
+		js   natsjs.JetStream
+		errs chan error
+	}
+	conns := map[string]conn{}
+	for _, m := range []events.Member{"sandbox.sb1", "agent.a1", "owner.o1"} {
+		nc, js, errs := connectCreds(t, s, memberCreds(t, auth, m))
+		conns[string(m.Kind())] = conn{nc, js, errs}
+	}
+	sb, ag, ow := conns["sandbox"], conns["agent"], conns["owner"]
+
+	// What each does as itself is stored.
+	for _, tc := range []struct {
+		c       conn
+		subject string
+	}{
+		{sb, "sp.r.ack.1.prepare.sandbox.sb1"},
+		{sb, "sp.r.member.sandbox.sb1"},
+		{sb, "$KV.sp_members.r.sandbox.sb1"},
+		{ag, "sp.r.ack.1.prepare.agent.a1"},
+		{ag, "$KV.sp_manifests.r.c1.agent.a1"},
+		{ow, "sp.r.ack.1.commit.owner.o1"},
+		{ow, "$KV.sp_members.r.sandbox.sb9"},
+	} {
+		if _, err := tc.c.js.Publish(ctx, tc.subject, []byte("x")); err != nil {
+			t.Errorf("publishing %s as itself: %v, want a stream ack", tc.subject, err)
+		}
+	}
+
+	refused := func(c conn, what, subject string, data string) {
+		t.Helper()
+		if err := c.nc.PublishRequest(subject, c.nc.NewRespInbox(), []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+		violation(t, c.errs, what, subject)
+	}
+	for _, tc := range []struct {
+		c       conn
+		what    string
+		subject string
+		data    string
+	}{
+		// The sandbox: another sandbox's and another run's subjects.
+		{sb, "sandbox acking as another sandbox", "sp.r.ack.1.prepare.sandbox.sb2", ""},
+		{sb, "sandbox acking in another run", "sp.other.ack.1.prepare.sandbox.sb1", ""},
+		{sb, "sandbox acking as an agent", "sp.r.ack.1.prepare.agent.a1", ""},
+		{sb, "sandbox joining as another sandbox", "sp.r.member.sandbox.sb2", ""},
+		{sb, "sandbox writing another's heartbeat", "$KV.sp_members.r.sandbox.sb2", ""},
+		{sb, "sandbox writing another run's heartbeat", "$KV.sp_members.other.sandbox.sb1", ""},
+		{sb, "sandbox publishing a phase", "sp.r.phase.prepare", ""},
+		{sb, "sandbox writing a checkpoint manifest", "$KV.sp_manifests.r.c1", ""},
+		// The sandbox reading every run's traffic, making and deleting consumers.
+		{sb, "sandbox consuming everything", "$JS.API.CONSUMER.CREATE.STILLPOINT.x.sp.>", `{"stream_name":"STILLPOINT","config":{"name":"x","filter_subject":"sp.>"}}`},
+		{sb, "sandbox consuming another run's phases", "$JS.API.CONSUMER.CREATE.STILLPOINT.x.sp.other.phase.>", ""},
+		{sb, "sandbox consuming its run's acks", "$JS.API.CONSUMER.CREATE.STILLPOINT.x.sp.r.ack.>", ""},
+		{sb, "sandbox consuming without a filter", "$JS.API.CONSUMER.CREATE.STILLPOINT.x", ""},
+		{sb, "sandbox making a durable", "$JS.API.CONSUMER.DURABLE.CREATE.STILLPOINT.x", ""},
+		{sb, "sandbox deleting a member's durable consumer", "$JS.API.CONSUMER.DELETE.STILLPOINT." + durable, ""},
+		{sb, "sandbox pulling from a member's durable consumer", "$JS.API.CONSUMER.MSG.NEXT.STILLPOINT." + durable, `{"batch":1}`},
+		{sb, "sandbox acking a member's messages", "$JS.ACK.STILLPOINT." + durable + ".1.1.1.1.0", ""},
+		{sb, "sandbox reading a message by sequence", "$JS.API.STREAM.MSG.GET.STILLPOINT", `{"seq":1}`},
+		{sb, "sandbox reading a message directly by sequence", "$JS.API.DIRECT.GET.STILLPOINT", `{"seq":1}`},
+		{sb, "sandbox reading an agent's ack", "$JS.API.DIRECT.GET.STILLPOINT.sp.r.ack.1.prepare.agent.a1", ""},
+		{sb, "sandbox reading another's heartbeat", "$JS.API.DIRECT.GET.KV_sp_members.$KV.sp_members.r.agent.a1", ""},
+		{sb, "sandbox listing consumers", "$JS.API.CONSUMER.LIST.STILLPOINT", ""},
+		{sb, "sandbox watching the members bucket", "$JS.API.CONSUMER.CREATE.KV_sp_members.x.$KV.sp_members.>", ""},
+		{sb, "sandbox writing records", "$O.sp_records.C.x", ""},
+		{sb, "sandbox calling an owner", "spsvc.r.owner.o1.seed_session", ""},
+		// The agent: another agent's names.
+		{ag, "agent acking as another agent", "sp.r.ack.1.prepare.agent.a2", ""},
+		{ag, "agent acking as an owner", "sp.r.ack.1.commit.owner.o1", ""},
+		{ag, "agent writing another agent's manifest", "$KV.sp_manifests.r.c1.agent.a2", ""},
+		{ag, "agent writing another agent's heartbeat", "$KV.sp_members.r.agent.a2", ""},
+		{ag, "agent acking in another run", "sp.other.ack.1.prepare.agent.a1", ""},
+		{ag, "agent deleting another member's durable consumer", "$JS.API.CONSUMER.DELETE.STILLPOINT.sp_r_agent_a2", ""},
+		{ag, "agent pulling from another member's durable consumer", "$JS.API.CONSUMER.MSG.NEXT.STILLPOINT.sp_r_owner_o1", ""},
+		{ag, "agent making another member's durable consumer", "$JS.API.CONSUMER.CREATE.STILLPOINT.sp_r_agent_a2", ""},
+		{ag, "agent writing a snapshot key", "$KV.sp_snapshots.snap1", ""},
+		// The owner: another owner's names, an agent's.
+		{ow, "owner acking as another owner", "sp.r.ack.1.commit.owner.o2", ""},
+		{ow, "owner acking as an agent", "sp.r.ack.1.commit.agent.a1", ""},
+		{ow, "owner writing another owner's manifest", "$KV.sp_manifests.r.c1.owner.o2", ""},
+		{ow, "owner deleting an agent's durable consumer", "$JS.API.CONSUMER.DELETE.STILLPOINT." + durable, ""},
+	} {
+		refused(tc.c, tc.what, tc.subject, tc.data)
+	}
+	// No member manages a stream or a bucket.
+	for kind, c := range conns {
+		for _, api := range []string{"$JS.API.STREAM.DELETE.STILLPOINT", "$JS.API.STREAM.PURGE.STILLPOINT",
+			"$JS.API.STREAM.MSG.DELETE.STILLPOINT", "$JS.API.STREAM.UPDATE.STILLPOINT", "$JS.API.STREAM.CREATE.OTHER",
+			"$JS.API.STREAM.DELETE.KV_sp_members", "$JS.API.STREAM.PURGE.KV_sp_manifests"} {
+			refused(c, kind+" calling "+api, api, "{}")
+		}
+	}
+	// Nor reads replies meant for others.
+	for kind, c := range conns {
+		for _, subject := range []string{"_INBOX.>", "sp.>", "sp.r.phase.>", "spsvc.r.agent.a2.>"} {
+			if _, err := c.nc.SubscribeSync(subject); err != nil {
+				t.Fatal(err)
+			}
+			violation(t, c.errs, kind+" subscribing to "+subject, subject)
+		}
+	}
+
+	// Nothing refused reached the stream or a bucket.
+	info, err := bus.Stream.Info(ctx, natsjs.WithSubjectFilter("sp.>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for subj := range info.State.Subjects {
+		switch subj {
+		case "sp.r.ack.1.prepare.sandbox.sb1", "sp.r.member.sandbox.sb1", "sp.r.ack.1.prepare.agent.a1", "sp.r.ack.1.commit.owner.o1":
+		default:
+			t.Errorf("the stream holds %s, which no one may publish", subj)
+		}
+	}
+	if info.State.Msgs != 4 {
+		t.Errorf("the stream holds %d messages, want the 4 allowed", info.State.Msgs)
+	}
+	for _, key := range []string{"r.sandbox.sb2", "other.sandbox.sb1", "r.agent.a2"} {
+		if _, err := bus.Members.Get(ctx, key); !errors.Is(err, natsjs.ErrKeyNotFound) {
+			t.Errorf("heartbeat key %s: %v, want not found", key, err)
+		}
+	}
+	for _, key := range []string{"r.c1.agent.a2", "r.c1.owner.o2", "r.c1"} {
+		if _, err := bus.Manifests.Get(ctx, key); !errors.Is(err, natsjs.ErrKeyNotFound) {
+			t.Errorf("manifest key %s: %v, want not found", key, err)
+		}
+	}
+	if _, err := bus.Stream.Consumer(ctx, durable); err != nil {
+		t.Errorf("the member's durable consumer: %v, want it still there", err)
+	}
+}
+
+// TestSandboxFeedAndService: with its own credentials a sandbox reads its run's phases through an
+// ordered push consumer filtered on them, checks its own acks, and serves its own service to an
+// agent of its run.
+func TestSandboxFeedAndService(t *testing.T) {
+	auth, dir, s, _ := operatorServer(t)
+	ctx := testContext(t)
+	snc, _, serrs := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb1"))
+	legacy, err := snc.JetStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *nats.Msg, 4)
+	sub, err := legacy.Subscribe(events.PhaseFilter("r"), func(m *nats.Msg) { got <- m },
+		nats.OrderedConsumer(), nats.BindStream(jetstream.StreamName), nats.DeliverNew())
+	if err != nil {
+		t.Fatalf("sandbox's ordered consumer of its phases: %v", err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	_, bjs, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleBridge))
+	if _, err := bjs.Publish(ctx, "sp.r.phase.prepare", []byte("p")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-got:
+		if m.Subject != "sp.r.phase.prepare" {
+			t.Errorf("sandbox got %s", m.Subject)
+		}
+	case <-ctx.Done():
+		t.Fatal("the sandbox's consumer delivered no phase")
+	}
+	_, sjs, _ := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb2"))
+	if _, err := sjs.Publish(ctx, "sp.r.ack.1.prepare.sandbox.sb2", nil); err != nil {
+		t.Fatal(err)
+	}
+	sbus, err := jetstream.Open(ctx, sjs)
+	if err != nil {
+		t.Fatalf("sandbox opening the bus: %v", err)
+	}
+	if _, err := sbus.Stream.GetLastMsgForSubject(ctx, "sp.r.ack.1.prepare.sandbox.sb2"); err != nil {
+		t.Errorf("sandbox reading its own ack: %v", err)
+	}
+
+	svc, err := jetstream.NewService(snc, micro.Config{Name: "sandbox-test", Version: "1.0.0"}, "spsvc.r.sandbox.sb1",
+		func(error) (int, string) { return 500, "internal" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = svc.Stop() })
+	if err := svc.Handle("echo", func(body []byte) (any, error) { return string(body), nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := snc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	anc, _, aerrs := connectCreds(t, s, memberCreds(t, auth, "agent.a1"))
+	var out string
+	if err := jetstream.Call(ctx, anc, "spsvc.r.sandbox.sb1.echo", "hi", &out); err != nil || out != `"hi"` {
+		t.Errorf("agent calling its sandbox: %q, %v", out, err)
+	}
+	noViolations(t, snc, serrs, "sandbox")
+	noViolations(t, anc, aerrs, "agent")
+}
+
+// TestExpiredAndRevokedSandbox: a sandbox JWT past its expiry is refused; a revoked one is cut
+// off and refused from then on; the authority's role credentials connect.
+func TestExpiredAndRevokedSandbox(t *testing.T) {
+	auth, dir, s, _ := operatorServer(t)
+	ctx := testContext(t)
+	signerFile := filepath.Join(t.TempDir(), "sandbox-signer.json")
+	if err := auth.WriteSigner(events.KindSandbox, signerFile); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := embedded.LoadSigner(signerFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(b []byte) string {
+		path := filepath.Join(t.TempDir(), "nats.creds")
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	expired, _, err := signer.Mint("r", "sb1", time.Minute, time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: s.ClientURL(), CredsFile: write(expired)}, nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Error("an expired sandbox JWT connected")
+	} else if !strings.Contains(strings.ToLower(err.Error()), "authorization") && !strings.Contains(strings.ToLower(err.Error()), "expired") {
+		t.Errorf("connect with an expired JWT: %v, want an authorization error", err)
+	}
+
+	live, user, err := signer.Mint("r", "sb1", 0, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := write(live)
+	nc, _, _ := connectCreds(t, s, creds)
+	auth.Revoke(user)
+	ajwt, err := auth.AccountJWT()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.UpdateAccount(ajwt); err != nil {
+		t.Fatal(err)
+	}
+	poll.Wait(t, 10*time.Second, "the revoked sandbox to be cut off", func() bool { return !nc.IsConnected() })
+	if nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: s.ClientURL(), CredsFile: creds}, nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Error("a revoked sandbox JWT connected")
+	}
+	// A sandbox of its own kind only: the signer mints no agent.
+	if _, _, err := auth.MemberCreds("R", "agent.a1", 0); !errors.Is(err, embedded.ErrNotMember) {
+		t.Errorf("an upper-case run: %v, want ErrNotMember", err)
+	}
+	for _, role := range []embedded.Role{embedded.RoleBridge, embedded.RoleController, embedded.RoleAdmin} {
+		nc, _, _ := connectCreds(t, s, embedded.CredsFile(dir, role))
+		nc.Close()
+	}
+}
+
+// TestSandboxJWTRenewedOnReconnect: a sandbox's connection takes the JWT its
+// creds file holds at each connect, so when its first JWT expires the server
+// cuts it off and it comes back with the renewed one written meanwhile.
+func TestSandboxJWTRenewedOnReconnect(t *testing.T) {
+	auth, _, s, _ := operatorServer(t)
+	ctx := testContext(t)
+	signerFile := filepath.Join(t.TempDir(), "sandbox-signer.json")
+	if err := auth.WriteSigner(events.KindSandbox, signerFile); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := embedded.LoadSigner(signerFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, _, err := signer.Mint("r", "sb1", 2*time.Second, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "nats.creds")
+	if err := os.WriteFile(path, short, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reconnected := make(chan struct{}, 1)
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: s.ClientURL(), CredsFile: path},
+		nats.ReconnectHandler(func(*nats.Conn) {
+			select {
+			case reconnected <- struct{}{}:
+			default:
+			}
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	renewed, _, err := signer.Mint("r", "sb1", time.Hour, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, renewed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-reconnected:
+	case <-ctx.Done():
+		t.Fatal("the sandbox did not come back after its first JWT expired")
+	}
+	js, err := natsjs.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "sp.r.ack.1.prepare.sandbox.sb1", nil); err != nil {
+		t.Errorf("acking with the renewed JWT: %v", err)
+	}
+}
