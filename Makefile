@@ -21,7 +21,12 @@ E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/
 # The CPU hogs of test-loaded: one per core.
 HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: all help build test test-short e2e test-loaded lint fuzz bench ci clean microvm-assets
+# The fault kinds of `make chaos` and `make soak` (stillpoint chaos
+# --faults): every kind but those docs/RELIABILITY.md lists as open.
+CHAOS_FAULTS ?= bridge,agent,owner,fleet,harness,stall
+CHAOS_SEED   ?= 1
+
+.PHONY: all help build test test-short e2e test-loaded lint fuzz bench chaos soak ci clean microvm-assets
 
 all: build
 
@@ -81,6 +86,15 @@ fuzz:
 	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeGuestLine$$' -fuzztime $(FUZZTIME)
 
+## chaos: a 2-minute `stillpoint chaos` (random faults in rounds of
+## collection, every PROTOCOL §7 invariant checked after each round).
+chaos:
+	$(GO) run ./cmd/stillpoint chaos --seed $(CHAOS_SEED) --duration 2m --faults $(CHAOS_FAULTS)
+
+## soak: the 10-minute chaos soak whose table docs/RELIABILITY.md records.
+soak:
+	$(GO) run ./cmd/stillpoint chaos --seed $(CHAOS_SEED) --duration 10m --faults $(CHAOS_FAULTS)
+
 ## bench: the benchmarks recorded in docs/BENCHMARKS.md.
 bench:
 	$(GO) test -run '^$$' -bench 'Ack' -benchmem -count 3 ./events/
@@ -98,7 +112,7 @@ microvm-assets:
 	.ci/microvm-assets
 
 ## ci: what .ci/run does.
-ci: lint test fuzz
+ci: lint test fuzz chaos
 
 clean:
 	rm -rf bin .stillpoint

@@ -535,8 +535,33 @@ func (c *Collector) flushRetire(ctx context.Context) {
 	}
 }
 
-// retire retires episodes on every member.
+// retireTries is how many times retire asks, a second apart: a retire
+// during a recovery fails when a member is replaced by its new process
+// while it runs, and a bridge that restarts refuses it for a moment.
+const retireTries = 5
+
+// retire retires episodes on every member, asking again (retireTries in
+// all) while it fails: retiring is idempotent.
 func (c *Collector) retire(ctx context.Context, eps []string) error {
+	var err error
+	for try := 1; try <= retireTries; try++ {
+		if try > 1 {
+			c.log.Warn().Err(err).Int("try", try).Msg("retire failed; asking again")
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Second):
+			}
+		}
+		if err = c.retireOnce(ctx, eps); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// retireOnce asks the bridge once to retire episodes.
+func (c *Collector) retireOnce(ctx context.Context, eps []string) error {
 	res, err := c.cfg.Controller.Retire(ctx, eps)
 	if err != nil {
 		return err

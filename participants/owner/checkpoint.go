@@ -126,8 +126,9 @@ func (o *Owner) Resume(_ context.Context, checkpointID string) error {
 // Export snapshots the sandbox of every live session in the commit's scope
 // (every live session when the scope is empty), at most
 // SnapshotParallelism at once, indexes the snapshots, and returns one
-// record per session, sorted by key. If any snapshot fails, the snapshots
-// it took are deleted and the export fails. Outside ModeExported it
+// record per session, sorted by key. A snapshot that fails is taken once
+// more; if it fails again (ErrSnapshot, naming the sandbox), the snapshots
+// the export took are deleted and the export fails. Outside ModeExported it
 // returns no records.
 func (o *Owner) Export(ctx context.Context, c events.Commit) iter.Seq2[events.Record, error] {
 	return member.Records(o.export(ctx, c))
@@ -164,8 +165,8 @@ func (o *Owner) export(ctx context.Context, c events.Commit) ([]events.Record, e
 	err := forEach(len(sessions), o.cfg.SnapshotParallelism, func(i int) error {
 		s := sessions[i]
 		id := SnapshotID(c.CheckpointID, s.ID)
-		if _, err := p.Snapshot(ctx, s.Sandbox.ID, id); err != nil {
-			return fmt.Errorf("owner: snapshot %s of session %s: %w", id, s.ID, err)
+		if err := o.snapshot(ctx, p, s, id); err != nil {
+			return err
 		}
 		taken[i] = true
 		return o.index(ctx, id, c.CheckpointID)
@@ -200,6 +201,30 @@ func (o *Owner) export(ctx context.Context, c events.Commit) ([]events.Record, e
 	slices.SortFunc(recs, func(a, b events.Record) int { return cmp.Compare(a.Key, b.Key) })
 	o.log.Info().Str("checkpoint", c.CheckpointID).Int("sessions", len(recs)).Msg("exported")
 	return recs, nil
+}
+
+// snapshot takes snapshot id of session s's sandbox, and once more when
+// the first try fails (a full disk that a release frees, a provider's
+// passing error), after deleting what the first left. A second failure
+// deletes what it left too, and wraps ErrSnapshot naming the sandbox.
+func (o *Owner) snapshot(ctx context.Context, p Snapshotter, s *Session, id string) error {
+	_, first := p.Snapshot(ctx, s.Sandbox.ID, id)
+	if first == nil {
+		return nil
+	}
+	log := o.log.Warn().Err(first).Str("sandbox", s.Sandbox.ID).Str("session", s.ID).Str("snapshot", id)
+	if err := p.DeleteSnapshot(ctx, id); err != nil {
+		log.AnErr("delete", err).Msg("snapshot failed and what it left cannot be deleted; not taken again")
+		return fmt.Errorf("%w: sandbox %s (session %s), snapshot %s: %w; deleting what it left: %w", ErrSnapshot, s.Sandbox.ID, s.ID, id, first, err)
+	}
+	log.Msg("snapshot failed; taking it again")
+	if _, err := p.Snapshot(ctx, s.Sandbox.ID, id); err != nil {
+		if derr := p.DeleteSnapshot(context.WithoutCancel(ctx), id); derr != nil {
+			o.log.Warn().Err(derr).Str("snapshot", id).Msg("delete what a failed snapshot left")
+		}
+		return fmt.Errorf("%w: sandbox %s (session %s), snapshot %s: first %w; again %w", ErrSnapshot, s.Sandbox.ID, s.ID, id, first, err)
+	}
+	return nil
 }
 
 // parsed is one validated record of an Install.

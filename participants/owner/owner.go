@@ -52,6 +52,11 @@ var (
 	// ErrNoExec is returned (wrapped) by the Execer a task kind gets when
 	// the provider cannot run commands (it is not an Execer).
 	ErrNoExec = errors.New("owner: provider cannot run commands")
+	// ErrSnapshot is returned (wrapped, naming the sandbox and session) by
+	// Export when a sandbox's snapshot failed twice: once, and once more
+	// after the partial snapshot was deleted. The export then fails and
+	// deletes the snapshots it took; the commit fails on this owner.
+	ErrSnapshot = errors.New("owner: snapshot failed twice")
 )
 
 // Mode is how the owner takes part in checkpoints, decided by New.

@@ -112,7 +112,7 @@ NATS_CREDS, NATS_NKEY, NATS_TOKEN.`,
 	pf.StringVar(&g.logFormat, "log-format", envOr("STILLPOINT_LOG_FORMAT", "auto"), "log format: auto (pretty on a terminal, JSON otherwise), json, pretty")
 	root.AddCommand(newServerCmd(g), newCredsCmd(g), newVersionCmd(g), newBridgeCmd(g),
 		newCheckpointCmd(g), newCommitHeldCmd(g), newRestoreCmd(g), newRetireCmd(g), newForgetCmd(g), newReleaseCmd(g), newStatusCmd(g), newTimelineCmd(g),
-		newAgentCmd(g), newOwnerCmd(g), newCollectCmd(g), newTasksCmd(g), newModelServerCmd(g), newDemoCmd(g))
+		newAgentCmd(g), newOwnerCmd(g), newCollectCmd(g), newTasksCmd(g), newModelServerCmd(g), newDemoCmd(g), newChaosCmd(g))
 	return root
 }
 
@@ -120,7 +120,19 @@ NATS_CREDS, NATS_NKEY, NATS_TOKEN.`,
 // into exit statuses: a wrong call is a usage error, and failed invariants,
 // which the demo printed, exit 1 without another word.
 func newDemoCmd(g *globals) *cobra.Command {
-	cmd := demo.Command(demo.Env{Stdout: g.stdout, Stderr: g.stderr, Conn: &g.conn})
+	return demoExits(demo.Command(demo.Env{Stdout: g.stdout, Stderr: g.stderr, Conn: &g.conn}))
+}
+
+// newChaosCmd is `stillpoint chaos` (package demo), its errors turned into
+// exit statuses as the demo's are: an invariant violated in some round,
+// which the table shows, exits 1.
+func newChaosCmd(g *globals) *cobra.Command {
+	return demoExits(demo.ChaosCommand(demo.Env{Stdout: g.stdout, Stderr: g.stderr, Conn: &g.conn}))
+}
+
+// demoExits turns the errors of the demo package's commands into exit
+// statuses.
+func demoExits(cmd *cobra.Command) *cobra.Command {
 	run := cmd.RunE
 	cmd.RunE = func(c *cobra.Command, args []string) error {
 		err := run(c, args)

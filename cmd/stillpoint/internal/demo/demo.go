@@ -2,6 +2,7 @@ package demo
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,10 +31,10 @@ import (
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/invariant"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
-	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
@@ -49,6 +50,7 @@ type demoFlags struct {
 	authDir  string
 	tool     time.Duration
 	harness  string
+	steps    int // tool calls of each scripted task (default 2)
 }
 
 // Env is what the demo takes from the command line it is part of.
@@ -151,6 +153,10 @@ type demo struct {
 	inFlight int      // how many the collector runs at once
 	token    string
 	log      zerolog.Logger
+	// who starts the lines it says (default "demo").
+	who string
+	// bridgeAddr is the bridge's API address, once it started.
+	bridgeAddr string
 	// modelAddr is the model server's host address (a microvm owner
 	// forwards its guests to it).
 	modelAddr string
@@ -161,7 +167,11 @@ type demo struct {
 }
 
 func (d *demo) say(format string, args ...any) {
-	fmt.Fprintf(d.env.Stdout, "demo: "+format+"\n", args...)
+	who := d.who
+	if who == "" {
+		who = "demo"
+	}
+	fmt.Fprintf(d.env.Stdout, who+": "+format+"\n", args...)
 }
 
 func runDemo(ctx context.Context, env Env, f demoFlags) error {
@@ -263,7 +273,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 		return err
 	}
 	defer ctl.Close()
-	chk := &demoChecks{}
+	verified := &invariant.Manifests{}
 	var progress *os.File
 	if fd, ok := env.Stderr.(*os.File); ok && isatty.IsTerminal(fd.Fd()) {
 		progress = fd
@@ -272,7 +282,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: inFlight, Keep: 0, RecoverGrace: 90 * time.Second,
 		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
 		OnCommit: func(ctx context.Context, res *bridgeapi.CheckpointResult) {
-			chk.verifyManifests(ctx, bus, d.run, res.CheckpointID)
+			verified.OnCommit(ctx, bus, d.run, res.CheckpointID)
 		}}
 	if progress != nil {
 		cfg.Progress = progress
@@ -299,17 +309,12 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 
 	d.stopAll()
 	leftover := d.reap(ctx)
-	inv := chk.check(ctx, d, js, bus, ms, sum, leftover)
+	inv := invariant.Check(ctx, invariant.Run{Run: d.run, JS: js, Bus: bus, Summary: sum,
+		Results: filepath.Join(d.dir, "results.jsonl"), Rollouts: d.ids, Graded: d.graded, Model: ms,
+		Manifests: verified, Sandboxes: leftover, NeedRestore: true})
 	fmt.Fprintln(env.Stdout, "invariants (PROTOCOL §7) checked on this run:")
-	failed := []string{}
-	for _, r := range inv {
-		mark := "ok"
-		if !r.ok {
-			mark = "FAILED"
-			failed = append(failed, r.name)
-		}
-		fmt.Fprintf(env.Stdout, "  %-6s %d. %s: %s\n", mark, r.n, r.name, r.detail)
-	}
+	invariant.Write(env.Stdout, inv)
+	failed := invariant.Failed(inv)
 	fmt.Fprintln(env.Stdout)
 	fmt.Fprintf(env.Stdout, "to read what happened (the store is in %s):\n", filepath.Join(d.dir, "nats"))
 	fmt.Fprintf(env.Stdout, "  go run ./cmd/stillpoint server --dir %s --listen 127.0.0.1:4333 &\n", filepath.Join(d.dir, "nats"))
@@ -366,7 +371,7 @@ func openLogFile(p string) *os.File {
 // openCodeInFlight).
 func (d *demo) taskSet() ([]collect.Task, modelserver.Script, int, error) {
 	if d.f.harness != harnessOpenCode {
-		ts, script := tasks.Set(tasks.Options{N: d.f.rollouts, ToolSeconds: d.f.tool.Seconds(), Steps: 2})
+		ts, script := tasks.Set(tasks.Options{N: d.f.rollouts, ToolSeconds: d.f.tool.Seconds(), Steps: cmp.Or(d.f.steps, 2)})
 		return ts, script, d.f.rollouts, nil
 	}
 	ts, script, err := tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: tasks.HarnessOpenCode})
@@ -545,14 +550,21 @@ func (d *demo) instance(ctx context.Context, bus *jetstream.Bus, m events.Member
 	return info.Instance
 }
 
-func (d *demo) startBridge(ctx context.Context) (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// startBridge starts the bridge (again, on the address it had: the
+// collector's client keeps its URL), with extra in its environment, and
+// waits until it serves.
+func (d *demo) startBridge(ctx context.Context, extra ...string) (string, error) {
+	addr := d.bridgeAddr
+	if addr == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr = ln.Addr().String()
+		_ = ln.Close()
+		d.bridgeAddr = addr
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	if err := d.spawn("bridge", string(embedded.RoleBridge), []string{"STILLPOINT_BRIDGE_TOKEN=" + d.token},
+	if err := d.spawn("bridge", string(embedded.RoleBridge), append([]string{"STILLPOINT_BRIDGE_TOKEN=" + d.token}, extra...),
 		"bridge", "--run", d.run, "--listen", addr); err != nil {
 		return "", err
 	}
@@ -740,34 +752,4 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 	d.say("restored %s into the new processes", col.Summary().Restores[0])
 	time.Sleep(300 * time.Millisecond)
 	return checkpoint(3)
-}
-
-// demoChecks gathers what the invariants need while the run goes.
-type demoChecks struct {
-	mu        sync.Mutex
-	manifests int
-	bad       []string
-}
-
-// verifyManifests reads back every member manifest of a committed
-// checkpoint and its records, verifying size, sha256 and count.
-func (c *demoChecks) verifyManifests(ctx context.Context, bus *jetstream.Bus, run, id string) {
-	e, err := bus.Manifests.Get(ctx, events.ManifestKey(run, id))
-	var m events.CheckpointManifest
-	if err == nil {
-		err = json.Unmarshal(e.Value(), &m)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err != nil {
-		c.bad = append(c.bad, fmt.Sprintf("%s: manifest: %v", id, err))
-		return
-	}
-	for _, mm := range m.Members {
-		if _, _, err := member.ReadRecords(ctx, bus.Manifests, bus.Records, run, id, mm.Member, nil); err != nil {
-			c.bad = append(c.bad, fmt.Sprintf("%s/%s: %v", id, mm.Member, err))
-			continue
-		}
-		c.manifests++
-	}
 }

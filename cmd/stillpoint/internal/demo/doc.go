@@ -5,11 +5,21 @@
 // collects the bundled task set (e2e/tasks) through three checkpoints and
 // a crash: after the second checkpoint it kills the agents and the owner
 // with SIGKILL and starts them again, and the collector restores. It then
-// checks the PROTOCOL §7 invariants on the run (check.go) and prints them,
+// checks the PROTOCOL §7 invariants on the run (internal/invariant) and prints them,
 // ending with one line:
 //
 //	demo: <N> rollouts, <N> results, <C> continued in place, <R> relaunched, <K> checkpoints committed, invariants ok
 //
+// ChaosCommand is `stillpoint chaos` (chaos.go), on the same world: rounds
+// of collection, each a run of its own on one NATS server process (or, with
+// --cluster, three node processes), while faults drawn by a seed (or named
+// by --plan) kill the bridge at a failpoint, an agent, the owner, the fleet,
+// a sandbox daemon, a harness, the NATS server or a node at a point of a
+// checkpoint, or stall an agent; after each round the invariants are
+// checked, and a table at the end counts faults, checkpoints, restores,
+// results and violations. docs/RELIABILITY.md says what each fault shows.
+//
 // It is the one package outside e2e/ that imports e2e/... (the task set):
-// the cli package registers Command as its demo subcommand.
+// the cli package registers Command and ChaosCommand as its demo and chaos
+// subcommands.
 package demo

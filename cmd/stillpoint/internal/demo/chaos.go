@@ -1,0 +1,877 @@
+package demo
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+	"github.com/spf13/cobra"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/client"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/invariant"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+)
+
+// The kinds of fault `stillpoint chaos` injects (--faults).
+const (
+	// FaultBridge arms the round's first bridge with a failpoint picked
+	// from BridgeFailpoints: it kills itself there (SIGKILL), and is
+	// started again.
+	FaultBridge = "bridge"
+	// FaultAgent, FaultOwner and FaultFleet kill (SIGKILL) one agent, the
+	// owner, or the owner and every agent at a phase of the run, and
+	// start them again: the collector asks the survivors again, retires
+	// what the dead held, or restores the last checkpoint into the fresh
+	// fleet.
+	FaultAgent = "agent"
+	FaultOwner = "owner"
+	FaultFleet = "fleet"
+	// FaultSandboxd and FaultHarness kill (SIGKILL) one sandbox daemon, or
+	// one process a daemon launched, at a phase; nothing starts them
+	// again but the run's own recovery.
+	FaultSandboxd = "sandboxd"
+	FaultHarness  = "harness"
+	// FaultNATS kills the NATS server (SIGKILL) at a phase and starts it
+	// again on the same store and address.
+	FaultNATS = "nats"
+	// FaultNode kills one node of the 3-node cluster (--cluster) with
+	// SIGKILL at a point, and starts it again on its store once a
+	// checkpoint has ended without it (or nodeDownFor has passed).
+	FaultNode = "node"
+	// FaultStall stops one agent (SIGSTOP) at a point: a member that never
+	// answers, until the checkpoint fails; it is continued (SIGCONT) then,
+	// and answers after the abort.
+	FaultStall = "stall"
+)
+
+// Faults lists every fault kind, in the order the table prints them.
+var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultSandboxd, FaultHarness, FaultNATS, FaultNode, FaultStall}
+
+// BridgeFailpoints are the points FaultBridge arms (see the bridge's
+// failpoint package); the abort and restore ones are hit only when the
+// round aborts or restores.
+var BridgeFailpoints = []string{
+	"bridge/after-prepare", "bridge/after-prepare-acks", "bridge/after-commit", "bridge/after-commit-acks",
+	"bridge/after-manifest", "bridge/after-latest", "bridge/after-outcome", "bridge/after-abort-marker",
+	"bridge/after-release", "bridge/after-restore", "bridge/after-restore-acks",
+}
+
+// The points of a checkpoint a fault other than the bridge's waits for,
+// beside the phases: a commit ack on the bus (its member manifest is
+// written) and the checkpoint.committed outcome (the checkpoint manifest
+// and LATEST are).
+const (
+	pointCommitAcked events.Phase = "commit-acked"
+	pointCommitted   events.Phase = "committed"
+	// pointFailed, the checkpoint.failed outcome, ends a stall.
+	pointFailed events.Phase = "failed"
+)
+
+// chaosPhases are the points a fault other than the bridge's waits for (a
+// restore only after a fleet's crash in the same round).
+var chaosPhases = []events.Phase{events.PhasePrepare, events.PhaseCommit, pointCommitAcked, pointCommitted,
+	events.PhaseResume, events.PhaseRestore, events.PhaseRelease}
+
+// point names the point of a run's subject: its phase, pointCommitAcked
+// for a commit ack, pointCommitted for the outcome, "" for the rest.
+func point(run, subject string) events.Phase {
+	rest, ok := strings.CutPrefix(subject, events.SubjectPrefix+"."+run+".")
+	if !ok {
+		return ""
+	}
+	parts := strings.Split(rest, ".")
+	switch {
+	case len(parts) == 2 && parts[0] == "phase":
+		return events.Phase(parts[1])
+	case len(parts) >= 3 && parts[0] == "ack" && parts[2] == string(events.PhaseCommit):
+		return pointCommitAcked
+	case subject == events.OutcomeSubject(run, events.TypeCheckpointCommitted):
+		return pointCommitted
+	case subject == events.OutcomeSubject(run, events.TypeCheckpointFailed):
+		return pointFailed
+	}
+	return ""
+}
+
+type chaosFlags struct {
+	seed     uint64
+	duration time.Duration
+	rollouts int
+	agents   int
+	dir      string
+	provider string
+	faults   string
+	perRound int
+	every    time.Duration
+	tool     time.Duration
+	steps    int
+	plan     string
+	cluster  bool
+	limit    time.Duration
+	grace    time.Duration
+}
+
+// ChaosCommand returns the `chaos` command. Its errors wrap ErrUsage for a
+// wrong call; ErrInvariants says an invariant failed in some round.
+func ChaosCommand(env Env) *cobra.Command {
+	var f chaosFlags
+	cmd := &cobra.Command{
+		Use:   "chaos",
+		Short: "Collect rollouts in rounds while injecting random faults, and check the invariants after each",
+		Long: `Run the demo's system (a NATS server, the bridge, a sandbox owner and agents, each its own
+process, and the scripted model server) through rounds of collection until --duration has
+passed: each round is a run of its own with --rollouts scripted tasks, a checkpoint every
+--every (each task makes --steps quick tool calls and a slow one of --tool-time), and --per-round faults drawn from --faults by the seed, each at a random moment:
+
+  bridge    the bridge armed with a failpoint (a phase point: after-prepare, -commit-acks,
+            -manifest, -latest, -outcome, -release, -restore, ...) kills itself there
+  agent     kill -9 of one agent at a point (the phases prepare, commit, resume, restore,
+            release; commit-acked: a member manifest written; committed: the checkpoint
+            manifest written), started again
+  owner     kill -9 of the sandbox owner at a phase, started again
+  fleet     kill -9 of the owner and every agent at a phase, started again: a restore
+  sandboxd  kill -9 of one sandbox daemon at a phase
+  harness   kill -9 of one process a sandbox daemon launched, at a phase
+  nats      kill -9 of the NATS server at a phase, started again on the same store
+  node      with --cluster: kill -9 of one node at a point, started again on its store
+            once a checkpoint ended without it
+  stall     SIGSTOP of one agent at a point (a member that never answers) until a
+            checkpoint fails, then SIGCONT (it answers after the abort)
+
+After each round every PROTOCOL §7 invariant is checked on it (internal/invariant), and at
+the end a table says how many faults of each kind were injected, checkpoints committed and
+aborted, restores, rollouts finished and invariant violations (0, or the command fails).
+The same seed draws the same faults; when they land depends on the machine.
+
+It builds the static sandboxd and harness binaries first, so run it from the stillpoint
+checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runChaos(cmd.Context(), env, f) },
+	}
+	cmd.AddCommand(nodeCommand())
+	fl := cmd.Flags()
+	fl.Uint64Var(&f.seed, "seed", 1, "the seed that draws the faults")
+	fl.DurationVar(&f.duration, "duration", 2*time.Minute, "rounds start until this has passed (the last one finishes)")
+	fl.IntVar(&f.rollouts, "rollouts", 8, "tasks in each round")
+	fl.IntVar(&f.agents, "agents", 2, "agent processes")
+	fl.StringVar(&f.dir, "dir", "", "work directory: a directory per round, the NATS store (default: a new one under the temp dir)")
+	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
+	fl.StringVar(&f.faults, "faults", "", "the fault kinds to draw from, comma-separated (default: every kind but node, or with --cluster every kind but nats)")
+	fl.DurationVar(&f.grace, "recover-grace", chaosRecoverGrace, "how long a round's collector waits for a fleet that restarted to settle (a restore needs all of it back)")
+	fl.DurationVar(&f.limit, "round-limit", 5*time.Minute, "a round whose collection has not finished by then is stopped and counted as a violation")
+	fl.BoolVar(&f.cluster, "cluster", false, "run NATS as a 3-node cluster (R3), each node its own process (the node fault kills one)")
+	fl.IntVar(&f.perRound, "per-round", 2, "faults in each round")
+	fl.DurationVar(&f.every, "every", 2*time.Second, "checkpoint interval of each round")
+	fl.DurationVar(&f.tool, "tool-time", 8*time.Second, "how long each task's slow tool call runs (a checkpoint catches it)")
+	fl.IntVar(&f.steps, "steps", 2, "quick tool calls of each task before its slow one")
+	fl.StringVar(&f.plan, "plan", "", "instead of drawing: one round per comma-separated entry, its faults joined by +, each kind@phase or bridge@<failpoint> (bridge@after-commit-acks+agent@prepare,fleet@commit)")
+	return cmd
+}
+
+// chaosTable is what the rounds did, for the table at the end.
+type chaosTable struct {
+	rounds     int
+	injected   map[string]int // by kind
+	missed     map[string]int // drawn, but the round ended first
+	committed  int
+	aborted    int
+	restores   int
+	rollouts   int
+	finished   int
+	violations []string // "round k: n. name: detail"
+}
+
+// write prints the table.
+func (t *chaosTable) write(w io.Writer, f chaosFlags, took time.Duration) {
+	per := fmt.Sprintf("%d faults a round", f.perRound)
+	if f.plan != "" {
+		per = "the faults of --plan"
+	}
+	fmt.Fprintf(w, "chaos: seed %d, %s, %d rounds of %d rollouts, %s\n", f.seed, took.Round(time.Second), t.rounds, f.rollouts, per)
+	fmt.Fprintf(w, "  %-26s %8s %8s\n", "fault", "injected", "missed")
+	total := 0
+	for _, k := range Faults {
+		if t.injected[k] == 0 && t.missed[k] == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "  %-26s %8d %8d\n", k, t.injected[k], t.missed[k])
+		total += t.injected[k]
+	}
+	fmt.Fprintf(w, "  %-26s %8d\n", "faults injected", total)
+	fmt.Fprintf(w, "  %-26s %8d\n", "checkpoints committed", t.committed)
+	fmt.Fprintf(w, "  %-26s %8d\n", "checkpoints aborted", t.aborted)
+	fmt.Fprintf(w, "  %-26s %8d\n", "restores", t.restores)
+	fmt.Fprintf(w, "  %-26s %8d of %d\n", "rollouts finished", t.finished, t.rollouts)
+	fmt.Fprintf(w, "  %-26s %8d\n", "invariant violations", len(t.violations))
+	for _, v := range t.violations {
+		fmt.Fprintf(w, "    %s\n", v)
+	}
+}
+
+// chaosWorld is what the rounds share: the binaries, the NATS server
+// process and its address.
+type chaosWorld struct {
+	env      Env
+	f        chaosFlags
+	dir      string
+	self     string
+	sandboxd string
+	harness  string
+	natsURL  string
+	natsAddr string
+
+	mu     sync.Mutex
+	nats   *child.Process
+	nodes  []*clusterNode // with --cluster
+	routes string         // every node's route URL, joined
+}
+
+// natsReadyRE is the line `stillpoint server` prints once it serves.
+var natsReadyRE = regexp.MustCompile(`NATS ready at (\S+)`)
+
+// startNATS starts `stillpoint server` on the world's store and address
+// (a random one the first time) and waits until it serves.
+func (w *chaosWorld) startNATS(ctx context.Context) error {
+	addr := w.natsAddr
+	if addr == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		addr = ln.Addr().String()
+		_ = ln.Close()
+	}
+	p, err := child.Start(child.Spec{Name: "nats", Path: w.self, Args: []string{"server", "--dir", filepath.Join(w.dir, "nats"), "--listen", addr},
+		LogFile: filepath.Join(w.dir, "nats.log")})
+	if err != nil {
+		return fmt.Errorf("chaos: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	m, err := p.WaitOutput(wctx, natsReadyRE)
+	if err != nil {
+		p.Stop()
+		return fmt.Errorf("chaos: the NATS server did not come up (see %s): %w", filepath.Join(w.dir, "nats.log"), err)
+	}
+	w.mu.Lock()
+	w.nats, w.natsAddr, w.natsURL = p, addr, m[1]
+	w.mu.Unlock()
+	return nil
+}
+
+// restartNATS kills the NATS server with SIGKILL and starts it again on
+// the same store and address.
+func (w *chaosWorld) restartNATS(ctx context.Context) error {
+	w.mu.Lock()
+	p := w.nats
+	w.mu.Unlock()
+	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := p.Kill(kctx); err != nil {
+		return err
+	}
+	p.Stop()
+	return w.startNATS(ctx)
+}
+
+// cluster reports whether NATS runs as a cluster of node processes.
+func (w *chaosWorld) cluster() bool { return len(w.nodes) > 0 }
+
+func (w *chaosWorld) stopNATS() {
+	w.mu.Lock()
+	p := w.nats
+	w.mu.Unlock()
+	if p != nil {
+		p.Stop()
+	}
+}
+
+func runChaos(ctx context.Context, env Env, f chaosFlags) error {
+	kinds := map[string]bool{}
+	if strings.TrimSpace(f.faults) == "" {
+		for _, k := range Faults {
+			kinds[k] = k != FaultNode && k != FaultNATS || k == FaultNode && f.cluster || k == FaultNATS && !f.cluster
+		}
+	}
+	for k := range strings.SplitSeq(f.faults, ",") {
+		if k = strings.TrimSpace(k); k == "" {
+			continue
+		}
+		if !slices.Contains(Faults, k) {
+			return fmt.Errorf("%w: --faults: unknown kind %q (want some of %s)", ErrUsage, k, strings.Join(Faults, ","))
+		}
+		kinds[k] = true
+	}
+	if f.rollouts < 1 || f.agents < 1 || f.perRound < 0 || f.duration <= 0 || f.every <= 0 {
+		return fmt.Errorf("%w: --rollouts and --agents must be at least 1, --per-round not negative, --duration and --every positive", ErrUsage)
+	}
+	if kinds[FaultNode] && !f.cluster || kinds[FaultNATS] && f.cluster {
+		return fmt.Errorf("%w: --faults: node goes with --cluster, nats without", ErrUsage)
+	}
+	var drawn []string
+	for _, k := range Faults {
+		if kinds[k] {
+			drawn = append(drawn, k)
+		}
+	}
+	if len(drawn) == 0 && f.perRound > 0 {
+		return fmt.Errorf("%w: --faults names no kind", ErrUsage)
+	}
+	planned, err := parsePlan(f.plan)
+	if err != nil {
+		return err
+	}
+	w := &chaosWorld{env: env, f: f}
+	if w.dir = f.dir; w.dir == "" {
+		if w.dir, err = os.MkdirTemp("", "stillpoint-chaos-"); err != nil {
+			return err
+		}
+	}
+	if w.dir, err = filepath.Abs(w.dir); err != nil {
+		return err
+	}
+	if w.self = env.Program; w.self == "" {
+		if w.self, err = os.Executable(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(env.Stdout, "chaos: work directory %s (a directory per round, the NATS store)\n", w.dir)
+	b := &demo{env: env, who: "chaos", f: demoFlags{harness: harnessScripted}}
+	if err := b.build(ctx); err != nil {
+		return err
+	}
+	w.sandboxd, w.harness = b.sandboxd, b.harness
+	if f.cluster {
+		defer w.stopCluster()
+		if err := w.startCluster(ctx); err != nil {
+			return err
+		}
+	} else {
+		if err := w.startNATS(ctx); err != nil {
+			return err
+		}
+		defer w.stopNATS()
+	}
+
+	rng := rand.New(rand.NewPCG(f.seed, f.seed^0x5eed))
+	t := &chaosTable{injected: map[string]int{}, missed: map[string]int{}}
+	began := time.Now()
+	for round := 1; planned != nil && round <= len(planned) || planned == nil && (round == 1 || time.Since(began) < f.duration); round++ {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if planned != nil {
+			if err := w.round(ctx, round, planned[round-1], rng.Uint64(), t); err != nil {
+				return err
+			}
+			continue
+		}
+		plan := make([]plannedFault, f.perRound)
+		restores := false // a restore phase comes only after a fleet's crash
+		for i := range plan {
+			phases := chaosPhases
+			if !restores {
+				phases = slices.DeleteFunc(slices.Clone(phases), func(p events.Phase) bool { return p == events.PhaseRestore })
+			}
+			plan[i] = plannedFault{kind: drawn[rng.IntN(len(drawn))], phase: phases[rng.IntN(len(phases))],
+				after: time.Duration(rng.Int64N(int64(f.tool))), failpoint: BridgeFailpoints[rng.IntN(len(BridgeFailpoints))]}
+			restores = restores || plan[i].kind == FaultFleet
+		}
+		if err := w.round(ctx, round, plan, rng.Uint64(), t); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintln(env.Stdout)
+	t.write(env.Stdout, f, time.Since(began))
+	if len(t.violations) > 0 {
+		return ErrInvariants
+	}
+	return nil
+}
+
+// plannedFault is one fault of a round: its kind, the phase it waits for
+// after its delay (the bridge's: its failpoint), and whom it hits.
+type plannedFault struct {
+	kind      string
+	phase     events.Phase
+	after     time.Duration
+	failpoint string
+}
+
+// parsePlan parses --plan: nil when it is empty.
+func parsePlan(plan string) ([][]plannedFault, error) {
+	if strings.TrimSpace(plan) == "" {
+		return nil, nil
+	}
+	var out [][]plannedFault
+	for r := range strings.SplitSeq(plan, ",") {
+		var round []plannedFault
+		for f := range strings.SplitSeq(strings.TrimSpace(r), "+") {
+			kind, at, ok := strings.Cut(f, "@")
+			switch {
+			case !ok || !slices.Contains(Faults, kind):
+				return nil, fmt.Errorf("%w: --plan: %q: want kind@phase or bridge@<failpoint>, kind one of %s", ErrUsage, f, strings.Join(Faults, ","))
+			case kind == FaultBridge && !slices.Contains(BridgeFailpoints, "bridge/"+at):
+				return nil, fmt.Errorf("%w: --plan: %q: the bridge's failpoints are %s", ErrUsage, f, strings.Join(BridgeFailpoints, ", "))
+			case kind != FaultBridge && !slices.Contains(chaosPhases, events.Phase(at)):
+				return nil, fmt.Errorf("%w: --plan: %q: the phases are %v", ErrUsage, f, chaosPhases)
+			}
+			p := plannedFault{kind: kind, phase: events.Phase(at)}
+			if kind == FaultBridge {
+				p.phase, p.failpoint = "", "bridge/"+at
+			}
+			round = append(round, p)
+		}
+		out = append(out, round)
+	}
+	return out, nil
+}
+
+func (p plannedFault) String() string {
+	if p.kind == FaultBridge {
+		return p.kind + "@" + strings.TrimPrefix(p.failpoint, "bridge/")
+	}
+	return fmt.Sprintf("%s@%s", p.kind, p.phase)
+}
+
+// round runs one collection with its faults, checks the invariants on it,
+// and adds it to the table. Only a failure to set the round up is an
+// error; what the faults break is in the table.
+func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick uint64, t *chaosTable) error {
+	// Run ids of their own: the process table is searched by run.
+	run := fmt.Sprintf("chaos%d-%08x", k, uint32(time.Now().UnixNano()))
+	d := &demo{env: w.env, f: demoFlags{rollouts: w.f.rollouts, agents: w.f.agents, provider: w.f.provider, tool: w.f.tool, steps: w.f.steps, harness: harnessScripted},
+		who: "chaos " + run, dir: filepath.Join(w.dir, run), self: w.self, sandboxd: w.sandboxd, harness: w.harness, natsURL: w.natsURL, run: run,
+		token: fmt.Sprintf("chaos-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
+		log: zerolog.New(w.env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
+	defer d.stopAll()
+	var names []string
+	for _, p := range plan {
+		names = append(names, p.String())
+	}
+	fmt.Fprintf(w.env.Stdout, "chaos: round %d (%s): faults %s\n", k, run, strings.Join(names, ", "))
+
+	nc, js, err := connectJS(ctx, jetstream.ConnConfig{URL: w.natsURL, Name: "stillpoint-chaos"})
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	bus, err := jetstream.Open(ctx, js)
+	if err != nil {
+		return err
+	}
+	ts, script, _, err := d.taskSet()
+	if err != nil {
+		return err
+	}
+	for _, tk := range ts {
+		d.ids = append(d.ids, tk.RolloutID)
+	}
+	ms := modelserver.New(script)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	msrv := &http.Server{Handler: ms, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = msrv.Serve(ln) }()
+	defer func() { _ = msrv.Close(); <-served }()
+	modelURL := "http://" + ln.Addr().String()
+
+	// One bridge fault a round: the first bridge is armed, the ones it is
+	// started again as are not; a second one drawn is missed.
+	var armed []string
+	extraBridge := 0
+	for _, p := range plan {
+		switch {
+		case p.kind == FaultBridge && len(armed) == 0:
+			armed = append(armed, "STILLPOINT_FAILPOINTS="+p.failpoint)
+		case p.kind == FaultBridge:
+			extraBridge++
+		}
+	}
+	bridgeURL, err := d.startBridge(ctx, armed...)
+	if err != nil {
+		return err
+	}
+	if err := d.startOwner(ctx, nil, bus); err != nil {
+		return err
+	}
+	var agents []string
+	for i := range w.f.agents {
+		name := fmt.Sprintf("a%d", i+1)
+		agents = append(agents, name)
+		if err := d.startAgent(ctx, bus, name, modelURL); err != nil {
+			return err
+		}
+	}
+	ctl, err := client.New(bridgeURL, d.token)
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	verified := &invariant.Manifests{}
+	col, err := collect.New(collect.Config{Run: run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
+		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: len(ts), CheckpointEvery: w.f.every, RecoverGrace: cmp.Or(w.f.grace, chaosRecoverGrace),
+		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
+		OnCommit: func(ctx context.Context, res *bridgeapi.CheckpointResult) {
+			verified.OnCommit(ctx, bus, run, res.CheckpointID)
+		}})
+	if err != nil {
+		return err
+	}
+
+	inj := &injector{w: w, d: d, bus: bus, nc: nc, agents: agents, modelURL: modelURL, rng: rand.New(rand.NewPCG(pick, 1)),
+		injected: map[string]int{}, missed: map[string]int{FaultBridge: extraBridge}}
+	ictx, stopInjecting := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { inj.bridgeWatch(ictx, len(armed) > 0) })
+	wg.Go(func() { inj.run(ictx, plan, col) })
+	rctx, stopRound := context.WithTimeoutCause(ctx, cmp.Or(w.f.limit, 5*time.Minute), errRoundLimit)
+	sum, cerr := col.Run(rctx)
+	stopRound()
+	if errors.Is(context.Cause(rctx), errRoundLimit) {
+		cerr = fmt.Errorf("%w (%s): %d results of %d", errRoundLimit, cmp.Or(w.f.limit, 5*time.Minute), col.Counts().Done, len(d.ids))
+	}
+	stopInjecting()
+	wg.Wait()
+	if cerr != nil {
+		t.violations = append(t.violations, fmt.Sprintf("round %d: the collection failed: %v", k, cerr))
+	}
+	// A bridge that died in the final release leaves it to the next
+	// one: it is up again (the watch restarted it), and finishes it.
+	if err := waitIdle(ctx, ctl, d); err != nil {
+		t.violations = append(t.violations, fmt.Sprintf("round %d: %v", k, err))
+	}
+	// What is left is checked and cleaned up even when ctx ended.
+	ctx = context.WithoutCancel(ctx)
+	d.stopAll()
+	leftover := d.reap(ctx)
+	procs, perr := runProcesses(run)
+	if perr != nil {
+		procs = append(procs, "(process table: "+perr.Error()+")")
+	}
+	inv := invariant.Check(ctx, invariant.Run{Run: run, JS: js, Bus: bus, Summary: sum, Results: filepath.Join(d.dir, "results.jsonl"),
+		Rollouts: d.ids, Graded: d.graded, Model: ms, Manifests: verified, Sandboxes: leftover, Processes: procs})
+	for _, r := range inv {
+		if !r.OK {
+			t.violations = append(t.violations, fmt.Sprintf("round %d: %d. %s: %s", k, r.N, r.Name, r.Detail))
+		}
+	}
+	t.rounds++
+	inj.mu.Lock()
+	for kind, n := range inj.injected {
+		t.injected[kind] += n
+	}
+	for kind, n := range inj.missed {
+		t.missed[kind] += n
+	}
+	inj.mu.Unlock()
+	committed, aborted := 0, 0
+	for _, ck := range sum.Checkpoints {
+		if ck.Status == bridgeapi.StatusCommitted {
+			committed++
+		} else {
+			aborted++
+		}
+	}
+	t.committed += committed
+	t.aborted += aborted
+	t.restores += len(sum.Restores)
+	t.rollouts += len(d.ids)
+	t.finished += sum.Results
+	verdict := "invariants ok"
+	if failed := invariant.Failed(inv); len(failed) > 0 {
+		verdict = "invariants FAILED: " + strings.Join(failed, ", ")
+	}
+	fmt.Fprintf(w.env.Stdout, "chaos: round %d: %d results of %d, %d committed, %d aborted, %d restores, %s\n",
+		k, sum.Results, len(d.ids), committed, aborted, len(sum.Restores), verdict)
+	return nil
+}
+
+// waitIdle waits for the bridge to serve with no operation open.
+func waitIdle(ctx context.Context, ctl *client.Client, d *demo) error {
+	wctx, cancel := context.WithTimeoutCause(ctx, 60*time.Second,
+		fmt.Errorf("the bridge is not idle a minute after the collection ended; see %s", filepath.Join(d.dir, "logs", "bridge.log")))
+	defer cancel()
+	return poll.Until(wctx, poll.Every(200*time.Millisecond), func() (bool, error) {
+		once, cancel := context.WithTimeout(wctx, 2*time.Second)
+		defer cancel()
+		st, err := ctl.Status(once)
+		return err == nil && st.Open == "", nil
+	})
+}
+
+// injector injects a round's faults.
+type injector struct {
+	w        *chaosWorld
+	d        *demo
+	bus      *jetstream.Bus
+	nc       *nats.Conn
+	agents   []string
+	modelURL string
+	rng      *rand.Rand // whom a fault hits; used by run alone
+
+	mu       sync.Mutex
+	injected map[string]int
+	missed   map[string]int
+}
+
+func (i *injector) count(kind string, hit bool) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if hit {
+		i.injected[kind]++
+	} else {
+		i.missed[kind]++
+	}
+}
+
+// bridgeWatch starts the bridge again each time it exits on its own (an
+// armed failpoint) until ctx ends; with armed, the first bridge was armed,
+// and its exit is the fault; it reports it missed if the round ended first.
+func (i *injector) bridgeWatch(ctx context.Context, armed bool) {
+	for {
+		p := i.d.process("bridge")
+		select {
+		case <-ctx.Done():
+			if armed {
+				i.count(FaultBridge, false)
+			}
+			return
+		case <-p.Exited():
+		}
+		if armed {
+			i.count(FaultBridge, true)
+			armed = false
+		}
+		i.d.say("the bridge exited (%s); starting it again", strings.TrimSpace(lastLine(p.Output())))
+		for {
+			if _, err := i.d.startBridge(ctx); err == nil || ctx.Err() != nil {
+				break
+			}
+		}
+	}
+}
+
+// lastLine returns the last line of s.
+func lastLine(s string) string {
+	s = strings.TrimRight(s, "\n")
+	if j := strings.LastIndexByte(s, '\n'); j >= 0 {
+		return s[j+1:]
+	}
+	return s
+}
+
+// run injects the planned faults other than the bridge's, one after the
+// other: each after its delay, at the next phase of its kind on the bus.
+func (i *injector) run(ctx context.Context, plan []plannedFault, col *collect.Collector) {
+	phases := make(chan events.Phase, 64)
+	sub, err := i.nc.Subscribe(events.RunFilter(i.d.run), func(m *nats.Msg) {
+		p := point(i.d.run, m.Subject)
+		if p == "" {
+			return
+		}
+		select {
+		case phases <- p:
+		default:
+		}
+	})
+	if err != nil {
+		i.d.say("phase subscription: %v", err)
+		return
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	for _, p := range plan {
+		if p.kind == FaultBridge {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			i.count(p.kind, false)
+			continue
+		case <-time.After(p.after):
+		}
+		// Phases seen before the delay ended do not count.
+	drain:
+		for {
+			select {
+			case <-phases:
+			default:
+				break drain
+			}
+		}
+		hit := false
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				break wait
+			case ph := <-phases:
+				if ph == p.phase {
+					hit = true
+					break wait
+				}
+			}
+		}
+		if !hit || col.Counts().Done >= len(i.d.ids) {
+			i.count(p.kind, false)
+			continue
+		}
+		if err := i.inject(ctx, p, phases); err != nil {
+			i.d.say("%s: %v", p, err)
+			i.count(p.kind, false)
+			continue
+		}
+		i.count(p.kind, true)
+	}
+}
+
+// inject injects one fault now; a stall reads the points that follow
+// from phases.
+func (i *injector) inject(ctx context.Context, p plannedFault, phases <-chan events.Phase) error {
+	d := i.d
+	switch p.kind {
+	case FaultStall:
+		a := i.agents[i.rng.IntN(len(i.agents))]
+		proc := d.process("agent-" + a)
+		d.say("SIGSTOP of agent %s at %s, until a checkpoint fails", a, p.phase)
+		if err := proc.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		defer func() {
+			d.say("SIGCONT of agent %s", a)
+			_ = proc.Signal(syscall.SIGCONT)
+		}()
+		limit := time.NewTimer(stallLimit)
+		defer limit.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-limit.C:
+				return nil
+			case ph := <-phases:
+				if ph == pointFailed {
+					return nil
+				}
+			}
+		}
+	case FaultAgent:
+		a := i.agents[i.rng.IntN(len(i.agents))]
+		d.say("kill -9 of agent %s at %s", a, p.phase)
+		if err := d.kill9(ctx, "agent-"+a); err != nil {
+			return err
+		}
+		return d.startAgent(ctx, i.bus, a, i.modelURL)
+	case FaultOwner:
+		d.say("kill -9 of the owner at %s", p.phase)
+		if err := d.kill9(ctx, "owner"); err != nil {
+			return err
+		}
+		return d.startOwner(ctx, nil, i.bus)
+	case FaultFleet:
+		d.say("kill -9 of the owner and the agents at %s", p.phase)
+		names := []string{"owner"}
+		for _, a := range i.agents {
+			names = append(names, "agent-"+a)
+		}
+		if err := d.kill9(ctx, names...); err != nil {
+			return err
+		}
+		if err := d.startOwner(ctx, nil, i.bus); err != nil {
+			return err
+		}
+		for _, a := range i.agents {
+			if err := d.startAgent(ctx, i.bus, a, i.modelURL); err != nil {
+				return err
+			}
+		}
+		return nil
+	case FaultSandboxd, FaultHarness:
+		daemons, launched, err := sandboxProcesses(d.run)
+		if err != nil {
+			return err
+		}
+		pids := daemons
+		if p.kind == FaultHarness {
+			pids = launched
+		}
+		if len(pids) == 0 {
+			return errors.New("no such process running")
+		}
+		pid := pids[i.rng.IntN(len(pids))]
+		d.say("kill -9 of %s process %d at %s", p.kind, pid, p.phase)
+		return killPID(pid)
+	case FaultNATS:
+		if i.w.cluster() {
+			return errors.New("nats is a fault of one server; with --cluster, node")
+		}
+		d.say("kill -9 of the NATS server at %s, started again on its store", p.phase)
+		return i.w.restartNATS(ctx)
+	case FaultNode:
+		if !i.w.cluster() {
+			return errors.New("node is a fault of --cluster")
+		}
+		n := i.rng.IntN(len(i.w.nodes))
+		d.say("kill -9 of NATS node %s at %s", i.w.nodes[n].name, p.phase)
+		if err := i.w.killNode(ctx, n); err != nil {
+			return err
+		}
+		down := time.NewTimer(nodeDownFor)
+		defer down.Stop()
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				break wait
+			case <-down.C:
+				break wait
+			case ph := <-phases:
+				if ph == pointCommitted || ph == pointFailed {
+					break wait
+				}
+			}
+		}
+		d.say("NATS node %s started again on its store", i.w.nodes[n].name)
+		return i.w.startNode(context.WithoutCancel(ctx), n)
+	}
+	return fmt.Errorf("unknown fault kind %q", p.kind)
+}
+
+// errRoundLimit is the cause of a round stopped at --round-limit.
+var errRoundLimit = errors.New("the collection did not finish within the round limit")
+
+// chaosRecoverGrace is how long a round's collector waits for the fleet
+// to settle after a crash: every fault starts what it killed again at
+// once, and a partial loss (one agent, the owner) waits out the whole
+// grace before its rollouts start over.
+const chaosRecoverGrace = 15 * time.Second
+
+// nodeDownFor bounds how long a killed node stays down when no checkpoint
+// ends meanwhile.
+const nodeDownFor = 20 * time.Second
+
+// stallLimit bounds a stall that sees no checkpoint fail.
+const stallLimit = time.Minute

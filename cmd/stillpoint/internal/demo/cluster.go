@@ -1,0 +1,219 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/spf13/cobra"
+
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// clusterNodes is the size of chaos's cluster: the smallest that keeps a
+// quorum without one node.
+const clusterNodes = 3
+
+// nodeFlags are those of `stillpoint chaos node`.
+type nodeFlags struct {
+	name, dir, listen, clusterListen, routes string
+}
+
+// nodeCommand is `stillpoint chaos node`: one JetStream server of a
+// cluster, as its own process, so that chaos can kill one node alone (a
+// real crash) and start it again on its store. It prints
+// "node <name> ready at <url>" once it serves, and stops on SIGTERM.
+func nodeCommand() *cobra.Command {
+	var f nodeFlags
+	cmd := &cobra.Command{
+		Use:    "node",
+		Short:  "Run one node of chaos's NATS cluster (chaos starts them)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runNode(cmd.Context(), cmd.OutOrStdout(), f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.name, "name", "", "the node's server name")
+	fl.StringVar(&f.dir, "dir", "", "its JetStream store")
+	fl.StringVar(&f.listen, "listen", "", "client address host:port")
+	fl.StringVar(&f.clusterListen, "cluster-listen", "", "route address host:port")
+	fl.StringVar(&f.routes, "routes", "", "every node's route URL, comma-separated")
+	return cmd
+}
+
+func runNode(ctx context.Context, out interface{ Write([]byte) (int, error) }, f nodeFlags) error {
+	host, port, err := splitHostPort(f.listen)
+	if err != nil {
+		return fmt.Errorf("%w: --listen: %v", ErrUsage, err)
+	}
+	chost, cport, err := splitHostPort(f.clusterListen)
+	if err != nil {
+		return fmt.Errorf("%w: --cluster-listen: %v", ErrUsage, err)
+	}
+	if f.name == "" || f.dir == "" || f.routes == "" {
+		return fmt.Errorf("%w: --name, --dir and --routes are required", ErrUsage)
+	}
+	ns, err := server.NewServer(&server.Options{
+		ServerName: f.name, Host: host, Port: port, JetStream: true, StoreDir: f.dir, NoSigs: true, Logtime: true,
+		Cluster: server.ClusterOpts{Name: "stillpoint-chaos", Host: chost, Port: cport},
+		Routes:  server.RoutesFromStr(f.routes),
+	})
+	if err != nil {
+		return fmt.Errorf("chaos node %s: %w", f.name, err)
+	}
+	ns.ConfigureLogger()
+	ns.Start()
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		return fmt.Errorf("chaos node %s: not ready for connections after 30 s", f.name)
+	}
+	fmt.Fprintf(out, "node %s ready at %s\n", f.name, ns.ClientURL())
+	sctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
+	defer stop()
+	<-sctx.Done()
+	return nil
+}
+
+func splitHostPort(s string) (string, int, error) {
+	h, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", 0, err
+	}
+	n, err := strconv.Atoi(p)
+	return h, n, err
+}
+
+// nodeReadyRE is the line a node prints once it serves.
+var nodeReadyRE = regexp.MustCompile(`node \S+ ready at (\S+)`)
+
+// clusterNode is one node process of chaos's cluster and its addresses.
+type clusterNode struct {
+	name, client, route string
+	proc                *child.Process
+}
+
+// freeAddrs returns n loopback addresses free now.
+func freeAddrs(n int) ([]string, error) {
+	var out []string
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		out = append(out, l.Addr().String())
+	}
+	return out, nil
+}
+
+// startCluster starts clusterNodes node processes that route to each
+// other, waits until each serves, and provisions the bus at R3 (which
+// succeeds once a JetStream meta leader is elected).
+func (w *chaosWorld) startCluster(ctx context.Context) error {
+	addrs, err := freeAddrs(2 * clusterNodes)
+	if err != nil {
+		return err
+	}
+	var routes []string
+	for i := range clusterNodes {
+		w.nodes = append(w.nodes, &clusterNode{name: "n" + strconv.Itoa(i), client: addrs[2*i], route: addrs[2*i+1]})
+		routes = append(routes, "nats-route://"+addrs[2*i+1])
+	}
+	w.routes = strings.Join(routes, ",")
+	var urls []string
+	for i := range w.nodes {
+		if err := w.startNode(ctx, i); err != nil {
+			return err
+		}
+		urls = append(urls, "nats://"+w.nodes[i].client)
+	}
+	w.natsURL = strings.Join(urls, ",")
+	nc, js, err := connectJS(ctx, jetstream.ConnConfig{URL: w.natsURL, Name: "stillpoint-chaos-provision"})
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	pctx, cancel := context.WithTimeoutCause(ctx, 60*time.Second, errors.New("chaos: the cluster did not elect a JetStream leader in 60 s"))
+	defer cancel()
+	var last error
+	err = poll.Until(pctx, poll.Every(250*time.Millisecond), func() (bool, error) {
+		// Each try its own deadline: a request the cluster drops while it
+		// elects its leader would otherwise wait out the whole minute.
+		once, cancel := context.WithTimeout(pctx, 5*time.Second)
+		defer cancel()
+		_, last = jetstream.Provision(once, js, jetstream.Topology{Replicas: clusterNodes})
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("chaos: provision the cluster at R%d: %w (last: %v)", clusterNodes, err, last)
+	}
+	return nil
+}
+
+// startNode starts node i (again, on its store and addresses) and waits
+// until it serves.
+func (w *chaosWorld) startNode(ctx context.Context, i int) error {
+	n := w.nodes[i]
+	log := filepath.Join(w.dir, "nats-"+n.name+".log")
+	p, err := child.Start(child.Spec{Name: "nats-" + n.name, Path: w.self, LogFile: log,
+		Args: []string{"chaos", "node", "--name", n.name, "--dir", filepath.Join(w.dir, "nats", n.name),
+			"--listen", n.client, "--cluster-listen", n.route, "--routes", w.routes}})
+	if err != nil {
+		return fmt.Errorf("chaos: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if _, err := p.WaitOutput(wctx, nodeReadyRE); err != nil {
+		p.Stop()
+		return fmt.Errorf("chaos: node %s did not come up (see %s): %w", n.name, log, err)
+	}
+	w.mu.Lock()
+	n.proc = p
+	w.mu.Unlock()
+	return nil
+}
+
+// killNode kills node i with SIGKILL and waits for it to exit.
+func (w *chaosWorld) killNode(ctx context.Context, i int) error {
+	w.mu.Lock()
+	p := w.nodes[i].proc
+	w.mu.Unlock()
+	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := p.Kill(kctx); err != nil {
+		return err
+	}
+	p.Stop()
+	return nil
+}
+
+// stopCluster stops every node.
+func (w *chaosWorld) stopCluster() {
+	w.mu.Lock()
+	nodes := w.nodes
+	w.mu.Unlock()
+	for _, n := range nodes {
+		if n.proc != nil {
+			n.proc.Stop()
+		}
+	}
+}

@@ -1,0 +1,29 @@
+package demo
+
+import (
+	"encoding/json"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
+	"github.com/stillpoint/stillpoint/participants/scripted"
+)
+
+// graded tells whether a result has the reward its task expects: 1 from
+// the scripted set's check; from a repository task's own tests, 1 after
+// the scripted fix and 0 for the control task, which fixes nothing.
+func (d *demo) graded(r collect.Result) bool {
+	if !r.OK || r.Result == nil {
+		return false
+	}
+	if d.f.harness == harnessOpenCode {
+		var v commandkind.Verdict
+		want := 1.0
+		if r.RolloutID == tasks.ControlID {
+			want = 0
+		}
+		return json.Unmarshal(r.Result.Verdict, &v) == nil && v.Reward == want && v.Output != ""
+	}
+	var v scripted.Verdict
+	return json.Unmarshal(r.Result.Verdict, &v) == nil && v.Reward == 1
+}

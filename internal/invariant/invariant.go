@@ -1,0 +1,297 @@
+package invariant
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+)
+
+// Ledger is what the checks read of the model server: its calls, those
+// sent again after their reply was saved, and those a later episode sent
+// again. *modelserver.Server is one.
+type Ledger interface {
+	Ledger() []modelserver.Entry
+	Repeats() map[string][]string
+	Reissued() []modelserver.Reissue
+}
+
+// Run is what Check reads of a run that ended.
+type Run struct {
+	// Run is the run's id. Required.
+	Run string
+	// JS and Bus are the bus the run used. Required.
+	JS  natsjs.JetStream
+	Bus *jetstream.Bus
+	// Summary is the collector's.
+	Summary collect.Summary
+	// Results is the collector's output file; Rollouts the ids it was
+	// given; Graded tells whether a result has its task's reward (nil:
+	// every ok result with a verdict is).
+	Results  string
+	Rollouts []string
+	Graded   func(collect.Result) bool
+	// Model is the model server's ledger (nil: invariant 4 is not
+	// checked and says so).
+	Model Ledger
+	// Manifests holds what was verified at each commit (nil: nothing
+	// was, and invariant 1 fails when a checkpoint committed).
+	Manifests *Manifests
+	// Sandboxes are the sandboxes left once the owner stopped (the
+	// owner's reap), Processes the processes of the run still alive;
+	// both must be empty.
+	Sandboxes []string
+	Processes []string
+	// NeedRestore makes invariant 1 fail when nothing was restored (the
+	// demo restores once by design; a chaos round only when a fault
+	// called for it).
+	NeedRestore bool
+}
+
+// Result is one invariant checked.
+type Result struct {
+	// N is its number in PROTOCOL §7; Name says it in a few words.
+	N    int
+	Name string
+	OK   bool
+	// Detail says what was counted, and what failed.
+	Detail string
+}
+
+// Check checks every invariant of PROTOCOL §7 on r and returns them in
+// order. A check that cannot read what it needs fails, saying why.
+func Check(ctx context.Context, r Run) []Result {
+	var out []Result
+	add := func(n int, name string, ok bool, format string, args ...any) {
+		out = append(out, Result{N: n, Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
+	}
+	tl, terr := readTimeline(ctx, r.JS, r.Run)
+	committed, failed := outcomes(tl, r.Summary)
+
+	// 1. Every committed checkpoint's member manifests verify; one restored.
+	var bad, unverified []string
+	nman := 0
+	if r.Manifests != nil {
+		// A checkpoint the collector did not see commit (its bridge died
+		// before it answered) is verified now, unless a release deleted
+		// it meanwhile: then it is counted as not verified.
+		for _, id := range committed {
+			if !r.Manifests.seen(id) {
+				if _, err := r.Bus.Manifests.Get(ctx, events.ManifestKey(r.Run, id)); err == nil {
+					r.Manifests.OnCommit(ctx, r.Bus, r.Run, id)
+				} else {
+					unverified = append(unverified, id)
+				}
+			}
+		}
+		bad, nman = r.Manifests.result()
+	} else if len(committed) > 0 {
+		bad = append(bad, "no manifest verified at commit")
+	}
+	if terr != nil {
+		bad = append(bad, "timeline: "+terr.Error())
+	}
+	add(1, "committed checkpoints restore and verify", len(bad) == 0 && (!r.NeedRestore || len(r.Summary.Restores) > 0),
+		"%d member manifests of %d checkpoints verified (size, sha256, count) at commit; %d released before the collector heard of them (%v); %v restored into fresh processes%s",
+		nman, len(committed), len(unverified), unverified, r.Summary.Restores, list(bad))
+
+	// 2. A checkpoint resumed without a manifest never gets one.
+	var wrong []string
+	for _, id := range failed {
+		e, err := r.Bus.Manifests.Get(ctx, events.ManifestKey(r.Run, id))
+		if err != nil {
+			continue // no manifest, no marker: a failure reported before its marker was kept
+		}
+		var m events.CheckpointManifest
+		if json.Unmarshal(e.Value(), &m) != nil || !m.Aborted {
+			wrong = append(wrong, id)
+		}
+	}
+	add(2, "no manifest after a resume", len(wrong) == 0, "%d checkpoints failed %v, none has a manifest other than its abort marker%s", len(failed), failed, list(wrong))
+
+	// 3. Exactly one result per rollout, each graded.
+	graded := r.Graded
+	if graded == nil {
+		graded = func(res collect.Result) bool { return res.OK && res.Result != nil }
+	}
+	lines, dups, missing, ungraded := ReadResults(r.Results, r.Rollouts, graded)
+	add(3, "exactly one result per rollout", len(dups) == 0 && len(missing) == 0 && len(ungraded) == 0,
+		"%d lines for %d rollouts; duplicates %v, missing %v, graded otherwise than their tasks expect %v", lines, len(r.Rollouts), dups, missing, ungraded)
+
+	// 4. No model call repeated, no user turn injected.
+	if r.Model == nil {
+		add(4, "no model call repeated, no turn injected", false, "no model ledger to read")
+	} else {
+		out = append(out, model(r.Model, tl))
+	}
+
+	// 5. Paused launches were still: every pause a sandbox acked was confirmed.
+	isCommitted := map[string]bool{}
+	for _, id := range committed {
+		isCommitted[id] = true
+	}
+	paused, unconfirmed := 0, []string{}
+	for _, e := range tl {
+		a, ok := e.Data.(events.PrepareAck)
+		if !ok || !isCommitted[e.CheckpointID] || a.Member.Kind() != events.KindSandbox || a.Pause == nil {
+			continue
+		}
+		paused++
+		if a.Pause.Fallback != "" || (a.Pause.Mode != "freeze" && a.Pause.Mode != "stop") {
+			unconfirmed = append(unconfirmed, fmt.Sprintf("%s/%s: %s %s", e.CheckpointID, a.Member, a.Pause.Mode, a.Pause.Fallback))
+		}
+	}
+	if terr != nil {
+		unconfirmed = append(unconfirmed, "timeline: "+terr.Error())
+	}
+	add(5, "paused launches stood still", len(unconfirmed) == 0,
+		"%d sandbox pauses at prepare, each confirmed by the kernel (frozen cgroup or every thread stopped) before the snapshot%s", paused, list(unconfirmed))
+
+	// 6 and 7. Nothing left: sandboxes, processes, snapshots, records.
+	snaps, serr := countSnapshots(ctx, r.Bus.Snapshots, r.Run)
+	records, rerr := countObjects(ctx, r.Bus.Records, r.Run+"/")
+	var cerrs []string
+	for _, e := range []error{serr, rerr} {
+		if e != nil {
+			cerrs = append(cerrs, e.Error())
+		}
+	}
+	left := append(slices.Clone(r.Sandboxes), r.Processes...)
+	add(6, "retired attempts left nothing", len(left) == 0, "%d attempts retired; %d sandboxes and %d processes left after the owner stopped%s",
+		r.Summary.Retired, len(r.Sandboxes), len(r.Processes), list(left))
+	add(7, "the final release left nothing", snaps == 0 && records == 0 && len(left) == 0 && len(cerrs) == 0,
+		"%d snapshots indexed, %d record objects, %d sandboxes of run %s left%s", snaps, records, len(r.Sandboxes), r.Run, list(cerrs))
+	return out
+}
+
+// readTimeline reads the run's timeline, again (readTries in all, a
+// second apart) while the read fails: a cluster that just lost a node can
+// time a read out.
+func readTimeline(ctx context.Context, js natsjs.JetStream, run string) ([]bridge.TimelineEntry, error) {
+	var tl []bridge.TimelineEntry
+	var err error
+	for try := 1; try <= readTries; try++ {
+		if tl, err = bridge.ReadTimeline(ctx, js, run, ""); err == nil {
+			return tl, nil
+		}
+		select {
+		case <-ctx.Done():
+			return tl, err
+		case <-time.After(time.Second):
+		}
+	}
+	return tl, err
+}
+
+// outcomes returns the checkpoints the stream says committed and failed,
+// in the order of their outcomes, and adds the failures the collector saw
+// that have no outcome on the stream (a bridge that died before it
+// reported, say).
+func outcomes(tl []bridge.TimelineEntry, sum collect.Summary) (committed, failed []string) {
+	seen := map[string]bool{}
+	for _, e := range tl {
+		switch e.Type {
+		case events.TypeCheckpointCommitted:
+			committed = append(committed, e.CheckpointID)
+			seen[e.CheckpointID] = true
+		case events.TypeCheckpointFailed:
+			failed = append(failed, e.CheckpointID)
+			seen[e.CheckpointID] = true
+		}
+	}
+	for _, ck := range sum.Checkpoints {
+		if ck.ID != "" && !seen[ck.ID] && ck.Status != "committed" {
+			failed = append(failed, ck.ID)
+		}
+	}
+	return committed, failed
+}
+
+// model checks invariant 4 on the ledger. A call sent again by a later
+// attempt is no repeat when that attempt started over from its input (a
+// retired attempt's successor, or one whose restore failed), nor when a
+// restore continued it and the crash lost the reply: saved after the
+// checkpoint it was restored from began, or never. The restored attempts
+// and their checkpoints are the stream's restore.completed outcomes.
+func model(l Ledger, tl []bridge.TimelineEntry) Result {
+	began := map[string]time.Time{} // checkpoint → its first event
+	from := map[string]string{}     // restored episode → its checkpoint
+	for _, e := range tl {
+		if _, ok := began[e.CheckpointID]; !ok {
+			began[e.CheckpointID] = e.Time
+		}
+		if rc, ok := e.Data.(events.RestoreCompleted); ok {
+			for _, ep := range rc.Restored {
+				from[ep] = rc.Source
+			}
+		}
+	}
+	repeats := l.Repeats()
+	ledger := l.Ledger()
+	injected := 0
+	for _, e := range ledger {
+		if e.UserTurns != 1 {
+			injected++
+		}
+	}
+	restored, over, early := 0, 0, 0
+	reissued := l.Reissued()
+	for _, r := range reissued {
+		src, ok := from[r.Later]
+		if !ok {
+			over++
+			continue
+		}
+		restored++
+		if !r.Saved.IsZero() && r.Saved.Before(began[src]) {
+			early++
+		}
+	}
+	return Result{N: 4, Name: "no model call repeated, no turn injected", OK: len(repeats) == 0 && injected == 0 && early == 0,
+		Detail: fmt.Sprintf("%d calls; %d sent again after their reply was saved, %d with an injected user turn; %d re-issued by a restored attempt, each a call whose reply the crash lost (saved after the restored checkpoint began, or never; %d saved before); %d by attempts that started over from their input",
+			len(ledger), len(repeats), injected, restored, early, over)}
+}
+
+// Failed returns the names of the invariants that failed.
+func Failed(rs []Result) []string {
+	var out []string
+	for _, r := range rs {
+		if !r.OK {
+			out = append(out, r.Name)
+		}
+	}
+	return out
+}
+
+// Write prints the results, one line each: ok or FAILED, the number, the
+// name and the detail.
+func Write(w io.Writer, rs []Result) {
+	for _, r := range rs {
+		mark := "ok"
+		if !r.OK {
+			mark = "FAILED"
+		}
+		fmt.Fprintf(w, "  %-6s %d. %s: %s\n", mark, r.N, r.Name, r.Detail)
+	}
+}
+
+func list(s []string) string {
+	if len(s) == 0 {
+		return ""
+	}
+	if len(s) > 5 {
+		s = append(s[:5:5], fmt.Sprintf("… %d more", len(s)-5))
+	}
+	return ": " + strings.Join(s, "; ")
+}

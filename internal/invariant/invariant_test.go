@@ -1,0 +1,116 @@
+package invariant_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/invariant"
+	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+)
+
+func TestMain(m *testing.M) {
+	leak.VerifyTestMain(m, jstest.LeakOptions()...)
+}
+
+const run = "run1"
+
+// The checker passes a run that kept the invariants and catches each kind
+// of violation it is given (PROTOCOL §7, by number): a manifest written for
+// a failed checkpoint (2), a result written twice and one missing (3), no
+// ledger to read (4), a sandbox left (6 and 7).
+func TestCheck(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := t.Context()
+	hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
+	nc, js := env.Connect(t)
+	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, Logger: zerolog.New(zerolog.NewTestWriter(t)), PhaseTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- b.Run(bctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	var verified invariant.Manifests
+	sum := collect.Summary{}
+	res, err := b.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c1"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	verified.OnCommit(ctx, env.Bus, run, "c1")
+	hs[0].Participant.Block(events.Episode{Rollout: "t0-r0"})
+	res, err = b.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c2", TimeoutMS: 1000})
+	if err != nil || res.Status != bridgeapi.StatusFailed {
+		t.Fatalf("c2: %+v %v", res, err)
+	}
+	hs[0].Participant.Unblock(events.Episode{Rollout: "t0-r0"})
+	for _, id := range []string{"c1", "c2"} {
+		sum.Checkpoints = append(sum.Checkpoints, collect.CheckpointStat{ID: id})
+	}
+	sum.Checkpoints[0].Status = bridgeapi.StatusCommitted
+	sum.Checkpoints[1].Status = bridgeapi.StatusFailed
+
+	results := filepath.Join(t.TempDir(), "results.jsonl")
+	writeResults(t, results, "r1", "r2")
+	r := invariant.Run{Run: run, JS: js, Bus: env.Bus, Summary: sum, Results: results, Rollouts: []string{"r1", "r2"},
+		Model: modelserver.New(nil), Manifests: &verified}
+	want := map[int]bool{1: true, 2: true, 3: true, 4: true, 5: true, 6: true, 7: false} // c1's records are not released
+	check(t, invariant.Check(ctx, r), want)
+
+	// A manifest for the failed c2, results wrong, no ledger, a sandbox left.
+	m, _ := json.Marshal(events.CheckpointManifest{Run: run, CheckpointID: "c2"})
+	if _, err := env.Bus.Manifests.Put(ctx, events.ManifestKey(run, "c2"), m); err != nil {
+		t.Fatal(err)
+	}
+	writeResults(t, results, "r1", "r1")
+	r.Model, r.Sandboxes = nil, []string{"sb1"}
+	want = map[int]bool{1: true, 2: false, 3: false, 4: false, 5: true, 6: false, 7: false}
+	check(t, invariant.Check(ctx, r), want)
+
+	// A restore was needed and none happened.
+	r.NeedRestore = true
+	if got := invariant.Check(ctx, r); got[0].OK {
+		t.Errorf("1 without the restore it needs: %+v", got[0])
+	}
+}
+
+func check(t *testing.T, got []invariant.Result, want map[int]bool) {
+	t.Helper()
+	if len(got) != 7 {
+		t.Fatalf("%d results, want 7: %+v", len(got), got)
+	}
+	for i, r := range got {
+		if r.N != i+1 {
+			t.Errorf("result %d is numbered %d", i, r.N)
+		}
+		if r.OK != want[r.N] {
+			t.Errorf("%d. %s: ok %v, want %v (%s)", r.N, r.Name, r.OK, want[r.N], r.Detail)
+		}
+	}
+}
+
+func writeResults(t *testing.T, path string, ids ...string) {
+	t.Helper()
+	var b []byte
+	for _, id := range ids {
+		line, _ := json.Marshal(map[string]any{"rollout_id": id, "ok": true, "result": map[string]any{"verdict": map[string]any{}}})
+		b = append(append(b, line...), '\n')
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

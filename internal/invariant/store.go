@@ -1,0 +1,178 @@
+package invariant
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/member"
+)
+
+// Manifests verifies each checkpoint's member manifests as it commits
+// (invariant 1): a later release may delete them before the run ends. Its
+// zero value is ready; it is safe for concurrent use.
+type Manifests struct {
+	mu        sync.Mutex
+	verified  map[string]bool
+	manifests int
+	bad       []string
+}
+
+// OnCommit reads back the checkpoint manifest of run's checkpoint id and
+// every member manifest and records it names, verifying size, sha256 and
+// count. The collector's OnCommit calls it.
+func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id string) {
+	e, err := bus.Manifests.Get(ctx, events.ManifestKey(run, id))
+	var m events.CheckpointManifest
+	if err == nil {
+		err = json.Unmarshal(e.Value(), &m)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.verified == nil {
+		v.verified = map[string]bool{}
+	}
+	v.verified[id] = true
+	if err != nil {
+		v.bad = append(v.bad, fmt.Sprintf("%s: manifest: %v", id, err))
+		return
+	}
+	for _, mm := range m.Members {
+		if err := readRecords(ctx, bus, run, id, mm.Member); err != nil {
+			v.bad = append(v.bad, fmt.Sprintf("%s/%s: %v", id, mm.Member, err))
+			continue
+		}
+		v.manifests++
+	}
+}
+
+// readTries is how many times readRecords reads a member's records while
+// the bus fails the read (a node of a cluster lost, its leaders being
+// elected): only what was read and does not verify is a violation.
+const readTries = 5
+
+// readTimeout bounds one try of readRecords.
+const readTimeout = 10 * time.Second
+
+// readRecords reads and verifies one member manifest's records, again
+// after a second while the read itself fails.
+func readRecords(ctx context.Context, bus *jetstream.Bus, run, id string, m events.Member) error {
+	var err error
+	for try := 1; try <= readTries; try++ {
+		// Each try bounded: the verification runs in the collector's
+		// commit, and a read stuck on a lost node would hold the run.
+		rctx, cancel := context.WithTimeout(ctx, readTimeout)
+		_, _, err = member.ReadRecords(rctx, bus.Manifests, bus.Records, run, id, m, nil)
+		cancel()
+		if err == nil || errors.Is(err, member.ErrCorruptRecords) || errors.Is(err, member.ErrNoManifest) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
+	return err
+}
+
+// result returns what failed and how many member manifests verified.
+func (v *Manifests) result() ([]string, int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.bad...), v.manifests
+}
+
+// seen reports whether checkpoint id was verified.
+func (v *Manifests) seen(id string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.verified[id]
+}
+
+// ReadResults reads a collector's output: how many lines, the rollouts
+// with more than one, those of ids without one, and those graded wrongly.
+func ReadResults(path string, ids []string, graded func(collect.Result) bool) (lines int, dups, missing, ungraded []string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, nil, []string{err.Error()}, nil
+	}
+	defer f.Close()
+	seen := map[string]int{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		var r collect.Result
+		if json.Unmarshal(sc.Bytes(), &r) != nil {
+			continue
+		}
+		lines++
+		seen[r.RolloutID]++
+		if seen[r.RolloutID] == 2 {
+			dups = append(dups, r.RolloutID)
+		}
+		if !graded(r) {
+			ungraded = append(ungraded, r.RolloutID)
+		}
+	}
+	for _, id := range ids {
+		if seen[id] == 0 {
+			missing = append(missing, id)
+		}
+	}
+	return lines, dups, missing, ungraded
+}
+
+// countSnapshots counts the snapshot index entries of run.
+func countSnapshots(ctx context.Context, kv natsjs.KeyValue, run string) (int, error) {
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("list the snapshot index: %w", err)
+	}
+	n := 0
+	for k := range keys.Keys() {
+		e, err := kv.Get(ctx, k)
+		if errors.Is(err, natsjs.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("read the snapshot index: %w", err)
+		}
+		var entry struct {
+			Run string `json:"run"`
+		}
+		if json.Unmarshal(e.Value(), &entry) == nil && entry.Run == run {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// countObjects counts the objects whose name starts with prefix.
+func countObjects(ctx context.Context, store natsjs.ObjectStore, prefix string) (int, error) {
+	infos, err := store.List(ctx)
+	if errors.Is(err, natsjs.ErrNoObjectsFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("list the records: %w", err)
+	}
+	n := 0
+	for _, i := range infos {
+		if strings.HasPrefix(i.Name, prefix) && !i.Deleted {
+			n++
+		}
+	}
+	return n, nil
+}
