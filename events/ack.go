@@ -174,6 +174,10 @@ type PauseReport struct {
 	// falls back to stop and relaunch; it says why, "<launch>: <why>" for
 	// each such launch.
 	Fallback string `json:"fallback,omitempty"`
+	// Frozen is true when every launch's pause was a hold that also froze
+	// it (restore_sandbox_clock): a restore may then keep the sandbox's
+	// clock continuous with Wall.
+	Frozen bool `json:"frozen,omitempty"`
 	// TookMS is how long the pause or continue took.
 	TookMS float64 `json:"took_ms"`
 }

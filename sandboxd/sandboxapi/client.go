@@ -75,3 +75,36 @@ func (c *Client) WaitReceipt(ctx context.Context, id string, d time.Duration) (R
 	var out Receipt
 	return out, c.svc.Call(ctx, EndpointReceipt, LaunchRef{LaunchID: id, Wait: true, WaitMS: max(d.Milliseconds(), 1)}, &out)
 }
+
+// Held asks whether launch id is still held in pause seq by supervisor
+// identity.
+func (c *Client) Held(ctx context.Context, id string, seq int, identity Identity) (HeldAnswer, error) {
+	var out HeldAnswer
+	return out, c.svc.Call(ctx, EndpointHeld, HeldRequest{LaunchID: id, PauseSeq: seq, Identity: identity}, &out)
+}
+
+// Resume continues pause seq of launch id, held by a checkpoint from
+// before a restore, if identity still owns it: the take-over.
+func (c *Client) Resume(ctx context.Context, id string, seq int, identity Identity) (PauseResult, error) {
+	var out PauseResult
+	return out, c.svc.Call(ctx, EndpointResume, ResumeRequest{LaunchID: id, PauseSeq: seq, Identity: identity}, &out)
+}
+
+// Collect returns the receipt of launch id, which ended while held, and
+// clears the checkpoint's mark on it.
+func (c *Client) Collect(ctx context.Context, id string, identity Identity) (Receipt, error) {
+	var out Receipt
+	return out, c.svc.Call(ctx, EndpointCollect, CollectRequest{LaunchID: id, Identity: identity}, &out)
+}
+
+// RelayStatus returns the model relay's status.
+func (c *Client) RelayStatus(ctx context.Context) (RelayStatus, error) {
+	var out RelayStatus
+	return out, c.svc.Call(ctx, EndpointRelayStatus, struct{}{}, &out)
+}
+
+// Repoint re-points the model relay at url with generation gen.
+func (c *Client) Repoint(ctx context.Context, url string, gen uint64) (RelayStatus, error) {
+	var out RelayStatus
+	return out, c.svc.Call(ctx, EndpointRelayRepoint, RepointRequest{URL: url, Generation: gen}, &out)
+}

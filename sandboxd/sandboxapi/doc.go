@@ -6,18 +6,23 @@
 //  1. Subjects. A daemon serves member sandbox.<id> of a run on
 //     events.ServiceSubject(run, sandbox.<id>), spsvc.<run>.sandbox.<id>,
 //     with one endpoint a token below it: launch, status, pause, continue,
-//     stop and receipt (the Endpoint constants). The subjects are outside
+//     stop and receipt; held, resume and collect (a launch a restored
+//     snapshot kept); relay_status and relay_repoint (the model relay). The
+//     Endpoint constants name them. The subjects are outside
 //     sp.>, so requests are not kept in the audit stream.
 //  2. Bodies. Requests are JSON objects decoded strictly (no unknown
-//     field): LaunchRequest for launch, LaunchRef for the others. Answers
-//     are a Record (launch, status), a PauseResult (pause, continue) or a
-//     Receipt (stop, receipt).
+//     field): LaunchRequest for launch, HeldRequest for held and resume,
+//     CollectRequest for collect, RepointRequest for relay_repoint, an empty
+//     object for relay_status, LaunchRef for the others. Answers are a
+//     Record (launch, status), a PauseResult (pause, continue, resume), a
+//     Receipt (stop, receipt, collect), a HeldAnswer (held) or a
+//     RelayStatus (relay_status, relay_repoint).
 //  3. Errors. A refusal is a jetstream.ServiceError whose Code is one of
 //     the Code constants: a caller decides on the code, never on the
 //     detail text. A receipt asked with a bounded wait answers CodeNotEnded
 //     when the wait runs out, so that no request holds the endpoint past its
 //     caller.
-//  4. Enums. Mode, State, Outcome and StopReason travel as their protocol
+//  4. Enums. Mode, State, Outcome, StopReason, CallState and Verdict travel as their protocol
 //     names (text marshalling); the zero value of each is "none" or "the
 //     default", never a real state.
 //

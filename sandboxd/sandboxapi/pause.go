@@ -40,6 +40,10 @@ type PauseResult struct {
 	Pending []string `json:"pending,omitempty"`
 	// Fallback says why the pause was not confirmed (empty when it was).
 	Fallback string `json:"fallback,omitempty"`
+	// Frozen is true when a hold pause also froze the launch (and the
+	// relay holds its calls): a restore may keep the clock continuous with
+	// Wall. A continue reports whether the pause it ended had frozen.
+	Frozen bool `json:"frozen,omitempty"`
 	// TookMS is how long the operation took, in milliseconds.
 	TookMS float64 `json:"took_ms"`
 }

@@ -16,6 +16,9 @@ type PauseStats struct {
 	Since time.Time `json:"since,omitzero"`
 	// Mode is the mode of the current or last pause.
 	Mode Mode `json:"mode,omitzero"`
+	// Frozen is true when the current or last pause was a hold that froze
+	// the launch.
+	Frozen bool `json:"frozen,omitzero"`
 	// Fallbacks is how many pauses could not be confirmed.
 	Fallbacks int `json:"fallbacks,omitzero"`
 }

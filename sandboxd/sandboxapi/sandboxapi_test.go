@@ -26,6 +26,8 @@ func TestEnumsTravelAsTheirNames(t *testing.T) {
 		{sandboxapi.StatePaused, "paused", func(b []byte) (any, error) { var v sandboxapi.State; return v, v.UnmarshalText(b) }},
 		{sandboxapi.OutcomeInterrupted, "interrupted", func(b []byte) (any, error) { var v sandboxapi.Outcome; return v, v.UnmarshalText(b) }},
 		{sandboxapi.StopDeadline, "deadline", func(b []byte) (any, error) { var v sandboxapi.StopReason; return v, v.UnmarshalText(b) }},
+		{sandboxapi.CallReplied, "replied", func(b []byte) (any, error) { var v sandboxapi.CallState; return v, v.UnmarshalText(b) }},
+		{sandboxapi.VerdictIdentityChanged, "identity_changed", func(b []byte) (any, error) { var v sandboxapi.Verdict; return v, v.UnmarshalText(b) }},
 	}
 	for _, c := range cases {
 		b, err := c.v.MarshalText()
@@ -45,7 +47,7 @@ func TestEnumsTravelAsTheirNames(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back, rec) {
 		t.Fatalf("record %s came back as %+v, %v", b, back, err)
 	}
-	for _, bad := range []string{`{"state":"asleep"}`, `{"mode":"sideways"}`, `{"receipt":{"outcome":"maybe"}}`, `{"receipt":{"stop_reason":"whim"}}`} {
+	for _, bad := range []string{`{"state":"asleep"}`, `{"mode":"sideways"}`, `{"receipt":{"outcome":"maybe"}}`, `{"receipt":{"stop_reason":"whim"}}`, `{"pauses":{"mode":"limbo"}}`} {
 		if err := json.Unmarshal([]byte(bad), &back); err == nil {
 			t.Errorf("%s decoded", bad)
 		}
@@ -67,6 +69,29 @@ func TestIdentityRoundTrip(t *testing.T) {
 	for _, bad := range []string{"", "41", "0:1", "-1:2", "a:b", "41:"} {
 		if _, err := sandboxapi.ParseIdentity(bad); err == nil {
 			t.Errorf("ParseIdentity(%q) accepted", bad)
+		}
+	}
+}
+
+// The answers of the restore endpoints come back as themselves.
+func TestHeldAnswerRoundTrip(t *testing.T) {
+	a := sandboxapi.HeldAnswer{Verdict: sandboxapi.VerdictNotHolding, Reason: "paused in pause 3, not 2",
+		Identity: sandboxapi.Identity{PID: 7, Start: 1}, Record: &sandboxapi.Record{V: 1, ID: "l1", State: sandboxapi.StatePaused},
+		Relay: sandboxapi.RelayStatus{Up: true, URL: "http://127.0.0.1:18480/v1", Generation: 2,
+			Calls: sandboxapi.RelayCounts{Total: 3, InFlight: 1},
+			Open:  []sandboxapi.CallStatus{{Seq: 3, Digest: "ab", Generation: 1, State: sandboxapi.CallForwarding, Stream: true}}},
+		Wall: time.Unix(9, 0).UTC(), Uptime: 4.5}
+	b, err := json.Marshal(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back sandboxapi.HeldAnswer
+	if err := json.Unmarshal(b, &back); err != nil || !reflect.DeepEqual(back, a) {
+		t.Fatalf("answer %s came back as %+v, %v", b, back, err)
+	}
+	for _, bad := range []string{`{"verdict":"maybe"}`, `{"relay":{"open":[{"state":"lost"}]}}`} {
+		if err := json.Unmarshal([]byte(bad), &back); err == nil {
+			t.Errorf("%s decoded", bad)
 		}
 	}
 }

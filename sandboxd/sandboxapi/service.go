@@ -21,6 +21,23 @@ const (
 	// EndpointReceipt returns a launch's Receipt; with LaunchRef.Wait, once
 	// it has ended.
 	EndpointReceipt = "receipt"
+	// EndpointHeld asks whether a launch is still held in pause N by the
+	// same supervisor: HeldRequest in, HeldAnswer out (PROTOCOL §6,
+	// Restore of a process-keeping snapshot).
+	EndpointHeld = "held"
+	// EndpointResume continues pause N of a launch a checkpoint from
+	// before a restore holds (the take-over): ResumeRequest in,
+	// PauseResult out.
+	EndpointResume = "resume"
+	// EndpointCollect collects a launch that ended while held:
+	// CollectRequest in, Receipt out.
+	EndpointCollect = "collect"
+	// EndpointRelayStatus answers the model relay's RelayStatus (an empty
+	// object in).
+	EndpointRelayStatus = "relay_status"
+	// EndpointRelayRepoint re-points the relay: RepointRequest in,
+	// RelayStatus out.
+	EndpointRelayRepoint = "relay_repoint"
 )
 
 // The codes of the service's errors (jetstream.ServiceError.Code).
@@ -46,6 +63,17 @@ const (
 	// CodeModeUnavailable (409): a pause mode this host or launch cannot
 	// use, or that does not exist.
 	CodeModeUnavailable = "mode_unavailable"
+	// CodeStaleGeneration (409): a re-point whose generation is not higher
+	// than the relay's.
+	CodeStaleGeneration = "stale_generation"
+	// CodeNoRelay (409): the daemon runs no relay (a relay request).
+	CodeNoRelay = "no_relay"
+	// CodeIdentityChanged (409): a resume or collect named a supervisor
+	// that no longer owns the launch.
+	CodeIdentityChanged = "identity_changed"
+	// CodeNotHolding (409): a resume of a launch not in that pause, or a
+	// collect of a launch that has not ended.
+	CodeNotHolding = "not_holding"
 	// CodeInternal (500): anything else.
 	CodeInternal = "internal"
 )
@@ -76,6 +104,12 @@ type LaunchRequest struct {
 	// it instead (an adapter that does not pause), or lets it run through
 	// (a restart-only rollout).
 	NoPause bool `json:"no_pause,omitempty"`
+	// Freeze makes a hold pause of the launch also freeze it (cgroup v2,
+	// where the daemon has one), waiting at most FreezeWaitMS (default
+	// DefaultFreezeWait) for every process to stop, and otherwise stay a
+	// plain hold: restore_sandbox_clock. PauseResult.Frozen says which.
+	Freeze       bool  `json:"freeze,omitempty"`
+	FreezeWaitMS int64 `json:"freeze_wait_ms,omitempty"`
 }
 
 // LaunchRef names a launch in the other requests.
