@@ -519,10 +519,11 @@ func (m *MicroVM) Exec(ctx context.Context, id string, argv []string, opts ExecO
 	return res, nil
 }
 
-// SetClock sets the guest's wall clock to the host's (a fork's clocks
-// continue from its snapshot's instant: Caps.Clock; issue 15's host clock
-// policy calls this).
-func (m *MicroVM) SetClock(ctx context.Context, id string) error {
+// SetClock sets the guest's wall clock to wall, or to the host's time
+// when wall is zero (a fork's clocks continue from its snapshot's instant:
+// Caps.Clock; the agent's host clock policy asks for the host's time). It
+// sets the guest's clock only, never the host's.
+func (m *MicroVM) SetClock(ctx context.Context, id string, wall time.Time) error {
 	if err := ValidateID("id", id); err != nil {
 		return err
 	}
@@ -533,7 +534,10 @@ func (m *MicroVM) SetClock(ctx context.Context, id string) error {
 	if box.vm == nil {
 		return fmt.Errorf("%w: sandbox %q was left by an earlier process", ErrNotFound, id)
 	}
-	_, err = box.vm.call(ctx, vmctl.Request{Op: vmctl.OpClock, Wall: time.Now().UTC()})
+	if wall.IsZero() {
+		wall = time.Now()
+	}
+	_, err = box.vm.call(ctx, vmctl.Request{Op: vmctl.OpClock, Wall: wall.UTC()})
 	return err
 }
 

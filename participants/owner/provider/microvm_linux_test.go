@@ -157,7 +157,7 @@ func TestMicroVMStartExecStop(t *testing.T) {
 	}
 	waitCounter(t, m, "vm1", 3)
 	run(t, m, "vm1", "date -s @1000000000 >/dev/null") // the guest's clock, far from the host's
-	if err := m.SetClock(context.Background(), "vm1"); err != nil {
+	if err := m.SetClock(context.Background(), "vm1", time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	guest, _ := strconv.ParseInt(strings.TrimSpace(run(t, m, "vm1", "date +%s")), 10, 64)

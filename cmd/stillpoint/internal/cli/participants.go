@@ -21,6 +21,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/participants/scripted"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 type agentFlags struct {
@@ -33,6 +34,9 @@ type agentFlags struct {
 	concurrency int
 	noPause     bool
 	timeout     time.Duration
+	clock       string
+	noFreeze    bool
+	freezeWait  time.Duration
 }
 
 func newAgentCmd(g *globals) *cobra.Command {
@@ -65,6 +69,9 @@ continues them.
 	fl.IntVar(&f.concurrency, "concurrency", agent.DefaultConcurrency, "rollouts run at once")
 	fl.BoolVar(&f.noPause, "no-pause", false, "never pause launches: stop them at a checkpoint and relaunch after it")
 	fl.DurationVar(&f.timeout, "launch-timeout", 10*time.Minute, "time limit of one launch, paused time not counted")
+	fl.StringVar(&f.clock, "clock-policy", string(agent.ClockContinuous), "a sandbox's clock after an in-place restore: continuous (kept continuous with the pause when it froze the launch) or host (set to the host's time)")
+	fl.BoolVar(&f.noFreeze, "no-freeze", false, "on providers whose snapshots keep processes, hold launches at a checkpoint without freezing them (restore_sandbox_clock off)")
+	fl.DurationVar(&f.freezeWait, "freeze-wait", sandboxapi.DefaultFreezeWait, "how long a freezing hold waits for every process to stop (checkpoint_freeze_wait_seconds)")
 	return cmd
 }
 
@@ -91,7 +98,7 @@ func runAgent(ctx context.Context, g *globals, f agentFlags) error {
 	}
 	defer closeBus()
 	a, err := agent.New(agent.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Owner: f.owner, Concurrency: f.concurrency,
-		Adapter: adapter, Logger: log})
+		Adapter: adapter, Logger: log, ModelURL: f.modelURL, ClockPolicy: agent.ClockPolicy(f.clock), NoFreeze: f.noFreeze, FreezeWait: f.freezeWait})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
