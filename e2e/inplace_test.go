@@ -1,0 +1,202 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+)
+
+// microVMCache is the images and warm templates the microvm tests share
+// with the demo (an owner builds them once per kernel and sandboxd).
+var microVMCache = filepath.Join(os.TempDir(), "stillpoint-microvm-cache")
+
+// requireMicroVM fails a test that needs QEMU microVMs on a machine that
+// cannot run them, saying what to install.
+func requireMicroVM(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the microvm provider runs QEMU as root: run as root")
+	}
+	if _, err := microvm.FindAssets(""); err != nil {
+		t.Fatalf("the microvm tests need QEMU and the guest kernel (apt-get install qemu-system-x86 qemu-utils busybox-static; make microvm-assets): %v", err)
+	}
+}
+
+// serveModel starts another scripted model server on a new port until the
+// test ends: its host address and the server.
+func serveModel(t *testing.T, script modelserver.Script) (string, *modelserver.Server) {
+	t.Helper()
+	ms := modelserver.New(script)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: ms}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close(); <-served })
+	return ln.Addr().String(), ms
+}
+
+// heldLaunch is what the test knows of a rollout's launch the checkpoint
+// held: its sandbox, its id, the harness's pid, and the model call the
+// snapshot caught in flight.
+type heldLaunch struct {
+	sandbox, id, session string
+	pid                  int
+	cut                  string // the digest of the call in flight
+}
+
+// TestMicroVMRestoreContinuesHeldRolloutsInPlace: on the microvm provider,
+// whose snapshots keep processes, rollouts are checkpointed while each is
+// in the middle of a model call (the model server holds its replies, the
+// sandbox's relay holds the call). The agent and the owner are then killed
+// with SIGKILL, and a new agent and owner, with a NEW model server on a new
+// address, restore: every held launch is taken over in place (the same
+// harness pid in the fork), the call the snapshot cut reaches the new model
+// server exactly once (its ledger), no call is repeated and no user turn
+// injected, and the clock is kept continuous (the pause froze the launch,
+// and the fork's clock runs on from the snapshot).
+func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
+	tier.E2E(t)
+	requireMicroVM(t)
+	const n = 2
+	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 1, steps: 2, provider: "microvm"})
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
+	defer cancel()
+	f.ms.Hold()
+	lost, abandon := context.WithCancel(ctx)
+	var first []<-chan outcome
+	for i := range n {
+		first = append(first, f.dispatch(lost, i, 0))
+	}
+	poll.Wait(t, 4*time.Minute, "every rollout's first model call held by the model server", func() bool { return f.ms.Held() == n })
+	f.checkpoint(ctx, "c1")
+	bms := f.agentRecords(ctx, "c1", "a1")
+	held := map[string]heldLaunch{}
+	for i := range n {
+		id := f.tasks[i].RolloutID
+		bm, ok := bms[id]
+		if !ok || !bm.KeepsProcesses || len(bm.Launches) != 1 || bm.Launches[0].Held == nil || !bm.Launches[0].Relay {
+			t.Fatalf("%s: exported bookmark %+v: want one relay launch held by the checkpoint", id, bm)
+		}
+		if !bm.Launches[0].Held.Frozen {
+			t.Errorf("%s: the hold did not freeze the launch (restore_sandbox_clock is on)", id)
+		}
+		dc, err := sandboxapi.NewClient(f.env.Conn, f.run, bm.Sandbox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := dc.Status(ctx, bm.Launches[0].ID)
+		if err != nil || rec.PID == 0 {
+			t.Fatalf("%s: status of %s in %s: %+v %v", id, bm.Launches[0].ID, bm.Sandbox, rec, err)
+		}
+		h := heldLaunch{sandbox: bm.Sandbox, id: bm.Launches[0].ID, session: bm.Session, pid: rec.PID}
+		for _, e := range f.ms.Ledger() {
+			if e.Task == id && e.Delivered.IsZero() {
+				h.cut = e.Digest
+			}
+		}
+		if h.cut == "" {
+			t.Fatalf("%s: no call in flight in the model server's ledger", id)
+		}
+		held[id] = h
+	}
+	f.kill9("agent-a1", "owner")
+	abandon()
+	for _, ch := range first {
+		if o := <-ch; o.err == nil {
+			t.Fatalf("a rollout returned across the crash: %+v", o.res)
+		}
+	}
+	// A new model server on a new address; the old one never answers.
+	addr, ms2 := serveModel(t, f.script)
+	ms2.Hold()
+	f.upstream = addr
+	f.startOwner()
+	f.startAgent("a1", "--concurrency", "2")
+	rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{})
+	if err != nil || rr.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("restore: %+v %v", rr, err)
+	}
+	var second []<-chan outcome
+	for i := range n {
+		second = append(second, f.dispatch(ctx, i, 1))
+	}
+	// The relay re-sends each cut call to the new server, which holds it:
+	// meanwhile the fork's launch is the snapshot's, the same harness.
+	poll.Wait(t, 4*time.Minute, "the cut calls re-sent to the new model server", func() bool { return ms2.Held() == n })
+	oc, err := ownerapi.NewClient(f.env.Conn, f.run, "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, h := range held {
+		info, err := oc.SandboxAccess(ctx, h.session)
+		if err != nil || info.SandboxID == h.sandbox || !info.KeepsProcesses {
+			t.Fatalf("%s: sandbox after the restore: %+v %v (want a fork of %s on a provider that keeps processes)", id, info, err, h.sandbox)
+		}
+		dc, err := sandboxapi.NewClient(f.env.Conn, f.run, info.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := dc.Status(ctx, h.id)
+		if err != nil || rec.PID != h.pid {
+			t.Errorf("%s: launch %s in the fork %s: pid %d (%v), want the snapshot's harness, pid %d", id, h.id, info.SandboxID, rec.PID, err, h.pid)
+		}
+	}
+	ms2.Release()
+	for i, ch := range second {
+		o := <-ch
+		id := f.tasks[i].RolloutID
+		if o.err != nil {
+			t.Fatalf("%s after the restore: %v", id, o.err)
+		}
+		reward(t, o.res)
+		if len(o.res.Launches) != 1 {
+			t.Fatalf("%s: launch log %+v: want the one launch, continued in place", id, o.res.Launches)
+		}
+		l := o.res.Launches[0]
+		if !o.res.Restored || l.Rebind != agentapi.RebindResumed || l.Attempt != 0 || l.Ended != agentapi.LaunchFinished || l.Pauses < 1 {
+			t.Errorf("%s: restored %v, launch %+v: want the attempt-0 launch resumed in place and finished", id, o.res.Restored, l)
+		}
+		if !strings.HasPrefix(l.Clock, "kept_continuous") {
+			t.Errorf("%s: clock decision %q, want kept_continuous (the pause froze, the fork's clock runs on)", id, l.Clock)
+		}
+		cut := 0
+		for _, e := range ms2.Ledger() {
+			if e.Task == id && e.Digest == held[id].cut {
+				cut++
+			}
+		}
+		if cut != 1 {
+			t.Errorf("%s: the cut call reached the new model server %d times, want once", id, cut)
+		}
+	}
+	for _, ms := range []*modelserver.Server{f.ms, ms2} {
+		if r := ms.Repeats(); len(r) != 0 {
+			t.Errorf("repeated model calls: %v", r)
+		}
+		for _, e := range ms.Ledger() {
+			if e.UserTurns != 1 {
+				t.Errorf("%s: a request with %d user turns: a turn was injected", e.Task, e.UserTurns)
+			}
+		}
+	}
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("final release: %+v %v", rel, err)
+	}
+}
