@@ -27,11 +27,13 @@ import (
 // template is a warm template: a booted guest's device state and RAM
 // file, and its disk layer, which every fresh sandbox of its images forks.
 type template struct {
-	key  string
-	dir  string
-	meta vmMeta
-	mu   sync.Mutex // held while it is built
-	ok   bool
+	key string
+	dir string
+	// mount is where the guest mounts the harness disk ("": BinDirInGuest).
+	mount string
+	meta  vmMeta
+	mu    sync.Mutex // held while it is built
+	ok    bool
 }
 
 // initrdPath is the guests' initramfs, named for what it holds.
@@ -78,21 +80,39 @@ func (m *MicroVM) baseImage(ctx context.Context) (string, error) {
 	return img, err
 }
 
+// harnessMount is where the guest mounts the harness disk for binds: ""
+// (BinDirInGuest) for at most the one bind there, else HarnessRootInGuest,
+// the disk then holding every bind at its place below it.
+func harnessMount(binds []Bind) string {
+	for _, b := range binds {
+		if rel, _ := cleanRel("", b.SandboxDir); "/"+rel != BinDirInGuest {
+			return HarnessRootInGuest
+		}
+	}
+	return ""
+}
+
 // harnessImage returns the read-only image of what the guest shows at
 // BinDirInGuest: the one bound directory and the files Spec.CopyIn puts
-// there (an empty image without either), cached by content.
+// there (an empty image without either), cached by content. With binds
+// elsewhere below HarnessRootInGuest (harnessMount), the image holds each
+// bind at its place below that root instead, the files too.
 func (m *MicroVM) harnessImage(ctx context.Context, binds []Bind, copyIn []CopyIn) (string, error) {
 	m.imgMu.Lock()
 	defer m.imgMu.Unlock()
+	root := BinDirInGuest
+	if harnessMount(binds) != "" {
+		root = HarnessRootInGuest
+	}
 	var files []CopyIn
 	for _, c := range copyIn {
-		if rel, _ := cleanRel("", c.SandboxPath); strings.HasPrefix("/"+rel+"/", BinDirInGuest+"/") {
+		if rel, _ := cleanRel("", c.SandboxPath); strings.HasPrefix("/"+rel+"/", root+"/") {
 			files = append(files, c)
 		}
 	}
 	dir := ""
 	switch {
-	case len(files) > 0:
+	case len(files) > 0 || root != BinDirInGuest:
 		// Staged: the bound tree and the files, in a directory of their
 		// own, remembered by what they are made of.
 		key := sha256.New()
@@ -115,16 +135,33 @@ func (m *MicroVM) harnessImage(ctx context.Context, binds []Bind, copyIn []CopyI
 			return "", err
 		}
 		defer os.RemoveAll(stage)
-		if len(binds) == 1 {
+		switch {
+		case root != BinDirInGuest:
+			if err := os.Mkdir(stage+"/t", 0o755); err != nil {
+				return "", err
+			}
+			for _, b := range binds {
+				rel, _ := cleanRel("", b.SandboxDir)
+				dst := filepath.Join(stage, "t", strings.TrimPrefix("/"+rel, root))
+				if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+					return "", err
+				}
+				if _, err := copyTree(ctx, b.HostDir, dst); err != nil {
+					return "", err
+				}
+			}
+		case len(binds) == 1:
 			if _, err := copyTree(ctx, binds[0].HostDir, stage+"/t"); err != nil {
 				return "", err
 			}
-		} else if err := os.Mkdir(stage+"/t", 0o755); err != nil {
-			return "", err
+		default:
+			if err := os.Mkdir(stage+"/t", 0o755); err != nil {
+				return "", err
+			}
 		}
 		for _, c := range files {
 			rel, _ := cleanRel("", c.SandboxPath)
-			dst := filepath.Join(stage, "t", strings.TrimPrefix("/"+rel, BinDirInGuest))
+			dst := filepath.Join(stage, "t", strings.TrimPrefix("/"+rel, root))
 			b, err := os.ReadFile(c.HostPath)
 			if err != nil {
 				return "", err
@@ -320,13 +357,17 @@ func hostTools(ctx context.Context, entries []string) ([]hostFile, error) {
 }
 
 // template returns the warm template of the images, booting it once.
-func (m *MicroVM) template(ctx context.Context, base, harness string) (*template, error) {
-	h := sha256.Sum256([]byte(strings.Join([]string{m.initrdKey, m.assets.Kernel, base, harness, m.accel, fmt.Sprint(m.cfg.MemMiB)}, "\n")))
+func (m *MicroVM) template(ctx context.Context, base, harness, mount string) (*template, error) {
+	parts := []string{m.initrdKey, m.assets.Kernel, base, harness, m.accel, fmt.Sprint(m.cfg.MemMiB)}
+	if mount != "" {
+		parts = append(parts, "mount "+mount) // the guest's command line differs
+	}
+	h := sha256.Sum256([]byte(strings.Join(parts, "\n")))
 	key := hex.EncodeToString(h[:])[:16]
 	m.tmplMu.Lock()
 	t := m.templates[key]
 	if t == nil {
-		t = &template{key: key, dir: filepath.Join(m.cache, "templates", key)}
+		t = &template{key: key, dir: filepath.Join(m.cache, "templates", key), mount: mount}
 		m.templates[key] = t
 	}
 	m.tmplMu.Unlock()
@@ -386,7 +427,7 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 		return err
 	}
 	layer := filepath.Join(t.dir, "disk.qcow2")
-	t.meta = vmMeta{Chain: []string{layer}, Base: base, Harness: harness, Gen: 0, MemMiB: m.cfg.MemMiB}
+	t.meta = vmMeta{Chain: []string{layer}, Base: base, Harness: harness, HarnessMount: t.mount, Gen: 0, MemMiB: m.cfg.MemMiB}
 	if err := writeVMMeta(t.dir, t.meta); err != nil {
 		return err
 	}

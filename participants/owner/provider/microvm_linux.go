@@ -385,7 +385,11 @@ func (m *MicroVM) identity(spec Spec) (vmctl.Request, error) {
 		r.Files = append(r.Files, vmctl.File{Path: "/" + rel, Mode: 0o644, Data: spec.Files[p]})
 	}
 	for i, c := range spec.CopyIn {
-		if rel, _ := cleanRel("", c.SandboxPath); strings.HasPrefix("/"+rel+"/", BinDirInGuest+"/") {
+		root := BinDirInGuest
+		if harnessMount(spec.Binds) != "" {
+			root = HarnessRootInGuest
+		}
+		if rel, _ := cleanRel("", c.SandboxPath); strings.HasPrefix("/"+rel+"/", root+"/") {
 			continue // on the harness disk (harnessImage)
 		}
 		b, err := os.ReadFile(c.HostPath)
@@ -401,13 +405,18 @@ func (m *MicroVM) identity(spec Spec) (vmctl.Request, error) {
 		rel, _ := cleanRel("", c.SandboxPath)
 		r.Files = append(r.Files, vmctl.File{Path: "/" + rel, Mode: mode, Data: b})
 	}
+	seen := map[string]bool{}
 	for i, b := range spec.Binds {
-		if rel, _ := cleanRel("", b.SandboxDir); "/"+rel != BinDirInGuest {
-			return r, invalid(fmt.Sprintf("spec.Binds[%d]", i), "%s: a microVM shows one host directory, at %s (its read-only harness disk)", b.SandboxDir, BinDirInGuest)
+		rel, _ := cleanRel("", b.SandboxDir)
+		if !strings.HasPrefix("/"+rel+"/", HarnessRootInGuest+"/") || "/"+rel == HarnessRootInGuest {
+			return r, invalid(fmt.Sprintf("spec.Binds[%d]", i), "%s: a microVM shows host directories only below %s (its read-only harness disk)", b.SandboxDir, HarnessRootInGuest)
 		}
-	}
-	if len(spec.Binds) > 1 {
-		return r, invalid("spec.Binds", "%d directories: a microVM shows one, at %s", len(spec.Binds), BinDirInGuest)
+		for p := range seen {
+			if strings.HasPrefix("/"+rel+"/", p+"/") || strings.HasPrefix(p+"/", "/"+rel+"/") {
+				return r, invalid(fmt.Sprintf("spec.Binds[%d]", i), "%s overlaps %s", "/"+rel, p)
+			}
+		}
+		seen["/"+rel] = true
 	}
 	return r, nil
 }
@@ -415,6 +424,11 @@ func (m *MicroVM) identity(spec Spec) (vmctl.Request, error) {
 // BinDirInGuest is where a microVM shows its read-only harness disk, the
 // one host directory of Spec.Binds (owner.BinDir).
 const BinDirInGuest = "/opt/stillpoint/bin"
+
+// HarnessRootInGuest is where a microVM mounts its harness disk when Spec.Binds
+// names directories other than BinDirInGuest (OpenCode's beside it): the disk
+// then holds each bound directory at its place below this root.
+const HarnessRootInGuest = "/opt/stillpoint"
 
 // Stop powers the sandbox's VM off (QMP quit, then SIGKILL), reaps QEMU,
 // removes its disk layers no snapshot holds, its sockets and directory,

@@ -323,3 +323,32 @@ func microvmOwnerMain(state string) int {
 	fmt.Printf("snapshotted %d %d %d\n", before, after, pid)
 	select {} // until killed
 }
+
+// Binds beside the bin directory (OpenCode's, at /opt/stillpoint/opencode)
+// are shown read-only on the one harness disk, mounted at
+// HarnessRootInGuest, each at its place; a bind elsewhere is refused.
+func TestMicroVMShowsSeveralBindsOnOneDisk(t *testing.T) {
+	tier.Long(t)
+	m := newMicroVM(t, t.TempDir())
+	defer cleanupMicroVM(t, m)
+	bin, oc := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "tool"), []byte("bin\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(oc, "lib"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(oc, "lib", "x"), []byte("opencode\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Start(context.Background(), Spec{ID: "bad", Init: counterInit, Binds: []Bind{{HostDir: bin, SandboxDir: "usr/local/x"}}}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a bind outside %s: %v, want ErrInvalid", HarnessRootInGuest, err)
+	}
+	start(t, m, Spec{ID: "vm1", Init: counterInit, Binds: []Bind{{HostDir: bin, SandboxDir: "opt/stillpoint/bin"}, {HostDir: oc, SandboxDir: "opt/stillpoint/opencode"}}})
+	if got := run(t, m, "vm1", "cat /opt/stillpoint/bin/tool /opt/stillpoint/opencode/lib/x"); got != "bin\nopencode\n" {
+		t.Fatalf("the binds read %q", got)
+	}
+	if got := run(t, m, "vm1", "touch /opt/stillpoint/bin/new 2>/dev/null && echo writable || echo read-only"); got != "read-only\n" {
+		t.Fatalf("the harness disk is %q", got)
+	}
+}

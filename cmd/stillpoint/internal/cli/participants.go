@@ -128,6 +128,7 @@ type ownerFlags struct {
 	upstream      string
 	vmCache       string
 	vmPrune       bool
+	vmMem         int
 }
 
 func newOwnerCmd(g *globals) *cobra.Command {
@@ -175,6 +176,7 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.DurationVar(&f.sandboxLease, "sandbox-lease", provider.DefaultSandboxLease, "microvm: a VM whose owner has not renewed its lease for this long powers itself off")
 	fl.StringVar(&f.accel, "microvm-accel", "auto", "microvm: auto (KVM when a probe guest runs at speed, else TCG), kvm or tcg")
 	fl.StringVar(&f.vmCache, "microvm-cache", "", "microvm: the directory of images and warm templates, which owners may share (default: under --state-dir)")
+	fl.IntVar(&f.vmMem, "microvm-mem", provider.DefaultMemMiB, "microvm: each guest's RAM in MiB (OpenCode needs about 1024)")
 	fl.BoolVar(&f.vmPrune, "microvm-prune-cache", false, "microvm: prune --microvm-cache at start (templates unused for an hour beyond the newest four); only for a cache no other owner's snapshots stand on")
 	fl.StringVar(&f.upstream, "sandbox-upstream", "", "microvm: HOST:PORT of the model upstream, reachable in each VM at "+microvm.GuestUpstream)
 	fl.StringVar(&f.sandboxd, "sandboxd", "", "host path of the static sandboxd binary (required)")
@@ -251,7 +253,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 		return &exitError{code: ExitUsage, err: err}
 	}
 	prov, err := openProvider(f.provider, filepath.Join(f.stateDir, "provider"), provider.MicroVMConfig{
-		Sandboxd: f.sandboxd, Lease: f.sandboxLease, Accel: f.accel, Upstream: f.upstream, CacheDir: f.vmCache, PruneCache: f.vmPrune, Logger: log})
+		Sandboxd: f.sandboxd, Lease: f.sandboxLease, Accel: f.accel, Upstream: f.upstream, CacheDir: f.vmCache, PruneCache: f.vmPrune, MemMiB: f.vmMem, Logger: log})
 	if err != nil {
 		return err
 	}
