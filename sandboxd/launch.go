@@ -261,16 +261,19 @@ func (l *launch) apply(ctx context.Context, e Effect) {
 		var out pauseOutcome
 		var err error
 		if e.Mode == sandboxapi.ModeHold {
-			out.confirmed = true
+			out = l.hold(ctx)
 		} else {
 			out, err = l.hl.pause(ctx, e.Mode, o)
 		}
 		l.lastOut, l.lastErr = out, err
-		l.step(ctx, PauseDone{Mode: e.Mode, Confirmed: err == nil && out.confirmed, Ended: out.ended})
+		l.step(ctx, PauseDone{Mode: e.Mode, Confirmed: err == nil && out.confirmed, Ended: out.ended, Frozen: out.frozen})
 	case DoContinue:
 		var n int
 		var err error
-		if e.Mode != sandboxapi.ModeHold {
+		switch {
+		case e.Mode == sandboxapi.ModeHold && l.lastOut.frozen:
+			n, err = l.hl.resume(ctx, sandboxapi.ModeFreeze, &l.lastOut, cfg.ConfirmTimeout)
+		case e.Mode != sandboxapi.ModeHold:
 			n, err = l.hl.resume(ctx, e.Mode, &l.lastOut, cfg.ConfirmTimeout)
 		}
 		l.lastResumed, l.lastErr = n, err
@@ -305,6 +308,35 @@ func (l *launch) apply(ctx context.Context, e Effect) {
 	case Done:
 		l.finished = true
 	}
+}
+
+// hold makes a hold pause: acknowledged at once with no signal; with
+// Spec.Freeze, and a cgroup of its own, it also freezes the launch, waiting
+// at most Spec.FreezeWait, and stays a plain hold when the freeze does not
+// take hold in time (the freeze undoes itself then).
+func (l *launch) hold(ctx context.Context) pauseOutcome {
+	if !l.spec.Freeze || l.hl.cgroupDir() == "" {
+		return pauseOutcome{confirmed: true}
+	}
+	wait := l.spec.FreezeWait
+	if wait <= 0 {
+		wait = sandboxapi.DefaultFreezeWait
+	}
+	by := time.Now().Add(wait)
+	out, err := l.hl.pause(ctx, sandboxapi.ModeFreeze, pauseOpts{confirmBy: by, pendingBy: by})
+	switch {
+	case err == nil && out.ended:
+		return out
+	case err == nil && out.confirmed:
+		out.frozen = true
+		return out
+	}
+	why := out.fallback
+	if err != nil {
+		why = err.Error()
+	}
+	l.log.Warn().Str("why", why).Dur("wait", wait).Msg("hold: the launch did not freeze in time; a plain hold")
+	return pauseOutcome{confirmed: true, pending: out.pending}
 }
 
 func (l *launch) setTimer(at time.Time) {
@@ -475,8 +507,9 @@ func (l *launch) pause(c command) (sandboxapi.PauseResult, error) {
 	switch rep.State {
 	case sandboxapi.StatePaused:
 		rep.PIDCount, rep.PIDs, rep.Pending = l.lastOut.count, l.lastOut.pids, l.lastOut.pending
+		rep.Frozen = l.lastOut.frozen
 		l.lastPause = rep
-		l.log.Info().Stringer("mode", mode).Int("seq", rep.PauseSeq).Int("pids", rep.PIDCount).
+		l.log.Info().Stringer("mode", mode).Int("seq", rep.PauseSeq).Int("pids", rep.PIDCount).Bool("frozen", rep.Frozen).
 			Strs("pending", rep.Pending).Float64("took_ms", rep.TookMS).Msg("paused")
 		return rep, nil
 	case sandboxapi.StateRunning:
@@ -507,6 +540,7 @@ func (l *launch) resume(c command) (sandboxapi.PauseResult, error) {
 			err = l.step(c.ctx, ContinueAsked{})
 		}
 	case sandboxapi.StatePaused:
+		rep.Frozen = l.lastOut.frozen
 		l.lastResumed, l.lastErr = 0, nil
 		err = l.step(c.ctx, ContinueAsked{})
 		if err == nil && l.lastErr != nil {

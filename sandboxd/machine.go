@@ -52,6 +52,8 @@ type PauseDone struct {
 	Mode      sandboxapi.Mode
 	Confirmed bool
 	Ended     bool
+	// Frozen: a hold pause also froze the launch (Spec.Freeze).
+	Frozen bool
 }
 
 // ContinueAsked is a continue request (the pause file is gone).
@@ -158,6 +160,7 @@ type Machine struct {
 	pauses      int
 	seq         int
 	pauseMode   sandboxapi.Mode
+	frozen      bool
 	fallbacks   int
 
 	stop     sandboxapi.StopReason
@@ -206,7 +209,7 @@ func (m *Machine) Pauses(now time.Time) sandboxapi.PauseStats {
 	}
 	return sandboxapi.PauseStats{
 		Count: m.pauses, Seq: m.seq, Total: total, Since: m.pausedSince,
-		Mode: m.pauseMode, Fallbacks: m.fallbacks,
+		Mode: m.pauseMode, Frozen: m.frozen, Fallbacks: m.fallbacks,
 	}
 }
 
@@ -355,7 +358,7 @@ func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 		}
 		m.pauses++
 		m.seq++
-		m.pausedSince, m.pauseMode = now, in.Mode
+		m.pausedSince, m.pauseMode, m.frozen = now, in.Mode, in.Frozen
 		return []Effect{SetTimer{}, Persist{}}, nil
 
 	case ContinueAsked:

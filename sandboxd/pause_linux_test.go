@@ -550,6 +550,47 @@ func TestHoldMode(t *testing.T) {
 	}
 }
 
+// A hold with Spec.Freeze (restore_sandbox_clock) also freezes the launch:
+// nothing of it runs and its files stay as they are until the continue,
+// and the results and the record say the pause froze. Without a cgroup of
+// its own the launch stays a plain hold, and says so.
+func TestHoldFreezes(t *testing.T) {
+	s := startSupervisor(t, Config{Mode: sandboxapi.ModeFreeze})
+	file := filepath.Join(t.TempDir(), "f")
+	id := launchID(t, "a")
+	mustLaunch(t, s, Spec{ID: id, Command: `while :; do echo x >> ` + file + `; sleep 0.01; done`, Timeout: time.Hour,
+		Mode: sandboxapi.ModeHold, Freeze: true, FreezeWait: time.Second})
+	poll.Wait(t, 5*time.Second, "the writer", func() bool { return fileSize(file) > 0 })
+	rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
+	if err != nil || rep.Mode != sandboxapi.ModeHold || rep.State != sandboxapi.StatePaused || !rep.Frozen || rep.PIDCount < 1 {
+		t.Fatalf("Pause: %+v, %v", rep, err)
+	}
+	frozenFor(t, 300*time.Millisecond, launchPIDs(t, s, id), file)
+	if rec, _ := s.Status(id); !rec.Pauses.Frozen || rec.Pauses.Mode != sandboxapi.ModeHold || !rec.Deadline.IsZero() {
+		t.Fatalf("record %+v", rec)
+	}
+	crep, err := s.Continue(ctxT(t), id)
+	if err != nil || !crep.Frozen || crep.State != sandboxapi.StateRunning {
+		t.Fatalf("Continue: %+v, %v", crep, err)
+	}
+	n := fileSize(file)
+	poll.Wait(t, 5*time.Second, "the launch to write again", func() bool { return fileSize(file) > n })
+	if _, err := s.Cancel(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+
+	plain := startSupervisor(t, Config{Mode: sandboxapi.ModeStop, NoCgroup: true})
+	id2 := launchID(t, "b")
+	mustLaunch(t, plain, Spec{ID: id2, Command: `while :; do sleep 0.01; done`, Mode: sandboxapi.ModeHold, Freeze: true})
+	rep, err = plain.Pause(ctxT(t), id2, sandboxapi.ModeDefault)
+	if err != nil || rep.Mode != sandboxapi.ModeHold || rep.State != sandboxapi.StatePaused || rep.Frozen {
+		t.Fatalf("Pause without a cgroup: %+v, %v", rep, err)
+	}
+	if _, err := plain.Cancel(ctxT(t), id2); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Paused time does not count against the deadline: a 600 ms launch paused
 // for 800 ms is still running 1.2 s after its start, and is stopped as
 // timed out only after deadline + paused time.

@@ -37,6 +37,13 @@ type Spec struct {
 	Timeout time.Duration
 	// Mode is the launch's default pause mode (default: the supervisor's).
 	Mode sandboxapi.Mode
+	// Freeze makes a hold pause also freeze the launch where it has its
+	// own cgroup, waiting at most FreezeWait (default
+	// sandboxapi.DefaultFreezeWait) for every process to stop; a freeze
+	// that does not take hold in time is undone and the pause stays a
+	// plain hold (restore_sandbox_clock, PROTOCOL §6).
+	Freeze     bool
+	FreezeWait time.Duration
 }
 
 // Validate reports every problem of s, each naming the field.
@@ -50,6 +57,9 @@ func (s Spec) Validate() error {
 	}
 	if len(s.Argv) > 0 && s.Argv[0] == "" {
 		errs = append(errs, fmt.Errorf("%w: Spec.Argv[0] is empty", ErrInvalidSpec))
+	}
+	if s.FreezeWait < 0 {
+		errs = append(errs, fmt.Errorf("%w: Spec.FreezeWait must not be negative", ErrInvalidSpec))
 	}
 	if s.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("%w: Spec.Timeout must not be negative", ErrInvalidSpec))
@@ -90,7 +100,8 @@ type pauseOutcome struct {
 	pids      []int
 	pending   []string
 	fallback  string
-	undo      any // host state that continue needs
+	frozen    bool // a hold that also froze the launch's cgroup
+	undo      any  // host state that continue needs
 }
 
 // host is what the supervisor needs from the operating system; newHost
@@ -193,6 +204,12 @@ func (s *Supervisor) Modes() []sandboxapi.Mode { return slices.Clone(s.modes) }
 
 // Identity returns the supervisor's identity (pid and start time).
 func (s *Supervisor) Identity() sandboxapi.Identity { return s.self }
+
+// Clocks returns the wall clock and the seconds since boot
+// (CLOCK_BOOTTIME), as pause results carry them.
+func (s *Supervisor) Clocks() (wall time.Time, uptime float64) {
+	return s.cfg.Now().UTC(), s.host.uptime()
+}
 
 // StateDir returns the state directory.
 func (s *Supervisor) StateDir() string { return s.cfg.StateDir }

@@ -51,8 +51,35 @@ type Config struct {
 	// member serves it from the start (member.Config.AdoptEpoch, PROTOCOL
 	// §5).
 	AdoptEpoch uint64
+	// Relay, when set, is the sandbox's model relay: a checkpoint's
+	// prepare holds it and its resume releases it, and the service answers
+	// relay_status and relay_repoint from it. Whoever made it runs it (it
+	// outlives the daemon in a Resident).
+	Relay Relay
+	// Failpoints inject faults for the end-to-end tests (zero: none).
+	Failpoints Failpoints
 	// Logger receives structured logs.
 	Logger zerolog.Logger
+}
+
+// Failpoints are the faults a daemon can be told to show, so that an
+// end-to-end test can reach the restore outcomes a healthy fork never
+// shows.
+type Failpoints struct {
+	// IdentityPrefix makes held, resume and collect of every launch whose
+	// id starts with it see another supervisor identity than the daemon's
+	// (its start time plus one): the launch reads as owned by a restarted
+	// supervisor.
+	IdentityPrefix string
+}
+
+// Relay is the model relay as the daemon uses it (package sandboxd/relay).
+type Relay interface {
+	Hold()
+	Release()
+	Holding() bool
+	Status() sandboxapi.RelayStatus
+	Repoint(url string, generation uint64) (sandboxapi.RelayStatus, error)
 }
 
 // Daemon is sandboxd on the bus.
@@ -195,6 +222,11 @@ func (d *Daemon) Joined() <-chan struct{} { return d.member.Joined() }
 func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Report, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.open != cp.ID && d.cfg.Relay != nil {
+		// Before any launch is paused: no model call starts or is answered
+		// from now on until the resume.
+		d.cfg.Relay.Hold()
+	}
 	d.open = cp.ID
 	if err := d.failed[cp.ID]; err != nil {
 		return member.Report{}, err
@@ -401,7 +433,15 @@ func (d *Daemon) Continue(ctx context.Context, id string) (*events.PauseReport, 
 	if d.open == id {
 		d.open = ""
 	}
+	reopened := d.open == ""
 	d.mu.Unlock()
+	defer func() {
+		if reopened && d.cfg.Relay != nil {
+			// After the launches are continued: the replies it kept reach
+			// harnesses that run again.
+			d.cfg.Relay.Release()
+		}
+	}()
 	sort.Strings(ids)
 	var reports []sandboxapi.PauseResult
 	var errs []error
@@ -483,6 +523,13 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec 
 	}
 	d.registering[spec.ID] = true
 	d.mu.Unlock()
+	if d.cfg.Relay != nil && d.cfg.Relay.Holding() {
+		// Admission is open and the relay still holds: a hold the
+		// snapshot of a restored sandbox kept, whose held launch its agent
+		// abandoned (or never took over). The new launch's calls must go.
+		d.log.Warn().Str("launch", spec.ID).Msg("releasing the relay a restore left held: a new launch")
+		d.cfg.Relay.Release()
+	}
 	defer func() {
 		d.mu.Lock()
 		delete(d.registering, spec.ID)
@@ -606,6 +653,10 @@ func summarize(results []sandboxapi.PauseResult) *events.PauseReport {
 		out.PauseSeq = max(out.PauseSeq, r.PauseSeq)
 	}
 	out.Fallback = strings.Join(fallbacks, "; ")
+	out.Frozen = true
+	for _, r := range results {
+		out.Frozen = out.Frozen && r.Frozen
+	}
 	if len(out.Pending) > 100 {
 		out.Pending = out.Pending[:100]
 	}

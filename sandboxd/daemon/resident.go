@@ -35,6 +35,8 @@ type Identity struct {
 	// AdoptEpoch is the restore's epoch when a fork's sandboxd is adopted
 	// with its launches (Config.AdoptEpoch); 0 for a first identity.
 	AdoptEpoch uint64
+	// Failpoints are the daemon's (Config.Failpoints).
+	Failpoints Failpoints
 }
 
 // ResidentConfig configures a Resident.
@@ -42,6 +44,10 @@ type ResidentConfig struct {
 	// Supervisor runs the launches for the Resident's whole life; the
 	// Resident runs it. Required.
 	Supervisor *sandboxd.Supervisor
+	// Relay, when set, is the sandbox's model relay, given to every
+	// daemon of the Resident (Config.Relay): it outlives them, and a
+	// restored fork's daemon finds it still holding. Its maker runs it.
+	Relay Relay
 	// Logger receives the logs.
 	Logger zerolog.Logger
 	// Stopped, when set, is called when a daemon stops by itself
@@ -201,7 +207,8 @@ func (r *Resident) start(ctx context.Context, id Identity) (*served, error) {
 		return nil, err
 	}
 	d, err := New(Config{Run: id.Run, SandboxID: id.SandboxID, JS: js, Bus: bus, Supervisor: r.cfg.Supervisor,
-		Grace: id.Grace, AdoptEpoch: id.AdoptEpoch, Logger: r.cfg.Logger})
+		Grace: id.Grace, AdoptEpoch: id.AdoptEpoch, Relay: r.cfg.Relay,
+		Failpoints: id.Failpoints, Logger: r.cfg.Logger})
 	if err != nil {
 		nc.Close()
 		return nil, err

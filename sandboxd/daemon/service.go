@@ -12,6 +12,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/sandboxd"
+	"github.com/stillpoint/stillpoint/sandboxd/relay"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -33,6 +34,16 @@ func classify(err error) (int, string) {
 		return 409, sandboxapi.CodeUnconfirmed
 	case errors.Is(err, sandboxd.ErrModeUnavailable), errors.Is(err, sandboxapi.ErrUnknownMode):
 		return 409, sandboxapi.CodeModeUnavailable
+	case errors.Is(err, relay.ErrStaleGeneration):
+		return 409, sandboxapi.CodeStaleGeneration
+	case errors.Is(err, relay.ErrBadUpstream):
+		return 400, sandboxapi.CodeBadRequest
+	case errors.Is(err, ErrNoRelay):
+		return 409, sandboxapi.CodeNoRelay
+	case errors.Is(err, ErrIdentityChanged):
+		return 409, sandboxapi.CodeIdentityChanged
+	case errors.Is(err, ErrNotHolding):
+		return 409, sandboxapi.CodeNotHolding
 	}
 	return 500, sandboxapi.CodeInternal
 }
@@ -66,8 +77,12 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 			if err != nil {
 				return nil, err
 			}
+			if r.FreezeWaitMS < 0 {
+				return nil, fmt.Errorf("%w: freeze_wait_ms must not be negative", sandboxd.ErrInvalidSpec)
+			}
 			return d.launch(ctx, r.Episode, r.NoPause, sandboxd.Spec{ID: r.LaunchID, Command: r.Command, Argv: r.Argv, Dir: r.Dir,
-				Env: r.Env, Timeout: time.Duration(r.TimeoutMS) * time.Millisecond, Mode: mode})
+				Env: r.Env, Timeout: time.Duration(r.TimeoutMS) * time.Millisecond, Mode: mode,
+				Freeze: r.Freeze, FreezeWait: time.Duration(r.FreezeWaitMS) * time.Millisecond})
 		}),
 		s.Handle(sandboxapi.EndpointStatus, func(body []byte) (any, error) {
 			r, err := ref(body)
@@ -125,6 +140,41 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 				return d.launches.Wait(ctx, r.LaunchID)
 			}
 			return d.launches.Receipt(r.LaunchID)
+		}),
+		s.Handle(sandboxapi.EndpointHeld, func(body []byte) (any, error) {
+			var r sandboxapi.HeldRequest
+			if err := jetstream.DecodeRequest(body, &r); err != nil {
+				return nil, err
+			}
+			return d.Held(r)
+		}),
+		s.Handle(sandboxapi.EndpointResume, func(body []byte) (any, error) {
+			var r sandboxapi.ResumeRequest
+			if err := jetstream.DecodeRequest(body, &r); err != nil {
+				return nil, err
+			}
+			return d.Resume(ctx, r)
+		}),
+		s.Handle(sandboxapi.EndpointCollect, func(body []byte) (any, error) {
+			var r sandboxapi.CollectRequest
+			if err := jetstream.DecodeRequest(body, &r); err != nil {
+				return nil, err
+			}
+			return d.Collect(r)
+		}),
+		s.Handle(sandboxapi.EndpointRelayStatus, func(body []byte) (any, error) {
+			var r struct{}
+			if err := jetstream.DecodeRequest(body, &r); err != nil {
+				return nil, err
+			}
+			return d.RelayStatus()
+		}),
+		s.Handle(sandboxapi.EndpointRelayRepoint, func(body []byte) (any, error) {
+			var r sandboxapi.RepointRequest
+			if err := jetstream.DecodeRequest(body, &r); err != nil {
+				return nil, err
+			}
+			return d.Repoint(r)
 		}),
 	}
 	if err := errors.Join(errs...); err != nil {

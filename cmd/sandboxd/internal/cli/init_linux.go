@@ -218,11 +218,13 @@ type vmMembers struct {
 	stderr io.Writer
 	notice func(vmctl.Notice)
 
-	mu     sync.Mutex
-	res    *daemon.Resident
-	state  string
-	cancel context.CancelFunc
-	done   chan struct{}
+	mu        sync.Mutex
+	res       *daemon.Resident
+	state     string
+	cancel    context.CancelFunc
+	done      chan struct{}
+	stopRelay context.CancelFunc // nil without a relay
+	relayDone chan struct{}
 }
 
 // identity parses an identify's args as member flags, with its explicit
@@ -236,7 +238,8 @@ func (v *vmMembers) identity(req vmctl.Request) (memberOpts, daemon.Identity, er
 	if o.state == "" {
 		o.state = "/var/lib/stillpoint-sandboxd"
 	}
-	return o, daemon.Identity{Run: o.run, SandboxID: o.id, Conn: o.conn, Grace: o.lease, AdoptEpoch: req.Epoch}, nil
+	return o, daemon.Identity{Run: o.run, SandboxID: o.id, Conn: o.conn, Grace: o.lease, AdoptEpoch: req.Epoch,
+		Failpoints: daemon.Failpoints{IdentityPrefix: o.failpoints.identityPrefix}}, nil
 }
 
 // Join implements guest.Members: the supervisor and the Resident start
@@ -254,17 +257,39 @@ func (v *vmMembers) Join(ctx context.Context, req vmctl.Request) (string, error)
 			v.mu.Unlock()
 			return "", err
 		}
-		res, err := daemon.NewResident(daemon.ResidentConfig{Supervisor: sup, Logger: v.log.Level(o.level),
+		rl, err := o.newRelay(v.log.Level(o.level))
+		if err != nil {
+			v.mu.Unlock()
+			return "", err
+		}
+		rcfg := daemon.ResidentConfig{Supervisor: sup, Logger: v.log.Level(o.level),
 			Stopped: func(m events.Member, err error) {
 				if v.notice != nil {
 					v.notice(vmctl.Notice{Event: vmctl.EventMember, Why: fmt.Sprintf("%s stopped: %v", m, err)})
 				}
-			}})
+			}}
+		if rl != nil {
+			rcfg.Relay = rl
+		}
+		res, err := daemon.NewResident(rcfg)
 		if err != nil {
 			v.mu.Unlock()
 			return "", err
 		}
 		rctx, cancel := context.WithCancel(v.ctx)
+		if rl != nil {
+			// The relay lives as long as the Resident: every identity of
+			// the guest (a fork's too) serves calls through it.
+			relayCtx, stopRelay := context.WithCancel(rctx)
+			relayDone := make(chan struct{})
+			v.stopRelay, v.relayDone = stopRelay, relayDone
+			v.wg.Go(func() {
+				defer close(relayDone)
+				if err := rl.Run(relayCtx); err != nil {
+					v.log.Error().Err(err).Msg("the model relay stopped")
+				}
+			})
+		}
 		v.res, v.state, v.cancel, v.done = res, o.state, cancel, make(chan struct{})
 		done := v.done
 		v.wg.Go(func() {
@@ -295,6 +320,16 @@ func (v *vmMembers) Rejoin(ctx context.Context, req vmctl.Request) (string, erro
 	}
 	if o.state != state {
 		return "", fmt.Errorf("sandboxd init: reidentify with state %s, the supervisor's is %s", o.state, state)
+	}
+	if o.failpoints.relayDown {
+		v.mu.Lock()
+		stop, done := v.stopRelay, v.relayDone
+		v.mu.Unlock()
+		if stop != nil {
+			v.log.Warn().Msg("failpoint: the model relay stops at this reidentify")
+			stop()
+			<-done
+		}
 	}
 	m, err := res.Join(ctx, id)
 	return string(m), err

@@ -10,16 +10,19 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/sandboxd"
 	"github.com/stillpoint/stillpoint/sandboxd/daemon"
+	"github.com/stillpoint/stillpoint/sandboxd/relay"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -39,6 +42,37 @@ type memberOpts struct {
 	noCg  bool
 	lease time.Duration
 	level zerolog.Level
+	// relay and relayUpstream configure the model relay (none without
+	// relay).
+	relay         string
+	relayUpstream string
+	// failpoints are the --failpoint flags (see parseFailpoints).
+	failpoints failpoints
+}
+
+// failpoints are the faults the --failpoint flags ask for, for the
+// end-to-end tests: identity=<prefix> (daemon.Failpoints.IdentityPrefix)
+// and relay-down (at a reidentify in a microVM, the model relay stops
+// serving: a fork whose relay is gone).
+type failpoints struct {
+	identityPrefix string
+	relayDown      bool
+}
+
+// set parses one --failpoint value.
+func (f *failpoints) set(v string) error {
+	switch name, arg, _ := strings.Cut(v, "="); name {
+	case "identity":
+		if arg == "" {
+			return errors.New("--failpoint identity=<launch id prefix>: the prefix is empty")
+		}
+		f.identityPrefix = arg
+	case "relay-down":
+		f.relayDown = true
+	default:
+		return fmt.Errorf("unknown --failpoint %q (want identity=<prefix> or relay-down)", v)
+	}
+	return nil
 }
 
 // parseMemberFlags parses the member flags; explicit values in args win
@@ -59,6 +93,10 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	noCg := fs.Bool("no-cgroup", false, "never use cgroups (freeze unavailable)")
 	lease := fs.Duration("lease-grace", member.DefaultGrace, "lease grace after a phase's deadline")
 	level := fs.String("log-level", "info", "log level (logs go to stderr)")
+	relayAddr := fs.String("relay", "", "serve the model relay on this address, e.g. 127.0.0.1:"+fmt.Sprint(sandboxapi.DefaultRelayPort)+" (default: no relay)")
+	var fps failpoints
+	fs.Func("failpoint", "inject a fault, for the end-to-end tests: identity=<launch id prefix> or relay-down (repeatable)", fps.set)
+	relayUp := fs.String("relay-upstream", "", "the relay's first upstream URL, e.g. http://10.0.2.90:8080 (default: none until a relay_repoint)")
 	if err := fs.Parse(args); err != nil {
 		return memberOpts{}, fmt.Errorf("%w: %w", errFlags, err) // the flag package has said why
 	}
@@ -70,7 +108,8 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 		return memberOpts{}, err
 	}
 	return memberOpts{conn: jetstream.ConnConfig{URL: *url, CredsFile: *creds, NKeyFile: *nkey, Token: *token, Name: "sandboxd-" + *id},
-		run: *run, id: *id, state: *state, mode: mode, grace: *grace, root: *root, noCg: *noCg, lease: *lease, level: lvl}, nil
+		run: *run, id: *id, state: *state, mode: mode, grace: *grace, root: *root, noCg: *noCg, lease: *lease, level: lvl,
+		relay: *relayAddr, relayUpstream: *relayUp, failpoints: fps}, nil
 }
 
 // member runs the daemon on the bus: member sandbox.<id> of a run, serving
@@ -124,7 +163,17 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1
 	}
-	d, err := daemon.New(daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log})
+	rl, err := o.newRelay(log)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 2
+	}
+	cfg := daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log,
+		Failpoints: daemon.Failpoints{IdentityPrefix: o.failpoints.identityPrefix}}
+	if rl != nil {
+		cfg.Relay = rl
+	}
+	d, err := daemon.New(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 2
@@ -135,7 +184,16 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	line, _ := json.Marshal(map[string]any{"event": "member", "member": d.Name(), "modes": modes, "service": events.ServiceSubject(o.run, d.Name())})
 	fmt.Fprintf(stdout, "%s\n", line)
-	if err := d.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	run := d.Run
+	if rl != nil {
+		run = func(ctx context.Context) error {
+			g, gctx := errgroup.WithContext(ctx)
+			g.Go(func() error { return rl.Run(gctx) })
+			g.Go(func() error { return d.Run(gctx) })
+			return g.Wait()
+		}
+	}
+	if err := run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		if errors.Is(err, member.ErrSuperseded) || errors.Is(err, member.ErrReplaced) {
 			return 0
@@ -143,6 +201,17 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// newRelay returns the model relay the flags ask for, or nil.
+func (o memberOpts) newRelay(log zerolog.Logger) (*relay.Relay, error) {
+	if o.relay == "" {
+		if o.relayUpstream != "" {
+			return nil, errors.New("--relay-upstream needs --relay")
+		}
+		return nil, nil
+	}
+	return relay.New(relay.Config{Listen: o.relay, Upstream: o.relayUpstream, Logger: log})
 }
 
 // supervisorConfig is the supervisor the member flags ask for.

@@ -1,0 +1,176 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/stillpoint/stillpoint/sandboxd"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+)
+
+// The errors of the restore endpoints, answered with their sandboxapi
+// codes.
+var (
+	// ErrIdentityChanged is returned by Resume and Collect when the
+	// supervisor named is not the one that owns the launch now.
+	ErrIdentityChanged = errors.New("daemon: supervisor identity changed")
+	// ErrNotHolding is returned by Resume for a launch that is not in the
+	// pause named, and by Collect for one that has not ended.
+	ErrNotHolding = errors.New("daemon: launch not held in that pause")
+	// ErrNoRelay is returned by the relay endpoints of a daemon that runs
+	// no model relay.
+	ErrNoRelay = errors.New("daemon: no model relay")
+)
+
+// Held tells whether launch r.LaunchID is still the one a checkpoint left
+// held: owned by supervisor r.Identity and paused in pause r.PauseSeq
+// (PROTOCOL §6, Restore of a process-keeping snapshot). It answers every
+// such question with a verdict; its error is only for a request it cannot
+// read.
+func (d *Daemon) Held(r sandboxapi.HeldRequest) (sandboxapi.HeldAnswer, error) {
+	if err := sandboxd.ValidateID(r.LaunchID); err != nil {
+		return sandboxapi.HeldAnswer{}, err
+	}
+	ans := sandboxapi.HeldAnswer{Identity: d.identityFor(r.LaunchID)}
+	if d.cfg.Relay != nil {
+		ans.Relay = d.cfg.Relay.Status()
+	}
+	ans.Wall, ans.Uptime = d.sup.Clocks()
+	rec, err := d.launches.Status(r.LaunchID)
+	switch {
+	case errors.Is(err, sandboxd.ErrUnknownLaunch):
+		ans.Verdict, ans.Reason = sandboxapi.VerdictUnknownLaunch, "no launch "+r.LaunchID+" in this sandbox"
+		return ans, nil
+	case err != nil:
+		return ans, err
+	}
+	ans.Record = &rec
+	ans.Verdict, ans.Reason = verdict(r, ans.Identity, rec)
+	return ans, nil
+}
+
+// verdict decides a HeldRequest on the supervisor's identity and the
+// launch's record.
+func verdict(r sandboxapi.HeldRequest, self sandboxapi.Identity, rec sandboxapi.Record) (sandboxapi.Verdict, string) {
+	switch {
+	case self != r.Identity:
+		return sandboxapi.VerdictIdentityChanged, fmt.Sprintf("the supervisor is %s, not %s", self, r.Identity)
+	case rec.Supervisor != r.Identity:
+		return sandboxapi.VerdictIdentityChanged, fmt.Sprintf("the launch belongs to supervisor %s, not %s", rec.Supervisor, r.Identity)
+	case rec.State == sandboxapi.StateEnded:
+		out := "ended"
+		if rec.Receipt != nil {
+			out = rec.Receipt.Outcome.String()
+		}
+		return sandboxapi.VerdictEnded, fmt.Sprintf("the launch ended (%s) in pause %d", out, rec.Pauses.Seq)
+	case rec.State != sandboxapi.StatePaused:
+		return sandboxapi.VerdictNotHolding, fmt.Sprintf("the launch is %s, not paused", rec.State)
+	case rec.Pauses.Seq != r.PauseSeq:
+		return sandboxapi.VerdictNotHolding, fmt.Sprintf("the launch is in pause %d, not %d", rec.Pauses.Seq, r.PauseSeq)
+	}
+	return sandboxapi.VerdictHeld, fmt.Sprintf("held in pause %d (%s, frozen %v) by %s", rec.Pauses.Seq, rec.Pauses.Mode, rec.Pauses.Frozen, self)
+}
+
+// Resume takes over a launch a checkpoint from before a restore left held:
+// if it is still held in pause r.PauseSeq by supervisor r.Identity, it is
+// continued (thawed, when the hold froze it), and the relay is released
+// unless a checkpoint is open. Re-point the relay first: a call it
+// re-sends then goes to the new model server.
+func (d *Daemon) Resume(ctx context.Context, r sandboxapi.ResumeRequest) (sandboxapi.PauseResult, error) {
+	ans, err := d.Held(r)
+	if err != nil {
+		return sandboxapi.PauseResult{}, err
+	}
+	switch ans.Verdict {
+	case sandboxapi.VerdictHeld:
+	case sandboxapi.VerdictUnknownLaunch:
+		return sandboxapi.PauseResult{}, fmt.Errorf("%w: %s", sandboxd.ErrUnknownLaunch, r.LaunchID)
+	case sandboxapi.VerdictIdentityChanged:
+		return sandboxapi.PauseResult{}, fmt.Errorf("%w: %s", ErrIdentityChanged, ans.Reason)
+	default:
+		return sandboxapi.PauseResult{}, fmt.Errorf("%w: %s", ErrNotHolding, ans.Reason)
+	}
+	d.mu.Lock()
+	if d.open != "" {
+		open := d.open
+		d.mu.Unlock()
+		return sandboxapi.PauseResult{}, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
+	}
+	d.mu.Unlock()
+	rep, err := d.launches.Continue(ctx, r.LaunchID)
+	d.unmark(r.LaunchID)
+	d.releaseAfterRestore(r.LaunchID, "taken over")
+	if err != nil {
+		return rep, err
+	}
+	d.log.Warn().Str("launch", r.LaunchID).Int("pause_seq", r.PauseSeq).Bool("frozen", rep.Frozen).
+		Stringer("identity", rep.Identity).Msg("resumed a restored launch in place")
+	return rep, nil
+}
+
+// Collect returns the receipt of a launch that ended while a checkpoint
+// held it, owned by supervisor identity, and releases the relay as Resume
+// does.
+func (d *Daemon) Collect(r sandboxapi.CollectRequest) (sandboxapi.Receipt, error) {
+	if err := sandboxd.ValidateID(r.LaunchID); err != nil {
+		return sandboxapi.Receipt{}, err
+	}
+	rec, err := d.launches.Status(r.LaunchID)
+	if err != nil {
+		return sandboxapi.Receipt{}, err
+	}
+	switch self := d.identityFor(r.LaunchID); {
+	case self != r.Identity || rec.Supervisor != r.Identity:
+		return sandboxapi.Receipt{}, fmt.Errorf("%w: the launch belongs to %s under supervisor %s, not %s", ErrIdentityChanged, rec.Supervisor, self, r.Identity)
+	case rec.State != sandboxapi.StateEnded || rec.Receipt == nil:
+		return sandboxapi.Receipt{}, fmt.Errorf("%w: launch %s is %s, not ended", ErrNotHolding, r.LaunchID, rec.State)
+	}
+	d.unmark(r.LaunchID)
+	d.releaseAfterRestore(r.LaunchID, "collected")
+	return *rec.Receipt, nil
+}
+
+// identityFor is the supervisor identity the restore endpoints see for
+// launch id: the supervisor's, unless Failpoints.IdentityPrefix says
+// otherwise.
+func (d *Daemon) identityFor(id string) sandboxapi.Identity {
+	self := d.sup.Identity()
+	if p := d.cfg.Failpoints.IdentityPrefix; p != "" && strings.HasPrefix(id, p) {
+		d.log.Warn().Str("launch", id).Msg("failpoint: the launch reads as owned by another supervisor")
+		self.Start++
+	}
+	return self
+}
+
+// releaseAfterRestore releases the relay a restored snapshot kept held,
+// unless a checkpoint of this daemon's is open.
+func (d *Daemon) releaseAfterRestore(id, why string) {
+	if d.cfg.Relay == nil {
+		return
+	}
+	d.mu.Lock()
+	open := d.open
+	d.mu.Unlock()
+	if open == "" && d.cfg.Relay.Holding() {
+		d.log.Info().Str("launch", id).Str("why", why).Msg("releasing the model relay")
+		d.cfg.Relay.Release()
+	}
+}
+
+// RelayStatus returns the relay's status (ErrNoRelay without one).
+func (d *Daemon) RelayStatus() (sandboxapi.RelayStatus, error) {
+	if d.cfg.Relay == nil {
+		return sandboxapi.RelayStatus{}, ErrNoRelay
+	}
+	return d.cfg.Relay.Status(), nil
+}
+
+// Repoint re-points the relay (ErrNoRelay without one).
+func (d *Daemon) Repoint(r sandboxapi.RepointRequest) (sandboxapi.RelayStatus, error) {
+	if d.cfg.Relay == nil {
+		return sandboxapi.RelayStatus{}, ErrNoRelay
+	}
+	return d.cfg.Relay.Repoint(r.URL, r.Generation)
+}

@@ -1,0 +1,78 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+)
+
+// successors lists the legal call transitions: held -> forwarding |
+// failed; forwarding -> forwarding (a re-send) | replied | failed; replied
+// -> forwarding (a re-send of a reply cut before it ended) | delivered |
+// failed.
+var successors = map[sandboxapi.CallState][]sandboxapi.CallState{
+	sandboxapi.CallHeld:       {sandboxapi.CallForwarding, sandboxapi.CallFailed},
+	sandboxapi.CallForwarding: {sandboxapi.CallForwarding, sandboxapi.CallReplied, sandboxapi.CallFailed},
+	sandboxapi.CallReplied:    {sandboxapi.CallDelivered, sandboxapi.CallFailed},
+}
+
+// checkTransition returns nil if from -> to is legal, else an error
+// wrapping ErrTransition that names both states.
+func checkTransition(from, to sandboxapi.CallState) error {
+	if slices.Contains(successors[from], to) {
+		return nil
+	}
+	return fmt.Errorf("%w from %s to %s", ErrTransition, from, to)
+}
+
+// call is one model call: the request as the harness sent it (the bytes
+// every attempt sends), and where it stands. Its fields after the request
+// are guarded by Relay.mu.
+type call struct {
+	seq    uint64
+	digest string
+	method string
+	uri    string // path and query, appended to the upstream URL
+	header http.Header
+	body   []byte
+	stream bool
+	wake   chan struct{} // capacity 1: something changed for this call
+
+	state   sandboxapi.CallState
+	gen     uint64
+	resends int
+	status  int
+	err     string
+	att     *attempt // the current attempt, nil before the first
+}
+
+// attempt is one sending of a call to one upstream. Its reader goroutine
+// fills it; Relay.mu guards it.
+type attempt struct {
+	gen    uint64
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the reader has returned
+
+	status    int
+	header    http.Header
+	buf       []byte // the reply's body as read so far
+	ended     bool   // the whole reply was read
+	err       error  // the attempt failed
+	repointed bool   // a Repoint cut it
+	cut       bool   // it failed in a way that a re-send repairs
+}
+
+func (c *call) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (c *call) snapshot() sandboxapi.CallStatus {
+	return sandboxapi.CallStatus{Seq: c.seq, Digest: c.digest, Generation: c.gen, State: c.state,
+		Stream: c.stream, Resends: c.resends, Status: c.status, Error: c.err}
+}

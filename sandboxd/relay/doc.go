@@ -1,0 +1,41 @@
+// Package relay is the model relay of a sandbox: an HTTP server on a
+// sandbox port that a harness is given as its model URL, forwarding every
+// OpenAI-compatible request, streaming (SSE) or not, to the current
+// upstream, so that a checkpoint can hold model calls still and a restore
+// can send them on to another model server (PROTOCOL §6, The model relay).
+//
+//  1. Calls. Every request is one call, recorded once: a sequence number,
+//     the hex SHA-256 of its method, path and body (the digest), the
+//     generation of the upstream it went to, and its state (held,
+//     forwarding, replied, delivered, failed: sandboxapi.CallState). A call
+//     moves forward only, and a transition the table does not list is
+//     refused. Finished calls are counted and forgotten; the open ones are
+//     in Status.
+//  2. Hold. Hold (a checkpoint's prepare) makes new calls wait, read whole,
+//     before they are forwarded, and keeps the reply of every call in flight
+//     from reaching the harness: the upstream's bytes are read and kept,
+//     and nothing is written until Release (the continue). A harness
+//     frozen or not sees only a slow model call. The relay runs inside
+//     sandboxd, which must answer the bus while the launch is frozen, so it
+//     is held rather than frozen: it keeps no timers, and nothing it does
+//     depends on the clock a restore moves.
+//  3. Re-send. Repoint(url, generation) accepts only a higher generation.
+//     Every call of an older generation whose reply has not ended upstream
+//     (the snapshot caught it in flight, or its connection died with the
+//     old VM) has its attempt cut and is sent again, the same bytes, to the
+//     new upstream; so is a call whose attempt failed while the relay was
+//     held. A reply already partly delivered continues only if the new
+//     reply starts with the same bytes; otherwise the harness's connection
+//     is cut, never spliced.
+//  4. Refusals. A request over Config.MaxRequestBytes (413), a body that is
+//     not JSON (400), no upstream (503), an upstream that cannot be reached
+//     or breaks off while the relay is not held (502): the harness gets a
+//     JSON error object naming the cause ({"error": {"message", "type":
+//     "relay_error", "code"}}), and the call is recorded once, as failed.
+//     An upstream's own error status is a reply like any other and passes
+//     through unchanged.
+//
+// Run listens on Config.Listen and serves until its context ends, then
+// closes every connection and waits for every handler and upstream read it
+// started.
+package relay

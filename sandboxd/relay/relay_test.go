@@ -1,0 +1,418 @@
+package relay_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/sandboxd/relay"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+)
+
+func TestMain(m *testing.M) { leak.VerifyTestMain(m) }
+
+// upstream is a model server of the test's: it records every request and
+// answers with what answer says.
+type upstream struct {
+	*httptest.Server
+	mu     sync.Mutex
+	bodies []string
+	got    chan string
+}
+
+func newUpstream(t *testing.T, answer func(w http.ResponseWriter, r *http.Request, body []byte)) *upstream {
+	t.Helper()
+	u := &upstream{got: make(chan string, 16)}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		u.bodies = append(u.bodies, string(b))
+		u.mu.Unlock()
+		u.got <- string(b)
+		answer(w, r, b)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *upstream) count() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.bodies)
+}
+
+func echo(w http.ResponseWriter, _ *http.Request, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"echo":%s}`, body)
+}
+
+// startRelay serves a relay on a loopback port until the test ends.
+func startRelay(t *testing.T, up string) *relay.Relay {
+	t.Helper()
+	r, err := relay.New(relay.Config{Upstream: up, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx, ln) }()
+	poll.Wait(t, 5*time.Second, "the relay serving", func() bool { return r.URL() != "" })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return r
+}
+
+type reply struct {
+	status int
+	body   string
+	err    error
+}
+
+// post sends body to the relay's path in a goroutine; the reply comes on
+// the channel.
+func post(t *testing.T, r *relay.Relay, path, body string) <-chan reply {
+	t.Helper()
+	ch := make(chan reply, 1)
+	url := r.URL() + path
+	go func() {
+		resp, err := http.Post(url, "application/json", strings.NewReader(body))
+		if err != nil {
+			ch <- reply{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		ch <- reply{status: resp.StatusCode, body: string(b), err: err}
+	}()
+	return ch
+}
+
+func wait(t *testing.T, ch <-chan reply) reply {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reply in 10 s")
+	}
+	return reply{}
+}
+
+func noReply(t *testing.T, ch <-chan reply) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		t.Fatalf("the harness got a reply while the relay holds: %+v", r)
+	default:
+	}
+}
+
+func openState(r *relay.Relay, state sandboxapi.CallState) bool {
+	st := r.Status()
+	return len(st.Open) == 1 && st.Open[0].State == state
+}
+
+// Calls pass through byte for byte, streaming or not, and each is recorded
+// once.
+func TestRelayForwards(t *testing.T) {
+	events := []string{"data: {\"n\":1}\n\n", "data: {\"n\":2}\n\n", "data: [DONE]\n\n"}
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if !bytes.Contains(body, []byte(`"stream":true`)) {
+			echo(w, r, body)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, e := range events {
+			_, _ = io.WriteString(w, e)
+			w.(http.Flusher).Flush()
+		}
+	})
+	r := startRelay(t, up.URL)
+	got := wait(t, post(t, r, "/v1/chat/completions", `{"model":"m","messages":[]}`))
+	if got.err != nil || got.status != 200 || got.body != `{"echo":{"model":"m","messages":[]}}` {
+		t.Fatalf("plain call: %+v", got)
+	}
+	got = wait(t, post(t, r, "/v1/chat/completions", `{"stream":true}`))
+	if got.err != nil || got.status != 200 || got.body != strings.Join(events, "") {
+		t.Fatalf("streamed call: %+v", got)
+	}
+	st := r.Status()
+	if st.Calls.Total != 2 || st.Calls.Delivered != 2 || len(st.Open) != 0 || !st.Up || st.Generation != 0 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+// A hold keeps a new call from going upstream and the reply of a call in
+// flight from reaching the harness; the release lets both through.
+func TestRelayHoldAndRelease(t *testing.T) {
+	gate := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if bytes.Contains(body, []byte("slow")) {
+			<-gate
+		}
+		echo(w, r, body)
+	})
+	r := startRelay(t, up.URL)
+	inflight := post(t, r, "/v1/chat/completions", `{"q":"slow"}`)
+	<-up.got // upstream has it
+	r.Hold()
+	held := post(t, r, "/v1/chat/completions", `{"q":"new"}`)
+	poll.Wait(t, 5*time.Second, "the new call held", func() bool { return r.Status().Calls.Held == 1 })
+	close(gate)
+	poll.Wait(t, 5*time.Second, "the reply in flight ended upstream", func() bool {
+		for _, c := range r.Status().Open {
+			if c.State == sandboxapi.CallReplied {
+				return true
+			}
+		}
+		return false
+	})
+	noReply(t, inflight)
+	noReply(t, held)
+	if n := up.count(); n != 1 {
+		t.Fatalf("upstream saw %d calls while the relay holds, want 1", n)
+	}
+	r.Release()
+	if g := wait(t, inflight); g.body != `{"echo":{"q":"slow"}}` {
+		t.Fatalf("call in flight: %+v", g)
+	}
+	if g := wait(t, held); g.body != `{"echo":{"q":"new"}}` {
+		t.Fatalf("held call: %+v", g)
+	}
+	if n := up.count(); n != 2 {
+		t.Fatalf("upstream saw %d calls, want 2 (none twice)", n)
+	}
+}
+
+// After a restore, a re-point sends the call the snapshot caught in flight
+// to the new upstream, the same bytes, once; the old upstream never
+// answers it. A held call goes to the new upstream at the release.
+func TestRelayRepointResendsTheCutCall(t *testing.T) {
+	old := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		<-r.Context().Done() // a model server that is gone
+	})
+	fresh := newUpstream(t, echo)
+	r := startRelay(t, old.URL)
+	cutBody := `{"messages":[{"role":"user","content":"cut"}]}`
+	cut := post(t, r, "/v1/chat/completions", cutBody)
+	if got := <-old.got; got != cutBody {
+		t.Fatalf("old upstream got %q", got)
+	}
+	r.Hold()
+	held := post(t, r, "/v1/chat/completions", `{"q":"held"}`)
+	poll.Wait(t, 5*time.Second, "the new call held", func() bool { return r.Status().Calls.Held == 1 })
+	st, err := r.Repoint(fresh.URL, 1)
+	if err != nil || st.Generation != 1 || st.Upstream != fresh.URL {
+		t.Fatalf("Repoint: %+v, %v", st, err)
+	}
+	if got := <-fresh.got; got != cutBody {
+		t.Fatalf("new upstream got %q, want the cut call's bytes", got)
+	}
+	noReply(t, cut)
+	r.Release()
+	if g := wait(t, cut); g.body != `{"echo":`+cutBody+`}` {
+		t.Fatalf("cut call: %+v", g)
+	}
+	if g := wait(t, held); g.body != `{"echo":{"q":"held"}}` {
+		t.Fatalf("held call: %+v", g)
+	}
+	if o, f := old.count(), fresh.count(); o != 1 || f != 2 {
+		t.Fatalf("old upstream saw %d calls, new %d: want 1 and 2", o, f)
+	}
+	st = r.Status()
+	if st.Calls.Resent != 1 || st.Calls.Delivered != 2 || st.Calls.Total != 2 || len(st.Open) != 0 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+// A call whose upstream connection breaks while the relay holds (the old
+// VM's forward is gone) waits, and is sent again once the relay has a new
+// upstream.
+func TestRelayResendsACallBrokenWhileHeld(t *testing.T) {
+	breakNow := make(chan struct{})
+	old := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		<-breakNow
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+	})
+	fresh := newUpstream(t, echo)
+	r := startRelay(t, old.URL)
+	cut := post(t, r, "/v1/chat/completions", `{"q":"x"}`)
+	<-old.got
+	r.Hold()
+	close(breakNow)
+	poll.Wait(t, 5*time.Second, "the broken attempt seen", func() bool {
+		st := r.Status()
+		return len(st.Open) == 1 && st.Open[0].State == sandboxapi.CallForwarding && fresh.count() == 0
+	})
+	if _, err := r.Repoint(fresh.URL, 3); err != nil {
+		t.Fatal(err)
+	}
+	<-fresh.got
+	r.Release()
+	if g := wait(t, cut); g.status != 200 || g.body != `{"echo":{"q":"x"}}` {
+		t.Fatalf("cut call: %+v", g)
+	}
+}
+
+// A re-point accepts only a higher generation, and a well-formed URL.
+func TestRelayRepointGenerations(t *testing.T) {
+	r := startRelay(t, "")
+	if _, err := r.Repoint("http://127.0.0.1:1", 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, gen := range []uint64{0, 1, 2} {
+		if _, err := r.Repoint("http://127.0.0.1:2", gen); !errors.Is(err, relay.ErrStaleGeneration) {
+			t.Errorf("Repoint(gen %d) after 2 = %v, want ErrStaleGeneration", gen, err)
+		}
+	}
+	for _, bad := range []string{"", "127.0.0.1:1", "ftp://x", "http://h/p?q=1", "http://"} {
+		if _, err := r.Repoint(bad, 9); !errors.Is(err, relay.ErrBadUpstream) {
+			t.Errorf("Repoint(%q) = %v, want ErrBadUpstream", bad, err)
+		}
+	}
+	if st := r.Status(); st.Generation != 2 || st.Upstream != "http://127.0.0.1:1" {
+		t.Fatalf("status %+v", st)
+	}
+	if _, err := r.Repoint("http://127.0.0.1:3/", 3); err != nil || r.Upstream() != "http://127.0.0.1:3" {
+		t.Fatalf("Repoint gen 3: %v, upstream %q", err, r.Upstream())
+	}
+}
+
+// Bad input gets a clear error, and each such call is recorded once, as
+// failed; an upstream's own error status passes through.
+func TestRelayRefusals(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		http.Error(w, `{"error":"overloaded"}`, http.StatusTooManyRequests)
+	})
+	rl, err := relay.New(relay.Config{Upstream: up.URL, MaxRequestBytes: 64, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rl.Serve(ctx, ln) }()
+	defer func() { cancel(); <-done }()
+	poll.Wait(t, 5*time.Second, "the relay serving", func() bool { return rl.URL() != "" })
+
+	cases := []struct {
+		body   string
+		status int
+		code   string
+	}{
+		{strings.Repeat("x", 65), 413, "request_too_large"},
+		{`{"messages": [`, 400, "malformed_request"},
+		{`{"ok":true}`, 429, ""},
+	}
+	for _, c := range cases {
+		g := wait(t, post(t, rl, "/v1/chat/completions", c.body))
+		if g.err != nil || g.status != c.status || c.code != "" && !strings.Contains(g.body, `"code":"`+c.code+`"`) {
+			t.Errorf("body %.20q: %+v, want %d %s", c.body, g, c.status, c.code)
+		}
+	}
+	if n := up.count(); n != 1 {
+		t.Errorf("upstream saw %d calls, want only the good one", n)
+	}
+	// An upstream nobody listens on.
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadURL := "http://" + dead.Addr().String()
+	_ = dead.Close()
+	if _, err := rl.Repoint(deadURL, 1); err != nil {
+		t.Fatal(err)
+	}
+	g := wait(t, post(t, rl, "/v1/chat/completions", `{}`))
+	if g.status != 502 || !strings.Contains(g.body, "upstream_failed") || !strings.Contains(g.body, "unreachable") {
+		t.Errorf("dead upstream: %+v", g)
+	}
+	st := rl.Status()
+	if st.Calls.Total != 4 || st.Calls.Failed != 3 || st.Calls.Delivered != 1 || len(st.Open) != 0 {
+		t.Fatalf("status %+v, want 4 calls: 3 failed once each, 1 delivered", st)
+	}
+}
+
+// A relay with no upstream says so.
+func TestRelayWithoutUpstream(t *testing.T) {
+	r := startRelay(t, "")
+	g := wait(t, post(t, r, "/v1/chat/completions", `{}`))
+	if g.status != 503 || !strings.Contains(g.body, "no_upstream") {
+		t.Fatalf("%+v", g)
+	}
+}
+
+// A streamed reply partly delivered before the cut continues only if the
+// re-sent reply starts with the same bytes; otherwise the harness's
+// connection is cut, never spliced.
+func TestRelayResendOfAPartlyDeliveredStream(t *testing.T) {
+	for _, same := range []bool{true, false} {
+		t.Run(fmt.Sprintf("same=%v", same), func(t *testing.T) {
+			first := "data: {\"n\":1}\n\n"
+			old := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, first)
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			})
+			fresh := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				if same {
+					_, _ = io.WriteString(w, first)
+				} else {
+					_, _ = io.WriteString(w, "data: {\"n\":7}\n\n")
+				}
+				_, _ = io.WriteString(w, "data: [DONE]\n\n")
+			})
+			r := startRelay(t, old.URL)
+			// Read the first event as the harness does, then hold.
+			resp, err := http.Post(r.URL()+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			buf := make([]byte, len(first))
+			if _, err := io.ReadFull(resp.Body, buf); err != nil || string(buf) != first {
+				t.Fatalf("first event %q, %v", buf, err)
+			}
+			r.Hold()
+			if _, err := r.Repoint(fresh.URL, 1); err != nil {
+				t.Fatal(err)
+			}
+			<-fresh.got
+			r.Release()
+			rest, err := io.ReadAll(resp.Body)
+			if same {
+				if err != nil || string(rest) != "data: [DONE]\n\n" {
+					t.Fatalf("rest %q, %v", rest, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("a diverging re-send was spliced: rest %q", rest)
+			}
+			poll.Wait(t, 5*time.Second, "the call failed", func() bool { return r.Status().Calls.Failed == 1 })
+		})
+	}
+}
