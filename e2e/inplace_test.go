@@ -14,6 +14,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
@@ -196,6 +197,76 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 			}
 		}
 	}
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("final release: %+v %v", rel, err)
+	}
+}
+
+// TestMicroVMOpenCodeContinuesInPlace: one real OpenCode rollout on the
+// microvm provider (1 GiB guest, OpenCode's directory beside the bin
+// directory on the harness disk), checkpointed while OpenCode waits for a
+// model reply; the agent and the owner are killed with SIGKILL, and a new
+// agent and owner with a new model server restore. The OpenCode process
+// the snapshot kept is taken over in place, its cut calls and every later
+// one reach the new model server, and it finishes with its grade.
+func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
+	tier.E2E(t)
+	requireMicroVM(t)
+	if _, err := opencode.Binary(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := opencode.Ripgrep(); err != nil {
+		t.Fatal(err)
+	}
+	b := buildBins(t)
+	ts, script := openCodeTasks("ocvm", 1, 1)
+	began := time.Now()
+	f := startFleet(t, fleetOptions{n: 1, concurrency: 1, tasks: ts, script: script, provider: "microvm",
+		ownerArgs: []string{"--opencode", b.driver, "--microvm-mem", "1024"},
+		agentArgs: []string{"--adapter", "opencode", "--launch-timeout", "30m"}})
+	ctx, cancel := context.WithTimeout(t.Context(), 25*time.Minute)
+	defer cancel()
+	f.ms.Hold()
+	lost, abandon := context.WithCancel(ctx)
+	first := f.dispatch(lost, 0, 0)
+	poll.Wait(t, 15*time.Minute, "OpenCode's first model call held by the model server", func() bool { return f.ms.Held() > 0 })
+	started := time.Since(began)
+	f.checkpoint(ctx, "c1")
+	bm := f.agentRecords(ctx, "c1", "a1")[f.id(0)]
+	if len(bm.Launches) != 1 || bm.Launches[0].Held == nil || !bm.Launches[0].Relay {
+		t.Fatalf("exported bookmark %+v: want the OpenCode launch held through the relay", bm)
+	}
+	f.kill9("agent-a1", "owner")
+	abandon()
+	if o := <-first; o.err == nil {
+		t.Fatalf("the rollout returned across the crash: %+v", o.res)
+	}
+	addr, ms2 := serveModel(t, f.script)
+	f.upstream = addr
+	f.startOwner()
+	f.startAgent("a1", "--concurrency", "1")
+	t1 := time.Now()
+	if rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{}); err != nil || rr.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("restore: %+v %v", rr, err)
+	}
+	o := <-f.dispatch(ctx, 0, 1)
+	if o.err != nil {
+		t.Fatalf("after the restore: %v", o.err)
+	}
+	reward(t, o.res)
+	if len(o.res.Launches) != 1 || o.res.Launches[0].Rebind != agentapi.RebindResumed || o.res.Launches[0].Ended != agentapi.LaunchFinished {
+		t.Fatalf("launch log %+v: want the one OpenCode launch resumed in place and finished", o.res.Launches)
+	}
+	if len(ms2.Ledger()) == 0 {
+		t.Fatal("no model call reached the new model server")
+	}
+	for _, ms := range []*modelserver.Server{f.ms, ms2} {
+		if r := ms.Repeats(); len(r) != 0 {
+			t.Errorf("repeated model calls: %v", r)
+		}
+	}
+	t.Logf("cost: to OpenCode's first model call %s (the template included), restore to the grade %s, %d calls to the new model server",
+		started.Round(time.Second), time.Since(t1).Round(time.Second), len(ms2.Ledger()))
 	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", rel, err)
 	}

@@ -117,7 +117,24 @@ func (m *MicroVM) harnessImage(ctx context.Context, binds []Bind, copyIn []CopyI
 		// own, remembered by what they are made of.
 		key := sha256.New()
 		for _, b := range binds {
-			fmt.Fprintf(key, "bind %s\n", b.HostDir)
+			fmt.Fprintf(key, "bind %s %s\n", b.HostDir, b.SandboxDir)
+			if root != BinDirInGuest {
+				// What the tree holds (names, sizes, times): a bind whose
+				// files change gets a new image.
+				if err := filepath.WalkDir(b.HostDir, func(p string, d fs.DirEntry, err error) error {
+					if err != nil {
+						return err
+					}
+					fi, err := os.Stat(p) // through links, as copyTree reads them
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(key, " %s %d %d %o\n", p, fi.Size(), fi.ModTime().UnixNano(), fi.Mode())
+					return nil
+				}); err != nil {
+					return "", invalid("spec.Binds", "%v", err)
+				}
+			}
 		}
 		for _, c := range files {
 			fi, err := os.Stat(c.HostPath)
@@ -226,9 +243,18 @@ func (m *MicroVM) imageOf(ctx context.Context, kind, dir string, size int64) (st
 // defaultBaseTree makes the default root tree: busybox and its applets,
 // the few files and directories a shell and sandboxd expect.
 func (m *MicroVM) defaultBaseTree(ctx context.Context) (string, error) {
-	tools, err := hostTools(ctx, m.cfg.HostTools)
+	tools, err := hostTools(ctx, m.cfg.HostTools, false)
 	if err != nil {
 		return "", err
+	}
+	libs, err := hostTools(ctx, m.cfg.HostLibraries, true)
+	if err != nil {
+		return "", err
+	}
+	for _, l := range libs {
+		if !slices.Contains(tools, l) {
+			tools = append(tools, l)
+		}
 	}
 	key := sha256.New()
 	fmt.Fprintf(key, "%s\n", m.initrdKey)
@@ -310,8 +336,9 @@ type hostFile struct{ Src, Dst string }
 
 // hostTools resolves HostTools entries ("PROG", installed at its host
 // path, or "PATH=PROG", installed at PATH) and adds the shared libraries
-// each program loads (ldd) at their host paths.
-func hostTools(ctx context.Context, entries []string) ([]hostFile, error) {
+// each program loads (ldd) at their host paths; with onlyLibs
+// (HostLibraries), the libraries alone.
+func hostTools(ctx context.Context, entries []string, onlyLibs bool) ([]hostFile, error) {
 	seen := map[string]bool{}
 	var out []hostFile
 	add := func(src, dst string) {
@@ -338,7 +365,9 @@ func hostTools(ctx context.Context, entries []string) ([]hostFile, error) {
 		if !filepath.IsAbs(dst) {
 			return nil, invalid("HostTools", "%q: the path in the tree must be absolute", e)
 		}
-		add(p, dst)
+		if !onlyLibs {
+			add(p, dst)
+		}
 		ldd, err := exec.CommandContext(ctx, "ldd", p).Output()
 		if err != nil {
 			continue // a static program ("not a dynamic executable")
@@ -361,6 +390,9 @@ func (m *MicroVM) template(ctx context.Context, base, harness, mount string) (*t
 	parts := []string{m.initrdKey, m.assets.Kernel, base, harness, m.accel, fmt.Sprint(m.cfg.MemMiB)}
 	if mount != "" {
 		parts = append(parts, "mount "+mount) // the guest's command line differs
+	}
+	if m.cfg.CPU != "" {
+		parts = append(parts, "cpu "+m.cfg.CPU)
 	}
 	h := sha256.Sum256([]byte(strings.Join(parts, "\n")))
 	key := hex.EncodeToString(h[:])[:16]
@@ -427,7 +459,7 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 		return err
 	}
 	layer := filepath.Join(t.dir, "disk.qcow2")
-	t.meta = vmMeta{Chain: []string{layer}, Base: base, Harness: harness, HarnessMount: t.mount, Gen: 0, MemMiB: m.cfg.MemMiB}
+	t.meta = vmMeta{Chain: []string{layer}, Base: base, Harness: harness, HarnessMount: t.mount, CPU: m.cfg.CPU, Gen: 0, MemMiB: m.cfg.MemMiB}
 	if err := writeVMMeta(t.dir, t.meta); err != nil {
 		return err
 	}

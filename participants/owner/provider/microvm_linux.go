@@ -75,10 +75,17 @@ type MicroVMConfig struct {
 	// busybox's applets: "PROG" at its host path, "PATH=PROG" at PATH.
 	// Default DefaultHostTools.
 	HostTools []string
+	// HostLibraries are host programs whose shared libraries (not the
+	// programs) go into the default root tree at their host paths: for a
+	// program a bind shows on the harness disk, such as OpenCode.
+	HostLibraries []string
 	// BaseSize is the root image's size in bytes; default DefaultBaseSize.
 	BaseSize int64
 	// MemMiB is each guest's RAM; default DefaultMemMiB.
 	MemMiB int
+	// CPU is the guests' CPU model under TCG (default qemu64; "max" for
+	// binaries that need newer instructions, such as OpenCode's).
+	CPU string
 	// Accel is "auto" (the default: KVM when a probe guest runs at speed
 	// under it, else TCG), "kvm" or "tcg".
 	Accel string

@@ -43,6 +43,9 @@ type vmMeta struct {
 	// at BinDirInGuest (harnessMount): the template's command line, which
 	// its forks share.
 	HarnessMount string `json:"harness_mount,omitempty"`
+	// CPU is the template's CPU model (MicroVMConfig.CPU), which its forks
+	// share ("": the default).
+	CPU string `json:"cpu,omitempty"`
 	// Gen picks the guest address of NATS (10.0.2.(100+Gen)): a fork's
 	// differs from its parent's, so the parent's connection, restored in
 	// the fork, never reaches the server.
@@ -197,7 +200,7 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 		return nil, err
 	}
 	top := m.layer(newLayerName())
-	meta := vmMeta{Chain: append([]string{top}, parent.Chain...), Base: parent.Base, Harness: parent.Harness, HarnessMount: parent.HarnessMount,
+	meta := vmMeta{Chain: append([]string{top}, parent.Chain...), Base: parent.Base, Harness: parent.Harness, HarnessMount: parent.HarnessMount, CPU: parent.CPU,
 		Gen: gen, MemMiB: m.cfg.MemMiB, NATSHost: hostNATS}
 	// The reference first, then the layer: the collector never sees a
 	// layer that nothing holds but that someone is about to use.
@@ -266,7 +269,7 @@ func (m *MicroVM) machineFor(id, dir string, meta vmMeta, fwd map[string]string)
 			{ID: "harness", File: meta.Harness, Format: "raw", ReadOnly: true},
 		},
 		QMP: m.sock(id, "q"), Control: m.sock(id, "c"), Serial: filepath.Join(dir, "console.log"),
-		Forwards: fwd, Busybox: m.assets.Busybox,
+		Forwards: fwd, Busybox: m.assets.Busybox, CPU: meta.CPU,
 	}
 }
 
