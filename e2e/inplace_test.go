@@ -271,3 +271,101 @@ func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
 		t.Fatalf("final release: %+v %v", rel, err)
 	}
 }
+
+// TestMicroVMRestoreAbandonsWhatItCannotTakeOver: as above, but the forks'
+// daemons are told to fail the take-over (failpoints of sandboxd member):
+// the first rollout's launch shows another supervisor (identity_changed),
+// and every fork's relay is down (relay_gone for the second). Each held
+// launch is abandoned, killed without a continue, and its rollout
+// relaunches from the saved session, calling the model directly, and
+// finishes with its grade; none of it stops the restore.
+func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
+	tier.E2E(t)
+	requireMicroVM(t)
+	const n = 2
+	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 1, steps: 2, provider: "microvm"})
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
+	defer cancel()
+	f.ms.Hold()
+	lost, abandon := context.WithCancel(ctx)
+	var first []<-chan outcome
+	for i := range n {
+		first = append(first, f.dispatch(lost, i, 0))
+	}
+	poll.Wait(t, 4*time.Minute, "every rollout's first model call held by the model server", func() bool { return f.ms.Held() == n })
+	f.checkpoint(ctx, "c1")
+	bms := f.agentRecords(ctx, "c1", "a1")
+	f.kill9("agent-a1", "owner")
+	abandon()
+	for _, ch := range first {
+		if o := <-ch; o.err == nil {
+			t.Fatalf("a rollout returned across the crash: %+v", o.res)
+		}
+	}
+	addr, ms2 := serveModel(t, f.script)
+	f.upstream = addr
+	f.ownerArgs = append(f.ownerArgs, "--sandboxd-arg=--failpoint=identity="+f.tasks[0].RolloutID+".l",
+		"--sandboxd-arg=--failpoint=relay-down")
+	f.startOwner()
+	f.startAgent("a1", "--concurrency", "2")
+	if rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{}); err != nil || rr.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("restore: %+v %v", rr, err)
+	}
+	want := []string{agentapi.RebindIdentityChanged, agentapi.RebindRelayGone}
+	oc, err := ownerapi.NewClient(f.env.Conn, f.run, "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms2.Hold()
+	var second []<-chan outcome
+	for i := range n {
+		second = append(second, f.dispatch(ctx, i, 1))
+	}
+	// The relaunches call the new model server directly, which holds
+	// them: meanwhile the abandoned launches are there to look at, killed
+	// (a cancel stop), never continued.
+	poll.Wait(t, 4*time.Minute, "the relaunches' first calls at the new model server", func() bool { return ms2.Held() == n })
+	for i := range n {
+		id, old := f.tasks[i].RolloutID, bms[f.tasks[i].RolloutID].Launches[0].ID
+		info, err := oc.SandboxAccess(ctx, bms[id].Session)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dc, err := sandboxapi.NewClient(f.env.Conn, f.run, info.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := dc.Status(ctx, old)
+		if err != nil || rec.State != sandboxapi.StateEnded || rec.Receipt == nil || rec.Receipt.StopReason != sandboxapi.StopCancelled {
+			t.Errorf("%s: the abandoned launch %s in %s: %+v %v, want ended by a cancel stop", id, old, info.SandboxID, rec.Receipt, err)
+		}
+	}
+	ms2.Release()
+	for i, ch := range second {
+		id := f.tasks[i].RolloutID
+		o := <-ch
+		if o.err != nil {
+			t.Fatalf("%s after the restore: %v", id, o.err)
+		}
+		reward(t, o.res)
+		ls := o.res.Launches
+		// The relaunch decides on the saved session as on a files-only
+		// provider (here it holds no reply yet: the held call was the
+		// first), and calls the model directly: the relay is down.
+		if len(ls) != 2 || ls[0].Rebind != want[i] || ls[0].Ended != agentapi.LaunchInterrupted || ls[1].Why == "" ||
+			ls[1].Attempt != 1 || ls[1].Ended != agentapi.LaunchFinished || ls[1].Relay {
+			t.Errorf("%s: launch log %+v: want the held launch abandoned (%s), then a direct relaunch", id, ls, want[i])
+		}
+	}
+	if r := ms2.Repeats(); len(r) != 0 {
+		t.Errorf("repeated model calls: %v", r)
+	}
+	for _, e := range ms2.Ledger() {
+		if e.UserTurns != 1 {
+			t.Errorf("%s: a request with %d user turns: a turn was injected", e.Task, e.UserTurns)
+		}
+	}
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("final release: %+v %v", rel, err)
+	}
+}

@@ -368,7 +368,10 @@ func (a *Agent) parkPaused(r *run, bm agentapi.Bookmark, pr *parkRequest, receip
 func (a *Agent) ended(r *run, bm agentapi.Bookmark, lc LaunchContext, rc sandboxapi.Receipt) (agentapi.Bookmark, error) {
 	last := &bm.Launches[len(bm.Launches)-1]
 	end := rc.Ended
-	if end.IsZero() {
+	if end.IsZero() || end.Before(last.Started) {
+		// The sandbox's clock is not the agent's: a fork whose clock runs
+		// on from its snapshot is behind by the time it lay in the
+		// snapshot.
 		end = time.Now()
 	}
 	last.DurationMS = end.Sub(last.Started).Milliseconds()
