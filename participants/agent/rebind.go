@@ -115,6 +115,11 @@ func (a *Agent) rebind(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbo
 	last := &bm.Launches[len(bm.Launches)-1]
 	h := *last.Held
 	to := a.takeOver(r, bm, lc, dc, last, h)
+	if to.admissionClosed {
+		// A checkpoint of the new epoch is open: the take-over waits for
+		// its resume, the launch still held (the bookmark unchanged).
+		return bm, rebindResult{}, errAdmissionClosed
+	}
 	outcome, why, clock := to.outcome, to.why, to.clock
 	last.Rebind, last.RebindWhy, last.Clock = outcome, why, clock
 	ev := r.log.Warn()
@@ -129,7 +134,9 @@ func (a *Agent) rebind(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbo
 		bm.Resume, bm.RelayGen = true, to.gen
 		return bm, rebindResult{adopted: true}, nil
 	case agentapi.RebindCollected:
-		last.Sandbox = lc.Session.SandboxID
+		// Collected once: a relaunch that follows (an interrupted or
+		// failed launch) does not re-bind it again.
+		last.Sandbox, last.Held = lc.Session.SandboxID, nil
 		next, err := a.ended(r, bm, lc, to.receipt)
 		return next, rebindResult{done: true}, err
 	}
@@ -159,6 +166,9 @@ type takeOverResult struct {
 	gen uint64
 	// receipt is an ended launch's receipt (agentapi.RebindCollected).
 	receipt sandboxapi.Receipt
+	// admissionClosed: the daemon refused a step while a checkpoint is
+	// open; nothing was decided.
+	admissionClosed bool
 }
 
 // takeOver is check_restored and the take-over of the held launch last.
@@ -204,6 +214,9 @@ func (a *Agent) takeOver(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sand
 	st, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.RelayStatus, error) {
 		return rl.Repoint(ctx, a.cfg.ModelURL, gen)
 	})
+	if isAdmissionClosed(err) {
+		return takeOverResult{admissionClosed: true}
+	}
 	if err != nil {
 		return fail(agentapi.RebindTakeoverFailed, "repoint: "+err.Error())
 	}
@@ -219,6 +232,9 @@ func (a *Agent) takeOver(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sand
 	if _, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.PauseResult, error) {
 		return ad.Resume(ctx, last.ID, h.Seq, ident)
 	}); err != nil {
+		if isAdmissionClosed(err) {
+			return takeOverResult{admissionClosed: true}
+		}
 		return takeOverResult{outcome: agentapi.RebindTakeoverFailed, why: "resume: " + err.Error(), clock: clock}
 	}
 	return takeOverResult{outcome: agentapi.RebindResumed, clock: clock, gen: st.Generation,

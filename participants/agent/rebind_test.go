@@ -181,7 +181,7 @@ func TestRebindCollectsAnEndedLaunch(t *testing.T) {
 		t.Fatalf("rebind of an ended launch: %+v, %v", res, err)
 	}
 	last := next.Launches[len(next.Launches)-1]
-	if last.Rebind != agentapi.RebindCollected || last.Ended != agentapi.LaunchFinished || next.Next != agentapi.StageVerify {
+	if last.Rebind != agentapi.RebindCollected || last.Ended != agentapi.LaunchFinished || next.Next != agentapi.StageVerify || last.Held != nil {
 		t.Fatalf("collected launch %+v, next %s", last, next.Next)
 	}
 	if got := d.got(); !slices.Equal(got, []string{"held", "collect"}) {
@@ -197,5 +197,42 @@ func TestRebindWithoutAdopterRelaunches(t *testing.T) {
 	next, res, err := a.rebind(r, bm, LaunchContext{Session: SessionInfo{SandboxID: "sb-new"}}, sb)
 	if err != nil || res.adopted || res.done || next.Launches[0].Rebind != agentapi.RebindTakeoverFailed || sb.stops.Load() != 1 {
 		t.Fatalf("rebind without an adopter: %+v, %v, %+v, %d stops", res, err, next.Launches[0], sb.stops.Load())
+	}
+}
+
+// A launch that ended interrupted while held is collected once: the
+// rollout then relaunches (a new launch, not a second collect of the same
+// one, which would never end).
+func TestRebindCollectsAnInterruptedLaunchOnce(t *testing.T) {
+	a, r, bm := rebindAgent(t)
+	d := &keptDaemon{held: sandboxapi.HeldAnswer{Verdict: sandboxapi.VerdictEnded, Identity: sandboxapi.Identity{PID: 7, Start: 1234}},
+		receipt: sandboxapi.Receipt{ID: "r1.l1", Outcome: sandboxapi.OutcomeInterrupted, Ended: time.Now()}}
+	lc := LaunchContext{Rollout: "r1", Session: SessionInfo{SessionID: "r1", SandboxID: "sb-new", KeepsProcesses: true}}
+	next, res, err := a.rebind(r, bm, lc, d)
+	if err != nil || !res.done {
+		t.Fatalf("rebind: %+v, %v", res, err)
+	}
+	last := next.Launches[len(next.Launches)-1]
+	if next.Next != agentapi.StageLaunch || !next.Resume || last.Held != nil || last.Ended != agentapi.LaunchInterrupted {
+		t.Fatalf("after collecting an interrupted launch: next %s resume %v, launch %+v: want a relaunch, the launch no longer held", next.Next, next.Resume, last)
+	}
+}
+
+// A take-over refused because a checkpoint of the new epoch is open waits
+// for its resume: nothing is abandoned, the bookmark keeps the held
+// launch, and the stage is asked again (errAdmissionClosed).
+func TestRebindWaitsForAnOpenCheckpoint(t *testing.T) {
+	a, r, bm := rebindAgent(t)
+	closed := &sandboxapi.ServiceError{Code: sandboxapi.CodeAdmissionClosed, Status: 409}
+	d := &keptDaemon{held: sandboxapi.HeldAnswer{Verdict: sandboxapi.VerdictHeld, Identity: sandboxapi.Identity{PID: 7, Start: 1234}, Relay: sandboxapi.RelayStatus{Up: true, Generation: 1}},
+		resumeErr: closed}
+	lc := LaunchContext{Rollout: "r1", Session: SessionInfo{SessionID: "r1", SandboxID: "sb-new", KeepsProcesses: true, Clock: "continuous"}}
+	next, res, err := a.rebind(r, bm, lc, d)
+	if !errors.Is(err, errAdmissionClosed) || res.adopted || res.done {
+		t.Fatalf("rebind under an open checkpoint: %+v, %v, want errAdmissionClosed", res, err)
+	}
+	last := next.Launches[0]
+	if last.Held == nil || last.Rebind != "" || slices.Contains(d.got(), "kill") {
+		t.Fatalf("launch %+v, calls %v: want it still held, undecided, not killed", last, d.got())
 	}
 }
