@@ -236,3 +236,39 @@ func TestRebindWaitsForAnOpenCheckpoint(t *testing.T) {
 		t.Fatalf("launch %+v, calls %v: want it still held, undecided, not killed", last, d.got())
 	}
 }
+
+// How a launch reaches the model: through the relay only on a provider
+// that keeps processes, with a model URL and a relay that is up and takes
+// the re-point (one generation above the relay's and the bookmark's);
+// anything else calls the model directly and never fails the launch (or
+// the seed before it).
+func TestPlanLaunch(t *testing.T) {
+	keeps := SessionInfo{SandboxID: "sb1", KeepsProcesses: true}
+	up := sandboxapi.HeldAnswer{Relay: sandboxapi.RelayStatus{Up: true, Generation: 4}}
+	cases := []struct {
+		name  string
+		info  SessionInfo
+		model string
+		d     Sandbox
+		relay bool
+		gen   uint64
+	}{
+		{"keeps processes, relay up", keeps, "http://m:1", &keptDaemon{held: up}, true, 6},
+		{"files only", SessionInfo{SandboxID: "sb1"}, "http://m:1", &keptDaemon{held: up}, false, 0},
+		{"no model URL", keeps, "", &keptDaemon{held: up}, false, 0},
+		{"relay down", keeps, "http://m:1", &keptDaemon{}, false, 0},
+		{"re-point refused", keeps, "http://m:1", &keptDaemon{held: up, repErr: errors.New("stale generation")}, false, 0},
+		{"a daemon client without a relay", keeps, "http://m:1", newEndlessSandbox(), false, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a, r, bm := rebindAgent(t)
+			a.cfg.ModelURL = c.model
+			bm.RelayGen = 5
+			p := a.planLaunch(r, bm, c.info, c.d)
+			if p.relay != c.relay || p.gen != c.gen || (p.relay && p.modelURL != "http://127.0.0.1:18480") || (!p.relay && p.why == "") {
+				t.Fatalf("planLaunch = %+v, want relay %v at generation %d", p, c.relay, c.gen)
+			}
+		})
+	}
+}
