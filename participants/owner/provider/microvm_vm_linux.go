@@ -491,7 +491,8 @@ func (m *MicroVM) snapshotInto(ctx context.Context, vm *machine, dst string) (co
 	if err != nil {
 		return st, took, err
 	}
-	snap := vmMeta{Chain: frozen, Base: meta.Base, Harness: meta.Harness, Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id}
+	snap := vmMeta{Chain: frozen, Base: meta.Base, Harness: meta.Harness, HarnessMount: meta.HarnessMount, CPU: meta.CPU,
+		Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id}
 	if err := writeVMMeta(dst, snap); err != nil {
 		return st, took, err
 	}
