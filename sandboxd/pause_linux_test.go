@@ -591,6 +591,53 @@ func TestHoldFreezes(t *testing.T) {
 	}
 }
 
+// A hold whose freeze does not take hold in time (a 1 ns freeze wait, busy
+// loops) is undone and stays a plain hold: confirmed, paused, not frozen,
+// the cgroup thawed, the loops running on.
+func TestHoldThatDoesNotFreezeStaysAPlainHold(t *testing.T) {
+	s := startSupervisor(t, Config{Mode: sandboxapi.ModeFreeze})
+	id := launchID(t, "a")
+	mustLaunch(t, s, Spec{ID: id, Command: `for i in 1 2 3 4; do sh -c 'while :; do :; done' & done; wait`,
+		Mode: sandboxapi.ModeHold, Freeze: true, FreezeWait: time.Nanosecond})
+	var pids []int
+	poll.Wait(t, 5*time.Second, "the busy loops", func() bool { pids = launchPIDs(t, s, id); return len(pids) >= 5 })
+	plain := false
+	for try := 0; try < 20 && !plain; try++ {
+		rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeDefault)
+		if err != nil || rep.State != sandboxapi.StatePaused || rep.Mode != sandboxapi.ModeHold {
+			t.Fatalf("Pause: %+v, %v", rep, err)
+		}
+		plain = !rep.Frozen
+		if plain {
+			rec, _ := s.Status(id)
+			ev, _ := cgroup.Dir(rec.Cgroup).Events()
+			b, _ := os.ReadFile(filepath.Join(rec.Cgroup, "cgroup.freeze"))
+			if rec.Pauses.Frozen || ev.Frozen || strings.TrimSpace(string(b)) != "0" {
+				t.Fatalf("a plain hold left frozen: record %+v, cgroup.freeze %q, frozen %v", rec.Pauses, b, ev.Frozen)
+			}
+			ticks := cpuTicks(pids)
+			poll.Wait(t, 5*time.Second, "the loops to run on through the plain hold", func() bool {
+				ran := 0
+				for pid, n := range cpuTicks(pids) {
+					if n > ticks[pid] {
+						ran++
+					}
+				}
+				return ran >= 2
+			})
+		}
+		if _, err := s.Continue(ctxT(t), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !plain {
+		t.Fatal("no hold stayed plain in 20 tries with a 1 ns freeze wait")
+	}
+	if _, err := s.Cancel(ctxT(t), id); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Paused time does not count against the deadline: a 600 ms launch paused
 // for 800 ms is still running 1.2 s after its start, and is stopped as
 // timed out only after deadline + paused time.

@@ -77,6 +77,7 @@ type Failpoints struct {
 type Relay interface {
 	Hold()
 	Release()
+	Drop(why string)
 	Holding() bool
 	Status() sandboxapi.RelayStatus
 	Repoint(url string, generation uint64) (sandboxapi.RelayStatus, error)
@@ -526,9 +527,11 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec 
 	if d.cfg.Relay != nil && d.cfg.Relay.Holding() {
 		// Admission is open and the relay still holds: a hold the
 		// snapshot of a restored sandbox kept, whose held launch its agent
-		// abandoned (or never took over). The new launch's calls must go.
-		d.log.Warn().Str("launch", spec.ID).Msg("releasing the relay a restore left held: a new launch")
-		d.cfg.Relay.Release()
+		// abandoned (or never took over). Its calls are dropped, never sent
+		// on (the relaunched harness makes its own), and the new launch's
+		// calls flow.
+		d.log.Warn().Str("launch", spec.ID).Msg("dropping the calls a restore left held: a new launch")
+		d.cfg.Relay.Drop("a new launch " + spec.ID + " replaces the held one")
 	}
 	defer func() {
 		d.mu.Lock()

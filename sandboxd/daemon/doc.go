@@ -21,7 +21,11 @@
 //     holds is the owner's snapshot and the agent's bookmark.
 //  2. Service: a NATS micro service on spsvc.<run>.sandbox.<id>.<endpoint>
 //     with endpoints launch, status, pause, continue, stop and receipt, for
-//     the agent that drives the sandbox. Package sandboxapi is its contract
+//     the agent that drives the sandbox; held, resume and collect for the
+//     agent that takes over a launch a restored snapshot kept (Held,
+//     Resume, Collect); relay_status and relay_repoint for the model relay
+//     (Config.Relay), which the prepare holds before it pauses and the
+//     resume releases after it continues. Package sandboxapi is its contract
 //     (request and answer types, error codes) and holds the agent's
 //     Client. Its subjects are outside sp.>, so requests are not kept in
 //     the audit stream.

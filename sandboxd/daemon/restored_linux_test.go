@@ -193,9 +193,6 @@ func TestTakeOverARestoredLaunch(t *testing.T) {
 	if err != nil || st.Generation != 1 || st.Upstream != fresh.URL {
 		t.Fatalf("Repoint: %+v, %v", st, err)
 	}
-	if got := <-fresh.calls; got != cutBody {
-		t.Fatalf("the new model server got %q, want the cut call", got)
-	}
 	if _, err := c1.Repoint(ctx, fresh.URL, 1); code(err) != sandboxapi.CodeStaleGeneration {
 		t.Errorf("second Repoint at generation 1: %v, want %s", err, sandboxapi.CodeStaleGeneration)
 	}
@@ -207,6 +204,9 @@ func TestTakeOverARestoredLaunch(t *testing.T) {
 	rep, err := c1.Resume(ctx, id("held"), 1, identity)
 	if err != nil || rep.State != sandboxapi.StateRunning || rep.PauseSeq != 1 {
 		t.Fatalf("Resume: %+v, %v", rep, err)
+	}
+	if got := <-fresh.calls; got != cutBody {
+		t.Fatalf("the new model server got %q, want the cut call", got)
 	}
 	if a := <-answer; a != `{"answer":"new"}` {
 		t.Fatalf("the harness got %q", a)
@@ -273,6 +273,57 @@ func TestIdentityFailpoint(t *testing.T) {
 		a, err := c.Held(t.Context(), l.id, 1, rec.Supervisor)
 		if err != nil || a.Verdict != l.want {
 			t.Errorf("Held(%s) = %v (%s), %v; want %v", l.id, a.Verdict, a.Reason, err, l.want)
+		}
+	}
+}
+
+// A checkpoint's resume releases the relay its prepare held; a launch asked
+// while a relay is left holding with admission open (a restore's hold whose
+// launch was abandoned) drops what it held: the abandoned harness's call
+// never reaches the model server, the new launch's calls flow.
+func TestResumeAndNewLaunchReleaseTheRelay(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, run)
+	model := newModelServer(t, func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, `{}`) })
+	res, rl := residentWithRelay(t, t.TempDir(), model.URL)
+	m := join(t, env, res, "rel", 0)
+	c, _ := launch(t, env, "rel", id("r1"), t.TempDir())
+	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, m)})
+	if a := bridge.Ack(seq, events.PhasePrepare, m).(events.PrepareAck); !a.Ready || !rl.Holding() {
+		t.Fatalf("prepare: ready %v, relay holding %v", a.Ready, rl.Holding())
+	}
+	bridge.Ack(bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, m)}), events.PhaseResume, m)
+	poll.Wait(t, 10*time.Second, "the relay released by the resume", func() bool { return !rl.Holding() })
+
+	rl.Hold() // as a restored snapshot leaves it
+	abandoned := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(rl.URL()+"/v1/chat/completions", "application/json", strings.NewReader(`{"q":"abandoned"}`))
+		if err != nil {
+			abandoned <- 0
+			return
+		}
+		resp.Body.Close()
+		abandoned <- resp.StatusCode
+	}()
+	poll.Wait(t, 10*time.Second, "the abandoned harness's call held", func() bool { return rl.Status().Calls.Held == 1 })
+	if _, err := c.Launch(t.Context(), sandboxapi.LaunchRequest{LaunchID: id("r2"), Episode: id("r2"), Command: "sleep 30"}); err != nil {
+		t.Fatal(err)
+	}
+	if rl.Holding() {
+		t.Fatal("a launch with admission open left the relay holding")
+	}
+	if code := <-abandoned; code != http.StatusServiceUnavailable {
+		t.Fatalf("the abandoned call got %d, want 503", code)
+	}
+	select {
+	case got := <-model.calls:
+		t.Fatalf("the model server got %q from an abandoned launch", got)
+	default:
+	}
+	for _, l := range []string{id("r1"), id("r2")} {
+		if _, err := c.Stop(t.Context(), l, true); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

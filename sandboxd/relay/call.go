@@ -47,6 +47,7 @@ type call struct {
 	status  int
 	err     string
 	att     *attempt // the current attempt, nil before the first
+	dropped string   // set by Drop: why the call is failed
 }
 
 // attempt is one sending of a call to one upstream. Its reader goroutine

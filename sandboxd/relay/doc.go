@@ -2,7 +2,7 @@
 // sandbox port that a harness is given as its model URL, forwarding every
 // OpenAI-compatible request, streaming (SSE) or not, to the current
 // upstream, so that a checkpoint can hold model calls still and a restore
-// can send them on to another model server (PROTOCOL §6, The model relay).
+// can send them on to another model server (PROTOCOL §6, Model relay).
 //
 //  1. Calls. Every request is one call, recorded once: a sequence number,
 //     the hex SHA-256 of its method, path and body (the digest), the
@@ -22,11 +22,13 @@
 //  3. Re-send. Repoint(url, generation) accepts only a higher generation.
 //     Every call of an older generation whose reply has not ended upstream
 //     (the snapshot caught it in flight, or its connection died with the
-//     old VM) has its attempt cut and is sent again, the same bytes, to the
-//     new upstream; so is a call whose attempt failed while the relay was
-//     held. A reply already partly delivered continues only if the new
-//     reply starts with the same bytes; otherwise the harness's connection
-//     is cut, never spliced.
+//     old VM) has its attempt cut, and is sent again, the same bytes, to
+//     the new upstream once the relay is released; so is a call whose
+//     attempt failed while the relay was held. Drop, instead of Release,
+//     fails every call the hold kept: those of a launch its agent abandoned
+//     never reach the next model server. A reply already partly delivered
+//     continues only if the new reply starts with the same bytes; otherwise
+//     the harness's connection is cut, never spliced.
 //  4. Refusals. A request over Config.MaxRequestBytes (413), a body that is
 //     not JSON (400), no upstream (503), an upstream that cannot be reached
 //     or breaks off while the relay is not held (502): the harness gets a

@@ -88,35 +88,26 @@ func (r *Relay) Serve(ctx context.Context, ln net.Listener) error {
 	r.log.Info().Str("url", r.url).Str("upstream", r.Upstream()).Msg("model relay listening")
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	served := false
 	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
+		served = true
 	}
 	r.mu.Lock()
 	r.up = false
 	close(r.stopping)
 	r.mu.Unlock()
 	_ = srv.Close()
-	if serr := <-errcOrNil(errc, err); serr != nil && !errors.Is(serr, http.ErrServerClosed) {
-		err = serr
+	if !served {
+		err = <-errc
 	}
 	r.handlers.Wait()
 	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
+		return nil
 	}
 	return err
-}
-
-// errcOrNil returns errc, or a channel that yields nil at once when the
-// serve goroutine has already reported (err set).
-func errcOrNil(errc chan error, err error) chan error {
-	if err != nil {
-		c := make(chan error, 1)
-		c <- nil
-		return c
-	}
-	return errc
 }
 
 // URL returns the URL a harness is given ("" before Serve).
@@ -154,7 +145,34 @@ func (r *Relay) Release() {
 	}
 	r.holding = false
 	r.log.Info().Int("open", len(r.open)).Msg("releasing model calls")
+	// A kept-alive upstream connection may not have outlived the hold (a
+	// restored VM's old forward): calls from now on dial afresh.
+	r.client.CloseIdleConnections()
 	for _, c := range r.open {
+		c.signal()
+	}
+}
+
+// Drop ends the hold as Release does, but first fails every call the relay
+// holds or has in flight (each harness still connected gets a 503
+// call_abandoned): what a restore kept of a launch its agent abandoned
+// (killed, not continued) must not reach the next model server, where the
+// relaunched harness makes its own calls. Dropping a relay that does not
+// hold does nothing.
+func (r *Relay) Drop(why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.holding {
+		return
+	}
+	r.holding = false
+	r.log.Warn().Int("open", len(r.open)).Str("why", why).Msg("dropping the held model calls")
+	r.client.CloseIdleConnections()
+	for _, c := range r.open {
+		c.dropped = why
+		if a := c.att; a != nil {
+			a.cancel()
+		}
 		c.signal()
 	}
 }
@@ -169,8 +187,8 @@ func (r *Relay) Holding() bool {
 // Repoint makes upstream, at generation gen, the relay's upstream. gen
 // must be higher than the current generation (else ErrStaleGeneration).
 // Every call of an older generation whose reply has not ended upstream has
-// its attempt cut and is sent again to the new upstream (at once, or at
-// the release if it was never forwarded).
+// its attempt cut and is sent again to the new upstream: at once if the
+// relay does not hold, else at the Release (never if a Drop comes first).
 func (r *Relay) Repoint(upstream string, gen uint64) (sandboxapi.RelayStatus, error) {
 	if err := checkUpstream(upstream); err != nil {
 		return r.Status(), err
@@ -183,6 +201,10 @@ func (r *Relay) Repoint(upstream string, gen uint64) (sandboxapi.RelayStatus, er
 	}
 	old := r.upstream
 	r.upstream, r.gen = strings.TrimRight(upstream, "/"), gen
+	// Idle connections to the old upstream (after a restore: to a forward
+	// the new VM does not have, where a request could wait forever) are
+	// never used again, even for the same address.
+	r.client.CloseIdleConnections()
 	cut := 0
 	for _, c := range r.open {
 		if a := c.att; a != nil && !a.ended && a.err == nil && a.gen < gen {
@@ -343,6 +365,15 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 	for {
 		r.mu.Lock()
 		a := c.att
+		if why := c.dropped; why != "" {
+			r.mu.Unlock()
+			r.fail(c, "relay: call abandoned: "+why)
+			if status == 0 {
+				relayError(w, http.StatusServiceUnavailable, "call_abandoned", "relay: call abandoned: "+why)
+				return
+			}
+			panic(http.ErrAbortHandler)
+		}
 		if r.startable(c) {
 			if a != nil {
 				// Make sure the attempt it replaces has stopped: a reply that
@@ -351,6 +382,10 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 				a.cancel()
 				<-a.done
 				r.mu.Lock()
+				if c.dropped != "" || r.holding {
+					r.mu.Unlock()
+					continue // dropped, or held again, meanwhile
+				}
 			}
 			if a == nil || !a.ended {
 				if a != nil {
@@ -447,18 +482,18 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 }
 
 // startable reports whether c needs an attempt started now (r.mu held):
-// its first once the relay does not hold; a re-send, at once, of one a
-// Repoint cut; a re-send of one that broke off while the relay held, once
-// it no longer holds or has a newer upstream.
+// its first once the relay does not hold; a re-send of one a Repoint cut,
+// once the relay does not hold; a re-send of one that broke off while the
+// relay held, once it no longer holds.
 func (r *Relay) startable(c *call) bool {
 	a := c.att
 	switch {
 	case a == nil:
 		return !r.holding
 	case a.repointed:
-		return true
+		return !r.holding
 	case a.cut:
-		return !r.holding || a.gen < r.gen
+		return !r.holding
 	}
 	return false
 }

@@ -33,7 +33,7 @@ type upstream struct {
 	got    chan string
 }
 
-func newUpstream(t *testing.T, answer func(w http.ResponseWriter, r *http.Request, body []byte)) *upstream {
+func newUpstream(t testing.TB, answer func(w http.ResponseWriter, r *http.Request, body []byte)) *upstream {
 	t.Helper()
 	u := &upstream{got: make(chan string, 16)}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -205,9 +205,10 @@ func TestRelayHoldAndRelease(t *testing.T) {
 	}
 }
 
-// After a restore, a re-point sends the call the snapshot caught in flight
-// to the new upstream, the same bytes, once; the old upstream never
-// answers it. A held call goes to the new upstream at the release.
+// After a restore, a re-point cuts the call the snapshot caught in flight,
+// and the release sends it to the new upstream, the same bytes, once; the
+// old upstream never answers it. A held call goes to the new upstream at
+// the release too.
 func TestRelayRepointResendsTheCutCall(t *testing.T) {
 	old := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
 		<-r.Context().Done() // a model server that is gone
@@ -226,11 +227,18 @@ func TestRelayRepointResendsTheCutCall(t *testing.T) {
 	if err != nil || st.Generation != 1 || st.Upstream != fresh.URL {
 		t.Fatalf("Repoint: %+v, %v", st, err)
 	}
-	if got := <-fresh.got; got != cutBody {
-		t.Fatalf("new upstream got %q, want the cut call's bytes", got)
+	poll.Wait(t, 5*time.Second, "the cut attempt stopped", func() bool {
+		st := r.Status()
+		return len(st.Open) == 2 && st.Open[0].Generation == 0
+	})
+	if n := fresh.count(); n != 0 {
+		t.Fatalf("the new upstream got %d calls while the relay holds", n)
 	}
 	noReply(t, cut)
 	r.Release()
+	if got := <-fresh.got; got != cutBody && got != `{"q":"held"}` {
+		t.Fatalf("new upstream got %q", got)
+	}
 	if g := wait(t, cut); g.body != `{"echo":`+cutBody+`}` {
 		t.Fatalf("cut call: %+v", g)
 	}
@@ -271,8 +279,8 @@ func TestRelayResendsACallBrokenWhileHeld(t *testing.T) {
 	if _, err := r.Repoint(fresh.URL, 3); err != nil {
 		t.Fatal(err)
 	}
-	<-fresh.got
 	r.Release()
+	<-fresh.got
 	if g := wait(t, cut); g.status != 200 || g.body != `{"echo":{"q":"x"}}` {
 		t.Fatalf("cut call: %+v", g)
 	}
@@ -400,8 +408,8 @@ func TestRelayResendOfAPartlyDeliveredStream(t *testing.T) {
 			if _, err := r.Repoint(fresh.URL, 1); err != nil {
 				t.Fatal(err)
 			}
-			<-fresh.got
 			r.Release()
+			<-fresh.got
 			rest, err := io.ReadAll(resp.Body)
 			if same {
 				if err != nil || string(rest) != "data: [DONE]\n\n" {
@@ -414,5 +422,37 @@ func TestRelayResendOfAPartlyDeliveredStream(t *testing.T) {
 			}
 			poll.Wait(t, 5*time.Second, "the call failed", func() bool { return r.Status().Calls.Failed == 1 })
 		})
+	}
+}
+
+// A drop (the agent abandoned the held launch and launches anew) fails
+// every call the hold kept, held or in flight, with call_abandoned; none
+// reaches the new upstream, and calls after it flow.
+func TestRelayDrop(t *testing.T) {
+	old := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) { <-r.Context().Done() })
+	fresh := newUpstream(t, echo)
+	r := startRelay(t, old.URL)
+	inflight := post(t, r, "/v1/chat/completions", `{"q":"in flight"}`)
+	<-old.got
+	r.Hold()
+	held := post(t, r, "/v1/chat/completions", `{"q":"held"}`)
+	poll.Wait(t, 5*time.Second, "the new call held", func() bool { return r.Status().Calls.Held == 1 })
+	if _, err := r.Repoint(fresh.URL, 1); err != nil {
+		t.Fatal(err)
+	}
+	r.Drop("launch abandoned")
+	for _, ch := range []<-chan reply{inflight, held} {
+		if g := wait(t, ch); g.status != 503 || !strings.Contains(g.body, "call_abandoned") {
+			t.Errorf("dropped call: %+v", g)
+		}
+	}
+	if g := wait(t, post(t, r, "/v1/chat/completions", `{"q":"next"}`)); g.body != `{"echo":{"q":"next"}}` {
+		t.Fatalf("a call after the drop: %+v", g)
+	}
+	if n := fresh.count(); n != 1 {
+		t.Fatalf("the new upstream saw %d calls, want only the one after the drop", n)
+	}
+	if st := r.Status(); st.Calls.Failed != 2 || st.Calls.Delivered != 1 || len(st.Open) != 0 || st.Holding {
+		t.Fatalf("status %+v", st)
 	}
 }

@@ -7,9 +7,10 @@ import (
 )
 
 // DefaultRelayPort is the sandbox port the model relay listens on when the
-// daemon's configuration names none. The harness's model base URL is then
-// http://127.0.0.1:DefaultRelayPort/v1 inside the sandbox (RelayStatus.URL
-// says the real one).
+// daemon's configuration names none. The harness's model URL is then
+// http://127.0.0.1:DefaultRelayPort inside the sandbox (RelayStatus.URL says
+// the real one); the relay keeps the path, so <URL>/v1/chat/completions
+// goes to <upstream>/v1/chat/completions.
 const DefaultRelayPort = 18480
 
 // DefaultFreezeWait is how long a hold pause that also freezes waits for
@@ -101,12 +102,13 @@ type RelayCounts struct {
 type RelayStatus struct {
 	// Up is true when the daemon runs a relay that accepts calls.
 	Up bool `json:"up"`
-	// URL is the base URL a harness in the sandbox gives as its model
-	// URL ("http://127.0.0.1:<port>/v1").
+	// URL is the model URL a harness in the sandbox is given
+	// ("http://127.0.0.1:<port>", no path: the relay forwards the path as
+	// it comes).
 	URL string `json:"url,omitempty"`
-	// Upstream is the base URL calls are forwarded to, and Generation its
-	// generation (0 before any re-point: the daemon's configured
-	// upstream).
+	// Upstream is the URL calls are forwarded to (the request's path is
+	// appended), and Generation its generation (0 before any re-point: the
+	// daemon's configured upstream, or none).
 	Upstream   string `json:"upstream,omitempty"`
 	Generation uint64 `json:"generation"`
 	// Holding is true while a checkpoint holds the relay.
