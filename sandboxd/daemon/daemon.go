@@ -98,6 +98,7 @@ type Daemon struct {
 	episodes    map[string]string                   // launch id -> episode key, persisted
 	nopause     map[string]bool                     // launches checkpoints leave alone
 	registering map[string]bool                     // launches admitted and not yet registered
+	resuming    map[string]bool                     // launches a take-over (Resume) is continuing
 	pausing     map[string]*pausing                 // launch id -> its pause in flight
 	ending      map[string]context.CancelFunc       // launch id -> the watch for the end of its stop
 	confirmed   map[string][]sandboxapi.PauseResult // checkpoint id -> its pauses that confirmed
@@ -168,6 +169,7 @@ func newDaemon(cfg Config) (*Daemon, error) {
 	}
 	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, launches: cfg.Supervisor,
 		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{}, registering: map[string]bool{},
+		resuming: map[string]bool{},
 		pausing: map[string]*pausing{}, ending: map[string]context.CancelFunc{}, confirmed: map[string][]sandboxapi.PauseResult{}, failed: map[string]error{},
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
 	if err := d.loadEpisodes(); err != nil {
@@ -247,6 +249,12 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 		if rec.State == sandboxapi.StateStopping {
 			// It ends by itself, within the stop's grace.
 			d.watchEnd(ctx, rec.ID)
+			blockers = append(blockers, d.blockerLocked(rec.ID))
+			continue
+		}
+		if d.resuming[rec.ID] {
+			// A take-over is continuing it: pause it once that is done,
+			// or the take-over would drop this checkpoint's mark.
 			blockers = append(blockers, d.blockerLocked(rec.ID))
 			continue
 		}

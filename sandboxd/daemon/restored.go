@@ -98,9 +98,21 @@ func (d *Daemon) Resume(ctx context.Context, r sandboxapi.ResumeRequest) (sandbo
 		d.mu.Unlock()
 		return sandboxapi.PauseResult{}, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
 	}
+	// A prepare that comes while the launch is being continued waits for
+	// it (a blocker), and its mark is never the one removed here.
+	old := d.paused[r.LaunchID]
+	d.resuming[r.LaunchID] = true
 	d.mu.Unlock()
 	rep, err := d.launches.Continue(ctx, r.LaunchID)
-	d.unmark(r.LaunchID)
+	d.mu.Lock()
+	if d.paused[r.LaunchID] == old {
+		delete(d.paused, r.LaunchID)
+	}
+	delete(d.resuming, r.LaunchID)
+	d.mu.Unlock()
+	if d.member != nil {
+		d.member.Notify() // a prepare may wait on it
+	}
 	d.releaseAfterRestore(r.LaunchID, "taken over")
 	if err != nil {
 		return rep, err
