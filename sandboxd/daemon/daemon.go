@@ -168,8 +168,7 @@ func newDaemon(cfg Config) (*Daemon, error) {
 		cfg.StateFile = filepath.Join(cfg.Supervisor.StateDir(), "position.json")
 	}
 	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, launches: cfg.Supervisor,
-		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{}, registering: map[string]bool{},
-		resuming: map[string]bool{},
+		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{}, registering: map[string]bool{}, resuming: map[string]bool{},
 		pausing: map[string]*pausing{}, ending: map[string]context.CancelFunc{}, confirmed: map[string][]sandboxapi.PauseResult{}, failed: map[string]error{},
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
 	if err := d.loadEpisodes(); err != nil {
