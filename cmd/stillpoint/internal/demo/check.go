@@ -108,13 +108,16 @@ func (c *demoChecks) check(ctx context.Context, d *demo, js natsjs.JetStream, bu
 				continue
 			}
 			paused++
-			if a.Pause.Fallback != "" || (a.Pause.Mode != "freeze" && a.Pause.Mode != "stop") {
+			// A hold (a provider whose snapshots keep processes) is still
+			// only when it also froze the launch (restore_sandbox_clock).
+			still := a.Pause.Mode == "freeze" || a.Pause.Mode == "stop" || (a.Pause.Mode == "hold" && a.Pause.Frozen)
+			if a.Pause.Fallback != "" || !still {
 				unconfirmed = append(unconfirmed, fmt.Sprintf("%s/%s: %s %s", ck.ID, a.Member, a.Pause.Mode, a.Pause.Fallback))
 			}
 		}
 	}
 	add(5, "paused launches stood still", len(unconfirmed) == 0,
-		"%d sandbox pauses at prepare, each confirmed by the kernel (frozen cgroup or every thread stopped) before the snapshot%s", paused, list(unconfirmed))
+		"%d sandbox pauses at prepare, each confirmed by the kernel (frozen cgroup, a hold that froze, or every thread stopped) before the snapshot%s", paused, list(unconfirmed))
 
 	// 6 and 7. Nothing left: sandboxes, snapshots, records.
 	snaps, serr := countSnapshots(ctx, bus.Snapshots, d.run)
