@@ -26,6 +26,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
@@ -51,6 +52,7 @@ type fleet struct {
 	bins   bins
 	ms     *modelserver.Server
 	msURL  string
+	script modelserver.Script
 	br     *bridge.Bridge
 	state  string
 	tasks  []collect.Task
@@ -61,6 +63,12 @@ type fleet struct {
 	// ownerArgs and agentArgs are more flags of every owner and agent
 	// process the fleet starts.
 	ownerArgs, agentArgs []string
+	// provider is the owner's --provider (default overlay). On microvm the
+	// owner forwards upstream (host:port, the model server's) into each VM,
+	// and the agents' model URL is the guest's side of it (modelURL).
+	provider string
+	upstream string
+	modelURL string
 }
 
 type fleetOptions struct {
@@ -81,6 +89,8 @@ type fleetOptions struct {
 	repos *tasks.RepoOptions
 	// ownerArgs and agentArgs are more flags of the owner and the agents.
 	ownerArgs, agentArgs []string
+	// provider is the owner's --provider (default overlay).
+	provider string
 }
 
 func startFleet(t testing.TB, o fleetOptions) *fleet {
@@ -112,8 +122,18 @@ func startFleet(t testing.TB, o fleetOptions) *fleet {
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close(); <-served })
-	f := &fleet{t: t, run: "e2e", env: env, bins: b, ms: ms, msURL: "http://" + ln.Addr().String(), state: t.TempDir(),
-		tasks: ts, kind: kind, procs: map[string]*child.Process{}, ownerArgs: o.ownerArgs, agentArgs: o.agentArgs}
+	f := &fleet{t: t, run: "e2e", env: env, bins: b, ms: ms, msURL: "http://" + ln.Addr().String(), script: script, state: t.TempDir(),
+		tasks: ts, kind: kind, procs: map[string]*child.Process{}, ownerArgs: o.ownerArgs, agentArgs: o.agentArgs,
+		provider: o.provider, upstream: ln.Addr().String()}
+	if f.provider == "" {
+		f.provider = "overlay"
+	}
+	f.modelURL = f.msURL
+	if f.provider == "microvm" {
+		// The harness runs in a VM: it reaches the model server through the
+		// owner's forward, not the host's loopback.
+		f.modelURL = "http://" + microvm.GuestUpstream
+	}
 	// Registered before any process starts, so it runs once they all
 	// stopped (each process's own cleanup stops it and dumps its output
 	// if the test failed).
@@ -175,13 +195,17 @@ func exitedEarly(t testing.TB, p *child.Process) {
 }
 
 func (f *fleet) startOwner() {
-	f.start("owner", "owner.o1", append([]string{"owner", "--run", f.run, "--name", "o1", "--provider", "overlay", "--task-kind", f.kind,
-		"--state-dir", filepath.Join(f.state, "owner"), "--sandboxd", f.bins.sandboxd, "--harness", f.bins.harness}, f.ownerArgs...)...)
+	args := []string{"owner", "--run", f.run, "--name", "o1", "--provider", f.provider, "--task-kind", f.kind,
+		"--state-dir", filepath.Join(f.state, "owner"), "--sandboxd", f.bins.sandboxd, "--harness", f.bins.harness}
+	if f.provider == "microvm" {
+		args = append(args, "--sandbox-upstream", f.upstream, "--microvm-cache", microVMCache, "--microvm-prune-cache")
+	}
+	f.start("owner", "owner.o1", append(args, f.ownerArgs...)...)
 }
 
 func (f *fleet) startAgent(name string, args ...string) {
 	f.start("agent-"+name, events.Member("agent."+name), append(append([]string{"agent", "--run", f.run, "--name", name, "--owner", "o1",
-		"--model-url", f.msURL}, f.agentArgs...), args...)...)
+		"--model-url", f.modelURL}, f.agentArgs...), args...)...)
 }
 
 // kill9 kills the named processes with SIGKILL and waits for them: a
@@ -207,7 +231,7 @@ func (f *fleet) kill9(names ...string) {
 // reapLeftovers stops sandboxes an owner left (after a test failure) so
 // that nothing outlives the test; it fails the test if it had to.
 func (f *fleet) reapLeftovers() {
-	cmd := exec.Command(f.bins.stillpoint, "owner", "--reap", "--provider", "overlay", "--state-dir", filepath.Join(f.state, "owner"))
+	cmd := exec.Command(f.bins.stillpoint, "owner", "--reap", "--provider", f.provider, "--state-dir", filepath.Join(f.state, "owner"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		f.t.Errorf("reap leftover sandboxes: %v\n%s", err, out)

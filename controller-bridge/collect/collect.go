@@ -181,14 +181,19 @@ type Summary struct {
 	// that went on; Relaunched those with a launch that continued a saved
 	// session (after a stop or a crash); Restored those continued from a
 	// restored checkpoint.
-	ContinuedInPlace int              `json:"continued_in_place"`
-	Relaunched       int              `json:"relaunched"`
-	Restored         int              `json:"restored"`
-	Checkpoints      []CheckpointStat `json:"checkpoints"`
-	Restores         []string         `json:"restores"`
-	Recoveries       int              `json:"recoveries"`
-	Retired          int              `json:"retired"`
-	Elapsed          time.Duration    `json:"elapsed_ns"`
+	ContinuedInPlace int `json:"continued_in_place"`
+	Relaunched       int `json:"relaunched"`
+	// Rebinds counts, by outcome (resumed_in_place, relay_gone,
+	// identity_changed, not_holding, ended_collected, takeover_failed),
+	// what restores did with the launches a process-keeping snapshot
+	// kept, over the results' launch logs.
+	Rebinds     map[string]int   `json:"rebinds,omitempty"`
+	Restored    int              `json:"restored"`
+	Checkpoints []CheckpointStat `json:"checkpoints"`
+	Restores    []string         `json:"restores"`
+	Recoveries  int              `json:"recoveries"`
+	Retired     int              `json:"retired"`
+	Elapsed     time.Duration    `json:"elapsed_ns"`
 }
 
 // Committed returns the committed checkpoints.
@@ -337,7 +342,16 @@ func (c *Collector) Summary() Summary {
 	s.Restores = slices.Clone(s.Restores)
 	s.Rollouts = len(c.cfg.Tasks)
 	s.Results, s.Failed, s.ContinuedInPlace, s.Relaunched, s.Restored = 0, 0, 0, 0, 0
+	s.Rebinds = nil
 	for _, r := range c.done {
+		for _, l := range r.Result.Launches {
+			if l.Rebind != "" {
+				if s.Rebinds == nil {
+					s.Rebinds = map[string]int{}
+				}
+				s.Rebinds[l.Rebind]++
+			}
+		}
 		s.Results++
 		if !r.OK {
 			s.Failed++

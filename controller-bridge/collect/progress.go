@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -107,6 +109,9 @@ func WriteSummary(w io.Writer, s Summary) {
 	fmt.Fprintf(tw, "continued in place\t%d\n", s.ContinuedInPlace)
 	fmt.Fprintf(tw, "relaunched on a saved session\t%d\n", s.Relaunched)
 	fmt.Fprintf(tw, "restored from a checkpoint\t%d\n", s.Restored)
+	if len(s.Rebinds) > 0 {
+		fmt.Fprintf(tw, "restored launches re-bound\t%s\n", rebindLine(s.Rebinds))
+	}
 	fmt.Fprintf(tw, "recoveries\t%d (restores: %v; attempts retired: %d)\n", s.Recoveries, s.Restores, s.Retired)
 	fmt.Fprintf(tw, "elapsed\t%s\n", s.Elapsed.Round(time.Millisecond))
 	_ = tw.Flush()
@@ -138,4 +143,14 @@ func p50(v []int64) int64 {
 	s := slices.Clone(v)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
+}
+
+// rebindLine writes the re-bind outcomes, sorted by name: "resumed_in_place
+// 3, relay_gone 1".
+func rebindLine(m map[string]int) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -148,7 +148,10 @@ func Check(ctx context.Context, r Run) []Result {
 			continue
 		}
 		paused++
-		if a.Pause.Fallback != "" || (a.Pause.Mode != "freeze" && a.Pause.Mode != "stop") {
+		// A hold (a provider whose snapshots keep processes) is still
+		// only when it also froze the launch (restore_sandbox_clock).
+		still := a.Pause.Mode == "freeze" || a.Pause.Mode == "stop" || (a.Pause.Mode == "hold" && a.Pause.Frozen)
+		if a.Pause.Fallback != "" || !still {
 			unconfirmed = append(unconfirmed, fmt.Sprintf("%s/%s: %s %s", e.CheckpointID, a.Member, a.Pause.Mode, a.Pause.Fallback))
 		}
 	}
@@ -156,7 +159,7 @@ func Check(ctx context.Context, r Run) []Result {
 		unconfirmed = append(unconfirmed, "timeline: "+terr.Error())
 	}
 	add(5, "paused launches stood still", len(unconfirmed) == 0,
-		"%d sandbox pauses at prepare, each confirmed by the kernel (frozen cgroup or every thread stopped) before the snapshot%s", paused, list(unconfirmed))
+		"%d sandbox pauses at prepare, each confirmed by the kernel (frozen cgroup, a hold that froze, or every thread stopped) before the snapshot%s", paused, list(unconfirmed))
 
 	// 6 and 7. Nothing left: sandboxes, processes, snapshots, records.
 	snaps, serr := countSnapshots(ctx, r.Bus.Snapshots, r.Run)

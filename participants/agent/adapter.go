@@ -53,6 +53,11 @@ type LaunchContext struct {
 	State json.RawMessage
 	// Resume asks for a continuation of the saved session.
 	Resume bool
+	// ModelURL, when set, is the model base URL the harness must use
+	// instead of the adapter's own: the sandbox's model relay, on a
+	// provider whose snapshots keep processes (PROTOCOL §6). The adapter
+	// appends "/v1" to it as to its own.
+	ModelURL string
 	// Exec runs a short command in the sandbox and returns its exit code
 	// and the tail of its output.
 	Exec func(ctx context.Context, argv []string) (ExecResult, error)

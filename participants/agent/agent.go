@@ -78,6 +78,25 @@ type Config struct {
 	// ReceiptWait is how long one wait for a launch's end may hold the
 	// daemon's receipt endpoint (default DefaultReceiptWait).
 	ReceiptWait time.Duration
+	// ModelURL is the model server's base URL as a sandbox reaches it:
+	// on a provider whose snapshots keep processes the agent points each
+	// sandbox's model relay at it (generation 1 before the first launch,
+	// one higher after a restore) and gives the harness the relay's URL.
+	// Empty: harnesses call the adapter's model URL directly, and every
+	// restored launch relaunches.
+	ModelURL string
+	// ClockPolicy is what a restore does with a sandbox's wall clock
+	// (ClockContinuous, the default: keep it continuous with the pause
+	// when the pause froze the launch, else leave it; ClockHost: set it to
+	// the host's time). Only a sandbox's own clock is ever set.
+	ClockPolicy ClockPolicy
+	// NoFreeze turns restore_sandbox_clock off: a hold pause does not
+	// also freeze the launch, and a restore leaves the clock alone.
+	NoFreeze bool
+	// FreezeWait is how long a freezing hold waits for every process to
+	// stop (checkpoint_freeze_wait_seconds; default
+	// sandboxapi.DefaultFreezeWait).
+	FreezeWait time.Duration
 	// Grace and PollEvery are the member's (see member.Config).
 	Grace     time.Duration
 	PollEvery time.Duration
@@ -104,6 +123,19 @@ func (c *Config) validate() error {
 	}
 	if c.Concurrency < 0 || c.MaxLaunches < 0 || c.ReceiptWait < 0 {
 		errs = append(errs, fmt.Errorf("%w: Concurrency, MaxLaunches and ReceiptWait must not be negative", ErrInvalidConfig))
+	}
+	switch c.ClockPolicy {
+	case "":
+		c.ClockPolicy = ClockContinuous
+	case ClockContinuous, ClockHost:
+	default:
+		errs = append(errs, fmt.Errorf("%w: ClockPolicy %q: want %s or %s", ErrInvalidConfig, c.ClockPolicy, ClockContinuous, ClockHost))
+	}
+	if c.FreezeWait < 0 {
+		errs = append(errs, fmt.Errorf("%w: FreezeWait must not be negative", ErrInvalidConfig))
+	}
+	if c.FreezeWait == 0 {
+		c.FreezeWait = sandboxapi.DefaultFreezeWait
 	}
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -37,7 +38,29 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	n := len(bm.Launches) + 1
 	lc := LaunchContext{Rollout: bm.Rollout, Attempt: r.ep.Attempt, Task: bm.Task, Session: info, State: bm.State,
 		Exec: a.execer(r, dc, n)}
+	if k := len(bm.Launches); k > 0 && bm.KeepsProcesses && bm.Launches[k-1].Held != nil {
+		// A snapshot that kept processes kept this launch, held: take it
+		// over in place, collect it, or abandon it and relaunch.
+		next, res, err := a.rebind(r, bm, lc, dc)
+		bm = next
+		switch {
+		case err != nil || res.done:
+			return bm, err
+		case res.adopted:
+			return a.adopt(r, bm, lc, dc, info)
+		}
+		n = len(bm.Launches) + 1
+		lc.Exec = a.execer(r, dc, n)
+	}
 	lr := agentapi.LaunchRecord{ID: fmt.Sprintf("%s.l%d", r.key, n), Sandbox: info.SandboxID, Attempt: r.ep.Attempt, Why: "first launch"}
+	var plan launchPlan
+	if !bm.Restart && a.cfg.Adapter.PausesAtCheckpoints() {
+		plan = a.planLaunch(r, bm, info, dc)
+	}
+	bm.KeepsProcesses, lr.Relay = plan.relay, plan.relay
+	if plan.relay {
+		bm.RelayGen, lc.ModelURL = plan.gen, plan.modelURL
+	}
 	if bm.Resume || len(bm.Launches) > 0 {
 		d, err := a.cfg.Adapter.ResumeDecision(r.ctx, lc)
 		if errors.Is(err, errAdmissionClosed) || isAdmissionClosed(err) {
@@ -57,8 +80,15 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 		return bm, fmt.Errorf("agent: %s: %w", r.key, err)
 	}
 	lr.Started = time.Now().UTC()
-	_, err = startLaunch(r.ctx, dc, sandboxapi.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
-		TimeoutMS: cmd.Timeout.Milliseconds(), Mode: cmd.Mode, NoPause: bm.Restart || !a.cfg.Adapter.PausesAtCheckpoints()})
+	req := sandboxapi.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
+		TimeoutMS: cmd.Timeout.Milliseconds(), Mode: cmd.Mode, NoPause: bm.Restart || !a.cfg.Adapter.PausesAtCheckpoints()}
+	if plan.relay {
+		// The snapshot keeps the launch: a checkpoint holds it (frozen,
+		// restore_sandbox_clock) and the relay holds its model calls.
+		req.Mode, req.Freeze = sandboxapi.ModeHold.String(), !a.cfg.NoFreeze
+		req.FreezeWaitMS = a.cfg.FreezeWait.Milliseconds()
+	}
+	_, err = startLaunch(r.ctx, dc, req)
 	switch {
 	case isAdmissionClosed(err):
 		return bm, errAdmissionClosed
@@ -70,10 +100,28 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	a.mu.Lock()
 	r.bm, r.launch, r.sandbox = bm.Clone(), lr.ID, info.SandboxID
 	a.mu.Unlock()
-	r.log.Info().Str("launch", lr.ID).Str("sandbox", info.SandboxID).Bool("continued", lr.Continued).Str("why", lr.Why).Msg("launched")
+	r.log.Info().Str("launch", lr.ID).Str("sandbox", info.SandboxID).Bool("continued", lr.Continued).Str("why", lr.Why).
+		Bool("relay", plan.relay).Str("model", lc.ModelURL).Msg("launched")
 	bm, err = a.waitLaunch(r, bm, lc, dc, lr.ID)
 	if err == nil {
 		// Ended; otherwise the cleanup rule still has it to kill.
+		a.mu.Lock()
+		r.launch, r.sandbox = "", ""
+		a.mu.Unlock()
+	}
+	return bm, err
+}
+
+// adopt waits for a launch re-bound in place after a restore, as for a
+// launch of its own.
+func (a *Agent) adopt(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox, info SessionInfo) (agentapi.Bookmark, error) {
+	id := bm.Launches[len(bm.Launches)-1].ID
+	lc.Resume = true
+	a.mu.Lock()
+	r.bm, r.launch, r.sandbox = bm.Clone(), id, info.SandboxID
+	a.mu.Unlock()
+	bm, err := a.waitLaunch(r, bm, lc, dc, id)
+	if err == nil {
 		a.mu.Lock()
 		r.launch, r.sandbox = "", ""
 		a.mu.Unlock()
@@ -232,13 +280,17 @@ func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox,
 			switch {
 			case err != nil:
 				why = "status after the pause: " + err.Error()
+			case rec.State == sandboxapi.StatePaused && rec.Pauses.Mode == sandboxapi.ModeHold && bm.Launches[len(bm.Launches)-1].Relay:
+				// Held, its model calls held by the relay, frozen if the
+				// daemon could: the snapshot keeps it as it is.
+				return a.parkPaused(r, bm, pr, receipts, rec, ack.Pause)
 			case rec.State == sandboxapi.StatePaused && rec.Pauses.Mode == sandboxapi.ModeHold:
 				// Held, not still: its processes run on and its files may
 				// change under the snapshot. Without a model relay to hold
 				// it, stop it instead.
 				why = "the launch is held, not frozen or stopped"
 			case rec.State == sandboxapi.StatePaused:
-				return a.parkPaused(r, bm, pr, receipts, rec)
+				return a.parkPaused(r, bm, pr, receipts, rec, ack.Pause)
 			case rec.State == sandboxapi.StateEnded && rec.Receipt != nil:
 				// It ended before the pause (or the daemon stopped it): it
 				// keeps its result, or relaunches.
@@ -276,10 +328,19 @@ func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox,
 // resume (a crash relaunches it on the saved session); after the resume
 // the same launch continues.
 func (a *Agent) parkPaused(r *run, bm agentapi.Bookmark, pr *parkRequest, receipts <-chan receiptResult,
-	rec sandboxapi.Record) (agentapi.Bookmark, bool, error) {
+	rec sandboxapi.Record, rep *events.PauseReport) (agentapi.Bookmark, bool, error) {
 	ex := bm.Clone()
 	ex.Resume = true
 	last := &ex.Launches[len(ex.Launches)-1]
+	if last.Relay && rec.Pauses.Mode == sandboxapi.ModeHold {
+		// What a restore checks the kept launch against: pause N, the
+		// supervisor, the sandbox's clocks at the pause.
+		h := &agentapi.HeldPause{Seq: rec.Pauses.Seq, Identity: rec.Supervisor.String(), Wall: rec.Pauses.Since, Frozen: rec.Pauses.Frozen}
+		if rep != nil {
+			h.Wall, h.Uptime = rep.Wall, rep.Uptime
+		}
+		last.Held = h
+	}
 	last.Pauses++
 	last.Ended = agentapi.LaunchInterrupted
 	last.Detail = "paused by checkpoint " + pr.cp
@@ -307,7 +368,10 @@ func (a *Agent) parkPaused(r *run, bm agentapi.Bookmark, pr *parkRequest, receip
 func (a *Agent) ended(r *run, bm agentapi.Bookmark, lc LaunchContext, rc sandboxapi.Receipt) (agentapi.Bookmark, error) {
 	last := &bm.Launches[len(bm.Launches)-1]
 	end := rc.Ended
-	if end.IsZero() {
+	if end.IsZero() || end.Before(last.Started) {
+		// The sandbox's clock is not the agent's: a fork whose clock runs
+		// on from its snapshot is behind by the time it lay in the
+		// snapshot.
 		end = time.Now()
 	}
 	last.DurationMS = end.Sub(last.Started).Milliseconds()

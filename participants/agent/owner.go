@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -53,4 +55,26 @@ func (a *Agent) seedSession(ctx context.Context, session, episode string, task j
 func (a *Agent) verifyEnd(ctx context.Context, session string) (json.RawMessage, error) {
 	vr, err := a.owner.VerifyEnd(ctx, ownerapi.VerifyRequest{SessionID: session, End: true})
 	return vr.Result, err
+}
+
+// clockSetter is the optional owner ability of setting a session's
+// sandbox clock (ownerapi's sandbox_clock). The owner's service client has
+// it.
+type clockSetter interface {
+	SetClock(ctx context.Context, r ownerapi.ClockRequest) (ownerapi.ClockResult, error)
+}
+
+var _ clockSetter = (*ownerapi.Client)(nil)
+
+// setClock asks the owner to set session's sandbox clock to wall (the
+// host's time when wall is zero).
+func (a *Agent) setClock(ctx context.Context, session string, wall time.Time) error {
+	cs, ok := a.owner.(clockSetter)
+	if !ok {
+		return errors.New("the owner's client cannot set a sandbox's clock")
+	}
+	_, err := retryNoResponders(ctx, 30*time.Second, func(ctx context.Context) (ownerapi.ClockResult, error) {
+		return cs.SetClock(ctx, ownerapi.ClockRequest{SessionID: session, Wall: wall})
+	})
+	return err
 }

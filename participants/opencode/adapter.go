@@ -145,7 +145,11 @@ func (a *Adapter) Command(lc agent.LaunchContext) (agent.Command, error) {
 	} else {
 		argv = append(argv, "--prompt", t.Prompt)
 	}
-	argv = append(argv, "--model-url", a.ModelURL,
+	model := a.ModelURL
+	if lc.ModelURL != "" {
+		model = lc.ModelURL // the sandbox's model relay
+	}
+	argv = append(argv, "--model-url", model,
 		"--header", modelserver.TaskHeader+"="+name, "--header", modelserver.EpisodeHeader+"="+episode)
 	if a.ToolTimeout > 0 {
 		argv = append(argv, "--tool-timeout", a.ToolTimeout.String())

@@ -3,6 +3,7 @@ package owner
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
@@ -65,4 +66,13 @@ type noExec struct{ provider string }
 
 func (n noExec) Exec(context.Context, string, []string, provider.ExecOptions) (provider.ExecResult, error) {
 	return provider.ExecResult{}, fmt.Errorf("%w: provider %s", ErrNoExec, n.provider)
+}
+
+// ClockSetter is the optional provider ability of setting a sandbox's
+// wall clock (to wall; the host's time when wall is zero), for a provider
+// whose forks keep their processes (provider.Caps.SetsClock). It sets the
+// sandbox's own clock, never the host's. The agent decides when (PROTOCOL
+// §6, the clock after a restore).
+type ClockSetter interface {
+	SetClock(ctx context.Context, id string, wall time.Time) error
 }

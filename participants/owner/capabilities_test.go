@@ -2,8 +2,10 @@ package owner
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
@@ -40,5 +42,44 @@ func TestProviderCapabilities(t *testing.T) {
 		if got := providerCapabilities(tc.p); !slices.Equal(got, tc.want) {
 			t.Errorf("providerCapabilities(%+v) = %v, want %v", tc.p, got, tc.want)
 		}
+	}
+}
+
+// clockProvider is a capsProvider that can set a sandbox's clock.
+type clockProvider struct {
+	capsProvider
+	set []time.Time
+}
+
+func (c *clockProvider) SetClock(_ context.Context, _ string, wall time.Time) error {
+	c.set = append(c.set, wall)
+	return nil
+}
+
+// What a session tells the agent of its provider (keeps_processes, the
+// clock, whether it sets one) comes from the provider's Caps, only when the
+// owner exports; SetClock needs a provider that can and says so.
+func TestSessionInfoTellsWhatSnapshotsKeep(t *testing.T) {
+	vm := &clockProvider{capsProvider: capsProvider{provider.Caps{Snapshot: true, KeepsProcesses: true, Clock: provider.ClockContinuous, SetsClock: true}}}
+	s := &Session{ID: "s1", Sandbox: &provider.Sandbox{ID: "sb1"}}
+	for _, tc := range []struct {
+		name string
+		o    *Owner
+		keep bool
+		sets bool
+	}{
+		{"exported, a provider that keeps processes and sets clocks", &Owner{cfg: Config{Provider: vm}, mode: ModeExported}, true, true},
+		{"restart_only", &Owner{cfg: Config{Provider: vm}, mode: ModeRestartOnly}, false, false},
+		{"files only", &Owner{cfg: Config{Provider: capsProvider{provider.Caps{Snapshot: true}}}, mode: ModeExported}, false, false},
+		{"keeps processes, no ClockSetter", &Owner{cfg: Config{Provider: capsProvider{vm.caps}}, mode: ModeExported}, true, false},
+	} {
+		in := tc.o.info(s, true)
+		if in.KeepsProcesses != tc.keep || in.SetsClock != tc.sets || (tc.keep && in.Clock != provider.ClockContinuous) {
+			t.Errorf("%s: info %+v, want keeps_processes %v, sets_clock %v", tc.name, in, tc.keep, tc.sets)
+		}
+	}
+	o := &Owner{cfg: Config{Provider: capsProvider{vm.caps}}, mode: ModeExported}
+	if _, err := o.SetClock(context.Background(), "s1", time.Time{}); !errors.Is(err, ErrNoClock) {
+		t.Errorf("SetClock without a ClockSetter: %v, want ErrNoClock", err)
 	}
 }

@@ -46,6 +46,10 @@ var (
 	// ErrRestartOnly is returned by Install when an owner that does not
 	// export gets records to install.
 	ErrRestartOnly = errors.New("owner: restart_only owner cannot install records")
+	// ErrNoClock is returned (wrapped) by SetClock when the provider
+	// cannot set a sandbox's clock (no ClockSetter, or Caps.SetsClock
+	// false); the service answers 409 clock_unavailable.
+	ErrNoClock = errors.New("owner: the provider cannot set a sandbox's clock")
 	// ErrBadTask is returned (wrapped) by SeedSession when the task kind
 	// refused the task payload; the service answers 400 bad_request.
 	ErrBadTask = errors.New("owner: task refused by its kind")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
@@ -31,6 +32,8 @@ func classify(err error) (int, string) {
 		return 409, "session_exists"
 	case errors.Is(err, ErrSetup):
 		return 422, "setup_failed"
+	case errors.Is(err, ErrNoClock):
+		return 409, "clock_unavailable"
 	case errors.Is(err, ErrBadTask), errors.Is(err, events.ErrInvalid), errors.Is(err, provider.ErrInvalid), errors.Is(err, jetstream.ErrBadRequest):
 		return 400, "bad_request"
 	}
@@ -104,6 +107,16 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 				return nil, err
 			}
 			return o.verify(ctx, r)
+		}),
+		s.HandleAsync(ctx, ownerapi.EndpointClock, func(ctx context.Context, body []byte) (any, error) {
+			var r ownerapi.ClockRequest
+			if err := jetstream.DecodeRequest(body, &r); err != nil {
+				return nil, err
+			}
+			if err := events.ValidateRollout("session_id", r.SessionID); err != nil {
+				return nil, err
+			}
+			return o.SetClock(ctx, r.SessionID, r.Wall)
 		}),
 		s.Handle(ownerapi.EndpointClose, func(body []byte) (any, error) {
 			id, err := ref(body)
@@ -200,6 +213,34 @@ func (o *Owner) endGraded(ctx context.Context, sessionID, sandboxID string) erro
 }
 
 func (o *Owner) info(s *Session, restored bool) ownerapi.SessionInfo {
-	return ownerapi.SessionInfo{SessionID: s.ID, Episode: s.Episode.String(), SandboxID: s.Sandbox.ID, Workdir: s.Workdir, Root: s.Sandbox.ProcRoot,
+	in := ownerapi.SessionInfo{SessionID: s.ID, Episode: s.Episode.String(), SandboxID: s.Sandbox.ID, Workdir: s.Workdir, Root: s.Sandbox.ProcRoot,
 		Restored: restored, RestartOnly: o.mode != ModeExported}
+	if sn, ok := o.cfg.Provider.(Snapshotter); ok && o.mode == ModeExported {
+		c := sn.Caps()
+		_, sets := o.cfg.Provider.(ClockSetter)
+		in.KeepsProcesses, in.Clock, in.SetsClock = c.KeepsProcesses, c.Clock, c.SetsClock && sets
+	}
+	return in
+}
+
+// SetClock sets the wall clock of session id's sandbox to wall (the
+// host's time when wall is zero), on a provider that can (ClockSetter with
+// Caps.SetsClock; else ErrNoClock). It never sets the host's clock.
+func (o *Owner) SetClock(ctx context.Context, id string, wall time.Time) (ownerapi.ClockResult, error) {
+	cs, ok := o.cfg.Provider.(ClockSetter)
+	if sn, isSn := o.cfg.Provider.(Snapshotter); !ok || !isSn || !sn.Caps().SetsClock {
+		return ownerapi.ClockResult{}, fmt.Errorf("%w: provider %s", ErrNoClock, o.cfg.Provider.Name())
+	}
+	s, err := o.RequireSandbox(id)
+	if err != nil {
+		return ownerapi.ClockResult{}, err
+	}
+	if err := cs.SetClock(ctx, s.Sandbox.ID, wall); err != nil {
+		return ownerapi.ClockResult{}, fmt.Errorf("owner: set the clock of sandbox %s: %w", s.Sandbox.ID, err)
+	}
+	if wall.IsZero() {
+		wall = time.Now().UTC()
+	}
+	o.log.Info().Str("session", id).Str("sandbox", s.Sandbox.ID).Time("wall", wall).Msg("set the sandbox's clock")
+	return ownerapi.ClockResult{SandboxID: s.Sandbox.ID, Wall: wall}, nil
 }

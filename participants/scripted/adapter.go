@@ -81,7 +81,11 @@ func (s *Adapter) Command(lc agent.LaunchContext) (agent.Command, error) {
 		return agent.Command{}, fmt.Errorf("scripted state %s: no data_dir", lc.State)
 	}
 	in := lc.Session.InSandbox
-	argv := []string{in(s.Binary), "--model-url", s.ModelURL, "--task", t.Script, "--data", in(st.DataDir), "--work", in(lc.Session.Workdir)}
+	model := s.ModelURL
+	if lc.ModelURL != "" {
+		model = lc.ModelURL
+	}
+	argv := []string{in(s.Binary), "--model-url", model, "--task", t.Script, "--data", in(st.DataDir), "--work", in(lc.Session.Workdir)}
 	if lc.Resume {
 		argv = append(argv, "--continue")
 	} else {

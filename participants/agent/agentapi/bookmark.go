@@ -65,7 +65,52 @@ type LaunchRecord struct {
 	Pauses int `json:"pauses"`
 	// Detail says how it ended, for an interrupted or failed launch.
 	Detail string `json:"detail,omitempty"`
+	// Relay is true when the harness reached the model through the
+	// sandbox's relay (a provider whose snapshots keep processes): a
+	// restore may then take the launch over in place.
+	Relay bool `json:"relay,omitempty"`
+	// Held is the pause a checkpoint held the launch in, as its daemon
+	// acknowledged it: what a restore checks the restored launch against.
+	Held *HeldPause `json:"held,omitempty"`
+	// Rebind is what a restore did with the launch its snapshot kept
+	// (one of the Rebind constants), RebindWhy why, and Clock the clock
+	// decision it applied.
+	Rebind    string `json:"rebind,omitempty"`
+	RebindWhy string `json:"rebind_why,omitempty"`
+	Clock     string `json:"clock,omitempty"`
 }
+
+// HeldPause is a held launch's pause: pause N, the supervisor that held
+// it, the sandbox's clocks when it acknowledged the pause (pause_wall,
+// pause_uptime), and whether the hold froze the launch.
+type HeldPause struct {
+	Seq int `json:"seq"`
+	// Identity is the supervisor's identity, "<pid>:<start>".
+	Identity string    `json:"identity"`
+	Wall     time.Time `json:"pause_wall"`
+	Uptime   float64   `json:"pause_uptime"`
+	Frozen   bool      `json:"frozen,omitempty"`
+}
+
+// The outcomes of re-binding a launch a process-keeping snapshot kept
+// (LaunchRecord.Rebind; PROTOCOL §6, Restore of a process-keeping
+// snapshot). Every one but RebindResumed and RebindCollected abandons the
+// launch (KILL, no continue) and relaunches from the saved session.
+const (
+	// RebindResumed: taken over and continued in place.
+	RebindResumed = "resumed_in_place"
+	// RebindCollected: it had ended; its receipt was collected.
+	RebindCollected = "ended_collected"
+	// RebindRelayGone: the sandbox's relay is not up.
+	RebindRelayGone = "relay_gone"
+	// RebindIdentityChanged: another supervisor owns the launch.
+	RebindIdentityChanged = "identity_changed"
+	// RebindNotHolding: the launch is not held in the recorded pause (or
+	// its daemon does not know it).
+	RebindNotHolding = "not_holding"
+	// RebindTakeoverFailed: a step of the take-over failed.
+	RebindTakeoverFailed = "takeover_failed"
+)
 
 // Bookmark is a rollout's position, recorded before each stage; a
 // checkpoint exports it and a restore continues from it.
@@ -103,10 +148,13 @@ type Bookmark struct {
 	Answer json.RawMessage `json:"answer,omitempty"`
 	// Result is the result to return (at StageReturn).
 	Result *Result `json:"result,omitempty"`
-	// KeepsProcesses and RelayGen are kept for providers whose snapshots
-	// keep processes (PROTOCOL §6); this agent relaunches instead.
-	KeepsProcesses bool `json:"keeps_processes,omitempty"`
-	RelayGen       int  `json:"relay_gen,omitempty"`
+	// KeepsProcesses tells that the sandbox's provider keeps processes in
+	// its snapshots and the last launch went through the sandbox's model
+	// relay; RelayGen is the relay's upstream generation the agent set
+	// last (PROTOCOL §6). A bookmark without them restores through the
+	// relaunch path.
+	KeepsProcesses bool   `json:"keeps_processes,omitempty"`
+	RelayGen       uint64 `json:"relay_gen,omitempty"`
 }
 
 // Validate checks b: its version, its stage and what that stage needs.
@@ -180,11 +228,23 @@ func (b Bookmark) Clone() Bookmark {
 	b.Task = bytes.Clone(b.Task)
 	b.State = bytes.Clone(b.State)
 	b.Answer = bytes.Clone(b.Answer)
-	b.Launches = append([]LaunchRecord(nil), b.Launches...)
+	b.Launches = cloneLaunches(b.Launches)
 	if b.Result != nil {
 		r := *b.Result
-		r.Launches = append([]LaunchRecord(nil), r.Launches...)
+		r.Launches = cloneLaunches(r.Launches)
 		b.Result = &r
 	}
 	return b
+}
+
+// cloneLaunches copies a launch log, its held pauses too.
+func cloneLaunches(ls []LaunchRecord) []LaunchRecord {
+	out := append([]LaunchRecord(nil), ls...)
+	for i := range out {
+		if out[i].Held != nil {
+			h := *out[i].Held
+			out[i].Held = &h
+		}
+	}
+	return out
 }

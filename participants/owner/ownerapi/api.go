@@ -3,6 +3,7 @@ package ownerapi
 import (
 	"encoding/json"
 	"path"
+	"time"
 )
 
 // The endpoints of an owner's service, below its subject prefix.
@@ -15,6 +16,10 @@ const (
 	EndpointVerify = "verify"
 	// EndpointClose answers a SessionRef with an empty object.
 	EndpointClose = "close_session"
+	// EndpointClock sets the wall clock of a session's sandbox, on a
+	// provider that can (SessionInfo.SetsClock): a ClockRequest in, a
+	// ClockResult out. The host's clock is never touched.
+	EndpointClock = "sandbox_clock"
 )
 
 // SeedRequest asks for a session's sandbox.
@@ -45,6 +50,28 @@ type SessionInfo struct {
 	// RestartOnly tells the agent that this owner cannot capture the
 	// session: its rollout restarts from its input after a crash.
 	RestartOnly bool `json:"restart_only,omitempty"`
+	// KeepsProcesses tells that the provider's snapshots keep the
+	// sandbox's processes (PROTOCOL §6, keeps_processes): a restored fork
+	// still runs the launch its snapshot caught. Clock says how a fork's
+	// clocks run ("continuous": on from the snapshot's instant; "" when
+	// the provider does not say), and SetsClock whether EndpointClock can
+	// set them.
+	KeepsProcesses bool   `json:"keeps_processes,omitempty"`
+	Clock          string `json:"clock,omitempty"`
+	SetsClock      bool   `json:"sets_clock,omitempty"`
+}
+
+// ClockRequest asks the owner to set the wall clock of a session's
+// sandbox: to Wall, or to the host's time when Wall is zero.
+type ClockRequest struct {
+	SessionID string    `json:"session_id"`
+	Wall      time.Time `json:"wall,omitzero"`
+}
+
+// ClockResult says what the sandbox's clock was set to.
+type ClockResult struct {
+	SandboxID string    `json:"sandbox_id"`
+	Wall      time.Time `json:"wall"`
 }
 
 // InSandbox returns the path a command launched in the sandbox uses for p,

@@ -61,3 +61,10 @@ func (c *Client) CloseSession(ctx context.Context, sessionID string) error {
 	var out struct{}
 	return c.svc.Call(ctx, EndpointClose, SessionRef{SessionID: sessionID}, &out)
 }
+
+// SetClock sets the wall clock of a session's sandbox (r.Wall, or the
+// host's time when it is zero).
+func (c *Client) SetClock(ctx context.Context, r ClockRequest) (ClockResult, error) {
+	var out ClockResult
+	return out, c.svc.Call(ctx, EndpointClock, r, &out)
+}

@@ -15,12 +15,14 @@
 //	sandbox_access  SessionRef   -> SessionInfo   the session's current sandbox
 //	verify          VerifyRequest -> VerifyResult  the grade; with End, the session ends once graded
 //	close_session   SessionRef   -> {}            ends the session; idempotent
+//	sandbox_clock   ClockRequest -> ClockResult   sets the sandbox's wall clock (never the host's), where the provider can
 //
 // Errors come back as *jetstream.ServiceError: 400 bad_request, 409
 // no_sandbox (a verify or access of a session without a sandbox), 409
 // admission_closed (a checkpoint is open: try again after its resume), 409
-// session_exists, 409 stale_attempt (a retired attempt), 422 setup_failed,
-// 500 internal.
+// session_exists, 409 stale_attempt (a retired attempt), 409
+// clock_unavailable (a provider that cannot set a sandbox's clock), 422
+// setup_failed, 500 internal.
 //
 //	c, err := ownerapi.NewClient(nc, "r", "o1")
 //	info, err := c.SeedSession(ctx, ownerapi.SeedRequest{SessionID: "s1", Episode: "s1", Task: task})

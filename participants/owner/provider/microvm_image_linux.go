@@ -27,11 +27,13 @@ import (
 // template is a warm template: a booted guest's device state and RAM
 // file, and its disk layer, which every fresh sandbox of its images forks.
 type template struct {
-	key  string
-	dir  string
-	meta vmMeta
-	mu   sync.Mutex // held while it is built
-	ok   bool
+	key string
+	dir string
+	// mount is where the guest mounts the harness disk ("": BinDirInGuest).
+	mount string
+	meta  vmMeta
+	mu    sync.Mutex // held while it is built
+	ok    bool
 }
 
 // initrdPath is the guests' initramfs, named for what it holds.
@@ -78,26 +80,61 @@ func (m *MicroVM) baseImage(ctx context.Context) (string, error) {
 	return img, err
 }
 
+// harnessMount is where the guest mounts the harness disk for binds: ""
+// (BinDirInGuest) for at most the one bind there, else HarnessRootInGuest,
+// the disk then holding every bind at its place below it.
+func harnessMount(binds []Bind) string {
+	for _, b := range binds {
+		if rel, _ := cleanRel("", b.SandboxDir); "/"+rel != BinDirInGuest {
+			return HarnessRootInGuest
+		}
+	}
+	return ""
+}
+
 // harnessImage returns the read-only image of what the guest shows at
 // BinDirInGuest: the one bound directory and the files Spec.CopyIn puts
-// there (an empty image without either), cached by content.
+// there (an empty image without either), cached by content. With binds
+// elsewhere below HarnessRootInGuest (harnessMount), the image holds each
+// bind at its place below that root instead, the files too.
 func (m *MicroVM) harnessImage(ctx context.Context, binds []Bind, copyIn []CopyIn) (string, error) {
 	m.imgMu.Lock()
 	defer m.imgMu.Unlock()
+	root := BinDirInGuest
+	if harnessMount(binds) != "" {
+		root = HarnessRootInGuest
+	}
 	var files []CopyIn
 	for _, c := range copyIn {
-		if rel, _ := cleanRel("", c.SandboxPath); strings.HasPrefix("/"+rel+"/", BinDirInGuest+"/") {
+		if rel, _ := cleanRel("", c.SandboxPath); strings.HasPrefix("/"+rel+"/", root+"/") {
 			files = append(files, c)
 		}
 	}
 	dir := ""
 	switch {
-	case len(files) > 0:
+	case len(files) > 0 || root != BinDirInGuest:
 		// Staged: the bound tree and the files, in a directory of their
 		// own, remembered by what they are made of.
 		key := sha256.New()
 		for _, b := range binds {
-			fmt.Fprintf(key, "bind %s\n", b.HostDir)
+			fmt.Fprintf(key, "bind %s %s\n", b.HostDir, b.SandboxDir)
+			if root != BinDirInGuest {
+				// What the tree holds (names, sizes, times): a bind whose
+				// files change gets a new image.
+				if err := filepath.WalkDir(b.HostDir, func(p string, d fs.DirEntry, err error) error {
+					if err != nil {
+						return err
+					}
+					fi, err := os.Stat(p) // through links, as copyTree reads them
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(key, " %s %d %d %o\n", p, fi.Size(), fi.ModTime().UnixNano(), fi.Mode())
+					return nil
+				}); err != nil {
+					return "", invalid("spec.Binds", "%v", err)
+				}
+			}
 		}
 		for _, c := range files {
 			fi, err := os.Stat(c.HostPath)
@@ -115,16 +152,33 @@ func (m *MicroVM) harnessImage(ctx context.Context, binds []Bind, copyIn []CopyI
 			return "", err
 		}
 		defer os.RemoveAll(stage)
-		if len(binds) == 1 {
+		switch {
+		case root != BinDirInGuest:
+			if err := os.Mkdir(stage+"/t", 0o755); err != nil {
+				return "", err
+			}
+			for _, b := range binds {
+				rel, _ := cleanRel("", b.SandboxDir)
+				dst := filepath.Join(stage, "t", strings.TrimPrefix("/"+rel, root))
+				if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+					return "", err
+				}
+				if _, err := copyTree(ctx, b.HostDir, dst); err != nil {
+					return "", err
+				}
+			}
+		case len(binds) == 1:
 			if _, err := copyTree(ctx, binds[0].HostDir, stage+"/t"); err != nil {
 				return "", err
 			}
-		} else if err := os.Mkdir(stage+"/t", 0o755); err != nil {
-			return "", err
+		default:
+			if err := os.Mkdir(stage+"/t", 0o755); err != nil {
+				return "", err
+			}
 		}
 		for _, c := range files {
 			rel, _ := cleanRel("", c.SandboxPath)
-			dst := filepath.Join(stage, "t", strings.TrimPrefix("/"+rel, BinDirInGuest))
+			dst := filepath.Join(stage, "t", strings.TrimPrefix("/"+rel, root))
 			b, err := os.ReadFile(c.HostPath)
 			if err != nil {
 				return "", err
@@ -189,9 +243,18 @@ func (m *MicroVM) imageOf(ctx context.Context, kind, dir string, size int64) (st
 // defaultBaseTree makes the default root tree: busybox and its applets,
 // the few files and directories a shell and sandboxd expect.
 func (m *MicroVM) defaultBaseTree(ctx context.Context) (string, error) {
-	tools, err := hostTools(ctx, m.cfg.HostTools)
+	tools, err := hostTools(ctx, m.cfg.HostTools, false)
 	if err != nil {
 		return "", err
+	}
+	libs, err := hostTools(ctx, m.cfg.HostLibraries, true)
+	if err != nil {
+		return "", err
+	}
+	for _, l := range libs {
+		if !slices.Contains(tools, l) {
+			tools = append(tools, l)
+		}
 	}
 	key := sha256.New()
 	fmt.Fprintf(key, "%s\n", m.initrdKey)
@@ -273,8 +336,9 @@ type hostFile struct{ Src, Dst string }
 
 // hostTools resolves HostTools entries ("PROG", installed at its host
 // path, or "PATH=PROG", installed at PATH) and adds the shared libraries
-// each program loads (ldd) at their host paths.
-func hostTools(ctx context.Context, entries []string) ([]hostFile, error) {
+// each program loads (ldd) at their host paths; with onlyLibs
+// (HostLibraries), the libraries alone.
+func hostTools(ctx context.Context, entries []string, onlyLibs bool) ([]hostFile, error) {
 	seen := map[string]bool{}
 	var out []hostFile
 	add := func(src, dst string) {
@@ -301,7 +365,9 @@ func hostTools(ctx context.Context, entries []string) ([]hostFile, error) {
 		if !filepath.IsAbs(dst) {
 			return nil, invalid("HostTools", "%q: the path in the tree must be absolute", e)
 		}
-		add(p, dst)
+		if !onlyLibs {
+			add(p, dst)
+		}
 		ldd, err := exec.CommandContext(ctx, "ldd", p).Output()
 		if err != nil {
 			continue // a static program ("not a dynamic executable")
@@ -320,13 +386,20 @@ func hostTools(ctx context.Context, entries []string) ([]hostFile, error) {
 }
 
 // template returns the warm template of the images, booting it once.
-func (m *MicroVM) template(ctx context.Context, base, harness string) (*template, error) {
-	h := sha256.Sum256([]byte(strings.Join([]string{m.initrdKey, m.assets.Kernel, base, harness, m.accel, fmt.Sprint(m.cfg.MemMiB)}, "\n")))
+func (m *MicroVM) template(ctx context.Context, base, harness, mount string) (*template, error) {
+	parts := []string{m.initrdKey, m.assets.Kernel, base, harness, m.accel, fmt.Sprint(m.cfg.MemMiB)}
+	if mount != "" {
+		parts = append(parts, "mount "+mount) // the guest's command line differs
+	}
+	if m.cfg.CPU != "" {
+		parts = append(parts, "cpu "+m.cfg.CPU)
+	}
+	h := sha256.Sum256([]byte(strings.Join(parts, "\n")))
 	key := hex.EncodeToString(h[:])[:16]
 	m.tmplMu.Lock()
 	t := m.templates[key]
 	if t == nil {
-		t = &template{key: key, dir: filepath.Join(m.cache, "templates", key)}
+		t = &template{key: key, dir: filepath.Join(m.cache, "templates", key), mount: mount}
 		m.templates[key] = t
 	}
 	m.tmplMu.Unlock()
@@ -394,7 +467,7 @@ func (m *MicroVM) bootTemplate(ctx context.Context, t *template, base, harness s
 		return err
 	}
 	layer := filepath.Join(t.dir, "disk.qcow2")
-	t.meta = vmMeta{Chain: []string{layer}, Base: base, Harness: harness, Gen: 0, MemMiB: m.cfg.MemMiB}
+	t.meta = vmMeta{Chain: []string{layer}, Base: base, Harness: harness, HarnessMount: t.mount, CPU: m.cfg.CPU, Gen: 0, MemMiB: m.cfg.MemMiB}
 	if err := writeVMMeta(t.dir, t.meta); err != nil {
 		return err
 	}

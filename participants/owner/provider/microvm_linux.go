@@ -77,10 +77,17 @@ type MicroVMConfig struct {
 	// busybox's applets: "PROG" at its host path, "PATH=PROG" at PATH.
 	// Default DefaultHostTools.
 	HostTools []string
+	// HostLibraries are host programs whose shared libraries (not the
+	// programs) go into the default root tree at their host paths: for a
+	// program a bind shows on the harness disk, such as OpenCode.
+	HostLibraries []string
 	// BaseSize is the root image's size in bytes; default DefaultBaseSize.
 	BaseSize int64
 	// MemMiB is each guest's RAM; default DefaultMemMiB.
 	MemMiB int
+	// CPU is the guests' CPU model under TCG (default qemu64; "max" for
+	// binaries that need newer instructions, such as OpenCode's).
+	CPU string
 	// Accel is "auto" (the default: KVM when a probe guest runs at speed
 	// under it, else TCG), "kvm" or "tcg".
 	Accel string
@@ -406,7 +413,11 @@ func (m *MicroVM) identity(spec Spec) (vmctl.Request, error) {
 		r.Files = append(r.Files, vmctl.File{Path: "/" + rel, Mode: 0o644, Data: spec.Files[p]})
 	}
 	for i, c := range spec.CopyIn {
-		if rel, _ := cleanRel("", c.SandboxPath); strings.HasPrefix("/"+rel+"/", BinDirInGuest+"/") {
+		root := BinDirInGuest
+		if harnessMount(spec.Binds) != "" {
+			root = HarnessRootInGuest
+		}
+		if rel, _ := cleanRel("", c.SandboxPath); strings.HasPrefix("/"+rel+"/", root+"/") {
 			continue // on the harness disk (harnessImage)
 		}
 		b, err := os.ReadFile(c.HostPath)
@@ -422,13 +433,18 @@ func (m *MicroVM) identity(spec Spec) (vmctl.Request, error) {
 		rel, _ := cleanRel("", c.SandboxPath)
 		r.Files = append(r.Files, vmctl.File{Path: "/" + rel, Mode: mode, Data: b})
 	}
+	seen := map[string]bool{}
 	for i, b := range spec.Binds {
-		if rel, _ := cleanRel("", b.SandboxDir); "/"+rel != BinDirInGuest {
-			return r, invalid(fmt.Sprintf("spec.Binds[%d]", i), "%s: a microVM shows one host directory, at %s (its read-only harness disk)", b.SandboxDir, BinDirInGuest)
+		rel, _ := cleanRel("", b.SandboxDir)
+		if !strings.HasPrefix("/"+rel+"/", HarnessRootInGuest+"/") || "/"+rel == HarnessRootInGuest {
+			return r, invalid(fmt.Sprintf("spec.Binds[%d]", i), "%s: a microVM shows host directories only below %s (its read-only harness disk)", b.SandboxDir, HarnessRootInGuest)
 		}
-	}
-	if len(spec.Binds) > 1 {
-		return r, invalid("spec.Binds", "%d directories: a microVM shows one, at %s", len(spec.Binds), BinDirInGuest)
+		for p := range seen {
+			if strings.HasPrefix("/"+rel+"/", p+"/") || strings.HasPrefix(p+"/", "/"+rel+"/") {
+				return r, invalid(fmt.Sprintf("spec.Binds[%d]", i), "%s overlaps %s", "/"+rel, p)
+			}
+		}
+		seen["/"+rel] = true
 	}
 	return r, nil
 }
@@ -436,6 +452,11 @@ func (m *MicroVM) identity(spec Spec) (vmctl.Request, error) {
 // BinDirInGuest is where a microVM shows its read-only harness disk, the
 // one host directory of Spec.Binds (owner.BinDir).
 const BinDirInGuest = "/opt/stillpoint/bin"
+
+// HarnessRootInGuest is where a microVM mounts its harness disk when Spec.Binds
+// names directories other than BinDirInGuest (OpenCode's beside it): the disk
+// then holds each bound directory at its place below this root.
+const HarnessRootInGuest = "/opt/stillpoint"
 
 // Stop kills the sandbox's VM (SIGKILL: the guest's disk is a qcow2 layer
 // only this sandbox writes, so nothing of it needs a clean shutdown),
@@ -566,10 +587,11 @@ func (m *MicroVM) Exec(ctx context.Context, id string, argv []string, opts ExecO
 	return res, nil
 }
 
-// SetClock sets the guest's wall clock to the host's (a fork's clocks
-// continue from its snapshot's instant: Caps.Clock; issue 15's host clock
-// policy calls this).
-func (m *MicroVM) SetClock(ctx context.Context, id string) error {
+// SetClock sets the guest's wall clock to wall, or to the host's time
+// when wall is zero (a fork's clocks continue from its snapshot's instant:
+// Caps.Clock; the agent's host clock policy asks for the host's time). It
+// sets the guest's clock only, never the host's.
+func (m *MicroVM) SetClock(ctx context.Context, id string, wall time.Time) error {
 	if err := ValidateID("id", id); err != nil {
 		return err
 	}
@@ -580,7 +602,10 @@ func (m *MicroVM) SetClock(ctx context.Context, id string) error {
 	if box.vm == nil {
 		return fmt.Errorf("%w: sandbox %q was left by an earlier process", ErrNotFound, id)
 	}
-	_, err = box.vm.call(ctx, vmctl.Request{Op: vmctl.OpClock, Wall: time.Now().UTC()})
+	if wall.IsZero() {
+		wall = time.Now()
+	}
+	_, err = box.vm.call(ctx, vmctl.Request{Op: vmctl.OpClock, Wall: wall.UTC()})
 	return err
 }
 

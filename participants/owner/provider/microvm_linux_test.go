@@ -203,7 +203,7 @@ func TestMicroVMStartExecStop(t *testing.T) {
 	}
 	waitCounter(t, m, "vm1", 3)
 	run(t, m, "vm1", "date -s @1000000000 >/dev/null") // the guest's clock, far from the host's
-	if err := m.SetClock(context.Background(), "vm1"); err != nil {
+	if err := m.SetClock(context.Background(), "vm1", time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	guest, _ := strconv.ParseInt(strings.TrimSpace(run(t, m, "vm1", "date +%s")), 10, 64)
@@ -747,4 +747,33 @@ func TestMicroVMStopsLeftovers(t *testing.T) {
 		t.Error("the leftover's directory or cgroup is still there")
 	}
 	stop(t, m, sb)
+}
+
+// Binds beside the bin directory (OpenCode's, at /opt/stillpoint/opencode)
+// are shown read-only on the one harness disk, mounted at
+// HarnessRootInGuest, each at its place; a bind elsewhere is refused.
+func TestMicroVMShowsSeveralBindsOnOneDisk(t *testing.T) {
+	tier.Long(t)
+	m := newMicroVM(t, t.TempDir())
+	defer cleanupMicroVM(t, m)
+	bin, oc := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "tool"), []byte("bin\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(oc, "lib"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(oc, "lib", "x"), []byte("opencode\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Start(context.Background(), Spec{ID: "bad", Init: counterInit, Binds: []Bind{{HostDir: bin, SandboxDir: "usr/local/x"}}}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a bind outside %s: %v, want ErrInvalid", HarnessRootInGuest, err)
+	}
+	start(t, m, Spec{ID: "vm1", Init: counterInit, Binds: []Bind{{HostDir: bin, SandboxDir: "opt/stillpoint/bin"}, {HostDir: oc, SandboxDir: "opt/stillpoint/opencode"}}})
+	if got := run(t, m, "vm1", "cat /opt/stillpoint/bin/tool /opt/stillpoint/opencode/lib/x"); got != "bin\nopencode\n" {
+		t.Fatalf("the binds read %q", got)
+	}
+	if got := run(t, m, "vm1", "touch /opt/stillpoint/bin/new 2>/dev/null && echo writable || echo read-only"); got != "read-only\n" {
+		t.Fatalf("the harness disk is %q", got)
+	}
 }

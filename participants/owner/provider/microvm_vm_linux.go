@@ -45,6 +45,13 @@ type vmMeta struct {
 	// Base and Harness are the raw root and harness images (cache/images).
 	Base    string `json:"base"`
 	Harness string `json:"harness"`
+	// HarnessMount is where the guest mounts the harness image, when not
+	// at BinDirInGuest (harnessMount): the template's command line, which
+	// its forks share.
+	HarnessMount string `json:"harness_mount,omitempty"`
+	// CPU is the template's CPU model (MicroVMConfig.CPU), which its forks
+	// share ("": the default).
+	CPU string `json:"cpu,omitempty"`
 	// Gen picks the guest address of NATS (10.0.2.(100+Gen)): a fork's
 	// differs from its parent's, so the parent's connection, restored in
 	// the fork, never reaches the server.
@@ -190,7 +197,7 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 		if err != nil {
 			return nil, err
 		}
-		t, err := m.template(ctx, base, harness)
+		t, err := m.template(ctx, base, harness, harnessMount(spec.Binds))
 		if err != nil {
 			return nil, err
 		}
@@ -230,7 +237,7 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 		return nil, err
 	}
 	top := m.layer(newLayerName())
-	meta := vmMeta{Chain: append([]string{top}, parent.Chain...), Base: parent.Base, Harness: parent.Harness,
+	meta := vmMeta{Chain: append([]string{top}, parent.Chain...), Base: parent.Base, Harness: parent.Harness, HarnessMount: parent.HarnessMount, CPU: parent.CPU,
 		Gen: gen, MemMiB: m.cfg.MemMiB, NATSHost: hostNATS}
 	// The reference first, then the layer: the collector never sees a
 	// layer that nothing holds but that someone is about to use.
@@ -290,15 +297,19 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 // machineFor returns the command line every VM of a template shares (the
 // same devices in the same order), with its own sockets and console.
 func (m *MicroVM) machineFor(id, dir string, meta vmMeta, fwd map[string]string) microvm.Machine {
+	args := microvm.KernelArgs(m.tscKHz, 2*time.Minute)
+	if meta.HarnessMount != "" {
+		args += " sp.bindir=" + meta.HarnessMount
+	}
 	return microvm.Machine{
 		Accel: m.accel, MemMiB: meta.MemMiB,
-		Kernel: m.assets.Kernel, Initrd: m.initrdPath(), Append: microvm.KernelArgs(m.tscKHz, 2*time.Minute),
+		Kernel: m.assets.Kernel, Initrd: m.initrdPath(), Append: args,
 		Disks: []microvm.Disk{
 			{ID: "root", File: meta.Chain[0], Format: "qcow2"},
 			{ID: "harness", File: meta.Harness, Format: "raw", ReadOnly: true},
 		},
 		QMP: m.sock(id, "q"), Control: m.sock(id, "c"), Serial: filepath.Join(dir, "console.log"),
-		Forwards: fwd, Busybox: m.assets.Busybox,
+		Forwards: fwd, Busybox: m.assets.Busybox, CPU: meta.CPU,
 	}
 }
 
@@ -575,7 +586,8 @@ func (m *MicroVM) snapshotInto(ctx context.Context, vm *machine, dst string) (co
 	if err != nil {
 		return st, took, err
 	}
-	snap := vmMeta{Chain: frozen, Base: meta.Base, Harness: meta.Harness, Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id}
+	snap := vmMeta{Chain: frozen, Base: meta.Base, Harness: meta.Harness, HarnessMount: meta.HarnessMount, CPU: meta.CPU,
+		Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id}
 	if err := writeVMMeta(dst, snap); err != nil {
 		return st, took, err
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/participants/scripted"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 type agentFlags struct {
@@ -34,6 +35,9 @@ type agentFlags struct {
 	concurrency int
 	noPause     bool
 	timeout     time.Duration
+	clock       string
+	noFreeze    bool
+	freezeWait  time.Duration
 }
 
 func newAgentCmd(g *globals) *cobra.Command {
@@ -66,6 +70,9 @@ continues them.
 	fl.IntVar(&f.concurrency, "concurrency", agent.DefaultConcurrency, "rollouts run at once")
 	fl.BoolVar(&f.noPause, "no-pause", false, "never pause launches: stop them at a checkpoint and relaunch after it")
 	fl.DurationVar(&f.timeout, "launch-timeout", 10*time.Minute, "time limit of one launch, paused time not counted")
+	fl.StringVar(&f.clock, "clock-policy", string(agent.ClockContinuous), "a sandbox's clock after an in-place restore: continuous (kept continuous with the pause when it froze the launch) or host (set to the host's time)")
+	fl.BoolVar(&f.noFreeze, "no-freeze", false, "on providers whose snapshots keep processes, hold launches at a checkpoint without freezing them (restore_sandbox_clock off)")
+	fl.DurationVar(&f.freezeWait, "freeze-wait", sandboxapi.DefaultFreezeWait, "how long a freezing hold waits for every process to stop (checkpoint_freeze_wait_seconds)")
 	return cmd
 }
 
@@ -92,7 +99,7 @@ func runAgent(ctx context.Context, g *globals, f agentFlags) error {
 	}
 	defer closeBus()
 	a, err := agent.New(agent.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Owner: f.owner, Concurrency: f.concurrency,
-		Adapter: adapter, Logger: log})
+		Adapter: adapter, Logger: log, ModelURL: f.modelURL, ClockPolicy: agent.ClockPolicy(f.clock), NoFreeze: f.noFreeze, FreezeWait: f.freezeWait})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
@@ -123,6 +130,9 @@ type ownerFlags struct {
 	upstream      string
 	vmCache       string
 	vmPrune       bool
+	vmMem         int
+	vmCPU         string
+	sandboxdArgs  []string
 }
 
 func newOwnerCmd(g *globals) *cobra.Command {
@@ -170,6 +180,9 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.DurationVar(&f.sandboxLease, "sandbox-lease", provider.DefaultSandboxLease, "microvm: a VM whose owner has not renewed its lease for this long powers itself off")
 	fl.StringVar(&f.accel, "microvm-accel", "auto", "microvm: auto (KVM when a probe guest runs at speed, else TCG), kvm or tcg")
 	fl.StringVar(&f.vmCache, "microvm-cache", "", "microvm: the directory of images and warm templates, which owners may share (default: under --state-dir)")
+	fl.StringArrayVar(&f.sandboxdArgs, "sandboxd-arg", nil, "one more flag of every sandbox's sandboxd member, and its forks' (repeatable; e.g. --failpoint=relay-down in the end-to-end tests)")
+	fl.StringVar(&f.vmCPU, "microvm-cpu", "", "microvm: the guests' CPU model under TCG (default qemu64; max with --opencode, whose binary needs newer instructions)")
+	fl.IntVar(&f.vmMem, "microvm-mem", provider.DefaultMemMiB, "microvm: each guest's RAM in MiB (OpenCode needs about 1024)")
 	fl.BoolVar(&f.vmPrune, "microvm-prune-cache", false, "microvm: prune --microvm-cache at start (templates unused for an hour beyond the newest four); only for a cache no other owner's snapshots stand on")
 	fl.StringVar(&f.upstream, "sandbox-upstream", "", "microvm: HOST:PORT of the model upstream, reachable in each VM at "+microvm.GuestUpstream)
 	fl.StringVar(&f.sandboxd, "sandboxd", "", "host path of the static sandboxd binary (required)")
@@ -246,8 +259,21 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	if f.stateDir, err = filepath.Abs(f.stateDir); err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
-	prov, err := openProvider(f.provider, filepath.Join(f.stateDir, "provider"), provider.MicroVMConfig{
-		Sandboxd: f.sandboxd, Lease: f.sandboxLease, Accel: f.accel, Upstream: f.upstream, CacheDir: f.vmCache, PruneCache: f.vmPrune, Logger: log})
+	mv := provider.MicroVMConfig{Sandboxd: f.sandboxd, Lease: f.sandboxLease, Accel: f.accel, Upstream: f.upstream, CacheDir: f.vmCache,
+		PruneCache: f.vmPrune, MemMiB: f.vmMem, CPU: f.vmCPU, Logger: log}
+	if f.opencode != "" && f.provider == "microvm" {
+		// OpenCode and ripgrep are on the harness disk; the libraries they
+		// load go into the guests' root image.
+		h, err := opencode.Locate(f.opencode)
+		if err != nil {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--opencode: %w", err)}
+		}
+		mv.HostLibraries = []string{h.OpenCode, h.Ripgrep}
+		if mv.CPU == "" {
+			mv.CPU = "max" // qemu64 lacks instructions OpenCode's binary uses
+		}
+	}
+	prov, err := openProvider(f.provider, filepath.Join(f.stateDir, "provider"), mv)
 	if err != nil {
 		return err
 	}
@@ -285,6 +311,13 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	if f.sandboxMode != "" {
 		args = append(args, "--mode", f.sandboxMode)
 	}
+	if f.provider == "microvm" {
+		// Its snapshots keep processes: the harness calls the model through
+		// the daemon's relay, which a checkpoint holds and a restore
+		// re-points (PROTOCOL §6).
+		args = append(args, "--relay", fmt.Sprintf("127.0.0.1:%d", sandboxapi.DefaultRelayPort))
+	}
+	args = append(args, f.sandboxdArgs...)
 	sd := owner.SandboxdConfig{Binary: f.sandboxd, NATSURL: natsURL, Run: f.run, CredsFile: f.sandboxCreds, Args: args}
 	if f.sandboxCreds != "" {
 		// An nkey seed (the sandbox role's of server --auth-dir) goes in as --nkey.

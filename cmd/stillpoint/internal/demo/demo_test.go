@@ -57,4 +57,11 @@ func TestDemoMicroVM(t *testing.T) {
 	if err != nil || !summaryLine.MatchString(out.String()) {
 		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errb.String())
 	}
+	// The restore took the held launches over in place (the snapshot kept
+	// them), and the summary counts them.
+	if m := resumedLine.FindStringSubmatch(out.String()); m == nil || m[1] == "0" {
+		t.Fatalf("no restored launch resumed in place:\n%s", out.String())
+	}
 }
+
+var resumedLine = regexp.MustCompile(`(?m)^restored launches re-bound\s+.*resumed_in_place (\d+)`)

@@ -62,12 +62,19 @@ type Machine struct {
 	// Incoming starts the machine waiting for a migration
 	// (-incoming defer; QMP migrate-incoming then feeds it).
 	Incoming bool
+	// CPU is the CPU model under TCG (default qemu64; "max" has the
+	// instructions a modern binary such as OpenCode's needs). KVM always
+	// uses the host's.
+	CPU string
 }
 
 // Args returns QEMU's arguments.
 func (m Machine) Args() []string {
 	accel := "tcg,thread=multi,tb-size=64"
 	cpu := "qemu64"
+	if m.CPU != "" {
+		cpu = m.CPU
+	}
 	if m.Accel == "kvm" {
 		accel, cpu = "kvm", "host"
 	}

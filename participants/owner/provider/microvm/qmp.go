@@ -107,9 +107,10 @@ func (q *QMP) Do(ctx context.Context, command string, args, out any) error {
 	if err != nil {
 		return err
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = q.conn.SetWriteDeadline(dl)
-	}
+	// Set or cleared: a deadline left from an earlier call would fail this
+	// write once it passed (a snapshot minutes after the start).
+	dl, _ := ctx.Deadline()
+	_ = q.conn.SetWriteDeadline(dl)
 	if _, err := q.conn.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("qmp %s: %w", command, err)
 	}

@@ -1,0 +1,371 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/participants/opencode"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+)
+
+// microVMCache is the images and warm templates the microvm tests share
+// with the demo (an owner builds them once per kernel and sandboxd).
+var microVMCache = filepath.Join(os.TempDir(), "stillpoint-microvm-cache")
+
+// requireMicroVM fails a test that needs QEMU microVMs on a machine that
+// cannot run them, saying what to install.
+func requireMicroVM(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the microvm provider runs QEMU as root: run as root")
+	}
+	if _, err := microvm.FindAssets(""); err != nil {
+		t.Fatalf("the microvm tests need QEMU and the guest kernel (apt-get install qemu-system-x86 qemu-utils busybox-static; make microvm-assets): %v", err)
+	}
+}
+
+// serveModel starts another scripted model server on a new port until the
+// test ends: its host address and the server.
+func serveModel(t *testing.T, script modelserver.Script) (string, *modelserver.Server) {
+	t.Helper()
+	ms := modelserver.New(script)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: ms}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close(); <-served })
+	return ln.Addr().String(), ms
+}
+
+// heldLaunch is what the test knows of a rollout's launch the checkpoint
+// held: its sandbox, its id, the harness's pid, and the model call the
+// snapshot caught in flight.
+type heldLaunch struct {
+	sandbox, id, session string
+	pid                  int
+	cut                  string // the digest of the call in flight
+}
+
+// TestMicroVMRestoreContinuesHeldRolloutsInPlace: on the microvm provider,
+// whose snapshots keep processes, rollouts are checkpointed while each is
+// in the middle of a model call (the model server holds its replies, the
+// sandbox's relay holds the call). The agent and the owner are then killed
+// with SIGKILL, and a new agent and owner, with a NEW model server on a new
+// address, restore: every held launch is taken over in place (the same
+// harness pid in the fork), the call the snapshot cut reaches the new model
+// server exactly once (its ledger), no call is repeated and no user turn
+// injected, and the clock is kept continuous (the pause froze the launch,
+// and the fork's clock runs on from the snapshot).
+func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
+	tier.E2E(t)
+	requireMicroVM(t)
+	const n = 2
+	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 1, steps: 2, provider: "microvm"})
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
+	defer cancel()
+	f.ms.Hold()
+	lost, abandon := context.WithCancel(ctx)
+	var first []<-chan outcome
+	for i := range n {
+		first = append(first, f.dispatch(lost, i, 0))
+	}
+	poll.Wait(t, 4*time.Minute, "every rollout's first model call held by the model server", func() bool { return f.ms.Held() == n })
+	f.checkpoint(ctx, "c1")
+	bms := f.agentRecords(ctx, "c1", "a1")
+	held := map[string]heldLaunch{}
+	for i := range n {
+		id := f.tasks[i].RolloutID
+		bm, ok := bms[id]
+		if !ok || !bm.KeepsProcesses || len(bm.Launches) != 1 || bm.Launches[0].Held == nil || !bm.Launches[0].Relay {
+			t.Fatalf("%s: exported bookmark %+v: want one relay launch held by the checkpoint", id, bm)
+		}
+		if !bm.Launches[0].Held.Frozen {
+			t.Errorf("%s: the hold did not freeze the launch (restore_sandbox_clock is on)", id)
+		}
+		dc, err := sandboxapi.NewClient(f.env.Conn, f.run, bm.Sandbox)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := dc.Status(ctx, bm.Launches[0].ID)
+		if err != nil || rec.PID == 0 {
+			t.Fatalf("%s: status of %s in %s: %+v %v", id, bm.Launches[0].ID, bm.Sandbox, rec, err)
+		}
+		h := heldLaunch{sandbox: bm.Sandbox, id: bm.Launches[0].ID, session: bm.Session, pid: rec.PID}
+		for _, e := range f.ms.Ledger() {
+			if e.Task == id && e.Delivered.IsZero() {
+				h.cut = e.Digest
+			}
+		}
+		if h.cut == "" {
+			t.Fatalf("%s: no call in flight in the model server's ledger", id)
+		}
+		held[id] = h
+	}
+	f.kill9("agent-a1", "owner")
+	abandon()
+	for _, ch := range first {
+		if o := <-ch; o.err == nil {
+			t.Fatalf("a rollout returned across the crash: %+v", o.res)
+		}
+	}
+	// A new model server on a new address; the old one never answers.
+	addr, ms2 := serveModel(t, f.script)
+	ms2.Hold()
+	f.upstream = addr
+	f.startOwner()
+	f.startAgent("a1", "--concurrency", "2")
+	rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{})
+	if err != nil || rr.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("restore: %+v %v", rr, err)
+	}
+	var second []<-chan outcome
+	for i := range n {
+		second = append(second, f.dispatch(ctx, i, 1))
+	}
+	// The relay re-sends each cut call to the new server, which holds it:
+	// meanwhile the fork's launch is the snapshot's, the same harness.
+	poll.Wait(t, 4*time.Minute, "the cut calls re-sent to the new model server", func() bool { return ms2.Held() == n })
+	oc, err := ownerapi.NewClient(f.env.Conn, f.run, "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, h := range held {
+		info, err := oc.SandboxAccess(ctx, h.session)
+		if err != nil || info.SandboxID == h.sandbox || !info.KeepsProcesses {
+			t.Fatalf("%s: sandbox after the restore: %+v %v (want a fork of %s on a provider that keeps processes)", id, info, err, h.sandbox)
+		}
+		dc, err := sandboxapi.NewClient(f.env.Conn, f.run, info.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := dc.Status(ctx, h.id)
+		if err != nil || rec.PID != h.pid {
+			t.Errorf("%s: launch %s in the fork %s: pid %d (%v), want the snapshot's harness, pid %d", id, h.id, info.SandboxID, rec.PID, err, h.pid)
+		}
+	}
+	ms2.Release()
+	for i, ch := range second {
+		o := <-ch
+		id := f.tasks[i].RolloutID
+		if o.err != nil {
+			t.Fatalf("%s after the restore: %v", id, o.err)
+		}
+		reward(t, o.res)
+		if len(o.res.Launches) != 1 {
+			t.Fatalf("%s: launch log %+v: want the one launch, continued in place", id, o.res.Launches)
+		}
+		l := o.res.Launches[0]
+		if !o.res.Restored || l.Rebind != agentapi.RebindResumed || l.Attempt != 0 || l.Ended != agentapi.LaunchFinished || l.Pauses < 1 {
+			t.Errorf("%s: restored %v, launch %+v: want the attempt-0 launch resumed in place and finished", id, o.res.Restored, l)
+		}
+		if !strings.HasPrefix(l.Clock, "kept_continuous") {
+			t.Errorf("%s: clock decision %q, want kept_continuous (the pause froze, the fork's clock runs on)", id, l.Clock)
+		}
+		cut := 0
+		for _, e := range ms2.Ledger() {
+			if e.Task == id && e.Digest == held[id].cut {
+				cut++
+			}
+		}
+		if cut != 1 {
+			t.Errorf("%s: the cut call reached the new model server %d times, want once", id, cut)
+		}
+	}
+	for _, ms := range []*modelserver.Server{f.ms, ms2} {
+		if r := ms.Repeats(); len(r) != 0 {
+			t.Errorf("repeated model calls: %v", r)
+		}
+		for _, e := range ms.Ledger() {
+			if e.UserTurns != 1 {
+				t.Errorf("%s: a request with %d user turns: a turn was injected", e.Task, e.UserTurns)
+			}
+		}
+	}
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("final release: %+v %v", rel, err)
+	}
+}
+
+// TestMicroVMOpenCodeContinuesInPlace: one real OpenCode rollout on the
+// microvm provider (1 GiB guest, OpenCode's directory beside the bin
+// directory on the harness disk), checkpointed while OpenCode waits for a
+// model reply; the agent and the owner are killed with SIGKILL, and a new
+// agent and owner with a new model server restore. The OpenCode process
+// the snapshot kept is taken over in place, its cut calls and every later
+// one reach the new model server, and it finishes with its grade.
+func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
+	tier.E2E(t)
+	requireMicroVM(t)
+	if _, err := opencode.Binary(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := opencode.Ripgrep(); err != nil {
+		t.Fatal(err)
+	}
+	b := buildBins(t)
+	ts, script := openCodeTasks("ocvm", 1, 1)
+	began := time.Now()
+	f := startFleet(t, fleetOptions{n: 1, concurrency: 1, tasks: ts, script: script, provider: "microvm",
+		ownerArgs: []string{"--opencode", b.driver, "--microvm-mem", "1024"},
+		agentArgs: []string{"--adapter", "opencode", "--launch-timeout", "30m"}})
+	ctx, cancel := context.WithTimeout(t.Context(), 25*time.Minute)
+	defer cancel()
+	f.ms.Hold()
+	lost, abandon := context.WithCancel(ctx)
+	first := f.dispatch(lost, 0, 0)
+	poll.Wait(t, 15*time.Minute, "OpenCode's first model call held by the model server", func() bool { return f.ms.Held() > 0 })
+	started := time.Since(began)
+	f.checkpoint(ctx, "c1")
+	bm := f.agentRecords(ctx, "c1", "a1")[f.id(0)]
+	if len(bm.Launches) != 1 || bm.Launches[0].Held == nil || !bm.Launches[0].Relay {
+		t.Fatalf("exported bookmark %+v: want the OpenCode launch held through the relay", bm)
+	}
+	f.kill9("agent-a1", "owner")
+	abandon()
+	if o := <-first; o.err == nil {
+		t.Fatalf("the rollout returned across the crash: %+v", o.res)
+	}
+	addr, ms2 := serveModel(t, f.script)
+	f.upstream = addr
+	f.startOwner()
+	f.startAgent("a1", "--concurrency", "1")
+	t1 := time.Now()
+	if rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{}); err != nil || rr.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("restore: %+v %v", rr, err)
+	}
+	o := <-f.dispatch(ctx, 0, 1)
+	if o.err != nil {
+		t.Fatalf("after the restore: %v", o.err)
+	}
+	reward(t, o.res)
+	if len(o.res.Launches) != 1 || o.res.Launches[0].Rebind != agentapi.RebindResumed || o.res.Launches[0].Ended != agentapi.LaunchFinished {
+		t.Fatalf("launch log %+v: want the one OpenCode launch resumed in place and finished", o.res.Launches)
+	}
+	if len(ms2.Ledger()) == 0 {
+		t.Fatal("no model call reached the new model server")
+	}
+	for _, ms := range []*modelserver.Server{f.ms, ms2} {
+		if r := ms.Repeats(); len(r) != 0 {
+			t.Errorf("repeated model calls: %v", r)
+		}
+	}
+	t.Logf("cost: to OpenCode's first model call %s (the template included), restore to the grade %s, %d calls to the new model server",
+		started.Round(time.Second), time.Since(t1).Round(time.Second), len(ms2.Ledger()))
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("final release: %+v %v", rel, err)
+	}
+}
+
+// TestMicroVMRestoreAbandonsWhatItCannotTakeOver: as above, but the forks'
+// daemons are told to fail the take-over (failpoints of sandboxd member):
+// the first rollout's launch shows another supervisor (identity_changed),
+// and every fork's relay is down (relay_gone for the second). Each held
+// launch is abandoned, killed without a continue, and its rollout
+// relaunches from the saved session, calling the model directly, and
+// finishes with its grade; none of it stops the restore.
+func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
+	tier.E2E(t)
+	requireMicroVM(t)
+	const n = 2
+	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 1, steps: 2, provider: "microvm"})
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
+	defer cancel()
+	f.ms.Hold()
+	lost, abandon := context.WithCancel(ctx)
+	var first []<-chan outcome
+	for i := range n {
+		first = append(first, f.dispatch(lost, i, 0))
+	}
+	poll.Wait(t, 4*time.Minute, "every rollout's first model call held by the model server", func() bool { return f.ms.Held() == n })
+	f.checkpoint(ctx, "c1")
+	bms := f.agentRecords(ctx, "c1", "a1")
+	f.kill9("agent-a1", "owner")
+	abandon()
+	for _, ch := range first {
+		if o := <-ch; o.err == nil {
+			t.Fatalf("a rollout returned across the crash: %+v", o.res)
+		}
+	}
+	addr, ms2 := serveModel(t, f.script)
+	f.upstream = addr
+	f.ownerArgs = append(f.ownerArgs, "--sandboxd-arg=--failpoint=identity="+f.tasks[0].RolloutID+".l",
+		"--sandboxd-arg=--failpoint=relay-down")
+	f.startOwner()
+	f.startAgent("a1", "--concurrency", "2")
+	if rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{}); err != nil || rr.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("restore: %+v %v", rr, err)
+	}
+	want := []string{agentapi.RebindIdentityChanged, agentapi.RebindRelayGone}
+	oc, err := ownerapi.NewClient(f.env.Conn, f.run, "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms2.Hold()
+	var second []<-chan outcome
+	for i := range n {
+		second = append(second, f.dispatch(ctx, i, 1))
+	}
+	// The relaunches call the new model server directly, which holds
+	// them: meanwhile the abandoned launches are there to look at, killed
+	// (a cancel stop), never continued.
+	poll.Wait(t, 4*time.Minute, "the relaunches' first calls at the new model server", func() bool { return ms2.Held() == n })
+	for i := range n {
+		id, old := f.tasks[i].RolloutID, bms[f.tasks[i].RolloutID].Launches[0].ID
+		info, err := oc.SandboxAccess(ctx, bms[id].Session)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dc, err := sandboxapi.NewClient(f.env.Conn, f.run, info.SandboxID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := dc.Status(ctx, old)
+		if err != nil || rec.State != sandboxapi.StateEnded || rec.Receipt == nil || rec.Receipt.StopReason != sandboxapi.StopCancelled {
+			t.Errorf("%s: the abandoned launch %s in %s: %+v %v, want ended by a cancel stop", id, old, info.SandboxID, rec.Receipt, err)
+		}
+	}
+	ms2.Release()
+	for i, ch := range second {
+		id := f.tasks[i].RolloutID
+		o := <-ch
+		if o.err != nil {
+			t.Fatalf("%s after the restore: %v", id, o.err)
+		}
+		reward(t, o.res)
+		ls := o.res.Launches
+		// The relaunch decides on the saved session as on a files-only
+		// provider (here it holds no reply yet: the held call was the
+		// first), and calls the model directly: the relay is down.
+		if len(ls) != 2 || ls[0].Rebind != want[i] || ls[0].Ended != agentapi.LaunchInterrupted || ls[1].Why == "" ||
+			ls[1].Attempt != 1 || ls[1].Ended != agentapi.LaunchFinished || ls[1].Relay {
+			t.Errorf("%s: launch log %+v: want the held launch abandoned (%s), then a direct relaunch", id, ls, want[i])
+		}
+	}
+	if r := ms2.Repeats(); len(r) != 0 {
+		t.Errorf("repeated model calls: %v", r)
+	}
+	for _, e := range ms2.Ledger() {
+		if e.UserTurns != 1 {
+			t.Errorf("%s: a request with %d user turns: a turn was injected", e.Task, e.UserTurns)
+		}
+	}
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("final release: %+v %v", rel, err)
+	}
+}

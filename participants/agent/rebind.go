@@ -1,0 +1,246 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+)
+
+// This file is the agent's side of a provider whose snapshots keep
+// processes (PROTOCOL §6, Restore of a process-keeping snapshot): the
+// harness calls the model through the sandbox's relay, a checkpoint holds
+// the launch (frozen, with restore_sandbox_clock), and after a restore the
+// agent takes the restored launch over in place or abandons it and
+// relaunches.
+
+// Relay is what the agent calls on a sandbox's model relay.
+// sandboxapi.Client implements it; a Sandbox without it has no relay.
+type Relay interface {
+	// RelayStatus returns the relay's status.
+	RelayStatus(ctx context.Context) (sandboxapi.RelayStatus, error)
+	// Repoint points the relay at url with generation gen, higher than
+	// its own.
+	Repoint(ctx context.Context, url string, gen uint64) (sandboxapi.RelayStatus, error)
+}
+
+// Adopter is what the agent calls on a restored sandbox's daemon to take
+// over a launch the snapshot kept. sandboxapi.Client implements it.
+type Adopter interface {
+	// Held tells whether the launch is still held in pause seq by the
+	// supervisor identity.
+	Held(ctx context.Context, id string, seq int, identity sandboxapi.Identity) (sandboxapi.HeldAnswer, error)
+	// Resume continues pause seq of the launch: the take-over.
+	Resume(ctx context.Context, id string, seq int, identity sandboxapi.Identity) (sandboxapi.PauseResult, error)
+	// Collect returns the receipt of a launch that ended while held.
+	Collect(ctx context.Context, id string, identity sandboxapi.Identity) (sandboxapi.Receipt, error)
+}
+
+var (
+	_ Relay   = (*sandboxapi.Client)(nil)
+	_ Adopter = (*sandboxapi.Client)(nil)
+)
+
+// relayBase turns the relay's harness URL (".../v1") into the base URL an
+// adapter appends "/v1" to.
+func relayBase(url string) string {
+	return strings.TrimSuffix(strings.TrimRight(url, "/"), "/v1")
+}
+
+// launchPlan is how a launch reaches the model: through the relay (its
+// base URL, and the generation the agent set) or directly.
+type launchPlan struct {
+	relay    bool
+	modelURL string
+	gen      uint64
+	why      string
+}
+
+// planLaunch decides how a launch in a sandbox of info reaches the model.
+// On a provider whose snapshots keep processes, with a model URL to point
+// at and a relay up, the relay is pointed at the model (one generation
+// higher than both the relay's and the bookmark's) and the harness calls
+// the relay. Anything else is a direct call, whose launch a restore
+// relaunches; a relay that fails is logged, never an error.
+func (a *Agent) planLaunch(r *run, bm agentapi.Bookmark, info SessionInfo, dc Sandbox) launchPlan {
+	if !info.KeepsProcesses {
+		return launchPlan{why: "the provider's snapshots keep files only"}
+	}
+	if a.cfg.ModelURL == "" {
+		return launchPlan{why: "no model URL for a relay (Config.ModelURL)"}
+	}
+	rl, ok := dc.(Relay)
+	if !ok {
+		return launchPlan{why: "the sandbox's daemon client has no relay"}
+	}
+	st, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.RelayStatus, error) { return rl.RelayStatus(ctx) })
+	if err == nil && !st.Up {
+		err = errors.New("the relay is not up")
+	}
+	if err == nil {
+		gen := max(st.Generation, bm.RelayGen) + 1
+		st, err = retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.RelayStatus, error) {
+			return rl.Repoint(ctx, a.cfg.ModelURL, gen)
+		})
+		if err == nil {
+			return launchPlan{relay: true, modelURL: relayBase(st.URL), gen: st.Generation}
+		}
+	}
+	why := "the sandbox's relay: " + err.Error()
+	r.log.Warn().Str("sandbox", info.SandboxID).Str("why", why).Msg("the harness calls the model directly: a restore relaunches it")
+	return launchPlan{why: why}
+}
+
+// rebindResult is what rebind did with a restored launch.
+type rebindResult struct {
+	// adopted: the launch continues in place; wait for it.
+	adopted bool
+	// done: the launch had ended and was collected; bm is the next
+	// stage's bookmark.
+	done bool
+}
+
+// rebind runs check_restored on the last launch of bm, held by a
+// checkpoint in a snapshot that kept it: take it over in place (re-point
+// the relay one generation up, apply the clock decision, continue the held
+// pause, adopt), collect it if it ended, or abandon it (KILL, no continue)
+// so that the caller relaunches from the saved session. Every outcome is
+// logged with its reason and recorded on the launch (LaunchRecord.Rebind);
+// no failure here is an error of the rollout, only a relaunch.
+func (a *Agent) rebind(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox) (agentapi.Bookmark, rebindResult, error) {
+	last := &bm.Launches[len(bm.Launches)-1]
+	h := *last.Held
+	to := a.takeOver(r, bm, lc, dc, last, h)
+	if to.admissionClosed {
+		// A checkpoint of the new epoch is open: the take-over waits for
+		// its resume, the launch still held (the bookmark unchanged).
+		return bm, rebindResult{}, errAdmissionClosed
+	}
+	outcome, why, clock := to.outcome, to.why, to.clock
+	last.Rebind, last.RebindWhy, last.Clock = outcome, why, clock
+	ev := r.log.Warn()
+	if outcome == agentapi.RebindRelayGone {
+		ev = r.log.Info() // expected where a relay cannot run
+	}
+	ev.Str("launch", last.ID).Str("sandbox", lc.Session.SandboxID).Str("rebind", outcome).Str("why", why).Str("clock", clock).
+		Int("pause_seq", h.Seq).Str("identity", h.Identity).Msg("restored launch re-bound")
+	switch outcome {
+	case agentapi.RebindResumed:
+		last.Sandbox, last.Ended, last.Detail = lc.Session.SandboxID, agentapi.LaunchRunning, ""
+		bm.Resume, bm.RelayGen = true, to.gen
+		return bm, rebindResult{adopted: true}, nil
+	case agentapi.RebindCollected:
+		// Collected once: a relaunch that follows (an interrupted or
+		// failed launch) does not re-bind it again.
+		last.Sandbox, last.Held = lc.Session.SandboxID, nil
+		next, err := a.ended(r, bm, lc, to.receipt)
+		return next, rebindResult{done: true}, err
+	}
+	// Abandon: KILL, never a continue (a daemon that does not know the
+	// launch has nothing to kill).
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), time.Minute)
+	_, err := dc.Stop(sctx, last.ID, true)
+	cancel()
+	if err != nil && !isCode(err, sandboxapi.CodeUnknownLaunch) {
+		r.log.Warn().Err(err).Str("launch", last.ID).Msg("abandoning the restored launch: the kill failed (the relaunch goes on)")
+	}
+	last.Held = nil
+	if last.Ended == agentapi.LaunchRunning {
+		last.Ended = agentapi.LaunchInterrupted
+	}
+	last.Detail = "abandoned after the restore: " + outcome
+	bm.Resume = true
+	return bm, rebindResult{}, nil
+}
+
+// takeOverResult is what takeOver found and did.
+type takeOverResult struct {
+	// outcome is an agentapi.Rebind constant, why its reason, clock the
+	// clock decision applied.
+	outcome, why, clock string
+	// gen is the relay's generation after the re-point.
+	gen uint64
+	// receipt is an ended launch's receipt (agentapi.RebindCollected).
+	receipt sandboxapi.Receipt
+	// admissionClosed: the daemon refused a step while a checkpoint is
+	// open; nothing was decided.
+	admissionClosed bool
+}
+
+// takeOver is check_restored and the take-over of the held launch last.
+func (a *Agent) takeOver(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox, last *agentapi.LaunchRecord, h agentapi.HeldPause) takeOverResult {
+	fail := func(outcome, why string) takeOverResult { return takeOverResult{outcome: outcome, why: why} }
+	ad, ok := dc.(Adopter)
+	rl, rok := dc.(Relay)
+	if !ok || !rok {
+		return fail(agentapi.RebindTakeoverFailed, "the sandbox's daemon client cannot take a launch over")
+	}
+	ident, err := sandboxapi.ParseIdentity(h.Identity)
+	if err != nil {
+		return fail(agentapi.RebindIdentityChanged, "the recorded identity: "+err.Error())
+	}
+	ans, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.HeldAnswer, error) {
+		return ad.Held(ctx, last.ID, h.Seq, ident)
+	})
+	if err != nil {
+		return fail(agentapi.RebindTakeoverFailed, "held: "+err.Error())
+	}
+	switch ans.Verdict {
+	case sandboxapi.VerdictHeld:
+	case sandboxapi.VerdictEnded:
+		rc, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.Receipt, error) {
+			return ad.Collect(ctx, last.ID, ident)
+		})
+		if err != nil {
+			return fail(agentapi.RebindTakeoverFailed, "collect: "+err.Error())
+		}
+		return takeOverResult{outcome: agentapi.RebindCollected, why: "the launch had ended: " + rc.Outcome.String(), receipt: rc}
+	case sandboxapi.VerdictIdentityChanged:
+		return fail(agentapi.RebindIdentityChanged, fmt.Sprintf("supervisor %s, not %s: %s", ans.Identity, h.Identity, ans.Reason))
+	default:
+		return fail(agentapi.RebindNotHolding, ans.Verdict.String()+": "+ans.Reason)
+	}
+	if !ans.Relay.Up {
+		return fail(agentapi.RebindRelayGone, "the sandbox's model relay is not up")
+	}
+	if a.cfg.ModelURL == "" {
+		return fail(agentapi.RebindTakeoverFailed, "no model URL to point the relay at (Config.ModelURL)")
+	}
+	gen := max(ans.Relay.Generation, bm.RelayGen) + 1
+	st, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.RelayStatus, error) {
+		return rl.Repoint(ctx, a.cfg.ModelURL, gen)
+	})
+	if isAdmissionClosed(err) {
+		return takeOverResult{admissionClosed: true}
+	}
+	if err != nil {
+		return fail(agentapi.RebindTakeoverFailed, "repoint: "+err.Error())
+	}
+	d := decideClock(clockFacts{Policy: a.cfg.ClockPolicy, Frozen: h.Frozen, PauseWall: h.Wall, PauseUptime: h.Uptime,
+		NowWall: ans.Wall, NowUptime: ans.Uptime, Continuous: lc.Session.Clock == clockContinuousName, SetsClock: lc.Session.SetsClock})
+	clock := d.String()
+	if d.Action == clockSetBack || d.Action == clockSetHost {
+		if err := a.setClock(r.ctx, lc.Session.SessionID, d.Wall); err != nil {
+			// The clock is not worth the launch: it goes on, logged.
+			clock += " (failed: " + err.Error() + ")"
+		}
+	}
+	if _, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.PauseResult, error) {
+		return ad.Resume(ctx, last.ID, h.Seq, ident)
+	}); err != nil {
+		if isAdmissionClosed(err) {
+			return takeOverResult{admissionClosed: true}
+		}
+		return takeOverResult{outcome: agentapi.RebindTakeoverFailed, why: "resume: " + err.Error(), clock: clock}
+	}
+	return takeOverResult{outcome: agentapi.RebindResumed, clock: clock, gen: st.Generation,
+		why: fmt.Sprintf("supervisor %s held pause %d; relay at generation %d, upstream %s", h.Identity, h.Seq, st.Generation, st.Upstream)}
+}
+
+// clockContinuousName is the owner's name of a provider clock that runs on
+// from the snapshot's instant (SessionInfo.Clock).
+const clockContinuousName = "continuous"
