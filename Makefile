@@ -40,7 +40,7 @@ help:
 
 ## test: every test, with the race detector (the README's test command).
 test:
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(GO) test -race -count=1 -timeout 40m $(PKGS)
 
 ## test-short: the unit and conformance tests (-race -short): the end-to-end
 ## and long tests skip themselves. Under a minute on 2 cores.
@@ -51,7 +51,7 @@ test-short:
 ## bridge's crash and process tests, the static sandboxd, the demo in-process,
 ## the OpenCode driver against the real OpenCode).
 e2e:
-	$(GO) test -race -count=1 -timeout 20m ./e2e/...
+	$(GO) test -race -count=1 -timeout 40m ./e2e/...
 	$(GO) test -race -count=1 -timeout 20m -run $(E2E_RUN) $(E2E_PKGS)
 
 ## test-loaded: make test with HOGS CPU hogs (sha256sum /dev/zero, one per
