@@ -344,14 +344,6 @@ func (c *Collector) Summary() Summary {
 	s.Results, s.Failed, s.ContinuedInPlace, s.Relaunched, s.Restored = 0, 0, 0, 0, 0
 	s.Rebinds = nil
 	for _, r := range c.done {
-		for _, l := range r.Result.Launches {
-			if l.Rebind != "" {
-				if s.Rebinds == nil {
-					s.Rebinds = map[string]int{}
-				}
-				s.Rebinds[l.Rebind]++
-			}
-		}
 		s.Results++
 		if !r.OK {
 			s.Failed++
@@ -359,6 +351,12 @@ func (c *Collector) Summary() Summary {
 		}
 		inPlace, relaunched := false, false
 		for _, l := range r.Result.Launches {
+			if l.Rebind != "" {
+				if s.Rebinds == nil {
+					s.Rebinds = map[string]int{}
+				}
+				s.Rebinds[l.Rebind]++
+			}
 			inPlace = inPlace || (l.Pauses > 0 && l.Ended == agent.LaunchFinished)
 			relaunched = relaunched || l.Continued
 		}

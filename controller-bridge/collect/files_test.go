@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	agent "github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
 
 // A line a crash cut is truncated away; complete lines are read; the file
@@ -64,5 +66,26 @@ func TestReadTasks(t *testing.T) {
 		if _, err := ReadTasks(p); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ReadTasks(%q) = %v, want an error naming %q", c.in, err, c.want)
 		}
+	}
+}
+
+// The summary counts what restores did with the launches a process-keeping
+// snapshot kept, from the results' launch logs; a failed result, which has
+// no launch log, counts only as failed.
+func TestSummaryCountsRebinds(t *testing.T) {
+	ok := func(rebinds ...string) Result {
+		var ls []agent.LaunchRecord
+		for _, r := range rebinds {
+			ls = append(ls, agent.LaunchRecord{Rebind: r, Ended: agent.LaunchFinished, Pauses: 1})
+		}
+		return Result{OK: true, Result: &agent.Result{Launches: ls}}
+	}
+	c := &Collector{done: map[string]Result{
+		"a": ok(agent.RebindResumed), "b": ok(agent.RebindRelayGone, ""), "c": ok(agent.RebindResumed),
+		"d": {OK: false, Error: "lost"},
+	}}
+	s := c.Summary()
+	if s.Results != 4 || s.Failed != 1 || s.Rebinds[agent.RebindResumed] != 2 || s.Rebinds[agent.RebindRelayGone] != 1 || len(s.Rebinds) != 2 {
+		t.Fatalf("summary %+v", s)
 	}
 }
