@@ -13,7 +13,9 @@ GO        ?= go
 # "context deadline exceeded" as a failure when a duration runs out under
 # load (go.dev/issue/75804, fixed in 1.27). 400,000 runs take about 15 s here.
 FUZZTIME  ?= 400000x
-PKGS      ?= ./...
+# Every package but the fault matrix (e2e/faults), which runs on its own:
+# make faults.
+PKGS      ?= $(shell $(GO) list ./... | grep -v '/e2e/faults$$')
 # The end-to-end tests outside package e2e (those that call tier.E2E;
 # internal/tier's test keeps this list and them in step), and their packages.
 E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun)$$'
@@ -26,7 +28,7 @@ HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,harness,stall
 CHAOS_SEED   ?= 1
 
-.PHONY: all help build test test-short e2e test-loaded lint fuzz bench chaos soak ci clean microvm-assets
+.PHONY: all help build test test-short e2e test-loaded lint fuzz bench chaos soak faults ci clean microvm-assets
 
 all: build
 
@@ -88,6 +90,10 @@ fuzz:
 
 ## chaos: a 2-minute `stillpoint chaos` (random faults in rounds of
 ## collection, every PROTOCOL §7 invariant checked after each round).
+## faults: the fault matrix of docs/RELIABILITY.md (e2e/faults, about 7 minutes).
+faults:
+	$(GO) test -race -count=1 -timeout 40m ./e2e/faults/
+
 chaos:
 	$(GO) run ./cmd/stillpoint chaos --seed $(CHAOS_SEED) --duration 2m --faults $(CHAOS_FAULTS)
 
@@ -112,7 +118,7 @@ microvm-assets:
 	.ci/microvm-assets
 
 ## ci: what .ci/run does.
-ci: lint test fuzz chaos
+ci: lint test fuzz
 
 clean:
 	rm -rf bin .stillpoint
