@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -343,18 +342,8 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 		return err
 	}
 	w := &chaosWorld{env: env, f: f}
-	if w.dir = f.dir; w.dir == "" {
-		if w.dir, err = os.MkdirTemp("", "stillpoint-chaos-"); err != nil {
-			return err
-		}
-	}
-	if w.dir, err = filepath.Abs(w.dir); err != nil {
+	if w.dir, w.self, err = workAndProgram(env, f.dir, "stillpoint-chaos-"); err != nil {
 		return err
-	}
-	if w.self = env.Program; w.self == "" {
-		if w.self, err = os.Executable(); err != nil {
-			return err
-		}
 	}
 	fmt.Fprintf(env.Stdout, "chaos: work directory %s (a directory per round, the NATS store)\n", w.dir)
 	b := &demo{env: env, who: "chaos", f: demoFlags{harness: harnessScripted}}

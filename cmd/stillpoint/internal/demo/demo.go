@@ -187,18 +187,8 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	d := &demo{env: env, f: f, run: "demo", token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
 		log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
 	var err error
-	if d.dir = f.dir; d.dir == "" {
-		if d.dir, err = os.MkdirTemp("", "stillpoint-demo-"); err != nil {
-			return err
-		}
-	}
-	if d.dir, err = filepath.Abs(d.dir); err != nil {
+	if d.dir, d.self, err = workAndProgram(env, f.dir, "stillpoint-demo-"); err != nil {
 		return err
-	}
-	if d.self = env.Program; d.self == "" {
-		if d.self, err = os.Executable(); err != nil {
-			return err
-		}
 	}
 	d.say("work directory %s (logs, results, the NATS store)", d.dir)
 	if err := d.build(ctx); err != nil {
@@ -337,6 +327,26 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 		return ErrInvariants
 	}
 	return nil
+}
+
+// workAndProgram returns the run's work directory (dir, else a new one
+// named after prefix under the temp dir), absolute, and the stillpoint
+// binary its components run as (env.Program, else this process's own).
+func workAndProgram(env Env, dir, prefix string) (work, self string, err error) {
+	if work = dir; work == "" {
+		if work, err = os.MkdirTemp("", prefix); err != nil {
+			return "", "", err
+		}
+	}
+	if work, err = filepath.Abs(work); err != nil {
+		return "", "", err
+	}
+	if self = env.Program; self == "" {
+		if self, err = os.Executable(); err != nil {
+			return "", "", err
+		}
+	}
+	return work, self, nil
 }
 
 // connectJS connects and returns the connection with its JetStream handle.
