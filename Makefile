@@ -117,8 +117,8 @@ bench:
 microvm-assets:
 	.ci/microvm-assets
 
-## ci: what .ci/run does.
-ci: lint test fuzz
+## ci: what .ci/run does after its installs.
+ci: lint test fuzz faults chaos
 
 clean:
 	rm -rf bin .stillpoint
