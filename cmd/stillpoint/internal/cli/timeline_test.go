@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+)
+
+// TestTimelineOfALiveRun: a bridge and three members take a checkpoint;
+// then, while `stillpoint timeline --follow` watches, fail one (a member's
+// export fails) and release. The live view prints each checkpoint's block once
+// it is over and ends after --until-idle; the text, JSON and HTML views of
+// the finished run name every member of every phase with its latency, the
+// failing member's error code and each outcome.
+func TestTimelineOfALiveRun(t *testing.T) {
+	const run = "tl-live"
+	env := jstest.Start(t)
+	hs := membertest.StartMembers(t, env, run, 3, membertest.Options{Episodes: 1})
+	nc, js := env.Connect(t)
+	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, PhaseTimeout: 30 * time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	if res, err := b.Checkpoint(t.Context(), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	// The live view, off a terminal: plain key=value lines, then blocks.
+	// It reads c1 from the stream, then follows c2 and the release as
+	// they happen.
+	live := &jstest.Buffer{}
+	followed := make(chan int, 1)
+	go func() {
+		followed <- Main([]string{"--nats-url", env.URL, "timeline", "--run", run, "--follow", "--until-idle", "5s"}, live, live)
+	}()
+	poll.Wait(t, 30*time.Second, "the live view to print c1 once its resume is answered", func() bool {
+		return strings.Contains(live.String(), "checkpoint c1  COMMITTED")
+	})
+	hs[2].Participant.FailExport(errors.New("disk full"))
+	if res, err := b.Checkpoint(t.Context(), bridgeapi.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridgeapi.StatusFailed {
+		t.Fatalf("c2: %+v %v, want failed", res, err)
+	}
+	hs[2].Participant.FailExport(nil)
+	if op, err := b.Release(t.Context(), bridgeapi.ReleaseRequest{KeepLatest: 1}); err != nil || op.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("release: %+v %v", op, err)
+	}
+	select {
+	case code := <-followed:
+		if code != 0 {
+			t.Fatalf("timeline --follow exited %d:\n%s", code, live.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("timeline --follow --until-idle 5s did not end:\n%s", live.String())
+	}
+	out := live.String()
+	for _, want := range []string{"op=c1 kind=checkpoint phase=prepare seq=1 epoch=0 members=3 event=published",
+		"op=c1 kind=checkpoint phase=prepare seq=1 event=answered acks=3 failed=0",
+		"checkpoint c1  COMMITTED", "checkpoint c2  FAILED", "ERROR export_failed", "release release-"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the live view lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Index(out, "checkpoint c1  COMMITTED") > strings.Index(out, "op=c2 ") {
+		t.Errorf("c1's block came after c2 began, not when c1 was over:\n%s", out)
+	}
+
+	// The finished run: text.
+	var text, errb bytes.Buffer
+	if code := Main([]string{"--nats-url", env.URL, "timeline", "--run", run}, &text, &errb); code != 0 {
+		t.Fatalf("timeline exited %d: %s", code, errb.String())
+	}
+	for _, h := range hs {
+		if n := strings.Count(text.String(), string(h.Name)+" "); n < 7 {
+			t.Errorf("%s is on %d lines of the text, want one per phase of c1 (3), c2 (3) and the release", h.Name, n)
+		}
+	}
+	for _, want := range []string{"outcome: COMMITTED", "outcome: FAILED", "ERROR export_failed", "disk full", " ms ok"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("the text lacks %q:\n%s", want, text.String())
+		}
+	}
+
+	// JSON: one object per operation.
+	var js1 bytes.Buffer
+	if code := Main([]string{"--nats-url", env.URL, "timeline", "--run", run, "--json"}, &js1, &errb); code != 0 {
+		t.Fatalf("timeline --json exited %d: %s", code, errb.String())
+	}
+	dec := json.NewDecoder(&js1)
+	var ops []timeline.Op
+	for dec.More() {
+		var op timeline.Op
+		if err := dec.Decode(&op); err != nil {
+			t.Fatal(err)
+		}
+		ops = append(ops, op)
+	}
+	if len(ops) != 3 || ops[0].ID != "c1" || ops[1].Status != timeline.StatusFailed || ops[2].Kind != timeline.KindRelease {
+		t.Fatalf("JSON ops %+v", ops)
+	}
+	for _, p := range ops[0].Phases {
+		if len(p.Acks) != 3 {
+			t.Errorf("c1 %s has %d acks", p.Phase, len(p.Acks))
+		}
+		for _, a := range p.Acks {
+			if a.LatencyMS == nil || *a.LatencyMS < 0 || a.Status != timeline.AckOK {
+				t.Errorf("c1 %s ack %+v", p.Phase, a)
+			}
+		}
+	}
+	var failed []timeline.Ack
+	for _, p := range ops[1].Phases {
+		for _, a := range p.Acks {
+			if a.Status == timeline.AckError {
+				failed = append(failed, a)
+			}
+		}
+	}
+	if len(failed) != 1 || failed[0].Member != hs[2].Name || failed[0].Code != "export_failed" {
+		t.Errorf("c2's failed acks %+v, want %s's export_failed", failed, hs[2].Name)
+	}
+
+	// The old view stays: one line per event.
+	var evs bytes.Buffer
+	if code := Main([]string{"--nats-url", env.URL, "timeline", "--run", run, "--events", "--checkpoint", "c1"}, &evs, &errb); code != 0 {
+		t.Fatalf("timeline --events exited %d: %s", code, errb.String())
+	}
+	if !strings.Contains(evs.String(), "checkpoint c1 committed") || strings.Contains(evs.String(), "c2") {
+		t.Errorf("--events --checkpoint c1 printed:\n%s", evs.String())
+	}
+
+	// HTML: one file, the model inside.
+	page := filepath.Join(t.TempDir(), "tl.html")
+	if code := Main([]string{"--nats-url", env.URL, "timeline", "--run", run, "--html", page}, &bytes.Buffer{}, &errb); code != 0 {
+		t.Fatalf("timeline --html exited %d: %s", code, errb.String())
+	}
+	html, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range hs {
+		if !strings.Contains(string(html), `"member":"`+string(h.Name)+`"`) {
+			t.Errorf("the page's data lacks %s", h.Name)
+		}
+	}
+}
+
+// TestTimelineUntilIdleNeedsFollow: --until-idle alone is a usage error.
+func TestTimelineUntilIdleNeedsFollow(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Main([]string{"timeline", "--run", "r", "--until-idle", "1s"}, &out, &errb); code != ExitUsage {
+		t.Fatalf("exit %d, want %d: %s", code, ExitUsage, errb.String())
+	}
+}
