@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,11 +18,14 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
 
-// TestTimelineOfALiveRun: a bridge and three members take a checkpoint;
+// TestTimelineOfALiveRun: a bridge and three members, each with its role's
+// permissions, take a checkpoint;
 // then, while `stillpoint timeline --follow` watches, fail one (a member's
 // export fails) and release. The live view prints each checkpoint's block once
 // it is over and ends after --until-idle; the text, JSON and HTML views of
@@ -29,13 +33,22 @@ import (
 // failing member's error code and each outcome.
 func TestTimelineOfALiveRun(t *testing.T) {
 	const run = "tl-live"
-	env := jstest.Start(t)
-	hs := membertest.StartMembers(t, env, run, 3, membertest.Options{Episodes: 1})
-	nc, js := env.Connect(t)
-	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, PhaseTimeout: 30 * time.Second,
+	env := jstest.Start(t, jstest.WithRoles())
+	hs := membertest.StartMembers(t, env.As(embedded.RoleAgent), run, 3, membertest.Options{Episodes: 1})
+	nc, js := env.As(embedded.RoleBridge).Connect(t)
+	bus, err := jetstream.Open(t.Context(), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: bus, PhaseTimeout: 30 * time.Second,
 		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// Every view reads the stream as the controller's role does.
+	asController := []string{"--nats-url", env.URL, "--nkey", embedded.SeedFile(env.AuthDir, embedded.RoleController)}
+	tl := func(args ...string) []string {
+		return append(append(slices.Clone(asController), "timeline", "--run", run), args...)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -51,7 +64,7 @@ func TestTimelineOfALiveRun(t *testing.T) {
 	live := &jstest.Buffer{}
 	followed := make(chan int, 1)
 	go func() {
-		followed <- Main([]string{"--nats-url", env.URL, "timeline", "--run", run, "--follow", "--until-idle", "5s"}, live, live)
+		followed <- Main(tl("--follow", "--until-idle", "5s"), live, live)
 	}()
 	poll.Wait(t, 30*time.Second, "the live view to print c1 once its resume is answered", func() bool {
 		return strings.Contains(live.String(), "checkpoint c1  COMMITTED")
@@ -86,7 +99,7 @@ func TestTimelineOfALiveRun(t *testing.T) {
 
 	// The finished run: text.
 	var text, errb bytes.Buffer
-	if code := Main([]string{"--nats-url", env.URL, "timeline", "--run", run}, &text, &errb); code != 0 {
+	if code := Main(tl(), &text, &errb); code != 0 {
 		t.Fatalf("timeline exited %d: %s", code, errb.String())
 	}
 	for _, h := range hs {
@@ -102,7 +115,7 @@ func TestTimelineOfALiveRun(t *testing.T) {
 
 	// JSON: one object per operation.
 	var js1 bytes.Buffer
-	if code := Main([]string{"--nats-url", env.URL, "timeline", "--run", run, "--json"}, &js1, &errb); code != 0 {
+	if code := Main(tl("--json"), &js1, &errb); code != 0 {
 		t.Fatalf("timeline --json exited %d: %s", code, errb.String())
 	}
 	dec := json.NewDecoder(&js1)
@@ -141,7 +154,7 @@ func TestTimelineOfALiveRun(t *testing.T) {
 
 	// The old view stays: one line per event.
 	var evs bytes.Buffer
-	if code := Main([]string{"--nats-url", env.URL, "timeline", "--run", run, "--events", "--checkpoint", "c1"}, &evs, &errb); code != 0 {
+	if code := Main(tl("--events", "--checkpoint", "c1"), &evs, &errb); code != 0 {
 		t.Fatalf("timeline --events exited %d: %s", code, errb.String())
 	}
 	if !strings.Contains(evs.String(), "checkpoint c1 committed") || strings.Contains(evs.String(), "c2") {
@@ -150,7 +163,7 @@ func TestTimelineOfALiveRun(t *testing.T) {
 
 	// HTML: one file, the model inside.
 	page := filepath.Join(t.TempDir(), "tl.html")
-	if code := Main([]string{"--nats-url", env.URL, "timeline", "--run", run, "--html", page}, &bytes.Buffer{}, &errb); code != 0 {
+	if code := Main(tl("--html", page), &bytes.Buffer{}, &errb); code != 0 {
 		t.Fatalf("timeline --html exited %d: %s", code, errb.String())
 	}
 	html, err := os.ReadFile(page)
