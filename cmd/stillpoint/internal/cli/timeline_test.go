@@ -17,6 +17,7 @@ import (
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
@@ -182,5 +183,57 @@ func TestTimelineUntilIdleNeedsFollow(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := Main([]string{"timeline", "--run", "r", "--until-idle", "1s"}, &out, &errb); code != ExitUsage {
 		t.Fatalf("exit %d, want %d: %s", code, ExitUsage, errb.String())
+	}
+}
+
+// TestLiveViewOnATerminal: on a terminal the live view keeps one status
+// line counting the open phase's acks, rewritten in place, and clears it
+// before it prints the block of an operation that is over.
+func TestLiveViewOnATerminal(t *testing.T) {
+	var out bytes.Buffer
+	v := &liveView{g: &globals{stdout: &out}, f: timelineFlags{run: "r1"}, term: true}
+	t0 := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	var seq uint64
+	add := func(after time.Duration, d events.Data) {
+		t.Helper()
+		seq++
+		t0 = t0.Add(after)
+		if err := v.add(bridge.TimelineEntry{StreamSeq: seq, Time: t0, Data: d}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	members := []events.Member{"agent.a1", "agent.a2"}
+	h := func(seq uint64) events.PhaseHeader {
+		return events.PhaseHeader{Run: "r1", CheckpointID: "c1", Seq: seq, Deadline: t0.Add(time.Minute), Members: members}
+	}
+	ack := func(seq uint64, m events.Member) events.ResumeAck {
+		return events.ResumeAck{AckHeader: events.AckHeader{Run: "r1", Member: m, Seq: seq, CheckpointID: "c1", OK: true, State: events.StateIdle}}
+	}
+	add(0, events.Prepare{PhaseHeader: h(1)})
+	if !strings.HasSuffix(out.String(), "\r\x1b[Kcheckpoint c1: prepare seq 1, 0/2 acks") {
+		t.Fatalf("no status line after the prepare: %q", out.String())
+	}
+	add(time.Millisecond, events.PrepareAck{AckHeader: ack(1, "agent.a1").AckHeader, Ready: true})
+	if !strings.HasSuffix(out.String(), "\r\x1b[Kcheckpoint c1: prepare seq 1, 1/2 acks") {
+		t.Fatalf("the status line does not count the ack: %q", out.String())
+	}
+	add(time.Millisecond, events.PrepareAck{AckHeader: ack(1, "agent.a2").AckHeader, Ready: true})
+	add(time.Millisecond, events.CheckpointCommitted{OutcomeHeader: events.OutcomeHeader{Run: "r1", CheckpointID: "c1"}, Members: members})
+	if strings.Contains(out.String(), "COMMITTED") {
+		t.Fatal("printed before the resume that follows")
+	}
+	add(time.Millisecond, events.Resume{PhaseHeader: h(2)})
+	add(time.Millisecond, ack(2, "agent.a1"))
+	add(time.Millisecond, ack(2, "agent.a2"))
+	s := out.String()
+	i := strings.Index(s, "checkpoint c1  COMMITTED")
+	if i < 0 || !strings.HasSuffix(s[:i], "\r\x1b[K") {
+		t.Fatalf("the block is not printed on a cleared line: %q", s)
+	}
+	if strings.Contains(s[i:], "acks\r") || strings.Contains(s[i:], "/2 acks") {
+		t.Errorf("a status line after the operation was over: %q", s[i:])
+	}
+	if strings.Contains(s, "event=published") {
+		t.Errorf("key=value lines on a terminal: %q", s)
 	}
 }
