@@ -65,7 +65,7 @@ func TestTimelineOfALiveRun(t *testing.T) {
 	live := &jstest.Buffer{}
 	followed := make(chan int, 1)
 	go func() {
-		followed <- Main(tl("--follow", "--until-idle", "5s"), live, live)
+		followed <- Main(tl("--follow", "--until-idle", "10s"), live, live)
 	}()
 	poll.Wait(t, 30*time.Second, "the live view to print c1 once its resume is answered", func() bool {
 		return strings.Contains(live.String(), "checkpoint c1  COMMITTED")
@@ -84,7 +84,7 @@ func TestTimelineOfALiveRun(t *testing.T) {
 			t.Fatalf("timeline --follow exited %d:\n%s", code, live.String())
 		}
 	case <-time.After(60 * time.Second):
-		t.Fatalf("timeline --follow --until-idle 5s did not end:\n%s", live.String())
+		t.Fatalf("timeline --follow --until-idle 10s did not end:\n%s", live.String())
 	}
 	out := live.String()
 	for _, want := range []string{"op=c1 kind=checkpoint phase=prepare seq=1 epoch=0 members=3 event=published",
