@@ -210,9 +210,10 @@ func (b *Builder) Add(e Event) string {
 			p.Republished++
 			return o.id
 		}
-		if len(o.phases) == 1 || p.Seq == o.phases[0].Seq {
+		// The operation is named for its first phase; a later one names it
+		// until that is read (or when it never is).
+		if o.kind == KindUnknown || p.Seq == o.phases[0].Seq {
 			o.kind = kindOf(d.Phase())
-			o.start = e.Time
 		}
 		p.Phase.Phase, p.Epoch, p.StreamSeq, p.Published, p.Deadline = d.Phase(), h.Epoch, e.StreamSeq, e.Time, h.Deadline
 		p.Expected = slices.Clone(h.Members)
@@ -267,7 +268,6 @@ func (b *Builder) Add(e Event) string {
 	if o.kind == KindUnknown {
 		o.kind = kindOfOutcome(e.Data.Type())
 	}
-	out.AfterMS = ms(e.Time.Sub(o.start))
 	o.outcome = out
 	return o.id
 }
@@ -397,9 +397,17 @@ func (o *opState) phase(seq uint64, ph events.Phase) *phaseState {
 }
 
 func (o *opState) snapshot(now time.Time) Op {
-	op := Op{ID: o.id, Kind: o.kind, Start: o.start, End: o.end, Outcome: o.outcome, Status: StatusOpen}
+	op := Op{ID: o.id, Kind: o.kind, Start: o.start, End: o.end, Status: StatusOpen}
+	// The operation starts at its first phase's publish, when one was read.
+	for _, p := range o.phases {
+		if !p.Published.IsZero() {
+			op.Start = p.Published
+			break
+		}
+	}
 	if o.outcome != nil {
 		c := *o.outcome
+		c.AfterMS = ms(c.Time.Sub(op.Start))
 		op.Outcome, op.Status = &c, c.Status
 	}
 	if len(o.phases) > 0 {

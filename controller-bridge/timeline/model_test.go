@@ -415,3 +415,22 @@ func TestRenderings(t *testing.T) {
 		}
 	}
 }
+
+// TestFirstPhaseAgedOut: when the stream no longer holds a checkpoint's
+// prepare (only an ack of it), its commit names the operation and starts
+// it; the outcome's time counts from there.
+func TestFirstPhaseAgedOut(t *testing.T) {
+	s := newScript()
+	s.add(0, ready("c9", 1, a1))
+	s.add(10*time.Millisecond, events.Commit{PhaseHeader: s.header("c9", 2, 0, a1)})
+	s.add(20*time.Millisecond, commitAck("c9", 2, a1))
+	s.add(time.Millisecond, events.CheckpointCommitted{OutcomeHeader: events.OutcomeHeader{Run: run, CheckpointID: "c9"}, Members: []events.Member{a1}})
+	_, ops := build(t, s)
+	op := ops[0]
+	if op.Kind != KindCheckpoint || op.Start != s.t0.Add(10*time.Millisecond) || op.Outcome.AfterMS != 21 {
+		t.Fatalf("op %+v outcome %+v", op, op.Outcome)
+	}
+	if p := op.Phases[0]; p.Phase != events.PhasePrepare || p.StreamSeq != 0 || p.Acks[0].LatencyMS != nil {
+		t.Errorf("the aged-out prepare %+v", p)
+	}
+}
