@@ -6,7 +6,7 @@
 // every method of Set is a no-op on a nil receiver, so that a hook is one
 // line where the component already logs the event:
 //
-//	b.cfg.Metrics.Outcome(metrics.OutcomeCommitted, "")
+//	b.cfg.Metrics.Outcome("checkpoint.committed", metrics.ReasonNone)
 //
 // Each process makes one Set (New) and hands it to the components it runs;
 // nothing is registered on client_golang's global default registry, so

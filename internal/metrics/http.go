@@ -112,14 +112,20 @@ func Handler(s *Set, ready Probe) http.Handler {
 
 // Mount adds Handler's three routes (GET) to mux.
 func Mount(mux *http.ServeMux, s *Set, ready Probe) {
-	if s != nil {
-		mux.Handle("GET "+PathMetrics, promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
-	}
+	MountMetrics(mux, s)
 	mux.HandleFunc("GET "+PathHealth, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET "+PathReady, ReadyHandler(ready))
+}
+
+// MountMetrics adds GET PathMetrics, s in the text exposition format, to
+// mux; nothing when s is nil.
+func MountMetrics(mux *http.ServeMux, s *Set) {
+	if s != nil {
+		mux.Handle("GET "+PathMetrics, promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+	}
 }
 
 // ReadyHandler answers PathReady with ready: 200 "ready", or 503 with the

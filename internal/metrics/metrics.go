@@ -10,15 +10,12 @@ import (
 // Namespace prefixes every family of the project.
 const Namespace = "stillpoint"
 
-// The outcomes of stillpoint_outcomes_total (the bridge's outcome events).
-const (
-	OutcomeCommitted       = "committed"
-	OutcomeFailed          = "failed"
-	OutcomeRestoreComplete = "restore_completed"
-	OutcomeRestoreFailed   = "restore_failed"
-)
-
 // ReasonNone is the reason label of an outcome that names none (a commit).
+// The outcome label is the outcome event's noun ("checkpoint.committed",
+// "checkpoint.failed", "restore.completed", ...); the reason a code: the
+// first failing member's error code ("missing_ack", "deadline_exceeded",
+// ...), "not_ready" for blockers, or "bridge" for a failure of the
+// bridge's own.
 const ReasonNone = "none"
 
 // The results of stillpoint_acks_total: the ack said ok and ready, ok but
@@ -44,7 +41,7 @@ const (
 // Fallbacks lists every FallbackXxx reason.
 var Fallbacks = []string{FallbackNoPause, FallbackNoAck, FallbackNotConfirmed, FallbackStatus, FallbackNotStill, FallbackState}
 
-// The pause modes of stillpoint_pauses_total (sandboxapi.Mode's names).
+// PauseModes are the pause modes of stillpoint_pauses_total (sandboxapi.Mode's names).
 var PauseModes = []string{"freeze", "stop", "hold"}
 
 // The hows of stillpoint_continuations_total: a result whose launch a

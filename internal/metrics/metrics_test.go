@@ -31,7 +31,7 @@ func TestNilSetIsOff(t *testing.T) {
 	s.InitAgent("x")
 	s.InitCollector()
 	s.PhaseDone("prepare", time.Second)
-	s.Outcome(metrics.OutcomeCommitted, "")
+	s.Outcome("checkpoint.committed", "")
 	s.Ack("prepare", "agent", metrics.AckOK)
 	s.RelayHeld(3)
 	s.Paused("freeze", time.Millisecond)
@@ -50,20 +50,20 @@ func TestNilSetIsOff(t *testing.T) {
 // neither touches the default one.
 func TestSetsDoNotCollide(t *testing.T) {
 	a, b := metrics.New(), metrics.New()
-	a.Outcome(metrics.OutcomeFailed, "deadline_exceeded")
-	a.Outcome(metrics.OutcomeFailed, "deadline_exceeded")
-	b.Outcome(metrics.OutcomeCommitted, "")
+	a.Outcome("checkpoint.failed", "deadline_exceeded")
+	a.Outcome("checkpoint.failed", "deadline_exceeded")
+	b.Outcome("checkpoint.committed", "")
 	fa, fb := gather(t, a), gather(t, b)
-	if v := value(fa, "stillpoint_outcomes_total", map[string]string{"outcome": "failed", "reason": "deadline_exceeded"}); v != 2 {
+	if v := value(fa, "stillpoint_outcomes_total", map[string]string{"outcome": "checkpoint.failed", "reason": "deadline_exceeded"}); v != 2 {
 		t.Fatalf("a: failed/deadline_exceeded = %v, want 2", v)
 	}
 	if _, ok := fb["stillpoint_outcomes_total"]; !ok {
 		t.Fatal("b has no outcomes")
 	}
-	if v := value(fb, "stillpoint_outcomes_total", map[string]string{"outcome": "committed", "reason": "none"}); v != 1 {
+	if v := value(fb, "stillpoint_outcomes_total", map[string]string{"outcome": "checkpoint.committed", "reason": "none"}); v != 1 {
 		t.Fatalf("b: committed/none = %v, want 1", v)
 	}
-	if v := value(fb, "stillpoint_outcomes_total", map[string]string{"outcome": "failed", "reason": "deadline_exceeded"}); v != 0 {
+	if v := value(fb, "stillpoint_outcomes_total", map[string]string{"outcome": "checkpoint.failed", "reason": "deadline_exceeded"}); v != 0 {
 		t.Fatalf("b sees a's observation: %v", v)
 	}
 }
@@ -132,7 +132,7 @@ func TestObservations(t *testing.T) {
 func TestHandlerAndProbes(t *testing.T) {
 	env := jstest.Start(t)
 	s := metrics.New()
-	s.Outcome(metrics.OutcomeCommitted, "")
+	s.Outcome("checkpoint.committed", "")
 	const name = "probe-consumer"
 	ready := metrics.All(metrics.Connected(env.Conn), metrics.StreamAnswers(env.Bus.Stream), metrics.ConsumerLive(env.Bus.Stream, name))
 
@@ -172,7 +172,7 @@ func TestHandlerAndProbes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := value(fams, "stillpoint_outcomes_total", map[string]string{"outcome": "committed", "reason": "none"}); v != 1 {
+	if v := value(fams, "stillpoint_outcomes_total", map[string]string{"outcome": "checkpoint.committed", "reason": "none"}); v != 1 {
 		t.Fatalf("scraped committed = %v, want 1", v)
 	}
 	if _, ok := fams["go_goroutines"]; !ok {
