@@ -21,6 +21,7 @@ import (
 // (405) included.
 func (b *Bridge) Handler(token string) http.Handler {
 	mux := http.NewServeMux()
+	b.mountMetrics(mux)
 	mux.HandleFunc("GET "+bridgeapi.PathHealth, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "run": b.cfg.Run})
 	})
