@@ -15,7 +15,7 @@ import (
 )
 
 // Handler returns the bridge's HTTP JSON API (docs/API.md). Every route
-// but /healthz requires "Authorization: Bearer <token>" (the scheme in any
+// but /healthz, /readyz and /metrics (docs/OPERATIONS.md) requires "Authorization: Bearer <token>" (the scheme in any
 // case), compared in constant time; an empty token turns authentication
 // off. Every answer is JSON, an unknown route (404) or a wrong method
 // (405) included.
