@@ -332,7 +332,9 @@ func TestExpiredAndRevokedSandbox(t *testing.T) {
 	}
 	creds := write(live)
 	nc, _, _ := connectCreds(t, s, creds)
-	auth.Revoke(user)
+	if err := auth.Revoke(user); err != nil {
+		t.Fatal(err)
+	}
 	ajwt, err := auth.AccountJWT()
 	if err != nil {
 		t.Fatal(err)
@@ -352,6 +354,70 @@ func TestExpiredAndRevokedSandbox(t *testing.T) {
 	for _, role := range []embedded.Role{embedded.RoleBridge, embedded.RoleController, embedded.RoleAdmin} {
 		nc, _, _ := connectCreds(t, s, embedded.CredsFile(dir, role))
 		nc.Close()
+	}
+}
+
+// TestRevocationSurvivesRestart: a sandbox JWT revoked on a running server stays refused when the
+// server is started again on the same auth and store dirs, by an authority loaded afresh from the
+// auth dir (as `stillpoint server --auth-dir` does), while a user minted after it connects.
+func TestRevocationSurvivesRestart(t *testing.T) {
+	ctx := testContext(t)
+	authDir, storeDir := filepath.Join(t.TempDir(), "auth"), t.TempDir()
+	start := func() (*embedded.Authority, *embedded.Server) {
+		t.Helper()
+		auth, err := embedded.LoadAuthority(authDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trust, err := auth.Trust()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := embedded.Start(ctx, embedded.Config{Dir: storeDir, Trust: trust})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Shutdown)
+		return auth, s
+	}
+	auth, s := start()
+	creds, user, err := auth.MemberCreds("r", "sandbox.sb1", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "sb1.creds")
+	if err := os.WriteFile(path, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if nc, _, _ := connectCreds(t, s, path); !nc.IsConnected() {
+		t.Fatal("the sandbox is not connected before its revocation")
+	}
+	if err := auth.Revoke(user); err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.Revoke("not-a-key"); !errors.Is(err, embedded.ErrInvalidConfig) {
+		t.Errorf("revoking a non-key: %v, want ErrInvalidConfig", err)
+	}
+	s.Shutdown()
+
+	auth, s = start()
+	if nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: s.ClientURL(), CredsFile: path}, nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Error("a sandbox JWT revoked before the restart connected after it")
+	} else if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		t.Errorf("connect with a revoked JWT after a restart: %v, want an authorization error", err)
+	}
+	fresh := memberCreds(t, auth, "sandbox.sb2")
+	if nc, _, _ := connectCreds(t, s, fresh); !nc.IsConnected() {
+		t.Error("a sandbox minted after the restart is not connected")
+	}
+
+	// An account JWT in the dir that is not this authority's is refused, not ignored.
+	if err := os.WriteFile(embedded.AccountJWTFile(authDir), []byte("not a jwt\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := embedded.LoadAuthority(authDir); err == nil {
+		t.Error("LoadAuthority read a corrupt account JWT without an error")
 	}
 }
 
