@@ -42,7 +42,8 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		direct(jetstream.StreamName, sp+"ack.*.*."+self),
 		"_INBOX.>", // replies to whoever called
 	}
-	sub := []string{InboxPrefix(run, events.Member(self)) + ".>", "$SRV.>", events.ServiceSubject(run, events.Member(self)) + ".>"}
+	sub := append([]string{InboxPrefix(run, events.Member(self)) + ".>", events.ServiceSubject(run, events.Member(self)) + ".>"},
+		discovery(kind)...)
 	if kind == events.KindSandbox {
 		pub = append(pub,
 			kvGet(jetstream.BucketMembers, self),
@@ -72,7 +73,11 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		"$JS.FC.>",
 	)
 	// Watches of the run's keys and reads of records are ordered push consumers of the buckets'
-	// streams, which their library deletes when done.
+	// streams. Their names are random, so no permission can tell a member's own from another
+	// client's (the bridge's watch of the members bucket, a collector's): a member deletes none of
+	// those of the KV buckets, which it does not watch itself, and the server removes an ordered
+	// consumer whose subscriber has gone. A records read deletes its consumer when done: that
+	// delete stays allowed on the records store (docs/PERMISSIONS.md).
 	for _, b := range []struct{ stream, filter string }{
 		{"KV_" + jetstream.BucketMembers, "$KV." + jetstream.BucketMembers + "." + run + ".>"},
 		{"KV_" + jetstream.BucketManifests, "$KV." + jetstream.BucketManifests + "." + run + ".>"},
@@ -81,9 +86,9 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		pub = append(pub,
 			"$JS.API.CONSUMER.CREATE."+b.stream+".*."+b.filter,
 			"$JS.API.CONSUMER.INFO."+b.stream+".*",
-			"$JS.API.CONSUMER.DELETE."+b.stream+".*",
 		)
 	}
+	pub = append(pub, "$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketRecords+".*")
 	switch kind {
 	case events.KindAgent:
 		pub = append(pub,
@@ -104,6 +109,26 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		)
 	}
 	return &Permissions{Publish: Subjects{Allow: pub}, Subscribe: Subjects{Allow: sub}}
+}
+
+// discoveryVerbs are the verbs of NATS micro's discovery subjects, $SRV.<verb>[.<service>[.<id>]].
+var discoveryVerbs = []string{"PING", "INFO", "STATS"}
+
+// discovery returns the discovery subjects a service of member kind answers (and that only its
+// kind's users may subscribe to): $SRV.<verb> of every service, and $SRV.<verb>.<name> and
+// $SRV.<verb>.<name>.<id> of its kind's service name (events.ServiceName). No member subscribes
+// to another service's discovery, so none answers for the bridge or another kind; a micro
+// service's id is random, so within a kind the id is not named.
+func discovery(kind events.MemberKind) []string {
+	name := events.ServiceName(kind)
+	var subs []string
+	for _, verb := range discoveryVerbs {
+		subs = append(subs, "$SRV."+verb)
+		if name != "" {
+			subs = append(subs, "$SRV."+verb+"."+name, "$SRV."+verb+"."+name+".*")
+		}
+	}
+	return subs
 }
 
 // InboxPrefix returns the inbox prefix of member m of run, _INBOX.<run>.<kind>.<name>: a member

@@ -89,13 +89,25 @@ func memberCreds(t *testing.T, auth *embedded.Authority, m events.Member) string
 // violation and nothing of it reaches the stream or a bucket, while what each member does as
 // itself works.
 func TestMembersOnTheBus(t *testing.T) {
-	auth, _, s, bus := operatorServer(t)
+	auth, dir, s, bus := operatorServer(t)
+	_, ajs, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleAdmin))
 	ctx := testContext(t)
 	// A live member's durable consumer, as an agent makes it.
 	durable := "sp_r_agent_a1"
 	if _, err := bus.Stream.CreateConsumer(ctx, natsjs.ConsumerConfig{Durable: durable,
 		FilterSubjects: []string{"sp.r.phase.>", "sp.r.outcome.checkpoint.committed"}, AckPolicy: natsjs.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
+	}
+	// Another client's watches of the members and manifests buckets, as the bridge keeps them.
+	watches := map[string]string{} // stream → its watch's consumer
+	for _, kv := range []natsjs.KeyValue{bus.Members, bus.Manifests} {
+		w, err := kv.Watch(ctx, "r.>")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Stop() })
+		stream := "KV_" + kv.Bucket()
+		watches[stream] = watchConsumer(t, ajs, stream)
 	}
 	type conn struct {
 		nc   *nats.Conn
@@ -166,6 +178,9 @@ func TestMembersOnTheBus(t *testing.T) {
 		{sb, "sandbox watching the members bucket", "$JS.API.CONSUMER.CREATE.KV_sp_members.x.$KV.sp_members.>", ""},
 		{sb, "sandbox writing records", "$O.sp_records.C.x", ""},
 		{sb, "sandbox calling an owner", "spsvc.r.owner.o1.seed_session", ""},
+		{sb, "sandbox discovering the services", "$SRV.PING", ""},
+		{sb, "sandbox asking the agents' services for their stats", "$SRV.STATS.stillpoint-agent", ""},
+		{ag, "agent discovering the services", "$SRV.INFO", ""},
 		// The agent: another agent's names.
 		{ag, "agent acking as another agent", "sp.r.ack.1.prepare.agent.a2", ""},
 		{ag, "agent acking as an owner", "sp.r.ack.1.commit.owner.o1", ""},
@@ -184,6 +199,13 @@ func TestMembersOnTheBus(t *testing.T) {
 	} {
 		refused(tc.c, tc.what, tc.subject, tc.data)
 	}
+	// No member deletes another client's watch of a bucket.
+	for kind, c := range conns {
+		for stream, name := range watches {
+			api := "$JS.API.CONSUMER.DELETE." + stream + "." + name
+			refused(c, kind+" deleting another client's watch of "+stream, api, "")
+		}
+	}
 	// No member manages a stream or a bucket.
 	for kind, c := range conns {
 		for _, api := range []string{"$JS.API.STREAM.DELETE.STILLPOINT", "$JS.API.STREAM.PURGE.STILLPOINT",
@@ -192,9 +214,12 @@ func TestMembersOnTheBus(t *testing.T) {
 			refused(c, kind+" calling "+api, api, "{}")
 		}
 	}
-	// Nor reads replies meant for others.
+	// Nor reads replies meant for others, nor answers another service's discovery.
+	otherService := map[string]string{"sandbox": "stillpoint-agent", "agent": "stillpoint-owner", "owner": "stillpoint-sandboxd"}
 	for kind, c := range conns {
-		for _, subject := range []string{"_INBOX.>", "sp.>", "sp.r.phase.>", "spsvc.r.agent.a2.>"} {
+		for _, subject := range []string{"_INBOX.>", "sp.>", "sp.r.phase.>", "spsvc.r.agent.a2.>",
+			"$SRV.>", "$SRV.INFO.stillpoint-bridge", "$SRV.PING.stillpoint-bridge.x", "$SRV.INFO." + otherService[kind],
+			"$SRV.STATS." + otherService[kind] + ".x"} {
 			if _, err := c.nc.SubscribeSync(subject); err != nil {
 				t.Fatal(err)
 			}
@@ -230,6 +255,33 @@ func TestMembersOnTheBus(t *testing.T) {
 	if _, err := bus.Stream.Consumer(ctx, durable); err != nil {
 		t.Errorf("the member's durable consumer: %v, want it still there", err)
 	}
+	for stream, name := range watches {
+		if got := watchConsumer(t, ajs, stream); got != name {
+			t.Errorf("the watch of %s: consumer %q, want %q still there", stream, got, name)
+		}
+	}
+}
+
+// watchConsumer returns the name of the one consumer of stream (a bucket's, with one watch).
+func watchConsumer(t *testing.T, js natsjs.JetStream, stream string) string {
+	t.Helper()
+	ctx := testContext(t)
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := st.ConsumerNames(ctx)
+	var got []string
+	for n := range names.Name() {
+		got = append(got, n)
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("stream %s has consumers %v, want the one watch", stream, got)
+	}
+	return got[0]
 }
 
 // TestSandboxFeedAndService: with its own credentials a sandbox reads its run's phases through an
@@ -274,7 +326,7 @@ func TestSandboxFeedAndService(t *testing.T) {
 		t.Errorf("sandbox reading its own ack: %v", err)
 	}
 
-	svc, err := jetstream.NewService(snc, micro.Config{Name: "sandbox-test", Version: "1.0.0"}, "spsvc.r.sandbox.sb1",
+	svc, err := jetstream.NewService(snc, micro.Config{Name: events.ServiceName(events.KindSandbox), Version: "1.0.0"}, "spsvc.r.sandbox.sb1",
 		func(error) (int, string) { return 500, "internal" })
 	if err != nil {
 		t.Fatal(err)
@@ -290,6 +342,13 @@ func TestSandboxFeedAndService(t *testing.T) {
 	var out string
 	if err := jetstream.Call(ctx, anc, "spsvc.r.sandbox.sb1.echo", "hi", &out); err != nil || out != `"hi"` {
 		t.Errorf("agent calling its sandbox: %q, %v", out, err)
+	}
+	// The sandbox answers discovery of its own service, as `nats micro ls` asks it as admin.
+	adm, _, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleAdmin))
+	for _, subject := range []string{"$SRV.PING", "$SRV.INFO.stillpoint-sandboxd", "$SRV.STATS.stillpoint-sandboxd"} {
+		if _, err := adm.Request(subject, nil, 5*time.Second); err != nil {
+			t.Errorf("admin asking %s: %v, want the sandbox's answer", subject, err)
+		}
 	}
 	noViolations(t, snc, serrs, "sandbox")
 	noViolations(t, anc, aerrs, "agent")

@@ -75,7 +75,7 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				kv(jetstream.BucketMembers, k+".*"),
 				kv(jetstream.BucketManifests, "*."+k+".*"),
 			), pub...)},
-			Subscribe: Subjects{Allow: append([]string{"_INBOX.>", "$SRV.>", events.ServiceFilter(r, kind)}, sub...)},
+			Subscribe: Subjects{Allow: append(append([]string{"_INBOX.>", events.ServiceFilter(r, kind)}, discovery(kind)...), sub...)},
 		}
 	}
 	switch role {
