@@ -18,7 +18,8 @@ const (
 // its own service subject, read its own inbox (InboxPrefix), and the JetStream API calls of its
 // feed. An agent or an owner reads its phases from its own durable consumer (member.ConsumerName)
 // and no other: it creates, reads, acks and deletes that one only; it also watches its run's keys,
-// reads and writes records, and calls the services it uses (an agent its owners' and sandboxes',
+// writes its records to a store of its own (events.RecordsBucket) and reads that and the shared
+// one, and calls the services it uses (an agent its owners' and sandboxes',
 // and it hears its sandboxes' prepare acks). A sandbox, the least trusted, creates only ordered
 // push consumers filtered on its run's phases (the consumer-create subject carries the filter),
 // reads only its own keys and acks, and manages no stream, consumer or bucket. run and name may be
@@ -68,9 +69,22 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		kvGet(jetstream.BucketMembers, ">"),
 		kvGet(jetstream.BucketManifests, ">"),
 		direct("OBJ_"+jetstream.BucketRecords, ">"),
-		"$O."+jetstream.BucketRecords+".>",
-		"$JS.API.STREAM.PURGE.OBJ_"+jetstream.BucketRecords,
 		"$JS.FC.>",
+	)
+	// Its records go to a store of its own name (events.RecordsBucket), which it creates, writes,
+	// purges (a stopped write's chunks) and reads, and no one else's: the shared store's object
+	// names are base64 subject tokens no permission can split by member, so it only reads
+	// that one (what runs before this wrote). The create subject names the stream, not its
+	// configuration (docs/PERMISSIONS.md).
+	own := events.RecordsBucket(run, events.Member(self))
+	pub = append(pub,
+		"$O."+own+".>",
+		"$JS.API.STREAM.CREATE.OBJ_"+own,
+		"$JS.API.STREAM.PURGE.OBJ_"+own,
+		direct("OBJ_"+own, ">"),
+		"$JS.API.CONSUMER.CREATE.OBJ_"+own+".*.$O."+own+".>",
+		"$JS.API.CONSUMER.INFO.OBJ_"+own+".*",
+		"$JS.API.CONSUMER.DELETE.OBJ_"+own+".*",
 	)
 	// Watches of the run's keys and reads of records are ordered push consumers of the buckets'
 	// streams. Their names are random, so no permission can tell a member's own from another

@@ -1,6 +1,7 @@
 package embedded_test
 
 import (
+	"encoding/base64"
 	"errors"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/participants/member"
 )
 
 // operatorServer starts a server in operator mode trusting a new authority, provisions the bus as
@@ -532,5 +534,132 @@ func TestSandboxJWTRenewedOnReconnect(t *testing.T) {
 	}
 	if _, err := js.Publish(ctx, "sp.r.ack.1.prepare.sandbox.sb1", nil); err != nil {
 		t.Errorf("acking with the renewed JWT: %v", err)
+	}
+}
+
+// TestRecordsOfTheirOwn: an agent with its own user writes its records to a store of its own
+// name and reads them back; another agent and an owner cannot overwrite, delete, purge or
+// recreate that store's objects, nor write the shared store, and nothing of theirs reaches
+// either; records an earlier run left in the shared store stay readable; the bridge releases
+// the agent's objects and cannot purge the audit log.
+func TestRecordsOfTheirOwn(t *testing.T) {
+	auth, dir, s, bus := operatorServer(t)
+	ctx := testContext(t)
+	const a1 events.Member = "agent.a1"
+	recs := []events.Record{{Key: "r1-a1", Data: []byte(`{"n":1}`)}}
+
+	// Records of an earlier run in the shared store, as every member wrote them before.
+	old, err := member.WriteRecords(ctx, bus.Records, "r", "c0", a1, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := member.CreateManifest(ctx, bus.Manifests, old); err != nil {
+		t.Fatal(err)
+	}
+
+	anc, ajs, aerrs := connectCreds(t, s, memberCreds(t, auth, a1))
+	abus, err := jetstream.Open(ctx, ajs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := member.OwnRecords(ctx, ajs, abus.Records, "r", a1)
+	if err != nil {
+		t.Fatalf("agent making its own records store: %v", err)
+	}
+	man, err := member.WriteRecords(ctx, store, "r", "c1", a1, recs)
+	if err != nil {
+		t.Fatalf("agent writing its own records: %v", err)
+	}
+	if want := events.RecordsBucket("r", a1); man.Bucket != want {
+		t.Errorf("manifest bucket %q, want %q", man.Bucket, want)
+	}
+	if err := member.CreateManifest(ctx, abus.Manifests, man); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"c0", "c1"} {
+		if _, got, err := member.ReadRecords(ctx, abus.Manifests, ajs, "r", id, a1, nil); err != nil || len(got) != 1 {
+			t.Errorf("agent reading its records of %s: %d records, %v", id, len(got), err)
+		}
+	}
+	noViolations(t, anc, aerrs, "agent a1")
+
+	own := events.RecordsBucket("r", a1)
+	ownStream, err := ajs.Stream(ctx, "OBJ_"+own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := ownStream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sharedBefore, err := bus.Records.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := "$O." + own + ".M." + base64.URLEncoding.EncodeToString([]byte(man.Object))
+	for _, m := range []events.Member{"agent.a2", "owner.o1"} {
+		nc, _, errs := connectCreds(t, s, memberCreds(t, auth, m))
+		c := struct {
+			nc   *nats.Conn
+			errs chan error
+		}{nc, errs}
+		for _, tc := range []struct{ what, subject, data string }{
+			{"overwriting or deleting another's records object", meta, `{"name":"x","deleted":true}`},
+			{"writing chunks into another's records store", "$O." + own + ".C.forged", "x"},
+			{"purging another's records store", "$JS.API.STREAM.PURGE.OBJ_" + own, "{}"},
+			{"deleting another's records store", "$JS.API.STREAM.DELETE.OBJ_" + own, ""},
+			{"making another's records store", "$JS.API.STREAM.CREATE.OBJ_" + own, "{}"},
+			{"deleting a message of another's records store", "$JS.API.STREAM.MSG.DELETE.OBJ_" + own, `{"seq":1}`},
+			{"deleting a reader of another's records store", "$JS.API.CONSUMER.DELETE.OBJ_" + own + ".x", ""},
+			{"overwriting or deleting a records object of the shared store", "$O.sp_records.M." + base64.URLEncoding.EncodeToString([]byte(old.Object)), `{"deleted":true}`},
+			{"writing chunks into the shared store", "$O.sp_records.C.forged", "x"},
+			{"purging the shared store", "$JS.API.STREAM.PURGE.OBJ_sp_records", "{}"},
+		} {
+			if err := c.nc.PublishRequest(tc.subject, c.nc.NewRespInbox(), []byte(tc.data)); err != nil {
+				t.Fatal(err)
+			}
+			violation(t, c.errs, string(m)+" "+tc.what, tc.subject)
+		}
+	}
+	after, err := ownStream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.State.Msgs != before.State.Msgs || after.State.LastSeq != before.State.LastSeq {
+		t.Errorf("the agent's store went from %d messages (last %d) to %d (last %d)", before.State.Msgs,
+			before.State.LastSeq, after.State.Msgs, after.State.LastSeq)
+	}
+	sharedAfter, err := bus.Records.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sharedAfter.Size() != sharedBefore.Size() {
+		t.Errorf("the shared store went from %d bytes to %d", sharedBefore.Size(), sharedAfter.Size())
+	}
+	for _, id := range []string{"c0", "c1"} {
+		if _, got, err := member.ReadRecords(ctx, bus.Manifests, bus.JS, "r", id, a1, nil); err != nil || len(got) != 1 {
+			t.Errorf("the records of %s after the attempts: %d records, %v", id, len(got), err)
+		}
+	}
+
+	// The bridge releases them; it purges no stream but the records stores.
+	bnc, bjs, berrs := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleBridge))
+	stores, err := jetstream.RecordStores(ctx, bjs, events.RecordsBucketPrefix("r"))
+	if err != nil || len(stores) != 1 {
+		t.Fatalf("bridge listing the run's records stores: %d, %v; want the agent's", len(stores), err)
+	}
+	if err := stores[0].Delete(ctx, man.Object); err != nil {
+		t.Errorf("bridge releasing the agent's records: %v", err)
+	}
+	if _, _, err := member.ReadRecords(ctx, bus.Manifests, bus.JS, "r", "c1", a1, nil); !errors.Is(err, member.ErrCorruptRecords) {
+		t.Errorf("the released records: %v, want them gone", err)
+	}
+	noViolationsBefore(t, bnc, berrs, "bridge", "sp.r.ack.1.prepare.agent.a1")
+	for _, api := range []string{"$JS.API.STREAM.PURGE.STILLPOINT", "$JS.API.STREAM.PURGE.KV_sp_members",
+		"$JS.API.STREAM.PURGE.KV_sp_manifests", "$JS.API.STREAM.DELETE.OBJ_" + own} {
+		if err := bnc.PublishRequest(api, bnc.NewRespInbox(), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		violation(t, berrs, "bridge calling "+api, api)
 	}
 }

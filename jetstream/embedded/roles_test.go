@@ -386,7 +386,12 @@ func TestRolesServe(t *testing.T) {
 // fails the test on any error that comes before that one.
 func noViolations(t *testing.T, nc *nats.Conn, errs chan error, who string) {
 	t.Helper()
-	const marker = "sp.r.phase.prepare"
+	noViolationsBefore(t, nc, errs, who, "sp.r.phase.prepare")
+}
+
+// noViolationsBefore is noViolations with marker, a subject who may not publish to.
+func noViolationsBefore(t *testing.T, nc *nats.Conn, errs chan error, who, marker string) {
+	t.Helper()
 	if err := nc.Publish(marker, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -311,6 +312,20 @@ func TestServerOperatorMode(t *testing.T) {
 			res, err := c.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c1"})
 			if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Members) != 3 {
 				t.Fatalf("checkpoint through the bridge command: %+v %v, want committed with 3 members", res, err)
+			}
+			// Each agent kept its records in a store of its own name.
+			for _, m := range []events.Member{"agent.a1", "agent.a2"} {
+				e, err := bus.Manifests.Get(ctx, events.MemberManifestKey("r1", "c1", m))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var man events.MemberManifest
+				if err := json.Unmarshal(e.Value(), &man); err != nil {
+					t.Fatal(err)
+				}
+				if want := events.RecordsBucket("r1", m); man.Count == 0 || man.Bucket != want {
+					t.Errorf("%s's manifest of c1: %d records in %q, want some in %q", m, man.Count, man.Bucket, want)
+				}
 			}
 			// A live member's durable consumer deleted (as a sandbox's workload
 			// did before issue 16): the run goes on, and the next checkpoint
