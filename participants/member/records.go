@@ -448,6 +448,9 @@ func ReadRecords(ctx context.Context, kv natsjs.KeyValue, stores ObjectStores, r
 	if bucket == "" {
 		bucket = jetstream.BucketRecords
 	}
+	if stores == nil {
+		return man, nil, fmt.Errorf("member: read %s: no JetStream to open store %s with", man.Object, bucket)
+	}
 	store, err := stores.ObjectStore(ctx, bucket)
 	if errors.Is(err, natsjs.ErrBucketNotFound) {
 		return man, nil, fmt.Errorf("%w: %s: its store %s is missing", ErrCorruptRecords, man.Object, bucket)
