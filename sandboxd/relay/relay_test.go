@@ -592,3 +592,51 @@ func TestRelayRefusalWaitsForTheRelease(t *testing.T) {
 		t.Fatalf("%+v", g)
 	}
 }
+
+// A delivered prefix longer than one read (kept as its length and hash)
+// is compared whole: a re-sent reply that matches it continues with only
+// the rest, one that differs in its last byte is cut.
+func TestRelayResendComparesALongDeliveredPrefix(t *testing.T) {
+	prefix := bytes.Repeat([]byte("abcdefgh"), 100<<10/8) // 100 KiB
+	for _, same := range []bool{true, false} {
+		t.Run(fmt.Sprintf("same=%v", same), func(t *testing.T) {
+			old := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+				_, _ = w.Write(prefix)
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			})
+			fresh := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+				p := bytes.Clone(prefix)
+				if !same {
+					p[len(p)-1] = 'X'
+				}
+				_, _ = w.Write(p)
+				_, _ = io.WriteString(w, "tail")
+			})
+			r := startRelay(t, old.URL)
+			resp, err := http.Post(r.URL()+"/v1/chat/completions", "application/json", strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got := make([]byte, len(prefix))
+			if _, err := io.ReadFull(resp.Body, got); err != nil || !bytes.Equal(got, prefix) {
+				t.Fatalf("the first %d bytes: %v", len(prefix), err)
+			}
+			r.Hold()
+			if _, err := r.Repoint(fresh.URL, 1); err != nil {
+				t.Fatal(err)
+			}
+			r.Release()
+			rest, err := io.ReadAll(resp.Body)
+			if same {
+				if err != nil || string(rest) != "tail" {
+					t.Fatalf("rest %q, %v; want only the tail", rest, err)
+				}
+			} else if err == nil {
+				t.Fatalf("a re-send differing in the prefix's last byte was spliced: rest %q", rest)
+			}
+			poll.Wait(t, 5*time.Second, "nothing kept", func() bool { st := r.Status(); return len(st.Open) == 0 && st.KeptBytes == 0 })
+		})
+	}
+}
