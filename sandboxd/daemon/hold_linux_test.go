@@ -259,3 +259,61 @@ func TestResumeAnsweredAgain(t *testing.T) {
 	}
 	_, _ = s.sup.Cancel(context.Background(), id)
 }
+
+// A prepare that comes while a take-over is continuing its launch finds
+// the relay holding (the restore's hold): the take-over then leaves the
+// relay held for that checkpoint, whose resume releases it, and the held
+// call reaches the model server once, after the resume.
+func TestPrepareDuringATakeOverHandsTheHoldOn(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	model := make(chan struct{}, 8)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		model <- struct{}{}
+		_, _ = io.WriteString(w, `{}`)
+	}))
+	t.Cleanup(srv.Close)
+	s := newSubject(t, env, time.Second)
+	rl := startRelay(t, srv.URL)
+	s.Daemon.cfg.Relay = rl
+	slow := &slowContinue{launches: s.gate, entered: make(chan struct{}), release: make(chan struct{})}
+	s.Daemon.launches = slow
+	hd := membertest.StartMember(t, env, "run1", "sandbox.sb1", s, membertest.Options{StateFile: filepath.Join(t.TempDir(), "position.json")})
+	id, answered := restoredHold(t, s, rl)
+	slow.mu.Lock()
+	slow.id = id
+	slow.mu.Unlock()
+	resumed := make(chan error, 1)
+	go func() {
+		_, err := s.Resume(t.Context(), sandboxapi.ResumeRequest{LaunchID: id, PauseSeq: 1, Identity: s.sup.Identity()})
+		resumed <- err
+	}()
+	<-slow.entered
+	pseq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c3", 30*time.Second, hd.Name)})
+	poll.Wait(t, 10*time.Second, "the prepare to open c3", func() bool {
+		s.Daemon.mu.Lock()
+		defer s.Daemon.mu.Unlock()
+		return s.open == "c3"
+	})
+	close(slow.release)
+	if err := <-resumed; err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if !rl.Holding() {
+		t.Fatal("the take-over released the relay while checkpoint c3 is open")
+	}
+	if pa := bridge.Ack(pseq, events.PhasePrepare, hd.Name).(events.PrepareAck); !pa.Ready {
+		t.Fatalf("c3's prepare: %+v", pa)
+	}
+	bridge.Ack(bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c3", 30*time.Second, hd.Name)}), events.PhaseResume, hd.Name)
+	if rl.Holding() {
+		t.Fatal("c3's resume left the relay holding: the hold the take-over handed on was never released")
+	}
+	if code := <-answered; code != http.StatusOK {
+		t.Fatalf("the held call got %d after c3's resume, want 200", code)
+	}
+	if n := len(model); n != 1 {
+		t.Fatalf("the model server got %d calls, want the held one once", n)
+	}
+	_, _ = s.sup.Cancel(context.Background(), id)
+}
