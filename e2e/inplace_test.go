@@ -60,6 +60,18 @@ type heldLaunch struct {
 	sandbox, id, session string
 	pid                  int
 	cut                  string // the digest of the call in flight
+	pause                agentapi.HeldPause
+}
+
+// inFlight returns the ledger entry of task's call in flight (not
+// delivered) at ms, if any.
+func inFlight(ms *modelserver.Server, task string) (modelserver.Entry, bool) {
+	for _, e := range ms.Ledger() {
+		if e.Task == task && e.Delivered.IsZero() {
+			return e, true
+		}
+	}
+	return modelserver.Entry{}, false
 }
 
 // TestMicroVMRestoreContinuesHeldRolloutsInPlace: on the microvm provider,
@@ -106,11 +118,9 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 		if err != nil || rec.PID == 0 {
 			t.Fatalf("%s: status of %s in %s: %+v %v", id, bm.Launches[0].ID, bm.Sandbox, rec, err)
 		}
-		h := heldLaunch{sandbox: bm.Sandbox, id: bm.Launches[0].ID, session: bm.Session, pid: rec.PID}
-		for _, e := range f.ms.Ledger() {
-			if e.Task == id && e.Delivered.IsZero() {
-				h.cut = e.Digest
-			}
+		h := heldLaunch{sandbox: bm.Sandbox, id: bm.Launches[0].ID, session: bm.Session, pid: rec.PID, pause: *bm.Launches[0].Held}
+		if e, ok := inFlight(f.ms, id); ok {
+			h.cut = e.Digest
 		}
 		if h.cut == "" {
 			t.Fatalf("%s: no call in flight in the model server's ledger", id)
@@ -157,6 +167,24 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 		rec, err := dc.Status(ctx, h.id)
 		if err != nil || rec.PID != h.pid {
 			t.Errorf("%s: launch %s in the fork %s: pid %d (%v), want the snapshot's harness, pid %d", id, h.id, info.SandboxID, rec.PID, err, h.pid)
+		}
+		// The clock after the take-over: the fork's wall clock is the
+		// pause's plus the uptime since (continuous: nothing of the launch
+		// saw the time between the snapshot and the restore).
+		ident, err := sandboxapi.ParseIdentity(h.pause.Identity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ans, err := dc.Held(ctx, h.id, h.pause.Seq, ident)
+		if err != nil {
+			t.Fatalf("%s: held after the take-over: %v", id, err)
+		}
+		want := h.pause.Wall.Add(time.Duration((ans.Uptime - h.pause.Uptime) * float64(time.Second)))
+		d := ans.Wall.Sub(want)
+		t.Logf("%s: the fork's wall clock after the take-over is %s off the pause's plus %.3fs of uptime", id, d, ans.Uptime-h.pause.Uptime)
+		if d < -2*time.Second || d > 2*time.Second {
+			t.Errorf("%s: the fork's wall clock %s after the take-over is %s off the pause's %s plus %.3fs of uptime since it",
+				id, ans.Wall.UTC().Format(time.RFC3339Nano), d, h.pause.Wall.UTC().Format(time.RFC3339Nano), ans.Uptime-h.pause.Uptime)
 		}
 	}
 	ms2.Release()
@@ -275,10 +303,12 @@ func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
 // TestMicroVMRestoreAbandonsWhatItCannotTakeOver: as above, but the forks'
 // daemons are told to fail the take-over (failpoints of sandboxd member):
 // the first rollout's launch shows another supervisor (identity_changed),
-// and every fork's relay is down (relay_gone for the second). Each held
+// and the second rollout's fork has its relay down (relay_gone). Each held
 // launch is abandoned, killed without a continue, and its rollout
-// relaunches from the saved session, calling the model directly, and
-// finishes with its grade; none of it stops the restore.
+// relaunches from the saved session and finishes with its grade: the
+// first through its fork's relay, whose restored hold the relaunch drops
+// (the abandoned call never reaches the new model server), the second
+// calling the model directly. None of it stops the restore.
 func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 	tier.E2E(t)
 	requireMicroVM(t)
@@ -295,6 +325,15 @@ func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 	poll.Wait(t, 4*time.Minute, "every rollout's first model call held by the model server", func() bool { return f.ms.Held() == n })
 	f.checkpoint(ctx, "c1")
 	bms := f.agentRecords(ctx, "c1", "a1")
+	abandoned := map[string]modelserver.Entry{}
+	for i := range n {
+		id := f.tasks[i].RolloutID
+		e, ok := inFlight(f.ms, id)
+		if !ok {
+			t.Fatalf("%s: no call in flight in the model server's ledger", id)
+		}
+		abandoned[id] = e
+	}
 	f.kill9("agent-a1", "owner")
 	abandon()
 	for _, ch := range first {
@@ -305,7 +344,7 @@ func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 	addr, ms2 := serveModel(t, f.script)
 	f.upstream = addr
 	f.ownerArgs = append(f.ownerArgs, "--sandboxd-arg=--failpoint=identity="+f.tasks[0].RolloutID+".l",
-		"--sandboxd-arg=--failpoint=relay-down")
+		"--sandboxd-arg=--failpoint=relay-down="+f.tasks[1].RolloutID+".l")
 	f.startOwner()
 	f.startAgent("a1", "--concurrency", "2")
 	if rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{}); err != nil || rr.Status != bridgeapi.StatusCompleted {
@@ -339,6 +378,12 @@ func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 		if err != nil || rec.State != sandboxapi.StateEnded || rec.Receipt == nil || rec.Receipt.StopReason != sandboxapi.StopCancelled {
 			t.Errorf("%s: the abandoned launch %s in %s: %+v %v, want ended by a cancel stop", id, old, info.SandboxID, rec.Receipt, err)
 		}
+		if i == 0 {
+			// The relaunch through the relay dropped the restored hold.
+			if st, err := dc.RelayStatus(ctx); err != nil || !st.Up || st.Holding {
+				t.Errorf("%s: the fork's relay after the relaunch: %+v %v, want up and no longer holding", id, st, err)
+			}
+		}
 	}
 	ms2.Release()
 	for i, ch := range second {
@@ -353,8 +398,16 @@ func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 		// provider (here it holds no reply yet: the held call was the
 		// first), and calls the model directly: the relay is down.
 		if len(ls) != 2 || ls[0].Rebind != want[i] || ls[0].Ended != agentapi.LaunchInterrupted || ls[1].Why == "" ||
-			ls[1].Attempt != 1 || ls[1].Ended != agentapi.LaunchFinished || ls[1].Relay {
-			t.Errorf("%s: launch log %+v: want the held launch abandoned (%s), then a direct relaunch", id, ls, want[i])
+			ls[1].Attempt != 1 || ls[1].Ended != agentapi.LaunchFinished || ls[1].Relay != (i == 0) {
+			t.Errorf("%s: launch log %+v: want the held launch abandoned (%s), then a relaunch (through the relay: %v)", id, ls, want[i], i == 0)
+		}
+		// The abandoned launch's call (its digest, in its episode) never
+		// reached the new model server: dropped, not sent on.
+		a := abandoned[id]
+		for _, e := range ms2.Ledger() {
+			if e.Task == id && e.Digest == a.Digest && e.Episode == a.Episode {
+				t.Errorf("%s: the abandoned launch's call %s (episode %s) reached the new model server", id, a.Digest, a.Episode)
+			}
 		}
 	}
 	if r := ms2.Repeats(); len(r) != 0 {

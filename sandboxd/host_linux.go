@@ -448,7 +448,7 @@ func (l *linuxLaunch) pause(ctx context.Context, mode sandboxapi.Mode, o pauseOp
 // freeze writes cgroup.freeze and waits for "frozen 1"; past the confirm
 // timeout it keeps waiting only while some thread is in D, up to the
 // pending timeout. Unconfirmed, it thaws again: a cgroup is never left
-// half frozen.
+// half frozen knowingly; a thaw that fails is in the outcome (thawErr).
 func (l *linuxLaunch) freeze(ctx context.Context, o pauseOpts) pauseOutcome {
 	c := l.cg
 	frozen := func(e cgroup.Events) bool { return e.Frozen }
@@ -476,10 +476,11 @@ func (l *linuxLaunch) freeze(ctx context.Context, o pauseOpts) pauseOutcome {
 		if len(pendingD) > 0 {
 			why += ": PENDING " + strings.Join(pendingD, " PENDING ")
 		}
-		if terr := l.thaw(); terr != nil {
+		terr := l.thaw()
+		if terr != nil {
 			why += "; thaw: " + terr.Error()
 		}
-		return pauseOutcome{fallback: "freeze: " + why, pending: pendingD}
+		return pauseOutcome{fallback: "freeze: " + why, pending: pendingD, thawErr: terr}
 	}
 	pids, _ := c.AllProcs()
 	out := pauseOutcome{confirmed: true, count: len(pids)}

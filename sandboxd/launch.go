@@ -313,7 +313,8 @@ func (l *launch) apply(ctx context.Context, e Effect) {
 // hold makes a hold pause: acknowledged at once with no signal; with
 // Spec.Freeze, and a cgroup of its own, it also freezes the launch, waiting
 // at most Spec.FreezeWait, and stays a plain hold when the freeze does not
-// take hold in time (the freeze undoes itself then).
+// take hold in time (the freeze undoes itself then). A freeze whose undo
+// failed is counted frozen: the continue thaws it again.
 func (l *launch) hold(ctx context.Context) pauseOutcome {
 	if !l.spec.Freeze || l.hl.cgroupDir() == "" {
 		return pauseOutcome{confirmed: true}
@@ -334,6 +335,14 @@ func (l *launch) hold(ctx context.Context) pauseOutcome {
 	why := out.fallback
 	if err != nil {
 		why = err.Error()
+	}
+	if out.thawErr != nil {
+		// The freeze did not take hold, and its undo failed: the cgroup may
+		// still be (or become) frozen. Counted frozen, so that the continue
+		// thaws it again (and a thaw that fails then stops the launch),
+		// never a launch left frozen by a pause that said it was not.
+		l.log.Error().Err(out.thawErr).Str("why", why).Dur("wait", wait).Msg("hold: the freeze did not take hold in time and its undo failed; counted frozen, the continue thaws it")
+		return pauseOutcome{confirmed: true, frozen: true, pending: out.pending}
 	}
 	l.log.Warn().Str("why", why).Dur("wait", wait).Msg("hold: the launch did not freeze in time; a plain hold")
 	return pauseOutcome{confirmed: true, pending: out.pending}

@@ -39,7 +39,8 @@ type Spec struct {
 	Mode sandboxapi.Mode
 	// Freeze makes a hold pause also freeze the launch where it has its
 	// own cgroup, waiting at most FreezeWait (default
-	// sandboxapi.DefaultFreezeWait) for every process to stop; a freeze
+	// sandboxapi.DefaultFreezeWait; Launch refuses one over the
+	// supervisor's Config.PendingTimeout) for every process to stop; a freeze
 	// that does not take hold in time is undone and the pause stays a
 	// plain hold (restore_sandbox_clock, PROTOCOL §6).
 	Freeze     bool
@@ -100,8 +101,9 @@ type pauseOutcome struct {
 	pids      []int
 	pending   []string
 	fallback  string
-	frozen    bool // a hold that also froze the launch's cgroup
-	undo      any  // host state that continue needs
+	frozen    bool  // a hold that also froze the launch's cgroup
+	thawErr   error // an unconfirmed freeze whose undo failed: the cgroup may stay frozen
+	undo      any   // host state that continue needs
 }
 
 // host is what the supervisor needs from the operating system; newHost
@@ -359,6 +361,11 @@ func (s *Supervisor) get(id string) *launch {
 func (s *Supervisor) Launch(ctx context.Context, spec Spec) (sandboxapi.Record, error) {
 	if err := spec.Validate(); err != nil {
 		return sandboxapi.Record{}, err
+	}
+	if spec.FreezeWait > s.cfg.PendingTimeout {
+		// A freeze wait longer than any pause's is a hold that holds the
+		// prepare (and the daemon's answer) that long.
+		return sandboxapi.Record{}, fmt.Errorf("%w: Spec.FreezeWait %v is over the supervisor's pending timeout %v", ErrInvalidSpec, spec.FreezeWait, s.cfg.PendingTimeout)
 	}
 	if err := s.waitReady(ctx); err != nil {
 		return sandboxapi.Record{}, err

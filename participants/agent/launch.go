@@ -57,6 +57,9 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	var plan launchPlan
 	if !bm.Restart && a.cfg.Adapter.PausesAtCheckpoints() {
 		plan = a.planLaunch(r, bm, info, dc)
+		if plan.admissionClosed {
+			return bm, errAdmissionClosed
+		}
 	}
 	bm.KeepsProcesses, lr.Relay = plan.relay, plan.relay
 	if plan.relay {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -58,6 +60,9 @@ type launchPlan struct {
 	modelURL string
 	gen      uint64
 	why      string
+	// admissionClosed: the daemon refused the re-point while a checkpoint
+	// is open; the launch waits for the resume (errAdmissionClosed).
+	admissionClosed bool
 }
 
 // planLaunch decides how a launch in a sandbox of info reaches the model.
@@ -89,6 +94,9 @@ func (a *Agent) planLaunch(r *run, bm agentapi.Bookmark, info SessionInfo, dc Sa
 		if err == nil {
 			return launchPlan{relay: true, modelURL: relayBase(st.URL), gen: st.Generation}
 		}
+		if isAdmissionClosed(err) {
+			return launchPlan{admissionClosed: true, why: "the re-point waits for an open checkpoint's resume"}
+		}
 	}
 	why := "the sandbox's relay: " + err.Error()
 	r.log.Warn().Str("sandbox", info.SandboxID).Str("why", why).Msg("the harness calls the model directly: a restore relaunches it")
@@ -112,6 +120,7 @@ type rebindResult struct {
 // logged with its reason and recorded on the launch (LaunchRecord.Rebind);
 // no failure here is an error of the rollout, only a relaunch.
 func (a *Agent) rebind(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox) (agentapi.Bookmark, rebindResult, error) {
+	orig := bm.Clone()
 	last := &bm.Launches[len(bm.Launches)-1]
 	h := *last.Held
 	to := a.takeOver(r, bm, lc, dc, last, h)
@@ -142,12 +151,12 @@ func (a *Agent) rebind(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbo
 		return next, rebindResult{done: true}, err
 	}
 	// Abandon: KILL, never a continue (a daemon that does not know the
-	// launch has nothing to kill).
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), time.Minute)
-	_, err := dc.Stop(sctx, last.ID, true)
-	cancel()
-	if err != nil && !isCode(err, sandboxapi.CodeUnknownLaunch) {
-		r.log.Warn().Err(err).Str("launch", last.ID).Msg("abandoning the restored launch: the kill failed (the relaunch goes on)")
+	// launch has nothing to kill), and never a relaunch beside a launch
+	// that may still run: a kill that is not confirmed is asked again, and
+	// one never confirmed leaves the bookmark as it was for a later try.
+	if err := a.killHeld(r, dc, last.ID); err != nil {
+		r.log.Warn().Err(err).Str("launch", last.ID).Msg("abandoning the restored launch: the kill is not confirmed; no relaunch beside it")
+		return orig, rebindResult{}, fmt.Errorf("agent: %s: abandon %s (%s): %w", r.key, last.ID, outcome, err)
 	}
 	last.Held = nil
 	if last.Ended == agentapi.LaunchRunning {
@@ -156,6 +165,45 @@ func (a *Agent) rebind(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbo
 	last.Detail = "abandoned after the restore: " + outcome
 	bm.Resume = true
 	return bm, rebindResult{}, nil
+}
+
+// killTries is how often an abandon asks for the kill of a held launch
+// before it gives up; resumeTries how often a take-over asks a resume
+// whose answer did not come in time.
+const (
+	killTries   = 4
+	resumeTries = 3
+)
+
+// killHeld KILLs launch id until the daemon confirms it gone (or does not
+// know it), at most killTries times with a growing wait between.
+func (a *Agent) killHeld(r *run, dc Sandbox, id string) error {
+	var err error
+	wait := 250 * time.Millisecond
+	for try := range killTries {
+		if try > 0 {
+			select {
+			case <-r.ctx.Done():
+				return errors.Join(err, context.Cause(r.ctx))
+			case <-time.After(wait):
+			}
+			wait *= 2
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), time.Minute)
+		_, err = dc.Stop(sctx, id, true)
+		cancel()
+		if err == nil || isCode(err, sandboxapi.CodeUnknownLaunch) {
+			return nil
+		}
+		r.log.Warn().Err(err).Str("launch", id).Int("try", try+1).Msg("the kill of an abandoned launch is not confirmed")
+	}
+	return err
+}
+
+// isTimeout tells a request whose answer did not come in time: it may
+// have been done all the same.
+func isTimeout(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }
 
 // takeOverResult is what takeOver found and did.
@@ -230,9 +278,18 @@ func (a *Agent) takeOver(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sand
 			clock += " (failed: " + err.Error() + ")"
 		}
 	}
-	if _, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.PauseResult, error) {
-		return ad.Resume(ctx, last.ID, h.Seq, ident)
-	}); err != nil {
+	// A resume whose answer did not come in time may have continued the
+	// launch: ask again (the daemon answers the same request the same), do
+	// not abandon a launch that may run.
+	for try := 0; try == 0 || isTimeout(err) && try < resumeTries; try++ {
+		if try > 0 {
+			r.log.Warn().Err(err).Str("launch", last.ID).Int("try", try+1).Msg("resume: no answer in time; asking again")
+		}
+		_, err = retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.PauseResult, error) {
+			return ad.Resume(ctx, last.ID, h.Seq, ident)
+		})
+	}
+	if err != nil {
 		if isAdmissionClosed(err) {
 			return takeOverResult{admissionClosed: true}
 		}

@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
@@ -22,7 +26,11 @@ type keptDaemon struct {
 	heldErr   error
 	resumeErr error
 	repErr    error
-	receipt   sandboxapi.Receipt
+	// resumeFails and stopFails are what the first Resumes and Stops
+	// answer, one each, before resumeErr and success.
+	resumeFails []error
+	stopFails   []error
+	receipt     sandboxapi.Receipt
 
 	mu    sync.Mutex
 	calls []string
@@ -56,7 +64,22 @@ func (d *keptDaemon) Stop(_ context.Context, id string, cancel bool) (sandboxapi
 	} else {
 		d.note("stop")
 	}
+	if err := d.next(&d.stopFails); err != nil {
+		return sandboxapi.Receipt{}, err
+	}
 	return sandboxapi.Receipt{ID: id, Outcome: sandboxapi.OutcomeInterrupted}, nil
+}
+
+// next takes the first of *errs, if any.
+func (d *keptDaemon) next(errs *[]error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(*errs) == 0 {
+		return nil
+	}
+	err := (*errs)[0]
+	*errs = (*errs)[1:]
+	return err
 }
 
 func (d *keptDaemon) WaitReceipt(ctx context.Context, _ string, _ time.Duration) (sandboxapi.Receipt, error) {
@@ -71,6 +94,9 @@ func (d *keptDaemon) Held(context.Context, string, int, sandboxapi.Identity) (sa
 
 func (d *keptDaemon) Resume(_ context.Context, id string, seq int, _ sandboxapi.Identity) (sandboxapi.PauseResult, error) {
 	d.note("resume")
+	if err := d.next(&d.resumeFails); err != nil {
+		return sandboxapi.PauseResult{}, err
+	}
 	return sandboxapi.PauseResult{Launch: id, Op: "continue", PauseSeq: seq}, d.resumeErr
 }
 
@@ -264,6 +290,7 @@ func TestPlanLaunch(t *testing.T) {
 		{"no model URL", keeps, "", &keptDaemon{held: up}, false, 0},
 		{"relay down", keeps, "http://m:1", &keptDaemon{}, false, 0},
 		{"re-point refused", keeps, "http://m:1", &keptDaemon{held: up, repErr: errors.New("stale generation")}, false, 0},
+		{"re-point under an open checkpoint", keeps, "http://m:1", &keptDaemon{held: up, repErr: &sandboxapi.ServiceError{Code: sandboxapi.CodeAdmissionClosed, Status: 409}}, false, 0},
 		{"a daemon client without a relay", keeps, "http://m:1", newEndlessSandbox(), false, 0},
 	}
 	for _, c := range cases {
@@ -272,9 +299,69 @@ func TestPlanLaunch(t *testing.T) {
 			a.cfg.ModelURL = c.model
 			bm.RelayGen = 5
 			p := a.planLaunch(r, bm, c.info, c.d)
+			if closed := strings.Contains(c.name, "open checkpoint"); p.admissionClosed != closed {
+				t.Fatalf("planLaunch = %+v: admission closed %v, want %v", p, p.admissionClosed, closed)
+			}
 			if p.relay != c.relay || p.gen != c.gen || (p.relay && p.modelURL != "http://127.0.0.1:18480") || (!p.relay && p.why == "") {
 				t.Fatalf("planLaunch = %+v, want relay %v at generation %d", p, c.relay, c.gen)
 			}
 		})
+	}
+}
+
+// A resume whose answer does not come in time is asked again (the daemon
+// answers the same request the same), not taken for a failed take-over:
+// the launch it may have continued is adopted, not killed and relaunched
+// beside itself.
+func TestRebindAsksAResumeThatTimedOutAgain(t *testing.T) {
+	a, r, bm := rebindAgent(t)
+	d := &keptDaemon{held: sandboxapi.HeldAnswer{Verdict: sandboxapi.VerdictHeld, Identity: sandboxapi.Identity{PID: 7, Start: 1234}, Relay: sandboxapi.RelayStatus{Up: true, Generation: 1}},
+		resumeFails: []error{fmt.Errorf("sandboxapi: resume: %w", context.DeadlineExceeded), nats.ErrTimeout}}
+	lc := LaunchContext{Rollout: "r1", Session: SessionInfo{SessionID: "r1", SandboxID: "sb-new", KeepsProcesses: true, Clock: "continuous"}}
+	next, res, err := a.rebind(r, bm, lc, d)
+	if err != nil || !res.adopted {
+		t.Fatalf("rebind: %+v, %v; want the launch adopted", res, err)
+	}
+	if last := next.Launches[0]; last.Rebind != agentapi.RebindResumed {
+		t.Fatalf("launch %+v", last)
+	}
+	if got, want := d.got(), []string{"held", "repoint", "resume", "resume", "resume"}; !slices.Equal(got, want) {
+		t.Fatalf("calls %v, want %v", got, want)
+	}
+}
+
+// An abandon asks for the kill again until the daemon confirms it; one it
+// never confirms is an error, with the bookmark as it was (the launch
+// still held, to be re-bound by a later try), never a relaunch beside a
+// launch that may run.
+func TestRebindAbandonWaitsForAConfirmedKill(t *testing.T) {
+	unconfirmed := &sandboxapi.ServiceError{Code: sandboxapi.CodeInternal, Status: 500, Detail: "sandboxd: kill not confirmed"}
+	notHolding := sandboxapi.HeldAnswer{Verdict: sandboxapi.VerdictNotHolding, Identity: sandboxapi.Identity{PID: 7, Start: 1234}}
+	lc := LaunchContext{Rollout: "r1", Session: SessionInfo{SessionID: "r1", SandboxID: "sb-new", KeepsProcesses: true}}
+
+	a, r, bm := rebindAgent(t)
+	d := &keptDaemon{held: notHolding, stopFails: []error{unconfirmed, errors.New("nats: timeout")}}
+	next, res, err := a.rebind(r, bm, lc, d)
+	if err != nil || res.adopted || res.done {
+		t.Fatalf("rebind, the kill confirmed at the third try: %+v, %v", res, err)
+	}
+	if got, want := d.got(), []string{"held", "kill", "kill", "kill"}; !slices.Equal(got, want) {
+		t.Fatalf("calls %v, want %v", got, want)
+	}
+	if last := next.Launches[0]; last.Held != nil || last.Rebind != agentapi.RebindNotHolding {
+		t.Fatalf("abandoned launch %+v", last)
+	}
+
+	a, r, bm = rebindAgent(t)
+	d = &keptDaemon{held: notHolding, stopFails: slices.Repeat([]error{unconfirmed}, killTries)}
+	next, res, err = a.rebind(r, bm, lc, d)
+	if err == nil || errors.Is(err, errAdmissionClosed) || res.adopted || res.done {
+		t.Fatalf("rebind, the kill never confirmed: %+v, %v; want an error", res, err)
+	}
+	if got := d.got(); len(got) != 1+killTries || slices.Contains(got, "launch") {
+		t.Fatalf("calls %v, want held and %d kills, no launch", got, killTries)
+	}
+	if last := next.Launches[0]; last.Held == nil || last.Rebind != "" || len(next.Launches) != 1 {
+		t.Fatalf("bookmark after an unconfirmed kill: %+v; want it as it was", next.Launches)
 	}
 }

@@ -79,6 +79,8 @@ type Failpoints struct {
 }
 
 // Relay is the model relay as the daemon uses it (package sandboxd/relay).
+// Its methods must not block: the daemon calls them under its lock, so
+// that what it decides from Holding and what it does stay together.
 type Relay interface {
 	Hold()
 	Release()
@@ -103,7 +105,9 @@ type Daemon struct {
 	episodes    map[string]string                   // launch id -> episode key, persisted
 	nopause     map[string]bool                     // launches checkpoints leave alone
 	registering map[string]bool                     // launches admitted and not yet registered
-	resuming    map[string]bool                     // launches a take-over (Resume) is continuing
+	resuming    map[string]chan struct{}            // launches a take-over (Resume) is continuing; closed when it is done
+	taken       map[string]takenOver                // launch id -> the take-over that continued it
+	heldBy      string                              // the checkpoint whose prepare took the relay's hold ("": none of this daemon's)
 	pausing     map[string]*pausing                 // launch id -> its pause in flight
 	ending      map[string]context.CancelFunc       // launch id -> the watch for the end of its stop
 	confirmed   map[string][]sandboxapi.PauseResult // checkpoint id -> its pauses that confirmed
@@ -173,7 +177,7 @@ func newDaemon(cfg Config) (*Daemon, error) {
 		cfg.StateFile = filepath.Join(cfg.Supervisor.StateDir(), "position.json")
 	}
 	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, launches: cfg.Supervisor,
-		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{}, registering: map[string]bool{}, resuming: map[string]bool{},
+		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{}, registering: map[string]bool{}, resuming: map[string]chan struct{}{}, taken: map[string]takenOver{},
 		pausing: map[string]*pausing{}, ending: map[string]context.CancelFunc{}, confirmed: map[string][]sandboxapi.PauseResult{}, failed: map[string]error{},
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
 	if err := d.loadEpisodes(); err != nil {
@@ -231,8 +235,18 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 	defer d.mu.Unlock()
 	if d.open != cp.ID && d.cfg.Relay != nil {
 		// Before any launch is paused: no model call starts or is answered
-		// from now on until the resume.
-		d.cfg.Relay.Hold()
+		// from now on until the resume. A relay already holding is either
+		// this daemon's hold of the checkpoint before (the resume of this
+		// one releases it now) or the hold a restore left, which only a
+		// take-over, a collect or a drop resolves: this checkpoint's
+		// resume must not release it.
+		switch {
+		case !d.cfg.Relay.Holding():
+			d.cfg.Relay.Hold()
+			d.heldBy = cp.ID
+		case d.heldBy != "":
+			d.heldBy = cp.ID
+		}
 	}
 	d.open = cp.ID
 	if err := d.failed[cp.ID]; err != nil {
@@ -256,7 +270,7 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 			blockers = append(blockers, d.blockerLocked(rec.ID))
 			continue
 		}
-		if d.resuming[rec.ID] {
+		if d.resuming[rec.ID] != nil {
 			// A take-over is continuing it: paused now, running in a
 			// moment. Pause it once that is done (Resume notifies).
 			blockers = append(blockers, d.blockerLocked(rec.ID))
@@ -446,13 +460,20 @@ func (d *Daemon) Continue(ctx context.Context, id string) (*events.PauseReport, 
 	if d.open == id {
 		d.open = ""
 	}
-	reopened := d.open == ""
+	// This continue lets the relay's held calls go (the deferred release
+	// below): only then does its report count them.
+	releases := d.open == "" && d.heldBy != ""
 	d.mu.Unlock()
 	defer func() {
-		if reopened && d.cfg.Relay != nil {
-			// After the launches are continued: the replies it kept reach
-			// harnesses that run again.
+		// After the launches are continued: the replies it kept reach
+		// harnesses that run again. Only a hold this daemon's prepare took,
+		// and only with admission still open (a prepare that came meanwhile
+		// took the hold over): a restore's hold waits for its take-over.
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.open == "" && d.heldBy != "" && d.cfg.Relay != nil {
 			d.cfg.Relay.Release()
+			d.heldBy = ""
 		}
 	}()
 	sort.Strings(ids)
@@ -472,7 +493,7 @@ func (d *Daemon) Continue(ctx context.Context, id string) (*events.PauseReport, 
 		reports = append(reports, rep)
 	}
 	sum := summarize(reports)
-	if sum != nil && reopened && d.cfg.Relay != nil {
+	if sum != nil && releases && d.cfg.Relay != nil {
 		sum.HeldCalls = d.cfg.Relay.Status().Calls.Held // read before the deferred release lets them go
 	}
 	return sum, errors.Join(errs...)
@@ -539,16 +560,17 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec 
 		return sandboxapi.Record{}, fmt.Errorf("%w: %s is being launched", sandboxd.ErrLaunchExists, spec.ID)
 	}
 	d.registering[spec.ID] = true
-	d.mu.Unlock()
 	if d.cfg.Relay != nil && d.cfg.Relay.Holding() {
 		// Admission is open and the relay still holds: a hold the
 		// snapshot of a restored sandbox kept, whose held launch its agent
 		// abandoned (or never took over). Its calls are dropped, never sent
 		// on (the relaunched harness makes its own), and the new launch's
-		// calls flow.
+		// calls flow. Decided and done under d.mu, with admission: a
+		// prepare's hold cannot come between.
 		d.log.Warn().Str("launch", spec.ID).Msg("dropping the calls a restore left held: a new launch")
 		d.cfg.Relay.Drop("a new launch " + spec.ID + " replaces the held one")
 	}
+	d.mu.Unlock()
 	defer func() {
 		d.mu.Lock()
 		delete(d.registering, spec.ID)

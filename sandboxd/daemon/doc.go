@@ -25,7 +25,11 @@
 //     agent that takes over a launch a restored snapshot kept (Held,
 //     Resume, Collect); relay_status and relay_repoint for the model relay
 //     (Config.Relay), which the prepare holds before it pauses and the
-//     resume releases after it continues. Package sandboxapi is its contract
+//     resume releases after it continues: only a hold that checkpoint's
+//     prepare took. A hold a restore left (a fork's daemon finds the relay
+//     holding) ends at the take-over (resume, collect), or is dropped by a
+//     failed take-over or a new launch; relay_repoint, like resume, is
+//     refused while a checkpoint is open. Package sandboxapi is its contract
 //     (request and answer types, error codes) and holds the agent's
 //     Client. Its subjects are outside sp.>, so requests are not kept in
 //     the audit stream.

@@ -73,59 +73,110 @@ func verdict(r sandboxapi.HeldRequest, self sandboxapi.Identity, rec sandboxapi.
 	return sandboxapi.VerdictHeld, fmt.Sprintf("held in pause %d (%s, frozen %v) by %s", rec.Pauses.Seq, rec.Pauses.Mode, rec.Pauses.Frozen, self)
 }
 
+// takenOver is a take-over that continued a launch: what a Resume asked
+// and what it answered, answered again to the same Resume.
+type takenOver struct {
+	seq      int
+	identity sandboxapi.Identity
+	rep      sandboxapi.PauseResult
+}
+
 // Resume takes over a launch a checkpoint from before a restore left held:
 // if it is still held in pause r.PauseSeq by supervisor r.Identity, it is
 // continued (thawed, when the hold froze it), and the relay is released
-// unless a checkpoint is open. Re-point the relay first: a call it
-// re-sends then goes to the new model server.
+// unless a checkpoint is open (that checkpoint's resume releases it then).
+// Re-point the relay first: a call it re-sends then goes to the new model
+// server. A continue that fails has stopped the launch: the calls the relay
+// held for it are dropped, never sent on. Resume is idempotent: the same
+// request again, once the launch is continued (and not paused since), is
+// answered as the first was; while the first is still continuing, it waits
+// for it.
 func (d *Daemon) Resume(ctx context.Context, r sandboxapi.ResumeRequest) (sandboxapi.PauseResult, error) {
+	for {
+		rep, wait, err := d.resume(ctx, r)
+		if wait == nil {
+			return rep, err
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return sandboxapi.PauseResult{}, fmt.Errorf("%w: launch %s is being resumed: %w", ErrNotHolding, r.LaunchID, context.Cause(ctx))
+		}
+	}
+}
+
+// resume is one try of Resume: wait, when not nil, is closed when the
+// take-over of the same launch in flight is done; ask again then.
+func (d *Daemon) resume(ctx context.Context, r sandboxapi.ResumeRequest) (sandboxapi.PauseResult, <-chan struct{}, error) {
 	ans, err := d.Held(r)
 	if err != nil {
-		return sandboxapi.PauseResult{}, err
+		return sandboxapi.PauseResult{}, nil, err
 	}
+	d.mu.Lock()
+	if ch := d.resuming[r.LaunchID]; ch != nil {
+		d.mu.Unlock()
+		return sandboxapi.PauseResult{}, ch, nil
+	}
+	if t, ok := d.taken[r.LaunchID]; ok && t.seq == r.PauseSeq && t.identity == r.Identity &&
+		(ans.Verdict == sandboxapi.VerdictNotHolding || ans.Verdict == sandboxapi.VerdictEnded) && ans.Record != nil && ans.Record.Pauses.Seq == r.PauseSeq {
+		// Continued by the same take-over, and not paused since (running, or
+		// ended after it): an answer the agent did not get (its request
+		// timed out), answered again.
+		d.mu.Unlock()
+		return t.rep, nil, nil
+	}
+	d.mu.Unlock()
 	switch ans.Verdict {
 	case sandboxapi.VerdictHeld:
 	case sandboxapi.VerdictUnknownLaunch:
-		return sandboxapi.PauseResult{}, fmt.Errorf("%w: %s", sandboxd.ErrUnknownLaunch, r.LaunchID)
+		return sandboxapi.PauseResult{}, nil, fmt.Errorf("%w: %s", sandboxd.ErrUnknownLaunch, r.LaunchID)
 	case sandboxapi.VerdictIdentityChanged:
-		return sandboxapi.PauseResult{}, fmt.Errorf("%w: %s", ErrIdentityChanged, ans.Reason)
+		return sandboxapi.PauseResult{}, nil, fmt.Errorf("%w: %s", ErrIdentityChanged, ans.Reason)
 	default:
-		return sandboxapi.PauseResult{}, fmt.Errorf("%w: %s", ErrNotHolding, ans.Reason)
+		return sandboxapi.PauseResult{}, nil, fmt.Errorf("%w: %s", ErrNotHolding, ans.Reason)
 	}
 	d.mu.Lock()
 	if d.open != "" {
 		open := d.open
 		d.mu.Unlock()
-		return sandboxapi.PauseResult{}, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
+		return sandboxapi.PauseResult{}, nil, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
 	}
-	if d.resuming[r.LaunchID] {
+	if ch := d.resuming[r.LaunchID]; ch != nil {
 		d.mu.Unlock()
-		return sandboxapi.PauseResult{}, fmt.Errorf("%w: launch %s is being resumed", ErrNotHolding, r.LaunchID)
+		return sandboxapi.PauseResult{}, ch, nil
 	}
 	// From here until the continue is done a prepare counts the launch as
 	// a blocker and leaves it alone: it would otherwise take the held
 	// launch for one its agent paused, or pause it under a mark that the
 	// end of the take-over then clears.
-	d.resuming[r.LaunchID] = true
+	done := make(chan struct{})
+	d.resuming[r.LaunchID] = done
 	old := d.paused[r.LaunchID]
 	d.mu.Unlock()
 	rep, err := d.launches.Continue(ctx, r.LaunchID)
 	d.mu.Lock()
 	delete(d.resuming, r.LaunchID)
+	close(done)
 	if old != "" && d.paused[r.LaunchID] == old {
 		delete(d.paused, r.LaunchID) // the snapshot's checkpoint's mark, if this daemon had it
+	}
+	if err == nil {
+		d.taken[r.LaunchID] = takenOver{seq: r.PauseSeq, identity: r.Identity, rep: rep}
 	}
 	d.mu.Unlock()
 	if d.member != nil {
 		d.member.Notify() // a prepare that found it resuming asks again
 	}
-	d.releaseAfterRestore(r.LaunchID, "taken over")
 	if err != nil {
-		return rep, err
+		// The continue failed and stopped the launch: what the relay held
+		// for its harness must not reach the model server.
+		d.dropAfterRestore(r.LaunchID, "take-over failed: "+err.Error())
+		return rep, nil, err
 	}
+	d.releaseAfterRestore(r.LaunchID, "taken over")
 	d.log.Warn().Str("launch", r.LaunchID).Int("pause_seq", r.PauseSeq).Bool("frozen", rep.Frozen).
 		Stringer("identity", rep.Identity).Msg("resumed a restored launch in place")
-	return rep, nil
+	return rep, nil, nil
 }
 
 // Collect returns the receipt of a launch that ended while a checkpoint
@@ -167,17 +218,43 @@ func (d *Daemon) identityFor(id string) sandboxapi.Identity {
 }
 
 // releaseAfterRestore releases the relay a restored snapshot kept held,
-// unless a checkpoint of this daemon's is open.
+// unless a checkpoint of this daemon's is open: that checkpoint's resume
+// releases it then, as if its prepare had taken the hold.
 func (d *Daemon) releaseAfterRestore(id, why string) {
 	if d.cfg.Relay == nil {
 		return
 	}
 	d.mu.Lock()
-	open := d.open
-	d.mu.Unlock()
-	if open == "" && d.cfg.Relay.Holding() {
-		d.log.Info().Str("launch", id).Str("why", why).Msg("releasing the model relay")
-		d.cfg.Relay.Release()
+	defer d.mu.Unlock()
+	if !d.cfg.Relay.Holding() {
+		return
+	}
+	if d.open != "" {
+		d.heldBy = d.open
+		return
+	}
+	d.log.Info().Str("launch", id).Str("why", why).Msg("releasing the model relay")
+	d.cfg.Relay.Release()
+}
+
+// dropAfterRestore drops what the relay a restored snapshot kept holds
+// (Relay.Drop): the launch it held them for is gone. A checkpoint of this
+// daemon's that is open holds the relay again at once, and its resume
+// releases it.
+func (d *Daemon) dropAfterRestore(id, why string) {
+	if d.cfg.Relay == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.cfg.Relay.Holding() {
+		return
+	}
+	d.log.Warn().Str("launch", id).Str("why", why).Msg("dropping the calls a restore left held")
+	d.cfg.Relay.Drop(why)
+	if d.open != "" {
+		d.cfg.Relay.Hold()
+		d.heldBy = d.open
 	}
 }
 
@@ -189,10 +266,17 @@ func (d *Daemon) RelayStatus() (sandboxapi.RelayStatus, error) {
 	return d.cfg.Relay.Status(), nil
 }
 
-// Repoint re-points the relay (ErrNoRelay without one).
+// Repoint re-points the relay (ErrNoRelay without one); while a
+// checkpoint is open it is refused with ErrAdmissionClosed: the take-over
+// it belongs to waits for the resume.
 func (d *Daemon) Repoint(r sandboxapi.RepointRequest) (sandboxapi.RelayStatus, error) {
 	if d.cfg.Relay == nil {
 		return sandboxapi.RelayStatus{}, ErrNoRelay
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.open != "" {
+		return d.cfg.Relay.Status(), fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, d.open)
 	}
 	return d.cfg.Relay.Repoint(r.URL, r.Generation)
 }

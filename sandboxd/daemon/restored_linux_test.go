@@ -364,3 +364,94 @@ func TestResumeAckCountsHeldCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The hold a restore left belongs to the take-over: a checkpoint of the
+// new epoch that opens before it (PROTOCOL §8: the take-over waits for its
+// resume, the launch still held) neither re-points the relay (refused
+// admission_closed, as the resume is) nor releases the hold at its resume,
+// so the cut call reaches no model server until the take-over has
+// re-pointed the relay and continued the launch; then it reaches the new
+// one, once.
+func TestRestoredHoldSurvivesTheNextCheckpoint(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, run)
+	gone := newModelServer(t, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	fresh := newModelServer(t, func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, `{"answer":"new"}`) })
+	res, rl := residentWithRelay(t, t.TempDir(), gone.URL)
+	orig := join(t, env, res, "orig", 0)
+	nc, _ := env.Connect(t)
+	c, err := sandboxapi.NewClient(nc, run, "orig")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Launch(t.Context(), sandboxapi.LaunchRequest{LaunchID: id("held"), Episode: id("held"), Dir: t.TempDir(),
+		Command: "while :; do sleep 0.05; done", Mode: "hold", Freeze: true}); err != nil {
+		t.Fatal(err)
+	}
+	answer := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(rl.URL()+"/v1/chat/completions", "application/json", strings.NewReader(`{"q":"cut"}`))
+		if err != nil {
+			answer <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		answer <- string(b)
+	}()
+	<-gone.calls
+	ack := bridge.Ack(bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, orig)}), events.PhasePrepare, orig).(events.PrepareAck)
+	identity, err := sandboxapi.ParseIdentity(ack.Pause.Identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The restore: the sandbox is re-identified as a fork in epoch 1, and
+	// no resume of c1 ever comes.
+	bridge.Epoch = 1
+	f1 := join(t, env, res, "f1", 1)
+	c1, err := sandboxapi.NewClient(nc, run, "f1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	pa := bridge.Ack(bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c2", 10*time.Second, f1)}), events.PhasePrepare, f1).(events.PrepareAck)
+	if !pa.Ready {
+		t.Fatalf("c2's prepare: %+v", pa)
+	}
+	if _, err := c1.Repoint(ctx, fresh.URL, 1); code(err) != sandboxapi.CodeAdmissionClosed {
+		t.Fatalf("Repoint under c2: %v, want admission_closed", err)
+	}
+	if _, err := c1.Resume(ctx, id("held"), 1, identity); code(err) != sandboxapi.CodeAdmissionClosed {
+		t.Fatalf("Resume under c2: %v, want admission_closed", err)
+	}
+	bridge.Ack(bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c2", 10*time.Second, f1)}), events.PhaseResume, f1)
+	if !rl.Holding() {
+		t.Fatal("c2's resume released the hold the restore left, before any take-over")
+	}
+	if st, err := c1.Status(ctx, id("held")); err != nil || st.State != sandboxapi.StatePaused || st.Pauses.Seq != 1 {
+		t.Fatalf("the held launch after c2: %+v, %v; want still paused in pause 1", st, err)
+	}
+
+	// The take-over, now that admission is open.
+	if _, err := c1.Repoint(ctx, fresh.URL, 1); err != nil {
+		t.Fatalf("Repoint: %v", err)
+	}
+	if rep, err := c1.Resume(ctx, id("held"), 1, identity); err != nil || rep.State != sandboxapi.StateRunning {
+		t.Fatalf("Resume: %+v, %v", rep, err)
+	}
+	if got := <-fresh.calls; got != `{"q":"cut"}` {
+		t.Fatalf("the new model server got %q", got)
+	}
+	if a := <-answer; a != `{"answer":"new"}` {
+		t.Fatalf("the harness got %q", a)
+	}
+	select {
+	case got := <-fresh.calls:
+		t.Fatalf("the new model server got a second call %q", got)
+	default:
+	}
+	if _, err := c1.Stop(ctx, id("held"), true); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -10,9 +10,9 @@ import (
 )
 
 // successors lists the legal call transitions: held -> forwarding |
-// failed; forwarding -> forwarding (a re-send) | replied | failed; replied
-// -> forwarding (a re-send of a reply cut before it ended) | delivered |
-// failed.
+// failed; forwarding -> forwarding (a re-send of a reply cut before it
+// ended upstream) | replied | failed; replied -> delivered | failed (a
+// reply that ended upstream is kept whole and never sent again).
 var successors = map[sandboxapi.CallState][]sandboxapi.CallState{
 	sandboxapi.CallHeld:       {sandboxapi.CallForwarding, sandboxapi.CallFailed},
 	sandboxapi.CallForwarding: {sandboxapi.CallForwarding, sandboxapi.CallReplied, sandboxapi.CallFailed},
@@ -59,7 +59,9 @@ type attempt struct {
 
 	status    int
 	header    http.Header
-	buf       []byte // the reply's body as read so far
+	buf       []byte // the reply's body read and not yet consumed by serve
+	off       int64  // the offset in the reply's body of buf[0]
+	released  bool   // replaced, or its call ended: it keeps no more bytes
 	ended     bool   // the whole reply was read
 	err       error  // the attempt failed
 	repointed bool   // a Repoint cut it
@@ -74,6 +76,10 @@ func (c *call) signal() {
 }
 
 func (c *call) snapshot() sandboxapi.CallStatus {
-	return sandboxapi.CallStatus{Seq: c.seq, Digest: c.digest, Generation: c.gen, State: c.state,
+	st := sandboxapi.CallStatus{Seq: c.seq, Digest: c.digest, Generation: c.gen, State: c.state,
 		Stream: c.stream, Resends: c.resends, Status: c.status, Error: c.err}
+	if c.att != nil && c.att.err != nil {
+		st.AttemptError = c.att.err.Error()
+	}
+	return st
 }

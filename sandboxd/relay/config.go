@@ -10,8 +10,16 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// DefaultMaxRequestBytes is the largest request body the relay takes.
-const DefaultMaxRequestBytes = 32 << 20
+// Defaults of Config.
+const (
+	// DefaultMaxRequestBytes is the largest request body the relay takes.
+	DefaultMaxRequestBytes = 32 << 20
+	// DefaultMaxOpenCalls is how many calls the relay keeps open at once.
+	DefaultMaxOpenCalls = 64
+	// DefaultMaxOpenBytes is how many bytes the open calls keep in all:
+	// their request bodies and the reply bytes not yet delivered.
+	DefaultMaxOpenBytes = 256 << 20
+)
 
 // Config configures a Relay.
 type Config struct {
@@ -24,6 +32,17 @@ type Config struct {
 	// MaxRequestBytes bounds a request body (default
 	// DefaultMaxRequestBytes).
 	MaxRequestBytes int64
+	// MaxOpenCalls bounds the calls open at once, being read, held, in
+	// flight or being delivered (default DefaultMaxOpenCalls): one more is
+	// refused at once, 503 too_many_calls, before its body is read.
+	MaxOpenCalls int
+	// MaxOpenBytes bounds the bytes the open calls keep in sandboxd's
+	// memory: request bodies (kept for a re-send until the call ends) and
+	// reply bytes not yet delivered (default DefaultMaxOpenBytes). A
+	// request that would pass it is refused, 503 too_many_calls; a reply
+	// past it is read on only as the harness takes what is kept (one read
+	// of 32 KiB at a time), and not at all while the relay holds.
+	MaxOpenBytes int64
 	// Transport makes the upstream requests (default: a clone of
 	// http.DefaultTransport without compression, so bytes pass as they
 	// are).
@@ -35,6 +54,12 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if c.MaxOpenCalls == 0 {
+		c.MaxOpenCalls = DefaultMaxOpenCalls
+	}
+	if c.MaxOpenBytes == 0 {
+		c.MaxOpenBytes = DefaultMaxOpenBytes
 	}
 	if c.Transport == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
@@ -60,6 +85,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRequestBytes < 0 {
 		errs = append(errs, errors.New("relay: Config.MaxRequestBytes must not be negative"))
+	}
+	if c.MaxOpenCalls < 0 {
+		errs = append(errs, errors.New("relay: Config.MaxOpenCalls must not be negative"))
+	}
+	if c.MaxOpenBytes < 0 {
+		errs = append(errs, errors.New("relay: Config.MaxOpenBytes must not be negative"))
 	}
 	return errors.Join(errs...)
 }

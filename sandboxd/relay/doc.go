@@ -28,14 +28,24 @@
 //     fails every call the hold kept: those of a launch its agent abandoned
 //     never reach the next model server. A reply already partly delivered
 //     continues only if the new reply starts with the same bytes; otherwise
-//     the harness's connection is cut, never spliced.
-//  4. Refusals. A request over Config.MaxRequestBytes (413), a body that is
+//     the harness's connection is cut, never spliced. What was delivered is
+//     kept as its length and SHA-256, not a copy.
+//  4. Limits. At most Config.MaxOpenCalls calls are open (one more is
+//     refused at once, 503 too_many_calls, its body unread), and the open
+//     calls keep at most Config.MaxOpenBytes of request bodies and reply
+//     bytes not yet delivered: a request past it is refused (503
+//     too_many_calls); a reply past it is read as the harness takes it,
+//     one read at a time, and not at all while the relay holds. A reply's
+//     buffer is trimmed as it is delivered.
+//  5. Refusals. A request over Config.MaxRequestBytes (413), a body that is
 //     not JSON (400), no upstream (503), an upstream that cannot be reached
 //     or breaks off while the relay is not held (502): the harness gets a
 //     JSON error object naming the cause ({"error": {"message", "type":
 //     "relay_error", "code"}}), and the call is recorded once, as failed.
-//     An upstream's own error status is a reply like any other and passes
-//     through unchanged.
+//     While the relay holds, no answer is written, an error no more than a
+//     reply: a refusal waits for the release, and an attempt that failed is
+//     sent again then. An upstream's own error status is a reply like any
+//     other and passes through unchanged.
 //
 // Run listens on Config.Listen and serves until its context ends, then
 // closes every connection and waits for every handler and upstream read it

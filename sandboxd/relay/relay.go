@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"net"
 	"net/http"
@@ -37,7 +38,10 @@ type Relay struct {
 	up       bool
 	seq      uint64
 	open     map[uint64]*call
+	reading  int   // calls whose request body is being read (they count as open)
+	used     int64 // bytes the open calls keep: request bodies, reply bytes not yet delivered
 	counts   sandboxapi.RelayCounts
+	changed  chan struct{} // closed (and replaced) when the hold ends or kept bytes are freed
 	stopping chan struct{} // closed when Serve is returning
 	handlers sync.WaitGroup
 }
@@ -50,7 +54,7 @@ func New(cfg Config) (*Relay, error) {
 	cfg.setDefaults()
 	return &Relay{cfg: cfg, log: cfg.Logger.With().Str("component", "relay").Logger(),
 		client:   &http.Client{Transport: cfg.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
-		upstream: strings.TrimRight(cfg.Upstream, "/"), open: map[uint64]*call{}, stopping: make(chan struct{})}, nil
+		upstream: strings.TrimRight(cfg.Upstream, "/"), open: map[uint64]*call{}, changed: make(chan struct{}), stopping: make(chan struct{})}, nil
 }
 
 func checkUpstream(s string) error {
@@ -144,6 +148,7 @@ func (r *Relay) Release() {
 		return
 	}
 	r.holding = false
+	r.broadcastLocked()
 	r.log.Info().Int("open", len(r.open)).Msg("releasing model calls")
 	// A kept-alive upstream connection may not have outlived the hold (a
 	// restored VM's old forward): calls from now on dial afresh.
@@ -166,6 +171,7 @@ func (r *Relay) Drop(why string) {
 		return
 	}
 	r.holding = false
+	r.broadcastLocked()
 	r.log.Warn().Int("open", len(r.open)).Str("why", why).Msg("dropping the held model calls")
 	r.client.CloseIdleConnections()
 	for _, c := range r.open {
@@ -223,7 +229,7 @@ func (r *Relay) Repoint(upstream string, gen uint64) (sandboxapi.RelayStatus, er
 func (r *Relay) Status() sandboxapi.RelayStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := sandboxapi.RelayStatus{Up: r.up, URL: r.url, Upstream: r.upstream, Generation: r.gen, Holding: r.holding, Calls: r.counts}
+	st := sandboxapi.RelayStatus{Up: r.up, URL: r.url, Upstream: r.upstream, Generation: r.gen, Holding: r.holding, Calls: r.counts, KeptBytes: r.used}
 	for _, c := range r.open {
 		switch c.state {
 		case sandboxapi.CallHeld:
@@ -258,7 +264,12 @@ func relayError(w http.ResponseWriter, status int, code, msg string) {
 	_, _ = w.Write(b)
 }
 
-// ServeHTTP implements http.Handler: one call.
+// errOverBudget: the open calls keep Config.MaxOpenBytes already.
+var errOverBudget = errors.New("relay: over the open calls' byte budget")
+
+// ServeHTTP implements http.Handler: one call. Over Config.MaxOpenCalls
+// open calls, it is refused at once (503 too_many_calls), before its body
+// is read, and counted as failed.
 func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	select {
@@ -268,28 +279,98 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	default:
 	}
+	if n := len(r.open) + r.reading; n >= r.cfg.MaxOpenCalls {
+		r.counts.Total++
+		r.counts.Failed++
+		r.mu.Unlock()
+		relayError(w, http.StatusServiceUnavailable, "too_many_calls", fmt.Sprintf("relay: %d model calls open, the most it keeps", n))
+		return
+	}
+	r.reading++
 	r.handlers.Add(1)
 	r.mu.Unlock()
 	defer r.handlers.Done()
 
-	body, err := io.ReadAll(io.LimitReader(req.Body, r.cfg.MaxRequestBytes+1))
+	body, err := r.readBody(req.Body)
 	c := r.take(req, body)
 	switch {
+	case errors.Is(err, errOverBudget):
+		r.refuse(req.Context(), w, c, http.StatusServiceUnavailable, "too_many_calls",
+			fmt.Sprintf("relay: the open model calls keep %d bytes, the most they may", r.cfg.MaxOpenBytes))
+		return
 	case err != nil:
-		r.refuse(w, c, http.StatusBadRequest, "bad_request", fmt.Sprintf("relay: reading the request: %v", err))
+		r.refuse(req.Context(), w, c, http.StatusBadRequest, "bad_request", fmt.Sprintf("relay: reading the request: %v", err))
 		return
 	case int64(len(body)) > r.cfg.MaxRequestBytes:
-		r.refuse(w, c, http.StatusRequestEntityTooLarge, "request_too_large",
+		r.refuse(req.Context(), w, c, http.StatusRequestEntityTooLarge, "request_too_large",
 			fmt.Sprintf("relay: request body over %d bytes", r.cfg.MaxRequestBytes))
 		return
 	case len(bytes.TrimSpace(body)) > 0 && !json.Valid(body):
-		r.refuse(w, c, http.StatusBadRequest, "malformed_request", "relay: request body is not JSON")
+		r.refuse(req.Context(), w, c, http.StatusBadRequest, "malformed_request", "relay: request body is not JSON")
 		return
 	}
 	r.serve(req.Context(), w, c)
 }
 
-// take records a new call (held if the relay holds).
+// readBody reads a request body, at most Config.MaxRequestBytes+1 bytes,
+// counting them against the byte budget as they come: past the budget it
+// stops with errOverBudget. What it returns is counted (take hands it to
+// the call, whose end frees it).
+func (r *Relay) readBody(body io.Reader) ([]byte, error) {
+	var out []byte
+	chunk := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(chunk[:min(int64(len(chunk)), r.cfg.MaxRequestBytes+1-int64(len(out)))])
+		if n > 0 {
+			r.mu.Lock()
+			over := r.used+int64(n) > r.cfg.MaxOpenBytes
+			if !over {
+				r.used += int64(n)
+			}
+			r.mu.Unlock()
+			if over {
+				return out, errOverBudget
+			}
+			out = append(out, chunk[:n]...)
+			if int64(len(out)) > r.cfg.MaxRequestBytes {
+				return out, nil
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+	}
+}
+
+// broadcastLocked wakes whoever waits on r.changed (r.mu held).
+func (r *Relay) broadcastLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// freeLocked gives n kept bytes back to the budget (r.mu held).
+func (r *Relay) freeLocked(n int) {
+	if n > 0 {
+		r.used -= int64(n)
+		r.broadcastLocked()
+	}
+}
+
+// dropBufLocked frees what attempt a keeps and keeps nothing more of it
+// (r.mu held): it was replaced, or its call ended.
+func (r *Relay) dropBufLocked(a *attempt) {
+	if a == nil || a.released {
+		return
+	}
+	r.freeLocked(len(a.buf))
+	a.buf, a.released = nil, true
+}
+
+// take records a new call (held if the relay holds); its body is counted
+// in the budget already.
 func (r *Relay) take(req *http.Request, body []byte) *call {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s %s\n", req.Method, req.URL.RequestURI())
@@ -304,6 +385,7 @@ func (r *Relay) take(req *http.Request, body []byte) *call {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.reading--
 	r.seq++
 	r.counts.Total++
 	c.seq, c.gen, c.state = r.seq, r.gen, sandboxapi.CallHeld
@@ -321,6 +403,8 @@ func (r *Relay) to(c *call, s sandboxapi.CallState) bool {
 	c.state = s
 	if s == sandboxapi.CallDelivered || s == sandboxapi.CallFailed {
 		delete(r.open, c.seq)
+		r.freeLocked(len(c.body))
+		r.dropBufLocked(c.att)
 		if s == sandboxapi.CallDelivered {
 			r.counts.Delivered++
 		} else {
@@ -341,17 +425,40 @@ func (r *Relay) fail(c *call, why string) {
 }
 
 // refuse answers a call the relay will not forward, recorded once as
-// failed.
-func (r *Relay) refuse(w http.ResponseWriter, c *call, status int, code, msg string) {
+// failed. While the relay holds, the answer waits for the release (or the
+// drop, or the harness gone): nothing reaches a harness during a hold.
+func (r *Relay) refuse(ctx context.Context, w http.ResponseWriter, c *call, status int, code, msg string) {
+	r.mu.Lock()
+	for r.holding && c.dropped == "" {
+		ch := r.changed
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			r.fail(c, "relay: harness gone")
+			return
+		case <-r.stopping:
+			r.fail(c, "relay: stopping")
+			return
+		}
+		r.mu.Lock()
+	}
+	r.mu.Unlock()
 	r.fail(c, msg)
 	relayError(w, status, code, msg)
 }
 
 // serve forwards c and delivers its reply: the writer side of the call.
 // It starts at most one attempt at a time and waits for each it started.
+// What it delivered is kept as a length and a SHA-256, not a copy: a
+// re-sent reply's first bytes are hashed as they come, the attempt's
+// buffer trimmed as they are, and compared once they reach that length.
 func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
-	var sent []byte // body bytes written to the harness
-	status := 0     // status written to the harness (0: none yet)
+	var sentLen int64       // body bytes written to the harness
+	sentSum := sha256.New() // and their hash
+	var check hash.Hash     // the hash of the current attempt's first sentLen bytes
+	var checkFor *attempt   // the attempt check is of
+	status := 0             // status written to the harness (0: none yet)
 	fl, _ := w.(http.Flusher)
 	defer func() {
 		r.mu.Lock()
@@ -391,12 +498,13 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 				if a != nil {
 					c.resends++
 					r.counts.Resent++
+					r.dropBufLocked(a)
 					r.log.Info().Uint64("call", c.seq).Str("digest", c.digest).Uint64("generation", r.gen).
-						Int("delivered_bytes", len(sent)).Msg("re-sending a cut call")
+						Int64("delivered_bytes", sentLen).Msg("re-sending a cut call")
 				}
 				if r.upstream == "" {
 					r.mu.Unlock()
-					r.refuse(w, c, http.StatusServiceUnavailable, "no_upstream", "relay: no upstream (the relay was never pointed at a model server)")
+					r.refuse(ctx, w, c, http.StatusServiceUnavailable, "no_upstream", "relay: no upstream (the relay was never pointed at a model server)")
 					return
 				}
 				r.to(c, sandboxapi.CallForwarding)
@@ -404,6 +512,12 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 			} else {
 				a.repointed, a.cut = false, false
 			}
+		}
+		if a != nil && a.err != nil && !a.cut && !a.repointed && r.holding {
+			// It failed while the relay holds (or just before, and is seen
+			// now): nothing reaches the harness during a hold, so it is
+			// sent again at the release.
+			a.cut = true
 		}
 		needs := a == nil || a.repointed || a.cut
 		if a != nil && a.ended && c.state == sandboxapi.CallForwarding {
@@ -414,22 +528,35 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 		writeStatus := 0
 		finished, failed := false, ""
 		if a != nil && !needs && !r.holding && a.status != 0 {
+			if checkFor != a {
+				checkFor, check = a, sha256.New()
+			}
 			switch {
 			case status != 0 && a.status != status:
 				failed = fmt.Sprintf("relay: the re-sent call was answered %d, not %d", a.status, status)
-			case len(a.buf) < len(sent) && (a.ended || !bytes.Equal(a.buf, sent[:len(a.buf)])),
-				len(a.buf) >= len(sent) && !bytes.Equal(a.buf[:len(sent)], sent):
-				failed = "relay: the re-sent call's reply differs from what was delivered"
-			default:
+			case a.off < sentLen:
+				// The re-sent reply's bytes up to what was delivered: hashed,
+				// not written.
+				n := int(min(int64(len(a.buf)), sentLen-a.off))
+				check.Write(a.buf[:n])
+				r.trimLocked(a, n)
+				switch {
+				case a.off == sentLen && !bytes.Equal(check.Sum(nil), sentSum.Sum(nil)),
+					a.off < sentLen && a.ended:
+					failed = "relay: the re-sent call's reply differs from what was delivered"
+				}
+			}
+			if failed == "" && a.off >= sentLen {
 				if status == 0 {
 					writeStatus, head = a.status, a.header
 				}
-				if len(a.buf) > len(sent) {
-					write = a.buf[len(sent):]
+				if len(a.buf) > 0 {
+					write = a.buf
+					a.buf = nil
+					a.off += int64(len(write))
+					r.freeLocked(len(write))
 				}
-				if a.ended {
-					finished = true
-				}
+				finished = a.ended
 			}
 			c.status = a.status
 		}
@@ -454,11 +581,12 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 			status = writeStatus
 		}
 		if len(write) > 0 {
+			sentLen += int64(len(write))
+			sentSum.Write(write)
 			if _, err := w.Write(write); err != nil {
 				r.fail(c, "relay: harness gone: "+err.Error())
 				return
 			}
-			sent = append(sent, write...)
 		}
 		if (writeStatus != 0 || len(write) > 0) && fl != nil {
 			fl.Flush()
@@ -479,6 +607,17 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 			return
 		}
 	}
+}
+
+// trimLocked drops the first n bytes of a's buffer, consumed (r.mu
+// held).
+func (r *Relay) trimLocked(a *attempt, n int) {
+	if n == 0 {
+		return
+	}
+	a.buf = append([]byte(nil), a.buf[n:]...)
+	a.off += int64(n)
+	r.freeLocked(n)
 }
 
 // startable reports whether c needs an attempt started now (r.mu held):
@@ -545,10 +684,30 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 	c.signal()
 	buf := make([]byte, 32<<10)
 	for {
+		// Over the byte budget, wait for bytes to be freed, unless this
+		// attempt keeps none: every reply can always move on, one read at
+		// a time, so the budget is exceeded by at most one read per open
+		// call, and a hold that keeps the replies stops their reading.
+		r.mu.Lock()
+		for r.used > r.cfg.MaxOpenBytes && len(a.buf) > 0 && !a.released {
+			ch := r.changed
+			r.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				finish(fmt.Errorf("relay: upstream %s: %w", target, context.Cause(ctx)))
+				return
+			}
+			r.mu.Lock()
+		}
+		r.mu.Unlock()
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
 			r.mu.Lock()
-			a.buf = append(a.buf, buf[:n]...)
+			if !a.released {
+				a.buf = append(a.buf, buf[:n]...)
+				r.used += int64(n)
+			}
 			r.mu.Unlock()
 			c.signal()
 		}

@@ -128,6 +128,19 @@ func noReply(t *testing.T, ch <-chan reply) {
 	}
 }
 
+// noReplyFor checks that no reply comes on ch for d.
+func noReplyFor(t *testing.T, ch <-chan reply, d time.Duration) {
+	t.Helper()
+	poll.Holds(t, d, func() error {
+		select {
+		case r := <-ch:
+			return fmt.Errorf("the harness got a reply while the relay holds: %+v", r)
+		default:
+			return nil
+		}
+	})
+}
+
 func openState(r *relay.Relay, state sandboxapi.CallState) bool {
 	st := r.Status()
 	return len(st.Open) == 1 && st.Open[0].State == state
@@ -255,34 +268,47 @@ func TestRelayRepointResendsTheCutCall(t *testing.T) {
 }
 
 // A call whose upstream connection breaks while the relay holds (the old
-// VM's forward is gone) waits, and is sent again once the relay has a new
-// upstream.
+// VM's forward is gone) waits, the harness told nothing, and is sent
+// again once the relay is released: to the same upstream when no re-point
+// came (a re-point is not what makes it a re-send).
 func TestRelayResendsACallBrokenWhileHeld(t *testing.T) {
 	breakNow := make(chan struct{})
-	old := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+	var mu sync.Mutex
+	n := 0
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		mu.Lock()
+		n++
+		first := n == 1
+		mu.Unlock()
+		if !first {
+			echo(w, r, body)
+			return
+		}
 		<-breakNow
 		conn, _, err := w.(http.Hijacker).Hijack()
 		if err == nil {
 			_ = conn.Close()
 		}
 	})
-	fresh := newUpstream(t, echo)
-	r := startRelay(t, old.URL)
+	r := startRelay(t, up.URL)
 	cut := post(t, r, "/v1/chat/completions", `{"q":"x"}`)
-	<-old.got
+	<-up.got
 	r.Hold()
 	close(breakNow)
-	poll.Wait(t, 5*time.Second, "the broken attempt seen", func() bool {
+	poll.Wait(t, 5*time.Second, "the attempt's error recorded", func() bool {
 		st := r.Status()
-		return len(st.Open) == 1 && st.Open[0].State == sandboxapi.CallForwarding && fresh.count() == 0
+		return len(st.Open) == 1 && st.Open[0].State == sandboxapi.CallForwarding && st.Open[0].AttemptError != ""
 	})
-	if _, err := r.Repoint(fresh.URL, 3); err != nil {
-		t.Fatal(err)
-	}
+	noReplyFor(t, cut, 300*time.Millisecond)
 	r.Release()
-	<-fresh.got
+	if got := <-up.got; got != `{"q":"x"}` {
+		t.Fatalf("the re-send sent %q", got)
+	}
 	if g := wait(t, cut); g.status != 200 || g.body != `{"echo":{"q":"x"}}` {
 		t.Fatalf("cut call: %+v", g)
+	}
+	if st := r.Status(); st.Calls.Resent != 1 || st.Calls.Delivered != 1 || st.Generation != 0 {
+		t.Fatalf("status %+v: want one re-send, to generation 0", st)
 	}
 }
 
@@ -454,5 +480,163 @@ func TestRelayDrop(t *testing.T) {
 	}
 	if st := r.Status(); st.Calls.Failed != 2 || st.Calls.Delivered != 1 || len(st.Open) != 0 || st.Holding {
 		t.Fatalf("status %+v", st)
+	}
+}
+
+// startRelayWith serves a relay of cfg (its logger the test's) until the
+// test ends.
+func startRelayWith(t *testing.T, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	cfg.Logger = zerolog.New(zerolog.NewTestWriter(t))
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx, ln) }()
+	poll.Wait(t, 5*time.Second, "the relay serving", func() bool { return r.URL() != "" })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return r
+}
+
+// The relay keeps at most Config.MaxOpenCalls calls open: one more is
+// refused at once with 503 too_many_calls, counted as failed, and never
+// reaches the upstream; once a call ends, a new one is taken.
+func TestRelayLimitsOpenCalls(t *testing.T) {
+	up := newUpstream(t, echo)
+	r := startRelayWith(t, relay.Config{Upstream: up.URL, MaxOpenCalls: 2})
+	r.Hold()
+	a := post(t, r, "/v1/chat/completions", `{"q":1}`)
+	b := post(t, r, "/v1/chat/completions", `{"q":2}`)
+	poll.Wait(t, 5*time.Second, "two calls held", func() bool { return r.Status().Calls.Held == 2 })
+	if g := wait(t, post(t, r, "/v1/chat/completions", `{"q":3}`)); g.status != 503 || !strings.Contains(g.body, `"code":"too_many_calls"`) {
+		t.Fatalf("a third open call: %+v, want 503 too_many_calls", g)
+	}
+	r.Release()
+	for _, ch := range []<-chan reply{a, b} {
+		if g := wait(t, ch); g.status != 200 {
+			t.Fatalf("held call: %+v", g)
+		}
+	}
+	if g := wait(t, post(t, r, "/v1/chat/completions", `{"q":4}`)); g.status != 200 {
+		t.Fatalf("a call once the others ended: %+v", g)
+	}
+	if st := r.Status(); st.Calls.Total != 4 || st.Calls.Failed != 1 || st.Calls.Delivered != 3 || up.count() != 3 || st.KeptBytes != 0 {
+		t.Fatalf("status %+v, upstream saw %d: want 4 calls, 1 refused, 3 delivered, nothing kept", st, up.count())
+	}
+}
+
+// The open calls keep at most Config.MaxOpenBytes: a request that would
+// pass it is refused (503 too_many_calls, answered only at the release,
+// as nothing reaches a harness during a hold); a reply larger than the
+// budget is read while the relay holds only up to about the budget, and
+// is delivered whole, byte for byte, once released, nothing kept after.
+func TestRelayByteBudget(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, body []byte) {
+		if string(body) == `{"q":"big"}` {
+			_, _ = w.Write(big)
+			return
+		}
+		echo(w, nil, body)
+	})
+	const budget = 256 << 10
+	r := startRelayWith(t, relay.Config{Upstream: up.URL, MaxOpenBytes: budget})
+	bigCall := post(t, r, "/v1/chat/completions", `{"q":"big"}`)
+	<-up.got
+	r.Hold()
+	// The reply's reading stops near the budget while held.
+	poll.Wait(t, 10*time.Second, "the big reply kept up to the budget", func() bool { return r.Status().KeptBytes >= budget })
+	poll.Holds(t, 300*time.Millisecond, func() error {
+		if k := r.Status().KeptBytes; k > budget+2*32<<10 {
+			return fmt.Errorf("the open calls keep %d bytes while held, over the budget %d by more than a read", k, budget)
+		}
+		return nil
+	})
+	over := post(t, r, "/v1/chat/completions", `{"pad":"`+strings.Repeat("x", 64<<10)+`"}`)
+	poll.Wait(t, 10*time.Second, "the call over the budget recorded", func() bool { return r.Status().Calls.Total == 2 })
+	noReplyFor(t, over, 300*time.Millisecond)
+	noReply(t, bigCall)
+	r.Release()
+	if g := wait(t, over); g.status != 503 || !strings.Contains(g.body, `"code":"too_many_calls"`) {
+		t.Fatalf("a call over the byte budget: %+v", g)
+	}
+	if g := wait(t, bigCall); g.err != nil || g.status != 200 || g.body != string(big) {
+		t.Fatalf("the big reply: status %d, %d bytes, %v; want 200 and the %d bytes as sent", g.status, len(g.body), g.err, len(big))
+	}
+	if st := r.Status(); st.KeptBytes != 0 || st.Calls.Delivered != 1 || st.Calls.Failed != 1 {
+		t.Fatalf("status %+v: want nothing kept, one delivered, one refused", st)
+	}
+}
+
+// A refusal that comes while the relay holds (a body that is not JSON)
+// is answered at the release, not during the hold.
+func TestRelayRefusalWaitsForTheRelease(t *testing.T) {
+	r := startRelay(t, "http://127.0.0.1:1")
+	r.Hold()
+	bad := post(t, r, "/v1/chat/completions", `{"messages": [`)
+	poll.Wait(t, 5*time.Second, "the malformed call recorded", func() bool { return r.Status().Calls.Total == 1 })
+	noReplyFor(t, bad, 300*time.Millisecond)
+	r.Release()
+	if g := wait(t, bad); g.status != 400 || !strings.Contains(g.body, "malformed_request") {
+		t.Fatalf("%+v", g)
+	}
+}
+
+// A delivered prefix longer than one read (kept as its length and hash)
+// is compared whole: a re-sent reply that matches it continues with only
+// the rest, one that differs in its last byte is cut.
+func TestRelayResendComparesALongDeliveredPrefix(t *testing.T) {
+	prefix := bytes.Repeat([]byte("abcdefgh"), 100<<10/8) // 100 KiB
+	for _, same := range []bool{true, false} {
+		t.Run(fmt.Sprintf("same=%v", same), func(t *testing.T) {
+			old := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+				_, _ = w.Write(prefix)
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			})
+			fresh := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+				p := bytes.Clone(prefix)
+				if !same {
+					p[len(p)-1] = 'X'
+				}
+				_, _ = w.Write(p)
+				_, _ = io.WriteString(w, "tail")
+			})
+			r := startRelay(t, old.URL)
+			resp, err := http.Post(r.URL()+"/v1/chat/completions", "application/json", strings.NewReader(`{}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got := make([]byte, len(prefix))
+			if _, err := io.ReadFull(resp.Body, got); err != nil || !bytes.Equal(got, prefix) {
+				t.Fatalf("the first %d bytes: %v", len(prefix), err)
+			}
+			r.Hold()
+			if _, err := r.Repoint(fresh.URL, 1); err != nil {
+				t.Fatal(err)
+			}
+			r.Release()
+			rest, err := io.ReadAll(resp.Body)
+			if same {
+				if err != nil || string(rest) != "tail" {
+					t.Fatalf("rest %q, %v; want only the tail", rest, err)
+				}
+			} else if err == nil {
+				t.Fatalf("a re-send differing in the prefix's last byte was spliced: rest %q", rest)
+			}
+			poll.Wait(t, 5*time.Second, "nothing kept", func() bool { st := r.Status(); return len(st.Open) == 0 && st.KeptBytes == 0 })
+		})
 	}
 }

@@ -23,8 +23,10 @@ type CallState uint8
 
 // The call states. A call moves forward only: held → forwarding →
 // replied → delivered, or to failed from any of them; a re-send after a
-// restore takes a forwarding or replied call of an older generation back to
-// forwarding at the new one (CallStatus.Resends counts it).
+// restore takes a forwarding call of an older generation (its reply had
+// not ended upstream) to forwarding again at the new one
+// (CallStatus.Resends counts it). A replied call is never sent again: its
+// whole reply is kept, and delivered.
 const (
 	// CallHeld is a call the relay read whole while a checkpoint holds it:
 	// it is forwarded at the continue (or the re-point that precedes it).
@@ -83,6 +85,10 @@ type CallStatus struct {
 	Status int `json:"status,omitempty"`
 	// Error says why a failed call failed.
 	Error string `json:"error,omitempty"`
+	// AttemptError says why the call's current attempt upstream failed,
+	// while the call is still open: one cut by a re-point, or broken while
+	// the relay holds, is sent again at the release.
+	AttemptError string `json:"attempt_error,omitempty"`
 }
 
 // RelayCounts counts the relay's calls by what happened to them.
@@ -115,6 +121,9 @@ type RelayStatus struct {
 	Holding bool `json:"holding,omitempty"`
 	// Calls counts the calls.
 	Calls RelayCounts `json:"calls"`
+	// KeptBytes is what the open calls keep in sandboxd's memory: their
+	// request bodies and the reply bytes not yet delivered.
+	KeptBytes int64 `json:"kept_bytes,omitempty"`
 	// Open lists the calls not yet delivered or failed, oldest first.
 	Open []CallStatus `json:"open,omitempty"`
 }

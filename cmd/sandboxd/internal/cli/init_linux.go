@@ -221,6 +221,7 @@ type vmMembers struct {
 
 	mu        sync.Mutex
 	res       *daemon.Resident
+	sup       *sandboxd.Supervisor
 	state     string
 	cancel    context.CancelFunc
 	done      chan struct{}
@@ -291,7 +292,7 @@ func (v *vmMembers) Join(ctx context.Context, req vmctl.Request) (string, error)
 				}
 			})
 		}
-		v.res, v.state, v.cancel, v.done = res, o.state, cancel, make(chan struct{})
+		v.res, v.sup, v.state, v.cancel, v.done = res, sup, o.state, cancel, make(chan struct{})
 		done := v.done
 		v.wg.Go(func() {
 			defer close(done)
@@ -314,7 +315,7 @@ func (v *vmMembers) Rejoin(ctx context.Context, req vmctl.Request) (string, erro
 		return "", err
 	}
 	v.mu.Lock()
-	res, state := v.res, v.state
+	res, sup, state := v.res, v.sup, v.state
 	v.mu.Unlock()
 	if res == nil {
 		return "", errors.New("sandboxd init: reidentify of a guest that runs no sandboxd member")
@@ -322,7 +323,7 @@ func (v *vmMembers) Rejoin(ctx context.Context, req vmctl.Request) (string, erro
 	if o.state != state {
 		return "", fmt.Errorf("sandboxd init: reidentify with state %s, the supervisor's is %s", o.state, state)
 	}
-	if o.failpoints.relayDown {
+	if o.failpoints.relayDown && hasLaunch(sup, o.failpoints.relayDownPrefix) {
 		v.mu.Lock()
 		stop, done := v.stopRelay, v.relayDone
 		v.mu.Unlock()
@@ -334,6 +335,20 @@ func (v *vmMembers) Rejoin(ctx context.Context, req vmctl.Request) (string, erro
 	}
 	m, err := res.Join(ctx, id)
 	return string(m), err
+}
+
+// hasLaunch tells whether sup has a launch whose id starts with prefix
+// (any launch at all for "", or none at all).
+func hasLaunch(sup *sandboxd.Supervisor, prefix string) bool {
+	if prefix == "" {
+		return true
+	}
+	for _, rec := range sup.List() {
+		if strings.HasPrefix(rec.ID, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // stop stops the Resident (its member leaves) and waits up to wait.

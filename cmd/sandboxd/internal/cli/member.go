@@ -52,11 +52,13 @@ type memberOpts struct {
 
 // failpoints are the faults the --failpoint flags ask for, for the
 // end-to-end tests: identity=<prefix> (daemon.Failpoints.IdentityPrefix)
-// and relay-down (at a reidentify in a microVM, the model relay stops
-// serving: a fork whose relay is gone).
+// and relay-down[=<prefix>] (at a reidentify in a microVM, the model relay
+// stops serving: a fork whose relay is gone; with a prefix, only in a
+// fork that has a launch whose id starts with it).
 type failpoints struct {
-	identityPrefix string
-	relayDown      bool
+	identityPrefix  string
+	relayDown       bool
+	relayDownPrefix string
 }
 
 // set parses one --failpoint value.
@@ -68,9 +70,9 @@ func (f *failpoints) set(v string) error {
 		}
 		f.identityPrefix = arg
 	case "relay-down":
-		f.relayDown = true
+		f.relayDown, f.relayDownPrefix = true, arg
 	default:
-		return fmt.Errorf("unknown --failpoint %q (want identity=<prefix> or relay-down)", v)
+		return fmt.Errorf("unknown --failpoint %q (want identity=<prefix> or relay-down[=<prefix>])", v)
 	}
 	return nil
 }
@@ -95,7 +97,7 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	level := fs.String("log-level", "info", "log level (logs go to stderr)")
 	relayAddr := fs.String("relay", "", "serve the model relay on this address, e.g. 127.0.0.1:"+fmt.Sprint(sandboxapi.DefaultRelayPort)+" (default: no relay)")
 	var fps failpoints
-	fs.Func("failpoint", "inject a fault, for the end-to-end tests: identity=<launch id prefix> or relay-down (repeatable)", fps.set)
+	fs.Func("failpoint", "inject a fault, for the end-to-end tests: identity=<launch id prefix> or relay-down[=<launch id prefix>] (repeatable)", fps.set)
 	relayUp := fs.String("relay-upstream", "", "the relay's first upstream URL, e.g. http://10.0.2.90:8080 (default: none until a relay_repoint)")
 	if err := fs.Parse(args); err != nil {
 		return memberOpts{}, fmt.Errorf("%w: %w", errFlags, err) // the flag package has said why
