@@ -1,0 +1,310 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/tier"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// natsCLIVersion is the natscli release docs/POSTMORTEM.md is written for.
+const natsCLIVersion = "0.5.0"
+
+// TestPostmortemCommands runs a demo with its store kept, serves the store
+// again as the demo says, and runs every command of docs/POSTMORTEM.md
+// (its ```sh blocks, RUN, CKPT and NATS_URL set) and every command the
+// demo printed, with natscli v0.5.0, stdout a pipe. Each must exit 0 and
+// show the run: a checkpoint id, a member or a key or subject of the run;
+// together they must name every checkpoint committed and every member of
+// it. A command marked "(live run)" shows what a run still keeps, which
+// after the demo's final release may be nothing: it must only not fail as
+// a wrong call. A command added to the doc later is run as well.
+func TestPostmortemCommands(t *testing.T) {
+	tier.E2E(t)
+	natsCLI := requireNatsCLI(t)
+	if _, err := exec.LookPath("jq"); err != nil {
+		t.Fatal("docs/POSTMORTEM.md pipes into jq, which is not on PATH: apt-get install jq")
+	}
+	b := buildBins(t)
+	dir := t.TempDir()
+	demo := child.StartForTest(t, child.Spec{Name: "demo", Path: b.stillpoint, Dir: "..",
+		Args: []string{"demo", "--rollouts", "4", "--dir", dir}})
+	dctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	exit, err := demo.Wait(dctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(demo.Output()), "\n")
+	if !exit.Success() || !demoLine.MatchString(lines[len(lines)-1]) {
+		t.Fatalf("demo: %s, last line %q (its output is below)", exit, lines[len(lines)-1])
+	}
+	printed := printedCommands(t, lines)
+
+	// The demo's server line serves its store again: run it as printed,
+	// on a free port instead of 4333.
+	serve := printed[0]
+	if !strings.HasPrefix(serve, "go run ./cmd/stillpoint server ") || !strings.HasSuffix(serve, " &") {
+		t.Fatalf("the demo's first command %q is not the server that serves its store", serve)
+	}
+	args := strings.Fields(strings.TrimSuffix(strings.TrimPrefix(serve, "go run ./cmd/stillpoint "), " &"))
+	for i, a := range args {
+		if a == "127.0.0.1:4333" {
+			args[i] = "127.0.0.1:0"
+		}
+		if i > 0 && args[i-1] == "--dir" {
+			if _, err := os.Stat(filepath.Join(a, "jetstream")); err != nil {
+				t.Fatalf("the store the demo printed, %s, does not hold a JetStream store: %v", a, err)
+			}
+		}
+	}
+	srv := child.StartForTest(t, child.Spec{Name: "server", Path: b.stillpoint, Args: args})
+	sctx, scancel := context.WithTimeout(t.Context(), time.Minute)
+	defer scancel()
+	m, err := srv.WaitOutput(sctx, regexp.MustCompile(`NATS ready at (\S+)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := m[1]
+
+	const run = "demo"
+	committed, members := readRun(t, url, run)
+	if len(committed) != 3 {
+		t.Fatalf("the stream holds %d committed checkpoints of run %s, want the demo's 3: %v", len(committed), run, committed)
+	}
+	shows := append(append([]string{"sp." + run + ".", run + "."}, committed...), members...)
+
+	// stillpoint on PATH, for the doc's own stillpoint commands.
+	bin := t.TempDir()
+	if err := os.Symlink(b.stillpoint, filepath.Join(bin, "stillpoint")); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"PATH=" + filepath.Dir(natsCLI) + ":" + bin + ":" + os.Getenv("PATH"), "NATS_URL=" + url,
+		"RUN=" + run, "CKPT=" + committed[len(committed)-1]}
+
+	doc, err := os.ReadFile("../docs/POSTMORTEM.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docCmds []string
+	for _, block := range shBlocks(string(doc)) {
+		docCmds = append(docCmds, shellCommands(block)...)
+	}
+	if len(docCmds) < 10 {
+		t.Fatalf("docs/POSTMORTEM.md has %d commands in its sh blocks; has its layout changed?", len(docCmds))
+	}
+	var demoCmds []string
+	for _, c := range printed[1:] {
+		c = strings.ReplaceAll(c, "go run ./cmd/stillpoint ", "stillpoint ")
+		demoCmds = append(demoCmds, strings.ReplaceAll(c, readBackURL, url))
+	}
+
+	for _, set := range []struct {
+		what string
+		cmds []string
+	}{{"docs/POSTMORTEM.md", docCmds}, {"the demo", demoCmds}} {
+		var all strings.Builder
+		for _, c := range set.cmds {
+			out := runCommand(t, env, c, shows)
+			all.WriteString(out)
+		}
+		for _, want := range append(append([]string{"checkpoint.committed"}, committed...), members...) {
+			if want == "checkpoint.committed" && set.what == "the demo" {
+				continue // the demo's commands print data, not headers or types
+			}
+			if !strings.Contains(all.String(), want) {
+				t.Errorf("no command of %s shows %q", set.what, want)
+			}
+		}
+	}
+}
+
+// readBackURL is the server address the demo prints its commands with.
+const readBackURL = "nats://127.0.0.1:4333"
+
+// usageError is what natscli and stillpoint print for a wrong call or a
+// command that cannot run piped.
+var usageError = regexp.MustCompile(`(?i)required argument|unknown (long )?flag|unexpected argument|usage: |expected command|requires a valid terminal|unknown command`)
+
+// runCommand runs one shell command, stdout a pipe, and checks it as
+// TestPostmortemCommands says; it returns its stdout.
+func runCommand(t *testing.T, env []string, c string, shows []string) string {
+	t.Helper()
+	var stderr bytes.Buffer
+	p := child.StartForTest(t, child.Spec{Name: "sh", Path: "/bin/bash", Args: []string{"-o", "pipefail", "-c", c}, Env: env,
+		Stderr: &stderr, Grace: time.Second})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	exit, err := p.Wait(ctx)
+	if err != nil {
+		t.Errorf("%s\n  did not finish: %v", c, err)
+		return ""
+	}
+	out := p.Output()
+	t.Logf("%s\n  %s, %d lines", c, exit, strings.Count(out, "\n"))
+	if usageError.MatchString(out) || usageError.MatchString(stderr.String()) {
+		t.Errorf("%s\n  is a wrong call:\n%s%s", c, stderr.String(), out)
+		return out
+	}
+	switch {
+	case strings.Contains(c, "(live run)"):
+		return out
+	case !exit.Success():
+		t.Errorf("%s\n  %s:\n%s%s", c, exit, stderr.String(), out)
+	case strings.Contains(c, "(prints nothing)"):
+	case !containsAny(out, shows):
+		t.Errorf("%s\n  printed nothing of the run (a checkpoint id, member, key or subject):\n%s", c, out)
+	}
+	return out
+}
+
+func containsAny(s string, subs []string) bool {
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// requireNatsCLI returns natscli's path, failing the test unless it is
+// there and says natsCLIVersion.
+func requireNatsCLI(t *testing.T) string {
+	t.Helper()
+	install := "go install github.com/nats-io/natscli/nats@v" + natsCLIVersion
+	path, err := exec.LookPath("nats")
+	if err != nil {
+		t.Fatalf("natscli is not on PATH: %s", install)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput()
+	if err != nil || strings.TrimPrefix(strings.TrimSpace(string(out)), "v") != natsCLIVersion {
+		t.Fatalf("%s --version says %q (%v), want %s: %s", path, strings.TrimSpace(string(out)), err, natsCLIVersion, install)
+	}
+	return path
+}
+
+// printedCommands returns the commands the demo printed to read the run
+// back: the indented lines after "to read what happened".
+func printedCommands(t *testing.T, lines []string) []string {
+	t.Helper()
+	var out []string
+	in := false
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "to read what happened"):
+			in = true
+		case in && strings.HasPrefix(l, "  "):
+			out = append(out, strings.TrimSpace(l))
+		case in:
+			in = false
+		}
+	}
+	if len(out) < 2 {
+		t.Fatalf("the demo printed %d commands to read the run back: %q", len(out), out)
+	}
+	return out
+}
+
+// shBlocks returns the bodies of the ```sh blocks of a markdown text.
+func shBlocks(md string) []string {
+	var blocks []string
+	for _, part := range strings.Split(md, "```sh\n")[1:] {
+		body, _, ok := strings.Cut(part, "```")
+		if ok {
+			blocks = append(blocks, body)
+		}
+	}
+	return blocks
+}
+
+// shellCommands splits a block into its commands: one a line, a line
+// ending in a backslash going on on the next.
+func shellCommands(block string) []string {
+	var cmds []string
+	cur := ""
+	for _, l := range strings.Split(block, "\n") {
+		if strings.TrimSpace(l) == "" {
+			continue
+		}
+		if strings.HasSuffix(l, `\`) {
+			cur += strings.TrimSuffix(l, `\`) + " "
+			continue
+		}
+		cmds = append(cmds, cur+l)
+		cur = ""
+	}
+	if cur != "" {
+		cmds = append(cmds, cur)
+	}
+	return cmds
+}
+
+// readRun reads the run's committed checkpoint ids and the members they
+// name from the stream, in order.
+func readRun(t *testing.T, url, run string) (committed, members []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, Name: "postmortem-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := natsjs.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := js.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
+		FilterSubjects: []string{events.OutcomeSubject(run, events.TypeCheckpointCommitted)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for {
+		msg, err := c.Next(natsjs.FetchMaxWait(2 * time.Second))
+		if errors.Is(err, natsjs.ErrMsgIteratorClosed) || errors.Is(err, nats.ErrTimeout) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, d, err := events.Unmarshal(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, ok := d.(events.CheckpointCommitted)
+		if !ok {
+			t.Fatalf("%s holds %T", msg.Subject(), d)
+		}
+		committed = append(committed, o.CheckpointID)
+		for _, m := range o.Members {
+			if !seen[string(m)] {
+				seen[string(m)] = true
+				members = append(members, string(m))
+			}
+		}
+		if md, err := msg.Metadata(); err == nil && md.NumPending == 0 {
+			break
+		}
+	}
+	if len(members) == 0 {
+		t.Fatalf("the committed outcomes of run %s name no member", run)
+	}
+	return committed, members
+}
