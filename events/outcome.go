@@ -216,6 +216,12 @@ func (o CheckpointFailed) Validate() error {
 	if len(o.Members) > MaxMembers {
 		errs = append(errs, fieldErr("data.members", ErrTooLarge, "%d members, limit %d", len(o.Members), MaxMembers))
 	}
+	for i, m := range o.Members {
+		if err := validateMember(fmt.Sprintf("data.members[%d]", i), string(m)); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
 	if len(o.Blockers) > MaxMembers {
 		errs = append(errs, fieldErr("data.blockers", ErrTooLarge, "%d members, limit %d", len(o.Blockers), MaxMembers))
 	}

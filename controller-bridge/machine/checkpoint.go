@@ -176,20 +176,27 @@ func (m *Machine) latestMoved(now time.Time, in LatestMoved) ([]Effect, error) {
 	if o.seen(events.TypeCheckpointCommitted) {
 		return m.afterCommitted(now)
 	}
-	man := o.manifest
-	out := events.CheckpointCommitted{OutcomeHeader: events.OutcomeHeader{Run: m.cfg.Run, CheckpointID: man.CheckpointID, Epoch: man.Epoch},
-		Continued: man.Continued, Restarted: man.Restarted, Members: o.members, PrepareMS: man.PrepareMS, CommitMS: man.CommitMS, Stop: man.Stop}
+	out := committedOutcome(m.cfg.Run, *o.manifest, o.members, o.instances)
+	m.want = wantOutcomePublished
+	return []Effect{PublishOutcome{ID: o.id, Outcome: out}}, nil
+}
+
+// committedOutcome is the checkpoint.committed of manifest man: what the
+// manifest holds, with each member's export (and its instance, when
+// known), as many exports as fit under the payload limit.
+func committedOutcome(run string, man events.CheckpointManifest, members []events.Member, instances map[events.Member]string) events.CheckpointCommitted {
+	out := events.CheckpointCommitted{OutcomeHeader: events.OutcomeHeader{Run: run, CheckpointID: man.CheckpointID, Epoch: man.Epoch},
+		Continued: man.Continued, Restarted: man.Restarted, Members: members, PrepareMS: man.PrepareMS, CommitMS: man.CommitMS, Stop: man.Stop,
+		Created: man.Created, PrepareSeq: man.PrepareSeq, CommitSeq: man.CommitSeq}
 	if out.Members == nil {
 		out.Members = []events.Member{}
 	}
-	out.Created, out.PrepareSeq, out.CommitSeq = man.Created, man.PrepareSeq, man.CommitSeq
 	exports := make([]events.MemberExport, 0, len(man.Members))
 	for _, mm := range man.Members {
-		exports = append(exports, events.ExportOf(mm, man.Epoch, o.instances[mm.Member]))
+		exports = append(exports, events.ExportOf(mm, man.Epoch, instances[mm.Member]))
 	}
 	out.Exports, out.ExportsCut = events.CapExports(exports, outcomeBudget(out))
-	m.want = wantOutcomePublished
-	return []Effect{PublishOutcome{ID: o.id, Outcome: out}}, nil
+	return out
 }
 
 // afterCommitted resumes the fleet, except after a stop commit: the fleet
