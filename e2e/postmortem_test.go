@@ -41,19 +41,7 @@ func TestPostmortemCommands(t *testing.T) {
 	}
 	b := buildBins(t)
 	dir := t.TempDir()
-	demo := child.StartForTest(t, child.Spec{Name: "demo", Path: b.stillpoint, Dir: "..",
-		Args: []string{"demo", "--rollouts", "4", "--dir", dir}})
-	dctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
-	defer cancel()
-	exit, err := demo.Wait(dctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(strings.TrimSpace(demo.Output()), "\n")
-	if !exit.Success() || !demoLine.MatchString(lines[len(lines)-1]) {
-		t.Fatalf("demo: %s, last line %q (its output is below)", exit, lines[len(lines)-1])
-	}
-	printed := printedCommands(t, lines)
+	printed := runDemoKept(t, b, nil, "--dir", dir)
 
 	// The demo's server line serves its store again: run it as printed,
 	// on a free port instead of 4333.
@@ -72,15 +60,66 @@ func TestPostmortemCommands(t *testing.T) {
 			}
 		}
 	}
-	srv := child.StartForTest(t, child.Spec{Name: "server", Path: b.stillpoint, Args: args})
-	sctx, scancel := context.WithTimeout(t.Context(), time.Minute)
-	defer scancel()
-	m, err := srv.WaitOutput(sctx, regexp.MustCompile(`NATS ready at (\S+)`))
+	url := startServer(t, b, args...)
+	checkCommands(t, b, natsCLI, url, printed[1:], true)
+}
+
+// TestPostmortemCommandsOnAServerOfItsOwn runs the demo with --nats-url
+// against `stillpoint server`: the demo's printed commands name that
+// server (no store path, no server to start), and work as printed.
+func TestPostmortemCommandsOnAServerOfItsOwn(t *testing.T) {
+	tier.E2E(t)
+	natsCLI := requireNatsCLI(t)
+	b := buildBins(t)
+	url := startServer(t, b, "server", "--dir", filepath.Join(t.TempDir(), "nats"), "--listen", "127.0.0.1:0")
+	printed := runDemoKept(t, b, []string{"--nats-url", url}, "--dir", t.TempDir())
+	for _, c := range printed {
+		if strings.Contains(c, " server ") || strings.Contains(c, readBackURL) || !strings.Contains(c, url) {
+			t.Errorf("with --nats-url %s the demo printed %q", url, c)
+		}
+	}
+	checkCommands(t, b, natsCLI, url, printed, false)
+}
+
+// runDemoKept runs `stillpoint demo --rollouts 4` (global flags first),
+// checks its last line and returns the commands it printed to read the
+// run back.
+func runDemoKept(t *testing.T, b bins, global []string, args ...string) []string {
+	t.Helper()
+	demo := child.StartForTest(t, child.Spec{Name: "demo", Path: b.stillpoint, Dir: "..",
+		Args: append(append(global, "demo", "--rollouts", "4"), args...)})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	exit, err := demo.Wait(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	url := m[1]
+	lines := strings.Split(strings.TrimSpace(demo.Output()), "\n")
+	if !exit.Success() || !demoLine.MatchString(lines[len(lines)-1]) {
+		t.Fatalf("demo: %s, last line %q (its output is below)", exit, lines[len(lines)-1])
+	}
+	return printedCommands(t, lines)
+}
 
+// startServer runs `stillpoint` with args (a server on a free port) until
+// the test ends and returns its URL.
+func startServer(t *testing.T, b bins, args ...string) string {
+	t.Helper()
+	srv := child.StartForTest(t, child.Spec{Name: "server", Path: b.stillpoint, Args: args})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	m, err := srv.WaitOutput(ctx, regexp.MustCompile(`NATS ready at (\S+)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m[1]
+}
+
+// checkCommands runs the demo's printed commands (but the server line)
+// and, with doc, every command of docs/POSTMORTEM.md, against the demo's
+// run on the server at url.
+func checkCommands(t *testing.T, b bins, natsCLI, url string, printed []string, doc bool) {
+	t.Helper()
 	const run = "demo"
 	committed, members := readRun(t, url, run)
 	if len(committed) != 3 {
@@ -96,19 +135,21 @@ func TestPostmortemCommands(t *testing.T) {
 	env := []string{"PATH=" + filepath.Dir(natsCLI) + ":" + bin + ":" + os.Getenv("PATH"), "NATS_URL=" + url,
 		"RUN=" + run, "CKPT=" + committed[len(committed)-1]}
 
-	doc, err := os.ReadFile("../docs/POSTMORTEM.md")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var docCmds []string
-	for _, block := range shBlocks(string(doc)) {
-		docCmds = append(docCmds, shellCommands(block)...)
-	}
-	if len(docCmds) < 10 {
-		t.Fatalf("docs/POSTMORTEM.md has %d commands in its sh blocks; has its layout changed?", len(docCmds))
+	if doc {
+		md, err := os.ReadFile("../docs/POSTMORTEM.md")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, block := range shBlocks(string(md)) {
+			docCmds = append(docCmds, shellCommands(block)...)
+		}
+		if len(docCmds) < 10 {
+			t.Fatalf("docs/POSTMORTEM.md has %d commands in its sh blocks; has its layout changed?", len(docCmds))
+		}
 	}
 	var demoCmds []string
-	for _, c := range printed[1:] {
+	for _, c := range printed {
 		c = strings.ReplaceAll(c, "go run ./cmd/stillpoint ", "stillpoint ")
 		demoCmds = append(demoCmds, strings.ReplaceAll(c, readBackURL, url))
 	}
@@ -117,6 +158,9 @@ func TestPostmortemCommands(t *testing.T) {
 		what string
 		cmds []string
 	}{{"docs/POSTMORTEM.md", docCmds}, {"the demo", demoCmds}} {
+		if len(set.cmds) == 0 {
+			continue
+		}
 		var all strings.Builder
 		for _, c := range set.cmds {
 			out := runCommand(t, env, c, shows)
