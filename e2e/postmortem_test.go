@@ -14,11 +14,16 @@ import (
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
 
 // natsCLIVersion is the natscli release docs/POSTMORTEM.md is written for.
@@ -351,4 +356,68 @@ func readRun(t *testing.T, url, run string) (committed, members []string) {
 		t.Fatalf("the committed outcomes of run %s name no member", run)
 	}
 	return committed, members
+}
+
+// TestPostmortemLiveRunCommands runs the commands of docs/POSTMORTEM.md
+// marked "(live run)" against a run that still keeps its checkpoints (a
+// bridge and a test fleet on an embedded server, two checkpoints taken):
+// each must exit 0 and show the run, and together they must show both
+// checkpoints (LATEST's history names each) and every member.
+func TestPostmortemLiveRunCommands(t *testing.T) {
+	tier.E2E(t)
+	natsCLI := requireNatsCLI(t)
+	b := buildBins(t)
+	const run = "live"
+	env := jstest.Start(t)
+	hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 2})
+	br, err := bridge.New(bridge.Config{Run: run, Conn: env.Conn, JS: env.JS, Bus: env.Bus, PhaseTimeout: 30 * time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntilCleanup(t, "bridge", br.Run)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	ids := []string{"c1", "c2"}
+	for _, id := range ids {
+		res, err := br.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: id})
+		if err != nil || res.Status != bridgeapi.StatusCommitted {
+			t.Fatalf("checkpoint %s: %+v %v", id, res, err)
+		}
+	}
+	var members []string
+	for _, h := range hs {
+		members = append(members, string(h.Name))
+	}
+
+	bin := t.TempDir()
+	if err := os.Symlink(b.stillpoint, filepath.Join(bin, "stillpoint")); err != nil {
+		t.Fatal(err)
+	}
+	shell := []string{"PATH=" + filepath.Dir(natsCLI) + ":" + bin + ":" + os.Getenv("PATH"), "NATS_URL=" + env.URL,
+		"RUN=" + run, "CKPT=" + ids[len(ids)-1]}
+	md, err := os.ReadFile("../docs/POSTMORTEM.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live []string
+	for _, block := range shBlocks(string(md)) {
+		for _, c := range shellCommands(block) {
+			if strings.Contains(c, "(live run)") {
+				live = append(live, strings.Replace(c, "(live run)", "(on a live run)", 1))
+			}
+		}
+	}
+	if len(live) < 3 {
+		t.Fatalf("docs/POSTMORTEM.md marks %d commands (live run); has its layout changed?", len(live))
+	}
+	var all strings.Builder
+	for _, c := range live {
+		all.WriteString(runCommand(t, shell, c, append(append([]string{run + "."}, ids...), members...)))
+	}
+	for _, want := range append(append([]string{`"checkpoint_id":"c1"`, `"checkpoint_id":"c2"`}, ids...), members...) {
+		if !strings.Contains(all.String(), want) {
+			t.Errorf("no live-run command shows %q", want)
+		}
+	}
 }
