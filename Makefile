@@ -28,7 +28,7 @@ HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,harness,stall
 CHAOS_SEED   ?= 1
 
-.PHONY: all help build test test-short e2e test-loaded lint fuzz bench chaos soak faults ci clean microvm-assets
+.PHONY: all help build test test-short e2e test-loaded lint fuzz bench chaos soak faults ci clean microvm-assets timeline-png
 
 all: build
 
@@ -112,13 +112,19 @@ bench:
 	$(GO) test -run '^$$' -bench Checkpoint64LiveRollouts -benchtime 1x -count 1 -timeout 30m ./e2e/
 	$(GO) test -run '^$$' -bench 'MicroVM' -benchtime 1x -count 1 -timeout 30m ./participants/owner/provider/
 
+## timeline-png: regenerate docs/timeline.png, the screenshot of a demo run's
+## `stillpoint timeline --html` in headless Chromium (the e2e test that checks
+## the page writes it; needs chromium: apt-get install chromium).
+timeline-png:
+	STILLPOINT_TIMELINE_PNG=$(CURDIR)/docs/timeline.png $(GO) test -count=1 -run '^TestTimelineHTMLOfTheDemoInChromium$$' ./e2e/
+
 ## microvm-assets: download the guest kernel of the microvm provider and
 ## extract its vmlinux and modules into the cache (.ci/microvm-assets).
 microvm-assets:
 	.ci/microvm-assets
 
-## ci: what .ci/run does.
-ci: lint test fuzz
+## ci: what .ci/run does after its installs.
+ci: lint test fuzz faults chaos
 
 clean:
 	rm -rf bin .stillpoint

@@ -128,6 +128,7 @@ func (r *ackReader) ack(am ackMsg) machine.Input {
 		r.b.log.Warn().Str("subject", am.msg.Subject).Str("type", string(d.Type())).Msg("refusing a non-ack on an ack subject")
 		return machine.AckSeen{StreamSeq: am.seq}
 	}
+	r.b.countAck(ack)
 	return machine.AckSeen{Ack: ack, StreamSeq: am.seq}
 }
 
@@ -209,7 +210,8 @@ func (b *Bridge) watchResume(r events.Resume) {
 // start, as the machine's does, and decides on what it read.
 func (b *Bridge) unresumed(ctx context.Context, r events.Resume, rd *ackReader, backlog uint64) []string {
 	h := r.PhaseHeader
-	h.Deadline = machine.GatherDeadline(b.cfg.Now(), h.Deadline)
+	began := b.cfg.Now()
+	h.Deadline = machine.GatherDeadline(began, h.Deadline)
 	readBy := b.cfg.Now().Add(b.cfg.PhaseTimeout)
 	t := machine.NewTally(events.PhaseResume, h)
 	timer := time.NewTimer(h.Deadline.Sub(b.cfg.Now()))
@@ -225,6 +227,7 @@ func (b *Bridge) unresumed(ctx context.Context, r events.Resume, rd *ackReader, 
 			now = h.Deadline.Add(-time.Nanosecond) // the recorded acks are not read yet
 		}
 		if v := t.Decide(now); v == machine.Complete {
+			b.cfg.Metrics.PhaseDone(string(events.PhaseResume), b.cfg.Now().Sub(began))
 			return nil
 		} else if v == machine.Failed {
 			break

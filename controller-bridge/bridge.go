@@ -48,6 +48,7 @@ func New(cfg Config) (*Bridge, error) {
 	b := &Bridge{cfg: cfg, source: src, instance: nuid.Next(), op: make(chan struct{}, 1),
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(src)).Logger()}
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
+	cfg.Metrics.InitBridge()
 	return b, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
@@ -48,6 +49,10 @@ type Config struct {
 	ResumeTimeout time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Metrics, when set, receives the bridge's metrics (phase durations,
+	// outcomes, acks, relay held calls) and is served on the API's
+	// /metrics; nil turns them off.
+	Metrics *metrics.Set
 }
 
 func (c *Config) setDefaults() {

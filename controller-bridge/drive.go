@@ -25,9 +25,13 @@ type driving struct {
 	after time.Duration // the last SetTimer
 
 	fin *machine.Finish // the operation's end, once the machine said it
+
+	clock phaseClock // when each phase gathered went out, for its duration
 }
 
-func (b *Bridge) newDriving(m *machine.Machine) *driving { return &driving{b: b, m: m} }
+func (b *Bridge) newDriving(m *machine.Machine) *driving {
+	return &driving{b: b, m: m, clock: phaseClock{}}
+}
 
 // close stops what the driving started.
 func (d *driving) close() {
@@ -148,6 +152,7 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 			return failed(err)
 		}
 		b.logPublished(d.m, e.Event)
+		d.clock.published(e.Event.Phase(), b.cfg.Now())
 		if name := publishFailpoint(d.m, e.Event.Phase()); name != "" {
 			failpoint.Hit(name)
 		}
@@ -160,6 +165,7 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 		d.acks = r
 		return machine.GatherStarted{Seq: e.Event.Header().Seq, Backlog: backlog}
 	case machine.StopGathering:
+		d.clock.stopped(b.cfg.Metrics, e.Phase, b.cfg.Now())
 		if d.acks != nil {
 			d.acks.close()
 			d.acks = nil

@@ -15,12 +15,13 @@ import (
 )
 
 // Handler returns the bridge's HTTP JSON API (docs/API.md). Every route
-// but /healthz requires "Authorization: Bearer <token>" (the scheme in any
+// but /healthz, /readyz and /metrics (docs/OPERATIONS.md) requires "Authorization: Bearer <token>" (the scheme in any
 // case), compared in constant time; an empty token turns authentication
 // off. Every answer is JSON, an unknown route (404) or a wrong method
 // (405) included.
 func (b *Bridge) Handler(token string) http.Handler {
 	mux := http.NewServeMux()
+	b.mountMetrics(mux)
 	mux.HandleFunc("GET "+bridgeapi.PathHealth, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "run": b.cfg.Run})
 	})

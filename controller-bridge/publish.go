@@ -87,6 +87,7 @@ func (b *Bridge) publishOutcomeOnce(ctx context.Context, o events.Data, opID str
 	if _, err := jetstream.PublishDedup(ctx, b.cfg.JS, msg); err != nil {
 		return fmt.Errorf("bridge: publish outcome %s: %w", o.Type().Noun(), err)
 	}
+	b.countOutcome(o)
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
@@ -29,6 +30,11 @@ type TimelineEntry struct {
 	Summary string `json:"summary"`
 	// Data is the decoded payload.
 	Data events.Data `json:"-"`
+}
+
+// Event returns the entry as the timeline model reads it.
+func (e TimelineEntry) Event() timeline.Event {
+	return timeline.Event{StreamSeq: e.StreamSeq, Time: e.Time, Source: e.Source, Data: e.Data}
 }
 
 // ReadTimeline reads a run's events from the stream in order, as the
@@ -66,17 +72,9 @@ func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint stri
 		if err != nil {
 			return out, fmt.Errorf("bridge: timeline of run %s: %w", run, err)
 		}
-		md, err := m.Metadata()
+		e, md, err := entryOf(m)
 		if err != nil {
 			return out, err
-		}
-		e := TimelineEntry{StreamSeq: md.Sequence.Stream, Time: md.Timestamp, Subject: m.Subject()}
-		ev, d, err := events.Unmarshal(&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
-		if err != nil {
-			e.Summary = "undecodable: " + err.Error()
-		} else {
-			e.Type, e.Source, e.CheckpointID, e.Data = events.Type(ev.Type()), ev.Source(), ev.Subject(), d
-			e.Summary = Summarize(d)
 		}
 		if checkpoint == "" || e.CheckpointID == checkpoint {
 			out = append(out, e)
@@ -86,6 +84,82 @@ func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint stri
 		// lookup, used before, found no responder on a cluster.)
 		if md.NumPending == 0 {
 			return out, nil
+		}
+	}
+}
+
+// entryOf reads one stream message as a timeline entry.
+func entryOf(m natsjs.Msg) (TimelineEntry, *natsjs.MsgMetadata, error) {
+	md, err := m.Metadata()
+	if err != nil {
+		return TimelineEntry{}, nil, fmt.Errorf("bridge: timeline: %w", err)
+	}
+	e := TimelineEntry{StreamSeq: md.Sequence.Stream, Time: md.Timestamp, Subject: m.Subject()}
+	ev, d, err := events.Unmarshal(&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+	if err != nil {
+		e.Summary = "undecodable: " + err.Error()
+	} else {
+		e.Type, e.Source, e.CheckpointID, e.Data = events.Type(ev.Type()), ev.Source(), ev.Subject(), d
+		e.Summary = Summarize(d)
+	}
+	return e, md, nil
+}
+
+// FollowTimeline reads a run's events as ReadTimeline does, from the
+// first one, and goes on with each new one as the stream stores it,
+// sending every entry to out in stream order (with a checkpoint id, only
+// that checkpoint's or operation's). It blocks until ctx ends, and
+// returns ctx's error then; it stops and waits for the consumer it
+// started before it returns.
+func FollowTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint string, out chan<- TimelineEntry) error {
+	if err := events.ValidateRun(run); err != nil {
+		return err
+	}
+	if checkpoint != "" {
+		if err := events.ValidateCheckpointID(checkpoint); err != nil {
+			return err
+		}
+	}
+	cons, err := js.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
+		FilterSubjects: []string{events.RunFilter(run)}, DeliverPolicy: natsjs.DeliverAllPolicy})
+	if err != nil {
+		return fmt.Errorf("bridge: timeline consumer: %w", err)
+	}
+	// The consumer's callback hands each message to this goroutine, which
+	// alone decodes and sends, so entries keep the stream's order.
+	msgs := make(chan natsjs.Msg)
+	stopped := make(chan struct{})
+	cc, err := cons.Consume(func(m natsjs.Msg) {
+		select {
+		case msgs <- m:
+		case <-stopped:
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("bridge: timeline of run %s: %w", run, err)
+	}
+	defer func() {
+		close(stopped)
+		cc.Stop()
+		<-cc.Closed()
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case m := <-msgs:
+			e, _, err := entryOf(m)
+			if err != nil {
+				return err
+			}
+			if checkpoint != "" && e.CheckpointID != checkpoint {
+				continue
+			}
+			select {
+			case out <- e:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 	}
 }

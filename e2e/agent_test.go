@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
@@ -238,10 +240,11 @@ func TestQueuedRunExportedAtSeed(t *testing.T) {
 
 // TestAdapterThatDoesNotPauseIsStoppedAndRelaunched: an adapter that does
 // not pause gets its launch stopped at prepare (the daemon leaves it
-// alone) and relaunched after the resume on its saved session.
+// alone) and relaunched after the resume on its saved session. The agent's
+// /metrics counts the fallback with its reason.
 func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 	tier.E2E(t)
-	f := startFleet(t, fleetOptions{n: 1, noPause: true, toolSeconds: 3, steps: 1})
+	f := startFleet(t, fleetOptions{n: 1, noPause: true, toolSeconds: 3, steps: 1, agentArgs: []string{"--metrics-addr", "127.0.0.1:0"}})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	out := f.dispatch(ctx, 0, 0)
@@ -250,6 +253,23 @@ func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 	bm := f.agentRecords(ctx, "c1", "a1")[tasks.ID(0)]
 	if bm.Next != agentapi.StageLaunch || !bm.Resume || len(bm.Launches) != 1 || bm.Launches[0].Ended != agentapi.LaunchInterrupted {
 		t.Fatalf("exported bookmark %s resume %v launches %+v", bm.Next, bm.Resume, bm.Launches)
+	}
+	f.mu.Lock()
+	agent := f.procs["agent-a1"]
+	f.mu.Unlock()
+	m, err := agent.WaitOutput(ctx, regexp.MustCompile(`metrics on (http://\S+)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fams, err := metrics.Scrape(ctx, m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := fams.Sum("stillpoint_relaunch_fallbacks_total", map[string]string{"reason": metrics.FallbackNoPause}); n != 1 {
+		t.Errorf("fallbacks for %s: %v, want 1", metrics.FallbackNoPause, n)
+	}
+	if n := fams.Sum("stillpoint_pauses_total", nil); n != 0 {
+		t.Errorf("pauses counted for an adapter that does not pause: %v", n)
 	}
 	o := <-out
 	if o.err != nil {

@@ -180,6 +180,10 @@ type PauseReport struct {
 	Frozen bool `json:"frozen,omitempty"`
 	// TookMS is how long the pause or continue took.
 	TookMS float64 `json:"took_ms"`
+	// HeldCalls, in a resume ack, is how many model calls the sandbox's
+	// relay held for the checkpoint when the daemon continued its launches
+	// (the calls it then lets go); 0 without a relay.
+	HeldCalls int `json:"held_calls,omitempty"`
 }
 
 // PrepareAck answers a prepare.

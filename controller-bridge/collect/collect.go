@@ -21,6 +21,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
 	agent "github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
@@ -130,6 +131,9 @@ type Config struct {
 	Logger zerolog.Logger
 	// Progress, when set, receives a live status line (a terminal).
 	Progress io.Writer
+	// Metrics, when set, receives the collector's metrics: results written
+	// and how they continued after checkpoints. nil: off.
+	Metrics *metrics.Set
 }
 
 // Result is one line of the output file.
@@ -294,6 +298,7 @@ func New(cfg Config) (*Collector, error) {
 	if cfg.DispatchLog == "" {
 		cfg.DispatchLog = cfg.Output + ".dispatch"
 	}
+	cfg.Metrics.InitCollector()
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 64
 	}
@@ -349,7 +354,6 @@ func (c *Collector) Summary() Summary {
 			s.Failed++
 			continue
 		}
-		inPlace, relaunched := false, false
 		for _, l := range r.Result.Launches {
 			if l.Rebind != "" {
 				if s.Rebinds == nil {
@@ -357,9 +361,8 @@ func (c *Collector) Summary() Summary {
 				}
 				s.Rebinds[l.Rebind]++
 			}
-			inPlace = inPlace || (l.Pauses > 0 && l.Ended == agent.LaunchFinished)
-			relaunched = relaunched || l.Continued
 		}
+		inPlace, relaunched := continuedHow(r.Result)
 		if inPlace {
 			s.ContinuedInPlace++
 		}
@@ -374,6 +377,20 @@ func (c *Collector) Summary() Summary {
 		s.Elapsed = time.Since(c.start)
 	}
 	return s
+}
+
+// continuedHow tells whether a result has a launch a checkpoint paused and
+// that went on to finish in place, and whether it has one that continued
+// a saved session (a relaunch).
+func continuedHow(r *agent.Result) (inPlace, relaunched bool) {
+	if r == nil {
+		return false, false
+	}
+	for _, l := range r.Launches {
+		inPlace = inPlace || (l.Pauses > 0 && l.Ended == agent.LaunchFinished)
+		relaunched = relaunched || l.Continued
+	}
+	return inPlace, relaunched
 }
 
 // Results returns the results written so far, by rollout id.

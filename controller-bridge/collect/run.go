@@ -14,6 +14,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
 	agent "github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
@@ -312,11 +313,29 @@ func (c *Collector) write(r Result) {
 		return
 	}
 	c.done[r.RolloutID] = r
+	c.count(r)
 	ev := c.log.Info()
 	if !r.OK {
 		ev = c.log.Warn().Str("error", r.Error)
 	}
 	ev.Str("episode", r.Episode).Str("agent", r.Agent).Int("done", len(c.done)).Int("of", len(c.byID)).Msg("result")
+}
+
+// count adds a result written to the metrics.
+func (c *Collector) count(r Result) {
+	m := c.cfg.Metrics
+	if !r.OK {
+		m.Result(metrics.ResultFailed)
+		return
+	}
+	m.Result(metrics.ResultOK)
+	inPlace, relaunched := continuedHow(r.Result)
+	if inPlace {
+		m.Continued(metrics.ContinuedInPlace)
+	}
+	if relaunched {
+		m.Continued(metrics.Relaunched)
+	}
 }
 
 func (c *Collector) cancelInflight() {

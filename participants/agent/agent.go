@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
@@ -102,6 +103,9 @@ type Config struct {
 	PollEvery time.Duration
 	// Logger receives structured logs.
 	Logger zerolog.Logger
+	// Metrics, when set, receives the agent's metrics: pauses by mode and
+	// their durations, fallbacks to stop and relaunch, rebinds. nil: off.
+	Metrics *metrics.Set
 }
 
 func (c *Config) validate() error {
@@ -185,6 +189,8 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	cfg.Metrics.InitAgent(agentapi.RebindResumed, agentapi.RebindCollected, agentapi.RebindRelayGone,
+		agentapi.RebindIdentityChanged, agentapi.RebindNotHolding, agentapi.RebindTakeoverFailed)
 	return a, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -261,7 +262,7 @@ func (a *Agent) parkRequestOf(r *run) *parkRequest {
 // bookmark of the following stage).
 func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox, id string, pr *parkRequest,
 	receipts <-chan receiptResult) (next agentapi.Bookmark, done bool, err error) {
-	why := "the adapter does not pause"
+	why, reason := "the adapter does not pause", metrics.FallbackNoPause
 	if a.cfg.Adapter.PausesAtCheckpoints() {
 		ctx, cancel := context.WithDeadline(r.ctx, pr.dl)
 		ack, err := a.acks.wait(ctx, pr.seq, lc.Session.SandboxID, pr.reopen, 250*time.Millisecond)
@@ -272,14 +273,15 @@ func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox,
 		case r.ctx.Err() != nil:
 			return bm, false, context.Cause(r.ctx)
 		case err != nil:
-			why = "no pause ack from sandbox " + lc.Session.SandboxID + " by the deadline"
+			why, reason = "no pause ack from sandbox "+lc.Session.SandboxID+" by the deadline", metrics.FallbackNoAck
 		case !ack.OK || !ack.Ready:
 			why = fmt.Sprintf("sandbox %s did not confirm the pause (ok %v, ready %v)", lc.Session.SandboxID, ack.OK, ack.Ready)
+			reason = metrics.FallbackNotConfirmed
 		default:
 			rec, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.Record, error) { return dc.Status(ctx, id) })
 			switch {
 			case err != nil:
-				why = "status after the pause: " + err.Error()
+				why, reason = "status after the pause: "+err.Error(), metrics.FallbackStatus
 			case rec.State == sandboxapi.StatePaused && rec.Pauses.Mode == sandboxapi.ModeHold && bm.Launches[len(bm.Launches)-1].Relay:
 				// Held, its model calls held by the relay, frozen if the
 				// daemon could: the snapshot keeps it as it is.
@@ -288,7 +290,7 @@ func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox,
 				// Held, not still: its processes run on and its files may
 				// change under the snapshot. Without a model relay to hold
 				// it, stop it instead.
-				why = "the launch is held, not frozen or stopped"
+				why, reason = "the launch is held, not frozen or stopped", metrics.FallbackNotStill
 			case rec.State == sandboxapi.StatePaused:
 				return a.parkPaused(r, bm, pr, receipts, rec, ack.Pause)
 			case rec.State == sandboxapi.StateEnded && rec.Receipt != nil:
@@ -297,7 +299,7 @@ func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox,
 				next, err := a.ended(r, bm, lc, *rec.Receipt)
 				return next, true, err
 			default:
-				why = fmt.Sprintf("the launch is %s after its sandbox acked the pause", rec.State)
+				why, reason = fmt.Sprintf("the launch is %s after its sandbox acked the pause", rec.State), metrics.FallbackState
 			}
 		}
 	}
@@ -307,6 +309,7 @@ func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox,
 	default:
 	}
 	r.log.Info().Str("launch", id).Str("why", why).Msg("stopping the launch for a relaunch after the checkpoint")
+	a.cfg.Metrics.Fallback(reason)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 2*time.Minute)
 	rc, err := dc.Stop(sctx, id, false)
 	cancel()
@@ -350,6 +353,11 @@ func (a *Agent) parkPaused(r *run, bm agentapi.Bookmark, pr *parkRequest, receip
 	a.mu.Unlock()
 	a.member.Notify()
 	r.log.Debug().Str("checkpoint", pr.cp).Str("mode", rec.Pauses.Mode.String()).Msg("parked, launch paused in place")
+	took := time.Duration(-1)
+	if rep != nil {
+		took = time.Duration(rep.TookMS * float64(time.Millisecond))
+	}
+	a.cfg.Metrics.Paused(rec.Pauses.Mode.String(), took)
 	select {
 	case <-pr.reopen:
 	case <-r.ctx.Done():

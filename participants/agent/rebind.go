@@ -128,6 +128,7 @@ func (a *Agent) rebind(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbo
 	}
 	ev.Str("launch", last.ID).Str("sandbox", lc.Session.SandboxID).Str("rebind", outcome).Str("why", why).Str("clock", clock).
 		Int("pause_seq", h.Seq).Str("identity", h.Identity).Msg("restored launch re-bound")
+	a.cfg.Metrics.Rebind(outcome)
 	switch outcome {
 	case agentapi.RebindResumed:
 		last.Sandbox, last.Ended, last.Detail = lc.Session.SandboxID, agentapi.LaunchRunning, ""

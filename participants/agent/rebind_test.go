@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -95,7 +96,8 @@ func (d *keptDaemon) Repoint(_ context.Context, url string, gen uint64) (sandbox
 // its logger, and a run of a rollout whose last launch a checkpoint held.
 func rebindAgent(t *testing.T) (*Agent, *run, agentapi.Bookmark) {
 	t.Helper()
-	a := &Agent{cfg: Config{ModelURL: "http://model.new:8080", ClockPolicy: ClockContinuous, Adapter: testAdapter{}}, log: testLogger(t)}
+	a := &Agent{cfg: Config{ModelURL: "http://model.new:8080", ClockPolicy: ClockContinuous, Adapter: testAdapter{}, Metrics: metrics.New()},
+		log: testLogger(t)}
 	r := &run{key: "r1-a1", ctx: t.Context(), log: testLogger(t)}
 	bm := agentapi.Bookmark{V: 1, Next: agentapi.StageLaunch, Rollout: "r1", Attempt: 0, Session: "r1", State: json.RawMessage(`{}`),
 		Resume: true, KeepsProcesses: true, RelayGen: 1,
@@ -151,6 +153,10 @@ func TestRebindOutcomes(t *testing.T) {
 			}
 			if got := d.got(); !slices.Equal(got, c.calls) {
 				t.Fatalf("calls %v, want %v", got, c.calls)
+			}
+			f, err := a.cfg.Metrics.Gather()
+			if err != nil || f.Sum("stillpoint_rebinds_total", map[string]string{"outcome": c.outcome}) != 1 || f.Sum("stillpoint_rebinds_total", nil) != 1 {
+				t.Fatalf("stillpoint_rebinds_total: %v (%v), want one %s", f["stillpoint_rebinds_total"], err, c.outcome)
 			}
 			if !next.Resume {
 				t.Fatal("the bookmark no longer resumes the saved session")

@@ -14,6 +14,7 @@ import (
 	"path"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/member"
@@ -165,11 +166,12 @@ func (o *Owner) export(ctx context.Context, c events.Commit) ([]events.Record, e
 	err := forEach(len(sessions), o.cfg.SnapshotParallelism, func(i int) error {
 		s := sessions[i]
 		id := SnapshotID(c.CheckpointID, s.ID)
-		if err := o.snapshot(ctx, p, s, id); err != nil {
+		size, err := o.snapshot(ctx, p, s, id)
+		if err != nil {
 			return err
 		}
 		taken[i] = true
-		return o.index(ctx, id, c.CheckpointID)
+		return o.index(ctx, id, c.CheckpointID, size)
 	})
 	if err != nil {
 		for i, s := range sessions {
@@ -207,24 +209,30 @@ func (o *Owner) export(ctx context.Context, c events.Commit) ([]events.Record, e
 // the first try fails (a full disk that a release frees, a provider's
 // passing error), after deleting what the first left. A second failure
 // deletes what it left too, and wraps ErrSnapshot naming the sandbox.
-func (o *Owner) snapshot(ctx context.Context, p Snapshotter, s *Session, id string) error {
-	_, first := p.Snapshot(ctx, s.Sandbox.ID, id)
+// It returns the bytes the snapshot taken copied.
+func (o *Owner) snapshot(ctx context.Context, p Snapshotter, s *Session, id string) (int64, error) {
+	began := time.Now()
+	snap, first := p.Snapshot(ctx, s.Sandbox.ID, id)
 	if first == nil {
-		return nil
+		o.cfg.Metrics.Snapshot(o.cfg.Provider.Name(), time.Since(began), snap.Size)
+		return snap.Size, nil
 	}
 	log := o.log.Warn().Err(first).Str("sandbox", s.Sandbox.ID).Str("session", s.ID).Str("snapshot", id)
 	if err := p.DeleteSnapshot(ctx, id); err != nil {
 		log.AnErr("delete", err).Msg("snapshot failed and what it left cannot be deleted; not taken again")
-		return fmt.Errorf("%w: sandbox %s (session %s), snapshot %s: %w; deleting what it left: %w", ErrSnapshot, s.Sandbox.ID, s.ID, id, first, err)
+		return 0, fmt.Errorf("%w: sandbox %s (session %s), snapshot %s: %w; deleting what it left: %w", ErrSnapshot, s.Sandbox.ID, s.ID, id, first, err)
 	}
 	log.Msg("snapshot failed; taking it again")
-	if _, err := p.Snapshot(ctx, s.Sandbox.ID, id); err != nil {
+	began = time.Now()
+	snap, err := p.Snapshot(ctx, s.Sandbox.ID, id)
+	if err != nil {
 		if derr := p.DeleteSnapshot(context.WithoutCancel(ctx), id); derr != nil {
 			o.log.Warn().Err(derr).Str("snapshot", id).Msg("delete what a failed snapshot left")
 		}
-		return fmt.Errorf("%w: sandbox %s (session %s), snapshot %s: first %w; again %w", ErrSnapshot, s.Sandbox.ID, s.ID, id, first, err)
+		return 0, fmt.Errorf("%w: sandbox %s (session %s), snapshot %s: first %w; again %w", ErrSnapshot, s.Sandbox.ID, s.ID, id, first, err)
 	}
-	return nil
+	o.cfg.Metrics.Snapshot(o.cfg.Provider.Name(), time.Since(began), snap.Size)
+	return snap.Size, nil
 }
 
 // parsed is one validated record of an Install.
@@ -321,10 +329,12 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 		if forker != nil {
 			spec = forker.ForkSpec(spec)
 		}
+		began := time.Now()
 		sb, err := o.snap.Fork(ctx, p.data.Sandbox.Snapshot, spec)
 		if err != nil {
 			return fmt.Errorf("owner: fork %s for session %s: %w", p.data.Sandbox.Snapshot, p.data.Session, err)
 		}
+		o.cfg.Metrics.Fork(prov.Name(), time.Since(began), o.snapshotSize(ctx, p.data.Sandbox.Snapshot))
 		forks[i] = sb
 		return nil
 	})

@@ -88,10 +88,10 @@ func isWrongSeq(err error) bool {
 }
 
 // index records that checkpoint ckpt names snapshot id.
-func (o *Owner) index(ctx context.Context, id, ckpt string) error {
+func (o *Owner) index(ctx context.Context, id, ckpt string, size int64) error {
 	return o.update(ctx, id, func(e *ownerapi.IndexEntry) (*ownerapi.IndexEntry, bool) {
 		if e == nil {
-			return &ownerapi.IndexEntry{Run: o.cfg.Run, Snapshot: id, Checkpoints: []string{ckpt}}, true
+			return &ownerapi.IndexEntry{Run: o.cfg.Run, Snapshot: id, Checkpoints: []string{ckpt}, Size: size}, true
 		}
 		if slices.Contains(e.Checkpoints, ckpt) {
 			return e, false
@@ -191,4 +191,18 @@ func (o *Owner) deleteSnapshot(ctx context.Context, id string) error {
 		return nil
 	}
 	return o.snap.DeleteSnapshot(ctx, id)
+}
+
+// snapshotSize is the size of snapshot id as its index entry recorded it
+// when it was taken; 0 when it is not known (an entry of an older owner,
+// or one that cannot be read).
+func (o *Owner) snapshotSize(ctx context.Context, id string) int64 {
+	if o.cfg.Metrics == nil {
+		return 0
+	}
+	e, err := o.entry(ctx, id)
+	if err != nil || e == nil {
+		return 0
+	}
+	return e.Size
 }

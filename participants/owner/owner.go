@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
@@ -132,6 +133,9 @@ type Config struct {
 	SandboxCreds *SandboxCreds
 	// Grace is the member's lease grace (default member.DefaultGrace).
 	Grace time.Duration
+	// Metrics, when set, receives the owner's metrics: each snapshot's and
+	// fork's duration and bytes. nil: off.
+	Metrics *metrics.Set
 }
 
 func (c *Config) setDefaults() {

@@ -471,7 +471,11 @@ func (d *Daemon) Continue(ctx context.Context, id string) (*events.PauseReport, 
 		}
 		reports = append(reports, rep)
 	}
-	return summarize(reports), errors.Join(errs...)
+	sum := summarize(reports)
+	if sum != nil && reopened && d.cfg.Relay != nil {
+		sum.HeldCalls = d.cfg.Relay.Status().Calls.Held // read before the deferred release lets them go
+	}
+	return sum, errors.Join(errs...)
 }
 
 // Retire implements member.Retirer: stop the launches of the retired

@@ -327,3 +327,40 @@ func TestResumeAndNewLaunchReleaseTheRelay(t *testing.T) {
 		}
 	}
 }
+
+// The resume ack's pause report counts the model calls the relay held for
+// the checkpoint (held_calls): the bridge turns it into
+// stillpoint_relay_held_calls_total. The call held then reaches the model.
+func TestResumeAckCountsHeldCalls(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, run)
+	model := newModelServer(t, func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, `{}`) })
+	res, rl := residentWithRelay(t, t.TempDir(), model.URL)
+	m := join(t, env, res, "held", 0)
+	c, _ := launch(t, env, "held", id("r1"), t.TempDir())
+	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, m)})
+	if a := bridge.Ack(seq, events.PhasePrepare, m).(events.PrepareAck); !a.Ready || !rl.Holding() {
+		t.Fatalf("prepare: ready %v, relay holding %v", a.Ready, rl.Holding())
+	}
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(rl.URL()+"/v1/chat/completions", "application/json", strings.NewReader(`{"q":"held"}`))
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	poll.Wait(t, 10*time.Second, "the call held", func() bool { return rl.Status().Calls.Held == 1 })
+	a := bridge.Ack(bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, m)}), events.PhaseResume, m).(events.ResumeAck)
+	if a.Pause == nil || a.Pause.HeldCalls != 1 {
+		t.Fatalf("resume ack pause report %+v, want held_calls 1", a.Pause)
+	}
+	if code := <-answered; code != http.StatusOK {
+		t.Fatalf("the held call got %d after the resume, want 200", code)
+	}
+	if _, err := c.Stop(t.Context(), id("r1"), true); err != nil {
+		t.Fatal(err)
+	}
+}

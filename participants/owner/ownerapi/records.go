@@ -39,6 +39,10 @@ type IndexEntry struct {
 	Snapshot string `json:"snapshot"`
 	// Checkpoints are the checkpoint ids that name the snapshot.
 	Checkpoints []string `json:"checkpoints"`
+	// Size is the bytes of file data the snapshot copied, as the provider
+	// reported when it was taken (0 in entries written before it was
+	// recorded).
+	Size int64 `json:"size,omitempty"`
 }
 
 // DecodeIndexEntry decodes and checks the value of snapshot id's key in

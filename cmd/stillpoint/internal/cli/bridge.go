@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
@@ -41,7 +42,9 @@ At start it recovers whatever a previous bridge of the run left open: a prepare
 is aborted, a commit finished or aborted from the acks, a restore completed or
 failed. It keeps no state of its own beyond the bus.
 
-The API requires a bearer token: give it in --token-file or STILLPOINT_BRIDGE_TOKEN.`,
+The API requires a bearer token: give it in --token-file or STILLPOINT_BRIDGE_TOKEN.
+/metrics (Prometheus), /healthz and /readyz on the same address need none
+(docs/OPERATIONS.md).`,
 		Example: `  STILLPOINT_BRIDGE_TOKEN=s3cret stillpoint bridge --run train-7 --nats-url nats://127.0.0.1:4222`,
 		Args:    cobra.NoArgs,
 		RunE:    func(cmd *cobra.Command, _ []string) error { return runBridge(cmd.Context(), g, f) },
@@ -107,7 +110,8 @@ func runBridge(ctx context.Context, g *globals, f bridgeFlags) error {
 		return err
 	}
 	defer closeBus()
-	b, err := bridge.New(bridge.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Conn: connOf(js), Logger: log, PhaseTimeout: f.timeout})
+	b, err := bridge.New(bridge.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Conn: connOf(js), Logger: log, PhaseTimeout: f.timeout,
+		Metrics: metrics.New()})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}

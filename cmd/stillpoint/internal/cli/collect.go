@@ -17,6 +17,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/internal/metrics"
 )
 
 type collectFlags struct {
@@ -31,6 +32,7 @@ type collectFlags struct {
 	every       time.Duration
 	keep        int
 	noProgress  bool
+	metricsAddr string
 }
 
 func newCollectCmd(g *globals) *cobra.Command {
@@ -71,6 +73,7 @@ recovers when it sees the agents and the owner restart under it.`,
 	fl.DurationVar(&f.every, "checkpoint-every", 0, "take a checkpoint this often (0: only on SIGUSR1 and SIGTERM)")
 	fl.IntVar(&f.keep, "keep", 2, "committed checkpoints to keep; at the end, 0 releases everything")
 	fl.BoolVar(&f.noProgress, "no-progress", false, "no live progress line, even on a terminal")
+	metricsAddrFlag(fl, &f.metricsAddr)
 	return cmd
 }
 
@@ -110,10 +113,19 @@ func runCollect(ctx context.Context, g *globals, f collectFlags) error {
 	if progress != nil {
 		cfg.Progress = progress
 	}
+	if f.metricsAddr != "" {
+		cfg.Metrics = metrics.New()
+	}
 	c, err := collect.New(cfg)
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
+	stopMetrics, err := startMetrics(ctx, g, f.metricsAddr, "collector of run "+f.run, cfg.Metrics,
+		metrics.All(metrics.Connected(connOf(js)), metrics.StreamAnswers(bus.Stream)))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stopMetrics() }()
 	defer onSignal(syscall.SIGUSR1, c.CheckpointNow)()
 	stop := c.Stop
 	termHandler.Store(&stop)

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/participants/agent"
@@ -38,6 +39,7 @@ type agentFlags struct {
 	clock       string
 	noFreeze    bool
 	freezeWait  time.Duration
+	metricsAddr string
 }
 
 func newAgentCmd(g *globals) *cobra.Command {
@@ -73,6 +75,7 @@ continues them.
 	fl.StringVar(&f.clock, "clock-policy", string(agent.ClockContinuous), "a sandbox's clock after an in-place restore: continuous (kept continuous with the pause when it froze the launch) or host (set to the host's time)")
 	fl.BoolVar(&f.noFreeze, "no-freeze", false, "on providers whose snapshots keep processes, hold launches at a checkpoint without freezing them (restore_sandbox_clock off)")
 	fl.DurationVar(&f.freezeWait, "freeze-wait", sandboxapi.DefaultFreezeWait, "how long a freezing hold waits for every process to stop (checkpoint_freeze_wait_seconds)")
+	metricsAddrFlag(fl, &f.metricsAddr)
 	return cmd
 }
 
@@ -98,14 +101,24 @@ func runAgent(ctx context.Context, g *globals, f agentFlags) error {
 		return err
 	}
 	defer closeBus()
+	var set *metrics.Set
+	if f.metricsAddr != "" {
+		set = metrics.New()
+	}
 	a, err := agent.New(agent.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Owner: f.owner, Concurrency: f.concurrency,
-		Adapter: adapter, Logger: log, ModelURL: f.modelURL, ClockPolicy: agent.ClockPolicy(f.clock), NoFreeze: f.noFreeze, FreezeWait: f.freezeWait})
+		Adapter: adapter, Logger: log, ModelURL: f.modelURL, ClockPolicy: agent.ClockPolicy(f.clock), NoFreeze: f.noFreeze, FreezeWait: f.freezeWait,
+		Metrics: set})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
+	stopMetrics, err := startMetrics(ctx, g, f.metricsAddr, "agent "+string(a.Name()), set, memberReady(connOf(js), bus, f.run, a.Member()))
+	if err != nil {
+		return err
+	}
 	log.Info().Str("run", f.run).Str("member", string(a.Name())).Str("adapter", adapter.Name()).Msg("agent serving")
 	fmt.Fprintf(g.stdout, "stillpoint: agent %s of run %s serving\n", a.Name(), f.run)
-	return quiet(a.Run(ctx))
+	err = quiet(a.Run(ctx))
+	return errors.Join(err, stopMetrics())
 }
 
 type ownerFlags struct {
@@ -133,6 +146,7 @@ type ownerFlags struct {
 	vmMem         int
 	vmCPU         string
 	sandboxdArgs  []string
+	metricsAddr   string
 }
 
 func newOwnerCmd(g *globals) *cobra.Command {
@@ -181,6 +195,7 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.StringVar(&f.accel, "microvm-accel", "auto", "microvm: auto (KVM when a probe guest runs at speed, else TCG), kvm or tcg")
 	fl.StringVar(&f.vmCache, "microvm-cache", "", "microvm: the directory of images and warm templates, which owners may share (default: under --state-dir)")
 	fl.StringArrayVar(&f.sandboxdArgs, "sandboxd-arg", nil, "one more flag of every sandbox's sandboxd member, and its forks' (repeatable; e.g. --failpoint=relay-down in the end-to-end tests)")
+	metricsAddrFlag(fl, &f.metricsAddr)
 	fl.StringVar(&f.vmCPU, "microvm-cpu", "", "microvm: the guests' CPU model under TCG (default qemu64; max with --opencode, whose binary needs newer instructions)")
 	fl.IntVar(&f.vmMem, "microvm-mem", provider.DefaultMemMiB, "microvm: each guest's RAM in MiB (OpenCode needs about 1024)")
 	fl.BoolVar(&f.vmPrune, "microvm-prune-cache", false, "microvm: prune --microvm-cache at start (templates unused for an hour beyond the newest four); only for a cache no other owner's snapshots stand on")
@@ -359,11 +374,21 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 		return err
 	}
 	defer closeBus()
+	var set *metrics.Set
+	if f.metricsAddr != "" {
+		set = metrics.New()
+	}
 	o, err := owner.New(owner.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Provider: prov, Checkpointing: !f.noCheckpoints,
-		LendsSandboxes: true, StateDir: filepath.Join(f.stateDir, "owner"), TaskKind: kind, Logger: log, SandboxCreds: sandboxUsers})
+		LendsSandboxes: true, StateDir: filepath.Join(f.stateDir, "owner"), TaskKind: kind, Logger: log, SandboxCreds: sandboxUsers,
+		Metrics: set})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
+	stopMetrics, err := startMetrics(ctx, g, f.metricsAddr, "owner "+f.name, set, memberReady(connOf(js), bus, f.run, o.Member()))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = stopMetrics() }()
 	desc := prov.Name()
 	if r, ok := prov.(interface{ Reason() string }); ok && r.Reason() != "" {
 		desc += ": " + r.Reason()

@@ -32,6 +32,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/invariant"
+	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
@@ -160,6 +161,10 @@ type demo struct {
 	// modelAddr is the model server's host address (a microvm owner
 	// forwards its guests to it).
 	modelAddr string
+	// metricsAddrs are the --metrics-addr of each process name (and
+	// "collector", served in this process), kept across restarts so that
+	// a scraper keeps its targets.
+	metricsAddrs map[string]string
 
 	mu    sync.Mutex
 	procs map[string]*child.Process // the latest process of each name
@@ -268,7 +273,13 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if fd, ok := env.Stderr.(*os.File); ok && isatty.IsTerminal(fd.Fd()) {
 		progress = fd
 	}
-	cfg := collect.Config{Run: d.run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
+	set := metrics.New()
+	stopMetrics, err := d.serveMetrics(ctx, set, metrics.All(metrics.Connected(nc), metrics.StreamAnswers(bus.Stream)), agents)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+	cfg := collect.Config{Run: d.run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents, Metrics: set,
 		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: inFlight, Keep: 0, RecoverGrace: 90 * time.Second,
 		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
 		OnCommit: func(ctx context.Context, res *bridgeapi.CheckpointResult) {
@@ -596,6 +607,63 @@ func (d *demo) startBridge(ctx context.Context, extra ...string) (string, error)
 	return url, nil
 }
 
+// metricsAddr returns the metrics address of process name: a free
+// loopback port the first time, the same one after.
+func (d *demo) metricsAddr(name string) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if a, ok := d.metricsAddrs[name]; ok {
+		return a, nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	a := ln.Addr().String()
+	_ = ln.Close()
+	if d.metricsAddrs == nil {
+		d.metricsAddrs = map[string]string{}
+	}
+	d.metricsAddrs[name] = a
+	return a, nil
+}
+
+// serveMetrics serves the collector's metrics in this process until the
+// returned stop, and says where every process serves its own.
+func (d *demo) serveMetrics(ctx context.Context, set *metrics.Set, ready metrics.Probe, agents []string) (stop func(), err error) {
+	addr, err := d.metricsAddr("collector")
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = metrics.Serve(sctx, ln, metrics.Handler(set, ready)) }()
+	targets := []string{"collector http://" + addr + metrics.PathMetrics, "bridge http://" + d.bridgeAddr + metrics.PathMetrics}
+	for _, n := range append([]string{"owner"}, agentProcs(agents)...) {
+		a, err := d.metricsAddr(n)
+		if err != nil {
+			cancel()
+			<-done
+			return nil, err
+		}
+		targets = append(targets, n+" http://"+a+metrics.PathMetrics)
+	}
+	d.say("metrics: %s", strings.Join(targets, ", "))
+	return func() { cancel(); <-done }, nil
+}
+
+func agentProcs(agents []string) []string {
+	out := make([]string, len(agents))
+	for i, a := range agents {
+		out[i] = "agent-" + a
+	}
+	return out
+}
+
 func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstream.Bus) error {
 	prev := d.instance(ctx, bus, "owner.o1")
 	args := []string{"owner", "--run", d.run, "--name", "o1", "--provider", d.f.provider, "--state-dir", filepath.Join(d.dir, "owner"),
@@ -610,6 +678,11 @@ func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstrea
 	if d.auth != nil {
 		args = append(args, "--sandbox-signer", filepath.Join(d.authDir, "sandbox-signer.json"))
 	}
+	maddr, err := d.metricsAddr("owner")
+	if err != nil {
+		return err
+	}
+	args = append(args, "--metrics-addr", maddr)
 	if err := d.spawn("owner", "owner.o1", nil, args...); err != nil {
 		return err
 	}
@@ -623,6 +696,11 @@ func (d *demo) startAgent(ctx context.Context, bus *jetstream.Bus, name, modelUR
 	if d.f.harness == harnessOpenCode {
 		args = append(args, "--adapter", "opencode", "--launch-timeout", "10m")
 	}
+	maddr, err := d.metricsAddr("agent-" + name)
+	if err != nil {
+		return err
+	}
+	args = append(args, "--metrics-addr", maddr)
 	if err := d.spawn("agent-"+name, string(m), nil, args...); err != nil {
 		return err
 	}
