@@ -234,18 +234,6 @@ func (b *Bridge) deleteCheckpoints(ctx context.Context, del []machine.Deletion, 
 // names missing records rather than records nothing names. With
 // KeepMarker the key stays: only what its members wrote goes.
 func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error {
-	prefix := b.cfg.Run + "/" + d.CheckpointID + "/"
-	objs, err := b.cfg.Bus.Records.List(ctx)
-	if err != nil && !errors.Is(err, natsjs.ErrNoObjectsFound) {
-		return fmt.Errorf("bridge: list records: %w", err)
-	}
-	for _, o := range objs {
-		if strings.HasPrefix(o.Name, prefix) {
-			if err := b.cfg.Bus.Records.Delete(ctx, o.Name); err != nil && !errors.Is(err, natsjs.ErrObjectNotFound) {
-				return fmt.Errorf("bridge: delete records %s: %w", o.Name, err)
-			}
-		}
-	}
 	lister, err := b.cfg.Bus.Manifests.ListKeysFiltered(ctx, events.ManifestKey(b.cfg.Run, d.CheckpointID)+".>")
 	if err != nil {
 		return fmt.Errorf("bridge: list member manifests: %w", err)
@@ -253,6 +241,26 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 	var keys []string
 	for k := range lister.Keys() {
 		keys = append(keys, k)
+	}
+	// The shared records store, and the stores of the run's members with
+	// credentials of their own (events.RecordsBucket).
+	own, err := jetstream.RecordStores(ctx, b.cfg.JS, events.RecordsBucketPrefix(b.cfg.Run))
+	if err != nil {
+		return fmt.Errorf("bridge: %w", err)
+	}
+	prefix := b.cfg.Run + "/" + d.CheckpointID + "/"
+	for _, store := range append([]natsjs.ObjectStore{b.cfg.Bus.Records}, own...) {
+		objs, err := store.List(ctx)
+		if err != nil && !errors.Is(err, natsjs.ErrNoObjectsFound) {
+			return fmt.Errorf("bridge: list records: %w", err)
+		}
+		for _, o := range objs {
+			if strings.HasPrefix(o.Name, prefix) {
+				if err := store.Delete(ctx, o.Name); err != nil && !errors.Is(err, natsjs.ErrObjectNotFound) {
+					return fmt.Errorf("bridge: delete records %s/%s: %w", o.Bucket, o.Name, err)
+				}
+			}
+		}
 	}
 	for _, k := range keys {
 		if err := b.cfg.Bus.Manifests.Purge(ctx, k); err != nil {

@@ -289,9 +289,14 @@ type MemberManifest struct {
 	Run          string `json:"run"`
 	CheckpointID string `json:"checkpoint_id"`
 	Member       Member `json:"member"`
-	// Object is the object name in sp_records (RecordsObject: named by
-	// the digest).
+	// Object is the object name (RecordsObject: named by the digest) in
+	// Bucket.
 	Object string `json:"object"`
+	// Bucket is the object store that holds Object: RecordsBucket of Run
+	// and Member for a member that writes with credentials of its own, ""
+	// for sp_records, the store every member shares (and every manifest
+	// written before members had stores of their own names).
+	Bucket string `json:"bucket,omitempty"`
 	// SHA256 is the hex digest of the object's bytes.
 	SHA256 string `json:"sha256"`
 	// Count is the number of records (JSON lines).
@@ -320,6 +325,11 @@ func (m MemberManifest) Validate() error {
 	if want := RecordsObject(m.Run, m.CheckpointID, m.Member, m.SHA256); m.Object != want {
 		errs = append(errs, fieldErr("manifest.object", ErrMismatch, "%q, want %q", clip(m.Object), want))
 	}
+	if m.Bucket != "" {
+		if want := RecordsBucket(m.Run, m.Member); m.Bucket != want {
+			errs = append(errs, fieldErr("manifest.bucket", ErrMismatch, "%q, want %q or none", clip(m.Bucket), want))
+		}
+	}
 	if !isSHA256(m.SHA256) {
 		errs = append(errs, fieldErr("manifest.sha256", ErrInvalid, "%q is not a hex sha256", clip(m.SHA256)))
 	}
@@ -341,6 +351,20 @@ func RecordsObject(run, checkpoint string, m Member, sha256 string) string {
 		sha256 = sha256[:16]
 	}
 	return RecordsPrefix(run, checkpoint, m) + sha256 + ".jsonl"
+}
+
+// RecordsBucket returns the object store of member m's records in run,
+// sp_records_<run>_<kind>_<name>: a member with credentials of its own
+// writes there, and its user may write no other member's store (PROTOCOL
+// §8, docs/PERMISSIONS.md).
+func RecordsBucket(run string, m Member) string {
+	return RecordsBucketPrefix(run) + string(m.Kind()) + "_" + m.Name()
+}
+
+// RecordsBucketPrefix returns the prefix of the name of every member's own
+// records store in run (RecordsBucket): sp_records_<run>_.
+func RecordsBucketPrefix(run string) string {
+	return "sp_records_" + run + "_"
 }
 
 // RecordsPrefix returns the prefix of every records object of a member in a

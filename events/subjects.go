@@ -52,6 +52,22 @@ func ServiceSubject(run string, m Member) string {
 	return ServicePrefix + "." + run + "." + string(m.Kind()) + "." + m.Name()
 }
 
+// ServiceName returns the NATS micro service name of a member kind's
+// service, what `nats micro ls` lists and the $SRV discovery subjects carry:
+// stillpoint-agent, stillpoint-owner, stillpoint-sandboxd ("" for another
+// kind). A member's credentials answer discovery under its kind's name only.
+func ServiceName(kind MemberKind) string {
+	switch kind {
+	case KindAgent:
+		return "stillpoint-agent"
+	case KindOwner:
+		return "stillpoint-owner"
+	case KindSandbox:
+		return "stillpoint-sandboxd"
+	}
+	return ""
+}
+
 // ServiceFilter returns spsvc.<run>.<kind>.*.>, every endpoint of every
 // member of one kind in a run (what a role's permissions name).
 func ServiceFilter(run string, kind MemberKind) string {

@@ -21,6 +21,8 @@
 //	                       compare-and-set; <run>.HEAD; 16 revisions of history
 //	kv      sp_snapshots   the owner's snapshot index: snapshot id -> checkpoints naming it
 //	object  sp_records     <run>/<checkpoint>/<member>.<sha256 prefix>.jsonl, exported records
+//	object  sp_records_<run>_<kind>_<name>   the same, of one member with credentials of its own
+//	                       (made by the member; RecordStores lists a run's)
 //
 // Topology holds what varies between deployments (replicas, ages, history). Provision creates
 // whatever of the layout is missing and returns a Bus, a handle on all of it; it is idempotent and

@@ -32,8 +32,13 @@ type Bus struct {
 	Manifests natsjs.KeyValue
 	// Snapshots is BucketSnapshots: the owner's snapshot index.
 	Snapshots natsjs.KeyValue
-	// Records is BucketRecords: members' exported records.
+	// Records is BucketRecords: members' exported records, but those of a member with
+	// credentials of its own, which it keeps in an object store of its own name
+	// (events.RecordsBucket, opened through JS).
 	Records natsjs.ObjectStore
+	// JS is the JetStream context the bus was opened with: it opens the members' own
+	// records stores.
+	JS natsjs.JetStream
 }
 
 // resource is one object of the bus as Provision sees it: a backing stream to look up, a
@@ -108,7 +113,7 @@ func Open(ctx context.Context, js natsjs.JetStream) (*Bus, error) {
 		return nil, errors.New("jetstream: open: nil JetStream")
 	}
 	var (
-		bus     Bus
+		bus     = Bus{JS: js}
 		missing []string
 		err     error
 	)

@@ -1,8 +1,11 @@
 package jetstream
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -169,4 +172,32 @@ func (t Topology) objectStoreConfig() natsjs.ObjectStoreConfig {
 		Storage:     natsjs.FileStorage,
 		Replicas:    t.Replicas,
 	}
+}
+
+// RecordStores opens every object store whose bucket name starts with prefix (the members' own
+// records stores of a run: events.RecordsBucketPrefix), sorted by name.
+func RecordStores(ctx context.Context, js natsjs.JetStream, prefix string) ([]natsjs.ObjectStore, error) {
+	names := js.StreamNames(ctx)
+	var buckets []string
+	for n := range names.Name() {
+		if b, ok := strings.CutPrefix(n, "OBJ_"); ok && strings.HasPrefix(b, prefix) {
+			buckets = append(buckets, b)
+		}
+	}
+	if err := names.Err(); err != nil && !errors.Is(err, natsjs.ErrEndOfData) {
+		return nil, fmt.Errorf("jetstream: list records stores: %w", err)
+	}
+	slices.Sort(buckets)
+	var stores []natsjs.ObjectStore
+	for _, b := range buckets {
+		st, err := js.ObjectStore(ctx, b)
+		if errors.Is(err, natsjs.ErrBucketNotFound) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("jetstream: records store %s: %w", b, err)
+		}
+		stores = append(stores, st)
+	}
+	return stores, nil
 }

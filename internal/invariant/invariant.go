@@ -163,7 +163,7 @@ func Check(ctx context.Context, r Run) []Result {
 
 	// 6 and 7. Nothing left: sandboxes, processes, snapshots, records.
 	snaps, serr := countSnapshots(ctx, r.Bus.Snapshots, r.Run)
-	records, rerr := countObjects(ctx, r.Bus.Records, r.Run+"/")
+	records, rerr := countRecords(ctx, r.JS, r.Bus.Records, r.Run)
 	var cerrs []string
 	for _, e := range []error{serr, rerr} {
 		if e != nil {

@@ -73,7 +73,7 @@ func readRecords(ctx context.Context, bus *jetstream.Bus, run, id string, m even
 		// Each try bounded: the verification runs in the collector's
 		// commit, and a read stuck on a lost node would hold the run.
 		rctx, cancel := context.WithTimeout(ctx, readTimeout)
-		_, _, err = member.ReadRecords(rctx, bus.Manifests, bus.Records, run, id, m, nil)
+		_, _, err = member.ReadRecords(rctx, bus.Manifests, bus.JS, run, id, m, nil)
 		cancel()
 		if err == nil || errors.Is(err, member.ErrCorruptRecords) || errors.Is(err, member.ErrNoManifest) {
 			return err
@@ -155,6 +155,24 @@ func countSnapshots(ctx context.Context, kv natsjs.KeyValue, run string) (int, e
 		if json.Unmarshal(e.Value(), &entry) == nil && entry.Run == run {
 			n++
 		}
+	}
+	return n, nil
+}
+
+// countRecords counts the records objects of run left in the shared store
+// and in the stores of the run's members with credentials of their own.
+func countRecords(ctx context.Context, js natsjs.JetStream, shared natsjs.ObjectStore, run string) (int, error) {
+	own, err := jetstream.RecordStores(ctx, js, events.RecordsBucketPrefix(run))
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, store := range append([]natsjs.ObjectStore{shared}, own...) {
+		c, err := countObjects(ctx, store, run+"/")
+		if err != nil {
+			return 0, err
+		}
+		n += c
 	}
 	return n, nil
 }

@@ -26,7 +26,8 @@
 // signing key for the bridge, controller and admin roles (RoleCreds) and one scoped signing key
 // per member kind whose template, MemberPermissions, limits each user to its own member name and
 // run (MemberCreds; Signer.Mint, for an owner minting its sandboxes' short-lived users).
-// Server.UpdateAccount applies a revocation (Authority.Revoke) at once. RoleUsers makes one user per Role (bridge, agent, owner, sandbox,
+// Server.UpdateAccount applies a revocation (Authority.Revoke) at once; the authority's dir keeps
+// it (AccountJWTFile), so a server started again on that dir still refuses the user. RoleUsers makes one user per Role (bridge, agent, owner, sandbox,
 // controller, admin) from seed files in a directory, creating the missing ones, with the
 // permissions of RolePermissions: only the bridge publishes phases and outcomes, a member acks
 // and heartbeats only as its own kind, only admin changes streams. docs/PERMISSIONS.md says what

@@ -18,7 +18,8 @@ const (
 // its own service subject, read its own inbox (InboxPrefix), and the JetStream API calls of its
 // feed. An agent or an owner reads its phases from its own durable consumer (member.ConsumerName)
 // and no other: it creates, reads, acks and deletes that one only; it also watches its run's keys,
-// reads and writes records, and calls the services it uses (an agent its owners' and sandboxes',
+// writes its records to a store of its own (events.RecordsBucket) and reads that and the shared
+// one, and calls the services it uses (an agent its owners' and sandboxes',
 // and it hears its sandboxes' prepare acks). A sandbox, the least trusted, creates only ordered
 // push consumers filtered on its run's phases (the consumer-create subject carries the filter),
 // reads only its own keys and acks, and manages no stream, consumer or bucket. run and name may be
@@ -42,7 +43,8 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		direct(jetstream.StreamName, sp+"ack.*.*."+self),
 		"_INBOX.>", // replies to whoever called
 	}
-	sub := []string{InboxPrefix(run, events.Member(self)) + ".>", "$SRV.>", events.ServiceSubject(run, events.Member(self)) + ".>"}
+	sub := append([]string{InboxPrefix(run, events.Member(self)) + ".>", events.ServiceSubject(run, events.Member(self)) + ".>"},
+		discovery(kind)...)
 	if kind == events.KindSandbox {
 		pub = append(pub,
 			kvGet(jetstream.BucketMembers, self),
@@ -67,12 +69,29 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		kvGet(jetstream.BucketMembers, ">"),
 		kvGet(jetstream.BucketManifests, ">"),
 		direct("OBJ_"+jetstream.BucketRecords, ">"),
-		"$O."+jetstream.BucketRecords+".>",
-		"$JS.API.STREAM.PURGE.OBJ_"+jetstream.BucketRecords,
 		"$JS.FC.>",
 	)
+	// Its records go to a store of its own name (events.RecordsBucket), which it creates, writes,
+	// purges (a stopped write's chunks) and reads, and no one else's: the shared store's object
+	// names are base64 subject tokens no permission can split by member, so it only reads
+	// that one (what runs before this wrote). The create subject names the stream, not its
+	// configuration (docs/PERMISSIONS.md).
+	own := events.RecordsBucket(run, events.Member(self))
+	pub = append(pub,
+		"$O."+own+".>",
+		"$JS.API.STREAM.CREATE.OBJ_"+own,
+		"$JS.API.STREAM.PURGE.OBJ_"+own,
+		direct("OBJ_"+own, ">"),
+		"$JS.API.CONSUMER.CREATE.OBJ_"+own+".*.$O."+own+".>",
+		"$JS.API.CONSUMER.INFO.OBJ_"+own+".*",
+		"$JS.API.CONSUMER.DELETE.OBJ_"+own+".*",
+	)
 	// Watches of the run's keys and reads of records are ordered push consumers of the buckets'
-	// streams, which their library deletes when done.
+	// streams. Their names are random, so no permission can tell a member's own from another
+	// client's (the bridge's watch of the members bucket, a collector's): a member deletes none of
+	// those of the KV buckets, which it does not watch itself, and the server removes an ordered
+	// consumer whose subscriber has gone. A records read deletes its consumer when done: that
+	// delete stays allowed on the records store (docs/PERMISSIONS.md).
 	for _, b := range []struct{ stream, filter string }{
 		{"KV_" + jetstream.BucketMembers, "$KV." + jetstream.BucketMembers + "." + run + ".>"},
 		{"KV_" + jetstream.BucketManifests, "$KV." + jetstream.BucketManifests + "." + run + ".>"},
@@ -81,9 +100,9 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		pub = append(pub,
 			"$JS.API.CONSUMER.CREATE."+b.stream+".*."+b.filter,
 			"$JS.API.CONSUMER.INFO."+b.stream+".*",
-			"$JS.API.CONSUMER.DELETE."+b.stream+".*",
 		)
 	}
+	pub = append(pub, "$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketRecords+".*")
 	switch kind {
 	case events.KindAgent:
 		pub = append(pub,
@@ -104,6 +123,26 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		)
 	}
 	return &Permissions{Publish: Subjects{Allow: pub}, Subscribe: Subjects{Allow: sub}}
+}
+
+// discoveryVerbs are the verbs of NATS micro's discovery subjects, $SRV.<verb>[.<service>[.<id>]].
+var discoveryVerbs = []string{"PING", "INFO", "STATS"}
+
+// discovery returns the discovery subjects a service of member kind answers (and that only its
+// kind's users may subscribe to): $SRV.<verb> of every service, and $SRV.<verb>.<name> and
+// $SRV.<verb>.<name>.<id> of its kind's service name (events.ServiceName). No member subscribes
+// to another service's discovery, so none answers for the bridge or another kind; a micro
+// service's id is random, so within a kind the id is not named.
+func discovery(kind events.MemberKind) []string {
+	name := events.ServiceName(kind)
+	var subs []string
+	for _, verb := range discoveryVerbs {
+		subs = append(subs, "$SRV."+verb)
+		if name != "" {
+			subs = append(subs, "$SRV."+verb+"."+name, "$SRV."+verb+"."+name+".*")
+		}
+	}
+	return subs
 }
 
 // InboxPrefix returns the inbox prefix of member m of run, _INBOX.<run>.<kind>.<name>: a member

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -46,7 +47,9 @@ type Authority struct {
 	account  nkeys.KeyPair
 	signer   nkeys.KeyPair
 	scoped   map[events.MemberKind]nkeys.KeyPair
-	revoked  map[string]time.Time
+
+	mu      sync.Mutex
+	revoked map[string]time.Time // user public key → revoked up to then
 }
 
 // memberKinds are the kinds with a scoped signing key.
@@ -54,7 +57,8 @@ var memberKinds = []events.MemberKind{events.KindAgent, events.KindOwner, events
 
 // LoadAuthority reads the authority's keys from dir (operator.nk, system.nk, account.nk,
 // signer.nk, and <kind>-signer.nk for agent, owner and sandbox), creating the missing ones (dir
-// 0700, files 0600).
+// 0700, files 0600), and the revocations of the account JWT that Revoke keeps there
+// (AccountJWTFile), if any.
 func LoadAuthority(dir string) (*Authority, error) {
 	if dir == "" {
 		return nil, fmt.Errorf("%w: LoadAuthority: dir required", ErrInvalidConfig)
@@ -81,7 +85,49 @@ func LoadAuthority(dir string) (*Authority, error) {
 			return nil, err
 		}
 	}
+	if err := a.loadRevocations(); err != nil {
+		return nil, err
+	}
 	return a, nil
+}
+
+// AccountJWTFile returns the path of the account JWT an authority keeps in its dir,
+// dir/account.jwt: Revoke writes it, re-signed with every revocation, and LoadAuthority reads the
+// revocations back from it, so that a server restarted on the same dir still refuses them.
+func AccountJWTFile(dir string) string {
+	return filepath.Join(dir, "account.jwt")
+}
+
+// loadRevocations adds the revocations of the account JWT in AccountJWTFile to the authority's
+// (the later time of the two for a user in both). No file is none. A file that is not this
+// account's JWT signed by this operator is an error: a revocation must not be lost silently.
+func (a *Authority) loadRevocations() error {
+	path := AccountJWTFile(a.dir)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("embedded: account JWT: %w", err)
+	}
+	ac, err := jwt.DecodeAccountClaims(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("embedded: account JWT %s: %w", path, err)
+	}
+	apub, _ := a.account.PublicKey()
+	opub, _ := a.operator.PublicKey()
+	if ac.Subject != apub || ac.Issuer != opub {
+		return fmt.Errorf("embedded: account JWT %s: account %s signed by %s, want account %s signed by operator %s",
+			path, ac.Subject, ac.Issuer, apub, opub)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for user, at := range ac.Revocations {
+		if t := time.Unix(at, 0); t.After(a.revoked[user]) {
+			a.revoked[user] = t
+		}
+	}
+	return nil
 }
 
 // SignerFile returns the path of kind's scoped signing key seed in an authority's dir:
@@ -154,9 +200,11 @@ func (a *Authority) AccountJWT() (string, error) {
 		scope.Template.Sub = jwt.Permission{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny}
 		ac.SigningKeys.AddScopedSigner(scope)
 	}
+	a.mu.Lock()
 	for user, at := range a.revoked {
 		ac.RevokeAt(user, at)
 	}
+	a.mu.Unlock()
 	s, err := ac.Encode(a.operator)
 	if err != nil {
 		return "", fmt.Errorf("embedded: account JWT: %w", err)
@@ -164,11 +212,29 @@ func (a *Authority) AccountJWT() (string, error) {
 	return s, nil
 }
 
-// Revoke revokes every JWT of user (a public user key) issued up to now; AccountJWT carries it from
-// then on, and Server.UpdateAccount gives it to a running server, which disconnects the user. The
-// revocation lives in this Authority, not in its dir: a JWT's expiry bounds what a restart forgets.
-func (a *Authority) Revoke(user string) {
+// Revoke revokes every JWT of user (a public user key) issued up to now. AccountJWT carries it from
+// then on, and Server.UpdateAccount gives it to a running server, which disconnects the user. It is
+// kept in the authority's dir too: Revoke writes AccountJWTFile, re-signed with every revocation
+// (its own, and those another process on the dir wrote meanwhile), before it returns, and
+// LoadAuthority reads them back, so a server restarted on the dir refuses the user still.
+func (a *Authority) Revoke(user string) error {
+	if !nkeys.IsValidPublicUserKey(user) {
+		return fmt.Errorf("%w: Revoke: %q is not a user's public key", ErrInvalidConfig, user)
+	}
+	if err := a.loadRevocations(); err != nil {
+		return err
+	}
+	a.mu.Lock()
 	a.revoked[user] = time.Now()
+	a.mu.Unlock()
+	ajwt, err := a.AccountJWT()
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(AccountJWTFile(a.dir), []byte(ajwt+"\n"), 0o600); err != nil {
+		return fmt.Errorf("embedded: account JWT: %w", err)
+	}
+	return nil
 }
 
 // RoleCreds mints the credentials (a .creds file's bytes) of role, one of bridge, controller and

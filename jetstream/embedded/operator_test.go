@@ -1,6 +1,7 @@
 package embedded_test
 
 import (
+	"encoding/base64"
 	"errors"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/participants/member"
 )
 
 // operatorServer starts a server in operator mode trusting a new authority, provisions the bus as
@@ -89,13 +91,25 @@ func memberCreds(t *testing.T, auth *embedded.Authority, m events.Member) string
 // violation and nothing of it reaches the stream or a bucket, while what each member does as
 // itself works.
 func TestMembersOnTheBus(t *testing.T) {
-	auth, _, s, bus := operatorServer(t)
+	auth, dir, s, bus := operatorServer(t)
+	_, ajs, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleAdmin))
 	ctx := testContext(t)
 	// A live member's durable consumer, as an agent makes it.
 	durable := "sp_r_agent_a1"
 	if _, err := bus.Stream.CreateConsumer(ctx, natsjs.ConsumerConfig{Durable: durable,
 		FilterSubjects: []string{"sp.r.phase.>", "sp.r.outcome.checkpoint.committed"}, AckPolicy: natsjs.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
+	}
+	// Another client's watches of the members and manifests buckets, as the bridge keeps them.
+	watches := map[string]string{} // stream → its watch's consumer
+	for _, kv := range []natsjs.KeyValue{bus.Members, bus.Manifests} {
+		w, err := kv.Watch(ctx, "r.>")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Stop() })
+		stream := "KV_" + kv.Bucket()
+		watches[stream] = watchConsumer(t, ajs, stream)
 	}
 	type conn struct {
 		nc   *nats.Conn
@@ -166,6 +180,9 @@ func TestMembersOnTheBus(t *testing.T) {
 		{sb, "sandbox watching the members bucket", "$JS.API.CONSUMER.CREATE.KV_sp_members.x.$KV.sp_members.>", ""},
 		{sb, "sandbox writing records", "$O.sp_records.C.x", ""},
 		{sb, "sandbox calling an owner", "spsvc.r.owner.o1.seed_session", ""},
+		{sb, "sandbox discovering the services", "$SRV.PING", ""},
+		{sb, "sandbox asking the agents' services for their stats", "$SRV.STATS.stillpoint-agent", ""},
+		{ag, "agent discovering the services", "$SRV.INFO", ""},
 		// The agent: another agent's names.
 		{ag, "agent acking as another agent", "sp.r.ack.1.prepare.agent.a2", ""},
 		{ag, "agent acking as an owner", "sp.r.ack.1.commit.owner.o1", ""},
@@ -184,6 +201,13 @@ func TestMembersOnTheBus(t *testing.T) {
 	} {
 		refused(tc.c, tc.what, tc.subject, tc.data)
 	}
+	// No member deletes another client's watch of a bucket.
+	for kind, c := range conns {
+		for stream, name := range watches {
+			api := "$JS.API.CONSUMER.DELETE." + stream + "." + name
+			refused(c, kind+" deleting another client's watch of "+stream, api, "")
+		}
+	}
 	// No member manages a stream or a bucket.
 	for kind, c := range conns {
 		for _, api := range []string{"$JS.API.STREAM.DELETE.STILLPOINT", "$JS.API.STREAM.PURGE.STILLPOINT",
@@ -192,9 +216,12 @@ func TestMembersOnTheBus(t *testing.T) {
 			refused(c, kind+" calling "+api, api, "{}")
 		}
 	}
-	// Nor reads replies meant for others.
+	// Nor reads replies meant for others, nor answers another service's discovery.
+	otherService := map[string]string{"sandbox": "stillpoint-agent", "agent": "stillpoint-owner", "owner": "stillpoint-sandboxd"}
 	for kind, c := range conns {
-		for _, subject := range []string{"_INBOX.>", "sp.>", "sp.r.phase.>", "spsvc.r.agent.a2.>"} {
+		for _, subject := range []string{"_INBOX.>", "sp.>", "sp.r.phase.>", "spsvc.r.agent.a2.>",
+			"$SRV.>", "$SRV.INFO.stillpoint-bridge", "$SRV.PING.stillpoint-bridge.x", "$SRV.INFO." + otherService[kind],
+			"$SRV.STATS." + otherService[kind] + ".x"} {
 			if _, err := c.nc.SubscribeSync(subject); err != nil {
 				t.Fatal(err)
 			}
@@ -230,6 +257,33 @@ func TestMembersOnTheBus(t *testing.T) {
 	if _, err := bus.Stream.Consumer(ctx, durable); err != nil {
 		t.Errorf("the member's durable consumer: %v, want it still there", err)
 	}
+	for stream, name := range watches {
+		if got := watchConsumer(t, ajs, stream); got != name {
+			t.Errorf("the watch of %s: consumer %q, want %q still there", stream, got, name)
+		}
+	}
+}
+
+// watchConsumer returns the name of the one consumer of stream (a bucket's, with one watch).
+func watchConsumer(t *testing.T, js natsjs.JetStream, stream string) string {
+	t.Helper()
+	ctx := testContext(t)
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := st.ConsumerNames(ctx)
+	var got []string
+	for n := range names.Name() {
+		got = append(got, n)
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("stream %s has consumers %v, want the one watch", stream, got)
+	}
+	return got[0]
 }
 
 // TestSandboxFeedAndService: with its own credentials a sandbox reads its run's phases through an
@@ -274,7 +328,7 @@ func TestSandboxFeedAndService(t *testing.T) {
 		t.Errorf("sandbox reading its own ack: %v", err)
 	}
 
-	svc, err := jetstream.NewService(snc, micro.Config{Name: "sandbox-test", Version: "1.0.0"}, "spsvc.r.sandbox.sb1",
+	svc, err := jetstream.NewService(snc, micro.Config{Name: events.ServiceName(events.KindSandbox), Version: "1.0.0"}, "spsvc.r.sandbox.sb1",
 		func(error) (int, string) { return 500, "internal" })
 	if err != nil {
 		t.Fatal(err)
@@ -290,6 +344,13 @@ func TestSandboxFeedAndService(t *testing.T) {
 	var out string
 	if err := jetstream.Call(ctx, anc, "spsvc.r.sandbox.sb1.echo", "hi", &out); err != nil || out != `"hi"` {
 		t.Errorf("agent calling its sandbox: %q, %v", out, err)
+	}
+	// The sandbox answers discovery of its own service, as `nats micro ls` asks it as admin.
+	adm, _, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleAdmin))
+	for _, subject := range []string{"$SRV.PING", "$SRV.INFO.stillpoint-sandboxd", "$SRV.STATS.stillpoint-sandboxd"} {
+		if _, err := adm.Request(subject, nil, 5*time.Second); err != nil {
+			t.Errorf("admin asking %s: %v, want the sandbox's answer", subject, err)
+		}
 	}
 	noViolations(t, snc, serrs, "sandbox")
 	noViolations(t, anc, aerrs, "agent")
@@ -332,7 +393,9 @@ func TestExpiredAndRevokedSandbox(t *testing.T) {
 	}
 	creds := write(live)
 	nc, _, _ := connectCreds(t, s, creds)
-	auth.Revoke(user)
+	if err := auth.Revoke(user); err != nil {
+		t.Fatal(err)
+	}
 	ajwt, err := auth.AccountJWT()
 	if err != nil {
 		t.Fatal(err)
@@ -352,6 +415,70 @@ func TestExpiredAndRevokedSandbox(t *testing.T) {
 	for _, role := range []embedded.Role{embedded.RoleBridge, embedded.RoleController, embedded.RoleAdmin} {
 		nc, _, _ := connectCreds(t, s, embedded.CredsFile(dir, role))
 		nc.Close()
+	}
+}
+
+// TestRevocationSurvivesRestart: a sandbox JWT revoked on a running server stays refused when the
+// server is started again on the same auth and store dirs, by an authority loaded afresh from the
+// auth dir (as `stillpoint server --auth-dir` does), while a user minted after it connects.
+func TestRevocationSurvivesRestart(t *testing.T) {
+	ctx := testContext(t)
+	authDir, storeDir := filepath.Join(t.TempDir(), "auth"), t.TempDir()
+	start := func() (*embedded.Authority, *embedded.Server) {
+		t.Helper()
+		auth, err := embedded.LoadAuthority(authDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trust, err := auth.Trust()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := embedded.Start(ctx, embedded.Config{Dir: storeDir, Trust: trust})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Shutdown)
+		return auth, s
+	}
+	auth, s := start()
+	creds, user, err := auth.MemberCreds("r", "sandbox.sb1", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "sb1.creds")
+	if err := os.WriteFile(path, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if nc, _, _ := connectCreds(t, s, path); !nc.IsConnected() {
+		t.Fatal("the sandbox is not connected before its revocation")
+	}
+	if err := auth.Revoke(user); err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.Revoke("not-a-key"); !errors.Is(err, embedded.ErrInvalidConfig) {
+		t.Errorf("revoking a non-key: %v, want ErrInvalidConfig", err)
+	}
+	s.Shutdown()
+
+	auth, s = start()
+	if nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: s.ClientURL(), CredsFile: path}, nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Error("a sandbox JWT revoked before the restart connected after it")
+	} else if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		t.Errorf("connect with a revoked JWT after a restart: %v, want an authorization error", err)
+	}
+	fresh := memberCreds(t, auth, "sandbox.sb2")
+	if nc, _, _ := connectCreds(t, s, fresh); !nc.IsConnected() {
+		t.Error("a sandbox minted after the restart is not connected")
+	}
+
+	// An account JWT in the dir that is not this authority's is refused, not ignored.
+	if err := os.WriteFile(embedded.AccountJWTFile(authDir), []byte("not a jwt\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := embedded.LoadAuthority(authDir); err == nil {
+		t.Error("LoadAuthority read a corrupt account JWT without an error")
 	}
 }
 
@@ -407,5 +534,132 @@ func TestSandboxJWTRenewedOnReconnect(t *testing.T) {
 	}
 	if _, err := js.Publish(ctx, "sp.r.ack.1.prepare.sandbox.sb1", nil); err != nil {
 		t.Errorf("acking with the renewed JWT: %v", err)
+	}
+}
+
+// TestRecordsOfTheirOwn: an agent with its own user writes its records to a store of its own
+// name and reads them back; another agent and an owner cannot overwrite, delete, purge or
+// recreate that store's objects, nor write the shared store, and nothing of theirs reaches
+// either; records an earlier run left in the shared store stay readable; the bridge releases
+// the agent's objects and cannot purge the audit log.
+func TestRecordsOfTheirOwn(t *testing.T) {
+	auth, dir, s, bus := operatorServer(t)
+	ctx := testContext(t)
+	const a1 events.Member = "agent.a1"
+	recs := []events.Record{{Key: "r1-a1", Data: []byte(`{"n":1}`)}}
+
+	// Records of an earlier run in the shared store, as every member wrote them before.
+	old, err := member.WriteRecords(ctx, bus.Records, "r", "c0", a1, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := member.CreateManifest(ctx, bus.Manifests, old); err != nil {
+		t.Fatal(err)
+	}
+
+	anc, ajs, aerrs := connectCreds(t, s, memberCreds(t, auth, a1))
+	abus, err := jetstream.Open(ctx, ajs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := member.OwnRecords(ctx, ajs, abus.Records, "r", a1)
+	if err != nil {
+		t.Fatalf("agent making its own records store: %v", err)
+	}
+	man, err := member.WriteRecords(ctx, store, "r", "c1", a1, recs)
+	if err != nil {
+		t.Fatalf("agent writing its own records: %v", err)
+	}
+	if want := events.RecordsBucket("r", a1); man.Bucket != want {
+		t.Errorf("manifest bucket %q, want %q", man.Bucket, want)
+	}
+	if err := member.CreateManifest(ctx, abus.Manifests, man); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"c0", "c1"} {
+		if _, got, err := member.ReadRecords(ctx, abus.Manifests, ajs, "r", id, a1, nil); err != nil || len(got) != 1 {
+			t.Errorf("agent reading its records of %s: %d records, %v", id, len(got), err)
+		}
+	}
+	noViolations(t, anc, aerrs, "agent a1")
+
+	own := events.RecordsBucket("r", a1)
+	ownStream, err := ajs.Stream(ctx, "OBJ_"+own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := ownStream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sharedBefore, err := bus.Records.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := "$O." + own + ".M." + base64.URLEncoding.EncodeToString([]byte(man.Object))
+	for _, m := range []events.Member{"agent.a2", "owner.o1"} {
+		nc, _, errs := connectCreds(t, s, memberCreds(t, auth, m))
+		c := struct {
+			nc   *nats.Conn
+			errs chan error
+		}{nc, errs}
+		for _, tc := range []struct{ what, subject, data string }{
+			{"overwriting or deleting another's records object", meta, `{"name":"x","deleted":true}`},
+			{"writing chunks into another's records store", "$O." + own + ".C.forged", "x"},
+			{"purging another's records store", "$JS.API.STREAM.PURGE.OBJ_" + own, "{}"},
+			{"deleting another's records store", "$JS.API.STREAM.DELETE.OBJ_" + own, ""},
+			{"making another's records store", "$JS.API.STREAM.CREATE.OBJ_" + own, "{}"},
+			{"deleting a message of another's records store", "$JS.API.STREAM.MSG.DELETE.OBJ_" + own, `{"seq":1}`},
+			{"deleting a reader of another's records store", "$JS.API.CONSUMER.DELETE.OBJ_" + own + ".x", ""},
+			{"overwriting or deleting a records object of the shared store", "$O.sp_records.M." + base64.URLEncoding.EncodeToString([]byte(old.Object)), `{"deleted":true}`},
+			{"writing chunks into the shared store", "$O.sp_records.C.forged", "x"},
+			{"purging the shared store", "$JS.API.STREAM.PURGE.OBJ_sp_records", "{}"},
+		} {
+			if err := c.nc.PublishRequest(tc.subject, c.nc.NewRespInbox(), []byte(tc.data)); err != nil {
+				t.Fatal(err)
+			}
+			violation(t, c.errs, string(m)+" "+tc.what, tc.subject)
+		}
+	}
+	after, err := ownStream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.State.Msgs != before.State.Msgs || after.State.LastSeq != before.State.LastSeq {
+		t.Errorf("the agent's store went from %d messages (last %d) to %d (last %d)", before.State.Msgs,
+			before.State.LastSeq, after.State.Msgs, after.State.LastSeq)
+	}
+	sharedAfter, err := bus.Records.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sharedAfter.Size() != sharedBefore.Size() {
+		t.Errorf("the shared store went from %d bytes to %d", sharedBefore.Size(), sharedAfter.Size())
+	}
+	for _, id := range []string{"c0", "c1"} {
+		if _, got, err := member.ReadRecords(ctx, bus.Manifests, bus.JS, "r", id, a1, nil); err != nil || len(got) != 1 {
+			t.Errorf("the records of %s after the attempts: %d records, %v", id, len(got), err)
+		}
+	}
+
+	// The bridge releases them; it purges no stream but the records stores.
+	bnc, bjs, berrs := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleBridge))
+	stores, err := jetstream.RecordStores(ctx, bjs, events.RecordsBucketPrefix("r"))
+	if err != nil || len(stores) != 1 {
+		t.Fatalf("bridge listing the run's records stores: %d, %v; want the agent's", len(stores), err)
+	}
+	if err := stores[0].Delete(ctx, man.Object); err != nil {
+		t.Errorf("bridge releasing the agent's records: %v", err)
+	}
+	if _, _, err := member.ReadRecords(ctx, bus.Manifests, bus.JS, "r", "c1", a1, nil); !errors.Is(err, member.ErrCorruptRecords) {
+		t.Errorf("the released records: %v, want them gone", err)
+	}
+	noViolationsBefore(t, bnc, berrs, "bridge", "sp.r.ack.1.prepare.agent.a1")
+	for _, api := range []string{"$JS.API.STREAM.PURGE.STILLPOINT", "$JS.API.STREAM.PURGE.KV_sp_members",
+		"$JS.API.STREAM.PURGE.KV_sp_manifests", "$JS.API.STREAM.DELETE.OBJ_" + own} {
+		if err := bnc.PublishRequest(api, bnc.NewRespInbox(), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		violation(t, berrs, "bridge calling "+api, api)
 	}
 }

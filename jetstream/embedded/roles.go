@@ -75,17 +75,28 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				kv(jetstream.BucketMembers, k+".*"),
 				kv(jetstream.BucketManifests, "*."+k+".*"),
 			), pub...)},
-			Subscribe: Subjects{Allow: append([]string{"_INBOX.>", "$SRV.>", events.ServiceFilter(r, kind)}, sub...)},
+			Subscribe: Subjects{Allow: append(append([]string{"_INBOX.>", events.ServiceFilter(r, kind)}, discovery(kind)...), sub...)},
 		}
 	}
 	switch role {
 	case RoleBridge:
+		// It releases records from the shared store and from the members' own
+		// (events.RecordsBucket, one stream each, which no subject wildcard can name
+		// apart from the others): it may purge any stream but the audit log and the
+		// KV buckets.
 		return &Permissions{
-			Publish: Subjects{Allow: append(append(common(),
+			Publish: Subjects{Allow: append(common(),
 				sp+"phase.>",
 				sp+"outcome.>",
 				kv(jetstream.BucketManifests, ">"),
-			), records...)},
+				"$O.>",
+				"$JS.API.STREAM.PURGE.*",
+			), Deny: []string{
+				"$JS.API.STREAM.PURGE." + jetstream.StreamName,
+				"$JS.API.STREAM.PURGE.KV_" + jetstream.BucketMembers,
+				"$JS.API.STREAM.PURGE.KV_" + jetstream.BucketManifests,
+				"$JS.API.STREAM.PURGE.KV_" + jetstream.BucketSnapshots,
+			}},
 			Subscribe: Subjects{Allow: []string{"_INBOX.>"}},
 		}, nil
 	case RoleAgent:

@@ -14,6 +14,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 )
@@ -317,7 +318,7 @@ func TestRolesOfOneRun(t *testing.T) {
 func TestRolesServe(t *testing.T) {
 	dir, s, _ := roleServer(t, "")
 	snc, _, serrs := connectAs(t, s, dir, embedded.RoleSandbox)
-	svc, err := jetstream.NewService(snc, micro.Config{Name: "sandbox-test", Version: "1.0.0"}, "spsvc.r.sandbox.s1",
+	svc, err := jetstream.NewService(snc, micro.Config{Name: events.ServiceName(events.KindSandbox), Version: "1.0.0"}, "spsvc.r.sandbox.s1",
 		func(error) (int, string) { return 500, "internal" })
 	if err != nil {
 		t.Fatal(err)
@@ -340,13 +341,13 @@ func TestRolesServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	violation(t, cerrs, "controller calling a sandbox", "spsvc.r.sandbox.s1.echo")
-	msg, err := cnc.Request("$SRV.PING.sandbox-test", nil, 5*time.Second)
-	if err != nil || !strings.Contains(string(msg.Data), "sandbox-test") {
+	msg, err := cnc.Request("$SRV.PING.stillpoint-sandboxd", nil, 5*time.Second)
+	if err != nil || !strings.Contains(string(msg.Data), "stillpoint-sandboxd") {
 		t.Errorf("controller pinging the service: %v", err)
 	}
 
 	// An agent serves rollouts to the controller, and hears its sandboxes' prepare acks.
-	asvc, err := jetstream.NewService(anc, micro.Config{Name: "agent-test", Version: "1.0.0"}, "spsvc.r.agent.a1",
+	asvc, err := jetstream.NewService(anc, micro.Config{Name: events.ServiceName(events.KindAgent), Version: "1.0.0"}, "spsvc.r.agent.a1",
 		func(error) (int, string) { return 500, "internal" })
 	if err != nil {
 		t.Fatal(err)
@@ -385,7 +386,12 @@ func TestRolesServe(t *testing.T) {
 // fails the test on any error that comes before that one.
 func noViolations(t *testing.T, nc *nats.Conn, errs chan error, who string) {
 	t.Helper()
-	const marker = "sp.r.phase.prepare"
+	noViolationsBefore(t, nc, errs, who, "sp.r.phase.prepare")
+}
+
+// noViolationsBefore is noViolations with marker, a subject who may not publish to.
+func noViolationsBefore(t *testing.T, nc *nats.Conn, errs chan error, who, marker string) {
+	t.Helper()
 	if err := nc.Publish(marker, nil); err != nil {
 		t.Fatal(err)
 	}

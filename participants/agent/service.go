@@ -40,7 +40,7 @@ func classify(err error) (int, string) {
 // once verified. Rollouts run side by side: each request is answered from
 // its own goroutine, which the service's Stop waits for.
 func (a *Agent) serve(ctx context.Context) (*jetstream.Service, error) {
-	s, err := jetstream.NewService(a.nc, micro.Config{Name: "stillpoint-agent", Version: "1.0.0",
+	s, err := jetstream.NewService(a.nc, micro.Config{Name: events.ServiceName(events.KindAgent), Version: "1.0.0",
 		Description: "agent " + a.cfg.Name + " of run " + a.cfg.Run,
 		Metadata:    map[string]string{"run": a.cfg.Run, "agent": a.cfg.Name, "adapter": a.cfg.Adapter.Name()}},
 		events.ServiceSubject(a.cfg.Run, a.name), classify)

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"slices"
 
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // writeCommit re-checks readiness, exports once (or takes the export the
@@ -114,11 +117,39 @@ func (m *Member) write(ctx context.Context, id string, records []events.Record) 
 		if diff := manifestDiff(have, want); diff != "" {
 			return events.MemberManifest{}, fmt.Errorf("%w: %s: %s", ErrManifestExists, events.MemberManifestKey(m.cfg.Run, id, m.cfg.Member), diff)
 		}
+		want.Bucket = have.Bucket
 		return want, nil
 	case !errors.Is(err, ErrNoManifest):
 		return events.MemberManifest{}, err
 	}
-	return WriteRecords(ctx, m.cfg.Bus.Records, m.cfg.Run, id, m.cfg.Member, records)
+	store, err := m.recordsStore(ctx)
+	if err != nil {
+		return events.MemberManifest{}, err
+	}
+	return WriteRecords(ctx, store, m.cfg.Run, id, m.cfg.Member, records)
+}
+
+// recordsStore returns the store the member writes its records to: its
+// own (OwnRecords) when it connects with credentials of its own, whose
+// user may write no other store; the shared BucketRecords otherwise. A
+// member's own credentials are told by the inbox prefix jetstream.Connect
+// set from them (jetstream.MemberInboxPrefix of its run and name).
+func (m *Member) recordsStore(ctx context.Context) (natsjs.ObjectStore, error) {
+	if m.cfg.Conn == nil || m.cfg.Conn.Opts.InboxPrefix != jetstream.MemberInboxPrefix(m.cfg.Run, string(m.cfg.Member.Kind()), m.cfg.Member.Name()) {
+		return m.cfg.Bus.Records, nil
+	}
+	m.recordsMu.Lock()
+	defer m.recordsMu.Unlock()
+	if m.records == nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
+		defer cancel()
+		store, err := OwnRecords(cctx, m.cfg.JS, m.cfg.Bus.Records, m.cfg.Run, m.cfg.Member)
+		if err != nil {
+			return nil, err
+		}
+		m.records = store
+	}
+	return m.records, nil
 }
 
 // createManifest creates a commit's member manifest; it runs in the loop,

@@ -37,8 +37,10 @@
 // # Records
 //
 // A commit takes the participant's export one record at a time (TakeExport),
-// writes it to sp_records (WriteRecords) and creates the member manifest
-// (CreateManifest) in the loop, so that a resume handled first means the
+// writes it to sp_records, or to its own store (OwnRecords,
+// events.RecordsBucket) when it connects with credentials of its own
+// (WriteRecords), and creates the member manifest (CreateManifest) in the
+// loop, so that a resume handled first means the
 // manifest is never created (§5, §7 invariant 2). A restore reads and
 // verifies the records (ReadRecords) and installs them all or none.
 package member

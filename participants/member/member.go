@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -36,6 +37,9 @@ type Member struct {
 	infoMu  sync.Mutex // the heartbeat record: the loop and the heartbeat write it
 	info    events.MemberInfo
 	infoRev uint64
+
+	recordsMu sync.Mutex         // the records store, opened by the first write that needs it
+	records   natsjs.ObjectStore // guarded by recordsMu
 
 	// Owned by the loop goroutine (Run's).
 	started      time.Time

@@ -384,7 +384,7 @@ func TestPrepareFuncOnly(t *testing.T) {
 	if c.Manifest.Count != 0 || c.Manifest.Size != 0 {
 		t.Fatalf("manifest %+v, want zero records", c.Manifest)
 	}
-	if _, recs, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.Records, "run1", "c1", a, nil); err != nil || len(recs) != 0 {
+	if _, recs, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.JS, "run1", "c1", a, nil); err != nil || len(recs) != 0 {
 		t.Fatalf("ReadRecords: %v, %d records", err, len(recs))
 	}
 }

@@ -18,6 +18,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 var (
@@ -256,7 +257,56 @@ func writeRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint
 	if got := hex.EncodeToString(sum); got != want.SHA256 {
 		return events.MemberManifest{}, fmt.Errorf("member: write %s: streamed sha256 %s, the records digest to %s", name, got, want.SHA256)
 	}
-	return manifestOf(run, checkpoint, m, records, sum, rr.d.size)
+	man, err := manifestOf(run, checkpoint, m, records, sum, rr.d.size)
+	if err != nil {
+		return events.MemberManifest{}, err
+	}
+	if info.Bucket != jetstream.BucketRecords {
+		man.Bucket = info.Bucket
+		if err := man.Validate(); err != nil {
+			return events.MemberManifest{}, fmt.Errorf("member: manifest: %w", err)
+		}
+	}
+	return man, nil
+}
+
+// ObjectStores opens an object store by its bucket name: what ReadRecords
+// needs to find the store a manifest names. A natsjs.JetStream is one.
+type ObjectStores interface {
+	ObjectStore(ctx context.Context, bucket string) (natsjs.ObjectStore, error)
+}
+
+// OwnRecords opens member m's own records store in run,
+// events.RecordsBucket, creating it if it does not exist yet with
+// BucketRecords' storage and replicas and its own subjects only. It is
+// where a member with credentials of its own writes its records: its user
+// may write no other member's store, nor the shared BucketRecords.
+func OwnRecords(ctx context.Context, js natsjs.JetStream, shared natsjs.ObjectStore, run string, m events.Member) (natsjs.ObjectStore, error) {
+	bucket := events.RecordsBucket(run, m)
+	store, err := js.ObjectStore(ctx, bucket)
+	if err == nil || !errors.Is(err, natsjs.ErrBucketNotFound) {
+		if err != nil {
+			return nil, fmt.Errorf("member: records store %s: %w", bucket, err)
+		}
+		return store, nil
+	}
+	st, err := shared.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("member: records store %s: the shared store's status: %w", bucket, err)
+	}
+	cfg := natsjs.ObjectStoreConfig{Bucket: bucket, Description: fmt.Sprintf("records of %s in run %s", m, run),
+		Replicas: st.Replicas(), Storage: natsjs.FileStorage}
+	if st.Storage() == natsjs.MemoryStorage {
+		cfg.Storage = natsjs.MemoryStorage
+	}
+	store, err = js.CreateObjectStore(ctx, cfg)
+	if errors.Is(err, natsjs.ErrBucketExists) || errors.Is(err, natsjs.ErrStreamNameAlreadyInUse) {
+		store, err = js.ObjectStore(ctx, bucket) // made meanwhile by another process of m
+	}
+	if err != nil {
+		return nil, fmt.Errorf("member: create records store %s: %w", bucket, err)
+	}
+	return store, nil
 }
 
 func manifestOf(run, checkpoint string, m events.Member, records []events.Record, sum []byte, size int64) (events.MemberManifest, error) {
@@ -375,12 +425,13 @@ func manifestDiff(have, want events.MemberManifest) string {
 }
 
 // ReadRecords reads the member manifest of m in checkpoint, then the
-// object it names, and verifies size, sha256 and count over the whole
+// object it names in the store it names (its Bucket, opened through
+// stores; BucketRecords when it names none), and verifies size, sha256 and count over the whole
 // object; it returns the manifest and the records keep accepts (all when
 // keep is nil). Any difference returns ErrCorruptRecords naming each one,
 // and no records. No manifest returns ErrNoManifest. A manifest of no
 // records names no object and reads as empty.
-func ReadRecords(ctx context.Context, kv natsjs.KeyValue, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
+func ReadRecords(ctx context.Context, kv natsjs.KeyValue, stores ObjectStores, run, checkpoint string, m events.Member,
 	keep func(events.Record) bool) (events.MemberManifest, []events.Record, error) {
 	man, err := GetManifest(ctx, kv, run, checkpoint, m)
 	if err != nil {
@@ -392,6 +443,20 @@ func ReadRecords(ctx context.Context, kv natsjs.KeyValue, store natsjs.ObjectSto
 			return man, nil, fmt.Errorf("%w: %s: count 0 and size 0 but sha256 %s", ErrCorruptRecords, man.Object, man.SHA256)
 		}
 		return man, nil, nil
+	}
+	bucket := man.Bucket
+	if bucket == "" {
+		bucket = jetstream.BucketRecords
+	}
+	if stores == nil {
+		return man, nil, fmt.Errorf("member: read %s: no JetStream to open store %s with", man.Object, bucket)
+	}
+	store, err := stores.ObjectStore(ctx, bucket)
+	if errors.Is(err, natsjs.ErrBucketNotFound) {
+		return man, nil, fmt.Errorf("%w: %s: its store %s is missing", ErrCorruptRecords, man.Object, bucket)
+	}
+	if err != nil {
+		return man, nil, fmt.Errorf("member: read %s: store %s: %w", man.Object, bucket, err)
 	}
 	obj, err := store.Get(ctx, man.Object)
 	if errors.Is(err, natsjs.ErrObjectNotFound) {

@@ -23,7 +23,7 @@ func (m *Member) installRestore(ctx context.Context, e InstallRestore) {
 		ep, err := events.ParseEpisode(rec.Key)
 		return err != nil || scope[ep]
 	}
-	_, records, err := ReadRecords(ctx, m.cfg.Bus.Manifests, m.cfg.Bus.Records, m.cfg.Run, r.Source, m.cfg.Member, keep)
+	_, records, err := ReadRecords(ctx, m.cfg.Bus.Manifests, m.cfg.JS, m.cfg.Run, r.Source, m.cfg.Member, keep)
 	if ctx.Err() != nil {
 		return
 	}

@@ -51,7 +51,7 @@ func classify(err error) (int, string) {
 // setup or a grade may take long), sandbox_access and close_session in
 // turn. Serve waits for every handler before it returns.
 func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
-	s, err := jetstream.NewService(nc, micro.Config{Name: "stillpoint-owner", Version: "1.0.0",
+	s, err := jetstream.NewService(nc, micro.Config{Name: events.ServiceName(events.KindOwner), Version: "1.0.0",
 		Description: "sandbox owner " + o.cfg.Name + " of run " + o.cfg.Run,
 		Metadata:    map[string]string{"run": o.cfg.Run, "owner": o.cfg.Name}},
 		ownerapi.Subject(o.cfg.Run, o.cfg.Name), classify)

@@ -52,7 +52,7 @@ func classify(err error) (int, string) {
 // handlers are bound to ctx, and the service's Stop waits for them.
 func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 	s, err := jetstream.NewService(d.cfg.JS.Conn(), micro.Config{
-		Name:        "stillpoint-sandboxd",
+		Name:        events.ServiceName(events.KindSandbox),
 		Version:     "1.0.0",
 		Description: "sandboxd of sandbox " + d.cfg.SandboxID + " in run " + d.cfg.Run,
 		Metadata:    map[string]string{"run": d.cfg.Run, "sandbox": d.cfg.SandboxID},

@@ -58,7 +58,7 @@ func checkpointRules(t *testing.T, h Suite) {
 		c := s.commit(a, "c1", eps, false)
 		s.expect(c, "", events.StateCommitted)
 		man := *c.Manifest
-		got, recs, err := member.ReadRecords(t.Context(), s.env.Bus.Manifests, s.env.Bus.Records, s.run, "c1", a, nil)
+		got, recs, err := member.ReadRecords(t.Context(), s.env.Bus.Manifests, s.env.JS, s.run, "c1", a, nil)
 		if err != nil {
 			t.Fatalf("ReadRecords: %v", err)
 		}
@@ -130,7 +130,7 @@ func checkpointRules(t *testing.T, h Suite) {
 		if c1.Manifest.SHA256 != c2.Manifest.SHA256 || c1.Manifest.Count != c2.Manifest.Count {
 			t.Fatalf("second commit manifest %+v, first %+v: exported twice?", c2.Manifest, c1.Manifest)
 		}
-		if _, _, err := member.ReadRecords(t.Context(), s.env.Bus.Manifests, s.env.Bus.Records, s.run, "c1", a, nil); err != nil {
+		if _, _, err := member.ReadRecords(t.Context(), s.env.Bus.Manifests, s.env.JS, s.run, "c1", a, nil); err != nil {
 			t.Fatalf("ReadRecords after a duplicate commit: %v", err)
 		}
 		// A commit of another scope while this one is recorded is still the

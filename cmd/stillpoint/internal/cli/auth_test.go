@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -312,6 +313,20 @@ func TestServerOperatorMode(t *testing.T) {
 			if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Members) != 3 {
 				t.Fatalf("checkpoint through the bridge command: %+v %v, want committed with 3 members", res, err)
 			}
+			// Each agent kept its records in a store of its own name.
+			for _, m := range []events.Member{"agent.a1", "agent.a2"} {
+				e, err := bus.Manifests.Get(ctx, events.MemberManifestKey("r1", "c1", m))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var man events.MemberManifest
+				if err := json.Unmarshal(e.Value(), &man); err != nil {
+					t.Fatal(err)
+				}
+				if want := events.RecordsBucket("r1", m); man.Count == 0 || man.Bucket != want {
+					t.Errorf("%s's manifest of c1: %d records in %q, want some in %q", m, man.Count, man.Bucket, want)
+				}
+			}
 			// A live member's durable consumer deleted (as a sandbox's workload
 			// did before issue 16): the run goes on, and the next checkpoint
 			// commits with every member.
@@ -347,4 +362,45 @@ func TestServerOperatorMode(t *testing.T) {
 
 func bridgeflagsForTest(tokenFile string) bridgeFlags {
 	return bridgeFlags{run: "r1", name: "main", listen: "127.0.0.1:0", tokenFile: tokenFile, timeout: 10 * time.Second, replicas: 1}
+}
+
+// TestRevokeOnARunningServer: `stillpoint creds --revoke` cuts a member's user off a running
+// `stillpoint server --auth-dir` on the same dir and it cannot connect again; a key that is not
+// a user's is a usage error.
+func TestRevokeOnARunningServer(t *testing.T) {
+	auth := filepath.Join(t.TempDir(), "auth")
+	url := startCommand(t, "server", readyRE, func(ctx context.Context, g *globals) error {
+		return runServer(ctx, g, serverFlags{dir: t.TempDir(), listen: "127.0.0.1:0", authDir: auth})
+	}, jetstream.ConnConfig{})
+	a, err := embedded.LoadAuthority(auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, user, err := a.MemberCreds("r1", "agent.a1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := filepath.Join(t.TempDir(), "a1.creds")
+	if err := os.WriteFile(creds, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, CredsFile: creds}, nats.NoReconnect())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	g := &globals{stdout: &jstest.Buffer{}, stderr: &jstest.Buffer{}}
+	if err := runCreds(g, credsFlags{authDir: auth, revoke: user}); err != nil {
+		t.Fatalf("creds --revoke: %v", err)
+	}
+	poll.Wait(t, 30*time.Second, "the revoked agent to be cut off", func() bool { return nc.IsClosed() })
+	if nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, CredsFile: creds}, nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Error("a revoked agent connected again")
+	}
+	var ee *exitError
+	if err := runCreds(g, credsFlags{authDir: auth, revoke: "not-a-key"}); !errors.As(err, &ee) || ee.code != ExitUsage {
+		t.Errorf("creds --revoke not-a-key: %v, want a usage error", err)
+	}
 }

@@ -18,6 +18,7 @@ type credsFlags struct {
 	member  string
 	out     string
 	ttl     time.Duration
+	revoke  string
 }
 
 func newCredsCmd(g *globals) *cobra.Command {
@@ -30,9 +31,14 @@ keys of a server's --auth-dir (stillpoint server --auth-dir DIR): the
 user may ack, heartbeat, write manifests and serve only as that member, in that
 run (docs/PERMISSIONS.md). The .creds file goes to --out (mode 0600); give it to
 the component with --creds. A run id with credentials of its own is lower case,
-and an agent's or owner's run and name have no underscore.`,
+and an agent's or owner's run and name have no underscore.
+
+--revoke USER revokes every JWT of a user (its public key, as creds printed it)
+issued so far: the auth dir keeps it, a running server on that dir applies it
+within seconds (cutting the user off) and a restarted one still refuses it.`,
 		Example: `  stillpoint creds --auth-dir .stillpoint/auth --run train-7 --member agent.a1 --out a1.creds
-  stillpoint agent --creds a1.creds --run train-7 --name a1 ...`,
+  stillpoint agent --creds a1.creds --run train-7 --name a1 ...
+  stillpoint creds --auth-dir .stillpoint/auth --revoke UABC...   # the user key creds printed`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runCreds(g, f) },
 	}
@@ -42,10 +48,14 @@ and an agent's or owner's run and name have no underscore.`,
 	fl.StringVar(&f.member, "member", "", "the member, KIND.NAME: agent.a1, owner.o1 (required)")
 	fl.StringVar(&f.out, "out", "", "where the .creds file goes (required)")
 	fl.DurationVar(&f.ttl, "ttl", 0, "how long the credentials are valid (0: no expiry)")
+	fl.StringVar(&f.revoke, "revoke", "", "revoke this user (a public user key) instead of minting")
 	return cmd
 }
 
 func runCreds(g *globals, f credsFlags) error {
+	if f.revoke != "" {
+		return runRevoke(g, f)
+	}
 	if f.authDir == "" || f.run == "" || f.member == "" || f.out == "" {
 		return &exitError{code: ExitUsage, err: errors.New("--auth-dir, --run, --member and --out are required")}
 	}
@@ -62,5 +72,26 @@ func runCreds(g *globals, f credsFlags) error {
 		return fmt.Errorf("creds: %w", err)
 	}
 	fmt.Fprintf(g.stdout, "stillpoint: credentials of %s in run %s (user %s) in %s\n", f.member, f.run, user, f.out)
+	return nil
+}
+
+// runRevoke is creds --revoke: the revocation goes into the auth dir's account JWT
+// (Authority.Revoke), which a running server on the dir watches (watchRevocations).
+func runRevoke(g *globals, f credsFlags) error {
+	if f.authDir == "" || f.member != "" || f.out != "" {
+		return &exitError{code: ExitUsage, err: errors.New("--revoke takes --auth-dir only")}
+	}
+	auth, err := embedded.LoadAuthority(f.authDir)
+	if err != nil {
+		return err
+	}
+	if err := auth.Revoke(f.revoke); err != nil {
+		if errors.Is(err, embedded.ErrInvalidConfig) {
+			return &exitError{code: ExitUsage, err: err}
+		}
+		return err
+	}
+	fmt.Fprintf(g.stdout, "stillpoint: user %s revoked in %s; a server on that dir refuses it from now on\n",
+		f.revoke, embedded.AccountJWTFile(f.authDir))
 	return nil
 }

@@ -1,10 +1,12 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,9 +14,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 )
@@ -122,6 +126,7 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	var (
 		url      string
 		shutdown func()
+		update   func(accountJWT string) error // every node's, in operator mode
 	)
 	nlog := log.With().Str("component", "nats").Logger()
 	if f.cluster {
@@ -131,14 +136,32 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 		}
 		url, shutdown = c.URL(), c.Shutdown
 		topo.Replicas = c.Len()
+		update = func(accountJWT string) error {
+			var errs []error
+			for i := range c.Len() {
+				errs = append(errs, c.Node(i).UpdateAccount(accountJWT))
+			}
+			return errors.Join(errs...)
+		}
 	} else {
 		s, err := embedded.Start(ctx, embedded.Config{Dir: f.dir, Host: host, Port: port, ServerName: "stillpoint", Token: f.token, Users: users, Trust: trust, Logger: nlog})
 		if err != nil {
 			return err
 		}
 		url, shutdown = s.ClientURL(), s.Shutdown
+		update = s.UpdateAccount
 	}
 	defer shutdown()
+	if trust != nil {
+		// Revocations written to the auth dir meanwhile (creds --revoke) apply at once.
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			watchRevocations(wctx, embedded.AccountJWTFile(f.authDir), update, log)
+		}()
+		defer func() { cancel(); <-done }()
+	}
 
 	conn.URL = url
 	nc, err := jetstream.Connect(ctx, conn)
@@ -174,6 +197,31 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	<-ctx.Done()
 	log.Info().Msg("shutting down")
 	return nil
+}
+
+// revocationPoll is how often a server in operator mode looks at its auth
+// dir's account JWT for revocations.
+const revocationPoll = time.Second
+
+// watchRevocations gives the running server (update) the account JWT in
+// path each time it changes (Authority.Revoke rewrites it), until ctx ends:
+// the server disconnects the users it revokes. A JWT that fails to apply is
+// logged and tried again at its next change.
+func watchRevocations(ctx context.Context, path string, update func(string) error, log zerolog.Logger) {
+	last, _ := os.ReadFile(path) // what the server started with (Trust read it)
+	_ = poll.Until(ctx, poll.Every(revocationPoll), func() (bool, error) {
+		b, err := os.ReadFile(path)
+		if err != nil || bytes.Equal(b, last) {
+			return false, nil
+		}
+		last = b
+		if err := update(strings.TrimSpace(string(b))); err != nil {
+			log.Error().Err(err).Str("file", path).Msg("account JWT not applied")
+			return false, nil
+		}
+		log.Info().Str("file", path).Msg("account JWT applied: revoked users are cut off")
+		return false, nil
+	})
 }
 
 // operatorAuth loads (or makes) the authority in dir and writes what its
