@@ -100,8 +100,10 @@ type MemberExport struct {
 	Instance string `json:"instance,omitempty"`
 	// Epoch is the epoch the member answered the commit in.
 	Epoch uint64 `json:"epoch"`
-	// Object, SHA256, Size and Count are the records object in sp_records:
-	// its name, the hex digest and length of its bytes, its record count.
+	// Bucket, Object, SHA256, Size and Count are the records object: its
+	// store as in MemberManifest.Bucket ("" for sp_records), its name, the
+	// hex digest and length of its bytes, its record count.
+	Bucket string `json:"bucket,omitempty"`
 	Object string `json:"object"`
 	SHA256 string `json:"sha256"`
 	Size   int64  `json:"size"`
@@ -112,7 +114,7 @@ type MemberExport struct {
 
 // ExportOf returns the export that a member manifest describes.
 func ExportOf(mm MemberManifest, epoch uint64, instance string) MemberExport {
-	return MemberExport{Member: mm.Member, Kind: mm.Member.Kind(), Instance: instance, Epoch: epoch, Object: mm.Object,
+	return MemberExport{Member: mm.Member, Kind: mm.Member.Kind(), Instance: instance, Epoch: epoch, Bucket: mm.Bucket, Object: mm.Object,
 		SHA256: mm.SHA256, Size: mm.Size, Count: mm.Count, Episodes: len(mm.Episodes)}
 }
 
@@ -145,7 +147,7 @@ func validateExports(field string, exports []MemberExport) error {
 		if e.Size < 0 || e.Count < 0 || e.Episodes < 0 {
 			return fieldErr(f+".size", ErrInvalid, "negative size, count or episodes")
 		}
-		if len(e.Instance) > 255 || len(e.Object) > 1024 || len(e.SHA256) > 64 {
+		if len(e.Instance) > 255 || len(e.Bucket) > 255 || len(e.Object) > 1024 || len(e.SHA256) > 64 {
 			return fieldErr(f, ErrTooLarge, "instance, object or sha256 too long")
 		}
 	}

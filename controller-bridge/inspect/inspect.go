@@ -74,8 +74,10 @@ type Checkpoint struct {
 
 // MemberCheck is one member manifest checked against its records object.
 type MemberCheck struct {
-	// Member, Object, Size, SHA256 and Count are as the manifest says.
+	// Member, Bucket, Object, Size, SHA256 and Count are as the manifest
+	// says (Bucket is the records store: sp_records, or the member's own).
 	Member events.Member `json:"member"`
+	Bucket string        `json:"bucket"`
 	Object string        `json:"object"`
 	Size   int64         `json:"size"`
 	SHA256 string        `json:"sha256"`
@@ -112,13 +114,12 @@ func Run(ctx context.Context, js natsjs.JetStream, run string) (*Report, error) 
 	if err != nil {
 		return nil, err
 	}
-	records, err := js.ObjectStore(ctx, jetstream.BucketRecords)
-	if errors.Is(err, natsjs.ErrBucketNotFound) || errors.Is(err, natsjs.ErrStreamNotFound) {
+	if _, err := js.ObjectStore(ctx, jetstream.BucketRecords); errors.Is(err, natsjs.ErrBucketNotFound) || errors.Is(err, natsjs.ErrStreamNotFound) {
 		return nil, fmt.Errorf("%w: object store %s", ErrNoBucket, jetstream.BucketRecords)
-	}
-	if err != nil {
+	} else if err != nil {
 		return nil, fmt.Errorf("inspect: open %s: %w", jetstream.BucketRecords, err)
 	}
+	records := &stores{js: js, open: map[string]natsjs.ObjectStore{}}
 	r := &Report{Run: run, Checkpoints: []Checkpoint{}, Snapshots: []Snapshot{}, Members: []events.MemberInfo{}}
 	if err := r.readManifests(ctx, manifests, records); err != nil {
 		return nil, err
@@ -171,7 +172,29 @@ func (r *Report) problem(format string, args ...any) {
 	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
 }
 
-func (r *Report) readManifests(ctx context.Context, kv natsjs.KeyValue, records natsjs.ObjectStore) error {
+// stores opens the records stores that manifests name, once each: the
+// shared sp_records, or a member's own (events.RecordsBucket).
+type stores struct {
+	js   natsjs.JetStream
+	open map[string]natsjs.ObjectStore
+}
+
+func (s *stores) get(ctx context.Context, bucket string) (natsjs.ObjectStore, error) {
+	if bucket == "" {
+		bucket = jetstream.BucketRecords
+	}
+	if st, ok := s.open[bucket]; ok {
+		return st, nil
+	}
+	st, err := s.js.ObjectStore(ctx, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("object store %s: %w", bucket, err)
+	}
+	s.open[bucket] = st
+	return st, nil
+}
+
+func (r *Report) readManifests(ctx context.Context, kv natsjs.KeyValue, records *stores) error {
 	vals, err := values(ctx, kv, r.Run+".>")
 	if err != nil {
 		return fmt.Errorf("inspect: read %s: %w", jetstream.BucketManifests, err)
@@ -233,8 +256,11 @@ func (r *Report) readManifests(ctx context.Context, kv natsjs.KeyValue, records 
 
 // verify checks one member manifest: its own key agrees, and the object
 // it names has its size and digest.
-func verify(ctx context.Context, records natsjs.ObjectStore, mm events.MemberManifest, own []byte) MemberCheck {
-	mc := MemberCheck{Member: mm.Member, Object: mm.Object, Size: mm.Size, SHA256: mm.SHA256, Count: mm.Count}
+func verify(ctx context.Context, records *stores, mm events.MemberManifest, own []byte) MemberCheck {
+	mc := MemberCheck{Member: mm.Member, Bucket: mm.Bucket, Object: mm.Object, Size: mm.Size, SHA256: mm.SHA256, Count: mm.Count}
+	if mc.Bucket == "" {
+		mc.Bucket = jetstream.BucketRecords
+	}
 	var stored events.MemberManifest
 	switch {
 	case own == nil:
@@ -243,11 +269,16 @@ func verify(ctx context.Context, records natsjs.ObjectStore, mm events.MemberMan
 	case json.Unmarshal(own, &stored) != nil:
 		mc.Problem = "its member manifest key does not decode"
 		return mc
-	case stored.SHA256 != mm.SHA256 || stored.Object != mm.Object || stored.Size != mm.Size:
+	case stored.SHA256 != mm.SHA256 || stored.Object != mm.Object || stored.Bucket != mm.Bucket || stored.Size != mm.Size:
 		mc.Problem = "its member manifest key names other records"
 		return mc
 	}
-	obj, err := records.Get(ctx, mm.Object)
+	store, err := records.get(ctx, mm.Bucket)
+	if err != nil {
+		mc.Problem = err.Error()
+		return mc
+	}
+	obj, err := store.Get(ctx, mm.Object)
 	if err != nil {
 		mc.Problem = fmt.Sprintf("object %s: %v", mm.Object, err)
 		return mc

@@ -2,6 +2,7 @@ package inspect_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
 
@@ -160,4 +162,48 @@ func decodeCommitted(t *testing.T, h nats.Header, data []byte) events.Checkpoint
 		t.Fatalf("outcome is %T", d)
 	}
 	return out
+}
+
+// A member with credentials of its own keeps its records in a store of its
+// own name, which its manifest names: inspect verifies the object there.
+// The records are written as such a member writes them (member.OwnRecords,
+// member.WriteRecords) and the manifests created as the member and the
+// bridge create them.
+func TestInspectVerifiesAMembersOwnStore(t *testing.T) {
+	env := jstest.Start(t)
+	_, js := env.Connect(t)
+	ctx := t.Context()
+	const m = events.Member("agent.a0")
+	store, err := member.OwnRecords(ctx, js, env.Bus.Records, run, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mm, err := member.WriteRecords(ctx, store, run, "c1", m, []events.Record{{Key: "r1", Data: json.RawMessage(`{"turn":3}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mm.Bucket = events.RecordsBucket(run, m)
+	raw, _ := json.Marshal(mm)
+	if _, err := env.Bus.Manifests.Create(ctx, events.MemberManifestKey(run, "c1", m), raw); err != nil {
+		t.Fatal(err)
+	}
+	man := events.CheckpointManifest{Schema: events.CheckpointSchema, Run: run, CheckpointID: "c1", Created: time.Now().UTC(),
+		Continued: []string{"r1"}, Members: []events.MemberManifest{mm}}
+	raw, _ = json.Marshal(man)
+	if _, err := env.Bus.Manifests.Create(ctx, events.ManifestKey(run, "c1"), raw); err != nil {
+		t.Fatal(err)
+	}
+	r, err := inspect.Run(ctx, js, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Checkpoints) != 1 || !r.Checkpoints[0].Verified || r.Checkpoints[0].Members[0].Bucket != mm.Bucket || len(r.Problems) != 0 {
+		t.Fatalf("checkpoints %+v problems %q", r.Checkpoints, r.Problems)
+	}
+	if err := store.Delete(ctx, mm.Object); err != nil {
+		t.Fatal(err)
+	}
+	if r, err = inspect.Run(ctx, js, run); err != nil || r.Checkpoints[0].Verified {
+		t.Fatalf("after deleting the object from %s: %+v %v", mm.Bucket, r, err)
+	}
 }

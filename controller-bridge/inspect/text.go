@@ -48,7 +48,7 @@ func (r *Report) WriteText(w io.Writer) error {
 			if !m.OK {
 				verdict = m.Problem
 			}
-			fmt.Fprintf(&b, "    %-28s %8d B  %d records  sha256 %.16s  %s\n", m.Member, m.Size, m.Count, m.SHA256, verdict)
+			fmt.Fprintf(&b, "    %-28s %8d B  %d records  sha256 %.16s  in %s  %s\n", m.Member, m.Size, m.Count, m.SHA256, m.Bucket, verdict)
 		}
 	}
 	fmt.Fprintf(&b, "\nsnapshots in the owner's index: %d\n", len(r.Snapshots))
