@@ -68,8 +68,13 @@ func (b *Bridge) Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest
 			}
 		}
 		if v.Manifest == nil {
-			if v.Members, _, err = b.liveMembers(ctx, st.epoch, false); err != nil {
+			var infos []events.MemberInfo
+			if v.Members, infos, err = b.liveMembers(ctx, st.epoch, false); err != nil {
 				return nil, err
+			}
+			v.Instances = make(map[events.Member]string, len(infos))
+			for _, info := range infos {
+				v.Instances[info.Member] = info.Instance
 			}
 		}
 	}

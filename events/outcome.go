@@ -1,8 +1,10 @@
 package events
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // MemberError names a member and what went wrong with it.
@@ -70,6 +72,86 @@ type CheckpointCommitted struct {
 	CommitMS  int64 `json:"commit_ms"`
 	// Stop tells members to park exported work now.
 	Stop bool `json:"stop,omitempty"`
+
+	// What the checkpoint manifest holds, so that the run's checkpoints
+	// read back from the stream once a release deleted the manifests.
+	// Created is when the manifest was created; PrepareSeq and CommitSeq
+	// are the checkpoint's phase sequences.
+	Created    time.Time `json:"created,omitzero"`
+	PrepareSeq uint64    `json:"prepare_seq,omitempty"`
+	CommitSeq  uint64    `json:"commit_seq,omitempty"`
+	// Exports are what each member exported, member by member as in
+	// Members. ExportsCut counts the members left off the list to keep the
+	// event under MaxDataSize (see CapExports); the manifest, while it is
+	// kept, names them all.
+	Exports    []MemberExport `json:"exports,omitempty"`
+	ExportsCut int            `json:"exports_cut,omitempty"`
+}
+
+// MemberExport is what one member exported for a checkpoint, as its member
+// manifest says, with the member's kind, process instance and epoch.
+type MemberExport struct {
+	// Member and Kind name the member (Kind is the kind half of the name).
+	Member Member     `json:"member"`
+	Kind   MemberKind `json:"kind"`
+	// Instance is the member's process instance as its heartbeat said when
+	// the checkpoint was asked; empty when the bridge did not see it (a
+	// checkpoint finished by a restarted bridge).
+	Instance string `json:"instance,omitempty"`
+	// Epoch is the epoch the member answered the commit in.
+	Epoch uint64 `json:"epoch"`
+	// Bucket, Object, SHA256, Size and Count are the records object: its
+	// store as in MemberManifest.Bucket ("" for sp_records), its name, the
+	// hex digest and length of its bytes, its record count.
+	Bucket string `json:"bucket,omitempty"`
+	Object string `json:"object"`
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+	Count  int    `json:"count"`
+	// Episodes is how many capture keys the member exported.
+	Episodes int `json:"episodes"`
+}
+
+// ExportOf returns the export that a member manifest describes.
+func ExportOf(mm MemberManifest, epoch uint64, instance string) MemberExport {
+	return MemberExport{Member: mm.Member, Kind: mm.Member.Kind(), Instance: instance, Epoch: epoch, Bucket: mm.Bucket, Object: mm.Object,
+		SHA256: mm.SHA256, Size: mm.Size, Count: mm.Count, Episodes: len(mm.Episodes)}
+}
+
+// CapExports keeps the leading exports whose JSON fits in budget bytes and
+// returns them with the number cut. A budget below zero keeps none.
+func CapExports(exports []MemberExport, budget int) ([]MemberExport, int) {
+	used := 0
+	for i, e := range exports {
+		b, err := json.Marshal(e)
+		if err != nil || used+len(b)+1 > budget {
+			return exports[:i], len(exports) - i
+		}
+		used += len(b) + 1
+	}
+	return exports, 0
+}
+
+func validateExports(field string, exports []MemberExport) error {
+	if len(exports) > MaxMembers {
+		return fieldErr(field, ErrTooLarge, "%d entries, limit %d", len(exports), MaxMembers)
+	}
+	for i, e := range exports {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if err := validateMember(f+".member", string(e.Member)); err != nil {
+			return err
+		}
+		if e.Kind != e.Member.Kind() {
+			return fieldErr(f+".kind", ErrMismatch, "%q, member %s", clip(string(e.Kind)), e.Member)
+		}
+		if e.Size < 0 || e.Count < 0 || e.Episodes < 0 {
+			return fieldErr(f+".size", ErrInvalid, "negative size, count or episodes")
+		}
+		if len(e.Instance) > 255 || len(e.Bucket) > 255 || len(e.Object) > 1024 || len(e.SHA256) > 64 {
+			return fieldErr(f, ErrTooLarge, "instance, object or sha256 too long")
+		}
+	}
+	return nil
 }
 
 // Type implements Data.
@@ -77,7 +159,11 @@ func (CheckpointCommitted) Type() Type { return TypeCheckpointCommitted }
 
 // Validate implements Data.
 func (o CheckpointCommitted) Validate() error {
-	errs := []error{o.validate(), validateKeys("data.continued", o.Continued), validateKeys("data.restarted", o.Restarted)}
+	errs := []error{o.validate(), validateKeys("data.continued", o.Continued), validateKeys("data.restarted", o.Restarted),
+		validateExports("data.exports", o.Exports)}
+	if o.ExportsCut < 0 {
+		errs = append(errs, fieldErr("data.exports_cut", ErrInvalid, "negative"))
+	}
 	for i, m := range o.Members {
 		if err := validateMember(fmt.Sprintf("data.members[%d]", i), string(m)); err != nil {
 			errs = append(errs, err)
@@ -102,6 +188,19 @@ type CheckpointFailed struct {
 	BlockerCount map[Member]int      `json:"blocker_count,omitempty"`
 	// Errors names every member that failed or never answered.
 	Errors []MemberError `json:"errors,omitempty"`
+
+	// Members are the members the failed phase addressed (the resume
+	// that aborts names the same). PrepareSeq and CommitSeq are the
+	// checkpoint's phase sequences so far, PrepareMS and CommitMS their
+	// timings (zero for a phase it did not reach).
+	// MembersCut is set instead of Members when the list would not fit in
+	// MaxDataSize: the number of members left off.
+	Members    []Member `json:"members,omitempty"`
+	MembersCut int      `json:"members_cut,omitempty"`
+	PrepareSeq uint64   `json:"prepare_seq,omitempty"`
+	CommitSeq  uint64   `json:"commit_seq,omitempty"`
+	PrepareMS  int64    `json:"prepare_ms,omitempty"`
+	CommitMS   int64    `json:"commit_ms,omitempty"`
 }
 
 // Type implements Data.
@@ -115,6 +214,15 @@ func (o CheckpointFailed) Validate() error {
 	}
 	if o.Reason == "" || len(o.Reason) > MaxDetail {
 		errs = append(errs, fieldErr("data.reason", ErrInvalid, "must be 1 to %d bytes", MaxDetail))
+	}
+	if len(o.Members) > MaxMembers {
+		errs = append(errs, fieldErr("data.members", ErrTooLarge, "%d members, limit %d", len(o.Members), MaxMembers))
+	}
+	for i, m := range o.Members {
+		if err := validateMember(fmt.Sprintf("data.members[%d]", i), string(m)); err != nil {
+			errs = append(errs, err)
+			break
+		}
 	}
 	if len(o.Blockers) > MaxMembers {
 		errs = append(errs, fieldErr("data.blockers", ErrTooLarge, "%d members, limit %d", len(o.Blockers), MaxMembers))

@@ -1,6 +1,9 @@
 package events
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 var (
 	testDeadline = time.Date(2026, 11, 29, 8, 0, 30, 0, time.UTC)
@@ -68,10 +71,13 @@ func samples() map[Type]struct {
 	add("agent.a0", ForgetAck{AckHeader: testAck(7)})
 	add("agent.a0", ReleaseAck{AckHeader: testAck(8), Deleted: []string{"snap-1"}})
 	add(testBridge, CheckpointCommitted{OutcomeHeader: testOutcome(), Continued: []string{"r1"}, Restarted: []string{"r2-a1"},
-		Members: []Member{"agent.a0"}, PrepareMS: 40, CommitMS: 90})
+		Members: []Member{"agent.a0"}, PrepareMS: 40, CommitMS: 90, Created: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+		PrepareSeq: 6, CommitSeq: 7, Exports: []MemberExport{{Member: "agent.a0", Kind: KindAgent, Instance: "i0", Epoch: 3,
+			Object: "run-1/ckpt-7/agent.a0.0123456789abcdef.jsonl", SHA256: strings.Repeat("ab", 32), Size: 120, Count: 2, Episodes: 1}}})
 	add(testBridge, CheckpointFailed{OutcomeHeader: testOutcome(), Phase: PhasePrepare, Reason: "2 members not ready",
 		Blockers: map[Member][]string{"agent.a0": {"r3"}}, BlockerCount: map[Member]int{"agent.a0": 1},
-		Errors: []MemberError{{Member: "owner.o0", Code: CodeMissingAck}}})
+		Errors: []MemberError{{Member: "owner.o0", Code: CodeMissingAck}}, Members: []Member{"agent.a0", "owner.o0"},
+		PrepareSeq: 6, PrepareMS: 2000})
 	add(testBridge, RestoreCompleted{OutcomeHeader: testOutcome(), Source: "ckpt-6", Restored: []string{"r1-a1"}})
 	add(testBridge, RestoreFailed{OutcomeHeader: testOutcome(), Source: "ckpt-6",
 		Errors: []MemberError{{Member: "owner.o0", Code: CodeInstallFailed, Detail: "fork failed"}}, Retired: []string{"r1-a1"}})

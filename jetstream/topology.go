@@ -39,7 +39,7 @@ const (
 	// disappears after it.
 	DefaultMemberTTL = 30 * time.Second
 	// DefaultManifestHistory is the number of revisions BucketManifests keeps per key, so that
-	// `nats kv history sp_manifests <run>.LATEST` shows recent moves.
+	// the bucket's stream shows recent moves of <run>.LATEST (docs/POSTMORTEM.md).
 	DefaultManifestHistory = 16
 )
 

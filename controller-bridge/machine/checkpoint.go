@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -34,7 +35,7 @@ func (m *Machine) askCheckpoint(now time.Time, in CheckpointAsked) ([]Effect, er
 	}
 	m.view(v)
 	timeout := m.timeout(req.TimeoutMS)
-	m.op = &operation{kind: opCheckpoint, id: req.ID, req: req, timeout: timeout, started: now}
+	m.op = &operation{kind: opCheckpoint, id: req.ID, req: req, timeout: timeout, started: now, instances: v.Instances}
 	return m.publish(events.Prepare{PhaseHeader: m.header(now, req.ID, m.epoch, v.Members, timeout)}), nil
 }
 
@@ -175,14 +176,27 @@ func (m *Machine) latestMoved(now time.Time, in LatestMoved) ([]Effect, error) {
 	if o.seen(events.TypeCheckpointCommitted) {
 		return m.afterCommitted(now)
 	}
-	man := o.manifest
-	out := events.CheckpointCommitted{OutcomeHeader: events.OutcomeHeader{Run: m.cfg.Run, CheckpointID: man.CheckpointID, Epoch: man.Epoch},
-		Continued: man.Continued, Restarted: man.Restarted, Members: o.members, PrepareMS: man.PrepareMS, CommitMS: man.CommitMS, Stop: man.Stop}
+	out := committedOutcome(m.cfg.Run, *o.manifest, o.members, o.instances)
+	m.want = wantOutcomePublished
+	return []Effect{PublishOutcome{ID: o.id, Outcome: out}}, nil
+}
+
+// committedOutcome is the checkpoint.committed of manifest man: what the
+// manifest holds, with each member's export (and its instance, when
+// known), as many exports as fit under the payload limit.
+func committedOutcome(run string, man events.CheckpointManifest, members []events.Member, instances map[events.Member]string) events.CheckpointCommitted {
+	out := events.CheckpointCommitted{OutcomeHeader: events.OutcomeHeader{Run: run, CheckpointID: man.CheckpointID, Epoch: man.Epoch},
+		Continued: man.Continued, Restarted: man.Restarted, Members: members, PrepareMS: man.PrepareMS, CommitMS: man.CommitMS, Stop: man.Stop,
+		Created: man.Created, PrepareSeq: man.PrepareSeq, CommitSeq: man.CommitSeq}
 	if out.Members == nil {
 		out.Members = []events.Member{}
 	}
-	m.want = wantOutcomePublished
-	return []Effect{PublishOutcome{ID: o.id, Outcome: out}}, nil
+	exports := make([]events.MemberExport, 0, len(man.Members))
+	for _, mm := range man.Members {
+		exports = append(exports, events.ExportOf(mm, man.Epoch, instances[mm.Member]))
+	}
+	out.Exports, out.ExportsCut = events.CapExports(exports, outcomeBudget(out))
+	return out
 }
 
 // afterCommitted resumes the fleet, except after a stop commit: the fleet
@@ -220,6 +234,16 @@ func (m *Machine) publishFailed() []Effect {
 	if len(out.Reason) > events.MaxDetail {
 		out.Reason = out.Reason[:events.MaxDetail]
 	}
+	out.Members, out.PrepareMS, out.CommitMS = o.members, o.prepMS, o.commitMS
+	if o.prepare != nil {
+		out.PrepareSeq = o.prepare.Seq
+	}
+	if o.commit != nil {
+		out.CommitSeq = o.commit.Seq
+	}
+	if outcomeBudget(out) < 0 {
+		out.Members, out.MembersCut = nil, len(o.members)
+	}
 	return []Effect{PublishOutcome{ID: o.id, Outcome: out}}
 }
 
@@ -230,4 +254,17 @@ func (m *Machine) afterFailed(now time.Time) ([]Effect, error) {
 		return m.finish(Finish{Checkpoint: m.op.result()})
 	}
 	return m.resume(now, m.op.members, true), nil
+}
+
+// outcomeSlack is what an outcome keeps free below events.MaxDataSize.
+const outcomeSlack = 4 << 10
+
+// outcomeBudget is how many more bytes of JSON the outcome may carry and
+// stay under the payload limit; below zero when it is over already.
+func outcomeBudget(out events.Data) int {
+	b, err := json.Marshal(out)
+	if err != nil {
+		return -1
+	}
+	return events.MaxDataSize - outcomeSlack - len(b)
 }

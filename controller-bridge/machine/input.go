@@ -29,6 +29,9 @@ type View struct {
 	// the run's epoch (and fresh ones), or for a restore the fresh members
 	// only. Sorted.
 	Members []events.Member
+	// Instances are the process instances of Members as their heartbeats
+	// said (a checkpoint's outcome names them); may be nil.
+	Instances map[events.Member]string
 	// Manifest is the checkpoint key that the ask names: a checkpoint's own
 	// id (nil: it does not exist yet), or a restore's source.
 	Manifest *events.CheckpointManifest

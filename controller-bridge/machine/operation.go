@@ -45,6 +45,8 @@ type operation struct {
 	prepMS      int64
 	commitStart time.Time
 	commitMS    int64
+	// instances are the members' process instances the ask's view held.
+	instances map[events.Member]string
 	// prepAt is when the prepare was published, as a replay read it.
 	prepAt time.Time
 	// members are those the outcome, the result and the resume name;

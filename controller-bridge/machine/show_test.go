@@ -131,10 +131,19 @@ func show(e Effect) string {
 	case PublishOutcome:
 		switch o := e.Outcome.(type) {
 		case events.CheckpointCommitted:
-			return fmt.Sprintf("outcome checkpoint.committed %s continued=%s restarted=%s members=%s%s", o.CheckpointID, list(o.Continued),
-				list(o.Restarted), members(o.Members), flagIf(o.Stop, "stop"))
+			var ex []string
+			for _, e := range o.Exports {
+				ex = append(ex, fmt.Sprintf("%s@%d:%dB", e.Member, e.Epoch, e.Size))
+			}
+			s := fmt.Sprintf("outcome checkpoint.committed %s continued=%s restarted=%s members=%s%s prepare-seq=%d commit-seq=%d exports=%s",
+				o.CheckpointID, list(o.Continued), list(o.Restarted), members(o.Members), flagIf(o.Stop, "stop"), o.PrepareSeq, o.CommitSeq, list(ex))
+			if o.ExportsCut > 0 {
+				s += fmt.Sprintf(" exports-cut=%d", o.ExportsCut)
+			}
+			return s
 		case events.CheckpointFailed:
-			s := fmt.Sprintf("outcome checkpoint.failed %s phase=%s reason=%q errors=%s", o.CheckpointID, o.Phase, o.Reason, errs(o.Errors))
+			s := fmt.Sprintf("outcome checkpoint.failed %s phase=%s reason=%q errors=%s members=%s prepare-seq=%d commit-seq=%d", o.CheckpointID,
+				o.Phase, o.Reason, errs(o.Errors), members(o.Members), o.PrepareSeq, o.CommitSeq)
 			if len(o.Blockers) > 0 {
 				s += " blockers=" + blockers(o.Blockers)
 			}

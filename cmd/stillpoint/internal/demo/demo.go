@@ -317,15 +317,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	invariant.Write(env.Stdout, inv)
 	failed := invariant.Failed(inv)
 	fmt.Fprintln(env.Stdout)
-	fmt.Fprintf(env.Stdout, "to read what happened (the store is in %s):\n", filepath.Join(d.dir, "nats"))
-	fmt.Fprintf(env.Stdout, "  go run ./cmd/stillpoint server --dir %s --listen 127.0.0.1:4333 &\n", filepath.Join(d.dir, "nats"))
-	if d.authDir != "" {
-		fmt.Fprintf(env.Stdout, "  (with --auth-dir %s, and --creds %s on the commands below)\n", d.authDir, embedded.CredsFile(d.authDir, embedded.RoleAdmin))
-	}
-	fmt.Fprintf(env.Stdout, "  go run ./cmd/stillpoint timeline --run %s --nats-url nats://127.0.0.1:4333\n", d.run)
-	fmt.Fprintf(env.Stdout, "  nats --server nats://127.0.0.1:4333 stream view STILLPOINT --subject 'sp.%s.phase.>'\n", d.run)
-	fmt.Fprintf(env.Stdout, "  nats --server nats://127.0.0.1:4333 stream view STILLPOINT --subject 'sp.%s.outcome.>'\n", d.run)
-	fmt.Fprintf(env.Stdout, "  nats --server nats://127.0.0.1:4333 kv history sp_members\n")
+	d.printReadBack(env.Stdout)
 	fmt.Fprintf(env.Stdout, "took %s (build excluded)\n\n", time.Since(began).Round(100*time.Millisecond))
 
 	verdict := "invariants ok"
@@ -840,4 +832,45 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 	d.say("restored %s into the new processes", col.Summary().Restores[0])
 	time.Sleep(300 * time.Millisecond)
 	return checkpoint(3)
+}
+
+// readBackURL is where the demo's commands to read a run back find its
+// store, served again by `stillpoint server` once the demo's own server
+// stopped.
+const readBackURL = "nats://127.0.0.1:4333"
+
+// printReadBack prints the commands that read the run back: each one works
+// as printed, piped or not (TestPostmortemCommands in e2e runs them). With
+// --nats-url the run stays on that server; otherwise its store is served
+// again from the work directory.
+func (d *demo) printReadBack(w io.Writer) {
+	url := d.natsURL
+	if d.env.Conn.URL != "" {
+		fmt.Fprintf(w, "to read what happened (the run stays on the server at %s; docs/POSTMORTEM.md has more):\n", url)
+	} else {
+		url = readBackURL
+		store := filepath.Join(d.dir, "nats")
+		cluster := ""
+		if d.f.cluster {
+			cluster = " --cluster"
+		}
+		if d.authDir != "" {
+			cluster += " --auth-dir " + d.authDir
+		}
+		fmt.Fprintf(w, "to read what happened (the store is in %s; docs/POSTMORTEM.md has more):\n", store)
+		fmt.Fprintf(w, "  go run ./cmd/stillpoint server%s --dir %s --listen 127.0.0.1:4333 &\n", cluster, store)
+	}
+	conn := "--nats-url " + url
+	natsConn := "--server " + url
+	if d.authDir != "" {
+		creds := embedded.CredsFile(d.authDir, embedded.RoleAdmin)
+		conn += " --creds " + creds
+		natsConn += " --creds " + creds
+	}
+	fmt.Fprintf(w, "  go run ./cmd/stillpoint timeline --run %s %s\n", d.run, conn)
+	fmt.Fprintf(w, "  go run ./cmd/stillpoint inspect --run %s %s\n", d.run, conn)
+	fmt.Fprintf(w, "  nats %s sub --stream STILLPOINT --all -T --wait 5s --raw 'sp.%s.outcome.checkpoint.>'\n", natsConn, d.run)
+	fmt.Fprintf(w, "  nats %s sub --stream STILLPOINT --all -T --wait 5s -t 'sp.%s.phase.>'\n", natsConn, d.run)
+	fmt.Fprintf(w, "  nats %s sub --stream STILLPOINT --all -T --wait 5s --raw 'sp.%s.member.>'\n", natsConn, d.run)
+	fmt.Fprintf(w, "  nats %s kv get sp_manifests %s\n", natsConn, events.HeadKey(d.run))
 }
