@@ -111,7 +111,11 @@ func (s *Service) Handle(name string, fn func(body []byte) (any, error)) error {
 			_ = req.Error(status, desc, body)
 			return
 		}
-		_ = req.RespondJSON(res)
+		if err := req.RespondJSON(res); err != nil {
+			// Not sent (over the max payload, say): say so rather than let
+			// the caller wait for nothing.
+			_ = req.Error("500", "internal: "+oneLine(err.Error()), nil)
+		}
 	}))
 }
 
@@ -145,7 +149,12 @@ func (s *Service) HandleAsync(ctx context.Context, name string, fn func(ctx cont
 				m.Data = body
 			} else if m.Data, err = json.Marshal(res); err != nil {
 				m.Header.Set(micro.ErrorCodeHeader, "500")
-				m.Header.Set(micro.ErrorHeader, "internal: "+err.Error())
+				m.Header.Set(micro.ErrorHeader, "internal: "+oneLine(err.Error()))
+			} else if max := s.nc.MaxPayload(); max > 0 && int64(len(m.Data)) > max-1024 {
+				// The server would refuse it, and the caller wait for nothing.
+				m.Data = nil
+				m.Header.Set(micro.ErrorCodeHeader, "500")
+				m.Header.Set(micro.ErrorHeader, fmt.Sprintf("internal: the answer is over the server's max payload (%d bytes)", max))
 			}
 			_ = s.nc.PublishMsg(m)
 		}()

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/micro"
 
@@ -97,5 +99,33 @@ func TestServiceErrorBody(t *testing.T) {
 		if err := jetstream.Call(t.Context(), env.Conn, "spsvc.b."+ep, nil, &struct{}{}); !errors.As(err, &se) || se.Status != 409 || se.Code != "conflict" {
 			t.Errorf("%s: Call: %v", ep, err)
 		}
+	}
+}
+
+// An answer over the server's max payload is answered as an error, not
+// dropped: the caller would otherwise wait for it until its deadline.
+func TestServiceAnswerTooLarge(t *testing.T) {
+	env := jstest.Start(t, jstest.WithoutProvision())
+	s, err := jetstream.NewService(env.Conn, micro.Config{Name: "test-large", Version: "1.0.0"}, "spsvc.l",
+		func(error) (int, string) { return 500, "internal" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	big := strings.Repeat("x", int(env.Conn.MaxPayload()))
+	if err := s.HandleAsync(t.Context(), "big", func(context.Context, []byte) (any, error) { return big, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Handle("bigsync", func([]byte) (any, error) { return big, nil }); err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range []string{"big", "bigsync"} {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		var se *jetstream.ServiceError
+		var out string
+		if err := jetstream.Call(ctx, env.Conn, "spsvc.l."+ep, nil, &out); !errors.As(err, &se) || se.Status != 500 || !strings.Contains(se.Detail, "payload") {
+			t.Errorf("%s: an answer over the max payload: %v", ep, err)
+		}
+		cancel()
 	}
 }
