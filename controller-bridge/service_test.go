@@ -336,4 +336,10 @@ func TestServiceNatsCLI(t *testing.T) {
 	if ls := nats("micro", "ls"); !strings.Contains(ls, bridgeapi.ServiceName) {
 		t.Errorf("nats micro ls does not list %s:\n%s", bridgeapi.ServiceName, ls)
 	}
+	info := nats("micro", "info", bridgeapi.ServiceName)
+	for _, ep := range bridgeapi.Endpoints() {
+		if want := bridgeapi.ServiceSubject(run, "") + "." + ep; !strings.Contains(info, want) {
+			t.Errorf("nats micro info does not show endpoint %s:\n%s", want, info)
+		}
+	}
 }
