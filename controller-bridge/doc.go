@@ -35,8 +35,11 @@
 // Status names the open operation from the same replay.
 //
 // The controller reaches the bridge through its Go methods, the HTTP JSON
-// API (Handler; docs/API.md), the Go HTTP client in package client, or the
-// stillpoint CLI. The requests, results, errors and routes they share are
-// the types of package bridgeapi. ReadTimeline reads a run back for
+// API (Handler; docs/API.md), the same API as a NATS micro service (Serve:
+// stillpoint-bridge on spsvc.<run>.bridge.<name>.<endpoint>), the Go client
+// in package client over either, or the stillpoint CLI. Both transports
+// call one set of endpoints (service.go), so a request answers the same
+// JSON on each. The requests, results, errors, routes and endpoints they
+// share are the types of package bridgeapi. ReadTimeline reads a run back for
 // `stillpoint timeline`.
 package bridge

@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -42,13 +43,19 @@ func (b *Bridge) Handler(token string) http.Handler {
 			writeJSON(w, http.StatusOK, res)
 		})
 	}
-	api("POST "+bridgeapi.PathCheckpoints, func(ctx context.Context, r *http.Request) (any, error) {
-		var req bridgeapi.CheckpointRequest
-		if err := decode(r, &req); err != nil {
-			return nil, err
+	// The routes whose request is all in the body call the service's
+	// endpoints (service.go): one implementation behind both transports.
+	eps := b.endpoints()
+	body := func(name string) func(ctx context.Context, r *http.Request) (any, error) {
+		return func(ctx context.Context, r *http.Request) (any, error) {
+			raw, err := readBody(r)
+			if err != nil {
+				return nil, err
+			}
+			return eps[name](ctx, raw)
 		}
-		return b.Checkpoint(ctx, req)
-	})
+	}
+	api("POST "+bridgeapi.PathCheckpoints, body(bridgeapi.EndpointCheckpoint))
 	api("GET "+bridgeapi.PathCheckpoint, func(ctx context.Context, r *http.Request) (any, error) {
 		id, err := pathID(r)
 		if err != nil {
@@ -74,34 +81,10 @@ func (b *Bridge) Handler(token string) http.Handler {
 		}
 		return b.Abort(ctx, id)
 	})
-	api("POST "+bridgeapi.PathRestore, func(ctx context.Context, r *http.Request) (any, error) {
-		var req bridgeapi.RestoreRequest
-		if err := decode(r, &req); err != nil {
-			return nil, err
-		}
-		return b.Restore(ctx, req)
-	})
-	api("POST "+bridgeapi.PathRetire, func(ctx context.Context, r *http.Request) (any, error) {
-		var req bridgeapi.RetireRequest
-		if err := decode(r, &req); err != nil {
-			return nil, err
-		}
-		return b.Retire(ctx, req.Episodes)
-	})
-	api("POST "+bridgeapi.PathForget, func(ctx context.Context, r *http.Request) (any, error) {
-		var req bridgeapi.ForgetRequest
-		if err := decode(r, &req); err != nil {
-			return nil, err
-		}
-		return b.Forget(ctx, req.Rollouts)
-	})
-	api("POST "+bridgeapi.PathRelease, func(ctx context.Context, r *http.Request) (any, error) {
-		var req bridgeapi.ReleaseRequest
-		if err := decode(r, &req); err != nil {
-			return nil, err
-		}
-		return b.Release(ctx, req)
-	})
+	api("POST "+bridgeapi.PathRestore, body(bridgeapi.EndpointRestore))
+	api("POST "+bridgeapi.PathRetire, body(bridgeapi.EndpointRetire))
+	api("POST "+bridgeapi.PathForget, body(bridgeapi.EndpointForget))
+	api("POST "+bridgeapi.PathRelease, body(bridgeapi.EndpointRelease))
 	api("GET "+bridgeapi.PathStatus, func(ctx context.Context, r *http.Request) (any, error) {
 		return b.Status(ctx)
 	})
@@ -206,21 +189,38 @@ func authorized(r *http.Request, token string) bool {
 	return ok && strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
 }
 
-// decode reads a JSON body strictly: an unknown field or trailing data is
-// a bad request naming what is wrong, an oversized body ErrTooLarge. An
-// empty body is an empty request.
+// decode reads r's JSON body strictly (readBody, decodeBody).
 func decode(r *http.Request, v any) error {
+	body, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	return decodeBody(body, v)
+}
+
+// readBody reads r's body: over MaxRequestBody bytes is ErrTooLarge.
+func readBody(r *http.Request) ([]byte, error) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, bridgeapi.MaxRequestBody+1))
 	if err != nil {
-		return fmt.Errorf("%w: reading the body: %w", bridgeapi.ErrBadRequest, err)
+		return nil, fmt.Errorf("%w: reading the body: %w", bridgeapi.ErrBadRequest, err)
 	}
+	if len(body) > bridgeapi.MaxRequestBody {
+		return nil, fmt.Errorf("%w: body over %d bytes", bridgeapi.ErrTooLarge, bridgeapi.MaxRequestBody)
+	}
+	return body, nil
+}
+
+// decodeBody decodes a request body strictly, as both transports do: an
+// unknown field or trailing data is a bad request naming what is wrong, an
+// oversized body ErrTooLarge. An empty body is an empty request.
+func decodeBody(body []byte, v any) error {
 	if len(body) > bridgeapi.MaxRequestBody {
 		return fmt.Errorf("%w: body over %d bytes", bridgeapi.ErrTooLarge, bridgeapi.MaxRequestBody)
 	}
-	if len(strings.TrimSpace(string(body))) == 0 {
+	if len(bytes.TrimSpace(body)) == 0 {
 		return nil
 	}
-	dec := json.NewDecoder(strings.NewReader(string(body)))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: body: %w", bridgeapi.ErrBadRequest, err)

@@ -39,7 +39,8 @@ func TestBadInputIsRefusedNamingTheField(t *testing.T) {
 		{"unknown version", TypePrepare, func(m *nats.Msg) { m.Header["ce-type"] = []string{"dev.stillpoint.phase.prepare.v2"} }, ErrUnknownVersion, "ce-type"},
 		{"invalid UTF-8 header", TypePrepare, func(m *nats.Msg) { m.Header["ce-subject"] = []string{"ckpt%FF"} }, ErrMalformed, "ce-subject"},
 		{"raw invalid UTF-8 header", TypePrepare, func(m *nats.Msg) { m.Header["ce-subject"] = []string{"ckpt\xff"} }, ErrMalformed, "ce-subject"},
-		{"bad escape", TypePrepare, func(m *nats.Msg) { m.Header["ce-subject"] = []string{"ckpt%2"} }, ErrMalformed, "ce-subject"},
+		// A % that starts no escape is read as itself: ckpt%2 is not the checkpoint.
+		{"% not an escape", TypePrepare, func(m *nats.Msg) { m.Header["ce-subject"] = []string{"ckpt%2"} }, ErrMismatch, "ce-subject"},
 		{"oversized header", TypePrepare, func(m *nats.Msg) { m.Header["ce-note"] = []string{strings.Repeat("x", MaxHeaderValue+1)} }, ErrTooLarge, "ce-note"},
 		{"bad extension name", TypePrepare, func(m *nats.Msg) { m.Header["ce-no_te"] = []string{"x"} }, ErrInvalid, "ce-no_te"},
 		{"invalid UTF-8 data", TypePrepare, func(m *nats.Msg) { m.Data = append([]byte(`{"run":"\xff`), m.Data[8:]...) }, ErrMalformed, "data"},

@@ -74,13 +74,15 @@ func Encode(subject string, e event.Event) (*nats.Msg, error) {
 // Parse reads a CloudEvent from a NATS message. Binary mode is the norm;
 // a message whose Content-Type starts with application/cloudevents is read
 // in structured mode, as the binding requires. Header names match
-// case-insensitively; values are unquoted and percent-decoded once, and
-// must be valid UTF-8.
+// case-insensitively; values are read as percentDecode says (a quoted
+// value unquoted, one round of percent-decoding in which a % that starts
+// no escape is itself, valid UTF-8 required).
 func Parse(m *nats.Msg) (event.Event, error) {
 	if len(m.Data) > MaxDataSize {
 		return event.Event{}, fieldErr("data", ErrTooLarge, "%d bytes, limit %d", len(m.Data), MaxDataSize)
 	}
 	attrs := map[string]string{}
+	raws := map[string]string{} // the URI-typed values as received
 	var contentType string
 	for k, vs := range m.Header {
 		lk := strings.ToLower(k)
@@ -103,11 +105,14 @@ func Parse(m *nats.Msg) (event.Event, error) {
 			return event.Event{}, err
 		}
 		attrs[name] = v
+		if name == "source" || name == "dataschema" {
+			raws[name] = vs[0]
+		}
 	}
 	if strings.HasPrefix(strings.ToLower(strings.TrimSpace(contentType)), "application/cloudevents") {
 		return parseStructured(m)
 	}
-	return parseBinary(attrs, contentType, m.Data)
+	return parseBinary(attrs, raws, contentType, m.Data)
 }
 
 func parseStructured(m *nats.Msg) (event.Event, error) {
@@ -127,7 +132,12 @@ func parseStructured(m *nats.Msg) (event.Event, error) {
 	return e, nil
 }
 
-func parseBinary(attrs map[string]string, contentType string, data []byte) (event.Event, error) {
+// parseBinary builds the event of a binary-mode message from its decoded
+// attributes. A URI-typed attribute (source, dataschema) whose decoded
+// value is no URI-reference is read as received instead (raws): a writer
+// that writes values raw (sdk-go's JetStream binding) writes a URI's own
+// escapes, such as the %25 of a percent sign, which a decode would break.
+func parseBinary(attrs, raws map[string]string, contentType string, data []byte) (event.Event, error) {
 	sv, ok := attrs["specversion"]
 	if !ok {
 		return event.Event{}, fieldErr("ce-specversion", ErrInvalid, "missing")
@@ -148,7 +158,9 @@ func parseBinary(attrs map[string]string, contentType string, data []byte) (even
 		case "id":
 			e.SetID(v)
 		case "source":
-			err = e.Context.SetSource(v)
+			if err = e.Context.SetSource(v); err != nil && raws[name] != v {
+				err = firstErr(e.Context.SetSource(raws[name]), err)
+			}
 		case "type":
 			e.SetType(v)
 		case "subject":
@@ -162,7 +174,9 @@ func parseBinary(attrs map[string]string, contentType string, data []byte) (even
 		case "datacontenttype":
 			e.SetDataContentType(v)
 		case "dataschema":
-			err = e.Context.SetDataSchema(v)
+			if err = e.Context.SetDataSchema(v); err != nil && raws[name] != v {
+				err = firstErr(e.Context.SetDataSchema(raws[name]), err)
+			}
 		default:
 			if !event.IsExtensionNameValid(name) || len(name) > 20 {
 				return event.Event{}, fieldErr("ce-"+name, ErrInvalid, "not a valid extension name")
@@ -215,48 +229,92 @@ func percentEncode(s string) string {
 	return b.String()
 }
 
-// percentDecode unquotes a value (a surrounding pair of double quotes) and
-// percent-decodes it once; the result must be valid UTF-8.
+// percentDecode reads a header value as the binding says a reader must
+// (CloudEvents NATS binding 1.0.3, section 3.1.3.2, by way of the HTTP
+// binding's header values), and as other writers write it:
+//
+//  1. A quoted-string (RFC 9110, 5.6.4: a double quote, text, a double
+//     quote, nothing after it) is unquoted: the quotes go, and a backslash
+//     takes the character after it as itself (a quoted-pair). A value that
+//     is not one, such as a lone or an inner unescaped double quote, is
+//     read as it is.
+//  2. It is percent-decoded once: %XY with two hex digits is the byte XY.
+//     A % that does not start such an escape is itself: sdk-go's JetStream
+//     binding writes values raw, so "100%" or "50%off" arrive as they are.
+//     (A raw "%41" reads as "A": an escape is an escape.)
+//  3. The result must be valid UTF-8 (a valid escape of a broken sequence,
+//     such as %FF, is refused) and at most MaxHeaderValue bytes.
 func percentDecode(field, s string) (string, error) {
 	if len(s) > 3*MaxHeaderValue {
 		return "", fieldErr(field, ErrTooLarge, "%d bytes, limit %d", len(s), MaxHeaderValue)
 	}
-	if len(s) >= 2 && s[0] == '"' && s[len(s)-1] == '"' {
-		s = s[1 : len(s)-1]
+	if u, ok := unquote(s); ok {
+		s = u
 	}
-	if strings.IndexByte(s, '%') < 0 {
-		if !utf8.ValidString(s) {
-			return "", fieldErr(field, ErrMalformed, "invalid UTF-8")
-		}
-		if len(s) > MaxHeaderValue {
-			return "", fieldErr(field, ErrTooLarge, "%d bytes, limit %d", len(s), MaxHeaderValue)
-		}
-		return s, nil
-	}
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		if s[i] != '%' {
+	if strings.IndexByte(s, '%') >= 0 {
+		b := make([]byte, 0, len(s))
+		for i := 0; i < len(s); i++ {
+			if s[i] == '%' && i+2 < len(s) {
+				hi, ok1 := unhex(s[i+1])
+				lo, ok2 := unhex(s[i+2])
+				if ok1 && ok2 {
+					b = append(b, hi<<4|lo)
+					i += 2
+					continue
+				}
+			}
 			b = append(b, s[i])
-			continue
 		}
-		if i+2 >= len(s) {
-			return "", fieldErr(field, ErrMalformed, "truncated percent-escape")
-		}
-		hi, ok1 := unhex(s[i+1])
-		lo, ok2 := unhex(s[i+2])
-		if !ok1 || !ok2 {
-			return "", fieldErr(field, ErrMalformed, "bad percent-escape %q", s[i:i+3])
-		}
-		b = append(b, hi<<4|lo)
-		i += 2
+		s = string(b)
 	}
-	if !utf8.Valid(b) {
+	if !utf8.ValidString(s) {
 		return "", fieldErr(field, ErrMalformed, "invalid UTF-8")
 	}
-	if len(b) > MaxHeaderValue {
-		return "", fieldErr(field, ErrTooLarge, "%d bytes, limit %d", len(b), MaxHeaderValue)
+	if len(s) > MaxHeaderValue {
+		return "", fieldErr(field, ErrTooLarge, "%d bytes, limit %d", len(s), MaxHeaderValue)
 	}
-	return string(b), nil
+	return s, nil
+}
+
+// unquote returns the text of a quoted-string (RFC 9110, 5.6.4) with its
+// quoted-pairs taken as the characters they quote, and whether s is one:
+// it starts and ends with a double quote, holds no unescaped one in
+// between, and its last backslash quotes a character.
+func unquote(s string) (string, bool) {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
+		return "", false
+	}
+	inner := s[1 : len(s)-1]
+	if strings.IndexByte(inner, '\\') < 0 {
+		if strings.IndexByte(inner, '"') >= 0 {
+			return "", false
+		}
+		return inner, true
+	}
+	b := make([]byte, 0, len(inner))
+	for i := 0; i < len(inner); i++ {
+		switch c := inner[i]; c {
+		case '"':
+			return "", false
+		case '\\':
+			if i+1 == len(inner) {
+				return "", false // it quotes the closing quote: no end
+			}
+			i++
+			b = append(b, inner[i])
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(b), true
+}
+
+// firstErr returns nil when the retry worked, else the first error.
+func firstErr(retry, first error) error {
+	if retry == nil {
+		return nil
+	}
+	return first
 }
 
 func unhex(c byte) (byte, bool) {

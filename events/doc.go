@@ -9,7 +9,11 @@
 //     attribute, the JSON data as the body. Header values are percent-encoded
 //     (space, double quote, percent and anything outside U+0021..U+007E, as
 //     upper-case %XY over UTF-8 bytes); readers match header names without
-//     regard to case, unquote, percent-decode once and refuse invalid UTF-8.
+//     regard to case, unquote a quoted-string (its backslash escapes
+//     included), percent-decode once, reading a % that starts no escape as
+//     itself (raw writers such as sdk-go's JetStream binding), keep a
+//     ce-source or ce-dataschema that decoding would make no URI as
+//     received, and refuse invalid UTF-8.
 //     A message whose Content-Type starts with application/cloudevents is
 //     read in structured mode instead.
 //  2. ce-id is repeated in Nats-Msg-Id, so the server drops a repeated

@@ -111,7 +111,34 @@ func TestPercentEncoding(t *testing.T) {
 	if got, err := percentDecode("x", `"quoted%20value"`); err != nil || got != "quoted value" {
 		t.Errorf("quoted value decoded to %q, %v", got, err)
 	}
-	for _, bad := range []string{"%", "%4", "%G1", "%C3", "\xff"} {
+	// As other writers write them (sdk-go's JetStream binding writes values
+	// raw): a % that starts no escape is itself, a quoted-string is
+	// unquoted with its backslash escapes, a value that is not one is read
+	// as it is.
+	for _, c := range []struct{ in, out string }{
+		{"%", "%"},
+		{"%4", "%4"},
+		{"%G1", "%G1"},
+		{"100%", "100%"},
+		{"50%off", "50%off"},
+		{"%%41", "%A"},
+		{"ä 100% %zz", "ä 100% %zz"},
+		{`"a\"b"`, `a"b`},
+		{`"back\\slash"`, `back\slash`},
+		{`"\q%20x"`, "q x"},
+		{`"a"b"`, `"a"b"`},
+		{`"open`, `"open`},
+		{`"esc\"`, `"esc\"`},
+		{`"`, `"`},
+		{`""`, ""},
+	} {
+		if got, err := percentDecode("x", c.in); err != nil || got != c.out {
+			t.Errorf("percentDecode(%q) = %q, %v, want %q", c.in, got, err, c.out)
+		}
+	}
+	// A valid escape of a broken UTF-8 sequence, or broken UTF-8 raw, is
+	// refused.
+	for _, bad := range []string{"%C3", "%FF", "\xff", `"%C3"`, "100%\xc3"} {
 		if _, err := percentDecode("ce-subject", bad); err == nil || !strings.Contains(err.Error(), "ce-subject") {
 			t.Errorf("percentDecode(%q) = %v, want an error naming ce-subject", bad, err)
 		}
@@ -381,5 +408,45 @@ func TestNewID(t *testing.T) {
 			t.Fatalf("id %q repeated", id)
 		}
 		seen[id] = true
+	}
+}
+
+// TestURIAttributesAsWritten: a ce-source is read whether its writer
+// percent-encoded it as the binding says or wrote the URI raw, with the
+// URI's own escapes, as sdk-go does.
+func TestURIAttributesAsWritten(t *testing.T) {
+	for _, c := range []struct{ wire, source string }{
+		{"/fleet/50%2525off", "/fleet/50%25off"},             // conformant: the URI's % encoded
+		{"/fleet/50%25off", "/fleet/50%25off"},               // raw: decoding would leave a bare %
+		{"/fleet/%C3%A4", "/fleet/%C3%A4"},                   // raw or not, the same URI
+		{"/fleet/%25C3%25A4", "/fleet/%C3%A4"},               // conformant
+		{`"/fleet/\"q\"%2525"`, "/fleet/%22q%22%25"},         // quoted, with backslash escapes
+		{"https://x.example/a%2Fb", "https://x.example/a/b"}, // ambiguous: one decoding wins
+	} {
+		m := nats.NewMsg("x")
+		m.Header.Set("ce-specversion", "1.0")
+		m.Header.Set("ce-id", "1")
+		m.Header.Set("ce-type", "t")
+		m.Header.Set("ce-source", c.wire)
+		e, err := Parse(m)
+		if err != nil || e.Source() != c.source {
+			t.Errorf("ce-source %q read as %q, %v, want %q", c.wire, e.Source(), err, c.source)
+		}
+	}
+	m := nats.NewMsg("x")
+	for k, v := range map[string]string{"ce-specversion": "1.0", "ce-id": "1", "ce-type": "t", "ce-source": "/x",
+		"ce-dataschema": "https://x.example/s/50%25off"} {
+		m.Header.Set(k, v)
+	}
+	if e, err := Parse(m); err != nil || e.DataSchema() != "https://x.example/s/50%25off" {
+		t.Errorf("raw ce-dataschema read as %q, %v", e.DataSchema(), err)
+	}
+	m = nats.NewMsg("x")
+	m.Header.Set("ce-specversion", "1.0")
+	m.Header.Set("ce-id", "1")
+	m.Header.Set("ce-type", "t")
+	m.Header.Set("ce-source", "/fleet/50%off")
+	if _, err := Parse(m); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "ce-source") {
+		t.Errorf("a source that is no URI either way: %v, want ErrInvalid naming ce-source", err)
 	}
 }

@@ -2,9 +2,12 @@ package events
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 
+	cejs "github.com/cloudevents/sdk-go/protocol/nats_jetstream/v2"
+	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/nats-io/nats.go"
 )
 
@@ -32,6 +35,24 @@ func FuzzUnmarshal(f *testing.F) {
 	}
 	f.Add("sp.run1.phase.prepare", "Content-Type: application/cloudevents+json\n", []byte(`{"specversion":"1.0"}`))
 	f.Add("", "ce-specversion: 1.0\nce-id: %\n", []byte(`{}`))
+	// As other writers write them (PROTOCOL §8): sdk-go's raw values, a %
+	// that starts no escape, quoted values with backslash escapes, a URI's
+	// own escapes in ce-source.
+	for _, s := range samples() {
+		e, err := New(s.src, s.data, WithID("raw"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		e.SetExtension("spnote", `résumé 100% "done" %zz \`)
+		var body bytes.Buffer
+		hdr, err := cejs.WriteMsg(context.Background(), binding.ToMessage(&e), &body)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(Subject(s.data), fuzzHeaders(hdr), body.Bytes())
+	}
+	f.Add("sp.x", "ce-specversion: 1.0\nce-id: 50%off\nce-type: t\nce-source: /fleet/%C3%A4/50%25off\nce-note: \"a\\\"b%20c\"\n", []byte(`{}`))
+	f.Add("sp.x", "ce-specversion: \"1.0\"\nce-id: \"\\\"\nce-type: \"t\"b\"\nce-source: \"/x\"\nce-subject: %%41%4\n", []byte(`{}`))
 	f.Fuzz(func(t *testing.T, subject, headers string, data []byte) {
 		m := nats.NewMsg(subject)
 		for _, line := range strings.Split(headers, "\n") {

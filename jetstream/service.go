@@ -51,12 +51,18 @@ type Service struct {
 	svc      micro.Service
 	group    micro.Group
 	classify Classify
+	errBody  ErrorBody // nil: error answers have no body
 
 	mu      sync.Mutex
 	closing bool
 	cancels []context.CancelFunc
 	wg      sync.WaitGroup
 }
+
+// ErrorBody makes the body of an error answer from its status, code and
+// error: a service whose callers read errors as JSON (the bridge's) sets
+// one with SetErrorBody.
+type ErrorBody func(status int, code string, err error) []byte
 
 // NewService adds a micro service named cfg.Name whose endpoints live
 // under prefix.
@@ -66,6 +72,26 @@ func NewService(nc *nats.Conn, cfg micro.Config, prefix string, classify Classif
 		return nil, fmt.Errorf("jetstream: service %s: %w", cfg.Name, err)
 	}
 	return &Service{nc: nc, svc: svc, classify: classify, group: svc.AddGroup(prefix, micro.WithGroupQueueGroupDisabled())}, nil
+}
+
+// SetErrorBody makes every error answer carry body(status, code, err) as
+// its body, beside micro's error headers. Call it before adding endpoints.
+func (s *Service) SetErrorBody(body ErrorBody) { s.errBody = body }
+
+// errorAnswer is an error's micro headers (the status, and "code: detail"
+// on one line: a header value cannot hold a line break, which a joined
+// error has) and its body, if the service has one.
+func (s *Service) errorAnswer(err error) (status, desc string, body []byte) {
+	st, code := s.classify(err)
+	if s.errBody != nil {
+		body = s.errBody(st, code, err)
+	}
+	return strconv.Itoa(st), code + ": " + oneLine(err.Error()), body
+}
+
+// oneLine joins the lines of s with "; ".
+func oneLine(s string) string {
+	return strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r == '\n' || r == '\r' }), "; ")
 }
 
 // Handle adds endpoint name: fn gets the request body and returns the
@@ -81,11 +107,15 @@ func (s *Service) Handle(name string, fn func(body []byte) (any, error)) error {
 		// one endpoint are served in turn, endpoints side by side.
 		res, err := fn(req.Data())
 		if err != nil {
-			status, code := s.classify(err)
-			_ = req.Error(strconv.Itoa(status), code+": "+err.Error(), nil)
+			status, desc, body := s.errorAnswer(err)
+			_ = req.Error(status, desc, body)
 			return
 		}
-		_ = req.RespondJSON(res)
+		if err := req.RespondJSON(res); err != nil {
+			// Not sent (over the max payload, say): say so rather than let
+			// the caller wait for nothing.
+			_ = req.Error("500", "internal: "+oneLine(err.Error()), nil)
+		}
 	}))
 }
 
@@ -113,12 +143,18 @@ func (s *Service) HandleAsync(ctx context.Context, name string, fn func(ctx cont
 			}
 			m := nats.NewMsg(reply)
 			if err != nil {
-				status, code := s.classify(err)
-				m.Header.Set(micro.ErrorCodeHeader, strconv.Itoa(status))
-				m.Header.Set(micro.ErrorHeader, code+": "+err.Error())
+				status, desc, body := s.errorAnswer(err)
+				m.Header.Set(micro.ErrorCodeHeader, status)
+				m.Header.Set(micro.ErrorHeader, desc)
+				m.Data = body
 			} else if m.Data, err = json.Marshal(res); err != nil {
 				m.Header.Set(micro.ErrorCodeHeader, "500")
-				m.Header.Set(micro.ErrorHeader, "internal: "+err.Error())
+				m.Header.Set(micro.ErrorHeader, "internal: "+oneLine(err.Error()))
+			} else if max := s.nc.MaxPayload(); max > 0 && int64(len(m.Data)) > max-1024 {
+				// The server would refuse it, and the caller wait for nothing.
+				m.Data = nil
+				m.Header.Set(micro.ErrorCodeHeader, "500")
+				m.Header.Set(micro.ErrorHeader, fmt.Sprintf("internal: the answer is over the server's max payload (%d bytes)", max))
 			}
 			_ = s.nc.PublishMsg(m)
 		}()

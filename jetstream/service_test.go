@@ -1,8 +1,12 @@
 package jetstream_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/micro"
 
@@ -53,5 +57,75 @@ func TestService(t *testing.T) {
 	}
 	if err := jetstream.Call(t.Context(), env.Conn, "spsvc.t.double", in{N: 1}, &out); err == nil {
 		t.Fatal("a stopped service answered")
+	}
+}
+
+// An error answer carries the body SetErrorBody makes, on both kinds of
+// endpoint, and its description header stays on one line when the error
+// has several (a joined validation error).
+func TestServiceErrorBody(t *testing.T) {
+	env := jstest.Start(t, jstest.WithoutProvision())
+	s, err := jetstream.NewService(env.Conn, micro.Config{Name: "test-body", Version: "1.0.0"}, "spsvc.b",
+		func(error) (int, string) { return 409, "conflict" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	s.SetErrorBody(func(status int, code string, err error) []byte {
+		return []byte(fmt.Sprintf(`{"status":%d,"code":%q,"detail":%q}`, status, code, err.Error()))
+	})
+	fail := errors.Join(errors.New("first"), errors.New("second"))
+	if err := s.Handle("sync", func([]byte) (any, error) { return nil, fail }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.HandleAsync(t.Context(), "async", func(context.Context, []byte) (any, error) { return nil, fail }); err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range []string{"sync", "async"} {
+		m, err := env.Conn.RequestWithContext(t.Context(), "spsvc.b."+ep, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Header.Get(micro.ErrorCodeHeader); got != "409" {
+			t.Errorf("%s: code header %q", ep, got)
+		}
+		if got := m.Header.Get(micro.ErrorHeader); got != "conflict: first; second" {
+			t.Errorf("%s: description header %q, want one line", ep, got)
+		}
+		if want := `{"status":409,"code":"conflict","detail":"first\nsecond"}`; string(m.Data) != want {
+			t.Errorf("%s: body %s, want %s", ep, m.Data, want)
+		}
+		var se *jetstream.ServiceError
+		if err := jetstream.Call(t.Context(), env.Conn, "spsvc.b."+ep, nil, &struct{}{}); !errors.As(err, &se) || se.Status != 409 || se.Code != "conflict" {
+			t.Errorf("%s: Call: %v", ep, err)
+		}
+	}
+}
+
+// An answer over the server's max payload is answered as an error, not
+// dropped: the caller would otherwise wait for it until its deadline.
+func TestServiceAnswerTooLarge(t *testing.T) {
+	env := jstest.Start(t, jstest.WithoutProvision())
+	s, err := jetstream.NewService(env.Conn, micro.Config{Name: "test-large", Version: "1.0.0"}, "spsvc.l",
+		func(error) (int, string) { return 500, "internal" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	big := strings.Repeat("x", int(env.Conn.MaxPayload()))
+	if err := s.HandleAsync(t.Context(), "big", func(context.Context, []byte) (any, error) { return big, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Handle("bigsync", func([]byte) (any, error) { return big, nil }); err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range []string{"big", "bigsync"} {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		var se *jetstream.ServiceError
+		var out string
+		if err := jetstream.Call(ctx, env.Conn, "spsvc.l."+ep, nil, &out); !errors.As(err, &se) || se.Status != 500 || !strings.Contains(se.Detail, "payload") {
+			t.Errorf("%s: an answer over the max payload: %v", ep, err)
+		}
+		cancel()
 	}
 }

@@ -25,10 +25,14 @@
 //
 // The sentinels (ErrBusy, ErrNotFound, ErrFenced, ErrBadRequest, ErrTooLarge,
 // ErrReleased, ErrNoFreshMember) are what kept the bridge from deciding. Over HTTP each
-// maps to a status and an APIError code (docs/API.md, Conventions).
+// maps to a status and an APIError code (docs/API.md, Conventions); over
+// NATS to the same status as the service error code, and the same body.
 //
-// # Routes
+// # Routes and endpoints
 //
 // The Path* constants and the *Path functions are the routes of docs/API.md;
-// MaxRequestBody bounds a request body.
+// MaxRequestBody bounds a request body. Over NATS the same operations are
+// the Endpoint* endpoints of the micro service ServiceName, below
+// ServiceSubject(run, name); HeldRequest carries the checkpoint id that a
+// route has in its path.
 package bridgeapi

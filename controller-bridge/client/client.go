@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,19 +12,38 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/events"
 )
 
-// Client calls one bridge.
+// Client calls one bridge, over HTTP (New) or NATS (NewNATS): the same
+// methods, requests, results and errors on either transport.
 type Client struct {
+	// HTTP: the API's base URL, its bearer token and the client's own
+	// connections.
 	base  string
 	token string
 	http  *http.Client
+	// NATS: the caller's connection and the service's subject prefix.
+	nc      *nats.Conn
+	subject string
 }
 
-// Error is a non-2xx answer of the bridge.
+// route is one operation as each transport spells it: an HTTP method,
+// path and body, and a service endpoint and body.
+type route struct {
+	method, path string
+	body         any
+	endpoint     string
+	request      any
+}
+
+// Error is a non-2xx answer of the bridge, or a service error answer.
 type Error struct {
-	// Status is the HTTP status; Code and Detail the bridge's error.
+	// Status is the HTTP status (over NATS the service error code, the
+	// same number); Code and Detail the bridge's error.
 	Status int
 	Code   string
 	Detail string
@@ -49,69 +69,99 @@ func New(baseURL, token string) (*Client, error) {
 	return &Client{base: strings.TrimRight(baseURL, "/"), token: token, http: &http.Client{Transport: tr}}, nil
 }
 
+// NewNATS returns a client of the bridge service (bridgeapi.ServiceName)
+// of bridge name of run ("" for the default, main) on nc, a connection the
+// caller keeps and closes; its user needs the controller role's
+// permissions. Operations wait as long as their phases do; bound them
+// with the ctx of each call.
+func NewNATS(nc *nats.Conn, run, name string) (*Client, error) {
+	if nc == nil {
+		return nil, errors.New("client: NATS connection required")
+	}
+	if err := events.ValidateRun(run); err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	if name != "" {
+		if _, err := events.NewMember(events.KindBridge, name); err != nil {
+			return nil, fmt.Errorf("client: bridge name: %w", err)
+		}
+	}
+	return &Client{nc: nc, subject: bridgeapi.ServiceSubject(run, name)}, nil
+}
+
 // Close closes the connections the client keeps open between calls, and
-// with them their goroutines. A call after Close opens a new one.
+// with them their goroutines. A call after Close opens a new one. Over
+// NATS it does nothing: the connection is the caller's.
 func (c *Client) Close() {
-	c.http.CloseIdleConnections()
+	if c.http != nil {
+		c.http.CloseIdleConnections()
+	}
 }
 
 // Checkpoint asks for a checkpoint; a result with Status failed is not an
 // error.
 func (c *Client) Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest) (*bridgeapi.CheckpointResult, error) {
 	var res bridgeapi.CheckpointResult
-	return &res, c.do(ctx, http.MethodPost, bridgeapi.PathCheckpoints, req, &res)
+	return &res, c.do(ctx, route{http.MethodPost, bridgeapi.PathCheckpoints, req, bridgeapi.EndpointCheckpoint, req}, &res)
 }
 
 // Commit commits a checkpoint held prepared.
 func (c *Client) Commit(ctx context.Context, id string, stop bool) (*bridgeapi.CheckpointResult, error) {
 	var res bridgeapi.CheckpointResult
-	return &res, c.do(ctx, http.MethodPost, bridgeapi.CommitPath(id), bridgeapi.CommitRequest{Stop: stop}, &res)
+	return &res, c.do(ctx, route{http.MethodPost, bridgeapi.CommitPath(id), bridgeapi.CommitRequest{Stop: stop},
+		bridgeapi.EndpointCommitHeld, bridgeapi.HeldRequest{ID: id, Stop: stop}}, &res)
 }
 
 // Abort abandons a checkpoint held prepared.
 func (c *Client) Abort(ctx context.Context, id string) (*bridgeapi.CheckpointResult, error) {
 	var res bridgeapi.CheckpointResult
-	return &res, c.do(ctx, http.MethodPost, bridgeapi.AbortPath(id), nil, &res)
+	return &res, c.do(ctx, route{http.MethodPost, bridgeapi.AbortPath(id), nil, bridgeapi.EndpointAbortHeld, bridgeapi.HeldRequest{ID: id}}, &res)
 }
 
 // Get returns the result of a finished checkpoint.
 func (c *Client) Get(ctx context.Context, id string) (*bridgeapi.CheckpointResult, error) {
 	var res bridgeapi.CheckpointResult
-	return &res, c.do(ctx, http.MethodGet, bridgeapi.CheckpointPath(id), nil, &res)
+	return &res, c.do(ctx, route{http.MethodGet, bridgeapi.CheckpointPath(id), nil, bridgeapi.EndpointGet, bridgeapi.HeldRequest{ID: id}}, &res)
 }
 
 // Restore restores a checkpoint (LATEST when req.Source is empty).
 func (c *Client) Restore(ctx context.Context, req bridgeapi.RestoreRequest) (*bridgeapi.RestoreResult, error) {
 	var res bridgeapi.RestoreResult
-	return &res, c.do(ctx, http.MethodPost, bridgeapi.PathRestore, req, &res)
+	return &res, c.do(ctx, route{http.MethodPost, bridgeapi.PathRestore, req, bridgeapi.EndpointRestore, req}, &res)
 }
 
 // Retire refuses the given attempts everywhere from now on.
 func (c *Client) Retire(ctx context.Context, episodes []string) (*bridgeapi.OpResult, error) {
 	var res bridgeapi.OpResult
-	return &res, c.do(ctx, http.MethodPost, bridgeapi.PathRetire, bridgeapi.RetireRequest{Episodes: episodes}, &res)
+	req := bridgeapi.RetireRequest{Episodes: episodes}
+	return &res, c.do(ctx, route{http.MethodPost, bridgeapi.PathRetire, req, bridgeapi.EndpointRetire, req}, &res)
 }
 
 // Forget drops the refusal marks of rollouts.
 func (c *Client) Forget(ctx context.Context, rollouts []string) (*bridgeapi.OpResult, error) {
 	var res bridgeapi.OpResult
-	return &res, c.do(ctx, http.MethodPost, bridgeapi.PathForget, bridgeapi.ForgetRequest{Rollouts: rollouts}, &res)
+	req := bridgeapi.ForgetRequest{Rollouts: rollouts}
+	return &res, c.do(ctx, route{http.MethodPost, bridgeapi.PathForget, req, bridgeapi.EndpointForget, req}, &res)
 }
 
 // Release deletes what no kept checkpoint names.
 func (c *Client) Release(ctx context.Context, req bridgeapi.ReleaseRequest) (*bridgeapi.OpResult, error) {
 	var res bridgeapi.OpResult
-	return &res, c.do(ctx, http.MethodPost, bridgeapi.PathRelease, req, &res)
+	return &res, c.do(ctx, route{http.MethodPost, bridgeapi.PathRelease, req, bridgeapi.EndpointRelease, req}, &res)
 }
 
 // Status reads the run's state.
 func (c *Client) Status(ctx context.Context) (*bridgeapi.Status, error) {
 	var res bridgeapi.Status
-	return &res, c.do(ctx, http.MethodGet, bridgeapi.PathStatus, nil, &res)
+	return &res, c.do(ctx, route{http.MethodGet, bridgeapi.PathStatus, nil, bridgeapi.EndpointStatus, struct{}{}}, &res)
 }
 
-// Ready waits until the bridge answers /healthz or ctx ends.
+// Ready waits until the bridge answers /healthz (over NATS: its status
+// endpoint) or ctx ends.
 func (c *Client) Ready(ctx context.Context) error {
+	if c.nc != nil {
+		return c.readyNATS(ctx)
+	}
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.base+bridgeapi.PathHealth, nil)
 		resp, err := c.http.Do(req)
@@ -129,7 +179,14 @@ func (c *Client) Ready(ctx context.Context) error {
 	}
 }
 
-func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+func (c *Client) do(ctx context.Context, r route, out any) error {
+	if c.nc != nil {
+		return c.request(ctx, r.endpoint, r.request, out)
+	}
+	return c.doHTTP(ctx, r.method, r.path, r.body, out)
+}
+
+func (c *Client) doHTTP(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)

@@ -22,7 +22,7 @@ type Role string
 // The roles. A member role (agent, owner, sandbox) is also the kind half of its member names.
 const (
 	// RoleBridge is the controller bridge: phases, outcomes, checkpoint manifests, LATEST,
-	// release of manifests and records.
+	// release of manifests and records, and its service spsvc.<run>.bridge.<name>.
 	RoleBridge Role = "bridge"
 	// RoleAgent is an agent server: member agent.<name>, its service spsvc.<run>.agent.<name>.
 	RoleAgent Role = "agent"
@@ -31,8 +31,8 @@ const (
 	RoleOwner Role = "owner"
 	// RoleSandbox is a sandbox daemon (sandboxd member), inside a sandbox: the least trusted.
 	RoleSandbox Role = "sandbox"
-	// RoleController is the controller's side: the CLI's reads of the bus (timeline) and the
-	// rollout requests a collector sends to agents.
+	// RoleController is the controller's side: the CLI's reads of the bus (timeline), the
+	// rollout requests a collector sends to agents, and calls of the bridge's service.
 	RoleController Role = "controller"
 	// RoleAdmin may do anything: the server's own provisioning, and the operator's `nats` CLI
 	// (post-mortem, `nats stream edit`).
@@ -97,7 +97,10 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				"$JS.API.STREAM.PURGE.KV_" + jetstream.BucketManifests,
 				"$JS.API.STREAM.PURGE.KV_" + jetstream.BucketSnapshots,
 			}},
-			Subscribe: Subjects{Allow: []string{"_INBOX.>"}},
+			// Its micro service (the controller API, bridgeapi.ServiceSubject) and micro's
+			// discovery subjects of that service alone.
+			Subscribe: Subjects{Allow: []string{"_INBOX.>", events.ServiceFilter(r, events.KindBridge),
+				"$SRV.*", "$SRV.*." + bridgeService, "$SRV.*." + bridgeService + ".*"}},
 		}, nil
 	case RoleAgent:
 		return member(events.KindAgent, append([]string{
@@ -113,7 +116,7 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 		return member(events.KindSandbox, nil, nil), nil
 	case RoleController:
 		return &Permissions{
-			Publish:   Subjects{Allow: append(common(), events.ServiceFilter(r, events.KindAgent), "$SRV.>")},
+			Publish:   Subjects{Allow: append(common(), events.ServiceFilter(r, events.KindAgent), events.ServiceFilter(r, events.KindBridge), "$SRV.>")},
 			Subscribe: Subjects{Allow: []string{"_INBOX.>"}},
 		}, nil
 	case RoleAdmin:
@@ -121,6 +124,10 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 	}
 	return nil, fmt.Errorf("%w: role %q: want one of %v", ErrInvalidConfig, role, Roles())
 }
+
+// bridgeService is the bridge's micro service name (bridgeapi.ServiceName, which this package
+// does not import).
+const bridgeService = "stillpoint-bridge"
 
 // common is what every role but admin publishes to: the JetStream API calls of reading the bus
 // and consuming from it, consumer acks and flow control, and replies.

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
@@ -36,7 +37,9 @@ func newBridgeCmd(g *globals) *cobra.Command {
 		Short: "Run the controller bridge of a run: phases out, acks in, manifests written",
 		Long: `Run the controller bridge of one run. It publishes checkpoint phases to the run's
 members over JetStream, gathers their acks, writes checkpoint manifests and moves
-LATEST, and serves the controller's HTTP JSON API (docs/API.md) on --listen.
+LATEST, and serves the controller's HTTP JSON API (docs/API.md) on --listen and
+the same API as the NATS micro service stillpoint-bridge, on the subjects
+spsvc.<run>.bridge.<name>.<operation> (callers need the controller role).
 
 At start it recovers whatever a previous bridge of the run left open: a prepare
 is aborted, a commit finished or aborted from the acks, a restore completed or
@@ -122,6 +125,7 @@ func runBridge(ctx context.Context, g *globals, f bridgeFlags) error {
 	srv := &http.Server{Handler: b.Handler(token), ReadHeaderTimeout: 10 * time.Second}
 	grp, gctx := errgroup.WithContext(ctx)
 	grp.Go(func() error { return b.Run(gctx) })
+	grp.Go(func() error { return b.Serve(gctx) })
 	grp.Go(func() error {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return err
@@ -135,7 +139,7 @@ func runBridge(ctx context.Context, g *globals, f bridgeFlags) error {
 		return srv.Shutdown(sctx)
 	})
 	log.Info().Str("run", f.run).Str("api", "http://"+ln.Addr().String()).Msg("bridge serving")
-	fmt.Fprintf(g.stdout, "stillpoint: bridge of run %s serving on http://%s\n", f.run, ln.Addr())
+	fmt.Fprintf(g.stdout, "stillpoint: bridge of run %s serving on http://%s and NATS %s.>\n", f.run, ln.Addr(), bridgeapi.ServiceSubject(f.run, f.name))
 	return grp.Wait()
 }
 
