@@ -1,0 +1,196 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+)
+
+// hopHeaders are not forwarded either way.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", "Host"}
+
+func copyHeader(h http.Header) http.Header {
+	out := h.Clone()
+	for _, k := range hopHeaders {
+		out.Del(k)
+	}
+	return out
+}
+
+// relayError is the JSON error a harness gets from the relay itself.
+func relayError(w http.ResponseWriter, status int, code, msg string) {
+	b, _ := json.Marshal(map[string]any{"error": map[string]string{"message": msg, "type": "relay_error", "code": code}})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// errOverBudget: the open calls keep Config.MaxOpenBytes already.
+var errOverBudget = errors.New("relay: over the open calls' byte budget")
+
+// ServeHTTP implements http.Handler: one call. Over Config.MaxOpenCalls
+// open calls, it is refused at once (503 too_many_calls), before its body
+// is read, and counted as failed.
+func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	r.mu.Lock()
+	select {
+	case <-r.stopping:
+		r.mu.Unlock()
+		relayError(w, http.StatusServiceUnavailable, "relay_stopping", "relay: stopping")
+		return
+	default:
+	}
+	if n := len(r.open) + r.reading; n >= r.cfg.MaxOpenCalls {
+		r.counts.Total++
+		r.counts.Failed++
+		r.mu.Unlock()
+		relayError(w, http.StatusServiceUnavailable, "too_many_calls", fmt.Sprintf("relay: %d model calls open, the most it keeps", n))
+		return
+	}
+	r.reading++
+	r.handlers.Add(1)
+	r.mu.Unlock()
+	defer r.handlers.Done()
+
+	body, err := r.readBody(req.Body)
+	c := r.take(req, body)
+	switch {
+	case errors.Is(err, errOverBudget):
+		r.refuse(req.Context(), w, c, http.StatusServiceUnavailable, "too_many_calls",
+			fmt.Sprintf("relay: the open model calls keep %d bytes, the most they may", r.cfg.MaxOpenBytes))
+		return
+	case err != nil:
+		r.refuse(req.Context(), w, c, http.StatusBadRequest, "bad_request", fmt.Sprintf("relay: reading the request: %v", err))
+		return
+	case int64(len(body)) > r.cfg.MaxRequestBytes:
+		r.refuse(req.Context(), w, c, http.StatusRequestEntityTooLarge, "request_too_large",
+			fmt.Sprintf("relay: request body over %d bytes", r.cfg.MaxRequestBytes))
+		return
+	case len(bytes.TrimSpace(body)) > 0 && !json.Valid(body):
+		r.refuse(req.Context(), w, c, http.StatusBadRequest, "malformed_request", "relay: request body is not JSON")
+		return
+	}
+	r.serve(req.Context(), w, c)
+}
+
+// readBody reads a request body, at most Config.MaxRequestBytes+1 bytes,
+// counting them against the byte budget as they come: past the budget it
+// stops with errOverBudget. What it returns is counted (take hands it to
+// the call, whose end frees it).
+func (r *Relay) readBody(body io.Reader) ([]byte, error) {
+	var out []byte
+	chunk := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(chunk[:min(int64(len(chunk)), r.cfg.MaxRequestBytes+1-int64(len(out)))])
+		if n > 0 {
+			r.mu.Lock()
+			over := r.used+int64(n) > r.cfg.MaxOpenBytes
+			if !over {
+				r.used += int64(n)
+			}
+			r.mu.Unlock()
+			if over {
+				return out, errOverBudget
+			}
+			out = append(out, chunk[:n]...)
+			if int64(len(out)) > r.cfg.MaxRequestBytes {
+				return out, nil
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+	}
+}
+
+// take records a new call (held if the relay holds); its body is counted
+// in the budget already.
+func (r *Relay) take(req *http.Request, body []byte) *call {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %s\n", req.Method, req.URL.RequestURI())
+	h.Write(body)
+	c := &call{digest: hex.EncodeToString(h.Sum(nil)), method: req.Method, uri: req.URL.RequestURI(),
+		header: copyHeader(req.Header), body: body, wake: make(chan struct{}, 1)}
+	var probe struct {
+		Stream bool `json:"stream"`
+	}
+	if json.Unmarshal(body, &probe) == nil {
+		c.stream = probe.Stream
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reading--
+	r.seq++
+	r.counts.Total++
+	c.seq, c.gen, c.state = r.seq, r.gen, sandboxapi.CallHeld
+	r.open[c.seq] = c
+	return c
+}
+
+// to moves c to state s (r.mu held); an illegal move is logged and
+// refused.
+func (r *Relay) to(c *call, s sandboxapi.CallState) bool {
+	if err := checkTransition(c.state, s); err != nil {
+		r.log.Error().Err(err).Uint64("call", c.seq).Msg("call state")
+		return false
+	}
+	c.state = s
+	if s == sandboxapi.CallDelivered || s == sandboxapi.CallFailed {
+		delete(r.open, c.seq)
+		r.freeLocked(len(c.body))
+		r.dropBufLocked(c.att)
+		if s == sandboxapi.CallDelivered {
+			r.counts.Delivered++
+		} else {
+			r.counts.Failed++
+		}
+		r.log.Debug().Uint64("call", c.seq).Str("digest", c.digest).Uint64("generation", c.gen).
+			Stringer("state", s).Int("resends", c.resends).Str("error", c.err).Msg("call ended")
+	}
+	return true
+}
+
+// fail records c as failed with why (r.mu not held).
+func (r *Relay) fail(c *call, why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c.err = why
+	r.to(c, sandboxapi.CallFailed)
+}
+
+// refuse answers a call the relay will not forward, recorded once as
+// failed. While the relay holds, the answer waits for the release (or the
+// drop, or the harness gone): nothing reaches a harness during a hold.
+func (r *Relay) refuse(ctx context.Context, w http.ResponseWriter, c *call, status int, code, msg string) {
+	r.mu.Lock()
+	for r.holding && c.dropped == "" {
+		ch := r.changed
+		r.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			r.fail(c, "relay: harness gone")
+			return
+		case <-r.stopping:
+			r.fail(c, "relay: stopping")
+			return
+		}
+		r.mu.Lock()
+	}
+	r.mu.Unlock()
+	r.fail(c, msg)
+	relayError(w, status, code, msg)
+}

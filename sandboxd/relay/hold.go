@@ -1,0 +1,117 @@
+package relay
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+)
+
+// Hold holds the relay: new calls wait before they are forwarded, and no
+// reply reaches the harness until Release. Holding twice is holding.
+func (r *Relay) Hold() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.holding {
+		r.holding = true
+		r.log.Info().Int("open", len(r.open)).Msg("holding model calls")
+	}
+}
+
+// Release ends the hold: held calls go upstream, kept replies reach the
+// harness. Releasing a relay that does not hold does nothing.
+func (r *Relay) Release() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.holding {
+		return
+	}
+	r.holding = false
+	r.broadcastLocked()
+	r.log.Info().Int("open", len(r.open)).Msg("releasing model calls")
+	// A kept-alive upstream connection may not have outlived the hold (a
+	// restored VM's old forward): calls from now on dial afresh.
+	r.client.CloseIdleConnections()
+	for _, c := range r.open {
+		c.signal()
+	}
+}
+
+// Drop ends the hold as Release does, but first fails every call the relay
+// holds or has in flight (each harness still connected gets a 503
+// call_abandoned): what a restore kept of a launch its agent abandoned
+// (killed, not continued) must not reach the next model server, where the
+// relaunched harness makes its own calls. Dropping a relay that does not
+// hold does nothing.
+func (r *Relay) Drop(why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.holding {
+		return
+	}
+	r.holding = false
+	r.broadcastLocked()
+	r.log.Warn().Int("open", len(r.open)).Str("why", why).Msg("dropping the held model calls")
+	r.client.CloseIdleConnections()
+	for _, c := range r.open {
+		c.dropped = why
+		if a := c.att; a != nil {
+			a.cancel()
+		}
+		c.signal()
+	}
+}
+
+// Holding reports whether the relay holds.
+func (r *Relay) Holding() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.holding
+}
+
+// Repoint makes upstream, at generation gen, the relay's upstream. gen
+// must be higher than the current generation (else ErrStaleGeneration).
+// Every call of an older generation whose reply has not ended upstream has
+// its attempt cut and is sent again to the new upstream: at once if the
+// relay does not hold, else at the Release (never if a Drop comes first).
+func (r *Relay) Repoint(upstream string, gen uint64) (sandboxapi.RelayStatus, error) {
+	if err := checkUpstream(upstream); err != nil {
+		return r.Status(), err
+	}
+	r.mu.Lock()
+	if gen <= r.gen {
+		cur := r.gen
+		r.mu.Unlock()
+		return r.Status(), fmt.Errorf("%w: %d is not above %d", ErrStaleGeneration, gen, cur)
+	}
+	old := r.upstream
+	r.upstream, r.gen = strings.TrimRight(upstream, "/"), gen
+	// Idle connections to the old upstream (after a restore: to a forward
+	// the new VM does not have, where a request could wait forever) are
+	// never used again, even for the same address.
+	r.client.CloseIdleConnections()
+	cut := 0
+	for _, c := range r.open {
+		if a := c.att; a != nil && !a.ended && a.err == nil && a.gen < gen {
+			a.repointed = true
+			a.cancel()
+			cut++
+		}
+		c.signal()
+	}
+	r.mu.Unlock()
+	r.log.Warn().Str("from", old).Str("to", upstream).Uint64("generation", gen).Int("cut", cut).Msg("relay re-pointed")
+	return r.Status(), nil
+}
+
+func checkUpstream(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("%w %q: %w", ErrBadUpstream, s, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("%w %q (want http(s)://host[:port][/path])", ErrBadUpstream, s)
+	}
+	return nil
+}
