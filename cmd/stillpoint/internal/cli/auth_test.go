@@ -311,7 +311,7 @@ func TestServerOperatorMode(t *testing.T) {
 			defer cancel()
 			res, err := c.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c1"})
 			if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Members) != 3 {
-				t.Fatalf("checkpoint through the bridge command: %+v %v, want committed with 3 members", res, err)
+				t.Fatalf("checkpoint through the bridge command: %+v (failure %s) %v, want committed with 3 members", res, failure(res), err)
 			}
 			// Each agent kept its records in a store of its own name.
 			for _, m := range []events.Member{"agent.a1", "agent.a2"} {
@@ -335,7 +335,7 @@ func TestServerOperatorMode(t *testing.T) {
 			}
 			res, err = c.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c2"})
 			if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Members) != 3 {
-				t.Fatalf("checkpoint after a member's consumer was deleted: %+v %v, want committed with 3 members", res, err)
+				t.Fatalf("checkpoint after a member's consumer was deleted: %+v (failure %s) %v, want committed with 3 members", res, failure(res), err)
 			}
 
 			violations := make(chan error, 4)
@@ -403,4 +403,13 @@ func TestRevokeOnARunningServer(t *testing.T) {
 	if err := runCreds(g, credsFlags{authDir: auth, revoke: "not-a-key"}); !errors.As(err, &ee) || ee.code != ExitUsage {
 		t.Errorf("creds --revoke not-a-key: %v, want a usage error", err)
 	}
+}
+
+// failure is a checkpoint result's failure as JSON, for a test's message.
+func failure(res *bridgeapi.CheckpointResult) string {
+	if res == nil || res.Failure == nil {
+		return "none"
+	}
+	b, _ := json.Marshal(res.Failure)
+	return string(b)
 }

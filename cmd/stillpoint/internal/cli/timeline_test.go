@@ -141,16 +141,25 @@ func TestTimelineOfALiveRun(t *testing.T) {
 			}
 		}
 	}
+	// The failing member's export_failed is there; a member whose commit was
+	// still running when the abort's resume came answers stale_checkpoint
+	// (late, and only on a busy machine), and no member fails otherwise.
 	var failed []timeline.Ack
+	exportFailed := 0
 	for _, p := range ops[1].Phases {
 		for _, a := range p.Acks {
-			if a.Status == timeline.AckError {
+			switch {
+			case a.Status != timeline.AckError:
+			case a.Member == hs[2].Name && a.Code == "export_failed":
+				exportFailed++
+			case a.Code == "stale_checkpoint" && a.Late:
+			default:
 				failed = append(failed, a)
 			}
 		}
 	}
-	if len(failed) != 1 || failed[0].Member != hs[2].Name || failed[0].Code != "export_failed" {
-		t.Errorf("c2's failed acks %+v, want %s's export_failed", failed, hs[2].Name)
+	if exportFailed != 1 || len(failed) != 0 {
+		t.Errorf("c2: %d export_failed acks of %s (want 1), other failed acks %+v (want none)", exportFailed, hs[2].Name, failed)
 	}
 
 	// The old view stays: one line per event.
