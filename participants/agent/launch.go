@@ -24,11 +24,19 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	info, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (SessionInfo, error) {
 		return a.owner.SandboxAccess(ctx, bm.Session)
 	})
+	if isCode(err, codeOwnerNoSandbox) {
+		// The owner does not know the session: it restarted since the
+		// seed, and its sandbox is not one it tracks.
+		return bm, fmt.Errorf("%w: sandbox_access %s: %w", errSandboxLost, r.key, err)
+	}
 	if err != nil {
 		return bm, fmt.Errorf("agent: sandbox_access %s: %w", r.key, err)
 	}
 	if info.SandboxID == "" {
 		return bm, fmt.Errorf("agent: %s: the owner lends no sandbox", r.key)
+	}
+	if a.daemons.isGone(info.SandboxID) {
+		return bm, fmt.Errorf("%w: %s: the daemon of sandbox %s is gone", errSandboxLost, r.key, info.SandboxID)
 	}
 	dc, err := a.sandbox(info.SandboxID)
 	if err != nil {
@@ -88,8 +96,10 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 		req.Mode, req.Freeze = sandboxapi.ModeHold.String(), !a.cfg.NoFreeze
 		req.FreezeWaitMS = a.cfg.FreezeWait.Milliseconds()
 	}
-	_, err = startLaunch(r.ctx, dc, req)
+	_, err = a.startLaunchIn(r.ctx, dc, info.SandboxID, req)
 	switch {
+	case errors.Is(err, errSandboxLost):
+		return bm, fmt.Errorf("%w: %s: launch in sandbox %s", err, r.key, info.SandboxID)
 	case isAdmissionClosed(err):
 		return bm, errAdmissionClosed
 	case err != nil && !isCode(err, sandboxapi.CodeLaunchExists):
@@ -104,7 +114,8 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 		Bool("relay", plan.relay).Str("model", lc.ModelURL).Msg("launched")
 	bm, err = a.waitLaunch(r, bm, lc, dc, lr.ID)
 	if err == nil {
-		// Ended; otherwise the cleanup rule still has it to kill.
+		// Ended (or lost with its daemon); otherwise the cleanup rule
+		// still has it to kill.
 		a.mu.Lock()
 		r.launch, r.sandbox = "", ""
 		a.mu.Unlock()
@@ -137,6 +148,17 @@ const DaemonWait = 60 * time.Second
 // not up yet.
 func startLaunch(ctx context.Context, dc Sandbox, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
 	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) { return dc.Launch(ctx, req) })
+}
+
+// startLaunchIn is startLaunch that gives up once the sandbox's daemon is
+// gone (errSandboxLost): a daemon that died answers no more.
+func (a *Agent) startLaunchIn(ctx context.Context, dc Sandbox, sandbox string, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
+	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) {
+		if a.daemons.isGone(sandbox) {
+			return sandboxapi.Record{}, errSandboxLost
+		}
+		return dc.Launch(ctx, req)
+	})
 }
 
 // retryNoResponders calls fn with a context bounded by timeout, again while
@@ -223,10 +245,13 @@ func (a *Agent) waitLaunch(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sa
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel() // before the Wait above: the watcher ends with ctx
 	receipts := a.watchReceipt(ctx, &watcher, dc, id)
+	gone := a.daemons.goneCh(lc.Session.SandboxID)
 	for {
 		select {
 		case res := <-receipts:
 			return a.ended(r, bm, lc, res.rc)
+		case <-gone:
+			return a.ended(r, bm, lc, a.lostReceipt(r, id, lc.Session.SandboxID))
 		case <-r.parkCh:
 			pr := a.parkRequestOf(r)
 			if pr == nil || bm.Restart {
@@ -264,11 +289,19 @@ func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox,
 	why := "the adapter does not pause"
 	if a.cfg.Adapter.PausesAtCheckpoints() {
 		ctx, cancel := context.WithDeadline(r.ctx, pr.dl)
-		ack, err := a.acks.wait(ctx, pr.seq, lc.Session.SandboxID, pr.reopen, 250*time.Millisecond)
+		gone := a.daemons.goneCh(lc.Session.SandboxID)
+		ack, err := a.acks.wait(ctx, pr.seq, lc.Session.SandboxID, pr.reopen, gone, 250*time.Millisecond)
 		cancel()
 		switch {
 		case errors.Is(err, errReopened):
 			return bm, false, nil // the checkpoint is over: the launch runs on
+		case errors.Is(err, errDaemonGone):
+			// Nothing to pause or stop: the launch went with its daemon.
+			// The run waits at its launch bookmark, exportable (a restore
+			// relaunches it in a fork of its session); after the resume
+			// it finds the sandbox lost and starts over.
+			next, err := a.ended(r, bm, lc, a.lostReceipt(r, id, lc.Session.SandboxID))
+			return next, true, err
 		case r.ctx.Err() != nil:
 			return bm, false, context.Cause(r.ctx)
 		case err != nil:
@@ -314,6 +347,8 @@ func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox,
 		select {
 		case res := <-receipts:
 			rc = res.rc
+		case <-a.daemons.goneCh(lc.Session.SandboxID):
+			rc = a.lostReceipt(r, id, lc.Session.SandboxID)
 		case <-r.ctx.Done():
 			return bm, true, context.Cause(r.ctx)
 		case <-time.After(time.Minute):
@@ -361,6 +396,14 @@ func (a *Agent) parkPaused(r *run, bm agentapi.Bookmark, pr *parkRequest, receip
 	r.bm, r.at, r.parkedFor = bm.Clone(), atBusy, ""
 	a.mu.Unlock()
 	return bm, false, nil
+}
+
+// lostReceipt is the receipt of a launch whose sandbox's daemon is gone:
+// failed, as the daemon can report nothing more.
+func (a *Agent) lostReceipt(r *run, id, sandbox string) sandboxapi.Receipt {
+	r.log.Warn().Str("launch", id).Str("sandbox", sandbox).Msg("the sandbox's daemon is gone (its heartbeat expired or was deleted): the launch is lost")
+	return sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeFailed,
+		Error: "the daemon of sandbox " + sandbox + " is gone", Ended: time.Now()}
 }
 
 // ended records how the launch ended: a finished harness goes on to

@@ -25,6 +25,8 @@ func classify(err error) (int, string) {
 		return 409, agentapi.CodeParked
 	case errors.Is(err, ErrClosed), errors.Is(err, errShutdown):
 		return 503, agentapi.CodeStopping
+	case errors.Is(err, errSandboxLost):
+		return 409, agentapi.CodeSandboxLost
 	case errors.Is(err, agentapi.ErrBadBookmark):
 		return 422, agentapi.CodeBadBookmark
 	case isCode(err, agentapi.CodeSessionExists):

@@ -32,6 +32,9 @@ func classify(err error) (int, string) {
 		return 409, "session_exists"
 	case errors.Is(err, ErrSetup):
 		return 422, "setup_failed"
+	case errors.Is(err, provider.ErrExited):
+		// The sandbox's init exited (its daemon died): nothing runs there.
+		return 409, "sandbox_exited"
 	case errors.Is(err, ErrNoClock):
 		return 409, "clock_unavailable"
 	case errors.Is(err, ErrBadTask), errors.Is(err, events.ErrInvalid), errors.Is(err, provider.ErrInvalid), errors.Is(err, jetstream.ErrBadRequest):
