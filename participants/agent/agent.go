@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -509,9 +510,32 @@ func (a *Agent) stages(r *run) (agentapi.Result, error) {
 			continue
 		}
 		if err != nil {
-			return agentapi.Result{}, err
+			return agentapi.Result{}, a.lostOr(r, bm, err)
 		}
 	}
+}
+
+// lostOr returns err, as errSandboxLost when what failed the stage is the
+// sandbox itself: its daemon's heartbeat went (the stage failed on a call
+// to it: a stop, a resume decision's command), its daemon never answered
+// within DaemonWait (a fork's daemon killed before it registered), or its
+// init exited. A cancelled run keeps its cause.
+func (a *Agent) lostOr(r *run, bm agentapi.Bookmark, err error) error {
+	if errors.Is(err, errSandboxLost) || r.ctx.Err() != nil || (bm.Next != agentapi.StageLaunch && bm.Next != agentapi.StageVerify) {
+		return err
+	}
+	a.mu.Lock()
+	sandbox := cmp.Or(r.sandbox, bm.Sandbox)
+	a.mu.Unlock()
+	switch {
+	case sandbox != "" && a.daemons.isGone(sandbox):
+		return fmt.Errorf("%w: the daemon of sandbox %s is gone: %w", errSandboxLost, sandbox, err)
+	case bm.Next == agentapi.StageLaunch && errors.Is(err, nats.ErrNoResponders):
+		return fmt.Errorf("%w: the daemon of sandbox %s never answered: %w", errSandboxLost, sandbox, err)
+	case isCode(err, codeOwnerSandboxExited):
+		return fmt.Errorf("%w: %w", errSandboxLost, err)
+	}
+	return err
 }
 
 // errAdmissionClosed: a daemon or the owner refused a request because a

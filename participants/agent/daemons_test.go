@@ -4,11 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -157,5 +161,41 @@ func TestSessionUnknownToTheOwnerIsLost(t *testing.T) {
 	}
 	if _, code := classify(err); code != agentapi.CodeSandboxLost {
 		t.Fatalf("code %s, want %s", code, agentapi.CodeSandboxLost)
+	}
+}
+
+// A stage that fails on its sandbox itself ends the attempt sandbox_lost:
+// its daemon gone, a daemon that never answered a launch, an init that
+// exited; any other failure, or a run cancelled, keeps its error.
+func TestLostOr(t *testing.T) {
+	a := &Agent{daemons: newDaemonBook(testRun)}
+	a.daemons.set("sb-dead", true)
+	other := errors.New("the harness's model is down")
+	exited := &jetstream.ServiceError{Status: 409, Code: codeOwnerSandboxExited, Detail: "sandbox exited"}
+	live := func() *run { return &run{ctx: context.Background()} }
+	cancelled := func() *run {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		return &run{ctx: ctx}
+	}
+	launch := func(sb string) agentapi.Bookmark { return agentapi.Bookmark{Next: agentapi.StageLaunch, Sandbox: sb} }
+	for _, c := range []struct {
+		name string
+		r    *run
+		bm   agentapi.Bookmark
+		err  error
+		lost bool
+	}{
+		{"daemon gone", live(), launch("sb-dead"), other, true},
+		{"daemon never answered", live(), launch("sb-live"), fmt.Errorf("resume decision: %w", nats.ErrNoResponders), true},
+		{"init exited at the grade", live(), agentapi.Bookmark{Next: agentapi.StageVerify, Sandbox: "sb-live"}, exited, true},
+		{"another failure", live(), launch("sb-live"), other, false},
+		{"no responders at the seed", live(), agentapi.Bookmark{Next: agentapi.StageSeed}, nats.ErrNoResponders, false},
+		{"cancelled", cancelled(), launch("sb-dead"), other, false},
+	} {
+		got := a.lostOr(c.r, c.bm, c.err)
+		if errors.Is(got, errSandboxLost) != c.lost || !errors.Is(got, c.err) {
+			t.Errorf("%s: %v, want lost %v, wrapping %v", c.name, got, c.lost, c.err)
+		}
 	}
 }

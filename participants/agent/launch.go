@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -45,7 +46,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	bm.Sandbox, bm.Workdir = info.SandboxID, info.Workdir
 	n := len(bm.Launches) + 1
 	lc := LaunchContext{Rollout: bm.Rollout, Attempt: r.ep.Attempt, Task: bm.Task, Session: info, State: bm.State,
-		Exec: a.execer(r, dc, n)}
+		Exec: a.execer(r, dc, info.SandboxID, n)}
 	if k := len(bm.Launches); k > 0 && bm.KeepsProcesses && bm.Launches[k-1].Held != nil {
 		// A snapshot that kept processes kept this launch, held: take it
 		// over in place, collect it, or abandon it and relaunch.
@@ -58,7 +59,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 			return a.adopt(r, bm, lc, dc, info)
 		}
 		n = len(bm.Launches) + 1
-		lc.Exec = a.execer(r, dc, n)
+		lc.Exec = a.execer(r, dc, info.SandboxID, n)
 	}
 	lr := agentapi.LaunchRecord{ID: fmt.Sprintf("%s.l%d", r.key, n), Sandbox: info.SandboxID, Attempt: r.ep.Attempt, Why: "first launch"}
 	var plan launchPlan
@@ -144,14 +145,9 @@ func (a *Agent) adopt(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox
 // a sandbox just lent (or forked) starts its daemon in the background.
 const DaemonWait = 60 * time.Second
 
-// startLaunch asks the daemon for a launch, waiting for a daemon that is
-// not up yet.
-func startLaunch(ctx context.Context, dc Sandbox, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
-	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) { return dc.Launch(ctx, req) })
-}
-
-// startLaunchIn is startLaunch that gives up once the sandbox's daemon is
-// gone (errSandboxLost): a daemon that died answers no more.
+// startLaunchIn asks the daemon of sandbox for a launch, waiting for a
+// daemon that is not up yet, and gives up once it is gone
+// (errSandboxLost): a daemon that died answers no more.
 func (a *Agent) startLaunchIn(ctx context.Context, dc Sandbox, sandbox string, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
 	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) {
 		if a.daemons.isGone(sandbox) {
@@ -439,13 +435,15 @@ func (a *Agent) ended(r *run, bm agentapi.Bookmark, lc LaunchContext, rc sandbox
 }
 
 // execer runs short commands in the sandbox for the adapter: launches the
-// checkpoints leave alone, as they end in moments.
-func (a *Agent) execer(r *run, dc Sandbox, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
+// checkpoints leave alone, as they end in moments. Each wait for one's end
+// is bounded: a daemon that dies while it holds the request never
+// answers it. One whose daemon is gone fails with errSandboxLost.
+func (a *Agent) execer(r *run, dc Sandbox, sandbox string, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
 	k := 0
 	return func(ctx context.Context, argv []string) (ExecResult, error) {
 		k++
 		id := fmt.Sprintf("%s.l%d.x%d", r.key, n, k)
-		if _, err := startLaunch(ctx, dc, sandboxapi.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
+		if _, err := a.startLaunchIn(ctx, dc, sandbox, sandboxapi.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
 			TimeoutMS: time.Minute.Milliseconds()}); err != nil {
 			if isAdmissionClosed(err) {
 				return ExecResult{}, errAdmissionClosed
@@ -454,18 +452,40 @@ func (a *Agent) execer(r *run, dc Sandbox, n int) func(ctx context.Context, argv
 				return ExecResult{}, err
 			}
 		}
+		var silent time.Time
 		for {
-			rc, err := dc.WaitReceipt(ctx, id, a.cfg.ReceiptWait)
-			if isCode(err, sandboxapi.CodeNotEnded) {
+			cctx, cancel := context.WithTimeout(ctx, a.cfg.ReceiptWait+10*time.Second)
+			rc, err := dc.WaitReceipt(cctx, id, a.cfg.ReceiptWait)
+			cancel()
+			var se *jetstream.ServiceError
+			switch {
+			case isCode(err, sandboxapi.CodeNotEnded):
+				silent = time.Time{}
 				continue
-			}
-			if err != nil {
+			case err == nil:
+				if rc.Outcome != sandboxapi.OutcomeFinished {
+					return ExecResult{}, fmt.Errorf("command %v: %s %s", argv, rc.Outcome, rc.Error)
+				}
+				return ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail}, nil
+			case ctx.Err() != nil:
+				return ExecResult{}, context.Cause(ctx)
+			case errors.As(err, &se):
 				return ExecResult{}, err
+			case a.daemons.isGone(sandbox):
+				return ExecResult{}, fmt.Errorf("%w: command %v: the daemon of sandbox %s is gone: %w", errSandboxLost, argv, sandbox, err)
 			}
-			if rc.Outcome != sandboxapi.OutcomeFinished {
-				return ExecResult{}, fmt.Errorf("command %v: %s %s", argv, rc.Outcome, rc.Error)
+			// No answer (the daemon restarting, or dead with its heartbeat
+			// not yet expired): again, for up to two minutes.
+			if silent.IsZero() {
+				silent = time.Now()
+			} else if time.Since(silent) > 2*time.Minute {
+				return ExecResult{}, fmt.Errorf("command %v: the daemon of sandbox %s stopped answering: %w", argv, sandbox, err)
 			}
-			return ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail}, nil
+			select {
+			case <-ctx.Done():
+				return ExecResult{}, context.Cause(ctx)
+			case <-time.After(time.Second):
+			}
 		}
 	}
 }
