@@ -122,7 +122,9 @@ type Config struct {
 	// released after each commit). At the end, Keep 0 releases everything.
 	Keep int
 	// RecoverGrace is how long a collector that saw the fleet restart waits
-	// for every agent and owner to come back (default 60 s).
+	// for every agent and owner to come back (default 60 s); a partial loss
+	// (some restarted, the others answer as the processes that served) is
+	// decided without waiting it out.
 	RecoverGrace time.Duration
 	// OnCommit, when set, is called after each committed checkpoint, before
 	// older ones are released (the demo verifies every member manifest).

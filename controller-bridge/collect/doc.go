@@ -27,4 +27,11 @@
 // same attempts, and the agents answer from the run in flight or the result
 // they kept; when only some agents restarted (or nothing was committed), their
 // rollouts are retired and sent one attempt later and the others asked again.
+// Before it decides it waits, up to RecoverGrace, for the fleet to settle:
+// every member it needs up, and either all fresh (a restore), all the ones
+// that served, or a partial loss known as such: the restarted members'
+// new instances up and every other one answering a ping of its service as
+// the instance that served (alive.go), so a process killed whose heartbeat
+// has not expired yet is waited for, and a member that did not restart is
+// not.
 package collect

@@ -167,6 +167,7 @@ func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.C
 			}
 		}
 		ok, fresh, served := true, 0, 0
+		var restarted, stayed []events.Member
 		for m := range need {
 			info, up := alive[m]
 			switch {
@@ -174,11 +175,25 @@ func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.C
 				ok = false
 			case info.Served:
 				served++
+				stayed = append(stayed, m)
 			default:
 				fresh++
+				restarted = append(restarted, m)
 			}
 		}
 		if ok && (fresh == 0 || served == 0) {
+			return st, latest, nil
+		}
+		if ok && c.stillRunning(ctx, stayed, alive) {
+			// A partial loss, known as such: the restarted members' new
+			// instances are up and every other one answers as the process
+			// that served. No restore can follow (it needs them all
+			// fresh); waiting longer would change nothing.
+			slices.Sort(restarted)
+			slices.Sort(stayed)
+			c.log.Info().Strs("restarted", memberNames(restarted)).Strs("still_running", memberNames(stayed)).
+				Dur("waited", time.Since(deadline.Add(-c.cfg.RecoverGrace))).
+				Msg("partial loss: the restarted members are back and the others answer; going on without waiting out the grace")
 			return st, latest, nil
 		}
 		if time.Now().After(deadline) {
@@ -191,6 +206,33 @@ func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.C
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// stillRunning tells whether each of members answers a ping as the
+// instance its heartbeat shows: its process did not die. One that does
+// not answer may be dead with its heartbeat not yet expired, its
+// successor on the way.
+func (c *Collector) stillRunning(ctx context.Context, members []events.Member, alive map[events.Member]events.MemberInfo) bool {
+	got, err := c.answering(ctx)
+	if err != nil {
+		c.log.Debug().Err(err).Msg("ping the members")
+		return false
+	}
+	for _, m := range members {
+		if !got[m][alive[m].Instance] {
+			return false
+		}
+	}
+	return true
+}
+
+// memberNames returns the members as strings, for a log.
+func memberNames(ms []events.Member) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = string(m)
+	}
+	return out
 }
 
 // manifest reads a checkpoint manifest.

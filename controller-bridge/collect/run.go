@@ -241,10 +241,11 @@ func (c *Collector) finish(id string, attempt int, name string, gen uint64, res 
 	case c.stopping || c.recovering || errors.Is(err, context.Canceled):
 		// A stop checkpoint parked it, or a recovery dropped it: the
 		// restore (or the recovery) takes it from here.
-	case isSE && (se.Code == "parked" || se.Code == "stale_attempt" || se.Code == "session_exists"):
+	case isSE && (se.Code == "parked" || se.Code == "stale_attempt" || se.Code == "session_exists" || se.Code == agent.CodeSandboxLost):
 		// Parked by an earlier stop checkpoint that no restore continued,
-		// retired under it, or its session held for an agent process that
-		// is gone: start it over one attempt later.
+		// retired under it, its session held for an agent process that is
+		// gone, or its sandbox lost (its daemon died, or the owner
+		// restarted without its session): start it over one attempt later.
 		c.lastEvent = id + " " + se.Code + "; starting over"
 		c.log.Info().Str("episode", ep).Str("code", se.Code).Msg("retiring the attempt and starting it over one attempt later")
 		c.pendingRetire = append(c.pendingRetire, ep)

@@ -109,10 +109,11 @@ func (b *ackBook) lookup(ctx context.Context, seq uint64, sandbox string) (event
 	return a, ok
 }
 
-// wait waits for the ack of sandbox to prepare seq until ctx ends or
-// stop is closed; the stream is read again every poll in case a message
-// went by unseen.
-func (b *ackBook) wait(ctx context.Context, seq uint64, sandbox string, stop <-chan struct{}, poll time.Duration) (events.PrepareAck, error) {
+// wait waits for the ack of sandbox to prepare seq until ctx ends, stop
+// is closed (errReopened) or gone is (errDaemonGone: the daemon will
+// never ack); the stream is read again every poll in case a message went
+// by unseen.
+func (b *ackBook) wait(ctx context.Context, seq uint64, sandbox string, stop, gone <-chan struct{}, poll time.Duration) (events.PrepareAck, error) {
 	for {
 		b.mu.Lock()
 		ch := b.changed
@@ -125,6 +126,8 @@ func (b *ackBook) wait(ctx context.Context, seq uint64, sandbox string, stop <-c
 		case <-time.After(poll):
 		case <-stop:
 			return events.PrepareAck{}, errReopened
+		case <-gone:
+			return events.PrepareAck{}, errDaemonGone
 		case <-ctx.Done():
 			return events.PrepareAck{}, context.Cause(ctx)
 		}
@@ -133,3 +136,6 @@ func (b *ackBook) wait(ctx context.Context, seq uint64, sandbox string, stop <-c
 
 // errReopened: the checkpoint resumed while a run waited on it.
 var errReopened = errors.New("agent: the checkpoint resumed")
+
+// errDaemonGone: the sandbox's daemon went while a run waited on its ack.
+var errDaemonGone = errors.New("agent: the sandbox's daemon is gone")

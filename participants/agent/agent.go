@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -155,14 +156,15 @@ func (c *Config) validate() error {
 
 // Agent is the harness driver: a bus member whose work is rollouts.
 type Agent struct {
-	cfg    Config
-	name   events.Member
-	nc     *nats.Conn
-	member *member.Member
-	owner  Owner
-	acks   *ackBook
-	log    zerolog.Logger
-	slots  chan struct{}
+	cfg     Config
+	name    events.Member
+	nc      *nats.Conn
+	member  *member.Member
+	owner   Owner
+	acks    *ackBook
+	daemons *daemonBook
+	log     zerolog.Logger
+	slots   chan struct{}
 
 	mu        sync.Mutex
 	running   bool          // Run has started: runs may start
@@ -212,8 +214,9 @@ func newAgent(cfg Config) (*Agent, error) {
 		cfg.SandboxService = func(id string) (Sandbox, error) { return sandboxapi.NewClient(nc, cfg.Run, id) }
 	}
 	a := &Agent{cfg: cfg, name: name, nc: nc, owner: cfg.OwnerService, acks: newAckBook(cfg.Run, cfg.Bus.Stream),
-		log:   cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger(),
-		slots: make(chan struct{}, cfg.Concurrency), reopen: make(chan struct{}),
+		daemons: newDaemonBook(cfg.Run),
+		log:     cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger(),
+		slots:   make(chan struct{}, cfg.Concurrency), reopen: make(chan struct{}),
 		runs: map[string]*run{}, installed: map[string]agentapi.Bookmark{}, finished: map[string]*run{},
 		sandboxes: map[string]Sandbox{}}
 	return a, nil
@@ -235,6 +238,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer a.acks.close()
 	g, gctx := errgroup.WithContext(ctx)
+	if err := a.daemons.watch(gctx, a.cfg.Bus); err != nil {
+		return fmt.Errorf("agent: watch the sandbox daemons' heartbeats: %w", err)
+	}
+	defer a.daemons.close()
 	a.mu.Lock()
 	a.running = true
 	a.mu.Unlock()
@@ -509,9 +516,32 @@ func (a *Agent) stages(r *run) (agentapi.Result, error) {
 			continue
 		}
 		if err != nil {
-			return agentapi.Result{}, err
+			return agentapi.Result{}, a.lostOr(r, bm, err)
 		}
 	}
+}
+
+// lostOr returns err, as errSandboxLost when what failed the stage is the
+// sandbox itself: its daemon's heartbeat went (the stage failed on a call
+// to it: a stop, a resume decision's command), its daemon never answered
+// within DaemonWait (a fork's daemon killed before it registered), or its
+// init exited. A cancelled run keeps its cause.
+func (a *Agent) lostOr(r *run, bm agentapi.Bookmark, err error) error {
+	if errors.Is(err, errSandboxLost) || r.ctx.Err() != nil || (bm.Next != agentapi.StageLaunch && bm.Next != agentapi.StageVerify) {
+		return err
+	}
+	a.mu.Lock()
+	sandbox := cmp.Or(r.sandbox, bm.Sandbox)
+	a.mu.Unlock()
+	switch {
+	case sandbox != "" && a.daemons.isGone(sandbox):
+		return fmt.Errorf("%w: the daemon of sandbox %s is gone: %w", errSandboxLost, sandbox, err)
+	case bm.Next == agentapi.StageLaunch && errors.Is(err, nats.ErrNoResponders):
+		return fmt.Errorf("%w: the daemon of sandbox %s never answered: %w", errSandboxLost, sandbox, err)
+	case isCode(err, codeOwnerSandboxExited):
+		return fmt.Errorf("%w: %w", errSandboxLost, err)
+	}
+	return err
 }
 
 // errAdmissionClosed: a daemon or the owner refused a request because a
@@ -621,6 +651,11 @@ func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) 
 			r.log.Warn().Err(err).Msg("the grade failed while a checkpoint was open; grading again after it")
 			return bm, errAdmissionClosed
 		}
+		if isCode(err, codeOwnerSandboxExited) || isCode(err, codeOwnerNoSandbox) {
+			// Its sandbox died (or the owner restarted without the
+			// session): nothing is left to grade.
+			return bm, fmt.Errorf("%w: verify %s: %w", errSandboxLost, r.key, err)
+		}
 		return bm, fmt.Errorf("agent: verify %s: %w", r.key, err)
 	}
 	a.mu.Lock()
@@ -644,7 +679,7 @@ func (a *Agent) cleanup(r *run, cause error) {
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 30*time.Second)
 	defer cancel()
-	if launch != "" {
+	if launch != "" && !a.daemons.isGone(sandbox) {
 		if dc, err := a.sandbox(sandbox); err == nil {
 			if _, err := dc.Stop(ctx, launch, true); err != nil && !isCode(err, sandboxapi.CodeUnknownLaunch) {
 				r.log.Warn().Err(err).Str("launch", launch).Msg("kill the launch")

@@ -22,6 +22,12 @@
 // resume the same launch goes on. An unconfirmed pause, or an adapter that
 // does not pause, gets a stop instead and a relaunch on the saved session
 // after the resume. A launch that ended before the park keeps its result.
+// A launch whose sandbox's daemon is gone (its heartbeat in sp_members
+// expired or was deleted: the daemon died, and with it the sandbox's init)
+// is lost: the run does not wait for that daemon's ack, waits at its launch
+// bookmark (a restore relaunches it in a fork), then ends sandbox_lost, as
+// one whose session the owner no longer knows does; the controller starts
+// such a rollout over one attempt later.
 // A run waiting for its grade is ready at its verify bookmark: the
 // checkpoint does not wait for the grade (PROTOCOL §6), and the owner
 // answers it after the resume. Restart-only runs (the owner cannot capture the session) are never

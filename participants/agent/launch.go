@@ -11,6 +11,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/metrics"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -25,11 +26,19 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	info, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (SessionInfo, error) {
 		return a.owner.SandboxAccess(ctx, bm.Session)
 	})
+	if isCode(err, codeOwnerNoSandbox) {
+		// The owner does not know the session: it restarted since the
+		// seed, and its sandbox is not one it tracks.
+		return bm, fmt.Errorf("%w: sandbox_access %s: %w", errSandboxLost, r.key, err)
+	}
 	if err != nil {
 		return bm, fmt.Errorf("agent: sandbox_access %s: %w", r.key, err)
 	}
 	if info.SandboxID == "" {
 		return bm, fmt.Errorf("agent: %s: the owner lends no sandbox", r.key)
+	}
+	if a.daemons.isGone(info.SandboxID) {
+		return bm, fmt.Errorf("%w: %s: the daemon of sandbox %s is gone", errSandboxLost, r.key, info.SandboxID)
 	}
 	dc, err := a.sandbox(info.SandboxID)
 	if err != nil {
@@ -38,7 +47,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	bm.Sandbox, bm.Workdir = info.SandboxID, info.Workdir
 	n := len(bm.Launches) + 1
 	lc := LaunchContext{Rollout: bm.Rollout, Attempt: r.ep.Attempt, Task: bm.Task, Session: info, State: bm.State,
-		Exec: a.execer(r, dc, n)}
+		Exec: a.execer(r, dc, info.SandboxID, n)}
 	if k := len(bm.Launches); k > 0 && bm.KeepsProcesses && bm.Launches[k-1].Held != nil {
 		// A snapshot that kept processes kept this launch, held: take it
 		// over in place, collect it, or abandon it and relaunch.
@@ -51,7 +60,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 			return a.adopt(r, bm, lc, dc, info)
 		}
 		n = len(bm.Launches) + 1
-		lc.Exec = a.execer(r, dc, n)
+		lc.Exec = a.execer(r, dc, info.SandboxID, n)
 	}
 	lr := agentapi.LaunchRecord{ID: fmt.Sprintf("%s.l%d", r.key, n), Sandbox: info.SandboxID, Attempt: r.ep.Attempt, Why: "first launch"}
 	var plan launchPlan
@@ -92,8 +101,10 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 		req.Mode, req.Freeze = sandboxapi.ModeHold.String(), !a.cfg.NoFreeze
 		req.FreezeWaitMS = a.cfg.FreezeWait.Milliseconds()
 	}
-	_, err = startLaunch(r.ctx, dc, req)
+	_, err = a.startLaunchIn(r.ctx, dc, info.SandboxID, req)
 	switch {
+	case errors.Is(err, errSandboxLost):
+		return bm, fmt.Errorf("%w: %s: launch in sandbox %s", err, r.key, info.SandboxID)
 	case isAdmissionClosed(err):
 		return bm, errAdmissionClosed
 	case err != nil && !isCode(err, sandboxapi.CodeLaunchExists):
@@ -108,7 +119,8 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 		Bool("relay", plan.relay).Str("model", lc.ModelURL).Msg("launched")
 	bm, err = a.waitLaunch(r, bm, lc, dc, lr.ID)
 	if err == nil {
-		// Ended; otherwise the cleanup rule still has it to kill.
+		// Ended (or lost with its daemon); otherwise the cleanup rule
+		// still has it to kill.
 		a.mu.Lock()
 		r.launch, r.sandbox = "", ""
 		a.mu.Unlock()
@@ -137,10 +149,16 @@ func (a *Agent) adopt(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox
 // a sandbox just lent (or forked) starts its daemon in the background.
 const DaemonWait = 60 * time.Second
 
-// startLaunch asks the daemon for a launch, waiting for a daemon that is
-// not up yet.
-func startLaunch(ctx context.Context, dc Sandbox, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
-	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) { return dc.Launch(ctx, req) })
+// startLaunchIn asks the daemon of sandbox for a launch, waiting for a
+// daemon that is not up yet, and gives up once it is gone
+// (errSandboxLost): a daemon that died answers no more.
+func (a *Agent) startLaunchIn(ctx context.Context, dc Sandbox, sandbox string, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
+	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) {
+		if a.daemons.isGone(sandbox) {
+			return sandboxapi.Record{}, errSandboxLost
+		}
+		return dc.Launch(ctx, req)
+	})
 }
 
 // retryNoResponders calls fn with a context bounded by timeout, again while
@@ -227,10 +245,13 @@ func (a *Agent) waitLaunch(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sa
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel() // before the Wait above: the watcher ends with ctx
 	receipts := a.watchReceipt(ctx, &watcher, dc, id)
+	gone := a.daemons.goneCh(lc.Session.SandboxID)
 	for {
 		select {
 		case res := <-receipts:
 			return a.ended(r, bm, lc, res.rc)
+		case <-gone:
+			return a.ended(r, bm, lc, a.lostReceipt(r, id, lc.Session.SandboxID))
 		case <-r.parkCh:
 			pr := a.parkRequestOf(r)
 			if pr == nil || bm.Restart {
@@ -268,11 +289,19 @@ func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox,
 	why, reason := "the adapter does not pause", metrics.FallbackNoPause
 	if a.cfg.Adapter.PausesAtCheckpoints() {
 		ctx, cancel := context.WithDeadline(r.ctx, pr.dl)
-		ack, err := a.acks.wait(ctx, pr.seq, lc.Session.SandboxID, pr.reopen, 250*time.Millisecond)
+		gone := a.daemons.goneCh(lc.Session.SandboxID)
+		ack, err := a.acks.wait(ctx, pr.seq, lc.Session.SandboxID, pr.reopen, gone, 250*time.Millisecond)
 		cancel()
 		switch {
 		case errors.Is(err, errReopened):
 			return bm, false, nil // the checkpoint is over: the launch runs on
+		case errors.Is(err, errDaemonGone):
+			// Nothing to pause or stop: the launch went with its daemon.
+			// The run waits at its launch bookmark, exportable (a restore
+			// relaunches it in a fork of its session); after the resume
+			// it finds the sandbox lost and starts over.
+			next, err := a.ended(r, bm, lc, a.lostReceipt(r, id, lc.Session.SandboxID))
+			return next, true, err
 		case r.ctx.Err() != nil:
 			return bm, false, context.Cause(r.ctx)
 		case err != nil:
@@ -320,6 +349,8 @@ func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox,
 		select {
 		case res := <-receipts:
 			rc = res.rc
+		case <-a.daemons.goneCh(lc.Session.SandboxID):
+			rc = a.lostReceipt(r, id, lc.Session.SandboxID)
 		case <-r.ctx.Done():
 			return bm, true, context.Cause(r.ctx)
 		case <-time.After(time.Minute):
@@ -374,6 +405,14 @@ func (a *Agent) parkPaused(r *run, bm agentapi.Bookmark, pr *parkRequest, receip
 	return bm, false, nil
 }
 
+// lostReceipt is the receipt of a launch whose sandbox's daemon is gone:
+// failed, as the daemon can report nothing more.
+func (a *Agent) lostReceipt(r *run, id, sandbox string) sandboxapi.Receipt {
+	r.log.Warn().Str("launch", id).Str("sandbox", sandbox).Msg("the sandbox's daemon is gone (its heartbeat expired or was deleted): the launch is lost")
+	return sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeFailed,
+		Error: "the daemon of sandbox " + sandbox + " is gone", Ended: time.Now()}
+}
+
 // ended records how the launch ended: a finished harness goes on to
 // verify with its answer; an interrupted or failed one relaunches.
 func (a *Agent) ended(r *run, bm agentapi.Bookmark, lc LaunchContext, rc sandboxapi.Receipt) (agentapi.Bookmark, error) {
@@ -407,13 +446,15 @@ func (a *Agent) ended(r *run, bm agentapi.Bookmark, lc LaunchContext, rc sandbox
 }
 
 // execer runs short commands in the sandbox for the adapter: launches the
-// checkpoints leave alone, as they end in moments.
-func (a *Agent) execer(r *run, dc Sandbox, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
+// checkpoints leave alone, as they end in moments. Each wait for one's end
+// is bounded: a daemon that dies while it holds the request never
+// answers it. One whose daemon is gone fails with errSandboxLost.
+func (a *Agent) execer(r *run, dc Sandbox, sandbox string, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
 	k := 0
 	return func(ctx context.Context, argv []string) (ExecResult, error) {
 		k++
 		id := fmt.Sprintf("%s.l%d.x%d", r.key, n, k)
-		if _, err := startLaunch(ctx, dc, sandboxapi.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
+		if _, err := a.startLaunchIn(ctx, dc, sandbox, sandboxapi.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
 			TimeoutMS: time.Minute.Milliseconds()}); err != nil {
 			if isAdmissionClosed(err) {
 				return ExecResult{}, errAdmissionClosed
@@ -422,18 +463,40 @@ func (a *Agent) execer(r *run, dc Sandbox, n int) func(ctx context.Context, argv
 				return ExecResult{}, err
 			}
 		}
+		var silent time.Time
 		for {
-			rc, err := dc.WaitReceipt(ctx, id, a.cfg.ReceiptWait)
-			if isCode(err, sandboxapi.CodeNotEnded) {
+			cctx, cancel := context.WithTimeout(ctx, a.cfg.ReceiptWait+10*time.Second)
+			rc, err := dc.WaitReceipt(cctx, id, a.cfg.ReceiptWait)
+			cancel()
+			var se *jetstream.ServiceError
+			switch {
+			case isCode(err, sandboxapi.CodeNotEnded):
+				silent = time.Time{}
 				continue
-			}
-			if err != nil {
+			case err == nil:
+				if rc.Outcome != sandboxapi.OutcomeFinished {
+					return ExecResult{}, fmt.Errorf("command %v: %s %s", argv, rc.Outcome, rc.Error)
+				}
+				return ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail}, nil
+			case ctx.Err() != nil:
+				return ExecResult{}, context.Cause(ctx)
+			case errors.As(err, &se):
 				return ExecResult{}, err
+			case a.daemons.isGone(sandbox):
+				return ExecResult{}, fmt.Errorf("%w: command %v: the daemon of sandbox %s is gone: %w", errSandboxLost, argv, sandbox, err)
 			}
-			if rc.Outcome != sandboxapi.OutcomeFinished {
-				return ExecResult{}, fmt.Errorf("command %v: %s %s", argv, rc.Outcome, rc.Error)
+			// No answer (the daemon restarting, or dead with its heartbeat
+			// not yet expired): again, for up to two minutes.
+			if silent.IsZero() {
+				silent = time.Now()
+			} else if time.Since(silent) > 2*time.Minute {
+				return ExecResult{}, fmt.Errorf("command %v: the daemon of sandbox %s stopped answering: %w", argv, sandbox, err)
 			}
-			return ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail}, nil
+			select {
+			case <-ctx.Done():
+				return ExecResult{}, context.Cause(ctx)
+			case <-time.After(time.Second):
+			}
 		}
 	}
 }

@@ -34,6 +34,16 @@ type Owner interface {
 
 var _ Owner = (*ownerapi.Client)(nil)
 
+// The owner's service error codes the agent decides on.
+const (
+	// codeOwnerNoSandbox: the owner tracks no such session (one an owner
+	// that restarted since the seed never knew).
+	codeOwnerNoSandbox = "no_sandbox"
+	// codeOwnerSandboxExited: the session's sandbox's init exited (its
+	// daemon died): nothing runs there any more.
+	codeOwnerSandboxExited = "sandbox_exited"
+)
+
 // SessionInfo is what the owner tells the agent of a session: its current
 // sandbox, the working directory, and whether it can be captured at all.
 // It is the owner's wire type.

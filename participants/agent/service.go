@@ -25,6 +25,8 @@ func classify(err error) (int, string) {
 		return 409, agentapi.CodeParked
 	case errors.Is(err, ErrClosed), errors.Is(err, errShutdown):
 		return 503, agentapi.CodeStopping
+	case errors.Is(err, errSandboxLost):
+		return 409, agentapi.CodeSandboxLost
 	case errors.Is(err, agentapi.ErrBadBookmark):
 		return 422, agentapi.CodeBadBookmark
 	case isCode(err, agentapi.CodeSessionExists):
@@ -42,7 +44,7 @@ func classify(err error) (int, string) {
 func (a *Agent) serve(ctx context.Context) (*jetstream.Service, error) {
 	s, err := jetstream.NewService(a.nc, micro.Config{Name: events.ServiceName(events.KindAgent), Version: "1.0.0",
 		Description: "agent " + a.cfg.Name + " of run " + a.cfg.Run,
-		Metadata:    map[string]string{"run": a.cfg.Run, "agent": a.cfg.Name, "adapter": a.cfg.Adapter.Name()}},
+		Metadata:    a.serviceMetadata()},
 		events.ServiceSubject(a.cfg.Run, a.name), classify)
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
@@ -68,4 +70,16 @@ func (a *Agent) serve(ctx context.Context) (*jetstream.Service, error) {
 		return nil, fmt.Errorf("agent: service endpoint: %w", err)
 	}
 	return s, nil
+}
+
+// serviceMetadata is the service's metadata: the run, the agent's name,
+// its adapter and, once it has a member, the member's instance (a
+// controller that pings the agents tells this process from one started
+// since under the same name by it).
+func (a *Agent) serviceMetadata() map[string]string {
+	md := map[string]string{"run": a.cfg.Run, "agent": a.cfg.Name, "adapter": a.cfg.Adapter.Name()}
+	if a.member != nil {
+		md["instance"] = a.member.Instance()
+	}
+	return md
 }

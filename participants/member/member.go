@@ -87,6 +87,10 @@ func New(cfg Config) (*Member, error) {
 // Name returns the member's name.
 func (m *Member) Name() events.Member { return m.cfg.Member }
 
+// Instance returns the id of this process's membership, as its heartbeat
+// in sp_members carries it (events.MemberInfo.Instance).
+func (m *Member) Instance() string { return m.info.Instance }
+
 // Joined is closed once Run has registered the member: its MemberJoined is
 // on the stream and its heartbeat in sp_members. A Run that fails to
 // start never closes it.

@@ -32,6 +32,9 @@ func classify(err error) (int, string) {
 		return 409, "session_exists"
 	case errors.Is(err, ErrSetup):
 		return 422, "setup_failed"
+	case errors.Is(err, provider.ErrExited):
+		// The sandbox's init exited (its daemon died): nothing runs there.
+		return 409, "sandbox_exited"
 	case errors.Is(err, ErrNoClock):
 		return 409, "clock_unavailable"
 	case errors.Is(err, ErrBadTask), errors.Is(err, events.ErrInvalid), errors.Is(err, provider.ErrInvalid), errors.Is(err, jetstream.ErrBadRequest):
@@ -53,7 +56,7 @@ func classify(err error) (int, string) {
 func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 	s, err := jetstream.NewService(nc, micro.Config{Name: events.ServiceName(events.KindOwner), Version: "1.0.0",
 		Description: "sandbox owner " + o.cfg.Name + " of run " + o.cfg.Run,
-		Metadata:    map[string]string{"run": o.cfg.Run, "owner": o.cfg.Name}},
+		Metadata:    o.serviceMetadata()},
 		ownerapi.Subject(o.cfg.Run, o.cfg.Name), classify)
 	if err != nil {
 		return fmt.Errorf("owner: %w", err)
@@ -243,4 +246,15 @@ func (o *Owner) SetClock(ctx context.Context, id string, wall time.Time) (ownera
 	}
 	o.log.Info().Str("session", id).Str("sandbox", s.Sandbox.ID).Time("wall", wall).Msg("set the sandbox's clock")
 	return ownerapi.ClockResult{SandboxID: s.Sandbox.ID, Wall: wall}, nil
+}
+
+// serviceMetadata is the service's metadata: the run, the owner's name
+// and, with a member, its instance (a controller that pings the owners
+// tells this process from one started since under the same name by it).
+func (o *Owner) serviceMetadata() map[string]string {
+	md := map[string]string{"run": o.cfg.Run, "owner": o.cfg.Name}
+	if o.member != nil {
+		md["instance"] = o.member.Instance()
+	}
+	return md
 }

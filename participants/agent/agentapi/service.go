@@ -24,6 +24,10 @@ const (
 	// session for another agent process (one that died); retire the
 	// attempt.
 	CodeSessionExists = "session_exists"
+	// CodeSandboxLost (409): the attempt's sandbox is lost (its daemon
+	// died, or the owner restarted without its session); the controller
+	// retires the attempt and starts the rollout over one attempt later.
+	CodeSandboxLost = "sandbox_lost"
 	// CodeBadBookmark (422): the bookmark a restore installed cannot be
 	// continued.
 	CodeBadBookmark = "bad_bookmark"

@@ -65,7 +65,7 @@ const (
 )
 
 // Faults lists every fault kind, in the order the table prints them.
-var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultSandboxd, FaultHarness, FaultNATS, FaultNode, FaultStall}
+var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultSandboxd, FaultHarness, FaultNATS, FaultNode, FaultStall, FaultCollector}
 
 // BridgeFailpoints are the points FaultBridge arms (see the bridge's
 // failpoint package); the abort and restore ones are hit only when the
@@ -157,6 +157,8 @@ passed: each round is a run of its own with --rollouts scripted tasks, a checkpo
             once a checkpoint ended without it
   stall     SIGSTOP of one agent at a point (a member that never answers) until a
             checkpoint fails, then SIGCONT (it answers after the abort)
+  collector kill -9 of the round's collector (then a process of its own) at a phase,
+            started again on its results and dispatch log (not drawn by default)
 
 After each round every PROTOCOL §7 invariant is checked on it (internal/invariant), and at
 the end a table says how many faults of each kind were injected, checkpoints committed and
@@ -168,7 +170,7 @@ checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runChaos(cmd.Context(), env, f) },
 	}
-	cmd.AddCommand(nodeCommand())
+	cmd.AddCommand(nodeCommand(), collectorCommand(env))
 	fl := cmd.Flags()
 	fl.Uint64Var(&f.seed, "seed", 1, "the seed that draws the faults")
 	fl.DurationVar(&f.duration, "duration", 2*time.Minute, "rounds start until this has passed (the last one finishes)")
@@ -199,6 +201,12 @@ type chaosTable struct {
 	rollouts   int
 	finished   int
 	violations []string // "round k: n. name: detail"
+	// lastMissed names the faults of the last round that missed their
+	// point ("kind@point"); retried lists the rounds run again for them,
+	// neverLanded the faults that missed on every try.
+	lastMissed  []string
+	retried     []string
+	neverLanded []string
 }
 
 // write prints the table.
@@ -218,6 +226,12 @@ func (t *chaosTable) write(w io.Writer, f chaosFlags, took time.Duration) {
 		total += t.injected[k]
 	}
 	fmt.Fprintf(w, "  %-26s %8d\n", "faults injected", total)
+	for _, r := range t.retried {
+		fmt.Fprintf(w, "    retried: %s\n", r)
+	}
+	for _, n := range t.neverLanded {
+		fmt.Fprintf(w, "    never landed: %s\n", n)
+	}
 	fmt.Fprintf(w, "  %-26s %8d\n", "checkpoints committed", t.committed)
 	fmt.Fprintf(w, "  %-26s %8d\n", "checkpoints aborted", t.aborted)
 	fmt.Fprintf(w, "  %-26s %8d\n", "restores", t.restores)
@@ -239,6 +253,11 @@ type chaosWorld struct {
 	harness  string
 	natsURL  string
 	natsAddr string
+
+	// tool is the slow tool call of the round being run (0: --tool-time):
+	// a planned round run again for a fault that missed its point runs
+	// longer.
+	tool time.Duration
 
 	mu     sync.Mutex
 	nats   *child.Process
@@ -310,7 +329,7 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	kinds := map[string]bool{}
 	if strings.TrimSpace(f.faults) == "" {
 		for _, k := range Faults {
-			kinds[k] = k != FaultNode && k != FaultNATS || k == FaultNode && f.cluster || k == FaultNATS && !f.cluster
+			kinds[k] = k != FaultNode && k != FaultNATS && k != FaultCollector || k == FaultNode && f.cluster || k == FaultNATS && !f.cluster
 		}
 	}
 	for k := range strings.SplitSeq(f.faults, ",") {
@@ -371,7 +390,7 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 			return ctx.Err()
 		}
 		if planned != nil {
-			if err := w.round(ctx, round, planned[round-1], rng.Uint64(), t); err != nil {
+			if err := w.plannedRound(ctx, round, planned, rng.Uint64(), t); err != nil {
 				return err
 			}
 			continue
@@ -450,7 +469,7 @@ func (p plannedFault) String() string {
 func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick uint64, t *chaosTable) error {
 	// Run ids of their own: the process table is searched by run.
 	run := fmt.Sprintf("chaos%d-%08x", k, uint32(time.Now().UnixNano()))
-	d := &demo{env: w.env, f: demoFlags{rollouts: w.f.rollouts, agents: w.f.agents, provider: w.f.provider, tool: w.f.tool, steps: w.f.steps, harness: harnessScripted},
+	d := &demo{env: w.env, f: demoFlags{rollouts: w.f.rollouts, agents: w.f.agents, provider: w.f.provider, tool: cmp.Or(w.tool, w.f.tool), steps: w.f.steps, harness: harnessScripted},
 		who: "chaos " + run, dir: filepath.Join(w.dir, run), self: w.self, sandboxd: w.sandboxd, harness: w.harness, natsURL: w.natsURL, run: run,
 		token: fmt.Sprintf("chaos-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
 		log: zerolog.New(w.env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
@@ -521,27 +540,69 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	}
 	defer ctl.Close()
 	verified := &invariant.Manifests{}
-	col, err := collect.New(collect.Config{Run: run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
-		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: len(ts), CheckpointEvery: w.f.every, RecoverGrace: cmp.Or(w.f.grace, chaosRecoverGrace),
-		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
-		OnCommit: func(ctx context.Context, res *bridgeapi.CheckpointResult) {
-			verified.OnCommit(ctx, bus, run, res.CheckpointID)
-		}})
-	if err != nil {
-		return err
+	var (
+		col  *collect.Collector
+		proc *collectorProcess // a collector fault: the collector is a process
+	)
+	if isCollectorRound(plan) {
+		proc = &collectorProcess{d: d, args: collectorArgs(d, w, bridgeURL, agents)}
+	} else {
+		col, err = collect.New(collect.Config{Run: run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
+			Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: len(ts), CheckpointEvery: w.f.every, RecoverGrace: cmp.Or(w.f.grace, chaosRecoverGrace),
+			Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
+			OnCommit: func(ctx context.Context, res *bridgeapi.CheckpointResult) {
+				verified.OnCommit(ctx, bus, run, res.CheckpointID)
+			}})
+		if err != nil {
+			return err
+		}
+	}
+	done := func() int {
+		if col != nil {
+			return col.Counts().Done
+		}
+		return resultLines(filepath.Join(d.dir, "results.jsonl"))
 	}
 
 	inj := &injector{w: w, d: d, bus: bus, nc: nc, agents: agents, modelURL: modelURL, rng: rand.New(rand.NewPCG(pick, 1)),
-		injected: map[string]int{}, missed: map[string]int{FaultBridge: extraBridge}}
+		collector: proc, injected: map[string]int{}, missed: map[string]int{FaultBridge: extraBridge}}
 	ictx, stopInjecting := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { inj.bridgeWatch(ictx, len(armed) > 0) })
-	wg.Go(func() { inj.run(ictx, plan, col) })
+	firstFailpoint := ""
+	for _, p := range plan {
+		if p.kind == FaultBridge {
+			firstFailpoint = p.failpoint
+			break
+		}
+	}
+	wg.Go(func() { inj.bridgeWatch(ictx, len(armed) > 0, firstFailpoint) })
 	rctx, stopRound := context.WithTimeoutCause(ctx, cmp.Or(w.f.limit, 5*time.Minute), errRoundLimit)
-	sum, cerr := col.Run(rctx)
+	var (
+		sum  collect.Summary
+		cerr error
+	)
+	if proc != nil {
+		if err := verifyCommits(ictx, nc, bus, run, verified, &wg); err != nil {
+			stopRound()
+			stopInjecting()
+			wg.Wait()
+			return err
+		}
+		if err := proc.start(ts); err != nil {
+			stopRound()
+			stopInjecting()
+			wg.Wait()
+			return err
+		}
+		wg.Go(func() { inj.run(ictx, plan, done) })
+		sum, cerr = proc.wait(rctx)
+	} else {
+		wg.Go(func() { inj.run(ictx, plan, done) })
+		sum, cerr = col.Run(rctx)
+	}
 	stopRound()
 	if errors.Is(context.Cause(rctx), errRoundLimit) {
-		cerr = fmt.Errorf("%w (%s): %d results of %d", errRoundLimit, cmp.Or(w.f.limit, 5*time.Minute), col.Counts().Done, len(d.ids))
+		cerr = fmt.Errorf("%w (%s): %d results of %d", errRoundLimit, cmp.Or(w.f.limit, 5*time.Minute), done(), len(d.ids))
 	}
 	stopInjecting()
 	wg.Wait()
@@ -576,6 +637,7 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	for kind, n := range inj.missed {
 		t.missed[kind] += n
 	}
+	t.lastMissed = slices.Clone(inj.missedNames)
 	inj.mu.Unlock()
 	committed, aborted := 0, 0
 	for _, ck := range sum.Checkpoints {
@@ -614,17 +676,19 @@ func waitIdle(ctx context.Context, ctl *client.Client, d *demo) error {
 
 // injector injects a round's faults.
 type injector struct {
-	w        *chaosWorld
-	d        *demo
-	bus      *jetstream.Bus
-	nc       *nats.Conn
-	agents   []string
-	modelURL string
-	rng      *rand.Rand // whom a fault hits; used by run alone
+	w         *chaosWorld
+	d         *demo
+	bus       *jetstream.Bus
+	nc        *nats.Conn
+	agents    []string
+	modelURL  string
+	rng       *rand.Rand        // whom a fault hits; used by run alone
+	collector *collectorProcess // the round's collector, when a fault kills it
 
-	mu       sync.Mutex
-	injected map[string]int
-	missed   map[string]int
+	mu          sync.Mutex
+	injected    map[string]int
+	missed      map[string]int
+	missedNames []string // the faults that missed, kind@point
 }
 
 func (i *injector) count(kind string, hit bool) {
@@ -637,16 +701,24 @@ func (i *injector) count(kind string, hit bool) {
 	}
 }
 
+// miss counts fault p missed.
+func (i *injector) miss(p plannedFault) {
+	i.count(p.kind, false)
+	i.mu.Lock()
+	i.missedNames = append(i.missedNames, p.String())
+	i.mu.Unlock()
+}
+
 // bridgeWatch starts the bridge again each time it exits on its own (an
 // armed failpoint) until ctx ends; with armed, the first bridge was armed,
 // and its exit is the fault; it reports it missed if the round ended first.
-func (i *injector) bridgeWatch(ctx context.Context, armed bool) {
+func (i *injector) bridgeWatch(ctx context.Context, armed bool, failpoint string) {
 	for {
 		p := i.d.process("bridge")
 		select {
 		case <-ctx.Done():
 			if armed {
-				i.count(FaultBridge, false)
+				i.miss(plannedFault{kind: FaultBridge, failpoint: failpoint})
 			}
 			return
 		case <-p.Exited():
@@ -675,7 +747,7 @@ func lastLine(s string) string {
 
 // run injects the planned faults other than the bridge's, one after the
 // other: each after its delay, at the next phase of its kind on the bus.
-func (i *injector) run(ctx context.Context, plan []plannedFault, col *collect.Collector) {
+func (i *injector) run(ctx context.Context, plan []plannedFault, done func() int) {
 	phases := make(chan events.Phase, 64)
 	sub, err := i.nc.Subscribe(events.RunFilter(i.d.run), func(m *nats.Msg) {
 		p := point(i.d.run, m.Subject)
@@ -698,7 +770,7 @@ func (i *injector) run(ctx context.Context, plan []plannedFault, col *collect.Co
 		}
 		select {
 		case <-ctx.Done():
-			i.count(p.kind, false)
+			i.miss(p)
 			continue
 		case <-time.After(p.after):
 		}
@@ -724,13 +796,13 @@ func (i *injector) run(ctx context.Context, plan []plannedFault, col *collect.Co
 				}
 			}
 		}
-		if !hit || col.Counts().Done >= len(i.d.ids) {
-			i.count(p.kind, false)
+		if !hit || done() >= len(i.d.ids) {
+			i.miss(p)
 			continue
 		}
 		if err := i.inject(ctx, p, phases); err != nil {
 			i.d.say("%s: %v", p, err)
-			i.count(p.kind, false)
+			i.miss(p)
 			continue
 		}
 		i.count(p.kind, true)
@@ -799,20 +871,15 @@ func (i *injector) inject(ctx context.Context, p plannedFault, phases <-chan eve
 		}
 		return nil
 	case FaultSandboxd, FaultHarness:
-		daemons, launched, err := sandboxProcesses(d.run)
+		pids, err := sandboxTargets(ctx, d.run, p)
 		if err != nil {
 			return err
-		}
-		pids := daemons
-		if p.kind == FaultHarness {
-			pids = launched
-		}
-		if len(pids) == 0 {
-			return errors.New("no such process running")
 		}
 		pid := pids[i.rng.IntN(len(pids))]
 		d.say("kill -9 of %s process %d at %s", p.kind, pid, p.phase)
 		return killPID(pid)
+	case FaultCollector:
+		return i.collectorKill(ctx, p)
 	case FaultNATS:
 		if i.w.cluster() {
 			return errors.New("nats is a fault of one server; with --cluster, node")

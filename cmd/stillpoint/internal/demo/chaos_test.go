@@ -38,6 +38,13 @@ func TestParsePlan(t *testing.T) {
 		got[0][0].String() != "bridge@after-commit-acks" || got[0][1].String() != "agent@prepare" || got[1][0].String() != "fleet@committed" {
 		t.Errorf("parsePlan = %+v", got)
 	}
+	// Two faults of a kind in one round, one after the other; the
+	// collector's kind.
+	got, err = parsePlan("owner@committed+owner@committed,collector@restore")
+	if err != nil || len(got) != 2 || len(got[0]) != 2 || got[0][1].String() != "owner@committed" || got[1][0].String() != "collector@restore" ||
+		!isCollectorRound(got[1]) || isCollectorRound(got[0]) {
+		t.Errorf("parsePlan = %+v, %v", got, err)
+	}
 	if got, err := parsePlan(""); got != nil || err != nil {
 		t.Errorf("empty plan: %v %v", got, err)
 	}

@@ -1,0 +1,100 @@
+package collect
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	agent "github.com/stillpoint/stillpoint/participants/agent/agentapi"
+)
+
+// retireRecorder is a bridge that only retires, recording what.
+type retireRecorder struct {
+	noController
+	mu      sync.Mutex
+	retired []string
+}
+
+func (r *retireRecorder) Retire(_ context.Context, eps []string) (*bridgeapi.OpResult, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.retired = append(r.retired, eps...)
+	return &bridgeapi.OpResult{Status: bridgeapi.StatusCompleted}, nil
+}
+
+var errLost = errors.New("collect test: the attempt's sandbox is lost")
+
+// An attempt the agent answers sandbox_lost (its sandbox's daemon died, or
+// the owner restarted without its session) is no result: the collector
+// retires it and sends the rollout again one attempt later, whose result
+// is the one written.
+func TestSandboxLostStartsOver(t *testing.T) {
+	const run = "lost"
+	env := jstest.Start(t)
+	nc, js := env.Connect(t)
+	s, err := jetstream.NewService(nc, micro.Config{Name: "test-agent", Version: "1.0.0"},
+		events.ServiceSubject(run, events.Member("agent.a1")),
+		func(err error) (int, string) {
+			if errors.Is(err, errLost) {
+				return 409, agent.CodeSandboxLost
+			}
+			return 500, agent.CodeRolloutFailed
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	err = s.HandleAsync(t.Context(), agent.EndpointRun, func(_ context.Context, body []byte) (any, error) {
+		var req agent.Request
+		if err := json.Unmarshal(body, &req); err != nil {
+			return nil, err
+		}
+		if req.Attempt == 0 {
+			return nil, errLost
+		}
+		return agent.Result{RolloutID: req.RolloutID, Attempt: req.Attempt, Episode: events.Episode{Rollout: req.RolloutID, Attempt: req.Attempt}.String(),
+			Verdict: json.RawMessage(`{"reward":1}`)}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := &retireRecorder{}
+	out := filepath.Join(t.TempDir(), "results.jsonl")
+	c, err := New(Config{Run: run, Tasks: []Task{{RolloutID: "r1", Task: json.RawMessage(`{}`)}}, Output: out, Agents: []string{"a1"},
+		Conn: nc, JS: js, Bus: env.Bus, Controller: ctl, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if _, err := c.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	var res Result
+	if len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &res) != nil || !res.OK || res.Attempt != 1 {
+		t.Fatalf("results %q, want one, ok, of attempt 1", lines)
+	}
+	ctl.mu.Lock()
+	defer ctl.mu.Unlock()
+	if lost := (events.Episode{Rollout: "r1"}).String(); len(ctl.retired) != 1 || ctl.retired[0] != lost {
+		t.Fatalf("retired %v, want the lost attempt %s", ctl.retired, lost)
+	}
+}

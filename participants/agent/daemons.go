@@ -1,0 +1,130 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// errSandboxLost ends an attempt whose sandbox is lost: its daemon's
+// heartbeat went (the daemon died, and with it the sandbox's init and
+// every launch in it), or the owner no longer has the session (it
+// restarted without it). Nothing of the attempt can go on there: the
+// controller retires it and starts the rollout over one attempt later
+// (agentapi.CodeSandboxLost).
+var errSandboxLost = errors.New("agent: the attempt's sandbox is lost")
+
+// daemonBook follows the heartbeats of the run's sandbox daemons in
+// sp_members, as the bridge does for a phase's members: a daemon whose key
+// was deleted (the owner stopped its sandbox) or expired (it died and
+// stopped heartbeating) is gone, and a launch there is lost. A daemon
+// never seen is not gone: a sandbox just lent starts its daemon in the
+// background.
+type daemonBook struct {
+	run string
+
+	mu      sync.Mutex
+	gone    map[string]bool          // by sandbox id: its last entry was a delete or purge
+	changed map[string]chan struct{} // by sandbox id: closed when it goes
+	watcher natsjs.KeyWatcher
+	done    chan struct{}
+}
+
+func newDaemonBook(run string) *daemonBook {
+	return &daemonBook{run: run, gone: map[string]bool{}, changed: map[string]chan struct{}{}}
+}
+
+// watch starts the watch of the run's member keys; its goroutine ends
+// with ctx or close, and close waits for it.
+func (b *daemonBook) watch(ctx context.Context, bus *jetstream.Bus) error {
+	w, err := bus.Members.Watch(ctx, events.MemberKeyFilter(b.run))
+	if err != nil {
+		return err
+	}
+	b.watcher, b.done = w, make(chan struct{})
+	go func() {
+		defer close(b.done)
+		prefix := b.run + "." + string(events.KindSandbox) + "."
+		for {
+			var (
+				e  natsjs.KeyValueEntry
+				ok bool
+			)
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok = <-w.Updates():
+			}
+			if !ok {
+				return
+			}
+			if e == nil {
+				continue
+			}
+			id, isDaemon := strings.CutPrefix(e.Key(), prefix)
+			if !isDaemon {
+				continue
+			}
+			b.set(id, e.Operation() != natsjs.KeyValuePut)
+		}
+	}()
+	return nil
+}
+
+func (b *daemonBook) close() {
+	if b.watcher == nil {
+		return
+	}
+	_ = b.watcher.Stop()
+	<-b.done
+}
+
+// set records whether sandbox id's daemon is gone.
+func (b *daemonBook) set(id string, gone bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	was := b.gone[id]
+	switch {
+	case gone && !was:
+		b.gone[id] = true
+		if ch, ok := b.changed[id]; ok {
+			close(ch)
+			delete(b.changed, id)
+		}
+	case !gone && was:
+		// A daemon of that id heartbeats again (a microVM fork's daemon
+		// re-identified in place).
+		delete(b.gone, id)
+	}
+}
+
+// isGone tells whether sandbox id's daemon is gone.
+func (b *daemonBook) isGone(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.gone[id]
+}
+
+// goneCh returns a channel closed once sandbox id's daemon goes (closed
+// already if it is gone).
+func (b *daemonBook) goneCh(id string) <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.gone[id] {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
+	}
+	ch, ok := b.changed[id]
+	if !ok {
+		ch = make(chan struct{})
+		b.changed[id] = ch
+	}
+	return ch
+}

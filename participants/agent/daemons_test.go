@@ -1,0 +1,201 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+)
+
+// heartbeat puts sandbox id's daemon heartbeat in sp_members, as a
+// running daemon does; dies deletes it, as its expiry or the owner does.
+func heartbeat(t *testing.T, w *world, id string) (dies func()) {
+	t.Helper()
+	m, err := events.NewMember(events.KindSandbox, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(events.MemberInfo{Run: testRun, Member: m, Instance: "daemon-1", Started: time.Now(), Heartbeat: time.Now()})
+	key := events.MemberKey(testRun, m)
+	if _, err := w.env.Bus.Members.Put(t.Context(), key, b); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if err := w.env.Bus.Members.Delete(t.Context(), key); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// sandboxOf returns the sandbox the owner lent session r1.
+func sandboxOf(t *testing.T, w *world) string {
+	t.Helper()
+	s, ok := w.owner.Session("r1")
+	if !ok {
+		t.Fatal("the owner holds no session r1")
+	}
+	return s.Sandbox.ID
+}
+
+// A launch whose sandbox's daemon goes (its heartbeat expired or was
+// deleted) is lost: the rollout ends sandbox_lost, for its controller to
+// start it over one attempt later, without asking the dead daemon to stop
+// it, and its session is closed.
+func TestLostDaemonLosesTheLaunch(t *testing.T) {
+	sb := newEndlessSandbox()
+	w := newWorldWith(t, false, func(string) (Sandbox, error) { return sb, nil })
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	done := startEndless(t, w, sb, ctx)
+	dies := heartbeat(t, w, sandboxOf(t, w))
+	select {
+	case err := <-done:
+		t.Fatalf("the rollout ended while its daemon lived: %v", err)
+	default:
+	}
+	dies()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		t.Fatal("the rollout did not end after its sandbox's daemon went")
+	}
+	if !errors.Is(err, errSandboxLost) {
+		t.Fatalf("rollout: %v, want errSandboxLost", err)
+	}
+	if status, code := classify(err); status != 409 || code != agentapi.CodeSandboxLost {
+		t.Fatalf("classify: %d %s, want 409 %s", status, code, agentapi.CodeSandboxLost)
+	}
+	if n := sb.stops.Load(); n != 0 {
+		t.Fatalf("%d stops sent to a daemon that is gone, want none", n)
+	}
+	poll.Wait(t, 10*time.Second, "the lost attempt's session to be closed", func() bool {
+		_, ok := w.owner.Session("r1")
+		return !ok
+	})
+}
+
+// A checkpoint does not wait on a dead daemon: the run whose launch waits
+// for its sandbox's pause ack is ready once the daemon's heartbeat goes,
+// at its launch bookmark (a restore relaunches it on its saved session in
+// a fork), and after the resume it finds the sandbox lost.
+func TestLostDaemonDoesNotHoldThePrepare(t *testing.T) {
+	sb := newEndlessSandbox()
+	w := newWorldWith(t, false, func(string) (Sandbox, error) { return sb, nil })
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	done := startEndless(t, w, sb, ctx)
+	dies := heartbeat(t, w, sandboxOf(t, w))
+
+	cp := member.Checkpoint{Run: testRun, ID: "c1", Seq: 1, Deadline: time.Now().Add(time.Minute)}
+	rep, err := w.agent.Prepare(ctx, cp)
+	if err != nil || rep.Ready {
+		t.Fatalf("prepare with the launch running and no pause ack: %+v %v, want not ready", rep, err)
+	}
+	dies()
+	poll.Wait(t, 20*time.Second, "the agent to be ready without the dead daemon's ack", func() bool {
+		rep, err = w.agent.Prepare(ctx, cp)
+		return err == nil && rep.Ready
+	})
+	if rep.Counts["parked"] != 1 {
+		t.Fatalf("prepare: %+v, want the run parked at its bookmark", rep)
+	}
+	recs, err := membertest.Drain(w.agent.Export(ctx, events.Commit{PhaseHeader: events.PhaseHeader{Run: testRun, CheckpointID: "c1", Seq: 2}}))
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("export: %v %v", recs, err)
+	}
+	bm, err := agentapi.DecodeBookmark(recs[0].Data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := bm.Launches[len(bm.Launches)-1]; bm.Next != agentapi.StageLaunch || last.Ended != agentapi.LaunchFailed {
+		t.Fatalf("exported %+v, want its launch bookmark with the lost launch failed", bm)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the rollout ended under the checkpoint: %v", err)
+	default:
+	}
+	if err := w.agent.Resume(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		t.Fatal("the rollout did not end after the resume")
+	}
+	if !errors.Is(err, errSandboxLost) {
+		t.Fatalf("rollout after the resume: %v, want errSandboxLost", err)
+	}
+	if n := sb.stops.Load(); n != 0 {
+		t.Fatalf("%d stops sent to a daemon that is gone, want none", n)
+	}
+}
+
+// A session the owner does not know when the run asks for its sandbox
+// (an owner that restarted since the seed lost it) is a lost sandbox, not
+// a failed rollout: the controller starts the rollout over.
+func TestSessionUnknownToTheOwnerIsLost(t *testing.T) {
+	w := newWorld(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	bm := agentapi.Bookmark{V: 1, Next: agentapi.StageLaunch, Rollout: "r1", Task: task, Session: "r1", Owner: "o1",
+		Sandbox: "sb-gone", VerifyMode: "owner", State: json.RawMessage(`{"data_dir":"/var/lib/test-harness/r1"}`)}
+	if _, err := w.agent.Install(ctx, events.Restore{}, []events.Record{record(t, "r1", bm)}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := w.agent.Rollout(ctx, agentapi.Request{RolloutID: "r1", Attempt: 1, Task: task})
+	if !errors.Is(err, errSandboxLost) {
+		t.Fatalf("rollout of a session the owner does not know: %v, want errSandboxLost", err)
+	}
+	if _, code := classify(err); code != agentapi.CodeSandboxLost {
+		t.Fatalf("code %s, want %s", code, agentapi.CodeSandboxLost)
+	}
+}
+
+// A stage that fails on its sandbox itself ends the attempt sandbox_lost:
+// its daemon gone, a daemon that never answered a launch, an init that
+// exited; any other failure, or a run cancelled, keeps its error.
+func TestLostOr(t *testing.T) {
+	a := &Agent{daemons: newDaemonBook(testRun)}
+	a.daemons.set("sb-dead", true)
+	other := errors.New("the harness's model is down")
+	exited := &jetstream.ServiceError{Status: 409, Code: codeOwnerSandboxExited, Detail: "sandbox exited"}
+	live := func() *run { return &run{ctx: context.Background()} }
+	cancelled := func() *run {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		return &run{ctx: ctx}
+	}
+	launch := func(sb string) agentapi.Bookmark { return agentapi.Bookmark{Next: agentapi.StageLaunch, Sandbox: sb} }
+	for _, c := range []struct {
+		name string
+		r    *run
+		bm   agentapi.Bookmark
+		err  error
+		lost bool
+	}{
+		{"daemon gone", live(), launch("sb-dead"), other, true},
+		{"daemon never answered", live(), launch("sb-live"), fmt.Errorf("resume decision: %w", nats.ErrNoResponders), true},
+		{"init exited at the grade", live(), agentapi.Bookmark{Next: agentapi.StageVerify, Sandbox: "sb-live"}, exited, true},
+		{"another failure", live(), launch("sb-live"), other, false},
+		{"no responders at the seed", live(), agentapi.Bookmark{Next: agentapi.StageSeed}, nats.ErrNoResponders, false},
+		{"cancelled", cancelled(), launch("sb-dead"), other, false},
+	} {
+		got := a.lostOr(c.r, c.bm, c.err)
+		if errors.Is(got, errSandboxLost) != c.lost || !errors.Is(got, c.err) {
+			t.Errorf("%s: %v, want lost %v, wrapping %v", c.name, got, c.lost, c.err)
+		}
+	}
+}
