@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -29,8 +30,9 @@ func runDemo(t *testing.T, args ...string) {
 		}
 	}
 	// It builds sandboxd and the harness from the checkout: it runs there.
+	dir := t.TempDir()
 	p := child.StartForTest(t, child.Spec{Name: "demo", Path: b.stillpoint, Dir: "..",
-		Args: append(append(global, "demo", "--dir", t.TempDir()), args...)})
+		Args: append(append(global, "demo", "--dir", dir), args...)})
 	start := time.Now()
 	exit, err := p.Wait(t.Context())
 	took := time.Since(start)
@@ -48,6 +50,23 @@ func runDemo(t *testing.T, args ...string) {
 	}
 	if m[1] != m[2] || m[3] == "0" || m[4] == "0" || m[5] != "3" {
 		t.Fatalf("demo summary %q: want every result, some continued in place, some relaunched, 3 checkpoints", last)
+	}
+	// No component tried what its credentials forbid (the server's own log
+	// records each refusal; a client's log says it was refused).
+	logs, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	for _, f := range logs {
+		if filepath.Base(f) == "nats.log" {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(strings.ToLower(line), "permissions violation") {
+				t.Errorf("%s: %s", filepath.Base(f), line)
+			}
+		}
 	}
 	t.Logf("%s (%s, build included)", last, took.Round(time.Second))
 }

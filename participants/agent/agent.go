@@ -238,7 +238,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer a.acks.close()
 	g, gctx := errgroup.WithContext(ctx)
-	if err := a.daemons.watch(gctx, a.cfg.Bus); err != nil {
+	scoped := a.nc != nil && a.nc.Opts.InboxPrefix == jetstream.MemberInboxPrefix(a.cfg.Run, string(events.KindAgent), a.cfg.Name)
+	if err := a.daemons.watch(gctx, a.cfg.Bus, scoped); err != nil {
 		return fmt.Errorf("agent: watch the sandbox daemons' heartbeats: %w", err)
 	}
 	defer a.daemons.close()

@@ -33,7 +33,12 @@ type daemonBook struct {
 	gone    map[string]bool          // by sandbox id: its last entry was a delete or purge
 	changed map[string]chan struct{} // by sandbox id: closed when it goes
 	watcher natsjs.KeyWatcher
-	done    chan struct{}
+	// scoped: the connection has a member's own credentials, which may not
+	// delete a watch's consumer of the members bucket (docs/PERMISSIONS.md):
+	// close then leaves the watch to end with the connection.
+	scoped bool
+	quit   chan struct{}
+	done   chan struct{}
 }
 
 func newDaemonBook(run string) *daemonBook {
@@ -42,12 +47,18 @@ func newDaemonBook(run string) *daemonBook {
 
 // watch starts the watch of the run's member keys; its goroutine ends
 // with ctx or close, and close waits for it.
-func (b *daemonBook) watch(ctx context.Context, bus *jetstream.Bus) error {
-	w, err := bus.Members.Watch(ctx, events.MemberKeyFilter(b.run))
+func (b *daemonBook) watch(ctx context.Context, bus *jetstream.Bus, scoped bool) error {
+	wctx := ctx
+	if scoped {
+		// A watch made with ctx is stopped, its consumer deleted, when ctx
+		// ends: see close.
+		wctx = context.WithoutCancel(ctx)
+	}
+	w, err := bus.Members.Watch(wctx, events.MemberKeyFilter(b.run))
 	if err != nil {
 		return err
 	}
-	b.watcher, b.done = w, make(chan struct{})
+	b.watcher, b.scoped, b.quit, b.done = w, scoped, make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(b.done)
 		prefix := b.run + "." + string(events.KindSandbox) + "."
@@ -58,6 +69,8 @@ func (b *daemonBook) watch(ctx context.Context, bus *jetstream.Bus) error {
 			)
 			select {
 			case <-ctx.Done():
+				return
+			case <-b.quit:
 				return
 			case e, ok = <-w.Updates():
 			}
@@ -77,11 +90,19 @@ func (b *daemonBook) watch(ctx context.Context, bus *jetstream.Bus) error {
 	return nil
 }
 
+// close ends the watch's goroutine and waits for it. It stops the watch
+// (which deletes its consumer) unless the connection has a member's own
+// credentials: those may not delete a consumer of the members bucket, so
+// that no member can delete another client's watch, and the server removes
+// this one once the connection closes, as the agent's process ends.
 func (b *daemonBook) close() {
 	if b.watcher == nil {
 		return
 	}
-	_ = b.watcher.Stop()
+	if !b.scoped {
+		_ = b.watcher.Stop()
+	}
+	close(b.quit)
 	<-b.done
 }
 

@@ -93,7 +93,15 @@ func openBus(ctx context.Context, g *globals, name string, replicas int) (*jetst
 		nc.Close()
 		return nil, nil, nil, err
 	}
-	return bus, js, func() { _ = nc.Drain() }, nil
+	// Flush and close, not drain: what the command published is out, and
+	// nothing it subscribed to is unsubscribed one by one, which for a KV
+	// watch would delete its consumer, a delete a member's own credentials
+	// may not do (the server removes the consumer once the connection is
+	// gone).
+	return bus, js, func() {
+		_ = nc.FlushTimeout(5 * time.Second)
+		nc.Close()
+	}, nil
 }
 
 func runBridge(ctx context.Context, g *globals, f bridgeFlags) error {
