@@ -72,6 +72,15 @@ func (m *Member) durableFeed(ctx context.Context) (*feed, error) {
 		cur = m.consume(name, cons, wrap, nil)
 		return seen, cur.start()
 	}
+	f.lost = func(ctx context.Context) (bool, error) {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		_, err := m.cfg.Bus.Stream.Consumer(cctx, name)
+		if errors.Is(err, natsjs.ErrConsumerNotFound) {
+			return true, nil
+		}
+		return false, err
+	}
 	return f, nil
 }
 

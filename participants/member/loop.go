@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -51,8 +52,17 @@ func (m *Member) loop(ctx context.Context) error {
 				continue
 			}
 			m.log.Warn().Err(err).Msg("consume")
+			if mayBeLost(err) && !m.checkFeed(ctx) {
+				retry.Reset(recreateRetry)
+			}
 		case <-retry.C:
-			if !m.recreateFeed(ctx) {
+			// A feed left without a consumer (its remake failed) is made
+			// again; one that could not be checked is checked again.
+			again := m.checkFeed
+			if m.feedDown || m.feed.lost == nil {
+				again = m.recreateFeed
+			}
+			if !again(ctx) {
 				retry.Reset(recreateRetry)
 			}
 		case dl := <-m.inbox:
@@ -64,6 +74,9 @@ func (m *Member) loop(ctx context.Context) error {
 			m.step(ctx, LeaseTick{})
 		case <-progress.C:
 			m.inProgress(m.allHeld())
+			if m.feed.poll && !m.checkFeed(ctx) {
+				retry.Reset(recreateRetry)
+			}
 		}
 		if m.machine.Superseded() {
 			return nil
@@ -83,10 +96,40 @@ func (m *Member) loop(ctx context.Context) error {
 // that could not be made (the server is away).
 const recreateRetry = time.Second
 
+// mayBeLost tells the consume errors that a consumer lost with its server
+// gives, without saying it is gone: its pulls find no one to answer them,
+// and no heartbeat comes.
+func mayBeLost(err error) bool {
+	return errors.Is(err, natsjs.ErrNoHeartbeat) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// checkFeed asks the feed whether its consumer is still there (once the
+// server answers again) and makes it again if not. It reports false, having
+// logged why, if it must be asked again later: the server cannot tell yet,
+// or the consumer could not be made.
+func (m *Member) checkFeed(ctx context.Context) bool {
+	if m.feed.lost == nil || m.feed.recreate == nil {
+		return true
+	}
+	lost, err := m.feed.lost(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot tell whether the consumer is still there; will ask again")
+		}
+		return false
+	}
+	if !lost {
+		return true
+	}
+	m.log.Warn().Str("consumer", m.feed.name).Msg("consumer gone (the server restarted without it?); making it again")
+	return m.recreateFeed(ctx)
+}
+
 // recreateFeed replaces the feed's lost consumer; it reports false, having
 // logged why, if it could not (try again later).
 func (m *Member) recreateFeed(ctx context.Context) bool {
 	seen, err := m.feed.recreate(ctx)
+	m.feedDown = err != nil
 	if err != nil {
 		if ctx.Err() == nil {
 			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot make the consumer again; will retry")

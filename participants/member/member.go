@@ -47,6 +47,7 @@ type Member struct {
 	feed         *feed
 	recheckTo    uint64 // events up to this stream sequence may have been answered by an earlier consumer
 	consumeErrs  chan error
+	feedDown     bool // the feed's remake failed: it has no consumer until one succeeds
 	lastPark     uint64
 	wg           sync.WaitGroup // workers
 	continued    map[string]*events.PauseReport

@@ -669,3 +669,69 @@ func TestLostConsumerIsMadeAgain(t *testing.T) {
 		})
 	}
 }
+
+// §3, Consumers, and §8: a member's durable consumer keeps its state in
+// memory, so a NATS server restarted on its store comes back without it.
+// The member sees its pulls go unanswered, finds the consumer gone, makes
+// it again from the first event it had not handled, and commits the next
+// checkpoint; the sandbox daemon's ordered feeds carry on too. Every phase
+// is answered once, and Run does not return.
+func TestMemberCarriesOnAfterItsServerRestarts(t *testing.T) {
+	for _, feed := range []string{"durable", "ordered", "ordered push"} {
+		t.Run(feed, func(t *testing.T) {
+			env := jstest.Start(t)
+			bridge := membertest.NewBridge(t, env, "run1")
+			name := events.Member("agent.a1")
+			opts := membertest.Options{Episodes: 1}
+			if feed != "durable" {
+				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "ordered push"
+			}
+			h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), opts)
+			eps := []events.Episode{{Rollout: "t0-r0"}}
+			type sent struct {
+				seq uint64
+				p   events.Phase
+			}
+			var all []sent
+			phase := func(d events.PhaseEvent, state events.State) {
+				t.Helper()
+				seq := bridge.Publish(d)
+				want(t, bridge.Ack(seq, d.Phase(), name), "", state)
+				all = append(all, sent{seq, d.Phase()})
+			}
+			header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
+			phase(events.Prepare{PhaseHeader: header("c1")}, events.StatePrepared)
+			phase(events.Resume{PhaseHeader: header("c1")}, events.StateIdle)
+
+			env.Restart(t)
+			poll.Wait(t, 30*time.Second, "the restarted server's stream", func() bool {
+				_, err := env.Bus.Stream.Info(t.Context())
+				return err == nil
+			})
+			if feed == "durable" {
+				poll.Wait(t, 30*time.Second, "the member's consumer made again", func() bool {
+					_, err := env.Bus.Stream.Consumer(t.Context(), member.ConsumerName("run1", name))
+					return err == nil
+				})
+			}
+
+			phase(events.Prepare{PhaseHeader: header("c2")}, events.StatePrepared)
+			phase(events.Commit{PhaseHeader: header("c2"), Scope: eps}, events.StateCommitted)
+			phase(events.Resume{PhaseHeader: header("c2")}, events.StateIdle)
+			select {
+			case <-h.Done():
+				t.Fatalf("Run returned: %v", h.Err())
+			default:
+			}
+			bridge.Barrier(name)
+			for _, s := range all {
+				if n := bridge.AckCount(s.seq, s.p, name); n != 1 {
+					t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
+				}
+			}
+			if err := h.Stop(); err != nil {
+				t.Errorf("Run: %v, want nil after a clean stop", err)
+			}
+		})
+	}
+}
