@@ -72,6 +72,12 @@ type feed struct {
 	// loop). An error means it cannot tell yet (the server is away).
 	lost func(ctx context.Context) (bool, error)
 	poll bool
+	// rewind, when set, replaces the consumer with one that delivers from
+	// stream sequence from on, whatever the old one delivered: for phases
+	// it skipped (a delivery lost while a stream elected a leader, which a
+	// durable consumer redelivers only after AckWait, behind what follows
+	// it). It returns the highest stream sequence the old one delivered.
+	rewind func(ctx context.Context, from uint64) (uint64, error)
 }
 
 // openFeed opens the member's feed: its Source, or a consumer of its own.

@@ -67,6 +67,9 @@ func (m *Member) loop(ctx context.Context) error {
 			}
 		case dl := <-m.inbox:
 			m.receive(ctx, dl)
+			if m.feedDown {
+				retry.Reset(recreateRetry)
+			}
 		case in := <-m.results:
 			m.step(ctx, in)
 		case <-lease.C:
@@ -143,6 +146,42 @@ func (m *Member) recreateFeed(ctx context.Context) bool {
 	return true
 }
 
+// skipped tells whether phases are missing before phase seq, delivery dl:
+// the bridge numbers phases one by one and the member reads them all, so a
+// sequence past the next means the consumer skipped some (a delivery lost
+// while the stream elected a leader, redelivered only after AckWait, behind
+// the phases that follow it: a resume so lost left the member refusing
+// every later checkpoint and the release). The feed then reads again from
+// after the last phase seen, and dl comes again behind what it skipped; a
+// gap that is still there after that (nothing was skipped) is taken as it
+// is.
+func (m *Member) skipped(ctx context.Context, log zerolog.Logger, seq uint64, dl Delivery) bool {
+	at := dl.Sequence()
+	if at == 0 || seq <= m.lastPhase {
+		return false
+	}
+	last, lastAt := m.lastPhase, m.lastPhaseAt
+	m.lastPhase, m.lastPhaseAt = seq, at
+	if m.feed.rewind == nil || last == 0 || seq == last+1 || at <= lastAt || m.gapTried == seq {
+		return false
+	}
+	m.gapTried = seq
+	log.Warn().Uint64("last_seen", last).Uint64("from_stream_seq", lastAt+1).
+		Msg("phases missing before this one (a delivery lost?); reading the stream again after the last phase seen")
+	m.lastPhase, m.lastPhaseAt = last, lastAt
+	m.ackAll(dl) // its consumer goes: the new one delivers it again
+	seen, err := m.feed.rewind(ctx, lastAt+1)
+	m.feedDown = err != nil
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot read the stream again; will make the consumer again")
+		}
+		return true
+	}
+	m.recheckTo = max(m.recheckTo, seen)
+	return true
+}
+
 // receive decodes one delivery and feeds it in.
 func (m *Member) receive(ctx context.Context, dl Delivery) {
 	e, d, err := dl.Event()
@@ -168,6 +207,9 @@ func (m *Member) receive(ctx context.Context, dl Delivery) {
 	log := m.log.With().Str("checkpoint", h.CheckpointID).Str("phase", string(p)).Uint64("seq", h.Seq).Uint64("epoch", h.Epoch).Logger()
 	if hm, ok := m.held[h.Seq]; ok {
 		hm.dls = append(hm.dls, dl) // delivered again while its answer is pending
+		return
+	}
+	if m.skipped(ctx, log, h.Seq, dl) {
 		return
 	}
 	// PROTOCOL §5, Idempotence: an event that comes again, or that is older
