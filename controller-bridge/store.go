@@ -109,26 +109,28 @@ func (b *Bridge) createManifest(ctx context.Context, m events.CheckpointManifest
 // checkpoints lists every checkpoint key of the run (committed and
 // aborted), oldest first.
 func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, error) {
-	lister, err := b.cfg.Bus.Manifests.ListKeysFiltered(ctx, b.cfg.Run+".*")
+	// One watch of the run's keys, read from the stream's leader: a get
+	// per key may be answered by a replica still catching up (direct gets
+	// go to any), which after a cluster node came back said a checkpoint
+	// just listed did not exist, and a release then deleted nothing of it.
+	values, err := snapshot(ctx, b.cfg.Bus.Manifests, b.cfg.Run+".*")
 	if err != nil {
 		return nil, fmt.Errorf("bridge: list manifests: %w", err)
 	}
-	var ids []string
-	for k := range lister.Keys() {
-		id := strings.TrimPrefix(k, b.cfg.Run+".")
-		if id != "LATEST" && id != "HEAD" { // the run's own keys (events.LatestKey, HeadKey)
-			ids = append(ids, id)
-		}
-	}
 	var out []events.CheckpointManifest
-	for _, id := range ids {
-		m, _, err := b.manifest(ctx, id)
-		if err != nil {
-			return nil, err
+	for k, v := range values {
+		id := strings.TrimPrefix(k, b.cfg.Run+".")
+		if id == "LATEST" || id == "HEAD" { // the run's own keys (events.LatestKey, HeadKey)
+			continue
 		}
-		if m != nil {
-			out = append(out, *m)
+		var m events.CheckpointManifest
+		if err := json.Unmarshal(v, &m); err != nil {
+			return nil, fmt.Errorf("bridge: manifest %s does not decode: %w", id, err)
 		}
+		if err := m.Validate(); err != nil {
+			return nil, fmt.Errorf("bridge: manifest %s: %w", id, err)
+		}
+		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, nil
