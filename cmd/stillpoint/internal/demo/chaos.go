@@ -466,6 +466,11 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 		return err
 	}
 	defer nc.Close()
+	if w.f.cluster {
+		if err := waitCurrent(ctx, js); err != nil {
+			return err
+		}
+	}
 	bus, err := jetstream.Open(ctx, js)
 	if err != nil {
 		return err
