@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
@@ -231,6 +232,58 @@ func (b *Bridge) deleteCheckpoints(ctx context.Context, del []machine.Deletion, 
 	return nil
 }
 
+// deleteTries is how many times deleteRecords deletes a listed object that
+// the delete says is not there.
+const deleteTries = 10
+
+// deleteRecords deletes records object name, which the listing just
+// showed. The delete reads the object's info first with a direct get, which
+// any replica may answer: one still catching up after its node came back
+// says "not found" for an object that is there, and the delete did
+// nothing (the final release left records behind). So "not found" is
+// believed only once the object's meta subject, read from the stream's
+// leader, says so too, and the delete is tried again until then.
+func (b *Bridge) deleteRecords(ctx context.Context, name string) error {
+	for try := 1; ; try++ {
+		err := b.cfg.Bus.Records.Delete(ctx, name)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, natsjs.ErrObjectNotFound) {
+			return fmt.Errorf("bridge: delete records %s: %w", name, err)
+		}
+		there, lerr := b.recordsListed(ctx, name)
+		if lerr != nil {
+			return fmt.Errorf("bridge: delete records %s: %w", name, lerr)
+		}
+		if !there {
+			return nil
+		}
+		if try == deleteTries {
+			return fmt.Errorf("bridge: delete records %s: listed, yet %w %d times", name, err, try)
+		}
+		b.log.Debug().Str("object", name).Int("try", try).Msg("records listed but their delete found nothing; trying again")
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// recordsListed tells whether the records bucket's listing, read from the
+// stream's leader, holds object name.
+func (b *Bridge) recordsListed(ctx context.Context, name string) (bool, error) {
+	objs, err := b.cfg.Bus.Records.List(ctx)
+	if errors.Is(err, natsjs.ErrNoObjectsFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("list records: %w", err)
+	}
+	return slices.ContainsFunc(objs, func(o *natsjs.ObjectInfo) bool { return o.Name == name }), nil
+}
+
 // deleteCheckpoint deletes a checkpoint's records, member manifests and
 // key, in that order, so that a crash in between leaves a manifest that
 // names missing records rather than records nothing names. With
@@ -243,8 +296,8 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 	}
 	for _, o := range objs {
 		if strings.HasPrefix(o.Name, prefix) {
-			if err := b.cfg.Bus.Records.Delete(ctx, o.Name); err != nil && !errors.Is(err, natsjs.ErrObjectNotFound) {
-				return fmt.Errorf("bridge: delete records %s: %w", o.Name, err)
+			if err := b.deleteRecords(ctx, o.Name); err != nil {
+				return err
 			}
 		}
 	}
