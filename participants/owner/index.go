@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
@@ -127,28 +126,6 @@ func (o *Owner) unindex(ctx context.Context, id, ckpt string) error {
 	})
 }
 
-// listedTries is how many times updateListed reads a listed key that a
-// read says is not there.
-const listedTries = 10
-
-// updateListed is update for a key the index's listing just showed: a read
-// of it may be answered by a replica still catching up (after its node of
-// a cluster came back), which says it is not there, and a release then
-// kept a snapshot no checkpoint names. While fn saw no entry (it sets
-// *missing), the read is made again, a moment later, a few times.
-func (o *Owner) updateListed(ctx context.Context, id string, missing *bool, fn func(e *ownerapi.IndexEntry) (*ownerapi.IndexEntry, bool)) error {
-	for try := 1; ; try++ {
-		if err := o.update(ctx, id, fn); err != nil || !*missing || try == listedTries {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-}
-
 // Release deletes every snapshot of the run that no checkpoint in keep
 // names, per the sp_snapshots index, and drops the released checkpoints
 // from the entries of the snapshots it keeps. It returns the deleted
@@ -167,10 +144,10 @@ func (o *Owner) Release(ctx context.Context, keep []string) ([]string, error) {
 		errs    []error
 	)
 	for _, id := range keys {
-		var drop, missing bool
-		err := o.updateListed(ctx, id, &missing, func(e *ownerapi.IndexEntry) (*ownerapi.IndexEntry, bool) {
+		var drop bool
+		err := o.update(ctx, id, func(e *ownerapi.IndexEntry) (*ownerapi.IndexEntry, bool) {
 			drop = false
-			if missing = e == nil; e == nil || e.Run != o.cfg.Run {
+			if e == nil || e.Run != o.cfg.Run {
 				return e, false
 			}
 			kept := slices.DeleteFunc(slices.Clone(e.Checkpoints), func(c string) bool { return !slices.Contains(keep, c) })
