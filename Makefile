@@ -25,7 +25,7 @@ HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 
 # The fault kinds of `make chaos` and `make soak` (stillpoint chaos
 # --faults): every kind but those docs/RELIABILITY.md lists as open.
-CHAOS_FAULTS ?= bridge,agent,owner,fleet,harness,stall
+CHAOS_FAULTS ?= bridge,agent,owner,fleet,sandboxd,harness,stall,collector,nats
 CHAOS_SEED   ?= 1
 
 .PHONY: all help build test test-short e2e test-loaded lint fuzz bench chaos soak faults ci clean microvm-assets timeline-png

@@ -2,13 +2,17 @@ package bridge
 
 import (
 	"context"
+	"io"
+	"strings"
 	"testing"
 	"time"
 
+	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -98,5 +102,58 @@ func TestResumeWatchGivesUpAReadBackThatNeverEnds(t *testing.T) {
 		cancel()
 		<-done
 		t.Fatal("the resume watcher still waits for a recorded ack that never comes")
+	}
+}
+
+// PROTOCOL §8: a phase publish that goes unanswered (here the server is
+// down; in a cluster the stream is electing a leader) is published again,
+// the same message with the same id and fence, until the stream answers,
+// and lands once: nothing else is published before it.
+func TestUnansweredPhasePublishIsRetriedAndLandsOnce(t *testing.T) {
+	env := jstest.Start(t)
+	b := newTestBridge(t, env, Config{})
+	var logs jstest.Buffer
+	b.log = zerolog.New(io.MultiWriter(&logs, zerolog.NewTestWriter(t)))
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	p := events.Prepare{PhaseHeader: events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 1,
+		Deadline: time.Now().Add(time.Minute), Members: []events.Member{"agent.t0"}}}
+
+	env.StopServer(t)
+	type result struct {
+		p   machine.PhasePublished
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		pub, err := b.publishPhase(ctx, 0, p)
+		done <- result{pub, err}
+	}()
+	poll.Wait(t, time.Minute, "a second attempt of the unanswered publish", func() bool {
+		return strings.Contains(logs.String(), "publishing the same again")
+	})
+	env.StartServer(t)
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		t.Fatal("the publish never landed")
+	}
+	if r.err != nil {
+		t.Fatalf("publish: %v", r.err)
+	}
+	info, err := env.Bus.Stream.Info(t.Context(), natsjs.WithSubjectFilter(events.PhaseFilter("run1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.State.Subjects[events.PhaseSubject("run1", events.PhasePrepare)]; n != 1 {
+		t.Fatalf("the stream holds %d prepares, want 1", n)
+	}
+	raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.PhaseSubject("run1", events.PhasePrepare))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw.Sequence != r.p.StreamSeq || raw.Header.Get("Nats-Msg-Id") != r.p.ID {
+		t.Fatalf("stored seq %d id %q; the publish reported seq %d id %q", raw.Sequence, raw.Header.Get("Nats-Msg-Id"), r.p.StreamSeq, r.p.ID)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -29,7 +30,7 @@ func (b *Bridge) publishPhase(ctx context.Context, fence uint64, p events.PhaseE
 	if err != nil {
 		return machine.PhasePublished{}, fmt.Errorf("bridge: build %s: %w", p.Phase(), err)
 	}
-	ack, err := b.cfg.JS.PublishMsg(ctx, msg, natsjs.WithExpectLastSequenceForSubject(fence, events.PhaseFilter(b.cfg.Run)))
+	ack, err := b.publishFenced(ctx, msg, fence, p)
 	if jetstream.IsWrongLastSequence(err) {
 		// Our own earlier attempt may have landed: then the last phase is
 		// ours, by its id.
@@ -44,6 +45,68 @@ func (b *Bridge) publishPhase(ctx context.Context, fence uint64, p events.PhaseE
 	}
 	b.saveHead(ctx, h)
 	return machine.PhasePublished{Event: p, StreamSeq: ack.Sequence, ID: id, At: b.cfg.Now()}, nil
+}
+
+// publishRetryFor bounds how long a phase publish that goes unanswered is
+// published again: a stream electing a new leader (a node of a cluster
+// lost) takes seconds, a restarted server about as long.
+const publishRetryFor = time.Minute
+
+// publishAttemptTimeout bounds one attempt of a phase publish.
+const publishAttemptTimeout = 5 * time.Second
+
+// publishRetryWait is the pause before publishing again an unanswered phase.
+const publishRetryWait = 500 * time.Millisecond
+
+// publishFenced publishes msg, phase p, with the expected last sequence
+// fence on the run's phase subjects; an attempt that goes unanswered (a
+// timeout, no responders: the stream has no leader) is made again, the
+// same message with the same id and fence, before anything else is
+// published: it lands once whichever attempt the stream stored (a later
+// one is a duplicate of it, or refused by the fence, which the caller
+// checks by id). Without this a publish that timed out but landed later
+// would come after what the bridge published next.
+func (b *Bridge) publishFenced(ctx context.Context, msg *nats.Msg, fence uint64, p events.PhaseEvent) (*natsjs.PubAck, error) {
+	opt := natsjs.WithExpectLastSequenceForSubject(fence, events.PhaseFilter(b.cfg.Run))
+	publish := func() (*natsjs.PubAck, error) {
+		actx, cancel := context.WithTimeout(ctx, publishAttemptTimeout)
+		defer cancel()
+		return b.cfg.JS.PublishMsg(actx, msg, opt)
+	}
+	ack, err := publish()
+	give := time.NewTimer(publishRetryFor)
+	defer give.Stop()
+	for attempt := 2; unanswered(ctx, err); attempt++ {
+		b.log.Warn().Err(err).Str("phase", string(p.Phase())).Uint64("seq", p.Header().Seq).Int("attempt", attempt).
+			Msg("phase publish unanswered (a stream without a leader?); publishing the same again")
+		wait := time.NewTimer(publishRetryWait)
+		select {
+		case <-ctx.Done():
+			wait.Stop()
+			return nil, fmt.Errorf("%w (then %w)", err, ctx.Err())
+		case <-give.C:
+			wait.Stop()
+			return nil, fmt.Errorf("%w (unanswered for %s)", err, publishRetryFor)
+		case <-wait.C:
+		}
+		ack, err = publish()
+		if err == nil && ack.Duplicate {
+			b.log.Info().Str("phase", string(p.Phase())).Uint64("seq", p.Header().Seq).Uint64("stream_seq", ack.Sequence).
+				Msg("an earlier attempt of the phase publish had landed")
+		}
+	}
+	return ack, err
+}
+
+// unanswered tells an error of a publish that may or may not have landed
+// and is worth making again: the request timed out (ctx itself did not
+// end), or no one answered it.
+func unanswered(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil {
+		return false
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, natsjs.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }
 
 // saveHead records the run's head after a phase publish; best effort (the

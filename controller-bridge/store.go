@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
@@ -109,26 +110,28 @@ func (b *Bridge) createManifest(ctx context.Context, m events.CheckpointManifest
 // checkpoints lists every checkpoint key of the run (committed and
 // aborted), oldest first.
 func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, error) {
-	lister, err := b.cfg.Bus.Manifests.ListKeysFiltered(ctx, b.cfg.Run+".*")
+	// One watch of the run's keys, read from the stream's leader: a get
+	// per key may be answered by a replica still catching up (direct gets
+	// go to any), which after a cluster node came back said a checkpoint
+	// just listed did not exist, and a release then deleted nothing of it.
+	values, err := snapshot(ctx, b.cfg.Bus.Manifests, b.cfg.Run+".*")
 	if err != nil {
 		return nil, fmt.Errorf("bridge: list manifests: %w", err)
 	}
-	var ids []string
-	for k := range lister.Keys() {
-		id := strings.TrimPrefix(k, b.cfg.Run+".")
-		if id != "LATEST" && id != "HEAD" { // the run's own keys (events.LatestKey, HeadKey)
-			ids = append(ids, id)
-		}
-	}
 	var out []events.CheckpointManifest
-	for _, id := range ids {
-		m, _, err := b.manifest(ctx, id)
-		if err != nil {
-			return nil, err
+	for k, v := range values {
+		id := strings.TrimPrefix(k, b.cfg.Run+".")
+		if id == "LATEST" || id == "HEAD" { // the run's own keys (events.LatestKey, HeadKey)
+			continue
 		}
-		if m != nil {
-			out = append(out, *m)
+		var m events.CheckpointManifest
+		if err := json.Unmarshal(v, &m); err != nil {
+			return nil, fmt.Errorf("bridge: manifest %s does not decode: %w", id, err)
 		}
+		if err := m.Validate(); err != nil {
+			return nil, fmt.Errorf("bridge: manifest %s: %w", id, err)
+		}
+		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out, nil
@@ -229,6 +232,58 @@ func (b *Bridge) deleteCheckpoints(ctx context.Context, del []machine.Deletion, 
 	return nil
 }
 
+// deleteTries is how many times deleteRecords deletes a listed object that
+// the delete says is not there.
+const deleteTries = 10
+
+// deleteRecords deletes records object name of store bucket, which the listing just
+// showed. The delete reads the object's info first with a direct get, which
+// any replica may answer: one still catching up after its node came back
+// says "not found" for an object that is there, and the delete did
+// nothing (the final release left records behind). So "not found" is
+// believed only once the object's meta subject, read from the stream's
+// leader, says so too, and the delete is tried again until then.
+func (b *Bridge) deleteRecords(ctx context.Context, store natsjs.ObjectStore, bucket, name string) error {
+	for try := 1; ; try++ {
+		err := store.Delete(ctx, name)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, natsjs.ErrObjectNotFound) {
+			return fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, err)
+		}
+		there, lerr := recordsListed(ctx, store, name)
+		if lerr != nil {
+			return fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, lerr)
+		}
+		if !there {
+			return nil
+		}
+		if try == deleteTries {
+			return fmt.Errorf("bridge: delete records %s/%s: listed, yet %w %d times", bucket, name, err, try)
+		}
+		b.log.Debug().Str("object", name).Int("try", try).Msg("records listed but their delete found nothing; trying again")
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// recordsListed tells whether the records store's listing, read from the
+// stream's leader, holds object name.
+func recordsListed(ctx context.Context, store natsjs.ObjectStore, name string) (bool, error) {
+	objs, err := store.List(ctx)
+	if errors.Is(err, natsjs.ErrNoObjectsFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("list records: %w", err)
+	}
+	return slices.ContainsFunc(objs, func(o *natsjs.ObjectInfo) bool { return o.Name == name }), nil
+}
+
 // deleteCheckpoint deletes a checkpoint's records, member manifests and
 // key, in that order, so that a crash in between leaves a manifest that
 // names missing records rather than records nothing names. With
@@ -256,8 +311,8 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 		}
 		for _, o := range objs {
 			if strings.HasPrefix(o.Name, prefix) {
-				if err := store.Delete(ctx, o.Name); err != nil && !errors.Is(err, natsjs.ErrObjectNotFound) {
-					return fmt.Errorf("bridge: delete records %s/%s: %w", o.Bucket, o.Name, err)
+				if err := b.deleteRecords(ctx, store, o.Bucket, o.Name); err != nil {
+					return err
 				}
 			}
 		}

@@ -54,11 +54,14 @@ var faultMatrix = []struct {
 	// restore), and a harness.
 	{"fleet-harness", []string{"fleet@prepare", "fleet@commit", "fleet@committed", "fleet@resume", "fleet@release",
 		"harness@prepare", "harness@commit", "harness@resume", "harness@release"}, nil},
+	// The NATS server (one node) killed at the point and started again on
+	// its store: the members' durable consumers, in memory, are gone with
+	// it and made again.
+	{"nats", []string{"nats@prepare", "nats@commit", "nats@commit-acked", "nats@committed", "nats@resume", "nats@release"}, nil},
 	// One node of a 3-node R3 cluster, each node its own process, lost
 	// and back: killed at the point, started again on its store once a
-	// checkpoint ended without it. (At resume it is open: see
-	// docs/RELIABILITY.md.)
-	{"cluster-node", []string{"node@prepare", "node@commit", "node@commit-acked", "node@committed"}, []string{"--cluster"}},
+	// checkpoint ended without it.
+	{"cluster-node", []string{"node@prepare", "node@commit", "node@commit-acked", "node@committed", "node@resume"}, []string{"--cluster"}},
 }
 
 // sandboxdRounds is the sandboxd row: a daemon killed at each point, and
@@ -136,36 +139,53 @@ func TestFaultMatrix(t *testing.T) {
 	tier.E2E(t)
 	start := time.Now()
 	procs := make([]*child.Process, len(faultMatrix))
-	started, n := 0, 0
+	selected := rowFilter(t)
+	rows, n := 0, 0
 	for i, row := range faultMatrix {
 		if !selected(row.name) {
-			continue // its subtest does not run: its chaos costs nothing
+			continue // -run leaves its subtest out: start nothing for it
 		}
 		procs[i] = startChaos(t, append([]string{"--rollouts", "4", "--tool-time", "5s", "--every", "1500ms",
 			"--plan", strings.Join(row.rounds, ",")}, row.args...)...)
-		started, n = started+1, n+len(row.rounds)
+		rows, n = rows+1, n+len(row.rounds)
 	}
 	for i, row := range faultMatrix {
 		t.Run(row.name, func(t *testing.T) {
 			if procs[i] == nil {
-				t.Fatalf("row %s was not started: selected() disagrees with -run", row.name)
+				t.Fatalf("row %s was not started, yet -run selects it", row.name)
 			}
 			checkChaos(t, procs[i], len(row.rounds))
 		})
 	}
-	t.Logf("%d rows, %d rounds: %s", started, n, time.Since(start).Round(time.Second))
+	t.Logf("%d rows, %d rounds: %s", rows, n, time.Since(start).Round(time.Second))
 }
 
-// selected tells whether -run selects the row's subtest: the element of
-// the -run pattern after its first / (outside brackets), matched as Go's
-// testing matches it, unanchored. Without one, every row is.
-func selected(row string) bool {
+// rowFilter reads the subtest part of -run (TestFaultMatrix/<rows>), so
+// that `-run 'TestFaultMatrix/(nats|cluster-node)'` starts those rows'
+// chaos processes alone rather than every row's. Without one, every row
+// is selected.
+func rowFilter(t *testing.T) func(string) bool {
 	f := flag.Lookup("test.run")
 	if f == nil {
-		return true
+		return func(string) bool { return true }
 	}
-	pattern, depth := f.Value.String(), 0
-	for i, c := range pattern {
+	parts := splitRun(f.Value.String())
+	if len(parts) < 2 || parts[1] == "" {
+		return func(string) bool { return true }
+	}
+	re, err := regexp.Compile(parts[1])
+	if err != nil {
+		t.Fatalf("-run %q: %v", f.Value.String(), err)
+	}
+	return re.MatchString
+}
+
+// splitRun splits a -run pattern at the slashes outside brackets and
+// parentheses, as the testing package does.
+func splitRun(s string) []string {
+	var parts []string
+	depth, from := 0, 0
+	for i, c := range s {
 		switch c {
 		case '(', '[':
 			depth++
@@ -173,14 +193,10 @@ func selected(row string) bool {
 			depth--
 		case '/':
 			if depth == 0 {
-				sub := pattern[i+1:]
-				if j := strings.IndexByte(sub, '/'); j >= 0 {
-					sub = sub[:j]
-				}
-				re, err := regexp.Compile(sub)
-				return err != nil || re.MatchString(row)
+				parts = append(parts, s[from:i])
+				from = i + 1
 			}
 		}
 	}
-	return true
+	return append(parts, s[from:])
 }

@@ -33,11 +33,7 @@ type Manifests struct {
 // every member manifest and records it names, verifying size, sha256 and
 // count. The collector's OnCommit calls it.
 func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id string) {
-	e, err := bus.Manifests.Get(ctx, events.ManifestKey(run, id))
-	var m events.CheckpointManifest
-	if err == nil {
-		err = json.Unmarshal(e.Value(), &m)
-	}
+	m, err := readManifest(ctx, bus, run, id)
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.verified == nil {
@@ -55,6 +51,33 @@ func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id st
 		}
 		v.manifests++
 	}
+}
+
+// readManifest reads the checkpoint manifest of run's checkpoint id, each
+// try bounded and tried again as readRecords does: a read sent to a node
+// killed under it is never answered, and without a bound it held the
+// collector's commit, and so the round, until the round limit.
+func readManifest(ctx context.Context, bus *jetstream.Bus, run, id string) (events.CheckpointManifest, error) {
+	var m events.CheckpointManifest
+	var err error
+	for try := 1; try <= readTries; try++ {
+		rctx, cancel := context.WithTimeout(ctx, readTimeout)
+		var e natsjs.KeyValueEntry
+		e, err = bus.Manifests.Get(rctx, events.ManifestKey(run, id))
+		cancel()
+		if err == nil {
+			return m, json.Unmarshal(e.Value(), &m)
+		}
+		if errors.Is(err, natsjs.ErrKeyNotFound) {
+			return m, err
+		}
+		select {
+		case <-ctx.Done():
+			return m, err
+		case <-time.After(time.Second):
+		}
+	}
+	return m, err
 }
 
 // readTries is how many times readRecords reads a member's records while

@@ -3,6 +3,8 @@ package jstest
 import (
 	"context"
 	"errors"
+	"net/url"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -40,8 +42,10 @@ type Env struct {
 	// AuthDir, with WithRoles, holds the roles' nkey seed files (embedded.SeedFile); "" without.
 	AuthDir string
 
-	role  embedded.Role // the role Connect connects as, with WithRoles
-	creds string        // the .creds file Connect connects with, from WithCreds
+	role      embedded.Role   // the role Connect connects as, with WithRoles
+	creds     string          // the .creds file Connect connects with, from WithCreds
+	serverCfg embedded.Config // how Start started Server, for StartServer
+	stopped   bool            // StopServer stopped Server
 }
 
 // Option changes what Start and StartCluster set up.
@@ -96,17 +100,24 @@ func Start(t testing.TB, opts ...Option) *Env {
 	defer cancel()
 
 	authDir, users := roleUsers(t, o)
-	srv, err := embedded.Start(ctx, embedded.Config{
+	cfg := embedded.Config{
 		Dir:        t.TempDir(),
 		ServerName: "jstest",
 		Users:      users,
 		Logger:     o.logger,
-	})
+	}
+	srv, err := embedded.Start(ctx, cfg)
 	if err != nil {
 		t.Fatalf("jstest: start server: %v", err)
 	}
-	t.Cleanup(srv.Shutdown) // runs after the connections' cleanups below
-	env := &Env{Server: srv, URL: srv.ClientURL(), AuthDir: authDir}
+	env := &Env{Server: srv, URL: srv.ClientURL(), AuthDir: authDir, serverCfg: cfg}
+	// Runs after the connections' cleanups below; shuts down the server
+	// Restart started last.
+	t.Cleanup(func() {
+		if !env.stopped {
+			env.Server.Shutdown()
+		}
+	})
 	env.setup(ctx, t, o)
 	return env
 }
@@ -137,6 +148,54 @@ func StartCluster(t testing.TB, opts ...Option) *Env {
 	env := &Env{Cluster: c, URL: c.URL(), AuthDir: authDir}
 	env.setup(ctx, t, o)
 	return env
+}
+
+// Restart shuts the server of Start down and starts a new one on the same
+// store and port, as an operator restarting NATS: streams, KV and objects
+// stay; what the server kept only in memory (memory-state consumers, their
+// pending acks) is gone. It returns once the new server is ready; the
+// Env's connections reconnect by themselves (jetstream.Connect reconnects
+// forever). Call it, StopServer and StartServer on the Env Start returned
+// (not a copy of As or WithCreds); not for StartCluster.
+func (e *Env) Restart(t testing.TB) {
+	t.Helper()
+	e.StopServer(t)
+	e.StartServer(t)
+}
+
+// StopServer shuts the server of Start down, waiting until it has stopped,
+// and keeps its port for StartServer. The Env's connections try to
+// reconnect meanwhile.
+func (e *Env) StopServer(t testing.TB) {
+	t.Helper()
+	if e.Server == nil || e.stopped {
+		t.Fatalf("jstest: StopServer needs a running server of Start")
+	}
+	u, err := url.Parse(e.Server.ClientURL())
+	if err != nil {
+		t.Fatalf("jstest: stop server: client URL: %v", err)
+	}
+	if e.serverCfg.Port, err = strconv.Atoi(u.Port()); err != nil {
+		t.Fatalf("jstest: stop server: client URL %s: %v", u, err)
+	}
+	e.Server.Shutdown()
+	e.stopped = true
+}
+
+// StartServer starts the server StopServer stopped again, on its store and
+// port, and returns once it is ready.
+func (e *Env) StartServer(t testing.TB) {
+	t.Helper()
+	if !e.stopped {
+		t.Fatalf("jstest: StartServer needs a server StopServer stopped")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), setupTimeout)
+	defer cancel()
+	srv, err := embedded.Start(ctx, e.serverCfg)
+	if err != nil {
+		t.Fatalf("jstest: start server again: %v", err)
+	}
+	e.Server, e.stopped = srv, false
 }
 
 // roleUsers makes the role seeds in a temporary dir, with WithRoles.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	cloudevent "github.com/cloudevents/sdk-go/v2/event"
@@ -72,6 +73,31 @@ func (m *Member) durableFeed(ctx context.Context) (*feed, error) {
 		cur = m.consume(name, cons, wrap, nil)
 		return seen, cur.start()
 	}
+	f.rewind = func(ctx context.Context, from uint64) (uint64, error) {
+		cur.stop()
+		_, seen := tr.next()
+		dctx, cancel := context.WithTimeout(ctx, callTimeout)
+		err := m.cfg.Bus.Stream.DeleteConsumer(dctx, name)
+		cancel()
+		if err != nil && !errors.Is(err, natsjs.ErrConsumerNotFound) {
+			return seen, fmt.Errorf("member: delete consumer %s to read again from %d: %w", name, from, err)
+		}
+		cons, err := m.durableConsumer(ctx, name, from)
+		if err != nil {
+			return seen, err
+		}
+		cur = m.consume(name, cons, wrap, nil)
+		return seen, cur.start()
+	}
+	f.lost = func(ctx context.Context) (bool, error) {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		_, err := m.cfg.Bus.Stream.Consumer(cctx, name)
+		if errors.Is(err, natsjs.ErrConsumerNotFound) {
+			return true, nil
+		}
+		return false, err
+	}
 	return f, nil
 }
 
@@ -129,18 +155,23 @@ func (m *Member) consume(name string, cons natsjs.Consumer, wrap func(natsjs.Msg
 		}
 		return nil
 	}
+	var once sync.Once
 	f.stop = func() {
-		// Local redeliveries end first: a message the handler gives back
-		// once stopping is closed then finds them stopped, and no new one
-		// starts.
-		if again != nil {
-			again()
-		}
-		close(stopping)
-		if cc != nil {
-			cc.Stop()
-			<-cc.Closed()
-		}
+		// Once: a remake that failed stopped this feed already, and Run
+		// stops it again at its end.
+		once.Do(func() {
+			// Local redeliveries end first: a message the handler gives
+			// back once stopping is closed then finds them stopped, and no
+			// new one starts.
+			if again != nil {
+				again()
+			}
+			close(stopping)
+			if cc != nil {
+				cc.Stop()
+				<-cc.Closed()
+			}
+		})
 	}
 	return f
 }

@@ -64,6 +64,20 @@ type feed struct {
 	// the old one delivered: events up to it may have been answered. It
 	// is called by the loop, between start and stop.
 	recreate func(ctx context.Context) (uint64, error)
+	// lost, when set, tells whether the consumer is gone though nothing
+	// said it was deleted: asked after errors that a server restarted
+	// without it gives (no heartbeat, no responders: a durable consumer
+	// keeps its state in memory, PROTOCOL §8), and, when poll is set, on
+	// the loop's progress ticks (a feed whose errors do not reach the
+	// loop). An error means it cannot tell yet (the server is away).
+	lost func(ctx context.Context) (bool, error)
+	poll bool
+	// rewind, when set, replaces the consumer with one that delivers from
+	// stream sequence from on, whatever the old one delivered: for phases
+	// it skipped (a delivery lost while a stream elected a leader, which a
+	// durable consumer redelivers only after AckWait, behind what follows
+	// it). It returns the highest stream sequence the old one delivered.
+	rewind func(ctx context.Context, from uint64) (uint64, error)
 }
 
 // openFeed opens the member's feed: its Source, or a consumer of its own.

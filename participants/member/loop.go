@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -51,12 +52,24 @@ func (m *Member) loop(ctx context.Context) error {
 				continue
 			}
 			m.log.Warn().Err(err).Msg("consume")
+			if mayBeLost(err) && !m.checkFeed(ctx) {
+				retry.Reset(recreateRetry)
+			}
 		case <-retry.C:
-			if !m.recreateFeed(ctx) {
+			// A feed left without a consumer (its remake failed) is made
+			// again; one that could not be checked is checked again.
+			again := m.checkFeed
+			if m.feedDown || m.feed.lost == nil {
+				again = m.recreateFeed
+			}
+			if !again(ctx) {
 				retry.Reset(recreateRetry)
 			}
 		case dl := <-m.inbox:
 			m.receive(ctx, dl)
+			if m.feedDown {
+				retry.Reset(recreateRetry)
+			}
 		case in := <-m.results:
 			m.step(ctx, in)
 		case <-lease.C:
@@ -64,6 +77,9 @@ func (m *Member) loop(ctx context.Context) error {
 			m.step(ctx, LeaseTick{})
 		case <-progress.C:
 			m.inProgress(m.allHeld())
+			if m.feed.poll && !m.checkFeed(ctx) {
+				retry.Reset(recreateRetry)
+			}
 		}
 		if m.machine.Superseded() {
 			return nil
@@ -83,10 +99,40 @@ func (m *Member) loop(ctx context.Context) error {
 // that could not be made (the server is away).
 const recreateRetry = time.Second
 
+// mayBeLost tells the consume errors that a consumer lost with its server
+// gives, without saying it is gone: its pulls find no one to answer them,
+// and no heartbeat comes.
+func mayBeLost(err error) bool {
+	return errors.Is(err, natsjs.ErrNoHeartbeat) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// checkFeed asks the feed whether its consumer is still there (once the
+// server answers again) and makes it again if not. It reports false, having
+// logged why, if it must be asked again later: the server cannot tell yet,
+// or the consumer could not be made.
+func (m *Member) checkFeed(ctx context.Context) bool {
+	if m.feed.lost == nil || m.feed.recreate == nil {
+		return true
+	}
+	lost, err := m.feed.lost(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot tell whether the consumer is still there; will ask again")
+		}
+		return false
+	}
+	if !lost {
+		return true
+	}
+	m.log.Warn().Str("consumer", m.feed.name).Msg("consumer gone (the server restarted without it?); making it again")
+	return m.recreateFeed(ctx)
+}
+
 // recreateFeed replaces the feed's lost consumer; it reports false, having
 // logged why, if it could not (try again later).
 func (m *Member) recreateFeed(ctx context.Context) bool {
 	seen, err := m.feed.recreate(ctx)
+	m.feedDown = err != nil
 	if err != nil {
 		if ctx.Err() == nil {
 			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot make the consumer again; will retry")
@@ -97,6 +143,42 @@ func (m *Member) recreateFeed(ctx context.Context) bool {
 	// ones answered already are recognised by their ack subject.
 	m.recheckTo = max(m.recheckTo, seen)
 	m.log.Info().Str("consumer", m.feed.name).Uint64("rechecked_to", seen).Msg("consumer made again; carrying on from the stream")
+	return true
+}
+
+// skipped tells whether phases are missing before phase seq, delivery dl:
+// the bridge numbers phases one by one and the member reads them all, so a
+// sequence past the next means the consumer skipped some (a delivery lost
+// while the stream elected a leader, redelivered only after AckWait, behind
+// the phases that follow it: a resume so lost left the member refusing
+// every later checkpoint and the release). The feed then reads again from
+// after the last phase seen, and dl comes again behind what it skipped; a
+// gap that is still there after that (nothing was skipped) is taken as it
+// is.
+func (m *Member) skipped(ctx context.Context, log zerolog.Logger, seq uint64, dl Delivery) bool {
+	at := dl.Sequence()
+	if at == 0 || seq <= m.lastPhase {
+		return false
+	}
+	last, lastAt := m.lastPhase, m.lastPhaseAt
+	m.lastPhase, m.lastPhaseAt = seq, at
+	if m.feed.rewind == nil || last == 0 || seq == last+1 || at <= lastAt || m.gapTried == seq {
+		return false
+	}
+	m.gapTried = seq
+	log.Warn().Uint64("last_seen", last).Uint64("from_stream_seq", lastAt+1).
+		Msg("phases missing before this one (a delivery lost?); reading the stream again after the last phase seen")
+	m.lastPhase, m.lastPhaseAt = last, lastAt
+	m.ackAll(dl) // its consumer goes: the new one delivers it again
+	seen, err := m.feed.rewind(ctx, lastAt+1)
+	m.feedDown = err != nil
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot read the stream again; will make the consumer again")
+		}
+		return true
+	}
+	m.recheckTo = max(m.recheckTo, seen)
 	return true
 }
 
@@ -125,6 +207,9 @@ func (m *Member) receive(ctx context.Context, dl Delivery) {
 	log := m.log.With().Str("checkpoint", h.CheckpointID).Str("phase", string(p)).Uint64("seq", h.Seq).Uint64("epoch", h.Epoch).Logger()
 	if hm, ok := m.held[h.Seq]; ok {
 		hm.dls = append(hm.dls, dl) // delivered again while its answer is pending
+		return
+	}
+	if m.skipped(ctx, log, h.Seq, dl) {
 		return
 	}
 	// PROTOCOL §5, Idempotence: an event that comes again, or that is older

@@ -51,6 +51,10 @@ type Member struct {
 	feed         *feed
 	recheckTo    uint64 // events up to this stream sequence may have been answered by an earlier consumer
 	consumeErrs  chan error
+	feedDown     bool   // the feed's remake failed: it has no consumer until one succeeds
+	lastPhase    uint64 // the highest phase sequence (header) seen, and its stream sequence
+	lastPhaseAt  uint64
+	gapTried     uint64 // the phase sequence whose gap before it was read again
 	lastPark     uint64
 	wg           sync.WaitGroup // workers
 	continued    map[string]*events.PauseReport

@@ -669,3 +669,126 @@ func TestLostConsumerIsMadeAgain(t *testing.T) {
 		})
 	}
 }
+
+// §3, Consumers, and §8: a member's durable consumer keeps its state in
+// memory, so a NATS server restarted on its store comes back without it.
+// The member sees its pulls go unanswered, finds the consumer gone, makes
+// it again from the first event it had not handled, and commits the next
+// checkpoint; the sandbox daemon's ordered feeds carry on too. Every phase
+// is answered once, and Run does not return.
+func TestMemberCarriesOnAfterItsServerRestarts(t *testing.T) {
+	for _, feed := range []string{"durable", "ordered", "ordered push"} {
+		t.Run(feed, func(t *testing.T) {
+			env := jstest.Start(t)
+			bridge := membertest.NewBridge(t, env, "run1")
+			name := events.Member("agent.a1")
+			opts := membertest.Options{Episodes: 1}
+			if feed != "durable" {
+				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "ordered push"
+			}
+			h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), opts)
+			eps := []events.Episode{{Rollout: "t0-r0"}}
+			type sent struct {
+				seq uint64
+				p   events.Phase
+			}
+			var all []sent
+			phase := func(d events.PhaseEvent, state events.State) {
+				t.Helper()
+				seq := bridge.Publish(d)
+				want(t, bridge.Ack(seq, d.Phase(), name), "", state)
+				all = append(all, sent{seq, d.Phase()})
+			}
+			header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
+			phase(events.Prepare{PhaseHeader: header("c1")}, events.StatePrepared)
+			phase(events.Resume{PhaseHeader: header("c1")}, events.StateIdle)
+
+			env.Restart(t)
+			poll.Wait(t, 30*time.Second, "the restarted server's stream", func() bool {
+				_, err := env.Bus.Stream.Info(t.Context())
+				return err == nil
+			})
+			if feed == "durable" {
+				poll.Wait(t, 30*time.Second, "the member's consumer made again", func() bool {
+					_, err := env.Bus.Stream.Consumer(t.Context(), member.ConsumerName("run1", name))
+					return err == nil
+				})
+			}
+
+			phase(events.Prepare{PhaseHeader: header("c2")}, events.StatePrepared)
+			phase(events.Commit{PhaseHeader: header("c2"), Scope: eps}, events.StateCommitted)
+			phase(events.Resume{PhaseHeader: header("c2")}, events.StateIdle)
+			select {
+			case <-h.Done():
+				t.Fatalf("Run returned: %v", h.Err())
+			default:
+			}
+			bridge.Barrier(name)
+			for _, s := range all {
+				if n := bridge.AckCount(s.seq, s.p, name); n != 1 {
+					t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
+				}
+			}
+			if err := h.Stop(); err != nil {
+				t.Errorf("Run: %v, want nil after a clean stop", err)
+			}
+		})
+	}
+}
+
+// §3, Consumers: phases are numbered one by one and a member reads them
+// all, so one whose consumer skipped a phase (a delivery lost while the
+// stream elected a leader, which the server redelivers only after AckWait,
+// behind the phases after it) sees the gap, reads the stream again from
+// after the last phase it saw, and answers the skipped phase before the
+// next: a lost resume no longer has the member refuse the next checkpoint
+// and the release. Here the consumer the member finds under its name
+// never delivers resumes.
+func TestSkippedPhaseIsReadAgain(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	name := events.Member("agent.a1")
+	cfg := member.DurableConfig("run1", member.ConsumerName("run1", name), "skips resumes")
+	cfg.FilterSubjects = []string{events.PhaseSubject("run1", events.PhasePrepare), events.PhaseSubject("run1", events.PhaseCommit)}
+	if _, err := env.Bus.Stream.CreateConsumer(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), membertest.Options{Episodes: 1})
+	eps := []events.Episode{{Rollout: "t0-r0"}}
+	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
+	type sent struct {
+		seq   uint64
+		p     events.Phase
+		state events.State
+	}
+	var all []sent
+	publish := func(e events.PhaseEvent, state events.State) sent {
+		s := sent{bridge.Publish(e), e.Phase(), state}
+		all = append(all, s)
+		return s
+	}
+	answered := func(s sent) {
+		t.Helper()
+		want(t, bridge.Ack(s.seq, s.p, name), "", s.state)
+	}
+	answered(publish(events.Prepare{PhaseHeader: header("c1")}, events.StatePrepared))
+	answered(publish(events.Commit{PhaseHeader: header("c1"), Scope: eps}, events.StateCommitted))
+	resume := publish(events.Resume{PhaseHeader: header("c1")}, events.StateIdle) // that consumer never delivers it
+	next := publish(events.Prepare{PhaseHeader: header("c2")}, events.StatePrepared)
+	answered(resume)
+	answered(next)
+	answered(publish(events.Commit{PhaseHeader: header("c2"), Scope: eps}, events.StateCommitted))
+	select {
+	case <-h.Done():
+		t.Fatalf("Run returned: %v", h.Err())
+	default:
+	}
+	for _, s := range all {
+		if n := bridge.AckCount(s.seq, s.p, name); n != 1 {
+			t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
+		}
+	}
+	if err := h.Stop(); err != nil {
+		t.Errorf("Run: %v, want nil after a clean stop", err)
+	}
+}

@@ -149,22 +149,26 @@ func (m *Member) pushedFeed(ctx context.Context, pos uint64) (*feed, error) {
 		return nil, fmt.Errorf("member: ordered consumer: %w", err)
 	}
 	subject := events.PhaseFilter(m.cfg.Run)
-	// The first consumer's name is drawn from crypto/rand, as the pull
+	// Each consumer's first name is drawn from crypto/rand, as the pull
 	// feed's; nats.go names the ones it makes again from its nuid.
-	opts := []nats.SubOpt{nats.OrderedConsumer(), nats.BindStream(jetstream.StreamName), nats.StartSequence(pos + 1),
-		nats.ConsumerName("sp_" + events.NewID()),
-		nats.IdleHeartbeat(orderedHeartbeat)}
+	opts := func(from uint64) []nats.SubOpt {
+		o := []nats.SubOpt{nats.OrderedConsumer(), nats.BindStream(jetstream.StreamName), nats.StartSequence(from),
+			nats.ConsumerName("sp_" + events.NewID()),
+			nats.IdleHeartbeat(orderedHeartbeat)}
+		if _, parks := m.cfg.Participant.(Parker); parks {
+			o = append(o, nats.ConsumerFilterSubjects(subjects(m.cfg.Run)...))
+		}
+		return o
+	}
 	if _, parks := m.cfg.Participant.(Parker); parks {
 		subject = ""
-		opts = append(opts, nats.ConsumerFilterSubjects(subjects(m.cfg.Run)...))
 	}
 	fl := &floor{path: m.cfg.StateFile, run: m.cfg.Run, member: string(m.cfg.Member), pending: map[uint64]bool{}, saved: pos, high: pos}
 	m.inbox = make(chan Delivery)
 	r := &redeliverer{inbox: m.inbox, stopping: make(chan struct{})}
 	stopping := make(chan struct{})
 	var sub *nats.Subscription
-	f := &feed{name: "ordered, position in " + m.cfg.StateFile}
-	f.start = func() error {
+	subscribe := func(from uint64) error {
 		var err error
 		sub, err = legacy.Subscribe(subject, func(msg *nats.Msg) {
 			dl := newPushedDelivery(msg, fl, r)
@@ -172,24 +176,40 @@ func (m *Member) pushedFeed(ctx context.Context, pos uint64) (*feed, error) {
 			case m.inbox <- dl:
 			case <-stopping: // not handled: the position stays before it
 			}
-		}, opts...)
+		}, opts(from)...)
 		if err != nil {
+			sub = nil
 			return fmt.Errorf("member: ordered consumer: %w", err)
 		}
 		return nil
 	}
-	f.stop = func() {
-		r.stop()
-		close(stopping)
+	unsubscribe := func() {
 		if sub != nil {
 			// Deleting the consumer may be refused (a sandbox deletes no
 			// consumer): the server drops it once no one listens.
 			_ = sub.Unsubscribe()
+			sub = nil
 		}
 	}
+	f := &feed{name: "ordered, position in " + m.cfg.StateFile}
+	f.start = func() error { return subscribe(pos + 1) }
+	f.stop = func() {
+		r.stop()
+		close(stopping)
+		unsubscribe()
+	}
 	// nats.go makes an ordered consumer that disappears again by itself,
-	// from the event after the last it delivered: nothing to do.
-	f.recreate = func(context.Context) (uint64, error) { return 0, nil }
+	// from the event after the last it delivered, but gives up (and
+	// unsubscribes) when its create is answered by no one, as while a
+	// restarted server starts JetStream: the loop's ticks see that, and a
+	// new subscription carries on after the last event handled.
+	f.poll = true
+	f.lost = func(context.Context) (bool, error) { return sub == nil || !sub.IsValid(), nil }
+	f.recreate = func(context.Context) (uint64, error) {
+		unsubscribe()
+		from, seen := fl.next()
+		return seen, subscribe(from)
+	}
 	return f, nil
 }
 

@@ -485,6 +485,11 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 		return err
 	}
 	defer nc.Close()
+	if w.f.cluster {
+		if err := waitCurrent(ctx, js); err != nil {
+			return err
+		}
+	}
 	bus, err := jetstream.Open(ctx, js)
 	if err != nil {
 		return err
@@ -623,7 +628,7 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 		procs = append(procs, "(process table: "+perr.Error()+")")
 	}
 	inv := invariant.Check(ctx, invariant.Run{Run: run, JS: js, Bus: bus, Summary: sum, Results: filepath.Join(d.dir, "results.jsonl"),
-		Rollouts: d.ids, Graded: d.graded, Model: ms, Manifests: verified, Sandboxes: leftover, Processes: procs})
+		Rollouts: d.ids, Graded: d.graded, Model: ms, Manifests: verified, Sandboxes: leftover, Processes: procs, Settle: w.settle()})
 	for _, r := range inv {
 		if !r.OK {
 			t.violations = append(t.violations, fmt.Sprintf("round %d: %d. %s: %s", k, r.N, r.Name, r.Detail))
@@ -931,3 +936,17 @@ const nodeDownFor = 20 * time.Second
 
 // stallLimit bounds a stall that sees no checkpoint fail.
 const stallLimit = time.Minute
+
+// clusterListSettle is how long a cluster round's check reads again the
+// snapshots and records it finds left (invariant.Run.Settle).
+const clusterListSettle = 15 * time.Second
+
+// settle is the check's invariant.Run.Settle: on a cluster, a node killed
+// in the round may still be catching up, and a listing served by it show
+// what the release just deleted.
+func (w *chaosWorld) settle() time.Duration {
+	if w.f.cluster {
+		return clusterListSettle
+	}
+	return 0
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/stillpoint/stillpoint/internal/child"
@@ -216,4 +217,55 @@ func (w *chaosWorld) stopCluster() {
 			n.proc.Stop()
 		}
 	}
+}
+
+// clusterSettle bounds waitCurrent: a node started again catches up on
+// every stream, and elections take seconds on a loaded machine.
+const clusterSettle = 2 * time.Minute
+
+// waitCurrent waits until every stream of the cluster has a leader and
+// every replica is current, before a round starts its processes: a node
+// killed in the round before may still be catching up, and a process that
+// opens the bus meanwhile can time out and exit (the owner did, opening
+// its bucket).
+func waitCurrent(ctx context.Context, js natsjs.JetStream) error {
+	pctx, cancel := context.WithTimeoutCause(ctx, clusterSettle, fmt.Errorf("chaos: the cluster's streams were not all current within %s", clusterSettle))
+	defer cancel()
+	var last error
+	err := poll.Until(pctx, poll.Every(250*time.Millisecond), func() (bool, error) {
+		// Each try its own deadline, as in startCluster.
+		once, cancel := context.WithTimeout(pctx, 5*time.Second)
+		defer cancel()
+		last = streamsCurrent(once, js)
+		return last == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w (last: %v)", context.Cause(pctx), last)
+	}
+	return nil
+}
+
+// streamsCurrent returns why not every stream has a leader and current
+// replicas, nil if they do.
+func streamsCurrent(ctx context.Context, js natsjs.JetStream) error {
+	names := js.StreamNames(ctx)
+	for name := range names.Name() {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("stream %s: %w", name, err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("stream %s: %w", name, err)
+		}
+		if info.Cluster == nil || info.Cluster.Leader == "" {
+			return fmt.Errorf("stream %s has no leader", name)
+		}
+		for _, r := range info.Cluster.Replicas {
+			if !r.Current || r.Offline {
+				return fmt.Errorf("stream %s: replica %s not current", name, r.Name)
+			}
+		}
+	}
+	return names.Err()
 }
