@@ -181,22 +181,16 @@ func Check(ctx context.Context, r Run) []Result {
 	return out
 }
 
-// readTimeline reads the run's timeline, again (readTries in all, a
-// second apart) while the read fails: a cluster that just lost a node can
-// time a read out.
+// readTimeline reads the run's timeline, again while the read fails
+// (readAgain): a cluster that just lost a node, or a server started again,
+// can fail a read.
 func readTimeline(ctx context.Context, js natsjs.JetStream, run string) ([]bridge.TimelineEntry, error) {
 	var tl []bridge.TimelineEntry
-	var err error
-	for try := 1; try <= readTries; try++ {
-		if tl, err = bridge.ReadTimeline(ctx, js, run, ""); err == nil {
-			return tl, nil
-		}
-		select {
-		case <-ctx.Done():
-			return tl, err
-		case <-time.After(time.Second):
-		}
-	}
+	err := readAgain(ctx, func(context.Context) error {
+		var err error
+		tl, err = bridge.ReadTimeline(ctx, js, run, "")
+		return err
+	}, func(error) bool { return false })
 	return tl, err
 }
 

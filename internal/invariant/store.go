@@ -59,46 +59,35 @@ func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id st
 // collector's commit, and so the round, until the round limit.
 func readManifest(ctx context.Context, bus *jetstream.Bus, run, id string) (events.CheckpointManifest, error) {
 	var m events.CheckpointManifest
-	var err error
-	for try := 1; try <= readTries; try++ {
-		rctx, cancel := context.WithTimeout(ctx, readTimeout)
-		var e natsjs.KeyValueEntry
-		e, err = bus.Manifests.Get(rctx, events.ManifestKey(run, id))
-		cancel()
-		if err == nil {
-			return m, json.Unmarshal(e.Value(), &m)
+	err := readAgain(ctx, func(rctx context.Context) error {
+		e, err := bus.Manifests.Get(rctx, events.ManifestKey(run, id))
+		if err != nil {
+			return err
 		}
-		if errors.Is(err, natsjs.ErrKeyNotFound) {
-			return m, err
-		}
-		select {
-		case <-ctx.Done():
-			return m, err
-		case <-time.After(time.Second):
-		}
-	}
+		return json.Unmarshal(e.Value(), &m)
+	}, func(err error) bool { return errors.Is(err, natsjs.ErrKeyNotFound) })
 	return m, err
 }
 
-// readTries is how many times readRecords reads a member's records while
-// the bus fails the read (a node of a cluster lost, its leaders being
-// elected): only what was read and does not verify is a violation.
-const readTries = 5
+// readFor is how long a read the bus fails is tried again (a node of a
+// cluster lost, its leaders being elected; a single server killed and
+// started again on its store, which takes seconds under load): only what
+// was read and does not verify is a violation.
+const readFor = time.Minute
 
-// readTimeout bounds one try of readRecords.
+// readTimeout bounds one try of a read.
 const readTimeout = 10 * time.Second
 
-// readRecords reads and verifies one member manifest's records, again
-// after a second while the read itself fails.
-func readRecords(ctx context.Context, bus *jetstream.Bus, run, id string, m events.Member) error {
-	var err error
-	for try := 1; try <= readTries; try++ {
-		// Each try bounded: the verification runs in the collector's
-		// commit, and a read stuck on a lost node would hold the run.
+// readAgain runs read, each try bounded by readTimeout, a second after the
+// last while it fails, for readFor in all, until it succeeds or fails for
+// good (final). It returns the last error.
+func readAgain(ctx context.Context, read func(context.Context) error, final func(error) bool) error {
+	deadline := time.Now().Add(readFor)
+	for {
 		rctx, cancel := context.WithTimeout(ctx, readTimeout)
-		_, _, err = member.ReadRecords(rctx, bus.Manifests, bus.JS, run, id, m, nil)
+		err := read(rctx)
 		cancel()
-		if err == nil || errors.Is(err, member.ErrCorruptRecords) || errors.Is(err, member.ErrNoManifest) {
+		if err == nil || final(err) || time.Now().After(deadline) {
 			return err
 		}
 		select {
@@ -107,7 +96,19 @@ func readRecords(ctx context.Context, bus *jetstream.Bus, run, id string, m even
 		case <-time.After(time.Second):
 		}
 	}
-	return err
+}
+
+// readRecords reads and verifies one member manifest's records, again
+// while the read itself fails (readAgain). Each try is bounded: the
+// verification runs in the collector's commit, and a read stuck on a lost
+// node would hold the run.
+func readRecords(ctx context.Context, bus *jetstream.Bus, run, id string, m events.Member) error {
+	return readAgain(ctx, func(rctx context.Context) error {
+		_, _, err := member.ReadRecords(rctx, bus.Manifests, bus.JS, run, id, m, nil)
+		return err
+	}, func(err error) bool {
+		return errors.Is(err, member.ErrCorruptRecords) || errors.Is(err, member.ErrNoManifest)
+	})
 }
 
 // result returns what failed and how many member manifests verified.
