@@ -206,7 +206,11 @@ func verifyCommits(ctx context.Context, nc *nats.Conn, bus *jetstream.Bus, run s
 			case <-ctx.Done():
 				return
 			case id := <-ids:
-				v.OnCommit(ctx, bus, run, id)
+				// Not cut short when ctx ends with the round: a read the bus
+				// fails (a server killed at this commit) is still being
+				// tried again, and the round's check waits for it. What
+				// ctx's end leaves unread, the check verifies itself.
+				v.OnCommit(context.WithoutCancel(ctx), bus, run, id)
 			}
 		}
 	})
