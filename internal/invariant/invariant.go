@@ -100,6 +100,17 @@ func Check(ctx context.Context, r Run) []Result {
 			}
 		}
 		bad, nman = r.Manifests.result()
+		// A manifest read after a release deleted it (a verification
+		// that waited out a server's restart while the run went on) is
+		// not verified, and no violation; one missing with no release
+		// after its commit is.
+		for _, id := range r.Manifests.missing() {
+			if releasedAfter(tl, id) {
+				unverified = append(unverified, id)
+			} else {
+				bad = append(bad, id+": manifest: not found, and no release after its commit")
+			}
+		}
 	} else if len(committed) > 0 {
 		bad = append(bad, "no manifest verified at commit")
 	}
@@ -192,6 +203,21 @@ func readTimeline(ctx context.Context, js natsjs.JetStream, run string) ([]bridg
 		return err
 	}, func(error) bool { return false })
 	return tl, err
+}
+
+// releasedAfter tells whether the timeline has a completed release after
+// checkpoint id's commit outcome.
+func releasedAfter(tl []bridge.TimelineEntry, id string) bool {
+	committed := false
+	for _, e := range tl {
+		switch {
+		case e.Type == events.TypeCheckpointCommitted && e.CheckpointID == id:
+			committed = true
+		case committed && e.Type == events.TypeReleaseCompleted:
+			return true
+		}
+	}
+	return false
 }
 
 // outcomes returns the checkpoints the stream says committed and failed,

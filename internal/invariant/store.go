@@ -27,6 +27,10 @@ type Manifests struct {
 	verified  map[string]bool
 	manifests int
 	bad       []string
+	// gone are the checkpoints whose manifest was not there when read:
+	// deleted by a release that came first (Check tells from the stream),
+	// or never written.
+	gone []string
 }
 
 // OnCommit reads back the checkpoint manifest of run's checkpoint id and
@@ -40,6 +44,10 @@ func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id st
 		v.verified = map[string]bool{}
 	}
 	v.verified[id] = true
+	if errors.Is(err, natsjs.ErrKeyNotFound) {
+		v.gone = append(v.gone, id)
+		return
+	}
 	if err != nil {
 		v.bad = append(v.bad, fmt.Sprintf("%s: manifest: %v", id, err))
 		return
@@ -116,6 +124,13 @@ func (v *Manifests) result() ([]string, int) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return append([]string(nil), v.bad...), v.manifests
+}
+
+// missing returns the checkpoints whose manifest was not there when read.
+func (v *Manifests) missing() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.gone...)
 }
 
 // seen reports whether checkpoint id was verified.
