@@ -283,6 +283,9 @@ func (o *Overlay) create(ctx context.Context, box *overlayBox, spec Spec, snapsh
 		if err := os.Mkdir(upper, 0o755); err != nil {
 			return err
 		}
+		if err := o.emptyWorkdir(upper, spec.Workdir); err != nil {
+			return err
+		}
 	} else if err := o.copyFromSnapshot(ctx, snapshotID, upper); err != nil {
 		return err
 	}
@@ -329,6 +332,45 @@ func initBinds(bs []Bind) []initBind {
 		out = append(out, initBind{Host: b.HostDir, Inside: "/" + rel})
 	}
 	return out
+}
+
+// emptyWorkdir makes a new sandbox's working directory start empty, whatever
+// the base has at that path (a host directory of the same name would show
+// through the overlay, and a task's `go test ./...` there would see the
+// host's files): an opaque directory in the upper layer, its parents made
+// there with the base's modes and owners. The opaque mark is an xattr, which
+// a snapshot's copy keeps. No working directory, or the root, needs none.
+func (o *Overlay) emptyWorkdir(upper, workdir string) error {
+	if workdir == "" {
+		return nil
+	}
+	wd, err := cleanAbs("spec.Workdir", workdir)
+	if err != nil || wd == "/" {
+		return err
+	}
+	parts := strings.Split(wd[1:], "/")
+	for i := range parts {
+		rel := filepath.Join(parts[:i+1]...)
+		d := filepath.Join(upper, rel)
+		mode, uid, gid := os.FileMode(0o755), 0, 0
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(o.cfg.BaseDir, rel), &st); err == nil {
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				return nil // not a directory in the base: populate makes it as it can
+			}
+			mode, uid, gid = os.FileMode(st.Mode&0o777), int(st.Uid), int(st.Gid)
+		}
+		if err := os.Mkdir(d, mode); err != nil {
+			return fmt.Errorf("spec.Workdir: %w", err)
+		}
+		if err := os.Lchown(d, uid, gid); err != nil {
+			return fmt.Errorf("spec.Workdir: %w", err)
+		}
+	}
+	if err := unix.Setxattr(filepath.Join(upper, wd), "trusted.overlay.opaque", []byte("y"), 0); err != nil {
+		return fmt.Errorf("spec.Workdir: mark %s opaque: %w", wd, err)
+	}
+	return nil
 }
 
 func (o *Overlay) copyFromSnapshot(ctx context.Context, snapshotID, upper string) error {

@@ -129,6 +129,39 @@ func TestOverlayWhiteoutAndOpaqueDir(t *testing.T) {
 	}
 }
 
+// A sandbox's working directory starts empty even where the base (the
+// host's root) has a directory of that path with files in it, and stays
+// so in a fork: the host's files never show through.
+func TestOverlayWorkdirStartsEmpty(t *testing.T) {
+	ov := newOverlay(t)
+	// A directory of the base, with a file: not under /tmp, which the
+	// sandbox mounts afresh.
+	host, err := os.MkdirTemp("/var/tmp", "stillpoint-workdir-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(host) })
+	if err := os.WriteFile(filepath.Join(host, "host.txt"), []byte("host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start(t, ov, Spec{ID: "wd", Workdir: host, Files: map[string][]byte{host[1:] + "/seed.txt": []byte("seed\n")}})
+	if got := run(t, ov, "wd", "ls -A"); got != "seed.txt\n" {
+		t.Fatalf("the working directory holds %q, want only the spec's seed.txt", got)
+	}
+	run(t, ov, "wd", "echo mine > mine.txt")
+	snapshot(t, ov, "wd", "wd-snap")
+	fork(t, ov, "wd-snap", Spec{ID: "wd-fork", Workdir: host})
+	if got := run(t, ov, "wd-fork", "ls -A"); got != "mine.txt\nseed.txt\n" {
+		t.Fatalf("the fork's working directory holds %q, want mine.txt and seed.txt", got)
+	}
+	if got := readFile(t, filepath.Join(host, "host.txt")); got != "host\n" {
+		t.Errorf("the host's file now reads %q", got)
+	}
+	if exists(filepath.Join(host, "mine.txt")) {
+		t.Error("the sandbox's write reached the host")
+	}
+}
+
 // Hard links, a symbolic link, an xattr, a setuid mode, an owner and a
 // modification time survive snapshot and fork.
 func TestOverlayAttributesSurvive(t *testing.T) {
