@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -15,20 +16,22 @@ import (
 // casAttempts bounds the compare-and-set retries of an index update.
 const casAttempts = 16
 
-// entry reads the index entry of snapshot id; nil when absent.
+// entry reads the index entry of snapshot id from a watch of its key
+// (readIndex); nil when absent. unindex deletes the snapshot when the entry
+// is absent, so the answer must not be a replica's that is catching up.
 func (o *Owner) entry(ctx context.Context, id string) (*ownerapi.IndexEntry, error) {
-	ent, err := o.cfg.Bus.Snapshots.Get(ctx, id)
-	if errors.Is(err, natsjs.ErrKeyNotFound) {
+	entries, bad, err := o.readIndex(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := bad[id]; err != nil {
+		return nil, err
+	}
+	e, ok := entries[id]
+	if !ok {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, fmt.Errorf("owner: read index of %s: %w", id, err)
-	}
-	e, err := ownerapi.DecodeIndexEntry(ent.Value(), id)
-	if err != nil {
-		return nil, fmt.Errorf("owner: %w", err)
-	}
-	return &e, nil
+	return &e.entry, nil
 }
 
 // update applies fn to the index entry of snapshot id (nil when absent)
@@ -126,41 +129,72 @@ func (o *Owner) unindex(ctx context.Context, id, ckpt string) error {
 	})
 }
 
+// indexed is an index entry as one read of the bucket found it, with the
+// revision a compare-and-set of it names.
+type indexed struct {
+	entry ownerapi.IndexEntry
+	rev   uint64
+}
+
+// readIndex reads the index entries whose keys match filter (a key, or >
+// for all) from one watch of the bucket. A watch's entries come from the
+// stream through its consumer, not from a direct get, which any replica
+// may answer: one still catching up after its node of a cluster came back
+// says a key just listed is missing. An entry that does not decode is in
+// bad, by key.
+func (o *Owner) readIndex(ctx context.Context, filter string) (map[string]indexed, map[string]error, error) {
+	w, err := o.cfg.Bus.Snapshots.Watch(ctx, filter, natsjs.IgnoreDeletes())
+	if err != nil {
+		return nil, nil, fmt.Errorf("owner: watch the snapshot index: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	out, bad := map[string]indexed{}, map[string]error{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("owner: read the snapshot index: %w", ctx.Err())
+		case ent, ok := <-w.Updates():
+			if !ok {
+				return nil, nil, errors.New("owner: read the snapshot index: the watch closed")
+			}
+			if ent == nil { // every entry there was is in
+				return out, bad, nil
+			}
+			e, err := ownerapi.DecodeIndexEntry(ent.Value(), ent.Key())
+			if err != nil {
+				delete(out, ent.Key())
+				bad[ent.Key()] = fmt.Errorf("owner: %w", err)
+				continue
+			}
+			delete(bad, ent.Key())
+			out[ent.Key()] = indexed{entry: e, rev: ent.Revision()}
+		}
+	}
+}
+
 // Release deletes every snapshot of the run that no checkpoint in keep
 // names, per the sp_snapshots index, and drops the released checkpoints
 // from the entries of the snapshots it keeps. It returns the deleted
 // snapshot ids, sorted. A snapshot whose deletion fails stays indexed, for
 // the next release.
+//
+// The index is read from one watch (readIndex), keys and values together,
+// so that every key the listing shows is decided on its value, whatever a
+// replica catching up would answer a get of it.
 func (o *Owner) Release(ctx context.Context, keep []string) ([]string, error) {
-	keys, err := o.cfg.Bus.Snapshots.Keys(ctx)
-	if errors.Is(err, natsjs.ErrNoKeysFound) {
-		return nil, nil
-	}
+	entries, bad, err := o.readIndex(ctx, ">")
 	if err != nil {
-		return nil, fmt.Errorf("owner: list the snapshot index: %w", err)
+		return nil, err
 	}
 	var (
 		deleted []string
 		errs    []error
 	)
-	for _, id := range keys {
-		var drop bool
-		err := o.update(ctx, id, func(e *ownerapi.IndexEntry) (*ownerapi.IndexEntry, bool) {
-			drop = false
-			if e == nil || e.Run != o.cfg.Run {
-				return e, false
-			}
-			kept := slices.DeleteFunc(slices.Clone(e.Checkpoints), func(c string) bool { return !slices.Contains(keep, c) })
-			if len(kept) == 0 {
-				drop = true
-				return e, false // deleted below, once the snapshot is gone
-			}
-			if len(kept) == len(e.Checkpoints) {
-				return e, false
-			}
-			e.Checkpoints = kept
-			return e, true
-		})
+	for _, id := range slices.Sorted(maps.Keys(bad)) {
+		errs = append(errs, bad[id])
+	}
+	for _, id := range slices.Sorted(maps.Keys(entries)) {
+		drop, err := o.release(ctx, id, entries[id], keep)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -182,6 +216,52 @@ func (o *Owner) Release(ctx context.Context, keep []string) ([]string, error) {
 		o.log.Info().Strs("deleted", deleted).Strs("keep", keep).Msg("released snapshots")
 	}
 	return deleted, errors.Join(errs...)
+}
+
+// release decides snapshot id's entry, as cur read it, for a release that
+// keeps the checkpoints in keep: drop when none of them names it (the
+// caller deletes the snapshot, then its key), otherwise the released
+// checkpoints are dropped from its entry with a compare-and-set on cur's
+// revision. A lost compare-and-set reads the key again from a watch.
+func (o *Owner) release(ctx context.Context, id string, cur indexed, keep []string) (drop bool, err error) {
+	for range casAttempts {
+		e := cur.entry
+		if e.Run != o.cfg.Run {
+			return false, nil
+		}
+		kept := slices.DeleteFunc(slices.Clone(e.Checkpoints), func(c string) bool { return !slices.Contains(keep, c) })
+		if len(kept) == 0 {
+			return true, nil
+		}
+		if len(kept) == len(e.Checkpoints) {
+			return false, nil
+		}
+		e.Checkpoints = kept
+		b, err := json.Marshal(e)
+		if err != nil {
+			return false, err
+		}
+		_, err = o.cfg.Bus.Snapshots.Update(ctx, id, b, cur.rev)
+		if err == nil {
+			return false, nil
+		}
+		if !errors.Is(err, natsjs.ErrKeyExists) && !isWrongSeq(err) {
+			return false, fmt.Errorf("owner: write index of %s: %w", id, err)
+		}
+		again, bad, err := o.readIndex(ctx, id)
+		if err != nil {
+			return false, err
+		}
+		if err := bad[id]; err != nil {
+			return false, err
+		}
+		next, ok := again[id]
+		if !ok { // deleted meanwhile: nothing left to release
+			return false, nil
+		}
+		cur = next
+	}
+	return false, fmt.Errorf("owner: write index of %s: too many concurrent updates", id)
 }
 
 // deleteSnapshot deletes snapshot id on the provider; a provider that
