@@ -2,11 +2,14 @@ package owner
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
@@ -136,38 +139,100 @@ type indexed struct {
 	rev   uint64
 }
 
+// readTry bounds one watch of readIndex: a watch whose consumer sits on a
+// replica that stops short of the mark is given up for a new one.
+const readTry = 2 * time.Second
+
+// markKey is the owner's key in the snapshot index that readIndex writes
+// to mark how far a read must reach: not a token, so no snapshot id.
+func (o *Owner) markKey() string {
+	sum := sha256.Sum256([]byte(o.cfg.Run + "\x00" + o.cfg.Name))
+	return "_read." + hex.EncodeToString(sum[:8])
+}
+
 // readIndex reads the index entries whose keys match filter (a key, or >
-// for all) from one watch of the bucket. A watch's entries come from the
-// stream through its consumer, not from a direct get, which any replica
-// may answer: one still catching up after its node of a cluster came back
-// says a key just listed is missing. An entry that does not decode is in
-// bad, by key.
+// for all), whatever replica answers. A KV get is a direct get, which any
+// replica may answer, and the ordered consumer of a watch may sit on any
+// replica too: one still catching up after its node of a cluster came
+// back says a key is missing. So readIndex first writes its mark (markKey;
+// the write goes through the stream's leader, which gives it the next
+// revision), then reads a watch of filter and the mark until the mark's
+// write is in: every write before it is then in too. A watch that does
+// not get there within readTry is given up for a new one. The mark is
+// deleted again. An entry that does not decode is in bad, by key.
 func (o *Owner) readIndex(ctx context.Context, filter string) (map[string]indexed, map[string]error, error) {
-	w, err := o.cfg.Bus.Snapshots.Watch(ctx, filter, natsjs.IgnoreDeletes())
+	kv, mark := o.cfg.Bus.Snapshots, o.markKey()
+	rev, err := kv.Put(ctx, mark, nil)
 	if err != nil {
+		return nil, nil, fmt.Errorf("owner: mark a read of the snapshot index: %w", err)
+	}
+	defer func() {
+		if err := kv.Delete(context.WithoutCancel(ctx), mark); err != nil {
+			o.log.Warn().Err(err).Str("key", mark).Msg("deleting the mark of a read of the snapshot index failed")
+		}
+	}()
+	for try := 1; ; try++ {
+		out, bad, err := o.watchTo(ctx, filter, mark, rev)
+		if !errors.Is(err, errShort) {
+			return out, bad, err
+		}
+		o.log.Debug().Int("try", try).Uint64("mark", rev).Msg("a watch of the snapshot index stopped short of its mark; watching again")
+	}
+}
+
+// errShort says a watch did not reach the mark within readTry.
+var errShort = errors.New("owner: the watch did not reach the mark")
+
+// watchTo reads one watch of filter and mark until mark's entry of
+// revision rev or later is in (readIndex).
+func (o *Owner) watchTo(ctx context.Context, filter, mark string, rev uint64) (map[string]indexed, map[string]error, error) {
+	keys := []string{filter, mark}
+	if filter == ">" {
+		keys = keys[:1] // > holds the mark; overlapping filters are refused
+	}
+	tctx, cancel := context.WithTimeout(ctx, readTry)
+	defer cancel()
+	w, err := o.cfg.Bus.Snapshots.WatchFiltered(tctx, keys)
+	if err != nil {
+		if ctx.Err() == nil && tctx.Err() != nil {
+			return nil, nil, errShort
+		}
 		return nil, nil, fmt.Errorf("owner: watch the snapshot index: %w", err)
 	}
 	defer func() { _ = w.Stop() }()
 	out, bad := map[string]indexed{}, map[string]error{}
 	for {
 		select {
-		case <-ctx.Done():
-			return nil, nil, fmt.Errorf("owner: read the snapshot index: %w", ctx.Err())
+		case <-tctx.Done():
+			if ctx.Err() != nil {
+				return nil, nil, fmt.Errorf("owner: read the snapshot index: %w", ctx.Err())
+			}
+			return nil, nil, errShort
 		case ent, ok := <-w.Updates():
 			if !ok {
 				return nil, nil, errors.New("owner: read the snapshot index: the watch closed")
 			}
-			if ent == nil { // every entry there was is in
-				return out, bad, nil
-			}
-			e, err := ownerapi.DecodeIndexEntry(ent.Value(), ent.Key())
-			if err != nil {
-				delete(out, ent.Key())
-				bad[ent.Key()] = fmt.Errorf("owner: %w", err)
+			if ent == nil { // what this replica holds is in; the mark may come later
 				continue
 			}
-			delete(bad, ent.Key())
-			out[ent.Key()] = indexed{entry: e, rev: ent.Revision()}
+			k := ent.Key()
+			if k == mark {
+				if ent.Revision() >= rev {
+					return out, bad, nil
+				}
+				continue
+			}
+			delete(out, k)
+			delete(bad, k)
+			if ent.Operation() != natsjs.KeyValuePut {
+				continue
+			}
+			e, err := ownerapi.DecodeIndexEntry(ent.Value(), k)
+			if err != nil {
+				bad[k] = fmt.Errorf("owner: %w", err)
+				continue
+			}
+			out[k] = indexed{entry: e, rev: ent.Revision()}
 		}
 	}
 }
