@@ -1,12 +1,15 @@
 package owner
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -275,4 +278,56 @@ func TestPark(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// staleGets is the snapshot index as a replica still catching up answers
+// gets of it (a KV get is a direct get, which any replica may answer, and
+// one whose node of a cluster just came back lacks recent keys): every key
+// is missing. Watches, Updates and Deletes go to the bucket.
+type staleGets struct{ natsjs.KeyValue }
+
+func (staleGets) Get(context.Context, string) (natsjs.KeyValueEntry, error) {
+	return nil, natsjs.ErrKeyNotFound
+}
+
+// TestReleaseWithStaleGets: on a 3-node cluster, a release whose gets of
+// the index a stale replica answers still decides every listed snapshot on
+// the value its listing read: it deletes those no kept checkpoint names,
+// drops the released checkpoints from the others, and the final release
+// leaves no snapshot and no key (invariant 7, the cluster-node row of the
+// fault matrix).
+func TestReleaseWithStaleGets(t *testing.T) {
+	env := jstest.StartCluster(t)
+	ctx := t.Context()
+	d := newDir(t)
+	o := newOwner(t, baseConfig(t, env, d, "o1"))
+	start(t, o, "s1", ep("r1", 0))
+	start(t, o, "s2", ep("r2", 0))
+	checkpoint(t, o, "c1")
+	checkpoint(t, o, "c2")
+	for _, s := range []string{"s1", "s2"} {
+		if err := o.EndSession(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stale := *o.cfg.Bus
+	stale.Snapshots = staleGets{stale.Snapshots}
+	o.cfg.Bus = &stale
+	deleted, err := o.Release(ctx, []string{"c2"})
+	if want := []string{"c1-s1", "c1-s2"}; err != nil || !slices.Equal(deleted, want) {
+		t.Fatalf("Release(c2): %v, %v; want %v", deleted, err, want)
+	}
+	if got := snapshots(t, d); !slices.Equal(got, []string{"c2-s1", "c2-s2"}) {
+		t.Errorf("snapshots after keeping c2: %v", got)
+	}
+	if k := indexKeys(t, env); !slices.Equal(k, []string{"c2-s1", "c2-s2"}) {
+		t.Errorf("index after keeping c2: %v", k)
+	}
+	deleted, err = o.Release(ctx, nil)
+	if want := []string{"c2-s1", "c2-s2"}; err != nil || !slices.Equal(deleted, want) {
+		t.Fatalf("final Release: %v, %v; want %v", deleted, err, want)
+	}
+	if k := indexKeys(t, env); len(k) != 0 {
+		t.Errorf("index keeps %v", k)
+	}
 }

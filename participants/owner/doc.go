@@ -80,4 +80,9 @@
 // EndSession stop sandboxes and keep their snapshots; Release deletes the
 // snapshots no kept checkpoint names; Park stops the exported sandboxes
 // after a commit with stop.
+//
+// A release reads the index whatever replica of a cluster answers: it
+// writes the owner's mark key (_read.<hash of run and name>, not a token,
+// so no snapshot id) through the stream's leader, reads a watch of the
+// index until the mark's write shows, and deletes the mark again.
 package owner
