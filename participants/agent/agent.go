@@ -636,7 +636,9 @@ func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) 
 	a.mu.Unlock()
 	a.member.Notify()
 	verdict, err := retryNoResponders(r.ctx, VerifyWait, func(ctx context.Context) (json.RawMessage, error) {
-		return a.verifyEnd(ctx, bm.Session)
+		return acrossReconnects(ctx, a.nc, func(ctx context.Context) (json.RawMessage, error) {
+			return a.verifyEnd(ctx, bm.Session)
+		})
 	})
 	if isAdmissionClosed(err) {
 		return bm, errAdmissionClosed

@@ -187,6 +187,56 @@ func retryNoResponders[T any](ctx context.Context, timeout time.Duration, fn fun
 	}
 }
 
+// errReconnected: the connection reconnected while a request waited for
+// its answer, which may then never come.
+var errReconnected = errors.New("agent: the connection to NATS reconnected while the request waited")
+
+// reconnectPoll is how often acrossReconnects looks at the connection.
+const reconnectPoll = 250 * time.Millisecond
+
+// acrossReconnects runs a long request (a grade may take an hour) and asks
+// again when the connection reconnects while it waits: a request or its
+// answer in flight when a server went away is lost, and the request would
+// otherwise wait out its whole timeout (a run stalled for hours after a
+// NATS restart). The callee must take a repeated request (the owner's
+// verify does: a second grade of the session, or no_sandbox once the first
+// ended it, which the agent takes as a lost sandbox).
+func acrossReconnects[T any](ctx context.Context, nc *nats.Conn, fn func(context.Context) (T, error)) (T, error) {
+	for {
+		if nc == nil {
+			return fn(ctx)
+		}
+		before := nc.Stats().Reconnects
+		rctx, cancel := context.WithCancelCause(ctx)
+		done := make(chan struct{})
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			t := time.NewTicker(reconnectPoll)
+			defer t.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-t.C:
+					if nc.Stats().Reconnects != before && nc.IsConnected() {
+						cancel(errReconnected)
+						return
+					}
+				}
+			}
+		}()
+		v, err := fn(rctx)
+		close(done)
+		<-watched
+		again := errors.Is(context.Cause(rctx), errReconnected) && ctx.Err() == nil
+		cancel(nil)
+		if !again {
+			return v, err
+		}
+	}
+}
+
 type receiptResult struct {
 	rc  sandboxapi.Receipt
 	err error
