@@ -206,7 +206,7 @@ func readTimeline(ctx context.Context, js natsjs.JetStream, run string) ([]bridg
 }
 
 // releasedAfter tells whether the timeline has a completed release after
-// checkpoint id's commit outcome.
+// checkpoint id's commit outcome that deleted it.
 func releasedAfter(tl []bridge.TimelineEntry, id string) bool {
 	committed := false
 	for _, e := range tl {
@@ -214,7 +214,9 @@ func releasedAfter(tl []bridge.TimelineEntry, id string) bool {
 		case e.Type == events.TypeCheckpointCommitted && e.CheckpointID == id:
 			committed = true
 		case committed && e.Type == events.TypeReleaseCompleted:
-			return true
+			if rc, ok := e.Data.(events.ReleaseCompleted); ok && slices.Contains(rc.Deleted, id) {
+				return true
+			}
 		}
 	}
 	return false
