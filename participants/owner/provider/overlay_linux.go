@@ -338,8 +338,10 @@ func initBinds(bs []Bind) []initBind {
 // the base has at that path (a host directory of the same name would show
 // through the overlay, and a task's `go test ./...` there would see the
 // host's files): an opaque directory in the upper layer, its parents made
-// there with the base's modes and owners. The opaque mark is an xattr, which
-// a snapshot's copy keeps. No working directory, or the root, needs none.
+// there with the base's modes (sticky and set-id bits too) and owners. The
+// opaque mark is an xattr, which a snapshot's copy keeps. No working
+// directory, or the root, needs none; a path that is not a directory in
+// the base (a symbolic link) is left to populate, unmarked.
 func (o *Overlay) emptyWorkdir(upper, workdir string) error {
 	if workdir == "" {
 		return nil
@@ -352,19 +354,26 @@ func (o *Overlay) emptyWorkdir(upper, workdir string) error {
 	for i := range parts {
 		rel := filepath.Join(parts[:i+1]...)
 		d := filepath.Join(upper, rel)
-		mode, uid, gid := os.FileMode(0o755), 0, 0
+		mode, uid, gid := uint32(0o755), 0, 0
 		var st unix.Stat_t
 		if err := unix.Lstat(filepath.Join(o.cfg.BaseDir, rel), &st); err == nil {
 			if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-				return nil // not a directory in the base: populate makes it as it can
+				// A file or a symbolic link in the base: populate makes the
+				// directory as it can, and this one is not marked.
+				return nil
 			}
-			mode, uid, gid = os.FileMode(st.Mode&0o777), int(st.Uid), int(st.Gid)
+			mode, uid, gid = st.Mode&0o7777, int(st.Uid), int(st.Gid)
 		}
-		if err := os.Mkdir(d, mode); err != nil {
+		if err := os.Mkdir(d, 0o700); err != nil {
 			return fmt.Errorf("spec.Workdir: %w", err)
 		}
+		// Owner first, then the mode (a chown clears setgid), whole: the
+		// upper directory's attributes are the merged directory's.
 		if err := os.Lchown(d, uid, gid); err != nil {
 			return fmt.Errorf("spec.Workdir: %w", err)
+		}
+		if err := unix.Chmod(d, mode); err != nil {
+			return fmt.Errorf("spec.Workdir: %w", &os.PathError{Op: "chmod", Path: d, Err: err})
 		}
 	}
 	if err := unix.Setxattr(filepath.Join(upper, wd), "trusted.overlay.opaque", []byte("y"), 0); err != nil {

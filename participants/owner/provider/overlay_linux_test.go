@@ -148,6 +148,10 @@ func TestOverlayWorkdirStartsEmpty(t *testing.T) {
 	if got := run(t, ov, "wd", "ls -A"); got != "seed.txt\n" {
 		t.Fatalf("the working directory holds %q, want only the spec's seed.txt", got)
 	}
+	// Its parent keeps the base's mode, sticky bit included.
+	if got, want := run(t, ov, "wd", "stat -c %a "+filepath.Dir(host)), "1777\n"; got != want {
+		t.Errorf("the parent %s's mode in the sandbox is %q, want %q as on the host", filepath.Dir(host), got, want)
+	}
 	run(t, ov, "wd", "echo mine > mine.txt")
 	snapshot(t, ov, "wd", "wd-snap")
 	fork(t, ov, "wd-snap", Spec{ID: "wd-fork", Workdir: host})
