@@ -217,6 +217,7 @@ type Owner struct {
 	pending  map[string]events.Episode // sessions being started
 	inFlight map[uint64]string         // request -> session id
 	grading  map[string]int            // session id -> grades running
+	verifies map[string]*verifyFlight  // session id -> its verify running, or just answered
 	nextReq  uint64
 	closed   bool          // admission closed by a prepare
 	reopen   chan struct{} // closed by the resume that reopens admission
@@ -257,6 +258,7 @@ func New(cfg Config) (*Owner, error) {
 		pending:  map[string]events.Episode{},
 		inFlight: map[uint64]string{},
 		grading:  map[string]int{},
+		verifies: map[string]*verifyFlight{},
 	}
 	if o.kind == nil {
 		o.kind = TaskFuncs{}

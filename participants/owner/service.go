@@ -147,6 +147,74 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 // A verify asked while a checkpoint is open is refused (admission_closed),
 // as a seed is.
 func (o *Owner) verify(ctx context.Context, r ownerapi.VerifyRequest) (ownerapi.VerifyResult, error) {
+	o.mu.Lock()
+	if o.closed && ctx.Value(noHoldKey{}) != nil {
+		// Refused while a checkpoint is open, a repeat too (startGrade).
+		o.mu.Unlock()
+		return ownerapi.VerifyResult{}, ErrAdmissionClosed
+	}
+	f, ok := o.verifies[r.SessionID]
+	if ok && f.end == r.End && f.current(o.sessions[r.SessionID]) {
+		o.mu.Unlock()
+		o.log.Info().Str("session", r.SessionID).Msg("verify asked again (a lost answer?); answering from the grade already asked")
+		select {
+		case <-f.done:
+			return f.res, f.err
+		case <-ctx.Done():
+			return ownerapi.VerifyResult{}, ctx.Err()
+		}
+	}
+	f = &verifyFlight{done: make(chan struct{}), end: r.End}
+	if s := o.sessions[r.SessionID]; s != nil {
+		f.sandbox = s.Sandbox.ID
+	}
+	o.verifies[r.SessionID] = f
+	o.mu.Unlock()
+	f.res, f.err = o.gradeSession(ctx, r)
+	close(f.done)
+	forget := func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if o.verifies[r.SessionID] == f {
+			delete(o.verifies, r.SessionID)
+		}
+	}
+	if f.err != nil || !r.End {
+		// A failed grade is asked for again, and runs again; so does a
+		// grade that left its session (it may have changed since).
+		forget()
+	} else {
+		time.AfterFunc(verifyKept, forget)
+	}
+	return f.res, f.err
+}
+
+// verifyKept is how long the answer of a verify that ended its session is
+// kept for a repeat of it: an agent whose connection reconnected while it
+// waited asks again (the answer may have been lost), and a grade that
+// ended its session could not run twice.
+const verifyKept = 10 * time.Minute
+
+// verifyFlight is one verify of a session: the grade running, then its
+// answer, which a repeated request (the same session and End) gets instead
+// of a second grade.
+type verifyFlight struct {
+	done    chan struct{}
+	end     bool
+	sandbox string // the session's sandbox when it was asked
+	res     ownerapi.VerifyResult
+	err     error
+}
+
+// current tells whether the flight answers for the session as it is now:
+// still on the sandbox it graded, or ended (gone) by that grade. A session
+// on another sandbox (a restore's fork) is graded anew.
+func (f *verifyFlight) current(s *Session) bool {
+	return s == nil || s.Sandbox.ID == f.sandbox
+}
+
+// gradeSession grades a session and ends it when asked (verify's work).
+func (o *Owner) gradeSession(ctx context.Context, r ownerapi.VerifyRequest) (ownerapi.VerifyResult, error) {
 	sess, done, err := o.startGrade(ctx, r.SessionID)
 	if err != nil {
 		return ownerapi.VerifyResult{}, err

@@ -99,3 +99,60 @@ func TestVerifyInFlightIsABoundary(t *testing.T) {
 		}
 	}
 }
+
+// A verify asked again (an agent whose connection reconnected while it
+// waited, the first answer perhaps lost) gets the answer of the grade
+// already asked: the grade runs once, and the repeat of a verify that
+// ended its session is not answered no_sandbox.
+func TestVerifyAskedAgainIsAnsweredOnce(t *testing.T) {
+	env := jstest.Start(t)
+	d := newDir(t)
+	entered, release := make(chan struct{}, 2), make(chan struct{})
+	grades := 0
+	cfg := baseConfig(t, env, d, "o1")
+	cfg.TaskKind = TaskFuncs{GradeFn: func(ctx context.Context, _ Execer, s *Session) (json.RawMessage, error) {
+		grades++
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return json.RawMessage(`{"reward":1}`), nil
+	}}
+	o := newOwner(t, cfg)
+	c := serve(t, env, o)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := o.StartSession(ctx, "s1", ep("r1", 0), provider.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		v   ownerapi.VerifyResult
+		err error
+	}
+	got := make(chan answer, 2)
+	ask := func() {
+		v, err := c.VerifyEnd(ctx, ownerapi.VerifyRequest{SessionID: "s1", End: true})
+		got <- answer{v, err}
+	}
+	go ask()
+	<-entered
+	go ask() // while the grade runs
+	close(release)
+	for range 2 {
+		if a := <-got; a.err != nil || string(a.v.Result) != `{"reward":1}` {
+			t.Fatalf("verdict: %+v, want the one grade's", a)
+		}
+	}
+	go ask() // after the answer, the session ended
+	if a := <-got; a.err != nil || string(a.v.Result) != `{"reward":1}` {
+		t.Fatalf("verdict asked again after the session ended: %+v, want the same", a)
+	}
+	if grades != 1 {
+		t.Fatalf("the session was graded %d times, want once", grades)
+	}
+	if _, ok := o.Session("s1"); ok {
+		t.Fatal("the graded session was not ended")
+	}
+}
