@@ -11,6 +11,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // driving carries out one machine's effects and feeds it what the bus
@@ -184,7 +185,7 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 		}
 		d.armed, d.after = true, e.After
 	case machine.ReadMemberManifests:
-		values, err := snapshot(ctx, b.cfg.Bus.Manifests, events.ManifestKey(b.cfg.Run, e.CheckpointID)+".>")
+		values, err := jetstream.KVValues(ctx, b.cfg.Bus.Manifests, events.ManifestKey(b.cfg.Run, e.CheckpointID)+".>")
 		if err != nil {
 			return failed(fmt.Errorf("bridge: read member manifests: %w", err))
 		}

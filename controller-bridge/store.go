@@ -114,7 +114,7 @@ func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, 
 	// per key may be answered by a replica still catching up (direct gets
 	// go to any), which after a cluster node came back said a checkpoint
 	// just listed did not exist, and a release then deleted nothing of it.
-	values, err := snapshot(ctx, b.cfg.Bus.Manifests, b.cfg.Run+".*")
+	values, err := jetstream.KVValues(ctx, b.cfg.Bus.Manifests, b.cfg.Run+".*")
 	if err != nil {
 		return nil, fmt.Errorf("bridge: list manifests: %w", err)
 	}
@@ -335,7 +335,7 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 // served no phase; otherwise it returns the members of epoch, plus fresh
 // ones (a member that joined since the last phase serves the next).
 func (b *Bridge) liveMembers(ctx context.Context, epoch uint64, fresh bool) ([]events.Member, []events.MemberInfo, error) {
-	values, err := snapshot(ctx, b.cfg.Bus.Members, events.MemberKeyFilter(b.cfg.Run))
+	values, err := jetstream.KVValues(ctx, b.cfg.Bus.Members, events.MemberKeyFilter(b.cfg.Run))
 	if err != nil {
 		return nil, nil, fmt.Errorf("bridge: read members: %w", err)
 	}
@@ -365,29 +365,4 @@ func (b *Bridge) liveMembers(ctx context.Context, epoch uint64, fresh bool) ([]e
 	sort.Slice(members, func(i, j int) bool { return members[i] < members[j] })
 	sort.Slice(infos, func(i, j int) bool { return infos[i].Member < infos[j].Member })
 	return members, infos, nil
-}
-
-// snapshot reads the current values of a bucket's keys under filter in one
-// pass (a watcher's initial values), rather than one request per key.
-func snapshot(ctx context.Context, kv natsjs.KeyValue, filter string) (map[string][]byte, error) {
-	w, err := kv.Watch(ctx, filter, natsjs.IgnoreDeletes())
-	if err != nil {
-		return nil, err
-	}
-	defer w.Stop()
-	out := map[string][]byte{}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("watcher closed")
-			}
-			if e == nil {
-				return out, nil
-			}
-			out[e.Key()] = e.Value()
-		}
-	}
 }

@@ -144,30 +144,6 @@ func bucket(ctx context.Context, js natsjs.JetStream, name string) (natsjs.KeyVa
 	return kv, nil
 }
 
-// values reads every current value under filter in one pass.
-func values(ctx context.Context, kv natsjs.KeyValue, filter string) (map[string][]byte, error) {
-	w, err := kv.Watch(ctx, filter, natsjs.IgnoreDeletes())
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = w.Stop() }()
-	out := map[string][]byte{}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("watcher closed")
-			}
-			if e == nil {
-				return out, nil
-			}
-			out[e.Key()] = e.Value()
-		}
-	}
-}
-
 func (r *Report) problem(format string, args ...any) {
 	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
 }
@@ -195,7 +171,7 @@ func (s *stores) get(ctx context.Context, bucket string) (natsjs.ObjectStore, er
 }
 
 func (r *Report) readManifests(ctx context.Context, kv natsjs.KeyValue, records *stores) error {
-	vals, err := values(ctx, kv, r.Run+".>")
+	vals, err := jetstream.KVValues(ctx, kv, r.Run+".>")
 	if err != nil {
 		return fmt.Errorf("inspect: read %s: %w", jetstream.BucketManifests, err)
 	}
@@ -309,7 +285,7 @@ func (r *Report) kept(id string) bool {
 }
 
 func (r *Report) readMembers(ctx context.Context, kv natsjs.KeyValue) error {
-	vals, err := values(ctx, kv, events.MemberKeyFilter(r.Run))
+	vals, err := jetstream.KVValues(ctx, kv, events.MemberKeyFilter(r.Run))
 	if err != nil {
 		return fmt.Errorf("inspect: read %s: %w", jetstream.BucketMembers, err)
 	}
@@ -326,7 +302,7 @@ func (r *Report) readMembers(ctx context.Context, kv natsjs.KeyValue) error {
 }
 
 func (r *Report) readSnapshots(ctx context.Context, kv natsjs.KeyValue) error {
-	vals, err := values(ctx, kv, ">")
+	vals, err := jetstream.KVValues(ctx, kv, ">")
 	if err != nil {
 		return fmt.Errorf("inspect: read %s: %w", jetstream.BucketSnapshots, err)
 	}

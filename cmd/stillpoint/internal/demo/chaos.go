@@ -8,7 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -29,7 +28,6 @@ import (
 	"github.com/stillpoint/stillpoint/internal/invariant"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
-	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
 // The kinds of fault `stillpoint chaos` injects (--faults).
@@ -501,16 +499,12 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	for _, tk := range ts {
 		d.ids = append(d.ids, tk.RolloutID)
 	}
-	ms := modelserver.New(script)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ms, modelAddr, stopModel, err := serveModel(script)
 	if err != nil {
 		return err
 	}
-	msrv := &http.Server{Handler: ms, ReadHeaderTimeout: 10 * time.Second}
-	served := make(chan struct{})
-	go func() { defer close(served); _ = msrv.Serve(ln) }()
-	defer func() { _ = msrv.Close(); <-served }()
-	modelURL := "http://" + ln.Addr().String()
+	defer stopModel()
+	modelURL := "http://" + modelAddr
 
 	// One bridge fault a round: the first bridge is armed, the ones it is
 	// started again as are not; a second one drawn is missed.

@@ -229,17 +229,13 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	for i, t := range ts {
 		d.ids[i] = t.RolloutID
 	}
-	ms := modelserver.New(script)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ms, modelAddr, stopModel, err := serveModel(script)
 	if err != nil {
 		return err
 	}
-	msrv := &http.Server{Handler: ms, ReadHeaderTimeout: 10 * time.Second}
-	served := make(chan struct{})
-	go func() { defer close(served); _ = msrv.Serve(ln) }()
-	defer func() { _ = msrv.Close(); <-served }()
-	modelURL := "http://" + ln.Addr().String()
-	d.modelAddr = ln.Addr().String()
+	defer stopModel()
+	modelURL := "http://" + modelAddr
+	d.modelAddr = modelAddr
 	if f.provider == "microvm" {
 		// The harness runs in a VM: it reaches the model server through
 		// the owner's slirp forward, not the host's loopback.
@@ -873,4 +869,18 @@ func (d *demo) printReadBack(w io.Writer) {
 	fmt.Fprintf(w, "  nats %s sub --stream STILLPOINT --all -T --wait 5s -t 'sp.%s.phase.>'\n", natsConn, d.run)
 	fmt.Fprintf(w, "  nats %s sub --stream STILLPOINT --all -T --wait 5s --raw 'sp.%s.member.>'\n", natsConn, d.run)
 	fmt.Fprintf(w, "  nats %s kv get sp_manifests %s\n", natsConn, events.HeadKey(d.run))
+}
+
+// serveModel serves the scripted model of script on a free loopback port
+// until stop, which waits for the server to end.
+func serveModel(script modelserver.Script) (ms *modelserver.Server, addr string, stop func(), err error) {
+	ms = modelserver.New(script)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	srv := &http.Server{Handler: ms, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(ln) }()
+	return ms, ln.Addr().String(), func() { _ = srv.Close(); <-served }, nil
 }
