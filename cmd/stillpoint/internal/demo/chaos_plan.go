@@ -3,8 +3,11 @@ package demo
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/stillpoint/stillpoint/events"
 )
 
 // plannedTries is how many times a planned round is run when one of its
@@ -43,4 +46,49 @@ func (w *chaosWorld) plannedRound(ctx context.Context, k int, planned [][]planne
 			k, try, strings.Join(missed, ", "), w.f.tool*time.Duration(1<<try)))
 		fmt.Fprintf(w.env.Stdout, "chaos: round %d: %s missed its point; running it again (try %d of %d)\n", k, strings.Join(missed, ", "), try+1, plannedTries)
 	}
+}
+
+// plannedFault is one fault of a round: its kind, the phase it waits for
+// after its delay (the bridge's: its failpoint), and whom it hits.
+type plannedFault struct {
+	kind      string
+	phase     events.Phase
+	after     time.Duration
+	failpoint string
+}
+
+// parsePlan parses --plan: nil when it is empty.
+func parsePlan(plan string) ([][]plannedFault, error) {
+	if strings.TrimSpace(plan) == "" {
+		return nil, nil
+	}
+	var out [][]plannedFault
+	for r := range strings.SplitSeq(plan, ",") {
+		var round []plannedFault
+		for f := range strings.SplitSeq(strings.TrimSpace(r), "+") {
+			kind, at, ok := strings.Cut(f, "@")
+			switch {
+			case !ok || !slices.Contains(Faults, kind):
+				return nil, fmt.Errorf("%w: --plan: %q: want kind@phase or bridge@<failpoint>, kind one of %s", ErrUsage, f, strings.Join(Faults, ","))
+			case kind == FaultBridge && !slices.Contains(BridgeFailpoints, "bridge/"+at):
+				return nil, fmt.Errorf("%w: --plan: %q: the bridge's failpoints are %s", ErrUsage, f, strings.Join(BridgeFailpoints, ", "))
+			case kind != FaultBridge && !slices.Contains(chaosPhases, events.Phase(at)):
+				return nil, fmt.Errorf("%w: --plan: %q: the phases are %v", ErrUsage, f, chaosPhases)
+			}
+			p := plannedFault{kind: kind, phase: events.Phase(at)}
+			if kind == FaultBridge {
+				p.phase, p.failpoint = "", "bridge/"+at
+			}
+			round = append(round, p)
+		}
+		out = append(out, round)
+	}
+	return out, nil
+}
+
+func (p plannedFault) String() string {
+	if p.kind == FaultBridge {
+		return p.kind + "@" + strings.TrimPrefix(p.failpoint, "bridge/")
+	}
+	return fmt.Sprintf("%s@%s", p.kind, p.phase)
 }

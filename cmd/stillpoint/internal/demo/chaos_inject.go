@@ -1,0 +1,259 @@
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// injector injects a round's faults.
+type injector struct {
+	w         *chaosWorld
+	d         *demo
+	bus       *jetstream.Bus
+	nc        *nats.Conn
+	agents    []string
+	modelURL  string
+	rng       *rand.Rand        // whom a fault hits; used by run alone
+	collector *collectorProcess // the round's collector, when a fault kills it
+
+	mu          sync.Mutex
+	injected    map[string]int
+	missed      map[string]int
+	missedNames []string // the faults that missed, kind@point
+}
+
+func (i *injector) count(kind string, hit bool) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if hit {
+		i.injected[kind]++
+	} else {
+		i.missed[kind]++
+	}
+}
+
+// miss counts fault p missed.
+func (i *injector) miss(p plannedFault) {
+	i.count(p.kind, false)
+	i.mu.Lock()
+	i.missedNames = append(i.missedNames, p.String())
+	i.mu.Unlock()
+}
+
+// bridgeWatch starts the bridge again each time it exits on its own (an
+// armed failpoint) until ctx ends; with armed, the first bridge was armed,
+// and its exit is the fault; it reports it missed if the round ended first.
+func (i *injector) bridgeWatch(ctx context.Context, armed bool, failpoint string) {
+	for {
+		p := i.d.process("bridge")
+		select {
+		case <-ctx.Done():
+			if armed {
+				i.miss(plannedFault{kind: FaultBridge, failpoint: failpoint})
+			}
+			return
+		case <-p.Exited():
+		}
+		if armed {
+			i.count(FaultBridge, true)
+			armed = false
+		}
+		i.d.say("the bridge exited (%s); starting it again", strings.TrimSpace(lastLine(p.Output())))
+		for {
+			if _, err := i.d.startBridge(ctx); err == nil || ctx.Err() != nil {
+				break
+			}
+		}
+	}
+}
+
+// lastLine returns the last line of s.
+func lastLine(s string) string {
+	s = strings.TrimRight(s, "\n")
+	if j := strings.LastIndexByte(s, '\n'); j >= 0 {
+		return s[j+1:]
+	}
+	return s
+}
+
+// run injects the planned faults other than the bridge's, one after the
+// other: each after its delay, at the next phase of its kind on the bus.
+func (i *injector) run(ctx context.Context, plan []plannedFault, done func() int) {
+	phases := make(chan events.Phase, 64)
+	sub, err := i.nc.Subscribe(events.RunFilter(i.d.run), func(m *nats.Msg) {
+		p := point(i.d.run, m.Subject)
+		if p == "" {
+			return
+		}
+		select {
+		case phases <- p:
+		default:
+		}
+	})
+	if err != nil {
+		i.d.say("phase subscription: %v", err)
+		return
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	for _, p := range plan {
+		if p.kind == FaultBridge {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			i.miss(p)
+			continue
+		case <-time.After(p.after):
+		}
+		// Phases seen before the delay ended do not count.
+	drain:
+		for {
+			select {
+			case <-phases:
+			default:
+				break drain
+			}
+		}
+		hit := false
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				break wait
+			case ph := <-phases:
+				if ph == p.phase {
+					hit = true
+					break wait
+				}
+			}
+		}
+		if !hit || done() >= len(i.d.ids) {
+			i.miss(p)
+			continue
+		}
+		if err := i.inject(ctx, p, phases); err != nil {
+			i.d.say("%s: %v", p, err)
+			i.miss(p)
+			continue
+		}
+		i.count(p.kind, true)
+	}
+}
+
+// inject injects one fault now; a stall reads the points that follow
+// from phases.
+func (i *injector) inject(ctx context.Context, p plannedFault, phases <-chan events.Phase) error {
+	d := i.d
+	switch p.kind {
+	case FaultStall:
+		a := i.agents[i.rng.IntN(len(i.agents))]
+		proc := d.process("agent-" + a)
+		d.say("SIGSTOP of agent %s at %s, until a checkpoint fails", a, p.phase)
+		if err := proc.Signal(syscall.SIGSTOP); err != nil {
+			return err
+		}
+		defer func() {
+			d.say("SIGCONT of agent %s", a)
+			_ = proc.Signal(syscall.SIGCONT)
+		}()
+		limit := time.NewTimer(stallLimit)
+		defer limit.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-limit.C:
+				return nil
+			case ph := <-phases:
+				if ph == pointFailed {
+					return nil
+				}
+			}
+		}
+	case FaultAgent:
+		a := i.agents[i.rng.IntN(len(i.agents))]
+		d.say("kill -9 of agent %s at %s", a, p.phase)
+		if err := d.kill9(ctx, "agent-"+a); err != nil {
+			return err
+		}
+		return d.startAgent(ctx, i.bus, a, i.modelURL)
+	case FaultOwner:
+		d.say("kill -9 of the owner at %s", p.phase)
+		if err := d.kill9(ctx, "owner"); err != nil {
+			return err
+		}
+		return d.startOwner(ctx, nil, i.bus)
+	case FaultFleet:
+		d.say("kill -9 of the owner and the agents at %s", p.phase)
+		names := []string{"owner"}
+		for _, a := range i.agents {
+			names = append(names, "agent-"+a)
+		}
+		if err := d.kill9(ctx, names...); err != nil {
+			return err
+		}
+		if err := d.startOwner(ctx, nil, i.bus); err != nil {
+			return err
+		}
+		for _, a := range i.agents {
+			if err := d.startAgent(ctx, i.bus, a, i.modelURL); err != nil {
+				return err
+			}
+		}
+		return nil
+	case FaultSandboxd, FaultHarness:
+		pids, err := sandboxTargets(ctx, d.run, p)
+		if err != nil {
+			return err
+		}
+		pid := pids[i.rng.IntN(len(pids))]
+		d.say("kill -9 of %s process %d at %s", p.kind, pid, p.phase)
+		return killPID(pid)
+	case FaultCollector:
+		return i.collectorKill(ctx, p)
+	case FaultNATS:
+		if i.w.cluster() {
+			return errors.New("nats is a fault of one server; with --cluster, node")
+		}
+		d.say("kill -9 of the NATS server at %s, started again on its store", p.phase)
+		return i.w.restartNATS(ctx)
+	case FaultNode:
+		if !i.w.cluster() {
+			return errors.New("node is a fault of --cluster")
+		}
+		n := i.rng.IntN(len(i.w.nodes))
+		d.say("kill -9 of NATS node %s at %s", i.w.nodes[n].name, p.phase)
+		if err := i.w.killNode(ctx, n); err != nil {
+			return err
+		}
+		down := time.NewTimer(nodeDownFor)
+		defer down.Stop()
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				break wait
+			case <-down.C:
+				break wait
+			case ph := <-phases:
+				if ph == pointCommitted || ph == pointFailed {
+					break wait
+				}
+			}
+		}
+		d.say("NATS node %s started again on its store", i.w.nodes[n].name)
+		return i.w.startNode(context.WithoutCancel(ctx), n)
+	}
+	return fmt.Errorf("unknown fault kind %q", p.kind)
+}
