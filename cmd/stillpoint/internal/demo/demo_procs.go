@@ -1,0 +1,270 @@
+package demo
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/client"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/metrics"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+)
+
+// process returns the latest process named name.
+func (d *demo) process(name string) *child.Process {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.procs[name]
+}
+
+// waitMember waits for a new instance of member m, run by process proc,
+// to register.
+func (d *demo) waitMember(ctx context.Context, bus *jetstream.Bus, m events.Member, not string, proc string) error {
+	p := d.process(proc)
+	wctx, cancel := context.WithTimeoutCause(ctx, 30*time.Second,
+		fmt.Errorf("demo: %s did not register; see %s", m, filepath.Join(d.dir, "logs", proc+".log")))
+	defer cancel()
+	return poll.Until(wctx, poll.Every(50*time.Millisecond), func() (bool, error) {
+		if e, err := bus.Members.Get(ctx, events.MemberKey(d.run, m)); err == nil {
+			var info events.MemberInfo
+			if json.Unmarshal(e.Value(), &info) == nil && info.Instance != "" && info.Instance != not {
+				return true, nil
+			}
+		}
+		select {
+		case <-p.Exited():
+			return false, fmt.Errorf("demo: %s exited; see %s", proc, filepath.Join(d.dir, "logs", proc+".log"))
+		default:
+			return false, nil
+		}
+	})
+}
+
+func (d *demo) instance(ctx context.Context, bus *jetstream.Bus, m events.Member) string {
+	e, err := bus.Members.Get(ctx, events.MemberKey(d.run, m))
+	if err != nil {
+		return ""
+	}
+	var info events.MemberInfo
+	_ = json.Unmarshal(e.Value(), &info)
+	return info.Instance
+}
+
+// startBridge starts the bridge (again, on the address it had: the
+// collector's client keeps its URL), with extra in its environment, and
+// waits until it serves.
+func (d *demo) startBridge(ctx context.Context, extra ...string) (string, error) {
+	addr := d.bridgeAddr
+	if addr == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		addr = ln.Addr().String()
+		_ = ln.Close()
+		d.bridgeAddr = addr
+	}
+	if err := d.spawn("bridge", string(embedded.RoleBridge), append([]string{"STILLPOINT_BRIDGE_TOKEN=" + d.token}, extra...),
+		"bridge", "--run", d.run, "--listen", addr); err != nil {
+		return "", err
+	}
+	url := "http://" + addr
+	c, err := client.New(url, d.token)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	p := d.process("bridge")
+	wctx, cancel := context.WithTimeoutCause(ctx, 30*time.Second,
+		fmt.Errorf("demo: the bridge did not come up; see %s", filepath.Join(d.dir, "logs", "bridge.log")))
+	defer cancel()
+	err = poll.Until(wctx, poll.Every(50*time.Millisecond), func() (bool, error) {
+		select {
+		case <-p.Exited():
+			return false, fmt.Errorf("demo: the bridge exited; see %s", filepath.Join(d.dir, "logs", "bridge.log"))
+		default:
+		}
+		once, cancel := context.WithTimeout(wctx, time.Second)
+		defer cancel()
+		return c.Ready(once) == nil, nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return url, nil
+}
+
+// metricsAddr returns the metrics address of process name: a free
+// loopback port the first time, the same one after.
+func (d *demo) metricsAddr(name string) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if a, ok := d.metricsAddrs[name]; ok {
+		return a, nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	a := ln.Addr().String()
+	_ = ln.Close()
+	if d.metricsAddrs == nil {
+		d.metricsAddrs = map[string]string{}
+	}
+	d.metricsAddrs[name] = a
+	return a, nil
+}
+
+// serveMetrics serves the collector's metrics in this process until the
+// returned stop, and says where every process serves its own.
+func (d *demo) serveMetrics(ctx context.Context, set *metrics.Set, ready metrics.Probe, agents []string) (stop func(), err error) {
+	addr, err := d.metricsAddr("collector")
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = metrics.Serve(sctx, ln, metrics.Handler(set, ready)) }()
+	targets := []string{"collector http://" + addr + metrics.PathMetrics, "bridge http://" + d.bridgeAddr + metrics.PathMetrics}
+	for _, n := range append([]string{"owner"}, agentProcs(agents)...) {
+		a, err := d.metricsAddr(n)
+		if err != nil {
+			cancel()
+			<-done
+			return nil, err
+		}
+		targets = append(targets, n+" http://"+a+metrics.PathMetrics)
+	}
+	d.say("metrics: %s", strings.Join(targets, ", "))
+	return func() { cancel(); <-done }, nil
+}
+
+func agentProcs(agents []string) []string {
+	out := make([]string, len(agents))
+	for i, a := range agents {
+		out[i] = "agent-" + a
+	}
+	return out
+}
+
+func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstream.Bus) error {
+	prev := d.instance(ctx, bus, "owner.o1")
+	args := []string{"owner", "--run", d.run, "--name", "o1", "--provider", d.f.provider, "--state-dir", filepath.Join(d.dir, "owner"),
+		"--sandboxd", d.sandboxd, "--harness", d.harness}
+	if d.f.harness == harnessOpenCode {
+		args = append(args, "--task-kind", "command", "--opencode", d.driver)
+	}
+	if d.f.provider == "microvm" {
+		// Images and the warm template are kept for the next demo.
+		args = append(args, "--sandbox-upstream", d.modelAddr, "--microvm-cache", filepath.Join(os.TempDir(), "stillpoint-microvm-cache"), "--microvm-prune-cache")
+	}
+	if d.auth != nil {
+		args = append(args, "--sandbox-signer", filepath.Join(d.authDir, "sandbox-signer.json"))
+	}
+	maddr, err := d.metricsAddr("owner")
+	if err != nil {
+		return err
+	}
+	args = append(args, "--metrics-addr", maddr)
+	if err := d.spawn("owner", "owner.o1", nil, args...); err != nil {
+		return err
+	}
+	return d.waitMember(ctx, bus, "owner.o1", prev, "owner")
+}
+
+func (d *demo) startAgent(ctx context.Context, bus *jetstream.Bus, name, modelURL string) error {
+	m := events.Member("agent." + name)
+	prev := d.instance(ctx, bus, m)
+	args := []string{"agent", "--run", d.run, "--name", name, "--owner", "o1", "--model-url", modelURL, "--concurrency", fmt.Sprint(d.f.rollouts)}
+	if d.f.harness == harnessOpenCode {
+		args = append(args, "--adapter", "opencode", "--launch-timeout", "10m")
+	}
+	maddr, err := d.metricsAddr("agent-" + name)
+	if err != nil {
+		return err
+	}
+	args = append(args, "--metrics-addr", maddr)
+	if err := d.spawn("agent-"+name, string(m), nil, args...); err != nil {
+		return err
+	}
+	return d.waitMember(ctx, bus, m, prev, "agent-"+name)
+}
+
+// kill9 kills the named processes with SIGKILL and waits for them: a
+// crash, after which what they started (the owner's sandboxes) lives on.
+func (d *demo) kill9(ctx context.Context, names ...string) error {
+	for _, n := range names {
+		if p := d.process(n); p != nil {
+			if err := p.Kill(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// stopAll stops every process it started (SIGTERM, then SIGKILL after 20 s,
+// all at once) and waits for them.
+func (d *demo) stopAll() {
+	d.mu.Lock()
+	all := d.all
+	d.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range all {
+		wg.Go(func() { p.Stop() })
+	}
+	wg.Wait()
+}
+
+// reap stops sandboxes left in the owner's state directory and returns
+// their ids (none, when every session ended).
+func (d *demo) reap(ctx context.Context) []string {
+	cmd := exec.CommandContext(ctx, d.self, "owner", "--reap", "--provider", d.f.provider, "--state-dir", filepath.Join(d.dir, "owner"),
+		"--log-level", "error")
+	out, err := cmd.Output()
+	if err != nil {
+		return []string{"(reap failed: " + err.Error() + ")"}
+	}
+	var ids []string
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if s := strings.TrimSpace(sc.Text()); s != "" && !strings.HasPrefix(s, "stillpoint:") {
+			ids = append(ids, s)
+		}
+	}
+	return ids
+}
+
+// serveModel serves the scripted model of script on a free loopback port
+// until stop, which waits for the server to end.
+func serveModel(script modelserver.Script) (ms *modelserver.Server, addr string, stop func(), err error) {
+	ms = modelserver.New(script)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	srv := &http.Server{Handler: ms, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(ln) }()
+	return ms, ln.Addr().String(), func() { _ = srv.Close(); <-served }, nil
+}
