@@ -3,7 +3,6 @@ package agent
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -618,58 +617,6 @@ func (a *Agent) seed(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 	if bm.Restart {
 		r.log.Info().Bool("owner_restart_only", info.RestartOnly).Msg("restart-only rollout: never parked, restarts from its input")
 	}
-	return bm, nil
-}
-
-// VerifyWait bounds one verify request: the grade itself, and the resume
-// of a checkpoint that opened while it ran, which the owner waits for
-// before it ends the session and answers.
-const VerifyWait = 2 * time.Hour
-
-// verify asks the owner for the grade; the owner ends the session. While
-// the grade runs the run is at its verify bookmark: a checkpoint does not
-// wait for it (PROTOCOL §6), and exports the bookmark, at which a restored
-// attempt grades again.
-func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
-	a.mu.Lock()
-	r.at = atVerifying
-	a.mu.Unlock()
-	a.member.Notify()
-	// Asked again after a reconnect, each time with its own wait for the
-	// owner's service to be back (no responders) and its own VerifyWait.
-	verdict, err := acrossReconnects(r.ctx, a.nc, func(ctx context.Context) (json.RawMessage, error) {
-		return retryNoResponders(ctx, VerifyWait, func(ctx context.Context) (json.RawMessage, error) {
-			return a.verifyEnd(ctx, bm.Session)
-		})
-	})
-	if isAdmissionClosed(err) {
-		return bm, errAdmissionClosed
-	}
-	if err != nil {
-		a.mu.Lock()
-		open := a.closed
-		a.mu.Unlock()
-		if open && r.ctx.Err() == nil {
-			// A checkpoint that opened while the grade ran holds the run at
-			// its verify bookmark (and the owner its session): it fails
-			// after the checkpoint, not under it, and grades again then.
-			r.log.Warn().Err(err).Msg("the grade failed while a checkpoint was open; grading again after it")
-			return bm, errAdmissionClosed
-		}
-		if isCode(err, codeOwnerSandboxExited) || isCode(err, codeOwnerNoSandbox) {
-			// Its sandbox died (or the owner restarted without the
-			// session): nothing is left to grade.
-			return bm, fmt.Errorf("%w: verify %s: %w", errSandboxLost, r.key, err)
-		}
-		return bm, fmt.Errorf("agent: verify %s: %w", r.key, err)
-	}
-	a.mu.Lock()
-	restored := r.restored
-	r.seeded = false // the owner ended the session
-	a.mu.Unlock()
-	bm.Next = agentapi.StageReturn
-	bm.Result = &agentapi.Result{RolloutID: bm.Rollout, Attempt: r.ep.Attempt, Episode: r.key, Adapter: a.cfg.Adapter.Name(),
-		Answer: bm.Answer, Verdict: verdict, Restart: bm.Restart, Restored: restored}
 	return bm, nil
 }
 
