@@ -1,13 +1,9 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -20,7 +16,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/stillpoint/stillpoint/events"
-	"github.com/stillpoint/stillpoint/internal/atomicfile"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/sandboxd"
@@ -641,66 +636,6 @@ func (d *Daemon) recordLaunch(id, episode string, nopause bool) (undo func(), er
 			d.log.Warn().Err(err).Str("launch", id).Msg("forget the episode of a refused launch")
 		}
 	}, nil
-}
-
-func (d *Daemon) episodesFile() string {
-	return filepath.Join(d.sup.StateDir(), "episodes.json")
-}
-
-// loadEpisodes reads the launches' episodes kept by the last daemon; a
-// file that is torn or names what is not a launch or an episode is an
-// error naming the file, and is left as it is.
-func (d *Daemon) loadEpisodes() error {
-	b, err := os.ReadFile(d.episodesFile())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("daemon: %w", err)
-	}
-	eps, err := decodeEpisodes(b)
-	if err != nil {
-		return fmt.Errorf("daemon: state file %s: %w", d.episodesFile(), err)
-	}
-	maps.Copy(d.episodes, eps)
-	return nil
-}
-
-// decodeEpisodes checks the bytes of episodes.json: one JSON object from
-// launch id to episode key.
-func decodeEpisodes(b []byte) (map[string]string, error) {
-	t := bytes.TrimSpace(b)
-	if len(t) == 0 {
-		return nil, fmt.Errorf("empty (%d bytes): torn by a crash?", len(b))
-	}
-	dec := json.NewDecoder(bytes.NewReader(t))
-	var eps map[string]string
-	if err := dec.Decode(&eps); err != nil {
-		return nil, fmt.Errorf("torn or not JSON (%d bytes): %w", len(b), err)
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("trailing data after the JSON object (%d bytes)", len(b))
-	}
-	if eps == nil {
-		return nil, errors.New("null, not an object of launch ids")
-	}
-	for id, key := range eps {
-		if err := sandboxd.ValidateID(id); err != nil {
-			return nil, fmt.Errorf("launch %q: %w", id, err)
-		}
-		if _, err := events.ParseEpisode(key); err != nil {
-			return nil, fmt.Errorf("launch %s: %w", id, err)
-		}
-	}
-	return eps, nil
-}
-
-func (d *Daemon) saveEpisodesLocked() error {
-	b, _ := json.Marshal(d.episodes)
-	if err := atomicfile.Write(d.episodesFile(), b, 0o644); err != nil {
-		return fmt.Errorf("daemon: %w", err)
-	}
-	return nil
 }
 
 // summarize folds the results of a pause or continue of every launch into
