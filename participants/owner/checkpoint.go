@@ -127,7 +127,8 @@ func (o *Owner) Resume(_ context.Context, checkpointID string) error {
 // Export snapshots the sandbox of every live session in the commit's scope
 // (every live session when the scope is empty), at most
 // SnapshotParallelism at once, indexes the snapshots, and returns one
-// record per session, sorted by key. A snapshot that fails is taken once
+// record per session and one per kept verdict of a session a verify ended
+// (graded.go), sorted by key. A snapshot that fails is taken once
 // more; if it fails again (ErrSnapshot, naming the sandbox), the snapshots
 // the export took are deleted and the export fails. Outside ModeExported it
 // returns no records.
@@ -184,7 +185,11 @@ func (o *Owner) export(ctx context.Context, c events.Commit) ([]events.Record, e
 		}
 		return nil, err
 	}
-	recs := make([]events.Record, 0, len(sessions))
+	recs, err := o.gradedRecords(scope, seen)
+	if err != nil {
+		return nil, err
+	}
+	verdicts := len(recs)
 	for _, s := range sessions {
 		d := s.Data
 		if len(d) == 0 {
@@ -201,7 +206,7 @@ func (o *Owner) export(ctx context.Context, c events.Commit) ([]events.Record, e
 		recs = append(recs, events.Record{Key: s.Episode.String(), Data: b})
 	}
 	slices.SortFunc(recs, func(a, b events.Record) int { return cmp.Compare(a.Key, b.Key) })
-	o.log.Info().Str("checkpoint", c.CheckpointID).Int("sessions", len(recs)).Msg("exported")
+	o.log.Info().Str("checkpoint", c.CheckpointID).Int("sessions", len(recs)-verdicts).Int("verdicts", verdicts).Msg("exported")
 	return recs, nil
 }
 
@@ -258,6 +263,12 @@ func (o *Owner) parseRecord(i int, rec events.Record) (parsed, error) {
 	}
 	if err := events.ValidateRollout("session", d.Session); err != nil {
 		return bad("data.session: %v", err)
+	}
+	if d.Verdict != nil {
+		if err := checkGradedRecord(d); err != nil {
+			return bad("%v", err)
+		}
+		return parsed{ep: ep, data: d}, nil
 	}
 	if d.Sandbox.Provider != o.cfg.Provider.Name() {
 		return bad("data.sandbox.provider %q: this owner's provider is %q", d.Sandbox.Provider, o.cfg.Provider.Name())
@@ -317,6 +328,16 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	// A verdict kept for a session its grade ended is installed, not
+	// forked (graded.go).
+	var verdicts []parsed
+	ps = slices.DeleteFunc(ps, func(p parsed) bool {
+		if p.data.Verdict != nil {
+			verdicts = append(verdicts, p)
+			return true
+		}
+		return false
+	})
 
 	prov := o.cfg.Provider
 	forks := make([]*provider.Sandbox, len(ps))
@@ -354,12 +375,12 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 	if listed {
 		held = lister.Sandboxes()
 	}
-	installed := make([]events.Episode, 0, len(ps))
+	installed := make([]events.Episode, 0, len(ps)+len(verdicts))
 	o.mu.Lock()
 	// All or none, again under the lock: a session started meanwhile, or a
 	// cancelled install, installs nothing and leaves no fork.
 	var late error
-	for _, p := range ps {
+	for _, p := range slices.Concat(ps, verdicts) {
 		if _, ok := o.sessions[p.data.Session]; ok {
 			late = errors.Join(late, fmt.Errorf("%w: session %s was started during the install", ErrSessionExists, p.data.Session))
 		}
@@ -383,7 +404,12 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 		}
 		installed = append(installed, p.ep)
 	}
+	for _, p := range verdicts {
+		o.graded[p.data.Session] = &graded{episode: p.ep.Next(), verdict: p.data.Verdict, ended: time.Now()}
+		installed = append(installed, p.ep)
+	}
 	o.mu.Unlock()
+	slices.SortFunc(installed, func(a, b events.Episode) int { return cmp.Compare(a.String(), b.String()) })
 	for _, p := range ps {
 		old := p.data.Sandbox.SandboxID
 		if _, found := slices.BinarySearch(held, old); (listed && !found) || slices.ContainsFunc(forks, func(sb *provider.Sandbox) bool { return sb.ID == old }) {
@@ -395,15 +421,17 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 			o.daemonGone(ctx, old)
 		}
 	}
-	o.log.Info().Str("source", r.Source).Int("sessions", len(installed)).Msg("restored")
+	o.log.Info().Str("source", r.Source).Int("sessions", len(ps)).Int("verdicts", len(verdicts)).Msg("restored")
 	return installed, nil
 }
 
 // Retire stops the sandboxes of the sessions of the given attempts and
-// their earlier attempts, and forgets them; their snapshots stay. A
+// their earlier attempts, and forgets them and their kept verdicts; their
+// snapshots stay. A
 // session whose stop fails stays tracked, for a retry.
 func (o *Owner) Retire(ctx context.Context, eps []events.Episode) error {
 	o.mu.Lock()
+	o.retireGraded(eps)
 	var ids []string
 	for id, s := range o.sessions {
 		for _, ep := range eps {

@@ -72,7 +72,9 @@
 // bucket (snapshot id -> ownerapi.IndexEntry {run, snapshot, checkpoints})
 // and returns one record per session, keyed by its episode, with data an
 // ownerapi.RecordData {session, sandbox: {provider, snapshot, sandbox_id},
-// workdir, data}.
+// workdir, data}; and, for a session a verify ended, a record of its
+// verdict ({session, verdict}, no sandbox), which a restored owner answers
+// the session's verify with (graded.go).
 //
 // Install validates every record before it touches the provider, then
 // forks every snapshot or none, stops the superseded sandboxes it still

@@ -218,6 +218,7 @@ type Owner struct {
 	inFlight map[uint64]string         // request -> session id
 	grading  map[string]int            // session id -> grades running
 	verifies map[string]*verifyFlight  // session id -> its verify running, or just answered
+	graded   map[string]*graded        // session id -> the verdict of its verify, which ended it
 	nextReq  uint64
 	closed   bool          // admission closed by a prepare
 	reopen   chan struct{} // closed by the resume that reopens admission
@@ -259,6 +260,7 @@ func New(cfg Config) (*Owner, error) {
 		inFlight: map[uint64]string{},
 		grading:  map[string]int{},
 		verifies: map[string]*verifyFlight{},
+		graded:   map[string]*graded{},
 	}
 	if o.kind == nil {
 		o.kind = TaskFuncs{}

@@ -2,6 +2,7 @@ package owner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -164,6 +165,11 @@ func (o *Owner) verify(ctx context.Context, r ownerapi.VerifyRequest) (ownerapi.
 			return ownerapi.VerifyResult{}, ctx.Err()
 		}
 	}
+	if v, ok := o.gradedVerdict(r.SessionID); ok && r.End {
+		o.mu.Unlock()
+		o.log.Info().Str("session", r.SessionID).Msg("verify of a session its grade ended; answering the verdict kept")
+		return ownerapi.VerifyResult{SessionID: r.SessionID, Result: v}, nil
+	}
 	f = &verifyFlight{done: make(chan struct{}), end: r.End}
 	if s := o.sessions[r.SessionID]; s != nil {
 		f.sandbox = s.Sandbox.ID
@@ -232,7 +238,7 @@ func (o *Owner) gradeSession(ctx context.Context, r ownerapi.VerifyRequest) (own
 	}
 	defer o.leave(req)
 	if r.End {
-		if err := o.endGraded(ctx, r.SessionID, sess.Sandbox.ID); err != nil {
+		if err := o.endGraded(ctx, r.SessionID, sess.Sandbox.ID, res); err != nil {
 			return ownerapi.VerifyResult{}, err
 		}
 	}
@@ -267,9 +273,9 @@ func (o *Owner) startGrade(ctx context.Context, sessionID string) (*Session, fun
 }
 
 // endGraded ends the session after its grade, if it still has the sandbox
-// that was graded: one a retire, a park or a restore stopped or replaced
-// is left alone.
-func (o *Owner) endGraded(ctx context.Context, sessionID, sandboxID string) error {
+// that was graded, and keeps its verdict (graded.go); one a retire, a park
+// or a restore stopped or replaced is left alone.
+func (o *Owner) endGraded(ctx context.Context, sessionID, sandboxID string, verdict json.RawMessage) error {
 	o.mu.Lock()
 	s, ok := o.sessions[sessionID]
 	o.mu.Unlock()
@@ -279,6 +285,9 @@ func (o *Owner) endGraded(ctx context.Context, sessionID, sandboxID string) erro
 	err := o.end(ctx, sessionID)
 	if errors.Is(err, ErrNoSandbox) {
 		return nil
+	}
+	if err == nil {
+		o.recordGraded(sessionID, s.Episode, verdict)
 	}
 	return err
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -155,4 +157,98 @@ func TestVerifyAskedAgainIsAnsweredOnce(t *testing.T) {
 	if _, ok := o.Session("s1"); ok {
 		t.Fatal("the graded session was not ended")
 	}
+}
+
+// The members of a checkpoint prepare each on their own: an agent's
+// prepare may hold a run at its verify bookmark while the owner, whose
+// prepare comes after, has ended the graded session and sent the verdict
+// (the race that lost five rollouts of TestManyRolloutsThroughCheckpoints
+// AndACrash in CI). The owner's export carries the verdict of the ended
+// session, and a restored owner answers the restored run's verify with
+// it: the grade ran once, and the rollout is not lost for want of a
+// sandbox. A retire forgets the verdict; a malformed verdict record is
+// refused by name.
+func TestVerdictOfAnEndedSessionIsExportedAndRestored(t *testing.T) {
+	env := jstest.Start(t)
+	d := newDir(t)
+	grades := 0
+	cfg := baseConfig(t, env, d, "o1")
+	cfg.TaskKind = TaskFuncs{GradeFn: func(ctx context.Context, _ Execer, s *Session) (json.RawMessage, error) {
+		grades++
+		return json.RawMessage(`{"reward":0.5}`), nil
+	}}
+	a := newOwner(t, cfg)
+	ca := serve(t, env, a)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	start(t, a, "s1", ep("r1", 0))
+	start(t, a, "s2", ep("r2", 0))
+	if v, err := ca.VerifyEnd(ctx, ownerapi.VerifyRequest{SessionID: "s1", End: true}); err != nil || string(v.Result) != `{"reward":0.5}` {
+		t.Fatalf("verify: %+v %v", v, err)
+	}
+	if _, ok := a.Session("s1"); ok {
+		t.Fatal("the graded session was not ended")
+	}
+	recs := checkpoint(t, a, "c1")
+	if len(recs) != 2 || recs[0].Key != "r1" || recs[1].Key != "r2" {
+		t.Fatalf("records %+v, want the verdict of r1 and the session of r2", recs)
+	}
+	if r := decode(t, recs[0]); r.Session != "s1" || string(r.Verdict) != `{"reward":0.5}` || r.Sandbox != (ownerapi.SandboxRef{}) {
+		t.Fatalf("verdict record %s", recs[0].Data)
+	}
+	if got := snapshots(t, d); !slices.Equal(got, []string{"c1-s2"}) {
+		t.Fatalf("snapshots %v: the ended session has none", got)
+	}
+
+	// A fresh owner (after a crash) restores the checkpoint; the restored
+	// run at its verify bookmark asks again.
+	cfgB := cfg
+	cfgB.Name = "o2" // its own service: o1's answers from memory are not asked
+	b := newOwner(t, cfgB)
+	cb := serve(t, env, b)
+	restore := events.Restore{PhaseHeader: events.PhaseHeader{Run: testRun, CheckpointID: "restore-1", Epoch: 1}, Source: "c1"}
+	installed, err := b.Install(ctx, restore, recs)
+	if err != nil || !slices.Equal(installed, []events.Episode{ep("r1", 0), ep("r2", 0)}) {
+		t.Fatalf("Install: %v %v", installed, err)
+	}
+	if _, ok := b.Session("s1"); ok {
+		t.Fatal("a verdict was installed as a live session")
+	}
+	v, err := cb.VerifyEnd(ctx, ownerapi.VerifyRequest{SessionID: "s1", End: true})
+	if err != nil || string(v.Result) != `{"reward":0.5}` {
+		t.Fatalf("verify of the restored graded session: %+v %v, want the kept verdict", v, err)
+	}
+	if grades != 1 {
+		t.Fatalf("graded %d times, want once", grades)
+	}
+	// The restored owner exports the verdict again (the restored run may
+	// still be at verify at its next checkpoint).
+	if recs := checkpoint(t, b, "c2"); len(recs) != 2 || decode(t, recs[0]).Session != "s1" || decode(t, recs[0]).Verdict == nil {
+		t.Fatalf("records after the restore: %+v", recs)
+	}
+	// A retire of the restored attempt forgets it.
+	if err := b.Retire(ctx, []events.Episode{ep("r1", 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cb.VerifyEnd(ctx, ownerapi.VerifyRequest{SessionID: "s1", End: true}); !isServiceCode(err, "no_sandbox") {
+		t.Fatalf("verify after the retire: %v, want no_sandbox", err)
+	}
+
+	// A verdict record that names a sandbox too is refused, naming it.
+	bad := events.Record{Key: "r3", Data: json.RawMessage(`{"session":"s3","verdict":{"reward":1},"sandbox":{"provider":"dir","snapshot":"x","sandbox_id":"y"}}`)}
+	c := newOwner(t, cfg)
+	if _, err := c.Install(ctx, restore, []events.Record{bad}); !errors.Is(err, ErrRecord) || !strings.Contains(err.Error(), "data.verdict") {
+		t.Fatalf("Install of a verdict naming a sandbox: %v, want ErrRecord naming data.verdict", err)
+	}
+	if err := b.EndSession(ctx, "s2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Release(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func isServiceCode(err error, code string) bool {
+	var se *jetstream.ServiceError
+	return errors.As(err, &se) && se.Code == code
 }

@@ -9,16 +9,21 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 )
 
-// RecordData is the data of a record an owner exports: one session.
+// RecordData is the data of a record an owner exports: one session, or
+// the verdict of one that a verify ended (Verdict set, no sandbox).
 type RecordData struct {
 	// Session is the session id.
 	Session string `json:"session"`
 	// Sandbox names the snapshot the session's sandbox was captured as.
-	Sandbox SandboxRef `json:"sandbox"`
+	Sandbox SandboxRef `json:"sandbox,omitzero"`
 	// Workdir is the working directory inside the sandbox.
-	Workdir string `json:"workdir"`
+	Workdir string `json:"workdir,omitempty"`
 	// Data is the session data, {} when the setup returned none.
-	Data json.RawMessage `json:"data"`
+	Data json.RawMessage `json:"data,omitempty"`
+	// Verdict is the grade of a session its verify ended before the
+	// checkpoint: a restored owner answers a verify of the session with it
+	// (PROTOCOL §6, Sandbox owner).
+	Verdict json.RawMessage `json:"verdict,omitempty"`
 }
 
 // SandboxRef names a session's snapshot and the sandbox it was taken of.
