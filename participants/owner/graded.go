@@ -40,12 +40,23 @@ type graded struct {
 	exported bool // a checkpoint's export has carried it
 }
 
-// recordGraded keeps the verdict of session id, ended by its verify.
+// recordGraded keeps the verdict of session id, ended by its verify, in
+// the exported mode (no other exports anything), and drops the verdicts
+// kept long enough.
 func (o *Owner) recordGraded(id string, ep events.Episode, verdict json.RawMessage) {
+	if o.mode != ModeExported {
+		return
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.graded[id] = &graded{episode: ep, verdict: bytes.Clone(verdict), ended: time.Now()}
+	now := time.Now()
+	maps.DeleteFunc(o.graded, func(_ string, g *graded) bool { return g.kept(now) })
+	o.graded[id] = &graded{episode: ep, verdict: bytes.Clone(verdict), ended: now}
 }
+
+// kept tells whether g has been kept long enough: exported by a
+// checkpoint, and ended more than gradedKept ago.
+func (g *graded) kept(now time.Time) bool { return g.exported && now.Sub(g.ended) > gradedKept }
 
 // gradedVerdict returns the kept verdict of session id when the session is
 // gone: a verify of it (a restored run at its verify bookmark, or a repeat)
@@ -69,7 +80,7 @@ func (o *Owner) gradedRecords(scope map[events.Episode]bool, live map[events.Epi
 	var recs []events.Record
 	for _, id := range slices.Sorted(maps.Keys(o.graded)) {
 		g := o.graded[id]
-		if g.exported && now.Sub(g.ended) > gradedKept {
+		if g.kept(now) {
 			delete(o.graded, id)
 			continue
 		}
