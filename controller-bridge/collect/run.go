@@ -146,13 +146,21 @@ func (c *Collector) signal() {
 	}
 }
 
-// dispatch sends queued rollouts up to the concurrency bound.
+// dispatch sends queued rollouts up to the concurrency bound, after the
+// retires queued before them: an attempt that ended since Run's loop
+// flushed them (a lost sandbox's, queued again one attempt later) is
+// retired before its next attempt is sent.
 func (c *Collector) dispatch(ctx context.Context) {
 	for {
 		c.mu.Lock()
 		if c.stopping || c.recovering || len(c.queue) == 0 || len(c.inflight) >= c.cfg.Concurrency {
 			c.mu.Unlock()
 			return
+		}
+		if len(c.pendingRetire) > 0 {
+			c.mu.Unlock()
+			c.flushRetire(ctx)
+			continue
 		}
 		id := c.queue[0]
 		c.queue = c.queue[1:]
