@@ -1,0 +1,642 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/build"
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/procfs"
+	"github.com/stillpoint/stillpoint/internal/tier"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// scaleHost is the member-host program of the scale benchmark.
+const scaleHost = "./e2e/internal/scalehost"
+
+// The scale benchmark's knobs (go test ... -args -scale.hosts 10).
+var (
+	scaleHosts = flag.Int("scale.hosts", 20, "BenchmarkScale: member-host processes (members split evenly)")
+	scaleConns = flag.String("scale.conns", "member", "BenchmarkScale: one NATS connection per member (member) or per host process (host)")
+)
+
+// The scale benchmark's sizes (docs/SCALE.md).
+var (
+	scaleReplicas = []int{1, 3}
+	scaleMembers  = []int{1000, 2048, 5000, 10000}
+)
+
+const (
+	// scaleRun is the run the members serve, scaleFloorRun the one the
+	// floor's acks are written under (so that they never meet a phase).
+	scaleRun      = "scale"
+	scaleFloorRun = "scalefloor"
+	// scaleFloorSubject is the core-NATS subject of the floor's rounds.
+	scaleFloorSubject = "scale.floor"
+	// scaleClockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat's
+	// CPU times: 100 on every Linux this runs on.
+	scaleClockTicks = 100
+)
+
+// BenchmarkScale measures one checkpoint cycle of N members in separate
+// processes against nats-server child processes: one (replicas=1, stream
+// R1) or a 3-node cluster on loopback (replicas=3, every stream R3). The
+// bridge runs in this process; the members run in -scale.hosts scalehost
+// processes (e2e/internal/scalehost), each member a real member.Member of
+// kind sandbox with its own feed, state file and acks, as sandboxd runs
+// it. Each op is one Checkpoint call, prepare publish to resume publish.
+//
+// After the cycles the same processes run the bus floor of the protocol
+// under test: rounds of a core-NATS broadcast answered by every member's
+// once-only JetStream ack (and, when the cycles wrote a member manifest
+// per member, one such create too), three rounds a cycle as
+// controller-bridge's BenchmarkBusFloor. The metrics (docs/SCALE.md says
+// what each means): p50-ms, p99-ms, prepare-p50-ms, commit-p50-ms of the
+// cycle; stream-, kv- and obj-writes/member, writes/member and B/member
+// per cycle from the stream states' deltas; server-cpu-ms/op and
+// hosts-cpu-ms/op from /proc; consumers on STILLPOINT during the run;
+// floor-p50-ms, and x-floor, the cycle's p50 over the floor's.
+//
+// A size takes minutes to set up: run one at a time, with a small count:
+//
+//	go test -run '^$' -bench 'Scale/replicas=3/members=10000$' -benchtime 3x -timeout 60m ./e2e/
+func BenchmarkScale(b *testing.B) {
+	for _, r := range scaleReplicas {
+		b.Run("replicas="+strconv.Itoa(r), func(b *testing.B) {
+			for _, n := range scaleMembers {
+				b.Run("members="+strconv.Itoa(n), func(b *testing.B) {
+					w := startScale(b, scaleConfig{replicas: r, members: n, hosts: *scaleHosts, conns: *scaleConns})
+					w.warmUp(b)
+					var cycles []scaleCycle
+					w.begin(b)
+					i := 0
+					for b.Loop() {
+						i++
+						cycles = append(cycles, w.cycle(b, "c"+strconv.Itoa(i)))
+					}
+					f := w.end(b, cycles, max(len(cycles), 3))
+					f.report(b)
+					b.Logf("scale %s", f)
+				})
+			}
+		})
+	}
+}
+
+// TestScaleHarness runs the scale benchmark's harness once, small (200
+// members in 4 processes, R1), and checks that its figures are those of a
+// cycle that happened: every member in every cycle, writes and bytes per
+// member in the range the protocol allows, a server that worked, a floor
+// below the cycle.
+func TestScaleHarness(t *testing.T) {
+	tier.E2E(t)
+	const n = 200
+	w := startScale(t, scaleConfig{replicas: 1, members: n, hosts: 4, conns: "member"})
+	w.warmUp(t)
+	w.begin(t)
+	var cycles []scaleCycle
+	for i := range 3 {
+		cycles = append(cycles, w.cycle(t, "c"+strconv.Itoa(i+1)))
+	}
+	f := w.end(t, cycles, 3)
+	t.Logf("scale %s", f)
+	// Per member and cycle: at least its prepare and commit acks, at most
+	// (v1) four acks and a manifest, and a little of the bridge's.
+	if f.writes < 2 || f.writes > 6 {
+		t.Errorf("%.2f persisted writes per member per cycle, want 2 to 6", f.writes)
+	}
+	if f.bytes < 200 || f.bytes > 20000 {
+		t.Errorf("%.0f bytes per member per cycle, want 200 to 20,000", f.bytes)
+	}
+	if f.serverCPU <= 0 || f.hostsCPU <= 0 {
+		t.Errorf("server CPU %.1f ms, hosts CPU %.1f ms per cycle: a cycle costs CPU", f.serverCPU, f.hostsCPU)
+	}
+	if f.consumers < 1 || f.consumers > n+16 {
+		t.Errorf("%d consumers on the stream, want 1 to %d", f.consumers, n+16)
+	}
+	if f.floor <= 0 || f.floor > f.p50 {
+		t.Errorf("floor p50 %.1f ms, cycle p50 %.1f ms: the floor is a positive part of the cycle", f.floor, f.p50)
+	}
+	if f.prepare <= 0 || f.prepare+f.commit > f.p99+1 {
+		t.Errorf("prepare %.1f ms + commit %.1f ms against a cycle p99 %.1f ms", f.prepare, f.commit, f.p99)
+	}
+}
+
+// scaleConfig is one size of the benchmark.
+type scaleConfig struct {
+	replicas, members, hosts int
+	conns                    string
+}
+
+// scaleWorld is the servers, member hosts and bridge of one size.
+type scaleWorld struct {
+	cfg     scaleConfig
+	servers []*child.Process
+	hosts   []*child.Process
+	nc      *nats.Conn
+	js      natsjs.JetStream
+	bus     *jetstream.Bus
+	br      *bridge.Bridge
+	// consumers is the stream's consumer count once every member runs.
+	consumers int
+	// before is the bus and CPU at the start of the measured cycles.
+	before scaleState
+}
+
+// startScale starts the servers, the member hosts and the bridge of cfg,
+// and returns once every member has joined.
+func startScale(tb testing.TB, cfg scaleConfig) *scaleWorld {
+	tb.Helper()
+	cfg.hosts = max(1, min(cfg.hosts, cfg.members))
+	began := time.Now()
+	bins := build.StaticForTest(tb, build.Stillpoint, scaleHost)
+	w := &scaleWorld{cfg: cfg}
+	dir := tb.TempDir()
+	url := w.startServers(tb, bins[build.Stillpoint], dir)
+	tb.Logf("scale: %d server process(es) at %s (R%d), %.1f s", len(w.servers), url, cfg.replicas, time.Since(began).Seconds())
+
+	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
+	defer cancel()
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, Name: "scale-bench"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	if w.js, err = jetstream.New(nc); err != nil {
+		tb.Fatal(err)
+	}
+	w.nc = nc
+	if cfg.replicas > 1 {
+		w.provision(tb, ctx)
+	}
+	if w.bus, err = jetstream.Open(ctx, w.js); err != nil {
+		tb.Fatal(err)
+	}
+
+	w.startHosts(tb, bins[scaleHost], url)
+	tb.Logf("scale: %d members joined in %d processes, %.1f s", cfg.members, cfg.hosts, time.Since(began).Seconds())
+	w.waitHeartbeats(tb)
+
+	br, err := bridge.New(bridge.Config{Run: scaleRun, Conn: nc, JS: w.js, Bus: w.bus, PhaseTimeout: 2 * time.Minute,
+		Logger: zerolog.New(zerolog.NewTestWriter(tb)).Level(zerolog.WarnLevel)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(context.WithoutCancel(tb.Context()))
+	done := make(chan error, 1)
+	go func() { done <- br.Run(rctx) }()
+	tb.Cleanup(func() {
+		rcancel()
+		if err := <-done; err != nil {
+			tb.Errorf("bridge: %v", err)
+		}
+	})
+	w.br = br
+	return w
+}
+
+var (
+	scaleServerReady = regexp.MustCompile(`NATS ready at (\S+)`)
+	scaleNodeReady   = regexp.MustCompile(`node \S+ ready at (\S+)`)
+	scaleHostReady   = regexp.MustCompile(`scalehost \S+: floor on`)
+)
+
+// startServers starts one `stillpoint server` (R1) or three `stillpoint
+// chaos node` processes routed to each other (R3) and returns the URL.
+func (w *scaleWorld) startServers(tb testing.TB, stillpoint, dir string) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
+	defer cancel()
+	if w.cfg.replicas == 1 {
+		p := child.StartForTest(tb, child.Spec{Name: "nats", Path: stillpoint, LogFile: filepath.Join(dir, "nats.log"),
+			Args: []string{"server", "--dir", filepath.Join(dir, "nats"), "--listen", "127.0.0.1:0"}})
+		m, err := p.WaitOutput(ctx, scaleServerReady)
+		if err != nil {
+			tb.Fatalf("the NATS server did not come up: %v", err)
+		}
+		w.servers = []*child.Process{p}
+		return m[1]
+	}
+	if w.cfg.replicas != 3 {
+		tb.Fatalf("replicas %d: the benchmark runs 1 or 3", w.cfg.replicas)
+	}
+	addrs := make([]string, 0, 6)
+	var ls []net.Listener
+	for range 6 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ls = append(ls, l)
+		addrs = append(addrs, l.Addr().String())
+	}
+	for _, l := range ls {
+		_ = l.Close()
+	}
+	var routes, urls []string
+	for i := range 3 {
+		routes = append(routes, "nats-route://"+addrs[2*i+1])
+		urls = append(urls, "nats://"+addrs[2*i])
+	}
+	for i := range 3 {
+		name := "n" + strconv.Itoa(i)
+		w.servers = append(w.servers, child.StartForTest(tb, child.Spec{Name: "nats-" + name, Path: stillpoint,
+			LogFile: filepath.Join(dir, "nats-"+name+".log"),
+			Args: []string{"chaos", "node", "--name", name, "--dir", filepath.Join(dir, "nats", name),
+				"--listen", addrs[2*i], "--cluster-listen", addrs[2*i+1], "--routes", strings.Join(routes, ",")}}))
+	}
+	for _, p := range w.servers {
+		if _, err := p.WaitOutput(ctx, scaleNodeReady); err != nil {
+			tb.Fatalf("%s did not come up: %v", p.Name(), err)
+		}
+	}
+	return strings.Join(urls, ",")
+}
+
+// provision makes the bus at the cluster's replicas once a JetStream meta
+// leader is elected.
+func (w *scaleWorld) provision(tb testing.TB, ctx context.Context) {
+	tb.Helper()
+	var last error
+	err := poll.Until(ctx, poll.Every(250*time.Millisecond), func() (bool, error) {
+		once, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, last = jetstream.Provision(once, w.js, jetstream.Topology{Replicas: w.cfg.replicas})
+		return last == nil, nil
+	})
+	if err != nil {
+		tb.Fatalf("provision at R%d: %v (last: %v)", w.cfg.replicas, err, last)
+	}
+}
+
+// startHosts starts the member hosts, the members split evenly, and waits
+// until each says all its members joined.
+func (w *scaleWorld) startHosts(tb testing.TB, scalehost, url string) {
+	tb.Helper()
+	// The members' state files go to memory when it can: on one disk,
+	// 10,000 daemons' fsyncs would measure the disk, not the bus (each
+	// sandbox has a disk of its own).
+	state, err := os.MkdirTemp("/dev/shm", "stillpoint-scale-")
+	if err != nil {
+		state = tb.TempDir()
+	} else {
+		tb.Cleanup(func() { _ = os.RemoveAll(state) })
+	}
+	n, h := w.cfg.members, w.cfg.hosts
+	for i := range h {
+		k := n / h
+		if i < n%h {
+			k++
+		}
+		name := fmt.Sprintf("h%02d", i)
+		w.hosts = append(w.hosts, child.StartForTest(tb, child.Spec{Name: "scalehost-" + name, Path: scalehost,
+			Args: []string{"-url", url, "-run", scaleRun, "-name", name, "-members", strconv.Itoa(k),
+				"-state-dir", filepath.Join(state, name), "-conns", w.cfg.conns,
+				"-floor-subject", scaleFloorSubject, "-floor-run", scaleFloorRun}}))
+	}
+	// Generous: 10,000 members on a busy 2-core machine take minutes.
+	within := 3*time.Minute + time.Duration(n)*40*time.Millisecond
+	ctx, cancel := context.WithTimeout(tb.Context(), within)
+	defer cancel()
+	for i, p := range w.hosts {
+		if _, err := p.WaitOutput(ctx, scaleHostReady); err != nil {
+			tb.Fatalf("%s: its members did not all join within %s: %v", p.Name(), within, err)
+		}
+		if (i+1)%5 == 0 || i+1 == len(w.hosts) {
+			tb.Logf("scale: %d of %d member hosts ready", i+1, len(w.hosts))
+		}
+	}
+}
+
+// waitHeartbeats waits until sp_members holds a heartbeat of every member.
+func (w *scaleWorld) waitHeartbeats(tb testing.TB) {
+	tb.Helper()
+	var have int
+	poll.Wait(tb, 2*time.Minute, fmt.Sprintf("%d heartbeats in %s", w.cfg.members, jetstream.BucketMembers), func() bool {
+		ctx, cancel := context.WithTimeout(tb.Context(), time.Minute)
+		defer cancel()
+		keys, err := w.bus.Members.ListKeysFiltered(ctx, scaleRun+".>")
+		if err != nil {
+			return false
+		}
+		have = 0
+		for range keys.Keys() {
+			have++
+		}
+		return have == w.cfg.members
+	})
+}
+
+// scaleCycle is one checkpoint's times.
+type scaleCycle struct {
+	total, prepare, commit time.Duration
+}
+
+// cycle takes checkpoint id and fails unless every member committed it.
+func (w *scaleWorld) cycle(tb testing.TB, id string) scaleCycle {
+	tb.Helper()
+	start := time.Now()
+	res, err := w.br.Checkpoint(tb.Context(), bridgeapi.CheckpointRequest{ID: id, TimeoutMS: 120000})
+	took := time.Since(start)
+	if err != nil {
+		tb.Fatalf("checkpoint %s: %v", id, err)
+	}
+	if res.Status != bridgeapi.StatusCommitted {
+		if res.Failure != nil {
+			tb.Fatalf("checkpoint %s: %s: %+v", id, res.Status, *res.Failure)
+		}
+		tb.Fatalf("checkpoint %s: %s", id, res.Status)
+	}
+	if len(res.Members) != w.cfg.members {
+		tb.Fatalf("checkpoint %s committed with %d members, want all %d", id, len(res.Members), w.cfg.members)
+	}
+	return scaleCycle{total: took, prepare: time.Duration(res.PrepareMS) * time.Millisecond, commit: time.Duration(res.CommitMS) * time.Millisecond}
+}
+
+// warmUp takes one checkpoint that is not measured (the first makes the
+// consumers' and the bridge's state), waits for its resume acks, and
+// counts the stream's consumers.
+func (w *scaleWorld) warmUp(tb testing.TB) {
+	tb.Helper()
+	c := w.cycle(tb, "warm")
+	w.waitResumeAcks(tb)
+	st := w.state(tb)
+	w.consumers = st.consumers
+	tb.Logf("scale: warm-up checkpoint %.0f ms; %d consumers on %s", ms(c.total), w.consumers, jetstream.StreamName)
+}
+
+// begin marks the start of the measured cycles.
+func (w *scaleWorld) begin(tb testing.TB) {
+	tb.Helper()
+	w.before = w.state(tb)
+}
+
+// end waits for the last cycle's resume acks, reads the bus and the CPU,
+// runs floorCycles cycles of the bus floor and returns the figures.
+func (w *scaleWorld) end(tb testing.TB, cycles []scaleCycle, floorCycles int) scaleFigures {
+	tb.Helper()
+	if len(cycles) == 0 {
+		tb.Fatal("no cycle measured")
+	}
+	w.waitResumeAcks(tb)
+	after := w.state(tb)
+	n := float64(len(cycles) * w.cfg.members)
+	d := func(names ...string) (msgs, bytes float64) {
+		for name, a := range after.streams {
+			for _, want := range names {
+				if name == want || strings.HasSuffix(want, "*") && strings.HasPrefix(name, strings.TrimSuffix(want, "*")) {
+					bf := w.before.streams[name]
+					msgs += float64(a.LastSeq - bf.LastSeq)
+					bytes += float64(int64(a.Bytes) - int64(bf.Bytes))
+				}
+			}
+		}
+		return msgs / n, bytes / n
+	}
+	f := scaleFigures{cfg: w.cfg, cycles: len(cycles), consumers: w.consumers}
+	var mb, kb, ob float64
+	f.streamWrites, mb = d(jetstream.StreamName)
+	f.kvWrites, kb = d("KV_" + jetstream.BucketManifests)
+	f.objWrites, ob = d("OBJ_*")
+	f.writes, f.bytes = f.streamWrites+f.kvWrites+f.objWrites, mb+kb+ob
+	f.heartbeats, _ = d("KV_" + jetstream.BucketMembers)
+	f.serverCPU = ms(after.serverCPU-w.before.serverCPU) / float64(len(cycles))
+	f.hostsCPU = ms(after.hostsCPU-w.before.hostsCPU) / float64(len(cycles))
+	var total, prep, commit []time.Duration
+	for _, c := range cycles {
+		total, prep, commit = append(total, c.total), append(prep, c.prepare), append(commit, c.commit)
+	}
+	f.p50, f.p99 = quantile(total, 0.5), quantile(total, 0.99)
+	f.prepare, f.commit = quantile(prep, 0.5), quantile(commit, 0.5)
+
+	// The floor pays what the cycles paid per member: a manifest create
+	// at commit when they wrote one per member (v1), none when not (v2).
+	f.floorManifest = f.kvWrites >= 0.5
+	var floor []time.Duration
+	for i := range floorCycles {
+		floor = append(floor, w.floorCycle(tb, uint64(3*i), f.floorManifest))
+	}
+	f.floor = quantile(floor, 0.5)
+	return f
+}
+
+// floorPhases are the rounds of one floor cycle, as a cycle's phases.
+var floorPhases = []events.Phase{events.PhasePrepare, events.PhaseCommit, events.PhaseResume}
+
+// floorCycle runs one floor cycle, rounds base+1 to base+3, and returns
+// its time: each round from its broadcast until every member's ack is
+// read back from the stream and every host has its server acks.
+func (w *scaleWorld) floorCycle(tb testing.TB, base uint64, manifest bool) time.Duration {
+	tb.Helper()
+	var took time.Duration
+	for i, p := range floorPhases {
+		took += w.floorRound(tb, base+uint64(i)+1, p, manifest && p == events.PhaseCommit)
+	}
+	return took
+}
+
+func (w *scaleWorld) floorRound(tb testing.TB, round uint64, p events.Phase, manifest bool) time.Duration {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
+	defer cancel()
+	cons, err := w.js.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
+		FilterSubjects: []string{events.AckFilter(scaleFloorRun, round)}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var got atomic.Int64
+	acked := make(chan struct{})
+	cc, err := cons.Consume(func(natsjs.Msg) {
+		if got.Add(1) == int64(w.cfg.members) {
+			close(acked)
+		}
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer cc.Stop()
+	inbox := nats.NewInbox()
+	answers := make(chan string, len(w.hosts))
+	sub, err := w.nc.Subscribe(inbox, func(m *nats.Msg) { answers <- string(m.Data) })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	body, _ := json.Marshal(map[string]any{"round": round, "phase": string(p), "manifest": manifest})
+	start := time.Now()
+	if err := w.nc.PublishRequest(scaleFloorSubject, inbox, body); err != nil {
+		tb.Fatal(err)
+	}
+	for range w.hosts {
+		select {
+		case a := <-answers:
+			if a != "ok" {
+				tb.Fatalf("floor round %d (%s): a host answered %s", round, p, a)
+			}
+		case <-ctx.Done():
+			tb.Fatalf("floor round %d (%s): the hosts did not all answer: %v", round, p, ctx.Err())
+		}
+	}
+	select {
+	case <-acked:
+	case <-ctx.Done():
+		tb.Fatalf("floor round %d (%s): %d of %d acks read back", round, p, got.Load(), w.cfg.members)
+	}
+	return time.Since(start)
+}
+
+// waitResumeAcks waits until every member's ack of the run's last resume
+// is on the stream (the bridge does not wait for them: PROTOCOL §5), so
+// that the stream's state counts whole cycles.
+func (w *scaleWorld) waitResumeAcks(tb testing.TB) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
+	defer cancel()
+	last, err := w.bus.Stream.GetLastMsgForSubject(ctx, events.PhaseSubject(scaleRun, events.PhaseResume))
+	if err != nil {
+		tb.Fatalf("the last resume: %v", err)
+	}
+	seq, err := strconv.ParseUint(last.Header.Get(events.HeaderPrefix+events.ExtSeq), 10, 64)
+	if err != nil {
+		tb.Fatalf("the last resume's %s: %v", events.ExtSeq, err)
+	}
+	filter := events.AckSubject(scaleRun, seq, events.PhaseResume, "") + ">"
+	var pending uint64
+	err = poll.Until(ctx, poll.Every(200*time.Millisecond), func() (bool, error) {
+		c, err := w.bus.Stream.CreateConsumer(ctx, natsjs.ConsumerConfig{FilterSubject: filter, AckPolicy: natsjs.AckNonePolicy,
+			Replicas: 1, MemoryStorage: true, InactiveThreshold: time.Minute})
+		if err != nil {
+			return false, nil
+		}
+		defer func() { _ = w.bus.Stream.DeleteConsumer(context.WithoutCancel(ctx), c.CachedInfo().Name) }()
+		pending = c.CachedInfo().NumPending
+		return pending >= uint64(w.cfg.members), nil
+	})
+	if err != nil {
+		tb.Fatalf("%d of %d resume acks of phase %d: %v", pending, w.cfg.members, seq, err)
+	}
+}
+
+// scaleState is what the bus holds and the processes used at one moment.
+type scaleState struct {
+	streams             map[string]natsjs.StreamState
+	consumers           int
+	serverCPU, hostsCPU time.Duration
+}
+
+// state reads every stream's state and the CPU of the servers and hosts.
+func (w *scaleWorld) state(tb testing.TB) scaleState {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), time.Minute)
+	defer cancel()
+	st := scaleState{streams: map[string]natsjs.StreamState{}}
+	names := w.js.StreamNames(ctx)
+	for name := range names.Name() {
+		s, err := w.js.Stream(ctx, name)
+		if err != nil {
+			tb.Fatalf("stream %s: %v", name, err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			tb.Fatalf("stream %s: %v", name, err)
+		}
+		st.streams[name] = info.State
+		if name == jetstream.StreamName {
+			st.consumers = info.State.Consumers
+		}
+	}
+	if err := names.Err(); err != nil {
+		tb.Fatalf("stream names: %v", err)
+	}
+	st.serverCPU, st.hostsCPU = cpuOf(tb, w.servers), cpuOf(tb, w.hosts)
+	return st
+}
+
+// cpuOf adds up the user and system CPU time of ps.
+func cpuOf(tb testing.TB, ps []*child.Process) time.Duration {
+	tb.Helper()
+	var ticks uint64
+	for _, p := range ps {
+		s, _, err := procfs.ReadStat(p.Pid(), nil)
+		if err != nil {
+			tb.Fatalf("%s: %v", p.Name(), err)
+		}
+		ticks += s.UTime + s.STime
+	}
+	return time.Duration(ticks) * time.Second / scaleClockTicks
+}
+
+// scaleFigures are one size's results.
+type scaleFigures struct {
+	cfg                       scaleConfig
+	cycles, consumers         int
+	p50, p99, prepare, commit float64 // ms
+	streamWrites, kvWrites    float64 // per member and cycle
+	objWrites, writes, bytes  float64
+	heartbeats                float64
+	serverCPU, hostsCPU       float64 // ms per cycle
+	floor                     float64 // ms
+	floorManifest             bool
+}
+
+func (f scaleFigures) report(b *testing.B) {
+	b.ReportMetric(f.p50, "p50-ms")
+	b.ReportMetric(f.p99, "p99-ms")
+	b.ReportMetric(f.prepare, "prepare-p50-ms")
+	b.ReportMetric(f.commit, "commit-p50-ms")
+	b.ReportMetric(f.writes, "writes/member")
+	b.ReportMetric(f.streamWrites, "stream-writes/member")
+	b.ReportMetric(f.kvWrites, "kv-writes/member")
+	b.ReportMetric(f.objWrites, "obj-writes/member")
+	b.ReportMetric(f.bytes, "B/member")
+	b.ReportMetric(f.serverCPU, "server-cpu-ms/op")
+	b.ReportMetric(f.hostsCPU, "hosts-cpu-ms/op")
+	b.ReportMetric(float64(f.consumers), "consumers")
+	b.ReportMetric(f.floor, "floor-p50-ms")
+	b.ReportMetric(f.p50/f.floor, "x-floor")
+}
+
+func (f scaleFigures) String() string {
+	floor := "acks"
+	if f.floorManifest {
+		floor = "acks+manifest"
+	}
+	return fmt.Sprintf("R%d N=%d (%d hosts, conns per %s), %d cycles: p50 %.0f ms, p99 %.0f ms, prepare %.0f ms, commit %.0f ms; "+
+		"per member and cycle %.2f writes (stream %.2f, kv %.2f, obj %.2f), %.0f B; heartbeats %.2f per member over the cycles; "+
+		"server CPU %.0f ms, hosts CPU %.0f ms per cycle; %d consumers; floor (%s) p50 %.0f ms, cycle/floor %.2f",
+		f.cfg.replicas, f.cfg.members, f.cfg.hosts, f.cfg.conns, f.cycles, f.p50, f.p99, f.prepare, f.commit,
+		f.writes, f.streamWrites, f.kvWrites, f.objWrites, f.bytes, f.heartbeats,
+		f.serverCPU, f.hostsCPU, f.consumers, floor, f.floor, f.p50/f.floor)
+}
+
+// quantile returns the q quantile of ds in milliseconds.
+func quantile(ds []time.Duration, q float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return ms(s[int(q*float64(len(s)-1)+0.5)])
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
