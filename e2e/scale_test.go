@@ -3,9 +3,11 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -31,13 +33,21 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
-// scaleHost is the member-host program of the scale benchmark.
-const scaleHost = "./e2e/internal/scalehost"
+// The scale benchmark's programs: the member host and the NATS server.
+const (
+	scaleHost = "./e2e/internal/scalehost"
+	scaleNode = "./e2e/internal/scalenode"
+)
 
 // The scale benchmark's knobs (go test ... -args -scale.hosts 10).
 var (
 	scaleHosts = flag.Int("scale.hosts", 20, "BenchmarkScale: member-host processes (members split evenly)")
 	scaleConns = flag.String("scale.conns", "member", "BenchmarkScale: one NATS connection per member (member) or per host process (host)")
+	// The servers' default limit of consumers per stream: nats-server's
+	// own (1,000 in 2.15) unless set; -1 lifts it. A protocol that keeps a
+	// consumer per sandbox daemon (v1) needs it lifted past ~990 members.
+	scaleProfiles     = flag.String("scale.profiles", "", "BenchmarkScale: write each member host's CPU profile to this directory")
+	scaleMaxConsumers = flag.Int("scale.max-consumers", 0, "BenchmarkScale: the servers' default consumers per stream (0: nats-server's 1,000; -1: no limit)")
 )
 
 // The scale benchmark's sizes (docs/SCALE.md).
@@ -85,7 +95,7 @@ func BenchmarkScale(b *testing.B) {
 		b.Run("replicas="+strconv.Itoa(r), func(b *testing.B) {
 			for _, n := range scaleMembers {
 				b.Run("members="+strconv.Itoa(n), func(b *testing.B) {
-					w := startScale(b, scaleConfig{replicas: r, members: n, hosts: *scaleHosts, conns: *scaleConns})
+					w := startScale(b, scaleConfig{replicas: r, members: n, hosts: *scaleHosts, conns: *scaleConns, maxConsumers: *scaleMaxConsumers})
 					w.warmUp(b)
 					var cycles []scaleCycle
 					w.begin(b)
@@ -137,6 +147,10 @@ func TestScaleHarness(t *testing.T) {
 	if f.floor <= 0 || f.floor > f.p50 {
 		t.Errorf("floor p50 %.1f ms, cycle p50 %.1f ms: the floor is a positive part of the cycle", f.floor, f.p50)
 	}
+	if f.outMsgs < 1 || f.outKB <= 0 || f.prepareSize <= 0 || f.outcomeSize <= 0 {
+		t.Errorf("servers sent %.1f messages, %.1f KB per member and cycle; prepare event %.0f B, outcome %.0f B: none can be 0",
+			f.outMsgs, f.outKB, f.prepareSize, f.outcomeSize)
+	}
 	if f.prepare <= 0 || f.prepare+f.commit > f.p99+1 {
 		t.Errorf("prepare %.1f ms + commit %.1f ms against a cycle p99 %.1f ms", f.prepare, f.commit, f.p99)
 	}
@@ -146,17 +160,20 @@ func TestScaleHarness(t *testing.T) {
 type scaleConfig struct {
 	replicas, members, hosts int
 	conns                    string
+	maxConsumers             int
 }
 
 // scaleWorld is the servers, member hosts and bridge of one size.
 type scaleWorld struct {
 	cfg     scaleConfig
 	servers []*child.Process
-	hosts   []*child.Process
-	nc      *nats.Conn
-	js      natsjs.JetStream
-	bus     *jetstream.Bus
-	br      *bridge.Bridge
+	// monitors are the servers' monitoring URLs, as servers.
+	monitors []string
+	hosts    []*child.Process
+	nc       *nats.Conn
+	js       natsjs.JetStream
+	bus      *jetstream.Bus
+	br       *bridge.Bridge
 	// consumers is the stream's consumer count once every member runs.
 	consumers int
 	// before is the bus and CPU at the start of the measured cycles.
@@ -169,10 +186,10 @@ func startScale(tb testing.TB, cfg scaleConfig) *scaleWorld {
 	tb.Helper()
 	cfg.hosts = max(1, min(cfg.hosts, cfg.members))
 	began := time.Now()
-	bins := build.StaticForTest(tb, build.Stillpoint, scaleHost)
+	bins := build.StaticForTest(tb, scaleNode, scaleHost)
 	w := &scaleWorld{cfg: cfg}
 	dir := tb.TempDir()
-	url := w.startServers(tb, bins[build.Stillpoint], dir)
+	url := w.startServers(tb, bins[scaleNode], dir)
 	tb.Logf("scale: %d server process(es) at %s (R%d), %.1f s", len(w.servers), url, cfg.replicas, time.Since(began).Seconds())
 
 	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
@@ -186,9 +203,7 @@ func startScale(tb testing.TB, cfg scaleConfig) *scaleWorld {
 		tb.Fatal(err)
 	}
 	w.nc = nc
-	if cfg.replicas > 1 {
-		w.provision(tb, ctx)
-	}
+	w.provision(tb, ctx)
 	if w.bus, err = jetstream.Open(ctx, w.js); err != nil {
 		tb.Fatal(err)
 	}
@@ -216,59 +231,57 @@ func startScale(tb testing.TB, cfg scaleConfig) *scaleWorld {
 }
 
 var (
-	scaleServerReady = regexp.MustCompile(`NATS ready at (\S+)`)
-	scaleNodeReady   = regexp.MustCompile(`node \S+ ready at (\S+)`)
-	scaleHostReady   = regexp.MustCompile(`scalehost \S+: floor on`)
+	scaleNodeReady = regexp.MustCompile(`scalenode \S+ ready at (\S+) monitor (\S+)`)
+	scaleHostReady = regexp.MustCompile(`scalehost \S+: floor on`)
 )
 
-// startServers starts one `stillpoint server` (R1) or three `stillpoint
-// chaos node` processes routed to each other (R3) and returns the URL.
-func (w *scaleWorld) startServers(tb testing.TB, stillpoint, dir string) string {
+// startServers starts one scalenode (R1) or three routed to each other
+// (R3) and returns the URL.
+func (w *scaleWorld) startServers(tb testing.TB, scalenode, dir string) string {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
 	defer cancel()
-	if w.cfg.replicas == 1 {
-		p := child.StartForTest(tb, child.Spec{Name: "nats", Path: stillpoint, LogFile: filepath.Join(dir, "nats.log"),
-			Args: []string{"server", "--dir", filepath.Join(dir, "nats"), "--listen", "127.0.0.1:0"}})
-		m, err := p.WaitOutput(ctx, scaleServerReady)
-		if err != nil {
-			tb.Fatalf("the NATS server did not come up: %v", err)
+	limit := strconv.Itoa(w.cfg.maxConsumers)
+	var urls []string
+	switch w.cfg.replicas {
+	case 1:
+		w.servers = []*child.Process{child.StartForTest(tb, child.Spec{Name: "nats", Path: scalenode, LogFile: filepath.Join(dir, "nats.log"),
+			Args: []string{"-name", "n0", "-dir", filepath.Join(dir, "nats"), "-max-consumers", limit}})}
+	case 3:
+		addrs := make([]string, 0, 6)
+		var ls []net.Listener
+		for range 6 {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				tb.Fatal(err)
+			}
+			ls = append(ls, l)
+			addrs = append(addrs, l.Addr().String())
 		}
-		w.servers = []*child.Process{p}
-		return m[1]
-	}
-	if w.cfg.replicas != 3 {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+		var routes []string
+		for i := range 3 {
+			routes = append(routes, "nats-route://"+addrs[2*i+1])
+		}
+		for i := range 3 {
+			name := "n" + strconv.Itoa(i)
+			w.servers = append(w.servers, child.StartForTest(tb, child.Spec{Name: "nats-" + name, Path: scalenode,
+				LogFile: filepath.Join(dir, "nats-"+name+".log"),
+				Args: []string{"-name", name, "-dir", filepath.Join(dir, "nats", name), "-max-consumers", limit,
+					"-listen", addrs[2*i], "-cluster-listen", addrs[2*i+1], "-routes", strings.Join(routes, ",")}}))
+		}
+	default:
 		tb.Fatalf("replicas %d: the benchmark runs 1 or 3", w.cfg.replicas)
 	}
-	addrs := make([]string, 0, 6)
-	var ls []net.Listener
-	for range 6 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ls = append(ls, l)
-		addrs = append(addrs, l.Addr().String())
-	}
-	for _, l := range ls {
-		_ = l.Close()
-	}
-	var routes, urls []string
-	for i := range 3 {
-		routes = append(routes, "nats-route://"+addrs[2*i+1])
-		urls = append(urls, "nats://"+addrs[2*i])
-	}
-	for i := range 3 {
-		name := "n" + strconv.Itoa(i)
-		w.servers = append(w.servers, child.StartForTest(tb, child.Spec{Name: "nats-" + name, Path: stillpoint,
-			LogFile: filepath.Join(dir, "nats-"+name+".log"),
-			Args: []string{"chaos", "node", "--name", name, "--dir", filepath.Join(dir, "nats", name),
-				"--listen", addrs[2*i], "--cluster-listen", addrs[2*i+1], "--routes", strings.Join(routes, ",")}}))
-	}
 	for _, p := range w.servers {
-		if _, err := p.WaitOutput(ctx, scaleNodeReady); err != nil {
+		m, err := p.WaitOutput(ctx, scaleNodeReady)
+		if err != nil {
 			tb.Fatalf("%s did not come up: %v", p.Name(), err)
 		}
+		urls = append(urls, m[1])
+		w.monitors = append(w.monitors, m[2])
 	}
 	return strings.Join(urls, ",")
 }
@@ -309,10 +322,13 @@ func (w *scaleWorld) startHosts(tb testing.TB, scalehost, url string) {
 			k++
 		}
 		name := fmt.Sprintf("h%02d", i)
-		w.hosts = append(w.hosts, child.StartForTest(tb, child.Spec{Name: "scalehost-" + name, Path: scalehost,
-			Args: []string{"-url", url, "-run", scaleRun, "-name", name, "-members", strconv.Itoa(k),
-				"-state-dir", filepath.Join(state, name), "-conns", w.cfg.conns,
-				"-floor-subject", scaleFloorSubject, "-floor-run", scaleFloorRun}}))
+		args := []string{"-url", url, "-run", scaleRun, "-name", name, "-members", strconv.Itoa(k),
+			"-state-dir", filepath.Join(state, name), "-conns", w.cfg.conns,
+			"-floor-subject", scaleFloorSubject, "-floor-run", scaleFloorRun}
+		if *scaleProfiles != "" {
+			args = append(args, "-cpuprofile", filepath.Join(*scaleProfiles, fmt.Sprintf("R%d-N%d-%s.pprof", w.cfg.replicas, n, name)))
+		}
+		w.hosts = append(w.hosts, child.StartForTest(tb, child.Spec{Name: "scalehost-" + name, Path: scalehost, Args: args}))
 	}
 	// Generous: 10,000 members on a busy 2-core machine take minutes.
 	within := 3*time.Minute + time.Duration(n)*40*time.Millisecond
@@ -320,12 +336,22 @@ func (w *scaleWorld) startHosts(tb testing.TB, scalehost, url string) {
 	defer cancel()
 	for i, p := range w.hosts {
 		if _, err := p.WaitOutput(ctx, scaleHostReady); err != nil {
-			tb.Fatalf("%s: its members did not all join within %s: %v", p.Name(), within, err)
+			tb.Fatalf("%s: its members did not all join within %s: %v%s", p.Name(), within, err, consumerLimitHint(p.Output()))
 		}
 		if (i+1)%5 == 0 || i+1 == len(w.hosts) {
 			tb.Logf("scale: %d of %d member hosts ready", i+1, len(w.hosts))
 		}
 	}
+}
+
+// consumerLimitHint says what to do when what failed is the servers'
+// limit of consumers per stream.
+func consumerLimitHint(what string) string {
+	if !strings.Contains(what, "maximum consumers limit reached") {
+		return ""
+	}
+	return fmt.Sprintf(" (the stream's consumers hit the servers' limit, -scale.max-consumers=%d: a protocol with a consumer per "+
+		"sandbox daemon needs it lifted, -scale.max-consumers=-1; docs/SCALE.md)", *scaleMaxConsumers)
 }
 
 // waitHeartbeats waits until sp_members holds a heartbeat of every member.
@@ -359,11 +385,11 @@ func (w *scaleWorld) cycle(tb testing.TB, id string) scaleCycle {
 	res, err := w.br.Checkpoint(tb.Context(), bridgeapi.CheckpointRequest{ID: id, TimeoutMS: 120000})
 	took := time.Since(start)
 	if err != nil {
-		tb.Fatalf("checkpoint %s: %v", id, err)
+		tb.Fatalf("checkpoint %s: %v%s", id, err, consumerLimitHint(err.Error()))
 	}
 	if res.Status != bridgeapi.StatusCommitted {
 		if res.Failure != nil {
-			tb.Fatalf("checkpoint %s: %s: %+v", id, res.Status, *res.Failure)
+			tb.Fatalf("checkpoint %s: %s: %+v%s", id, res.Status, *res.Failure, consumerLimitHint(fmt.Sprint(*res.Failure)))
 		}
 		tb.Fatalf("checkpoint %s: %s", id, res.Status)
 	}
@@ -420,6 +446,11 @@ func (w *scaleWorld) end(tb testing.TB, cycles []scaleCycle, floorCycles int) sc
 	f.objWrites, ob = d("OBJ_*")
 	f.writes, f.bytes = f.streamWrites+f.kvWrites+f.objWrites, mb+kb+ob
 	f.heartbeats, _ = d("KV_" + jetstream.BucketMembers)
+	f.outMsgs = float64(after.traffic.OutMsgs-w.before.traffic.OutMsgs) / n
+	f.outKB = float64(after.traffic.OutBytes-w.before.traffic.OutBytes) / n / 1000
+	f.inMsgs = float64(after.traffic.InMsgs-w.before.traffic.InMsgs) / n
+	f.prepareSize = w.eventSize(tb, events.PhaseSubject(scaleRun, events.PhasePrepare))
+	f.outcomeSize = w.eventSize(tb, events.OutcomeSubject(scaleRun, events.TypeCheckpointCommitted))
 	f.serverCPU = ms(after.serverCPU-w.before.serverCPU) / float64(len(cycles))
 	f.hostsCPU = ms(after.hostsCPU-w.before.hostsCPU) / float64(len(cycles))
 	var total, prep, commit []time.Duration
@@ -542,6 +573,17 @@ type scaleState struct {
 	streams             map[string]natsjs.StreamState
 	consumers           int
 	serverCPU, hostsCPU time.Duration
+	// traffic is the servers' /varz counters added up: every message and
+	// byte they received and sent, clients and routes alike.
+	traffic scaleTraffic
+}
+
+// scaleTraffic is what /varz counts of a server's messages and bytes.
+type scaleTraffic struct {
+	InMsgs   uint64 `json:"in_msgs"`
+	OutMsgs  uint64 `json:"out_msgs"`
+	InBytes  uint64 `json:"in_bytes"`
+	OutBytes uint64 `json:"out_bytes"`
 }
 
 // state reads every stream's state and the CPU of the servers and hosts.
@@ -569,7 +611,55 @@ func (w *scaleWorld) state(tb testing.TB) scaleState {
 		tb.Fatalf("stream names: %v", err)
 	}
 	st.serverCPU, st.hostsCPU = cpuOf(tb, w.servers), cpuOf(tb, w.hosts)
+	for _, m := range w.monitors {
+		t := varz(tb, ctx, m)
+		st.traffic.InMsgs += t.InMsgs
+		st.traffic.OutMsgs += t.OutMsgs
+		st.traffic.InBytes += t.InBytes
+		st.traffic.OutBytes += t.OutBytes
+	}
 	return st
+}
+
+// varz reads a server's message and byte counters from its monitoring.
+func varz(tb testing.TB, ctx context.Context, monitor string) scaleTraffic {
+	tb.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, monitor+"/varz", nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tb.Fatalf("%s/varz: %v", monitor, err)
+	}
+	defer resp.Body.Close()
+	var t scaleTraffic
+	if err := json.NewDecoder(resp.Body).Decode(&t); err != nil {
+		tb.Fatalf("%s/varz: %v", monitor, err)
+	}
+	return t
+}
+
+// eventSize returns the size, headers and data, of the last message on
+// subject, 0 if there is none.
+func (w *scaleWorld) eventSize(tb testing.TB, subject string) float64 {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), time.Minute)
+	defer cancel()
+	m, err := w.bus.Stream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, natsjs.ErrMsgNotFound) {
+		return 0
+	}
+	if err != nil {
+		tb.Fatalf("the last message on %s: %v", subject, err)
+	}
+	size := len(m.Data)
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			size += len(k) + len(v) + 4
+		}
+	}
+	return float64(size)
 }
 
 // cpuOf adds up the user and system CPU time of ps.
@@ -594,6 +684,8 @@ type scaleFigures struct {
 	streamWrites, kvWrites    float64 // per member and cycle
 	objWrites, writes, bytes  float64
 	heartbeats                float64
+	inMsgs, outMsgs, outKB    float64 // the servers', per member and cycle
+	prepareSize, outcomeSize  float64 // bytes of the last prepare and committed outcome
 	serverCPU, hostsCPU       float64 // ms per cycle
 	floor                     float64 // ms
 	floorManifest             bool
@@ -609,6 +701,11 @@ func (f scaleFigures) report(b *testing.B) {
 	b.ReportMetric(f.kvWrites, "kv-writes/member")
 	b.ReportMetric(f.objWrites, "obj-writes/member")
 	b.ReportMetric(f.bytes, "B/member")
+	b.ReportMetric(f.inMsgs, "srv-in-msgs/member")
+	b.ReportMetric(f.outMsgs, "srv-out-msgs/member")
+	b.ReportMetric(f.outKB, "srv-out-KB/member")
+	b.ReportMetric(f.prepareSize, "prepare-event-B")
+	b.ReportMetric(f.outcomeSize, "committed-event-B")
 	b.ReportMetric(f.serverCPU, "server-cpu-ms/op")
 	b.ReportMetric(f.hostsCPU, "hosts-cpu-ms/op")
 	b.ReportMetric(float64(f.consumers), "consumers")
@@ -623,9 +720,11 @@ func (f scaleFigures) String() string {
 	}
 	return fmt.Sprintf("R%d N=%d (%d hosts, conns per %s), %d cycles: p50 %.0f ms, p99 %.0f ms, prepare %.0f ms, commit %.0f ms; "+
 		"per member and cycle %.2f writes (stream %.2f, kv %.2f, obj %.2f), %.0f B; heartbeats %.2f per member over the cycles; "+
+		"servers in %.1f msgs, out %.1f msgs and %.1f KB per member and cycle; prepare event %.0f B, committed outcome %.0f B; "+
 		"server CPU %.0f ms, hosts CPU %.0f ms per cycle; %d consumers; floor (%s) p50 %.0f ms, cycle/floor %.2f",
 		f.cfg.replicas, f.cfg.members, f.cfg.hosts, f.cfg.conns, f.cycles, f.p50, f.p99, f.prepare, f.commit,
 		f.writes, f.streamWrites, f.kvWrites, f.objWrites, f.bytes, f.heartbeats,
+		f.inMsgs, f.outMsgs, f.outKB, f.prepareSize, f.outcomeSize,
 		f.serverCPU, f.hostsCPU, f.consumers, floor, f.floor, f.p50/f.floor)
 }
 

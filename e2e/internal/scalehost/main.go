@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 )
 
@@ -20,7 +21,19 @@ func main() {
 	flag.StringVar(&cfg.floorSubject, "floor-subject", "", "the core-NATS subject of the bus floor's rounds (empty: no floor)")
 	flag.StringVar(&cfg.floorRun, "floor-run", "", "the run id of the floor's ack subjects")
 	flag.IntVar(&cfg.starting, "starting", 32, "how many members start at once")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "scalehost %s: -cpuprofile: %v\n", cfg.name, err)
+			os.Exit(2)
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -28,6 +41,7 @@ func main() {
 	context.AfterFunc(ctx, stop)
 	if err := run(ctx, cfg, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "scalehost %s: %v\n", cfg.name, err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
