@@ -365,6 +365,7 @@ func (w *scaleWorld) waitHeartbeats(tb testing.TB) {
 		if err != nil {
 			return false
 		}
+		defer func() { _ = keys.Stop() }()
 		have = 0
 		for range keys.Keys() {
 			have++
@@ -450,6 +451,7 @@ func (w *scaleWorld) end(tb testing.TB, cycles []scaleCycle, floorCycles int) sc
 	f.outKB = float64(after.traffic.OutBytes-w.before.traffic.OutBytes) / n / 1000
 	f.inMsgs = float64(after.traffic.InMsgs-w.before.traffic.InMsgs) / n
 	f.prepareSize = w.eventSize(tb, events.PhaseSubject(scaleRun, events.PhasePrepare))
+	f.manifestSize = w.manifestSize(tb, "c"+strconv.Itoa(len(cycles)))
 	f.outcomeSize = w.eventSize(tb, events.OutcomeSubject(scaleRun, events.TypeCheckpointCommitted))
 	f.serverCPU = ms(after.serverCPU-w.before.serverCPU) / float64(len(cycles))
 	f.hostsCPU = ms(after.hostsCPU-w.before.hostsCPU) / float64(len(cycles))
@@ -464,9 +466,11 @@ func (w *scaleWorld) end(tb testing.TB, cycles []scaleCycle, floorCycles int) sc
 	// at commit when they wrote one per member (v1), none when not (v2).
 	f.floorManifest = f.kvWrites >= 0.5
 	var floor []time.Duration
+	cpu := cpuOf(tb, w.servers)
 	for i := range floorCycles {
 		floor = append(floor, w.floorCycle(tb, uint64(3*i), f.floorManifest))
 	}
+	f.floorServerCPU = ms(cpuOf(tb, w.servers)-cpu) / float64(floorCycles)
 	f.floor = quantile(floor, 0.5)
 	return f
 }
@@ -662,6 +666,19 @@ func (w *scaleWorld) eventSize(tb testing.TB, subject string) float64 {
 	return float64(size)
 }
 
+// manifestSize returns the size of checkpoint id's manifest in
+// sp_manifests (<run>.<id>), whatever its schema.
+func (w *scaleWorld) manifestSize(tb testing.TB, id string) float64 {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), time.Minute)
+	defer cancel()
+	e, err := w.bus.Manifests.Get(ctx, scaleRun+"."+id)
+	if err != nil {
+		tb.Fatalf("the manifest of %s: %v", id, err)
+	}
+	return float64(len(e.Value()))
+}
+
 // cpuOf adds up the user and system CPU time of ps.
 func cpuOf(tb testing.TB, ps []*child.Process) time.Duration {
 	tb.Helper()
@@ -686,6 +703,8 @@ type scaleFigures struct {
 	heartbeats                float64
 	inMsgs, outMsgs, outKB    float64 // the servers', per member and cycle
 	prepareSize, outcomeSize  float64 // bytes of the last prepare and committed outcome
+	manifestSize              float64 // bytes of the last checkpoint manifest in sp_manifests
+	floorServerCPU            float64 // ms per floor cycle
 	serverCPU, hostsCPU       float64 // ms per cycle
 	floor                     float64 // ms
 	floorManifest             bool
@@ -706,7 +725,9 @@ func (f scaleFigures) report(b *testing.B) {
 	b.ReportMetric(f.outKB, "srv-out-KB/member")
 	b.ReportMetric(f.prepareSize, "prepare-event-B")
 	b.ReportMetric(f.outcomeSize, "committed-event-B")
+	b.ReportMetric(f.manifestSize, "manifest-B")
 	b.ReportMetric(f.serverCPU, "server-cpu-ms/op")
+	b.ReportMetric(f.floorServerCPU, "floor-server-cpu-ms/op")
 	b.ReportMetric(f.hostsCPU, "hosts-cpu-ms/op")
 	b.ReportMetric(float64(f.consumers), "consumers")
 	b.ReportMetric(f.floor, "floor-p50-ms")
@@ -720,12 +741,13 @@ func (f scaleFigures) String() string {
 	}
 	return fmt.Sprintf("R%d N=%d (%d hosts, conns per %s), %d cycles: p50 %.0f ms, p99 %.0f ms, prepare %.0f ms, commit %.0f ms; "+
 		"per member and cycle %.2f writes (stream %.2f, kv %.2f, obj %.2f), %.0f B; heartbeats %.2f per member over the cycles; "+
-		"servers in %.1f msgs, out %.1f msgs and %.1f KB per member and cycle; prepare event %.0f B, committed outcome %.0f B; "+
-		"server CPU %.0f ms, hosts CPU %.0f ms per cycle; %d consumers; floor (%s) p50 %.0f ms, cycle/floor %.2f",
+		"servers in %.1f msgs, out %.1f msgs and %.1f KB per member and cycle; prepare event %.0f B, committed outcome %.0f B, "+
+		"checkpoint manifest %.0f B; server CPU %.0f ms, hosts CPU %.0f ms per cycle; %d consumers; "+
+		"floor (%s) p50 %.0f ms, its server CPU %.0f ms; cycle/floor %.2f",
 		f.cfg.replicas, f.cfg.members, f.cfg.hosts, f.cfg.conns, f.cycles, f.p50, f.p99, f.prepare, f.commit,
 		f.writes, f.streamWrites, f.kvWrites, f.objWrites, f.bytes, f.heartbeats,
-		f.inMsgs, f.outMsgs, f.outKB, f.prepareSize, f.outcomeSize,
-		f.serverCPU, f.hostsCPU, f.consumers, floor, f.floor, f.p50/f.floor)
+		f.inMsgs, f.outMsgs, f.outKB, f.prepareSize, f.outcomeSize, f.manifestSize,
+		f.serverCPU, f.hostsCPU, f.consumers, floor, f.floor, f.floorServerCPU, f.p50/f.floor)
 }
 
 // quantile returns the q quantile of ds in milliseconds.
