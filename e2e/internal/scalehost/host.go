@@ -145,13 +145,17 @@ func run(ctx context.Context, cfg hostConfig, out io.Writer) error {
 			byConn[h.nc] = st
 		}
 		h.js, h.floor = st.js, st.floor
-		m, err := member.New(member.Config{Run: cfg.run, Member: h.name, JS: st.js, Bus: st.bus,
-			Participant: membertest.NewParticipant(h.name.Name()), Logger: log.With().Str("member", string(h.name)).Logger(),
-			StateFile: filepath.Join(cfg.stateDir, h.name.Name()+".json")})
+		p := membertest.NewParticipant(h.name.Name())
+		mcfg := member.Config{Run: cfg.run, Member: h.name, JS: st.js, Bus: st.bus,
+			Participant: daemonLike{p: p}, Logger: log.With().Str("member", string(h.name)).Logger(),
+			StateFile: filepath.Join(cfg.stateDir, h.name.Name()+".json")}
+		sandboxFeed(&mcfg)
+		m, err := member.New(mcfg)
 		if err != nil {
 			return err
 		}
 		h.m = m
+		p.Bind(m)
 		if h.ack, err = events.Marshal(h.name, events.PrepareAck{AckHeader: events.AckHeader{Run: cfg.run, Member: h.name,
 			Seq: 1, CheckpointID: "ckpt1", Epoch: 1, OK: true, State: events.StatePrepared}}); err != nil {
 			return err
