@@ -39,15 +39,21 @@ const (
 	scaleNode = "./e2e/internal/scalenode"
 )
 
-// The scale benchmark's knobs (go test ... -args -scale.hosts 10).
+// The scale benchmark's knobs (go test -bench Scale ./e2e/ -scale.hosts 10).
 var (
 	scaleHosts = flag.Int("scale.hosts", 20, "BenchmarkScale: member-host processes (members split evenly)")
 	scaleConns = flag.String("scale.conns", "member", "BenchmarkScale: one NATS connection per member (member) or per host process (host)")
 	// The servers' default limit of consumers per stream: nats-server's
 	// own (1,000 in 2.15) unless set; -1 lifts it. A protocol that keeps a
 	// consumer per sandbox daemon (v1) needs it lifted past ~990 members.
-	scaleProfiles     = flag.String("scale.profiles", "", "BenchmarkScale: write each member host's CPU profile to this directory")
 	scaleMaxConsumers = flag.Int("scale.max-consumers", 0, "BenchmarkScale: the servers' default consumers per stream (0: nats-server's 1,000; -1: no limit)")
+	scaleProfiles     = flag.String("scale.profiles", "", "BenchmarkScale: write each member host's CPU profile to this directory")
+	// The floor alone: the hosts start no member, and each op is one floor
+	// cycle (acks only, or with -scale.floor-manifest a manifest per member
+	// at commit as v1 writes): the least a protocol can pay at sizes its
+	// members cannot reach on this machine.
+	scaleFloorOnly     = flag.Bool("scale.floor-only", false, "BenchmarkScale: measure the bus floor alone, no members, no bridge")
+	scaleFloorManifest = flag.Bool("scale.floor-manifest", false, "BenchmarkScale: with -scale.floor-only, a member manifest per member at commit (v1's)")
 )
 
 // The scale benchmark's sizes (docs/SCALE.md).
@@ -95,7 +101,13 @@ func BenchmarkScale(b *testing.B) {
 		b.Run("replicas="+strconv.Itoa(r), func(b *testing.B) {
 			for _, n := range scaleMembers {
 				b.Run("members="+strconv.Itoa(n), func(b *testing.B) {
-					w := startScale(b, scaleConfig{replicas: r, members: n, hosts: *scaleHosts, conns: *scaleConns, maxConsumers: *scaleMaxConsumers})
+					cfg := scaleConfig{replicas: r, members: n, hosts: *scaleHosts, conns: *scaleConns, maxConsumers: *scaleMaxConsumers,
+						floorOnly: *scaleFloorOnly}
+					w := startScale(b, cfg)
+					if cfg.floorOnly {
+						w.floorOnly(b, *scaleFloorManifest)
+						return
+					}
 					w.warmUp(b)
 					var cycles []scaleCycle
 					w.begin(b)
@@ -161,6 +173,7 @@ type scaleConfig struct {
 	replicas, members, hosts int
 	conns                    string
 	maxConsumers             int
+	floorOnly                bool
 }
 
 // scaleWorld is the servers, member hosts and bridge of one size.
@@ -209,6 +222,10 @@ func startScale(tb testing.TB, cfg scaleConfig) *scaleWorld {
 	}
 
 	w.startHosts(tb, bins[scaleHost], url)
+	if cfg.floorOnly {
+		tb.Logf("scale: %d floor members in %d processes, %.1f s", cfg.members, cfg.hosts, time.Since(began).Seconds())
+		return w
+	}
 	tb.Logf("scale: %d members joined in %d processes, %.1f s", cfg.members, cfg.hosts, time.Since(began).Seconds())
 	w.waitHeartbeats(tb)
 
@@ -325,6 +342,9 @@ func (w *scaleWorld) startHosts(tb testing.TB, scalehost, url string) {
 		args := []string{"-url", url, "-run", scaleRun, "-name", name, "-members", strconv.Itoa(k),
 			"-state-dir", filepath.Join(state, name), "-conns", w.cfg.conns,
 			"-floor-subject", scaleFloorSubject, "-floor-run", scaleFloorRun}
+		if w.cfg.floorOnly {
+			args = append(args, "-floor-only")
+		}
 		if *scaleProfiles != "" {
 			args = append(args, "-cpuprofile", filepath.Join(*scaleProfiles, fmt.Sprintf("R%d-N%d-%s.pprof", w.cfg.replicas, n, name)))
 		}
@@ -473,6 +493,23 @@ func (w *scaleWorld) end(tb testing.TB, cycles []scaleCycle, floorCycles int) sc
 	f.floorServerCPU = ms(cpuOf(tb, w.servers)-cpu) / float64(floorCycles)
 	f.floor = quantile(floor, 0.5)
 	return f
+}
+
+// floorOnly measures the bus floor alone, one floor cycle per op.
+func (w *scaleWorld) floorOnly(b *testing.B, manifest bool) {
+	var floor []time.Duration
+	cpu := cpuOf(b, w.servers)
+	i := 0
+	for b.Loop() {
+		floor = append(floor, w.floorCycle(b, uint64(3*i), manifest))
+		i++
+	}
+	serverCPU := ms(cpuOf(b, w.servers)-cpu) / float64(len(floor))
+	b.ReportMetric(quantile(floor, 0.5), "floor-p50-ms")
+	b.ReportMetric(quantile(floor, 0.99), "floor-p99-ms")
+	b.ReportMetric(serverCPU, "floor-server-cpu-ms/op")
+	b.Logf("scale floor alone R%d N=%d (%d hosts, manifest %v), %d cycles: p50 %.0f ms, p99 %.0f ms, server CPU %.0f ms per cycle",
+		w.cfg.replicas, w.cfg.members, w.cfg.hosts, manifest, len(floor), quantile(floor, 0.5), quantile(floor, 0.99), serverCPU)
 }
 
 // floorPhases are the rounds of one floor cycle, as a cycle's phases.

@@ -21,6 +21,9 @@
 // connection, and the process answers "ok" once the server has stored
 // every one, or the first error.
 //
+// With -floor-only it starts no member and answers the floor alone, for
+// sizes whose members this machine cannot run.
+//
 // It stops on SIGTERM or SIGINT: every member stops as a clean stop does,
 // and the process exits 0.
 package main

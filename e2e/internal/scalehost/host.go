@@ -34,6 +34,8 @@ type hostConfig struct {
 	url, run, name, stateDir, conns string
 	floorSubject, floorRun          string
 	members, starting               int
+	// floorOnly starts no member: the process answers the floor alone.
+	floorOnly bool
 }
 
 func (c hostConfig) validate() error {
@@ -49,6 +51,9 @@ func (c hostConfig) validate() error {
 	}
 	if c.conns != connsMember && c.conns != connsHost {
 		errs = append(errs, fmt.Errorf("-conns %q: %s or %s", c.conns, connsMember, connsHost))
+	}
+	if c.floorOnly && c.floorSubject == "" {
+		errs = append(errs, errors.New("-floor-only needs -floor-subject"))
 	}
 	if (c.floorSubject == "") != (c.floorRun == "") {
 		errs = append(errs, errors.New("-floor-subject and -floor-run go together"))
@@ -145,6 +150,15 @@ func run(ctx context.Context, cfg hostConfig, out io.Writer) error {
 			byConn[h.nc] = st
 		}
 		h.js, h.floor = st.js, st.floor
+		ack, err := events.Marshal(h.name, events.PrepareAck{AckHeader: events.AckHeader{Run: cfg.run, Member: h.name,
+			Seq: 1, CheckpointID: "ckpt1", Epoch: 1, OK: true, State: events.StatePrepared}})
+		if err != nil {
+			return err
+		}
+		h.ack = ack
+		if cfg.floorOnly {
+			continue
+		}
 		p := membertest.NewParticipant(h.name.Name())
 		mcfg := member.Config{Run: cfg.run, Member: h.name, JS: st.js, Bus: st.bus,
 			Participant: daemonLike{p: p}, Logger: log.With().Str("member", string(h.name)).Logger(),
@@ -156,45 +170,25 @@ func run(ctx context.Context, cfg hostConfig, out io.Writer) error {
 		}
 		h.m = m
 		p.Bind(m)
-		if h.ack, err = events.Marshal(h.name, events.PrepareAck{AckHeader: events.AckHeader{Run: cfg.run, Member: h.name,
-			Seq: 1, CheckpointID: "ckpt1", Epoch: 1, OK: true, State: events.StatePrepared}}); err != nil {
-			return err
-		}
 	}
 
-	// Start the members, cfg.starting at a time: each creates its feed and
-	// writes its heartbeat, and 10,000 of them at once would time out.
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var running sync.WaitGroup
 	defer func() {
 		cancel()
 		running.Wait()
 	}()
-	slots := make(chan struct{}, cfg.starting)
 	start := time.Now()
-	for _, h := range members {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return nil
-		}
-		running.Go(func() { h.done <- h.m.Run(runCtx) })
-		running.Go(func() {
-			defer func() { <-slots }()
-			select {
-			case <-h.m.Joined():
-			case err := <-h.done:
-				h.done <- err
-			case <-runCtx.Done():
+	if !cfg.floorOnly {
+		if err := startMembers(ctx, runCtx, &running, cfg, members); err != nil {
+			if ctx.Err() != nil {
+				return nil
 			}
-		})
-	}
-	for _, h := range members {
-		select {
-		case <-h.m.Joined():
-		case err := <-h.done:
-			return fmt.Errorf("member %s stopped before it joined: %w", h.name, err)
+			return err
 		}
+	}
+	if ctx.Err() != nil {
+		return nil
 	}
 	fmt.Fprintf(out, "scalehost %s: ready %d members (%.1f s)\n", cfg.name, len(members), time.Since(start).Seconds())
 
@@ -210,6 +204,10 @@ func run(ctx context.Context, cfg hostConfig, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "scalehost %s: floor on %q\n", cfg.name, cfg.floorSubject)
 
+	if cfg.floorOnly {
+		<-ctx.Done()
+		return nil
+	}
 	// Run until told to stop; a member that stops on its own fails the
 	// process (the benchmark then fails on the member missing from a phase).
 	stopped := make(chan error, 1)
@@ -239,6 +237,40 @@ func run(ctx context.Context, cfg hostConfig, out io.Writer) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// startMembers starts the members, cfg.starting at a time (each creates
+// its feed and writes its heartbeat, and 10,000 of them at once would time
+// out), on runCtx, and returns once all have joined.
+func startMembers(ctx, runCtx context.Context, running *sync.WaitGroup, cfg hostConfig, members []*hosted) error {
+	slots := make(chan struct{}, cfg.starting)
+	for _, h := range members {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		running.Go(func() { h.done <- h.m.Run(runCtx) })
+		running.Go(func() {
+			defer func() { <-slots }()
+			select {
+			case <-h.m.Joined():
+			case err := <-h.done:
+				h.done <- err
+			case <-runCtx.Done():
+			}
+		})
+	}
+	for _, h := range members {
+		select {
+		case <-h.m.Joined():
+		case err := <-h.done:
+			return fmt.Errorf("member %s stopped before it joined: %w", h.name, err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // floorRequest is one floor round, as BenchmarkScale sends it.

@@ -20,6 +20,7 @@ func main() {
 	flag.StringVar(&cfg.conns, "conns", connsMember, "one connection per member (member) or one for the process (host)")
 	flag.StringVar(&cfg.floorSubject, "floor-subject", "", "the core-NATS subject of the bus floor's rounds (empty: no floor)")
 	flag.StringVar(&cfg.floorRun, "floor-run", "", "the run id of the floor's ack subjects")
+	flag.BoolVar(&cfg.floorOnly, "floor-only", false, "start no member: answer the floor alone")
 	flag.IntVar(&cfg.starting, "starting", 32, "how many members start at once")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
