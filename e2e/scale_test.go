@@ -374,22 +374,25 @@ func consumerLimitHint(what string) string {
 		"sandbox daemon needs it lifted, -scale.max-consumers=-1; docs/SCALE.md)", *scaleMaxConsumers)
 }
 
-// waitHeartbeats waits until sp_members holds a heartbeat of every member.
+// waitHeartbeats waits until sp_members holds a heartbeat of every
+// member. It counts the keys by the bucket's stream (one subject a key),
+// not by a key lister, whose watcher can be left blocked by the updates
+// that thousands of heartbeats send it meanwhile.
 func (w *scaleWorld) waitHeartbeats(tb testing.TB) {
 	tb.Helper()
 	var have int
 	poll.Wait(tb, 2*time.Minute, fmt.Sprintf("%d heartbeats in %s", w.cfg.members, jetstream.BucketMembers), func() bool {
 		ctx, cancel := context.WithTimeout(tb.Context(), time.Minute)
 		defer cancel()
-		keys, err := w.bus.Members.ListKeysFiltered(ctx, scaleRun+".>")
+		s, err := w.js.Stream(ctx, "KV_"+jetstream.BucketMembers)
 		if err != nil {
 			return false
 		}
-		defer func() { _ = keys.Stop() }()
-		have = 0
-		for range keys.Keys() {
-			have++
+		info, err := s.Info(ctx, natsjs.WithSubjectFilter("$KV."+jetstream.BucketMembers+"."+scaleRun+".>"))
+		if err != nil {
+			return false
 		}
+		have = len(info.State.Subjects)
 		return have == w.cfg.members
 	})
 }
