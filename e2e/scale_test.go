@@ -47,6 +47,7 @@ var (
 	// own (1,000 in 2.15) unless set; -1 lifts it. A protocol that keeps a
 	// consumer per sandbox daemon (v1) needs it lifted past ~990 members.
 	scaleMaxConsumers = flag.Int("scale.max-consumers", 0, "BenchmarkScale: the servers' default consumers per stream (0: nats-server's 1,000; -1: no limit)")
+	scaleLogs         = flag.String("scale.logs", "", "BenchmarkScale: keep every server's and member host's output in this directory")
 	scaleProfiles     = flag.String("scale.profiles", "", "BenchmarkScale: write each member host's CPU profile to this directory")
 	// The floor alone: the hosts start no member, and each op is one floor
 	// cycle (acks only, or with -scale.floor-manifest a manifest per member
@@ -206,7 +207,7 @@ func startScale(tb testing.TB, cfg scaleConfig) *scaleWorld {
 	bins := build.StaticForTest(tb, scaleNode, scaleHost)
 	w := &scaleWorld{cfg: cfg}
 	dir := tb.TempDir()
-	url := w.startServers(tb, bins[scaleNode], dir)
+	url := w.startServers(tb, bins[scaleNode], dir, logDir(tb, dir))
 	tb.Logf("scale: %d server process(es) at %s (R%d), %.1f s", len(w.servers), url, cfg.replicas, time.Since(began).Seconds())
 
 	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
@@ -258,7 +259,7 @@ var (
 
 // startServers starts one scalenode (R1) or three routed to each other
 // (R3) and returns the URL.
-func (w *scaleWorld) startServers(tb testing.TB, scalenode, dir string) string {
+func (w *scaleWorld) startServers(tb testing.TB, scalenode, dir, logs string) string {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
 	defer cancel()
@@ -266,7 +267,7 @@ func (w *scaleWorld) startServers(tb testing.TB, scalenode, dir string) string {
 	var urls []string
 	switch w.cfg.replicas {
 	case 1:
-		w.servers = []*child.Process{child.StartForTest(tb, child.Spec{Name: "nats", Path: scalenode, LogFile: filepath.Join(dir, "nats.log"),
+		w.servers = []*child.Process{child.StartForTest(tb, child.Spec{Name: "nats", Path: scalenode, LogFile: filepath.Join(logs, "nats.log"),
 			Args: []string{"-name", "n0", "-dir", filepath.Join(dir, "nats"), "-max-consumers", limit}})}
 	case 3:
 		addrs := make([]string, 0, 6)
@@ -289,7 +290,7 @@ func (w *scaleWorld) startServers(tb testing.TB, scalenode, dir string) string {
 		for i := range 3 {
 			name := "n" + strconv.Itoa(i)
 			w.servers = append(w.servers, child.StartForTest(tb, child.Spec{Name: "nats-" + name, Path: scalenode,
-				LogFile: filepath.Join(dir, "nats-"+name+".log"),
+				LogFile: filepath.Join(logs, "nats-"+name+".log"),
 				Args: []string{"-name", name, "-dir", filepath.Join(dir, "nats", name), "-max-consumers", limit,
 					"-listen", addrs[2*i], "-cluster-listen", addrs[2*i+1], "-routes", strings.Join(routes, ",")}}))
 		}
@@ -305,6 +306,16 @@ func (w *scaleWorld) startServers(tb testing.TB, scalenode, dir string) string {
 		w.monitors = append(w.monitors, m[2])
 	}
 	return strings.Join(urls, ",")
+}
+
+// logDir is where the processes' output files go: under -scale.logs, one
+// directory per size, or else dir (the servers' logs in the size's
+// temporary directory; a failed run's log gets the end of every output).
+func logDir(tb testing.TB, dir string) string {
+	if *scaleLogs == "" {
+		return dir
+	}
+	return filepath.Join(*scaleLogs, strings.ReplaceAll(strings.TrimPrefix(tb.Name(), "BenchmarkScale/"), "/", "-"))
 }
 
 // provision makes the bus at the cluster's replicas once a JetStream meta
@@ -352,7 +363,11 @@ func (w *scaleWorld) startHosts(tb testing.TB, scalehost, url string) {
 		if *scaleProfiles != "" {
 			args = append(args, "-cpuprofile", filepath.Join(*scaleProfiles, fmt.Sprintf("R%d-N%d-%s.pprof", w.cfg.replicas, n, name)))
 		}
-		w.hosts = append(w.hosts, child.StartForTest(tb, child.Spec{Name: "scalehost-" + name, Path: scalehost, Args: args}))
+		spec := child.Spec{Name: "scalehost-" + name, Path: scalehost, Args: args}
+		if *scaleLogs != "" {
+			spec.LogFile = filepath.Join(logDir(tb, ""), spec.Name+".log")
+		}
+		w.hosts = append(w.hosts, child.StartForTest(tb, spec))
 	}
 	// Generous: 10,000 members on a busy 2-core machine take minutes.
 	within := 3*time.Minute + time.Duration(n)*40*time.Millisecond
