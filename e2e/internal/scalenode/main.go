@@ -1,0 +1,31 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	var cfg nodeConfig
+	flag.StringVar(&cfg.name, "name", "", "the server's name")
+	flag.StringVar(&cfg.dir, "dir", "", "its JetStream store")
+	flag.StringVar(&cfg.listen, "listen", "127.0.0.1:0", "client address host:port (port 0: random)")
+	flag.StringVar(&cfg.clusterListen, "cluster-listen", "", "route address host:port (empty: no cluster)")
+	flag.StringVar(&cfg.routes, "routes", "", "every node's route URL, comma-separated")
+	flag.StringVar(&cfg.monitor, "monitor", "127.0.0.1:0", "HTTP monitoring address host:port (port 0: random; empty: none)")
+	flag.IntVar(&cfg.maxConsumers, "max-consumers", 0, "the default limit of consumers per stream (0: nats-server's, -1: none)")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	// A second signal exits at once.
+	context.AfterFunc(ctx, stop)
+	if err := run(ctx, cfg, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "scalenode %s: %v\n", cfg.name, err)
+		os.Exit(1)
+	}
+}

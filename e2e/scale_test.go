@@ -1,0 +1,822 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/build"
+	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/procfs"
+	"github.com/stillpoint/stillpoint/internal/tier"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// The scale benchmark's programs: the member host and the NATS server.
+const (
+	scaleHost = "./e2e/internal/scalehost"
+	scaleNode = "./e2e/internal/scalenode"
+)
+
+// The scale benchmark's knobs (go test -bench Scale ./e2e/ -scale.hosts 10).
+var (
+	scaleHosts = flag.Int("scale.hosts", 20, "BenchmarkScale: member-host processes (members split evenly)")
+	scaleConns = flag.String("scale.conns", "member", "BenchmarkScale: one NATS connection per member (member) or per host process (host)")
+	// The servers' default limit of consumers per stream: nats-server's
+	// own (1,000 in 2.15) unless set; -1 lifts it. A protocol that keeps a
+	// consumer per sandbox daemon (v1) needs it lifted past ~990 members.
+	scaleMaxConsumers = flag.Int("scale.max-consumers", 0, "BenchmarkScale: the servers' default consumers per stream (0: nats-server's 1,000; -1: no limit)")
+	scaleLogs         = flag.String("scale.logs", "", "BenchmarkScale: keep every server's and member host's output in this directory")
+	scaleProfiles     = flag.String("scale.profiles", "", "BenchmarkScale: write each member host's CPU profile to this directory")
+	// The floor alone: the hosts start no member, and each op is one floor
+	// cycle (acks only, or with -scale.floor-manifest a manifest per member
+	// at commit as v1 writes): the least a protocol can pay at sizes its
+	// members cannot reach on this machine.
+	scaleFloorOnly     = flag.Bool("scale.floor-only", false, "BenchmarkScale: measure the bus floor alone, no members, no bridge")
+	scaleFloorManifest = flag.Bool("scale.floor-manifest", false, "BenchmarkScale: with -scale.floor-only, a member manifest per member at commit (v1's)")
+)
+
+// The scale benchmark's sizes (docs/SCALE.md).
+var (
+	scaleReplicas = []int{1, 3}
+	scaleMembers  = []int{1000, 2048, 5000, 10000}
+)
+
+const (
+	// scaleRun is the run the members serve, scaleFloorRun the one the
+	// floor's acks are written under (so that they never meet a phase).
+	scaleRun      = "scale"
+	scaleFloorRun = "scalefloor"
+	// scaleFloorSubject is the core-NATS subject of the floor's rounds.
+	scaleFloorSubject = "scale.floor"
+	// scaleClockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat's
+	// CPU times: 100 on every Linux this runs on.
+	scaleClockTicks = 100
+)
+
+// BenchmarkScale measures one checkpoint cycle of N members in separate
+// processes against nats-server child processes: one (replicas=1, stream
+// R1) or a 3-node cluster on loopback (replicas=3, every stream R3). The
+// bridge runs in this process; the members run in -scale.hosts scalehost
+// processes (e2e/internal/scalehost), each member a real member.Member of
+// kind sandbox with its own feed, state file and acks, as sandboxd runs
+// it. Each op is one Checkpoint call, prepare publish to resume publish.
+//
+// After the cycles the same processes run the bus floor of the protocol
+// under test: rounds of a core-NATS broadcast answered by every member's
+// once-only JetStream ack (and, when the cycles wrote a member manifest
+// per member, one such create too), three rounds a cycle as
+// controller-bridge's BenchmarkBusFloor. The metrics, each explained in
+// docs/SCALE.md: the cycle's p50, p99, prepare and commit; persisted
+// writes and bytes per member per cycle from the streams' states; the
+// servers' messages and bytes from their /varz; the last events' and
+// checkpoint manifest's sizes; the servers' and the hosts' CPU from /proc;
+// the consumers on STILLPOINT; the floor, and x-floor, the cycle over it.
+//
+// A size takes minutes to set up: run one at a time, with a small count.
+// A protocol with a consumer per sandbox daemon (v1) needs the servers'
+// default limit of 1,000 consumers per stream lifted; -scale.floor-only
+// measures the floor alone:
+//
+//	go test -run '^$' -bench 'Scale/replicas=1/members=1000$' -benchtime 3x ./e2e/ -scale.max-consumers=-1
+//	go test -run '^$' -bench 'Scale/replicas=3/members=10000$' -benchtime 1x -timeout 60m ./e2e/
+func BenchmarkScale(b *testing.B) {
+	for _, r := range scaleReplicas {
+		b.Run("replicas="+strconv.Itoa(r), func(b *testing.B) {
+			for _, n := range scaleMembers {
+				b.Run("members="+strconv.Itoa(n), func(b *testing.B) {
+					cfg := scaleConfig{replicas: r, members: n, hosts: *scaleHosts, conns: *scaleConns, maxConsumers: *scaleMaxConsumers,
+						floorOnly: *scaleFloorOnly}
+					w := startScale(b, cfg)
+					if cfg.floorOnly {
+						w.floorOnly(b, *scaleFloorManifest)
+						return
+					}
+					w.warmUp(b)
+					var cycles []scaleCycle
+					w.begin(b)
+					i := 0
+					for b.Loop() {
+						i++
+						cycles = append(cycles, w.cycle(b, "c"+strconv.Itoa(i)))
+					}
+					f := w.end(b, cycles, max(len(cycles), 3))
+					f.report(b)
+					b.Logf("scale %s", f)
+				})
+			}
+		})
+	}
+}
+
+// TestScaleHarness runs the scale benchmark's harness once, small (200
+// members in 4 processes, R1), and checks that its figures are those of a
+// cycle that happened: every member in every cycle, writes and bytes per
+// member in the range the protocol allows, a server that worked, a floor
+// below the cycle.
+func TestScaleHarness(t *testing.T) {
+	tier.E2E(t)
+	const n = 200
+	w := startScale(t, scaleConfig{replicas: 1, members: n, hosts: 4, conns: "member"})
+	w.warmUp(t)
+	w.begin(t)
+	var cycles []scaleCycle
+	for i := range 3 {
+		cycles = append(cycles, w.cycle(t, "c"+strconv.Itoa(i+1)))
+	}
+	f := w.end(t, cycles, 3)
+	t.Logf("scale %s", f)
+	// Per member and cycle: at least its prepare and commit acks, at most
+	// (v1) four acks and a manifest, and a little of the bridge's.
+	if f.writes < 2 || f.writes > 6 {
+		t.Errorf("%.2f persisted writes per member per cycle, want 2 to 6", f.writes)
+	}
+	if f.bytes < 200 || f.bytes > 20000 {
+		t.Errorf("%.0f bytes per member per cycle, want 200 to 20,000", f.bytes)
+	}
+	if f.serverCPU <= 0 || f.hostsCPU <= 0 {
+		t.Errorf("server CPU %.1f ms, hosts CPU %.1f ms per cycle: a cycle costs CPU", f.serverCPU, f.hostsCPU)
+	}
+	if f.consumers < 1 || f.consumers > n+16 {
+		t.Errorf("%d consumers on the stream, want 1 to %d", f.consumers, n+16)
+	}
+	if f.floor <= 0 || f.floor > f.p50 {
+		t.Errorf("floor p50 %.1f ms, cycle p50 %.1f ms: the floor is a positive part of the cycle", f.floor, f.p50)
+	}
+	if f.outMsgs < 1 || f.outKB <= 0 || f.prepareSize <= 0 || f.outcomeSize <= 0 {
+		t.Errorf("servers sent %.1f messages, %.1f KB per member and cycle; prepare event %.0f B, outcome %.0f B: none can be 0",
+			f.outMsgs, f.outKB, f.prepareSize, f.outcomeSize)
+	}
+	if f.prepare <= 0 || f.prepare+f.commit > f.p99+1 {
+		t.Errorf("prepare %.1f ms + commit %.1f ms against a cycle p99 %.1f ms", f.prepare, f.commit, f.p99)
+	}
+}
+
+// scaleConfig is one size of the benchmark.
+type scaleConfig struct {
+	replicas, members, hosts int
+	conns                    string
+	maxConsumers             int
+	floorOnly                bool
+}
+
+// scaleWorld is the servers, member hosts and bridge of one size.
+type scaleWorld struct {
+	cfg     scaleConfig
+	servers []*child.Process
+	// monitors are the servers' monitoring URLs, as servers.
+	monitors []string
+	hosts    []*child.Process
+	nc       *nats.Conn
+	js       natsjs.JetStream
+	bus      *jetstream.Bus
+	br       *bridge.Bridge
+	// consumers is the stream's consumer count once every member runs.
+	consumers int
+	// before is the bus and CPU at the start of the measured cycles.
+	before scaleState
+}
+
+// startScale starts the servers, the member hosts and the bridge of cfg,
+// and returns once every member has joined.
+func startScale(tb testing.TB, cfg scaleConfig) *scaleWorld {
+	tb.Helper()
+	cfg.hosts = max(1, min(cfg.hosts, cfg.members))
+	began := time.Now()
+	bins := build.StaticForTest(tb, scaleNode, scaleHost)
+	w := &scaleWorld{cfg: cfg}
+	dir := tb.TempDir()
+	url := w.startServers(tb, bins[scaleNode], dir, logDir(tb, dir))
+	tb.Logf("scale: %d server process(es) at %s (R%d), %.1f s", len(w.servers), url, cfg.replicas, time.Since(began).Seconds())
+
+	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
+	defer cancel()
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, Name: "scale-bench"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	if w.js, err = jetstream.New(nc); err != nil {
+		tb.Fatal(err)
+	}
+	w.nc = nc
+	w.provision(tb, ctx)
+	if w.bus, err = jetstream.Open(ctx, w.js); err != nil {
+		tb.Fatal(err)
+	}
+
+	w.startHosts(tb, bins[scaleHost], url)
+	if cfg.floorOnly {
+		tb.Logf("scale: %d floor members in %d processes, %.1f s", cfg.members, cfg.hosts, time.Since(began).Seconds())
+		return w
+	}
+	tb.Logf("scale: %d members joined in %d processes, %.1f s", cfg.members, cfg.hosts, time.Since(began).Seconds())
+	w.waitHeartbeats(tb)
+
+	br, err := bridge.New(bridge.Config{Run: scaleRun, Conn: nc, JS: w.js, Bus: w.bus, PhaseTimeout: 2 * time.Minute,
+		Logger: zerolog.New(zerolog.NewTestWriter(tb)).Level(zerolog.WarnLevel)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(context.WithoutCancel(tb.Context()))
+	done := make(chan error, 1)
+	go func() { done <- br.Run(rctx) }()
+	tb.Cleanup(func() {
+		rcancel()
+		if err := <-done; err != nil {
+			tb.Errorf("bridge: %v", err)
+		}
+	})
+	w.br = br
+	return w
+}
+
+var (
+	scaleNodeReady = regexp.MustCompile(`scalenode \S+ ready at (\S+) monitor (\S+)`)
+	scaleHostReady = regexp.MustCompile(`scalehost \S+: floor on`)
+)
+
+// startServers starts one scalenode (R1) or three routed to each other
+// (R3) and returns the URL.
+func (w *scaleWorld) startServers(tb testing.TB, scalenode, dir, logs string) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
+	defer cancel()
+	limit := strconv.Itoa(w.cfg.maxConsumers)
+	var urls []string
+	switch w.cfg.replicas {
+	case 1:
+		w.servers = []*child.Process{child.StartForTest(tb, child.Spec{Name: "nats", Path: scalenode, LogFile: filepath.Join(logs, "nats.log"),
+			Args: []string{"-name", "n0", "-dir", filepath.Join(dir, "nats"), "-max-consumers", limit}})}
+	case 3:
+		addrs := make([]string, 0, 6)
+		var ls []net.Listener
+		for range 6 {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				tb.Fatal(err)
+			}
+			ls = append(ls, l)
+			addrs = append(addrs, l.Addr().String())
+		}
+		for _, l := range ls {
+			_ = l.Close()
+		}
+		var routes []string
+		for i := range 3 {
+			routes = append(routes, "nats-route://"+addrs[2*i+1])
+		}
+		for i := range 3 {
+			name := "n" + strconv.Itoa(i)
+			w.servers = append(w.servers, child.StartForTest(tb, child.Spec{Name: "nats-" + name, Path: scalenode,
+				LogFile: filepath.Join(logs, "nats-"+name+".log"),
+				Args: []string{"-name", name, "-dir", filepath.Join(dir, "nats", name), "-max-consumers", limit,
+					"-listen", addrs[2*i], "-cluster-listen", addrs[2*i+1], "-routes", strings.Join(routes, ",")}}))
+		}
+	default:
+		tb.Fatalf("replicas %d: the benchmark runs 1 or 3", w.cfg.replicas)
+	}
+	for _, p := range w.servers {
+		m, err := p.WaitOutput(ctx, scaleNodeReady)
+		if err != nil {
+			tb.Fatalf("%s did not come up: %v", p.Name(), err)
+		}
+		urls = append(urls, m[1])
+		w.monitors = append(w.monitors, m[2])
+	}
+	return strings.Join(urls, ",")
+}
+
+// logDir is where the processes' output files go: under -scale.logs, one
+// directory per size, or else dir (the servers' logs in the size's
+// temporary directory; a failed run's log gets the end of every output).
+func logDir(tb testing.TB, dir string) string {
+	if *scaleLogs == "" {
+		return dir
+	}
+	return filepath.Join(*scaleLogs, strings.ReplaceAll(strings.TrimPrefix(tb.Name(), "BenchmarkScale/"), "/", "-"))
+}
+
+// provision makes the bus at the cluster's replicas once a JetStream meta
+// leader is elected.
+func (w *scaleWorld) provision(tb testing.TB, ctx context.Context) {
+	tb.Helper()
+	var last error
+	err := poll.Until(ctx, poll.Every(250*time.Millisecond), func() (bool, error) {
+		once, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, last = jetstream.Provision(once, w.js, jetstream.Topology{Replicas: w.cfg.replicas})
+		return last == nil, nil
+	})
+	if err != nil {
+		tb.Fatalf("provision at R%d: %v (last: %v)", w.cfg.replicas, err, last)
+	}
+}
+
+// startHosts starts the member hosts, the members split evenly, and waits
+// until each says all its members joined.
+func (w *scaleWorld) startHosts(tb testing.TB, scalehost, url string) {
+	tb.Helper()
+	// The members' state files go to memory when it can: on one disk,
+	// 10,000 daemons' fsyncs would measure the disk, not the bus (each
+	// sandbox has a disk of its own).
+	state, err := os.MkdirTemp("/dev/shm", "stillpoint-scale-")
+	if err != nil {
+		state = tb.TempDir()
+	} else {
+		tb.Cleanup(func() { _ = os.RemoveAll(state) })
+	}
+	n, h := w.cfg.members, w.cfg.hosts
+	for i := range h {
+		k := n / h
+		if i < n%h {
+			k++
+		}
+		name := fmt.Sprintf("h%02d", i)
+		args := []string{"-url", url, "-run", scaleRun, "-name", name, "-members", strconv.Itoa(k),
+			"-state-dir", filepath.Join(state, name), "-conns", w.cfg.conns,
+			"-floor-subject", scaleFloorSubject, "-floor-run", scaleFloorRun}
+		if w.cfg.floorOnly {
+			args = append(args, "-floor-only")
+		}
+		if *scaleProfiles != "" {
+			args = append(args, "-cpuprofile", filepath.Join(*scaleProfiles, fmt.Sprintf("R%d-N%d-%s.pprof", w.cfg.replicas, n, name)))
+		}
+		spec := child.Spec{Name: "scalehost-" + name, Path: scalehost, Args: args}
+		if *scaleLogs != "" {
+			spec.LogFile = filepath.Join(logDir(tb, ""), spec.Name+".log")
+		}
+		w.hosts = append(w.hosts, child.StartForTest(tb, spec))
+	}
+	// Generous: 10,000 members on a busy 2-core machine take minutes.
+	within := 3*time.Minute + time.Duration(n)*40*time.Millisecond
+	ctx, cancel := context.WithTimeout(tb.Context(), within)
+	defer cancel()
+	for i, p := range w.hosts {
+		if _, err := p.WaitOutput(ctx, scaleHostReady); err != nil {
+			tb.Fatalf("%s: its members did not all join within %s: %v%s", p.Name(), within, err, consumerLimitHint(p.Output()))
+		}
+		if (i+1)%5 == 0 || i+1 == len(w.hosts) {
+			tb.Logf("scale: %d of %d member hosts ready", i+1, len(w.hosts))
+		}
+	}
+}
+
+// consumerLimitHint says what to do when what failed is the servers'
+// limit of consumers per stream.
+func consumerLimitHint(what string) string {
+	if !strings.Contains(what, "maximum consumers limit reached") {
+		return ""
+	}
+	return fmt.Sprintf(" (the stream's consumers hit the servers' limit, -scale.max-consumers=%d: a protocol with a consumer per "+
+		"sandbox daemon needs it lifted, -scale.max-consumers=-1; docs/SCALE.md)", *scaleMaxConsumers)
+}
+
+// waitHeartbeats waits until sp_members holds a heartbeat of every
+// member. It counts the keys by the bucket's stream (one subject a key),
+// not by a key lister, whose watcher can be left blocked by the updates
+// that thousands of heartbeats send it meanwhile.
+func (w *scaleWorld) waitHeartbeats(tb testing.TB) {
+	tb.Helper()
+	var have int
+	poll.Wait(tb, 2*time.Minute, fmt.Sprintf("%d heartbeats in %s", w.cfg.members, jetstream.BucketMembers), func() bool {
+		ctx, cancel := context.WithTimeout(tb.Context(), time.Minute)
+		defer cancel()
+		s, err := w.js.Stream(ctx, "KV_"+jetstream.BucketMembers)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx, natsjs.WithSubjectFilter("$KV."+jetstream.BucketMembers+"."+scaleRun+".>"))
+		if err != nil {
+			return false
+		}
+		have = len(info.State.Subjects)
+		return have == w.cfg.members
+	})
+}
+
+// scaleCycle is one checkpoint's times.
+type scaleCycle struct {
+	total, prepare, commit time.Duration
+}
+
+// cycle takes checkpoint id and fails unless every member committed it.
+func (w *scaleWorld) cycle(tb testing.TB, id string) scaleCycle {
+	tb.Helper()
+	start := time.Now()
+	res, err := w.br.Checkpoint(tb.Context(), bridgeapi.CheckpointRequest{ID: id, TimeoutMS: 120000})
+	took := time.Since(start)
+	if err != nil {
+		tb.Fatalf("checkpoint %s: %v%s", id, err, consumerLimitHint(err.Error()))
+	}
+	if res.Status != bridgeapi.StatusCommitted {
+		if res.Failure != nil {
+			tb.Fatalf("checkpoint %s: %s: %+v%s", id, res.Status, *res.Failure, consumerLimitHint(fmt.Sprint(*res.Failure)))
+		}
+		tb.Fatalf("checkpoint %s: %s", id, res.Status)
+	}
+	if len(res.Members) != w.cfg.members {
+		tb.Fatalf("checkpoint %s committed with %d members, want all %d", id, len(res.Members), w.cfg.members)
+	}
+	return scaleCycle{total: took, prepare: time.Duration(res.PrepareMS) * time.Millisecond, commit: time.Duration(res.CommitMS) * time.Millisecond}
+}
+
+// warmUp takes one checkpoint that is not measured (the first makes the
+// consumers' and the bridge's state), waits for its resume acks, and
+// counts the stream's consumers.
+func (w *scaleWorld) warmUp(tb testing.TB) {
+	tb.Helper()
+	c := w.cycle(tb, "warm")
+	w.waitResumeAcks(tb)
+	st := w.state(tb)
+	w.consumers = st.consumers
+	tb.Logf("scale: warm-up checkpoint %.0f ms; %d consumers on %s", ms(c.total), w.consumers, jetstream.StreamName)
+}
+
+// begin marks the start of the measured cycles.
+func (w *scaleWorld) begin(tb testing.TB) {
+	tb.Helper()
+	w.before = w.state(tb)
+}
+
+// end waits for the last cycle's resume acks, reads the bus and the CPU,
+// runs floorCycles cycles of the bus floor and returns the figures.
+func (w *scaleWorld) end(tb testing.TB, cycles []scaleCycle, floorCycles int) scaleFigures {
+	tb.Helper()
+	if len(cycles) == 0 {
+		tb.Fatal("no cycle measured")
+	}
+	w.waitResumeAcks(tb)
+	after := w.state(tb)
+	n := float64(len(cycles) * w.cfg.members)
+	d := func(names ...string) (msgs, bytes float64) {
+		for name, a := range after.streams {
+			for _, want := range names {
+				if name == want || strings.HasSuffix(want, "*") && strings.HasPrefix(name, strings.TrimSuffix(want, "*")) {
+					bf := w.before.streams[name]
+					msgs += float64(a.LastSeq - bf.LastSeq)
+					bytes += float64(int64(a.Bytes) - int64(bf.Bytes))
+				}
+			}
+		}
+		return msgs / n, bytes / n
+	}
+	f := scaleFigures{cfg: w.cfg, cycles: len(cycles), consumers: w.consumers}
+	var mb, kb, ob float64
+	f.streamWrites, mb = d(jetstream.StreamName)
+	f.kvWrites, kb = d("KV_" + jetstream.BucketManifests)
+	f.objWrites, ob = d("OBJ_*")
+	f.writes, f.bytes = f.streamWrites+f.kvWrites+f.objWrites, mb+kb+ob
+	f.heartbeats, _ = d("KV_" + jetstream.BucketMembers)
+	f.outMsgs = float64(after.traffic.OutMsgs-w.before.traffic.OutMsgs) / n
+	f.outKB = float64(after.traffic.OutBytes-w.before.traffic.OutBytes) / n / 1000
+	f.inMsgs = float64(after.traffic.InMsgs-w.before.traffic.InMsgs) / n
+	f.prepareSize = w.eventSize(tb, events.PhaseSubject(scaleRun, events.PhasePrepare))
+	f.manifestSize = w.manifestSize(tb, "c"+strconv.Itoa(len(cycles)))
+	f.outcomeSize = w.eventSize(tb, events.OutcomeSubject(scaleRun, events.TypeCheckpointCommitted))
+	f.serverCPU = ms(after.serverCPU-w.before.serverCPU) / float64(len(cycles))
+	f.hostsCPU = ms(after.hostsCPU-w.before.hostsCPU) / float64(len(cycles))
+	var total, prep, commit []time.Duration
+	for _, c := range cycles {
+		total, prep, commit = append(total, c.total), append(prep, c.prepare), append(commit, c.commit)
+	}
+	f.p50, f.p99 = quantile(total, 0.5), quantile(total, 0.99)
+	f.prepare, f.commit = quantile(prep, 0.5), quantile(commit, 0.5)
+
+	// The floor pays what the cycles paid per member: a manifest create
+	// at commit when they wrote one per member (v1), none when not (v2).
+	f.floorManifest = f.kvWrites >= 0.5
+	var floor []time.Duration
+	cpu := cpuOf(tb, w.servers)
+	for i := range floorCycles {
+		floor = append(floor, w.floorCycle(tb, uint64(3*i), f.floorManifest))
+	}
+	f.floorServerCPU = ms(cpuOf(tb, w.servers)-cpu) / float64(floorCycles)
+	f.floor = quantile(floor, 0.5)
+	return f
+}
+
+// floorOnly measures the bus floor alone, one floor cycle per op.
+func (w *scaleWorld) floorOnly(b *testing.B, manifest bool) {
+	var floor []time.Duration
+	cpu := cpuOf(b, w.servers)
+	i := 0
+	for b.Loop() {
+		floor = append(floor, w.floorCycle(b, uint64(3*i), manifest))
+		i++
+	}
+	serverCPU := ms(cpuOf(b, w.servers)-cpu) / float64(len(floor))
+	b.ReportMetric(quantile(floor, 0.5), "floor-p50-ms")
+	b.ReportMetric(quantile(floor, 0.99), "floor-p99-ms")
+	b.ReportMetric(serverCPU, "floor-server-cpu-ms/op")
+	b.Logf("scale floor alone R%d N=%d (%d hosts, manifest %v), %d cycles: p50 %.0f ms, p99 %.0f ms, server CPU %.0f ms per cycle",
+		w.cfg.replicas, w.cfg.members, w.cfg.hosts, manifest, len(floor), quantile(floor, 0.5), quantile(floor, 0.99), serverCPU)
+}
+
+// floorPhases are the rounds of one floor cycle, as a cycle's phases.
+var floorPhases = []events.Phase{events.PhasePrepare, events.PhaseCommit, events.PhaseResume}
+
+// floorCycle runs one floor cycle, rounds base+1 to base+3, and returns
+// its time: each round from its broadcast until every member's ack is
+// read back from the stream and every host has its server acks.
+func (w *scaleWorld) floorCycle(tb testing.TB, base uint64, manifest bool) time.Duration {
+	tb.Helper()
+	var took time.Duration
+	for i, p := range floorPhases {
+		took += w.floorRound(tb, base+uint64(i)+1, p, manifest && p == events.PhaseCommit)
+	}
+	return took
+}
+
+func (w *scaleWorld) floorRound(tb testing.TB, round uint64, p events.Phase, manifest bool) time.Duration {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
+	defer cancel()
+	cons, err := w.js.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
+		FilterSubjects: []string{events.AckFilter(scaleFloorRun, round)}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var got atomic.Int64
+	acked := make(chan struct{})
+	cc, err := cons.Consume(func(natsjs.Msg) {
+		if got.Add(1) == int64(w.cfg.members) {
+			close(acked)
+		}
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer cc.Stop()
+	inbox := nats.NewInbox()
+	answers := make(chan string, len(w.hosts))
+	sub, err := w.nc.Subscribe(inbox, func(m *nats.Msg) { answers <- string(m.Data) })
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	body, _ := json.Marshal(map[string]any{"round": round, "phase": string(p), "manifest": manifest})
+	start := time.Now()
+	if err := w.nc.PublishRequest(scaleFloorSubject, inbox, body); err != nil {
+		tb.Fatal(err)
+	}
+	for range w.hosts {
+		select {
+		case a := <-answers:
+			if a != "ok" {
+				tb.Fatalf("floor round %d (%s): a host answered %s", round, p, a)
+			}
+		case <-ctx.Done():
+			tb.Fatalf("floor round %d (%s): the hosts did not all answer: %v", round, p, ctx.Err())
+		}
+	}
+	select {
+	case <-acked:
+	case <-ctx.Done():
+		tb.Fatalf("floor round %d (%s): %d of %d acks read back", round, p, got.Load(), w.cfg.members)
+	}
+	return time.Since(start)
+}
+
+// waitResumeAcks waits until every member's ack of the run's last resume
+// is on the stream (the bridge does not wait for them: PROTOCOL §5), so
+// that the stream's state counts whole cycles.
+func (w *scaleWorld) waitResumeAcks(tb testing.TB) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
+	defer cancel()
+	last, err := w.bus.Stream.GetLastMsgForSubject(ctx, events.PhaseSubject(scaleRun, events.PhaseResume))
+	if err != nil {
+		tb.Fatalf("the last resume: %v", err)
+	}
+	seq, err := strconv.ParseUint(last.Header.Get(events.HeaderPrefix+events.ExtSeq), 10, 64)
+	if err != nil {
+		tb.Fatalf("the last resume's %s: %v", events.ExtSeq, err)
+	}
+	filter := events.AckSubject(scaleRun, seq, events.PhaseResume, "") + ">"
+	var pending uint64
+	err = poll.Until(ctx, poll.Every(200*time.Millisecond), func() (bool, error) {
+		c, err := w.bus.Stream.CreateConsumer(ctx, natsjs.ConsumerConfig{FilterSubject: filter, AckPolicy: natsjs.AckNonePolicy,
+			Replicas: 1, MemoryStorage: true, InactiveThreshold: time.Minute})
+		if err != nil {
+			return false, nil
+		}
+		defer func() { _ = w.bus.Stream.DeleteConsumer(context.WithoutCancel(ctx), c.CachedInfo().Name) }()
+		pending = c.CachedInfo().NumPending
+		return pending >= uint64(w.cfg.members), nil
+	})
+	if err != nil {
+		tb.Fatalf("%d of %d resume acks of phase %d: %v", pending, w.cfg.members, seq, err)
+	}
+}
+
+// scaleState is what the bus holds and the processes used at one moment.
+type scaleState struct {
+	streams             map[string]natsjs.StreamState
+	consumers           int
+	serverCPU, hostsCPU time.Duration
+	// traffic is the servers' /varz counters added up: every message and
+	// byte they received and sent, clients and routes alike.
+	traffic scaleTraffic
+}
+
+// scaleTraffic is what /varz counts of a server's messages and bytes.
+type scaleTraffic struct {
+	InMsgs   uint64 `json:"in_msgs"`
+	OutMsgs  uint64 `json:"out_msgs"`
+	InBytes  uint64 `json:"in_bytes"`
+	OutBytes uint64 `json:"out_bytes"`
+}
+
+// state reads every stream's state and the CPU of the servers and hosts.
+func (w *scaleWorld) state(tb testing.TB) scaleState {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), time.Minute)
+	defer cancel()
+	st := scaleState{streams: map[string]natsjs.StreamState{}}
+	names := w.js.StreamNames(ctx)
+	for name := range names.Name() {
+		s, err := w.js.Stream(ctx, name)
+		if err != nil {
+			tb.Fatalf("stream %s: %v", name, err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			tb.Fatalf("stream %s: %v", name, err)
+		}
+		st.streams[name] = info.State
+		if name == jetstream.StreamName {
+			st.consumers = info.State.Consumers
+		}
+	}
+	if err := names.Err(); err != nil {
+		tb.Fatalf("stream names: %v", err)
+	}
+	st.serverCPU, st.hostsCPU = cpuOf(tb, w.servers), cpuOf(tb, w.hosts)
+	for _, m := range w.monitors {
+		t := varz(tb, ctx, m)
+		st.traffic.InMsgs += t.InMsgs
+		st.traffic.OutMsgs += t.OutMsgs
+		st.traffic.InBytes += t.InBytes
+		st.traffic.OutBytes += t.OutBytes
+	}
+	return st
+}
+
+// varz reads a server's message and byte counters from its monitoring.
+func varz(tb testing.TB, ctx context.Context, monitor string) scaleTraffic {
+	tb.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, monitor+"/varz", nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tb.Fatalf("%s/varz: %v", monitor, err)
+	}
+	defer resp.Body.Close()
+	var t scaleTraffic
+	if err := json.NewDecoder(resp.Body).Decode(&t); err != nil {
+		tb.Fatalf("%s/varz: %v", monitor, err)
+	}
+	return t
+}
+
+// eventSize returns the size, headers and data, of the last message on
+// subject, 0 if there is none.
+func (w *scaleWorld) eventSize(tb testing.TB, subject string) float64 {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), time.Minute)
+	defer cancel()
+	m, err := w.bus.Stream.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, natsjs.ErrMsgNotFound) {
+		return 0
+	}
+	if err != nil {
+		tb.Fatalf("the last message on %s: %v", subject, err)
+	}
+	size := len(m.Data)
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			size += len(k) + len(v) + 4
+		}
+	}
+	return float64(size)
+}
+
+// manifestSize returns the size of checkpoint id's manifest in
+// sp_manifests (<run>.<id>), whatever its schema.
+func (w *scaleWorld) manifestSize(tb testing.TB, id string) float64 {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), time.Minute)
+	defer cancel()
+	e, err := w.bus.Manifests.Get(ctx, scaleRun+"."+id)
+	if err != nil {
+		tb.Fatalf("the manifest of %s: %v", id, err)
+	}
+	return float64(len(e.Value()))
+}
+
+// cpuOf adds up the user and system CPU time of ps.
+func cpuOf(tb testing.TB, ps []*child.Process) time.Duration {
+	tb.Helper()
+	var ticks uint64
+	for _, p := range ps {
+		s, _, err := procfs.ReadStat(p.Pid(), nil)
+		if err != nil {
+			tb.Fatalf("%s: %v", p.Name(), err)
+		}
+		ticks += s.UTime + s.STime
+	}
+	return time.Duration(ticks) * time.Second / scaleClockTicks
+}
+
+// scaleFigures are one size's results.
+type scaleFigures struct {
+	cfg                       scaleConfig
+	cycles, consumers         int
+	p50, p99, prepare, commit float64 // ms
+	streamWrites, kvWrites    float64 // per member and cycle
+	objWrites, writes, bytes  float64
+	heartbeats                float64
+	inMsgs, outMsgs, outKB    float64 // the servers', per member and cycle
+	prepareSize, outcomeSize  float64 // bytes of the last prepare and committed outcome
+	manifestSize              float64 // bytes of the last checkpoint manifest in sp_manifests
+	floorServerCPU            float64 // ms per floor cycle
+	serverCPU, hostsCPU       float64 // ms per cycle
+	floor                     float64 // ms
+	floorManifest             bool
+}
+
+func (f scaleFigures) report(b *testing.B) {
+	b.ReportMetric(f.p50, "p50-ms")
+	b.ReportMetric(f.p99, "p99-ms")
+	b.ReportMetric(f.prepare, "prepare-p50-ms")
+	b.ReportMetric(f.commit, "commit-p50-ms")
+	b.ReportMetric(f.writes, "writes/member")
+	b.ReportMetric(f.streamWrites, "stream-writes/member")
+	b.ReportMetric(f.kvWrites, "kv-writes/member")
+	b.ReportMetric(f.objWrites, "obj-writes/member")
+	b.ReportMetric(f.bytes, "B/member")
+	b.ReportMetric(f.inMsgs, "srv-in-msgs/member")
+	b.ReportMetric(f.outMsgs, "srv-out-msgs/member")
+	b.ReportMetric(f.outKB, "srv-out-KB/member")
+	b.ReportMetric(f.prepareSize, "prepare-event-B")
+	b.ReportMetric(f.outcomeSize, "committed-event-B")
+	b.ReportMetric(f.manifestSize, "manifest-B")
+	b.ReportMetric(f.serverCPU, "server-cpu-ms/op")
+	b.ReportMetric(f.floorServerCPU, "floor-server-cpu-ms/op")
+	b.ReportMetric(f.hostsCPU, "hosts-cpu-ms/op")
+	b.ReportMetric(float64(f.consumers), "consumers")
+	b.ReportMetric(f.floor, "floor-p50-ms")
+	b.ReportMetric(f.p50/f.floor, "x-floor")
+}
+
+func (f scaleFigures) String() string {
+	floor := "acks"
+	if f.floorManifest {
+		floor = "acks+manifest"
+	}
+	return fmt.Sprintf("R%d N=%d (%d hosts, conns per %s), %d cycles: p50 %.0f ms, p99 %.0f ms, prepare %.0f ms, commit %.0f ms; "+
+		"per member and cycle %.2f writes (stream %.2f, kv %.2f, obj %.2f), %.0f B; heartbeats %.2f per member over the cycles; "+
+		"servers in %.1f msgs, out %.1f msgs and %.1f KB per member and cycle; prepare event %.0f B, committed outcome %.0f B, "+
+		"checkpoint manifest %.0f B; server CPU %.0f ms, hosts CPU %.0f ms per cycle; %d consumers; "+
+		"floor (%s) p50 %.0f ms, its server CPU %.0f ms; cycle/floor %.2f",
+		f.cfg.replicas, f.cfg.members, f.cfg.hosts, f.cfg.conns, f.cycles, f.p50, f.p99, f.prepare, f.commit,
+		f.writes, f.streamWrites, f.kvWrites, f.objWrites, f.bytes, f.heartbeats,
+		f.inMsgs, f.outMsgs, f.outKB, f.prepareSize, f.outcomeSize, f.manifestSize,
+		f.serverCPU, f.hostsCPU, f.consumers, floor, f.floor, f.floorServerCPU, f.p50/f.floor)
+}
+
+// quantile returns the q quantile of ds in milliseconds.
+func quantile(ds []time.Duration, q float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return ms(s[int(q*float64(len(s)-1)+0.5)])
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
