@@ -100,13 +100,16 @@ func (b *Bridge) publishFenced(ctx context.Context, msg *nats.Msg, fence uint64,
 
 // unanswered tells an error of a publish that may or may not have landed
 // and is worth making again: the request timed out (ctx itself did not
-// end), or no one answered it.
+// end), no one answered it, or the stream is still storing an earlier
+// attempt of it (a replicated stream's 10158, "duplicate message id is in
+// process", seen on a 3-node cluster under load).
 func unanswered(ctx context.Context, err error) bool {
 	if err == nil || ctx.Err() != nil {
 		return false
 	}
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
-		errors.Is(err, natsjs.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
+		errors.Is(err, natsjs.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		jetstream.IsDuplicateInProcess(err)
 }
 
 // saveHead records the run's head after a phase publish; best effort (the

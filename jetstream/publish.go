@@ -81,6 +81,21 @@ func IsWrongLastSequence(err error) bool {
 		apiErr.ErrorCode == natsjs.JSErrCodeStreamWrongLastSequenceConstant
 }
 
+// JSErrCodeDuplicateInProcess is the server's error code (10158, "duplicate message id is in
+// process") for a publish whose Nats-Msg-Id is that of a message the stream is still storing: on
+// a replicated stream, an earlier attempt of the same publish still being agreed on by its
+// replicas. nats.go names no constant for it.
+const JSErrCodeDuplicateInProcess natsjs.ErrorCode = 10158
+
+// IsDuplicateInProcess reports whether err is the server's refusal of a publish whose
+// Nats-Msg-Id is still being stored (JSErrCodeDuplicateInProcess): the earlier attempt may yet
+// land or fail, so the publish is worth making again after a pause, when the stream answers it
+// as a duplicate (landed) or stores it (the earlier attempt failed).
+func IsDuplicateInProcess(err error) bool {
+	apiErr, ok := errors.AsType[*natsjs.APIError](err)
+	return ok && apiErr.ErrorCode == JSErrCodeDuplicateInProcess
+}
+
 // publishTimeout bounds the wait for a server ack when ctx has no deadline, as a synchronous
 // publish of nats.go does.
 const publishTimeout = 5 * time.Second

@@ -218,3 +218,17 @@ func TestPublishOnceCancelled(t *testing.T) {
 		t.Fatalf("%s holds %d messages after a cancelled publish, want 0", subject, n)
 	}
 }
+
+// A replicated stream answers a publish whose Nats-Msg-Id it is still
+// storing with 10158; IsDuplicateInProcess tells it from the other
+// refusals, wrapped or not.
+func TestIsDuplicateInProcess(t *testing.T) {
+	inProcess := &natsjs.APIError{Code: 409, ErrorCode: 10158, Description: "duplicate message id is in process"}
+	if !jetstream.IsDuplicateInProcess(inProcess) || !jetstream.IsDuplicateInProcess(fmt.Errorf("publish: %w", inProcess)) {
+		t.Fatal("10158 not told")
+	}
+	wrongLast := &natsjs.APIError{Code: 400, ErrorCode: natsjs.JSErrCodeStreamWrongLastSequence}
+	if jetstream.IsDuplicateInProcess(wrongLast) || jetstream.IsDuplicateInProcess(errors.New("10158")) || jetstream.IsDuplicateInProcess(nil) {
+		t.Fatal("another error told as 10158")
+	}
+}
