@@ -82,6 +82,16 @@ type Config struct {
 	// first consumer's name is random; nats.go names the ones it makes again
 	// after a gap from its nuid, which forks of one VM snapshot share.
 	NoPull bool
+	// CoreFeed, with StateFile, makes the member read the run's phases on a
+	// core-NATS subscription instead of a consumer, catching up from the
+	// stream by direct get (next by subject, from after the position its
+	// state file holds) when it starts, after every reconnect, and when a
+	// phase's sequence is past the next one (PROTOCOL §3): the stream then
+	// has no consumer per member, whatever the number of sandbox daemons.
+	// Its user must subscribe to the run's phases (and the committed
+	// outcomes, for a participant that parks) and direct-get from the
+	// stream (docs/PERMISSIONS.md); it creates no consumer.
+	CoreFeed bool
 	// Source, when set, feeds the member the run's events instead of a
 	// consumer of its own: a process that hosts many members keeps one
 	// consumer for all of them (PROTOCOL §3). StateFile is then unused.
@@ -158,6 +168,12 @@ func (c Config) Validate() error {
 	}
 	if c.Source != nil && c.StateFile != "" {
 		field("StateFile: a member fed by a Source keeps no position of its own")
+	}
+	switch {
+	case c.CoreFeed && c.StateFile == "":
+		field("CoreFeed: needs a StateFile, where it keeps its position")
+	case c.CoreFeed && c.NoPull:
+		field("CoreFeed: reads through no consumer, so NoPull does not apply")
 	}
 	if c.Now == nil {
 		field("Now: required")
