@@ -80,7 +80,8 @@ type Config struct {
 	// participant that parks): for a member whose user may not pull from a
 	// consumer, a sandbox with a user of its own (docs/PERMISSIONS.md). Its
 	// first consumer's name is random; nats.go names the ones it makes again
-	// after a gap from its nuid, which forks of one VM snapshot share.
+	// after a gap from its nuid, which forks of one VM snapshot share. With
+	// CoreFeed, it says the same of the core feed's catch-up (CoreFeed).
 	NoPull bool
 	// CoreFeed, with StateFile, makes the member read the run's phases on a
 	// core-NATS subscription instead of a consumer, catching up from the
@@ -90,7 +91,13 @@ type Config struct {
 	// has no consumer per member, whatever the number of sandbox daemons.
 	// Its user must subscribe to the run's phases (and the committed
 	// outcomes, for a participant that parks) and direct-get from the
-	// stream (docs/PERMISSIONS.md); it creates no consumer.
+	// stream (docs/PERMISSIONS.md); it creates no consumer. With NoPull, for
+	// a user whose direct gets must name the subject (a sandbox's own,
+	// which no next-by-subject request body can be limited for), it reads
+	// the newest of the run's phases instead, and only when more than that
+	// was missed an ordered push consumer filtered on them, for the time
+	// the catch-up takes (and, for a participant that parks, the newest
+	// committed outcome).
 	CoreFeed bool
 	// Source, when set, feeds the member the run's events instead of a
 	// consumer of its own: a process that hosts many members keeps one
@@ -172,9 +179,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.CoreFeed && c.StateFile == "":
 		field("CoreFeed: needs a StateFile, where it keeps its position")
-	case c.CoreFeed && c.NoPull:
-		field("CoreFeed: reads through no consumer, so NoPull does not apply")
 	}
+
 	if c.Now == nil {
 		field("Now: required")
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // coreFeed is the feed of Config.CoreFeed (PROTOCOL §3, Consumers): a
@@ -38,16 +39,32 @@ func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
 	if other != "" {
 		m.log.Info().Str("state_file", m.cfg.StateFile).Str("written_by", other).Msg("position of another member: reading from the stream's end")
 	}
+	based := pos.PhaseSeq != 0
 	if pos.StreamSeq == 0 {
 		// What is published from now on: the feed starts after the member
 		// registers, and its first catch-up reads what came in between.
+		// The run's newest phase, before this member, says which phase
+		// comes next, so that the first one the subscription delivers needs
+		// no catch-up.
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
 		info, err := m.cfg.Bus.Stream.Info(cctx)
-		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("member: core feed: stream info: %w", err)
 		}
 		pos = position{StreamSeq: info.State.LastSeq}
+		last, err := m.cfg.Bus.Stream.GetLastMsgForSubject(cctx, events.PhaseFilter(m.cfg.Run))
+		switch {
+		case errors.Is(err, natsjs.ErrMsgNotFound):
+			based = true // none yet: the first is 1
+		case err != nil:
+			return nil, fmt.Errorf("member: core feed: the run's last phase: %w", err)
+		default:
+			dl := newCoreDelivery(&nats.Msg{Subject: last.Subject, Header: last.Header, Data: last.Data}, last.Sequence, nil, nil)
+			if q, _ := dl.phaseSeq(); q != 0 {
+				pos.PhaseSeq, pos.StreamSeq, based = q, max(pos.StreamSeq, last.Sequence), true
+			}
+		}
 	}
 	subs := []string{events.PhaseFilter(m.cfg.Run)}
 	if _, parks := m.cfg.Participant.(Parker); parks {
@@ -55,7 +72,7 @@ func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
 	}
 	m.inbox = make(chan Delivery)
 	c := &coreReader{
-		nc: m.cfg.Conn, stream: m.cfg.Bus.Stream, subjects: subs, inbox: m.inbox,
+		nc: m.cfg.Conn, stream: m.cfg.Bus.Stream, runID: m.cfg.Run, subjects: subs, scoped: m.cfg.NoPull, inbox: m.inbox,
 		pos:      newPhaseFloor(m.cfg.StateFile, m.cfg.Run, m.cfg.Member, pos),
 		again:    &redeliverer{inbox: m.inbox, stopping: make(chan struct{})},
 		log:      m.log,
@@ -64,6 +81,7 @@ func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
 		done:     make(chan struct{}),
 		from:     pos.StreamSeq,
 		lastQ:    pos.PhaseSeq,
+		based:    based,
 		pending:  map[uint64]*coreDelivery{},
 	}
 	m.core = c
@@ -76,7 +94,9 @@ func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
 type coreReader struct {
 	nc       *nats.Conn
 	stream   natsjs.Stream
+	runID    string
 	subjects []string
+	scoped   bool // Config.NoPull: its user direct-gets only by its run's phase subjects
 	inbox    chan<- Delivery
 	pos      *phaseFloor
 	again    *redeliverer
@@ -96,7 +116,8 @@ type coreReader struct {
 
 	// Owned by run.
 	from    uint64                   // the stream sequence the next catch-up reads after
-	lastQ   uint64                   // the highest phase sequence delivered (0: none known)
+	lastQ   uint64                   // the highest phase sequence delivered, or known to be before the member
+	based   bool                     // lastQ is known: the next phase is lastQ+1
 	pending map[uint64]*coreDelivery // phases received past a gap, waiting for the catch-up
 	seen    []string                 // ids of the last outcomes delivered
 }
@@ -252,7 +273,7 @@ func (c *coreReader) received(msg *nats.Msg, behind bool) bool {
 		return c.deliver(dl)
 	case q <= c.lastQ:
 		return true // delivered already (the catch-up read it, or a publish repeated)
-	case !behind && c.lastQ != 0 && q == c.lastQ+1:
+	case !behind && c.based && q == c.lastQ+1:
 		return c.deliver(dl)
 	}
 	c.pending[q] = dl
@@ -276,7 +297,7 @@ func (c *coreReader) deliver(dl *coreDelivery) bool {
 		if q <= c.lastQ {
 			return true
 		}
-		c.lastQ = q
+		c.lastQ, c.based = q, true
 		c.pos.delivered(q, dl.seq)
 	}
 	select {
@@ -291,6 +312,9 @@ func (c *coreReader) deliver(dl *coreDelivery) bool {
 // feed's subjects after c.from, everything up to the stream's end, and
 // delivers in stream order what was not delivered yet.
 func (c *coreReader) catchUp(ctx context.Context) error {
+	if c.scoped {
+		return c.catchUpScoped(ctx)
+	}
 	next := make([]*natsjs.RawStreamMsg, len(c.subjects))
 	done := make([]bool, len(c.subjects))
 	for {
@@ -331,6 +355,107 @@ func (c *coreReader) catchUp(ctx context.Context) error {
 	}
 }
 
+// catchUpScoped is catchUp for a user whose direct gets name the subject
+// (a sandbox with a user of its own, Config.NoPull): the server reads a
+// next-by-subject request from its body, which no permission can limit to
+// one run (docs/PERMISSIONS.md). The newest phase of the run, by a direct
+// get whose subject names the run's phases, tells whether anything was
+// missed: nothing, or only that phase, in the common case. When more was
+// missed, an ordered push consumer filtered on the run's phases reads them
+// from after c.from, and goes once it has.
+func (c *coreReader) catchUpScoped(ctx context.Context) error {
+	if err := c.catchUpPhasesScoped(ctx); err != nil {
+		return err
+	}
+	if len(c.subjects) == 1 {
+		return nil
+	}
+	// A participant that parks: the newest committed outcome, which a
+	// stop commit waits for (one delivered already is known by its id).
+	subject := events.OutcomeSubject(c.runID, events.TypeCheckpointCommitted)
+	gctx, cancel := context.WithTimeout(ctx, callTimeout)
+	msg, err := c.stream.GetLastMsgForSubject(gctx, subject)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return errStopping
+	case errors.Is(err, natsjs.ErrMsgNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("member: core feed: direct get of the last of %s: %w", subject, err)
+	}
+	if !c.deliver(newCoreDelivery(&nats.Msg{Subject: msg.Subject, Header: msg.Header, Data: msg.Data}, msg.Sequence, c.pos, c.again)) {
+		return errStopping
+	}
+	return nil
+}
+
+func (c *coreReader) catchUpPhasesScoped(ctx context.Context) error {
+	gctx, cancel := context.WithTimeout(ctx, callTimeout)
+	msg, err := c.stream.GetLastMsgForSubject(gctx, events.PhaseFilter(c.runID))
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return errStopping
+	case errors.Is(err, natsjs.ErrMsgNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("member: core feed: direct get of the last of %s: %w", events.PhaseFilter(c.runID), err)
+	case msg.Sequence <= c.from:
+		return nil
+	}
+	dl := newCoreDelivery(&nats.Msg{Subject: msg.Subject, Header: msg.Header, Data: msg.Data}, msg.Sequence, c.pos, c.again)
+	if q, _ := dl.phaseSeq(); q <= c.lastQ || (c.based && q == c.lastQ+1) {
+		if !c.deliver(dl) {
+			return errStopping
+		}
+		c.from = msg.Sequence
+		return nil
+	}
+	return c.readThrough(ctx, msg.Sequence)
+}
+
+// readThrough reads the run's phases after c.from up to stream sequence
+// last through an ordered push consumer filtered on them, the one a
+// sandbox's own user may create (docs/PERMISSIONS.md), and delivers what
+// was not delivered yet; the consumer goes when it returns.
+func (c *coreReader) readThrough(ctx context.Context, last uint64) error {
+	legacy, err := c.nc.JetStream(nats.MaxWait(orderedCallTimeout))
+	if err != nil {
+		return fmt.Errorf("member: core feed: %w", err)
+	}
+	got := make(chan *nats.Msg, 64)
+	sub, err := legacy.ChanSubscribe(events.PhaseFilter(c.runID), got, nats.OrderedConsumer(), nats.BindStream(jetstream.StreamName),
+		nats.StartSequence(c.from+1), nats.ConsumerName("sp_"+events.NewID()), nats.IdleHeartbeat(orderedHeartbeat))
+	if err != nil {
+		return fmt.Errorf("member: core feed: read the missed phases through a consumer: %w", err)
+	}
+	// The server drops the consumer once no one listens (a sandbox deletes none).
+	defer func() { _ = sub.Unsubscribe() }()
+	c.log.Info().Uint64("from_stream_seq", c.from+1).Uint64("to_stream_seq", last).Msg("more than one phase missed; reading them through a consumer")
+	idle := time.NewTimer(callTimeout)
+	defer idle.Stop()
+	for c.from < last {
+		select {
+		case <-ctx.Done():
+			return errStopping
+		case <-idle.C:
+			return fmt.Errorf("member: core feed: no phase from the consumer within %s (at stream sequence %d of %d)", callTimeout, c.from, last)
+		case msg := <-got:
+			md, err := msg.Metadata()
+			if err != nil {
+				continue // a status message
+			}
+			idle.Reset(callTimeout)
+			c.from = md.Sequence.Stream
+			if !c.deliver(newCoreDelivery(msg, md.Sequence.Stream, c.pos, c.again)) {
+				return errStopping
+			}
+		}
+	}
+	return nil
+}
+
 // flushPending delivers, in phase order, what the subscription received
 // past a gap and the catch-up did not read. A gap that is still there is
 // waited for (it reports gap), unless anyway: then what follows it is
@@ -352,10 +477,10 @@ func (c *coreReader) flushPending(anyway bool) (gap, ok bool) {
 			delete(c.pending, q)
 			continue
 		}
-		if c.lastQ != 0 && q > c.lastQ+1 && !anyway {
+		if c.based && q > c.lastQ+1 && !anyway {
 			return true, true
 		}
-		if c.lastQ != 0 && q > c.lastQ+1 {
+		if c.based && q > c.lastQ+1 {
 			c.log.Warn().Uint64("last_seen", c.lastQ).Uint64("seq", q).
 				Msg("phases missing before this one are not in the stream; taking it as it is")
 		}

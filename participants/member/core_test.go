@@ -20,12 +20,22 @@ import (
 )
 
 // startCore starts sandbox member sandbox.sb1 of run1 on the core feed
-// (Config.CoreFeed) with its state file in dir, connected through env.
-func startCore(t *testing.T, env *jstest.Env, dir string, episodes int) *membertest.Handle {
+// (Config.CoreFeed) with its state file in dir, connected through env;
+// scoped, its catch-up is that of a sandbox with a user of its own
+// (Config.NoPull).
+func startCore(t *testing.T, env *jstest.Env, dir string, episodes int, scoped bool) *membertest.Handle {
 	t.Helper()
 	return membertest.StartMember(t, env, "run1", "sandbox.sb1", membertest.NewParticipant("sb1"),
-		membertest.Options{StateFile: filepath.Join(dir, "position.json"), CoreFeed: true, Episodes: episodes})
+		membertest.Options{StateFile: filepath.Join(dir, "position.json"), CoreFeed: true, NoPull: scoped, Episodes: episodes})
 }
+
+// catchUps are the core feed's two catch-ups: by next-by-subject direct
+// gets, and a sandbox's own user's (by the newest phase, then a consumer
+// for the time it takes).
+var catchUps = []struct {
+	name   string
+	scoped bool
+}{{"next by subject", false}, {"scoped", true}}
 
 // consumers returns how many consumers the stream has.
 func consumers(t *testing.T, env *jstest.Env) int {
@@ -55,7 +65,7 @@ func TestCoreFeedKeepsNoConsumer(t *testing.T) {
 	bridge := membertest.NewBridge(t, env, "run1")
 	before := consumers(t, env)
 	dir := t.TempDir()
-	h := startCore(t, env, dir, 1)
+	h := startCore(t, env, dir, 1, false)
 	name := h.Member.Name()
 	eps := []events.Episode{{Rollout: "sb1-r0"}}
 	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
@@ -91,9 +101,16 @@ func TestCoreFeedKeepsNoConsumer(t *testing.T) {
 // Without it, the lost resume would leave c1 open and the prepare of c2
 // refused.
 func TestCoreFeedFillsAGap(t *testing.T) {
+	for _, c := range catchUps {
+		t.Run(c.name, func(t *testing.T) { fillsAGap(t, c.scoped) })
+	}
+}
+
+func fillsAGap(t *testing.T, scoped bool) {
 	env := jstest.Start(t)
 	bridge := membertest.NewBridge(t, env, "run1")
-	h := startCore(t, env, t.TempDir(), 0)
+	before := consumers(t, env)
+	h := startCore(t, env, t.TempDir(), 0, scoped)
 	name := h.Member.Name()
 	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
 
@@ -116,6 +133,14 @@ func TestCoreFeedFillsAGap(t *testing.T) {
 			t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
 		}
 	}
+	noConsumerLeft(t, env, before)
+}
+
+// noConsumerLeft waits until the stream has the consumers it had before
+// the member started: a scoped catch-up's consumer goes when it is done.
+func noConsumerLeft(t *testing.T, env *jstest.Env, before int) {
+	t.Helper()
+	poll.Wait(t, 30*time.Second, "the catch-up's consumer to go", func() bool { return consumers(t, env) == before })
 }
 
 // PROTOCOL §3, Consumers: the phases published while the member's
@@ -123,12 +148,19 @@ func TestCoreFeedFillsAGap(t *testing.T) {
 // it reads them from the stream, by itself, and answers them in order,
 // each once.
 func TestCoreFeedCatchesUpAfterADisconnect(t *testing.T) {
+	for _, c := range catchUps {
+		t.Run(c.name, func(t *testing.T) { catchesUpAfterADisconnect(t, c.scoped) })
+	}
+}
+
+func catchesUpAfterADisconnect(t *testing.T, scoped bool) {
 	env := jstest.Start(t)
 	bridge := membertest.NewBridge(t, env, "run1")
+	before := consumers(t, env)
 	px := startProxy(t, env.URL)
 	through := *env
 	through.URL = px.url
-	h := startCore(t, &through, t.TempDir(), 0)
+	h := startCore(t, &through, t.TempDir(), 0, scoped)
 	name := h.Member.Name()
 	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
 
@@ -163,6 +195,7 @@ func TestCoreFeedCatchesUpAfterADisconnect(t *testing.T) {
 			t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
 		}
 	}
+	noConsumerLeft(t, env, before)
 	if err := h.Stop(); err != nil {
 		t.Errorf("Run: %v, want nil after a clean stop", err)
 	}
