@@ -49,7 +49,8 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		discovery(kind)...)
 	if kind == events.KindSandbox {
 		// Its feed (member.Config.CoreFeed with NoPull): a core subscription of its run's phases
-		// and committed outcomes; catch-up by a direct get of the newest of them, whose subject
+		// as the stream republishes them (events.LivePhaseFilter) and of its committed outcomes;
+		// catch-up by a direct get of the newest of them, whose subject
 		// names the run (a next-by-subject get names its subject in the request body, which no
 		// permission sees: it would read every run); and, when more than the newest was missed, an
 		// ordered push consumer whose create subject names the filter of its run's phases.
@@ -62,7 +63,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 			"$JS.API.CONSUMER.CREATE."+jetstream.StreamName+".*."+events.PhaseFilter(run),
 			"$JS.FC."+jetstream.StreamName+".>",
 		)
-		sub = append(sub, events.PhaseFilter(run), committed)
+		sub = append(sub, events.LivePhaseFilter(run), committed)
 		return &Permissions{Publish: Subjects{Allow: pub}, Subscribe: Subjects{Allow: sub}}
 	}
 	// An agent's or an owner's own durable consumer of the run's phases. Its name is

@@ -223,12 +223,13 @@ func TestMembersOnTheBus(t *testing.T) {
 	// Nor reads replies meant for others, nor answers another service's discovery.
 	otherService := map[string]string{"sandbox": "stillpoint-agent", "agent": "stillpoint-owner", "owner": "stillpoint-sandboxd"}
 	for kind, c := range conns {
-		subjects := []string{"_INBOX.>", "sp.>", "sp.other.phase.>", "sp.*.phase.>", "sp.r.ack.>", "sp.r.outcome.>",
-			"spsvc.r.agent.a2.>", "$SRV.>", "$SRV.INFO.stillpoint-bridge", "$SRV.PING.stillpoint-bridge.x", "$SRV.INFO." + otherService[kind],
-			"$SRV.STATS." + otherService[kind] + ".x"}
+		subjects := []string{"_INBOX.>", "sp.>", "sp.r.phase.>", "spl.>", "spl.other.phase.>", "spl.*.phase.>", "sp.r.ack.>",
+			"sp.r.outcome.>", "spsvc.r.agent.a2.>", "$SRV.>", "$SRV.INFO.stillpoint-bridge", "$SRV.PING.stillpoint-bridge.x",
+			"$SRV.INFO." + otherService[kind], "$SRV.STATS." + otherService[kind] + ".x"}
 		if kind != "sandbox" {
-			// A sandbox's core feed subscribes to its run's phases (TestSandboxFeedAndService).
-			subjects = append(subjects, "sp.r.phase.>")
+			// A sandbox's core feed subscribes to its run's phases as the stream republishes them
+			// (TestSandboxFeedAndService).
+			subjects = append(subjects, "spl.r.phase.>")
 		}
 		for _, subject := range subjects {
 			if _, err := c.nc.SubscribeSync(subject); err != nil {
@@ -325,9 +326,10 @@ func TestSandboxFeedAndService(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the sandbox's consumer delivered no phase")
 	}
-	// Its core feed: the run's phases on a core subscription, the newest of them (and of the
-	// committed outcomes) by a direct get whose subject names them.
-	core, err := snc.SubscribeSync(events.PhaseFilter("r"))
+	// Its core feed: the run's phases as the stream republishes them, on a core subscription,
+	// and the newest of them (and of the committed outcomes) by a direct get whose subject names
+	// them.
+	core, err := snc.SubscribeSync(events.LivePhaseFilter("r"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +342,7 @@ func TestSandboxFeedAndService(t *testing.T) {
 	if _, err := bjs.Publish(ctx, "sp.r.phase.commit", []byte("c")); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := core.NextMsg(10 * time.Second); err != nil || m.Subject != "sp.r.phase.commit" {
+	if m, err := core.NextMsg(10 * time.Second); err != nil || m.Subject != "spl.r.phase.commit" {
 		t.Errorf("the sandbox's core subscription of its phases: %v, %v", m, err)
 	}
 	_, sjs1, _ := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb1"))

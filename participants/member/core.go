@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,12 @@ import (
 // subscription and the catch-up both deliver it) from a gap (the
 // subscription missed one): each phase is delivered once, in order.
 func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
+	if info := m.cfg.Bus.Stream.CachedInfo(); info == nil || info.Config.RePublish == nil {
+		// A stream no Provision of this build has seen: it republishes
+		// nothing to subscribe to.
+		m.log.Warn().Msg("the stream does not republish its phases (provision it again); reading them through an ordered consumer")
+		return m.orderedFeed(ctx)
+	}
 	pos, other, err := loadPosition(m.cfg.StateFile, m.cfg.Run, m.cfg.Member)
 	if err != nil {
 		return nil, err
@@ -66,9 +73,12 @@ func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
 			}
 		}
 	}
-	subs := []string{events.PhaseFilter(m.cfg.Run)}
+	// The phases as the stream republishes what it stored (never one it
+	// refused: a fenced publish of a zombie bridge), and, for a
+	// participant that parks, the committed outcomes.
+	subs := []string{events.LivePhaseFilter(m.cfg.Run)}
 	if _, parks := m.cfg.Participant.(Parker); parks {
-		subs = subjects(m.cfg.Run)
+		subs = append(subs, events.OutcomeSubject(m.cfg.Run, events.TypeCheckpointCommitted))
 	}
 	m.inbox = make(chan Delivery)
 	c := &coreReader{
@@ -259,7 +269,16 @@ var errStopping = errors.New("member: core feed stopping")
 // the catch-up otherwise (or while behind). It reports false when a
 // catch-up is needed.
 func (c *coreReader) received(msg *nats.Msg, behind bool) bool {
-	dl := newCoreDelivery(msg, 0, c.pos, c.again)
+	var seq uint64
+	if s := msg.Header.Get(natsjs.SequenceHeader); s != "" {
+		// Republished by the stream: the subject it was stored on, and its
+		// stream sequence.
+		seq, _ = strconv.ParseUint(s, 10, 64)
+		if subject := msg.Header.Get(natsjs.SubjectHeader); subject != "" {
+			msg.Subject = subject
+		}
+	}
+	dl := newCoreDelivery(msg, seq, c.pos, c.again)
 	q, outcome := dl.phaseSeq()
 	switch {
 	case outcome:
@@ -298,6 +317,7 @@ func (c *coreReader) deliver(dl *coreDelivery) bool {
 			return true
 		}
 		c.lastQ, c.based = q, true
+		c.from = max(c.from, dl.seq)
 		c.pos.delivered(q, dl.seq)
 	}
 	select {
@@ -315,10 +335,14 @@ func (c *coreReader) catchUp(ctx context.Context) error {
 	if c.scoped {
 		return c.catchUpScoped(ctx)
 	}
-	next := make([]*natsjs.RawStreamMsg, len(c.subjects))
-	done := make([]bool, len(c.subjects))
+	filters := []string{events.PhaseFilter(c.runID)}
+	if len(c.subjects) > 1 {
+		filters = append(filters, c.subjects[1:]...)
+	}
+	next := make([]*natsjs.RawStreamMsg, len(filters))
+	done := make([]bool, len(filters))
 	for {
-		for i, s := range c.subjects {
+		for i, s := range filters {
 			if next[i] != nil || done[i] {
 				continue
 			}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -141,6 +143,36 @@ func fillsAGap(t *testing.T, scoped bool) {
 func noConsumerLeft(t *testing.T, env *jstest.Env, before int) {
 	t.Helper()
 	poll.Wait(t, 30*time.Second, "the catch-up's consumer to go", func() bool { return consumers(t, env) == before })
+}
+
+// PROTOCOL §5, Fencing, on the core feed: a zombie bridge's phase, which
+// the stream refuses (fenced on the run's last phase), still reaches a core
+// subscription of the publish subject; the core feed hears only what the
+// stream stored, as it republishes it. Here the zombie's resume of c1 comes
+// first and is refused, and the member answers the live bridge's commit of
+// the same sequence, not the resume.
+func TestCoreFeedNeverHearsARefusedPhase(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	h := startCore(t, env, t.TempDir(), 1, false)
+	name := h.Member.Name()
+	seq1 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
+	want(t, bridge.Ack(seq1, events.PhasePrepare, name), "", events.StatePrepared)
+
+	header := bridge.Header("c1", 10*time.Second, name)
+	zombie, err := events.Marshal(bridge.Name, events.Resume{PhaseHeader: header}, events.WithID("zombie"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.JS.PublishMsg(t.Context(), zombie, natsjs.WithExpectLastSequence(1)); err == nil {
+		t.Fatal("the zombie's fenced publish was stored")
+	}
+	seq2 := bridge.Publish(events.Commit{PhaseHeader: header, Scope: []events.Episode{{Rollout: "sb1-r0"}}})
+	want(t, bridge.Ack(seq2, events.PhaseCommit, name), "", events.StateCommitted)
+	bridge.Barrier(name)
+	if a, ok := bridge.Lookup(seq2, events.PhaseResume, name); ok {
+		t.Errorf("the member answered the refused resume: %+v", a)
+	}
 }
 
 // PROTOCOL §3, Consumers: the phases published while the member's
