@@ -168,13 +168,13 @@ func (c *coreReader) start() error {
 // Run stops the feed again at its end.
 func (c *coreReader) stop() {
 	c.once.Do(func() {
-		c.again.stop()
 		close(c.stopping)
-		c.unsubscribe()
 		if c.cancel != nil {
 			c.cancel()
 			<-c.done
 		}
+		c.unsubscribe()
+		c.again.stop()
 	})
 }
 
@@ -232,9 +232,6 @@ func (c *coreReader) run(ctx context.Context) {
 					behind = true
 				}
 			}
-			if !behind {
-				continue
-			}
 		}
 		if !behind {
 			continue
@@ -281,19 +278,16 @@ func (c *coreReader) received(msg *nats.Msg, behind bool) bool {
 	dl := newCoreDelivery(msg, seq, c.pos, c.again)
 	q, outcome := dl.phaseSeq()
 	switch {
+	case outcome && !behind, !outcome && q == 0, !outcome && !behind && c.based && q == c.lastQ+1:
+		// An outcome; something malformed or not a phase, which the loop
+		// refuses; the next phase. (A stop ends run at its next select.)
+		c.deliver(dl)
+		return true
 	case outcome:
-		if !behind {
-			return c.deliver(dl)
-		}
 		c.pending[0] = dl // an outcome waits for the catch-up, which reads it from the stream too
 		return false
-	case q == 0:
-		// Malformed, or not a phase: the loop refuses it.
-		return c.deliver(dl)
 	case q <= c.lastQ:
 		return true // delivered already (the catch-up read it, or a publish repeated)
-	case !behind && c.based && q == c.lastQ+1:
-		return c.deliver(dl)
 	}
 	c.pending[q] = dl
 	return false
