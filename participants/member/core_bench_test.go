@@ -10,13 +10,14 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
 // BenchmarkPhaseFanOut measures what one phase costs the bus to reach N
 // sandbox daemons, by the feed they read it from (PROTOCOL §3, Consumers):
 // an ordered consumer each (the feed before CoreFeed), or a core
-// subscription each (CoreFeed). One op is one phase published to the
+// subscription each of the stream's republish of its phases (CoreFeed). One op is one phase published to the
 // stream and received by all N; "consumers" is how many the stream holds
 // meanwhile. The subscribers share one connection, as the fan-out, not
 // the clients, is what is measured.
@@ -54,7 +55,7 @@ func fanOut(b *testing.B, feed string, n int) {
 			}
 			b.Cleanup(cc.Stop)
 		case "core":
-			sub, err := nc.Subscribe("sp.bench.phase.>", func(*nats.Msg) { got() })
+			sub, err := nc.Subscribe(events.LivePhaseFilter("bench"), func(*nats.Msg) { got() })
 			if err != nil {
 				b.Fatal(err)
 			}
