@@ -20,7 +20,6 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
-	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // coreFeed is the feed of Config.CoreFeed (PROTOCOL §3, Consumers): a
@@ -434,22 +433,34 @@ func (c *coreReader) catchUpPhasesScoped(ctx context.Context) error {
 }
 
 // readThrough reads the run's phases after c.from up to stream sequence
-// last through an ordered push consumer filtered on them, the one a
-// sandbox's own user may create (docs/PERMISSIONS.md), and delivers what
-// was not delivered yet; the consumer goes when it returns.
+// last through a push consumer filtered on them, the one a sandbox's own
+// user may create (docs/PERMISSIONS.md), and delivers what was not
+// delivered yet. It deletes no consumer (a sandbox may not): the server
+// drops it once its subscription is gone for readThroughInactive.
 func (c *coreReader) readThrough(ctx context.Context, last uint64) error {
-	legacy, err := c.nc.JetStream(nats.MaxWait(orderedCallTimeout))
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	cons, err := c.stream.CreatePushConsumer(cctx, natsjs.ConsumerConfig{
+		Name: "sp_" + events.NewID(), DeliverSubject: c.nc.NewInbox(), FilterSubject: events.PhaseFilter(c.runID),
+		DeliverPolicy: natsjs.DeliverByStartSequencePolicy, OptStartSeq: c.from + 1, AckPolicy: natsjs.AckNonePolicy,
+		InactiveThreshold: readThroughInactive, MemoryStorage: true, Replicas: 1,
+	})
+	cancel()
 	if err != nil {
-		return fmt.Errorf("member: core feed: %w", err)
+		return fmt.Errorf("member: core feed: a consumer to read the missed phases: %w", err)
 	}
-	got := make(chan *nats.Msg, 64)
-	sub, err := legacy.ChanSubscribe(events.PhaseFilter(c.runID), got, nats.OrderedConsumer(), nats.BindStream(jetstream.StreamName),
-		nats.StartSequence(c.from+1), nats.ConsumerName("sp_"+events.NewID()), nats.IdleHeartbeat(orderedHeartbeat))
+	got := make(chan natsjs.Msg, 64)
+	quit := make(chan struct{})
+	cc, err := cons.Consume(func(msg natsjs.Msg) {
+		select {
+		case got <- msg:
+		case <-quit:
+		}
+	})
 	if err != nil {
-		return fmt.Errorf("member: core feed: read the missed phases through a consumer: %w", err)
+		return fmt.Errorf("member: core feed: read the missed phases: %w", err)
 	}
-	// The server drops the consumer once no one listens (a sandbox deletes none).
-	defer func() { _ = sub.Unsubscribe() }()
+	defer cc.Stop()
+	defer close(quit) // before Stop: a handler waiting to hand over returns
 	c.log.Info().Uint64("from_stream_seq", c.from+1).Uint64("to_stream_seq", last).Msg("more than one phase missed; reading them through a consumer")
 	idle := time.NewTimer(callTimeout)
 	defer idle.Stop()
@@ -462,17 +473,22 @@ func (c *coreReader) readThrough(ctx context.Context, last uint64) error {
 		case msg := <-got:
 			md, err := msg.Metadata()
 			if err != nil {
-				continue // a status message
+				continue
 			}
 			idle.Reset(callTimeout)
 			c.from = md.Sequence.Stream
-			if !c.deliver(newCoreDelivery(msg, md.Sequence.Stream, c.pos, c.again)) {
+			dl := newCoreDelivery(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()}, md.Sequence.Stream, c.pos, c.again)
+			if !c.deliver(dl) {
 				return errStopping
 			}
 		}
 	}
 	return nil
 }
+
+// readThroughInactive is how long the server keeps a catch-up's consumer
+// after its subscription went.
+const readThroughInactive = 5 * time.Second
 
 // flushPending delivers, in phase order, what the subscription received
 // past a gap and the catch-up did not read. A gap that is still there is
