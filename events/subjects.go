@@ -15,6 +15,16 @@ func PhaseSubject(run string, p Phase) string {
 // sp.<run>.phase.>.
 func PhaseFilter(run string) string { return SubjectPrefix + "." + run + ".phase.>" }
 
+// LivePrefix is the first token of the subjects on which the STILLPOINT
+// stream republishes each phase it stored (PROTOCOL §3, Consumers): a
+// phase the stream refused (a zombie bridge's, fenced) is never
+// republished. It is outside "sp.>", so not captured again.
+const LivePrefix = "spl"
+
+// LivePhaseFilter returns spl.<run>.phase.>, the phases of run the stream
+// stored, as it republishes them for core subscribers (sandbox daemons).
+func LivePhaseFilter(run string) string { return LivePrefix + "." + run + ".phase.>" }
+
 // AckSubject returns sp.<run>.ack.<seq>.<phase>.<member>: one subject per
 // (phase event, member), written once (PROTOCOL §3).
 func AckSubject(run string, seq uint64, p Phase, m Member) string {

@@ -48,13 +48,17 @@ type resource struct {
 	stream string // the backing stream's name
 	diff   func(have natsjs.StreamConfig) []string
 	create func(ctx context.Context, js natsjs.JetStream) error
+	// upgrade, when set, adds to an existing object what an earlier build
+	// did not configure and this one needs, changing nothing it holds.
+	upgrade func(ctx context.Context, js natsjs.JetStream, have natsjs.StreamConfig) error
 }
 
 // Provision makes the bus of t exist and returns a handle on it. It creates what is missing and
 // leaves alone what already exists with the same configuration, so running it any number of
 // times, from any number of processes, changes nothing after the first. An existing object whose
 // configuration differs from t is never updated: Provision returns ErrConfigConflict naming every
-// difference and creates nothing. Zero fields of t take their defaults; an invalid t returns
+// difference and creates nothing. The one exception adds what a store made by an earlier build
+// lacks and nothing contradicts: the stream's republish of its phases (events.LivePhaseFilter). Zero fields of t take their defaults; an invalid t returns
 // ErrInvalidConfig.
 func Provision(ctx context.Context, js natsjs.JetStream, t Topology) (*Bus, error) {
 	if js == nil {
@@ -78,6 +82,10 @@ func Provision(ctx context.Context, js natsjs.JetStream, t Topology) (*Bus, erro
 		default:
 			if err := r.check(have); err != nil {
 				conflicts = append(conflicts, err)
+			} else if r.upgrade != nil {
+				if err := r.upgrade(ctx, js, have); err != nil {
+					return nil, fmt.Errorf("jetstream: provision: upgrade %s: %w", r.what, err)
+				}
 			}
 		}
 	}
@@ -167,10 +175,23 @@ func (t Topology) resources() []resource {
 			diffField(&d, "replicas", replicas(have.Replicas), scfg.Replicas)
 			diffField(&d, "duplicates", have.Duplicates, scfg.Duplicates)
 			diffField(&d, "max_age", have.MaxAge, scfg.MaxAge)
+			if have.RePublish != nil && *have.RePublish != *scfg.RePublish {
+				d = append(d, fmt.Sprintf("republish %+v, want %+v", *have.RePublish, *scfg.RePublish))
+			}
 			return d
 		},
 		create: func(ctx context.Context, js natsjs.JetStream) error {
 			_, err := js.CreateStream(ctx, scfg)
+			return err
+		},
+		// A stream provisioned before the core feed (member.Config.CoreFeed) has no republish of
+		// its phases: it gets it, and keeps everything else, its messages included.
+		upgrade: func(ctx context.Context, js natsjs.JetStream, have natsjs.StreamConfig) error {
+			if have.RePublish != nil {
+				return nil
+			}
+			have.RePublish = scfg.RePublish
+			_, err := js.UpdateStream(ctx, have)
 			return err
 		},
 	}}

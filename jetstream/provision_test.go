@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
@@ -188,5 +190,72 @@ func TestOpen(t *testing.T) {
 	}
 	if _, err := bus.Records.PutBytes(ctx, "run1/ckpt1/agent.a.jsonl", []byte("{}\n")); err != nil {
 		t.Fatalf("put records: %v", err)
+	}
+}
+
+// TestProvisionAddsThePhaseRepublish: a stream provisioned before the core feed, with no
+// republish, gets the republish of its phases and keeps its messages; from then on a phase the
+// stream stores is republished on spl.<run>.phase.>, with its stream sequence, and one it refuses
+// (a fenced publish) is not, though a core subscription of the publish subject hears both.
+func TestProvisionAddsThePhaseRepublish(t *testing.T) {
+	env := jstest.Start(t, jstest.WithoutProvision())
+	ctx := testContext(t)
+	topo := jetstream.Topology{}.WithDefaults()
+	if _, err := env.JS.CreateStream(ctx, natsjs.StreamConfig{Name: jetstream.StreamName, Subjects: []string{jetstream.StreamSubjects},
+		Storage: natsjs.FileStorage, MaxAge: topo.MaxAge, Duplicates: topo.Duplicates, Replicas: 1, AllowDirect: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.JS.Publish(ctx, "sp.r.phase.prepare", []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	bus, err := jetstream.Provision(ctx, env.JS, jetstream.Topology{})
+	if err != nil {
+		t.Fatalf("Provision over a stream without the republish: %v", err)
+	}
+	info, err := bus.Stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rp := info.Config.RePublish; rp == nil || rp.Source != "sp.*.phase.>" || rp.Destination != "spl.{{wildcard(1)}}.phase.>" {
+		t.Fatalf("republish after Provision: %+v", rp)
+	}
+	if info.State.Msgs != 1 {
+		t.Errorf("the stream holds %d messages after the upgrade, want its 1", info.State.Msgs)
+	}
+
+	live, err := env.Conn.SubscribeSync(events.LivePhaseFilter("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := env.Conn.SubscribeSync("sp.r.phase.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ack, err := env.JS.Publish(ctx, "sp.r.phase.commit", []byte("stored"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A publish fenced on a stale last sequence of the run's phases is refused.
+	if _, err := env.JS.Publish(ctx, "sp.r.phase.commit", []byte("refused"), natsjs.WithExpectLastSequencePerSubject(1)); err == nil {
+		t.Fatal("a publish fenced on a stale sequence was stored")
+	}
+	m, err := live.NextMsg(10 * time.Second)
+	if err != nil || string(m.Data) != "stored" || m.Subject != "spl.r.phase.commit" || m.Header.Get("Nats-Sequence") != strconv.FormatUint(ack.Sequence, 10) {
+		t.Fatalf("republished: %+v, %v; want the stored phase with its stream sequence %d", m, err, ack.Sequence)
+	}
+	for _, want := range []string{"stored", "refused"} {
+		if m, err := raw.NextMsg(10 * time.Second); err != nil || string(m.Data) != want {
+			t.Fatalf("the publish subject's subscription: %v, %v; want %q", m, err, want)
+		}
+	}
+	if m, err := live.NextMsg(200 * time.Millisecond); err == nil {
+		t.Errorf("republished %q, which the stream refused", m.Data)
+	}
+	// Provision again changes nothing.
+	if _, err := jetstream.Provision(ctx, env.JS, jetstream.Topology{}); err != nil {
+		t.Fatalf("Provision again: %v", err)
 	}
 }

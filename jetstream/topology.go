@@ -9,6 +9,8 @@ import (
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
 )
 
 // Names of the objects that make up the bus (PROTOCOL.md §3).
@@ -129,6 +131,20 @@ func (t Topology) streamConfig() natsjs.StreamConfig {
 		Duplicates:  t.Duplicates,
 		Discard:     natsjs.DiscardOld,
 		AllowDirect: true,
+		RePublish:   phaseRepublish(),
+	}
+}
+
+// phaseRepublish is how the stream republishes every phase it stores, on
+// events.LivePhaseFilter's subjects, for members on a core subscription
+// (member.Config.CoreFeed): a republished phase carries its stream
+// sequence (Nats-Sequence), and a publish the stream refused (a fenced
+// one) is never republished, where a core subscription of the publish
+// subject would hear it all the same.
+func phaseRepublish() *natsjs.RePublish {
+	return &natsjs.RePublish{
+		Source:      events.SubjectPrefix + ".*.phase.>",
+		Destination: events.LivePrefix + ".{{wildcard(1)}}.phase.>",
 	}
 }
 

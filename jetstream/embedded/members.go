@@ -20,9 +20,11 @@ const (
 // and no other: it creates, reads, acks and deletes that one only; it also watches its run's keys,
 // writes its records to a store of its own (events.RecordsBucket) and reads that and the shared
 // one, and calls the services it uses (an agent its owners' and sandboxes',
-// and it hears its sandboxes' prepare acks). A sandbox, the least trusted, creates only ordered
-// push consumers filtered on its run's phases (the consumer-create subject carries the filter),
-// reads only its own keys and acks, and manages no stream, consumer or bucket. run and name may be
+// and it hears its sandboxes' prepare acks). A sandbox, the least trusted, hears its run's phases
+// and committed outcomes on a core subscription, reads the newest of them by a direct get whose
+// subject names them, creates only ordered push consumers filtered on its run's phases (the
+// consumer-create subject carries the filter) for a catch-up that needs more, reads only its own
+// keys and acks, and manages no stream, consumer or bucket. run and name may be
 // the templates a scoped signing key fills in.
 func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	k := string(kind)
@@ -46,12 +48,22 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	sub := append([]string{InboxPrefix(run, events.Member(self)) + ".>", events.ServiceSubject(run, events.Member(self)) + ".>"},
 		discovery(kind)...)
 	if kind == events.KindSandbox {
+		// Its feed (member.Config.CoreFeed with NoPull): a core subscription of its run's phases
+		// as the stream republishes them (events.LivePhaseFilter) and of its committed outcomes;
+		// catch-up by a direct get of the newest of them, whose subject
+		// names the run (a next-by-subject get names its subject in the request body, which no
+		// permission sees: it would read every run); and, when more than the newest was missed, an
+		// ordered push consumer whose create subject names the filter of its run's phases.
+		committed := events.OutcomeSubject(run, events.TypeCheckpointCommitted)
 		pub = append(pub,
 			kvGet(jetstream.BucketMembers, self),
 			kvGet(jetstream.BucketManifests, "*."+self),
+			direct(jetstream.StreamName, events.PhaseFilter(run)),
+			direct(jetstream.StreamName, committed),
 			"$JS.API.CONSUMER.CREATE."+jetstream.StreamName+".*."+events.PhaseFilter(run),
 			"$JS.FC."+jetstream.StreamName+".>",
 		)
+		sub = append(sub, events.LivePhaseFilter(run), committed)
 		return &Permissions{Publish: Subjects{Allow: pub}, Subscribe: Subjects{Allow: sub}}
 	}
 	// An agent's or an owner's own durable consumer of the run's phases. Its name is

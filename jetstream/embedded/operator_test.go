@@ -175,6 +175,10 @@ func TestMembersOnTheBus(t *testing.T) {
 		{sb, "sandbox reading a message by sequence", "$JS.API.STREAM.MSG.GET.STILLPOINT", `{"seq":1}`},
 		{sb, "sandbox reading a message directly by sequence", "$JS.API.DIRECT.GET.STILLPOINT", `{"seq":1}`},
 		{sb, "sandbox reading an agent's ack", "$JS.API.DIRECT.GET.STILLPOINT.sp.r.ack.1.prepare.agent.a1", ""},
+		{sb, "sandbox reading the next of its run's phases", "$JS.API.DIRECT.GET.STILLPOINT", `{"seq":1,"next_by_subj":"sp.r.phase.>"}`},
+		{sb, "sandbox reading another run's last phase", "$JS.API.DIRECT.GET.STILLPOINT.sp.other.phase.>", ""},
+		{sb, "sandbox reading every run's last phase", "$JS.API.DIRECT.GET.STILLPOINT.sp.*.phase.>", ""},
+		{sb, "sandbox reading its run's last ack", "$JS.API.DIRECT.GET.STILLPOINT.sp.r.ack.>", ""},
 		{sb, "sandbox reading another's heartbeat", "$JS.API.DIRECT.GET.KV_sp_members.$KV.sp_members.r.agent.a1", ""},
 		{sb, "sandbox listing consumers", "$JS.API.CONSUMER.LIST.STILLPOINT", ""},
 		{sb, "sandbox watching the members bucket", "$JS.API.CONSUMER.CREATE.KV_sp_members.x.$KV.sp_members.>", ""},
@@ -219,9 +223,15 @@ func TestMembersOnTheBus(t *testing.T) {
 	// Nor reads replies meant for others, nor answers another service's discovery.
 	otherService := map[string]string{"sandbox": "stillpoint-agent", "agent": "stillpoint-owner", "owner": "stillpoint-sandboxd"}
 	for kind, c := range conns {
-		for _, subject := range []string{"_INBOX.>", "sp.>", "sp.r.phase.>", "spsvc.r.agent.a2.>",
-			"$SRV.>", "$SRV.INFO.stillpoint-bridge", "$SRV.PING.stillpoint-bridge.x", "$SRV.INFO." + otherService[kind],
-			"$SRV.STATS." + otherService[kind] + ".x"} {
+		subjects := []string{"_INBOX.>", "sp.>", "sp.r.phase.>", "spl.>", "spl.other.phase.>", "spl.*.phase.>", "sp.r.ack.>",
+			"sp.r.outcome.>", "spsvc.r.agent.a2.>", "$SRV.>", "$SRV.INFO.stillpoint-bridge", "$SRV.PING.stillpoint-bridge.x",
+			"$SRV.INFO." + otherService[kind], "$SRV.STATS." + otherService[kind] + ".x"}
+		if kind != "sandbox" {
+			// A sandbox's core feed subscribes to its run's phases as the stream republishes them
+			// (TestSandboxFeedAndService).
+			subjects = append(subjects, "spl.r.phase.>")
+		}
+		for _, subject := range subjects {
 			if _, err := c.nc.SubscribeSync(subject); err != nil {
 				t.Fatal(err)
 			}
@@ -287,8 +297,8 @@ func watchConsumer(t *testing.T, js natsjs.JetStream, stream string) string {
 }
 
 // TestSandboxFeedAndService: with its own credentials a sandbox reads its run's phases through an
-// ordered push consumer filtered on them, checks its own acks, and serves its own service to an
-// agent of its run.
+// ordered push consumer filtered on them, and on a core subscription with a direct get of the
+// newest (its core feed), checks its own acks, and serves its own service to an agent of its run.
 func TestSandboxFeedAndService(t *testing.T) {
 	auth, dir, s, _ := operatorServer(t)
 	ctx := testContext(t)
@@ -315,6 +325,33 @@ func TestSandboxFeedAndService(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the sandbox's consumer delivered no phase")
+	}
+	// Its core feed: the run's phases as the stream republishes them, on a core subscription,
+	// and the newest of them (and of the committed outcomes) by a direct get whose subject names
+	// them.
+	core, err := snc.SubscribeSync(events.LivePhaseFilter("r"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := snc.SubscribeSync(events.OutcomeSubject("r", events.TypeCheckpointCommitted)); err != nil {
+		t.Fatal(err)
+	}
+	if err := snc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bjs.Publish(ctx, "sp.r.phase.commit", []byte("c")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := core.NextMsg(10 * time.Second); err != nil || m.Subject != "spl.r.phase.commit" {
+		t.Errorf("the sandbox's core subscription of its phases: %v, %v", m, err)
+	}
+	_, sjs1, _ := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb1"))
+	sbus1, err := jetstream.Open(ctx, sjs1)
+	if err != nil {
+		t.Fatalf("sandbox opening the bus: %v", err)
+	}
+	if m, err := sbus1.Stream.GetLastMsgForSubject(ctx, events.PhaseFilter("r")); err != nil || m.Subject != "sp.r.phase.commit" {
+		t.Errorf("sandbox reading the newest of its run's phases: %v, %v", m, err)
 	}
 	_, sjs, _ := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb2"))
 	if _, err := sjs.Publish(ctx, "sp.r.ack.1.prepare.sandbox.sb2", nil); err != nil {

@@ -113,7 +113,10 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 			"$KV." + jetstream.BucketSnapshots + ".>",
 		}, records...), nil), nil
 	case RoleSandbox:
-		return member(events.KindSandbox, nil, nil), nil
+		// Its core feed (member.Config.CoreFeed): the run's phases as the stream republishes them
+		// (events.LivePhaseFilter) and its committed outcomes on a core subscription; it catches
+		// up by the direct gets common allows.
+		return member(events.KindSandbox, nil, []string{events.LivePhaseFilter(r), events.OutcomeSubject(r, events.TypeCheckpointCommitted)}), nil
 	case RoleController:
 		return &Permissions{
 			Publish:   Subjects{Allow: append(common(), events.ServiceFilter(r, events.KindAgent), events.ServiceFilter(r, events.KindBridge), "$SRV.>")},

@@ -279,7 +279,14 @@ func TestRolesOnTheBus(t *testing.T) {
 	}
 
 	// Subscriptions: a role serves only its own kind's services and reads the stream through
-	// JetStream, not core subscriptions (but an agent's to its sandboxes' prepare acks).
+	// JetStream, not core subscriptions (but an agent's to its sandboxes' prepare acks, and a
+	// sandbox's to its run's phases as the stream republishes them and its committed outcomes,
+	// its core feed).
+	for _, subject := range []string{"spl.r.phase.>", "sp.r.outcome.checkpoint.committed"} {
+		if _, err := conns[S].nc.SubscribeSync(subject); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, tc := range []struct {
 		role    embedded.Role
 		subject string
@@ -289,6 +296,9 @@ func TestRolesOnTheBus(t *testing.T) {
 		{A, "spsvc.r.owner.o1.>"},
 		{O, "spsvc.r.sandbox.*.launch"},
 		{A, "sp.r.phase.>"},
+		{S, "sp.r.phase.>"},
+		{S, "sp.r.ack.>"},
+		{S, "sp.r.outcome.>"},
 		{C, "sp.>"},
 	} {
 		c := conns[tc.role]

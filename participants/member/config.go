@@ -80,8 +80,25 @@ type Config struct {
 	// participant that parks): for a member whose user may not pull from a
 	// consumer, a sandbox with a user of its own (docs/PERMISSIONS.md). Its
 	// first consumer's name is random; nats.go names the ones it makes again
-	// after a gap from its nuid, which forks of one VM snapshot share.
+	// after a gap from its nuid, which forks of one VM snapshot share. With
+	// CoreFeed, it says the same of the core feed's catch-up (CoreFeed).
 	NoPull bool
+	// CoreFeed, with StateFile, makes the member read the run's phases on a
+	// core-NATS subscription instead of a consumer, catching up from the
+	// stream by direct get (next by subject, from after the position its
+	// state file holds) when it starts, after every reconnect, and when a
+	// phase's sequence is past the next one (PROTOCOL §3): the stream then
+	// has no consumer per member, whatever the number of sandbox daemons.
+	// Its user must subscribe to the run's phases (and the committed
+	// outcomes, for a participant that parks) and direct-get from the
+	// stream (docs/PERMISSIONS.md); it creates no consumer. With NoPull, for
+	// a user whose direct gets must name the subject (a sandbox's own,
+	// which no next-by-subject request body can be limited for), it reads
+	// the newest of the run's phases instead, and only when more than that
+	// was missed an ordered push consumer filtered on them, for the time
+	// the catch-up takes (and, for a participant that parks, the newest
+	// committed outcome).
+	CoreFeed bool
 	// Source, when set, feeds the member the run's events instead of a
 	// consumer of its own: a process that hosts many members keeps one
 	// consumer for all of them (PROTOCOL §3). StateFile is then unused.
@@ -159,6 +176,11 @@ func (c Config) Validate() error {
 	if c.Source != nil && c.StateFile != "" {
 		field("StateFile: a member fed by a Source keeps no position of its own")
 	}
+	switch {
+	case c.CoreFeed && c.StateFile == "":
+		field("CoreFeed: needs a StateFile, where it keeps its position")
+	}
+
 	if c.Now == nil {
 		field("Now: required")
 	}

@@ -80,11 +80,14 @@ type feed struct {
 	rewind func(ctx context.Context, from uint64) (uint64, error)
 }
 
-// openFeed opens the member's feed: its Source, or a consumer of its own.
+// openFeed opens the member's feed: its Source, its core subscription, or
+// a consumer of its own.
 func (m *Member) openFeed(ctx context.Context) (*feed, error) {
 	switch {
 	case m.cfg.Source != nil:
 		return m.sourceFeed(ctx)
+	case m.cfg.StateFile != "" && m.cfg.CoreFeed:
+		return m.coreFeed(ctx)
 	case m.cfg.StateFile != "":
 		return m.orderedFeed(ctx)
 	default:

@@ -15,3 +15,10 @@ func WriteRecordsPaced(ctx context.Context, store natsjs.ObjectStore, run, check
 	records []events.Record, before func(index int)) (events.MemberManifest, error) {
 	return writeRecords(ctx, store, run, checkpoint, m, records, before)
 }
+
+// LoseCoreArrivals makes the core feed of m (Config.CoreFeed) lose the next
+// n messages its subscription receives, as a subscription that was not up
+// when they were published. Call it once m has joined.
+func LoseCoreArrivals(m *Member, n int) {
+	m.core.lose.Add(int64(n))
+}

@@ -49,7 +49,8 @@ type Member struct {
 	results      chan Input
 	inbox        chan Delivery
 	feed         *feed
-	recheckTo    uint64 // events up to this stream sequence may have been answered by an earlier consumer
+	core         *coreReader // the feed's, with Config.CoreFeed; set before Joined
+	recheckTo    uint64      // events up to this stream sequence may have been answered by an earlier consumer
 	consumeErrs  chan error
 	feedDown     bool   // the feed's remake failed: it has no consumer until one succeeds
 	lastPhase    uint64 // the highest phase sequence (header) seen, and its stream sequence

@@ -58,6 +58,18 @@ func TestConformanceOrderedPush(t *testing.T) {
 	})
 }
 
+// TestConformanceCore runs the suite on the core feed, a sandbox daemon's
+// default: a subscription of the run's phases with catch-up by direct get.
+func TestConformanceCore(t *testing.T) {
+	membertest.Run(t, membertest.Suite{
+		Ordered:  true,
+		CoreFeed: true,
+		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
+			return membertest.NewParticipant(name.Name())
+		},
+	})
+}
+
 // TestConformanceShared runs the suite with every member fed by a Host:
 // one consumer per process, one decode per event.
 func TestConformanceShared(t *testing.T) {
@@ -506,14 +518,21 @@ func TestSupersededMidWrite(t *testing.T) {
 // PROTOCOL §3: a sandbox daemon reads through an ordered consumer and keeps
 // its position in a state file. Stopped and started again, it resumes after
 // the last event it handled: it answers what was published while it was
-// down, and never answers twice what it had answered.
+// down, and never answers twice what it had answered. So does one on the
+// core feed (Config.CoreFeed), which catches up from the stream after it.
 func TestOrderedMemberResumesFromItsStateFile(t *testing.T) {
+	for _, core := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ordered", true: "core"}[core], func(t *testing.T) { resumesFromItsStateFile(t, core) })
+	}
+}
+
+func resumesFromItsStateFile(t *testing.T, core bool) {
 	env := jstest.Start(t)
 	bridge := membertest.NewBridge(t, env, "run1")
 	state := filepath.Join(t.TempDir(), "position.json")
 	name := events.Member("sandbox.sb1")
 	startOne := func() *membertest.Handle {
-		return membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("sb1"), membertest.Options{StateFile: state})
+		return membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("sb1"), membertest.Options{StateFile: state, CoreFeed: core})
 	}
 	h := startOne()
 	prep := events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)}
@@ -674,10 +693,10 @@ func TestLostConsumerIsMadeAgain(t *testing.T) {
 // memory, so a NATS server restarted on its store comes back without it.
 // The member sees its pulls go unanswered, finds the consumer gone, makes
 // it again from the first event it had not handled, and commits the next
-// checkpoint; the sandbox daemon's ordered feeds carry on too. Every phase
+// checkpoint; the sandbox daemon's ordered and core feeds carry on too. Every phase
 // is answered once, and Run does not return.
 func TestMemberCarriesOnAfterItsServerRestarts(t *testing.T) {
-	for _, feed := range []string{"durable", "ordered", "ordered push"} {
+	for _, feed := range []string{"durable", "ordered", "ordered push", "core"} {
 		t.Run(feed, func(t *testing.T) {
 			env := jstest.Start(t)
 			bridge := membertest.NewBridge(t, env, "run1")
@@ -685,6 +704,7 @@ func TestMemberCarriesOnAfterItsServerRestarts(t *testing.T) {
 			opts := membertest.Options{Episodes: 1}
 			if feed != "durable" {
 				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "ordered push"
+				opts.CoreFeed = feed == "core"
 			}
 			h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), opts)
 			eps := []events.Episode{{Rollout: "t0-r0"}}

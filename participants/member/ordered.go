@@ -30,13 +30,18 @@ var ErrStateFile = errors.New("member: unusable state file")
 // file without one was written before versions and is read as this one.
 const positionVersion = 1
 
-// position is what a member that reads through an ordered consumer keeps in
-// its state file: the stream sequence below which every event is handled.
+// position is what a member that reads through an ordered consumer, or the
+// core feed, keeps in its state file: the stream sequence below which every
+// event is handled, and (the core feed's, whose phases received on its
+// subscription carry no stream sequence) the phase sequence below which
+// every phase is. A file without a phase sequence is read as phase 0:
+// nothing is known to be handled past the stream sequence.
 type position struct {
 	V         int    `json:"v,omitempty"`
 	Run       string `json:"run"`
 	Member    string `json:"member"`
 	StreamSeq uint64 `json:"stream_seq"`
+	PhaseSeq  uint64 `json:"phase_seq,omitempty"`
 }
 
 // loadPosition reads a state file; a missing file is position 0, and so is
@@ -45,22 +50,22 @@ type position struct {
 // member, and nothing before the new member registers can name it, so it
 // reads from the stream's end (docs/MICROVM.md, Re-identification). A file
 // that is torn or of an unknown version is ErrStateFile.
-func loadPosition(path, run string, m events.Member) (pos uint64, other string, err error) {
+func loadPosition(path, run string, m events.Member) (pos position, other string, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return 0, "", nil
+		return position{}, "", nil
 	}
 	if err != nil {
-		return 0, "", fmt.Errorf("member: state file: %w", err)
+		return position{}, "", fmt.Errorf("member: state file: %w", err)
 	}
 	p, err := decodePosition(b)
 	if err != nil {
-		return 0, "", fmt.Errorf("%w %s: %w", ErrStateFile, path, err)
+		return position{}, "", fmt.Errorf("%w %s: %w", ErrStateFile, path, err)
 	}
 	if p.Run != run || p.Member != string(m) {
-		return 0, p.Run + "/" + p.Member, nil
+		return position{}, p.Run + "/" + p.Member, nil
 	}
-	return p.StreamSeq, "", nil
+	return p, "", nil
 }
 
 // decodePosition checks a state file's bytes: one whole JSON object of a
@@ -90,13 +95,14 @@ func decodePosition(b []byte) (position, error) {
 // on). The server never redelivers its messages: one given back comes
 // again locally (redeliver).
 func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
-	pos, other, err := loadPosition(m.cfg.StateFile, m.cfg.Run, m.cfg.Member)
+	saved, other, err := loadPosition(m.cfg.StateFile, m.cfg.Run, m.cfg.Member)
 	if err != nil {
 		return nil, err
 	}
 	if other != "" {
 		m.log.Info().Str("state_file", m.cfg.StateFile).Str("written_by", other).Msg("position of another member: reading from the stream's end")
 	}
+	pos := saved.StreamSeq
 	if m.cfg.NoPull {
 		return m.pushedFeed(ctx, pos)
 	}

@@ -41,7 +41,8 @@ func TestStateFileErrors(t *testing.T) {
 			if err := os.WriteFile(path, []byte(c.body), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			seq, _, err := loadPosition(path, "run1", "sandbox.sb1")
+			pos, _, err := loadPosition(path, "run1", "sandbox.sb1")
+			seq := pos.StreamSeq
 			switch {
 			case c.want == "" && (err != nil || seq != c.seq):
 				t.Fatalf("position %d, %v; want %d", seq, err, c.seq)
@@ -53,8 +54,16 @@ func TestStateFileErrors(t *testing.T) {
 			}
 		})
 	}
-	if seq, _, err := loadPosition(filepath.Join(t.TempDir(), "none.json"), "run1", "sandbox.sb1"); seq != 0 || err != nil {
-		t.Errorf("a missing state file: %d, %v; want position 0", seq, err)
+	if pos, _, err := loadPosition(filepath.Join(t.TempDir(), "none.json"), "run1", "sandbox.sb1"); pos != (position{}) || err != nil {
+		t.Errorf("a missing state file: %+v, %v; want position 0", pos, err)
+	}
+	// The core feed's phase sequence is kept beside the stream sequence.
+	path := filepath.Join(t.TempDir(), "position.json")
+	if err := os.WriteFile(path, []byte(`{"v":1,"run":"run1","member":"sandbox.sb1","stream_seq":7,"phase_seq":3}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if pos, _, err := loadPosition(path, "run1", "sandbox.sb1"); err != nil || pos.StreamSeq != 7 || pos.PhaseSeq != 3 {
+		t.Errorf("a core feed's state file: %+v, %v; want stream 7, phase 3", pos, err)
 	}
 }
 
@@ -75,8 +84,8 @@ func FuzzDecodePosition(f *testing.F) {
 			}
 			return
 		}
-		again, _ := json.Marshal(position{V: positionVersion, Run: p.Run, Member: p.Member, StreamSeq: p.StreamSeq})
-		if p2, err := decodePosition(again); err != nil || p2.StreamSeq != p.StreamSeq || p2.Run != p.Run || p2.Member != p.Member {
+		again, _ := json.Marshal(position{V: positionVersion, Run: p.Run, Member: p.Member, StreamSeq: p.StreamSeq, PhaseSeq: p.PhaseSeq})
+		if p2, err := decodePosition(again); err != nil || p2.StreamSeq != p.StreamSeq || p2.PhaseSeq != p.PhaseSeq || p2.Run != p.Run || p2.Member != p.Member {
 			t.Fatalf("position %+v rewritten reads %+v, %v", p, p2, err)
 		}
 	})

@@ -41,9 +41,18 @@ type Config struct {
 	// StateFile keeps the daemon's position in the phase stream (default
 	// <supervisor state dir>/position.json).
 	StateFile string
-	// NoPull reads the phases through a push consumer (member.Config.NoPull):
-	// for a daemon with a user of its own, which may pull from no consumer.
+	// NoPull is for a daemon with a user of its own (member.Config.NoPull),
+	// which may pull from no consumer and direct-get only by its run's
+	// subjects: its core feed catches up by the newest phase (and a push
+	// consumer filtered on its run's phases when more was missed); an
+	// ordered feed is that push consumer.
 	NoPull bool
+	// OrderedFeed reads the phases through an ordered consumer of the
+	// daemon's own, as before the core feed. By default the daemon reads
+	// them on a core-NATS subscription with catch-up from the stream
+	// (member.Config.CoreFeed), so that the stream's consumers do not grow
+	// with the sandboxes (PROTOCOL §3).
+	OrderedFeed bool
 	// Grace is the member's lease grace (default member.DefaultGrace).
 	Grace time.Duration
 	// AdoptEpoch, when not 0, is the epoch of the restore that adopted
@@ -145,7 +154,8 @@ func New(cfg Config) (*Daemon, error) {
 		caps = append(caps, "pause:"+m.String())
 	}
 	d.member, err = member.New(member.Config{Run: cfg.Run, Member: d.name, JS: cfg.JS, Bus: cfg.Bus, Participant: d,
-		Logger: cfg.Logger, Grace: cfg.Grace, StateFile: d.cfg.StateFile, NoPull: cfg.NoPull, Capabilities: caps, AdoptEpoch: cfg.AdoptEpoch})
+		Logger: cfg.Logger, Grace: cfg.Grace, StateFile: d.cfg.StateFile, NoPull: cfg.NoPull, CoreFeed: !cfg.OrderedFeed,
+		Capabilities: caps, AdoptEpoch: cfg.AdoptEpoch})
 	if err != nil {
 		return nil, err
 	}

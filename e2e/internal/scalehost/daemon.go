@@ -39,9 +39,8 @@ func (d daemonLike) Retire(ctx context.Context, eps []events.Episode) error {
 }
 
 // sandboxFeed configures a member's phase feed as sandboxd's daemon.New
-// configures it for a daemon without a user of its own. On this protocol
-// that is the state file alone, already set: an ordered consumer of the
-// member's own (PROTOCOL §3). A protocol that gives daemons another feed
-// sets it here as daemon.New does, so that the benchmark measures the feed
+// configures it for a daemon without a user of its own: the core feed of
+// the stream's republished phases, with the state file already set
+// (PROTOCOL §3, Consumers), so that the benchmark measures the feed
 // sandboxd runs.
-func sandboxFeed(*member.Config) {}
+func sandboxFeed(c *member.Config) { c.CoreFeed = true }

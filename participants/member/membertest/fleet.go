@@ -46,6 +46,10 @@ type Options struct {
 	// NoPull, with StateFile, makes that ordered consumer a push consumer
 	// (member.Config.NoPull), as for a sandbox with a user of its own.
 	NoPull bool
+	// CoreFeed, with StateFile, runs the member on a core-NATS
+	// subscription that catches up by direct get (member.Config.CoreFeed),
+	// as sandbox daemons run by default.
+	CoreFeed bool
 }
 
 func (o Options) withDefaults(t testing.TB) Options {
@@ -128,6 +132,7 @@ func StartMember(t testing.TB, env *jstest.Env, run string, name events.Member, 
 	cfg := member.Config{
 		Run: run, Member: name, JS: js, Bus: bus, Participant: s,
 		Logger: *opts.Logger, Grace: opts.Grace, PollEvery: opts.PollEvery, StateFile: opts.StateFile, NoPull: opts.NoPull,
+		CoreFeed: opts.CoreFeed,
 	}
 	if opts.Host != nil {
 		cfg.Source = opts.Host

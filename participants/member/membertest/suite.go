@@ -70,6 +70,9 @@ type Suite struct {
 	// NoPull, with Ordered, runs them on the push variant of that consumer
 	// (Config.NoPull), as a sandbox daemon with a user of its own.
 	NoPull bool
+	// CoreFeed, with Ordered, runs them on a core-NATS subscription with
+	// catch-up by direct get (Config.CoreFeed), a sandbox daemon's default.
+	CoreFeed bool
 	// NoRecords says the participant neither exports nor installs: its
 	// state is somebody else's to checkpoint (a sandbox daemon: the
 	// owner's snapshot and the agent's bookmark). The suite then checks
@@ -116,6 +119,7 @@ func (s *world) start(name events.Member, opts Options) *Handle {
 		}
 		opts.StateFile = filepath.Join(s.dir, name.Name()+".position.json")
 		opts.NoPull = s.h.NoPull
+		opts.CoreFeed = s.h.CoreFeed
 	}
 	if s.h.Shared && opts.Host == nil {
 		// Every start is a new process: a host of its own, since a host

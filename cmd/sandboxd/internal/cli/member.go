@@ -42,6 +42,9 @@ type memberOpts struct {
 	noCg  bool
 	lease time.Duration
 	level zerolog.Level
+	// ordered reads the phases through an ordered consumer instead of the
+	// core feed (daemon.Config.OrderedFeed).
+	ordered bool
 	// relay and relayUpstream configure the model relay (none without
 	// relay).
 	relay         string
@@ -95,6 +98,7 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	noCg := fs.Bool("no-cgroup", false, "never use cgroups (freeze unavailable)")
 	lease := fs.Duration("lease-grace", member.DefaultGrace, "lease grace after a phase's deadline")
 	level := fs.String("log-level", "info", "log level (logs go to stderr)")
+	ordered := fs.Bool("ordered-feed", false, "read the phases through an ordered consumer of its own instead of a core subscription with catch-up from the stream")
 	relayAddr := fs.String("relay", "", "serve the model relay on this address, e.g. 127.0.0.1:"+fmt.Sprint(sandboxapi.DefaultRelayPort)+" (default: no relay)")
 	var fps failpoints
 	fs.Func("failpoint", "inject a fault, for the end-to-end tests: identity=<launch id prefix> or relay-down[=<launch id prefix>] (repeatable)", fps.set)
@@ -111,7 +115,7 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	}
 	return memberOpts{conn: jetstream.ConnConfig{URL: *url, CredsFile: *creds, NKeyFile: *nkey, Token: *token, Name: "sandboxd-" + *id},
 		run: *run, id: *id, state: *state, mode: mode, grace: *grace, root: *root, noCg: *noCg, lease: *lease, level: lvl,
-		relay: *relayAddr, relayUpstream: *relayUp, failpoints: fps}, nil
+		relay: *relayAddr, relayUpstream: *relayUp, failpoints: fps, ordered: *ordered}, nil
 }
 
 // member runs the daemon on the bus: member sandbox.<id> of a run, serving
@@ -166,7 +170,8 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	// A user of its own (its creds name its member) may pull from no
-	// consumer: the daemon then reads through a push consumer.
+	// consumer, and direct-get only by its run's subjects: the daemon's
+	// feed then catches up within those (daemon.Config.NoPull).
 	var own bool
 	if o.conn.CredsFile != "" {
 		prefix, err := jetstream.CredsInboxPrefix(o.conn.CredsFile)
@@ -181,7 +186,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 2
 	}
-	cfg := daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log, NoPull: own,
+	cfg := daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log, NoPull: own, OrderedFeed: o.ordered,
 		Failpoints: daemon.Failpoints{IdentityPrefix: o.failpoints.identityPrefix}}
 	if rl != nil {
 		cfg.Relay = rl

@@ -1,0 +1,323 @@
+package member_test
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+)
+
+// startCore starts sandbox member sandbox.sb1 of run1 on the core feed
+// (Config.CoreFeed) with its state file in dir, connected through env;
+// scoped, its catch-up is that of a sandbox with a user of its own
+// (Config.NoPull).
+func startCore(t *testing.T, env *jstest.Env, dir string, episodes int, scoped bool) *membertest.Handle {
+	t.Helper()
+	return membertest.StartMember(t, env, "run1", "sandbox.sb1", membertest.NewParticipant("sb1"),
+		membertest.Options{StateFile: filepath.Join(dir, "position.json"), CoreFeed: true, NoPull: scoped, Episodes: episodes})
+}
+
+// catchUps are the core feed's two catch-ups: by next-by-subject direct
+// gets, and a sandbox's own user's (by the newest phase, then a consumer
+// for the time it takes).
+var catchUps = []struct {
+	name   string
+	scoped bool
+}{{"next by subject", false}, {"scoped", true}}
+
+// consumers returns how many consumers the stream has.
+func consumers(t *testing.T, env *jstest.Env) int {
+	t.Helper()
+	info, err := env.Bus.Stream.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Consumers
+}
+
+// ackSeq returns the stream sequence of m's ack to phase seq.
+func ackSeq(t *testing.T, env *jstest.Env, seq uint64, p events.Phase, m events.Member) uint64 {
+	t.Helper()
+	raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.AckSubject("run1", seq, p, m))
+	if err != nil {
+		t.Fatalf("the ack of %s to %s %d: %v", m, p, seq, err)
+	}
+	return raw.Sequence
+}
+
+// PROTOCOL §3, Consumers: a sandbox daemon on the core feed answers every
+// phase of a checkpoint and leaves no consumer on the stream; its state file
+// keeps the phase sequence it handled.
+func TestCoreFeedKeepsNoConsumer(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	before := consumers(t, env)
+	dir := t.TempDir()
+	h := startCore(t, env, dir, 1, false)
+	name := h.Member.Name()
+	eps := []events.Episode{{Rollout: "sb1-r0"}}
+	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
+
+	seq := bridge.Publish(events.Prepare{PhaseHeader: header("c1")})
+	want(t, bridge.Ack(seq, events.PhasePrepare, name), "", events.StatePrepared)
+	if n := consumers(t, env); n != before {
+		t.Errorf("the stream has %d consumers with the member running, %d before it started", n, before)
+	}
+	seq = bridge.Publish(events.Commit{PhaseHeader: header("c1"), Scope: eps})
+	ack := bridge.Ack(seq, events.PhaseCommit, name)
+	want(t, ack, "", events.StateCommitted)
+	if c, ok := ack.(events.CommitAck); !ok || c.Manifest == nil {
+		t.Errorf("commit ack %+v, want a manifest", ack)
+	}
+	last := bridge.Publish(events.Resume{PhaseHeader: header("c1")})
+	want(t, bridge.Ack(last, events.PhaseResume, name), "", events.StateIdle)
+	if n := consumers(t, env); n != before {
+		t.Errorf("the stream has %d consumers with the member running, %d before it started", n, before)
+	}
+	if err := h.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "position.json"))
+	if err != nil || !strings.Contains(string(b), `"phase_seq":`) {
+		t.Fatalf("state file %s, %v: want the phase sequence handled", b, err)
+	}
+}
+
+// PROTOCOL §3, Consumers: a phase the subscription lost (as one published
+// before it was up) shows as a gap in the phase sequence at the next one;
+// the member reads what it missed from the stream and answers it first.
+// Without it, the lost resume would leave c1 open and the prepare of c2
+// refused.
+func TestCoreFeedFillsAGap(t *testing.T) {
+	for _, c := range catchUps {
+		t.Run(c.name, func(t *testing.T) { fillsAGap(t, c.scoped) })
+	}
+}
+
+func fillsAGap(t *testing.T, scoped bool) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	before := consumers(t, env)
+	h := startCore(t, env, t.TempDir(), 0, scoped)
+	name := h.Member.Name()
+	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
+
+	seq1 := bridge.Publish(events.Prepare{PhaseHeader: header("c1")})
+	want(t, bridge.Ack(seq1, events.PhasePrepare, name), "", events.StatePrepared)
+	member.LoseCoreArrivals(h.Member, 1)
+	seq2 := bridge.Publish(events.Resume{PhaseHeader: header("c1")})
+	seq3 := bridge.Publish(events.Prepare{PhaseHeader: header("c2")})
+	want(t, bridge.Ack(seq2, events.PhaseResume, name), "", events.StateIdle)
+	want(t, bridge.Ack(seq3, events.PhasePrepare, name), "", events.StatePrepared)
+	if a, b := ackSeq(t, env, seq2, events.PhaseResume, name), ackSeq(t, env, seq3, events.PhasePrepare, name); a > b {
+		t.Errorf("the lost resume was answered at stream sequence %d, after the prepare that followed it (%d)", a, b)
+	}
+	bridge.Barrier(name)
+	for _, s := range []struct {
+		seq uint64
+		p   events.Phase
+	}{{seq1, events.PhasePrepare}, {seq2, events.PhaseResume}, {seq3, events.PhasePrepare}} {
+		if n := bridge.AckCount(s.seq, s.p, name); n != 1 {
+			t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
+		}
+	}
+	noConsumerLeft(t, env, before)
+}
+
+// noConsumerLeft waits until the stream has the consumers it had before
+// the member started: a scoped catch-up's consumer goes when it is done.
+func noConsumerLeft(t *testing.T, env *jstest.Env, before int) {
+	t.Helper()
+	poll.Wait(t, 30*time.Second, "the catch-up's consumer to go", func() bool { return consumers(t, env) == before })
+}
+
+// PROTOCOL §5, Fencing, on the core feed: a zombie bridge's phase, which
+// the stream refuses (fenced on the run's last phase), still reaches a core
+// subscription of the publish subject; the core feed hears only what the
+// stream stored, as it republishes it. Here the zombie's resume of c1 comes
+// first and is refused, and the member answers the live bridge's commit of
+// the same sequence, not the resume.
+func TestCoreFeedNeverHearsARefusedPhase(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	h := startCore(t, env, t.TempDir(), 1, false)
+	name := h.Member.Name()
+	seq1 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
+	want(t, bridge.Ack(seq1, events.PhasePrepare, name), "", events.StatePrepared)
+
+	header := bridge.Header("c1", 10*time.Second, name)
+	zombie, err := events.Marshal(bridge.Name, events.Resume{PhaseHeader: header}, events.WithID("zombie"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.JS.PublishMsg(t.Context(), zombie, natsjs.WithExpectLastSequence(1)); err == nil {
+		t.Fatal("the zombie's fenced publish was stored")
+	}
+	seq2 := bridge.Publish(events.Commit{PhaseHeader: header, Scope: []events.Episode{{Rollout: "sb1-r0"}}})
+	want(t, bridge.Ack(seq2, events.PhaseCommit, name), "", events.StateCommitted)
+	bridge.Barrier(name)
+	if a, ok := bridge.Lookup(seq2, events.PhaseResume, name); ok {
+		t.Errorf("the member answered the refused resume: %+v", a)
+	}
+}
+
+// PROTOCOL §3, Consumers: the phases published while the member's
+// connection was cut reach it by no subscription; once it has reconnected
+// it reads them from the stream, by itself, and answers them in order,
+// each once.
+func TestCoreFeedCatchesUpAfterADisconnect(t *testing.T) {
+	for _, c := range catchUps {
+		t.Run(c.name, func(t *testing.T) { catchesUpAfterADisconnect(t, c.scoped) })
+	}
+}
+
+func catchesUpAfterADisconnect(t *testing.T, scoped bool) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	before := consumers(t, env)
+	px := startProxy(t, env.URL)
+	through := *env
+	through.URL = px.url
+	h := startCore(t, &through, t.TempDir(), 0, scoped)
+	name := h.Member.Name()
+	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
+
+	seq1 := bridge.Publish(events.Prepare{PhaseHeader: header("c1")})
+	want(t, bridge.Ack(seq1, events.PhasePrepare, name), "", events.StatePrepared)
+
+	px.cut(t)
+	seq2 := bridge.Publish(events.Resume{PhaseHeader: header("c1")})
+	seq3 := bridge.Publish(events.Retire{PhaseHeader: header("retire-3"), Episodes: []events.Episode{{Rollout: "r9", Attempt: 2}}})
+	seq4 := bridge.Publish(events.Prepare{PhaseHeader: header("c2")})
+	if _, ok := bridge.Lookup(seq2, events.PhaseResume, name); ok {
+		t.Fatal("the member answered through a cut connection")
+	}
+	px.restore(t)
+
+	want(t, bridge.Ack(seq2, events.PhaseResume, name), "", events.StateIdle)
+	want(t, bridge.Ack(seq3, events.PhaseRetire, name), "", events.StateIdle)
+	want(t, bridge.Ack(seq4, events.PhasePrepare, name), "", events.StatePrepared)
+	if err := h.Member.Admit(events.Episode{Rollout: "r9", Attempt: 2}); err == nil {
+		t.Error("the retire published while the member was cut off was not applied")
+	}
+	a2, a3, a4 := ackSeq(t, env, seq2, events.PhaseResume, name), ackSeq(t, env, seq3, events.PhaseRetire, name), ackSeq(t, env, seq4, events.PhasePrepare, name)
+	if a2 > a3 || a3 > a4 {
+		t.Errorf("acks at stream sequences %d, %d, %d: not in the phases' order", a2, a3, a4)
+	}
+	bridge.Barrier(name)
+	for _, s := range []struct {
+		seq uint64
+		p   events.Phase
+	}{{seq1, events.PhasePrepare}, {seq2, events.PhaseResume}, {seq3, events.PhaseRetire}, {seq4, events.PhasePrepare}} {
+		if n := bridge.AckCount(s.seq, s.p, name); n != 1 {
+			t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
+		}
+	}
+	noConsumerLeft(t, env, before)
+	if err := h.Stop(); err != nil {
+		t.Errorf("Run: %v, want nil after a clean stop", err)
+	}
+}
+
+// proxy forwards TCP connections to a server, and can cut them all (and
+// refuse new ones) until restored: a network cut between one client and
+// the server while the others carry on.
+type proxy struct {
+	url    string
+	addr   string
+	target string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]bool
+	wg    sync.WaitGroup
+}
+
+func startProxy(t *testing.T, serverURL string) *proxy {
+	t.Helper()
+	target := strings.TrimPrefix(serverURL, "nats://")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{addr: ln.Addr().String(), target: target, conns: map[net.Conn]bool{}}
+	p.url = "nats://" + p.addr
+	p.serve(ln)
+	t.Cleanup(func() { p.cut(t) })
+	return p
+}
+
+func (p *proxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", p.target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns[c], p.conns[s] = true, true
+			p.mu.Unlock()
+			pipe := func(dst, src net.Conn) {
+				_, _ = io.Copy(dst, src)
+				_ = dst.Close()
+				_ = src.Close()
+			}
+			p.wg.Go(func() { pipe(s, c) })
+			p.wg.Go(func() { pipe(c, s) })
+		}
+	})
+}
+
+// cut closes the listener and every connection, and waits for the
+// forwarding to end.
+func (p *proxy) cut(t *testing.T) {
+	t.Helper()
+	p.mu.Lock()
+	if p.ln != nil {
+		_ = p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	clear(p.conns)
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// restore listens again on the same address.
+func (p *proxy) restore(t *testing.T) {
+	t.Helper()
+	var ln net.Listener
+	poll.Wait(t, 10*time.Second, "the proxy's address again", func() bool {
+		var err error
+		ln, err = net.Listen("tcp", p.addr)
+		if err != nil && !errors.Is(err, syscall.EADDRINUSE) {
+			t.Fatalf("proxy: listen on %s again: %v", p.addr, err)
+		}
+		return err == nil
+	})
+	p.serve(ln)
+}
