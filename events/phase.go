@@ -200,6 +200,11 @@ type Restore struct {
 	// Scope is the checkpointed episodes that continue; each continues as
 	// its Next() attempt.
 	Scope []Episode `json:"scope"`
+	// SourceCommitSeq is the phase sequence of the source's commit: a
+	// member finds its own manifest in its commit ack,
+	// AckSubject(run, SourceCommitSeq, commit, member), without reading
+	// the member list. 0 from a bridge that did not say (schema 1).
+	SourceCommitSeq uint64 `json:"source_commit_seq,omitempty"`
 }
 
 // Phase implements PhaseEvent.

@@ -245,6 +245,12 @@ func (c *Collector) manifest(ctx context.Context, id string) (*events.Checkpoint
 	if err := json.Unmarshal(e.Value(), &m); err != nil {
 		return nil, fmt.Errorf("collect: manifest of %s: %w", id, err)
 	}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("collect: manifest of %s: %w", id, err)
+	}
+	if err := m.LoadMembers(func(o string) ([]byte, error) { return c.cfg.Bus.Checkpoints.GetBytes(ctx, o) }); err != nil {
+		return nil, fmt.Errorf("collect: manifest of %s: %w", id, err)
+	}
 	return &m, nil
 }
 

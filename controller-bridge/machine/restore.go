@@ -67,7 +67,8 @@ func (m *Machine) askRestore(now time.Time, in RestoreAsked) ([]Effect, error) {
 		e, _ := events.ParseEpisode(k)
 		scope = append(scope, e)
 	}
-	r := events.Restore{PhaseHeader: m.header(now, id, epoch, v.Members, m.timeout(req.TimeoutMS)), Source: source, Scope: scope}
+	r := events.Restore{PhaseHeader: m.header(now, id, epoch, v.Members, m.timeout(req.TimeoutMS)), Source: source, Scope: scope,
+		SourceCommitSeq: man.CommitSeq}
 	m.op = &operation{kind: opRestore, id: id, restore: &r,
 		rres: &bridgeapi.RestoreResult{Run: m.cfg.Run, RestoreID: id, Source: source, Epoch: epoch, Members: v.Members}}
 	return m.publish(r), nil

@@ -14,7 +14,8 @@ const (
 )
 
 // MemberPermissions returns what member kind.name of run may do on the bus, and nothing of any
-// other member or run: publish its own acks, membership, heartbeat key and member manifests, serve
+// other member or run: publish its own acks (a commit ack records its manifest), membership and
+// heartbeat key, serve
 // its own service subject, read its own inbox (InboxPrefix), and the JetStream API calls of its
 // feed. An agent or an owner reads its phases from its own durable consumer (member.ConsumerName)
 // and no other: it creates, reads, acks and deletes that one only; it also watches its run's keys,
@@ -22,7 +23,9 @@ const (
 // one, and calls the services it uses (an agent its owners' and sandboxes',
 // and it hears its sandboxes' prepare acks). A sandbox, the least trusted, creates only ordered
 // push consumers filtered on its run's phases (the consumer-create subject carries the filter),
-// reads only its own keys and acks, and manages no stream, consumer or bucket. run and name may be
+// reads only its own keys and acks (and, for a restore whose ack aged out, the run's checkpoint
+// manifests and the bridge's member lists), and manages no stream, consumer or bucket. No member
+// writes sp_manifests: schema-1 member manifest keys are read, never written (PROTOCOL §8). run and name may be
 // the templates a scoped signing key fills in.
 func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	k := string(kind)
@@ -37,7 +40,6 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		sp + "ack.*.*." + self,
 		sp + "member." + self,
 		kvPub(jetstream.BucketMembers, self),
-		kvPub(jetstream.BucketManifests, "*."+self),
 		"$JS.API.INFO",
 		"$JS.API.STREAM.INFO.*",
 		direct(jetstream.StreamName, sp+"ack.*.*."+self),
@@ -49,6 +51,11 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		pub = append(pub,
 			kvGet(jetstream.BucketMembers, self),
 			kvGet(jetstream.BucketManifests, "*."+self),
+			// A restore whose commit ack aged out: the checkpoint manifest, then its member list.
+			kvGet(jetstream.BucketManifests, "*"),
+			direct("OBJ_"+jetstream.BucketCheckpoints, ">"),
+			"$JS.API.CONSUMER.CREATE.OBJ_"+jetstream.BucketCheckpoints+".*.$O."+jetstream.BucketCheckpoints+".>",
+			"$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketCheckpoints+".*",
 			"$JS.API.CONSUMER.CREATE."+jetstream.StreamName+".*."+events.PhaseFilter(run),
 			"$JS.FC."+jetstream.StreamName+".>",
 		)
@@ -69,6 +76,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		kvGet(jetstream.BucketMembers, ">"),
 		kvGet(jetstream.BucketManifests, ">"),
 		direct("OBJ_"+jetstream.BucketRecords, ">"),
+		direct("OBJ_"+jetstream.BucketCheckpoints, ">"),
 		"$JS.FC.>",
 	)
 	// Its records go to a store of its own name (events.RecordsBucket), which it creates, writes,
@@ -96,13 +104,15 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		{"KV_" + jetstream.BucketMembers, "$KV." + jetstream.BucketMembers + "." + run + ".>"},
 		{"KV_" + jetstream.BucketManifests, "$KV." + jetstream.BucketManifests + "." + run + ".>"},
 		{"OBJ_" + jetstream.BucketRecords, "$O." + jetstream.BucketRecords + ".>"},
+		{"OBJ_" + jetstream.BucketCheckpoints, "$O." + jetstream.BucketCheckpoints + ".>"},
 	} {
 		pub = append(pub,
 			"$JS.API.CONSUMER.CREATE."+b.stream+".*."+b.filter,
 			"$JS.API.CONSUMER.INFO."+b.stream+".*",
 		)
 	}
-	pub = append(pub, "$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketRecords+".*")
+	pub = append(pub, "$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketRecords+".*",
+		"$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketCheckpoints+".*")
 	switch kind {
 	case events.KindAgent:
 		pub = append(pub,

@@ -23,7 +23,9 @@ func (m *Member) installRestore(ctx context.Context, e InstallRestore) {
 		ep, err := events.ParseEpisode(rec.Key)
 		return err != nil || scope[ep]
 	}
-	_, records, err := ReadRecords(ctx, m.cfg.Bus.Manifests, m.cfg.JS, m.cfg.Run, r.Source, m.cfg.Member, keep)
+	// Its own commit ack of the source's commit is its manifest; the
+	// member list when the stream no longer has it (FindManifest).
+	_, records, err := readRecords(ctx, m.cfg.Bus, m.cfg.Run, r.Source, m.cfg.Member, r.SourceCommitSeq, keep)
 	if ctx.Err() != nil {
 		return
 	}
