@@ -2,7 +2,9 @@ package events
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -96,4 +98,36 @@ func TestCheckpointSchemas(t *testing.T) {
 	if err := v3.Validate(); !errors.Is(err, ErrUnknownVersion) || !strings.Contains(err.Error(), "3, this build reads 1 and 2") {
 		t.Errorf("schema 3: %v, want ErrUnknownVersion naming it", err)
 	}
+}
+
+// TestCheckpointManifestStaysSmall: PROTOCOL §8, at 100,000 members the
+// KV checkpoint manifest is a few hundred bytes, far under NATS's 1 MB
+// payload; the member list, an object, holds them all and reads back.
+func TestCheckpointManifestStaysSmall(t *testing.T) {
+	const n = 100_000
+	members := make([]MemberManifest, 0, n)
+	for i := range n {
+		members = append(members, listManifest(Member(fmt.Sprintf("sandbox.s%06d", i)), 1))
+	}
+	b, ref, err := EncodeMemberList("run1", "c1", members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := CheckpointManifest{Schema: CheckpointSchema, Run: "run1", CheckpointID: "c1", Created: time.Now().UTC(), CommitSeq: 9,
+		MemberList: &ref, Members: members}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := json.Marshal(c.Stored())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v) > 1024 {
+		t.Errorf("the KV manifest of %d members is %d bytes", n, len(v))
+	}
+	got, err := DecodeMemberList("run1", "c1", ref, b)
+	if err != nil || len(got) != n {
+		t.Fatalf("%d members read back, %v", len(got), err)
+	}
+	t.Logf("%d members: KV manifest %d bytes, member list %d bytes", n, len(v), len(b))
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
 
 // v2Checkpoint makes what a v2 commit of checkpoint id leaves on the bus:
@@ -189,5 +191,61 @@ func TestFindManifestSchemas(t *testing.T) {
 	}
 	if _, err := member.FindManifest(t.Context(), env.Bus, "run1", "c2", self, 0); !errors.Is(err, events.ErrUnknownVersion) || !strings.Contains(err.Error(), "schema: unknown event version: 3") {
 		t.Fatalf("schema 3: %v, want ErrUnknownVersion naming it", err)
+	}
+}
+
+// PROTOCOL §5, restore: a fresh member restores from the checkpoint's
+// member list once its commit ack has aged out of the stream; a list that
+// does not match its digest fails the restore (corrupt_records) with
+// nothing installed, and once it is whole again the restore installs all.
+func TestRestoreFromTheMemberList(t *testing.T) {
+	w := start(t, membertest.Options{Episodes: 2})
+	eps := []events.Episode{{Rollout: "t0-r0"}, {Rollout: "t0-r1"}}
+	want(t, w.prepare(t, "c1"), "", events.StatePrepared)
+	c := w.commit(t, "c1", eps, false).(events.CommitAck)
+	want(t, c, "", events.StateCommitted)
+	want(t, w.resume(t, "c1"), "", events.StateIdle)
+	if c.Manifest == nil {
+		t.Fatal("a commit of records without their manifest")
+	}
+	// The bridge's part, and the ack aged out.
+	data, ref, err := events.EncodeMemberList("run1", "c1", []events.MemberManifest{*c.Manifest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tampered := bytes.Replace(data, []byte(c.Manifest.SHA256), []byte(strings.Repeat("0", 64)), 1)
+	if _, err := w.env.Bus.Checkpoints.PutBytes(t.Context(), ref.Object, tampered); err != nil {
+		t.Fatal(err)
+	}
+	putCheckpoint(t, w.env, events.CheckpointManifest{Schema: events.CheckpointSchema, Run: "run1", CheckpointID: "c1", CommitSeq: c.Seq,
+		Created: time.Now().UTC(), Continued: []string{"t0-r0", "t0-r1"}, MemberList: &ref})
+	dropAck(t, w.env, c.Seq, w.name)
+	if err := w.h.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	p := membertest.NewParticipant(w.name.Name())
+	membertest.StartMember(t, w.env, "run1", w.name, p, membertest.Options{})
+	w.bridge.Epoch = 1
+	r := w.phase(t, events.Restore{PhaseHeader: w.bridge.Header("r1", 10*time.Second, w.name), Source: "c1", Scope: eps}).(events.RestoreAck)
+	want(t, r, member.CodeCorruptRecords, events.StateIdle)
+	if d := r.Error.Detail; !strings.Contains(d, ref.Object) || !strings.Contains(d, "sha256") {
+		t.Fatalf("detail %q, want the list and its digest named", d)
+	}
+	if live := p.Live(); len(live) != 0 {
+		t.Fatalf("live %v after a failed restore, want nothing installed", live)
+	}
+	want(t, w.resume(t, "r1"), "", events.StateIdle)
+
+	if _, err := w.env.Bus.Checkpoints.PutBytes(t.Context(), ref.Object, data); err != nil {
+		t.Fatal(err)
+	}
+	w.bridge.Epoch = 2
+	r = w.phase(t, events.Restore{PhaseHeader: w.bridge.Header("r2", 10*time.Second, w.name), Source: "c1", Scope: eps}).(events.RestoreAck)
+	want(t, r, "", events.StateRestored)
+	got := slices.Clone(r.Restored)
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"t0-r0-a1", "t0-r1-a1"}) {
+		t.Fatalf("restored %v, want the next attempts of both", r.Restored)
 	}
 }
