@@ -87,6 +87,21 @@ func (b *Bridge) manifest(ctx context.Context, id string) (*events.CheckpointMan
 	return &m, e.Revision(), nil
 }
 
+// streamMaxAge returns the stream's MaxAge when age is the only limit on
+// what it keeps, 0 when messages or bytes are limited too (old messages
+// may go before their age).
+func (b *Bridge) streamMaxAge(ctx context.Context) (time.Duration, error) {
+	info, err := b.cfg.Bus.Stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("bridge: stream info: %w", err)
+	}
+	c := info.Config
+	if c.MaxMsgs > 0 || c.MaxBytes > 0 || c.MaxMsgsPerSubject > 0 {
+		return 0, nil
+	}
+	return c.MaxAge, nil
+}
+
 // writeMemberList puts a checkpoint's member list. Its name is its
 // digest, so a bridge that writes it again after a crash writes the same
 // bytes.

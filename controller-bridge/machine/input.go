@@ -40,6 +40,10 @@ type View struct {
 	// Checkpoints are every checkpoint key of the run, oldest first (a
 	// release).
 	Checkpoints []events.CheckpointManifest
+	// StreamMaxAge is how long the stream keeps a message (a restore),
+	// when age is its only limit; 0 when another limit (messages, bytes)
+	// may drop old messages first, or it is not known.
+	StreamMaxAge time.Duration
 }
 
 // CheckpointAsked asks for a checkpoint. View: the run's last phase, the

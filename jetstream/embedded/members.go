@@ -56,6 +56,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 			direct("OBJ_"+jetstream.BucketCheckpoints, ">"),
 			"$JS.API.CONSUMER.CREATE.OBJ_"+jetstream.BucketCheckpoints+".*.$O."+jetstream.BucketCheckpoints+".>",
 			"$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketCheckpoints+".*",
+			"$JS.FC.OBJ_"+jetstream.BucketCheckpoints+".>",
 			"$JS.API.CONSUMER.CREATE."+jetstream.StreamName+".*."+events.PhaseFilter(run),
 			"$JS.FC."+jetstream.StreamName+".>",
 		)

@@ -29,10 +29,22 @@ import (
 // does not match its digest return ErrCorruptRecords; no manifest (m
 // exported nothing, or was not in the commit) ErrNoManifest.
 func FindManifest(ctx context.Context, bus *jetstream.Bus, run, checkpoint string, m events.Member, commitSeq uint64) (events.MemberManifest, error) {
+	return findManifest(ctx, bus, run, checkpoint, m, commitSeq, false)
+}
+
+// findManifest is FindManifest; with acksKept (a restore's SourceAcks: the
+// stream keeps every ack of that commit) a member with no ack there has no
+// manifest, and no list is read: a fresh member that was not in the commit
+// (a sandbox forked under a new name) costs one direct get.
+func findManifest(ctx context.Context, bus *jetstream.Bus, run, checkpoint string, m events.Member, commitSeq uint64, acksKept bool) (events.MemberManifest, error) {
 	if commitSeq > 0 {
 		man, found, err := manifestInAck(ctx, bus.Stream, run, checkpoint, m, commitSeq)
 		if found || err != nil {
 			return man, err
+		}
+		if acksKept {
+			return events.MemberManifest{}, fmt.Errorf("%w: no commit ack of %s on %s, and the stream keeps them all", ErrNoManifest, m,
+				events.AckSubject(run, commitSeq, events.PhaseCommit, m))
 		}
 	}
 	cm, err := readCheckpoint(ctx, bus.Manifests, run, checkpoint)

@@ -249,3 +249,35 @@ func TestRestoreFromTheMemberList(t *testing.T) {
 		t.Fatalf("restored %v, want the next attempts of both", r.Restored)
 	}
 }
+
+// PROTOCOL §5, restore: when the restore says the stream keeps every ack
+// of the source's commit (source_acks), a fresh member with no ack there
+// (a sandbox forked under a new name) has no manifest and reads no member
+// list: one direct get, and nothing to install.
+func TestRestoreWithTheAcksKeptReadsNoList(t *testing.T) {
+	env := jstest.Start(t)
+	v2Checkpoint(t, env, "c1", 5, map[events.Member][]events.Record{"agent.other": records(1, 10)})
+	h := membertest.StartMember(t, env, "run1", self, membertest.NewParticipant(self.Name()), membertest.Options{})
+	b := membertest.NewBridge(t, env, "run1")
+	b.Epoch = 1
+	// The list made unreadable: a member that read it would fail.
+	lists, err := env.Bus.Checkpoints.List(t.Context())
+	if err != nil || len(lists) != 1 {
+		t.Fatalf("lists %v %v", lists, err)
+	}
+	if err := env.Bus.Checkpoints.Delete(t.Context(), lists[0].Name); err != nil {
+		t.Fatal(err)
+	}
+	r := b.Ack(b.Publish(events.Restore{PhaseHeader: b.Header("r1", 10*time.Second, self), Source: "c1", SourceCommitSeq: 5, SourceAcks: true}),
+		events.PhaseRestore, self).(events.RestoreAck)
+	want(t, r, "", events.StateRestored)
+	if len(r.Restored) != 0 || len(h.Participant.Live()) != 0 {
+		t.Fatalf("restored %v, live %v: want nothing", r.Restored, h.Participant.Live())
+	}
+	// Without the flag the same member reads the list, and finds it gone.
+	h2 := membertest.StartMember(t, env, "run1", "owner.fresh", membertest.NewParticipant("fresh"), membertest.Options{})
+	b.Epoch = 2
+	r = b.Ack(b.Publish(events.Restore{PhaseHeader: b.Header("r2", 10*time.Second, h2.Name), Source: "c1", SourceCommitSeq: 5}),
+		events.PhaseRestore, h2.Name).(events.RestoreAck)
+	want(t, r, member.CodeCorruptRecords, events.StateIdle)
+}

@@ -438,7 +438,7 @@ func manifestDiff(have, want events.MemberManifest) string {
 // reads as empty.
 func ReadRecords(ctx context.Context, bus *jetstream.Bus, run, checkpoint string, m events.Member,
 	keep func(events.Record) bool) (events.MemberManifest, []events.Record, error) {
-	return readRecords(ctx, bus, run, checkpoint, m, 0, keep)
+	return readRecords(ctx, bus, run, checkpoint, m, 0, false, keep)
 }
 
 // ReadRecordsAt is ReadRecords from m's commit ack of commitSeq when it is
@@ -446,13 +446,14 @@ func ReadRecords(ctx context.Context, bus *jetstream.Bus, run, checkpoint string
 // manifest (FindManifest).
 func ReadRecordsAt(ctx context.Context, bus *jetstream.Bus, run, checkpoint string, m events.Member, commitSeq uint64,
 	keep func(events.Record) bool) (events.MemberManifest, []events.Record, error) {
-	return readRecords(ctx, bus, run, checkpoint, m, commitSeq, keep)
+	return readRecords(ctx, bus, run, checkpoint, m, commitSeq, false, keep)
 }
 
-// readRecords is ReadRecordsAt.
-func readRecords(ctx context.Context, bus *jetstream.Bus, run, checkpoint string, m events.Member, commitSeq uint64,
+// readRecords is ReadRecordsAt; acksKept is a restore's SourceAcks: a
+// missing commit ack then means no manifest (findManifest).
+func readRecords(ctx context.Context, bus *jetstream.Bus, run, checkpoint string, m events.Member, commitSeq uint64, acksKept bool,
 	keep func(events.Record) bool) (events.MemberManifest, []events.Record, error) {
-	man, err := FindManifest(ctx, bus, run, checkpoint, m, commitSeq)
+	man, err := findManifest(ctx, bus, run, checkpoint, m, commitSeq, acksKept)
 	if err != nil {
 		return events.MemberManifest{}, nil, err
 	}

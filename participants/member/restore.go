@@ -25,7 +25,7 @@ func (m *Member) installRestore(ctx context.Context, e InstallRestore) {
 	}
 	// Its own commit ack of the source's commit is its manifest; the
 	// member list when the stream no longer has it (FindManifest).
-	_, records, err := readRecords(ctx, m.cfg.Bus, m.cfg.Run, r.Source, m.cfg.Member, r.SourceCommitSeq, keep)
+	_, records, err := readRecords(ctx, m.cfg.Bus, m.cfg.Run, r.Source, m.cfg.Member, r.SourceCommitSeq, r.SourceAcks, keep)
 	if ctx.Err() != nil {
 		return
 	}
