@@ -318,8 +318,11 @@ func TestCheckpointWritesAMemberList(t *testing.T) {
 		t.Fatalf("checkpoint: %+v %v", res, err)
 	}
 	m := manifestOf(t, env, "c1") // verifies the list
-	if m.Schema != events.CheckpointSchema || m.MemberList == nil || m.MemberList.Count != 2 || len(m.Members) != 2 {
+	if m.Schema != events.CheckpointSchema || m.MemberList == nil || m.MemberList.Count != 2 || len(m.Members) != 2 || len(m.Committed) != 2 {
 		t.Fatalf("manifest %+v", m)
+	}
+	if got, err := b.Get(ctx(t), "c1"); err != nil || !slices.Equal(got.Members, m.Committed) {
+		t.Fatalf("Get c1: %+v %v, want the members %v", got, err, m.Committed)
 	}
 	for _, mm := range m.Members {
 		raw, err := env.Bus.Stream.GetLastMsgForSubject(ctx(t), events.AckSubject(run, m.CommitSeq, events.PhaseCommit, mm.Member))

@@ -29,6 +29,9 @@ type MemberList struct {
 	CheckpointID string `json:"checkpoint_id"`
 	// Members are the member manifests, sorted by member.
 	Members []MemberManifest `json:"members"`
+	// Committed names every member that committed, sorted: those of
+	// Members and those that exported nothing (no manifest).
+	Committed []Member `json:"committed,omitempty"`
 }
 
 // MemberListRef is how a schema-2 checkpoint manifest names its member
@@ -74,16 +77,19 @@ func MemberListPrefix(run, checkpoint string) string {
 }
 
 // EncodeMemberList returns the member list object of checkpoint: members
-// sorted by member, as JSON, and the reference a checkpoint manifest names
-// it with. The bytes depend only on the manifests, so a bridge that
-// writes the list again (after a crash) writes the same object. A member
-// named twice, or a manifest of another run or checkpoint, is refused.
-func EncodeMemberList(run, checkpoint string, members []MemberManifest) ([]byte, MemberListRef, error) {
-	list := MemberList{Schema: MemberListSchema, Run: run, CheckpointID: checkpoint, Members: slices.Clone(members)}
+// sorted by member and committed (every member of the commit; nil: not
+// said) sorted, as JSON, and the reference a checkpoint manifest names it
+// with. The bytes depend only on what is given, so a bridge that writes
+// the list again (after a crash) writes the same object. A member named
+// twice, a manifest of another run or checkpoint, or of a member not in
+// committed, is refused.
+func EncodeMemberList(run, checkpoint string, committed []Member, members []MemberManifest) ([]byte, MemberListRef, error) {
+	list := MemberList{Schema: MemberListSchema, Run: run, CheckpointID: checkpoint, Members: slices.Clone(members), Committed: slices.Clone(committed)}
 	if list.Members == nil {
 		list.Members = []MemberManifest{}
 	}
 	slices.SortFunc(list.Members, func(a, b MemberManifest) int { return strings.Compare(string(a.Member), string(b.Member)) })
+	slices.Sort(list.Committed)
 	if err := list.Validate(); err != nil {
 		return nil, MemberListRef{}, err
 	}
@@ -104,8 +110,24 @@ func (l MemberList) Validate() error {
 		errs = append(errs, fieldErr("member_list.schema", ErrUnknownVersion, "%d, this build reads %d", l.Schema, MemberListSchema))
 	}
 	errs = append(errs, prefixField("member_list.", errors.Join(ValidateRun(l.Run), ValidateCheckpointID(l.CheckpointID))))
+	for i, m := range l.Committed {
+		if err := validateMember(fmt.Sprintf("member_list.committed[%d]", i), string(m)); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if i > 0 && l.Committed[i-1] >= m {
+			errs = append(errs, fieldErr(fmt.Sprintf("member_list.committed[%d]", i), ErrInvalid, "%s after %s: not sorted, or named twice", m, l.Committed[i-1]))
+			break
+		}
+	}
 	for i, m := range l.Members {
 		field := fmt.Sprintf("member_list.members[%d]", i)
+		if len(l.Committed) > 0 {
+			if _, ok := slices.BinarySearch(l.Committed, m.Member); !ok {
+				errs = append(errs, fieldErr(field, ErrMismatch, "%s did not commit", m.Member))
+				break
+			}
+		}
 		if err := m.Validate(); err != nil {
 			errs = append(errs, prefixField(field+".", err))
 			break
@@ -125,9 +147,9 @@ func (l MemberList) Validate() error {
 // DecodeMemberList reads the bytes of the member list that ref names for
 // checkpoint of run: their size, sha256 and count must be ref's (else
 // ErrMismatch naming each difference), and the list must be valid.
-func DecodeMemberList(run, checkpoint string, ref MemberListRef, b []byte) ([]MemberManifest, error) {
+func DecodeMemberList(run, checkpoint string, ref MemberListRef, b []byte) (MemberList, error) {
 	if err := ref.Validate(run, checkpoint); err != nil {
-		return nil, err
+		return MemberList{}, err
 	}
 	var diffs []string
 	if int64(len(b)) != ref.Size {
@@ -138,27 +160,27 @@ func DecodeMemberList(run, checkpoint string, ref MemberListRef, b []byte) ([]Me
 		diffs = append(diffs, fmt.Sprintf("sha256 %s, the manifest says %s", h, ref.SHA256))
 	}
 	if len(diffs) > 0 {
-		return nil, fieldErr("member_list", ErrMismatch, "%s: %s", ref.Object, strings.Join(diffs, "; "))
+		return MemberList{}, fieldErr("member_list", ErrMismatch, "%s: %s", ref.Object, strings.Join(diffs, "; "))
 	}
 	var list MemberList
 	if err := json.Unmarshal(b, &list); err != nil {
-		return nil, fieldErr("member_list", ErrMalformed, "%s: %v", ref.Object, err)
+		return MemberList{}, fieldErr("member_list", ErrMalformed, "%s: %v", ref.Object, err)
 	}
 	if err := list.Validate(); err != nil {
-		return nil, err
+		return MemberList{}, err
 	}
 	if list.Run != run || list.CheckpointID != checkpoint {
-		return nil, fieldErr("member_list", ErrMismatch, "%s names %s/%s", ref.Object, list.Run, list.CheckpointID)
+		return MemberList{}, fieldErr("member_list", ErrMismatch, "%s names %s/%s", ref.Object, list.Run, list.CheckpointID)
 	}
 	if len(list.Members) != ref.Count {
-		return nil, fieldErr("member_list.count", ErrMismatch, "%s holds %d members, the manifest says %d", ref.Object, len(list.Members), ref.Count)
+		return MemberList{}, fieldErr("member_list.count", ErrMismatch, "%s holds %d members, the manifest says %d", ref.Object, len(list.Members), ref.Count)
 	}
-	return list.Members, nil
+	return list, nil
 }
 
-// LoadMembers fills Members of a committed schema-2 manifest from its
-// member list, whose bytes get returns by object name, verified
-// (DecodeMemberList). A schema-1 manifest (inline members) and an abort
+// LoadMembers fills Members (and Committed) of a committed schema-2
+// manifest from its member list, whose bytes get returns by object name,
+// verified (DecodeMemberList). A schema-1 manifest (inline members) and an abort
 // marker are left as they are.
 func (c *CheckpointManifest) LoadMembers(get func(object string) ([]byte, error)) error {
 	if c.Schema == CheckpointSchemaInline || c.MemberList == nil {
@@ -168,10 +190,10 @@ func (c *CheckpointManifest) LoadMembers(get func(object string) ([]byte, error)
 	if err != nil {
 		return fmt.Errorf("events: member list %s of checkpoint %s: %w", c.MemberList.Object, c.CheckpointID, err)
 	}
-	members, err := DecodeMemberList(c.Run, c.CheckpointID, *c.MemberList, b)
+	list, err := DecodeMemberList(c.Run, c.CheckpointID, *c.MemberList, b)
 	if err != nil {
 		return err
 	}
-	c.Members = members
+	c.Members, c.Committed = list.Members, list.Committed
 	return nil
 }

@@ -20,23 +20,39 @@ func listManifest(m Member, count int) MemberManifest {
 // member whatever the order given, named by its digest, and read back
 // only when its bytes are the ones the reference names.
 func TestMemberListRoundTrip(t *testing.T) {
-	b, ref, err := EncodeMemberList("run1", "c1", []MemberManifest{listManifest("owner.b", 2), listManifest("agent.a", 1)})
+	b, ref, err := EncodeMemberList("run1", "c1", nil, []MemberManifest{listManifest("owner.b", 2), listManifest("agent.a", 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, ref2, err := EncodeMemberList("run1", "c1", []MemberManifest{listManifest("agent.a", 1), listManifest("owner.b", 2)})
+	again, ref2, err := EncodeMemberList("run1", "c1", nil, []MemberManifest{listManifest("agent.a", 1), listManifest("owner.b", 2)})
 	if err != nil || !bytes.Equal(b, again) || ref != ref2 {
 		t.Fatalf("the list depends on the order given: %v\n%s\n%s", err, b, again)
 	}
 	if ref.Count != 2 || ref.Size != int64(len(b)) || !strings.HasPrefix(ref.Object, "run1/c1/members.") || !strings.HasSuffix(ref.Object, ".json") {
 		t.Fatalf("ref %+v", ref)
 	}
-	got, err := DecodeMemberList("run1", "c1", ref, b)
+	list, err := DecodeMemberList("run1", "c1", ref, b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 2 || got[0].Member != "agent.a" || got[1].Member != "owner.b" {
+	if got := list.Members; len(got) != 2 || got[0].Member != "agent.a" || got[1].Member != "owner.b" {
 		t.Fatalf("decoded %+v", got)
+	}
+	// Every member that committed is named, those without a manifest too;
+	// a manifest of a member that did not commit is refused.
+	withAll, ref3, err := EncodeMemberList("run1", "c1", []Member{"sandbox.s1", "owner.b", "agent.a"}, []MemberManifest{listManifest("agent.a", 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := CheckpointManifest{Schema: CheckpointSchema, Run: "run1", CheckpointID: "c1", MemberList: &ref3}
+	if err := c.LoadMembers(func(string) ([]byte, error) { return withAll, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CommittedMembers(); len(got) != 3 || got[0] != "agent.a" || got[2] != "sandbox.s1" || len(c.Members) != 1 {
+		t.Fatalf("committed %v, members %+v", got, c.Members)
+	}
+	if _, _, err := EncodeMemberList("run1", "c1", []Member{"owner.b"}, []MemberManifest{listManifest("agent.a", 1)}); !errors.Is(err, ErrMismatch) {
+		t.Errorf("a manifest of a member that did not commit: %v, want ErrMismatch", err)
 	}
 	// One byte changed (agent.a's count 1 → 7): refused, the digest named.
 	tampered := bytes.Replace(b, []byte(`"count":1`), []byte(`"count":7`), 1)
@@ -47,12 +63,12 @@ func TestMemberListRoundTrip(t *testing.T) {
 	if _, err := DecodeMemberList("run1", "c2", ref, b); !errors.Is(err, ErrMismatch) {
 		t.Errorf("another checkpoint: %v, want ErrMismatch", err)
 	}
-	if _, _, err := EncodeMemberList("run1", "c1", []MemberManifest{listManifest("agent.a", 1), listManifest("agent.a", 2)}); !errors.Is(err, ErrInvalid) {
+	if _, _, err := EncodeMemberList("run1", "c1", nil, []MemberManifest{listManifest("agent.a", 1), listManifest("agent.a", 2)}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("a member twice: %v, want ErrInvalid", err)
 	}
 	other := listManifest("agent.a", 1)
 	other.CheckpointID, other.Object = "c2", RecordsObject("run1", "c2", "agent.a", other.SHA256)
-	if _, _, err := EncodeMemberList("run1", "c1", []MemberManifest{other}); !errors.Is(err, ErrMismatch) {
+	if _, _, err := EncodeMemberList("run1", "c1", nil, []MemberManifest{other}); !errors.Is(err, ErrMismatch) {
 		t.Errorf("another checkpoint's manifest: %v, want ErrMismatch", err)
 	}
 }
@@ -61,7 +77,7 @@ func TestMemberListRoundTrip(t *testing.T) {
 // are read; a committed schema 2 without its list, and any other schema,
 // are refused by name.
 func TestCheckpointSchemas(t *testing.T) {
-	_, ref, err := EncodeMemberList("run1", "c1", []MemberManifest{listManifest("agent.a", 1)})
+	_, ref, err := EncodeMemberList("run1", "c1", nil, []MemberManifest{listManifest("agent.a", 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +125,7 @@ func TestCheckpointManifestStaysSmall(t *testing.T) {
 	for i := range n {
 		members = append(members, listManifest(Member(fmt.Sprintf("sandbox.s%06d", i)), 1))
 	}
-	b, ref, err := EncodeMemberList("run1", "c1", members)
+	b, ref, err := EncodeMemberList("run1", "c1", nil, members)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,8 +142,8 @@ func TestCheckpointManifestStaysSmall(t *testing.T) {
 		t.Errorf("the KV manifest of %d members is %d bytes", n, len(v))
 	}
 	got, err := DecodeMemberList("run1", "c1", ref, b)
-	if err != nil || len(got) != n {
-		t.Fatalf("%d members read back, %v", len(got), err)
+	if err != nil || len(got.Members) != n {
+		t.Fatalf("%d members read back, %v", len(got.Members), err)
 	}
 	t.Logf("%d members: KV manifest %d bytes, member list %d bytes", n, len(v), len(b))
 }

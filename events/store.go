@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -117,6 +118,10 @@ type CheckpointManifest struct {
 	// MemberList names the member list object of a committed schema-2
 	// manifest; nil on an abort marker and in schema 1.
 	MemberList *MemberListRef `json:"member_list,omitempty"`
+	// Committed names every member that committed, as the member list says
+	// (LoadMembers; in memory only): in schema 2, Members holds only those
+	// that exported records. Nil in schema 1, where Members names them all.
+	Committed []Member `json:"-"`
 	// PrepareSeq and CommitSeq are the phase sequences of the checkpoint.
 	PrepareSeq uint64 `json:"prepare_seq,omitempty"`
 	CommitSeq  uint64 `json:"commit_seq,omitempty"`
@@ -206,9 +211,22 @@ func (c CheckpointManifest) Validate() error {
 // manifest without its members (they are in its member list object).
 func (c CheckpointManifest) Stored() CheckpointManifest {
 	if c.Schema != CheckpointSchemaInline {
-		c.Members = nil
+		c.Members, c.Committed = nil, nil
 	}
 	return c
+}
+
+// CommittedMembers returns every member that committed: Committed when the
+// member list said, else the members of Members.
+func (c CheckpointManifest) CommittedMembers() []Member {
+	if len(c.Committed) > 0 {
+		return slices.Clone(c.Committed)
+	}
+	out := make([]Member, 0, len(c.Members))
+	for _, mm := range c.Members {
+		out = append(out, mm.Member)
+	}
+	return out
 }
 
 // Latest is the value of <run>.LATEST.

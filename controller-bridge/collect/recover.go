@@ -160,9 +160,9 @@ func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.C
 			need[events.Member("agent."+a)] = true
 		}
 		if latest != nil {
-			for _, mm := range latest.Members {
-				if mm.Member.Kind() != events.KindSandbox {
-					need[mm.Member] = true
+			for _, m := range latest.CommittedMembers() {
+				if m.Kind() != events.KindSandbox {
+					need[m] = true
 				}
 			}
 		}

@@ -221,7 +221,7 @@ func TestInspectVerifiesTheMemberList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, ref, err := events.EncodeMemberList(run, "c1", []events.MemberManifest{mm})
+	data, ref, err := events.EncodeMemberList(run, "c1", nil, []events.MemberManifest{mm})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,8 @@ func buildManifest(run string, now time.Time, c events.Commit, t *Tally, restart
 		m.Continued = append(m.Continued, k)
 	}
 	sort.Strings(m.Continued)
-	list, ref, err := events.EncodeMemberList(run, c.CheckpointID, m.Members)
+	m.Committed = t.Members()
+	list, ref, err := events.EncodeMemberList(run, c.CheckpointID, m.Committed, m.Members)
 	if err != nil {
 		return m, nil, err
 	}

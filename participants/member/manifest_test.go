@@ -37,7 +37,7 @@ func v2Checkpoint(t *testing.T, env *jstest.Env, id string, seq uint64, recs map
 		publishAck(t, env, events.CommitAck{AckHeader: events.AckHeader{Run: "run1", Member: m, Seq: seq, CheckpointID: id, OK: true,
 			State: events.StateCommitted}, Manifest: &man})
 	}
-	data, ref, err := events.EncodeMemberList("run1", id, list)
+	data, ref, err := events.EncodeMemberList("run1", id, nil, list)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestRestoreFromTheMemberList(t *testing.T) {
 		t.Fatal("a commit of records without their manifest")
 	}
 	// The bridge's part, and the ack aged out.
-	data, ref, err := events.EncodeMemberList("run1", "c1", []events.MemberManifest{*c.Manifest})
+	data, ref, err := events.EncodeMemberList("run1", "c1", nil, []events.MemberManifest{*c.Manifest})
 	if err != nil {
 		t.Fatal(err)
 	}
