@@ -2,7 +2,6 @@ package member
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -70,11 +69,7 @@ func (m *Member) writeCommit(ctx context.Context, e WriteCommit) {
 		return
 	}
 	if err != nil {
-		code := events.CodeExportFailed
-		if errors.Is(err, ErrManifestExists) {
-			code = events.CodeCheckpointConflict
-		}
-		fail(fresh, code, "%v", err)
+		fail(fresh, events.CodeExportFailed, "%v", err)
 		return
 	}
 	m.post(ctx, RecordsWritten{Op: e.Op, Export: fresh, Manifest: man})
