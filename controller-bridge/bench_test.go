@@ -2,7 +2,6 @@ package bridge_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -204,8 +203,8 @@ func startBridgeQuiet(b *testing.B, env *jstest.Env) *bridge.Bridge {
 // for one cycle, the writes the protocol mandates and nothing else: three
 // rounds, each a core-NATS phase broadcast to the process followed by one
 // once-only JetStream ack per member (expected-last-subject-sequence 0, a
-// real ack's headers and body) and, at the commit round, one member
-// manifest created once in the manifests bucket, all pipelined from one
+// real ack's headers and body; at the commit round a commit ack carrying
+// its member manifest, the manifest's one record), all pipelined from one
 // goroutine; the round ends when an ordered consumer has read all N acks.
 // No CloudEvents encoding or decoding, no member state, no heartbeats, no
 // checkpoint manifest, no verification. BenchmarkCheckpointCycle of the
@@ -226,8 +225,13 @@ func BenchmarkBusFloor(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			manifest, err := json.Marshal(events.MemberManifest{Schema: events.ManifestSchema, Run: run, CheckpointID: "b1",
-				Member: "agent.m0", Object: "run1/b1/agent.m0.jsonl", SHA256: strings.Repeat("0", 64)})
+			// The commit ack carries the member manifest, its one record
+			// (PROTOCOL §5, commit): no other write.
+			sha := strings.Repeat("0", 64)
+			commitAck, err := events.Marshal("agent.m0", events.CommitAck{AckHeader: events.AckHeader{Run: run, Member: "agent.m0",
+				Seq: 2, CheckpointID: "b1", Epoch: 1, OK: true, State: events.StateCommitted},
+				Manifest: &events.MemberManifest{Schema: events.ManifestSchema, Run: run, CheckpointID: "b1", Member: "agent.m0",
+					Object: events.RecordsObject(run, "b1", "agent.m0", sha), SHA256: sha, Count: 1, Size: 100, Episodes: []string{"r0"}}})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -249,31 +253,26 @@ func BenchmarkBusFloor(b *testing.B) {
 			sub, err := nc.Subscribe("floor.phase", func(m *nats.Msg) {
 				round, commit := string(m.Data), m.Header.Get("commit") == "1"
 				answering.Go(func() {
-					futures := make([]natsjs.PubAckFuture, 0, 2*n)
+					futures := make([]natsjs.PubAckFuture, 0, n)
+					tmpl, phase := template, "prepare"
+					if commit {
+						tmpl, phase = commitAck, "commit"
+					}
 					for _, member := range members {
-						id := run + "." + round + ".prepare." + member
+						id := run + "." + round + "." + phase + "." + member
 						h := nats.Header{}
-						for k, v := range template.Header {
+						for k, v := range tmpl.Header {
 							h[k] = v
 						}
 						h.Set(events.HeaderMsgID, id)
 						h.Set(events.HeaderPrefix+"id", id)
-						ack := &nats.Msg{Subject: "sp." + run + ".ack." + round + ".prepare." + member, Header: h, Data: template.Data}
+						ack := &nats.Msg{Subject: "sp." + run + ".ack." + round + "." + phase + "." + member, Header: h, Data: tmpl.Data}
 						f, err := js.PublishMsgAsync(ack, natsjs.WithExpectLastSequencePerSubject(0))
 						if err != nil {
 							fail(err)
 							return
 						}
 						futures = append(futures, f)
-						if commit {
-							key := &nats.Msg{Subject: "$KV." + jetstream.BucketManifests + "." + run + ".b" + round + "." + member, Data: manifest}
-							f, err := js.PublishMsgAsync(key, natsjs.WithExpectLastSequencePerSubject(0))
-							if err != nil {
-								fail(err)
-								return
-							}
-							futures = append(futures, f)
-						}
 					}
 					deadline := time.After(30 * time.Second)
 					for _, f := range futures {
@@ -321,7 +320,7 @@ func BenchmarkBusFloor(b *testing.B) {
 
 // floorRound broadcasts one phase and waits until the stream holds an ack
 // from each of the n members, read back by an ordered consumer, and every
-// write of the round (member manifests too) has its server ack.
+// write of the round has its server ack.
 func floorRound(env *jstest.Env, round int, commit bool, n int, failed <-chan error, finished <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
@@ -275,6 +276,9 @@ func TestRelease(t *testing.T) {
 			t.Errorf("record %s of a released checkpoint is left", o)
 		}
 	}
+	if l := memberLists(t, env, "c2"); len(l) != 0 || len(memberLists(t, env, "c1")) != 1 {
+		t.Errorf("member lists: c2 %v (released), c1 %v (kept)", l, memberLists(t, env, "c1"))
+	}
 	for _, h := range hs {
 		if h.Participant.Count("release") != 1 {
 			t.Errorf("%s was not asked to release", h.Name)
@@ -292,6 +296,60 @@ func TestRelease(t *testing.T) {
 	}
 	if objs := objects(t, env); len(objs) != 0 {
 		t.Errorf("after the final release sp_records holds %v", objs)
+	}
+	for _, id := range []string{"c1", "c2", "c3"} {
+		if l := memberLists(t, env, id); len(l) != 0 {
+			t.Errorf("after the final release sp_checkpoints holds %v", l)
+		}
+	}
+}
+
+// TestCheckpointWritesAMemberList: PROTOCOL §3, §5 commit: the checkpoint
+// manifest (schema 2) names the member list, which holds the manifest
+// each member's commit ack carried and verifies by its digest; no member
+// manifest key is written. A list whose bytes are not the ones named is
+// refused, by name, before a restore publishes anything.
+func TestCheckpointWritesAMemberList(t *testing.T) {
+	env := jstest.Start(t)
+	fleet(t, env, 2, 2)
+	b := startBridge(t, env, bridge.Config{})
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("checkpoint: %+v %v", res, err)
+	}
+	m := manifestOf(t, env, "c1") // verifies the list
+	if m.Schema != events.CheckpointSchema || m.MemberList == nil || m.MemberList.Count != 2 || len(m.Members) != 2 || len(m.Committed) != 2 {
+		t.Fatalf("manifest %+v", m)
+	}
+	if got, err := b.Get(ctx(t), "c1"); err != nil || !slices.Equal(got.Members, m.Committed) {
+		t.Fatalf("Get c1: %+v %v, want the members %v", got, err, m.Committed)
+	}
+	for _, mm := range m.Members {
+		raw, err := env.Bus.Stream.GetLastMsgForSubject(ctx(t), events.AckSubject(run, m.CommitSeq, events.PhaseCommit, mm.Member))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ack := d.(events.CommitAck); ack.Manifest == nil || ack.Manifest.SHA256 != mm.SHA256 || ack.Manifest.Object != mm.Object {
+			t.Errorf("%s: the list holds %+v, its commit ack %+v", mm.Member, mm, ack.Manifest)
+		}
+	}
+	if keys := kvKeys(t, env); !slices.Equal(keys, []string{events.LatestKey(run), events.ManifestKey(run, "c1")}) && !slices.Equal(keys, []string{events.ManifestKey(run, "c1"), events.LatestKey(run)}) {
+		t.Errorf("sp_manifests holds %v, want the checkpoint manifest and LATEST only", keys)
+	}
+	data, err := env.Bus.Checkpoints.GetBytes(ctx(t), m.MemberList.Object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Bus.Checkpoints.PutBytes(ctx(t), m.MemberList.Object, append(data, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Restore(ctx(t), bridgeapi.RestoreRequest{Source: "c1"})
+	if err == nil || !strings.Contains(err.Error(), m.MemberList.Object) || !strings.Contains(err.Error(), "sha256") {
+		t.Fatalf("restore of a checkpoint whose member list was changed: %v, want a refusal naming the list and its digest", err)
 	}
 }
 

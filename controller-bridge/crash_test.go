@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,7 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 		{"bridge/after-prepare-acks", false, bridgeapi.StatusFailed, false},
 		{"bridge/after-commit", false, bridgeapi.StatusCommitted, false},
 		{"bridge/after-commit-acks", false, bridgeapi.StatusCommitted, false},
+		{"bridge/after-member-list", false, bridgeapi.StatusCommitted, false},
 		{"bridge/after-manifest", false, bridgeapi.StatusCommitted, false},
 		{"bridge/after-latest", false, bridgeapi.StatusCommitted, false},
 		{"bridge/after-outcome", false, bridgeapi.StatusCommitted, false},
@@ -113,6 +115,11 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 			case bridgeapi.StatusCommitted:
 				if m == nil || m.Aborted || len(m.Continued) != 4 || st.Latest == nil || st.Latest.CheckpointID != "c1" {
 					t.Errorf("committed c1: manifest %+v, LATEST %+v", m, st.Latest)
+				}
+				// The member list rebuilt from the stream's commit acks is
+				// the one written before the crash, if one was: one object.
+				if m != nil && (m.MemberList == nil || len(m.Members) != 2 || !slices.Equal(memberLists(t, env, "c1"), []string{m.MemberList.Object})) {
+					t.Errorf("committed c1: member list %+v of %d members; sp_checkpoints holds %v", m.MemberList, len(m.Members), memberLists(t, env, "c1"))
 				}
 			case bridgeapi.StatusFailed:
 				if m == nil || !m.Aborted || st.Latest != nil {

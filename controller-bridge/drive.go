@@ -11,7 +11,6 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
-	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // driving carries out one machine's effects and feeds it what the bus
@@ -184,12 +183,12 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 			d.timer.Reset(e.After)
 		}
 		d.armed, d.after = true, e.After
-	case machine.ReadMemberManifests:
-		values, err := jetstream.KVValues(ctx, b.cfg.Bus.Manifests, events.ManifestKey(b.cfg.Run, e.CheckpointID)+".>")
-		if err != nil {
-			return failed(fmt.Errorf("bridge: read member manifests: %w", err))
+	case machine.WriteMemberList:
+		if err := b.writeMemberList(ctx, e.Object, e.Data); err != nil {
+			return failed(err)
 		}
-		return machine.MemberManifestsRead{Values: values}
+		failpoint.Hit("bridge/after-member-list")
+		return machine.MemberListWritten{}
 	case machine.CreateManifest:
 		have, created, err := b.createManifest(ctx, e.Manifest)
 		if err != nil {

@@ -145,7 +145,34 @@ func manifestOf(t testing.TB, env *jstest.Env, id string) *events.CheckpointMani
 	if err := json.Unmarshal(e.Value(), &m); err != nil {
 		t.Fatal(err)
 	}
+	if err := m.Validate(); err != nil {
+		t.Fatalf("manifest %s: %v", id, err)
+	}
+	// Schema 2: the member list, verified by its digest.
+	if err := m.LoadMembers(func(o string) ([]byte, error) { return env.Bus.Checkpoints.GetBytes(t.Context(), o) }); err != nil {
+		t.Fatalf("manifest %s: %v", id, err)
+	}
 	return &m
+}
+
+// memberLists returns the names of the member list objects of checkpoint
+// id in sp_checkpoints.
+func memberLists(t testing.TB, env *jstest.Env, id string) []string {
+	t.Helper()
+	infos, err := env.Bus.Checkpoints.List(t.Context())
+	if errors.Is(err, natsjs.ErrNoObjectsFound) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, o := range infos {
+		if strings.HasPrefix(o.Name, events.MemberListPrefix(run, id)) {
+			out = append(out, o.Name)
+		}
+	}
+	return out
 }
 
 // allOpen reports whether every participant has admission open again.

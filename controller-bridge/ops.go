@@ -171,6 +171,9 @@ func (b *Bridge) Restore(ctx context.Context, req bridgeapi.RestoreRequest) (*br
 		if v.Members, _, err = b.liveMembers(ctx, 0, true); err != nil {
 			return nil, err
 		}
+		if v.StreamMaxAge, err = b.streamMaxAge(ctx); err != nil {
+			return nil, err
+		}
 	}
 	fin, err := b.ask(ctx, m, machine.RestoreAsked{Request: req, View: v})
 	if err != nil {

@@ -250,7 +250,7 @@ func (r *randomRun) check(step int) {
 			t.Fatalf("step %d: committed %s has manifest %+v", step, id, m)
 		}
 		for _, mm := range m.Members {
-			got, _, err := member.ReadRecords(ctx(t), r.env.Bus.Manifests, r.env.Bus.JS, run, id, mm.Member, nil)
+			got, _, err := member.ReadRecords(ctx(t), r.env.Bus, run, id, mm.Member, nil)
 			if err != nil {
 				t.Fatalf("step %d: invariant 1: %s of %s does not verify: %v", step, mm.Member, id, err)
 			}

@@ -17,8 +17,8 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
-// The bridge's reads and writes of sp_manifests, sp_members and
-// sp_records: what the machine asks for, carried out.
+// The bridge's reads and writes of sp_manifests, sp_members,
+// sp_checkpoints and sp_records: what the machine asks for, carried out.
 
 // latest reads LATEST and its revision; nil if there is none.
 func (b *Bridge) latest(ctx context.Context) (*events.Latest, uint64, error) {
@@ -80,13 +80,42 @@ func (b *Bridge) manifest(ctx context.Context, id string) (*events.CheckpointMan
 	if err := m.Validate(); err != nil {
 		return nil, 0, fmt.Errorf("bridge: manifest %s: %w", id, err)
 	}
+	// Schema 2: the members are in the member list, verified by its digest.
+	if err := m.LoadMembers(func(o string) ([]byte, error) { return b.cfg.Bus.Checkpoints.GetBytes(ctx, o) }); err != nil {
+		return nil, 0, fmt.Errorf("bridge: manifest %s: %w", id, err)
+	}
 	return &m, e.Revision(), nil
+}
+
+// streamMaxAge returns the stream's MaxAge when age is the only limit on
+// what it keeps, 0 when messages or bytes are limited too (old messages
+// may go before their age).
+func (b *Bridge) streamMaxAge(ctx context.Context) (time.Duration, error) {
+	info, err := b.cfg.Bus.Stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("bridge: stream info: %w", err)
+	}
+	c := info.Config
+	if c.MaxMsgs > 0 || c.MaxBytes > 0 || c.MaxMsgsPerSubject > 0 {
+		return 0, nil
+	}
+	return c.MaxAge, nil
+}
+
+// writeMemberList puts a checkpoint's member list. Its name is its
+// digest, so a bridge that writes it again after a crash writes the same
+// bytes.
+func (b *Bridge) writeMemberList(ctx context.Context, name string, data []byte) error {
+	if _, err := b.cfg.Bus.Checkpoints.PutBytes(ctx, name, data); err != nil {
+		return fmt.Errorf("bridge: write member list %s: %w", name, err)
+	}
+	return nil
 }
 
 // createManifest creates the checkpoint key once. If the key exists it
 // returns what is there and created=false.
 func (b *Bridge) createManifest(ctx context.Context, m events.CheckpointManifest) (have *events.CheckpointManifest, created bool, err error) {
-	v, err := json.Marshal(m)
+	v, err := json.Marshal(m.Stored())
 	if err != nil {
 		return nil, false, err
 	}
@@ -165,7 +194,7 @@ func (b *Bridge) markOne(ctx context.Context, id string, mark events.ReleaseMark
 		}
 		next := mergeMark(m.Released, mark)
 		m.Released = &next
-		v, err := json.Marshal(m)
+		v, err := json.Marshal(m.Stored())
 		if err != nil {
 			return err
 		}
@@ -284,8 +313,8 @@ func recordsListed(ctx context.Context, store natsjs.ObjectStore, name string) (
 	return slices.ContainsFunc(objs, func(o *natsjs.ObjectInfo) bool { return o.Name == name }), nil
 }
 
-// deleteCheckpoint deletes a checkpoint's records, member manifests and
-// key, in that order, so that a crash in between leaves a manifest that
+// deleteCheckpoint deletes a checkpoint's records and member list, the
+// member manifest keys of a schema-1 checkpoint, and its key, in that order, so that a crash in between leaves a manifest that
 // names missing records rather than records nothing names. With
 // KeepMarker the key stays: only what its members wrote goes.
 func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error {
@@ -304,7 +333,8 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 		return fmt.Errorf("bridge: %w", err)
 	}
 	prefix := b.cfg.Run + "/" + d.CheckpointID + "/"
-	for _, store := range append([]natsjs.ObjectStore{b.cfg.Bus.Records}, own...) {
+	// The bridge's own store holds the checkpoint's member list.
+	for _, store := range append([]natsjs.ObjectStore{b.cfg.Bus.Records, b.cfg.Bus.Checkpoints}, own...) {
 		objs, err := store.List(ctx)
 		if err != nil && !errors.Is(err, natsjs.ErrNoObjectsFound) {
 			return fmt.Errorf("bridge: list records: %w", err)

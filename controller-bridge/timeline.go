@@ -192,6 +192,9 @@ func Summarize(d events.Data) string {
 			}
 			return s + fmt.Sprintf("ready, %d restarts", len(a.Restarts))
 		case events.CommitAck:
+			if a.Manifest == nil {
+				return s + "exported nothing"
+			}
 			return s + fmt.Sprintf("exported %d records sha256 %.12s", a.Manifest.Count, a.Manifest.SHA256)
 		case events.RestoreAck:
 			return s + fmt.Sprintf("restored %d", len(a.Restored))

@@ -23,7 +23,7 @@ import (
 // agentRecords reads the bookmarks agent name exported in checkpoint.
 func (f *fleet) agentRecords(ctx context.Context, checkpoint, name string) map[string]agentapi.Bookmark {
 	f.t.Helper()
-	_, recs, err := member.ReadRecords(ctx, f.env.Bus.Manifests, f.env.Bus.JS, f.run, checkpoint, events.Member("agent."+name), nil)
+	_, recs, err := member.ReadRecords(ctx, f.env.Bus, f.run, checkpoint, events.Member("agent."+name), nil)
 	if err != nil {
 		f.t.Fatalf("records of agent.%s in %s: %v", name, checkpoint, err)
 	}

@@ -314,7 +314,7 @@ func (f *benchFleet) checkMidTool(ctx context.Context, checkpoint string) {
 	f.t.Helper()
 	n := 0
 	for _, a := range f.agents {
-		_, recs, err := member.ReadRecords(ctx, f.env.Bus.Manifests, f.env.Bus.JS, f.run, checkpoint, events.Member("agent."+a), nil)
+		_, recs, err := member.ReadRecords(ctx, f.env.Bus, f.run, checkpoint, events.Member("agent."+a), nil)
 		if err != nil {
 			f.t.Fatalf("records of agent.%s in %s: %v", a, checkpoint, err)
 		}

@@ -280,8 +280,11 @@ func isSHA256(s string) bool {
 }
 
 // MemberManifest describes the records one member exported for one
-// checkpoint. It is created once in sp_manifests under
-// <run>.<checkpoint>.<member>; readers verify the digest and count.
+// checkpoint. It is recorded once, in the member's commit ack (whose
+// subject is written once); the bridge gathers the acks' manifests into
+// the checkpoint's member list (MemberList). Runs of schema 1 also hold it
+// in sp_manifests under <run>.<checkpoint>.<member>. Readers verify the
+// digest and count.
 type MemberManifest struct {
 	// Schema is ManifestSchema.
 	Schema int `json:"schema"`
@@ -376,7 +379,8 @@ func RecordsPrefix(run, checkpoint string, m Member) string {
 // CommitAck answers a commit.
 type CommitAck struct {
 	AckHeader
-	// Manifest describes the exported records; set when OK.
+	// Manifest describes the exported records. An ok ack without one
+	// exported nothing (PROTOCOL §5, commit: no records, no manifest).
 	Manifest *MemberManifest `json:"manifest,omitempty"`
 }
 
@@ -389,9 +393,6 @@ func (CommitAck) Type() Type { return TypeCommitAck }
 // Validate implements Data.
 func (a CommitAck) Validate() error {
 	errs := []error{a.validate()}
-	if a.OK && a.Manifest == nil {
-		errs = append(errs, fieldErr("data.manifest", ErrInvalid, "missing on an ok commit ack"))
-	}
 	if a.Manifest != nil {
 		errs = append(errs, prefixField("data.", a.Manifest.Validate()))
 		if a.Manifest.Member != a.Member || a.Manifest.CheckpointID != a.CheckpointID || a.Manifest.Run != a.Run {

@@ -200,6 +200,16 @@ type Restore struct {
 	// Scope is the checkpointed episodes that continue; each continues as
 	// its Next() attempt.
 	Scope []Episode `json:"scope"`
+	// SourceCommitSeq is the phase sequence of the source's commit: a
+	// member finds its own manifest in its commit ack,
+	// AckSubject(run, SourceCommitSeq, commit, member), without reading
+	// the member list. 0 from a bridge that did not say (schema 1).
+	SourceCommitSeq uint64 `json:"source_commit_seq,omitempty"`
+	// SourceAcks tells that the stream still keeps every commit ack of the
+	// source's commit, and will for longer than the restore can last: a
+	// member with no ack there has no manifest, and reads no member list.
+	// False: a member without an ack reads the list.
+	SourceAcks bool `json:"source_acks,omitempty"`
 }
 
 // Phase implements PhaseEvent.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -21,7 +22,9 @@ func MemberKeyFilter(run string) string { return run + ".>" }
 func ManifestKey(run, checkpoint string) string { return run + "." + checkpoint }
 
 // MemberManifestKey returns the sp_manifests key of one member's manifest,
-// <run>.<checkpoint>.<member>.
+// <run>.<checkpoint>.<member>: where members of schema-1 runs created it.
+// Members no longer write it (PROTOCOL §8): their commit ack records the
+// manifest, and the checkpoint's member list gathers them.
 func MemberManifestKey(run, checkpoint string, m Member) string {
 	return run + "." + checkpoint + "." + string(m)
 }
@@ -74,8 +77,17 @@ func (m MemberInfo) Validate() error {
 	return errors.Join(prefixField("member_info.", ValidateRun(m.Run)), validateMember("member_info.member", string(m.Member)))
 }
 
-// CheckpointSchema is the schema version of checkpoint manifests.
-const CheckpointSchema = 1
+// CheckpointSchema is the schema version of the checkpoint manifests this
+// build writes: 2, whose member manifests are in a member list object
+// (MemberList) that MemberList names. Readers also read
+// CheckpointSchemaInline, and refuse any other.
+const CheckpointSchema = 2
+
+// CheckpointSchemaInline is the schema of checkpoint manifests written
+// before the member list (runs of older builds): every member manifest
+// inline in Members, each also under its own key
+// (MemberManifestKey). It stays readable.
+const CheckpointSchemaInline = 1
 
 // CheckpointManifest is the commit point of a checkpoint, created once in
 // sp_manifests at <run>.<checkpoint>. A bridge that aborts a checkpoint
@@ -83,7 +95,7 @@ const CheckpointSchema = 1
 // zombie that was presumed dead) can create the manifest afterwards
 // (PROTOCOL §7, invariant 2).
 type CheckpointManifest struct {
-	// Schema is CheckpointSchema.
+	// Schema is CheckpointSchema, or CheckpointSchemaInline in old runs.
 	Schema int `json:"schema"`
 	// Run, CheckpointID and Epoch say which checkpoint this is.
 	Run          string `json:"run"`
@@ -98,8 +110,18 @@ type CheckpointManifest struct {
 	// those that restart from their input.
 	Continued []string `json:"continued,omitempty"`
 	Restarted []string `json:"restarted,omitempty"`
-	// Members holds every member's manifest.
+	// Members holds every member's manifest. In schema 1 they are stored
+	// here, inline. In schema 2 the KV value never holds them (Stored
+	// drops them): they are in the object MemberList names, and a reader
+	// that loaded it (DecodeMemberList) may keep them here in memory.
 	Members []MemberManifest `json:"members,omitempty"`
+	// MemberList names the member list object of a committed schema-2
+	// manifest; nil on an abort marker and in schema 1.
+	MemberList *MemberListRef `json:"member_list,omitempty"`
+	// Committed names every member that committed, as the member list says
+	// (LoadMembers; in memory only): in schema 2, Members holds only those
+	// that exported records. Nil in schema 1, where Members names them all.
+	Committed []Member `json:"-"`
 	// PrepareSeq and CommitSeq are the phase sequences of the checkpoint.
 	PrepareSeq uint64 `json:"prepare_seq,omitempty"`
 	CommitSeq  uint64 `json:"commit_seq,omitempty"`
@@ -149,8 +171,23 @@ func (r ReleaseMark) Validate() error {
 // Validate checks the manifest.
 func (c CheckpointManifest) Validate() error {
 	var errs []error
-	if c.Schema != CheckpointSchema {
-		errs = append(errs, fieldErr("checkpoint.schema", ErrUnknownVersion, "%d, this build reads %d", c.Schema, CheckpointSchema))
+	switch c.Schema {
+	case CheckpointSchemaInline:
+		if c.MemberList != nil {
+			errs = append(errs, fieldErr("checkpoint.member_list", ErrInvalid, "set in a schema %d manifest", c.Schema))
+		}
+	case CheckpointSchema:
+		switch {
+		case c.MemberList != nil:
+			errs = append(errs, c.MemberList.Validate(c.Run, c.CheckpointID))
+			if len(c.Members) > 0 && len(c.Members) != c.MemberList.Count {
+				errs = append(errs, fieldErr("checkpoint.members", ErrMismatch, "%d loaded, the member list holds %d", len(c.Members), c.MemberList.Count))
+			}
+		case !c.Aborted:
+			errs = append(errs, fieldErr("checkpoint.member_list", ErrInvalid, "missing on a committed schema %d manifest", c.Schema))
+		}
+	default:
+		errs = append(errs, fieldErr("checkpoint.schema", ErrUnknownVersion, "%d, this build reads %d and %d", c.Schema, CheckpointSchemaInline, CheckpointSchema))
 	}
 	errs = append(errs, prefixField("checkpoint.", errors.Join(ValidateRun(c.Run), ValidateCheckpointID(c.CheckpointID))))
 	errs = append(errs, validateKeys("checkpoint.continued", c.Continued), validateKeys("checkpoint.restarted", c.Restarted))
@@ -168,6 +205,28 @@ func (c CheckpointManifest) Validate() error {
 		errs = append(errs, c.Released.Validate())
 	}
 	return errors.Join(errs...)
+}
+
+// Stored returns the manifest as the KV value holds it: a schema-2
+// manifest without its members (they are in its member list object).
+func (c CheckpointManifest) Stored() CheckpointManifest {
+	if c.Schema != CheckpointSchemaInline {
+		c.Members, c.Committed = nil, nil
+	}
+	return c
+}
+
+// CommittedMembers returns every member that committed: Committed when the
+// member list said, else the members of Members.
+func (c CheckpointManifest) CommittedMembers() []Member {
+	if len(c.Committed) > 0 {
+		return slices.Clone(c.Committed)
+	}
+	out := make([]Member, 0, len(c.Members))
+	for _, mm := range c.Members {
+		out = append(out, mm.Member)
+	}
+	return out
 }
 
 // Latest is the value of <run>.LATEST.

@@ -36,6 +36,9 @@ type Bus struct {
 	// credentials of its own, which it keeps in an object store of its own name
 	// (events.RecordsBucket, opened through JS).
 	Records natsjs.ObjectStore
+	// Checkpoints is BucketCheckpoints: the bridge's member lists of schema-2 checkpoint
+	// manifests.
+	Checkpoints natsjs.ObjectStore
 	// JS is the JetStream context the bus was opened with: it opens the members' own
 	// records stores.
 	JS natsjs.JetStream
@@ -148,12 +151,20 @@ func Open(ctx context.Context, js natsjs.JetStream) (*Bus, error) {
 			return nil, fmt.Errorf("jetstream: open: kv bucket %s: %w", kv.bucket, err)
 		}
 	}
-	bus.Records, err = js.ObjectStore(ctx, BucketRecords)
-	switch {
-	case errors.Is(err, natsjs.ErrBucketNotFound):
-		missing = append(missing, "object store "+BucketRecords)
-	case err != nil:
-		return nil, fmt.Errorf("jetstream: open: object store %s: %w", BucketRecords, err)
+	for _, o := range []struct {
+		bucket string
+		into   *natsjs.ObjectStore
+	}{
+		{BucketRecords, &bus.Records},
+		{BucketCheckpoints, &bus.Checkpoints},
+	} {
+		*o.into, err = js.ObjectStore(ctx, o.bucket)
+		switch {
+		case errors.Is(err, natsjs.ErrBucketNotFound):
+			missing = append(missing, "object store "+o.bucket)
+		case err != nil:
+			return nil, fmt.Errorf("jetstream: open: object store %s: %w", o.bucket, err)
+		}
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("%w: missing %s (run Provision first)", ErrNotProvisioned, strings.Join(missing, ", "))
@@ -213,21 +224,22 @@ func (t Topology) resources() []resource {
 			},
 		})
 	}
-	ocfg := t.objectStoreConfig()
-	rs = append(rs, resource{
-		what:   fmt.Sprintf("object store %s (stream OBJ_%s)", ocfg.Bucket, ocfg.Bucket),
-		stream: "OBJ_" + ocfg.Bucket,
-		diff: func(have natsjs.StreamConfig) []string {
-			var d diffs
-			diffField(&d, "replicas", replicas(have.Replicas), ocfg.Replicas)
-			diffField(&d, "storage", have.Storage, ocfg.Storage)
-			return d
-		},
-		create: func(ctx context.Context, js natsjs.JetStream) error {
-			_, err := js.CreateObjectStore(ctx, ocfg)
-			return err
-		},
-	})
+	for _, ocfg := range t.objectStoreConfigs() {
+		rs = append(rs, resource{
+			what:   fmt.Sprintf("object store %s (stream OBJ_%s)", ocfg.Bucket, ocfg.Bucket),
+			stream: "OBJ_" + ocfg.Bucket,
+			diff: func(have natsjs.StreamConfig) []string {
+				var d diffs
+				diffField(&d, "replicas", replicas(have.Replicas), ocfg.Replicas)
+				diffField(&d, "storage", have.Storage, ocfg.Storage)
+				return d
+			},
+			create: func(ctx context.Context, js natsjs.JetStream) error {
+				_, err := js.CreateObjectStore(ctx, ocfg)
+				return err
+			},
+		})
+	}
 	return rs
 }
 

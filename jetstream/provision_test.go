@@ -169,6 +169,7 @@ func TestOpen(t *testing.T) {
 	}
 	for _, want := range []string{
 		"stream STILLPOINT", "kv bucket sp_members", "kv bucket sp_manifests", "kv bucket sp_snapshots", "object store sp_records",
+		"object store sp_checkpoints",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Open error does not name %s: %v", want, err)

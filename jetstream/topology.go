@@ -27,6 +27,9 @@ const (
 	BucketSnapshots = "sp_snapshots"
 	// BucketRecords is the object store of members' exported records.
 	BucketRecords = "sp_records"
+	// BucketCheckpoints is the bridge's object store of checkpoint member lists
+	// (events.MemberListObject), which schema-2 checkpoint manifests name by digest.
+	BucketCheckpoints = "sp_checkpoints"
 )
 
 // Defaults of Topology, applied to zero fields by WithDefaults.
@@ -180,13 +183,21 @@ func (t Topology) keyValueConfigs() []natsjs.KeyValueConfig {
 	}
 }
 
-// objectStoreConfig is the configuration of BucketRecords.
-func (t Topology) objectStoreConfig() natsjs.ObjectStoreConfig {
-	return natsjs.ObjectStoreConfig{
-		Bucket:      BucketRecords,
-		Description: "Stillpoint records: <run>/<checkpoint>/<member>.jsonl",
-		Storage:     natsjs.FileStorage,
-		Replicas:    t.Replicas,
+// objectStoreConfigs are the configurations of BucketRecords and BucketCheckpoints.
+func (t Topology) objectStoreConfigs() []natsjs.ObjectStoreConfig {
+	return []natsjs.ObjectStoreConfig{
+		{
+			Bucket:      BucketRecords,
+			Description: "Stillpoint records: <run>/<checkpoint>/<member>.jsonl",
+			Storage:     natsjs.FileStorage,
+			Replicas:    t.Replicas,
+		},
+		{
+			Bucket:      BucketCheckpoints,
+			Description: "Stillpoint member lists: <run>/<checkpoint>/members.<sha>.json",
+			Storage:     natsjs.FileStorage,
+			Replicas:    t.Replicas,
+		},
 	}
 }
 

@@ -61,8 +61,9 @@ func ResultOf(m *events.CheckpointManifest) *CheckpointResult {
 	} else {
 		r.Status = StatusCommitted
 	}
-	for _, mm := range m.Members {
-		r.Members = append(r.Members, mm.Member)
+	r.Members = m.CommittedMembers()
+	if len(r.Members) == 0 {
+		r.Members = nil
 	}
 	return r
 }

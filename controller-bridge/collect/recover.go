@@ -160,9 +160,9 @@ func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.C
 			need[events.Member("agent."+a)] = true
 		}
 		if latest != nil {
-			for _, mm := range latest.Members {
-				if mm.Member.Kind() != events.KindSandbox {
-					need[mm.Member] = true
+			for _, m := range latest.CommittedMembers() {
+				if m.Kind() != events.KindSandbox {
+					need[m] = true
 				}
 			}
 		}
@@ -243,6 +243,12 @@ func (c *Collector) manifest(ctx context.Context, id string) (*events.Checkpoint
 	}
 	var m events.CheckpointManifest
 	if err := json.Unmarshal(e.Value(), &m); err != nil {
+		return nil, fmt.Errorf("collect: manifest of %s: %w", id, err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("collect: manifest of %s: %w", id, err)
+	}
+	if err := m.LoadMembers(func(o string) ([]byte, error) { return c.cfg.Bus.Checkpoints.GetBytes(ctx, o) }); err != nil {
 		return nil, fmt.Errorf("collect: manifest of %s: %w", id, err)
 	}
 	return &m, nil

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -65,6 +66,11 @@ type Checkpoint struct {
 	Stop      bool `json:"stop,omitempty"`
 	Continued int  `json:"continued"`
 	Restarted int  `json:"restarted"`
+	// Schema is the manifest's schema: 1, members inline and a key each;
+	// 2, a member list.
+	Schema int `json:"schema"`
+	// MemberList is the schema-2 member list object in sp_checkpoints.
+	MemberList string `json:"member_list,omitempty"`
 	// Members are its member manifests, each verified.
 	Members []MemberCheck `json:"members,omitempty"`
 	// Verified tells that every member manifest verified (false for an
@@ -83,7 +89,9 @@ type MemberCheck struct {
 	SHA256 string        `json:"sha256"`
 	Count  int           `json:"count"`
 	// OK tells that the object exists with that size and digest, and that
-	// the member's own manifest key agrees; Problem says what did not.
+	// the member's own record agrees (its manifest key in schema 1, its
+	// commit ack in schema 2 while the stream keeps it); Problem says what
+	// did not.
 	OK      bool   `json:"ok"`
 	Problem string `json:"problem,omitempty"`
 }
@@ -120,6 +128,18 @@ func Run(ctx context.Context, js natsjs.JetStream, run string) (*Report, error) 
 		return nil, fmt.Errorf("inspect: open %s: %w", jetstream.BucketRecords, err)
 	}
 	records := &stores{js: js, open: map[string]natsjs.ObjectStore{}}
+	// Schema-2 manifests name a member list in the bridge's store, and
+	// each member's manifest is also in its commit ack on the stream. A
+	// bus provisioned before the member list has no such store: its
+	// schema-2 manifests are reported, not read.
+	if lists, err := js.ObjectStore(ctx, jetstream.BucketCheckpoints); err == nil {
+		records.lists = lists
+	} else if !errors.Is(err, natsjs.ErrBucketNotFound) && !errors.Is(err, natsjs.ErrStreamNotFound) {
+		return nil, fmt.Errorf("inspect: open %s: %w", jetstream.BucketCheckpoints, err)
+	}
+	if s, err := js.Stream(ctx, jetstream.StreamName); err == nil {
+		records.stream = s
+	}
 	r := &Report{Run: run, Checkpoints: []Checkpoint{}, Snapshots: []Snapshot{}, Members: []events.MemberInfo{}}
 	if err := r.readManifests(ctx, manifests, records); err != nil {
 		return nil, err
@@ -153,6 +173,10 @@ func (r *Report) problem(format string, args ...any) {
 type stores struct {
 	js   natsjs.JetStream
 	open map[string]natsjs.ObjectStore
+	// lists is sp_checkpoints, nil when the bus has none; stream the
+	// audit stream, nil when it cannot be read.
+	lists  natsjs.ObjectStore
+	stream natsjs.Stream
 }
 
 func (s *stores) get(ctx context.Context, bucket string) (natsjs.ObjectStore, error) {
@@ -206,9 +230,23 @@ func (r *Report) readManifests(ctx context.Context, kv natsjs.KeyValue, records 
 			continue
 		}
 		c := Checkpoint{ID: m.CheckpointID, Epoch: m.Epoch, Created: m.Created, Aborted: m.Aborted, Reason: m.Reason,
-			Released: m.Released != nil, Stop: m.Stop, Continued: len(m.Continued), Restarted: len(m.Restarted), Verified: !m.Aborted}
+			Released: m.Released != nil, Stop: m.Stop, Continued: len(m.Continued), Restarted: len(m.Restarted), Verified: !m.Aborted,
+			Schema: m.Schema}
+		if m.MemberList != nil {
+			c.MemberList = m.MemberList.Object
+			if err := records.loadMembers(ctx, &m); err != nil {
+				c.Verified = false
+				r.problem("checkpoint %s: member list: %v", m.CheckpointID, err)
+			}
+		}
 		for _, mm := range m.Members {
-			mc := verify(ctx, records, mm, vals[events.MemberManifestKey(r.Run, m.CheckpointID, mm.Member)])
+			var own func() (*events.MemberManifest, string)
+			if m.Schema == events.CheckpointSchemaInline {
+				own = ownKey(vals[events.MemberManifestKey(r.Run, m.CheckpointID, mm.Member)])
+			} else {
+				own = records.ownAck(ctx, r.Run, m.CommitSeq, mm.Member)
+			}
+			mc := verify(ctx, records, mm, own)
 			if !mc.OK {
 				c.Verified = false
 				r.problem("checkpoint %s, member %s: %s", m.CheckpointID, mm.Member, mc.Problem)
@@ -230,23 +268,75 @@ func (r *Report) readManifests(ctx context.Context, kv natsjs.KeyValue, records 
 	return nil
 }
 
-// verify checks one member manifest: its own key agrees, and the object
-// it names has its size and digest.
-func verify(ctx context.Context, records *stores, mm events.MemberManifest, own []byte) MemberCheck {
+// loadMembers reads m's member list from sp_checkpoints, verified by its
+// digest.
+func (s *stores) loadMembers(ctx context.Context, m *events.CheckpointManifest) error {
+	if s.lists == nil {
+		return fmt.Errorf("%w: object store %s", ErrNoBucket, jetstream.BucketCheckpoints)
+	}
+	return m.LoadMembers(func(o string) ([]byte, error) { return s.lists.GetBytes(ctx, o) })
+}
+
+// ownKey is the member's own record of a schema-1 manifest: its key in
+// sp_manifests (raw, nil when gone). It returns the manifest there, or
+// why there is none to compare.
+func ownKey(raw []byte) func() (*events.MemberManifest, string) {
+	return func() (*events.MemberManifest, string) {
+		var stored events.MemberManifest
+		switch {
+		case raw == nil:
+			return nil, "its member manifest key is gone"
+		case json.Unmarshal(raw, &stored) != nil:
+			return nil, "its member manifest key does not decode"
+		}
+		return &stored, ""
+	}
+}
+
+// ownAck is the member's own record of a schema-2 manifest: its commit ack
+// of the checkpoint's commit (commitSeq), read from the stream. An ack
+// aged out of the stream is no problem: the member list alone is then the
+// record (nil, "").
+func (s *stores) ownAck(ctx context.Context, run string, commitSeq uint64, m events.Member) func() (*events.MemberManifest, string) {
+	return func() (*events.MemberManifest, string) {
+		if s.stream == nil {
+			return nil, ""
+		}
+		subject := events.AckSubject(run, commitSeq, events.PhaseCommit, m)
+		raw, err := s.stream.GetLastMsgForSubject(ctx, subject)
+		if errors.Is(err, natsjs.ErrMsgNotFound) {
+			return nil, ""
+		}
+		if err != nil {
+			return nil, fmt.Sprintf("its commit ack %s: %v", subject, err)
+		}
+		_, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+		if err != nil {
+			return nil, fmt.Sprintf("its commit ack %s does not decode: %v", subject, err)
+		}
+		ack, ok := d.(events.CommitAck)
+		if !ok || ack.Manifest == nil {
+			return nil, fmt.Sprintf("its commit ack %s carries no manifest", subject)
+		}
+		return ack.Manifest, ""
+	}
+}
+
+// verify checks one member manifest: the member's own record of it (its
+// key in schema 1, its commit ack in schema 2) agrees, and the object it
+// names has its size and digest.
+func verify(ctx context.Context, records *stores, mm events.MemberManifest, own func() (*events.MemberManifest, string)) MemberCheck {
 	mc := MemberCheck{Member: mm.Member, Bucket: mm.Bucket, Object: mm.Object, Size: mm.Size, SHA256: mm.SHA256, Count: mm.Count}
 	if mc.Bucket == "" {
 		mc.Bucket = jetstream.BucketRecords
 	}
-	var stored events.MemberManifest
+	stored, problem := own()
 	switch {
-	case own == nil:
-		mc.Problem = "its member manifest key is gone"
+	case problem != "":
+		mc.Problem = problem
 		return mc
-	case json.Unmarshal(own, &stored) != nil:
-		mc.Problem = "its member manifest key does not decode"
-		return mc
-	case stored.SHA256 != mm.SHA256 || stored.Object != mm.Object || stored.Bucket != mm.Bucket || stored.Size != mm.Size:
-		mc.Problem = "its member manifest key names other records"
+	case stored != nil && (stored.SHA256 != mm.SHA256 || stored.Object != mm.Object || stored.Bucket != mm.Bucket || stored.Size != mm.Size):
+		mc.Problem = "its own record names other records"
 		return mc
 	}
 	store, err := records.get(ctx, mm.Bucket)

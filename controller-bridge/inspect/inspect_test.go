@@ -167,8 +167,8 @@ func decodeCommitted(t *testing.T, h nats.Header, data []byte) events.Checkpoint
 // A member with credentials of its own keeps its records in a store of its
 // own name, which its manifest names: inspect verifies the object there.
 // The records are written as such a member writes them (member.OwnRecords,
-// member.WriteRecords) and the manifests created as the member and the
-// bridge create them.
+// member.WriteRecords) and the manifests created as a schema-1 run's
+// member and bridge created them: old runs stay readable (PROTOCOL §8).
 func TestInspectVerifiesAMembersOwnStore(t *testing.T) {
 	env := jstest.Start(t)
 	_, js := env.Connect(t)
@@ -187,7 +187,7 @@ func TestInspectVerifiesAMembersOwnStore(t *testing.T) {
 	if _, err := env.Bus.Manifests.Create(ctx, events.MemberManifestKey(run, "c1", m), raw); err != nil {
 		t.Fatal(err)
 	}
-	man := events.CheckpointManifest{Schema: events.CheckpointSchema, Run: run, CheckpointID: "c1", Created: time.Now().UTC(),
+	man := events.CheckpointManifest{Schema: events.CheckpointSchemaInline, Run: run, CheckpointID: "c1", Created: time.Now().UTC(),
 		Continued: []string{"r1"}, Members: []events.MemberManifest{mm}}
 	raw, _ = json.Marshal(man)
 	if _, err := env.Bus.Manifests.Create(ctx, events.ManifestKey(run, "c1"), raw); err != nil {
@@ -205,5 +205,48 @@ func TestInspectVerifiesAMembersOwnStore(t *testing.T) {
 	}
 	if r, err = inspect.Run(ctx, js, run); err != nil || r.Checkpoints[0].Verified {
 		t.Fatalf("after deleting the object from %s: %+v %v", mm.Bucket, r, err)
+	}
+}
+
+// A schema-2 checkpoint names its member list by digest: inspect reads it
+// from sp_checkpoints and verifies every member's records; a list whose
+// bytes are not the ones named is a problem naming its digest, and the
+// checkpoint is not verified.
+func TestInspectVerifiesTheMemberList(t *testing.T) {
+	env := jstest.Start(t)
+	_, js := env.Connect(t)
+	ctx := t.Context()
+	const m = events.Member("agent.a0")
+	mm, err := member.WriteRecords(ctx, env.Bus.Records, run, "c1", m, []events.Record{{Key: "r1", Data: json.RawMessage(`{"turn":3}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, ref, err := events.EncodeMemberList(run, "c1", nil, []events.MemberManifest{mm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Bus.Checkpoints.PutBytes(ctx, ref.Object, data); err != nil {
+		t.Fatal(err)
+	}
+	man := events.CheckpointManifest{Schema: events.CheckpointSchema, Run: run, CheckpointID: "c1", Created: time.Now().UTC(),
+		Continued: []string{"r1"}, MemberList: &ref}
+	raw, _ := json.Marshal(man)
+	if _, err := env.Bus.Manifests.Create(ctx, events.ManifestKey(run, "c1"), raw); err != nil {
+		t.Fatal(err)
+	}
+	r, err := inspect.Run(ctx, js, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Checkpoints) != 1 || !r.Checkpoints[0].Verified || len(r.Checkpoints[0].Members) != 1 || r.Checkpoints[0].MemberList != ref.Object ||
+		r.Checkpoints[0].Schema != 2 || len(r.Problems) != 0 {
+		t.Fatalf("checkpoints %+v problems %q", r.Checkpoints, r.Problems)
+	}
+	if _, err := env.Bus.Checkpoints.PutBytes(ctx, ref.Object, append(data, ' ')); err != nil {
+		t.Fatal(err)
+	}
+	if r, err = inspect.Run(ctx, js, run); err != nil || r.Checkpoints[0].Verified || len(r.Problems) != 1 ||
+		!strings.Contains(r.Problems[0], "sha256") || !strings.Contains(r.Problems[0], ref.Object) {
+		t.Fatalf("after tampering with the member list: %+v %v", r, err)
 	}
 }

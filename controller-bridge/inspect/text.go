@@ -43,6 +43,9 @@ func (r *Report) WriteText(w io.Writer) error {
 			b.WriteString(", left by a failed release (restored no more)")
 		}
 		b.WriteString("\n")
+		if c.MemberList != "" {
+			fmt.Fprintf(&b, "    member list %s\n", c.MemberList)
+		}
 		for _, m := range c.Members {
 			verdict := "ok"
 			if !m.OK {

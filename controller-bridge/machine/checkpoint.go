@@ -78,7 +78,8 @@ func (m *Machine) publishCommit(now time.Time) ([]Effect, error) {
 }
 
 // commitGathered takes the commit's verdict: every member exported, and
-// its member manifests are read; else the checkpoint is aborted.
+// the manifests their acks carry are written as the member list; else the
+// checkpoint is aborted.
 func (m *Machine) commitGathered(now time.Time, t *Tally, v Verdict) ([]Effect, error) {
 	o, c := m.op, m.op.commit
 	o.members = t.Members()
@@ -97,28 +98,28 @@ func (m *Machine) commitGathered(now time.Time, t *Tally, v Verdict) ([]Effect, 
 	if err := m.to(StateVerifying); err != nil {
 		return nil, err
 	}
-	m.want = wantMemberManifests
-	return []Effect{ReadMemberManifests{CheckpointID: o.id}}, nil
-}
-
-// manifestsRead checks every member manifest against its ack and asks for
-// the checkpoint manifest, the commit point.
-func (m *Machine) manifestsRead(now time.Time, in MemberManifestsRead) ([]Effect, error) {
-	if err := m.expect(wantMemberManifests, in); err != nil {
-		return nil, err
-	}
-	o := m.op
 	var prepSeq uint64
 	if o.prepare != nil {
 		prepSeq = o.prepare.Seq
 	}
-	man, err := buildManifest(m.cfg.Run, now, *o.commit, o.commitTally, in.Values, restartsOf(o.prepTally), prepSeq, o.prepMS, o.commitMS)
+	man, list, err := buildManifest(m.cfg.Run, now, *c, t, restartsOf(o.prepTally), prepSeq, o.prepMS, o.commitMS)
 	if err != nil {
-		effs, aerr := m.abort(now, o.commit.PhaseHeader, bridgeapi.Failure{Phase: events.PhaseCommit, Reason: err.Error()})
+		effs, aerr := m.abort(now, c.PhaseHeader, bridgeapi.Failure{Phase: events.PhaseCommit, Reason: err.Error()})
 		return append([]Effect{Note{Level: LevelWarn, Msg: "member manifests do not verify; aborting: " + err.Error()}}, effs...), aerr
 	}
+	o.built = &man
+	m.want = wantMemberList
+	return []Effect{WriteMemberList{CheckpointID: o.id, Object: man.MemberList.Object, Data: list}}, nil
+}
+
+// memberListWritten asks for the checkpoint manifest, the commit point,
+// once the member list it names is stored.
+func (m *Machine) memberListWritten(in MemberListWritten) ([]Effect, error) {
+	if err := m.expect(wantMemberList, in); err != nil {
+		return nil, err
+	}
 	m.want = wantManifestCreated
-	return []Effect{CreateManifest{Manifest: man}}, nil
+	return []Effect{CreateManifest{Manifest: *m.op.built}}, nil
 }
 
 // manifestCreated takes the checkpoint key as it is now. Whoever created

@@ -16,7 +16,7 @@
 // What the bus shows: PhasePublished (a phase on the stream, with its
 // stream sequence, ce-id and time), GatherStarted, AckSeen and MemberGone
 // (a member that died, left or was replaced while its phase ran),
-// MemberManifestsRead, ManifestCreated (created, or found: committed or an
+// MemberListWritten, ManifestCreated (created, or found: committed or an
 // abort marker), ManifestFound, LatestMoved, OutcomePublished and
 // OutcomeSeen, CheckpointsListed, CheckpointsDeleted, ReleasedMarked;
 // EffectFailed when the driver could not do what was asked (a publish
@@ -31,7 +31,7 @@
 // In the order they are to be done: PublishPhase (the machine builds the
 // event: sequence, epoch, deadline, members, scope; the fence is the
 // stream sequence of the run's last phase), StartGathering and
-// StopGathering (with whether heartbeats are watched), ReadMemberManifests,
+// StopGathering (with whether heartbeats are watched), WriteMemberList,
 // CreateManifest (the checkpoint manifest or the abort marker),
 // MoveLatest, PublishOutcome, ListCheckpoints, DeleteCheckpoints and
 // MarkReleased (a release), ReadManifest and ReadOutcome (a replay), SetTimer, WatchResume

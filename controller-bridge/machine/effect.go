@@ -44,9 +44,15 @@ type StopGathering struct {
 // SetTimer asks for a Tick After from now. A later SetTimer replaces it.
 type SetTimer struct{ After time.Duration }
 
-// ReadMemberManifests reads every member manifest key of CheckpointID.
-// Answer: MemberManifestsRead.
-type ReadMemberManifests struct{ CheckpointID string }
+// WriteMemberList puts the checkpoint's member list, Data (the bytes of
+// events.EncodeMemberList, which name it), as Object in the bridge's
+// object store. The name is the content's: writing it again writes the
+// same bytes. Answer: MemberListWritten.
+type WriteMemberList struct {
+	CheckpointID string
+	Object       string
+	Data         []byte
+}
 
 // CreateManifest creates the checkpoint key once (never replacing it):
 // the checkpoint manifest, the commit point, or an abort marker (Aborted),
@@ -141,19 +147,19 @@ type Finish struct {
 	Err        error
 }
 
-func (PublishPhase) effect()        {}
-func (StartGathering) effect()      {}
-func (StopGathering) effect()       {}
-func (SetTimer) effect()            {}
-func (ReadMemberManifests) effect() {}
-func (CreateManifest) effect()      {}
-func (MoveLatest) effect()          {}
-func (PublishOutcome) effect()      {}
-func (ListCheckpoints) effect()     {}
-func (DeleteCheckpoints) effect()   {}
-func (MarkReleased) effect()        {}
-func (ReadManifest) effect()        {}
-func (ReadOutcome) effect()         {}
-func (WatchResume) effect()         {}
-func (Note) effect()                {}
-func (Finish) effect()              {}
+func (PublishPhase) effect()      {}
+func (StartGathering) effect()    {}
+func (StopGathering) effect()     {}
+func (SetTimer) effect()          {}
+func (WriteMemberList) effect()   {}
+func (CreateManifest) effect()    {}
+func (MoveLatest) effect()        {}
+func (PublishOutcome) effect()    {}
+func (ListCheckpoints) effect()   {}
+func (DeleteCheckpoints) effect() {}
+func (MarkReleased) effect()      {}
+func (ReadManifest) effect()      {}
+func (ReadOutcome) effect()       {}
+func (WatchResume) effect()       {}
+func (Note) effect()              {}
+func (Finish) effect()            {}

@@ -40,6 +40,10 @@ type View struct {
 	// Checkpoints are every checkpoint key of the run, oldest first (a
 	// release).
 	Checkpoints []events.CheckpointManifest
+	// StreamMaxAge is how long the stream keeps a message (a restore),
+	// when age is its only limit; 0 when another limit (messages, bytes)
+	// may drop old messages first, or it is not known.
+	StreamMaxAge time.Duration
 }
 
 // CheckpointAsked asks for a checkpoint. View: the run's last phase, the
@@ -168,9 +172,8 @@ type MemberGone struct {
 	Why    Gone
 }
 
-// MemberManifestsRead answers ReadMemberManifests: the member manifest
-// keys of the checkpoint and their values, as stored.
-type MemberManifestsRead struct{ Values map[string][]byte }
+// MemberListWritten answers WriteMemberList: the object is stored.
+type MemberListWritten struct{}
 
 // ManifestCreated answers CreateManifest: the checkpoint key as it is
 // now. Created is false when it existed already: then Manifest is what was
@@ -217,28 +220,28 @@ type Tick struct{}
 // Err, except a held checkpoint's renew, which is tried again.
 type EffectFailed struct{ Err error }
 
-func (CheckpointAsked) input()     {}
-func (CommitAsked) input()         {}
-func (AbortAsked) input()          {}
-func (Shutdown) input()            {}
-func (RestoreAsked) input()        {}
-func (RetireAsked) input()         {}
-func (ForgetAsked) input()         {}
-func (ReleaseAsked) input()        {}
-func (Recover) input()             {}
-func (Replayed) input()            {}
-func (PhasePublished) input()      {}
-func (GatherStarted) input()       {}
-func (AckSeen) input()             {}
-func (MemberGone) input()          {}
-func (MemberManifestsRead) input() {}
-func (ManifestCreated) input()     {}
-func (ManifestFound) input()       {}
-func (LatestMoved) input()         {}
-func (OutcomePublished) input()    {}
-func (OutcomeSeen) input()         {}
-func (CheckpointsListed) input()   {}
-func (CheckpointsDeleted) input()  {}
-func (ReleasedMarked) input()      {}
-func (Tick) input()                {}
-func (EffectFailed) input()        {}
+func (CheckpointAsked) input()    {}
+func (CommitAsked) input()        {}
+func (AbortAsked) input()         {}
+func (Shutdown) input()           {}
+func (RestoreAsked) input()       {}
+func (RetireAsked) input()        {}
+func (ForgetAsked) input()        {}
+func (ReleaseAsked) input()       {}
+func (Recover) input()            {}
+func (Replayed) input()           {}
+func (PhasePublished) input()     {}
+func (GatherStarted) input()      {}
+func (AckSeen) input()            {}
+func (MemberGone) input()         {}
+func (MemberListWritten) input()  {}
+func (ManifestCreated) input()    {}
+func (ManifestFound) input()      {}
+func (LatestMoved) input()        {}
+func (OutcomePublished) input()   {}
+func (OutcomeSeen) input()        {}
+func (CheckpointsListed) input()  {}
+func (CheckpointsDeleted) input() {}
+func (ReleasedMarked) input()     {}
+func (Tick) input()               {}
+func (EffectFailed) input()       {}

@@ -52,7 +52,7 @@ const (
 	wantPublished
 	wantGatherStarted
 	wantAcks
-	wantMemberManifests
+	wantMemberList
 	wantManifestCreated
 	wantManifestFound
 	wantLatestMoved
@@ -64,7 +64,7 @@ const (
 	wantReleasedMarked
 )
 
-var wantNames = [...]string{"nothing", "PhasePublished", "GatherStarted", "acks", "MemberManifestsRead",
+var wantNames = [...]string{"nothing", "PhasePublished", "GatherStarted", "acks", "MemberListWritten",
 	"ManifestCreated", "ManifestFound", "LatestMoved", "OutcomePublished", "OutcomeSeen", "CheckpointsListed",
 	"CheckpointsDeleted", "Tick", "ReleasedMarked"}
 
@@ -118,8 +118,8 @@ func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 		return m.ackSeen(now, in)
 	case MemberGone:
 		return m.memberGone(now, in)
-	case MemberManifestsRead:
-		return m.manifestsRead(now, in)
+	case MemberListWritten:
+		return m.memberListWritten(in)
 	case ManifestCreated:
 		return m.manifestCreated(now, in)
 	case ManifestFound:

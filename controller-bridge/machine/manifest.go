@@ -1,9 +1,10 @@
 package machine
 
 import (
-	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -21,11 +22,14 @@ func newCheckpointID(now time.Time) string {
 	return string(b)
 }
 
-// buildManifest assembles the checkpoint manifest from the commit's acks,
-// checking each member manifest as stored (values, by key) against the one
-// its ack describes.
-func buildManifest(run string, now time.Time, c events.Commit, t *Tally, stored map[string][]byte, restarts []string,
-	prepSeq uint64, prepMS, commitMS int64) (events.CheckpointManifest, error) {
+// buildManifest assembles the checkpoint manifest (schema 2) and its
+// member list from the commit's acks: each member's manifest is the one
+// its once-only commit ack carries (none: it exported nothing), and must
+// name that member in this run and checkpoint. It returns the list's
+// bytes; the manifest names them (MemberList) and holds the members in
+// memory.
+func buildManifest(run string, now time.Time, c events.Commit, t *Tally, restarts []string,
+	prepSeq uint64, prepMS, commitMS int64) (events.CheckpointManifest, []byte, error) {
 	m := events.CheckpointManifest{Schema: events.CheckpointSchema, Run: run, CheckpointID: c.CheckpointID, Epoch: c.Epoch,
 		Created: now.UTC(), Restarted: restarts, PrepareSeq: prepSeq, CommitSeq: c.Seq, PrepareMS: prepMS, CommitMS: commitMS, Stop: c.Stop}
 	restarted := map[string]bool{}
@@ -37,24 +41,15 @@ func buildManifest(run string, now time.Time, c events.Commit, t *Tally, stored 
 	for _, member := range t.Members() {
 		ack, _ := acks[member].(events.CommitAck)
 		if ack.Manifest == nil {
-			return m, fmt.Errorf("member %s acked the commit without a manifest", member)
+			continue // exported nothing: no manifest, no entry
 		}
-		raw, ok := stored[events.MemberManifestKey(run, c.CheckpointID, member)]
-		if !ok {
-			return m, fmt.Errorf("member %s acked the commit of %s but created no manifest", member, c.CheckpointID)
-		}
-		var mm events.MemberManifest
-		if err := json.Unmarshal(raw, &mm); err != nil {
-			return m, fmt.Errorf("member %s: manifest does not decode: %w", member, err)
-		}
+		mm := *ack.Manifest
+		mm.Episodes = slices.Clone(mm.Episodes)
 		if err := mm.Validate(); err != nil {
-			return m, fmt.Errorf("member %s: %w", member, err)
+			return m, nil, fmt.Errorf("member %s: %w", member, err)
 		}
 		if mm.Member != member || mm.CheckpointID != c.CheckpointID || mm.Run != run {
-			return m, fmt.Errorf("member %s: its manifest names %s/%s/%s", member, mm.Run, mm.CheckpointID, mm.Member)
-		}
-		if mm.SHA256 != ack.Manifest.SHA256 || mm.Count != ack.Manifest.Count || mm.Object != ack.Manifest.Object {
-			return m, fmt.Errorf("member %s: its ack and its stored manifest disagree", member)
+			return m, nil, fmt.Errorf("member %s: its commit ack's manifest names %s/%s/%s", member, mm.Run, mm.CheckpointID, mm.Member)
 		}
 		m.Members = append(m.Members, mm)
 		for _, k := range mm.Episodes {
@@ -67,7 +62,14 @@ func buildManifest(run string, now time.Time, c events.Commit, t *Tally, stored 
 		m.Continued = append(m.Continued, k)
 	}
 	sort.Strings(m.Continued)
-	return m, m.Validate()
+	m.Committed = t.Members()
+	list, ref, err := events.EncodeMemberList(run, c.CheckpointID, m.Committed, m.Members)
+	if err != nil {
+		return m, nil, err
+	}
+	m.MemberList = &ref
+	slices.SortFunc(m.Members, func(a, b events.MemberManifest) int { return strings.Compare(string(a.Member), string(b.Member)) })
+	return m, list, m.Validate()
 }
 
 // restartsOf returns the episodes that the prepare's acks report as

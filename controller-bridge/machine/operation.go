@@ -42,6 +42,9 @@ type operation struct {
 	started     time.Time
 	prepTally   *Tally
 	commitTally *Tally
+	// built is the checkpoint manifest the commit builds, created once its
+	// member list is written.
+	built       *events.CheckpointManifest
 	prepMS      int64
 	commitStart time.Time
 	commitMS    int64

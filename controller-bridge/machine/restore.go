@@ -67,10 +67,25 @@ func (m *Machine) askRestore(now time.Time, in RestoreAsked) ([]Effect, error) {
 		e, _ := events.ParseEpisode(k)
 		scope = append(scope, e)
 	}
-	r := events.Restore{PhaseHeader: m.header(now, id, epoch, v.Members, m.timeout(req.TimeoutMS)), Source: source, Scope: scope}
+	r := events.Restore{PhaseHeader: m.header(now, id, epoch, v.Members, m.timeout(req.TimeoutMS)), Source: source, Scope: scope,
+		SourceCommitSeq: man.CommitSeq, SourceAcks: acksKept(now, man, v.StreamMaxAge, m.timeout(req.TimeoutMS))}
 	m.op = &operation{kind: opRestore, id: id, restore: &r,
 		rres: &bridgeapi.RestoreResult{Run: m.cfg.Run, RestoreID: id, Source: source, Epoch: epoch, Members: v.Members}}
 	return m.publish(r), nil
+}
+
+// acksKept tells whether the stream keeps every commit ack of man for
+// longer than a restore of timeout can last (PROTOCOL §5, restore): they
+// were published after the commit started, Created less CommitMS, and live
+// maxAge from then. A margin of an hour (or ten timeouts) covers the
+// restore and the clocks of bridge and server. A commit of unknown start
+// (CommitMS 0: a replay whose commit had aged out) is not trusted.
+func acksKept(now time.Time, man *events.CheckpointManifest, maxAge, timeout time.Duration) bool {
+	if maxAge <= 0 || man.CommitSeq == 0 || man.CommitMS <= 0 {
+		return false
+	}
+	start := man.Created.Add(-time.Duration(man.CommitMS) * time.Millisecond)
+	return now.Add(max(time.Hour, 10*timeout)).Before(start.Add(maxAge))
 }
 
 // restoreGathered takes the restore's verdict: all installed, or the

@@ -95,7 +95,6 @@ type script struct {
 	create      *events.CheckpointManifest
 	outcome     events.Type
 	readOutcome events.Type
-	commitAcks  map[events.Member]events.CommitAck
 	checkpoints []events.CheckpointManifest
 	deletes     []Deletion
 	history     []PhasePublished
@@ -103,7 +102,7 @@ type script struct {
 
 func newScript(t *testing.T) *script {
 	return &script{t: t, m: New(Config{Run: "run1", PhaseTimeout: 10 * time.Second, ResumeTimeout: 5 * time.Second}),
-		now: t0, members: []events.Member{"agent.a", "owner.b"}, commitAcks: map[events.Member]events.CommitAck{}}
+		now: t0, members: []events.Member{"agent.a", "owner.b"}}
 }
 
 // args are a line's words: flags and key=value pairs.
@@ -331,8 +330,8 @@ func (s *script) input(cmd string, a args, line string) (Input, bool) {
 	case "gone":
 		why := map[string]Gone{"not-alive": GoneNotAlive, "replaced": GoneReplaced, "left": GoneLeft}[a.kv["why"]]
 		return MemberGone{Member: events.Member(a.pos[0]), Why: why}, true
-	case "manifests":
-		return s.memberManifests(a), true
+	case "list-written":
+		return MemberListWritten{}, true
 	case "created":
 		if s.create == nil {
 			return nil, false
@@ -490,13 +489,18 @@ func (s *script) ack(a args) AckSeen {
 		p.SetBlockers(a.list("blockers"))
 		ack = p
 	case events.PhaseCommit:
+		// A member that exported nothing (no-records) acks with no
+		// manifest; forged=<member> carries another member's manifest.
 		c := events.CommitAck{AckHeader: h}
-		if h.OK {
+		if h.OK && !a.flag["no-records"] {
 			eps := a.list("episodes")
 			sha := strings.Repeat("ab", 32)
-			c.Manifest = &events.MemberManifest{Schema: events.ManifestSchema, Run: "run1", CheckpointID: h.CheckpointID, Member: m,
-				Object: events.RecordsObject("run1", h.CheckpointID, m, sha), SHA256: sha, Count: len(eps), Size: int64(10 * len(eps)), Episodes: eps}
-			s.commitAcks[m] = c
+			of := m
+			if f, ok := a.kv["forged"]; ok {
+				of = events.Member(f)
+			}
+			c.Manifest = &events.MemberManifest{Schema: events.ManifestSchema, Run: "run1", CheckpointID: h.CheckpointID, Member: of,
+				Object: events.RecordsObject("run1", h.CheckpointID, of, sha), SHA256: sha, Count: len(eps), Size: int64(10 * len(eps)), Episodes: eps}
 		}
 		ack = c
 	case events.PhaseResume:
@@ -511,28 +515,4 @@ func (s *script) ack(a args) AckSeen {
 		ack = events.ReleaseAck{AckHeader: h, Deleted: a.list("deleted")}
 	}
 	return AckSeen{Ack: ack, StreamSeq: s.stream}
-}
-
-// memberManifests is what the members created for their commit acks,
-// less those the line says are missing or differ.
-func (s *script) memberManifests(a args) MemberManifestsRead {
-	values := map[string][]byte{}
-	missing, mismatch := map[string]bool{}, map[string]bool{}
-	for _, m := range a.list("missing") {
-		missing[m] = true
-	}
-	for _, m := range a.list("mismatch") {
-		mismatch[m] = true
-	}
-	for m, ack := range s.commitAcks {
-		if missing[string(m)] {
-			continue
-		}
-		mm := *ack.Manifest
-		if mismatch[string(m)] {
-			mm.Count++
-		}
-		values[events.MemberManifestKey("run1", mm.CheckpointID, m)] = mustJSON(s.t, mm)
-	}
-	return MemberManifestsRead{Values: values}
 }

@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -113,8 +114,16 @@ func show(e Effect) string {
 		return fmt.Sprintf("stop gathering %s seq=%d %s", e.Phase, e.Seq, how)
 	case SetTimer:
 		return "timer " + e.After.String()
-	case ReadMemberManifests:
-		return "read member manifests " + e.CheckpointID
+	case WriteMemberList:
+		var l events.MemberList
+		if err := json.Unmarshal(e.Data, &l); err != nil {
+			return "write member list " + e.CheckpointID + ": " + err.Error()
+		}
+		var ms []events.Member
+		for _, mm := range l.Members {
+			ms = append(ms, mm.Member)
+		}
+		return fmt.Sprintf("write member list %s members=%s", e.CheckpointID, members(ms))
 	case CreateManifest:
 		m := e.Manifest
 		if m.Aborted {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,6 +86,29 @@ func TestCheck(t *testing.T) {
 	r.NeedRestore = true
 	if got := invariant.Check(ctx, r); got[0].OK {
 		t.Errorf("1 without the restore it needs: %+v", got[0])
+	}
+
+	// 1: c1's member list changed after its commit: it verifies no more.
+	e, err := env.Bus.Manifests.Get(ctx, events.ManifestKey(run, "c1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c1 events.CheckpointManifest
+	if err := json.Unmarshal(e.Value(), &c1); err != nil || c1.MemberList == nil {
+		t.Fatalf("c1's manifest %s: %v", e.Value(), err)
+	}
+	data, err := env.Bus.Checkpoints.GetBytes(ctx, c1.MemberList.Object)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.Bus.Checkpoints.PutBytes(ctx, c1.MemberList.Object, append(data, ' ')); err != nil {
+		t.Fatal(err)
+	}
+	var again invariant.Manifests
+	again.OnCommit(ctx, env.Bus, run, "c1")
+	r.Manifests, r.NeedRestore = &again, false
+	if got := invariant.Check(ctx, r); got[0].OK || !strings.Contains(got[0].Detail, "sha256") || !strings.Contains(got[0].Detail, c1.MemberList.Object) {
+		t.Errorf("1 with a changed member list: %+v, want it refused naming the list's digest", got[0])
 	}
 }
 

@@ -33,9 +33,10 @@ type Manifests struct {
 	gone []string
 }
 
-// OnCommit reads back the checkpoint manifest of run's checkpoint id and
-// every member manifest and records it names, verifying size, sha256 and
-// count. The collector's OnCommit calls it.
+// OnCommit reads back the checkpoint manifest of run's checkpoint id (and,
+// in schema 2, its member list, verified by its digest) and every member
+// manifest and records it names, verifying size, sha256 and count. The
+// collector's OnCommit calls it.
 func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id string) {
 	m, err := readManifest(ctx, bus, run, id)
 	v.mu.Lock()
@@ -53,7 +54,7 @@ func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id st
 		return
 	}
 	for _, mm := range m.Members {
-		if err := readRecords(ctx, bus, run, id, mm.Member); err != nil {
+		if err := readRecords(ctx, bus, m, mm); err != nil {
 			v.bad = append(v.bad, fmt.Sprintf("%s/%s: %v", id, mm.Member, err))
 			continue
 		}
@@ -72,8 +73,21 @@ func readManifest(ctx context.Context, bus *jetstream.Bus, run, id string) (even
 		if err != nil {
 			return err
 		}
-		return json.Unmarshal(e.Value(), &m)
-	}, func(err error) bool { return errors.Is(err, natsjs.ErrKeyNotFound) })
+		m = events.CheckpointManifest{}
+		if err := json.Unmarshal(e.Value(), &m); err != nil {
+			return fmt.Errorf("%w: %v", errUnreadable, err)
+		}
+		if err := m.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", errUnreadable, err)
+		}
+		// Schema 2: the members are in the member list, whose bytes must
+		// be the ones its digest names.
+		err = m.LoadMembers(func(o string) ([]byte, error) { return bus.Checkpoints.GetBytes(rctx, o) })
+		if errors.Is(err, events.ErrMismatch) || errors.Is(err, events.ErrMalformed) || errors.Is(err, natsjs.ErrObjectNotFound) {
+			return fmt.Errorf("%w: %w", errUnreadable, err)
+		}
+		return err
+	}, func(err error) bool { return errors.Is(err, natsjs.ErrKeyNotFound) || errors.Is(err, errUnreadable) })
 	return m, err
 }
 
@@ -106,14 +120,31 @@ func readAgain(ctx context.Context, read func(context.Context) error, final func
 	}
 }
 
-// readRecords reads and verifies one member manifest's records, again
-// while the read itself fails (readAgain). Each try is bounded: the
-// verification runs in the collector's commit, and a read stuck on a lost
-// node would hold the run.
-func readRecords(ctx context.Context, bus *jetstream.Bus, run, id string, m events.Member) error {
+// errUnreadable is a checkpoint manifest or member list that was read and
+// does not verify: no read again makes it right.
+var errUnreadable = errors.New("invariant: does not verify")
+
+// readRecords reads and verifies the records of mm, a member manifest of
+// checkpoint c, again while the read itself fails (readAgain). The member
+// finds its manifest as a restore does (its commit ack in schema 2, its
+// key in schema 1), and it must be the one c lists. Each try is bounded:
+// the verification runs in the collector's commit, and a read stuck on a
+// lost node would hold the run.
+func readRecords(ctx context.Context, bus *jetstream.Bus, c events.CheckpointManifest, mm events.MemberManifest) error {
+	var seq uint64
+	if c.Schema != events.CheckpointSchemaInline {
+		seq = c.CommitSeq
+	}
 	return readAgain(ctx, func(rctx context.Context) error {
-		_, _, err := member.ReadRecords(rctx, bus.Manifests, bus.JS, run, id, m, nil)
-		return err
+		got, _, err := member.ReadRecordsAt(rctx, bus, c.Run, c.CheckpointID, mm.Member, seq, nil)
+		if err != nil {
+			return err
+		}
+		if got.SHA256 != mm.SHA256 || got.Count != mm.Count || got.Size != mm.Size || got.Object != mm.Object {
+			return fmt.Errorf("%w: the member's own manifest (%s, %d records) is not the one the checkpoint lists (%s, %d records)",
+				member.ErrCorruptRecords, got.Object, got.Count, mm.Object, mm.Count)
+		}
+		return nil
 	}, func(err error) bool {
 		return errors.Is(err, member.ErrCorruptRecords) || errors.Is(err, member.ErrNoManifest)
 	})

@@ -14,7 +14,8 @@ const (
 )
 
 // MemberPermissions returns what member kind.name of run may do on the bus, and nothing of any
-// other member or run: publish its own acks, membership, heartbeat key and member manifests, serve
+// other member or run: publish its own acks (a commit ack records its manifest), membership and
+// heartbeat key, serve
 // its own service subject, read its own inbox (InboxPrefix), and the JetStream API calls of its
 // feed. An agent or an owner reads its phases from its own durable consumer (member.ConsumerName)
 // and no other: it creates, reads, acks and deletes that one only; it also watches its run's keys,
@@ -24,7 +25,8 @@ const (
 // and committed outcomes on a core subscription, reads the newest of them by a direct get whose
 // subject names them, creates only ordered push consumers filtered on its run's phases (the
 // consumer-create subject carries the filter) for a catch-up that needs more, reads only its own
-// keys and acks, and manages no stream, consumer or bucket. run and name may be
+// keys and acks (a sandbox exports and installs nothing, so a restore reads it no manifest: no
+// checkpoint manifest or member list), and manages no stream, consumer or bucket. run and name may be
 // the templates a scoped signing key fills in.
 func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	k := string(kind)
@@ -39,7 +41,6 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		sp + "ack.*.*." + self,
 		sp + "member." + self,
 		kvPub(jetstream.BucketMembers, self),
-		kvPub(jetstream.BucketManifests, "*."+self),
 		"$JS.API.INFO",
 		"$JS.API.STREAM.INFO.*",
 		direct(jetstream.StreamName, sp+"ack.*.*."+self),
@@ -81,6 +82,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		kvGet(jetstream.BucketMembers, ">"),
 		kvGet(jetstream.BucketManifests, ">"),
 		direct("OBJ_"+jetstream.BucketRecords, ">"),
+		direct("OBJ_"+jetstream.BucketCheckpoints, ">"),
 		"$JS.FC.>",
 	)
 	// Its records go to a store of its own name (events.RecordsBucket), which it creates, writes,
@@ -108,13 +110,15 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		{"KV_" + jetstream.BucketMembers, "$KV." + jetstream.BucketMembers + "." + run + ".>"},
 		{"KV_" + jetstream.BucketManifests, "$KV." + jetstream.BucketManifests + "." + run + ".>"},
 		{"OBJ_" + jetstream.BucketRecords, "$O." + jetstream.BucketRecords + ".>"},
+		{"OBJ_" + jetstream.BucketCheckpoints, "$O." + jetstream.BucketCheckpoints + ".>"},
 	} {
 		pub = append(pub,
 			"$JS.API.CONSUMER.CREATE."+b.stream+".*."+b.filter,
 			"$JS.API.CONSUMER.INFO."+b.stream+".*",
 		)
 	}
-	pub = append(pub, "$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketRecords+".*")
+	pub = append(pub, "$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketRecords+".*",
+		"$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketCheckpoints+".*")
 	switch kind {
 	case events.KindAgent:
 		pub = append(pub,

@@ -132,7 +132,6 @@ func TestMembersOnTheBus(t *testing.T) {
 		{sb, "sp.r.member.sandbox.sb1"},
 		{sb, "$KV.sp_members.r.sandbox.sb1"},
 		{ag, "sp.r.ack.1.prepare.agent.a1"},
-		{ag, "$KV.sp_manifests.r.c1.agent.a1"},
 		{ow, "sp.r.ack.1.commit.owner.o1"},
 		{ow, "$KV.sp_members.r.sandbox.sb9"},
 	} {
@@ -191,6 +190,8 @@ func TestMembersOnTheBus(t *testing.T) {
 		{ag, "agent acking as another agent", "sp.r.ack.1.prepare.agent.a2", ""},
 		{ag, "agent acking as an owner", "sp.r.ack.1.commit.owner.o1", ""},
 		{ag, "agent writing another agent's manifest", "$KV.sp_manifests.r.c1.agent.a2", ""},
+		{ag, "agent writing its own member manifest key (its commit ack records it)", "$KV.sp_manifests.r.c1.agent.a1", ""},
+		{ag, "agent writing a member list", "$O.sp_checkpoints.C.x", ""},
 		{ag, "agent writing another agent's heartbeat", "$KV.sp_members.r.agent.a2", ""},
 		{ag, "agent acking in another run", "sp.other.ack.1.prepare.agent.a1", ""},
 		{ag, "agent deleting another member's durable consumer", "$JS.API.CONSUMER.DELETE.STILLPOINT.sp_r_agent_a2", ""},
@@ -610,11 +611,17 @@ func TestRecordsOfTheirOwn(t *testing.T) {
 	if want := events.RecordsBucket("r", a1); man.Bucket != want {
 		t.Errorf("manifest bucket %q, want %q", man.Bucket, want)
 	}
-	if err := member.CreateManifest(ctx, abus.Manifests, man); err != nil {
+	// Its commit ack is the manifest's record (PROTOCOL §5, commit): published as itself.
+	ack, err := events.Marshal(a1, events.CommitAck{AckHeader: events.AckHeader{Run: "r", Member: a1, Seq: 5, CheckpointID: "c1", OK: true,
+		State: events.StateCommitted}, Manifest: &man})
+	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"c0", "c1"} {
-		if _, got, err := member.ReadRecords(ctx, abus.Manifests, ajs, "r", id, a1, nil); err != nil || len(got) != 1 {
+	if _, err := jetstream.PublishOnce(ctx, ajs, ack); err != nil {
+		t.Fatalf("agent acking its commit: %v", err)
+	}
+	for id, seq := range map[string]uint64{"c0": 0, "c1": 5} {
+		if _, got, err := member.ReadRecordsAt(ctx, abus, "r", id, a1, seq, nil); err != nil || len(got) != 1 {
 			t.Errorf("agent reading its records of %s: %d records, %v", id, len(got), err)
 		}
 	}
@@ -673,8 +680,8 @@ func TestRecordsOfTheirOwn(t *testing.T) {
 	if sharedAfter.Size() != sharedBefore.Size() {
 		t.Errorf("the shared store went from %d bytes to %d", sharedBefore.Size(), sharedAfter.Size())
 	}
-	for _, id := range []string{"c0", "c1"} {
-		if _, got, err := member.ReadRecords(ctx, bus.Manifests, bus.JS, "r", id, a1, nil); err != nil || len(got) != 1 {
+	for id, seq := range map[string]uint64{"c0": 0, "c1": 5} {
+		if _, got, err := member.ReadRecordsAt(ctx, bus, "r", id, a1, seq, nil); err != nil || len(got) != 1 {
 			t.Errorf("the records of %s after the attempts: %d records, %v", id, len(got), err)
 		}
 	}
@@ -688,7 +695,7 @@ func TestRecordsOfTheirOwn(t *testing.T) {
 	if err := stores[0].Delete(ctx, man.Object); err != nil {
 		t.Errorf("bridge releasing the agent's records: %v", err)
 	}
-	if _, _, err := member.ReadRecords(ctx, bus.Manifests, bus.JS, "r", "c1", a1, nil); !errors.Is(err, member.ErrCorruptRecords) {
+	if _, _, err := member.ReadRecordsAt(ctx, bus, "r", "c1", a1, 5, nil); !errors.Is(err, member.ErrCorruptRecords) {
 		t.Errorf("the released records: %v, want them gone", err)
 	}
 	noViolationsBefore(t, bnc, berrs, "bridge", "sp.r.ack.1.prepare.agent.a1")

@@ -51,7 +51,8 @@ func SeedFile(dir string, role Role) string {
 
 // RolePermissions returns what role may publish and subscribe to on the bus of run, or of
 // every run when run is "". RoleAdmin gets nil: everything. Phases and outcomes are the bridge's
-// alone, a member role acks, heartbeats and writes manifests only as its own kind, and no role but
+// alone, a member role acks (its commit ack records its manifest) and heartbeats only as its own kind
+// and writes no manifest, and no role but
 // admin changes a stream. docs/PERMISSIONS.md says, subject by subject, what is restricted and what
 // is not: reading, consumers, replies and names within a role are open to every role, so the
 // permissions guard against a confused component, not a hostile one.
@@ -73,7 +74,6 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				sp+"ack.*.*."+k+".*",
 				sp+"member."+k+".*",
 				kv(jetstream.BucketMembers, k+".*"),
-				kv(jetstream.BucketManifests, "*."+k+".*"),
 			), pub...)},
 			Subscribe: Subjects{Allow: append(append([]string{"_INBOX.>", events.ServiceFilter(r, kind)}, discovery(kind)...), sub...)},
 		}

@@ -2,7 +2,6 @@ package member
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -13,10 +12,10 @@ import (
 )
 
 // writeCommit re-checks readiness, exports once (or takes the export the
-// machine kept), writes the records and reports the manifest to create
-// (PROTOCOL §5, commit). A stop (ctx) ends it without a report: the
-// machine has answered the commit already, and its manifest is never
-// created.
+// machine kept), writes the records and reports their manifest, which the
+// commit ack carries (PROTOCOL §5, commit). A stop (ctx) ends it without a
+// report: the machine has answered the commit already, and no ack carries
+// its manifest.
 func (m *Member) writeCommit(ctx context.Context, e WriteCommit) {
 	c := e.Commit
 	fail := func(ex *Export, code, format string, args ...any) {
@@ -70,11 +69,7 @@ func (m *Member) writeCommit(ctx context.Context, e WriteCommit) {
 		return
 	}
 	if err != nil {
-		code := events.CodeExportFailed
-		if errors.Is(err, ErrManifestExists) {
-			code = events.CodeCheckpointConflict
-		}
-		fail(fresh, code, "%v", err)
+		fail(fresh, events.CodeExportFailed, "%v", err)
 		return
 	}
 	m.post(ctx, RecordsWritten{Op: e.Op, Export: fresh, Manifest: man})
@@ -98,29 +93,13 @@ func (m *Member) export(ctx context.Context, e WriteCommit) (records []events.Re
 	return recs, &Export{Scope: slices.Clone(c.Scope), Records: recs}, nil
 }
 
-// write stores the records of checkpoint id unless its manifest already
-// exists: then the records must be the ones it describes, and the object
-// is left alone.
+// write stores the records of checkpoint id, in an object named by their
+// digest (a rewrite is of the same bytes), and returns their manifest,
+// which the commit ack carries. No records write nothing: the ack then
+// carries no manifest.
 func (m *Member) write(ctx context.Context, id string, records []events.Record) (events.MemberManifest, error) {
 	if len(records) == 0 {
-		// No object to overwrite: CreateManifest alone tells a repeat
-		// (the same manifest) from a conflict.
 		return Digest(m.cfg.Run, id, m.cfg.Member, nil)
-	}
-	have, err := GetManifest(ctx, m.cfg.Bus.Manifests, m.cfg.Run, id, m.cfg.Member)
-	switch {
-	case err == nil:
-		want, derr := Digest(m.cfg.Run, id, m.cfg.Member, records)
-		if derr != nil {
-			return events.MemberManifest{}, derr
-		}
-		if diff := manifestDiff(have, want); diff != "" {
-			return events.MemberManifest{}, fmt.Errorf("%w: %s: %s", ErrManifestExists, events.MemberManifestKey(m.cfg.Run, id, m.cfg.Member), diff)
-		}
-		want.Bucket = have.Bucket
-		return want, nil
-	case !errors.Is(err, ErrNoManifest):
-		return events.MemberManifest{}, err
 	}
 	store, err := m.recordsStore(ctx)
 	if err != nil {
@@ -150,24 +129,6 @@ func (m *Member) recordsStore(ctx context.Context) (natsjs.ObjectStore, error) {
 		m.records = store
 	}
 	return m.records, nil
-}
-
-// createManifest creates a commit's member manifest; it runs in the loop,
-// so a resume handled first means it never runs (PROTOCOL §5).
-func (m *Member) createManifest(ctx context.Context, e CommitManifest) ManifestCreated {
-	res := ManifestCreated{Op: e.Op}
-	m.withProgress(func() {
-		cctx, cancel := context.WithTimeout(ctx, callTimeout)
-		defer cancel()
-		if err := CreateManifest(cctx, m.cfg.Bus.Manifests, e.Manifest); err != nil {
-			code := events.CodeExportFailed
-			if errors.Is(err, ErrManifestExists) {
-				code = events.CodeCheckpointConflict
-			}
-			res.Err = &events.AckError{Code: code, Detail: err.Error()}
-		}
-	})
-	return res
 }
 
 // park frees what a stop commit exported, best effort, in a worker.

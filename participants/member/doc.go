@@ -43,8 +43,12 @@
 // A commit takes the participant's export one record at a time (TakeExport),
 // writes it to sp_records, or to its own store (OwnRecords,
 // events.RecordsBucket) when it connects with credentials of its own
-// (WriteRecords), and creates the member manifest (CreateManifest) in the
-// loop, so that a resume handled first means the
-// manifest is never created (§5, §7 invariant 2). A restore reads and
-// verifies the records (ReadRecords) and installs them all or none.
+// (WriteRecords), and its once-only commit ack carries their manifest, the
+// manifest's one record: the machine answers in the loop, so a resume
+// handled first means no ack ever carries it (§5, §7 invariant 2). A
+// repeat the server refuses is compared with the ack recorded first
+// (CheckRecorded). A restore finds its manifest (FindManifest: its own
+// commit ack of the source's commit, the checkpoint's member list once the
+// ack aged out, a schema-1 run's member key), reads and verifies the
+// records (ReadRecordsAt) and installs them all or none.
 package member

@@ -296,8 +296,6 @@ func (m *Member) do(ctx context.Context, eff Effect) {
 		m.spawn(ctx, e.Op, e.Checkpoint.ID, func(wctx context.Context) { m.waitReady(wctx, e) })
 	case WriteCommit:
 		m.spawn(ctx, e.Op, e.Commit.CheckpointID, func(wctx context.Context) { m.writeCommit(wctx, e) })
-	case CommitManifest:
-		m.step(ctx, m.createManifest(ctx, e))
 	case InstallRestore:
 		m.spawn(ctx, e.Op, e.Restore.CheckpointID, func(wctx context.Context) { m.installRestore(wctx, e) })
 	case CallParticipant:

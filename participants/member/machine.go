@@ -161,8 +161,6 @@ func (m *Machine) step(now time.Time, in Input) []Effect {
 		return m.readiness(now, in)
 	case RecordsWritten:
 		return m.written(in)
-	case ManifestCreated:
-		return m.created(in)
 	case RestoreFinished:
 		return m.restored(in)
 	case CallFinished:

@@ -149,15 +149,10 @@ func (m *Machine) written(in RecordsWritten) []Effect {
 	if in.Err != nil {
 		return m.finishCommit(in.Err)
 	}
+	// The commit ack is the manifest's one record (PROTOCOL §5, commit):
+	// once-only by its subject, so nothing else is written.
 	m.ops[in.Op].manifest = in.Manifest
-	return []Effect{CommitManifest{Op: in.Op, Manifest: in.Manifest}}
-}
-
-func (m *Machine) created(in ManifestCreated) []Effect {
-	if m.commit == 0 || m.commit != in.Op {
-		return nil
-	}
-	return m.finishCommit(in.Err)
+	return m.finishCommit(nil)
 }
 
 // finishCommit answers every event waiting on the commit in flight: with
@@ -181,6 +176,10 @@ func (m *Machine) finishCommit(e *events.AckError) []Effect {
 	}
 	man := o.manifest
 	body := func(h events.AckHeader) events.Data {
+		if man.Count == 0 && man.Size == 0 {
+			// Exported nothing: no manifest (no object, no list entry).
+			return events.CommitAck{AckHeader: h}
+		}
 		mm := man
 		mm.Episodes = slices.Clone(man.Episodes)
 		return events.CommitAck{AckHeader: h, Manifest: &mm}

@@ -36,13 +36,6 @@ type RecordsWritten struct {
 	Err      *events.AckError
 }
 
-// ManifestCreated says the member manifest of a commit was created (or
-// already existed with the same content), or why not.
-type ManifestCreated struct {
-	Op  uint64
-	Err *events.AckError
-}
-
 // RestoreFinished says a restore installed its records (Restored are the
 // next-attempt capture keys), or why not.
 type RestoreFinished struct {
@@ -66,7 +59,6 @@ func (PhaseReceived) input()     {}
 func (LeaseTick) input()         {}
 func (ReadinessReported) input() {}
 func (RecordsWritten) input()    {}
-func (ManifestCreated) input()   {}
 func (RestoreFinished) input()   {}
 func (CallFinished) input()      {}
 func (OutcomeReceived) input()   {}
@@ -141,15 +133,6 @@ type WriteCommit struct {
 	Export   *Export
 }
 
-// CommitManifest creates the member manifest of commit Op, then reports
-// ManifestCreated{Op}. The machine asks for it only while the commit is
-// live, and the driver does it in the goroutine that handles resumes, so a
-// resumed commit never gets a manifest (PROTOCOL §5).
-type CommitManifest struct {
-	Op       uint64
-	Manifest events.MemberManifest
-}
-
 // InstallRestore starts a restore: read and verify the member's records,
 // install them, and report RestoreFinished{Op}.
 type InstallRestore struct {
@@ -189,7 +172,6 @@ func (Drop) effect()            {}
 func (Supersede) effect()       {}
 func (WaitReady) effect()       {}
 func (WriteCommit) effect()     {}
-func (CommitManifest) effect()  {}
 func (InstallRestore) effect()  {}
 func (CallParticipant) effect() {}
 func (Reopen) effect()          {}

@@ -82,8 +82,6 @@ func (x *mt) written(id string) []member.Effect {
 	return x.step(member.RecordsWritten{Op: x.op, Manifest: x.man})
 }
 
-func (x *mt) created() []member.Effect { return x.step(member.ManifestCreated{Op: x.op}) }
-
 func (x *mt) resume(id string) []member.Effect {
 	return x.phase(events.Resume{PhaseHeader: x.hdr(id)})
 }
@@ -108,7 +106,6 @@ func (x *mt) committed(id string, stop bool) {
 	x.prepared(id)
 	x.phase(events.Commit{PhaseHeader: x.hdr(id), Stop: stop})
 	x.written(id)
-	x.created()
 	x.state(member.StateCommitted)
 }
 
@@ -137,8 +134,6 @@ func describe(effs []member.Effect) []string {
 			out = append(out, "wait")
 		case member.WriteCommit:
 			out = append(out, "write")
-		case member.CommitManifest:
-			out = append(out, "manifest")
 		case member.InstallRestore:
 			out = append(out, "install")
 		case member.CallParticipant:
@@ -195,16 +190,10 @@ func TestMachine(t *testing.T) {
 		{"§5 transitions: prepared -commit-> writes the records", func(x *mt) { x.prepared("c1") },
 			func(x *mt) []member.Effect { return x.commit("c1", r1) },
 			[]string{"write"}, member.StatePrepared},
-		{"§5 commit: the manifest is created only once the records are written", func(x *mt) {
+		{"§5 transitions: prepared -commit-> committed once the records are written, the ack their manifest's record", func(x *mt) {
 			x.prepared("c1")
 			x.commit("c1", r1)
 		}, func(x *mt) []member.Effect { return x.written("c1") },
-			[]string{"manifest"}, member.StatePrepared},
-		{"§5 transitions: prepared -commit-> committed once the manifest exists", func(x *mt) {
-			x.prepared("c1")
-			x.commit("c1", r1)
-			x.written("c1")
-		}, func(x *mt) []member.Effect { return x.created() },
 			[]string{"reply commit ok committed"}, member.StateCommitted},
 		{"§5 commit: a failed write answers the error and stays prepared", func(x *mt) {
 			x.prepared("c1")
@@ -216,8 +205,7 @@ func TestMachine(t *testing.T) {
 			x.prepared("c1")
 			x.commit("c1", r1)
 			x.commit("c1", r1)
-			x.written("c1")
-		}, func(x *mt) []member.Effect { return x.created() },
+		}, func(x *mt) []member.Effect { return x.written("c1") },
 			[]string{"reply commit ok committed", "reply commit ok committed"}, member.StateCommitted},
 		{"§5 commit: another scope while writing is a conflict", func(x *mt) {
 			x.prepared("c1")
@@ -667,7 +655,6 @@ func TestMachineExportOnce(t *testing.T) {
 		t.Fatalf("the retry reuses %+v, want the kept export", w.Export)
 	}
 	x.written("c1")
-	x.created()
 	x.state(member.StateCommitted)
 	effs := x.step(member.OutcomeReceived{Committed: events.CheckpointCommitted{
 		OutcomeHeader: events.OutcomeHeader{Run: "run1", CheckpointID: "c1"}, Members: []events.Member{self}, Stop: true}})
@@ -749,6 +736,36 @@ func TestConfigAdoptEpochOnlySandbox(t *testing.T) {
 		err := member.Config{Run: "run1", Member: tc.m, AdoptEpoch: 2, Now: time.Now}.Validate()
 		if mentions := err != nil && strings.Contains(err.Error(), "AdoptEpoch"); mentions == tc.ok {
 			t.Errorf("%s: %v", tc.m, err)
+		}
+	}
+}
+
+// §5 commit: the commit ack is the manifest's record; an export of no
+// records acks with no manifest at all.
+func TestMachineCommitAckCarriesTheManifest(t *testing.T) {
+	for _, empty := range []bool{false, true} {
+		x := newMT(t)
+		x.prepared("c1")
+		x.commit("c1", r1)
+		var effs []member.Effect
+		if empty {
+			man, err := member.Digest("run1", "c1", self, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			effs = x.step(member.RecordsWritten{Op: x.op, Manifest: man})
+		} else {
+			effs = x.written("c1")
+		}
+		if got := describe(effs); !slices.Equal(got, []string{"reply commit ok committed"}) {
+			t.Fatalf("empty=%v: %q", empty, got)
+		}
+		ack := effs[0].(member.Reply).Ack(0).(events.CommitAck)
+		switch {
+		case empty && ack.Manifest != nil:
+			t.Fatalf("an export of nothing acks with manifest %+v", ack.Manifest)
+		case !empty && (ack.Manifest == nil || ack.Manifest.SHA256 != x.man.SHA256):
+			t.Fatalf("ack manifest %+v, want %+v", ack.Manifest, x.man)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package member_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,10 +9,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/leak"
@@ -393,11 +396,12 @@ func TestPrepareFuncOnly(t *testing.T) {
 	want(t, b.Ack(b.Publish(events.Prepare{PhaseHeader: b.Header("c1", 10*time.Second, a)}), events.PhasePrepare, a), "", events.StatePrepared)
 	c := b.Ack(b.Publish(events.Commit{PhaseHeader: b.Header("c1", 10*time.Second, a)}), events.PhaseCommit, a).(events.CommitAck)
 	want(t, c, "", events.StateCommitted)
-	if c.Manifest.Count != 0 || c.Manifest.Size != 0 {
-		t.Fatalf("manifest %+v, want zero records", c.Manifest)
+	// PROTOCOL §5, commit: nothing exported, no manifest anywhere.
+	if c.Manifest != nil {
+		t.Fatalf("manifest %+v, want none for zero records", c.Manifest)
 	}
-	if _, recs, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.JS, "run1", "c1", a, nil); err != nil || len(recs) != 0 {
-		t.Fatalf("ReadRecords: %v, %d records", err, len(recs))
+	if _, recs, err := member.ReadRecordsAt(t.Context(), env.Bus, "run1", "c1", a, c.Seq, nil); !errors.Is(err, member.ErrNoManifest) || len(recs) != 0 {
+		t.Fatalf("ReadRecordsAt: %v, %d records, want ErrNoManifest", err, len(recs))
 	}
 }
 
@@ -451,31 +455,99 @@ func TestConsumerName(t *testing.T) {
 	}
 }
 
-// §5 commit: a manifest that already exists with other content is never
-// overwritten, nor its object; a retry with another scope is a conflict.
+// §5 commit: the commit ack recorded first is the manifest's one record.
+// Another process of the member that commits other records is refused by
+// the server (the subject is written once), and the member names how its
+// manifest differs from the recorded one, as a second create of a schema-1
+// member key did. (A retry with another scope after a failed commit is a
+// conflict: TestMachineExportOnce.)
 func TestCommitNeverOverwrites(t *testing.T) {
-	w := start(t, membertest.Options{Episodes: 2})
+	var logs lockedBuffer
+	l := zerolog.New(&logs)
+	w := start(t, membertest.Options{Episodes: 2, Logger: &l})
 	eps := []events.Episode{{Rollout: "t0-r0"}, {Rollout: "t0-r1"}}
-	other, err := member.Digest("run1", "c1", w.name, nil)
+	want(t, w.prepare(t, "c1"), "", events.StatePrepared)
+	// The next commit's ack, sent first by "another process": no records.
+	h := w.bridge.Header("c1", 10*time.Second, w.name)
+	first := events.CommitAck{AckHeader: events.AckHeader{Run: "run1", Member: w.name, Seq: h.Seq, CheckpointID: "c1", OK: true,
+		State: events.StateCommitted}}
+	msg, err := events.Marshal(w.name, first)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := member.CreateManifest(t.Context(), w.env.Bus.Manifests, other); err != nil {
+	if _, err := jetstream.PublishOnce(t.Context(), w.env.JS, msg); err != nil {
 		t.Fatal(err)
 	}
-	want(t, w.prepare(t, "c1"), "", events.StatePrepared)
-	want(t, w.commit(t, "c1", eps, false), events.CodeCheckpointConflict, events.StatePrepared)
-	if has, err := member.HasObjects(t.Context(), w.env.Bus.Records, "run1", "c1", w.name); has || err != nil {
-		t.Fatalf("records object written under an existing manifest: %v %v", has, err)
+	w.bridge.Publish(events.Commit{PhaseHeader: h, Scope: eps})
+	poll.Wait(t, 20*time.Second, "the member to name the manifest recorded first", func() bool {
+		return strings.Contains(logs.String(), member.ErrManifestExists.Error())
+	})
+	if n := w.bridge.AckCount(h.Seq, events.PhaseCommit, w.name); n != 1 {
+		t.Fatalf("%d commit acks, want the one recorded first", n)
 	}
-	c := w.commit(t, "c1", eps[:1], false)
-	want(t, c, events.CodeCheckpointConflict, events.StatePrepared)
-	if d := c.Header().Error.Detail; !strings.Contains(d, "another scope") {
-		t.Fatalf("detail %q", d)
+	if got := w.bridge.Ack(h.Seq, events.PhaseCommit, w.name).(events.CommitAck); got.Manifest != nil {
+		t.Fatalf("the recorded ack changed: %+v", got.Manifest)
+	}
+	if _, err := member.FindManifest(t.Context(), w.env.Bus, "run1", "c1", w.name, h.Seq); !errors.Is(err, member.ErrNoManifest) {
+		t.Fatalf("FindManifest: %v, want the recorded ack's (none)", err)
 	}
 	if n := w.p.Count("export"); n != 1 {
 		t.Fatalf("Export called %d times, want 1", n)
 	}
+}
+
+// TestCheckRecorded: the recorded commit ack against the manifest a
+// repeat would carry: the same is no conflict, another names each
+// difference, records against none is a conflict too.
+func TestCheckRecorded(t *testing.T) {
+	env := jstest.Start(t)
+	self := events.Member("agent.a0")
+	recs := []events.Record{{Key: "r1", Data: []byte(`{}`)}}
+	man, err := member.Digest("run1", "c1", self, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack := events.CommitAck{AckHeader: events.AckHeader{Run: "run1", Member: self, Seq: 7, CheckpointID: "c1", OK: true,
+		State: events.StateCommitted}, Manifest: &man}
+	msg, err := events.Marshal(self, ack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jetstream.PublishOnce(t.Context(), env.JS, msg); err != nil {
+		t.Fatal(err)
+	}
+	subject := events.AckSubject("run1", 7, events.PhaseCommit, self)
+	if err := member.CheckRecorded(t.Context(), env.Bus.Stream, subject, &man); err != nil {
+		t.Fatalf("the same manifest: %v", err)
+	}
+	other, _ := member.Digest("run1", "c1", self, append(recs, events.Record{Key: "r2", Data: []byte(`{}`)}))
+	if err := member.CheckRecorded(t.Context(), env.Bus.Stream, subject, &other); !errors.Is(err, member.ErrManifestExists) || !strings.Contains(err.Error(), "count 1, want 2") {
+		t.Fatalf("another manifest: %v, want ErrManifestExists naming the count", err)
+	}
+	if err := member.CheckRecorded(t.Context(), env.Bus.Stream, subject, nil); !errors.Is(err, member.ErrManifestExists) {
+		t.Fatalf("no manifest against a recorded one: %v, want ErrManifestExists", err)
+	}
+	if err := member.CheckRecorded(t.Context(), env.Bus.Stream, events.AckSubject("run1", 8, events.PhaseCommit, self), &man); err != nil {
+		t.Fatalf("nothing recorded: %v", err)
+	}
+}
+
+// lockedBuffer is a log sink that tests read while members write to it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // §5 Epochs fence zombies: superseded in the middle of a commit write, a

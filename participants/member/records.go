@@ -28,8 +28,9 @@ var (
 	// another run, checkpoint, member or object, or an object that is gone.
 	ErrCorruptRecords = errors.New("member: corrupt records")
 
-	// ErrNoManifest is returned by ReadRecords when the member has no
-	// manifest in the checkpoint (it exported nothing there).
+	// ErrNoManifest is returned by ReadRecords and FindManifest when the
+	// member has no manifest in the checkpoint (it exported nothing there,
+	// or was not in its commit).
 	ErrNoManifest = errors.New("member: no member manifest")
 
 	// ErrWriteStopped is returned by WriteRecords when ctx ended before a
@@ -37,7 +38,8 @@ var (
 	ErrWriteStopped = errors.New("member: records write stopped")
 
 	// ErrManifestExists is returned by CreateManifest when the key already
-	// holds a different manifest: another writer got there first.
+	// holds a different manifest, and by CheckRecorded when the commit ack
+	// recorded first holds another: another writer got there first.
 	ErrManifestExists = errors.New("member: member manifest exists with other content")
 
 	// ErrBadRecord is returned by WriteRecords for a record that cannot be
@@ -349,7 +351,9 @@ func HasObjects(ctx context.Context, store natsjs.ObjectStore, run, checkpoint s
 // CreateManifest creates man in kv at events.MemberManifestKey, with
 // Create, never Put: a manifest is written once. If the key already holds
 // the same manifest (a redelivered commit), that is success; a different
-// one returns ErrManifestExists.
+// one returns ErrManifestExists. It is how members of schema-1 runs
+// recorded their manifest; members no longer call it (their commit ack
+// records it, PROTOCOL §8), and it stays for making such runs in tests.
 func CreateManifest(ctx context.Context, kv natsjs.KeyValue, man events.MemberManifest) error {
 	if err := man.Validate(); err != nil {
 		return fmt.Errorf("member: manifest: %w", err)
@@ -376,8 +380,8 @@ func CreateManifest(ctx context.Context, kv natsjs.KeyValue, man events.MemberMa
 	return nil
 }
 
-// GetManifest reads and validates a member manifest; ErrNoManifest if
-// there is none.
+// GetManifest reads and validates the member manifest key of a schema-1
+// checkpoint; ErrNoManifest if there is none.
 func GetManifest(ctx context.Context, kv natsjs.KeyValue, run, checkpoint string, m events.Member) (events.MemberManifest, error) {
 	key := events.MemberManifestKey(run, checkpoint, m)
 	e, err := kv.Get(ctx, key)
@@ -424,19 +428,45 @@ func manifestDiff(have, want events.MemberManifest) string {
 	return strings.Join(d, "; ")
 }
 
-// ReadRecords reads the member manifest of m in checkpoint, then the
-// object it names in the store it names (its Bucket, opened through
-// stores; BucketRecords when it names none), and verifies size, sha256 and count over the whole
-// object; it returns the manifest and the records keep accepts (all when
-// keep is nil). Any difference returns ErrCorruptRecords naming each one,
-// and no records. No manifest returns ErrNoManifest. A manifest of no
-// records names no object and reads as empty.
-func ReadRecords(ctx context.Context, kv natsjs.KeyValue, stores ObjectStores, run, checkpoint string, m events.Member,
+// ReadRecords finds the member manifest of m in checkpoint (FindManifest),
+// then reads the object it names in the store it names (its Bucket,
+// opened through bus.JS; BucketRecords when it names none), and verifies
+// size, sha256 and count over the whole object; it returns the manifest
+// and the records keep accepts (all when keep is nil). Any difference
+// returns ErrCorruptRecords naming each one, and no records. No manifest
+// returns ErrNoManifest. A manifest of no records names no object and
+// reads as empty.
+func ReadRecords(ctx context.Context, bus *jetstream.Bus, run, checkpoint string, m events.Member,
 	keep func(events.Record) bool) (events.MemberManifest, []events.Record, error) {
-	man, err := GetManifest(ctx, kv, run, checkpoint, m)
+	return readRecords(ctx, bus, run, checkpoint, m, 0, false, keep)
+}
+
+// ReadRecordsAt is ReadRecords from m's commit ack of commitSeq when it is
+// known (a restore names it; 0: unknown), else from the checkpoint
+// manifest (FindManifest).
+func ReadRecordsAt(ctx context.Context, bus *jetstream.Bus, run, checkpoint string, m events.Member, commitSeq uint64,
+	keep func(events.Record) bool) (events.MemberManifest, []events.Record, error) {
+	return readRecords(ctx, bus, run, checkpoint, m, commitSeq, false, keep)
+}
+
+// readRecords is ReadRecordsAt; acksKept is a restore's SourceAcks: a
+// missing commit ack then means no manifest (findManifest).
+func readRecords(ctx context.Context, bus *jetstream.Bus, run, checkpoint string, m events.Member, commitSeq uint64, acksKept bool,
+	keep func(events.Record) bool) (events.MemberManifest, []events.Record, error) {
+	man, err := findManifest(ctx, bus, run, checkpoint, m, commitSeq, acksKept)
 	if err != nil {
 		return events.MemberManifest{}, nil, err
 	}
+	var stores ObjectStores
+	if bus.JS != nil {
+		stores = bus.JS
+	}
+	return readObject(ctx, stores, run, checkpoint, m, man, keep)
+}
+
+// readObject reads and verifies the records object man names.
+func readObject(ctx context.Context, stores ObjectStores, run, checkpoint string, m events.Member, man events.MemberManifest,
+	keep func(events.Record) bool) (events.MemberManifest, []events.Record, error) {
 	if man.Count == 0 && man.Size == 0 {
 		// An empty export has no object; its digest must be that of no bytes.
 		if empty, _ := Digest(run, checkpoint, m, nil); man.SHA256 != empty.SHA256 {

@@ -51,19 +51,19 @@ func TestRecordsRoundTrip(t *testing.T) {
 	if err := member.CreateManifest(t.Context(), env.Bus.Manifests, other); !errors.Is(err, member.ErrManifestExists) || !strings.Contains(err.Error(), "count") {
 		t.Fatalf("create of another manifest: %v, want ErrManifestExists naming count", err)
 	}
-	got, all, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.JS, "run1", "c1", self, nil)
+	got, all, err := member.ReadRecords(t.Context(), env.Bus, "run1", "c1", self, nil)
 	if err != nil || len(all) != len(recs) || got.SHA256 != man.SHA256 {
 		t.Fatalf("ReadRecords: %v, %d records", err, len(all))
 	}
 	if string(all[40].Data) != `{"a":[1,2]}` {
 		t.Fatalf("data %s, want it compacted", all[40].Data)
 	}
-	_, some, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.JS, "run1", "c1", self,
+	_, some, err := member.ReadRecords(t.Context(), env.Bus, "run1", "c1", self,
 		func(r events.Record) bool { return r.Key == "r3" })
 	if err != nil || len(some) != 1 || some[0].Key != "r3" {
 		t.Fatalf("filtered read: %v, %v", err, some)
 	}
-	if _, _, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.JS, "run1", "c2", self, nil); !errors.Is(err, member.ErrNoManifest) {
+	if _, _, err := member.ReadRecords(t.Context(), env.Bus, "run1", "c2", self, nil); !errors.Is(err, member.ErrNoManifest) {
 		t.Fatalf("read without manifest: %v", err)
 	}
 }
@@ -97,7 +97,7 @@ func TestRecordsCorrupt(t *testing.T) {
 			if _, err := env.Bus.Records.PutBytes(t.Context(), man.Object, []byte(c.data)); err != nil {
 				t.Fatal(err)
 			}
-			_, recs, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.JS, "run1", "c1", self, nil)
+			_, recs, err := member.ReadRecords(t.Context(), env.Bus, "run1", "c1", self, nil)
 			if !errors.Is(err, member.ErrCorruptRecords) || recs != nil {
 				t.Fatalf("ReadRecords: %v, %d records; want ErrCorruptRecords and none", err, len(recs))
 			}
@@ -111,7 +111,7 @@ func TestRecordsCorrupt(t *testing.T) {
 	if err := env.Bus.Records.Delete(t.Context(), man.Object); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.JS, "run1", "c1", self, nil); !errors.Is(err, member.ErrCorruptRecords) {
+	if _, _, err := member.ReadRecords(t.Context(), env.Bus, "run1", "c1", self, nil); !errors.Is(err, member.ErrCorruptRecords) {
 		t.Fatalf("object gone: %v", err)
 	}
 }
@@ -176,7 +176,7 @@ func TestRecordsEmptyExportHasNoObject(t *testing.T) {
 	if err := member.CreateManifest(t.Context(), env.Bus.Manifests, man); err != nil {
 		t.Fatal(err)
 	}
-	if _, recs, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.JS, "run1", "c1", self, nil); err != nil || len(recs) != 0 {
+	if _, recs, err := member.ReadRecords(t.Context(), env.Bus, "run1", "c1", self, nil); err != nil || len(recs) != 0 {
 		t.Fatalf("ReadRecords of an empty export: %d records, %v", len(recs), err)
 	}
 	forged := man
@@ -185,7 +185,7 @@ func TestRecordsEmptyExportHasNoObject(t *testing.T) {
 	if err := member.CreateManifest(t.Context(), env.Bus.Manifests, forged); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := member.ReadRecords(t.Context(), env.Bus.Manifests, env.Bus.JS, "run1", "c2", self, nil); !errors.Is(err, member.ErrCorruptRecords) {
+	if _, _, err := member.ReadRecords(t.Context(), env.Bus, "run1", "c2", self, nil); !errors.Is(err, member.ErrCorruptRecords) {
 		t.Fatalf("an empty manifest with a wrong digest: %v, want ErrCorruptRecords", err)
 	}
 }

@@ -50,6 +50,21 @@ func (m *Member) reply(ctx context.Context, r Reply) {
 		}
 		return
 	}
+	if err != nil && r.Phase == events.PhaseCommit && r.Header.OK {
+		// Refused as a repeat: the ack recorded first is the manifest's
+		// record. Another manifest there means another process of this
+		// member committed other records (PROTOCOL §5, commit).
+		var want *events.MemberManifest
+		if ca, ok := ack.(events.CommitAck); ok {
+			want = ca.Manifest
+		}
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		cerr := CheckRecorded(cctx, m.cfg.Bus.Stream, msg.Subject, want)
+		cancel()
+		if cerr != nil {
+			log.Error().Err(cerr).Msg("the commit ack recorded first is not this process's: the checkpoint holds the other")
+		}
+	}
 	ev := log.Info()
 	if !r.Header.OK {
 		ev = log.Warn().Str("code", r.Header.Error.Code).Str("detail", r.Header.Error.Detail)

@@ -23,7 +23,18 @@ func (m *Member) installRestore(ctx context.Context, e InstallRestore) {
 		ep, err := events.ParseEpisode(rec.Key)
 		return err != nil || scope[ep]
 	}
-	_, records, err := ReadRecords(ctx, m.cfg.Bus.Manifests, m.cfg.JS, m.cfg.Run, r.Source, m.cfg.Member, keep)
+	// A participant that neither exports nor installs (a sandbox daemon)
+	// has no records in any checkpoint and could install none: it reads
+	// nothing, so that its credentials need no read of the run's
+	// checkpoint manifests or member lists.
+	_, exports := m.cfg.Participant.(Exporter)
+	if _, installs := m.cfg.Participant.(Installer); !exports && !installs {
+		m.post(ctx, RestoreFinished{Op: e.Op})
+		return
+	}
+	// Its own commit ack of the source's commit is its manifest; the
+	// member list when the stream no longer has it (FindManifest).
+	_, records, err := readRecords(ctx, m.cfg.Bus, m.cfg.Run, r.Source, m.cfg.Member, r.SourceCommitSeq, r.SourceAcks, keep)
 	if ctx.Err() != nil {
 		return
 	}

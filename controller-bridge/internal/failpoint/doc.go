@@ -6,7 +6,8 @@
 // The bridge's points are named after the effect they follow:
 // bridge/after-prepare, -commit, -restore and -release right after that
 // phase is published; bridge/after-prepare-acks, -commit-acks and
-// -restore-acks once the phase is decided; bridge/after-manifest,
+// -restore-acks once the phase is decided; bridge/after-member-list (the
+// checkpoint's member list written, its manifest not yet), after-manifest,
 // bridge/after-abort-marker, bridge/after-latest, bridge/after-outcome
 // (checkpoint.committed) and bridge/after-restore-retire (the retire of a
 // failed restore, published).

@@ -34,6 +34,9 @@ type Bridge struct {
 
 	t   testing.TB
 	seq uint64
+	// commits maps a checkpoint to the sequence of its last commit, which
+	// a restore of it names (events.Restore.SourceCommitSeq).
+	commits map[string]uint64
 }
 
 // NewBridge returns a Bridge for run on env.
@@ -58,9 +61,23 @@ func (b *Bridge) Publish(d events.PhaseEvent) uint64 {
 
 // PublishWithID publishes a phase event with ce-id (and Nats-Msg-Id) id:
 // the same event under another id is stored again, as after a bridge
-// restart past the duplicate window.
+// restart past the duplicate window. A restore that names no source
+// commit sequence gets the one of the source's last commit, as the
+// bridge's does.
 func (b *Bridge) PublishWithID(d events.PhaseEvent, id string) uint64 {
 	b.t.Helper()
+	switch p := d.(type) {
+	case events.Commit:
+		if b.commits == nil {
+			b.commits = map[string]uint64{}
+		}
+		b.commits[p.CheckpointID] = p.Seq
+	case events.Restore:
+		if p.SourceCommitSeq == 0 {
+			p.SourceCommitSeq = b.commits[p.Source]
+			d = p
+		}
+	}
 	msg, err := events.Marshal(b.Name, d, events.WithID(id))
 	if err != nil {
 		b.t.Fatalf("membertest: bridge: %v", err)

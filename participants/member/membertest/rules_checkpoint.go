@@ -57,18 +57,30 @@ func checkpointRules(t *testing.T, h Suite) {
 		}
 		c := s.commit(a, "c1", eps, false)
 		s.expect(c, "", events.StateCommitted)
-		man := *c.Manifest
-		got, recs, err := member.ReadRecords(t.Context(), s.env.Bus.Manifests, s.env.JS, s.run, "c1", a, nil)
-		if err != nil {
-			t.Fatalf("ReadRecords: %v", err)
+		// PROTOCOL §5, commit: the commit ack is the manifest's record; an
+		// export of nothing carries none, and writes no member key.
+		got, recs, err := member.ReadRecordsAt(t.Context(), s.env.Bus, s.run, "c1", a, c.Seq, nil)
+		if h.NoRecords {
+			if c.Manifest != nil || !errors.Is(err, member.ErrNoManifest) {
+				t.Fatalf("manifest %+v of a participant without records (read: %v), want none", c.Manifest, err)
+			}
+		} else {
+			if err != nil {
+				t.Fatalf("ReadRecordsAt: %v", err)
+			}
+			if c.Manifest == nil {
+				t.Fatal("a commit ack of exported records without their manifest")
+			}
+		}
+		if _, err := s.env.Bus.Manifests.Get(t.Context(), events.MemberManifestKey(s.run, "c1", a)); !errors.Is(err, natsjs.ErrKeyNotFound) {
+			t.Fatalf("member manifest key after a commit: %v, want none (PROTOCOL §8)", err)
+		}
+		var man events.MemberManifest
+		if c.Manifest != nil {
+			man = *c.Manifest
 		}
 		if !slices.Equal(got.Episodes, man.Episodes) || got.SHA256 != man.SHA256 || got.Count != len(recs) {
 			t.Fatalf("stored manifest %+v, ack's %+v, %d records", got, man, len(recs))
-		}
-		if h.NoRecords {
-			if man.Count != 0 || len(man.Episodes) != 0 {
-				t.Fatalf("manifest %+v of a participant without records", man)
-			}
 		}
 		for _, k := range keys(eps) {
 			if !h.NoRecords && !slices.Contains(man.Episodes, k) {
@@ -106,7 +118,7 @@ func checkpointRules(t *testing.T, h Suite) {
 				t.Errorf("%s %d has %d acks, want 1", x.p, x.seq, n)
 			}
 		}
-		if again := s.bridge.Ack(cd.Seq, events.PhaseCommit, a).(events.CommitAck); again.Manifest.SHA256 != c.Manifest.SHA256 {
+		if again := s.bridge.Ack(cd.Seq, events.PhaseCommit, a).(events.CommitAck); sha(again.Manifest) != sha(c.Manifest) {
 			t.Fatalf("commit ack changed: %+v, was %+v", again.Manifest, c.Manifest)
 		}
 	})
@@ -127,11 +139,14 @@ func checkpointRules(t *testing.T, h Suite) {
 		c2 := s.commit(a, "c1", eps, false)
 		s.expect(c1, "", events.StateCommitted)
 		s.expect(c2, "", events.StateCommitted)
-		if c1.Manifest.SHA256 != c2.Manifest.SHA256 || c1.Manifest.Count != c2.Manifest.Count {
+		if sha(c1.Manifest) != sha(c2.Manifest) || (c1.Manifest == nil) != (c2.Manifest == nil) ||
+			c1.Manifest != nil && c1.Manifest.Count != c2.Manifest.Count {
 			t.Fatalf("second commit manifest %+v, first %+v: exported twice?", c2.Manifest, c1.Manifest)
 		}
-		if _, _, err := member.ReadRecords(t.Context(), s.env.Bus.Manifests, s.env.JS, s.run, "c1", a, nil); err != nil {
-			t.Fatalf("ReadRecords after a duplicate commit: %v", err)
+		for _, c := range []events.CommitAck{c1, c2} {
+			if _, _, err := member.ReadRecordsAt(t.Context(), s.env.Bus, s.run, "c1", a, c.Seq, nil); err != nil && !(h.NoRecords && errors.Is(err, member.ErrNoManifest)) {
+				t.Fatalf("ReadRecordsAt the commit %d after a duplicate commit: %v", c.Seq, err)
+			}
 		}
 		// A commit of another scope while this one is recorded is still the
 		// recorded reply: the checkpoint was written once.
@@ -162,19 +177,25 @@ func checkpointRules(t *testing.T, h Suite) {
 		waitClosed(t, reached, "the commit write to reach record 2")
 		s.expect(s.resume(a, "c1"), "", events.StateIdle)
 		waitClosed(t, stopped, "the writer to stop")
+		// The commit's one ack is the stale answer: no manifest is recorded.
 		s.expect(s.bridge.Ack(cseq, events.PhaseCommit, a), events.CodeStaleCheckpoint, events.StateIdle)
-		key := events.MemberManifestKey(s.run, "c1", a)
-		if _, err := s.env.Bus.Manifests.Get(t.Context(), key); !errors.Is(err, natsjs.ErrKeyNotFound) {
-			t.Fatalf("manifest %s after a resume during the write: %v, want none", key, err)
+		if _, err := member.FindManifest(t.Context(), s.env.Bus, s.run, "c1", a, cseq); !errors.Is(err, member.ErrNoManifest) {
+			t.Fatalf("manifest after a resume during the write: %v, want none", err)
 		}
 		if has, err := member.HasObjects(t.Context(), s.env.Bus.Records, s.run, "c1", a); has || err != nil {
 			t.Fatalf("records object after a stopped write: %v %v, want none", has, err)
 		}
 		hd.Subject.PaceWrites(nil)
-		s.expect(s.commit(a, "c1", eps, false), events.CodeStaleCheckpoint, events.StateIdle)
+		later := s.commit(a, "c1", eps, false)
+		s.expect(later, events.CodeStaleCheckpoint, events.StateIdle)
 		s.bridge.Barrier(a)
-		if _, err := s.env.Bus.Manifests.Get(t.Context(), key); !errors.Is(err, natsjs.ErrKeyNotFound) {
-			t.Fatalf("manifest %s appeared later: %v", key, err)
+		for _, seq := range []uint64{cseq, later.Seq} {
+			if n := s.bridge.AckCount(seq, events.PhaseCommit, a); n != 1 {
+				t.Fatalf("commit %d has %d acks, want its one stale answer", seq, n)
+			}
+			if _, err := member.FindManifest(t.Context(), s.env.Bus, s.run, "c1", a, seq); !errors.Is(err, member.ErrNoManifest) {
+				t.Fatalf("a manifest of commit %d appeared later: %v", seq, err)
+			}
 		}
 	})
 
@@ -211,27 +232,31 @@ func resumeRacingCommit(t *testing.T, h Suite) {
 	cseq := s.bridge.Publish(events.Commit{PhaseHeader: s.bridge.Header("c1", 10*time.Second, a), Scope: eps})
 	s.expect(s.resume(a, "c1"), "", events.StateIdle)
 	c := s.bridge.Ack(cseq, events.PhaseCommit, a)
-	key := events.MemberManifestKey(s.run, "c1", a)
-	_, err := s.env.Bus.Manifests.Get(t.Context(), key)
 	switch Code(c) {
 	case "":
 		t.Log("the commit was handled before the resume")
 		s.expect(c, "", events.StateCommitted)
-		if err != nil {
-			t.Fatalf("manifest %s of an answered commit: %v", key, err)
-		}
 		return
 	case events.CodeStaleCheckpoint:
 		t.Log("the resume cut the commit short")
 	default:
 		s.expect(c, events.CodeStaleCheckpoint, events.StateIdle)
 	}
-	if !errors.Is(err, natsjs.ErrKeyNotFound) {
-		t.Fatalf("manifest %s after a resume cut its commit short: %v, want none", key, err)
+	if n := s.bridge.AckCount(cseq, events.PhaseCommit, a); n != 1 {
+		t.Fatalf("commit %d has %d acks after a resume cut it short, want its one stale answer", cseq, n)
 	}
-	s.expect(s.commit(a, "c1", eps, false), events.CodeStaleCheckpoint, events.StateIdle)
+	later := s.commit(a, "c1", eps, false)
+	s.expect(later, events.CodeStaleCheckpoint, events.StateIdle)
 	s.bridge.Barrier(a)
-	if _, err := s.env.Bus.Manifests.Get(t.Context(), key); !errors.Is(err, natsjs.ErrKeyNotFound) {
-		t.Fatalf("manifest %s appeared later: %v", key, err)
+	if n := s.bridge.AckCount(later.Seq, events.PhaseCommit, a); n != 1 {
+		t.Fatalf("commit %d has %d acks, want its one stale answer", later.Seq, n)
 	}
+}
+
+// sha is the digest a commit ack's manifest names, "" for none.
+func sha(m *events.MemberManifest) string {
+	if m == nil {
+		return ""
+	}
+	return m.SHA256
 }

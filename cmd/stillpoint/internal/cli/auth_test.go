@@ -24,6 +24,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
 
@@ -315,12 +316,8 @@ func TestServerOperatorMode(t *testing.T) {
 			}
 			// Each agent kept its records in a store of its own name.
 			for _, m := range []events.Member{"agent.a1", "agent.a2"} {
-				e, err := bus.Manifests.Get(ctx, events.MemberManifestKey("r1", "c1", m))
+				man, err := member.FindManifest(ctx, bus, "r1", "c1", m, 0)
 				if err != nil {
-					t.Fatal(err)
-				}
-				var man events.MemberManifest
-				if err := json.Unmarshal(e.Value(), &man); err != nil {
 					t.Fatal(err)
 				}
 				if want := events.RecordsBucket("r1", m); man.Count == 0 || man.Bucket != want {
