@@ -80,8 +80,10 @@ func TestCoreFeedKeepsNoConsumer(t *testing.T) {
 	seq = bridge.Publish(events.Commit{PhaseHeader: header("c1"), Scope: eps})
 	ack := bridge.Ack(seq, events.PhaseCommit, name)
 	want(t, ack, "", events.StateCommitted)
-	if c, ok := ack.(events.CommitAck); !ok || c.Manifest == nil {
-		t.Errorf("commit ack %+v, want a manifest", ack)
+	if c, ok := ack.(events.CommitAck); !ok || c.Manifest != nil {
+		// It holds no live episode: it exported nothing, and a member
+		// that exports nothing writes no manifest (PROTOCOL §5, commit).
+		t.Errorf("commit ack %+v, want one with no manifest", ack)
 	}
 	last := bridge.Publish(events.Resume{PhaseHeader: header("c1")})
 	want(t, bridge.Ack(last, events.PhaseResume, name), "", events.StateIdle)
