@@ -76,7 +76,7 @@ type Suite struct {
 	// NoRecords says the participant neither exports nor installs: its
 	// state is somebody else's to checkpoint (a sandbox daemon: the
 	// owner's snapshot and the agent's bookmark). The suite then checks
-	// that its commits create a manifest of no records, that a restore
+	// that its commits carry no manifest, that a restore reads none and
 	// installs nothing, and, with no record to pace, that a resume racing
 	// a commit never leaves a manifest behind the resume.
 	NoRecords bool
