@@ -111,7 +111,7 @@ func (r *ackReader) close() {
 		r.cc.Stop()
 	}
 	if r.watcher != nil {
-		_ = r.watcher.Stop()
+		_ = jetstream.StopWatch(r.watcher)
 	}
 }
 

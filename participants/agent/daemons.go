@@ -100,7 +100,7 @@ func (b *daemonBook) close() {
 		return
 	}
 	if !b.scoped {
-		_ = b.watcher.Stop()
+		_ = jetstream.StopWatch(b.watcher)
 	}
 	close(b.quit)
 	<-b.done
