@@ -111,7 +111,7 @@ func (r *ackReader) close() {
 		r.cc.Stop()
 	}
 	if r.watcher != nil {
-		_ = jetstream.StopWatch(r.watcher)
+		_ = r.watcher.Stop()
 	}
 }
 

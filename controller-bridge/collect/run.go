@@ -475,7 +475,7 @@ func (c *Collector) watchFleet(ctx context.Context) error {
 	}
 	loaded := make(chan error, 1)
 	c.work.Go(func() {
-		defer func() { _ = jetstream.StopWatch(w) }()
+		defer func() { _ = w.Stop() }()
 		initial := true
 		for {
 			var (

@@ -100,7 +100,7 @@ func (b *daemonBook) close() {
 		return
 	}
 	if !b.scoped {
-		_ = jetstream.StopWatch(b.watcher)
+		_ = b.watcher.Stop()
 	}
 	close(b.quit)
 	<-b.done

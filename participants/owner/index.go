@@ -13,7 +13,6 @@ import (
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
-	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 )
 
@@ -200,7 +199,7 @@ func (o *Owner) watchTo(ctx context.Context, filter, mark string, rev uint64) (m
 		}
 		return nil, nil, fmt.Errorf("owner: watch the snapshot index: %w", err)
 	}
-	defer func() { _ = jetstream.StopWatch(w) }()
+	defer func() { _ = w.Stop() }()
 	out, bad := map[string]indexed{}, map[string]error{}
 	for {
 		select {
