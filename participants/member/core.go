@@ -2,11 +2,8 @@ package member
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -19,7 +16,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
-	"github.com/stillpoint/stillpoint/internal/atomicfile"
 )
 
 // coreFeed is the feed of Config.CoreFeed (PROTOCOL §3, Consumers): a
@@ -659,15 +655,8 @@ func (f *phaseFloor) done(q uint64) error {
 		return nil
 	}
 	next.V, next.Run, next.Member = positionVersion, f.run, f.member
-	b, err := json.Marshal(next)
-	if err != nil {
-		return fmt.Errorf("member: state file: %w", err)
-	}
-	if err := os.MkdirAll(filepath.Dir(f.path), 0o755); err != nil {
-		return fmt.Errorf("member: state file: %w", err)
-	}
-	if err := atomicfile.Write(f.path, b, 0o644); err != nil {
-		return fmt.Errorf("member: state file: %w", err)
+	if err := writePosition(f.path, next); err != nil {
+		return err
 	}
 	f.saved = next
 	return nil

@@ -263,17 +263,26 @@ func (f *floor) done(seq uint64) error {
 		f.saved = at
 		return nil
 	}
-	b, err := json.Marshal(position{V: positionVersion, Run: f.run, Member: f.member, StreamSeq: at})
+	if err := writePosition(f.path, position{V: positionVersion, Run: f.run, Member: f.member, StreamSeq: at}); err != nil {
+		return err
+	}
+	f.saved = at
+	return nil
+}
+
+// writePosition writes a feed's state file atomically, making its
+// directory first.
+func writePosition(path string, p position) error {
+	b, err := json.Marshal(p)
 	if err != nil {
 		return fmt.Errorf("member: state file: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Dir(f.path), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("member: state file: %w", err)
 	}
-	if err := atomicfile.Write(f.path, b, 0o644); err != nil {
+	if err := atomicfile.Write(path, b, 0o644); err != nil {
 		return fmt.Errorf("member: state file: %w", err)
 	}
-	f.saved = at
 	return nil
 }
 
