@@ -143,7 +143,7 @@ func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, 
 	// per key may be answered by a replica still catching up (direct gets
 	// go to any), which after a cluster node came back said a checkpoint
 	// just listed did not exist, and a release then deleted nothing of it.
-	values, err := jetstream.KVValues(ctx, b.cfg.Bus.Manifests, b.cfg.Run+".*")
+	values, err := jetstream.KVValues(ctx, b.cfg.JS, b.cfg.Bus.Manifests, b.cfg.Run+".*")
 	if err != nil {
 		return nil, fmt.Errorf("bridge: list manifests: %w", err)
 	}
@@ -365,7 +365,7 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 // served no phase; otherwise it returns the members of epoch, plus fresh
 // ones (a member that joined since the last phase serves the next).
 func (b *Bridge) liveMembers(ctx context.Context, epoch uint64, fresh bool) ([]events.Member, []events.MemberInfo, error) {
-	values, err := jetstream.KVValues(ctx, b.cfg.Bus.Members, events.MemberKeyFilter(b.cfg.Run))
+	values, err := jetstream.KVValues(ctx, b.cfg.JS, b.cfg.Bus.Members, events.MemberKeyFilter(b.cfg.Run))
 	if err != nil {
 		return nil, nil, fmt.Errorf("bridge: read members: %w", err)
 	}

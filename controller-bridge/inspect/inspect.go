@@ -141,13 +141,13 @@ func Run(ctx context.Context, js natsjs.JetStream, run string) (*Report, error) 
 		records.stream = s
 	}
 	r := &Report{Run: run, Checkpoints: []Checkpoint{}, Snapshots: []Snapshot{}, Members: []events.MemberInfo{}}
-	if err := r.readManifests(ctx, manifests, records); err != nil {
+	if err := r.readManifests(ctx, js, manifests, records); err != nil {
 		return nil, err
 	}
-	if err := r.readMembers(ctx, members); err != nil {
+	if err := r.readMembers(ctx, js, members); err != nil {
 		return nil, err
 	}
-	if err := r.readSnapshots(ctx, snapshots); err != nil {
+	if err := r.readSnapshots(ctx, js, snapshots); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -194,8 +194,8 @@ func (s *stores) get(ctx context.Context, bucket string) (natsjs.ObjectStore, er
 	return st, nil
 }
 
-func (r *Report) readManifests(ctx context.Context, kv natsjs.KeyValue, records *stores) error {
-	vals, err := jetstream.KVValues(ctx, kv, r.Run+".>")
+func (r *Report) readManifests(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, records *stores) error {
+	vals, err := jetstream.KVValues(ctx, js, kv, r.Run+".>")
 	if err != nil {
 		return fmt.Errorf("inspect: read %s: %w", jetstream.BucketManifests, err)
 	}
@@ -374,8 +374,8 @@ func (r *Report) kept(id string) bool {
 	return false
 }
 
-func (r *Report) readMembers(ctx context.Context, kv natsjs.KeyValue) error {
-	vals, err := jetstream.KVValues(ctx, kv, events.MemberKeyFilter(r.Run))
+func (r *Report) readMembers(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue) error {
+	vals, err := jetstream.KVValues(ctx, js, kv, events.MemberKeyFilter(r.Run))
 	if err != nil {
 		return fmt.Errorf("inspect: read %s: %w", jetstream.BucketMembers, err)
 	}
@@ -391,8 +391,8 @@ func (r *Report) readMembers(ctx context.Context, kv natsjs.KeyValue) error {
 	return nil
 }
 
-func (r *Report) readSnapshots(ctx context.Context, kv natsjs.KeyValue) error {
-	vals, err := jetstream.KVValues(ctx, kv, ">")
+func (r *Report) readSnapshots(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue) error {
+	vals, err := jetstream.KVValues(ctx, js, kv, ">")
 	if err != nil {
 		return fmt.Errorf("inspect: read %s: %w", jetstream.BucketSnapshots, err)
 	}
