@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 )
 
@@ -50,6 +51,7 @@ func KVValues(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filt
 	if info.NumPending == 0 {
 		return out, nil
 	}
+	noResponders := 0
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -58,14 +60,15 @@ func KVValues(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filt
 		if err != nil {
 			return nil, fmt.Errorf("jetstream: read %s: %w", bucket, err)
 		}
-		done := false
+		done, got := false, 0
 		for msg := range batch.Messages() {
+			got++
 			md, err := msg.Metadata()
 			if err != nil {
 				return nil, fmt.Errorf("jetstream: read %s: %w", bucket, err)
 			}
 			key := strings.TrimPrefix(msg.Subject(), prefix)
-			if removed(msg.Headers()) {
+			if KVRemoved(msg.Headers()) {
 				delete(out, key)
 			} else {
 				out[key] = msg.Data()
@@ -73,7 +76,19 @@ func KVValues(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filt
 			// Nothing after this one: every key's newest message is read.
 			done = done || md.NumPending == 0
 		}
-		if err := batch.Error(); err != nil && !errors.Is(err, natsjs.ErrNoMessages) {
+		err = batch.Error()
+		if got == 0 && errors.Is(err, nats.ErrNoResponders) && noResponders < 8 {
+			// On a cluster, the server of a consumer just made may not be
+			// known to the one answering yet: ask again shortly.
+			noResponders++
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Duration(noResponders) * 25 * time.Millisecond):
+			}
+			continue
+		}
+		if err != nil && !errors.Is(err, natsjs.ErrNoMessages) {
 			return nil, fmt.Errorf("jetstream: read %s: %w", bucket, err)
 		}
 		if done {
@@ -82,9 +97,10 @@ func KVValues(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filt
 	}
 }
 
-// removed reports whether a KV message marks its key deleted, purged or
-// expired (a marker the server leaves when a key's TTL runs out).
-func removed(h map[string][]string) bool {
+// KVRemoved reports whether a message of a KV bucket's stream marks its
+// key deleted, purged or expired (a marker the server leaves when a key's
+// TTL runs out), rather than putting a value.
+func KVRemoved(h map[string][]string) bool {
 	if len(h) == 0 {
 		return false
 	}

@@ -93,3 +93,26 @@ func TestKVValuesOfAnEmptyFilter(t *testing.T) {
 		t.Fatalf("read %v from an empty filter", vals)
 	}
 }
+
+// TestKVValuesOnACluster reads a replicated bucket just after writing it,
+// many times: the read's consumer, just made, may sit on another node than
+// the one answering its first request.
+func TestKVValuesOnACluster(t *testing.T) {
+	env := jstest.StartCluster(t)
+	ctx := testContext(t)
+	kv := env.Bus.Members
+	for i := range 300 {
+		if _, err := kv.Put(ctx, fmt.Sprintf("run.sandbox.m%03d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for read := range 20 {
+		vals, err := jetstream.KVValues(ctx, env.JS, kv, "run.>")
+		if err != nil {
+			t.Fatalf("read %d: %v", read, err)
+		}
+		if len(vals) != 300 {
+			t.Fatalf("read %d: %d keys, want 300", read, len(vals))
+		}
+	}
+}
