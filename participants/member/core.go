@@ -78,7 +78,7 @@ func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
 	m.inbox = make(chan Delivery)
 	c := &coreReader{
 		nc: m.cfg.Conn, stream: m.cfg.Bus.Stream, runID: m.cfg.Run, subjects: subs, scoped: m.cfg.NoPull, inbox: m.inbox,
-		pos:      newPhaseFloor(m.cfg.StateFile, m.cfg.Run, m.cfg.Member, pos),
+		pos:      newPhaseFloor(m.cfg.StateFile, m.cfg.Run, m.cfg.Member, pos, m.log),
 		again:    &redeliverer{inbox: m.inbox, stopping: make(chan struct{})},
 		log:      m.log,
 		wake:     make(chan struct{}, 1),
@@ -170,6 +170,9 @@ func (c *coreReader) stop() {
 		}
 		c.unsubscribe()
 		c.again.stop()
+		if err := c.pos.flush(); err != nil {
+			c.log.Warn().Err(err).Msg("cannot write the position at the feed's end")
+		}
 	})
 }
 
@@ -603,20 +606,35 @@ func (d *coreDelivery) Nak(delay time.Duration) error {
 // is, which only a phase read from the stream tells (one received on the
 // subscription carries no stream sequence). A restarted member catches up
 // from the stream sequence and skips the phases up to the phase sequence.
+//
+// The position is written durably at most once every positionEvery (and
+// when the feed stops): a checkpoint's three phases come within a second
+// or two, and a file written (and synced) for each of them cost a fleet of
+// daemons more than their acks did. A position that lags is safe: a
+// restarted member reads the phases after it again, and one it answered
+// before is known by its ack on the stream (PROTOCOL §5, Idempotence).
 type phaseFloor struct {
-	mu      sync.Mutex // run delivers, the loop handles
+	mu      sync.Mutex // run delivers, the loop handles, the timer flushes
 	path    string
 	run     string
 	member  string
+	log     zerolog.Logger
 	pending map[uint64]bool   // phase sequences delivered, not handled
 	at      map[uint64]uint64 // stream sequence of a phase read from the stream
 	high    uint64
-	saved   position
+	saved   position // as written last
+	next    position // as it is now: saved, or one waiting for the timer
+	wrote   time.Time
+	timer   *time.Timer // a write of next, due; nil when none is
+	stopped bool
 }
 
-func newPhaseFloor(path, run string, m events.Member, pos position) *phaseFloor {
-	return &phaseFloor{path: path, run: run, member: string(m), pending: map[uint64]bool{}, at: map[uint64]uint64{},
-		high: pos.PhaseSeq, saved: pos}
+// positionEvery is how often at most the core feed writes its position.
+const positionEvery = 2 * time.Second
+
+func newPhaseFloor(path, run string, m events.Member, pos position, log zerolog.Logger) *phaseFloor {
+	return &phaseFloor{path: path, run: run, member: string(m), log: log, pending: map[uint64]bool{}, at: map[uint64]uint64{},
+		high: pos.PhaseSeq, saved: pos, next: pos}
 }
 
 func (f *phaseFloor) delivered(q, seq uint64) {
@@ -629,7 +647,8 @@ func (f *phaseFloor) delivered(q, seq uint64) {
 	f.high = max(f.high, q)
 }
 
-// done marks phase q handled and saves the position, durably, if it moved.
+// done marks phase q handled and saves the position, durably, if it moved:
+// at once when the last write is positionEvery old, else when it is.
 func (f *phaseFloor) done(q uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -641,7 +660,7 @@ func (f *phaseFloor) done(q uint64) error {
 	for p := range f.pending {
 		floor = min(floor, p-1)
 	}
-	next := f.saved
+	next := f.next
 	if floor > next.PhaseSeq {
 		next.PhaseSeq = floor
 	}
@@ -651,13 +670,50 @@ func (f *phaseFloor) done(q uint64) error {
 			delete(f.at, p)
 		}
 	}
-	if next == f.saved {
+	if next == f.next {
 		return nil
 	}
 	next.V, next.Run, next.Member = positionVersion, f.run, f.member
-	if err := writePosition(f.path, next); err != nil {
+	f.next = next
+	if wait := positionEvery - time.Since(f.wrote); wait > 0 && !f.stopped {
+		if f.timer == nil {
+			f.timer = time.AfterFunc(wait, f.due)
+		}
+		return nil
+	}
+	return f.writeLocked()
+}
+
+// due writes the position a timer waited for.
+func (f *phaseFloor) due() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.timer = nil
+	if err := f.writeLocked(); err != nil {
+		f.log.Warn().Err(err).Msg("cannot write the position; trying again at the next phase")
+	}
+}
+
+// flush writes a position still waiting for its timer, and writes each
+// one at once from then on: the feed stops.
+func (f *phaseFloor) flush() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stopped = true
+	if f.timer != nil {
+		f.timer.Stop()
+		f.timer = nil
+	}
+	return f.writeLocked()
+}
+
+func (f *phaseFloor) writeLocked() error {
+	if f.next == f.saved {
+		return nil
+	}
+	if err := writePosition(f.path, f.next); err != nil {
 		return err
 	}
-	f.saved = next
+	f.saved, f.wrote = f.next, time.Now()
 	return nil
 }
