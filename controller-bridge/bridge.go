@@ -24,6 +24,15 @@ type Bridge struct {
 	// one too): a channel, so that waiting for it can be cancelled.
 	op chan struct{}
 
+	// roster is the last roster this bridge published (PROTOCOL §3,
+	// Rosters), which a phase of the same sandbox daemons names again.
+	// Phases are published by the operation holding op.
+	roster *events.RosterRef
+	// resumes is the subscription of the run's resume acks; members the
+	// live view of its heartbeats.
+	resumes resumeAcks
+	members memberView
+
 	mu     sync.Mutex // guards held and closed
 	held   *hold      // the checkpoint held prepared, if any
 	closed bool       // Run is ending: nothing new starts in bg
@@ -61,6 +70,8 @@ func (b *Bridge) Run(ctx context.Context) error {
 		b.close()
 		b.bgCancel()
 		b.bg.Wait()
+		b.stopResumeAcks()
+		b.stopView()
 	}()
 	if err := b.Recover(ctx); err != nil && ctx.Err() == nil {
 		return err

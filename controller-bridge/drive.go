@@ -3,7 +3,6 @@ package bridge
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -94,12 +93,8 @@ func (d *driving) step(ctx context.Context, in machine.Input) error {
 
 var errNothingPending = errors.New("bridge: the machine waits for nothing")
 
-// errWatchClosed fails a gathering whose heartbeat watch closed under it.
-var errWatchClosed = errors.New("bridge: the members' heartbeat watch closed")
-
-// wait blocks until an ack, a heartbeat change or the timer, and returns
-// what the machine is to be told. A heartbeat watch that closes fails it
-// (errWatchClosed).
+// wait blocks until an ack, a member gone or the timer, and returns what
+// the machine is to be told.
 func (d *driving) wait(ctx context.Context) ([]machine.Input, error) {
 	var timer <-chan time.Time
 	if d.armed {
@@ -110,11 +105,11 @@ func (d *driving) wait(ctx context.Context) ([]machine.Input, error) {
 	}
 	for {
 		var (
-			acks    <-chan ackMsg
-			updates <-chan kvUpdate
+			acks <-chan ackMsg
+			gone <-chan machine.Input
 		)
 		if d.acks != nil {
-			acks, updates = d.acks.msgs, d.acks.updates
+			acks, gone = d.acks.msgs, d.acks.gone
 		}
 		select {
 		case <-ctx.Done():
@@ -124,17 +119,8 @@ func (d *driving) wait(ctx context.Context) ([]machine.Input, error) {
 			return []machine.Input{machine.Tick{}}, nil
 		case am := <-acks:
 			return []machine.Input{d.acks.ack(am)}, nil
-		case u, ok := <-updates:
-			if !ok {
-				// The watch's subscription closed: who dies from now on is
-				// not seen. Stop reading it, and fail the operation (the
-				// machine decides what that means) rather than gather blind.
-				d.acks.updates = nil
-				return nil, fmt.Errorf("%w: gathering the acks of %s", errWatchClosed, d.acks.phase)
-			}
-			if ins := d.acks.update(ctx, u); len(ins) > 0 {
-				return ins, nil
-			}
+		case in := <-gone:
+			return []machine.Input{in}, nil
 		}
 	}
 }
@@ -291,5 +277,5 @@ func (b *Bridge) logPublished(m *machine.Machine, p events.PhaseEvent) {
 		ev = ev.Bool("aborted", p.Aborted)
 	}
 	ev.Str("phase", string(p.Phase())).Str("checkpoint", h.CheckpointID).Uint64("seq", h.Seq).Uint64("epoch", h.Epoch).
-		Int("members", len(h.Members)).Str("state", m.State().String()).Msg(string(p.Phase()) + " published")
+		Int("members", len(h.Members)).Int("sandboxes", sandboxCount(h)).Str("state", m.State().String()).Msg(string(p.Phase()) + " published")
 }

@@ -2,11 +2,15 @@ package bridge
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -15,7 +19,6 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
-	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
 
 // newTestBridge is a bridge of run1 on env that is not run: the tests of
@@ -40,68 +43,174 @@ func newTestBridge(t *testing.T, env *jstest.Env, cfg Config) *Bridge {
 	return b
 }
 
-// A gathering whose heartbeat watch closes (nats.go closes Updates when
-// the watch's subscription closes) stops reading it and fails the wait:
-// a closed channel would otherwise be read, empty, for ever.
-func TestClosedHeartbeatWatchFailsTheWait(t *testing.T) {
+// putHeartbeat writes a heartbeat of member m of run1 as process
+// instance, as a member does.
+func putHeartbeat(t *testing.T, env *jstest.Env, m events.Member, instance string) {
+	t.Helper()
+	v, _ := json.Marshal(events.MemberInfo{Run: "run1", Member: m, Instance: instance, Started: time.Now().UTC(), Heartbeat: time.Now().UTC()})
+	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey("run1", m), v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The bridge's view of the heartbeats is as fresh as a read of every key
+// (it reads the bucket as far as it was when asked before it answers),
+// while 500 heartbeats are written again all the time: a member that
+// joined is in the next listing, one that left is not.
+func TestMemberViewIsAsFreshAsARead(t *testing.T) {
 	env := jstest.Start(t)
-	hs := membertest.StartMembers(t, env, "run1", 1, membertest.Options{})
 	b := newTestBridge(t, env, Config{})
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	p := events.Prepare{PhaseHeader: events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 1,
-		Deadline: time.Now().Add(time.Minute), Members: []events.Member{hs[0].Name}}}
+	t.Cleanup(b.stopView)
+	var all []events.Member
+	for i := range 500 {
+		m := events.Member(fmt.Sprintf("sandbox.s%03d", i))
+		all = append(all, m)
+		putHeartbeat(t, env, m, "i0")
+	}
+	wctx, stop := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for n := 1; wctx.Err() == nil; n++ {
+			for _, m := range all {
+				v, _ := json.Marshal(events.MemberInfo{Run: "run1", Member: m, Instance: "i0", Heartbeat: time.Now().UTC()})
+				_, _ = env.Bus.Members.Put(wctx, events.MemberKey("run1", m), v)
+			}
+		}
+	}()
+	defer func() { stop(); <-done }()
+	for round := range 5 {
+		joined := events.Member(fmt.Sprintf("agent.a%d", round))
+		putHeartbeat(t, env, joined, "i0")
+		left := all[round]
+		if err := env.Bus.Members.Delete(t.Context(), events.MemberKey("run1", left)); err != nil {
+			t.Fatal(err)
+		}
+		ms, _, err := b.liveMembers(t.Context(), 0, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(ms, joined) {
+			t.Fatalf("round %d: %s joined, and is not listed", round, joined)
+		}
+		if slices.Contains(ms, left) {
+			t.Fatalf("round %d: %s left, and is listed", round, left)
+		}
+		putHeartbeat(t, env, left, "i0")
+	}
+}
+
+// A phase's watch says at once which of its members have no heartbeat,
+// then which leave and which another process replaces; no member twice.
+func TestMemberWatchSaysWhoIsGone(t *testing.T) {
+	env := jstest.Start(t)
+	b := newTestBridge(t, env, Config{})
+	t.Cleanup(b.stopView)
+	for _, m := range []events.Member{"agent.a", "sandbox.s", "owner.o"} {
+		putHeartbeat(t, env, m, "i0")
+	}
+	ctx := t.Context()
+	p := events.Prepare{PhaseHeader: events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 1, Deadline: time.Now().Add(time.Minute)}.
+		Address([]events.Member{"agent.a", "sandbox.s", "owner.o", "agent.ghost"})}
 	r, _, err := b.openAcks(ctx, p, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := b.newDriving(machine.New(b.machineConfig()))
-	d.acks = r
-	defer d.close()
-	if err := r.watcher.Stop(); err != nil {
+	defer r.close()
+	next := func() machine.MemberGone {
+		t.Helper()
+		select {
+		case in := <-r.gone:
+			return in.(machine.MemberGone)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no member said gone")
+		}
+		return machine.MemberGone{}
+	}
+	if g := next(); g.Member != "agent.ghost" || g.Why != machine.GoneNotAlive {
+		t.Fatalf("first %+v, want agent.ghost not alive", g)
+	}
+	if err := env.Bus.Members.Delete(ctx, events.MemberKey("run1", "sandbox.s")); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := d.wait(ctx)
-		done <- err
-	}()
+	if g := next(); g.Member != "sandbox.s" || g.Why != machine.GoneLeft {
+		t.Fatalf("then %+v, want sandbox.s left", g)
+	}
+	putHeartbeat(t, env, "owner.o", "i0") // a heartbeat: nothing
+	putHeartbeat(t, env, "owner.o", "i1") // another process
+	if g := next(); g.Member != "owner.o" || g.Why != machine.GoneReplaced {
+		t.Fatalf("then %+v, want owner.o replaced", g)
+	}
+	putHeartbeat(t, env, "owner.o", "i2")
 	select {
-	case err := <-done:
-		if err == nil || ctx.Err() != nil {
-			t.Fatalf("wait after the watch closed: %v, want the watch's failure", err)
-		}
-		t.Logf("wait: %v", err)
-	case <-time.After(10 * time.Second):
-		cancel()
-		<-done
-		t.Fatal("the wait still reads a closed heartbeat watch")
+	case in := <-r.gone:
+		t.Fatalf("%+v: a member said gone twice", in)
+	case <-time.After(200 * time.Millisecond):
 	}
 }
 
-// The resume watcher reads the acks already recorded whatever the time;
-// when the last of them never comes (it left the stream), it gives up a
-// phase timeout after it started and reports on what it read, instead of
-// polling, with a consumer open, until the bridge stops.
-func TestResumeWatchGivesUpAReadBackThatNeverEnds(t *testing.T) {
+// Resume acks travel on core NATS (PROTOCOL §3): the bridge listens from
+// before the resume is published, so an ack that comes before its watch
+// starts counts, and records what it heard in the stream, once the
+// deadline passed: who answered, who did not, who answered with an error.
+func TestResumeAcksAreHeardOnCoreAndRecorded(t *testing.T) {
 	env := jstest.Start(t)
-	b := newTestBridge(t, env, Config{PhaseTimeout: 300 * time.Millisecond})
-	r := events.Resume{PhaseHeader: events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 3,
-		Deadline: time.Now().Add(100 * time.Millisecond), Members: []events.Member{"agent.t0"}}}
-	rd := &ackReader{b: b, phase: events.PhaseResume, msgs: make(chan ackMsg)} // no ack ever comes
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	done := make(chan []string, 1)
-	go func() { done <- b.unresumed(ctx, r, rd, 7) }()
-	select {
-	case missing := <-done:
-		if len(missing) != 1 || missing[0] != "agent.t0" {
-			t.Fatalf("not resumed: %v, want agent.t0", missing)
+	b := newTestBridge(t, env, Config{})
+	ms := []events.Member{"agent.t0", "owner.o0", "sandbox.s0", "sandbox.s1"}
+	h := events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 3, Deadline: time.Now().Add(time.Second)}.Address(ms)
+	r := events.Resume{PhaseHeader: h}
+	if err := b.openResumeInbox(r.Seq); err != nil {
+		t.Fatal(err)
+	}
+	ack := func(m events.Member, code string) {
+		a := events.ResumeAck{AckHeader: events.AckHeader{Run: "run1", Member: m, Seq: 3, CheckpointID: "c1", OK: true, State: events.StateIdle}}
+		if code != "" {
+			a.Fail(code, "no")
 		}
-	case <-time.After(10 * time.Second):
-		cancel()
-		<-done
-		t.Fatal("the resume watcher still waits for a recorded ack that never comes")
+		if m == "sandbox.s0" {
+			a.Pause = &events.PauseReport{Mode: "freeze", PauseSeq: 1, HeldCalls: 2}
+		}
+		msg, err := events.Marshal(m, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg.Subject != events.LiveAckSubject("run1", 3, events.PhaseResume, m) {
+			t.Fatalf("a resume ack on %s", msg.Subject)
+		}
+		if err := env.Conn.PublishMsg(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ack("agent.t0", "") // before the watch starts
+	if err := env.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b.watchResume(r)
+	ack("sandbox.s0", "")
+	ack("owner.o0", events.CodeCheckpointConflict)
+	var got events.ResumeAcked
+	poll.Wait(t, 10*time.Second, "the record of the resume's acks", func() bool {
+		raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.ResumeAckedSubject("run1", 3))
+		if err != nil {
+			return false
+		}
+		_, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = d.(events.ResumeAcked)
+		return true
+	})
+	if got.Expected != 4 || got.Answered != 3 || got.MissingCount != 1 || len(got.Missing) != 1 || got.Missing[0] != "sandbox.s1" ||
+		got.ErrorCount != 1 || got.Errors[0].Member != "owner.o0" || got.HeldCalls != 2 || got.MaxMS < got.P50MS {
+		t.Fatalf("recorded %+v", got)
+	}
+	info, err := env.Bus.Stream.Info(t.Context(), natsjs.WithSubjectFilter("sp.run1.ack.>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(info.State.Subjects) != 0 {
+		t.Fatalf("acks stored on %v; resume acks are not", info.State.Subjects)
 	}
 }
 

@@ -21,6 +21,16 @@ import (
 // sequence is fence: if another bridge published in between, the server
 // refuses it and an error wrapping bridgeapi.ErrFenced is returned.
 func (b *Bridge) publishPhase(ctx context.Context, fence uint64, p events.PhaseEvent) (machine.PhasePublished, error) {
+	p, err := b.withRoster(ctx, p)
+	if err != nil {
+		return machine.PhasePublished{}, err
+	}
+	if p.Phase() == events.PhaseResume {
+		// Its acks come on core NATS, at once: listen first.
+		if err := b.openResumeInbox(p.Header().Seq); err != nil {
+			return machine.PhasePublished{}, err
+		}
+	}
 	h := p.Header()
 	// The id is this process's own (its instance nonce), so that a second
 	// bridge publishing the same sequence never looks like a duplicate of
@@ -36,7 +46,7 @@ func (b *Bridge) publishPhase(ctx context.Context, fence uint64, p events.PhaseE
 		// ours, by its id.
 		now, serr := b.state(ctx)
 		if serr == nil && now.lastID == id {
-			return machine.PhasePublished{Event: now.last, StreamSeq: now.streamSeq, ID: id, At: now.lastAt}, nil
+			return machine.PhasePublished{Event: p, StreamSeq: now.streamSeq, ID: id, At: now.lastAt}, nil
 		}
 		return machine.PhasePublished{}, fmt.Errorf("%w: publishing %s seq %d: %w", bridgeapi.ErrFenced, p.Phase(), h.Seq, err)
 	}

@@ -100,7 +100,17 @@ func (b *Bridge) history(ctx context.Context, st runState) ([]machine.PhasePubli
 		}
 		out = append(out, e)
 	}
-	return append(out, last), nil
+	out = append(out, last)
+	// The machine waits for every member a phase addressed: the sandbox
+	// daemons of a phase are in its roster.
+	for i := range out {
+		ev, err := b.expandRoster(ctx, out[i].Event)
+		if err != nil {
+			return nil, err
+		}
+		out[i].Event = ev
+	}
+	return out, nil
 }
 
 // finishStatus is a finished operation's status, for the log.

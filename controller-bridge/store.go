@@ -361,25 +361,24 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 	return nil
 }
 
-// liveMembers reads the run's heartbeats. fresh selects members that have
-// served no phase; otherwise it returns the members of epoch, plus fresh
-// ones (a member that joined since the last phase serves the next).
+// liveMembers reads the run's heartbeats, from the bridge's view of them
+// once it has read them as far as they were when asked. fresh selects
+// members that have served no phase; otherwise it returns the members of
+// epoch, plus fresh ones (a member that joined since the last phase serves
+// the next).
 func (b *Bridge) liveMembers(ctx context.Context, epoch uint64, fresh bool) ([]events.Member, []events.MemberInfo, error) {
-	values, err := jetstream.KVValues(ctx, b.cfg.JS, b.cfg.Bus.Members, events.MemberKeyFilter(b.cfg.Run))
+	v, err := b.view(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("bridge: read members: %w", err)
+		return nil, nil, err
+	}
+	if err := v.sync(ctx, b); err != nil {
+		return nil, nil, err
 	}
 	var (
 		members []events.Member
 		infos   []events.MemberInfo
 	)
-	for k, v := range values {
-		var info events.MemberInfo
-		if err := json.Unmarshal(v, &info); err != nil || info.Validate() != nil || info.Run != b.cfg.Run ||
-			events.MemberKey(b.cfg.Run, info.Member) != k {
-			b.log.Warn().Str("key", k).Msg("ignoring a member heartbeat that does not decode or names another key")
-			continue
-		}
+	for _, info := range v.snapshot() {
 		if info.Member.Kind() == events.KindBridge {
 			continue
 		}

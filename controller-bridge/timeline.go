@@ -169,7 +169,7 @@ func Summarize(d events.Data) string {
 	switch v := d.(type) {
 	case events.PhaseEvent:
 		h := v.Header()
-		s := fmt.Sprintf("%s seq %d epoch %d to %d members, deadline %s", v.Phase(), h.Seq, h.Epoch, len(h.Members), h.Deadline.Format(time.RFC3339))
+		s := fmt.Sprintf("%s seq %d epoch %d to %d members, deadline %s", v.Phase(), h.Seq, h.Epoch, len(h.Members)+sandboxCount(h), h.Deadline.Format(time.RFC3339))
 		switch p := v.(type) {
 		case events.Commit:
 			s += fmt.Sprintf(", scope %d, stop %v", len(p.Scope), p.Stop)
@@ -217,6 +217,17 @@ func Summarize(d events.Data) string {
 			who = append(who, string(e.Member)+" "+e.Code)
 		}
 		return fmt.Sprintf("release %s failed: %s (%s); nothing of the bridge's deleted", v.CheckpointID, v.Reason, strings.Join(who, ", "))
+	case events.Roster:
+		return fmt.Sprintf("roster of seq %d: %d sandbox daemons", v.Seq, len(v.Members))
+	case events.ResumeAcked:
+		s := fmt.Sprintf("resume seq %d acked by %d of %d members (p50 %.1f ms, max %.1f ms)", v.Seq, v.Answered, v.Expected, v.P50MS, v.MaxMS)
+		if v.MissingCount > 0 {
+			s += fmt.Sprintf(", %d silent (%s)", v.MissingCount, strings.Join(memberStrings(v.Missing), ","))
+		}
+		if v.ErrorCount > 0 {
+			s += fmt.Sprintf(", %d errors", v.ErrorCount)
+		}
+		return s
 	case events.MemberJoined:
 		return fmt.Sprintf("%s joined (epoch %d, %v)", v.Member, v.Epoch, v.Capabilities)
 	case events.MemberLeft:

@@ -50,11 +50,9 @@ var (
 	scaleLogs         = flag.String("scale.logs", "", "BenchmarkScale: keep every server's and member host's output in this directory")
 	scaleProfiles     = flag.String("scale.profiles", "", "BenchmarkScale: write each member host's CPU profile to this directory")
 	// The floor alone: the hosts start no member, and each op is one floor
-	// cycle (acks only, or with -scale.floor-manifest a manifest per member
-	// at commit as v1 writes): the least a protocol can pay at sizes its
-	// members cannot reach on this machine.
-	scaleFloorOnly     = flag.Bool("scale.floor-only", false, "BenchmarkScale: measure the bus floor alone, no members, no bridge")
-	scaleFloorManifest = flag.Bool("scale.floor-manifest", false, "BenchmarkScale: with -scale.floor-only, a member manifest per member at commit (v1's)")
+	// cycle: the least the protocol can pay at sizes its members cannot
+	// reach on this machine.
+	scaleFloorOnly = flag.Bool("scale.floor-only", false, "BenchmarkScale: measure the bus floor alone, no members, no bridge")
 )
 
 // The scale benchmark's sizes (docs/SCALE.md).
@@ -110,7 +108,7 @@ func BenchmarkScale(b *testing.B) {
 						floorOnly: *scaleFloorOnly}
 					w := startScale(b, cfg)
 					if cfg.floorOnly {
-						w.floorOnly(b, *scaleFloorManifest)
+						w.floorOnly(b)
 						return
 					}
 					w.warmUp(b)
@@ -147,10 +145,11 @@ func TestScaleHarness(t *testing.T) {
 	}
 	f := w.end(t, cycles, 3)
 	t.Logf("scale %s", f)
-	// Per member and cycle: at least its prepare and commit acks, at most
-	// (v1) four acks and a manifest, and a little of the bridge's.
-	if f.writes < 2 || f.writes > 6 {
-		t.Errorf("%.2f persisted writes per member per cycle, want 2 to 6", f.writes)
+	// Per member and cycle: its prepare ack (a sandbox daemon is sent no
+	// commit, and its resume ack is not stored) and a little of the
+	// bridge's; at most 2 (PROTOCOL §3).
+	if f.writes < 1 || f.writes > 2 {
+		t.Errorf("%.2f persisted writes per member per cycle, want 1 to 2", f.writes)
 	}
 	if f.bytes < 200 || f.bytes > 20000 {
 		t.Errorf("%.0f bytes per member per cycle, want 200 to 20,000", f.bytes)
@@ -504,13 +503,10 @@ func (w *scaleWorld) end(tb testing.TB, cycles []scaleCycle, floorCycles int) sc
 	f.p50, f.p99 = quantile(total, 0.5), quantile(total, 0.99)
 	f.prepare, f.commit = quantile(prep, 0.5), quantile(commit, 0.5)
 
-	// The floor pays what the cycles paid per member: a manifest create
-	// at commit when they wrote one per member (v1), none when not (v2).
-	f.floorManifest = f.kvWrites >= 0.5
 	var floor []time.Duration
 	cpu := cpuOf(tb, w.servers)
 	for i := range floorCycles {
-		floor = append(floor, w.floorCycle(tb, uint64(3*i), f.floorManifest))
+		floor = append(floor, w.floorCycle(tb, uint64(len(floorRounds)*i)))
 	}
 	f.floorServerCPU = ms(cpuOf(tb, w.servers)-cpu) / float64(floorCycles)
 	f.floor = quantile(floor, 0.5)
@@ -518,57 +514,83 @@ func (w *scaleWorld) end(tb testing.TB, cycles []scaleCycle, floorCycles int) sc
 }
 
 // floorOnly measures the bus floor alone, one floor cycle per op.
-func (w *scaleWorld) floorOnly(b *testing.B, manifest bool) {
+func (w *scaleWorld) floorOnly(b *testing.B) {
 	var floor []time.Duration
 	cpu := cpuOf(b, w.servers)
 	i := 0
 	for b.Loop() {
-		floor = append(floor, w.floorCycle(b, uint64(3*i), manifest))
+		floor = append(floor, w.floorCycle(b, uint64(len(floorRounds)*i)))
 		i++
 	}
 	serverCPU := ms(cpuOf(b, w.servers)-cpu) / float64(len(floor))
 	b.ReportMetric(quantile(floor, 0.5), "floor-p50-ms")
 	b.ReportMetric(quantile(floor, 0.99), "floor-p99-ms")
 	b.ReportMetric(serverCPU, "floor-server-cpu-ms/op")
-	b.Logf("scale floor alone R%d N=%d (%d hosts, manifest %v), %d cycles: p50 %.0f ms, p99 %.0f ms, server CPU %.0f ms per cycle",
-		w.cfg.replicas, w.cfg.members, w.cfg.hosts, manifest, len(floor), quantile(floor, 0.5), quantile(floor, 0.99), serverCPU)
+	b.Logf("scale floor alone R%d N=%d (%d hosts), %d cycles: p50 %.0f ms, p99 %.0f ms, server CPU %.0f ms per cycle",
+		w.cfg.replicas, w.cfg.members, w.cfg.hosts, len(floor), quantile(floor, 0.5), quantile(floor, 0.99), serverCPU)
 }
 
-// floorPhases are the rounds of one floor cycle, as a cycle's phases.
-var floorPhases = []events.Phase{events.PhasePrepare, events.PhaseCommit, events.PhaseResume}
+// floorRounds are the rounds of one floor cycle, as a cycle's phases of
+// sandbox daemons (PROTOCOL §3, §5): the prepare, heard by every member
+// and answered by its once-only ack in the stream; the commit, heard by
+// every member and answered by none (it addresses no sandbox daemon); the
+// resume, heard by every member and answered on core NATS.
+var floorRounds = []struct {
+	phase events.Phase
+	ack   string
+}{{events.PhasePrepare, "persist"}, {events.PhaseCommit, "none"}, {events.PhaseResume, "core"}}
 
-// floorCycle runs one floor cycle, rounds base+1 to base+3, and returns
-// its time: each round from its broadcast until every member's ack is
-// read back from the stream and every host has its server acks.
-func (w *scaleWorld) floorCycle(tb testing.TB, base uint64, manifest bool) time.Duration {
+// floorCycle runs one floor cycle, rounds base+1 on, and returns its time.
+func (w *scaleWorld) floorCycle(tb testing.TB, base uint64) time.Duration {
 	tb.Helper()
 	var took time.Duration
-	for i, p := range floorPhases {
-		took += w.floorRound(tb, base+uint64(i)+1, p, manifest && p == events.PhaseCommit)
+	for i, r := range floorRounds {
+		took += w.floorRound(tb, base+uint64(i)+1, r.phase, r.ack)
 	}
 	return took
 }
 
-func (w *scaleWorld) floorRound(tb testing.TB, round uint64, p events.Phase, manifest bool) time.Duration {
+// floorRound runs one floor round and returns its time: from its
+// publish, which every member hears on its own subscription, until every
+// host says each of its members heard it (and its persisted acks have
+// their server acks), and every member's ack, persisted or core, is read
+// back.
+func (w *scaleWorld) floorRound(tb testing.TB, round uint64, p events.Phase, ack string) time.Duration {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
 	defer cancel()
-	cons, err := w.js.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
-		FilterSubjects: []string{events.AckFilter(scaleFloorRun, round)}})
-	if err != nil {
-		tb.Fatal(err)
-	}
 	var got atomic.Int64
 	acked := make(chan struct{})
-	cc, err := cons.Consume(func(natsjs.Msg) {
+	count := func() {
 		if got.Add(1) == int64(w.cfg.members) {
 			close(acked)
 		}
-	})
-	if err != nil {
-		tb.Fatal(err)
 	}
-	defer cc.Stop()
+	req := map[string]any{"round": round, "phase": string(p), "ack": ack}
+	switch ack {
+	case "persist":
+		cons, err := w.js.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
+			FilterSubjects: []string{events.AckFilter(scaleFloorRun, round)}})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		cc, err := cons.Consume(func(natsjs.Msg) { count() })
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer cc.Stop()
+	case "core":
+		subject := nats.NewInbox()
+		sub, err := w.nc.Subscribe(subject, func(*nats.Msg) { count() })
+		if err != nil {
+			tb.Fatal(err)
+		}
+		_ = sub.SetPendingLimits(-1, -1)
+		defer func() { _ = sub.Unsubscribe() }()
+		req["core_subject"] = subject
+	default:
+		close(acked)
+	}
 	inbox := nats.NewInbox()
 	answers := make(chan string, len(w.hosts))
 	sub, err := w.nc.Subscribe(inbox, func(m *nats.Msg) { answers <- string(m.Data) })
@@ -576,7 +598,10 @@ func (w *scaleWorld) floorRound(tb testing.TB, round uint64, p events.Phase, man
 		tb.Fatal(err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	body, _ := json.Marshal(map[string]any{"round": round, "phase": string(p), "manifest": manifest})
+	if err := w.nc.Flush(); err != nil {
+		tb.Fatal(err)
+	}
+	body, _ := json.Marshal(req)
 	start := time.Now()
 	if err := w.nc.PublishRequest(scaleFloorSubject, inbox, body); err != nil {
 		tb.Fatal(err)
@@ -599,9 +624,11 @@ func (w *scaleWorld) floorRound(tb testing.TB, round uint64, p events.Phase, man
 	return time.Since(start)
 }
 
-// waitResumeAcks waits until every member's ack of the run's last resume
-// is on the stream (the bridge does not wait for them: PROTOCOL §5), so
-// that the stream's state counts whole cycles.
+// waitResumeAcks waits until the bridge has recorded in the stream that
+// every member acked the run's last resume (its acks travel on core NATS,
+// and the bridge does not wait for them: PROTOCOL §3, §5), so that the
+// next checkpoint does not pay for them and the stream's state counts
+// whole cycles.
 func (w *scaleWorld) waitResumeAcks(tb testing.TB) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(tb.Context(), 2*time.Minute)
@@ -614,20 +641,24 @@ func (w *scaleWorld) waitResumeAcks(tb testing.TB) {
 	if err != nil {
 		tb.Fatalf("the last resume's %s: %v", events.ExtSeq, err)
 	}
-	filter := events.AckSubject(scaleRun, seq, events.PhaseResume, "") + ">"
-	var pending uint64
-	err = poll.Until(ctx, poll.Every(200*time.Millisecond), func() (bool, error) {
-		c, err := w.bus.Stream.CreateConsumer(ctx, natsjs.ConsumerConfig{FilterSubject: filter, AckPolicy: natsjs.AckNonePolicy,
-			Replicas: 1, MemoryStorage: true, InactiveThreshold: time.Minute})
+	var rec events.ResumeAcked
+	err = poll.Until(ctx, poll.Every(100*time.Millisecond), func() (bool, error) {
+		raw, err := w.bus.Stream.GetLastMsgForSubject(ctx, events.ResumeAckedSubject(scaleRun, seq))
 		if err != nil {
 			return false, nil
 		}
-		defer func() { _ = w.bus.Stream.DeleteConsumer(context.WithoutCancel(ctx), c.CachedInfo().Name) }()
-		pending = c.CachedInfo().NumPending
-		return pending >= uint64(w.cfg.members), nil
+		_, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+		if err != nil {
+			return false, err
+		}
+		rec = d.(events.ResumeAcked)
+		return true, nil
 	})
 	if err != nil {
-		tb.Fatalf("%d of %d resume acks of phase %d: %v", pending, w.cfg.members, seq, err)
+		tb.Fatalf("the record of resume %d's acks: %v", seq, err)
+	}
+	if rec.Answered != w.cfg.members || rec.ErrorCount != 0 {
+		tb.Fatalf("resume %d: %d of %d members acked, %d errors (first silent: %v)", seq, rec.Answered, w.cfg.members, rec.ErrorCount, rec.Missing)
 	}
 }
 
@@ -766,7 +797,6 @@ type scaleFigures struct {
 	floorServerCPU            float64 // ms per floor cycle
 	serverCPU, hostsCPU       float64 // ms per cycle
 	floor                     float64 // ms
-	floorManifest             bool
 }
 
 func (f scaleFigures) report(b *testing.B) {
@@ -794,19 +824,15 @@ func (f scaleFigures) report(b *testing.B) {
 }
 
 func (f scaleFigures) String() string {
-	floor := "acks"
-	if f.floorManifest {
-		floor = "acks+manifest"
-	}
 	return fmt.Sprintf("R%d N=%d (%d hosts, conns per %s), %d cycles: p50 %.0f ms, p99 %.0f ms, prepare %.0f ms, commit %.0f ms; "+
 		"per member and cycle %.2f writes (stream %.2f, kv %.2f, obj %.2f), %.0f B; heartbeats %.2f per member over the cycles; "+
 		"servers in %.1f msgs, out %.1f msgs and %.1f KB per member and cycle; prepare event %.0f B, committed outcome %.0f B, "+
 		"checkpoint manifest %.0f B; server CPU %.0f ms, hosts CPU %.0f ms per cycle; %d consumers; "+
-		"floor (%s) p50 %.0f ms, its server CPU %.0f ms; cycle/floor %.2f",
+		"floor p50 %.0f ms, its server CPU %.0f ms; cycle/floor %.2f",
 		f.cfg.replicas, f.cfg.members, f.cfg.hosts, f.cfg.conns, f.cycles, f.p50, f.p99, f.prepare, f.commit,
 		f.writes, f.streamWrites, f.kvWrites, f.objWrites, f.bytes, f.heartbeats,
 		f.inMsgs, f.outMsgs, f.outKB, f.prepareSize, f.outcomeSize, f.manifestSize,
-		f.serverCPU, f.hostsCPU, f.consumers, floor, f.floor, f.floorServerCPU, f.p50/f.floor)
+		f.serverCPU, f.hostsCPU, f.consumers, f.floor, f.floorServerCPU, f.p50/f.floor)
 }
 
 // quantile returns the q quantile of ds in milliseconds.

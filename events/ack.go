@@ -421,7 +421,14 @@ func (ResumeAck) Type() Type { return TypeResumeAck }
 // Validate implements Data.
 func (a ResumeAck) Validate() error { return a.validate() }
 
-func (a ResumeAck) route() route { return a.ackRoute(PhaseResume) }
+// route: a resume ack travels on core NATS (LiveAckSubject), not into the
+// stream (PROTOCOL §3, acks); one a build before that stored is read on
+// its stream subject too.
+func (a ResumeAck) route() route {
+	r := a.ackRoute(PhaseResume)
+	r.nats, r.alt = LiveAckSubject(a.Run, a.Seq, PhaseResume, a.Member), r.nats
+	return r
+}
 
 // RestoreAck answers a restore.
 type RestoreAck struct {

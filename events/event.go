@@ -28,6 +28,7 @@ type route struct {
 	run     string
 	subject string // ce-subject
 	nats    string // NATS subject
+	alt     string // another NATS subject the event is read on (an older build's), or ""
 	source  Member // the member that must send it; "" means any bridge
 	seq     uint64
 	epoch   uint64
@@ -238,8 +239,8 @@ func Unmarshal(m *nats.Msg) (event.Event, Data, error) {
 	if err != nil {
 		return event.Event{}, nil, err
 	}
-	if m.Subject != "" && m.Subject != d.route().nats {
-		return event.Event{}, nil, fieldErr("subject", ErrMismatch, "%q, the event belongs on %q", clip(m.Subject), d.route().nats)
+	if r := d.route(); m.Subject != "" && m.Subject != r.nats && (r.alt == "" || m.Subject != r.alt) {
+		return event.Event{}, nil, fieldErr("subject", ErrMismatch, "%q, the event belongs on %q", clip(m.Subject), r.nats)
 	}
 	return e, d, nil
 }

@@ -51,20 +51,73 @@ type PhaseHeader struct {
 	Epoch uint64 `json:"epoch"`
 	// Deadline is when the bridge stops waiting for acks (RFC 3339, UTC).
 	Deadline time.Time `json:"deadline"`
-	// Members is the member set the bridge expects to answer.
+	// Members is the member set the bridge expects to answer; with
+	// Sandboxes, every member of it but the sandbox daemons.
 	Members []Member `json:"members"`
+	// Sandboxes, when set, addresses every sandbox daemon of the run as a
+	// kind (PROTOCOL §3, Rosters): the daemons the bridge waits for are in
+	// the roster it names, and Members names none. Nil: no sandbox daemon
+	// is addressed but those Members names (a phase of an older build).
+	Sandboxes *RosterRef `json:"sandboxes,omitempty"`
 }
 
 // Header returns the phase's common fields; with Phase it makes every
 // phase type a PhaseEvent.
 func (h PhaseHeader) Header() PhaseHeader { return h }
 
-// Names reports whether m is in the member set. Every member of a host
-// asks this of the same event, so it is a binary search on the sorted list
-// the bridge sends, with an exact scan only when m is not found in a list
-// that is not sorted.
+// Names reports whether the phase addresses m: m is in Members, or m is a
+// sandbox daemon and the phase addresses sandbox daemons (Sandboxes).
+// Every member of a host asks this of the same event, so it is a binary
+// search on the sorted list the bridge sends, with an exact scan only when
+// m is not found in a list that is not sorted.
 func (h PhaseHeader) Names(m Member) bool {
+	if h.Sandboxes != nil && m.Kind() == KindSandbox {
+		return true
+	}
 	return Includes(h.Members, m)
+}
+
+// Expected returns every member the bridge waits for, sorted: Members and
+// the roster's sandbox daemons. ok is false when the phase names a roster
+// whose names are not known (a phase decoded from the stream, not yet
+// expanded with RosterRef.Expand).
+func (h PhaseHeader) Expected() (members []Member, ok bool) {
+	if h.Sandboxes == nil {
+		return h.Members, true
+	}
+	names, ok := h.Sandboxes.Names()
+	if !ok {
+		return slices.Clone(h.Members), false
+	}
+	out := make([]Member, 0, len(h.Members)+len(names))
+	out = append(append(out, h.Members...), names...)
+	slices.Sort(out)
+	return out, true
+}
+
+// Address returns the header with the member set members: the sandbox
+// daemons among them go to a roster reference (Sandboxes, not yet
+// published: Seq and StreamSeq are the publisher's to set), the others to
+// Members, sorted. A set without sandbox daemons has no roster.
+func (h PhaseHeader) Address(members []Member) PhaseHeader {
+	var named, sandboxes []Member
+	for _, m := range members {
+		if m.Kind() == KindSandbox {
+			sandboxes = append(sandboxes, m)
+		} else {
+			named = append(named, m)
+		}
+	}
+	slices.Sort(named)
+	if named == nil {
+		named = []Member{}
+	}
+	h.Members, h.Sandboxes = named, nil
+	if len(sandboxes) > 0 {
+		ref := NewRosterRef(sandboxes)
+		h.Sandboxes = &ref
+	}
+	return h
 }
 
 // Includes reports whether members holds m: a binary search when members
@@ -74,6 +127,37 @@ func Includes(members []Member, m Member) bool {
 		return true
 	}
 	return !slices.IsSorted(members) && slices.Contains(members, m)
+}
+
+// WithHeader returns phase p with its common fields replaced by h.
+func WithHeader(p PhaseEvent, h PhaseHeader) PhaseEvent {
+	switch e := p.(type) {
+	case Prepare:
+		e.PhaseHeader = h
+		return e
+	case Renew:
+		e.PhaseHeader = h
+		return e
+	case Commit:
+		e.PhaseHeader = h
+		return e
+	case Resume:
+		e.PhaseHeader = h
+		return e
+	case Restore:
+		e.PhaseHeader = h
+		return e
+	case Retire:
+		e.PhaseHeader = h
+		return e
+	case Forget:
+		e.PhaseHeader = h
+		return e
+	case Release:
+		e.PhaseHeader = h
+		return e
+	}
+	return p
 }
 
 // PhaseEvent is implemented by every phase payload.
@@ -98,6 +182,9 @@ func (h PhaseHeader) validate() error {
 	}
 	if h.Deadline.IsZero() {
 		errs = append(errs, fieldErr("data.deadline", ErrInvalid, "missing"))
+	}
+	if h.Sandboxes != nil {
+		errs = append(errs, h.Sandboxes.validate(h))
 	}
 	if len(h.Members) > MaxMembers {
 		errs = append(errs, fieldErr("data.members", ErrTooLarge, "%d members, limit %d", len(h.Members), MaxMembers))

@@ -15,6 +15,15 @@ func testPhase(seq uint64) PhaseHeader {
 		Members: []Member{"agent.a0", "owner.o0", "sandbox.sb-1"}}
 }
 
+// testRosterPhase is testPhase addressing its sandbox daemons by the
+// roster of phase 1, as it reads from the stream (no names).
+func testRosterPhase(seq uint64) PhaseHeader {
+	h := testPhase(seq)
+	h.Members = []Member{"agent.a0", "owner.o0"}
+	h.Sandboxes = &RosterRef{Seq: 1, StreamSeq: 40, Count: 2, SHA256: RosterDigest([]Member{"sandbox.sb-1", "sandbox.sb-2"})}
+	return h
+}
+
 func testAck(seq uint64) AckHeader {
 	return AckHeader{Run: "run1", Member: "agent.a0", Seq: seq, CheckpointID: "ckpt-7", Epoch: 2, OK: true,
 		State: StatePrepared, TookMS: 12}
@@ -43,9 +52,9 @@ func samples() map[Type]struct {
 		}{src, d}
 	}
 	add(testBridge, Prepare{testPhase(1)})
-	add(testBridge, Renew{testPhase(2)})
+	add(testBridge, Renew{testRosterPhase(2)})
 	add(testBridge, Commit{PhaseHeader: testPhase(3), Scope: []Episode{ep("r1"), ep("r2-a3")}, Stop: true})
-	add(testBridge, Resume{PhaseHeader: testPhase(4), Aborted: true})
+	add(testBridge, Resume{PhaseHeader: testRosterPhase(4), Aborted: true})
 	add(testBridge, Restore{PhaseHeader: testPhase(5), Source: "ckpt-6", Scope: []Episode{ep("r1.x")}})
 	add(testBridge, Retire{PhaseHeader: testPhase(6), Episodes: []Episode{ep("r1-a1")}})
 	add(testBridge, Forget{PhaseHeader: testPhase(7), Rollouts: []string{"r1"}})
@@ -85,6 +94,10 @@ func samples() map[Type]struct {
 	add(testBridge, ReleaseFailed{OutcomeHeader: testOutcome(), Keep: []string{"ckpt-7"}, Reason: "1 of 2 members did not release",
 		Errors: []MemberError{{Member: "owner.o0", Code: "release_failed", Detail: "disk"}}, Deleted: map[Member][]string{"agent.a0": {"snap-1"}}})
 	add("sandbox.sb-1", MemberJoined{Run: "run1", Member: "sandbox.sb-1", Epoch: 2, Capabilities: []string{"pause:freeze", "pause:stop"}, Host: "node-3", PID: 77, Version: "dev"})
+	add(testBridge, Roster{Run: "run1", CheckpointID: "ckpt-7", Seq: 1, Epoch: 2, Members: []Member{"sandbox.sb-1", "sandbox.sb-2"}})
+	add(testBridge, ResumeAcked{Run: "run1", CheckpointID: "ckpt-7", Seq: 4, Epoch: 2, Expected: 3, Answered: 2,
+		Missing: []Member{"sandbox.sb-1"}, MissingCount: 1, Errors: []MemberError{{Member: "agent.a0", Code: CodeCheckpointConflict}}, ErrorCount: 1,
+		HeldCalls: 2, P50MS: 3.5, MaxMS: 9})
 	add("sandbox.sb-1", MemberLeft{Run: "run1", Member: "sandbox.sb-1", Epoch: 2, Reason: "shutdown"})
 	return out
 }

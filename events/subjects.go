@@ -37,6 +37,21 @@ func AckFilter(run string, seq uint64) string {
 	return SubjectPrefix + "." + run + ".ack." + strconv.FormatUint(seq, 10) + ".>"
 }
 
+// LiveAckSubject returns spl.<run>.ack.<seq>.<phase>.<member>: an ack
+// published on core NATS, outside the stream. Resume acks travel there
+// (PROTOCOL §3): the bridge never waits for them, and a fleet's resume
+// acks stored would be as many persisted writes per checkpoint as its
+// prepare acks.
+func LiveAckSubject(run string, seq uint64, p Phase, m Member) string {
+	return LivePrefix + "." + run + ".ack." + strconv.FormatUint(seq, 10) + "." + string(p) + "." + string(m)
+}
+
+// LiveAckFilter returns spl.<run>.ack.*.<phase>.>, every core-NATS ack of
+// one phase kind in a run (what the bridge subscribes to for resume acks).
+func LiveAckFilter(run string, p Phase) string {
+	return LivePrefix + "." + run + ".ack.*." + string(p) + ".>"
+}
+
 // OutcomeSubject returns sp.<run>.outcome.<noun>.<verb> for an outcome type.
 func OutcomeSubject(run string, t Type) string {
 	return SubjectPrefix + "." + run + ".outcome." + t.Noun()

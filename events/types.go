@@ -94,6 +94,8 @@ func init() {
 	register[ReleaseFailed]()
 	register[MemberJoined]()
 	register[MemberLeft]()
+	register[Roster]()
+	register[ResumeAcked]()
 }
 
 // Types returns every event type this build knows, in no set order.

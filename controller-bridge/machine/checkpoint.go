@@ -3,6 +3,7 @@ package machine
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
@@ -48,7 +49,7 @@ func (m *Machine) prepared(now time.Time, t *Tally, v Verdict) ([]Effect, error)
 	if v != Complete {
 		errs, blockers, counts := t.Failure(now)
 		return m.abort(now, prep.PhaseHeader, bridgeapi.Failure{Phase: events.PhasePrepare,
-			Reason: fmt.Sprintf("%d of %d members not ready, failed or silent", len(errs), len(prep.Members)),
+			Reason: fmt.Sprintf("%d of %d members not ready, failed or silent", len(errs), len(expected(prep.PhaseHeader))),
 			Errors: errs, Blockers: blockers, BlockerCount: counts})
 	}
 	if o.req.Hold {
@@ -57,7 +58,7 @@ func (m *Machine) prepared(now time.Time, t *Tally, v Verdict) ([]Effect, error)
 		}
 		m.want = wantTick
 		return []Effect{SetTimer{After: m.renewEvery()}, Finish{Checkpoint: &bridgeapi.CheckpointResult{Run: m.cfg.Run,
-			CheckpointID: o.id, Status: bridgeapi.StatusPrepared, Epoch: m.epoch, Members: prep.Members,
+			CheckpointID: o.id, Status: bridgeapi.StatusPrepared, Epoch: m.epoch, Members: expected(prep.PhaseHeader),
 			PrepareMS: o.prepMS, Restarted: restartsOf(t)}}}, nil
 	}
 	return m.publishCommit(now)
@@ -65,14 +66,21 @@ func (m *Machine) prepared(now time.Time, t *Tally, v Verdict) ([]Effect, error)
 
 // publishCommit asks for the commit: the controller's episodes less the
 // restarts, to the members that prepared (a sandbox daemon excused at
-// prepare, its sandbox stopped, is not asked).
+// prepare, its sandbox stopped, is not asked). Sandbox daemons, which
+// export nothing (their sandboxes are their owners' to snapshot), are
+// asked only to stop: they stay prepared, their launches paused, until
+// the resume (PROTOCOL §5, commit).
 func (m *Machine) publishCommit(now time.Time) ([]Effect, error) {
 	if err := m.to(StateCommitting); err != nil {
 		return nil, err
 	}
 	o := m.op
 	o.commitStart = now
-	c := events.Commit{PhaseHeader: m.header(now, o.id, m.epoch, o.prepTally.Members(), o.timeout),
+	to := o.prepTally.Members()
+	if !o.req.Stop {
+		to = slices.DeleteFunc(to, func(m events.Member) bool { return m.Kind() == events.KindSandbox })
+	}
+	c := events.Commit{PhaseHeader: m.header(now, o.id, m.epoch, to, o.timeout),
 		Scope: scopeOf(o.req.Episodes, restartsOf(o.prepTally)), Stop: o.req.Stop}
 	return m.publish(c), nil
 }
@@ -82,13 +90,13 @@ func (m *Machine) publishCommit(now time.Time) ([]Effect, error) {
 // checkpoint is aborted.
 func (m *Machine) commitGathered(now time.Time, t *Tally, v Verdict) ([]Effect, error) {
 	o, c := m.op, m.op.commit
-	o.members = t.Members()
+	o.members = o.withSandboxes(t.Members())
 	if !o.commitStart.IsZero() { // a replay whose commit aged out of the stream has no start
 		o.commitMS = max(now.Sub(o.commitStart).Milliseconds(), 0)
 	}
 	if v != Complete {
 		errs, _, _ := t.Failure(now)
-		reason := fmt.Sprintf("%d of %d members did not export", len(errs), len(c.Members))
+		reason := fmt.Sprintf("%d of %d members did not export", len(errs), len(expected(c.PhaseHeader)))
 		if o.replayed {
 			reason = "the bridge restarted during the commit and not every member exported"
 		}
@@ -217,7 +225,7 @@ func (m *Machine) abort(now time.Time, h events.PhaseHeader, f bridgeapi.Failure
 		return nil, err
 	}
 	o := m.op
-	o.failure, o.members = &f, h.Members
+	o.failure, o.members = &f, o.withSandboxes(expected(h))
 	marker := events.CheckpointManifest{Schema: events.CheckpointSchema, Run: m.cfg.Run, CheckpointID: h.CheckpointID, Epoch: h.Epoch,
 		Created: now.UTC(), Aborted: true, Reason: f.Reason, PrepareMS: o.prepMS}
 	m.want = wantManifestCreated

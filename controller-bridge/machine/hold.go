@@ -16,7 +16,7 @@ func (m *Machine) renewEvery() time.Duration { return max(m.op.timeout/3, 10*tim
 // publish: once another bridge took the run over, it is refused.
 func (m *Machine) renew(now time.Time) []Effect {
 	o := m.op
-	return m.publish(events.Renew{PhaseHeader: m.header(now, o.id, m.epoch, o.prepare.Members, o.timeout)})
+	return m.publish(events.Renew{PhaseHeader: m.header(now, o.id, m.epoch, expected(o.prepare.PhaseHeader), o.timeout)})
 }
 
 // unhold checks that id is the held checkpoint and that the run's last

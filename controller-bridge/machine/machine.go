@@ -187,10 +187,20 @@ func (m *Machine) timeout(ms int64) time.Duration {
 	return m.cfg.PhaseTimeout
 }
 
-// header builds the header of the run's next phase event.
+// header builds the header of the run's next phase event, addressed to
+// members: the sandbox daemons among them by a roster (PROTOCOL §3,
+// Rosters), which the driver publishes before the phase.
 func (m *Machine) header(now time.Time, id string, epoch uint64, members []events.Member, timeout time.Duration) events.PhaseHeader {
 	return events.PhaseHeader{Run: m.cfg.Run, CheckpointID: id, Seq: m.seq + 1, Epoch: epoch,
-		Deadline: now.Add(timeout).UTC().Truncate(time.Millisecond), Members: members}
+		Deadline: now.Add(timeout).UTC().Truncate(time.Millisecond)}.Address(members)
+}
+
+// expected returns the members phase h waits for (Members and its
+// roster's sandbox daemons); the driver expands every roster before a
+// phase reaches the machine (PhasePublished, Recover).
+func expected(h events.PhaseHeader) []events.Member {
+	ms, _ := h.Expected()
+	return ms
 }
 
 // opID is the id of a retire, forget or release: its phase and sequence.
@@ -227,6 +237,10 @@ func (m *Machine) published(now time.Time, in PhasePublished) ([]Effect, error) 
 	if want := m.pending; want.Phase() != p || want.Header().Seq != h.Seq || want.Header().CheckpointID != h.CheckpointID {
 		m.want = wantPublished
 		return nil, fmt.Errorf("%w: %s seq %d published, %s seq %d asked", ErrUnexpected, p, h.Seq, want.Phase(), want.Header().Seq)
+	}
+	if _, ok := h.Expected(); !ok {
+		m.want = wantPublished
+		return nil, fmt.Errorf("%w: %s seq %d published with its roster's names unknown", ErrUnexpected, p, h.Seq)
 	}
 	m.pending = nil
 	m.seq, m.fence, m.epoch = h.Seq, in.StreamSeq, h.Epoch

@@ -1,6 +1,7 @@
 package machine
 
 import (
+	"slices"
 	"time"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
@@ -81,6 +82,28 @@ func (o *operation) result() *bridgeapi.CheckpointResult {
 	res := bridgeapi.ResultOf(m)
 	res.Members = o.members
 	return res
+}
+
+// withSandboxes returns ms with the sandbox daemons that prepared added
+// (those of the prepare's tally, or of the prepare when no tally is
+// known): the members a checkpoint's outcome, result and resume name,
+// since its commit addresses sandbox daemons only to stop them.
+func (o *operation) withSandboxes(ms []events.Member) []events.Member {
+	var prepared []events.Member
+	switch {
+	case o.prepTally != nil:
+		prepared = o.prepTally.Members()
+	case o.prepare != nil:
+		prepared = expected(o.prepare.PhaseHeader)
+	}
+	out := slices.Clone(ms)
+	for _, m := range prepared {
+		if m.Kind() == events.KindSandbox {
+			out = append(out, m)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // seen reports whether a replay found outcome t of the operation.

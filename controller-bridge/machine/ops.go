@@ -90,7 +90,7 @@ func (m *Machine) askRelease(now time.Time, in ReleaseAsked) ([]Effect, error) {
 
 func releaseResult(run string, p events.Release) *bridgeapi.OpResult {
 	return &bridgeapi.OpResult{Run: run, OpID: p.CheckpointID, Phase: events.PhaseRelease, Status: bridgeapi.StatusCompleted,
-		Members: p.Members, Keep: p.Keep, MemberDeleted: map[events.Member][]string{}}
+		Members: expected(p.PhaseHeader), Keep: p.Keep, MemberDeleted: map[events.Member][]string{}}
 }
 
 // releaseGathered takes what every member deleted. If one did not

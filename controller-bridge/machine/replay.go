@@ -20,6 +20,9 @@ func (m *Machine) recover(in Recover) ([]Effect, error) {
 	}
 	o := &operation{replayed: true, outcomes: map[events.Type]events.Data{}}
 	for i, p := range in.History {
+		if _, ok := p.Event.Header().Expected(); !ok {
+			return nil, fmt.Errorf("%w: the history's %s seq %d names a roster not read", ErrUnexpected, p.Event.Phase(), p.Event.Header().Seq)
+		}
 		if err := o.replay(p.Event, i == 0); err != nil {
 			return nil, err
 		}
@@ -73,7 +76,7 @@ func (o *operation) replay(p events.PhaseEvent, first bool) error {
 		o.resume = &e
 	case events.Restore:
 		o.restore = &e
-		o.rres = &bridgeapi.RestoreResult{Run: e.Run, RestoreID: e.CheckpointID, Source: e.Source, Epoch: e.Epoch, Members: e.Members}
+		o.rres = &bridgeapi.RestoreResult{Run: e.Run, RestoreID: e.CheckpointID, Source: e.Source, Epoch: e.Epoch, Members: expected(e.PhaseHeader)}
 	case events.Retire:
 		if o.kind == opRestore {
 			o.retire = &e
@@ -200,7 +203,7 @@ func (m *Machine) replayed(now time.Time) ([]Effect, error) {
 		h := m.last.Header()
 		switch {
 		case o.manifest != nil && !o.manifest.Aborted:
-			o.members = h.Members
+			o.members = o.withSandboxes(expected(h))
 			effs, err := m.commitPoint(now, *o.manifest, false)
 			return note("a committed checkpoint was left unfinished; finishing it", effs, err)
 		case o.manifest != nil:
@@ -208,7 +211,7 @@ func (m *Machine) replayed(now time.Time) ([]Effect, error) {
 			if o.commit == nil {
 				phase = events.PhasePrepare
 			}
-			o.failure, o.members = &bridgeapi.Failure{Phase: phase, Reason: o.manifest.Reason}, h.Members
+			o.failure, o.members = &bridgeapi.Failure{Phase: phase, Reason: o.manifest.Reason}, o.withSandboxes(expected(h))
 			if err := m.to(StateAborting); err != nil {
 				return nil, err
 			}
@@ -242,7 +245,7 @@ func (m *Machine) replayed(now time.Time) ([]Effect, error) {
 			}
 			done, _ := o.outcomes[events.TypeRestoreCompleted].(events.RestoreCompleted)
 			o.rres.Status, o.rres.Restored = bridgeapi.StatusCompleted, done.Restored
-			return note("a completed restore was not resumed; resuming", m.resume(now, o.restore.Members, false), nil)
+			return note("a completed restore was not resumed; resuming", m.resume(now, expected(o.restore.PhaseHeader), false), nil)
 		case o.resume != nil && !o.resume.Aborted:
 			if err := m.to(StateRestored); err != nil {
 				return nil, err

@@ -137,7 +137,7 @@ func (m *Machine) afterRestoreCompleted(now time.Time) ([]Effect, error) {
 	if m.lastIs(events.PhaseResume, m.op.id) {
 		return m.finish(Finish{Restore: m.op.rres})
 	}
-	return m.resume(now, m.op.restore.Members, false), nil
+	return m.resume(now, expected(m.op.restore.PhaseHeader), false), nil
 }
 
 // retireNext retires the next attempt of every scoped episode on every
@@ -152,7 +152,7 @@ func (m *Machine) retireNext(now time.Time) ([]Effect, error) {
 	for i, e := range r.Scope {
 		next[i] = e.Next()
 	}
-	return m.publish(events.Retire{PhaseHeader: m.header(now, r.CheckpointID, r.Epoch, r.Members, m.cfg.PhaseTimeout), Episodes: next}), nil
+	return m.publish(events.Retire{PhaseHeader: m.header(now, r.CheckpointID, r.Epoch, expected(r.PhaseHeader), m.cfg.PhaseTimeout), Episodes: next}), nil
 }
 
 // retireGathered adds the members that did not retire to the failure.
@@ -179,7 +179,7 @@ func (m *Machine) afterRetire(now time.Time) ([]Effect, error) {
 		res.Retired = append(res.Retired, e.Next().String())
 	}
 	if !m.lastIs(events.PhaseResume, r.CheckpointID) {
-		return m.resume(now, r.Members, true), nil
+		return m.resume(now, expected(r.PhaseHeader), true), nil
 	}
 	return m.publishRestoreFailed()
 }

@@ -85,6 +85,10 @@ func show(e Effect) string {
 		h := e.Event.Header()
 		s := fmt.Sprintf("publish %s %s seq=%d epoch=%d deadline=%s members=%s", e.Event.Phase(), h.CheckpointID, h.Seq, h.Epoch,
 			since(h.Deadline), members(h.Members))
+		if h.Sandboxes != nil {
+			names, _ := h.Sandboxes.Names()
+			s += " sandboxes=" + members(names)
+		}
 		switch p := e.Event.(type) {
 		case events.Commit:
 			s += " scope=" + episodes(p.Scope) + flagIf(p.Stop, "stop")

@@ -56,7 +56,7 @@ type Tally struct {
 func NewTally(phase events.Phase, h events.PhaseHeader) *Tally {
 	t := &Tally{phase: phase, seq: h.Seq, epoch: h.Epoch, ckpt: h.CheckpointID, deadline: h.Deadline,
 		expected: map[events.Member]bool{}, acks: map[events.Member]events.Ack{}, dead: map[events.Member]bool{}}
-	for _, m := range h.Members {
+	for _, m := range expected(h) {
 		t.expected[m] = true
 	}
 	return t

@@ -56,6 +56,10 @@ const (
 	AckError    AckStatus = "error"
 	AckMissing  AckStatus = "missing"
 	AckPending  AckStatus = "pending"
+	// AckUnknown: the bridge's record of a resume's acks (which are not
+	// stored) names only the first events.MaxListed silent members, and
+	// this one is not among them: it may have answered or not.
+	AckUnknown AckStatus = "unknown"
 )
 
 // Op is one checkpoint or operation (restore, release, retire, forget) of
@@ -95,6 +99,10 @@ type Phase struct {
 	Republished int `json:"republished,omitempty"`
 	// Expected is the member set the phase named.
 	Expected []events.Member `json:"expected"`
+	// Heard is the bridge's record of a resume's acks, which travel on
+	// core NATS and are not stored (PROTOCOL §3): its acks are read from
+	// it, without their times.
+	Heard *Heard `json:"heard,omitempty"`
 	// Acks has one entry per expected member and per other member that
 	// answered, slowest first: missing and pending ones lead.
 	Acks []Ack `json:"acks"`
@@ -132,6 +140,23 @@ type Ack struct {
 	// Duplicates counts further acks of the same phase by the same member;
 	// the first one is kept.
 	Duplicates int `json:"duplicates,omitempty"`
+}
+
+// Heard is what the bridge recorded of a resume's acks
+// (events.ResumeAcked).
+type Heard struct {
+	Time      time.Time `json:"time"`
+	StreamSeq uint64    `json:"stream_seq"`
+	Expected  int       `json:"expected"`
+	Answered  int       `json:"answered"`
+	// P50MS and MaxMS are the acks' latencies as the bridge heard them.
+	P50MS float64 `json:"p50_ms"`
+	MaxMS float64 `json:"max_ms"`
+
+	missing map[events.Member]bool
+	errors  map[events.Member]events.MemberError
+	// complete: every silent and every failed member is named.
+	complete bool
 }
 
 // Outcome is the bridge's verdict on an operation.
@@ -172,6 +197,9 @@ type Outcome struct {
 type Builder struct {
 	ops   map[string]*opState
 	order []string
+	// rosters are the roster events read, by stream sequence: the sandbox
+	// daemons of the phases that name them (PROTOCOL §3, Rosters).
+	rosters map[uint64]events.Roster
 	// last is the time of the last event added.
 	last time.Time
 }
@@ -190,6 +218,9 @@ type opState struct {
 type phaseState struct {
 	Phase
 	acks map[events.Member]*Ack
+	// anySandbox: the phase addressed sandbox daemons by a roster that was
+	// not read, so an ack of any sandbox daemon is one it expected.
+	anySandbox bool
 }
 
 // Add folds one event in. It returns the id of the operation the event
@@ -202,6 +233,12 @@ func (b *Builder) Add(e Event) string {
 		b.last = e.Time
 	}
 	switch d := e.Data.(type) {
+	case events.Roster:
+		if b.rosters == nil {
+			b.rosters = map[uint64]events.Roster{}
+		}
+		b.rosters[e.StreamSeq] = d
+		return ""
 	case events.PhaseEvent:
 		h := d.Header()
 		o := b.op(h.CheckpointID, e.Time)
@@ -216,7 +253,7 @@ func (b *Builder) Add(e Event) string {
 			o.kind = kindOf(d.Phase())
 		}
 		p.Phase.Phase, p.Epoch, p.StreamSeq, p.Published, p.Deadline = d.Phase(), h.Epoch, e.StreamSeq, e.Time, h.Deadline
-		p.Expected = slices.Clone(h.Members)
+		p.Expected, p.anySandbox = b.expected(h)
 		if r, ok := d.(events.Resume); ok {
 			p.Aborted = r.Aborted
 		}
@@ -224,6 +261,21 @@ func (b *Builder) Add(e Event) string {
 			a.BeforePhase = a.StreamSeq < e.StreamSeq
 		}
 		o.touch(e.Time)
+		return o.id
+	case events.ResumeAcked:
+		o := b.op(d.CheckpointID, e.Time)
+		p := o.phase(d.Seq, events.PhaseResume)
+		o.touch(e.Time)
+		hd := &Heard{Time: e.Time, StreamSeq: e.StreamSeq, Expected: d.Expected, Answered: d.Answered, P50MS: d.P50MS, MaxMS: d.MaxMS,
+			missing: map[events.Member]bool{}, errors: map[events.Member]events.MemberError{},
+			complete: d.MissingCount == len(d.Missing) && d.ErrorCount == len(d.Errors)}
+		for _, m := range d.Missing {
+			hd.missing[m] = true
+		}
+		for _, me := range d.Errors {
+			hd.errors[me.Member] = me
+		}
+		p.Heard = hd
 		return o.id
 	case events.Ack:
 		h := d.Header()
@@ -369,6 +421,26 @@ func Build(evs []Event) []Op {
 	return b.Ops(b.Last())
 }
 
+// expected returns the members phase h addresses, its roster's sandbox
+// daemons among them when the roster was read; any is true when it was
+// not (a follow that started after it, a roster aged out).
+func (b *Builder) expected(h events.PhaseHeader) (ms []events.Member, any bool) {
+	if h.Sandboxes == nil {
+		return slices.Clone(h.Members), false
+	}
+	r, ok := b.rosters[h.Sandboxes.StreamSeq]
+	if !ok {
+		return slices.Clone(h.Members), true
+	}
+	ref, err := h.Sandboxes.Expand(r)
+	if err != nil {
+		return slices.Clone(h.Members), true
+	}
+	h.Sandboxes = &ref
+	ms, _ = h.Expected()
+	return ms, false
+}
+
 func (b *Builder) op(id string, t time.Time) *opState {
 	o := b.ops[id]
 	if o == nil {
@@ -430,6 +502,10 @@ func (o *opState) snapshot(now time.Time) Op {
 				p.Acks = append(p.Acks, ps.ackAt(a))
 				continue
 			}
+			if hd := ps.Heard; hd != nil {
+				p.Acks = append(p.Acks, hd.ack(m, ps.Epoch))
+				continue
+			}
 			st := AckPending
 			if over {
 				st = AckMissing
@@ -440,7 +516,7 @@ func (o *opState) snapshot(now time.Time) Op {
 			if !seen[m] {
 				members[m] = true
 				c := ps.ackAt(a)
-				c.Unexpected = ps.StreamSeq != 0
+				c.Unexpected = ps.StreamSeq != 0 && !(ps.anySandbox && m.Kind() == events.KindSandbox)
 				p.Acks = append(p.Acks, c)
 			}
 		}
@@ -469,6 +545,21 @@ func (o *opState) snapshot(now time.Time) Op {
 	}
 	slices.Sort(op.Members)
 	return op
+}
+
+// ack is member m's answer as the record says it: silent, failed, or
+// answered (unknown when the record's lists are cut and do not name m).
+func (hd *Heard) ack(m events.Member, epoch uint64) Ack {
+	a := Ack{Member: m, Kind: m.Kind(), Epoch: epoch, Status: AckOK}
+	switch e, failed := hd.errors[m]; {
+	case hd.missing[m]:
+		a.Status = AckMissing
+	case failed:
+		a.Status, a.Code, a.Detail = AckError, e.Code, e.Detail
+	case !hd.complete:
+		a.Status = AckUnknown
+	}
+	return a
 }
 
 // ackAt copies a with its latency from the phase's publish.

@@ -39,6 +39,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	}
 	pub := []string{
 		sp + "ack.*.*." + self,
+		events.LivePrefix + "." + run + ".ack.*." + string(events.PhaseResume) + "." + self,
 		sp + "member." + self,
 		kvPub(jetstream.BucketMembers, self),
 		"$JS.API.INFO",

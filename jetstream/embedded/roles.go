@@ -72,6 +72,7 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 		return &Permissions{
 			Publish: Subjects{Allow: append(append(common(),
 				sp+"ack.*.*."+k+".*",
+				events.LivePrefix+"."+r+".ack.*."+string(events.PhaseResume)+"."+k+".*",
 				sp+"member."+k+".*",
 				kv(jetstream.BucketMembers, k+".*"),
 			), pub...)},
@@ -87,6 +88,8 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 		return &Permissions{
 			Publish: Subjects{Allow: append(common(),
 				sp+"phase.>",
+				sp+"roster.>",
+				sp+"resumed.>",
 				sp+"outcome.>",
 				kv(jetstream.BucketManifests, ">"),
 				"$O.>",
@@ -100,6 +103,7 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 			// Its micro service (the controller API, bridgeapi.ServiceSubject) and micro's
 			// discovery subjects of that service alone.
 			Subscribe: Subjects{Allow: []string{"_INBOX.>", events.ServiceFilter(r, events.KindBridge),
+				events.LiveAckFilter(r, events.PhaseResume),
 				"$SRV.*", "$SRV.*." + bridgeService, "$SRV.*." + bridgeService + ".*"}},
 		}, nil
 	case RoleAgent:

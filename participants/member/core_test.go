@@ -50,15 +50,6 @@ func consumers(t *testing.T, env *jstest.Env) int {
 }
 
 // ackSeq returns the stream sequence of m's ack to phase seq.
-func ackSeq(t *testing.T, env *jstest.Env, seq uint64, p events.Phase, m events.Member) uint64 {
-	t.Helper()
-	raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.AckSubject("run1", seq, p, m))
-	if err != nil {
-		t.Fatalf("the ack of %s to %s %d: %v", m, p, seq, err)
-	}
-	return raw.Sequence
-}
-
 // PROTOCOL §3, Consumers: a sandbox daemon on the core feed answers every
 // phase of a checkpoint and leaves no consumer on the stream; its state file
 // keeps the phase sequence it handled.
@@ -125,8 +116,8 @@ func fillsAGap(t *testing.T, scoped bool) {
 	seq3 := bridge.Publish(events.Prepare{PhaseHeader: header("c2")})
 	want(t, bridge.Ack(seq2, events.PhaseResume, name), "", events.StateIdle)
 	want(t, bridge.Ack(seq3, events.PhasePrepare, name), "", events.StatePrepared)
-	if a, b := ackSeq(t, env, seq2, events.PhaseResume, name), ackSeq(t, env, seq3, events.PhasePrepare, name); a > b {
-		t.Errorf("the lost resume was answered at stream sequence %d, after the prepare that followed it (%d)", a, b)
+	if a, b := bridge.AckedAt(seq2, events.PhaseResume, name), bridge.AckedAt(seq3, events.PhasePrepare, name); a.After(b) {
+		t.Errorf("the lost resume was answered at %s, after the prepare that followed it (%s)", a, b)
 	}
 	bridge.Barrier(name)
 	for _, s := range []struct {
@@ -216,9 +207,9 @@ func catchesUpAfterADisconnect(t *testing.T, scoped bool) {
 	if err := h.Member.Admit(events.Episode{Rollout: "r9", Attempt: 2}); err == nil {
 		t.Error("the retire published while the member was cut off was not applied")
 	}
-	a2, a3, a4 := ackSeq(t, env, seq2, events.PhaseResume, name), ackSeq(t, env, seq3, events.PhaseRetire, name), ackSeq(t, env, seq4, events.PhasePrepare, name)
-	if a2 > a3 || a3 > a4 {
-		t.Errorf("acks at stream sequences %d, %d, %d: not in the phases' order", a2, a3, a4)
+	a2, a3, a4 := bridge.AckedAt(seq2, events.PhaseResume, name), bridge.AckedAt(seq3, events.PhaseRetire, name), bridge.AckedAt(seq4, events.PhasePrepare, name)
+	if a2.After(a3) || a3.After(a4) {
+		t.Errorf("acks at %s, %s, %s: not in the phases' order", a2, a3, a4)
 	}
 	bridge.Barrier(name)
 	for _, s := range []struct {

@@ -38,9 +38,16 @@ func (m *Member) reply(ctx context.Context, r Reply) {
 		}
 		return
 	}
-	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	_, err = jetstream.PublishOnce(cctx, m.cfg.JS, msg)
-	cancel()
+	if r.Phase == events.PhaseResume {
+		// A resume ack goes on core NATS, not into the stream (PROTOCOL
+		// §3): the bridge never waits for it, and a resume is idempotent,
+		// so one lost, or sent twice, changes nothing.
+		err = m.cfg.JS.Conn().PublishMsg(msg)
+	} else {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		_, err = jetstream.PublishOnce(cctx, m.cfg.JS, msg)
+		cancel()
+	}
 	if err != nil && !errors.Is(err, jetstream.ErrAlreadyDone) {
 		log.Warn().Err(err).Msg("cannot publish the ack; the event will come again")
 		if hm != nil {

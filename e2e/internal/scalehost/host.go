@@ -193,13 +193,21 @@ func run(ctx context.Context, cfg hostConfig, out io.Writer) error {
 	fmt.Fprintf(out, "scalehost %s: ready %d members (%.1f s)\n", cfg.name, len(members), time.Since(start).Seconds())
 
 	if cfg.floorSubject != "" {
-		sub, err := members[0].nc.Subscribe(cfg.floorSubject, func(m *nats.Msg) { answerFloor(runCtx, cfg, members, m) })
-		if err != nil {
-			return err
+		// Every member hears the floor's rounds on its own subscription (its
+		// own connection), as it hears a phase.
+		f := &floor{ctx: runCtx, cfg: cfg, members: len(members), rounds: map[uint64]*floorRound{}, nc: members[0].nc}
+		for _, h := range members {
+			sub, err := h.nc.Subscribe(cfg.floorSubject, func(m *nats.Msg) { f.heard(h, m) })
+			if err != nil {
+				return err
+			}
+			_ = sub.SetPendingLimits(-1, -1)
+			defer func() { _ = sub.Unsubscribe() }()
 		}
-		defer func() { _ = sub.Drain() }()
-		if err := members[0].nc.Flush(); err != nil {
-			return err
+		for _, nc := range conns {
+			if err := nc.Flush(); err != nil {
+				return err
+			}
 		}
 	}
 	fmt.Fprintf(out, "scalehost %s: floor on %q\n", cfg.name, cfg.floorSubject)
@@ -277,63 +285,99 @@ func startMembers(ctx, runCtx context.Context, running *sync.WaitGroup, cfg host
 type floorRequest struct {
 	Round uint64 `json:"round"`
 	Phase string `json:"phase"`
-	// Manifest asks each member for a member manifest created once in
-	// sp_manifests too (the protocol's commit writes one per member).
-	Manifest bool `json:"manifest"`
+	// Ack is what each member answers: "persist", its once-only ack in the
+	// stream; "core", an ack published on core NATS to CoreSubject; "none",
+	// nothing (a phase that does not address it, which it still hears).
+	Ack         string `json:"ack"`
+	CoreSubject string `json:"core_subject,omitempty"`
 }
 
-// answerFloor publishes every member's ack of one floor round, pipelined,
-// waits for the server's answer to each, and replies "ok" or the first
-// error.
-func answerFloor(ctx context.Context, cfg hostConfig, members []*hosted, m *nats.Msg) {
+// floor answers the bus floor's rounds: each member answers the round it
+// hears on its own connection, and once every member of the process heard
+// it (and every persisted ack has its server ack) the process replies "ok",
+// or the first error, to the round's reply subject.
+type floor struct {
+	ctx     context.Context
+	cfg     hostConfig
+	members int
+	nc      *nats.Conn // the replies'
+	mu      sync.Mutex
+	rounds  map[uint64]*floorRound
+}
+
+// floorRound is one round as the process answers it.
+type floorRound struct {
+	heard   int
+	futures []natsjs.PubAckFuture
+	err     error
+}
+
+// heard takes one member's delivery of a round and answers it.
+func (f *floor) heard(h *hosted, m *nats.Msg) {
 	var req floorRequest
-	if err := json.Unmarshal(m.Data, &req); err != nil {
-		_ = m.Respond([]byte("error: " + err.Error()))
-		return
+	err := json.Unmarshal(m.Data, &req)
+	phase := events.Phase(req.Phase)
+	var fut natsjs.PubAckFuture
+	if err == nil {
+		switch req.Ack {
+		case "persist":
+			fut, err = h.floor.PublishMsgAsync(floorAck(h, f.cfg.floorRun, req.Round, phase), natsjs.WithExpectLastSequencePerSubject(0))
+		case "core":
+			ack := floorAck(h, f.cfg.floorRun, req.Round, phase)
+			ack.Subject = req.CoreSubject
+			err = h.nc.PublishMsg(ack)
+		case "none":
+		default:
+			err = fmt.Errorf("floor round %d: ack %q: want persist, core or none", req.Round, req.Ack)
+		}
 	}
-	err := floorRound(ctx, cfg, members, req)
-	if err != nil {
-		_ = m.Respond([]byte("error: " + err.Error()))
-		return
+	f.mu.Lock()
+	r := f.rounds[req.Round]
+	if r == nil {
+		r = &floorRound{}
+		f.rounds[req.Round] = r
 	}
-	_ = m.Respond([]byte("ok"))
+	r.heard++
+	if fut != nil {
+		r.futures = append(r.futures, fut)
+	}
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	last := r.heard == f.members
+	if last {
+		delete(f.rounds, req.Round)
+	}
+	f.mu.Unlock()
+	if last {
+		go f.reply(r, m.Reply)
+	}
 }
 
-func floorRound(ctx context.Context, cfg hostConfig, members []*hosted, req floorRequest) error {
-	phase := events.Phase(req.Phase)
-	futures := make([]natsjs.PubAckFuture, 0, 2*len(members))
-	for _, h := range members {
-		f, err := h.floor.PublishMsgAsync(floorAck(h, cfg.floorRun, req.Round, phase), natsjs.WithExpectLastSequencePerSubject(0))
-		if err != nil {
-			return err
-		}
-		futures = append(futures, f)
-		if req.Manifest {
-			key, err := floorManifest(cfg.floorRun, req.Round, h.name)
-			if err != nil {
-				return err
-			}
-			f, err := h.floor.PublishMsgAsync(key, natsjs.WithExpectLastSequencePerSubject(0))
-			if err != nil {
-				return err
-			}
-			futures = append(futures, f)
-		}
-	}
+// reply waits for a round's server acks and replies for the process.
+func (f *floor) reply(r *floorRound, to string) {
+	err := r.err
 	deadline := time.NewTimer(time.Minute)
 	defer deadline.Stop()
-	for _, f := range futures {
+	for _, fut := range r.futures {
+		if err != nil {
+			break
+		}
 		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return fmt.Errorf("%s: %w", f.Msg().Subject, err)
+		case <-fut.Ok():
+		case e := <-fut.Err():
+			err = fmt.Errorf("%s: %w", fut.Msg().Subject, e)
 		case <-deadline.C:
-			return errors.New("no answer to an ack in a minute")
-		case <-ctx.Done():
-			return ctx.Err()
+			err = errors.New("no answer to an ack in a minute")
+		case <-f.ctx.Done():
+			err = f.ctx.Err()
 		}
 	}
-	return nil
+	answer := []byte("ok")
+	if err != nil {
+		answer = []byte("error: " + err.Error())
+	}
+	_ = f.nc.Publish(to, answer)
 }
 
 // floorAck is one member's ack of a floor round: its template's headers
@@ -347,15 +391,4 @@ func floorAck(h *hosted, run string, round uint64, p events.Phase) *nats.Msg {
 	hdr.Set(events.HeaderMsgID, id)
 	hdr.Set(events.HeaderPrefix+"id", id)
 	return &nats.Msg{Subject: events.AckSubject(run, round, p, h.name), Header: hdr, Data: h.ack.Data}
-}
-
-// floorManifest is one member's manifest of a floor round, created once.
-func floorManifest(run string, round uint64, name events.Member) (*nats.Msg, error) {
-	id := "ckpt" + strconv.FormatUint(round, 10)
-	b, err := json.Marshal(events.MemberManifest{Schema: events.ManifestSchema, Run: run, CheckpointID: id, Member: name,
-		Object: run + "/" + id + "/" + string(name) + ".jsonl", SHA256: strings.Repeat("0", 64)})
-	if err != nil {
-		return nil, err
-	}
-	return &nats.Msg{Subject: "$KV." + jetstream.BucketManifests + "." + run + "." + id + "." + string(name), Data: b}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,8 +19,10 @@ import (
 
 // Bridge plays the controller bridge in tests: it publishes phase events
 // the way the bridge does (events.Marshal, jetstream.PublishDedup, ce-id
-// <run>.<seq>.<phase>) and reads the members' acks from the stream. It is
-// not safe for concurrent use.
+// <run>.<seq>.<phase>) and reads the members' acks from the stream, and
+// resume acks, which travel on core NATS (PROTOCOL §3), from a
+// subscription it makes before its first resume. It is not safe for
+// concurrent use.
 type Bridge struct {
 	// Env is the bus.
 	Env *jstest.Env
@@ -37,6 +40,15 @@ type Bridge struct {
 	// commits maps a checkpoint to the sequence of its last commit, which
 	// a restore of it names (events.Restore.SourceCommitSeq).
 	commits map[string]uint64
+
+	resumeSub  *nats.Subscription
+	resumeMu   sync.Mutex // the subscription's goroutine files, the test reads
+	resumeAcks map[resumeKey][]*nats.Msg
+}
+
+type resumeKey struct {
+	seq    uint64
+	member events.Member
 }
 
 // NewBridge returns a Bridge for run on env.
@@ -82,10 +94,48 @@ func (b *Bridge) PublishWithID(d events.PhaseEvent, id string) uint64 {
 	if err != nil {
 		b.t.Fatalf("membertest: bridge: %v", err)
 	}
+	if d.Phase() == events.PhaseResume {
+		b.listenResumeAcks()
+	}
 	if _, err := jetstream.PublishDedup(b.t.Context(), b.Env.JS, msg); err != nil {
 		b.t.Fatalf("membertest: bridge: publish: %v", err)
 	}
 	return d.Header().Seq
+}
+
+// listenResumeAcks subscribes to the run's resume acks, once.
+func (b *Bridge) listenResumeAcks() {
+	if b.resumeSub != nil {
+		return
+	}
+	b.resumeAcks = map[resumeKey][]*nats.Msg{}
+	sub, err := b.Env.Conn.Subscribe(events.LiveAckFilter(b.Run, events.PhaseResume), func(msg *nats.Msg) {
+		_, d, err := events.Unmarshal(msg)
+		a, ok := d.(events.ResumeAck)
+		if err != nil || !ok {
+			return // Lookup finds none, and says so by its wait
+		}
+		b.resumeMu.Lock()
+		defer b.resumeMu.Unlock()
+		k := resumeKey{a.Seq, a.Member}
+		b.resumeAcks[k] = append(b.resumeAcks[k], msg)
+	})
+	if err != nil {
+		b.t.Fatalf("membertest: bridge: subscribe to the resume acks: %v", err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	if err := b.Env.Conn.Flush(); err != nil {
+		b.t.Fatalf("membertest: bridge: subscribe to the resume acks: %v", err)
+	}
+	b.resumeSub = sub
+	b.t.Cleanup(func() { _ = sub.Unsubscribe() })
+}
+
+// heardResume returns the resume acks heard of (seq, m).
+func (b *Bridge) heardResume(seq uint64, m events.Member) []*nats.Msg {
+	b.resumeMu.Lock()
+	defer b.resumeMu.Unlock()
+	return b.resumeAcks[resumeKey{seq, m}]
 }
 
 // PublishOutcome publishes an outcome (checkpoint.committed, ...).
@@ -103,6 +153,17 @@ func (b *Bridge) PublishOutcome(d events.Data) {
 // Lookup returns the ack of member m to phase event seq, if it is there.
 func (b *Bridge) Lookup(seq uint64, p events.Phase, m events.Member) (events.Ack, bool) {
 	b.t.Helper()
+	if p == events.PhaseResume {
+		heard := b.heardResume(seq, m)
+		if len(heard) == 0 {
+			return nil, false
+		}
+		_, d, err := events.Unmarshal(heard[0])
+		if err != nil {
+			b.t.Fatalf("membertest: bridge: resume ack of %s to %d does not decode: %v", m, seq, err)
+		}
+		return d.(events.Ack), true
+	}
 	raw, err := b.Env.Bus.Stream.GetLastMsgForSubject(b.t.Context(), events.AckSubject(b.Run, seq, p, m))
 	if errors.Is(err, natsjs.ErrMsgNotFound) {
 		return nil, false
@@ -121,6 +182,29 @@ func (b *Bridge) Lookup(seq uint64, p events.Phase, m events.Member) (events.Ack
 	return a, true
 }
 
+// AckedAt waits for member m's ack to phase event seq and returns its
+// time (ce-time, the member's clock when it answered): a member answers in
+// the order it handles, so the times order its answers, stored or not.
+func (b *Bridge) AckedAt(seq uint64, p events.Phase, m events.Member) time.Time {
+	b.t.Helper()
+	b.Ack(seq, p, m)
+	var msg *nats.Msg
+	if p == events.PhaseResume {
+		msg = b.heardResume(seq, m)[0]
+	} else {
+		raw, err := b.Env.Bus.Stream.GetLastMsgForSubject(b.t.Context(), events.AckSubject(b.Run, seq, p, m))
+		if err != nil {
+			b.t.Fatalf("membertest: bridge: read ack: %v", err)
+		}
+		msg = rawMsg(raw)
+	}
+	e, _, err := events.Unmarshal(msg)
+	if err != nil {
+		b.t.Fatalf("membertest: bridge: ack of %s to %s %d does not decode: %v", m, p, seq, err)
+	}
+	return e.Time()
+}
+
 // Ack waits for member m's ack to phase event seq and returns it.
 func (b *Bridge) Ack(seq uint64, p events.Phase, m events.Member) events.Ack {
 	b.t.Helper()
@@ -133,9 +217,13 @@ func (b *Bridge) Ack(seq uint64, p events.Phase, m events.Member) events.Ack {
 	return d
 }
 
-// AckCount returns how many acks the stream holds for (seq, p, m).
+// AckCount returns how many acks the stream holds for (seq, p, m); of a
+// resume, how many the bridge heard.
 func (b *Bridge) AckCount(seq uint64, p events.Phase, m events.Member) uint64 {
 	b.t.Helper()
+	if p == events.PhaseResume {
+		return uint64(len(b.heardResume(seq, m)))
+	}
 	subj := events.AckSubject(b.Run, seq, p, m)
 	info, err := b.Env.Bus.Stream.Info(b.t.Context(), natsjs.WithSubjectFilter(subj))
 	if err != nil {

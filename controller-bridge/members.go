@@ -1,0 +1,211 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/machine"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// memberView is the bridge's one live view of its run's heartbeats
+// (sp_members): who is alive, and as which process instance. One ordered
+// consumer of the bucket's stream keeps it for the bridge's life, and an
+// operation that needs it first waits until it has read the bucket as far
+// as it was when asked (sync), so that it is as fresh as a read of every
+// key would be. Before it, each operation read every key and each phase
+// gathered watched every key again: at 10,000 sandbox daemons, 3 MB read
+// and decoded three times a checkpoint, and each watch stopped with an
+// update in flight left nats.go's sender blocked for good.
+type memberView struct {
+	mu      sync.Mutex
+	cond    *sync.Cond // broadcast when seq moves or the view fails
+	started bool
+	cc      natsjs.ConsumeContext
+	seq     uint64 // the bucket's stream sequence read up to
+	alive   map[string]events.MemberInfo
+	watches map[*memberWatch]struct{}
+	err     error // the view cannot read the bucket
+}
+
+// memberWatch tells a phase gathered which of its members die, leave or
+// are replaced while it runs.
+type memberWatch struct {
+	memberOf map[string]events.Member // key -> member, of the phase's members
+	told     map[events.Member]bool   // members said gone
+	gone     chan machine.Input       // MemberGone, buffered for every member
+	view     *memberView
+}
+
+// view returns the started view of the run's heartbeats.
+func (b *Bridge) view(ctx context.Context) (*memberView, error) {
+	v := &b.members
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.cond == nil {
+		v.cond = sync.NewCond(&v.mu)
+	}
+	if v.started {
+		return v, v.err
+	}
+	cons, err := b.cfg.JS.OrderedConsumer(ctx, "KV_"+jetstream.BucketMembers, natsjs.OrderedConsumerConfig{
+		FilterSubjects: []string{"$KV." + jetstream.BucketMembers + "." + events.MemberKeyFilter(b.cfg.Run)},
+		DeliverPolicy:  natsjs.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: watch the members: %w", err)
+	}
+	cc, err := cons.Consume(b.heardHeartbeat, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
+		b.log.Debug().Err(err).Msg("the members' watch")
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("bridge: watch the members: %w", err)
+	}
+	v.started, v.cc, v.alive, v.watches = true, cc, map[string]events.MemberInfo{}, map[*memberWatch]struct{}{}
+	return v, nil
+}
+
+// stopView ends the view (Run is ending).
+func (b *Bridge) stopView() {
+	v := &b.members
+	v.mu.Lock()
+	cc := v.cc
+	v.cc = nil
+	if v.started {
+		v.err = errors.New("bridge: the members' watch is stopped")
+		v.cond.Broadcast()
+	}
+	v.mu.Unlock()
+	if cc != nil {
+		cc.Stop()
+	}
+}
+
+// heardHeartbeat takes one message of the bucket: a heartbeat put, or a
+// key deleted, purged or expired.
+func (b *Bridge) heardHeartbeat(msg natsjs.Msg) {
+	md, err := msg.Metadata()
+	if err != nil {
+		return
+	}
+	key := strings.TrimPrefix(msg.Subject(), "$KV."+jetstream.BucketMembers+".")
+	var info events.MemberInfo
+	removed := jetstream.KVRemoved(msg.Headers())
+	if !removed {
+		if err := json.Unmarshal(msg.Data(), &info); err != nil || info.Validate() != nil || info.Run != b.cfg.Run ||
+			events.MemberKey(b.cfg.Run, info.Member) != key {
+			b.log.Warn().Str("key", key).Msg("ignoring a member heartbeat that does not decode or names another key")
+			removed = true
+		}
+	}
+	v := &b.members
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	was, had := v.alive[key]
+	if removed {
+		delete(v.alive, key)
+	} else {
+		v.alive[key] = info
+	}
+	for w := range v.watches {
+		m, tracked := w.memberOf[key]
+		switch {
+		case !tracked:
+		case removed && had:
+			w.send(machine.MemberGone{Member: m, Why: machine.GoneLeft})
+		case !removed && had && was.Instance != info.Instance:
+			// Another process took the name: the one asked is gone.
+			w.send(machine.MemberGone{Member: m, Why: machine.GoneReplaced})
+		}
+	}
+	v.seq = max(v.seq, md.Sequence.Stream)
+	v.cond.Broadcast()
+}
+
+// sync waits until the view has read the bucket as far as the run's last
+// heartbeat message when asked.
+func (v *memberView) sync(ctx context.Context, b *Bridge) error {
+	s, err := b.cfg.JS.Stream(ctx, "KV_"+jetstream.BucketMembers)
+	if err != nil {
+		return fmt.Errorf("bridge: read the members: %w", err)
+	}
+	last, err := s.GetLastMsgForSubject(ctx, "$KV."+jetstream.BucketMembers+"."+events.MemberKeyFilter(b.cfg.Run))
+	switch {
+	case errors.Is(err, natsjs.ErrMsgNotFound):
+		return nil // no heartbeat of the run yet
+	case err != nil:
+		return fmt.Errorf("bridge: read the members: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		v.cond.Broadcast()
+	})
+	defer stop()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for v.seq < last.Sequence && v.err == nil && ctx.Err() == nil {
+		v.cond.Wait()
+	}
+	if v.err != nil {
+		return v.err
+	}
+	return ctx.Err()
+}
+
+// snapshot returns the heartbeats of the run's live members.
+func (v *memberView) snapshot() []events.MemberInfo {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]events.MemberInfo, 0, len(v.alive))
+	for _, info := range v.alive {
+		out = append(out, info)
+	}
+	return out
+}
+
+// watch starts telling which of members are gone: at once those not alive
+// now, then each that dies, leaves or is replaced. The caller syncs first.
+func (v *memberView) watch(run string, members []events.Member) *memberWatch {
+	w := &memberWatch{memberOf: map[string]events.Member{}, told: map[events.Member]bool{},
+		gone: make(chan machine.Input, len(members)), view: v}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, m := range members {
+		k := events.MemberKey(run, m)
+		w.memberOf[k] = m
+		if _, ok := v.alive[k]; !ok {
+			w.send(machine.MemberGone{Member: m, Why: machine.GoneNotAlive})
+		}
+	}
+	v.watches[w] = struct{}{}
+	return w
+}
+
+// send queues g unless the watch has said its member is gone already: the
+// channel has room for one input per member, so it never blocks. The
+// view's lock is held.
+func (w *memberWatch) send(g machine.MemberGone) {
+	if w.told[g.Member] {
+		return
+	}
+	w.told[g.Member] = true
+	w.gone <- g
+}
+
+// close ends the watch.
+func (w *memberWatch) close() {
+	if w == nil {
+		return
+	}
+	w.view.mu.Lock()
+	defer w.view.mu.Unlock()
+	delete(w.view.watches, w)
+}

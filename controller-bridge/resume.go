@@ -1,0 +1,268 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/stillpoint/stillpoint/controller-bridge/machine"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// resumeAcks is the bridge's one core-NATS subscription of its run's
+// resume acks (PROTOCOL §3: they are not stored). It is made before the
+// first resume is published, so that no ack comes before it, and hands
+// each ack to the inbox of its resume, one opened before that resume was
+// published; an ack of a resume without an inbox is dropped.
+type resumeAcks struct {
+	mu     sync.Mutex
+	sub    *nats.Subscription
+	inbox  map[uint64]*resumeInbox
+	opened []uint64 // inbox sequences, oldest first
+}
+
+// resumeInbox holds the acks of one resume as they arrive.
+type resumeInbox struct {
+	published time.Time
+	mu        sync.Mutex
+	acks      []heardAck
+	wake      chan struct{}
+}
+
+// heardAck is an ack and when the bridge heard it.
+type heardAck struct {
+	msg *nats.Msg
+	at  time.Time
+}
+
+// resumeInboxes bounds the inboxes kept: a resume's watch takes its inbox
+// at once, and ends by its deadline.
+const resumeInboxes = 8
+
+// openResumeInbox subscribes to the run's resume acks if it has not yet,
+// and opens the inbox of resume seq: call it before the resume is
+// published.
+func (b *Bridge) openResumeInbox(seq uint64) error {
+	r := &b.resumes
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sub == nil {
+		sub, err := b.cfg.JS.Conn().Subscribe(events.LiveAckFilter(b.cfg.Run, events.PhaseResume), b.heardResumeAck)
+		if err != nil {
+			return fmt.Errorf("bridge: subscribe to the resume acks: %w", err)
+		}
+		// A fleet's acks come at once: none is dropped for a slow reader.
+		_ = sub.SetPendingLimits(-1, -1)
+		if err := b.cfg.JS.Conn().Flush(); err != nil {
+			_ = sub.Unsubscribe()
+			return fmt.Errorf("bridge: subscribe to the resume acks: %w", err)
+		}
+		r.sub, r.inbox = sub, map[uint64]*resumeInbox{}
+	}
+	if _, ok := r.inbox[seq]; !ok {
+		r.inbox[seq] = &resumeInbox{published: b.cfg.Now(), wake: make(chan struct{}, 1)}
+		r.opened = append(r.opened, seq)
+		for len(r.opened) > resumeInboxes {
+			delete(r.inbox, r.opened[0])
+			r.opened = r.opened[1:]
+		}
+	}
+	return nil
+}
+
+// takeResumeInbox returns the inbox of resume seq and forgets it: the
+// watch of that resume reads it from now on. Nil if none was opened.
+func (b *Bridge) takeResumeInbox(seq uint64) *resumeInbox {
+	r := &b.resumes
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in := r.inbox[seq]
+	delete(r.inbox, seq)
+	r.opened = slices.DeleteFunc(r.opened, func(s uint64) bool { return s == seq })
+	if in != nil {
+		// Acks heard from now on still reach it.
+		r.inbox[seq] = in
+		r.opened = append(r.opened, seq)
+	}
+	return in
+}
+
+// closeResumeInbox forgets the inbox of resume seq.
+func (b *Bridge) closeResumeInbox(seq uint64) {
+	r := &b.resumes
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.inbox, seq)
+	r.opened = slices.DeleteFunc(r.opened, func(s uint64) bool { return s == seq })
+}
+
+// stopResumeAcks ends the subscription (Run is ending).
+func (b *Bridge) stopResumeAcks() {
+	r := &b.resumes
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sub != nil {
+		_ = r.sub.Unsubscribe()
+		r.sub, r.inbox, r.opened = nil, nil, nil
+	}
+}
+
+// heardResumeAck runs on the subscription's goroutine: it files msg in
+// the inbox of its resume, by the sequence its subject names.
+func (b *Bridge) heardResumeAck(msg *nats.Msg) {
+	// spl.<run>.ack.<seq>.resume.<member>
+	rest, ok := strings.CutPrefix(msg.Subject, events.LivePrefix+"."+b.cfg.Run+".ack.")
+	if !ok {
+		return
+	}
+	seqText, _, _ := strings.Cut(rest, ".")
+	seq, err := strconv.ParseUint(seqText, 10, 64)
+	if err != nil {
+		return
+	}
+	r := &b.resumes
+	r.mu.Lock()
+	in := r.inbox[seq]
+	r.mu.Unlock()
+	if in == nil {
+		return
+	}
+	in.mu.Lock()
+	in.acks = append(in.acks, heardAck{msg: msg, at: b.cfg.Now()})
+	in.mu.Unlock()
+	select {
+	case in.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (in *resumeInbox) take() []heardAck {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	acks := in.acks
+	in.acks = nil
+	return acks
+}
+
+// watchResume checks in the background that every member acks resume r
+// within its deadline, logs those that do not (resume acks never block a
+// result: a member that misses the resume reopens when its lease runs
+// out), and records what it heard in the stream (events.ResumeAcked).
+// Once Run is ending it does not start.
+func (b *Bridge) watchResume(r events.Resume) {
+	in := b.takeResumeInbox(r.Seq)
+	if in == nil {
+		b.log.Warn().Str("checkpoint", r.CheckpointID).Uint64("seq", r.Seq).Msg("no inbox for the resume acks; not watching them")
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		b.closeResumeInbox(r.Seq)
+		return // Run is ending: nothing is added to what it waits for
+	}
+	b.bg.Go(func() {
+		defer b.closeResumeInbox(r.Seq)
+		rec := b.gatherResume(b.bgCtx, r, in)
+		if rec == nil {
+			return
+		}
+		if rec.MissingCount > 0 {
+			b.log.Warn().Str("checkpoint", r.CheckpointID).Int("not_resumed", rec.MissingCount).Strs("first", memberStrings(rec.Missing)).
+				Msg("members did not ack the resume in time; their leases will reopen them")
+		}
+		msg, err := events.Marshal(b.source, *rec, events.WithID(b.cfg.Run+"."+strconv.FormatUint(r.Seq, 10)+".resume.acked"))
+		if err == nil {
+			ctx, cancel := context.WithTimeout(b.bgCtx, publishAttemptTimeout)
+			_, err = jetstream.PublishDedup(ctx, b.cfg.JS, msg)
+			cancel()
+		}
+		if err != nil && b.bgCtx.Err() == nil {
+			b.log.Warn().Err(err).Str("checkpoint", r.CheckpointID).Msg("cannot record the resume's acks in the stream")
+		}
+	})
+}
+
+// gatherResume reads the acks of resume r from its inbox until every
+// member acked or the deadline passed, and returns what it heard; nil once
+// ctx ends.
+func (b *Bridge) gatherResume(ctx context.Context, r events.Resume, in *resumeInbox) *events.ResumeAcked {
+	h := r.PhaseHeader
+	began := in.published
+	h.Deadline = machine.GatherDeadline(began, h.Deadline)
+	t := machine.NewTally(events.PhaseResume, h)
+	t.WaitAll = true // an ack with an error does not end the wait for the others
+	var took []float64
+	held := 0
+	timer := time.NewTimer(h.Deadline.Sub(b.cfg.Now()))
+	defer timer.Stop()
+	for {
+		for _, a := range in.take() {
+			_, d, err := events.Unmarshal(a.msg)
+			if err != nil {
+				b.log.Warn().Err(err).Str("subject", a.msg.Subject).Msg("refusing a resume ack")
+				continue
+			}
+			ack, ok := d.(events.ResumeAck)
+			if !ok || !t.Add(ack) {
+				continue
+			}
+			b.countAck(ack)
+			took = append(took, float64(a.at.Sub(began).Microseconds())/1000)
+			if ack.Pause != nil {
+				held += ack.Pause.HeldCalls
+			}
+		}
+		if v := t.Decide(b.cfg.Now()); v != machine.Waiting {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		case <-in.wake:
+		}
+	}
+	expected, _ := h.Expected()
+	rec := &events.ResumeAcked{Run: b.cfg.Run, CheckpointID: h.CheckpointID, Seq: h.Seq, Epoch: h.Epoch,
+		Expected: len(expected), Answered: len(t.Acks()), HeldCalls: held}
+	for _, m := range expected {
+		ack, ok := t.Acks()[m]
+		switch {
+		case !ok:
+			rec.MissingCount++
+			if len(rec.Missing) < events.MaxListed {
+				rec.Missing = append(rec.Missing, m)
+			}
+		case ack.Header().Error != nil:
+			rec.ErrorCount++
+			if len(rec.Errors) < events.MaxListed {
+				e := ack.Header().Error
+				rec.Errors = append(rec.Errors, events.MemberError{Member: m, Code: e.Code, Detail: e.Detail})
+			}
+		}
+	}
+	if len(took) > 0 {
+		slices.Sort(took)
+		rec.P50MS, rec.MaxMS = took[len(took)/2], took[len(took)-1]
+	}
+	if rec.MissingCount == 0 {
+		b.cfg.Metrics.PhaseDone(string(events.PhaseResume), b.cfg.Now().Sub(began))
+	}
+	return rec
+}
+
+func memberStrings(ms []events.Member) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = string(m)
+	}
+	return out
+}

@@ -1,0 +1,99 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// withRoster puts the roster of phase p on the stream before p (PROTOCOL
+// §3, Rosters) and returns p naming it. A phase addressed to no sandbox
+// daemon is returned as it is; one whose sandbox daemons are those of the
+// last roster this bridge published (a resume after its prepare) names
+// that roster again. The roster's id is derived from the phase and the
+// names, so a publish made again after an unanswered one lands once.
+func (b *Bridge) withRoster(ctx context.Context, p events.PhaseEvent) (events.PhaseEvent, error) {
+	h := p.Header()
+	ref := h.Sandboxes
+	if ref == nil || ref.StreamSeq != 0 {
+		return p, nil
+	}
+	if last := b.roster; last != nil && last.Same(*ref) {
+		r := *ref
+		r.Seq, r.StreamSeq = last.Seq, last.StreamSeq
+		h.Sandboxes = &r
+		return events.WithHeader(p, h), nil
+	}
+	names, _ := ref.Names()
+	roster := events.Roster{Run: b.cfg.Run, CheckpointID: h.CheckpointID, Seq: h.Seq, Epoch: h.Epoch, Members: names}
+	id := b.cfg.Run + "." + fmt.Sprint(h.Seq) + ".roster." + ref.SHA256[:16]
+	msg, err := events.Marshal(b.source, roster, events.WithID(id))
+	if err != nil {
+		return nil, fmt.Errorf("bridge: build the roster of %s seq %d: %w", p.Phase(), h.Seq, err)
+	}
+	var ack, pubErr = jetstream.PublishDedup(ctx, b.cfg.JS, msg)
+	for attempt := 2; pubErr != nil && unanswered(ctx, pubErr) && attempt <= 3; attempt++ {
+		b.log.Warn().Err(pubErr).Uint64("seq", h.Seq).Int("attempt", attempt).Msg("roster publish unanswered; publishing the same again")
+		ack, pubErr = jetstream.PublishDedup(ctx, b.cfg.JS, msg)
+	}
+	if pubErr != nil {
+		return nil, fmt.Errorf("bridge: publish the roster of %s seq %d (%d sandbox daemons): %w", p.Phase(), h.Seq, ref.Count, pubErr)
+	}
+	published := roster.Ref(ack.Sequence)
+	b.roster = &published
+	h.Sandboxes = &published
+	return events.WithHeader(p, h), nil
+}
+
+// expandRoster returns p with the names of the roster it names, read from
+// the stream by its sequence and checked against the phase (its run,
+// subject, count and digest). A phase without a roster, or one whose names
+// are known, is returned as it is.
+func (b *Bridge) expandRoster(ctx context.Context, p events.PhaseEvent) (events.PhaseEvent, error) {
+	h := p.Header()
+	if h.Sandboxes == nil {
+		return p, nil
+	}
+	if _, ok := h.Sandboxes.Names(); ok {
+		return p, nil
+	}
+	ref := *h.Sandboxes
+	raw, err := b.cfg.Bus.Stream.GetMsg(ctx, ref.StreamSeq)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: the roster of %s seq %d at stream sequence %d: %w", p.Phase(), h.Seq, ref.StreamSeq, err)
+	}
+	if want := events.RosterSubject(b.cfg.Run, ref.Seq); raw.Subject != want {
+		return nil, fmt.Errorf("%w: the roster of %s seq %d: stream sequence %d is on %s, not %s",
+			events.ErrMismatch, p.Phase(), h.Seq, ref.StreamSeq, raw.Subject, want)
+	}
+	_, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+	if err != nil {
+		return nil, fmt.Errorf("bridge: the roster of %s seq %d: %w", p.Phase(), h.Seq, err)
+	}
+	roster, ok := d.(events.Roster)
+	if !ok {
+		return nil, fmt.Errorf("%w: the roster of %s seq %d is a %s", events.ErrMismatch, p.Phase(), h.Seq, d.Type())
+	}
+	if roster.Run != b.cfg.Run {
+		return nil, fmt.Errorf("%w: the roster of %s seq %d is of run %s", events.ErrMismatch, p.Phase(), h.Seq, roster.Run)
+	}
+	full, err := ref.Expand(roster)
+	if err != nil {
+		return nil, fmt.Errorf("bridge: the roster of %s seq %d: %w", p.Phase(), h.Seq, err)
+	}
+	h.Sandboxes = &full
+	return events.WithHeader(p, h), nil
+}
+
+// sandboxCount is the number of sandbox daemons phase h addresses by its
+// roster.
+func sandboxCount(h events.PhaseHeader) int {
+	if h.Sandboxes == nil {
+		return 0
+	}
+	return h.Sandboxes.Count
+}
