@@ -26,6 +26,7 @@ type ackMsg struct {
 type ackReader struct {
 	b      *Bridge
 	phase  events.Phase
+	ctx    context.Context // ends when the reader closes
 	cancel context.CancelFunc
 	cc     natsjs.ConsumeContext
 	msgs   chan ackMsg
@@ -35,22 +36,29 @@ type ackReader struct {
 }
 
 // openAcks starts reading the acks of p. backlog is the stream sequence
-// of the last ack already recorded, 0 if there is none. A phase with no
-// members has nothing to read.
-func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch bool) (r *ackReader, backlog uint64, err error) {
+// of the last ack already recorded, 0 if there is none (or p is fresh:
+// just published, so none is from before). A phase with no members has
+// nothing to read.
+func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch, fresh bool) (r *ackReader, backlog uint64, err error) {
 	h := p.Header()
 	members, _ := h.Expected()
 	if len(members) == 0 {
 		return nil, 0, nil
 	}
 	filter := events.AckFilter(b.cfg.Run, h.Seq)
-	if last, err := b.cfg.Bus.Stream.GetLastMsgForSubject(ctx, filter); err == nil {
-		backlog = last.Sequence
-	} else if !errors.Is(err, natsjs.ErrMsgNotFound) {
-		return nil, 0, fmt.Errorf("bridge: acks of seq %d: %w", h.Seq, err)
+	if !fresh {
+		// A phase read back (a replay): its acks recorded so far count
+		// whatever the time, so the machine waits until it read them all.
+		// A phase just published is gathered live: its acks come as they
+		// are stored, and its deadline holds.
+		if last, err := b.cfg.Bus.Stream.GetLastMsgForSubject(ctx, filter); err == nil {
+			backlog = last.Sequence
+		} else if !errors.Is(err, natsjs.ErrMsgNotFound) {
+			return nil, 0, fmt.Errorf("bridge: acks of seq %d: %w", h.Seq, err)
+		}
 	}
 	gctx, cancel := context.WithCancel(ctx)
-	r = &ackReader{b: b, phase: p.Phase(), cancel: cancel, msgs: make(chan ackMsg, 256)}
+	r = &ackReader{b: b, phase: p.Phase(), ctx: gctx, cancel: cancel, msgs: make(chan ackMsg, 256)}
 	// The reader as made here: a return with an error sets r to nil, and
 	// both the close below and the consumer's handler, which may still
 	// run until then, need it.
@@ -85,8 +93,13 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch bool) 
 		if err != nil {
 			return nil, 0, err
 		}
-		if err := v.sync(gctx, b); err != nil {
-			return nil, 0, err
+		// The view, once it has read every heartbeat, says at once what
+		// it reads later (a death since is told to the watch as it is
+		// read); a view just started reads them all first.
+		if !v.loaded() {
+			if err := v.sync(gctx, b); err != nil {
+				return nil, 0, err
+			}
 		}
 		r.watch = v.watch(b.cfg.Run, members)
 		r.gone = r.watch.gone

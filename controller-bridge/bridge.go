@@ -32,6 +32,12 @@ type Bridge struct {
 	// live view of its heartbeats.
 	resumes resumeAcks
 	members memberView
+	// heads writes the run's head in the background (saveHead).
+	heads heads
+	// lastLatest is the LATEST this bridge wrote last, at lastLatestRev
+	// (moveLatest); written by the operation holding op.
+	lastLatest    *events.Latest
+	lastLatestRev uint64
 
 	mu     sync.Mutex // guards held and closed
 	held   *hold      // the checkpoint held prepared, if any
@@ -72,6 +78,9 @@ func (b *Bridge) Run(ctx context.Context) error {
 		b.bg.Wait()
 		b.stopResumeAcks()
 		b.stopView()
+		fctx, cancel := context.WithTimeout(context.Background(), publishAttemptTimeout)
+		b.flushHead(fctx)
+		cancel()
 	}()
 	if err := b.Recover(ctx); err != nil && ctx.Err() == nil {
 		return err

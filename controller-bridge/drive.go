@@ -20,8 +20,14 @@ type driving struct {
 
 	acks  *ackReader // the phase gathered, nil when none
 	timer *time.Timer
-	armed bool          // the timer runs
-	after time.Duration // the last SetTimer
+	// probe is when to ask the phase's silent sandbox daemons whether they
+	// are there (members.go, probeAfter); probing is closed once a probe
+	// in flight is done.
+	probe   *time.Timer
+	probing chan struct{}
+	lastAck time.Time     // when the gathered phase's last ack came
+	armed   bool          // the timer runs
+	after   time.Duration // the last SetTimer
 
 	fin *machine.Finish // the operation's end, once the machine said it
 
@@ -41,6 +47,43 @@ func (d *driving) close() {
 	if d.timer != nil {
 		d.timer.Stop()
 	}
+	d.stopProbe()
+}
+
+// stopProbe stops probing the gathered phase's silent members.
+func (d *driving) stopProbe() {
+	if d.probe != nil {
+		d.probe.Stop()
+		d.probe = nil
+	}
+}
+
+// probed asks the silent sandbox daemons of the gathered phase whether
+// they are there, in the background, unless a probe is in flight, and
+// arms the next.
+func (d *driving) probed() {
+	d.probe.Reset(probeEvery)
+	if time.Since(d.lastAck) < probeQuiet {
+		return // acks still come: the fleet is answering
+	}
+	if d.probing != nil {
+		select {
+		case <-d.probing:
+		default:
+			return // the last probe still waits for answers
+		}
+	}
+	silent := d.m.Silent()
+	if len(silent) == 0 || d.acks == nil || d.acks.watch == nil {
+		return
+	}
+	done := make(chan struct{})
+	d.probing = done
+	r := d.acks
+	go func() {
+		defer close(done)
+		d.b.probe(r.ctx, r.watch, silent)
+	}()
 }
 
 // drive feeds in to m and carries out its effects, waiting for what the
@@ -105,11 +148,15 @@ func (d *driving) wait(ctx context.Context) ([]machine.Input, error) {
 	}
 	for {
 		var (
-			acks <-chan ackMsg
-			gone <-chan machine.Input
+			acks  <-chan ackMsg
+			gone  <-chan machine.Input
+			probe <-chan time.Time
 		)
 		if d.acks != nil {
 			acks, gone = d.acks.msgs, d.acks.gone
+		}
+		if d.probe != nil {
+			probe = d.probe.C
 		}
 		select {
 		case <-ctx.Done():
@@ -118,9 +165,12 @@ func (d *driving) wait(ctx context.Context) ([]machine.Input, error) {
 			d.armed = false
 			return []machine.Input{machine.Tick{}}, nil
 		case am := <-acks:
+			d.lastAck = time.Now()
 			return []machine.Input{d.acks.ack(am)}, nil
 		case in := <-gone:
 			return []machine.Input{in}, nil
+		case <-probe:
+			d.probed()
 		}
 	}
 }
@@ -144,14 +194,19 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 		}
 		return p
 	case machine.StartGathering:
-		r, backlog, err := b.openAcks(ctx, e.Event, e.Watch)
+		r, backlog, err := b.openAcks(ctx, e.Event, e.Watch, e.Fresh)
 		if err != nil {
 			return failed(err)
 		}
 		d.acks = r
+		if e.Watch {
+			d.stopProbe()
+			d.probe, d.lastAck = time.NewTimer(probeAfter), time.Time{}
+		}
 		return machine.GatherStarted{Seq: e.Event.Header().Seq, Backlog: backlog}
 	case machine.StopGathering:
 		d.clock.stopped(b.cfg.Metrics, e.Phase, b.cfg.Now())
+		d.stopProbe()
 		if d.acks != nil {
 			d.acks.close()
 			d.acks = nil
@@ -195,7 +250,7 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 		failpoint.Hit("bridge/after-latest")
 		return machine.LatestMoved{}
 	case machine.PublishOutcome:
-		if err := b.publishOutcomeOnce(ctx, e.Outcome, e.ID); err != nil {
+		if err := b.publishOutcomeOnce(ctx, e.Outcome, e.ID, e.Replayed); err != nil {
 			return failed(err)
 		}
 		if e.Outcome.Type() == events.TypeCheckpointCommitted {

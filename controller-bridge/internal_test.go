@@ -112,7 +112,7 @@ func TestMemberWatchSaysWhoIsGone(t *testing.T) {
 	ctx := t.Context()
 	p := events.Prepare{PhaseHeader: events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 1, Deadline: time.Now().Add(time.Minute)}.
 		Address([]events.Member{"agent.a", "sandbox.s", "owner.o", "agent.ghost"})}
-	r, _, err := b.openAcks(ctx, p, true)
+	r, _, err := b.openAcks(ctx, p, true, true)
 	if err != nil {
 		t.Fatal(err)
 	}

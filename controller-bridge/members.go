@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
@@ -33,6 +35,7 @@ type memberView struct {
 	alive   map[string]events.MemberInfo
 	watches map[*memberWatch]struct{}
 	err     error // the view cannot read the bucket
+	synced  bool  // a sync has completed: every heartbeat there was is read
 }
 
 // memberWatch tells a phase gathered which of its members die, leave or
@@ -139,6 +142,9 @@ func (v *memberView) sync(ctx context.Context, b *Bridge) error {
 	last, err := s.GetLastMsgForSubject(ctx, "$KV."+jetstream.BucketMembers+"."+events.MemberKeyFilter(b.cfg.Run))
 	switch {
 	case errors.Is(err, natsjs.ErrMsgNotFound):
+		v.mu.Lock()
+		v.synced = true
+		v.mu.Unlock()
 		return nil // no heartbeat of the run yet
 	case err != nil:
 		return fmt.Errorf("bridge: read the members: %w", err)
@@ -157,7 +163,19 @@ func (v *memberView) sync(ctx context.Context, b *Bridge) error {
 	if v.err != nil {
 		return v.err
 	}
-	return ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	v.synced = true
+	return nil
+}
+
+// loaded reports whether the view has read the bucket as far as it was at
+// some sync.
+func (v *memberView) loaded() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.synced
 }
 
 // snapshot returns the heartbeats of the run's live members.
@@ -198,6 +216,61 @@ func (w *memberWatch) send(g machine.MemberGone) {
 	}
 	w.told[g.Member] = true
 	w.gone <- g
+}
+
+// tell says g, as the view does (once per member).
+func (w *memberWatch) tell(g machine.MemberGone) {
+	w.view.mu.Lock()
+	defer w.view.mu.Unlock()
+	if _, ok := w.view.watches[w]; ok {
+		w.send(g)
+	}
+}
+
+// Probing a phase's silent sandbox daemons (PROTOCOL §3, Liveness): a
+// daemon's heartbeat lives minutes (jetstream.DefaultSandboxTTL), so the
+// bridge asks those it still waits for whether they are still there, once
+// the phase is probeAfter old and no ack came for probeQuiet (while acks
+// stream in, a fleet is answering, not dead), every probeEvery, at most
+// probeBatch a round and probeParallel at once: a request on a daemon's
+// alive subject that finds no responder finds it gone, at once (its
+// connection closed), and it is left out of the phase as a heartbeat that
+// expired would have it. A request that times out says nothing.
+const (
+	probeAfter    = 3 * time.Second
+	probeQuiet    = 2 * time.Second
+	probeEvery    = time.Second
+	probeBatch    = 512
+	probeParallel = 16
+	probeTimeout  = 2 * time.Second
+)
+
+// probe asks each of silent whether it is there, and tells w of those that
+// are not. It returns when every answer is in or ctx ends.
+func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Member) {
+	if len(silent) > probeBatch {
+		silent = silent[:probeBatch]
+	}
+	nc := b.cfg.JS.Conn()
+	sem := make(chan struct{}, probeParallel)
+	var wg sync.WaitGroup
+	for _, m := range silent {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			rctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			defer cancel()
+			if _, err := nc.RequestWithContext(rctx, events.AliveSubject(b.cfg.Run, m), nil); errors.Is(err, nats.ErrNoResponders) {
+				w.tell(machine.MemberGone{Member: m, Why: machine.GoneSilent})
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // close ends the watch.

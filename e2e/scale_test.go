@@ -267,7 +267,7 @@ func (w *scaleWorld) startServers(tb testing.TB, scalenode, dir, logs string) st
 	switch w.cfg.replicas {
 	case 1:
 		w.servers = []*child.Process{child.StartForTest(tb, child.Spec{Name: "nats", Path: scalenode, LogFile: filepath.Join(logs, "nats.log"),
-			Args: []string{"-name", "n0", "-dir", filepath.Join(dir, "nats"), "-max-consumers", limit}})}
+			Args: append([]string{"-name", "n0", "-dir", filepath.Join(dir, "nats"), "-max-consumers", limit}, w.nodeProfile("n0")...)})}
 	case 3:
 		addrs := make([]string, 0, 6)
 		var ls []net.Listener
@@ -290,8 +290,8 @@ func (w *scaleWorld) startServers(tb testing.TB, scalenode, dir, logs string) st
 			name := "n" + strconv.Itoa(i)
 			w.servers = append(w.servers, child.StartForTest(tb, child.Spec{Name: "nats-" + name, Path: scalenode,
 				LogFile: filepath.Join(logs, "nats-"+name+".log"),
-				Args: []string{"-name", name, "-dir", filepath.Join(dir, "nats", name), "-max-consumers", limit,
-					"-listen", addrs[2*i], "-cluster-listen", addrs[2*i+1], "-routes", strings.Join(routes, ",")}}))
+				Args: append([]string{"-name", name, "-dir", filepath.Join(dir, "nats", name), "-max-consumers", limit,
+					"-listen", addrs[2*i], "-cluster-listen", addrs[2*i+1], "-routes", strings.Join(routes, ",")}, w.nodeProfile(name)...)}))
 		}
 	default:
 		tb.Fatalf("replicas %d: the benchmark runs 1 or 3", w.cfg.replicas)
@@ -305,6 +305,15 @@ func (w *scaleWorld) startServers(tb testing.TB, scalenode, dir, logs string) st
 		w.monitors = append(w.monitors, m[2])
 	}
 	return strings.Join(urls, ",")
+}
+
+// nodeProfile is the flag that writes server name's CPU profile under
+// -scale.profiles, if it is set.
+func (w *scaleWorld) nodeProfile(name string) []string {
+	if *scaleProfiles == "" {
+		return nil
+	}
+	return []string{"-cpuprofile", filepath.Join(*scaleProfiles, fmt.Sprintf("R%d-N%d-nats-%s.pprof", w.cfg.replicas, w.cfg.members, name))}
 }
 
 // logDir is where the processes' output files go: under -scale.logs, one

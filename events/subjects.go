@@ -77,6 +77,12 @@ func ServiceSubject(run string, m Member) string {
 	return ServicePrefix + "." + run + "." + string(m.Kind()) + "." + m.Name()
 }
 
+// AliveSubject returns spsvc.<run>.<kind>.<name>.alive, on which member m's
+// runtime answers with its instance for as long as it runs (PROTOCOL §3,
+// Liveness): a request there that finds no responder finds the member gone,
+// at once, however long its heartbeat still lives.
+func AliveSubject(run string, m Member) string { return ServiceSubject(run, m) + ".alive" }
+
 // ServiceName returns the NATS micro service name of a member kind's
 // service, what `nats micro ls` lists and the $SRV discovery subjects carry:
 // stillpoint-agent, stillpoint-owner, stillpoint-sandboxd ("" for another

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -115,4 +116,51 @@ func first(h map[string][]string, name string) string {
 		return v[0]
 	}
 	return ""
+}
+
+// KVWrite writes value to key of a KV bucket, with ttl as the key's own
+// time to live (Nats-TTL; 0: the bucket's), as kv.Put would when expect is
+// negative, kv.Create when it is 0 (the key has no value: none yet, or
+// deleted, purged or expired) and kv.Update when it is the key's current
+// revision; it returns the new revision. nats.go's KV puts and updates
+// carry no TTL of their own. A write whose expected revision is not the
+// key's returns an error wrapping natsjs.ErrKeyExists.
+func KVWrite(ctx context.Context, js natsjs.JetStream, bucket, key string, value []byte, ttl time.Duration, expect int64) (uint64, error) {
+	msg := nats.NewMsg("$KV." + bucket + "." + key)
+	msg.Data = value
+	if ttl > 0 {
+		msg.Header.Set("Nats-TTL", strconv.FormatInt(int64((ttl+time.Second-1)/time.Second), 10)+"s")
+	}
+	var opts []natsjs.PublishOpt
+	if expect >= 0 {
+		opts = append(opts, natsjs.WithExpectLastSequencePerSubject(uint64(expect)))
+	}
+	ack, err := js.PublishMsg(ctx, msg, opts...)
+	if expect == 0 && IsWrongLastSequence(err) {
+		// Create of a key whose last message removed it: write over that.
+		last, gerr := kvLast(ctx, js, bucket, key)
+		if gerr == nil && last != nil && KVRemoved(last.Header) {
+			return KVWrite(ctx, js, bucket, key, value, ttl, int64(last.Sequence))
+		}
+	}
+	if IsWrongLastSequence(err) {
+		return 0, fmt.Errorf("jetstream: write %s %s: %w: %w", bucket, key, natsjs.ErrKeyExists, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("jetstream: write %s %s: %w", bucket, key, err)
+	}
+	return ack.Sequence, nil
+}
+
+// kvLast returns the last message of key in bucket's stream, nil if none.
+func kvLast(ctx context.Context, js natsjs.JetStream, bucket, key string) (*natsjs.RawStreamMsg, error) {
+	s, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return nil, err
+	}
+	m, err := s.GetLastMsgForSubject(ctx, "$KV."+bucket+"."+key)
+	if errors.Is(err, natsjs.ErrMsgNotFound) {
+		return nil, nil
+	}
+	return m, err
 }

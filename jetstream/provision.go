@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -207,13 +208,20 @@ func (t Topology) resources() []resource {
 		},
 	}}
 	for _, kcfg := range t.keyValueConfigs() {
-		rs = append(rs, resource{
+		r := resource{
 			what:   fmt.Sprintf("kv bucket %s (stream KV_%s)", kcfg.Bucket, kcfg.Bucket),
 			stream: "KV_" + kcfg.Bucket,
 			diff: func(have natsjs.StreamConfig) []string {
 				var d diffs
 				diffField(&d, "history", have.MaxMsgsPerSubject, int64(kcfg.History))
-				diffField(&d, "ttl", have.MaxAge, kcfg.TTL)
+				if kcfg.Bucket != BucketMembers || have.Metadata[metaMemberTTL] != "" {
+					diffField(&d, "ttl", have.MaxAge, kcfg.TTL)
+				}
+				for _, k := range []string{metaMemberTTL, metaSandboxTTL} {
+					if v, ok := have.Metadata[k]; ok && kcfg.Metadata[k] != v {
+						d = append(d, fmt.Sprintf("%s %s, want %s", k, v, kcfg.Metadata[k]))
+					}
+				}
 				diffField(&d, "replicas", replicas(have.Replicas), kcfg.Replicas)
 				diffField(&d, "storage", have.Storage, kcfg.Storage)
 				return d
@@ -222,7 +230,25 @@ func (t Topology) resources() []resource {
 				_, err := js.CreateKeyValue(ctx, kcfg)
 				return err
 			},
-		})
+		}
+		if kcfg.Bucket == BucketMembers {
+			// A members bucket an earlier build made has one TTL for every
+			// heartbeat and names none: it gets the longer TTL and the
+			// names of both (MemberTTLs), and keeps its keys.
+			r.upgrade = func(ctx context.Context, js natsjs.JetStream, have natsjs.StreamConfig) error {
+				if have.Metadata[metaMemberTTL] != "" {
+					return nil
+				}
+				have.MaxAge = kcfg.TTL
+				if have.Metadata == nil {
+					have.Metadata = map[string]string{}
+				}
+				maps.Copy(have.Metadata, kcfg.Metadata)
+				_, err := js.UpdateStream(ctx, have)
+				return err
+			}
+		}
+		rs = append(rs, r)
 	}
 	for _, ocfg := range t.objectStoreConfigs() {
 		rs = append(rs, resource{

@@ -79,7 +79,7 @@ func TestProvisionIsIdempotent(t *testing.T) {
 		history int64
 		ttl     time.Duration
 	}{
-		"KV_sp_members":   {1, 30 * time.Second},
+		"KV_sp_members":   {1, 2 * time.Minute}, // the longer of the heartbeats' TTLs
 		"KV_sp_manifests": {16, 0},
 		"KV_sp_snapshots": {1, 0},
 	} {

@@ -40,9 +40,14 @@ const (
 	DefaultMaxAge = 7 * 24 * time.Hour
 	// DefaultDuplicates is the stream's Nats-Msg-Id duplicate window.
 	DefaultDuplicates = 2 * time.Minute
-	// DefaultMemberTTL is the TTL of the BucketMembers bucket: a member that stops heartbeating
-	// disappears after it.
+	// DefaultMemberTTL is the TTL of an agent's or an owner's heartbeat in BucketMembers: a
+	// member that stops heartbeating disappears after it.
 	DefaultMemberTTL = 30 * time.Second
+	// DefaultSandboxTTL is the TTL of a sandbox daemon's heartbeat: longer, since there are
+	// thousands of them (10,000 daemons beating every 10 s were 1,000 replicated writes a
+	// second, a third of a checkpoint's cost on a 3-node cluster), and the bridge finds a dead
+	// daemon of a phase sooner by asking it (PROTOCOL §3, Liveness).
+	DefaultSandboxTTL = 2 * time.Minute
 	// DefaultManifestHistory is the number of revisions BucketManifests keeps per key, so that
 	// the bucket's stream shows recent moves of <run>.LATEST (docs/POSTMORTEM.md).
 	DefaultManifestHistory = 16
@@ -64,8 +69,12 @@ type Topology struct {
 	MaxAge time.Duration
 	// Duplicates is the stream's duplicate window for Nats-Msg-Id (default 2 minutes).
 	Duplicates time.Duration
-	// MemberTTL is the TTL of the sp_members bucket (default 30 seconds).
+	// MemberTTL is the TTL of an agent's or an owner's heartbeat in sp_members (default 30
+	// seconds).
 	MemberTTL time.Duration
+	// SandboxTTL is the TTL of a sandbox daemon's heartbeat (default 2 minutes). The bucket keeps
+	// a key for the longer of the two, and each heartbeat carries its own (MemberTTLs).
+	SandboxTTL time.Duration
 	// ManifestHistory is the KV history of sp_manifests (default 16, at most 64).
 	ManifestHistory int
 }
@@ -88,6 +97,9 @@ func (t *Topology) setDefaults() {
 	}
 	if t.MemberTTL == 0 {
 		t.MemberTTL = DefaultMemberTTL
+	}
+	if t.SandboxTTL == 0 {
+		t.SandboxTTL = DefaultSandboxTTL
 	}
 	if t.ManifestHistory == 0 {
 		t.ManifestHistory = DefaultManifestHistory
@@ -112,8 +124,11 @@ func (t Topology) Validate() error {
 	} else if t.MaxAge > 0 && t.Duplicates > t.MaxAge {
 		field("Duplicates %s: must not exceed MaxAge %s", t.Duplicates, t.MaxAge)
 	}
-	if t.MemberTTL <= 0 {
-		field("MemberTTL %s: must be positive", t.MemberTTL)
+	if t.MemberTTL < time.Second {
+		field("MemberTTL %s: must be at least a second", t.MemberTTL)
+	}
+	if t.SandboxTTL < time.Second {
+		field("SandboxTTL %s: must be at least a second", t.SandboxTTL)
 	}
 	if t.ManifestHistory < 1 || t.ManifestHistory > natsjs.KeyValueMaxHistory {
 		field("ManifestHistory %d: must be between 1 and %d", t.ManifestHistory, natsjs.KeyValueMaxHistory)
@@ -158,13 +173,16 @@ func (t Topology) keyValueConfigs() []natsjs.KeyValueConfig {
 			Bucket:      BucketMembers,
 			Description: "Stillpoint members: <run>.<member> heartbeats",
 			History:     1,
-			TTL:         t.MemberTTL,
+			// The longer TTL; each heartbeat carries its kind's own
+			// (Nats-TTL), which the metadata names.
+			TTL: max(t.MemberTTL, t.SandboxTTL),
 			// An expired heartbeat leaves a marker, so that a watcher (the
 			// bridge gathering acks) sees a dead member at once rather than
 			// waiting out the phase deadline.
 			LimitMarkerTTL: t.MemberTTL,
 			Storage:        natsjs.FileStorage,
 			Replicas:       t.Replicas,
+			Metadata:       MemberTTLs{Member: t.MemberTTL, Sandbox: t.SandboxTTL}.metadata(),
 		},
 		{
 			Bucket:      BucketManifests,
@@ -227,4 +245,42 @@ func RecordStores(ctx context.Context, js natsjs.JetStream, prefix string) ([]na
 		stores = append(stores, st)
 	}
 	return stores, nil
+}
+
+// The metadata keys of BucketMembers that name its heartbeats' TTLs.
+const (
+	metaMemberTTL  = "stillpoint_member_ttl"
+	metaSandboxTTL = "stillpoint_sandbox_ttl"
+)
+
+// MemberTTLs are the heartbeat TTLs of BucketMembers: an agent's or an
+// owner's, and a sandbox daemon's. A member puts its heartbeat every third
+// of its kind's, each put carrying it (Nats-TTL).
+type MemberTTLs struct {
+	Member, Sandbox time.Duration
+}
+
+// For returns the TTL of a member of kind.
+func (m MemberTTLs) For(kind events.MemberKind) time.Duration {
+	if kind == events.KindSandbox {
+		return m.Sandbox
+	}
+	return m.Member
+}
+
+func (m MemberTTLs) metadata() map[string]string {
+	return map[string]string{metaMemberTTL: m.Member.String(), metaSandboxTTL: m.Sandbox.String()}
+}
+
+// MemberTTLsOf reads the heartbeat TTLs of a members bucket from its
+// status. ok is false for a bucket an earlier build made, which names none:
+// every heartbeat then lives the bucket's TTL, and carries none of its own.
+func MemberTTLsOf(st natsjs.KeyValueStatus) (ttls MemberTTLs, ok bool) {
+	md := st.Metadata()
+	m, err1 := time.ParseDuration(md[metaMemberTTL])
+	s, err2 := time.ParseDuration(md[metaSandboxTTL])
+	if err1 != nil || err2 != nil || m <= 0 || s <= 0 {
+		return MemberTTLs{Member: st.TTL(), Sandbox: st.TTL()}, false
+	}
+	return MemberTTLs{Member: m, Sandbox: s}, true
 }

@@ -16,6 +16,7 @@ func TestTopologyDefaults(t *testing.T) {
 		MaxAge:          7 * 24 * time.Hour,
 		Duplicates:      2 * time.Minute,
 		MemberTTL:       30 * time.Second,
+		SandboxTTL:      2 * time.Minute,
 		ManifestHistory: 16,
 	}
 	if got != want {
@@ -36,11 +37,12 @@ func TestTopologyValidate(t *testing.T) {
 		t      jetstream.Topology
 		fields []string
 	}{
-		{"zero", jetstream.Topology{}, []string{"Replicas", "MaxAge", "Duplicates", "MemberTTL", "ManifestHistory"}},
+		{"zero", jetstream.Topology{}, []string{"Replicas", "MaxAge", "Duplicates", "MemberTTL", "SandboxTTL", "ManifestHistory"}},
 		{"too many replicas", jetstream.Topology{Replicas: 6}.WithDefaults(), []string{"Replicas 6"}},
 		{"window over max age", jetstream.Topology{MaxAge: time.Minute, Duplicates: time.Hour}.WithDefaults(), []string{"Duplicates 1h0m0s"}},
 		{"history too long", jetstream.Topology{ManifestHistory: 65}.WithDefaults(), []string{"ManifestHistory 65"}},
 		{"negative ttl", jetstream.Topology{MemberTTL: -time.Second}.WithDefaults(), []string{"MemberTTL -1s"}},
+		{"sub-second sandbox ttl", jetstream.Topology{SandboxTTL: time.Millisecond}.WithDefaults(), []string{"SandboxTTL 1ms"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.t.Validate()

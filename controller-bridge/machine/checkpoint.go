@@ -187,7 +187,7 @@ func (m *Machine) latestMoved(now time.Time, in LatestMoved) ([]Effect, error) {
 	}
 	out := committedOutcome(m.cfg.Run, *o.manifest, o.members, o.instances)
 	m.want = wantOutcomePublished
-	return []Effect{PublishOutcome{ID: o.id, Outcome: out}}, nil
+	return []Effect{PublishOutcome{ID: o.id, Outcome: out, Replayed: o.replayed}}, nil
 }
 
 // committedOutcome is the checkpoint.committed of manifest man: what the
@@ -253,7 +253,7 @@ func (m *Machine) publishFailed() []Effect {
 	if outcomeBudget(out) < 0 {
 		out.Members, out.MembersCut = nil, len(o.members)
 	}
-	return []Effect{PublishOutcome{ID: o.id, Outcome: out}}
+	return []Effect{PublishOutcome{ID: o.id, Outcome: out, Replayed: o.replayed}}
 }
 
 // afterFailed resumes the fleet: the resume is also the abort. A replay

@@ -25,11 +25,15 @@ type PublishPhase struct {
 // StartGathering starts reading the acks of phase Event (every ack on its
 // ack subjects, those already recorded first). With Watch the driver also
 // watches the heartbeats of its members and reports MemberGone; without,
-// the machine only wants the acks already recorded. Answer:
-// GatherStarted, then AckSeen and MemberGone until StopGathering.
+// the machine only wants the acks already recorded. Fresh marks a phase
+// this machine has just published: none of its acks is recorded from
+// before, so the driver need not find out how many (GatherStarted's
+// Backlog is 0). Answer: GatherStarted, then AckSeen and MemberGone until
+// StopGathering.
 type StartGathering struct {
 	Event events.PhaseEvent
 	Watch bool
+	Fresh bool
 }
 
 // StopGathering stops reading the acks of phase Seq. Decided tells that
@@ -64,12 +68,15 @@ type CreateManifest struct{ Manifest events.CheckpointManifest }
 // Answer: LatestMoved.
 type MoveLatest struct{ Latest events.Latest }
 
-// PublishOutcome publishes Outcome of operation ID once: unless the stream
-// already holds it, with an id made of the run, ID and the outcome's noun.
-// Answer: OutcomePublished.
+// PublishOutcome publishes Outcome of operation ID once, with an id made
+// of the run, ID and the outcome's noun (a repeat inside the stream's
+// duplicate window is dropped); for an operation Replayed from the stream,
+// only if the stream does not hold it already (its first bridge may have
+// published it longer ago than the window). Answer: OutcomePublished.
 type PublishOutcome struct {
-	ID      string
-	Outcome events.Data
+	ID       string
+	Outcome  events.Data
+	Replayed bool
 }
 
 // ListCheckpoints lists every checkpoint key of the run. Answer:

@@ -32,6 +32,16 @@ func GatherDeadline(now, d time.Time) time.Time {
 
 // gather asks for the acks of phase p, waiting until GatherDeadline.
 func (m *Machine) gather(now time.Time, p events.PhaseEvent, watch bool) []Effect {
+	return m.gatherPhase(now, p, watch, false)
+}
+
+// gatherPublished asks for the acks of phase p, which this machine has just
+// published.
+func (m *Machine) gatherPublished(now time.Time, p events.PhaseEvent) []Effect {
+	return m.gatherPhase(now, p, true, true)
+}
+
+func (m *Machine) gatherPhase(now time.Time, p events.PhaseEvent, watch, fresh bool) []Effect {
 	hh := p.Header()
 	hh.Deadline = GatherDeadline(now, hh.Deadline)
 	t := NewTally(p.Phase(), hh)
@@ -44,7 +54,7 @@ func (m *Machine) gather(now time.Time, p events.PhaseEvent, watch bool) []Effec
 		t.WaitAll = true
 	}
 	m.g, m.want = &gathering{event: p, tally: t, watch: watch}, wantGatherStarted
-	return []Effect{StartGathering{Event: p, Watch: watch}}
+	return []Effect{StartGathering{Event: p, Watch: watch, Fresh: fresh}}
 }
 
 func (m *Machine) gatherStarted(now time.Time, in GatherStarted) ([]Effect, error) {
@@ -87,6 +97,17 @@ func (m *Machine) ackSeen(now time.Time, in AckSeen) ([]Effect, error) {
 	}
 	effs, err := m.decide(now)
 	return append(note, effs...), err
+}
+
+// Silent returns the sandbox daemons a live gathering still waits for:
+// expected, not answered, not gone. The driver asks each whether it is
+// still there (PROTOCOL §3, Liveness), since its heartbeat can live minutes
+// after it died. Nil when the machine gathers nothing live.
+func (m *Machine) Silent() []events.Member {
+	if m.want != wantAcks || m.g == nil || !m.g.watch {
+		return nil
+	}
+	return m.g.tally.Silent(events.KindSandbox)
 }
 
 // memberGone fails the phase at once, or leaves the member out where the

@@ -152,10 +152,14 @@ const (
 	GoneReplaced
 	// GoneLeft: its heartbeat expired or was deleted during the phase.
 	GoneLeft
+	// GoneSilent: it had not answered, and nothing answered on its alive
+	// subject (events.AliveSubject): its connection is gone.
+	GoneSilent
 )
 
 var goneNames = [...]string{"member not alive at the phase's start",
-	"member replaced by a new process during a phase", "member died or left during a phase"}
+	"member replaced by a new process during a phase", "member died or left during a phase",
+	"member silent, and nothing answers for it: its connection is gone"}
 
 // String says it in words.
 func (g Gone) String() string {

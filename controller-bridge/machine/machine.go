@@ -248,13 +248,13 @@ func (m *Machine) published(now time.Time, in PhasePublished) ([]Effect, error) 
 	switch e := in.Event.(type) {
 	case events.Prepare:
 		m.op.prepare = &e
-		return m.gather(now, e, true), nil
+		return m.gatherPublished(now, e), nil
 	case events.Renew:
 		m.want = wantTick
 		return []Effect{SetTimer{After: m.renewEvery()}, Note{Level: LevelDebug, Msg: "lease renewed"}}, nil
 	case events.Commit:
 		m.op.commit = &e
-		return m.gather(now, e, true), nil
+		return m.gatherPublished(now, e), nil
 	case events.Resume:
 		m.op.resume = &e
 		return m.resumed(now, e)
@@ -262,9 +262,9 @@ func (m *Machine) published(now time.Time, in PhasePublished) ([]Effect, error) 
 		if m.op.kind == opRestore {
 			m.op.retire = &e
 		}
-		return m.gather(now, e, true), nil
+		return m.gatherPublished(now, e), nil
 	case events.Restore, events.Forget, events.Release:
-		return m.gather(now, in.Event, true), nil
+		return m.gatherPublished(now, in.Event), nil
 	}
 	return nil, fmt.Errorf("%w: a %s published", ErrUnexpected, p)
 }

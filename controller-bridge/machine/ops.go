@@ -181,7 +181,7 @@ func (m *Machine) publishReleased() []Effect {
 		out = f
 	}
 	m.want = wantOutcomePublished
-	return []Effect{PublishOutcome{ID: res.OpID, Outcome: out}}
+	return []Effect{PublishOutcome{ID: res.OpID, Outcome: out, Replayed: m.op.replayed}}
 }
 
 // keepSet resolves a release request to the committed checkpoints kept:

@@ -128,7 +128,7 @@ func (m *Machine) restoreInstalled(now time.Time, t *Tally) ([]Effect, error) {
 		out.Restored = []string{}
 	}
 	m.want = wantOutcomePublished
-	return []Effect{PublishOutcome{ID: res.RestoreID, Outcome: out}}, nil
+	return []Effect{PublishOutcome{ID: res.RestoreID, Outcome: out, Replayed: m.op.replayed}}, nil
 }
 
 // afterRestoreCompleted resumes the restored fleet (unless a replay found
@@ -194,7 +194,7 @@ func (m *Machine) publishRestoreFailed() ([]Effect, error) {
 		out.Errors = []events.MemberError{}
 	}
 	m.want = wantOutcomePublished
-	return []Effect{PublishOutcome{ID: res.RestoreID, Outcome: out}}, nil
+	return []Effect{PublishOutcome{ID: res.RestoreID, Outcome: out, Replayed: m.op.replayed}}, nil
 }
 
 // restoreFailedRead takes the restore's acks read back by a replay of a

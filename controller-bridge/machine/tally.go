@@ -117,6 +117,19 @@ func (t *Tally) Excuse(m events.Member) {
 // set and not excused.
 func (t *Tally) Expects(m events.Member) bool { return t.expected[m] }
 
+// Silent returns the expected members of kind that have not answered and
+// are not dead, sorted.
+func (t *Tally) Silent(kind events.MemberKind) []events.Member {
+	var out []events.Member
+	for m := range t.expected {
+		if _, answered := t.acks[m]; !answered && !t.dead[m] && m.Kind() == kind {
+			out = append(out, m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
 // Ignored counts the acks Add refused.
 func (t *Tally) Ignored() int { return t.ignored }
 

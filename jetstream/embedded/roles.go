@@ -90,6 +90,9 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				sp+"phase.>",
 				sp+"roster.>",
 				sp+"resumed.>",
+				// It asks a phase's silent sandbox daemons whether they are there
+				// (events.AliveSubject), and may call nothing else of theirs.
+				events.ServicePrefix+"."+r+"."+string(events.KindSandbox)+".*.alive",
 				sp+"outcome.>",
 				kv(jetstream.BucketManifests, ">"),
 				"$O.>",

@@ -14,7 +14,8 @@ import (
 )
 
 // register announces the member and puts its heartbeat; it returns the
-// members bucket's TTL.
+// TTL of its heartbeat: its kind's (PROTOCOL §3, Liveness), which each put
+// carries, or, in a bucket an earlier build made, the bucket's.
 func (m *Member) register(ctx context.Context) (time.Duration, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
@@ -22,6 +23,13 @@ func (m *Member) register(ctx context.Context) (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("member: members bucket: %w", err)
 	}
+	ttls, own := jetstream.MemberTTLsOf(st)
+	m.infoMu.Lock()
+	m.ttl = ttls.For(m.cfg.Member.Kind())
+	if !own {
+		m.ttl = 0 // each put lives the bucket's TTL
+	}
+	m.infoMu.Unlock()
 	// Joined first: the audit log shows the member before anything can be
 	// addressed to it through its heartbeat.
 	joined := events.MemberJoined{Run: m.cfg.Run, Member: m.cfg.Member, Capabilities: m.info.Capabilities,
@@ -32,7 +40,7 @@ func (m *Member) register(ctx context.Context) (time.Duration, error) {
 	if err := m.putInfo(cctx); err != nil {
 		return 0, err
 	}
-	return st.TTL(), nil
+	return ttls.For(m.cfg.Member.Kind()), nil
 }
 
 func (m *Member) announce(ctx context.Context, d events.Data) error {
@@ -55,9 +63,12 @@ func (m *Member) putInfo(ctx context.Context) error {
 		return fmt.Errorf("member: heartbeat: %w", err)
 	}
 	key := events.MemberKey(m.cfg.Run, m.cfg.Member)
+	write := func(expect int64) (uint64, error) {
+		return jetstream.KVWrite(ctx, m.cfg.JS, jetstream.BucketMembers, key, b, m.ttl, expect)
+	}
 	if m.infoRev == 0 {
 		// Registration takes the name, from any earlier process of it.
-		rev, err := m.cfg.Bus.Members.Put(ctx, key, b)
+		rev, err := write(-1)
 		if err != nil {
 			return fmt.Errorf("member: heartbeat: %w", err)
 		}
@@ -66,7 +77,7 @@ func (m *Member) putInfo(ctx context.Context) error {
 	}
 	// Later beats only update what this process wrote: if another process
 	// of the same name has written since, this one was replaced.
-	rev, err := m.cfg.Bus.Members.Update(ctx, key, b, m.infoRev)
+	rev, err := write(int64(m.infoRev))
 	if err == nil {
 		m.infoRev = rev
 		return nil
@@ -75,7 +86,7 @@ func (m *Member) putInfo(ctx context.Context) error {
 	switch {
 	case errors.Is(gerr, natsjs.ErrKeyNotFound):
 		// Expired (a long pause, a slow heartbeat): register again.
-		rev, err = m.cfg.Bus.Members.Create(ctx, key, b)
+		rev, err = write(0)
 	case gerr != nil:
 		return fmt.Errorf("member: heartbeat: %w", gerr)
 	default:
@@ -83,7 +94,7 @@ func (m *Member) putInfo(ctx context.Context) error {
 		if json.Unmarshal(cur.Value(), &other) == nil && other.Instance != m.info.Instance {
 			return fmt.Errorf("%w: instance %s holds %s", ErrReplaced, other.Instance, key)
 		}
-		rev, err = m.cfg.Bus.Members.Update(ctx, key, b, cur.Revision())
+		rev, err = write(int64(cur.Revision()))
 	}
 	if err != nil {
 		return fmt.Errorf("member: heartbeat: %w", err)
@@ -92,7 +103,7 @@ func (m *Member) putInfo(ctx context.Context) error {
 	return nil
 }
 
-// heartbeat refreshes the member's key every third of the bucket's TTL.
+// heartbeat refreshes the member's key every third of its TTL.
 func (m *Member) heartbeat(ctx context.Context, ttl time.Duration) {
 	every := ttl / 3
 	if every <= 0 {

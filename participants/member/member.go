@@ -2,12 +2,14 @@ package member
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -37,6 +39,7 @@ type Member struct {
 	infoMu  sync.Mutex // the heartbeat record: the loop and the heartbeat write it
 	info    events.MemberInfo
 	infoRev uint64
+	ttl     time.Duration // each heartbeat's own TTL; 0: the bucket's
 
 	recordsMu sync.Mutex         // the records store, opened by the first write that needs it
 	records   natsjs.ObjectStore // guarded by recordsMu
@@ -153,6 +156,15 @@ func (m *Member) Run(ctx context.Context) error {
 		f.stop()
 		return startErr(ctx, err)
 	}
+	alive, err := m.cfg.JS.Conn().Subscribe(events.AliveSubject(m.cfg.Run, m.cfg.Member), func(msg *nats.Msg) {
+		_ = msg.Respond([]byte(m.info.Instance))
+	})
+	if err != nil {
+		f.stop()
+		m.leave(context.WithoutCancel(ctx), "start failed")
+		return startErr(ctx, fmt.Errorf("member: answer on %s: %w", events.AliveSubject(m.cfg.Run, m.cfg.Member), err))
+	}
+	defer func() { _ = alive.Unsubscribe() }()
 	m.log.Info().Str("consumer", f.name).Msg("member joined")
 	close(m.joined)
 

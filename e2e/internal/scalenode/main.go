@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 )
 
@@ -18,7 +19,19 @@ func main() {
 	flag.StringVar(&cfg.routes, "routes", "", "every node's route URL, comma-separated")
 	flag.StringVar(&cfg.monitor, "monitor", "127.0.0.1:0", "HTTP monitoring address host:port (port 0: random; empty: none)")
 	flag.IntVar(&cfg.maxConsumers, "max-consumers", 0, "the default limit of consumers per stream (0: nats-server's, -1: none)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "scalenode %s: -cpuprofile: %v\n", cfg.name, err)
+			os.Exit(2)
+		}
+		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -26,6 +39,7 @@ func main() {
 	context.AfterFunc(ctx, stop)
 	if err := run(ctx, cfg, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "scalenode %s: %v\n", cfg.name, err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }

@@ -1,0 +1,132 @@
+package bridge_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+)
+
+// sandboxes starts n members of kind sandbox with a daemon's abilities.
+func sandboxes(t *testing.T, env *jstest.Env, n int) []*membertest.Handle {
+	t.Helper()
+	var hs []*membertest.Handle
+	for i := range n {
+		name := events.Member(fmt.Sprintf("sandbox.s%d", i))
+		hs = append(hs, membertest.StartMember(t, env, run, name, membertest.NewParticipant(name.Name()), membertest.Options{}))
+	}
+	return hs
+}
+
+// phaseOf reads the last phase p of the run from the stream.
+func phaseOf(t *testing.T, env *jstest.Env, p events.Phase) events.PhaseEvent {
+	t.Helper()
+	raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.PhaseSubject(run, p))
+	if err != nil {
+		t.Fatalf("the last %s: %v", p, err)
+	}
+	_, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.(events.PhaseEvent)
+}
+
+// PROTOCOL §3, Rosters; §5, commit: a checkpoint of agents and sandbox
+// daemons names the daemons in one roster, which the prepare and the
+// resume name; the commit goes to the agents only, and every daemon still
+// prepared, paused until the resume; the result and the outcome name them
+// all. A stop commit addresses the daemons too.
+func TestSandboxDaemonsAreAddressedByRoster(t *testing.T) {
+	env := jstest.Start(t)
+	agents := fleet(t, env, 2, 1)
+	sbs := sandboxes(t, env, 3)
+	b := startBridge(t, env, bridge.Config{})
+
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	if len(res.Members) != 5 {
+		t.Fatalf("result names %v, want the 2 agents and the 3 sandbox daemons", res.Members)
+	}
+	prep, commit, resume := phaseOf(t, env, events.PhasePrepare).Header(), phaseOf(t, env, events.PhaseCommit).Header(), phaseOf(t, env, events.PhaseResume).Header()
+	if prep.Sandboxes == nil || prep.Sandboxes.Count != 3 || len(prep.Members) != 2 {
+		t.Fatalf("prepare: members %v, sandboxes %+v", prep.Members, prep.Sandboxes)
+	}
+	if commit.Sandboxes != nil || len(commit.Members) != 2 {
+		t.Fatalf("commit: members %v, sandboxes %+v: a daemon is sent no commit", commit.Members, commit.Sandboxes)
+	}
+	if r, p := resume.Sandboxes, prep.Sandboxes; r == nil || r.StreamSeq != p.StreamSeq || r.Seq != p.Seq || !r.Same(*p) {
+		t.Fatalf("resume names roster %+v, the prepare %+v: the same daemons, the same roster", resume.Sandboxes, prep.Sandboxes)
+	}
+	raw, err := env.Bus.Stream.GetMsg(t.Context(), prep.Sandboxes.StreamSeq)
+	if err != nil || raw.Subject != events.RosterSubject(run, prep.Seq) {
+		t.Fatalf("the roster at %d: %v %v", prep.Sandboxes.StreamSeq, raw, err)
+	}
+	var roster events.Roster
+	if err := json.Unmarshal(raw.Data, &roster); err != nil || len(roster.Members) != 3 {
+		t.Fatalf("roster %+v %v", roster, err)
+	}
+	for _, s := range sbs {
+		if got := s.Participant.Count("prepare"); got != 1 {
+			t.Errorf("%s prepared %d times", s.Name, got)
+		}
+		if code := membertest.Code(membertest.NewBridge(t, env, run).Ack(prep.Seq, events.PhasePrepare, s.Name)); code != "" {
+			t.Errorf("%s answered the prepare %s", s.Name, code)
+		}
+		if _, ok := membertest.NewBridge(t, env, run).Lookup(commit.Seq, events.PhaseCommit, s.Name); ok {
+			t.Errorf("%s answered a commit that does not address it", s.Name)
+		}
+	}
+	poll.Wait(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(agents) && allOpen(sbs) })
+
+	res, err = b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2", Stop: true})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c2: %+v %v", res, err)
+	}
+	if c := phaseOf(t, env, events.PhaseCommit).Header(); c.Sandboxes == nil || c.Sandboxes.Count != 3 {
+		t.Fatalf("a stop commit: sandboxes %+v, want the 3 daemons", c.Sandboxes)
+	}
+}
+
+// PROTOCOL §3, Liveness: a sandbox daemon whose process is gone while its
+// heartbeat still lives (minutes, jetstream.DefaultSandboxTTL) is found
+// gone by the bridge's probe, nothing answering on its alive subject, and
+// left out of the phase, seconds in, rather than failing the checkpoint at
+// its deadline.
+func TestSilentSandboxDaemonIsLeftOut(t *testing.T) {
+	env := jstest.Start(t)
+	fleet(t, env, 1, 1)
+	sandboxes(t, env, 1)
+	ghost := events.Member("sandbox.ghost")
+	v, _ := json.Marshal(events.MemberInfo{Run: run, Member: ghost, Instance: "gone", Started: time.Now().UTC(), Heartbeat: time.Now().UTC()})
+	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey(run, ghost), v); err != nil {
+		t.Fatal(err)
+	}
+	b := startBridge(t, env, bridge.Config{})
+	start := time.Now()
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 30000})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("the silent daemon held the checkpoint %s", took)
+	}
+	if slices.Contains(res.Members, ghost) || len(res.Members) != 2 {
+		t.Fatalf("result names %v: the gone daemon is left out", res.Members)
+	}
+	if prep := phaseOf(t, env, events.PhasePrepare).Header(); prep.Sandboxes == nil || prep.Sandboxes.Count != 2 {
+		t.Fatalf("the prepare's roster %+v: it was listed", prep.Sandboxes)
+	}
+}
