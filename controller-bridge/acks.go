@@ -33,6 +33,8 @@ type ackReader struct {
 
 	watch *memberWatch         // nil without watching
 	gone  <-chan machine.Input // MemberGone; nil without watching: never ready
+
+	inboxSeq uint64 // the phase whose ack feed inbox msgs is, 0 for a consumer of its own
 }
 
 // openAcks starts reading the acks of p. backlog is the stream sequence
@@ -43,6 +45,9 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch, fresh
 	h := p.Header()
 	members, _ := h.Expected()
 	if len(members) == 0 {
+		if fresh {
+			b.closeAckInbox(h.Seq)
+		}
 		return nil, 0, nil
 	}
 	filter := events.AckFilter(b.cfg.Run, h.Seq)
@@ -68,6 +73,10 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch, fresh
 			rd.close()
 		}
 	}()
+	if fresh && b.feedAcks(r, h.Seq, gctx) {
+		// Its inbox in the ack feed, opened before it was published.
+		return r, 0, r.startWatch(gctx, watch, members)
+	}
 	cons, err := b.cfg.JS.OrderedConsumer(gctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
 		FilterSubjects: []string{filter}, DeliverPolicy: natsjs.DeliverAllPolicy})
 	if err != nil {
@@ -86,25 +95,32 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch, fresh
 	if err != nil {
 		return nil, 0, fmt.Errorf("bridge: consume acks of seq %d: %w", h.Seq, err)
 	}
-	if watch {
-		// Who is alive now (a member may have died between the member
-		// listing and the publish), then who dies while the phase runs.
-		v, err := b.view(gctx)
-		if err != nil {
-			return nil, 0, err
-		}
-		// The view, once it has read every heartbeat, says at once what
-		// it reads later (a death since is told to the watch as it is
-		// read); a view just started reads them all first.
-		if !v.loaded() {
-			if err := v.sync(gctx, b); err != nil {
-				return nil, 0, err
-			}
-		}
-		r.watch = v.watch(b.cfg.Run, members)
-		r.gone = r.watch.gone
+	return r, backlog, r.startWatch(gctx, watch, members)
+}
+
+// startWatch, when watch is set, watches the heartbeats of members: who is
+// alive now (a member may have died between the member listing and the
+// publish), then who dies while the phase runs.
+func (r *ackReader) startWatch(ctx context.Context, watch bool, members []events.Member) error {
+	if !watch {
+		return nil
 	}
-	return r, backlog, nil
+	b := r.b
+	v, err := b.view(ctx)
+	if err != nil {
+		return err
+	}
+	// The view, once it has read every heartbeat, says at once what it
+	// reads later (a death since is told to the watch as it is read); a
+	// view just started reads them all first.
+	if !v.loaded() {
+		if err := v.sync(ctx, b); err != nil {
+			return err
+		}
+	}
+	r.watch = v.watch(b.cfg.Run, members)
+	r.gone = r.watch.gone
+	return nil
 }
 
 // close stops the consumer and the watcher.

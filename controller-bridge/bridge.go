@@ -27,17 +27,29 @@ type Bridge struct {
 	// roster is the last roster this bridge published (PROTOCOL §3,
 	// Rosters), which a phase of the same sandbox daemons names again.
 	// Phases are published by the operation holding op.
-	roster *events.RosterRef
+	roster   *events.RosterRef
+	rosterOf string // the operation roster was published for
 	// resumes is the subscription of the run's resume acks; members the
 	// live view of its heartbeats.
 	resumes resumeAcks
 	members memberView
+	// acks is the one consumer of the run's acks that live phases are
+	// gathered from.
+	acks ackFeed
 	// heads writes the run's head in the background (saveHead).
 	heads heads
 	// lastLatest is the LATEST this bridge wrote last, at lastLatestRev
 	// (moveLatest); written by the operation holding op.
 	lastLatest    *events.Latest
 	lastLatestRev uint64
+	// lastLive is the phase sequence of the last live copy this bridge
+	// published (publishLive), 0 before the first.
+	lastLive uint64
+	// published is the id of the last phase this bridge published;
+	// settled that of the last phase of an operation it drove to its end:
+	// while the run's last phase is that one, nothing is left open to
+	// replay (recoverLocked).
+	published, settled string
 
 	mu     sync.Mutex // guards held and closed
 	held   *hold      // the checkpoint held prepared, if any
@@ -72,12 +84,14 @@ func New(cfg Config) (*Bridge, error) {
 // its background watchers. From then on an operation still running holds
 // no checkpoint (it abandons it) and starts no watcher.
 func (b *Bridge) Run(ctx context.Context) error {
+	idle := false // no operation runs: what all of them read from can stop
 	defer func() {
 		b.close()
 		b.bgCancel()
 		b.bg.Wait()
-		b.stopResumeAcks()
-		b.stopView()
+		if idle {
+			b.stopFeeds()
+		}
 		fctx, cancel := context.WithTimeout(context.Background(), publishAttemptTimeout)
 		b.flushHead(fctx)
 		cancel()
@@ -90,9 +104,13 @@ func (b *Bridge) Run(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), b.cfg.ResumeTimeout+5*time.Second)
 	defer cancel()
 	if err := b.lock(sctx); err != nil {
-		return nil // the operation still running abandons its own hold
+		// The operation still running abandons its own hold, and reads
+		// its acks and heartbeats until it ends: the feeds stay, and go
+		// with the connection.
+		return nil
 	}
 	defer b.unlock()
+	idle = true
 	h := b.takeHold()
 	if h == nil {
 		return nil
@@ -102,6 +120,14 @@ func (b *Bridge) Run(ctx context.Context) error {
 		b.log.Error().Err(err).Str("checkpoint", h.id).Msg("abandoning the held checkpoint")
 	}
 	return nil
+}
+
+// stopFeeds stops what the operations read from: the resume acks'
+// subscription, the member view and the ack feed.
+func (b *Bridge) stopFeeds() {
+	b.stopResumeAcks()
+	b.stopView()
+	b.stopAckFeed()
 }
 
 // close says Run is ending: startHold and watchResume start nothing in bg

@@ -38,6 +38,13 @@ type Config struct {
 	Conn *nats.Conn
 	JS   natsjs.JetStream
 	Bus  *jetstream.Bus
+	// LiveConn, when set, is the connection the live copies of phases go
+	// out on (PROTOCOL §3, live phases) and the resume acks come in on:
+	// the server delivers a copy to every sandbox daemon before it reads
+	// the next message of its connection, and a fleet's resume acks come
+	// at once, 10,000 each at 10,000 daemons; on a connection of their
+	// own they hold up nothing else the bridge asks. Default: Conn.
+	LiveConn *nats.Conn
 	// Logger receives structured logs (the zero value discards them).
 	Logger zerolog.Logger
 	// PhaseTimeout is the default deadline of a prepare, commit, restore,

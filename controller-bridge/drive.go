@@ -115,6 +115,9 @@ func (b *Bridge) drive(ctx context.Context, m *machine.Machine, in machine.Input
 		b.log.Warn().Str("checkpoint", m.Held()).Msg("the bridge is stopping: abandoning the checkpoint instead of holding it")
 		return b.abandon(ctx, m)
 	}
+	if d.fin.Err == nil && m.Held() == "" && m.Open() == "" {
+		b.settled = b.published
+	}
 	return *d.fin, nil
 }
 

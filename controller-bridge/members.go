@@ -75,13 +75,13 @@ func (b *Bridge) view(ctx context.Context) (*memberView, error) {
 	return v, nil
 }
 
-// stopView ends the view (Run is ending).
+// stopView ends the view (Run is ending); a later use starts another.
 func (b *Bridge) stopView() {
 	v := &b.members
 	v.mu.Lock()
 	cc := v.cc
-	v.cc = nil
 	if v.started {
+		// Whoever waits in a sync wakes and fails.
 		v.err = errors.New("bridge: the members' watch is stopped")
 		v.cond.Broadcast()
 	}
@@ -89,6 +89,9 @@ func (b *Bridge) stopView() {
 	if cc != nil {
 		cc.Stop()
 	}
+	v.mu.Lock()
+	v.cc, v.started, v.err, v.seq, v.synced, v.alive, v.watches = nil, false, nil, 0, false, nil, nil
+	v.mu.Unlock()
 }
 
 // heardHeartbeat takes one message of the bucket: a heartbeat put, or a
@@ -111,6 +114,9 @@ func (b *Bridge) heardHeartbeat(msg natsjs.Msg) {
 	v := &b.members
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if !v.started {
+		return // a message still in flight when the view stopped
+	}
 	was, had := v.alive[key]
 	if removed {
 		delete(v.alive, key)

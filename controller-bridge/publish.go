@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -20,18 +21,38 @@ import (
 
 // publishPhase publishes p fenced on the run's last phase, whose stream
 // sequence is fence: if another bridge published in between, the server
-// refuses it and an error wrapping bridgeapi.ErrFenced is returned.
+// refuses it and an error wrapping bridgeapi.ErrFenced is returned. What
+// listens for p's acks is opened first (the resume's inbox on core NATS,
+// or p's inbox in the ack feed), and closed again if p is not published.
 func (b *Bridge) publishPhase(ctx context.Context, fence uint64, p events.PhaseEvent) (machine.PhasePublished, error) {
 	p, err := b.withRoster(ctx, p)
 	if err != nil {
 		return machine.PhasePublished{}, err
 	}
-	if p.Phase() == events.PhaseResume {
+	seq := p.Header().Seq
+	switch {
+	case p.Phase() == events.PhaseResume:
 		// Its acks come on core NATS, at once: listen first.
-		if err := b.openResumeInbox(p.Header().Seq); err != nil {
+		if err := b.openResumeInbox(seq); err != nil {
 			return machine.PhasePublished{}, err
 		}
+	case gathersLive(p.Phase()):
+		// Its acks come through the ack feed: its inbox first. Without
+		// one (the feed cannot be made: the server is away) its gathering
+		// reads its acks with a consumer of its own, from the first.
+		if err := b.openAckInbox(ctx, seq); err != nil {
+			b.log.Debug().Err(err).Uint64("seq", seq).Msg("no ack feed; the phase's acks will be read by a consumer of their own")
+		}
 	}
+	pub, err := b.publishStored(ctx, fence, p)
+	if err != nil && gathersLive(p.Phase()) {
+		b.closeAckInbox(seq)
+	}
+	return pub, err
+}
+
+// publishStored publishes p into the stream, fenced, then its live copy.
+func (b *Bridge) publishStored(ctx context.Context, fence uint64, p events.PhaseEvent) (machine.PhasePublished, error) {
 	h := p.Header()
 	// The id is this process's own (its instance nonce), so that a second
 	// bridge publishing the same sequence never looks like a duplicate of
@@ -47,6 +68,8 @@ func (b *Bridge) publishPhase(ctx context.Context, fence uint64, p events.PhaseE
 		// ours, by its id.
 		now, serr := b.state(ctx)
 		if serr == nil && now.lastID == id {
+			b.publishLive(msg, now.streamSeq, p)
+			b.published = id
 			return machine.PhasePublished{Event: p, StreamSeq: now.streamSeq, ID: id, At: now.lastAt}, nil
 		}
 		return machine.PhasePublished{}, fmt.Errorf("%w: publishing %s seq %d: %w", bridgeapi.ErrFenced, p.Phase(), h.Seq, err)
@@ -54,8 +77,46 @@ func (b *Bridge) publishPhase(ctx context.Context, fence uint64, p events.PhaseE
 	if err != nil {
 		return machine.PhasePublished{}, fmt.Errorf("bridge: publish %s seq %d: %w", p.Phase(), h.Seq, err)
 	}
+	b.publishLive(msg, ack.Sequence, p)
 	b.saveHead(ctx, h)
+	b.published = id
 	return machine.PhasePublished{Event: p, StreamSeq: ack.Sequence, ID: id, At: b.cfg.Now()}, nil
+}
+
+// liveConn is the connection of the live copies and the resume acks
+// (Config.LiveConn).
+func (b *Bridge) liveConn() *nats.Conn {
+	if b.cfg.LiveConn != nil {
+		return b.cfg.LiveConn
+	}
+	return b.cfg.JS.Conn()
+}
+
+// publishLive publishes the live copy of phase p, which the stream stored
+// as msg at streamSeq, for the sandbox daemons' core subscriptions
+// (PROTOCOL §3, live phases): only once the stream took it, so a fenced
+// phase never reaches them; only when p addresses them, so a commit that
+// does not is not delivered 10,000 times to be dropped. The copy names the
+// bridge's live copy before it (events.HeaderLivePrev): a daemon that saw
+// that one missed nothing. A bridge that has published none names the
+// phase before p, and a daemon that did not see it reads the stream. A
+// copy lost (a bridge that dies before it, a publish that fails) is one
+// the daemons read from the stream at their next gap, reconnect or start.
+func (b *Bridge) publishLive(msg *nats.Msg, streamSeq uint64, p events.PhaseEvent) {
+	h := p.Header()
+	if h.Sandboxes == nil && !slices.ContainsFunc(h.Members, func(m events.Member) bool { return m.Kind() == events.KindSandbox }) {
+		return
+	}
+	prev := b.lastLive
+	if prev == 0 || prev >= h.Seq {
+		prev = h.Seq - 1
+	}
+	if err := b.liveConn().PublishMsg(events.LiveCopy(msg, streamSeq, prev)); err != nil {
+		b.log.Warn().Err(err).Str("phase", string(p.Phase())).Uint64("seq", h.Seq).
+			Msg("cannot publish the phase's live copy; the sandbox daemons will read it from the stream")
+		return
+	}
+	b.lastLive = h.Seq
 }
 
 // publishRetryFor bounds how long a phase publish that goes unanswered is

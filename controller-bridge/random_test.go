@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -213,15 +212,17 @@ func (r *randomRun) checkpoint() string {
 
 // exportedTo tells whether the member whose rollouts are named
 // <prefix>-r<j> exported any of them to checkpoint id.
-func (r *randomRun) exportedTo(id, prefix string) bool {
+func (r *randomRun) exportedTo(id, name string) bool {
 	if id == "" {
 		return false
 	}
-	res, err := r.b.Get(ctx(r.t), id)
-	if err != nil {
-		r.t.Fatalf("get %s: %v", id, err)
+	// The member manifests of the checkpoint: what each member exported,
+	// its own rollouts and any work added to it since (w<n>).
+	m := manifestOf(r.t, r.env, id)
+	if m == nil {
+		r.t.Fatalf("checkpoint %s has no manifest", id)
 	}
-	return slices.ContainsFunc(res.Continued, func(k string) bool { return strings.HasPrefix(k, prefix+"-r") })
+	return slices.ContainsFunc(m.Members, func(mm events.MemberManifest) bool { return mm.Member.Name() == name && mm.Count > 0 })
 }
 
 // restore replaces the fleet by a fresh one and restores LATEST into it.

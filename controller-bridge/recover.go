@@ -34,6 +34,11 @@ func (b *Bridge) recoverLocked(ctx context.Context) (runState, error) {
 	if id := b.heldID(); id != "" && id == st.last.Header().CheckpointID {
 		return st, nil
 	}
+	if st.lastID != "" && st.lastID == b.settled {
+		// The run's last phase ends an operation this bridge finished:
+		// nothing is open.
+		return st, nil
+	}
 	m, err := b.replay(ctx, st)
 	if err != nil {
 		return st, err

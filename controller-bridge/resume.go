@@ -54,13 +54,16 @@ func (b *Bridge) openResumeInbox(seq uint64) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.sub == nil {
-		sub, err := b.cfg.JS.Conn().Subscribe(events.LiveAckFilter(b.cfg.Run, events.PhaseResume), b.heardResumeAck)
+		// On the live connection: a fleet's acks at once on the bridge's
+		// own would queue the answers to what it asks next behind them.
+		nc := b.liveConn()
+		sub, err := nc.Subscribe(events.LiveAckFilter(b.cfg.Run, events.PhaseResume), b.heardResumeAck)
 		if err != nil {
 			return fmt.Errorf("bridge: subscribe to the resume acks: %w", err)
 		}
 		// A fleet's acks come at once: none is dropped for a slow reader.
 		_ = sub.SetPendingLimits(-1, -1)
-		if err := b.cfg.JS.Conn().Flush(); err != nil {
+		if err := nc.Flush(); err != nil {
 			_ = sub.Unsubscribe()
 			return fmt.Errorf("bridge: subscribe to the resume acks: %w", err)
 		}

@@ -12,9 +12,11 @@ import (
 
 // withRoster puts the roster of phase p on the stream before p (PROTOCOL
 // §3, Rosters) and returns p naming it. A phase addressed to no sandbox
-// daemon is returned as it is; one whose sandbox daemons are those of the
-// last roster this bridge published (a resume after its prepare) names
-// that roster again. The roster's id is derived from the phase and the
+// daemon is returned as it is; one of the operation whose sandbox daemons
+// are those of the last roster this bridge published for it (a resume
+// after its prepare) names that roster again. Another operation publishes
+// its own: a roster named for days would leave the stream (MaxAge) under
+// the phases that name it. The roster's id is derived from the phase and the
 // names, so a publish made again after an unanswered one lands once.
 func (b *Bridge) withRoster(ctx context.Context, p events.PhaseEvent) (events.PhaseEvent, error) {
 	h := p.Header()
@@ -22,7 +24,7 @@ func (b *Bridge) withRoster(ctx context.Context, p events.PhaseEvent) (events.Ph
 	if ref == nil || ref.StreamSeq != 0 {
 		return p, nil
 	}
-	if last := b.roster; last != nil && last.Same(*ref) {
+	if last := b.roster; last != nil && last.Same(*ref) && b.rosterOf == h.CheckpointID {
 		r := *ref
 		r.Seq, r.StreamSeq = last.Seq, last.StreamSeq
 		h.Sandboxes = &r
@@ -44,7 +46,7 @@ func (b *Bridge) withRoster(ctx context.Context, p events.PhaseEvent) (events.Ph
 		return nil, fmt.Errorf("bridge: publish the roster of %s seq %d (%d sandbox daemons): %w", p.Phase(), h.Seq, ref.Count, pubErr)
 	}
 	published := roster.Ref(ack.Sequence)
-	b.roster = &published
+	b.roster, b.rosterOf = &published, h.CheckpointID
 	h.Sandboxes = &published
 	return events.WithHeader(p, h), nil
 }

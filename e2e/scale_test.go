@@ -81,11 +81,11 @@ const (
 // kind sandbox with its own feed, state file and acks, as sandboxd runs
 // it. Each op is one Checkpoint call, prepare publish to resume publish.
 //
-// After the cycles the same processes run the bus floor of the protocol
-// under test: rounds of a core-NATS broadcast answered by every member's
-// once-only JetStream ack (and, when the cycles wrote a member manifest
-// per member, one such create too), three rounds a cycle as
-// controller-bridge's BenchmarkBusFloor. The metrics, each explained in
+// After the cycles the same processes run the bus floor of the protocol:
+// rounds of a core-NATS message that every member hears on its own
+// subscription and answers as a sandbox daemon answers the phase
+// (floorRounds: the prepare with its once-only JetStream ack, the resume
+// with a core-NATS ack; the commit no daemon hears). The metrics, each explained in
 // docs/SCALE.md: the cycle's p50, p99, prepare and commit; persisted
 // writes and bytes per member per cycle from the streams' states; the
 // servers' messages and bytes from their /varz; the last events' and
@@ -93,11 +93,9 @@ const (
 // the consumers on STILLPOINT; the floor, and x-floor, the cycle over it.
 //
 // A size takes minutes to set up: run one at a time, with a small count.
-// A protocol with a consumer per sandbox daemon (v1) needs the servers'
-// default limit of 1,000 consumers per stream lifted; -scale.floor-only
-// measures the floor alone:
+// -scale.floor-only measures the floor alone:
 //
-//	go test -run '^$' -bench 'Scale/replicas=1/members=1000$' -benchtime 3x ./e2e/ -scale.max-consumers=-1
+//	go test -run '^$' -bench 'Scale/replicas=1/members=1000$' -benchtime 3x ./e2e/
 //	go test -run '^$' -bench 'Scale/replicas=3/members=10000$' -benchtime 1x -timeout 60m ./e2e/
 func BenchmarkScale(b *testing.B) {
 	for _, r := range scaleReplicas {
@@ -233,7 +231,14 @@ func startScale(tb testing.TB, cfg scaleConfig) *scaleWorld {
 	tb.Logf("scale: %d members joined in %d processes, %.1f s", cfg.members, cfg.hosts, time.Since(began).Seconds())
 	w.waitHeartbeats(tb)
 
-	br, err := bridge.New(bridge.Config{Run: scaleRun, Conn: nc, JS: w.js, Bus: w.bus, PhaseTimeout: 2 * time.Minute,
+	// The phases' live copies on a connection of their own, as `stillpoint
+	// bridge` sends them.
+	lnc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, Name: "scale-bench-live"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(lnc.Close)
+	br, err := bridge.New(bridge.Config{Run: scaleRun, Conn: nc, LiveConn: lnc, JS: w.js, Bus: w.bus, PhaseTimeout: 2 * time.Minute,
 		Logger: zerolog.New(zerolog.NewTestWriter(tb)).Level(zerolog.WarnLevel)})
 	if err != nil {
 		tb.Fatal(err)
@@ -541,13 +546,13 @@ func (w *scaleWorld) floorOnly(b *testing.B) {
 
 // floorRounds are the rounds of one floor cycle, as a cycle's phases of
 // sandbox daemons (PROTOCOL §3, §5): the prepare, heard by every member
-// and answered by its once-only ack in the stream; the commit, heard by
-// every member and answered by none (it addresses no sandbox daemon); the
-// resume, heard by every member and answered on core NATS.
+// and answered by its once-only ack in the stream; the resume, heard by
+// every member and answered on core NATS. The commit addresses no sandbox
+// daemon, and no daemon hears it.
 var floorRounds = []struct {
 	phase events.Phase
 	ack   string
-}{{events.PhasePrepare, "persist"}, {events.PhaseCommit, "none"}, {events.PhaseResume, "core"}}
+}{{events.PhasePrepare, "persist"}, {events.PhaseResume, "core"}}
 
 // floorCycle runs one floor cycle, rounds base+1 on, and returns its time.
 func (w *scaleWorld) floorCycle(tb testing.TB, base uint64) time.Duration {

@@ -1,6 +1,11 @@
 package events
 
-import "strconv"
+import (
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+)
 
 // SubjectPrefix is the first token of every Stillpoint subject; the
 // STILLPOINT stream captures "sp.>".
@@ -22,8 +27,32 @@ func PhaseFilter(run string) string { return SubjectPrefix + "." + run + ".phase
 const LivePrefix = "spl"
 
 // LivePhaseFilter returns spl.<run>.phase.>, the phases of run the stream
-// stored, as it republishes them for core subscribers (sandbox daemons).
+// stored that address sandbox daemons, as the bridge publishes them again
+// for core subscribers (LiveCopy).
 func LivePhaseFilter(run string) string { return LivePrefix + "." + run + ".phase.>" }
+
+// HeaderLivePrev is the header of a live copy (LiveCopy) that names the
+// phase sequence of the live copy the bridge published before it: a
+// subscriber that has seen that one missed nothing, though phase
+// sequences in between (phases that address no sandbox daemon) it never
+// sees.
+const HeaderLivePrev = "Sp-Live-Prev"
+
+// LiveCopy returns the live copy of a phase the stream stored as msg at
+// stream sequence streamSeq (PROTOCOL §3, live phases): the same headers
+// and data on spl.<run>.phase.<phase>, with the stream sequence
+// (Nats-Sequence), the subject it is stored on (Nats-Subject), and prev,
+// the phase sequence of the bridge's live copy before it (HeaderLivePrev).
+func LiveCopy(msg *nats.Msg, streamSeq, prev uint64) *nats.Msg {
+	out := &nats.Msg{Subject: LivePrefix + strings.TrimPrefix(msg.Subject, SubjectPrefix), Header: make(nats.Header, len(msg.Header)+3), Data: msg.Data}
+	for k, v := range msg.Header {
+		out.Header[k] = v
+	}
+	out.Header.Set("Nats-Sequence", strconv.FormatUint(streamSeq, 10))
+	out.Header.Set("Nats-Subject", msg.Subject)
+	out.Header.Set(HeaderLivePrev, strconv.FormatUint(prev, 10))
+	return out
+}
 
 // AckSubject returns sp.<run>.ack.<seq>.<phase>.<member>: one subject per
 // (phase event, member), written once (PROTOCOL §3).

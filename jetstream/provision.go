@@ -187,8 +187,8 @@ func (t Topology) resources() []resource {
 			diffField(&d, "replicas", replicas(have.Replicas), scfg.Replicas)
 			diffField(&d, "duplicates", have.Duplicates, scfg.Duplicates)
 			diffField(&d, "max_age", have.MaxAge, scfg.MaxAge)
-			if have.RePublish != nil && *have.RePublish != *scfg.RePublish {
-				d = append(d, fmt.Sprintf("republish %+v, want %+v", *have.RePublish, *scfg.RePublish))
+			if have.RePublish != nil && *have.RePublish != *phaseRepublish() {
+				d = append(d, fmt.Sprintf("republish %+v, want none", *have.RePublish))
 			}
 			return d
 		},
@@ -196,13 +196,15 @@ func (t Topology) resources() []resource {
 			_, err := js.CreateStream(ctx, scfg)
 			return err
 		},
-		// A stream provisioned before the core feed (member.Config.CoreFeed) has no republish of
-		// its phases: it gets it, and keeps everything else, its messages included.
+		// A stream an earlier build provisioned republishes its phases for the sandbox daemons'
+		// core feed: the bridge publishes their live copies now (PROTOCOL §3), and a republish
+		// beside them would deliver each phase twice, and every phase, to every daemon. It goes;
+		// everything else stays, the messages included.
 		upgrade: func(ctx context.Context, js natsjs.JetStream, have natsjs.StreamConfig) error {
-			if have.RePublish != nil {
+			if have.RePublish == nil {
 				return nil
 			}
-			have.RePublish = scfg.RePublish
+			have.RePublish = nil
 			_, err := js.UpdateStream(ctx, have)
 			return err
 		},

@@ -149,16 +149,13 @@ func (t Topology) streamConfig() natsjs.StreamConfig {
 		Duplicates:  t.Duplicates,
 		Discard:     natsjs.DiscardOld,
 		AllowDirect: true,
-		RePublish:   phaseRepublish(),
 	}
 }
 
-// phaseRepublish is how the stream republishes every phase it stores, on
-// events.LivePhaseFilter's subjects, for members on a core subscription
-// (member.Config.CoreFeed): a republished phase carries its stream
-// sequence (Nats-Sequence), and a publish the stream refused (a fenced
-// one) is never republished, where a core subscription of the publish
-// subject would hear it all the same.
+// phaseRepublish is how an earlier build's stream republished every phase
+// it stored, on events.LivePhaseFilter's subjects: the bridge now publishes
+// the live copies itself (PROTOCOL §3, live phases), and Provision takes
+// this away from a stream that has it.
 func phaseRepublish() *natsjs.RePublish {
 	return &natsjs.RePublish{
 		Source:      events.SubjectPrefix + ".*.phase.>",

@@ -315,7 +315,7 @@ func TestSandboxFeedAndService(t *testing.T) {
 		t.Fatalf("sandbox's ordered consumer of its phases: %v", err)
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	_, bjs, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleBridge))
+	bnc, bjs, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleBridge))
 	if _, err := bjs.Publish(ctx, "sp.r.phase.prepare", []byte("p")); err != nil {
 		t.Fatal(err)
 	}
@@ -327,9 +327,9 @@ func TestSandboxFeedAndService(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the sandbox's consumer delivered no phase")
 	}
-	// Its core feed: the run's phases as the stream republishes them, on a core subscription,
-	// and the newest of them (and of the committed outcomes) by a direct get whose subject names
-	// them.
+	// Its core feed: the run's phases as the bridge publishes their live copies, on a core
+	// subscription, and the newest of them (and of the committed outcomes) by a direct get whose
+	// subject names them.
 	core, err := snc.SubscribeSync(events.LivePhaseFilter("r"))
 	if err != nil {
 		t.Fatal(err)
@@ -340,7 +340,12 @@ func TestSandboxFeedAndService(t *testing.T) {
 	if err := snc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bjs.Publish(ctx, "sp.r.phase.commit", []byte("c")); err != nil {
+	stored := &nats.Msg{Subject: "sp.r.phase.commit", Data: []byte("c"), Header: nats.Header{}}
+	ack, err := bjs.PublishMsg(ctx, stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bnc.PublishMsg(events.LiveCopy(stored, ack.Sequence, 0)); err != nil {
 		t.Fatal(err)
 	}
 	if m, err := core.NextMsg(10 * time.Second); err != nil || m.Subject != "spl.r.phase.commit" {

@@ -88,6 +88,8 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 		return &Permissions{
 			Publish: Subjects{Allow: append(common(),
 				sp+"phase.>",
+				// The phases' live copies for the sandbox daemons (events.LiveCopy).
+				events.LivePhaseFilter(r),
 				sp+"roster.>",
 				sp+"resumed.>",
 				// It asks a phase's silent sandbox daemons whether they are there

@@ -28,12 +28,6 @@ import (
 // subscription and the catch-up both deliver it) from a gap (the
 // subscription missed one): each phase is delivered once, in order.
 func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
-	if info := m.cfg.Bus.Stream.CachedInfo(); info == nil || info.Config.RePublish == nil {
-		// A stream no Provision of this build has seen: it republishes
-		// nothing to subscribe to.
-		m.log.Warn().Msg("the stream does not republish its phases (provision it again); reading them through an ordered consumer")
-		return m.orderedFeed(ctx)
-	}
 	pos, other, err := loadPosition(m.cfg.StateFile, m.cfg.Run, m.cfg.Member)
 	if err != nil {
 		return nil, err
@@ -107,10 +101,11 @@ type coreReader struct {
 	again    *redeliverer
 	log      zerolog.Logger
 
-	mu      sync.Mutex // the subscriptions' goroutines append, run takes
-	arrived []*nats.Msg
-	wake    chan struct{}
-	lose    atomic.Int64 // messages the subscription is to lose, for a test (LoseCoreArrivals)
+	mu       sync.Mutex // the subscriptions' goroutines append, run takes
+	arrived  []*nats.Msg
+	wake     chan struct{}
+	lose     atomic.Int64 // messages the subscription is to lose, for a test (LoseCoreArrivals)
+	catchUps atomic.Int64 // catch-ups made, for a test
 
 	subs     []*nats.Subscription
 	status   chan nats.Status
@@ -275,8 +270,12 @@ func (c *coreReader) received(msg *nats.Msg, behind bool) bool {
 	}
 	dl := newCoreDelivery(msg, seq, c.pos, c.again)
 	q, outcome := dl.phaseSeq()
+	// A live copy names the bridge's live copy before it: one this member
+	// saw (or one before what it has seen) means nothing was missed, the
+	// phases in between addressing no sandbox daemon (PROTOCOL §3).
+	chained := c.based && q > c.lastQ && dl.follows(c.lastQ)
 	switch {
-	case outcome && !behind, !outcome && q == 0, !outcome && !behind && c.based && q == c.lastQ+1:
+	case outcome && !behind, !outcome && q == 0, !outcome && !behind && c.based && (q == c.lastQ+1 || chained):
 		// An outcome; something malformed or not a phase, which the loop
 		// refuses; the next phase. (A stop ends run at its next select.)
 		c.deliver(dl)
@@ -324,6 +323,7 @@ func (c *coreReader) deliver(dl *coreDelivery) bool {
 // feed's subjects after c.from, everything up to the stream's end, and
 // delivers in stream order what was not delivered yet.
 func (c *coreReader) catchUp(ctx context.Context) error {
+	c.catchUps.Add(1)
 	if c.scoped {
 		return c.catchUpScoped(ctx)
 	}
@@ -510,10 +510,11 @@ func (c *coreReader) flushPending(anyway bool) (gap, ok bool) {
 			delete(c.pending, q)
 			continue
 		}
-		if c.based && q > c.lastQ+1 && !anyway {
+		missing := c.based && q > c.lastQ+1 && !c.pending[q].follows(c.lastQ)
+		if missing && !anyway {
 			return true, true
 		}
-		if c.based && q > c.lastQ+1 {
+		if missing {
 			c.log.Warn().Uint64("last_seen", c.lastQ).Uint64("seq", q).
 				Msg("phases missing before this one are not in the stream; taking it as it is")
 		}
@@ -570,6 +571,13 @@ func (d *coreDelivery) phaseSeq() (q uint64, outcome bool) {
 		return pe.Header().Seq, false
 	}
 	return 0, false
+}
+
+// follows reports whether d is a live copy whose previous live copy is at
+// or before phase sequence q: nothing for a sandbox daemon lies between.
+func (d *coreDelivery) follows(q uint64) bool {
+	prev, err := strconv.ParseUint(d.msg.Header.Get(events.HeaderLivePrev), 10, 64)
+	return err == nil && prev <= q
 }
 
 func (d *coreDelivery) eventID() string {

@@ -314,3 +314,36 @@ func (p *proxy) restore(t *testing.T) {
 	})
 	p.serve(ln)
 }
+
+// PROTOCOL §3, live phases: the bridge publishes no live copy of a phase
+// that addresses no sandbox daemon (a commit), and each copy names the one
+// before it; a daemon that saw that one takes the next as it comes, with no
+// read of the stream for the phase it never heard.
+func TestCoreFeedFollowsTheLiveChain(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	h := startCore(t, env, t.TempDir(), 1, false)
+	name := h.Member.Name()
+	agent := events.Member("agent.a")
+	seq1 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name, agent)})
+	want(t, bridge.Ack(seq1, events.PhasePrepare, name), "", events.StatePrepared)
+	before := member.CoreCatchUps(h.Member)
+	bridge.Publish(events.Commit{PhaseHeader: bridge.Header("c1", 10*time.Second, agent)})
+	seq3 := bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, name, agent)})
+	want(t, bridge.Ack(seq3, events.PhaseResume, name), "", events.StateIdle)
+	seq4 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c2", 10*time.Second, name, agent)})
+	want(t, bridge.Ack(seq4, events.PhasePrepare, name), "", events.StatePrepared)
+	if n := member.CoreCatchUps(h.Member) - before; n != 0 {
+		t.Errorf("%d catch-ups from the stream for a commit that was no daemon's", n)
+	}
+	// A live copy that does not follow the last one seen (one lost) still
+	// makes the member read the stream.
+	member.LoseCoreArrivals(h.Member, 1)
+	seq5 := bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c2", 10*time.Second, name, agent)})
+	seq6 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c3", 10*time.Second, name, agent)})
+	want(t, bridge.Ack(seq5, events.PhaseResume, name), "", events.StateIdle)
+	want(t, bridge.Ack(seq6, events.PhasePrepare, name), "", events.StatePrepared)
+	if n := member.CoreCatchUps(h.Member) - before; n == 0 {
+		t.Error("a lost live copy was not read from the stream")
+	}
+}

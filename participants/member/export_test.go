@@ -22,3 +22,7 @@ func WriteRecordsPaced(ctx context.Context, store natsjs.ObjectStore, run, check
 func LoseCoreArrivals(m *Member, n int) {
 	m.core.lose.Add(int64(n))
 }
+
+// CoreCatchUps returns how many times the core feed of m has read the
+// stream to catch up (at start, at a reconnect, at a gap).
+func CoreCatchUps(m *Member) int64 { return m.core.catchUps.Load() }

@@ -3,6 +3,7 @@ package membertest
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -34,12 +35,18 @@ type Bridge struct {
 	Epoch uint64
 	// Timeout bounds every wait for an ack (default 10 s).
 	Timeout time.Duration
+	// LiveEvery publishes a live copy of every phase, not only of those
+	// that name a sandbox daemon as the bridge does: for members of other
+	// kinds on the core feed (Suite.CoreFeed).
+	LiveEvery bool
 
 	t   testing.TB
 	seq uint64
 	// commits maps a checkpoint to the sequence of its last commit, which
 	// a restore of it names (events.Restore.SourceCommitSeq).
 	commits map[string]uint64
+
+	lastLive uint64 // the phase sequence of the last live copy published
 
 	resumeSub  *nats.Subscription
 	resumeMu   sync.Mutex // the subscription's goroutine files, the test reads
@@ -97,10 +104,24 @@ func (b *Bridge) PublishWithID(d events.PhaseEvent, id string) uint64 {
 	if d.Phase() == events.PhaseResume {
 		b.listenResumeAcks()
 	}
-	if _, err := jetstream.PublishDedup(b.t.Context(), b.Env.JS, msg); err != nil {
+	ack, err := jetstream.PublishDedup(b.t.Context(), b.Env.JS, msg)
+	if err != nil {
 		b.t.Fatalf("membertest: bridge: publish: %v", err)
 	}
-	return d.Header().Seq
+	// Its live copy, for sandbox daemons on the core feed, as the bridge
+	// publishes one (PROTOCOL §3, live phases).
+	h := d.Header()
+	if b.LiveEvery || h.Sandboxes != nil || slices.ContainsFunc(h.Members, func(m events.Member) bool { return m.Kind() == events.KindSandbox }) {
+		prev := b.lastLive
+		if prev == 0 || prev >= h.Seq {
+			prev = h.Seq - 1
+		}
+		if err := b.Env.Conn.PublishMsg(events.LiveCopy(msg, ack.Sequence, prev)); err != nil {
+			b.t.Fatalf("membertest: bridge: publish the live copy: %v", err)
+		}
+		b.lastLive = h.Seq
+	}
+	return h.Seq
 }
 
 // listenResumeAcks subscribes to the run's resume acks, once.

@@ -96,7 +96,9 @@ type world struct {
 func newWorld(t *testing.T, h Suite) *world {
 	t.Parallel()
 	env := jstest.Start(t)
-	return &world{t: t, h: h, env: env, run: "run1", bridge: NewBridge(t, env, "run1")}
+	bridge := NewBridge(t, env, "run1")
+	bridge.LiveEvery = h.CoreFeed
+	return &world{t: t, h: h, env: env, run: "run1", bridge: bridge}
 }
 
 func (s *world) name(n string) events.Member {

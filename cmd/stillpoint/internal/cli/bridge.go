@@ -121,8 +121,24 @@ func runBridge(ctx context.Context, g *globals, f bridgeFlags) error {
 		return err
 	}
 	defer closeBus()
-	b, err := bridge.New(bridge.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Conn: connOf(js), Logger: log, PhaseTimeout: f.timeout,
-		Metrics: metrics.New()})
+	// The phases' live copies for the sandbox daemons go out on a
+	// connection of their own (bridge.Config.LiveConn): the server delivers
+	// each to every daemon before it reads on, and nothing else waits.
+	live := g.conn
+	if live.URL == "" {
+		live.URL = "nats://127.0.0.1:4222"
+	}
+	live.Name = "stillpoint-bridge-" + f.run + "-live"
+	lnc, err := jetstream.Connect(ctx, live)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		_ = lnc.FlushTimeout(5 * time.Second)
+		lnc.Close()
+	}()
+	b, err := bridge.New(bridge.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Conn: connOf(js), LiveConn: lnc, Logger: log,
+		PhaseTimeout: f.timeout, Metrics: metrics.New()})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
