@@ -51,8 +51,17 @@ func (b *Bridge) openAckInbox(ctx context.Context, seq uint64) error {
 	if f.cc == nil {
 		ctx, cancel := context.WithTimeout(ctx, ackFeedTimeout)
 		defer cancel()
+		// From the stream's end as it is now, by sequence: an ordered
+		// consumer made again before it delivered anything starts from
+		// there again, where one delivering new messages would start from
+		// its new end, past the acks stored meanwhile.
+		info, err := b.cfg.Bus.Stream.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("bridge: the ack feed: %w", err)
+		}
 		cons, err := b.cfg.JS.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
-			FilterSubjects: []string{events.SubjectPrefix + "." + b.cfg.Run + ".ack.>"}, DeliverPolicy: natsjs.DeliverNewPolicy})
+			FilterSubjects: []string{events.SubjectPrefix + "." + b.cfg.Run + ".ack.>"},
+			DeliverPolicy:  natsjs.DeliverByStartSequencePolicy, OptStartSeq: info.State.LastSeq + 1})
 		if err != nil {
 			return fmt.Errorf("bridge: the ack feed: %w", err)
 		}

@@ -45,6 +45,8 @@ type Bridge struct {
 	// lastLive is the phase sequence of the last live copy this bridge
 	// published (publishLive), 0 before the first.
 	lastLive uint64
+	// lastSeq is the sequence of the last phase this bridge published.
+	lastSeq uint64
 	// published is the id of the last phase this bridge published;
 	// settled that of the last phase of an operation it drove to its end:
 	// while the run's last phase is that one, nothing is left open to

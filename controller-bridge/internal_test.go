@@ -266,3 +266,52 @@ func TestUnansweredPhasePublishIsRetriedAndLandsOnce(t *testing.T) {
 		t.Fatalf("stored seq %d id %q; the publish reported seq %d id %q", raw.Sequence, raw.Header.Get("Nats-Msg-Id"), r.p.StreamSeq, r.p.ID)
 	}
 }
+
+// PROTOCOL §3, live phases: a live copy names the bridge's live copy
+// before it only when no other bridge published in between; else the
+// phase before it, so that a daemon that missed the other bridge's copy
+// reads the stream. A phase that addresses no sandbox daemon has no copy.
+func TestLiveCopiesNameTheOneBefore(t *testing.T) {
+	env := jstest.Start(t)
+	a := newTestBridge(t, env, Config{})
+	b2 := newTestBridge(t, env, Config{Name: "second"})
+	live, err := env.Conn.SubscribeSync(events.LivePhaseFilter("run1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	fence := uint64(0)
+	publish := func(br *Bridge, seq uint64, members ...events.Member) {
+		t.Helper()
+		h := events.PhaseHeader{Run: "run1", CheckpointID: fmt.Sprintf("c%d", seq), Seq: seq, Deadline: time.Now().Add(time.Minute)}.Address(members)
+		pub, err := br.publishPhase(ctx, fence, events.Prepare{PhaseHeader: h})
+		if err != nil {
+			t.Fatalf("publish %d: %v", seq, err)
+		}
+		fence = pub.StreamSeq
+	}
+	prevOf := func() (seq, prev string) {
+		t.Helper()
+		m, err := live.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Header.Get(events.HeaderPrefix + events.ExtSeq), m.Header.Get(events.HeaderLivePrev)
+	}
+	publish(a, 1, "sandbox.s")
+	publish(a, 2, "agent.x") // no copy
+	publish(a, 3, "sandbox.s")
+	publish(b2, 4, "sandbox.s")
+	publish(a, 5, "sandbox.s")
+	for _, want := range [][2]string{{"1", "0"}, {"3", "1"}, {"4", "3"}, {"5", "4"}} {
+		if seq, prev := prevOf(); seq != want[0] || prev != want[1] {
+			t.Errorf("live copy of %s names %s before it, want %s of %s", seq, prev, want[1], want[0])
+		}
+	}
+	if m, err := live.NextMsg(200 * time.Millisecond); err == nil {
+		t.Errorf("an extra live copy %s", m.Subject)
+	}
+}

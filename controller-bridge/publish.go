@@ -69,7 +69,7 @@ func (b *Bridge) publishStored(ctx context.Context, fence uint64, p events.Phase
 		now, serr := b.state(ctx)
 		if serr == nil && now.lastID == id {
 			b.publishLive(msg, now.streamSeq, p)
-			b.published = id
+			b.published, b.lastSeq = id, h.Seq
 			return machine.PhasePublished{Event: p, StreamSeq: now.streamSeq, ID: id, At: now.lastAt}, nil
 		}
 		return machine.PhasePublished{}, fmt.Errorf("%w: publishing %s seq %d: %w", bridgeapi.ErrFenced, p.Phase(), h.Seq, err)
@@ -79,7 +79,7 @@ func (b *Bridge) publishStored(ctx context.Context, fence uint64, p events.Phase
 	}
 	b.publishLive(msg, ack.Sequence, p)
 	b.saveHead(ctx, h)
-	b.published = id
+	b.published, b.lastSeq = id, h.Seq
 	return machine.PhasePublished{Event: p, StreamSeq: ack.Sequence, ID: id, At: b.cfg.Now()}, nil
 }
 
@@ -107,8 +107,12 @@ func (b *Bridge) publishLive(msg *nats.Msg, streamSeq uint64, p events.PhaseEven
 	if h.Sandboxes == nil && !slices.ContainsFunc(h.Members, func(m events.Member) bool { return m.Kind() == events.KindSandbox }) {
 		return
 	}
+	// The live copy before p is this bridge's last only if no other
+	// bridge published since this one's last phase (phases are numbered
+	// one by one): else the phase before p stands for it, and a daemon
+	// that did not see it reads the stream.
 	prev := b.lastLive
-	if prev == 0 || prev >= h.Seq {
+	if prev == 0 || prev >= h.Seq || b.lastSeq != h.Seq-1 {
 		prev = h.Seq - 1
 	}
 	if err := b.liveConn().PublishMsg(events.LiveCopy(msg, streamSeq, prev)); err != nil {

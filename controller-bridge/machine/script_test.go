@@ -432,8 +432,10 @@ func (s *script) manifest(id string, aborted bool, members []events.Member) even
 func (s *script) historyPhase(a args) PhasePublished {
 	p, id := events.Phase(a.pos[0]), a.pos[1]
 	seq := a.num("seq", 1)
+	// As the bridge reads it back: its sandbox daemons in a roster, its
+	// names known.
 	h := events.PhaseHeader{Run: "run1", CheckpointID: id, Seq: seq, Epoch: a.num("epoch", 0),
-		Deadline: s.now.Add(a.dur("deadline", 10*time.Second)).UTC(), Members: a.members("members", s.members)}
+		Deadline: s.now.Add(a.dur("deadline", 10*time.Second)).UTC()}.Address(a.members("members", s.members))
 	var e events.PhaseEvent
 	switch p {
 	case events.PhasePrepare:

@@ -24,6 +24,7 @@ type ackBook struct {
 	acks    map[ackKey]events.PrepareAck
 	changed chan struct{}
 	sub     *nats.Subscription
+	nc      *nats.Conn // asks a silent daemon whether it is there
 }
 
 type ackKey struct {
@@ -49,7 +50,7 @@ func (b *ackBook) subscribe(nc *nats.Conn) error {
 	if err != nil {
 		return err
 	}
-	b.sub = sub
+	b.sub, b.nc = sub, nc
 	return nil
 }
 
@@ -114,6 +115,11 @@ func (b *ackBook) lookup(ctx context.Context, seq uint64, sandbox string) (event
 // never ack); the stream is read again every poll in case a message went
 // by unseen.
 func (b *ackBook) wait(ctx context.Context, seq uint64, sandbox string, stop, gone <-chan struct{}, poll time.Duration) (events.PrepareAck, error) {
+	// A daemon's heartbeat lives minutes after it died (PROTOCOL §3,
+	// Liveness): ask it, while its ack does not come, whether it is there.
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	dead := b.probe(pctx, sandbox)
 	for {
 		b.mu.Lock()
 		ch := b.changed
@@ -128,10 +134,47 @@ func (b *ackBook) wait(ctx context.Context, seq uint64, sandbox string, stop, go
 			return events.PrepareAck{}, errReopened
 		case <-gone:
 			return events.PrepareAck{}, errDaemonGone
+		case <-dead:
+			return events.PrepareAck{}, errDaemonGone
 		case <-ctx.Done():
 			return events.PrepareAck{}, context.Cause(ctx)
 		}
 	}
+}
+
+// probeEvery is how often a wait for a daemon's prepare ack asks the daemon
+// whether it is there, the first time probeEvery in.
+const probeEvery = time.Second
+
+// probe asks sandbox's daemon, every probeEvery until ctx ends, whether it
+// is there (events.AliveSubject): the channel it returns is closed once a
+// request finds no responder, the daemon's connection gone. A request that
+// times out proves nothing.
+func (b *ackBook) probe(ctx context.Context, sandbox string) <-chan struct{} {
+	dead := make(chan struct{})
+	m, err := events.NewMember(events.KindSandbox, sandbox)
+	if b.nc == nil || err != nil {
+		return dead
+	}
+	go func() {
+		t := time.NewTicker(probeEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			rctx, cancel := context.WithTimeout(ctx, probeEvery)
+			_, err := b.nc.RequestWithContext(rctx, events.AliveSubject(b.run, m), nil)
+			cancel()
+			if errors.Is(err, nats.ErrNoResponders) {
+				close(dead)
+				return
+			}
+		}
+	}()
+	return dead
 }
 
 // errReopened: the checkpoint resumed while a run waited on it.
