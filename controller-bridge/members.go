@@ -33,6 +33,11 @@ type memberView struct {
 	cc      natsjs.ConsumeContext
 	seq     uint64 // the bucket's stream sequence read up to
 	alive   map[string]events.MemberInfo
+	rev     map[string]uint64 // the stream sequence of each live key's heartbeat
+	// silent are the keys a probe found gone, at the heartbeat they had
+	// then: left out of every listing until they heartbeat again, rather
+	// than asked again at every phase while their heartbeat lives.
+	silent  map[string]uint64
 	watches map[*memberWatch]struct{}
 	err     error // the view cannot read the bucket
 	synced  bool  // a sync has completed: every heartbeat there was is read
@@ -41,6 +46,7 @@ type memberView struct {
 // memberWatch tells a phase gathered which of its members die, leave or
 // are replaced while it runs.
 type memberWatch struct {
+	run      string
 	memberOf map[string]events.Member // key -> member, of the phase's members
 	told     map[events.Member]bool   // members said gone
 	gone     chan machine.Input       // MemberGone, buffered for every member
@@ -72,6 +78,7 @@ func (b *Bridge) view(ctx context.Context) (*memberView, error) {
 		return nil, fmt.Errorf("bridge: watch the members: %w", err)
 	}
 	v.started, v.cc, v.alive, v.watches = true, cc, map[string]events.MemberInfo{}, map[*memberWatch]struct{}{}
+	v.rev, v.silent = map[string]uint64{}, map[string]uint64{}
 	return v, nil
 }
 
@@ -91,6 +98,7 @@ func (b *Bridge) stopView() {
 	}
 	v.mu.Lock()
 	v.cc, v.started, v.err, v.seq, v.synced, v.alive, v.watches = nil, false, nil, 0, false, nil, nil
+	v.rev, v.silent = nil, nil
 	v.mu.Unlock()
 }
 
@@ -120,9 +128,12 @@ func (b *Bridge) heardHeartbeat(msg natsjs.Msg) {
 	was, had := v.alive[key]
 	if removed {
 		delete(v.alive, key)
+		delete(v.rev, key)
 	} else {
 		v.alive[key] = info
+		v.rev[key] = md.Sequence.Stream
 	}
+	delete(v.silent, key) // it heartbeats again, or is gone for good
 	for w := range v.watches {
 		m, tracked := w.memberOf[key]
 		switch {
@@ -189,7 +200,10 @@ func (v *memberView) snapshot() []events.MemberInfo {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	out := make([]events.MemberInfo, 0, len(v.alive))
-	for _, info := range v.alive {
+	for key, info := range v.alive {
+		if at, ok := v.silent[key]; ok && at == v.rev[key] {
+			continue
+		}
 		out = append(out, info)
 	}
 	return out
@@ -198,7 +212,7 @@ func (v *memberView) snapshot() []events.MemberInfo {
 // watch starts telling which of members are gone: at once those not alive
 // now, then each that dies, leaves or is replaced. The caller syncs first.
 func (v *memberView) watch(run string, members []events.Member) *memberWatch {
-	w := &memberWatch{memberOf: map[string]events.Member{}, told: map[events.Member]bool{},
+	w := &memberWatch{run: run, memberOf: map[string]events.Member{}, told: map[events.Member]bool{},
 		gone: make(chan machine.Input, len(members)), view: v}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -224,11 +238,18 @@ func (w *memberWatch) send(g machine.MemberGone) {
 	w.gone <- g
 }
 
-// tell says g, as the view does (once per member).
+// tell says g, as the view does (once per member). A member found silent
+// is left out of the view's listings until it heartbeats again.
 func (w *memberWatch) tell(g machine.MemberGone) {
-	w.view.mu.Lock()
-	defer w.view.mu.Unlock()
-	if _, ok := w.view.watches[w]; ok {
+	v := w.view
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if key := events.MemberKey(w.run, g.Member); g.Why == machine.GoneSilent && v.silent != nil {
+		if at, ok := v.rev[key]; ok {
+			v.silent[key] = at
+		}
+	}
+	if _, ok := v.watches[w]; ok {
 		w.send(g)
 	}
 }

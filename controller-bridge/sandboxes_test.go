@@ -130,3 +130,40 @@ func TestSilentSandboxDaemonIsLeftOut(t *testing.T) {
 		t.Fatalf("the prepare's roster %+v: it was listed", prep.Sandboxes)
 	}
 }
+
+// A daemon found gone by the probe is left out of the next phases while
+// its heartbeat still lives, not asked again at each; one that heartbeats
+// again is back.
+func TestSilentSandboxDaemonStaysOut(t *testing.T) {
+	env := jstest.Start(t)
+	fleet(t, env, 1, 1)
+	ghost := events.Member("sandbox.ghost")
+	put := func(instance string) {
+		t.Helper()
+		v, _ := json.Marshal(events.MemberInfo{Run: run, Member: ghost, Instance: instance, Started: time.Now().UTC(), Heartbeat: time.Now().UTC()})
+		if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey(run, ghost), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("gone")
+	b := startBridge(t, env, bridge.Config{})
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	start := time.Now()
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted || slices.Contains(res.Members, ghost) {
+		t.Fatalf("c2: %+v %v", res, err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("c2 took %s: the daemon found gone was asked again", took)
+	}
+	put("back") // a heartbeat again: listed again (and, silent, found gone again)
+	res, err = b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c3"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c3: %+v %v", res, err)
+	}
+	if p := phaseOf(t, env, events.PhasePrepare).Header(); p.Sandboxes == nil || p.Sandboxes.Count != 1 {
+		t.Fatalf("c3's prepare: sandboxes %+v, want the daemon that heartbeat again", p.Sandboxes)
+	}
+}

@@ -246,10 +246,10 @@ type receiptResult struct {
 // request holds the daemon's endpoint past its caller. The wait runs on a
 // goroutine of wg until ctx ends or the receipt is sent (at most one, and
 // the channel holds it): the caller cancels ctx and waits for wg.
-func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox, id string) <-chan receiptResult {
+func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox, sandbox, id string) <-chan receiptResult {
 	ch := make(chan receiptResult, 1)
 	wg.Go(func() {
-		var lost time.Time
+		var lost, unheard time.Time
 		for {
 			cctx, cancel := context.WithTimeout(ctx, a.cfg.ReceiptWait+10*time.Second)
 			rc, err := dc.WaitReceipt(cctx, id, a.cfg.ReceiptWait)
@@ -267,6 +267,19 @@ func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox
 				ch <- receiptResult{rc: sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeFailed,
 					Error: "the sandbox's daemon does not know the launch", Ended: time.Now()}}
 				return
+			}
+			// Nothing listens for the daemon's requests: its connection is
+			// gone. Its heartbeat lives minutes (PROTOCOL §3, Liveness), so
+			// once that lasts daemonUnheard it is taken for gone, as an
+			// expired heartbeat would have it (the run's launch is lost).
+			if errors.Is(err, nats.ErrNoResponders) {
+				if unheard.IsZero() {
+					unheard = time.Now()
+				} else if time.Since(unheard) >= daemonUnheard {
+					a.daemons.set(sandbox, true)
+				}
+			} else {
+				unheard = time.Time{}
 			}
 			// The daemon does not answer (restarting, or its sandbox is
 			// gone): try again, and give the launch up after two minutes.
@@ -287,6 +300,10 @@ func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox
 	return ch
 }
 
+// daemonUnheard is how long a daemon's requests find no responder before
+// the agent takes it for gone.
+const daemonUnheard = 5 * time.Second
+
 // waitLaunch waits for the launch to end, parking it at each checkpoint.
 // Its receipt watcher has stopped when it returns.
 func (a *Agent) waitLaunch(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox, id string) (agentapi.Bookmark, error) {
@@ -294,7 +311,7 @@ func (a *Agent) waitLaunch(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sa
 	defer watcher.Wait()
 	ctx, cancel := context.WithCancel(r.ctx)
 	defer cancel() // before the Wait above: the watcher ends with ctx
-	receipts := a.watchReceipt(ctx, &watcher, dc, id)
+	receipts := a.watchReceipt(ctx, &watcher, dc, lc.Session.SandboxID, id)
 	gone := a.daemons.goneCh(lc.Session.SandboxID)
 	for {
 		select {
