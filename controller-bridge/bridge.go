@@ -86,14 +86,10 @@ func New(cfg Config) (*Bridge, error) {
 // its background watchers. From then on an operation still running holds
 // no checkpoint (it abandons it) and starts no watcher.
 func (b *Bridge) Run(ctx context.Context) error {
-	idle := false // no operation runs: what all of them read from can stop
 	defer func() {
 		b.close()
 		b.bgCancel()
 		b.bg.Wait()
-		if idle {
-			b.stopFeeds()
-		}
 		fctx, cancel := context.WithTimeout(context.Background(), publishAttemptTimeout)
 		b.flushHead(fctx)
 		cancel()
@@ -112,7 +108,14 @@ func (b *Bridge) Run(ctx context.Context) error {
 		return nil
 	}
 	defer b.unlock()
-	idle = true
+	// No operation runs: what all of them read from stops, before the
+	// slot is let go, so that none starts on a feed being stopped (the
+	// next starts feeds of its own). The background watches end first.
+	defer func() {
+		b.bgCancel()
+		b.bg.Wait()
+		b.stopFeeds()
+	}()
 	h := b.takeHold()
 	if h == nil {
 		return nil

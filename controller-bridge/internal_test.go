@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -69,12 +70,23 @@ func TestMemberViewIsAsFreshAsARead(t *testing.T) {
 	}
 	wctx, stop := context.WithCancel(t.Context())
 	done := make(chan struct{})
+	// The heartbeats go on meanwhile, but for the member that has left:
+	// away is checked and the put made under mu, so none is put again
+	// after its delete.
+	var (
+		mu   sync.Mutex
+		away events.Member
+	)
 	go func() {
 		defer close(done)
 		for n := 1; wctx.Err() == nil; n++ {
 			for _, m := range all {
 				v, _ := json.Marshal(events.MemberInfo{Run: "run1", Member: m, Instance: "i0", Heartbeat: time.Now().UTC()})
-				_, _ = env.Bus.Members.Put(wctx, events.MemberKey("run1", m), v)
+				mu.Lock()
+				if m != away {
+					_, _ = env.Bus.Members.Put(wctx, events.MemberKey("run1", m), v)
+				}
+				mu.Unlock()
 			}
 		}
 	}()
@@ -83,7 +95,11 @@ func TestMemberViewIsAsFreshAsARead(t *testing.T) {
 		joined := events.Member(fmt.Sprintf("agent.a%d", round))
 		putHeartbeat(t, env, joined, "i0")
 		left := all[round]
-		if err := env.Bus.Members.Delete(t.Context(), events.MemberKey("run1", left)); err != nil {
+		mu.Lock()
+		away = left
+		err := env.Bus.Members.Delete(t.Context(), events.MemberKey("run1", left))
+		mu.Unlock()
+		if err != nil {
 			t.Fatal(err)
 		}
 		ms, _, err := b.liveMembers(t.Context(), 0, false)
@@ -96,6 +112,9 @@ func TestMemberViewIsAsFreshAsARead(t *testing.T) {
 		if slices.Contains(ms, left) {
 			t.Fatalf("round %d: %s left, and is listed", round, left)
 		}
+		mu.Lock()
+		away = ""
+		mu.Unlock()
 		putHeartbeat(t, env, left, "i0")
 	}
 }
@@ -311,7 +330,122 @@ func TestLiveCopiesNameTheOneBefore(t *testing.T) {
 			t.Errorf("live copy of %s names %s before it, want %s of %s", seq, prev, want[1], want[0])
 		}
 	}
+	// Another bridge's phases in between, then one of this bridge's
+	// that is not the daemons': the copy after names the phase before it,
+	// not this bridge's copy of long ago.
+	publish(b2, 6, "sandbox.s")
+	publish(b2, 7, "sandbox.s")
+	publish(a, 8, "agent.x")
+	publish(a, 9, "sandbox.s")
+	// A copy that cannot be sent: the next names the phase before it,
+	// so a daemon that saw copy 9 finds the gap and reads 10.
+	closed, _ := env.Connect(t)
+	closed.Close()
+	a.cfg.LiveConn = closed
+	publish(a, 10, "sandbox.s")
+	a.cfg.LiveConn = nil
+	publish(a, 11, "sandbox.s")
+	for _, want := range [][2]string{{"6", "5"}, {"7", "6"}, {"9", "8"}, {"11", "10"}} {
+		if seq, prev := prevOf(); seq != want[0] || prev != want[1] {
+			t.Errorf("live copy of %s names %s before it, want %s of %s", seq, prev, want[1], want[0])
+		}
+	}
 	if m, err := live.NextMsg(200 * time.Millisecond); err == nil {
 		t.Errorf("an extra live copy %s", m.Subject)
+	}
+}
+
+// PROTOCOL §3, Liveness: the probe asks every silent daemon in turn, the
+// next round going on from the last it asked, and takes a daemon for gone
+// only once its alive subject has found no responder for
+// events.AliveUnanswered: one such answer may be a daemon reconnecting.
+func TestProbeAsksEverySilentDaemonInTurn(t *testing.T) {
+	env := jstest.Start(t)
+	b := newTestBridge(t, env, Config{})
+	ctx := t.Context()
+	var silent []events.Member
+	for i := range probeBatch + 88 {
+		m := events.Member(fmt.Sprintf("sandbox.s%04d", i))
+		putHeartbeat(t, env, m, "gone")
+		silent = append(silent, m)
+	}
+	// One daemon answers again after its first probe (it reconnected).
+	back := silent[3]
+	v, err := b.view(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.sync(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	w := v.watch("run1", silent)
+	defer w.close()
+	if len(w.gone) != 0 {
+		t.Fatalf("%d members gone before any probe", len(w.gone))
+	}
+	b.probe(ctx, w, silent)
+	b.probe(ctx, w, silent)
+	if len(w.unanswered) != len(silent) {
+		t.Fatalf("two rounds asked %d of the %d silent daemons, want all", len(w.unanswered), len(silent))
+	}
+	if len(w.gone) != 0 {
+		t.Fatalf("%d members taken for gone on one unanswered probe", len(w.gone))
+	}
+	sub, err := env.Conn.Subscribe(events.AliveSubject("run1", back), func(m *nats.Msg) { _ = m.Respond([]byte("back")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := env.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(events.AliveUnanswered)
+	for range 2 {
+		b.probe(ctx, w, silent)
+	}
+	gone := map[events.Member]bool{}
+	for len(w.gone) > 0 {
+		gone[(<-w.gone).(machine.MemberGone).Member] = true
+	}
+	if gone[back] {
+		t.Errorf("%s answered again and was taken for gone", back)
+	}
+	if len(gone) != len(silent)-1 {
+		t.Errorf("%d members gone, want every silent one but %s (%d)", len(gone), back, len(silent)-1)
+	}
+	if _, ok := w.unanswered[back]; ok {
+		t.Errorf("%s answered: its unanswered time should be forgotten", back)
+	}
+}
+
+// A resume inbox a watch took is kept until the watch closes it, however
+// many resumes follow within its deadline; only inboxes no watch took are
+// bounded (resumeInboxes).
+func TestResumeInboxesTakenAreKept(t *testing.T) {
+	env := jstest.Start(t)
+	b := newTestBridge(t, env, Config{})
+	defer b.stopResumeAcks()
+	for seq := uint64(1); seq <= 3*resumeInboxes+1; seq++ {
+		if err := b.openResumeInbox(seq); err != nil {
+			t.Fatal(err)
+		}
+		if seq%2 == 0 && b.takeResumeInbox(seq) == nil {
+			t.Fatalf("resume %d: its inbox is gone before its watch took it", seq)
+		}
+	}
+	for seq := uint64(2); seq <= 3*resumeInboxes; seq += 2 {
+		if b.takeResumeInbox(seq) == nil {
+			t.Errorf("resume %d: a taken inbox was dropped while its watch runs", seq)
+		}
+	}
+	b.resumes.mu.Lock()
+	untaken := len(b.resumes.inbox) - 3*resumeInboxes/2
+	b.resumes.mu.Unlock()
+	if untaken != resumeInboxes {
+		t.Errorf("%d inboxes no watch took are kept, want %d", untaken, resumeInboxes)
+	}
+	b.closeResumeInbox(2)
+	if b.takeResumeInbox(2) != nil {
+		t.Error("a closed inbox is still there")
 	}
 }

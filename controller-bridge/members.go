@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,10 +31,13 @@ type memberView struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // broadcast when seq moves or the view fails
 	started bool
-	cc      natsjs.ConsumeContext
-	seq     uint64 // the bucket's stream sequence read up to
-	alive   map[string]events.MemberInfo
-	rev     map[string]uint64 // the stream sequence of each live key's heartbeat
+	// gen counts the views started: a message of a stopped view's
+	// consumer still in flight, or a sync begun on it, finds another.
+	gen   uint64
+	cc    natsjs.ConsumeContext
+	seq   uint64 // the bucket's stream sequence read up to
+	alive map[string]events.MemberInfo
+	rev   map[string]uint64 // the stream sequence of each live key's heartbeat
 	// silent are the keys a probe found gone, at the heartbeat they had
 	// then: left out of every listing until they heartbeat again, rather
 	// than asked again at every phase while their heartbeat lives.
@@ -51,6 +55,12 @@ type memberWatch struct {
 	told     map[events.Member]bool   // members said gone
 	gone     chan machine.Input       // MemberGone, buffered for every member
 	view     *memberView
+
+	// probed is the last member the watch's probe asked, where the next
+	// round goes on from; unanswered, since when each member asked found
+	// no responder (probe).
+	probed     events.Member
+	unanswered map[events.Member]time.Time
 }
 
 // view returns the started view of the run's heartbeats.
@@ -71,16 +81,20 @@ func (b *Bridge) view(ctx context.Context) (*memberView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bridge: watch the members: %w", err)
 	}
-	cc, err := cons.Consume(b.heardHeartbeat, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
+	gen := v.gen + 1
+	cc, err := cons.Consume(func(msg natsjs.Msg) { b.heardHeartbeat(gen, msg) }, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
 		b.log.Debug().Err(err).Msg("the members' watch")
 	}))
 	if err != nil {
 		return nil, fmt.Errorf("bridge: watch the members: %w", err)
 	}
-	v.started, v.cc, v.alive, v.watches = true, cc, map[string]events.MemberInfo{}, map[*memberWatch]struct{}{}
+	v.started, v.gen, v.cc, v.alive, v.watches = true, gen, cc, map[string]events.MemberInfo{}, map[*memberWatch]struct{}{}
 	v.rev, v.silent = map[string]uint64{}, map[string]uint64{}
 	return v, nil
 }
+
+// errViewStopped: the view stopped while a sync waited on it.
+var errViewStopped = errors.New("bridge: the members' watch is stopped")
 
 // stopView ends the view (Run is ending); a later use starts another.
 func (b *Bridge) stopView() {
@@ -89,7 +103,7 @@ func (b *Bridge) stopView() {
 	cc := v.cc
 	if v.started {
 		// Whoever waits in a sync wakes and fails.
-		v.err = errors.New("bridge: the members' watch is stopped")
+		v.err = errViewStopped
 		v.cond.Broadcast()
 	}
 	v.mu.Unlock()
@@ -102,9 +116,9 @@ func (b *Bridge) stopView() {
 	v.mu.Unlock()
 }
 
-// heardHeartbeat takes one message of the bucket: a heartbeat put, or a
-// key deleted, purged or expired.
-func (b *Bridge) heardHeartbeat(msg natsjs.Msg) {
+// heardHeartbeat takes one message of the bucket, read by the consumer of
+// view gen: a heartbeat put, or a key deleted, purged or expired.
+func (b *Bridge) heardHeartbeat(gen uint64, msg natsjs.Msg) {
 	md, err := msg.Metadata()
 	if err != nil {
 		return
@@ -122,8 +136,8 @@ func (b *Bridge) heardHeartbeat(msg natsjs.Msg) {
 	v := &b.members
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if !v.started {
-		return // a message still in flight when the view stopped
+	if !v.started || v.gen != gen {
+		return // a message still in flight when its view stopped
 	}
 	was, had := v.alive[key]
 	if removed {
@@ -174,11 +188,15 @@ func (v *memberView) sync(ctx context.Context, b *Bridge) error {
 	defer stop()
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	for v.seq < last.Sequence && v.err == nil && ctx.Err() == nil {
+	gen := v.gen
+	for v.seq < last.Sequence && v.err == nil && v.gen == gen && v.started && ctx.Err() == nil {
 		v.cond.Wait()
 	}
 	if v.err != nil {
 		return v.err
+	}
+	if v.gen != gen || !v.started {
+		return errViewStopped
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -223,7 +241,9 @@ func (v *memberView) watch(run string, members []events.Member) *memberWatch {
 			w.send(machine.MemberGone{Member: m, Why: machine.GoneNotAlive})
 		}
 	}
-	v.watches[w] = struct{}{}
+	if v.watches != nil { // nil: the view stopped (Run ended), and tells nothing
+		v.watches[w] = struct{}{}
+	}
 	return w
 }
 
@@ -259,9 +279,11 @@ func (w *memberWatch) tell(g machine.MemberGone) {
 // bridge asks those it still waits for whether they are still there, once
 // the phase is probeAfter old and no ack came for probeQuiet (while acks
 // stream in, a fleet is answering, not dead), every probeEvery, at most
-// probeBatch a round and probeParallel at once: a request on a daemon's
-// alive subject that finds no responder finds it gone, at once (its
-// connection closed), and it is left out of the phase as a heartbeat that
+// probeBatch a round (the next round goes on from the last asked, so every
+// silent daemon is asked in turn) and probeParallel at once: requests on a
+// daemon's alive subject that find no responder for
+// events.AliveUnanswered find it gone (its connection closed, not
+// reconnecting), and it is left out of the phase as a heartbeat that
 // expired would have it. A request that times out says nothing.
 const (
 	probeAfter    = 3 * time.Second
@@ -272,14 +294,25 @@ const (
 	probeTimeout  = 2 * time.Second
 )
 
-// probe asks each of silent whether it is there, and tells w of those that
-// are not. It returns when every answer is in or ctx ends.
+// probe asks silent, or the probeBatch of them after the last it asked,
+// whether they are there, and tells w of those that have found no
+// responder for events.AliveUnanswered. It returns when every answer is in
+// or ctx ends. The probes of one watch run one at a time (driving.probed).
 func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Member) {
 	if len(silent) > probeBatch {
-		silent = silent[:probeBatch]
+		from, _ := slices.BinarySearch(silent, w.probed)
+		if from < len(silent) && silent[from] == w.probed {
+			from++
+		}
+		silent = slices.Concat(silent[from:], silent[:from])[:probeBatch]
+	}
+	w.probed = silent[len(silent)-1]
+	if w.unanswered == nil {
+		w.unanswered = map[events.Member]time.Time{}
 	}
 	nc := b.cfg.JS.Conn()
 	sem := make(chan struct{}, probeParallel)
+	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, m := range silent {
 		select {
@@ -292,7 +325,21 @@ func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Memb
 			defer func() { <-sem }()
 			rctx, cancel := context.WithTimeout(ctx, probeTimeout)
 			defer cancel()
-			if _, err := nc.RequestWithContext(rctx, events.AliveSubject(b.cfg.Run, m), nil); errors.Is(err, nats.ErrNoResponders) {
+			_, err := nc.RequestWithContext(rctx, events.AliveSubject(b.cfg.Run, m), nil)
+			gone := false
+			mu.Lock()
+			if errors.Is(err, nats.ErrNoResponders) {
+				if since, ok := w.unanswered[m]; !ok {
+					w.unanswered[m] = time.Now()
+				} else if time.Since(since) >= events.AliveUnanswered {
+					gone = true
+					delete(w.unanswered, m)
+				}
+			} else if err == nil {
+				delete(w.unanswered, m)
+			}
+			mu.Unlock()
+			if gone {
 				w.tell(machine.MemberGone{Member: m, Why: machine.GoneSilent})
 			}
 		})

@@ -45,7 +45,11 @@ func (b *Bridge) publishPhase(ctx context.Context, fence uint64, p events.PhaseE
 		}
 	}
 	pub, err := b.publishStored(ctx, fence, p)
-	if err != nil && gathersLive(p.Phase()) {
+	switch {
+	case err == nil:
+	case p.Phase() == events.PhaseResume:
+		b.closeResumeInbox(seq)
+	case gathersLive(p.Phase()):
 		b.closeAckInbox(seq)
 	}
 	return pub, err
@@ -100,24 +104,31 @@ func (b *Bridge) liveConn() *nats.Conn {
 // bridge's live copy before it (events.HeaderLivePrev): a daemon that saw
 // that one missed nothing. A bridge that has published none names the
 // phase before p, and a daemon that did not see it reads the stream. A
-// copy lost (a bridge that dies before it, a publish that fails) is one
-// the daemons read from the stream at their next gap, reconnect or start.
+// copy lost (a bridge that dies before it, a publish that fails) breaks
+// the chain: the next copy names the phase before it, so the daemons find
+// the gap and read the lost phase from the stream.
 func (b *Bridge) publishLive(msg *nats.Msg, streamSeq uint64, p events.PhaseEvent) {
 	h := p.Header()
+	// The live copy before p is this bridge's last only if no other
+	// bridge published since this one's last phase (phases are numbered
+	// one by one): another bridge's phases in between may have addressed
+	// the daemons, and their copies may be lost.
+	if b.lastSeq != h.Seq-1 {
+		b.lastLive = 0
+	}
 	if h.Sandboxes == nil && !slices.ContainsFunc(h.Members, func(m events.Member) bool { return m.Kind() == events.KindSandbox }) {
 		return
 	}
-	// The live copy before p is this bridge's last only if no other
-	// bridge published since this one's last phase (phases are numbered
-	// one by one): else the phase before p stands for it, and a daemon
-	// that did not see it reads the stream.
 	prev := b.lastLive
-	if prev == 0 || prev >= h.Seq || b.lastSeq != h.Seq-1 {
+	if prev == 0 || prev >= h.Seq {
 		prev = h.Seq - 1
 	}
 	if err := b.liveConn().PublishMsg(events.LiveCopy(msg, streamSeq, prev)); err != nil {
 		b.log.Warn().Err(err).Str("phase", string(p.Phase())).Uint64("seq", h.Seq).
 			Msg("cannot publish the phase's live copy; the sandbox daemons will read it from the stream")
+		// The next copy must not name one before this: a daemon that
+		// saw that would take the next for following and never read p.
+		b.lastLive = 0
 		return
 	}
 	b.lastLive = h.Seq

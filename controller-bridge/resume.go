@@ -25,7 +25,7 @@ type resumeAcks struct {
 	mu     sync.Mutex
 	sub    *nats.Subscription
 	inbox  map[uint64]*resumeInbox
-	opened []uint64 // inbox sequences, oldest first
+	opened []uint64 // sequences of the inboxes no watch took, oldest first
 }
 
 // resumeInbox holds the acks of one resume as they arrive.
@@ -42,8 +42,10 @@ type heardAck struct {
 	at  time.Time
 }
 
-// resumeInboxes bounds the inboxes kept: a resume's watch takes its inbox
-// at once, and ends by its deadline.
+// resumeInboxes bounds the inboxes kept that no watch took (a resume
+// published, its watch not started: the bridge ending, a publish lost);
+// a taken inbox is kept until its watch closes it, by the resume's
+// deadline.
 const resumeInboxes = 8
 
 // openResumeInbox subscribes to the run's resume acks if it has not yet,
@@ -80,21 +82,15 @@ func (b *Bridge) openResumeInbox(seq uint64) error {
 	return nil
 }
 
-// takeResumeInbox returns the inbox of resume seq and forgets it: the
-// watch of that resume reads it from now on. Nil if none was opened.
+// takeResumeInbox returns the inbox of resume seq, which the watch of that
+// resume reads from now on, and keeps it until the watch closes it (acks
+// heard from now on still reach it). Nil if none was opened.
 func (b *Bridge) takeResumeInbox(seq uint64) *resumeInbox {
 	r := &b.resumes
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	in := r.inbox[seq]
-	delete(r.inbox, seq)
 	r.opened = slices.DeleteFunc(r.opened, func(s uint64) bool { return s == seq })
-	if in != nil {
-		// Acks heard from now on still reach it.
-		r.inbox[seq] = in
-		r.opened = append(r.opened, seq)
-	}
-	return in
+	return r.inbox[seq]
 }
 
 // closeResumeInbox forgets the inbox of resume seq.

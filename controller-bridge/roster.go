@@ -2,9 +2,11 @@ package bridge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -65,6 +67,9 @@ func (b *Bridge) expandRoster(ctx context.Context, p events.PhaseEvent) (events.
 	}
 	ref := *h.Sandboxes
 	raw, err := b.cfg.Bus.Stream.GetMsg(ctx, ref.StreamSeq)
+	if errors.Is(err, natsjs.ErrMsgNotFound) {
+		return b.rosterFromView(ctx, p)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("bridge: the roster of %s seq %d at stream sequence %d: %w", p.Phase(), h.Seq, ref.StreamSeq, err)
 	}
@@ -98,4 +103,33 @@ func sandboxCount(h events.PhaseHeader) int {
 		return 0
 	}
 	return h.Sandboxes.Count
+}
+
+// rosterFromView stands in for the roster of p gone from the stream (aged
+// out under a checkpoint held prepared longer than the stream's MaxAge,
+// or purged): p with the sandbox daemons alive now. Those are the roster's
+// daemons less the ones gone since, which would be left out anyway, and
+// plus the ones listed since, which take a phase with a roster too; the
+// alternative, failing, would leave the run's open operation unrecoverable.
+func (b *Bridge) rosterFromView(ctx context.Context, p events.PhaseEvent) (events.PhaseEvent, error) {
+	h := p.Header()
+	v, err := b.view(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.sync(ctx, b); err != nil {
+		return nil, err
+	}
+	var names []events.Member
+	for _, info := range v.snapshot() {
+		if info.Member.Kind() == events.KindSandbox {
+			names = append(names, info.Member)
+		}
+	}
+	ref := events.NewRosterRef(names)
+	b.log.Warn().Str("phase", string(p.Phase())).Uint64("seq", h.Seq).Uint64("roster_stream_seq", h.Sandboxes.StreamSeq).
+		Int("listed", h.Sandboxes.Count).Int("alive", ref.Count).
+		Msg("the phase's roster is gone from the stream; taking the sandbox daemons alive now for it")
+	h.Sandboxes = &ref
+	return events.WithHeader(p, h), nil
 }

@@ -147,7 +147,7 @@ func TestSilentSandboxDaemonStaysOut(t *testing.T) {
 	}
 	put("gone")
 	b := startBridge(t, env, bridge.Config{})
-	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 30000}); err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("c1: %+v %v", res, err)
 	}
 	start := time.Now()
@@ -159,11 +159,46 @@ func TestSilentSandboxDaemonStaysOut(t *testing.T) {
 		t.Errorf("c2 took %s: the daemon found gone was asked again", took)
 	}
 	put("back") // a heartbeat again: listed again (and, silent, found gone again)
-	res, err = b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c3"})
+	res, err = b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c3", TimeoutMS: 30000})
 	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("c3: %+v %v", res, err)
 	}
 	if p := phaseOf(t, env, events.PhasePrepare).Header(); p.Sandboxes == nil || p.Sandboxes.Count != 1 {
 		t.Fatalf("c3's prepare: sandboxes %+v, want the daemon that heartbeat again", p.Sandboxes)
 	}
+}
+
+// A roster gone from the stream (aged out under a checkpoint held longer
+// than the stream keeps a message, or purged) does not leave the run's
+// open operation unrecoverable: another bridge takes the sandbox daemons
+// alive now for it, and aborts the checkpoint, resuming the daemons.
+func TestHeldCheckpointOutlivesItsRoster(t *testing.T) {
+	env := jstest.Start(t)
+	agents := fleet(t, env, 1, 1)
+	sbs := sandboxes(t, env, 2)
+	b := newBridge(t, env, bridge.Config{PhaseTimeout: 30 * time.Second})
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", Hold: true})
+	if err != nil || res.Status != bridgeapi.StatusPrepared {
+		t.Fatalf("hold: %+v %v", res, err)
+	}
+	prep := phaseOf(t, env, events.PhasePrepare).Header()
+	if prep.Sandboxes == nil {
+		t.Fatal("the prepare names no roster")
+	}
+	if err := env.Bus.Stream.DeleteMsg(ctx(t), prep.Sandboxes.StreamSeq); err != nil {
+		t.Fatal(err)
+	}
+	b2 := newBridge(t, env, bridge.Config{PhaseTimeout: 30 * time.Second, Name: "second"})
+	if st, err := b2.Status(ctx(t)); err != nil || st.LastCheckpoint != "c1" {
+		t.Fatalf("status with the roster gone: %+v %v", st, err)
+	}
+	// The prepare left open by another bridge is aborted: every member
+	// resumed, the daemons by the ones alive.
+	if err := b2.Recover(ctx(t)); err != nil {
+		t.Fatalf("recover with the roster gone: %v", err)
+	}
+	if r := phaseOf(t, env, events.PhaseResume).Header(); r.Sandboxes == nil || r.Sandboxes.Count != 2 {
+		t.Fatalf("the resume names sandboxes %+v, want the 2 daemons alive", r.Sandboxes)
+	}
+	poll.Wait(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(agents) && allOpen(sbs) })
 }

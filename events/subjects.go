@@ -3,6 +3,7 @@ package events
 import (
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -108,9 +109,16 @@ func ServiceSubject(run string, m Member) string {
 
 // AliveSubject returns spsvc.<run>.<kind>.<name>.alive, on which member m's
 // runtime answers with its instance for as long as it runs (PROTOCOL §3,
-// Liveness): a request there that finds no responder finds the member gone,
-// at once, however long its heartbeat still lives.
+// Liveness): requests there that find no responder for AliveUnanswered
+// find the member gone, however long its heartbeat still lives.
 func AliveSubject(run string, m Member) string { return ServiceSubject(run, m) + ".alive" }
+
+// AliveUnanswered is how long a member's alive subject must find no
+// responder, asked again in between, before the member is taken for gone
+// (PROTOCOL §3, Liveness): one such answer may be a member reconnecting
+// (a server restarted, a link flapping), which a client does in a second
+// or two.
+const AliveUnanswered = 5 * time.Second
 
 // ServiceName returns the NATS micro service name of a member kind's
 // service, what `nats micro ls` lists and the $SRV discovery subjects carry:

@@ -52,7 +52,7 @@ func KVValues(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filt
 	if info.NumPending == 0 {
 		return out, nil
 	}
-	noResponders := 0
+	noResponders, empty := 0, 0
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -94,6 +94,25 @@ func KVValues(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filt
 		}
 		if done {
 			return out, nil
+		}
+		if got == 0 {
+			// Nothing came though something was pending when the read
+			// began: the messages may be gone since (a purge, an age
+			// limit). Done if the consumer has nothing left; else ask
+			// again after a pause rather than at once.
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("jetstream: read %s: %w", bucket, err)
+			}
+			if ci.NumPending == 0 && ci.NumAckPending == 0 {
+				return out, nil
+			}
+			empty++
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(min(time.Duration(empty)*25*time.Millisecond, time.Second)):
+			}
 		}
 	}
 }

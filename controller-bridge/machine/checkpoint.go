@@ -214,7 +214,7 @@ func (m *Machine) afterCommitted(now time.Time) ([]Effect, error) {
 	if m.op.manifest.Stop {
 		return m.finish(Finish{Checkpoint: m.op.result()})
 	}
-	return m.resume(now, m.op.members, false), nil
+	return m.resume(now, m.op.resumed(), false), nil
 }
 
 // abort makes sure the checkpoint never exists: it asks for the abort
@@ -262,7 +262,7 @@ func (m *Machine) afterFailed(now time.Time) ([]Effect, error) {
 	if m.lastIs(events.PhaseResume, m.op.id) {
 		return m.finish(Finish{Checkpoint: m.op.result()})
 	}
-	return m.resume(now, m.op.members, true), nil
+	return m.resume(now, m.op.resumed(), true), nil
 }
 
 // outcomeSlack is what an outcome keeps free below events.MaxDataSize.

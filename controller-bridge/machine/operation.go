@@ -106,6 +106,28 @@ func (o *operation) withSandboxes(ms []events.Member) []events.Member {
 	return slices.Compact(out)
 }
 
+// resumed returns the members a checkpoint's resume addresses: its
+// members and, when no sandbox daemon is left among them (each was left
+// out of the prepare) though the prepare addressed the daemons, those the
+// prepare listed. Every daemon takes a phase with a roster, listed or not
+// (one that joined after the listing, one found silent that was only
+// slow), and one that paused on the prepare must hear a resume: a resume
+// without a roster would leave it paused until its lease runs out.
+func (o *operation) resumed() []events.Member {
+	if o.prepare == nil || o.prepare.Sandboxes == nil ||
+		slices.ContainsFunc(o.members, func(m events.Member) bool { return m.Kind() == events.KindSandbox }) {
+		return o.members
+	}
+	out := slices.Clone(o.members)
+	for _, m := range expected(o.prepare.PhaseHeader) {
+		if m.Kind() == events.KindSandbox {
+			out = append(out, m)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // seen reports whether a replay found outcome t of the operation.
 func (o *operation) seen(t events.Type) bool { return o.outcomes[t] != nil }
 

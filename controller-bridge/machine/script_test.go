@@ -328,7 +328,7 @@ func (s *script) input(cmd string, a args, line string) (Input, bool) {
 		s.stream = a.num("stream", s.stream+1)
 		return AckSeen{StreamSeq: s.stream}, true
 	case "gone":
-		why := map[string]Gone{"not-alive": GoneNotAlive, "replaced": GoneReplaced, "left": GoneLeft}[a.kv["why"]]
+		why := map[string]Gone{"not-alive": GoneNotAlive, "replaced": GoneReplaced, "left": GoneLeft, "silent": GoneSilent}[a.kv["why"]]
 		return MemberGone{Member: events.Member(a.pos[0]), Why: why}, true
 	case "list-written":
 		return MemberListWritten{}, true

@@ -147,9 +147,10 @@ func (b *ackBook) wait(ctx context.Context, seq uint64, sandbox string, stop, go
 const probeEvery = time.Second
 
 // probe asks sandbox's daemon, every probeEvery until ctx ends, whether it
-// is there (events.AliveSubject): the channel it returns is closed once a
-// request finds no responder, the daemon's connection gone. A request that
-// times out proves nothing.
+// is there (events.AliveSubject): the channel it returns is closed once
+// the requests have found no responder for events.AliveUnanswered, the
+// daemon's connection gone and not coming back (one such answer may be a
+// daemon reconnecting). A request that times out proves nothing.
 func (b *ackBook) probe(ctx context.Context, sandbox string) <-chan struct{} {
 	dead := make(chan struct{})
 	m, err := events.NewMember(events.KindSandbox, sandbox)
@@ -159,6 +160,7 @@ func (b *ackBook) probe(ctx context.Context, sandbox string) <-chan struct{} {
 	go func() {
 		t := time.NewTicker(probeEvery)
 		defer t.Stop()
+		var unanswered time.Time
 		for {
 			select {
 			case <-ctx.Done():
@@ -168,7 +170,14 @@ func (b *ackBook) probe(ctx context.Context, sandbox string) <-chan struct{} {
 			rctx, cancel := context.WithTimeout(ctx, probeEvery)
 			_, err := b.nc.RequestWithContext(rctx, events.AliveSubject(b.run, m), nil)
 			cancel()
-			if errors.Is(err, nats.ErrNoResponders) {
+			switch {
+			case !errors.Is(err, nats.ErrNoResponders):
+				if err == nil {
+					unanswered = time.Time{}
+				}
+			case unanswered.IsZero():
+				unanswered = time.Now()
+			case time.Since(unanswered) >= events.AliveUnanswered:
 				close(dead)
 				return
 			}

@@ -270,12 +270,12 @@ func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox
 			}
 			// Nothing listens for the daemon's requests: its connection is
 			// gone. Its heartbeat lives minutes (PROTOCOL §3, Liveness), so
-			// once that lasts daemonUnheard it is taken for gone, as an
+			// once that lasts events.AliveUnanswered it is taken for gone, as an
 			// expired heartbeat would have it (the run's launch is lost).
 			if errors.Is(err, nats.ErrNoResponders) {
 				if unheard.IsZero() {
 					unheard = time.Now()
-				} else if time.Since(unheard) >= daemonUnheard {
+				} else if time.Since(unheard) >= events.AliveUnanswered {
 					a.daemons.set(sandbox, true)
 				}
 			} else {
@@ -299,10 +299,6 @@ func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox
 	})
 	return ch
 }
-
-// daemonUnheard is how long a daemon's requests find no responder before
-// the agent takes it for gone.
-const daemonUnheard = 5 * time.Second
 
 // waitLaunch waits for the launch to end, parking it at each checkpoint.
 // Its receipt watcher has stopped when it returns.
