@@ -85,7 +85,7 @@ func reasonCode(c string) string {
 	switch c {
 	case events.CodeMissingAck, events.CodeStaleCheckpoint, events.CodeCheckpointConflict, events.CodeInvalidPhase,
 		events.CodeStaleAttempt, events.CodeDeadlineExceeded, events.CodeRestartInScope, events.CodeExportFailed,
-		events.CodeInstallFailed, events.CodeSuperseded, events.CodeInternal:
+		events.CodeInstallFailed, events.CodeSuperseded, events.CodeRestarted, events.CodeInternal:
 		return c
 	}
 	return "other"

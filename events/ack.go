@@ -18,7 +18,10 @@ const (
 	CodeExportFailed       = "export_failed"
 	CodeInstallFailed      = "install_failed"
 	CodeSuperseded         = "superseded"
-	CodeInternal           = "internal"
+	// CodeRestarted refuses a prepare published before the member's
+	// process started: it addressed the process before (PROTOCOL §5).
+	CodeRestarted = "restarted"
+	CodeInternal  = "internal"
 )
 
 var codeRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)

@@ -85,9 +85,13 @@ func (c *Collector) Run(ctx context.Context) (Summary, error) {
 			c.requeueDue(time.Now())
 		case <-c.changed:
 		case <-tick:
-			c.checkpoint(ctx, false)
+			if err := c.checkpointOrRecover(ctx); err != nil {
+				return c.Summary(), err
+			}
 		case <-c.ckptNow:
-			c.checkpoint(ctx, false)
+			if err := c.checkpointOrRecover(ctx); err != nil {
+				return c.Summary(), err
+			}
 		case <-c.stopNow:
 			return c.Summary(), c.stop(ctx)
 		case why := <-c.fleet:
@@ -102,6 +106,23 @@ func (c *Collector) Run(ctx context.Context) (Summary, error) {
 	c.log.Info().Int("results", s.Results).Int("failed", s.Failed).Int("checkpoints", len(s.Committed())).
 		Dur("elapsed", s.Elapsed).Msg("collection finished")
 	return s, nil
+}
+
+// checkpointOrRecover asks for a checkpoint, unless a member of the fleet
+// restarted and the collection has not recovered from it yet: it recovers
+// then. A checkpoint asked first would be prepared by the restarted
+// members, which could then no longer be restored into (a restore goes
+// only into members that have served nothing): the rollouts their
+// predecessors ran would start over rather than continue from the last
+// checkpoint.
+func (c *Collector) checkpointOrRecover(ctx context.Context) error {
+	select {
+	case why := <-c.fleet:
+		return c.recover(ctx, why)
+	default:
+	}
+	c.checkpoint(ctx, false)
+	return nil
 }
 
 // enqueueRest queues every task without a result and not in flight.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -208,5 +209,52 @@ func TestRunStopsWhenTheFleetWatchCloses(t *testing.T) {
 		cancel()
 		<-done
 		t.Fatal("Run went on after its fleet watch closed")
+	}
+}
+
+// countingController counts the checkpoints and status reads asked of it;
+// every checkpoint fails, every status read too.
+type countingController struct {
+	noController
+	checkpoints, statuses atomic.Int32
+}
+
+func (c *countingController) Checkpoint(context.Context, bridgeapi.CheckpointRequest) (*bridgeapi.CheckpointResult, error) {
+	c.checkpoints.Add(1)
+	return &bridgeapi.CheckpointResult{Status: bridgeapi.StatusFailed}, nil
+}
+
+func (c *countingController) Status(context.Context) (*bridgeapi.Status, error) {
+	c.statuses.Add(1)
+	return nil, errNoController
+}
+
+// TestNoCheckpointBeforeTheRecovery: a checkpoint falls due while a
+// member's restart waits to be recovered from; the collector recovers
+// first (it reads the bridge's status) and asks no checkpoint, which the
+// restarted members would prepare and so never be restored into. With no
+// restart waiting, it asks the checkpoint.
+func TestNoCheckpointBeforeTheRecovery(t *testing.T) {
+	env := jstest.Start(t)
+	nc, js := env.Connect(t)
+	ctl := &countingController{}
+	c, err := New(Config{Run: "gate", Tasks: []Task{{RolloutID: "r1", Task: json.RawMessage(`{}`)}},
+		Output: filepath.Join(t.TempDir(), "results.jsonl"), Agents: []string{"a1"}, Conn: nc, JS: js, Bus: env.Bus,
+		Controller: ctl, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.fleet <- "agent.a1 restarted"
+	if err := c.checkpointOrRecover(t.Context()); err == nil || !errors.Is(err, errNoController) {
+		t.Fatalf("checkpointOrRecover with a restart waiting: %v, want the recovery's status read failing", err)
+	}
+	if n, s := ctl.checkpoints.Load(), ctl.statuses.Load(); n != 0 || s == 0 {
+		t.Fatalf("with a restart waiting: %d checkpoints asked, %d status reads; want none, and the recovery's", n, s)
+	}
+	if err := c.checkpointOrRecover(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := ctl.checkpoints.Load(); n != 1 {
+		t.Fatalf("with no restart waiting: %d checkpoints asked, want 1", n)
 	}
 }

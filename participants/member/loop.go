@@ -232,7 +232,7 @@ func (m *Member) receive(ctx context.Context, dl Delivery) {
 	}
 	m.held[h.Seq] = &held{dls: []Delivery{dl}, received: m.cfg.Now(), log: log}
 	log.Debug().Uint64("stream_seq", dl.Sequence()).Msg("phase received")
-	m.step(ctx, PhaseReceived{Data: pe})
+	m.step(ctx, PhaseReceived{Data: pe, BeforeStart: m.cfg.StateFile == "" && e.Time().Before(m.started)})
 }
 
 func clipReason(s string) string {

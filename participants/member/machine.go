@@ -154,7 +154,7 @@ func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 func (m *Machine) step(now time.Time, in Input) []Effect {
 	switch in := in.(type) {
 	case PhaseReceived:
-		return m.phase(now, in.Data)
+		return m.phase(now, in.Data, in.BeforeStart)
 	case LeaseTick:
 		return m.tick(now)
 	case ReadinessReported:
@@ -171,7 +171,7 @@ func (m *Machine) step(now time.Time, in Input) []Effect {
 	return nil
 }
 
-func (m *Machine) phase(now time.Time, d events.PhaseEvent) []Effect {
+func (m *Machine) phase(now time.Time, d events.PhaseEvent, beforeStart bool) []Effect {
 	if d == nil {
 		return nil
 	}
@@ -192,7 +192,7 @@ func (m *Machine) phase(now time.Time, d events.PhaseEvent) []Effect {
 	}
 	switch d := d.(type) {
 	case events.Prepare:
-		return m.prepare(now, d)
+		return m.prepare(now, d, beforeStart)
 	case events.Renew:
 		return m.renew(d)
 	case events.Commit:

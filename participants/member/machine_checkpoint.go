@@ -8,10 +8,17 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 )
 
-func (m *Machine) prepare(now time.Time, d events.Prepare) []Effect {
+func (m *Machine) prepare(now time.Time, d events.Prepare, beforeStart bool) []Effect {
 	h, p := d.PhaseHeader, events.PhasePrepare
 	if eff := m.recorded(h, p); eff != nil {
 		return eff
+	}
+	if beforeStart && !m.served && m.state == StateIdle {
+		// The process the bridge addressed is gone, and its work with it:
+		// preparing for it would put this process's nothing in its place
+		// and make it one a restore can no longer go into.
+		return []Effect{m.fail(p, h.Seq, h.CheckpointID, &events.AckError{Code: events.CodeRestarted,
+			Detail: "the prepare was published before this process of the member started: it addressed the process before, whose work is gone"})}
 	}
 	if e := m.admit(h, p, StateIdle, StatePreparing); e != nil {
 		return []Effect{m.fail(p, h.Seq, h.CheckpointID, e)}

@@ -11,7 +11,16 @@ import (
 type Input interface{ input() }
 
 // PhaseReceived is a decoded phase event.
-type PhaseReceived struct{ Data events.PhaseEvent }
+type PhaseReceived struct {
+	Data events.PhaseEvent
+	// BeforeStart tells that the phase was published before this process
+	// of the member started, and that the process keeps no state of an
+	// earlier one (no state file): a prepare so published addressed the
+	// process before it, whose work died with it, and a member that has
+	// served nothing refuses it (events.CodeRestarted), staying one a
+	// restore can go into (PROTOCOL §5, Restarted members).
+	BeforeStart bool
+}
 
 // LeaseTick asks the machine whether its lease has run out.
 type LeaseTick struct{}

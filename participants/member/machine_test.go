@@ -229,6 +229,23 @@ func TestMachine(t *testing.T) {
 			x.resume("c1")
 		}, func(x *mt) []member.Effect { return x.restore("r1", "k1", r1) },
 			[]string{"reply restore invalid_phase idle"}, member.StateIdle},
+		{"§5 Restarted members: a prepare published before the process started is refused, the member stays fresh", nil,
+			func(x *mt) []member.Effect {
+				return x.step(member.PhaseReceived{Data: events.Prepare{PhaseHeader: x.hdr("c1")}, BeforeStart: true})
+			}, []string{"reply prepare restarted idle"}, member.StateIdle},
+		{"§5 Restarted members: refused that prepare, the member can still be restored into", func(x *mt) {
+			x.step(member.PhaseReceived{Data: events.Prepare{PhaseHeader: x.hdr("c1")}, BeforeStart: true})
+			x.resume("c1")
+		}, func(x *mt) []member.Effect {
+			x.restore("r1", "k1", r1)
+			return x.step(member.RestoreFinished{Op: x.op, Restored: []string{"r1-a1"}})
+		}, []string{"reply restore ok restored"}, member.StateRestored},
+		{"§5 Restarted members: a member that has served prepares a phase from before its start", func(x *mt) {
+			x.prepared("c1")
+			x.resume("c1")
+		}, func(x *mt) []member.Effect {
+			return x.step(member.PhaseReceived{Data: events.Prepare{PhaseHeader: x.hdr("c2")}, BeforeStart: true})
+		}, []string{"wait"}, member.StatePreparing},
 		{"§5 restore: a resume during the install cancels it", func(x *mt) { x.restore("r1", "k1", r1) },
 			func(x *mt) []member.Effect { return x.resume("r1") },
 			[]string{"reopen r1 (resume)", "reply restore stale_checkpoint idle", "reply resume ok idle"}, member.StateIdle},

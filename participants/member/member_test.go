@@ -348,6 +348,40 @@ func TestOldEventsAlreadyAnswered(t *testing.T) {
 	}
 }
 
+// §5 Restarted members: a prepare published while the member's process was
+// down addressed the process before; the new one refuses it (restarted),
+// its participant never asked, and its heartbeat says it has served
+// nothing, so that a restore can still go into it. A prepare published
+// after it started, it prepares.
+func TestRestartedMemberRefusesThePrepareOfTheProcessBefore(t *testing.T) {
+	env := jstest.Start(t)
+	b := membertest.NewBridge(t, env, "run1")
+	a := events.Member("agent.a")
+	old := membertest.StartMember(t, env, "run1", a, membertest.NewParticipant("a"), membertest.Options{})
+	membertest.WaitRegistered(t, env, "run1", a, nil)
+	if err := old.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	seq := b.Publish(events.Prepare{PhaseHeader: b.Header("c1", 10*time.Second, a)})
+	time.Sleep(5 * time.Millisecond) // the new process starts after the prepare's time, on any clock resolution
+	p := membertest.NewParticipant("a")
+	membertest.StartMember(t, env, "run1", a, p, membertest.Options{})
+	if got := membertest.Code(b.Ack(seq, events.PhasePrepare, a)); got != events.CodeRestarted {
+		t.Fatalf("the old prepare was answered %q, want %q", got, events.CodeRestarted)
+	}
+	if n := p.Count("prepare"); n != 0 {
+		t.Fatalf("the new process's participant was asked to prepare %d times", n)
+	}
+	b.Barrier(a)
+	if info := membertest.WaitRegistered(t, env, "run1", a, nil); info.Served {
+		t.Fatalf("the heartbeat says the new process served: %+v", info)
+	}
+	seq = b.Publish(events.Prepare{PhaseHeader: b.Header("c2", 10*time.Second, a)})
+	if ack := b.Ack(seq, events.PhasePrepare, a); !ack.Header().OK {
+		t.Fatalf("a prepare published after the start was refused: %+v", ack.Header().Error)
+	}
+}
+
 // §5 Readiness: Report fields a participant gets wrong fail its prepare.
 func TestPrepareRefusesBadReport(t *testing.T) {
 	env := jstest.Start(t)
