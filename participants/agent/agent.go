@@ -540,8 +540,40 @@ func (a *Agent) lostOr(r *run, bm agentapi.Bookmark, err error) error {
 		return fmt.Errorf("%w: the daemon of sandbox %s never answered: %w", errSandboxLost, sandbox, err)
 	case isCode(err, codeOwnerSandboxExited):
 		return fmt.Errorf("%w: %w", errSandboxLost, err)
+	case sandbox != "" && unanswered(err) && a.daemonDied(r.ctx, sandbox):
+		return fmt.Errorf("%w: the daemon of sandbox %s does not answer: %w", errSandboxLost, sandbox, err)
 	}
 	return err
+}
+
+// unanswered tells a call that failed for want of an answer: it timed out,
+// found no responder, or lost its connection. One that the daemon answered
+// with an error proves the daemon alive.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionClosed)
+}
+
+// daemonDied asks sandbox's daemon whether it is there, for as long as it
+// takes to tell (events.AliveUnanswered and a few probes), and reports
+// whether it is gone. A call that found no answer may be one the daemon
+// died under, and its heartbeat outlives it (a sandbox daemon's lives 2
+// minutes: PROTOCOL §3, Liveness): the fault matrix found such a run
+// failing as a whole instead of starting over in a new sandbox.
+func (a *Agent) daemonDied(ctx context.Context, sandbox string) bool {
+	if a.acks == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, events.AliveUnanswered+3*probeEvery)
+	defer cancel()
+	select {
+	case <-a.acks.probe(ctx, sandbox):
+		return true
+	case <-a.daemons.goneCh(sandbox):
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // errAdmissionClosed: a daemon or the owner refused a request because a

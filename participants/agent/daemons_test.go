@@ -13,6 +13,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -143,6 +144,46 @@ func TestLostDaemonDoesNotHoldThePrepare(t *testing.T) {
 	}
 }
 
+// A daemon that stops answering while its heartbeat lives on (a sandbox
+// daemon's lives 2 minutes) is taken for gone by the wait for its pause
+// ack, which asks it whether it is there: the run is ready, parked at its
+// launch bookmark, and after the resume it finds the sandbox lost at once,
+// rather than asking the missing daemon for a launch for DaemonWait.
+func TestSilentDaemonIsLostAfterTheResume(t *testing.T) {
+	sb := newEndlessSandbox()
+	w := newWorldWith(t, false, func(string) (Sandbox, error) { return sb, nil })
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	done := startEndless(t, w, sb, ctx)
+	heartbeat(t, w, sandboxOf(t, w)) // registered, and never expires here; nothing answers its alive subject
+
+	cp := member.Checkpoint{Run: testRun, ID: "c1", Seq: 1, Deadline: time.Now().Add(time.Minute)}
+	var rep member.Report
+	poll.Wait(t, 30*time.Second, "the agent to be ready without the silent daemon's ack", func() bool {
+		var err error
+		rep, err = w.agent.Prepare(ctx, cp)
+		return err == nil && rep.Ready
+	})
+	if rep.Counts["parked"] != 1 {
+		t.Fatalf("prepare: %+v, want the run parked at its bookmark", rep)
+	}
+	if _, err := membertest.Drain(w.agent.Export(ctx, events.Commit{PhaseHeader: events.PhaseHeader{Run: testRun, CheckpointID: "c1", Seq: 2}})); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.agent.Resume(ctx, "c1"); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the rollout did not end within 15 s of the resume: it waits on the silent daemon")
+	}
+	if !errors.Is(err, errSandboxLost) {
+		t.Fatalf("rollout after the resume: %v, want errSandboxLost", err)
+	}
+}
+
 // A session the owner does not know when the run asks for its sandbox
 // (an owner that restarted since the seed lost it) is a lost sandbox, not
 // a failed rollout: the controller starts the rollout over.
@@ -197,5 +238,37 @@ func TestLostOr(t *testing.T) {
 		if errors.Is(got, errSandboxLost) != c.lost || !errors.Is(got, c.err) {
 			t.Errorf("%s: %v, want lost %v, wrapping %v", c.name, got, c.lost, c.err)
 		}
+	}
+}
+
+// A launch stage whose call to the daemon found no answer asks the daemon
+// whether it is there: one that never answers its alive subject is taken
+// for lost (its heartbeat would outlive it by minutes); one that answers
+// keeps the error.
+func TestLostOrAsksTheDaemon(t *testing.T) {
+	env := jstest.Start(t)
+	nc, _ := env.Connect(t)
+	a := &Agent{daemons: newDaemonBook(testRun), acks: newAckBook(testRun, env.Bus.Stream)}
+	if err := a.acks.subscribe(nc); err != nil {
+		t.Fatal(err)
+	}
+	defer a.acks.close()
+	live, err := events.NewMember(events.KindSandbox, "sb-live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := nc.Subscribe(events.AliveSubject(testRun, live), func(m *nats.Msg) { _ = m.Respond(nil) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	r := &run{ctx: t.Context()}
+	timedOut := fmt.Errorf("resume decision: %w", context.DeadlineExceeded)
+	launch := func(sb string) agentapi.Bookmark { return agentapi.Bookmark{Next: agentapi.StageLaunch, Sandbox: sb} }
+	if got := a.lostOr(r, launch("sb-dead"), timedOut); !errors.Is(got, errSandboxLost) || !errors.Is(got, context.DeadlineExceeded) {
+		t.Errorf("a daemon that never answers: %v, want sandbox lost, wrapping the timeout", got)
+	}
+	if got := a.lostOr(r, launch("sb-live"), timedOut); errors.Is(got, errSandboxLost) || !errors.Is(got, context.DeadlineExceeded) {
+		t.Errorf("a daemon that answers: %v, want the timeout alone", got)
 	}
 }

@@ -360,6 +360,11 @@ func (a *Agent) park(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox,
 			return bm, false, nil // the checkpoint is over: the launch runs on
 		case errors.Is(err, errDaemonGone):
 			// Nothing to pause or stop: the launch went with its daemon.
+			// Its heartbeat may live on for minutes: the book takes it
+			// for gone now, so that the launch after the resume finds the
+			// sandbox lost at once instead of asking a daemon that is not
+			// there for DaemonWait, unready for every checkpoint meanwhile.
+			a.daemons.set(lc.Session.SandboxID, true)
 			// The run waits at its launch bookmark, exportable (a restore
 			// relaunches it in a fork of its session); after the resume
 			// it finds the sandbox lost and starts over.
