@@ -186,6 +186,38 @@ func (b *ackBook) probe(ctx context.Context, sandbox string) <-chan struct{} {
 	return dead
 }
 
+// answers asks sandbox's daemon whether it is there (events.AliveSubject)
+// at once and then every probeEvery, until it answers (true), or requests
+// have found no responder for events.AliveUnanswered (false: gone), or ctx
+// ends (true: nothing proved it gone). A request that times out proves
+// nothing.
+func (b *ackBook) answers(ctx context.Context, sandbox string) bool {
+	m, err := events.NewMember(events.KindSandbox, sandbox)
+	if b.nc == nil || err != nil {
+		return true
+	}
+	var unanswered time.Time
+	for {
+		rctx, cancel := context.WithTimeout(ctx, probeEvery)
+		_, err := b.nc.RequestWithContext(rctx, events.AliveSubject(b.run, m), nil)
+		cancel()
+		switch {
+		case err == nil:
+			return true
+		case !errors.Is(err, nats.ErrNoResponders):
+		case unanswered.IsZero():
+			unanswered = time.Now()
+		case time.Since(unanswered) >= events.AliveUnanswered:
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return true
+		case <-time.After(probeEvery):
+		}
+	}
+}
+
 // errReopened: the checkpoint resumed while a run waited on it.
 var errReopened = errors.New("agent: the checkpoint resumed")
 

@@ -554,26 +554,27 @@ func unanswered(err error) bool {
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionClosed)
 }
 
-// daemonDied asks sandbox's daemon whether it is there, for as long as it
-// takes to tell (events.AliveUnanswered and a few probes), and reports
-// whether it is gone. A call that found no answer may be one the daemon
-// died under, and its heartbeat outlives it (a sandbox daemon's lives 2
-// minutes: PROTOCOL §3, Liveness): the fault matrix found such a run
-// failing as a whole instead of starting over in a new sandbox.
+// daemonDied asks sandbox's daemon whether it is there until it answers
+// or has not for events.AliveUnanswered (ackBook.answers, within twice
+// that), and reports whether it is gone; one found gone is gone for the
+// book too. A call that found no answer may be one the daemon died under,
+// and its heartbeat outlives it (a sandbox daemon's lives 2 minutes:
+// PROTOCOL §3, Liveness): the fault matrix found such a run failing as a
+// whole instead of starting over in a new sandbox.
 func (a *Agent) daemonDied(ctx context.Context, sandbox string) bool {
+	if a.daemons.isGone(sandbox) {
+		return true
+	}
 	if a.acks == nil {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(ctx, events.AliveUnanswered+3*probeEvery)
+	ctx, cancel := context.WithTimeout(ctx, 2*events.AliveUnanswered)
 	defer cancel()
-	select {
-	case <-a.acks.probe(ctx, sandbox):
-		return true
-	case <-a.daemons.goneCh(sandbox):
-		return true
-	case <-ctx.Done():
+	if a.acks.answers(ctx, sandbox) {
 		return false
 	}
+	a.daemons.set(sandbox, true)
+	return true
 }
 
 // errAdmissionClosed: a daemon or the owner refused a request because a

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	cloudevent "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -232,7 +233,39 @@ func (m *Member) receive(ctx context.Context, dl Delivery) {
 	}
 	m.held[h.Seq] = &held{dls: []Delivery{dl}, received: m.cfg.Now(), log: log}
 	log.Debug().Uint64("stream_seq", dl.Sequence()).Msg("phase received")
-	m.step(ctx, PhaseReceived{Data: pe, BeforeStart: m.cfg.StateFile == "" && e.Time().Before(m.started)})
+	m.step(ctx, PhaseReceived{Data: pe, BeforeStart: m.beforeStart(e, dl)})
+}
+
+// beforeStart tells that a phase was published before this process
+// started, for a member without a state file (PhaseReceived.BeforeStart):
+// by its stream sequence against the stream's last when the process
+// started, or, when either is unknown, by its time against the start (an
+// event without a time is never taken for one).
+func (m *Member) beforeStart(e cloudevent.Event, dl Delivery) bool {
+	if m.cfg.StateFile != "" {
+		return false
+	}
+	if at := dl.Sequence(); m.startSeq > 0 && at > 0 {
+		return at <= m.startSeq
+	}
+	t := e.Time()
+	return !t.IsZero() && t.Before(m.started)
+}
+
+// streamEnd returns the stream's last sequence, for a member without a
+// state file (beforeStart); 0 when it has one, or the stream cannot say.
+func (m *Member) streamEnd(ctx context.Context) uint64 {
+	if m.cfg.StateFile != "" || m.cfg.Bus == nil || m.cfg.Bus.Stream == nil {
+		return 0
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	info, err := m.cfg.Bus.Stream.Info(cctx)
+	if err != nil {
+		m.log.Warn().Err(err).Msg("the stream's last sequence is unknown: a prepare from before this process is told by its time")
+		return 0
+	}
+	return info.State.LastSeq
 }
 
 func clipReason(s string) string {

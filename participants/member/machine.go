@@ -202,7 +202,7 @@ func (m *Machine) phase(now time.Time, d events.PhaseEvent, beforeStart bool) []
 	case events.Restore:
 		return m.restorePhase(now, d)
 	case events.Retire, events.Forget, events.Release:
-		return m.outside(h, p, d)
+		return m.outside(h, p, d, beforeStart)
 	}
 	return nil
 }

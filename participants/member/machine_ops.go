@@ -77,7 +77,7 @@ func (m *Machine) restored(in RestoreFinished) []Effect {
 
 // outside handles retire, forget and release: allowed only while no
 // checkpoint is open (idle, or restored and not yet resumed).
-func (m *Machine) outside(h events.PhaseHeader, p events.Phase, d events.PhaseEvent) []Effect {
+func (m *Machine) outside(h events.PhaseHeader, p events.Phase, d events.PhaseEvent, beforeStart bool) []Effect {
 	if m.restore != 0 || (m.state != StateIdle && m.state != StateRestored) {
 		return []Effect{m.fail(p, h.Seq, h.CheckpointID, &events.AckError{Code: events.CodeInvalidPhase,
 			Detail: fmt.Sprintf("%s is not valid in state %s; resume first", p, m.describe())})}
@@ -95,7 +95,11 @@ func (m *Machine) outside(h events.PhaseHeader, p events.Phase, d events.PhaseEv
 			}
 		}
 		m.marksVersion++
-		m.served = true
+		// A retire published before this process started (a member
+		// without a state file) marks, but leaves a member that has served
+		// nothing fresh: a restore can still go into it (PROTOCOL §5,
+		// Restarted members).
+		m.served = m.served || !beforeStart
 	case events.Forget:
 		for _, r := range d.Rollouts {
 			delete(m.marks, r)

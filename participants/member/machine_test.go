@@ -240,6 +240,13 @@ func TestMachine(t *testing.T) {
 			x.restore("r1", "k1", r1)
 			return x.step(member.RestoreFinished{Op: x.op, Restored: []string{"r1-a1"}})
 		}, []string{"reply restore ok restored"}, member.StateRestored},
+		{"§5 Restarted members: a retire from before the start marks, and the member can still be restored into", func(x *mt) {
+			x.step(member.PhaseReceived{Data: events.Retire{PhaseHeader: x.hdr("op"), Episodes: []events.Episode{r1}}, BeforeStart: true})
+			x.step(member.CallFinished{Op: x.op})
+		}, func(x *mt) []member.Effect {
+			x.restore("r1", "k1", r2)
+			return x.step(member.RestoreFinished{Op: x.op, Restored: []string{"r2-a1"}})
+		}, []string{"reply restore ok restored"}, member.StateRestored},
 		{"§5 Restarted members: a member that has served prepares a phase from before its start", func(x *mt) {
 			x.prepared("c1")
 			x.resume("c1")

@@ -46,6 +46,7 @@ type Member struct {
 
 	// Owned by the loop goroutine (Run's).
 	started      time.Time
+	startSeq     uint64 // the stream's last sequence when the process started (0: unknown)
 	marksVersion uint64
 	held         map[uint64]*held
 	workers      map[uint64]*worker
@@ -140,6 +141,7 @@ func (m *Member) Run(ctx context.Context) error {
 	}
 	m.started = m.cfg.Now()
 	m.info.Started = m.started
+	m.startSeq = m.streamEnd(ctx)
 	m.held = map[uint64]*held{}
 	m.workers = map[uint64]*worker{}
 	m.continued = map[string]*events.PauseReport{}

@@ -363,7 +363,6 @@ func TestRestartedMemberRefusesThePrepareOfTheProcessBefore(t *testing.T) {
 		t.Fatal(err)
 	}
 	seq := b.Publish(events.Prepare{PhaseHeader: b.Header("c1", 10*time.Second, a)})
-	time.Sleep(5 * time.Millisecond) // the new process starts after the prepare's time, on any clock resolution
 	p := membertest.NewParticipant("a")
 	membertest.StartMember(t, env, "run1", a, p, membertest.Options{})
 	if got := membertest.Code(b.Ack(seq, events.PhasePrepare, a)); got != events.CodeRestarted {
