@@ -66,18 +66,20 @@ func cgroupParent(root, name string) (cgroup.Dir, error) {
 // prepareCgroupParent creates the parent if it is missing and checks that
 // a cgroup can be made in it with cgroup.freeze and cgroup.kill writable,
 // with a probe named for self. Any failure means freeze is unavailable.
+//
+// The parent is looked at only once the probe is in it: a supervisor
+// leaving removes the shared parent when it is empty, and did so between
+// this one's mkdir and its look (CI found New without freeze, the parent
+// gone, while three supervisors came and went).
 func prepareCgroupParent(parent cgroup.Dir, self sandboxapi.Identity) error {
-	if err := createChain(parent); err != nil {
-		return err
-	}
-	if _, err := os.Stat(string(parent.Child("cgroup.procs"))); err != nil {
-		return fmt.Errorf("%s is not a cgroup v2 directory: %w", parent, err)
-	}
 	probe := parent.Child(fmt.Sprintf("probe-%d-%d-%08x", self.PID, self.Start, rand.Uint32()))
 	if err := createChain(parent, probe); err != nil {
 		return err
 	}
 	defer os.Remove(string(probe))
+	if _, err := os.Stat(string(parent.Child("cgroup.procs"))); err != nil {
+		return fmt.Errorf("%s is not a cgroup v2 directory: %w", parent, err)
+	}
 	return probe.Check()
 }
 
