@@ -614,10 +614,14 @@ func TestHeldCheckpointOutlivesAFailedCommit(t *testing.T) {
 	if err != nil || res.Status != bridgeapi.StatusPrepared {
 		t.Fatalf("hold: %+v %v", res, err)
 	}
-	head, err := env.Bus.Manifests.Get(ctx(t), events.HeadKey(run))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The bridge writes the run's head in the background (publish.go,
+	// heads): wait for the prepare's.
+	var head natsjs.KeyValueEntry
+	poll.Wait(t, 10*time.Second, "the run's head to be written", func() bool {
+		var err error
+		head, err = env.Bus.Manifests.Get(ctx(t), events.HeadKey(run))
+		return err == nil
+	})
 	// The run's head does not decode: the state read fails.
 	if _, err := env.Bus.Manifests.Put(ctx(t), events.HeadKey(run), []byte("not json")); err != nil {
 		t.Fatal(err)
