@@ -3,6 +3,7 @@ package faults
 import (
 	"flag"
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -83,8 +84,21 @@ var chaosRowRE = regexp.MustCompile(`(?m)^  (\S+)\s+(\d+)\s+(\d+)$`)
 func startChaos(t *testing.T, args ...string) *child.Process {
 	t.Helper()
 	bin := build.StaticForTest(t, build.Stillpoint)[build.Stillpoint]
+	// The work directory holds every round's logs and results: kept when
+	// the test fails, so that a failure in CI can be read afterwards.
+	dir, err := os.MkdirTemp("", "stillpoint-faults-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kept the chaos work directory %s (a directory per round: logs/, results.jsonl)", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
 	return child.StartForTest(t, child.Spec{Name: "chaos " + strings.Join(args, " "), Path: bin, Dir: "../..",
-		Args: append([]string{"chaos", "--dir", t.TempDir()}, args...)})
+		Args: append([]string{"chaos", "--dir", dir}, args...)})
 }
 
 // checkChaos waits for a chaos process and checks its table: exit status
