@@ -153,31 +153,18 @@ const probeEvery = time.Second
 // daemon reconnecting). A request that times out proves nothing.
 func (b *ackBook) probe(ctx context.Context, sandbox string) <-chan struct{} {
 	dead := make(chan struct{})
-	m, err := events.NewMember(events.KindSandbox, sandbox)
-	if b.nc == nil || err != nil {
+	if _, err := events.NewMember(events.KindSandbox, sandbox); b.nc == nil || err != nil {
 		return dead
 	}
 	go func() {
-		t := time.NewTicker(probeEvery)
-		defer t.Stop()
-		var unanswered time.Time
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-t.C:
+			case <-time.After(probeEvery):
 			}
-			rctx, cancel := context.WithTimeout(ctx, probeEvery)
-			_, err := b.nc.RequestWithContext(rctx, events.AliveSubject(b.run, m), nil)
-			cancel()
-			switch {
-			case !errors.Is(err, nats.ErrNoResponders):
-				if err == nil {
-					unanswered = time.Time{}
-				}
-			case unanswered.IsZero():
-				unanswered = time.Now()
-			case time.Since(unanswered) >= events.AliveUnanswered:
+			// Each answer starts the unanswered time again.
+			if !b.answers(ctx, sandbox) {
 				close(dead)
 				return
 			}
