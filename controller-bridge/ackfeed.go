@@ -25,9 +25,14 @@ import (
 // on the path of every phase, between its publish and its first ack read.
 // A phase read back by a replay still reads its own acks, from the first
 // (openAcks).
+//
+// The sandbox daemons' prepare acks are not stored (PROTOCOL §3, acks):
+// the feed hears them on a core-NATS subscription of the bridge's live
+// connection, made with the consumer, and hands them to the same inboxes.
 type ackFeed struct {
 	mu    sync.Mutex
 	cc    natsjs.ConsumeContext
+	live  *nats.Subscription // spl.<run>.ack.*.prepare.>
 	inbox map[uint64]*ackInbox
 }
 
@@ -65,13 +70,29 @@ func (b *Bridge) openAckInbox(ctx context.Context, seq uint64) error {
 		if err != nil {
 			return fmt.Errorf("bridge: the ack feed: %w", err)
 		}
+		// On the live connection, as the resume acks: a fleet's acks at
+		// once on the bridge's own would queue the answers to what it asks
+		// next behind them. Subscribed before any phase it serves is
+		// published: no ack comes before it.
+		nc := b.liveConn()
+		live, err := nc.Subscribe(events.LiveAckFilter(b.cfg.Run, events.PhasePrepare), b.heardLiveAck)
+		if err == nil {
+			_ = live.SetPendingLimits(-1, -1)
+			if err = nc.FlushWithContext(ctx); err != nil {
+				_ = live.Unsubscribe()
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("bridge: the ack feed: subscribe to the prepare acks on core NATS: %w", err)
+		}
 		cc, err := cons.Consume(b.heardAck, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
 			b.log.Debug().Err(err).Msg("the ack feed")
 		}))
 		if err != nil {
+			_ = live.Unsubscribe()
 			return fmt.Errorf("bridge: the ack feed: %w", err)
 		}
-		f.cc, f.inbox = cc, map[uint64]*ackInbox{}
+		f.cc, f.live, f.inbox = cc, live, map[uint64]*ackInbox{}
 	}
 	if _, ok := f.inbox[seq]; !ok {
 		f.inbox[seq] = &ackInbox{msgs: make(chan ackMsg, 1024), done: make(chan struct{})}
@@ -112,8 +133,8 @@ func (b *Bridge) closeAckInbox(seq uint64) {
 func (b *Bridge) stopAckFeed() {
 	f := &b.acks
 	f.mu.Lock()
-	cc := f.cc
-	f.cc = nil
+	cc, live := f.cc, f.live
+	f.cc, f.live = nil, nil
 	for seq, in := range f.inbox {
 		close(in.done)
 		delete(f.inbox, seq)
@@ -122,14 +143,33 @@ func (b *Bridge) stopAckFeed() {
 	if cc != nil {
 		cc.Stop()
 	}
+	if live != nil {
+		_ = live.Unsubscribe()
+	}
 }
 
 // heardAck runs on the feed's goroutine: it hands m to the inbox of the
-// phase its subject names (sp.<run>.ack.<seq>.<phase>.<member>), waiting
-// while the inbox is full and open; an ack of a phase with no inbox open
-// is dropped.
+// phase its subject names (sp.<run>.ack.<seq>.<phase>.<member>).
 func (b *Bridge) heardAck(m natsjs.Msg) {
-	rest, ok := strings.CutPrefix(m.Subject(), events.SubjectPrefix+"."+b.cfg.Run+".ack.")
+	var streamSeq uint64
+	if md, err := m.Metadata(); err == nil {
+		streamSeq = md.Sequence.Stream
+	}
+	b.fileAck(events.SubjectPrefix, &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, streamSeq)
+}
+
+// heardLiveAck runs on the core subscription's goroutine: it hands m, a
+// sandbox daemon's prepare ack (spl.<run>.ack.<seq>.prepare.<member>), to
+// the inbox of its phase. It has no stream sequence.
+func (b *Bridge) heardLiveAck(m *nats.Msg) {
+	b.fileAck(events.LivePrefix, m, 0)
+}
+
+// fileAck hands m, on prefix.<run>.ack.<seq>.<phase>.<member>, to the
+// inbox of phase seq, waiting while the inbox is full and open; an ack of
+// a phase with no inbox open is dropped.
+func (b *Bridge) fileAck(prefix string, m *nats.Msg, streamSeq uint64) {
+	rest, ok := strings.CutPrefix(m.Subject, prefix+"."+b.cfg.Run+".ack.")
 	if !ok {
 		return
 	}
@@ -142,12 +182,8 @@ func (b *Bridge) heardAck(m natsjs.Msg) {
 	if in == nil {
 		return
 	}
-	var streamSeq uint64
-	if md, err := m.Metadata(); err == nil {
-		streamSeq = md.Sequence.Stream
-	}
 	select {
-	case in.msgs <- ackMsg{msg: &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, seq: streamSeq}:
+	case in.msgs <- ackMsg{msg: m, seq: streamSeq}:
 	case <-in.done:
 	}
 }

@@ -26,6 +26,7 @@ type ackMsg struct {
 type ackReader struct {
 	b      *Bridge
 	phase  events.Phase
+	seq    uint64          // the phase's
 	ctx    context.Context // ends when the reader closes
 	cancel context.CancelFunc
 	cc     natsjs.ConsumeContext
@@ -35,6 +36,10 @@ type ackReader struct {
 	gone  <-chan machine.Input // MemberGone; nil without watching: never ready
 
 	inboxSeq uint64 // the phase whose ack feed inbox msgs is, 0 for a consumer of its own
+
+	// rec, of a prepare just published to sandbox daemons, notes their
+	// acks for the stream's record (prepared.go); nil otherwise.
+	rec *prepareRecord
 }
 
 // openAcks starts reading the acks of p. backlog is the stream sequence
@@ -63,7 +68,10 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch, fresh
 		}
 	}
 	gctx, cancel := context.WithCancel(ctx)
-	r = &ackReader{b: b, phase: p.Phase(), ctx: gctx, cancel: cancel, msgs: make(chan ackMsg, 256)}
+	r = &ackReader{b: b, phase: p.Phase(), seq: h.Seq, ctx: gctx, cancel: cancel, msgs: make(chan ackMsg, 256)}
+	if fresh && watch && p.Phase() == events.PhasePrepare {
+		r.rec = newPrepareRecord(h, members, b.cfg.Now())
+	}
 	// The reader as made here: a return with an error sets r to nil, and
 	// both the close below and the consumer's handler, which may still
 	// run until then, need it.
@@ -149,5 +157,8 @@ func (r *ackReader) ack(am ackMsg) machine.Input {
 		return machine.AckSeen{StreamSeq: am.seq}
 	}
 	r.b.countAck(ack)
+	if r.rec != nil {
+		r.rec.add(ack, r.b.cfg.Now())
+	}
 	return machine.AckSeen{Ack: ack, StreamSeq: am.seq}
 }

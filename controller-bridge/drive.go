@@ -82,7 +82,7 @@ func (d *driving) probed() {
 	r := d.acks
 	go func() {
 		defer close(done)
-		d.b.probe(r.ctx, r.watch, silent)
+		d.b.probe(r.ctx, r.watch, silent, events.AliveQuery{Seq: r.seq, Phase: r.phase})
 	}()
 }
 
@@ -211,6 +211,9 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 		d.clock.stopped(b.cfg.Metrics, e.Phase, b.cfg.Now())
 		d.stopProbe()
 		if d.acks != nil {
+			if e.Decided {
+				b.recordPrepare(d.acks.rec)
+			}
 			d.acks.close()
 			d.acks = nil
 		}

@@ -383,8 +383,8 @@ func TestProbeAsksEverySilentDaemonInTurn(t *testing.T) {
 	if len(w.gone) != 0 {
 		t.Fatalf("%d members gone before any probe", len(w.gone))
 	}
-	b.probe(ctx, w, silent)
-	b.probe(ctx, w, silent)
+	b.probe(ctx, w, silent, events.AliveQuery{})
+	b.probe(ctx, w, silent, events.AliveQuery{})
 	if len(w.unanswered) != len(silent) {
 		t.Fatalf("two rounds asked %d of the %d silent daemons, want all", len(w.unanswered), len(silent))
 	}
@@ -401,7 +401,7 @@ func TestProbeAsksEverySilentDaemonInTurn(t *testing.T) {
 	}
 	time.Sleep(events.AliveUnanswered)
 	for range 2 {
-		b.probe(ctx, w, silent)
+		b.probe(ctx, w, silent, events.AliveQuery{})
 	}
 	gone := map[events.Member]bool{}
 	for len(w.gone) > 0 {

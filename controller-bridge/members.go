@@ -284,7 +284,9 @@ func (w *memberWatch) tell(g machine.MemberGone) {
 // daemon's alive subject that find no responder for
 // events.AliveUnanswered find it gone (its connection closed, not
 // reconnecting), and it is left out of the phase as a heartbeat that
-// expired would have it. A request that times out says nothing.
+// expired would have it. A request that times out says nothing. Each
+// request names the phase (events.AliveQuery): a daemon that answered it
+// on core NATS says its ack again, in case the bridge missed it.
 const (
 	probeAfter    = 3 * time.Second
 	probeQuiet    = 2 * time.Second
@@ -298,7 +300,8 @@ const (
 // whether they are there, and tells w of those that have found no
 // responder for events.AliveUnanswered. It returns when every answer is in
 // or ctx ends. The probes of one watch run one at a time (driving.probed).
-func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Member) {
+func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Member, q events.AliveQuery) {
+	query, _ := json.Marshal(q)
 	if len(silent) > probeBatch {
 		from, _ := slices.BinarySearch(silent, w.probed)
 		if from < len(silent) && silent[from] == w.probed {
@@ -325,7 +328,7 @@ func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Memb
 			defer func() { <-sem }()
 			rctx, cancel := context.WithTimeout(ctx, probeTimeout)
 			defer cancel()
-			_, err := nc.RequestWithContext(rctx, events.AliveSubject(b.cfg.Run, m), nil)
+			_, err := nc.RequestWithContext(rctx, events.AliveSubject(b.cfg.Run, m), query)
 			gone := false
 			mu.Lock()
 			if errors.Is(err, nats.ErrNoResponders) {

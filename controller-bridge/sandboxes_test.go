@@ -1,9 +1,11 @@
 package bridge_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,12 +80,25 @@ func TestSandboxDaemonsAreAddressedByRoster(t *testing.T) {
 	if err := json.Unmarshal(raw.Data, &roster); err != nil || len(roster.Members) != 3 {
 		t.Fatalf("roster %+v %v", roster, err)
 	}
+	// The daemons' prepare acks travel on core NATS: the stream holds the
+	// bridge's record of them, and none of its own (PROTOCOL §3, acks).
+	var rec events.PrepareAcked
+	if raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.PrepareAckedSubject(run, prep.Seq)); err != nil {
+		t.Fatalf("the record of the prepare's daemons' acks: %v", err)
+	} else if _, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}); err != nil {
+		t.Fatalf("the record of the prepare's daemons' acks: %v", err)
+	} else {
+		rec = d.(events.PrepareAcked)
+	}
+	if rec.Expected != 3 || rec.Answered != 3 || rec.Ready != 3 || rec.MissingCount+rec.ErrorCount+rec.NotReadyCount != 0 || rec.MaxMS <= 0 {
+		t.Errorf("prepare record %+v, want 3 of 3 daemons ready, with latencies", rec)
+	}
 	for _, s := range sbs {
 		if got := s.Participant.Count("prepare"); got != 1 {
 			t.Errorf("%s prepared %d times", s.Name, got)
 		}
-		if code := membertest.Code(membertest.NewBridge(t, env, run).Ack(prep.Seq, events.PhasePrepare, s.Name)); code != "" {
-			t.Errorf("%s answered the prepare %s", s.Name, code)
+		if _, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.AckSubject(run, prep.Seq, events.PhasePrepare, s.Name)); err == nil {
+			t.Errorf("%s's prepare ack is in the stream: it travels on core NATS", s.Name)
 		}
 		if _, ok := membertest.NewBridge(t, env, run).Lookup(commit.Seq, events.PhaseCommit, s.Name); ok {
 			t.Errorf("%s answered a commit that does not address it", s.Name)
@@ -201,4 +216,67 @@ func TestHeldCheckpointOutlivesItsRoster(t *testing.T) {
 		t.Fatalf("the resume names sandboxes %+v, want the 2 daemons alive", r.Sandboxes)
 	}
 	poll.Wait(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(agents) && allOpen(sbs) })
+}
+
+// PROTOCOL §3, acks and Liveness: a sandbox daemon's prepare ack travels
+// on core NATS, which delivers at most once. A daemon whose ack the bridge
+// did not hear (here one that never sends it unasked) is asked whether it
+// is there, with the prepare named, once the phase is a few seconds old;
+// it says its ack again and the checkpoint commits, where it would have
+// failed at its deadline, the daemon being alive.
+func TestMissedDaemonPrepareAckIsSaidAgainOnProbe(t *testing.T) {
+	env := jstest.Start(t)
+	fleet(t, env, 1, 1)
+	sandboxes(t, env, 2)
+	quiet := events.Member("sandbox.quiet")
+	now := time.Now().UTC()
+	info, _ := json.Marshal(events.MemberInfo{Run: run, Member: quiet, Instance: "q1", Started: now, Heartbeat: now})
+	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey(run, quiet), info); err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := env.Connect(t)
+	var asked atomic.Int32
+	if _, err := nc.Subscribe(events.AliveSubject(run, quiet), func(m *nats.Msg) {
+		var q events.AliveQuery
+		if json.Unmarshal(m.Data, &q) == nil && q.Phase == events.PhasePrepare && q.Seq > 0 {
+			asked.Add(1)
+			raw, err := env.Bus.Stream.GetLastMsgForSubject(context.Background(), events.PhaseSubject(run, events.PhasePrepare))
+			if err == nil {
+				var p events.Prepare
+				if err := json.Unmarshal(raw.Data, &p); err == nil && p.Seq == q.Seq {
+					a := events.PrepareAck{AckHeader: events.AckHeader{Run: run, Member: quiet, Seq: p.Seq, CheckpointID: p.CheckpointID,
+						Epoch: p.Epoch, OK: true, State: events.StatePrepared}, Ready: true}
+					if msg, err := events.Marshal(quiet, a); err == nil {
+						_ = nc.PublishMsg(msg)
+					}
+				}
+			}
+		}
+		_ = m.Respond([]byte("q1"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b := startBridge(t, env, bridge.Config{})
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 20000})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	if !slices.Contains(res.Members, quiet) {
+		t.Errorf("result names %v, without %s, whose ack was said again", res.Members, quiet)
+	}
+	if asked.Load() == 0 {
+		t.Errorf("the quiet daemon was never asked with the prepare named")
+	}
+	prep := phaseOf(t, env, events.PhasePrepare).Header()
+	raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.PrepareAckedSubject(run, prep.Seq))
+	if err != nil {
+		t.Fatalf("the record of the prepare's daemons' acks: %v", err)
+	}
+	var rec events.PrepareAcked
+	if err := json.Unmarshal(raw.Data, &rec); err != nil || rec.Expected != 3 || rec.Answered != 3 || rec.Ready != 3 || rec.MaxMS < 2000 {
+		t.Errorf("prepare record %+v %v: want 3 of 3 ready, the last after the probe began", rec, err)
+	}
 }

@@ -228,6 +228,18 @@ func Summarize(d events.Data) string {
 			s += fmt.Sprintf(", %d errors", v.ErrorCount)
 		}
 		return s
+	case events.PrepareAcked:
+		s := fmt.Sprintf("prepare seq %d: %d of %d sandbox daemons answered, %d ready (p50 %.1f ms, max %.1f ms)", v.Seq, v.Answered, v.Expected, v.Ready, v.P50MS, v.MaxMS)
+		if v.MissingCount > 0 {
+			s += fmt.Sprintf(", %d silent (%s)", v.MissingCount, strings.Join(memberStrings(v.Missing), ","))
+		}
+		if v.NotReadyCount > 0 {
+			s += fmt.Sprintf(", %d not ready", v.NotReadyCount)
+		}
+		if v.ErrorCount > 0 {
+			s += fmt.Sprintf(", %d errors", v.ErrorCount)
+		}
+		return s
 	case events.MemberJoined:
 		return fmt.Sprintf("%s joined (epoch %d, %v)", v.Member, v.Epoch, v.Capabilities)
 	case events.MemberLeft:

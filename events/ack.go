@@ -246,7 +246,18 @@ func (a PrepareAck) Validate() error {
 	return errors.Join(errs...)
 }
 
-func (a PrepareAck) route() route { return a.ackRoute(PhasePrepare) }
+// route: a sandbox daemon's prepare ack travels on core NATS
+// (LiveAckSubject), not into the stream (PROTOCOL §3, acks): the bridge
+// counts the first it hears and records what it heard
+// (PrepareAcked); one a build before that stored is read on its stream
+// subject too. Every other member's is stored.
+func (a PrepareAck) route() route {
+	r := a.ackRoute(PhasePrepare)
+	if LiveAck(PhasePrepare, a.Member) {
+		r.nats, r.alt = LiveAckSubject(a.Run, a.Seq, PhasePrepare, a.Member), r.nats
+	}
+	return r
+}
 
 // RenewAck answers a renew.
 type RenewAck struct {

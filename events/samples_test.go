@@ -98,6 +98,9 @@ func samples() map[Type]struct {
 	add(testBridge, ResumeAcked{Run: "run1", CheckpointID: "ckpt-7", Seq: 4, Epoch: 2, Expected: 3, Answered: 2,
 		Missing: []Member{"sandbox.sb-1"}, MissingCount: 1, Errors: []MemberError{{Member: "agent.a0", Code: CodeCheckpointConflict}}, ErrorCount: 1,
 		HeldCalls: 2, P50MS: 3.5, MaxMS: 9})
+	add(testBridge, PrepareAcked{Run: "run1", CheckpointID: "ckpt-7", Seq: 2, Epoch: 2, Expected: 4, Answered: 3, Ready: 1,
+		Missing: []Member{"sandbox.sb-4"}, MissingCount: 1, NotReady: []Member{"sandbox.sb-2"}, NotReadyCount: 1,
+		Errors: []MemberError{{Member: "sandbox.sb-3", Code: CodeCheckpointConflict}}, ErrorCount: 1, P50MS: 2.5, MaxMS: 7})
 	add("sandbox.sb-1", MemberLeft{Run: "run1", Member: "sandbox.sb-1", Epoch: 2, Reason: "shutdown"})
 	return out
 }

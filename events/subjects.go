@@ -68,16 +68,37 @@ func AckFilter(run string, seq uint64) string {
 }
 
 // LiveAckSubject returns spl.<run>.ack.<seq>.<phase>.<member>: an ack
-// published on core NATS, outside the stream. Resume acks travel there
-// (PROTOCOL §3): the bridge never waits for them, and a fleet's resume
-// acks stored would be as many persisted writes per checkpoint as its
-// prepare acks.
+// published on core NATS, outside the stream (LiveAck says which): a
+// fleet's acks stored would be a persisted write per sandbox daemon per
+// phase.
 func LiveAckSubject(run string, seq uint64, p Phase, m Member) string {
 	return LivePrefix + "." + run + ".ack." + strconv.FormatUint(seq, 10) + "." + string(p) + "." + string(m)
 }
 
+// LiveAck tells whether member m's ack of phase p travels on core NATS
+// (LiveAckSubject) rather than into the stream (PROTOCOL §3, acks): every
+// resume ack, and a sandbox daemon's prepare ack. A daemon exports
+// nothing and the bridge aborts a prepare it did not finish, so the stream
+// needs no copy of each: the bridge counts the first ack it hears of each
+// daemon and records the prepare's in one event (PrepareAcked), and a
+// daemon asked whether it is there with the phase named (AliveQuery) says
+// its answer again.
+func LiveAck(p Phase, m Member) bool {
+	return p == PhaseResume || p == PhasePrepare && m.Kind() == KindSandbox
+}
+
+// AliveQuery is the optional body of a request on a member's alive
+// subject: besides answering with its instance, a member that answered
+// phase Seq (Phase) with an ack that travels on core NATS (LiveAck)
+// publishes that ack again, so that one the asker missed (core NATS
+// delivers at most once) is heard. An empty body asks nothing more.
+type AliveQuery struct {
+	Seq   uint64 `json:"seq"`
+	Phase Phase  `json:"phase"`
+}
+
 // LiveAckFilter returns spl.<run>.ack.*.<phase>.>, every core-NATS ack of
-// one phase kind in a run (what the bridge subscribes to for resume acks).
+// one phase kind in a run (what the bridge subscribes to).
 func LiveAckFilter(run string, p Phase) string {
 	return LivePrefix + "." + run + ".ack.*." + string(p) + ".>"
 }

@@ -96,6 +96,7 @@ func init() {
 	register[MemberLeft]()
 	register[Roster]()
 	register[ResumeAcked]()
+	register[PrepareAcked]()
 }
 
 // Types returns every event type this build knows, in no set order.

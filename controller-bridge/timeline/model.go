@@ -99,9 +99,9 @@ type Phase struct {
 	Republished int `json:"republished,omitempty"`
 	// Expected is the member set the phase named.
 	Expected []events.Member `json:"expected"`
-	// Heard is the bridge's record of a resume's acks, which travel on
-	// core NATS and are not stored (PROTOCOL §3): its acks are read from
-	// it, without their times.
+	// Heard is the bridge's record of a resume's acks, or of a prepare's
+	// sandbox daemons' acks, which travel on core NATS and are not stored
+	// (PROTOCOL §3): those acks are read from it, without their times.
 	Heard *Heard `json:"heard,omitempty"`
 	// Acks has one entry per expected member and per other member that
 	// answered, slowest first: missing and pending ones lead.
@@ -143,7 +143,8 @@ type Ack struct {
 }
 
 // Heard is what the bridge recorded of a resume's acks
-// (events.ResumeAcked).
+// (events.ResumeAcked) or of a prepare's sandbox daemons' acks
+// (events.PrepareAcked).
 type Heard struct {
 	Time      time.Time `json:"time"`
 	StreamSeq uint64    `json:"stream_seq"`
@@ -153,9 +154,10 @@ type Heard struct {
 	P50MS float64 `json:"p50_ms"`
 	MaxMS float64 `json:"max_ms"`
 
-	missing map[events.Member]bool
-	errors  map[events.Member]events.MemberError
-	// complete: every silent and every failed member is named.
+	missing  map[events.Member]bool
+	notReady map[events.Member]bool
+	errors   map[events.Member]events.MemberError
+	// complete: every silent, not ready and failed member is named.
 	complete bool
 }
 
@@ -271,6 +273,24 @@ func (b *Builder) Add(e Event) string {
 			complete: d.MissingCount == len(d.Missing) && d.ErrorCount == len(d.Errors)}
 		for _, m := range d.Missing {
 			hd.missing[m] = true
+		}
+		for _, me := range d.Errors {
+			hd.errors[me.Member] = me
+		}
+		p.Heard = hd
+		return o.id
+	case events.PrepareAcked:
+		o := b.op(d.CheckpointID, e.Time)
+		p := o.phase(d.Seq, events.PhasePrepare)
+		o.touch(e.Time)
+		hd := &Heard{Time: e.Time, StreamSeq: e.StreamSeq, Expected: d.Expected, Answered: d.Answered, P50MS: d.P50MS, MaxMS: d.MaxMS,
+			missing: map[events.Member]bool{}, notReady: map[events.Member]bool{}, errors: map[events.Member]events.MemberError{},
+			complete: d.MissingCount == len(d.Missing) && d.ErrorCount == len(d.Errors) && d.NotReadyCount == len(d.NotReady)}
+		for _, m := range d.Missing {
+			hd.missing[m] = true
+		}
+		for _, m := range d.NotReady {
+			hd.notReady[m] = true
 		}
 		for _, me := range d.Errors {
 			hd.errors[me.Member] = me
@@ -554,6 +574,8 @@ func (hd *Heard) ack(m events.Member, epoch uint64) Ack {
 	switch e, failed := hd.errors[m]; {
 	case hd.missing[m]:
 		a.Status = AckMissing
+	case hd.notReady[m]:
+		a.Status = AckNotReady
 	case failed:
 		a.Status, a.Code, a.Detail = AckError, e.Code, e.Detail
 	case !hd.complete:

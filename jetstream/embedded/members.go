@@ -58,6 +58,8 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		// ordered push consumer whose create subject names the filter of its run's phases.
 		committed := events.OutcomeSubject(run, events.TypeCheckpointCommitted)
 		pub = append(pub,
+			// Its prepare acks travel on core NATS too (events.LiveAck).
+			events.LivePrefix+"."+run+".ack.*."+string(events.PhasePrepare)+"."+self,
 			kvGet(jetstream.BucketMembers, self),
 			kvGet(jetstream.BucketManifests, "*."+self),
 			direct(jetstream.StreamName, events.PhaseFilter(run)),
@@ -126,9 +128,9 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 			events.ServiceFilter(run, events.KindOwner),
 			events.ServiceFilter(run, events.KindSandbox),
 		)
-		// It hears its sandboxes' prepare acks, and reads one published before it looked.
-		sub = append(sub, sp+"ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*")
-		pub = append(pub, direct(jetstream.StreamName, sp+"ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*"))
+		// It hears its sandboxes' prepare acks, on core NATS (events.LiveAck); one published
+		// before it looked a daemon says again when asked on its alive subject.
+		sub = append(sub, events.LivePrefix+"."+run+".ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*")
 	case events.KindOwner:
 		pub = append(pub,
 			kvPub(jetstream.BucketMembers, string(events.KindSandbox)+".*"),

@@ -157,6 +157,8 @@ func TestMembersOnTheBus(t *testing.T) {
 		{sb, "sandbox acking as another sandbox", "sp.r.ack.1.prepare.sandbox.sb2", ""},
 		{sb, "sandbox acking in another run", "sp.other.ack.1.prepare.sandbox.sb1", ""},
 		{sb, "sandbox acking as an agent", "sp.r.ack.1.prepare.agent.a1", ""},
+		{sb, "sandbox acking on core NATS as another sandbox", "spl.r.ack.1.prepare.sandbox.sb2", ""},
+		{ag, "agent acking a prepare on core NATS", "spl.r.ack.1.prepare.agent.a1", ""},
 		{sb, "sandbox joining as another sandbox", "sp.r.member.sandbox.sb2", ""},
 		{sb, "sandbox writing another's heartbeat", "$KV.sp_members.r.sandbox.sb2", ""},
 		{sb, "sandbox writing another run's heartbeat", "$KV.sp_members.other.sandbox.sb1", ""},
@@ -387,6 +389,20 @@ func TestSandboxFeedAndService(t *testing.T) {
 	var out string
 	if err := jetstream.Call(ctx, anc, "spsvc.r.sandbox.sb1.echo", "hi", &out); err != nil || out != `"hi"` {
 		t.Errorf("agent calling its sandbox: %q, %v", out, err)
+	}
+	// The sandbox's prepare ack travels on core NATS (events.LiveAck), and its agent hears it.
+	acks, err := anc.SubscribeSync("spl.r.ack.*.prepare.sandbox.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := anc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := snc.Publish("spl.r.ack.3.prepare.sandbox.sb1", []byte("ack")); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := acks.NextMsg(5 * time.Second); err != nil || m.Subject != "spl.r.ack.3.prepare.sandbox.sb1" {
+		t.Errorf("the agent hearing its sandbox's prepare ack on core NATS: %v, %v", m, err)
 	}
 	// The sandbox answers discovery of its own service, as `nats micro ls` asks it as admin.
 	adm, _, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleAdmin))

@@ -109,13 +109,15 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 			// discovery subjects of that service alone.
 			Subscribe: Subjects{Allow: []string{"_INBOX.>", events.ServiceFilter(r, events.KindBridge),
 				events.LiveAckFilter(r, events.PhaseResume),
+				// The sandbox daemons' prepare acks, on core NATS too.
+				events.LiveAckFilter(r, events.PhasePrepare),
 				"$SRV.*", "$SRV.*." + bridgeService, "$SRV.*." + bridgeService + ".*"}},
 		}, nil
 	case RoleAgent:
 		return member(events.KindAgent, append([]string{
 			events.ServiceFilter(r, events.KindOwner),
 			events.ServiceFilter(r, events.KindSandbox),
-		}, records...), []string{sp + "ack.*." + string(events.PhasePrepare) + "." + string(events.KindSandbox) + ".*"}), nil
+		}, records...), []string{events.LivePrefix + "." + r + ".ack.*." + string(events.PhasePrepare) + "." + string(events.KindSandbox) + ".*"}), nil
 	case RoleOwner:
 		return member(events.KindOwner, append([]string{
 			kv(jetstream.BucketMembers, string(events.KindSandbox)+".*"),
@@ -125,7 +127,9 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 		// Its core feed (member.Config.CoreFeed): the run's phases as the stream republishes them
 		// (events.LivePhaseFilter) and its committed outcomes on a core subscription; it catches
 		// up by the direct gets common allows.
-		return member(events.KindSandbox, nil, []string{events.LivePhaseFilter(r), events.OutcomeSubject(r, events.TypeCheckpointCommitted)}), nil
+		// Its prepare acks go on core NATS (events.LiveAck).
+		return member(events.KindSandbox, []string{events.LivePrefix + "." + r + ".ack.*." + string(events.PhasePrepare) + "." + string(events.KindSandbox) + ".*"},
+			[]string{events.LivePhaseFilter(r), events.OutcomeSubject(r, events.TypeCheckpointCommitted)}), nil
 	case RoleController:
 		return &Permissions{
 			Publish:   Subjects{Allow: append(common(), events.ServiceFilter(r, events.KindAgent), events.ServiceFilter(r, events.KindBridge), "$SRV.>")},

@@ -198,6 +198,7 @@ func TestRolesOnTheBus(t *testing.T) {
 		{B, "sp.r.outcome.checkpoint.committed", true},
 		{S, "sp.r.ack.1.prepare.agent.a1", false},
 		{S, "sp.r.ack.1.prepare.sandbox.s1", true},
+		{A, "spl.r.ack.1.prepare.sandbox.s1", false},
 		{A, "sp.r.ack.1.prepare.agent.a1", true},
 		{A, "sp.r.ack.1.commit.owner.o1", false},
 		{O, "sp.r.ack.1.commit.owner.o1", true},
@@ -373,18 +374,18 @@ func TestRolesServe(t *testing.T) {
 	if err := jetstream.Call(ctx, cnc, "spsvc.r.agent.a1.run", "r1", &out); err != nil || out != "ran" {
 		t.Errorf("controller calling the agent: %q, %v", out, err)
 	}
-	acks, err := anc.SubscribeSync("sp.r.ack.*.prepare.sandbox.*")
+	// A sandbox daemon's prepare ack travels on core NATS (events.LiveAck).
+	acks, err := anc.SubscribeSync("spl.r.ack.*.prepare.sandbox.*")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := anc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	_, sjs, _ := connectAs(t, s, dir, embedded.RoleSandbox)
-	if _, err := sjs.Publish(ctx, "sp.r.ack.7.prepare.sandbox.s1", []byte("ack")); err != nil {
+	if err := snc.Publish("spl.r.ack.7.prepare.sandbox.s1", []byte("ack")); err != nil {
 		t.Fatal(err)
 	}
-	if m, err := acks.NextMsg(5 * time.Second); err != nil || m.Subject != "sp.r.ack.7.prepare.sandbox.s1" {
+	if m, err := acks.NextMsg(5 * time.Second); err != nil || m.Subject != "spl.r.ack.7.prepare.sandbox.s1" {
 		t.Errorf("the agent hearing a sandbox's prepare ack: %v %v", m, err)
 	}
 	noViolations(t, snc, serrs, "sandbox")

@@ -2,23 +2,24 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
 )
 
 // ackBook keeps the prepare acks of the run's sandbox daemons as they go
 // by on the bus: the agent's readiness depends on them (PROTOCOL §5,
-// readiness is a dependency graph). A subscription sees them as they are
-// published; a direct read of the stream finds one published before it.
+// readiness is a dependency graph). They travel on core NATS (PROTOCOL §3,
+// acks): a subscription hears them as they are published, and one published
+// before it looked, or missed, the daemon says again when asked on its
+// alive subject with the prepare named (events.AliveQuery).
 type ackBook struct {
-	run    string
-	stream natsjs.Stream
+	run string
 
 	mu      sync.Mutex
 	acks    map[ackKey]events.PrepareAck
@@ -32,13 +33,13 @@ type ackKey struct {
 	sandbox string
 }
 
-func newAckBook(run string, stream natsjs.Stream) *ackBook {
-	return &ackBook{run: run, stream: stream, acks: map[ackKey]events.PrepareAck{}, changed: make(chan struct{})}
+func newAckBook(run string) *ackBook {
+	return &ackBook{run: run, acks: map[ackKey]events.PrepareAck{}, changed: make(chan struct{})}
 }
 
-// subscribe starts the subscription to sp.<run>.ack.*.prepare.sandbox.*.
+// subscribe starts the subscription to spl.<run>.ack.*.prepare.sandbox.*.
 func (b *ackBook) subscribe(nc *nats.Conn) error {
-	sub, err := nc.Subscribe("sp."+b.run+".ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*", func(m *nats.Msg) {
+	sub, err := nc.Subscribe(events.LivePrefix+"."+b.run+".ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*", func(m *nats.Msg) {
 		_, d, err := events.Unmarshal(m)
 		if err != nil {
 			return
@@ -81,50 +82,31 @@ func (b *ackBook) add(a events.PrepareAck) {
 	}
 }
 
-// lookup returns the ack of sandbox to prepare seq, reading the stream if
-// the subscription has not seen it.
-func (b *ackBook) lookup(ctx context.Context, seq uint64, sandbox string) (events.PrepareAck, bool) {
+// lookup returns the ack of sandbox to prepare seq, if the subscription
+// heard it.
+func (b *ackBook) lookup(seq uint64, sandbox string) (events.PrepareAck, bool) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	a, ok := b.acks[ackKey{seq, sandbox}]
-	b.mu.Unlock()
-	if ok {
-		return a, true
-	}
-	m, err := events.NewMember(events.KindSandbox, sandbox)
-	if err != nil {
-		return a, false
-	}
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	raw, err := b.stream.GetLastMsgForSubject(rctx, events.AckSubject(b.run, seq, events.PhasePrepare, m))
-	if err != nil {
-		return a, false
-	}
-	_, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
-	if err != nil {
-		return a, false
-	}
-	if a, ok = d.(events.PrepareAck); ok {
-		b.add(a)
-	}
 	return a, ok
 }
 
 // wait waits for the ack of sandbox to prepare seq until ctx ends, stop
 // is closed (errReopened) or gone is (errDaemonGone: the daemon will
-// never ack); the stream is read again every poll in case a message went
-// by unseen.
+// never ack); the book is looked at again every poll.
 func (b *ackBook) wait(ctx context.Context, seq uint64, sandbox string, stop, gone <-chan struct{}, poll time.Duration) (events.PrepareAck, error) {
-	// A daemon's heartbeat lives minutes after it died (PROTOCOL §3,
-	// Liveness): ask it, while its ack does not come, whether it is there.
 	pctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	dead := b.probe(pctx, sandbox)
+	// A daemon's heartbeat lives minutes after it died (PROTOCOL §3,
+	// Liveness): ask it, while its ack does not come, whether it is there,
+	// and to say its ack again (one published before the subscription
+	// looked, or missed on the way: core NATS delivers at most once).
+	dead := b.probe(pctx, sandbox, events.AliveQuery{Seq: seq, Phase: events.PhasePrepare})
 	for {
 		b.mu.Lock()
 		ch := b.changed
 		b.mu.Unlock()
-		if a, ok := b.lookup(ctx, seq, sandbox); ok {
+		if a, ok := b.lookup(seq, sandbox); ok {
 			return a, nil
 		}
 		select {
@@ -151,7 +133,10 @@ const probeEvery = time.Second
 // the requests have found no responder for events.AliveUnanswered, the
 // daemon's connection gone and not coming back (one such answer may be a
 // daemon reconnecting). A request that times out proves nothing.
-func (b *ackBook) probe(ctx context.Context, sandbox string) <-chan struct{} {
+//
+// Each request carries q: a daemon that answered that phase says its ack
+// again.
+func (b *ackBook) probe(ctx context.Context, sandbox string, q events.AliveQuery) <-chan struct{} {
 	dead := make(chan struct{})
 	if _, err := events.NewMember(events.KindSandbox, sandbox); b.nc == nil || err != nil {
 		return dead
@@ -164,7 +149,7 @@ func (b *ackBook) probe(ctx context.Context, sandbox string) <-chan struct{} {
 			case <-time.After(probeEvery):
 			}
 			// Each answer starts the unanswered time again.
-			if !b.answers(ctx, sandbox) {
+			if !b.answers(ctx, sandbox, q) {
 				close(dead)
 				return
 			}
@@ -173,21 +158,38 @@ func (b *ackBook) probe(ctx context.Context, sandbox string) <-chan struct{} {
 	return dead
 }
 
-// answers asks sandbox's daemon whether it is there (events.AliveSubject)
-// at once and then every probeEvery, until it answers (true), or requests
-// have found no responder for events.AliveUnanswered (false: gone), or ctx
-// ends (true: nothing proved it gone). A request that times out proves
-// nothing.
-func (b *ackBook) answers(ctx context.Context, sandbox string) bool {
+// ask asks sandbox's daemon once whether it is there, with q
+// (events.AliveQuery), and reports whether it answered.
+func (b *ackBook) ask(ctx context.Context, sandbox string, q events.AliveQuery) error {
 	m, err := events.NewMember(events.KindSandbox, sandbox)
-	if b.nc == nil || err != nil {
+	if err != nil {
+		return err
+	}
+	if b.nc == nil {
+		return nats.ErrConnectionClosed
+	}
+	var body []byte
+	if q.Seq > 0 {
+		body, _ = json.Marshal(q)
+	}
+	rctx, cancel := context.WithTimeout(ctx, probeEvery)
+	defer cancel()
+	_, err = b.nc.RequestWithContext(rctx, events.AliveSubject(b.run, m), body)
+	return err
+}
+
+// answers asks sandbox's daemon whether it is there (events.AliveSubject),
+// with q, at once and then every probeEvery, until it answers (true), or
+// requests have found no responder for events.AliveUnanswered (false:
+// gone), or ctx ends (true: nothing proved it gone). A request that times
+// out proves nothing.
+func (b *ackBook) answers(ctx context.Context, sandbox string, q events.AliveQuery) bool {
+	if _, err := events.NewMember(events.KindSandbox, sandbox); b.nc == nil || err != nil {
 		return true
 	}
 	var unanswered time.Time
 	for {
-		rctx, cancel := context.WithTimeout(ctx, probeEvery)
-		_, err := b.nc.RequestWithContext(rctx, events.AliveSubject(b.run, m), nil)
-		cancel()
+		err := b.ask(ctx, sandbox, q)
 		switch {
 		case err == nil:
 			return true

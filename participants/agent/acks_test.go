@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,7 +19,7 @@ import (
 // between (it reconnected) is not gone.
 func TestAckBookProbeWaitsOutAReconnect(t *testing.T) {
 	env := jstest.Start(t)
-	b := newAckBook(testRun, nil)
+	b := newAckBook(testRun)
 	if err := b.subscribe(env.Conn); err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +40,7 @@ func TestAckBookProbeWaitsOutAReconnect(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	start := time.Now()
-	dead := b.probe(ctx, daemon.Name())
+	dead := b.probe(ctx, daemon.Name(), events.AliveQuery{})
 
 	// Away for about half of AliveUnanswered, then back: not gone.
 	time.Sleep(events.AliveUnanswered / 2)
@@ -58,5 +60,53 @@ func TestAckBookProbeWaitsOutAReconnect(t *testing.T) {
 		}
 	case <-time.After(4 * events.AliveUnanswered):
 		t.Fatalf("a daemon gone for %s is not found gone", 4*events.AliveUnanswered)
+	}
+}
+
+// PROTOCOL §3, acks: a sandbox daemon's prepare ack travels on core NATS.
+// One published before the agent looked (or missed) is not lost to it: the
+// agent asks the daemon on its alive subject with the prepare named, and
+// the daemon says the ack again.
+func TestAckBookAsksTheDaemonToSayItsAckAgain(t *testing.T) {
+	env := jstest.Start(t)
+	daemon := events.Member("sandbox.sb-1")
+	ack := events.PrepareAck{AckHeader: events.AckHeader{Run: testRun, Member: daemon, Seq: 4, CheckpointID: "c1", OK: true,
+		State: events.StatePrepared}, Ready: true}
+	msg, err := events.Marshal(daemon, ack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := env.Connect(t)
+	// Published before the book subscribed: nobody heard it.
+	if err := nc.PublishMsg(msg); err != nil {
+		t.Fatal(err)
+	}
+	var asked atomic.Int32
+	if _, err := nc.Subscribe(events.AliveSubject(testRun, daemon), func(m *nats.Msg) {
+		var q events.AliveQuery
+		if json.Unmarshal(m.Data, &q) == nil && q.Seq == ack.Seq && q.Phase == events.PhasePrepare {
+			asked.Add(1)
+			_ = nc.PublishMsg(msg)
+		}
+		_ = m.Respond([]byte("i1"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	b := newAckBook(testRun)
+	if err := b.subscribe(env.Conn); err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	got, err := b.wait(ctx, ack.Seq, daemon.Name(), nil, nil, 250*time.Millisecond)
+	if err != nil || !got.Ready || got.Seq != ack.Seq {
+		t.Fatalf("waited for the ack said again: %+v %v", got, err)
+	}
+	if asked.Load() == 0 {
+		t.Errorf("the daemon was never asked with the prepare named")
 	}
 }

@@ -212,7 +212,7 @@ func newAgent(cfg Config) (*Agent, error) {
 	if cfg.SandboxService == nil {
 		cfg.SandboxService = func(id string) (Sandbox, error) { return sandboxapi.NewClient(nc, cfg.Run, id) }
 	}
-	a := &Agent{cfg: cfg, name: name, nc: nc, owner: cfg.OwnerService, acks: newAckBook(cfg.Run, cfg.Bus.Stream),
+	a := &Agent{cfg: cfg, name: name, nc: nc, owner: cfg.OwnerService, acks: newAckBook(cfg.Run),
 		daemons: newDaemonBook(cfg.Run),
 		log:     cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger(),
 		slots:   make(chan struct{}, cfg.Concurrency), reopen: make(chan struct{}),
@@ -570,7 +570,7 @@ func (a *Agent) daemonDied(ctx context.Context, sandbox string) bool {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*events.AliveUnanswered)
 	defer cancel()
-	if a.acks.answers(ctx, sandbox) {
+	if a.acks.answers(ctx, sandbox, events.AliveQuery{}) {
 		return false
 	}
 	a.daemons.set(sandbox, true)

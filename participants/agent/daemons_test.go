@@ -248,7 +248,7 @@ func TestLostOr(t *testing.T) {
 func TestLostOrAsksTheDaemon(t *testing.T) {
 	env := jstest.Start(t)
 	nc, _ := env.Connect(t)
-	a := &Agent{daemons: newDaemonBook(testRun), acks: newAckBook(testRun, env.Bus.Stream)}
+	a := &Agent{daemons: newDaemonBook(testRun), acks: newAckBook(testRun)}
 	if err := a.acks.subscribe(nc); err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,9 @@ type Member struct {
 	infoRev uint64
 	ttl     time.Duration // each heartbeat's own TTL; 0: the bucket's
 
+	liveMu   sync.Mutex // the acks published on core NATS: the loop writes, alive queries read
+	liveAcks []liveAck  // the last liveAcksKept, oldest first
+
 	recordsMu sync.Mutex         // the records store, opened by the first write that needs it
 	records   natsjs.ObjectStore // guarded by recordsMu
 
@@ -159,6 +162,7 @@ func (m *Member) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	alive, err := m.cfg.JS.Conn().Subscribe(events.AliveSubject(m.cfg.Run, m.cfg.Member), func(msg *nats.Msg) {
+		m.sayAgain(msg.Data)
 		_ = msg.Respond([]byte(m.info.Instance))
 	})
 	if err != nil {

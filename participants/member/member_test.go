@@ -3,6 +3,7 @@ package member_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -915,5 +916,63 @@ func TestSkippedPhaseIsReadAgain(t *testing.T) {
 	}
 	if err := h.Stop(); err != nil {
 		t.Errorf("Run: %v, want nil after a clean stop", err)
+	}
+}
+
+// PROTOCOL §3, acks: a sandbox daemon's prepare ack travels on core NATS,
+// once: not into the stream, and not again for the same prepare delivered
+// twice. Asked on its alive subject with the prepare named
+// (events.AliveQuery), the daemon says the same ack again, for an asker
+// that missed it; a query of a phase it did not answer says nothing more.
+// An agent's prepare ack is stored, as before.
+func TestDaemonSaysItsPrepareAckAgainWhenAsked(t *testing.T) {
+	env := jstest.Start(t)
+	b := membertest.NewBridge(t, env, "run1")
+	daemon := membertest.StartMembers(t, env, "run1", 1, membertest.Options{Kind: events.KindSandbox})[0].Name
+	agent := membertest.StartMembers(t, env, "run1", 1, membertest.Options{})[0].Name
+	h := b.Header("c1", 10*time.Second, daemon, agent)
+	seq := b.Publish(events.Prepare{PhaseHeader: h})
+	if code := membertest.Code(b.Ack(seq, events.PhasePrepare, daemon)); code != "" {
+		t.Fatalf("the daemon's prepare ack: %s", code)
+	}
+	b.Ack(seq, events.PhasePrepare, agent)
+	if _, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.AckSubject("run1", seq, events.PhasePrepare, daemon)); err == nil {
+		t.Errorf("the daemon's prepare ack is in the stream")
+	}
+	if _, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.AckSubject("run1", seq, events.PhasePrepare, agent)); err != nil {
+		t.Errorf("the agent's prepare ack is not in the stream: %v", err)
+	}
+
+	// The same prepare again, stored again under another id: answered from
+	// the answer recorded, not said again.
+	b.PublishWithID(events.Prepare{PhaseHeader: h}, "again")
+	b.Barrier(daemon)
+	if n := b.AckCount(seq, events.PhasePrepare, daemon); n != 1 {
+		t.Fatalf("%d prepare acks of the daemon heard after a repeated prepare, want 1", n)
+	}
+
+	ask := func(q events.AliveQuery) {
+		t.Helper()
+		body, _ := json.Marshal(q)
+		reply, err := env.Conn.Request(events.AliveSubject("run1", daemon), body, 5*time.Second)
+		if err != nil || len(reply.Data) == 0 {
+			t.Fatalf("alive query %+v: %v %v", q, reply, err)
+		}
+	}
+	ask(events.AliveQuery{Seq: seq + 100, Phase: events.PhasePrepare})
+	ask(events.AliveQuery{Seq: seq, Phase: events.PhaseCommit})
+	ask(events.AliveQuery{Seq: seq, Phase: events.PhasePrepare})
+	poll.Wait(t, 5*time.Second, "the prepare ack said again", func() bool { return b.AckCount(seq, events.PhasePrepare, daemon) == 2 })
+	// What else the queries asked comes, if at all, before the one they
+	// named: only that ack was said again, the same bytes.
+	if err := env.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	first, again := b.Heard(seq, events.PhasePrepare, daemon)[0], b.Heard(seq, events.PhasePrepare, daemon)[1]
+	if !bytes.Equal(first.Data, again.Data) || first.Header.Get(events.HeaderMsgID) != again.Header.Get(events.HeaderMsgID) {
+		t.Errorf("said again:\n%s\nfirst:\n%s", again.Data, first.Data)
+	}
+	if n := b.AckCount(seq, events.PhasePrepare, daemon); n != 2 {
+		t.Errorf("%d prepare acks heard, want the first and the one said again", n)
 	}
 }

@@ -2,10 +2,14 @@ package member
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -38,11 +42,22 @@ func (m *Member) reply(ctx context.Context, r Reply) {
 		}
 		return
 	}
-	if r.Phase == events.PhaseResume {
-		// A resume ack goes on core NATS, not into the stream (PROTOCOL
-		// §3): the bridge never waits for it, and a resume is idempotent,
-		// so one lost, or sent twice, changes nothing.
-		err = m.cfg.JS.Conn().PublishMsg(msg)
+	repeat := false
+	if events.LiveAck(r.Phase, m.cfg.Member) {
+		// A resume ack, and a sandbox daemon's prepare ack, go on core
+		// NATS, not into the stream (PROTOCOL §3): the bridge never waits
+		// for a resume ack, and counts the first prepare ack it hears of
+		// each daemon. Kept, they are said again to whoever asks on the
+		// alive subject (one lost on the way); a prepare answered already
+		// is not said again unasked, so that a daemon acks it once.
+		if r.Phase == events.PhasePrepare && m.liveAck(seq, r.Phase) != nil {
+			repeat = true
+		} else {
+			err = m.cfg.JS.Conn().PublishMsg(msg)
+			if err == nil {
+				m.keepLiveAck(seq, r.Phase, msg)
+			}
+		}
 	} else {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		_, err = jetstream.PublishOnce(cctx, m.cfg.JS, msg)
@@ -76,9 +91,65 @@ func (m *Member) reply(ctx context.Context, r Reply) {
 	if !r.Header.OK {
 		ev = log.Warn().Str("code", r.Header.Error.Code).Str("detail", r.Header.Error.Detail)
 	}
-	ev.Str("state", string(r.Header.State)).Dur("took", took).Bool("repeat", err != nil).Msg("answered")
+	ev.Str("state", string(r.Header.State)).Dur("took", took).Bool("repeat", repeat || err != nil).Msg("answered")
 	if hm != nil {
 		m.ackAll(hm.dls...)
+	}
+}
+
+// liveAcksKept bounds the acks on core NATS a member keeps to say again:
+// far more phases than a checkpoint has.
+const liveAcksKept = 16
+
+// liveAck is an ack the member published on core NATS.
+type liveAck struct {
+	seq   uint64
+	phase events.Phase
+	msg   *nats.Msg
+}
+
+// keepLiveAck keeps msg, the ack of phase seq published on core NATS.
+func (m *Member) keepLiveAck(seq uint64, p events.Phase, msg *nats.Msg) {
+	m.liveMu.Lock()
+	defer m.liveMu.Unlock()
+	m.liveAcks = append(m.liveAcks, liveAck{seq: seq, phase: p, msg: msg})
+	if len(m.liveAcks) > liveAcksKept {
+		m.liveAcks = slices.Delete(m.liveAcks, 0, len(m.liveAcks)-liveAcksKept)
+	}
+}
+
+// liveAck returns the ack of phase seq published on core NATS, nil if
+// none is kept.
+func (m *Member) liveAck(seq uint64, p events.Phase) *nats.Msg {
+	m.liveMu.Lock()
+	defer m.liveMu.Unlock()
+	for i := len(m.liveAcks) - 1; i >= 0; i-- {
+		if a := m.liveAcks[i]; a.seq == seq && a.phase == p {
+			return a.msg
+		}
+	}
+	return nil
+}
+
+// sayAgain takes the body of a request on the alive subject
+// (events.AliveQuery) and publishes again the ack it names, if the member
+// published it on core NATS and keeps it: the asker (the bridge, or an
+// agent waiting for its sandbox's prepare ack) may have missed it. It runs
+// on the subscription's goroutine.
+func (m *Member) sayAgain(body []byte) {
+	if len(body) == 0 {
+		return
+	}
+	var q events.AliveQuery
+	if err := json.Unmarshal(body, &q); err != nil || q.Seq == 0 {
+		return
+	}
+	msg := m.liveAck(q.Seq, q.Phase)
+	if msg == nil {
+		return
+	}
+	if err := m.cfg.JS.Conn().PublishMsg(msg); err != nil {
+		m.log.Debug().Err(err).Uint64("seq", q.Seq).Str("phase", string(q.Phase)).Msg("cannot say the ack again")
 	}
 }
 

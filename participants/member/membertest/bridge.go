@@ -48,13 +48,16 @@ type Bridge struct {
 
 	lastLive uint64 // the phase sequence of the last live copy published
 
-	resumeSub  *nats.Subscription
-	resumeMu   sync.Mutex // the subscription's goroutine files, the test reads
-	resumeAcks map[resumeKey][]*nats.Msg
+	liveSub  *nats.Subscription
+	liveMu   sync.Mutex // the subscription's goroutine files, the test reads
+	liveAcks map[liveKey][]*nats.Msg
 }
 
-type resumeKey struct {
+// liveKey names the acks on core NATS (events.LiveAck) of one member to
+// one phase event.
+type liveKey struct {
 	seq    uint64
+	phase  events.Phase
 	member events.Member
 }
 
@@ -101,9 +104,7 @@ func (b *Bridge) PublishWithID(d events.PhaseEvent, id string) uint64 {
 	if err != nil {
 		b.t.Fatalf("membertest: bridge: %v", err)
 	}
-	if d.Phase() == events.PhaseResume {
-		b.listenResumeAcks()
-	}
+	b.listenLiveAcks()
 	ack, err := jetstream.PublishDedup(b.t.Context(), b.Env.JS, msg)
 	if err != nil {
 		b.t.Fatalf("membertest: bridge: publish: %v", err)
@@ -124,39 +125,47 @@ func (b *Bridge) PublishWithID(d events.PhaseEvent, id string) uint64 {
 	return h.Seq
 }
 
-// listenResumeAcks subscribes to the run's resume acks, once.
-func (b *Bridge) listenResumeAcks() {
-	if b.resumeSub != nil {
+// listenLiveAcks subscribes to the run's acks on core NATS
+// (events.LiveAck: resumes', sandbox daemons' prepares'), once.
+func (b *Bridge) listenLiveAcks() {
+	if b.liveSub != nil {
 		return
 	}
-	b.resumeAcks = map[resumeKey][]*nats.Msg{}
-	sub, err := b.Env.Conn.Subscribe(events.LiveAckFilter(b.Run, events.PhaseResume), func(msg *nats.Msg) {
+	b.liveAcks = map[liveKey][]*nats.Msg{}
+	sub, err := b.Env.Conn.Subscribe(events.LivePrefix+"."+b.Run+".ack.>", func(msg *nats.Msg) {
 		_, d, err := events.Unmarshal(msg)
-		a, ok := d.(events.ResumeAck)
+		a, ok := d.(events.Ack)
 		if err != nil || !ok {
 			return // Lookup finds none, and says so by its wait
 		}
-		b.resumeMu.Lock()
-		defer b.resumeMu.Unlock()
-		k := resumeKey{a.Seq, a.Member}
-		b.resumeAcks[k] = append(b.resumeAcks[k], msg)
+		b.liveMu.Lock()
+		defer b.liveMu.Unlock()
+		h := a.Header()
+		k := liveKey{h.Seq, a.Answers(), h.Member}
+		b.liveAcks[k] = append(b.liveAcks[k], msg)
 	})
 	if err != nil {
-		b.t.Fatalf("membertest: bridge: subscribe to the resume acks: %v", err)
+		b.t.Fatalf("membertest: bridge: subscribe to the acks on core NATS: %v", err)
 	}
 	_ = sub.SetPendingLimits(-1, -1)
 	if err := b.Env.Conn.Flush(); err != nil {
-		b.t.Fatalf("membertest: bridge: subscribe to the resume acks: %v", err)
+		b.t.Fatalf("membertest: bridge: subscribe to the acks on core NATS: %v", err)
 	}
-	b.resumeSub = sub
+	b.liveSub = sub
 	b.t.Cleanup(func() { _ = sub.Unsubscribe() })
 }
 
-// heardResume returns the resume acks heard of (seq, m).
-func (b *Bridge) heardResume(seq uint64, m events.Member) []*nats.Msg {
-	b.resumeMu.Lock()
-	defer b.resumeMu.Unlock()
-	return b.resumeAcks[resumeKey{seq, m}]
+// Heard returns the acks on core NATS (events.LiveAck) heard of member m
+// to phase event seq, oldest first.
+func (b *Bridge) Heard(seq uint64, p events.Phase, m events.Member) []*nats.Msg {
+	return slices.Clone(b.heardLive(seq, p, m))
+}
+
+// heardLive returns the acks on core NATS heard of (seq, p, m).
+func (b *Bridge) heardLive(seq uint64, p events.Phase, m events.Member) []*nats.Msg {
+	b.liveMu.Lock()
+	defer b.liveMu.Unlock()
+	return b.liveAcks[liveKey{seq, p, m}]
 }
 
 // PublishOutcome publishes an outcome (checkpoint.committed, ...).
@@ -174,14 +183,14 @@ func (b *Bridge) PublishOutcome(d events.Data) {
 // Lookup returns the ack of member m to phase event seq, if it is there.
 func (b *Bridge) Lookup(seq uint64, p events.Phase, m events.Member) (events.Ack, bool) {
 	b.t.Helper()
-	if p == events.PhaseResume {
-		heard := b.heardResume(seq, m)
+	if events.LiveAck(p, m) {
+		heard := b.heardLive(seq, p, m)
 		if len(heard) == 0 {
 			return nil, false
 		}
 		_, d, err := events.Unmarshal(heard[0])
 		if err != nil {
-			b.t.Fatalf("membertest: bridge: resume ack of %s to %d does not decode: %v", m, seq, err)
+			b.t.Fatalf("membertest: bridge: %s ack of %s to %d does not decode: %v", p, m, seq, err)
 		}
 		return d.(events.Ack), true
 	}
@@ -210,8 +219,8 @@ func (b *Bridge) AckedAt(seq uint64, p events.Phase, m events.Member) time.Time 
 	b.t.Helper()
 	b.Ack(seq, p, m)
 	var msg *nats.Msg
-	if p == events.PhaseResume {
-		msg = b.heardResume(seq, m)[0]
+	if events.LiveAck(p, m) {
+		msg = b.heardLive(seq, p, m)[0]
 	} else {
 		raw, err := b.Env.Bus.Stream.GetLastMsgForSubject(b.t.Context(), events.AckSubject(b.Run, seq, p, m))
 		if err != nil {
@@ -238,12 +247,12 @@ func (b *Bridge) Ack(seq uint64, p events.Phase, m events.Member) events.Ack {
 	return d
 }
 
-// AckCount returns how many acks the stream holds for (seq, p, m); of a
-// resume, how many the bridge heard.
+// AckCount returns how many acks the stream holds for (seq, p, m); of an
+// ack on core NATS (events.LiveAck), how many the bridge heard.
 func (b *Bridge) AckCount(seq uint64, p events.Phase, m events.Member) uint64 {
 	b.t.Helper()
-	if p == events.PhaseResume {
-		return uint64(len(b.heardResume(seq, m)))
+	if events.LiveAck(p, m) {
+		return uint64(len(b.heardLive(seq, p, m)))
 	}
 	subj := events.AckSubject(b.Run, seq, p, m)
 	info, err := b.Env.Bus.Stream.Info(b.t.Context(), natsjs.WithSubjectFilter(subj))

@@ -1,0 +1,116 @@
+package bridge
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+)
+
+// prepareRecord gathers, beside the machine, what the sandbox daemons
+// answered a prepare this bridge published, for the stream's record of
+// it (events.PrepareAcked): their acks travel on core NATS (PROTOCOL §3,
+// acks), so the audit log holds this one event instead of an ack per
+// daemon. It is fed on the driver's goroutine.
+type prepareRecord struct {
+	h        events.PhaseHeader
+	began    time.Time
+	expected []events.Member // the daemons addressed, sorted
+	want     map[events.Member]bool
+	acks     map[events.Member]events.PrepareAck
+	took     []float64
+}
+
+// newPrepareRecord starts the record of prepare h, published about
+// began, to members; nil when no sandbox daemon is among them.
+func newPrepareRecord(h events.PhaseHeader, members []events.Member, began time.Time) *prepareRecord {
+	r := &prepareRecord{h: h, began: began, want: map[events.Member]bool{}, acks: map[events.Member]events.PrepareAck{}}
+	for _, m := range members {
+		if m.Kind() == events.KindSandbox && !r.want[m] {
+			r.want[m] = true
+			r.expected = append(r.expected, m)
+		}
+	}
+	if len(r.expected) == 0 {
+		return nil
+	}
+	slices.Sort(r.expected)
+	return r
+}
+
+// add notes ack, heard at at, if it is an addressed daemon's first
+// answer to this prepare.
+func (r *prepareRecord) add(ack events.Ack, at time.Time) {
+	a, ok := ack.(events.PrepareAck)
+	if !ok || !r.want[a.Member] || a.Seq != r.h.Seq || a.CheckpointID != r.h.CheckpointID || a.Epoch != r.h.Epoch {
+		return
+	}
+	if _, dup := r.acks[a.Member]; dup {
+		return
+	}
+	r.acks[a.Member] = a
+	r.took = append(r.took, float64(at.Sub(r.began).Microseconds())/1000)
+}
+
+// record returns what was heard.
+func (r *prepareRecord) record(run string) events.PrepareAcked {
+	rec := events.PrepareAcked{Run: run, CheckpointID: r.h.CheckpointID, Seq: r.h.Seq, Epoch: r.h.Epoch,
+		Expected: len(r.expected), Answered: len(r.acks)}
+	for _, m := range r.expected {
+		a, ok := r.acks[m]
+		switch {
+		case !ok:
+			rec.MissingCount++
+			if len(rec.Missing) < events.MaxListed {
+				rec.Missing = append(rec.Missing, m)
+			}
+		case a.Error != nil:
+			rec.ErrorCount++
+			if len(rec.Errors) < events.MaxListed {
+				rec.Errors = append(rec.Errors, events.MemberError{Member: m, Code: a.Error.Code, Detail: a.Error.Detail})
+			}
+		case !a.OK || !a.Ready:
+			rec.NotReadyCount++
+			if len(rec.NotReady) < events.MaxListed {
+				rec.NotReady = append(rec.NotReady, m)
+			}
+		default:
+			rec.Ready++
+		}
+	}
+	if len(r.took) > 0 {
+		took := slices.Clone(r.took)
+		slices.Sort(took)
+		rec.P50MS, rec.MaxMS = took[len(took)/2], took[len(took)-1]
+	}
+	return rec
+}
+
+// recordPrepare publishes the record of a prepare's daemons' acks in the
+// background (a deterministic id: a repeat is dropped as a duplicate).
+// Once Run is ending it does not start.
+func (b *Bridge) recordPrepare(r *prepareRecord) {
+	if r == nil {
+		return
+	}
+	rec := r.record(b.cfg.Run)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	b.bg.Go(func() {
+		msg, err := events.Marshal(b.source, rec, events.WithID(b.cfg.Run+"."+strconv.FormatUint(rec.Seq, 10)+".prepare.acked"))
+		if err == nil {
+			ctx, cancel := context.WithTimeout(b.bgCtx, publishAttemptTimeout)
+			_, err = jetstream.PublishDedup(ctx, b.cfg.JS, msg)
+			cancel()
+		}
+		if err != nil && b.bgCtx.Err() == nil {
+			b.log.Warn().Err(err).Str("checkpoint", rec.CheckpointID).Msg("cannot record the prepare's sandbox acks in the stream")
+		}
+	})
+}
