@@ -449,3 +449,58 @@ func TestResumeInboxesTakenAreKept(t *testing.T) {
 		t.Error("a closed inbox is still there")
 	}
 }
+
+// A prepare's record holds every sandbox daemon's ack the bridge heard, in
+// parts that each stay well under NATS's 1 MB payload however many daemons
+// answered and however large their acks; every part carries the same
+// counts, the parts together every ack once, in the order heard.
+func TestPrepareRecordComesInParts(t *testing.T) {
+	h := events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 7, Epoch: 2}
+	var members []events.Member
+	for i := range 3000 {
+		members = append(members, events.Member(fmt.Sprintf("sandbox.s%04d", i)))
+	}
+	members = append(members, "agent.a0")
+	began := time.Now()
+	r := newPrepareRecord(h, members, began)
+	blockers := make([]string, events.MaxBlockers)
+	for i := range blockers {
+		blockers[i] = strings.Repeat("b", 200)
+	}
+	for i, m := range members[:2990] {
+		a := events.PrepareAck{AckHeader: events.AckHeader{Run: "run1", Member: m, Seq: 7, CheckpointID: "c1", Epoch: 2, OK: true, State: events.StatePrepared},
+			Ready: i%100 != 0}
+		if !a.Ready {
+			a.SetBlockers(blockers)
+		}
+		r.add(a, began.Add(time.Duration(i)*time.Millisecond))
+		r.add(a, began.Add(time.Hour)) // a repeat counts once
+	}
+	parts := r.record("run1")
+	if len(parts) < 2 {
+		t.Fatalf("%d parts for 2,990 acks, 30 of them ~20 KB", len(parts))
+	}
+	var order []events.Member
+	for i, p := range parts {
+		msg, err := events.Marshal("bridge.main", p)
+		if err != nil {
+			t.Fatalf("part %d: %v", i+1, err)
+		}
+		if len(msg.Data) > 900<<10 {
+			t.Errorf("part %d is %d bytes", i+1, len(msg.Data))
+		}
+		if msg.Subject != events.PrepareAckedSubject("run1", 7, i+1) {
+			t.Errorf("part %d on %s", i+1, msg.Subject)
+		}
+		if p.Part != i+1 || p.Parts != len(parts) || p.Expected != 3000 || p.Answered != 2990 || p.Ready != 2960 ||
+			p.NotReadyCount != 30 || p.MissingCount != 10 || len(p.Missing) != 10 || p.MaxMS < 2989 {
+			t.Errorf("part %d: %+v", i+1, p)
+		}
+		for _, a := range p.Acks {
+			order = append(order, a.Ack.Member)
+		}
+	}
+	if !slices.Equal(order, members[:2990]) {
+		t.Errorf("the parts hold %d acks, want the 2,990 heard, each once, in order", len(order))
+	}
+}

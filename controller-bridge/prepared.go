@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strconv"
 	"time"
@@ -21,6 +22,7 @@ type prepareRecord struct {
 	expected []events.Member // the daemons addressed, sorted
 	want     map[events.Member]bool
 	acks     map[events.Member]events.PrepareAck
+	heard    []events.HeardAck // the acks counted, in the order heard
 	took     []float64
 }
 
@@ -52,11 +54,46 @@ func (r *prepareRecord) add(ack events.Ack, at time.Time) {
 		return
 	}
 	r.acks[a.Member] = a
+	r.heard = append(r.heard, events.HeardAck{At: at, Ack: a})
 	r.took = append(r.took, float64(at.Sub(r.began).Microseconds())/1000)
 }
 
-// record returns what was heard.
-func (r *prepareRecord) record(run string) events.PrepareAcked {
+// partBytes bounds the acks of one part of a record, encoded: well under
+// NATS's default 1 MB payload, with the part's counts and lists beside.
+const partBytes = 512 << 10
+
+// record returns what was heard, in parts of at most partBytes of acks.
+func (r *prepareRecord) record(run string) []events.PrepareAcked {
+	sum := r.summary(run)
+	var parts [][]events.HeardAck
+	var cur []events.HeardAck
+	size := 0
+	for _, h := range r.heard {
+		n := partBytes // an ack that does not encode is not added to a part
+		if b, err := json.Marshal(h); err == nil {
+			n = len(b) + 1
+		}
+		if n > partBytes {
+			continue
+		}
+		if size+n > partBytes && len(cur) > 0 {
+			parts, cur, size = append(parts, cur), nil, 0
+		}
+		cur, size = append(cur, h), size+n
+	}
+	if len(cur) > 0 || len(parts) == 0 {
+		parts = append(parts, cur)
+	}
+	out := make([]events.PrepareAcked, len(parts))
+	for i, acks := range parts {
+		out[i] = sum
+		out[i].Part, out[i].Parts, out[i].Acks = i+1, len(parts), acks
+	}
+	return out
+}
+
+// summary returns the counts and lists of what was heard.
+func (r *prepareRecord) summary(run string) events.PrepareAcked {
 	rec := events.PrepareAcked{Run: run, CheckpointID: r.h.CheckpointID, Seq: r.h.Seq, Epoch: r.h.Epoch,
 		Expected: len(r.expected), Answered: len(r.acks)}
 	for _, m := range r.expected {
@@ -89,28 +126,35 @@ func (r *prepareRecord) record(run string) events.PrepareAcked {
 	return rec
 }
 
-// recordPrepare publishes the record of a prepare's daemons' acks in the
-// background (a deterministic id: a repeat is dropped as a duplicate).
-// Once Run is ending it does not start.
+// recordPrepare publishes the record of a prepare's daemons' acks, its
+// parts in order, in the background (deterministic ids: a repeat is
+// dropped as a duplicate). Once Run is ending it does not start.
 func (b *Bridge) recordPrepare(r *prepareRecord) {
 	if r == nil {
 		return
 	}
-	rec := r.record(b.cfg.Run)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return
 	}
 	b.bg.Go(func() {
-		msg, err := events.Marshal(b.source, rec, events.WithID(b.cfg.Run+"."+strconv.FormatUint(rec.Seq, 10)+".prepare.acked"))
-		if err == nil {
-			ctx, cancel := context.WithTimeout(b.bgCtx, publishAttemptTimeout)
-			_, err = jetstream.PublishDedup(ctx, b.cfg.JS, msg)
-			cancel()
-		}
-		if err != nil && b.bgCtx.Err() == nil {
-			b.log.Warn().Err(err).Str("checkpoint", rec.CheckpointID).Msg("cannot record the prepare's sandbox acks in the stream")
+		parts := r.record(b.cfg.Run)
+		for _, rec := range parts {
+			id := b.cfg.Run + "." + strconv.FormatUint(rec.Seq, 10) + ".prepare.acked." + strconv.Itoa(rec.Part)
+			msg, err := events.Marshal(b.source, rec, events.WithID(id))
+			if err == nil {
+				ctx, cancel := context.WithTimeout(b.bgCtx, publishAttemptTimeout)
+				_, err = jetstream.PublishDedup(ctx, b.cfg.JS, msg)
+				cancel()
+			}
+			if err != nil {
+				if b.bgCtx.Err() == nil {
+					b.log.Warn().Err(err).Str("checkpoint", rec.CheckpointID).Int("part", rec.Part).Int("parts", rec.Parts).
+						Msg("cannot record the prepare's sandbox acks in the stream")
+				}
+				return
+			}
 		}
 	})
 }

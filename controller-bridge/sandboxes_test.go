@@ -83,15 +83,30 @@ func TestSandboxDaemonsAreAddressedByRoster(t *testing.T) {
 	// The daemons' prepare acks travel on core NATS: the stream holds the
 	// bridge's record of them, and none of its own (PROTOCOL §3, acks).
 	var rec events.PrepareAcked
-	if raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.PrepareAckedSubject(run, prep.Seq)); err != nil {
+	if raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.PrepareAckedSubject(run, prep.Seq, 1)); err != nil {
 		t.Fatalf("the record of the prepare's daemons' acks: %v", err)
 	} else if _, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data}); err != nil {
 		t.Fatalf("the record of the prepare's daemons' acks: %v", err)
 	} else {
 		rec = d.(events.PrepareAcked)
 	}
-	if rec.Expected != 3 || rec.Answered != 3 || rec.Ready != 3 || rec.MissingCount+rec.ErrorCount+rec.NotReadyCount != 0 || rec.MaxMS <= 0 {
-		t.Errorf("prepare record %+v, want 3 of 3 daemons ready, with latencies", rec)
+	if rec.Expected != 3 || rec.Answered != 3 || rec.Ready != 3 || rec.MissingCount+rec.ErrorCount+rec.NotReadyCount != 0 || rec.MaxMS <= 0 ||
+		rec.Part != 1 || rec.Parts != 1 || len(rec.Acks) != 3 {
+		t.Errorf("prepare record %+v, want 3 of 3 daemons ready, with latencies, their 3 acks in 1 part", rec)
+	}
+	// The timeline reads each daemon's ack from the record, as if stored.
+	entries, err := bridge.ReadTimeline(t.Context(), env.JS, run, "c1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	heard := map[events.Member]bool{}
+	for _, e := range entries {
+		if a, ok := e.Data.(events.PrepareAck); ok && a.Member.Kind() == events.KindSandbox && a.Seq == prep.Seq && a.Ready {
+			heard[a.Member] = true
+		}
+	}
+	if len(heard) != 3 {
+		t.Errorf("the timeline of c1 holds the prepare acks of %v, want the 3 daemons", heard)
 	}
 	for _, s := range sbs {
 		if got := s.Participant.Count("prepare"); got != 1 {
@@ -271,7 +286,7 @@ func TestMissedDaemonPrepareAckIsSaidAgainOnProbe(t *testing.T) {
 		t.Errorf("the quiet daemon was never asked with the prepare named")
 	}
 	prep := phaseOf(t, env, events.PhasePrepare).Header()
-	raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.PrepareAckedSubject(run, prep.Seq))
+	raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.PrepareAckedSubject(run, prep.Seq, 1))
 	if err != nil {
 		t.Fatalf("the record of the prepare's daemons' acks: %v", err)
 	}

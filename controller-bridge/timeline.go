@@ -77,7 +77,7 @@ func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint stri
 			return out, err
 		}
 		if checkpoint == "" || e.CheckpointID == checkpoint {
-			out = append(out, e)
+			out = append(out, expand(e)...)
 		}
 		// The consumer counts what is left of the run's events: none, and
 		// the timeline is read to where it stood. (A wildcard last-message
@@ -103,6 +103,28 @@ func entryOf(m natsjs.Msg) (TimelineEntry, *natsjs.MsgMetadata, error) {
 		e.Summary = Summarize(d)
 	}
 	return e, md, nil
+}
+
+// expand returns e and, for a record of the sandbox daemons' prepare acks
+// (events.PrepareAcked), an entry for each ack it holds, as the ack would
+// have been stored: at the time the bridge heard it, on its core-NATS
+// subject, with the record's stream sequence. So the timeline reads a
+// daemon's prepare ack, its pause report included, wherever it travelled.
+func expand(e TimelineEntry) []TimelineEntry {
+	rec, ok := e.Data.(events.PrepareAcked)
+	if !ok || len(rec.Acks) == 0 {
+		return []TimelineEntry{e}
+	}
+	out := make([]TimelineEntry, 0, 1+len(rec.Acks))
+	out = append(out, e)
+	for _, h := range rec.Acks {
+		a := h.Ack
+		out = append(out, TimelineEntry{StreamSeq: e.StreamSeq, Time: h.At,
+			Subject: events.LiveAckSubject(a.Run, a.Seq, events.PhasePrepare, a.Member),
+			Type:    events.TypePrepareAck, Source: "/" + a.Run + "/" + string(a.Member), CheckpointID: a.CheckpointID,
+			Summary: Summarize(a), Data: a})
+	}
+	return out
 }
 
 // FollowTimeline reads a run's events as ReadTimeline does, from the
@@ -155,10 +177,12 @@ func FollowTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint st
 			if checkpoint != "" && e.CheckpointID != checkpoint {
 				continue
 			}
-			select {
-			case out <- e:
-			case <-ctx.Done():
-				return ctx.Err()
+			for _, e := range expand(e) {
+				select {
+				case out <- e:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
 			}
 		}
 	}
@@ -229,7 +253,8 @@ func Summarize(d events.Data) string {
 		}
 		return s
 	case events.PrepareAcked:
-		s := fmt.Sprintf("prepare seq %d: %d of %d sandbox daemons answered, %d ready (p50 %.1f ms, max %.1f ms)", v.Seq, v.Answered, v.Expected, v.Ready, v.P50MS, v.MaxMS)
+		s := fmt.Sprintf("prepare seq %d: %d of %d sandbox daemons answered, %d ready (p50 %.1f ms, max %.1f ms); part %d of %d, %d acks",
+			v.Seq, v.Answered, v.Expected, v.Ready, v.P50MS, v.MaxMS, v.Part, v.Parts, len(v.Acks))
 		if v.MissingCount > 0 {
 			s += fmt.Sprintf(", %d silent (%s)", v.MissingCount, strings.Join(memberStrings(v.Missing), ","))
 		}

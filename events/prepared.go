@@ -4,24 +4,46 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 )
 
 // TypePrepareAcked is the type of the bridge's record of what the sandbox
 // daemons answered a prepare.
 const TypePrepareAcked Type = "dev.stillpoint.prepare.acked.v1"
 
-// PrepareAckedSubject returns sp.<run>.prepared.<seq>: the record of the
-// sandbox daemons' acks of prepare seq.
-func PrepareAckedSubject(run string, seq uint64) string {
-	return SubjectPrefix + "." + run + ".prepared." + strconv.FormatUint(seq, 10)
+// PrepareAckedSubject returns sp.<run>.prepared.<seq>.<part>: part (from
+// 1) of the record of the sandbox daemons' acks of prepare seq.
+func PrepareAckedSubject(run string, seq uint64, part int) string {
+	return SubjectPrefix + "." + run + ".prepared." + strconv.FormatUint(seq, 10) + "." + strconv.Itoa(part)
+}
+
+// PrepareAckedFilter returns sp.<run>.prepared.<seq>.>, every part of the
+// record of prepare seq.
+func PrepareAckedFilter(run string, seq uint64) string {
+	return SubjectPrefix + "." + run + ".prepared." + strconv.FormatUint(seq, 10) + ".>"
+}
+
+// MaxRecordParts bounds the parts of one prepare's record.
+const MaxRecordParts = 10000
+
+// HeardAck is one sandbox daemon's prepare ack as the bridge heard it, in
+// its record (PrepareAcked).
+type HeardAck struct {
+	// At is when the bridge heard it.
+	At time.Time `json:"at"`
+	// Ack is the ack, as the daemon sent it.
+	Ack PrepareAck `json:"ack"`
 }
 
 // PrepareAcked is what the bridge heard of the sandbox daemons' acks of
 // one prepare, in the stream (PROTOCOL §3): a daemon's prepare ack travels
 // on core NATS (LiveAck), so that a fleet's prepare writes nothing per
-// daemon, and this one event keeps the audit log saying how many answered,
+// daemon, and this record keeps the audit log saying how many answered,
 // who was not ready or failed, and who never answered (left out, or the
-// prepare failed). Members of other kinds store their acks, as before.
+// prepare failed), and holds every ack the bridge heard, its pause report
+// included. It comes in Parts events of at most a few hundred kilobytes,
+// each with the same counts and lists and its own share of the acks.
+// Members of other kinds store their acks, as before.
 type PrepareAcked struct {
 	// Run is the run id.
 	Run string `json:"run"`
@@ -53,6 +75,12 @@ type PrepareAcked struct {
 	// as the bridge heard them, in milliseconds.
 	P50MS float64 `json:"p50_ms,omitempty"`
 	MaxMS float64 `json:"max_ms,omitempty"`
+	// Part is this event's number, from 1, of Parts.
+	Part  int `json:"part"`
+	Parts int `json:"parts"`
+	// Acks are this part's share of the acks heard, in the order heard;
+	// the parts together hold Answered of them.
+	Acks []HeardAck `json:"acks,omitempty"`
 }
 
 // Type implements Data.
@@ -100,9 +128,35 @@ func (r PrepareAcked) Validate() error {
 	if r.P50MS < 0 || r.MaxMS < r.P50MS {
 		errs = append(errs, fieldErr("data.max_ms", ErrInvalid, "p50 %g ms, max %g ms", r.P50MS, r.MaxMS))
 	}
+	if r.Part < 1 || r.Parts < r.Part || r.Parts > MaxRecordParts {
+		errs = append(errs, fieldErr("data.part", ErrInvalid, "part %d of %d: want 1 to parts, parts at most %d", r.Part, r.Parts, MaxRecordParts))
+	}
+	if len(r.Acks) > r.Answered {
+		errs = append(errs, fieldErr("data.acks", ErrInvalid, "%d acks, more than the %d answered", len(r.Acks), r.Answered))
+	}
+	for i, h := range r.Acks {
+		field := fmt.Sprintf("data.acks[%d]", i)
+		a := h.Ack
+		switch {
+		case h.At.IsZero():
+			errs = append(errs, fieldErr(field+".at", ErrInvalid, "missing"))
+		case a.Member.Kind() != KindSandbox:
+			errs = append(errs, fieldErr(field+".ack.member", ErrInvalid, "%q is not a sandbox daemon", clip(string(a.Member))))
+		case a.Run != r.Run || a.Seq != r.Seq || a.CheckpointID != r.CheckpointID:
+			errs = append(errs, fieldErr(field+".ack", ErrMismatch, "answers %s seq %d of %s, the record is of %s seq %d of %s",
+				clip(a.CheckpointID), a.Seq, clip(a.Run), r.CheckpointID, r.Seq, r.Run))
+		default:
+			if err := a.Validate(); err != nil {
+				errs = append(errs, prefixField(field+".ack.", err))
+			}
+		}
+		if len(errs) > 8 {
+			break
+		}
+	}
 	return errors.Join(errs...)
 }
 
 func (r PrepareAcked) route() route {
-	return route{run: r.Run, subject: r.CheckpointID, nats: PrepareAckedSubject(r.Run, r.Seq), seq: r.Seq, epoch: r.Epoch, hasSeq: true}
+	return route{run: r.Run, subject: r.CheckpointID, nats: PrepareAckedSubject(r.Run, r.Seq, r.Part), seq: r.Seq, epoch: r.Epoch, hasSeq: true}
 }
