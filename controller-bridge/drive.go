@@ -212,7 +212,7 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 		d.stopProbe()
 		if d.acks != nil {
 			if e.Decided {
-				b.recordPrepare(d.acks.rec)
+				b.recordPrepare(ctx, d.acks.rec)
 			}
 			d.acks.close()
 			d.acks = nil

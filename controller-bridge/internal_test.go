@@ -450,10 +450,11 @@ func TestResumeInboxesTakenAreKept(t *testing.T) {
 	}
 }
 
-// A prepare's record holds every sandbox daemon's ack the bridge heard, in
-// parts that each stay well under NATS's 1 MB payload however many daemons
-// answered and however large their acks; every part carries the same
-// counts, the parts together every ack once, in the order heard.
+// A prepare's record counts how every sandbox daemon paused, by kind of
+// pause, and holds whole the acks of those that did not answer ok, ready
+// and still, in parts that each stay well under NATS's 1 MB payload however
+// large those acks are; every part carries the same counts and tallies,
+// the parts together every notable ack once, in the order heard.
 func TestPrepareRecordComesInParts(t *testing.T) {
 	h := events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 7, Epoch: 2}
 	var members []events.Member
@@ -467,18 +468,29 @@ func TestPrepareRecordComesInParts(t *testing.T) {
 	for i := range blockers {
 		blockers[i] = strings.Repeat("b", 200)
 	}
+	var notable []events.Member
 	for i, m := range members[:2990] {
 		a := events.PrepareAck{AckHeader: events.AckHeader{Run: "run1", Member: m, Seq: 7, CheckpointID: "c1", Epoch: 2, OK: true, State: events.StatePrepared},
-			Ready: i%100 != 0}
-		if !a.Ready {
+			Ready: i%100 != 0, Pause: &events.PauseReport{Mode: "freeze", PIDCount: 1 + i%5, TookMS: float64(i % 7)}}
+		switch {
+		case !a.Ready:
 			a.SetBlockers(blockers)
+			a.Pause = nil
+			notable = append(notable, m)
+		case i%100 == 1:
+			a.Pause.Mode, a.Pause.Fallback = "stop", "l1: not confirmed"
+			notable = append(notable, m)
 		}
 		r.add(a, began.Add(time.Duration(i)*time.Millisecond))
 		r.add(a, began.Add(time.Hour)) // a repeat counts once
 	}
 	parts := r.record("run1")
 	if len(parts) < 2 {
-		t.Fatalf("%d parts for 2,990 acks, 30 of them ~20 KB", len(parts))
+		t.Fatalf("%d parts for 30 acks of ~20 KB", len(parts))
+	}
+	want := []events.PauseTally{
+		{Mode: "freeze", Count: 2930, Still: true, PIDsMin: 1, PIDsMax: 5, TookMaxMS: 6},
+		{Mode: "stop", Fallback: true, Count: 30, PIDsMin: 2, PIDsMax: 2, TookMaxMS: 6},
 	}
 	var order []events.Member
 	for i, p := range parts {
@@ -493,14 +505,17 @@ func TestPrepareRecordComesInParts(t *testing.T) {
 			t.Errorf("part %d on %s", i+1, msg.Subject)
 		}
 		if p.Part != i+1 || p.Parts != len(parts) || p.Expected != 3000 || p.Answered != 2990 || p.Ready != 2960 ||
-			p.NotReadyCount != 30 || p.MissingCount != 10 || len(p.Missing) != 10 || p.MaxMS < 2989 {
+			p.NotReadyCount != 30 || p.MissingCount != 10 || len(p.Missing) != 10 || p.MaxMS < 2989 || p.NotableCount != 60 {
 			t.Errorf("part %d: %+v", i+1, p)
+		}
+		if !slices.Equal(p.Pauses, want) {
+			t.Errorf("part %d: pauses %+v, want %+v", i+1, p.Pauses, want)
 		}
 		for _, a := range p.Acks {
 			order = append(order, a.Ack.Member)
 		}
 	}
-	if !slices.Equal(order, members[:2990]) {
-		t.Errorf("the parts hold %d acks, want the 2,990 heard, each once, in order", len(order))
+	if !slices.Equal(order, notable) {
+		t.Errorf("the parts hold the acks of %v, want the 60 notable ones, each once, in order", order)
 	}
 }

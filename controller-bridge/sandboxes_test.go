@@ -91,22 +91,8 @@ func TestSandboxDaemonsAreAddressedByRoster(t *testing.T) {
 		rec = d.(events.PrepareAcked)
 	}
 	if rec.Expected != 3 || rec.Answered != 3 || rec.Ready != 3 || rec.MissingCount+rec.ErrorCount+rec.NotReadyCount != 0 || rec.MaxMS <= 0 ||
-		rec.Part != 1 || rec.Parts != 1 || len(rec.Acks) != 3 {
-		t.Errorf("prepare record %+v, want 3 of 3 daemons ready, with latencies, their 3 acks in 1 part", rec)
-	}
-	// The timeline reads each daemon's ack from the record, as if stored.
-	entries, err := bridge.ReadTimeline(t.Context(), env.JS, run, "c1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	heard := map[events.Member]bool{}
-	for _, e := range entries {
-		if a, ok := e.Data.(events.PrepareAck); ok && a.Member.Kind() == events.KindSandbox && a.Seq == prep.Seq && a.Ready {
-			heard[a.Member] = true
-		}
-	}
-	if len(heard) != 3 {
-		t.Errorf("the timeline of c1 holds the prepare acks of %v, want the 3 daemons", heard)
+		rec.Part != 1 || rec.Parts != 1 || rec.NotableCount != 0 || len(rec.Acks) != 0 {
+		t.Errorf("prepare record %+v, want 3 of 3 daemons ready, with latencies, in 1 part, none notable", rec)
 	}
 	for _, s := range sbs {
 		if got := s.Participant.Count("prepare"); got != 1 {

@@ -272,6 +272,13 @@ func benchSampleOf(tl []bridge.TimelineEntry) (benchSample, []events.Member) {
 	acked := map[events.Member]bool{}
 	var lastResume time.Time
 	for _, e := range tl {
+		if rec, ok := e.Data.(events.PrepareAcked); ok {
+			// The sandbox daemons' prepare acks travel on core NATS: the
+			// bridge's record says how late the last one came.
+			k := string(events.PhasePrepare) + "/" + string(events.KindSandbox)
+			s.last[k] = max(s.last[k], time.Duration(rec.MaxMS*float64(time.Millisecond)))
+			continue
+		}
 		a, ok := e.Data.(events.Ack)
 		if !ok {
 			continue

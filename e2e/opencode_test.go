@@ -264,8 +264,9 @@ func (f *fleet) pausedFor(ctx context.Context, id, mode string, l launch, d time
 }
 
 // checkPause checks the pause the sandbox's daemon reported in its
-// prepare ack of checkpoint id: one, in mode, with no fallback, of the
-// launch's procs processes.
+// prepare ack of checkpoint id, as the bridge's record of the prepare
+// counts it (the ack travels on core NATS): one, in mode, standing still
+// with no fallback, of the launch's procs processes.
 func (f *fleet) checkPause(ctx context.Context, id, mode string, procs int) {
 	f.t.Helper()
 	entries, err := bridge.ReadTimeline(ctx, f.env.JS, f.run, id)
@@ -274,19 +275,21 @@ func (f *fleet) checkPause(ctx context.Context, id, mode string, procs int) {
 	}
 	n := 0
 	for _, e := range entries {
-		a, ok := e.Data.(events.PrepareAck)
-		if !ok || a.Pause == nil {
+		rec, ok := e.Data.(events.PrepareAcked)
+		if !ok || rec.Part != 1 {
 			continue
 		}
-		n++
-		f.t.Logf("%s: %s paused: mode %s, %d processes, %.1f ms", id, a.Member, a.Pause.Mode, a.Pause.PIDCount, a.Pause.TookMS)
-		if a.Pause.Mode != mode || a.Pause.Fallback != "" || a.Pause.PIDCount != procs {
-			f.t.Errorf("%s: %s paused in mode %s (fallback %q) with %d processes; want mode %s, no fallback, the launch's %d",
-				id, a.Member, a.Pause.Mode, a.Pause.Fallback, a.Pause.PIDCount, mode, procs)
+		for _, p := range rec.Pauses {
+			n += p.Count
+			f.t.Logf("%s: %d sandbox paused: mode %s, %d to %d processes, at most %.1f ms", id, p.Count, p.Mode, p.PIDsMin, p.PIDsMax, p.TookMaxMS)
+			if p.Mode != mode || p.Fallback || !p.Still || p.PIDsMin != procs || p.PIDsMax != procs {
+				f.t.Errorf("%s: %d paused in mode %s (fallback %v, still %v) with %d to %d processes; want mode %s, still, no fallback, the launch's %d",
+					id, p.Count, p.Mode, p.Fallback, p.Still, p.PIDsMin, p.PIDsMax, mode, procs)
+			}
 		}
 	}
 	if n != 1 {
-		f.t.Errorf("%s: %d sandbox pauses in the prepare acks, want 1", id, n)
+		f.t.Errorf("%s: %d sandbox pauses in the prepare's record, want 1", id, n)
 	}
 }
 

@@ -189,6 +189,13 @@ type PauseReport struct {
 	HeldCalls int `json:"held_calls,omitempty"`
 }
 
+// Still tells whether the pause stood still: the kernel confirmed it
+// (a frozen cgroup, every thread stopped, or a hold that also froze the
+// launch) and no launch fell back to stop and relaunch.
+func (p PauseReport) Still() bool {
+	return p.Fallback == "" && (p.Mode == "freeze" || p.Mode == "stop" || p.Mode == "hold" && p.Frozen)
+}
+
 // PrepareAck answers a prepare.
 type PrepareAck struct {
 	AckHeader

@@ -40,10 +40,12 @@ type HeardAck struct {
 // on core NATS (LiveAck), so that a fleet's prepare writes nothing per
 // daemon, and this record keeps the audit log saying how many answered,
 // who was not ready or failed, and who never answered (left out, or the
-// prepare failed), and holds every ack the bridge heard, its pause report
-// included. It comes in Parts events of at most a few hundred kilobytes,
-// each with the same counts and lists and its own share of the acks.
-// Members of other kinds store their acks, as before.
+// prepare failed); how the daemons paused, as counts by kind of pause
+// (Pauses); and, whole, the ack of every daemon that did not answer ok,
+// ready and still (Acks, the first MaxListed). It comes in Parts events of
+// at most a few hundred kilobytes, each with the same counts, lists and
+// tallies and its own share of the acks. Members of other kinds store
+// their acks, as before.
 type PrepareAcked struct {
 	// Run is the run id.
 	Run string `json:"run"`
@@ -75,12 +77,44 @@ type PrepareAcked struct {
 	// as the bridge heard them, in milliseconds.
 	P50MS float64 `json:"p50_ms,omitempty"`
 	MaxMS float64 `json:"max_ms,omitempty"`
+	// Pauses counts the pause reports of the acks heard by kind of pause;
+	// an ack without one (a sandbox with no launch) is not counted.
+	Pauses []PauseTally `json:"pauses,omitempty"`
 	// Part is this event's number, from 1, of Parts.
 	Part  int `json:"part"`
 	Parts int `json:"parts"`
-	// Acks are this part's share of the acks heard, in the order heard;
-	// the parts together hold Answered of them.
-	Acks []HeardAck `json:"acks,omitempty"`
+	// Acks are this part's share of the notable acks heard, whole, in the
+	// order heard: an ack not ok, not ready, or whose pause did not stand
+	// still (PauseReport.Still); the first MaxListed of NotableCount, over
+	// all parts.
+	Acks         []HeardAck `json:"acks,omitempty"`
+	NotableCount int        `json:"notable_count,omitempty"`
+}
+
+// PauseTally counts the sandbox daemons of one prepare that paused their
+// launches alike (PrepareAcked.Pauses).
+type PauseTally struct {
+	// Mode, Frozen and Fallback (a launch fell back to stop and relaunch)
+	// are the pause reports' (PauseReport).
+	Mode     string `json:"mode"`
+	Frozen   bool   `json:"frozen,omitempty"`
+	Fallback bool   `json:"fallback,omitempty"`
+	// Count is how many daemons paused so; Still whether such a pause
+	// stands still (PauseReport.Still).
+	Count int  `json:"count"`
+	Still bool `json:"still"`
+	// PIDsMin and PIDsMax bound the processes each paused.
+	PIDsMin int `json:"pids_min"`
+	PIDsMax int `json:"pids_max"`
+	// TookMaxMS is the longest pause.
+	TookMaxMS float64 `json:"took_max_ms,omitempty"`
+}
+
+// Notable tells whether a daemon's prepare ack is kept whole in its
+// prepare's record: not ok, not ready, or a pause that did not stand
+// still.
+func (a PrepareAck) Notable() bool {
+	return !a.OK || !a.Ready || a.Pause != nil && !a.Pause.Still()
 }
 
 // Type implements Data.
@@ -131,8 +165,19 @@ func (r PrepareAcked) Validate() error {
 	if r.Part < 1 || r.Parts < r.Part || r.Parts > MaxRecordParts {
 		errs = append(errs, fieldErr("data.part", ErrInvalid, "part %d of %d: want 1 to parts, parts at most %d", r.Part, r.Parts, MaxRecordParts))
 	}
-	if len(r.Acks) > r.Answered {
-		errs = append(errs, fieldErr("data.acks", ErrInvalid, "%d acks, more than the %d answered", len(r.Acks), r.Answered))
+	if len(r.Acks) > r.NotableCount || r.NotableCount > r.Answered {
+		errs = append(errs, fieldErr("data.acks", ErrInvalid, "%d acks of %d notable, %d answered", len(r.Acks), r.NotableCount, r.Answered))
+	}
+	paused := 0
+	for i, p := range r.Pauses {
+		if p.Count < 1 || p.PIDsMin < 0 || p.PIDsMax < p.PIDsMin || p.TookMaxMS < 0 || len(p.Mode) > 64 {
+			errs = append(errs, fieldErr(fmt.Sprintf("data.pauses[%d]", i), ErrInvalid, "%+v", p))
+			break
+		}
+		paused += p.Count
+	}
+	if len(r.Pauses) > MaxListed || paused > r.Answered {
+		errs = append(errs, fieldErr("data.pauses", ErrInvalid, "%d tallies of %d pauses, %d answered (at most %d tallies)", len(r.Pauses), paused, r.Answered, MaxListed))
 	}
 	for i, h := range r.Acks {
 		field := fmt.Sprintf("data.acks[%d]", i)

@@ -101,9 +101,10 @@ func samples() map[Type]struct {
 	add(testBridge, PrepareAcked{Run: "run1", CheckpointID: "ckpt-7", Seq: 2, Epoch: 2, Expected: 4, Answered: 3, Ready: 1,
 		Missing: []Member{"sandbox.sb-4"}, MissingCount: 1, NotReady: []Member{"sandbox.sb-2"}, NotReadyCount: 1,
 		Errors: []MemberError{{Member: "sandbox.sb-3", Code: CodeCheckpointConflict}}, ErrorCount: 1, P50MS: 2.5, MaxMS: 7, Part: 1, Parts: 1,
-		Acks: []HeardAck{{At: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC), Ack: PrepareAck{AckHeader: AckHeader{Run: "run1", Member: "sandbox.sb-1",
-			Seq: 2, CheckpointID: "ckpt-7", Epoch: 2, OK: true, State: StatePrepared, TookMS: 3}, Ready: true,
-			Pause: &PauseReport{Mode: "freeze", PauseSeq: 1, Identity: "41:9", PIDCount: 2, PIDs: []int{41, 42}, TookMS: 1.5}}}}})
+		Pauses:       []PauseTally{{Mode: "freeze", Count: 1, Still: true, PIDsMin: 2, PIDsMax: 2, TookMaxMS: 1.5}},
+		NotableCount: 2, Acks: []HeardAck{{At: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC), Ack: PrepareAck{AckHeader: AckHeader{Run: "run1",
+			Member: "sandbox.sb-2", Seq: 2, CheckpointID: "ckpt-7", Epoch: 2, OK: true, State: StatePreparing, TookMS: 3}, BlockerCount: 1,
+			Blockers: []string{"launch-1"}}}}})
 	add("sandbox.sb-1", MemberLeft{Run: "run1", Member: "sandbox.sb-1", Epoch: 2, Reason: "shutdown"})
 	return out
 }

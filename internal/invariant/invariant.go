@@ -156,20 +156,62 @@ func Check(ctx context.Context, r Run) []Result {
 	for _, id := range committed {
 		isCommitted[id] = true
 	}
+	// A daemon's prepare ack travels on core NATS: the bridge's record of a
+	// prepare counts its daemons' pauses by kind (and holds the acks of
+	// those that did not stand still whole, which the timeline reads as
+	// acks: named below, not counted again); an ack an earlier build
+	// stored is read as it is.
 	paused, unconfirmed := 0, []string{}
+	recorded := map[uint64]bool{}
+	addressed := map[uint64]string{} // a committed checkpoint's prepares that addressed sandbox daemons
 	for _, e := range tl {
-		a, ok := e.Data.(events.PrepareAck)
-		if !ok || !isCommitted[e.CheckpointID] || a.Member.Kind() != events.KindSandbox || a.Pause == nil {
-			continue
-		}
-		paused++
-		// A hold (a provider whose snapshots keep processes) is still
-		// only when it also froze the launch (restore_sandbox_clock).
-		still := a.Pause.Mode == "freeze" || a.Pause.Mode == "stop" || (a.Pause.Mode == "hold" && a.Pause.Frozen)
-		if a.Pause.Fallback != "" || !still {
-			unconfirmed = append(unconfirmed, fmt.Sprintf("%s/%s: %s %s", e.CheckpointID, a.Member, a.Pause.Mode, a.Pause.Fallback))
+		switch d := e.Data.(type) {
+		case events.Prepare:
+			if isCommitted[d.CheckpointID] && d.Sandboxes != nil && d.Sandboxes.Count > 0 {
+				addressed[d.Seq] = d.CheckpointID
+			}
+		case events.PrepareAcked:
+			if !isCommitted[d.CheckpointID] || recorded[d.Seq] {
+				continue
+			}
+			recorded[d.Seq] = true
+			for _, p := range d.Pauses {
+				paused += p.Count
+				if !p.Still || p.Fallback {
+					unconfirmed = append(unconfirmed, fmt.Sprintf("%s: %d %s pauses (frozen %v, fallback %v)", d.CheckpointID, p.Count, p.Mode, p.Frozen, p.Fallback))
+				}
+			}
+		case events.PrepareAck:
+			if !isCommitted[e.CheckpointID] || d.Member.Kind() != events.KindSandbox {
+				continue
+			}
+			// Stored by an earlier build; on a live subject, held whole by
+			// a record, which counted it.
+			stored := !strings.HasPrefix(e.Subject, events.LivePrefix+".")
+			if stored {
+				recorded[d.Seq] = true
+			}
+			if d.Pause == nil {
+				continue
+			}
+			if stored {
+				paused++
+			}
+			// A hold (a provider whose snapshots keep processes) is still
+			// only when it also froze the launch (restore_sandbox_clock).
+			if !d.Pause.Still() {
+				unconfirmed = append(unconfirmed, fmt.Sprintf("%s/%s: %s %s", e.CheckpointID, d.Member, d.Pause.Mode, d.Pause.Fallback))
+			}
 		}
 	}
+	// A record missing says nothing of its daemons' pauses: not taken for
+	// still.
+	for seq, id := range addressed {
+		if !recorded[seq] {
+			unconfirmed = append(unconfirmed, fmt.Sprintf("%s: no record of the sandbox daemons' acks of prepare %d", id, seq))
+		}
+	}
+	slices.Sort(unconfirmed)
 	if terr != nil {
 		unconfirmed = append(unconfirmed, "timeline: "+terr.Error())
 	}

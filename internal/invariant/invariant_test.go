@@ -138,3 +138,65 @@ func writeResults(t *testing.T, path string, ids ...string) {
 		t.Fatal(err)
 	}
 }
+
+// Invariant 5 reads the sandbox daemons' pauses from the bridge's records
+// of the prepares (their acks travel on core NATS): a pause that stood
+// still passes, one that did not fails naming its checkpoint, and a
+// committed checkpoint whose record is missing fails too, rather than
+// counting nothing as still.
+func TestPausesFromThePrepareRecords(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := t.Context()
+	sb := membertest.StartMember(t, env, run, "sandbox.s0", membertest.NewParticipant("s0"), membertest.Options{})
+	nc, js := env.Connect(t)
+	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, Logger: zerolog.New(zerolog.NewTestWriter(t)), PhaseTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- b.Run(bctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	sum := collect.Summary{}
+	results := filepath.Join(t.TempDir(), "results.jsonl")
+	writeResults(t, results, "r1")
+	r := invariant.Run{Run: run, JS: js, Bus: env.Bus, Results: results, Rollouts: []string{"r1"}, Model: modelserver.New(nil)}
+	commit := func(id string, pause *events.PauseReport) {
+		t.Helper()
+		sb.Participant.ReportPause(pause)
+		res, err := b.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: id})
+		if err != nil || res.Status != bridgeapi.StatusCommitted {
+			t.Fatalf("%s: %+v %v", id, res, err)
+		}
+		sum.Checkpoints = append(sum.Checkpoints, collect.CheckpointStat{ID: id, Status: bridgeapi.StatusCommitted})
+		r.Summary = sum
+	}
+	fifth := func() invariant.Result {
+		t.Helper()
+		return invariant.Check(ctx, r)[4]
+	}
+
+	commit("c1", &events.PauseReport{Mode: "freeze", PIDCount: 2, TookMS: 1})
+	if got := fifth(); !got.OK || !strings.Contains(got.Detail, "1 sandbox pauses") {
+		t.Errorf("a frozen pause: %+v, want ok with 1 pause", got)
+	}
+	commit("c2", &events.PauseReport{Mode: "hold", PIDCount: 2, TookMS: 1}) // a hold that did not freeze
+	if got := fifth(); got.OK || !strings.Contains(got.Detail, "c2") || !strings.Contains(got.Detail, "2 sandbox pauses") {
+		t.Errorf("a hold that did not freeze: %+v, want it refused naming c2", got)
+	}
+
+	// c3's record gone from the stream: nothing says its daemon paused still.
+	sum.Checkpoints = sum.Checkpoints[:1]
+	commit("c3", &events.PauseReport{Mode: "freeze", PIDCount: 2, TookMS: 1})
+	raw, err := env.Bus.Stream.GetLastMsgForSubject(ctx, "sp."+run+".prepared.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Bus.Stream.DeleteMsg(ctx, raw.Sequence); err != nil {
+		t.Fatal(err)
+	}
+	if got := fifth(); got.OK || !strings.Contains(got.Detail, "c3: no record") {
+		t.Errorf("a committed checkpoint without its prepare's record: %+v, want it refused naming c3", got)
+	}
+}

@@ -92,6 +92,8 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				events.LivePhaseFilter(r),
 				sp+"roster.>",
 				sp+"resumed.>",
+				// Its records of the sandbox daemons' prepare acks (events.PrepareAcked).
+				sp+"prepared.>",
 				// It asks a phase's silent sandbox daemons whether they are there
 				// (events.AliveSubject), and may call nothing else of theirs.
 				events.ServicePrefix+"."+r+"."+string(events.KindSandbox)+".*.alive",

@@ -199,6 +199,8 @@ func TestRolesOnTheBus(t *testing.T) {
 		{S, "sp.r.ack.1.prepare.agent.a1", false},
 		{S, "sp.r.ack.1.prepare.sandbox.s1", true},
 		{A, "spl.r.ack.1.prepare.sandbox.s1", false},
+		{B, "sp.r.prepared.1.1", true},
+		{S, "sp.r.prepared.1.1", false},
 		{A, "sp.r.ack.1.prepare.agent.a1", true},
 		{A, "sp.r.ack.1.commit.owner.o1", false},
 		{O, "sp.r.ack.1.commit.owner.o1", true},
@@ -252,14 +254,14 @@ func TestRolesOnTheBus(t *testing.T) {
 	}
 	for subj := range info.State.Subjects {
 		switch subj {
-		case "sp.r.phase.prepare", "sp.r.phase.commit", "sp.r.outcome.checkpoint.committed", "sp.r.ack.1.prepare.sandbox.s1",
+		case "sp.r.phase.prepare", "sp.r.phase.commit", "sp.r.outcome.checkpoint.committed", "sp.r.ack.1.prepare.sandbox.s1", "sp.r.prepared.1.1",
 			"sp.r.ack.1.prepare.agent.a1", "sp.r.ack.1.commit.owner.o1", "sp.r.member.agent.a1", "sp.r.member.sandbox.s1":
 		default:
 			t.Errorf("the stream holds %s, which no role may publish", subj)
 		}
 	}
-	if info.State.Msgs != 8 {
-		t.Errorf("the stream holds %d messages, want the 8 allowed", info.State.Msgs)
+	if info.State.Msgs != 9 {
+		t.Errorf("the stream holds %d messages, want the 9 allowed", info.State.Msgs)
 	}
 	if _, err := bus.Manifests.Get(ctx, "r.c1.owner.o1"); !errors.Is(err, natsjs.ErrKeyNotFound) {
 		t.Errorf("the owner manifest an agent wrote: %v, want not found", err)
@@ -276,7 +278,7 @@ func TestRolesOnTheBus(t *testing.T) {
 			violation(t, c.errs, string(role)+" calling "+api, api)
 		}
 	}
-	if info, err := bus.Stream.Info(ctx); err != nil || info.State.Msgs != 8 {
+	if info, err := bus.Stream.Info(ctx); err != nil || info.State.Msgs != 9 {
 		t.Errorf("stream after the refused calls: %v, %+v", err, info)
 	}
 

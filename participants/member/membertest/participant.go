@@ -61,6 +61,7 @@ type Participant struct {
 	prefix    string
 	failInst  error
 	failPrep  error
+	pause     *events.PauseReport
 	failExp   error
 	failPark  error
 	failRel   error
@@ -203,6 +204,10 @@ func (p *Participant) FailInstall(err error) { p.mu.Lock(); p.failInst = err; p.
 // FailPrepare makes every Prepare fail with err (nil: succeed).
 func (p *Participant) FailPrepare(err error) { p.mu.Lock(); p.failPrep = err; p.mu.Unlock() }
 
+// ReportPause makes every Prepare report rep, as a sandbox daemon reports
+// how it paused its launches (nil: no pause, a sandbox with no launch).
+func (p *Participant) ReportPause(rep *events.PauseReport) { p.mu.Lock(); p.pause = rep; p.mu.Unlock() }
+
 // FailExport makes every Export fail with err (nil: succeed).
 func (p *Participant) FailExport(err error) { p.mu.Lock(); p.failExp = err; p.mu.Unlock() }
 
@@ -290,6 +295,7 @@ func (p *Participant) Prepare(_ context.Context, cp member.Checkpoint) (member.R
 		Blockers: blockers,
 		Restarts: slices.Clone(p.restarts),
 		Counts:   map[string]int{"live": len(p.live)},
+		Pause:    p.pause,
 	}, nil
 }
 
