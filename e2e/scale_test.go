@@ -204,6 +204,13 @@ func startScale(tb testing.TB, cfg scaleConfig) *scaleWorld {
 	began := time.Now()
 	bins := build.StaticForTest(tb, scaleNode, scaleHost)
 	w := &scaleWorld{cfg: cfg}
+	if *scaleProfiles != "" {
+		// The servers and hosts write their profiles there: a missing
+		// directory would stop them before they start.
+		if err := os.MkdirAll(*scaleProfiles, 0o755); err != nil {
+			tb.Fatalf("-scale.profiles: %v", err)
+		}
+	}
 	dir := tb.TempDir()
 	url := w.startServers(tb, bins[scaleNode], dir, logDir(tb, dir))
 	tb.Logf("scale: %d server process(es) at %s (R%d), %.1f s", len(w.servers), url, cfg.replicas, time.Since(began).Seconds())
