@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -30,6 +31,7 @@ type ackReader struct {
 	ctx    context.Context // ends when the reader closes
 	cancel context.CancelFunc
 	cc     natsjs.ConsumeContext
+	live   *nats.Subscription // the daemons' prepare acks, when the ack feed could not hear them
 	msgs   chan ackMsg
 
 	watch *memberWatch         // nil without watching
@@ -85,6 +87,24 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch, fresh
 		// Its inbox in the ack feed, opened before it was published.
 		return r, 0, r.startWatch(gctx, watch, members)
 	}
+	if fresh && p.Phase() == events.PhasePrepare {
+		// No inbox in the ack feed (it could not be made), so no core
+		// subscription of the daemons' prepare acks either, which are not
+		// stored: one of this phase's own hears them from now on, and a
+		// silent daemon's probe asks for one sent before it again.
+		sub, err := b.liveConn().Subscribe(events.LivePrefix+"."+b.cfg.Run+".ack."+strconv.FormatUint(h.Seq, 10)+"."+string(events.PhasePrepare)+".>",
+			func(m *nats.Msg) {
+				select {
+				case rd.msgs <- ackMsg{msg: m}:
+				case <-gctx.Done():
+				}
+			})
+		if err != nil {
+			return nil, 0, fmt.Errorf("bridge: the daemons' acks of seq %d: %w", h.Seq, err)
+		}
+		_ = sub.SetPendingLimits(-1, -1)
+		r.live = sub
+	}
 	cons, err := b.cfg.JS.OrderedConsumer(gctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
 		FilterSubjects: []string{filter}, DeliverPolicy: natsjs.DeliverAllPolicy})
 	if err != nil {
@@ -139,6 +159,9 @@ func (r *ackReader) close() {
 	r.cancel()
 	if r.cc != nil {
 		r.cc.Stop()
+	}
+	if r.live != nil {
+		_ = r.live.Unsubscribe()
 	}
 	r.watch.close()
 }

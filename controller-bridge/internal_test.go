@@ -519,3 +519,38 @@ func TestPrepareRecordComesInParts(t *testing.T) {
 		t.Errorf("the parts hold the acks of %v, want the 60 notable ones, each once, in order", order)
 	}
 }
+
+// A prepare gathered without its inbox in the ack feed (the feed could not
+// be made) still hears its sandbox daemons' acks, which are not stored: on
+// a core subscription of its own.
+func TestPrepareWithoutTheAckFeedHearsTheDaemons(t *testing.T) {
+	env := jstest.Start(t)
+	b := newTestBridge(t, env, Config{})
+	ms := []events.Member{"agent.a0", "sandbox.s0"}
+	h := events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 5, Deadline: time.Now().Add(10 * time.Second)}.Address(ms)
+	r, _, err := b.openAcks(t.Context(), events.Prepare{PhaseHeader: h}, false, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.close()
+	if r.inboxSeq != 0 || r.live == nil {
+		t.Fatalf("no ack feed inbox: want a consumer and a core subscription of the phase's own, got inbox %d, live %v", r.inboxSeq, r.live)
+	}
+	a := events.PrepareAck{AckHeader: events.AckHeader{Run: "run1", Member: "sandbox.s0", Seq: 5, CheckpointID: "c1", OK: true, State: events.StatePrepared}, Ready: true}
+	msg, err := events.Marshal("sandbox.s0", a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Conn.PublishMsg(msg); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case am := <-r.msgs:
+		in := r.ack(am)
+		if seen, ok := in.(machine.AckSeen); !ok || seen.Ack == nil || seen.Ack.Header().Member != "sandbox.s0" {
+			t.Fatalf("heard %+v", in)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the daemon's prepare ack, on core NATS, was not heard")
+	}
+}

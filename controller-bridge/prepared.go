@@ -71,46 +71,54 @@ func (r *prepareRecord) add(ack events.Ack, at time.Time) {
 		}
 	}
 	if p := a.Pause; p != nil {
+		// A daemon's report is counted as it is only where the record can
+		// say it: a mode the record would refuse, or more kinds than it
+		// lists, go to one kind that is not still, so that no checker takes
+		// what it cannot see for still, and one daemon cannot void the
+		// record.
+		pids, took := max(p.PIDCount, 0), max(p.TookMS, 0)
 		k := pauseKey{p.Mode, p.Frozen, p.Fallback != ""}
 		t := r.pauses[k]
-		switch {
-		case t == nil && len(r.pauses) >= events.MaxListed:
-			// More kinds than a record lists: counted as not still, so
-			// that no checker takes what it cannot see for still.
+		if t == nil && (p.Mode == "" || len(p.Mode) > 64 || len(r.pauses) >= events.MaxListed-1) {
 			k = pauseKey{"other", false, true}
-			if t = r.pauses[k]; t == nil {
-				t = &events.PauseTally{Mode: k.mode, Fallback: true, PIDsMin: p.PIDCount, PIDsMax: p.PIDCount}
-				r.pauses[k] = t
-			}
-		case t == nil:
-			t = &events.PauseTally{Mode: p.Mode, Frozen: p.Frozen, Fallback: k.fallback, Still: p.Still(), PIDsMin: p.PIDCount, PIDsMax: p.PIDCount}
+			t = r.pauses[k]
+		}
+		if t == nil {
+			still := k.mode != "other" && p.Still()
+			t = &events.PauseTally{Mode: k.mode, Frozen: k.frozen, Fallback: k.fallback, Still: still, PIDsMin: pids, PIDsMax: pids}
 			r.pauses[k] = t
 		}
 		t.Count++
-		t.PIDsMin, t.PIDsMax, t.TookMaxMS = min(t.PIDsMin, p.PIDCount), max(t.PIDsMax, p.PIDCount), max(t.TookMaxMS, p.TookMS)
+		t.PIDsMin, t.PIDsMax, t.TookMaxMS = min(t.PIDsMin, pids), max(t.PIDsMax, pids), max(t.TookMaxMS, took)
 	}
 }
 
 // partBytes bounds the acks of one part of a record, encoded: well under
-// NATS's default 1 MB payload, with the part's counts and lists beside.
+// NATS's default 1 MB payload, with the part's counts and lists beside
+// (less when those are large: long error details).
 const partBytes = 512 << 10
 
 // record returns what was heard, its notable acks in parts of at most
-// partBytes.
+// partBytes, and fewer when the counts and lists every part repeats are
+// large, so that each part stays under events.MaxDataSize.
 func (r *prepareRecord) record(run string) []events.PrepareAcked {
 	sum := r.summary(run)
+	budget := partBytes
+	if b, err := json.Marshal(sum); err == nil {
+		budget = min(partBytes, max(events.MaxDataSize-len(b)-(32<<10), 32<<10))
+	}
 	var parts [][]events.HeardAck
 	var cur []events.HeardAck
 	size := 0
 	for _, h := range r.notable {
-		n := partBytes // an ack that does not encode is not added to a part
+		n := budget + 1 // an ack that does not encode is not added to a part
 		if b, err := json.Marshal(h); err == nil {
 			n = len(b) + 1
 		}
-		if n > partBytes {
+		if n > budget {
 			continue
 		}
-		if size+n > partBytes && len(cur) > 0 {
+		if size+n > budget && len(cur) > 0 {
 			parts, cur, size = append(parts, cur), nil, 0
 		}
 		cur, size = append(cur, h), size+n
@@ -178,10 +186,18 @@ func (b *Bridge) recordPrepare(ctx context.Context, r *prepareRecord) {
 	for _, rec := range r.record(b.cfg.Run) {
 		id := b.cfg.Run + "." + strconv.FormatUint(rec.Seq, 10) + ".prepare.acked." + strconv.Itoa(rec.Part)
 		msg, err := events.Marshal(b.source, rec, events.WithID(id))
-		if err == nil {
+		// An unanswered publish is tried again: the id makes a second
+		// copy a duplicate the stream drops.
+		for try := 0; err == nil && try < 3; try++ {
 			pctx, cancel := context.WithTimeout(ctx, publishAttemptTimeout)
 			_, err = jetstream.PublishDedup(pctx, b.cfg.JS, msg)
 			cancel()
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			if try < 2 {
+				err = nil
+			}
 		}
 		if err != nil {
 			b.log.Warn().Err(err).Str("checkpoint", rec.CheckpointID).Int("part", rec.Part).Int("parts", rec.Parts).

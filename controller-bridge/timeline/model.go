@@ -157,6 +157,9 @@ type Heard struct {
 	missing  map[events.Member]bool
 	notReady map[events.Member]bool
 	errors   map[events.Member]events.MemberError
+	// sandboxesOnly: the record covers the sandbox daemons alone (a
+	// prepare's), not every member (a resume's).
+	sandboxesOnly bool
 	// complete: every silent, not ready and failed member is named.
 	complete bool
 }
@@ -284,7 +287,7 @@ func (b *Builder) Add(e Event) string {
 		p := o.phase(d.Seq, events.PhasePrepare)
 		o.touch(e.Time)
 		hd := &Heard{Time: e.Time, StreamSeq: e.StreamSeq, Expected: d.Expected, Answered: d.Answered, P50MS: d.P50MS, MaxMS: d.MaxMS,
-			missing: map[events.Member]bool{}, notReady: map[events.Member]bool{}, errors: map[events.Member]events.MemberError{},
+			missing: map[events.Member]bool{}, notReady: map[events.Member]bool{}, errors: map[events.Member]events.MemberError{}, sandboxesOnly: true,
 			complete: d.MissingCount == len(d.Missing) && d.ErrorCount == len(d.Errors) && d.NotReadyCount == len(d.NotReady)}
 		for _, m := range d.Missing {
 			hd.missing[m] = true
@@ -522,7 +525,9 @@ func (o *opState) snapshot(now time.Time) Op {
 				p.Acks = append(p.Acks, ps.ackAt(a))
 				continue
 			}
-			if hd := ps.Heard; hd != nil {
+			// A prepare's record covers its sandbox daemons only (their
+			// acks travel on core NATS); its other members store theirs.
+			if hd := ps.Heard; hd != nil && (!hd.sandboxesOnly || m.Kind() == events.KindSandbox) {
 				p.Acks = append(p.Acks, hd.ack(m, ps.Epoch))
 				continue
 			}

@@ -434,3 +434,28 @@ func TestFirstPhaseAgedOut(t *testing.T) {
 		t.Errorf("the aged-out prepare %+v", p)
 	}
 }
+
+// TestPrepareRecordCoversTheDaemons: a prepare's record (its sandbox
+// daemons' acks travel on core NATS) says how each daemon answered; an
+// agent the prepare also named and that never answered stays missing, not
+// taken for answered by the record.
+func TestPrepareRecordCoversTheDaemons(t *testing.T) {
+	s := newScript()
+	s1, s2, s3 := events.Member("sandbox.s1"), events.Member("sandbox.s2"), events.Member("sandbox.s3")
+	s.add(0, events.Prepare{PhaseHeader: s.header("c9", 1, 0, a1, a2, s1, s2, s3)})
+	s.add(time.Millisecond, ready("c9", 1, a1))
+	s.add(5*time.Millisecond, events.PrepareAcked{Run: run, CheckpointID: "c9", Seq: 1, Expected: 3, Answered: 2, Ready: 1,
+		Missing: []events.Member{s3}, MissingCount: 1, NotReady: []events.Member{s2}, NotReadyCount: 1, Part: 1, Parts: 1})
+	s.add(time.Second, events.CheckpointFailed{OutcomeHeader: events.OutcomeHeader{Run: run, CheckpointID: "c9"}, Phase: events.PhasePrepare, Reason: "not ready"})
+	_, ops := build(t, s)
+	got := map[events.Member]AckStatus{}
+	for _, a := range ops[0].Phases[0].Acks {
+		got[a.Member] = a.Status
+	}
+	want := map[events.Member]AckStatus{a1: AckOK, a2: AckMissing, s1: AckOK, s2: AckNotReady, s3: AckMissing}
+	for m, st := range want {
+		if got[m] != st {
+			t.Errorf("%s: %s, want %s (all: %v)", m, got[m], st, got)
+		}
+	}
+}

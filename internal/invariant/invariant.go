@@ -162,7 +162,8 @@ func Check(ctx context.Context, r Run) []Result {
 	// acks: named below, not counted again); an ack an earlier build
 	// stored is read as it is.
 	paused, unconfirmed := 0, []string{}
-	recorded := map[uint64]bool{}
+	recorded := map[uint64]bool{}    // prepares whose record was read
+	stored := map[uint64]bool{}      // prepares with a daemon's ack stored (an earlier build)
 	addressed := map[uint64]string{} // a committed checkpoint's prepares that addressed sandbox daemons
 	for _, e := range tl {
 		switch d := e.Data.(type) {
@@ -177,7 +178,11 @@ func Check(ctx context.Context, r Run) []Result {
 			recorded[d.Seq] = true
 			for _, p := range d.Pauses {
 				paused += p.Count
-				if !p.Still || p.Fallback {
+				rep := events.PauseReport{Mode: p.Mode, Frozen: p.Frozen}
+				if p.Fallback {
+					rep.Fallback = "fallback"
+				}
+				if !p.Still || !rep.Still() {
 					unconfirmed = append(unconfirmed, fmt.Sprintf("%s: %d %s pauses (frozen %v, fallback %v)", d.CheckpointID, p.Count, p.Mode, p.Frozen, p.Fallback))
 				}
 			}
@@ -185,18 +190,16 @@ func Check(ctx context.Context, r Run) []Result {
 			if !isCommitted[e.CheckpointID] || d.Member.Kind() != events.KindSandbox {
 				continue
 			}
-			// Stored by an earlier build; on a live subject, held whole by
-			// a record, which counted it.
-			stored := !strings.HasPrefix(e.Subject, events.LivePrefix+".")
-			if stored {
-				recorded[d.Seq] = true
+			// Stored by an earlier build, counted here; on a live subject,
+			// held whole by a record, which counted it and lists its kind.
+			if strings.HasPrefix(e.Subject, events.LivePrefix+".") {
+				continue
 			}
+			stored[d.Seq] = true
 			if d.Pause == nil {
 				continue
 			}
-			if stored {
-				paused++
-			}
+			paused++
 			// A hold (a provider whose snapshots keep processes) is still
 			// only when it also froze the launch (restore_sandbox_clock).
 			if !d.Pause.Still() {
@@ -207,7 +210,7 @@ func Check(ctx context.Context, r Run) []Result {
 	// A record missing says nothing of its daemons' pauses: not taken for
 	// still.
 	for seq, id := range addressed {
-		if !recorded[seq] {
+		if !recorded[seq] && !stored[seq] {
 			unconfirmed = append(unconfirmed, fmt.Sprintf("%s: no record of the sandbox daemons' acks of prepare %d", id, seq))
 		}
 	}

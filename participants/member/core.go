@@ -592,13 +592,18 @@ func (d *coreDelivery) InProgress() error { return nil }
 func (d *coreDelivery) Term(string) error { return d.Ack() }
 
 // Ack moves the saved position past the phase once every phase before it
-// is handled too.
+// is handled too. Past a prepare it is written at once: a daemon's prepare
+// ack is not on the stream (PROTOCOL §3, live acks), so a restarted daemon
+// cannot tell one it answered, and would pause its launches again for a
+// checkpoint long over.
 func (d *coreDelivery) Ack() error {
 	q, _ := d.phaseSeq()
 	if q == 0 {
 		return nil
 	}
-	return d.pos.done(q)
+	_, data, _ := d.Event()
+	_, prepare := data.(events.Prepare)
+	return d.pos.done(q, prepare)
 }
 
 // Nak delivers the event again, locally, after delay (at least 100 ms);
@@ -621,7 +626,10 @@ func (d *coreDelivery) Nak(delay time.Duration) error {
 // member hosts' CPU at 1,000 members, 12% at 10,000 with a write every 2
 // s, when a checkpoint's phases come seconds apart). A position that lags is safe: a
 // restarted member reads the phases after it again, and one it answered
-// before is known by its ack on the stream (PROTOCOL §5, Idempotence).
+// before is known by its ack on the stream (PROTOCOL §5, Idempotence), or
+// is idempotent (a resume). A sandbox daemon's prepare ack is not on the
+// stream: the position is written at once past a prepare, one write a
+// checkpoint.
 type phaseFloor struct {
 	mu      sync.Mutex // run delivers, the loop handles, the timer flushes
 	path    string
@@ -658,8 +666,9 @@ func (f *phaseFloor) delivered(q, seq uint64) {
 }
 
 // done marks phase q handled and saves the position, durably, if it moved:
-// at once when the last write is positionEvery old, else when it is.
-func (f *phaseFloor) done(q uint64) error {
+// at once when the last write is positionEvery old or now is set, else
+// when it is.
+func (f *phaseFloor) done(q uint64, now bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.pending[q] {
@@ -685,7 +694,7 @@ func (f *phaseFloor) done(q uint64) error {
 	}
 	next.V, next.Run, next.Member = positionVersion, f.run, f.member
 	f.next = next
-	if wait := positionEvery - time.Since(f.wrote); wait > 0 && !f.stopped {
+	if wait := positionEvery - time.Since(f.wrote); wait > 0 && !f.stopped && !now {
 		if f.timer == nil {
 			f.timer = time.AfterFunc(wait, f.due)
 		}

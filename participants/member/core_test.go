@@ -1,6 +1,7 @@
 package member_test
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -345,5 +346,44 @@ func TestCoreFeedFollowsTheLiveChain(t *testing.T) {
 	want(t, bridge.Ack(seq6, events.PhasePrepare, name), "", events.StatePrepared)
 	if n := member.CoreCatchUps(h.Member) - before; n == 0 {
 		t.Error("a lost live copy was not read from the stream")
+	}
+}
+
+// PROTOCOL §3, live acks: a sandbox daemon's prepare ack is not on the
+// stream, so a restarted daemon could not tell a prepare it answered from
+// one it did not, and would pause its launches again for a checkpoint long
+// over. Its core feed writes its position past a prepare at once, where it
+// writes others at most every 30 s: a process killed right after its
+// prepare ack starts after it.
+func TestCoreFeedSavesItsPositionPastAPrepare(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	dir := t.TempDir()
+	h := startCore(t, env, dir, 0, false)
+	name := h.Member.Name()
+	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
+	saved := func() uint64 {
+		var pos struct {
+			PhaseSeq uint64 `json:"phase_seq"`
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "position.json"))
+		if err == nil {
+			_ = json.Unmarshal(b, &pos)
+		}
+		return pos.PhaseSeq
+	}
+	bridge.Barrier(name) // the first position, written at once; the next wait up to 30 s
+	poll.Wait(t, 5*time.Second, "the first position", func() bool { return saved() >= 1 })
+
+	seq := bridge.Publish(events.Prepare{PhaseHeader: header("c1")})
+	want(t, bridge.Ack(seq, events.PhasePrepare, name), "", events.StatePrepared)
+	poll.Wait(t, 5*time.Second, "the position past the prepare", func() bool { return saved() >= seq })
+
+	// A resume is idempotent: its position may wait.
+	rseq := bridge.Publish(events.Resume{PhaseHeader: header("c1")})
+	want(t, bridge.Ack(rseq, events.PhaseResume, name), "", events.StateIdle)
+	time.Sleep(500 * time.Millisecond)
+	if got := saved(); got != seq {
+		t.Errorf("position %d after the resume %d, want %d: only a prepare is written at once", got, rseq, seq)
 	}
 }

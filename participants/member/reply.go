@@ -108,10 +108,12 @@ type liveAck struct {
 	msg   *nats.Msg
 }
 
-// keepLiveAck keeps msg, the ack of phase seq published on core NATS.
+// keepLiveAck keeps msg, the ack of phase seq published on core NATS, in
+// place of one kept before for the same phase (a resume handled again).
 func (m *Member) keepLiveAck(seq uint64, p events.Phase, msg *nats.Msg) {
 	m.liveMu.Lock()
 	defer m.liveMu.Unlock()
+	m.liveAcks = slices.DeleteFunc(m.liveAcks, func(a liveAck) bool { return a.seq == seq && a.phase == p })
 	m.liveAcks = append(m.liveAcks, liveAck{seq: seq, phase: p, msg: msg})
 	if len(m.liveAcks) > liveAcksKept {
 		m.liveAcks = slices.Delete(m.liveAcks, 0, len(m.liveAcks)-liveAcksKept)
