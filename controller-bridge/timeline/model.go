@@ -269,36 +269,15 @@ func (b *Builder) Add(e Event) string {
 		return o.id
 	case events.ResumeAcked:
 		o := b.op(d.CheckpointID, e.Time)
-		p := o.phase(d.Seq, events.PhaseResume)
 		o.touch(e.Time)
-		hd := &Heard{Time: e.Time, StreamSeq: e.StreamSeq, Expected: d.Expected, Answered: d.Answered, P50MS: d.P50MS, MaxMS: d.MaxMS,
-			missing: map[events.Member]bool{}, errors: map[events.Member]events.MemberError{},
-			complete: d.MissingCount == len(d.Missing) && d.ErrorCount == len(d.Errors)}
-		for _, m := range d.Missing {
-			hd.missing[m] = true
-		}
-		for _, me := range d.Errors {
-			hd.errors[me.Member] = me
-		}
-		p.Heard = hd
+		o.phase(d.Seq, events.PhaseResume).Heard = newHeard(e, d.Expected, d.Answered, d.P50MS, d.MaxMS,
+			d.Missing, d.MissingCount, nil, 0, d.Errors, d.ErrorCount, false)
 		return o.id
 	case events.PrepareAcked:
 		o := b.op(d.CheckpointID, e.Time)
-		p := o.phase(d.Seq, events.PhasePrepare)
 		o.touch(e.Time)
-		hd := &Heard{Time: e.Time, StreamSeq: e.StreamSeq, Expected: d.Expected, Answered: d.Answered, P50MS: d.P50MS, MaxMS: d.MaxMS,
-			missing: map[events.Member]bool{}, notReady: map[events.Member]bool{}, errors: map[events.Member]events.MemberError{}, sandboxesOnly: true,
-			complete: d.MissingCount == len(d.Missing) && d.ErrorCount == len(d.Errors) && d.NotReadyCount == len(d.NotReady)}
-		for _, m := range d.Missing {
-			hd.missing[m] = true
-		}
-		for _, m := range d.NotReady {
-			hd.notReady[m] = true
-		}
-		for _, me := range d.Errors {
-			hd.errors[me.Member] = me
-		}
-		p.Heard = hd
+		o.phase(d.Seq, events.PhasePrepare).Heard = newHeard(e, d.Expected, d.Answered, d.P50MS, d.MaxMS,
+			d.Missing, d.MissingCount, d.NotReady, d.NotReadyCount, d.Errors, d.ErrorCount, true)
 		return o.id
 	case events.Ack:
 		h := d.Header()
@@ -570,6 +549,26 @@ func (o *opState) snapshot(now time.Time) Op {
 	}
 	slices.Sort(op.Members)
 	return op
+}
+
+// newHeard reads a record of acks heard on core NATS (events.ResumeAcked,
+// events.PrepareAcked): its lists, complete when each count is its list's
+// length.
+func newHeard(e Event, expected, answered int, p50, maxMS float64, missing []events.Member, nMissing int,
+	notReady []events.Member, nNotReady int, errs []events.MemberError, nErrs int, sandboxesOnly bool) *Heard {
+	hd := &Heard{Time: e.Time, StreamSeq: e.StreamSeq, Expected: expected, Answered: answered, P50MS: p50, MaxMS: maxMS,
+		missing: map[events.Member]bool{}, notReady: map[events.Member]bool{}, errors: map[events.Member]events.MemberError{},
+		sandboxesOnly: sandboxesOnly, complete: nMissing == len(missing) && nNotReady == len(notReady) && nErrs == len(errs)}
+	for _, m := range missing {
+		hd.missing[m] = true
+	}
+	for _, m := range notReady {
+		hd.notReady[m] = true
+	}
+	for _, me := range errs {
+		hd.errors[me.Member] = me
+	}
+	return hd
 }
 
 // ack is member m's answer as the record says it: silent, failed, or

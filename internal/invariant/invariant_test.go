@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
@@ -36,15 +37,7 @@ func TestCheck(t *testing.T) {
 	env := jstest.Start(t)
 	ctx := t.Context()
 	hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
-	nc, js := env.Connect(t)
-	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, Logger: zerolog.New(zerolog.NewTestWriter(t)), PhaseTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan error, 1)
-	go func() { done <- b.Run(bctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	b, js := runBridge(t, env)
 
 	var verified invariant.Manifests
 	sum := collect.Summary{}
@@ -112,6 +105,22 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// runBridge runs a bridge of run on env until the test ends, and returns
+// it with the JetStream context it uses.
+func runBridge(t *testing.T, env *jstest.Env) (*bridge.Bridge, natsjs.JetStream) {
+	t.Helper()
+	nc, js := env.Connect(t)
+	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, Logger: zerolog.New(zerolog.NewTestWriter(t)), PhaseTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, cancel := context.WithCancel(context.WithoutCancel(t.Context()))
+	done := make(chan error, 1)
+	go func() { done <- b.Run(bctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return b, js
+}
+
 func check(t *testing.T, got []invariant.Result, want map[int]bool) {
 	t.Helper()
 	if len(got) != 7 {
@@ -148,15 +157,7 @@ func TestPausesFromThePrepareRecords(t *testing.T) {
 	env := jstest.Start(t)
 	ctx := t.Context()
 	sb := membertest.StartMember(t, env, run, "sandbox.s0", membertest.NewParticipant("s0"), membertest.Options{})
-	nc, js := env.Connect(t)
-	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, Logger: zerolog.New(zerolog.NewTestWriter(t)), PhaseTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan error, 1)
-	go func() { done <- b.Run(bctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	b, js := runBridge(t, env)
 
 	sum := collect.Summary{}
 	results := filepath.Join(t.TempDir(), "results.jsonl")
