@@ -217,6 +217,7 @@ func TestRunStopsWhenTheFleetWatchCloses(t *testing.T) {
 type countingController struct {
 	noController
 	checkpoints, statuses atomic.Int32
+	status                *bridgeapi.Status // what Status answers; nil: it fails
 }
 
 func (c *countingController) Checkpoint(context.Context, bridgeapi.CheckpointRequest) (*bridgeapi.CheckpointResult, error) {
@@ -226,6 +227,9 @@ func (c *countingController) Checkpoint(context.Context, bridgeapi.CheckpointReq
 
 func (c *countingController) Status(context.Context) (*bridgeapi.Status, error) {
 	c.statuses.Add(1)
+	if c.status != nil {
+		return c.status, nil
+	}
 	return nil, errNoController
 }
 
@@ -256,5 +260,17 @@ func TestNoCheckpointBeforeTheRecovery(t *testing.T) {
 	}
 	if n := ctl.checkpoints.Load(); n != 1 {
 		t.Fatalf("with no restart waiting: %d checkpoints asked, want 1", n)
+	}
+
+	// A recovery that succeeds (here a late notice of a restart already
+	// recovered from: the agent is up and nothing is lost) does not drop
+	// the checkpoint asked with it.
+	ctl.status = &bridgeapi.Status{Members: []events.MemberInfo{{Member: "agent.a1", Instance: "i2", Served: true}}}
+	c.fleet <- "agent.a1 restarted"
+	if err := c.checkpointOrRecover(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := ctl.checkpoints.Load(); n != 2 {
+		t.Fatalf("after a recovery that succeeded: %d checkpoints asked in all, want 2", n)
 	}
 }
