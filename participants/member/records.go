@@ -14,9 +14,7 @@ import (
 	"iter"
 	"slices"
 	"strings"
-	"time"
 
-	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -240,29 +238,13 @@ func writeRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint
 		return events.MemberManifest{}, err
 	}
 	name := want.Object
-	var (
-		rr   *recordReader
-		info *natsjs.ObjectInfo
-	)
-	for try := 0; ; try++ {
-		rr = &recordReader{ctx: ctx, records: records, before: before, d: newDigest()}
-		// The store call itself is not cancelled by the stop signal, so
-		// that a stopped write purges what it sent; the reader stops it.
-		info, err = store.Put(context.WithoutCancel(ctx), natsjs.ObjectMeta{
-			Name:        name,
-			Description: fmt.Sprintf("records of %s in checkpoint %s of run %s", m, checkpoint, run),
-		}, rr)
-		// A store just made on a cluster answers no publish until its
-		// stream has a leader ("no responders"): the write is made again,
-		// the same object under the same name, for a few seconds.
-		if !errors.Is(err, nats.ErrNoResponders) || try >= 10 || ctx.Err() != nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(try+1) * 100 * time.Millisecond):
-		}
-	}
+	rr := &recordReader{ctx: ctx, records: records, before: before, d: newDigest()}
+	// The store call itself is not cancelled by the stop signal, so that a
+	// stopped write purges what it sent; the reader stops it.
+	info, err := store.Put(context.WithoutCancel(ctx), natsjs.ObjectMeta{
+		Name:        name,
+		Description: fmt.Sprintf("records of %s in checkpoint %s of run %s", m, checkpoint, run),
+	}, rr)
 	if err != nil {
 		if errors.Is(err, ErrWriteStopped) || errors.Is(err, ErrBadRecord) {
 			return events.MemberManifest{}, err
