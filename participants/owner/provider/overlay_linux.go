@@ -150,6 +150,10 @@ type overlayBox struct {
 	// cannot name another process. exited is set once the init has exited.
 	reap   sync.RWMutex
 	exited atomic.Bool
+	// died is closed as soon as the init has exited, before it is reaped:
+	// an Exec that holds reap learns through it that the init died under
+	// its command.
+	died chan struct{}
 }
 
 func newOverlayBox() *overlayBox { return &overlayBox{} }
@@ -432,10 +436,11 @@ func (o *Overlay) startInit(ctx context.Context, box *overlayBox, spec Spec, c i
 	}
 	box.sb.InitPID = cmd.Process.Pid
 	box.proc = cmd.Process
-	box.done = make(chan struct{})
+	box.done, box.died = make(chan struct{}), make(chan struct{})
 	go func() { // stopped by the teardown, which kills the process and waits for done
 		defer close(box.done)
 		waitExit(cmd.Process.Pid)
+		close(box.died)
 		box.reap.Lock()
 		defer box.reap.Unlock()
 		box.exited.Store(true)
@@ -571,7 +576,45 @@ func (o *Overlay) Exec(ctx context.Context, id string, argv []string, opts ExecO
 	cmd.Cancel = func() error { killInside(cmd.Process.Pid); return nil }
 	cmd.WaitDelay = time.Second
 	err = cmd.Run()
-	return execResult(ctx, cmd, err, &stdout, &stderr)
+	res, err := execResult(ctx, cmd, err, &stdout, &stderr)
+	if err == nil && res.ExitCode != 0 && box.diedUnder(res) {
+		// The init died while the command ran (or before nsenter entered):
+		// the namespace's teardown killed the command, or nsenter found
+		// nothing to enter. That is no answer of the command's, and must
+		// not read as one (a grade would score its empty output).
+		return ExecResult{}, fmt.Errorf("%w: sandbox %q: its init exited while %q ran", ErrExited, id, argv[0])
+	}
+	return res, err
+}
+
+// initDeathWait bounds how long an Exec whose command the kernel killed
+// waits to see the init's exit: the init becomes waitable only once the
+// namespace's last process (the command, reaped by nsenter) is gone.
+const initDeathWait = 2 * time.Second
+
+// diedUnder tells whether the init has exited, for a command that failed
+// with res. One killed by SIGKILL (what the teardown of a PID namespace
+// sends) or one that nsenter could not run waits up to initDeathWait for
+// the exit to show; any other failure is the command's own unless the init
+// is gone already.
+func (box *overlayBox) diedUnder(res ExecResult) bool {
+	if box.died == nil { // not started by this process: exited tells
+		return box.exited.Load()
+	}
+	select {
+	case <-box.died:
+		return true
+	default:
+	}
+	if res.ExitCode != 128+int(syscall.SIGKILL) && !bytes.HasPrefix(res.Stderr, []byte("nsenter: ")) {
+		return false
+	}
+	select {
+	case <-box.died:
+		return true
+	case <-time.After(initDeathWait):
+		return false
+	}
 }
 
 // Sandboxes lists the sandboxes this provider started and those on disk.

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -323,15 +324,18 @@ func TestOverlayStopKillsDaemon(t *testing.T) {
 	stop(t, ov, sb, pids...)
 }
 
-// Stop while an Exec runs: the Exec returns, and nothing is left.
+// Stop while an Exec runs: the Exec returns ErrExited (the sandbox went
+// under the command, which gave no answer of its own), and nothing is left.
 func TestOverlayStopDuringExec(t *testing.T) {
 	ov := newOverlay(t)
 	sb := start(t, ov, Spec{ID: "busy"})
 	done := make(chan error, 1)
 	go func() {
 		res, err := ov.Exec(context.Background(), "busy", []string{"sh", "-c", "sleep 1000 & sleep 1001"}, ExecOptions{})
-		if err == nil && res.ExitCode != 128+9 {
-			err = fmt.Errorf("exit %d, want 137 (killed)", res.ExitCode)
+		if !errors.Is(err, ErrExited) {
+			err = fmt.Errorf("%+v, %v; want ErrExited", res, err)
+		} else {
+			err = nil
 		}
 		done <- err
 	}()
@@ -529,6 +533,47 @@ func TestOverlayInitExited(t *testing.T) {
 		return errors.Is(err, ErrExited)
 	})
 	stop(t, ov, sb)
+}
+
+// When the init dies while a command runs (a sandbox daemon killed), the
+// command is killed with the namespace: Exec reports ErrExited, not the
+// killed command's exit and empty output, which a grade would score as
+// the sandbox's answer.
+func TestOverlayInitDiesUnderExec(t *testing.T) {
+	ov := newOverlay(t)
+	sb := start(t, ov, Spec{ID: "dies"})
+	type answer struct {
+		res ExecResult
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		res, err := ov.Exec(context.Background(), "dies", []string{"sh", "-c", "echo started > /started; exec sleep 60"}, ExecOptions{})
+		done <- answer{res, err}
+	}()
+	poll.Wait(t, 10*time.Second, "the command to start", func() bool {
+		res, err := ov.Exec(context.Background(), "dies", []string{"cat", "/started"}, ExecOptions{})
+		return err == nil && string(res.Stdout) == "started\n"
+	})
+	if err := syscall.Kill(sb.InitPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-done:
+		if !errors.Is(a.err, ErrExited) {
+			t.Errorf("Exec under a dying init: %+v, %v; want ErrExited", a.res, a.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Exec did not return after the init was killed")
+	}
+	// A command that fails by itself is still its own answer.
+	sb2 := start(t, ov, Spec{ID: "lives"})
+	res, err := ov.Exec(context.Background(), "lives", []string{"sh", "-c", "kill -9 $$"}, ExecOptions{})
+	if err != nil || res.ExitCode != 137 {
+		t.Errorf("a command that killed itself: %+v, %v; want exit 137 and no error", res, err)
+	}
+	stop(t, ov, sb)
+	stop(t, ov, sb2)
 }
 
 // A state directory that the base shows (here under /var/tmp, on the root
