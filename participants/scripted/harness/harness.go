@@ -230,25 +230,46 @@ func runTool(ctx context.Context, dir string, tc modelserver.ToolCall) (string, 
 	return string(out), false
 }
 
+// CallTries is how many times a model call that got no answer on its
+// connection is sent in all.
+const CallTries = 4
+
 func call(ctx context.Context, cfg Config, msgs []modelserver.Message, savedAt time.Time) (modelserver.Message, error) {
 	b, _ := json.Marshal(modelserver.Request{Model: cfg.Model, Messages: msgs})
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	req, err := http.NewRequestWithContext(cctx, http.MethodPost, cfg.ModelURL+"/v1/chat/completions", bytes.NewReader(b))
-	if err != nil {
-		return modelserver.Message{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(modelserver.TaskHeader, cfg.Task)
-	if cfg.Episode != "" {
-		req.Header.Set(modelserver.EpisodeHeader, cfg.Episode)
-	}
-	if !savedAt.IsZero() {
-		req.Header.Set(modelserver.SavedHeader, savedAt.UTC().Format(time.RFC3339Nano))
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return modelserver.Message{}, fmt.Errorf("harness: model call: %w", err)
+	var resp *http.Response
+	for try := 1; ; try++ {
+		req, err := http.NewRequestWithContext(cctx, http.MethodPost, cfg.ModelURL+"/v1/chat/completions", bytes.NewReader(b))
+		if err != nil {
+			return modelserver.Message{}, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(modelserver.TaskHeader, cfg.Task)
+		if cfg.Episode != "" {
+			req.Header.Set(modelserver.EpisodeHeader, cfg.Episode)
+		}
+		if !savedAt.IsZero() {
+			req.Header.Set(modelserver.SavedHeader, savedAt.UTC().Format(time.RFC3339Nano))
+		}
+		resp, err = http.DefaultClient.Do(req)
+		if err == nil {
+			break
+		}
+		// No answer began: the connection was refused, reset or closed
+		// before the reply. A harness frozen by a checkpoint between
+		// opening its connection and writing the request finds it closed
+		// by the server's header timeout when it thaws (or a kept-alive
+		// one closed as idle); the server read no request, so it is sent
+		// again, as model SDKs send a call that failed on its connection.
+		if try == CallTries || cctx.Err() != nil {
+			return modelserver.Message{}, fmt.Errorf("harness: model call (try %d of %d): %w", try, CallTries, err)
+		}
+		fmt.Fprintf(os.Stderr, "harness: model call failed on its connection (try %d of %d), sending it again: %v\n", try, CallTries, err)
+		select {
+		case <-cctx.Done():
+		case <-time.After(time.Duration(try) * 200 * time.Millisecond):
+		}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -3,12 +3,15 @@ package harness_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -57,6 +60,59 @@ func TestRun(t *testing.T) {
 	}
 	if r := ms.Repeats(); len(r) != 0 || len(ms.Ledger()) != 3 {
 		t.Fatalf("ledger %d entries, repeats %v", len(ms.Ledger()), r)
+	}
+}
+
+// closingListener closes the first n connections it accepts before the
+// server reads a byte, as a server's header timeout does to a client
+// frozen between connecting and writing its request.
+type closingListener struct {
+	net.Listener
+	n atomic.Int32
+}
+
+func (l *closingListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.n.Add(-1) < 0 {
+			return c, err
+		}
+		c.Close()
+	}
+}
+
+// A model call whose connection the server closed before reading it is
+// sent again, and is one call in the ledger; one that never gets through
+// fails after CallTries with the cause.
+func TestModelCallSentAgainOnAClosedConnection(t *testing.T) {
+	for _, tc := range []struct {
+		closed int32
+		ok     bool
+	}{{2, true}, {harness.CallTries, false}} {
+		ms := modelserver.New(script)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl := &closingListener{Listener: ln}
+		cl.n.Store(tc.closed)
+		srv := &http.Server{Handler: ms, ReadHeaderTimeout: 10 * time.Second}
+		go srv.Serve(cl)
+		dir := t.TempDir()
+		var out strings.Builder
+		err = harness.Run(t.Context(), harness.Config{ModelURL: "http://" + ln.Addr().String(), Task: "t1", Prompt: "write files",
+			DataDir: filepath.Join(dir, "data"), WorkDir: dir, Out: &out})
+		srv.Close()
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%d connections closed: %v", tc.closed, err)
+		case tc.ok && (len(ms.Ledger()) != 3 || len(ms.Repeats()) != 0):
+			t.Errorf("%d connections closed: ledger %d entries, repeats %v; want 3, none", tc.closed, len(ms.Ledger()), ms.Repeats())
+		case !tc.ok && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("try %d of %d", harness.CallTries, harness.CallTries))):
+			t.Errorf("every connection closed: %v; want the last try's error", err)
+		case !tc.ok && len(ms.Ledger()) != 0:
+			t.Errorf("every connection closed: ledger %d entries", len(ms.Ledger()))
+		}
 	}
 }
 
