@@ -557,7 +557,7 @@ func unanswered(err error) bool {
 // daemonDied asks sandbox's daemon whether it is there until it answers
 // or has not for events.AliveUnanswered (ackBook.answers, within twice
 // that), and reports whether it is gone; one found gone is gone for the
-// book too. A call that found no answer may be one the daemon died under,
+// book too. One whose ctx ends first is not found gone. A call that found no answer may be one the daemon died under,
 // and its heartbeat outlives it (a sandbox daemon's lives 2 minutes:
 // PROTOCOL §3, Liveness): the fault matrix found such a run failing as a
 // whole instead of starting over in a new sandbox.
@@ -568,10 +568,10 @@ func (a *Agent) daemonDied(ctx context.Context, sandbox string) bool {
 	if a.acks == nil {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(ctx, 2*events.AliveUnanswered)
+	qctx, cancel := context.WithTimeout(ctx, 2*events.AliveUnanswered)
 	defer cancel()
-	if a.acks.answers(ctx, sandbox, events.AliveQuery{}) {
-		return false
+	if a.acks.answers(qctx, sandbox, events.AliveQuery{}) || ctx.Err() != nil {
+		return false // alive, or the asker gave up first: nothing learnt
 	}
 	a.daemons.set(sandbox, true)
 	return true

@@ -272,3 +272,61 @@ func TestLostOrAsksTheDaemon(t *testing.T) {
 		t.Errorf("a daemon that answers: %v, want the timeout alone", got)
 	}
 }
+
+// A call to a daemon that dies while it holds the call ends as a lost
+// sandbox once the daemon answers no alive query, rather than after the
+// call's own timeout; a daemon that answers keeps its slow call going, and
+// a call its caller gave up on finds no daemon gone.
+func TestWhileDaemonLives(t *testing.T) {
+	env := jstest.Start(t)
+	nc, _ := env.Connect(t)
+	a := &Agent{daemons: newDaemonBook(testRun), acks: newAckBook(testRun)}
+	if err := a.acks.subscribe(nc); err != nil {
+		t.Fatal(err)
+	}
+	defer a.acks.close()
+	live, err := events.NewMember(events.KindSandbox, "sb-live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := nc.Subscribe(events.AliveSubject(testRun, live), func(m *nats.Msg) { _ = m.Respond(nil) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	held := func(ctx context.Context) (int, error) { // a call the daemon never answers
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	if _, err := whileDaemonLives(ctx, a, "sb-dead", held); !errors.Is(err, errSandboxLost) || ctx.Err() != nil {
+		t.Errorf("a call held by a daemon that answers nothing: %v after %v, want sandbox lost before the call's timeout", err, time.Since(start))
+	}
+	if !a.daemons.isGone("sb-dead") {
+		t.Error("the daemon found dead is not gone for the book")
+	}
+
+	slow := func(ctx context.Context) (int, error) {
+		select {
+		case <-time.After(events.AliveUnanswered + 3*time.Second):
+			return 7, nil
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	if v, err := whileDaemonLives(ctx, a, "sb-live", slow); v != 7 || err != nil {
+		t.Errorf("a slow call of a daemon that answers: %d, %v; want 7, nil", v, err)
+	}
+
+	gctx, gcancel := context.WithTimeout(ctx, events.AliveUnanswered+time.Second)
+	defer gcancel()
+	if _, err := whileDaemonLives(gctx, a, "sb-quiet", held); errors.Is(err, errSandboxLost) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a call its caller gave up on: %v, want the caller's deadline", err)
+	}
+	if a.daemons.isGone("sb-quiet") {
+		t.Error("a daemon whose probe its caller cut short is gone for the book")
+	}
+}

@@ -157,8 +157,47 @@ func (a *Agent) startLaunchIn(ctx context.Context, dc Sandbox, sandbox string, r
 		if a.daemons.isGone(sandbox) {
 			return sandboxapi.Record{}, errSandboxLost
 		}
-		return dc.Launch(ctx, req)
+		return whileDaemonLives(ctx, a, sandbox, func(ctx context.Context) (sandboxapi.Record, error) {
+			return dc.Launch(ctx, req)
+		})
 	})
+}
+
+// whileDaemonLives runs fn, a call to sandbox's daemon, and ends it with
+// errSandboxLost once the daemon is known gone: its heartbeat went, or,
+// after events.AliveUnanswered without fn's answer, it answers no alive
+// query either. A daemon killed while it held the call would otherwise
+// hold the run for the call's whole timeout, and with it every checkpoint
+// meanwhile: the run is not at a boundary, so its agent cannot be ready.
+func whileDaemonLives[T any](ctx context.Context, a *Agent, sandbox string, fn func(context.Context) (T, error)) (T, error) {
+	cctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		gone := a.daemons.goneCh(sandbox)
+		for {
+			select {
+			case <-cctx.Done():
+				return
+			case <-gone:
+				cancel(errSandboxLost)
+				return
+			case <-time.After(events.AliveUnanswered):
+			}
+			if a.daemonDied(cctx, sandbox) {
+				cancel(errSandboxLost)
+				return
+			}
+		}
+	}()
+	v, err := fn(cctx)
+	cancel(nil)
+	<-watched
+	if err != nil && errors.Is(context.Cause(cctx), errSandboxLost) && ctx.Err() == nil {
+		return v, fmt.Errorf("%w: the daemon of sandbox %s went while it held the call: %w", errSandboxLost, sandbox, err)
+	}
+	return v, err
 }
 
 // retryNoResponders calls fn with a context bounded by timeout, again while
@@ -550,7 +589,9 @@ func (a *Agent) execer(r *run, dc Sandbox, sandbox string, n int) func(ctx conte
 				return ExecResult{}, context.Cause(ctx)
 			case errors.As(err, &se):
 				return ExecResult{}, err
-			case a.daemons.isGone(sandbox):
+			case a.daemonDied(ctx, sandbox):
+				// Its heartbeat went, or it answers no alive query: a daemon
+				// killed while it held the command answers nothing more.
 				return ExecResult{}, fmt.Errorf("%w: command %v: the daemon of sandbox %s is gone: %w", errSandboxLost, argv, sandbox, err)
 			}
 			// No answer (the daemon restarting, or dead with its heartbeat
