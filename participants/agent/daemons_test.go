@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // heartbeat puts sandbox id's daemon heartbeat in sp_members, as a
@@ -328,5 +330,54 @@ func TestWhileDaemonLives(t *testing.T) {
 	}
 	if a.daemons.isGone("sb-quiet") {
 		t.Error("a daemon whose probe its caller cut short is gone for the book")
+	}
+}
+
+// silentSandbox is a daemon that never came up: every call finds no
+// responders.
+type silentSandbox struct{ endlessSandbox }
+
+func (s *silentSandbox) Launch(context.Context, sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
+	return sandboxapi.Record{}, nats.ErrNoResponders
+}
+
+// A launch waits for a daemon that has not answered yet (a fork's starts
+// in the background) until the owner says the sandbox's init exited: a
+// daemon killed before it ever answered loses the sandbox in seconds, not
+// after DaemonWait, during which its run holds every checkpoint of its
+// agent unready.
+func TestDaemonDeadBeforeItAnsweredIsLost(t *testing.T) {
+	sb := &silentSandbox{*newEndlessSandbox()}
+	w := newWorldWith(t, false, func(string) (Sandbox, error) { return sb, nil })
+	ctx, cancel := context.WithTimeout(t.Context(), DaemonWait-10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.agent.Rollout(ctx, agentapi.Request{RolloutID: "r1", Task: task})
+		done <- err
+	}()
+	var pid int
+	poll.Wait(t, 20*time.Second, "the session's sandbox", func() bool {
+		s, ok := w.owner.Session("r1")
+		if ok {
+			pid = s.Sandbox.InitPID
+		}
+		return ok && pid > 0
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("the rollout ended while its sandbox ran: %v", err)
+	case <-time.After(events.AliveUnanswered + 2*time.Second):
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, errSandboxLost) {
+			t.Fatalf("rollout: %v, want errSandboxLost", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the rollout still waits for a daemon whose sandbox's init exited")
 	}
 }

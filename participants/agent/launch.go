@@ -47,7 +47,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	bm.Sandbox, bm.Workdir = info.SandboxID, info.Workdir
 	n := len(bm.Launches) + 1
 	lc := LaunchContext{Rollout: bm.Rollout, Attempt: r.ep.Attempt, Task: bm.Task, Session: info, State: bm.State,
-		Exec: a.execer(r, dc, info.SandboxID, n)}
+		Exec: a.execer(r, dc, info.SessionID, info.SandboxID, n)}
 	if k := len(bm.Launches); k > 0 && bm.KeepsProcesses && bm.Launches[k-1].Held != nil {
 		// A snapshot that kept processes kept this launch, held: take it
 		// over in place, collect it, or abandon it and relaunch.
@@ -60,7 +60,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 			return a.adopt(r, bm, lc, dc, info)
 		}
 		n = len(bm.Launches) + 1
-		lc.Exec = a.execer(r, dc, info.SandboxID, n)
+		lc.Exec = a.execer(r, dc, info.SessionID, info.SandboxID, n)
 	}
 	lr := agentapi.LaunchRecord{ID: fmt.Sprintf("%s.l%d", r.key, n), Sandbox: info.SandboxID, Attempt: r.ep.Attempt, Why: "first launch"}
 	var plan launchPlan
@@ -101,7 +101,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 		req.Mode, req.Freeze = sandboxapi.ModeHold.String(), !a.cfg.NoFreeze
 		req.FreezeWaitMS = a.cfg.FreezeWait.Milliseconds()
 	}
-	_, err = a.startLaunchIn(r.ctx, dc, info.SandboxID, req)
+	_, err = a.startLaunchIn(r.ctx, dc, info.SessionID, info.SandboxID, req)
 	switch {
 	case errors.Is(err, errSandboxLost):
 		return bm, fmt.Errorf("%w: %s: launch in sandbox %s", err, r.key, info.SandboxID)
@@ -149,18 +149,48 @@ func (a *Agent) adopt(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox
 // a sandbox just lent (or forked) starts its daemon in the background.
 const DaemonWait = 60 * time.Second
 
-// startLaunchIn asks the daemon of sandbox for a launch, waiting for a
-// daemon that is not up yet, and gives up once it is gone
-// (errSandboxLost): a daemon that died answers no more.
-func (a *Agent) startLaunchIn(ctx context.Context, dc Sandbox, sandbox string, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
+// startLaunchIn asks the daemon of session's sandbox for a launch, waiting
+// for a daemon that is not up yet, and gives up once it is gone
+// (errSandboxLost): a daemon that died answers no more. One that has not
+// answered for events.AliveUnanswered may have died before it ever did (a
+// fork's daemon killed at the restore): the owner, asked then, tells
+// whether the sandbox still runs.
+func (a *Agent) startLaunchIn(ctx context.Context, dc Sandbox, session, sandbox string, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
+	var unheard time.Time
 	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) {
 		if a.daemons.isGone(sandbox) {
 			return sandboxapi.Record{}, errSandboxLost
 		}
-		return whileDaemonLives(ctx, a, sandbox, func(ctx context.Context) (sandboxapi.Record, error) {
+		if !unheard.IsZero() && time.Since(unheard) >= events.AliveUnanswered {
+			if err := a.sandboxRuns(ctx, session); err != nil {
+				return sandboxapi.Record{}, err
+			}
+			unheard = time.Now()
+		}
+		rec, err := whileDaemonLives(ctx, a, sandbox, func(ctx context.Context) (sandboxapi.Record, error) {
 			return dc.Launch(ctx, req)
 		})
+		if errors.Is(err, nats.ErrNoResponders) && unheard.IsZero() {
+			unheard = time.Now()
+		}
+		return rec, err
 	})
+}
+
+// sandboxRuns asks the owner whether session's sandbox still runs: nil
+// when it does (or the owner cannot tell now), errSandboxLost when its
+// init exited or the owner no longer has the session.
+func (a *Agent) sandboxRuns(ctx context.Context, session string) error {
+	if session == "" {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, events.AliveUnanswered)
+	defer cancel()
+	_, err := a.owner.SandboxAccess(cctx, session)
+	if isCode(err, codeOwnerSandboxExited) || isCode(err, codeOwnerNoSandbox) {
+		return fmt.Errorf("%w: session %s: %w", errSandboxLost, session, err)
+	}
+	return nil
 }
 
 // whileDaemonLives runs fn, a call to sandbox's daemon, and ends it with
@@ -556,12 +586,12 @@ func (a *Agent) ended(r *run, bm agentapi.Bookmark, lc LaunchContext, rc sandbox
 // checkpoints leave alone, as they end in moments. Each wait for one's end
 // is bounded: a daemon that dies while it holds the request never
 // answers it. One whose daemon is gone fails with errSandboxLost.
-func (a *Agent) execer(r *run, dc Sandbox, sandbox string, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
+func (a *Agent) execer(r *run, dc Sandbox, session, sandbox string, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
 	k := 0
 	return func(ctx context.Context, argv []string) (ExecResult, error) {
 		k++
 		id := fmt.Sprintf("%s.l%d.x%d", r.key, n, k)
-		if _, err := a.startLaunchIn(ctx, dc, sandbox, sandboxapi.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
+		if _, err := a.startLaunchIn(ctx, dc, session, sandbox, sandboxapi.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
 			TimeoutMS: time.Minute.Milliseconds()}); err != nil {
 			if isAdmissionClosed(err) {
 				return ExecResult{}, errAdmissionClosed

@@ -52,6 +52,15 @@ type Lister interface {
 	Sandboxes() []string
 }
 
+// InitWatcher is the optional provider ability of telling that a
+// sandbox's first process (the sandbox daemon, its init) has exited: its
+// sandbox runs nothing any more. sandbox_access answers sandbox_exited
+// for such a session, so that an agent waiting for a fork's daemon that
+// died before it answered learns at once that the sandbox is lost.
+type InitWatcher interface {
+	InitExited(id string) bool
+}
+
 // Execer is the provider ability of running a command in a sandbox and
 // waiting for it; a command that ran and failed is not an error (see
 // provider.ExecResult.ExitCode). The owner hands it to its task kind's

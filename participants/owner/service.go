@@ -100,6 +100,11 @@ func (o *Owner) Serve(ctx context.Context, nc *nats.Conn) error {
 			if err != nil {
 				return nil, err
 			}
+			if w, ok := o.cfg.Provider.(InitWatcher); ok && w.InitExited(sess.Sandbox.ID) {
+				// Its daemon died (before it answered, maybe): the agent
+				// takes the sandbox for lost rather than wait for it.
+				return nil, fmt.Errorf("%w: session %s: sandbox %s", provider.ErrExited, id, sess.Sandbox.ID)
+			}
 			return o.info(sess, false), nil
 		}),
 		s.HandleAsync(rctx, ownerapi.EndpointVerify, func(ctx context.Context, body []byte) (any, error) {

@@ -21,6 +21,8 @@
 // no_sandbox (a verify or access of a session without a sandbox), 409
 // admission_closed (a checkpoint is open: try again after its resume), 409
 // session_exists, 409 stale_attempt (a retired attempt), 409
+// sandbox_exited (the session's sandbox's init, its daemon, exited: a
+// verify or access finds nothing running there), 409
 // clock_unavailable (a provider that cannot set a sandbox's clock), 422
 // setup_failed, 500 internal.
 //

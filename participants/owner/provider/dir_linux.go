@@ -264,6 +264,21 @@ func (d *Dir) Exec(ctx context.Context, id string, argv []string, opts ExecOptio
 // Sandboxes lists the sandboxes this provider started and those on disk.
 func (d *Dir) Sandboxes() []string { return d.boxes.ids() }
 
+// InitExited tells whether the init of sandbox id, started by this
+// process, has exited (a sandbox it does not know: false).
+func (d *Dir) InitExited(id string) bool {
+	box, err := d.boxes.get(id)
+	if err != nil || box.done == nil {
+		return false
+	}
+	select {
+	case <-box.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Snapshots lists the complete snapshots in the store.
 func (d *Dir) Snapshots() ([]string, error) { return d.snaps.list() }
 

@@ -536,6 +536,16 @@ func (m *MicroVM) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 	return errors.Join(m.snaps.delete(snapshotID), m.gc())
 }
 
+// InitExited tells whether the init of sandbox id (in the guest, or its
+// VM) has exited; a sandbox this process did not start: false.
+func (m *MicroVM) InitExited(id string) bool {
+	box, err := m.boxes.get(id)
+	if err != nil || box.vm == nil {
+		return false
+	}
+	return box.vm.initExited.Load() || box.vm.gone()
+}
+
 // Exec runs argv in the guest through the control channel and waits for
 // it; when ctx has a deadline, the guest kills the command at it. Output
 // beyond vmctl.MaxOutput bytes a stream is cut: the result comes with an

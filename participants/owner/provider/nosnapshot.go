@@ -60,3 +60,10 @@ func (n *NoSnapshot) Sandboxes() []string { return n.inner.Sandboxes() }
 
 // Snapshots returns none.
 func (n *NoSnapshot) Snapshots() ([]string, error) { return nil, nil }
+
+// InitExited asks the wrapped provider, when it can tell, whether sandbox
+// id's init has exited; false otherwise.
+func (n *NoSnapshot) InitExited(id string) bool {
+	w, ok := n.inner.(interface{ InitExited(string) bool })
+	return ok && w.InitExited(id)
+}

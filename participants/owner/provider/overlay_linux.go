@@ -617,6 +617,23 @@ func (box *overlayBox) diedUnder(res ExecResult) bool {
 	}
 }
 
+// InitExited tells whether the init of sandbox id, started by this
+// process, has exited (a sandbox it does not know: false).
+func (o *Overlay) InitExited(id string) bool {
+	box, err := o.boxes.get(id)
+	if err != nil {
+		return false
+	}
+	if box.died != nil {
+		select {
+		case <-box.died:
+			return true
+		default:
+		}
+	}
+	return box.exited.Load()
+}
+
 // Sandboxes lists the sandboxes this provider started and those on disk.
 func (o *Overlay) Sandboxes() []string { return o.boxes.ids() }
 

@@ -528,6 +528,10 @@ func TestOverlayInitExited(t *testing.T) {
 	ov := newOverlay(t)
 	sb := start(t, ov, Spec{ID: "short", Init: []string{"sh", "-c", "read x"}}) // stdin is /dev/null: exits at once
 	poll.Wait(t, 10*time.Second, "the init to exit", func() bool { return !alive(sb.InitPID) })
+	poll.Wait(t, 10*time.Second, "InitExited to tell", func() bool { return ov.InitExited("short") })
+	if ov.InitExited("unknown") {
+		t.Error("InitExited of a sandbox the provider does not know: true")
+	}
 	poll.Wait(t, 10*time.Second, "Exec to refuse", func() bool {
 		_, err := ov.Exec(context.Background(), "short", []string{"true"}, ExecOptions{})
 		return errors.Is(err, ErrExited)
@@ -568,6 +572,9 @@ func TestOverlayInitDiesUnderExec(t *testing.T) {
 	}
 	// A command that fails by itself is still its own answer.
 	sb2 := start(t, ov, Spec{ID: "lives"})
+	if ov.InitExited("lives") {
+		t.Error("InitExited of a running sandbox: true")
+	}
 	res, err := ov.Exec(context.Background(), "lives", []string{"sh", "-c", "kill -9 $$"}, ExecOptions{})
 	if err != nil || res.ExitCode != 137 {
 		t.Errorf("a command that killed itself: %+v, %v; want exit 137 and no error", res, err)
