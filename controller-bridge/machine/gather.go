@@ -91,6 +91,14 @@ func (m *Machine) ackSeen(now time.Time, in AckSeen) ([]Effect, error) {
 	var note []Effect
 	if in.Ack != nil && !g.tally.Add(in.Ack) {
 		ah, h := in.Ack.Header(), g.event.Header()
+		if ah.Seq == h.Seq && ah.Epoch == h.Epoch && ah.CheckpointID == h.CheckpointID && g.tally.Answered(ah.Member) {
+			// The same member's answer again (a daemon's ack said again on
+			// its alive query): the first one counts.
+			note = []Effect{Note{Level: LevelDebug, Member: ah.Member, Msg: fmt.Sprintf(
+				"a second %s ack of seq %d; the first counts", in.Ack.Answers(), ah.Seq)}}
+			effs, err := m.decide(now)
+			return append(note, effs...), err
+		}
 		note = []Effect{Note{Level: LevelWarn, Member: ah.Member, Msg: fmt.Sprintf(
 			"ignoring an ack that does not answer this phase (stale epoch or foreign): %s ack of seq %d, epoch %d, checkpoint %s; the phase is %s seq %d, epoch %d",
 			in.Ack.Answers(), ah.Seq, ah.Epoch, ah.CheckpointID, g.event.Phase(), h.Seq, h.Epoch)}}

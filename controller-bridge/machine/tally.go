@@ -43,6 +43,7 @@ type Tally struct {
 	acks     map[events.Member]events.Ack
 	dead     map[events.Member]bool
 	ignored  int
+	repeats  int // second acks of a member that answered
 	failed   int // acks not OK
 	notReady int // OK prepare acks not ready
 
@@ -65,7 +66,9 @@ func NewTally(phase events.Phase, h events.PhaseHeader) *Tally {
 // Add records an ack. It returns false, and counts it as ignored, for an
 // ack that does not answer this phase event: another phase, sequence,
 // checkpoint or epoch, or a member outside the set. A second ack of a
-// member keeps the first (the server refuses repeats; this is defence).
+// member keeps the first and returns false too, counted as a repeat, not
+// ignored: a sandbox daemon sends its prepare ack again when asked whether
+// it is there (PROTOCOL §3), and the server refuses repeats of a stored one.
 func (t *Tally) Add(ack events.Ack) bool {
 	h := ack.Header()
 	if ack.Answers() != t.phase || h.Seq != t.seq || h.CheckpointID != t.ckpt || h.Epoch != t.epoch || !t.expected[h.Member] {
@@ -73,7 +76,7 @@ func (t *Tally) Add(ack events.Ack) bool {
 		return false
 	}
 	if _, dup := t.acks[h.Member]; dup {
-		t.ignored++
+		t.repeats++
 		return false
 	}
 	t.acks[h.Member] = ack
@@ -130,8 +133,17 @@ func (t *Tally) Silent(kind events.MemberKind) []events.Member {
 	return out
 }
 
-// Ignored counts the acks Add refused.
+// Ignored counts the acks Add refused as not answering this phase.
 func (t *Tally) Ignored() int { return t.ignored }
+
+// Answered tells whether member m's ack was counted.
+func (t *Tally) Answered(m events.Member) bool {
+	_, ok := t.acks[m]
+	return ok
+}
+
+// Repeats counts the second acks of members that had answered.
+func (t *Tally) Repeats() int { return t.repeats }
 
 // Members returns the members expected to answer (the phase's member set
 // less those excused), sorted.

@@ -106,6 +106,9 @@ func TestTallyRefusesForeignAcks(t *testing.T) {
 	if !tl.Add(prepAck(a, true)) || tl.Add(prepAck(a, true)) {
 		t.Error("the first ack must count and a repeat must not")
 	}
+	if tl.Ignored() != 5 || tl.Repeats() != 1 || !tl.Answered(a) {
+		t.Errorf("ignored %d, repeats %d, answered %v: a repeat is no foreign ack", tl.Ignored(), tl.Repeats(), tl.Answered(a))
+	}
 	if tl.Decide(t0) != Complete {
 		t.Error("not complete")
 	}
