@@ -55,11 +55,12 @@
 // point, and an abort creates the checkpoint key as an abort marker before
 // anything else (§7, invariant 2), so whoever creates the key first
 // decides. A restore opens the next epoch and is all or none. Acks of
-// another epoch, sequence or checkpoint are ignored, a second ack of a
-// member that answered is logged at debug level (a daemon says its ack again when asked); a sandbox daemon
-// that is gone is left out rather than failing the phase; acks already
-// recorded count whatever the time. A release deletes the bridge's side
-// only if every member released, and keeps abort markers.
+// another epoch, sequence or checkpoint are ignored; a member's second
+// ack is a repeat (a daemon says its ack again when asked), noted at
+// debug level; a sandbox daemon that is gone is left out rather than
+// failing the phase; acks already recorded count whatever the time. A
+// release deletes the bridge's side only if every member released, and
+// keeps abort markers.
 //
 // # Recovery by replay
 //
