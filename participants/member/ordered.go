@@ -263,7 +263,7 @@ func (f *floor) done(seq uint64) error {
 		f.saved = at
 		return nil
 	}
-	if err := writePosition(f.path, position{V: positionVersion, Run: f.run, Member: f.member, StreamSeq: at}); err != nil {
+	if err := writePosition(f.path, position{V: positionVersion, Run: f.run, Member: f.member, StreamSeq: at}, true); err != nil {
 		return err
 	}
 	f.saved = at
@@ -271,8 +271,8 @@ func (f *floor) done(seq uint64) error {
 }
 
 // writePosition writes a feed's state file atomically, making its
-// directory first.
-func writePosition(path string, p position) error {
+// directory first; durable, it syncs the file and its directory.
+func writePosition(path string, p position, durable bool) error {
 	b, err := json.Marshal(p)
 	if err != nil {
 		return fmt.Errorf("member: state file: %w", err)
@@ -280,7 +280,11 @@ func writePosition(path string, p position) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("member: state file: %w", err)
 	}
-	if err := atomicfile.Write(path, b, 0o644); err != nil {
+	write := atomicfile.Write
+	if !durable {
+		write = atomicfile.Replace
+	}
+	if err := write(path, b, 0o644); err != nil {
 		return fmt.Errorf("member: state file: %w", err)
 	}
 	return nil

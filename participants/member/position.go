@@ -24,7 +24,8 @@ import (
 // before is known by its ack on the stream (PROTOCOL §5, Idempotence), or
 // is idempotent (a resume). A sandbox daemon's prepare ack is not on the
 // stream: the position is written at once past a prepare, one write a
-// checkpoint.
+// checkpoint, without the fsyncs (a process crash keeps it; a machine
+// crash takes the sandbox with it), and durably with the next timed write.
 type phaseFloor struct {
 	mu      sync.Mutex // run delivers, the loop handles, the timer flushes
 	path    string
@@ -34,9 +35,10 @@ type phaseFloor struct {
 	pending map[uint64]bool   // phase sequences delivered, not handled
 	at      map[uint64]uint64 // stream sequence of a phase read from the stream
 	high    uint64
-	saved   position // as written last
-	next    position // as it is now: saved, or one waiting for the timer
-	wrote   time.Time
+	saved   position    // as written last
+	synced  bool        // saved was written durably
+	next    position    // as it is now: saved, or one waiting for the timer
+	wrote   time.Time   // the last durable write
 	timer   *time.Timer // a write of next, due; nil when none is
 	stopped bool
 }
@@ -47,7 +49,7 @@ const positionEvery = 30 * time.Second
 
 func newPhaseFloor(path, run string, m events.Member, pos position, log zerolog.Logger) *phaseFloor {
 	return &phaseFloor{path: path, run: run, member: string(m), log: log, pending: map[uint64]bool{}, at: map[uint64]uint64{},
-		high: pos.PhaseSeq, saved: pos, next: pos}
+		high: pos.PhaseSeq, saved: pos, synced: true, next: pos}
 }
 
 func (f *phaseFloor) delivered(q, seq uint64) {
@@ -89,13 +91,23 @@ func (f *phaseFloor) done(q uint64, now bool) error {
 	}
 	next.V, next.Run, next.Member = positionVersion, f.run, f.member
 	f.next = next
-	if wait := positionEvery - time.Since(f.wrote); wait > 0 && !f.stopped && !now {
-		if f.timer == nil {
-			f.timer = time.AfterFunc(wait, f.due)
+	wait := positionEvery - time.Since(f.wrote)
+	switch {
+	case wait <= 0 || f.stopped:
+		return f.writeLocked(true)
+	case now:
+		// Past a prepare: written at once for a process started after a
+		// crash of this one, but not synced. A crash of the machine takes
+		// the daemon's sandbox with it, and so the prepare it answered;
+		// the timer makes the position durable within positionEvery.
+		if err := f.writeLocked(false); err != nil {
+			return err
 		}
-		return nil
 	}
-	return f.writeLocked()
+	if f.timer == nil {
+		f.timer = time.AfterFunc(wait, f.due)
+	}
+	return nil
 }
 
 // due writes the position a timer waited for.
@@ -103,7 +115,7 @@ func (f *phaseFloor) due() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.timer = nil
-	if err := f.writeLocked(); err != nil {
+	if err := f.writeLocked(true); err != nil {
 		f.log.Warn().Err(err).Msg("cannot write the position; trying again at the next phase")
 	}
 }
@@ -118,16 +130,21 @@ func (f *phaseFloor) flush() error {
 		f.timer.Stop()
 		f.timer = nil
 	}
-	return f.writeLocked()
+	return f.writeLocked(true)
 }
 
-func (f *phaseFloor) writeLocked() error {
-	if f.next == f.saved {
+// writeLocked writes the position if it moved since the last write (or,
+// durable, since the last durable one).
+func (f *phaseFloor) writeLocked(durable bool) error {
+	if f.next == f.saved && (f.synced || !durable) {
 		return nil
 	}
-	if err := writePosition(f.path, f.next); err != nil {
+	if err := writePosition(f.path, f.next, durable); err != nil {
 		return err
 	}
-	f.saved, f.wrote = f.next, time.Now()
+	f.saved, f.synced = f.next, durable
+	if durable {
+		f.wrote = time.Now()
+	}
 	return nil
 }
