@@ -19,6 +19,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
@@ -552,5 +553,35 @@ func TestPrepareWithoutTheAckFeedHearsTheDaemons(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the daemon's prepare ack, on core NATS, was not heard")
+	}
+}
+
+// A release lists a checkpoint's records from the records stream's leader
+// (its info's meta subjects, each read there) and leaves the deleted out;
+// the bridge's role may make those reads. On a 3-node cluster, R3.
+func TestLeaderObjects(t *testing.T) {
+	env := jstest.StartCluster(t, jstest.WithRoles())
+	nc, js := env.As(embedded.RoleBridge).Connect(t)
+	ctx := t.Context()
+	store := env.Bus.Records
+	for _, name := range []string{"run1/c1/agent.a.1.jsonl", "run1/c1/owner.o.2.jsonl", "run1/c10/agent.a.3.jsonl", "run2/c1/agent.a.4.jsonl"} {
+		if _, err := store.PutString(ctx, name, "records of "+name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := store.Delete(ctx, "run1/c1/owner.o.2.jsonl"); err != nil {
+		t.Fatal(err)
+	}
+	names, err := leaderObjects(ctx, js, nc, jetstream.BucketRecords, "run1/c1/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"run1/c1/agent.a.1.jsonl"}; !slices.Equal(names, want) {
+		t.Errorf("leader's listing of run1/c1/: %v, want %v", names, want)
+	}
+	for name, want := range map[string]bool{"run1/c10/agent.a.3.jsonl": true, "run1/c1/owner.o.2.jsonl": false, "run1/c9/none": false} {
+		if live, err := leaderObjectLive(ctx, nc, jetstream.BucketRecords, name); err != nil || live != want {
+			t.Errorf("%s there: %v, %v; want %v", name, live, err, want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
@@ -276,13 +278,14 @@ func (b *Bridge) deleteCheckpoints(ctx context.Context, del []machine.Deletion, 
 // the delete says is not there.
 const deleteTries = 10
 
-// deleteRecords deletes records object name of store bucket, which the listing just
-// showed. The delete reads the object's info first with a direct get, which
-// any replica may answer: one still catching up after its node came back
-// says "not found" for an object that is there, and the delete did
-// nothing (the final release left records behind). So "not found" is
-// believed only once the object's meta subject, read from the stream's
-// leader, says so too, and the delete is tried again until then.
+// deleteRecords deletes records object name of store bucket, which the
+// leader's listing just showed. The delete reads the object's info first
+// with a direct get, which any replica may answer: one still catching up
+// after its node came back says "not found" for an object that is there,
+// and the delete did nothing (the final release left records behind). So
+// "not found" is believed only once the object's meta message, read from
+// the stream's leader, says so too, and the delete is tried again until
+// then.
 func (b *Bridge) deleteRecords(ctx context.Context, store natsjs.ObjectStore, bucket, name string) error {
 	for try := 1; ; try++ {
 		err := store.Delete(ctx, name)
@@ -292,7 +295,7 @@ func (b *Bridge) deleteRecords(ctx context.Context, store natsjs.ObjectStore, bu
 		if !errors.Is(err, natsjs.ErrObjectNotFound) {
 			return fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, err)
 		}
-		there, lerr := recordsListed(ctx, store, name)
+		there, lerr := leaderObjectLive(ctx, b.cfg.Conn, bucket, name)
 		if lerr != nil {
 			return fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, lerr)
 		}
@@ -300,9 +303,9 @@ func (b *Bridge) deleteRecords(ctx context.Context, store natsjs.ObjectStore, bu
 			return nil
 		}
 		if try == deleteTries {
-			return fmt.Errorf("bridge: delete records %s/%s: listed, yet %w %d times", bucket, name, err, try)
+			return fmt.Errorf("bridge: delete records %s/%s: there, yet %w %d times", bucket, name, err, try)
 		}
-		b.log.Debug().Str("object", name).Int("try", try).Msg("records listed but their delete found nothing; trying again")
+		b.log.Debug().Str("object", name).Int("try", try).Msg("records there but their delete found nothing; trying again")
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -311,17 +314,85 @@ func (b *Bridge) deleteRecords(ctx context.Context, store natsjs.ObjectStore, bu
 	}
 }
 
-// recordsListed tells whether the records store's listing, read from the
-// stream's leader, holds object name.
-func recordsListed(ctx context.Context, store natsjs.ObjectStore, name string) (bool, error) {
-	objs, err := store.List(ctx)
-	if errors.Is(err, natsjs.ErrNoObjectsFound) {
-		return false, nil
-	}
+// leaderObjects lists the objects of object store bucket whose names start
+// with prefix and are not deleted, as the stream's leader holds them: the
+// subjects of their meta messages from the stream's info (which the leader
+// answers), each message read from the leader. A listing through a
+// consumer (ObjectStore.List) can be served by a replica still catching up
+// after its node came back, and miss objects written while it was away:
+// the fault matrix found a release that deleted a checkpoint but none of
+// its records so.
+func leaderObjects(ctx context.Context, js natsjs.JetStream, nc *nats.Conn, bucket, prefix string) ([]string, error) {
+	s, err := js.Stream(ctx, "OBJ_"+bucket)
 	if err != nil {
-		return false, fmt.Errorf("list records: %w", err)
+		return nil, fmt.Errorf("object store %s: %w", bucket, err)
 	}
-	return slices.ContainsFunc(objs, func(o *natsjs.ObjectInfo) bool { return o.Name == name }), nil
+	metaPrefix := "$O." + bucket + ".M."
+	info, err := s.Info(ctx, natsjs.WithSubjectFilter(metaPrefix+">"))
+	if err != nil {
+		return nil, fmt.Errorf("object store %s: %w", bucket, err)
+	}
+	var names []string
+	for subj := range info.State.Subjects {
+		raw, err := base64.URLEncoding.DecodeString(strings.TrimPrefix(subj, metaPrefix))
+		if err != nil || !strings.HasPrefix(string(raw), prefix) {
+			continue
+		}
+		live, err := leaderObjectLive(ctx, nc, bucket, string(raw))
+		if err != nil {
+			return nil, err
+		}
+		if live {
+			names = append(names, string(raw))
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// jsNoMessageFound is the JetStream API error code of a message get that
+// found none.
+const jsNoMessageFound = 10037
+
+// leaderObjectLive tells whether object name of bucket is there and not
+// deleted, from its meta message read from the stream's leader
+// (STREAM.MSG.GET; a direct get may be answered by any replica).
+func leaderObjectLive(ctx context.Context, nc *nats.Conn, bucket, name string) (bool, error) {
+	subj := "$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))
+	req, _ := json.Marshal(struct {
+		LastBySubj string `json:"last_by_subj"`
+	}{subj})
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	msg, err := nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET.OBJ_"+bucket, req)
+	if err != nil {
+		return false, fmt.Errorf("read %s from the leader: %w", name, err)
+	}
+	var resp struct {
+		Message *struct {
+			Data []byte `json:"data"`
+		} `json:"message"`
+		Error *struct {
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return false, fmt.Errorf("read %s from the leader: %w", name, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == jsNoMessageFound:
+		return false, nil
+	case resp.Error != nil:
+		return false, fmt.Errorf("read %s from the leader: %s (%d)", name, resp.Error.Description, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return false, fmt.Errorf("read %s from the leader: no message in the answer", name)
+	}
+	var info natsjs.ObjectInfo
+	if err := json.Unmarshal(resp.Message.Data, &info); err != nil {
+		return false, fmt.Errorf("read %s from the leader: %w", name, err)
+	}
+	return !info.Deleted, nil
 }
 
 // deleteCheckpoint deletes a checkpoint's records and member list, the
@@ -346,15 +417,18 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 	prefix := b.cfg.Run + "/" + d.CheckpointID + "/"
 	// The bridge's own store holds the checkpoint's member list.
 	for _, store := range append([]natsjs.ObjectStore{b.cfg.Bus.Records, b.cfg.Bus.Checkpoints}, own...) {
-		objs, err := store.List(ctx)
-		if err != nil && !errors.Is(err, natsjs.ErrNoObjectsFound) {
+		st, err := store.Status(ctx)
+		if err != nil {
 			return fmt.Errorf("bridge: list records: %w", err)
 		}
-		for _, o := range objs {
-			if strings.HasPrefix(o.Name, prefix) {
-				if err := b.deleteRecords(ctx, store, o.Bucket, o.Name); err != nil {
-					return err
-				}
+		bucket := st.Bucket()
+		names, err := leaderObjects(ctx, b.cfg.JS, b.cfg.Conn, bucket, prefix)
+		if err != nil {
+			return fmt.Errorf("bridge: list records: %w", err)
+		}
+		for _, name := range names {
+			if err := b.deleteRecords(ctx, store, bucket, name); err != nil {
+				return err
 			}
 		}
 	}
