@@ -327,7 +327,7 @@ func leaderObjects(ctx context.Context, js natsjs.JetStream, nc *nats.Conn, buck
 	if err != nil {
 		return nil, fmt.Errorf("object store %s: %w", bucket, err)
 	}
-	metaPrefix := "$O." + bucket + ".M."
+	metaPrefix := objectMetaPrefix(bucket)
 	info, err := s.Info(ctx, natsjs.WithSubjectFilter(metaPrefix+">"))
 	if err != nil {
 		return nil, fmt.Errorf("object store %s: %w", bucket, err)
@@ -350,6 +350,10 @@ func leaderObjects(ctx context.Context, js natsjs.JetStream, nc *nats.Conn, buck
 	return names, nil
 }
 
+// objectMetaPrefix is the prefix of the subjects of bucket's object meta
+// messages, each ending in its object's name, base64url-encoded.
+func objectMetaPrefix(bucket string) string { return "$O." + bucket + ".M." }
+
 // jsNoMessageFound is the JetStream API error code of a message get that
 // found none.
 const jsNoMessageFound = 10037
@@ -358,7 +362,7 @@ const jsNoMessageFound = 10037
 // deleted, from its meta message read from the stream's leader
 // (STREAM.MSG.GET; a direct get may be answered by any replica).
 func leaderObjectLive(ctx context.Context, nc *nats.Conn, bucket, name string) (bool, error) {
-	subj := "$O." + bucket + ".M." + base64.URLEncoding.EncodeToString([]byte(name))
+	subj := objectMetaPrefix(bucket) + base64.URLEncoding.EncodeToString([]byte(name))
 	req, _ := json.Marshal(struct {
 		LastBySubj string `json:"last_by_subj"`
 	}{subj})

@@ -243,18 +243,18 @@ func TestLostOr(t *testing.T) {
 	}
 }
 
-// A launch stage whose call to the daemon found no answer asks the daemon
-// whether it is there: one that never answers its alive subject is taken
-// for lost (its heartbeat would outlive it by minutes); one that answers
-// keeps the error.
-func TestLostOrAsksTheDaemon(t *testing.T) {
+// agentWithLiveDaemon is an agent with only its daemon and ack books, on a
+// server where sandbox sb-live's daemon answers its alive subject and no
+// other daemon does.
+func agentWithLiveDaemon(t *testing.T) *Agent {
+	t.Helper()
 	env := jstest.Start(t)
 	nc, _ := env.Connect(t)
 	a := &Agent{daemons: newDaemonBook(testRun), acks: newAckBook(testRun)}
 	if err := a.acks.subscribe(nc); err != nil {
 		t.Fatal(err)
 	}
-	defer a.acks.close()
+	t.Cleanup(a.acks.close)
 	live, err := events.NewMember(events.KindSandbox, "sb-live")
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +263,16 @@ func TestLostOrAsksTheDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = sub.Unsubscribe() }()
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return a
+}
+
+// A launch stage whose call to the daemon found no answer asks the daemon
+// whether it is there: one that never answers its alive subject is taken
+// for lost (its heartbeat would outlive it by minutes); one that answers
+// keeps the error.
+func TestLostOrAsksTheDaemon(t *testing.T) {
+	a := agentWithLiveDaemon(t)
 	r := &run{ctx: t.Context()}
 	timedOut := fmt.Errorf("resume decision: %w", context.DeadlineExceeded)
 	launch := func(sb string) agentapi.Bookmark { return agentapi.Bookmark{Next: agentapi.StageLaunch, Sandbox: sb} }
@@ -280,22 +289,7 @@ func TestLostOrAsksTheDaemon(t *testing.T) {
 // call's own timeout; a daemon that answers keeps its slow call going, and
 // a call its caller gave up on finds no daemon gone.
 func TestWhileDaemonLives(t *testing.T) {
-	env := jstest.Start(t)
-	nc, _ := env.Connect(t)
-	a := &Agent{daemons: newDaemonBook(testRun), acks: newAckBook(testRun)}
-	if err := a.acks.subscribe(nc); err != nil {
-		t.Fatal(err)
-	}
-	defer a.acks.close()
-	live, err := events.NewMember(events.KindSandbox, "sb-live")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub, err := nc.Subscribe(events.AliveSubject(testRun, live), func(m *nats.Msg) { _ = m.Respond(nil) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
+	a := agentWithLiveDaemon(t)
 	held := func(ctx context.Context) (int, error) { // a call the daemon never answers
 		<-ctx.Done()
 		return 0, ctx.Err()

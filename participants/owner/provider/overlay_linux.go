@@ -592,19 +592,30 @@ func (o *Overlay) Exec(ctx context.Context, id string, argv []string, opts ExecO
 // namespace's last process (the command, reaped by nsenter) is gone.
 const initDeathWait = 2 * time.Second
 
+// initGone tells whether the init has exited: died, when this process
+// started it, else exited.
+func (box *overlayBox) initGone() bool {
+	if box.died != nil {
+		select {
+		case <-box.died:
+			return true
+		default:
+		}
+	}
+	return box.exited.Load()
+}
+
 // diedUnder tells whether the init has exited, for a command that failed
 // with res. One killed by SIGKILL (what the teardown of a PID namespace
 // sends) or one that nsenter could not run waits up to initDeathWait for
 // the exit to show; any other failure is the command's own unless the init
 // is gone already.
 func (box *overlayBox) diedUnder(res ExecResult) bool {
-	if box.died == nil { // not started by this process: exited tells
-		return box.exited.Load()
-	}
-	select {
-	case <-box.died:
+	if box.initGone() {
 		return true
-	default:
+	}
+	if box.died == nil { // not started by this process: nothing to wait for
+		return false
 	}
 	if res.ExitCode != 128+int(syscall.SIGKILL) && !bytes.HasPrefix(res.Stderr, []byte("nsenter: ")) {
 		return false
@@ -621,17 +632,7 @@ func (box *overlayBox) diedUnder(res ExecResult) bool {
 // process, has exited (a sandbox it does not know: false).
 func (o *Overlay) InitExited(id string) bool {
 	box, err := o.boxes.get(id)
-	if err != nil {
-		return false
-	}
-	if box.died != nil {
-		select {
-		case <-box.died:
-			return true
-		default:
-		}
-	}
-	return box.exited.Load()
+	return err == nil && box.initGone()
 }
 
 // Sandboxes lists the sandboxes this provider started and those on disk.
