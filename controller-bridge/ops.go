@@ -250,6 +250,9 @@ func (b *Bridge) runOp(ctx context.Context, ask func(machine.View) machine.Input
 // Status reads the run's state from the bus. What is open comes from the
 // machine, fed the open operation's history as recovery would be.
 func (b *Bridge) Status(ctx context.Context) (*bridgeapi.Status, error) {
+	// What it reports outlives the stream's phases: the head this
+	// bridge has still to write is written first.
+	b.flushHead(ctx)
 	st, err := b.state(ctx)
 	if err != nil {
 		return nil, err

@@ -33,7 +33,6 @@ func (st runState) view() machine.View {
 // stream no longer holds it (aged out), the head record keeps the run's
 // sequence and epoch going.
 func (b *Bridge) state(ctx context.Context) (runState, error) {
-	b.flushHead(ctx)
 	var st runState
 	p, ok, err := b.lastPhase(ctx, "")
 	if err != nil {
