@@ -42,8 +42,9 @@ const (
 
 // The scale benchmark's knobs (go test -bench Scale ./e2e/ -scale.hosts 10).
 var (
-	scaleHosts = flag.Int("scale.hosts", 20, "BenchmarkScale: member-host processes (members split evenly)")
-	scaleConns = flag.String("scale.conns", "member", "BenchmarkScale: one NATS connection per member (member) or per host process (host)")
+	scaleHosts     = flag.Int("scale.hosts", 20, "BenchmarkScale: member-host processes (members split evenly)")
+	scaleHostProcs = flag.Int("scale.host-procs", 0, "BenchmarkScale: GOMAXPROCS of each member host (0: Go's default, the machine's CPUs)")
+	scaleConns     = flag.String("scale.conns", "member", "BenchmarkScale: one NATS connection per member (member) or per host process (host)")
 	// The servers' default limit of consumers per stream: nats-server's
 	// own (1,000 in 2.15) unless set; -1 lifts it. A protocol that keeps a
 	// consumer per sandbox daemon (v1) needs it lifted past ~990 members.
@@ -388,6 +389,9 @@ func (w *scaleWorld) startHosts(tb testing.TB, scalehost, url string) {
 			args = append(args, "-cpuprofile", filepath.Join(*scaleProfiles, fmt.Sprintf("R%d-N%d-%s.pprof", w.cfg.replicas, n, name)))
 		}
 		spec := child.Spec{Name: "scalehost-" + name, Path: scalehost, Args: args}
+		if *scaleHostProcs > 0 {
+			spec.Env = []string{"GOMAXPROCS=" + strconv.Itoa(*scaleHostProcs)}
+		}
 		if *scaleLogs != "" {
 			spec.LogFile = filepath.Join(logDir(tb, ""), spec.Name+".log")
 		}

@@ -56,3 +56,47 @@ func TestPhaseFloorWrites(t *testing.T) {
 		t.Fatalf("after flush: position %d, synced %v; want 4, synced", got, f.synced)
 	}
 }
+
+// Writes in place keep the state file one whole position: a shorter
+// position than the last leaves no tail of the longer (the padding is
+// trimmed on reading), and a write in place after a durable replace goes
+// into the new file, not the one the replace unlinked.
+func TestPositionFileInPlace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "feed", "state.json")
+	m := events.Member("sandbox.s1")
+	read := func() position {
+		t.Helper()
+		p, other, err := loadPosition(path, "r", m)
+		if err != nil || other != "" {
+			t.Fatalf("position: %v %q", err, other)
+		}
+		return p
+	}
+	w := positionFile{path: path}
+	defer w.close()
+	at := func(q, seq uint64) position {
+		return position{V: positionVersion, Run: "r", Member: string(m), PhaseSeq: q, StreamSeq: seq}
+	}
+	steps := []struct {
+		p       position
+		durable bool
+	}{
+		{at(1, 1), false},                 // creates the file by a replace, then opens it
+		{at(123456789, 987654321), false}, // in place, longer
+		{at(2, 3), false},                 // in place, shorter: padded
+		{at(40, 41), true},                // a durable replace
+		{at(5, 6), false},                 // replaces again, then in place from here
+		{at(7, 8), false},                 // in place
+	}
+	for i, s := range steps {
+		if err := w.write(s.p, s.durable); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		if got := read(); got != s.p {
+			t.Fatalf("after write %d (durable %v): read %+v, want %+v", i, s.durable, got, s.p)
+		}
+	}
+	if w.f == nil {
+		t.Fatal("the last writes did not go in place: the file is not open")
+	}
+}
