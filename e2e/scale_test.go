@@ -198,6 +198,8 @@ type scaleWorld struct {
 	consumers int
 	// before is the bus and CPU at the start of the measured cycles.
 	before scaleState
+	// floorAddress is the members and roster the floor's phases address.
+	floorAddress events.PhaseHeader
 }
 
 // startScale starts the servers, the member hosts and the bridge of cfg,
@@ -623,7 +625,9 @@ func (w *scaleWorld) floorRound(tb testing.TB, round uint64, p events.Phase, ack
 			close(acked)
 		}
 	}
-	req := map[string]any{"round": round, "phase": string(p), "ack": ack}
+	msg := w.floorPhase(tb, round, p)
+	msg.Header.Set(scalehostFloorRound, strconv.FormatUint(round, 10))
+	msg.Header.Set(scalehostFloorAck, ack)
 	switch ack {
 	case "persist":
 		cons, err := w.js.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
@@ -644,7 +648,7 @@ func (w *scaleWorld) floorRound(tb testing.TB, round uint64, p events.Phase, ack
 		}
 		_ = sub.SetPendingLimits(-1, -1)
 		defer func() { _ = sub.Unsubscribe() }()
-		req["core_subject"] = subject
+		msg.Header.Set(scalehostFloorAckSubject, subject)
 	default:
 		close(acked)
 	}
@@ -658,9 +662,9 @@ func (w *scaleWorld) floorRound(tb testing.TB, round uint64, p events.Phase, ack
 	if err := w.nc.Flush(); err != nil {
 		tb.Fatal(err)
 	}
-	body, _ := json.Marshal(req)
+	msg.Subject, msg.Reply = scaleFloorSubject, inbox
 	start := time.Now()
-	if err := w.nc.PublishRequest(scaleFloorSubject, inbox, body); err != nil {
+	if err := w.nc.PublishMsg(msg); err != nil {
 		tb.Fatal(err)
 	}
 	for range w.hosts {
@@ -679,6 +683,52 @@ func (w *scaleWorld) floorRound(tb testing.TB, round uint64, p events.Phase, ack
 		tb.Fatalf("floor round %d (%s): %d of %d acks read back", round, p, got.Load(), w.cfg.members)
 	}
 	return time.Since(start)
+}
+
+// The floor round's own headers on the phase's live copy, as scalehost
+// reads them (e2e/internal/scalehost, floorRequest).
+const (
+	scalehostFloorRound      = "Sp-Floor-Round"
+	scalehostFloorAck        = "Sp-Floor-Ack"
+	scalehostFloorAckSubject = "Sp-Floor-Ack-Subject"
+)
+
+// floorPhase returns what a round sends every member: the live copy of a
+// real phase event of the kind, built as the bridge builds it for N
+// sandbox daemons (their roster's reference, its ce-* headers and JSON
+// data, the live copy's stream sequence and previous phase), so that the
+// floor moves the bytes a cycle moves and each member's client library
+// parses the same headers. No member decodes it.
+func (w *scaleWorld) floorPhase(tb testing.TB, round uint64, p events.Phase) *nats.Msg {
+	tb.Helper()
+	if w.floorAddress.Sandboxes == nil {
+		var members []events.Member
+		for i := range w.cfg.members {
+			m, err := events.NewMember(events.KindSandbox, fmt.Sprintf("h%02d-%d", i%w.cfg.hosts, i/w.cfg.hosts))
+			if err != nil {
+				tb.Fatal(err)
+			}
+			members = append(members, m)
+		}
+		w.floorAddress = events.PhaseHeader{}.Address(members)
+	}
+	// The roster as a cycle's prepare names it: published with the phase,
+	// at the stream sequence before it.
+	ref := *w.floorAddress.Sandboxes
+	ref.Seq, ref.StreamSeq = round, round
+	h := events.PhaseHeader{Run: scaleFloorRun, CheckpointID: "f" + strconv.FormatUint(round, 10), Seq: round, Epoch: 1,
+		Deadline: time.Now().Add(time.Minute), Members: w.floorAddress.Members, Sandboxes: &ref}
+	var d events.PhaseEvent = events.Prepare{PhaseHeader: h}
+	if p == events.PhaseResume {
+		d = events.Resume{PhaseHeader: h}
+	}
+	src, _ := events.NewMember(events.KindBridge, "main")
+	id := strings.Join([]string{scaleFloorRun, strconv.FormatUint(round, 10), string(p), h.CheckpointID, "floor"}, ".")
+	msg, err := events.Marshal(src, d, events.WithID(id))
+	if err != nil {
+		tb.Fatalf("floor round %d: %v", round, err)
+	}
+	return events.LiveCopy(msg, round, round-1)
 }
 
 // waitResumeAcks waits until the bridge has recorded in the stream that

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -281,15 +280,37 @@ func startMembers(ctx, runCtx context.Context, running *sync.WaitGroup, cfg host
 	return nil
 }
 
-// floorRequest is one floor round, as BenchmarkScale sends it.
+// floorRequest is one floor round, as BenchmarkScale sends it: the live
+// copy of a real phase event, which no member decodes, with the round's
+// own headers.
 type floorRequest struct {
-	Round uint64 `json:"round"`
-	Phase string `json:"phase"`
+	Round uint64
+	Phase events.Phase
 	// Ack is what each member answers: "persist", its once-only ack in the
 	// stream; "core", an ack published on core NATS to CoreSubject; "none",
 	// nothing (a phase that does not address it, which it still hears).
-	Ack         string `json:"ack"`
-	CoreSubject string `json:"core_subject,omitempty"`
+	Ack         string
+	CoreSubject string
+}
+
+// The round's own headers.
+const (
+	headerFloorRound      = "Sp-Floor-Round"
+	headerFloorAck        = "Sp-Floor-Ack"
+	headerFloorAckSubject = "Sp-Floor-Ack-Subject"
+)
+
+// readFloorRequest reads a round's headers: its number, its ack, and the
+// phase from the stored subject the live copy names (Nats-Subject,
+// sp.<run>.phase.<phase>).
+func readFloorRequest(m *nats.Msg) (floorRequest, error) {
+	round, err := strconv.ParseUint(m.Header.Get(headerFloorRound), 10, 64)
+	if err != nil {
+		return floorRequest{}, fmt.Errorf("floor round: %s: %w", headerFloorRound, err)
+	}
+	stored := m.Header.Get("Nats-Subject")
+	return floorRequest{Round: round, Phase: events.Phase(stored[strings.LastIndexByte(stored, '.')+1:]),
+		Ack: m.Header.Get(headerFloorAck), CoreSubject: m.Header.Get(headerFloorAckSubject)}, nil
 }
 
 // floor answers the bus floor's rounds: each member answers the round it
@@ -314,9 +335,8 @@ type floorRound struct {
 
 // heard takes one member's delivery of a round and answers it.
 func (f *floor) heard(h *hosted, m *nats.Msg) {
-	var req floorRequest
-	err := json.Unmarshal(m.Data, &req)
-	phase := events.Phase(req.Phase)
+	req, err := readFloorRequest(m)
+	phase := req.Phase
 	var fut natsjs.PubAckFuture
 	if err == nil {
 		switch req.Ack {
