@@ -180,9 +180,14 @@ func (m *Member) inProgress(dls []Delivery) {
 }
 
 // withProgress runs fn, a call that blocks the loop, and keeps every held
-// delivery alive meanwhile.
+// delivery alive meanwhile. A delivery of the core feed has no ack wait
+// to keep alive: a sandbox daemon's prepare and resume start no ticker
+// (a goroutine and a timer per daemon per phase, for nothing).
 func (m *Member) withProgress(fn func()) {
-	dls := m.allHeld()
+	dls := slices.DeleteFunc(m.allHeld(), func(dl Delivery) bool {
+		_, core := dl.(*coreDelivery)
+		return core
+	})
 	if len(dls) == 0 {
 		fn()
 		return
