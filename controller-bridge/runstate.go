@@ -12,6 +12,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // runState is what the stream says about the run: its last phase event.
@@ -68,7 +69,11 @@ func (b *Bridge) lastPhase(ctx context.Context, phase events.Phase) (p machine.P
 	if phase != "" {
 		subject = events.PhaseSubject(b.cfg.Run, phase)
 	}
-	raw, err := b.cfg.Bus.Stream.GetLastMsgForSubject(ctx, subject)
+	// From the leader: the next phase is fenced on what this returns,
+	// and a replica behind the bridge's last publish would fence it out
+	// (a 3-node cluster under load did, every few checkpoints, once the
+	// operation no longer waited for the head's write).
+	raw, err := leaderLastMsg(ctx, b.cfg.Conn, jetstream.StreamName, subject)
 	if errors.Is(err, natsjs.ErrMsgNotFound) {
 		return p, false, nil
 	}

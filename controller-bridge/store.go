@@ -360,21 +360,46 @@ const jsNoMessageFound = 10037
 
 // leaderObjectLive tells whether object name of bucket is there and not
 // deleted, from its meta message read from the stream's leader
-// (STREAM.MSG.GET; a direct get may be answered by any replica).
+// (leaderLastMsg).
 func leaderObjectLive(ctx context.Context, nc *nats.Conn, bucket, name string) (bool, error) {
 	subj := objectMetaPrefix(bucket) + base64.URLEncoding.EncodeToString([]byte(name))
+	raw, err := leaderLastMsg(ctx, nc, "OBJ_"+bucket, subj)
+	if errors.Is(err, natsjs.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", name, err)
+	}
+	var info natsjs.ObjectInfo
+	if err := json.Unmarshal(raw.Data, &info); err != nil {
+		return false, fmt.Errorf("read %s from the leader: %w", name, err)
+	}
+	return !info.Deleted, nil
+}
+
+// leaderLastMsg reads the last message on subject (a filter may have
+// wildcards) of stream from the stream's leader (STREAM.MSG.GET), or
+// natsjs.ErrMsgNotFound. A direct get, which the streams allow, may be
+// answered by any replica, one that has not applied the last writes yet:
+// what a decision rests on, such as the fence of the next phase, is read
+// here, so that it holds what this process wrote.
+func leaderLastMsg(ctx context.Context, nc *nats.Conn, stream, subject string) (*natsjs.RawStreamMsg, error) {
 	req, _ := json.Marshal(struct {
 		LastBySubj string `json:"last_by_subj"`
-	}{subj})
+	}{subject})
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	msg, err := nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET.OBJ_"+bucket, req)
+	msg, err := nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET."+stream, req)
 	if err != nil {
-		return false, fmt.Errorf("read %s from the leader: %w", name, err)
+		return nil, fmt.Errorf("read the last of %s in %s from the leader: %w", subject, stream, err)
 	}
 	var resp struct {
 		Message *struct {
-			Data []byte `json:"data"`
+			Subject  string    `json:"subject"`
+			Sequence uint64    `json:"seq"`
+			Header   []byte    `json:"hdrs"`
+			Data     []byte    `json:"data"`
+			Time     time.Time `json:"time"`
 		} `json:"message"`
 		Error *struct {
 			ErrCode     int    `json:"err_code"`
@@ -382,21 +407,23 @@ func leaderObjectLive(ctx context.Context, nc *nats.Conn, bucket, name string) (
 		} `json:"error"`
 	}
 	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return false, fmt.Errorf("read %s from the leader: %w", name, err)
+		return nil, fmt.Errorf("read the last of %s in %s from the leader: %w", subject, stream, err)
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrCode == jsNoMessageFound:
-		return false, nil
+		return nil, natsjs.ErrMsgNotFound
 	case resp.Error != nil:
-		return false, fmt.Errorf("read %s from the leader: %s (%d)", name, resp.Error.Description, resp.Error.ErrCode)
+		return nil, fmt.Errorf("read the last of %s in %s from the leader: %s (%d)", subject, stream, resp.Error.Description, resp.Error.ErrCode)
 	case resp.Message == nil:
-		return false, fmt.Errorf("read %s from the leader: no message in the answer", name)
+		return nil, fmt.Errorf("read the last of %s in %s from the leader: no message in the answer", subject, stream)
 	}
-	var info natsjs.ObjectInfo
-	if err := json.Unmarshal(resp.Message.Data, &info); err != nil {
-		return false, fmt.Errorf("read %s from the leader: %w", name, err)
+	out := &natsjs.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Sequence, Data: resp.Message.Data, Time: resp.Message.Time}
+	if len(resp.Message.Header) > 0 {
+		if out.Header, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
+			return nil, fmt.Errorf("read the last of %s in %s from the leader: headers: %w", subject, stream, err)
+		}
 	}
-	return !info.Deleted, nil
+	return out, nil
 }
 
 // deleteCheckpoint deletes a checkpoint's records and member list, the
