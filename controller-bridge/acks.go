@@ -63,7 +63,9 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch, fresh
 		// whatever the time, so the machine waits until it read them all.
 		// A phase just published is gathered live: its acks come as they
 		// are stored, and its deadline holds.
-		if last, err := b.cfg.Bus.Stream.GetLastMsgForSubject(ctx, filter); err == nil {
+		// The leader's last: a replica behind it would end the backlog
+		// short of acks the stream holds.
+		if last, err := leaderLastMsg(ctx, b.cfg.Conn, jetstream.StreamName, filter); err == nil {
 			backlog = last.Sequence
 		} else if !errors.Is(err, natsjs.ErrMsgNotFound) {
 			return nil, 0, fmt.Errorf("bridge: acks of seq %d: %w", h.Seq, err)
