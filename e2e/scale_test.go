@@ -525,9 +525,10 @@ func (w *scaleWorld) end(tb testing.TB, cycles []scaleCycle, floorCycles int) sc
 	f.prepareSize = w.eventSize(tb, events.PhaseSubject(scaleRun, events.PhasePrepare))
 	f.manifestSize = w.manifestSize(tb, "c"+strconv.Itoa(len(cycles)))
 	f.outcomeSize = w.eventSize(tb, events.OutcomeSubject(scaleRun, events.TypeCheckpointCommitted))
-	f.serverCPU = ms(after.serverCPU-w.before.serverCPU) / float64(len(cycles))
-	f.hostsCPU = ms(after.hostsCPU-w.before.hostsCPU) / float64(len(cycles))
-	f.selfCPU = ms(after.selfCPU-w.before.selfCPU) / float64(len(cycles))
+	per := func(now, before time.Duration) float64 { return ms(now-before) / float64(len(cycles)) }
+	f.serverCPU = per(after.cpu.servers, w.before.cpu.servers)
+	f.hostsCPU = per(after.cpu.hosts, w.before.cpu.hosts)
+	f.selfCPU = per(after.cpu.self, w.before.cpu.self)
 	var total, prep, commit []time.Duration
 	for _, c := range cycles {
 		total, prep, commit = append(total, c.total), append(prep, c.prepare), append(commit, c.commit)
@@ -563,8 +564,9 @@ func (w *scaleWorld) floorOnly(b *testing.B) {
 		w.cfg.replicas, w.cfg.members, w.cfg.hosts, len(floor), quantile(floor, 0.5), quantile(floor, 0.99), serverCPU, allCPU)
 }
 
-// scaleCPU is the CPU time the servers, the hosts and this process had
-// used at one moment.
+// scaleCPU is the CPU time the servers, the hosts and this process (the
+// bridge's in a cycle, the reading of the acks in a floor round) had used
+// at one moment.
 type scaleCPU struct{ servers, hosts, self time.Duration }
 
 func (w *scaleWorld) cpu(tb testing.TB) scaleCPU {
@@ -771,12 +773,9 @@ func (w *scaleWorld) waitResumeAcks(tb testing.TB) {
 
 // scaleState is what the bus holds and the processes used at one moment.
 type scaleState struct {
-	streams             map[string]natsjs.StreamState
-	consumers           int
-	serverCPU, hostsCPU time.Duration
-	// selfCPU is this process's: the bridge's in a cycle, the reading of
-	// the acks in a floor round.
-	selfCPU time.Duration
+	streams   map[string]natsjs.StreamState
+	consumers int
+	cpu       scaleCPU
 	// traffic is the servers' /varz counters added up: every message and
 	// byte they received and sent, clients and routes alike.
 	traffic scaleTraffic
@@ -814,7 +813,7 @@ func (w *scaleWorld) state(tb testing.TB) scaleState {
 	if err := names.Err(); err != nil {
 		tb.Fatalf("stream names: %v", err)
 	}
-	st.serverCPU, st.hostsCPU, st.selfCPU = cpuOf(tb, w.servers), cpuOf(tb, w.hosts), selfCPU(tb)
+	st.cpu = w.cpu(tb)
 	for _, m := range w.monitors {
 		t := varz(tb, ctx, m)
 		st.traffic.InMsgs += t.InMsgs

@@ -35,7 +35,6 @@ import (
 // directory changes per daemon per checkpoint.
 type phaseFloor struct {
 	mu      sync.Mutex // run delivers, the loop handles, the timer flushes
-	path    string
 	run     string
 	member  string
 	log     zerolog.Logger
@@ -56,7 +55,7 @@ type phaseFloor struct {
 const positionEvery = 30 * time.Second
 
 func newPhaseFloor(path, run string, m events.Member, pos position, log zerolog.Logger) *phaseFloor {
-	return &phaseFloor{path: path, run: run, member: string(m), log: log, pending: map[uint64]bool{}, at: map[uint64]uint64{},
+	return &phaseFloor{run: run, member: string(m), log: log, pending: map[uint64]bool{}, at: map[uint64]uint64{},
 		high: pos.PhaseSeq, saved: pos, synced: true, next: pos, file: positionFile{path: path}}
 }
 
