@@ -3,10 +3,12 @@ package owner
 import (
 	"context"
 	"encoding/json"
-	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -189,14 +191,74 @@ func snapshots(t *testing.T, p fullProvider) []string {
 }
 
 // indexKeys returns the keys of the sp_snapshots bucket.
+// indexKeys lists the snapshot index's live keys as its stream's leader
+// holds them. Keys alone reads an ordered consumer that may sit on a
+// replica still applying the last delete (a 3-node cluster answered a
+// deleted key that way once), so the listing writes a mark through the
+// leader and reads a watch until the mark is in, as the owner's readIndex
+// does; the owners' own marks (_read.*) are not listed.
 func indexKeys(t *testing.T, env *jstest.Env) []string {
 	t.Helper()
-	keys, err := env.Bus.Snapshots.Keys(t.Context())
-	if errors.Is(err, natsjs.ErrNoKeysFound) {
-		return nil
-	}
+	ctx := t.Context()
+	kv := env.Bus.Snapshots
+	const mark = "_test.read"
+	rev, err := kv.Put(ctx, mark, nil)
 	if err != nil {
-		t.Fatalf("index keys: %v", err)
+		t.Fatalf("index keys: mark: %v", err)
 	}
-	return keys
+	defer func() {
+		if err := kv.Purge(context.WithoutCancel(ctx), mark); err != nil {
+			t.Errorf("index keys: purge the mark: %v", err)
+		}
+	}()
+	for try := 1; ; try++ {
+		keys, ok := watchKeysTo(t, kv, mark, rev)
+		if ok {
+			return keys
+		}
+		if try == 10 {
+			t.Fatalf("index keys: no watch reached the mark (revision %d) in %d tries", rev, try)
+		}
+	}
+}
+
+// watchKeysTo reads one watch of every key until mark's revision rev is
+// in, and says whether it got there within 5 s.
+func watchKeysTo(t *testing.T, kv natsjs.KeyValue, mark string, rev uint64) ([]string, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		if ctx.Err() != nil && t.Context().Err() == nil {
+			return nil, false
+		}
+		t.Fatalf("index keys: watch: %v", err)
+	}
+	defer func() { _ = w.Stop() }()
+	live := map[string]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case ent, ok := <-w.Updates():
+			if !ok {
+				t.Fatal("index keys: the watch closed")
+			}
+			if ent == nil {
+				continue
+			}
+			k := ent.Key()
+			if k == mark {
+				if ent.Revision() >= rev {
+					return slices.Sorted(maps.Keys(live)), true
+				}
+				continue
+			}
+			delete(live, k)
+			if ent.Operation() == natsjs.KeyValuePut && !strings.HasPrefix(k, "_read.") {
+				live[k] = true
+			}
+		}
+	}
 }
