@@ -76,6 +76,7 @@ lint:
 ## fuzz: a short run of every fuzz target (FUZZTIME each).
 fuzz:
 	$(GO) test ./events -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./events -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseStat$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseMount$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./participants/agent/agentapi -run '^$$' -fuzz '^FuzzDecodeBookmark$$' -fuzztime $(FUZZTIME)

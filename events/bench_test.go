@@ -53,3 +53,36 @@ func BenchmarkJSONAck(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkUnmarshalPhase measures parsing, decoding and checking the live
+// copy of one prepare that addresses the sandbox daemons by roster, what
+// every sandbox daemon does for every phase it hears. Baseline:
+// BenchmarkJSONPhase.
+func BenchmarkUnmarshalPhase(b *testing.B) {
+	m, err := Marshal(testBridge, Prepare{PhaseHeader: testRosterPhase(3)}, WithID("run1.3.prepare"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	m = LiveCopy(m, 41, 2)
+	m.Subject = m.Header.Get("Nats-Subject") // as a daemon reads it
+	for b.Loop() {
+		if _, _, err := Unmarshal(m); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkJSONPhase is the baseline of BenchmarkUnmarshalPhase: the
+// payload unmarshalled with encoding/json alone, no headers, no checks.
+func BenchmarkJSONPhase(b *testing.B) {
+	body, err := json.Marshal(Prepare{PhaseHeader: testRosterPhase(3)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		var back Prepare
+		if err := json.Unmarshal(body, &back); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

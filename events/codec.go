@@ -81,20 +81,24 @@ func Parse(m *nats.Msg) (event.Event, error) {
 	if len(m.Data) > MaxDataSize {
 		return event.Event{}, fieldErr("data", ErrTooLarge, "%d bytes, limit %d", len(m.Data), MaxDataSize)
 	}
-	attrs := map[string]string{}
-	raws := map[string]string{} // the URI-typed values as received
+	// The attributes go to a list on the stack, not a map: an event has a
+	// handful, and this runs for every event every member hears.
+	var buf [12]attr
+	attrs := attrList(buf[:0])
 	var contentType string
 	for k, vs := range m.Header {
-		lk := strings.ToLower(k)
-		if lk == HeaderContentType && len(vs) > 0 {
+		if strings.EqualFold(k, HeaderContentType) && len(vs) > 0 {
 			contentType = vs[0]
 			continue
 		}
-		if !strings.HasPrefix(lk, HeaderPrefix) || len(vs) == 0 {
+		// Lower-cased only when it is an attribute's: the stream's and the
+		// live copy's own headers (Nats-Sequence, ...) are not read.
+		if len(k) < len(HeaderPrefix) || !strings.EqualFold(k[:len(HeaderPrefix)], HeaderPrefix) || len(vs) == 0 {
 			continue
 		}
+		lk := strings.ToLower(k) // no copy when k is lower-case already
 		name := lk[len(HeaderPrefix):]
-		if _, dup := attrs[name]; dup || len(vs) > 1 {
+		if _, dup := attrs.get(name); dup || len(vs) > 1 {
 			return event.Event{}, fieldErr(lk, ErrMalformed, "repeated header")
 		}
 		if len(attrs) == MaxAttributes {
@@ -104,15 +108,29 @@ func Parse(m *nats.Msg) (event.Event, error) {
 		if err != nil {
 			return event.Event{}, err
 		}
-		attrs[name] = v
-		if name == "source" || name == "dataschema" {
-			raws[name] = vs[0]
-		}
+		attrs = append(attrs, attr{name: name, value: v, raw: vs[0]})
 	}
 	if strings.HasPrefix(strings.ToLower(strings.TrimSpace(contentType)), "application/cloudevents") {
 		return parseStructured(m)
 	}
-	return parseBinary(attrs, raws, contentType, m.Data)
+	return parseBinary(attrs, contentType, m.Data)
+}
+
+// attr is one ce-* attribute of a binary-mode message: its name without
+// the prefix, its decoded value, and the value as received.
+type attr struct{ name, value, raw string }
+
+// attrList is the attributes of one message, in the order read.
+type attrList []attr
+
+// get returns the decoded value of attribute name.
+func (l attrList) get(name string) (string, bool) {
+	for _, a := range l {
+		if a.name == name {
+			return a.value, true
+		}
+	}
+	return "", false
 }
 
 func parseStructured(m *nats.Msg) (event.Event, error) {
@@ -134,11 +152,12 @@ func parseStructured(m *nats.Msg) (event.Event, error) {
 
 // parseBinary builds the event of a binary-mode message from its decoded
 // attributes. A URI-typed attribute (source, dataschema) whose decoded
-// value is no URI-reference is read as received instead (raws): a writer
-// that writes values raw (sdk-go's JetStream binding) writes a URI's own
-// escapes, such as the %25 of a percent sign, which a decode would break.
-func parseBinary(attrs, raws map[string]string, contentType string, data []byte) (event.Event, error) {
-	sv, ok := attrs["specversion"]
+// value is no URI-reference is read as received instead (attr.raw): a
+// writer that writes values raw (sdk-go's JetStream binding) writes a
+// URI's own escapes, such as the %25 of a percent sign, which a decode
+// would break.
+func parseBinary(attrs attrList, contentType string, data []byte) (event.Event, error) {
+	sv, ok := attrs.get("specversion")
 	if !ok {
 		return event.Event{}, fieldErr("ce-specversion", ErrInvalid, "missing")
 	}
@@ -147,19 +166,20 @@ func parseBinary(attrs, raws map[string]string, contentType string, data []byte)
 	}
 	e := event.New(event.CloudEventsVersionV1)
 	for _, req := range []string{"id", "source", "type"} {
-		if strings.TrimSpace(attrs[req]) == "" {
+		if v, _ := attrs.get(req); strings.TrimSpace(v) == "" {
 			return event.Event{}, fieldErr("ce-"+req, ErrInvalid, "missing")
 		}
 	}
-	for name, v := range attrs {
+	for _, a := range attrs {
+		name, v := a.name, a.value
 		var err error
 		switch name {
 		case "specversion":
 		case "id":
 			e.SetID(v)
 		case "source":
-			if err = e.Context.SetSource(v); err != nil && raws[name] != v {
-				err = firstErr(e.Context.SetSource(raws[name]), err)
+			if err = e.Context.SetSource(v); err != nil && a.raw != v {
+				err = firstErr(e.Context.SetSource(a.raw), err)
 			}
 		case "type":
 			e.SetType(v)
@@ -174,8 +194,8 @@ func parseBinary(attrs, raws map[string]string, contentType string, data []byte)
 		case "datacontenttype":
 			e.SetDataContentType(v)
 		case "dataschema":
-			if err = e.Context.SetDataSchema(v); err != nil && raws[name] != v {
-				err = firstErr(e.Context.SetDataSchema(raws[name]), err)
+			if err = e.Context.SetDataSchema(v); err != nil && a.raw != v {
+				err = firstErr(e.Context.SetDataSchema(a.raw), err)
 			}
 		default:
 			if !event.IsExtensionNameValid(name) || len(name) > 20 {

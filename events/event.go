@@ -103,24 +103,44 @@ func Marshal(source Member, d Data, opts ...Option) (*nats.Msg, error) {
 		return nil, err
 	}
 	m := &nats.Msg{Subject: env.r.nats, Header: make(nats.Header, 11), Data: env.body}
-	set := func(name, v string) { m.Header[HeaderPrefix+name] = []string{percentEncode(v)} }
-	set("specversion", event.CloudEventsVersionV1)
-	set("id", env.id)
-	set("source", env.source)
-	set("type", string(env.typ))
+	// One backing array for the values and constant names: every member
+	// sends one of these per phase.
+	vals := make([]string, 0, 11)
+	set := func(key, v string) {
+		vals = append(vals, v)
+		m.Header[key] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	set(hdrSpecVersion, event.CloudEventsVersionV1)
+	set(hdrID, percentEncode(env.id))
+	set(hdrSource, percentEncode(env.source))
+	set(hdrType, percentEncode(string(env.typ)))
 	if env.r.subject != "" {
-		set("subject", env.r.subject)
+		set(hdrSubject, percentEncode(env.r.subject))
 	}
-	set("time", env.at.Format(time.RFC3339Nano))
-	set("datacontenttype", ContentTypeJSON)
-	set(ExtRun, env.r.run)
+	set(hdrTime, env.at.Format(time.RFC3339Nano))
+	set(hdrDataContentType, percentEncode(ContentTypeJSON))
+	set(hdrRun, percentEncode(env.r.run))
 	if env.r.hasSeq {
-		set(ExtSeq, strconv.FormatUint(env.r.seq, 10))
+		set(hdrSeq, strconv.FormatUint(env.r.seq, 10))
 	}
-	set(ExtEpoch, strconv.FormatUint(env.r.epoch, 10))
-	m.Header[HeaderMsgID] = []string{env.id}
+	set(hdrEpoch, strconv.FormatUint(env.r.epoch, 10))
+	set(HeaderMsgID, env.id)
 	return m, nil
 }
+
+// The ce-* header names Marshal writes.
+const (
+	hdrSpecVersion     = HeaderPrefix + "specversion"
+	hdrID              = HeaderPrefix + "id"
+	hdrSource          = HeaderPrefix + "source"
+	hdrType            = HeaderPrefix + "type"
+	hdrSubject         = HeaderPrefix + "subject"
+	hdrTime            = HeaderPrefix + "time"
+	hdrDataContentType = HeaderPrefix + "datacontenttype"
+	hdrRun             = HeaderPrefix + ExtRun
+	hdrSeq             = HeaderPrefix + ExtSeq
+	hdrEpoch           = HeaderPrefix + ExtEpoch
+)
 
 // envelope is what New and Marshal derive from a payload.
 type envelope struct {
@@ -201,7 +221,7 @@ func Decode[T Data](e event.Event) (T, error) {
 	if err != nil {
 		return zero, err
 	}
-	if err := checkEnvelope(e, d); err != nil {
+	if err := checkEnvelope(e, d.route()); err != nil {
 		return zero, err
 	}
 	return d, nil
@@ -210,20 +230,28 @@ func Decode[T Data](e event.Event) (T, error) {
 // DecodeAny reads the payload of e as whichever type ce-type names; the
 // result is one of this package's payload types (a value, not a pointer).
 func DecodeAny(e event.Event) (Data, error) {
+	d, _, err := decodeAny(e)
+	return d, err
+}
+
+// decodeAny is DecodeAny, with the route of the payload it checked the
+// envelope against.
+func decodeAny(e event.Event) (Data, route, error) {
 	if err := checkType(e.Type()); err != nil {
-		return nil, err
+		return nil, route{}, err
 	}
 	if err := checkData(e); err != nil {
-		return nil, err
+		return nil, route{}, err
 	}
 	d, err := registry[Type(e.Type())](e.Data())
 	if err != nil {
-		return nil, err
+		return nil, route{}, err
 	}
-	if err := checkEnvelope(e, d); err != nil {
-		return nil, err
+	r := d.route()
+	if err := checkEnvelope(e, r); err != nil {
+		return nil, route{}, err
 	}
-	return d, nil
+	return d, r, nil
 }
 
 // Unmarshal parses a NATS message and decodes its payload. When the message
@@ -235,11 +263,11 @@ func Unmarshal(m *nats.Msg) (event.Event, Data, error) {
 	if err != nil {
 		return event.Event{}, nil, err
 	}
-	d, err := DecodeAny(e)
+	d, r, err := decodeAny(e)
 	if err != nil {
 		return event.Event{}, nil, err
 	}
-	if r := d.route(); m.Subject != "" && m.Subject != r.nats && (r.alt == "" || m.Subject != r.alt) {
+	if m.Subject != "" && m.Subject != r.nats && (r.alt == "" || m.Subject != r.alt) {
 		return event.Event{}, nil, fieldErr("subject", ErrMismatch, "%q, the event belongs on %q", clip(m.Subject), r.nats)
 	}
 	return e, d, nil
@@ -264,6 +292,14 @@ func checkData(e event.Event) error {
 
 func decodeData[T Data](b []byte) (T, error) {
 	var v T
+	if fd, ok := any(&v).(fastDecoder); ok && fd.decodeFast(b) {
+		if err := v.Validate(); err != nil {
+			var zero T
+			return zero, err
+		}
+		return v, nil
+	}
+	v = *new(T) // what a fast decode that gave up left
 	if err := json.Unmarshal(b, &v); err != nil {
 		var zero T
 		return zero, fieldErr("data", ErrMalformed, "%v", err)
@@ -276,8 +312,7 @@ func decodeData[T Data](b []byte) (T, error) {
 }
 
 // checkEnvelope checks that the CloudEvents attributes agree with the data.
-func checkEnvelope(e event.Event, d Data) error {
-	r := d.route()
+func checkEnvelope(e event.Event, r route) error {
 	src := e.Source()
 	run, member, ok := strings.Cut(strings.TrimPrefix(src, "/"), "/")
 	if !strings.HasPrefix(src, "/") || !ok {
@@ -295,7 +330,7 @@ func checkEnvelope(e event.Event, d Data) error {
 	if e.Subject() != r.subject {
 		return fieldErr("ce-subject", ErrMismatch, "%q, data says %q", clip(e.Subject()), r.subject)
 	}
-	ext := e.Extensions()
+	ext := extensions(e)
 	if v, _ := ext[ExtRun].(string); v != r.run {
 		return fieldErr("ce-"+ExtRun, ErrMismatch, "%q, data says %q", clip(v), r.run)
 	}
@@ -305,6 +340,16 @@ func checkEnvelope(e event.Event, d Data) error {
 		}
 	}
 	return checkUint(ext, ExtEpoch, r.epoch, false)
+}
+
+// extensions returns e's extension attributes to read, without the copy
+// Event.Extensions makes when the context is the CloudEvents 1.0 one that
+// Parse builds.
+func extensions(e event.Event) map[string]any {
+	if ec, ok := e.Context.(*event.EventContextV1); ok {
+		return ec.Extensions
+	}
+	return e.Extensions()
 }
 
 func checkUint(ext map[string]any, name string, want uint64, required bool) error {

@@ -129,6 +129,16 @@ func (m Member) Name() string {
 // Validate checks the member name against PROTOCOL §2.
 func (m Member) Validate() error { return validateMember("member", string(m)) }
 
+// validateMemberAt checks list[i], a member of the list named field; the
+// error names list[i] as field[i]. The name is made only for an error:
+// every phase and outcome lists up to MaxMembers.
+func validateMemberAt(field string, i int, v string) error {
+	if err := validateMember(field, v); err != nil {
+		return validateMember(fmt.Sprintf("%s[%d]", field, i), v)
+	}
+	return nil
+}
+
 func validateMember(field, v string) error {
 	kind, name, ok := strings.Cut(v, ".")
 	if !ok {

@@ -165,7 +165,7 @@ func (o CheckpointCommitted) Validate() error {
 		errs = append(errs, fieldErr("data.exports_cut", ErrInvalid, "negative"))
 	}
 	for i, m := range o.Members {
-		if err := validateMember(fmt.Sprintf("data.members[%d]", i), string(m)); err != nil {
+		if err := validateMemberAt("data.members", i, string(m)); err != nil {
 			errs = append(errs, err)
 			break
 		}
@@ -219,7 +219,7 @@ func (o CheckpointFailed) Validate() error {
 		errs = append(errs, fieldErr("data.members", ErrTooLarge, "%d members, limit %d", len(o.Members), MaxMembers))
 	}
 	for i, m := range o.Members {
-		if err := validateMember(fmt.Sprintf("data.members[%d]", i), string(m)); err != nil {
+		if err := validateMemberAt("data.members", i, string(m)); err != nil {
 			errs = append(errs, err)
 			break
 		}

@@ -190,7 +190,7 @@ func (h PhaseHeader) validate() error {
 		errs = append(errs, fieldErr("data.members", ErrTooLarge, "%d members, limit %d", len(h.Members), MaxMembers))
 	} else {
 		for i, m := range h.Members {
-			if err := validateMember(fmt.Sprintf("data.members[%d]", i), string(m)); err != nil {
+			if err := validateMemberAt("data.members", i, string(m)); err != nil {
 				errs = append(errs, err)
 				break
 			}

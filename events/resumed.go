@@ -2,7 +2,6 @@ package events
 
 import (
 	"errors"
-	"fmt"
 	"strconv"
 )
 
@@ -74,7 +73,7 @@ func (r ResumeAcked) Validate() error {
 		errs = append(errs, fieldErr("data.missing", ErrTooLarge, "%d entries, limit %d", len(r.Missing), MaxListed))
 	}
 	for i, m := range r.Missing {
-		if err := validateMember(fmt.Sprintf("data.missing[%d]", i), string(m)); err != nil {
+		if err := validateMemberAt("data.missing", i, string(m)); err != nil {
 			errs = append(errs, err)
 			break
 		}
