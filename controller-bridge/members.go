@@ -166,11 +166,10 @@ func (b *Bridge) heardHeartbeat(gen uint64, msg natsjs.Msg) {
 // sync waits until the view has read the bucket as far as the run's last
 // heartbeat message when asked.
 func (v *memberView) sync(ctx context.Context, b *Bridge) error {
-	s, err := b.cfg.JS.Stream(ctx, "KV_"+jetstream.BucketMembers)
-	if err != nil {
-		return fmt.Errorf("bridge: read the members: %w", err)
-	}
-	last, err := s.GetLastMsgForSubject(ctx, "$KV."+jetstream.BucketMembers+"."+events.MemberKeyFilter(b.cfg.Run))
+	// The bucket's last write of the run, from the stream's leader: a
+	// replica behind it would let the view call itself synced short of a
+	// heartbeat the leader holds. One request, not a stream info and a get.
+	last, err := leaderLastMsg(ctx, b.cfg.Conn, "KV_"+jetstream.BucketMembers, "$KV."+jetstream.BucketMembers+"."+events.MemberKeyFilter(b.cfg.Run))
 	switch {
 	case errors.Is(err, natsjs.ErrMsgNotFound):
 		v.mu.Lock()
