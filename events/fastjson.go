@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 	"unsafe"
@@ -376,6 +377,17 @@ func (h *AckHeader) ackField(s *jscan, key string) bool {
 	return ok
 }
 
+// intMap reads an object of integers.
+func intMap(s *jscan) (map[string]int, bool) {
+	m := map[string]int{}
+	ok := s.object(func(key string) bool {
+		n, ok := s.int()
+		m[strings.Clone(key)] = int(n) // key is read in place (object)
+		return ok
+	})
+	return m, ok
+}
+
 // pause reads a pause report object into *p.
 func pause(s *jscan, p **PauseReport) bool {
 	r := &PauseReport{}
@@ -432,6 +444,8 @@ func (a *PrepareAck) decodeFast(b []byte) bool {
 			a.BlockerCount = int(n)
 		case "restarts":
 			a.Restarts, ok = list[string](s)
+		case "counts":
+			a.Counts, ok = intMap(s)
 		case "pause":
 			ok = pause(s, &a.Pause)
 		default:

@@ -13,14 +13,14 @@ func fastTypes() []Data {
 	wall := time.Date(2026, 11, 29, 8, 0, 1, 250_000_000, time.UTC)
 	report := &PauseReport{Mode: "freeze", PauseSeq: 3, Identity: "412:98231", Wall: wall, Uptime: 1234.56,
 		PIDCount: 2, PIDs: []int{412, 413}, Pending: []string{"414:D"}, Fallback: "l1: gone", Frozen: true, TookMS: 0.75, HeldCalls: 1}
-	pa := PrepareAck{AckHeader: testAck(3), Ready: true, BlockerCount: 2, Blockers: []string{"r1", "r2"}, Restarts: []string{"r3"}, Pause: report}
+	pa := PrepareAck{AckHeader: testAck(3), Ready: true, BlockerCount: 2, Blockers: []string{"r1", "r2"}, Restarts: []string{"r3"}, Counts: map[string]int{"launches": 2, "x": -1}, Pause: report}
 	ra := ResumeAck{AckHeader: testAck(4), Pause: report}
 	ra.State = StateIdle
 	return []Data{
 		Prepare{PhaseHeader: testRosterPhase(3)},
 		Prepare{PhaseHeader: testPhase(3)},
 		Resume{PhaseHeader: testRosterPhase(4), Aborted: true},
-		pa, PrepareAck{AckHeader: testAck(1)},
+		pa, PrepareAck{AckHeader: testAck(1)}, PrepareAck{AckHeader: testAck(1), Ready: true, Counts: map[string]int{}},
 		ra, ResumeAck{AckHeader: testAck(2)},
 	}
 }

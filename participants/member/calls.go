@@ -5,6 +5,8 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/rs/zerolog"
+
 	"github.com/stillpoint/stillpoint/events"
 )
 
@@ -13,7 +15,7 @@ import (
 // the Continuer (whose report goes into the resume ack that follows) or
 // the Resumer.
 func (m *Member) reopen(ctx context.Context, e Reopen) {
-	log := m.log.With().Str("checkpoint", e.CheckpointID).Logger()
+	log := &lazyLog{base: &m.log, with: func(c zerolog.Context) zerolog.Context { return c.Str("checkpoint", e.CheckpointID) }}
 	m.withProgress(func() {
 		m.cancelWorkers(e.CheckpointID)
 		switch r := m.cfg.Participant.(type) {

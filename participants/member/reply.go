@@ -19,7 +19,7 @@ import (
 func (m *Member) reply(ctx context.Context, r Reply) {
 	seq := r.Header.Seq
 	hm := m.take(seq)
-	log, took := m.log, time.Duration(0)
+	log, took := plainLog(&m.log), time.Duration(0)
 	if hm != nil {
 		log, took = hm.log, m.cfg.Now().Sub(hm.received)
 	}
