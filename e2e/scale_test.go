@@ -44,6 +44,7 @@ const (
 var (
 	scaleHosts     = flag.Int("scale.hosts", 20, "BenchmarkScale: member-host processes (members split evenly)")
 	scaleHostProcs = flag.Int("scale.host-procs", 0, "BenchmarkScale: GOMAXPROCS of each member host (0: Go's default, the machine's CPUs)")
+	scaleHostEnv   = flag.String("scale.host-env", "", "BenchmarkScale: environment entries added to each member host's, comma-separated (GOGC=400,...)")
 	scaleConns     = flag.String("scale.conns", "member", "BenchmarkScale: one NATS connection per member (member) or per host process (host)")
 	// The servers' default limit of consumers per stream: nats-server's
 	// own (1,000 in 2.15) unless set; -1 lifts it. A protocol that keeps a
@@ -394,6 +395,9 @@ func (w *scaleWorld) startHosts(tb testing.TB, scalehost, url string) {
 		if *scaleHostProcs > 0 {
 			spec.Env = []string{"GOMAXPROCS=" + strconv.Itoa(*scaleHostProcs)}
 		}
+		if *scaleHostEnv != "" {
+			spec.Env = append(spec.Env, strings.Split(*scaleHostEnv, ",")...)
+		}
 		if *scaleLogs != "" {
 			spec.LogFile = filepath.Join(logDir(tb, ""), spec.Name+".log")
 		}
@@ -536,14 +540,50 @@ func (w *scaleWorld) end(tb testing.TB, cycles []scaleCycle, floorCycles int) sc
 	f.p50, f.p99 = quantile(total, 0.5), quantile(total, 0.99)
 	f.prepare, f.commit = quantile(prep, 0.5), quantile(commit, 0.5)
 
-	var floor []time.Duration
+	perCycle := float64(w.cfg.members)
+	plan := floorPlan(f.streamWrites*perCycle, mb*perCycle, f.kvWrites*perCycle, kb*perCycle, f.objWrites*perCycle, ob*perCycle)
+	var floor, live []time.Duration
 	cpu := w.cpu(tb)
 	for i := range floorCycles {
-		floor = append(floor, w.floorCycle(tb, uint64(len(floorRounds)*i)))
+		all, rounds := w.floorCycle(tb, uint64(len(floorRounds)*i), plan)
+		floor, live = append(floor, all), append(live, rounds)
 	}
 	f.floorServerCPU, f.floorCPU = w.cpu(tb).since(cpu, floorCycles)
-	f.floor = quantile(floor, 0.5)
+	f.floor, f.liveFloor = quantile(floor, 0.5), quantile(live, 0.5)
+	f.floorWrites = len(plan)
 	return f
+}
+
+// floorWrite is one persisted write of the floor: a publish to subject,
+// awaited, of size bytes.
+type floorWrite struct {
+	subject string
+	size    int
+}
+
+// floorPlan returns the persisted writes a cycle made, as the streams
+// counted them (messages and stored bytes per cycle, into STILLPOINT, the
+// manifests' KV and the object stores): the floor makes as many, of the
+// same sizes, on subjects of its own run in the same streams. They are
+// the bridge's (phases, roster, records, outcome, manifest, LATEST, HEAD,
+// member list): the protocol's own writes, which a cycle cannot do
+// without.
+func floorPlan(stream, streamB, kv, kvB, obj, objB float64) []floorWrite {
+	var out []floorWrite
+	add := func(n, bytes float64, subject func(k int) string) {
+		count := int(n + 0.5)
+		for k := range count {
+			// Stored bytes are the payload and a record of ~30 bytes and the subject.
+			size := max(int(bytes/float64(count))-30-len(subject(k)), 0)
+			out = append(out, floorWrite{subject: subject(k), size: size})
+		}
+	}
+	add(stream, streamB, func(k int) string { return fmt.Sprintf("sp.%s.floor.w%d", scaleFloorRun, k) })
+	add(kv, kvB, func(k int) string { return fmt.Sprintf("$KV.%s.%s.w%d", jetstream.BucketManifests, scaleFloorRun, k) })
+	add(obj, objB, func(k int) string {
+		return fmt.Sprintf("$O.%s.C.%s-w%d", jetstream.BucketCheckpoints, scaleFloorRun, k)
+	})
+	return out
 }
 
 // floorOnly measures the bus floor alone, one floor cycle per op.
@@ -552,7 +592,8 @@ func (w *scaleWorld) floorOnly(b *testing.B) {
 	cpu := w.cpu(b)
 	i := 0
 	for b.Loop() {
-		floor = append(floor, w.floorCycle(b, uint64(len(floorRounds)*i)))
+		all, _ := w.floorCycle(b, uint64(len(floorRounds)*i), nil)
+		floor = append(floor, all)
 		i++
 	}
 	serverCPU, allCPU := w.cpu(b).since(cpu, len(floor))
@@ -601,14 +642,40 @@ var floorRounds = []struct {
 	ack   string
 }{{events.PhasePrepare, "core"}, {events.PhaseResume, "core"}}
 
-// floorCycle runs one floor cycle, rounds base+1 on, and returns its time.
-func (w *scaleWorld) floorCycle(tb testing.TB, base uint64) time.Duration {
+// floorCycle runs one floor cycle, rounds base+1 on, with the persisted
+// writes of plan: the first before the first round (the prepare's own
+// publish comes before its live copy), the others between the rounds, one
+// after another, each awaited, as the bridge makes them. It returns the
+// cycle's time and the rounds' alone.
+func (w *scaleWorld) floorCycle(tb testing.TB, base uint64, plan []floorWrite) (all, rounds time.Duration) {
 	tb.Helper()
-	var took time.Duration
 	for i, r := range floorRounds {
-		took += w.floorRound(tb, base+uint64(i)+1, r.phase, r.ack)
+		if len(plan) > 0 {
+			n := 1
+			if i == len(floorRounds)-1 {
+				n = len(plan)
+			}
+			all += w.floorWrites(tb, plan[:n])
+			plan = plan[n:]
+		}
+		took := w.floorRound(tb, base+uint64(i)+1, r.phase, r.ack)
+		all, rounds = all+took, rounds+took
 	}
-	return took
+	return all, rounds
+}
+
+// floorWrites makes the writes, each awaited, and returns their time.
+func (w *scaleWorld) floorWrites(tb testing.TB, writes []floorWrite) time.Duration {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(tb.Context(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	for _, fw := range writes {
+		if _, err := w.js.Publish(ctx, fw.subject, make([]byte, fw.size)); err != nil {
+			tb.Fatalf("floor write %s (%d B): %v", fw.subject, fw.size, err)
+		}
+	}
+	return time.Since(start)
 }
 
 // floorRound runs one floor round and returns its time: from its
@@ -907,7 +974,9 @@ type scaleFigures struct {
 	floorCPU                  float64 // ms per floor cycle, every process's
 	serverCPU, hostsCPU       float64 // ms per cycle
 	selfCPU                   float64 // ms per cycle: the bridge's process
-	floor                     float64 // ms
+	floor                     float64 // ms: the floor's rounds and persisted writes
+	liveFloor                 float64 // ms: its rounds alone
+	floorWrites               int     // the persisted writes of a floor cycle
 }
 
 func (f scaleFigures) report(b *testing.B) {
@@ -935,6 +1004,8 @@ func (f scaleFigures) report(b *testing.B) {
 	b.ReportMetric(float64(f.consumers), "consumers")
 	b.ReportMetric(f.floor, "floor-p50-ms")
 	b.ReportMetric(f.p50/f.floor, "x-floor")
+	b.ReportMetric(f.liveFloor, "live-floor-p50-ms")
+	b.ReportMetric(f.p50/f.liveFloor, "x-live-floor")
 }
 
 func (f scaleFigures) String() string {
@@ -942,11 +1013,13 @@ func (f scaleFigures) String() string {
 		"per member and cycle %.2f writes (stream %.2f, kv %.2f, obj %.2f), %.0f B; heartbeats %.2f per member over the cycles; "+
 		"servers in %.1f msgs, out %.1f msgs and %.1f KB per member and cycle; prepare event %.0f B, committed outcome %.0f B, "+
 		"checkpoint manifest %.0f B; server CPU %.0f ms, hosts CPU %.0f ms, bridge process CPU %.0f ms per cycle; %d consumers; "+
-		"floor p50 %.0f ms, its server CPU %.0f ms, all processes' %.0f ms; cycle/floor %.2f, in CPU %.2f",
+		"floor p50 %.0f ms (%d persisted writes; its live rounds alone %.0f ms), its server CPU %.0f ms, all processes' %.0f ms; "+
+		"cycle/floor %.2f, in CPU %.2f; cycle/live rounds %.2f",
 		f.cfg.replicas, f.cfg.members, f.cfg.hosts, f.cfg.conns, f.cycles, f.p50, f.p99, f.prepare, f.commit,
 		f.writes, f.streamWrites, f.kvWrites, f.objWrites, f.bytes, f.heartbeats,
 		f.inMsgs, f.outMsgs, f.outKB, f.prepareSize, f.outcomeSize, f.manifestSize,
-		f.serverCPU, f.hostsCPU, f.selfCPU, f.consumers, f.floor, f.floorServerCPU, f.floorCPU, f.p50/f.floor, f.cpu()/f.floorCPU)
+		f.serverCPU, f.hostsCPU, f.selfCPU, f.consumers, f.floor, f.floorWrites, f.liveFloor, f.floorServerCPU, f.floorCPU,
+		f.p50/f.floor, f.cpu()/f.floorCPU, f.p50/f.liveFloor)
 }
 
 // cpu is every process's CPU per cycle, in ms.
