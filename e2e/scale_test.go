@@ -87,13 +87,15 @@ const (
 // After the cycles the same processes run the bus floor of the protocol:
 // rounds of a core-NATS message that every member hears on its own
 // subscription and answers as a sandbox daemon answers the phase
-// (floorRounds: the prepare with its once-only JetStream ack, the resume
-// with a core-NATS ack; the commit no daemon hears). The metrics, each explained in
+// (floorRounds: the prepare and the resume, each with a core-NATS ack;
+// the commit no daemon hears), and as many persisted writes as a cycle
+// made, of the same sizes (floorPlan). The metrics, each explained in
 // docs/SCALE.md: the cycle's p50, p99, prepare and commit; persisted
 // writes and bytes per member per cycle from the streams' states; the
 // servers' messages and bytes from their /varz; the last events' and
 // checkpoint manifest's sizes; the servers' and the hosts' CPU from /proc;
-// the consumers on STILLPOINT; the floor, and x-floor, the cycle over it.
+// the consumers on STILLPOINT; the floor, and x-floor, the cycle over it
+// (x-live-floor over the floor's rounds alone).
 //
 // A size takes minutes to set up: run one at a time, with a small count.
 // -scale.floor-only measures the floor alone:
