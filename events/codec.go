@@ -217,11 +217,14 @@ func parseBinary(attrs attrList, contentType string, data []byte) (event.Event, 
 	if e.DataContentType() == "" && contentType != "" {
 		e.SetDataContentType(contentType)
 	}
-	// Validate finds nothing more in what every member sends: id, source
-	// and type are non-empty (checked above), the subject is trimmed or
-	// unset, and no setter failed; what is left is a content type other
-	// than JSON's, which it parses, and a dataschema, which it checks.
-	if dct := e.DataContentType(); len(e.FieldErrors) > 0 || (dct != "" && dct != ContentTypeJSON) || e.DataSchema() != "" {
+	// Validate finds nothing more in what every member sends: id and type
+	// are non-empty (checked above), a source whose path starts with / is
+	// a non-empty URI-reference, the subject is trimmed or unset, and no
+	// setter failed. Anything else it checks: a content type other than
+	// JSON's, any dataschema (one such as "#" reads back as ""), another
+	// source ("#" parses to an empty one).
+	if dct := e.DataContentType(); len(e.FieldErrors) > 0 || (dct != "" && dct != ContentTypeJSON) ||
+		ec.DataSchema != nil || !strings.HasPrefix(ec.Source.Path, "/") {
 		if err := e.Validate(); err != nil {
 			return event.Event{}, fieldErr("event", ErrInvalid, "%v", err)
 		}

@@ -261,7 +261,10 @@ func (s *jscan) object(field func(key string) bool) bool {
 	if s.next('}') {
 		return true
 	}
-	var buf [16]string
+	// The payloads' objects have a dozen keys at most; one with more
+	// (counts, say) is left to encoding/json rather than checked for
+	// repeats key by key against all before it.
+	var buf [maxFastKeys]string
 	seen := buf[:0]
 	for {
 		raw, ok := s.rawString()
@@ -271,7 +274,7 @@ func (s *jscan) object(field func(key string) bool) bool {
 		// The key is read in place: field only compares it, and b is not
 		// written while it is read.
 		key := unsafe.String(&raw[1], len(raw)-2)
-		if len(raw) == 2 || slices.Contains(seen, key) {
+		if len(raw) == 2 || len(seen) == maxFastKeys || slices.Contains(seen, key) {
 			return false // "" is no field's key
 		}
 		seen = append(seen, key)
@@ -286,6 +289,9 @@ func (s *jscan) object(field func(key string) bool) bool {
 		}
 	}
 }
+
+// maxFastKeys bounds the keys of an object the fast decode reads.
+const maxFastKeys = 24
 
 // whole reads b as one object with object(field) and nothing after it.
 func whole(b []byte, field func(s *jscan, key string) bool) bool {

@@ -2,7 +2,10 @@ package events
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -78,6 +81,29 @@ func TestFastDecodeGivesUp(t *testing.T) {
 		if _, ok := fastDecode(Prepare{}, []byte(b)); ok {
 			t.Errorf("Prepare %s: taken by the fast decode", b)
 		}
+	}
+}
+
+// TestFastDecodeLeavesLargeObjects: an object with more keys than any
+// payload's (a counts of 100,000 entries in a ~1 MB ack) is left to
+// encoding/json once it passes maxFastKeys, not checked for repeated keys
+// one by one against all before it (which took seconds); Validate then
+// refuses it.
+func TestFastDecodeLeavesLargeObjects(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"run":"run1","member":"agent.a0","seq":1,"checkpoint_id":"ckpt-7","epoch":2,"ok":true,"phase":"prepared","took_ms":1,"ready":true,"counts":{`)
+	for i := range 100_000 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"%d":1`, i)
+	}
+	b.WriteString(`}}`)
+	if _, ok := fastDecode(PrepareAck{}, []byte(b.String())); ok {
+		t.Fatal("a counts of 100,000 keys taken by the fast decode")
+	}
+	if _, err := decodeData[PrepareAck]([]byte(b.String())); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("decoded: %v, want %v", err, ErrTooLarge)
 	}
 }
 

@@ -51,6 +51,13 @@ func FuzzUnmarshal(f *testing.F) {
 		}
 		f.Add(Subject(s.data), fuzzHeaders(hdr), body.Bytes())
 	}
+	for _, s := range samples() {
+		m, err := Marshal(s.src, s.data, WithID("schema"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(m.Subject, fuzzHeaders(m.Header)+"ce-dataschema: #\n", m.Data)
+	}
 	f.Add("sp.x", "ce-specversion: 1.0\nce-id: 50%off\nce-type: t\nce-source: /fleet/%C3%A4/50%25off\nce-note: \"a\\\"b%20c\"\n", []byte(`{}`))
 	f.Add("sp.x", "ce-specversion: \"1.0\"\nce-id: \"\\\"\nce-type: \"t\"b\"\nce-source: \"/x\"\nce-subject: %%41%4\n", []byte(`{}`))
 	f.Fuzz(func(t *testing.T, subject, headers string, data []byte) {
