@@ -203,8 +203,8 @@ func (s *jscan) time() (time.Time, bool) {
 	return t, true
 }
 
-// list reads an array of strings without escapes.
-func list[T ~string](s *jscan) ([]T, bool) {
+// array reads a JSON array whose every element elem reads.
+func array[T any](s *jscan, elem func() (T, bool)) ([]T, bool) {
 	if !s.next('[') {
 		return nil, false
 	}
@@ -213,11 +213,11 @@ func list[T ~string](s *jscan) ([]T, bool) {
 		return out, true
 	}
 	for {
-		v, ok := s.str()
+		v, ok := elem()
 		if !ok {
 			return nil, false
 		}
-		out = append(out, T(v))
+		out = append(out, v)
 		if s.next(']') {
 			return out, true
 		}
@@ -227,27 +227,14 @@ func list[T ~string](s *jscan) ([]T, bool) {
 	}
 }
 
+// list reads an array of strings without escapes.
+func list[T ~string](s *jscan) ([]T, bool) {
+	return array(s, func() (T, bool) { v, ok := s.str(); return T(v), ok })
+}
+
+// ints reads an array of integers.
 func (s *jscan) ints() ([]int, bool) {
-	if !s.next('[') {
-		return nil, false
-	}
-	out := []int{}
-	if s.next(']') {
-		return out, true
-	}
-	for {
-		v, ok := s.int()
-		if !ok {
-			return nil, false
-		}
-		out = append(out, int(v))
-		if s.next(']') {
-			return out, true
-		}
-		if !s.next(',') {
-			return nil, false
-		}
-	}
+	return array(s, func() (int, bool) { v, ok := s.int(); return int(v), ok })
 }
 
 // object reads an object whose keys field knows: field reads the value of
