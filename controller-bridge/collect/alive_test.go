@@ -28,7 +28,10 @@ func (s statusController) Status(context.Context) (*bridgeapi.Status, error) {
 // serveMember serves a member's service as the agent and the owner do:
 // name is the service's (stillpoint-agent, stillpoint-owner), its
 // metadata the run, the member's name under its kind and its instance.
-// stop stops it, as its process's death does.
+// stop stops it, as its process's death does, and returns once the server
+// has dropped its subscriptions: svc.Stop only queues the unsubscribes on
+// the service's connection, and a ping sent on another connection could
+// otherwise reach the server first and be answered by the dead service.
 func serveMember(t *testing.T, env *jstest.Env, run string, m events.Member, instance string) (stop func()) {
 	t.Helper()
 	nc, _ := env.Connect(t)
@@ -43,6 +46,9 @@ func serveMember(t *testing.T, env *jstest.Env, run string, m events.Member, ins
 			stopped = true
 			if err := svc.Stop(); err != nil {
 				t.Errorf("stop the service of %s: %v", m, err)
+			}
+			if err := nc.Flush(); err != nil {
+				t.Errorf("flush the unsubscribes of %s's service: %v", m, err)
 			}
 		}
 	}
