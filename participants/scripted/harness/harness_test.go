@@ -127,12 +127,10 @@ func TestContinueAfterAStop(t *testing.T) {
 	cfg := harness.Config{ModelURL: srv.URL, Task: "t1", Prompt: "write files", DataDir: filepath.Join(dir, "data"), WorkDir: dir}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
+	// The reply after the first tool is held from the start: a hold made
+	// once the tool's file shows raced the harness through its last turns.
+	ms.HoldFrom(1)
 	go func() { done <- harness.Run(ctx, cfg) }()
-	poll.Wait(t, 10*time.Second, "the first tool to run", func() bool {
-		b, _ := os.ReadFile(filepath.Join(dir, "a.txt"))
-		return len(b) > 0
-	})
-	ms.Hold()
 	poll.Wait(t, 10*time.Second, "a held model call", func() bool {
 		select {
 		case err := <-done:
@@ -141,6 +139,9 @@ func TestContinueAfterAStop(t *testing.T) {
 		}
 		return ms.Held() > 0
 	})
+	if b, _ := os.ReadFile(filepath.Join(dir, "a.txt")); string(b) != "hello\n" {
+		t.Fatalf("a.txt %q when turn 1 was asked, want the first tool run", b)
+	}
 	cancel() // the harness is stopped with the reply pending
 	<-done
 	ms.Release()

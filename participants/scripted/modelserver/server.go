@@ -114,6 +114,7 @@ type Server struct {
 	mu      sync.Mutex
 	ledger  []Entry
 	hold    chan struct{} // closed on Release; nil when not holding
+	from    int           // the first turn a hold holds
 	held    int
 	cutNext int           // chunks after which the next stream stops; 0: no cut
 	slow    time.Duration // the wait between the chunks of the next stream
@@ -123,12 +124,18 @@ type Server struct {
 func New(script Script) *Server { return &Server{script: script} }
 
 // Hold makes every reply wait until Release.
-func (s *Server) Hold() {
+func (s *Server) Hold() { s.HoldFrom(0) }
+
+// HoldFrom makes the replies to turn and later turns of every task wait
+// until Release, so that a test can catch a caller at a given turn
+// without racing it there; OpenCode's title calls are not held.
+func (s *Server) HoldFrom(turn int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.hold == nil {
 		s.hold = make(chan struct{})
 	}
+	s.from = turn
 }
 
 // Release lets held replies go.
@@ -327,6 +334,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	hold, cut, slow := s.hold, 0, time.Duration(0)
+	if title || turn < s.from {
+		hold = nil
+	}
 	if req.Stream {
 		cut, s.cutNext = s.cutNext, 0
 		slow, s.slow = s.slow, 0

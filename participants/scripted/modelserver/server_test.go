@@ -162,3 +162,45 @@ func TestHold(t *testing.T) {
 		t.Fatal("not released")
 	}
 }
+
+// HoldFrom holds the replies of its turn and later ones only: an earlier
+// turn is answered at once, the later one waits until Release.
+func TestHoldFrom(t *testing.T) {
+	s := modelserver.New(script)
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	s.HoldFrom(1)
+	if resp := post(t, srv.URL, "t1", []modelserver.Message{user("x")}, false); resp.StatusCode != 200 {
+		t.Fatalf("turn 0 under HoldFrom(1): %s", resp.Status)
+	}
+	if s.Held() != 0 {
+		t.Fatalf("turn 0 was held")
+	}
+	calls, _ := json.Marshal(script["t1"][0].ToolCalls)
+	turn1 := []modelserver.Message{user("x"), {Role: "assistant", ToolCalls: calls}, {Role: "tool", ToolCallID: "call-1", Content: json.RawMessage(`"ok"`)}}
+	got := make(chan int, 1)
+	go func() {
+		b, _ := json.Marshal(modelserver.Request{Model: "m", Messages: turn1})
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", bytes.NewReader(b))
+		req.Header.Set(modelserver.TaskHeader, "t1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			got <- 0
+			return
+		}
+		resp.Body.Close()
+		got <- resp.StatusCode
+	}()
+	poll.Wait(t, 5*time.Second, "turn 1 to be held", func() bool {
+		select {
+		case <-got:
+			t.Fatal("turn 1 was answered under HoldFrom(1)")
+		default:
+		}
+		return s.Held() == 1
+	})
+	s.Release()
+	if code := <-got; code != 200 {
+		t.Fatalf("turn 1 after the release: %d", code)
+	}
+}
