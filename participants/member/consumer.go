@@ -66,12 +66,18 @@ func (m *Member) durableFeed(ctx context.Context) (*feed, error) {
 	f.recreate = func(ctx context.Context) (uint64, error) {
 		cur.stop()
 		from, seen := tr.next()
-		cons, err := m.durableConsumer(ctx, name, from)
+		var err error
+		cons, err = m.durableConsumer(ctx, name, from)
 		if err != nil {
 			return seen, err
 		}
 		cur = m.consume(name, cons, wrap, nil)
 		return seen, cur.start()
+	}
+	f.repull = func() error {
+		cur.stop()
+		cur = m.consume(name, cons, wrap, nil)
+		return cur.start()
 	}
 	f.rewind = func(ctx context.Context, from uint64) (uint64, error) {
 		cur.stop()
@@ -82,7 +88,7 @@ func (m *Member) durableFeed(ctx context.Context) (*feed, error) {
 		if err != nil && !errors.Is(err, natsjs.ErrConsumerNotFound) {
 			return seen, fmt.Errorf("member: delete consumer %s to read again from %d: %w", name, from, err)
 		}
-		cons, err := m.durableConsumer(ctx, name, from)
+		cons, err = m.durableConsumer(ctx, name, from)
 		if err != nil {
 			return seen, err
 		}

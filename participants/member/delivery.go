@@ -72,6 +72,11 @@ type feed struct {
 	// loop). An error means it cannot tell yet (the server is away).
 	lost func(ctx context.Context) (bool, error)
 	poll bool
+	// repull, when set, consumes the same consumer again: a pull request
+	// that found no responders (a consumer just made on a cluster, before
+	// its leader serves it) is lost, and nats.go sends the next one only
+	// when it has missed two heartbeats, 30 s on, while the phases wait.
+	repull func() error
 	// rewind, when set, replaces the consumer with one that delivers from
 	// stream sequence from on, whatever the old one delivered: for phases
 	// it skipped (a delivery lost while a stream elected a leader, which a

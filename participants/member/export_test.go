@@ -26,3 +26,11 @@ func LoseCoreArrivals(m *Member, n int) {
 // CoreCatchUps returns how many times the core feed of m has read the
 // stream to catch up (at start, at a reconnect, at a gap).
 func CoreCatchUps(m *Member) int64 { return m.core.catchUps.Load() }
+
+// ConsumeError hands err to m's loop as its consumer's error handler
+// does, once m has joined.
+func ConsumeError(m *Member, err error) { m.consumeErrs <- err }
+
+// Repulls returns how many times m pulled from its consumer again after a
+// pull found no responders.
+func Repulls(m *Member) int64 { return m.repulls.Load() }

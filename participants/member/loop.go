@@ -97,7 +97,14 @@ func (m *Member) loop(ctx context.Context) error {
 				continue
 			}
 			m.log.Warn().Err(err).Msg("consume")
-			if mayBeLost(err) && !m.checkFeed(ctx) {
+			switch {
+			case errors.Is(err, nats.ErrNoResponders) && m.feed.repull != nil:
+				// The pull is lost (feed.repull): at the retry the consumer
+				// is checked and pulled from again; not at once, as one
+				// without a leader answers every pull so.
+				m.repullDue = true
+				retry.Reset(recreateRetry)
+			case mayBeLost(err) && !m.checkFeed(ctx):
 				retry.Reset(recreateRetry)
 			}
 		case <-retry.C:
@@ -152,9 +159,10 @@ func mayBeLost(err error) bool {
 }
 
 // checkFeed asks the feed whether its consumer is still there (once the
-// server answers again) and makes it again if not. It reports false, having
-// logged why, if it must be asked again later: the server cannot tell yet,
-// or the consumer could not be made.
+// server answers again) and makes it again if not; one that is there
+// after a pull found no responders (repullDue) is pulled from again. It
+// reports false, having logged why, if it must be asked again later: the
+// server cannot tell yet, or the consumer could not be made.
 func (m *Member) checkFeed(ctx context.Context) bool {
 	if m.feed.lost == nil || m.feed.recreate == nil {
 		return true
@@ -167,17 +175,36 @@ func (m *Member) checkFeed(ctx context.Context) bool {
 		return false
 	}
 	if !lost {
+		if m.repullDue {
+			return m.repullFeed(ctx)
+		}
 		return true
 	}
 	m.log.Warn().Str("consumer", m.feed.name).Msg("consumer gone (the server restarted without it?); making it again")
 	return m.recreateFeed(ctx)
 }
 
+// repullFeed consumes the feed's consumer again (feed.repull); it
+// reports false, having logged why, if it could not (make it again later).
+func (m *Member) repullFeed(ctx context.Context) bool {
+	m.repullDue = false
+	if err := m.feed.repull(); err != nil {
+		m.feedDown = true
+		if ctx.Err() == nil {
+			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot pull from the consumer again; will make it again")
+		}
+		return false
+	}
+	m.repulls.Add(1)
+	m.log.Info().Str("consumer", m.feed.name).Msg("a pull found no responders and the consumer is there; pulled again")
+	return true
+}
+
 // recreateFeed replaces the feed's lost consumer; it reports false, having
 // logged why, if it could not (try again later).
 func (m *Member) recreateFeed(ctx context.Context) bool {
 	seen, err := m.feed.recreate(ctx)
-	m.feedDown = err != nil
+	m.feedDown, m.repullDue = err != nil, false
 	if err != nil {
 		if ctx.Err() == nil {
 			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot make the consumer again; will retry")

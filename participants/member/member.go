@@ -59,7 +59,9 @@ type Member struct {
 	core         *coreReader // the feed's, with Config.CoreFeed; set before Joined
 	recheckTo    uint64      // events up to this stream sequence may have been answered by an earlier consumer
 	consumeErrs  chan error
-	feedDown     bool   // the feed's remake failed: it has no consumer until one succeeds
+	feedDown     bool // the feed's remake failed: it has no consumer until one succeeds
+	repullDue    bool // a pull found no responders with the consumer there: pull again at the retry
+	repulls      atomic.Int64
 	lastPhase    uint64 // the highest phase sequence (header) seen, and its stream sequence
 	lastPhaseAt  uint64
 	gapTried     uint64 // the phase sequence whose gap before it was read again

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -792,6 +793,38 @@ func TestLostConsumerIsMadeAgain(t *testing.T) {
 				t.Errorf("Run: %v, want nil after a clean stop", err)
 			}
 		})
+	}
+}
+
+// §3, Consumers: a pull that finds no responders while the member's
+// consumer is there (one just made on a cluster, before its leader serves
+// it: TestServerOperatorMode/cluster missed a checkpoint so) is lost, and
+// nats.go would pull again only after two missed heartbeats, 30 s. The
+// member pulls again at its retry and answers the next phases once each.
+func TestPullWithNoRespondersIsSentAgain(t *testing.T) {
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	name := events.Member("agent.a1")
+	h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), membertest.Options{})
+	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
+	seqs := []uint64{bridge.Publish(events.Prepare{PhaseHeader: header("c1")})}
+	want(t, bridge.Ack(seqs[0], events.PhasePrepare, name), "", events.StatePrepared)
+
+	member.ConsumeError(h.Member, nats.ErrNoResponders)
+	poll.Wait(t, 10*time.Second, "the member to pull again", func() bool { return member.Repulls(h.Member) == 1 })
+
+	seqs = append(seqs, bridge.Publish(events.Resume{PhaseHeader: header("c1")}))
+	want(t, bridge.Ack(seqs[1], events.PhaseResume, name), "", events.StateIdle)
+	seqs = append(seqs, bridge.Publish(events.Prepare{PhaseHeader: header("c2")}))
+	want(t, bridge.Ack(seqs[2], events.PhasePrepare, name), "", events.StatePrepared)
+	bridge.Barrier(name)
+	for i, p := range []events.Phase{events.PhasePrepare, events.PhaseResume, events.PhasePrepare} {
+		if n := bridge.AckCount(seqs[i], p, name); n != 1 {
+			t.Errorf("%s seq %d has %d acks, want exactly 1", p, seqs[i], n)
+		}
+	}
+	if err := h.Stop(); err != nil {
+		t.Errorf("Run: %v, want nil after a clean stop", err)
 	}
 }
 
