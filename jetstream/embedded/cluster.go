@@ -139,7 +139,13 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 		}
 		c.nodes = append(c.nodes, s)
 	}
-	if err := waitReady(ctx, cfg.ReadyTimeout, c.nodes, c.metaReady); err != nil {
+	ready := func() error {
+		if err := c.metaReady(); err != nil {
+			return err
+		}
+		return accountsReady(c.nodes, cfg.Trust)
+	}
+	if err := waitReady(ctx, cfg.ReadyTimeout, c.nodes, ready); err != nil {
 		c.Shutdown()
 		return nil, fmt.Errorf("embedded: cluster %s: %w", cfg.Name, err)
 	}

@@ -123,7 +123,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := waitReady(ctx, cfg.ReadyTimeout, []*Server{s}, nil); err != nil {
+	if err := waitReady(ctx, cfg.ReadyTimeout, []*Server{s}, func() error { return accountsReady([]*Server{s}, cfg.Trust) }); err != nil {
 		s.Shutdown()
 		return nil, err
 	}
@@ -203,6 +203,33 @@ const (
 	// readyCheck bounds one call of nats-server's ReadyForConnections, which polls on its own.
 	readyCheck = 50 * time.Millisecond
 )
+
+// accountsReady returns nil once every node has loaded each account of
+// trust but the system account with JetStream enabled. In operator mode a
+// node loads an account from its resolver only when something asks for it,
+// and a JetStream request its clients send meanwhile, answered by a node
+// that has not, is refused "JetStream not enabled for account" (the server
+// of a cluster failed its own provisioning so).
+func accountsReady(nodes []*Server, trust *Trust) error {
+	if trust == nil {
+		return nil
+	}
+	for _, n := range nodes {
+		for pub := range trust.Accounts {
+			if pub == trust.SystemAccount {
+				continue
+			}
+			acc, err := n.ns.LookupAccount(pub)
+			if err != nil {
+				return fmt.Errorf("server %s: account %s: %w", n.Name(), pub, err)
+			}
+			if !acc.JetStreamEnabled() {
+				return fmt.Errorf("server %s: account %s: JetStream not enabled yet", n.Name(), pub)
+			}
+		}
+	}
+	return nil
+}
 
 // waitReady polls until every node listens for clients (and routes, when clustered) with
 // JetStream enabled and, if more is not nil, more returns nil. It gives up when timeout passes,
