@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
@@ -373,5 +375,37 @@ func TestDaemonDeadBeforeItAnsweredIsLost(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the rollout still waits for a daemon whose sandbox's init exited")
+	}
+}
+
+// lossySandbox is a live daemon whose answer to the first launch request
+// is lost on the way (a NATS node went down between the two); it started
+// the launch, so a repeat is answered launch_exists.
+type lossySandbox struct {
+	endlessSandbox
+	asked atomic.Int32
+}
+
+func (s *lossySandbox) Launch(ctx context.Context, r sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
+	if s.asked.Add(1) == 1 {
+		<-ctx.Done()
+		return sandboxapi.Record{}, ctx.Err()
+	}
+	return sandboxapi.Record{}, &jetstream.ServiceError{Code: sandboxapi.CodeLaunchExists, Status: 409, Detail: "launch " + r.LaunchID + " exists"}
+}
+
+// A launch request whose answer was lost while its daemon lives is asked
+// again once launchAsk passes, and the daemon's launch_exists is the
+// launch: the run is not failed by the call's timeout (a cluster node
+// killed at a prepare failed a rollout so, and held its agent unready
+// for three checkpoints).
+func TestLaunchRequestLostOnTheWayIsAskedAgain(t *testing.T) {
+	tier.Long(t)
+	a := agentWithLiveDaemon(t)
+	sb := &lossySandbox{endlessSandbox: *newEndlessSandbox()}
+	start := time.Now()
+	_, err := a.startLaunchIn(t.Context(), sb, "", "sb-live", sandboxapi.LaunchRequest{LaunchID: "r1.l1", Episode: "r1", Argv: []string{"true"}})
+	if !isCode(err, sandboxapi.CodeLaunchExists) || sb.asked.Load() != 2 {
+		t.Fatalf("after %v: %v, %d requests; want launch_exists from the second", time.Since(start), err, sb.asked.Load())
 	}
 }

@@ -149,15 +149,39 @@ func (a *Agent) adopt(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sandbox
 // a sandbox just lent (or forked) starts its daemon in the background.
 const DaemonWait = 60 * time.Second
 
+// launchAsk bounds one launch request: a daemon answers one at once, and
+// one that does not within it is asked again (startLaunchIn).
+const launchAsk = 10 * time.Second
+
 // startLaunchIn asks the daemon of session's sandbox for a launch, waiting
 // for a daemon that is not up yet, and gives up once it is gone
 // (errSandboxLost): a daemon that died answers no more. One that has not
 // answered for events.AliveUnanswered may have died before it ever did (a
 // fork's daemon killed at the restore): the owner, asked then, tells
-// whether the sandbox still runs.
+// whether the sandbox still runs. A request that goes unanswered within
+// launchAsk while the daemon lives was lost on the way, or its answer was
+// (a NATS node that went down between the two): it is asked again, which
+// the launch id makes safe (a repeat is answered launch_exists), for up
+// to DaemonWait; a daemon that answers none of them for that long is an
+// infrastructure fault, the sandbox lost, not the rollout's result.
 func (a *Agent) startLaunchIn(ctx context.Context, dc Sandbox, session, sandbox string, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
+	deadline := time.Now().Add(DaemonWait)
+	for {
+		rec, err := a.askLaunch(ctx, dc, session, sandbox, req)
+		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			return rec, err
+		}
+		if time.Now().After(deadline) {
+			return rec, fmt.Errorf("%w: the daemon of sandbox %s answers alive but no launch request for %s: %w", errSandboxLost, sandbox, DaemonWait, err)
+		}
+	}
+}
+
+// askLaunch is one launch request of startLaunchIn, asked again while no
+// one answers it.
+func (a *Agent) askLaunch(ctx context.Context, dc Sandbox, session, sandbox string, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
 	var unheard time.Time
-	return retryNoResponders(ctx, time.Minute, func(ctx context.Context) (sandboxapi.Record, error) {
+	return retryNoResponders(ctx, launchAsk, func(ctx context.Context) (sandboxapi.Record, error) {
 		if a.daemons.isGone(sandbox) {
 			return sandboxapi.Record{}, errSandboxLost
 		}
