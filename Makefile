@@ -18,7 +18,7 @@ FUZZTIME  ?= 400000x
 PKGS      ?= $(shell $(GO) list ./... | grep -v '/e2e/faults$$')
 # The end-to-end tests outside package e2e (those that call tier.E2E;
 # internal/tier's test keeps this list and them in step), and their packages.
-E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun)$$'
+E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun|TestDriverTakesAReplyNotMarkedFinishedAsTheAnswer)$$'
 E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/ ./participants/opencode/driver/
 # The CPU hogs of test-loaded: one per core.
 HOGS      ?= $(shell nproc 2>/dev/null || echo 2)

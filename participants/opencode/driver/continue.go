@@ -49,7 +49,8 @@ type server struct {
 // model as interrupted), reads the messages again and stops the server.
 // The user turns with content must be exactly the ones before, or the
 // summary says they changed. A session whose last step already answered
-// is not continued: its answer is the summary.
+// (answer) is not continued: its answer is the summary, and no model call
+// is made.
 func Continue(ctx context.Context, c Config, stdout, stderr io.Writer) (Summary, error) {
 	sum := Summary{Kind: SummaryKind, Continued: true}
 	if err := c.Validate(true); err != nil {
@@ -74,10 +75,13 @@ func Continue(ctx context.Context, c Config, stdout, stderr io.Writer) (Summary,
 	if err != nil {
 		return sum, err
 	}
-	if answered(before) {
-		s := summarise(before[lastUser(before)+1:])
+	if s, ok := answer(before); ok {
 		s.Kind, s.Session, s.Continued, s.UserTurns = SummaryKind, id, true, len(UserTurns(before))
-		fmt.Fprintf(stderr, "opencode-driver: session %s already answered; nothing to continue\n", id)
+		how := ""
+		if unmarkedAnswer(before[len(before)-1]) {
+			how = " (its answer arrived whole, but OpenCode had not marked the step finished)"
+		}
+		fmt.Fprintf(stderr, "opencode-driver: session %s already answered%s; nothing to continue\n", id, how)
 		return s, nil
 	}
 	if err := srv.post(ctx, id); err != nil {
@@ -110,14 +114,20 @@ func Continue(ctx context.Context, c Config, stdout, stderr io.Writer) (Summary,
 	return s, nil
 }
 
-// answered tells whether the session's last message is a step that ended
-// with an answer.
-func answered(msgs []Message) bool {
+// answer returns the summary of a session whose last message is the
+// model's answer, and whether it is: a step that finished with "stop", or
+// an answer OpenCode had not marked finished (unmarkedAnswer). Such a
+// session is not continued: OpenCode's agent loop would send the answer
+// back and ask the model for a turn after it.
+func answer(msgs []Message) (Summary, bool) {
 	if len(msgs) == 0 {
-		return false
+		return Summary{}, false
 	}
 	m := msgs[len(msgs)-1]
-	return m.Info.Role == "assistant" && m.Info.Finish == "stop" && m.Info.Error == nil && m.text() != ""
+	if m.Info.Role != "assistant" || m.Info.Error != nil || m.text() == "" || finish(m) != "stop" {
+		return Summary{}, false
+	}
+	return summarise(msgs[lastUser(msgs)+1:]), true
 }
 
 func lastUser(msgs []Message) int {

@@ -19,7 +19,10 @@
 //     messages are read, a message with no parts is posted (OpenCode stores
 //     an empty user message the model never sees and runs its loop again),
 //     the messages are read again: the user turns with content must be the
-//     ones before.
+//     ones before. A session whose last message is the model's answer,
+//     finished or stored whole but not yet marked finished (a checkpoint
+//     froze OpenCode in between), is not continued: that answer is the
+//     summary.
 //   - Check (`check`): the resume decision (Decide), from `opencode
 //     export` of the folder's session.
 //

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -39,35 +40,46 @@ var fixAdd = []modelserver.Turn{
 const prompt = "Make test.sh pass.\nThe bug is in calc.sh."
 
 type world struct {
-	t       *testing.T
-	ms      *modelserver.Server
-	url     string
-	drv     string
-	oc      string
-	home    string
-	work    string
-	headers []string
+	t    *testing.T
+	ms   *modelserver.Server
+	url  string
+	drv  string
+	oc   string
+	home string
+	work string
+	// env is added to the driver's environment.
+	env []string
+	// calls counts the model calls, those the server refused too.
+	calls atomic.Int64
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T) *world { return newScriptedWorld(t, fixAdd) }
+
+// newScriptedWorld is a world whose task's script is turns.
+func newScriptedWorld(t *testing.T, turns []modelserver.Turn) *world {
 	t.Helper()
 	oc, err := opencode.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
 	drv := build.StaticForTest(t, build.OpenCodeDriver)[build.OpenCodeDriver]
-	ms := modelserver.New(modelserver.Script{"fix-add": fixAdd})
+	ms := modelserver.New(modelserver.Script{"fix-add": turns})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: ms}
+	w := &world{t: t, ms: ms, url: "http://" + ln.Addr().String(), drv: drv, oc: oc}
+	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/chat/completions" {
+			w.calls.Add(1)
+		}
+		ms.ServeHTTP(rw, r)
+	})}
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close(); <-served })
 	dir := t.TempDir()
-	w := &world{t: t, ms: ms, url: "http://" + ln.Addr().String(), drv: drv, oc: oc,
-		home: filepath.Join(dir, "home"), work: filepath.Join(dir, "work")}
+	w.home, w.work = filepath.Join(dir, "home"), filepath.Join(dir, "work")
 	if err := os.MkdirAll(w.work, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +98,7 @@ func newWorld(t *testing.T) *world {
 func (w *world) driver(name, cmd string, args ...string) *child.Process {
 	w.t.Helper()
 	argv := append([]string{cmd, "--opencode", w.oc, "--home", w.home, "--work", w.work, "--title", "r1"}, args...)
-	return child.StartForTest(w.t, child.Spec{Name: name, Path: w.drv, Args: argv, Dir: w.work})
+	return child.StartForTest(w.t, child.Spec{Name: name, Path: w.drv, Args: argv, Dir: w.work, Env: w.env})
 }
 
 func (w *world) model() []string {
@@ -228,6 +240,126 @@ func TestDriverContinuesAfterACrashMidTool(t *testing.T) {
 	if r := w.ms.Repeats(); len(r) != 0 {
 		t.Errorf("repeated model calls: %v", r)
 	}
+}
+
+// readAndAnswer reads calc.sh and answers with text alone.
+var readAndAnswer = []modelserver.Turn{
+	{ToolCalls: []modelserver.ToolCall{modelserver.ReadCall("c0", "calc.sh")}},
+	{Content: "Read calc.sh: its add subtracts."},
+}
+
+// TestDriverTakesAReplyNotMarkedFinishedAsTheAnswer: OpenCode stores a
+// reply's text only once the reply's stream has ended, and records the
+// step's end (its finish) after that; a checkpoint that freezes it in
+// between, and a crash, leave a session whose final reply is whole but
+// not marked finished. Here OpenCode is killed at that point: the project
+// is a git repository, so OpenCode's snapshot of it (git write-tree) comes
+// between the two, and a git on PATH waits there once the answer is in
+// the store. The check continues the session; the continuation takes that
+// reply as the answer and makes no model call (the script has no turn
+// after its answer: OpenCode's agent loop on the session would ask for
+// one).
+func TestDriverTakesAReplyNotMarkedFinishedAsTheAnswer(t *testing.T) {
+	tier.E2E(t)
+	w := newScriptedWorld(t, readAndAnswer)
+	answer := readAndAnswer[len(readAndAnswer)-1].Content
+	gitBin, err := exec.LookPath("git")
+	if err != nil {
+		t.Fatal("the test needs git (apt-get install git)")
+	}
+	git := func(args ...string) {
+		cmd := exec.Command(gitBin, append([]string{"-c", "user.name=t", "-c", "user.email=t@example.invalid"}, args...)...)
+		cmd.Dir = w.work
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	git("init", "-q")
+	git("add", ".")
+	git("commit", "-q", "-m", "calc")
+	bin := t.TempDir()
+	armed, waiting := filepath.Join(bin, "armed"), filepath.Join(bin, "waiting")
+	store := filepath.Join(w.home, driver.StoreFiles[0])
+	wrapper := fmt.Sprintf(`#!/bin/sh
+case " $* " in
+*" write-tree "*)
+	if [ -e %[1]q ] && cat %[3]q %[3]q-wal 2>/dev/null | grep -qF %[4]q; then
+		: > %[2]q
+		while [ -e %[1]q ]; do sleep 0.1; done
+	fi;;
+esac
+exec %[5]q "$@"
+`, armed, waiting, store, answer, gitBin)
+	if err := os.WriteFile(filepath.Join(bin, "git"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(armed, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(armed) })
+	w.env = []string{"PATH=" + bin + string(filepath.ListSeparator) + os.Getenv("PATH")}
+
+	run := w.driver("run", "run", append([]string{"--prompt", prompt}, w.model()...)...)
+	poll.Wait(t, 2*time.Minute, "OpenCode finishing the step of its answer", func() bool {
+		exitedEarly(t, run)
+		_, err := os.Stat(waiting)
+		return err == nil
+	})
+	crash(t, run)
+	if err := os.Remove(armed); err != nil {
+		t.Fatal(err)
+	}
+
+	d := decision(t, w.driver("check", "check", "--prompt", prompt))
+	e := w.export(d.Session)
+	last := e.Messages[len(e.Messages)-1]
+	if last.Info.Role != "assistant" || last.Info.Finish != "" || last.Info.Error != nil || strings.TrimSpace(messageText(last)) != answer {
+		t.Fatalf("the saved session's last message %+v %+v: want the answer, not marked finished", last.Info, last.Parts)
+	}
+	if !d.Continue || !strings.Contains(d.Reason, "holds 2 completed model responses") {
+		t.Fatalf("check: %+v, want a continuation of 2 completed responses", d)
+	}
+	calls := w.calls.Load()
+	s := w.finish(w.driver("continue", "continue", append([]string{"--session", d.Session}, w.model()...)...))
+	if err := s.Err(); err != nil || s.Text != answer || !s.Continued || s.UserTurns != 1 {
+		t.Fatalf("continuation: %+v %v; want the saved answer", s, err)
+	}
+	if n := w.calls.Load(); n != calls {
+		t.Errorf("the continuation made %d model calls, want none", n-calls)
+	}
+	var turns []string
+	for _, e := range w.ms.Ledger() {
+		turns = append(turns, fmt.Sprint(e.Turn))
+	}
+	if got := strings.Join(turns, " "); got != "0 1" {
+		t.Errorf("turns called %q, want 0 1", got)
+	}
+}
+
+// export returns OpenCode's export of session id in the world's folder.
+func (w *world) export(id string) driver.Export {
+	w.t.Helper()
+	cmd := exec.Command(w.oc, "export", id)
+	cmd.Dir, cmd.Env = w.work, driver.Environ(w.home, w.work, os.Getenv("PATH"), 0)
+	out, err := cmd.Output()
+	if err != nil {
+		w.t.Fatalf("opencode export %s: %v", id, err)
+	}
+	var e driver.Export
+	if err := json.Unmarshal(out, &e); err != nil || len(e.Messages) == 0 {
+		w.t.Fatalf("opencode export %s: %v: %.300s", id, err, out)
+	}
+	return e
+}
+
+func messageText(m driver.Message) string {
+	var b strings.Builder
+	for _, p := range m.Parts {
+		if p.Type == "text" {
+			b.WriteString(p.Text)
+		}
+	}
+	return b.String()
 }
 
 // TestDriverReportsAFailedRun: a run whose model calls fail ends without an

@@ -9,4 +9,11 @@ func SummariseForTest(r io.Reader, w io.Writer) (Summary, error) {
 }
 
 // AnsweredForTest tells whether Continue would take msgs as answered.
-func AnsweredForTest(msgs []Message) bool { return answered(msgs) }
+func AnsweredForTest(msgs []Message) bool {
+	_, ok := answer(msgs)
+	return ok
+}
+
+// AnswerForTest returns the summary Continue gives a session msgs that
+// already answered, and whether it did.
+func AnswerForTest(msgs []Message) (Summary, bool) { return answer(msgs) }

@@ -3,6 +3,7 @@ package driver
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -115,13 +116,14 @@ func UserTurns(msgs []Message) []string {
 }
 
 // completedResponse tells whether an assistant message holds a whole reply
-// of the model: its step finished, or a tool call of it arrived whole
-// (running, completed or failed: a step that a crash caught mid-tool).
+// of the model: its step finished, it is an answer not yet marked
+// finished (unmarkedAnswer), or a tool call of it arrived whole (running,
+// completed or failed: a step that a crash caught mid-tool).
 func completedResponse(m Message) bool {
 	if m.Info.Role != "assistant" || m.Info.Error != nil {
 		return false
 	}
-	if m.Info.Time.Completed > 0 && m.Info.Finish != "" {
+	if m.Info.Finish != "" || unmarkedAnswer(m) {
 		return true
 	}
 	for _, p := range m.Parts {
@@ -130,6 +132,43 @@ func completedResponse(m Message) bool {
 		}
 	}
 	return false
+}
+
+// unmarkedAnswer tells whether m is a reply of text alone that OpenCode
+// stored but did not mark finished: no finish, no error, no tool call,
+// and some text. OpenCode stores a text part's text only when the
+// provider ends the text, which @ai-sdk/openai-compatible does once the
+// reply's stream has ended (the deltas are not stored: a reply cut
+// mid-stream is stored empty), and records the step's finish after that,
+// with the step-finish part and then the message; a checkpoint that
+// freezes it in between keeps a whole reply with no finish. (A reply a
+// failed stream cut is stored with its partial text too, but with the
+// step's error.)
+func unmarkedAnswer(m Message) bool {
+	if m.Info.Role != "assistant" || m.Info.Error != nil || m.Info.Finish != "" || strings.TrimSpace(m.text()) == "" {
+		return false
+	}
+	for _, p := range m.Parts {
+		if p.Type == "tool" {
+			return false
+		}
+	}
+	return true
+}
+
+// finish returns the finish reason of m's step: the message's, else, for
+// an answer not marked finished, its step-finish part's, else "stop" (a
+// reply of text alone).
+func finish(m Message) string {
+	if m.Info.Finish != "" || !unmarkedAnswer(m) {
+		return m.Info.Finish
+	}
+	for _, p := range slices.Backward(m.Parts) {
+		if p.Type == "step-finish" && p.Reason != "" {
+			return p.Reason
+		}
+	}
+	return "stop"
 }
 
 // Decision is whether a relaunch continues the saved session (the answer
@@ -170,5 +209,8 @@ func Decide(e Export, prompt, workdir string) Decision {
 	}
 	d.Continue = true
 	d.Reason = fmt.Sprintf("the saved session starts with the task and holds %d completed model responses in %d messages", n, len(e.Messages))
+	if _, ok := answer(e.Messages); ok {
+		d.Reason += "; the last is the answer"
+	}
 	return d
 }

@@ -31,6 +31,13 @@ func done(m driver.Message, finish string) driver.Message {
 	return m
 }
 
+// finished is m with its step's finish recorded but not yet its end
+// (OpenCode records the two one after the other).
+func finished(m driver.Message, finish string) driver.Message {
+	m.Info.Finish = finish
+	return m
+}
+
 // The resume decision: only a session of the project that starts with the
 // prompt and holds a whole model reply continues.
 func TestDecide(t *testing.T) {
@@ -53,6 +60,8 @@ func TestDecide(t *testing.T) {
 		{"a failed step", work, []driver.Message{user, failed}, false},
 		{"killed mid-tool", work, []driver.Message{user, message("assistant", text("Running."), tool("running"))}, true},
 		{"a finished step", work, []driver.Message{user, done(message("assistant", tool("completed")), "tool-calls")}, true},
+		{"an answer whose step has not ended", work, []driver.Message{user, finished(message("assistant", text("Fixed.")), "stop")}, true},
+		{"an answer not marked finished", work, []driver.Message{user, message("assistant", driver.Part{Type: "step-start"}, text("Fixed."))}, true},
 		{"the prompt without its newline", work, []driver.Message{message("user", text("Fix calc.sh.")), done(message("assistant", text("ok")), "stop")}, true},
 	} {
 		e := driver.Export{Info: driver.SessionInfo{ID: "ses_1", Directory: c.dir}, Messages: c.msgs}
@@ -179,9 +188,54 @@ func TestAnswered(t *testing.T) {
 		{"killed mid-tool", []driver.Message{user, message("assistant", tool("running"))}, false},
 		{"a failed step", []driver.Message{user, failed}, false},
 		{"continued, not yet answered", []driver.Message{user, done(message("assistant", text("Fixed.")), "stop"), message("user")}, false},
+		{"answered, the step not yet ended", []driver.Message{user, finished(message("assistant", text("Fixed.")), "stop")}, true},
+		{"answered, the step not marked finished", []driver.Message{user, message("assistant", driver.Part{Type: "step-start"}, text("Fixed."))}, true},
+		{"cut at its length, not marked finished", []driver.Message{user, message("assistant", text("Fix"), driver.Part{Type: "step-finish", Reason: "length"})}, false},
+		{"cut mid-stream", []driver.Message{user, message("assistant", driver.Part{Type: "step-start"}, text(""))}, false},
+		{"text and a call, not marked finished", []driver.Message{user, message("assistant", text("Running."), tool("running"))}, false},
+		{"text and a call still streaming", []driver.Message{user, message("assistant", text("Running."), tool("pending"))}, false},
 	} {
 		if got := driver.AnsweredForTest(c.msgs); got != c.want {
 			t.Errorf("%s: answered %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// A session whose final reply OpenCode had stored whole but not yet
+// marked finished when it was stopped (real exports of that state: the
+// text part holds the whole text, the message no finish; in the second the
+// step-finish part is stored too): the reply counts as a completed
+// response, and the session as answered, with that text as the answer,
+// so a continuation makes no model call.
+func TestAReplyNotMarkedFinishedIsTheAnswer(t *testing.T) {
+	for _, c := range []struct {
+		file  string
+		n     int
+		steps int
+		text  string
+	}{
+		{"final-reply-not-marked-finished.json", 5, 5, "Fixed add: test.sh passes."},
+		{"only-reply-not-marked-finished.json", 1, 1, "All done: nothing to fix, zebra-quartz."},
+	} {
+		b, err := os.ReadFile(filepath.Join("testdata", c.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e driver.Export
+		if err := json.Unmarshal(b, &e); err != nil {
+			t.Fatal(err)
+		}
+		last := e.Messages[len(e.Messages)-1]
+		if last.Info.Finish != "" || last.Info.Time.Completed != 0 || last.Info.Error != nil {
+			t.Fatalf("%s: the last message is marked: %+v", c.file, last.Info)
+		}
+		d := driver.Decide(e, prompt, e.Info.Directory)
+		if !d.Continue || !strings.Contains(d.Reason, fmt.Sprintf("holds %d completed model responses", c.n)) || !strings.Contains(d.Reason, "answer") {
+			t.Errorf("%s: %+v, want a continuation of %d completed responses, the last an answer", c.file, d, c.n)
+		}
+		s, ok := driver.AnswerForTest(e.Messages)
+		if !ok || s.Err() != nil || s.Text != c.text || s.Steps != c.steps || s.Finish != "stop" {
+			t.Errorf("%s: answered %v: %+v (%v), want the answer %q after %d steps", c.file, ok, s, s.Err(), c.text, c.steps)
 		}
 	}
 }

@@ -227,9 +227,10 @@ func copyEvents(r io.Reader, w io.Writer, onSession func(string)) (Summary, erro
 	}
 }
 
-// summarise reads what a continuation did from the messages it added:
-// its steps, the last one's finish and text, tool errors, and the first
-// error of a step.
+// summarise reads what a continuation did from the messages it added (or
+// what the saved steps did, for a session that already answered): its
+// steps, the last one's finish and text, tool errors, and the first error
+// of a step. An answer not marked finished counts as a step (finish).
 func summarise(msgs []Message) Summary {
 	var s Summary
 	for _, m := range msgs {
@@ -244,9 +245,9 @@ func summarise(msgs []Message) Summary {
 				s.toolError(p.Tool, p.State.Error)
 			}
 		}
-		if m.Info.Finish != "" {
+		if f := finish(m); f != "" {
 			s.Steps++
-			s.Finish = m.Info.Finish
+			s.Finish = f
 			s.setText(m.text())
 		}
 	}
