@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -147,6 +148,25 @@ func (l launch) has(comm string) bool {
 		}
 	}
 	return false
+}
+
+// end ends every process named comm in the launch's tree (SIGTERM): a
+// tool the test ends when it chooses, rather than one whose few seconds a
+// poll on a busy machine can miss.
+func (l launch) end(t *testing.T, comm string) {
+	t.Helper()
+	pids, _ := procfs.Tree(l.pid)
+	n := 0
+	for _, p := range pids {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", p)); err == nil && strings.TrimSpace(string(b)) == comm {
+			if err := syscall.Kill(p, syscall.SIGTERM); err == nil {
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no %s in the launch's processes to end", comm)
+	}
 }
 
 // stillness is what must not change while a launch is paused: every
@@ -369,7 +389,9 @@ func TestOpenCodePausedFourTimes(t *testing.T) {
 	for _, mode := range []string{"freeze", "stop"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			f := startOpenCodeFleet(t, "oc-"+mode, 1, 1, mode, 3)
+			// The test runs sleep until the test ends them (launch.end):
+			// the pauses mid-tool never race a tool's end.
+			f := startOpenCodeFleet(t, "oc-"+mode, 1, 1, mode, 3600)
 			ctx, cancel := context.WithTimeout(t.Context(), 6*time.Minute)
 			defer cancel()
 			id := f.id(0)
@@ -381,6 +403,7 @@ func TestOpenCodePausedFourTimes(t *testing.T) {
 			})
 			var seen []string
 			seen = append(seen, f.pausedFor(ctx, "c1-mid-tool", mode, l, 2*time.Second, f.ms.Hold))
+			l.end(t, "sleep")
 
 			poll.Wait(t, time.Minute, "OpenCode waiting for its held reply", func() bool { return f.ms.Held() == 1 })
 			seen = append(seen, f.pausedFor(ctx, "c2-held-reply", mode, l, 2*time.Second, f.ms.Release))
@@ -389,6 +412,7 @@ func TestOpenCodePausedFourTimes(t *testing.T) {
 				return f.answered(id, turnTest2) && l.has("sleep")
 			})
 			seen = append(seen, f.pausedFor(ctx, "c3-two-minutes", mode, l, 2*time.Minute, func() { f.ms.SlowNext(time.Second) }))
+			l.end(t, "sleep")
 
 			poll.Wait(t, time.Minute, "OpenCode reading its answer", func() bool {
 				es := f.entries(id)
