@@ -5,7 +5,8 @@
 # The tests come in tiers (internal/tier marks which test is in which):
 #   make test-short   unit and conformance tests (-short), under a minute
 #   make e2e          the end-to-end tests: package e2e and E2E_RUN below
-#   make test         every test: the two above and the long unit tests
+#   make test         every test: the two above and the long unit tests,
+#                     then every benchmark once, small (bench-once)
 #   make test-loaded  make test with a CPU hog on every core beside it
 
 GO        ?= go
@@ -28,7 +29,7 @@ HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,sandboxd,harness,stall,collector,nats
 CHAOS_SEED   ?= 1
 
-.PHONY: all help build test test-short e2e test-loaded lint fuzz bench chaos soak faults ci clean microvm-assets timeline-png
+.PHONY: all help build test bench-once test-short e2e test-loaded lint fuzz bench chaos soak faults ci clean microvm-assets timeline-png
 
 all: build
 
@@ -40,9 +41,17 @@ build:
 help:
 	@sed -n 's/^## //p' $(MAKEFILE_LIST)
 
-## test: every test, with the race detector (the README's test command).
+## test: every test, with the race detector, then every benchmark once at
+## its smallest size (bench-once). The README's test command.
 test:
 	$(GO) test -race -count=1 -timeout 40m $(PKGS)
+	$(MAKE) --no-print-directory bench-once
+
+## bench-once: every benchmark once (-benchtime 1x), at the smallest size
+## internal/tier gives it under -short, so that one that no longer runs
+## fails make test; the figures are not the point (make bench).
+bench-once:
+	$(GO) test -race -short -count=1 -run '^$$' -bench . -benchtime 1x -timeout 20m $(PKGS)
 
 ## test-short: the unit and conformance tests (-race -short): the end-to-end
 ## and long tests skip themselves. Under a minute on 2 cores.

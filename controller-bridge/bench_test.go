@@ -20,6 +20,7 @@ import (
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -67,7 +68,7 @@ func reportCPU(b *testing.B, start time.Duration, ops int) {
 // that each answer once, gathered until all N answers are in. No JetStream,
 // no CloudEvents, no state.
 func BenchmarkRawFanout(b *testing.B) {
-	for _, n := range benchSizes {
+	for _, n := range tier.Sizes(benchSizes...) {
 		b.Run("members="+strconv.Itoa(n), func(b *testing.B) {
 			env := jstest.Start(b, jstest.WithoutProvision())
 			conns := make([]*nats.Conn, benchConns)
@@ -136,7 +137,7 @@ func fanout(nc *nats.Conn, n int) error {
 // sharing the process's one consumer (membertest.Host), on an embedded server.
 // Compare with BenchmarkRawFanout of the same N.
 func BenchmarkCheckpointCycle(b *testing.B) {
-	for _, n := range benchSizes {
+	for _, n := range tier.Sizes(benchSizes...) {
 		b.Run("members="+strconv.Itoa(n), func(b *testing.B) {
 			env := jstest.Start(b)
 			quiet := zerolog.Nop()
@@ -211,7 +212,7 @@ func startBridgeQuiet(b *testing.B, env *jstest.Env) *bridge.Bridge {
 // same N cannot beat it; BenchmarkRawFanout is what it costs without
 // JetStream.
 func BenchmarkBusFloor(b *testing.B) {
-	for _, n := range benchSizes {
+	for _, n := range tier.Sizes(benchSizes...) {
 		b.Run("members="+strconv.Itoa(n), func(b *testing.B) {
 			env := jstest.Start(b)
 			nc, _ := env.Connect(b)

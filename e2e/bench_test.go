@@ -17,33 +17,39 @@ import (
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 )
 
-// The shape of BenchmarkCheckpoint64LiveRollouts.
-const (
-	benchRollouts = 64
-	benchAgents   = 2
-	benchRounds   = 10
-	// benchToolSeconds is how long each rollout's mid-tool runs: long
-	// enough that every rollout is still in it after the last of the
-	// rounds (the benchmark checks it), short enough to wait out at the
-	// end so that every rollout finishes and closes its own sandbox.
-	benchToolSeconds = 120
-)
+// benchShape is the shape of BenchmarkCheckpoint64LiveRollouts.
+type benchShape struct {
+	rollouts, agents, rounds int
+	// toolSeconds is how long each rollout's mid-tool runs: long enough
+	// that every rollout is still in it after the last of the rounds (the
+	// benchmark checks it), short enough to wait out at the end so that
+	// every rollout finishes and closes its own sandbox.
+	toolSeconds float64
+}
+
+// benchShapeOf returns the benchmark's shape: 64 rollouts through 10
+// rounds, or under -short (make test) 4 through 2.
+func benchShapeOf() benchShape {
+	return tier.Pick(benchShape{rollouts: 64, agents: 2, rounds: 10, toolSeconds: 120},
+		benchShape{rollouts: 4, agents: 2, rounds: 2, toolSeconds: 20})
+}
 
 // BenchmarkCheckpoint64LiveRollouts measures a checkpoint of 64 live
 // rollouts end to end: the bridge in this process, an owner (overlay
 // sandboxes) and two agents as stillpoint processes, 64 sandboxes each
 // running sandboxd and the scripted harness, every harness in the middle
-// of a tool call. It takes benchRounds checkpoints in a row and reports
-// per phase the p50 and p90 (and the max, in the table it prints) of
+// of a tool call (under -short, make test: 4 rollouts, 2 rounds, benchShapeOf).
+// It takes 10 checkpoints in a row and reports per phase the p50 and p90 (and the max, in the table it prints) of
 // prepare and commit (the bridge's own timing, CheckpointResult.PrepareMS
 // and CommitMS), resume (the resume phase's stream time to the last
-// member's resume ack) and total (the prepare phase's stream time to the
-// last resume ack). The table also says where each phase's time went:
+// member's resume ack, as the bridge's record of them says) and total
+// (the prepare phase's stream time to the last resume ack). The table also says where each phase's time went:
 // per member class, when its last ack arrived and the longest handling
 // time a member reported; and what the owner's snapshots took.
 //
@@ -55,18 +61,19 @@ const (
 // A run takes about two and a half minutes, most of it waiting for the
 // tools to end, and needs root (overlay sandboxes, cgroups).
 func BenchmarkCheckpoint64LiveRollouts(b *testing.B) {
+	shape := benchShapeOf()
 	if b.N > 1 {
-		b.Fatalf("each run takes a fixed %d checkpoints of a fresh fleet: run with -benchtime 1x", benchRounds)
+		b.Fatalf("each run takes a fixed %d checkpoints of a fresh fleet: run with -benchtime 1x", shape.rounds)
 	}
 	load := benchLoadavg()
-	f := startBenchFleet(b, benchRollouts, benchAgents, benchToolSeconds)
+	f := startBenchFleet(b, shape)
 	ctx, cancel := context.WithTimeout(b.Context(), 15*time.Minute)
 	defer cancel()
 
-	base := make([]benchSample, 0, benchRounds)
-	for i := range benchRounds {
+	base := make([]benchSample, 0, shape.rounds)
+	for i := range shape.rounds {
 		s, res := f.checkpoint(ctx, fmt.Sprintf("idle-%d", i+1))
-		if len(res.Continued) != 0 || len(res.Members) != 1+benchAgents {
+		if len(res.Continued) != 0 || len(res.Members) != 1+shape.agents {
 			b.Fatalf("idle checkpoint continued %v with members %v: the fleet is not idle", res.Continued, res.Members)
 		}
 		base = append(base, s)
@@ -75,25 +82,25 @@ func BenchmarkCheckpoint64LiveRollouts(b *testing.B) {
 
 	var outs []<-chan outcome
 	dispatched := time.Now()
-	for i := range benchRollouts {
+	for i := range shape.rollouts {
 		outs = append(outs, f.dispatch(ctx, i, 0))
 	}
 	// The replies of three model calls: setup, one step, and the
-	// computing call, whose tool (sleep benchToolSeconds) every harness
+	// computing call, whose tool (sleep shape.toolSeconds) every harness
 	// now runs.
-	f.waitCallsWithin(benchRollouts, 3, 3*time.Minute)
+	f.waitCallsWithin(shape.rollouts, 3, 3*time.Minute)
 	spread := time.Since(dispatched)
 
-	live := make([]benchSample, 0, benchRounds)
+	live := make([]benchSample, 0, shape.rounds)
 	liveStart := time.Now()
-	for i := range benchRounds {
+	for i := range shape.rounds {
 		id := fmt.Sprintf("live-%d", i+1)
 		s, res := f.checkpoint(ctx, id)
-		if len(res.Continued) != benchRollouts || len(res.Restarted) != 0 {
-			b.Fatalf("%s continued %d, restarted %v; want all %d continued", id, len(res.Continued), res.Restarted, benchRollouts)
+		if len(res.Continued) != shape.rollouts || len(res.Restarted) != 0 {
+			b.Fatalf("%s continued %d, restarted %v; want all %d continued", id, len(res.Continued), res.Restarted, shape.rollouts)
 		}
-		if n := s.members; n != 1+benchAgents+benchRollouts {
-			b.Fatalf("%s had %d members, want the owner, %d agents and %d sandbox daemons", id, n, benchAgents, benchRollouts)
+		if n := s.members; n != 1+shape.agents+shape.rollouts {
+			b.Fatalf("%s had %d members, want the owner, %d agents and %d sandbox daemons", id, n, shape.agents, shape.rollouts)
 		}
 		f.checkMidTool(ctx, id)
 		live = append(live, s)
@@ -120,8 +127,8 @@ func BenchmarkCheckpoint64LiveRollouts(b *testing.B) {
 			b.Fatalf("%s: verdict %s", tasks.ID(i), o.res.Verdict)
 		}
 		l := o.res.Launches
-		if len(l) != 1 || l[0].Pauses != benchRounds || l[0].Ended != agentapi.LaunchFinished {
-			b.Fatalf("%s: launch log %+v, want one finished launch paused %d times", tasks.ID(i), l, benchRounds)
+		if len(l) != 1 || l[0].Pauses != shape.rounds || l[0].Ended != agentapi.LaunchFinished {
+			b.Fatalf("%s: launch log %+v, want one finished launch paused %d times", tasks.ID(i), l, shape.rounds)
 		}
 	}
 	if r := f.ms.Repeats(); len(r) != 0 {
@@ -129,8 +136,8 @@ func BenchmarkCheckpoint64LiveRollouts(b *testing.B) {
 	}
 	f.release(ctx, 0)
 
-	benchReport(b, base, live, fmt.Sprintf("%d live rollouts, all in their %d s tool %.1f s after dispatch; %d checkpoints in %.1f s; load average %s",
-		benchRollouts, benchToolSeconds, spread.Seconds(), benchRounds, rounds.Seconds(), load))
+	benchReport(b, base, live, fmt.Sprintf("%d live rollouts, all in their %.0f s tool %.1f s after dispatch; %d checkpoints in %.1f s; load average %s",
+		shape.rollouts, shape.toolSeconds, spread.Seconds(), shape.rounds, rounds.Seconds(), load))
 }
 
 // benchSample is one checkpoint's times.
@@ -234,6 +241,7 @@ func (f *benchFleet) timesOf(ctx context.Context, id string) benchSample {
 	var (
 		s       benchSample
 		missing []events.Member
+		done    bool
 	)
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -243,20 +251,25 @@ func (f *benchFleet) timesOf(ctx context.Context, id string) benchSample {
 		if err != nil {
 			return false, err
 		}
-		s, missing = benchSampleOf(tl)
-		return len(missing) == 0, nil
+		s, missing, done = benchSampleOf(tl)
+		return done, nil
 	})
 	if err != nil {
-		f.t.Fatalf("checkpoint %s: no resume ack from %v after a minute: %v", id, missing, err)
+		f.t.Fatalf("checkpoint %s: no record of its resume's acks after a minute: %v", id, err)
+	}
+	if len(missing) > 0 {
+		f.t.Fatalf("checkpoint %s: the bridge heard no good resume ack from %v", id, missing)
 	}
 	return s
 }
 
-// benchSampleOf computes a checkpoint's times from its timeline and
-// returns the members whose resume ack is not in it yet (a placeholder
-// before the resume is).
-func benchSampleOf(tl []bridge.TimelineEntry) (benchSample, []events.Member) {
-	s := benchSample{last: map[string]time.Duration{}, took: map[string]time.Duration{}}
+// benchSampleOf computes a checkpoint's times from its timeline once it
+// holds the bridge's record of the resume's acks (done), and the members
+// that record says did not answer. Resume acks travel on core NATS
+// (PROTOCOL §3): the record (ResumeAcked) says who answered and how late
+// the last one came.
+func benchSampleOf(tl []bridge.TimelineEntry) (s benchSample, missing []events.Member, done bool) {
+	s = benchSample{last: map[string]time.Duration{}, took: map[string]time.Duration{}}
 	phases := map[events.Phase]bridge.TimelineEntry{}
 	seqs := map[uint64]events.Phase{}
 	for _, e := range tl {
@@ -267,11 +280,14 @@ func benchSampleOf(tl []bridge.TimelineEntry) (benchSample, []events.Member) {
 	}
 	res, ok := phases[events.PhaseResume]
 	if !ok {
-		return s, []events.Member{"(no resume yet)"}
+		return s, nil, false
 	}
-	acked := map[events.Member]bool{}
-	var lastResume time.Time
+	var resumed *events.ResumeAcked
 	for _, e := range tl {
+		if rec, ok := e.Data.(events.ResumeAcked); ok && rec.Seq == res.Data.(events.PhaseEvent).Header().Seq {
+			resumed = &rec
+			continue
+		}
 		if rec, ok := e.Data.(events.PrepareAcked); ok {
 			// The sandbox daemons' prepare acks travel on core NATS: the
 			// bridge's record says how late the last one came.
@@ -292,27 +308,28 @@ func benchSampleOf(tl []bridge.TimelineEntry) (benchSample, []events.Member) {
 		k := string(p) + "/" + class
 		s.last[k] = max(s.last[k], e.Time.Sub(phases[p].Time))
 		s.took[k] = max(s.took[k], benchMS(h.TookMS))
-		if p == events.PhaseResume {
-			acked[h.Member] = true
-			if e.Time.After(lastResume) {
-				lastResume = e.Time
-			}
-		}
 	}
-	members := res.Data.(events.PhaseEvent).Header().Members
-	var missing []events.Member
-	for _, m := range members {
-		if !acked[m] {
-			missing = append(missing, m)
-		}
+	if resumed == nil {
+		return s, nil, false
 	}
-	s.members = len(members)
+	s.members = resumed.Expected
 	if c, ok := phases[events.PhaseCommit]; ok {
 		s.commitAt = c.Time
 	}
-	s.resume = lastResume.Sub(res.Time)
-	s.total = lastResume.Sub(phases[events.PhasePrepare].Time)
-	return s, missing
+	last := time.Duration(resumed.MaxMS * float64(time.Millisecond))
+	s.resume = last
+	s.total = res.Time.Add(last).Sub(phases[events.PhasePrepare].Time)
+	if resumed.Answered == resumed.Expected && resumed.ErrorCount == 0 {
+		return s, nil, true
+	}
+	missing = resumed.Missing
+	for _, e := range resumed.Errors {
+		missing = append(missing, events.Member(fmt.Sprintf("%s (an error: %s)", e.Member, e.Code)))
+	}
+	if len(missing) == 0 {
+		missing = []events.Member{events.Member(fmt.Sprintf("(%d missing, %d errors of %d)", resumed.MissingCount, resumed.ErrorCount, resumed.Expected))}
+	}
+	return s, missing, true
 }
 
 // checkMidTool checks that the agents exported every rollout at its
@@ -336,8 +353,8 @@ func (f *benchFleet) checkMidTool(ctx context.Context, checkpoint string) {
 			n++
 		}
 	}
-	if n != benchRollouts {
-		f.t.Fatalf("%s: %d rollouts exported, want %d", checkpoint, n, benchRollouts)
+	if n != f.shape.rollouts {
+		f.t.Fatalf("%s: %d rollouts exported, want %d", checkpoint, n, f.shape.rollouts)
 	}
 }
 
@@ -414,7 +431,7 @@ func benchReport(b *testing.B, base, live []benchSample, head string) {
 		}
 	}
 	fmt.Fprintf(&sb, "where the time went (live, p50 over the checkpoints): phase publish to the class's last ack; longest took_ms in the class\n")
-	for _, p := range []events.Phase{events.PhasePrepare, events.PhaseCommit, events.PhaseResume} {
+	for _, p := range []events.Phase{events.PhasePrepare, events.PhaseCommit} {
 		for _, class := range []string{"owner", "agent", "sandbox"} {
 			k := string(p) + "/" + class
 			fmt.Fprintf(&sb, "  %-16s last ack %6.0f   took %6.0f\n", k,
@@ -435,16 +452,19 @@ func benchReport(b *testing.B, base, live []benchSample, head string) {
 	// The testing package keeps 10 lines of a benchmark's log: the table
 	// goes to stdout.
 	fmt.Printf("\n--- %s\n%s", b.Name(), sb.String())
-	// One op is a whole run (a fleet and 2×benchRounds checkpoints):
+	// One op is a whole run (a fleet and twice its rounds of checkpoints):
 	// ns/op would mislead.
 	b.ReportMetric(0, "ns/op")
 }
 
 // benchFleet is the e2e fleet (startFleet) with the benchmark's own
 // readings.
-type benchFleet struct{ *fleet }
+type benchFleet struct {
+	*fleet
+	shape benchShape
+}
 
-func startBenchFleet(tb testing.TB, n, agents int, toolSeconds float64) *benchFleet {
+func startBenchFleet(tb testing.TB, sh benchShape) *benchFleet {
 	tb.Helper()
-	return &benchFleet{startFleet(tb, fleetOptions{n: n, agents: agents, concurrency: n, toolSeconds: toolSeconds, steps: 1})}
+	return &benchFleet{startFleet(tb, fleetOptions{n: sh.rollouts, agents: sh.agents, concurrency: sh.rollouts, toolSeconds: sh.toolSeconds, steps: 1}), sh}
 }

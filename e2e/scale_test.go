@@ -58,7 +58,8 @@ var (
 	scaleFloorOnly = flag.Bool("scale.floor-only", false, "BenchmarkScale: measure the bus floor alone, no members, no bridge")
 )
 
-// The scale benchmark's sizes (docs/SCALE.md).
+// The scale benchmark's sizes (docs/SCALE.md); under -short (make test)
+// 200 members on R1.
 var (
 	scaleReplicas = []int{1, 3}
 	scaleMembers  = []int{1000, 2048, 5000, 10000}
@@ -103,9 +104,9 @@ const (
 //	go test -run '^$' -bench 'Scale/replicas=1/members=1000$' -benchtime 3x ./e2e/
 //	go test -run '^$' -bench 'Scale/replicas=3/members=10000$' -benchtime 1x -timeout 60m ./e2e/
 func BenchmarkScale(b *testing.B) {
-	for _, r := range scaleReplicas {
+	for _, r := range tier.Sizes(scaleReplicas...) {
 		b.Run("replicas="+strconv.Itoa(r), func(b *testing.B) {
-			for _, n := range scaleMembers {
+			for _, n := range tier.Pick(scaleMembers, []int{200}) {
 				b.Run("members="+strconv.Itoa(n), func(b *testing.B) {
 					cfg := scaleConfig{replicas: r, members: n, hosts: *scaleHosts, conns: *scaleConns, maxConsumers: *scaleMaxConsumers,
 						floorOnly: *scaleFloorOnly}

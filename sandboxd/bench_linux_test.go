@@ -12,6 +12,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -145,7 +146,7 @@ func BenchmarkPause(b *testing.B) {
 		mode sandboxapi.Mode
 	}{{"freeze", sandboxapi.ModeFreeze}, {"stop", sandboxapi.ModeStop}, {"scan", modeScan}}
 	for _, shape := range []string{"flat", "nested"} {
-		for _, n := range benchSizes {
+		for _, n := range tier.Sizes(benchSizes...) {
 			tr := &benchTree{shape: shape, n: n}
 			for _, m := range modes {
 				b.Run(fmt.Sprintf("mode=%s/shape=%s/procs=%d", m.name, shape, n), func(b *testing.B) {
@@ -188,7 +189,7 @@ func benchPauseLoop(b *testing.B, s *Supervisor, id string, mode sandboxapi.Mode
 // wait for "frozen 0", on the flat trees of BenchmarkPause, with nothing
 // else: no supervisor, no record, no pid list.
 func BenchmarkRawFreeze(b *testing.B) {
-	for _, n := range benchSizes {
+	for _, n := range tier.Sizes(benchSizes...) {
 		tr := &benchTree{shape: "flat", n: n}
 		b.Run(fmt.Sprintf("procs=%d", n), func(b *testing.B) {
 			s := tr.get(b)

@@ -1,4 +1,5 @@
-// Package tier marks the tests that only the full tiers run. The
+// Package tier marks the tests that only the full tiers run, and picks
+// the sizes benchmarks run at in make test (Sizes, Pick). The
 // Makefile runs the suite in four:
 //
 //   - make test-short: go test -race -short ./..., the unit and

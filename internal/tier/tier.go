@@ -21,3 +21,22 @@ func Long(t testing.TB) {
 		t.Skip("long: skipped under -short (make test-short); make test runs it")
 	}
 }
+
+// Sizes returns a benchmark's sizes, smallest first: all of them, or under
+// -short only the first. make test runs every benchmark so, once each
+// (-short -benchtime 1x), so that one that no longer runs fails the suite.
+func Sizes[T any](sizes ...T) []T {
+	if testing.Short() && len(sizes) > 0 {
+		return sizes[:1]
+	}
+	return sizes
+}
+
+// Pick returns full, or small under -short: the shape of a benchmark whose
+// size is more than one number (make test runs it small, once).
+func Pick[T any](full, small T) T {
+	if testing.Short() {
+		return small
+	}
+	return full
+}

@@ -11,19 +11,22 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
 
 // BenchmarkPhaseFanOut measures what one phase costs the bus to reach N
 // sandbox daemons, by the feed they read it from (PROTOCOL §3, Consumers):
 // an ordered consumer each (the feed before CoreFeed), or a core
-// subscription each of the stream's republish of its phases (CoreFeed). One op is one phase published to the
-// stream and received by all N; "consumers" is how many the stream holds
-// meanwhile. The subscribers share one connection, as the fan-out, not
-// the clients, is what is measured.
+// subscription each of the phase's live copy, which the bridge publishes
+// once the stream took the phase (CoreFeed). One op is one phase published
+// to the stream (and, for the core feed, its live copy) and received by
+// all N; "consumers" is how many the stream holds meanwhile. The
+// subscribers share one connection, as the fan-out, not the clients, is
+// what is measured.
 func BenchmarkPhaseFanOut(b *testing.B) {
 	for _, feed := range []string{"ordered", "core"} {
-		for _, n := range []int{100, 1000} {
+		for _, n := range tier.Sizes(100, 1000) {
 			b.Run(fmt.Sprintf("feed=%s/members=%d", feed, n), func(b *testing.B) { fanOut(b, feed, n) })
 		}
 	}
@@ -73,8 +76,15 @@ func fanOut(b *testing.B, feed string, n int) {
 	b.ResetTimer()
 	for b.Loop() {
 		left.Store(int64(n))
-		if _, err := env.JS.Publish(ctx, subject, []byte(`{"phase":"prepare"}`)); err != nil {
+		msg := &nats.Msg{Subject: subject, Data: []byte(`{"phase":"prepare"}`)}
+		ack, err := env.JS.PublishMsg(ctx, msg)
+		if err != nil {
 			b.Fatal(err)
+		}
+		if feed == "core" {
+			if err := nc.PublishMsg(events.LiveCopy(msg, ack.Sequence, 0)); err != nil {
+				b.Fatal(err)
+			}
 		}
 		select {
 		case <-all:

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/tier"
 )
 
 // benchSize is a changed tree: bytes of file data in files files, 100 per
@@ -72,7 +74,7 @@ func benchProvider(b *testing.B, name string) Provider {
 func BenchmarkSnapshot(b *testing.B) {
 	ctx := context.Background()
 	for _, prov := range []string{"overlay", "dir"} {
-		for _, sz := range benchSizes {
+		for _, sz := range tier.Sizes(benchSizes...) {
 			b.Run("provider="+prov+"/size="+sz.name, func(b *testing.B) {
 				p := benchProvider(b, prov)
 				sb := start(b, p, Spec{ID: "bench"})
@@ -101,7 +103,7 @@ func BenchmarkSnapshot(b *testing.B) {
 // BenchmarkSnapshot in the same run.
 func BenchmarkCopyBaseline(b *testing.B) {
 	requireRoot(b)
-	for _, sz := range benchSizes {
+	for _, sz := range tier.Sizes(benchSizes...) {
 		b.Run("size="+sz.name, func(b *testing.B) {
 			dir := b.TempDir()
 			src := filepath.Join(dir, "upper")
@@ -130,7 +132,7 @@ func BenchmarkCopyBaseline(b *testing.B) {
 func BenchmarkFork(b *testing.B) {
 	ctx := context.Background()
 	for _, prov := range []string{"overlay", "dir"} {
-		for _, sz := range benchSizes[:2] {
+		for _, sz := range tier.Sizes(benchSizes[:2]...) {
 			b.Run("provider="+prov+"/size="+sz.name, func(b *testing.B) {
 				p := benchProvider(b, prov)
 				sb := start(b, p, Spec{ID: "bench"})

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/tier"
 )
 
 // vmRSS reads a process's resident set size in bytes (VmRSS).
@@ -106,13 +108,14 @@ func BenchmarkMicroVM(b *testing.B) {
 
 // BenchmarkMicroVM16 takes 16 concurrent sandboxes through a checkpoint
 // (16 snapshots at once) and a restore (16 forks at once), as an owner
-// does at a commit and a restore (make bench).
+// does at a commit and a restore (make bench); under -short, 2 (make
+// test).
 func BenchmarkMicroVM16(b *testing.B) {
 	requireMicroVM(b)
 	m := newMicroVM(b, b.TempDir())
 	defer cleanupMicroVM(b, m)
 	ctx := context.Background()
-	const n = 16
+	n := tier.Pick(16, 2)
 	each := func(f func(i int) error) time.Duration {
 		t0 := time.Now()
 		var wg sync.WaitGroup
@@ -132,8 +135,8 @@ func BenchmarkMicroVM16(b *testing.B) {
 			_, err := m.Start(ctx, Spec{ID: fmt.Sprintf("v%d", i), Init: counterInit, Workdir: "/work"})
 			return err
 		})
-		var paused [n]time.Duration
-		var bytes [n]int64
+		paused := make([]time.Duration, n)
+		bytes := make([]int64, n)
 		checkpoint := each(func(i int) error {
 			s, err := m.Snapshot(ctx, fmt.Sprintf("v%d", i), fmt.Sprintf("c%d", i))
 			paused[i], bytes[i] = s.Took, s.Size
@@ -149,11 +152,11 @@ func BenchmarkMicroVM16(b *testing.B) {
 			maxPause = max(maxPause, paused[i])
 			total += bytes[i]
 		}
-		b.ReportMetric(started.Seconds(), "s-start16")
-		b.ReportMetric(checkpoint.Seconds(), "s-checkpoint16")
+		b.ReportMetric(started.Seconds(), fmt.Sprintf("s-start%d", n))
+		b.ReportMetric(checkpoint.Seconds(), fmt.Sprintf("s-checkpoint%d", n))
 		b.ReportMetric(maxPause.Seconds()*1000, "ms-max-paused")
-		b.ReportMetric(float64(total)/(1<<20), "MiB-state16")
-		b.ReportMetric(restore.Seconds(), "s-restore16")
+		b.ReportMetric(float64(total)/(1<<20), fmt.Sprintf("MiB-state%d", n))
+		b.ReportMetric(restore.Seconds(), fmt.Sprintf("s-restore%d", n))
 		var rss int64
 		for _, id := range m.Sandboxes() {
 			if box, err := m.boxes.get(id); err == nil && box.vm != nil {
