@@ -8,6 +8,7 @@
 #   make test         every test: the two above and the long unit tests,
 #                     then every benchmark once, small (bench-once)
 #   make test-loaded  make test with a CPU hog on every core beside it
+#   make flakes       the tiers again and again, shuffled and loaded
 
 GO        ?= go
 # An execution count, not a duration: Go 1.26's fuzz coordinator can report
@@ -21,15 +22,18 @@ PKGS      ?= $(shell $(GO) list ./... | grep -v '/e2e/faults$$')
 # internal/tier's test keeps this list and them in step), and their packages.
 E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun|TestDriverTakesAReplyNotMarkedFinishedAsTheAnswer)$$'
 E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/ ./participants/opencode/driver/
-# The CPU hogs of test-loaded: one per core.
+# The CPU hogs of test-loaded and flakes: one per core.
 HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
+# make flakes: how many times the short tier runs; LONG=0 skips the long.
+ROUNDS    ?= 3
+LONG      ?= 1
 
 # The fault kinds of `make chaos` and `make soak` (stillpoint chaos
 # --faults): every kind but those docs/RELIABILITY.md lists as open.
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,sandboxd,harness,stall,collector,nats
 CHAOS_SEED   ?= 1
 
-.PHONY: all help build test bench-once test-short e2e test-loaded lint fuzz bench chaos soak faults ci clean microvm-assets timeline-png
+.PHONY: all help build test bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak faults ci clean microvm-assets timeline-png
 
 all: build
 
@@ -52,6 +56,13 @@ test:
 ## fails make test; the figures are not the point (make bench).
 bench-once:
 	$(GO) test -race -short -count=1 -run '^$$' -bench . -benchtime 1x -timeout 20m $(PKGS)
+
+## flakes: look for flaky tests: the short tier ROUNDS times (default 3)
+## and then the long tier once, all with -shuffle=on beside a CPU hog per
+## core; prints each test that failed with its package and seed
+## (.ci/flakes). LONG=0 leaves the long tier out.
+flakes:
+	GO=$(GO) HOGS=$(HOGS) ROUNDS=$(ROUNDS) LONG=$(LONG) .ci/flakes
 
 ## test-short: the unit and conformance tests (-race -short): the end-to-end
 ## and long tests skip themselves. Under a minute on 2 cores.
