@@ -48,7 +48,7 @@ help:
 ## test: every test, with the race detector, then every benchmark once at
 ## its smallest size (bench-once). The README's test command.
 test:
-	$(GO) test -race -count=1 -timeout 40m $(PKGS)
+	$(GO) test -race -count=1 -parallel 8 -timeout 40m $(PKGS)
 	$(MAKE) --no-print-directory bench-once
 
 ## bench-once: every benchmark once (-benchtime 1x), at the smallest size
@@ -73,7 +73,7 @@ test-short:
 ## bridge's crash and process tests, the static sandboxd, the demo in-process,
 ## the OpenCode driver against the real OpenCode).
 e2e:
-	$(GO) test -race -count=1 -timeout 40m ./e2e/...
+	$(GO) test -race -count=1 -parallel 8 -timeout 40m ./e2e/...
 	$(GO) test -race -count=1 -timeout 20m -run $(E2E_RUN) $(E2E_PKGS)
 
 ## test-loaded: make test with HOGS CPU hogs (sha256sum /dev/zero, one per

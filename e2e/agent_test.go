@@ -57,6 +57,7 @@ func reward(t testing.TB, res agentapi.Result) float64 {
 // model call is repeated and no user turn injected.
 func TestPausedLaunchContinuesInPlace(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 0.25)
 	f := startFleet(t, fleetOptions{n: 1, toolSeconds: 4, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -155,6 +156,7 @@ func (f *fleet) checkLedger(restoredFrom time.Time) {
 // finishes with a full grade and no repeated model call.
 func TestCrashRestoreRelaunchesOnSavedSession(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 0.25)
 	const n = 4
 	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 3, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
@@ -210,6 +212,7 @@ func TestCrashRestoreRelaunchesOnSavedSession(t *testing.T) {
 // waiting for it, and it runs after the resume.
 func TestQueuedRunExportedAtSeed(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 0.25)
 	f := startFleet(t, fleetOptions{n: 2, concurrency: 1, toolSeconds: 3, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -244,6 +247,7 @@ func TestQueuedRunExportedAtSeed(t *testing.T) {
 // /metrics counts the fallback with its reason.
 func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 0.25)
 	f := startFleet(t, fleetOptions{n: 1, noPause: true, toolSeconds: 3, steps: 1, agentArgs: []string{"--metrics-addr", "127.0.0.1:0"}})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -291,6 +295,7 @@ func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 // repeated and no user turn injected.
 func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 1)
 	const n = 64
 	f := startFleet(t, fleetOptions{n: n, agents: 2, concurrency: n, toolSeconds: 1.5, steps: 2})
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)

@@ -162,6 +162,7 @@ func (f *fleet) latest(ctx context.Context) string {
 // --keep 0 releases everything.
 func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 0.75)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 2, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -201,6 +202,7 @@ func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
 // and ends with each result written exactly once.
 func TestCollectSIGTERMStopsAndTheRerunRestores(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 0.25)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 3, steps: 1})
 	c := f.collector(t)
 	c.start()
@@ -240,6 +242,7 @@ func TestCollectSIGTERMStopsAndTheRerunRestores(t *testing.T) {
 // result is written exactly once and no model call is repeated.
 func TestCollectKilledAndRerun(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 0.75)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 2, steps: 1})
 	c := f.collector(t)
 	c.start("--checkpoint-every", "1s")
@@ -265,6 +268,7 @@ func TestCollectKilledAndRerun(t *testing.T) {
 // is written exactly once.
 func TestCollectAgentRestartedUnderIt(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 0.75)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 3, steps: 1})
 	c := f.collector(t)
 	c.start()

@@ -76,6 +76,7 @@ func runDemo(t *testing.T, args ...string) {
 // kill -9 of the agents and the owner.
 func TestDemo(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 0.75)
 	runDemo(t)
 }
 
@@ -85,6 +86,7 @@ func TestDemo(t *testing.T) {
 // sandbox too, minted by the owner): the multi-node set-up of the README.
 func TestDemoOnAClusterWithCredentials(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 1)
 	b := buildBins(t)
 	dir := t.TempDir()
 	auth := filepath.Join(dir, "auth")
@@ -105,6 +107,7 @@ func TestDemoOnAClusterWithCredentials(t *testing.T) {
 // paths (the agent and sandboxd put paths under the sandbox's root).
 func TestDemoOnTheDirProvider(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 1)
 	runDemo(t, "--provider", "dir")
 }
 
@@ -114,5 +117,6 @@ func TestDemoOnTheDirProvider(t *testing.T) {
 // Cost: about 3 minutes, 8 OpenCode processes at once.
 func TestDemoWithOpenCode(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 1.25)
 	runDemo(t, "--harness", "opencode")
 }

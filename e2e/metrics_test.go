@@ -24,6 +24,7 @@ import (
 // of continuation) had counted something.
 func TestMetricsWhileADemoRuns(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 1)
 	b := buildBins(t)
 	p := child.StartForTest(t, child.Spec{Name: "demo", Path: b.stillpoint, Dir: "..",
 		Args: []string{"demo", "--dir", t.TempDir()}})

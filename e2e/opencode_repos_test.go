@@ -49,6 +49,7 @@ const (
 // as many again.
 func TestOpenCodeRepoTasksThroughTwoCheckpointsAndACrash(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 1.25)
 	if _, err := opencode.Binary(); err != nil {
 		t.Fatal(err)
 	}

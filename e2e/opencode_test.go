@@ -386,6 +386,7 @@ func (f *fleet) checkOpenCodeLedger(task string, want string) {
 // wall time, most of it the 2-minute pause, and two OpenCode processes.
 func TestOpenCodePausedFourTimes(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 0.5)
 	for _, mode := range []string{"freeze", "stop"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
@@ -454,6 +455,7 @@ func TestOpenCodePausedFourTimes(t *testing.T) {
 // the other.
 func TestOpenCodeSnapshotForksIntoAContinuation(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 0.25)
 	f := startOpenCodeFleet(t, "oc-fork", 1, 1, "freeze", 4)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
@@ -519,6 +521,7 @@ func TestOpenCodeSnapshotForksIntoAContinuation(t *testing.T) {
 // processes at once, then four more.
 func TestOpenCodeRolloutsThroughACrash(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 1)
 	const n = 4
 	f := startOpenCodeFleet(t, "oc-crash", n, 2, "freeze", 5)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
@@ -625,6 +628,7 @@ func TestOpenCodeRolloutsThroughACrash(t *testing.T) {
 // 25 s, two OpenCode processes one after the other.
 func TestOpenCodeThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 1)
 	f := startOpenCodeFleet(t, "oc-nopause", 1, 1, "freeze", 3, "--no-pause")
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,6 +69,7 @@ func freeAddr(t *testing.T) string {
 // ledger with no repeated call.
 func TestReadmeByHand(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 1.5)
 	runByHand(t, byHandBlock(t, readmeMarker))
 }
 
@@ -77,6 +79,7 @@ func TestReadmeByHand(t *testing.T) {
 // minutes.
 func TestReadmeByHandWithOpenCode(t *testing.T) {
 	tier.E2E(t)
+	parallel(t, 1.5)
 	if _, err := opencode.Binary(); err != nil {
 		t.Fatal(err)
 	}
@@ -89,10 +92,17 @@ func TestReadmeByHandWithOpenCode(t *testing.T) {
 	runByHand(t, block)
 }
 
+// checkoutBin is held by a test that runs a README block: the block builds
+// into the checkout's bin/ and runs what it built from there, so a second
+// block's build beside it would replace binaries the first is running.
+var checkoutBin sync.Mutex
+
 // runByHand runs a README block of the parts by hand and checks what it
 // did.
 func runByHand(t *testing.T, block string) {
 	t.Helper()
+	checkoutBin.Lock()
+	t.Cleanup(checkoutBin.Unlock)
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Fatal("the README's block runs in bash: apt-get install bash")
 	}
