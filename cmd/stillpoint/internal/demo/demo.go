@@ -97,8 +97,9 @@ With --harness opencode the agents run the real OpenCode (1.18.33, from npm:
 see docs/OPENCODE.md) on the bundled repository tasks instead (10 tasks of the
 command kind: small repositories with a failing test each, the model's script
 fixing 9 of them with OpenCode's own tools, the rewards from their tests);
---rollouts is then the number of them in flight at once. Each OpenCode
-process takes about 0.6 GB and 4 s of CPU to start.
+--rollouts then takes the first of them (all 10 by default), 8 at most in
+flight at once. Each OpenCode process takes about 0.6 GB and 4 s of CPU to
+start.
 
 It builds the static sandboxd and harness binaries first (go build, from the
 stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
@@ -370,9 +371,9 @@ func openLogFile(p string) *os.File {
 
 // taskSet returns the run's tasks and model script, and how many
 // rollouts the collector keeps in flight: the scripted set of --rollouts
-// tasks, all at once; or, with --harness opencode, the repository set for
-// OpenCode's tools, --rollouts of them at once (at most
-// openCodeInFlight).
+// tasks, all at once; or, with --harness opencode, the first --rollouts
+// tasks of the repository set for OpenCode's tools, at most
+// openCodeInFlight at once.
 func (d *demo) taskSet() ([]collect.Task, modelserver.Script, int, error) {
 	if d.f.harness != harnessOpenCode {
 		ts, script := tasks.Set(tasks.Options{N: d.f.rollouts, ToolSeconds: d.f.tool.Seconds(), Steps: cmp.Or(d.f.steps, 2)})
@@ -382,7 +383,13 @@ func (d *demo) taskSet() ([]collect.Task, modelserver.Script, int, error) {
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("demo: %w", err)
 	}
-	return ts, script, min(d.f.rollouts, openCodeInFlight, len(ts)), nil
+	if len(ts) > d.f.rollouts {
+		for _, t := range ts[d.f.rollouts:] {
+			delete(script, t.RolloutID)
+		}
+		ts = ts[:d.f.rollouts]
+	}
+	return ts, script, min(len(ts), openCodeInFlight), nil
 }
 
 // build builds the static binaries that go into sandboxes, and with
