@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -15,7 +16,6 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
-	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -27,7 +27,7 @@ import (
 // scripted harness, and with OpenCode.
 const (
 	readmeMarker         = "With a server running (`go run ./cmd/stillpoint server` in another terminal),"
-	readmeOpenCodeMarker = "hand with OpenCode, 4 rollouts at a time"
+	readmeOpenCodeMarker = "hand with OpenCode, on 4 of the repository tasks"
 )
 
 // byHandBlock returns a README block of the parts by hand: the first
@@ -69,17 +69,16 @@ func freeAddr(t *testing.T) string {
 // ledger with no repeated call.
 func TestReadmeByHand(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1.5)
+	parallel(t, 1.5, 15*time.Second)
 	runByHand(t, byHandBlock(t, readmeMarker))
 }
 
 // TestReadmeByHandWithOpenCode runs the README's parts by hand with
 // OpenCode as they are written, as TestReadmeByHand does the first block:
-// the real OpenCode runs the repository set, 4 at a time. Cost: about 2
-// minutes.
+// the real OpenCode runs 4 of the repository tasks at once.
 func TestReadmeByHandWithOpenCode(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1.5)
+	parallel(t, 1.5, 55*time.Second)
 	if _, err := opencode.Binary(); err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +133,13 @@ func runByHand(t *testing.T, block string) {
 	if err != nil || !exit.Success() {
 		t.Fatalf("the README's block: %v %v\n%s", exit, err, p.Output())
 	}
-	for _, want := range []string{`wrote 10 repos tasks`, `scripted model of 10 tasks`, `results +10 \(0 failed\)`, `ledger of \d+ requests`} {
+	ts, err := collect.ReadTasks(filepath.Join(w, "tasks.jsonl"))
+	if err != nil || len(ts) == 0 {
+		t.Fatalf("the block's tasks file: %d tasks, %v", len(ts), err)
+	}
+	n := len(ts)
+	for _, want := range []string{fmt.Sprintf(`wrote %d repos tasks`, n), fmt.Sprintf(`scripted model of %d tasks`, n),
+		fmt.Sprintf(`results +%d \(0 failed\)`, n), `ledger of \d+ requests`} {
 		if !regexp.MustCompile(want).MatchString(p.Output()) {
 			t.Errorf("the block's output does not say %q:\n%s", want, p.Output())
 		}
@@ -160,17 +165,20 @@ func runByHand(t *testing.T, block string) {
 		}
 		checkRepoVerdict(t, r.RolloutID, *r.Result)
 	}
-	for _, id := range tasks.RepoNames() {
-		if seen[id] != 1 {
-			t.Errorf("%s: %d results, want 1", id, seen[id])
+	for _, tk := range ts {
+		if seen[tk.RolloutID] != 1 {
+			t.Errorf("%s: %d results, want 1", tk.RolloutID, seen[tk.RolloutID])
 		}
+	}
+	if len(seen) != n {
+		t.Errorf("results of %d rollouts, want the %d of the tasks file", len(seen), n)
 	}
 	raw, err := os.ReadFile(filepath.Join(w, "ledger.json"))
 	if err != nil {
 		t.Fatalf("the model server wrote no ledger: %v", err)
 	}
 	var ledger []modelserver.Entry
-	if err := json.Unmarshal(raw, &ledger); err != nil || len(ledger) < len(tasks.RepoNames()) {
+	if err := json.Unmarshal(raw, &ledger); err != nil || len(ledger) < n {
 		t.Fatalf("ledger of %d entries: %v", len(ledger), err)
 	}
 	for _, e := range ledger {

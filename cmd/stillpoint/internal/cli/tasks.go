@@ -48,7 +48,7 @@ describes the format.
             agent --adapter opencode).
   scripted  the scripted coding tasks of the demo: owner --task-kind scripted.`,
 		Example: `  stillpoint tasks --set repos --out tasks.jsonl --dir repos
-  stillpoint tasks --set repos --harness opencode --out tasks.jsonl --dir repos
+  stillpoint tasks --set repos --harness opencode --n 4 --out tasks.jsonl --dir repos
   stillpoint tasks --set scripted --n 32 --out tasks.jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runTasks(g, f) },
@@ -57,7 +57,7 @@ describes the format.
 	fl.StringVar(&f.set, "set", "repos", "the set: repos or scripted")
 	fl.StringVar(&f.out, "out", "tasks.jsonl", "the tasks file to write")
 	fl.StringVar(&f.dir, "dir", "", "repos: where the repositories go (default: repos beside --out)")
-	fl.IntVar(&f.n, "n", 8, "scripted: how many tasks")
+	fl.IntVar(&f.n, "n", 0, "how many tasks: scripted, default 8; repos, the first n of the set in order of their ids (default all)")
 	fl.Float64Var(&f.toolSeconds, "tool-seconds", 0, "how long the slow tool call of each task takes (0: the set's default)")
 	fl.Float64Var(&f.verifySeconds, "verify-seconds", 0, "repos: how long each verify sleeps before it runs the tests")
 	fl.StringVar(&f.harness, "harness", tasks.HarnessScripted, "repos: the harness whose tools the model's script calls: scripted or opencode")
@@ -86,11 +86,23 @@ func runTasks(g *globals, f tasksFlags) error {
 		if dir, err = filepath.Abs(dir); err != nil {
 			return &exitError{code: ExitUsage, err: err}
 		}
+		if f.n < 0 {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--n %d: want at least 1 (or 0: the whole set)", f.n)}
+		}
 		if ts, script, err = tasks.Repos(tasks.RepoOptions{Dir: dir, ToolSeconds: f.toolSeconds, VerifySeconds: f.verifySeconds, Harness: f.harness}); err != nil {
 			return err
 		}
+		if f.n > 0 && f.n < len(ts) {
+			for _, t := range ts[f.n:] {
+				delete(script, t.RolloutID)
+			}
+			ts = ts[:f.n]
+		}
 		where = fmt.Sprintf(", their repositories in %s; serve them with owner --task-kind command", dir)
 	case "scripted":
+		if f.n == 0 {
+			f.n = 8
+		}
 		if f.n < 1 {
 			return &exitError{code: ExitUsage, err: fmt.Errorf("--n %d: want at least 1", f.n)}
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
@@ -51,6 +52,24 @@ func TestTasksAndModelServer(t *testing.T) {
 	fh.Close()
 	if err != nil || len(script["py-calc"]) == 0 || script["py-calc"][0].ToolCalls[0].Function.Name != "read" {
 		t.Fatalf("the OpenCode repository script: %v %v", script["py-calc"], err)
+	}
+	// --n takes the first tasks of the set, by id, and only their turns.
+	four := filepath.Join(dir, "four.jsonl")
+	if code := Main([]string{"tasks", "--set", "repos", "--n", "4", "--out", four}, &out, &errb); code != 0 {
+		t.Fatalf("tasks --set repos --n 4: exit %d: %s", code, errb.String())
+	}
+	ts4, err := collect.ReadTasks(four)
+	if err != nil || len(ts4) != 4 {
+		t.Fatalf("tasks --set repos --n 4: the collector reads %d tasks: %v", len(ts4), err)
+	}
+	want := tasks.RepoNames()[:4]
+	for i, tk := range ts4 {
+		if tk.RolloutID != want[i] {
+			t.Errorf("tasks --set repos --n 4: task %d is %s, want %s", i, tk.RolloutID, want[i])
+		}
+	}
+	if code := Main([]string{"tasks", "--set", "repos", "--n", "-1", "--out", four}, &out, &errb); code != ExitUsage {
+		t.Errorf("tasks --set repos --n -1: exit %d, want a usage error", code)
 	}
 
 	ledger := filepath.Join(dir, "ledger.json")
