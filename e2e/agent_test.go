@@ -57,7 +57,7 @@ func reward(t testing.TB, res agentapi.Result) float64 {
 // model call is repeated and no user turn injected.
 func TestPausedLaunchContinuesInPlace(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.25)
+	parallel(t, 0.25, 10*time.Second)
 	f := startFleet(t, fleetOptions{n: 1, toolSeconds: 4, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -156,7 +156,7 @@ func (f *fleet) checkLedger(restoredFrom time.Time) {
 // finishes with a full grade and no repeated model call.
 func TestCrashRestoreRelaunchesOnSavedSession(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.25)
+	parallel(t, 0.25, 15*time.Second)
 	const n = 4
 	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 3, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
@@ -212,7 +212,7 @@ func TestCrashRestoreRelaunchesOnSavedSession(t *testing.T) {
 // waiting for it, and it runs after the resume.
 func TestQueuedRunExportedAtSeed(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.25)
+	parallel(t, 0.25, 10*time.Second)
 	f := startFleet(t, fleetOptions{n: 2, concurrency: 1, toolSeconds: 3, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -247,7 +247,7 @@ func TestQueuedRunExportedAtSeed(t *testing.T) {
 // /metrics counts the fallback with its reason.
 func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.25)
+	parallel(t, 0.25, 5*time.Second)
 	f := startFleet(t, fleetOptions{n: 1, noPause: true, toolSeconds: 3, steps: 1, agentArgs: []string{"--metrics-addr", "127.0.0.1:0"}})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -295,7 +295,7 @@ func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 // repeated and no user turn injected.
 func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1)
+	parallel(t, 1, 35*time.Second)
 	const n = 64
 	f := startFleet(t, fleetOptions{n: n, agents: 2, concurrency: n, toolSeconds: 1.5, steps: 2})
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)

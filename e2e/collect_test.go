@@ -162,7 +162,7 @@ func (f *fleet) latest(ctx context.Context) string {
 // --keep 0 releases everything.
 func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.75)
+	parallel(t, 0.75, 10*time.Second)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 2, steps: 1})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -202,7 +202,7 @@ func TestCollectSIGUSR1CheckpointsAndGoesOn(t *testing.T) {
 // and ends with each result written exactly once.
 func TestCollectSIGTERMStopsAndTheRerunRestores(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.25)
+	parallel(t, 0.25, 40*time.Second)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 3, steps: 1})
 	c := f.collector(t)
 	c.start()
@@ -242,7 +242,7 @@ func TestCollectSIGTERMStopsAndTheRerunRestores(t *testing.T) {
 // result is written exactly once and no model call is repeated.
 func TestCollectKilledAndRerun(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.75)
+	parallel(t, 0.75, 10*time.Second)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 2, steps: 1})
 	c := f.collector(t)
 	c.start("--checkpoint-every", "1s")
@@ -268,7 +268,7 @@ func TestCollectKilledAndRerun(t *testing.T) {
 // is written exactly once.
 func TestCollectAgentRestartedUnderIt(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.75)
+	parallel(t, 0.75, 10*time.Second)
 	f := startFleet(t, fleetOptions{n: 8, agents: 2, concurrency: 8, toolSeconds: 3, steps: 1})
 	c := f.collector(t)
 	c.start()

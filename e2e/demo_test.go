@@ -76,7 +76,7 @@ func runDemo(t *testing.T, args ...string) {
 // kill -9 of the agents and the owner.
 func TestDemo(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.75)
+	parallel(t, 0.75, 25*time.Second)
 	runDemo(t)
 }
 
@@ -86,7 +86,7 @@ func TestDemo(t *testing.T) {
 // sandbox too, minted by the owner): the multi-node set-up of the README.
 func TestDemoOnAClusterWithCredentials(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1)
+	parallel(t, 1, 25*time.Second)
 	b := buildBins(t)
 	dir := t.TempDir()
 	auth := filepath.Join(dir, "auth")
@@ -107,7 +107,7 @@ func TestDemoOnAClusterWithCredentials(t *testing.T) {
 // paths (the agent and sandboxd put paths under the sandbox's root).
 func TestDemoOnTheDirProvider(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1)
+	parallel(t, 1, 20*time.Second)
 	runDemo(t, "--provider", "dir")
 }
 
@@ -117,6 +117,6 @@ func TestDemoOnTheDirProvider(t *testing.T) {
 // (TestOpenCodeRepoTasksThroughTwoCheckpointsAndACrash runs all 10.)
 func TestDemoWithOpenCode(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1)
+	parallel(t, 1, 1*time.Minute)
 	runDemo(t, "--harness", "opencode", "--rollouts", "4")
 }

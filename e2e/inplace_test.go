@@ -86,7 +86,7 @@ func inFlight(ms *modelserver.Server, task string) (modelserver.Entry, bool) {
 // and the fork's clock runs on from the snapshot).
 func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.75)
+	parallel(t, 0.75, 20*time.Second)
 	requireMicroVM(t)
 	const n = 2
 	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 1, steps: 2, provider: "microvm"})
@@ -240,7 +240,7 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 // one reach the new model server, and it finishes with its grade.
 func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.5)
+	parallel(t, 0.5, 4*time.Minute)
 	requireMicroVM(t)
 	if _, err := opencode.Binary(); err != nil {
 		t.Fatal(err)
@@ -313,7 +313,7 @@ func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
 // calling the model directly. None of it stops the restore.
 func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.75)
+	parallel(t, 0.75, 20*time.Second)
 	requireMicroVM(t)
 	const n = 2
 	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 1, steps: 2, provider: "microvm"})

@@ -24,7 +24,7 @@ import (
 // of continuation) had counted something.
 func TestMetricsWhileADemoRuns(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1)
+	parallel(t, 1, 25*time.Second)
 	b := buildBins(t)
 	p := child.StartForTest(t, child.Spec{Name: "demo", Path: b.stillpoint, Dir: "..",
 		Args: []string{"demo", "--dir", t.TempDir()}})

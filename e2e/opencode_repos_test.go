@@ -49,7 +49,7 @@ const (
 // as many again.
 func TestOpenCodeRepoTasksThroughTwoCheckpointsAndACrash(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1.25)
+	parallel(t, 1.25, 3*time.Minute)
 	if _, err := opencode.Binary(); err != nil {
 		t.Fatal(err)
 	}

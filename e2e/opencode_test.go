@@ -386,7 +386,7 @@ func (f *fleet) checkOpenCodeLedger(task string, want string) {
 // wall time, most of it the 2-minute pause, and two OpenCode processes.
 func TestOpenCodePausedFourTimes(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.5)
+	parallel(t, 0.5, 150*time.Second)
 	for _, mode := range []string{"freeze", "stop"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
@@ -455,7 +455,7 @@ func TestOpenCodePausedFourTimes(t *testing.T) {
 // the other.
 func TestOpenCodeSnapshotForksIntoAContinuation(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.25)
+	parallel(t, 0.25, 45*time.Second)
 	f := startOpenCodeFleet(t, "oc-fork", 1, 1, "freeze", 4)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
@@ -521,7 +521,7 @@ func TestOpenCodeSnapshotForksIntoAContinuation(t *testing.T) {
 // processes at once, then four more.
 func TestOpenCodeRolloutsThroughACrash(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1)
+	parallel(t, 1, 80*time.Second)
 	const n = 4
 	f := startOpenCodeFleet(t, "oc-crash", n, 2, "freeze", 5)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
@@ -628,7 +628,7 @@ func TestOpenCodeRolloutsThroughACrash(t *testing.T) {
 // 25 s, two OpenCode processes one after the other.
 func TestOpenCodeThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1)
+	parallel(t, 1, 30*time.Second)
 	f := startOpenCodeFleet(t, "oc-nopause", 1, 1, "freeze", 3, "--no-pause")
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()

@@ -40,7 +40,7 @@ const natsCLIVersion = "0.5.0"
 // a wrong call. A command added to the doc later is run as well.
 func TestPostmortemCommands(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.5)
+	parallel(t, 0.5, 15*time.Second)
 	natsCLI := requireNatsCLI(t)
 	if _, err := exec.LookPath("jq"); err != nil {
 		t.Fatal("docs/POSTMORTEM.md pipes into jq, which is not on PATH: apt-get install jq")
@@ -75,7 +75,7 @@ func TestPostmortemCommands(t *testing.T) {
 // server (no store path, no server to start), and work as printed.
 func TestPostmortemCommandsOnAServerOfItsOwn(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.5)
+	parallel(t, 0.5, 10*time.Second)
 	natsCLI := requireNatsCLI(t)
 	b := buildBins(t)
 	url := startServer(t, b, "server", "--dir", filepath.Join(t.TempDir(), "nats"), "--listen", "127.0.0.1:0")
@@ -371,7 +371,7 @@ func readRun(t *testing.T, url, run string) (committed, members []string) {
 // checkpoints (LATEST's history names each) and every member.
 func TestPostmortemLiveRunCommands(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.75)
+	parallel(t, 0.75, 5*time.Second)
 	natsCLI := requireNatsCLI(t)
 	b := buildBins(t)
 	const run = "live"

@@ -58,7 +58,7 @@ func checkRepoVerdict(t testing.TB, id string, res agentapi.Result) {
 // gave: 1 after the scripted fix, 0 for the control task.
 func TestRepoTasksThroughACheckpointAndACrash(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1.25)
+	parallel(t, 1.25, 20*time.Second)
 	f := startFleet(t, fleetOptions{agents: 2, concurrency: 8, repos: &tasks.RepoOptions{ToolSeconds: 4}})
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
@@ -103,7 +103,7 @@ func TestRepoTasksThroughACheckpointAndACrash(t *testing.T) {
 // the rollout returns exactly one result.
 func TestCheckpointDuringASlowVerify(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.25)
+	parallel(t, 0.25, 15*time.Second)
 	const verifySeconds = 12
 	f := startFleet(t, fleetOptions{concurrency: 1, repos: &tasks.RepoOptions{VerifySeconds: verifySeconds, NoControl: true}})
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)

@@ -62,7 +62,7 @@ func execOut(t *testing.T, p owner.Execer, id, script string) string {
 // leave no sandbox, snapshot, mount or cgroup behind.
 func TestCheckpointOfALiveSandbox(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.75)
+	parallel(t, 0.75, 5*time.Second)
 	bin := build.StaticForTest(t, build.Sandboxd)[build.Sandboxd]
 	env := jstest.Start(t)
 	p, err := provider.NewOverlay(provider.OverlayConfig{StateDir: t.TempDir()})

@@ -139,7 +139,7 @@ func BenchmarkScale(b *testing.B) {
 // below the cycle.
 func TestScaleHarness(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 1)
+	parallel(t, 1, 5*time.Second)
 	const n = 200
 	w := startScale(t, scaleConfig{replicas: 1, members: n, hosts: 4, conns: "member"})
 	w.warmUp(t)

@@ -31,7 +31,7 @@ const screenshotEnv = "STILLPOINT_TIMELINE_PNG"
 // the script ran), and a screenshot of it is a PNG.
 func TestTimelineHTMLOfTheDemoInChromium(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.75)
+	parallel(t, 0.75, 30*time.Second)
 	browser, err := exec.LookPath("chromium")
 	if err != nil {
 		t.Fatal("this test opens the timeline in headless Chromium, which is not installed: apt-get install chromium")
