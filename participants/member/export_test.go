@@ -13,7 +13,14 @@ import (
 // write.
 func WriteRecordsPaced(ctx context.Context, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
 	records []events.Record, before func(index int)) (events.MemberManifest, error) {
-	return writeRecords(ctx, store, run, checkpoint, m, records, before)
+	return writeRecords(ctx, store, run, checkpoint, m, records, writeHooks{before: before})
+}
+
+// WriteRecordsNoResponders is WriteRecords calling noResponders(try)
+// after each write that found no responders, before it is sent again.
+func WriteRecordsNoResponders(ctx context.Context, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
+	records []events.Record, noResponders func(try int)) (events.MemberManifest, error) {
+	return writeRecords(ctx, store, run, checkpoint, m, records, writeHooks{noResponders: noResponders})
 }
 
 // LoseCoreArrivals makes the core feed of m (Config.CoreFeed) lose the next

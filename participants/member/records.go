@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -215,13 +216,20 @@ func TakeExport(ctx context.Context, run, checkpoint string, m events.Member,
 // describes an empty export.
 func WriteRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
 	records []events.Record) (events.MemberManifest, error) {
-	return writeRecords(ctx, store, run, checkpoint, m, records, nil)
+	return writeRecords(ctx, store, run, checkpoint, m, records, writeHooks{})
 }
 
-// writeRecords is WriteRecords; before, when set, is called ahead of each
-// record's stop check: the tests stop a write in the middle with it.
+// writeHooks are what the tests see of a records write: before, when set,
+// is called ahead of each record's stop check (to stop a write in the
+// middle), noResponders after each write that found no responders.
+type writeHooks struct {
+	before       func(index int)
+	noResponders func(try int)
+}
+
+// writeRecords is WriteRecords with the tests' hooks.
 func writeRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint string, m events.Member,
-	records []events.Record, before func(index int)) (events.MemberManifest, error) {
+	records []events.Record, hooks writeHooks) (events.MemberManifest, error) {
 	if err := ctx.Err(); err != nil {
 		return events.MemberManifest{}, fmt.Errorf("%w before record 0 of %d: %w", ErrWriteStopped, len(records), err)
 	}
@@ -239,13 +247,36 @@ func writeRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint
 		return events.MemberManifest{}, err
 	}
 	name := want.Object
-	rr := &recordReader{ctx: ctx, records: records, before: before, d: newDigest()}
-	// The store call itself is not cancelled by the stop signal, so that a
-	// stopped write purges what it sent; the reader stops it.
-	info, err := store.Put(context.WithoutCancel(ctx), natsjs.ObjectMeta{
-		Name:        name,
-		Description: fmt.Sprintf("records of %s in checkpoint %s of run %s", m, checkpoint, run),
-	}, rr)
+	var (
+		rr   *recordReader
+		info *natsjs.ObjectInfo
+	)
+	for try, wait := 1, noRespondersWait; ; try, wait = try+1, wait*2 {
+		rr = &recordReader{ctx: ctx, records: records, before: hooks.before, d: newDigest()}
+		// The store call itself is not cancelled by the stop signal, so
+		// that a stopped write purges what it sent; the reader stops it.
+		info, err = store.Put(context.WithoutCancel(ctx), natsjs.ObjectMeta{
+			Name:        name,
+			Description: fmt.Sprintf("records of %s in checkpoint %s of run %s", m, checkpoint, run),
+		}, rr)
+		if !errors.Is(err, nats.ErrNoResponders) || wait > noRespondersMax {
+			break
+		}
+		if hooks.noResponders != nil {
+			hooks.noResponders(try)
+		}
+		// No server took the request: on a cluster, the interest of a
+		// store's stream (its reads, its chunks' subjects) reaches the
+		// other servers a moment after the stream has a leader, and
+		// again after a leader moves. Nothing was stored (Put purges the
+		// chunks of a write that failed), and the object is named by its
+		// content: write it again.
+		select {
+		case <-ctx.Done():
+			return events.MemberManifest{}, fmt.Errorf("%w: %s found no responders: %w", ErrWriteStopped, name, ctx.Err())
+		case <-time.After(wait):
+		}
+	}
 	if err != nil {
 		if errors.Is(err, ErrWriteStopped) || errors.Is(err, ErrBadRecord) {
 			return events.MemberManifest{}, err
@@ -320,6 +351,14 @@ func OwnRecords(ctx context.Context, js natsjs.JetStream, shared natsjs.ObjectSt
 	}
 	return store, nil
 }
+
+// noRespondersWait is the first pause before a records write that found
+// no responders is sent again, doubled each time; past noRespondersMax
+// the write fails with the error.
+const (
+	noRespondersWait = 25 * time.Millisecond
+	noRespondersMax  = 2 * time.Second
+)
 
 // streamLeaderWait bounds waitStreamLeader; a cluster elects a new
 // stream's leader in well under a second.

@@ -9,9 +9,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
 )
@@ -143,6 +145,57 @@ func TestRecordsWriteStops(t *testing.T) {
 	}
 	if n := info.CachedInfo().State.Msgs; n != 0 {
 		t.Fatalf("%d chunks left in the store", n)
+	}
+}
+
+// A records write that finds no responders (on a cluster, the servers
+// learn of a new store's stream, and of a leader that moved, a moment
+// after it has a leader) is sent again until the store takes it, and
+// fails naming the cause when it never does.
+func TestRecordsWriteWithNoRespondersIsSentAgain(t *testing.T) {
+	env := jstest.Start(t)
+	const stream = "OBJ_" + jetstream.BucketRecords
+	s, err := env.JS.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	if err := env.JS.DeleteStream(t.Context(), stream); err != nil {
+		t.Fatal(err)
+	}
+	recs := records(3, 100)
+	var tries []int
+	man, err := member.WriteRecordsNoResponders(t.Context(), env.Bus.Records, "run1", "c1", self, recs, func(try int) {
+		tries = append(tries, try)
+		if try == 2 {
+			if _, err := env.JS.CreateStream(t.Context(), cfg); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatalf("write once the store is back: %v", err)
+	}
+	if !slices.Equal(tries, []int{1, 2}) {
+		t.Fatalf("no responders on tries %v, want 1 and 2", tries)
+	}
+	if err := member.CreateManifest(t.Context(), env.Bus.Manifests, man); err != nil {
+		t.Fatal(err)
+	}
+	if _, all, err := member.ReadRecords(t.Context(), env.Bus, "run1", "c1", self, nil); err != nil || len(all) != len(recs) {
+		t.Fatalf("read back: %v, %d records, want %d", err, len(all), len(recs))
+	}
+
+	if err := env.JS.DeleteStream(t.Context(), stream); err != nil {
+		t.Fatal(err)
+	}
+	tries = nil
+	_, err = member.WriteRecordsNoResponders(t.Context(), env.Bus.Records, "run1", "c2", self, recs, func(try int) { tries = append(tries, try) })
+	if !errors.Is(err, nats.ErrNoResponders) || !strings.Contains(err.Error(), "run1/c2/agent.a.") {
+		t.Fatalf("write to a store that never comes back: %v, want no responders naming the object", err)
+	}
+	if len(tries) < 5 {
+		t.Fatalf("gave up after %d tries", len(tries))
 	}
 }
 
