@@ -148,6 +148,7 @@ type demo struct {
 	run      string
 	ids      []string // the rollouts of the task set
 	inFlight int      // how many the collector runs at once
+	lastTurn int      // the scripted tasks' last turn (each has as many)
 	token    string
 	log      zerolog.Logger
 	// who starts the lines it says (default "demo").
@@ -377,6 +378,9 @@ func openLogFile(p string) *os.File {
 func (d *demo) taskSet() ([]collect.Task, modelserver.Script, int, error) {
 	if d.f.harness != harnessOpenCode {
 		ts, script := tasks.Set(tasks.Options{N: d.f.rollouts, ToolSeconds: d.f.tool.Seconds(), Steps: cmp.Or(d.f.steps, 2)})
+		for _, turns := range script {
+			d.lastTurn = len(turns) - 1
+		}
 		return ts, script, d.f.rollouts, nil
 	}
 	ts, script, err := tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: tasks.HarnessOpenCode})
@@ -565,11 +569,16 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 	}
 	// The crash comes right after the second checkpoint. The scripted
 	// rollouts finish close together, so it comes while a quarter are
-	// on; OpenCode's take longer and apart, so it waits for one that the
-	// first checkpoint paused to have finished in place.
+	// on, and their last replies wait until the restore: however slow
+	// the machine, none can end before the crash, and every one is
+	// relaunched. OpenCode's take longer and apart, so it waits for one
+	// that the first checkpoint paused to have finished in place.
 	returned := 0
 	if d.f.harness == harnessOpenCode {
 		returned = 1
+	} else {
+		ms.HoldFrom(d.lastTurn)
+		defer ms.Release()
 	}
 	if err := waitUntil("a quarter of the rollouts had two more calls answered", func() bool {
 		return calls(4) >= max(inFlight/4, 1) && col.Counts().Done >= returned
@@ -599,6 +608,7 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 		return err
 	}
 	d.say("restored %s into the new processes", col.Summary().Restores[0])
+	ms.Release()
 	time.Sleep(300 * time.Millisecond)
 	return checkpoint(3)
 }
