@@ -17,9 +17,14 @@ GO        ?= go
 FUZZTIME  ?= 100000x
 # Every package but the fault matrix (e2e/faults), which runs on its own:
 # make faults. The longest first: go test starts the packages' test runs
-# in this order, -p at a time, and the e2e package takes most of make
-# test's time.
-PKGS      ?= $(shell $(GO) list ./e2e ./... | grep -v '/e2e/faults$$' | awk '!seen[$$0]++')
+# in this order, TESTP at a time; the e2e package takes most of make test's
+# time, and these unit packages the most after it.
+PKGS      ?= $(shell $(GO) list ./e2e ./participants/owner/provider ./participants/opencode/driver ./controller-bridge ./sandboxd/guest ./participants/agent ./... | grep -v '/e2e/faults$$' | awk '!seen[$$0]++')
+# How many packages' tests run at once (go test -p; its default is the
+# number of cores): most unit packages wait on processes, servers and
+# timers, so that on 2 cores with the e2e package in one slot the rest
+# would otherwise run one at a time, 20 minutes of mostly idle waiting.
+TESTP     ?= 4
 # The end-to-end tests outside package e2e (those that call tier.E2E;
 # internal/tier's test keeps this list and them in step), and their packages.
 E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun|TestDriverTakesAReplyNotMarkedFinishedAsTheAnswer)$$'
@@ -50,7 +55,7 @@ help:
 ## test: every test, with the race detector, then every benchmark once at
 ## its smallest size (bench-once). The README's test command.
 test:
-	$(GO) test -race -count=1 -parallel 32 -timeout 40m $(PKGS)
+	$(GO) test -race -count=1 -p $(TESTP) -parallel 32 -timeout 40m $(PKGS)
 	$(MAKE) --no-print-directory bench-once
 
 ## bench-once: every benchmark once (-benchtime 1x), at the smallest size
@@ -64,7 +69,7 @@ bench-once:
 ## core; prints each test that failed with its package and seed
 ## (.ci/flakes). LONG=0 leaves the long tier out.
 flakes:
-	GO=$(GO) HOGS=$(HOGS) ROUNDS=$(ROUNDS) LONG=$(LONG) PKGS="$(PKGS)" .ci/flakes
+	GO=$(GO) HOGS=$(HOGS) ROUNDS=$(ROUNDS) LONG=$(LONG) TESTP=$(TESTP) PKGS="$(PKGS)" .ci/flakes
 
 ## test-short: the unit and conformance tests (-race -short): the end-to-end
 ## and long tests skip themselves. Under a minute on 2 cores.
