@@ -24,7 +24,9 @@ PKGS      ?= $(shell $(GO) list ./e2e ./participants/owner/provider ./participan
 # number of cores): most unit packages wait on processes, servers and
 # timers, so that on 2 cores with the e2e package in one slot the rest
 # would otherwise run one at a time, 20 minutes of mostly idle waiting.
-TESTP     ?= 4
+# More would crowd the e2e package's tests off the CPU their scheduler
+# counts on.
+TESTP     ?= 3
 # The end-to-end tests outside package e2e (those that call tier.E2E;
 # internal/tier's test keeps this list and them in step), and their packages.
 E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun|TestDriverTakesAReplyNotMarkedFinishedAsTheAnswer)$$'
@@ -53,8 +55,11 @@ help:
 	@sed -n 's/^## //p' $(MAKEFILE_LIST)
 
 ## test: every test, with the race detector, then every benchmark once at
-## its smallest size (bench-once). The README's test command.
+## its smallest size (bench-once). The README's test command. The packages
+## are compiled first, so that on a cold cache the compiler does not take
+## the CPU from the end-to-end tests that started first.
 test:
+	$(GO) build -race $(PKGS)
 	$(GO) test -race -count=1 -p $(TESTP) -parallel 32 -timeout 40m $(PKGS)
 	$(MAKE) --no-print-directory bench-once
 

@@ -32,7 +32,9 @@ func TestStartMembers(t *testing.T) {
 	}
 	b := membertest.NewBridge(t, env, "run1")
 	hs[1].Participant.Block(events.Episode{Rollout: "t1-r0"})
-	seq := b.Publish(events.Prepare{PhaseHeader: b.Header("c1", 600*time.Millisecond, names...)})
+	// The blocked member answers not ready shortly before the deadline;
+	// the others must take the prepare before it, on a loaded machine too.
+	seq := b.Publish(events.Prepare{PhaseHeader: b.Header("c1", 3*time.Second, names...)})
 	for i, m := range names {
 		a := b.Ack(seq, events.PhasePrepare, m).(events.PrepareAck)
 		if a.Ready != (i != 1) {
