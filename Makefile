@@ -57,9 +57,12 @@ help:
 ## test: every test, with the race detector, then every benchmark once at
 ## its smallest size (bench-once). The README's test command. The packages
 ## are compiled first, so that on a cold cache the compiler does not take
-## the CPU from the end-to-end tests that started first.
+## the CPU from the end-to-end tests that started first: with the race
+## detector for the tests, and static (as internal/build and the README
+## build the commands) for the binaries the end-to-end tests run.
 test:
 	$(GO) build -race $(PKGS)
+	CGO_ENABLED=0 $(GO) build ./cmd/...
 	$(GO) test -race -count=1 -p $(TESTP) -parallel 32 -timeout 40m $(PKGS)
 	$(MAKE) --no-print-directory bench-once
 
