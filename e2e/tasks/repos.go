@@ -241,9 +241,9 @@ func goEnv() ([]string, error) {
 		"GOTOOLCHAIN=local", "GOPROXY=off", "GOFLAGS=-mod=mod", "GOENV=off", "GOWORK=off"}, nil
 }
 
-// warmed holds the Go repositories whose tests this process has built
-// into the build cache.
-var warmed sync.Map // repository name → error
+// warmed holds, by Go repository, the build of its tests into this host's
+// cache: once per process, every caller waiting for the one build.
+var warmed sync.Map // repository name → func() error (sync.OnceValue)
 
 // warmGoCache builds the tests of the Go repository in dir, running none,
 // into this host's build cache, which the overlay sandboxes read (their
@@ -251,19 +251,15 @@ var warmed sync.Map // repository name → error
 // test` compiles the standard library's testing packages, a minute of CPU
 // in each rollout, and the same in every sandbox again.
 func warmGoCache(dir string, env []string) error {
-	name := filepath.Base(dir)
-	if err, ok := warmed.Load(name); ok {
-		err, _ := err.(error)
-		return err
-	}
-	cmd := exec.Command("go", "test", "-count=1", "-run", "^$", "./...")
-	cmd.Dir, cmd.Env = dir, append(os.Environ(), env...)
-	var err error
-	if out, cerr := cmd.CombinedOutput(); cerr != nil {
-		err = fmt.Errorf("go test of the unchanged repository does not build: %w\n%s", cerr, out)
-	}
-	warmed.Store(name, err)
-	return err
+	build, _ := warmed.LoadOrStore(filepath.Base(dir), sync.OnceValue(func() error {
+		cmd := exec.Command("go", "test", "-count=1", "-run", "^$", "./...")
+		cmd.Dir, cmd.Env = dir, append(os.Environ(), env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go test of the unchanged repository does not build: %w\n%s", err, out)
+		}
+		return nil
+	}))
+	return build.(func() error)()
 }
 
 // Repos writes the repository set into o.Dir and returns its tasks, of the

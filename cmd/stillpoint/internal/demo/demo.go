@@ -571,12 +571,15 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 	// rollouts finish close together, so it comes while a quarter are
 	// on, and their last replies wait until the restore: however slow
 	// the machine, none can end before the crash, and every one is
-	// relaunched. OpenCode's take longer and apart, so it waits for one
-	// that the first checkpoint paused to have finished in place.
+	// relaunched (on microvm the snapshots keep the processes, which go
+	// on in place: nothing is relaunched, and nothing held). OpenCode's
+	// take longer and apart, so it waits for one that the first
+	// checkpoint paused to have finished in place.
 	returned := 0
-	if d.f.harness == harnessOpenCode {
+	switch {
+	case d.f.harness == harnessOpenCode:
 		returned = 1
-	} else {
+	case d.f.provider != "microvm":
 		ms.HoldFrom(d.lastTurn)
 		defer ms.Release()
 	}
