@@ -268,8 +268,9 @@ func writeRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint
 		// No server took the request: on a cluster, the interest of a
 		// store's stream (its reads, its chunks' subjects) reaches the
 		// other servers a moment after the stream has a leader, and
-		// again after a leader moves. Nothing was stored (Put purges the
-		// chunks of a write that failed), and the object is named by its
+		// again after a leader moves. A failed Put purges the chunks it
+		// sent (most often none: its first request, the object's info,
+		// is the one that finds no one), and the object is named by its
 		// content: write it again.
 		select {
 		case <-ctx.Done():
