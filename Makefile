@@ -6,7 +6,7 @@
 #   make test-short   unit and conformance tests (-short), under a minute
 #   make e2e          the end-to-end tests: package e2e and E2E_RUN below
 #   make test         every test: the two above and the long unit tests,
-#                     and every benchmark once, small (as bench-once)
+#                     then every benchmark once, small (bench-once)
 #   make test-loaded  make test with a CPU hog on every core beside it
 #   make flakes       the tiers again and again, shuffled and loaded
 
@@ -54,9 +54,9 @@ build:
 help:
 	@sed -n 's/^## //p' $(MAKEFILE_LIST)
 
-## test: every test, with the race detector, and every benchmark once at
-## its smallest size (as bench-once, in the same test binaries, after
-## their tests). The README's test command. The packages
+## test: every test, with the race detector, then every benchmark once at
+## its smallest size (bench-once: apart, since go test -bench runs the
+## packages one at a time). The README's test command. The packages
 ## are compiled first, so that on a cold cache the compiler does not take
 ## the CPU from the end-to-end tests that started first: with the race
 ## detector for the tests, and static (as internal/build and the README
@@ -64,7 +64,8 @@ help:
 test:
 	$(GO) build -race $(PKGS)
 	CGO_ENABLED=0 $(GO) build ./cmd/...
-	$(GO) test -race -count=1 -p $(TESTP) -parallel 32 -timeout 40m -bench . -benchtime 1x $(PKGS)
+	$(GO) test -race -count=1 -p $(TESTP) -parallel 32 -timeout 40m $(PKGS)
+	$(MAKE) --no-print-directory bench-once
 
 ## bench-once: every benchmark once (-benchtime 1x), at the smallest size
 ## internal/tier gives a smoke run, without the tests: what make test
