@@ -1,9 +1,6 @@
 package tier
 
-import (
-	"flag"
-	"testing"
-)
+import "testing"
 
 // E2E marks t as an end-to-end test: real processes, built binaries,
 // sandboxes, crashes. It skips t under -short; make e2e and make test run
@@ -25,33 +22,22 @@ func Long(t testing.TB) {
 	}
 }
 
-// Sizes returns a benchmark's sizes, smallest first: all of them, or only
-// the first in a smoke run (Smoke). make test runs every benchmark so,
-// once each (-benchtime 1x), so that one that no longer runs fails the
-// suite.
+// Sizes returns a benchmark's sizes, smallest first: all of them, or under
+// -short only the first. make test runs every benchmark so, once each
+// (bench-once: -short -benchtime 1x), so that one that no longer runs fails
+// the suite.
 func Sizes[T any](sizes ...T) []T {
-	if Smoke() && len(sizes) > 0 {
+	if testing.Short() && len(sizes) > 0 {
 		return sizes[:1]
 	}
 	return sizes
 }
 
-// Pick returns full, or small in a smoke run (Smoke): the shape of a
-// benchmark whose size is more than one number.
+// Pick returns full, or small under -short: the shape of a benchmark whose
+// size is more than one number (make test runs it small, once).
 func Pick[T any](full, small T) T {
-	if Smoke() {
+	if testing.Short() {
 		return small
 	}
 	return full
-}
-
-// Smoke reports whether the benchmarks run to show that they run, not for
-// their figures: under -short, or once each (-benchtime 1x), which gives
-// no figure worth the largest sizes.
-func Smoke() bool {
-	if testing.Short() {
-		return true
-	}
-	f := flag.Lookup("test.benchtime")
-	return f != nil && f.Value.String() == "1x"
 }
