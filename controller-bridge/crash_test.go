@@ -2,6 +2,7 @@ package bridge_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"regexp"
 	"slices"
@@ -287,6 +288,59 @@ func TestBridgeCrashDuringRelease(t *testing.T) {
 		if strings.Contains(o, "/c1/") {
 			t.Errorf("records %s of the released c1 are left", o)
 		}
+	}
+	for _, h := range hs {
+		if h.Participant.Count("release") != 1 {
+			t.Errorf("%s released %d times", h.Name, h.Participant.Count("release"))
+		}
+	}
+}
+
+// A bridge killed between a released checkpoint's records and its
+// manifest leaves that manifest marked: its members deleted their side
+// at the release phase, so it must read as restorable no more rather
+// than as a checkpoint whose records went missing. The next bridge
+// finishes the release.
+func TestBridgeCrashMidReleaseLeavesTheCheckpointMarked(t *testing.T) {
+	tier.E2E(t)
+	env := jstest.Start(t)
+	hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
+	b := startBridge(t, env, bridge.Config{})
+	for _, id := range []string{"c1", "c2"} {
+		if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id}); err != nil || res.Status != bridgeapi.StatusCommitted {
+			t.Fatalf("%+v %v", res, err)
+		}
+	}
+	dying, cl := startBridgeProcess(t, env, "bridge/mid-release")
+	cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if res, err := cl.Release(cctx, bridgeapi.ReleaseRequest{KeepLatest: 1}); err == nil {
+		t.Fatalf("the bridge answered %+v instead of dying", res)
+	}
+	exited(t, dying, 30*time.Second)
+	for _, o := range objects(t, env) {
+		if strings.Contains(o, "/c1/") {
+			t.Errorf("records %s of c1 are left: the bridge died before it deleted them", o)
+		}
+	}
+	e, err := env.Bus.Manifests.Get(cctx, events.ManifestKey(run, "c1"))
+	if err != nil {
+		t.Fatalf("c1's manifest: %v (the bridge died before it deleted it)", err)
+	}
+	var c1 events.CheckpointManifest
+	if err := json.Unmarshal(e.Value(), &c1); err != nil {
+		t.Fatal(err)
+	}
+	if c1.Released == nil || c1.Released.Op == "" || len(c1.Released.Failed) != 0 {
+		t.Fatalf("c1 half deleted, marked %+v; want a mark naming the release and no failure", c1.Released)
+	}
+	if c2, _ := env.Bus.Manifests.Get(cctx, events.ManifestKey(run, "c2")); c2 == nil || strings.Contains(string(c2.Value()), `"released"`) {
+		t.Errorf("the kept c2: %v", c2)
+	}
+
+	_, cl = startBridgeProcess(t, env, "")
+	if st, err := cl.Status(cctx); err != nil || st.Open != "" || len(st.Checkpoints) != 1 || st.Checkpoints[0].CheckpointID != "c2" {
+		t.Fatalf("after recovery: %+v %v", st, err)
 	}
 	for _, h := range hs {
 		if h.Participant.Count("release") != 1 {

@@ -270,7 +270,7 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 		}
 		return machine.CheckpointsListed{Checkpoints: all}
 	case machine.DeleteCheckpoints:
-		if err := b.deleteCheckpoints(ctx, e.Delete, e.Keep); err != nil {
+		if err := b.deleteCheckpoints(ctx, e.Delete, e.Keep, e.Mark); err != nil {
 			return failed(err)
 		}
 		return machine.CheckpointsDeleted{}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -195,15 +196,30 @@ func (b *Bridge) markReleased(ctx context.Context, keep []string, mark events.Re
 		if err := b.markOne(ctx, c.CheckpointID, mark); err != nil {
 			return err
 		}
+		b.log.Warn().Str("checkpoint", c.CheckpointID).Str("release", mark.Op).Msg("marked partly released: it restores no more")
 	}
 	return nil
 }
 
+// markOne sets mark on checkpoint id, merged with the mark it has. It
+// reads the key alone, not the member list: a release the bridge died in
+// may have deleted that list already, and marking must not need it.
 func (b *Bridge) markOne(ctx context.Context, id string, mark events.ReleaseMark) error {
 	for range 8 {
-		m, rev, err := b.manifest(ctx, id)
-		if err != nil || m == nil {
-			return err // gone meanwhile: nothing to mark
+		e, err := b.cfg.Bus.Manifests.Get(ctx, events.ManifestKey(b.cfg.Run, id))
+		if errors.Is(err, natsjs.ErrKeyNotFound) {
+			return nil // gone meanwhile: nothing to mark
+		}
+		if err != nil {
+			return fmt.Errorf("bridge: read manifest %s: %w", id, err)
+		}
+		rev := e.Revision()
+		m := &events.CheckpointManifest{}
+		if err := json.Unmarshal(e.Value(), m); err != nil {
+			return fmt.Errorf("bridge: manifest %s does not decode: %w", id, err)
+		}
+		if err := m.Validate(); err != nil {
+			return fmt.Errorf("bridge: manifest %s: %w", id, err)
 		}
 		next := mergeMark(m.Released, mark)
 		m.Released = &next
@@ -213,7 +229,6 @@ func (b *Bridge) markOne(ctx context.Context, id string, mark events.ReleaseMark
 		}
 		_, err = b.cfg.Bus.Manifests.Update(ctx, events.ManifestKey(b.cfg.Run, id), v, rev)
 		if err == nil {
-			b.log.Warn().Str("checkpoint", id).Str("release", mark.Op).Msg("marked partly released: it restores no more")
 			return nil
 		}
 		if !errors.Is(err, natsjs.ErrKeyExists) && !jetstream.IsWrongLastSequence(err) {
@@ -252,9 +267,17 @@ func mergeMark(old *events.ReleaseMark, mark events.ReleaseMark) events.ReleaseM
 }
 
 // deleteCheckpoints deletes what a release does not keep, then LATEST
-// unless it names a kept checkpoint.
-func (b *Bridge) deleteCheckpoints(ctx context.Context, del []machine.Deletion, keep []string) error {
+// unless it names a kept checkpoint. Each committed checkpoint is marked
+// released first (mark): its members deleted their side already, so one
+// the bridge dies deleting must read as restorable no more, not as a
+// checkpoint whose records are missing.
+func (b *Bridge) deleteCheckpoints(ctx context.Context, del []machine.Deletion, keep []string, mark events.ReleaseMark) error {
 	for _, d := range del {
+		if !d.KeepMarker {
+			if err := b.markOne(ctx, d.CheckpointID, mark); err != nil {
+				return err
+			}
+		}
 		if err := b.deleteCheckpoint(ctx, d); err != nil {
 			return err
 		}
@@ -463,6 +486,7 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 			}
 		}
 	}
+	failpoint.Hit("bridge/mid-release")
 	for _, k := range keys {
 		if err := b.cfg.Bus.Manifests.Purge(ctx, k); err != nil {
 			return fmt.Errorf("bridge: delete %s: %w", k, err)

@@ -93,11 +93,14 @@ type Deletion struct {
 
 // DeleteCheckpoints deletes, for each of Delete, its records, its member
 // manifests and then (unless KeepMarker) its key, in that order; then it
-// purges LATEST unless LATEST names one of Keep. Answer:
-// CheckpointsDeleted.
+// purges LATEST unless LATEST names one of Keep. Before it deletes
+// anything of a committed checkpoint it sets Mark on it: its members
+// have already deleted their side, and a bridge killed half-way leaves a
+// manifest that says it restores no more. Answer: CheckpointsDeleted.
 type DeleteCheckpoints struct {
 	Delete []Deletion
 	Keep   []string
+	Mark   events.ReleaseMark
 }
 
 // MarkReleased sets Mark on every committed checkpoint of the run not in

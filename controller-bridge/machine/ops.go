@@ -144,8 +144,12 @@ func (m *Machine) checkpointsListed(in CheckpointsListed) ([]Effect, error) {
 			res.Deleted = append(res.Deleted, c.CheckpointID)
 		}
 	}
+	mark := events.ReleaseMark{Op: res.OpID}
+	if len(res.MemberDeleted) > 0 {
+		mark.Deleted = res.MemberDeleted
+	}
 	m.want = wantCheckpointsDeleted
-	return []Effect{DeleteCheckpoints{Delete: del, Keep: res.Keep}}, nil
+	return []Effect{DeleteCheckpoints{Delete: del, Keep: res.Keep, Mark: mark}}, nil
 }
 
 func (m *Machine) releasedMarked(in ReleasedMarked) ([]Effect, error) {

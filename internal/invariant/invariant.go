@@ -100,6 +100,7 @@ func Check(ctx context.Context, r Run) []Result {
 			}
 		}
 		bad, nman = r.Manifests.result()
+		unverified = append(unverified, r.Manifests.released()...)
 		// A manifest read after a release deleted it (a verification
 		// that waited out a server's restart while the run went on) is
 		// not verified, and no violation; one missing with no release

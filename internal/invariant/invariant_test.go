@@ -201,3 +201,74 @@ func TestPausesFromThePrepareRecords(t *testing.T) {
 		t.Errorf("a committed checkpoint without its prepare's record: %+v, want it refused naming c3", got)
 	}
 }
+
+// Invariant 1 on a checkpoint a release was deleting as it was verified:
+// its records gone and its manifest marked (the bridge marks before it
+// deletes) is a checkpoint released before anyone heard of it, no
+// violation; records gone from a manifest no release marked is one.
+func TestCheckpointReleasedUnderItsVerification(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := t.Context()
+	membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
+	b, js := runBridge(t, env)
+	for _, id := range []string{"c1", "c2"} {
+		if res, err := b.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: id}); err != nil || res.Status != bridgeapi.StatusCommitted {
+			t.Fatalf("%s: %+v %v", id, res, err)
+		}
+	}
+	sum := collect.Summary{Checkpoints: []collect.CheckpointStat{
+		{ID: "c1", Status: bridgeapi.StatusCommitted}, {ID: "c2", Status: bridgeapi.StatusCommitted}}}
+	results := filepath.Join(t.TempDir(), "results.jsonl")
+	writeResults(t, results, "r1")
+
+	// c1's records deleted, as a release does first.
+	infos, err := env.Bus.Records.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleted := 0
+	for _, o := range infos {
+		if strings.Contains(o.Name, "/c1/") {
+			if err := env.Bus.Records.Delete(ctx, o.Name); err != nil {
+				t.Fatal(err)
+			}
+			deleted++
+		}
+	}
+	if deleted == 0 {
+		t.Fatalf("no records of c1 among %d objects", len(infos))
+	}
+	verify := func() invariant.Result {
+		var v invariant.Manifests
+		v.OnCommit(ctx, env.Bus, run, "c1")
+		v.OnCommit(ctx, env.Bus, run, "c2")
+		r := invariant.Run{Run: run, JS: js, Bus: env.Bus, Summary: sum, Results: results, Rollouts: []string{"r1"},
+			Model: modelserver.New(nil), Manifests: &v}
+		return invariant.Check(ctx, r)[0]
+	}
+	if got := verify(); got.OK || !strings.Contains(got.Detail, "the object is missing") {
+		t.Errorf("c1's records gone, its manifest unmarked: %+v, want a violation naming the missing object", got)
+	}
+
+	// The mark a release sets before it deletes anything.
+	e, err := env.Bus.Manifests.Get(ctx, events.ManifestKey(run, "c1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c1 events.CheckpointManifest
+	if err := json.Unmarshal(e.Value(), &c1); err != nil {
+		t.Fatal(err)
+	}
+	c1.Released = &events.ReleaseMark{Op: "release-9"}
+	v, _ := json.Marshal(c1)
+	if _, err := env.Bus.Manifests.Update(ctx, events.ManifestKey(run, "c1"), v, e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	got := verify()
+	if !got.OK || !strings.Contains(got.Detail, "1 released before the collector heard of them ([c1])") {
+		t.Errorf("c1 marked released: %+v, want it counted released, not verified", got)
+	}
+	if !strings.Contains(got.Detail, "2 member manifests of 2 checkpoints verified") {
+		t.Errorf("c2 should verify whole: %s", got.Detail)
+	}
+}

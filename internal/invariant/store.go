@@ -31,6 +31,10 @@ type Manifests struct {
 	// deleted by a release that came first (Check tells from the stream),
 	// or never written.
 	gone []string
+	// marked are the checkpoints a release marked (events.ReleaseMark)
+	// before they were verified: their members deleted their side, and
+	// the bridge may have died deleting its own; none restores.
+	marked []string
 }
 
 // OnCommit reads back the checkpoint manifest of run's checkpoint id (and,
@@ -53,13 +57,35 @@ func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id st
 		v.bad = append(v.bad, fmt.Sprintf("%s: manifest: %v", id, err))
 		return
 	}
+	if m.Released != nil {
+		v.marked = append(v.marked, id)
+		return
+	}
+	var bad []string
+	n := 0
 	for _, mm := range m.Members {
 		if err := readRecords(ctx, bus, m, mm); err != nil {
-			v.bad = append(v.bad, fmt.Sprintf("%s/%s: %v", id, mm.Member, err))
+			bad = append(bad, fmt.Sprintf("%s/%s: %v", id, mm.Member, err))
 			continue
 		}
-		v.manifests++
+		n++
 	}
+	// A release that began after the manifest was read marks it before
+	// it deletes a thing: records it deleted under the read are no
+	// violation, and the manifest read again says so.
+	if len(bad) > 0 {
+		again, err := readManifest(ctx, bus, run, id)
+		switch {
+		case errors.Is(err, natsjs.ErrKeyNotFound):
+			v.gone = append(v.gone, id)
+			return
+		case err == nil && again.Released != nil:
+			v.marked = append(v.marked, id)
+			return
+		}
+	}
+	v.bad = append(v.bad, bad...)
+	v.manifests += n
 }
 
 // readManifest reads the checkpoint manifest of run's checkpoint id, each
@@ -162,6 +188,14 @@ func (v *Manifests) missing() []string {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return append([]string(nil), v.gone...)
+}
+
+// released returns the checkpoints a release marked before they were
+// verified.
+func (v *Manifests) released() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.marked...)
 }
 
 // seen reports whether checkpoint id was verified.

@@ -9,6 +9,7 @@
 // -restore-acks once the phase is decided; bridge/after-member-list (the
 // checkpoint's member list written, its manifest not yet), after-manifest,
 // bridge/after-abort-marker, bridge/after-latest, bridge/after-outcome
-// (checkpoint.committed) and bridge/after-restore-retire (the retire of a
-// failed restore, published).
+// (checkpoint.committed), bridge/after-restore-retire (the retire of a
+// failed restore, published) and bridge/mid-release (a released
+// checkpoint's records deleted, its manifest not yet).
 package failpoint

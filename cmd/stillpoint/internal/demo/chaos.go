@@ -69,7 +69,7 @@ var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultSand
 var BridgeFailpoints = []string{
 	"bridge/after-prepare", "bridge/after-prepare-acks", "bridge/after-commit", "bridge/after-commit-acks",
 	"bridge/after-manifest", "bridge/after-latest", "bridge/after-outcome", "bridge/after-abort-marker",
-	"bridge/after-release", "bridge/after-restore", "bridge/after-restore-acks",
+	"bridge/after-release", "bridge/mid-release", "bridge/after-restore", "bridge/after-restore-acks",
 }
 
 // The points of a checkpoint a fault other than the bridge's waits for,
