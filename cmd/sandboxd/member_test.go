@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"os"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -30,6 +32,7 @@ func TestStaticMemberBinary(t *testing.T) {
 	tier.E2E(t)
 	bin := build.StaticForTest(t, build.Sandboxd)[build.Sandboxd]
 	t.Run("open", func(t *testing.T) { memberBinary(t, bin, jstest.Start(t), nil) })
+	t.Run("output unread", func(t *testing.T) { outputUnread(t, bin, jstest.Start(t)) })
 	t.Run("roles", func(t *testing.T) {
 		env := jstest.Start(t, jstest.WithRoles())
 		memberBinary(t, bin, env.As(embedded.RoleAgent), []string{"--nkey", env.As(embedded.RoleSandbox).ConnConfig("").NKeyFile})
@@ -75,5 +78,46 @@ func memberBinary(t *testing.T, bin string, env *jstest.Env, more []string) {
 	}
 	if rc, err := c.Stop(ctx, launch, true); err != nil || rc.Outcome.String() != "interrupted" {
 		t.Fatalf("stop: %+v %v", rc, err)
+	}
+}
+
+// outputUnread runs the binary with its output a pipe, as the owner runs
+// it, and closes the pipe's reading end, as an owner that died does: the
+// daemon goes on, and stops on SIGINT cleanly, its last words lost,
+// rather than dying of SIGPIPE at its next log line.
+func outputUnread(t *testing.T, bin string, env *jstest.Env) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "member", "--nats-url", env.URL, "--run", "run1", "--id", "sb2", "--state", t.TempDir(), "--grace", "1s")
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	var waitErr error
+	done := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	line, err := bufio.NewReader(r).ReadString('\n')
+	if err != nil || !strings.Contains(line, `"member":"sandbox.sb2"`) {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	r.Close()
+	membertest.WaitRegistered(t, env, "run1", events.Member("sandbox.sb2"), nil)
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+		if waitErr != nil {
+			t.Fatalf("sandboxd with its output unread stopped on SIGINT with %v, want a clean exit", waitErr)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("sandboxd did not stop within 15 s of SIGINT")
 	}
 }

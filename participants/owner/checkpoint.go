@@ -350,6 +350,9 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 		if forker != nil {
 			spec = forker.ForkSpec(spec)
 		}
+		if spec.Output == nil {
+			spec.Output = o.initOutput(spec.ID)
+		}
 		began := time.Now()
 		sb, err := o.snap.Fork(ctx, p.data.Sandbox.Snapshot, spec)
 		if err != nil {

@@ -156,6 +156,9 @@ func (o *Owner) start(ctx context.Context, sessionID string, ep events.Episode, 
 	if spec.Workdir == "" {
 		spec.Workdir = "/"
 	}
+	if spec.Output == nil {
+		spec.Output = o.initOutput(spec.ID)
+	}
 	sb, err := o.cfg.Provider.Start(ctx, spec)
 	if err != nil {
 		return nil, fmt.Errorf("owner: start sandbox of session %s: %w", sessionID, err)

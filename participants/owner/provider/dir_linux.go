@@ -136,6 +136,10 @@ func (d *Dir) create(ctx context.Context, box *dirBox, spec Spec, snapshotID str
 		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.Dir, cmd.Env = workdir, box.env
 		cmd.Stdout, cmd.Stderr = spec.Output, spec.Output
+		// An Output that is no file is copied from a pipe, which a
+		// process the init left behind may hold open: its exit is what
+		// the teardown waits for, not the pipe's end.
+		cmd.WaitDelay = time.Second
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		return cmd.Start()
 	})

@@ -417,11 +417,15 @@ func (o *Overlay) startInit(ctx context.Context, box *overlayBox, spec Spec, c i
 	}
 	defer r.Close()
 	cmd := &exec.Cmd{
-		Path:       "/proc/self/exe",
-		Args:       []string{initArg0},
-		Env:        []string{initEnv + "=" + string(js)},
-		Stdout:     spec.Output,
-		Stderr:     spec.Output,
+		Path:   "/proc/self/exe",
+		Args:   []string{initArg0},
+		Env:    []string{initEnv + "=" + string(js)},
+		Stdout: spec.Output,
+		Stderr: spec.Output,
+		// An Output that is no file is copied from a pipe; the init's
+		// end closes when its namespace dies, and this bounds the wait
+		// for what was left in it.
+		WaitDelay:  time.Second,
 		ExtraFiles: []*os.File{w}, // fd 3 = initStatusFD
 		SysProcAttr: &syscall.SysProcAttr{
 			Cloneflags:  syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS,
