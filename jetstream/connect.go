@@ -18,8 +18,18 @@ import (
 // Reconnect behaviour of Connect. A member must ride out a server restart or a cluster failover
 // (4–9 s for a crashed R3 leader), so it never gives up.
 const (
-	// ConnectTimeout bounds one dial to one server unless ctx has an earlier deadline.
+	// ConnectTimeout bounds the first dial to one server unless ctx has an earlier deadline.
 	ConnectTimeout = 2 * time.Second
+	// SlowConnectFor is how long Connect tries the first connection again
+	// while the server does not answer within the dial's timeout, each
+	// dial given twice the last one's (up to MaxConnectTimeout), unless ctx
+	// ends first: a process started beside a busy server (a loaded
+	// machine, a guest under emulation behind its user-mode network) took
+	// more than one dial's 2 s, exited, and took its sandbox with it. A
+	// refused connection or an authentication error is not tried again.
+	SlowConnectFor = 30 * time.Second
+	// MaxConnectTimeout bounds one dial of the first connection's tries.
+	MaxConnectTimeout = 10 * time.Second
 	// ReconnectWait is the pause between reconnect attempts to the same server.
 	ReconnectWait = 500 * time.Millisecond
 )
@@ -72,8 +82,9 @@ func (c ConnConfig) Validate() error {
 
 // Connect validates cfg and connects to NATS. It reconnects forever with ReconnectWait between
 // attempts; opts are applied last and override these defaults (add handlers for disconnect and
-// reconnect there). ctx bounds the first connection through its deadline: one dial to one server
-// waits at most ConnectTimeout or until the deadline, whichever is sooner. Errors name what failed
+// reconnect there). The first connection is tried again while the server does not answer in time,
+// each dial waiting twice as long as the last (ConnectTimeout first), until ctx's deadline or for
+// SlowConnectFor when it has none; a refused connection fails at once. Errors name what failed
 // (the config field, the file, or the servers, with credentials in URLs redacted).
 func Connect(ctx context.Context, cfg ConnConfig, opts ...nats.Option) (*nats.Conn, error) {
 	if err := cfg.Validate(); err != nil {
@@ -83,15 +94,7 @@ func Connect(ctx context.Context, cfg ConnConfig, opts ...nats.Option) (*nats.Co
 		return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), err)
 	}
 
-	timeout := ConnectTimeout
-	if deadline, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(deadline))
-		if timeout <= 0 {
-			return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), context.DeadlineExceeded)
-		}
-	}
 	all := []nats.Option{
-		nats.Timeout(timeout),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(ReconnectWait),
 	}
@@ -123,11 +126,31 @@ func Connect(ctx context.Context, cfg ConnConfig, opts ...nats.Option) (*nats.Co
 	}
 	all = append(all, opts...)
 
-	nc, err := nats.Connect(joinURLs(cfg.URL), all...)
-	if err != nil {
-		return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), err)
+	deadline := time.Now().Add(SlowConnectFor)
+	if d, ok := ctx.Deadline(); ok {
+		deadline = d
 	}
-	return nc, nil
+	for timeout := ConnectTimeout; ; timeout = min(2*timeout, MaxConnectTimeout) {
+		timeout = min(timeout, time.Until(deadline))
+		if timeout <= 0 {
+			return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), context.DeadlineExceeded)
+		}
+		// The dial's timeout first: an option in opts may set it too.
+		nc, err := nats.Connect(joinURLs(cfg.URL), append([]nats.Option{nats.Timeout(timeout)}, all...)...)
+		if err == nil {
+			return nc, nil
+		}
+		if !timedOut(err) || ctx.Err() != nil || time.Until(deadline) <= 0 {
+			return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), err)
+		}
+	}
+}
+
+// timedOut tells whether a connection failed for want of an answer in
+// time (the dial or the server's greeting), as a slow server's does.
+func timedOut(err error) bool {
+	var ne interface{ Timeout() bool }
+	return errors.Is(err, nats.ErrTimeout) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // MemberInboxPrefix returns the inbox prefix of member kind.name of run, _INBOX.<run>.<kind>.<name>,

@@ -2,10 +2,15 @@ package jetstream_test
 
 import (
 	"errors"
+	"io"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nkeys"
 
@@ -73,6 +78,69 @@ func TestConnect(t *testing.T) {
 	_, err = jetstream.Connect(ctx, jetstream.ConnConfig{URL: "nats://user:hunter2@127.0.0.1:1"})
 	if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Errorf("Connect to a closed port: %v, want an error naming the server without its password", err)
+	}
+}
+
+// A server slower to greet than one dial's timeout (a loaded machine, a
+// guest behind emulation): Connect dials again, waiting longer, and
+// connects, where one dial failed and the process exited. A refused
+// connection is not tried again.
+func TestConnectToASlowServer(t *testing.T) {
+	env := jstest.Start(t, jstest.WithoutProvision())
+	ctx := testContext(t)
+	u, err := url.Parse(env.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each connection reaches the server only after the first dial's
+	// timeout, as a slow server's greeting does.
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait) // after the listener's close, below
+	t.Cleanup(func() { ln.Close() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				time.Sleep(jetstream.ConnectTimeout + 500*time.Millisecond)
+				s, err := net.Dial("tcp", u.Host)
+				if err != nil {
+					return
+				}
+				defer s.Close()
+				go func() { _, _ = io.Copy(s, c); s.Close() }()
+				_, _ = io.Copy(c, s)
+			})
+		}
+	})
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: "nats://" + ln.Addr().String()})
+	if err != nil {
+		t.Fatalf("Connect to a server slower than one dial: %v", err)
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+
+	// Refused: at once, not for SlowConnectFor.
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := closed.Addr().String()
+	closed.Close()
+	began := time.Now()
+	if _, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: "nats://" + addr}); err == nil {
+		t.Fatal("Connect to a closed port succeeded")
+	} else if took := time.Since(began); took >= jetstream.SlowConnectFor {
+		t.Errorf("Connect to a closed port failed after %s, tried again as if the server were slow: %v", took, err)
 	}
 }
 

@@ -1,7 +1,9 @@
 package demo
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -31,9 +33,10 @@ func TestDemoInProcess(t *testing.T) {
 	bin := build.StaticForTest(t, build.Stillpoint)[build.Stillpoint]
 	out, errb := &jstest.Buffer{}, &jstest.Buffer{}
 	env := Env{Stdout: out, Stderr: errb, Conn: &jetstream.ConnConfig{}, Program: bin}
-	err := runDemo(t.Context(), env, demoFlags{rollouts: 4, agents: 1, dir: t.TempDir(), provider: "dir", tool: defaultToolTime})
+	dir := t.TempDir()
+	err := runDemo(t.Context(), env, demoFlags{rollouts: 4, agents: 1, dir: dir, provider: "dir", tool: defaultToolTime})
 	if err != nil || !summaryLine.MatchString(out.String()) {
-		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errb.String())
+		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s\n%s", err, out.String(), errb.String(), logsSaid(dir))
 	}
 	if strings.Contains(out.String(), "did not run as planned") {
 		t.Logf("the crash step did not run as planned (the small set can finish first):\n%s", out.String())
@@ -53,15 +56,43 @@ func TestDemoMicroVM(t *testing.T) {
 	bin := build.StaticForTest(t, build.Stillpoint)[build.Stillpoint]
 	out, errb := &jstest.Buffer{}, &jstest.Buffer{}
 	env := Env{Stdout: out, Stderr: errb, Conn: &jetstream.ConnConfig{}, Program: bin}
-	err := runDemo(t.Context(), env, demoFlags{rollouts: 4, agents: 1, dir: t.TempDir(), provider: "microvm", tool: defaultToolTime})
+	dir := t.TempDir()
+	err := runDemo(t.Context(), env, demoFlags{rollouts: 4, agents: 1, dir: dir, provider: "microvm", tool: defaultToolTime})
 	if err != nil || !summaryLine.MatchString(out.String()) {
-		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s", err, out.String(), errb.String())
+		t.Fatalf("demo: %v\nstdout:\n%s\nstderr:\n%s\n%s", err, out.String(), errb.String(), logsSaid(dir))
 	}
 	// The restore took the held launches over in place (the snapshot kept
 	// them), and the summary counts them.
 	if m := resumedLine.FindStringSubmatch(out.String()); m == nil || m[1] == "0" {
 		t.Fatalf("no restored launch resumed in place:\n%s", out.String())
 	}
+}
+
+// logsSaid returns what the demo's components logged at warn and above,
+// and each log's last lines: what a failed demo's reader needs, from a
+// directory the test then removes.
+func logsSaid(dir string) string {
+	files, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+	var b strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			fmt.Fprintf(&b, "--- %s: %v\n", filepath.Base(f), err)
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		fmt.Fprintf(&b, "--- %s (%d lines): warnings and errors, then its last 10 lines\n", filepath.Base(f), len(lines))
+		for _, l := range lines {
+			if strings.Contains(l, `"level":"warn"`) || strings.Contains(l, `"level":"error"`) {
+				b.WriteString(l + "\n")
+			}
+		}
+		b.WriteString("...\n")
+		for _, l := range lines[max(len(lines)-10, 0):] {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
 }
 
 var resumedLine = regexp.MustCompile(`(?m)^restored launches re-bound\s+.*resumed_in_place (\d+)`)
