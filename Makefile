@@ -27,6 +27,15 @@ PKGS      ?= $(shell $(GO) list ./e2e ./participants/owner/provider ./participan
 # More would crowd the e2e package's tests off the CPU their scheduler
 # counts on.
 TESTP     ?= 3
+# The packages with benchmarks, which bench-once runs: go test -bench runs
+# its packages one at a time, and each without a benchmark would only cost
+# its start.
+BENCH_PKGS = $(shell grep -rl --include='*_test.go' '^func Benchmark' . | xargs -n1 dirname | sort -u)
+# A binary built with the race detector sleeps a second as it exits, to
+# let other goroutines run into a race still: every test binary and every
+# process a test starts from one. The tests end after their checks: that
+# second, per binary and per graceful exit of a child, is only waiting.
+export GORACE ?= atexit_sleep_ms=0
 # The end-to-end tests outside package e2e (those that call tier.E2E;
 # internal/tier's test keeps this list and them in step), and their packages.
 E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestBridgeCrashMidReleaseLeavesTheCheckpointMarked|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun|TestDriverTakesAReplyNotMarkedFinishedAsTheAnswer)$$'
@@ -71,7 +80,7 @@ test:
 ## internal/tier gives a smoke run, without the tests: what make test
 ## checks of the benchmarks; the figures are not the point (make bench).
 bench-once:
-	$(GO) test -race -short -count=1 -run '^$$' -bench . -benchtime 1x -timeout 20m $(PKGS)
+	$(GO) test -race -short -count=1 -run '^$$' -bench . -benchtime 1x -timeout 20m $(BENCH_PKGS)
 
 ## flakes: look for flaky tests: the short tier ROUNDS times (default 3)
 ## and then the long tier once, all with -shuffle=on beside a CPU hog per
