@@ -265,6 +265,19 @@ func TestFleetOfProcesses(t *testing.T) {
 // leaves it to the next bridge, which finishes the deletion and reports it.
 func TestBridgeCrashDuringRelease(t *testing.T) {
 	tier.E2E(t)
+	env, hs := diesReleasingC1(t, "bridge/after-release")
+	recoversRelease(t, env, hs)
+	for _, o := range objects(t, env) {
+		if strings.Contains(o, "/c1/") {
+			t.Errorf("records %s of the released c1 are left", o)
+		}
+	}
+}
+
+// diesReleasingC1 commits c1 and c2 with two test members, then has a
+// bridge process armed at failpoint die in a release that keeps c2.
+func diesReleasingC1(t *testing.T, failpoint string) (*jstest.Env, []*membertest.Handle) {
+	t.Helper()
 	env := jstest.Start(t)
 	hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
 	b := startBridge(t, env, bridge.Config{})
@@ -273,21 +286,25 @@ func TestBridgeCrashDuringRelease(t *testing.T) {
 			t.Fatalf("%+v %v", res, err)
 		}
 	}
-	dying, cl := startBridgeProcess(t, env, "bridge/after-release")
+	dying, cl := startBridgeProcess(t, env, failpoint)
 	cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if res, err := cl.Release(cctx, bridgeapi.ReleaseRequest{KeepLatest: 1}); err == nil {
 		t.Fatalf("the bridge answered %+v instead of dying", res)
 	}
 	exited(t, dying, 30*time.Second)
-	_, cl = startBridgeProcess(t, env, "")
+	return env, hs
+}
+
+// recoversRelease starts the next bridge process, which finishes the
+// release: c2 alone is left, and every member released once.
+func recoversRelease(t *testing.T, env *jstest.Env, hs []*membertest.Handle) {
+	t.Helper()
+	cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, cl := startBridgeProcess(t, env, "")
 	if st, err := cl.Status(cctx); err != nil || st.Open != "" || len(st.Checkpoints) != 1 || st.Checkpoints[0].CheckpointID != "c2" {
 		t.Fatalf("after recovery: %+v %v", st, err)
-	}
-	for _, o := range objects(t, env) {
-		if strings.Contains(o, "/c1/") {
-			t.Errorf("records %s of the released c1 are left", o)
-		}
 	}
 	for _, h := range hs {
 		if h.Participant.Count("release") != 1 {
@@ -303,21 +320,9 @@ func TestBridgeCrashDuringRelease(t *testing.T) {
 // finishes the release.
 func TestBridgeCrashMidReleaseLeavesTheCheckpointMarked(t *testing.T) {
 	tier.E2E(t)
-	env := jstest.Start(t)
-	hs := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
-	b := startBridge(t, env, bridge.Config{})
-	for _, id := range []string{"c1", "c2"} {
-		if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id}); err != nil || res.Status != bridgeapi.StatusCommitted {
-			t.Fatalf("%+v %v", res, err)
-		}
-	}
-	dying, cl := startBridgeProcess(t, env, "bridge/mid-release")
+	env, hs := diesReleasingC1(t, "bridge/mid-release")
 	cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if res, err := cl.Release(cctx, bridgeapi.ReleaseRequest{KeepLatest: 1}); err == nil {
-		t.Fatalf("the bridge answered %+v instead of dying", res)
-	}
-	exited(t, dying, 30*time.Second)
 	for _, o := range objects(t, env) {
 		if strings.Contains(o, "/c1/") {
 			t.Errorf("records %s of c1 are left: the bridge died before it deleted them", o)
@@ -337,14 +342,5 @@ func TestBridgeCrashMidReleaseLeavesTheCheckpointMarked(t *testing.T) {
 	if c2, _ := env.Bus.Manifests.Get(cctx, events.ManifestKey(run, "c2")); c2 == nil || strings.Contains(string(c2.Value()), `"released"`) {
 		t.Errorf("the kept c2: %v", c2)
 	}
-
-	_, cl = startBridgeProcess(t, env, "")
-	if st, err := cl.Status(cctx); err != nil || st.Open != "" || len(st.Checkpoints) != 1 || st.Checkpoints[0].CheckpointID != "c2" {
-		t.Fatalf("after recovery: %+v %v", st, err)
-	}
-	for _, h := range hs {
-		if h.Participant.Count("release") != 1 {
-			t.Errorf("%s released %d times", h.Name, h.Participant.Count("release"))
-		}
-	}
+	recoversRelease(t, env, hs)
 }
