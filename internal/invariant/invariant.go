@@ -19,11 +19,11 @@ import (
 )
 
 // Ledger is what the checks read of the model server: its calls, those
-// sent again after their reply was saved, and those a later episode sent
-// again. *modelserver.Server is one.
+// an episode sent again after their reply was saved, and those a later
+// episode sent again. *modelserver.Server is one.
 type Ledger interface {
 	Ledger() []modelserver.Entry
-	Repeats() map[string][]string
+	RepeatList() []modelserver.Repeat
 	Reissued() []modelserver.Reissue
 }
 
@@ -292,15 +292,23 @@ func outcomes(tl []bridge.TimelineEntry, sum collect.Summary) (committed, failed
 	return committed, failed
 }
 
-// model checks invariant 4 on the ledger. A call sent again by a later
-// attempt is no repeat when that attempt started over from its input (a
-// retired attempt's successor, or one whose restore failed), nor when a
-// restore continued it and the crash lost the reply: saved after the
-// checkpoint it was restored from began, or never. The restored attempts
-// and their checkpoints are the stream's restore.completed outcomes.
+// model checks invariant 4 on the model server's ledger. A call sent again
+// is legitimate only when the restored world had lost its reply: re-issued
+// by a restored attempt (the next attempt of its rollout), or re-sent in
+// place by a process a restore continued (a snapshot that kept the
+// harness, whose relay re-sends the calls the snapshot cut: the process
+// keeps its old episode), its reply delivered before a restore of its
+// rollout began and the call sent again after, its reply saved only after
+// the restored checkpoint began (or never). Anything else sent again is a
+// repeat.
 func model(l Ledger, tl []bridge.TimelineEntry) Result {
-	began := map[string]time.Time{} // checkpoint → its first event
+	began := map[string]time.Time{} // checkpoint or operation → its first event
 	from := map[string]string{}     // restored episode → its checkpoint
+	type restore struct {
+		began  time.Time
+		source string
+	}
+	restores := map[string][]restore{} // rollout → the restores that restored it
 	for _, e := range tl {
 		if _, ok := began[e.CheckpointID]; !ok {
 			began[e.CheckpointID] = e.Time
@@ -308,10 +316,12 @@ func model(l Ledger, tl []bridge.TimelineEntry) Result {
 		if rc, ok := e.Data.(events.RestoreCompleted); ok {
 			for _, ep := range rc.Restored {
 				from[ep] = rc.Source
+				if p, err := events.ParseEpisode(ep); err == nil {
+					restores[p.Rollout] = append(restores[p.Rollout], restore{began[e.CheckpointID], rc.Source})
+				}
 			}
 		}
 	}
-	repeats := l.Repeats()
 	ledger := l.Ledger()
 	injected := 0
 	for _, e := range ledger {
@@ -319,22 +329,42 @@ func model(l Ledger, tl []bridge.TimelineEntry) Result {
 			injected++
 		}
 	}
-	restored, over, early := 0, 0, 0
-	reissued := l.Reissued()
-	for _, r := range reissued {
+	restored, over, early, inPlace, repeats := 0, 0, 0, 0, 0
+	lostBy := func(saved time.Time, src string) {
+		restored++
+		if !saved.IsZero() && saved.Before(began[src]) {
+			early++
+		}
+	}
+	for _, r := range l.RepeatList() {
+		src := ""
+		if p, err := events.ParseEpisode(r.Episode); err == nil {
+			for _, rs := range restores[p.Rollout] {
+				// The reply went to the world before the restore, and the
+				// call came again from the restored one.
+				if r.Delivered.Before(rs.began) && rs.began.Before(r.Again) {
+					src = rs.source // the last such restore
+				}
+			}
+		}
+		if src == "" {
+			repeats++
+			continue
+		}
+		inPlace++
+		lostBy(r.Saved, src)
+	}
+	for _, r := range l.Reissued() {
 		src, ok := from[r.Later]
 		if !ok {
 			over++
 			continue
 		}
-		restored++
-		if !r.Saved.IsZero() && r.Saved.Before(began[src]) {
-			early++
-		}
+		lostBy(r.Saved, src)
 	}
-	return Result{N: 4, Name: "no model call repeated, no turn injected", OK: len(repeats) == 0 && injected == 0 && early == 0,
-		Detail: fmt.Sprintf("%d calls; %d sent again after their reply was saved, %d with an injected user turn; %d re-issued by a restored attempt, each a call whose reply the crash lost (saved after the restored checkpoint began, or never; %d saved before); %d by attempts that started over from their input",
-			len(ledger), len(repeats), injected, restored, early, over)}
+	return Result{N: 4, Name: "no model call repeated, no turn injected", OK: repeats == 0 && injected == 0 && early == 0,
+		Detail: fmt.Sprintf("%d calls; %d sent again after their reply was saved, %d with an injected user turn; %d re-issued by a restored attempt or re-sent in place by a restored process (%d), each a call whose reply the crash lost (saved after the restored checkpoint began, or never; %d saved before); %d by attempts that started over from their input",
+			len(ledger), repeats, injected, restored, inPlace, early, over)}
 }
 
 // Failed returns the names of the invariants that failed.

@@ -179,31 +179,55 @@ func (s *Server) Ledger() []Entry {
 	return append([]Entry(nil), s.ledger...)
 }
 
-// Repeats returns, per task, the digests an episode requested again after
-// it had saved the reply: after a delivered reply, a later request of the
-// episode carried more messages, and then the same call came again. A call
-// whose reply never arrived, was cut on purpose, or was abandoned before it
-// was saved (a stop or a crash right after the reply) may be sent again.
-func (s *Server) Repeats() map[string][]string {
+// Repeat is a call an episode sent again after it had saved the reply:
+// a later request of the same task and episode carried more messages.
+type Repeat struct {
+	Task    string `json:"task"`
+	Episode string `json:"episode,omitempty"`
+	Digest  string `json:"digest"`
+	// Delivered is when the first reply was written; Saved when the reply
+	// was saved (what the sender says, else its next request's time, an
+	// upper bound); Again when the call came again.
+	Delivered time.Time `json:"delivered"`
+	Saved     time.Time `json:"saved"`
+	Again     time.Time `json:"again"`
+}
+
+// RepeatList returns the calls sent again after their reply was saved, in
+// the order of their first send. A call whose reply was cut or never
+// delivered is no repeat: its caller never had the reply.
+func (s *Server) RepeatList() []Repeat {
 	l := s.Ledger()
-	out := map[string][]string{}
+	var out []Repeat
 	for i, e := range l {
 		if e.Cut || e.Delivered.IsZero() {
 			continue
 		}
-		saved := false
+		var saved time.Time
 		for _, f := range l[i+1:] {
 			if f.Task != e.Task || f.Episode != e.Episode {
 				continue
 			}
-			if f.Messages > e.Messages {
-				saved = true
+			if f.Messages > e.Messages && saved.IsZero() {
+				saved = f.PrevSaved
+				if saved.IsZero() || saved.After(f.Time) {
+					saved = f.Time
+				}
 			}
-			if saved && f.Digest == e.Digest {
-				out[e.Task] = append(out[e.Task], e.Digest)
+			if !saved.IsZero() && f.Digest == e.Digest {
+				out = append(out, Repeat{Task: e.Task, Episode: e.Episode, Digest: e.Digest, Delivered: e.Delivered, Saved: saved, Again: f.Time})
 				break
 			}
 		}
+	}
+	return out
+}
+
+// Repeats returns, per task, the digests of RepeatList.
+func (s *Server) Repeats() map[string][]string {
+	out := map[string][]string{}
+	for _, r := range s.RepeatList() {
+		out[r.Task] = append(out[r.Task], r.Digest)
 	}
 	return out
 }
