@@ -402,7 +402,11 @@ var decisionLine = regexp.MustCompile(`(?m)^\{"continue".*$`)
 
 func decision(t *testing.T, p *child.Process) driver.Decision {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// A check starts OpenCode (its export): as for the run's start, the
+	// wait is for it to end, not a claim on its speed, and in make test
+	// beside the other OpenCode and microVM packages it took over a
+	// minute.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if ex, err := p.Wait(ctx); err != nil || !ex.Success() {
 		t.Fatalf("%s: %v %v\n%s", p.Name(), ex, err, p.Output())
