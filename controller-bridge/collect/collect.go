@@ -126,6 +126,13 @@ type Config struct {
 	// (some restarted, the others answer as the processes that served) is
 	// decided without waiting it out.
 	RecoverGrace time.Duration
+	// RestoreTimeout is the deadline of the restore phase the collector
+	// asks for (default 5 minutes). A restore forks every snapshot, which
+	// on a busy machine or with microVMs takes longer than a checkpoint's
+	// phase, and one that runs out starts every unfinished rollout over:
+	// beside that, waiting costs little. A member that dies fails the
+	// restore at once, whatever its deadline.
+	RestoreTimeout time.Duration
 	// OnCommit, when set, is called after each committed checkpoint, before
 	// older ones are released (the demo verifies every member manifest).
 	OnCommit func(ctx context.Context, res *bridgeapi.CheckpointResult)
@@ -306,6 +313,9 @@ func New(cfg Config) (*Collector, error) {
 	}
 	if cfg.RecoverGrace == 0 {
 		cfg.RecoverGrace = 60 * time.Second
+	}
+	if cfg.RestoreTimeout == 0 {
+		cfg.RestoreTimeout = 5 * time.Minute
 	}
 	c := &Collector{cfg: cfg, log: cfg.Logger.With().Str("run", cfg.Run).Str("component", "collect").Logger(),
 		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{},

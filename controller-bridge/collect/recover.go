@@ -66,7 +66,7 @@ func (c *Collector) recover(ctx context.Context, why string) error {
 	c.log.Warn().Int("lost", lost).Bool("fresh_fleet", fresh).Msg("rollouts whose agent restarted")
 	switch {
 	case fresh && latest != nil:
-		rr, err := c.askRestore(ctx, bridgeapi.RestoreRequest{ID: c.nextRestoreID(time.Now())})
+		rr, err := c.askRestore(ctx, c.restoreRequest(time.Now()))
 		switch {
 		case isNoFreshMember(err):
 			c.log.Warn().Err(err).Msg("the fleet is not fresh: asking again for the attempts in flight")

@@ -23,6 +23,12 @@ func (c *Collector) nextRestoreID(now time.Time) string {
 	return "r-" + u.Format("20060102T150405") + "-" + fmt.Sprintf("%03d", u.Nanosecond()/int(time.Millisecond)) + "-" + strconv.Itoa(n)
 }
 
+// restoreRequest is the restore the collector asks for: a new id, and
+// its RestoreTimeout as the phase's deadline.
+func (c *Collector) restoreRequest(now time.Time) bridgeapi.RestoreRequest {
+	return bridgeapi.RestoreRequest{ID: c.nextRestoreID(now), TimeoutMS: c.cfg.RestoreTimeout.Milliseconds()}
+}
+
 // askRestore asks the bridge for restore req.ID. If the answer is lost
 // (the bridge died mid-restore: issue 16's fault matrix found the
 // collector exiting then), it reads what became of the restore from its

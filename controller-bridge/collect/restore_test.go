@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -74,5 +75,44 @@ func TestRestoreAnsweredAfterALostAnswer(t *testing.T) {
 				t.Errorf("%d restore requests, want %d", ctl.calls, want)
 			}
 		})
+	}
+}
+
+// A restore whose members take longer to install than a checkpoint's
+// phase may (forks of many snapshots, microVMs on a busy machine) still
+// completes: the collector asks it with its RestoreTimeout, not the
+// bridge's phase deadline, and a restore that ran out would have started
+// every unfinished rollout over.
+func TestRestoreSlowerThanAPhase(t *testing.T) {
+	const run = "slowrestore"
+	env := jstest.Start(t)
+	old := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
+	nc, js := env.Connect(t)
+	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, PhaseTimeout: time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if res, err := b.Checkpoint(t.Context(), bridgeapi.CheckpointRequest{ID: "c1", Stop: true}); err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("%+v %v", res, err)
+	}
+	for _, h := range old {
+		_ = h.Stop()
+	}
+	for _, h := range membertest.StartMembers(t, env, run, 2, membertest.Options{}) {
+		h.Participant.SlowInstall(3 * time.Second) // three phase deadlines
+	}
+	c := &Collector{cfg: Config{Run: run, Controller: b, JS: env.JS, RestoreTimeout: time.Minute}, log: zerolog.New(zerolog.NewTestWriter(t))}
+	req := c.restoreRequest(time.Now())
+	if req.TimeoutMS != time.Minute.Milliseconds() {
+		t.Fatalf("restore request %+v: want the collector's RestoreTimeout as its deadline", req)
+	}
+	rr, err := c.askRestore(t.Context(), req)
+	if err != nil || rr.Status != bridgeapi.StatusCompleted || len(rr.Restored) != 2 {
+		t.Fatalf("a restore slower than a phase's deadline: %+v %v", rr, err)
 	}
 }

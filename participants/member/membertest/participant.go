@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/member"
@@ -60,6 +61,7 @@ type Participant struct {
 	next      int
 	prefix    string
 	failInst  error
+	slowInst  time.Duration
 	failPrep  error
 	pause     *events.PauseReport
 	failExp   error
@@ -200,6 +202,10 @@ func (p *Participant) SetRestarts(keys ...string) {
 
 // FailInstall makes every Install fail with err (nil: succeed).
 func (p *Participant) FailInstall(err error) { p.mu.Lock(); p.failInst = err; p.mu.Unlock() }
+
+// SlowInstall makes every Install take d first, as forking many
+// snapshots does, or until its context ends.
+func (p *Participant) SlowInstall(d time.Duration) { p.mu.Lock(); p.slowInst = d; p.mu.Unlock() }
 
 // FailPrepare makes every Prepare fail with err (nil: succeed).
 func (p *Participant) FailPrepare(err error) { p.mu.Lock(); p.failPrep = err; p.mu.Unlock() }
@@ -369,6 +375,13 @@ func (p *Participant) Resume(_ context.Context, checkpointID string) error {
 // Install installs every record's episode as its next attempt, all or
 // none, and closes admission until the resume.
 func (p *Participant) Install(ctx context.Context, r events.Restore, records []events.Record) ([]events.Episode, error) {
+	p.mu.Lock()
+	slow := p.slowInst
+	p.mu.Unlock()
+	select {
+	case <-ctx.Done():
+	case <-time.After(slow):
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	keys := make([]string, 0, len(records))
