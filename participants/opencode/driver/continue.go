@@ -25,8 +25,12 @@ const ServerUser = "opencode"
 // listening is the line `opencode serve` prints once it listens.
 var listening = regexp.MustCompile(`listening on (http://[0-9.]+:[0-9]+)`)
 
-// serveWait bounds how long the server may take to listen.
-const serveWait = time.Minute
+// serveWait bounds how long the server may take to listen: long enough
+// for OpenCode's start on a busy machine (a start is seconds of CPU, and
+// make test saw it take over a minute), short of the launch's own bound,
+// which ends a wedged start in any case. A server that exits fails the
+// continuation at once.
+const serveWait = 5 * time.Minute
 
 // server is a running `opencode serve` of the session folder.
 type server struct {
