@@ -54,8 +54,14 @@ func (r *restartingBridge) Checkpoint(ctx context.Context, req bridgeapi.Checkpo
 
 func startBridge(t *testing.T, env *jstest.Env, run string) (*bridge.Bridge, func()) {
 	t.Helper()
+	return startBridgeWith(t, env, run, 30*time.Second)
+}
+
+// startBridgeWith is startBridge with phases of the given deadline.
+func startBridgeWith(t *testing.T, env *jstest.Env, run string, phase time.Duration) (*bridge.Bridge, func()) {
+	t.Helper()
 	nc, js := env.Connect(t)
-	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, PhaseTimeout: 30 * time.Second,
+	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, PhaseTimeout: phase,
 		Logger: zerolog.New(zerolog.NewTestWriter(t))})
 	if err != nil {
 		t.Fatal(err)

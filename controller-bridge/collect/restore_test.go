@@ -9,7 +9,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -87,16 +86,7 @@ func TestRestoreSlowerThanAPhase(t *testing.T) {
 	const run = "slowrestore"
 	env := jstest.Start(t)
 	old := membertest.StartMembers(t, env, run, 2, membertest.Options{Episodes: 1})
-	nc, js := env.Connect(t)
-	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, PhaseTimeout: time.Second,
-		Logger: zerolog.New(zerolog.NewTestWriter(t))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- b.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	b, _ := startBridgeWith(t, env, run, time.Second)
 	if res, err := b.Checkpoint(t.Context(), bridgeapi.CheckpointRequest{ID: "c1", Stop: true}); err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("%+v %v", res, err)
 	}

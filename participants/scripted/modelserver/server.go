@@ -209,10 +209,7 @@ func (s *Server) RepeatList() []Repeat {
 				continue
 			}
 			if f.Messages > e.Messages && saved.IsZero() {
-				saved = f.PrevSaved
-				if saved.IsZero() || saved.After(f.Time) {
-					saved = f.Time
-				}
+				saved = savedBy(f)
 			}
 			if !saved.IsZero() && f.Digest == e.Digest {
 				out = append(out, Repeat{Task: e.Task, Episode: e.Episode, Digest: e.Digest, Delivered: e.Delivered, Saved: saved, Again: f.Time})
@@ -221,6 +218,15 @@ func (s *Server) RepeatList() []Repeat {
 		}
 	}
 	return out
+}
+
+// savedBy returns when the sender of f, the request after a reply, had
+// saved that reply: what it says, else f's own time, an upper bound.
+func savedBy(f Entry) time.Time {
+	if f.PrevSaved.IsZero() || f.PrevSaved.After(f.Time) {
+		return f.Time
+	}
+	return f.PrevSaved
 }
 
 // Repeats returns, per task, the digests of RepeatList.
@@ -267,12 +273,7 @@ func (s *Server) Reissued() []Reissue {
 				continue
 			}
 			if f.Episode == e.Episode && f.Messages > e.Messages && saved.IsZero() {
-				// When the reply was saved: what the sender says, else the
-				// next request's time, an upper bound.
-				saved = f.PrevSaved
-				if saved.IsZero() || saved.After(f.Time) {
-					saved = f.Time
-				}
+				saved = savedBy(f)
 			}
 			if f.Episode != e.Episode && f.Digest == e.Digest {
 				out = append(out, Reissue{Task: e.Task, Digest: e.Digest, Earlier: e.Episode, Delivered: e.Delivered, Saved: saved, Later: f.Episode})
