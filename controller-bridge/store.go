@@ -87,12 +87,9 @@ func (b *Bridge) manifest(ctx context.Context, id string) (*events.CheckpointMan
 	if err != nil {
 		return nil, 0, fmt.Errorf("bridge: read manifest %s: %w", id, err)
 	}
-	var m events.CheckpointManifest
-	if err := json.Unmarshal(e.Value(), &m); err != nil {
-		return nil, 0, fmt.Errorf("bridge: manifest %s does not decode: %w", id, err)
-	}
-	if err := m.Validate(); err != nil {
-		return nil, 0, fmt.Errorf("bridge: manifest %s: %w", id, err)
+	m, err := decodeManifest(id, e.Value())
+	if err != nil {
+		return nil, 0, err
 	}
 	// Schema 2: the members are in the member list, verified by its digest.
 	if err := m.LoadMembers(func(o string) ([]byte, error) { return b.cfg.Bus.Checkpoints.GetBytes(ctx, o) }); err != nil {
@@ -150,6 +147,19 @@ func (b *Bridge) createManifest(ctx context.Context, m events.CheckpointManifest
 	return &m, true, nil
 }
 
+// decodeManifest decodes and validates the stored manifest of checkpoint
+// id (in schema 2 without its members: LoadMembers adds them).
+func decodeManifest(id string, v []byte) (events.CheckpointManifest, error) {
+	var m events.CheckpointManifest
+	if err := json.Unmarshal(v, &m); err != nil {
+		return m, fmt.Errorf("bridge: manifest %s does not decode: %w", id, err)
+	}
+	if err := m.Validate(); err != nil {
+		return m, fmt.Errorf("bridge: manifest %s: %w", id, err)
+	}
+	return m, nil
+}
+
 // checkpoints lists every checkpoint key of the run (committed and
 // aborted), oldest first.
 func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, error) {
@@ -167,12 +177,9 @@ func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, 
 		if id == "LATEST" || id == "HEAD" { // the run's own keys (events.LatestKey, HeadKey)
 			continue
 		}
-		var m events.CheckpointManifest
-		if err := json.Unmarshal(v, &m); err != nil {
-			return nil, fmt.Errorf("bridge: manifest %s does not decode: %w", id, err)
-		}
-		if err := m.Validate(); err != nil {
-			return nil, fmt.Errorf("bridge: manifest %s: %w", id, err)
+		m, err := decodeManifest(id, v)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, m)
 	}
@@ -214,12 +221,9 @@ func (b *Bridge) markOne(ctx context.Context, id string, mark events.ReleaseMark
 			return fmt.Errorf("bridge: read manifest %s: %w", id, err)
 		}
 		rev := e.Revision()
-		m := &events.CheckpointManifest{}
-		if err := json.Unmarshal(e.Value(), m); err != nil {
-			return fmt.Errorf("bridge: manifest %s does not decode: %w", id, err)
-		}
-		if err := m.Validate(); err != nil {
-			return fmt.Errorf("bridge: manifest %s: %w", id, err)
+		m, err := decodeManifest(id, e.Value())
+		if err != nil {
+			return err
 		}
 		next := mergeMark(m.Released, mark)
 		m.Released = &next

@@ -110,10 +110,8 @@ func (m *Machine) releaseGathered(now time.Time, t *Tally, v Verdict) ([]Effect,
 			Reason: fmt.Sprintf("%d of %d members did not release; manifests kept", len(errs), len(res.Members)), Errors: errs}
 		// The manifests stay, but what they name may not: mark every
 		// checkpoint not kept, so that no restore installs half of one.
-		mark := events.ReleaseMark{Op: res.OpID, Failed: errs}
-		if len(res.MemberDeleted) > 0 {
-			mark.Deleted = res.MemberDeleted
-		}
+		mark := releaseMark(res)
+		mark.Failed = errs
 		m.want = wantReleasedMarked
 		return []Effect{MarkReleased{Keep: res.Keep, Mark: mark}}, nil
 	}
@@ -144,12 +142,18 @@ func (m *Machine) checkpointsListed(in CheckpointsListed) ([]Effect, error) {
 			res.Deleted = append(res.Deleted, c.CheckpointID)
 		}
 	}
+	m.want = wantCheckpointsDeleted
+	return []Effect{DeleteCheckpoints{Delete: del, Keep: res.Keep, Mark: releaseMark(res)}}, nil
+}
+
+// releaseMark is the mark a release sets on what it does not keep: the
+// release and what each member deleted.
+func releaseMark(res *bridgeapi.OpResult) events.ReleaseMark {
 	mark := events.ReleaseMark{Op: res.OpID}
 	if len(res.MemberDeleted) > 0 {
 		mark.Deleted = res.MemberDeleted
 	}
-	m.want = wantCheckpointsDeleted
-	return []Effect{DeleteCheckpoints{Delete: del, Keep: res.Keep, Mark: mark}}, nil
+	return mark
 }
 
 func (m *Machine) releasedMarked(in ReleasedMarked) ([]Effect, error) {
