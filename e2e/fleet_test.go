@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -28,6 +29,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // bins are the binaries the end-to-end tests run as processes:
@@ -59,7 +61,9 @@ type fleet struct {
 	kind   string // the owner's --task-kind
 	mu     sync.Mutex
 	procs  map[string]*child.Process // the latest process of each name
-	agents []string
+	// consoles logs the microVMs' consoles once, if the test failed.
+	consoles sync.Once
+	agents   []string
 	// ownerArgs and agentArgs are more flags of every owner and agent
 	// process the fleet starts.
 	ownerArgs, agentArgs []string
@@ -201,6 +205,57 @@ func (f *fleet) startOwner() {
 		args = append(args, "--sandbox-upstream", f.upstream, "--microvm-cache", microVMCache, "--microvm-prune-cache")
 	}
 	f.start("owner", "owner.o1", append(args, f.ownerArgs...)...)
+	// Before the owner stops (cleanups run last first): its sandboxes
+	// are still there to read.
+	f.t.Cleanup(f.showConsoles)
+}
+
+// consoleTail is how much of each microVM's console a failed test logs.
+const consoleTail = 16 << 10
+
+// showConsoles logs, if the test failed on the microvm provider, the end
+// of each VM's console: the guest's init, sandboxd and relay logs, which
+// the test cannot see otherwise.
+func (f *fleet) showConsoles() {
+	if !f.t.Failed() || f.provider != "microvm" {
+		return
+	}
+	f.consoles.Do(func() {
+		paths, _ := filepath.Glob(filepath.Join(f.state, "owner", "provider", "sandboxes", "*", "console.log"))
+		for _, p := range paths {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				f.t.Logf("console %s: %v", p, err)
+				continue
+			}
+			f.t.Logf("--- console of %s (its last %d bytes):\n%s", filepath.Base(filepath.Dir(p)), min(len(b), consoleTail), b[max(len(b)-consoleTail, 0):])
+		}
+	})
+}
+
+// showLaunch logs, for a test about to fail, the output of the first
+// launch of rollout id (attempt 0) as its sandbox's daemon has it: the
+// launch is stopped, and its receipt carries the end of the output (the
+// harness's own log, which otherwise stays in the sandbox).
+func (f *fleet) showLaunch(ctx context.Context, id string) {
+	sb := "sb-" + strings.ReplaceAll(id, ".", "_")
+	dc, err := sandboxapi.NewClient(f.env.Conn, f.run, sb)
+	if err != nil {
+		f.t.Logf("launch of %s: %v", id, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	launch := id + ".l1"
+	if _, err := dc.Stop(ctx, launch, true); err != nil {
+		f.t.Logf("stop launch %s in %s: %v", launch, sb, err)
+	}
+	rc, err := dc.WaitReceipt(ctx, launch, 30*time.Second)
+	if err != nil {
+		f.t.Logf("receipt of launch %s in %s: %v", launch, sb, err)
+		return
+	}
+	f.t.Logf("--- launch %s in %s, stopped: %+v; the end of its output:\n%s", launch, sb, rc.Outcome, rc.OutputTail)
 }
 
 func (f *fleet) startAgent(name string, args ...string) {

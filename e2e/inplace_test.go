@@ -240,7 +240,7 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 // one reach the new model server, and it finishes with its grade.
 func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
 	tier.E2E(t)
-	parallel(t, 0.5, 4*time.Minute)
+	parallel(t, 1, 4*time.Minute) // the guest under TCG, and OpenCode in it
 	requireMicroVM(t)
 	if _, err := opencode.Binary(); err != nil {
 		t.Fatal(err)
@@ -259,7 +259,13 @@ func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
 	f.ms.Hold()
 	lost, abandon := context.WithCancel(ctx)
 	first := f.dispatch(lost, 0, 0)
-	poll.Wait(t, 15*time.Minute, "OpenCode's first model call held by the model server", func() bool { return f.ms.Held() > 0 })
+	wait, stop := context.WithTimeout(ctx, 15*time.Minute)
+	err := poll.Until(wait, poll.Every(100*time.Millisecond), func() (bool, error) { return f.ms.Held() > 0, nil })
+	stop()
+	if err != nil {
+		f.showLaunch(ctx, f.id(0))
+		t.Fatalf("OpenCode's first model call held by the model server: %v after %s", err, time.Since(began).Round(time.Second))
+	}
 	started := time.Since(began)
 	f.checkpoint(ctx, "c1")
 	bm := f.agentRecords(ctx, "c1", "a1")[f.id(0)]

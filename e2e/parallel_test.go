@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/testcpu"
 )
 
 // cpuQuarters is what the package's tests may keep busy at once, in
@@ -105,8 +107,9 @@ func (s *scheduler) dispatch() {
 // machine (docs/BENCHMARKS.md, "The test suite"): most tests wait on their
 // processes and need a quarter of a core, a fleet of OpenCode processes
 // more than one. t waits until the scheduler gives it that much of the
-// machine's two cores, the longest tests first, and gives it back when it
-// ends.
+// machine's two cores, the longest tests first, and then until the
+// machine's other test processes leave it that much (testcpu); it gives
+// both back when it ends.
 func parallel(t *testing.T, cores float64, took time.Duration) {
 	t.Helper()
 	t.Parallel()
@@ -115,4 +118,6 @@ func parallel(t *testing.T, cores float64, took time.Duration) {
 		t.Fatalf("waiting for %.2f cores: %v", cores, err)
 	}
 	t.Cleanup(func() { cpu.release(q) })
+	// The same share of the machine, beside the other packages' tests.
+	testcpu.Take(t, cores)
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stillpoint/stillpoint/internal/testcpu"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
@@ -60,6 +61,7 @@ func run(t *testing.T, dir string, env []string, argv []string) (string, int) {
 // tests run them in the real OpenCode).
 func TestReposSolve(t *testing.T) {
 	tier.Long(t) // it runs every repository's tests, Go's included, four times
+	testcpu.Take(t, 1)
 	for _, h := range []string{HarnessScripted, HarnessOpenCode} {
 		t.Run(h, func(t *testing.T) { testReposSolve(t, h) })
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
+	"github.com/stillpoint/stillpoint/internal/testcpu"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/opencode/driver"
@@ -58,6 +59,7 @@ func newWorld(t *testing.T) *world { return newScriptedWorld(t, fixAdd) }
 // newScriptedWorld is a world whose task's script is turns.
 func newScriptedWorld(t *testing.T, turns []modelserver.Turn) *world {
 	t.Helper()
+	testcpu.Take(t, 1) // OpenCode's start keeps a core busy for seconds
 	oc, err := opencode.Binary()
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
+	"github.com/stillpoint/stillpoint/internal/testcpu"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
@@ -42,13 +43,16 @@ var counterInit = []string{"sh", "-c", `i=0; while :; do i=$((i+1)); echo "$i $$
 func microvmCache() string { return filepath.Join(os.TempDir(), "stillpoint-microvm-test-cache") }
 
 // requireMicroVM fails (never skips) a test when QEMU, busybox or the guest
-// kernel is missing, naming what to install.
+// kernel is missing, naming what to install; then it waits for a core of
+// the machine (testcpu) and holds it for the test: a guest under TCG keeps
+// one busy.
 func requireMicroVM(t testing.TB) {
 	t.Helper()
 	requireRoot(t)
 	if _, err := microvm.FindAssets(""); err != nil {
 		t.Fatalf("the microvm provider's tests need QEMU and the guest kernel: %v", err)
 	}
+	testcpu.Take(t, 1)
 }
 
 func newMicroVM(t testing.TB, state string) *MicroVM {

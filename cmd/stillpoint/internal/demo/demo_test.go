@@ -10,6 +10,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/internal/testcpu"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -30,6 +31,7 @@ var summaryLine = regexp.MustCompile(`(?m)^demo: 4 rollouts, 4 results, \d+ cont
 // e2e package runs the whole demo as the README does).
 func TestDemoInProcess(t *testing.T) {
 	tier.E2E(t)
+	testcpu.Take(t, 1)
 	bin := build.StaticForTest(t, build.Stillpoint)[build.Stillpoint]
 	out, errb := &jstest.Buffer{}, &jstest.Buffer{}
 	env := Env{Stdout: out, Stderr: errb, Conn: &jetstream.ConnConfig{}, Program: bin}
@@ -53,6 +55,7 @@ func TestDemoMicroVM(t *testing.T) {
 	if _, err := microvm.FindAssets(""); err != nil {
 		t.Fatalf("the microvm demo needs QEMU and the guest kernel: %v", err)
 	}
+	testcpu.Take(t, 1) // the guests, under TCG
 	bin := build.StaticForTest(t, build.Stillpoint)[build.Stillpoint]
 	out, errb := &jstest.Buffer{}, &jstest.Buffer{}
 	env := Env{Stdout: out, Stderr: errb, Conn: &jetstream.ConnConfig{}, Program: bin}
