@@ -5,8 +5,11 @@
 # The tests come in tiers (internal/tier marks which test is in which):
 #   make test-short   unit and conformance tests (-short), under a minute
 #   make e2e          the end-to-end tests: package e2e and E2E_RUN below
-#   make test         every test: the two above and the long unit tests,
-#                     then every benchmark once, small (bench-once)
+#   make test         every test but the heavy ones: the two above and the
+#                     long unit tests, then every benchmark once, small
+#                     (bench-once)
+#   make test-heavy   the heavy end-to-end tests (HEAVY_RUN), which .ci/run
+#                     runs after make test
 #   make test-loaded  make test with a CPU hog on every core beside it
 #   make flakes       the tiers again and again, shuffled and loaded
 
@@ -40,6 +43,13 @@ export GORACE ?= atexit_sleep_ms=0
 # internal/tier's test keeps this list and them in step), and their packages.
 E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestBridgeCrashMidReleaseLeavesTheCheckpointMarked|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun|TestDriverTakesAReplyNotMarkedFinishedAsTheAnswer)$$'
 E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/ ./participants/opencode/driver/
+# The heavy end-to-end tests of package e2e: each keeps a core or more busy
+# for minutes (OpenCode in a guest under TCG; the ten repository tasks in
+# OpenCode; four OpenCode pauses, one of two minutes): a third of the
+# suite's CPU between them. make test leaves them out; make test-heavy runs
+# them on their own, .ci/run after make test, and make flakes' long tier
+# with every other test. internal/tier's test keeps this list true.
+HEAVY_RUN = '^(TestMicroVMOpenCodeContinuesInPlace|TestOpenCodeRepoTasksThroughTwoCheckpointsAndACrash|TestOpenCodePausedFourTimes)$$'
 # The CPU hogs of test-loaded and flakes: one per core.
 HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 # make flakes: how many times the short tier runs; LONG=0 skips the long.
@@ -51,7 +61,7 @@ LONG      ?= 1
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,sandboxd,harness,stall,collector,nats
 CHAOS_SEED   ?= 1
 
-.PHONY: all help build test bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak faults ci clean microvm-assets timeline-png
+.PHONY: all help build test test-heavy bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak faults ci clean microvm-assets timeline-png
 
 all: build
 
@@ -63,9 +73,10 @@ build:
 help:
 	@sed -n 's/^## //p' $(MAKEFILE_LIST)
 
-## test: every test, with the race detector, then every benchmark once at
-## its smallest size (bench-once: apart, since go test -bench runs the
-## packages one at a time). The README's test command. The packages
+## test: every test but the heavy ones (HEAVY_RUN: make test-heavy), with
+## the race detector, then every benchmark once at its smallest size
+## (bench-once: apart, since go test -bench runs the packages one at a
+## time). The README's test command. The packages
 ## are compiled first, so that on a cold cache the compiler does not take
 ## the CPU from the end-to-end tests that started first: with the race
 ## detector for the tests, and static (as internal/build and the README
@@ -73,8 +84,14 @@ help:
 test:
 	$(GO) build -race $(PKGS)
 	CGO_ENABLED=0 $(GO) build ./cmd/...
-	$(GO) test -race -count=1 -p $(TESTP) -parallel 32 -timeout 40m $(PKGS)
+	$(GO) test -race -count=1 -p $(TESTP) -parallel 32 -timeout 40m -skip $(HEAVY_RUN) $(PKGS)
 	$(MAKE) --no-print-directory bench-once
+
+## test-heavy: the heavy end-to-end tests (HEAVY_RUN), in parallel, with
+## the race detector: about 5 minutes on 2 cores.
+test-heavy:
+	CGO_ENABLED=0 $(GO) build ./cmd/...
+	$(GO) test -race -count=1 -parallel 32 -timeout 30m -run $(HEAVY_RUN) ./e2e
 
 ## bench-once: every benchmark once (-benchtime 1x), at the smallest size
 ## internal/tier gives a smoke run, without the tests: what make test

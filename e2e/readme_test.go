@@ -27,7 +27,7 @@ import (
 // scripted harness, and with OpenCode.
 const (
 	readmeMarker         = "With a server running (`go run ./cmd/stillpoint server` in another terminal),"
-	readmeOpenCodeMarker = "hand with OpenCode, on 4 of the repository tasks"
+	readmeOpenCodeMarker = "hand with OpenCode, on 2 of the repository tasks"
 )
 
 // byHandBlock returns a README block of the parts by hand: the first
@@ -75,7 +75,7 @@ func TestReadmeByHand(t *testing.T) {
 
 // TestReadmeByHandWithOpenCode runs the README's parts by hand with
 // OpenCode as they are written, as TestReadmeByHand does the first block:
-// the real OpenCode runs 4 of the repository tasks at once.
+// the real OpenCode runs 2 of the repository tasks at once.
 func TestReadmeByHandWithOpenCode(t *testing.T) {
 	tier.E2E(t)
 	parallel(t, 1.5, 55*time.Second)

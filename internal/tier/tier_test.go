@@ -85,3 +85,38 @@ func TestMakefileNamesTheE2ETests(t *testing.T) {
 		}
 	}
 }
+
+// TestMakefileNamesTheHeavyTests keeps make test-heavy and the tests in
+// step: every name the Makefile's HEAVY_RUN lists is a test of package
+// e2e, so that none drops out of both make test and make test-heavy.
+func TestMakefileNamesTheHeavyTests(t *testing.T) {
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^HEAVY_RUN\s*[?:]?=\s*'\^\(([^)]*)\)\$\$'$`).FindSubmatch(mk)
+	if m == nil {
+		t.Fatal("the Makefile has no HEAVY_RUN = '^(TestA|TestB|...)$$' line")
+	}
+	tests := map[string]bool{}
+	files, err := filepath.Glob(filepath.Join(root, "e2e", "*_test.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range files {
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, decl := range f.Decls {
+			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Test") {
+				tests[fn.Name.Name] = true
+			}
+		}
+	}
+	for _, name := range strings.Split(string(m[1]), "|") {
+		if !tests[name] {
+			t.Errorf("the Makefile's HEAVY_RUN names %s, which is no test of package e2e", name)
+		}
+	}
+}
