@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,19 +28,53 @@ const retry = 50 * time.Millisecond
 // Take holds cores (rounded up to a quarter, at most the machine's) for t
 // until t ends, waiting while the other tests of the machine hold them. It
 // fails t if t's context ends first. cores is what t keeps busy on
-// average, measured alone.
+// average, measured alone. A test holds one share: when t or a test it
+// runs in (a parent, by name) already holds one, Take does nothing, for a
+// test that held slots and waited for more could wait forever on one that
+// holds the gate and waits for its slots.
 func Take(t testing.TB, cores float64) {
 	t.Helper()
+	name := t.Name()
+	if holding(name) {
+		return
+	}
 	q := min(max(int(math.Ceil(cores*4)), 1), Quarters)
 	held, err := take(t.Context(), q)
 	if err != nil {
 		t.Fatalf("waiting for %.2f of the machine's cores: %v", cores, err)
 	}
+	shares.Lock()
+	shares.by[name] = true
+	shares.Unlock()
 	t.Cleanup(func() {
-		for _, f := range held {
-			f.Close() // the lock goes with the last descriptor
-		}
+		shares.Lock()
+		delete(shares.by, name)
+		shares.Unlock()
+		release(held) // a lock goes with the last descriptor of its file
 	})
+}
+
+// shares are the names of the tests of this process that hold a share.
+var shares = struct {
+	sync.Mutex
+	by map[string]bool
+}{by: map[string]bool{}}
+
+// holding tells whether the test named name, or one it runs in, holds a
+// share.
+func holding(name string) bool {
+	shares.Lock()
+	defer shares.Unlock()
+	for {
+		if shares.by[name] {
+			return true
+		}
+		i := strings.LastIndexByte(name, '/')
+		if i < 0 {
+			return false
+		}
+		name = name[:i]
+	}
 }
 
 // take gathers q slots. The one gathering holds the gate, so that two

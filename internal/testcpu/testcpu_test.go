@@ -127,3 +127,20 @@ func TestTakeRoundsUpAndHoldsUntilTheTestEnds(t *testing.T) {
 	}
 	release(held)
 }
+
+// TestATestHoldsOneShare: a second Take in a test, or one in its subtest,
+// takes nothing more: with another test holding the rest of the pool it
+// would wait for ever.
+func TestATestHoldsOneShare(t *testing.T) {
+	pool(t, 4)
+	Take(t, 1)
+	Take(t, 1) // again: returns at once, though every slot is taken
+	t.Run("sub", func(t *testing.T) {
+		Take(t, 0.5) // the parent's share covers it
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 5*retry)
+	defer cancel()
+	if _, err := take(ctx, 1); err == nil {
+		t.Fatal("took a slot while the test held all four")
+	}
+}
