@@ -529,7 +529,8 @@ func (d *demo) spawn(name, as string, env []string, args ...string) error {
 // under way (its second model call answered: in both task sets, its slow
 // tool runs then), a second once a quarter have had two more calls
 // answered (and, with OpenCode, one rollout has returned), then the crash (SIGKILL of the agents and the owner, started
-// again: the collector restores), then a third.
+// again: the collector restores), then a third while relaunched rollouts
+// are under way.
 func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserver.Server, bus *jetstream.Bus, agents []string, modelURL string) error {
 	n, inFlight := len(d.ids), d.inFlight
 	calls := func(min int) int {
@@ -569,19 +570,19 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 	}
 	// The crash comes right after the second checkpoint. The scripted
 	// rollouts finish close together, so it comes while a quarter are
-	// on, and their last replies wait until the restore: however slow
-	// the machine, none can end before the crash, and every one is
+	// on, and their last replies wait until the third checkpoint: however
+	// slow the machine, none can end before the crash, and every one is
 	// relaunched (on microvm the snapshots keep the processes, which go
-	// on in place: nothing is relaunched, and nothing held). OpenCode's
+	// on in place, their relays sending the held calls again). OpenCode's
 	// take longer and apart, so it waits for one that the first
 	// checkpoint paused to have finished in place.
-	returned := 0
-	switch {
-	case d.f.harness == harnessOpenCode:
+	returned, held := 0, false
+	if d.f.harness == harnessOpenCode {
 		returned = 1
-	case d.f.provider != "microvm":
+	} else {
 		ms.HoldFrom(d.lastTurn)
 		defer ms.Release()
+		held = true
 	}
 	if err := waitUntil("a quarter of the rollouts had two more calls answered", func() bool {
 		return calls(4) >= max(inFlight/4, 1) && col.Counts().Done >= returned
@@ -610,10 +611,33 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 	if err := waitUntil("the restore", func() bool { return len(col.Summary().Restores) > 0 }); err != nil {
 		return err
 	}
+	restored := time.Now()
 	d.say("restored %s into the new processes", col.Summary().Restores[0])
+	if !held || d.f.provider == "microvm" {
+		// On microvm the restore resumed the held launches in place: they
+		// finish in place whenever the third checkpoint comes.
+		time.Sleep(300 * time.Millisecond)
+		err := checkpoint(3)
+		ms.Release()
+		return err
+	}
+	// The third checkpoint pauses relaunched rollouts that are under way:
+	// one has called the model since the restore (its new launch runs),
+	// and its last reply is held until the checkpoint is over, so that the
+	// launch goes on in place. Without the wait, on a slow machine, the
+	// checkpoint could come before any launch had started again.
+	wait, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	err := poll.Until(wait, poll.Every(50*time.Millisecond), func() (bool, error) {
+		l := ms.Ledger()
+		return len(l) > 0 && l[len(l)-1].Time.After(restored), nil
+	})
+	if err != nil {
+		return fmt.Errorf("no relaunched rollout called the model within 2 minutes of the restore: %w", err)
+	}
+	err = checkpoint(3)
 	ms.Release()
-	time.Sleep(300 * time.Millisecond)
-	return checkpoint(3)
+	return err
 }
 
 // readBackURL is where the demo's commands to read a run back find its
