@@ -188,7 +188,7 @@ microvm-assets:
 	.ci/microvm-assets
 
 ## ci: what .ci/run does after its installs.
-ci: lint test fuzz faults chaos
+ci: lint test test-heavy fuzz faults chaos
 
 clean:
 	rm -rf bin .stillpoint

@@ -1,6 +1,6 @@
 // Package tier marks the tests that only the full tiers run, and picks
 // the sizes benchmarks run at in make test (Sizes, Pick). The
-// Makefile runs the suite in four:
+// Makefile runs the suite in five:
 //
 //   - make test-short: go test -race -short ./..., the unit and
 //     conformance tests, in under a minute on two cores. A test marked
@@ -9,8 +9,11 @@
 //   - make e2e: the end-to-end tests: the e2e package, and the tests of
 //     other packages marked E2E (real processes, built binaries, kill -9),
 //     which the Makefile's E2E_RUN names.
-//   - make test: everything (go test -race ./...), the README's test
-//     command and what .ci/run calls.
+//   - make test: everything (go test -race ./...) but the heavy tests,
+//     the README's test command and what .ci/run calls first.
+//   - make test-heavy: the few end-to-end tests whose CPU would crowd the
+//     rest of make test off a 2-core machine (the Makefile's HEAVY_RUN),
+//     on their own; .ci/run runs them after make test.
 //   - make test-loaded: make test with a CPU hog on every core beside it:
 //     the suite must not depend on an idle machine.
 //
