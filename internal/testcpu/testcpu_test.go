@@ -31,6 +31,28 @@ func pool(t *testing.T, q int) {
 	t.Cleanup(func() { Dir, Quarters = dir, quarters })
 }
 
+// free checks that q slots can be taken (waiting for them), and gives
+// them back.
+func free(t *testing.T, q int, what string) {
+	t.Helper()
+	held, err := take(t.Context(), q)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	release(held)
+}
+
+// taken checks that q slots cannot be taken within a few retries.
+func taken(t *testing.T, q int, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*retry)
+	defer cancel()
+	if held, err := take(ctx, q); err == nil {
+		release(held)
+		t.Errorf("took %d slots %s", q, what)
+	}
+}
+
 func TestTakeWaitsForTheSlotsAnotherHolds(t *testing.T) {
 	pool(t, 4)
 	first, err := take(t.Context(), 3)
@@ -66,12 +88,7 @@ func TestTakeGivesUpWhenItsContextEnds(t *testing.T) {
 	if _, err := take(ctx, 2); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("take of more than is free, until a deadline: %v, want the deadline", err)
 	}
-	// What it had gathered it gave back: the free slot is there to take.
-	held, err := take(t.Context(), 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	release(held)
+	free(t, 1, "what a take that gave up had gathered")
 }
 
 func TestADeadProcessHoldsNothing(t *testing.T) {
@@ -90,42 +107,22 @@ func TestADeadProcessHoldsNothing(t *testing.T) {
 	if _, err := out.Read(buf); err != nil || string(buf) != "held\n" {
 		t.Fatalf("the holding process: %q %v", buf, err)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 5*retry)
-	if _, err := take(ctx, 1); err == nil {
-		t.Fatal("took a slot while another process held every one")
-	}
-	cancel()
+	taken(t, 1, "while another process held every one")
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	held, err := take(t.Context(), 4)
-	if err != nil {
-		t.Fatalf("the slots of a killed process: %v", err)
-	}
-	release(held)
+	free(t, 4, "the slots of a killed process")
 }
 
 func TestTakeRoundsUpAndHoldsUntilTheTestEnds(t *testing.T) {
 	pool(t, 4)
 	t.Run("holder", func(t *testing.T) {
 		Take(t, 0.3) // more than a quarter: two
-		ctx, cancel := context.WithTimeout(t.Context(), 5*retry)
-		defer cancel()
-		if _, err := take(ctx, 3); err == nil {
-			t.Error("took 3 of 4 slots while a test held 0.3 of a core")
-		}
-		held, err := take(t.Context(), 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		release(held)
+		taken(t, 3, "of 4 while a test held 0.3 of a core")
+		free(t, 2, "the other two")
 	})
-	held, err := take(t.Context(), 4)
-	if err != nil {
-		t.Fatalf("the slots after the test that held them ended: %v", err)
-	}
-	release(held)
+	free(t, 4, "the slots after the test that held them ended")
 }
 
 // TestATestHoldsOneShare: a second Take in a test, or one in its subtest,
@@ -138,9 +135,5 @@ func TestATestHoldsOneShare(t *testing.T) {
 	t.Run("sub", func(t *testing.T) {
 		Take(t, 0.5) // the parent's share covers it
 	})
-	ctx, cancel := context.WithTimeout(t.Context(), 5*retry)
-	defer cancel()
-	if _, err := take(ctx, 1); err == nil {
-		t.Fatal("took a slot while the test held all four")
-	}
+	taken(t, 1, "while the test held all four")
 }
