@@ -255,7 +255,7 @@ func (f *fleet) showLaunch(ctx context.Context, id string) {
 		f.t.Logf("receipt of launch %s in %s: %v", launch, sb, err)
 		return
 	}
-	f.t.Logf("--- launch %s in %s, stopped: %+v; the end of its output:\n%s", launch, sb, rc.Outcome, rc.OutputTail)
+	f.t.Logf("--- launch %s in %s, stopped: %s; the end of its output:\n%s", launch, sb, rc.Outcome, rc.OutputTail)
 }
 
 func (f *fleet) startAgent(name string, args ...string) {
