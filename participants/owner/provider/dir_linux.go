@@ -8,12 +8,15 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"syscall"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
 // tagEnv is set in the environment of every process a Dir sandbox starts,
@@ -180,15 +183,33 @@ func (d *Dir) teardown(id string, box *dirBox) error {
 	if box.sb.InitPID > 0 {
 		_ = syscall.Kill(-box.sb.InitPID, syscall.SIGKILL)
 	}
+	// A killed process stops showing its environment (the tag) as it
+	// begins to exit, before it is dead: what was killed is waited for
+	// by pid and start time, and so is every process of init's group
+	// (which the group kill above may have caught before any was seen
+	// tagged), so that Stop returns once all of it is dead.
+	killed := map[int]uint64{}
 	err := pollWithin(context.Background(), d.timeout, func() (bool, error) {
 		pids := tagged(box.tag)
+		if box.sb.InitPID > 0 {
+			pids = append(pids, inGroup(box.sb.InitPID)...)
+		}
 		for _, p := range pids {
+			if st, _, err := procfs.ReadStat(p, nil); err == nil {
+				killed[p] = st.Start
+			}
 			_ = syscall.Kill(p, syscall.SIGKILL)
 		}
-		return len(pids) == 0, nil
+		for p, start := range killed {
+			if st, _, err := procfs.ReadStat(p, nil); err != nil || st.State == 'Z' || st.Start != start {
+				delete(killed, p)
+			}
+		}
+		return len(pids) == 0 && len(killed) == 0, nil
 	})
 	if err != nil {
-		errs = append(errs, fmt.Errorf("%w: processes of %s: %v", ErrLeftover, id, tagged(box.tag)))
+		left := append(tagged(box.tag), slices.Sorted(maps.Keys(killed))...)
+		errs = append(errs, fmt.Errorf("%w: processes of %s: %v", ErrLeftover, id, left))
 	}
 	if box.done != nil {
 		t := time.NewTimer(d.timeout)

@@ -70,6 +70,24 @@ func tagged(tag string) []int {
 	return out
 }
 
+// inGroup lists the processes of process group pgid that are not
+// zombies.
+func inGroup(pgid int) []int {
+	pids, err := procfs.PIDs()
+	if err != nil {
+		return nil
+	}
+	var out []int
+	var buf []byte
+	for _, pid := range pids {
+		var st procfs.Stat
+		if st, buf, err = procfs.ReadStat(pid, buf); err == nil && st.PGID == pgid && st.State != 'Z' {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
 // alive reports whether pid names a process that is not a zombie.
 func alive(pid int) bool {
 	st, _, err := procfs.ReadStat(pid, nil)
