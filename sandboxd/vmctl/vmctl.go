@@ -2,6 +2,7 @@ package vmctl
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -333,8 +334,14 @@ func DecodeGuestLine(line []byte) (*Response, *Notice, error) {
 	return &r, nil, nil
 }
 
-// Encode returns v as one line: JSON and a newline.
+// Encode returns v as one line: JSON and a newline. An exec answer whose
+// output alone would not fit is refused before it is encoded: encoding
+// tens of MiB in base64 takes seconds of a guest's CPU, minutes under
+// TCG, for a line that cannot be sent.
 func Encode(v any) ([]byte, error) {
+	if n := outputLen(v); n > MaxLine {
+		return nil, fmt.Errorf("%w: a line of more than %d bytes, limit %d", ErrProtocol, n, MaxLine)
+	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
@@ -345,4 +352,22 @@ func Encode(v any) ([]byte, error) {
 		return nil, fmt.Errorf("%w: a line of %d bytes, limit %d", ErrProtocol, b.Len(), MaxLine)
 	}
 	return b.Bytes(), nil
+}
+
+// outputLen is the length in base64 of an exec answer's output, the part
+// of a line that can exceed MaxLine (0 for anything else).
+func outputLen(v any) int {
+	var x *ExecResult
+	switch r := v.(type) {
+	case Response:
+		x = r.ExecResult
+	case *Response:
+		if r != nil {
+			x = r.ExecResult
+		}
+	}
+	if x == nil {
+		return 0
+	}
+	return base64.StdEncoding.EncodedLen(len(x.Stdout)) + base64.StdEncoding.EncodedLen(len(x.Stderr))
 }
