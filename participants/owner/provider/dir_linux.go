@@ -201,7 +201,7 @@ func (d *Dir) teardown(id string, box *dirBox) error {
 			_ = syscall.Kill(p, syscall.SIGKILL)
 		}
 		for p, start := range killed {
-			if st, _, err := procfs.ReadStat(p, nil); err != nil || st.State == 'Z' || st.Start != start {
+			if !running(p, start) {
 				delete(killed, p)
 			}
 		}

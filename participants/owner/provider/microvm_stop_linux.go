@@ -15,7 +15,6 @@ import (
 
 	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/internal/poll"
-	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
 // stop kills QEMU's session and waits until it is reaped, at most
@@ -66,10 +65,7 @@ func killLeftover(meta vmMeta, timeout time.Duration) error {
 	if meta.PID <= 0 {
 		return nil
 	}
-	same := func() bool {
-		st, _, err := procfs.ReadStat(meta.PID, nil)
-		return err == nil && st.Start == meta.Start && st.State != 'Z'
-	}
+	same := func() bool { return running(meta.PID, meta.Start) }
 	if !same() {
 		return nil
 	}

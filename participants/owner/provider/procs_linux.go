@@ -88,6 +88,13 @@ func inGroup(pgid int) []int {
 	return out
 }
 
+// running reports whether pid still names the process that started at
+// start (clock ticks since boot), and it is not a zombie.
+func running(pid int, start uint64) bool {
+	st, _, err := procfs.ReadStat(pid, nil)
+	return err == nil && st.Start == start && st.State != 'Z'
+}
+
 // alive reports whether pid names a process that is not a zombie.
 func alive(pid int) bool {
 	st, _, err := procfs.ReadStat(pid, nil)
