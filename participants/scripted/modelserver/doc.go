@@ -28,6 +28,14 @@
 // request asks for one (stream_options.include_usage), and send each tool
 // call in pieces, as a model does.
 //
+// Token ids and logprobs come in vLLM's shapes when a request asks
+// (return_token_ids, logprobs with top_logprobs 0, and
+// return_tokens_as_token_ids), streamed or not, from a small deterministic
+// tokenizer of the server's own (tokens.go: Pieces, PromptTokens,
+// CompletionTokens, Logprob); the ledger keeps every request's prompt and
+// completion ids whether asked or not, so that a test can check a captured
+// trajectory token by token against what the server answered.
+//
 // A script comes from JSON (LoadScript: {"task": [turns...]}) or from a
 // tasks file whose lines carry their turns beside the payload (LoadTasks,
 // TaskLine: "model": {"turns": [...]}), which `stillpoint tasks` writes

@@ -65,6 +65,17 @@ type Request struct {
 	Tools json.RawMessage `json:"tools,omitempty"`
 	// StreamOptions asks for a usage chunk at the end of a stream.
 	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
+	// ReturnTokenIDs asks for the token ids, as vLLM gives them: the
+	// prompt's at the top level (prompt_token_ids, in a stream's first
+	// chunk) and the completion's per choice (token_ids, in a stream each
+	// chunk's own).
+	ReturnTokenIDs bool `json:"return_token_ids,omitempty"`
+	// Logprobs asks for the completion tokens' logprobs (per choice,
+	// logprobs.content[]); TopLogprobs must then be 0 or absent, never
+	// null; ReturnTokensAsTokenIDs writes each token as "token_id:<n>".
+	Logprobs               bool            `json:"logprobs,omitempty"`
+	TopLogprobs            json.RawMessage `json:"top_logprobs,omitempty"`
+	ReturnTokensAsTokenIDs bool            `json:"return_tokens_as_token_ids,omitempty"`
 }
 
 // StreamOptions are a streamed request's options.
@@ -99,8 +110,15 @@ type Entry struct {
 	// after a crash mid-tool): a new request, not a repeat.
 	Retried bool `json:"retried,omitempty"`
 	// Chunks counts the chunks of a streamed reply written so far.
-	Chunks int       `json:"chunks,omitempty"`
-	Time   time.Time `json:"time"`
+	Chunks int `json:"chunks,omitempty"`
+	// PromptTokenIDs and TokenIDs are the request's prompt and its whole
+	// reply in the server's tokenizer (tokens.go), whether or not the
+	// request asked for them; Sent is how many of TokenIDs were written
+	// (fewer for a stream cut or left).
+	PromptTokenIDs []int     `json:"prompt_token_ids"`
+	TokenIDs       []int     `json:"token_ids"`
+	Sent           int       `json:"sent"`
+	Time           time.Time `json:"time"`
 	// Delivered is when the whole reply was written; zero for a reply the
 	// caller never got (it went away while the reply was held).
 	Delivered time.Time `json:"delivered,omitzero"`
@@ -321,6 +339,10 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "the body is not a chat-completions request: %v", err)
 		return
 	}
+	if err := checkTokenOptions(req); err != nil {
+		apiError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
 	task := r.Header.Get(TaskHeader)
 	if task == "" {
 		task = req.User
@@ -367,7 +389,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		slow, s.slow = s.slow, 0
 	}
 	prevSaved, _ := time.Parse(time.RFC3339Nano, r.Header.Get(SavedHeader))
-	entry := Entry{Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Title: title, Retried: retries > 0, Time: time.Now()}
+	prompt, completion := PromptTokens(req), completionTokens(t)
+	entry := Entry{Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Title: title, Retried: retries > 0,
+		PromptTokenIDs: prompt, TokenIDs: ids(completion), Time: time.Now()}
 	s.ledger = append(s.ledger, entry)
 	index := len(s.ledger) - 1
 	if hold != nil {
@@ -388,18 +412,27 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	id := fmt.Sprintf("chatcmpl-%s-%d", entry.Digest[:12], turn)
 	var werr error
+	tk := tokenReply{req: req, prompt: prompt}
 	if !req.Stream {
+		choice := map[string]any{"index": 0, "finish_reason": finish(t),
+			"message": map[string]any{"role": "assistant", "content": t.Content, "tool_calls": t.ToolCalls}}
+		tk.choice(choice, completion, 0)
+		reply := map[string]any{"id": id, "object": "chat.completion", "model": req.Model, "choices": []any{choice}, "usage": usage(prompt, completion)}
+		if req.ReturnTokenIDs {
+			reply["prompt_token_ids"] = prompt
+		}
 		w.Header().Set("Content-Type", "application/json")
-		werr = json.NewEncoder(w).Encode(map[string]any{
-			"id": id, "object": "chat.completion", "model": req.Model,
-			"choices": []any{map[string]any{"index": 0, "finish_reason": finish(t),
-				"message": map[string]any{"role": "assistant", "content": t.Content, "tool_calls": t.ToolCalls}}},
-		})
-	} else {
-		usage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-		s.stream(w, id, req.Model, t, streamOptions{cut: cut, slow: slow, usage: usage, done: r.Context().Done(), sent: func(n int) {
+		werr = json.NewEncoder(w).Encode(reply)
+		if werr == nil {
 			s.mu.Lock()
-			s.ledger[index].Chunks = n
+			s.ledger[index].Sent = len(completion)
+			s.mu.Unlock()
+		}
+	} else {
+		withUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+		s.stream(w, id, req.Model, t, streamOptions{cut: cut, slow: slow, usage: withUsage, done: r.Context().Done(), tokens: tk, sent: func(n, tokens int) {
+			s.mu.Lock()
+			s.ledger[index].Chunks, s.ledger[index].Sent = n, tokens
 			s.mu.Unlock()
 		}})
 	}
@@ -419,11 +452,12 @@ func finish(t Turn) string {
 
 // streamOptions shape one streamed reply.
 type streamOptions struct {
-	cut   int             // stop after cut chunks (0: no cut)
-	slow  time.Duration   // wait between chunks
-	usage bool            // a usage chunk before [DONE]
-	sent  func(n int)     // called after each chunk with the count so far
-	done  <-chan struct{} // the caller went away: no more waits
+	cut    int                 // stop after cut chunks (0: no cut)
+	slow   time.Duration       // wait between chunks
+	usage  bool                // a usage chunk before [DONE]
+	sent   func(n, tokens int) // called after each chunk with the chunks and completion tokens so far
+	done   <-chan struct{}     // the caller went away: no more waits
+	tokens tokenReply          // what of the tokens the request asked for
 }
 
 // stream sends t as server-sent events: the content in a few chunks, each
@@ -439,25 +473,8 @@ func (s *Server) stream(w http.ResponseWriter, id, model string, t Turn, o strea
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
-	var chunks []map[string]any
-	for _, part := range split(t.Content, 3) {
-		chunks = append(chunks, map[string]any{"content": part})
-	}
-	for i, tc := range t.ToolCalls {
-		pieces := split(tc.Function.Arguments, 3)
-		if len(pieces) == 0 {
-			pieces = []string{""}
-		}
-		for k, args := range pieces {
-			call := map[string]any{"index": i, "function": map[string]string{"arguments": args}}
-			if k == 0 {
-				call["id"], call["type"] = tc.ID, "function"
-				call["function"] = map[string]string{"name": tc.Function.Name, "arguments": args}
-			}
-			chunks = append(chunks, map[string]any{"tool_calls": []any{call}})
-		}
-	}
-	n := 0
+	chunks := streamChunks(t)
+	n, pos := 0, 0
 	write := func(v map[string]any) {
 		if n > 0 && o.slow > 0 {
 			t := time.NewTimer(o.slow)
@@ -473,42 +490,152 @@ func (s *Server) stream(w http.ResponseWriter, id, model string, t Turn, o strea
 		fl.Flush()
 		n++
 		if o.sent != nil {
-			o.sent(n)
+			o.sent(n, pos)
 		}
 	}
-	send := func(delta map[string]any, reason any) {
-		write(map[string]any{"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": reason}}})
+	send := func(c chunk, reason any) {
+		choice := map[string]any{"index": 0, "delta": c.delta, "finish_reason": reason}
+		o.tokens.choice(choice, c.tokens, pos)
+		pos += len(c.tokens)
+		v := map[string]any{"choices": []any{choice}}
+		if n == 0 && o.tokens.req.ReturnTokenIDs {
+			v["prompt_token_ids"] = o.tokens.prompt
+		}
+		write(v)
 	}
-	send(map[string]any{"role": "assistant"}, nil)
+	send(chunk{delta: map[string]any{"role": "assistant"}}, nil)
+	all := []Token{}
 	for i, c := range chunks {
 		if o.cut > 0 && i >= o.cut {
 			return // cut mid-way: no finish, no [DONE]
 		}
 		send(c, nil)
+		all = append(all, c.tokens...)
 	}
-	send(map[string]any{}, finish(t))
+	end := []Token{special(TokEnd)}
+	send(chunk{delta: map[string]any{}, tokens: end}, finish(t))
 	if o.usage {
-		// Token counts of a script mean nothing; they are there because
-		// OpenCode records them with each step.
-		write(map[string]any{"choices": []any{}, "usage": map[string]int{"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+		write(map[string]any{"choices": []any{}, "usage": usage(o.tokens.prompt, append(all, end...))})
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	fl.Flush()
 }
 
-// split cuts s into at most n parts, between runes.
-func split(s string, n int) []string {
-	r := []rune(s)
-	if len(r) == 0 {
+// chunk is one streamed delta and the completion tokens it carries.
+type chunk struct {
+	delta  map[string]any
+	tokens []Token
+}
+
+// streamChunks cuts reply t into the deltas of a stream, at token
+// boundaries: the content in up to three chunks, each tool call in up to
+// three (its name with the first piece of its arguments, then the rest).
+// Their tokens joined, and TokEnd, are the completion.
+func streamChunks(t Turn) []chunk {
+	var out []chunk
+	for _, g := range group(Pieces(t.Content), 3) {
+		out = append(out, chunk{delta: map[string]any{"content": joinText(g)}, tokens: g})
+	}
+	for i, tc := range t.ToolCalls {
+		head := callTokens(tc.Function.Name, "")
+		args := Pieces(compactJSON(tc.Function.Arguments))
+		groups := group(args, 3)
+		if compactJSON(tc.Function.Arguments) != tc.Function.Arguments || len(groups) == 0 {
+			// Arguments sent as they are, not as they tokenize: one piece.
+			groups = [][]Token{args}
+		}
+		for k, g := range groups {
+			text := joinText(g)
+			if len(groups) == 1 {
+				text = tc.Function.Arguments
+			}
+			call := map[string]any{"index": i, "function": map[string]string{"arguments": text}}
+			toks := g
+			if k == 0 {
+				call["id"], call["type"] = tc.ID, "function"
+				call["function"] = map[string]string{"name": tc.Function.Name, "arguments": text}
+				toks = append(append([]Token(nil), head...), g...)
+			}
+			out = append(out, chunk{delta: map[string]any{"tool_calls": []any{call}}, tokens: toks})
+		}
+	}
+	return out
+}
+
+// group cuts ts into at most n runs of about equal length.
+func group(ts []Token, n int) [][]Token {
+	if len(ts) == 0 {
 		return nil
 	}
-	size := (len(r) + n - 1) / n
-	var out []string
-	for len(r) > size {
-		out = append(out, string(r[:size]))
-		r = r[size:]
+	size := (len(ts) + n - 1) / n
+	var out [][]Token
+	for len(ts) > size {
+		out = append(out, ts[:size])
+		ts = ts[size:]
 	}
-	return append(out, string(r))
+	return append(out, ts)
+}
+
+func joinText(ts []Token) string {
+	var b strings.Builder
+	for _, t := range ts {
+		b.WriteString(t.Text)
+	}
+	return b.String()
+}
+
+// usage is a reply's usage object, counted in the server's tokenizer.
+func usage(prompt []int, completion []Token) map[string]int {
+	return map[string]int{"prompt_tokens": len(prompt), "completion_tokens": len(completion), "total_tokens": len(prompt) + len(completion)}
+}
+
+// tokenReply adds to a reply what of the tokens its request asked for.
+type tokenReply struct {
+	req    Request
+	prompt []int
+}
+
+// choice adds to choice the ids (token_ids) and logprobs
+// (logprobs.content[]) of ts, the completion's tokens from position pos.
+func (k tokenReply) choice(choice map[string]any, ts []Token, pos int) {
+	if k.req.ReturnTokenIDs {
+		choice["token_ids"] = ids(ts)
+	}
+	if !k.req.Logprobs {
+		choice["logprobs"] = nil
+		return
+	}
+	content := make([]map[string]any, len(ts))
+	for i, t := range ts {
+		text := t.Text
+		if k.req.ReturnTokensAsTokenIDs {
+			text = fmt.Sprintf("token_id:%d", t.ID)
+		}
+		b := []byte(text)
+		bs := make([]int, len(b))
+		for j, c := range b {
+			bs[j] = int(c)
+		}
+		content[i] = map[string]any{"token": text, "logprob": Logprob(t.ID, pos+i), "bytes": bs, "top_logprobs": []any{}}
+	}
+	choice["logprobs"] = map[string]any{"content": content}
+}
+
+// checkTokenOptions refuses what the server does not serve of the token
+// options: top_logprobs null (vLLM refuses it too) or above 0.
+func checkTokenOptions(req Request) error {
+	tl := strings.TrimSpace(string(req.TopLogprobs))
+	if tl == "" {
+		return nil
+	}
+	var n int
+	if err := json.Unmarshal([]byte(tl), &n); err != nil || tl == "null" {
+		return fmt.Errorf("top_logprobs must be an integer, not %s", tl)
+	}
+	if n != 0 {
+		return fmt.Errorf("top_logprobs %d: the scripted server gives only the chosen token's logprob (0)", n)
+	}
+	return nil
 }
 
 // ErrNoScript is returned by LoadScript for a script file that does not
