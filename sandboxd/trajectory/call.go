@@ -1,0 +1,169 @@
+package trajectory
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+)
+
+// Version is the version of the capture format a Call carries (V). A
+// reader refuses any other.
+const Version = 1
+
+// Link is how a call's parent was resolved.
+type Link string
+
+// The links.
+const (
+	// LinkRoot: no earlier call's prompt and completion begin this call's
+	// prompt. The first call of a rollout is a root; a later root is a
+	// history the harness compacted or rewrote (LinkWhy says which).
+	LinkRoot Link = "root"
+	// LinkResolved: the parent's prompt and completion are the longest
+	// prefix of this call's prompt, by token ids where both carry them,
+	// else by messages.
+	LinkResolved Link = "resolved"
+	// LinkTokenBreak: the messages chain to the parent but the token ids
+	// do not (the harness re-rendered what the model said, or the server's
+	// template renders a history differently from how it generated it).
+	LinkTokenBreak Link = "token_break"
+	// LinkAmbiguous: two or more earlier calls chain equally far, and
+	// differ; the call is not attributed, and the rollout is masked.
+	LinkAmbiguous Link = "ambiguous"
+)
+
+// Call is one model call as the relay captured it: a line of a capture
+// file. Its request is stored as a delta against its parent, so a file
+// grows with the conversation, not with the sum of its prompts (Index
+// rebuilds each call whole).
+type Call struct {
+	// V is the format's Version.
+	V int `json:"v"`
+	// ID is "<episode>.<launch>.<n>": the rollout attempt, the launch of
+	// the harness in it, and the call's number in that launch from 1. The
+	// relay sends it upstream in the IDHeader.
+	ID string `json:"id"`
+	// Episode and Launch are the first two parts of ID.
+	Episode string `json:"episode"`
+	Launch  string `json:"launch"`
+	// Parent is the ID of the call this one continues ("" for a root or
+	// an ambiguous call); Link says how it was found, LinkWhy why a root
+	// or an ambiguous call is one.
+	Parent  string `json:"parent,omitempty"`
+	Link    Link   `json:"link"`
+	LinkWhy string `json:"link_why,omitempty"`
+
+	// Method and Path are the request's; Model the model it asked for;
+	// Params the request's other fields, without its messages (compact
+	// JSON, as the harness sent them: not the capture fields the relay
+	// added upstream).
+	Method string          `json:"method"`
+	Path   string          `json:"path"`
+	Model  string          `json:"model,omitempty"`
+	Params json.RawMessage `json:"params,omitempty"`
+	// The request's messages: the first Keep of the parent's, then (Echo)
+	// the parent's reply message as recorded, then Messages.
+	Keep     int               `json:"keep"`
+	Echo     bool              `json:"echo,omitempty"`
+	Messages []json.RawMessage `json:"messages"`
+
+	// Status is the upstream's HTTP status. Reply is the assistant message
+	// (a stream assembled), FinishReason and Usage as the upstream gave
+	// them; Error the body of a reply that is no completion (a status
+	// other than 200, or a body that does not parse).
+	Status       int             `json:"status"`
+	Reply        json.RawMessage `json:"reply,omitempty"`
+	FinishReason string          `json:"finish_reason,omitempty"`
+	Usage        json.RawMessage `json:"usage,omitempty"`
+	Error        string          `json:"error,omitempty"`
+	// PolicyVersion is the policy (weights) version the upstream named in
+	// its PolicyHeader, "" if none.
+	PolicyVersion string `json:"policy_version,omitempty"`
+
+	// Tokens is true when the upstream returned the prompt's and the
+	// completion's token ids. The prompt ids are the first PromptKeep of
+	// the parent's prompt and completion ids, then PromptIDs.
+	Tokens        bool      `json:"tokens,omitempty"`
+	PromptKeep    int       `json:"prompt_keep,omitempty"`
+	PromptIDs     []int     `json:"prompt_ids,omitempty"`
+	CompletionIDs []int     `json:"completion_ids,omitempty"`
+	Logprobs      []float64 `json:"logprobs,omitempty"`
+
+	// Started is when the relay took the call; FirstByteMS and DurationMS
+	// when the first byte of the reply (of the attempt that delivered) and
+	// its end came, after Started.
+	Started     time.Time `json:"started"`
+	FirstByteMS float64   `json:"first_byte_ms"`
+	DurationMS  float64   `json:"duration_ms"`
+	// Generation is the upstream generation that answered; Resends how
+	// many times the call was sent again (a snapshot cut it).
+	Generation uint64 `json:"generation,omitempty"`
+	Resends    int    `json:"resends,omitempty"`
+}
+
+// IDHeader carries a call's ID upstream, so that a gateway can tell a
+// call sent again (the same ID) from a new one.
+const IDHeader = "X-Stillpoint-Call"
+
+// PolicyHeader is the reply header an upstream names its policy version
+// in (Call.PolicyVersion).
+const PolicyHeader = "X-Stillpoint-Policy-Version"
+
+// idPart is what an episode or a launch id may be: no dot (the ID's
+// separator), nothing path-like.
+var idPart = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// ErrBadCall is wrapped by every error that refuses a capture record.
+var ErrBadCall = errors.New("trajectory: bad call record")
+
+// CallID returns the ID of call n of launch in episode, or an error naming
+// the part that cannot be one.
+func CallID(episode, launch string, n int) (string, error) {
+	if !idPart.MatchString(episode) {
+		return "", fmt.Errorf("%w: episode %q is not an id ([A-Za-z0-9_-], 1 to 128)", ErrBadCall, episode)
+	}
+	if !idPart.MatchString(launch) {
+		return "", fmt.Errorf("%w: launch %q is not an id ([A-Za-z0-9_-], 1 to 128)", ErrBadCall, launch)
+	}
+	if n < 1 {
+		return "", fmt.Errorf("%w: call number %d (from 1)", ErrBadCall, n)
+	}
+	return fmt.Sprintf("%s.%s.%d", episode, launch, n), nil
+}
+
+// check reports the first thing that makes c no record a reader may use
+// on its own (the index checks its links).
+func (c *Call) check() error {
+	switch {
+	case c.V != Version:
+		return fmt.Errorf("%w: version %d (this reader knows %d)", ErrBadCall, c.V, Version)
+	case c.Keep < 0 || c.PromptKeep < 0:
+		return fmt.Errorf("%w: %s keeps %d messages and %d prompt ids", ErrBadCall, c.ID, c.Keep, c.PromptKeep)
+	case len(c.Logprobs) != 0 && len(c.Logprobs) != len(c.CompletionIDs):
+		return fmt.Errorf("%w: %s has %d logprobs for %d completion ids", ErrBadCall, c.ID, len(c.Logprobs), len(c.CompletionIDs))
+	}
+	switch c.Link {
+	case LinkRoot, LinkAmbiguous:
+		if c.Parent != "" || c.Keep != 0 || c.Echo || c.PromptKeep != 0 {
+			return fmt.Errorf("%w: %s is a %s but names a parent or keeps from one", ErrBadCall, c.ID, c.Link)
+		}
+	case LinkResolved, LinkTokenBreak:
+		if c.Parent == "" {
+			return fmt.Errorf("%w: %s is %s without a parent", ErrBadCall, c.ID, c.Link)
+		}
+	default:
+		return fmt.Errorf("%w: %s has link %q", ErrBadCall, c.ID, c.Link)
+	}
+	want, err := CallID(c.Episode, c.Launch, 1)
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.ID, err)
+	}
+	prefix := want[:len(want)-1]
+	var n int
+	if _, err := fmt.Sscanf(c.ID[min(len(prefix), len(c.ID)):], "%d", &n); err != nil || len(c.ID) <= len(prefix) || c.ID[:len(prefix)] != prefix || fmt.Sprintf("%s%d", prefix, n) != c.ID || n < 1 {
+		return fmt.Errorf("%w: id %q is not <episode>.<launch>.<n> of episode %q launch %q", ErrBadCall, c.ID, c.Episode, c.Launch)
+	}
+	return nil
+}

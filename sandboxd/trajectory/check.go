@@ -1,0 +1,205 @@
+package trajectory
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/maphash"
+)
+
+// Report is what Check finds in a rollout's calls.
+type Report struct {
+	// Calls counts every record; Answered those with a reply; Tokens those
+	// with token ids; Roots the answered calls with no parent; Replaced
+	// the calls a later one sent again before anything continued them
+	// (Whole.ReplacedBy); Failed the calls the upstream answered with an
+	// error.
+	Calls    int `json:"calls"`
+	Answered int `json:"answered"`
+	Tokens   int `json:"tokens"`
+	Roots    int `json:"roots"`
+	Replaced int `json:"replaced"`
+	Failed   int `json:"failed"`
+	// Dangling counts calls whose parent is not among the calls; Branches
+	// the calls that share a parent with an earlier one; TokenBreaks the
+	// links by messages whose token ids do not chain; Duplicates the calls
+	// whose request an earlier answered call already sent; Masked the
+	// ambiguous calls, which mask the rollout (MaskedWhy says why).
+	Dangling    int    `json:"dangling"`
+	Branches    int    `json:"branches"`
+	TokenBreaks int    `json:"token_breaks"`
+	Duplicates  int    `json:"duplicates"`
+	Masked      int    `json:"masked"`
+	MaskedWhy   string `json:"masked_why,omitempty"`
+	// Problems says, a line each, which calls the counts above count.
+	Problems []string `json:"problems,omitempty"`
+}
+
+// OK tells whether the report has nothing a trainer must not be given:
+// no dangling parent, no branch, no duplicate, nothing masked. Token
+// breaks are counted, not refused.
+func (r Report) OK() bool {
+	return r.Dangling == 0 && r.Branches == 0 && r.Duplicates == 0 && r.Masked == 0
+}
+
+// String summarises the report on one line.
+func (r Report) String() string {
+	return fmt.Sprintf("%d calls (%d with tokens, %d roots, %d replaced, %d failed): %d dangling, %d branches, %d token breaks, %d duplicates, %d masked",
+		r.Calls, r.Tokens, r.Roots, r.Replaced, r.Failed, r.Dangling, r.Branches, r.TokenBreaks, r.Duplicates, r.Masked)
+}
+
+// Check counts what calls (a rollout's, in the order recorded) hold that
+// a trainer must not be given silently. A replaced call and a failed one
+// are on no chain: they are counted, and neither branch nor duplicate.
+func Check(calls []Whole) Report {
+	var r Report
+	seen := map[string]bool{}
+	children := map[string]string{} // parent -> its first child on a chain
+	requests := map[uint64]string{} // request hash -> the first call that sent it
+	seed := maphash.MakeSeed()
+	for _, c := range calls {
+		r.Calls++
+		onChain := c.ReplacedBy == "" && c.Error == "" && c.Status == 200
+		switch {
+		case c.ReplacedBy != "":
+			r.Replaced++
+		case !onChain:
+			r.Failed++
+		}
+		if c.Tokens {
+			r.Tokens++
+		}
+		if c.Error == "" && c.Status == 200 {
+			r.Answered++
+		}
+		if c.Parent != "" && !seen[c.Parent] {
+			r.Dangling++
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: parent %s is not among the calls before it", c.ID, c.Parent))
+		}
+		seen[c.ID] = true
+		switch c.Link {
+		case LinkAmbiguous:
+			r.Masked++
+			if r.MaskedWhy == "" {
+				r.MaskedWhy = fmt.Sprintf("%s: %s", c.ID, c.LinkWhy)
+			}
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: ambiguous parent: %s", c.ID, c.LinkWhy))
+		case LinkTokenBreak:
+			r.TokenBreaks++
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: token break: %s", c.ID, c.LinkWhy))
+		case LinkRoot:
+			if onChain {
+				r.Roots++
+			}
+		}
+		if !onChain {
+			continue
+		}
+		if c.Parent != "" {
+			if first, ok := children[c.Parent]; ok {
+				r.Branches++
+				r.Problems = append(r.Problems, fmt.Sprintf("%s: a branch: %s continues %s too", c.ID, first, c.Parent))
+			} else {
+				children[c.Parent] = c.ID
+			}
+		}
+		h := requestHash(seed, c)
+		if first, ok := requests[h]; ok {
+			r.Duplicates++
+			r.Problems = append(r.Problems, fmt.Sprintf("%s: a duplicate of %s (the same request)", c.ID, first))
+		} else {
+			requests[h] = c.ID
+		}
+	}
+	return r
+}
+
+// requestHash hashes a call's request: its model, path, params and every
+// message.
+func requestHash(seed maphash.Seed, c Whole) uint64 {
+	var h maphash.Hash
+	h.SetSeed(seed)
+	h.WriteString(c.Method + " " + c.Path + "\x00")
+	h.Write(c.Params)
+	for _, m := range c.AllMessages {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(m)))
+		h.Write(n[:])
+		h.Write(m)
+	}
+	return h.Sum64()
+}
+
+// Sequence is a run of calls merged into the token arrays a trainer reads:
+// the first call's prompt, then everything after it, each token marked 1
+// where the model generated it (with its logprob) and 0 where it came
+// from elsewhere (a tool's result, a user's turn, the template; logprob 0).
+type Sequence struct {
+	// Calls are the merged calls' IDs, in order.
+	Calls            []string  `json:"calls"`
+	PromptIDs        []int     `json:"prompt_ids"`
+	ResponseIDs      []int     `json:"response_ids"`
+	ResponseMask     []int     `json:"response_mask"`
+	ResponseLogprobs []float64 `json:"response_logprobs"`
+}
+
+// Chains merges calls into sequences: one per chain of calls with token
+// ids from a root (or a token break, which no merge can cross) to a call
+// nothing continues, in the order of their last calls. Replaced and
+// failed calls are on none.
+func Chains(calls []Whole) []Sequence {
+	byID := map[string]*Whole{}
+	continued := map[string]bool{}
+	for i := range calls {
+		c := &calls[i]
+		if c.ReplacedBy != "" || c.Error != "" || c.Status != 200 || !c.Tokens {
+			continue
+		}
+		byID[c.ID] = c
+		if c.Parent != "" && c.Link == LinkResolved {
+			continued[c.Parent] = true
+		}
+	}
+	var out []Sequence
+	for i := range calls {
+		leaf := &calls[i]
+		if byID[leaf.ID] == nil || continued[leaf.ID] {
+			continue
+		}
+		var path []*Whole
+		for c := leaf; c != nil; {
+			path = append(path, c)
+			if c.Link != LinkResolved {
+				break
+			}
+			c = byID[c.Parent]
+		}
+		var s Sequence
+		for k := len(path) - 1; k >= 0; k-- {
+			c := path[k]
+			s.Calls = append(s.Calls, c.ID)
+			if k == len(path)-1 {
+				s.PromptIDs = append([]int(nil), c.AllPromptIDs...)
+			} else {
+				// What the prompt adds after the sequence so far: not the
+				// model's.
+				have := len(s.PromptIDs) + len(s.ResponseIDs)
+				for _, id := range c.AllPromptIDs[min(have, len(c.AllPromptIDs)):] {
+					s.ResponseIDs = append(s.ResponseIDs, id)
+					s.ResponseMask = append(s.ResponseMask, 0)
+					s.ResponseLogprobs = append(s.ResponseLogprobs, 0)
+				}
+			}
+			for j, id := range c.CompletionIDs {
+				s.ResponseIDs = append(s.ResponseIDs, id)
+				s.ResponseMask = append(s.ResponseMask, 1)
+				lp := 0.0
+				if j < len(c.Logprobs) {
+					lp = c.Logprobs[j]
+				}
+				s.ResponseLogprobs = append(s.ResponseLogprobs, lp)
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}

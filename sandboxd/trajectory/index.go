@@ -1,0 +1,526 @@
+package trajectory
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash/maphash"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Exchange is one model call whole, as the relay saw it, before it is
+// recorded.
+type Exchange struct {
+	// Episode and Launch name the rollout attempt and the launch that
+	// made the call (Call.ID).
+	Episode, Launch string
+	// Method, Path and Body are the request as the harness sent it.
+	Method, Path string
+	Body         []byte
+	// Status is the upstream's HTTP status and Reply what it answered.
+	Status int
+	Reply  Reply
+	// PolicyVersion is the upstream's PolicyHeader.
+	PolicyVersion string
+	// Started, FirstByte and Duration time the call (Call.Started and its
+	// milliseconds).
+	Started             time.Time
+	FirstByte, Duration time.Duration
+	// Generation and Resends are the relay's (Call.Generation, Resends).
+	Generation uint64
+	Resends    int
+}
+
+// Index is the calls of one capture file, each rebuilt whole: what the
+// relay needs to record the next call (its parent, its delta) and what a
+// reader needs to rebuild a trajectory. It is not safe for concurrent use.
+type Index struct {
+	seed      maphash.Seed
+	calls     []*whole
+	byID      map[string]*whole
+	perLaunch map[string]int      // "<episode>.<launch>" -> calls so far
+	byReq     map[uint64][]*whole // request hash -> calls
+	canon     map[uint64]uint64   // a message's bytes' hash -> its key
+}
+
+// whole is a call and what its delta leaves out.
+type whole struct {
+	c        *Call
+	msgs     []json.RawMessage // every message of the request
+	keys     []uint64          // each message's key (its canonical JSON's hash)
+	msgsHash uint64            // the hash of keys
+	params   json.RawMessage   // the request's other fields, whole
+	prompt   []int             // every prompt id
+	chain    uint64            // the hash of prompt and completion ids
+	echo     string            // the reply message normalized ("" if none)
+	replyKey uint64            // the reply message's key
+	req      uint64            // the hash of params and messages
+	children int
+	replaced string // the ID of a later call that replaced this one
+}
+
+// NewIndex returns an empty index.
+func NewIndex() *Index {
+	return &Index{seed: maphash.MakeSeed(), byID: map[string]*whole{}, perLaunch: map[string]int{}, byReq: map[uint64][]*whole{}, canon: map[uint64]uint64{}}
+}
+
+// Len returns how many calls the index holds.
+func (x *Index) Len() int { return len(x.calls) }
+
+// request is a request body split: its messages and the rest.
+func splitRequest(body []byte) (model string, params json.RawMessage, msgs []json.RawMessage, err error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return "", nil, nil, fmt.Errorf("the request is not a JSON object: %w", err)
+	}
+	if m, ok := fields["messages"]; ok {
+		if err := json.Unmarshal(m, &msgs); err != nil {
+			return "", nil, nil, fmt.Errorf("the request's messages are not an array: %w", err)
+		}
+		delete(fields, "messages")
+	}
+	_ = json.Unmarshal(fields["model"], &model)
+	params, _ = json.Marshal(fields) // keys sorted: one form for equal fields
+	for i, m := range msgs {
+		var c bytes.Buffer
+		if json.Compact(&c, m) == nil {
+			msgs[i] = c.Bytes()
+		}
+	}
+	return model, params, msgs, nil
+}
+
+// key returns a message's key: the hash of its canonical JSON (keys
+// sorted, no white space), so that two renderings of one message have
+// one key. A message is made canonical once: later ones are found by the
+// hash of their bytes.
+func (x *Index) key(m []byte) uint64 {
+	raw := maphash.Bytes(x.seed, m)
+	if k, ok := x.canon[raw]; ok {
+		return k
+	}
+	k := raw
+	d := json.NewDecoder(bytes.NewReader(m))
+	d.UseNumber()
+	var v any
+	if d.Decode(&v) == nil {
+		if b, err := json.Marshal(v); err == nil {
+			k = maphash.Bytes(x.seed, b)
+		}
+	}
+	x.canon[raw] = k
+	return k
+}
+
+// seqHash hashes a sequence of message keys.
+func (x *Index) seqHash(keys []uint64) uint64 {
+	var h maphash.Hash
+	h.SetSeed(x.seed)
+	var b [8]byte
+	for _, k := range keys {
+		binary.LittleEndian.PutUint64(b[:], k)
+		h.Write(b[:])
+	}
+	return h.Sum64()
+}
+
+// idsBytes writes ids as 4 bytes each.
+func idsBytes(dst []byte, ids ...[]int) []byte {
+	for _, s := range ids {
+		for _, id := range s {
+			dst = binary.LittleEndian.AppendUint32(dst, uint32(id))
+		}
+	}
+	return dst
+}
+
+// Add records ex as the next call and returns its record: its ID, parent
+// and link, and its request and prompt as deltas against the parent. A
+// call whose request is the same as an earlier call that nothing
+// continued replaces that call (see Replaced).
+func (x *Index) Add(ex Exchange) (*Call, error) {
+	lk := ex.Episode + "." + ex.Launch
+	id, err := CallID(ex.Episode, ex.Launch, x.perLaunch[lk]+1)
+	if err != nil {
+		return nil, err
+	}
+	model, params, msgs, err := splitRequest(ex.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: call %s: %v", ErrBadCall, id, err)
+	}
+	c := &Call{V: Version, ID: id, Episode: ex.Episode, Launch: ex.Launch, Method: ex.Method, Path: ex.Path, Model: model,
+		Status: ex.Status, PolicyVersion: ex.PolicyVersion, Started: ex.Started.UTC(),
+		FirstByteMS: ms(ex.FirstByte), DurationMS: ms(ex.Duration), Generation: ex.Generation, Resends: ex.Resends}
+	r := ex.Reply
+	if ex.Status == 200 && r.Error == "" {
+		c.Reply, c.FinishReason, c.Usage = r.Message, r.FinishReason, r.Usage
+		if r.Model != "" {
+			c.Model = r.Model
+		}
+		if r.Tokens {
+			c.Tokens, c.CompletionIDs, c.Logprobs = true, r.CompletionIDs, r.Logprobs
+		}
+	} else {
+		c.Error = r.Error
+		if c.Error == "" {
+			c.Error = fmt.Sprintf("status %d", ex.Status)
+		}
+	}
+	w := &whole{c: c, msgs: msgs, params: params, prompt: r.PromptIDs}
+	if !c.Tokens {
+		w.prompt = nil
+	}
+	x.link(w)
+	x.delta(w)
+	x.insert(w)
+	return c, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// link finds w's parent: the earlier call whose prompt and completion are
+// the longest prefix of w's prompt, by token ids where both carry them,
+// else by messages (the parent's messages, then its reply as the next).
+func (x *Index) link(w *whole) {
+	c := w.c
+	w.keys = make([]uint64, len(w.msgs))
+	for i, m := range w.msgs {
+		w.keys[i] = x.key(m)
+	}
+	byMsgs, msgsTie := x.byMessages(w)
+	var byToks, toksTie *whole
+	if c.Tokens {
+		byToks, toksTie = x.byTokens(w)
+	}
+	switch {
+	case byToks != nil && toksTie != nil:
+		c.Link, c.LinkWhy = LinkAmbiguous, fmt.Sprintf("calls %s and %s both chain %d prompt tokens", byToks.c.ID, toksTie.c.ID, len(byToks.prompt)+len(byToks.c.CompletionIDs))
+	case byToks != nil:
+		c.Link, c.Parent = LinkResolved, byToks.c.ID
+	case byMsgs != nil && msgsTie != nil:
+		c.Link, c.LinkWhy = LinkAmbiguous, fmt.Sprintf("calls %s and %s both chain %d messages", byMsgs.c.ID, msgsTie.c.ID, len(byMsgs.msgs)+1)
+	case byMsgs != nil && c.Tokens && byMsgs.c.Tokens:
+		c.Link, c.Parent = LinkTokenBreak, byMsgs.c.ID
+		c.LinkWhy = fmt.Sprintf("the messages continue %s but its prompt and completion ids are not a prefix of this prompt", byMsgs.c.ID)
+	case byMsgs != nil:
+		c.Link, c.Parent = LinkResolved, byMsgs.c.ID
+	default:
+		c.Link = LinkRoot
+		switch {
+		case len(x.calls) == 0:
+			c.LinkWhy = "the first call"
+		case len(w.msgs) <= 1:
+			c.LinkWhy = "a new conversation"
+		default:
+			c.LinkWhy = "the history does not continue any earlier call: compacted or rewritten"
+		}
+	}
+}
+
+// answered tells whether p can be a parent: it has a reply.
+func answered(p *whole) bool { return p.c.Error == "" && p.c.Status == 200 && len(p.c.Reply) > 0 }
+
+// byMessages returns the earlier call w continues by messages, the
+// longest, and a second one as long that differs (a tie), if any.
+func (x *Index) byMessages(w *whole) (best, tie *whole) {
+	if len(x.calls) == 0 {
+		return nil, nil
+	}
+	prefix := map[int]uint64{} // message count -> hash of w's first ones
+	var h maphash.Hash
+	h.SetSeed(x.seed)
+	var b [8]byte
+	prefix[0] = h.Sum64()
+	for i, k := range w.keys {
+		binary.LittleEndian.PutUint64(b[:], k)
+		h.Write(b[:])
+		prefix[i+1] = h.Sum64()
+	}
+	var next string // w's message after best's, normalized, by length
+	nextAt := -1
+	for _, p := range x.calls {
+		n := len(p.msgs)
+		if !answered(p) || n >= len(w.msgs) || prefix[n] != p.msgsHash || p.echo == "" {
+			continue
+		}
+		if nextAt != n {
+			next, nextAt = normalize(w.msgs[n]), n
+		}
+		if next != p.echo {
+			continue
+		}
+		switch {
+		case best == nil || n > len(best.msgs):
+			best, tie = p, nil
+		case n == len(best.msgs) && p.req != best.req:
+			tie = p
+		case n == len(best.msgs):
+			best = p // the same request again: the later one
+		}
+	}
+	return best, tie
+}
+
+// byTokens returns the earlier call whose prompt and completion ids are
+// the longest prefix of w's prompt ids, and a second one as long that
+// differs, if any.
+func (x *Index) byTokens(w *whole) (best, tie *whole) {
+	want := map[int]bool{}
+	for _, p := range x.calls {
+		if n := len(p.prompt) + len(p.c.CompletionIDs); p.c.Tokens && answered(p) && n <= len(w.prompt) {
+			want[n] = true
+		}
+	}
+	if len(want) == 0 {
+		return nil, nil
+	}
+	got := map[int]uint64{}
+	buf := idsBytes(nil, w.prompt)
+	var h maphash.Hash
+	h.SetSeed(x.seed)
+	lens := make([]int, 0, len(want))
+	for n := range want {
+		lens = append(lens, n)
+	}
+	slices.Sort(lens)
+	at := 0
+	for _, n := range lens {
+		h.Write(buf[at*4 : n*4])
+		at = n
+		got[n] = h.Sum64()
+	}
+	for _, p := range x.calls {
+		n := len(p.prompt) + len(p.c.CompletionIDs)
+		if !p.c.Tokens || !answered(p) || n > len(w.prompt) || got[n] != p.chain {
+			continue
+		}
+		if !slices.Equal(w.prompt[:len(p.prompt)], p.prompt) || !slices.Equal(w.prompt[len(p.prompt):n], p.c.CompletionIDs) {
+			continue // a hash collision
+		}
+		bn := 0
+		if best != nil {
+			bn = len(best.prompt) + len(best.c.CompletionIDs)
+		}
+		switch {
+		case best == nil || n > bn:
+			best, tie = p, nil
+		case n == bn && p.req != best.req:
+			tie = p
+		case n == bn:
+			best = p
+		}
+	}
+	return best, tie
+}
+
+// delta stores w's request and prompt as what its parent leaves out.
+func (x *Index) delta(w *whole) {
+	c := w.c
+	var p *whole
+	if c.Parent != "" {
+		p = x.byID[c.Parent]
+	}
+	c.Keep, c.Echo, c.PromptKeep = 0, false, 0
+	if p != nil {
+		for c.Keep < len(p.msgs) && c.Keep < len(w.msgs) && p.keys[c.Keep] == w.keys[c.Keep] {
+			c.Keep++
+		}
+		if c.Keep == len(p.msgs) && c.Keep < len(w.msgs) && len(p.c.Reply) > 0 && w.keys[c.Keep] == p.replyKey {
+			c.Echo = true
+		}
+		if c.Tokens && p.c.Tokens {
+			chain := append(slices.Clip(p.prompt), p.c.CompletionIDs...)
+			for c.PromptKeep < len(chain) && c.PromptKeep < len(w.prompt) && chain[c.PromptKeep] == w.prompt[c.PromptKeep] {
+				c.PromptKeep++
+			}
+		}
+		if bytes.Equal(p.params, w.params) {
+			c.Params = nil
+		} else {
+			c.Params = w.params
+		}
+	} else {
+		c.Params = w.params
+	}
+	from := c.Keep
+	if c.Echo {
+		from++
+	}
+	c.Messages = w.msgs[from:]
+	if c.Tokens {
+		c.PromptIDs = w.prompt[c.PromptKeep:]
+	}
+}
+
+// insert adds w, whole, to the index.
+func (x *Index) insert(w *whole) {
+	c := w.c
+	if w.keys == nil {
+		w.keys = make([]uint64, len(w.msgs))
+		for i, m := range w.msgs {
+			w.keys[i] = x.key(m)
+		}
+	}
+	w.msgsHash = x.seqHash(w.keys)
+	if len(c.Reply) > 0 {
+		w.echo, w.replyKey = normalize(c.Reply), x.key(c.Reply)
+	}
+	if c.Tokens {
+		var h maphash.Hash
+		h.SetSeed(x.seed)
+		h.Write(idsBytes(nil, w.prompt, c.CompletionIDs))
+		w.chain = h.Sum64()
+	}
+	var h maphash.Hash
+	h.SetSeed(x.seed)
+	h.Write(w.params)
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], w.msgsHash)
+	h.Write(b[:])
+	w.req = h.Sum64()
+	for _, e := range x.byReq[w.req] {
+		if e.children == 0 && e.replaced == "" && e != w {
+			e.replaced = c.ID
+		}
+	}
+	if p := x.byID[c.Parent]; p != nil {
+		p.children++
+	}
+	x.calls = append(x.calls, w)
+	x.byID[c.ID] = w
+	x.byReq[w.req] = append(x.byReq[w.req], w)
+	x.perLaunch[c.Episode+"."+c.Launch]++
+}
+
+// Load adds a record read from a capture file: it rebuilds the call whole
+// from its parent, which must be in the index already.
+func (x *Index) Load(c *Call) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	if _, dup := x.byID[c.ID]; dup {
+		return fmt.Errorf("%w: call %s recorded twice", ErrBadCall, c.ID)
+	}
+	w := &whole{c: c}
+	var p *whole
+	if c.Parent != "" {
+		if p = x.byID[c.Parent]; p == nil {
+			return fmt.Errorf("%w: call %s names parent %s, not recorded before it", ErrBadCall, c.ID, c.Parent)
+		}
+	}
+	var kept []json.RawMessage
+	var keptIDs []int
+	params := c.Params
+	if p != nil {
+		if c.Keep > len(p.msgs) {
+			return fmt.Errorf("%w: call %s keeps %d messages of %s, which has %d", ErrBadCall, c.ID, c.Keep, p.c.ID, len(p.msgs))
+		}
+		kept = p.msgs[:c.Keep]
+		if c.Echo {
+			if len(p.c.Reply) == 0 {
+				return fmt.Errorf("%w: call %s echoes the reply of %s, which has none", ErrBadCall, c.ID, p.c.ID)
+			}
+			kept = append(slices.Clip(kept), p.c.Reply)
+		}
+		chain := append(slices.Clip(p.prompt), p.c.CompletionIDs...)
+		if c.PromptKeep > len(chain) {
+			return fmt.Errorf("%w: call %s keeps %d prompt ids of %s, which chains %d", ErrBadCall, c.ID, c.PromptKeep, p.c.ID, len(chain))
+		}
+		keptIDs = chain[:c.PromptKeep]
+		if params == nil {
+			params = p.params
+		}
+	}
+	w.msgs = append(slices.Clip(kept), c.Messages...)
+	w.params = params
+	if c.Tokens {
+		w.prompt = append(slices.Clip(keptIDs), c.PromptIDs...)
+	}
+	x.insert(w)
+	return nil
+}
+
+// Whole is a call rebuilt: its record and its request's messages and
+// prompt ids in full.
+type Whole struct {
+	*Call
+	// AllMessages is every message of the request; AllPromptIDs every
+	// prompt id (nil without Tokens).
+	AllMessages  []json.RawMessage
+	AllPromptIDs []int
+	// Children counts the calls that continue this one; ReplacedBy names
+	// the later call that sent the same request again when nothing had
+	// continued this one (a reply a snapshot held but the harness had not
+	// saved, sent again by the restored attempt): such a call is not on
+	// the rollout's chain.
+	Children   int
+	ReplacedBy string
+}
+
+// Calls returns every call, whole, in the order recorded.
+func (x *Index) Calls() []Whole {
+	out := make([]Whole, len(x.calls))
+	for i, w := range x.calls {
+		out[i] = Whole{Call: w.c, AllMessages: w.msgs, AllPromptIDs: w.prompt, Children: w.children, ReplacedBy: w.replaced}
+	}
+	return out
+}
+
+// normalize returns the form of a message that two renderings of one
+// message share: its role, its text (a string, or the text parts of an
+// array), its tool calls' ids, names and arguments (compact JSON); not its
+// reasoning, its null or empty fields, or the order of its keys. It is the
+// test of Call.Echo.
+func normalize(m json.RawMessage) string {
+	var v struct {
+		Role      string          `json:"role"`
+		Content   json.RawMessage `json:"content"`
+		ToolCalls []struct {
+			ID       string `json:"id"`
+			Function struct {
+				Name      string `json:"name"`
+				Arguments string `json:"arguments"`
+			} `json:"function"`
+		} `json:"tool_calls"`
+	}
+	if json.Unmarshal(m, &v) != nil {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(v.Role)
+	b.WriteByte(0)
+	b.WriteString(textOf(v.Content))
+	for _, c := range v.ToolCalls {
+		args := c.Function.Arguments
+		var cb bytes.Buffer
+		if json.Compact(&cb, []byte(args)) == nil {
+			args = cb.String()
+		}
+		fmt.Fprintf(&b, "\x00%s\x00%s\x00%s", c.ID, c.Function.Name, args)
+	}
+	return b.String()
+}
+
+func textOf(c json.RawMessage) string {
+	var s string
+	if json.Unmarshal(c, &s) == nil {
+		return s
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(c, &parts) == nil {
+		var b strings.Builder
+		for _, p := range parts {
+			if p.Type == "text" {
+				b.WriteString(p.Text)
+			}
+		}
+		return b.String()
+	}
+	return ""
+}
