@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
+	"time"
 )
 
 // start starts an attempt of c at the current upstream (r.mu held).
@@ -37,13 +39,18 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 			a.ended = true
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, c.method, target, bytes.NewReader(c.body))
+	body := c.body
+	if c.upBody != nil {
+		body = c.upBody
+	}
+	req, err := http.NewRequestWithContext(ctx, c.method, target, bytes.NewReader(body))
 	if err != nil {
 		finish(fmt.Errorf("relay: upstream request: %w", err))
 		return
 	}
 	req.Header = c.header.Clone()
-	req.ContentLength = int64(len(c.body))
+	idHeader(req.Header, c.id)
+	req.ContentLength = int64(len(body))
 	resp, err := r.client.Do(req)
 	if err != nil {
 		finish(fmt.Errorf("relay: upstream %s unreachable: %w", target, err))
@@ -52,6 +59,11 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 	defer resp.Body.Close()
 	r.mu.Lock()
 	a.status, a.header = resp.StatusCode, copyHeader(resp.Header)
+	if c.id != "" {
+		// A stream is what the upstream says it sends, whatever the
+		// request asked.
+		a.shape = newShaper(strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), c.upBody != nil, c.asked)
+	}
 	r.mu.Unlock()
 	c.signal()
 	buf := make([]byte, 32<<10)
@@ -75,15 +87,29 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 		r.mu.Unlock()
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
+			out := buf[:n]
+			if a.shape != nil {
+				out = a.shape.feed(out)
+			}
 			r.mu.Lock()
+			if a.firstByte.IsZero() {
+				a.firstByte = time.Now()
+			}
 			if !a.released {
-				a.buf = append(a.buf, buf[:n]...)
-				r.used += int64(n)
+				a.buf = append(a.buf, out...)
+				r.used += int64(len(out))
 			}
 			r.mu.Unlock()
 			c.signal()
 		}
 		if errors.Is(err, io.EOF) {
+			if a.shape != nil {
+				r.record(c, a)
+			} else if r.cfg.Capture != nil {
+				r.mu.Lock()
+				r.capture.Unlabeled++
+				r.mu.Unlock()
+			}
 			finish(nil)
 			return
 		}
@@ -92,4 +118,35 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 			return
 		}
 	}
+}
+
+// record records call c, answered whole by attempt a, in the capture file
+// (durably), then lets the reply's held end go to the harness. A record
+// that fails is logged and counted, and the reply is delivered all the
+// same: the harness is not the capture's to break.
+func (r *Relay) record(c *call, a *attempt) {
+	r.mu.Lock()
+	ex := exchange(c, a)
+	r.mu.Unlock()
+	ex.Reply = a.shape.asm.Reply(ex.Status)
+	rec, err := r.cfg.Capture.Record(ex)
+	tail := a.shape.end()
+	r.mu.Lock()
+	if err != nil {
+		r.capture.Errors++
+		r.capture.LastError = err.Error()
+	} else {
+		r.capture.Recorded++
+	}
+	if !a.released {
+		a.buf = append(a.buf, tail...)
+		r.used += int64(len(tail))
+	}
+	r.mu.Unlock()
+	if err != nil {
+		r.log.Error().Err(err).Str("call", c.id).Uint64("seq", c.seq).Msg("model call not captured")
+		return
+	}
+	r.log.Debug().Str("call", rec.ID).Str("parent", rec.Parent).Str("link", string(rec.Link)).Uint64("generation", ex.Generation).
+		Int("status", ex.Status).Bool("tokens", rec.Tokens).Msg("model call captured")
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"time"
 
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -41,6 +42,15 @@ type call struct {
 	stream bool
 	wake   chan struct{} // capacity 1: something changed for this call
 
+	// The capture's: the call's launch and number in it (its id, sent
+	// upstream), when it was taken, the body sent upstream when the relay
+	// asks for tokens (nil: body), and what the harness asked for itself.
+	episode, launch, id string
+	n                   int
+	started             time.Time
+	upBody              []byte
+	asked               asked
+
 	state   sandboxapi.CallState
 	gen     uint64
 	resends int
@@ -66,6 +76,9 @@ type attempt struct {
 	err       error  // the attempt failed
 	repointed bool   // a Repoint cut it
 	cut       bool   // it failed in a way that a re-send repairs
+
+	firstByte time.Time // when the reply's first byte came
+	shape     *shaper   // the capture's, nil without one
 }
 
 func (c *call) signal() {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // Defaults of Config.
@@ -47,6 +49,19 @@ type Config struct {
 	// http.DefaultTransport without compression, so bytes pass as they
 	// are).
 	Transport http.RoundTripper
+	// Capture, when set, records every call the upstream answered in the
+	// sandbox's capture file (docs/TRAJECTORIES.md), durably, before the
+	// end of its reply reaches the harness: a snapshot then holds every
+	// call whose reply its harness could have. Calls are attributed to the
+	// launch Label names; a call taken with no label is not recorded (the
+	// status counts it).
+	Capture *trajectory.Recorder
+	// Tokens asks the upstream for the prompt's and the completion's
+	// token ids and the logprobs (return_token_ids true; logprobs true and
+	// top_logprobs 0 unless the harness asked for logprobs itself), and
+	// strips from each reply what the harness did not ask for. Only with
+	// Capture.
+	Tokens bool
 	// Logger receives the relay's logs.
 	Logger zerolog.Logger
 }
@@ -88,6 +103,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxOpenCalls < 0 {
 		errs = append(errs, errors.New("relay: Config.MaxOpenCalls must not be negative"))
+	}
+	if c.Tokens && c.Capture == nil {
+		errs = append(errs, errors.New("relay: Config.Tokens needs Config.Capture"))
 	}
 	if c.MaxOpenBytes < 0 {
 		errs = append(errs, errors.New("relay: Config.MaxOpenBytes must not be negative"))

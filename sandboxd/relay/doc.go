@@ -46,6 +46,17 @@
 //     reply: a refusal waits for the release, and an attempt that failed is
 //     sent again then. An upstream's own error status is a reply like any
 //     other and passes through unchanged.
+//  6. Capture. With Config.Capture, every call the upstream answered is
+//     recorded once in the sandbox's capture file (package
+//     sandboxd/trajectory), under the launch Label names, its id sent
+//     upstream (trajectory.IDHeader): a call cut and sent again is
+//     recorded with the reply of the attempt that ended. The record is
+//     written before the end of the reply reaches the harness (a stream's
+//     bytes from the line that finishes it on, a plain reply whole, wait
+//     for it), and fsync'd right after; Hold returns once every record is
+//     durable. With Config.Tokens the upstream is asked for token ids and
+//     logprobs, and the harness gets its reply without what it did not ask
+//     for (capture.go).
 //
 // Run listens on Config.Listen and serves until its context ends, then
 // closes every connection and waits for every handler and upstream read it

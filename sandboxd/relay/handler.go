@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // hopHeaders are not forwarded either way.
@@ -137,6 +139,22 @@ func (r *Relay) take(req *http.Request, body []byte) *call {
 	r.counts.Total++
 	c.seq, c.gen, c.state = r.seq, r.gen, sandboxapi.CallHeld
 	r.open[c.seq] = c
+	if r.cfg.Capture != nil {
+		c.started = time.Now()
+		if r.episode != "" {
+			k := r.episode + "." + r.launch
+			if _, ok := r.nums[k]; !ok {
+				r.nums[k] = r.cfg.Capture.Next(r.episode, r.launch) - 1
+			}
+			r.nums[k]++
+			c.episode, c.launch, c.n = r.episode, r.launch, r.nums[k]
+			c.id, _ = trajectory.CallID(c.episode, c.launch, c.n)
+		}
+		if r.cfg.Tokens {
+			c.upBody, c.asked = augment(body)
+			r.used += int64(len(c.upBody))
+		}
+	}
 	return c
 }
 
@@ -150,7 +168,7 @@ func (r *Relay) to(c *call, s sandboxapi.CallState) bool {
 	c.state = s
 	if s == sandboxapi.CallDelivered || s == sandboxapi.CallFailed {
 		delete(r.open, c.seq)
-		r.freeLocked(len(c.body))
+		r.freeLocked(len(c.body) + len(c.upBody))
 		r.dropBufLocked(c.att)
 		if s == sandboxapi.CallDelivered {
 			r.counts.Delivered++

@@ -9,13 +9,20 @@ import (
 )
 
 // Hold holds the relay: new calls wait before they are forwarded, and no
-// reply reaches the harness until Release. Holding twice is holding.
+// reply reaches the harness until Release. Holding twice is holding. With
+// a capture, it returns once every call recorded is durable: the snapshot
+// a hold precedes never holds a call the disk does not.
 func (r *Relay) Hold() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if !r.holding {
 		r.holding = true
 		r.log.Info().Int("open", len(r.open)).Msg("holding model calls")
+	}
+	r.mu.Unlock()
+	if r.cfg.Capture != nil {
+		if err := r.cfg.Capture.Flush(); err != nil {
+			r.log.Error().Err(err).Msg("the capture file is not durable")
+		}
 	}
 }
 

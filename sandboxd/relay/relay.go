@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // Relay is the model relay. Create it with New; Run (or Serve) serves it;
@@ -37,6 +38,12 @@ type Relay struct {
 	changed  chan struct{} // closed (and replaced) when the hold ends or kept bytes are freed
 	stopping chan struct{} // closed when Serve is returning
 	handlers sync.WaitGroup
+
+	// The capture's: the label of the calls taken now, the last number
+	// given in each launch, and the counts of CaptureStatus.
+	episode, launch string
+	nums            map[string]int
+	capture         sandboxapi.CaptureStatus
 }
 
 // New checks cfg and returns a relay that is not yet serving.
@@ -47,7 +54,26 @@ func New(cfg Config) (*Relay, error) {
 	cfg.setDefaults()
 	return &Relay{cfg: cfg, log: cfg.Logger.With().Str("component", "relay").Logger(),
 		client:   &http.Client{Transport: cfg.Transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
-		upstream: strings.TrimRight(cfg.Upstream, "/"), open: map[uint64]*call{}, changed: make(chan struct{}), stopping: make(chan struct{})}, nil
+		upstream: strings.TrimRight(cfg.Upstream, "/"), open: map[uint64]*call{}, changed: make(chan struct{}), stopping: make(chan struct{}),
+		nums: map[string]int{}}, nil
+}
+
+// Label names the launch the calls taken from now on belong to: episode
+// (the rollout attempt) and launchID, the launch's id, which may begin
+// with "<episode>." (the launch part of a call's id is the rest). Without
+// Config.Capture it does nothing.
+func (r *Relay) Label(episode, launchID string) error {
+	if r.cfg.Capture == nil {
+		return nil
+	}
+	launch := strings.TrimPrefix(launchID, episode+".")
+	if _, err := trajectory.CallID(episode, launch, 1); err != nil {
+		return fmt.Errorf("relay: label: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.episode, r.launch = episode, launch
+	return nil
 }
 
 // Run listens on Config.Listen and serves until ctx ends (see Serve).
@@ -125,5 +151,11 @@ func (r *Relay) Status() sandboxapi.RelayStatus {
 		st.Open = append(st.Open, c.snapshot())
 	}
 	sort.Slice(st.Open, func(i, j int) bool { return st.Open[i].Seq < st.Open[j].Seq })
+	if r.cfg.Capture != nil {
+		cs := r.capture
+		cs.Path, cs.Tokens, cs.Episode, cs.Launch = r.cfg.Capture.Path(), r.cfg.Tokens, r.episode, r.launch
+		cs.Calls = r.cfg.Capture.Len()
+		st.Capture = &cs
+	}
 	return st
 }

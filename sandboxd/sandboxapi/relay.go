@@ -126,6 +126,30 @@ type RelayStatus struct {
 	KeptBytes int64 `json:"kept_bytes,omitempty"`
 	// Open lists the calls not yet delivered or failed, oldest first.
 	Open []CallStatus `json:"open,omitempty"`
+	// Capture is the state of the relay's capture; nil when it records
+	// nothing.
+	Capture *CaptureStatus `json:"capture,omitempty"`
+}
+
+// CaptureStatus is the state of the relay's capture of model calls
+// (docs/TRAJECTORIES.md).
+type CaptureStatus struct {
+	// Path is the capture file inside the sandbox; Tokens tells whether
+	// the relay asks the upstream for token ids and logprobs.
+	Path   string `json:"path"`
+	Tokens bool   `json:"tokens,omitempty"`
+	// Episode and Launch label the calls taken now ("" before a label).
+	Episode string `json:"episode,omitempty"`
+	Launch  string `json:"launch,omitempty"`
+	// Calls counts the calls the file holds; Recorded those this relay
+	// recorded; Unlabeled the answered calls it did not record for want of
+	// a label; Errors the records that failed (the file ends before the
+	// first of them, and records no more), LastError the last one's error.
+	Calls     int    `json:"calls"`
+	Recorded  uint64 `json:"recorded"`
+	Unlabeled uint64 `json:"unlabeled,omitempty"`
+	Errors    uint64 `json:"errors,omitempty"`
+	LastError string `json:"last_error,omitempty"`
 }
 
 // RepointRequest re-points the relay: calls go to URL from now on, and the

@@ -103,6 +103,11 @@ func (a *Assembler) Write(p []byte) (int, error) {
 // connection may not have ended.
 func (a *Assembler) Done() bool { return a.done }
 
+// Finished tells whether the reply said it is complete: a finish reason
+// or a stream's [DONE] came. What follows (usage, [DONE]) adds nothing a
+// harness acts on.
+func (a *Assembler) Finished() bool { return a.done || a.finish != "" }
+
 func (a *Assembler) fail(why string) {
 	if a.err == "" {
 		a.err = why

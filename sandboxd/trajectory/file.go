@@ -19,16 +19,27 @@ const FileName = "trajectory.jsonl"
 // MaxRecord bounds one record (one line) of a capture file.
 const MaxRecord = 256 << 20
 
-// Recorder appends calls to a capture file: each record is written and
-// fsync'd before Record returns, so a snapshot taken after a call's reply
-// reached its harness holds the call. It keeps the file's Index. Its
-// methods are safe for concurrent use.
+// Recorder appends calls to a capture file. Record writes each record
+// before it returns, so that what a snapshot copies of the sandbox (the
+// file as any reader sees it, or a VM's memory with it) holds the call,
+// and a goroutine fsyncs it right after, a batch at a time: a harness does
+// not wait for the disk. Flush waits until every record written is
+// durable; the relay calls it when a checkpoint holds it, so a snapshot
+// never precedes the fsync of a call it holds. It keeps the file's Index.
+// Its methods are safe for concurrent use.
 type Recorder struct {
-	mu   sync.Mutex
-	path string
-	f    *os.File
-	x    *Index
-	err  error // the first write that failed: the file ends before it
+	mu      sync.Mutex
+	path    string
+	f       *os.File
+	x       *Index
+	err     error // the first write or fsync that failed: the file records no more
+	written uint64
+	synced  uint64
+	closing bool
+	cond    *sync.Cond // signalled when synced or err changes
+	kick    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 // OpenRecorder opens (or creates) the capture file at path and loads its
@@ -56,13 +67,52 @@ func OpenRecorder(path string) (*Recorder, error) {
 		f.Close()
 		return nil, fmt.Errorf("trajectory: %w", err)
 	}
-	return &Recorder{path: path, f: f, x: x}, nil
+	r := &Recorder{path: path, f: f, x: x, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	r.cond = sync.NewCond(&r.mu)
+	go r.syncer()
+	return r, nil
+}
+
+// syncer fsyncs what was written, a batch at a time, until Close.
+func (r *Recorder) syncer() {
+	defer close(r.done)
+	for {
+		select {
+		case <-r.kick:
+		case <-r.stop:
+			return
+		}
+		r.mu.Lock()
+		target, f := r.written, r.f
+		r.mu.Unlock()
+		if f == nil {
+			continue
+		}
+		err := f.Sync()
+		r.mu.Lock()
+		if err != nil && r.err == nil {
+			r.err = fmt.Errorf("trajectory: syncing %s: %w", r.path, err)
+		}
+		if err == nil && target > r.synced {
+			r.synced = target
+		}
+		r.cond.Broadcast()
+		r.mu.Unlock()
+	}
+}
+
+func (r *Recorder) kickSync() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Path returns the capture file's path.
 func (r *Recorder) Path() string { return r.path }
 
-// Record adds ex to the index and appends its record, durably.
+// Record adds ex to the index and appends its record; it is durable once
+// Flush returns.
 func (r *Recorder) Record(ex Exchange) (*Call, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -85,11 +135,45 @@ func (r *Recorder) Record(ex Exchange) (*Call, error) {
 		r.err = fmt.Errorf("trajectory: appending %s: %w", c.ID, err)
 		return nil, r.err
 	}
-	if err := r.f.Sync(); err != nil {
-		r.err = fmt.Errorf("trajectory: syncing %s: %w", c.ID, err)
-		return nil, r.err
-	}
+	r.written++
+	r.kickSync()
 	return c, nil
+}
+
+// Flush waits until every record written so far is durable, and returns
+// the error that stops the file recording, if any.
+func (r *Recorder) Flush() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	target := r.written
+	for r.synced < target && r.err == nil && r.f != nil {
+		r.kickSync()
+		r.cond.Wait()
+	}
+	return r.err
+}
+
+// Err returns the error that stopped the file recording, nil while it
+// records.
+func (r *Recorder) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// Next returns the number the next call of launch in episode takes: one
+// past the highest the file holds.
+func (r *Recorder) Next(episode, launch string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.x.Next(episode, launch)
+}
+
+// Calls returns every call the file holds, whole.
+func (r *Recorder) Calls() []Whole {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.x.Calls()
 }
 
 // Len returns how many calls the file holds.
@@ -99,15 +183,26 @@ func (r *Recorder) Len() int {
 	return r.x.Len()
 }
 
-// Close closes the file.
+// Close fsyncs what was written and closes the file.
 func (r *Recorder) Close() error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.f == nil {
+	if r.f == nil || r.closing {
+		r.mu.Unlock()
 		return nil
 	}
-	err := r.f.Close()
+	r.closing = true
+	r.mu.Unlock()
+	close(r.stop)
+	<-r.done
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	err := r.f.Sync()
+	if cerr := r.f.Close(); err == nil {
+		err = cerr
+	}
 	r.f = nil
+	r.synced = r.written
+	r.cond.Broadcast()
 	return err
 }
 

@@ -15,8 +15,10 @@ import (
 // recorded.
 type Exchange struct {
 	// Episode and Launch name the rollout attempt and the launch that
-	// made the call (Call.ID).
+	// made the call; N is its number in the launch (Call.ID), given when
+	// the call was taken (0: the next after the launch's highest).
 	Episode, Launch string
+	N               int
 	// Method, Path and Body are the request as the harness sent it.
 	Method, Path string
 	Body         []byte
@@ -41,9 +43,15 @@ type Index struct {
 	seed      maphash.Seed
 	calls     []*whole
 	byID      map[string]*whole
-	perLaunch map[string]int      // "<episode>.<launch>" -> calls so far
+	perLaunch map[string]int      // "<episode>.<launch>" -> its highest call number
 	byReq     map[uint64][]*whole // request hash -> calls
 	canon     map[uint64]uint64   // a message's bytes' hash -> its key
+	// The answered calls by the hash of their messages, and by the hash
+	// of their prompt and completion ids; the lengths of the latter,
+	// sorted: a parent is found by lookups, not by a scan of every call.
+	byMsgs    map[uint64][]*whole
+	byChain   map[uint64][]*whole
+	chainLens []int
 }
 
 // whole is a call and what its delta leaves out.
@@ -64,7 +72,8 @@ type whole struct {
 
 // NewIndex returns an empty index.
 func NewIndex() *Index {
-	return &Index{seed: maphash.MakeSeed(), byID: map[string]*whole{}, perLaunch: map[string]int{}, byReq: map[uint64][]*whole{}, canon: map[uint64]uint64{}}
+	return &Index{seed: maphash.MakeSeed(), byID: map[string]*whole{}, perLaunch: map[string]int{}, byReq: map[uint64][]*whole{}, canon: map[uint64]uint64{},
+		byMsgs: map[uint64][]*whole{}, byChain: map[uint64][]*whole{}}
 }
 
 // Len returns how many calls the index holds.
@@ -142,10 +151,16 @@ func idsBytes(dst []byte, ids ...[]int) []byte {
 // call whose request is the same as an earlier call that nothing
 // continued replaces that call (see Replaced).
 func (x *Index) Add(ex Exchange) (*Call, error) {
-	lk := ex.Episode + "." + ex.Launch
-	id, err := CallID(ex.Episode, ex.Launch, x.perLaunch[lk]+1)
+	n := ex.N
+	if n == 0 {
+		n = x.Next(ex.Episode, ex.Launch)
+	}
+	id, err := CallID(ex.Episode, ex.Launch, n)
 	if err != nil {
 		return nil, err
+	}
+	if _, dup := x.byID[id]; dup {
+		return nil, fmt.Errorf("%w: call %s recorded twice", ErrBadCall, id)
 	}
 	model, params, msgs, err := splitRequest(ex.Body)
 	if err != nil {
@@ -226,39 +241,32 @@ func answered(p *whole) bool { return p.c.Error == "" && p.c.Status == 200 && le
 // byMessages returns the earlier call w continues by messages, the
 // longest, and a second one as long that differs (a tie), if any.
 func (x *Index) byMessages(w *whole) (best, tie *whole) {
-	if len(x.calls) == 0 {
-		return nil, nil
-	}
-	prefix := map[int]uint64{} // message count -> hash of w's first ones
 	var h maphash.Hash
 	h.SetSeed(x.seed)
 	var b [8]byte
-	prefix[0] = h.Sum64()
-	for i, k := range w.keys {
-		binary.LittleEndian.PutUint64(b[:], k)
-		h.Write(b[:])
-		prefix[i+1] = h.Sum64()
-	}
-	var next string // w's message after best's, normalized, by length
-	nextAt := -1
-	for _, p := range x.calls {
-		n := len(p.msgs)
-		if !answered(p) || n >= len(w.msgs) || prefix[n] != p.msgsHash || p.echo == "" {
+	for n := range w.msgs {
+		// The calls with n messages, all of them w's first n.
+		if n > 0 {
+			binary.LittleEndian.PutUint64(b[:], w.keys[n-1])
+			h.Write(b[:])
+		}
+		cands := x.byMsgs[h.Sum64()]
+		if len(cands) == 0 {
 			continue
 		}
-		if nextAt != n {
-			next, nextAt = normalize(w.msgs[n]), n
-		}
-		if next != p.echo {
-			continue
-		}
-		switch {
-		case best == nil || n > len(best.msgs):
-			best, tie = p, nil
-		case n == len(best.msgs) && p.req != best.req:
-			tie = p
-		case n == len(best.msgs):
-			best = p // the same request again: the later one
+		next := normalize(w.msgs[n])
+		for _, p := range cands {
+			if len(p.msgs) != n || next != p.echo {
+				continue
+			}
+			switch {
+			case best == nil || n > len(best.msgs):
+				best, tie = p, nil
+			case p.req != best.req:
+				tie = p
+			default:
+				best = p // the same request again: the later one
+			}
 		}
 	}
 	return best, tie
@@ -268,49 +276,34 @@ func (x *Index) byMessages(w *whole) (best, tie *whole) {
 // the longest prefix of w's prompt ids, and a second one as long that
 // differs, if any.
 func (x *Index) byTokens(w *whole) (best, tie *whole) {
-	want := map[int]bool{}
-	for _, p := range x.calls {
-		if n := len(p.prompt) + len(p.c.CompletionIDs); p.c.Tokens && answered(p) && n <= len(w.prompt) {
-			want[n] = true
-		}
-	}
-	if len(want) == 0 {
+	if len(x.chainLens) == 0 {
 		return nil, nil
 	}
-	got := map[int]uint64{}
 	buf := idsBytes(nil, w.prompt)
 	var h maphash.Hash
 	h.SetSeed(x.seed)
-	lens := make([]int, 0, len(want))
-	for n := range want {
-		lens = append(lens, n)
-	}
-	slices.Sort(lens)
 	at := 0
-	for _, n := range lens {
+	for _, n := range x.chainLens {
+		if n > len(w.prompt) {
+			break
+		}
 		h.Write(buf[at*4 : n*4])
 		at = n
-		got[n] = h.Sum64()
-	}
-	for _, p := range x.calls {
-		n := len(p.prompt) + len(p.c.CompletionIDs)
-		if !p.c.Tokens || !answered(p) || n > len(w.prompt) || got[n] != p.chain {
-			continue
-		}
-		if !slices.Equal(w.prompt[:len(p.prompt)], p.prompt) || !slices.Equal(w.prompt[len(p.prompt):n], p.c.CompletionIDs) {
-			continue // a hash collision
-		}
-		bn := 0
-		if best != nil {
-			bn = len(best.prompt) + len(best.c.CompletionIDs)
-		}
-		switch {
-		case best == nil || n > bn:
-			best, tie = p, nil
-		case n == bn && p.req != best.req:
-			tie = p
-		case n == bn:
-			best = p
+		for _, p := range x.byChain[h.Sum64()] {
+			if len(p.prompt)+len(p.c.CompletionIDs) != n {
+				continue
+			}
+			if !slices.Equal(w.prompt[:len(p.prompt)], p.prompt) || !slices.Equal(w.prompt[len(p.prompt):n], p.c.CompletionIDs) {
+				continue // a hash collision
+			}
+			switch {
+			case best == nil || n > len(best.prompt)+len(best.c.CompletionIDs):
+				best, tie = p, nil
+			case p.req != best.req:
+				tie = p
+			default:
+				best = p
+			}
 		}
 	}
 	return best, tie
@@ -389,11 +382,30 @@ func (x *Index) insert(w *whole) {
 	if p := x.byID[c.Parent]; p != nil {
 		p.children++
 	}
+	if answered(w) {
+		if w.echo != "" {
+			x.byMsgs[w.msgsHash] = append(x.byMsgs[w.msgsHash], w)
+		}
+		if c.Tokens {
+			x.byChain[w.chain] = append(x.byChain[w.chain], w)
+			n := len(w.prompt) + len(c.CompletionIDs)
+			if i, found := slices.BinarySearch(x.chainLens, n); !found {
+				x.chainLens = slices.Insert(x.chainLens, i, n)
+			}
+		}
+	}
 	x.calls = append(x.calls, w)
 	x.byID[c.ID] = w
 	x.byReq[w.req] = append(x.byReq[w.req], w)
-	x.perLaunch[c.Episode+"."+c.Launch]++
+	var n int
+	_, _ = fmt.Sscanf(c.ID[len(c.Episode)+len(c.Launch)+2:], "%d", &n)
+	lk := c.Episode + "." + c.Launch
+	x.perLaunch[lk] = max(x.perLaunch[lk], n)
 }
+
+// Next returns the number of the next call of launch in episode: one past
+// the highest recorded.
+func (x *Index) Next(episode, launch string) int { return x.perLaunch[episode+"."+launch] + 1 }
 
 // Load adds a record read from a capture file: it rebuilds the call whole
 // from its parent, which must be in the index already.
