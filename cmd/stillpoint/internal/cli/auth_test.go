@@ -314,9 +314,18 @@ func TestServerOperatorMode(t *testing.T) {
 			if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Members) != 3 {
 				t.Fatalf("checkpoint through the bridge command: %+v (failure %s) %v, want committed with 3 members", res, failure(res), err)
 			}
-			// Each agent kept its records in a store of its own name.
+			// Each agent kept its records in a store of its own name. The
+			// manifests are read by direct gets, which any replica that is
+			// current enough answers, before it may have applied the
+			// commit's last writes (on the cluster): the read is repeated
+			// until the replicas have them, and must then find them.
 			for _, m := range []events.Member{"agent.a1", "agent.a2"} {
-				man, err := member.FindManifest(ctx, bus, "r1", "c1", m, 0)
+				var man events.MemberManifest
+				var err error
+				poll.Wait(t, 10*time.Second, "the replicas to have "+string(m)+"'s manifest of c1", func() bool {
+					man, err = member.FindManifest(ctx, bus, "r1", "c1", m, 0)
+					return err == nil || !errors.Is(err, member.ErrNoManifest)
+				})
 				if err != nil {
 					t.Fatal(err)
 				}
