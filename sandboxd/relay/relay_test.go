@@ -62,7 +62,15 @@ func echo(w http.ResponseWriter, _ *http.Request, body []byte) {
 // startRelay serves a relay on a loopback port until the test ends.
 func startRelay(t *testing.T, up string) *relay.Relay {
 	t.Helper()
-	r, err := relay.New(relay.Config{Upstream: up, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	return serveRelay(t, relay.Config{Upstream: up})
+}
+
+// serveRelay serves a relay of cfg (its logs the test's) on a loopback
+// port until the test ends.
+func serveRelay(t *testing.T, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	cfg.Logger = zerolog.New(zerolog.NewTestWriter(t))
+	r, err := relay.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
