@@ -504,7 +504,7 @@ func normalize(m json.RawMessage) string {
 	var b strings.Builder
 	b.WriteString(v.Role)
 	b.WriteByte(0)
-	b.WriteString(textOf(v.Content))
+	b.WriteString(MessageText(v.Content))
 	for _, c := range v.ToolCalls {
 		args := c.Function.Arguments
 		var cb bytes.Buffer
@@ -516,7 +516,9 @@ func normalize(m json.RawMessage) string {
 	return b.String()
 }
 
-func textOf(c json.RawMessage) string {
+// MessageText returns the text of a message's content: a string, or the
+// text parts of an array of parts joined ("" for anything else).
+func MessageText(c json.RawMessage) string {
 	var s string
 	if json.Unmarshal(c, &s) == nil {
 		return s

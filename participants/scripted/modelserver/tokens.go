@@ -8,6 +8,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // The server's tokenizer: small, deterministic and the same in every
@@ -129,29 +131,6 @@ func roleToken(role string) int {
 	return TokOther
 }
 
-// contentText returns the text of a message's content: a string, or the
-// text parts of an array of parts joined.
-func contentText(c json.RawMessage) string {
-	var s string
-	if json.Unmarshal(c, &s) == nil {
-		return s
-	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	if json.Unmarshal(c, &parts) == nil {
-		var b strings.Builder
-		for _, p := range parts {
-			if p.Type == "text" {
-				b.WriteString(p.Text)
-			}
-		}
-		return b.String()
-	}
-	return ""
-}
-
 // compactJSON returns s compacted if it is JSON, else s.
 func compactJSON(s string) string {
 	var b bytes.Buffer
@@ -172,7 +151,7 @@ func callTokens(name, args string) []Token {
 // renderMessage renders m: its role's token, text, tool calls, TokEnd.
 func renderMessage(m Message) []Token {
 	out := []Token{special(roleToken(m.Role))}
-	out = append(out, Pieces(contentText(m.Content))...)
+	out = append(out, Pieces(trajectory.MessageText(m.Content))...)
 	var calls []ToolCall
 	_ = json.Unmarshal(m.ToolCalls, &calls)
 	for _, c := range calls {
