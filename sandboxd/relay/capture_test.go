@@ -19,16 +19,9 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
-func scriptedCall(id, name, args string) modelserver.ToolCall {
-	var tc modelserver.ToolCall
-	tc.ID, tc.Type = id, "function"
-	tc.Function.Name, tc.Function.Arguments = name, args
-	return tc
-}
-
 var captureScript = modelserver.Script{"t": {
-	{Content: "Listing.", ToolCalls: []modelserver.ToolCall{scriptedCall("c1", "bash", `{"command":"ls"}`)}},
-	{ToolCalls: []modelserver.ToolCall{scriptedCall("c2", "bash", `{"command":"cat a.txt"}`)}},
+	{Content: "Listing.", ToolCalls: []modelserver.ToolCall{modelserver.BashCall("c1", "ls")}},
+	{ToolCalls: []modelserver.ToolCall{modelserver.BashCall("c2", "cat a.txt")}},
 	{Content: "a.txt is empty."},
 }}
 

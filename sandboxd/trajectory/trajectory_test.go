@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -18,16 +19,9 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
-func toolCall(id, name, args string) modelserver.ToolCall {
-	var tc modelserver.ToolCall
-	tc.ID, tc.Type = id, "function"
-	tc.Function.Name, tc.Function.Arguments = name, args
-	return tc
-}
-
 var script = modelserver.Script{"t": {
-	{Content: "Let me look.", ToolCalls: []modelserver.ToolCall{toolCall("c1", "bash", `{"command":"ls -la"}`)}},
-	{ToolCalls: []modelserver.ToolCall{toolCall("c2", "write", `{"path":"a.txt","content":"hello, world"}`)}},
+	{Content: "Let me look.", ToolCalls: []modelserver.ToolCall{modelserver.BashCall("c1", "ls -la")}},
+	{ToolCalls: []modelserver.ToolCall{modelserver.Call("c2", "write", map[string]string{"path": "a.txt", "content": "hello, world"})}},
 	{Content: "Done: a.txt says hello, world."},
 }}
 
@@ -254,7 +248,7 @@ func sameJSON(a, b []byte) bool {
 func TestStorageGrowsWithTheConversation(t *testing.T) {
 	turns := make([]modelserver.Turn, 40)
 	for i := range turns {
-		turns[i] = modelserver.Turn{ToolCalls: []modelserver.ToolCall{toolCall("c"+string(rune('a'+i%26))+string(rune('0'+i/26)), "bash", `{"command":"cat part`+strings.Repeat("x", i)+`.txt"}`)}}
+		turns[i] = modelserver.Turn{ToolCalls: []modelserver.ToolCall{modelserver.BashCall(fmt.Sprintf("c%d", i), "cat part"+strings.Repeat("x", i)+".txt")}}
 	}
 	turns = append(turns, modelserver.Turn{Content: "done"})
 	s := modelserver.New(modelserver.Script{"t": turns})
