@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -156,14 +158,22 @@ func (c *Call) check() error {
 	default:
 		return fmt.Errorf("%w: %s has link %q", ErrBadCall, c.ID, c.Link)
 	}
-	want, err := CallID(c.Episode, c.Launch, 1)
-	if err != nil {
+	if _, err := CallID(c.Episode, c.Launch, 1); err != nil {
 		return fmt.Errorf("%s: %w", c.ID, err)
 	}
-	prefix := want[:len(want)-1]
-	var n int
-	if _, err := fmt.Sscanf(c.ID[min(len(prefix), len(c.ID)):], "%d", &n); err != nil || len(c.ID) <= len(prefix) || c.ID[:len(prefix)] != prefix || fmt.Sprintf("%s%d", prefix, n) != c.ID || n < 1 {
+	if c.number() == 0 {
 		return fmt.Errorf("%w: id %q is not <episode>.<launch>.<n> of episode %q launch %q", ErrBadCall, c.ID, c.Episode, c.Launch)
 	}
 	return nil
+}
+
+// number returns n of the call's id, <episode>.<launch>.<n>, or 0 when
+// the id is not one of its episode and launch.
+func (c *Call) number() int {
+	rest, ok := strings.CutPrefix(c.ID, c.Episode+"."+c.Launch+".")
+	n, err := strconv.Atoi(rest)
+	if !ok || err != nil || n < 1 || strconv.Itoa(n) != rest {
+		return 0
+	}
+	return n
 }

@@ -1,10 +1,6 @@
 package trajectory
 
-import (
-	"encoding/binary"
-	"fmt"
-	"hash/maphash"
-)
+import "fmt"
 
 // Report is what Check finds in a rollout's calls.
 type Report struct {
@@ -47,15 +43,15 @@ func (r Report) String() string {
 		r.Calls, r.Tokens, r.Roots, r.Replaced, r.Failed, r.Dangling, r.Branches, r.TokenBreaks, r.Duplicates, r.Masked)
 }
 
-// Check counts what calls (a rollout's, in the order recorded) hold that
-// a trainer must not be given silently. A replaced call and a failed one
+// Check counts what calls (a rollout's, in the order recorded, as
+// Index.Calls returns them) hold that a trainer must not be given
+// silently. A replaced call and a failed one
 // are on no chain: they are counted, and neither branch nor duplicate.
 func Check(calls []Whole) Report {
 	var r Report
 	seen := map[string]bool{}
 	children := map[string]string{} // parent -> its first child on a chain
 	requests := map[uint64]string{} // request hash -> the first call that sent it
-	seed := maphash.MakeSeed()
 	for _, c := range calls {
 		r.Calls++
 		onChain := c.ReplacedBy == "" && c.Error == "" && c.Status == 200
@@ -102,31 +98,14 @@ func Check(calls []Whole) Report {
 				children[c.Parent] = c.ID
 			}
 		}
-		h := requestHash(seed, c)
-		if first, ok := requests[h]; ok {
+		if first, ok := requests[c.request]; ok {
 			r.Duplicates++
 			r.Problems = append(r.Problems, fmt.Sprintf("%s: a duplicate of %s (the same request)", c.ID, first))
 		} else {
-			requests[h] = c.ID
+			requests[c.request] = c.ID
 		}
 	}
 	return r
-}
-
-// requestHash hashes a call's request: its model, path, params and every
-// message.
-func requestHash(seed maphash.Seed, c Whole) uint64 {
-	var h maphash.Hash
-	h.SetSeed(seed)
-	h.WriteString(c.Method + " " + c.Path + "\x00")
-	h.Write(c.Params)
-	for _, m := range c.AllMessages {
-		var n [8]byte
-		binary.LittleEndian.PutUint64(n[:], uint64(len(m)))
-		h.Write(n[:])
-		h.Write(m)
-	}
-	return h.Sum64()
 }
 
 // Sequence is a run of calls merged into the token arrays a trainer reads:

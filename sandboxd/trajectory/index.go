@@ -65,7 +65,7 @@ type whole struct {
 	chain    uint64            // the hash of prompt and completion ids
 	echo     string            // the reply message normalized ("" if none)
 	replyKey uint64            // the reply message's key
-	req      uint64            // the hash of params and messages
+	req      uint64            // the hash of method, path, params and messages: the request
 	children int
 	replaced string // the ID of a later call that replaced this one
 }
@@ -122,6 +122,15 @@ func (x *Index) key(m []byte) uint64 {
 	}
 	x.canon[raw] = k
 	return k
+}
+
+// keys returns the key of each message.
+func (x *Index) keys(msgs []json.RawMessage) []uint64 {
+	out := make([]uint64, len(msgs))
+	for i, m := range msgs {
+		out[i] = x.key(m)
+	}
+	return out
 }
 
 // seqHash hashes a sequence of message keys.
@@ -201,10 +210,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // else by messages (the parent's messages, then its reply as the next).
 func (x *Index) link(w *whole) {
 	c := w.c
-	w.keys = make([]uint64, len(w.msgs))
-	for i, m := range w.msgs {
-		w.keys[i] = x.key(m)
-	}
+	w.keys = x.keys(w.msgs)
 	byMsgs, msgsTie := x.byMessages(w)
 	var byToks, toksTie *whole
 	if c.Tokens {
@@ -234,6 +240,9 @@ func (x *Index) link(w *whole) {
 		}
 	}
 }
+
+// chainIDs returns w's prompt and completion ids, in a new slice.
+func (w *whole) chainIDs() []int { return append(slices.Clip(w.prompt), w.c.CompletionIDs...) }
 
 // answered tells whether p can be a parent: it has a reply.
 func answered(p *whole) bool { return p.c.Error == "" && p.c.Status == 200 && len(p.c.Reply) > 0 }
@@ -325,7 +334,7 @@ func (x *Index) delta(w *whole) {
 			c.Echo = true
 		}
 		if c.Tokens && p.c.Tokens {
-			chain := append(slices.Clip(p.prompt), p.c.CompletionIDs...)
+			chain := p.chainIDs()
 			for c.PromptKeep < len(chain) && c.PromptKeep < len(w.prompt) && chain[c.PromptKeep] == w.prompt[c.PromptKeep] {
 				c.PromptKeep++
 			}
@@ -352,23 +361,18 @@ func (x *Index) delta(w *whole) {
 func (x *Index) insert(w *whole) {
 	c := w.c
 	if w.keys == nil {
-		w.keys = make([]uint64, len(w.msgs))
-		for i, m := range w.msgs {
-			w.keys[i] = x.key(m)
-		}
+		w.keys = x.keys(w.msgs)
 	}
 	w.msgsHash = x.seqHash(w.keys)
 	if len(c.Reply) > 0 {
 		w.echo, w.replyKey = normalize(c.Reply), x.key(c.Reply)
 	}
 	if c.Tokens {
-		var h maphash.Hash
-		h.SetSeed(x.seed)
-		h.Write(idsBytes(nil, w.prompt, c.CompletionIDs))
-		w.chain = h.Sum64()
+		w.chain = maphash.Bytes(x.seed, idsBytes(nil, w.prompt, c.CompletionIDs))
 	}
 	var h maphash.Hash
 	h.SetSeed(x.seed)
+	h.WriteString(c.Method + " " + c.Path + "\x00")
 	h.Write(w.params)
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], w.msgsHash)
@@ -397,10 +401,8 @@ func (x *Index) insert(w *whole) {
 	x.calls = append(x.calls, w)
 	x.byID[c.ID] = w
 	x.byReq[w.req] = append(x.byReq[w.req], w)
-	var n int
-	_, _ = fmt.Sscanf(c.ID[len(c.Episode)+len(c.Launch)+2:], "%d", &n)
 	lk := c.Episode + "." + c.Launch
-	x.perLaunch[lk] = max(x.perLaunch[lk], n)
+	x.perLaunch[lk] = max(x.perLaunch[lk], c.number())
 }
 
 // Next returns the number of the next call of launch in episode: one past
@@ -437,7 +439,7 @@ func (x *Index) Load(c *Call) error {
 			}
 			kept = append(slices.Clip(kept), p.c.Reply)
 		}
-		chain := append(slices.Clip(p.prompt), p.c.CompletionIDs...)
+		chain := p.chainIDs()
 		if c.PromptKeep > len(chain) {
 			return fmt.Errorf("%w: call %s keeps %d prompt ids of %s, which chains %d", ErrBadCall, c.ID, c.PromptKeep, p.c.ID, len(chain))
 		}
@@ -470,13 +472,16 @@ type Whole struct {
 	// the rollout's chain.
 	Children   int
 	ReplacedBy string
+	// request is the index's hash of the call's request (method, path,
+	// params, messages): what Check counts duplicates by.
+	request uint64
 }
 
 // Calls returns every call, whole, in the order recorded.
 func (x *Index) Calls() []Whole {
 	out := make([]Whole, len(x.calls))
 	for i, w := range x.calls {
-		out[i] = Whole{Call: w.c, AllMessages: w.msgs, AllPromptIDs: w.prompt, Children: w.children, ReplacedBy: w.replaced}
+		out[i] = Whole{Call: w.c, AllMessages: w.msgs, AllPromptIDs: w.prompt, Children: w.children, ReplacedBy: w.replaced, request: w.req}
 	}
 	return out
 }
