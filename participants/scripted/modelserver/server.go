@@ -538,9 +538,10 @@ func streamChunks(t Turn) []chunk {
 	}
 	for i, tc := range t.ToolCalls {
 		head := callTokens(tc.Function.Name, "")
-		args := Pieces(compactJSON(tc.Function.Arguments))
+		compact := compactJSON(tc.Function.Arguments)
+		args := Pieces(compact)
 		groups := group(args, 3)
-		if compactJSON(tc.Function.Arguments) != tc.Function.Arguments || len(groups) == 0 {
+		if compact != tc.Function.Arguments || len(groups) == 0 {
 			// Arguments sent as they are, not as they tokenize: one piece.
 			groups = [][]Token{args}
 		}
