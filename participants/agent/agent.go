@@ -482,6 +482,7 @@ func (a *Agent) queue(r *run) (agentapi.Result, error) {
 // before each.
 func (a *Agent) stages(r *run) (agentapi.Result, error) {
 	bm := a.bookmark(r)
+	unanswered := 0 // stages run again because the owner did not answer
 	for {
 		if err := a.boundary(r, bm); err != nil {
 			return agentapi.Result{}, err
@@ -511,6 +512,19 @@ func (a *Agent) stages(r *run) (agentapi.Result, error) {
 			select {
 			case <-r.ctx.Done():
 			case <-time.After(100 * time.Millisecond):
+			}
+			bm = a.bookmark(r)
+			continue
+		}
+		if errors.Is(err, errOwnerUnanswered) {
+			// Nothing of the stage happened; ask again from the bookmark,
+			// at the boundary, where a checkpoint that came meanwhile parks
+			// the run.
+			unanswered++
+			r.log.Warn().Err(err).Int("times", unanswered).Msg("the owner did not answer; the stage runs again from its bookmark")
+			select {
+			case <-r.ctx.Done():
+			case <-time.After(min(time.Duration(unanswered)*500*time.Millisecond, 5*time.Second)):
 			}
 			bm = a.bookmark(r)
 			continue

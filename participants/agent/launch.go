@@ -23,13 +23,18 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	if len(bm.Launches) >= a.cfg.MaxLaunches {
 		return bm, fmt.Errorf("agent: %s: gave up after %d launches", r.key, len(bm.Launches))
 	}
-	info, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (SessionInfo, error) {
-		return a.owner.SandboxAccess(ctx, bm.Session)
+	info, err := acrossReconnects(r.ctx, a.nc, func(ctx context.Context) (SessionInfo, error) {
+		return retryNoResponders(ctx, ownerAsk, func(ctx context.Context) (SessionInfo, error) {
+			return a.owner.SandboxAccess(ctx, bm.Session)
+		})
 	})
 	if isCode(err, codeOwnerNoSandbox) {
 		// The owner does not know the session: it restarted since the
 		// seed, and its sandbox is not one it tracks.
 		return bm, fmt.Errorf("%w: sandbox_access %s: %w", errSandboxLost, r.key, err)
+	}
+	if err != nil && r.ctx.Err() == nil && unanswered(err) {
+		return bm, fmt.Errorf("%w: sandbox_access %s: %w", errOwnerUnanswered, r.key, err)
 	}
 	if err != nil {
 		return bm, fmt.Errorf("agent: sandbox_access %s: %w", r.key, err)
@@ -279,6 +284,18 @@ func retryNoResponders[T any](ctx context.Context, timeout time.Duration, fn fun
 		}
 	}
 }
+
+// ownerAsk bounds one ask of the owner for a session's sandbox, a lookup
+// it answers at once: an ask or an answer lost on the bus (core NATS
+// delivers at most once) is asked again well before a checkpoint's
+// prepare gives up on the run that waits for it.
+const ownerAsk = 5 * time.Second
+
+// errOwnerUnanswered: the owner did not answer a request in time. A fault
+// of the bus or of the owner, never the rollout's result: stages runs the
+// stage again from its bookmark, which a checkpoint may park meanwhile (a
+// lost owner is the controller's to recover from).
+var errOwnerUnanswered = errors.New("agent: the owner does not answer")
 
 // errReconnected: the connection reconnected while a request waited for
 // its answer, which may then never come.

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -188,5 +189,52 @@ func TestStoppingAgentDuringVerifyClosesNoSession(t *testing.T) {
 	}
 	if _, ok := w.owner.Session("r1"); !ok {
 		t.Fatal("the session is gone after the agent stopped")
+	}
+}
+
+// losingOwner loses the answers of its first lose sandbox_access asks, as
+// a server that went away loses a request or its answer: the caller's
+// wait runs out.
+type losingOwner struct {
+	*stallingOwner
+	lose int32
+	asks atomic.Int32
+}
+
+func (o *losingOwner) SandboxAccess(ctx context.Context, id string) (ownerapi.SessionInfo, error) {
+	if o.asks.Add(1) <= o.lose {
+		return ownerapi.SessionInfo{}, fmt.Errorf("owner sandbox_access: %w", context.DeadlineExceeded)
+	}
+	return o.stallingOwner.Owner.SandboxAccess(ctx, id)
+}
+
+// An ask of the owner that goes unanswered is a fault of the bus, never
+// the rollout's result: the launch stage runs again from its bookmark and
+// launches (a run of the fault matrix ended rollout_failed: the owner's
+// answer to sandbox_access lost after a restart of the NATS server).
+func TestUnansweredOwnerIsAskedAgain(t *testing.T) {
+	w := newWorld(t)
+	o := &losingOwner{stallingOwner: newStallingOwner(t, w, ""), lose: 2}
+	sb := newEndlessSandbox()
+	a, _ := startAgent(t, w, o, func(string) (Sandbox, error) { return sb, nil })
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Rollout(ctx, agentapi.Request{RolloutID: "r1", Task: task})
+		done <- err
+	}()
+	select {
+	case <-sb.waited:
+	case err := <-done:
+		t.Fatalf("the rollout ended before it launched: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the rollout never launched")
+	}
+	if n := o.asks.Load(); n != 3 {
+		t.Errorf("%d sandbox_access asks, want 3 (two lost, one answered)", n)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled rollout: %v, want context.Canceled", err)
 	}
 }
