@@ -137,21 +137,17 @@ lint:
 	$(GO) vet -race $(PKGS)
 	$(GO) test -race -count=1 ./docs
 
-## fuzz: a short run of every fuzz target (FUZZTIME each).
+## fuzz: a short run of every fuzz target (FUZZTIME each): each func
+## Fuzz* of every _test.go file, found there, so that a new target is
+## never left out.
 fuzz:
-	$(GO) test ./events -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./events -run '^$$' -fuzz '^FuzzFastDecode$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseStat$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./internal/procfs -run '^$$' -fuzz '^FuzzParseMount$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./participants/agent/agentapi -run '^$$' -fuzz '^FuzzDecodeBookmark$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./participants/member -run '^$$' -fuzz '^FuzzScanRecords$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./participants/member -run '^$$' -fuzz '^FuzzDecodePosition$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./controller-bridge -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./sandboxd -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./sandboxd/daemon -run '^$$' -fuzz '^FuzzDecodeEpisodes$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./participants/owner/ownerapi -run '^$$' -fuzz '^FuzzDecodeIndexEntry$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeRequest$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./sandboxd/vmctl -run '^$$' -fuzz '^FuzzDecodeGuestLine$$' -fuzztime $(FUZZTIME)
+	@set -e; for f in $$(grep -rlE --include='*_test.go' '^func Fuzz[A-Z]' . | sort); do \
+		pkg=./$$(dirname "$${f#./}"); \
+		for fn in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$f"); do \
+			echo "$(GO) test $$pkg -run '^\$$' -fuzz '^$$fn\$$' -fuzztime $(FUZZTIME)"; \
+			$(GO) test "$$pkg" -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME); \
+		done; \
+	done
 
 ## faults: the fault matrix of docs/RELIABILITY.md (e2e/faults, about 7 minutes).
 faults:
