@@ -113,9 +113,14 @@ const IDHeader = "X-Stillpoint-Call"
 // in (Call.PolicyVersion).
 const PolicyHeader = "X-Stillpoint-Policy-Version"
 
-// idPart is what an episode or a launch id may be: no dot (the ID's
+// idPart is what an episode id may be: no dot (the ID's first
 // separator), nothing path-like.
 var idPart = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// launchPart is what a launch id may be: idPart's words joined by single
+// dots (a relaunch's id, "l2.x1", names the launch it replaces), so that
+// the episode is the ID's first word and the call number its last.
+var launchPart = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
 
 // ErrBadCall is wrapped by every error that refuses a capture record.
 var ErrBadCall = errors.New("trajectory: bad call record")
@@ -126,8 +131,8 @@ func CallID(episode, launch string, n int) (string, error) {
 	if !idPart.MatchString(episode) {
 		return "", fmt.Errorf("%w: episode %q is not an id ([A-Za-z0-9_-], 1 to 128)", ErrBadCall, episode)
 	}
-	if !idPart.MatchString(launch) {
-		return "", fmt.Errorf("%w: launch %q is not an id ([A-Za-z0-9_-], 1 to 128)", ErrBadCall, launch)
+	if len(launch) > 128 || !launchPart.MatchString(launch) {
+		return "", fmt.Errorf("%w: launch %q is not an id (words of [A-Za-z0-9_-] joined by dots, 1 to 128)", ErrBadCall, launch)
 	}
 	if n < 1 {
 		return "", fmt.Errorf("%w: call number %d (from 1)", ErrBadCall, n)

@@ -43,9 +43,9 @@ type Index struct {
 	seed      maphash.Seed
 	calls     []*whole
 	byID      map[string]*whole
-	perLaunch map[string]int      // "<episode>.<launch>" -> its highest call number
-	byReq     map[uint64][]*whole // request hash -> calls
-	canon     map[uint64]uint64   // a message's bytes' hash -> its key
+	perLaunch map[string]int    // "<episode>.<launch>" -> its highest call number
+	byReq     map[uint64]*whole // request hash -> its latest call
+	canon     map[uint64]uint64 // a message's bytes' hash -> its key
 	// The answered calls by the hash of their messages, and by the hash
 	// of their prompt and completion ids; the lengths of the latter,
 	// sorted: a parent is found by lookups, not by a scan of every call.
@@ -72,7 +72,7 @@ type whole struct {
 
 // NewIndex returns an empty index.
 func NewIndex() *Index {
-	return &Index{seed: maphash.MakeSeed(), byID: map[string]*whole{}, perLaunch: map[string]int{}, byReq: map[uint64][]*whole{}, canon: map[uint64]uint64{},
+	return &Index{seed: maphash.MakeSeed(), byID: map[string]*whole{}, perLaunch: map[string]int{}, byReq: map[uint64]*whole{}, canon: map[uint64]uint64{},
 		byMsgs: map[uint64][]*whole{}, byChain: map[uint64][]*whole{}}
 }
 
@@ -217,6 +217,11 @@ func (x *Index) link(w *whole) {
 		byToks, toksTie = x.byTokens(w)
 	}
 	switch {
+	case byToks != nil && byMsgs != nil && msgsTie == nil && len(byMsgs.msgs) > len(byToks.msgs):
+		// The messages continue a later call than the tokens do: the
+		// parent is that call, whose ids this prompt does not carry on.
+		c.Link, c.Parent = LinkTokenBreak, byMsgs.c.ID
+		c.LinkWhy = fmt.Sprintf("the messages continue %s but its prompt and completion ids are not a prefix of this prompt (the ids continue %s)", byMsgs.c.ID, byToks.c.ID)
 	case byToks != nil && toksTie != nil:
 		c.Link, c.LinkWhy = LinkAmbiguous, fmt.Sprintf("calls %s and %s both chain %d prompt tokens", byToks.c.ID, toksTie.c.ID, len(byToks.prompt)+len(byToks.c.CompletionIDs))
 	case byToks != nil:
@@ -378,20 +383,28 @@ func (x *Index) insert(w *whole) {
 	binary.LittleEndian.PutUint64(b[:], w.msgsHash)
 	h.Write(b[:])
 	w.req = h.Sum64()
-	for _, e := range x.byReq[w.req] {
-		if e.children == 0 && e.replaced == "" && e != w {
-			e.replaced = c.ID
-		}
+	// The request's latest call is replaced unless something continued
+	// it; every earlier one is replaced or continued already.
+	if e := x.byReq[w.req]; e != nil && e.children == 0 && e.replaced == "" && e != w {
+		e.replaced = c.ID
 	}
 	if p := x.byID[c.Parent]; p != nil {
 		p.children++
 	}
 	if answered(w) {
+		// An earlier call of the same request and the same reply is never
+		// a parent over w (the later one wins), so it leaves the lists:
+		// they grow with the distinct calls, not with a request sent
+		// again and again.
 		if w.echo != "" {
-			x.byMsgs[w.msgsHash] = append(x.byMsgs[w.msgsHash], w)
+			x.byMsgs[w.msgsHash] = append(slices.DeleteFunc(x.byMsgs[w.msgsHash], func(e *whole) bool {
+				return e.req == w.req && e.echo == w.echo
+			}), w)
 		}
 		if c.Tokens {
-			x.byChain[w.chain] = append(x.byChain[w.chain], w)
+			x.byChain[w.chain] = append(slices.DeleteFunc(x.byChain[w.chain], func(e *whole) bool {
+				return e.req == w.req && slices.Equal(e.prompt, w.prompt) && slices.Equal(e.c.CompletionIDs, c.CompletionIDs)
+			}), w)
 			n := len(w.prompt) + len(c.CompletionIDs)
 			if i, found := slices.BinarySearch(x.chainLens, n); !found {
 				x.chainLens = slices.Insert(x.chainLens, i, n)
@@ -400,7 +413,7 @@ func (x *Index) insert(w *whole) {
 	}
 	x.calls = append(x.calls, w)
 	x.byID[c.ID] = w
-	x.byReq[w.req] = append(x.byReq[w.req], w)
+	x.byReq[w.req] = w
 	lk := c.Episode + "." + c.Launch
 	x.perLaunch[lk] = max(x.perLaunch[lk], c.number())
 }
