@@ -33,7 +33,9 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 		// seed, and its sandbox is not one it tracks.
 		return bm, fmt.Errorf("%w: sandbox_access %s: %w", errSandboxLost, r.key, err)
 	}
-	if err != nil && r.ctx.Err() == nil && unanswered(err) {
+	if err != nil && r.ctx.Err() == nil && unanswered(err) && !errors.Is(err, nats.ErrNoResponders) {
+		// Taken and not answered. (An owner whose service has not been
+		// there for DaemonWait is gone: that goes on as before, to lostOr.)
 		return bm, fmt.Errorf("%w: sandbox_access %s: %w", errOwnerUnanswered, r.key, err)
 	}
 	if err != nil {
