@@ -70,9 +70,15 @@ func (s *endlessSandbox) WaitReceipt(ctx context.Context, _ string, _ time.Durat
 // channel, which the test must read.
 func startEndless(t *testing.T, w *world, sb *endlessSandbox, ctx context.Context) <-chan error {
 	t.Helper()
+	return startEndlessOn(t, w.agent, sb, ctx)
+}
+
+// startEndlessOn is startEndless on agent a.
+func startEndlessOn(t *testing.T, a *Agent, sb *endlessSandbox, ctx context.Context) <-chan error {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() {
-		_, err := w.agent.Rollout(ctx, agentapi.Request{RolloutID: "r1", Task: task})
+		_, err := a.Rollout(ctx, agentapi.Request{RolloutID: "r1", Task: task})
 		done <- err
 	}()
 	select {

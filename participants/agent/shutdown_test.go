@@ -218,18 +218,7 @@ func TestUnansweredOwnerIsAskedAgain(t *testing.T) {
 	sb := newEndlessSandbox()
 	a, _ := startAgent(t, w, o, func(string) (Sandbox, error) { return sb, nil })
 	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() {
-		_, err := a.Rollout(ctx, agentapi.Request{RolloutID: "r1", Task: task})
-		done <- err
-	}()
-	select {
-	case <-sb.waited:
-	case err := <-done:
-		t.Fatalf("the rollout ended before it launched: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the rollout never launched")
-	}
+	done := startEndlessOn(t, a, sb, ctx) // returns once it launched
 	if n := o.asks.Load(); n != 3 {
 		t.Errorf("%d sandbox_access asks, want 3 (two lost, one answered)", n)
 	}
