@@ -46,7 +46,7 @@ type ClusterConfig struct {
 	// discards them).
 	Logger zerolog.Logger
 	// ReadyTimeout bounds the wait for every node to be ready and a meta leader to be elected
-	// (default 10 s).
+	// (default DefaultClusterReadyTimeout).
 	ReadyTimeout time.Duration
 }
 
@@ -61,7 +61,7 @@ func (c *ClusterConfig) setDefaults() {
 		c.Name = DefaultClusterName
 	}
 	if c.ReadyTimeout == 0 {
-		c.ReadyTimeout = DefaultReadyTimeout
+		c.ReadyTimeout = DefaultClusterReadyTimeout
 	}
 }
 

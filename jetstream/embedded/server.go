@@ -17,8 +17,12 @@ import (
 const (
 	// DefaultHost is the interface servers listen on: loopback only.
 	DefaultHost = "127.0.0.1"
-	// DefaultReadyTimeout bounds how long Start and StartCluster wait for the server to be ready.
+	// DefaultReadyTimeout bounds how long Start waits for the server to be ready.
 	DefaultReadyTimeout = 10 * time.Second
+	// DefaultClusterReadyTimeout bounds how long StartCluster waits for its nodes and a JetStream
+	// meta leader. A new cluster's first election comes after a random 4 to 9 s, and a split vote
+	// waits as long again: the bound covers two rounds and the nodes' start.
+	DefaultClusterReadyTimeout = 30 * time.Second
 )
 
 var (
