@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 )
 
@@ -46,6 +48,20 @@ func (m *MicroVM) defaultBaseTree(ctx context.Context) (string, error) {
 	dir := filepath.Join(m.cache, "basetree-"+hex.EncodeToString(key.Sum(nil))[:16])
 	if _, err := os.Stat(dir + ".complete"); err == nil {
 		return dir, nil
+	}
+	// One builder at a time: owners of other processes (another run, a
+	// test beside this one) that want the same tree wait for it here, and
+	// never read a tree another removes and builds again.
+	lock, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return "", err
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return "", fmt.Errorf("lock %s: %w", lock.Name(), err)
+	}
+	if _, err := os.Stat(dir + ".complete"); err == nil {
+		return dir, nil // built by the owner this one waited for
 	}
 	_ = os.RemoveAll(dir)
 	for _, d := range []string{"bin", "sbin", "usr/bin", "usr/sbin", "etc", "tmp", "root", "var/lib", "var/tmp", "run",
