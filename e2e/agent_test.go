@@ -78,6 +78,7 @@ func TestPausedLaunchContinuesInPlace(t *testing.T) {
 		t.Fatalf("rollout: %v", o.err)
 	}
 	reward(t, o.res)
+	f.checkTrajectory(o.res)
 	if len(o.res.Launches) != 1 || o.res.Launches[0].Pauses != 2 || o.res.Launches[0].Ended != agentapi.LaunchFinished {
 		t.Fatalf("launch log %+v, want one finished launch paused twice", o.res.Launches)
 	}
@@ -195,6 +196,7 @@ func TestCrashRestoreRelaunchesOnSavedSession(t *testing.T) {
 			t.Fatalf("%s after the restore: %v", tasks.ID(i), o.err)
 		}
 		reward(t, o.res)
+		f.checkTrajectory(o.res)
 		last := o.res.Launches[len(o.res.Launches)-1]
 		if !o.res.Restored || len(o.res.Launches) != 2 || !last.Continued || last.Attempt != 1 || o.res.Launches[0].Attempt != 0 {
 			t.Errorf("%s: restored %v, launch log %+v: want the attempt-0 launch, then one attempt-1 launch that continued the session",
@@ -234,6 +236,7 @@ func TestQueuedRunExportedAtSeed(t *testing.T) {
 			t.Fatal(o.err)
 		}
 		reward(t, o.res)
+		f.checkTrajectory(o.res)
 		if len(o.res.Launches) != 1 {
 			t.Errorf("%s: launch log %+v", o.res.Episode, o.res.Launches)
 		}
@@ -280,6 +283,7 @@ func TestAdapterThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 		t.Fatal(o.err)
 	}
 	reward(t, o.res)
+	f.checkTrajectory(o.res)
 	l := o.res.Launches
 	if len(l) != 2 || l[0].Ended != agentapi.LaunchInterrupted || l[0].Pauses != 0 || !l[1].Continued || l[1].Ended != agentapi.LaunchFinished {
 		t.Fatalf("launch log %+v: want one interrupted launch, then one that continued the session", l)
@@ -367,6 +371,7 @@ func TestManyRolloutsThroughCheckpointsAndACrash(t *testing.T) {
 			continue
 		}
 		reward(t, rs[0])
+		f.checkTrajectory(rs[0])
 	}
 	t.Logf("%d rollouts returned before the crash, %d after the restore", len(done), n-len(done))
 	f.checkLedger(began)

@@ -24,6 +24,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/invariant"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
@@ -48,12 +49,14 @@ func buildBins(t testing.TB) bins {
 // fleet is one run's world: an embedded server, the scripted model server,
 // the bridge in this process, and an owner and agents as processes.
 type fleet struct {
-	t      testing.TB
-	run    string
-	env    *jstest.Env
-	bins   bins
-	ms     *modelserver.Server
-	msURL  string
+	t     testing.TB
+	run   string
+	env   *jstest.Env
+	bins  bins
+	ms    *modelserver.Server
+	msURL string
+	// later are the model servers a test started after ms, in turn.
+	later  []*modelserver.Server
 	script modelserver.Script
 	br     *bridge.Bridge
 	state  string
@@ -336,4 +339,20 @@ func (f *fleet) checkpoint(ctx context.Context, id string) *bridgeapi.Checkpoint
 func isParkedOrStopping(err error) bool {
 	var se *agentapi.ServiceError
 	return errors.As(err, &se) && (se.Code == "parked" || se.Code == "stopping")
+}
+
+// checkTrajectory checks res's trajectory as invariant 8 does: stored as
+// the result names it, its lineage clean, its last chain, call for call
+// and token for token, what the fleet's model server answered for the
+// task (so a call a crash lost is not in it, and its re-issue is, once),
+// with no token break.
+func (f *fleet) checkTrajectory(res agentapi.Result) {
+	f.t.Helper()
+	calls, breaks, err := invariant.Trajectory(f.t.Context(), f.env.Bus, res.Trajectory, append([]*modelserver.Server{f.ms}, f.later...)...)
+	switch {
+	case err != nil:
+		f.t.Errorf("%s: its trajectory: %v (no_trajectory %q)", res.Episode, err, res.NoTrajectory)
+	case breaks != 0 || calls == 0:
+		f.t.Errorf("%s: its trajectory has %d calls, %d token breaks", res.Episode, calls, breaks)
+	}
 }

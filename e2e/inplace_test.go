@@ -2,23 +2,28 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/tier"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // microVMCache is the images and warm templates the microvm tests share
@@ -137,6 +142,7 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 	}
 	// A new model server on a new address; the old one never answers.
 	addr, ms2 := serveModel(t, f.script)
+	f.later = append(f.later, ms2)
 	ms2.Hold()
 	f.upstream = addr
 	f.startOwner()
@@ -196,6 +202,7 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 			t.Fatalf("%s after the restore: %v", id, o.err)
 		}
 		reward(t, o.res)
+		f.checkTrajectory(o.res)
 		if len(o.res.Launches) != 1 {
 			t.Fatalf("%s: launch log %+v: want the one launch, continued in place", id, o.res.Launches)
 		}
@@ -207,13 +214,31 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 			t.Errorf("%s: clock decision %q, want kept_continuous (the pause froze, the fork's clock runs on)", id, l.Clock)
 		}
 		cut := 0
+		var resent modelserver.Entry
 		for _, e := range ms2.Ledger() {
 			if e.Task == id && e.Digest == held[id].cut {
 				cut++
+				resent = e
 			}
 		}
 		if cut != 1 {
 			t.Errorf("%s: the cut call reached the new model server %d times, want once", id, cut)
+			continue
+		}
+		// The trajectory holds the cut call once, with the reply the new
+		// server gave to the re-send, on the one chain of token ids.
+		all := readTrajectory(ctx, t, f, o.res.Trajectory).Calls()
+		once := 0
+		for _, c := range all {
+			if slices.Equal(c.AllPromptIDs, resent.PromptTokenIDs) {
+				once++
+				if !slices.Equal(c.CompletionIDs, resent.TokenIDs) || c.Resends < 1 {
+					t.Errorf("%s: the cut call %s: %d resends, its completion %v the new server's %v", id, c.ID, c.Resends, c.CompletionIDs, resent.TokenIDs)
+				}
+			}
+		}
+		if seqs := trajectory.Chains(all); once != 1 || len(seqs) != 1 || len(seqs[0].Calls) != len(all) {
+			t.Errorf("%s: the cut call is in the trajectory %d times (want once); %d chains of token ids (want one of all %d calls)", id, once, len(seqs), len(all))
 		}
 	}
 	for _, ms := range []*modelserver.Server{f.ms, ms2} {
@@ -278,6 +303,7 @@ func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
 		t.Fatalf("the rollout returned across the crash: %+v", o.res)
 	}
 	addr, ms2 := serveModel(t, f.script)
+	f.later = append(f.later, ms2)
 	f.upstream = addr
 	f.startOwner()
 	f.startAgent("a1", "--concurrency", "1")
@@ -290,6 +316,7 @@ func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
 		t.Fatalf("after the restore: %v", o.err)
 	}
 	reward(t, o.res)
+	f.checkTrajectory(o.res)
 	if len(o.res.Launches) != 1 || o.res.Launches[0].Rebind != agentapi.RebindResumed || o.res.Launches[0].Ended != agentapi.LaunchFinished {
 		t.Fatalf("launch log %+v: want the one OpenCode launch resumed in place and finished", o.res.Launches)
 	}
@@ -312,11 +339,15 @@ func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
 // daemons are told to fail the take-over (failpoints of sandboxd member):
 // the first rollout's launch shows another supervisor (identity_changed),
 // and the second rollout's fork has its relay down (relay_gone). Each held
-// launch is abandoned, killed without a continue, and its rollout
-// relaunches from the saved session and finishes with its grade: the
-// first through its fork's relay, whose restored hold the relaunch drops
-// (the abandoned call never reaches the new model server), the second
-// calling the model directly. None of it stops the restore.
+// launch is abandoned, killed without a continue. The first rollout
+// relaunches from the saved session through its fork's relay, whose
+// restored hold the relaunch drops (the abandoned call never reaches the
+// new model server), and finishes with its grade and its trajectory. The
+// second's fork cannot capture a relaunch: a relay that is down is an
+// infrastructure fault, never a reason to call the model around it, so the
+// attempt's sandbox is lost (sandbox_lost, not a result) and the rollout
+// starts over one attempt later, in a new sandbox, with its trajectory.
+// None of it stops the restore.
 func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 	tier.E2E(t)
 	parallel(t, 0.75, 20*time.Second)
@@ -351,6 +382,7 @@ func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 		}
 	}
 	addr, ms2 := serveModel(t, f.script)
+	f.later = append(f.later, ms2)
 	f.upstream = addr
 	f.ownerArgs = append(f.ownerArgs, "--sandboxd-arg=--failpoint=identity="+f.tasks[0].RolloutID+".l",
 		"--sandboxd-arg=--failpoint=relay-down="+f.tasks[1].RolloutID+".l")
@@ -369,13 +401,25 @@ func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 	for i := range n {
 		second = append(second, f.dispatch(ctx, i, 1))
 	}
-	// The relaunches call the new model server directly, which holds
-	// them: meanwhile the abandoned launches are there to look at, killed
-	// (a cancel stop), never continued.
-	poll.Wait(t, 4*time.Minute, "the relaunches' first calls at the new model server", func() bool { return ms2.Held() == n })
+	// The first rollout's relaunch calls the new model server through its
+	// fork's relay, which holds it; the second's attempt finds its fork's
+	// relay down, tries again, and gives the sandbox up.
+	poll.Wait(t, 4*time.Minute, "the first rollout's relaunch's first call at the new model server", func() bool { return ms2.Held() == 1 })
+	o1 := <-second[1]
+	var se *jetstream.ServiceError
+	if !errors.As(o1.err, &se) || se.Code != agentapi.CodeSandboxLost {
+		t.Fatalf("%s: attempt 1 in a fork whose relay is down: %+v, %v; want sandbox_lost (an infrastructure fault, not a result)", f.tasks[1].RolloutID, o1.res, o1.err)
+	}
 	for i := range n {
 		id, old := f.tasks[i].RolloutID, bms[f.tasks[i].RolloutID].Launches[0].ID
 		info, err := oc.SandboxAccess(ctx, bms[id].Session)
+		if i == 1 {
+			// Given up: the owner keeps no sandbox for the lost attempt.
+			if !errors.As(err, &se) || se.Code != "no_sandbox" {
+				t.Errorf("%s: the lost attempt's sandbox: %+v, %v; want none (no_sandbox)", id, info, err)
+			}
+			continue
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -394,6 +438,11 @@ func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 			}
 		}
 	}
+	// The controller's part: retire the lost attempt, start it over.
+	if r, err := f.br.Retire(ctx, []string{events.Episode{Rollout: f.tasks[1].RolloutID, Attempt: 1}.String()}); err != nil || r.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("retire of the lost attempt: %+v %v", r, err)
+	}
+	second[1] = f.dispatch(ctx, 1, 2)
 	ms2.Release()
 	for i, ch := range second {
 		id := f.tasks[i].RolloutID
@@ -402,13 +451,18 @@ func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 			t.Fatalf("%s after the restore: %v", id, o.err)
 		}
 		reward(t, o.res)
+		f.checkTrajectory(o.res)
 		ls := o.res.Launches
-		// The relaunch decides on the saved session as on a files-only
-		// provider (here it holds no reply yet: the held call was the
-		// first), and calls the model directly: the relay is down.
-		if len(ls) != 2 || ls[0].Rebind != want[i] || ls[0].Ended != agentapi.LaunchInterrupted || ls[1].Why == "" ||
-			ls[1].Attempt != 1 || ls[1].Ended != agentapi.LaunchFinished || ls[1].Relay != (i == 0) {
-			t.Errorf("%s: launch log %+v: want the held launch abandoned (%s), then a relaunch (through the relay: %v)", id, ls, want[i], i == 0)
+		if i == 0 {
+			// The relaunch decides on the saved session as on a files-only
+			// provider (here it holds no reply yet: the held call was the
+			// first).
+			if len(ls) != 2 || ls[0].Rebind != want[i] || ls[0].Ended != agentapi.LaunchInterrupted || ls[1].Why == "" ||
+				ls[1].Attempt != 1 || ls[1].Ended != agentapi.LaunchFinished || !ls[1].Relay {
+				t.Errorf("%s: launch log %+v: want the held launch abandoned (%s), then a relaunch through the relay", id, ls, want[i])
+			}
+		} else if len(ls) != 1 || ls[0].Attempt != 2 || ls[0].Ended != agentapi.LaunchFinished || !ls[0].Captured {
+			t.Errorf("%s: launch log %+v: want the one launch of attempt 2, captured, finished", id, ls)
 		}
 		// The abandoned launch's call (its digest, in its episode) never
 		// reached the new model server: dropped, not sent on.

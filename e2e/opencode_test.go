@@ -112,8 +112,9 @@ type launch struct {
 }
 
 // findLaunch finds the driver of rollout's launch among the host's
-// processes (its command line names the rollout as --title, and the
-// fleet's model server).
+// processes: its command line names the rollout as --title, and it runs
+// under this fleet's sandboxd (an ancestor's command line names the
+// fleet's NATS server), not another test's.
 func (f *fleet) findLaunch(rollout string) launch {
 	t := f.t.(*testing.T)
 	t.Helper()
@@ -121,12 +122,8 @@ func (f *fleet) findLaunch(rollout string) launch {
 	poll.Wait(t, time.Minute, "the OpenCode driver of "+rollout, func() bool {
 		pids, _ := procfs.PIDs()
 		for _, pid := range pids {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			if err != nil {
-				continue
-			}
-			argv := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-			if !strings.HasSuffix(argv[0], "/"+opencode.DriverName) || !slices.Contains(argv, rollout) || !slices.Contains(argv, f.msURL) {
+			argv := cmdline(pid)
+			if len(argv) == 0 || !strings.HasSuffix(argv[0], "/"+opencode.DriverName) || !slices.Contains(argv, rollout) || !ancestorNames(pid, f.env.URL) {
 				continue
 			}
 			if i := slices.Index(argv, "--home"); i > 0 && i+1 < len(argv) {
@@ -137,6 +134,31 @@ func (f *fleet) findLaunch(rollout string) launch {
 		return false
 	})
 	return l
+}
+
+// cmdline returns pid's command line, nil if it has none or is gone.
+func cmdline(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || len(b) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+// ancestorNames tells whether one of pid's ancestors has arg on its
+// command line.
+func ancestorNames(pid int, arg string) bool {
+	for range 16 {
+		st, _, err := procfs.ReadStat(pid, nil)
+		if err != nil || st.PPID <= 1 {
+			return false
+		}
+		pid = st.PPID
+		if slices.Contains(cmdline(pid), arg) {
+			return true
+		}
+	}
+	return false
 }
 
 // has tells whether a process named comm runs in the launch's tree.
@@ -434,6 +456,7 @@ func TestOpenCodePausedFourTimes(t *testing.T) {
 				t.Fatalf("rollout: %v", o.err)
 			}
 			reward(t, o.res)
+			f.checkTrajectory(o.res)
 			if len(o.res.Launches) != 1 || o.res.Launches[0].Pauses != 4 || o.res.Launches[0].Ended != agentapi.LaunchFinished {
 				t.Fatalf("launch log %+v, want one finished launch paused four times", o.res.Launches)
 			}
@@ -501,6 +524,7 @@ func TestOpenCodeSnapshotForksIntoAContinuation(t *testing.T) {
 		t.Fatalf("the restored attempt: %v", o.err)
 	}
 	reward(t, o.res)
+	f.checkTrajectory(o.res)
 	last := o.res.Launches[len(o.res.Launches)-1]
 	if !o.res.Restored || len(o.res.Launches) != 2 || !last.Continued || last.Attempt != 1 || last.Ended != agentapi.LaunchFinished {
 		t.Fatalf("restored %v, launch log %+v: want the attempt-0 launch, then one attempt-1 launch that continued the session", o.res.Restored, o.res.Launches)
@@ -607,6 +631,7 @@ func TestOpenCodeRolloutsThroughACrash(t *testing.T) {
 			continue
 		}
 		reward(t, rs[0])
+		f.checkTrajectory(rs[0])
 		if l := rs[0].Launches; rs[0].Restored && l[len(l)-1].Continued {
 			continued++
 		}
@@ -650,6 +675,7 @@ func TestOpenCodeThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 		t.Fatal(o.err)
 	}
 	reward(t, o.res)
+	f.checkTrajectory(o.res)
 	ls := o.res.Launches
 	if len(ls) != 2 || ls[0].Ended != agentapi.LaunchInterrupted || ls[0].Pauses != 0 || !ls[1].Continued || ls[1].Ended != agentapi.LaunchFinished {
 		t.Fatalf("launch log %+v: want one interrupted launch, then one that continued the session", ls)

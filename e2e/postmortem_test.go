@@ -132,7 +132,9 @@ func checkCommands(t *testing.T, b bins, natsCLI, url string, printed []string, 
 	if len(committed) != 3 {
 		t.Fatalf("the stream holds %d committed checkpoints of run %s, want the demo's 3: %v", len(committed), run, committed)
 	}
-	shows := append(append([]string{"sp." + run + ".", run + "."}, committed...), members...)
+	// What names the run: its subjects and keys, its checkpoints and
+	// members, and its objects ("<run>/...": the trajectories').
+	shows := append(append([]string{"sp." + run + ".", run + ".", run + "/"}, committed...), members...)
 
 	// stillpoint on PATH, for the doc's own stillpoint commands.
 	bin := t.TempDir()

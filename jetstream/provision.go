@@ -40,6 +40,9 @@ type Bus struct {
 	// Checkpoints is BucketCheckpoints: the bridge's member lists of schema-2 checkpoint
 	// manifests.
 	Checkpoints natsjs.ObjectStore
+	// Trajectories is BucketTrajectories: the rollouts' trajectories, which agents write
+	// and no release deletes.
+	Trajectories natsjs.ObjectStore
 	// JS is the JetStream context the bus was opened with: it opens the members' own
 	// records stores.
 	JS natsjs.JetStream
@@ -158,6 +161,7 @@ func Open(ctx context.Context, js natsjs.JetStream) (*Bus, error) {
 	}{
 		{BucketRecords, &bus.Records},
 		{BucketCheckpoints, &bus.Checkpoints},
+		{BucketTrajectories, &bus.Trajectories},
 	} {
 		*o.into, err = js.ObjectStore(ctx, o.bucket)
 		switch {

@@ -30,6 +30,9 @@ const (
 	// BucketCheckpoints is the bridge's object store of checkpoint member lists
 	// (events.MemberListObject), which schema-2 checkpoint manifests name by digest.
 	BucketCheckpoints = "sp_checkpoints"
+	// BucketTrajectories is the object store of rollouts' trajectories (docs/TRAJECTORIES.md),
+	// <run>/<rollout>.jsonl: results, which no release deletes.
+	BucketTrajectories = "sp_trajectories"
 )
 
 // Defaults of Topology, applied to zero fields by WithDefaults.
@@ -198,7 +201,8 @@ func (t Topology) keyValueConfigs() []natsjs.KeyValueConfig {
 	}
 }
 
-// objectStoreConfigs are the configurations of BucketRecords and BucketCheckpoints.
+// objectStoreConfigs are the configurations of BucketRecords, BucketCheckpoints and
+// BucketTrajectories.
 func (t Topology) objectStoreConfigs() []natsjs.ObjectStoreConfig {
 	return []natsjs.ObjectStoreConfig{
 		{
@@ -210,6 +214,12 @@ func (t Topology) objectStoreConfigs() []natsjs.ObjectStoreConfig {
 		{
 			Bucket:      BucketCheckpoints,
 			Description: "Stillpoint member lists: <run>/<checkpoint>/members.<sha>.json",
+			Storage:     natsjs.FileStorage,
+			Replicas:    t.Replicas,
+		},
+		{
+			Bucket:      BucketTrajectories,
+			Description: "Stillpoint trajectories: <run>/<rollout>.jsonl",
 			Storage:     natsjs.FileStorage,
 			Replicas:    t.Replicas,
 		},

@@ -105,6 +105,11 @@ type Config struct {
 	Output string
 	// DispatchLog is the dispatch log (default Output + ".dispatch").
 	DispatchLog string
+	// Trajectories, when set, is a directory that gets each result's
+	// trajectory (the agent's capture file from the store, checked against
+	// the result's sha256 and size) as <rollout>.jsonl, written before the
+	// result.
+	Trajectories string
 	// Agents are the names of the run's agents. Required.
 	Agents []string
 	// Conn reaches the agents; JS and Bus read the fleet's state.

@@ -246,6 +246,12 @@ func (c *Collector) send(ctx context.Context, id string, attempt int, name strin
 			break
 		}
 	}
+	if err == nil && res.Trajectory != nil && c.cfg.Trajectories != "" {
+		if terr := c.saveTrajectory(ctx, id, res.Trajectory); terr != nil {
+			c.log.Error().Err(terr).Str("rollout", id).Str("object", res.Trajectory.Object).
+				Msg("the trajectory is not beside the results; it stays in the store (stillpoint trajectory)")
+		}
+	}
 	c.finish(id, attempt, name, gen, res, err)
 }
 

@@ -57,6 +57,9 @@ type Run struct {
 	// demo restores once by design; a chaos round only when a fault
 	// called for it).
 	NeedRestore bool
+	// NoTrajectories says the owner ran no model relay (--direct-model):
+	// no rollout has a trajectory, and invariant 8 is not checked.
+	NoTrajectories bool
 	// Settle is how long invariant 7 reads again the snapshots and records
 	// it finds left (0: it reads once): on a cluster whose node came back,
 	// a listing may be served by a replica still catching up.
@@ -235,6 +238,9 @@ func Check(ctx context.Context, r Run) []Result {
 		r.Summary.Retired, len(r.Sandboxes), len(r.Processes), list(left))
 	add(7, "the final release left nothing", snaps == 0 && records == 0 && len(left) == 0 && len(cerrs) == 0,
 		"%d snapshots indexed, %d record objects, %d sandboxes of run %s left%s", snaps, records, len(r.Sandboxes), r.Run, list(cerrs))
+
+	// 8. Every result's trajectory is its surviving chain.
+	out = append(out, Trajectories(ctx, r))
 	return out
 }
 

@@ -127,6 +127,16 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		pub = append(pub,
 			events.ServiceFilter(run, events.KindOwner),
 			events.ServiceFilter(run, events.KindSandbox),
+			// Its rollouts' trajectories: it writes them (and purges the
+			// chunks of one it writes again) and reads them back, under its
+			// run's names; the store's chunk subjects are random, which no
+			// permission can split by run.
+			"$O."+jetstream.BucketTrajectories+".>",
+			"$JS.API.STREAM.PURGE.OBJ_"+jetstream.BucketTrajectories,
+			direct("OBJ_"+jetstream.BucketTrajectories, ">"),
+			"$JS.API.CONSUMER.CREATE.OBJ_"+jetstream.BucketTrajectories+".*.$O."+jetstream.BucketTrajectories+".>",
+			"$JS.API.CONSUMER.INFO.OBJ_"+jetstream.BucketTrajectories+".*",
+			"$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketTrajectories+".*",
 		)
 		// It hears its sandboxes' prepare acks, on core NATS (events.LiveAck); one published
 		// before it looked a daemon says again when asked on its alive subject.

@@ -116,9 +116,12 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				"$SRV.*", "$SRV.*." + bridgeService, "$SRV.*." + bridgeService + ".*"}},
 		}, nil
 	case RoleAgent:
+		// It also stores its rollouts' trajectories (jetstream.BucketTrajectories).
 		return member(events.KindAgent, append([]string{
 			events.ServiceFilter(r, events.KindOwner),
 			events.ServiceFilter(r, events.KindSandbox),
+			"$O." + jetstream.BucketTrajectories + ".>",
+			"$JS.API.STREAM.PURGE.OBJ_" + jetstream.BucketTrajectories,
 		}, records...), []string{events.LivePrefix + "." + r + ".ack.*." + string(events.PhasePrepare) + "." + string(events.KindSandbox) + ".*"}), nil
 	case RoleOwner:
 		return member(events.KindOwner, append([]string{

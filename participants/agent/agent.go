@@ -483,6 +483,7 @@ func (a *Agent) queue(r *run) (agentapi.Result, error) {
 func (a *Agent) stages(r *run) (agentapi.Result, error) {
 	bm := a.bookmark(r)
 	unanswered := 0 // stages run again because the owner did not answer
+	unready := 0    // launch stages in a row that found the relay unready
 	for {
 		if err := a.boundary(r, bm); err != nil {
 			return agentapi.Result{}, err
@@ -529,6 +530,20 @@ func (a *Agent) stages(r *run) (agentapi.Result, error) {
 			bm = a.bookmark(r)
 			continue
 		}
+		if errors.Is(err, errRelayUnready) {
+			unready++
+			if unready >= relayTries {
+				return agentapi.Result{}, a.lostOr(r, bm, fmt.Errorf("%w: %d tries: %w", errSandboxLost, unready, err))
+			}
+			r.log.Warn().Err(err).Int("times", unready).Msg("the sandbox's relay is not ready; the launch stage runs again from its bookmark")
+			select {
+			case <-r.ctx.Done():
+			case <-time.After(min(time.Duration(unready)*500*time.Millisecond, 5*time.Second)):
+			}
+			bm = a.bookmark(r)
+			continue
+		}
+		unready = 0
 		if err != nil {
 			return agentapi.Result{}, a.lostOr(r, bm, err)
 		}

@@ -70,14 +70,18 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 		lc.Exec = a.execer(r, dc, info.SessionID, info.SandboxID, n)
 	}
 	lr := agentapi.LaunchRecord{ID: fmt.Sprintf("%s.l%d", r.key, n), Sandbox: info.SandboxID, Attempt: r.ep.Attempt, Why: "first launch"}
-	var plan launchPlan
-	if !bm.Restart && a.cfg.Adapter.PausesAtCheckpoints() {
-		plan = a.planLaunch(r, bm, info, dc)
-		if plan.admissionClosed {
-			return bm, errAdmissionClosed
-		}
+	plan, err := a.planLaunch(r, bm, info, dc)
+	if err != nil {
+		return bm, err
 	}
-	bm.KeepsProcesses, lr.Relay = plan.relay, plan.relay
+	if plan.admissionClosed {
+		return bm, errAdmissionClosed
+	}
+	// In place only where the snapshots keep processes and the harness
+	// pauses at checkpoints; elsewhere the relay captures, and a restore
+	// relaunches.
+	keeps := plan.relay && info.KeepsProcesses && !bm.Restart && a.cfg.Adapter.PausesAtCheckpoints()
+	bm.KeepsProcesses, lr.Relay, lr.Captured = keeps, keeps, plan.capture
 	if plan.relay {
 		bm.RelayGen, lc.ModelURL = plan.gen, plan.modelURL
 	}
@@ -102,7 +106,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	lr.Started = time.Now().UTC()
 	req := sandboxapi.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
 		TimeoutMS: cmd.Timeout.Milliseconds(), Mode: cmd.Mode, NoPause: bm.Restart || !a.cfg.Adapter.PausesAtCheckpoints()}
-	if plan.relay {
+	if keeps {
 		// The snapshot keeps the launch: a checkpoint holds it (frozen,
 		// restore_sandbox_clock) and the relay holds its model calls.
 		req.Mode, req.Freeze = sandboxapi.ModeHold.String(), !a.cfg.NoFreeze
@@ -613,7 +617,15 @@ func (a *Agent) ended(r *run, bm agentapi.Bookmark, lc LaunchContext, rc sandbox
 		if err != nil {
 			return bm, fmt.Errorf("agent: %s: answer of %s: %w", r.key, last.ID, err)
 		}
+		// The trajectory is stored now, while the sandbox is there: the
+		// grade ends the session, and a restored attempt at verify grades
+		// with the bookmark's.
+		traj, noTraj, err := a.collectTrajectory(r, bm)
+		if err != nil {
+			return bm, err
+		}
 		bm.Answer, bm.Next, bm.Resume = ans, agentapi.StageVerify, false
+		bm.Trajectory, bm.NoTrajectory = traj, noTraj
 	case sandboxapi.OutcomeInterrupted:
 		last.Ended, last.Detail = agentapi.LaunchInterrupted, string(rc.StopReason)
 		bm.Next, bm.Resume = agentapi.StageLaunch, true

@@ -101,6 +101,10 @@ const VerifyWait = 2 * time.Hour
 // wait for it (PROTOCOL §6), and exports the bookmark, at which a restored
 // attempt grades again.
 func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
+	traj, noTraj := bm.Trajectory, bm.NoTrajectory
+	if traj == nil && noTraj == "" {
+		noTraj = "the harness finished under an agent that collected no trajectory"
+	}
 	a.mu.Lock()
 	r.at = atVerifying
 	a.mu.Unlock()
@@ -137,8 +141,11 @@ func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) 
 	restored := r.restored
 	r.seeded = false // the owner ended the session
 	a.mu.Unlock()
+	if traj != nil {
+		a.noteVerdict(r, bm, traj, verdict)
+	}
 	bm.Next = agentapi.StageReturn
 	bm.Result = &agentapi.Result{RolloutID: bm.Rollout, Attempt: r.ep.Attempt, Episode: r.key, Adapter: a.cfg.Adapter.Name(),
-		Answer: bm.Answer, Verdict: verdict, Restart: bm.Restart, Restored: restored}
+		Answer: bm.Answer, Verdict: verdict, Restart: bm.Restart, Restored: restored, Trajectory: traj, NoTrajectory: noTraj}
 	return bm, nil
 }

@@ -54,9 +54,11 @@ func relayBase(url string) string {
 }
 
 // launchPlan is how a launch reaches the model: through the relay (its
-// base URL, and the generation the agent set) or directly.
+// base URL, the generation the agent set, whether it captures the calls)
+// or directly.
 type launchPlan struct {
 	relay    bool
+	capture  bool
 	modelURL string
 	gen      uint64
 	why      string
@@ -66,21 +68,23 @@ type launchPlan struct {
 }
 
 // planLaunch decides how a launch in a sandbox of info reaches the model.
-// On a provider whose snapshots keep processes, with a model URL to point
-// at and a relay up, the relay is pointed at the model (one generation
+// With a model URL to point at and a relay up (on every provider, unless
+// the owner opted out), the relay is pointed at the model (one generation
 // higher than both the relay's and the bookmark's) and the harness calls
-// the relay. Anything else is a direct call, whose launch a restore
-// relaunches; a relay that fails is logged, never an error.
-func (a *Agent) planLaunch(r *run, bm agentapi.Bookmark, info SessionInfo, dc Sandbox) launchPlan {
-	if !info.KeepsProcesses {
-		return launchPlan{why: "the provider's snapshots keep files only"}
-	}
+// the relay, which captures its calls. Where there is no relay to use (no
+// model URL, a daemon client without one, a daemon the owner runs
+// without one: its choice) the harness calls the model directly: a
+// restore relaunches it, and the rollout has no trajectory. A relay that
+// is there but fails its status or the re-point is an infrastructure
+// fault, never a reason to call around it: errRelayUnready, and the stage
+// runs again.
+func (a *Agent) planLaunch(r *run, bm agentapi.Bookmark, info SessionInfo, dc Sandbox) (launchPlan, error) {
 	if a.cfg.ModelURL == "" {
-		return launchPlan{why: "no model URL for a relay (Config.ModelURL)"}
+		return launchPlan{why: "no model URL for a relay (Config.ModelURL)"}, nil
 	}
 	rl, ok := dc.(Relay)
 	if !ok {
-		return launchPlan{why: "the sandbox's daemon client has no relay"}
+		return launchPlan{why: "the sandbox's daemon client has no relay"}, nil
 	}
 	st, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.RelayStatus, error) { return rl.RelayStatus(ctx) })
 	if err == nil && !st.Up {
@@ -92,16 +96,30 @@ func (a *Agent) planLaunch(r *run, bm agentapi.Bookmark, info SessionInfo, dc Sa
 			return rl.Repoint(ctx, a.cfg.ModelURL, gen)
 		})
 		if err == nil {
-			return launchPlan{relay: true, modelURL: relayBase(st.URL), gen: st.Generation}
+			return launchPlan{relay: true, capture: st.Capture != nil, modelURL: relayBase(st.URL), gen: st.Generation}, nil
 		}
 		if isAdmissionClosed(err) {
-			return launchPlan{admissionClosed: true, why: "the re-point waits for an open checkpoint's resume"}
+			return launchPlan{admissionClosed: true, why: "the re-point waits for an open checkpoint's resume"}, nil
 		}
 	}
-	why := "the sandbox's relay: " + err.Error()
-	r.log.Warn().Str("sandbox", info.SandboxID).Str("why", why).Msg("the harness calls the model directly: a restore relaunches it")
-	return launchPlan{why: why}
+	if isCode(err, sandboxapi.CodeNoRelay) {
+		why := "the sandbox's relay: " + err.Error()
+		r.log.Info().Str("sandbox", info.SandboxID).Str("why", why).Msg("the harness calls the model directly: no trajectory, and a restore relaunches it")
+		return launchPlan{why: why}, nil
+	}
+	return launchPlan{}, fmt.Errorf("%w: sandbox %s: %w", errRelayUnready, info.SandboxID, err)
 }
+
+// errRelayUnready: the sandbox's relay is there but did not answer its
+// status or take the re-point. The stage runs again from its bookmark
+// (stages), and a relay that stays so for relayTries makes the sandbox
+// lost: an infrastructure fault, never a launch around the relay that
+// would leave the rollout without its trajectory.
+var errRelayUnready = errors.New("agent: the sandbox's relay is not ready")
+
+// relayTries is how many launch stages in a row may find the relay
+// unready before the sandbox counts as lost.
+const relayTries = 8
 
 // rebindResult is what rebind did with a restored launch.
 type rebindResult struct {

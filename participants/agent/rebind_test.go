@@ -269,36 +269,50 @@ func TestRebindWaitsForAnOpenCheckpoint(t *testing.T) {
 	}
 }
 
-// How a launch reaches the model: through the relay only on a provider
-// that keeps processes, with a model URL and a relay that is up and takes
-// the re-point (one generation above the relay's and the bookmark's);
-// anything else calls the model directly and never fails the launch (or
-// the seed before it).
+// How a launch reaches the model: through the relay on every provider,
+// with a model URL and a relay that is up and takes the re-point (one
+// generation above the relay's and the bookmark's). Without a model URL,
+// a daemon client with a relay, or a relay the owner runs (its choice),
+// the harness calls the model directly; a relay that is there but down,
+// or refuses the re-point, is errRelayUnready (the stage runs again),
+// never a launch around it.
 func TestPlanLaunch(t *testing.T) {
 	keeps := SessionInfo{SandboxID: "sb1", KeepsProcesses: true}
 	up := sandboxapi.HeldAnswer{Relay: sandboxapi.RelayStatus{Up: true, Generation: 4}}
+	noRelay := &sandboxapi.ServiceError{Code: sandboxapi.CodeNoRelay, Status: 409, Detail: "no relay"}
 	cases := []struct {
-		name  string
-		info  SessionInfo
-		model string
-		d     Sandbox
-		relay bool
-		gen   uint64
+		name    string
+		info    SessionInfo
+		model   string
+		d       Sandbox
+		relay   bool
+		gen     uint64
+		unready bool
 	}{
-		{"keeps processes, relay up", keeps, "http://m:1", &keptDaemon{held: up}, true, 6},
-		{"files only", SessionInfo{SandboxID: "sb1"}, "http://m:1", &keptDaemon{held: up}, false, 0},
-		{"no model URL", keeps, "", &keptDaemon{held: up}, false, 0},
-		{"relay down", keeps, "http://m:1", &keptDaemon{}, false, 0},
-		{"re-point refused", keeps, "http://m:1", &keptDaemon{held: up, repErr: errors.New("stale generation")}, false, 0},
-		{"re-point under an open checkpoint", keeps, "http://m:1", &keptDaemon{held: up, repErr: &sandboxapi.ServiceError{Code: sandboxapi.CodeAdmissionClosed, Status: 409}}, false, 0},
-		{"a daemon client without a relay", keeps, "http://m:1", newEndlessSandbox(), false, 0},
+		{"keeps processes, relay up", keeps, "http://m:1", &keptDaemon{held: up}, true, 6, false},
+		{"files only", SessionInfo{SandboxID: "sb1"}, "http://m:1", &keptDaemon{held: up}, true, 6, false},
+		{"no model URL", keeps, "", &keptDaemon{held: up}, false, 0, false},
+		{"the owner runs no relay", keeps, "http://m:1", &keptDaemon{held: up, repErr: noRelay}, false, 0, false},
+		{"relay down", keeps, "http://m:1", &keptDaemon{}, false, 0, true},
+		{"re-point refused", keeps, "http://m:1", &keptDaemon{held: up, repErr: errors.New("stale generation")}, false, 0, true},
+		{"re-point under an open checkpoint", keeps, "http://m:1", &keptDaemon{held: up, repErr: &sandboxapi.ServiceError{Code: sandboxapi.CodeAdmissionClosed, Status: 409}}, false, 0, false},
+		{"a daemon client without a relay", keeps, "http://m:1", newEndlessSandbox(), false, 0, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			a, r, bm := rebindAgent(t)
 			a.cfg.ModelURL = c.model
 			bm.RelayGen = 5
-			p := a.planLaunch(r, bm, c.info, c.d)
+			p, err := a.planLaunch(r, bm, c.info, c.d)
+			if c.unready {
+				if !errors.Is(err, errRelayUnready) {
+					t.Fatalf("planLaunch = %+v, %v: want errRelayUnready", p, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("planLaunch: %v", err)
+			}
 			if closed := strings.Contains(c.name, "open checkpoint"); p.admissionClosed != closed {
 				t.Fatalf("planLaunch = %+v: admission closed %v, want %v", p, p.admissionClosed, closed)
 			}

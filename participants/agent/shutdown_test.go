@@ -82,10 +82,14 @@ func (s *stallingSandbox) Launch(ctx context.Context, _ sandboxapi.LaunchRequest
 
 // startAgent runs a second agent, a2, of the world with its own owner and
 // sandbox services; stop ends its Run and returns once Run has.
-func startAgent(t *testing.T, w *world, o Owner, sandboxes func(string) (Sandbox, error)) (a *Agent, stop func()) {
+func startAgent(t *testing.T, w *world, o Owner, sandboxes func(string) (Sandbox, error), opts ...func(*Config)) (a *Agent, stop func()) {
 	t.Helper()
-	a, err := New(Config{Run: testRun, Name: "a2", JS: w.env.JS, Bus: w.env.Bus, Owner: "o1", OwnerService: o,
-		SandboxService: sandboxes, Adapter: testAdapter{}, Logger: testLogger(t)})
+	cfg := Config{Run: testRun, Name: "a2", JS: w.env.JS, Bus: w.env.Bus, Owner: "o1", OwnerService: o,
+		SandboxService: sandboxes, Adapter: testAdapter{}, Logger: testLogger(t)}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,6 +225,65 @@ func TestUnansweredOwnerIsAskedAgain(t *testing.T) {
 	done := startEndlessOn(t, a, sb, ctx) // returns once it launched
 	if n := o.asks.Load(); n != 3 {
 		t.Errorf("%d sandbox_access asks, want 3 (two lost, one answered)", n)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled rollout: %v, want context.Canceled", err)
+	}
+}
+
+// relaySandbox is an endless sandbox with a relay that is down for its
+// first down status asks.
+type relaySandbox struct {
+	*endlessSandbox
+	down     int32
+	statuses atomic.Int32
+}
+
+func (s *relaySandbox) RelayStatus(context.Context) (sandboxapi.RelayStatus, error) {
+	if s.statuses.Add(1) <= s.down {
+		return sandboxapi.RelayStatus{}, nil
+	}
+	return sandboxapi.RelayStatus{Up: true, URL: "http://127.0.0.1:18480/v1"}, nil
+}
+
+func (s *relaySandbox) Repoint(_ context.Context, url string, gen uint64) (sandboxapi.RelayStatus, error) {
+	return sandboxapi.RelayStatus{Up: true, URL: "http://127.0.0.1:18480/v1", Upstream: url, Generation: gen,
+		Capture: &sandboxapi.CaptureStatus{Path: "/capture.jsonl"}}, nil
+}
+
+// A relay that is there but not up is waited for: the launch stage runs
+// again until it is, and the harness is launched through it, never around
+// it (which would leave the rollout without its trajectory).
+func TestUnreadyRelayIsWaitedFor(t *testing.T) {
+	w := newWorld(t)
+	sb := &relaySandbox{endlessSandbox: newEndlessSandbox(), down: 2}
+	a, _ := startAgent(t, w, newStallingOwner(t, w, ""), func(string) (Sandbox, error) { return sb, nil },
+		func(c *Config) { c.ModelURL = "http://model.invalid:1" })
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Rollout(ctx, agentapi.Request{RolloutID: "r1", Task: task})
+		done <- err
+	}()
+	select {
+	case <-sb.waited:
+	case err := <-done:
+		t.Fatalf("the rollout ended before it launched: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the rollout never launched")
+	}
+	if n := sb.statuses.Load(); n != 3 {
+		t.Errorf("%d relay_status asks, want 3 (two down, one up)", n)
+	}
+	a.mu.Lock()
+	var rec agentapi.LaunchRecord
+	for _, r := range a.runs {
+		rec = r.bm.Launches[len(r.bm.Launches)-1]
+	}
+	a.mu.Unlock()
+	if !rec.Captured {
+		t.Errorf("launch %+v: want it captured by the relay", rec)
 	}
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {

@@ -83,8 +83,9 @@ type Failpoints struct {
 }
 
 // Relay is the model relay as the daemon uses it (package sandboxd/relay).
-// Its methods must not block: the daemon calls them under its lock, so
-// that what it decides from Holding and what it does stay together.
+// Its methods but Flush must not block: the daemon calls them under its
+// lock, so that what it decides from Holding and what it does stay
+// together.
 type Relay interface {
 	Hold()
 	Release()
@@ -92,6 +93,14 @@ type Relay interface {
 	Holding() bool
 	Status() sandboxapi.RelayStatus
 	Repoint(url string, generation uint64) (sandboxapi.RelayStatus, error)
+	// Label names the launch the calls taken from now on belong to (the
+	// capture's call ids); Durable tells whether every call captured is
+	// durable, and Flush waits until it is; CapturePath is the capture
+	// file ("": no capture).
+	Label(episode, launchID string) error
+	Durable() bool
+	Flush() error
+	CapturePath() string
 }
 
 // Daemon is sandboxd on the bus.
@@ -112,6 +121,7 @@ type Daemon struct {
 	resuming    map[string]chan struct{}            // launches a take-over (Resume) is continuing; closed when it is done
 	taken       map[string]takenOver                // launch id -> the take-over that continued it
 	heldBy      string                              // the checkpoint whose prepare took the relay's hold ("": none of this daemon's)
+	flushing    bool                                // a wait for the capture to be durable runs
 	pausing     map[string]*pausing                 // launch id -> its pause in flight
 	ending      map[string]context.CancelFunc       // launch id -> the watch for the end of its stop
 	confirmed   map[string][]sandboxapi.PauseResult // checkpoint id -> its pauses that confirmed
@@ -304,8 +314,34 @@ func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Repo
 		sort.Strings(blockers)
 		return member.Report{Blockers: blockers, Counts: map[string]int{"pausing": len(blockers)}}, nil
 	}
+	if d.cfg.Relay != nil && !d.cfg.Relay.Durable() {
+		// Every launch is still; the calls they made are captured, and the
+		// snapshot must not come before the disk has them.
+		d.flushLocked()
+		return member.Report{Blockers: []string{"capture-sync"}}, nil
+	}
 	reports := d.confirmed[cp.ID]
 	return member.Report{Ready: true, Pause: summarize(reports), Counts: map[string]int{"launches": len(reports)}}, nil
+}
+
+// flushLocked starts one wait for the relay's capture to be durable,
+// which notifies the member when it is done (d.mu held).
+func (d *Daemon) flushLocked() {
+	if d.flushing || d.closing {
+		return
+	}
+	d.flushing = true
+	d.pauses.Add(1)
+	go func() {
+		defer d.pauses.Done()
+		if err := d.cfg.Relay.Flush(); err != nil {
+			d.log.Error().Err(err).Msg("the model calls captured are not durable")
+		}
+		d.mu.Lock()
+		d.flushing = false
+		d.mu.Unlock()
+		d.member.Notify()
+	}()
 }
 
 // blockerLocked names launch id as a blocker: its episode, or its id.
@@ -574,6 +610,11 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec 
 		// prepare's hold cannot come between.
 		d.log.Warn().Str("launch", spec.ID).Msg("dropping the calls a restore left held: a new launch")
 		d.cfg.Relay.Drop("a new launch " + spec.ID + " replaces the held one")
+	}
+	if d.cfg.Relay != nil && episode != "" {
+		if err := d.cfg.Relay.Label(episode, spec.ID); err != nil {
+			d.log.Warn().Err(err).Str("launch", spec.ID).Msg("the launch's model calls are not captured")
+		}
 	}
 	d.mu.Unlock()
 	defer func() {

@@ -59,6 +59,10 @@ func (r *slowHolding) Holding() bool {
 	return r.holding
 }
 func (r *slowHolding) Status() sandboxapi.RelayStatus { return sandboxapi.RelayStatus{} }
+func (r *slowHolding) Label(string, string) error     { return nil }
+func (r *slowHolding) Durable() bool                  { return true }
+func (r *slowHolding) Flush() error                   { return nil }
+func (r *slowHolding) CapturePath() string            { return "" }
 func (r *slowHolding) Repoint(string, uint64) (sandboxapi.RelayStatus, error) {
 	return sandboxapi.RelayStatus{}, nil
 }

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
+	"syscall"
 
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/sandboxd"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -264,6 +268,55 @@ func (d *Daemon) RelayStatus() (sandboxapi.RelayStatus, error) {
 		return sandboxapi.RelayStatus{}, ErrNoRelay
 	}
 	return d.cfg.Relay.Status(), nil
+}
+
+// ErrNoCapture is returned by the trajectory endpoint of a daemon whose
+// relay captures nothing.
+var ErrNoCapture = errors.New("daemon: the relay captures no model calls")
+
+// Trajectory reads a chunk of the relay's capture file (ErrNoRelay
+// without a relay, ErrNoCapture without a capture).
+func (d *Daemon) Trajectory(r sandboxapi.TrajectoryRequest) (sandboxapi.TrajectoryChunk, error) {
+	if d.cfg.Relay == nil {
+		return sandboxapi.TrajectoryChunk{}, ErrNoRelay
+	}
+	path := d.cfg.Relay.CapturePath()
+	if path == "" {
+		return sandboxapi.TrajectoryChunk{}, ErrNoCapture
+	}
+	if r.Offset < 0 {
+		return sandboxapi.TrajectoryChunk{}, fmt.Errorf("%w: offset %d", jetstream.ErrBadRequest, r.Offset)
+	}
+	limit := r.Limit
+	if limit <= 0 || limit > sandboxapi.MaxTrajectoryChunk {
+		limit = sandboxapi.MaxTrajectoryChunk
+	}
+	st := d.cfg.Relay.Status()
+	// Not through a link the workload put in its place: the relay's file
+	// or nothing.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return sandboxapi.TrajectoryChunk{}, fmt.Errorf("daemon: the capture file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return sandboxapi.TrajectoryChunk{}, fmt.Errorf("daemon: the capture file: %w", err)
+	}
+	out := sandboxapi.TrajectoryChunk{Offset: r.Offset, Size: fi.Size()}
+	if st.Capture != nil {
+		out.Capture = *st.Capture
+	}
+	if r.Offset >= fi.Size() {
+		return out, nil
+	}
+	buf := make([]byte, min(int64(limit), fi.Size()-r.Offset))
+	n, err := f.ReadAt(buf, r.Offset)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return sandboxapi.TrajectoryChunk{}, fmt.Errorf("daemon: the capture file: %w", err)
+	}
+	out.Data = buf[:n]
+	return out, nil
 }
 
 // Repoint re-points the relay (ErrNoRelay without one); while a

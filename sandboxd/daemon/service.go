@@ -38,7 +38,7 @@ func classify(err error) (int, string) {
 		return 409, sandboxapi.CodeStaleGeneration
 	case errors.Is(err, relay.ErrBadUpstream):
 		return 400, sandboxapi.CodeBadRequest
-	case errors.Is(err, ErrNoRelay):
+	case errors.Is(err, ErrNoRelay), errors.Is(err, ErrNoCapture):
 		return 409, sandboxapi.CodeNoRelay
 	case errors.Is(err, ErrIdentityChanged):
 		return 409, sandboxapi.CodeIdentityChanged
@@ -175,6 +175,13 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 				return nil, err
 			}
 			return d.Repoint(r)
+		}),
+		s.Handle(sandboxapi.EndpointTrajectory, func(body []byte) (any, error) {
+			var r sandboxapi.TrajectoryRequest
+			if err := jetstream.DecodeRequest(body, &r); err != nil {
+				return nil, err
+			}
+			return d.Trajectory(r)
 		}),
 	}
 	if err := errors.Join(errs...); err != nil {

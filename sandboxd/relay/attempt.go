@@ -128,6 +128,10 @@ func (r *Relay) record(c *call, a *attempt) {
 	r.mu.Lock()
 	ex := exchange(c, a)
 	r.mu.Unlock()
+	if c.prepared != nil {
+		<-c.prepared
+		ex.Request = c.request
+	}
 	ex.Reply = a.shape.asm.Reply(ex.Status)
 	rec, err := r.cfg.Capture.Record(ex)
 	tail := a.shape.end()

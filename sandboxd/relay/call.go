@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // successors lists the legal call transitions: held -> forwarding |
@@ -50,6 +51,10 @@ type call struct {
 	started             time.Time
 	upBody              []byte
 	asked               asked
+	// prepared is closed once request holds the body split for the
+	// record, which a goroutine does while the upstream answers.
+	prepared chan struct{}
+	request  *trajectory.Request
 
 	state   sandboxapi.CallState
 	gen     uint64

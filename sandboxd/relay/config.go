@@ -50,11 +50,12 @@ type Config struct {
 	// are).
 	Transport http.RoundTripper
 	// Capture, when set, records every call the upstream answered in the
-	// sandbox's capture file (docs/TRAJECTORIES.md), durably, before the
-	// end of its reply reaches the harness: a snapshot then holds every
-	// call whose reply its harness could have. Calls are attributed to the
-	// launch Label names; a call taken with no label is not recorded (the
-	// status counts it).
+	// sandbox's capture file (docs/TRAJECTORIES.md) before the end of its
+	// reply reaches the harness, so a snapshot holds every call whose
+	// reply its harness could have; Durable and Flush tell when the disk
+	// has them. Calls are attributed to the launch Label names; a call
+	// taken with no label is not recorded (the status counts it). The
+	// relay closes it when Serve returns.
 	Capture *trajectory.Recorder
 	// Tokens asks the upstream for the prompt's and the completion's
 	// token ids and the logprobs (return_token_ids true; logprobs true and

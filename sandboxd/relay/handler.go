@@ -154,6 +154,13 @@ func (r *Relay) take(req *http.Request, body []byte) *call {
 			c.upBody, c.asked = augment(body)
 			r.used += int64(len(c.upBody))
 		}
+		// The record's request side needs the request alone: split it
+		// while the upstream answers, off the reply's way to the harness.
+		c.prepared = make(chan struct{})
+		go func() {
+			c.request = trajectory.PrepareRequest(body)
+			close(c.prepared)
+		}()
 	}
 	return c
 }

@@ -9,21 +9,36 @@ import (
 )
 
 // Hold holds the relay: new calls wait before they are forwarded, and no
-// reply reaches the harness until Release. Holding twice is holding. With
-// a capture, it returns once every call recorded is durable: the snapshot
-// a hold precedes never holds a call the disk does not.
+// reply reaches the harness until Release. Holding twice is holding.
 func (r *Relay) Hold() {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if !r.holding {
 		r.holding = true
 		r.log.Info().Int("open", len(r.open)).Msg("holding model calls")
 	}
-	r.mu.Unlock()
-	if r.cfg.Capture != nil {
-		if err := r.cfg.Capture.Flush(); err != nil {
-			r.log.Error().Err(err).Msg("the capture file is not durable")
-		}
+}
+
+// Durable tells whether every call captured so far is durable (true
+// without a capture). A checkpoint's prepare waits for it after the hold:
+// a snapshot never holds a call the disk does not.
+func (r *Relay) Durable() bool { return r.cfg.Capture == nil || r.cfg.Capture.Durable() }
+
+// Flush waits until every call captured so far is durable, and returns
+// the error that stopped the capture, if any.
+func (r *Relay) Flush() error {
+	if r.cfg.Capture == nil {
+		return nil
 	}
+	return r.cfg.Capture.Flush()
+}
+
+// CapturePath returns the capture file's path, "" without a capture.
+func (r *Relay) CapturePath() string {
+	if r.cfg.Capture == nil {
+		return ""
+	}
+	return r.cfg.Capture.Path()
 }
 
 // Release ends the hold: held calls go upstream, kept replies reach the

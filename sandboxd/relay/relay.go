@@ -76,22 +76,38 @@ func (r *Relay) Label(episode, launchID string) error {
 	return nil
 }
 
-// Run listens on Config.Listen and serves until ctx ends (see Serve).
+// Run listens on Config.Listen and serves until ctx ends (see Listen and
+// Serve).
 func (r *Relay) Run(ctx context.Context) error {
-	if r.cfg.Listen == "" {
-		return errors.New("relay: Config.Listen is required by Run")
-	}
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", r.cfg.Listen)
+	ln, err := r.Listen(ctx)
 	if err != nil {
-		return fmt.Errorf("relay: %w", err)
+		return err
 	}
 	return r.Serve(ctx, ln)
 }
 
-// Serve serves on ln until ctx ends, then closes every connection and
-// waits for every handler (and the upstream reads they started). A relay
-// is served once.
+// Listen opens the listener on Config.Listen and reports the relay up at
+// its address from then on, before Serve takes the listener: a daemon
+// that answers relay_status as soon as it joins finds the relay up when
+// its process listens, never a relay that its goroutine has yet to start.
+func (r *Relay) Listen(ctx context.Context) (net.Listener, error) {
+	if r.cfg.Listen == "" {
+		return nil, errors.New("relay: Config.Listen is required by Listen")
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", r.cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	r.mu.Lock()
+	r.url, r.up = "http://"+ln.Addr().String(), true
+	r.mu.Unlock()
+	return ln, nil
+}
+
+// Serve serves on ln until ctx ends, then closes every connection, waits
+// for every handler (and the upstream reads they started) and closes the
+// capture file. A relay is served once.
 func (r *Relay) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: r, BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}
 	r.mu.Lock()
@@ -116,6 +132,11 @@ func (r *Relay) Serve(ctx context.Context, ln net.Listener) error {
 		err = <-errc
 	}
 	r.handlers.Wait()
+	if r.cfg.Capture != nil {
+		if cerr := r.cfg.Capture.Close(); cerr != nil {
+			r.log.Error().Err(cerr).Msg("closing the capture file")
+		}
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

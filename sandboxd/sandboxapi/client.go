@@ -103,6 +103,12 @@ func (c *Client) RelayStatus(ctx context.Context) (RelayStatus, error) {
 	return out, c.svc.Call(ctx, EndpointRelayStatus, struct{}{}, &out)
 }
 
+// Trajectory reads a chunk of the relay's capture file.
+func (c *Client) Trajectory(ctx context.Context, r TrajectoryRequest) (TrajectoryChunk, error) {
+	var out TrajectoryChunk
+	return out, c.svc.Call(ctx, EndpointTrajectory, r, &out)
+}
+
 // Repoint re-points the model relay at url with generation gen.
 func (c *Client) Repoint(ctx context.Context, url string, gen uint64) (RelayStatus, error) {
 	var out RelayStatus

@@ -152,6 +152,27 @@ type CaptureStatus struct {
 	LastError string `json:"last_error,omitempty"`
 }
 
+// MaxTrajectoryChunk is the most a TrajectoryChunk carries.
+const MaxTrajectoryChunk = 512 << 10
+
+// TrajectoryRequest reads the capture file from Offset, at most Limit
+// bytes (0 or over MaxTrajectoryChunk: MaxTrajectoryChunk).
+type TrajectoryRequest struct {
+	Offset int64 `json:"offset"`
+	Limit  int   `json:"limit,omitempty"`
+}
+
+// TrajectoryChunk is a piece of the capture file: Data from Offset, and
+// the file's Size when it was read. A reader reads on until Offset plus
+// the length of Data reaches the Size of its first chunk.
+type TrajectoryChunk struct {
+	Offset int64  `json:"offset"`
+	Data   []byte `json:"data"`
+	Size   int64  `json:"size"`
+	// Capture is the relay's capture status at the same time.
+	Capture CaptureStatus `json:"capture"`
+}
+
 // RepointRequest re-points the relay: calls go to URL from now on, and the
 // calls of older generations whose reply has not ended upstream are sent
 // there again, byte for byte. Generation must be higher than the relay's

@@ -38,6 +38,9 @@ const (
 	// EndpointRelayRepoint re-points the relay: RepointRequest in,
 	// RelayStatus out.
 	EndpointRelayRepoint = "relay_repoint"
+	// EndpointTrajectory reads the relay's capture file, a chunk at a
+	// time: TrajectoryRequest in, TrajectoryChunk out.
+	EndpointTrajectory = "trajectory"
 )
 
 // The codes of the service's errors (jetstream.ServiceError.Code).

@@ -297,7 +297,7 @@ func (a *Assembler) Reply(status int) Reply {
 		}
 		msg["tool_calls"] = calls
 	}
-	r.Message, _ = json.Marshal(msg)
+	r.Message = marshalPlain(msg)
 	completion := a.completion
 	if !a.hasIDs && a.lpNamed && len(a.lpIDs) > 0 && len(a.lpIDs) == len(a.logprobs) {
 		completion = a.lpIDs // return_tokens_as_token_ids without token_ids

@@ -182,3 +182,31 @@ func Chains(calls []Whole) []Sequence {
 	}
 	return out
 }
+
+// ConversationBytes is what a rollout's last chain holds once, as a
+// trainer would keep it without a capture: the last call's request whole
+// (its messages and other fields) and reply, and the chain's merged token
+// arrays (prompt and response ids, the response mask and a logprob per
+// response id) as JSON.
+// A capture file's size against it is the capture's overhead: each call
+// stores only its delta against its parent, so the ratio stays near 1 as
+// the conversation grows (docs/BENCHMARKS.md). Calls without a chain
+// give 0.
+func ConversationBytes(calls []Whole, seqs []Sequence) int64 {
+	if len(seqs) == 0 {
+		return 0
+	}
+	last := seqs[len(seqs)-1]
+	var c *Whole
+	for i := range calls {
+		if calls[i].ID == last.Calls[len(last.Calls)-1] {
+			c = &calls[i]
+		}
+	}
+	if c == nil {
+		return 0
+	}
+	req := marshalPlain(map[string]any{"params": c.AllParams, "messages": c.AllMessages})
+	ids := marshalPlain([]any{last.PromptIDs, last.ResponseIDs, last.ResponseMask, last.ResponseLogprobs})
+	return int64(len(req) + len(c.Reply) + len(ids))
+}

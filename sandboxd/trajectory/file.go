@@ -36,11 +36,15 @@ type Recorder struct {
 	written uint64
 	synced  uint64
 	closing bool
+	line    []byte     // the record being written, kept for the next (up to maxKeptLine)
 	cond    *sync.Cond // signalled when synced or err changes
 	kick    chan struct{}
 	stop    chan struct{}
 	done    chan struct{}
 }
+
+// maxKeptLine bounds the buffer a Recorder keeps between records.
+const maxKeptLine = 1 << 20
 
 // OpenRecorder opens (or creates) the capture file at path and loads its
 // calls. A last line cut short (a crash mid-append) is cut off the file;
@@ -126,11 +130,14 @@ func (r *Recorder) Record(ex Exchange) (*Call, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.Marshal(c)
+	b, err := c.appendJSON(r.line[:0])
 	if err != nil {
-		return nil, fmt.Errorf("trajectory: %w", err)
+		return nil, err
 	}
 	b = append(b, '\n')
+	if cap(b) <= maxKeptLine {
+		r.line = b
+	}
 	if _, err := r.f.Write(b); err != nil {
 		r.err = fmt.Errorf("trajectory: appending %s: %w", c.ID, err)
 		return nil, r.err
@@ -151,6 +158,14 @@ func (r *Recorder) Flush() error {
 		r.cond.Wait()
 	}
 	return r.err
+}
+
+// Durable tells whether every record written so far is durable (or the
+// file records no more).
+func (r *Recorder) Durable() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.synced >= r.written || r.err != nil || r.f == nil
 }
 
 // Err returns the error that stopped the file recording, nil while it

@@ -34,6 +34,26 @@ type Exchange struct {
 	// Generation and Resends are the relay's (Call.Generation, Resends).
 	Generation uint64
 	Resends    int
+	// Request, when set, is Body split already (PrepareRequest): the
+	// relay splits a request while the upstream answers it, not after.
+	Request *Request
+}
+
+// Request is a request body split into its model, its other fields and
+// its messages, each compact: the part of recording a call that needs
+// only the request.
+type Request struct {
+	model  string
+	params json.RawMessage
+	msgs   []json.RawMessage
+	err    error
+}
+
+// PrepareRequest splits body for a later Add (Exchange.Request). A body
+// that does not split is kept as the error Add returns.
+func PrepareRequest(body []byte) *Request {
+	model, params, msgs, err := splitRequest(body)
+	return &Request{model: model, params: params, msgs: msgs, err: err}
 }
 
 // Index is the calls of one capture file, each rebuilt whole: what the
@@ -67,7 +87,8 @@ type whole struct {
 	replyKey uint64            // the reply message's key
 	req      uint64            // the hash of method, path, params and messages: the request
 	children int
-	replaced string // the ID of a later call that replaced this one
+	kids     []*whole // the calls that continue this one, in order
+	replaced string   // the ID of a later call that replaced this one
 }
 
 // NewIndex returns an empty index.
@@ -92,7 +113,7 @@ func splitRequest(body []byte) (model string, params json.RawMessage, msgs []jso
 		delete(fields, "messages")
 	}
 	_ = json.Unmarshal(fields["model"], &model)
-	params, _ = json.Marshal(fields) // keys sorted: one form for equal fields
+	params = marshalPlain(fields) // keys sorted: one form for equal fields
 	for i, m := range msgs {
 		var c bytes.Buffer
 		if json.Compact(&c, m) == nil {
@@ -157,8 +178,8 @@ func idsBytes(dst []byte, ids ...[]int) []byte {
 
 // Add records ex as the next call and returns its record: its ID, parent
 // and link, and its request and prompt as deltas against the parent. A
-// call whose request is the same as an earlier call that nothing
-// continued replaces that call (see Replaced).
+// call that asks again what an earlier call that nothing continued asked
+// replaces that call (see Whole.ReplacedBy).
 func (x *Index) Add(ex Exchange) (*Call, error) {
 	n := ex.N
 	if n == 0 {
@@ -171,7 +192,11 @@ func (x *Index) Add(ex Exchange) (*Call, error) {
 	if _, dup := x.byID[id]; dup {
 		return nil, fmt.Errorf("%w: call %s recorded twice", ErrBadCall, id)
 	}
-	model, params, msgs, err := splitRequest(ex.Body)
+	req := ex.Request
+	if req == nil {
+		req = PrepareRequest(ex.Body)
+	}
+	model, params, msgs, err := req.model, req.params, req.msgs, req.err
 	if err != nil {
 		return nil, fmt.Errorf("%w: call %s: %v", ErrBadCall, id, err)
 	}
@@ -389,7 +414,21 @@ func (x *Index) insert(w *whole) {
 		e.replaced = c.ID
 	}
 	if p := x.byID[c.Parent]; p != nil {
+		// A later launch that continues p where an earlier launch's call
+		// already did, a call nothing continued, re-issues that call: its
+		// reply reached the capture but not the harness's saved session
+		// (the snapshot took the call, the harness had not saved its
+		// reply), and the relaunch asked again from the session. A
+		// harness may render the request anew (other ids, other fields),
+		// so the request need not be the same; within one launch two
+		// calls that continue one are a branch, never replaced.
+		for _, e := range p.kids {
+			if e.children == 0 && e.replaced == "" && answered(e) && (e.c.Episode != c.Episode || e.c.Launch != c.Launch) {
+				e.replaced = c.ID
+			}
+		}
 		p.children++
+		p.kids = append(p.kids, w)
 	}
 	if answered(w) {
 		// An earlier call of the same request and the same reply is never
@@ -474,15 +513,17 @@ func (x *Index) Load(c *Call) error {
 // prompt ids in full.
 type Whole struct {
 	*Call
-	// AllMessages is every message of the request; AllPromptIDs every
-	// prompt id (nil without Tokens).
+	// AllMessages is every message of the request, AllParams its other
+	// fields; AllPromptIDs every prompt id (nil without Tokens).
 	AllMessages  []json.RawMessage
+	AllParams    json.RawMessage
 	AllPromptIDs []int
 	// Children counts the calls that continue this one; ReplacedBy names
-	// the later call that sent the same request again when nothing had
-	// continued this one (a reply a snapshot held but the harness had not
-	// saved, sent again by the restored attempt): such a call is not on
-	// the rollout's chain.
+	// the later call that asked it again when nothing had continued this
+	// one: the same request, or a later launch's call with the same
+	// parent (a reply a snapshot held but the harness had not saved,
+	// asked again by the relaunch). Such a call is not on the rollout's
+	// chain.
 	Children   int
 	ReplacedBy string
 	// request is the index's hash of the call's request (method, path,
@@ -494,7 +535,7 @@ type Whole struct {
 func (x *Index) Calls() []Whole {
 	out := make([]Whole, len(x.calls))
 	for i, w := range x.calls {
-		out[i] = Whole{Call: w.c, AllMessages: w.msgs, AllPromptIDs: w.prompt, Children: w.children, ReplacedBy: w.replaced, request: w.req}
+		out[i] = Whole{Call: w.c, AllMessages: w.msgs, AllParams: w.params, AllPromptIDs: w.prompt, Children: w.children, ReplacedBy: w.replaced, request: w.req}
 	}
 	return out
 }

@@ -292,6 +292,24 @@ func TestStorageGrowsWithTheConversation(t *testing.T) {
 	if ratio > 1.3 {
 		t.Errorf("the capture file is %.2f times the conversation and its token arrays, over 1.3", ratio)
 	}
+	// ConversationBytes counts it from the file alone, with the arrays a
+	// trainer reads (a mask, and a logprob per response id, 0 for the
+	// tokens the model did not generate): more than the ledger's count,
+	// and the file within 1.3 times it too.
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	x, err := trajectory.Read(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := x.Calls()
+	got := trajectory.ConversationBytes(calls, trajectory.Chains(calls))
+	if got < int64(base) || float64(st.Size()) > 1.3*float64(got) {
+		t.Errorf("ConversationBytes = %d: want at least %d, and at least the file's %d bytes over 1.3", got, base, st.Size())
+	}
 }
 
 // A file read back is the same index; a last record cut short by a crash
@@ -435,6 +453,57 @@ func TestBreaksRootsReplacedAndDuplicates(t *testing.T) {
 	c, _ = w.Add(exchange(t, url, req, "e1", "l1"))
 	if c.Link != trajectory.LinkRoot || !strings.Contains(c.LinkWhy, "compacted or rewritten") {
 		t.Errorf("a compacted history: %s %q", c.Link, c.LinkWhy)
+	}
+}
+
+// A relaunch that asks again, rendered anew, a call whose reply its saved
+// session lost replaces that call; two calls of one launch that continue
+// one call are a branch.
+func TestRelaunchReissueReplaces(t *testing.T) {
+	_, url := server(t)
+	exs, _ := conversation(t, url, false, "e1")
+	var req map[string]any
+	_ = json.Unmarshal(exs[1].Body, &req)
+	req["temperature"], req["_tokens"] = 0.5, true // another rendering of the same turn
+	for _, tc := range []struct {
+		episode, launch string
+		replaced        bool
+	}{
+		{"e1-a1", "l2", true}, // the restored attempt's relaunch
+		{"e1", "l2", true},    // a relaunch in the same attempt
+		{"e1", "l1", false},   // the same launch: a branch
+	} {
+		x := trajectory.NewIndex()
+		for _, ex := range exs[:2] {
+			if _, err := x.Add(ex); err != nil {
+				t.Fatal(err)
+			}
+		}
+		again := exchange(t, url, maps(req), tc.episode, tc.launch)
+		c, err := x.Add(again)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Parent != "e1.l1.1" {
+			t.Fatalf("%s.%s: the re-issue continues %q, want e1.l1.1", tc.episode, tc.launch, c.Parent)
+		}
+		r := trajectory.Check(x.Calls())
+		if tc.replaced && (!r.OK() || r.Replaced != 1 || r.Branches != 0) {
+			t.Errorf("%s.%s: want e1.l1.2 replaced: %s %v", tc.episode, tc.launch, r, r.Problems)
+		}
+		if !tc.replaced && (r.OK() || r.Replaced != 0 || r.Branches != 1) {
+			t.Errorf("%s.%s: want a branch: %s %v", tc.episode, tc.launch, r, r.Problems)
+		}
+	}
+	// A call the relaunch re-issues after something continued it is no
+	// replacement: the relaunch branches.
+	x := trajectory.NewIndex()
+	for _, ex := range exs {
+		x.Add(ex)
+	}
+	x.Add(exchange(t, url, maps(req), "e1", "l2"))
+	if r := trajectory.Check(x.Calls()); r.OK() || r.Replaced != 0 || r.Branches != 1 {
+		t.Errorf("a re-issue of a continued call: want a branch: %s %v", r, r.Problems)
 	}
 }
 

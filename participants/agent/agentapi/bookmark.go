@@ -66,9 +66,13 @@ type LaunchRecord struct {
 	// Detail says how it ended, for an interrupted or failed launch.
 	Detail string `json:"detail,omitempty"`
 	// Relay is true when the harness reached the model through the
-	// sandbox's relay (a provider whose snapshots keep processes): a
+	// sandbox's relay on a provider whose snapshots keep processes: a
 	// restore may then take the launch over in place.
 	Relay bool `json:"relay,omitempty"`
+	// Captured is true when the harness reached the model through the
+	// sandbox's relay and the relay captured its calls (on any provider):
+	// they are in the rollout's trajectory.
+	Captured bool `json:"captured,omitempty"`
 	// Held is the pause a checkpoint held the launch in, as its daemon
 	// acknowledged it: what a restore checks the restored launch against.
 	Held *HeldPause `json:"held,omitempty"`
@@ -155,6 +159,12 @@ type Bookmark struct {
 	// relaunch path.
 	KeepsProcesses bool   `json:"keeps_processes,omitempty"`
 	RelayGen       uint64 `json:"relay_gen,omitempty"`
+	// Trajectory is the rollout's trajectory, stored once its harness
+	// finished (before the grade, which ends the sandbox); NoTrajectory
+	// says why there is none. A restored attempt at verify grades with
+	// them, the sandbox being gone by then.
+	Trajectory   *TrajectoryRef `json:"trajectory,omitempty"`
+	NoTrajectory string         `json:"no_trajectory,omitempty"`
 }
 
 // Validate checks b: its version, its stage and what that stage needs.
@@ -189,6 +199,11 @@ func (b *Bookmark) Validate() error {
 	if b.Session != "" {
 		if err := events.ValidateRollout("bookmark.session", b.Session); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if b.Trajectory != nil {
+		if err := b.Trajectory.validate(b.Rollout); err != nil {
+			errs = append(errs, fmt.Errorf("bookmark.trajectory: %w", err))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -232,8 +247,10 @@ func (b Bookmark) Clone() Bookmark {
 	if b.Result != nil {
 		r := *b.Result
 		r.Launches = cloneLaunches(r.Launches)
+		r.Trajectory = r.Trajectory.clone()
 		b.Result = &r
 	}
+	b.Trajectory = b.Trajectory.clone()
 	return b
 }
 

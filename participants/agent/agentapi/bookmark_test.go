@@ -11,6 +11,7 @@ func TestDecodeBookmark(t *testing.T) {
 		`{"v":1,"next":"seed","rollout":"r1","attempt":0,"task":{}}`,
 		`{"v":1,"next":"harness","rollout":"r1","attempt":2,"task":{},"session":"r1","state":{"data_dir":"/d"},"resume":true,"future_field":1}`,
 		`{"v":1,"next":"verify","rollout":"r1","attempt":0,"task":{},"session":"r1"}`,
+		`{"v":1,"next":"verify","rollout":"r1","attempt":0,"task":{},"session":"r1","trajectory":{"object":"run-1/r1.jsonl","sha256":"abababababababababababababababababababababababababababababababab","bytes":10,"calls":1}}`,
 		`{"v":1,"next":"return","rollout":"r1","attempt":0,"task":{},"result":{"rollout_id":"r1","attempt":0,"episode":"r1","adapter":"scripted","launches":[]}}`,
 	}
 	for _, s := range ok {
@@ -32,6 +33,10 @@ func TestDecodeBookmark(t *testing.T) {
 		{`{"v":1,"next":"verify","rollout":"r1","session":"a b"}`, "bookmark.session"},
 		{`{"v":1,"next":"seed","rollout":"r1","attempt":-1}`, "bookmark.attempt"},
 		{`{"v":1,"next":"seed","rollout":"r1"`, "unexpected end"},
+		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/../r1.jsonl","sha256":"abababababababababababababababababababababababababababababababab"}}`, "bookmark.trajectory: object"},
+		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r2.jsonl","sha256":"abababababababababababababababababababababababababababababababab"}}`, "bookmark.trajectory: object"},
+		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r1.jsonl","sha256":"../x"}}`, "bookmark.trajectory: sha256"},
+		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r1.jsonl","sha256":"abababababababababababababababababababababababababababababababab","bytes":-1}}`, "negative"},
 	}
 	for _, c := range bad {
 		_, err := DecodeBookmark([]byte(c.in))
@@ -44,12 +49,15 @@ func TestDecodeBookmark(t *testing.T) {
 // A clone shares nothing a caller could change under the original.
 func TestBookmarkCloneSharesNoSlice(t *testing.T) {
 	b := Bookmark{V: 1, Next: StageReturn, Rollout: "r1", Task: []byte(`{}`), State: []byte(`{"d":1}`),
-		Launches: []LaunchRecord{{ID: "r1.l1"}}, Result: &Result{Launches: []LaunchRecord{{ID: "r1.l1"}}}}
+		Launches: []LaunchRecord{{ID: "r1.l1"}}, Result: &Result{Launches: []LaunchRecord{{ID: "r1.l1"}}},
+		Trajectory: &TrajectoryRef{Object: "run/r1.jsonl"}}
+	b.Trajectory.Check.Problems = []string{"p"}
 	c := b.Clone()
 	c.Task[0], c.State[0], c.Launches[0].ID, c.Result.Launches[0].ID = 'x', 'x', "x", "x"
 	c.Result.Episode = "x"
+	c.Trajectory.Object, c.Trajectory.Check.Problems[0] = "x", "x"
 	if string(b.Task) != `{}` || string(b.State) != `{"d":1}` || b.Launches[0].ID != "r1.l1" ||
-		b.Result.Launches[0].ID != "r1.l1" || b.Result.Episode != "" {
+		b.Result.Launches[0].ID != "r1.l1" || b.Result.Episode != "" || b.Trajectory.Object != "run/r1.jsonl" || b.Trajectory.Check.Problems[0] != "p" {
 		t.Fatalf("the clone changed the original: %+v", b)
 	}
 }

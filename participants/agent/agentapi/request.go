@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // Request asks for one rollout.
@@ -49,4 +52,51 @@ type Result struct {
 	Restored bool `json:"restored,omitempty"`
 	// Launches is the launch log.
 	Launches []LaunchRecord `json:"launches"`
+	// Trajectory names the rollout's trajectory, every model call it made
+	// (docs/TRAJECTORIES.md); nil when it has none, and NoTrajectory says
+	// why (the owner runs no relay, so the harness called the model
+	// directly).
+	Trajectory   *TrajectoryRef `json:"trajectory,omitempty"`
+	NoTrajectory string         `json:"no_trajectory,omitempty"`
+}
+
+// TrajectoryRef names a rollout's trajectory in the trajectories store
+// (jetstream.BucketTrajectories): the capture file of its sandbox as it
+// was when the rollout ended.
+type TrajectoryRef struct {
+	// Object is its name in the store, <run>/<rollout>.jsonl.
+	Object string `json:"object"`
+	// SHA256 and Bytes are the file's; Calls counts its records.
+	SHA256 string `json:"sha256"`
+	Bytes  int64  `json:"bytes"`
+	Calls  int    `json:"calls"`
+	// Check is what trajectory.Check found in it.
+	Check trajectory.Report `json:"check"`
+}
+
+// clone returns a copy of t that shares no slice with it (nil for nil).
+func (t *TrajectoryRef) clone() *TrajectoryRef {
+	if t == nil {
+		return nil
+	}
+	c := *t
+	c.Check.Problems = slices.Clone(t.Check.Problems)
+	return &c
+}
+
+// validate checks t as rollout's: its object is <run>/<rollout>.jsonl, its
+// digest a sha256 in hex, its counts not negative.
+func (t *TrajectoryRef) validate(rollout string) error {
+	run, name, ok := strings.Cut(t.Object, "/")
+	var errs []error
+	if !ok || events.ValidateRun(run) != nil || name != rollout+".jsonl" {
+		errs = append(errs, fmt.Errorf("object %.80q is not <run>/%s.jsonl", t.Object, rollout))
+	}
+	if len(t.SHA256) != 64 || strings.Trim(t.SHA256, "0123456789abcdef") != "" {
+		errs = append(errs, fmt.Errorf("sha256 %.80q is not 64 hex digits", t.SHA256))
+	}
+	if t.Bytes < 0 || t.Calls < 0 {
+		errs = append(errs, fmt.Errorf("bytes %d and calls %d: negative", t.Bytes, t.Calls))
+	}
+	return errors.Join(errs...)
 }

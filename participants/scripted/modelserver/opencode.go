@@ -1,6 +1,7 @@
 package modelserver
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -154,8 +155,14 @@ func Call(id, name string, args any) ToolCall {
 	var tc ToolCall
 	tc.ID, tc.Type = id, "function"
 	tc.Function.Name = name
-	b, _ := json.Marshal(args)
-	tc.Function.Arguments = string(b)
+	// As a model writes them: `2>&1`, not the \u003e\u0026 of Go's HTML
+	// escaping, which a harness that re-encodes the arguments (OpenCode)
+	// would not send back, breaking the prompt's tokens from the reply's.
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(args)
+	tc.Function.Arguments = strings.TrimSuffix(b.String(), "\n")
 	return tc
 }
 

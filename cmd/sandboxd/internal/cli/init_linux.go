@@ -281,13 +281,21 @@ func (v *vmMembers) Join(ctx context.Context, req vmctl.Request) (string, error)
 		rctx, cancel := context.WithCancel(v.ctx)
 		if rl != nil {
 			// The relay lives as long as the Resident: every identity of
-			// the guest (a fork's too) serves calls through it.
+			// the guest (a fork's too) serves calls through it. It listens
+			// before the daemon joins, so that relay_status finds it up
+			// from the daemon's first answer.
+			ln, err := rl.Listen(rctx)
+			if err != nil {
+				cancel()
+				v.mu.Unlock()
+				return "", err
+			}
 			relayCtx, stopRelay := context.WithCancel(rctx)
 			relayDone := make(chan struct{})
 			v.stopRelay, v.relayDone = stopRelay, relayDone
 			v.wg.Go(func() {
 				defer close(relayDone)
-				if err := rl.Run(relayCtx); err != nil {
+				if err := rl.Serve(relayCtx, ln); err != nil {
 					v.log.Error().Err(err).Msg("the model relay stopped")
 				}
 			})

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd/daemon"
 	"github.com/stillpoint/stillpoint/sandboxd/relay"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // errFlags wraps a flag parse error, which the flag package has printed.
@@ -49,6 +51,10 @@ type memberOpts struct {
 	// relay).
 	relay         string
 	relayUpstream string
+	// capture is the relay's capture file ("": <state>/trajectory.jsonl;
+	// "none": no capture); captureTokens asks the upstream for token ids.
+	capture       string
+	captureTokens bool
 	// failpoints are the --failpoint flags (see parseFailpoints).
 	failpoints failpoints
 }
@@ -103,6 +109,8 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	var fps failpoints
 	fs.Func("failpoint", "inject a fault, for the end-to-end tests: identity=<launch id prefix> or relay-down[=<launch id prefix>] (repeatable)", fps.set)
 	relayUp := fs.String("relay-upstream", "", "the relay's first upstream URL, e.g. http://10.0.2.90:8080 (default: none until a relay_repoint)")
+	capture := fs.String("capture", "", "the relay's capture file of model calls (default <state>/"+trajectory.FileName+"; none: capture nothing)")
+	captureTokens := fs.Bool("capture-tokens", true, "ask the model server for token ids and logprobs (return_token_ids, logprobs) and keep them in the capture")
 	if err := fs.Parse(args); err != nil {
 		return memberOpts{}, fmt.Errorf("%w: %w", errFlags, err) // the flag package has said why
 	}
@@ -115,7 +123,7 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	}
 	return memberOpts{conn: jetstream.ConnConfig{URL: *url, CredsFile: *creds, NKeyFile: *nkey, Token: *token, Name: "sandboxd-" + *id},
 		run: *run, id: *id, state: *state, mode: mode, grace: *grace, root: *root, noCg: *noCg, lease: *lease, level: lvl,
-		relay: *relayAddr, relayUpstream: *relayUp, failpoints: fps, ordered: *ordered}, nil
+		relay: *relayAddr, relayUpstream: *relayUp, capture: *capture, captureTokens: *captureTokens, failpoints: fps, ordered: *ordered}, nil
 }
 
 // member runs the daemon on the bus: member sandbox.<id> of a run, serving
@@ -186,6 +194,15 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 2
 	}
+	// The relay listens before the daemon joins, so that relay_status
+	// finds it up from the daemon's first answer.
+	var ln net.Listener
+	if rl != nil {
+		if ln, err = rl.Listen(ctx); err != nil {
+			fmt.Fprintln(stderr, "sandboxd:", err)
+			return 2
+		}
+	}
 	cfg := daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log, NoPull: own, OrderedFeed: o.ordered,
 		Failpoints: daemon.Failpoints{IdentityPrefix: o.failpoints.identityPrefix}}
 	if rl != nil {
@@ -206,7 +223,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 	if rl != nil {
 		run = func(ctx context.Context) error {
 			g, gctx := errgroup.WithContext(ctx)
-			g.Go(func() error { return rl.Run(gctx) })
+			g.Go(func() error { return rl.Serve(gctx, ln) })
 			g.Go(func() error { return d.Run(gctx) })
 			return g.Wait()
 		}
@@ -229,7 +246,25 @@ func (o memberOpts) newRelay(log zerolog.Logger) (*relay.Relay, error) {
 		}
 		return nil, nil
 	}
-	return relay.New(relay.Config{Listen: o.relay, Upstream: o.relayUpstream, Logger: log})
+	cfg := relay.Config{Listen: o.relay, Upstream: o.relayUpstream, Logger: log}
+	if o.capture != "none" {
+		path := o.capture
+		if path == "" {
+			path = filepath.Join(o.state, trajectory.FileName)
+		} else if r := os.Getenv("STILLPOINT_SANDBOX_ROOT"); r != "" && filepath.IsAbs(path) {
+			path = filepath.Join(r, path)
+		}
+		rec, err := trajectory.OpenRecorder(path)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Capture, cfg.Tokens = rec, o.captureTokens
+	}
+	rl, err := relay.New(cfg)
+	if err != nil && cfg.Capture != nil {
+		cfg.Capture.Close()
+	}
+	return rl, err
 }
 
 // supervisorConfig is the supervisor the member flags ask for.

@@ -21,18 +21,19 @@ import (
 )
 
 type collectFlags struct {
-	run         string
-	tasks       string
-	output      string
-	dispatchLog string
-	agents      string
-	bridgeURL   string
-	tokenFile   string
-	concurrency int
-	every       time.Duration
-	keep        int
-	noProgress  bool
-	metricsAddr string
+	run          string
+	tasks        string
+	output       string
+	dispatchLog  string
+	trajectories string
+	agents       string
+	bridgeURL    string
+	tokenFile    string
+	concurrency  int
+	every        time.Duration
+	keep         int
+	noProgress   bool
+	metricsAddr  string
 }
 
 func newCollectCmd(g *globals) *cobra.Command {
@@ -65,6 +66,7 @@ recovers when it sees the agents and the owner restart under it.`,
 	fl.StringVar(&f.run, "run", env("STILLPOINT_RUN"), "run id (env STILLPOINT_RUN)")
 	fl.StringVar(&f.tasks, "tasks", "", "tasks file, JSONL (required)")
 	fl.StringVar(&f.output, "output", "", "results file, JSONL (required)")
+	fl.StringVar(&f.trajectories, "trajectories", "", "write each result's trajectory (its model calls, checked) into this directory as <rollout>.jsonl")
 	fl.StringVar(&f.dispatchLog, "dispatch-log", "", "dispatch log (default --output + \".dispatch\")")
 	fl.StringVar(&f.agents, "agents", "a1", "agent names, comma-separated")
 	fl.StringVar(&f.bridgeURL, "bridge-url", envOr("STILLPOINT_BRIDGE_URL", "http://127.0.0.1:7070"), "bridge API (env STILLPOINT_BRIDGE_URL)")
@@ -107,7 +109,7 @@ func runCollect(ctx context.Context, g *globals, f collectFlags) error {
 		progress = fd
 		log = log.Level(max(log.GetLevel(), zerolog.WarnLevel)) // the live line says the rest
 	}
-	cfg := collect.Config{Run: f.run, Tasks: tasks, Output: f.output, DispatchLog: f.dispatchLog, Agents: splitList(f.agents),
+	cfg := collect.Config{Run: f.run, Tasks: tasks, Output: f.output, DispatchLog: f.dispatchLog, Trajectories: f.trajectories, Agents: splitList(f.agents),
 		Conn: connOf(js), JS: js, Bus: bus, Controller: ctl, Concurrency: f.concurrency, CheckpointEvery: f.every, Keep: f.keep,
 		Logger: log}
 	if progress != nil {

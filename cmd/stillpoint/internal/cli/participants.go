@@ -147,6 +147,8 @@ type ownerFlags struct {
 	vmCPU         string
 	sandboxdArgs  []string
 	metricsAddr   string
+	directModel   bool
+	noTokens      bool
 }
 
 func newOwnerCmd(g *globals) *cobra.Command {
@@ -211,6 +213,8 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.IntVar(&f.pinLimit, "pin-limit", commandkind.DefaultMaxPin, "command kind: the most bytes a session's pinned files may take")
 	fl.BoolVar(&f.noCheckpoints, "no-checkpoints", false, "lend sandboxes but take no part in checkpoints (restart_only)")
 	fl.BoolVar(&f.reap, "reap", false, "stop the sandboxes an earlier owner process left in --state-dir, print their ids, and exit")
+	fl.BoolVar(&f.directModel, "direct-model", false, "run no model relay in the sandboxes: harnesses call the model directly, and no rollout has a trajectory (on microvm, none continues in place either)")
+	fl.BoolVar(&f.noTokens, "no-capture-tokens", false, "capture model calls without asking the model server for token ids and logprobs (a server that refuses return_token_ids)")
 	return cmd
 }
 
@@ -326,11 +330,21 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	if f.sandboxMode != "" {
 		args = append(args, "--mode", f.sandboxMode)
 	}
-	if f.provider == "microvm" {
+	switch {
+	case f.directModel:
+	case f.provider == "microvm":
 		// Its snapshots keep processes: the harness calls the model through
 		// the daemon's relay, which a checkpoint holds and a restore
-		// re-points (PROTOCOL §6).
+		// re-points (PROTOCOL §6), on the guest's own loopback.
 		args = append(args, "--relay", fmt.Sprintf("127.0.0.1:%d", sandboxapi.DefaultRelayPort))
+	default:
+		// Every model call goes through the sandbox's relay, which captures
+		// it (docs/TRAJECTORIES.md); these sandboxes share the host's
+		// network, so each relay takes a port of its own.
+		args = append(args, "--relay", "127.0.0.1:0")
+	}
+	if f.noTokens {
+		args = append(args, "--capture-tokens=false")
 	}
 	args = append(args, f.sandboxdArgs...)
 	sd := owner.SandboxdConfig{Binary: f.sandboxd, NATSURL: natsURL, Run: f.run, CredsFile: f.sandboxCreds, Args: args}

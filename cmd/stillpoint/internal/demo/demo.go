@@ -675,6 +675,7 @@ func (d *demo) printReadBack(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  go run ./cmd/stillpoint timeline --run %s %s\n", d.run, conn)
 	fmt.Fprintf(w, "  go run ./cmd/stillpoint inspect --run %s %s\n", d.run, conn)
+	fmt.Fprintf(w, "  go run ./cmd/stillpoint trajectory --run %s %s --format jsonl\n", d.run, conn)
 	fmt.Fprintf(w, "  nats %s sub --stream STILLPOINT --all -T --wait 5s --raw 'sp.%s.outcome.checkpoint.>'\n", natsConn, d.run)
 	fmt.Fprintf(w, "  nats %s sub --stream STILLPOINT --all -T --wait 5s -t 'sp.%s.phase.>'\n", natsConn, d.run)
 	fmt.Fprintf(w, "  nats %s sub --stream STILLPOINT --all -T --wait 5s --raw 'sp.%s.member.>'\n", natsConn, d.run)

@@ -1,0 +1,130 @@
+package agent
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"time"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
+)
+
+// TrajectoryReader is what the agent calls on a sandbox's daemon to read
+// its relay's capture file. sandboxapi.Client implements it.
+type TrajectoryReader interface {
+	Trajectory(ctx context.Context, r sandboxapi.TrajectoryRequest) (sandboxapi.TrajectoryChunk, error)
+}
+
+var _ TrajectoryReader = (*sandboxapi.Client)(nil)
+
+// MaxTrajectoryBytes bounds a capture file the agent reads: the file is
+// in the sandbox, where the workload may have made it any size.
+const MaxTrajectoryBytes = 256 << 20
+
+// TrajectoryObject is the name of a rollout's trajectory in the
+// trajectories store.
+func TrajectoryObject(run, rollout string) string { return run + "/" + rollout + ".jsonl" }
+
+// collectTrajectory reads the capture file of the rollout's sandbox (its
+// relay's: every model call of every launch of the rollout, those a
+// restore kept included) once the harness has finished, checks it, and stores it in the
+// trajectories store, which no release deletes: trajectories are results.
+// A rollout whose launches all called the model directly has none, and
+// why says so; a file the workload spoiled (it does not read) is no
+// trajectory either, and why names the fault. An error is a sandbox or a
+// bus that failed: the rollout's infrastructure, never its result.
+func (a *Agent) collectTrajectory(r *run, bm agentapi.Bookmark) (ref *agentapi.TrajectoryRef, why string, err error) {
+	captured := false
+	for _, l := range bm.Launches {
+		captured = captured || l.Captured
+	}
+	if !captured {
+		return nil, "no launch called the model through a capturing relay: the owner runs none", nil
+	}
+	for _, l := range bm.Launches {
+		if !l.Captured {
+			// Its calls are in no file: a trajectory without them would
+			// not be the rollout's.
+			return nil, fmt.Sprintf("launch %s called the model directly (its sandbox's relay was not there): its calls are not captured", l.ID), nil
+		}
+	}
+	a.mu.Lock()
+	sandbox := cmp.Or(r.sandbox, bm.Sandbox)
+	a.mu.Unlock()
+	dc, err := a.sandbox(sandbox)
+	if err != nil {
+		return nil, "", err
+	}
+	tr, ok := dc.(TrajectoryReader)
+	if !ok {
+		return nil, "the sandbox's daemon client reads no trajectory", nil
+	}
+	var data bytes.Buffer
+	size := int64(-1)
+	var capture sandboxapi.CaptureStatus
+	for off := int64(0); size < 0 || off < size; {
+		ch, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.TrajectoryChunk, error) {
+			return tr.Trajectory(ctx, sandboxapi.TrajectoryRequest{Offset: off})
+		})
+		if err != nil {
+			return nil, "", fmt.Errorf("agent: %s: reading the trajectory of sandbox %s at %d: %w", r.key, sandbox, off, err)
+		}
+		if size < 0 {
+			size, capture = ch.Size, ch.Capture
+			if size > MaxTrajectoryBytes {
+				return nil, fmt.Sprintf("the capture file is %d bytes, over the %d a trajectory may have", size, MaxTrajectoryBytes), nil
+			}
+		}
+		if ch.Offset != off || (len(ch.Data) == 0 && off < size) {
+			return nil, fmt.Sprintf("the capture file changed while it was read (%d bytes at %d of %d)", len(ch.Data), ch.Offset, size), nil
+		}
+		data.Write(ch.Data)
+		off += int64(len(ch.Data))
+	}
+	if data.Len() > int(size) {
+		data.Truncate(int(size))
+	}
+	x, err := trajectory.Read(bytes.NewReader(data.Bytes()))
+	if err != nil {
+		return nil, "the capture file does not read: " + err.Error(), nil
+	}
+	if capture.Errors > 0 {
+		r.log.Error().Str("sandbox", sandbox).Uint64("errors", capture.Errors).Str("last_error", capture.LastError).
+			Msg("the relay failed to capture some model calls: the trajectory ends before them")
+	}
+	sum := sha256.Sum256(data.Bytes())
+	rep := trajectory.Check(x.Calls())
+	ref = &agentapi.TrajectoryRef{Object: TrajectoryObject(a.cfg.Run, bm.Rollout), SHA256: hex.EncodeToString(sum[:]), Bytes: int64(data.Len()),
+		Calls: x.Len(), Check: rep}
+	meta := natsjs.ObjectMeta{Name: ref.Object, Description: "trajectory of rollout " + bm.Rollout,
+		Metadata: map[string]string{"rollout": bm.Rollout, "episode": r.key, "calls": strconv.Itoa(ref.Calls), "sha256": ref.SHA256}}
+	if _, err := a.cfg.Bus.Trajectories.Put(r.ctx, meta, bytes.NewReader(data.Bytes())); err != nil {
+		return nil, "", fmt.Errorf("agent: %s: storing the trajectory: %w", r.key, err)
+	}
+	ev := r.log.Info()
+	if !rep.OK() {
+		ev = r.log.Warn().Strs("problems", rep.Problems)
+	}
+	ev.Str("object", ref.Object).Int("calls", ref.Calls).Int64("bytes", ref.Bytes).Int("token_breaks", rep.TokenBreaks).
+		Bool("ok", rep.OK()).Msg("trajectory stored")
+	return ref, "", nil
+}
+
+// noteVerdict adds the grade to the stored trajectory's metadata, where
+// `stillpoint trajectory` reads the reward. The trajectory stands without
+// it: a failure is logged.
+func (a *Agent) noteVerdict(r *run, bm agentapi.Bookmark, ref *agentapi.TrajectoryRef, verdict []byte) {
+	meta := natsjs.ObjectMeta{Name: ref.Object, Description: "trajectory of rollout " + bm.Rollout,
+		Metadata: map[string]string{"rollout": bm.Rollout, "episode": r.key, "calls": strconv.Itoa(ref.Calls), "sha256": ref.SHA256, "verdict": string(verdict)}}
+	if err := a.cfg.Bus.Trajectories.UpdateMeta(r.ctx, ref.Object, meta); err != nil {
+		r.log.Warn().Err(err).Str("object", ref.Object).Msg("the trajectory's metadata does not name its verdict")
+	}
+}
