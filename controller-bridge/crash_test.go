@@ -83,14 +83,23 @@ func TestBridgeCrashDuringCheckpoint(t *testing.T) {
 			dying, cl := startBridgeProcess(t, env, c.failpoint)
 			cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
+			// Each phase's deadline: long enough for two members to answer
+			// on a loaded machine (ten of these run at once), so that the
+			// checkpoint reaches the failpoint; shorter where the test
+			// waits it out.
+			deadline := 10 * time.Second
+			if c.late {
+				deadline = 5 * time.Second
+			}
 			asked := time.Now()
-			if res, err := cl.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 1500}); err == nil {
+			if res, err := cl.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: deadline.Milliseconds()}); err == nil {
 				t.Fatalf("the bridge answered %+v instead of dying at %s", res, c.failpoint)
 			}
 			exited(t, dying, 30*time.Second)
 			if c.late {
-				// Acks already on the bus count after the deadline too.
-				poll.Wait(t, 10*time.Second, "the phase deadline to pass", func() bool { return time.Since(asked) > 3*time.Second })
+				// Acks already on the bus count after the deadline too:
+				// the prepare's and the commit's deadlines both passed.
+				poll.Wait(t, 3*deadline, "the phase deadlines to pass", func() bool { return time.Since(asked) > 2*deadline })
 			}
 			if c.block {
 				hs[0].Participant.Unblock(events.Episode{Rollout: "t0-r0"})
