@@ -523,10 +523,7 @@ func (a *Agent) stages(r *run) (agentapi.Result, error) {
 			// the run.
 			unanswered++
 			r.log.Warn().Err(err).Int("times", unanswered).Msg("the owner did not answer; the stage runs again from its bookmark")
-			select {
-			case <-r.ctx.Done():
-			case <-time.After(min(time.Duration(unanswered)*500*time.Millisecond, 5*time.Second)):
-			}
+			backOff(r, unanswered)
 			bm = a.bookmark(r)
 			continue
 		}
@@ -536,10 +533,7 @@ func (a *Agent) stages(r *run) (agentapi.Result, error) {
 				return agentapi.Result{}, a.lostOr(r, bm, fmt.Errorf("%w: %d tries: %w", errSandboxLost, unready, err))
 			}
 			r.log.Warn().Err(err).Int("times", unready).Msg("the sandbox's relay is not ready; the launch stage runs again from its bookmark")
-			select {
-			case <-r.ctx.Done():
-			case <-time.After(min(time.Duration(unready)*500*time.Millisecond, 5*time.Second)):
-			}
+			backOff(r, unready)
 			bm = a.bookmark(r)
 			continue
 		}
@@ -547,6 +541,15 @@ func (a *Agent) stages(r *run) (agentapi.Result, error) {
 		if err != nil {
 			return agentapi.Result{}, a.lostOr(r, bm, err)
 		}
+	}
+}
+
+// backOff waits before a stage runs again for the nth time in a row:
+// half a second more each time, at most 5 s, or until the run ends.
+func backOff(r *run, n int) {
+	select {
+	case <-r.ctx.Done():
+	case <-time.After(min(time.Duration(n)*500*time.Millisecond, 5*time.Second)):
 	}
 }
 

@@ -261,18 +261,7 @@ func TestUnreadyRelayIsWaitedFor(t *testing.T) {
 	a, _ := startAgent(t, w, newStallingOwner(t, w, ""), func(string) (Sandbox, error) { return sb, nil },
 		func(c *Config) { c.ModelURL = "http://model.invalid:1" })
 	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() {
-		_, err := a.Rollout(ctx, agentapi.Request{RolloutID: "r1", Task: task})
-		done <- err
-	}()
-	select {
-	case <-sb.waited:
-	case err := <-done:
-		t.Fatalf("the rollout ended before it launched: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the rollout never launched")
-	}
+	done := startEndlessOn(t, a, sb.endlessSandbox, ctx)
 	if n := sb.statuses.Load(); n != 3 {
 		t.Errorf("%d relay_status asks, want 3 (two down, one up)", n)
 	}
