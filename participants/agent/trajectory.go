@@ -53,7 +53,7 @@ func (a *Agent) collectTrajectory(r *run, bm agentapi.Bookmark) (ref *agentapi.T
 		if !l.Captured {
 			// Its calls are in no file: a trajectory without them would
 			// not be the rollout's.
-			return nil, fmt.Sprintf("launch %s called the model directly (its sandbox's relay was not there): its calls are not captured", l.ID), nil
+			return nil, fmt.Sprintf("launch %s called the model directly (its sandbox's daemon runs no relay): its calls are not captured", l.ID), nil
 		}
 	}
 	a.mu.Lock()
