@@ -1,15 +1,19 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
 
 // errSandboxLost ends an attempt whose sandbox is lost: its daemon's
@@ -148,4 +152,60 @@ func (b *daemonBook) goneCh(id string) <-chan struct{} {
 		b.changed[id] = ch
 	}
 	return ch
+}
+
+// lostOr returns err, as errSandboxLost when what failed the stage is the
+// sandbox itself: its daemon's heartbeat went (the stage failed on a call
+// to it: a stop, a resume decision's command), its daemon never answered
+// within DaemonWait (a fork's daemon killed before it registered), or its
+// init exited. A cancelled run keeps its cause.
+func (a *Agent) lostOr(r *run, bm agentapi.Bookmark, err error) error {
+	if errors.Is(err, errSandboxLost) || r.ctx.Err() != nil || (bm.Next != agentapi.StageLaunch && bm.Next != agentapi.StageVerify) {
+		return err
+	}
+	a.mu.Lock()
+	sandbox := cmp.Or(r.sandbox, bm.Sandbox)
+	a.mu.Unlock()
+	switch {
+	case sandbox != "" && a.daemons.isGone(sandbox):
+		return fmt.Errorf("%w: the daemon of sandbox %s is gone: %w", errSandboxLost, sandbox, err)
+	case bm.Next == agentapi.StageLaunch && errors.Is(err, nats.ErrNoResponders):
+		return fmt.Errorf("%w: the daemon of sandbox %s never answered: %w", errSandboxLost, sandbox, err)
+	case isCode(err, codeOwnerSandboxExited):
+		return fmt.Errorf("%w: %w", errSandboxLost, err)
+	case sandbox != "" && unanswered(err) && a.daemonDied(r.ctx, sandbox):
+		return fmt.Errorf("%w: the daemon of sandbox %s does not answer: %w", errSandboxLost, sandbox, err)
+	}
+	return err
+}
+
+// unanswered tells a call that failed for want of an answer: it timed out,
+// found no responder, or lost its connection. One that the daemon answered
+// with an error proves the daemon alive.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionClosed)
+}
+
+// daemonDied asks sandbox's daemon whether it is there until it answers
+// or has not for events.AliveUnanswered (ackBook.answers, within twice
+// that), and reports whether it is gone; one found gone is gone for the
+// book too. One whose ctx ends first is not found gone. A call that found no answer may be one the daemon died under,
+// and its heartbeat outlives it (a sandbox daemon's lives 2 minutes:
+// PROTOCOL §3, Liveness): the fault matrix found such a run failing as a
+// whole instead of starting over in a new sandbox.
+func (a *Agent) daemonDied(ctx context.Context, sandbox string) bool {
+	if a.daemons.isGone(sandbox) {
+		return true
+	}
+	if a.acks == nil {
+		return false
+	}
+	qctx, cancel := context.WithTimeout(ctx, 2*events.AliveUnanswered)
+	defer cancel()
+	if a.acks.answers(qctx, sandbox, events.AliveQuery{}) || ctx.Err() != nil {
+		return false // alive, or the asker gave up first: nothing learnt
+	}
+	a.daemons.set(sandbox, true)
+	return true
 }
