@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"slices"
 	"testing"
 	"time"
@@ -142,12 +141,7 @@ func readTrajectory(ctx context.Context, t *testing.T, f *fleet, ref *agentapi.T
 	if ref == nil {
 		t.Fatal("the result names no trajectory")
 	}
-	obj, err := f.env.Bus.Trajectories.Get(ctx, ref.Object)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obj.Close()
-	data, err := io.ReadAll(obj)
+	data, err := ref.Read(ctx, f.env.Bus.Trajectories)
 	if err != nil {
 		t.Fatal(err)
 	}

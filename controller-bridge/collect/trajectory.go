@@ -2,16 +2,11 @@ package collect
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
-
-	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
@@ -32,8 +27,8 @@ func (c *Collector) saveTrajectory(ctx context.Context, rollout string, ref *age
 	var data []byte
 	var err error
 	for wait := 200 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		data, err = readTrajectory(ctx, c.cfg.Bus.Trajectories, ref)
-		if err == nil || errors.Is(err, errNotItsTrajectory) || ctx.Err() != nil || wait >= 5*time.Second {
+		data, err = ref.Read(ctx, c.cfg.Bus.Trajectories)
+		if err == nil || errors.Is(err, agentapi.ErrNotItsTrajectory) || ctx.Err() != nil || wait >= 5*time.Second {
 			break
 		}
 		select {
@@ -42,33 +37,10 @@ func (c *Collector) saveTrajectory(ctx context.Context, rollout string, ref *age
 		}
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("collect: %w", err)
 	}
 	if err := os.MkdirAll(c.cfg.Trajectories, 0o755); err != nil {
 		return fmt.Errorf("collect: trajectories: %w", err)
 	}
 	return atomicfile.Write(filepath.Join(c.cfg.Trajectories, rollout+".jsonl"), data, 0o644)
-}
-
-// errNotItsTrajectory is a stored object whose bytes are not those its
-// result names: reading it again does not help.
-var errNotItsTrajectory = errors.New("collect: not the result's trajectory")
-
-// readTrajectory reads ref's object from store and checks it against ref.
-func readTrajectory(ctx context.Context, store natsjs.ObjectStore, ref *agentapi.TrajectoryRef) ([]byte, error) {
-	res, err := store.Get(ctx, ref.Object)
-	if err != nil {
-		return nil, fmt.Errorf("collect: read trajectory %s: %w", ref.Object, err)
-	}
-	defer res.Close()
-	data, err := io.ReadAll(io.LimitReader(res, ref.Bytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("collect: read trajectory %s: %w", ref.Object, err)
-	}
-	sum := sha256.Sum256(data)
-	if got := hex.EncodeToString(sum[:]); int64(len(data)) != ref.Bytes || got != ref.SHA256 {
-		return nil, fmt.Errorf("%w: %s is %d bytes of sha256 %s; its result names %d bytes of %s",
-			errNotItsTrajectory, ref.Object, len(data), got, ref.Bytes, ref.SHA256)
-	}
-	return data, nil
 }

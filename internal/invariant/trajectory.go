@@ -4,12 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 
@@ -59,7 +56,7 @@ func Trajectories(ctx context.Context, r Run) Result {
 			continue
 		}
 		n++
-		why, ncalls, nbreaks := checkTrajectory(ctx, r, ref.Object, ref.SHA256, ref.Bytes, ref.Calls, ledger)
+		why, ncalls, nbreaks := checkTrajectory(ctx, r, ref, ledger)
 		calls, breaks = calls+ncalls, breaks+nbreaks
 		if why != "" {
 			bad = append(bad, cr.RolloutID+": "+why)
@@ -90,7 +87,7 @@ func Trajectory(ctx context.Context, bus *jetstream.Bus, ref *agentapi.Trajector
 		ledger = append(ledger, m.Ledger()...)
 		r.Model = m
 	}
-	why, calls, breaks := checkTrajectory(ctx, r, ref.Object, ref.SHA256, ref.Bytes, ref.Calls, ledger)
+	why, calls, breaks := checkTrajectory(ctx, r, ref, ledger)
 	if why != "" {
 		return calls, breaks, errors.New(why)
 	}
@@ -99,21 +96,12 @@ func Trajectory(ctx context.Context, bus *jetstream.Bus, ref *agentapi.Trajector
 
 // checkTrajectory checks one stored trajectory and returns what is wrong
 // with it ("" if nothing), its calls and its token breaks.
-func checkTrajectory(ctx context.Context, r Run, object, sum string, size int64, ncalls int, ledger []modelserver.Entry) (string, int, int) {
+func checkTrajectory(ctx context.Context, r Run, ref *agentapi.TrajectoryRef, ledger []modelserver.Entry) (string, int, int) {
 	// Without a model server (r.Model nil) there is no ledger to hold the
 	// chain against; with one, an empty ledger answered nothing.
-	obj, err := r.Bus.Trajectories.Get(ctx, object)
+	data, err := ref.Read(ctx, r.Bus.Trajectories)
 	if err != nil {
-		return fmt.Sprintf("read %s: %v", object, err), 0, 0
-	}
-	data, err := io.ReadAll(obj)
-	obj.Close()
-	if err != nil {
-		return fmt.Sprintf("read %s: %v", object, err), 0, 0
-	}
-	got := sha256.Sum256(data)
-	if hex.EncodeToString(got[:]) != sum || int64(len(data)) != size {
-		return fmt.Sprintf("%s is %d bytes, sha256 %x; the result names %d bytes, sha256 %s", object, len(data), got, size, sum), 0, 0
+		return err.Error(), 0, 0
 	}
 	x, err := trajectory.Read(bytes.NewReader(data))
 	if err != nil {
@@ -121,8 +109,8 @@ func checkTrajectory(ctx context.Context, r Run, object, sum string, size int64,
 	}
 	all := x.Calls()
 	rep := trajectory.Check(all)
-	if len(all) != ncalls {
-		return fmt.Sprintf("%d calls; the result names %d", len(all), ncalls), len(all), rep.TokenBreaks
+	if len(all) != ref.Calls {
+		return fmt.Sprintf("%d calls; the result names %d", len(all), ref.Calls), len(all), rep.TokenBreaks
 	}
 	if !rep.OK() {
 		return fmt.Sprintf("%s: %v", rep, rep.Problems), len(all), rep.TokenBreaks

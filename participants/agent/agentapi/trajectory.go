@@ -1,0 +1,37 @@
+package agentapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrNotItsTrajectory is a stored trajectory whose bytes are not those its
+// result names (sha256 and size): reading it again does not help.
+var ErrNotItsTrajectory = errors.New("not the result's trajectory")
+
+// Read reads the trajectory r names from store (at most one byte more
+// than r names) and returns its bytes once they are the ones r names;
+// else ErrNotItsTrajectory, wrapped, says what it found.
+func (r *TrajectoryRef) Read(ctx context.Context, store natsjs.ObjectStore) ([]byte, error) {
+	res, err := store.Get(ctx, r.Object)
+	if err != nil {
+		return nil, fmt.Errorf("read trajectory %s: %w", r.Object, err)
+	}
+	defer res.Close()
+	data, err := io.ReadAll(io.LimitReader(res, r.Bytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read trajectory %s: %w", r.Object, err)
+	}
+	sum := sha256.Sum256(data)
+	if got := hex.EncodeToString(sum[:]); int64(len(data)) != r.Bytes || got != r.SHA256 {
+		return nil, fmt.Errorf("%w: %s is %d bytes of sha256 %s; its result names %d bytes of %s",
+			ErrNotItsTrajectory, r.Object, len(data), got, r.Bytes, r.SHA256)
+	}
+	return data, nil
+}
