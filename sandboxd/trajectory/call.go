@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"regexp"
 	"strconv"
 	"strings"
@@ -185,198 +184,22 @@ func (c *Call) number() int {
 	return n
 }
 
-// appendJSON appends c as one JSON object, as json.Marshal writes it but
-// for the HTML escapes (a reader decodes both the same): the record's
-// encoder, without reflection over its id and logprob arrays. A value
-// json.Marshal refuses (a logprob that is not finite, a raw field that is
-// not JSON, a time it cannot write) is refused too.
-func (c *Call) appendJSON(b []byte) ([]byte, error) {
-	var err error
-	str := func(key, v string, omit bool) {
-		if omit && v == "" {
-			return
-		}
-		b = append(b, ',', '"')
-		b = append(b, key...)
-		b = append(b, '"', ':')
-		b = appendString(b, v)
-	}
-	num := func(key string, v int64, omit bool) {
-		if omit && v == 0 {
-			return
-		}
-		b = append(b, ',', '"')
-		b = append(b, key...)
-		b = append(b, '"', ':')
-		b = strconv.AppendInt(b, v, 10)
-	}
-	raw := func(key string, v json.RawMessage, omit bool) {
-		if omit && len(v) == 0 {
-			return
-		}
-		b = append(b, ',', '"')
-		b = append(b, key...)
-		b = append(b, '"', ':')
-		if len(v) == 0 {
-			b = append(b, "null"...)
-			return
-		}
-		var e error
-		if b, e = appendCompact(b, v); e != nil && err == nil {
-			err = fmt.Errorf("trajectory: call %s: %s: %w", c.ID, key, e)
-		}
-	}
-	flt := func(key string, v float64) {
-		b = append(b, ',', '"')
-		b = append(b, key...)
-		b = append(b, '"', ':')
-		var e error
-		if b, e = appendFloat(b, v); e != nil && err == nil {
-			err = fmt.Errorf("trajectory: call %s: %s: %w", c.ID, key, e)
-		}
-	}
-	b = append(b, `{"v":`...)
-	b = strconv.AppendInt(b, int64(c.V), 10)
-	str("id", c.ID, false)
-	str("episode", c.Episode, false)
-	str("launch", c.Launch, false)
-	str("parent", c.Parent, true)
-	str("link", string(c.Link), false)
-	str("link_why", c.LinkWhy, true)
-	str("method", c.Method, false)
-	str("path", c.Path, false)
-	str("model", c.Model, true)
-	raw("params", c.Params, true)
-	num("keep", int64(c.Keep), false)
-	if c.Echo {
-		b = append(b, `,"echo":true`...)
-	}
-	b = append(b, `,"messages":`...)
-	if c.Messages == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '[')
-		for i, m := range c.Messages {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			var e error
-			if b, e = appendCompact(b, m); e != nil && err == nil {
-				err = fmt.Errorf("trajectory: call %s: message %d: %w", c.ID, i, e)
-			}
-		}
-		b = append(b, ']')
-	}
-	num("status", int64(c.Status), false)
-	raw("reply", c.Reply, true)
-	str("finish_reason", c.FinishReason, true)
-	raw("usage", c.Usage, true)
-	str("error", c.Error, true)
-	str("policy_version", c.PolicyVersion, true)
-	if c.Tokens {
-		b = append(b, `,"tokens":true`...)
-	}
-	num("prompt_keep", int64(c.PromptKeep), true)
-	ints := func(key string, v []int) {
-		if len(v) == 0 {
-			return
-		}
-		b = append(b, ',', '"')
-		b = append(b, key...)
-		b = append(b, '"', ':', '[')
-		for i, id := range v {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = strconv.AppendInt(b, int64(id), 10)
-		}
-		b = append(b, ']')
-	}
-	ints("prompt_ids", c.PromptIDs)
-	ints("completion_ids", c.CompletionIDs)
-	if len(c.Logprobs) > 0 {
-		b = append(b, `,"logprobs":[`...)
-		for i, lp := range c.Logprobs {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			var e error
-			if b, e = appendFloat(b, lp); e != nil && err == nil {
-				err = fmt.Errorf("trajectory: call %s: logprob %d: %w", c.ID, i, e)
-			}
-		}
-		b = append(b, ']')
-	}
-	t, e := c.Started.MarshalJSON()
-	if e != nil && err == nil {
-		err = fmt.Errorf("trajectory: call %s: started: %w", c.ID, e)
-	}
-	b = append(b, `,"started":`...)
-	b = append(b, t...)
-	flt("first_byte_ms", c.FirstByteMS)
-	flt("duration_ms", c.DurationMS)
-	if c.Generation != 0 {
-		b = append(b, `,"generation":`...)
-		b = strconv.AppendUint(b, c.Generation, 10)
-	}
-	num("resends", int64(c.Resends), true)
-	return append(b, '}'), err
-}
-
-// appendString appends s as a JSON string: as it is when it is printable
-// ASCII with nothing to escape, else as json.Marshal writes it but for
-// the HTML escapes.
-func appendString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			return append(b, marshalPlain(s)...)
-		}
-	}
-	b = append(b, '"')
-	b = append(b, s...)
-	return append(b, '"')
-}
-
-// appendCompact appends the JSON value v without its insignificant white
-// space, or fails if v is not JSON.
-func appendCompact(b []byte, v []byte) ([]byte, error) {
-	buf := bytes.NewBuffer(b)
-	if err := json.Compact(buf, v); err != nil {
-		return b, err
-	}
-	return buf.Bytes(), nil
-}
-
-// appendFloat appends f as json.Marshal writes a float64.
-func appendFloat(b []byte, f float64) ([]byte, error) {
-	if math.IsInf(f, 0) || math.IsNaN(f) {
-		return b, fmt.Errorf("unsupported value: %v", f)
-	}
-	format := byte('f')
-	if abs := math.Abs(f); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
-		format = 'e'
-	}
-	b = strconv.AppendFloat(b, f, format, -1, 64)
-	if format == 'e' {
-		// e-09 to e-9, as json.Marshal writes it.
-		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
-			b[n-2] = b[n-1]
-			b = b[:n-1]
-		}
-	}
-	return b, nil
-}
-
 // marshalPlain is json.Marshal without its HTML escapes (<, > and & as
 // \u003c and the like): a capture stores what a harness and a model wrote,
 // in their bytes, not six for one. It returns nil for what json.Marshal
 // refuses.
 func marshalPlain(v any) []byte {
+	b, _ := encodePlain(v)
+	return b
+}
+
+// encodePlain is marshalPlain with json.Marshal's error.
+func encodePlain(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	if enc.Encode(v) != nil {
-		return nil
+	if err := enc.Encode(v); err != nil {
+		return nil, err
 	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }

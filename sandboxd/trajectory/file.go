@@ -36,15 +36,11 @@ type Recorder struct {
 	written uint64
 	synced  uint64
 	closing bool
-	line    []byte     // the record being written, kept for the next (up to maxKeptLine)
 	cond    *sync.Cond // signalled when synced or err changes
 	kick    chan struct{}
 	stop    chan struct{}
 	done    chan struct{}
 }
-
-// maxKeptLine bounds the buffer a Recorder keeps between records.
-const maxKeptLine = 1 << 20
 
 // OpenRecorder opens (or creates) the capture file at path and loads its
 // calls. A last line cut short (a crash mid-append) is cut off the file;
@@ -130,14 +126,11 @@ func (r *Recorder) Record(ex Exchange) (*Call, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := c.appendJSON(r.line[:0])
+	b, err := encodePlain(c)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("trajectory: call %s: %w", c.ID, err)
 	}
 	b = append(b, '\n')
-	if cap(b) <= maxKeptLine {
-		r.line = b
-	}
 	if _, err := r.f.Write(b); err != nil {
 		r.err = fmt.Errorf("trajectory: appending %s: %w", c.ID, err)
 		return nil, r.err
