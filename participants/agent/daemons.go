@@ -187,6 +187,15 @@ func unanswered(err error) bool {
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrConnectionClosed)
 }
 
+// busUnanswered tells a write to a JetStream store that failed for want
+// of an answer (unanswered, or the stream's: no ack, an ack that timed
+// out, the write of an earlier attempt still in process): one that may be
+// made again once the bus answers.
+func busUnanswered(err error) bool {
+	return unanswered(err) || errors.Is(err, natsjs.ErrNoStreamResponse) || errors.Is(err, natsjs.ErrAsyncPublishTimeout) ||
+		jetstream.IsDuplicateInProcess(err)
+}
+
 // daemonDied asks sandbox's daemon whether it is there until it answers
 // or has not for events.AliveUnanswered (ackBook.answers, within twice
 // that), and reports whether it is gone; one found gone is gone for the

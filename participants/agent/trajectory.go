@@ -11,6 +11,7 @@ import (
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
@@ -106,7 +107,7 @@ func (a *Agent) collectTrajectory(r *run, bm agentapi.Bookmark) (ref *agentapi.T
 		Calls: x.Len(), Check: rep}
 	meta := natsjs.ObjectMeta{Name: ref.Object, Description: "trajectory of rollout " + bm.Rollout,
 		Metadata: map[string]string{"rollout": bm.Rollout, "episode": r.key, "calls": strconv.Itoa(ref.Calls), "sha256": ref.SHA256}}
-	if _, err := a.cfg.Bus.Trajectories.Put(r.ctx, meta, bytes.NewReader(data.Bytes())); err != nil {
+	if err := putTrajectory(r.ctx, r.log, a.cfg.Bus.Trajectories, meta, data.Bytes(), func(try int) { backOff(r, try) }); err != nil {
 		return nil, "", fmt.Errorf("agent: %s: storing the trajectory: %w", r.key, err)
 	}
 	ev := r.log.Info()
@@ -116,6 +117,23 @@ func (a *Agent) collectTrajectory(r *run, bm agentapi.Bookmark) (ref *agentapi.T
 	ev.Str("object", ref.Object).Int("calls", ref.Calls).Int64("bytes", ref.Bytes).Int("token_breaks", rep.TokenBreaks).
 		Bool("ok", rep.OK()).Msg("trajectory stored")
 	return ref, "", nil
+}
+
+// putTrajectory stores data as the object meta names, again after wait
+// while the bus does not answer (a server restarting, a stream between
+// leaders): a fault of the bus is never the rollout's result. A failed Put
+// purges the chunks it sent, and the next replaces whatever of it landed;
+// the sandbox holds the file meanwhile. Any other error, or ctx's end,
+// returns.
+func putTrajectory(ctx context.Context, log zerolog.Logger, store natsjs.ObjectStore, meta natsjs.ObjectMeta, data []byte, wait func(try int)) error {
+	for try := 1; ; try++ {
+		_, err := store.Put(ctx, meta, bytes.NewReader(data))
+		if err == nil || ctx.Err() != nil || !busUnanswered(err) {
+			return err
+		}
+		log.Warn().Err(err).Int("try", try).Str("object", meta.Name).Msg("the trajectories store did not answer; storing the trajectory again")
+		wait(try)
+	}
 }
 
 // noteVerdict adds the grade to the stored trajectory's metadata, where
