@@ -12,8 +12,16 @@ import (
 )
 
 // Version is the version of the capture format a Call carries (V). A
-// reader refuses any other.
-const Version = 1
+// reader takes this one and version 1 (which wrote a call's episode,
+// launch, method and path always), and refuses any other.
+const Version = 2
+
+// DefaultMethod and DefaultPath are a call's method and path where its
+// record leaves them out: a chat completion's.
+const (
+	DefaultMethod = "POST"
+	DefaultPath   = "/v1/chat/completions"
+)
 
 // Link is how a call's parent was resolved.
 type Link string
@@ -48,9 +56,10 @@ type Call struct {
 	// the harness in it, and the call's number in that launch from 1. The
 	// relay sends it upstream in the IDHeader.
 	ID string `json:"id"`
-	// Episode and Launch are the first two parts of ID.
-	Episode string `json:"episode"`
-	Launch  string `json:"launch"`
+	// Episode and Launch are the first two parts of ID; a record
+	// leaves them out (version 1 wrote them).
+	Episode string `json:"episode,omitempty"`
+	Launch  string `json:"launch,omitempty"`
 	// Parent is the ID of the call this one continues ("" for a root or
 	// an ambiguous call); Link says how it was found, LinkWhy why a root
 	// or an ambiguous call is one.
@@ -62,8 +71,10 @@ type Call struct {
 	// Params the request's other fields, without its messages (compact
 	// JSON, as the harness sent them: not the capture fields the relay
 	// added upstream).
-	Method string          `json:"method"`
-	Path   string          `json:"path"`
+	// A record leaves Method and Path out at DefaultMethod and
+	// DefaultPath.
+	Method string          `json:"method,omitempty"`
+	Path   string          `json:"path,omitempty"`
 	Model  string          `json:"model,omitempty"`
 	Params json.RawMessage `json:"params,omitempty"`
 	// The request's messages: the first Keep of the parent's, then (Echo)
@@ -145,8 +156,8 @@ func CallID(episode, launch string, n int) (string, error) {
 // on its own (the index checks its links).
 func (c *Call) check() error {
 	switch {
-	case c.V != Version:
-		return fmt.Errorf("%w: version %d (this reader knows %d)", ErrBadCall, c.V, Version)
+	case c.V != Version && c.V != 1:
+		return fmt.Errorf("%w: version %d (this reader knows 1 and %d)", ErrBadCall, c.V, Version)
 	case c.Keep < 0 || c.PromptKeep < 0:
 		return fmt.Errorf("%w: %s keeps %d messages and %d prompt ids", ErrBadCall, c.ID, c.Keep, c.PromptKeep)
 	case len(c.Logprobs) != 0 && len(c.Logprobs) != len(c.CompletionIDs):
@@ -169,6 +180,42 @@ func (c *Call) check() error {
 	}
 	if c.number() == 0 {
 		return fmt.Errorf("%w: id %q is not <episode>.<launch>.<n> of episode %q launch %q", ErrBadCall, c.ID, c.Episode, c.Launch)
+	}
+	return nil
+}
+
+// record returns the line that stores c: its episode and launch are the
+// parts of its ID, and a method and a path at their defaults are left
+// out, so that a short call's record is mostly its conversation.
+func (c *Call) record() ([]byte, error) {
+	w := *c
+	w.Episode, w.Launch = "", ""
+	if w.Method == DefaultMethod {
+		w.Method = ""
+	}
+	if w.Path == DefaultPath {
+		w.Path = ""
+	}
+	return encodePlain(&w)
+}
+
+// fill restores what a record read from a file leaves out: the episode
+// and the launch from the ID (checked against the fields a version 1
+// record wrote), the default method and path.
+func (c *Call) fill() error {
+	first, last := strings.IndexByte(c.ID, '.'), strings.LastIndexByte(c.ID, '.')
+	if first < 0 || last <= first {
+		return fmt.Errorf("%w: id %q is not <episode>.<launch>.<n>", ErrBadCall, c.ID)
+	}
+	ep, launch := c.ID[:first], c.ID[first+1:last]
+	if c.Episode == "" && c.Launch == "" {
+		c.Episode, c.Launch = ep, launch
+	}
+	if c.Method == "" {
+		c.Method = DefaultMethod
+	}
+	if c.Path == "" {
+		c.Path = DefaultPath
 	}
 	return nil
 }

@@ -126,7 +126,7 @@ func (r *Recorder) Record(ex Exchange) (*Call, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := encodePlain(c)
+	b, err := c.record()
 	if err != nil {
 		return nil, fmt.Errorf("trajectory: call %s: %w", c.ID, err)
 	}

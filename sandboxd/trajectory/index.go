@@ -464,6 +464,9 @@ func (x *Index) Next(episode, launch string) int { return x.perLaunch[episode+".
 // Load adds a record read from a capture file: it rebuilds the call whole
 // from its parent, which must be in the index already.
 func (x *Index) Load(c *Call) error {
+	if err := c.fill(); err != nil {
+		return err
+	}
 	if err := c.check(); err != nil {
 		return err
 	}

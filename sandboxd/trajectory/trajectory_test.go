@@ -351,9 +351,11 @@ func TestRecorderFile(t *testing.T) {
 		name, line, want string
 	}{
 		{"not JSON", "{oops", "record 2"},
-		{"another version", `{"v":2,"id":"e1.l1.2"}`, "version 2"},
+		{"another version", `{"v":3,"id":"e1.l1.2"}`, "version 3"},
+		{"a path-like id", `{"v":2,"id":"../x.l1.1","link":"root"}`, "episode"},
+		{"an id of one part", `{"v":2,"id":"e1","link":"root"}`, "not <episode>"},
 		{"an unknown field", `{"v":1,"id":"e1.l1.2","surprise":1}`, "surprise"},
-		{"a path-like id", `{"v":1,"id":"../x.l1.1","episode":"..","launch":"l1","link":"root"}`, "episode"},
+		{"a path-like id (version 1)", `{"v":1,"id":"../x.l1.1","episode":"..","launch":"l1","link":"root"}`, "episode"},
 		{"a parent not before it", `{"v":1,"id":"e1.l1.2","episode":"e1","launch":"l1","link":"resolved","parent":"e1.l1.9"}`, "parent e1.l1.9"},
 		{"an id not its own", `{"v":1,"id":"e1.l2.2","episode":"e1","launch":"l1","link":"root"}`, "not <episode>"},
 		{"a duplicate id", `{"v":1,"id":"e1.l1.1","episode":"e1","launch":"l1","link":"root"}`, "twice"},
@@ -362,6 +364,44 @@ func TestRecorderFile(t *testing.T) {
 		_, err := trajectory.Read(bytes.NewReader(append(slices.Clone(first), tc.line+"\n"...)))
 		if !errors.Is(err, trajectory.ErrBadCall) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want ErrBadCall naming %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// A record leaves out what its id and the defaults say (the episode, the
+// launch, POST and /v1/chat/completions), and reads back with them; a
+// version 1 record, which wrote them, still reads.
+func TestRecordLeavesOutWhatItsIDSays(t *testing.T) {
+	_, url := server(t)
+	exs, _ := conversation(t, url, false, "e1")
+	path := filepath.Join(t.TempDir(), trajectory.FileName)
+	rec, err := trajectory.OpenRecorder(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rec.Record(exs[0]); err != nil {
+		t.Fatal(err)
+	}
+	rec.Close()
+	b, _ := os.ReadFile(path)
+	for _, field := range []string{`"episode"`, `"launch"`, `"method"`, `"path"`} {
+		if bytes.Contains(b, []byte(field)) {
+			t.Errorf("the record writes %s:\n%s", field, b)
+		}
+	}
+	v1 := `{"v":1,"id":"e1.l1.x2.1","episode":"e1","launch":"l1.x2","link":"root","method":"POST","path":"/v1/completions","keep":0,"messages":[],"status":200,"started":"2026-12-06T00:00:00Z","first_byte_ms":0,"duration_ms":1}`
+	for _, tc := range []struct{ name, file string }{{"version 2", string(b)}, {"version 1", v1 + "\n"}} {
+		x, err := trajectory.Read(strings.NewReader(tc.file))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		c := x.Calls()[0].Call
+		want := [4]string{"e1", "l1", "POST", "/v1/chat/completions"}
+		if tc.name == "version 1" {
+			want = [4]string{"e1", "l1.x2", "POST", "/v1/completions"}
+		}
+		if got := [4]string{c.Episode, c.Launch, c.Method, c.Path}; got != want {
+			t.Errorf("%s reads as episode, launch, method, path %q, want %q", tc.name, got, want)
 		}
 	}
 }
