@@ -132,48 +132,65 @@ func (a *Assembler) line(l []byte) {
 }
 
 // payload is what a reply (or a stream's chunk) says that a capture keeps.
+// decodePayload reads it; the tags say what from, as json.Unmarshal would.
 type payload struct {
 	Model          string          `json:"model"`
 	PromptTokenIDs []int           `json:"prompt_token_ids"`
 	Usage          json.RawMessage `json:"usage"`
 	Error          json.RawMessage `json:"error"`
-	Choices        []struct {
-		Index        int     `json:"index"`
-		FinishReason *string `json:"finish_reason"`
-		// vLLM's completion ids; SGLang names the prompt's per choice.
-		TokenIDs       []int `json:"token_ids"`
-		PromptTokenIDs []int `json:"prompt_token_ids"`
-		Logprobs       *struct {
-			Content []struct {
-				Token   string  `json:"token"`
-				Logprob float64 `json:"logprob"`
-			} `json:"content"`
-		} `json:"logprobs"`
-		Message *delta `json:"message"`
-		Delta   *delta `json:"delta"`
-	} `json:"choices"`
+	Choices        []choice        `json:"choices"`
 }
 
+// choice is one of a payload's choices.
+type choice struct {
+	Index        int     `json:"index"`
+	FinishReason *string `json:"finish_reason"`
+	// vLLM's completion ids; SGLang names the prompt's per choice.
+	TokenIDs       []int           `json:"token_ids"`
+	PromptTokenIDs []int           `json:"prompt_token_ids"`
+	Logprobs       *choiceLogprobs `json:"logprobs"`
+	Message        *delta          `json:"message"`
+	Delta          *delta          `json:"delta"`
+}
+
+// choiceLogprobs is a choice's logprobs: one per completion token.
+type choiceLogprobs struct {
+	Content []tokenLogprob `json:"content"`
+}
+
+// tokenLogprob is one completion token's logprob.
+type tokenLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+}
+
+// delta is a choice's message, or a stream chunk's part of it.
 type delta struct {
 	Role             string          `json:"role"`
 	Content          json.RawMessage `json:"content"`
 	ReasoningContent *string         `json:"reasoning_content"`
 	Reasoning        *string         `json:"reasoning"`
-	ToolCalls        []struct {
-		Index    *int   `json:"index"`
-		ID       string `json:"id"`
-		Type     string `json:"type"`
-		Function struct {
-			Name      string `json:"name"`
-			Arguments string `json:"arguments"`
-		} `json:"function"`
-	} `json:"tool_calls"`
+	ToolCalls        []toolCallDelta `json:"tool_calls"`
+}
+
+// toolCallDelta is a message's tool call, or a stream chunk's part of one.
+type toolCallDelta struct {
+	Index    *int          `json:"index"`
+	ID       string        `json:"id"`
+	Type     string        `json:"type"`
+	Function functionDelta `json:"function"`
+}
+
+// functionDelta is a tool call's function, or a stream chunk's part of it.
+type functionDelta struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
 }
 
 // chunk takes one stream chunk (or a plain reply, whole).
 func (a *Assembler) chunk(data []byte) {
 	var p payload
-	if err := json.Unmarshal(data, &p); err != nil {
+	if err := decodePayload(data, &p); err != nil {
 		a.fail(fmt.Sprintf("a chunk that is not JSON: %v", err))
 		return
 	}
@@ -229,9 +246,8 @@ func (a *Assembler) delta(d *delta) {
 	if d.Role != "" && a.role.Len() == 0 {
 		a.role.WriteString(d.Role)
 	}
-	var s string
-	if json.Unmarshal(d.Content, &s) == nil {
-		a.content.WriteString(s)
+	if c := d.Content; len(c) > 0 && c[0] == '"' {
+		unquote(&a.content, c[1:len(c)-1]) // a string; null or another kind adds nothing
 	}
 	if d.ReasoningContent != nil {
 		a.reasoning.WriteString(*d.ReasoningContent)
