@@ -6,7 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -28,6 +27,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/freeport"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/internal/tier"
@@ -293,18 +293,16 @@ func (w *scaleWorld) startServers(tb testing.TB, scalenode, dir, logs string) st
 		w.servers = []*child.Process{child.StartForTest(tb, child.Spec{Name: "nats", Path: scalenode, LogFile: filepath.Join(logs, "nats.log"),
 			Args: append([]string{"-name", "n0", "-dir", filepath.Join(dir, "nats"), "-max-consumers", limit}, w.nodeProfile("n0")...)})}
 	case 3:
-		addrs := make([]string, 0, 6)
-		var ls []net.Listener
-		for range 6 {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				tb.Fatal(err)
-			}
-			ls = append(ls, l)
-			addrs = append(addrs, l.Addr().String())
+		// Every node's routes name the others' ports before they bind
+		// them: ports no outgoing connection can take meanwhile.
+		ps, err := freeport.Reserve("127.0.0.1", 6)
+		if err != nil {
+			tb.Fatal(err)
 		}
-		for _, l := range ls {
-			_ = l.Close()
+		tb.Cleanup(ps.Release)
+		addrs := make([]string, 6)
+		for i := range addrs {
+			addrs[i] = ps.Addr("127.0.0.1", i)
 		}
 		var routes []string
 		for i := range 3 {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
+
+	"github.com/stillpoint/stillpoint/internal/freeport"
 )
 
 // Defaults of ClusterConfig.
@@ -89,6 +90,7 @@ func (c ClusterConfig) Validate() error {
 // Cluster is a running cluster of embedded JetStream servers, named n0, n1, ...
 type Cluster struct {
 	nodes []*Server
+	ports *freeport.Ports // the route ports, held until Shutdown
 }
 
 // StartCluster starts cfg.Nodes JetStream servers that route to each other, each with a random
@@ -100,17 +102,20 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(cfg.Host, cfg.Nodes)
+	// Each node's routes name every node's route port before that node
+	// has bound it: ports below the ephemeral range, which a starting
+	// node's outgoing route connections cannot take (internal/freeport).
+	ps, err := freeport.Reserve(cfg.Host, cfg.Nodes)
 	if err != nil {
 		return nil, fmt.Errorf("embedded: cluster ports: %w", err)
 	}
-	routes := make([]string, len(ports))
-	for i, p := range ports {
-		routes[i] = "nats-route://" + net.JoinHostPort(cfg.Host, strconv.Itoa(p))
+	routes := make([]string, len(ps.List))
+	for i := range ps.List {
+		routes[i] = "nats-route://" + ps.Addr(cfg.Host, i)
 	}
 
-	c := &Cluster{}
-	for i, port := range ports {
+	c := &Cluster{ports: ps}
+	for i, port := range ps.List {
 		name := "n" + strconv.Itoa(i)
 		opts := &server.Options{
 			ServerName:    name,
@@ -219,26 +224,7 @@ func (c *Cluster) Shutdown() {
 		wg.Go(n.Shutdown)
 	}
 	wg.Wait()
-}
-
-// freePorts finds n distinct free TCP ports on host by listening on port 0 and closing. Another
-// process could take one before the server binds it; on loopback in tests that is rare, and the
-// server then fails to start with an error that names the port.
-func freePorts(host string, n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	if c.ports != nil {
+		c.ports.Release()
 	}
-	return ports, nil
 }

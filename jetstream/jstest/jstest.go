@@ -13,6 +13,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/stillpoint/stillpoint/internal/freeport"
 	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
@@ -100,14 +101,23 @@ func Start(t testing.TB, opts ...Option) *Env {
 	defer cancel()
 
 	authDir, users := roleUsers(t, o)
+	// A port below the ephemeral range, held until the test ends: Restart
+	// binds it again, and meanwhile no outgoing connection (the clients
+	// reconnecting, say) can have taken it (internal/freeport).
+	port, err := freeport.Reserve("127.0.0.1", 1)
+	if err != nil {
+		t.Fatalf("jstest: %v", err)
+	}
 	cfg := embedded.Config{
 		Dir:        t.TempDir(),
 		ServerName: "jstest",
+		Port:       port.List[0],
 		Users:      users,
 		Logger:     o.logger,
 	}
 	srv, err := embedded.Start(ctx, cfg)
 	if err != nil {
+		port.Release()
 		t.Fatalf("jstest: start server: %v", err)
 	}
 	env := &Env{Server: srv, URL: srv.ClientURL(), AuthDir: authDir, serverCfg: cfg}
@@ -117,6 +127,7 @@ func Start(t testing.TB, opts ...Option) *Env {
 		if !env.stopped {
 			env.Server.Shutdown()
 		}
+		port.Release()
 	})
 	env.setup(ctx, t, o)
 	return env

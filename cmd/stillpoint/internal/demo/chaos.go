@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -269,12 +268,11 @@ var natsReadyRE = regexp.MustCompile(`NATS ready at (\S+)`)
 func (w *chaosWorld) startNATS(ctx context.Context) error {
 	addr := w.natsAddr
 	if addr == "" {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		addrs, err := freeAddrs(1)
 		if err != nil {
 			return err
 		}
-		addr = ln.Addr().String()
-		_ = ln.Close()
+		addr = addrs[0]
 	}
 	p, err := child.Start(child.Spec{Name: "nats", Path: w.self, Args: []string{"server", "--dir", filepath.Join(w.dir, "nats"), "--listen", addr},
 		LogFile: filepath.Join(w.dir, "nats.log")})

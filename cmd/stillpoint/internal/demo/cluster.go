@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/freeport"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
@@ -106,22 +107,17 @@ type clusterNode struct {
 	proc                *child.Process
 }
 
-// freeAddrs returns n loopback addresses free now.
+// freeAddrs returns n loopback addresses free now, held for this process
+// (internal/freeport) until it exits: a node, the NATS server, the bridge
+// started again after a fault binds the same one.
 func freeAddrs(n int) ([]string, error) {
-	var out []string
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().String())
+	ps, err := freeport.Reserve("127.0.0.1", n)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = ps.Addr("127.0.0.1", i)
 	}
 	return out, nil
 }

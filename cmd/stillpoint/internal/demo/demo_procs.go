@@ -72,12 +72,11 @@ func (d *demo) instance(ctx context.Context, bus *jetstream.Bus, m events.Member
 func (d *demo) startBridge(ctx context.Context, extra ...string) (string, error) {
 	addr := d.bridgeAddr
 	if addr == "" {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		addrs, err := freeAddrs(1)
 		if err != nil {
 			return "", err
 		}
-		addr = ln.Addr().String()
-		_ = ln.Close()
+		addr = addrs[0]
 		d.bridgeAddr = addr
 	}
 	if err := d.spawn("bridge", string(embedded.RoleBridge), append([]string{"STILLPOINT_BRIDGE_TOKEN=" + d.token}, extra...),
@@ -118,12 +117,11 @@ func (d *demo) metricsAddr(name string) (string, error) {
 	if a, ok := d.metricsAddrs[name]; ok {
 		return a, nil
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addrs, err := freeAddrs(1)
 	if err != nil {
 		return "", err
 	}
-	a := ln.Addr().String()
-	_ = ln.Close()
+	a := addrs[0]
 	if d.metricsAddrs == nil {
 		d.metricsAddrs = map[string]string{}
 	}
