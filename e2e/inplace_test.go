@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -80,9 +81,10 @@ func inFlight(ms *modelserver.Server, task string) (modelserver.Entry, bool) {
 }
 
 // TestMicroVMRestoreContinuesHeldRolloutsInPlace: on the microvm provider,
-// whose snapshots keep processes, rollouts are checkpointed while each is
-// in the middle of a model call (the model server holds its replies, the
-// sandbox's relay holds the call). The agent and the owner are then killed
+// whose snapshots keep processes, rollouts are paused by four checkpoints,
+// each caught in the middle of a model call, then checkpointed a fifth
+// time the same way (the model server holds its replies, the sandbox's
+// relay holds the call). The agent and the owner are then killed
 // with SIGKILL, and a new agent and owner, with a NEW model server on a new
 // address, restore: every held launch is taken over in place (the same
 // harness pid in the fork), the call the snapshot cut reaches the new model
@@ -94,18 +96,39 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 	parallel(t, 0.75, 20*time.Second)
 	requireMicroVM(t)
 	const n = 2
-	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 1, steps: 2, provider: "microvm"})
-	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
+	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 1, steps: 6, provider: "microvm"})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
-	f.ms.Hold()
+	f.ms.HoldFrom(1)
 	lost, abandon := context.WithCancel(ctx)
 	var first []<-chan outcome
 	for i := range n {
 		first = append(first, f.dispatch(lost, i, 0))
 	}
-	poll.Wait(t, 4*time.Minute, "every rollout's first model call held by the model server", func() bool { return f.ms.Held() == n })
-	f.checkpoint(ctx, "c1")
-	bms := f.agentRecords(ctx, "c1", "a1")
+	// Four checkpoints pause every launch with a model call in flight
+	// (turns 1 to 4), each let go after its checkpoint; the fifth catches
+	// turn 5 in flight, and the crash follows it.
+	for turn := 1; turn <= 5; turn++ {
+		poll.Wait(t, 4*time.Minute, fmt.Sprintf("every rollout's call of turn %d or later held by the model server", turn), func() bool {
+			for i := range n {
+				if e, ok := inFlight(f.ms, f.tasks[i].RolloutID); !ok || e.Turn < turn {
+					return false
+				}
+			}
+			return f.ms.Held() == n
+		})
+		res := f.checkpoint(ctx, fmt.Sprintf("c%d", turn))
+		if len(res.Continued) != n {
+			t.Fatalf("c%d continued %v, want all %d rollouts", turn, res.Continued, n)
+		}
+		if turn < 5 {
+			// Let the calls go; each harness runs a tool (a second) before
+			// its next call, which the next turn's hold catches.
+			f.ms.Release()
+			f.ms.HoldFrom(turn + 1)
+		}
+	}
+	bms := f.agentRecords(ctx, "c5", "a1")
 	held := map[string]heldLaunch{}
 	for i := range n {
 		id := f.tasks[i].RolloutID
@@ -207,8 +230,8 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 			t.Fatalf("%s: launch log %+v: want the one launch, continued in place", id, o.res.Launches)
 		}
 		l := o.res.Launches[0]
-		if !o.res.Restored || l.Rebind != agentapi.RebindResumed || l.Attempt != 0 || l.Ended != agentapi.LaunchFinished || l.Pauses < 1 {
-			t.Errorf("%s: restored %v, launch %+v: want the attempt-0 launch resumed in place and finished", id, o.res.Restored, l)
+		if !o.res.Restored || l.Rebind != agentapi.RebindResumed || l.Attempt != 0 || l.Ended != agentapi.LaunchFinished || l.Pauses < 5 {
+			t.Errorf("%s: restored %v, launch %+v: want the attempt-0 launch, paused five times, resumed in place and finished", id, o.res.Restored, l)
 		}
 		if !strings.HasPrefix(l.Clock, "kept_continuous") {
 			t.Errorf("%s: clock decision %q, want kept_continuous (the pause froze, the fork's clock runs on)", id, l.Clock)
@@ -353,18 +376,39 @@ func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 	parallel(t, 0.75, 20*time.Second)
 	requireMicroVM(t)
 	const n = 2
-	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 1, steps: 2, provider: "microvm"})
-	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
+	f := startFleet(t, fleetOptions{n: n, concurrency: n, toolSeconds: 1, steps: 6, provider: "microvm"})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
-	f.ms.Hold()
+	f.ms.HoldFrom(1)
 	lost, abandon := context.WithCancel(ctx)
 	var first []<-chan outcome
 	for i := range n {
 		first = append(first, f.dispatch(lost, i, 0))
 	}
-	poll.Wait(t, 4*time.Minute, "every rollout's first model call held by the model server", func() bool { return f.ms.Held() == n })
-	f.checkpoint(ctx, "c1")
-	bms := f.agentRecords(ctx, "c1", "a1")
+	// Four checkpoints pause every launch with a model call in flight
+	// (turns 1 to 4), each let go after its checkpoint; the fifth catches
+	// turn 5 in flight, and the crash follows it.
+	for turn := 1; turn <= 5; turn++ {
+		poll.Wait(t, 4*time.Minute, fmt.Sprintf("every rollout's call of turn %d or later held by the model server", turn), func() bool {
+			for i := range n {
+				if e, ok := inFlight(f.ms, f.tasks[i].RolloutID); !ok || e.Turn < turn {
+					return false
+				}
+			}
+			return f.ms.Held() == n
+		})
+		res := f.checkpoint(ctx, fmt.Sprintf("c%d", turn))
+		if len(res.Continued) != n {
+			t.Fatalf("c%d continued %v, want all %d rollouts", turn, res.Continued, n)
+		}
+		if turn < 5 {
+			// Let the calls go; each harness runs a tool (a second) before
+			// its next call, which the next turn's hold catches.
+			f.ms.Release()
+			f.ms.HoldFrom(turn + 1)
+		}
+	}
+	bms := f.agentRecords(ctx, "c5", "a1")
 	abandoned := map[string]modelserver.Entry{}
 	for i := range n {
 		id := f.tasks[i].RolloutID

@@ -42,7 +42,7 @@ func Trajectories(ctx context.Context, r Run) Result {
 		ledger = r.Model.Ledger()
 	}
 	var bad []string
-	n, calls, breaks := 0, 0, 0
+	n, calls, breaks, resent := 0, 0, 0, 0
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<24)
 	for sc.Scan() {
@@ -56,8 +56,8 @@ func Trajectories(ctx context.Context, r Run) Result {
 			continue
 		}
 		n++
-		why, ncalls, nbreaks := checkTrajectory(ctx, r, ref, ledger)
-		calls, breaks = calls+ncalls, breaks+nbreaks
+		why, st := checkTrajectory(ctx, r, ref, ledger)
+		calls, breaks, resent = calls+st.calls, breaks+st.breaks, resent+st.resent
 		if why != "" {
 			bad = append(bad, cr.RolloutID+": "+why)
 		}
@@ -66,8 +66,8 @@ func Trajectories(ctx context.Context, r Run) Result {
 		bad = append(bad, err.Error())
 	}
 	res.OK = len(bad) == 0
-	res.Detail = fmt.Sprintf("%d trajectories, %d calls, each the surviving chain the model server answered; 0 dangling, 0 branches, 0 duplicates, 0 masked wanted; %d token breaks%s",
-		n, calls, breaks, list(bad))
+	res.Detail = fmt.Sprintf("%d trajectories, %d calls, each the surviving chain the model server answered; 0 dangling, 0 branches, 0 duplicates, 0 masked wanted; %d token breaks; %d cut by a snapshot and re-sent, each recorded once%s",
+		n, calls, breaks, resent, list(bad))
 	return res
 }
 
@@ -87,40 +87,51 @@ func Trajectory(ctx context.Context, bus *jetstream.Bus, ref *agentapi.Trajector
 		ledger = append(ledger, m.Ledger()...)
 		r.Model = m
 	}
-	why, calls, breaks := checkTrajectory(ctx, r, ref, ledger)
+	why, st := checkTrajectory(ctx, r, ref, ledger)
 	if why != "" {
-		return calls, breaks, errors.New(why)
+		return st.calls, st.breaks, errors.New(why)
 	}
-	return calls, breaks, nil
+	return st.calls, st.breaks, nil
 }
 
+// trajectoryStats is what checkTrajectory counts of one trajectory: its
+// calls, its token breaks, and its calls the relay sent again (a call a
+// snapshot cut, re-sent by the fork's relay).
+type trajectoryStats struct{ calls, breaks, resent int }
+
 // checkTrajectory checks one stored trajectory and returns what is wrong
-// with it ("" if nothing), its calls and its token breaks.
-func checkTrajectory(ctx context.Context, r Run, ref *agentapi.TrajectoryRef, ledger []modelserver.Entry) (string, int, int) {
+// with it ("" if nothing) and what it counts.
+func checkTrajectory(ctx context.Context, r Run, ref *agentapi.TrajectoryRef, ledger []modelserver.Entry) (string, trajectoryStats) {
 	// Without a model server (r.Model nil) there is no ledger to hold the
 	// chain against; with one, an empty ledger answered nothing.
 	data, err := ref.Read(ctx, r.Bus.Trajectories)
 	if err != nil {
-		return err.Error(), 0, 0
+		return err.Error(), trajectoryStats{}
 	}
 	x, err := trajectory.Read(bytes.NewReader(data))
 	if err != nil {
-		return err.Error(), 0, 0
+		return err.Error(), trajectoryStats{}
 	}
 	all := x.Calls()
 	rep := trajectory.Check(all)
+	st := trajectoryStats{calls: len(all), breaks: rep.TokenBreaks}
+	for _, c := range all {
+		if c.Resends > 0 {
+			st.resent++
+		}
+	}
 	if len(all) != ref.Calls {
-		return fmt.Sprintf("%d calls; the result names %d", len(all), ref.Calls), len(all), rep.TokenBreaks
+		return fmt.Sprintf("%d calls; the result names %d", len(all), ref.Calls), st
 	}
 	if !rep.OK() {
-		return fmt.Sprintf("%s: %v", rep, rep.Problems), len(all), rep.TokenBreaks
+		return fmt.Sprintf("%s: %v", rep, rep.Problems), st
 	}
 	seqs := trajectory.Chains(all)
 	if len(seqs) == 0 {
-		return "no chain of calls with token ids", len(all), rep.TokenBreaks
+		return "no chain of calls with token ids", st
 	}
 	if r.Model == nil {
-		return "", len(all), rep.TokenBreaks
+		return "", st
 	}
 	byID := map[string]trajectory.Whole{}
 	for _, c := range all {
@@ -129,15 +140,15 @@ func checkTrajectory(ctx context.Context, r Run, ref *agentapi.TrajectoryRef, le
 	chain := seqs[len(seqs)-1].Calls
 	want := ledgerChain(ledger, byID[chain[len(chain)-1]])
 	if len(want) != len(chain) {
-		return fmt.Sprintf("its last chain has %d calls; the model server answered %d on that chain", len(chain), len(want)), len(all), rep.TokenBreaks
+		return fmt.Sprintf("its last chain has %d calls; the model server answered %d on that chain", len(chain), len(want)), st
 	}
 	for i, id := range chain {
 		c, e := byID[id], want[i]
 		if !slices.Equal(c.AllPromptIDs, e.PromptTokenIDs) || !slices.Equal(c.CompletionIDs, e.TokenIDs) {
-			return fmt.Sprintf("call %s (%d of the chain) is not what the model server answered there", id, i+1), len(all), rep.TokenBreaks
+			return fmt.Sprintf("call %s (%d of the chain) is not what the model server answered there", id, i+1), st
 		}
 	}
-	return "", len(all), rep.TokenBreaks
+	return "", st
 }
 
 // ledgerChain returns the model server's chain that ends with the entry
