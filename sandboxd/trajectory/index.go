@@ -100,29 +100,6 @@ func NewIndex() *Index {
 // Len returns how many calls the index holds.
 func (x *Index) Len() int { return len(x.calls) }
 
-// request is a request body split: its messages and the rest.
-func splitRequest(body []byte) (model string, params json.RawMessage, msgs []json.RawMessage, err error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return "", nil, nil, fmt.Errorf("the request is not a JSON object: %w", err)
-	}
-	if m, ok := fields["messages"]; ok {
-		if err := json.Unmarshal(m, &msgs); err != nil {
-			return "", nil, nil, fmt.Errorf("the request's messages are not an array: %w", err)
-		}
-		delete(fields, "messages")
-	}
-	_ = json.Unmarshal(fields["model"], &model)
-	params = marshalPlain(fields) // keys sorted: one form for equal fields
-	for i, m := range msgs {
-		var c bytes.Buffer
-		if json.Compact(&c, m) == nil {
-			msgs[i] = c.Bytes()
-		}
-	}
-	return model, params, msgs, nil
-}
-
 // key returns a message's key: the hash of its canonical JSON (keys
 // sorted, no white space), so that two renderings of one message have
 // one key. A message is made canonical once: later ones are found by the
