@@ -14,10 +14,9 @@ import (
 )
 
 // A trajectory stored while the NATS server is down is stored once it is
-// back: the fault is the bus's, never the rollout's result (the fault
-// matrix's cluster row lost all four rollouts of a round to one "no
-// response from stream" before). The server is really stopped and started
-// again on its store; the store call waits out the stop.
+// back: the fault is the bus's, never the rollout's result. The server is
+// really stopped and started again on its store; the store call waits out
+// the stop.
 func TestTrajectoryStoredOnceTheBusIsBack(t *testing.T) {
 	env := jstest.Start(t)
 	store := env.Bus.Trajectories
