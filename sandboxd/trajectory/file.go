@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 )
 
 // FileName is the capture file's name in the daemon's state directory
@@ -22,10 +23,11 @@ const MaxRecord = 256 << 20
 // Recorder appends calls to a capture file. Record writes each record
 // before it returns, so that what a snapshot copies of the sandbox (the
 // file as any reader sees it, or a VM's memory with it) holds the call,
-// and a goroutine fsyncs it right after, a batch at a time: a harness does
-// not wait for the disk. Flush waits until every record written is
-// durable; the relay calls it when a checkpoint holds it, so a snapshot
-// never precedes the fsync of a call it holds. It keeps the file's Index.
+// and a goroutine fsyncs it soon after (within SyncDelay), a batch at a
+// time: a harness does not wait for the disk, and calls close together
+// share an fsync. Flush waits until every record written is durable, at
+// once; the relay calls it when a checkpoint holds it, so a snapshot never
+// precedes the fsync of a call it holds. It keeps the file's Index.
 // Its methods are safe for concurrent use.
 type Recorder struct {
 	mu      sync.Mutex
@@ -38,6 +40,7 @@ type Recorder struct {
 	closing bool
 	cond    *sync.Cond // signalled when synced or err changes
 	kick    chan struct{}
+	urgent  chan struct{} // a Flush waits: no delay
 	stop    chan struct{}
 	done    chan struct{}
 }
@@ -67,20 +70,41 @@ func OpenRecorder(path string) (*Recorder, error) {
 		f.Close()
 		return nil, fmt.Errorf("trajectory: %w", err)
 	}
-	r := &Recorder{path: path, f: f, x: x, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	r := &Recorder{path: path, f: f, x: x, kick: make(chan struct{}, 1), urgent: make(chan struct{}, 1), stop: make(chan struct{}),
+		done: make(chan struct{})}
 	r.cond = sync.NewCond(&r.mu)
 	go r.syncer()
 	return r, nil
 }
 
+// SyncDelay is how long the recorder waits after a record for others to
+// share its fsync, unless a Flush waits: a record is durable within it.
+const SyncDelay = 2 * time.Millisecond
+
 // syncer fsyncs what was written, a batch at a time, until Close.
 func (r *Recorder) syncer() {
 	defer close(r.done)
+	delay := time.NewTimer(SyncDelay)
+	delay.Stop()
 	for {
+		now := false
 		select {
 		case <-r.kick:
+		case <-r.urgent:
+			now = true
 		case <-r.stop:
 			return
+		}
+		if !now {
+			delay.Reset(SyncDelay)
+			select {
+			case <-delay.C:
+			case <-r.urgent:
+				delay.Stop()
+			case <-r.stop:
+				delay.Stop()
+				return // Close syncs what is left
+			}
 		}
 		r.mu.Lock()
 		target, f := r.written, r.f
@@ -147,7 +171,10 @@ func (r *Recorder) Flush() error {
 	defer r.mu.Unlock()
 	target := r.written
 	for r.synced < target && r.err == nil && r.f != nil {
-		r.kickSync()
+		select {
+		case r.urgent <- struct{}{}:
+		default:
+		}
 		r.cond.Wait()
 	}
 	return r.err

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
@@ -366,6 +367,31 @@ func TestRecorderFile(t *testing.T) {
 			t.Errorf("%s: %v, want ErrBadCall naming %q", tc.name, err, tc.want)
 		}
 	}
+}
+
+// Records are made durable by the recorder's own fsync, a batch at a time
+// within SyncDelay, and at once by Flush: what a checkpoint's hold waits
+// for.
+func TestRecorderSyncs(t *testing.T) {
+	_, url := server(t)
+	exs, _ := conversation(t, url, false, "e1")
+	rec, err := trajectory.OpenRecorder(filepath.Join(t.TempDir(), trajectory.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Close()
+	for _, ex := range exs[:2] {
+		if _, err := rec.Record(ex); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rec.Flush(); err != nil || !rec.Durable() {
+		t.Fatalf("after Flush: durable %v, %v", rec.Durable(), err)
+	}
+	if _, err := rec.Record(exs[2]); err != nil {
+		t.Fatal(err)
+	}
+	poll.Wait(t, 10*time.Second, "the last record made durable without a Flush", rec.Durable)
 }
 
 // A record leaves out what its id and the defaults say (the episode, the
