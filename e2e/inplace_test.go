@@ -80,6 +80,35 @@ func inFlight(ms *modelserver.Server, task string) (modelserver.Entry, bool) {
 	return modelserver.Entry{}, false
 }
 
+// pauseFiveTimes checkpoints the n rollouts f runs (its model server
+// holding from turn 1) five times, each with every rollout's model call in
+// flight: four checkpoints catch turns 1 to 4, each let go after it; the
+// fifth, c5, catches turn 5 and leaves it held, for the crash that
+// follows.
+func pauseFiveTimes(ctx context.Context, t *testing.T, f *fleet, n int) {
+	t.Helper()
+	for turn := 1; turn <= 5; turn++ {
+		poll.Wait(t, 4*time.Minute, fmt.Sprintf("every rollout's call of turn %d or later held by the model server", turn), func() bool {
+			for i := range n {
+				if e, ok := inFlight(f.ms, f.tasks[i].RolloutID); !ok || e.Turn < turn {
+					return false
+				}
+			}
+			return f.ms.Held() == n
+		})
+		res := f.checkpoint(ctx, fmt.Sprintf("c%d", turn))
+		if len(res.Continued) != n {
+			t.Fatalf("c%d continued %v, want all %d rollouts", turn, res.Continued, n)
+		}
+		if turn < 5 {
+			// Let the calls go; each harness runs a tool (a second) before
+			// its next call, which the next turn's hold catches.
+			f.ms.Release()
+			f.ms.HoldFrom(turn + 1)
+		}
+	}
+}
+
 // TestMicroVMRestoreContinuesHeldRolloutsInPlace: on the microvm provider,
 // whose snapshots keep processes, rollouts are paused by four checkpoints,
 // each caught in the middle of a model call, then checkpointed a fifth
@@ -105,29 +134,7 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 	for i := range n {
 		first = append(first, f.dispatch(lost, i, 0))
 	}
-	// Four checkpoints pause every launch with a model call in flight
-	// (turns 1 to 4), each let go after its checkpoint; the fifth catches
-	// turn 5 in flight, and the crash follows it.
-	for turn := 1; turn <= 5; turn++ {
-		poll.Wait(t, 4*time.Minute, fmt.Sprintf("every rollout's call of turn %d or later held by the model server", turn), func() bool {
-			for i := range n {
-				if e, ok := inFlight(f.ms, f.tasks[i].RolloutID); !ok || e.Turn < turn {
-					return false
-				}
-			}
-			return f.ms.Held() == n
-		})
-		res := f.checkpoint(ctx, fmt.Sprintf("c%d", turn))
-		if len(res.Continued) != n {
-			t.Fatalf("c%d continued %v, want all %d rollouts", turn, res.Continued, n)
-		}
-		if turn < 5 {
-			// Let the calls go; each harness runs a tool (a second) before
-			// its next call, which the next turn's hold catches.
-			f.ms.Release()
-			f.ms.HoldFrom(turn + 1)
-		}
-	}
+	pauseFiveTimes(ctx, t, f, n)
 	bms := f.agentRecords(ctx, "c5", "a1")
 	held := map[string]heldLaunch{}
 	for i := range n {
@@ -385,29 +392,7 @@ func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 	for i := range n {
 		first = append(first, f.dispatch(lost, i, 0))
 	}
-	// Four checkpoints pause every launch with a model call in flight
-	// (turns 1 to 4), each let go after its checkpoint; the fifth catches
-	// turn 5 in flight, and the crash follows it.
-	for turn := 1; turn <= 5; turn++ {
-		poll.Wait(t, 4*time.Minute, fmt.Sprintf("every rollout's call of turn %d or later held by the model server", turn), func() bool {
-			for i := range n {
-				if e, ok := inFlight(f.ms, f.tasks[i].RolloutID); !ok || e.Turn < turn {
-					return false
-				}
-			}
-			return f.ms.Held() == n
-		})
-		res := f.checkpoint(ctx, fmt.Sprintf("c%d", turn))
-		if len(res.Continued) != n {
-			t.Fatalf("c%d continued %v, want all %d rollouts", turn, res.Continued, n)
-		}
-		if turn < 5 {
-			// Let the calls go; each harness runs a tool (a second) before
-			// its next call, which the next turn's hold catches.
-			f.ms.Release()
-			f.ms.HoldFrom(turn + 1)
-		}
-	}
+	pauseFiveTimes(ctx, t, f, n)
 	bms := f.agentRecords(ctx, "c5", "a1")
 	abandoned := map[string]modelserver.Entry{}
 	for i := range n {
