@@ -12,9 +12,10 @@ import (
 )
 
 // Version is the version of the capture format a Call carries (V). A
-// reader takes this one and version 1 (which wrote a call's episode,
-// launch, method and path always), and refuses any other.
-const Version = 2
+// reader takes this one and the earlier ones, and refuses any other:
+// version 1 wrote a call's episode, launch, method and path always,
+// version 2 its parent, token flag and usage always.
+const Version = 3
 
 // DefaultMethod and DefaultPath are a call's method and path where its
 // record leaves them out: a chat completion's.
@@ -156,8 +157,8 @@ func CallID(episode, launch string, n int) (string, error) {
 // on its own (the index checks its links).
 func (c *Call) check() error {
 	switch {
-	case c.V != Version && c.V != 1:
-		return fmt.Errorf("%w: version %d (this reader knows 1 and %d)", ErrBadCall, c.V, Version)
+	case c.V < 1 || c.V > Version:
+		return fmt.Errorf("%w: version %d (this reader knows 1 to %d)", ErrBadCall, c.V, Version)
 	case c.Keep < 0 || c.PromptKeep < 0:
 		return fmt.Errorf("%w: %s keeps %d messages and %d prompt ids", ErrBadCall, c.ID, c.Keep, c.PromptKeep)
 	case len(c.Logprobs) != 0 && len(c.Logprobs) != len(c.CompletionIDs):
@@ -184,11 +185,15 @@ func (c *Call) check() error {
 	return nil
 }
 
-// record returns the line that stores c: its episode and launch are the
-// parts of its ID, and a method and a path at their defaults are left
-// out, so that a short call's record is mostly its conversation.
+// record returns the line that stores c, without what a reader can tell
+// from the rest of it (fill puts it back), so that a short call's record
+// is mostly its conversation: its episode and launch (the parts of its
+// ID); a method and a path at their defaults; its parent where that is
+// the call before it in its launch; the token flag where it carries
+// token ids; the usage where it only counts those ids.
 func (c *Call) record() ([]byte, error) {
 	w := *c
+	w.V = Version
 	w.Episode, w.Launch = "", ""
 	if w.Method == DefaultMethod {
 		w.Method = ""
@@ -196,12 +201,25 @@ func (c *Call) record() ([]byte, error) {
 	if w.Path == DefaultPath {
 		w.Path = ""
 	}
+	if w.Parent != "" && w.Parent == c.previous() {
+		w.Parent = ""
+	}
+	if w.Tokens && w.carriesTokens() {
+		w.Tokens = false
+		switch {
+		case w.Usage == nil:
+			w.Usage = json.RawMessage("null") // none: the reader must not make one up
+		case sameUsage(w.Usage, c.countedUsage()):
+			w.Usage = nil
+		}
+	}
 	return encodePlain(&w)
 }
 
-// fill restores what a record read from a file leaves out: the episode
-// and the launch from the ID (checked against the fields a version 1
-// record wrote), the default method and path.
+// fill restores what a record read from a file leaves out (record): the
+// episode and the launch from the ID (checked against the fields a
+// version 1 record wrote), the default method and path, and from
+// version 3 the parent, the token flag and the usage.
 func (c *Call) fill() error {
 	first, last := strings.IndexByte(c.ID, '.'), strings.LastIndexByte(c.ID, '.')
 	if first < 0 || last <= first {
@@ -217,7 +235,66 @@ func (c *Call) fill() error {
 	if c.Path == "" {
 		c.Path = DefaultPath
 	}
+	if c.V < 3 {
+		return nil
+	}
+	if c.Parent == "" && (c.Link == LinkResolved || c.Link == LinkTokenBreak) {
+		c.Parent = c.previous() // "" for a first call: check refuses it
+	}
+	if c.carriesTokens() {
+		c.Tokens = true
+		switch {
+		case string(c.Usage) == "null":
+			c.Usage = nil
+		case c.Usage == nil:
+			c.Usage = c.countedUsage()
+		}
+	}
 	return nil
+}
+
+// previous returns the ID of the call before c in its launch, "" for the
+// first or an ID that is no call's.
+func (c *Call) previous() string {
+	i := strings.LastIndexByte(c.ID, '.')
+	n, err := strconv.Atoi(c.ID[i+1:])
+	if i < 0 || err != nil || n < 2 {
+		return ""
+	}
+	return c.ID[:i+1] + strconv.Itoa(n-1)
+}
+
+// carriesTokens reports whether c holds token ids: every call the
+// upstream gave them for does, as its prompt has one at least.
+func (c *Call) carriesTokens() bool {
+	return c.PromptKeep > 0 || len(c.PromptIDs) > 0 || len(c.CompletionIDs) > 0
+}
+
+// usage is the part of an upstream's usage a record can leave out.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// countedUsage returns the usage that counts c's token ids and nothing
+// else, as a reader restores one a record left out.
+func (c *Call) countedUsage() json.RawMessage {
+	p, n := c.PromptKeep+len(c.PromptIDs), len(c.CompletionIDs)
+	return marshalPlain(usage{PromptTokens: p, CompletionTokens: n, TotalTokens: p + n})
+}
+
+// sameUsage reports whether the upstream's usage u says exactly what
+// counted does, with no other field, in whatever order.
+func sameUsage(u, counted json.RawMessage) bool {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(u, &fields) != nil || len(fields) != 3 {
+		return false
+	}
+	var a, b usage
+	dec := json.NewDecoder(bytes.NewReader(u))
+	dec.DisallowUnknownFields()
+	return dec.Decode(&a) == nil && json.Unmarshal(counted, &b) == nil && a == b
 }
 
 // number returns n of the call's id, <episode>.<launch>.<n>, or 0 when

@@ -352,7 +352,9 @@ func TestRecorderFile(t *testing.T) {
 		name, line, want string
 	}{
 		{"not JSON", "{oops", "record 2"},
-		{"another version", `{"v":3,"id":"e1.l1.2"}`, "version 3"},
+		{"another version", `{"v":4,"id":"e1.l1.2"}`, "version 4"},
+		{"a first call that continues the call before it", `{"v":3,"id":"e1.l2.1","link":"resolved"}`, "without a parent"},
+		{"a parent left out before version 3", `{"v":2,"id":"e1.l1.2","link":"resolved"}`, "without a parent"},
 		{"a path-like id", `{"v":2,"id":"../x.l1.1","link":"root"}`, "episode"},
 		{"an id of one part", `{"v":2,"id":"e1","link":"root"}`, "not <episode>"},
 		{"an unknown field", `{"v":1,"id":"e1.l1.2","surprise":1}`, "surprise"},
@@ -395,8 +397,8 @@ func TestRecorderSyncs(t *testing.T) {
 }
 
 // A record leaves out what its id and the defaults say (the episode, the
-// launch, POST and /v1/chat/completions), and reads back with them; a
-// version 1 record, which wrote them, still reads.
+// launch, POST and /v1/chat/completions), and reads back with them;
+// records of versions 1 and 2, which wrote them, still read.
 func TestRecordLeavesOutWhatItsIDSays(t *testing.T) {
 	_, url := server(t)
 	exs, _ := conversation(t, url, false, "e1")
@@ -416,7 +418,7 @@ func TestRecordLeavesOutWhatItsIDSays(t *testing.T) {
 		}
 	}
 	v1 := `{"v":1,"id":"e1.l1.x2.1","episode":"e1","launch":"l1.x2","link":"root","method":"POST","path":"/v1/completions","keep":0,"messages":[],"status":200,"started":"2026-12-06T00:00:00Z","first_byte_ms":0,"duration_ms":1}`
-	for _, tc := range []struct{ name, file string }{{"version 2", string(b)}, {"version 1", v1 + "\n"}} {
+	for _, tc := range []struct{ name, file string }{{"version 3", string(b)}, {"version 1", v1 + "\n"}} {
 		x, err := trajectory.Read(strings.NewReader(tc.file))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
@@ -429,6 +431,17 @@ func TestRecordLeavesOutWhatItsIDSays(t *testing.T) {
 		if got := [4]string{c.Episode, c.Launch, c.Method, c.Path}; got != want {
 			t.Errorf("%s reads as episode, launch, method, path %q, want %q", tc.name, got, want)
 		}
+	}
+	// Version 2 wrote a parent, the token flag and a usage always.
+	v2 := `{"v":2,"id":"e1.l1.1","link":"root","keep":0,"messages":[],"status":200,"tokens":true,"prompt_ids":[1,2],"completion_ids":[3],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3},"started":"2026-12-06T00:00:00Z","first_byte_ms":0,"duration_ms":1}
+{"v":2,"id":"e1.l1.2","parent":"e1.l1.1","link":"resolved","keep":0,"messages":[],"status":200,"tokens":true,"prompt_keep":3,"prompt_ids":[4],"completion_ids":[5],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5},"started":"2026-12-06T00:00:00Z","first_byte_ms":0,"duration_ms":1}
+`
+	x, err := trajectory.Read(strings.NewReader(v2))
+	if err != nil {
+		t.Fatalf("version 2: %v", err)
+	}
+	if c := x.Calls()[1].Call; c.Parent != "e1.l1.1" || !c.Tokens || string(c.Usage) != `{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}` {
+		t.Errorf("version 2 reads as parent %q, tokens %v, usage %s", c.Parent, c.Tokens, c.Usage)
 	}
 }
 
