@@ -214,7 +214,7 @@ func (m *MicroVM) imageOf(ctx context.Context, kind, dir string, size int64) (st
 	if _, err := os.Stat(img); err == nil {
 		return img, nil
 	}
-	if err := microvm.Ext4Image(ctx, m.assets.MkfsExt4, dir, img, "sp-"+kind, size); err != nil {
+	if err := microvm.Ext4Image(ctx, m.assets.MkfsExt4, dir, img, "sp-"+kind, sum, size); err != nil {
 		return "", err
 	}
 	return img, nil

@@ -33,8 +33,22 @@ type template struct {
 }
 
 // template returns the warm template of the images, booting it once.
+//
+// Its key names each image by its file (inode and modification time) as
+// well as its path: a booted guest holds the file system's state in its
+// RAM, and a template must never be started over other bytes than those it
+// booted on. An image is fixed once built (microvm.Ext4Image); a cache an
+// older build replaced an image in simply gets a new template.
 func (m *MicroVM) template(ctx context.Context, base, harness, mount string) (*template, error) {
-	parts := []string{m.initrdKey, m.assets.Kernel, base, harness, m.accel, fmt.Sprint(m.cfg.MemMiB)}
+	bid, err := fileIdentity(base)
+	if err != nil {
+		return nil, err
+	}
+	hid, err := fileIdentity(harness)
+	if err != nil {
+		return nil, err
+	}
+	parts := []string{m.initrdKey, m.assets.Kernel, base, bid, harness, hid, m.accel, fmt.Sprint(m.cfg.MemMiB)}
 	if mount != "" {
 		parts = append(parts, "mount "+mount) // the guest's command line differs
 	}
@@ -78,6 +92,16 @@ func (m *MicroVM) template(ctx context.Context, base, harness, mount string) (*t
 	m.log.Info().Str("template", key).Dur("took", time.Since(t0)).Str("accel", m.accel).Msg("microvm: warm template booted and saved")
 	t.ok = true
 	return t, nil
+}
+
+// fileIdentity names the file at p as it is now: its inode and its
+// modification time, which another file put at p would not share.
+func fileIdentity(p string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return "", fmt.Errorf("image %s: %w", p, err)
+	}
+	return fmt.Sprintf("dev %d ino %d mtime %d.%09d", st.Dev, st.Ino, st.Mtim.Sec, st.Mtim.Nsec), nil
 }
 
 // lockFile takes an exclusive flock on p (made if missing), so that

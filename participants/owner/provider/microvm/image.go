@@ -2,7 +2,10 @@ package microvm
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,19 +13,44 @@ import (
 )
 
 // Ext4Image builds a raw ext4 image of size bytes at dst whose root holds
-// dir's tree (mkfs.ext4 -d), owned by root, labelled label. The image is
-// written under a temporary name and renamed, so dst is whole or absent.
-func Ext4Image(ctx context.Context, mkfs, dir, dst, label string, size int64) error {
-	tmp := fmt.Sprintf("%s/.tmp-%d-%s", filepath.Dir(dst), os.Getpid(), filepath.Base(dst))
-	_ = os.Remove(tmp)
-	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4", "-L", label, "-d", dir,
-		"-E", "root_owner=0:0", "-O", "^has_journal", "-m", "0", tmp, strconv.FormatInt(size/1024, 10)+"k")
-	cmd.Env = append(os.Environ(), "E2FSPROGS_FAKE_TIME=1") // the same tree gives the same image
+// dir's tree (mkfs.ext4 -d), owned by root, labelled label. id names the
+// tree's content (a hash of it): the file system's UUID and directory hash
+// seed derive from it, so that the same tree and id give the same bytes.
+//
+// The image is built under a temporary name and then linked at dst,
+// never renamed over it: dst is whole or absent, and once there it never
+// changes. A guest that booted on an image (a warm template) holds the
+// file system's state in its RAM, checksums seeded from the UUID among it;
+// another process that built the same image at the same time must not
+// put different bytes under it. When dst is there already, the one built
+// here is dropped.
+func Ext4Image(ctx context.Context, mkfs, dir, dst, label, id string, size int64) error {
+	f, err := os.CreateTemp(filepath.Dir(dst), ".tmp-"+filepath.Base(dst)+"-")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	f.Close()
+	defer os.Remove(tmp)
+	uuid := contentUUID(id + "\x00" + label)
+	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4", "-L", label, "-d", dir, "-U", uuid,
+		"-E", "root_owner=0:0,hash_seed="+uuid, "-O", "^has_journal", "-m", "0", tmp, strconv.FormatInt(size/1024, 10)+"k")
+	cmd.Env = append(os.Environ(), "E2FSPROGS_FAKE_TIME=1") // no clock in the image either
 	if out, err := cmd.CombinedOutput(); err != nil {
-		_ = os.Remove(tmp)
 		return fmt.Errorf("mkfs.ext4 -d %s: %w: %s", dir, err, out)
 	}
-	return os.Rename(tmp, dst)
+	if err := os.Link(tmp, dst); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return nil
+}
+
+// contentUUID returns a UUID (version 4's layout) made from the hash of s.
+func contentUUID(s string) string {
+	h := sha256.Sum256([]byte(s))
+	h[6] = h[6]&0x0f | 0x40
+	h[8] = h[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16])
 }
 
 // Overlay creates a qcow2 image at dst whose backing file is base (format
