@@ -68,6 +68,9 @@ func (b *Bridge) Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest
 			}
 		}
 		if v.Manifest == nil {
+			if v.Previous, err = b.previous(ctx); err != nil {
+				return nil, err
+			}
 			var infos []events.MemberInfo
 			if v.Members, infos, err = b.liveMembers(ctx, st.epoch, false); err != nil {
 				return nil, err
@@ -165,6 +168,11 @@ func (b *Bridge) Restore(ctx context.Context, req bridgeapi.RestoreRequest) (*br
 		}
 		if source != "" {
 			if v.Manifest, _, err = b.manifest(ctx, source); err != nil {
+				return nil, err
+			}
+		}
+		if v.Manifest != nil {
+			if v.Sources, err = b.carrySources(ctx, v.Manifest); err != nil {
 				return nil, err
 			}
 		}

@@ -69,7 +69,15 @@ func (b *Bridge) replay(ctx context.Context, st runState) (*machine.Machine, err
 	if err != nil {
 		return nil, err
 	}
-	fin, err := b.drive(ctx, m, machine.Recover{History: hist})
+	var prev *events.CheckpointManifest
+	switch hist[0].Event.Phase() {
+	case events.PhasePrepare, events.PhaseRenew, events.PhaseCommit:
+		// A commit left open builds its manifest from LATEST's.
+		if prev, err = b.previous(ctx); err != nil {
+			return nil, err
+		}
+	}
+	fin, err := b.drive(ctx, m, machine.Recover{History: hist, Previous: prev})
 	return m, firstErr(err, fin.Err)
 }
 

@@ -98,6 +98,41 @@ func (b *Bridge) manifest(ctx context.Context, id string) (*events.CheckpointMan
 	return &m, e.Revision(), nil
 }
 
+// previous returns LATEST's manifest, its members loaded: what a new
+// checkpoint carries forward from (nil before the first commit). A LATEST
+// a failed release marked is restored no more: nothing is carried from it.
+func (b *Bridge) previous(ctx context.Context) (*events.CheckpointManifest, error) {
+	l, _, err := b.latest(ctx)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	m, _, err := b.manifest(ctx, l.CheckpointID)
+	if err != nil {
+		return nil, err
+	}
+	if m == nil || m.Aborted || m.Released != nil {
+		return nil, nil
+	}
+	return m, nil
+}
+
+// carrySources reads the manifests man carries episodes from, by id (nil
+// for one that is gone).
+func (b *Bridge) carrySources(ctx context.Context, man *events.CheckpointManifest) (map[string]*events.CheckpointManifest, error) {
+	out := map[string]*events.CheckpointManifest{}
+	for _, c := range man.Carried {
+		if _, ok := out[c.From]; ok {
+			continue
+		}
+		src, _, err := b.manifest(ctx, c.From)
+		if err != nil {
+			return nil, err
+		}
+		out[c.From] = src
+	}
+	return out, nil
+}
+
 // streamMaxAge returns the stream's MaxAge when age is the only limit on
 // what it keeps, 0 when messages or bytes are limited too (old messages
 // may go before their age).

@@ -65,6 +65,10 @@ type CheckpointCommitted struct {
 	// those that will restart from their input.
 	Continued []string `json:"continued"`
 	Restarted []string `json:"restarted,omitempty"`
+	// Carried and Retired are as in the manifest: the episodes held
+	// through an older checkpoint, and those the controller left out.
+	Carried []Carry  `json:"carried,omitempty"`
+	Retired []string `json:"retired,omitempty"`
 	// Members are the members whose manifests the checkpoint names.
 	Members []Member `json:"members"`
 	// PrepareMS and CommitMS time the two phases.
@@ -160,7 +164,16 @@ func (CheckpointCommitted) Type() Type { return TypeCheckpointCommitted }
 // Validate implements Data.
 func (o CheckpointCommitted) Validate() error {
 	errs := []error{o.validate(), validateKeys("data.continued", o.Continued), validateKeys("data.restarted", o.Restarted),
-		validateExports("data.exports", o.Exports)}
+		validateKeys("data.retired", o.Retired), validateExports("data.exports", o.Exports)}
+	if len(o.Carried) > MaxListLen {
+		errs = append(errs, fieldErr("data.carried", ErrTooLarge, "%d entries, limit %d", len(o.Carried), MaxListLen))
+	}
+	for i, c := range o.Carried {
+		if err := c.Validate(); err != nil {
+			errs = append(errs, prefixField(fmt.Sprintf("data.carried[%d].", i), err))
+			break
+		}
+	}
 	if o.ExportsCut < 0 {
 		errs = append(errs, fieldErr("data.exports_cut", ErrInvalid, "negative"))
 	}

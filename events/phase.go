@@ -297,6 +297,34 @@ type Restore struct {
 	// member with no ack there has no manifest, and reads no member list.
 	// False: a member without an ack reads the list.
 	SourceAcks bool `json:"source_acks,omitempty"`
+	// Carried are the episodes of Scope whose records come from an older
+	// checkpoint than Source (the source carried them, §5): a member
+	// installs each of them from that checkpoint's records alone.
+	Carried []CarriedSource `json:"carried,omitempty"`
+}
+
+// CarriedSource is one older checkpoint a restore reads carried episodes
+// from.
+type CarriedSource struct {
+	// Source, SourceCommitSeq and SourceAcks are as in Restore, for this
+	// checkpoint.
+	Source          string `json:"source_checkpoint_id"`
+	SourceCommitSeq uint64 `json:"source_commit_seq,omitempty"`
+	SourceAcks      bool   `json:"source_acks,omitempty"`
+	// Episodes are the episodes (of the restore's Scope) read from it.
+	Episodes []Episode `json:"episodes"`
+}
+
+// CarriedFrom returns the carried source each carried episode is read
+// from.
+func (p Restore) CarriedFrom() map[Episode]string {
+	out := map[Episode]string{}
+	for _, c := range p.Carried {
+		for _, e := range c.Episodes {
+			out[e] = c.Source
+		}
+	}
+	return out
 }
 
 // Phase implements PhaseEvent.
@@ -313,6 +341,36 @@ func (p Restore) Validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, validateEpisodes("data.scope", p.Scope))
+	if len(p.Carried) > MaxListLen {
+		errs = append(errs, fieldErr("data.carried", ErrTooLarge, "%d entries, limit %d", len(p.Carried), MaxListLen))
+		return errors.Join(errs...)
+	}
+	inScope := make(map[Episode]bool, len(p.Scope))
+	for _, e := range p.Scope {
+		inScope[e] = true
+	}
+	seen := map[Episode]bool{}
+	for i, c := range p.Carried {
+		f := fmt.Sprintf("data.carried[%d]", i)
+		if err := ValidateToken(f+".source_checkpoint_id", c.Source); err != nil {
+			errs = append(errs, err)
+		} else if c.Source == p.Source {
+			errs = append(errs, fieldErr(f+".source_checkpoint_id", ErrInvalid, "is the restore's own source"))
+		}
+		if err := validateEpisodes(f+".episodes", c.Episodes); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		for _, e := range c.Episodes {
+			if !inScope[e] {
+				return errors.Join(append(errs, fieldErr(f+".episodes", ErrInvalid, "%s is not in the scope", e))...)
+			}
+			if seen[e] {
+				return errors.Join(append(errs, fieldErr(f+".episodes", ErrInvalid, "%s is carried twice", e))...)
+			}
+			seen[e] = true
+		}
+	}
 	return errors.Join(errs...)
 }
 

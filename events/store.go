@@ -110,6 +110,18 @@ type CheckpointManifest struct {
 	// those that restart from their input.
 	Continued []string `json:"continued,omitempty"`
 	Restarted []string `json:"restarted,omitempty"`
+	// Carried are the episodes the checkpoint holds through an older one
+	// (PROTOCOL §5, Progress only moves forward): unfinished at the
+	// checkpoint before, and not every member that held them committed
+	// this one, so all of each comes from the newest checkpoint that held
+	// it whole. Continued does not list them.
+	Carried []Carry `json:"carried,omitempty"`
+	// Retired are the episodes the checkpoint before held, whose members
+	// did not all commit this one, and that the controller's list left
+	// out: it has their result or gave them up. Every other episode the
+	// checkpoint before held is in Continued or Carried, or ended on
+	// members that committed this one (§7).
+	Retired []string `json:"retired,omitempty"`
 	// Members holds every member's manifest. In schema 1 they are stored
 	// here, inline. In schema 2 the KV value never holds them (Stored
 	// drops them): they are in the object MemberList names, and a reader
@@ -134,6 +146,57 @@ type CheckpointManifest struct {
 	// keep and that failed: members may have deleted external state
 	// (snapshots) the checkpoint names, so it is restored no more.
 	Released *ReleaseMark `json:"released,omitempty"`
+}
+
+// Carry is a set of episodes a checkpoint carries from an older one, all
+// held there by the same members.
+type Carry struct {
+	// From is the checkpoint whose records hold the episodes, all of
+	// them: never one that carried them itself.
+	From string `json:"from"`
+	// FromCommitSeq is From's commit phase sequence.
+	FromCommitSeq uint64 `json:"from_commit_seq"`
+	// Episodes are the carried episode ids, sorted.
+	Episodes []string `json:"episodes"`
+	// Members are the members whose records in From hold each of them,
+	// sorted: a restore needs a fresh member of each name.
+	Members []Member `json:"members"`
+}
+
+// Validate checks the carry.
+func (c Carry) Validate() error {
+	errs := []error{ValidateCheckpointID(c.From), validateKeys("episodes", c.Episodes)}
+	if len(c.Episodes) == 0 {
+		errs = append(errs, fieldErr("episodes", ErrInvalid, "empty"))
+	}
+	if len(c.Members) > MaxMembers {
+		errs = append(errs, fieldErr("members", ErrTooLarge, "%d members, limit %d", len(c.Members), MaxMembers))
+	}
+	for i, m := range c.Members {
+		if err := validateMember(fmt.Sprintf("members[%d]", i), string(m)); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// CarriedEpisodes returns every episode of the carries, sorted.
+func CarriedEpisodes(cs []Carry) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Episodes...)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Held returns every episode the checkpoint holds: continued or carried,
+// sorted.
+func (c CheckpointManifest) Held() []string {
+	out := append(slices.Clone(c.Continued), CarriedEpisodes(c.Carried)...)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // ReleaseMark says which failed release left a checkpoint, and what is
@@ -190,7 +253,21 @@ func (c CheckpointManifest) Validate() error {
 		errs = append(errs, fieldErr("checkpoint.schema", ErrUnknownVersion, "%d, this build reads %d and %d", c.Schema, CheckpointSchemaInline, CheckpointSchema))
 	}
 	errs = append(errs, prefixField("checkpoint.", errors.Join(ValidateRun(c.Run), ValidateCheckpointID(c.CheckpointID))))
-	errs = append(errs, validateKeys("checkpoint.continued", c.Continued), validateKeys("checkpoint.restarted", c.Restarted))
+	errs = append(errs, validateKeys("checkpoint.continued", c.Continued), validateKeys("checkpoint.restarted", c.Restarted),
+		validateKeys("checkpoint.retired", c.Retired))
+	if len(c.Carried) > MaxListLen {
+		errs = append(errs, fieldErr("checkpoint.carried", ErrTooLarge, "%d entries, limit %d", len(c.Carried), MaxListLen))
+	}
+	for i, cr := range c.Carried {
+		if err := cr.Validate(); err != nil {
+			errs = append(errs, prefixField(fmt.Sprintf("checkpoint.carried[%d].", i), err))
+			break
+		}
+		if cr.From == c.CheckpointID {
+			errs = append(errs, fieldErr(fmt.Sprintf("checkpoint.carried[%d].from", i), ErrInvalid, "names the checkpoint itself"))
+			break
+		}
+	}
 	for i, m := range c.Members {
 		if err := m.Validate(); err != nil {
 			errs = append(errs, prefixField(fmt.Sprintf("checkpoint.members[%d].", i), err))

@@ -15,6 +15,14 @@ type CheckpointRequest struct {
 	// Episodes are the controller's episodes; those no member reports as a
 	// restart continue. Empty means every episode the members hold.
 	Episodes []string `json:"episodes,omitempty"`
+	// Unfinished, when not nil, are the controller's unfinished episodes
+	// (dispatched, no result yet). An episode the last checkpoint held
+	// whose members are gone is carried forward (PROTOCOL §5, Progress
+	// only moves forward) if it is among them, and named retired if not:
+	// the controller has its result, or gave it up. Nil: the controller
+	// does not say, and every such episode is carried. omitzero, not
+	// omitempty: an empty list says "none", a missing one says nothing.
+	Unfinished []string `json:"unfinished,omitzero"`
 	// Stop parks (kills) the exported work once the checkpoint is durable,
 	// and does not resume the fleet.
 	Stop bool `json:"stop,omitempty"`
@@ -39,6 +47,15 @@ func (r CheckpointRequest) Validate() error {
 	for i, e := range r.Episodes {
 		if _, err := events.ParseEpisode(e); err != nil {
 			errs = append(errs, fmt.Errorf("episodes[%d]: %w", i, err))
+			break
+		}
+	}
+	if len(r.Unfinished) > events.MaxListLen {
+		errs = append(errs, fmt.Errorf("unfinished: %d entries, limit %d", len(r.Unfinished), events.MaxListLen))
+	}
+	for i, e := range r.Unfinished {
+		if _, err := events.ParseEpisode(e); err != nil {
+			errs = append(errs, fmt.Errorf("unfinished[%d]: %w", i, err))
 			break
 		}
 	}

@@ -76,6 +76,8 @@ func TestWire(t *testing.T) {
 		{bridgeapi.ReleaseRequest{KeepLatest: 1}, `{"keep_latest":1}`},
 		{bridgeapi.RestoreRequest{Source: "c1"}, `{"source_checkpoint_id":"c1"}`},
 		{bridgeapi.CheckpointRequest{ID: "c1", Hold: true}, `{"checkpoint_id":"c1","hold":true}`},
+		// An empty list says the controller has nothing unfinished; nil says nothing.
+		{bridgeapi.CheckpointRequest{ID: "c1", Unfinished: []string{}}, `{"checkpoint_id":"c1","unfinished":[]}`},
 	} {
 		b, err := json.Marshal(c.v)
 		if err != nil || string(b) != c.want {

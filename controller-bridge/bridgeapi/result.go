@@ -39,6 +39,9 @@ type CheckpointResult struct {
 	// those that restart from their input.
 	Continued []string `json:"continued,omitempty"`
 	Restarted []string `json:"restarted,omitempty"`
+	// Carried and Retired are as in the manifest (events.CheckpointManifest).
+	Carried []events.Carry `json:"carried,omitempty"`
+	Retired []string       `json:"retired,omitempty"`
 	// Members are the members that took part.
 	Members []events.Member `json:"members"`
 	// PrepareMS and CommitMS time the two phases.
@@ -54,7 +57,7 @@ type CheckpointResult struct {
 // what its manifest names, or failed with the abort marker's reason.
 func ResultOf(m *events.CheckpointManifest) *CheckpointResult {
 	r := &CheckpointResult{Run: m.Run, CheckpointID: m.CheckpointID, Epoch: m.Epoch, Continued: m.Continued,
-		Restarted: m.Restarted, PrepareMS: m.PrepareMS, CommitMS: m.CommitMS, Stop: m.Stop}
+		Restarted: m.Restarted, Carried: m.Carried, Retired: m.Retired, PrepareMS: m.PrepareMS, CommitMS: m.CommitMS, Stop: m.Stop}
 	if m.Aborted {
 		r.Status = StatusFailed
 		r.Failure = &Failure{Reason: m.Reason}

@@ -183,7 +183,11 @@ type CheckpointStat struct {
 	PrepareMS int64  `json:"prepare_ms"`
 	CommitMS  int64  `json:"commit_ms"`
 	Continued int    `json:"continued"`
-	Reason    string `json:"reason,omitempty"`
+	// Carried counts the episodes it holds through an older checkpoint
+	// (their members were gone), Retired those it names retired.
+	Carried int    `json:"carried,omitempty"`
+	Retired int    `json:"retired,omitempty"`
+	Reason  string `json:"reason,omitempty"`
 	// Began is when the collector asked for it.
 	Began time.Time `json:"began"`
 }

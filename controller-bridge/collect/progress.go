@@ -123,6 +123,9 @@ func WriteSummary(w io.Writer, s Summary) {
 	fmt.Fprintln(tw, "checkpoint\tstatus\tprepare ms\tcommit ms\tcontinued\tnote")
 	for _, c := range s.Checkpoints {
 		note := c.Reason
+		if c.Carried+c.Retired > 0 {
+			note = strings.TrimSpace(fmt.Sprintf("%d carried, %d retired %s", c.Carried, c.Retired, note))
+		}
 		if c.Stop {
 			note = "stop " + note
 		}

@@ -283,6 +283,19 @@ func (c *Collector) continueRestored(ctx context.Context, m *events.CheckpointMa
 			}
 		}
 	}
+	// A carried episode continues on the agent of the name that held it.
+	for _, cr := range m.Carried {
+		for _, mem := range cr.Members {
+			if mem.Kind() != events.KindAgent {
+				continue
+			}
+			for _, k := range cr.Episodes {
+				if ep, err := events.ParseEpisode(k); err == nil {
+					c.route[ep.Rollout] = mem.Name()
+				}
+			}
+		}
+	}
 	c.queue = nil
 	for _, t := range c.cfg.Tasks {
 		id := t.RolloutID

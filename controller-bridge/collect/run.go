@@ -399,13 +399,14 @@ func (c *Collector) checkpoint(ctx context.Context, stop bool) *bridgeapi.Checkp
 	c.redraw()
 	began := time.Now()
 	id := c.nextCheckpointID(began)
-	res, lost, err := c.askCheckpoint(ctx, bridgeapi.CheckpointRequest{ID: id, Stop: stop})
+	res, lost, err := c.askCheckpoint(ctx, bridgeapi.CheckpointRequest{ID: id, Stop: stop, Unfinished: c.unfinished()})
 	st := CheckpointStat{ID: id, Stop: stop, Began: began}
 	switch {
 	case err != nil:
 		st.Status, st.Reason = bridgeapi.StatusFailed, err.Error()
 	default:
 		st.ID, st.Status, st.PrepareMS, st.CommitMS, st.Continued = res.CheckpointID, res.Status, res.PrepareMS, res.CommitMS, len(res.Continued)
+		st.Carried, st.Retired = len(events.CarriedEpisodes(res.Carried)), len(res.Retired)
 		if res.Failure != nil {
 			st.Reason = res.Failure.Reason
 		}
@@ -428,7 +429,7 @@ func (c *Collector) checkpoint(ctx context.Context, stop bool) *bridgeapi.Checkp
 		ev = c.log.Warn().Str("reason", st.Reason)
 	}
 	ev.Str("checkpoint", st.ID).Str("status", st.Status).Bool("stop", stop).Int64("prepare_ms", st.PrepareMS).
-		Int64("commit_ms", st.CommitMS).Int("continued", st.Continued).Msg("checkpoint")
+		Int64("commit_ms", st.CommitMS).Int("continued", st.Continued).Int("carried", st.Carried).Int("retired", st.Retired).Msg("checkpoint")
 	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		return res
 	}
@@ -441,6 +442,22 @@ func (c *Collector) checkpoint(ctx context.Context, stop bool) *bridgeapi.Checkp
 		}
 	}
 	return res
+}
+
+// unfinished returns every attempt dispatched and not written, sorted: a
+// checkpoint carries forward those of them whose members are gone, and
+// names the rest of such episodes retired (bridgeapi.CheckpointRequest).
+func (c *Collector) unfinished() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := []string{}
+	for id := range c.sentTo {
+		if _, done := c.done[id]; !done {
+			out = append(out, events.Episode{Rollout: id, Attempt: c.attempt[id]}.String())
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // stop takes a checkpoint with stop and, once it committed, returns

@@ -36,7 +36,7 @@ func (m *Machine) askCheckpoint(now time.Time, in CheckpointAsked) ([]Effect, er
 	}
 	m.view(v)
 	timeout := m.timeout(req.TimeoutMS)
-	m.op = &operation{kind: opCheckpoint, id: req.ID, req: req, timeout: timeout, started: now, instances: v.Instances}
+	m.op = &operation{kind: opCheckpoint, id: req.ID, req: req, timeout: timeout, started: now, instances: v.Instances, prev: v.Previous}
 	return m.publish(events.Prepare{PhaseHeader: m.header(now, req.ID, m.epoch, v.Members, timeout)}), nil
 }
 
@@ -110,7 +110,18 @@ func (m *Machine) commitGathered(now time.Time, t *Tally, v Verdict) ([]Effect, 
 	if o.prepare != nil {
 		prepSeq = o.prepare.Seq
 	}
-	man, list, err := buildManifest(m.cfg.Run, now, *c, t, restartsOf(o.prepTally), prepSeq, o.prepMS, o.commitMS)
+	var unfinished map[string]bool
+	if o.req.Unfinished != nil {
+		unfinished = map[string]bool{}
+		for _, k := range o.req.Unfinished {
+			unfinished[k] = true
+		}
+	}
+	prev := o.prev
+	if prev != nil && prev.CheckpointID == c.CheckpointID {
+		prev = nil // LATEST is this checkpoint already: nothing to build
+	}
+	man, list, err := buildManifest(m.cfg.Run, now, *c, t, restartsOf(o.prepTally), prepSeq, o.prepMS, o.commitMS, prev, unfinished)
 	if err != nil {
 		effs, aerr := m.abort(now, c.PhaseHeader, bridgeapi.Failure{Phase: events.PhaseCommit, Reason: err.Error()})
 		return append([]Effect{Note{Level: LevelWarn, Msg: "member manifests do not verify; aborting: " + err.Error()}}, effs...), aerr
@@ -195,7 +206,7 @@ func (m *Machine) latestMoved(now time.Time, in LatestMoved) ([]Effect, error) {
 // known), as many exports as fit under the payload limit.
 func committedOutcome(run string, man events.CheckpointManifest, members []events.Member, instances map[events.Member]string) events.CheckpointCommitted {
 	out := events.CheckpointCommitted{OutcomeHeader: events.OutcomeHeader{Run: run, CheckpointID: man.CheckpointID, Epoch: man.Epoch},
-		Continued: man.Continued, Restarted: man.Restarted, Members: members, PrepareMS: man.PrepareMS, CommitMS: man.CommitMS, Stop: man.Stop,
+		Continued: man.Continued, Restarted: man.Restarted, Carried: man.Carried, Retired: man.Retired, Members: members, PrepareMS: man.PrepareMS, CommitMS: man.CommitMS, Stop: man.Stop,
 		Created: man.Created, PrepareSeq: man.PrepareSeq, CommitSeq: man.CommitSeq}
 	if out.Members == nil {
 		out.Members = []events.Member{}

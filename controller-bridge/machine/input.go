@@ -37,6 +37,12 @@ type View struct {
 	Manifest *events.CheckpointManifest
 	// Latest is LATEST (a restore without a source).
 	Latest *events.Latest
+	// Previous is LATEST's manifest, its members loaded (a new
+	// checkpoint: what it carries forward); nil before the first commit.
+	Previous *events.CheckpointManifest
+	// Sources are the manifests a restore's source carries episodes
+	// from, by id (nil: not found), members loaded.
+	Sources map[string]*events.CheckpointManifest
 	// Checkpoints are every checkpoint key of the run, oldest first (a
 	// release).
 	Checkpoints []events.CheckpointManifest
@@ -108,7 +114,13 @@ type ReleaseAsked struct {
 // forget or release) to the run's last phase. The machine answers with
 // the reads it needs (ReadManifest, ReadOutcome); once it asks for none,
 // Open describes the operation and Replayed carries on with what remains.
-type Recover struct{ History []PhasePublished }
+//
+// Previous is LATEST's manifest, members loaded, when the operation is a
+// checkpoint: what its commit carries forward (View.Previous).
+type Recover struct {
+	History  []PhasePublished
+	Previous *events.CheckpointManifest
+}
 
 // Replayed says the replay is complete: the machine carries on with what
 // remains of the operation, or finds nothing open and goes idle.

@@ -28,8 +28,11 @@ func newCheckpointID(now time.Time) string {
 // name that member in this run and checkpoint. It returns the list's
 // bytes; the manifest names them (MemberList) and holds the members in
 // memory.
+//
+// The episodes of prev, the checkpoint before, whose members are not all
+// here are carried forward or retired (carryForward).
 func buildManifest(run string, now time.Time, c events.Commit, t *Tally, restarts []string,
-	prepSeq uint64, prepMS, commitMS int64) (events.CheckpointManifest, []byte, error) {
+	prepSeq uint64, prepMS, commitMS int64, prev *events.CheckpointManifest, unfinished map[string]bool) (events.CheckpointManifest, []byte, error) {
 	m := events.CheckpointManifest{Schema: events.CheckpointSchema, Run: run, CheckpointID: c.CheckpointID, Epoch: c.Epoch,
 		Created: now.UTC(), Restarted: restarts, PrepareSeq: prepSeq, CommitSeq: c.Seq, PrepareMS: prepMS, CommitMS: commitMS, Stop: c.Stop}
 	restarted := map[string]bool{}
@@ -63,6 +66,7 @@ func buildManifest(run string, now time.Time, c events.Commit, t *Tally, restart
 	}
 	sort.Strings(m.Continued)
 	m.Committed = t.Members()
+	carryForward(&m, prev, m.Committed, unfinished)
 	list, ref, err := events.EncodeMemberList(run, c.CheckpointID, m.Committed, m.Members)
 	if err != nil {
 		return m, nil, err

@@ -49,6 +49,9 @@ type operation struct {
 	prepMS      int64
 	commitStart time.Time
 	commitMS    int64
+	// prev is the committed checkpoint before this one (LATEST when it
+	// was asked), which the commit carries forward from.
+	prev *events.CheckpointManifest
 	// instances are the members' process instances the ask's view held.
 	instances map[events.Member]string
 	// prepAt is when the prepare was published, as a replay read it.

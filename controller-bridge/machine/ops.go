@@ -213,6 +213,19 @@ func keepSet(all []events.CheckpointManifest, req bridgeapi.ReleaseRequest) ([]s
 	for i := len(order) - 1; i >= 0 && i >= len(order)-req.KeepLatest; i-- {
 		keep[order[i]] = true
 	}
+	// A kept checkpoint restores what it carries from older ones: they
+	// stay while one that is kept names them (PROTOCOL §5, Progress only
+	// moves forward).
+	for _, c := range all {
+		if !keep[c.CheckpointID] {
+			continue
+		}
+		for _, cr := range c.Carried {
+			if committed[cr.From] {
+				keep[cr.From] = true
+			}
+		}
+	}
 	out := make([]string, 0, len(keep))
 	for k := range keep {
 		out = append(out, k)

@@ -18,7 +18,7 @@ func (m *Machine) recover(in Recover) ([]Effect, error) {
 	if len(in.History) == 0 {
 		return nil, fmt.Errorf("%w: Recover with no history", ErrUnexpected)
 	}
-	o := &operation{replayed: true, outcomes: map[events.Type]events.Data{}}
+	o := &operation{replayed: true, outcomes: map[events.Type]events.Data{}, prev: in.Previous}
 	for i, p := range in.History {
 		if _, ok := p.Event.Header().Expected(); !ok {
 			return nil, fmt.Errorf("%w: the history's %s seq %d names a roster not read", ErrUnexpected, p.Event.Phase(), p.Event.Header().Seq)

@@ -2,6 +2,7 @@ package machine
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -48,6 +49,35 @@ func (m *Machine) askRestore(now time.Time, in RestoreAsked) ([]Effect, error) {
 			missing = append(missing, string(mm.Member))
 		}
 	}
+	// What the source carries is restored from where it is held, whole,
+	// into fresh members of the names that hold it there.
+	var carried []events.CarriedSource
+	for _, cr := range man.Carried {
+		src := v.Sources[cr.From]
+		switch {
+		case src == nil || src.Aborted || src.CheckpointID != cr.From:
+			return nil, fmt.Errorf("%w: checkpoint %s carries %d episodes from %s, which is not a committed checkpoint",
+				bridgeapi.ErrNotFound, source, len(cr.Episodes), cr.From)
+		case src.Released != nil:
+			return nil, fmt.Errorf("%w: checkpoint %s carries %d episodes from %s: %s",
+				bridgeapi.ErrReleased, source, len(cr.Episodes), cr.From, describeMark(*src.Released))
+		}
+		for _, mem := range cr.Members {
+			if !fresh[mem] && !slices.Contains(missing, string(mem)) {
+				missing = append(missing, string(mem))
+			}
+		}
+		i := slices.IndexFunc(carried, func(c events.CarriedSource) bool { return c.Source == cr.From })
+		if i < 0 {
+			i = len(carried)
+			carried = append(carried, events.CarriedSource{Source: cr.From, SourceCommitSeq: src.CommitSeq,
+				SourceAcks: acksKept(now, src, v.StreamMaxAge, m.timeout(req.TimeoutMS))})
+		}
+		for _, k := range cr.Episodes {
+			e, _ := events.ParseEpisode(k)
+			carried[i].Episodes = append(carried[i].Episodes, e)
+		}
+	}
 	if len(missing) > 0 {
 		sort.Strings(missing)
 		return nil, fmt.Errorf("%w: checkpoint %s has records of %v, and no fresh member of those names is alive",
@@ -62,13 +92,14 @@ func (m *Machine) askRestore(now time.Time, in RestoreAsked) ([]Effect, error) {
 	if id == "" {
 		id = "restore-e" + strconv.FormatUint(epoch, 10)
 	}
-	scope := make([]events.Episode, 0, len(man.Continued))
-	for _, k := range man.Continued {
+	held := man.Held()
+	scope := make([]events.Episode, 0, len(held))
+	for _, k := range held {
 		e, _ := events.ParseEpisode(k)
 		scope = append(scope, e)
 	}
 	r := events.Restore{PhaseHeader: m.header(now, id, epoch, v.Members, m.timeout(req.TimeoutMS)), Source: source, Scope: scope,
-		SourceCommitSeq: man.CommitSeq, SourceAcks: acksKept(now, man, v.StreamMaxAge, m.timeout(req.TimeoutMS))}
+		SourceCommitSeq: man.CommitSeq, SourceAcks: acksKept(now, man, v.StreamMaxAge, m.timeout(req.TimeoutMS)), Carried: carried}
 	m.op = &operation{kind: opRestore, id: id, restore: &r,
 		rres: &bridgeapi.RestoreResult{Run: m.cfg.Run, RestoreID: id, Source: source, Epoch: epoch, Members: v.Members}}
 	return m.publish(r), nil

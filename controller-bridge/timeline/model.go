@@ -181,9 +181,12 @@ type Outcome struct {
 	Errors []events.MemberError `json:"errors,omitempty"`
 	// Source is a restore's source checkpoint.
 	Source string `json:"source_checkpoint_id,omitempty"`
-	// Continued and Restarted count a committed checkpoint's episodes;
-	// Restored a restore's; Keep and Deleted are a release's.
+	// Continued, Carried, Retired and Restarted count a committed
+	// checkpoint's episodes; Restored a restore's; Keep and Deleted are a
+	// release's.
 	Continued int      `json:"continued,omitempty"`
+	Carried   int      `json:"carried,omitempty"`
+	Retired   int      `json:"retired,omitempty"`
 	Restarted int      `json:"restarted,omitempty"`
 	Restored  int      `json:"restored,omitempty"`
 	Keep      []string `json:"keep,omitempty"`
@@ -670,6 +673,7 @@ func outcomeOf(e Event) (*Outcome, string) {
 	switch v := e.Data.(type) {
 	case events.CheckpointCommitted:
 		h, o.Status, o.Continued, o.Restarted = v.OutcomeHeader, StatusCommitted, len(v.Continued), len(v.Restarted)
+		o.Carried, o.Retired = len(events.CarriedEpisodes(v.Carried)), len(v.Retired)
 		o.Stop = v.Stop
 	case events.CheckpointFailed:
 		h, o.Status, o.Phase, o.Reason, o.Errors = v.OutcomeHeader, StatusFailed, v.Phase, v.Reason, v.Errors

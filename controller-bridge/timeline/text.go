@@ -144,6 +144,9 @@ func OutcomeLine(o Outcome) string {
 	switch o.Type {
 	case events.TypeCheckpointCommitted:
 		fmt.Fprintf(&b, ": %d continued, %d restarted", o.Continued, o.Restarted)
+		if o.Carried+o.Retired > 0 {
+			fmt.Fprintf(&b, ", %d carried, %d retired", o.Carried, o.Retired)
+		}
 		if o.Stop {
 			b.WriteString(", stop")
 		}

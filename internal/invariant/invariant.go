@@ -241,6 +241,9 @@ func Check(ctx context.Context, r Run) []Result {
 
 	// 8. Every result's trajectory is its surviving chain.
 	out = append(out, Trajectories(ctx, r))
+
+	// 9. No committed checkpoint loses a rollout the one before held.
+	out = append(out, progress(tl, committed, r.Manifests, r.Results))
 	return out
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +36,9 @@ type Manifests struct {
 	// before they were verified: their members deleted their side, and
 	// the bridge may have died deleting its own; none restores.
 	marked []string
+	// read are the manifests verified, members loaded: what invariant 9
+	// compares, each committed checkpoint with the one before.
+	read map[string]events.CheckpointManifest
 }
 
 // OnCommit reads back the checkpoint manifest of run's checkpoint id (and,
@@ -70,6 +74,37 @@ func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id st
 		}
 		n++
 	}
+	// What it carries must be restorable too: each source committed, not
+	// released, and holding every carried episode in the records of each
+	// member the carry names (read and verified above, when the source
+	// was verified at its own commit).
+	for _, cr := range m.Carried {
+		src, err := readManifest(ctx, bus, run, cr.From)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("%s: carries %d episodes from %s: %v", id, len(cr.Episodes), cr.From, err))
+			continue
+		}
+		if src.Released != nil {
+			bad = append(bad, fmt.Sprintf("%s: carries %d episodes from %s, which a release marked", id, len(cr.Episodes), cr.From))
+			continue
+		}
+		for _, mem := range cr.Members {
+			i := slices.IndexFunc(src.Members, func(mm events.MemberManifest) bool { return mm.Member == mem })
+			if i < 0 {
+				bad = append(bad, fmt.Sprintf("%s: carries from %s records of %s, which has none there", id, cr.From, mem))
+				continue
+			}
+			for _, k := range cr.Episodes {
+				if !slices.Contains(src.Members[i].Episodes, k) {
+					bad = append(bad, fmt.Sprintf("%s: carries %s from %s, where %s does not hold it", id, k, cr.From, mem))
+				}
+			}
+		}
+	}
+	if v.read == nil {
+		v.read = map[string]events.CheckpointManifest{}
+	}
+	v.read[id] = m
 	// A release that began after the manifest was read marks it before
 	// it deletes a thing: records it deleted under the read are no
 	// violation, and the manifest read again says so.
@@ -196,6 +231,14 @@ func (v *Manifests) released() []string {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return append([]string(nil), v.marked...)
+}
+
+// manifest returns checkpoint id's manifest as verified at its commit.
+func (v *Manifests) manifest(id string) (events.CheckpointManifest, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	m, ok := v.read[id]
+	return m, ok
 }
 
 // seen reports whether checkpoint id was verified.

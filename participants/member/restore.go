@@ -15,9 +15,15 @@ func (m *Member) installRestore(ctx context.Context, e InstallRestore) {
 	fail := func(code string, err error) {
 		m.post(ctx, RestoreFinished{Op: e.Op, Err: &events.AckError{Code: code, Detail: err.Error()}})
 	}
+	// An episode the source carries (PROTOCOL §5, Progress only moves
+	// forward) comes from the one checkpoint that holds it whole: its
+	// records in the source, if any, are left out.
+	carried := r.CarriedFrom()
 	scope := map[events.Episode]bool{}
 	for _, ep := range r.Scope {
-		scope[ep] = true
+		if _, ok := carried[ep]; !ok {
+			scope[ep] = true
+		}
 	}
 	keep := func(rec events.Record) bool {
 		ep, err := events.ParseEpisode(rec.Key)
@@ -35,14 +41,37 @@ func (m *Member) installRestore(ctx context.Context, e InstallRestore) {
 	// Its own commit ack of the source's commit is its manifest; the
 	// member list when the stream no longer has it (FindManifest).
 	_, records, err := readRecords(ctx, m.cfg.Bus, m.cfg.Run, r.Source, m.cfg.Member, r.SourceCommitSeq, r.SourceAcks, keep)
+	if errors.Is(err, ErrNoManifest) {
+		m.log.Info().Str("checkpoint", r.CheckpointID).Str("source", r.Source).Msg("no records of this member in the source checkpoint")
+		err = nil
+	}
+	for _, c := range r.Carried {
+		if err != nil || ctx.Err() != nil {
+			break
+		}
+		in := map[events.Episode]bool{}
+		for _, ep := range c.Episodes {
+			in[ep] = true
+		}
+		var more []events.Record
+		_, more, err = readRecords(ctx, m.cfg.Bus, m.cfg.Run, c.Source, m.cfg.Member, c.SourceCommitSeq, c.SourceAcks, func(rec events.Record) bool {
+			ep, err := events.ParseEpisode(rec.Key)
+			return err == nil && in[ep]
+		})
+		switch {
+		case errors.Is(err, ErrNoManifest):
+			err = nil // the member held none of them there
+		case err == nil:
+			m.log.Info().Str("checkpoint", r.CheckpointID).Str("carried_from", c.Source).Int("records", len(more)).Msg("records of carried episodes")
+			records = append(records, more...)
+		default:
+			err = fmt.Errorf("carried from %s: %w", c.Source, err)
+		}
+	}
 	if ctx.Err() != nil {
 		return
 	}
 	switch {
-	case errors.Is(err, ErrNoManifest):
-		m.log.Info().Str("checkpoint", r.CheckpointID).Str("source", r.Source).Msg("no records of this member in the source checkpoint; nothing to restore")
-		m.post(ctx, RestoreFinished{Op: e.Op})
-		return
 	case errors.Is(err, ErrCorruptRecords):
 		fail(CodeCorruptRecords, err)
 		return

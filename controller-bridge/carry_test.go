@@ -1,0 +1,107 @@
+package bridge_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
+)
+
+// TestDeadMembersRolloutsAreCarried: PROTOCOL §5, Progress only moves
+// forward. A member that is gone does not block the next checkpoint, and
+// its rollouts are not dropped: the checkpoint carries them from the last
+// one that held them, a release keeps that one, and a restore of the new
+// checkpoint continues them from it, into a fresh member of the name.
+func TestDeadMembersRolloutsAreCarried(t *testing.T) {
+	env := jstest.Start(t)
+	old := fleet(t, env, 2, 2)
+	b := startBridge(t, env, bridge.Config{})
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	_ = old[1].Stop() // agent.t1 is gone, holding t1-r0 and t1-r1
+
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c2 without agent.t1: %+v %v", res, err)
+	}
+	want := []events.Carry{{From: "c1", FromCommitSeq: manifestOf(t, env, "c1").CommitSeq, Episodes: []string{"t1-r0", "t1-r1"},
+		Members: []events.Member{"agent.t1"}}}
+	if !slices.EqualFunc(res.Carried, want, carryEqual) || !slices.Equal(res.Continued, []string{"t0-r0", "t0-r1"}) {
+		t.Fatalf("c2 continues %v and carries %+v, want t0's and %+v", res.Continued, res.Carried, want)
+	}
+	if m := manifestOf(t, env, "c2"); !slices.EqualFunc(m.Carried, want, carryEqual) {
+		t.Fatalf("c2's manifest carries %+v, want %+v", m.Carried, want)
+	}
+	// A checkpoint after it carries the same, from c1, not from c2.
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c3"}); err != nil || !slices.EqualFunc(res.Carried, want, carryEqual) {
+		t.Fatalf("c3: %+v %v, want it to carry %+v", res, err, want)
+	}
+
+	// Keeping the newest keeps c1, which it carries from; c2 goes.
+	rel, err := b.Release(ctx(t), bridgeapi.ReleaseRequest{KeepLatest: 1})
+	if err != nil || rel.Status != bridgeapi.StatusCompleted || !slices.Equal(rel.Keep, []string{"c1", "c3"}) {
+		t.Fatalf("release: %+v %v, want c1 and c3 kept", rel, err)
+	}
+	if _, err := env.Bus.Manifests.Get(ctx(t), events.ManifestKey(run, "c2")); !errors.Is(err, natsjs.ErrKeyNotFound) {
+		t.Fatalf("c2 after the release: %v, want it deleted", err)
+	}
+
+	// The whole fleet restarts: the restore of c3 continues t1's rollouts
+	// from c1's records.
+	_ = old[0].Stop()
+	fresh := membertest.StartMembers(t, env, run, 2, membertest.Options{})
+	rr, err := b.Restore(ctx(t), bridgeapi.RestoreRequest{ID: "restore-1"})
+	if err != nil || rr.Status != bridgeapi.StatusCompleted || rr.Source != "c3" {
+		t.Fatalf("restore: %+v %v", rr, err)
+	}
+	if want := []string{"t0-r0-a1", "t0-r1-a1", "t1-r0-a1", "t1-r1-a1"}; !slices.Equal(rr.Restored, want) {
+		t.Errorf("restored %v, want %v", rr.Restored, want)
+	}
+	if live := fresh[1].Participant.Live(); !slices.Equal(live, []string{"t1-r0-a1", "t1-r1-a1"}) {
+		t.Errorf("the fresh agent.t1 holds %v, want its carried rollouts' next attempts", live)
+	}
+	// The next checkpoint holds them as its own again: nothing is carried.
+	res, err = b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c4"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Carried) != 0 || len(res.Continued) != 4 {
+		t.Fatalf("c4 after the restore: %+v %v, want 4 continued and nothing carried", res, err)
+	}
+	// The final release deletes c1 with the rest.
+	if rel, err := b.Release(ctx(t), bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("final release: %+v %v", rel, err)
+	}
+	if _, err := env.Bus.Manifests.Get(ctx(t), events.ManifestKey(run, "c1")); !errors.Is(err, natsjs.ErrKeyNotFound) {
+		t.Fatalf("c1 after the final release: %v, want it deleted", err)
+	}
+}
+
+// TestUnfinishedRetiresTheRest: with the controller's unfinished
+// episodes, a dead member's episode that is not among them is retired,
+// not carried.
+func TestUnfinishedRetiresTheRest(t *testing.T) {
+	env := jstest.Start(t)
+	old := fleet(t, env, 2, 2)
+	b := startBridge(t, env, bridge.Config{})
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	_ = old[1].Stop()
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2", Unfinished: []string{"t0-r0", "t0-r1", "t1-r1"}})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c2: %+v %v", res, err)
+	}
+	if got := events.CarriedEpisodes(res.Carried); !slices.Equal(got, []string{"t1-r1"}) || !slices.Equal(res.Retired, []string{"t1-r0"}) {
+		t.Fatalf("c2 carries %v and retires %v, want t1-r1 carried and t1-r0 retired", got, res.Retired)
+	}
+}
+
+func carryEqual(a, b events.Carry) bool {
+	return a.From == b.From && a.FromCommitSeq == b.FromCommitSeq && slices.Equal(a.Episodes, b.Episodes) && slices.Equal(a.Members, b.Members)
+}
