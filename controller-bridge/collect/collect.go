@@ -126,6 +126,12 @@ type Config struct {
 	// Keep is how many committed checkpoints to keep (the rest are
 	// released after each commit). At the end, Keep 0 releases everything.
 	Keep int
+	// InfraAttempts is how many attempts a rollout is given that the
+	// infrastructure fails (agentapi.CodeInfra: its sandbox would not
+	// start, a fork, an exec or a grade failed on the owner's or a
+	// daemon's side) before its line is written infra_failed (default 3).
+	// Each is retired and sent again as the next attempt.
+	InfraAttempts int
 	// RecoverGrace is how long a collector that saw the fleet restart waits
 	// for every agent and owner to come back (default 60 s); a partial loss
 	// (some restarted, the others answer as the processes that served) is
@@ -152,15 +158,28 @@ type Config struct {
 
 // Result is one line of the output file.
 type Result struct {
-	RolloutID string        `json:"rollout_id"`
-	Attempt   int           `json:"attempt"`
-	Episode   string        `json:"episode"`
-	Agent     string        `json:"agent"`
-	OK        bool          `json:"ok"`
-	Error     string        `json:"error,omitempty"`
-	Result    *agent.Result `json:"result,omitempty"`
-	Time      time.Time     `json:"time"`
+	RolloutID string `json:"rollout_id"`
+	Attempt   int    `json:"attempt"`
+	Episode   string `json:"episode"`
+	Agent     string `json:"agent"`
+	OK        bool   `json:"ok"`
+	Error     string `json:"error,omitempty"`
+	// Outcome tells the three kinds of line apart: OutcomeGraded (OK, a
+	// result), OutcomeFailed (the rollout's own failure) and
+	// OutcomeInfraFailed (the infrastructure failed every attempt the
+	// rollout was given: no result of it, which a trainer filters out).
+	// Empty in lines written before it was: OK tells those apart.
+	Outcome string        `json:"outcome,omitempty"`
+	Result  *agent.Result `json:"result,omitempty"`
+	Time    time.Time     `json:"time"`
 }
+
+// The outcomes of a results line (Result.Outcome).
+const (
+	OutcomeGraded      = "graded"
+	OutcomeFailed      = "failed"
+	OutcomeInfraFailed = "infra_failed"
+)
 
 // dispatchEntry is one line of the dispatch log.
 type dispatchEntry struct {
@@ -196,9 +215,13 @@ type CheckpointStat struct {
 type Summary struct {
 	Rollouts int `json:"rollouts"`
 	// Results counts the output's lines (this run and earlier ones);
-	// Failed those with an error.
-	Results int `json:"results"`
-	Failed  int `json:"failed"`
+	// Failed those with an error, InfraFailed those of them the
+	// infrastructure failed (no result of the rollout); InfraRetried
+	// counts attempts ended by an infrastructure fault and sent again.
+	Results      int `json:"results"`
+	Failed       int `json:"failed"`
+	InfraFailed  int `json:"infra_failed"`
+	InfraRetried int `json:"infra_retried"`
 	// ContinuedInPlace counts results with a launch a checkpoint paused and
 	// that went on; Relaunched those with a launch that continued a saved
 	// session (after a stop or a crash); Restored those continued from a
@@ -248,6 +271,7 @@ type Collector struct {
 	done      map[string]Result        // by rollout id
 	attempt   map[string]int           // the attempt to send next (or in flight)
 	route     map[string]string        // rollout -> agent name, from a restored checkpoint
+	infra     map[string]int           // rollout -> attempts the infrastructure ended
 	sentTo    map[string]dispatchEntry // rollout -> its last dispatch
 	instances map[string]string        // member -> its live instance
 	inflight  map[string]*flight
@@ -323,11 +347,14 @@ func New(cfg Config) (*Collector, error) {
 	if cfg.RecoverGrace == 0 {
 		cfg.RecoverGrace = 60 * time.Second
 	}
+	if cfg.InfraAttempts == 0 {
+		cfg.InfraAttempts = 3
+	}
 	if cfg.RestoreTimeout == 0 {
 		cfg.RestoreTimeout = 5 * time.Minute
 	}
 	c := &Collector{cfg: cfg, log: cfg.Logger.With().Str("run", cfg.Run).Str("component", "collect").Logger(),
-		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{},
+		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{}, infra: map[string]int{},
 		sentTo: map[string]dispatchEntry{}, instances: map[string]string{},
 		inflight: map[string]*flight{}, ckptNow: make(chan struct{}, 1), stopNow: make(chan struct{}),
 		changed: make(chan struct{}, 1), fleet: make(chan string, 1), redrawNow: make(chan struct{}, 1)}
@@ -367,12 +394,15 @@ func (c *Collector) Summary() Summary {
 	s.Checkpoints = slices.Clone(s.Checkpoints)
 	s.Restores = slices.Clone(s.Restores)
 	s.Rollouts = len(c.cfg.Tasks)
-	s.Results, s.Failed, s.ContinuedInPlace, s.Relaunched, s.Restored = 0, 0, 0, 0, 0
+	s.Results, s.Failed, s.InfraFailed, s.ContinuedInPlace, s.Relaunched, s.Restored = 0, 0, 0, 0, 0, 0
 	s.Rebinds = nil
 	for _, r := range c.done {
 		s.Results++
 		if !r.OK {
 			s.Failed++
+			if r.Outcome == OutcomeInfraFailed {
+				s.InfraFailed++
+			}
 			continue
 		}
 		for _, l := range r.Result.Launches {
@@ -433,7 +463,9 @@ func (c *Collector) agentOf(id string) string {
 	}
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(id))
-	return c.cfg.Agents[int(h.Sum32())%len(c.cfg.Agents)]
+	// An attempt after an infrastructure fault goes to the next agent:
+	// the one that failed it may sit on the failing node.
+	return c.cfg.Agents[(int(h.Sum32()%uint32(len(c.cfg.Agents)))+c.infra[id])%len(c.cfg.Agents)]
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -105,7 +105,10 @@ func (c *Collector) drawLine() {
 func WriteSummary(w io.Writer, s Summary) {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "rollouts\t%d\n", s.Rollouts)
-	fmt.Fprintf(tw, "results\t%d (%d failed)\n", s.Results, s.Failed)
+	fmt.Fprintf(tw, "results\t%d (%d graded, %d failed, %d infra_failed)\n", s.Results, s.Results-s.Failed, s.Failed-s.InfraFailed, s.InfraFailed)
+	if s.InfraRetried > 0 {
+		fmt.Fprintf(tw, "attempts an infrastructure fault ended\t%d (each sent again)\n", s.InfraRetried)
+	}
 	fmt.Fprintf(tw, "continued in place\t%d\n", s.ContinuedInPlace)
 	fmt.Fprintf(tw, "relaunched on a saved session\t%d\n", s.Relaunched)
 	fmt.Fprintf(tw, "restored from a checkpoint\t%d\n", s.Restored)

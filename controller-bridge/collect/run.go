@@ -277,11 +277,28 @@ func (c *Collector) finish(id string, attempt int, name string, gen uint64, res 
 	isSE := errors.As(err, &se)
 	switch {
 	case err == nil:
-		c.write(Result{RolloutID: id, Attempt: attempt, Episode: ep, Agent: name, OK: true, Result: &res, Time: time.Now().UTC()})
+		c.write(Result{RolloutID: id, Attempt: attempt, Episode: ep, Agent: name, OK: true, Outcome: OutcomeGraded, Result: &res, Time: time.Now().UTC()})
 		c.lastEvent = id + " done"
 	case isSE && (se.Code == "rollout_failed" || se.Code == "bad_request" || se.Code == "bad_bookmark"):
-		c.write(Result{RolloutID: id, Attempt: attempt, Episode: ep, Agent: name, Error: se.Error(), Time: time.Now().UTC()})
+		c.write(Result{RolloutID: id, Attempt: attempt, Episode: ep, Agent: name, Outcome: OutcomeFailed, Error: se.Error(), Time: time.Now().UTC()})
 		c.lastEvent = id + " failed"
+	case isSE && se.Code == agent.CodeInfra:
+		// No result of the rollout: its attempt is retired and the
+		// rollout sent again, as a new attempt, up to InfraAttempts.
+		c.infra[id]++
+		if c.infra[id] >= c.cfg.InfraAttempts {
+			c.log.Error().Str("episode", ep).Int("attempts", c.infra[id]).Str("cause", se.Error()).Msg("the infrastructure failed every attempt; written infra_failed")
+			c.write(Result{RolloutID: id, Attempt: attempt, Episode: ep, Agent: name, Outcome: OutcomeInfraFailed, Error: se.Error(), Time: time.Now().UTC()})
+			c.lastEvent = id + " infra_failed"
+			return
+		}
+		c.sum.InfraRetried++
+		c.log.Warn().Str("episode", ep).Int("attempt", c.infra[id]).Str("cause", se.Error()).Msg("an infrastructure fault ended the attempt; sending the rollout again one attempt later")
+		c.lastEvent = id + " infra; again"
+		c.pendingRetire = append(c.pendingRetire, ep)
+		c.attempt[id] = attempt + 1
+		delete(c.route, id) // any agent
+		c.queue = append(c.queue, id)
 	case c.stopping || c.recovering || errors.Is(err, context.Canceled):
 		// A stop checkpoint parked it, or a recovery dropped it: the
 		// restore (or the recovery) takes it from here.
@@ -369,6 +386,10 @@ func (c *Collector) write(r Result) {
 // count adds a result written to the metrics.
 func (c *Collector) count(r Result) {
 	m := c.cfg.Metrics
+	if r.Outcome == OutcomeInfraFailed {
+		m.Result(metrics.ResultInfraFailed)
+		return
+	}
 	if !r.OK {
 		m.Result(metrics.ResultFailed)
 		return

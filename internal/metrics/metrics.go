@@ -56,6 +56,9 @@ const (
 const (
 	ResultOK     = "ok"
 	ResultFailed = "failed"
+	// ResultInfraFailed: no result of the rollout, which the
+	// infrastructure failed every attempt it was given.
+	ResultInfraFailed = "infra_failed"
 )
 
 // Set is one process's metric families, on a registry of its own (with the
@@ -163,6 +166,7 @@ func (s *Set) InitCollector() {
 	}
 	s.results.WithLabelValues(ResultOK)
 	s.results.WithLabelValues(ResultFailed)
+	s.results.WithLabelValues(ResultInfraFailed)
 	s.continuations.WithLabelValues(ContinuedInPlace)
 	s.continuations.WithLabelValues(Relaunched)
 }
@@ -254,7 +258,8 @@ func (s *Set) Fork(provider string, took time.Duration, bytes int64) {
 	s.forkBytes.WithLabelValues(provider).Observe(float64(max(bytes, 0)))
 }
 
-// Result counts a result the collector wrote: ResultOK or ResultFailed.
+// Result counts a result the collector wrote: ResultOK, ResultFailed or
+// ResultInfraFailed.
 func (s *Set) Result(result string) {
 	if s == nil {
 		return

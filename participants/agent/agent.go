@@ -483,6 +483,7 @@ func (a *Agent) stages(r *run) (agentapi.Result, error) {
 	bm := a.bookmark(r)
 	unanswered := 0 // stages run again because the owner did not answer
 	unready := 0    // launch stages in a row that found the relay unready
+	infra := 0      // stages run again for an infrastructure fault
 	for {
 		if err := a.boundary(r, bm); err != nil {
 			return agentapi.Result{}, err
@@ -537,10 +538,41 @@ func (a *Agent) stages(r *run) (agentapi.Result, error) {
 			continue
 		}
 		unready = 0
+		if err != nil && isInfra(err) && r.ctx.Err() == nil {
+			infra++
+			if infra >= InfraTries {
+				return agentapi.Result{}, a.lostOr(r, bm, fmt.Errorf("%w: %s stage, %d tries: %w", ErrInfra, bm.Next, infra, err))
+			}
+			r.log.Warn().Err(err).Int("times", infra).Str("stage", string(bm.Next)).Msg("an infrastructure fault; the stage runs again from its bookmark")
+			backOff(r, 2*infra)
+			bm = a.bookmark(r)
+			continue
+		}
 		if err != nil {
 			return agentapi.Result{}, a.lostOr(r, bm, err)
 		}
+		infra = 0
 	}
+}
+
+// InfraTries is how many times in a row a stage runs that the owner or a
+// sandbox daemon fails on its side (isInfra) before the attempt ends as
+// ErrInfra, a second more between each.
+const InfraTries = 3
+
+// ErrInfra ends an attempt that the infrastructure failed (its owner or a
+// sandbox daemon answered a step with a failure of its own, InfraTries
+// times in a row): agentapi.CodeInfra, which the controller takes for no
+// result of the rollout.
+var ErrInfra = errors.New("agent: infrastructure fault")
+
+// isInfra tells a step the owner or a sandbox daemon failed on its side
+// (a 5xx answer: a provider error, a guest that never connected, a
+// grade's exec that failed), as opposed to its refusal of the request
+// (4xx) or the rollout's own failure (its harness's exit, its grade).
+func isInfra(err error) bool {
+	var se *jetstream.ServiceError
+	return errors.As(err, &se) && se.Status >= 500
 }
 
 // backOff waits before a stage runs again for the nth time in a row:

@@ -27,6 +27,8 @@ func classify(err error) (int, string) {
 		return 503, agentapi.CodeStopping
 	case errors.Is(err, errSandboxLost):
 		return 409, agentapi.CodeSandboxLost
+	case errors.Is(err, ErrInfra):
+		return 502, agentapi.CodeInfra
 	case errors.Is(err, agentapi.ErrBadBookmark):
 		return 422, agentapi.CodeBadBookmark
 	case isCode(err, agentapi.CodeSessionExists):

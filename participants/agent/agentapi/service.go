@@ -36,6 +36,13 @@ const (
 	CodeStopping = "stopping"
 	// CodeRolloutFailed (500): the rollout failed.
 	CodeRolloutFailed = "rollout_failed"
+	// CodeInfra (502): the attempt ended for a fault of the
+	// infrastructure, not of the rollout: its owner or a sandbox daemon
+	// failed a step (a sandbox that would not start, a fork, an exec or a
+	// grade that failed on their side) every time the agent tried it. The
+	// controller retires the attempt and sends the rollout again, as its
+	// next attempt; it is never the rollout's result.
+	CodeInfra = "infra"
 )
 
 // ServiceError is the error the run endpoint answers with.
