@@ -26,6 +26,13 @@ type Provider interface {
 	Stop(ctx context.Context, id string) error
 }
 
+// Bounded is the provider ability of saying how many sandboxes it bears
+// at once (provider.Bounds): the owner queues the starts beyond them, and
+// forks no more at once at a restore.
+type Bounded interface {
+	Bounds() provider.Bounds
+}
+
 // Snapshotter is the provider ability the exported mode needs: a session's
 // sandbox captured at a commit, forked at a restore, and the snapshot
 // deleted at a release. An owner whose provider is not a Snapshotter, or

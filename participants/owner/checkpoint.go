@@ -92,6 +92,7 @@ func (o *Owner) Prepare(_ context.Context, cp member.Checkpoint) (member.Report,
 	if !o.closed {
 		o.closed = true
 		o.reopen = make(chan struct{})
+		o.freedLocked() // the service's starts waiting their turn are refused
 		o.log.Debug().Str("checkpoint", cp.ID).Msg("admission closed")
 	}
 	counts := map[string]int{"sessions": len(o.sessions), "in_flight": len(o.inFlight), "grading": len(o.grading)}
@@ -342,7 +343,11 @@ func (o *Owner) Install(ctx context.Context, r events.Restore, records []events.
 	prov := o.cfg.Provider
 	forks := make([]*provider.Sandbox, len(ps))
 	forker, _ := o.kind.(Forker)
-	err := forEach(len(ps), o.cfg.SnapshotParallelism, func(i int) error {
+	par := o.cfg.SnapshotParallelism
+	if o.bounds.Starting > 0 {
+		par = min(par, o.bounds.Starting) // a fork starts a sandbox too
+	}
+	err := forEach(len(ps), par, func(i int) error {
 		p := ps[i]
 		// Epoch: a provider whose forks keep their processes moves the
 		// fork's running sandboxd to the restore's epoch (PROTOCOL §5).

@@ -222,6 +222,12 @@ type Owner struct {
 	nextReq  uint64
 	closed   bool          // admission closed by a prepare
 	reopen   chan struct{} // closed by the resume that reopens admission
+	// bounds are the provider's (Bounded): starting counts the sandboxes
+	// starting, and freed is closed (and made again) when one is done or a
+	// session ends, for the starts waiting their turn (admission.go).
+	bounds   provider.Bounds
+	starting int
+	freed    chan struct{}
 }
 
 // New checks cfg, decides the mode (see the package doc) and returns an
@@ -261,6 +267,11 @@ func New(cfg Config) (*Owner, error) {
 		grading:  map[string]int{},
 		verifies: map[string]*verifyFlight{},
 		graded:   map[string]*graded{},
+		freed:    make(chan struct{}),
+	}
+	if b, ok := cfg.Provider.(Bounded); ok {
+		o.bounds = b.Bounds()
+		o.log.Info().Int("starting", o.bounds.Starting).Int("live", o.bounds.Live).Msg("the provider's bounds: starts beyond them wait their turn")
 	}
 	if o.kind == nil {
 		o.kind = TaskFuncs{}

@@ -121,6 +121,11 @@ func (o *Owner) StartSession(ctx context.Context, sessionID string, ep events.Ep
 	if err := ep.Validate(); err != nil {
 		return nil, err
 	}
+	turn, err := o.waitTurn(ctx, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	defer turn()
 	req, err := o.enter(ctx, sessionID)
 	if err != nil {
 		return nil, err
@@ -212,6 +217,29 @@ func (o *Owner) SeedSession(ctx context.Context, sessionID string, ep events.Epi
 	if err != nil {
 		return nil, fmt.Errorf("%w: session %s: %w", ErrBadTask, sessionID, err)
 	}
+	o.mu.Lock()
+	if s, ok := o.sessions[sessionID]; ok && s.restored && s.Episode == ep {
+		// A restored fork: nothing to start, no turn to wait for.
+		o.mu.Unlock()
+		req, err := o.enter(ctx, sessionID)
+		if err != nil {
+			return nil, err
+		}
+		defer o.leave(req)
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if s, ok := o.sessions[sessionID]; ok && s.restored && s.Episode == ep {
+			s.restored = false
+			return s.clone(), nil
+		}
+		return nil, fmt.Errorf("%w: %s: its restored fork ended while the seed waited", ErrSessionExists, sessionID)
+	}
+	o.mu.Unlock()
+	turn, err := o.waitTurn(ctx, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	defer turn()
 	req, err := o.enter(ctx, sessionID)
 	if err != nil {
 		return nil, err
@@ -276,6 +304,7 @@ func (o *Owner) end(ctx context.Context, sessionID string) error {
 	o.mu.Lock()
 	if o.sessions[sessionID] == s {
 		delete(o.sessions, sessionID)
+		o.freedLocked()
 	}
 	o.mu.Unlock()
 	return nil

@@ -13,7 +13,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -183,6 +185,7 @@ func (c MicroVMConfig) Validate() error {
 // gone. Its methods are safe for concurrent use.
 type MicroVM struct {
 	cfg    MicroVMConfig
+	bounds Bounds
 	assets microvm.Assets
 	accel  string
 	tscKHz int64
@@ -241,7 +244,7 @@ func NewMicroVM(cfg MicroVMConfig) (*MicroVM, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &MicroVM{cfg: cfg, assets: assets, tscKHz: khz, log: cfg.Logger,
+	m := &MicroVM{cfg: cfg, bounds: microvmBounds(cfg.MemMiB), assets: assets, tscKHz: khz, log: cfg.Logger,
 		layers: filepath.Join(cfg.StateDir, "layers"), cache: cfg.CacheDir,
 		boxes: newRegistry[*vmBox](cfg.StateDir), templates: map[string]*template{}, staged: map[string]string{}}
 	for _, d := range []string{filepath.Join(cfg.StateDir, "sandboxes"), m.layers, m.cache} {
@@ -317,6 +320,43 @@ func (m *MicroVM) removeSockets(id string) error {
 
 // Name returns "microvm".
 func (m *MicroVM) Name() string { return "microvm" }
+
+// Bounds are what the machine bears: a guest booting (a template's RAM
+// restored, sandboxd connecting) keeps a core busy under TCG, so one start
+// per core; and the guests' RAM, with QEMU's own, within three quarters
+// of the memory available when the provider was made.
+func (m *MicroVM) Bounds() Bounds { return m.bounds }
+
+// microvmBounds computes Bounds for guests of memMiB each.
+func microvmBounds(memMiB int) Bounds {
+	b := Bounds{Starting: max(1, runtime.NumCPU())}
+	if avail := memAvailableMiB(); avail > 0 {
+		b.Live = max(1, avail*3/4/(memMiB+microvmOverheadMiB))
+	}
+	return b
+}
+
+// microvmOverheadMiB is what a guest's QEMU process holds beside the
+// guest's RAM (its own code, the device models, the TCG code cache).
+const microvmOverheadMiB = 96
+
+// memAvailableMiB reads MemAvailable from /proc/meminfo (0 if it cannot).
+func memAvailableMiB() int {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemAvailable:" {
+			kb, err := strconv.Atoi(f[1])
+			if err != nil {
+				return 0
+			}
+			return kb / 1024
+		}
+	}
+	return 0
+}
 
 // Caps reports snapshots that keep the sandbox's processes; after a fork
 // the guest's clocks continue from the snapshot's instant, and the

@@ -59,6 +59,14 @@ type Caps struct {
 	SetsClock bool `json:"sets_clock,omitempty"`
 }
 
+// Bounds say how many sandboxes a provider can bear (0: no bound): the
+// owner never has more than Starting of them starting (or forking) at
+// once, nor more than Live live; a request beyond waits its turn.
+type Bounds struct {
+	Starting int `json:"starting,omitempty"`
+	Live     int `json:"live,omitempty"`
+}
+
 // ClockContinuous is Caps.Clock of a provider whose forks' clocks continue
 // from the snapshot's instant: a sandbox restored an hour later reads a
 // wall clock an hour behind the host's until it is set.
