@@ -139,7 +139,7 @@ func runByHand(t *testing.T, block string) {
 	}
 	n := len(ts)
 	for _, want := range []string{fmt.Sprintf(`wrote %d repos tasks`, n), fmt.Sprintf(`scripted model of %d tasks`, n),
-		fmt.Sprintf(`results +%d \(0 failed\)`, n), `ledger of \d+ requests`} {
+		fmt.Sprintf(`results +%d \(%d graded, 0 failed, 0 infra_failed\)`, n, n), `ledger of \d+ requests`} {
 		if !regexp.MustCompile(want).MatchString(p.Output()) {
 			t.Errorf("the block's output does not say %q:\n%s", want, p.Output())
 		}
