@@ -218,28 +218,17 @@ func (o *Owner) SeedSession(ctx context.Context, sessionID string, ep events.Epi
 		return nil, fmt.Errorf("%w: session %s: %w", ErrBadTask, sessionID, err)
 	}
 	o.mu.Lock()
-	if s, ok := o.sessions[sessionID]; ok && s.restored && s.Episode == ep {
-		// A restored fork: nothing to start, no turn to wait for.
-		o.mu.Unlock()
-		req, err := o.enter(ctx, sessionID)
+	s, ok := o.sessions[sessionID]
+	fork := ok && s.restored && s.Episode == ep
+	o.mu.Unlock()
+	if !fork {
+		// A restored fork starts nothing and waits for no turn.
+		turn, err := o.waitTurn(ctx, sessionID)
 		if err != nil {
 			return nil, err
 		}
-		defer o.leave(req)
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		if s, ok := o.sessions[sessionID]; ok && s.restored && s.Episode == ep {
-			s.restored = false
-			return s.clone(), nil
-		}
-		return nil, fmt.Errorf("%w: %s: its restored fork ended while the seed waited", ErrSessionExists, sessionID)
+		defer turn()
 	}
-	o.mu.Unlock()
-	turn, err := o.waitTurn(ctx, sessionID)
-	if err != nil {
-		return nil, err
-	}
-	defer turn()
 	req, err := o.enter(ctx, sessionID)
 	if err != nil {
 		return nil, err
