@@ -62,7 +62,7 @@ var faultMatrix = []struct {
 	// One node of a 3-node R3 cluster, each node its own process, lost
 	// and back: killed at the point, started again on its store once a
 	// checkpoint ended without it.
-	{"cluster-node", []string{"node@prepare", "node@commit", "node@commit-acked", "node@committed", "node@resume"}, []string{"--cluster"}},
+	{"cluster-node", []string{"nats-node@prepare", "nats-node@commit", "nats-node@commit-acked", "nats-node@committed", "nats-node@resume"}, []string{"--cluster"}},
 }
 
 // sandboxdRounds is the sandboxd row: a daemon killed at each point, and

@@ -49,10 +49,10 @@ const (
 	// FaultNATS kills the NATS server (SIGKILL) at a phase and starts it
 	// again on the same store and address.
 	FaultNATS = "nats"
-	// FaultNode kills one node of the 3-node cluster (--cluster) with
+	// FaultNATSNode kills one node of the 3-node cluster (--cluster) with
 	// SIGKILL at a point, and starts it again on its store once a
 	// checkpoint has ended without it (or nodeDownFor has passed).
-	FaultNode = "node"
+	FaultNATSNode = "nats-node"
 	// FaultStall stops one agent (SIGSTOP) at a point: a member that never
 	// answers, until the checkpoint fails; it is continued (SIGCONT) then,
 	// and answers after the abort.
@@ -60,7 +60,7 @@ const (
 )
 
 // Faults lists every fault kind, in the order the table prints them.
-var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultSandboxd, FaultHarness, FaultNATS, FaultNode, FaultStall, FaultCollector}
+var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultSandboxd, FaultHarness, FaultNATS, FaultNATSNode, FaultStall, FaultCollector}
 
 // BridgeFailpoints are the points FaultBridge arms (see the bridge's
 // failpoint package); the abort and restore ones are hit only when the
@@ -173,7 +173,7 @@ checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
 	fl.IntVar(&f.agents, "agents", 2, "agent processes")
 	fl.StringVar(&f.dir, "dir", "", "work directory: a directory per round, the NATS store (default: a new one under the temp dir)")
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
-	fl.StringVar(&f.faults, "faults", "", "the fault kinds to draw from, comma-separated (default: every kind but node, or with --cluster every kind but nats)")
+	fl.StringVar(&f.faults, "faults", "", "the fault kinds to draw from, comma-separated (default: every kind but nats-node, or with --cluster every kind but nats)")
 	fl.DurationVar(&f.grace, "recover-grace", chaosRecoverGrace, "how long a round's collector waits for a fleet that restarted to settle (a restore needs all of it back)")
 	fl.DurationVar(&f.limit, "round-limit", 5*time.Minute, "a round whose collection has not finished by then is stopped and counted as a violation")
 	fl.BoolVar(&f.cluster, "cluster", false, "run NATS as a 3-node cluster (R3), each node its own process (the node fault kills one)")
@@ -323,7 +323,7 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	kinds := map[string]bool{}
 	if strings.TrimSpace(f.faults) == "" {
 		for _, k := range Faults {
-			kinds[k] = k != FaultNode && k != FaultNATS && k != FaultCollector || k == FaultNode && f.cluster || k == FaultNATS && !f.cluster
+			kinds[k] = k != FaultNATSNode && k != FaultNATS && k != FaultCollector || k == FaultNATSNode && f.cluster || k == FaultNATS && !f.cluster
 		}
 	}
 	for k := range strings.SplitSeq(f.faults, ",") {
@@ -338,8 +338,8 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	if f.rollouts < 1 || f.agents < 1 || f.perRound < 0 || f.duration <= 0 || f.every <= 0 {
 		return fmt.Errorf("%w: --rollouts and --agents must be at least 1, --per-round not negative, --duration and --every positive", ErrUsage)
 	}
-	if kinds[FaultNode] && !f.cluster || kinds[FaultNATS] && f.cluster {
-		return fmt.Errorf("%w: --faults: node goes with --cluster, nats without", ErrUsage)
+	if kinds[FaultNATSNode] && !f.cluster || kinds[FaultNATS] && f.cluster {
+		return fmt.Errorf("%w: --faults: nats-node goes with --cluster, nats without", ErrUsage)
 	}
 	var drawn []string
 	for _, k := range Faults {

@@ -224,13 +224,13 @@ func (i *injector) inject(ctx context.Context, p plannedFault, phases <-chan eve
 		return i.collectorKill(ctx, p)
 	case FaultNATS:
 		if i.w.cluster() {
-			return errors.New("nats is a fault of one server; with --cluster, node")
+			return errors.New("nats is a fault of one server; with --cluster, nats-node")
 		}
 		d.say("kill -9 of the NATS server at %s, started again on its store", p.phase)
 		return i.w.restartNATS(ctx)
-	case FaultNode:
+	case FaultNATSNode:
 		if !i.w.cluster() {
-			return errors.New("node is a fault of --cluster")
+			return errors.New("nats-node is a fault of --cluster")
 		}
 		n := i.rng.IntN(len(i.w.nodes))
 		d.say("kill -9 of NATS node %s at %s", i.w.nodes[n].name, p.phase)
