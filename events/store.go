@@ -199,6 +199,39 @@ func (c CheckpointManifest) Held() []string {
 	return slices.Compact(out)
 }
 
+// Holding is where a checkpoint holds one episode: the checkpoint whose
+// records have every part of it (From, its commit sequence) and the
+// members whose records those are.
+type Holding struct {
+	From          string
+	FromCommitSeq uint64
+	Members       []Member
+}
+
+// Holdings returns every episode the checkpoint holds, with where: its own
+// records for a continued episode, the carry's source for a carried one.
+// Its members must be loaded.
+func (c CheckpointManifest) Holdings() map[string]Holding {
+	out := map[string]Holding{}
+	for _, k := range c.Continued {
+		out[k] = Holding{From: c.CheckpointID, FromCommitSeq: c.CommitSeq}
+	}
+	for _, mm := range c.Members {
+		for _, k := range mm.Episodes {
+			if h, ok := out[k]; ok && h.From == c.CheckpointID {
+				h.Members = append(h.Members, mm.Member)
+				out[k] = h
+			}
+		}
+	}
+	for _, cr := range c.Carried {
+		for _, k := range cr.Episodes {
+			out[k] = Holding{From: cr.From, FromCommitSeq: cr.FromCommitSeq, Members: cr.Members}
+		}
+	}
+	return out
+}
+
 // ReleaseMark says which failed release left a checkpoint, and what is
 // known of what it deleted.
 type ReleaseMark struct {

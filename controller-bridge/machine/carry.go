@@ -10,41 +10,6 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 )
 
-// holding is where a checkpoint holds one episode: the checkpoint whose
-// records have every part of it, and the members whose records those are.
-type holding struct {
-	from    string
-	seq     uint64
-	members []events.Member
-}
-
-// holdings returns every episode man holds, with where: its own records
-// for a continued episode, the carry's source for a carried one. man's
-// members must be loaded.
-func holdings(man *events.CheckpointManifest) map[string]holding {
-	out := map[string]holding{}
-	if man == nil {
-		return out
-	}
-	for _, k := range man.Continued {
-		out[k] = holding{from: man.CheckpointID, seq: man.CommitSeq}
-	}
-	for _, mm := range man.Members {
-		for _, k := range mm.Episodes {
-			if h, ok := out[k]; ok && h.from == man.CheckpointID {
-				h.members = append(h.members, mm.Member)
-				out[k] = h
-			}
-		}
-	}
-	for _, c := range man.Carried {
-		for _, k := range c.Episodes {
-			out[k] = holding{from: c.From, seq: c.FromCommitSeq, members: c.Members}
-		}
-	}
-	return out
-}
-
 // carryForward decides what the checkpoint being built (man, its
 // members' manifests and Continued filled in, committed by committed)
 // keeps of prev, the committed checkpoint before it (PROTOCOL §5,
@@ -77,10 +42,13 @@ func carryForward(man *events.CheckpointManifest, prev *events.CheckpointManifes
 	}
 	carried := map[key]*events.Carry{}
 	drop := map[string]bool{}
-	prevHeld := holdings(prev)
+	var prevHeld map[string]events.Holding
+	if prev != nil {
+		prevHeld = prev.Holdings()
+	}
 	for _, k := range slices.Sorted(maps.Keys(prevHeld)) {
 		h := prevHeld[k]
-		if restarted[k] || !slices.ContainsFunc(h.members, func(m events.Member) bool { return !here[m] }) {
+		if restarted[k] || !slices.ContainsFunc(h.Members, func(m events.Member) bool { return !here[m] }) {
 			continue // every holder is here: continued or ended on them
 		}
 		drop[k] = true
@@ -88,12 +56,12 @@ func carryForward(man *events.CheckpointManifest, prev *events.CheckpointManifes
 			man.Retired = append(man.Retired, k)
 			continue
 		}
-		members := slices.Clone(h.members)
+		members := slices.Clone(h.Members)
 		slices.Sort(members)
-		kk := key{h.from, h.seq, fmt.Sprint(members)}
+		kk := key{h.From, h.FromCommitSeq, fmt.Sprint(members)}
 		c := carried[kk]
 		if c == nil {
-			c = &events.Carry{From: h.from, FromCommitSeq: h.seq, Members: members}
+			c = &events.Carry{From: h.From, FromCommitSeq: h.FromCommitSeq, Members: members}
 			carried[kk] = c
 		}
 		c.Episodes = append(c.Episodes, k)

@@ -96,8 +96,8 @@ func TestCarryForward(t *testing.T) {
 			for _, m := range c.committed {
 				here[m] = true
 			}
-			for k, h := range holdings(prevCheckpoint()) {
-				gone := slices.ContainsFunc(h.members, func(m events.Member) bool { return !here[m] })
+			for k, h := range prevCheckpoint().Holdings() {
+				gone := slices.ContainsFunc(h.Members, func(m events.Member) bool { return !here[m] })
 				if gone && !held[k] && !slices.Contains(man.Retired, k) && !slices.Contains(c.restarted, k) {
 					t.Errorf("%s lost: its members are gone and it is neither carried nor retired", k)
 				}

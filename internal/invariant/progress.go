@@ -13,29 +13,6 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 )
 
-// heldBy returns every episode man holds, each with the members whose
-// records hold it: its own exporters for a continued one, the carry's
-// members for a carried one.
-func heldBy(man events.CheckpointManifest) map[string][]events.Member {
-	out := map[string][]events.Member{}
-	for _, k := range man.Continued {
-		out[k] = nil
-	}
-	for _, mm := range man.Members {
-		for _, k := range mm.Episodes {
-			if hs, ok := out[k]; ok {
-				out[k] = append(hs, mm.Member)
-			}
-		}
-	}
-	for _, c := range man.Carried {
-		for _, k := range c.Episodes {
-			out[k] = c.Members
-		}
-	}
-	return out
-}
-
 // progress checks invariant 9 on the checkpoints verified at their commit
 // (Manifests): each committed checkpoint holds every episode the one
 // committed before it held (continued, carried, or a later attempt of its
@@ -86,7 +63,7 @@ func progress(tl []bridge.TimelineEntry, committed []string, v *Manifests, resul
 		pairs++
 		carried += len(events.CarriedEpisodes(n.Carried))
 		retired += len(n.Retired)
-		held := heldBy(n)
+		held := n.Holdings()
 		later := map[string]int{} // the highest attempt n holds of each rollout
 		for k := range held {
 			if ep, err := events.ParseEpisode(k); err == nil {
@@ -97,7 +74,7 @@ func progress(tl []bridge.TimelineEntry, committed []string, v *Manifests, resul
 		for _, m := range n.CommittedMembers() {
 			here[m] = true
 		}
-		for k, holders := range heldBy(p) {
+		for k, h := range p.Holdings() {
 			ep, err := events.ParseEpisode(k)
 			if err != nil {
 				lost = append(lost, fmt.Sprintf("%s holds %q, no episode", p.CheckpointID, k))
@@ -107,7 +84,7 @@ func progress(tl []bridge.TimelineEntry, committed []string, v *Manifests, resul
 				continue
 			}
 			var gone []events.Member
-			for _, m := range holders {
+			for _, m := range h.Members {
 				if !here[m] {
 					gone = append(gone, m)
 				}
