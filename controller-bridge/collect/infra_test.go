@@ -12,12 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/micro"
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/metrics"
-	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	agent "github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
@@ -30,23 +28,7 @@ var errInfra = errors.New("collect test: the sandbox would not start")
 func serveInfraAgent(t *testing.T, env *jstest.Env, run, name string, okFrom int, asked *[]string, mu *sync.Mutex) {
 	t.Helper()
 	nc, _ := env.Connect(t)
-	s, err := jetstream.NewService(nc, micro.Config{Name: "test-agent", Version: "1.0.0"},
-		events.ServiceSubject(run, events.Member("agent."+name)),
-		func(err error) (int, string) {
-			if errors.Is(err, errInfra) {
-				return 502, agent.CodeInfra
-			}
-			return 500, agent.CodeRolloutFailed
-		})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.Stop() })
-	err = s.HandleAsync(t.Context(), agent.EndpointRun, func(_ context.Context, body []byte) (any, error) {
-		var req agent.Request
-		if err := json.Unmarshal(body, &req); err != nil {
-			return nil, err
-		}
+	serveRun(t, nc, run, name, errInfra, 502, agent.CodeInfra, func(req agent.Request) (any, error) {
 		ep := events.Episode{Rollout: req.RolloutID, Attempt: req.Attempt}.String()
 		mu.Lock()
 		*asked = append(*asked, name+":"+ep)
@@ -56,9 +38,6 @@ func serveInfraAgent(t *testing.T, env *jstest.Env, run, name string, okFrom int
 		}
 		return agent.Result{RolloutID: req.RolloutID, Attempt: req.Attempt, Episode: ep, Verdict: json.RawMessage(`{"reward":1}`)}, nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // An attempt the infrastructure ends (agent code infra) is no result: the

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/rs/zerolog"
 
@@ -37,19 +38,16 @@ func (r *retireRecorder) Retire(_ context.Context, eps []string) (*bridgeapi.OpR
 
 var errLost = errors.New("collect test: the attempt's sandbox is lost")
 
-// An attempt the agent answers sandbox_lost (its sandbox's daemon died, or
-// the owner restarted without its session) is no result: the collector
-// retires it and sends the rollout again one attempt later, whose result
-// is the one written.
-func TestSandboxLostStartsOver(t *testing.T) {
-	const run = "lost"
-	env := jstest.Start(t)
-	nc, js := env.Connect(t)
+// serveRun serves agent name's run endpoint of run on nc with handle: an
+// error that is sentinel answers status and code, any other
+// rollout_failed.
+func serveRun(t *testing.T, nc *nats.Conn, run, name string, sentinel error, status int, code string, handle func(agent.Request) (any, error)) {
+	t.Helper()
 	s, err := jetstream.NewService(nc, micro.Config{Name: "test-agent", Version: "1.0.0"},
-		events.ServiceSubject(run, events.Member("agent.a1")),
+		events.ServiceSubject(run, events.Member("agent."+name)),
 		func(err error) (int, string) {
-			if errors.Is(err, errLost) {
-				return 409, agent.CodeSandboxLost
+			if errors.Is(err, sentinel) {
+				return status, code
 			}
 			return 500, agent.CodeRolloutFailed
 		})
@@ -62,15 +60,28 @@ func TestSandboxLostStartsOver(t *testing.T) {
 		if err := json.Unmarshal(body, &req); err != nil {
 			return nil, err
 		}
+		return handle(req)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An attempt the agent answers sandbox_lost (its sandbox's daemon died, or
+// the owner restarted without its session) is no result: the collector
+// retires it and sends the rollout again one attempt later, whose result
+// is the one written.
+func TestSandboxLostStartsOver(t *testing.T) {
+	const run = "lost"
+	env := jstest.Start(t)
+	nc, js := env.Connect(t)
+	serveRun(t, nc, run, "a1", errLost, 409, agent.CodeSandboxLost, func(req agent.Request) (any, error) {
 		if req.Attempt == 0 {
 			return nil, errLost
 		}
 		return agent.Result{RolloutID: req.RolloutID, Attempt: req.Attempt, Episode: events.Episode{Rollout: req.RolloutID, Attempt: req.Attempt}.String(),
 			Verdict: json.RawMessage(`{"reward":1}`)}, nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctl := &retireRecorder{}
 	out := filepath.Join(t.TempDir(), "results.jsonl")
 	c, err := New(Config{Run: run, Tasks: []Task{{RolloutID: "r1", Task: json.RawMessage(`{}`)}}, Output: out, Agents: []string{"a1"},
