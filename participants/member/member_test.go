@@ -279,6 +279,38 @@ func TestRestoreInstallFailure(t *testing.T) {
 	}
 }
 
+// §5 Restore: a member that exported nothing to the source (its member
+// manifest is in neither the source nor a carried source) installs
+// nothing; it does not call Install, so a participant that cannot fork
+// does not fail the restore of the rest.
+func TestRestoreOfAMemberWithNothingInstallsNothing(t *testing.T) {
+	env := jstest.Start(t)
+	b := membertest.NewBridge(t, env, "run1")
+	hs := membertest.StartMembers(t, env, "run1", 1, membertest.Options{})
+	a := hs[0].Name
+	for _, d := range []events.PhaseEvent{
+		events.Prepare{PhaseHeader: b.Header("k1", 10*time.Second, a)},
+		events.Commit{PhaseHeader: b.Header("k1", 10*time.Second, a)},
+		events.Resume{PhaseHeader: b.Header("k1", 10*time.Second, a)},
+	} {
+		if c := membertest.Code(b.Ack(b.Publish(d), d.Phase(), a)); c != "" {
+			t.Fatalf("%s: %s", d.Phase(), c)
+		}
+	}
+	if err := hs[0].Stop(); err != nil {
+		t.Fatal(err)
+	}
+	p := membertest.NewParticipant("t0")
+	p.FailInstall(membertest.ErrInjected)
+	membertest.StartMember(t, env, "run1", a, p, membertest.Options{})
+	b.Epoch = 1
+	r := b.Ack(b.Publish(events.Restore{PhaseHeader: b.Header("r1", 10*time.Second, a), Source: "k1"}), events.PhaseRestore, a)
+	want(t, r, "", events.StateRestored)
+	if n := p.Count("install"); n != 0 {
+		t.Fatalf("%d installs of a member with nothing in the source, want 0", n)
+	}
+}
+
 // §5 Lease: expiry calls Resumer and fences the id, with no ack.
 func TestLeaseExpiryResumes(t *testing.T) {
 	w := start(t, membertest.Options{Episodes: 1, Grace: 200 * time.Millisecond})

@@ -40,7 +40,10 @@ func (m *Member) installRestore(ctx context.Context, e InstallRestore) {
 	}
 	// Its own commit ack of the source's commit is its manifest; the
 	// member list when the stream no longer has it (FindManifest).
+	// A member with a manifest in neither the source nor a carried source
+	// exported nothing there and installs nothing (PROTOCOL §5, commit).
 	_, records, err := readRecords(ctx, m.cfg.Bus, m.cfg.Run, r.Source, m.cfg.Member, r.SourceCommitSeq, r.SourceAcks, keep)
+	held := err == nil
 	if errors.Is(err, ErrNoManifest) {
 		m.log.Info().Str("checkpoint", r.CheckpointID).Str("source", r.Source).Msg("no records of this member in the source checkpoint")
 		err = nil
@@ -62,6 +65,7 @@ func (m *Member) installRestore(ctx context.Context, e InstallRestore) {
 		case errors.Is(err, ErrNoManifest):
 			err = nil // the member held none of them there
 		case err == nil:
+			held = true
 			m.log.Info().Str("checkpoint", r.CheckpointID).Str("carried_from", c.Source).Int("records", len(more)).Msg("records of carried episodes")
 			records = append(records, more...)
 		default:
@@ -77,6 +81,10 @@ func (m *Member) installRestore(ctx context.Context, e InstallRestore) {
 		return
 	case err != nil:
 		fail(events.CodeInstallFailed, err)
+		return
+	case !held:
+		m.log.Info().Str("checkpoint", r.CheckpointID).Msg("nothing of this member to restore")
+		m.post(ctx, RestoreFinished{Op: e.Op})
 		return
 	}
 	inst, ok := m.cfg.Participant.(Installer)
