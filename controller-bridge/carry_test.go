@@ -105,3 +105,87 @@ func TestUnfinishedRetiresTheRest(t *testing.T) {
 func carryEqual(a, b events.Carry) bool {
 	return a.From == b.From && a.FromCommitSeq == b.FromCommitSeq && slices.Equal(a.Episodes, b.Episodes) && slices.Equal(a.Members, b.Members)
 }
+
+// TestRejoinContinuesTheReturnedMembersRollouts: PROTOCOL §5, Rejoin. A
+// member gone while the rest checkpointed comes back as a fresh process
+// of its name: a rejoin restores into it alone what LATEST carries for
+// it, in the run's epoch, and the member that served goes on, not
+// superseded. The next checkpoint holds both as their own again.
+func TestRejoinContinuesTheReturnedMembersRollouts(t *testing.T) {
+	env := jstest.Start(t)
+	old := fleet(t, env, 2, 2)
+	b := startBridge(t, env, bridge.Config{})
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	_ = old[1].Stop()
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"}); err != nil || len(res.Carried) != 1 {
+		t.Fatalf("c2 without agent.t1: %+v %v, want t1's rollouts carried", res, err)
+	}
+	st, err := b.Status(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch := st.Epoch
+
+	// A rejoin with nothing fresh to go into is refused before any phase.
+	if _, err := b.Restore(ctx(t), bridgeapi.RestoreRequest{Rejoin: true}); !errors.Is(err, bridgeapi.ErrNoFreshMember) {
+		t.Fatalf("rejoin with no fresh member: %v, want ErrNoFreshMember", err)
+	}
+	back := membertest.NewParticipant("t1")
+	membertest.StartMember(t, env, run, old[1].Name, back, membertest.Options{})
+	rr, err := b.Restore(ctx(t), bridgeapi.RestoreRequest{Rejoin: true})
+	if err != nil || rr.Status != bridgeapi.StatusCompleted || !rr.Rejoin || rr.Source != "c2" {
+		t.Fatalf("rejoin: %+v %v", rr, err)
+	}
+	if want := []string{"t1-r0-a1", "t1-r1-a1"}; !slices.Equal(rr.Restored, want) || !slices.Equal(back.Live(), want) {
+		t.Errorf("rejoin restored %v, the member holds %v, want %v", rr.Restored, back.Live(), want)
+	}
+	if rr.Epoch != epoch || !slices.Equal(rr.Members, []events.Member{old[1].Name}) {
+		t.Errorf("rejoin in epoch %d into %v, want epoch %d into %s alone", rr.Epoch, rr.Members, epoch, old[1].Name)
+	}
+	select {
+	case <-old[0].Done():
+		t.Fatalf("agent.t0, which served, stopped: %v", old[0].Err())
+	default:
+	}
+	if live := old[0].Participant.Live(); !slices.Equal(live, []string{"t0-r0", "t0-r1"}) {
+		t.Errorf("agent.t0 holds %v after the rejoin, want its rollouts untouched", live)
+	}
+
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c3"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c3 after the rejoin: %+v %v", res, err)
+	}
+	if want := []string{"t0-r0", "t0-r1", "t1-r0-a1", "t1-r1-a1"}; len(res.Carried) != 0 || !slices.Equal(res.Continued, want) {
+		t.Fatalf("c3 continues %v and carries %+v, want %v continued, nothing carried", res.Continued, res.Carried, want)
+	}
+}
+
+// TestRejoinLeavesOutWhatAServedMemberHolds: an episode one of whose
+// holders served on (the owner of an agent that came back) is no
+// rejoin's: its progress is not the fresh member's alone. A rejoin whose
+// scope is empty is refused; one narrowed to named episodes restores
+// those only.
+func TestRejoinLeavesOutWhatAServedMemberHolds(t *testing.T) {
+	env := jstest.Start(t)
+	old := fleet(t, env, 2, 2)
+	b := startBridge(t, env, bridge.Config{})
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	// Both members hold t1-r0; agent.t1 alone holds t1-r1.
+	old[0].Participant.Add(events.Episode{Rollout: "t1-r0"})
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c2: %+v %v", res, err)
+	}
+	_ = old[1].Stop()
+	membertest.StartMember(t, env, run, old[1].Name, membertest.NewParticipant("t1"), membertest.Options{})
+	if _, err := b.Restore(ctx(t), bridgeapi.RestoreRequest{Rejoin: true, Episodes: []string{"t1-r0"}}); !errors.Is(err, bridgeapi.ErrNoFreshMember) {
+		t.Fatalf("rejoin of t1-r0, held by agent.t0 too: %v, want ErrNoFreshMember", err)
+	}
+	rr, err := b.Restore(ctx(t), bridgeapi.RestoreRequest{Rejoin: true})
+	if err != nil || rr.Status != bridgeapi.StatusCompleted || !slices.Equal(rr.Restored, []string{"t1-r1-a1"}) {
+		t.Fatalf("rejoin: %+v %v, want t1-r1 alone restored", rr, err)
+	}
+}

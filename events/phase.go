@@ -301,6 +301,11 @@ type Restore struct {
 	// checkpoint than Source (the source carried them, §5): a member
 	// installs each of them from that checkpoint's records alone.
 	Carried []CarriedSource `json:"carried,omitempty"`
+	// Rejoin marks a restore into members that came back fresh while the
+	// rest of the fleet served on (§5, Rejoin): it keeps the run's epoch
+	// and names those members only, so no member that served is
+	// superseded.
+	Rejoin bool `json:"rejoin,omitempty"`
 }
 
 // CarriedSource is one older checkpoint a restore reads carried episodes

@@ -82,6 +82,16 @@ type RestoreRequest struct {
 	ID string `json:"restore_id,omitempty"`
 	// TimeoutMS is the restore phase's deadline (0: the default).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Rejoin asks for a rejoin (PROTOCOL §5, Rejoin): LATEST restored
+	// into the agents and owners that came back fresh while the rest of
+	// the fleet served on, in the run's epoch. Its scope is what LATEST
+	// holds by those members alone; the members that served are left as
+	// they are. Source must be empty or LATEST.
+	Rejoin bool `json:"rejoin,omitempty"`
+	// Episodes narrows a rejoin's scope to these episode ids (rollout +
+	// attempt), the ones the controller still wants continued; empty:
+	// all. One LATEST holds by a member that served is left out.
+	Episodes []string `json:"episodes,omitempty"`
 }
 
 // Validate returns nil for a valid request, else an error wrapping
@@ -100,6 +110,17 @@ func (r RestoreRequest) Validate() error {
 	}
 	if r.TimeoutMS < 0 {
 		errs = append(errs, errors.New("timeout_ms: negative"))
+	}
+	if len(r.Episodes) > 0 && !r.Rejoin {
+		errs = append(errs, errors.New("episodes: only a rejoin narrows its scope"))
+	}
+	if len(r.Episodes) > events.MaxListLen {
+		errs = append(errs, fmt.Errorf("episodes: %d, limit %d", len(r.Episodes), events.MaxListLen))
+	}
+	for i, k := range r.Episodes {
+		if _, err := events.ParseEpisode(k); err != nil {
+			errs = append(errs, fmt.Errorf("episodes[%d]: %w", i, err))
+		}
 	}
 	return badRequest(errs...)
 }

@@ -80,6 +80,9 @@ type RestoreResult struct {
 	Status string `json:"status"`
 	// Epoch is the run's epoch after the restore.
 	Epoch uint64 `json:"epoch"`
+	// Rejoin tells a rejoin: a restore into the members that came back,
+	// in the run's epoch (RestoreRequest.Rejoin).
+	Rejoin bool `json:"rejoin,omitempty"`
 	// Restored are the next-attempt keys now live (on success).
 	Restored []string `json:"restored,omitempty"`
 	// Retired are the attempts retired after a failure; those rollouts

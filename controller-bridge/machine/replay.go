@@ -76,7 +76,8 @@ func (o *operation) replay(p events.PhaseEvent, first bool) error {
 		o.resume = &e
 	case events.Restore:
 		o.restore = &e
-		o.rres = &bridgeapi.RestoreResult{Run: e.Run, RestoreID: e.CheckpointID, Source: e.Source, Epoch: e.Epoch, Members: expected(e.PhaseHeader)}
+		o.rres = &bridgeapi.RestoreResult{Run: e.Run, RestoreID: e.CheckpointID, Source: e.Source, Epoch: e.Epoch, Rejoin: e.Rejoin,
+			Members: expected(e.PhaseHeader)}
 	case events.Retire:
 		if o.kind == opRestore {
 			o.retire = &e

@@ -2,6 +2,7 @@ package machine
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -13,7 +14,8 @@ import (
 )
 
 // askRestore starts a restore of a committed checkpoint (LATEST when the
-// request names none) into the fresh members, opening the next epoch.
+// request names none) into the fresh members, opening the next epoch; a
+// rejoin (askRejoin) keeps the epoch.
 func (m *Machine) askRestore(now time.Time, in RestoreAsked) ([]Effect, error) {
 	if err := m.refuseBusy(); err != nil {
 		return nil, err
@@ -35,6 +37,9 @@ func (m *Machine) askRestore(now time.Time, in RestoreAsked) ([]Effect, error) {
 	}
 	if r := man.Released; r != nil {
 		return nil, fmt.Errorf("%w: checkpoint %s of run %s: %s", bridgeapi.ErrReleased, source, m.cfg.Run, describeMark(*r))
+	}
+	if req.Rejoin {
+		return m.askRejoin(now, req, v, man)
 	}
 	// Every member with records needs a fresh member of its name to
 	// install them; one that exported nothing (a sandbox daemon, whose
@@ -102,6 +107,80 @@ func (m *Machine) askRestore(now time.Time, in RestoreAsked) ([]Effect, error) {
 		SourceCommitSeq: man.CommitSeq, SourceAcks: acksKept(now, man, v.StreamMaxAge, m.timeout(req.TimeoutMS)), Carried: carried}
 	m.op = &operation{kind: opRestore, id: id, restore: &r,
 		rres: &bridgeapi.RestoreResult{Run: m.cfg.Run, RestoreID: id, Source: source, Epoch: epoch, Members: v.Members}}
+	return m.publish(r), nil
+}
+
+// askRejoin starts a rejoin (PROTOCOL §5, Rejoin): a restore of LATEST
+// into the members that came back fresh while the rest of the fleet
+// served on. Its scope is every episode LATEST holds whose holders are
+// all fresh now; it goes to the fresh agents and owners only (a sandbox
+// daemon installs nothing) and keeps the run's epoch, so that no member
+// that served is superseded. Episodes with a holder that served are left
+// to the controller (a retire).
+func (m *Machine) askRejoin(now time.Time, req bridgeapi.RestoreRequest, v View, man *events.CheckpointManifest) ([]Effect, error) {
+	if v.Latest == nil || v.Latest.CheckpointID != man.CheckpointID {
+		return nil, fmt.Errorf("%w: a rejoin restores LATEST, not %s", bridgeapi.ErrBadRequest, man.CheckpointID)
+	}
+	fresh := map[events.Member]bool{}
+	var members []events.Member
+	for _, f := range v.Members {
+		if f.Kind() != events.KindSandbox {
+			fresh[f] = true
+			members = append(members, f)
+		}
+	}
+	want := map[string]bool{}
+	for _, k := range req.Episodes {
+		want[k] = true
+	}
+	var scope []events.Episode
+	var carried []events.CarriedSource
+	holdings := man.Holdings()
+	for _, k := range slices.Sorted(maps.Keys(holdings)) {
+		h := holdings[k]
+		if len(want) > 0 && !want[k] || len(h.Members) == 0 ||
+			slices.ContainsFunc(h.Members, func(mem events.Member) bool { return !fresh[mem] }) {
+			continue
+		}
+		e, _ := events.ParseEpisode(k)
+		scope = append(scope, e)
+		if h.From == man.CheckpointID {
+			continue
+		}
+		src := v.Sources[h.From]
+		switch {
+		case src == nil || src.Aborted || src.CheckpointID != h.From:
+			return nil, fmt.Errorf("%w: checkpoint %s carries %s from %s, which is not a committed checkpoint",
+				bridgeapi.ErrNotFound, man.CheckpointID, k, h.From)
+		case src.Released != nil:
+			return nil, fmt.Errorf("%w: checkpoint %s carries %s from %s: %s",
+				bridgeapi.ErrReleased, man.CheckpointID, k, h.From, describeMark(*src.Released))
+		}
+		i := slices.IndexFunc(carried, func(c events.CarriedSource) bool { return c.Source == h.From })
+		if i < 0 {
+			i = len(carried)
+			carried = append(carried, events.CarriedSource{Source: h.From, SourceCommitSeq: src.CommitSeq,
+				SourceAcks: acksKept(now, src, v.StreamMaxAge, m.timeout(req.TimeoutMS))})
+		}
+		carried[i].Episodes = append(carried[i].Episodes, e)
+	}
+	if len(scope) == 0 {
+		return nil, fmt.Errorf("%w: no episode of %s is held by fresh members only (fresh: %v)",
+			bridgeapi.ErrNoFreshMember, man.CheckpointID, members)
+	}
+	if err := m.to(StateRestoring); err != nil {
+		return nil, err
+	}
+	m.view(v)
+	id := req.ID
+	if id == "" {
+		id = "rejoin-" + strconv.FormatUint(m.seq+1, 10)
+	}
+	r := events.Restore{PhaseHeader: m.header(now, id, m.epoch, members, m.timeout(req.TimeoutMS)), Source: man.CheckpointID,
+		Scope: scope, SourceCommitSeq: man.CommitSeq, SourceAcks: acksKept(now, man, v.StreamMaxAge, m.timeout(req.TimeoutMS)),
+		Carried: carried, Rejoin: true}
+	m.op = &operation{kind: opRestore, id: id, restore: &r,
+		rres: &bridgeapi.RestoreResult{Run: m.cfg.Run, RestoreID: id, Source: man.CheckpointID, Epoch: m.epoch, Rejoin: true, Members: members}}
 	return m.publish(r), nil
 }
 
