@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -110,6 +111,23 @@ func (c *collector) results() map[string]collect.Result {
 	for _, r := range out {
 		if r.OK {
 			reward(c.f.t, *r.Result)
+		}
+	}
+	return out
+}
+
+// partialResults reads the results written so far, while the collector
+// runs (a torn last line is left for the next read).
+func (c *collector) partialResults() []collect.Result {
+	b, err := os.ReadFile(c.output)
+	if err != nil {
+		return nil
+	}
+	var out []collect.Result
+	for line := range bytes.SplitSeq(b, []byte("\n")) {
+		var r collect.Result
+		if json.Unmarshal(line, &r) == nil {
+			out = append(out, r)
 		}
 	}
 	return out

@@ -201,13 +201,22 @@ func exitedEarly(t testing.TB, p *child.Process) {
 	}
 }
 
-func (f *fleet) startOwner() {
-	args := []string{"owner", "--run", f.run, "--name", "o1", "--provider", f.provider, "--task-kind", f.kind,
-		"--state-dir", filepath.Join(f.state, "owner"), "--sandboxd", f.bins.sandboxd, "--harness", f.bins.harness}
+func (f *fleet) startOwner() { f.startOwnerAs("owner", "o1") }
+
+// startNodeOwner starts owner name of another node: process owner-<name>,
+// state directory owner-<name>. Its agents say --owner <name>.
+func (f *fleet) startNodeOwner(name string) { f.startOwnerAs("owner-"+name, name) }
+
+// ownerState is the state directory of the owner whose process is proc.
+func (f *fleet) ownerState(proc string) string { return filepath.Join(f.state, proc) }
+
+func (f *fleet) startOwnerAs(proc, name string) {
+	args := []string{"owner", "--run", f.run, "--name", name, "--provider", f.provider, "--task-kind", f.kind,
+		"--state-dir", f.ownerState(proc), "--sandboxd", f.bins.sandboxd, "--harness", f.bins.harness}
 	if f.provider == "microvm" {
 		args = append(args, "--sandbox-upstream", f.upstream, "--microvm-cache", microVMCache, "--microvm-prune-cache")
 	}
-	f.start("owner", "owner.o1", append(args, f.ownerArgs...)...)
+	f.start(proc, events.Member("owner."+name), append(args, f.ownerArgs...)...)
 	// Before the owner stops (cleanups run last first): its sandboxes
 	// are still there to read.
 	f.t.Cleanup(f.showConsoles)
@@ -289,13 +298,25 @@ func (f *fleet) kill9(names ...string) {
 // reapLeftovers stops sandboxes an owner left (after a test failure) so
 // that nothing outlives the test; it fails the test if it had to.
 func (f *fleet) reapLeftovers() {
-	cmd := exec.Command(f.bins.stillpoint, "owner", "--reap", "--provider", f.provider, "--state-dir", filepath.Join(f.state, "owner"))
+	dirs, _ := filepath.Glob(filepath.Join(f.state, "owner*"))
+	for _, dir := range dirs {
+		if s, err := f.reap(dir); err != nil {
+			f.t.Errorf("reap leftover sandboxes: %v", err)
+		} else if s != "" && !f.t.Failed() {
+			f.t.Errorf("sandboxes left behind: %s", s)
+		}
+	}
+}
+
+// reap stops the sandboxes in an owner's state directory, as a node's
+// death takes its sandboxes, and says which it stopped.
+func (f *fleet) reap(dir string) (string, error) {
+	cmd := exec.Command(f.bins.stillpoint, "owner", "--reap", "--provider", f.provider, "--state-dir", dir)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		f.t.Errorf("reap leftover sandboxes: %v\n%s", err, out)
-	} else if s := strings.TrimSpace(string(out)); s != "" && !f.t.Failed() {
-		f.t.Errorf("sandboxes left behind: %s", s)
+		return "", fmt.Errorf("%w\n%s", err, out)
 	}
+	return strings.TrimSpace(string(out)), nil
 }
 
 // client returns the client of agent name.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 )
 
 var capabilityRE = regexp.MustCompile(`^[a-z][a-z0-9_.:-]{0,63}$`)
@@ -25,6 +26,24 @@ type MemberJoined struct {
 	PID  int    `json:"pid,omitempty"`
 	// Version is the member's build version.
 	Version string `json:"version,omitempty"`
+}
+
+// CapabilityOwner prefixes the capability by which an agent names the
+// sandbox owner its rollouts use ("owner:o1"): whoever watches the fleet
+// then knows which owner's restart loses that agent's rollouts.
+const CapabilityOwner = "owner:"
+
+// ValidCapability tells whether c is a well-formed capability.
+func ValidCapability(c string) bool { return capabilityRE.MatchString(c) }
+
+// OwnerOf returns the owner an agent's capabilities name, if any.
+func OwnerOf(capabilities []string) (Member, bool) {
+	for _, c := range capabilities {
+		if n, ok := strings.CutPrefix(c, CapabilityOwner); ok {
+			return Member(string(KindOwner) + "." + n), true
+		}
+	}
+	return "", false
 }
 
 // Type implements Data.

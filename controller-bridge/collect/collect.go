@@ -236,9 +236,12 @@ type Summary struct {
 	Restored    int              `json:"restored"`
 	Checkpoints []CheckpointStat `json:"checkpoints"`
 	Restores    []string         `json:"restores"`
-	Recoveries  int              `json:"recoveries"`
-	Retired     int              `json:"retired"`
-	Elapsed     time.Duration    `json:"elapsed_ns"`
+	// Rejoins are the checkpoints rejoins continued the rollouts of
+	// members that came back from (PROTOCOL §5, Rejoin).
+	Rejoins    []string      `json:"rejoins,omitempty"`
+	Recoveries int           `json:"recoveries"`
+	Retired    int           `json:"retired"`
+	Elapsed    time.Duration `json:"elapsed_ns"`
 }
 
 // Committed returns the committed checkpoints.
@@ -265,20 +268,23 @@ type Collector struct {
 	byID  map[string]Task
 	start time.Time
 
-	mu        sync.Mutex
-	out       *os.File
-	dlog      *os.File
-	done      map[string]Result        // by rollout id
-	attempt   map[string]int           // the attempt to send next (or in flight)
-	route     map[string]string        // rollout -> agent name, from a restored checkpoint
-	infra     map[string]int           // rollout -> attempts the infrastructure ended
-	sentTo    map[string]dispatchEntry // rollout -> its last dispatch
-	instances map[string]string        // member -> its live instance
-	inflight  map[string]*flight
-	queue     []string
-	sum       Summary
-	ckptOpen  bool
-	lastEvent string
+	mu      sync.Mutex
+	out     *os.File
+	dlog    *os.File
+	done    map[string]Result // by rollout id
+	attempt map[string]int    // the attempt to send next (or in flight)
+	route   map[string]string // rollout -> agent name, from a restored checkpoint
+	// agentOwner is the owner each agent's heartbeat names (agent name
+	// -> owner member): whose restart loses its rollouts.
+	agentOwner map[string]events.Member
+	infra      map[string]int           // rollout -> attempts the infrastructure ended
+	sentTo     map[string]dispatchEntry // rollout -> its last dispatch
+	instances  map[string]string        // member -> its live instance
+	inflight   map[string]*flight
+	queue      []string
+	sum        Summary
+	ckptOpen   bool
+	lastEvent  string
 	// redrawNow asks the live line to be drawn at once (a checkpoint
 	// opened or ended), not at the next tick.
 	redrawNow chan struct{}
@@ -354,7 +360,7 @@ func New(cfg Config) (*Collector, error) {
 		cfg.RestoreTimeout = 5 * time.Minute
 	}
 	c := &Collector{cfg: cfg, log: cfg.Logger.With().Str("run", cfg.Run).Str("component", "collect").Logger(),
-		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{}, infra: map[string]int{},
+		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{}, agentOwner: map[string]events.Member{}, infra: map[string]int{},
 		sentTo: map[string]dispatchEntry{}, instances: map[string]string{},
 		inflight: map[string]*flight{}, ckptNow: make(chan struct{}, 1), stopNow: make(chan struct{}),
 		changed: make(chan struct{}, 1), fleet: make(chan string, 1), redrawNow: make(chan struct{}, 1)}
@@ -393,6 +399,7 @@ func (c *Collector) Summary() Summary {
 	s := c.sum
 	s.Checkpoints = slices.Clone(s.Checkpoints)
 	s.Restores = slices.Clone(s.Restores)
+	s.Rejoins = slices.Clone(s.Rejoins)
 	s.Rollouts = len(c.cfg.Tasks)
 	s.Results, s.Failed, s.InfraFailed, s.ContinuedInPlace, s.Relaunched, s.Restored = 0, 0, 0, 0, 0, 0
 	s.Rebinds = nil

@@ -25,8 +25,11 @@
 // unfinished attempt and sends it again one attempt later; if the fleet is
 // still the one it left (only the collector died), it asks again for the
 // same attempts, and the agents answer from the run in flight or the result
-// they kept; when only some agents restarted (or nothing was committed), their
-// rollouts are retired and sent one attempt later and the others asked again.
+// they kept; when only some agents restarted (or nothing was committed), the
+// rollouts that LATEST holds by restarted members alone are rejoined
+// (restored into those members, the rest of the fleet left running: a node
+// that was down and came back), the other lost ones retired and sent one
+// attempt later, and the rest asked again.
 // Before it decides it waits, up to RecoverGrace, for the fleet to settle:
 // every member it needs up, and either all fresh (a restore), all the ones
 // that served, or a partial loss known as such: the restarted members'

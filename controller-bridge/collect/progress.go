@@ -115,7 +115,11 @@ func WriteSummary(w io.Writer, s Summary) {
 	if len(s.Rebinds) > 0 {
 		fmt.Fprintf(tw, "restored launches re-bound\t%s\n", rebindLine(s.Rebinds))
 	}
-	fmt.Fprintf(tw, "recoveries\t%d (restores: %v; attempts retired: %d)\n", s.Recoveries, s.Restores, s.Retired)
+	rejoins := ""
+	if len(s.Rejoins) > 0 {
+		rejoins = fmt.Sprintf("; rejoins: %v", s.Rejoins)
+	}
+	fmt.Fprintf(tw, "recoveries\t%d (restores: %v%s; attempts retired: %d)\n", s.Recoveries, s.Restores, rejoins, s.Retired)
 	fmt.Fprintf(tw, "elapsed\t%s\n", s.Elapsed.Round(time.Millisecond))
 	_ = tw.Flush()
 	if len(s.Checkpoints) == 0 {

@@ -51,10 +51,9 @@ func (c *Collector) recover(ctx context.Context, why string) error {
 	// Rollouts sent to an agent process that still runs are asked again
 	// from it; only those whose agent restarted need the checkpoint.
 	c.mu.Lock()
-	owners := ownersOf(live)
 	lost := 0
 	for id, e := range c.sentTo {
-		if _, done := c.done[id]; !done && c.isLost(e, live, owners) {
+		if _, done := c.done[id]; !done && c.isLost(e, live) {
 			lost++
 		}
 	}
@@ -79,21 +78,124 @@ func (c *Collector) recover(ctx context.Context, why string) error {
 			c.log.Warn().Strs("retired", rr.Retired).Msg("the restore failed; every unfinished rollout starts over one attempt later")
 			return c.restartUnfinished(ctx, rr.Retired)
 		}
+	case latest != nil:
+		// A fleet that served, members of it back fresh: what LATEST
+		// holds by those alone continues from it, the rest of the lost
+		// rollouts start over.
+		return c.rejoin(ctx, st, latest, live)
 	default:
-		// No checkpoint to restore, or a fleet that served: the lost
-		// agents' rollouts start over one attempt later, the others are
-		// asked again.
-		return c.partial(ctx, live)
+		// No checkpoint to restore: the lost agents' rollouts start over
+		// one attempt later, the others are asked again.
+		return c.partial(ctx, live, nil)
 	}
 }
 
-// isLost tells whether the agent a rollout was sent to, or an owner, is
-// not the process it was.
-func (c *Collector) isLost(e dispatchEntry, live map[string]string, owners string) bool {
-	return e.Instance == "" || live["agent."+e.Agent] != e.Instance || (e.Owners != "" && e.Owners != owners)
+// rejoin asks the bridge to continue, from LATEST, each lost rollout
+// whose attempt in flight LATEST holds by members that are all fresh now
+// (PROTOCOL §5, Rejoin): the members of a node that was gone while the
+// rest checkpointed, come back. Then partial sends the rejoined rollouts
+// as their restored attempts, to the agent of the name that held them,
+// and starts the other lost ones over.
+func (c *Collector) rejoin(ctx context.Context, st *bridgeapi.Status, latest *events.CheckpointManifest, live map[string]string) error {
+	fresh := map[events.Member]bool{}
+	for _, m := range st.Members {
+		if !m.Served && m.Member.Kind() != events.KindSandbox {
+			fresh[m.Member] = true
+		}
+	}
+	holdings := latest.Holdings()
+	var want []string
+	c.mu.Lock()
+	for id, e := range c.sentTo {
+		if _, done := c.done[id]; done || !c.isLost(e, live) {
+			continue
+		}
+		k := events.Episode{Rollout: id, Attempt: c.attempt[id]}.String()
+		if h, ok := holdings[k]; ok && len(h.Members) > 0 && !slices.ContainsFunc(h.Members, func(m events.Member) bool { return !fresh[m] }) {
+			want = append(want, k)
+		}
+	}
+	c.mu.Unlock()
+	if len(want) == 0 {
+		return c.partial(ctx, live, nil)
+	}
+	slices.Sort(want)
+	req := c.restoreRequest(time.Now())
+	req.Rejoin, req.Episodes = true, want
+	c.log.Info().Str("checkpoint", latest.CheckpointID).Strs("episodes", want).Msg("members came back: rejoining their rollouts from the checkpoint that holds them")
+	rr, err := c.askRestore(ctx, req)
+	switch {
+	case isNoFreshMember(err):
+		c.log.Warn().Err(err).Msg("no rejoin: the lost rollouts start over")
+		return c.partial(ctx, live, nil)
+	case err != nil:
+		return fmt.Errorf("collect: rejoin: %w", err)
+	case rr.Status != bridgeapi.StatusCompleted:
+		// The bridge retired the next attempts: start over above them.
+		c.log.Warn().Strs("retired", rr.Retired).Msg("the rejoin failed; the lost rollouts start over")
+		above := map[string]int{}
+		for _, k := range rr.Retired {
+			if ep, err := events.ParseEpisode(k); err == nil {
+				above[ep.Rollout] = ep.Attempt
+			}
+		}
+		c.mu.Lock()
+		for id, a := range above {
+			c.attempt[id] = max(c.attempt[id], a)
+		}
+		c.mu.Unlock()
+		return c.partial(ctx, live, nil)
+	}
+	restored := map[string]int{}
+	for _, k := range rr.Restored {
+		if ep, err := events.ParseEpisode(k); err == nil {
+			restored[ep.Rollout] = ep.Attempt
+		}
+	}
+	route := map[string]string{}
+	for _, k := range want {
+		ep, _ := events.ParseEpisode(k)
+		for _, m := range holdings[k].Members {
+			if m.Kind() == events.KindAgent {
+				route[ep.Rollout] = m.Name()
+			}
+		}
+	}
+	c.mu.Lock()
+	c.sum.Rejoins = append(c.sum.Rejoins, latest.CheckpointID)
+	for id := range restored {
+		if a, ok := route[id]; ok {
+			c.route[id] = a
+		}
+	}
+	c.lastEvent = fmt.Sprintf("rejoined %s: %d continue", latest.CheckpointID, len(restored))
+	c.mu.Unlock()
+	c.log.Info().Str("checkpoint", latest.CheckpointID).Int("continue", len(restored)).Msg("rejoined")
+	return c.partial(ctx, live, restored)
 }
 
-// ownersOf names the live owners' processes as ownersKey does.
+// isLost tells whether the attempt of a rollout in flight was sent to an
+// agent, or used an owner, that is not the process it was. An attempt
+// queued and not sent yet (a restore or rejoin queued it) is not lost.
+// The caller holds c.mu.
+func (c *Collector) isLost(e dispatchEntry, live map[string]string) bool {
+	if e.Attempt != c.attempt[e.RolloutID] {
+		return false
+	}
+	return e.Instance == "" || live["agent."+e.Agent] != e.Instance || (e.Owners != "" && e.Owners != c.ownersFor(e.Agent, live))
+}
+
+// ownersFor names the live processes of the owners an agent's rollouts
+// use: the one its heartbeat names (events.CapabilityOwner), else every
+// owner. The caller holds c.mu.
+func (c *Collector) ownersFor(agent string, live map[string]string) string {
+	if o, ok := c.agentOwner[agent]; ok {
+		return string(o) + "=" + live[string(o)]
+	}
+	return ownersOf(live)
+}
+
+// ownersOf names every live owner's process.
 func ownersOf(live map[string]string) string {
 	var parts []string
 	for m, inst := range live {
@@ -107,9 +209,10 @@ func ownersOf(live map[string]string) string {
 
 // partial handles a fleet that lost some agents when no restore can help
 // (nothing committed, or members that served): the rollouts of agents that
-// still run are asked again; those of an agent (or owner) that restarted
-// are retired (the owner stops their sandboxes) and sent one attempt later.
-func (c *Collector) partial(ctx context.Context, live map[string]string) error {
+// still run are asked again; those a rejoin restored are sent as their
+// restored attempts; those of an agent (or owner) that restarted are
+// retired (the owner stops their sandboxes) and sent one attempt later.
+func (c *Collector) partial(ctx context.Context, live map[string]string, restored map[string]int) error {
 	var retire []string
 	c.mu.Lock()
 	c.queue = nil
@@ -118,14 +221,16 @@ func (c *Collector) partial(ctx context.Context, live map[string]string) error {
 		if _, done := c.done[id]; done {
 			continue
 		}
-		if e, sent := c.sentTo[id]; sent && c.isLost(e, live, ownersOf(live)) {
+		if a, ok := restored[id]; ok {
+			c.attempt[id] = a
+		} else if e, sent := c.sentTo[id]; sent && c.isLost(e, live) {
 			retire = append(retire, events.Episode{Rollout: id, Attempt: c.attempt[id]}.String())
 			c.attempt[id]++
 		}
 		c.queue = append(c.queue, id)
 	}
 	c.mu.Unlock()
-	c.log.Warn().Int("restart", len(retire)).Msg("the fleet served already: rollouts of restarted agents start over one attempt later")
+	c.log.Warn().Int("restart", len(retire)).Int("rejoined", len(restored)).Msg("the fleet served already: rollouts of restarted agents start over one attempt later")
 	if len(retire) > 0 {
 		slices.Sort(retire)
 		if err := c.retire(ctx, retire); err != nil {
@@ -136,8 +241,9 @@ func (c *Collector) partial(ctx context.Context, live map[string]string) error {
 }
 
 // waitFleet waits until every agent is alive and the members that hold
-// records of LATEST are all fresh or all still the ones that served, up to
-// RecoverGrace; it returns the bridge's status and LATEST's manifest.
+// records of LATEST (its own or carried) are all fresh, all still the ones
+// that served, or a partial loss known as such, up to RecoverGrace; it
+// returns the bridge's status and LATEST's manifest.
 func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.CheckpointManifest, error) {
 	deadline := time.Now().Add(c.cfg.RecoverGrace)
 	for {
@@ -163,6 +269,15 @@ func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.C
 			for _, m := range latest.CommittedMembers() {
 				if m.Kind() != events.KindSandbox {
 					need[m] = true
+				}
+			}
+			// The holders of what it carries: members gone at its commit
+			// that a restore or a rejoin goes into when they are back.
+			for _, cr := range latest.Carried {
+				for _, m := range cr.Members {
+					if m.Kind() != events.KindSandbox {
+						need[m] = true
+					}
 				}
 			}
 		}

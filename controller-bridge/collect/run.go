@@ -166,9 +166,6 @@ func (c *Collector) finished() bool {
 	return true
 }
 
-// ownersKey names the owners' processes now; the caller holds c.mu.
-func (c *Collector) ownersKey() string { return ownersOf(c.instances) }
-
 func (c *Collector) signal() {
 	select {
 	case c.changed <- struct{}{}:
@@ -202,7 +199,7 @@ func (c *Collector) dispatch(ctx context.Context) {
 		name := c.agentOf(id)
 		// The dispatch log first, synced: a collector started again knows
 		// every attempt that may be running.
-		e := dispatchEntry{RolloutID: id, Attempt: attempt, Agent: name, Instance: c.instances["agent."+name], Owners: c.ownersKey(),
+		e := dispatchEntry{RolloutID: id, Attempt: attempt, Agent: name, Instance: c.instances["agent."+name], Owners: c.ownersFor(name, c.instances),
 			Time: time.Now().UTC()}
 		if err := appendLine(c.dlog, e); err != nil {
 			c.mu.Unlock()
@@ -600,6 +597,9 @@ func (c *Collector) watchFleet(ctx context.Context) error {
 			c.mu.Lock()
 			was, seen := c.instances[string(info.Member)]
 			c.instances[string(info.Member)] = info.Instance
+			if o, ok := events.OwnerOf(info.Capabilities); ok && k == events.KindAgent {
+				c.agentOwner[info.Member.Name()] = o
+			}
 			c.mu.Unlock()
 			if seen && was != info.Instance && !initial {
 				select {
