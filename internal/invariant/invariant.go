@@ -318,15 +318,29 @@ func model(l Ledger, tl []bridge.TimelineEntry) Result {
 		source string
 	}
 	restores := map[string][]restore{} // rollout → the restores that restored it
+	// A carried episode is restored from the checkpoint that holds it
+	// whole, older than the restore's source (PROTOCOL §5): its calls are
+	// lost since that one began. By restore id, episode → that checkpoint.
+	carried := map[string]map[events.Episode]string{}
 	for _, e := range tl {
 		if _, ok := began[e.CheckpointID]; !ok {
 			began[e.CheckpointID] = e.Time
 		}
+		if r, ok := e.Data.(events.Restore); ok {
+			carried[e.CheckpointID] = r.CarriedFrom()
+		}
 		if rc, ok := e.Data.(events.RestoreCompleted); ok {
 			for _, ep := range rc.Restored {
-				from[ep] = rc.Source
-				if p, err := events.ParseEpisode(ep); err == nil {
-					restores[p.Rollout] = append(restores[p.Rollout], restore{began[e.CheckpointID], rc.Source})
+				src := rc.Source
+				p, err := events.ParseEpisode(ep)
+				if err == nil && p.Attempt > 0 {
+					if c, ok := carried[e.CheckpointID][events.Episode{Rollout: p.Rollout, Attempt: p.Attempt - 1}]; ok {
+						src = c
+					}
+				}
+				from[ep] = src
+				if err == nil {
+					restores[p.Rollout] = append(restores[p.Rollout], restore{began[e.CheckpointID], src})
 				}
 			}
 		}

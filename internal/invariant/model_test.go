@@ -64,12 +64,19 @@ func TestCallResentInPlaceAfterARestore(t *testing.T) {
 		{"reply saved after the restored checkpoint began", true, true, true},
 		{"reply saved before the restored checkpoint began", false, true, false},
 		{"no restore", true, false, false},
+		// c2 carries t1 from c1, which began before the reply was saved:
+		// the restore installs t1 from c1, whose records lack the reply.
+		{"reply saved after the checkpoint the restore carried it from began", false, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			s := modelserver.New(script)
 			srv := httptest.NewServer(s)
 			defer srv.Close()
 			var tl []bridge.TimelineEntry
+			carry := c.ok && !c.c2BeforeSaved
+			if carry {
+				tl = append(tl, entry(time.Now(), "c1", nil))
+			}
 			c2 := entry(time.Now(), "c2", nil)
 			if c.c2BeforeSaved {
 				tl = append(tl, c2)
@@ -84,6 +91,10 @@ func TestCallResentInPlaceAfterARestore(t *testing.T) {
 			}
 			if c.restore {
 				time.Sleep(5 * time.Millisecond)
+				if carry {
+					tl = append(tl, entry(time.Now(), "restore-e1", events.Restore{Source: "c2", Scope: []events.Episode{{Rollout: "t1"}},
+						Carried: []events.CarriedSource{{Source: "c1", Episodes: []events.Episode{{Rollout: "t1"}}}}}))
+				}
 				tl = append(tl, restored(time.Now()))
 			}
 			time.Sleep(5 * time.Millisecond)
