@@ -189,3 +189,45 @@ func TestRejoinLeavesOutWhatAServedMemberHolds(t *testing.T) {
 		t.Fatalf("rejoin: %+v %v, want t1-r1 alone restored", rr, err)
 	}
 }
+
+// TestFreshMemberWaitsForItsRejoin: a new process of a name that holds
+// unfinished progress in LATEST is left out of the checkpoints the
+// controller asks with its unfinished episodes: prepared, it would commit
+// without that progress and could no longer be rejoined. It stays fresh,
+// the checkpoint carries its episodes, and the rejoin goes into it. A
+// checkpoint asked without the controller's unfinished episodes leaves
+// nobody out.
+func TestFreshMemberWaitsForItsRejoin(t *testing.T) {
+	env := jstest.Start(t)
+	old := fleet(t, env, 2, 2)
+	b := startBridge(t, env, bridge.Config{})
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	_ = old[1].Stop()
+	back := membertest.NewParticipant("t1")
+	membertest.StartMember(t, env, run, old[1].Name, back, membertest.Options{})
+	unfinished := []string{"t0-r0", "t0-r1", "t1-r0", "t1-r1"}
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2", Unfinished: unfinished})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c2: %+v %v", res, err)
+	}
+	if got := events.CarriedEpisodes(res.Carried); !slices.Equal(got, []string{"t1-r0", "t1-r1"}) {
+		t.Fatalf("c2 carries %v, want t1's rollouts: the new agent.t1 waits for its rejoin", got)
+	}
+	if n := back.Count("prepare"); n != 0 {
+		t.Fatalf("the new agent.t1 was prepared %d times, want 0", n)
+	}
+	rr, err := b.Restore(ctx(t), bridgeapi.RestoreRequest{Rejoin: true})
+	if err != nil || rr.Status != bridgeapi.StatusCompleted || !slices.Equal(rr.Restored, []string{"t1-r0-a1", "t1-r1-a1"}) {
+		t.Fatalf("rejoin after c2: %+v %v", rr, err)
+	}
+
+	// Without the controller's word, a fresh member is prepared as ever.
+	_ = old[0].Stop()
+	membertest.StartMember(t, env, run, old[0].Name, membertest.NewParticipant("t0"), membertest.Options{})
+	res, err = b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c3"})
+	if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Carried) != 0 {
+		t.Fatalf("c3 without unfinished: %+v %v, want the fresh agent.t0 in it and nothing carried", res, err)
+	}
+}

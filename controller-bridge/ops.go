@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
@@ -74,6 +75,11 @@ func (b *Bridge) Checkpoint(ctx context.Context, req bridgeapi.CheckpointRequest
 			var infos []events.MemberInfo
 			if v.Members, infos, err = b.liveMembers(ctx, st.epoch, false); err != nil {
 				return nil, err
+			}
+			if out := machine.AwaitingRejoin(v.Previous, infos, req.Unfinished); len(out) > 0 {
+				v.Members = slices.DeleteFunc(v.Members, func(m events.Member) bool { return out[m] })
+				b.log.Info().Strs("left_out", sortedNames(out)).
+					Msg("fresh members whose names hold unfinished progress in LATEST are left out: they wait for a rejoin")
 			}
 			v.Instances = make(map[events.Member]string, len(infos))
 			for _, info := range infos {
@@ -298,4 +304,14 @@ func (b *Bridge) Status(ctx context.Context) (*bridgeapi.Status, error) {
 		s.Members = infos
 	}
 	return s, nil
+}
+
+// sortedNames returns the members of a set, sorted, for a log.
+func sortedNames(set map[events.Member]bool) []string {
+	out := make([]string, 0, len(set))
+	for m := range set {
+		out = append(out, string(m))
+	}
+	slices.Sort(out)
+	return out
 }

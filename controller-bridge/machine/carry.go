@@ -76,3 +76,42 @@ func carryForward(man *events.CheckpointManifest, prev *events.CheckpointManifes
 			slices.Compare(a.Members, b.Members))
 	})
 }
+
+// AwaitingRejoin returns the fresh agents and owners a checkpoint leaves
+// out (PROTOCOL §5, Rejoin): those whose names hold, in prev (LATEST), an
+// episode the controller still has unfinished. Such a member is a new
+// process of a name that held progress; prepared, it would commit
+// without that progress (which would then have ended on it) and could no
+// longer be restored into. Left out, the checkpoint carries the episode
+// and the member stays fresh for the rejoin. Without the controller's
+// unfinished episodes (nil) nobody is left out.
+func AwaitingRejoin(prev *events.CheckpointManifest, infos []events.MemberInfo, unfinished []string) map[events.Member]bool {
+	if prev == nil || unfinished == nil {
+		return nil
+	}
+	fresh := map[events.Member]bool{}
+	for _, info := range infos {
+		if k := info.Member.Kind(); !info.Served && (k == events.KindAgent || k == events.KindOwner) {
+			fresh[info.Member] = true
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	want := map[string]bool{}
+	for _, k := range unfinished {
+		want[k] = true
+	}
+	out := map[events.Member]bool{}
+	for k, h := range prev.Holdings() {
+		if !want[k] {
+			continue
+		}
+		for _, m := range h.Members {
+			if fresh[m] {
+				out[m] = true
+			}
+		}
+	}
+	return out
+}
