@@ -110,7 +110,11 @@ func printResult(w io.Writer, res any) {
 		}
 		printFailure(w, r.Failure)
 	case *bridgeapi.RestoreResult:
-		fmt.Fprintf(w, "restore %s of checkpoint %s: %s (epoch %d, %d members)\n", r.RestoreID, r.Source, r.Status, r.Epoch, len(r.Members))
+		what := "restore"
+		if r.Rejoin {
+			what = "rejoin"
+		}
+		fmt.Fprintf(w, "%s %s of checkpoint %s: %s (epoch %d, %d members)\n", what, r.RestoreID, r.Source, r.Status, r.Epoch, len(r.Members))
 		if r.Status == bridgeapi.StatusCompleted {
 			fmt.Fprintf(w, "  %d episodes restored as their next attempt\n", len(r.Restored))
 		} else {
@@ -191,6 +195,9 @@ func newRestoreCmd(g *globals) *cobra.Command {
 		Long: `Restore a committed checkpoint into the members of the run that have not served yet
 (a fresh fleet), as the next epoch. All or none: if any member fails, the next
 attempts are retired everywhere and those rollouts restart from their input.
+With --rejoin, restore LATEST into the agents and owners that came back fresh
+while the rest of the fleet served on (a node that was down), in the run's
+epoch: only what LATEST holds by those members alone, the rest left running.
 Exits 0 when the restore completed, 1 when it failed.`,
 		Args: cobra.NoArgs,
 		RunE: ctl(g, &f, func(ctx context.Context, c *client.Client) (any, error) {
@@ -202,6 +209,8 @@ Exits 0 when the restore completed, 1 when it failed.`,
 	cmd.Flags().StringVar(&req.Source, "source", "", "checkpoint to restore (default: LATEST)")
 	cmd.Flags().StringVar(&req.ID, "id", "", "restore operation id (default: restore-e<epoch>)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "deadline of the restore phase")
+	cmd.Flags().BoolVar(&req.Rejoin, "rejoin", false, "restore LATEST into the members that came back only, keeping the epoch (id default: rejoin-<seq>)")
+	cmd.Flags().StringSliceVar(&req.Episodes, "episodes", nil, "with --rejoin: only these episodes")
 	return cmd
 }
 
