@@ -109,3 +109,39 @@ func TestSandboxLostStartsOver(t *testing.T) {
 		t.Fatalf("retired %v, want the lost attempt %s", ctl.retired, lost)
 	}
 }
+
+// A failed rejoin retired the next attempt of each lost rollout on the
+// members that came back: the collector retires the lost attempt and
+// sends the rollout again above both, never as the attempt the bridge
+// retired (its agent would refuse it, stale).
+func TestRejoinFailedStartsOverAboveTheRetired(t *testing.T) {
+	env := jstest.Start(t)
+	nc, js := env.Connect(t)
+	ctl := &retireRecorder{}
+	c, err := New(Config{Run: "rejoin", Tasks: []Task{{RolloutID: "r1", Task: json.RawMessage(`{}`)}, {RolloutID: "r2", Task: json.RawMessage(`{}`)}},
+		Output: filepath.Join(t.TempDir(), "results.jsonl"), Agents: []string{"a1", "a2"},
+		Conn: nc, JS: js, Bus: env.Bus, Controller: ctl, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// r1 ran on a2, which came back as another process; r2 on a1, which
+	// still runs.
+	live := map[string]string{"agent.a1": "i1", "agent.a2": "i2-new"}
+	c.sentTo["r1"] = dispatchEntry{RolloutID: "r1", Attempt: 0, Agent: "a2", Instance: "i2-old"}
+	c.sentTo["r2"] = dispatchEntry{RolloutID: "r2", Attempt: 0, Agent: "a1", Instance: "i1"}
+	c.attempt["r1"], c.attempt["r2"] = 0, 0
+	if err := c.rejoinFailed(t.Context(), live, []string{"r1-a1"}); err != nil {
+		t.Fatal(err)
+	}
+	if c.attempt["r1"] != 2 || c.attempt["r2"] != 0 {
+		t.Errorf("attempts r1 %d, r2 %d; want r1 sent again as 2 (above the retired 1), r2 asked again as 0", c.attempt["r1"], c.attempt["r2"])
+	}
+	if len(c.queue) != 2 {
+		t.Errorf("queue %v, want both rollouts", c.queue)
+	}
+	ctl.mu.Lock()
+	defer ctl.mu.Unlock()
+	if len(ctl.retired) != 1 || ctl.retired[0] != "r1" {
+		t.Errorf("retired %v, want the lost attempt r1", ctl.retired)
+	}
+}

@@ -131,20 +131,8 @@ func (c *Collector) rejoin(ctx context.Context, st *bridgeapi.Status, latest *ev
 	case err != nil:
 		return fmt.Errorf("collect: rejoin: %w", err)
 	case rr.Status != bridgeapi.StatusCompleted:
-		// The bridge retired the next attempts: start over above them.
 		c.log.Warn().Strs("retired", rr.Retired).Msg("the rejoin failed; the lost rollouts start over")
-		above := map[string]int{}
-		for _, k := range rr.Retired {
-			if ep, err := events.ParseEpisode(k); err == nil {
-				above[ep.Rollout] = ep.Attempt
-			}
-		}
-		c.mu.Lock()
-		for id, a := range above {
-			c.attempt[id] = max(c.attempt[id], a)
-		}
-		c.mu.Unlock()
-		return c.partial(ctx, live, nil)
+		return c.rejoinFailed(ctx, live, rr.Retired)
 	}
 	restored := map[string]int{}
 	for _, k := range rr.Restored {
@@ -172,6 +160,28 @@ func (c *Collector) rejoin(ctx context.Context, st *bridgeapi.Status, latest *ev
 	c.mu.Unlock()
 	c.log.Info().Str("checkpoint", latest.CheckpointID).Int("continue", len(restored)).Msg("rejoined")
 	return c.partial(ctx, live, restored)
+}
+
+// rejoinFailed starts the lost rollouts over after a failed rejoin, each
+// above the next attempt the bridge retired for it (the rejoin's).
+func (c *Collector) rejoinFailed(ctx context.Context, live map[string]string, retired []string) error {
+	above := map[string]int{}
+	for _, k := range retired {
+		if ep, err := events.ParseEpisode(k); err == nil {
+			above[ep.Rollout] = max(above[ep.Rollout], ep.Attempt)
+		}
+	}
+	if err := c.partial(ctx, live, nil); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, a := range above {
+		if _, done := c.done[id]; !done {
+			c.attempt[id] = max(c.attempt[id], a+1)
+		}
+	}
+	return nil
 }
 
 // isLost tells whether the attempt of a rollout in flight was sent to an
