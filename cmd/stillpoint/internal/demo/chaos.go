@@ -33,10 +33,10 @@ const (
 	// from BridgeFailpoints: it kills itself there (SIGKILL), and is
 	// started again.
 	FaultBridge = "bridge"
-	// FaultAgent, FaultOwner and FaultFleet kill (SIGKILL) one agent, the
-	// owner, or the owner and every agent at a phase of the run, and
-	// start them again: the collector asks the survivors again, retires
-	// what the dead held, or restores the last checkpoint into the fresh
+	// FaultAgent, FaultOwner and FaultFleet kill (SIGKILL) one agent, one
+	// owner, or every owner and agent at a phase of the run, and start
+	// them again: the collector asks the survivors again, retires what
+	// the dead held, or restores the last checkpoint into the fresh
 	// fleet.
 	FaultAgent = "agent"
 	FaultOwner = "owner"
@@ -133,8 +133,8 @@ func ChaosCommand(env Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "chaos",
 		Short: "Collect rollouts in rounds while injecting random faults, and check the invariants after each",
-		Long: `Run the demo's system (a NATS server, the bridge, a sandbox owner and agents, each its own
-process, and the scripted model server) through rounds of collection until --duration has
+		Long: `Run the demo's system (a NATS server, the bridge, --agents nodes of an agent and its
+sandbox owner, each its own process, and the scripted model server) through rounds of collection until --duration has
 passed: each round is a run of its own with --rollouts scripted tasks, a checkpoint every
 --every (each task makes --steps quick tool calls and a slow one of --tool-time), and --per-round faults drawn from --faults by the seed, each at a random moment:
 
@@ -143,8 +143,8 @@ passed: each round is a run of its own with --rollouts scripted tasks, a checkpo
   agent     kill -9 of one agent at a point (the phases prepare, commit, resume, restore,
             release; commit-acked: a member manifest written; committed: the checkpoint
             manifest written), started again
-  owner     kill -9 of the sandbox owner at a phase, started again
-  fleet     kill -9 of the owner and every agent at a phase, started again: a restore
+  owner     kill -9 of one node's sandbox owner at a phase, started again
+  fleet     kill -9 of every owner and agent at a phase, started again: a restore
   sandboxd  kill -9 of one sandbox daemon at a phase
   harness   kill -9 of one process a sandbox daemon launched, at a phase
   nats      kill -9 of the NATS server at a phase, started again on the same store
@@ -170,7 +170,7 @@ checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
 	fl.Uint64Var(&f.seed, "seed", 1, "the seed that draws the faults")
 	fl.DurationVar(&f.duration, "duration", 2*time.Minute, "rounds start until this has passed (the last one finishes)")
 	fl.IntVar(&f.rollouts, "rollouts", 8, "tasks in each round")
-	fl.IntVar(&f.agents, "agents", 2, "agent processes")
+	fl.IntVar(&f.agents, "agents", 2, "nodes: agent processes, each with a sandbox owner of its own")
 	fl.StringVar(&f.dir, "dir", "", "work directory: a directory per round, the NATS store (default: a new one under the temp dir)")
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
 	fl.StringVar(&f.faults, "faults", "", "the fault kinds to draw from, comma-separated (default: every kind but nats-node, or with --cluster every kind but nats)")
@@ -473,14 +473,9 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	if err != nil {
 		return err
 	}
-	if err := d.startOwner(ctx, nil, bus); err != nil {
-		return err
-	}
-	var agents []string
-	for i := range w.f.agents {
-		name := fmt.Sprintf("a%d", i+1)
-		agents = append(agents, name)
-		if err := d.startAgent(ctx, bus, name, modelURL); err != nil {
+	agents := agentNames(w.f.agents)
+	for _, a := range agents {
+		if err := d.startNode(ctx, bus, a, modelURL); err != nil {
 			return err
 		}
 	}

@@ -189,25 +189,19 @@ func (i *injector) inject(ctx context.Context, p plannedFault, phases <-chan eve
 		}
 		return d.startAgent(ctx, i.bus, a, i.modelURL)
 	case FaultOwner:
-		d.say("kill -9 of the owner at %s", p.phase)
-		if err := d.kill9(ctx, "owner"); err != nil {
+		o := nodeOwner(i.agents[i.rng.IntN(len(i.agents))])
+		d.say("kill -9 of owner %s at %s", o, p.phase)
+		if err := d.kill9(ctx, ownerProc(o)); err != nil {
 			return err
 		}
-		return d.startOwner(ctx, nil, i.bus)
+		return d.startOwner(ctx, i.bus, o)
 	case FaultFleet:
-		d.say("kill -9 of the owner and the agents at %s", p.phase)
-		names := []string{"owner"}
-		for _, a := range i.agents {
-			names = append(names, "agent-"+a)
-		}
-		if err := d.kill9(ctx, names...); err != nil {
-			return err
-		}
-		if err := d.startOwner(ctx, nil, i.bus); err != nil {
+		d.say("kill -9 of the owners and the agents at %s", p.phase)
+		if err := d.kill9(ctx, d.fleetProcs(i.agents)...); err != nil {
 			return err
 		}
 		for _, a := range i.agents {
-			if err := d.startAgent(ctx, i.bus, a, i.modelURL); err != nil {
+			if err := d.startNode(ctx, i.bus, a, i.modelURL); err != nil {
 				return err
 			}
 		}
