@@ -97,6 +97,9 @@ func runCollector(ctx context.Context, env Env, f collectorFlags) error {
 	if err != nil {
 		return err
 	}
+	if env.HandleTerm != nil {
+		defer env.HandleTerm(col.Stop)()
+	}
 	sum, err := col.Run(ctx)
 	b, _ := json.Marshal(sum)
 	fmt.Fprintf(env.Stdout, "chaos-collect: summary %s\n", b)

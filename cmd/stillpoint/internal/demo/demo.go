@@ -61,6 +61,10 @@ type Env struct {
 	// Program is the stillpoint binary the bridge, the owners and the
 	// agents run as (default: this process's own, os.Executable).
 	Program string
+	// HandleTerm, when set, makes SIGTERM call stop instead of ending the
+	// command's context, until the returned undo: `chaos collect` stops
+	// after a checkpoint, as `stillpoint collect` does.
+	HandleTerm func(stop func()) (undo func())
 }
 
 // Sentinel errors of the demo's command.
