@@ -14,9 +14,11 @@
 // ChaosCommand is `stillpoint chaos` (chaos.go), on the same world: rounds
 // of collection, each a run of its own on one NATS server process (or, with
 // --cluster, three node processes), while faults drawn by a seed (or named
-// by --plan) kill the bridge at a failpoint, an agent, the owner, the fleet,
-// a sandbox daemon, a harness, the NATS server or a node at a point of a
-// checkpoint, or stall an agent; after each round the invariants are
+// by --plan) kill the bridge at a failpoint, an agent, an owner, the fleet,
+// a sandbox daemon, a harness, the NATS server or a NATS node at a point of
+// a checkpoint, take a node (an agent and its owner) down until a
+// checkpoint commits without it, preempt the collector while a node is
+// down, or stall an agent; after each round the invariants are
 // checked, and a table at the end counts faults, checkpoints, restores,
 // results and violations. docs/RELIABILITY.md says what each fault shows.
 //
