@@ -58,7 +58,7 @@ LONG      ?= 1
 
 # The fault kinds of `make chaos` and `make soak` (stillpoint chaos
 # --faults): every kind but those docs/RELIABILITY.md lists as open.
-CHAOS_FAULTS ?= bridge,agent,owner,fleet,sandboxd,harness,stall,collector,nats
+CHAOS_FAULTS ?= bridge,agent,owner,fleet,node,preempt,sandboxd,harness,stall,collector,nats
 CHAOS_SEED   ?= 1
 
 .PHONY: all help build test test-heavy bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak faults ci clean microvm-assets timeline-png

@@ -51,6 +51,17 @@ var faultMatrix = []struct {
 	// point and started again on its results and dispatch log.
 	{"collector", []string{"collector@prepare", "collector@commit", "collector@commit-acked", "collector@committed",
 		"collector@resume", "collector@release", "fleet@committed+collector@restore"}, nil},
+	// A node (an agent and its owner) lost for a while, its sandboxes with
+	// it: killed at the point, kept down while the other node's rollouts go
+	// on and a checkpoint commits without it (the checkpoints carry its
+	// rollouts: PROTOCOL §5, Progress only moves forward), then started
+	// again. Each round waits out the dead members' heartbeats (30 s).
+	{"node", []string{"node@prepare", "node@committed", "node@resume"}, nil},
+	// The job preempted while a node is down: its rollouts mid-tool when a
+	// checkpoint commits, the node killed, the collector sent SIGTERM; its
+	// checkpoint with stop commits without the dead members, carrying their
+	// rollouts, and the rerun on the fleet that came back restores them.
+	{"preempt", []string{"node@committed+preempt@prepare"}, nil},
 	// The whole fleet (before anything committed, then with LATEST to
 	// restore), and a harness.
 	{"fleet-harness", []string{"fleet@prepare", "fleet@commit", "fleet@committed", "fleet@resume", "fleet@release",

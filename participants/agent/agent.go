@@ -684,7 +684,13 @@ func (a *Agent) cleanup(r *run, cause error) {
 	defer cancel()
 	if launch != "" && !a.daemons.isGone(sandbox) {
 		if dc, err := a.sandbox(sandbox); err == nil {
-			if _, err := dc.Stop(ctx, launch, true); err != nil && !isCode(err, sandboxapi.CodeUnknownLaunch) {
+			// The daemon may go while it holds the stop (an owner that
+			// retires the same attempt stops its sandbox): then the launch
+			// went with it, and the session is still to close.
+			_, err := whileDaemonLives(ctx, a, sandbox, func(ctx context.Context) (sandboxapi.Receipt, error) {
+				return dc.Stop(ctx, launch, true)
+			})
+			if err != nil && !isCode(err, sandboxapi.CodeUnknownLaunch) && !errors.Is(err, errSandboxLost) {
 				r.log.Warn().Err(err).Str("launch", launch).Msg("kill the launch")
 			}
 		}

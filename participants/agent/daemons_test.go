@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
@@ -407,5 +408,38 @@ func TestLaunchRequestLostOnTheWayIsAskedAgain(t *testing.T) {
 	_, err := a.startLaunchIn(t.Context(), sb, "", "sb-live", sandboxapi.LaunchRequest{LaunchID: "r1.l1", Episode: "r1", Argv: []string{"true"}})
 	if !isCode(err, sandboxapi.CodeLaunchExists) || sb.asked.Load() != 2 {
 		t.Fatalf("after %v: %v, %d requests; want launch_exists from the second", time.Since(start), err, sb.asked.Load())
+	}
+}
+
+// heldStop is a daemon that went while it held the stop of its launch:
+// the stop is never answered.
+type heldStop struct{ *endlessSandbox }
+
+func (s heldStop) Stop(ctx context.Context, _ string, _ bool) (sandboxapi.Receipt, error) {
+	<-ctx.Done()
+	return sandboxapi.Receipt{}, ctx.Err()
+}
+
+// A run that ends without a result stops its launch, unless the daemon
+// goes while it holds the stop: an owner that retires the same attempt
+// stops the sandbox, and the launch with it. The cleanup takes the daemon
+// for gone once it answers no alive query, and goes on to the session,
+// rather than waiting out its 30 s bound: chaos, with an owner per node,
+// found every such retire taking 30 s.
+func TestCleanupOfALaunchWhoseDaemonWent(t *testing.T) {
+	tier.Long(t)
+	a := agentWithLiveDaemon(t)
+	a.sandboxes = map[string]Sandbox{}
+	a.cfg.SandboxService = func(string) (Sandbox, error) { return heldStop{newEndlessSandbox()}, nil }
+	ctx, cancel := context.WithCancelCause(t.Context())
+	defer cancel(nil)
+	r := &run{key: "r1", ep: events.Episode{Rollout: "r1"}, ctx: ctx, log: zerolog.Nop(), launch: "r1.l1", sandbox: "sb-dead"}
+	start := time.Now()
+	a.cleanup(r, errors.New("retired"))
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("the cleanup took %v: it waited out the stop of a daemon that went", took)
+	}
+	if !a.daemons.isGone("sb-dead") {
+		t.Error("the daemon that held the stop is not gone for the book")
 	}
 }

@@ -234,6 +234,52 @@ func TestRelease(t *testing.T) {
 	})
 }
 
+// A run's owners (one a node) share the snapshot index: each release
+// decides the entries its owner wrote alone, and reads past another
+// owner's mark, a key with no value that is no entry. The demo with an
+// owner per node found both releasing every entry, and each failing on the
+// other's mark, so that the final release deleted nothing of the bridge's.
+func TestReleaseOfOneOwnerAmongSeveral(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := t.Context()
+	d1, d2 := newDir(t), newDir(t)
+	o1 := newOwner(t, baseConfig(t, env, d1, "o1"))
+	o2 := newOwner(t, baseConfig(t, env, d2, "o2"))
+	start(t, o1, "s1", ep("r1", 0))
+	start(t, o2, "s2", ep("r2", 0))
+	checkpoint(t, o1, "c1")
+	checkpoint(t, o2, "c1")
+	for o, s := range map[*Owner]string{o1: "s1", o2: "s2"} {
+		if err := o.EndSession(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// o2's release is reading: its mark is in the index.
+	if _, err := env.Bus.Snapshots.Put(ctx, o2.markKey(), nil); err != nil {
+		t.Fatal(err)
+	}
+	deleted, err := o1.Release(ctx, nil)
+	if err != nil || !slices.Equal(deleted, []string{"c1-s1"}) {
+		t.Fatalf("o1's final Release: %v, %v; want c1-s1 alone", deleted, err)
+	}
+	if got := snapshots(t, d2); !slices.Equal(got, []string{"c1-s2"}) {
+		t.Errorf("o2's snapshots after o1's release: %v", got)
+	}
+	if err := env.Bus.Snapshots.Delete(ctx, o2.markKey()); err != nil {
+		t.Fatal(err)
+	}
+	if k := indexKeys(t, env); !slices.Equal(k, []string{"c1-s2"}) {
+		t.Errorf("index after o1's release: %v, want o2's entry", k)
+	}
+	deleted, err = o2.Release(ctx, nil)
+	if err != nil || !slices.Equal(deleted, []string{"c1-s2"}) {
+		t.Fatalf("o2's final Release: %v, %v", deleted, err)
+	}
+	if k := indexKeys(t, env); len(k) != 0 {
+		t.Errorf("index keeps %v", k)
+	}
+}
+
 // Snapshot ids are tokens: <checkpoint>-<session> when that is one,
 // otherwise sanitized with a hash that keeps distinct sessions apart.
 func TestSnapshotID(t *testing.T) {

@@ -69,7 +69,9 @@
 //
 // Export snapshots every live session's sandbox as the snapshot
 // <checkpoint>-<session> (made a token), indexes it in the sp_snapshots KV
-// bucket (snapshot id -> ownerapi.IndexEntry {run, snapshot, checkpoints})
+// bucket (snapshot id -> ownerapi.IndexEntry {run, snapshot, owner,
+// checkpoints}: a run's owners share the bucket, and each releases the
+// entries that name it)
 // and returns one record per session, keyed by its episode, with data an
 // ownerapi.RecordData {session, sandbox: {provider, snapshot, sandbox_id},
 // workdir, data}; and, for a session a verify ended, a record of its
@@ -86,5 +88,6 @@
 // A release reads the index whatever replica of a cluster answers: it
 // writes the owner's mark key (_read.<hash of run and name>, not a token,
 // so no snapshot id) through the stream's leader, reads a watch of the
-// index until the mark's write shows, and deletes the mark again.
+// index until the mark's write shows, and deletes the mark again; other
+// owners' marks that the watch shows are no entries, and are skipped.
 package owner

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -97,7 +98,7 @@ func isWrongSeq(err error) bool {
 func (o *Owner) index(ctx context.Context, id, ckpt string, size int64) error {
 	return o.update(ctx, id, func(e *ownerapi.IndexEntry) (*ownerapi.IndexEntry, bool) {
 		if e == nil {
-			return &ownerapi.IndexEntry{Run: o.cfg.Run, Snapshot: id, Checkpoints: []string{ckpt}, Size: size}, true
+			return &ownerapi.IndexEntry{Run: o.cfg.Run, Snapshot: id, Owner: o.cfg.Name, Checkpoints: []string{ckpt}, Size: size}, true
 		}
 		if slices.Contains(e.Checkpoints, ckpt) {
 			return e, false
@@ -143,11 +144,15 @@ type indexed struct {
 // replica that stops short of the mark is given up for a new one.
 const readTry = 2 * time.Second
 
+// markPrefix begins every owner's mark key: not a token, so no snapshot
+// id.
+const markPrefix = "_read."
+
 // markKey is the owner's key in the snapshot index that readIndex writes
-// to mark how far a read must reach: not a token, so no snapshot id.
+// to mark how far a read must reach.
 func (o *Owner) markKey() string {
 	sum := sha256.Sum256([]byte(o.cfg.Run + "\x00" + o.cfg.Name))
-	return "_read." + hex.EncodeToString(sum[:8])
+	return markPrefix + hex.EncodeToString(sum[:8])
 }
 
 // readIndex reads the index entries whose keys match filter (a key, or >
@@ -222,6 +227,11 @@ func (o *Owner) watchTo(ctx context.Context, filter, mark string, rev uint64) (m
 				}
 				continue
 			}
+			if strings.HasPrefix(k, markPrefix) {
+				// Another owner's mark (of this run or another): its
+				// read, not an entry.
+				continue
+			}
 			delete(out, k)
 			delete(bad, k)
 			if ent.Operation() != natsjs.KeyValuePut {
@@ -237,9 +247,10 @@ func (o *Owner) watchTo(ctx context.Context, filter, mark string, rev uint64) (m
 	}
 }
 
-// Release deletes every snapshot of the run that no checkpoint in keep
-// names, per the sp_snapshots index, and drops the released checkpoints
-// from the entries of the snapshots it keeps. It returns the deleted
+// Release deletes every snapshot of the run this owner took that no
+// checkpoint in keep names, per the sp_snapshots index, and drops the
+// released checkpoints from the entries of the snapshots it keeps. Another
+// owner's entries are that owner's to release. It returns the deleted
 // snapshot ids, sorted. A snapshot whose deletion fails stays indexed, for
 // the next release.
 //
@@ -291,8 +302,8 @@ func (o *Owner) Release(ctx context.Context, keep []string) ([]string, error) {
 func (o *Owner) release(ctx context.Context, id string, cur indexed, keep []string) (drop bool, err error) {
 	for range casAttempts {
 		e := cur.entry
-		if e.Run != o.cfg.Run {
-			return false, nil
+		if e.Run != o.cfg.Run || e.Owner != "" && e.Owner != o.cfg.Name {
+			return false, nil // another run's, or another owner's to release
 		}
 		kept := slices.DeleteFunc(slices.Clone(e.Checkpoints), func(c string) bool { return !slices.Contains(keep, c) })
 		if len(kept) == 0 {

@@ -243,8 +243,13 @@ func TestVerdictOfAnEndedSessionIsExportedAndRestored(t *testing.T) {
 	if err := b.EndSession(ctx, "s2"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Release(ctx, nil); err != nil {
-		t.Fatal(err)
+	// Each owner releases the snapshots it took: b those of c2, a those of
+	// c1 (b stands for a's successor under another name, which releases
+	// none of a's).
+	for _, o := range []*Owner{b, a} {
+		if _, err := o.Release(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -42,6 +42,10 @@ type IndexEntry struct {
 	Run string `json:"run"`
 	// Snapshot is the snapshot id (the key).
 	Snapshot string `json:"snapshot"`
+	// Owner is the name of the owner that took the snapshot, the one that
+	// releases it: a run's owners share the bucket. Empty in entries
+	// written before it was recorded, which any owner of the run releases.
+	Owner string `json:"owner,omitempty"`
 	// Checkpoints are the checkpoint ids that name the snapshot.
 	Checkpoints []string `json:"checkpoints"`
 	// Size is the bytes of file data the snapshot copied, as the provider

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stillpoint/stillpoint/cmd/stillpoint/internal/demo"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
@@ -125,15 +126,26 @@ func newDemoCmd(g *globals) *cobra.Command {
 
 // newChaosCmd is `stillpoint chaos` (package demo), its errors turned into
 // exit statuses as the demo's are: an invariant violated in some round,
-// which the table shows, exits 1.
+// which the table shows, exits 1. SIGTERM stops its collector (`chaos
+// collect`) after a checkpoint, as it stops `stillpoint collect`.
 func newChaosCmd(g *globals) *cobra.Command {
-	return demoExits(demo.ChaosCommand(demo.Env{Stdout: g.stdout, Stderr: g.stderr, Conn: &g.conn}))
+	return demoExits(demo.ChaosCommand(demo.Env{Stdout: g.stdout, Stderr: g.stderr, Conn: &g.conn,
+		HandleTerm: func(stop func()) func() {
+			termHandler.Store(&stop)
+			return func() { termHandler.Store(nil) }
+		}}))
 }
 
-// demoExits turns the errors of the demo package's commands into exit
-// statuses.
+// demoExits turns the errors of the demo package's commands, and of
+// their subcommands, into exit statuses.
 func demoExits(cmd *cobra.Command) *cobra.Command {
+	for _, sub := range cmd.Commands() {
+		demoExits(sub)
+	}
 	run := cmd.RunE
+	if run == nil {
+		return cmd
+	}
 	cmd.RunE = func(c *cobra.Command, args []string) error {
 		err := run(c, args)
 		switch {
@@ -141,6 +153,9 @@ func demoExits(cmd *cobra.Command) *cobra.Command {
 			return &exitError{code: ExitUsage, err: err}
 		case errors.Is(err, demo.ErrInvariants):
 			return &exitError{code: ExitFailure}
+		case errors.Is(err, collect.ErrStopped):
+			// chaos collect, stopped as collect is: run it again.
+			return &exitError{code: collect.ExitStopped, err: err}
 		}
 		return err
 	}

@@ -33,10 +33,10 @@ const (
 	// from BridgeFailpoints: it kills itself there (SIGKILL), and is
 	// started again.
 	FaultBridge = "bridge"
-	// FaultAgent, FaultOwner and FaultFleet kill (SIGKILL) one agent, the
-	// owner, or the owner and every agent at a phase of the run, and
-	// start them again: the collector asks the survivors again, retires
-	// what the dead held, or restores the last checkpoint into the fresh
+	// FaultAgent, FaultOwner and FaultFleet kill (SIGKILL) one agent, one
+	// owner, or every owner and agent at a phase of the run, and start
+	// them again: the collector asks the survivors again, retires what
+	// the dead held, or restores the last checkpoint into the fresh
 	// fleet.
 	FaultAgent = "agent"
 	FaultOwner = "owner"
@@ -60,7 +60,8 @@ const (
 )
 
 // Faults lists every fault kind, in the order the table prints them.
-var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultSandboxd, FaultHarness, FaultNATS, FaultNATSNode, FaultStall, FaultCollector}
+var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultNode, FaultPreempt, FaultSandboxd, FaultHarness, FaultNATS, FaultNATSNode,
+	FaultStall, FaultCollector}
 
 // BridgeFailpoints are the points FaultBridge arms (see the bridge's
 // failpoint package); the abort and restore ones are hit only when the
@@ -133,8 +134,8 @@ func ChaosCommand(env Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "chaos",
 		Short: "Collect rollouts in rounds while injecting random faults, and check the invariants after each",
-		Long: `Run the demo's system (a NATS server, the bridge, a sandbox owner and agents, each its own
-process, and the scripted model server) through rounds of collection until --duration has
+		Long: `Run the demo's system (a NATS server, the bridge, --agents nodes of an agent and its
+sandbox owner, each its own process, and the scripted model server) through rounds of collection until --duration has
 passed: each round is a run of its own with --rollouts scripted tasks, a checkpoint every
 --every (each task makes --steps quick tool calls and a slow one of --tool-time), and --per-round faults drawn from --faults by the seed, each at a random moment:
 
@@ -143,13 +144,19 @@ passed: each round is a run of its own with --rollouts scripted tasks, a checkpo
   agent     kill -9 of one agent at a point (the phases prepare, commit, resume, restore,
             release; commit-acked: a member manifest written; committed: the checkpoint
             manifest written), started again
-  owner     kill -9 of the sandbox owner at a phase, started again
-  fleet     kill -9 of the owner and every agent at a phase, started again: a restore
+  owner     kill -9 of one node's sandbox owner at a phase, started again
+  fleet     kill -9 of every owner and agent at a phase, started again: a restore
+  node      kill -9 of one node's agent and owner at a point, its sandboxes stopped; started
+            again once a checkpoint committed without them (needs --agents 2 or more)
+  preempt   SIGTERM to the round's collector (then a process of its own) while a node is
+            down: it stops after a checkpoint; the job comes back (every agent and owner
+            started again) and the collector is run again, restoring. Drawn after a node
+            fault; in --plan node@committed+preempt@prepare
   sandboxd  kill -9 of one sandbox daemon at a phase
   harness   kill -9 of one process a sandbox daemon launched, at a phase
   nats      kill -9 of the NATS server at a phase, started again on the same store
-  node      with --cluster: kill -9 of one node at a point, started again on its store
-            once a checkpoint ended without it
+  nats-node with --cluster: kill -9 of one NATS node at a point, started again on its
+            store once a checkpoint ended without it
   stall     SIGSTOP of one agent at a point (a member that never answers) until a
             checkpoint fails, then SIGCONT (it answers after the abort)
   collector kill -9 of the round's collector (then a process of its own) at a phase,
@@ -170,13 +177,13 @@ checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
 	fl.Uint64Var(&f.seed, "seed", 1, "the seed that draws the faults")
 	fl.DurationVar(&f.duration, "duration", 2*time.Minute, "rounds start until this has passed (the last one finishes)")
 	fl.IntVar(&f.rollouts, "rollouts", 8, "tasks in each round")
-	fl.IntVar(&f.agents, "agents", 2, "agent processes")
+	fl.IntVar(&f.agents, "agents", 2, "nodes: agent processes, each with a sandbox owner of its own")
 	fl.StringVar(&f.dir, "dir", "", "work directory: a directory per round, the NATS store (default: a new one under the temp dir)")
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir")
-	fl.StringVar(&f.faults, "faults", "", "the fault kinds to draw from, comma-separated (default: every kind but nats-node, or with --cluster every kind but nats)")
+	fl.StringVar(&f.faults, "faults", "", "the fault kinds to draw from, comma-separated (default: every kind but collector and nats-node, or with --cluster but collector and nats; node and preempt with --agents 2 or more)")
 	fl.DurationVar(&f.grace, "recover-grace", chaosRecoverGrace, "how long a round's collector waits for a fleet that restarted to settle (a restore needs all of it back)")
 	fl.DurationVar(&f.limit, "round-limit", 5*time.Minute, "a round whose collection has not finished by then is stopped and counted as a violation")
-	fl.BoolVar(&f.cluster, "cluster", false, "run NATS as a 3-node cluster (R3), each node its own process (the node fault kills one)")
+	fl.BoolVar(&f.cluster, "cluster", false, "run NATS as a 3-node cluster (R3), each node its own process (the nats-node fault kills one)")
 	fl.IntVar(&f.perRound, "per-round", 2, "faults in each round")
 	fl.DurationVar(&f.every, "every", 2*time.Second, "checkpoint interval of each round")
 	fl.DurationVar(&f.tool, "tool-time", 8*time.Second, "how long each task's slow tool call runs (a checkpoint catches it)")
@@ -324,6 +331,9 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	if strings.TrimSpace(f.faults) == "" {
 		for _, k := range Faults {
 			kinds[k] = k != FaultNATSNode && k != FaultNATS && k != FaultCollector || k == FaultNATSNode && f.cluster || k == FaultNATS && !f.cluster
+			if k == FaultNode || k == FaultPreempt {
+				kinds[k] = f.agents >= nodeFaultsNeed
+			}
 		}
 	}
 	for k := range strings.SplitSeq(f.faults, ",") {
@@ -341,6 +351,9 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	if kinds[FaultNATSNode] && !f.cluster || kinds[FaultNATS] && f.cluster {
 		return fmt.Errorf("%w: --faults: nats-node goes with --cluster, nats without", ErrUsage)
 	}
+	if (kinds[FaultNode] || kinds[FaultPreempt]) && f.agents < nodeFaultsNeed {
+		return fmt.Errorf("%w: --faults: node and preempt need --agents %d or more (a node is an agent and its owner)", ErrUsage, nodeFaultsNeed)
+	}
 	var drawn []string
 	for _, k := range Faults {
 		if kinds[k] {
@@ -353,6 +366,11 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	planned, err := parsePlan(f.plan)
 	if err != nil {
 		return err
+	}
+	for _, round := range planned {
+		if f.agents < nodeFaultsNeed && slices.ContainsFunc(round, func(p plannedFault) bool { return p.kind == FaultNode || p.kind == FaultPreempt }) {
+			return fmt.Errorf("%w: --plan: node and preempt need --agents %d or more (a node is an agent and its owner)", ErrUsage, nodeFaultsNeed)
+		}
 	}
 	w := &chaosWorld{env: env, f: f}
 	if w.dir, w.self, err = workAndProgram(env, f.dir, "stillpoint-chaos-"); err != nil {
@@ -391,15 +409,21 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 		}
 		plan := make([]plannedFault, f.perRound)
 		restores := false // a restore phase comes only after a fleet's crash
-		for i := range plan {
+		draw := func() plannedFault {
 			phases := chaosPhases
 			if !restores {
 				phases = slices.DeleteFunc(slices.Clone(phases), func(p events.Phase) bool { return p == events.PhaseRestore })
 			}
-			plan[i] = plannedFault{kind: drawn[rng.IntN(len(drawn))], phase: phases[rng.IntN(len(phases))],
+			p := plannedFault{kind: drawn[rng.IntN(len(drawn))], phase: phases[rng.IntN(len(phases))],
 				after: time.Duration(rng.Int64N(int64(f.tool))), failpoint: BridgeFailpoints[rng.IntN(len(BridgeFailpoints))]}
-			restores = restores || plan[i].kind == FaultFleet
+			restores = restores || p.kind == FaultFleet
+			return p
 		}
+		for i := range plan {
+			plan[i] = draw()
+		}
+		// A preempt comes while a node is down: one is drawn before it.
+		plan = withNodes(plan, draw)
 		if err := w.round(ctx, round, plan, rng.Uint64(), t); err != nil {
 			return err
 		}
@@ -473,14 +497,9 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	if err != nil {
 		return err
 	}
-	if err := d.startOwner(ctx, nil, bus); err != nil {
-		return err
-	}
-	var agents []string
-	for i := range w.f.agents {
-		name := fmt.Sprintf("a%d", i+1)
-		agents = append(agents, name)
-		if err := d.startAgent(ctx, bus, name, modelURL); err != nil {
+	agents := agentNames(w.f.agents)
+	for _, a := range agents {
+		if err := d.startNode(ctx, bus, a, modelURL); err != nil {
 			return err
 		}
 	}

@@ -39,13 +39,15 @@ type collectorFlags struct {
 }
 
 // collectorCommand returns `chaos collect`: one round's collector as a
-// process of its own, for FaultCollector. It prints its summary last, on
-// one line (collectorSummaryRE).
+// process of its own, for FaultCollector and FaultPreempt. It prints its
+// summary last, on one line (collectorSummaryRE). On SIGTERM (with
+// Env.HandleTerm) it stops after a checkpoint with stop, and returns
+// collect.ErrStopped.
 func collectorCommand(env Env) *cobra.Command {
 	var f collectorFlags
 	cmd := &cobra.Command{
 		Use:    "collect",
-		Short:  "Run one chaos round's collector (chaos starts it, and kills it for the collector fault)",
+		Short:  "Run one chaos round's collector (chaos starts it, kills it for the collector fault, stops it for preempt)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE:   func(cmd *cobra.Command, _ []string) error { return runCollector(cmd.Context(), env, f) },
@@ -96,6 +98,9 @@ func runCollector(ctx context.Context, env Env, f collectorFlags) error {
 		Logger: zerolog.New(env.Stderr).With().Timestamp().Logger()})
 	if err != nil {
 		return err
+	}
+	if env.HandleTerm != nil {
+		defer env.HandleTerm(col.Stop)()
 	}
 	sum, err := col.Run(ctx)
 	b, _ := json.Marshal(sum)
@@ -217,10 +222,11 @@ func verifyCommits(ctx context.Context, nc *nats.Conn, bus *jetstream.Bus, run s
 	return nil
 }
 
-// isCollectorRound tells whether a round's plan kills its collector.
+// isCollectorRound tells whether a round's plan kills or preempts its
+// collector, which then runs as a process of its own.
 func isCollectorRound(plan []plannedFault) bool {
 	for _, p := range plan {
-		if p.kind == FaultCollector {
+		if p.kind == FaultCollector || p.kind == FaultPreempt {
 			return true
 		}
 	}

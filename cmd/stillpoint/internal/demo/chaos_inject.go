@@ -31,6 +31,7 @@ type injector struct {
 	injected    map[string]int
 	missed      map[string]int
 	missedNames []string // the faults that missed, kind@point
+	down        string   // the agent of the node a node fault left down for a preempt
 }
 
 func (i *injector) count(kind string, hit bool) {
@@ -106,54 +107,71 @@ func (i *injector) run(ctx context.Context, plan []plannedFault, done func() int
 		return
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	for _, p := range plan {
+	for k, p := range plan {
 		if p.kind == FaultBridge {
 			continue
 		}
-		select {
-		case <-ctx.Done():
-			i.miss(p)
-			continue
-		case <-time.After(p.after):
-		}
-		// Phases seen before the delay ended do not count.
-	drain:
-		for {
-			select {
-			case <-phases:
-			default:
-				break drain
+		next := nextKind(plan, k)
+		i.one(ctx, p, next, phases, done)
+		if next != FaultPreempt && ctx.Err() == nil {
+			// A node left down for the preempt comes back once the
+			// preempt is done, landed or not: the round cannot finish
+			// without it.
+			if err := i.startDown(ctx); err != nil {
+				i.d.say("starting the node left down again: %v", err)
 			}
 		}
-		hit := false
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-				break wait
-			case ph := <-phases:
-				if ph == p.phase {
-					hit = true
-					break wait
-				}
-			}
-		}
-		if !hit || done() >= len(i.d.ids) {
-			i.miss(p)
-			continue
-		}
-		if err := i.inject(ctx, p, phases); err != nil {
-			i.d.say("%s: %v", p, err)
-			i.miss(p)
-			continue
-		}
-		i.count(p.kind, true)
 	}
 }
 
-// inject injects one fault now; a stall reads the points that follow
+// one injects fault p after its delay, at the next phase of its kind on
+// the bus, and counts it injected or missed; next is the kind of the
+// fault that follows.
+func (i *injector) one(ctx context.Context, p plannedFault, next string, phases chan events.Phase, done func() int) {
+	select {
+	case <-ctx.Done():
+		i.miss(p)
+		return
+	case <-time.After(p.after):
+	}
+	// Phases seen before the delay ended do not count.
+drain:
+	for {
+		select {
+		case <-phases:
+		default:
+			break drain
+		}
+	}
+	hit := false
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case ph := <-phases:
+			if ph == p.phase {
+				hit = true
+				break wait
+			}
+		}
+	}
+	if !hit || done() >= len(i.d.ids) {
+		i.miss(p)
+		return
+	}
+	if err := i.inject(ctx, p, next, phases); err != nil {
+		i.d.say("%s: %v", p, err)
+		i.miss(p)
+		return
+	}
+	i.count(p.kind, true)
+}
+
+// inject injects one fault now; next is the kind of the fault that
+// follows it, "" when none does; a stall reads the points that follow
 // from phases.
-func (i *injector) inject(ctx context.Context, p plannedFault, phases <-chan events.Phase) error {
+func (i *injector) inject(ctx context.Context, p plannedFault, next string, phases <-chan events.Phase) error {
 	d := i.d
 	switch p.kind {
 	case FaultStall:
@@ -189,29 +207,27 @@ func (i *injector) inject(ctx context.Context, p plannedFault, phases <-chan eve
 		}
 		return d.startAgent(ctx, i.bus, a, i.modelURL)
 	case FaultOwner:
-		d.say("kill -9 of the owner at %s", p.phase)
-		if err := d.kill9(ctx, "owner"); err != nil {
+		o := nodeOwner(i.agents[i.rng.IntN(len(i.agents))])
+		d.say("kill -9 of owner %s at %s", o, p.phase)
+		if err := d.kill9(ctx, ownerProc(o)); err != nil {
 			return err
 		}
-		return d.startOwner(ctx, nil, i.bus)
+		return d.startOwner(ctx, i.bus, o)
 	case FaultFleet:
-		d.say("kill -9 of the owner and the agents at %s", p.phase)
-		names := []string{"owner"}
-		for _, a := range i.agents {
-			names = append(names, "agent-"+a)
-		}
-		if err := d.kill9(ctx, names...); err != nil {
-			return err
-		}
-		if err := d.startOwner(ctx, nil, i.bus); err != nil {
+		d.say("kill -9 of the owners and the agents at %s", p.phase)
+		if err := d.kill9(ctx, d.fleetProcs(i.agents)...); err != nil {
 			return err
 		}
 		for _, a := range i.agents {
-			if err := d.startAgent(ctx, i.bus, a, i.modelURL); err != nil {
+			if err := d.startNode(ctx, i.bus, a, i.modelURL); err != nil {
 				return err
 			}
 		}
 		return nil
+	case FaultNode:
+		return i.nodeFault(ctx, p, next == FaultPreempt)
+	case FaultPreempt:
+		return i.preempt(ctx, p)
 	case FaultSandboxd, FaultHarness:
 		pids, err := sandboxTargets(ctx, d.run, p)
 		if err != nil {

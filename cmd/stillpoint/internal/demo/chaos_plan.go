@@ -81,6 +81,9 @@ func parsePlan(plan string) ([][]plannedFault, error) {
 			}
 			round = append(round, p)
 		}
+		if err := checkPreempts(round); err != nil {
+			return nil, fmt.Errorf("%w: --plan: %v", ErrUsage, err)
+		}
 		out = append(out, round)
 	}
 	return out, nil

@@ -2,6 +2,9 @@ package demo
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -45,12 +48,63 @@ func TestParsePlan(t *testing.T) {
 		!isCollectorRound(got[1]) || isCollectorRound(got[0]) {
 		t.Errorf("parsePlan = %+v, %v", got, err)
 	}
+	// A preempt comes while the node fault before it keeps its node down;
+	// its round's collector is a process.
+	got, err = parsePlan("node@committed+preempt@prepare,node@prepare+bridge@after-commit+preempt@commit")
+	if err != nil || len(got) != 2 || got[0][0].String() != "node@committed" || got[0][1].String() != "preempt@prepare" ||
+		!isCollectorRound(got[0]) || nextKind(got[0], 0) != FaultPreempt || nextKind(got[1], 0) != FaultPreempt || nextKind(got[1], 2) != "" {
+		t.Errorf("parsePlan = %+v, %v", got, err)
+	}
 	if got, err := parsePlan(""); got != nil || err != nil {
 		t.Errorf("empty plan: %v %v", got, err)
 	}
-	for _, bad := range []string{"agent", "agent@nowhere", "bridge@prepare", "disk@prepare", "agent@prepare+"} {
+	for _, bad := range []string{"agent", "agent@nowhere", "bridge@prepare", "disk@prepare", "agent@prepare+",
+		"preempt@prepare", "agent@committed+preempt@prepare", "preempt@prepare+node@committed"} {
 		if _, err := parsePlan(bad); !errors.Is(err, ErrUsage) {
 			t.Errorf("parsePlan(%q): %v, want ErrUsage", bad, err)
 		}
+	}
+}
+
+// A drawn preempt gets a node fault before it, drawn as the others are,
+// unless one is there already.
+func TestWithNodes(t *testing.T) {
+	draw := func() plannedFault { return plannedFault{kind: FaultAgent, phase: events.PhaseCommit} }
+	plan := []plannedFault{{kind: FaultPreempt, phase: events.PhasePrepare}, {kind: FaultAgent, phase: events.PhaseResume},
+		{kind: FaultNode, phase: pointCommitted}, {kind: FaultPreempt, phase: events.PhasePrepare}}
+	var got []string
+	for _, p := range withNodes(plan, draw) {
+		got = append(got, p.String())
+	}
+	want := []string{"node@commit", "preempt@prepare", "agent@resume", "node@committed", "preempt@prepare"}
+	if !slices.Equal(got, want) {
+		t.Errorf("withNodes = %v, want %v", got, want)
+	}
+	if err := checkPreempts(withNodes(plan, draw)); err != nil {
+		t.Errorf("checkPreempts after withNodes: %v", err)
+	}
+}
+
+// A node fault takes down a node that holds a rollout sent to it with no
+// result yet, per the collector's dispatch log and results file.
+func TestBusyNodes(t *testing.T) {
+	d := &demo{dir: t.TempDir()}
+	if got := d.busyNodes([]string{"a1", "a2"}); len(got) != 0 {
+		t.Errorf("busyNodes with no files = %v", got)
+	}
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(d.dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("results.jsonl.dispatch", `{"rollout_id":"r1","agent":"a1"}
+{"rollout_id":"r2","agent":"a2"}
+{"rollout_id":"r3","agent":"a3"}
+{"rollout_id":"r1","agent":"a2"}
+{"rollout_id":"r4","ag`)
+	write("results.jsonl", `{"rollout_id":"r2","attempt":0}
+`)
+	if got := d.busyNodes([]string{"a1", "a2", "a3"}); !slices.Equal(got, []string{"a2", "a3"}) {
+		t.Errorf("busyNodes = %v, want a2 (r1 sent again to it) and a3", got)
 	}
 }

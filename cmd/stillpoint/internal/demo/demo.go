@@ -58,9 +58,13 @@ type Env struct {
 	// runs: with a URL, the demo uses that server (one that `stillpoint
 	// server` runs) instead of starting its own.
 	Conn *jetstream.ConnConfig
-	// Program is the stillpoint binary the bridge, the owner and the
+	// Program is the stillpoint binary the bridge, the owners and the
 	// agents run as (default: this process's own, os.Executable).
 	Program string
+	// HandleTerm, when set, makes SIGTERM call stop instead of ending the
+	// command's context, until the returned undo: `chaos collect` stops
+	// after a checkpoint, as `stillpoint collect` does.
+	HandleTerm func(stop func()) (undo func())
 }
 
 // Sentinel errors of the demo's command.
@@ -80,13 +84,14 @@ func Command(env Env) *cobra.Command {
 		Use:   "demo",
 		Short: "Run a rollout collection through 3 checkpoints and a crash, and check the invariants",
 		Long: `Run the whole system on this machine, no outside service: an embedded NATS
-server, the bridge, a sandbox owner on the best provider (overlay as root, dir
-otherwise), a few agents (each its own process), the scripted model server and
-harness, and a bundled task set of small coding tasks (their tools write files,
+server, the bridge, a few nodes (--agents: each an agent and the sandbox owner
+that lends it sandboxes, on the best provider: overlay as root, dir otherwise;
+each its own process), the scripted model server and harness, and a bundled
+task set of small coding tasks (their tools write files,
 run a slow command and start a detached process).
 
 The collection goes through 3 checkpoints and one crash: after the second
-checkpoint the agents and the owner are killed with SIGKILL and started again,
+checkpoint the agents and the owners are killed with SIGKILL and started again,
 and the collector restores the checkpoint. At the end it prints how many
 rollouts continued in place and how many relaunched, the checkpoint timings,
 the PROTOCOL §7 invariants checked on this run, and the nats commands to read
@@ -108,7 +113,7 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	}
 	fl := cmd.Flags()
 	fl.IntVar(&f.rollouts, "rollouts", 32, "tasks in the set")
-	fl.IntVar(&f.agents, "agents", 2, "agent processes")
+	fl.IntVar(&f.agents, "agents", 2, "nodes: agent processes, each with a sandbox owner of its own")
 	fl.StringVar(&f.dir, "dir", "", "work directory: logs, results, the NATS store (default: a new one under the temp dir)")
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir, microvm (QEMU microVMs: make microvm-assets first)")
 	fl.BoolVar(&f.cluster, "cluster", false, "run a 3-node NATS cluster (R3) instead of one server")
@@ -243,18 +248,14 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if err != nil {
 		return err
 	}
-	if err := d.startOwner(ctx, js, bus); err != nil {
-		return err
-	}
-	var agents []string
-	for i := range f.agents {
-		name := fmt.Sprintf("a%d", i+1)
-		agents = append(agents, name)
-		if err := d.startAgent(ctx, bus, name, modelURL); err != nil {
+	agents := agentNames(f.agents)
+	for _, a := range agents {
+		if err := d.startNode(ctx, bus, a, modelURL); err != nil {
 			return err
 		}
 	}
-	d.say("NATS %s, bridge %s, owner o1, agents %s, model server %s", d.natsURL, bridgeURL, strings.Join(agents, ","), modelURL)
+	d.say("NATS %s, bridge %s, owners %s, agents %s (a node each), model server %s", d.natsURL, bridgeURL,
+		strings.Join(d.owners(), ","), strings.Join(agents, ","), modelURL)
 
 	ctl, err := client.New(bridgeURL, d.token)
 	if err != nil {
@@ -528,8 +529,9 @@ func (d *demo) spawn(name, as string, env []string, args ...string) error {
 // direct drives the run: a checkpoint once every rollout in flight is
 // under way (its second model call answered: in both task sets, its slow
 // tool runs then), a second once a quarter have had two more calls
-// answered (and, with OpenCode, one rollout has returned), then the crash (SIGKILL of the agents and the owner, started
-// again: the collector restores), then a third while relaunched rollouts
+// answered (and, with OpenCode, one rollout has returned), then the crash
+// (SIGKILL of the agents and the owners, started again: the collector
+// restores), then a third while relaunched rollouts
 // are under way.
 func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserver.Server, bus *jetstream.Bus, agents []string, modelURL string) error {
 	n, inFlight := len(d.ids), d.inFlight
@@ -596,19 +598,12 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 	if err := checkpoint(2); err != nil {
 		return err
 	}
-	d.say("kill -9 of the agents and the owner")
-	names := []string{"owner"}
-	for _, a := range agents {
-		names = append(names, "agent-"+a)
-	}
-	if err := d.kill9(ctx, names...); err != nil {
-		return err
-	}
-	if err := d.startOwner(ctx, nil, bus); err != nil {
+	d.say("kill -9 of the agents and the owners")
+	if err := d.kill9(ctx, d.fleetProcs(agents)...); err != nil {
 		return err
 	}
 	for _, a := range agents {
-		if err := d.startAgent(ctx, bus, a, modelURL); err != nil {
+		if err := d.startNode(ctx, bus, a, modelURL); err != nil {
 			return err
 		}
 	}

@@ -14,8 +14,6 @@ import (
 	"sync"
 	"time"
 
-	natsjs "github.com/nats-io/nats.go/jetstream"
-
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/child"
@@ -144,7 +142,7 @@ func (d *demo) serveMetrics(ctx context.Context, set *metrics.Set, ready metrics
 	done := make(chan struct{})
 	go func() { defer close(done); _ = metrics.Serve(sctx, ln, metrics.Handler(set, ready)) }()
 	targets := []string{"collector http://" + addr + metrics.PathMetrics, "bridge http://" + d.bridgeAddr + metrics.PathMetrics}
-	for _, n := range append([]string{"owner"}, agentProcs(agents)...) {
+	for _, n := range d.fleetProcs(agents) {
 		a, err := d.metricsAddr(n)
 		if err != nil {
 			cancel()
@@ -157,17 +155,65 @@ func (d *demo) serveMetrics(ctx context.Context, set *metrics.Set, ready metrics
 	return func() { cancel(); <-done }, nil
 }
 
-func agentProcs(agents []string) []string {
-	out := make([]string, len(agents))
-	for i, a := range agents {
-		out[i] = "agent-" + a
+// fleetProcs returns the process names of every node: the owners, then
+// the agents.
+func (d *demo) fleetProcs(agents []string) []string {
+	var out []string
+	for _, o := range d.owners() {
+		out = append(out, ownerProc(o))
+	}
+	for _, a := range agents {
+		out = append(out, "agent-"+a)
 	}
 	return out
 }
 
-func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstream.Bus) error {
-	prev := d.instance(ctx, bus, "owner.o1")
-	args := []string{"owner", "--run", d.run, "--name", "o1", "--provider", d.f.provider, "--state-dir", filepath.Join(d.dir, "owner"),
+// The world runs one node per agent: node i is agent a<i> and sandbox
+// owner o<i>, the owner that lends that agent its sandboxes, as a machine
+// of a cluster would run them. A node fault takes both down at once.
+
+// agentNames returns the names of n agents: a1 to a<n>.
+func agentNames(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("a%d", i+1)
+	}
+	return out
+}
+
+// nodeOwner returns the owner of agent's node: o<i> for a<i>.
+func nodeOwner(agent string) string { return "o" + strings.TrimPrefix(agent, "a") }
+
+// owners returns the names of the world's owners, one a node.
+func (d *demo) owners() []string {
+	out := agentNames(d.f.agents)
+	for i, a := range out {
+		out[i] = nodeOwner(a)
+	}
+	return out
+}
+
+// ownerProc is the process name of owner name; its log is
+// logs/owner-<name>.log.
+func ownerProc(name string) string { return "owner-" + name }
+
+// ownerDir is the state directory of owner name.
+func (d *demo) ownerDir(name string) string { return filepath.Join(d.dir, "owner-"+name) }
+
+// startNode starts agent's node: its owner, then the agent.
+func (d *demo) startNode(ctx context.Context, bus *jetstream.Bus, agent, modelURL string) error {
+	if err := d.startOwner(ctx, bus, nodeOwner(agent)); err != nil {
+		return err
+	}
+	return d.startAgent(ctx, bus, agent, modelURL)
+}
+
+// startOwner starts owner name (again: on the same state directory and
+// metrics address) and waits until a new instance of it registers.
+func (d *demo) startOwner(ctx context.Context, bus *jetstream.Bus, name string) error {
+	m := events.Member("owner." + name)
+	prev := d.instance(ctx, bus, m)
+	args := []string{"owner", "--run", d.run, "--name", name, "--provider", d.f.provider, "--state-dir", d.ownerDir(name),
 		"--sandboxd", d.sandboxd, "--harness", d.harness}
 	if d.f.harness == harnessOpenCode {
 		args = append(args, "--task-kind", "command", "--opencode", d.driver)
@@ -179,21 +225,22 @@ func (d *demo) startOwner(ctx context.Context, _ natsjs.JetStream, bus *jetstrea
 	if d.auth != nil {
 		args = append(args, "--sandbox-signer", filepath.Join(d.authDir, "sandbox-signer.json"))
 	}
-	maddr, err := d.metricsAddr("owner")
+	proc := ownerProc(name)
+	maddr, err := d.metricsAddr(proc)
 	if err != nil {
 		return err
 	}
 	args = append(args, "--metrics-addr", maddr)
-	if err := d.spawn("owner", "owner.o1", nil, args...); err != nil {
+	if err := d.spawn(proc, string(m), nil, args...); err != nil {
 		return err
 	}
-	return d.waitMember(ctx, bus, "owner.o1", prev, "owner")
+	return d.waitMember(ctx, bus, m, prev, proc)
 }
 
 func (d *demo) startAgent(ctx context.Context, bus *jetstream.Bus, name, modelURL string) error {
 	m := events.Member("agent." + name)
 	prev := d.instance(ctx, bus, m)
-	args := []string{"agent", "--run", d.run, "--name", name, "--owner", "o1", "--model-url", modelURL, "--concurrency", fmt.Sprint(d.f.rollouts)}
+	args := []string{"agent", "--run", d.run, "--name", name, "--owner", nodeOwner(name), "--model-url", modelURL, "--concurrency", fmt.Sprint(d.f.rollouts)}
 	if d.f.harness == harnessOpenCode {
 		args = append(args, "--adapter", "opencode", "--launch-timeout", "10m")
 	}
@@ -234,14 +281,24 @@ func (d *demo) stopAll() {
 	wg.Wait()
 }
 
-// reap stops sandboxes left in the owner's state directory and returns
-// their ids (none, when every session ended).
+// reap stops the sandboxes left in every owner's state directory and
+// returns their ids (none, when every session ended).
 func (d *demo) reap(ctx context.Context) []string {
-	cmd := exec.CommandContext(ctx, d.self, "owner", "--reap", "--provider", d.f.provider, "--state-dir", filepath.Join(d.dir, "owner"),
+	var ids []string
+	for _, o := range d.owners() {
+		ids = append(ids, d.reapOwner(ctx, o)...)
+	}
+	return ids
+}
+
+// reapOwner stops the sandboxes left in owner name's state directory (the
+// owner is not running) and returns their ids.
+func (d *demo) reapOwner(ctx context.Context, name string) []string {
+	cmd := exec.CommandContext(ctx, d.self, "owner", "--reap", "--provider", d.f.provider, "--state-dir", d.ownerDir(name),
 		"--log-level", "error")
 	out, err := cmd.Output()
 	if err != nil {
-		return []string{"(reap failed: " + err.Error() + ")"}
+		return []string{"(reap of owner " + name + " failed: " + err.Error() + ")"}
 	}
 	var ids []string
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
