@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -61,10 +62,11 @@ func serveAgent(t *testing.T, env *jstest.Env, run, name string, answer func(ctx
 }
 
 // noController is the controller of a collection that takes no
-// checkpoint: every call fails.
+// checkpoint: every call is refused (an answer, not a lost one, which the
+// collector would ask again for minutes).
 type noController struct{}
 
-var errNoController = errors.New("collect: this test takes no checkpoint")
+var errNoController = fmt.Errorf("collect: this test takes no checkpoint: %w", bridgeapi.ErrNotFound)
 
 func (noController) Checkpoint(context.Context, bridgeapi.CheckpointRequest) (*bridgeapi.CheckpointResult, error) {
 	return nil, errNoController
