@@ -377,9 +377,29 @@ func model(l Ledger, tl []bridge.TimelineEntry) Result {
 		inPlace++
 		lostBy(r.Saved, src)
 	}
+	// restoredFrom tells whether the restored episode later continues
+	// earlier: earlier is the attempt the restore held, or one a restore
+	// of that held, and so on. A call of an attempt that was retired and
+	// started over, re-issued by a restored later attempt that had not
+	// reached it, is work done over, not a call the restore lost.
+	restoredFrom := func(later, earlier string) bool {
+		for k := later; ; {
+			if _, ok := from[k]; !ok {
+				return false
+			}
+			p, err := events.ParseEpisode(k)
+			if err != nil || p.Attempt == 0 {
+				return false
+			}
+			k = events.Episode{Rollout: p.Rollout, Attempt: p.Attempt - 1}.String()
+			if k == earlier {
+				return true
+			}
+		}
+	}
 	for _, r := range l.Reissued() {
 		src, ok := from[r.Later]
-		if !ok {
+		if !ok || !restoredFrom(r.Later, r.Earlier) {
 			over++
 			continue
 		}

@@ -109,3 +109,39 @@ func TestCallResentInPlaceAfterARestore(t *testing.T) {
 		})
 	}
 }
+
+// reissues is a ledger of re-issued calls only.
+type reissues []modelserver.Reissue
+
+func (reissues) Ledger() []modelserver.Entry       { return nil }
+func (reissues) RepeatList() []modelserver.Repeat  { return nil }
+func (r reissues) Reissued() []modelserver.Reissue { return r }
+
+// Invariant 4 on a call re-issued by a restored attempt: a call the
+// restored checkpoint's own attempt had its reply to before that
+// checkpoint began is a repeat; the same call of an older attempt, retired
+// and started over (the restored attempt had not reached it again), is
+// work done over (chaos found it counted as a repeat: an agent killed,
+// its rollouts started over, then the fleet restored).
+func TestReissuedByARestoredAttempt(t *testing.T) {
+	c2 := time.Date(2026, 12, 6, 14, 44, 3, 0, time.UTC)
+	tl := []bridge.TimelineEntry{
+		{Time: c2, CheckpointID: "c2"},
+		{Time: c2.Add(2 * time.Second), CheckpointID: "restore-e1", Data: events.RestoreCompleted{Source: "c2", Restored: []string{"t1-a2"}}},
+	}
+	saved := c2.Add(-5 * time.Second)
+	for _, c := range []struct {
+		name, earlier string
+		ok            bool
+	}{
+		{"of the attempt the checkpoint held", "t1-a1", false},
+		{"of an attempt started over before it", "t1", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := model(reissues{{Task: "t1", Digest: "d", Earlier: c.earlier, Delivered: saved, Saved: saved, Later: "t1-a2"}}, tl)
+			if got.OK != c.ok {
+				t.Errorf("ok %v, want %v: %s", got.OK, c.ok, got.Detail)
+			}
+		})
+	}
+}
