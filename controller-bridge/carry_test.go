@@ -20,12 +20,7 @@ import (
 // one that held them, a release keeps that one, and a restore of the new
 // checkpoint continues them from it, into a fresh member of the name.
 func TestDeadMembersRolloutsAreCarried(t *testing.T) {
-	env := jstest.Start(t)
-	old := fleet(t, env, 2, 2)
-	b := startBridge(t, env, bridge.Config{})
-	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
-		t.Fatalf("c1: %+v %v", res, err)
-	}
+	env, old, b := heldByTwo(t)
 	_ = old[1].Stop() // agent.t1 is gone, holding t1-r0 and t1-r1
 
 	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"})
@@ -86,12 +81,7 @@ func TestDeadMembersRolloutsAreCarried(t *testing.T) {
 // episodes, a dead member's episode that is not among them is retired,
 // not carried.
 func TestUnfinishedRetiresTheRest(t *testing.T) {
-	env := jstest.Start(t)
-	old := fleet(t, env, 2, 2)
-	b := startBridge(t, env, bridge.Config{})
-	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
-		t.Fatalf("c1: %+v %v", res, err)
-	}
+	_, old, b := heldByTwo(t)
 	_ = old[1].Stop()
 	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2", Unfinished: []string{"t0-r0", "t0-r1", "t1-r1"}})
 	if err != nil || res.Status != bridgeapi.StatusCommitted {
@@ -112,12 +102,7 @@ func carryEqual(a, b events.Carry) bool {
 // it, in the run's epoch, and the member that served goes on, not
 // superseded. The next checkpoint holds both as their own again.
 func TestRejoinContinuesTheReturnedMembersRollouts(t *testing.T) {
-	env := jstest.Start(t)
-	old := fleet(t, env, 2, 2)
-	b := startBridge(t, env, bridge.Config{})
-	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
-		t.Fatalf("c1: %+v %v", res, err)
-	}
+	env, old, b := heldByTwo(t)
 	_ = old[1].Stop()
 	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"}); err != nil || len(res.Carried) != 1 {
 		t.Fatalf("c2 without agent.t1: %+v %v, want t1's rollouts carried", res, err)
@@ -168,12 +153,7 @@ func TestRejoinContinuesTheReturnedMembersRollouts(t *testing.T) {
 // scope is empty is refused; one narrowed to named episodes restores
 // those only.
 func TestRejoinLeavesOutWhatAServedMemberHolds(t *testing.T) {
-	env := jstest.Start(t)
-	old := fleet(t, env, 2, 2)
-	b := startBridge(t, env, bridge.Config{})
-	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
-		t.Fatalf("c1: %+v %v", res, err)
-	}
+	env, old, b := heldByTwo(t)
 	// Both members hold t1-r0; agent.t1 alone holds t1-r1.
 	old[0].Participant.Add(events.Episode{Rollout: "t1-r0"})
 	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"}); err != nil || res.Status != bridgeapi.StatusCommitted {
@@ -198,12 +178,7 @@ func TestRejoinLeavesOutWhatAServedMemberHolds(t *testing.T) {
 // checkpoint asked without the controller's unfinished episodes leaves
 // nobody out.
 func TestFreshMemberWaitsForItsRejoin(t *testing.T) {
-	env := jstest.Start(t)
-	old := fleet(t, env, 2, 2)
-	b := startBridge(t, env, bridge.Config{})
-	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
-		t.Fatalf("c1: %+v %v", res, err)
-	}
+	env, old, b := heldByTwo(t)
 	_ = old[1].Stop()
 	back := membertest.NewParticipant("t1")
 	membertest.StartMember(t, env, run, old[1].Name, back, membertest.Options{})
@@ -230,4 +205,17 @@ func TestFreshMemberWaitsForItsRejoin(t *testing.T) {
 	if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Carried) != 0 {
 		t.Fatalf("c3 without unfinished: %+v %v, want the fresh agent.t0 in it and nothing carried", res, err)
 	}
+}
+
+// heldByTwo starts agents t0 and t1, two rollouts each, and a bridge, and
+// commits c1, which holds all four rollouts.
+func heldByTwo(t *testing.T) (*jstest.Env, []*membertest.Handle, *bridge.Bridge) {
+	t.Helper()
+	env := jstest.Start(t)
+	old := fleet(t, env, 2, 2)
+	b := startBridge(t, env, bridge.Config{})
+	if res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1"}); err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1: %+v %v", res, err)
+	}
+	return env, old, b
 }

@@ -26,6 +26,25 @@ func (f *fleet) manifest(id string) (events.CheckpointManifest, bool) {
 	return m, true
 }
 
+// waitHeld waits for a checkpoint that continues the fleet's first two
+// rollouts (both mid-tool) and returns them, sorted, and its id.
+func (f *fleet) waitHeld() ([]string, string) {
+	f.t.Helper()
+	rollouts := []string{f.tasks[0].RolloutID, f.tasks[1].RolloutID}
+	slices.Sort(rollouts)
+	var held string
+	poll.Wait(f.t, time.Minute, "a checkpoint that holds both rollouts mid-tool", func() bool {
+		id := f.latest(f.t.Context())
+		m, ok := f.manifest(id)
+		if ok && slices.Equal(m.Continued, rollouts) {
+			held = id
+			return true
+		}
+		return false
+	})
+	return rollouts, held
+}
+
 // TestPreemptedWhileANodeIsDown: PROTOCOL §5, Progress only moves forward.
 // Both rollouts are mid-tool when a checkpoint commits; then their node
 // dies (the agent and the owner are killed with SIGKILL) and the scheduler
@@ -41,18 +60,7 @@ func TestPreemptedWhileANodeIsDown(t *testing.T) {
 	c := f.collector(t)
 	c.start("--checkpoint-every", "2s")
 	f.waitCalls(2, 1)
-	rollouts := []string{f.tasks[0].RolloutID, f.tasks[1].RolloutID}
-	slices.Sort(rollouts)
-	var held string
-	poll.Wait(t, time.Minute, "a checkpoint that holds both rollouts mid-tool", func() bool {
-		id := f.latest(t.Context())
-		m, ok := f.manifest(id)
-		if ok && slices.Equal(m.Continued, rollouts) {
-			held = id
-			return true
-		}
-		return false
-	})
+	rollouts, held := f.waitHeld()
 
 	f.kill9("agent-a1", "owner")
 	c.signal(syscall.SIGTERM)
@@ -111,18 +119,7 @@ func TestNodeBackRejoinsItsRollouts(t *testing.T) {
 	c := f.collector(t)
 	c.start("--checkpoint-every", "2s")
 	f.waitCalls(2, 1)
-	rollouts := []string{f.tasks[0].RolloutID, f.tasks[1].RolloutID}
-	slices.Sort(rollouts)
-	var held string
-	poll.Wait(t, time.Minute, "a checkpoint that holds both rollouts mid-tool", func() bool {
-		id := f.latest(t.Context())
-		m, ok := f.manifest(id)
-		if ok && slices.Equal(m.Continued, rollouts) {
-			held = id
-			return true
-		}
-		return false
-	})
+	rollouts, held := f.waitHeld()
 	// Which rollout node 2 holds: the one its agent exported to held.
 	onNode2 := ""
 	for _, r := range rollouts {

@@ -233,22 +233,7 @@ func TestStopCommitParks(t *testing.T) {
 
 // §5 restore: an install that fails installs nothing and reopens admission.
 func TestRestoreInstallFailure(t *testing.T) {
-	env := jstest.Start(t)
-	b := membertest.NewBridge(t, env, "run1")
-	hs := membertest.StartMembers(t, env, "run1", 1, membertest.Options{Episodes: 2})
-	a := hs[0].Name
-	for _, d := range []events.PhaseEvent{
-		events.Prepare{PhaseHeader: b.Header("k1", 10*time.Second, a)},
-		events.Commit{PhaseHeader: b.Header("k1", 10*time.Second, a)},
-		events.Resume{PhaseHeader: b.Header("k1", 10*time.Second, a)},
-	} {
-		if c := membertest.Code(b.Ack(b.Publish(d), d.Phase(), a)); c != "" {
-			t.Fatalf("%s: %s", d.Phase(), c)
-		}
-	}
-	if err := hs[0].Stop(); err != nil {
-		t.Fatal(err)
-	}
+	env, b, a := committedK1(t, 2)
 	p := membertest.NewParticipant("t0")
 	p.FailInstall(membertest.ErrInjected)
 	membertest.StartMember(t, env, "run1", a, p, membertest.Options{})
@@ -284,9 +269,26 @@ func TestRestoreInstallFailure(t *testing.T) {
 // nothing; it does not call Install, so a participant that cannot fork
 // does not fail the restore of the rest.
 func TestRestoreOfAMemberWithNothingInstallsNothing(t *testing.T) {
+	env, b, a := committedK1(t, 0)
+	p := membertest.NewParticipant("t0")
+	p.FailInstall(membertest.ErrInjected)
+	membertest.StartMember(t, env, "run1", a, p, membertest.Options{})
+	b.Epoch = 1
+	r := b.Ack(b.Publish(events.Restore{PhaseHeader: b.Header("r1", 10*time.Second, a), Source: "k1"}), events.PhaseRestore, a)
+	want(t, r, "", events.StateRestored)
+	if n := p.Count("install"); n != 0 {
+		t.Fatalf("%d installs of a member with nothing in the source, want 0", n)
+	}
+}
+
+// committedK1 starts a member with episodes rollouts, has it prepare,
+// commit and resume checkpoint k1, and stops it: what is left is k1, to
+// restore into a new process of its name, a.
+func committedK1(t *testing.T, episodes int) (*jstest.Env, *membertest.Bridge, events.Member) {
+	t.Helper()
 	env := jstest.Start(t)
 	b := membertest.NewBridge(t, env, "run1")
-	hs := membertest.StartMembers(t, env, "run1", 1, membertest.Options{})
+	hs := membertest.StartMembers(t, env, "run1", 1, membertest.Options{Episodes: episodes})
 	a := hs[0].Name
 	for _, d := range []events.PhaseEvent{
 		events.Prepare{PhaseHeader: b.Header("k1", 10*time.Second, a)},
@@ -300,15 +302,7 @@ func TestRestoreOfAMemberWithNothingInstallsNothing(t *testing.T) {
 	if err := hs[0].Stop(); err != nil {
 		t.Fatal(err)
 	}
-	p := membertest.NewParticipant("t0")
-	p.FailInstall(membertest.ErrInjected)
-	membertest.StartMember(t, env, "run1", a, p, membertest.Options{})
-	b.Epoch = 1
-	r := b.Ack(b.Publish(events.Restore{PhaseHeader: b.Header("r1", 10*time.Second, a), Source: "k1"}), events.PhaseRestore, a)
-	want(t, r, "", events.StateRestored)
-	if n := p.Count("install"); n != 0 {
-		t.Fatalf("%d installs of a member with nothing in the source, want 0", n)
-	}
+	return env, b, a
 }
 
 // §5 Lease: expiry calls Resumer and fences the id, with no ack.
