@@ -264,7 +264,7 @@ func TestRestoreInstallFailure(t *testing.T) {
 	}
 }
 
-// §5 Restore: a member that exported nothing to the source (its member
+// §5 restore: a member that exported nothing to the source (its member
 // manifest is in neither the source nor a carried source) installs
 // nothing; it does not call Install, so a participant that cannot fork
 // does not fail the restore of the rest.
