@@ -14,9 +14,12 @@ import (
 	"github.com/stillpoint/stillpoint/internal/tier"
 )
 
+// nodeRole is the node's part of a process's name (agent-a1, owner-o2).
+var nodeRole = regexp.MustCompile(`-[ao][0-9]+$`)
+
 // TestMetricsWhileADemoRuns runs `stillpoint demo` (every component its
 // own process but the collector, the crash and the restore included) and
-// scrapes the collector's, the bridge's, the owner's and every agent's
+// scrapes the collector's, the bridge's, and every node's owner's and agent's
 // /metrics, /healthz and /readyz while the collection runs, as Prometheus
 // would. Once it ended, every family of docs/OPERATIONS.md was seen with
 // samples on the process that owns it, and the ones this run must move
@@ -42,7 +45,7 @@ func TestMetricsWhileADemoRuns(t *testing.T) {
 		}
 		targets[name] = url
 	}
-	for _, n := range []string{"collector", "bridge", "owner", "agent-a1", "agent-a2"} {
+	for _, n := range []string{"collector", "bridge", "owner-o1", "owner-o2", "agent-a1", "agent-a2"} {
 		if targets[n] == "" {
 			t.Fatalf("no metrics target for %s in %q", n, m[1])
 		}
@@ -78,7 +81,7 @@ func TestMetricsWhileADemoRuns(t *testing.T) {
 		scrapes[role]++
 		healthy[role] = healthy[role] || h == http.StatusOK
 		ready[role] = ready[role] || r == http.StatusOK
-		role = strings.TrimSuffix(strings.TrimSuffix(role, "-a1"), "-a2")
+		role = nodeRole.ReplaceAllString(role, "") // a node's agent and owner: agent, owner
 		for name, fam := range f {
 			if !strings.HasPrefix(name, metrics.Namespace+"_") {
 				continue
