@@ -178,17 +178,6 @@ type Agent struct {
 	wg        sync.WaitGroup
 }
 
-// capabilities are what the agent's heartbeat says of it: its adapter,
-// and the owner whose sandboxes its rollouts use (a collector takes the
-// rollouts of an agent as lost when that owner restarted, not another).
-func capabilities(cfg Config) []string {
-	caps := []string{"adapter:" + cfg.Adapter.Name()}
-	if c := events.CapabilityOwner + cfg.Owner; cfg.Owner != "" && events.ValidCapability(c) {
-		caps = append(caps, c)
-	}
-	return caps
-}
-
 // New checks cfg and returns an agent ready to Run.
 func New(cfg Config) (*Agent, error) {
 	a, err := newAgent(cfg)

@@ -253,3 +253,14 @@ func (a *Agent) Park(_ context.Context, records []events.Record) error {
 	}
 	return nil
 }
+
+// capabilities are what the agent's heartbeat says of it: its adapter,
+// and the owner whose sandboxes its rollouts use (a collector takes the
+// rollouts of an agent as lost when that owner restarted, not another).
+func capabilities(cfg Config) []string {
+	caps := []string{"adapter:" + cfg.Adapter.Name()}
+	if c := events.CapabilityOwner + cfg.Owner; cfg.Owner != "" && events.ValidCapability(c) {
+		caps = append(caps, c)
+	}
+	return caps
+}
