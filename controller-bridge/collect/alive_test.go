@@ -105,3 +105,49 @@ func TestPartialLossDecidedWithoutTheGrace(t *testing.T) {
 		t.Fatalf("decided after %s with a2's process gone and its heartbeat still there, want the grace (%s) waited out", took, grace)
 	}
 }
+
+// No agent restarted yet, but an owner did, and the agents' processes
+// died with it (a fleet killed at once, their heartbeats not yet
+// expired): a recovery does not take the agents' stale heartbeats for
+// processes that run. It waits for them (here out to the grace, as none
+// comes back), then, as they answer, decides at once.
+func TestServedMembersThatDoNotAnswerAreWaitedFor(t *testing.T) {
+	const run = "stale"
+	env := jstest.Start(t)
+	members := []events.MemberInfo{
+		{Run: run, Member: "agent.a1", Instance: "a1-old", Served: true},
+		{Run: run, Member: "agent.a2", Instance: "a2-old", Served: true},
+		{Run: run, Member: "owner.o1", Instance: "o1-new"},
+	}
+	serveMember(t, env, run, "owner.o1", "o1-new")
+	collector := func(grace time.Duration) *Collector {
+		nc, js := env.Connect(t)
+		c, err := New(Config{Run: run, Tasks: []Task{{RolloutID: "r1", Task: json.RawMessage(`{}`)}},
+			Output: filepath.Join(t.TempDir(), "results.jsonl"), Agents: []string{"a1", "a2"}, Conn: nc, JS: js, Bus: env.Bus,
+			Controller: statusController{members: members}, RecoverGrace: grace, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	const grace = 3 * time.Second
+	began := time.Now()
+	if _, _, err := collector(grace).waitFleet(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took < grace {
+		t.Fatalf("decided after %s with the agents' processes gone and their heartbeats still there, want the grace (%s) waited out", took, grace)
+	}
+
+	// The agents' processes answer as the instances their heartbeats
+	// show: nothing of theirs restarted, the owner's loss is known.
+	serveMember(t, env, run, "agent.a1", "a1-old")
+	serveMember(t, env, run, "agent.a2", "a2-old")
+	began = time.Now()
+	if _, _, err := collector(10 * time.Minute).waitFleet(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took > time.Minute {
+		t.Fatalf("decided after %s with every served member answering, want well before the grace (10 min)", took)
+	}
+}

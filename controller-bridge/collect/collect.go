@@ -279,12 +279,17 @@ type Collector struct {
 	agentOwner map[string]events.Member
 	infra      map[string]int           // rollout -> attempts the infrastructure ended
 	sentTo     map[string]dispatchEntry // rollout -> its last dispatch
-	instances  map[string]string        // member -> its live instance
-	inflight   map[string]*flight
-	queue      []string
-	sum        Summary
-	ckptOpen   bool
-	lastEvent  string
+	// restoredQ are the attempts a restore or a rejoin queued (rollout ->
+	// attempt): their next send is a first one, to whichever process the
+	// restore installed them in; any other send of an attempt sent before
+	// names the process it went to (agent.Request.SentTo).
+	restoredQ map[string]int
+	instances map[string]string // member -> its live instance
+	inflight  map[string]*flight
+	queue     []string
+	sum       Summary
+	ckptOpen  bool
+	lastEvent string
 	// redrawNow asks the live line to be drawn at once (a checkpoint
 	// opened or ended), not at the next tick.
 	redrawNow chan struct{}
@@ -361,7 +366,7 @@ func New(cfg Config) (*Collector, error) {
 	}
 	c := &Collector{cfg: cfg, log: cfg.Logger.With().Str("run", cfg.Run).Str("component", "collect").Logger(),
 		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{}, agentOwner: map[string]events.Member{}, infra: map[string]int{},
-		sentTo: map[string]dispatchEntry{}, instances: map[string]string{},
+		sentTo: map[string]dispatchEntry{}, restoredQ: map[string]int{}, instances: map[string]string{},
 		inflight: map[string]*flight{}, ckptNow: make(chan struct{}, 1), stopNow: make(chan struct{}),
 		changed: make(chan struct{}, 1), fleet: make(chan string, 1), redrawNow: make(chan struct{}, 1)}
 	for _, t := range cfg.Tasks {

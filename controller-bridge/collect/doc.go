@@ -31,10 +31,11 @@
 // that was down and came back), the other lost ones retired and sent one
 // attempt later, and the rest asked again.
 // Before it decides it waits, up to RecoverGrace, for the fleet to settle:
-// every member it needs up, and either all fresh (a restore), all the ones
-// that served, or a partial loss known as such: the restarted members'
-// new instances up and every other one answering a ping of its service as
-// the instance that served (alive.go), so a process killed whose heartbeat
-// has not expired yet is waited for, and a member that did not restart is
-// not.
+// every agent and owner up, and either all fresh (a restore), or every one
+// that shows it served answering a ping of its service as the instance
+// that served (alive.go): none restarted, or a partial loss known as such.
+// A process killed whose heartbeat has not expired yet is waited for, and a
+// member that did not restart is not. An attempt asked again names the
+// agent process it went to; a successor refuses it (attempt_lost), and the
+// collector recovers.
 package collect

@@ -145,3 +145,109 @@ func TestRejoinFailedStartsOverAboveTheRetired(t *testing.T) {
 		t.Errorf("retired %v, want the lost attempt r1", ctl.retired)
 	}
 }
+
+// statusRetirer is a bridge whose status lists fixed members and that
+// records what it retires.
+type statusRetirer struct {
+	retireRecorder
+	members []events.MemberInfo
+}
+
+func (s *statusRetirer) Status(context.Context) (*bridgeapi.Status, error) {
+	return &bridgeapi.Status{Members: s.members}, nil
+}
+
+var errAgain = errors.New("collect test: stopping, ask again")
+
+// An attempt asked again names the agent process it went to
+// (Request.SentTo). When another process of the agent answers that the
+// attempt is lost with the one it went to (attempt_lost), the collector
+// recovers before the fleet watch has seen the new process: it retires
+// the attempt and sends the rollout again, one attempt later, as a first
+// send. The successor never runs the lost attempt from its task.
+func TestAttemptLostWithItsProcessStartsOver(t *testing.T) {
+	const run = "sentto"
+	env := jstest.Start(t)
+	nc, js := env.Connect(t)
+	b, _ := json.Marshal(events.MemberInfo{Run: run, Member: "agent.a1", Instance: "i1"})
+	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey(run, "agent.a1"), b); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		seen []agent.Request
+	)
+	s, err := jetstream.NewService(nc, micro.Config{Name: "test-agent", Version: "1.0.0"},
+		events.ServiceSubject(run, "agent.a1"),
+		func(err error) (int, string) {
+			switch {
+			case errors.Is(err, errAgain):
+				return 503, agent.CodeStopping
+			case errors.Is(err, errLost):
+				return 409, agent.CodeAttemptLost
+			}
+			return 500, agent.CodeRolloutFailed
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Stop() })
+	err = s.HandleAsync(t.Context(), agent.EndpointRun, func(_ context.Context, body []byte) (any, error) {
+		var req agent.Request
+		if err := json.Unmarshal(body, &req); err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		seen = append(seen, req)
+		n := len(seen)
+		mu.Unlock()
+		switch n {
+		case 1:
+			return nil, errAgain // the first process stops
+		case 2:
+			return nil, errLost // its successor holds nothing of attempt 0
+		}
+		return agent.Result{RolloutID: req.RolloutID, Attempt: req.Attempt, Episode: events.Episode{Rollout: req.RolloutID, Attempt: req.Attempt}.String(),
+			Verdict: json.RawMessage(`{"reward":1}`)}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := &statusRetirer{members: []events.MemberInfo{{Run: run, Member: "agent.a1", Instance: "i2"}}}
+	out := filepath.Join(t.TempDir(), "results.jsonl")
+	c, err := New(Config{Run: run, Tasks: []Task{{RolloutID: "r1", Task: json.RawMessage(`{}`)}}, Output: out, Agents: []string{"a1"},
+		Conn: nc, JS: js, Bus: env.Bus, Controller: ctl, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if _, err := c.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := []agent.Request{{RolloutID: "r1", Attempt: 0}, {RolloutID: "r1", Attempt: 0, SentTo: "i1"}, {RolloutID: "r1", Attempt: 1}}
+	if len(seen) != len(want) {
+		t.Fatalf("the agent was asked %d times (%+v), want %d", len(seen), seen, len(want))
+	}
+	for i, w := range want {
+		if g := seen[i]; g.RolloutID != w.RolloutID || g.Attempt != w.Attempt || g.SentTo != w.SentTo {
+			t.Errorf("request %d: rollout %s attempt %d sent_to %q, want %s %d %q", i+1, g.RolloutID, g.Attempt, g.SentTo, w.RolloutID, w.Attempt, w.SentTo)
+		}
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	var res Result
+	if len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &res) != nil || !res.OK || res.Attempt != 1 {
+		t.Fatalf("results %q, want one, ok, of attempt 1", lines)
+	}
+	ctl.mu.Lock()
+	defer ctl.mu.Unlock()
+	if len(ctl.retired) != 1 || ctl.retired[0] != "r1" {
+		t.Fatalf("retired %v, want the lost attempt r1", ctl.retired)
+	}
+}

@@ -233,6 +233,7 @@ func (c *Collector) partial(ctx context.Context, live map[string]string, restore
 		}
 		if a, ok := restored[id]; ok {
 			c.attempt[id] = a
+			c.restoredQ[id] = a
 		} else if e, sent := c.sentTo[id]; sent && c.isLost(e, live) {
 			retire = append(retire, events.Episode{Rollout: id, Attempt: c.attempt[id]}.String())
 			c.attempt[id]++
@@ -250,9 +251,10 @@ func (c *Collector) partial(ctx context.Context, live map[string]string, restore
 	return nil
 }
 
-// waitFleet waits until every agent is alive and the members that hold
-// records of LATEST (its own or carried) are all fresh, all still the ones
-// that served, or a partial loss known as such, up to RecoverGrace; it
+// waitFleet waits until every agent and owner, and the members that hold
+// records of LATEST (its own or carried), are alive and either all fresh,
+// or those that served all answer as the processes that served (none
+// restarted, or a partial loss known as such), up to RecoverGrace; it
 // returns the bridge's status and LATEST's manifest.
 func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.CheckpointManifest, error) {
 	deadline := time.Now().Add(c.cfg.RecoverGrace)
@@ -271,9 +273,21 @@ func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.C
 		for _, m := range st.Members {
 			alive[m.Member] = m
 		}
+		// Every agent, and every owner the fleet has: one that died and
+		// came back loses the rollouts whose sandboxes it held.
 		need := map[events.Member]bool{}
 		for _, a := range c.cfg.Agents {
 			need[events.Member("agent."+a)] = true
+		}
+		c.mu.Lock()
+		for _, o := range c.agentOwner {
+			need[o] = true
+		}
+		c.mu.Unlock()
+		for _, m := range st.Members {
+			if m.Member.Kind() == events.KindOwner {
+				need[m.Member] = true
+			}
 		}
 		if latest != nil {
 			for _, m := range latest.CommittedMembers() {
@@ -306,19 +320,24 @@ func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.C
 				restarted = append(restarted, m)
 			}
 		}
-		if ok && (fresh == 0 || served == 0) {
+		if ok && served == 0 {
 			return st, latest, nil
 		}
+		// A member that shows the instance that served may be dead with
+		// its heartbeat not yet expired, its successor on the way: only
+		// one that answers as that process still runs.
 		if ok && c.stillRunning(ctx, stayed, alive) {
-			// A partial loss, known as such: the restarted members' new
-			// instances are up and every other one answers as the process
-			// that served. No restore can follow (it needs them all
-			// fresh); waiting longer would change nothing.
-			slices.Sort(restarted)
-			slices.Sort(stayed)
-			c.log.Info().Strs("restarted", memberNames(restarted)).Strs("still_running", memberNames(stayed)).
-				Dur("waited", time.Since(deadline.Add(-c.cfg.RecoverGrace))).
-				Msg("partial loss: the restarted members are back and the others answer; going on without waiting out the grace")
+			if fresh > 0 {
+				// A partial loss, known as such: the restarted members'
+				// new instances are up and every other one answers as the
+				// process that served. No restore can follow (it needs
+				// them all fresh); waiting longer would change nothing.
+				slices.Sort(restarted)
+				slices.Sort(stayed)
+				c.log.Info().Strs("restarted", memberNames(restarted)).Strs("still_running", memberNames(stayed)).
+					Dur("waited", time.Since(deadline.Add(-c.cfg.RecoverGrace))).
+					Msg("partial loss: the restarted members are back and the others answer; going on without waiting out the grace")
+			}
 			return st, latest, nil
 		}
 		if time.Now().After(deadline) {
@@ -433,6 +452,7 @@ func (c *Collector) continueRestored(ctx context.Context, m *events.CheckpointMa
 		case done:
 		case isRestored:
 			c.attempt[id] = a
+			c.restoredQ[id] = a
 			c.queue = append(c.queue, id)
 		case dispatched:
 			retire = append(retire, events.Episode{Rollout: id, Attempt: last}.String())

@@ -201,6 +201,15 @@ func (c *Collector) dispatch(ctx context.Context) {
 		// every attempt that may be running.
 		e := dispatchEntry{RolloutID: id, Attempt: attempt, Agent: name, Instance: c.instances["agent."+name], Owners: c.ownersFor(name, c.instances),
 			Time: time.Now().UTC()}
+		sentTo := ""
+		if ra, ok := c.restoredQ[id]; ok && ra == attempt {
+			delete(c.restoredQ, id)
+		} else if prev, ok := c.sentTo[id]; ok && prev.Attempt == attempt && prev.Instance != "" {
+			// Asked again: only the process it went to may answer; a
+			// successor refuses it (agent.CodeAttemptLost).
+			e, name, sentTo = prev, prev.Agent, prev.Instance
+			e.Time = time.Now().UTC()
+		}
 		if err := appendLine(c.dlog, e); err != nil {
 			c.mu.Unlock()
 			c.log.Error().Err(err).Msg("write the dispatch log; not dispatching")
@@ -212,17 +221,17 @@ func (c *Collector) dispatch(ctx context.Context) {
 		fl := &flight{cancel: cancel, gen: c.gen}
 		c.inflight[id] = fl
 		c.mu.Unlock()
-		c.work.Go(func() { c.send(rctx, id, attempt, name, fl.gen) })
+		c.work.Go(func() { c.send(rctx, id, attempt, name, sentTo, fl.gen) })
 	}
 }
 
 // send runs one rollout request and records how it ended.
-func (c *Collector) send(ctx context.Context, id string, attempt int, name string, gen uint64) {
+func (c *Collector) send(ctx context.Context, id string, attempt int, name, sentTo string, gen uint64) {
 	cl, err := agent.NewClient(c.cfg.Conn, c.cfg.Run, name)
 	var res agent.Result
 	if err == nil {
 		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-			res, err = cl.Rollout(ctx, agent.Request{RolloutID: id, Attempt: attempt, Task: c.byID[id].Task})
+			res, err = cl.Rollout(ctx, agent.Request{RolloutID: id, Attempt: attempt, Task: c.byID[id].Task, SentTo: sentTo})
 			if !errors.Is(err, nats.ErrNoResponders) {
 				break
 			}
@@ -299,6 +308,17 @@ func (c *Collector) finish(id string, attempt int, name string, gen uint64, res 
 	case c.stopping || c.recovering || errors.Is(err, context.Canceled):
 		// A stop checkpoint parked it, or a recovery dropped it: the
 		// restore (or the recovery) takes it from here.
+	case isSE && se.Code == agent.CodeAttemptLost:
+		// Asked again of a process of the agent that is not the one it
+		// went to: that one is gone, and the attempt with it. A recovery
+		// decides (a restore, a rejoin, or one attempt later); the fleet
+		// watcher may not have seen the new process yet.
+		c.lastEvent = id + " lost with its agent process"
+		c.log.Warn().Str("episode", ep).Str("agent", name).Msg("the attempt was lost with its agent process; recovering")
+		select {
+		case c.fleet <- "agent." + name + " lost " + ep:
+		default:
+		}
 	case isSE && (se.Code == "parked" || se.Code == "stale_attempt" || se.Code == "session_exists" || se.Code == agent.CodeSandboxLost):
 		// Parked by an earlier stop checkpoint that no restore continued,
 		// retired under it, its session held for an agent process that is

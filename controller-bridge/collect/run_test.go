@@ -268,6 +268,7 @@ func TestNoCheckpointBeforeTheRecovery(t *testing.T) {
 	// recovered from: the agent is up and nothing is lost) does not drop
 	// the checkpoint asked with it.
 	ctl.status = &bridgeapi.Status{Members: []events.MemberInfo{{Member: "agent.a1", Instance: "i2", Served: true}}}
+	serveMember(t, env, "gate", "agent.a1", "i2")
 	c.fleet <- "agent.a1 restarted"
 	if err := c.checkpointOrRecover(t.Context()); err != nil {
 		t.Fatal(err)

@@ -28,6 +28,9 @@ var (
 	// ErrBusy is returned for a request of a rollout whose other attempt
 	// runs here.
 	ErrBusy = errors.New("agent: another attempt of the rollout runs here")
+	// ErrAttemptLost is returned for an attempt asked again (Request.SentTo)
+	// that another process of the agent ran and this one holds nothing of.
+	ErrAttemptLost = errors.New("agent: the attempt ran in another process of the agent")
 	// ErrClosed is returned once the agent is stopping.
 	ErrClosed = errors.New("agent: stopping")
 	// ErrInvalidConfig is returned (wrapped, naming the field) by New.
@@ -327,6 +330,11 @@ func (a *Agent) start(ctx context.Context, req agentapi.Request) (*run, error) {
 			return r, nil
 		case r.ep.Attempt > ep.Attempt:
 			return nil, fmt.Errorf("%w: %s asked, %s already ran", member.ErrStaleAttempt, ep, r.ep)
+		}
+	}
+	if req.SentTo != "" && req.SentTo != a.member.Instance() {
+		if ib, ok := a.installed[req.RolloutID]; !ok || ib.Attempt != req.Attempt {
+			return nil, fmt.Errorf("%w: %s was sent to instance %s, this is %s", ErrAttemptLost, ep, req.SentTo, a.member.Instance())
 		}
 	}
 	bm := agentapi.Bookmark{V: agentapi.BookmarkVersion, Next: agentapi.StageSeed, Rollout: req.RolloutID, Attempt: req.Attempt, Task: req.Task}

@@ -317,3 +317,43 @@ func TestCheckpointDoesNotWaitForAGrade(t *testing.T) {
 		}
 	}
 }
+
+// An attempt asked again names the process it was sent to. Another process
+// of the agent's name (one started since) refuses it, attempt_lost, and
+// runs nothing: the first may have made model calls a run from the task
+// would make again. The process it went to answers it; so does one a
+// restore installed it in.
+func TestAttemptAskedAgainOfAnotherProcessIsLost(t *testing.T) {
+	w := newWorld(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err := w.agent.Rollout(ctx, agentapi.Request{RolloutID: "r1", Task: task, SentTo: "gone"})
+	if !errors.Is(err, ErrAttemptLost) {
+		t.Fatalf("asked again of a successor: %v, want ErrAttemptLost", err)
+	}
+	if status, code := classify(err); status != 409 || code != agentapi.CodeAttemptLost {
+		t.Errorf("answered %d %s, want 409 %s", status, code, agentapi.CodeAttemptLost)
+	}
+	if n := w.grades.Load(); n != 0 {
+		t.Fatalf("%d grades after a refusal, want none", n)
+	}
+
+	stored := &agentapi.Result{RolloutID: "r2", Attempt: 1, Episode: "r2-a1", Adapter: "scripted", Answer: json.RawMessage(`"done"`),
+		Verdict: json.RawMessage(`{"reward":1}`)}
+	bm := agentapi.Bookmark{V: 1, Next: agentapi.StageReturn, Rollout: "r2", Attempt: 1, Task: task, Session: "r2", Result: stored}
+	if _, err := w.agent.Install(ctx, events.Restore{}, []events.Record{record(t, "r2-a1", bm)}); err != nil {
+		t.Fatal(err)
+	}
+	// A restore continues a checkpointed attempt as the next one.
+	res, err := w.agent.Rollout(ctx, agentapi.Request{RolloutID: "r2", Attempt: 2, Task: task, SentTo: "gone"})
+	if err != nil || string(res.Verdict) != `{"reward":1}` {
+		t.Fatalf("an attempt a restore installed, asked again: %+v %v, want the stored result", res, err)
+	}
+
+	r, err := w.agent.start(ctx, agentapi.Request{RolloutID: "r3", Task: task, SentTo: w.agent.member.Instance()})
+	if err != nil {
+		t.Fatalf("asked again of the process it went to: %v, want it run", err)
+	}
+	r.cancel(errors.New("test: done"))
+	<-r.done
+}

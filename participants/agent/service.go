@@ -19,6 +19,8 @@ func classify(err error) (int, string) {
 		return 400, agentapi.CodeBadRequest
 	case errors.Is(err, member.ErrStaleAttempt):
 		return 409, agentapi.CodeStaleAttempt
+	case errors.Is(err, ErrAttemptLost):
+		return 409, agentapi.CodeAttemptLost
 	case errors.Is(err, ErrBusy):
 		return 409, agentapi.CodeRolloutBusy
 	case errors.Is(err, ErrParked):

@@ -17,6 +17,12 @@ type Request struct {
 	RolloutID string          `json:"rollout_id"`
 	Attempt   int             `json:"attempt"`
 	Task      json.RawMessage `json:"task"`
+	// SentTo, on a request asked again, is the instance of the agent
+	// process the attempt was sent to before. Another process of the
+	// agent's name that holds nothing of the attempt (no restore installed
+	// it) refuses it with CodeAttemptLost: its predecessor may have made
+	// model calls that a run from the task would make again.
+	SentTo string `json:"sent_to,omitempty"`
 }
 
 // Validate checks the request's ids and task; the errors, joined, wrap

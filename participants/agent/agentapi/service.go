@@ -28,6 +28,10 @@ const (
 	// died, or the owner restarted without its session); the controller
 	// retires the attempt and starts the rollout over one attempt later.
 	CodeSandboxLost = "sandbox_lost"
+	// CodeAttemptLost (409): the attempt was sent to another process of
+	// the agent, one that is gone, and no restore installed it here; the
+	// controller recovers it (from a checkpoint, or one attempt later).
+	CodeAttemptLost = "attempt_lost"
 	// CodeBadBookmark (422): the bookmark a restore installed cannot be
 	// continued.
 	CodeBadBookmark = "bad_bookmark"
