@@ -125,6 +125,7 @@ type chaosFlags struct {
 	cluster  bool
 	limit    time.Duration
 	grace    time.Duration
+	nodeDown time.Duration
 }
 
 // ChaosCommand returns the `chaos` command. Its errors wrap ErrUsage for a
@@ -147,7 +148,8 @@ passed: each round is a run of its own with --rollouts scripted tasks, a checkpo
   owner     kill -9 of one node's sandbox owner at a phase, started again
   fleet     kill -9 of every owner and agent at a phase, started again: a restore
   node      kill -9 of one node's agent and owner at a point, its sandboxes stopped; started
-            again once a checkpoint committed without them (needs --agents 2 or more)
+            again once a checkpoint committed without them and --node-down has passed
+            (needs --agents 2 or more)
   preempt   SIGTERM to the round's collector (then a process of its own) while a node is
             down: it stops after a checkpoint; the job comes back (every agent and owner
             started again) and the collector is run again, restoring. Drawn after a node
@@ -188,6 +190,7 @@ checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
 	fl.DurationVar(&f.every, "every", 2*time.Second, "checkpoint interval of each round")
 	fl.DurationVar(&f.tool, "tool-time", 8*time.Second, "how long each task's slow tool call runs (a checkpoint catches it)")
 	fl.IntVar(&f.steps, "steps", 2, "quick tool calls of each task before its slow one")
+	fl.DurationVar(&f.nodeDown, "node-down", 0, "the least time a node fault keeps its node down (it also waits for a checkpoint that commits without it); raise --round-limit with it")
 	fl.StringVar(&f.plan, "plan", "", "instead of drawing: one round per comma-separated entry, its faults joined by +, each kind@phase or bridge@<failpoint> (bridge@after-commit-acks+agent@prepare,fleet@commit)")
 	return cmd
 }

@@ -102,7 +102,7 @@ func withNodes(plan []plannedFault, draw func() plannedFault) []plannedFault {
 // nodeFault is what inject does for FaultNode. With keepDown (a preempt
 // follows) it leaves the node down for the preempt to start again;
 // otherwise it waits for a checkpoint to commit without the node, up to
-// nodeDownMax, and starts it again.
+// nodeDownMax, and for --node-down to pass, and starts it again.
 func (i *injector) nodeFault(ctx context.Context, p plannedFault, keepDown bool) error {
 	d := i.d
 	busy := d.busyNodes(i.agents)
@@ -129,16 +129,25 @@ func (i *injector) nodeFault(ctx context.Context, p plannedFault, keepDown bool)
 		return nil
 	}
 	began := time.Now()
-	limit := time.NewTimer(nodeDownMax)
+	least := i.w.f.nodeDown
+	limit := time.NewTimer(max(nodeDownMax, least))
 	defer limit.Stop()
 	why := ""
 	select {
 	case <-ctx.Done():
 		return nil // the round is over
 	case <-limit.C:
-		why = fmt.Sprintf("no checkpoint committed without it in %s", nodeDownMax)
+		why = fmt.Sprintf("no checkpoint committed without it in %s", max(nodeDownMax, least))
 	case id := <-without:
 		why = "checkpoint " + id + " committed without it"
+	}
+	if rest := least - time.Since(began); rest > 0 {
+		d.say("node %s: %s; down %s more (--node-down %s)", a, why, rest.Round(time.Second), least)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(rest):
+		}
 	}
 	d.say("node %s started again after %s down: %s", a, time.Since(began).Round(time.Second), why)
 	return d.startNode(ctx, i.bus, a, i.modelURL)
