@@ -22,11 +22,13 @@
 //
 // Clients authenticate with a token (Config.Token), as nkey users (Config.Users), each with
 // its permissions, or with user JWTs in operator mode (Config.Trust). An Authority is the
-// decentralized auth of one bus: an operator, a system account and account STILLPOINT, with a
-// signing key for the bridge, controller and admin roles (RoleCreds) and one scoped signing key
-// per member kind whose template, MemberPermissions, limits each user to its own member name and
-// run (MemberCreds; Signer.Mint, for an owner minting its sandboxes' short-lived users).
-// Server.UpdateAccount applies a revocation (Authority.Revoke) at once; the authority's dir keeps
+// decentralized auth of one bus: an operator, a system account and an account of each run
+// (AddRun), which holds that run's streams and buckets, so the server keeps runs apart. Each run's
+// account has a signing key for its bridge, controller and admin roles (RoleCreds) and one scoped
+// signing key per member kind whose template, MemberPermissions, limits each user to its own
+// member name in that run (MemberCreds; Signer.Mint, for an owner minting its sandboxes'
+// short-lived users). Server.UpdateAccount gives a running server a run added since, or applies a
+// revocation (Authority.Revoke) at once; the run's dir keeps
 // it (AccountJWTFile), so a server started again on that dir still refuses the user. RoleUsers makes one user per Role (bridge, agent, owner, sandbox,
 // controller, admin) from seed files in a directory, creating the missing ones, with the
 // permissions of RolePermissions: only the bridge publishes phases and outcomes, a member acks

@@ -5,13 +5,10 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
-// The templates a member's permissions are written with when a scoped signing key mints its user
-// (MemberPermissions with these as run and name): nats-server fills them from the user JWT's run
-// tag and its name.
-const (
-	runTemplate  = "{{tag(run)}}"
-	nameTemplate = "{{name()}}"
-)
+// nameTemplate is what a member's permissions name it by when a run's scoped signing key mints
+// its user (MemberPermissions with it as name): nats-server fills it from the user JWT's name. The
+// run is the account's own, written into the template.
+const nameTemplate = "{{name()}}"
 
 // MemberPermissions returns what member kind.name of run may do on the bus, and nothing of any
 // other member or run: publish its own acks (a commit ack records its manifest), membership and
@@ -26,8 +23,8 @@ const (
 // subject names them, creates only ordered push consumers filtered on its run's phases (the
 // consumer-create subject carries the filter) for a catch-up that needs more, reads only its own
 // keys and acks (a sandbox exports and installs nothing, so a restore reads it no manifest: no
-// checkpoint manifest or member list), and manages no stream, consumer or bucket. run and name may be
-// the templates a scoped signing key fills in.
+// checkpoint manifest or member list), and manages no stream, consumer or bucket. name may be the
+// template a scoped signing key fills in.
 func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	k := string(kind)
 	sp := events.SubjectPrefix + "." + run + "."

@@ -20,14 +20,18 @@ import (
 	"github.com/stillpoint/stillpoint/participants/member"
 )
 
-// operatorServer starts a server in operator mode trusting a new authority, provisions the bus as
-// admin, and returns the authority, its dir, the server and the admin's bus.
+// operatorServer starts a server in operator mode trusting a new authority with one run, r,
+// provisions r's bus as its admin, and returns the authority, r's dir (embedded.RunDir), the
+// server and the admin's bus.
 func operatorServer(t *testing.T) (*embedded.Authority, string, *embedded.Server, *jetstream.Bus) {
 	t.Helper()
 	ctx := testContext(t)
 	dir := filepath.Join(t.TempDir(), "auth")
 	auth, err := embedded.LoadAuthority(dir)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.AddRun("r"); err != nil {
 		t.Fatal(err)
 	}
 	trust, err := auth.Trust()
@@ -39,9 +43,7 @@ func operatorServer(t *testing.T) (*embedded.Authority, string, *embedded.Server
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Shutdown)
-	if _, err := auth.WriteRoleCreds(""); err != nil {
-		t.Fatal(err)
-	}
+	dir = embedded.RunDir(dir, "r")
 	_, js, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleAdmin))
 	bus, err := jetstream.Provision(ctx, js, jetstream.Topology{})
 	if err != nil {
@@ -421,7 +423,7 @@ func TestExpiredAndRevokedSandbox(t *testing.T) {
 	auth, dir, s, _ := operatorServer(t)
 	ctx := testContext(t)
 	signerFile := filepath.Join(t.TempDir(), "sandbox-signer.json")
-	if err := auth.WriteSigner(events.KindSandbox, signerFile); err != nil {
+	if err := auth.WriteSigner("r", events.KindSandbox, signerFile); err != nil {
 		t.Fatal(err)
 	}
 	signer, err := embedded.LoadSigner(signerFile)
@@ -452,10 +454,10 @@ func TestExpiredAndRevokedSandbox(t *testing.T) {
 	}
 	creds := write(live)
 	nc, _, _ := connectCreds(t, s, creds)
-	if err := auth.Revoke(user); err != nil {
+	if err := auth.Revoke("r", user); err != nil {
 		t.Fatal(err)
 	}
-	ajwt, err := auth.AccountJWT()
+	ajwt, err := auth.AccountJWT("r")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,6 +491,9 @@ func TestRevocationSurvivesRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if err := auth.AddRun("r"); err != nil {
+			t.Fatal(err)
+		}
 		trust, err := auth.Trust()
 		if err != nil {
 			t.Fatal(err)
@@ -512,10 +517,10 @@ func TestRevocationSurvivesRestart(t *testing.T) {
 	if nc, _, _ := connectCreds(t, s, path); !nc.IsConnected() {
 		t.Fatal("the sandbox is not connected before its revocation")
 	}
-	if err := auth.Revoke(user); err != nil {
+	if err := auth.Revoke("r", user); err != nil {
 		t.Fatal(err)
 	}
-	if err := auth.Revoke("not-a-key"); !errors.Is(err, embedded.ErrInvalidConfig) {
+	if err := auth.Revoke("r", "not-a-key"); !errors.Is(err, embedded.ErrInvalidConfig) {
 		t.Errorf("revoking a non-key: %v, want ErrInvalidConfig", err)
 	}
 	s.Shutdown()
@@ -533,7 +538,7 @@ func TestRevocationSurvivesRestart(t *testing.T) {
 	}
 
 	// An account JWT in the dir that is not this authority's is refused, not ignored.
-	if err := os.WriteFile(embedded.AccountJWTFile(authDir), []byte("not a jwt\n"), 0o600); err != nil {
+	if err := os.WriteFile(embedded.AccountJWTFile(embedded.RunDir(authDir, "r")), []byte("not a jwt\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := embedded.LoadAuthority(authDir); err == nil {
@@ -548,7 +553,7 @@ func TestSandboxJWTRenewedOnReconnect(t *testing.T) {
 	auth, _, s, _ := operatorServer(t)
 	ctx := testContext(t)
 	signerFile := filepath.Join(t.TempDir(), "sandbox-signer.json")
-	if err := auth.WriteSigner(events.KindSandbox, signerFile); err != nil {
+	if err := auth.WriteSigner("r", events.KindSandbox, signerFile); err != nil {
 		t.Fatal(err)
 	}
 	signer, err := embedded.LoadSigner(signerFile)

@@ -134,24 +134,36 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// UpdateAccount gives the running server a new JWT of one of its trusted accounts (such as
-// Authority.AccountJWT after a Revoke): the server applies it at once, disconnecting the users it
-// revokes.
+// UpdateAccount gives the running server the JWT of an account its operator signed: a new one
+// (a run added since it started: Authority.AddRun) or a new JWT of one it has (such as
+// Authority.AccountJWT after a Revoke), which it applies at once, disconnecting the users it
+// revokes. It returns once the account has JetStream.
 func (s *Server) UpdateAccount(accountJWT string) error {
 	ac, err := jwt.DecodeAccountClaims(accountJWT)
 	if err != nil {
 		return fmt.Errorf("embedded: account JWT: %w", err)
 	}
-	acc, err := s.ns.LookupAccount(ac.Subject)
-	if err != nil {
-		return fmt.Errorf("embedded: account %s: %w", ac.Name, err)
-	}
+	// Into the resolver first: an account the server has not loaded yet (a run added since it
+	// started) is looked up there.
 	if res, ok := s.ns.AccountResolver().(*server.MemAccResolver); ok {
 		if err := res.Store(ac.Subject, accountJWT); err != nil {
 			return fmt.Errorf("embedded: account %s: %w", ac.Name, err)
 		}
 	}
+	acc, err := s.ns.LookupAccount(ac.Subject)
+	if err != nil {
+		return fmt.Errorf("embedded: account %s: %w", ac.Name, err)
+	}
 	s.ns.UpdateAccountClaims(acc, ac)
+	// JetStream comes up for a new account a moment after it is loaded; a request sent before
+	// is refused "JetStream not enabled for account".
+	deadline := time.Now().Add(10 * time.Second)
+	for !acc.JetStreamEnabled() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("embedded: account %s: JetStream not enabled 10 s after its JWT", ac.Name)
+		}
+		time.Sleep(readyPoll)
+	}
 	return nil
 }
 

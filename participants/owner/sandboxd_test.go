@@ -64,8 +64,11 @@ func TestSandboxCredsOfTheirOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := auth.AddRun("run1"); err != nil {
+		t.Fatal(err)
+	}
 	signerFile := filepath.Join(t.TempDir(), "sandbox-signer.json")
-	if err := auth.WriteSigner(events.KindSandbox, signerFile); err != nil {
+	if err := auth.WriteSigner("run1", events.KindSandbox, signerFile); err != nil {
 		t.Fatal(err)
 	}
 	signer, err := embedded.LoadSigner(signerFile)

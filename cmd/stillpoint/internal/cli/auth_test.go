@@ -247,9 +247,9 @@ func TestRolesCheckpointRestoreRelease(t *testing.T) {
 	}
 }
 
-// TestServerOperatorMode runs `stillpoint server --auth-dir` (one
-// node and a cluster): it writes the roles' creds and the sandbox signer,
-// admits no one else, provisions the bus as admin; `stillpoint creds` mints
+// TestServerOperatorMode runs `stillpoint server --auth-dir --runs r1` (one
+// node and a cluster): it writes r1's roles' creds and sandbox signer,
+// admits no one else, provisions r1's bus in its account as its admin; `stillpoint creds` mints
 // agents and an owner users of their own, with which they take part in a
 // checkpoint through `stillpoint bridge` without one permissions
 // violation (and another once an agent's consumer was deleted under it),
@@ -259,10 +259,11 @@ func TestServerOperatorMode(t *testing.T) {
 		t.Run(map[bool]string{false: "single", true: "cluster"}[cluster], func(t *testing.T) {
 			auth, store := filepath.Join(t.TempDir(), "auth"), t.TempDir()
 			url := startCommand(t, "server", readyRE, func(ctx context.Context, g *globals) error {
-				return runServer(ctx, g, serverFlags{dir: store, listen: "127.0.0.1:0", cluster: cluster, authDir: auth})
+				return runServer(ctx, g, serverFlags{dir: store, listen: "127.0.0.1:0", cluster: cluster, authDir: auth, runs: []string{"r1"}})
 			}, jetstream.ConnConfig{})
-			for _, f := range []string{embedded.CredsFile(auth, embedded.RoleBridge), embedded.CredsFile(auth, embedded.RoleController),
-				embedded.CredsFile(auth, embedded.RoleAdmin), filepath.Join(auth, "sandbox-signer.json")} {
+			run := embedded.RunDir(auth, "r1")
+			for _, f := range []string{embedded.CredsFile(run, embedded.RoleBridge), embedded.CredsFile(run, embedded.RoleController),
+				embedded.CredsFile(run, embedded.RoleAdmin), embedded.SandboxSignerFile(auth, "r1")} {
 				if st, err := os.Stat(f); err != nil || st.Mode().Perm() != 0o600 {
 					t.Fatalf("%s: %v, want a file of mode 0600", f, err)
 				}
@@ -272,7 +273,7 @@ func TestServerOperatorMode(t *testing.T) {
 				nc.Close()
 				t.Fatal("a client without credentials was admitted")
 			}
-			admin, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, CredsFile: embedded.CredsFile(auth, embedded.RoleAdmin)})
+			admin, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, CredsFile: embedded.CredsFile(run, embedded.RoleAdmin)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -297,7 +298,7 @@ func TestServerOperatorMode(t *testing.T) {
 			}
 			api := startCommand(t, "bridge", regexp.MustCompile(`serving on (http://\S+)`), func(ctx context.Context, g *globals) error {
 				return runBridge(ctx, g, bridgeflagsForTest(tokenFile))
-			}, jetstream.ConnConfig{URL: url, CredsFile: embedded.CredsFile(auth, embedded.RoleBridge)})
+			}, jetstream.ConnConfig{URL: url, CredsFile: embedded.CredsFile(run, embedded.RoleBridge)})
 			env := &jstest.Env{URL: url, Conn: admin, JS: ajs, Bus: bus}
 			for _, m := range []events.Member{"agent.a1", "agent.a2", "owner.o1"} {
 				p := membertest.NewParticipant(m.Name())
@@ -370,9 +371,10 @@ func bridgeflagsForTest(tokenFile string) bridgeFlags {
 	return bridgeFlags{run: "r1", name: "main", listen: "127.0.0.1:0", tokenFile: tokenFile, timeout: 10 * time.Second, replicas: 1}
 }
 
-// TestRevokeOnARunningServer: `stillpoint creds --revoke` cuts a member's user off a running
-// `stillpoint server --auth-dir` on the same dir and it cannot connect again; a key that is not
-// a user's is a usage error.
+// TestRevokeOnARunningServer: a run added to the dir of a running `stillpoint server --auth-dir`
+// (its first creds) is admitted and provisioned within seconds; `stillpoint creds --revoke`
+// cuts a member's user off the server and it cannot connect again; a key that is not a user's is
+// a usage error.
 func TestRevokeOnARunningServer(t *testing.T) {
 	auth := filepath.Join(t.TempDir(), "auth")
 	url := startCommand(t, "server", readyRE, func(ctx context.Context, g *globals) error {
@@ -391,13 +393,26 @@ func TestRevokeOnARunningServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, CredsFile: creds}, nats.NoReconnect())
+	// r1 is a run the server did not know at its start: it picks its
+	// account up from the dir and provisions its bus there.
+	var nc *nats.Conn
+	poll.Wait(t, 10*time.Second, "the server to admit a user of r1, a run added after its start", func() bool {
+		nc, err = jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, CredsFile: creds}, nats.NoReconnect())
+		return err == nil
+	})
+	t.Cleanup(nc.Close)
+	admin, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: url, CredsFile: embedded.CredsFile(embedded.RunDir(auth, "r1"), embedded.RoleAdmin)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
+	defer admin.Close()
+	ajs, _ := natsjs.New(admin)
+	poll.Wait(t, 10*time.Second, "r1's bus to be provisioned in its account", func() bool {
+		_, err := jetstream.Open(ctx, ajs)
+		return err == nil
+	})
 	g := &globals{stdout: &jstest.Buffer{}, stderr: &jstest.Buffer{}}
-	if err := runCreds(g, credsFlags{authDir: auth, revoke: user}); err != nil {
+	if err := runCreds(g, credsFlags{authDir: auth, run: "r1", revoke: user}); err != nil {
 		t.Fatalf("creds --revoke: %v", err)
 	}
 	poll.Wait(t, 30*time.Second, "the revoked agent to be cut off", func() bool { return nc.IsClosed() })
@@ -406,7 +421,7 @@ func TestRevokeOnARunningServer(t *testing.T) {
 		t.Error("a revoked agent connected again")
 	}
 	var ee *exitError
-	if err := runCreds(g, credsFlags{authDir: auth, revoke: "not-a-key"}); !errors.As(err, &ee) || ee.code != ExitUsage {
+	if err := runCreds(g, credsFlags{authDir: auth, run: "r1", revoke: "not-a-key"}); !errors.As(err, &ee) || ee.code != ExitUsage {
 		t.Errorf("creds --revoke not-a-key: %v, want a usage error", err)
 	}
 }

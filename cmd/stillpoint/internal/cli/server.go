@@ -17,7 +17,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
-	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
@@ -33,6 +32,8 @@ type serverFlags struct {
 	// auth (operator mode).
 	nkeys  bool
 	maxAge time.Duration
+	// runs are the runs whose accounts --auth-dir makes at start.
+	runs []string
 }
 
 func newServerCmd(g *globals) *cobra.Command {
@@ -50,14 +51,18 @@ own store under --dir) and provisions everything at 3 replicas: a demo of the
 replicated layout, not a production deployment.
 
 With --auth-dir DIR the server runs NATS decentralized auth (docs/PERMISSIONS.md):
-an operator and account STILLPOINT whose keys are in DIR (reused, missing ones
-created, mode 0600). The bridge, controller (the CLI's reads, a collector) and
-admin (anything: the nats CLI) take DIR/<role>.creds with --creds; every agent
-and owner gets a user of its own, limited to its member name and run
-(stillpoint creds --auth-dir DIR --run RUN --member agent.a1); an owner given
---sandbox-signer DIR/sandbox-signer.json mints each of its sandboxes a user of
-its own with a short expiry and renews it while the sandbox lives. Only the
-bridge publishes phases and outcomes; a member speaks only as itself.
+an operator whose keys are in DIR (reused, missing ones created, mode 0600), and
+an account of each run, under DIR/runs/RUN, which holds that run's bus: the
+server keeps runs apart. It makes the accounts of --runs at start, and picks up
+within a second every run added to DIR since (stillpoint creds --run RUN makes
+one) and provisions its bus. A run's bridge, controller (the CLI's reads, a
+collector) and admin (anything in that run: the nats CLI) take
+DIR/runs/RUN/<role>.creds with --creds; every agent and owner gets a user of its
+own, limited to its member name (stillpoint creds --auth-dir DIR --run RUN
+--member agent.a1); an owner given --sandbox-signer
+DIR/runs/RUN/sandbox-signer.json mints each of its sandboxes a user of its own
+with a short expiry and renews it while the sandbox lives. Only the bridge
+publishes phases and outcomes; a member speaks only as itself.
 
 With --auth-dir DIR --nkeys it admits one nkey per role instead, with the
 permissions of its role: DIR/bridge.nk, agent.nk, owner.nk, sandbox.nk (give it
@@ -69,7 +74,7 @@ cleanly, a second exits at once.`,
 		Example: `  stillpoint server                       # 127.0.0.1:4222, store in ./.stillpoint/nats
   stillpoint server --listen 127.0.0.1:0  # a random port, printed at start
   stillpoint server --cluster --dir /tmp/sp-cluster
-  stillpoint server --auth-dir .stillpoint/auth  # then: stillpoint bridge --creds .stillpoint/auth/bridge.creds ...`,
+  stillpoint server --auth-dir .stillpoint/auth --runs train-7  # then: stillpoint bridge --creds .stillpoint/auth/runs/train-7/bridge.creds ...`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runServer(cmd.Context(), g, f) },
 	}
@@ -78,6 +83,7 @@ cleanly, a second exits at once.`,
 	cmd.Flags().BoolVar(&f.cluster, "cluster", false, "run a 3-node cluster on loopback and provision at R3")
 	cmd.Flags().StringVar(&f.token, "auth-token", env("STILLPOINT_SERVER_TOKEN"), "require this token from clients (env STILLPOINT_SERVER_TOKEN)")
 	cmd.Flags().StringVar(&f.authDir, "auth-dir", "", "require credentials: decentralized auth, its keys and the roles' creds in this directory (created if missing)")
+	cmd.Flags().StringSliceVar(&f.runs, "runs", nil, "with --auth-dir: the runs to make accounts of at start (more are picked up as creds --run adds them)")
 	cmd.Flags().BoolVar(&f.nkeys, "nkeys", false, "with --auth-dir: one nkey per role instead of decentralized auth")
 	cmd.Flags().DurationVar(&f.maxAge, "max-age", 0, "how long the stream keeps messages (default 7 days)")
 	return cmd
@@ -102,6 +108,7 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	var (
 		users []embedded.User
 		trust *embedded.Trust
+		auth  *embedded.Authority
 	)
 	if f.nkeys && f.authDir == "" {
 		return &exitError{code: ExitUsage, err: errors.New("--nkeys goes with --auth-dir (where the seeds are)")}
@@ -111,10 +118,17 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 			return &exitError{code: ExitUsage, err: errors.New("--auth-dir and --auth-token (or STILLPOINT_SERVER_TOKEN): use one")}
 		}
 		if !f.nkeys {
-			if trust, err = operatorAuth(f.authDir); err != nil {
+			if auth, err = embedded.LoadAuthority(f.authDir); err != nil {
 				return err
 			}
-			conn.CredsFile = embedded.CredsFile(f.authDir, embedded.RoleAdmin)
+			for _, run := range f.runs {
+				if err := auth.AddRun(run); err != nil {
+					return &exitError{code: ExitUsage, err: fmt.Errorf("--runs: %w", err)}
+				}
+			}
+			if trust, err = auth.Trust(); err != nil {
+				return err
+			}
 		} else {
 			if users, err = embedded.RoleUsers(f.authDir, ""); err != nil {
 				return err
@@ -152,25 +166,31 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 		update = s.UpdateAccount
 	}
 	defer shutdown()
-	if trust != nil {
-		// Revocations written to the auth dir meanwhile (creds --revoke) apply at once.
+	conn.URL = url
+	if auth != nil {
+		// Each run is an account of its own, its bus provisioned in it by its admin: those
+		// known now, then those added to the auth dir meanwhile (creds --run), and the
+		// revocations written there (creds --revoke), within a second.
+		rw := &runWatch{auth: auth, update: update, conn: conn, topo: topo, log: log, seen: map[string][]byte{}}
+		if err := rw.scan(ctx); err != nil {
+			return err
+		}
 		wctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			watchRevocations(wctx, embedded.AccountJWTFile(f.authDir), update, log)
+			rw.watch(wctx)
 		}()
 		defer func() { cancel(); <-done }()
-	}
-
-	conn.URL = url
-	nc, err := jetstream.Connect(ctx, conn)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	if err := provision(ctx, nc, topo); err != nil {
-		return err
+	} else {
+		nc, err := jetstream.Connect(ctx, conn)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		if err := provision(ctx, nc, topo); err != nil {
+			return err
+		}
 	}
 	log.Info().Str("url", url).Str("dir", f.dir).Bool("cluster", f.cluster).Int("replicas", topo.WithDefaults().Replicas).
 		Msg("NATS with JetStream is ready and the bus is provisioned")
@@ -179,10 +199,11 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	switch {
 	case f.authDir != "" && !f.nkeys:
 		log.Info().Str("auth_dir", f.authDir).Msg("decentralized auth: clients need credentials")
-		fmt.Fprintf(g.stdout, "stillpoint: clients need credentials: --creds %s (role: bridge, controller, admin); "+
-			"members: stillpoint creds --auth-dir %s --run RUN --member KIND.NAME; owners: --sandbox-signer %s\n",
-			filepath.Join(f.authDir, "<role>.creds"), f.authDir, sandboxSignerFile(f.authDir))
-		try = " --creds " + embedded.CredsFile(f.authDir, embedded.RoleAdmin)
+		fmt.Fprintf(g.stdout, "stillpoint: each run is an account of its own (runs: %s); clients need credentials: --creds %s (role: bridge, controller, admin); "+
+			"members: stillpoint creds --auth-dir %s --run RUN --member KIND.NAME (which adds the run); owners: --sandbox-signer %s\n",
+			strings.Join(auth.Runs(), ", "), filepath.Join(embedded.RunDir(f.authDir, "RUN"), "<role>.creds"), f.authDir,
+			embedded.SandboxSignerFile(f.authDir, "RUN"))
+		try = " --creds " + embedded.CredsFile(embedded.RunDir(f.authDir, "RUN"), embedded.RoleAdmin)
 	case f.authDir != "":
 		roles := make([]string, 0, len(embedded.Roles()))
 		for _, r := range embedded.Roles() {
@@ -199,51 +220,77 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	return nil
 }
 
-// revocationPoll is how often a server in operator mode looks at its auth
-// dir's account JWT for revocations.
-const revocationPoll = time.Second
+// runPoll is how often a server in operator mode looks at its auth dir for runs added and
+// revocations written.
+const runPoll = time.Second
 
-// watchRevocations gives the running server (update) the account JWT in
-// path each time it changes (Authority.Revoke rewrites it), until ctx ends:
-// the server disconnects the users it revokes. A JWT that fails to apply is
-// logged and tried again at its next change.
-func watchRevocations(ctx context.Context, path string, update func(string) error, log zerolog.Logger) {
-	last, _ := os.ReadFile(path) // what the server started with (Trust read it)
-	_ = poll.Until(ctx, poll.Every(revocationPoll), func() (bool, error) {
-		b, err := os.ReadFile(path)
-		if err != nil || bytes.Equal(b, last) {
-			return false, nil
+// runWatch keeps a server in operator mode in step with its auth dir: it gives the server each
+// run's account JWT when it appears or changes (Authority.AddRun, Authority.Revoke rewrite it),
+// and provisions a new run's bus in its account, as the run's admin.
+type runWatch struct {
+	auth   *embedded.Authority
+	update func(accountJWT string) error // every node's
+	conn   jetstream.ConnConfig
+	topo   jetstream.Topology
+	log    zerolog.Logger
+	seen   map[string][]byte // run → the account JWT the server has
+}
+
+// watch scans every runPoll until ctx ends; a scan that fails is logged and tried again.
+func (w *runWatch) watch(ctx context.Context) {
+	_ = poll.Until(ctx, poll.Every(runPoll), func() (bool, error) {
+		if err := w.scan(ctx); err != nil && ctx.Err() == nil {
+			w.log.Error().Err(err).Msg("auth dir: a run's account not applied; trying again")
 		}
-		last = b
-		if err := update(strings.TrimSpace(string(b))); err != nil {
-			log.Error().Err(err).Str("file", path).Msg("account JWT not applied")
-			return false, nil
-		}
-		log.Info().Str("file", path).Msg("account JWT applied: revoked users are cut off")
 		return false, nil
 	})
 }
 
-// operatorAuth loads (or makes) the authority in dir and writes what its
-// clients take: the roles' creds and the sandbox kind's signer file.
-func operatorAuth(dir string) (*embedded.Trust, error) {
-	auth, err := embedded.LoadAuthority(dir)
-	if err != nil {
-		return nil, err
+// scan applies what changed in the auth dir since the last scan.
+func (w *runWatch) scan(ctx context.Context) error {
+	if _, err := w.auth.Reload(); err != nil {
+		return err
 	}
-	if _, err := auth.WriteRoleCreds(""); err != nil {
-		return nil, err
+	var errs []error
+	for _, run := range w.auth.Runs() {
+		path := embedded.AccountJWTFile(embedded.RunDir(w.auth.Dir(), run))
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue // AddRun writes it last
+		}
+		last, known := w.seen[run]
+		if bytes.Equal(b, last) {
+			continue
+		}
+		if err := w.update(strings.TrimSpace(string(b))); err != nil {
+			errs = append(errs, fmt.Errorf("run %s: %w", run, err))
+			continue
+		}
+		if !known {
+			if err := w.provision(ctx, run); err != nil {
+				errs = append(errs, fmt.Errorf("run %s: %w", run, err))
+				continue
+			}
+			w.log.Info().Str("run", run).Msg("run's account added and its bus provisioned")
+		} else {
+			w.log.Info().Str("run", run).Str("file", path).Msg("run's account JWT applied: revoked users are cut off")
+		}
+		w.seen[run] = b
 	}
-	if err := auth.WriteSigner(events.KindSandbox, sandboxSignerFile(dir)); err != nil {
-		return nil, err
-	}
-	return auth.Trust()
+	return errors.Join(errs...)
 }
 
-// sandboxSignerFile is where `server --auth-dir` writes the
-// signer file owners mint their sandboxes' users with.
-func sandboxSignerFile(dir string) string {
-	return filepath.Join(dir, "sandbox-signer.json")
+// provision provisions run's bus in its account, as its admin.
+func (w *runWatch) provision(ctx context.Context, run string) error {
+	conn := w.conn
+	conn.Name = "stillpoint-server-" + run
+	conn.CredsFile = embedded.CredsFile(embedded.RunDir(w.auth.Dir(), run), embedded.RoleAdmin)
+	nc, err := jetstream.Connect(ctx, conn)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	return provision(ctx, nc, w.topo)
 }
 
 func provision(ctx context.Context, nc *nats.Conn, topo jetstream.Topology) error {

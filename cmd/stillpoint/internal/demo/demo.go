@@ -47,6 +47,7 @@ type demoFlags struct {
 	tool     time.Duration
 	harness  string
 	steps    int // tool calls of each scripted task (default 2)
+	run      string
 }
 
 // Env is what the demo takes from the command line it is part of.
@@ -119,6 +120,7 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	fl.BoolVar(&f.cluster, "cluster", false, "run a 3-node NATS cluster (R3) instead of one server")
 	// With the global --nats-url the demo uses that server instead.
 	fl.BoolVar(&f.auth, "auth", false, "give every component its own credentials (decentralized auth: a user per member, per sandbox)")
+	fl.StringVar(&f.run, "run", "demo", "the run id (with --nats-url, one per demo on that server; with credentials lower case, no underscore)")
 	fl.StringVar(&f.authDir, "auth-dir", "", "with --nats-url: that server's keys and creds (stillpoint server --auth-dir)")
 	fl.DurationVar(&f.tool, "tool-time", defaultToolTime, "how long each task's slow tool call runs")
 	fl.StringVar(&f.harness, "harness", harnessScripted, "the agents' harness: scripted (the scripted task set) or opencode (the repository tasks, run by the real OpenCode)")
@@ -191,7 +193,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.harness != harnessScripted && f.harness != harnessOpenCode {
 		return fmt.Errorf("%w: --harness %q: want %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode)
 	}
-	d := &demo{env: env, f: f, run: "demo", token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
+	d := &demo{env: env, f: f, run: f.run, token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
 		log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
 	var err error
 	if d.dir, d.self, err = workAndProgram(env, f.dir, "stillpoint-demo-"); err != nil {
@@ -210,17 +212,13 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	defer stopNATS()
 	conn := jetstream.ConnConfig{URL: d.natsURL, Name: "stillpoint-demo"}
 	if d.authDir != "" {
-		conn.CredsFile = embedded.CredsFile(d.authDir, embedded.RoleAdmin)
+		conn.CredsFile = d.roleCreds(embedded.RoleAdmin)
 	}
-	nc, js, err := connectJS(ctx, conn)
+	nc, js, bus, err := d.openBus(ctx, conn)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	bus, err := jetstream.Open(ctx, js)
-	if err != nil {
-		return err
-	}
 
 	ts, script, inFlight, err := d.taskSet()
 	if err != nil {
@@ -431,9 +429,14 @@ func (d *demo) startNATS(ctx context.Context) (func(), error) {
 		// server`), which provisioned the bus.
 		d.natsURL, d.authDir = d.env.Conn.URL, d.f.authDir
 		if d.authDir != "" {
+			// The run's account, made here if new: the server on the dir picks it up and
+			// provisions its bus (waitProvisioned).
 			var err error
 			if d.auth, err = embedded.LoadAuthority(d.authDir); err != nil {
 				return nil, err
+			}
+			if err := d.auth.AddRun(d.run); err != nil {
+				return nil, fmt.Errorf("%w: --run: %w", ErrUsage, err)
 			}
 		}
 		return func() {}, nil
@@ -449,16 +452,13 @@ func (d *demo) startNATS(ctx context.Context) (func(), error) {
 		if d.auth, err = embedded.LoadAuthority(d.authDir); err != nil {
 			return nil, err
 		}
-		if _, err := d.auth.WriteRoleCreds(""); err != nil {
-			return nil, err
-		}
-		if err := d.auth.WriteSigner(events.KindSandbox, filepath.Join(d.authDir, "sandbox-signer.json")); err != nil {
-			return nil, err
+		if err := d.auth.AddRun(d.run); err != nil {
+			return nil, fmt.Errorf("%w: --run: %w", ErrUsage, err)
 		}
 		if trust, err = d.auth.Trust(); err != nil {
 			return nil, err
 		}
-		provision.CredsFile = embedded.CredsFile(d.authDir, embedded.RoleAdmin)
+		provision.CredsFile = d.roleCreds(embedded.RoleAdmin)
 	}
 	topo := jetstream.Topology{}
 	nlog := zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "nats.log"))).With().Timestamp().Logger()
@@ -499,13 +499,13 @@ func (d *demo) startNATS(ctx context.Context) (func(), error) {
 func (d *demo) spawn(name, as string, env []string, args ...string) error {
 	full := []string{"--nats-url", d.natsURL, "--log-format", "json", "--log-level", "info"}
 	if d.auth != nil {
-		creds := embedded.CredsFile(d.authDir, embedded.Role(as))
+		creds := d.roleCreds(embedded.Role(as))
 		if as != string(embedded.RoleBridge) {
 			b, _, err := d.auth.MemberCreds(d.run, events.Member(as), 0)
 			if err != nil {
 				return fmt.Errorf("demo: credentials of %s: %w", as, err)
 			}
-			creds = filepath.Join(d.authDir, as+".creds")
+			creds = filepath.Join(embedded.RunDir(d.authDir, d.run), as+".creds")
 			err = atomicfile.Write(creds, b, 0o600)
 			clear(b)
 			if err != nil {
@@ -668,7 +668,7 @@ func (d *demo) printReadBack(w io.Writer) {
 	conn := "--nats-url " + url
 	natsConn := "--server " + url
 	if d.authDir != "" {
-		creds := embedded.CredsFile(d.authDir, embedded.RoleAdmin)
+		creds := d.roleCreds(embedded.RoleAdmin)
 		conn += " --creds " + creds
 		natsConn += " --creds " + creds
 	}
@@ -679,4 +679,37 @@ func (d *demo) printReadBack(w io.Writer) {
 	fmt.Fprintf(w, "  nats %s sub --stream STILLPOINT --all -T --wait 5s -t 'sp.%s.phase.>'\n", natsConn, d.run)
 	fmt.Fprintf(w, "  nats %s sub --stream STILLPOINT --all -T --wait 5s --raw 'sp.%s.member.>'\n", natsConn, d.run)
 	fmt.Fprintf(w, "  nats %s kv get sp_manifests %s\n", natsConn, events.HeadKey(d.run))
+}
+
+// roleCreds returns the path of the run's credentials of role (with --auth or --auth-dir).
+func (d *demo) roleCreds(role embedded.Role) string {
+	return embedded.CredsFile(embedded.RunDir(d.authDir, d.run), role)
+}
+
+// provisionWait bounds how long the demo waits for a server given --auth-dir to provision a
+// run's bus it has just added (the server looks at its auth dir every second).
+const provisionWait = 30 * time.Second
+
+// openBus connects and opens the run's bus, waiting up to provisionWait for a server that
+// provisions it in a new run's account (the account unknown to it yet, or its bus not made).
+func (d *demo) openBus(ctx context.Context, conn jetstream.ConnConfig) (*nats.Conn, natsjs.JetStream, *jetstream.Bus, error) {
+	deadline := time.Now().Add(provisionWait)
+	for {
+		nc, js, err := connectJS(ctx, conn)
+		if err == nil {
+			var bus *jetstream.Bus
+			if bus, err = jetstream.Open(ctx, js); err == nil {
+				return nc, js, bus, nil
+			}
+			nc.Close()
+		}
+		if d.authDir == "" || time.Now().After(deadline) {
+			return nil, nil, nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }

@@ -1,0 +1,140 @@
+package embedded_test
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
+)
+
+// TestRunsAreAccountsApart: two runs on one server are two accounts, each with
+// its own bus. Even a run's admin, who may do anything in its run, hears
+// nothing of the other run, and a message id used in one run's stream does
+// not make the other's publish of the same id a duplicate; a run added while
+// the server runs is admitted once the server has its account JWT, and a
+// signer of one run mints users of that run alone.
+func TestRunsAreAccountsApart(t *testing.T) {
+	ctx := testContext(t)
+	dir := filepath.Join(t.TempDir(), "auth")
+	auth, err := embedded.LoadAuthority(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.AddRun("r1"); err != nil {
+		t.Fatal(err)
+	}
+	trust, err := auth.Trust()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := embedded.Start(ctx, embedded.Config{Dir: t.TempDir(), Trust: trust})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+
+	// r2 comes after the server started: refused until the server has its account.
+	if err := auth.AddRun("r2"); err != nil {
+		t.Fatal(err)
+	}
+	r2admin := embedded.CredsFile(embedded.RunDir(dir, "r2"), embedded.RoleAdmin)
+	if nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: s.ClientURL(), CredsFile: r2admin}, nats.NoReconnect()); err == nil {
+		nc.Close()
+		t.Fatal("a user of a run whose account the server does not have was admitted")
+	}
+	ajwt, err := auth.AccountJWT("r2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.UpdateAccount(ajwt); err != nil {
+		t.Fatal(err)
+	}
+
+	buses := map[string]*jetstream.Bus{}
+	conns := map[string]*nats.Conn{}
+	for _, run := range []string{"r1", "r2"} {
+		nc, js, _ := connectCreds(t, s, embedded.CredsFile(embedded.RunDir(dir, run), embedded.RoleAdmin))
+		bus, err := jetstream.Provision(ctx, js, jetstream.Topology{})
+		if err != nil {
+			t.Fatalf("provision %s: %v", run, err)
+		}
+		buses[run], conns[run] = bus, nc
+	}
+
+	// r1's admin listens to everything it may; r2 publishes.
+	heard, err := conns["r1"].SubscribeSync(">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conns["r1"].Flush(); err != nil {
+		t.Fatal(err)
+	}
+	const id = "r2.7.commit.c1.guessed"
+	pub := func(run, subject string) *natsjs.PubAck {
+		t.Helper()
+		js, err := natsjs.New(conns[run])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: subject, Data: []byte("{}"), Header: nats.Header{"Nats-Msg-Id": []string{id}}})
+		if err != nil {
+			t.Fatalf("%s publishing %s: %v", run, subject, err)
+		}
+		return ack
+	}
+	// r1 stores a message with an id r2 will use: r2's own is no duplicate.
+	if ack := pub("r1", "sp.r1.ack.7.commit.sandbox.sb1"); ack.Duplicate {
+		t.Fatal("r1's first publish of the id was a duplicate")
+	}
+	if ack := pub("r2", "sp.r2.phase.commit"); ack.Duplicate {
+		t.Fatal("r2's publish was taken for a duplicate of r1's: deduplication crossed runs")
+	}
+	if err := conns["r2"].Publish("sp.r2.member.agent.a1", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if err := conns["r2"].Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := heard.NextMsg(500 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		if strings.Contains(m.Subject, "r2") {
+			t.Errorf("r1's admin heard %s of run r2", m.Subject)
+		}
+	}
+	// r1's stream holds r1's subjects alone.
+	info, err := buses["r1"].Stream.Info(ctx, natsjs.WithSubjectFilter(">"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for subj := range info.State.Subjects {
+		if strings.Contains(subj, "r2") {
+			t.Errorf("r1's stream lists %s", subj)
+		}
+	}
+	b, _ := json.Marshal(info.State.Subjects)
+	t.Logf("r1's stream subjects: %s", b)
+
+	// A signer of r1 mints users of r1 alone.
+	signerFile := filepath.Join(t.TempDir(), "signer.json")
+	if err := auth.WriteSigner("r1", events.KindSandbox, signerFile); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := embedded.LoadSigner(signerFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := signer.Mint("r2", "sb1", 0, time.Now()); err == nil {
+		t.Error("r1's signer minted a user of r2")
+	}
+}
