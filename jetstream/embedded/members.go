@@ -140,6 +140,8 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		sub = append(sub, events.LivePrefix+"."+run+".ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*")
 	case events.KindOwner:
 		pub = append(pub,
+			// Its sandboxes' users, minted by the run's authority (ServeMint).
+			jetstream.MintSubject(run),
 			kvPub(jetstream.BucketMembers, string(events.KindSandbox)+".*"),
 			"$KV."+jetstream.BucketSnapshots+".>",
 			direct("KV_"+jetstream.BucketSnapshots, ">"),

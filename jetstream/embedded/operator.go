@@ -70,8 +70,8 @@ var memberKinds = []events.MemberKind{events.KindAgent, events.KindOwner, events
 const runsDir = "runs"
 
 // RunDir returns the directory of run's account in an authority's dir, dir/runs/<run>: its keys
-// (account.nk, signer.nk, <kind>-signer.nk), its account JWT (AccountJWTFile), its roles'
-// credentials (CredsFile) and the sandbox kind's signer file (SandboxSignerFile).
+// (account.nk, signer.nk, <kind>-signer.nk), its account JWT (AccountJWTFile) and its roles'
+// credentials (CredsFile).
 func RunDir(dir, run string) string {
 	return filepath.Join(dir, runsDir, run)
 }
@@ -170,8 +170,9 @@ func validRun(run string) error {
 
 // AddRun makes run's account if the authority has none (its keys in RunDir, mode 0600) and writes
 // what the run's processes take: its account JWT (AccountJWTFile, which a server on the dir picks
-// up and provisions the run's bus in: WatchRuns), the credentials of its bridge, controller and
-// admin (CredsFile) and the sandbox kind's signer file (SandboxSignerFile). It is idempotent.
+// up, provisioning the run's bus in it) and the credentials of its bridge, controller and admin
+// (CredsFile). Its owners mint their sandboxes' users through the server (ServeMint): no signing
+// key leaves the authority. It is idempotent.
 func (a *Authority) AddRun(run string) error {
 	if err := validRun(run); err != nil {
 		return err
@@ -202,9 +203,6 @@ func (a *Authority) AddRun(run string) error {
 		if err != nil {
 			return fmt.Errorf("embedded: %s creds of run %s: %w", role, run, err)
 		}
-	}
-	if err := a.WriteSigner(run, events.KindSandbox, SandboxSignerFile(a.dir, run)); err != nil {
-		return err
 	}
 	// The account JWT last: a server watching the dir takes a run whose JWT is there for one
 	// whose credentials are too.
@@ -290,12 +288,6 @@ func (a *Authority) loadRevocations(ra *runAccount) error {
 // account (RunDir): <runDir>/<kind>-signer.nk.
 func SignerFile(runDir string, kind events.MemberKind) string {
 	return filepath.Join(runDir, string(kind)+"-signer.nk")
-}
-
-// SandboxSignerFile returns the path of the signer file (WriteSigner) an owner of run mints its
-// sandboxes' users with: RunDir/sandbox-signer.json.
-func SandboxSignerFile(dir, run string) string {
-	return filepath.Join(RunDir(dir, run), "sandbox-signer.json")
 }
 
 // CredsFile returns the path of role's credentials in dir: dir/<role>.creds. Under decentralized

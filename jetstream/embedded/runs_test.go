@@ -2,6 +2,8 @@ package embedded_test
 
 import (
 	"encoding/json"
+	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -136,5 +138,58 @@ func TestRunsAreAccountsApart(t *testing.T) {
 	}
 	if _, _, err := signer.Mint("r2", "sb1", 0, time.Now()); err == nil {
 		t.Error("r1's signer minted a user of r2")
+	}
+}
+
+// TestMintService: a run's owners mint their sandboxes' users through the
+// run's authority (ServeMint), never holding a key that could mint any
+// other name: a sandbox name is minted, and its user connects as that
+// sandbox; a wildcard, a dotted name or a validity beyond MaxSandboxTTL is
+// refused with a reason; a sandbox or an agent may not ask at all.
+func TestMintService(t *testing.T) {
+	auth, dir, s, _ := operatorServer(t)
+	adm, _, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleAdmin))
+	stop, err := auth.ServeMint(adm, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	onc, _, _ := connectCreds(t, s, memberCreds(t, auth, "owner.o1"))
+	m := jetstream.Minter{NC: onc, Run: "r"}
+	creds, user, err := m.Mint("r", "sb-1", time.Minute, time.Time{})
+	if err != nil || user == "" {
+		t.Fatalf("an owner minting sandbox sb-1: %q %v", user, err)
+	}
+	path := filepath.Join(t.TempDir(), "sb-1.creds")
+	if err := os.WriteFile(path, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	snc, _, serrs := connectCreds(t, s, path)
+	if err := snc.Publish("sp.r.member.sandbox.sb-1", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	noViolationsBefore(t, snc, serrs, "the minted sandbox", "sp.r.phase.prepare")
+
+	for _, bad := range []struct {
+		name string
+		ttl  time.Duration
+	}{{"*", time.Minute}, {">", time.Minute}, {"sb.x", time.Minute}, {"", time.Minute}, {"sb-2", 2 * embedded.MaxSandboxTTL}, {"sb-2", 0}} {
+		if _, _, err := m.Mint("r", bad.name, bad.ttl, time.Time{}); !errors.Is(err, jetstream.ErrMintRefused) {
+			t.Errorf("minting %q for %s: %v, want ErrMintRefused", bad.name, bad.ttl, err)
+		}
+	}
+	for _, who := range []events.Member{"sandbox.sb-9", "agent.a1"} {
+		nc, _, errs := connectCreds(t, s, memberCreds(t, auth, who))
+		if _, _, err := (jetstream.Minter{NC: nc, Run: "r"}).Mint("r", "sb-3", time.Minute, time.Time{}); err == nil {
+			t.Errorf("%s minted a sandbox user", who)
+		}
+		select {
+		case err := <-errs:
+			if !errors.Is(err, nats.ErrPermissionViolation) {
+				t.Errorf("%s asking the minting service: %v, want a permissions violation", who, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s asking the minting service: no permissions violation", who)
+		}
 	}
 }

@@ -59,9 +59,9 @@ one) and provisions its bus. A run's bridge, controller (the CLI's reads, a
 collector) and admin (anything in that run: the nats CLI) take
 DIR/runs/RUN/<role>.creds with --creds; every agent and owner gets a user of its
 own, limited to its member name (stillpoint creds --auth-dir DIR --run RUN
---member agent.a1); an owner given --sandbox-signer
-DIR/runs/RUN/sandbox-signer.json mints each of its sandboxes a user of its own
-with a short expiry and renews it while the sandbox lives. Only the bridge
+--member agent.a1); an owner given --sandbox-users has the server mint each of
+its sandboxes a user of its own with a short expiry, and renews it while the
+sandbox lives (the server checks the name; no signing key leaves DIR). Only the bridge
 publishes phases and outcomes; a member speaks only as itself.
 
 With --auth-dir DIR --nkeys it admits one nkey per role instead, with the
@@ -172,6 +172,7 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 		// known now, then those added to the auth dir meanwhile (creds --run), and the
 		// revocations written there (creds --revoke), within a second.
 		rw := &runWatch{auth: auth, update: update, conn: conn, topo: topo, log: log, seen: map[string][]byte{}}
+		defer rw.close()
 		if err := rw.scan(ctx); err != nil {
 			return err
 		}
@@ -200,9 +201,8 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	case f.authDir != "" && !f.nkeys:
 		log.Info().Str("auth_dir", f.authDir).Msg("decentralized auth: clients need credentials")
 		fmt.Fprintf(g.stdout, "stillpoint: each run is an account of its own (runs: %s); clients need credentials: --creds %s (role: bridge, controller, admin); "+
-			"members: stillpoint creds --auth-dir %s --run RUN --member KIND.NAME (which adds the run); owners: --sandbox-signer %s\n",
-			strings.Join(auth.Runs(), ", "), filepath.Join(embedded.RunDir(f.authDir, "RUN"), "<role>.creds"), f.authDir,
-			embedded.SandboxSignerFile(f.authDir, "RUN"))
+			"members: stillpoint creds --auth-dir %s --run RUN --member KIND.NAME (which adds the run); owners: --sandbox-users (minted here)\n",
+			strings.Join(auth.Runs(), ", "), filepath.Join(embedded.RunDir(f.authDir, "RUN"), "<role>.creds"), f.authDir)
 		try = " --creds " + embedded.CredsFile(embedded.RunDir(f.authDir, "RUN"), embedded.RoleAdmin)
 	case f.authDir != "":
 		roles := make([]string, 0, len(embedded.Roles()))
@@ -234,6 +234,7 @@ type runWatch struct {
 	topo   jetstream.Topology
 	log    zerolog.Logger
 	seen   map[string][]byte // run → the account JWT the server has
+	conns  []*nats.Conn      // each run's admin, serving its minting service
 }
 
 // watch scans every runPoll until ctx ends; a scan that fails is logged and tried again.
@@ -280,7 +281,9 @@ func (w *runWatch) scan(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// provision provisions run's bus in its account, as its admin.
+// provision provisions run's bus in its account, as its admin, and serves
+// the run's minting service of sandbox users (embedded.ServeMint) on that
+// connection until the watch ends (close).
 func (w *runWatch) provision(ctx context.Context, run string) error {
 	conn := w.conn
 	conn.Name = "stillpoint-server-" + run
@@ -289,8 +292,23 @@ func (w *runWatch) provision(ctx context.Context, run string) error {
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	return provision(ctx, nc, w.topo)
+	if err := provision(ctx, nc, w.topo); err != nil {
+		nc.Close()
+		return err
+	}
+	if _, err := w.auth.ServeMint(nc, run); err != nil {
+		nc.Close()
+		return err
+	}
+	w.conns = append(w.conns, nc)
+	return nil
+}
+
+// close closes the runs' connections, and with them their minting services.
+func (w *runWatch) close() {
+	for _, nc := range w.conns {
+		nc.Close()
+	}
 }
 
 func provision(ctx context.Context, nc *nats.Conn, topo jetstream.Topology) error {
