@@ -10,6 +10,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // Bridge is the controller bridge of one run. Its methods are safe for
@@ -97,6 +98,13 @@ func (b *Bridge) Run(ctx context.Context) error {
 	if err := b.Recover(ctx); err != nil && ctx.Err() == nil {
 		return err
 	}
+	// Members with credentials of their own ask the bridge for their
+	// records stores: they make no stream themselves (docs/PERMISSIONS.md).
+	stopStores, err := jetstream.ServeStores(ctx, b.cfg.JS, b.cfg.Bus.Records, b.cfg.Run)
+	if err != nil {
+		return err
+	}
+	defer stopStores()
 	<-ctx.Done()
 	b.close()
 	sctx, cancel := context.WithTimeout(context.Background(), b.cfg.ResumeTimeout+5*time.Second)

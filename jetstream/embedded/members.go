@@ -85,15 +85,17 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		direct("OBJ_"+jetstream.BucketCheckpoints, ">"),
 		"$JS.FC.>",
 	)
-	// Its records go to a store of its own name (events.RecordsBucket), which it creates, writes,
-	// purges (a stopped write's chunks) and reads, and no one else's: the shared store's object
-	// names are base64 subject tokens no permission can split by member, so it only reads
-	// that one (what runs before this wrote). The create subject names the stream, not its
-	// configuration (docs/PERMISSIONS.md).
+	// Its records go to a store of its own name (events.RecordsBucket), which the bridge makes
+	// when it asks (a stream-create subject names the stream, not its configuration, so a member
+	// that made its own could give it any subjects), and which it writes, purges (a stopped
+	// write's chunks) and reads, and no one else's: the shared store's object names are base64
+	// subject tokens no permission can split by member, so it only reads that one (what runs
+	// before this wrote).
 	own := events.RecordsBucket(run, events.Member(self))
 	pub = append(pub,
 		"$O."+own+".>",
-		"$JS.API.STREAM.CREATE.OBJ_"+own,
+		// The bridge makes the store (jetstream.ServeStores): a member makes no stream.
+		jetstream.StoreRequestSubject(run, events.Member(self)),
 		"$JS.API.STREAM.PURGE.OBJ_"+own,
 		direct("OBJ_"+own, ">"),
 		"$JS.API.CONSUMER.CREATE.OBJ_"+own+".*.$O."+own+".>",

@@ -601,8 +601,9 @@ func TestSandboxJWTRenewedOnReconnect(t *testing.T) {
 	}
 }
 
-// TestRecordsOfTheirOwn: an agent with its own user writes its records to a store of its own
-// name and reads them back; another agent and an owner cannot overwrite, delete, purge or
+// TestRecordsOfTheirOwn: an agent with its own user makes no stream, its own records store
+// included, and asks for no other's; it writes its records to a store of its own name, which
+// the bridge made when it asked, and reads them back; another agent and an owner cannot overwrite, delete, purge or
 // recreate that store's objects, nor write the shared store, and nothing of theirs reaches
 // either; records an earlier run left in the shared store stay readable; the bridge releases
 // the agent's objects and cannot purge the audit log.
@@ -621,11 +622,33 @@ func TestRecordsOfTheirOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The bridge makes the members' own stores when they ask.
+	_, sjs, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleBridge))
+	sbus, err := jetstream.Open(ctx, sjs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopStores, err := jetstream.ServeStores(ctx, sjs, sbus.Records, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopStores()
 	anc, ajs, aerrs := connectCreds(t, s, memberCreds(t, auth, a1))
 	abus, err := jetstream.Open(ctx, ajs)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// It makes no stream itself, its own store included: the create subject names the
+	// stream, not its subjects (issue 29, attack 9: a store on another's service subjects).
+	if err := anc.PublishRequest("$JS.API.STREAM.CREATE.OBJ_"+events.RecordsBucket("r", a1), anc.NewRespInbox(),
+		[]byte(`{"name":"OBJ_`+events.RecordsBucket("r", a1)+`","subjects":["spsvc.r.owner.>"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	violation(t, aerrs, "agent a1 making a stream", "$JS.API.STREAM.CREATE.OBJ_"+events.RecordsBucket("r", a1))
+	if err := anc.PublishRequest(jetstream.StoreRequestSubject("r", "agent.a2"), anc.NewRespInbox(), nil); err != nil {
+		t.Fatal(err)
+	}
+	violation(t, aerrs, "agent a1 asking for a2's store", jetstream.StoreRequestSubject("r", "agent.a2"))
 	store, err := member.OwnRecords(ctx, ajs, abus.Records, "r", a1)
 	if err != nil {
 		t.Fatalf("agent making its own records store: %v", err)

@@ -101,6 +101,8 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				kv(jetstream.BucketManifests, ">"),
 				"$O.>",
 				"$JS.API.STREAM.PURGE.*",
+				// The members' own records stores, made when they ask (jetstream.ServeStores).
+				"$JS.API.STREAM.CREATE.*",
 			), Deny: []string{
 				"$JS.API.STREAM.PURGE." + jetstream.StreamName,
 				"$JS.API.STREAM.PURGE.KV_" + jetstream.BucketMembers,
@@ -110,6 +112,7 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 			// Its micro service (the controller API, bridgeapi.ServiceSubject) and micro's
 			// discovery subjects of that service alone.
 			Subscribe: Subjects{Allow: []string{"_INBOX.>", events.ServiceFilter(r, events.KindBridge),
+				events.ServicePrefix + "." + r + ".stores.*.*",
 				events.LiveAckFilter(r, events.PhaseResume),
 				// The sandbox daemons' prepare acks, on core NATS too.
 				events.LiveAckFilter(r, events.PhasePrepare),
