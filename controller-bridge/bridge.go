@@ -5,7 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
@@ -16,10 +15,13 @@ import (
 // Bridge is the controller bridge of one run. Its methods are safe for
 // concurrent use; operations run one at a time.
 type Bridge struct {
-	cfg      Config
-	log      zerolog.Logger
-	source   events.Member
-	instance string // this process's nonce, in every phase id
+	cfg    Config
+	log    zerolog.Logger
+	source events.Member
+	// ids are the ids of what it publishes into the stream: a random
+	// part drawn once per publish, which a publish made again by this
+	// process repeats, and which no other client can tell (PROTOCOL §4).
+	ids events.MsgIDs
 
 	// op is held by the operation running (a held checkpoint's renew is
 	// one too): a channel, so that waiting for it can be cancelled.
@@ -75,7 +77,7 @@ func New(cfg Config) (*Bridge, error) {
 		return nil, err
 	}
 	src, _ := events.NewMember(events.KindBridge, cfg.Name)
-	b := &Bridge{cfg: cfg, source: src, instance: nuid.Next(), op: make(chan struct{}, 1),
+	b := &Bridge{cfg: cfg, source: src, op: make(chan struct{}, 1),
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(src)).Logger()}
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 	cfg.Metrics.InitBridge()

@@ -44,6 +44,8 @@ type Member struct {
 	liveMu   sync.Mutex // the acks published on core NATS: the loop writes, alive queries read
 	liveAcks []liveAck  // the last liveAcksKept, oldest first
 
+	ackIDs events.MsgIDs // the ids of the acks, one per phase answered (reply)
+
 	recordsMu sync.Mutex         // the records store, opened by the first write that needs it
 	records   natsjs.ObjectStore // guarded by recordsMu
 

@@ -1035,3 +1035,96 @@ func TestDaemonSaysItsPrepareAckAgainWhenAsked(t *testing.T) {
 		t.Errorf("%d prepare acks heard, want the first and the one said again", n)
 	}
 }
+
+// PROTOCOL §4: no one can publish a member's ack id first. An intruder
+// that read every id on the stream publishes, on a subject of another
+// run, the ids that a scheme derived from run, sequence, phase and member
+// would give the acks to come; every ack of the next checkpoint still
+// lands on its subject, the member's own.
+func TestAckIDsCannotBeClaimedFirst(t *testing.T) {
+	env := jstest.Start(t)
+	b := membertest.NewBridge(t, env, "run1")
+	hs := membertest.StartMembers(t, env, "run1", 2, membertest.Options{Episodes: 1})
+	var names []events.Member
+	for _, h := range hs {
+		names = append(names, h.Name)
+	}
+	// checkpoint runs a checkpoint through every member and returns its
+	// phases whose acks are stored (a resume's are not).
+	type phase struct {
+		seq uint64
+		p   events.Phase
+	}
+	checkpoint := func(id string) []phase {
+		t.Helper()
+		var stored []phase
+		for _, d := range []events.PhaseEvent{
+			events.Prepare{PhaseHeader: b.Header(id, 10*time.Second, names...)},
+			events.Commit{PhaseHeader: b.Header(id, 10*time.Second, names...)},
+			events.Resume{PhaseHeader: b.Header(id, 10*time.Second, names...)},
+		} {
+			seq := b.Publish(d)
+			for _, m := range names {
+				if a := b.Ack(seq, d.Phase(), m); !a.Header().OK {
+					t.Fatalf("%s's %s ack of %s: %+v", m, d.Phase(), id, a.Header().Error)
+				}
+			}
+			if d.Phase() != events.PhaseResume {
+				stored = append(stored, phase{seq, d.Phase()})
+			}
+		}
+		return stored
+	}
+	first := checkpoint("c1")
+
+	in := membertest.NewIntruder(t, env)
+	seen := in.Seen()
+	guesses := membertest.Guesses("run1", seen, 6, []string{"c1"}, "c2")
+	// What a derived id would have been: the guesses hold it.
+	for _, m := range names {
+		if derived := fmt.Sprintf("run1.%d.prepare.%s", first[len(first)-1].seq+2, m); !guesses[derived] {
+			t.Fatalf("the guesses from %d ids miss %s", len(seen), derived)
+		}
+	}
+	if n := in.Claim(guesses); n != len(guesses) {
+		t.Fatalf("the stream stored %d of %d guesses", n, len(guesses))
+	}
+
+	for _, ph := range checkpoint("c2") {
+		for _, m := range names {
+			raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.AckSubject("run1", ph.seq, ph.p, m))
+			if err != nil {
+				t.Fatalf("%s's %s ack to %d: %v", m, ph.p, ph.seq, err)
+			}
+			if id := raw.Header.Get(events.HeaderMsgID); guesses[id] {
+				t.Fatalf("%s's %s ack to %d has the id %s, which the intruder guessed", m, ph.p, ph.seq, id)
+			}
+		}
+	}
+}
+
+// PROTOCOL §4: an ack this process publishes again carries the id of the
+// first, so the server takes it for a duplicate of it; another process of
+// the member draws another.
+func TestAckPublishedAgainHasItsID(t *testing.T) {
+	env := jstest.Start(t)
+	b := membertest.NewBridge(t, env, "run1")
+	h := membertest.StartMembers(t, env, "run1", 1, membertest.Options{})[0]
+	seq := b.Publish(events.Prepare{PhaseHeader: b.Header("c1", 10*time.Second, h.Name)})
+	b.Ack(seq, events.PhasePrepare, h.Name)
+	raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.AckSubject("run1", seq, events.PhasePrepare, h.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := raw.Header.Get(events.HeaderMsgID)
+	if again := member.AckID(h.Member, seq, events.PhasePrepare); again != id {
+		t.Fatalf("the ack published again would have the id %q, the first %q", again, id)
+	}
+	if err := h.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := membertest.StartMember(t, env, "run1", h.Name, membertest.NewParticipant("t0"), membertest.Options{})
+	if other := member.AckID(restarted.Member, seq, events.PhasePrepare); other == id {
+		t.Fatalf("another process of the member draws the id %q again", id)
+	}
+}
