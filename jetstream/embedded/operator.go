@@ -445,6 +445,11 @@ func (a *Authority) RoleCreds(role Role, run string) ([]byte, error) {
 	uc.Name = string(role)
 	uc.IssuerAccount = apub
 	uc.Tags.Add("run:" + run)
+	if role == RoleBridge {
+		// In its run's account the bridge makes the members' own records stores when they
+		// ask (jetstream.ServeStores); a member makes no stream.
+		perms.Publish.Allow = append(perms.Publish.Allow, "$JS.API.STREAM.CREATE.*")
+	}
 	if perms != nil {
 		uc.Pub = jwt.Permission{Allow: perms.Publish.Allow, Deny: perms.Publish.Deny}
 		uc.Sub = jwt.Permission{Allow: perms.Subscribe.Allow, Deny: perms.Subscribe.Deny}

@@ -101,8 +101,6 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				kv(jetstream.BucketManifests, ">"),
 				"$O.>",
 				"$JS.API.STREAM.PURGE.*",
-				// The members' own records stores, made when they ask (jetstream.ServeStores).
-				"$JS.API.STREAM.CREATE.*",
 			), Deny: []string{
 				"$JS.API.STREAM.PURGE." + jetstream.StreamName,
 				"$JS.API.STREAM.PURGE.KV_" + jetstream.BucketMembers,
