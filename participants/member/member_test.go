@@ -51,12 +51,14 @@ func TestConformanceOrdered(t *testing.T) {
 	})
 }
 
-// TestConformanceOrderedPush runs the suite on the push variant of the
-// ordered consumer, a sandbox daemon's with a user of its own.
-func TestConformanceOrderedPush(t *testing.T) {
+// TestConformanceCoreScoped runs the suite on the core feed of a sandbox
+// daemon with a user of its own, whose catch-up reads the newest phase of
+// each kind (PROTOCOL §3, Consumers).
+func TestConformanceCoreScoped(t *testing.T) {
 	membertest.Run(t, membertest.Suite{
-		Ordered: true,
-		NoPull:  true,
+		Ordered:  true,
+		CoreFeed: true,
+		NoPull:   true,
 		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
 			return membertest.NewParticipant(name.Name())
 		},
@@ -652,20 +654,21 @@ func TestSupersededMidWrite(t *testing.T) {
 // its position in a state file. Stopped and started again, it resumes after
 // the last event it handled: it answers what was published while it was
 // down, and never answers twice what it had answered. So does one on the
-// core feed (Config.CoreFeed), which catches up from the stream after it.
+// core feed (Config.CoreFeed), which catches up from the stream after it,
+// by the newest of its run's phases for a sandbox's own user.
 func TestOrderedMemberResumesFromItsStateFile(t *testing.T) {
-	for _, core := range []bool{false, true} {
-		t.Run(map[bool]string{false: "ordered", true: "core"}[core], func(t *testing.T) { resumesFromItsStateFile(t, core) })
+	for _, feed := range []string{"ordered", "core", "core scoped"} {
+		t.Run(feed, func(t *testing.T) { resumesFromItsStateFile(t, feed != "ordered", feed == "core scoped") })
 	}
 }
 
-func resumesFromItsStateFile(t *testing.T, core bool) {
+func resumesFromItsStateFile(t *testing.T, core, scoped bool) {
 	env := jstest.Start(t)
 	bridge := membertest.NewBridge(t, env, "run1")
 	state := filepath.Join(t.TempDir(), "position.json")
 	name := events.Member("sandbox.sb1")
 	startOne := func() *membertest.Handle {
-		return membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("sb1"), membertest.Options{StateFile: state, CoreFeed: core})
+		return membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("sb1"), membertest.Options{StateFile: state, CoreFeed: core, NoPull: scoped})
 	}
 	h := startOne()
 	prep := events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)}
@@ -772,14 +775,14 @@ func TestReplacedMemberStops(t *testing.T) {
 // published while it was gone is answered, once, and nothing answered
 // before is answered again. Run does not return.
 func TestLostConsumerIsMadeAgain(t *testing.T) {
-	for _, feed := range []string{"durable", "ordered", "ordered push"} {
+	for _, feed := range []string{"durable", "ordered"} {
 		t.Run(feed, func(t *testing.T) {
 			env := jstest.Start(t)
 			bridge := membertest.NewBridge(t, env, "run1")
 			name := events.Member("agent.a1")
 			opts := membertest.Options{}
 			if feed != "durable" {
-				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "ordered push"
+				name, opts.StateFile = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json")
 			}
 			h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), opts)
 			seq1 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
@@ -861,15 +864,15 @@ func TestPullWithNoRespondersIsSentAgain(t *testing.T) {
 // checkpoint; the sandbox daemon's ordered and core feeds carry on too. Every phase
 // is answered once, and Run does not return.
 func TestMemberCarriesOnAfterItsServerRestarts(t *testing.T) {
-	for _, feed := range []string{"durable", "ordered", "ordered push", "core"} {
+	for _, feed := range []string{"durable", "ordered", "core", "core scoped"} {
 		t.Run(feed, func(t *testing.T) {
 			env := jstest.Start(t)
 			bridge := membertest.NewBridge(t, env, "run1")
 			name := events.Member("agent.a1")
 			opts := membertest.Options{Episodes: 1}
 			if feed != "durable" {
-				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "ordered push"
-				opts.CoreFeed = feed == "core"
+				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "core scoped"
+				opts.CoreFeed = strings.HasPrefix(feed, "core")
 			}
 			h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), opts)
 			eps := []events.Episode{{Rollout: "t0-r0"}}
