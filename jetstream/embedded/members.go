@@ -18,7 +18,9 @@ const (
 // heartbeat key, serve
 // its own service subject, read its own inbox (InboxPrefix), and the JetStream API calls of its
 // feed. An agent or an owner reads its phases from its own durable consumer (member.ConsumerName)
-// and no other: it creates, reads, acks and deletes that one only; it also watches its run's keys,
+// and no other: it creates it with the run's phases as its one filter and no other, and reads,
+// acks and deletes that one only; it hears its run's committed outcomes on a core subscription
+// and reads the newest by a direct get; it also watches its run's keys,
 // writes its records to a store of its own (events.RecordsBucket) and reads that and the shared
 // one, and calls the services it uses (an agent its owners' and sandboxes',
 // and it hears its sandboxes' prepare acks). A sandbox, the least trusted (its workload can read
@@ -67,17 +69,22 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	}
 	// An agent's or an owner's own durable consumer of the run's phases. Its name is
 	// member.ConsumerName's: sp_<run>_<kind>_<name> (MemberCreds refuses a run or name with an
-	// underscore, which ConsumerName would double).
+	// underscore, which ConsumerName would double). Its create (and update) subject names both
+	// its name and its one filter, within the run's phases, and the server refuses a body whose
+	// name or filter is not the subject's: no other name, no other filter, so it reads nothing
+	// else through it (member.DurableConfig). The committed outcomes a stop commit parks on come on a core
+	// subscription, the newest by a direct get whose subject names them.
 	durable := jetstream.StreamName + ".sp_" + run + "_" + k + "_" + name
+	committed := events.OutcomeSubject(run, events.TypeCheckpointCommitted)
 	pub = append(pub,
 		"$JS.API.INFO",
 		"$JS.API.STREAM.INFO.*",
-		"$JS.API.CONSUMER.CREATE."+durable,
-		"$JS.API.CONSUMER.DURABLE.CREATE."+durable,
+		"$JS.API.CONSUMER.CREATE."+durable+"."+events.PhaseFilter(run),
 		"$JS.API.CONSUMER.INFO."+durable,
 		"$JS.API.CONSUMER.MSG.NEXT."+durable,
 		"$JS.API.CONSUMER.DELETE."+durable,
 		"$JS.ACK."+durable+".>",
+		direct(jetstream.StreamName, committed),
 		"$JS.API.STREAM.NAMES",
 		kvGet(jetstream.BucketMembers, ">"),
 		kvGet(jetstream.BucketManifests, ">"),
@@ -85,6 +92,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		direct("OBJ_"+jetstream.BucketCheckpoints, ">"),
 		"$JS.FC.>",
 	)
+	sub = append(sub, committed)
 	// Its records go to a store of its own name (events.RecordsBucket), which it creates, writes,
 	// purges (a stopped write's chunks) and reads, and no one else's: the shared store's object
 	// names are base64 subject tokens no permission can split by member, so it only reads

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -96,11 +95,9 @@ func TestMembersOnTheBus(t *testing.T) {
 	auth, dir, s, bus := operatorServer(t)
 	_, ajs, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleAdmin))
 	ctx := testContext(t)
-	// A live member's durable consumer, as an agent makes it.
+	// A live member's durable consumer, as an agent makes it (member.DurableConfig).
 	durable := "sp_r_agent_a1"
-	durableFilter := natsjs.ConsumerConfig{FilterSubjects: []string{"sp.r.phase.>", "sp.r.outcome.checkpoint.committed"}}
-	if _, err := bus.Stream.CreateConsumer(ctx, natsjs.ConsumerConfig{Durable: durable,
-		FilterSubjects: durableFilter.FilterSubjects, AckPolicy: natsjs.AckExplicitPolicy}); err != nil {
+	if _, err := bus.Stream.CreateConsumer(ctx, member.DurableConfig("r", durable, "a1")); err != nil {
 		t.Fatal(err)
 	}
 	// Another client's watches of the members and manifests buckets, as the bridge keeps them.
@@ -141,6 +138,32 @@ func TestMembersOnTheBus(t *testing.T) {
 		if _, err := tc.c.js.Publish(ctx, tc.subject, []byte("x")); err != nil {
 			t.Errorf("publishing %s as itself: %v, want a stream ack", tc.subject, err)
 		}
+	}
+
+	// An owner's own durable, as its member runtime makes and updates it (member.DurableConfig):
+	// its create subject names its one filter, and the server refuses a body that names another
+	// filter, more filters or another consumer.
+	own := member.DurableConfig("r", "sp_r_owner_o1", "o1")
+	if _, err := ow.js.CreateConsumer(ctx, jetstream.StreamName, own); err != nil {
+		t.Errorf("owner making its durable: %v", err)
+	}
+	if _, err := ow.js.UpdateConsumer(ctx, jetstream.StreamName, own); err != nil {
+		t.Errorf("owner updating its durable: %v", err)
+	}
+	create := "$JS.API.CONSUMER.CREATE.STILLPOINT.sp_r_owner_o1.sp.r.phase.>"
+	for what, body := range map[string]string{
+		"another filter":   `{"stream_name":"STILLPOINT","config":{"durable_name":"sp_r_owner_o1","filter_subject":"sp.>","ack_policy":"explicit"}}`,
+		"more filters":     `{"stream_name":"STILLPOINT","config":{"durable_name":"sp_r_owner_o1","filter_subjects":["sp.r.phase.>","sp.>"],"ack_policy":"explicit"}}`,
+		"another consumer": `{"stream_name":"STILLPOINT","config":{"durable_name":"sp_r_agent_a1","filter_subject":"sp.r.phase.>","ack_policy":"explicit"}}`,
+	} {
+		r, err := ow.nc.Request(create, []byte(body), 5*time.Second)
+		if err != nil || !strings.Contains(string(r.Data), `"error"`) {
+			t.Errorf("owner's durable create naming its filter with a body of %s: %v %s, want the server's error", what, err, r.Data)
+		}
+	}
+	if ci, err := bus.Stream.Consumer(ctx, "sp_r_owner_o1"); err != nil || ci.CachedInfo().Config.FilterSubject != "sp.r.phase.>" ||
+		len(ci.CachedInfo().Config.FilterSubjects) != 0 {
+		t.Errorf("the owner's durable: %v, %v; want its one filter", ci, err)
 	}
 
 	refused := func(c conn, what, subject string, data string) {
@@ -218,6 +241,19 @@ func TestMembersOnTheBus(t *testing.T) {
 		{ag, "agent deleting another member's durable consumer", "$JS.API.CONSUMER.DELETE.STILLPOINT.sp_r_agent_a2", ""},
 		{ag, "agent pulling from another member's durable consumer", "$JS.API.CONSUMER.MSG.NEXT.STILLPOINT.sp_r_owner_o1", ""},
 		{ag, "agent making another member's durable consumer", "$JS.API.CONSUMER.CREATE.STILLPOINT.sp_r_agent_a2", ""},
+		// Issue 29: its own durable's create subject names its one filter, the run's phases.
+		{ag, "agent making another member's durable consumer of the run's phases", "$JS.API.CONSUMER.CREATE.STILLPOINT.sp_r_agent_a2.sp.r.phase.>", ""},
+		{ag, "agent making a consumer of the run's phases under another name", "$JS.API.CONSUMER.CREATE.STILLPOINT.x.sp.r.phase.>",
+			`{"stream_name":"STILLPOINT","config":{"name":"x","filter_subject":"sp.r.phase.>","ack_policy":"none"}}`},
+		{ag, "agent making its durable with another filter", "$JS.API.CONSUMER.CREATE.STILLPOINT." + durable + ".sp.r.ack.>",
+			`{"stream_name":"STILLPOINT","config":{"durable_name":"` + durable + `","filter_subject":"sp.r.ack.>","ack_policy":"explicit"}}`},
+		{ag, "agent making its durable with another run's phases", "$JS.API.CONSUMER.CREATE.STILLPOINT." + durable + ".sp.other.phase.>",
+			`{"stream_name":"STILLPOINT","config":{"durable_name":"` + durable + `","filter_subject":"sp.other.phase.>","ack_policy":"explicit"}}`},
+		{ag, "agent making its durable by name alone, the filter in the body", "$JS.API.CONSUMER.CREATE.STILLPOINT." + durable,
+			`{"stream_name":"STILLPOINT","config":{"durable_name":"` + durable + `","filter_subjects":["sp.r.phase.>","sp.>"],"ack_policy":"explicit"}}`},
+		{ag, "agent making its durable the legacy way", "$JS.API.CONSUMER.DURABLE.CREATE.STILLPOINT." + durable,
+			`{"stream_name":"STILLPOINT","config":{"durable_name":"` + durable + `","filter_subject":"sp.>","ack_policy":"explicit"}}`},
+		{ow, "owner making an agent's durable consumer", "$JS.API.CONSUMER.CREATE.STILLPOINT." + durable + ".sp.r.phase.>", ""},
 		{ag, "agent writing a snapshot key", "$KV.sp_snapshots.snap1", ""},
 		// The owner: another owner's names, an agent's.
 		{ow, "owner acking as another owner", "sp.r.ack.1.commit.owner.o2", ""},
@@ -288,9 +324,10 @@ func TestMembersOnTheBus(t *testing.T) {
 	}
 	if ci, err := bus.Stream.Consumer(ctx, durable); err != nil {
 		t.Errorf("the member's durable consumer: %v, want it still there", err)
-	} else if cfg := ci.CachedInfo().Config; cfg.FilterSubject != durableFilter.FilterSubject ||
-		!slices.Equal(cfg.FilterSubjects, durableFilter.FilterSubjects) || cfg.DeliverPolicy != natsjs.DeliverAllPolicy {
-		t.Errorf("the member's durable consumer: filter %q %q, deliver %s; want it unchanged", cfg.FilterSubject, cfg.FilterSubjects, cfg.DeliverPolicy)
+	} else if cfg := ci.CachedInfo().Config; cfg.FilterSubject != "sp.r.phase.>" || len(cfg.FilterSubjects) != 0 ||
+		cfg.DeliverPolicy != natsjs.DeliverNewPolicy || cfg.Description != "a1" {
+		t.Errorf("the member's durable consumer: filter %q %q, deliver %s, description %q; want it unchanged",
+			cfg.FilterSubject, cfg.FilterSubjects, cfg.DeliverPolicy, cfg.Description)
 	}
 	for stream, name := range watches {
 		if got := watchConsumer(t, ajs, stream); got != name {

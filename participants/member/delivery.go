@@ -42,8 +42,8 @@ type Delivery interface {
 // consumer for all of them (PROTOCOL §3). membertest.Host is one.
 type Source interface {
 	// Attach starts handing member name of run the events a member reads
-	// (the run's phases and its checkpoint.committed outcomes, as
-	// DurableConfig filters them) and returns once every event published
+	// (the run's phases, as DurableConfig filters them, and its
+	// checkpoint.committed outcomes) and returns once every event published
 	// from then on will be handed over. It must never block on inbox: an
 	// event that does not fit goes back to the server. After detach
 	// returns, nothing more is sent to inbox; the member gives back what

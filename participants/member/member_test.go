@@ -233,6 +233,51 @@ func TestStopCommitParks(t *testing.T) {
 	}
 }
 
+// §3, Consumers, with an agent's own user: its durable consumer reads the
+// run's phases alone, its one filter, which its create subject names (an
+// earlier build's, with the committed outcomes as a second filter, takes
+// that filter when the member starts, and carries on from where it was);
+// the outcome a stop commit parks on comes on a core subscription, and one
+// published while its connection was cut is read, once it is back, by a
+// direct get whose subject names it (§5, commit). No permissions violation.
+func TestDurableOfOneFilterAsItsOwnUser(t *testing.T) {
+	env := jstest.Start(t, jstest.WithAuthority())
+	bridge := membertest.NewBridge(t, env, "run1")
+	name := events.Member("agent.a1")
+	cname := member.ConsumerName("run1", name)
+	old := member.DurableConfig("run1", cname, "an earlier build's")
+	old.FilterSubject, old.FilterSubjects = "", []string{events.PhaseFilter("run1"), events.OutcomeSubject("run1", events.TypeCheckpointCommitted)}
+	if _, err := env.Bus.Stream.CreateConsumer(t.Context(), old); err != nil {
+		t.Fatal(err)
+	}
+	px := startProxy(t, env.URL)
+	through := *env.WithCreds(env.MemberCreds(t, "run1", name))
+	through.URL = px.url
+	p := membertest.NewParticipant("a1", events.Episode{Rollout: "a1-r0"})
+	membertest.StartMember(t, &through, "run1", name, p, membertest.Options{})
+	ci, err := env.Bus.Stream.Consumer(t.Context(), cname)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := ci.CachedInfo().Config; cfg.FilterSubject != events.PhaseFilter("run1") || len(cfg.FilterSubjects) != 0 || cfg.Description != old.Description {
+		t.Fatalf("the durable consumer: filter %q %q, description %q; want the earlier one with the run's phases alone",
+			cfg.FilterSubject, cfg.FilterSubjects, cfg.Description)
+	}
+	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
+	want(t, bridge.Ack(bridge.Publish(events.Prepare{PhaseHeader: header("c1")}), events.PhasePrepare, name), "", events.StatePrepared)
+	want(t, bridge.Ack(bridge.Publish(events.Commit{PhaseHeader: header("c1"), Scope: []events.Episode{{Rollout: "a1-r0"}}, Stop: true}),
+		events.PhaseCommit, name), "", events.StateCommitted)
+
+	px.cut(t)
+	bridge.PublishOutcome(events.CheckpointCommitted{OutcomeHeader: events.OutcomeHeader{Run: "run1", CheckpointID: "c1"},
+		Continued: []string{"a1-r0"}, Members: []events.Member{name}, Stop: true})
+	if n := p.Count("park"); n != 0 {
+		t.Fatalf("parked through a cut connection")
+	}
+	px.restore(t)
+	poll.Wait(t, 10*time.Second, "Park after the reconnect", func() bool { return p.Count("park") == 1 })
+}
+
 // §5 restore: an install that fails installs nothing and reopens admission.
 func TestRestoreInstallFailure(t *testing.T) {
 	env, b, a := committedK1(t, 2)
@@ -937,7 +982,7 @@ func TestSkippedPhaseIsReadAgain(t *testing.T) {
 	bridge := membertest.NewBridge(t, env, "run1")
 	name := events.Member("agent.a1")
 	cfg := member.DurableConfig("run1", member.ConsumerName("run1", name), "skips resumes")
-	cfg.FilterSubjects = []string{events.PhaseSubject("run1", events.PhasePrepare), events.PhaseSubject("run1", events.PhaseCommit)}
+	cfg.FilterSubject, cfg.FilterSubjects = "", []string{events.PhaseSubject("run1", events.PhasePrepare), events.PhaseSubject("run1", events.PhaseCommit)}
 	if _, err := env.Bus.Stream.CreateConsumer(t.Context(), cfg); err != nil {
 		t.Fatal(err)
 	}
