@@ -19,11 +19,16 @@ import (
 func (m *Member) register(ctx context.Context) (time.Duration, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	st, err := m.cfg.Bus.Members.Status(cctx)
-	if err != nil {
-		return 0, fmt.Errorf("member: members bucket: %w", err)
+	// A user that reads no stream info (Config.NoPull) cannot read the
+	// bucket's TTLs, which its info holds: it takes the topology's default.
+	ttls, own := jetstream.MemberTTLs{Member: jetstream.DefaultMemberTTL, Sandbox: jetstream.DefaultSandboxTTL}, true
+	if !m.cfg.NoPull {
+		st, err := m.cfg.Bus.Members.Status(cctx)
+		if err != nil {
+			return 0, fmt.Errorf("member: members bucket: %w", err)
+		}
+		ttls, own = jetstream.MemberTTLsOf(st)
 	}
-	ttls, own := jetstream.MemberTTLsOf(st)
 	m.infoMu.Lock()
 	m.ttl = ttls.For(m.cfg.Member.Kind())
 	if !own {
@@ -82,7 +87,7 @@ func (m *Member) putInfo(ctx context.Context) error {
 		m.infoRev = rev
 		return nil
 	}
-	cur, gerr := m.cfg.Bus.Members.Get(ctx, key)
+	value, revision, gerr := jetstream.KVGet(ctx, m.cfg.JS, jetstream.BucketMembers, key)
 	switch {
 	case errors.Is(gerr, natsjs.ErrKeyNotFound):
 		// Expired (a long pause, a slow heartbeat): register again.
@@ -91,10 +96,10 @@ func (m *Member) putInfo(ctx context.Context) error {
 		return fmt.Errorf("member: heartbeat: %w", gerr)
 	default:
 		var other events.MemberInfo
-		if json.Unmarshal(cur.Value(), &other) == nil && other.Instance != m.info.Instance {
+		if json.Unmarshal(value, &other) == nil && other.Instance != m.info.Instance {
 			return fmt.Errorf("%w: instance %s holds %s", ErrReplaced, other.Instance, key)
 		}
-		rev, err = write(int64(cur.Revision()))
+		rev, err = write(int64(revision))
 	}
 	if err != nil {
 		return fmt.Errorf("member: heartbeat: %w", err)
@@ -155,7 +160,7 @@ func (m *Member) leave(ctx context.Context, reason string) {
 	m.infoMu.Lock()
 	rev := m.infoRev
 	m.infoMu.Unlock()
-	err := m.cfg.Bus.Members.Delete(cctx, events.MemberKey(m.cfg.Run, m.cfg.Member), natsjs.LastRevision(rev))
+	err := jetstream.KVDelete(cctx, m.cfg.JS, jetstream.BucketMembers, events.MemberKey(m.cfg.Run, m.cfg.Member), rev)
 	if err != nil {
 		m.log.Debug().Err(err).Msg("heartbeat key left in place")
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // Member is the member runtime of one participant: it consumes the run's
@@ -24,6 +25,10 @@ type Member struct {
 	cfg     Config
 	log     zerolog.Logger
 	machine *Machine
+	// stream reads the last message of a subject of the stream: the bus's
+	// handle, or, for a user that reads no stream info (Config.NoPull),
+	// direct gets whose subject names what they read.
+	stream AckGetter
 
 	running atomic.Bool
 	joined  chan struct{} // closed once Run has registered the member
@@ -87,6 +92,11 @@ func New(cfg Config) (*Member, error) {
 			Run: cfg.Run, Member: cfg.Member, Capabilities: slices.Clone(cfg.Capabilities),
 			Host: host, PID: os.Getpid(), Instance: events.NewID(),
 		},
+	}
+	if cfg.NoPull {
+		m.stream = jetstream.Direct{Conn: cfg.Conn, Stream: jetstream.StreamName}
+	} else {
+		m.stream = cfg.Bus.Stream
 	}
 	if cfg.AdoptEpoch != 0 {
 		m.machine.Adopt(cfg.AdoptEpoch)

@@ -80,7 +80,7 @@ func (m *Member) reply(ctx context.Context, r Reply) {
 			want = ca.Manifest
 		}
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
-		cerr := CheckRecorded(cctx, m.cfg.Bus.Stream, msg.Subject, want)
+		cerr := CheckRecorded(cctx, m.stream, msg.Subject, want)
 		cancel()
 		if cerr != nil {
 			log.Error().Err(cerr).Msg("the commit ack recorded first is not this process's: the checkpoint holds the other")
