@@ -193,3 +193,98 @@ func TestMintService(t *testing.T) {
 		}
 	}
 }
+
+// TestRunStorageBoundsAFlood: a member flooding its run's stream fills its
+// own run's storage quota (Limits.Storage) and is refused past it, while
+// another run's writes go on; a sandbox's user holds at most SandboxSubs
+// subscriptions.
+func TestRunStorageBoundsAFlood(t *testing.T) {
+	ctx := testContext(t)
+	dir := filepath.Join(t.TempDir(), "auth")
+	auth, err := embedded.LoadAuthority(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const quota = 4 << 20
+	if err := auth.SetLimits(embedded.Limits{Storage: quota}); err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []string{"r1", "r2"} {
+		if err := auth.AddRun(run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trust, err := auth.Trust()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := embedded.Start(ctx, embedded.Config{Dir: t.TempDir(), Trust: trust})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	js := map[string]natsjs.JetStream{}
+	for _, run := range []string{"r1", "r2"} {
+		_, j, _ := connectCreds(t, s, embedded.CredsFile(embedded.RunDir(dir, run), embedded.RoleAdmin))
+		if _, err := jetstream.Provision(ctx, j, jetstream.Topology{}); err != nil {
+			t.Fatalf("provision %s: %v", run, err)
+		}
+		js[run] = j
+	}
+	b, _, err := auth.MemberCreds("r1", "agent.a1", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "a1.creds")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, ajs, _ := connectCreds(t, s, path)
+	chunk := make([]byte, 256<<10)
+	stored, refused := 0, 0
+	var lastErr error
+	for i := range 32 { // 8 MiB, twice the quota
+		_, err := ajs.Publish(ctx, events.AckSubject("r1", uint64(1000+i), events.PhaseCommit, "agent.a1"), chunk)
+		if err != nil {
+			refused++
+			lastErr = err
+			continue
+		}
+		stored++
+	}
+	if refused == 0 || stored*len(chunk) > quota {
+		t.Fatalf("a flood of 8 MiB: %d chunks of 256 KiB stored, %d refused; want it stopped at the quota (%d MiB)", stored, refused, quota>>20)
+	}
+	t.Logf("flood: %d stored, %d refused (%v)", stored, refused, lastErr)
+	if _, err := js["r2"].Publish(ctx, "sp.r2.phase.prepare", []byte("{}")); err != nil {
+		t.Fatalf("r2 writing while r1 is full: %v", err)
+	}
+
+	// A sandbox's subscriptions are bounded.
+	sb, _, err := auth.MemberCreds("r1", "sandbox.sb1", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbPath := filepath.Join(t.TempDir(), "sb1.creds")
+	if err := os.WriteFile(sbPath, sb, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	snc, _, serrs := connectCreds(t, s, sbPath)
+	for range embedded.SandboxSubs + 8 {
+		if _, err := snc.Subscribe("spl.r1.phase.>", func(*nats.Msg) {}); err != nil {
+			break
+		}
+	}
+	_ = snc.Flush()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case err := <-serrs:
+			if strings.Contains(strings.ToLower(err.Error()), "maximum subscriptions") {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("%d subscriptions of a sandbox: no 'maximum subscriptions exceeded'", embedded.SandboxSubs+8)
+		}
+	}
+}

@@ -34,6 +34,8 @@ type serverFlags struct {
 	maxAge time.Duration
 	// runs are the runs whose accounts --auth-dir makes at start.
 	runs []string
+	// runStorageMiB bounds each run account's storage (embedded.Limits).
+	runStorageMiB int64
 }
 
 func newServerCmd(g *globals) *cobra.Command {
@@ -83,6 +85,7 @@ cleanly, a second exits at once.`,
 	cmd.Flags().BoolVar(&f.cluster, "cluster", false, "run a 3-node cluster on loopback and provision at R3")
 	cmd.Flags().StringVar(&f.token, "auth-token", env("STILLPOINT_SERVER_TOKEN"), "require this token from clients (env STILLPOINT_SERVER_TOKEN)")
 	cmd.Flags().StringVar(&f.authDir, "auth-dir", "", "require credentials: decentralized auth, its keys and the roles' creds in this directory (created if missing)")
+	cmd.Flags().Int64Var(&f.runStorageMiB, "run-storage-mib", 0, "with --auth-dir: the JetStream storage each run's account may use, in MiB (0: keep the dir's; -1: no bound)")
 	cmd.Flags().StringSliceVar(&f.runs, "runs", nil, "with --auth-dir: the runs to make accounts of at start (more are picked up as creds --run adds them)")
 	cmd.Flags().BoolVar(&f.nkeys, "nkeys", false, "with --auth-dir: one nkey per role instead of decentralized auth")
 	cmd.Flags().DurationVar(&f.maxAge, "max-age", 0, "how long the stream keeps messages (default 7 days)")
@@ -120,6 +123,15 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 		if !f.nkeys {
 			if auth, err = embedded.LoadAuthority(f.authDir); err != nil {
 				return err
+			}
+			if f.runStorageMiB != 0 {
+				storage := f.runStorageMiB << 20
+				if f.runStorageMiB < 0 {
+					storage = -1
+				}
+				if err := auth.SetLimits(embedded.Limits{Storage: storage}); err != nil {
+					return &exitError{code: ExitUsage, err: fmt.Errorf("--run-storage-mib: %w", err)}
+				}
 			}
 			for _, run := range f.runs {
 				if err := auth.AddRun(run); err != nil {
