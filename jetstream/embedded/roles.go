@@ -76,7 +76,10 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				sp+"member."+k+".*",
 				kv(jetstream.BucketMembers, k+".*"),
 			), pub...)},
-			Subscribe: Subjects{Allow: append(append([]string{"_INBOX.>", events.ServiceFilter(r, kind)}, discovery(kind)...), sub...)},
+			// The committed outcomes a stop commit parks on, on a core subscription
+			// (PROTOCOL §3, Consumers).
+			Subscribe: Subjects{Allow: append(append([]string{"_INBOX.>", events.ServiceFilter(r, kind),
+				events.OutcomeSubject(r, events.TypeCheckpointCommitted)}, discovery(kind)...), sub...)},
 		}
 	}
 	switch role {

@@ -62,8 +62,17 @@ type liveKey struct {
 	member events.Member
 }
 
-// NewBridge returns a Bridge for run on env.
+// NewBridge returns a Bridge for run on env. Like the real bridge, it makes
+// the own records stores of members with credentials of their own when they
+// ask (jetstream.ServeStores), until the test ends.
 func NewBridge(t testing.TB, env *jstest.Env, run string) *Bridge {
+	if env.JS != nil && env.Bus != nil {
+		stop, err := jetstream.ServeStores(t.Context(), env.JS, env.Bus.Records, run)
+		if err != nil {
+			t.Fatalf("membertest: serve records stores: %v", err)
+		}
+		t.Cleanup(stop)
+	}
 	return &Bridge{Env: env, Run: run, Name: "bridge.test", Timeout: 10 * time.Second, t: t}
 }
 
