@@ -193,7 +193,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.harness != harnessScripted && f.harness != harnessOpenCode {
 		return fmt.Errorf("%w: --harness %q: want %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode)
 	}
-	d := &demo{env: env, f: f, run: f.run, token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
+	d := &demo{env: env, f: f, run: cmp.Or(f.run, "demo"), token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
 		log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
 	var err error
 	if d.dir, d.self, err = workAndProgram(env, f.dir, "stillpoint-demo-"); err != nil {
