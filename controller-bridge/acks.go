@@ -148,7 +148,7 @@ func (r *ackReader) startWatch(ctx context.Context, watch bool, members []events
 			return err
 		}
 	}
-	r.watch = v.watch(b.cfg.Run, members)
+	r.watch = v.watch(b.cfg.Run, members, b.cfg.Now())
 	r.gone = r.watch.gone
 	return nil
 }

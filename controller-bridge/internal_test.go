@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,12 +49,52 @@ func newTestBridge(t *testing.T, env *jstest.Env, cfg Config) *Bridge {
 }
 
 // putHeartbeat writes a heartbeat of member m of run1 as process
-// instance, as a member does.
+// instance, as a member does, in its kind's bucket.
 func putHeartbeat(t *testing.T, env *jstest.Env, m events.Member, instance string) {
 	t.Helper()
 	v, _ := json.Marshal(events.MemberInfo{Run: "run1", Member: m, Instance: instance, Started: time.Now().UTC(), Heartbeat: time.Now().UTC()})
-	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey("run1", m), v); err != nil {
+	if _, err := env.Bus.Heartbeats(m.Kind()).Put(t.Context(), events.MemberKey("run1", m), v); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A sandbox daemon's heartbeat is read from sp_daemons alone, and one
+// stored a TTL ago is gone though no marker said so (its bucket leaves
+// none); a daemon's key in sp_members, an earlier build's, is not read.
+func TestMemberViewOfTheDaemons(t *testing.T) {
+	env := jstest.Start(t)
+	var offset atomic.Int64
+	b := newTestBridge(t, env, Config{Now: func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }})
+	t.Cleanup(b.stopView)
+	putHeartbeat(t, env, "agent.a", "i0")
+	putHeartbeat(t, env, "sandbox.s", "i0")
+	v, _ := json.Marshal(events.MemberInfo{Run: "run1", Member: "sandbox.old", Instance: "i0"})
+	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey("run1", "sandbox.old"), v); err != nil {
+		t.Fatal(err)
+	}
+	ms, _, err := b.liveMembers(t.Context(), 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ms, []events.Member{"agent.a", "sandbox.s"}) {
+		t.Fatalf("listed %v, want agent.a and sandbox.s", ms)
+	}
+	offset.Store(int64(jetstream.DefaultSandboxTTL))
+	ms, _, err = b.liveMembers(t.Context(), 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ms, []events.Member{"agent.a"}) {
+		t.Fatalf("listed %v a TTL on, want agent.a alone (its own TTL is its bucket's to keep)", ms)
+	}
+	vw, err := b.view(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := vw.watch("run1", []events.Member{"agent.a", "sandbox.s"}, b.cfg.Now())
+	defer w.close()
+	if g := (<-w.gone).(machine.MemberGone); g.Member != "sandbox.s" || g.Why != machine.GoneNotAlive || len(w.gone) != 0 {
+		t.Fatalf("the watch said %+v (and %d more), want sandbox.s not alive alone", g, len(w.gone))
 	}
 }
 
@@ -87,7 +128,7 @@ func TestMemberViewIsAsFreshAsARead(t *testing.T) {
 				v, _ := json.Marshal(events.MemberInfo{Run: "run1", Member: m, Instance: "i0", Heartbeat: time.Now().UTC()})
 				mu.Lock()
 				if m != away {
-					_, _ = env.Bus.Members.Put(wctx, events.MemberKey("run1", m), v)
+					_, _ = env.Bus.Heartbeats(m.Kind()).Put(wctx, events.MemberKey("run1", m), v)
 				}
 				mu.Unlock()
 			}
@@ -100,7 +141,7 @@ func TestMemberViewIsAsFreshAsARead(t *testing.T) {
 		left := all[round]
 		mu.Lock()
 		away = left
-		err := env.Bus.Members.Delete(t.Context(), events.MemberKey("run1", left))
+		err := env.Bus.Heartbeats(left.Kind()).Delete(t.Context(), events.MemberKey("run1", left))
 		mu.Unlock()
 		if err != nil {
 			t.Fatal(err)
@@ -152,7 +193,7 @@ func TestMemberWatchSaysWhoIsGone(t *testing.T) {
 	if g := next(); g.Member != "agent.ghost" || g.Why != machine.GoneNotAlive {
 		t.Fatalf("first %+v, want agent.ghost not alive", g)
 	}
-	if err := env.Bus.Members.Delete(ctx, events.MemberKey("run1", "sandbox.s")); err != nil {
+	if err := env.Bus.Daemons.Delete(ctx, events.MemberKey("run1", "sandbox.s")); err != nil {
 		t.Fatal(err)
 	}
 	if g := next(); g.Member != "sandbox.s" || g.Why != machine.GoneLeft {
@@ -386,7 +427,7 @@ func TestProbeAsksEverySilentDaemonInTurn(t *testing.T) {
 	if err := v.sync(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	w := v.watch("run1", silent)
+	w := v.watch("run1", silent, time.Now())
 	defer w.close()
 	if len(w.gone) != 0 {
 		t.Fatalf("%d members gone before any probe", len(w.gone))

@@ -127,7 +127,7 @@ func TestSilentSandboxDaemonIsLeftOut(t *testing.T) {
 	sandboxes(t, env, 1)
 	ghost := events.Member("sandbox.ghost")
 	v, _ := json.Marshal(events.MemberInfo{Run: run, Member: ghost, Instance: "gone", Started: time.Now().UTC(), Heartbeat: time.Now().UTC()})
-	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey(run, ghost), v); err != nil {
+	if _, err := env.Bus.Daemons.Put(t.Context(), events.MemberKey(run, ghost), v); err != nil {
 		t.Fatal(err)
 	}
 	b := startBridge(t, env, bridge.Config{})
@@ -157,7 +157,7 @@ func TestSilentSandboxDaemonStaysOut(t *testing.T) {
 	put := func(instance string) {
 		t.Helper()
 		v, _ := json.Marshal(events.MemberInfo{Run: run, Member: ghost, Instance: instance, Started: time.Now().UTC(), Heartbeat: time.Now().UTC()})
-		if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey(run, ghost), v); err != nil {
+		if _, err := env.Bus.Daemons.Put(t.Context(), events.MemberKey(run, ghost), v); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -232,7 +232,7 @@ func TestMissedDaemonPrepareAckIsSaidAgainOnProbe(t *testing.T) {
 	quiet := events.Member("sandbox.quiet")
 	now := time.Now().UTC()
 	info, _ := json.Marshal(events.MemberInfo{Run: run, Member: quiet, Instance: "q1", Started: now, Heartbeat: now})
-	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey(run, quiet), info); err != nil {
+	if _, err := env.Bus.Daemons.Put(t.Context(), events.MemberKey(run, quiet), info); err != nil {
 		t.Fatal(err)
 	}
 	nc, _ := env.Connect(t)

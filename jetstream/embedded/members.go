@@ -12,7 +12,7 @@ const nameTemplate = "{{name()}}"
 
 // MemberPermissions returns what member kind.name of run may do on the bus, and nothing of any
 // other member or run: publish its own acks (a commit ack records its manifest), membership and
-// heartbeat key, serve
+// heartbeat key (ownWrites: a sandbox's acks on core NATS and its key of sp_daemons only), serve
 // its own service subject, read its own inbox (InboxPrefix), and the JetStream API calls of its
 // feed. An agent or an owner reads its phases from its own durable consumer (member.ConsumerName)
 // and no other: it creates, reads, acks and deletes that one only; it also watches its run's keys,
@@ -22,7 +22,7 @@ const nameTemplate = "{{name()}}"
 // and committed outcomes on a core subscription, reads the newest of them by a direct get whose
 // subject names them, creates only ordered push consumers filtered on its run's phases (the
 // consumer-create subject carries the filter) for a catch-up that needs more, reads only its own
-// keys and acks (a sandbox exports and installs nothing, so a restore reads it no manifest: no
+// key and acks (a sandbox exports and installs nothing, so a restore reads it no manifest: no
 // checkpoint manifest or member list), and manages no stream, consumer or bucket. name may be the
 // template a scoped signing key fills in.
 func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
@@ -34,16 +34,12 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	kvGet := func(bucket, key string) string {
 		return direct("KV_"+bucket, "$KV."+bucket+"."+run+"."+key)
 	}
-	pub := []string{
-		sp + "ack.*.*." + self,
-		events.LivePrefix + "." + run + ".ack.*." + string(events.PhaseResume) + "." + self,
-		sp + "member." + self,
-		kvPub(jetstream.BucketMembers, self),
+	pub := append(ownWrites(kind, run, name),
 		"$JS.API.INFO",
 		"$JS.API.STREAM.INFO.*",
 		direct(jetstream.StreamName, sp+"ack.*.*."+self),
 		"_INBOX.>", // replies to whoever called
-	}
+	)
 	sub := append([]string{InboxPrefix(run, events.Member(self)) + ".>", events.ServiceSubject(run, events.Member(self)) + ".>"},
 		discovery(kind)...)
 	if kind == events.KindSandbox {
@@ -55,9 +51,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		// ordered push consumer whose create subject names the filter of its run's phases.
 		committed := events.OutcomeSubject(run, events.TypeCheckpointCommitted)
 		pub = append(pub,
-			// Its prepare acks travel on core NATS too (events.LiveAck).
-			events.LivePrefix+"."+run+".ack.*."+string(events.PhasePrepare)+"."+self,
-			kvGet(jetstream.BucketMembers, self),
+			kvGet(jetstream.BucketDaemons, self),
 			kvGet(jetstream.BucketManifests, "*."+self),
 			direct(jetstream.StreamName, events.PhaseFilter(run)),
 			direct(jetstream.StreamName, committed),
@@ -80,6 +74,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		"$JS.ACK."+durable+".>",
 		"$JS.API.STREAM.NAMES",
 		kvGet(jetstream.BucketMembers, ">"),
+		kvGet(jetstream.BucketDaemons, ">"),
 		kvGet(jetstream.BucketManifests, ">"),
 		direct("OBJ_"+jetstream.BucketRecords, ">"),
 		direct("OBJ_"+jetstream.BucketCheckpoints, ">"),
@@ -108,6 +103,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	// delete stays allowed on the records store (docs/PERMISSIONS.md).
 	for _, b := range []struct{ stream, filter string }{
 		{"KV_" + jetstream.BucketMembers, "$KV." + jetstream.BucketMembers + "." + run + ".>"},
+		{"KV_" + jetstream.BucketDaemons, "$KV." + jetstream.BucketDaemons + "." + run + ".>"},
 		{"KV_" + jetstream.BucketManifests, "$KV." + jetstream.BucketManifests + "." + run + ".>"},
 		{"OBJ_" + jetstream.BucketRecords, "$O." + jetstream.BucketRecords + ".>"},
 		{"OBJ_" + jetstream.BucketCheckpoints, "$O." + jetstream.BucketCheckpoints + ".>"},
@@ -140,7 +136,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		sub = append(sub, events.LivePrefix+"."+run+".ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*")
 	case events.KindOwner:
 		pub = append(pub,
-			kvPub(jetstream.BucketMembers, string(events.KindSandbox)+".*"),
+			kvPub(jetstream.BucketDaemons, string(events.KindSandbox)+".*"),
 			"$KV."+jetstream.BucketSnapshots+".>",
 			direct("KV_"+jetstream.BucketSnapshots, ">"),
 			"$JS.API.CONSUMER.CREATE.KV_"+jetstream.BucketSnapshots+".>",
@@ -149,6 +145,34 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		)
 	}
 	return &Permissions{Publish: Subjects{Allow: pub}, Subscribe: Subjects{Allow: sub}}
+}
+
+// ownWrites returns what member kind.name of run writes as itself. An agent
+// or an owner: its acks and membership into the stream, its resume acks on
+// core NATS, its heartbeat in sp_members. A sandbox, whose workload can read
+// its credentials: its acks (its prepare and resume acks on core NATS), no
+// membership, and its heartbeat as its one key of sp_daemons, a bucket with
+// one message a key and no roll-up or purge (jetstream.BucketDaemons): on
+// sp_members a put with "Nats-Rollup: all" on its own key purged every
+// member's.
+func ownWrites(kind events.MemberKind, run, name string) []string {
+	self := string(kind) + "." + name
+	kv := func(bucket string) string { return "$KV." + bucket + "." + run + "." + self }
+	sp := events.SubjectPrefix + "." + run + "."
+	if kind == events.KindSandbox {
+		return []string{
+			sp + "ack.*.*." + self,
+			events.LivePrefix + "." + run + ".ack.*." + string(events.PhaseResume) + "." + self,
+			events.LivePrefix + "." + run + ".ack.*." + string(events.PhasePrepare) + "." + self,
+			kv(jetstream.BucketDaemons),
+		}
+	}
+	return []string{
+		sp + "ack.*.*." + self,
+		events.LivePrefix + "." + run + ".ack.*." + string(events.PhaseResume) + "." + self,
+		sp + "member." + self,
+		kv(jetstream.BucketMembers),
+	}
 }
 
 // discoveryVerbs are the verbs of NATS micro's discovery subjects, $SRV.<verb>[.<service>[.<id>]].
