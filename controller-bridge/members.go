@@ -346,7 +346,8 @@ func (w *memberWatch) tell(g machine.MemberGone) {
 // reconnecting), and it is left out of the phase as a heartbeat that
 // expired would have it. A request that times out says nothing. Each
 // request names the phase (events.AliveQuery): a daemon that answered it
-// on core NATS says its ack again, in case the bridge missed it.
+// on core NATS says its ack again, in case the bridge missed it, and
+// answers with it, which answered is given.
 const (
 	probeAfter    = 3 * time.Second
 	probeQuiet    = 2 * time.Second
@@ -358,9 +359,10 @@ const (
 
 // probe asks silent, or the probeBatch of them after the last it asked,
 // whether they are there, and tells w of those that have found no
-// responder for events.AliveUnanswered. It returns when every answer is in
-// or ctx ends. The probes of one watch run one at a time (driving.probed).
-func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Member, q events.AliveQuery) {
+// responder for events.AliveUnanswered; each answer goes to answered (nil:
+// none), on the probe's goroutines. It returns when every answer is in or
+// ctx ends. The probes of one watch run one at a time (driving.probed).
+func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Member, q events.AliveQuery, answered func(events.Member, *nats.Msg)) {
 	query, _ := json.Marshal(q)
 	if len(silent) > probeBatch {
 		from, _ := slices.BinarySearch(silent, w.probed)
@@ -388,7 +390,10 @@ func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Memb
 			defer func() { <-sem }()
 			rctx, cancel := context.WithTimeout(ctx, probeTimeout)
 			defer cancel()
-			_, err := nc.RequestWithContext(rctx, events.AliveSubject(b.cfg.Run, m), query)
+			reply, err := nc.RequestWithContext(rctx, events.AliveSubject(b.cfg.Run, m), query)
+			if err == nil && answered != nil {
+				answered(m, reply)
+			}
 			gone := false
 			mu.Lock()
 			if errors.Is(err, nats.ErrNoResponders) {

@@ -130,7 +130,6 @@ func TestMembersOnTheBus(t *testing.T) {
 		c       conn
 		subject string
 	}{
-		{sb, "sp.r.ack.1.prepare.sandbox.sb1"},
 		{sb, "$KV.sp_daemons.r.sandbox.sb1"},
 		{ag, "sp.r.ack.1.prepare.agent.a1"},
 		{ow, "sp.r.ack.1.commit.owner.o1"},
@@ -154,11 +153,17 @@ func TestMembersOnTheBus(t *testing.T) {
 		subject string
 		data    string
 	}{
+		// The sandbox: nothing into the stream, even as itself (its acks travel on core NATS).
+		{sb, "sandbox acking a prepare into the stream as itself", "sp.r.ack.1.prepare.sandbox.sb1", ""},
+		{sb, "sandbox acking a commit into the stream as itself", "sp.r.ack.1.commit.sandbox.sb1", ""},
+		{sb, "sandbox publishing a record of the bridge's", "sp.r.prepared.1.1", ""},
+		{sb, "sandbox publishing under its run's prefix", "sp.r.x", ""},
 		// The sandbox: another sandbox's and another run's subjects.
 		{sb, "sandbox acking as another sandbox", "sp.r.ack.1.prepare.sandbox.sb2", ""},
 		{sb, "sandbox acking in another run", "sp.other.ack.1.prepare.sandbox.sb1", ""},
 		{sb, "sandbox acking as an agent", "sp.r.ack.1.prepare.agent.a1", ""},
 		{sb, "sandbox acking on core NATS as another sandbox", "spl.r.ack.1.prepare.sandbox.sb2", ""},
+		{sb, "sandbox acking on core NATS in another run", "spl.other.ack.1.commit.sandbox.sb1", ""},
 		{ag, "agent acking a prepare on core NATS", "spl.r.ack.1.prepare.agent.a1", ""},
 		{sb, "sandbox joining as another sandbox", "sp.r.member.sandbox.sb2", ""},
 		{sb, "sandbox joining as itself (a daemon announces nothing)", "sp.r.member.sandbox.sb1", ""},
@@ -257,13 +262,13 @@ func TestMembersOnTheBus(t *testing.T) {
 	}
 	for subj := range info.State.Subjects {
 		switch subj {
-		case "sp.r.ack.1.prepare.sandbox.sb1", "sp.r.ack.1.prepare.agent.a1", "sp.r.ack.1.commit.owner.o1":
+		case "sp.r.ack.1.prepare.agent.a1", "sp.r.ack.1.commit.owner.o1":
 		default:
 			t.Errorf("the stream holds %s, which no one may publish", subj)
 		}
 	}
-	if info.State.Msgs != 3 {
-		t.Errorf("the stream holds %d messages, want the 3 allowed", info.State.Msgs)
+	if info.State.Msgs != 2 {
+		t.Errorf("the stream holds %d messages, want the 2 allowed", info.State.Msgs)
 	}
 	for _, key := range []string{"r.sandbox.sb1", "r.sandbox.sb9", "r.agent.a2", "r.agent.a1"} {
 		if _, err := bus.Members.Get(ctx, key); !errors.Is(err, natsjs.ErrKeyNotFound) {
@@ -344,6 +349,50 @@ func TestSandboxPurgesNoHeartbeat(t *testing.T) {
 		if _, err := bus.Daemons.Get(ctx, k); err != nil {
 			t.Errorf("heartbeat %s of sp_daemons after the attempts: %v", k, err)
 		}
+	}
+}
+
+// TestSandboxFloodStoresNothing: issue 29's attack 6. A sandbox's acks were stored in the
+// stream, on subjects whose sequence and phase tokens it chose: a flood of them grew the stream
+// without bound. Now everything its credentials may publish is core NATS (its acks, on every
+// phase and sequence it likes, which no server keeps) or its one heartbeat key (one message a
+// key): a flood of both leaves the stream's bytes and messages as they were, and the daemons'
+// bucket with one message of it.
+func TestSandboxFloodStoresNothing(t *testing.T) {
+	auth, _, s, bus := operatorServer(t)
+	ctx := testContext(t)
+	before, err := bus.Stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, js, errs := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb1"))
+	payload := make([]byte, 4<<10)
+	for i := range 20000 {
+		p := []events.Phase{events.PhasePrepare, events.PhaseCommit, events.PhaseResume, events.PhaseRelease}[i%4]
+		if err := nc.Publish(events.LiveAckSubject("r", uint64(i), p, "sandbox.sb1"), payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 200 {
+		if _, err := js.Publish(ctx, "$KV.sp_daemons.r.sandbox.sb1", []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noViolations(t, nc, errs, "sandbox")
+	after, err := bus.Stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.State.Bytes != before.State.Bytes || after.State.Msgs != before.State.Msgs {
+		t.Errorf("the stream went from %d messages (%d bytes) to %d (%d bytes) under the flood",
+			before.State.Msgs, before.State.Bytes, after.State.Msgs, after.State.Bytes)
+	}
+	st, err := bus.Daemons.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Values() != 1 {
+		t.Errorf("the daemons' bucket holds %d messages after 200 heartbeats of one key, want 1", st.Values())
 	}
 }
 
@@ -431,15 +480,16 @@ func TestSandboxFeedAndService(t *testing.T) {
 	if m, err := sbus1.Stream.GetLastMsgForSubject(ctx, events.PhaseFilter("r")); err != nil || m.Subject != "sp.r.phase.commit" {
 		t.Errorf("sandbox reading the newest of its run's phases: %v, %v", m, err)
 	}
+	// Its acks as the bridge recorded them: the sandbox reads its own back.
 	_, sjs, _ := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb2"))
-	if _, err := sjs.Publish(ctx, "sp.r.ack.1.prepare.sandbox.sb2", nil); err != nil {
-		t.Fatal(err)
+	if _, err := bjs.Publish(ctx, "sp.r.ack.1.commit.sandbox.sb2", nil); err != nil {
+		t.Fatalf("the bridge recording a sandbox's ack: %v", err)
 	}
 	sbus, err := jetstream.Open(ctx, sjs)
 	if err != nil {
 		t.Fatalf("sandbox opening the bus: %v", err)
 	}
-	if _, err := sbus.Stream.GetLastMsgForSubject(ctx, "sp.r.ack.1.prepare.sandbox.sb2"); err != nil {
+	if _, err := sbus.Stream.GetLastMsgForSubject(ctx, "sp.r.ack.1.commit.sandbox.sb2"); err != nil {
 		t.Errorf("sandbox reading its own ack: %v", err)
 	}
 
@@ -664,8 +714,8 @@ func TestSandboxJWTRenewedOnReconnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(ctx, "sp.r.ack.1.prepare.sandbox.sb1", nil); err != nil {
-		t.Errorf("acking with the renewed JWT: %v", err)
+	if _, err := js.Publish(ctx, "$KV.sp_daemons.r.sandbox.sb1", []byte("{}")); err != nil {
+		t.Errorf("heartbeating with the renewed JWT: %v", err)
 	}
 }
 

@@ -86,8 +86,11 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				events.LivePhaseFilter(r),
 				sp+"roster.>",
 				sp+"resumed.>",
-				// Its records of the sandbox daemons' prepare acks (events.PrepareAcked).
+				// Its records of the sandbox daemons' prepare acks (events.PrepareAcked),
+				// and of their other acks, which it stores as it took them (a daemon
+				// publishes nothing into the stream: events.LiveAck).
 				sp+"prepared.>",
+				sp+"ack.*.*."+string(events.KindSandbox)+".*",
 				// It asks a phase's silent sandbox daemons whether they are there
 				// (events.AliveSubject), and may call nothing else of theirs.
 				events.ServicePrefix+"."+r+"."+string(events.KindSandbox)+".*.alive",
@@ -106,8 +109,8 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 			// discovery subjects of that service alone.
 			Subscribe: Subjects{Allow: []string{"_INBOX.>", events.ServiceFilter(r, events.KindBridge),
 				events.LiveAckFilter(r, events.PhaseResume),
-				// The sandbox daemons' prepare acks, on core NATS too.
-				events.LiveAckFilter(r, events.PhasePrepare),
+				// The sandbox daemons' acks of every phase, on core NATS too.
+				events.LivePrefix + "." + r + ".ack.*.*." + string(events.KindSandbox) + ".*",
 				"$SRV.*", "$SRV.*." + bridgeService, "$SRV.*." + bridgeService + ".*"}},
 		}, nil
 	case RoleAgent:
@@ -127,8 +130,8 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 		// Its core feed (member.Config.CoreFeed): the run's phases as the stream republishes them
 		// (events.LivePhaseFilter) and its committed outcomes on a core subscription; it catches
 		// up by the direct gets common allows.
-		// Its prepare and resume acks go on core NATS (events.LiveAck), its heartbeat to
-		// sp_daemons (ownWrites).
+		// It publishes nothing into the stream: its acks go on core NATS (events.LiveAck),
+		// its heartbeat to sp_daemons (ownWrites).
 		return member(events.KindSandbox, nil,
 			[]string{events.LivePhaseFilter(r), events.OutcomeSubject(r, events.TypeCheckpointCommitted)}), nil
 	case RoleController:

@@ -197,7 +197,8 @@ func TestRolesOnTheBus(t *testing.T) {
 		{O, "sp.r.outcome.checkpoint.failed", false},
 		{B, "sp.r.outcome.checkpoint.committed", true},
 		{S, "sp.r.ack.1.prepare.agent.a1", false},
-		{S, "sp.r.ack.1.prepare.sandbox.s1", true},
+		{S, "sp.r.ack.1.prepare.sandbox.s1", false}, // its acks travel on core NATS
+		{B, "sp.r.ack.1.commit.sandbox.s1", true},   // the bridge's record of one
 		{A, "spl.r.ack.1.prepare.sandbox.s1", false},
 		{B, "sp.r.prepared.1.1", true},
 		{S, "sp.r.prepared.1.1", false},
@@ -257,7 +258,7 @@ func TestRolesOnTheBus(t *testing.T) {
 	}
 	for subj := range info.State.Subjects {
 		switch subj {
-		case "sp.r.phase.prepare", "sp.r.phase.commit", "sp.r.outcome.checkpoint.committed", "sp.r.ack.1.prepare.sandbox.s1", "sp.r.prepared.1.1",
+		case "sp.r.phase.prepare", "sp.r.phase.commit", "sp.r.outcome.checkpoint.committed", "sp.r.ack.1.commit.sandbox.s1", "sp.r.prepared.1.1",
 			"sp.r.ack.1.prepare.agent.a1", "sp.r.ack.1.commit.owner.o1", "sp.r.member.agent.a1":
 		default:
 			t.Errorf("the stream holds %s, which no role may publish", subj)

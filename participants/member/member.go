@@ -165,7 +165,12 @@ func (m *Member) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	alive, err := m.cfg.JS.Conn().Subscribe(events.AliveSubject(m.cfg.Run, m.cfg.Member), func(msg *nats.Msg) {
-		m.sayAgain(msg.Data)
+		// The answer is the member's instance, or the ack the request
+		// asks for (events.AliveQuery), its headers and data.
+		if ack := m.sayAgain(msg.Data); ack != nil {
+			_ = msg.RespondMsg(&nats.Msg{Header: ack.Header, Data: ack.Data})
+			return
+		}
 		_ = msg.Respond([]byte(m.info.Instance))
 	})
 	if err != nil {
