@@ -260,7 +260,9 @@ func BenchmarkBusFloor(b *testing.B) {
 						tmpl, phase = commitAck, "commit"
 					}
 					for _, member := range members {
-						id := run + "." + round + "." + phase + "." + member
+						// Its id as a member's: the key and a random part
+						// (PROTOCOL §4, Message ids).
+						id := run + "." + round + "." + phase + "." + member + "." + events.NewID()
 						h := nats.Header{}
 						for k, v := range tmpl.Header {
 							h[k] = v

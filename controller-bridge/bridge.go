@@ -5,20 +5,23 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // Bridge is the controller bridge of one run. Its methods are safe for
 // concurrent use; operations run one at a time.
 type Bridge struct {
-	cfg      Config
-	log      zerolog.Logger
-	source   events.Member
-	instance string // this process's nonce, in every phase id
+	cfg    Config
+	log    zerolog.Logger
+	source events.Member
+	// ids are the ids of what it publishes into the stream: a random
+	// part drawn once per publish, which a publish made again by this
+	// process repeats, and which no other client can tell (PROTOCOL §4).
+	ids events.MsgIDs
 
 	// op is held by the operation running (a held checkpoint's renew is
 	// one too): a channel, so that waiting for it can be cancelled.
@@ -74,7 +77,7 @@ func New(cfg Config) (*Bridge, error) {
 		return nil, err
 	}
 	src, _ := events.NewMember(events.KindBridge, cfg.Name)
-	b := &Bridge{cfg: cfg, source: src, instance: nuid.Next(), op: make(chan struct{}, 1),
+	b := &Bridge{cfg: cfg, source: src, op: make(chan struct{}, 1),
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(src)).Logger()}
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 	cfg.Metrics.InitBridge()
@@ -97,6 +100,13 @@ func (b *Bridge) Run(ctx context.Context) error {
 	if err := b.Recover(ctx); err != nil && ctx.Err() == nil {
 		return err
 	}
+	// Members with credentials of their own ask the bridge for their
+	// records stores: they make no stream themselves (docs/PERMISSIONS.md).
+	stopStores, err := jetstream.ServeStores(ctx, b.cfg.JS, b.cfg.Bus.Records, b.cfg.Run)
+	if err != nil {
+		return err
+	}
+	defer stopStores()
 	<-ctx.Done()
 	b.close()
 	sctx, cancel := context.WithTimeout(context.Background(), b.cfg.ResumeTimeout+5*time.Second)

@@ -3,6 +3,7 @@ package bridge_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -719,4 +720,72 @@ func wantOutcome(t *testing.T, env *jstest.Env, id string, want events.Type, che
 	if check != nil {
 		check(outcomes[0].Data)
 	}
+}
+
+// PROTOCOL §4: no one can publish the bridge's ids first. An intruder
+// that read every id on the stream after a checkpoint publishes, on a
+// subject of another run, the ids that a scheme derived from what the bus
+// shows (run, sequence, phase, checkpoint, member, the nonces in the ids
+// seen) would give the next two checkpoints' phases, rosters, records and
+// outcomes, and the members' acks. Both still commit, with every phase,
+// ack, record and outcome on the stream: none was dropped as a duplicate
+// of the intruder's, and the bridge was never fenced by a stranger's
+// message taken for its phase.
+func TestIDsCannotBeClaimedFirst(t *testing.T) {
+	env := jstest.Start(t)
+	hs := fleet(t, env, 2, 1)
+	sbs := sandboxes(t, env, 2)
+	b := startBridge(t, env, bridge.Config{})
+	checkpoint := func(id string) {
+		t.Helper()
+		res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: id})
+		if err != nil || res.Status != bridgeapi.StatusCommitted {
+			t.Fatalf("%s: %+v %v", id, res, err)
+		}
+		poll.Wait(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(hs) && allOpen(sbs) })
+	}
+	checkpoint("c1")
+	want := timelineOf(t, env, "c1")
+
+	in := membertest.NewIntruder(t, env)
+	seen := in.Seen()
+	guesses := membertest.Guesses(run, seen, 8, []string{"c1"}, "c2", "c3")
+	// What derived ids would have been (c1 took sequences 1 to 3): the
+	// guesses hold them.
+	for _, derived := range []string{"run1.4.prepare.c2", "run1.5.commit.c2", "run1.c2.checkpoint.committed",
+		"run1.7.roster", "run1.9.resume.acked", "run1.7.prepare.acked.1", "run1.8.commit.agent.t1"} {
+		if !slices.ContainsFunc(slices.Collect(maps.Keys(guesses)), func(g string) bool { return strings.HasPrefix(g, derived) }) {
+			t.Fatalf("the guesses from %d ids miss %s", len(seen), derived)
+		}
+	}
+	t.Logf("%d guesses from %d ids", len(guesses), len(seen))
+	if n := in.Claim(guesses); n != len(guesses) {
+		t.Fatalf("the stream stored %d of %d guesses", n, len(guesses))
+	}
+
+	for _, id := range []string{"c2", "c3"} {
+		checkpoint(id)
+		if got := timelineOf(t, env, id); !slices.Equal(got, want) {
+			t.Fatalf("timeline of %s:\n got %v\nwant %v (as c1's)", id, got, want)
+		}
+	}
+}
+
+// timelineOf returns the types of checkpoint id's events on the stream,
+// in order, once the record of its resume's acks is there.
+func timelineOf(t *testing.T, env *jstest.Env, id string) []string {
+	t.Helper()
+	var got []string
+	poll.Wait(t, 10*time.Second, "the record of the resume's acks", func() bool {
+		entries, err := bridge.ReadTimeline(ctx(t), env.JS, run, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = got[:0]
+		for _, e := range entries {
+			got = append(got, e.Type.Noun())
+		}
+		return slices.Contains(got, "resume.acked")
+	})
+	return got
 }

@@ -18,6 +18,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
@@ -328,6 +329,65 @@ func TestUnansweredPhasePublishIsRetriedAndLandsOnce(t *testing.T) {
 	if raw.Sequence != r.p.StreamSeq || raw.Header.Get("Nats-Msg-Id") != r.p.ID {
 		t.Fatalf("stored seq %d id %q; the publish reported seq %d id %q", raw.Sequence, raw.Header.Get("Nats-Msg-Id"), r.p.StreamSeq, r.p.ID)
 	}
+}
+
+// PROTOCOL §4: a phase or an outcome this bridge publishes again carries
+// the id it drew the first time, so that the stream holds it once: the
+// phase published again (after a publish that failed but landed) is taken
+// for this bridge's own, by its id, and the outcome is a duplicate.
+// Another bridge process draws other ids: its publish of the same phase is
+// fenced, not taken for its own.
+func TestPublishedAgainKeepsItsID(t *testing.T) {
+	env := jstest.Start(t)
+	b := newTestBridge(t, env, Config{})
+	p := events.Prepare{PhaseHeader: events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 1,
+		Deadline: time.Now().Add(time.Minute), Members: []events.Member{"agent.t0"}}}
+	first, err := b.publishPhase(t.Context(), 0, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := b.publishPhase(t.Context(), 0, p)
+	if err != nil {
+		t.Fatalf("the same phase published again by the same bridge: %v", err)
+	}
+	if again.ID != first.ID || again.StreamSeq != first.StreamSeq {
+		t.Fatalf("published again: id %q at %d; the first %q at %d", again.ID, again.StreamSeq, first.ID, first.StreamSeq)
+	}
+	other := newTestBridge(t, env, Config{})
+	if _, err := other.publishPhase(t.Context(), 0, p); !errors.Is(err, bridgeapi.ErrFenced) {
+		t.Fatalf("another bridge's publish of the same phase: %v, want fenced", err)
+	}
+	if n := subjectCount(t, env, events.PhaseSubject("run1", events.PhasePrepare)); n != 1 {
+		t.Fatalf("the stream holds %d prepares, want 1", n)
+	}
+
+	o := events.CheckpointCommitted{OutcomeHeader: events.OutcomeHeader{Run: "run1", CheckpointID: "c1"}, Members: []events.Member{"agent.t0"}}
+	for range 2 {
+		if err := b.publishOutcomeOnce(t.Context(), o, "c1", false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	subj := events.OutcomeSubject("run1", events.TypeCheckpointCommitted)
+	if n := subjectCount(t, env, subj); n != 1 {
+		t.Fatalf("the stream holds %d outcomes after the same bridge published one twice, want 1", n)
+	}
+	// Another process replays the operation: it reads the outcome there.
+	if err := other.publishOutcomeOnce(t.Context(), o, "c1", true); err != nil {
+		t.Fatal(err)
+	}
+	if n := subjectCount(t, env, subj); n != 1 {
+		t.Fatalf("the stream holds %d outcomes after a replay, want 1", n)
+	}
+}
+
+// subjectCount returns how many messages the stream holds on subj.
+func subjectCount(t *testing.T, env *jstest.Env, subj string) uint64 {
+	t.Helper()
+	info, err := env.Bus.Stream.Info(t.Context(), natsjs.WithSubjectFilter(subj))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects[subj]
 }
 
 // PROTOCOL §3, live phases: a live copy names the bridge's live copy

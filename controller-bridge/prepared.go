@@ -174,7 +174,8 @@ func (r *prepareRecord) summary(run string) events.PrepareAcked {
 }
 
 // recordPrepare publishes the record of a prepare's daemons' acks, its
-// parts in order (deterministic ids: a repeat is dropped as a duplicate).
+// parts in order (each part's id drawn once, PROTOCOL §4: a repeat is
+// dropped as a duplicate, and no one can publish the id first).
 // It runs before the phase that follows the prepare is published, so that
 // a checkpoint that commits has its record in the stream, whatever
 // happens to the bridge after; a record that cannot be published is
@@ -184,7 +185,7 @@ func (b *Bridge) recordPrepare(ctx context.Context, r *prepareRecord) {
 		return
 	}
 	for _, rec := range r.record(b.cfg.Run) {
-		id := b.cfg.Run + "." + strconv.FormatUint(rec.Seq, 10) + ".prepare.acked." + strconv.Itoa(rec.Part)
+		id := b.ids.For(b.cfg.Run + "." + strconv.FormatUint(rec.Seq, 10) + ".prepare.acked." + strconv.Itoa(rec.Part))
 		msg, err := events.Marshal(b.source, rec, events.WithID(id))
 		// An unanswered publish is tried again: the id makes a second
 		// copy a duplicate the stream drops.

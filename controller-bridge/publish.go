@@ -58,10 +58,15 @@ func (b *Bridge) publishPhase(ctx context.Context, fence uint64, p events.PhaseE
 // publishStored publishes p into the stream, fenced, then its live copy.
 func (b *Bridge) publishStored(ctx context.Context, fence uint64, p events.PhaseEvent) (machine.PhasePublished, error) {
 	h := p.Header()
-	// The id is this process's own (its instance nonce), so that a second
-	// bridge publishing the same sequence never looks like a duplicate of
-	// ours to the server, and our own retry always does.
-	id := b.cfg.Run + "." + strconv.FormatUint(h.Seq, 10) + "." + string(p.Phase()) + "." + h.CheckpointID + "." + b.instance
+	// The id's random part is drawn once for this phase by this process
+	// (PROTOCOL §4): our own retry, and the same phase published again
+	// after a publish that failed but landed, is a duplicate or is
+	// recognised by its id below; a second bridge publishing the same
+	// sequence draws another, and is fenced. No one can tell the id
+	// before it is sent and publish it first: the server would answer our
+	// publish as a duplicate of theirs, and we would take a stranger's
+	// stream sequence for our phase's.
+	id := b.ids.For(b.cfg.Run + "." + strconv.FormatUint(h.Seq, 10) + "." + string(p.Phase()) + "." + h.CheckpointID)
 	msg, err := events.Marshal(b.source, p, events.WithID(id))
 	if err != nil {
 		return machine.PhasePublished{}, fmt.Errorf("bridge: build %s: %w", p.Phase(), err)
@@ -286,16 +291,20 @@ func (b *Bridge) writeHead(ctx context.Context, h events.PhaseHeader) {
 	b.log.Warn().Uint64("seq", h.Seq).Msg("could not record the run's head")
 }
 
-// publishOutcomeOnce publishes outcome o of operation opID once: a
-// deterministic id makes a repeat inside the duplicate window a no-op, and
-// for a replayed operation a look at the stream covers what lies beyond.
+// publishOutcomeOnce publishes outcome o of operation opID once: its id,
+// drawn once by this process for the operation and the outcome's type
+// (PROTOCOL §4), makes a repeat of this process inside the duplicate
+// window a no-op, and for a replayed operation (another process's, or
+// this one's after a failure) a look at the stream covers the rest. No
+// id derived from the operation alone: anyone could publish it first and
+// have the outcome dropped as a duplicate.
 func (b *Bridge) publishOutcomeOnce(ctx context.Context, o events.Data, opID string, replayed bool) error {
 	if replayed {
 		if have, err := b.outcomeOf(ctx, o.Type(), opID); err != nil || have != nil {
 			return err
 		}
 	}
-	msg, err := events.Marshal(b.source, o, events.WithID(b.cfg.Run+"."+opID+"."+o.Type().Noun()))
+	msg, err := events.Marshal(b.source, o, events.WithID(b.ids.For(b.cfg.Run+"."+opID+"."+o.Type().Noun())))
 	if err != nil {
 		return fmt.Errorf("bridge: build outcome: %w", err)
 	}

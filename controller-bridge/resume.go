@@ -187,7 +187,9 @@ func (b *Bridge) watchResume(r events.Resume) {
 			b.log.Warn().Str("checkpoint", r.CheckpointID).Int("not_resumed", rec.MissingCount).Strs("first", memberStrings(rec.Missing)).
 				Msg("members did not ack the resume in time; their leases will reopen them")
 		}
-		msg, err := events.Marshal(b.source, *rec, events.WithID(b.cfg.Run+"."+strconv.FormatUint(r.Seq, 10)+".resume.acked"))
+		// Its id is drawn once (PROTOCOL §4): no one can publish it first
+		// to have the record dropped as a duplicate.
+		msg, err := events.Marshal(b.source, *rec, events.WithID(b.ids.For(b.cfg.Run+"."+strconv.FormatUint(r.Seq, 10)+".resume.acked")))
 		if err == nil {
 			ctx, cancel := context.WithTimeout(b.bgCtx, publishAttemptTimeout)
 			_, err = jetstream.PublishDedup(ctx, b.cfg.JS, msg)

@@ -18,8 +18,10 @@ import (
 // are those of the last roster this bridge published for it (a resume
 // after its prepare) names that roster again. Another operation publishes
 // its own: a roster named for days would leave the stream (MaxAge) under
-// the phases that name it. The roster's id is derived from the phase and the
-// names, so a publish made again after an unanswered one lands once.
+// the phases that name it. The roster's id is drawn once by this process
+// for the phase's sequence and the names (PROTOCOL §4), so a publish made
+// again after an unanswered one lands once, and no one can publish the
+// id first to have the phase name a stranger's message for its roster.
 func (b *Bridge) withRoster(ctx context.Context, p events.PhaseEvent) (events.PhaseEvent, error) {
 	h := p.Header()
 	ref := h.Sandboxes
@@ -34,7 +36,7 @@ func (b *Bridge) withRoster(ctx context.Context, p events.PhaseEvent) (events.Ph
 	}
 	names, _ := ref.Names()
 	roster := events.Roster{Run: b.cfg.Run, CheckpointID: h.CheckpointID, Seq: h.Seq, Epoch: h.Epoch, Members: names}
-	id := b.cfg.Run + "." + fmt.Sprint(h.Seq) + ".roster." + ref.SHA256[:16]
+	id := b.ids.For(b.cfg.Run + "." + fmt.Sprint(h.Seq) + ".roster." + ref.SHA256[:16])
 	msg, err := events.Marshal(b.source, roster, events.WithID(id))
 	if err != nil {
 		return nil, fmt.Errorf("bridge: build the roster of %s seq %d: %w", p.Phase(), h.Seq, err)

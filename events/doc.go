@@ -17,7 +17,10 @@
 //     A message whose Content-Type starts with application/cloudevents is
 //     read in structured mode instead.
 //  2. ce-id is repeated in Nats-Msg-Id, so the server drops a repeated
-//     publish inside the stream's duplicate window.
+//     publish inside the stream's duplicate window. Deduplication spans
+//     the whole stream, so no id can be told before it is published: a
+//     publish that may be made again takes its id from MsgIDs (its key
+//     and a random part drawn once), any other a NewID.
 //  3. ce-type is dev.stillpoint.<noun>.<verb>.v1. A reader ignores data
 //     fields it does not know and refuses versions it does not know
 //     (ErrUnknownVersion, naming the type).

@@ -58,9 +58,10 @@ type options struct {
 	at time.Time
 }
 
-// WithID sets ce-id (and so Nats-Msg-Id). Publishers that may repeat a
-// publish after a crash use a deterministic id so that the server drops the
-// repeat. The default is a fresh unique id.
+// WithID sets ce-id (and so Nats-Msg-Id). A publisher that may make a
+// publish again gives it an id from MsgIDs, the same for each attempt, so
+// that the server drops the repeat; never one another client could tell
+// beforehand (PROTOCOL §4). The default is a fresh unique id.
 func WithID(id string) Option { return func(o *options) { o.id = id } }
 
 // WithTime sets ce-time. The default is the current time.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // The id patterns of PROTOCOL §2, quoted in errors. Matching is done by
@@ -258,4 +259,51 @@ func NewID() string {
 		b[i] = idDigits[int(c)%len(idDigits)]
 	}
 	return string(b[:])
+}
+
+// MsgIDs hands out the ids of one process's publishes that may be made
+// again: each is the key, which names the logical publish (for example
+// <run>.<seq>.<phase>.<member> for an ack), a dot and a NewID drawn the
+// first time the key is asked for. Asked again for a key it holds, it
+// returns the same id, so that the publish made again (an unanswered
+// attempt, a delivery handled again) is a duplicate of the first to the
+// server. It holds the last MsgIDsKept keys. The zero value is ready, and
+// it is safe for concurrent use.
+//
+// The random part is what makes the id safe to send as Nats-Msg-Id
+// (PROTOCOL §4): deduplication spans the whole stream, across subjects
+// and runs, so a client that could tell an id before it is published
+// could publish it first, anywhere in the stream, and have the real
+// publish dropped as a duplicate of its own. The key alone, or anything
+// else the bus shows (sequences, names, a process's nonce in its earlier
+// ids), is such an id. A new process draws new ids: what must hold across
+// a restart is read from the stream, not left to deduplication.
+type MsgIDs struct {
+	mu   sync.Mutex
+	ids  map[string]string
+	keys []string // oldest first
+}
+
+// MsgIDsKept is how many keys a MsgIDs holds: far more publishes than a
+// process makes again before it moves on.
+const MsgIDsKept = 64
+
+// For returns the id of the publish that key names (see MsgIDs).
+func (m *MsgIDs) For(key string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if id, ok := m.ids[key]; ok {
+		return id
+	}
+	if m.ids == nil {
+		m.ids = map[string]string{}
+	}
+	id := key + "." + NewID()
+	m.ids[key] = id
+	m.keys = append(m.keys, key)
+	if len(m.keys) > MsgIDsKept {
+		delete(m.ids, m.keys[0])
+		m.keys = m.keys[1:]
+	}
+	return id
 }

@@ -46,7 +46,10 @@
 //   - PublishDedup is for events with an id of their own, such as phase events: the message
 //     carries Nats-Msg-Id (the CloudEvent id), and the server stores a repeat inside the duplicate
 //     window only once, answering with an ack whose Duplicate is set. After the window a repeat
-//     is stored again, so dedup alone bounds repeats in time only.
+//     is stored again, so dedup alone bounds repeats in time only. The window spans the whole
+//     stream: an id another client can tell beforehand it can publish first, anywhere in the
+//     stream, and the real publish is answered as a duplicate of that. Ids of publishes that may
+//     be repeated come from events.MsgIDs (PROTOCOL §4).
 //   - PublishOnce is the once-only ack. It publishes with the expected last subject sequence 0:
 //     the subject must be empty. Each ack has a subject of its own, so a member can ack a phase
 //     once, forever: a repeat (a redelivered phase, a member restarted mid-reply) is refused,

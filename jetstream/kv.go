@@ -171,15 +171,43 @@ func KVWrite(ctx context.Context, js natsjs.JetStream, bucket, key string, value
 	return ack.Sequence, nil
 }
 
-// kvLast returns the last message of key in bucket's stream, nil if none.
+// kvLast returns the last message of key in bucket's stream, nil if none: a direct get whose
+// subject names the key (DirectGet), which a member's user may make for its own key without
+// the stream's info.
 func kvLast(ctx context.Context, js natsjs.JetStream, bucket, key string) (*natsjs.RawStreamMsg, error) {
-	s, err := js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		return nil, err
-	}
-	m, err := s.GetLastMsgForSubject(ctx, "$KV."+bucket+"."+key)
+	m, err := DirectGet(ctx, js.Conn(), "KV_"+bucket, "$KV."+bucket+"."+key)
 	if errors.Is(err, natsjs.ErrMsgNotFound) {
 		return nil, nil
 	}
 	return m, err
+}
+
+// KVGet returns the value of key in a KV bucket and its revision, as kv.Get does, by a direct get
+// whose subject names the key (DirectGet): no stream info, which a sandbox's own user may not
+// read. A key deleted, purged or expired (KVRemoved), or never written, is natsjs.ErrKeyNotFound.
+func KVGet(ctx context.Context, js natsjs.JetStream, bucket, key string) (value []byte, revision uint64, err error) {
+	m, err := kvLast(ctx, js, bucket, key)
+	if err != nil {
+		return nil, 0, fmt.Errorf("jetstream: get %s %s: %w", bucket, key, err)
+	}
+	if m == nil || KVRemoved(m.Header) {
+		return nil, 0, fmt.Errorf("jetstream: get %s %s: %w", bucket, key, natsjs.ErrKeyNotFound)
+	}
+	return m.Data, m.Sequence, nil
+}
+
+// KVDelete deletes key of a KV bucket if its revision is still revision, as kv.Delete with
+// natsjs.LastRevision does, by a publish to the key's subject alone (no stream info). A key
+// written since returns an error wrapping natsjs.ErrKeyExists.
+func KVDelete(ctx context.Context, js natsjs.JetStream, bucket, key string, revision uint64) error {
+	msg := nats.NewMsg("$KV." + bucket + "." + key)
+	msg.Header.Set("KV-Operation", "DEL")
+	_, err := js.PublishMsg(ctx, msg, natsjs.WithExpectLastSequencePerSubject(revision))
+	if IsWrongLastSequence(err) {
+		return fmt.Errorf("jetstream: delete %s %s: %w: %w", bucket, key, natsjs.ErrKeyExists, err)
+	}
+	if err != nil {
+		return fmt.Errorf("jetstream: delete %s %s: %w", bucket, key, err)
+	}
+	return nil
 }

@@ -166,15 +166,15 @@ func decodeCommitted(t *testing.T, h nats.Header, data []byte) events.Checkpoint
 
 // A member with credentials of its own keeps its records in a store of its
 // own name, which its manifest names: inspect verifies the object there.
-// The records are written as such a member writes them (member.OwnRecords,
-// member.WriteRecords) and the manifests created as a schema-1 run's
+// The records are written as such a member writes them, in the store the
+// bridge makes for it (jetstream.MakeRecordsStore, member.WriteRecords) and the manifests created as a schema-1 run's
 // member and bridge created them: old runs stay readable (PROTOCOL §8).
 func TestInspectVerifiesAMembersOwnStore(t *testing.T) {
 	env := jstest.Start(t)
 	_, js := env.Connect(t)
 	ctx := t.Context()
 	const m = events.Member("agent.a0")
-	store, err := member.OwnRecords(ctx, js, env.Bus.Records, run, m)
+	store, err := jetstream.MakeRecordsStore(ctx, js, env.Bus.Records, run, m)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,16 +15,17 @@ const nameTemplate = "{{name()}}"
 // heartbeat key (ownWrites: a sandbox's acks on core NATS and its key of sp_daemons only), serve
 // its own service subject, read its own inbox (InboxPrefix), and the JetStream API calls of its
 // feed. An agent or an owner reads its phases from its own durable consumer (member.ConsumerName)
-// and no other: it creates, reads, acks and deletes that one only; it also watches its run's keys,
+// and no other: it creates it with the run's phases as its one filter and no other, and reads,
+// acks and deletes that one only; it hears its run's committed outcomes on a core subscription
+// and reads the newest by a direct get; it also watches its run's keys,
 // writes its records to a store of its own (events.RecordsBucket) and reads that and the shared
 // one, and calls the services it uses (an agent its owners' and sandboxes',
-// and it hears its sandboxes' prepare acks). A sandbox, the least trusted, hears its run's phases
-// and committed outcomes on a core subscription, reads the newest of them by a direct get whose
-// subject names them, creates only ordered push consumers filtered on its run's phases (the
-// consumer-create subject carries the filter) for a catch-up that needs more, reads only its own
-// key and acks (a sandbox exports and installs nothing, so a restore reads it no manifest: no
-// checkpoint manifest or member list), and manages no stream, consumer or bucket. name may be the
-// template a scoped signing key fills in.
+// and it hears its sandboxes' prepare acks). A sandbox, the least trusted (its workload can read
+// its credentials), hears its run's phases and committed outcomes on a core subscription, reads
+// the newest of them by direct gets whose subjects name them, reads only its own key and acks (a
+// sandbox exports and installs nothing, so a restore reads it no manifest: no checkpoint manifest
+// or member list), and makes no consumer and reads no stream's or account's info (which lists
+// every subject of the run). name may be the template a scoped signing key fills in.
 func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	k := string(kind)
 	sp := events.SubjectPrefix + "." + run + "."
@@ -35,8 +36,6 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		return direct("KV_"+bucket, "$KV."+bucket+"."+run+"."+key)
 	}
 	pub := append(ownWrites(kind, run, name),
-		"$JS.API.INFO",
-		"$JS.API.STREAM.INFO.*",
 		direct(jetstream.StreamName, sp+"ack.*.*."+self),
 		"_INBOX.>", // replies to whoever called
 	)
@@ -44,34 +43,39 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		discovery(kind)...)
 	if kind == events.KindSandbox {
 		// Its feed (member.Config.CoreFeed with NoPull): a core subscription of its run's phases
-		// as the stream republishes them (events.LivePhaseFilter) and of its committed outcomes;
-		// catch-up by a direct get of the newest of them, whose subject
-		// names the run (a next-by-subject get names its subject in the request body, which no
-		// permission sees: it would read every run); and, when more than the newest was missed, an
-		// ordered push consumer whose create subject names the filter of its run's phases.
+		// as the bridge publishes their live copies (events.LivePhaseFilter) and of its committed
+		// outcomes; catch-up by direct gets of the newest of them, and of the newest phase of each
+		// kind, whose subjects name the run (a next-by-subject get names its subject in the
+		// request body, which no permission sees: it would read every run). No consumer: a
+		// consumer create takes any name, and one on an existing name updates that consumer.
 		committed := events.OutcomeSubject(run, events.TypeCheckpointCommitted)
 		pub = append(pub,
 			kvGet(jetstream.BucketDaemons, self),
 			kvGet(jetstream.BucketManifests, "*."+self),
 			direct(jetstream.StreamName, events.PhaseFilter(run)),
 			direct(jetstream.StreamName, committed),
-			"$JS.API.CONSUMER.CREATE."+jetstream.StreamName+".*."+events.PhaseFilter(run),
-			"$JS.FC."+jetstream.StreamName+".>",
 		)
 		sub = append(sub, events.LivePhaseFilter(run), committed)
 		return &Permissions{Publish: Subjects{Allow: pub}, Subscribe: Subjects{Allow: sub}}
 	}
 	// An agent's or an owner's own durable consumer of the run's phases. Its name is
 	// member.ConsumerName's: sp_<run>_<kind>_<name> (MemberCreds refuses a run or name with an
-	// underscore, which ConsumerName would double).
+	// underscore, which ConsumerName would double). Its create (and update) subject names both
+	// its name and its one filter, within the run's phases, and the server refuses a body whose
+	// name or filter is not the subject's: no other name, no other filter, so it reads nothing
+	// else through it (member.DurableConfig). The committed outcomes a stop commit parks on come on a core
+	// subscription, the newest by a direct get whose subject names them.
 	durable := jetstream.StreamName + ".sp_" + run + "_" + k + "_" + name
+	committed := events.OutcomeSubject(run, events.TypeCheckpointCommitted)
 	pub = append(pub,
-		"$JS.API.CONSUMER.CREATE."+durable,
-		"$JS.API.CONSUMER.DURABLE.CREATE."+durable,
+		"$JS.API.INFO",
+		"$JS.API.STREAM.INFO.*",
+		"$JS.API.CONSUMER.CREATE."+durable+"."+events.PhaseFilter(run),
 		"$JS.API.CONSUMER.INFO."+durable,
 		"$JS.API.CONSUMER.MSG.NEXT."+durable,
 		"$JS.API.CONSUMER.DELETE."+durable,
 		"$JS.ACK."+durable+".>",
+		direct(jetstream.StreamName, committed),
 		"$JS.API.STREAM.NAMES",
 		kvGet(jetstream.BucketMembers, ">"),
 		kvGet(jetstream.BucketDaemons, ">"),
@@ -80,15 +84,18 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		direct("OBJ_"+jetstream.BucketCheckpoints, ">"),
 		"$JS.FC.>",
 	)
-	// Its records go to a store of its own name (events.RecordsBucket), which it creates, writes,
-	// purges (a stopped write's chunks) and reads, and no one else's: the shared store's object
-	// names are base64 subject tokens no permission can split by member, so it only reads
-	// that one (what runs before this wrote). The create subject names the stream, not its
-	// configuration (docs/PERMISSIONS.md).
+	sub = append(sub, committed)
+	// Its records go to a store of its own name (events.RecordsBucket), which the bridge makes
+	// when it asks (a stream-create subject names the stream, not its configuration, so a member
+	// that made its own could give it any subjects), and which it writes, purges (a stopped
+	// write's chunks) and reads, and no one else's: the shared store's object names are base64
+	// subject tokens no permission can split by member, so it only reads that one (what runs
+	// before this wrote).
 	own := events.RecordsBucket(run, events.Member(self))
 	pub = append(pub,
 		"$O."+own+".>",
-		"$JS.API.STREAM.CREATE.OBJ_"+own,
+		// The bridge makes the store (jetstream.ServeStores): a member makes no stream.
+		jetstream.StoreRequestSubject(run, events.Member(self)),
 		"$JS.API.STREAM.PURGE.OBJ_"+own,
 		direct("OBJ_"+own, ">"),
 		"$JS.API.CONSUMER.CREATE.OBJ_"+own+".*.$O."+own+".>",
@@ -136,6 +143,8 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		sub = append(sub, events.LivePrefix+"."+run+".ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*")
 	case events.KindOwner:
 		pub = append(pub,
+			// Its sandboxes' users, minted by the run's authority (ServeMint).
+			jetstream.MintSubject(run),
 			kvPub(jetstream.BucketDaemons, string(events.KindSandbox)+".*"),
 			"$KV."+jetstream.BucketSnapshots+".>",
 			direct("KV_"+jetstream.BucketSnapshots, ">"),

@@ -70,8 +70,8 @@ var memberKinds = []events.MemberKind{events.KindAgent, events.KindOwner, events
 const runsDir = "runs"
 
 // RunDir returns the directory of run's account in an authority's dir, dir/runs/<run>: its keys
-// (account.nk, signer.nk, <kind>-signer.nk), its account JWT (AccountJWTFile), its roles'
-// credentials (CredsFile) and the sandbox kind's signer file (SandboxSignerFile).
+// (account.nk, signer.nk, <kind>-signer.nk), its account JWT (AccountJWTFile) and its roles'
+// credentials (CredsFile).
 func RunDir(dir, run string) string {
 	return filepath.Join(dir, runsDir, run)
 }
@@ -170,8 +170,9 @@ func validRun(run string) error {
 
 // AddRun makes run's account if the authority has none (its keys in RunDir, mode 0600) and writes
 // what the run's processes take: its account JWT (AccountJWTFile, which a server on the dir picks
-// up and provisions the run's bus in: WatchRuns), the credentials of its bridge, controller and
-// admin (CredsFile) and the sandbox kind's signer file (SandboxSignerFile). It is idempotent.
+// up, provisioning the run's bus in it) and the credentials of its bridge, controller and admin
+// (CredsFile). Its owners mint their sandboxes' users through the server (ServeMint): no signing
+// key leaves the authority. It is idempotent.
 func (a *Authority) AddRun(run string) error {
 	if err := validRun(run); err != nil {
 		return err
@@ -202,9 +203,6 @@ func (a *Authority) AddRun(run string) error {
 		if err != nil {
 			return fmt.Errorf("embedded: %s creds of run %s: %w", role, run, err)
 		}
-	}
-	if err := a.WriteSigner(run, events.KindSandbox, SandboxSignerFile(a.dir, run)); err != nil {
-		return err
 	}
 	// The account JWT last: a server watching the dir takes a run whose JWT is there for one
 	// whose credentials are too.
@@ -292,12 +290,6 @@ func SignerFile(runDir string, kind events.MemberKind) string {
 	return filepath.Join(runDir, string(kind)+"-signer.nk")
 }
 
-// SandboxSignerFile returns the path of the signer file (WriteSigner) an owner of run mints its
-// sandboxes' users with: RunDir/sandbox-signer.json.
-func SandboxSignerFile(dir, run string) string {
-	return filepath.Join(RunDir(dir, run), "sandbox-signer.json")
-}
-
 // CredsFile returns the path of role's credentials in dir: dir/<role>.creds. Under decentralized
 // auth dir is a run's RunDir, where AddRun writes them.
 func CredsFile(dir string, role Role) string {
@@ -362,8 +354,13 @@ func (a *Authority) accountJWT(ra *runAccount) (string, error) {
 	apub, _ := ra.account.PublicKey()
 	ac := jwt.NewAccountClaims(apub)
 	ac.Name = ra.run
-	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1,
+	lim := a.Limits()
+	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: lim.Storage, Streams: -1, Consumer: -1,
 		MaxAckPending: -1, MemoryMaxStreamBytes: -1, DiskMaxStreamBytes: -1}
+	if lim.Storage > 0 {
+		// A memory stream (a test's) counts against the same bound.
+		ac.Limits.JetStreamLimits.MemoryStorage = lim.Storage
+	}
 	spub, _ := ra.signer.PublicKey()
 	ac.SigningKeys.Add(spub)
 	for _, k := range memberKinds {
@@ -375,6 +372,7 @@ func (a *Authority) accountJWT(ra *runAccount) (string, error) {
 		p := MemberPermissions(k, ra.run, nameTemplate)
 		scope.Template.Pub = jwt.Permission{Allow: p.Publish.Allow, Deny: p.Publish.Deny}
 		scope.Template.Sub = jwt.Permission{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny}
+		scope.Template.Limits.NatsLimits = memberLimits(k)
 		ac.SigningKeys.AddScopedSigner(scope)
 	}
 	a.mu.Lock()
@@ -387,6 +385,65 @@ func (a *Authority) accountJWT(ra *runAccount) (string, error) {
 		return "", fmt.Errorf("embedded: account JWT of run %s: %w", ra.run, err)
 	}
 	return s, nil
+}
+
+// Limits bound what every run's account may hold: Storage is the bytes of JetStream storage a
+// run's streams may use together (-1: no bound). A member that floods its run's stream fills its
+// own run's quota; no other run's.
+type Limits struct {
+	Storage int64 `json:"storage"`
+}
+
+// limitsFile is where SetLimits keeps the limits, in the authority's dir.
+const limitsFile = "limits.json"
+
+// Limits returns the limits of the runs' accounts (SetLimits; no bound when never set).
+func (a *Authority) Limits() Limits {
+	b, err := os.ReadFile(filepath.Join(a.dir, limitsFile))
+	var l Limits
+	if err != nil || json.Unmarshal(b, &l) != nil || l.Storage == 0 {
+		return Limits{Storage: -1}
+	}
+	return l
+}
+
+// SetLimits keeps l in the authority's dir and writes every run's account JWT again with it, so
+// that a server on the dir applies it (WatchRuns), and runs added later get it too.
+func (a *Authority) SetLimits(l Limits) error {
+	if l.Storage == 0 || l.Storage < -1 {
+		return fmt.Errorf("%w: Limits.Storage %d: want -1 (no bound) or a positive byte count", ErrInvalidConfig, l.Storage)
+	}
+	b, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(filepath.Join(a.dir, limitsFile), b, 0o600); err != nil {
+		return fmt.Errorf("embedded: limits: %w", err)
+	}
+	for _, run := range a.Runs() {
+		ra, err := a.run(run)
+		if err != nil {
+			return err
+		}
+		if err := a.writeAccountJWT(ra); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SandboxSubs is how many subscriptions a sandbox's user may hold at once: its daemon needs a
+// few dozen (its service, its feed, its inbox); a workload that read its credentials gets no more.
+const SandboxSubs = 256
+
+// memberLimits are the NATS limits of a member kind's users: a sandbox's subscriptions are
+// bounded (SandboxSubs); a message is at most the server's max payload, as for every client.
+func memberLimits(k events.MemberKind) jwt.NatsLimits {
+	l := jwt.NatsLimits{Subs: jwt.NoLimit, Data: jwt.NoLimit, Payload: jwt.NoLimit}
+	if k == events.KindSandbox {
+		l.Subs = SandboxSubs
+	}
+	return l
 }
 
 // writeAccountJWT writes ra's account JWT to its AccountJWTFile.
@@ -453,6 +510,11 @@ func (a *Authority) RoleCreds(role Role, run string) ([]byte, error) {
 	uc.Name = string(role)
 	uc.IssuerAccount = apub
 	uc.Tags.Add("run:" + run)
+	if role == RoleBridge {
+		// In its run's account the bridge makes the members' own records stores when they
+		// ask (jetstream.ServeStores); a member makes no stream.
+		perms.Publish.Allow = append(perms.Publish.Allow, "$JS.API.STREAM.CREATE.*")
+	}
 	if perms != nil {
 		uc.Pub = jwt.Permission{Allow: perms.Publish.Allow, Deny: perms.Publish.Deny}
 		uc.Sub = jwt.Permission{Allow: perms.Subscribe.Allow, Deny: perms.Subscribe.Deny}

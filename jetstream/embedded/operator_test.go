@@ -1,6 +1,7 @@
 package embedded_test
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
 	"os"
@@ -96,10 +97,9 @@ func TestMembersOnTheBus(t *testing.T) {
 	auth, dir, s, bus := operatorServer(t)
 	_, ajs, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleAdmin))
 	ctx := testContext(t)
-	// A live member's durable consumer, as an agent makes it.
+	// A live member's durable consumer, as an agent makes it (member.DurableConfig).
 	durable := "sp_r_agent_a1"
-	if _, err := bus.Stream.CreateConsumer(ctx, natsjs.ConsumerConfig{Durable: durable,
-		FilterSubjects: []string{"sp.r.phase.>", "sp.r.outcome.checkpoint.committed"}, AckPolicy: natsjs.AckExplicitPolicy}); err != nil {
+	if _, err := bus.Stream.CreateConsumer(ctx, member.DurableConfig("r", durable, "a1")); err != nil {
 		t.Fatal(err)
 	}
 	// Another client's watches of the members and manifests buckets, as the bridge keeps them.
@@ -138,6 +138,32 @@ func TestMembersOnTheBus(t *testing.T) {
 		if _, err := tc.c.js.Publish(ctx, tc.subject, []byte("x")); err != nil {
 			t.Errorf("publishing %s as itself: %v, want a stream ack", tc.subject, err)
 		}
+	}
+
+	// An owner's own durable, as its member runtime makes and updates it (member.DurableConfig):
+	// its create subject names its one filter, and the server refuses a body that names another
+	// filter, more filters or another consumer.
+	own := member.DurableConfig("r", "sp_r_owner_o1", "o1")
+	if _, err := ow.js.CreateConsumer(ctx, jetstream.StreamName, own); err != nil {
+		t.Errorf("owner making its durable: %v", err)
+	}
+	if _, err := ow.js.UpdateConsumer(ctx, jetstream.StreamName, own); err != nil {
+		t.Errorf("owner updating its durable: %v", err)
+	}
+	create := "$JS.API.CONSUMER.CREATE.STILLPOINT.sp_r_owner_o1.sp.r.phase.>"
+	for what, body := range map[string]string{
+		"another filter":   `{"stream_name":"STILLPOINT","config":{"durable_name":"sp_r_owner_o1","filter_subject":"sp.>","ack_policy":"explicit"}}`,
+		"more filters":     `{"stream_name":"STILLPOINT","config":{"durable_name":"sp_r_owner_o1","filter_subjects":["sp.r.phase.>","sp.>"],"ack_policy":"explicit"}}`,
+		"another consumer": `{"stream_name":"STILLPOINT","config":{"durable_name":"sp_r_agent_a1","filter_subject":"sp.r.phase.>","ack_policy":"explicit"}}`,
+	} {
+		r, err := ow.nc.Request(create, []byte(body), 5*time.Second)
+		if err != nil || !strings.Contains(string(r.Data), `"error"`) {
+			t.Errorf("owner's durable create naming its filter with a body of %s: %v %s, want the server's error", what, err, r.Data)
+		}
+	}
+	if ci, err := bus.Stream.Consumer(ctx, "sp_r_owner_o1"); err != nil || ci.CachedInfo().Config.FilterSubject != "sp.r.phase.>" ||
+		len(ci.CachedInfo().Config.FilterSubjects) != 0 {
+		t.Errorf("the owner's durable: %v, %v; want its one filter", ci, err)
 	}
 
 	refused := func(c conn, what, subject string, data string) {
@@ -181,6 +207,22 @@ func TestMembersOnTheBus(t *testing.T) {
 		{sb, "sandbox consuming its run's acks", "$JS.API.CONSUMER.CREATE.STILLPOINT.x.sp.r.ack.>", ""},
 		{sb, "sandbox consuming without a filter", "$JS.API.CONSUMER.CREATE.STILLPOINT.x", ""},
 		{sb, "sandbox making a durable", "$JS.API.CONSUMER.DURABLE.CREATE.STILLPOINT.x", ""},
+		// Issue 29: no consumer of any kind or name, not even of its own run's phases; a create on
+		// an existing name would update that consumer.
+		{sb, "sandbox making an ordered consumer of its run's phases", "$JS.API.CONSUMER.CREATE.STILLPOINT.x.sp.r.phase.>",
+			`{"stream_name":"STILLPOINT","config":{"name":"x","filter_subject":"sp.r.phase.>","deliver_subject":"_INBOX.r.sandbox.sb1.x","ack_policy":"none"}}`},
+		{sb, "sandbox making a durable of its run's phases", "$JS.API.CONSUMER.CREATE.STILLPOINT.y.sp.r.phase.>",
+			`{"stream_name":"STILLPOINT","config":{"durable_name":"y","filter_subject":"sp.r.phase.>","ack_policy":"explicit"}}`},
+		{sb, "sandbox re-pointing an agent's durable consumer", "$JS.API.CONSUMER.CREATE.STILLPOINT." + durable + ".sp.r.phase.>",
+			`{"stream_name":"STILLPOINT","config":{"durable_name":"` + durable + `","filter_subject":"sp.r.phase.>","ack_policy":"explicit","deliver_policy":"all"}}`},
+		{sb, "sandbox re-pointing an agent's durable consumer by name alone", "$JS.API.CONSUMER.CREATE.STILLPOINT." + durable,
+			`{"stream_name":"STILLPOINT","config":{"durable_name":"` + durable + `","filter_subject":"sp.other.phase.>","ack_policy":"explicit"}}`},
+		{sb, "sandbox answering a consumer's flow control", "$JS.FC.STILLPOINT.x.1.1", ""},
+		// Nor any metadata: the stream's info lists every subject of it, every run's.
+		{sb, "sandbox reading the account's info", "$JS.API.INFO", ""},
+		{sb, "sandbox listing the stream's subjects", "$JS.API.STREAM.INFO.STILLPOINT", `{"subjects_filter":"sp.>"}`},
+		{sb, "sandbox reading the members bucket's info", "$JS.API.STREAM.INFO.KV_sp_members", `{"subjects_filter":">"}`},
+		{sb, "sandbox listing the streams", "$JS.API.STREAM.NAMES", ""},
 		{sb, "sandbox deleting a member's durable consumer", "$JS.API.CONSUMER.DELETE.STILLPOINT." + durable, ""},
 		{sb, "sandbox pulling from a member's durable consumer", "$JS.API.CONSUMER.MSG.NEXT.STILLPOINT." + durable, `{"batch":1}`},
 		{sb, "sandbox acking a member's messages", "$JS.ACK.STILLPOINT." + durable + ".1.1.1.1.0", ""},
@@ -212,6 +254,19 @@ func TestMembersOnTheBus(t *testing.T) {
 		{ag, "agent deleting another member's durable consumer", "$JS.API.CONSUMER.DELETE.STILLPOINT.sp_r_agent_a2", ""},
 		{ag, "agent pulling from another member's durable consumer", "$JS.API.CONSUMER.MSG.NEXT.STILLPOINT.sp_r_owner_o1", ""},
 		{ag, "agent making another member's durable consumer", "$JS.API.CONSUMER.CREATE.STILLPOINT.sp_r_agent_a2", ""},
+		// Issue 29: its own durable's create subject names its one filter, the run's phases.
+		{ag, "agent making another member's durable consumer of the run's phases", "$JS.API.CONSUMER.CREATE.STILLPOINT.sp_r_agent_a2.sp.r.phase.>", ""},
+		{ag, "agent making a consumer of the run's phases under another name", "$JS.API.CONSUMER.CREATE.STILLPOINT.x.sp.r.phase.>",
+			`{"stream_name":"STILLPOINT","config":{"name":"x","filter_subject":"sp.r.phase.>","ack_policy":"none"}}`},
+		{ag, "agent making its durable with another filter", "$JS.API.CONSUMER.CREATE.STILLPOINT." + durable + ".sp.r.ack.>",
+			`{"stream_name":"STILLPOINT","config":{"durable_name":"` + durable + `","filter_subject":"sp.r.ack.>","ack_policy":"explicit"}}`},
+		{ag, "agent making its durable with another run's phases", "$JS.API.CONSUMER.CREATE.STILLPOINT." + durable + ".sp.other.phase.>",
+			`{"stream_name":"STILLPOINT","config":{"durable_name":"` + durable + `","filter_subject":"sp.other.phase.>","ack_policy":"explicit"}}`},
+		{ag, "agent making its durable by name alone, the filter in the body", "$JS.API.CONSUMER.CREATE.STILLPOINT." + durable,
+			`{"stream_name":"STILLPOINT","config":{"durable_name":"` + durable + `","filter_subjects":["sp.r.phase.>","sp.>"],"ack_policy":"explicit"}}`},
+		{ag, "agent making its durable the legacy way", "$JS.API.CONSUMER.DURABLE.CREATE.STILLPOINT." + durable,
+			`{"stream_name":"STILLPOINT","config":{"durable_name":"` + durable + `","filter_subject":"sp.>","ack_policy":"explicit"}}`},
+		{ow, "owner making an agent's durable consumer", "$JS.API.CONSUMER.CREATE.STILLPOINT." + durable + ".sp.r.phase.>", ""},
 		{ag, "agent writing a snapshot key", "$KV.sp_snapshots.snap1", ""},
 		// The owner: another owner's names, an agent's.
 		{ow, "owner acking as another owner", "sp.r.ack.1.commit.owner.o2", ""},
@@ -285,8 +340,12 @@ func TestMembersOnTheBus(t *testing.T) {
 			t.Errorf("manifest key %s: %v, want not found", key, err)
 		}
 	}
-	if _, err := bus.Stream.Consumer(ctx, durable); err != nil {
+	if ci, err := bus.Stream.Consumer(ctx, durable); err != nil {
 		t.Errorf("the member's durable consumer: %v, want it still there", err)
+	} else if cfg := ci.CachedInfo().Config; cfg.FilterSubject != "sp.r.phase.>" || len(cfg.FilterSubjects) != 0 ||
+		cfg.DeliverPolicy != natsjs.DeliverNewPolicy || cfg.Description != "a1" {
+		t.Errorf("the member's durable consumer: filter %q %q, deliver %s, description %q; want it unchanged",
+			cfg.FilterSubject, cfg.FilterSubjects, cfg.DeliverPolicy, cfg.Description)
 	}
 	for stream, name := range watches {
 		if got := watchConsumer(t, ajs, stream); got != name {
@@ -418,39 +477,16 @@ func watchConsumer(t *testing.T, js natsjs.JetStream, stream string) string {
 	return got[0]
 }
 
-// TestSandboxFeedAndService: with its own credentials a sandbox reads its run's phases through an
-// ordered push consumer filtered on them, and on a core subscription with a direct get of the
-// newest (its core feed), checks its own acks, and serves its own service to an agent of its run.
+// TestSandboxFeedAndService: with its own credentials a sandbox reads its run's phases on a core
+// subscription of their live copies, and the newest of them, of each phase kind and of the
+// committed outcomes by direct gets whose subjects name them (its core feed), writes, reads and
+// deletes its heartbeat and checks its own acks, all without a consumer or the stream's info, and
+// serves its own service to an agent of its run.
 func TestSandboxFeedAndService(t *testing.T) {
 	auth, dir, s, _ := operatorServer(t)
 	ctx := testContext(t)
-	snc, _, serrs := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb1"))
-	legacy, err := snc.JetStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan *nats.Msg, 4)
-	sub, err := legacy.Subscribe(events.PhaseFilter("r"), func(m *nats.Msg) { got <- m },
-		nats.OrderedConsumer(), nats.BindStream(jetstream.StreamName), nats.DeliverNew())
-	if err != nil {
-		t.Fatalf("sandbox's ordered consumer of its phases: %v", err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	snc, sjs, serrs := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb1"))
 	bnc, bjs, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleBridge))
-	if _, err := bjs.Publish(ctx, "sp.r.phase.prepare", []byte("p")); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case m := <-got:
-		if m.Subject != "sp.r.phase.prepare" {
-			t.Errorf("sandbox got %s", m.Subject)
-		}
-	case <-ctx.Done():
-		t.Fatal("the sandbox's consumer delivered no phase")
-	}
-	// Its core feed: the run's phases as the bridge publishes their live copies, on a core
-	// subscription, and the newest of them (and of the committed outcomes) by a direct get whose
-	// subject names them.
 	core, err := snc.SubscribeSync(events.LivePhaseFilter("r"))
 	if err != nil {
 		t.Fatal(err)
@@ -461,6 +497,9 @@ func TestSandboxFeedAndService(t *testing.T) {
 	if err := snc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := bjs.Publish(ctx, "sp.r.phase.prepare", []byte("p")); err != nil {
+		t.Fatal(err)
+	}
 	stored := &nats.Msg{Subject: "sp.r.phase.commit", Data: []byte("c"), Header: nats.Header{}}
 	ack, err := bjs.PublishMsg(ctx, stored)
 	if err != nil {
@@ -469,29 +508,60 @@ func TestSandboxFeedAndService(t *testing.T) {
 	if err := bnc.PublishMsg(events.LiveCopy(stored, ack.Sequence, 0)); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := bjs.Publish(ctx, events.OutcomeSubject("r", events.TypeCheckpointCommitted), []byte("o")); err != nil {
+		t.Fatal(err)
+	}
 	if m, err := core.NextMsg(10 * time.Second); err != nil || m.Subject != "spl.r.phase.commit" {
 		t.Errorf("the sandbox's core subscription of its phases: %v, %v", m, err)
 	}
-	_, sjs1, _ := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb1"))
-	sbus1, err := jetstream.Open(ctx, sjs1)
-	if err != nil {
-		t.Fatalf("sandbox opening the bus: %v", err)
-	}
-	if m, err := sbus1.Stream.GetLastMsgForSubject(ctx, events.PhaseFilter("r")); err != nil || m.Subject != "sp.r.phase.commit" {
-		t.Errorf("sandbox reading the newest of its run's phases: %v, %v", m, err)
+	for subject, want := range map[string]string{
+		events.PhaseFilter("r"): "sp.r.phase.commit",
+		"sp.r.phase.prepare":    "sp.r.phase.prepare",
+		"sp.r.phase.commit":     "sp.r.phase.commit",
+		events.OutcomeSubject("r", events.TypeCheckpointCommitted): events.OutcomeSubject("r", events.TypeCheckpointCommitted),
+	} {
+		if m, err := jetstream.DirectGet(ctx, snc, jetstream.StreamName, subject); err != nil || m.Subject != want {
+			t.Errorf("sandbox reading the newest of %s: %v, %v; want %s", subject, m, err, want)
+		}
 	}
 	// Its acks as the bridge recorded them: the sandbox reads its own back.
-	_, sjs, _ := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb2"))
-	if _, err := bjs.Publish(ctx, "sp.r.ack.1.commit.sandbox.sb2", nil); err != nil {
+	if _, err := bjs.Publish(ctx, "sp.r.ack.1.commit.sandbox.sb1", nil); err != nil {
 		t.Fatalf("the bridge recording a sandbox's ack: %v", err)
 	}
-	sbus, err := jetstream.Open(ctx, sjs)
-	if err != nil {
-		t.Fatalf("sandbox opening the bus: %v", err)
-	}
-	if _, err := sbus.Stream.GetLastMsgForSubject(ctx, "sp.r.ack.1.commit.sandbox.sb2"); err != nil {
+	if _, err := jetstream.DirectGet(ctx, snc, jetstream.StreamName, "sp.r.ack.1.commit.sandbox.sb1"); err != nil {
 		t.Errorf("sandbox reading its own ack: %v", err)
 	}
+	// Its heartbeat, as its member runtime writes, reads and deletes it: in sp_daemons, which
+	// takes no TTL of a put's own (the bucket's max age is the TTL).
+	rev, err := jetstream.KVWrite(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1", []byte("hb"), 0, -1)
+	if err != nil {
+		t.Fatalf("sandbox writing its heartbeat: %v", err)
+	}
+	if v, got, err := jetstream.KVGet(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1"); err != nil || string(v) != "hb" || got != rev {
+		t.Errorf("sandbox reading its heartbeat: %q at %d, %v", v, got, err)
+	}
+	if err := jetstream.KVDelete(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1", rev); err != nil {
+		t.Errorf("sandbox deleting its heartbeat: %v", err)
+	}
+	if _, err := jetstream.KVWrite(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1", []byte("again"), 0, 0); err != nil {
+		t.Errorf("sandbox writing its heartbeat again over the deleted key: %v", err)
+	}
+	noViolations(t, snc, serrs, "sandbox")
+
+	// What jetstream.Open reads, and what its catch-up made before, are refused.
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := jetstream.Open(short, sjs); err == nil {
+		t.Error("a sandbox opened the bus, which reads every stream's info")
+	}
+	violation(t, serrs, "sandbox opening the bus", "$JS.API.STREAM.INFO.STILLPOINT")
+	short, cancel = context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := sjs.CreateConsumer(short, jetstream.StreamName, natsjs.ConsumerConfig{Name: "x", FilterSubject: events.PhaseFilter("r"),
+		AckPolicy: natsjs.AckNonePolicy}); err == nil {
+		t.Error("a sandbox made a consumer of its run's phases")
+	}
+	violation(t, serrs, "sandbox making a consumer of its run's phases", "$JS.API.CONSUMER.CREATE.STILLPOINT.x.sp.r.phase.>")
 
 	svc, err := jetstream.NewService(snc, micro.Config{Name: events.ServiceName(events.KindSandbox), Version: "1.0.0"}, "spsvc.r.sandbox.sb1",
 		func(error) (int, string) { return 500, "internal" })
@@ -719,8 +789,9 @@ func TestSandboxJWTRenewedOnReconnect(t *testing.T) {
 	}
 }
 
-// TestRecordsOfTheirOwn: an agent with its own user writes its records to a store of its own
-// name and reads them back; another agent and an owner cannot overwrite, delete, purge or
+// TestRecordsOfTheirOwn: an agent with its own user makes no stream, its own records store
+// included, and asks for no other's; it writes its records to a store of its own name, which
+// the bridge made when it asked, and reads them back; another agent and an owner cannot overwrite, delete, purge or
 // recreate that store's objects, nor write the shared store, and nothing of theirs reaches
 // either; records an earlier run left in the shared store stay readable; the bridge releases
 // the agent's objects and cannot purge the audit log.
@@ -739,11 +810,33 @@ func TestRecordsOfTheirOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The bridge makes the members' own stores when they ask.
+	_, sjs, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleBridge))
+	sbus, err := jetstream.Open(ctx, sjs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopStores, err := jetstream.ServeStores(ctx, sjs, sbus.Records, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopStores()
 	anc, ajs, aerrs := connectCreds(t, s, memberCreds(t, auth, a1))
 	abus, err := jetstream.Open(ctx, ajs)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// It makes no stream itself, its own store included: the create subject names the
+	// stream, not its subjects (issue 29, attack 9: a store on another's service subjects).
+	if err := anc.PublishRequest("$JS.API.STREAM.CREATE.OBJ_"+events.RecordsBucket("r", a1), anc.NewRespInbox(),
+		[]byte(`{"name":"OBJ_`+events.RecordsBucket("r", a1)+`","subjects":["spsvc.r.owner.>"]}`)); err != nil {
+		t.Fatal(err)
+	}
+	violation(t, aerrs, "agent a1 making a stream", "$JS.API.STREAM.CREATE.OBJ_"+events.RecordsBucket("r", a1))
+	if err := anc.PublishRequest(jetstream.StoreRequestSubject("r", "agent.a2"), anc.NewRespInbox(), nil); err != nil {
+		t.Fatal(err)
+	}
+	violation(t, aerrs, "agent a1 asking for a2's store", jetstream.StoreRequestSubject("r", "agent.a2"))
 	store, err := member.OwnRecords(ctx, ajs, abus.Records, "r", a1)
 	if err != nil {
 		t.Fatalf("agent making its own records store: %v", err)

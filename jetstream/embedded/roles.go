@@ -69,8 +69,11 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 	records := []string{"$O." + jetstream.BucketRecords + ".>", "$JS.API.STREAM.PURGE.OBJ_" + jetstream.BucketRecords}
 	member := func(kind events.MemberKind, pub, sub []string) *Permissions {
 		return &Permissions{
-			Publish:   Subjects{Allow: append(append(common(), ownWrites(kind, r, "*")...), pub...)},
-			Subscribe: Subjects{Allow: append(append([]string{"_INBOX.>", events.ServiceFilter(r, kind)}, discovery(kind)...), sub...)},
+			Publish: Subjects{Allow: append(append(common(), ownWrites(kind, r, "*")...), pub...)},
+			// The committed outcomes a stop commit parks on, on a core subscription
+			// (PROTOCOL §3, Consumers).
+			Subscribe: Subjects{Allow: append(append([]string{"_INBOX.>", events.ServiceFilter(r, kind),
+				events.OutcomeSubject(r, events.TypeCheckpointCommitted)}, discovery(kind)...), sub...)},
 		}
 	}
 	switch role {
@@ -108,6 +111,7 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 			// Its micro service (the controller API, bridgeapi.ServiceSubject) and micro's
 			// discovery subjects of that service alone.
 			Subscribe: Subjects{Allow: []string{"_INBOX.>", events.ServiceFilter(r, events.KindBridge),
+				events.ServicePrefix + "." + r + ".stores.*.*",
 				events.LiveAckFilter(r, events.PhaseResume),
 				// The sandbox daemons' acks of every phase, on core NATS too.
 				events.LivePrefix + "." + r + ".ack.*.*." + string(events.KindSandbox) + ".*",

@@ -2,6 +2,8 @@ package embedded_test
 
 import (
 	"encoding/json"
+	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -136,5 +138,153 @@ func TestRunsAreAccountsApart(t *testing.T) {
 	}
 	if _, _, err := signer.Mint("r2", "sb1", 0, time.Now()); err == nil {
 		t.Error("r1's signer minted a user of r2")
+	}
+}
+
+// TestMintService: a run's owners mint their sandboxes' users through the
+// run's authority (ServeMint), never holding a key that could mint any
+// other name: a sandbox name is minted, and its user connects as that
+// sandbox; a wildcard, a dotted name or a validity beyond MaxSandboxTTL is
+// refused with a reason; a sandbox or an agent may not ask at all.
+func TestMintService(t *testing.T) {
+	auth, dir, s, _ := operatorServer(t)
+	adm, _, _ := connectCreds(t, s, embedded.CredsFile(dir, embedded.RoleAdmin))
+	stop, err := auth.ServeMint(adm, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	onc, _, _ := connectCreds(t, s, memberCreds(t, auth, "owner.o1"))
+	m := jetstream.Minter{NC: onc, Run: "r"}
+	creds, user, err := m.Mint("r", "sb-1", time.Minute, time.Time{})
+	if err != nil || user == "" {
+		t.Fatalf("an owner minting sandbox sb-1: %q %v", user, err)
+	}
+	path := filepath.Join(t.TempDir(), "sb-1.creds")
+	if err := os.WriteFile(path, creds, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	snc, _, serrs := connectCreds(t, s, path)
+	if err := snc.Publish("sp.r.member.sandbox.sb-1", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	noViolationsBefore(t, snc, serrs, "the minted sandbox", "sp.r.phase.prepare")
+
+	for _, bad := range []struct {
+		name string
+		ttl  time.Duration
+	}{{"*", time.Minute}, {">", time.Minute}, {"sb.x", time.Minute}, {"", time.Minute}, {"sb-2", 2 * embedded.MaxSandboxTTL}, {"sb-2", 0}} {
+		if _, _, err := m.Mint("r", bad.name, bad.ttl, time.Time{}); !errors.Is(err, jetstream.ErrMintRefused) {
+			t.Errorf("minting %q for %s: %v, want ErrMintRefused", bad.name, bad.ttl, err)
+		}
+	}
+	for _, who := range []events.Member{"sandbox.sb-9", "agent.a1"} {
+		nc, _, errs := connectCreds(t, s, memberCreds(t, auth, who))
+		if _, _, err := (jetstream.Minter{NC: nc, Run: "r"}).Mint("r", "sb-3", time.Minute, time.Time{}); err == nil {
+			t.Errorf("%s minted a sandbox user", who)
+		}
+		select {
+		case err := <-errs:
+			if !errors.Is(err, nats.ErrPermissionViolation) {
+				t.Errorf("%s asking the minting service: %v, want a permissions violation", who, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s asking the minting service: no permissions violation", who)
+		}
+	}
+}
+
+// TestRunStorageBoundsAFlood: a member flooding its run's stream fills its
+// own run's storage quota (Limits.Storage) and is refused past it, while
+// another run's writes go on; a sandbox's user holds at most SandboxSubs
+// subscriptions.
+func TestRunStorageBoundsAFlood(t *testing.T) {
+	ctx := testContext(t)
+	dir := filepath.Join(t.TempDir(), "auth")
+	auth, err := embedded.LoadAuthority(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const quota = 4 << 20
+	if err := auth.SetLimits(embedded.Limits{Storage: quota}); err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []string{"r1", "r2"} {
+		if err := auth.AddRun(run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trust, err := auth.Trust()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := embedded.Start(ctx, embedded.Config{Dir: t.TempDir(), Trust: trust})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	js := map[string]natsjs.JetStream{}
+	for _, run := range []string{"r1", "r2"} {
+		_, j, _ := connectCreds(t, s, embedded.CredsFile(embedded.RunDir(dir, run), embedded.RoleAdmin))
+		if _, err := jetstream.Provision(ctx, j, jetstream.Topology{}); err != nil {
+			t.Fatalf("provision %s: %v", run, err)
+		}
+		js[run] = j
+	}
+	b, _, err := auth.MemberCreds("r1", "agent.a1", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "a1.creds")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, ajs, _ := connectCreds(t, s, path)
+	chunk := make([]byte, 256<<10)
+	stored, refused := 0, 0
+	var lastErr error
+	for i := range 32 { // 8 MiB, twice the quota
+		_, err := ajs.Publish(ctx, events.AckSubject("r1", uint64(1000+i), events.PhaseCommit, "agent.a1"), chunk)
+		if err != nil {
+			refused++
+			lastErr = err
+			continue
+		}
+		stored++
+	}
+	if refused == 0 || stored*len(chunk) > quota {
+		t.Fatalf("a flood of 8 MiB: %d chunks of 256 KiB stored, %d refused; want it stopped at the quota (%d MiB)", stored, refused, quota>>20)
+	}
+	t.Logf("flood: %d stored, %d refused (%v)", stored, refused, lastErr)
+	if _, err := js["r2"].Publish(ctx, "sp.r2.phase.prepare", []byte("{}")); err != nil {
+		t.Fatalf("r2 writing while r1 is full: %v", err)
+	}
+
+	// A sandbox's subscriptions are bounded.
+	sb, _, err := auth.MemberCreds("r1", "sandbox.sb1", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sbPath := filepath.Join(t.TempDir(), "sb1.creds")
+	if err := os.WriteFile(sbPath, sb, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	snc, _, serrs := connectCreds(t, s, sbPath)
+	for range embedded.SandboxSubs + 8 {
+		if _, err := snc.Subscribe("spl.r1.phase.>", func(*nats.Msg) {}); err != nil {
+			break
+		}
+	}
+	_ = snc.Flush()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case err := <-serrs:
+			if strings.Contains(strings.ToLower(err.Error()), "maximum subscriptions") {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("%d subscriptions of a sandbox: no 'maximum subscriptions exceeded'", embedded.SandboxSubs+8)
+		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/freeport"
 	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -42,6 +45,8 @@ type Env struct {
 	Bus *jetstream.Bus
 	// AuthDir, with WithRoles, holds the roles' nkey seed files (embedded.SeedFile); "" without.
 	AuthDir string
+	// Authority, with WithAuthority, is the authority the server trusts; nil without.
+	Authority *embedded.Authority
 
 	role      embedded.Role   // the role Connect connects as, with WithRoles
 	creds     string          // the .creds file Connect connects with, from WithCreds
@@ -57,6 +62,7 @@ type options struct {
 	topology  jetstream.Topology
 	logger    zerolog.Logger
 	roles     bool
+	authority string // the run of WithAuthority
 }
 
 // WithoutProvision leaves the server empty: no stream, no buckets, Env.Bus nil.
@@ -81,6 +87,14 @@ func WithLogger(log zerolog.Logger) Option {
 // so provisioning, is the admin role's; Env.As(role).Connect connects as another role.
 func WithRoles() Option {
 	return func(o *options) { o.roles = true }
+}
+
+// WithAuthority runs the server of Start in operator mode, trusting a new embedded.Authority
+// (Env.Authority, its files in a temporary dir) with an account of run: Env.Conn, and so
+// provisioning, is that run's admin, and Env.MemberCreds mints a member of run a user of its own,
+// as `stillpoint server --auth-dir` does. Not for StartCluster.
+func WithAuthority(run string) Option {
+	return func(o *options) { o.authority = run }
 }
 
 func newOptions(opts []Option) options {
@@ -115,12 +129,13 @@ func Start(t testing.TB, opts ...Option) *Env {
 		Users:      users,
 		Logger:     o.logger,
 	}
+	authority, admin := trusted(t, o, &cfg)
 	srv, err := embedded.Start(ctx, cfg)
 	if err != nil {
 		port.Release()
 		t.Fatalf("jstest: start server: %v", err)
 	}
-	env := &Env{Server: srv, URL: srv.ClientURL(), AuthDir: authDir, serverCfg: cfg}
+	env := &Env{Server: srv, URL: srv.ClientURL(), AuthDir: authDir, Authority: authority, creds: admin, serverCfg: cfg}
 	// Runs after the connections' cleanups below; shuts down the server
 	// Restart started last.
 	t.Cleanup(func() {
@@ -139,6 +154,9 @@ func Start(t testing.TB, opts ...Option) *Env {
 func StartCluster(t testing.TB, opts ...Option) *Env {
 	t.Helper()
 	o := newOptions(opts)
+	if o.authority != "" {
+		t.Fatalf("jstest: WithAuthority is for Start, not StartCluster")
+	}
 	if o.topology.Replicas == 0 {
 		o.topology.Replicas = 3
 	}
@@ -207,6 +225,46 @@ func (e *Env) StartServer(t testing.TB) {
 		t.Fatalf("jstest: start server again: %v", err)
 	}
 	e.Server, e.stopped = srv, false
+}
+
+// trusted makes the authority of WithAuthority with its run's account, the server's trust of it
+// in cfg and the run's roles' creds files, and returns it and the admin's creds file; nil and "" without.
+func trusted(t testing.TB, o options, cfg *embedded.Config) (*embedded.Authority, string) {
+	t.Helper()
+	if o.authority == "" {
+		return nil, ""
+	}
+	dir := filepath.Join(t.TempDir(), "auth")
+	a, err := embedded.LoadAuthority(dir)
+	if err != nil {
+		t.Fatalf("jstest: authority: %v", err)
+	}
+	if err := a.AddRun(o.authority); err != nil {
+		t.Fatalf("jstest: authority: %v", err)
+	}
+	if cfg.Trust, err = a.Trust(); err != nil {
+		t.Fatalf("jstest: authority: %v", err)
+	}
+	return a, embedded.CredsFile(embedded.RunDir(dir, o.authority), embedded.RoleAdmin)
+}
+
+// MemberCreds mints member m of run a user of its own (embedded.Authority.MemberCreds, valid for
+// an hour), writes its creds file in a temporary dir and returns its path, for WithCreds. It
+// needs WithAuthority.
+func (e *Env) MemberCreds(t testing.TB, run string, m events.Member) string {
+	t.Helper()
+	if e.Authority == nil {
+		t.Fatalf("jstest: MemberCreds needs an Env started WithAuthority")
+	}
+	b, _, err := e.Authority.MemberCreds(run, m, time.Hour)
+	if err != nil {
+		t.Fatalf("jstest: member creds of %s: %v", m, err)
+	}
+	path := filepath.Join(t.TempDir(), string(m)+".creds")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatalf("jstest: member creds of %s: %v", m, err)
+	}
+	return path
 }
 
 // roleUsers makes the role seeds in a temporary dir, with WithRoles.

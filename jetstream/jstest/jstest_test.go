@@ -40,3 +40,20 @@ func TestStartWithoutProvision(t *testing.T) {
 		t.Fatalf("Open: %v, want ErrNotProvisioned", err)
 	}
 }
+
+// TestStartWithAuthority: the server trusts the Env's authority, the Env's
+// own connection is the admin's (it provisioned the bus), and a member's own
+// creds connect with that member's permissions.
+func TestStartWithAuthority(t *testing.T) {
+	env := jstest.Start(t, jstest.WithAuthority("r"))
+	if env.Authority == nil || env.Bus == nil {
+		t.Fatalf("env: Authority %v, Bus %v; want both", env.Authority, env.Bus)
+	}
+	nc, js := env.WithCreds(env.MemberCreds(t, "r", "sandbox.sb1")).Connect(t)
+	if got, want := nc.Opts.InboxPrefix, jetstream.MemberInboxPrefix("r", "sandbox", "sb1"); got != want {
+		t.Errorf("the member's inbox prefix %q, want %q", got, want)
+	}
+	if _, err := js.Publish(t.Context(), "sp.r.ack.1.prepare.sandbox.sb1", nil); err != nil {
+		t.Errorf("the member acking as itself: %v", err)
+	}
+}

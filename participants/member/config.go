@@ -53,7 +53,10 @@ type Config struct {
 	// JS is the JetStream context the member uses. Required; make it with
 	// jetstream.New, whose async ack timeout frees acks that never come.
 	JS natsjs.JetStream
-	// Bus is the provisioned bus (jetstream.Open on JS). Required.
+	// Bus is the provisioned bus (jetstream.Open on JS). Required, but
+	// with NoPull: a sandbox's own user cannot open it (jetstream.Open
+	// reads every stream's info), and such a member reads what it reads by
+	// direct gets whose subjects name it.
 	Bus *jetstream.Bus
 	// Participant is what the member drives. Required. Its optional
 	// abilities (Exporter, Resumer or Continuer, Installer, Retirer,
@@ -75,13 +78,14 @@ type Config struct {
 	// never redelivered by the server; one given back is delivered again
 	// locally.
 	StateFile string
-	// NoPull, with StateFile, makes that ordered consumer a push consumer
-	// filtered on the run's phases alone (and the committed outcomes, for a
-	// participant that parks): for a member whose user may not pull from a
-	// consumer, a sandbox with a user of its own (docs/PERMISSIONS.md). Its
-	// first consumer's name is random; nats.go names the ones it makes again
-	// after a gap from its nuid, which forks of one VM snapshot share. With
-	// CoreFeed, it says the same of the core feed's catch-up (CoreFeed).
+	// NoPull is for a member whose user makes no consumer and reads no
+	// stream's info, and whose direct gets must name their subject: a
+	// sandbox with a user of its own (docs/PERMISSIONS.md). It needs
+	// CoreFeed, whose catch-up then reads the newest phase of each kind
+	// (CoreFeed). Its heartbeat's TTL is jetstream.DefaultSandboxTTL (such
+	// a user cannot read the members bucket's, which the bucket's info
+	// holds), and Bus may be nil when the participant neither exports nor
+	// installs records (a sandbox daemon).
 	NoPull bool
 	// CoreFeed, with StateFile, makes the member read the run's phases on a
 	// core-NATS subscription instead of a consumer, catching up from the
@@ -95,9 +99,9 @@ type Config struct {
 	// a user whose direct gets must name the subject (a sandbox's own,
 	// which no next-by-subject request body can be limited for), it reads
 	// the newest of the run's phases instead, and only when more than that
-	// was missed an ordered push consumer filtered on them, for the time
-	// the catch-up takes (and, for a participant that parks, the newest
-	// committed outcome).
+	// was missed the newest of each phase kind, acting on those a member
+	// must not miss (PROTOCOL §3, Consumers); and, for a participant that
+	// parks, the newest committed outcome.
 	CoreFeed bool
 	// Source, when set, feeds the member the run's events instead of a
 	// consumer of its own: a process that hosts many members keeps one
@@ -154,6 +158,7 @@ func (c Config) Validate() error {
 		field("Conn: not the connection of JS")
 	}
 	switch {
+	case c.Bus == nil && c.NoPull:
 	case c.Bus == nil:
 		field("Bus: required")
 	case c.Bus.Stream == nil || c.Bus.Members == nil || c.Bus.Daemons == nil || c.Bus.Manifests == nil || c.Bus.Records == nil:
@@ -179,6 +184,14 @@ func (c Config) Validate() error {
 	switch {
 	case c.CoreFeed && c.StateFile == "":
 		field("CoreFeed: needs a StateFile, where it keeps its position")
+	case c.NoPull && !c.CoreFeed:
+		field("NoPull: needs CoreFeed: a user that makes no consumer reads its phases on a core subscription")
+	}
+	if c.NoPull && c.Bus == nil && c.Participant != nil {
+		_, exports := c.Participant.(Exporter)
+		if _, installs := c.Participant.(Installer); exports || installs {
+			field("Bus: required for %T, which exports or installs records", c.Participant)
+		}
 	}
 
 	if c.Now == nil {

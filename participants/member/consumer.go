@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,15 +22,18 @@ func subjects(run string) []string {
 }
 
 // DurableConfig returns the configuration of the one durable consumer of a
-// member process (PROTOCOL §3), named name: the events a member reads,
-// explicit acks, state in memory (a file-state durable costs a disk write
-// per ack), delivering what is published from its creation on. A Source
-// that feeds many members uses it too.
+// member process (PROTOCOL §3), named name: the run's phases, its one
+// filter, explicit acks, state in memory (a file-state durable costs a
+// disk write per ack), delivering what is published from its creation on.
+// With one filter its create subject names it, and a member's own user may
+// create its consumer with that filter only (docs/PERMISSIONS.md): the
+// committed outcomes a stop commit parks on come on a core subscription
+// (outcomeFeed). A Source that feeds many members starts from it too.
 func DurableConfig(run, name, description string) natsjs.ConsumerConfig {
 	return natsjs.ConsumerConfig{
 		Durable:           name,
 		Description:       description,
-		FilterSubjects:    subjects(run),
+		FilterSubject:     events.PhaseFilter(run),
 		DeliverPolicy:     natsjs.DeliverNewPolicy,
 		AckPolicy:         natsjs.AckExplicitPolicy,
 		AckWait:           AckWait,
@@ -63,6 +67,20 @@ func (m *Member) durableFeed(ctx context.Context) (*feed, error) {
 	f := &feed{name: name}
 	f.start = func() error { return cur.start() }
 	f.stop = func() { cur.stop() }
+	if _, parks := m.cfg.Participant.(Parker); parks {
+		out := &outcomeFeed{nc: m.cfg.Conn, stream: m.stream, subject: events.OutcomeSubject(m.cfg.Run, events.TypeCheckpointCommitted),
+			inbox: m.inbox, log: m.log, stopping: make(chan struct{}), done: make(chan struct{})}
+		f.start = func() error {
+			if err := out.start(); err != nil {
+				return err
+			}
+			return cur.start()
+		}
+		f.stop = func() {
+			cur.stop()
+			out.stop()
+		}
+	}
 	f.recreate = func(ctx context.Context) (uint64, error) {
 		cur.stop()
 		from, seen := tr.next()
@@ -109,11 +127,21 @@ func (m *Member) durableFeed(ctx context.Context) (*feed, error) {
 
 // durableConsumer finds the durable consumer name, or creates it: to
 // deliver what is published from now on when from is 0, else from stream
-// sequence from on.
+// sequence from on. One an earlier build made, with the committed outcomes
+// as a second filter, takes the run's phases alone (update keeps where it
+// was): the member's own user may create it with that one filter only.
 func (m *Member) durableConsumer(ctx context.Context, name string, from uint64) (natsjs.Consumer, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	cons, err := m.cfg.Bus.Stream.Consumer(cctx, name)
+	if err == nil && slices.Equal(cons.CachedInfo().Config.FilterSubjects, subjects(m.cfg.Run)) {
+		cfg := cons.CachedInfo().Config
+		cfg.FilterSubject, cfg.FilterSubjects = events.PhaseFilter(m.cfg.Run), nil
+		if cons, err = m.cfg.Bus.Stream.UpdateConsumer(cctx, cfg); err != nil {
+			return nil, fmt.Errorf("member: consumer %s of an earlier build to the run's phases alone: %w", name, err)
+		}
+		m.log.Info().Str("consumer", name).Msg("consumer of an earlier build now filters the run's phases alone")
+	}
 	if errors.Is(err, natsjs.ErrConsumerNotFound) {
 		cfg := DurableConfig(m.cfg.Run, name, fmt.Sprintf("phases of run %s for member %s", m.cfg.Run, m.cfg.Member))
 		if from > 0 {

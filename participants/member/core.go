@@ -1,6 +1,7 @@
 package member
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,7 +23,8 @@ import (
 // core-NATS subscription of the run's phases (and of the committed
 // outcomes, for a participant that parks), which costs the server nothing
 // persistent, and catch-up from the stream by direct get (next by subject,
-// from after the position the state file holds) on start, after every
+// from after the position the state file holds; for a sandbox's own user,
+// the newest of each phase kind: catchUpScoped) on start, after every
 // reconnect, and when a phase's sequence is past the next one. The phases
 // are numbered one by one, so the phase sequence tells a repeat (the
 // subscription and the catch-up both deliver it) from a gap (the
@@ -36,20 +38,23 @@ func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
 		m.log.Info().Str("state_file", m.cfg.StateFile).Str("written_by", other).Msg("position of another member: reading from the stream's end")
 	}
 	based := pos.PhaseSeq != 0
-	if pos.StreamSeq == 0 {
+	if pos.StreamSeq == 0 && (!m.cfg.NoPull || !based) {
 		// What is published from now on: the feed starts after the member
 		// registers, and its first catch-up reads what came in between.
 		// The run's newest phase, before this member, says which phase
 		// comes next, so that the first one the subscription delivers needs
-		// no catch-up.
+		// no catch-up. A sandbox's own user reads no stream info
+		// (Config.NoPull): its catch-up goes by phase sequence, from there.
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		defer cancel()
-		info, err := m.cfg.Bus.Stream.Info(cctx)
-		if err != nil {
-			return nil, fmt.Errorf("member: core feed: stream info: %w", err)
+		if !m.cfg.NoPull {
+			info, err := m.cfg.Bus.Stream.Info(cctx)
+			if err != nil {
+				return nil, fmt.Errorf("member: core feed: stream info: %w", err)
+			}
+			pos = position{StreamSeq: info.State.LastSeq}
 		}
-		pos = position{StreamSeq: info.State.LastSeq}
-		last, err := m.cfg.Bus.Stream.GetLastMsgForSubject(cctx, events.PhaseFilter(m.cfg.Run))
+		last, err := m.stream.GetLastMsgForSubject(cctx, events.PhaseFilter(m.cfg.Run))
 		switch {
 		case errors.Is(err, natsjs.ErrMsgNotFound):
 			based = true // none yet: the first is 1
@@ -69,9 +74,13 @@ func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
 	if _, parks := m.cfg.Participant.(Parker); parks {
 		subs = append(subs, events.OutcomeSubject(m.cfg.Run, events.TypeCheckpointCommitted))
 	}
+	var next natsjs.Stream
+	if !m.cfg.NoPull {
+		next = m.cfg.Bus.Stream
+	}
 	m.inbox = make(chan Delivery)
 	c := &coreReader{
-		nc: m.cfg.Conn, stream: m.cfg.Bus.Stream, runID: m.cfg.Run, subjects: subs, scoped: m.cfg.NoPull, inbox: m.inbox,
+		nc: m.cfg.Conn, stream: m.stream, next: next, runID: m.cfg.Run, subjects: subs, scoped: m.cfg.NoPull, inbox: m.inbox,
 		pos:      newPhaseFloor(m.cfg.StateFile, m.cfg.Run, m.cfg.Member, pos, m.log),
 		again:    &redeliverer{inbox: m.inbox, stopping: make(chan struct{})},
 		log:      m.log,
@@ -83,6 +92,9 @@ func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
 		based:    based,
 		pending:  map[uint64]*coreDelivery{},
 	}
+	if err := c.subscribe(); err != nil {
+		return nil, err
+	}
 	m.core = c
 	return &feed{name: "core subscription, position in " + m.cfg.StateFile, start: c.start, stop: c.stop}, nil
 }
@@ -92,7 +104,8 @@ func (m *Member) coreFeed(ctx context.Context) (*feed, error) {
 // deliveries, in phase order.
 type coreReader struct {
 	nc       *nats.Conn
-	stream   natsjs.Stream
+	stream   AckGetter
+	next     natsjs.Stream // the catch-up's next-by-subject reads; nil when scoped
 	runID    string
 	subjects []string
 	scoped   bool // Config.NoPull: its user direct-gets only by its run's phase subjects
@@ -120,7 +133,12 @@ type coreReader struct {
 	based   bool                     // lastQ is known: the next phase is lastQ+1
 	pending map[uint64]*coreDelivery // phases received past a gap, waiting for the catch-up
 	seen    []string                 // ids of the last outcomes delivered
+	opened  []string                 // ids of the prepares and restores delivered that no resume delivered has ended, newest last
 }
+
+// openedKept bounds coreReader.opened: one operation runs at a time, so
+// one is open at most, or a few a member refused while one was.
+const openedKept = 4
 
 // catchUpTries is how many catch-ups a gap gets before the phase after it
 // is delivered anyway: a phase the subscription delivers may not be in the
@@ -129,10 +147,11 @@ type coreReader struct {
 // for good.
 const catchUpTries = 5
 
-// start subscribes, then starts the goroutine that catches up at once:
-// what was published before the subscription was up is read from the
-// stream, and what comes after it arrives on the subscription.
-func (c *coreReader) start() error {
+// subscribe makes the subscriptions, when the feed opens (before the
+// member registers): what arrives waits for run, so that every phase
+// published once the member is registered reaches it on the subscription,
+// and the first catch-up reads only what came before.
+func (c *coreReader) subscribe() error {
 	c.status = c.nc.StatusChanged(nats.CONNECTED)
 	for _, s := range c.subjects {
 		sub, err := c.nc.Subscribe(s, c.arrive)
@@ -148,6 +167,13 @@ func (c *coreReader) start() error {
 		c.unsubscribe()
 		return fmt.Errorf("member: core feed: subscribe: %w", err)
 	}
+	return nil
+}
+
+// start starts the goroutine that catches up at once: what was published
+// before the subscription was up is read from the stream, and what came
+// after it arrived on the subscription.
+func (c *coreReader) start() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	go c.run(ctx)
@@ -310,6 +336,7 @@ func (c *coreReader) deliver(dl *coreDelivery) bool {
 		c.lastQ, c.based = q, true
 		c.from = max(c.from, dl.seq)
 		c.pos.delivered(q, dl.seq)
+		c.track(dl)
 	}
 	select {
 	case c.inbox <- dl:
@@ -339,7 +366,7 @@ func (c *coreReader) catchUp(ctx context.Context) error {
 				continue
 			}
 			gctx, cancel := context.WithTimeout(ctx, callTimeout)
-			msg, err := c.stream.GetMsg(gctx, c.from+1, natsjs.WithGetMsgSubject(s))
+			msg, err := c.next.GetMsg(gctx, c.from+1, natsjs.WithGetMsgSubject(s))
 			cancel()
 			switch {
 			case ctx.Err() != nil:
@@ -371,14 +398,35 @@ func (c *coreReader) catchUp(ctx context.Context) error {
 	}
 }
 
-// catchUpScoped is catchUp for a user whose direct gets name the subject
-// (a sandbox with a user of its own, Config.NoPull): the server reads a
-// next-by-subject request from its body, which no permission can limit to
-// one run (docs/PERMISSIONS.md). The newest phase of the run, by a direct
-// get whose subject names the run's phases, tells whether anything was
-// missed: nothing, or only that phase, in the common case. When more was
-// missed, an ordered push consumer filtered on the run's phases reads them
-// from after c.from, and goes once it has.
+// track keeps which operations the phases delivered opened (a prepare,
+// a restore) and did not end (a resume): the member may hold one of them
+// open, and a catch-up delivers what it finds of their end.
+func (c *coreReader) track(dl *coreDelivery) {
+	_, data, _ := dl.Event()
+	pe, ok := data.(events.PhaseEvent)
+	if !ok {
+		return
+	}
+	id := pe.Header().CheckpointID
+	switch pe.Phase() {
+	case events.PhasePrepare, events.PhaseRestore:
+		c.opened = append(slices.DeleteFunc(c.opened, func(o string) bool { return o == id }), id)
+		if len(c.opened) > openedKept {
+			c.opened = c.opened[1:]
+		}
+	case events.PhaseResume:
+		c.opened = slices.DeleteFunc(c.opened, func(o string) bool { return o == id })
+	}
+}
+
+// catchUpScoped is catchUp for a sandbox's own user (Config.NoPull), whose
+// direct gets must name their subject and who makes no consumer
+// (docs/PERMISSIONS.md): the server reads a next-by-subject request from
+// its body, which no permission can limit to one run. The newest of the
+// run's phases, by a direct get whose subject names the run's phases,
+// tells whether anything was missed: nothing, or only that phase, in the
+// common case. When more was missed, catchUpNewest reads the newest phase
+// of each kind.
 func (c *coreReader) catchUpScoped(ctx context.Context) error {
 	if err := c.catchUpPhasesScoped(ctx); err != nil {
 		return err
@@ -388,17 +436,9 @@ func (c *coreReader) catchUpScoped(ctx context.Context) error {
 	}
 	// A participant that parks: the newest committed outcome, which a
 	// stop commit waits for (one delivered already is known by its id).
-	subject := events.OutcomeSubject(c.runID, events.TypeCheckpointCommitted)
-	gctx, cancel := context.WithTimeout(ctx, callTimeout)
-	msg, err := c.stream.GetLastMsgForSubject(gctx, subject)
-	cancel()
-	switch {
-	case ctx.Err() != nil:
-		return errStopping
-	case errors.Is(err, natsjs.ErrMsgNotFound):
-		return nil
-	case err != nil:
-		return fmt.Errorf("member: core feed: direct get of the last of %s: %w", subject, err)
+	msg, err := c.last(ctx, events.OutcomeSubject(c.runID, events.TypeCheckpointCommitted))
+	if err != nil || msg == nil {
+		return err
 	}
 	if !c.deliver(newCoreDelivery(&nats.Msg{Subject: msg.Subject, Header: msg.Header, Data: msg.Data}, msg.Sequence, c.pos, c.again)) {
 		return errStopping
@@ -406,88 +446,148 @@ func (c *coreReader) catchUpScoped(ctx context.Context) error {
 	return nil
 }
 
-func (c *coreReader) catchUpPhasesScoped(ctx context.Context) error {
+// last reads the last message on subject: nil when there is none.
+func (c *coreReader) last(ctx context.Context, subject string) (*natsjs.RawStreamMsg, error) {
 	gctx, cancel := context.WithTimeout(ctx, callTimeout)
-	msg, err := c.stream.GetLastMsgForSubject(gctx, events.PhaseFilter(c.runID))
+	msg, err := c.stream.GetLastMsgForSubject(gctx, subject)
 	cancel()
 	switch {
 	case ctx.Err() != nil:
-		return errStopping
+		return nil, errStopping
 	case errors.Is(err, natsjs.ErrMsgNotFound):
-		return nil
+		return nil, nil
 	case err != nil:
-		return fmt.Errorf("member: core feed: direct get of the last of %s: %w", events.PhaseFilter(c.runID), err)
-	case msg.Sequence <= c.from:
-		return nil
+		return nil, fmt.Errorf("member: core feed: direct get of the last of %s: %w", subject, err)
+	}
+	return msg, nil
+}
+
+func (c *coreReader) catchUpPhasesScoped(ctx context.Context) error {
+	msg, err := c.last(ctx, events.PhaseFilter(c.runID))
+	if err != nil || msg == nil || msg.Sequence <= c.from {
+		return err
 	}
 	dl := newCoreDelivery(&nats.Msg{Subject: msg.Subject, Header: msg.Header, Data: msg.Data}, msg.Sequence, c.pos, c.again)
-	if q, _ := dl.phaseSeq(); q <= c.lastQ || (c.based && q == c.lastQ+1) {
+	q, _ := dl.phaseSeq()
+	// What arrived meanwhile (held back while behind) may be all that was
+	// missed: then flushPending delivers it, each phase as it was.
+	for _, m := range c.take() {
+		c.received(m, true)
+	}
+	switch {
+	case q <= c.lastQ || c.based && q == c.lastQ+1:
 		if !c.deliver(dl) {
 			return errStopping
 		}
-		c.from = msg.Sequence
+		c.from = max(c.from, msg.Sequence)
+		return nil
+	case c.covered(q):
 		return nil
 	}
-	return c.readThrough(ctx, msg.Sequence)
+	return c.catchUpNewest(ctx)
 }
 
-// readThrough reads the run's phases after c.from up to stream sequence
-// last through a push consumer filtered on them, the one a sandbox's own
-// user may create (docs/PERMISSIONS.md), and delivers what was not
-// delivered yet. It deletes no consumer (a sandbox may not): the server
-// drops it once its subscription is gone for readThroughInactive.
-func (c *coreReader) readThrough(ctx context.Context, last uint64) error {
-	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	cons, err := c.stream.CreatePushConsumer(cctx, natsjs.ConsumerConfig{
-		Name: "sp_" + events.NewID(), DeliverSubject: c.nc.NewInbox(), FilterSubject: events.PhaseFilter(c.runID),
-		DeliverPolicy: natsjs.DeliverByStartSequencePolicy, OptStartSeq: c.from + 1, AckPolicy: natsjs.AckNonePolicy,
-		InactiveThreshold: readThroughInactive, MemoryStorage: true, Replicas: 1,
-	})
-	cancel()
-	if err != nil {
-		return fmt.Errorf("member: core feed: a consumer to read the missed phases: %w", err)
+// covered tells whether the live copies received past the last phase
+// delivered lead one after the other up to phase q (the next sequence, or
+// a copy that names the one before it as its previous): nothing between
+// is missing.
+func (c *coreReader) covered(q uint64) bool {
+	if !c.based {
+		return false
 	}
-	got := make(chan natsjs.Msg, 64)
-	quit := make(chan struct{})
-	cc, err := cons.Consume(func(msg natsjs.Msg) {
-		select {
-		case got <- msg:
-		case <-quit:
-		}
-	})
-	if err != nil {
-		return fmt.Errorf("member: core feed: read the missed phases: %w", err)
-	}
-	defer cc.Stop()
-	defer close(quit) // before Stop: a handler waiting to hand over returns
-	c.log.Info().Uint64("from_stream_seq", c.from+1).Uint64("to_stream_seq", last).Msg("more than one phase missed; reading them through a consumer")
-	idle := time.NewTimer(callTimeout)
-	defer idle.Stop()
-	for c.from < last {
-		select {
-		case <-ctx.Done():
-			return errStopping
-		case <-idle.C:
-			return fmt.Errorf("member: core feed: no phase from the consumer within %s (at stream sequence %d of %d)", callTimeout, c.from, last)
-		case msg := <-got:
-			md, err := msg.Metadata()
-			if err != nil {
-				continue
+	at := c.lastQ
+	for at < q {
+		next := uint64(0)
+		for p, dl := range c.pending {
+			if p > at && (next == 0 || p < next) && (p == at+1 || dl.follows(at)) {
+				next = p
 			}
-			idle.Reset(callTimeout)
-			c.from = md.Sequence.Stream
-			dl := newCoreDelivery(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()}, md.Sequence.Stream, c.pos, c.again)
-			if !c.deliver(dl) {
+		}
+		if next == 0 {
+			return false
+		}
+		at = next
+	}
+	return true
+}
+
+// catchUpNewest reads the newest phase of each kind (one direct get each,
+// its subject naming it) and delivers, in phase order, those past what was
+// delivered that the member must act on (PROTOCOL §3, Consumers): every
+// phase of the run's newest operation (that of the newest phase), every
+// retire, forget and release (each whole in itself: marks to keep, work to
+// stop, nothing to delete for a member that holds nothing), and the
+// resume, commit or renew of an operation the member opened (track). The
+// rest belongs to operations that ended, whose other phases are gone
+// (only the newest of each kind is kept by subject): acting on a prepare
+// or a restore of those without what followed it would close admission
+// for an operation long over. Before the first phase delivered of an
+// operation it did not open, the loop hears that phases were missed
+// (PhasesMissed): an operation still open on the member has ended by then,
+// and its resume, if not among those read, is gone.
+func (c *coreReader) catchUpNewest(ctx context.Context) error {
+	var got []*coreDelivery
+	stop := "" // the checkpoint of the newest commit, when it had stop
+	for _, p := range events.Phases {
+		msg, err := c.last(ctx, events.PhaseSubject(c.runID, p))
+		if err != nil {
+			return err
+		}
+		if msg == nil {
+			continue
+		}
+		dl := newCoreDelivery(&nats.Msg{Subject: msg.Subject, Header: msg.Header, Data: msg.Data}, msg.Sequence, c.pos, c.again)
+		_, data, _ := dl.Event()
+		if cm, ok := data.(events.Commit); ok && cm.Stop {
+			stop = cm.CheckpointID
+		}
+		if q, _ := dl.phaseSeq(); q != 0 && (c.based && q > c.lastQ || !c.based && msg.Sequence > c.from) {
+			got = append(got, dl)
+		}
+	}
+	if len(got) == 0 {
+		return nil
+	}
+	slices.SortFunc(got, func(a, b *coreDelivery) int {
+		qa, _ := a.phaseSeq()
+		qb, _ := b.phaseSeq()
+		return cmp.Compare(qa, qb)
+	})
+	header := func(dl *coreDelivery) (events.PhaseHeader, events.Phase) {
+		_, data, _ := dl.Event()
+		pe := data.(events.PhaseEvent)
+		return pe.Header(), pe.Phase()
+	}
+	newest, _ := header(got[len(got)-1])
+	c.log.Info().Uint64("last_seen", c.lastQ).Uint64("newest", newest.Seq).Str("newest_operation", newest.CheckpointID).
+		Msg("more than one phase missed; acting on the newest of each kind")
+	told := false
+	for _, dl := range got {
+		h, p := header(dl)
+		opened := slices.Contains(c.opened, h.CheckpointID)
+		switch {
+		case h.CheckpointID == newest.CheckpointID, p == events.PhaseRetire, p == events.PhaseForget, p == events.PhaseRelease,
+			opened && (p == events.PhaseResume || p == events.PhaseCommit || p == events.PhaseRenew):
+		default:
+			c.log.Debug().Uint64("seq", h.Seq).Str("phase", string(p)).Str("operation", h.CheckpointID).
+				Msg("a phase of an operation that ended, without the phases after it: not acted on")
+			c.from = max(c.from, dl.seq)
+			continue
+		}
+		if !opened && !told {
+			told = true
+			select {
+			case c.inbox <- missedNotice{PhasesMissed{Next: h.CheckpointID, Epoch: h.Epoch, StopCommit: stop}}:
+			case <-c.stopping:
 				return errStopping
 			}
+		}
+		if !c.deliver(dl) {
+			return errStopping
 		}
 	}
 	return nil
 }
-
-// readThroughInactive is how long the server keeps a catch-up's consumer
-// after its subscription went.
-const readThroughInactive = 5 * time.Second
 
 // flushPending delivers, in phase order, what the subscription received
 // past a gap and the catch-up did not read. A gap that is still there is
@@ -613,3 +713,21 @@ func (d *coreDelivery) Nak(delay time.Duration) error {
 	d.again.after(d, max(delay, 100*time.Millisecond))
 	return nil
 }
+
+// missedNotice is no event: it hands the loop, in order with the phases
+// around it, what a catch-up that missed phases it could not read knows
+// (PhasesMissed). There is nothing to answer.
+type missedNotice struct{ in PhasesMissed }
+
+func (missedNotice) Subject() string  { return "" }
+func (missedNotice) Sequence() uint64 { return 0 }
+func (missedNotice) Delivered() uint64 {
+	return 1
+}
+func (missedNotice) Event() (cloudevent.Event, events.Data, error) {
+	return cloudevent.Event{}, nil, errors.New("member: a notice of missed phases, not an event")
+}
+func (missedNotice) Ack() error              { return nil }
+func (missedNotice) Nak(time.Duration) error { return nil }
+func (missedNotice) Term(string) error       { return nil }
+func (missedNotice) InProgress() error       { return nil }

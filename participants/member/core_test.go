@@ -1,12 +1,14 @@
 package member_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -387,5 +389,134 @@ func TestCoreFeedSavesItsPositionPastAPrepare(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	if got := saved(); got != seq {
 		t.Errorf("position %d after the resume %d, want %d: only a prepare is written at once", got, rseq, seq)
+	}
+}
+
+// sandboxLike is the test participant as a sandbox daemon is: it prepares,
+// reopens admission and retires, and neither exports nor installs records
+// (its sandbox is its owner's to snapshot), so it runs without the bus a
+// sandbox's own user cannot open.
+type sandboxLike struct {
+	membertest.Subject
+	p *membertest.Participant
+}
+
+func (s sandboxLike) Resume(ctx context.Context, id string) error { return s.p.Resume(ctx, id) }
+func (s sandboxLike) Retire(ctx context.Context, eps []events.Episode) error {
+	return s.p.Retire(ctx, eps)
+}
+
+// startOwnUser starts sandbox.sb1 of run1 as a sandbox daemon runs with a
+// user of its own (Config.NoPull on the core feed), connected with that
+// user's credentials: a permissions violation fails the test.
+func startOwnUser(t *testing.T, env *jstest.Env) (*membertest.Handle, *membertest.Participant) {
+	t.Helper()
+	const name events.Member = "sandbox.sb1"
+	p := membertest.NewParticipant("sb1")
+	h := membertest.StartMember(t, env.WithCreds(env.MemberCreds(t, "run1", name)), "run1", name, sandboxLike{p, p},
+		membertest.Options{StateFile: filepath.Join(t.TempDir(), "position.json"), CoreFeed: true, NoPull: true})
+	return h, p
+}
+
+// calls returns the participant's calls of method, as "method id".
+func calls(p *membertest.Participant, method string) []string {
+	var out []string
+	for _, c := range p.Calls() {
+		if c.Method == method {
+			out = append(out, c.Method+" "+c.CheckpointID)
+		}
+	}
+	return out
+}
+
+// PROTOCOL §3, Consumers: a sandbox daemon with a user of its own reads
+// what it missed by direct gets whose subjects name the newest phase of
+// each kind, and makes no consumer (its user may make none). Here it
+// prepared c1 and lost every live copy after: c1's resume, the whole of c2
+// and a retire. It acts on the retire, the run's newest operation (c3's
+// prepare) and the end of c1, whose resume is no longer the newest: it
+// reopens c1 before the retire, as its lease would. It never prepares c2,
+// an operation over whose resume it cannot read, and answers each phase it
+// acts on once, all as its own user.
+func TestCoreFeedCatchesUpByDirectGetsAsItsOwnUser(t *testing.T) {
+	env := jstest.Start(t, jstest.WithAuthority("run1"))
+	bridge := membertest.NewBridge(t, env, "run1")
+	before := consumers(t, env)
+	h, p := startOwnUser(t, env)
+	name, agent := h.Name, events.Member("agent.a")
+	both := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name, agent) }
+	seq1 := bridge.Publish(events.Prepare{PhaseHeader: both("c1")})
+	want(t, bridge.Ack(seq1, events.PhasePrepare, name), "", events.StatePrepared)
+
+	member.LoseCoreArrivals(h.Member, 4)
+	bridge.Publish(events.Commit{PhaseHeader: bridge.Header("c1", 10*time.Second, agent)})
+	bridge.Publish(events.Resume{PhaseHeader: both("c1")})
+	seq4 := bridge.Publish(events.Prepare{PhaseHeader: both("c2")})
+	bridge.Publish(events.Commit{PhaseHeader: bridge.Header("c2", 10*time.Second, agent)})
+	bridge.Publish(events.Resume{PhaseHeader: both("c2")})
+	seq7 := bridge.Publish(events.Retire{PhaseHeader: both("retire-7"), Episodes: []events.Episode{{Rollout: "r9", Attempt: 2}}})
+	seq8 := bridge.Publish(events.Prepare{PhaseHeader: both("c3")})
+
+	want(t, bridge.Ack(seq7, events.PhaseRetire, name), "", events.StateIdle)
+	want(t, bridge.Ack(seq8, events.PhasePrepare, name), "", events.StatePrepared)
+	if err := h.Member.Admit(events.Episode{Rollout: "r9", Attempt: 2}); err == nil {
+		t.Error("the retire it missed was not applied")
+	}
+	if a, b := bridge.AckedAt(seq7, events.PhaseRetire, name), bridge.AckedAt(seq8, events.PhasePrepare, name); a.After(b) {
+		t.Errorf("the retire was answered at %s, after the prepare that followed it (%s)", a, b)
+	}
+	if a, ok := bridge.Lookup(seq4, events.PhasePrepare, name); ok {
+		t.Errorf("it answered c2's prepare, an operation over: %+v", a)
+	}
+	if got, want := calls(p, "prepare"), []string{"prepare c1", "prepare c3"}; !slices.Equal(slices.Compact(got), want) {
+		t.Errorf("prepares %q, want %q: c2 is over", got, want)
+	}
+	if got := calls(p, "resume"); !slices.Contains(got, "resume c1") {
+		t.Errorf("resumes %q: c1, whose resume it could not read, is still open", got)
+	}
+	if n := member.CoreCatchUps(h.Member); n < 2 {
+		t.Errorf("%d catch-ups, want the start's and the gap's", n)
+	}
+	if n := consumers(t, env); n != before {
+		t.Errorf("the stream has %d consumers, %d before the member started", n, before)
+	}
+	bridge.Barrier(name)
+	for _, s := range []struct {
+		seq uint64
+		p   events.Phase
+	}{{seq1, events.PhasePrepare}, {seq7, events.PhaseRetire}, {seq8, events.PhasePrepare}} {
+		if n := bridge.AckCount(s.seq, s.p, name); n != 1 {
+			t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
+		}
+	}
+}
+
+// PROTOCOL §5, Lease: a sandbox daemon with a user of its own that missed
+// the commit with stop of the checkpoint it prepared, and what came after
+// it, commits it when it reads it (it is the newest commit) and stays
+// parked: the operation after it is no resume of its checkpoint, and
+// nothing reopens admission before a bridge finishes that checkpoint.
+func TestCoreFeedCatchUpNeverResumesAStopCommit(t *testing.T) {
+	env := jstest.Start(t, jstest.WithAuthority("run1"))
+	bridge := membertest.NewBridge(t, env, "run1")
+	h, p := startOwnUser(t, env)
+	name := h.Name
+	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
+	seq1 := bridge.Publish(events.Prepare{PhaseHeader: header("c1")})
+	want(t, bridge.Ack(seq1, events.PhasePrepare, name), "", events.StatePrepared)
+
+	member.LoseCoreArrivals(h.Member, 1)
+	seq2 := bridge.Publish(events.Commit{PhaseHeader: header("c1"), Stop: true})
+	seq3 := bridge.Publish(events.Release{PhaseHeader: header("release-3")})
+	want(t, bridge.Ack(seq2, events.PhaseCommit, name), "", events.StateCommitted)
+	// Refused, prepared or committed: the catch-up hands it over while the
+	// commit's write may still run.
+	if code := membertest.Code(bridge.Ack(seq3, events.PhaseRelease, name)); code != events.CodeInvalidPhase {
+		t.Errorf("release: code %q, want %q: resume first", code, events.CodeInvalidPhase)
+	}
+	seq4 := bridge.Publish(events.Resume{PhaseHeader: header("other")})
+	want(t, bridge.Ack(seq4, events.PhaseResume, name), events.CodeCheckpointConflict, events.StateCommitted)
+	if got := calls(p, "resume"); len(got) != 0 {
+		t.Errorf("resumes %q after a commit with stop", got)
 	}
 }

@@ -42,8 +42,8 @@ type Delivery interface {
 // consumer for all of them (PROTOCOL §3). membertest.Host is one.
 type Source interface {
 	// Attach starts handing member name of run the events a member reads
-	// (the run's phases and its checkpoint.committed outcomes, as
-	// DurableConfig filters them) and returns once every event published
+	// (the run's phases, as DurableConfig filters them, and its
+	// checkpoint.committed outcomes) and returns once every event published
 	// from then on will be handed over. It must never block on inbox: an
 	// event that does not fit goes back to the server. After detach
 	// returns, nothing more is sent to inbox; the member gives back what
@@ -67,11 +67,9 @@ type feed struct {
 	// lost, when set, tells whether the consumer is gone though nothing
 	// said it was deleted: asked after errors that a server restarted
 	// without it gives (no heartbeat, no responders: a durable consumer
-	// keeps its state in memory, PROTOCOL §8), and, when poll is set, on
-	// the loop's progress ticks (a feed whose errors do not reach the
-	// loop). An error means it cannot tell yet (the server is away).
+	// keeps its state in memory, PROTOCOL §8). An error means it cannot
+	// tell yet (the server is away).
 	lost func(ctx context.Context) (bool, error)
-	poll bool
 	// repull, when set, consumes the same consumer again: a pull request
 	// that found no responders (a consumer just made on a cluster, before
 	// its leader serves it) is lost, and nats.go sends the next one only

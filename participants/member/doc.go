@@ -29,13 +29,15 @@
 // # Feeds
 //
 // A member reads the run's phases (§3) from one durable consumer of its
-// own (ConsumerName, DurableConfig), or, with Config.StateFile, from an
+// own (ConsumerName, DurableConfig; the committed outcomes a stop commit
+// parks on come then on a core subscription), or, with Config.StateFile, from an
 // ordered consumer whose position it keeps in that file, or, with
 // Config.CoreFeed too, from no consumer at all: a core-NATS subscription
 // of the run's phases that catches up from the stream by direct get at
 // start, after a reconnect and at a gap in the phase sequence (§3:
 // thousands of sandbox daemons, and a stream whose consumers do not grow
-// with them), or from a Source that a process shares among its members
+// with them; for a sandbox's own user, Config.NoPull, by the newest phase
+// of each kind), or from a Source that a process shares among its members
 // (Config.Source; membertest.Host is one).
 //
 // # Records

@@ -41,3 +41,7 @@ func ConsumeError(m *Member, err error) { m.consumeErrs <- err }
 // Repulls returns how many times m pulled from its consumer again after a
 // pull found no responders.
 func Repulls(m *Member) int64 { return m.repulls.Load() }
+
+// AckID returns the id m gives its ack to phase p of sequence seq, were it
+// to publish it now.
+func AckID(m *Member, seq uint64, p events.Phase) string { return m.ackID(seq, p) }

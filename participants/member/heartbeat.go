@@ -23,13 +23,18 @@ func (m *Member) register(ctx context.Context) (time.Duration, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	kind := m.cfg.Member.Kind()
-	st, err := m.cfg.Bus.Heartbeats(kind).Status(cctx)
-	if err != nil {
-		return 0, fmt.Errorf("member: heartbeats bucket: %w", err)
-	}
-	ttls, own := jetstream.MemberTTLsOf(st)
-	if kind == events.KindSandbox {
-		ttls.Sandbox = jetstream.DaemonTTL(st)
+	// A user that reads no stream info (Config.NoPull) cannot read the
+	// bucket's TTLs, which its info holds: it takes the topology's default.
+	ttls, own := jetstream.MemberTTLs{Member: jetstream.DefaultMemberTTL, Sandbox: jetstream.DefaultSandboxTTL}, true
+	if !m.cfg.NoPull {
+		st, err := m.cfg.Bus.Heartbeats(kind).Status(cctx)
+		if err != nil {
+			return 0, fmt.Errorf("member: heartbeats bucket: %w", err)
+		}
+		ttls, own = jetstream.MemberTTLsOf(st)
+		if kind == events.KindSandbox {
+			ttls.Sandbox = jetstream.DaemonTTL(st)
+		}
 	}
 	m.infoMu.Lock()
 	m.ttl = ttls.For(kind)
@@ -95,7 +100,7 @@ func (m *Member) putInfo(ctx context.Context) error {
 		m.infoRev = rev
 		return nil
 	}
-	cur, gerr := m.cfg.Bus.Heartbeats(m.cfg.Member.Kind()).Get(ctx, key)
+	value, revision, gerr := jetstream.KVGet(ctx, m.cfg.JS, jetstream.HeartbeatBucket(m.cfg.Member.Kind()), key)
 	switch {
 	case errors.Is(gerr, natsjs.ErrKeyNotFound):
 		// Expired (a long pause, a slow heartbeat): register again.
@@ -104,10 +109,10 @@ func (m *Member) putInfo(ctx context.Context) error {
 		return fmt.Errorf("member: heartbeat: %w", gerr)
 	default:
 		var other events.MemberInfo
-		if json.Unmarshal(cur.Value(), &other) == nil && other.Instance != m.info.Instance {
+		if json.Unmarshal(value, &other) == nil && other.Instance != m.info.Instance {
 			return fmt.Errorf("%w: instance %s holds %s", ErrReplaced, other.Instance, key)
 		}
-		rev, err = write(int64(cur.Revision()))
+		rev, err = write(int64(revision))
 	}
 	if err != nil {
 		return fmt.Errorf("member: heartbeat: %w", err)
@@ -171,7 +176,7 @@ func (m *Member) leave(ctx context.Context, reason string) {
 	m.infoMu.Lock()
 	rev := m.infoRev
 	m.infoMu.Unlock()
-	err := m.cfg.Bus.Heartbeats(m.cfg.Member.Kind()).Delete(cctx, events.MemberKey(m.cfg.Run, m.cfg.Member), natsjs.LastRevision(rev))
+	err := jetstream.KVDelete(cctx, m.cfg.JS, jetstream.HeartbeatBucket(m.cfg.Member.Kind()), events.MemberKey(m.cfg.Run, m.cfg.Member), rev)
 	if err != nil {
 		m.log.Debug().Err(err).Msg("heartbeat key left in place")
 	}

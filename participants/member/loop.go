@@ -129,9 +129,6 @@ func (m *Member) loop(ctx context.Context) error {
 			m.step(ctx, LeaseTick{})
 		case <-progress.C:
 			m.inProgress(m.allHeld())
-			if m.feed.poll && !m.checkFeed(ctx) {
-				retry.Reset(recreateRetry)
-			}
 		}
 		if m.machine.Superseded() {
 			return nil
@@ -256,6 +253,11 @@ func (m *Member) skipped(ctx context.Context, log *lazyLog, seq uint64, dl Deliv
 
 // receive decodes one delivery and feeds it in.
 func (m *Member) receive(ctx context.Context, dl Delivery) {
+	if n, ok := dl.(missedNotice); ok {
+		m.log.Info().Str("next", n.in.Next).Str("open", m.machine.Open()).Msg("phases missed that the stream no longer holds by subject")
+		m.step(ctx, n.in)
+		return
+	}
 	e, d, err := dl.Event()
 	if err != nil {
 		m.log.Error().Err(err).Str("subject", dl.Subject()).Msg("malformed event refused")
@@ -291,7 +293,7 @@ func (m *Member) receive(ctx context.Context, dl Delivery) {
 	// idempotent: it is handled.
 	if events.AckRecorded(p, m.cfg.Member) && (dl.Delivered() > 1 || e.Time().Before(m.started) || (m.recheckTo > 0 && dl.Sequence() <= m.recheckTo)) {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
-		_, err := m.cfg.Bus.Stream.GetLastMsgForSubject(cctx, events.AckSubject(m.cfg.Run, h.Seq, p, m.cfg.Member))
+		_, err := m.stream.GetLastMsgForSubject(cctx, events.AckSubject(m.cfg.Run, h.Seq, p, m.cfg.Member))
 		cancel()
 		switch {
 		case err == nil:

@@ -167,6 +167,8 @@ func (m *Machine) step(now time.Time, in Input) []Effect {
 		return m.called(in)
 	case OutcomeReceived:
 		return m.outcome(in.Committed)
+	case PhasesMissed:
+		return m.missed(in)
 	}
 	return nil
 }

@@ -288,6 +288,22 @@ func (m *Machine) tick(now time.Time) []Effect {
 	return m.reopen(m.open, true, "lease expired", nil)
 }
 
+// missed ends the operation open on the member once the feed shows that
+// the run went on to another (PhasesMissed), as the lease would when it
+// runs out, only sooner: the lease ends it anyway, and the member need not
+// refuse the next operation until then. A member committed with stop, or
+// whose checkpoint's newest commit had stop (one it could not commit, its
+// deadline past), is left to the lease (§5, Lease): its fleet is parked.
+func (m *Machine) missed(in PhasesMissed) []Effect {
+	if m.open == "" || m.open == in.Next || !m.epochSet || in.Epoch != m.epoch {
+		return nil
+	}
+	if m.open == m.stopCommit || m.open == in.StopCommit {
+		return nil
+	}
+	return m.reopen(m.open, true, reasonMissed, nil)
+}
+
 func (m *Machine) outcome(c events.CheckpointCommitted) []Effect {
 	if m.state != StateCommitted || m.stopCommit == "" || m.stopCommit != c.CheckpointID || m.parked {
 		return nil

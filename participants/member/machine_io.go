@@ -64,6 +64,20 @@ type CallFinished struct {
 // OutcomeReceived is a checkpoint.committed outcome seen on the bus.
 type OutcomeReceived struct{ Committed events.CheckpointCommitted }
 
+// PhasesMissed says the feed missed phases it cannot read again, and that
+// the next phase it delivers belongs to operation Next (a checkpoint,
+// restore or operation id) of Epoch. A sandbox daemon's own user reads
+// only the newest phase of each kind (PROTOCOL §3, Consumers): the end of
+// an operation older than those may be gone. The bridge runs one
+// operation at a time, so one open on the member that is not Next, in
+// that epoch, has ended: resumed, or, when StopCommit names it (the
+// newest commit, which had stop), committed with stop.
+type PhasesMissed struct {
+	Next       string
+	Epoch      uint64
+	StopCommit string
+}
+
 func (PhaseReceived) input()     {}
 func (LeaseTick) input()         {}
 func (ReadinessReported) input() {}
@@ -71,6 +85,7 @@ func (RecordsWritten) input()    {}
 func (RestoreFinished) input()   {}
 func (CallFinished) input()      {}
 func (OutcomeReceived) input()   {}
+func (PhasesMissed) input()      {}
 
 // Export is what one checkpoint exported (PROTOCOL §5, commit: export once
 // per checkpoint id): the scope it was exported for and the records, in
@@ -84,6 +99,10 @@ type Export struct {
 // reasonResume is the Reopen reason of a resume phase (the one reopen that
 // an ack follows).
 const reasonResume = "resume"
+
+// reasonMissed is the Reopen reason of an operation whose end the feed
+// missed (PhasesMissed).
+const reasonMissed = "ended while its phases were missed"
 
 // Effect is something the driver must do. Effects come in the order they
 // must be done. Only this package's types implement it.
@@ -163,7 +182,7 @@ type CallParticipant struct {
 type Reopen struct {
 	CheckpointID string
 	// Reason says why: "resume", "lease expired", "prepare failed",
-	// "restore failed".
+	// "restore failed", reasonMissed.
 	Reason string
 }
 

@@ -793,3 +793,62 @@ func TestMachineCommitAckCarriesTheManifest(t *testing.T) {
 		}
 	}
 }
+
+// §3, Consumers: a feed that missed phases it cannot read again says which
+// operation comes next (PhasesMissed). An operation open on the member
+// that is not that one has ended (the bridge runs one at a time): it is
+// reopened as the lease would, only sooner, and its id fenced; a member
+// parked by a commit with stop, or whose checkpoint's newest commit had
+// stop, is left to the lease; nothing else changes.
+func TestMachinePhasesMissed(t *testing.T) {
+	const reopened = "reopen c1 (ended while its phases were missed)"
+	rows := []struct {
+		name  string
+		setup func(x *mt)
+		in    member.PhasesMissed
+		want  []string
+		state member.State
+	}{
+		{"prepared, the run gone on to another checkpoint: reopened", func(x *mt) { x.prepared("c1") },
+			member.PhasesMissed{Next: "c2"}, []string{reopened}, member.StateIdle},
+		{"preparing: reopened, the prepare waiting answered stale", func(x *mt) { x.prepare("c1") },
+			member.PhasesMissed{Next: "retire-7"}, []string{reopened, "reply prepare stale_checkpoint idle"}, member.StateIdle},
+		{"restored, the run gone on to a retire: reopened", func(x *mt) {
+			x.restore("c1", "k1", r1)
+			x.step(member.RestoreFinished{Op: x.op})
+		}, member.PhasesMissed{Next: "retire-7"}, []string{reopened}, member.StateIdle},
+		{"the next phase is the open operation's own: nothing", func(x *mt) { x.prepared("c1") },
+			member.PhasesMissed{Next: "c1"}, nil, member.StatePrepared},
+		{"the next phase is of a newer epoch: nothing (it supersedes)", func(x *mt) { x.prepared("c1") },
+			member.PhasesMissed{Next: "restore-e1", Epoch: 1}, nil, member.StatePrepared},
+		{"committed with stop: parked, left to the lease", func(x *mt) { x.committed("c1", true) },
+			member.PhasesMissed{Next: "c2"}, nil, member.StateCommitted},
+		{"prepared, the checkpoint's newest commit had stop: left to the lease", func(x *mt) { x.prepared("c1") },
+			member.PhasesMissed{Next: "release-9", StopCommit: "c1"}, nil, member.StatePrepared},
+		{"committed without stop: reopened", func(x *mt) { x.committed("c1", false) },
+			member.PhasesMissed{Next: "c2"}, []string{reopened}, member.StateIdle},
+		{"idle: nothing", nil, member.PhasesMissed{Next: "c2"}, nil, member.StateIdle},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			x := newMT(t)
+			if r.setup != nil {
+				r.setup(x)
+			}
+			if got := describe(x.step(r.in)); !slices.Equal(got, r.want) {
+				t.Fatalf("effects %q, want %q", got, r.want)
+			}
+			x.state(r.state)
+			if r.state != member.StateIdle || r.want == nil {
+				return
+			}
+			// Ended: its id is fenced, and the next operation is taken.
+			if got := describe(x.prepare("c1")); !slices.Equal(got, []string{"reply prepare stale_checkpoint idle"}) {
+				t.Errorf("a prepare of the ended id: %q, want it stale", got)
+			}
+			if got := describe(x.prepare("c2")); !slices.Equal(got, []string{"wait"}) {
+				t.Errorf("the next checkpoint's prepare: %q, want it taken", got)
+			}
+		})
+	}
+}

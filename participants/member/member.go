@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // Member is the member runtime of one participant: it consumes the run's
@@ -24,6 +25,10 @@ type Member struct {
 	cfg     Config
 	log     zerolog.Logger
 	machine *Machine
+	// stream reads the last message of a subject of the stream: the bus's
+	// handle, or, for a user that reads no stream info (Config.NoPull),
+	// direct gets whose subject names what they read.
+	stream AckGetter
 
 	running atomic.Bool
 	joined  chan struct{} // closed once Run has registered the member
@@ -43,6 +48,8 @@ type Member struct {
 
 	liveMu   sync.Mutex // the acks published on core NATS: the loop writes, alive queries read
 	liveAcks []liveAck  // the last liveAcksKept, oldest first
+
+	ackIDs events.MsgIDs // the ids of the acks, one per phase answered (reply)
 
 	recordsMu sync.Mutex         // the records store, opened by the first write that needs it
 	records   natsjs.ObjectStore // guarded by recordsMu
@@ -85,6 +92,11 @@ func New(cfg Config) (*Member, error) {
 			Run: cfg.Run, Member: cfg.Member, Capabilities: slices.Clone(cfg.Capabilities),
 			Host: host, PID: os.Getpid(), Instance: events.NewID(),
 		},
+	}
+	if cfg.NoPull {
+		m.stream = jetstream.Direct{Conn: cfg.Conn, Stream: jetstream.StreamName}
+	} else {
+		m.stream = cfg.Bus.Stream
 	}
 	if cfg.AdoptEpoch != 0 {
 		m.machine.Adopt(cfg.AdoptEpoch)

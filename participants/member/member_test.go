@@ -51,12 +51,14 @@ func TestConformanceOrdered(t *testing.T) {
 	})
 }
 
-// TestConformanceOrderedPush runs the suite on the push variant of the
-// ordered consumer, a sandbox daemon's with a user of its own.
-func TestConformanceOrderedPush(t *testing.T) {
+// TestConformanceCoreScoped runs the suite on the core feed of a sandbox
+// daemon with a user of its own, whose catch-up reads the newest phase of
+// each kind (PROTOCOL §3, Consumers).
+func TestConformanceCoreScoped(t *testing.T) {
 	membertest.Run(t, membertest.Suite{
-		Ordered: true,
-		NoPull:  true,
+		Ordered:  true,
+		CoreFeed: true,
+		NoPull:   true,
 		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
 			return membertest.NewParticipant(name.Name())
 		},
@@ -229,6 +231,51 @@ func TestStopCommitParks(t *testing.T) {
 	if !slices.Equal(park.Keys, []string{"t0-r0", "t0-r1"}) {
 		t.Fatalf("parked %v", park.Keys)
 	}
+}
+
+// §3, Consumers, with an agent's own user: its durable consumer reads the
+// run's phases alone, its one filter, which its create subject names (an
+// earlier build's, with the committed outcomes as a second filter, takes
+// that filter when the member starts, and carries on from where it was);
+// the outcome a stop commit parks on comes on a core subscription, and one
+// published while its connection was cut is read, once it is back, by a
+// direct get whose subject names it (§5, commit). No permissions violation.
+func TestDurableOfOneFilterAsItsOwnUser(t *testing.T) {
+	env := jstest.Start(t, jstest.WithAuthority("run1"))
+	bridge := membertest.NewBridge(t, env, "run1")
+	name := events.Member("agent.a1")
+	cname := member.ConsumerName("run1", name)
+	old := member.DurableConfig("run1", cname, "an earlier build's")
+	old.FilterSubject, old.FilterSubjects = "", []string{events.PhaseFilter("run1"), events.OutcomeSubject("run1", events.TypeCheckpointCommitted)}
+	if _, err := env.Bus.Stream.CreateConsumer(t.Context(), old); err != nil {
+		t.Fatal(err)
+	}
+	px := startProxy(t, env.URL)
+	through := *env.WithCreds(env.MemberCreds(t, "run1", name))
+	through.URL = px.url
+	p := membertest.NewParticipant("a1", events.Episode{Rollout: "a1-r0"})
+	membertest.StartMember(t, &through, "run1", name, p, membertest.Options{})
+	ci, err := env.Bus.Stream.Consumer(t.Context(), cname)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := ci.CachedInfo().Config; cfg.FilterSubject != events.PhaseFilter("run1") || len(cfg.FilterSubjects) != 0 || cfg.Description != old.Description {
+		t.Fatalf("the durable consumer: filter %q %q, description %q; want the earlier one with the run's phases alone",
+			cfg.FilterSubject, cfg.FilterSubjects, cfg.Description)
+	}
+	header := func(id string) events.PhaseHeader { return bridge.Header(id, 10*time.Second, name) }
+	want(t, bridge.Ack(bridge.Publish(events.Prepare{PhaseHeader: header("c1")}), events.PhasePrepare, name), "", events.StatePrepared)
+	want(t, bridge.Ack(bridge.Publish(events.Commit{PhaseHeader: header("c1"), Scope: []events.Episode{{Rollout: "a1-r0"}}, Stop: true}),
+		events.PhaseCommit, name), "", events.StateCommitted)
+
+	px.cut(t)
+	bridge.PublishOutcome(events.CheckpointCommitted{OutcomeHeader: events.OutcomeHeader{Run: "run1", CheckpointID: "c1"},
+		Continued: []string{"a1-r0"}, Members: []events.Member{name}, Stop: true})
+	if n := p.Count("park"); n != 0 {
+		t.Fatalf("parked through a cut connection")
+	}
+	px.restore(t)
+	poll.Wait(t, 10*time.Second, "Park after the reconnect", func() bool { return p.Count("park") == 1 })
 }
 
 // §5 restore: an install that fails installs nothing and reopens admission.
@@ -652,20 +699,21 @@ func TestSupersededMidWrite(t *testing.T) {
 // its position in a state file. Stopped and started again, it resumes after
 // the last event it handled: it answers what was published while it was
 // down, and never answers twice what it had answered. So does one on the
-// core feed (Config.CoreFeed), which catches up from the stream after it.
+// core feed (Config.CoreFeed), which catches up from the stream after it,
+// by the newest of its run's phases for a sandbox's own user.
 func TestOrderedMemberResumesFromItsStateFile(t *testing.T) {
-	for _, core := range []bool{false, true} {
-		t.Run(map[bool]string{false: "ordered", true: "core"}[core], func(t *testing.T) { resumesFromItsStateFile(t, core) })
+	for _, feed := range []string{"ordered", "core", "core scoped"} {
+		t.Run(feed, func(t *testing.T) { resumesFromItsStateFile(t, feed != "ordered", feed == "core scoped") })
 	}
 }
 
-func resumesFromItsStateFile(t *testing.T, core bool) {
+func resumesFromItsStateFile(t *testing.T, core, scoped bool) {
 	env := jstest.Start(t)
 	bridge := membertest.NewBridge(t, env, "run1")
 	state := filepath.Join(t.TempDir(), "position.json")
 	name := events.Member("sandbox.sb1")
 	startOne := func() *membertest.Handle {
-		return membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("sb1"), membertest.Options{StateFile: state, CoreFeed: core})
+		return membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("sb1"), membertest.Options{StateFile: state, CoreFeed: core, NoPull: scoped})
 	}
 	h := startOne()
 	prep := events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)}
@@ -772,14 +820,14 @@ func TestReplacedMemberStops(t *testing.T) {
 // published while it was gone is answered, once, and nothing answered
 // before is answered again. Run does not return.
 func TestLostConsumerIsMadeAgain(t *testing.T) {
-	for _, feed := range []string{"durable", "ordered", "ordered push"} {
+	for _, feed := range []string{"durable", "ordered"} {
 		t.Run(feed, func(t *testing.T) {
 			env := jstest.Start(t)
 			bridge := membertest.NewBridge(t, env, "run1")
 			name := events.Member("agent.a1")
 			opts := membertest.Options{}
 			if feed != "durable" {
-				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "ordered push"
+				name, opts.StateFile = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json")
 			}
 			h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), opts)
 			seq1 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
@@ -861,15 +909,15 @@ func TestPullWithNoRespondersIsSentAgain(t *testing.T) {
 // checkpoint; the sandbox daemon's ordered and core feeds carry on too. Every phase
 // is answered once, and Run does not return.
 func TestMemberCarriesOnAfterItsServerRestarts(t *testing.T) {
-	for _, feed := range []string{"durable", "ordered", "ordered push", "core"} {
+	for _, feed := range []string{"durable", "ordered", "core", "core scoped"} {
 		t.Run(feed, func(t *testing.T) {
 			env := jstest.Start(t)
 			bridge := membertest.NewBridge(t, env, "run1")
 			name := events.Member("agent.a1")
 			opts := membertest.Options{Episodes: 1}
 			if feed != "durable" {
-				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "ordered push"
-				opts.CoreFeed = feed == "core"
+				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "core scoped"
+				opts.CoreFeed = strings.HasPrefix(feed, "core")
 			}
 			h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), opts)
 			eps := []events.Episode{{Rollout: "t0-r0"}}
@@ -934,7 +982,7 @@ func TestSkippedPhaseIsReadAgain(t *testing.T) {
 	bridge := membertest.NewBridge(t, env, "run1")
 	name := events.Member("agent.a1")
 	cfg := member.DurableConfig("run1", member.ConsumerName("run1", name), "skips resumes")
-	cfg.FilterSubjects = []string{events.PhaseSubject("run1", events.PhasePrepare), events.PhaseSubject("run1", events.PhaseCommit)}
+	cfg.FilterSubject, cfg.FilterSubjects = "", []string{events.PhaseSubject("run1", events.PhasePrepare), events.PhaseSubject("run1", events.PhaseCommit)}
 	if _, err := env.Bus.Stream.CreateConsumer(t.Context(), cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -1045,5 +1093,98 @@ func TestDaemonSaysItsPrepareAckAgainWhenAsked(t *testing.T) {
 	}
 	if n := b.AckCount(seq, events.PhasePrepare, daemon); n != 2 {
 		t.Errorf("%d prepare acks heard, want the first and the one said again", n)
+	}
+}
+
+// PROTOCOL §4: no one can publish a member's ack id first. An intruder
+// that read every id on the stream publishes, on a subject of another
+// run, the ids that a scheme derived from run, sequence, phase and member
+// would give the acks to come; every ack of the next checkpoint still
+// lands on its subject, the member's own.
+func TestAckIDsCannotBeClaimedFirst(t *testing.T) {
+	env := jstest.Start(t)
+	b := membertest.NewBridge(t, env, "run1")
+	hs := membertest.StartMembers(t, env, "run1", 2, membertest.Options{Episodes: 1})
+	var names []events.Member
+	for _, h := range hs {
+		names = append(names, h.Name)
+	}
+	// checkpoint runs a checkpoint through every member and returns its
+	// phases whose acks are stored (a resume's are not).
+	type phase struct {
+		seq uint64
+		p   events.Phase
+	}
+	checkpoint := func(id string) []phase {
+		t.Helper()
+		var stored []phase
+		for _, d := range []events.PhaseEvent{
+			events.Prepare{PhaseHeader: b.Header(id, 10*time.Second, names...)},
+			events.Commit{PhaseHeader: b.Header(id, 10*time.Second, names...)},
+			events.Resume{PhaseHeader: b.Header(id, 10*time.Second, names...)},
+		} {
+			seq := b.Publish(d)
+			for _, m := range names {
+				if a := b.Ack(seq, d.Phase(), m); !a.Header().OK {
+					t.Fatalf("%s's %s ack of %s: %+v", m, d.Phase(), id, a.Header().Error)
+				}
+			}
+			if d.Phase() != events.PhaseResume {
+				stored = append(stored, phase{seq, d.Phase()})
+			}
+		}
+		return stored
+	}
+	first := checkpoint("c1")
+
+	in := membertest.NewIntruder(t, env)
+	seen := in.Seen()
+	guesses := membertest.Guesses("run1", seen, 6, []string{"c1"}, "c2")
+	// What a derived id would have been: the guesses hold it.
+	for _, m := range names {
+		if derived := fmt.Sprintf("run1.%d.prepare.%s", first[len(first)-1].seq+2, m); !guesses[derived] {
+			t.Fatalf("the guesses from %d ids miss %s", len(seen), derived)
+		}
+	}
+	if n := in.Claim(guesses); n != len(guesses) {
+		t.Fatalf("the stream stored %d of %d guesses", n, len(guesses))
+	}
+
+	for _, ph := range checkpoint("c2") {
+		for _, m := range names {
+			raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.AckSubject("run1", ph.seq, ph.p, m))
+			if err != nil {
+				t.Fatalf("%s's %s ack to %d: %v", m, ph.p, ph.seq, err)
+			}
+			if id := raw.Header.Get(events.HeaderMsgID); guesses[id] {
+				t.Fatalf("%s's %s ack to %d has the id %s, which the intruder guessed", m, ph.p, ph.seq, id)
+			}
+		}
+	}
+}
+
+// PROTOCOL §4: an ack this process publishes again carries the id of the
+// first, so the server takes it for a duplicate of it; another process of
+// the member draws another.
+func TestAckPublishedAgainHasItsID(t *testing.T) {
+	env := jstest.Start(t)
+	b := membertest.NewBridge(t, env, "run1")
+	h := membertest.StartMembers(t, env, "run1", 1, membertest.Options{})[0]
+	seq := b.Publish(events.Prepare{PhaseHeader: b.Header("c1", 10*time.Second, h.Name)})
+	b.Ack(seq, events.PhasePrepare, h.Name)
+	raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.AckSubject("run1", seq, events.PhasePrepare, h.Name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := raw.Header.Get(events.HeaderMsgID)
+	if again := member.AckID(h.Member, seq, events.PhasePrepare); again != id {
+		t.Fatalf("the ack published again would have the id %q, the first %q", again, id)
+	}
+	if err := h.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := membertest.StartMember(t, env, "run1", h.Name, membertest.NewParticipant("t0"), membertest.Options{})
+	if other := member.AckID(restarted.Member, seq, events.PhasePrepare); other == id {
+		t.Fatalf("another process of the member draws the id %q again", id)
 	}
 }

@@ -103,9 +103,6 @@ func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
 		m.log.Info().Str("state_file", m.cfg.StateFile).Str("written_by", other).Msg("position of another member: reading from the stream's end")
 	}
 	pos := saved.StreamSeq
-	if m.cfg.NoPull {
-		return m.pushedFeed(ctx, pos)
-	}
 	// The consumer's name is drawn here from crypto/rand (never nats.go's
 	// process-wide nuid, which forks of one VM snapshot share).
 	cfg := natsjs.OrderedConsumerConfig{FilterSubjects: subjects(m.cfg.Run), DeliverPolicy: natsjs.DeliverNewPolicy,
@@ -130,102 +127,6 @@ func (m *Member) orderedFeed(ctx context.Context) (*feed, error) {
 	f.recreate = func(context.Context) (uint64, error) { return 0, nil }
 	return f, nil
 }
-
-// pushedFeed is orderedFeed for a member whose user may not pull
-// (Config.NoPull): an ordered push consumer, filtered on the run's phases alone
-// (and the committed outcomes, for a participant that parks): a sandbox's
-// own credentials allow it that consumer, named by its filter in the
-// create subject, and no pull from any other (docs/PERMISSIONS.md). The
-// server never redelivers its messages: one given back comes again
-// locally (redeliver).
-func (m *Member) pushedFeed(ctx context.Context, pos uint64) (*feed, error) {
-	if pos == 0 {
-		// What is published from now on: the feed starts after the
-		// member registers, and must not miss what comes in between.
-		cctx, cancel := context.WithTimeout(ctx, callTimeout)
-		info, err := m.cfg.Bus.Stream.Info(cctx)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("member: ordered consumer: stream info: %w", err)
-		}
-		pos = info.State.LastSeq
-	}
-	legacy, err := m.cfg.JS.Conn().JetStream(nats.MaxWait(orderedCallTimeout))
-	if err != nil {
-		return nil, fmt.Errorf("member: ordered consumer: %w", err)
-	}
-	subject := events.PhaseFilter(m.cfg.Run)
-	// Each consumer's first name is drawn from crypto/rand, as the pull
-	// feed's; nats.go names the ones it makes again from its nuid.
-	opts := func(from uint64) []nats.SubOpt {
-		o := []nats.SubOpt{nats.OrderedConsumer(), nats.BindStream(jetstream.StreamName), nats.StartSequence(from),
-			nats.ConsumerName("sp_" + events.NewID()),
-			nats.IdleHeartbeat(orderedHeartbeat)}
-		if _, parks := m.cfg.Participant.(Parker); parks {
-			o = append(o, nats.ConsumerFilterSubjects(subjects(m.cfg.Run)...))
-		}
-		return o
-	}
-	if _, parks := m.cfg.Participant.(Parker); parks {
-		subject = ""
-	}
-	fl := &floor{path: m.cfg.StateFile, run: m.cfg.Run, member: string(m.cfg.Member), pending: map[uint64]bool{}, saved: pos, high: pos}
-	m.inbox = make(chan Delivery)
-	r := &redeliverer{inbox: m.inbox, stopping: make(chan struct{})}
-	stopping := make(chan struct{})
-	var sub *nats.Subscription
-	subscribe := func(from uint64) error {
-		var err error
-		sub, err = legacy.Subscribe(subject, func(msg *nats.Msg) {
-			dl := newPushedDelivery(msg, fl, r)
-			select {
-			case m.inbox <- dl:
-			case <-stopping: // not handled: the position stays before it
-			}
-		}, opts(from)...)
-		if err != nil {
-			sub = nil
-			return fmt.Errorf("member: ordered consumer: %w", err)
-		}
-		return nil
-	}
-	unsubscribe := func() {
-		if sub != nil {
-			// Deleting the consumer may be refused (a sandbox deletes no
-			// consumer): the server drops it once no one listens.
-			_ = sub.Unsubscribe()
-			sub = nil
-		}
-	}
-	f := &feed{name: "ordered, position in " + m.cfg.StateFile}
-	f.start = func() error { return subscribe(pos + 1) }
-	f.stop = func() {
-		r.stop()
-		close(stopping)
-		unsubscribe()
-	}
-	// nats.go makes an ordered consumer that disappears again by itself,
-	// from the event after the last it delivered, but gives up (and
-	// unsubscribes) when its create is answered by no one, as while a
-	// restarted server starts JetStream: the loop's ticks see that, and a
-	// new subscription carries on after the last event handled.
-	f.poll = true
-	f.lost = func(context.Context) (bool, error) { return sub == nil || !sub.IsValid(), nil }
-	f.recreate = func(context.Context) (uint64, error) {
-		unsubscribe()
-		from, seen := fl.next()
-		return seen, subscribe(from)
-	}
-	return f, nil
-}
-
-// orderedCallTimeout bounds the ordered consumer's API calls: its delete
-// at stop, refused to a sandbox, waits for it.
-const orderedCallTimeout = 2 * time.Second
-
-// orderedHeartbeat is how often the server tells the ordered consumer it
-// is there when there is nothing to deliver: two missed make it again.
-const orderedHeartbeat = 2 * time.Second
 
 // floor tracks which delivered events are handled, and keeps the state
 // file (when path is set) at the highest stream sequence below which all
@@ -320,15 +221,6 @@ func newOrderedDelivery(msg natsjs.Msg, fl *floor, again *redeliverer) *orderedD
 		seq = md.Sequence.Stream
 	}
 	return newDelivery(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()}, seq, fl, again)
-}
-
-// newPushedDelivery is a message of the push feed's consumer.
-func newPushedDelivery(msg *nats.Msg, fl *floor, again *redeliverer) *orderedDelivery {
-	var seq uint64
-	if md, err := msg.Metadata(); err == nil {
-		seq = md.Sequence.Stream
-	}
-	return newDelivery(msg, seq, fl, again)
 }
 
 func newDelivery(msg *nats.Msg, seq uint64, fl *floor, again *redeliverer) *orderedDelivery {

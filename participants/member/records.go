@@ -312,10 +312,10 @@ type ObjectStores interface {
 }
 
 // OwnRecords opens member m's own records store in run,
-// events.RecordsBucket, creating it if it does not exist yet with
-// BucketRecords' storage and replicas and its own subjects only. It is
-// where a member with credentials of its own writes its records: its user
-// may write no other member's store, nor the shared BucketRecords.
+// events.RecordsBucket, asking the run's bridge to make it if it does not
+// exist yet (jetstream.AskRecordsStore): a member with credentials of its
+// own writes its records there, makes no stream itself, and may write no
+// other member's store, nor the shared BucketRecords.
 func OwnRecords(ctx context.Context, js natsjs.JetStream, shared natsjs.ObjectStore, run string, m events.Member) (natsjs.ObjectStore, error) {
 	bucket := events.RecordsBucket(run, m)
 	store, err := js.ObjectStore(ctx, bucket)
@@ -325,23 +325,13 @@ func OwnRecords(ctx context.Context, js natsjs.JetStream, shared natsjs.ObjectSt
 		}
 		return store, nil
 	}
-	st, err := shared.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("member: records store %s: the shared store's status: %w", bucket, err)
+	if err := jetstream.AskRecordsStore(ctx, js.Conn(), run, m); err != nil {
+		return nil, fmt.Errorf("member: %w", err)
 	}
-	cfg := natsjs.ObjectStoreConfig{Bucket: bucket, Description: fmt.Sprintf("records of %s in run %s", m, run),
-		Replicas: st.Replicas(), Storage: natsjs.FileStorage}
-	if st.Storage() == natsjs.MemoryStorage {
-		cfg.Storage = natsjs.MemoryStorage
+	if store, err = js.ObjectStore(ctx, bucket); err != nil {
+		return nil, fmt.Errorf("member: records store %s: %w", bucket, err)
 	}
-	store, err = js.CreateObjectStore(ctx, cfg)
-	if errors.Is(err, natsjs.ErrBucketExists) || errors.Is(err, natsjs.ErrStreamNameAlreadyInUse) {
-		store, err = js.ObjectStore(ctx, bucket) // made meanwhile by another process of m
-	}
-	if err != nil {
-		return nil, fmt.Errorf("member: create records store %s: %w", bucket, err)
-	}
-	if cfg.Replicas > 1 {
+	if st, err := shared.Status(ctx); err == nil && st.Replicas() > 1 {
 		// A replicated stream exists once the cluster's meta layer has
 		// placed it, before its own group has elected a leader: a write
 		// then finds no responders, and a records write that failed so

@@ -31,8 +31,7 @@ func (m *Member) reply(ctx context.Context, r Reply) {
 			delete(m.continued, r.Header.CheckpointID)
 		}
 	}
-	id := m.cfg.Run + "." + strconv.FormatUint(seq, 10) + "." + string(r.Phase) + "." + string(m.cfg.Member)
-	msg, err := events.Marshal(m.cfg.Member, ack, events.WithID(id), events.WithTime(m.cfg.Now()))
+	msg, err := events.Marshal(m.cfg.Member, ack, events.WithID(m.ackID(seq, r.Phase)), events.WithTime(m.cfg.Now()))
 	if err != nil {
 		log.Error().Err(err).Msg("cannot build the ack; event dropped")
 		if hm != nil {
@@ -82,7 +81,7 @@ func (m *Member) reply(ctx context.Context, r Reply) {
 			want = ca.Manifest
 		}
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
-		cerr := CheckRecorded(cctx, m.cfg.Bus.Stream, msg.Subject, want)
+		cerr := CheckRecorded(cctx, m.stream, msg.Subject, want)
 		cancel()
 		if cerr != nil {
 			log.Error().Err(cerr).Msg("the commit ack recorded first is not this process's: the checkpoint holds the other")
@@ -96,6 +95,17 @@ func (m *Member) reply(ctx context.Context, r Reply) {
 	if hm != nil {
 		m.ackAll(hm.dls...)
 	}
+}
+
+// ackID returns the id of the member's ack to phase p of sequence seq:
+// <run>.<seq>.<phase>.<member> and a random part drawn once (PROTOCOL §4).
+// An ack published again by this process (the phase delivered again after
+// a publish that failed) is then the same publish to the server, and no
+// one can publish the id first to have the ack dropped as a duplicate of
+// theirs. A restarted process draws another; the once-only subject
+// refuses its second ack all the same (PROTOCOL §3, acks).
+func (m *Member) ackID(seq uint64, p events.Phase) string {
+	return m.ackIDs.For(m.cfg.Run + "." + strconv.FormatUint(seq, 10) + "." + string(p) + "." + string(m.cfg.Member))
 }
 
 // liveAcksKept bounds the acks on core NATS a member keeps to say again:

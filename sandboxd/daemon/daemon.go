@@ -33,7 +33,8 @@ type Config struct {
 	Run       string
 	SandboxID string
 	// JS and Bus are the daemon's JetStream (from jetstream.New) and bus.
-	// Required.
+	// JS is required; Bus too, but with NoPull: a user of its own cannot
+	// open the bus (jetstream.Open reads every stream's info).
 	JS  natsjs.JetStream
 	Bus *jetstream.Bus
 	// Supervisor runs the launches; the daemon runs it. Required.
@@ -42,10 +43,9 @@ type Config struct {
 	// <supervisor state dir>/position.json).
 	StateFile string
 	// NoPull is for a daemon with a user of its own (member.Config.NoPull),
-	// which may pull from no consumer and direct-get only by its run's
-	// subjects: its core feed catches up by the newest phase (and a push
-	// consumer filtered on its run's phases when more was missed); an
-	// ordered feed is that push consumer.
+	// which makes no consumer, reads no stream info and direct-gets only by
+	// its run's subjects: its core feed catches up by the newest phase of
+	// each kind. It cannot have OrderedFeed.
 	NoPull bool
 	// OrderedFeed reads the phases through an ordered consumer of the
 	// daemon's own, as before the core feed. By default the daemon reads
@@ -182,8 +182,11 @@ func newDaemon(cfg Config) (*Daemon, error) {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("daemon: Config.SandboxID: %w", err))
 	}
-	if cfg.JS == nil || cfg.Bus == nil || cfg.Supervisor == nil {
-		errs = append(errs, errors.New("daemon: Config.JS, Bus and Supervisor are required"))
+	if cfg.JS == nil || cfg.Bus == nil && !cfg.NoPull || cfg.Supervisor == nil {
+		errs = append(errs, errors.New("daemon: Config.JS, Bus (but with NoPull) and Supervisor are required"))
+	}
+	if cfg.NoPull && cfg.OrderedFeed {
+		errs = append(errs, errors.New("daemon: Config.OrderedFeed: a user of its own (NoPull) makes no consumer"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err

@@ -407,7 +407,9 @@ func floorAck(h *hosted, run string, round uint64, p events.Phase) *nats.Msg {
 	for k, v := range h.ack.Header {
 		hdr[k] = v
 	}
-	id := strings.Join([]string{run, strconv.FormatUint(round, 10), string(p), string(h.name)}, ".")
+	// Its id as a member's: the key and a random part (PROTOCOL §4,
+	// Message ids).
+	id := strings.Join([]string{run, strconv.FormatUint(round, 10), string(p), string(h.name), events.NewID()}, ".")
 	hdr.Set(events.HeaderMsgID, id)
 	hdr.Set(events.HeaderPrefix+"id", id)
 	return &nats.Msg{Subject: events.AckSubject(run, round, p, h.name), Header: hdr, Data: h.ack.Data}

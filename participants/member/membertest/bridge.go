@@ -20,7 +20,7 @@ import (
 
 // Bridge plays the controller bridge in tests: it publishes phase events
 // the way the bridge does (events.Marshal, jetstream.PublishDedup, ce-id
-// <run>.<seq>.<phase>) and reads the members' acks from the stream, and
+// <run>.<seq>.<phase> and a random part, events.MsgIDs) and reads the members' acks from the stream, and
 // resume acks, which travel on core NATS (PROTOCOL §3), from a
 // subscription it makes before its first resume. It is not safe for
 // concurrent use.
@@ -42,6 +42,7 @@ type Bridge struct {
 
 	t   testing.TB
 	seq uint64
+	ids events.MsgIDs // the ids of Publish
 	// commits maps a checkpoint to the sequence of its last commit, which
 	// a restore of it names (events.Restore.SourceCommitSeq).
 	commits map[string]uint64
@@ -61,8 +62,17 @@ type liveKey struct {
 	member events.Member
 }
 
-// NewBridge returns a Bridge for run on env.
+// NewBridge returns a Bridge for run on env. Like the real bridge, it makes
+// the own records stores of members with credentials of their own when they
+// ask (jetstream.ServeStores), until the test ends.
 func NewBridge(t testing.TB, env *jstest.Env, run string) *Bridge {
+	if env.JS != nil && env.Bus != nil {
+		stop, err := jetstream.ServeStores(t.Context(), env.JS, env.Bus.Records, run)
+		if err != nil {
+			t.Fatalf("membertest: serve records stores: %v", err)
+		}
+		t.Cleanup(stop)
+	}
 	return &Bridge{Env: env, Run: run, Name: "bridge.test", Timeout: 10 * time.Second, t: t}
 }
 
@@ -74,11 +84,13 @@ func (b *Bridge) Header(id string, in time.Duration, members ...events.Member) e
 		Deadline: time.Now().Add(in).UTC(), Members: members}
 }
 
-// Publish publishes a phase event with the bridge's deterministic id and
-// returns its sequence.
+// Publish publishes a phase event and returns its sequence. Its id is
+// <run>.<seq>.<phase> and a random part drawn once for that key
+// (events.MsgIDs), as the bridge's: published again by this Bridge, it is
+// a duplicate; no intruder can publish it first (Intruder).
 func (b *Bridge) Publish(d events.PhaseEvent) uint64 {
 	b.t.Helper()
-	return b.PublishWithID(d, b.Run+"."+strconv.FormatUint(d.Header().Seq, 10)+"."+string(d.Phase()))
+	return b.PublishWithID(d, b.ids.For(b.Run+"."+strconv.FormatUint(d.Header().Seq, 10)+"."+string(d.Phase())))
 }
 
 // PublishWithID publishes a phase event with ce-id (and Nats-Msg-Id) id:

@@ -18,6 +18,10 @@
 //   - StartMember and StartMembers: members running in-process against a
 //     jstest.Env, for bridge tests (agent.t0, agent.t1, ... by default),
 //     returning Handles to control readiness and failures and to stop them.
+//   - Intruder: a hostile client of the bus that reads every message id
+//     on the stream and publishes first the ids that a scheme derived from
+//     what the bus shows would give next (PROTOCOL §4), for tests that the
+//     publishes to come still land.
 //   - Host: one consumer for every member of a process (a member.Source),
 //     as a benchmark or a large fleet in one test runs them (StartHost,
 //     Options.Host).

@@ -43,8 +43,11 @@ type Options struct {
 	// StateFile, when set, runs the member on an ordered consumer keeping
 	// its position there (member.Config.StateFile).
 	StateFile string
-	// NoPull, with StateFile, makes that ordered consumer a push consumer
-	// (member.Config.NoPull), as for a sandbox with a user of its own.
+	// NoPull, with CoreFeed, makes the member one whose user makes no
+	// consumer and reads no stream info (member.Config.NoPull), as a
+	// sandbox with a user of its own: its catch-up reads the newest phase
+	// of each kind. With an Env of such a user's credentials
+	// (jstest.Env.WithCreds) it opens no bus, which that user cannot.
 	NoPull bool
 	// CoreFeed, with StateFile, runs the member on a core-NATS
 	// subscription that catches up by direct get (member.Config.CoreFeed),
@@ -122,11 +125,13 @@ func StartMember(t testing.TB, env *jstest.Env, run string, name events.Member, 
 		js, bus = opts.Host.JetStream(), opts.Host.Bus()
 	} else {
 		_, js = env.Connect(t)
-		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-		defer cancel()
-		var err error
-		if bus, err = jetstream.Open(ctx, js); err != nil {
-			t.Fatalf("membertest: open bus: %v", err)
+		if !opts.NoPull || env.ConnConfig("").CredsFile == "" {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			var err error
+			if bus, err = jetstream.Open(ctx, js); err != nil {
+				t.Fatalf("membertest: open bus: %v", err)
+			}
 		}
 	}
 	cfg := member.Config{

@@ -92,8 +92,11 @@ func (h *Host) String() string { return HostConsumerName(h.cfg.Run, h.cfg.Name) 
 func (h *Host) Run(ctx context.Context) error {
 	name := HostConsumerName(h.cfg.Run, h.cfg.Name)
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
-	cons, err := h.cfg.Bus.Stream.CreateOrUpdateConsumer(cctx,
-		member.DurableConfig(h.cfg.Run, name, fmt.Sprintf("phases of run %s for the members of process %s", h.cfg.Run, h.cfg.Name)))
+	// A process of many members hands them the committed outcomes too
+	// (member.Source): its one consumer reads both.
+	cfg := member.DurableConfig(h.cfg.Run, name, fmt.Sprintf("phases of run %s for the members of process %s", h.cfg.Run, h.cfg.Name))
+	cfg.FilterSubject, cfg.FilterSubjects = "", []string{cfg.FilterSubject, events.OutcomeSubject(h.cfg.Run, events.TypeCheckpointCommitted)}
+	cons, err := h.cfg.Bus.Stream.CreateOrUpdateConsumer(cctx, cfg)
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {

@@ -67,8 +67,9 @@ type Suite struct {
 	// (Config.StateFile), as sandbox daemons do; a restarted member of the
 	// same name keeps its file.
 	Ordered bool
-	// NoPull, with Ordered, runs them on the push variant of that consumer
-	// (Config.NoPull), as a sandbox daemon with a user of its own.
+	// NoPull, with CoreFeed, runs them as sandbox daemons with users of
+	// their own (Config.NoPull): their catch-up reads the newest phase of
+	// each kind.
 	NoPull bool
 	// CoreFeed, with Ordered, runs them on a core-NATS subscription with
 	// catch-up by direct get (Config.CoreFeed), a sandbox daemon's default.

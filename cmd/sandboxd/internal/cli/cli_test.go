@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -79,5 +80,55 @@ func TestMemberStopsOnSIGTERM(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("member did not stop on SIGTERM\n%s", stderr.String())
+	}
+}
+
+// `sandboxd member` with a user of the sandbox's own (PROTOCOL §3,
+// Consumers; docs/PERMISSIONS.md): it opens no bus and makes no consumer,
+// registers, answers a prepare on its core feed and stops on SIGTERM, and
+// logs nothing above info (a permissions violation would show as a failed
+// read); --ordered-feed, a consumer, is refused with such a user.
+func TestMemberAsItsOwnUser(t *testing.T) {
+	env := jstest.Start(t, jstest.WithAuthority("run1"))
+	creds := env.MemberCreds(t, "run1", "sandbox.sbown")
+	args := []string{"member", "--nats-url", env.URL, "--creds", creds, "--run", "run1", "--id", "sbown",
+		"--no-cgroup", "--log-level", "warn"}
+	stderr := &jstest.Buffer{}
+	if code := Main(append(args, "--state", t.TempDir(), "--ordered-feed"), &jstest.Buffer{}, stderr); code != 2 ||
+		!strings.Contains(stderr.String(), "--ordered-feed") {
+		t.Errorf("--ordered-feed with a user of its own: status %d, %q; want 2 naming the flag", code, stderr.String())
+	}
+
+	stdout, stderr := &jstest.Buffer{}, &jstest.Buffer{}
+	done := make(chan int, 1)
+	go func() { done <- Main(append(args, "--state", t.TempDir()), stdout, stderr) }()
+	poll.Wait(t, 30*time.Second, "the member line", func() bool {
+		select {
+		case code := <-done:
+			t.Fatalf("member exited %d early\n%s", code, stderr.String())
+		default:
+		}
+		return strings.Contains(stdout.String(), `"event":"member"`)
+	})
+	name := events.Member("sandbox.sbown")
+	membertest.WaitRegistered(t, env, "run1", name, nil)
+	bridge := membertest.NewBridge(t, env, "run1")
+	seq := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
+	if a := bridge.Ack(seq, events.PhasePrepare, name); !a.Header().OK {
+		t.Errorf("prepare ack %+v", a)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("member exited %d on SIGTERM\n%s", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("member did not stop on SIGTERM\n%s", stderr.String())
+	}
+	if s := stderr.String(); strings.Contains(s, `"level":"warn"`) || strings.Contains(s, `"level":"error"`) {
+		t.Errorf("the member logged warnings:\n%s", s)
 	}
 }

@@ -104,7 +104,7 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	noCg := fs.Bool("no-cgroup", false, "never use cgroups (freeze unavailable)")
 	lease := fs.Duration("lease-grace", member.DefaultGrace, "lease grace after a phase's deadline")
 	level := fs.String("log-level", "info", "log level (logs go to stderr)")
-	ordered := fs.Bool("ordered-feed", false, "read the phases through an ordered consumer of its own instead of a core subscription with catch-up from the stream")
+	ordered := fs.Bool("ordered-feed", false, "read the phases through an ordered consumer of its own instead of a core subscription with catch-up from the stream (not with a user of the sandbox's own, which makes no consumer)")
 	relayAddr := fs.String("relay", "", "serve the model relay on this address, e.g. 127.0.0.1:"+fmt.Sprint(sandboxapi.DefaultRelayPort)+" (default: no relay)")
 	var fps failpoints
 	fs.Func("failpoint", "inject a fault, for the end-to-end tests: identity=<launch id prefix> or relay-down[=<launch id prefix>] (repeatable)", fps.set)
@@ -167,19 +167,10 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1
 	}
-	bus, err := jetstream.Open(ctx, js)
-	if err != nil {
-		fmt.Fprintln(stderr, "sandboxd:", err)
-		return 1
-	}
-	sup, err := sandboxd.New(o.supervisorConfig(log))
-	if err != nil {
-		fmt.Fprintln(stderr, "sandboxd:", err)
-		return 1
-	}
-	// A user of its own (its creds name its member) may pull from no
-	// consumer, and direct-get only by its run's subjects: the daemon's
-	// feed then catches up within those (daemon.Config.NoPull).
+	// A user of its own (its creds name its member) makes no consumer,
+	// reads no stream info and direct-gets only by its run's subjects: the
+	// daemon's feed then catches up within those, and it opens no bus
+	// (daemon.Config.NoPull).
 	var own bool
 	if o.conn.CredsFile != "" {
 		prefix, err := jetstream.CredsInboxPrefix(o.conn.CredsFile)
@@ -188,6 +179,22 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		own = prefix != ""
+	}
+	if own && o.ordered {
+		fmt.Fprintln(stderr, "sandboxd: --ordered-feed makes a consumer, which a user of the sandbox's own may not")
+		return 2
+	}
+	var bus *jetstream.Bus
+	if !own {
+		if bus, err = jetstream.Open(ctx, js); err != nil {
+			fmt.Fprintln(stderr, "sandboxd:", err)
+			return 1
+		}
+	}
+	sup, err := sandboxd.New(o.supervisorConfig(log))
+	if err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 1
 	}
 	rl, err := o.newRelay(log)
 	if err != nil {

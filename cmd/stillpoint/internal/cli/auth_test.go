@@ -248,7 +248,7 @@ func TestRolesCheckpointRestoreRelease(t *testing.T) {
 }
 
 // TestServerOperatorMode runs `stillpoint server --auth-dir --runs r1` (one
-// node and a cluster): it writes r1's roles' creds and sandbox signer,
+// node and a cluster): it writes r1's roles' creds,
 // admits no one else, provisions r1's bus in its account as its admin; `stillpoint creds` mints
 // agents and an owner users of their own, with which they take part in a
 // checkpoint through `stillpoint bridge` without one permissions
@@ -263,7 +263,7 @@ func TestServerOperatorMode(t *testing.T) {
 			}, jetstream.ConnConfig{})
 			run := embedded.RunDir(auth, "r1")
 			for _, f := range []string{embedded.CredsFile(run, embedded.RoleBridge), embedded.CredsFile(run, embedded.RoleController),
-				embedded.CredsFile(run, embedded.RoleAdmin), embedded.SandboxSignerFile(auth, "r1")} {
+				embedded.CredsFile(run, embedded.RoleAdmin)} {
 				if st, err := os.Stat(f); err != nil || st.Mode().Perm() != 0o600 {
 					t.Fatalf("%s: %v, want a file of mode 0600", f, err)
 				}

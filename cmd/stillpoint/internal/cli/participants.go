@@ -15,7 +15,6 @@ import (
 
 	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
-	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/participants/agent"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner"
@@ -131,7 +130,7 @@ type ownerFlags struct {
 	harness       string
 	sandboxNATS   string
 	sandboxCreds  string
-	sandboxSigner string
+	sandboxUsers  bool
 	sandboxMode   string
 	binds         []string
 	opencode      string
@@ -206,7 +205,7 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.StringVar(&f.harness, "harness", "", "host path of the static harness binary (the scripted kind requires it)")
 	fl.StringVar(&f.sandboxNATS, "sandbox-nats-url", "", "server URL the sandboxes' daemons use (default --nats-url)")
 	fl.StringVar(&f.sandboxCreds, "sandbox-creds", "", "credentials copied into each sandbox for its daemon: a .creds file or an nkey seed (server --auth-dir --nkeys's sandbox.nk)")
-	fl.StringVar(&f.sandboxSigner, "sandbox-signer", "", "give each sandbox a user of its own, minted with this signer file (server --auth-dir's sandbox-signer.json) and renewed while it lives")
+	fl.BoolVar(&f.sandboxUsers, "sandbox-users", false, "give each sandbox a user of its own, minted by the server (stillpoint server --auth-dir) and renewed while it lives")
 	fl.StringVar(&f.sandboxMode, "pause-mode", "", "sandboxd pause mode: freeze, stop or hold (default: the best the host allows)")
 	fl.StringArrayVar(&f.binds, "bind", nil, "HOST:SANDBOX: a host directory shown read-only at SANDBOX in every sandbox (repeatable)")
 	fl.StringVar(&f.opencode, "opencode", "", "host path of the static opencode-driver: show it, OpenCode and ripgrep in every sandbox")
@@ -357,18 +356,12 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 		}
 	}
 	var sandboxUsers *owner.SandboxCreds
-	if f.sandboxSigner != "" {
+	if f.sandboxUsers {
 		if f.sandboxCreds != "" {
-			return &exitError{code: ExitUsage, err: errors.New("--sandbox-creds and --sandbox-signer: use one")}
+			return &exitError{code: ExitUsage, err: errors.New("--sandbox-creds and --sandbox-users: use one")}
 		}
-		signer, err := embedded.LoadSigner(f.sandboxSigner)
-		if err != nil {
-			return &exitError{code: ExitUsage, err: fmt.Errorf("--sandbox-signer: %w", err)}
-		}
-		sandboxUsers = &owner.SandboxCreds{Minter: signer, Run: f.run, Dir: filepath.Join(f.stateDir, "creds")}
-		if err := sandboxUsers.Check(); err != nil {
-			return &exitError{code: ExitUsage, err: fmt.Errorf("--sandbox-signer: %w", err)}
-		}
+		// The server mints them (jetstream.MintSubject) once connected, below.
+		sandboxUsers = &owner.SandboxCreds{Run: f.run, Dir: filepath.Join(f.stateDir, "creds")}
 		sd.Creds = sandboxUsers
 	}
 	if sd.Binds, err = sandboxBinds(f); err != nil {
@@ -388,6 +381,12 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 		return err
 	}
 	defer closeBus()
+	if sandboxUsers != nil {
+		sandboxUsers.Minter = jetstream.Minter{NC: connOf(js), Run: f.run}
+		if err := sandboxUsers.Check(); err != nil {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--sandbox-users: %w (is the server the run's authority, stillpoint server --auth-dir?)", err)}
+		}
+	}
 	var set *metrics.Set
 	if f.metricsAddr != "" {
 		set = metrics.New()

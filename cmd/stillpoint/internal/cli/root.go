@@ -113,7 +113,7 @@ NATS_CREDS, NATS_NKEY, NATS_TOKEN.`,
 	pf.StringVar(&g.logFormat, "log-format", envOr("STILLPOINT_LOG_FORMAT", "auto"), "log format: auto (pretty on a terminal, JSON otherwise), json, pretty")
 	root.AddCommand(newServerCmd(g), newCredsCmd(g), newVersionCmd(g), newBridgeCmd(g),
 		newCheckpointCmd(g), newCommitHeldCmd(g), newRestoreCmd(g), newRetireCmd(g), newForgetCmd(g), newReleaseCmd(g), newStatusCmd(g), newTimelineCmd(g), newInspectCmd(g),
-		newAgentCmd(g), newOwnerCmd(g), newCollectCmd(g), newTasksCmd(g), newModelServerCmd(g), newDemoCmd(g), newChaosCmd(g), newTrajectoryCmd(g))
+		newAgentCmd(g), newOwnerCmd(g), newCollectCmd(g), newTasksCmd(g), newModelServerCmd(g), newDemoCmd(g), newChaosCmd(g), newTrajectoryCmd(g), newAttackCmd(g))
 	return root
 }
 

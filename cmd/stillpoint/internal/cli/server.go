@@ -34,6 +34,8 @@ type serverFlags struct {
 	maxAge time.Duration
 	// runs are the runs whose accounts --auth-dir makes at start.
 	runs []string
+	// runStorageMiB bounds each run account's storage (embedded.Limits).
+	runStorageMiB int64
 }
 
 func newServerCmd(g *globals) *cobra.Command {
@@ -59,9 +61,9 @@ one) and provisions its bus. A run's bridge, controller (the CLI's reads, a
 collector) and admin (anything in that run: the nats CLI) take
 DIR/runs/RUN/<role>.creds with --creds; every agent and owner gets a user of its
 own, limited to its member name (stillpoint creds --auth-dir DIR --run RUN
---member agent.a1); an owner given --sandbox-signer
-DIR/runs/RUN/sandbox-signer.json mints each of its sandboxes a user of its own
-with a short expiry and renews it while the sandbox lives. Only the bridge
+--member agent.a1); an owner given --sandbox-users has the server mint each of
+its sandboxes a user of its own with a short expiry, and renews it while the
+sandbox lives (the server checks the name; no signing key leaves DIR). Only the bridge
 publishes phases and outcomes; a member speaks only as itself.
 
 With --auth-dir DIR --nkeys it admits one nkey per role instead, with the
@@ -83,6 +85,7 @@ cleanly, a second exits at once.`,
 	cmd.Flags().BoolVar(&f.cluster, "cluster", false, "run a 3-node cluster on loopback and provision at R3")
 	cmd.Flags().StringVar(&f.token, "auth-token", env("STILLPOINT_SERVER_TOKEN"), "require this token from clients (env STILLPOINT_SERVER_TOKEN)")
 	cmd.Flags().StringVar(&f.authDir, "auth-dir", "", "require credentials: decentralized auth, its keys and the roles' creds in this directory (created if missing)")
+	cmd.Flags().Int64Var(&f.runStorageMiB, "run-storage-mib", 0, "with --auth-dir: the JetStream storage each run's account may use, in MiB (0: keep the dir's; -1: no bound)")
 	cmd.Flags().StringSliceVar(&f.runs, "runs", nil, "with --auth-dir: the runs to make accounts of at start (more are picked up as creds --run adds them)")
 	cmd.Flags().BoolVar(&f.nkeys, "nkeys", false, "with --auth-dir: one nkey per role instead of decentralized auth")
 	cmd.Flags().DurationVar(&f.maxAge, "max-age", 0, "how long the stream keeps messages (default 7 days)")
@@ -120,6 +123,15 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 		if !f.nkeys {
 			if auth, err = embedded.LoadAuthority(f.authDir); err != nil {
 				return err
+			}
+			if f.runStorageMiB != 0 {
+				storage := f.runStorageMiB << 20
+				if f.runStorageMiB < 0 {
+					storage = -1
+				}
+				if err := auth.SetLimits(embedded.Limits{Storage: storage}); err != nil {
+					return &exitError{code: ExitUsage, err: fmt.Errorf("--run-storage-mib: %w", err)}
+				}
 			}
 			for _, run := range f.runs {
 				if err := auth.AddRun(run); err != nil {
@@ -172,6 +184,7 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 		// known now, then those added to the auth dir meanwhile (creds --run), and the
 		// revocations written there (creds --revoke), within a second.
 		rw := &runWatch{auth: auth, update: update, conn: conn, topo: topo, log: log, seen: map[string][]byte{}}
+		defer rw.close()
 		if err := rw.scan(ctx); err != nil {
 			return err
 		}
@@ -200,9 +213,8 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 	case f.authDir != "" && !f.nkeys:
 		log.Info().Str("auth_dir", f.authDir).Msg("decentralized auth: clients need credentials")
 		fmt.Fprintf(g.stdout, "stillpoint: each run is an account of its own (runs: %s); clients need credentials: --creds %s (role: bridge, controller, admin); "+
-			"members: stillpoint creds --auth-dir %s --run RUN --member KIND.NAME (which adds the run); owners: --sandbox-signer %s\n",
-			strings.Join(auth.Runs(), ", "), filepath.Join(embedded.RunDir(f.authDir, "RUN"), "<role>.creds"), f.authDir,
-			embedded.SandboxSignerFile(f.authDir, "RUN"))
+			"members: stillpoint creds --auth-dir %s --run RUN --member KIND.NAME (which adds the run); owners: --sandbox-users (minted here)\n",
+			strings.Join(auth.Runs(), ", "), filepath.Join(embedded.RunDir(f.authDir, "RUN"), "<role>.creds"), f.authDir)
 		try = " --creds " + embedded.CredsFile(embedded.RunDir(f.authDir, "RUN"), embedded.RoleAdmin)
 	case f.authDir != "":
 		roles := make([]string, 0, len(embedded.Roles()))
@@ -234,6 +246,7 @@ type runWatch struct {
 	topo   jetstream.Topology
 	log    zerolog.Logger
 	seen   map[string][]byte // run → the account JWT the server has
+	conns  []*nats.Conn      // each run's admin, serving its minting service
 }
 
 // watch scans every runPoll until ctx ends; a scan that fails is logged and tried again.
@@ -280,7 +293,9 @@ func (w *runWatch) scan(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// provision provisions run's bus in its account, as its admin.
+// provision provisions run's bus in its account, as its admin, and serves
+// the run's minting service of sandbox users (embedded.ServeMint) on that
+// connection until the watch ends (close).
 func (w *runWatch) provision(ctx context.Context, run string) error {
 	conn := w.conn
 	conn.Name = "stillpoint-server-" + run
@@ -289,8 +304,23 @@ func (w *runWatch) provision(ctx context.Context, run string) error {
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	return provision(ctx, nc, w.topo)
+	if err := provision(ctx, nc, w.topo); err != nil {
+		nc.Close()
+		return err
+	}
+	if _, err := w.auth.ServeMint(nc, run); err != nil {
+		nc.Close()
+		return err
+	}
+	w.conns = append(w.conns, nc)
+	return nil
+}
+
+// close closes the runs' connections, and with them their minting services.
+func (w *runWatch) close() {
+	for _, nc := range w.conns {
+		nc.Close()
+	}
 }
 
 func provision(ctx context.Context, nc *nats.Conn, topo jetstream.Topology) error {

@@ -485,12 +485,23 @@ func (d *demo) startNATS(ctx context.Context) (func(), error) {
 		stop()
 		return nil, err
 	}
-	defer nc.Close()
 	if _, err := jetstream.Provision(ctx, js, topo); err != nil {
+		nc.Close()
 		stop()
 		return nil, err
 	}
-	return stop, nil
+	if d.auth == nil {
+		nc.Close()
+		return stop, nil
+	}
+	// The run's owners mint their sandboxes' users through its authority,
+	// which is the demo's own here (stillpoint server does it otherwise).
+	if _, err := d.auth.ServeMint(nc, d.run); err != nil {
+		nc.Close()
+		stop()
+		return nil, err
+	}
+	return func() { nc.Close(); stop() }, nil
 }
 
 // spawn starts a component as a process of the stillpoint binary, its

@@ -223,7 +223,7 @@ func (d *demo) startOwner(ctx context.Context, bus *jetstream.Bus, name string) 
 		args = append(args, "--sandbox-upstream", d.modelAddr, "--microvm-cache", filepath.Join(os.TempDir(), "stillpoint-microvm-cache"), "--microvm-prune-cache")
 	}
 	if d.auth != nil {
-		args = append(args, "--sandbox-signer", embedded.SandboxSignerFile(d.authDir, d.run))
+		args = append(args, "--sandbox-users")
 	}
 	proc := ownerProc(name)
 	maddr, err := d.metricsAddr(proc)
