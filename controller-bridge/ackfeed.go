@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,13 +27,17 @@ import (
 // A phase read back by a replay still reads its own acks, from the first
 // (openAcks).
 //
-// The sandbox daemons' prepare acks are not stored (PROTOCOL §3, acks):
-// the feed hears them on a core-NATS subscription of the bridge's live
-// connection, made with the consumer, and hands them to the same inboxes.
+// The sandbox daemons' acks are not stored (PROTOCOL §3, acks): the inbox
+// of a phase that addresses daemons also hears them, on a core-NATS
+// subscription of that phase's daemon ack subjects alone
+// (spl.<run>.ack.<seq>.<phase>.sandbox.*) on the bridge's live connection,
+// made with the inbox and ended with it, through a gate (liveGate) that
+// takes each daemon's first valid ack. A daemon's credentials may publish
+// on its ack subjects at will: what the bridge hears of them is bounded to
+// the phases it waits for, and what it reads of them to the gate's.
 type ackFeed struct {
 	mu    sync.Mutex
 	cc    natsjs.ConsumeContext
-	live  *nats.Subscription // spl.<run>.ack.*.prepare.>
 	inbox map[uint64]*ackInbox
 }
 
@@ -45,17 +50,29 @@ type ackInbox struct {
 	msgs  chan ackMsg
 	done  chan struct{} // closed when the gathering no longer reads
 	taken bool          // a gathering reads it
+	// live hears the phase's daemon acks through gate; nil when the
+	// phase addresses no sandbox daemon.
+	live *nats.Subscription
+	gate *liveGate
+}
+
+// addressesDaemons tells whether phase h addresses sandbox daemons: by a
+// roster, or by name (a phase of an older build).
+func addressesDaemons(h events.PhaseHeader) bool {
+	return h.Sandboxes != nil || slices.ContainsFunc(h.Members, func(m events.Member) bool { return m.Kind() == events.KindSandbox })
 }
 
 // openAckInbox starts the feed if it is not running and opens the inbox of
-// phase seq: call it before the phase is published.
-func (b *Bridge) openAckInbox(ctx context.Context, seq uint64) error {
+// phase p, with its subscription of the daemons' acks if p addresses
+// daemons: call it before p is published.
+func (b *Bridge) openAckInbox(ctx context.Context, p events.PhaseEvent) error {
+	h := p.Header()
 	f := &b.acks
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, ackFeedTimeout)
+	defer cancel()
 	if f.cc == nil {
-		ctx, cancel := context.WithTimeout(ctx, ackFeedTimeout)
-		defer cancel()
 		// From the stream's end as it is now, by sequence: an ordered
 		// consumer made again before it delivered anything starts from
 		// there again, where one delivering new messages would start from
@@ -70,42 +87,73 @@ func (b *Bridge) openAckInbox(ctx context.Context, seq uint64) error {
 		if err != nil {
 			return fmt.Errorf("bridge: the ack feed: %w", err)
 		}
-		// On the live connection, as the resume acks: a fleet's acks at
-		// once on the bridge's own would queue the answers to what it asks
-		// next behind them. Subscribed before any phase it serves is
-		// published: no ack comes before it.
-		nc := b.liveConn()
-		live, err := nc.Subscribe(events.LiveAckFilter(b.cfg.Run, events.PhasePrepare), b.heardLiveAck)
-		if err == nil {
-			_ = live.SetPendingLimits(-1, -1)
-			if err = nc.FlushWithContext(ctx); err != nil {
-				_ = live.Unsubscribe()
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("bridge: the ack feed: subscribe to the prepare acks on core NATS: %w", err)
-		}
 		cc, err := cons.Consume(b.heardAck, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
 			b.log.Debug().Err(err).Msg("the ack feed")
 		}))
 		if err != nil {
-			_ = live.Unsubscribe()
 			return fmt.Errorf("bridge: the ack feed: %w", err)
 		}
-		f.cc, f.live, f.inbox = cc, live, map[uint64]*ackInbox{}
+		f.cc, f.inbox = cc, map[uint64]*ackInbox{}
 	}
-	if _, ok := f.inbox[seq]; !ok {
-		f.inbox[seq] = &ackInbox{msgs: make(chan ackMsg, 1024), done: make(chan struct{})}
+	if _, ok := f.inbox[h.Seq]; !ok {
+		in := &ackInbox{msgs: make(chan ackMsg, 1024), done: make(chan struct{})}
+		if addressesDaemons(h) {
+			if err := b.hearDaemonAcks(ctx, in, p); err != nil {
+				return err
+			}
+		}
+		f.inbox[h.Seq] = in
 	}
 	// An inbox of an earlier phase that no gathering took (its operation
 	// ended first) would fill up and hold the feed: it goes.
 	for s, in := range f.inbox {
-		if s < seq && !in.taken {
-			close(in.done)
+		if s < h.Seq && !in.taken {
 			delete(f.inbox, s)
+			in.close()
 		}
 	}
 	return nil
+}
+
+// hearDaemonAcks subscribes in to the sandbox daemons' acks of phase p on
+// core NATS, on the live connection, as the resume acks: a fleet's acks at
+// once on the bridge's own would queue the answers to what it asks next
+// behind them. The subscription is in place at the server when it
+// returns, before p is published: no ack comes before it.
+func (b *Bridge) hearDaemonAcks(ctx context.Context, in *ackInbox, p events.PhaseEvent) error {
+	gate := newLiveGate(b.cfg.Run, p.Phase(), p.Header(), b.log)
+	nc := b.liveConn()
+	sub, err := nc.Subscribe(gate.filter(events.KindSandbox), func(m *nats.Msg) {
+		ack, ev := gate.admit(m)
+		if ack == nil {
+			return
+		}
+		select {
+		case in.msgs <- ackMsg{msg: m, ack: ack, ev: &ev}:
+		case <-in.done:
+		}
+	})
+	if err == nil {
+		_ = sub.SetPendingLimits(liveAcksPendingMsgs, liveAcksPendingBytes)
+		if err = nc.FlushWithContext(ctx); err != nil {
+			_ = sub.Unsubscribe()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("bridge: the ack feed: subscribe to the daemons' acks of %s seq %d: %w", p.Phase(), p.Header().Seq, err)
+	}
+	in.live, in.gate = sub, gate
+	return nil
+}
+
+// close ends the inbox: the gathering no longer reads, and the daemons'
+// acks are no longer heard.
+func (in *ackInbox) close() {
+	close(in.done)
+	if in.live != nil {
+		_ = in.live.Unsubscribe()
+		in.gate.report()
+	}
 }
 
 // takeAckInbox returns the inbox of phase seq, nil if none is open.
@@ -125,7 +173,7 @@ func (b *Bridge) closeAckInbox(seq uint64) {
 	delete(f.inbox, seq)
 	f.mu.Unlock()
 	if in != nil {
-		close(in.done)
+		in.close()
 	}
 }
 
@@ -133,43 +181,29 @@ func (b *Bridge) closeAckInbox(seq uint64) {
 func (b *Bridge) stopAckFeed() {
 	f := &b.acks
 	f.mu.Lock()
-	cc, live := f.cc, f.live
-	f.cc, f.live = nil, nil
-	for seq, in := range f.inbox {
-		close(in.done)
-		delete(f.inbox, seq)
-	}
+	cc := f.cc
+	f.cc = nil
+	inboxes := f.inbox
+	f.inbox = nil
 	f.mu.Unlock()
+	for _, in := range inboxes {
+		in.close()
+	}
 	if cc != nil {
 		cc.Stop()
-	}
-	if live != nil {
-		_ = live.Unsubscribe()
 	}
 }
 
 // heardAck runs on the feed's goroutine: it hands m to the inbox of the
-// phase its subject names (sp.<run>.ack.<seq>.<phase>.<member>).
+// phase its subject names (sp.<run>.ack.<seq>.<phase>.<member>), waiting
+// while the inbox is full and open; an ack of a phase with no inbox open
+// is dropped.
 func (b *Bridge) heardAck(m natsjs.Msg) {
 	var streamSeq uint64
 	if md, err := m.Metadata(); err == nil {
 		streamSeq = md.Sequence.Stream
 	}
-	b.fileAck(events.SubjectPrefix, &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, streamSeq)
-}
-
-// heardLiveAck runs on the core subscription's goroutine: it hands m, a
-// sandbox daemon's prepare ack (spl.<run>.ack.<seq>.prepare.<member>), to
-// the inbox of its phase. It has no stream sequence.
-func (b *Bridge) heardLiveAck(m *nats.Msg) {
-	b.fileAck(events.LivePrefix, m, 0)
-}
-
-// fileAck hands m, on prefix.<run>.ack.<seq>.<phase>.<member>, to the
-// inbox of phase seq, waiting while the inbox is full and open; an ack of
-// a phase with no inbox open is dropped.
-func (b *Bridge) fileAck(prefix string, m *nats.Msg, streamSeq uint64) {
-	rest, ok := strings.CutPrefix(m.Subject, prefix+"."+b.cfg.Run+".ack.")
+	rest, ok := strings.CutPrefix(m.Subject(), events.SubjectPrefix+"."+b.cfg.Run+".ack.")
 	if !ok {
 		return
 	}
@@ -183,7 +217,7 @@ func (b *Bridge) fileAck(prefix string, m *nats.Msg, streamSeq uint64) {
 		return
 	}
 	select {
-	case in.msgs <- ackMsg{msg: m, seq: streamSeq}:
+	case in.msgs <- ackMsg{msg: &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, seq: streamSeq}:
 	case <-in.done:
 	}
 }
@@ -209,7 +243,7 @@ func (b *Bridge) feedAcks(r *ackReader, seq uint64, ctx context.Context) bool {
 	if in == nil {
 		return false
 	}
-	r.msgs = in.msgs
+	r.msgs, r.gate = in.msgs, in.gate
 	r.inboxSeq = seq
 	context.AfterFunc(ctx, func() { b.closeAckInbox(seq) })
 	return true

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 
+	cloudevent "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
@@ -14,10 +14,14 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
-// ackMsg is a message on a phase's ack subjects, with its stream sequence.
+// ackMsg is a message on a phase's ack subjects, with its stream sequence
+// (0: heard on core NATS). One a gate took (liveGate) comes decoded, with
+// its event.
 type ackMsg struct {
 	msg *nats.Msg
 	seq uint64
+	ack events.Ack
+	ev  *cloudevent.Event
 }
 
 // ackReader reads the acks of one phase event with an ordered consumer
@@ -31,8 +35,12 @@ type ackReader struct {
 	ctx    context.Context // ends when the reader closes
 	cancel context.CancelFunc
 	cc     natsjs.ConsumeContext
-	live   *nats.Subscription // the daemons' prepare acks, when the ack feed could not hear them
+	live   *nats.Subscription // the daemons' acks, when the ack feed does not hear them
+	gate   *liveGate          // live's
 	msgs   chan ackMsg
+	// records stores the daemons' acks heard on core NATS whose phase
+	// keeps them in the stream (events.AckRecorded).
+	records ackRecords
 
 	watch *memberWatch         // nil without watching
 	gone  <-chan machine.Input // MemberGone; nil without watching: never ready
@@ -72,7 +80,8 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch, fresh
 		}
 	}
 	gctx, cancel := context.WithCancel(ctx)
-	r = &ackReader{b: b, phase: p.Phase(), seq: h.Seq, ctx: gctx, cancel: cancel, msgs: make(chan ackMsg, 256)}
+	r = &ackReader{b: b, phase: p.Phase(), seq: h.Seq, ctx: gctx, cancel: cancel, msgs: make(chan ackMsg, 256),
+		records: ackRecords{js: b.cfg.JS, ctx: ctx, log: b.log.With().Str("phase", string(p.Phase())).Uint64("seq", h.Seq).Logger()}}
 	if fresh && watch && p.Phase() == events.PhasePrepare {
 		r.rec = newPrepareRecord(h, members, b.cfg.Now())
 	}
@@ -89,23 +98,29 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch, fresh
 		// Its inbox in the ack feed, opened before it was published.
 		return r, 0, r.startWatch(gctx, watch, members)
 	}
-	if fresh && p.Phase() == events.PhasePrepare {
-		// No inbox in the ack feed (it could not be made), so no core
-		// subscription of the daemons' prepare acks either, which are not
-		// stored: one of this phase's own hears them from now on, and a
-		// silent daemon's probe asks for one sent before it again.
-		sub, err := b.liveConn().Subscribe(events.LivePrefix+"."+b.cfg.Run+".ack."+strconv.FormatUint(h.Seq, 10)+"."+string(events.PhasePrepare)+".>",
-			func(m *nats.Msg) {
-				select {
-				case rd.msgs <- ackMsg{msg: m}:
-				case <-gctx.Done():
-				}
-			})
+	if addressesDaemons(h) {
+		// No inbox in the ack feed (a replay, or a feed that could not be
+		// made), so no core subscription of the daemons' acks either,
+		// which travel on core NATS: one of this phase's own hears them
+		// from now on, through its gate, and a silent daemon's probe asks
+		// for one sent before it again (one the bridge recorded is read
+		// below too).
+		gate := newLiveGate(b.cfg.Run, p.Phase(), h, b.log)
+		sub, err := b.liveConn().Subscribe(gate.filter(events.KindSandbox), func(m *nats.Msg) {
+			ack, ev := gate.admit(m)
+			if ack == nil {
+				return
+			}
+			select {
+			case rd.msgs <- ackMsg{msg: m, ack: ack, ev: &ev}:
+			case <-gctx.Done():
+			}
+		})
 		if err != nil {
 			return nil, 0, fmt.Errorf("bridge: the daemons' acks of seq %d: %w", h.Seq, err)
 		}
-		_ = sub.SetPendingLimits(-1, -1)
-		r.live = sub
+		_ = sub.SetPendingLimits(liveAcksPendingMsgs, liveAcksPendingBytes)
+		r.live, r.gate = sub, gate
 	}
 	cons, err := b.cfg.JS.OrderedConsumer(gctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
 		FilterSubjects: []string{filter}, DeliverPolicy: natsjs.DeliverAllPolicy})
@@ -118,7 +133,7 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch, fresh
 			seq = md.Sequence.Stream
 		}
 		select {
-		case rd.msgs <- ackMsg{&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, seq}:
+		case rd.msgs <- ackMsg{msg: &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}, seq: seq}:
 		case <-gctx.Done():
 		}
 	})
@@ -148,7 +163,7 @@ func (r *ackReader) startWatch(ctx context.Context, watch bool, members []events
 			return err
 		}
 	}
-	r.watch = v.watch(b.cfg.Run, members)
+	r.watch = v.watch(b.cfg.Run, members, b.cfg.Now())
 	r.gone = r.watch.gone
 	return nil
 }
@@ -164,22 +179,49 @@ func (r *ackReader) close() {
 	}
 	if r.live != nil {
 		_ = r.live.Unsubscribe()
+		r.gate.report()
 	}
+	r.records.close()
 	r.watch.close()
 }
 
-// ack decodes a message on the ack subjects; one that is not an ack is
-// logged and still counts towards the backlog.
-func (r *ackReader) ack(am ackMsg) machine.Input {
-	_, d, err := events.Unmarshal(am.msg)
-	if err != nil {
-		r.b.log.Warn().Err(err).Str("subject", am.msg.Subject).Msg("refusing an ack")
-		return machine.AckSeen{StreamSeq: am.seq}
+// asked takes the answer of member m to a probe of this phase
+// (events.AliveQuery): the ack m keeps of it, if the gate takes it
+// (liveGate.admitAsked). It runs on the probe's goroutine.
+func (r *ackReader) asked(m events.Member, reply *nats.Msg) {
+	if r.gate == nil || len(reply.Header) == 0 {
+		return
 	}
-	ack, ok := d.(events.Ack)
-	if !ok {
-		r.b.log.Warn().Str("subject", am.msg.Subject).Str("type", string(d.Type())).Msg("refusing a non-ack on an ack subject")
-		return machine.AckSeen{StreamSeq: am.seq}
+	ack, ev := r.gate.admitAsked(m, reply)
+	if ack == nil {
+		return
+	}
+	select {
+	case r.msgs <- ackMsg{msg: reply, ack: ack, ev: &ev}:
+	case <-r.ctx.Done():
+	}
+}
+
+// ack decodes a message on the ack subjects (one a gate took is decoded
+// already); one that is not an ack is logged and still counts towards the
+// backlog. A sandbox daemon's ack heard on core NATS is recorded in the
+// stream if its phase keeps acks there (ackRecords).
+func (r *ackReader) ack(am ackMsg) machine.Input {
+	ack := am.ack
+	if ack == nil {
+		_, d, err := events.Unmarshal(am.msg)
+		if err != nil {
+			r.b.log.Warn().Err(err).Str("subject", am.msg.Subject).Msg("refusing an ack")
+			return machine.AckSeen{StreamSeq: am.seq}
+		}
+		var ok bool
+		if ack, ok = d.(events.Ack); !ok {
+			r.b.log.Warn().Str("subject", am.msg.Subject).Str("type", string(d.Type())).Msg("refusing a non-ack on an ack subject")
+			return machine.AckSeen{StreamSeq: am.seq}
+		}
+	}
+	if am.ev != nil && events.AckRecorded(r.phase, ack.Header().Member) {
+		r.records.add(*am.ev, ack)
 	}
 	r.b.countAck(ack)
 	if r.rec != nil {

@@ -23,7 +23,8 @@
 // It creates checkpoint manifests in sp_manifests (once, never replaced;
 // an aborted checkpoint's key is an abort marker) and moves <run>.LATEST
 // by compare-and-set (PROTOCOL §3). It reads acks with an ordered consumer
-// and watches sp_members, so that a dead member fails a phase at once.
+// and watches the heartbeats (sp_members, and sp_daemons for the sandbox
+// daemons), so that a dead member fails a phase at once.
 //
 // # No state of its own
 //

@@ -82,7 +82,7 @@ func (d *driving) probed() {
 	r := d.acks
 	go func() {
 		defer close(done)
-		d.b.probe(r.ctx, r.watch, silent, events.AliveQuery{Seq: r.seq, Phase: r.phase})
+		d.b.probe(r.ctx, r.watch, silent, events.AliveQuery{Seq: r.seq, Phase: r.phase}, r.asked)
 	}()
 }
 

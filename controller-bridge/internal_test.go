@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,12 +50,52 @@ func newTestBridge(t *testing.T, env *jstest.Env, cfg Config) *Bridge {
 }
 
 // putHeartbeat writes a heartbeat of member m of run1 as process
-// instance, as a member does.
+// instance, as a member does, in its kind's bucket.
 func putHeartbeat(t *testing.T, env *jstest.Env, m events.Member, instance string) {
 	t.Helper()
 	v, _ := json.Marshal(events.MemberInfo{Run: "run1", Member: m, Instance: instance, Started: time.Now().UTC(), Heartbeat: time.Now().UTC()})
-	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey("run1", m), v); err != nil {
+	if _, err := env.Bus.Heartbeats(m.Kind()).Put(t.Context(), events.MemberKey("run1", m), v); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A sandbox daemon's heartbeat is read from sp_daemons alone, and one
+// stored a TTL ago is gone though no marker said so (its bucket leaves
+// none); a daemon's key in sp_members, an earlier build's, is not read.
+func TestMemberViewOfTheDaemons(t *testing.T) {
+	env := jstest.Start(t)
+	var offset atomic.Int64
+	b := newTestBridge(t, env, Config{Now: func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }})
+	t.Cleanup(b.stopView)
+	putHeartbeat(t, env, "agent.a", "i0")
+	putHeartbeat(t, env, "sandbox.s", "i0")
+	v, _ := json.Marshal(events.MemberInfo{Run: "run1", Member: "sandbox.old", Instance: "i0"})
+	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey("run1", "sandbox.old"), v); err != nil {
+		t.Fatal(err)
+	}
+	ms, _, err := b.liveMembers(t.Context(), 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ms, []events.Member{"agent.a", "sandbox.s"}) {
+		t.Fatalf("listed %v, want agent.a and sandbox.s", ms)
+	}
+	offset.Store(int64(jetstream.DefaultSandboxTTL))
+	ms, _, err = b.liveMembers(t.Context(), 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ms, []events.Member{"agent.a"}) {
+		t.Fatalf("listed %v a TTL on, want agent.a alone (its own TTL is its bucket's to keep)", ms)
+	}
+	vw, err := b.view(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := vw.watch("run1", []events.Member{"agent.a", "sandbox.s"}, b.cfg.Now())
+	defer w.close()
+	if g := (<-w.gone).(machine.MemberGone); g.Member != "sandbox.s" || g.Why != machine.GoneNotAlive || len(w.gone) != 0 {
+		t.Fatalf("the watch said %+v (and %d more), want sandbox.s not alive alone", g, len(w.gone))
 	}
 }
 
@@ -88,7 +129,7 @@ func TestMemberViewIsAsFreshAsARead(t *testing.T) {
 				v, _ := json.Marshal(events.MemberInfo{Run: "run1", Member: m, Instance: "i0", Heartbeat: time.Now().UTC()})
 				mu.Lock()
 				if m != away {
-					_, _ = env.Bus.Members.Put(wctx, events.MemberKey("run1", m), v)
+					_, _ = env.Bus.Heartbeats(m.Kind()).Put(wctx, events.MemberKey("run1", m), v)
 				}
 				mu.Unlock()
 			}
@@ -101,7 +142,7 @@ func TestMemberViewIsAsFreshAsARead(t *testing.T) {
 		left := all[round]
 		mu.Lock()
 		away = left
-		err := env.Bus.Members.Delete(t.Context(), events.MemberKey("run1", left))
+		err := env.Bus.Heartbeats(left.Kind()).Delete(t.Context(), events.MemberKey("run1", left))
 		mu.Unlock()
 		if err != nil {
 			t.Fatal(err)
@@ -153,7 +194,7 @@ func TestMemberWatchSaysWhoIsGone(t *testing.T) {
 	if g := next(); g.Member != "agent.ghost" || g.Why != machine.GoneNotAlive {
 		t.Fatalf("first %+v, want agent.ghost not alive", g)
 	}
-	if err := env.Bus.Members.Delete(ctx, events.MemberKey("run1", "sandbox.s")); err != nil {
+	if err := env.Bus.Daemons.Delete(ctx, events.MemberKey("run1", "sandbox.s")); err != nil {
 		t.Fatal(err)
 	}
 	if g := next(); g.Member != "sandbox.s" || g.Why != machine.GoneLeft {
@@ -182,7 +223,7 @@ func TestResumeAcksAreHeardOnCoreAndRecorded(t *testing.T) {
 	ms := []events.Member{"agent.t0", "owner.o0", "sandbox.s0", "sandbox.s1"}
 	h := events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 3, Deadline: time.Now().Add(time.Second)}.Address(ms)
 	r := events.Resume{PhaseHeader: h}
-	if err := b.openResumeInbox(r.Seq); err != nil {
+	if err := b.openResumeInbox(r); err != nil {
 		t.Fatal(err)
 	}
 	ack := func(m events.Member, code string) {
@@ -446,13 +487,13 @@ func TestProbeAsksEverySilentDaemonInTurn(t *testing.T) {
 	if err := v.sync(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	w := v.watch("run1", silent)
+	w := v.watch("run1", silent, time.Now())
 	defer w.close()
 	if len(w.gone) != 0 {
 		t.Fatalf("%d members gone before any probe", len(w.gone))
 	}
-	b.probe(ctx, w, silent, events.AliveQuery{})
-	b.probe(ctx, w, silent, events.AliveQuery{})
+	b.probe(ctx, w, silent, events.AliveQuery{}, nil)
+	b.probe(ctx, w, silent, events.AliveQuery{}, nil)
 	if len(w.unanswered) != len(silent) {
 		t.Fatalf("two rounds asked %d of the %d silent daemons, want all", len(w.unanswered), len(silent))
 	}
@@ -469,7 +510,7 @@ func TestProbeAsksEverySilentDaemonInTurn(t *testing.T) {
 	}
 	time.Sleep(events.AliveUnanswered)
 	for range 2 {
-		b.probe(ctx, w, silent, events.AliveQuery{})
+		b.probe(ctx, w, silent, events.AliveQuery{}, nil)
 	}
 	gone := map[events.Member]bool{}
 	for len(w.gone) > 0 {
@@ -494,7 +535,7 @@ func TestResumeInboxesTakenAreKept(t *testing.T) {
 	b := newTestBridge(t, env, Config{})
 	defer b.stopResumeAcks()
 	for seq := uint64(1); seq <= 3*resumeInboxes+1; seq++ {
-		if err := b.openResumeInbox(seq); err != nil {
+		if err := b.openResumeInbox(events.Resume{PhaseHeader: events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: seq}}); err != nil {
 			t.Fatal(err)
 		}
 		if seq%2 == 0 && b.takeResumeInbox(seq) == nil {
@@ -697,5 +738,61 @@ func TestLeaderLastMsg(t *testing.T) {
 	}
 	if _, err := leaderLastMsg(ctx, nc, "NO_SUCH_STREAM", "x"); err == nil || errors.Is(err, natsjs.ErrMsgNotFound) {
 		t.Fatalf("a stream that is not there: %v, want an error that says so", err)
+	}
+}
+
+// A phase's gate on core NATS takes each member's first valid ack and
+// nothing else of it: a repeat, garbage, or an ack of another epoch or
+// sequence is dropped; past liveGarbage refusals a member's messages are
+// dropped undecoded, its valid ack too, and the ack its probe's answer
+// carries is still taken. Another member's place is not touched.
+func TestLiveGateTakesTheFirstValidAck(t *testing.T) {
+	h := events.PhaseHeader{Run: "run1", CheckpointID: "c1", Seq: 4, Epoch: 2, Deadline: time.Now().Add(time.Minute)}
+	g := newLiveGate("run1", events.PhaseCommit, h, zerolog.Nop())
+	ack := func(m events.Member, seq, epoch uint64) *nats.Msg {
+		t.Helper()
+		a := events.CommitAck{AckHeader: events.AckHeader{Run: "run1", Member: m, Seq: seq, CheckpointID: "c1", Epoch: epoch, OK: true, State: events.StateCommitted}}
+		msg, err := events.Marshal(m, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg.Subject = events.LiveAckSubject("run1", 4, events.PhaseCommit, m)
+		return msg
+	}
+	junk := func(m events.Member) *nats.Msg {
+		return &nats.Msg{Subject: events.LiveAckSubject("run1", 4, events.PhaseCommit, m), Data: []byte("junk")}
+	}
+	if a, _ := g.admit(ack("sandbox.s1", 4, 1)); a != nil {
+		t.Fatal("an ack of another epoch was taken")
+	}
+	if a, _ := g.admit(junk("sandbox.s1")); a != nil {
+		t.Fatal("garbage was taken")
+	}
+	if a, ev := g.admit(ack("sandbox.s1", 4, 2)); a == nil || a.Header().Member != "sandbox.s1" || ev.ID() == "" {
+		t.Fatalf("the first valid ack: %v", a)
+	}
+	if a, _ := g.admit(ack("sandbox.s1", 4, 2)); a != nil {
+		t.Fatal("a second ack of the same member was taken")
+	}
+	for range liveGarbage {
+		g.admit(junk("sandbox.s2"))
+	}
+	if a, _ := g.admit(ack("sandbox.s2", 4, 2)); a != nil {
+		t.Fatal("a member's ack was decoded past its garbage limit")
+	}
+	if a, _ := g.admitAsked("sandbox.s2", &nats.Msg{Data: []byte("instance")}); a != nil {
+		t.Fatal("an answer that is no ack was taken")
+	}
+	answer := ack("sandbox.s2", 4, 2)
+	if a, _ := g.admitAsked("sandbox.s2", &nats.Msg{Subject: "_INBOX.x", Header: answer.Header, Data: answer.Data}); a == nil {
+		t.Fatal("the ack a probe's answer carries was not taken past the flood")
+	}
+	if a, _ := g.admit(ack("sandbox.s3", 4, 2)); a == nil {
+		t.Fatal("another member's first ack was not taken")
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.refused["sandbox.s1"] != 2 || g.refused["sandbox.s2"] != liveGarbage || g.dropped != 2 {
+		t.Errorf("refused %v, dropped %d", g.refused, g.dropped)
 	}
 }

@@ -18,32 +18,40 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
-// memberView is the bridge's one live view of its run's heartbeats
-// (sp_members): who is alive, and as which process instance. One ordered
-// consumer of the bucket's stream keeps it for the bridge's life, and an
-// operation that needs it first waits until it has read the bucket as far
-// as it was when asked (sync), so that it is as fresh as a read of every
-// key would be. Before it, each operation read every key and each phase
-// gathered watched every key again: at 10,000 sandbox daemons, 3 MB read
-// and decoded three times a checkpoint, and each watch stopped with an
-// update in flight left nats.go's sender blocked for good.
+// memberView is the bridge's one live view of its run's heartbeats: the
+// agents' and owners' (sp_members) and the sandbox daemons' (sp_daemons):
+// who is alive, and as which process instance. One ordered consumer of each
+// bucket's stream keeps it for the bridge's life, and an operation that
+// needs it first waits until it has read both buckets as far as they were
+// when asked (sync), so that it is as fresh as a read of every key would be.
+// Before it, each operation read every key and each phase gathered watched
+// every key again: at 10,000 sandbox daemons, 3 MB read and decoded three
+// times a checkpoint, and each watch stopped with an update in flight left
+// nats.go's sender blocked for good.
+//
+// A daemon's key that expires leaves no marker (jetstream.BucketDaemons):
+// the view takes a daemon whose last heartbeat the server stored a TTL ago
+// for gone when it lists or watches, and a phase's probe finds one that
+// dies while it runs (PROTOCOL §3, Liveness).
 type memberView struct {
 	mu      sync.Mutex
-	cond    *sync.Cond // broadcast when seq moves or the view fails
+	cond    *sync.Cond // broadcast when a bucket's seq moves or the view fails
 	started bool
 	// gen counts the views started: a message of a stopped view's
 	// consumer still in flight, or a sync begun on it, finds another.
 	gen   uint64
-	cc    natsjs.ConsumeContext
-	seq   uint64 // the bucket's stream sequence read up to
+	ccs   []natsjs.ConsumeContext
+	seq   map[string]uint64 // by bucket: its stream sequence read up to
 	alive map[string]events.MemberInfo
-	rev   map[string]uint64 // the stream sequence of each live key's heartbeat
+	rev   map[string]uint64    // the stream sequence of each live key's heartbeat
+	at    map[string]time.Time // when the server stored each live daemon key's heartbeat
+	ttl   time.Duration        // a daemon heartbeat's life (jetstream.DaemonTTL)
 	// silent are the keys a probe found gone, at the heartbeat they had
 	// then: left out of every listing until they heartbeat again, rather
 	// than asked again at every phase while their heartbeat lives.
 	silent  map[string]uint64
 	watches map[*memberWatch]struct{}
-	err     error // the view cannot read the bucket
+	err     error // the view cannot read a bucket
 	synced  bool  // a sync has completed: every heartbeat there was is read
 }
 
@@ -63,6 +71,10 @@ type memberWatch struct {
 	unanswered map[events.Member]time.Time
 }
 
+// heartbeatBuckets are the buckets of the view: the agents' and owners',
+// and the sandbox daemons'.
+var heartbeatBuckets = []string{jetstream.BucketMembers, jetstream.BucketDaemons}
+
 // view returns the started view of the run's heartbeats.
 func (b *Bridge) view(ctx context.Context) (*memberView, error) {
 	v := &b.members
@@ -74,22 +86,37 @@ func (b *Bridge) view(ctx context.Context) (*memberView, error) {
 	if v.started {
 		return v, v.err
 	}
-	cons, err := b.cfg.JS.OrderedConsumer(ctx, "KV_"+jetstream.BucketMembers, natsjs.OrderedConsumerConfig{
-		FilterSubjects: []string{"$KV." + jetstream.BucketMembers + "." + events.MemberKeyFilter(b.cfg.Run)},
-		DeliverPolicy:  natsjs.DeliverLastPerSubjectPolicy,
-	})
+	st, err := b.cfg.Bus.Daemons.Status(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("bridge: watch the members: %w", err)
 	}
 	gen := v.gen + 1
-	cc, err := cons.Consume(func(msg natsjs.Msg) { b.heardHeartbeat(gen, msg) }, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
-		b.log.Debug().Err(err).Msg("the members' watch")
-	}))
-	if err != nil {
-		return nil, fmt.Errorf("bridge: watch the members: %w", err)
+	var ccs []natsjs.ConsumeContext
+	stop := func() {
+		for _, cc := range ccs {
+			cc.Stop()
+		}
 	}
-	v.started, v.gen, v.cc, v.alive, v.watches = true, gen, cc, map[string]events.MemberInfo{}, map[*memberWatch]struct{}{}
-	v.rev, v.silent = map[string]uint64{}, map[string]uint64{}
+	for _, bucket := range heartbeatBuckets {
+		cons, err := b.cfg.JS.OrderedConsumer(ctx, "KV_"+bucket, natsjs.OrderedConsumerConfig{
+			FilterSubjects: []string{"$KV." + bucket + "." + events.MemberKeyFilter(b.cfg.Run)},
+			DeliverPolicy:  natsjs.DeliverLastPerSubjectPolicy,
+		})
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("bridge: watch the members of %s: %w", bucket, err)
+		}
+		cc, err := cons.Consume(func(msg natsjs.Msg) { b.heardHeartbeat(gen, bucket, msg) }, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
+			b.log.Debug().Err(err).Str("bucket", bucket).Msg("the members' watch")
+		}))
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("bridge: watch the members of %s: %w", bucket, err)
+		}
+		ccs = append(ccs, cc)
+	}
+	v.started, v.gen, v.ccs, v.alive, v.watches = true, gen, ccs, map[string]events.MemberInfo{}, map[*memberWatch]struct{}{}
+	v.rev, v.at, v.silent, v.seq, v.ttl = map[string]uint64{}, map[string]time.Time{}, map[string]uint64{}, map[string]uint64{}, jetstream.DaemonTTL(st)
 	return v, nil
 }
 
@@ -100,33 +127,38 @@ var errViewStopped = errors.New("bridge: the members' watch is stopped")
 func (b *Bridge) stopView() {
 	v := &b.members
 	v.mu.Lock()
-	cc := v.cc
+	ccs := v.ccs
 	if v.started {
 		// Whoever waits in a sync wakes and fails.
 		v.err = errViewStopped
 		v.cond.Broadcast()
 	}
 	v.mu.Unlock()
-	if cc != nil {
+	for _, cc := range ccs {
 		cc.Stop()
 	}
 	v.mu.Lock()
-	v.cc, v.started, v.err, v.seq, v.synced, v.alive, v.watches = nil, false, nil, 0, false, nil, nil
-	v.rev, v.silent = nil, nil
+	v.ccs, v.started, v.err, v.seq, v.synced, v.alive, v.watches = nil, false, nil, nil, false, nil, nil
+	v.rev, v.at, v.silent = nil, nil, nil
 	v.mu.Unlock()
 }
 
-// heardHeartbeat takes one message of the bucket, read by the consumer of
-// view gen: a heartbeat put, or a key deleted, purged or expired.
-func (b *Bridge) heardHeartbeat(gen uint64, msg natsjs.Msg) {
+// heardHeartbeat takes one message of bucket, read by the consumer of view
+// gen: a heartbeat put, or a key deleted, purged or expired. A key is read
+// from its kind's bucket only (jetstream.HeartbeatBucket): a sandbox
+// daemon's key in sp_members is an earlier build's, and no one but a
+// daemon (and its owner) writes sp_daemons.
+func (b *Bridge) heardHeartbeat(gen uint64, bucket string, msg natsjs.Msg) {
 	md, err := msg.Metadata()
 	if err != nil {
 		return
 	}
-	key := strings.TrimPrefix(msg.Subject(), "$KV."+jetstream.BucketMembers+".")
+	key := strings.TrimPrefix(msg.Subject(), "$KV."+bucket+".")
+	kind, _, _ := strings.Cut(strings.TrimPrefix(key, b.cfg.Run+"."), ".")
+	ours := jetstream.HeartbeatBucket(events.MemberKind(kind)) == bucket
 	var info events.MemberInfo
 	removed := jetstream.KVRemoved(msg.Headers())
-	if !removed {
+	if !removed && ours {
 		if err := json.Unmarshal(msg.Data(), &info); err != nil || info.Validate() != nil || info.Run != b.cfg.Run ||
 			events.MemberKey(b.cfg.Run, info.Member) != key {
 			b.log.Warn().Str("key", key).Msg("ignoring a member heartbeat that does not decode or names another key")
@@ -139,13 +171,22 @@ func (b *Bridge) heardHeartbeat(gen uint64, msg natsjs.Msg) {
 	if !v.started || v.gen != gen {
 		return // a message still in flight when its view stopped
 	}
+	v.seq[bucket] = max(v.seq[bucket], md.Sequence.Stream)
+	v.cond.Broadcast()
+	if !ours {
+		return
+	}
 	was, had := v.alive[key]
 	if removed {
 		delete(v.alive, key)
 		delete(v.rev, key)
+		delete(v.at, key)
 	} else {
 		v.alive[key] = info
 		v.rev[key] = md.Sequence.Stream
+		if bucket == jetstream.BucketDaemons {
+			v.at[key] = md.Timestamp
+		}
 	}
 	delete(v.silent, key) // it heartbeats again, or is gone for good
 	for w := range v.watches {
@@ -159,25 +200,25 @@ func (b *Bridge) heardHeartbeat(gen uint64, msg natsjs.Msg) {
 			w.send(machine.MemberGone{Member: m, Why: machine.GoneReplaced})
 		}
 	}
-	v.seq = max(v.seq, md.Sequence.Stream)
-	v.cond.Broadcast()
 }
 
-// sync waits until the view has read the bucket as far as the run's last
-// heartbeat message when asked.
+// sync waits until the view has read each bucket as far as the run's last
+// heartbeat message there when asked.
 func (v *memberView) sync(ctx context.Context, b *Bridge) error {
-	// The bucket's last write of the run, from the stream's leader: a
+	// Each bucket's last write of the run, from the stream's leader: a
 	// replica behind it would let the view call itself synced short of a
 	// heartbeat the leader holds. One request, not a stream info and a get.
-	last, err := leaderLastMsg(ctx, b.cfg.Conn, "KV_"+jetstream.BucketMembers, "$KV."+jetstream.BucketMembers+"."+events.MemberKeyFilter(b.cfg.Run))
-	switch {
-	case errors.Is(err, natsjs.ErrMsgNotFound):
-		v.mu.Lock()
-		v.synced = true
-		v.mu.Unlock()
-		return nil // no heartbeat of the run yet
-	case err != nil:
-		return fmt.Errorf("bridge: read the members: %w", err)
+	last := map[string]uint64{}
+	for _, bucket := range heartbeatBuckets {
+		msg, err := leaderLastMsg(ctx, b.cfg.Conn, "KV_"+bucket, "$KV."+bucket+"."+events.MemberKeyFilter(b.cfg.Run))
+		switch {
+		case errors.Is(err, natsjs.ErrMsgNotFound):
+			// no heartbeat of the run there yet
+		case err != nil:
+			return fmt.Errorf("bridge: read the members: %w", err)
+		default:
+			last[bucket] = msg.Sequence
+		}
 	}
 	stop := context.AfterFunc(ctx, func() {
 		v.mu.Lock()
@@ -188,7 +229,15 @@ func (v *memberView) sync(ctx context.Context, b *Bridge) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	gen := v.gen
-	for v.seq < last.Sequence && v.err == nil && v.gen == gen && v.started && ctx.Err() == nil {
+	behind := func() bool {
+		for bucket, seq := range last {
+			if v.seq[bucket] < seq {
+				return true
+			}
+		}
+		return false
+	}
+	for v.err == nil && v.gen == gen && v.started && ctx.Err() == nil && behind() {
 		v.cond.Wait()
 	}
 	if v.err != nil {
@@ -212,13 +261,24 @@ func (v *memberView) loaded() bool {
 	return v.synced
 }
 
-// snapshot returns the heartbeats of the run's live members.
-func (v *memberView) snapshot() []events.MemberInfo {
+// liveLocked tells whether key's heartbeat is alive at now: read, and for
+// a sandbox daemon's, stored less than its TTL ago. The view's lock is
+// held.
+func (v *memberView) liveLocked(key string, now time.Time) bool {
+	if _, ok := v.alive[key]; !ok {
+		return false
+	}
+	at, daemon := v.at[key]
+	return !daemon || !jetstream.DaemonExpired(at, v.ttl, now)
+}
+
+// snapshot returns the heartbeats of the run's live members at now.
+func (v *memberView) snapshot(now time.Time) []events.MemberInfo {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	out := make([]events.MemberInfo, 0, len(v.alive))
 	for key, info := range v.alive {
-		if at, ok := v.silent[key]; ok && at == v.rev[key] {
+		if at, ok := v.silent[key]; ok && at == v.rev[key] || !v.liveLocked(key, now) {
 			continue
 		}
 		out = append(out, info)
@@ -227,8 +287,9 @@ func (v *memberView) snapshot() []events.MemberInfo {
 }
 
 // watch starts telling which of members are gone: at once those not alive
-// now, then each that dies, leaves or is replaced. The caller syncs first.
-func (v *memberView) watch(run string, members []events.Member) *memberWatch {
+// at now, then each that dies, leaves or is replaced. The caller syncs
+// first.
+func (v *memberView) watch(run string, members []events.Member, now time.Time) *memberWatch {
 	w := &memberWatch{run: run, memberOf: map[string]events.Member{}, told: map[events.Member]bool{},
 		gone: make(chan machine.Input, len(members)), view: v}
 	v.mu.Lock()
@@ -236,7 +297,7 @@ func (v *memberView) watch(run string, members []events.Member) *memberWatch {
 	for _, m := range members {
 		k := events.MemberKey(run, m)
 		w.memberOf[k] = m
-		if _, ok := v.alive[k]; !ok {
+		if !v.liveLocked(k, now) {
 			w.send(machine.MemberGone{Member: m, Why: machine.GoneNotAlive})
 		}
 	}
@@ -285,7 +346,8 @@ func (w *memberWatch) tell(g machine.MemberGone) {
 // reconnecting), and it is left out of the phase as a heartbeat that
 // expired would have it. A request that times out says nothing. Each
 // request names the phase (events.AliveQuery): a daemon that answered it
-// on core NATS says its ack again, in case the bridge missed it.
+// on core NATS says its ack again, in case the bridge missed it, and
+// answers with it, which answered is given.
 const (
 	probeAfter    = 3 * time.Second
 	probeQuiet    = 2 * time.Second
@@ -297,9 +359,10 @@ const (
 
 // probe asks silent, or the probeBatch of them after the last it asked,
 // whether they are there, and tells w of those that have found no
-// responder for events.AliveUnanswered. It returns when every answer is in
-// or ctx ends. The probes of one watch run one at a time (driving.probed).
-func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Member, q events.AliveQuery) {
+// responder for events.AliveUnanswered; each answer goes to answered (nil:
+// none), on the probe's goroutines. It returns when every answer is in or
+// ctx ends. The probes of one watch run one at a time (driving.probed).
+func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Member, q events.AliveQuery, answered func(events.Member, *nats.Msg)) {
 	query, _ := json.Marshal(q)
 	if len(silent) > probeBatch {
 		from, _ := slices.BinarySearch(silent, w.probed)
@@ -327,7 +390,10 @@ func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Memb
 			defer func() { <-sem }()
 			rctx, cancel := context.WithTimeout(ctx, probeTimeout)
 			defer cancel()
-			_, err := nc.RequestWithContext(rctx, events.AliveSubject(b.cfg.Run, m), query)
+			reply, err := nc.RequestWithContext(rctx, events.AliveSubject(b.cfg.Run, m), query)
+			if err == nil && answered != nil {
+				answered(m, reply)
+			}
 			gone := false
 			mu.Lock()
 			if errors.Is(err, nats.ErrNoResponders) {

@@ -33,14 +33,14 @@ func (b *Bridge) publishPhase(ctx context.Context, fence uint64, p events.PhaseE
 	switch {
 	case p.Phase() == events.PhaseResume:
 		// Its acks come on core NATS, at once: listen first.
-		if err := b.openResumeInbox(seq); err != nil {
+		if err := b.openResumeInbox(p); err != nil {
 			return machine.PhasePublished{}, err
 		}
 	case gathersLive(p.Phase()):
 		// Its acks come through the ack feed: its inbox first. Without
 		// one (the feed cannot be made: the server is away) its gathering
 		// reads its acks with a consumer of its own, from the first.
-		if err := b.openAckInbox(ctx, seq); err != nil {
+		if err := b.openAckInbox(ctx, p); err != nil {
 			b.log.Debug().Err(err).Uint64("seq", seq).Msg("no ack feed; the phase's acks will be read by a consumer of their own")
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -16,14 +15,16 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
-// resumeAcks is the bridge's one core-NATS subscription of its run's
-// resume acks (PROTOCOL §3: they are not stored). It is made before the
-// first resume is published, so that no ack comes before it, and hands
-// each ack to the inbox of its resume, one opened before that resume was
-// published; an ack of a resume without an inbox is dropped.
+// resumeAcks are the bridge's core-NATS subscriptions of its run's resume
+// acks (PROTOCOL §3: they are not stored), one a resume: each is made
+// before its resume is published, so that no ack comes before it, and
+// hands each member's first valid ack (liveGate) to the inbox of its
+// resume; it ends with the inbox. A sandbox daemon's credentials may
+// publish on its resume ack subjects at will: what the bridge hears of them
+// is bounded to the resumes it watches, and what it reads of them to the
+// gate's.
 type resumeAcks struct {
 	mu     sync.Mutex
-	sub    *nats.Subscription
 	inbox  map[uint64]*resumeInbox
 	opened []uint64 // sequences of the inboxes no watch took, oldest first
 }
@@ -31,6 +32,8 @@ type resumeAcks struct {
 // resumeInbox holds the acks of one resume as they arrive.
 type resumeInbox struct {
 	published time.Time
+	sub       *nats.Subscription // spl.<run>.ack.<seq>.resume.>
+	gate      *liveGate
 	mu        sync.Mutex
 	acks      []heardAck
 	wake      chan struct{}
@@ -39,6 +42,7 @@ type resumeInbox struct {
 // heardAck is an ack and when the bridge heard it.
 type heardAck struct {
 	msg *nats.Msg
+	ack events.Ack
 	at  time.Time
 }
 
@@ -48,38 +52,51 @@ type heardAck struct {
 // deadline.
 const resumeInboxes = 8
 
-// openResumeInbox subscribes to the run's resume acks if it has not yet,
-// and opens the inbox of resume seq: call it before the resume is
-// published.
-func (b *Bridge) openResumeInbox(seq uint64) error {
+// openResumeInbox opens the inbox of resume p and subscribes it to p's
+// acks: call it before the resume is published.
+func (b *Bridge) openResumeInbox(p events.PhaseEvent) error {
+	h := p.Header()
 	r := &b.resumes
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.sub == nil {
-		// On the live connection: a fleet's acks at once on the bridge's
-		// own would queue the answers to what it asks next behind them.
-		nc := b.liveConn()
-		sub, err := nc.Subscribe(events.LiveAckFilter(b.cfg.Run, events.PhaseResume), b.heardResumeAck)
-		if err != nil {
-			return fmt.Errorf("bridge: subscribe to the resume acks: %w", err)
-		}
-		// A fleet's acks come at once: none is dropped for a slow reader.
-		_ = sub.SetPendingLimits(-1, -1)
-		if err := nc.Flush(); err != nil {
-			_ = sub.Unsubscribe()
-			return fmt.Errorf("bridge: subscribe to the resume acks: %w", err)
-		}
-		r.sub, r.inbox = sub, map[uint64]*resumeInbox{}
+	if r.inbox == nil {
+		r.inbox = map[uint64]*resumeInbox{}
 	}
-	if _, ok := r.inbox[seq]; !ok {
-		r.inbox[seq] = &resumeInbox{published: b.cfg.Now(), wake: make(chan struct{}, 1)}
-		r.opened = append(r.opened, seq)
-		for len(r.opened) > resumeInboxes {
+	if _, ok := r.inbox[h.Seq]; ok {
+		return nil
+	}
+	in := &resumeInbox{published: b.cfg.Now(), wake: make(chan struct{}, 1), gate: newLiveGate(b.cfg.Run, events.PhaseResume, h, b.log)}
+	// On the live connection: a fleet's acks at once on the bridge's own
+	// would queue the answers to what it asks next behind them.
+	nc := b.liveConn()
+	sub, err := nc.Subscribe(in.gate.filter(""), func(m *nats.Msg) { b.heardResumeAck(in, m) })
+	if err != nil {
+		return fmt.Errorf("bridge: subscribe to the resume acks: %w", err)
+	}
+	// A fleet's acks come at once: none is dropped for a slow reader, up
+	// to the bound that keeps a flood's cost in check.
+	_ = sub.SetPendingLimits(liveAcksPendingMsgs, liveAcksPendingBytes)
+	if err := nc.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("bridge: subscribe to the resume acks: %w", err)
+	}
+	in.sub = sub
+	r.inbox[h.Seq] = in
+	r.opened = append(r.opened, h.Seq)
+	for len(r.opened) > resumeInboxes {
+		if old := r.inbox[r.opened[0]]; old != nil {
 			delete(r.inbox, r.opened[0])
-			r.opened = r.opened[1:]
+			old.close()
 		}
+		r.opened = r.opened[1:]
 	}
 	return nil
+}
+
+// close ends the inbox's subscription.
+func (in *resumeInbox) close() {
+	_ = in.sub.Unsubscribe()
+	in.gate.report()
 }
 
 // takeResumeInbox returns the inbox of resume seq, which the watch of that
@@ -93,48 +110,41 @@ func (b *Bridge) takeResumeInbox(seq uint64) *resumeInbox {
 	return r.inbox[seq]
 }
 
-// closeResumeInbox forgets the inbox of resume seq.
+// closeResumeInbox forgets the inbox of resume seq and ends its
+// subscription.
 func (b *Bridge) closeResumeInbox(seq uint64) {
 	r := &b.resumes
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	in := r.inbox[seq]
 	delete(r.inbox, seq)
 	r.opened = slices.DeleteFunc(r.opened, func(s uint64) bool { return s == seq })
+	r.mu.Unlock()
+	if in != nil {
+		in.close()
+	}
 }
 
-// stopResumeAcks ends the subscription (Run is ending).
+// stopResumeAcks ends every subscription (Run is ending).
 func (b *Bridge) stopResumeAcks() {
 	r := &b.resumes
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.sub != nil {
-		_ = r.sub.Unsubscribe()
-		r.sub, r.inbox, r.opened = nil, nil, nil
+	inboxes := r.inbox
+	r.inbox, r.opened = nil, nil
+	r.mu.Unlock()
+	for _, in := range inboxes {
+		in.close()
 	}
 }
 
-// heardResumeAck runs on the subscription's goroutine: it files msg in
-// the inbox of its resume, by the sequence its subject names.
-func (b *Bridge) heardResumeAck(msg *nats.Msg) {
-	// spl.<run>.ack.<seq>.resume.<member>
-	rest, ok := strings.CutPrefix(msg.Subject, events.LivePrefix+"."+b.cfg.Run+".ack.")
-	if !ok {
-		return
-	}
-	seqText, _, _ := strings.Cut(rest, ".")
-	seq, err := strconv.ParseUint(seqText, 10, 64)
-	if err != nil {
-		return
-	}
-	r := &b.resumes
-	r.mu.Lock()
-	in := r.inbox[seq]
-	r.mu.Unlock()
-	if in == nil {
+// heardResumeAck runs on the subscription's goroutine: it files msg in in,
+// if the gate takes it.
+func (b *Bridge) heardResumeAck(in *resumeInbox, msg *nats.Msg) {
+	ack, _ := in.gate.admit(msg)
+	if ack == nil {
 		return
 	}
 	in.mu.Lock()
-	in.acks = append(in.acks, heardAck{msg: msg, at: b.cfg.Now()})
+	in.acks = append(in.acks, heardAck{msg: msg, ack: ack, at: b.cfg.Now()})
 	in.mu.Unlock()
 	select {
 	case in.wake <- struct{}{}:
@@ -206,12 +216,7 @@ func (b *Bridge) gatherResume(ctx context.Context, r events.Resume, in *resumeIn
 	defer timer.Stop()
 	for {
 		for _, a := range in.take() {
-			_, d, err := events.Unmarshal(a.msg)
-			if err != nil {
-				b.log.Warn().Err(err).Str("subject", a.msg.Subject).Msg("refusing a resume ack")
-				continue
-			}
-			ack, ok := d.(events.ResumeAck)
+			ack, ok := a.ack.(events.ResumeAck)
 			if !ok || !t.Add(ack) {
 				continue
 			}

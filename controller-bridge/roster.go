@@ -123,7 +123,7 @@ func (b *Bridge) rosterFromView(ctx context.Context, p events.PhaseEvent) (event
 		return nil, err
 	}
 	var names []events.Member
-	for _, info := range v.snapshot() {
+	for _, info := range v.snapshot(b.cfg.Now()) {
 		if info.Member.Kind() == events.KindSandbox {
 			names = append(names, info.Member)
 		}

@@ -111,9 +111,101 @@ func TestSandboxDaemonsAreAddressedByRoster(t *testing.T) {
 	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("c2: %+v %v", res, err)
 	}
-	if c := phaseOf(t, env, events.PhaseCommit).Header(); c.Sandboxes == nil || c.Sandboxes.Count != 3 {
+	c := phaseOf(t, env, events.PhaseCommit).Header()
+	if c.Sandboxes == nil || c.Sandboxes.Count != 3 {
 		t.Fatalf("a stop commit: sandboxes %+v, want the 3 daemons", c.Sandboxes)
 	}
+	// The daemons' commit acks travel on core NATS too; the bridge
+	// records each in the stream on its ack subject, the daemon's event
+	// with no message id of the daemon's choosing (PROTOCOL §3, acks).
+	for _, s := range sbs {
+		commitAckRecorded(t, env, c.Seq, s.Name)
+	}
+}
+
+// commitAckRecorded checks that the stream holds daemon m's commit ack of
+// commit seq, as the bridge records it: the daemon's own event, ok, with
+// no manifest (a daemon exports nothing) and no Nats-Msg-Id.
+func commitAckRecorded(t *testing.T, env *jstest.Env, seq uint64, m events.Member) {
+	t.Helper()
+	raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.AckSubject(run, seq, events.PhaseCommit, m))
+	if err != nil {
+		t.Errorf("%s's commit ack of seq %d in the stream: %v", m, seq, err)
+		return
+	}
+	e, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+	if err != nil {
+		t.Errorf("%s's recorded commit ack: %v", m, err)
+		return
+	}
+	a, ok := d.(events.CommitAck)
+	if !ok || a.Member != m || !a.OK || a.Manifest != nil || e.Source() != "/"+run+"/"+string(m) {
+		t.Errorf("%s's recorded commit ack: %+v from %s", m, d, e.Source())
+	}
+	if id := raw.Header.Get(nats.MsgIdHdr); id != "" {
+		t.Errorf("%s's recorded commit ack has message id %q, which the daemon chose", m, id)
+	}
+}
+
+// PROTOCOL §3, live acks: a sandbox's workload holds its daemon's
+// credentials and floods the daemon's ack subjects of every phase with
+// garbage and with acks of another epoch, on core NATS, for the whole of
+// two checkpoints. The bridge hears those subjects only while it waits,
+// takes each daemon's first valid ack and drops the rest (bounded work),
+// and a daemon whose subject its flood buries answers the probe with its
+// ack: both checkpoints commit, the stop commit with every daemon's commit
+// ack recorded.
+func TestDaemonAckFloodDoesNotStopACheckpoint(t *testing.T) {
+	env := jstest.Start(t)
+	fleet(t, env, 1, 1)
+	sbs := sandboxes(t, env, 2)
+	victim := sbs[0].Name
+	b := startBridge(t, env, bridge.Config{})
+	nc, _ := env.Connect(t)
+	fctx, stop := context.WithCancel(t.Context())
+	var sent atomic.Int64
+	flooded := make(chan struct{})
+	go func() {
+		defer close(flooded)
+		junk := []byte(`{"not":"an ack"}`)
+		for n := 0; fctx.Err() == nil; n++ {
+			for seq := uint64(1); seq <= 12; seq++ {
+				for _, p := range []events.Phase{events.PhasePrepare, events.PhaseCommit, events.PhaseResume} {
+					subject := events.LiveAckSubject(run, seq, p, victim)
+					for range 32 {
+						_ = nc.Publish(subject, junk)
+					}
+					// A well-formed ack, of an epoch no phase has.
+					a := events.PrepareAck{AckHeader: events.AckHeader{Run: run, Member: victim, Seq: seq, CheckpointID: "c1",
+						Epoch: 99, OK: true, State: events.StatePrepared}, Ready: true}
+					if msg, err := events.Marshal(victim, a); err == nil && p == events.PhasePrepare {
+						_ = nc.PublishMsg(msg)
+					}
+					sent.Add(33)
+				}
+			}
+			_ = nc.Flush()
+		}
+	}()
+	defer func() { stop(); <-flooded }()
+	poll.Wait(t, 10*time.Second, "the flood to start", func() bool { return sent.Load() > 1000 })
+
+	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 30000})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c1 under the flood: %+v %v", res, err)
+	}
+	if !slices.Contains(res.Members, victim) {
+		t.Errorf("c1 names %v: the flooded daemon answered, and is in it", res.Members)
+	}
+	res, err = b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2", Stop: true, TimeoutMS: 30000})
+	if err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c2 under the flood: %+v %v", res, err)
+	}
+	c := phaseOf(t, env, events.PhaseCommit).Header()
+	for _, s := range sbs {
+		commitAckRecorded(t, env, c.Seq, s.Name)
+	}
+	t.Logf("%d messages flooded on %s's ack subjects", sent.Load(), victim)
 }
 
 // PROTOCOL §3, Liveness: a sandbox daemon whose process is gone while its
@@ -127,7 +219,7 @@ func TestSilentSandboxDaemonIsLeftOut(t *testing.T) {
 	sandboxes(t, env, 1)
 	ghost := events.Member("sandbox.ghost")
 	v, _ := json.Marshal(events.MemberInfo{Run: run, Member: ghost, Instance: "gone", Started: time.Now().UTC(), Heartbeat: time.Now().UTC()})
-	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey(run, ghost), v); err != nil {
+	if _, err := env.Bus.Daemons.Put(t.Context(), events.MemberKey(run, ghost), v); err != nil {
 		t.Fatal(err)
 	}
 	b := startBridge(t, env, bridge.Config{})
@@ -157,7 +249,7 @@ func TestSilentSandboxDaemonStaysOut(t *testing.T) {
 	put := func(instance string) {
 		t.Helper()
 		v, _ := json.Marshal(events.MemberInfo{Run: run, Member: ghost, Instance: instance, Started: time.Now().UTC(), Heartbeat: time.Now().UTC()})
-		if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey(run, ghost), v); err != nil {
+		if _, err := env.Bus.Daemons.Put(t.Context(), events.MemberKey(run, ghost), v); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -232,7 +324,7 @@ func TestMissedDaemonPrepareAckIsSaidAgainOnProbe(t *testing.T) {
 	quiet := events.Member("sandbox.quiet")
 	now := time.Now().UTC()
 	info, _ := json.Marshal(events.MemberInfo{Run: run, Member: quiet, Instance: "q1", Started: now, Heartbeat: now})
-	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey(run, quiet), info); err != nil {
+	if _, err := env.Bus.Daemons.Put(t.Context(), events.MemberKey(run, quiet), info); err != nil {
 		t.Fatal(err)
 	}
 	nc, _ := env.Connect(t)

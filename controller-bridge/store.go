@@ -20,7 +20,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
-// The bridge's reads and writes of sp_manifests, sp_members,
+// The bridge's reads and writes of sp_manifests, the heartbeats,
 // sp_checkpoints and sp_records: what the machine asks for, carried out.
 
 // latest reads LATEST and its revision; nil if there is none.
@@ -557,7 +557,7 @@ func (b *Bridge) liveMembers(ctx context.Context, epoch uint64, fresh bool) ([]e
 		members []events.Member
 		infos   []events.MemberInfo
 	)
-	for _, info := range v.snapshot() {
+	for _, info := range v.snapshot(b.cfg.Now()) {
 		if info.Member.Kind() == events.KindBridge {
 			continue
 		}

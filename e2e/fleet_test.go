@@ -167,7 +167,7 @@ func startFleet(t testing.TB, o fleetOptions) *fleet {
 func (f *fleet) start(name string, member events.Member, args ...string) {
 	f.t.Helper()
 	prev := map[events.Member]string{}
-	if e, err := f.env.Bus.Members.Get(f.t.Context(), events.MemberKey(f.run, member)); err == nil {
+	if e, err := f.env.Bus.Heartbeats(member.Kind()).Get(f.t.Context(), events.MemberKey(f.run, member)); err == nil {
 		var info events.MemberInfo
 		if json.Unmarshal(e.Value(), &info) == nil {
 			prev[member] = info.Instance
@@ -182,7 +182,7 @@ func (f *fleet) start(name string, member events.Member, args ...string) {
 	// process left.
 	poll.Wait(f.t, 30*time.Second, "member "+string(member)+" to register", func() bool {
 		exitedEarly(f.t, p)
-		e, err := f.env.Bus.Members.Get(f.t.Context(), events.MemberKey(f.run, member))
+		e, err := f.env.Bus.Heartbeats(member.Kind()).Get(f.t.Context(), events.MemberKey(f.run, member))
 		if err != nil {
 			return false
 		}

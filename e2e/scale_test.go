@@ -429,21 +429,21 @@ func consumerLimitHint(what string) string {
 		"sandbox daemon needs it lifted, -scale.max-consumers=-1; docs/SCALE.md)", *scaleMaxConsumers)
 }
 
-// waitHeartbeats waits until sp_members holds a heartbeat of every
-// member. It counts the keys by the bucket's stream (one subject a key),
+// waitHeartbeats waits until sp_daemons holds a heartbeat of every
+// member (each a sandbox daemon). It counts the keys by the bucket's stream (one subject a key),
 // not by a key lister, whose watcher can be left blocked by the updates
 // that thousands of heartbeats send it meanwhile.
 func (w *scaleWorld) waitHeartbeats(tb testing.TB) {
 	tb.Helper()
 	var have int
-	poll.Wait(tb, 2*time.Minute, fmt.Sprintf("%d heartbeats in %s", w.cfg.members, jetstream.BucketMembers), func() bool {
+	poll.Wait(tb, 2*time.Minute, fmt.Sprintf("%d heartbeats in %s", w.cfg.members, jetstream.BucketDaemons), func() bool {
 		ctx, cancel := context.WithTimeout(tb.Context(), time.Minute)
 		defer cancel()
-		s, err := w.js.Stream(ctx, "KV_"+jetstream.BucketMembers)
+		s, err := w.js.Stream(ctx, "KV_"+jetstream.BucketDaemons)
 		if err != nil {
 			return false
 		}
-		info, err := s.Info(ctx, natsjs.WithSubjectFilter("$KV."+jetstream.BucketMembers+"."+scaleRun+".>"))
+		info, err := s.Info(ctx, natsjs.WithSubjectFilter("$KV."+jetstream.BucketDaemons+"."+scaleRun+".>"))
 		if err != nil {
 			return false
 		}

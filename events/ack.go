@@ -124,9 +124,17 @@ func (h AckHeader) validate() error {
 	return errors.Join(errs...)
 }
 
+// ackRoute is the route of an ack of phase p: its stream subject, or, for
+// an ack that travels on core NATS (LiveAck), its live subject, read on its
+// stream subject too (where the bridge records it, or a build before this
+// one stored it).
 func (h AckHeader) ackRoute(p Phase) route {
-	return route{run: h.Run, subject: h.CheckpointID, nats: AckSubject(h.Run, h.Seq, p, h.Member),
+	r := route{run: h.Run, subject: h.CheckpointID, nats: AckSubject(h.Run, h.Seq, p, h.Member),
 		source: h.Member, seq: h.Seq, epoch: h.Epoch, hasSeq: true}
+	if LiveAck(p, h.Member) {
+		r.nats, r.alt = LiveAckSubject(h.Run, h.Seq, p, h.Member), r.nats
+	}
+	return r
 }
 
 // Header returns the ack's common fields; with Answers it makes every ack
@@ -253,18 +261,10 @@ func (a PrepareAck) Validate() error {
 	return errors.Join(errs...)
 }
 
-// route: a sandbox daemon's prepare ack travels on core NATS
-// (LiveAckSubject), not into the stream (PROTOCOL §3, acks): the bridge
-// counts the first it hears and records what it heard
-// (PrepareAcked); one a build before that stored is read on its stream
-// subject too. Every other member's is stored.
-func (a PrepareAck) route() route {
-	r := a.ackRoute(PhasePrepare)
-	if LiveAck(PhasePrepare, a.Member) {
-		r.nats, r.alt = LiveAckSubject(a.Run, a.Seq, PhasePrepare, a.Member), r.nats
-	}
-	return r
-}
+// route: a sandbox daemon's prepare ack travels on core NATS (LiveAck):
+// the bridge counts the first it hears and records what it heard
+// (PrepareAcked). Every other member's is stored.
+func (a PrepareAck) route() route { return a.ackRoute(PhasePrepare) }
 
 // RenewAck answers a renew.
 type RenewAck struct {
@@ -442,14 +442,9 @@ func (ResumeAck) Type() Type { return TypeResumeAck }
 // Validate implements Data.
 func (a ResumeAck) Validate() error { return a.validate() }
 
-// route: a resume ack travels on core NATS (LiveAckSubject), not into the
-// stream (PROTOCOL §3, acks); one a build before that stored is read on
-// its stream subject too.
-func (a ResumeAck) route() route {
-	r := a.ackRoute(PhaseResume)
-	r.nats, r.alt = LiveAckSubject(a.Run, a.Seq, PhaseResume, a.Member), r.nats
-	return r
-}
+// route: a resume ack travels on core NATS (LiveAck), not into the
+// stream (PROTOCOL §3, acks).
+func (a ResumeAck) route() route { return a.ackRoute(PhaseResume) }
 
 // RestoreAck answers a restore.
 type RestoreAck struct {

@@ -32,7 +32,10 @@
 //  5. Subjects (PROTOCOL §3): phases on sp.<run>.phase.<phase>; acks on
 //     sp.<run>.ack.<seq>.<phase>.<member>, one subject per phase event and
 //     member, written once; outcomes on sp.<run>.outcome.<noun>.<verb>;
-//     membership on sp.<run>.member.<member>.
+//     membership on sp.<run>.member.<member>. Every resume ack, and every
+//     ack of a sandbox daemon, travels on core NATS instead, on
+//     spl.<run>.ack.<seq>.<phase>.<member> (LiveAck); the bridge stores a
+//     daemon's on its ack subject where the phase keeps acks (AckRecorded).
 //  6. Ids (PROTOCOL §2): run, checkpoint and member names are single subject
 //     tokens, ^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$; rollout ids allow dots, up to
 //     128 bytes, and never end in -a<digits>; an episode's capture key is

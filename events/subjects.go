@@ -77,21 +77,34 @@ func LiveAckSubject(run string, seq uint64, p Phase, m Member) string {
 
 // LiveAck tells whether member m's ack of phase p travels on core NATS
 // (LiveAckSubject) rather than into the stream (PROTOCOL §3, acks): every
-// resume ack, and a sandbox daemon's prepare ack. A daemon exports
-// nothing and the bridge aborts a prepare it did not finish, so the stream
-// needs no copy of each: the bridge counts the first ack it hears of each
-// daemon and records the prepare's in one event (PrepareAcked), and a
+// resume ack, and every ack of a sandbox daemon. A sandbox's workload can
+// read its daemon's credentials, which therefore publish nothing into the
+// stream: the bridge hears a daemon's acks while it waits for them, takes
+// the first valid one of each daemon, and records them (AckRecorded); a
 // daemon asked whether it is there with the phase named (AliveQuery) says
 // its answer again.
 func LiveAck(p Phase, m Member) bool {
-	return p == PhaseResume || p == PhasePrepare && m.Kind() == KindSandbox
+	return p == PhaseResume || m.Kind() == KindSandbox
+}
+
+// AckRecorded tells whether member m's ack of phase p is kept in the
+// stream on its ack subject (AckSubject), where a member that sees the
+// phase again, a replaying bridge and the audit log find it: every ack
+// but a resume's and a sandbox daemon's prepare's, which the bridge
+// records in summary (ResumeAcked, PrepareAcked). A daemon's other acks
+// travel on core NATS (LiveAck), and the bridge stores the first valid one
+// it hears of each daemon on its ack subject, as the daemon's event.
+func AckRecorded(p Phase, m Member) bool {
+	return p != PhaseResume && !(p == PhasePrepare && m.Kind() == KindSandbox)
 }
 
 // AliveQuery is the optional body of a request on a member's alive
-// subject: besides answering with its instance, a member that answered
-// phase Seq (Phase) with an ack that travels on core NATS (LiveAck)
-// publishes that ack again, so that one the asker missed (core NATS
-// delivers at most once) is heard. An empty body asks nothing more.
+// subject: a member that answered phase Seq (Phase) with an ack that
+// travels on core NATS (LiveAck) publishes that ack again, so that one the
+// asker missed (core NATS delivers at most once) is heard, and answers with
+// it (its headers and data) instead of its instance: the answer comes on
+// the asker's own inbox, which a flood of the ack's subject does not
+// reach. An empty body asks nothing more.
 type AliveQuery struct {
 	Seq   uint64 `json:"seq"`
 	Phase Phase  `json:"phase"`

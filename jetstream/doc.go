@@ -16,7 +16,10 @@
 //	  sp.<run>.ack.<seq>.<phase>.<member>      one ack per (phase event, member), once only
 //	  sp.<run>.outcome.<noun>.<verb>           checkpoint.committed, restore.failed, ...
 //	  sp.<run>.member.<member>                 joined / left
-//	kv      sp_members     <run>.<member> heartbeats; the bucket's TTL (30 s) is the liveness
+//	kv      sp_members     <run>.<member> heartbeats of agents and owners; each carries its TTL
+//	                       (30 s), and an expired key leaves a marker
+//	kv      sp_daemons     <run>.sandbox.<name> heartbeats of sandbox daemons: one message a key,
+//	                       no roll-up, purge or marker; a key lives the bucket's max age (2 min)
 //	kv      sp_manifests   <run>.<checkpoint>[.<member>] created once; <run>.LATEST moved by
 //	                       compare-and-set; <run>.HEAD; 16 revisions of history
 //	kv      sp_snapshots   the owner's snapshot index: snapshot id -> checkpoints naming it

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/events"
 )
 
 var (
@@ -27,8 +29,11 @@ var (
 type Bus struct {
 	// Stream is StreamName, the audit log of phases, acks, outcomes and membership.
 	Stream natsjs.Stream
-	// Members is BucketMembers: heartbeats with a TTL.
+	// Members is BucketMembers: agents' and owners' heartbeats with a TTL.
 	Members natsjs.KeyValue
+	// Daemons is BucketDaemons: sandbox daemons' heartbeats, each living the bucket's max age
+	// after its last write (DaemonTTL).
+	Daemons natsjs.KeyValue
 	// Manifests is BucketManifests: created once, LATEST moved with compare-and-set.
 	Manifests natsjs.KeyValue
 	// Snapshots is BucketSnapshots: the owner's snapshot index.
@@ -48,6 +53,14 @@ type Bus struct {
 	JS natsjs.JetStream
 }
 
+// Heartbeats returns the bucket of the heartbeats of members of kind (HeartbeatBucket).
+func (b *Bus) Heartbeats(kind events.MemberKind) natsjs.KeyValue {
+	if kind == events.KindSandbox {
+		return b.Daemons
+	}
+	return b.Members
+}
+
 // resource is one object of the bus as Provision sees it: a backing stream to look up, a
 // comparison against what it should be, and a way to create it.
 type resource struct {
@@ -64,9 +77,11 @@ type resource struct {
 // leaves alone what already exists with the same configuration, so running it any number of
 // times, from any number of processes, changes nothing after the first. An existing object whose
 // configuration differs from t is never updated: Provision returns ErrConfigConflict naming every
-// difference and creates nothing. The one exception adds what a store made by an earlier build
-// lacks and nothing contradicts: the stream's republish of its phases (events.LivePhaseFilter). Zero fields of t take their defaults; an invalid t returns
-// ErrInvalidConfig.
+// difference and creates nothing. The exceptions change what a store made by an earlier build
+// holds and nothing contradicts: the stream's republish of its phases (events.LivePhaseFilter)
+// goes, and sp_members gets its heartbeats' TTLs; an object that build did not make, such as
+// BucketDaemons, is created as any missing one. Zero fields of t take their defaults; an invalid t
+// returns ErrInvalidConfig.
 func Provision(ctx context.Context, js natsjs.JetStream, t Topology) (*Bus, error) {
 	if js == nil {
 		return nil, errors.New("jetstream: provision: nil JetStream")
@@ -144,6 +159,7 @@ func Open(ctx context.Context, js natsjs.JetStream) (*Bus, error) {
 		into   *natsjs.KeyValue
 	}{
 		{BucketMembers, &bus.Members},
+		{BucketDaemons, &bus.Daemons},
 		{BucketManifests, &bus.Manifests},
 		{BucketSnapshots, &bus.Snapshots},
 	} {
@@ -256,6 +272,28 @@ func (t Topology) resources() []resource {
 		}
 		rs = append(rs, r)
 	}
+	dcfg := t.daemonsStreamConfig()
+	rs = append(rs, resource{
+		what:   fmt.Sprintf("kv bucket %s (stream %s)", BucketDaemons, dcfg.Name),
+		stream: dcfg.Name,
+		diff: func(have natsjs.StreamConfig) []string {
+			var d diffs
+			d.subjects(have.Subjects, dcfg.Subjects)
+			diffField(&d, "history", have.MaxMsgsPerSubject, dcfg.MaxMsgsPerSubject)
+			diffField(&d, "ttl", have.MaxAge, dcfg.MaxAge)
+			diffField(&d, "allow_rollup", have.AllowRollup, dcfg.AllowRollup)
+			diffField(&d, "deny_purge", have.DenyPurge, dcfg.DenyPurge)
+			diffField(&d, "allow_msg_ttl", have.AllowMsgTTL, dcfg.AllowMsgTTL)
+			diffField(&d, "subject_delete_marker_ttl", have.SubjectDeleteMarkerTTL, dcfg.SubjectDeleteMarkerTTL)
+			diffField(&d, "replicas", replicas(have.Replicas), dcfg.Replicas)
+			diffField(&d, "storage", have.Storage, dcfg.Storage)
+			return d
+		},
+		create: func(ctx context.Context, js natsjs.JetStream) error {
+			_, err := js.CreateStream(ctx, dcfg)
+			return err
+		},
+	})
 	for _, ocfg := range t.objectStoreConfigs() {
 		rs = append(rs, resource{
 			what:   fmt.Sprintf("object store %s (stream OBJ_%s)", ocfg.Bucket, ocfg.Bucket),

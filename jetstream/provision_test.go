@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
@@ -19,16 +22,20 @@ import (
 var backingStreams = []string{
 	jetstream.StreamName,
 	"KV_" + jetstream.BucketMembers,
+	"KV_" + jetstream.BucketDaemons,
 	"KV_" + jetstream.BucketManifests,
 	"KV_" + jetstream.BucketSnapshots,
 	"OBJ_" + jetstream.BucketRecords,
 }
 
 // streamInfos fetches fresh info of every backing stream.
-func streamInfos(ctx context.Context, t *testing.T, js natsjs.JetStream) map[string]*natsjs.StreamInfo {
+func streamInfos(ctx context.Context, t *testing.T, js natsjs.JetStream, except ...string) map[string]*natsjs.StreamInfo {
 	t.Helper()
 	infos := make(map[string]*natsjs.StreamInfo)
 	for _, name := range backingStreams {
+		if slices.Contains(except, name) {
+			continue
+		}
 		s, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatalf("stream %s: %v", name, err)
@@ -52,7 +59,7 @@ func TestProvisionIsIdempotent(t *testing.T) {
 		if err != nil {
 			t.Fatalf("second Provision: %v", err)
 		}
-		if bus.Stream == nil || bus.Members == nil || bus.Manifests == nil || bus.Snapshots == nil || bus.Records == nil {
+		if bus.Stream == nil || bus.Members == nil || bus.Daemons == nil || bus.Manifests == nil || bus.Snapshots == nil || bus.Records == nil {
 			t.Fatalf("Provision returned an incomplete bus: %+v", bus)
 		}
 	}
@@ -86,6 +93,13 @@ func TestProvisionIsIdempotent(t *testing.T) {
 		if c.MaxMsgsPerSubject != want.history || c.MaxAge != want.ttl || c.Storage != natsjs.FileStorage {
 			t.Errorf("%s: history %d, ttl %s, storage %s; want %d, %s, File", name, c.MaxMsgsPerSubject, c.MaxAge, c.Storage, want.history, want.ttl)
 		}
+	}
+	// The daemons' bucket lets no writer roll up, purge or set a TTL: one message a key, living
+	// the sandbox TTL.
+	if c := after["KV_sp_daemons"].Config; c.MaxMsgsPerSubject != 1 || c.MaxAge != 2*time.Minute || c.AllowRollup ||
+		!c.DenyPurge || !c.DenyDelete || c.AllowMsgTTL || c.SubjectDeleteMarkerTTL != 0 || !c.AllowDirect ||
+		!reflect.DeepEqual(c.Subjects, []string{"$KV.sp_daemons.>"}) {
+		t.Errorf("KV_sp_daemons: %+v, want history 1, max age 2m, no roll-up, purge, TTL or marker", c)
 	}
 	if c := after["OBJ_sp_records"].Config; c.Storage != natsjs.FileStorage {
 		t.Errorf("OBJ_sp_records: storage %s, want File", c.Storage)
@@ -167,7 +181,7 @@ func TestOpen(t *testing.T) {
 		t.Fatalf("Open on an empty server: %v, want ErrNotProvisioned", err)
 	}
 	for _, want := range []string{
-		"stream STILLPOINT", "kv bucket sp_members", "kv bucket sp_manifests", "kv bucket sp_snapshots", "object store sp_records",
+		"stream STILLPOINT", "kv bucket sp_members", "kv bucket sp_daemons", "kv bucket sp_manifests", "kv bucket sp_snapshots", "object store sp_records",
 		"object store sp_checkpoints",
 	} {
 		if !strings.Contains(err.Error(), want) {
@@ -248,5 +262,129 @@ func TestProvisionRemovesThePhaseRepublish(t *testing.T) {
 	}
 	if _, err := jetstream.Provision(ctx, env.JS, jetstream.Topology{}); !errors.Is(err, jetstream.ErrConfigConflict) || !strings.Contains(err.Error(), "republish") {
 		t.Fatalf("Provision over a stream with another republish: %v, want a conflict naming it", err)
+	}
+}
+
+// TestProvisionAddsTheDaemonsBucket: a store an earlier build made has no sp_daemons; Provision
+// creates it and changes nothing else, the heartbeats in sp_members included.
+func TestProvisionAddsTheDaemonsBucket(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := testContext(t)
+	if _, err := env.Bus.Members.Put(ctx, "r.agent.a1", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.JS.DeleteStream(ctx, "KV_"+jetstream.BucketDaemons); err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]*natsjs.StreamInfo{}
+	for name, info := range streamInfos(ctx, t, env.JS, "KV_"+jetstream.BucketDaemons) {
+		before[name] = info
+	}
+	bus, err := jetstream.Provision(ctx, env.JS, env.Topology)
+	if err != nil {
+		t.Fatalf("Provision over a store without sp_daemons: %v", err)
+	}
+	if bus.Daemons == nil {
+		t.Fatal("no sp_daemons after Provision")
+	}
+	for name, info := range streamInfos(ctx, t, env.JS) {
+		b, ok := before[name]
+		if !ok {
+			continue
+		}
+		if !reflect.DeepEqual(b.Config, info.Config) || !b.Created.Equal(info.Created) || b.State.Msgs != info.State.Msgs {
+			t.Errorf("stream %s changed: config %+v -> %+v, %d -> %d messages", name, b.Config, info.Config, b.State.Msgs, info.State.Msgs)
+		}
+	}
+	if _, err := bus.Members.Get(ctx, "r.agent.a1"); err != nil {
+		t.Errorf("the agent's heartbeat after the upgrade: %v", err)
+	}
+}
+
+// TestDaemonsBucket: a sandbox daemon's heartbeat key cannot roll up or purge another key, a
+// per-message TTL is refused, a delete reads as gone, and a key expires without a marker, which
+// a watcher tells by the time the server stored it plus the bucket's TTL.
+func TestDaemonsBucket(t *testing.T) {
+	env := jstest.Start(t, jstest.WithTopology(jetstream.Topology{SandboxTTL: time.Second}))
+	ctx := testContext(t)
+	kv := env.Bus.Daemons
+	for _, k := range []string{"r.sandbox.sb1", "r.sandbox.sb2", "other.sandbox.sb1"} {
+		if _, err := kv.Put(ctx, k, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, rollup := range []string{"all", "sub"} {
+		msg := &nats.Msg{Subject: "$KV.sp_daemons.r.sandbox.sb1", Header: nats.Header{"Nats-Rollup": []string{rollup}}, Data: []byte("{}")}
+		if _, err := env.JS.PublishMsg(ctx, msg); err == nil {
+			t.Errorf("a put with Nats-Rollup %s was stored", rollup)
+		}
+	}
+	if err := kv.Purge(ctx, "r.sandbox.sb2"); err == nil {
+		t.Error("a purge of a key was stored")
+	}
+	ttl := &nats.Msg{Subject: "$KV.sp_daemons.r.sandbox.sb1", Header: nats.Header{"Nats-TTL": []string{"never"}}, Data: []byte("{}")}
+	if _, err := env.JS.PublishMsg(ctx, ttl); err == nil {
+		t.Error("a put with its own TTL was stored")
+	}
+	stream, err := env.JS.Stream(ctx, "KV_"+jetstream.BucketDaemons)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Purge(ctx); err == nil {
+		t.Error("the bucket's stream was purged")
+	}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range keys.Keys() {
+		n++
+	}
+	if n != 3 {
+		t.Errorf("%d keys after the attempts, want the 3 written", n)
+	}
+
+	// The owner's delete of a stopped sandbox's key reads as gone.
+	w, err := kv.Watch(ctx, "r.>", natsjs.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+	if err := kv.Delete(ctx, "r.sandbox.sb2"); err != nil {
+		t.Fatal(err)
+	}
+	if e := <-w.Updates(); e == nil || e.Key() != "r.sandbox.sb2" || e.Operation() != natsjs.KeyValueDelete {
+		t.Errorf("the watch after a delete: %v, want the key deleted", e)
+	}
+	if _, err := kv.Get(ctx, "r.sandbox.sb2"); !errors.Is(err, natsjs.ErrKeyNotFound) {
+		t.Errorf("a deleted key: %v, want not found", err)
+	}
+
+	// A key expires a TTL after its last write, and says nothing.
+	e, err := kv.Get(ctx, "r.sandbox.sb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemonTTL := jetstream.DaemonTTL(st)
+	if daemonTTL != time.Second {
+		t.Errorf("DaemonTTL %s, want the topology's 1s", daemonTTL)
+	}
+	if jetstream.DaemonExpired(e.Created(), daemonTTL, e.Created().Add(daemonTTL/2)) ||
+		!jetstream.DaemonExpired(e.Created(), daemonTTL, e.Created().Add(daemonTTL)) {
+		t.Error("DaemonExpired does not tell a key's expiry by its store time plus the TTL")
+	}
+	poll.Wait(t, 10*time.Second, "the key to expire", func() bool {
+		_, err := kv.Get(ctx, "r.sandbox.sb1")
+		return errors.Is(err, natsjs.ErrKeyNotFound)
+	})
+	select {
+	case e := <-w.Updates():
+		t.Errorf("the watch heard %v of an expiry, want nothing", e)
+	default:
 	}
 }

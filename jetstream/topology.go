@@ -19,8 +19,13 @@ const (
 	StreamName = "STILLPOINT"
 	// StreamSubjects is the subject filter of StreamName: every subject of the protocol.
 	StreamSubjects = "sp.>"
-	// BucketMembers is the KV bucket of member heartbeats, keyed <run>.<member>, with a TTL.
+	// BucketMembers is the KV bucket of agents' and owners' heartbeats, keyed <run>.<member>,
+	// with a TTL.
 	BucketMembers = "sp_members"
+	// BucketDaemons is the KV bucket of sandbox daemons' heartbeats, keyed <run>.sandbox.<name>:
+	// apart from BucketMembers, whose expiry markers need roll-ups, so that no write a sandbox's
+	// credentials may make rolls up or purges another member's key (daemonsStreamConfig).
+	BucketDaemons = "sp_daemons"
 	// BucketManifests is the KV bucket of checkpoint and member manifests and the LATEST pointer.
 	BucketManifests = "sp_manifests"
 	// BucketSnapshots is the KV bucket of the owner's snapshot index.
@@ -75,8 +80,9 @@ type Topology struct {
 	// MemberTTL is the TTL of an agent's or an owner's heartbeat in sp_members (default 30
 	// seconds).
 	MemberTTL time.Duration
-	// SandboxTTL is the TTL of a sandbox daemon's heartbeat (default 2 minutes). The bucket keeps
-	// a key for the longer of the two, and each heartbeat carries its own (MemberTTLs).
+	// SandboxTTL is the TTL of a sandbox daemon's heartbeat (default 2 minutes): the max age of
+	// BucketDaemons. sp_members, an earlier build's home of those heartbeats too, keeps a key for
+	// the longer of the two and names both (MemberTTLs).
 	SandboxTTL time.Duration
 	// ManifestHistory is the KV history of sp_manifests (default 16, at most 64).
 	ManifestHistory int
@@ -201,6 +207,68 @@ func (t Topology) keyValueConfigs() []natsjs.KeyValueConfig {
 	}
 }
 
+// daemonValueMax bounds a value of BucketDaemons: a heartbeat is a few hundred bytes.
+const daemonValueMax = 64 << 10
+
+// daemonsStreamConfig is the configuration of BucketDaemons' stream, made as a stream rather than
+// through nats.go's KV create, which always allows roll-ups. A sandbox's credentials may write its
+// own key there (docs/PERMISSIONS.md), and its workload can read them: so one message per key, no
+// roll-up (a Nats-Rollup header is refused, where on sp_members one of "all" purged every key), no
+// purge, no per-message TTL, and no subject delete markers, which nats-server allows only with
+// roll-ups. A key lives SandboxTTL after its last write, the stream's max age, and goes without a
+// marker: a watcher tells an expired heartbeat by the time the server stored it plus that TTL
+// (DaemonTTL). A delete (KV-Operation DEL, the owner's when it stops a sandbox) still reads as
+// gone. The duplicate window is short: heartbeats carry no message id, and a flood of ids would
+// only grow the server's memory of them.
+func (t Topology) daemonsStreamConfig() natsjs.StreamConfig {
+	return natsjs.StreamConfig{
+		Name:              "KV_" + BucketDaemons,
+		Description:       "Stillpoint sandbox daemons: <run>.sandbox.<name> heartbeats",
+		Subjects:          []string{"$KV." + BucketDaemons + ".>"},
+		Retention:         natsjs.LimitsPolicy,
+		MaxMsgsPerSubject: 1,
+		MaxMsgs:           -1,
+		MaxBytes:          -1,
+		MaxConsumers:      -1,
+		MaxAge:            t.SandboxTTL,
+		MaxMsgSize:        daemonValueMax,
+		Storage:           natsjs.FileStorage,
+		Replicas:          t.Replicas,
+		Discard:           natsjs.DiscardNew,
+		Duplicates:        min(time.Second, t.SandboxTTL),
+		AllowDirect:       true,
+		DenyDelete:        true,
+		DenyPurge:         true,
+		AllowRollup:       false,
+		Metadata:          map[string]string{metaSandboxTTL: t.SandboxTTL.String()},
+	}
+}
+
+// HeartbeatBucket returns the KV bucket of the heartbeats of members of kind: BucketDaemons for
+// a sandbox daemon, BucketMembers for the rest. Both are keyed <run>.<member> (events.MemberKey).
+func HeartbeatBucket(kind events.MemberKind) string {
+	if kind == events.KindSandbox {
+		return BucketDaemons
+	}
+	return BucketMembers
+}
+
+// DaemonTTL returns how long a heartbeat of BucketDaemons lives after the server stored it, from
+// the bucket's status: its max age. An expired key leaves no marker (daemonsStreamConfig), so a
+// watcher takes a key older than this for gone.
+func DaemonTTL(st natsjs.KeyValueStatus) time.Duration {
+	if ttl := st.TTL(); ttl > 0 {
+		return ttl
+	}
+	return DefaultSandboxTTL
+}
+
+// DaemonExpired tells whether a heartbeat of BucketDaemons that the server stored at stored has
+// expired at now, given the bucket's ttl (DaemonTTL).
+func DaemonExpired(stored time.Time, ttl time.Duration, now time.Time) bool {
+	return !stored.IsZero() && !now.Before(stored.Add(ttl))
+}
+
 // objectStoreConfigs are the configurations of BucketRecords, BucketCheckpoints and
 // BucketTrajectories.
 func (t Topology) objectStoreConfigs() []natsjs.ObjectStoreConfig {
@@ -254,7 +322,8 @@ func RecordStores(ctx context.Context, js natsjs.JetStream, prefix string) ([]na
 	return stores, nil
 }
 
-// The metadata keys of BucketMembers that name its heartbeats' TTLs.
+// The metadata keys of BucketMembers that name its heartbeats' TTLs (BucketDaemons names its own
+// with metaSandboxTTL).
 const (
 	metaMemberTTL  = "stillpoint_member_ttl"
 	metaSandboxTTL = "stillpoint_sandbox_ttl"

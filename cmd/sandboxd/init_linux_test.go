@@ -116,7 +116,7 @@ func TestInitServesTheControlChannel(t *testing.T) {
 	if r.Member != "sandbox.sb1" || r.State != vmctl.StateIdentified || r.Identity.PID != p.Pid() {
 		t.Fatalf("identify: %+v (init pid %d)", r.Hello, p.Pid())
 	}
-	old, err := env.Bus.Members.Get(t.Context(), events.MemberKey("run1", "sandbox.sb1"))
+	old, err := env.Bus.Daemons.Get(t.Context(), events.MemberKey("run1", "sandbox.sb1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestInitServesTheControlChannel(t *testing.T) {
 	if r.Member != "sandbox.sb2" || r.Epoch != 1 || r.Identity.PID != p.Pid() {
 		t.Fatalf("reidentify: %+v", r.Hello)
 	}
-	e, err := env.Bus.Members.Get(t.Context(), events.MemberKey("run1", "sandbox.sb2"))
+	e, err := env.Bus.Daemons.Get(t.Context(), events.MemberKey("run1", "sandbox.sb2"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestInitServesTheControlChannel(t *testing.T) {
 	if err := json.Unmarshal(e.Value(), &info); err != nil || info.Epoch != 1 || !info.Served {
 		t.Fatalf("the fork's member: %s %v", e.Value(), err)
 	}
-	if now, err := env.Bus.Members.Get(t.Context(), events.MemberKey("run1", "sandbox.sb1")); err != nil || now.Revision() != old.Revision() {
+	if now, err := env.Bus.Daemons.Get(t.Context(), events.MemberKey("run1", "sandbox.sb1")); err != nil || now.Revision() != old.Revision() {
 		t.Fatalf("the old member's key was touched by the re-identification: %v %v", now, err)
 	}
 	c2, err := sandboxapi.NewClient(env.Conn, "run1", "sb2")
@@ -182,7 +182,7 @@ func TestInitServesTheControlChannel(t *testing.T) {
 	if err != nil || !exit.Success() {
 		t.Fatalf("sandboxd init after its lease: %v %v", exit, err)
 	}
-	if _, err := env.Bus.Members.Get(t.Context(), events.MemberKey("run1", "sandbox.sb2")); err == nil {
+	if _, err := env.Bus.Daemons.Get(t.Context(), events.MemberKey("run1", "sandbox.sb2")); err == nil {
 		t.Error("the fork's member did not leave when the lease ran out")
 	}
 }

@@ -5,7 +5,8 @@
 // sp_records, or in the member's own store that its manifest names), the
 // run's LATEST and HEAD records, the snapshots the owner's index
 // (sp_snapshots) holds for the run and which checkpoints name them, and
-// the live members (sp_members) with their instances and epochs.
+// the live members (sp_members, and sp_daemons for the sandbox daemons)
+// with their instances and epochs.
 //
 // It only reads: nothing is created or provisioned. A bus that lacks one
 // of the buckets is refused with ErrNoBucket naming it; a run id that is

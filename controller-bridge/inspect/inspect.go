@@ -118,6 +118,14 @@ func Run(ctx context.Context, js natsjs.JetStream, run string) (*Report, error) 
 	if err != nil {
 		return nil, err
 	}
+	// The sandbox daemons' heartbeats; a bus provisioned before their
+	// bucket has none.
+	daemons, err := bucket(ctx, js, jetstream.BucketDaemons)
+	if errors.Is(err, ErrNoBucket) {
+		daemons = nil
+	} else if err != nil {
+		return nil, err
+	}
 	snapshots, err := bucket(ctx, js, jetstream.BucketSnapshots)
 	if err != nil {
 		return nil, err
@@ -144,9 +152,12 @@ func Run(ctx context.Context, js natsjs.JetStream, run string) (*Report, error) 
 	if err := r.readManifests(ctx, js, manifests, records); err != nil {
 		return nil, err
 	}
-	if err := r.readMembers(ctx, js, members); err != nil {
-		return nil, err
+	for _, kv := range []natsjs.KeyValue{members, daemons} {
+		if err := r.readMembers(ctx, js, kv); err != nil {
+			return nil, err
+		}
 	}
+	sort.Slice(r.Members, func(i, j int) bool { return r.Members[i].Member < r.Members[j].Member })
 	if err := r.readSnapshots(ctx, js, snapshots); err != nil {
 		return nil, err
 	}
@@ -374,10 +385,18 @@ func (r *Report) kept(id string) bool {
 	return false
 }
 
+// readMembers adds the run's heartbeats in kv (nil: none) to the report:
+// those of the kinds whose bucket it is (jetstream.HeartbeatBucket; a
+// sandbox daemon's key in sp_members is an earlier build's). A key there is
+// alive: one that expires is gone from the bucket's stream, whether a
+// marker says so (sp_members) or not (sp_daemons).
 func (r *Report) readMembers(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue) error {
+	if kv == nil {
+		return nil
+	}
 	vals, err := jetstream.KVValues(ctx, js, kv, events.MemberKeyFilter(r.Run))
 	if err != nil {
-		return fmt.Errorf("inspect: read %s: %w", jetstream.BucketMembers, err)
+		return fmt.Errorf("inspect: read %s: %w", kv.Bucket(), err)
 	}
 	for k, v := range vals {
 		var info events.MemberInfo
@@ -385,9 +404,11 @@ func (r *Report) readMembers(ctx context.Context, js natsjs.JetStream, kv natsjs
 			r.problem("heartbeat %s does not decode or names another key", k)
 			continue
 		}
+		if jetstream.HeartbeatBucket(info.Member.Kind()) != kv.Bucket() {
+			continue
+		}
 		r.Members = append(r.Members, info)
 	}
-	sort.Slice(r.Members, func(i, j int) bool { return r.Members[i].Member < r.Members[j].Member })
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,12 +55,14 @@ const (
 	// Durables creates durable consumers of its own.
 	Durables = "durables"
 	// Rollup puts the attacker's own heartbeat key with Nats-Rollup: all,
-	// which purges every key of the bucket where rollups are allowed.
+	// which purges every key of the bucket where rollups are allowed: in its
+	// kind's bucket (a sandbox's, sp_daemons) and in sp_members.
 	Rollup = "rollup"
 	// Metadata asks the stream's info with a subject filter of ">", which
 	// lists every subject of the stream.
 	Metadata = "metadata"
-	// Flood publishes FloodBytes on the attacker's own ack subjects.
+	// Flood publishes FloodBytes on the attacker's own ack subjects (a
+	// sandbox's on core NATS, where its acks travel).
 	Flood = "flood"
 )
 
@@ -377,23 +380,31 @@ func (a *Attacker) durables(ctx context.Context) Outcome {
 }
 
 func (a *Attacker) rollup(ctx context.Context) Outcome {
-	o := Outcome{Attack: Rollup}
-	subject := "$KV." + jetstream.BucketMembers + "." + events.MemberKey(a.t.Run, a.t.Self)
-	msg := &nats.Msg{Subject: subject, Data: []byte("{}"), Header: nats.Header{"Nats-Rollup": []string{"all"}}}
-	before := a.violationCount()
-	rctx, cancel := context.WithTimeout(ctx, apiWait)
-	ack, err := a.nc.RequestMsgWithContext(rctx, msg)
-	cancel()
-	switch {
-	case err != nil && (a.violationCount() > before || a.waitViolation(before)):
-		o.Refused, o.Detail = true, "permissions violation: "+a.lastViolation()
-	case err != nil:
-		o.Refused, o.Detail = true, err.Error()
-	case strings.Contains(string(ack.Data), `"error"`):
-		o.Refused, o.Detail = true, string(ack.Data)
-	default:
-		o.Detail = "stored: " + string(ack.Data)
+	o := Outcome{Attack: Rollup, Refused: true}
+	// Its key in the bucket of its kind's heartbeats, and in sp_members,
+	// where a sandbox daemon's heartbeat was before it had a bucket of its
+	// own: refused only if both are.
+	var parts []string
+	for _, bucket := range slices.Compact([]string{jetstream.HeartbeatBucket(a.t.Self.Kind()), jetstream.BucketMembers}) {
+		subject := "$KV." + bucket + "." + events.MemberKey(a.t.Run, a.t.Self)
+		msg := &nats.Msg{Subject: subject, Data: []byte("{}"), Header: nats.Header{"Nats-Rollup": []string{"all"}}}
+		before := a.violationCount()
+		rctx, cancel := context.WithTimeout(ctx, apiWait)
+		ack, err := a.nc.RequestMsgWithContext(rctx, msg)
+		cancel()
+		switch {
+		case err != nil && (a.violationCount() > before || a.waitViolation(before)):
+			parts = append(parts, bucket+": permissions violation: "+a.lastViolation())
+		case err != nil:
+			parts = append(parts, bucket+": "+err.Error())
+		case strings.Contains(string(ack.Data), `"error"`):
+			parts = append(parts, bucket+": "+string(ack.Data))
+		default:
+			o.Refused = false
+			parts = append(parts, bucket+": stored: "+string(ack.Data))
+		}
 	}
+	o.Detail = strings.Join(parts, "; ")
 	return o
 }
 
@@ -420,7 +431,12 @@ func (a *Attacker) flood(ctx context.Context) Outcome {
 	sent, stored := 0, 0
 	before := a.violationCount()
 	for i := 0; sent < FloodBytes && ctx.Err() == nil; i++ {
+		// Where its acks travel: a sandbox's on core NATS (events.LiveAck),
+		// which its credentials may publish at will.
 		subj := a.ackSubject(uint64(2_000_000+i), events.PhaseCommit)
+		if events.LiveAck(events.PhaseCommit, a.t.Self) {
+			subj = events.LiveAckSubject(a.t.Run, uint64(2_000_000+i), events.PhaseCommit, a.t.Self)
+		}
 		if err := a.nc.Publish(subj, chunk); err != nil {
 			break
 		}

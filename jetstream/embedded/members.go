@@ -12,7 +12,7 @@ const nameTemplate = "{{name()}}"
 
 // MemberPermissions returns what member kind.name of run may do on the bus, and nothing of any
 // other member or run: publish its own acks (a commit ack records its manifest), membership and
-// heartbeat key, serve
+// heartbeat key (ownWrites: a sandbox's acks on core NATS and its key of sp_daemons only), serve
 // its own service subject, read its own inbox (InboxPrefix), and the JetStream API calls of its
 // feed. An agent or an owner reads its phases from its own durable consumer (member.ConsumerName)
 // and no other: it creates it with the run's phases as its one filter and no other, and reads,
@@ -22,7 +22,7 @@ const nameTemplate = "{{name()}}"
 // one, and calls the services it uses (an agent its owners' and sandboxes',
 // and it hears its sandboxes' prepare acks). A sandbox, the least trusted (its workload can read
 // its credentials), hears its run's phases and committed outcomes on a core subscription, reads
-// the newest of them by direct gets whose subjects name them, reads only its own keys and acks (a
+// the newest of them by direct gets whose subjects name them, reads only its own key and acks (a
 // sandbox exports and installs nothing, so a restore reads it no manifest: no checkpoint manifest
 // or member list), and makes no consumer and reads no stream's or account's info (which lists
 // every subject of the run). name may be the template a scoped signing key fills in.
@@ -35,14 +35,10 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	kvGet := func(bucket, key string) string {
 		return direct("KV_"+bucket, "$KV."+bucket+"."+run+"."+key)
 	}
-	pub := []string{
-		sp + "ack.*.*." + self,
-		events.LivePrefix + "." + run + ".ack.*." + string(events.PhaseResume) + "." + self,
-		sp + "member." + self,
-		kvPub(jetstream.BucketMembers, self),
+	pub := append(ownWrites(kind, run, name),
 		direct(jetstream.StreamName, sp+"ack.*.*."+self),
 		"_INBOX.>", // replies to whoever called
-	}
+	)
 	sub := append([]string{InboxPrefix(run, events.Member(self)) + ".>", events.ServiceSubject(run, events.Member(self)) + ".>"},
 		discovery(kind)...)
 	if kind == events.KindSandbox {
@@ -54,9 +50,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		// consumer create takes any name, and one on an existing name updates that consumer.
 		committed := events.OutcomeSubject(run, events.TypeCheckpointCommitted)
 		pub = append(pub,
-			// Its prepare acks travel on core NATS too (events.LiveAck).
-			events.LivePrefix+"."+run+".ack.*."+string(events.PhasePrepare)+"."+self,
-			kvGet(jetstream.BucketMembers, self),
+			kvGet(jetstream.BucketDaemons, self),
 			kvGet(jetstream.BucketManifests, "*."+self),
 			direct(jetstream.StreamName, events.PhaseFilter(run)),
 			direct(jetstream.StreamName, committed),
@@ -84,6 +78,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		direct(jetstream.StreamName, committed),
 		"$JS.API.STREAM.NAMES",
 		kvGet(jetstream.BucketMembers, ">"),
+		kvGet(jetstream.BucketDaemons, ">"),
 		kvGet(jetstream.BucketManifests, ">"),
 		direct("OBJ_"+jetstream.BucketRecords, ">"),
 		direct("OBJ_"+jetstream.BucketCheckpoints, ">"),
@@ -115,6 +110,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	// delete stays allowed on the records store (docs/PERMISSIONS.md).
 	for _, b := range []struct{ stream, filter string }{
 		{"KV_" + jetstream.BucketMembers, "$KV." + jetstream.BucketMembers + "." + run + ".>"},
+		{"KV_" + jetstream.BucketDaemons, "$KV." + jetstream.BucketDaemons + "." + run + ".>"},
 		{"KV_" + jetstream.BucketManifests, "$KV." + jetstream.BucketManifests + "." + run + ".>"},
 		{"OBJ_" + jetstream.BucketRecords, "$O." + jetstream.BucketRecords + ".>"},
 		{"OBJ_" + jetstream.BucketCheckpoints, "$O." + jetstream.BucketCheckpoints + ".>"},
@@ -149,7 +145,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		pub = append(pub,
 			// Its sandboxes' users, minted by the run's authority (ServeMint).
 			jetstream.MintSubject(run),
-			kvPub(jetstream.BucketMembers, string(events.KindSandbox)+".*"),
+			kvPub(jetstream.BucketDaemons, string(events.KindSandbox)+".*"),
 			"$KV."+jetstream.BucketSnapshots+".>",
 			direct("KV_"+jetstream.BucketSnapshots, ">"),
 			"$JS.API.CONSUMER.CREATE.KV_"+jetstream.BucketSnapshots+".>",
@@ -158,6 +154,32 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		)
 	}
 	return &Permissions{Publish: Subjects{Allow: pub}, Subscribe: Subjects{Allow: sub}}
+}
+
+// ownWrites returns what member kind.name of run writes as itself. An agent
+// or an owner: its acks and membership into the stream, its resume acks on
+// core NATS, its heartbeat in sp_members. A sandbox, whose workload can read
+// its credentials, writes nothing into the stream, nothing a server keeps
+// without bound and nothing that can remove another's data: every ack of
+// its travels on core NATS (events.LiveAck), which the bridge hears only
+// while it waits for it and records itself; it announces no membership; and
+// its heartbeat is its one key of sp_daemons, a bucket with one message a
+// key and no roll-up or purge (jetstream.BucketDaemons), where on
+// sp_members a put with "Nats-Rollup: all" on its own key purged every
+// member's.
+func ownWrites(kind events.MemberKind, run, name string) []string {
+	self := string(kind) + "." + name
+	kv := func(bucket string) string { return "$KV." + bucket + "." + run + "." + self }
+	if kind == events.KindSandbox {
+		return []string{events.LivePrefix + "." + run + ".ack.*.*." + self, kv(jetstream.BucketDaemons)}
+	}
+	sp := events.SubjectPrefix + "." + run + "."
+	return []string{
+		sp + "ack.*.*." + self,
+		events.LivePrefix + "." + run + ".ack.*." + string(events.PhaseResume) + "." + self,
+		sp + "member." + self,
+		kv(jetstream.BucketMembers),
+	}
 }
 
 // discoveryVerbs are the verbs of NATS micro's discovery subjects, $SRV.<verb>[.<service>[.<id>]].

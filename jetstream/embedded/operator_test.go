@@ -130,12 +130,10 @@ func TestMembersOnTheBus(t *testing.T) {
 		c       conn
 		subject string
 	}{
-		{sb, "sp.r.ack.1.prepare.sandbox.sb1"},
-		{sb, "sp.r.member.sandbox.sb1"},
-		{sb, "$KV.sp_members.r.sandbox.sb1"},
+		{sb, "$KV.sp_daemons.r.sandbox.sb1"},
 		{ag, "sp.r.ack.1.prepare.agent.a1"},
 		{ow, "sp.r.ack.1.commit.owner.o1"},
-		{ow, "$KV.sp_members.r.sandbox.sb9"},
+		{ow, "$KV.sp_daemons.r.sandbox.sb9"},
 	} {
 		if _, err := tc.c.js.Publish(ctx, tc.subject, []byte("x")); err != nil {
 			t.Errorf("publishing %s as itself: %v, want a stream ack", tc.subject, err)
@@ -181,15 +179,26 @@ func TestMembersOnTheBus(t *testing.T) {
 		subject string
 		data    string
 	}{
+		// The sandbox: nothing into the stream, even as itself (its acks travel on core NATS).
+		{sb, "sandbox acking a prepare into the stream as itself", "sp.r.ack.1.prepare.sandbox.sb1", ""},
+		{sb, "sandbox acking a commit into the stream as itself", "sp.r.ack.1.commit.sandbox.sb1", ""},
+		{sb, "sandbox publishing a record of the bridge's", "sp.r.prepared.1.1", ""},
+		{sb, "sandbox publishing under its run's prefix", "sp.r.x", ""},
 		// The sandbox: another sandbox's and another run's subjects.
 		{sb, "sandbox acking as another sandbox", "sp.r.ack.1.prepare.sandbox.sb2", ""},
 		{sb, "sandbox acking in another run", "sp.other.ack.1.prepare.sandbox.sb1", ""},
 		{sb, "sandbox acking as an agent", "sp.r.ack.1.prepare.agent.a1", ""},
 		{sb, "sandbox acking on core NATS as another sandbox", "spl.r.ack.1.prepare.sandbox.sb2", ""},
+		{sb, "sandbox acking on core NATS in another run", "spl.other.ack.1.commit.sandbox.sb1", ""},
 		{ag, "agent acking a prepare on core NATS", "spl.r.ack.1.prepare.agent.a1", ""},
 		{sb, "sandbox joining as another sandbox", "sp.r.member.sandbox.sb2", ""},
-		{sb, "sandbox writing another's heartbeat", "$KV.sp_members.r.sandbox.sb2", ""},
-		{sb, "sandbox writing another run's heartbeat", "$KV.sp_members.other.sandbox.sb1", ""},
+		{sb, "sandbox joining as itself (a daemon announces nothing)", "sp.r.member.sandbox.sb1", ""},
+		{sb, "sandbox writing another's heartbeat", "$KV.sp_daemons.r.sandbox.sb2", ""},
+		{sb, "sandbox writing another run's heartbeat", "$KV.sp_daemons.other.sandbox.sb1", ""},
+		{sb, "sandbox writing its key of sp_members", "$KV.sp_members.r.sandbox.sb1", ""},
+		{sb, "sandbox writing an agent's heartbeat", "$KV.sp_members.r.agent.a1", ""},
+		{sb, "sandbox purging the daemons bucket", "$JS.API.STREAM.PURGE.KV_sp_daemons", "{}"},
+		{ow, "owner writing a sandbox's key of sp_members", "$KV.sp_members.r.sandbox.sb9", ""},
 		{sb, "sandbox publishing a phase", "sp.r.phase.prepare", ""},
 		{sb, "sandbox writing a checkpoint manifest", "$KV.sp_manifests.r.c1", ""},
 		// The sandbox reading every run's traffic, making and deleting consumers.
@@ -227,6 +236,8 @@ func TestMembersOnTheBus(t *testing.T) {
 		{sb, "sandbox reading another's heartbeat", "$JS.API.DIRECT.GET.KV_sp_members.$KV.sp_members.r.agent.a1", ""},
 		{sb, "sandbox listing consumers", "$JS.API.CONSUMER.LIST.STILLPOINT", ""},
 		{sb, "sandbox watching the members bucket", "$JS.API.CONSUMER.CREATE.KV_sp_members.x.$KV.sp_members.>", ""},
+		{sb, "sandbox reading another daemon's heartbeat", "$JS.API.DIRECT.GET.KV_sp_daemons.$KV.sp_daemons.r.sandbox.sb2", ""},
+		{sb, "sandbox watching the daemons bucket", "$JS.API.CONSUMER.CREATE.KV_sp_daemons.x.$KV.sp_daemons.r.>", ""},
 		{sb, "sandbox writing records", "$O.sp_records.C.x", ""},
 		{sb, "sandbox calling an owner", "spsvc.r.owner.o1.seed_session", ""},
 		{sb, "sandbox discovering the services", "$SRV.PING", ""},
@@ -306,17 +317,22 @@ func TestMembersOnTheBus(t *testing.T) {
 	}
 	for subj := range info.State.Subjects {
 		switch subj {
-		case "sp.r.ack.1.prepare.sandbox.sb1", "sp.r.member.sandbox.sb1", "sp.r.ack.1.prepare.agent.a1", "sp.r.ack.1.commit.owner.o1":
+		case "sp.r.ack.1.prepare.agent.a1", "sp.r.ack.1.commit.owner.o1":
 		default:
 			t.Errorf("the stream holds %s, which no one may publish", subj)
 		}
 	}
-	if info.State.Msgs != 4 {
-		t.Errorf("the stream holds %d messages, want the 4 allowed", info.State.Msgs)
+	if info.State.Msgs != 2 {
+		t.Errorf("the stream holds %d messages, want the 2 allowed", info.State.Msgs)
 	}
-	for _, key := range []string{"r.sandbox.sb2", "other.sandbox.sb1", "r.agent.a2"} {
+	for _, key := range []string{"r.sandbox.sb1", "r.sandbox.sb9", "r.agent.a2", "r.agent.a1"} {
 		if _, err := bus.Members.Get(ctx, key); !errors.Is(err, natsjs.ErrKeyNotFound) {
-			t.Errorf("heartbeat key %s: %v, want not found", key, err)
+			t.Errorf("heartbeat key %s of sp_members: %v, want not found", key, err)
+		}
+	}
+	for _, key := range []string{"r.sandbox.sb2", "other.sandbox.sb1"} {
+		if _, err := bus.Daemons.Get(ctx, key); !errors.Is(err, natsjs.ErrKeyNotFound) {
+			t.Errorf("heartbeat key %s of sp_daemons: %v, want not found", key, err)
 		}
 	}
 	for _, key := range []string{"r.c1.agent.a2", "r.c1.owner.o2", "r.c1"} {
@@ -335,6 +351,107 @@ func TestMembersOnTheBus(t *testing.T) {
 		if got := watchConsumer(t, ajs, stream); got != name {
 			t.Errorf("the watch of %s: consumer %q, want %q still there", stream, got, name)
 		}
+	}
+}
+
+// TestSandboxPurgesNoHeartbeat: issue 29's attack 4. On sp_members a put with "Nats-Rollup: all"
+// on a sandbox's own heartbeat key purged every member's key (the bucket allows roll-ups, which
+// its expiry markers need). A sandbox's key is in sp_daemons now, which allows none: with its own
+// credentials every roll-up, purge or TTL of its own is refused by the server, its key of
+// sp_members is a permissions violation, and every other key of both buckets is still there.
+func TestSandboxPurgesNoHeartbeat(t *testing.T) {
+	auth, _, s, bus := operatorServer(t)
+	ctx := testContext(t)
+	put := func(kv natsjs.KeyValue, key string) {
+		t.Helper()
+		if _, err := kv.Put(ctx, key, []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	members := []string{"r.agent.a1", "r.owner.o1"}
+	daemons := []string{"r.sandbox.sb1", "r.sandbox.sb2", "r.sandbox.sb3"}
+	for _, k := range members {
+		put(bus.Members, k)
+	}
+	nc, js, errs := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb1"))
+	own := "$KV.sp_daemons.r.sandbox.sb1"
+	if _, err := js.Publish(ctx, own, []byte(`{}`)); err != nil {
+		t.Fatalf("the sandbox's heartbeat: %v", err)
+	}
+	for _, k := range daemons[1:] {
+		put(bus.Daemons, k)
+	}
+	for _, h := range []nats.Header{
+		{"Nats-Rollup": []string{"all"}},
+		{"Nats-Rollup": []string{"sub"}},
+		{"KV-Operation": []string{"PURGE"}, "Nats-Rollup": []string{"sub"}},
+		{"Nats-TTL": []string{"never"}},
+	} {
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: own, Header: h, Data: []byte(`{}`)}); err == nil {
+			t.Errorf("the sandbox's put with %v on its own key was stored", h)
+		} else {
+			t.Logf("put with %v: %v", h, err)
+		}
+	}
+	// Its key of sp_members, where a roll-up would be taken, is not its to write.
+	rollup := &nats.Msg{Subject: "$KV.sp_members.r.sandbox.sb1", Header: nats.Header{"Nats-Rollup": []string{"all"}}, Data: []byte(`{}`)}
+	if err := nc.PublishMsg(rollup); err != nil {
+		t.Fatal(err)
+	}
+	violation(t, errs, "sandbox rolling up sp_members on its old key", rollup.Subject)
+	for _, k := range members {
+		if _, err := bus.Members.Get(ctx, k); err != nil {
+			t.Errorf("heartbeat %s of sp_members after the attempts: %v", k, err)
+		}
+	}
+	for _, k := range daemons {
+		if _, err := bus.Daemons.Get(ctx, k); err != nil {
+			t.Errorf("heartbeat %s of sp_daemons after the attempts: %v", k, err)
+		}
+	}
+}
+
+// TestSandboxFloodStoresNothing: issue 29's attack 6. A sandbox's acks were stored in the
+// stream, on subjects whose sequence and phase tokens it chose: a flood of them grew the stream
+// without bound. Now everything its credentials may publish is core NATS (its acks, on every
+// phase and sequence it likes, which no server keeps) or its one heartbeat key (one message a
+// key): a flood of both leaves the stream's bytes and messages as they were, and the daemons'
+// bucket with one message of it.
+func TestSandboxFloodStoresNothing(t *testing.T) {
+	auth, _, s, bus := operatorServer(t)
+	ctx := testContext(t)
+	before, err := bus.Stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, js, errs := connectCreds(t, s, memberCreds(t, auth, "sandbox.sb1"))
+	payload := make([]byte, 4<<10)
+	for i := range 20000 {
+		p := []events.Phase{events.PhasePrepare, events.PhaseCommit, events.PhaseResume, events.PhaseRelease}[i%4]
+		if err := nc.Publish(events.LiveAckSubject("r", uint64(i), p, "sandbox.sb1"), payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 200 {
+		if _, err := js.Publish(ctx, "$KV.sp_daemons.r.sandbox.sb1", []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noViolations(t, nc, errs, "sandbox")
+	after, err := bus.Stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.State.Bytes != before.State.Bytes || after.State.Msgs != before.State.Msgs {
+		t.Errorf("the stream went from %d messages (%d bytes) to %d (%d bytes) under the flood",
+			before.State.Msgs, before.State.Bytes, after.State.Msgs, after.State.Bytes)
+	}
+	st, err := bus.Daemons.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Values() != 1 {
+		t.Errorf("the daemons' bucket holds %d messages after 200 heartbeats of one key, want 1", st.Values())
 	}
 }
 
@@ -407,24 +524,26 @@ func TestSandboxFeedAndService(t *testing.T) {
 			t.Errorf("sandbox reading the newest of %s: %v, %v; want %s", subject, m, err, want)
 		}
 	}
-	if _, err := sjs.Publish(ctx, "sp.r.ack.1.prepare.sandbox.sb1", nil); err != nil {
-		t.Fatal(err)
+	// Its acks as the bridge recorded them: the sandbox reads its own back.
+	if _, err := bjs.Publish(ctx, "sp.r.ack.1.commit.sandbox.sb1", nil); err != nil {
+		t.Fatalf("the bridge recording a sandbox's ack: %v", err)
 	}
-	if _, err := jetstream.DirectGet(ctx, snc, jetstream.StreamName, "sp.r.ack.1.prepare.sandbox.sb1"); err != nil {
+	if _, err := jetstream.DirectGet(ctx, snc, jetstream.StreamName, "sp.r.ack.1.commit.sandbox.sb1"); err != nil {
 		t.Errorf("sandbox reading its own ack: %v", err)
 	}
-	// Its heartbeat, as its member runtime writes, reads and deletes it.
-	rev, err := jetstream.KVWrite(ctx, sjs, jetstream.BucketMembers, "r.sandbox.sb1", []byte("hb"), jetstream.DefaultSandboxTTL, -1)
+	// Its heartbeat, as its member runtime writes, reads and deletes it: in sp_daemons, which
+	// takes no TTL of a put's own (the bucket's max age is the TTL).
+	rev, err := jetstream.KVWrite(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1", []byte("hb"), 0, -1)
 	if err != nil {
 		t.Fatalf("sandbox writing its heartbeat: %v", err)
 	}
-	if v, got, err := jetstream.KVGet(ctx, sjs, jetstream.BucketMembers, "r.sandbox.sb1"); err != nil || string(v) != "hb" || got != rev {
+	if v, got, err := jetstream.KVGet(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1"); err != nil || string(v) != "hb" || got != rev {
 		t.Errorf("sandbox reading its heartbeat: %q at %d, %v", v, got, err)
 	}
-	if err := jetstream.KVDelete(ctx, sjs, jetstream.BucketMembers, "r.sandbox.sb1", rev); err != nil {
+	if err := jetstream.KVDelete(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1", rev); err != nil {
 		t.Errorf("sandbox deleting its heartbeat: %v", err)
 	}
-	if _, err := jetstream.KVWrite(ctx, sjs, jetstream.BucketMembers, "r.sandbox.sb1", []byte("again"), jetstream.DefaultSandboxTTL, 0); err != nil {
+	if _, err := jetstream.KVWrite(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1", []byte("again"), 0, 0); err != nil {
 		t.Errorf("sandbox writing its heartbeat again over the deleted key: %v", err)
 	}
 	noViolations(t, snc, serrs, "sandbox")
@@ -665,8 +784,8 @@ func TestSandboxJWTRenewedOnReconnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.Publish(ctx, "sp.r.ack.1.prepare.sandbox.sb1", nil); err != nil {
-		t.Errorf("acking with the renewed JWT: %v", err)
+	if _, err := js.Publish(ctx, "$KV.sp_daemons.r.sandbox.sb1", []byte("{}")); err != nil {
+		t.Errorf("heartbeating with the renewed JWT: %v", err)
 	}
 }
 

@@ -68,14 +68,8 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 	kv := func(bucket, key string) string { return "$KV." + bucket + "." + r + "." + key }
 	records := []string{"$O." + jetstream.BucketRecords + ".>", "$JS.API.STREAM.PURGE.OBJ_" + jetstream.BucketRecords}
 	member := func(kind events.MemberKind, pub, sub []string) *Permissions {
-		k := string(kind)
 		return &Permissions{
-			Publish: Subjects{Allow: append(append(common(),
-				sp+"ack.*.*."+k+".*",
-				events.LivePrefix+"."+r+".ack.*."+string(events.PhaseResume)+"."+k+".*",
-				sp+"member."+k+".*",
-				kv(jetstream.BucketMembers, k+".*"),
-			), pub...)},
+			Publish: Subjects{Allow: append(append(common(), ownWrites(kind, r, "*")...), pub...)},
 			// The committed outcomes a stop commit parks on, on a core subscription
 			// (PROTOCOL §3, Consumers).
 			Subscribe: Subjects{Allow: append(append([]string{"_INBOX.>", events.ServiceFilter(r, kind),
@@ -95,8 +89,11 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 				events.LivePhaseFilter(r),
 				sp+"roster.>",
 				sp+"resumed.>",
-				// Its records of the sandbox daemons' prepare acks (events.PrepareAcked).
+				// Its records of the sandbox daemons' prepare acks (events.PrepareAcked),
+				// and of their other acks, which it stores as it took them (a daemon
+				// publishes nothing into the stream: events.LiveAck).
 				sp+"prepared.>",
+				sp+"ack.*.*."+string(events.KindSandbox)+".*",
 				// It asks a phase's silent sandbox daemons whether they are there
 				// (events.AliveSubject), and may call nothing else of theirs.
 				events.ServicePrefix+"."+r+"."+string(events.KindSandbox)+".*.alive",
@@ -107,6 +104,7 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 			), Deny: []string{
 				"$JS.API.STREAM.PURGE." + jetstream.StreamName,
 				"$JS.API.STREAM.PURGE.KV_" + jetstream.BucketMembers,
+				"$JS.API.STREAM.PURGE.KV_" + jetstream.BucketDaemons,
 				"$JS.API.STREAM.PURGE.KV_" + jetstream.BucketManifests,
 				"$JS.API.STREAM.PURGE.KV_" + jetstream.BucketSnapshots,
 			}},
@@ -115,8 +113,8 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 			Subscribe: Subjects{Allow: []string{"_INBOX.>", events.ServiceFilter(r, events.KindBridge),
 				events.ServicePrefix + "." + r + ".stores.*.*",
 				events.LiveAckFilter(r, events.PhaseResume),
-				// The sandbox daemons' prepare acks, on core NATS too.
-				events.LiveAckFilter(r, events.PhasePrepare),
+				// The sandbox daemons' acks of every phase, on core NATS too.
+				events.LivePrefix + "." + r + ".ack.*.*." + string(events.KindSandbox) + ".*",
 				"$SRV.*", "$SRV.*." + bridgeService, "$SRV.*." + bridgeService + ".*"}},
 		}, nil
 	case RoleAgent:
@@ -129,15 +127,16 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 		}, records...), []string{events.LivePrefix + "." + r + ".ack.*." + string(events.PhasePrepare) + "." + string(events.KindSandbox) + ".*"}), nil
 	case RoleOwner:
 		return member(events.KindOwner, append([]string{
-			kv(jetstream.BucketMembers, string(events.KindSandbox)+".*"),
+			kv(jetstream.BucketDaemons, string(events.KindSandbox)+".*"),
 			"$KV." + jetstream.BucketSnapshots + ".>",
 		}, records...), nil), nil
 	case RoleSandbox:
 		// Its core feed (member.Config.CoreFeed): the run's phases as the stream republishes them
 		// (events.LivePhaseFilter) and its committed outcomes on a core subscription; it catches
 		// up by the direct gets common allows.
-		// Its prepare acks go on core NATS (events.LiveAck).
-		return member(events.KindSandbox, []string{events.LivePrefix + "." + r + ".ack.*." + string(events.PhasePrepare) + "." + string(events.KindSandbox) + ".*"},
+		// It publishes nothing into the stream: its acks go on core NATS (events.LiveAck),
+		// its heartbeat to sp_daemons (ownWrites).
+		return member(events.KindSandbox, nil,
 			[]string{events.LivePhaseFilter(r), events.OutcomeSubject(r, events.TypeCheckpointCommitted)}), nil
 	case RoleController:
 		return &Permissions{

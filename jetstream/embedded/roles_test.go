@@ -197,7 +197,8 @@ func TestRolesOnTheBus(t *testing.T) {
 		{O, "sp.r.outcome.checkpoint.failed", false},
 		{B, "sp.r.outcome.checkpoint.committed", true},
 		{S, "sp.r.ack.1.prepare.agent.a1", false},
-		{S, "sp.r.ack.1.prepare.sandbox.s1", true},
+		{S, "sp.r.ack.1.prepare.sandbox.s1", false}, // its acks travel on core NATS
+		{B, "sp.r.ack.1.commit.sandbox.s1", true},   // the bridge's record of one
 		{A, "spl.r.ack.1.prepare.sandbox.s1", false},
 		{B, "sp.r.prepared.1.1", true},
 		{S, "sp.r.prepared.1.1", false},
@@ -208,10 +209,13 @@ func TestRolesOnTheBus(t *testing.T) {
 		{C, "sp.r.ack.2.prepare.agent.a2", false},
 		{O, "sp.r.member.agent.a1", false},
 		{A, "sp.r.member.agent.a1", true},
-		{S, "sp.r.member.sandbox.s1", true},
+		{S, "sp.r.member.sandbox.s1", false}, // a sandbox daemon announces nothing
 		{S, "$KV.sp_members.r.agent.a1", false},
-		{S, "$KV.sp_members.r.sandbox.s1", true},
-		{O, "$KV.sp_members.r.sandbox.s2", true},
+		{S, "$KV.sp_members.r.sandbox.s1", false}, // its heartbeat is in sp_daemons
+		{S, "$KV.sp_daemons.r.sandbox.s1", true},
+		{S, "$KV.sp_daemons.r.agent.a1", false},
+		{O, "$KV.sp_members.r.sandbox.s2", false},
+		{O, "$KV.sp_daemons.r.sandbox.s2", true},
 		{A, "$KV.sp_members.r.agent.a1", true},
 		{A, "$KV.sp_manifests.r.c1", false},
 		{A, "$KV.sp_manifests.r.LATEST", false},
@@ -254,14 +258,14 @@ func TestRolesOnTheBus(t *testing.T) {
 	}
 	for subj := range info.State.Subjects {
 		switch subj {
-		case "sp.r.phase.prepare", "sp.r.phase.commit", "sp.r.outcome.checkpoint.committed", "sp.r.ack.1.prepare.sandbox.s1", "sp.r.prepared.1.1",
-			"sp.r.ack.1.prepare.agent.a1", "sp.r.ack.1.commit.owner.o1", "sp.r.member.agent.a1", "sp.r.member.sandbox.s1":
+		case "sp.r.phase.prepare", "sp.r.phase.commit", "sp.r.outcome.checkpoint.committed", "sp.r.ack.1.commit.sandbox.s1", "sp.r.prepared.1.1",
+			"sp.r.ack.1.prepare.agent.a1", "sp.r.ack.1.commit.owner.o1", "sp.r.member.agent.a1":
 		default:
 			t.Errorf("the stream holds %s, which no role may publish", subj)
 		}
 	}
-	if info.State.Msgs != 9 {
-		t.Errorf("the stream holds %d messages, want the 9 allowed", info.State.Msgs)
+	if info.State.Msgs != 8 {
+		t.Errorf("the stream holds %d messages, want the 8 allowed", info.State.Msgs)
 	}
 	if _, err := bus.Manifests.Get(ctx, "r.c1.owner.o1"); !errors.Is(err, natsjs.ErrKeyNotFound) {
 		t.Errorf("the owner manifest an agent wrote: %v, want not found", err)
@@ -278,7 +282,7 @@ func TestRolesOnTheBus(t *testing.T) {
 			violation(t, c.errs, string(role)+" calling "+api, api)
 		}
 	}
-	if info, err := bus.Stream.Info(ctx); err != nil || info.State.Msgs != 9 {
+	if info, err := bus.Stream.Info(ctx); err != nil || info.State.Msgs != 8 {
 		t.Errorf("stream after the refused calls: %v, %+v", err, info)
 	}
 

@@ -165,7 +165,7 @@ func TestMintService(t *testing.T) {
 		t.Fatal(err)
 	}
 	snc, _, serrs := connectCreds(t, s, path)
-	if err := snc.Publish("sp.r.member.sandbox.sb-1", []byte("{}")); err != nil {
+	if err := snc.Publish("spl.r.ack.1.prepare.sandbox.sb-1", []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
 	noViolationsBefore(t, snc, serrs, "the minted sandbox", "sp.r.phase.prepare")

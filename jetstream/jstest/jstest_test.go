@@ -53,7 +53,8 @@ func TestStartWithAuthority(t *testing.T) {
 	if got, want := nc.Opts.InboxPrefix, jetstream.MemberInboxPrefix("r", "sandbox", "sb1"); got != want {
 		t.Errorf("the member's inbox prefix %q, want %q", got, want)
 	}
-	if _, err := js.Publish(t.Context(), "sp.r.ack.1.prepare.sandbox.sb1", nil); err != nil {
-		t.Errorf("the member acking as itself: %v", err)
+	// A sandbox publishes nothing into the stream: its heartbeat key is its one stored write.
+	if _, err := js.Publish(t.Context(), "$KV.sp_daemons.r.sandbox.sb1", []byte("{}")); err != nil {
+		t.Errorf("the member heartbeating as itself: %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -61,6 +62,10 @@ func (b *ackBook) close() {
 	}
 }
 
+// acksKept bounds the acks the book keeps of one sandbox, its newest
+// prepares': far more than the prepares a run waits on at once.
+const acksKept = 4
+
 func (b *ackBook) add(a events.PrepareAck) {
 	if a.Member.Kind() != events.KindSandbox {
 		return
@@ -74,10 +79,20 @@ func (b *ackBook) add(a events.PrepareAck) {
 	b.acks[k] = a
 	close(b.changed)
 	b.changed = make(chan struct{})
-	// Prepare sequences only grow: forget acks far behind this one.
+	// Forget the oldest acks of this sandbox beyond acksKept: by its own
+	// sequences, not the run's, since a sandbox's workload can publish on
+	// its daemon's ack subjects (its credentials), with any sequence, and
+	// must not push another sandbox's acks out.
+	var seqs []uint64
 	for old := range b.acks {
-		if old.seq+64 < a.Seq {
-			delete(b.acks, old)
+		if old.sandbox == k.sandbox {
+			seqs = append(seqs, old.seq)
+		}
+	}
+	if len(seqs) > acksKept {
+		slices.Sort(seqs)
+		for _, s := range seqs[:len(seqs)-acksKept] {
+			delete(b.acks, ackKey{s, k.sandbox})
 		}
 	}
 }
@@ -174,7 +189,17 @@ func (b *ackBook) ask(ctx context.Context, sandbox string, q events.AliveQuery) 
 	}
 	rctx, cancel := context.WithTimeout(ctx, probeEvery)
 	defer cancel()
-	_, err = b.nc.RequestWithContext(rctx, events.AliveSubject(b.run, m), body)
+	reply, err := b.nc.RequestWithContext(rctx, events.AliveSubject(b.run, m), body)
+	if err == nil && q.Seq > 0 && q.Phase == events.PhasePrepare && len(reply.Header) > 0 {
+		// The daemon answers with the ack asked for (events.AliveQuery):
+		// heard on this inbox, whatever floods its ack subject.
+		msg := &nats.Msg{Subject: events.LiveAckSubject(b.run, q.Seq, events.PhasePrepare, m), Header: reply.Header, Data: reply.Data}
+		if _, d, derr := events.Unmarshal(msg); derr == nil {
+			if a, ok := d.(events.PrepareAck); ok && a.Seq == q.Seq {
+				b.add(a)
+			}
+		}
+	}
 	return err
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -25,20 +26,25 @@ import (
 var errSandboxLost = errors.New("agent: the attempt's sandbox is lost")
 
 // daemonBook follows the heartbeats of the run's sandbox daemons in
-// sp_members, as the bridge does for a phase's members: a daemon whose key
-// was deleted (the owner stopped its sandbox) or expired (it died and
-// stopped heartbeating) is gone, and a launch there is lost. A daemon
-// never seen is not gone: a sandbox just lent starts its daemon in the
-// background.
+// sp_daemons (jetstream.BucketDaemons), as the bridge does for a phase's
+// members: a daemon whose key was deleted (the owner stopped its sandbox)
+// or expired (it died and stopped heartbeating) is gone, and a launch there
+// is lost. An expired key leaves no marker in that bucket: the book takes a
+// daemon for gone once the bucket's TTL has passed since the server stored
+// its last heartbeat. A daemon never seen is not gone: a sandbox just lent
+// starts its daemon in the background.
 type daemonBook struct {
 	run string
+	now func() time.Time
 
 	mu      sync.Mutex
-	gone    map[string]bool          // by sandbox id: its last entry was a delete or purge
+	gone    map[string]bool          // by sandbox id: its last entry was a delete or purge, or expired
+	stored  map[string]time.Time     // by sandbox id: when the server stored its last heartbeat
+	ttl     time.Duration            // a heartbeat's life in the bucket (jetstream.DaemonTTL)
 	changed map[string]chan struct{} // by sandbox id: closed when it goes
 	watcher natsjs.KeyWatcher
 	// scoped: the connection has a member's own credentials, which may not
-	// delete a watch's consumer of the members bucket (docs/PERMISSIONS.md):
+	// delete a watch's consumer of the daemons bucket (docs/PERMISSIONS.md):
 	// close then leaves the watch to end with the connection.
 	scoped bool
 	quit   chan struct{}
@@ -46,25 +52,43 @@ type daemonBook struct {
 }
 
 func newDaemonBook(run string) *daemonBook {
-	return &daemonBook{run: run, gone: map[string]bool{}, changed: map[string]chan struct{}{}}
+	return &daemonBook{run: run, now: time.Now, gone: map[string]bool{}, stored: map[string]time.Time{},
+		ttl: jetstream.DefaultSandboxTTL, changed: map[string]chan struct{}{}}
 }
 
-// watch starts the watch of the run's member keys; its goroutine ends
+// sweepEvery is how often the book looks for heartbeats that expired: an
+// eighth of their TTL, between a second and 15 s. A daemon that died is
+// found sooner by asking it (Agent.daemonDied); this is for the one no
+// call asked.
+func sweepEvery(ttl time.Duration) time.Duration {
+	return min(max(ttl/8, time.Second), 15*time.Second)
+}
+
+// watch starts the watch of the run's daemon keys; its goroutine ends
 // with ctx or close, and close waits for it.
 func (b *daemonBook) watch(ctx context.Context, bus *jetstream.Bus, scoped bool) error {
+	st, err := bus.Daemons.Status(ctx)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	b.ttl = jetstream.DaemonTTL(st)
+	b.mu.Unlock()
 	wctx := ctx
 	if scoped {
 		// A watch made with ctx is stopped, its consumer deleted, when ctx
 		// ends: see close.
 		wctx = context.WithoutCancel(ctx)
 	}
-	w, err := bus.Members.Watch(wctx, events.MemberKeyFilter(b.run))
+	w, err := bus.Daemons.Watch(wctx, events.MemberKeyFilter(b.run))
 	if err != nil {
 		return err
 	}
 	b.watcher, b.scoped, b.quit, b.done = w, scoped, make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(b.done)
+		sweep := time.NewTicker(sweepEvery(b.ttl))
+		defer sweep.Stop()
 		prefix := b.run + "." + string(events.KindSandbox) + "."
 		for {
 			var (
@@ -76,6 +100,9 @@ func (b *daemonBook) watch(ctx context.Context, bus *jetstream.Bus, scoped bool)
 				return
 			case <-b.quit:
 				return
+			case <-sweep.C:
+				b.sweep()
+				continue
 			case e, ok = <-w.Updates():
 			}
 			if !ok {
@@ -88,7 +115,7 @@ func (b *daemonBook) watch(ctx context.Context, bus *jetstream.Bus, scoped bool)
 			if !isDaemon {
 				continue
 			}
-			b.set(id, e.Operation() != natsjs.KeyValuePut)
+			b.heard(id, e.Operation() != natsjs.KeyValuePut, e.Created())
 		}
 	}()
 	return nil
@@ -96,7 +123,7 @@ func (b *daemonBook) watch(ctx context.Context, bus *jetstream.Bus, scoped bool)
 
 // close ends the watch's goroutine and waits for it. It stops the watch
 // (which deletes its consumer) unless the connection has a member's own
-// credentials: those may not delete a consumer of the members bucket, so
+// credentials: those may not delete a consumer of the daemons bucket, so
 // that no member can delete another client's watch, and the server removes
 // this one once the connection closes, as the agent's process ends.
 func (b *daemonBook) close() {
@@ -108,6 +135,37 @@ func (b *daemonBook) close() {
 	}
 	close(b.quit)
 	<-b.done
+}
+
+// heard records an entry of sandbox id's key, stored at stored: a
+// heartbeat, or a delete (removed). A heartbeat that has expired already
+// (one read back when the watch started) is taken as gone.
+func (b *daemonBook) heard(id string, removed bool, stored time.Time) {
+	b.mu.Lock()
+	expired := !removed && jetstream.DaemonExpired(stored, b.ttl, b.now())
+	if removed {
+		delete(b.stored, id)
+	} else {
+		b.stored[id] = stored
+	}
+	b.mu.Unlock()
+	b.set(id, removed || expired)
+}
+
+// sweep takes every daemon whose last heartbeat has expired for gone.
+func (b *daemonBook) sweep() {
+	b.mu.Lock()
+	now := b.now()
+	var expired []string
+	for id, at := range b.stored {
+		if !b.gone[id] && jetstream.DaemonExpired(at, b.ttl, now) {
+			expired = append(expired, id)
+		}
+	}
+	b.mu.Unlock()
+	for _, id := range expired {
+		b.set(id, true)
+	}
 }
 
 // set records whether sandbox id's daemon is gone.

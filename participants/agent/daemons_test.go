@@ -24,8 +24,8 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
-// heartbeat puts sandbox id's daemon heartbeat in sp_members, as a
-// running daemon does; dies deletes it, as its expiry or the owner does.
+// heartbeat puts sandbox id's daemon heartbeat in sp_daemons, as a
+// running daemon does; dies deletes it, as the owner does.
 func heartbeat(t *testing.T, w *world, id string) (dies func()) {
 	t.Helper()
 	m, err := events.NewMember(events.KindSandbox, id)
@@ -34,11 +34,11 @@ func heartbeat(t *testing.T, w *world, id string) (dies func()) {
 	}
 	b, _ := json.Marshal(events.MemberInfo{Run: testRun, Member: m, Instance: "daemon-1", Started: time.Now(), Heartbeat: time.Now()})
 	key := events.MemberKey(testRun, m)
-	if _, err := w.env.Bus.Members.Put(t.Context(), key, b); err != nil {
+	if _, err := w.env.Bus.Daemons.Put(t.Context(), key, b); err != nil {
 		t.Fatal(err)
 	}
 	return func() {
-		if err := w.env.Bus.Members.Delete(t.Context(), key); err != nil {
+		if err := w.env.Bus.Daemons.Delete(t.Context(), key); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -208,6 +208,55 @@ func TestSessionUnknownToTheOwnerIsLost(t *testing.T) {
 	if _, code := classify(err); code != agentapi.CodeSandboxLost {
 		t.Fatalf("code %s, want %s", code, agentapi.CodeSandboxLost)
 	}
+}
+
+// The book takes a daemon for gone when the owner deletes its key, and when
+// its last heartbeat has lived the bucket's TTL: an expired key of
+// sp_daemons leaves no marker to hear. A daemon that heartbeats again is
+// back.
+func TestDaemonBookExpiry(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := t.Context()
+	var offset atomic.Int64
+	b := newDaemonBook(testRun)
+	b.now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	if err := b.watch(ctx, env.Bus, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.close)
+	put := func(id string) {
+		m, _ := events.NewMember(events.KindSandbox, id)
+		v, _ := json.Marshal(events.MemberInfo{Run: testRun, Member: m, Instance: "i1"})
+		if _, err := env.Bus.Daemons.Put(ctx, events.MemberKey(testRun, m), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("sb-quiet")
+	put("sb-stopped")
+	poll.Wait(t, 10*time.Second, "the book to hear both heartbeats", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.stored) == 2
+	})
+	quiet := b.goneCh("sb-quiet")
+	if err := env.Bus.Daemons.Delete(ctx, events.MemberKey(testRun, "sandbox.sb-stopped")); err != nil {
+		t.Fatal(err)
+	}
+	poll.Wait(t, 10*time.Second, "the deleted daemon to be gone", func() bool { return b.isGone("sb-stopped") })
+	b.sweep()
+	if b.isGone("sb-quiet") {
+		t.Fatal("a daemon whose heartbeat is fresh is gone")
+	}
+	offset.Store(int64(jetstream.DefaultSandboxTTL))
+	b.sweep()
+	select {
+	case <-quiet:
+	default:
+		t.Fatal("a daemon whose heartbeat lived its TTL is not gone")
+	}
+	offset.Store(0)
+	put("sb-quiet")
+	poll.Wait(t, 10*time.Second, "the daemon that heartbeats again to be back", func() bool { return !b.isGone("sb-quiet") })
 }
 
 // A stage that fails on its sandbox itself ends the attempt sandbox_lost:

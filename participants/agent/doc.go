@@ -22,7 +22,7 @@
 // resume the same launch goes on. An unconfirmed pause, or an adapter that
 // does not pause, gets a stop instead and a relaunch on the saved session
 // after the resume. A launch that ended before the park keeps its result.
-// A launch whose sandbox's daemon is gone (its heartbeat in sp_members
+// A launch whose sandbox's daemon is gone (its heartbeat in sp_daemons
 // expired or was deleted: the daemon died, and with it the sandbox's init)
 // is lost: the run does not wait for that daemon's ack, waits at its launch
 // bookmark (a restore relaunches it in a fork), then ends sandbox_lost, as

@@ -161,8 +161,8 @@ func (c Config) Validate() error {
 	case c.Bus == nil && c.NoPull:
 	case c.Bus == nil:
 		field("Bus: required")
-	case c.Bus.Stream == nil || c.Bus.Members == nil || c.Bus.Manifests == nil || c.Bus.Records == nil:
-		field("Bus: needs Stream, Members, Manifests and Records (use jetstream.Open)")
+	case c.Bus.Stream == nil || c.Bus.Members == nil || c.Bus.Daemons == nil || c.Bus.Manifests == nil || c.Bus.Records == nil:
+		field("Bus: needs Stream, Members, Daemons, Manifests and Records (use jetstream.Open)")
 	}
 	if c.Participant == nil {
 		field("Participant: required")

@@ -160,7 +160,9 @@ func TestCoreFeedNeverHearsARefusedPhase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := env.JS.PublishMsg(t.Context(), zombie, natsjs.WithExpectLastSequence(1)); err == nil {
+	// Fenced as a bridge fences a phase, on the run's last phase: the
+	// zombie has seen none.
+	if _, err := env.JS.PublishMsg(t.Context(), zombie, natsjs.WithExpectLastSequenceForSubject(0, events.PhaseFilter("run1"))); err == nil {
 		t.Fatal("the zombie's fenced publish was stored")
 	}
 	seq2 := bridge.Publish(events.Commit{PhaseHeader: header, Scope: []events.Episode{{Rollout: "sb1-r0"}}})

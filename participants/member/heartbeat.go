@@ -15,37 +15,46 @@ import (
 
 // register announces the member and puts its heartbeat; it returns the
 // TTL of its heartbeat: its kind's (PROTOCOL §3, Liveness), which each put
-// carries, or, in a bucket an earlier build made, the bucket's.
+// carries, or, in a bucket an earlier build made, the bucket's. A sandbox
+// daemon's heartbeat is in a bucket of its own (jetstream.BucketDaemons),
+// whose max age is its TTL, and it announces nothing on the stream: its
+// credentials publish nothing there (docs/PERMISSIONS.md).
 func (m *Member) register(ctx context.Context) (time.Duration, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
+	kind := m.cfg.Member.Kind()
 	// A user that reads no stream info (Config.NoPull) cannot read the
 	// bucket's TTLs, which its info holds: it takes the topology's default.
 	ttls, own := jetstream.MemberTTLs{Member: jetstream.DefaultMemberTTL, Sandbox: jetstream.DefaultSandboxTTL}, true
 	if !m.cfg.NoPull {
-		st, err := m.cfg.Bus.Members.Status(cctx)
+		st, err := m.cfg.Bus.Heartbeats(kind).Status(cctx)
 		if err != nil {
-			return 0, fmt.Errorf("member: members bucket: %w", err)
+			return 0, fmt.Errorf("member: heartbeats bucket: %w", err)
 		}
 		ttls, own = jetstream.MemberTTLsOf(st)
+		if kind == events.KindSandbox {
+			ttls.Sandbox = jetstream.DaemonTTL(st)
+		}
 	}
 	m.infoMu.Lock()
-	m.ttl = ttls.For(m.cfg.Member.Kind())
+	m.ttl = ttls.For(kind)
 	if !own {
 		m.ttl = 0 // each put lives the bucket's TTL
 	}
 	m.infoMu.Unlock()
 	// Joined first: the audit log shows the member before anything can be
 	// addressed to it through its heartbeat.
-	joined := events.MemberJoined{Run: m.cfg.Run, Member: m.cfg.Member, Capabilities: m.info.Capabilities,
-		Host: m.info.Host, PID: m.info.PID}
-	if err := m.announce(cctx, joined); err != nil {
-		return 0, err
+	if kind != events.KindSandbox {
+		joined := events.MemberJoined{Run: m.cfg.Run, Member: m.cfg.Member, Capabilities: m.info.Capabilities,
+			Host: m.info.Host, PID: m.info.PID}
+		if err := m.announce(cctx, joined); err != nil {
+			return 0, err
+		}
 	}
 	if err := m.putInfo(cctx); err != nil {
 		return 0, err
 	}
-	return ttls.For(m.cfg.Member.Kind()), nil
+	return ttls.For(kind), nil
 }
 
 func (m *Member) announce(ctx context.Context, d events.Data) error {
@@ -68,8 +77,12 @@ func (m *Member) putInfo(ctx context.Context) error {
 		return fmt.Errorf("member: heartbeat: %w", err)
 	}
 	key := events.MemberKey(m.cfg.Run, m.cfg.Member)
+	bucket, ttl := jetstream.HeartbeatBucket(m.cfg.Member.Kind()), m.ttl
+	if bucket == jetstream.BucketDaemons {
+		ttl = 0 // the bucket refuses a TTL of a put's own: its max age is the TTL
+	}
 	write := func(expect int64) (uint64, error) {
-		return jetstream.KVWrite(ctx, m.cfg.JS, jetstream.BucketMembers, key, b, m.ttl, expect)
+		return jetstream.KVWrite(ctx, m.cfg.JS, bucket, key, b, ttl, expect)
 	}
 	if m.infoRev == 0 {
 		// Registration takes the name, from any earlier process of it.
@@ -87,7 +100,7 @@ func (m *Member) putInfo(ctx context.Context) error {
 		m.infoRev = rev
 		return nil
 	}
-	value, revision, gerr := jetstream.KVGet(ctx, m.cfg.JS, jetstream.BucketMembers, key)
+	value, revision, gerr := jetstream.KVGet(ctx, m.cfg.JS, jetstream.HeartbeatBucket(m.cfg.Member.Kind()), key)
 	switch {
 	case errors.Is(gerr, natsjs.ErrKeyNotFound):
 		// Expired (a long pause, a slow heartbeat): register again.
@@ -144,15 +157,18 @@ func (m *Member) heartbeatFailed(err error) {
 	m.log.Warn().Err(err).Msg("heartbeat")
 }
 
-// leave publishes MemberLeft. On a clean stop it deletes the heartbeat
-// key, unless another process has written it since; a superseded member
-// leaves the key to expire, since it may now belong to its successor.
+// leave publishes MemberLeft (a sandbox daemon announces nothing: see
+// register). On a clean stop it deletes the heartbeat key, unless another
+// process has written it since; a superseded member leaves the key to
+// expire, since it may now belong to its successor.
 func (m *Member) leave(ctx context.Context, reason string) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	epoch, _ := m.machine.Epoch()
-	if err := m.announce(cctx, events.MemberLeft{Run: m.cfg.Run, Member: m.cfg.Member, Epoch: epoch, Reason: reason}); err != nil {
-		m.log.Warn().Err(err).Msg("leave")
+	if m.cfg.Member.Kind() != events.KindSandbox {
+		if err := m.announce(cctx, events.MemberLeft{Run: m.cfg.Run, Member: m.cfg.Member, Epoch: epoch, Reason: reason}); err != nil {
+			m.log.Warn().Err(err).Msg("leave")
+		}
 	}
 	if reason == "superseded" {
 		return
@@ -160,7 +176,7 @@ func (m *Member) leave(ctx context.Context, reason string) {
 	m.infoMu.Lock()
 	rev := m.infoRev
 	m.infoMu.Unlock()
-	err := jetstream.KVDelete(cctx, m.cfg.JS, jetstream.BucketMembers, events.MemberKey(m.cfg.Run, m.cfg.Member), rev)
+	err := jetstream.KVDelete(cctx, m.cfg.JS, jetstream.HeartbeatBucket(m.cfg.Member.Kind()), events.MemberKey(m.cfg.Run, m.cfg.Member), rev)
 	if err != nil {
 		m.log.Debug().Err(err).Msg("heartbeat key left in place")
 	}

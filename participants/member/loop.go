@@ -287,10 +287,11 @@ func (m *Member) receive(ctx context.Context, dl Delivery) {
 		return
 	}
 	// PROTOCOL §5, Idempotence: an event that comes again, or that is older
-	// than this process, may have been answered already. An ack on core
-	// NATS (a resume's, a sandbox daemon's prepare's) is not on the stream
-	// to find, and both phases are idempotent: it is handled.
-	if !events.LiveAck(p, m.cfg.Member) && (dl.Delivered() > 1 || e.Time().Before(m.started) || (m.recheckTo > 0 && dl.Sequence() <= m.recheckTo)) {
+	// than this process, may have been answered already. Its ack is on the
+	// stream (a sandbox daemon's as the bridge recorded it) but a resume's
+	// and a daemon's prepare's (events.AckRecorded), and both phases are
+	// idempotent: it is handled.
+	if events.AckRecorded(p, m.cfg.Member) && (dl.Delivered() > 1 || e.Time().Before(m.started) || (m.recheckTo > 0 && dl.Sequence() <= m.recheckTo)) {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		_, err := m.stream.GetLastMsgForSubject(cctx, events.AckSubject(m.cfg.Run, h.Seq, p, m.cfg.Member))
 		cancel()

@@ -114,12 +114,13 @@ func New(cfg Config) (*Member, error) {
 func (m *Member) Name() events.Member { return m.cfg.Member }
 
 // Instance returns the id of this process's membership, as its heartbeat
-// in sp_members carries it (events.MemberInfo.Instance).
+// carries it (events.MemberInfo.Instance).
 func (m *Member) Instance() string { return m.info.Instance }
 
 // Joined is closed once Run has registered the member: its MemberJoined is
-// on the stream and its heartbeat in sp_members. A Run that fails to
-// start never closes it.
+// on the stream (but a sandbox daemon's, which announces none) and its
+// heartbeat in its kind's bucket (jetstream.HeartbeatBucket). A Run that
+// fails to start never closes it.
 func (m *Member) Joined() <-chan struct{} { return m.joined }
 
 // Notify tells the runtime that the participant's readiness may have
@@ -176,7 +177,12 @@ func (m *Member) Run(ctx context.Context) error {
 		return startErr(ctx, err)
 	}
 	alive, err := m.cfg.JS.Conn().Subscribe(events.AliveSubject(m.cfg.Run, m.cfg.Member), func(msg *nats.Msg) {
-		m.sayAgain(msg.Data)
+		// The answer is the member's instance, or the ack the request
+		// asks for (events.AliveQuery), its headers and data.
+		if ack := m.sayAgain(msg.Data); ack != nil {
+			_ = msg.RespondMsg(&nats.Msg{Header: ack.Header, Data: ack.Data})
+			return
+		}
 		_ = msg.Respond([]byte(m.info.Instance))
 	})
 	if err != nil {

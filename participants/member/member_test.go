@@ -1058,17 +1058,29 @@ func TestDaemonSaysItsPrepareAckAgainWhenAsked(t *testing.T) {
 		t.Fatalf("%d prepare acks of the daemon heard after a repeated prepare, want 1", n)
 	}
 
-	ask := func(q events.AliveQuery) {
+	ask := func(q events.AliveQuery) *nats.Msg {
 		t.Helper()
 		body, _ := json.Marshal(q)
 		reply, err := env.Conn.Request(events.AliveSubject("run1", daemon), body, 5*time.Second)
 		if err != nil || len(reply.Data) == 0 {
 			t.Fatalf("alive query %+v: %v %v", q, reply, err)
 		}
+		return reply
 	}
-	ask(events.AliveQuery{Seq: seq + 100, Phase: events.PhasePrepare})
-	ask(events.AliveQuery{Seq: seq, Phase: events.PhaseCommit})
-	ask(events.AliveQuery{Seq: seq, Phase: events.PhasePrepare})
+	for _, q := range []events.AliveQuery{{Seq: seq + 100, Phase: events.PhasePrepare}, {Seq: seq, Phase: events.PhaseCommit}} {
+		if r := ask(q); len(r.Header) != 0 {
+			t.Errorf("the answer to %+v, which names no ack the daemon sent, carries headers %v", q, r.Header)
+		}
+	}
+	// The answer to the query of the prepare carries the ack itself, on
+	// the asker's inbox (whatever floods the ack's subject).
+	answer := ask(events.AliveQuery{Seq: seq, Phase: events.PhasePrepare})
+	carried := &nats.Msg{Subject: events.LiveAckSubject("run1", seq, events.PhasePrepare, daemon), Header: answer.Header, Data: answer.Data}
+	if _, d, err := events.Unmarshal(carried); err != nil {
+		t.Errorf("the answer does not carry the prepare ack: %v", err)
+	} else if a, ok := d.(events.PrepareAck); !ok || a.Seq != seq || a.Member != daemon {
+		t.Errorf("the answer carries %+v, want the daemon's prepare ack", d)
+	}
 	poll.Wait(t, 5*time.Second, "the prepare ack said again", func() bool { return b.AckCount(seq, events.PhasePrepare, daemon) == 2 })
 	// What else the queries asked comes, if at all, before the one they
 	// named: only that ack was said again, the same bytes.

@@ -43,13 +43,14 @@ func (m *Member) reply(ctx context.Context, r Reply) {
 	}
 	repeat := false
 	if events.LiveAck(r.Phase, m.cfg.Member) {
-		// A resume ack, and a sandbox daemon's prepare ack, go on core
+		// A resume ack, and every ack of a sandbox daemon, go on core
 		// NATS, not into the stream (PROTOCOL §3): the bridge never waits
-		// for a resume ack, and counts the first prepare ack it hears of
-		// each daemon. Kept, they are said again to whoever asks on the
-		// alive subject (one lost on the way); a prepare answered already
-		// is not said again unasked, so that a daemon acks it once.
-		if r.Phase == events.PhasePrepare && m.liveAck(seq, r.Phase) != nil {
+		// for a resume ack, and takes the first ack it hears of each
+		// daemon. Kept, they are said again to whoever asks on the alive
+		// subject (one lost on the way); a phase answered already (but a
+		// resume, handled again) is not said again unasked, so that a
+		// daemon acks it once.
+		if r.Phase != events.PhaseResume && m.liveAck(seq, r.Phase) != nil {
 			repeat = true
 		} else {
 			err = m.cfg.JS.Conn().PublishMsg(msg)
@@ -144,25 +145,28 @@ func (m *Member) liveAck(seq uint64, p events.Phase) *nats.Msg {
 }
 
 // sayAgain takes the body of a request on the alive subject
-// (events.AliveQuery) and publishes again the ack it names, if the member
-// published it on core NATS and keeps it: the asker (the bridge, or an
-// agent waiting for its sandbox's prepare ack) may have missed it. It runs
-// on the subscription's goroutine.
-func (m *Member) sayAgain(body []byte) {
+// (events.AliveQuery), publishes again the ack it names, if the member
+// published it on core NATS and keeps it, and returns that ack (nil if
+// none): the asker (the bridge, or an agent waiting for its sandbox's
+// prepare ack) may have missed it, and the answer to the request carries
+// it too, on the asker's own inbox, which a flood of the ack's subject does
+// not reach. It runs on the subscription's goroutine.
+func (m *Member) sayAgain(body []byte) *nats.Msg {
 	if len(body) == 0 {
-		return
+		return nil
 	}
 	var q events.AliveQuery
 	if err := json.Unmarshal(body, &q); err != nil || q.Seq == 0 {
-		return
+		return nil
 	}
 	msg := m.liveAck(q.Seq, q.Phase)
 	if msg == nil {
-		return
+		return nil
 	}
 	if err := m.cfg.JS.Conn().PublishMsg(msg); err != nil {
 		m.log.Debug().Err(err).Uint64("seq", q.Seq).Str("phase", string(q.Phase)).Msg("cannot say the ack again")
 	}
+	return msg
 }
 
 // ackAll acknowledges deliveries, logging what fails.

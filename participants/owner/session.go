@@ -312,7 +312,7 @@ func (o *Owner) daemonGone(ctx context.Context, sandboxID string) {
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := o.cfg.Bus.Members.Delete(dctx, events.MemberKey(o.cfg.Run, m)); err != nil && !errors.Is(err, natsjs.ErrKeyNotFound) {
+	if err := o.cfg.Bus.Daemons.Delete(dctx, events.MemberKey(o.cfg.Run, m)); err != nil && !errors.Is(err, natsjs.ErrKeyNotFound) {
 		o.log.Debug().Err(err).Str("sandbox", sandboxID).Msg("delete the stopped sandbox daemon's heartbeat")
 	}
 }

@@ -142,7 +142,7 @@ func (r *Resident) Member() (events.Member, bool) {
 }
 
 // Join makes id the Resident's bus identity and returns once its member
-// joined (its heartbeat is in sp_members). A daemon already running is
+// joined (its heartbeat is in sp_daemons). A daemon already running is
 // detached and stopped first (see Resident). A Join that fails leaves no
 // daemon running. Join waits for Run to start; once Run has returned it
 // fails with ErrResidentClosed.

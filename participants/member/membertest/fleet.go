@@ -173,7 +173,7 @@ func WaitRegistered(t testing.TB, env *jstest.Env, run string, name events.Membe
 	t.Helper()
 	var info events.MemberInfo
 	poll.Wait(t, 10*time.Second, fmt.Sprintf("member %s to register", name), func() bool {
-		e, err := env.Bus.Members.Get(t.Context(), events.MemberKey(run, name))
+		e, err := env.Bus.Heartbeats(name.Kind()).Get(t.Context(), events.MemberKey(run, name))
 		if errors.Is(err, natsjs.ErrKeyNotFound) {
 			select {
 			case <-done:

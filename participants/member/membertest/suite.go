@@ -206,7 +206,7 @@ func nextKeys(eps []events.Episode) []string {
 
 func (s *world) info(m events.Member) (events.MemberInfo, bool) {
 	s.t.Helper()
-	e, err := s.env.Bus.Members.Get(s.t.Context(), events.MemberKey(s.run, m))
+	e, err := s.env.Bus.Heartbeats(m.Kind()).Get(s.t.Context(), events.MemberKey(s.run, m))
 	if errors.Is(err, natsjs.ErrKeyNotFound) {
 		return events.MemberInfo{}, false
 	}
@@ -220,9 +220,18 @@ func (s *world) info(m events.Member) (events.MemberInfo, bool) {
 	return info, true
 }
 
+// lastMembership returns the last membership event of m, nil for a sandbox
+// daemon: it announces none (PROTOCOL §3, membership), and must have
+// published none.
 func (s *world) lastMembership(m events.Member) events.Data {
 	s.t.Helper()
 	raw, err := s.env.Bus.Stream.GetLastMsgForSubject(s.t.Context(), events.MemberSubject(s.run, m))
+	if m.Kind() == events.KindSandbox {
+		if !errors.Is(err, natsjs.ErrMsgNotFound) {
+			s.t.Fatalf("membership events of sandbox daemon %s: %v, want none", m, err)
+		}
+		return nil
+	}
 	if err != nil {
 		s.t.Fatalf("membership events of %s: %v", m, err)
 	}

@@ -44,7 +44,7 @@ func newServerCmd(g *globals) *cobra.Command {
 		Use:   "server",
 		Short: "Run an embedded NATS server with JetStream and provision Stillpoint's bus",
 		Long: `Run an embedded NATS server with JetStream, its file store in --dir, and provision
-the STILLPOINT stream, the sp_members, sp_manifests and sp_snapshots KV buckets and
+the STILLPOINT stream, the sp_members, sp_daemons, sp_manifests and sp_snapshots KV buckets and
 the sp_records and sp_checkpoints object stores (PROTOCOL §3). Provisioning is idempotent; an existing
 stream or bucket whose configuration differs is an error that says what differs.
 

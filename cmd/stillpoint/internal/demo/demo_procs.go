@@ -39,7 +39,7 @@ func (d *demo) waitMember(ctx context.Context, bus *jetstream.Bus, m events.Memb
 		fmt.Errorf("demo: %s did not register; see %s", m, filepath.Join(d.dir, "logs", proc+".log")))
 	defer cancel()
 	return poll.Until(wctx, poll.Every(50*time.Millisecond), func() (bool, error) {
-		if e, err := bus.Members.Get(ctx, events.MemberKey(d.run, m)); err == nil {
+		if e, err := bus.Heartbeats(m.Kind()).Get(ctx, events.MemberKey(d.run, m)); err == nil {
 			var info events.MemberInfo
 			if json.Unmarshal(e.Value(), &info) == nil && info.Instance != "" && info.Instance != not {
 				return true, nil
@@ -55,7 +55,7 @@ func (d *demo) waitMember(ctx context.Context, bus *jetstream.Bus, m events.Memb
 }
 
 func (d *demo) instance(ctx context.Context, bus *jetstream.Bus, m events.Member) string {
-	e, err := bus.Members.Get(ctx, events.MemberKey(d.run, m))
+	e, err := bus.Heartbeats(m.Kind()).Get(ctx, events.MemberKey(d.run, m))
 	if err != nil {
 		return ""
 	}
