@@ -145,18 +145,12 @@ const apiWait = 2 * time.Second
 // request sends a JetStream API request and returns the answer, or why
 // there is none: a permissions violation, a timeout.
 func (a *Attacker) request(ctx context.Context, subject string, body any, hdr nats.Header) (map[string]any, error) {
-	b, _ := json.Marshal(body)
-	if body == nil {
-		b = nil
+	var b []byte
+	if body != nil {
+		b, _ = json.Marshal(body)
 	}
-	before := a.violationCount()
-	rctx, cancel := context.WithTimeout(ctx, apiWait)
-	defer cancel()
-	msg, err := a.nc.RequestMsgWithContext(rctx, &nats.Msg{Subject: subject, Data: b, Header: hdr})
+	msg, err := a.roundTrip(ctx, &nats.Msg{Subject: subject, Data: b, Header: hdr})
 	if err != nil {
-		if a.violationCount() > before || a.waitViolation(before) {
-			return nil, fmt.Errorf("permissions violation: %s", a.lastViolation())
-		}
 		return nil, err
 	}
 	var out map[string]any
@@ -167,6 +161,39 @@ func (a *Attacker) request(ctx context.Context, subject string, body any, hdr na
 		return out, fmt.Errorf("api error: %v", e)
 	}
 	return out, nil
+}
+
+// roundTrip publishes msg with a reply inbox of its own and returns the
+// answer, or a permissions violation as soon as the server reports one
+// (a refused publish gets no answer), or a timeout after apiWait.
+func (a *Attacker) roundTrip(ctx context.Context, msg *nats.Msg) (*nats.Msg, error) {
+	replies, err := a.nc.SubscribeSync(a.nc.NewRespInbox())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = replies.Unsubscribe() }()
+	msg.Reply = replies.Subject
+	before := a.violationCount()
+	if err := a.nc.PublishMsg(msg); err != nil {
+		return nil, err
+	}
+	// The server reports a violation before it answers the flush's ping.
+	_ = a.nc.FlushTimeout(apiWait)
+	deadline := time.Now().Add(apiWait)
+	for {
+		if m, err := replies.NextMsg(20 * time.Millisecond); err == nil {
+			if m.Header.Get("Status") == "503" {
+				return nil, nats.ErrNoResponders
+			}
+			return m, nil
+		}
+		if a.violationCount() > before {
+			return nil, fmt.Errorf("permissions violation: %s", a.lastViolation())
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, fmt.Errorf("no answer within %s", apiWait)
+		}
+	}
 }
 
 // publish publishes and reports a permissions violation, waiting a moment
@@ -251,24 +278,41 @@ func (a *Attacker) dedupe(ctx context.Context) Outcome {
 	guesses := predict(a.t, seen)
 	stored, refused := 0, 0
 	var last error
+	// Every guess at once, answered on one inbox: a stored one answers a
+	// PubAck; a refused one a violation, or nothing.
+	replies, err := a.nc.SubscribeSync(a.nc.NewRespInbox())
+	if err != nil {
+		o.Detail = err.Error()
+		return o
+	}
+	defer func() { _ = replies.Unsubscribe() }()
+	before := a.violationCount()
 	for i, id := range guesses {
-		msg := &nats.Msg{Subject: a.ackSubject(uint64(1_000_000+i), events.PhaseCommit), Data: []byte("{}"),
+		msg := &nats.Msg{Subject: a.ackSubject(uint64(1_000_000+i), events.PhaseCommit), Reply: replies.Subject, Data: []byte("{}"),
 			Header: nats.Header{nats.MsgIdHdr: []string{id}}}
-		rctx, cancel := context.WithTimeout(ctx, apiWait)
-		ack, err := a.nc.RequestMsgWithContext(rctx, msg)
-		cancel()
-		if err != nil {
-			refused++
+		if err := a.nc.PublishMsg(msg); err != nil {
 			last = err
+			break
+		}
+	}
+	_ = a.nc.FlushTimeout(apiWait)
+	deadline := time.Now().Add(apiWait)
+	for stored+refused < len(guesses) && time.Now().Before(deadline) {
+		if a.violationCount()-before >= len(guesses) {
+			break
+		}
+		m, err := replies.NextMsg(50 * time.Millisecond)
+		if err != nil {
 			continue
 		}
-		if strings.Contains(string(ack.Data), `"error"`) {
+		if strings.Contains(string(m.Data), `"error"`) || m.Header.Get("Status") != "" {
 			refused++
-			last = errors.New(string(ack.Data))
+			last = errors.New(string(m.Data) + m.Header.Get("Description"))
 			continue
 		}
 		stored++
 	}
+	refused = len(guesses) - stored
 	if a.violationCount() > 0 && stored == 0 {
 		last = errors.New(a.lastViolation())
 	}
@@ -279,7 +323,8 @@ func (a *Attacker) dedupe(ctx context.Context) Outcome {
 
 // predict returns the ids a deterministic scheme would give next, from
 // the ids seen: each with its numeric tokens advanced by 1..3 and every
-// phase name put in place of one, and the old schemes' member ack ids.
+// phase name put in place of one, and the old schemes' member ack ids
+// (those of the first phases when nothing was seen).
 func predict(t Target, seen []string) []string {
 	phases := []string{"prepare", "commit", "resume", "abort", "restore", "release", "retire"}
 	set := map[string]bool{}
@@ -313,6 +358,16 @@ func predict(t Target, seen []string) []string {
 							add(t.Run + "." + strconv.FormatUint(n+d, 10) + "." + p + "." + string(v))
 						}
 					}
+				}
+			}
+		}
+	}
+	if len(seen) == 0 {
+		// Nothing readable: the old member ack ids of the first phases.
+		for n := 1; n <= 6; n++ {
+			for _, p := range phases {
+				for _, v := range t.Victims {
+					add(t.Run + "." + strconv.Itoa(n) + "." + p + "." + string(v))
 				}
 			}
 		}
