@@ -324,7 +324,7 @@ func (a *Attacker) dedupe(ctx context.Context) Outcome {
 // predict returns the ids a deterministic scheme would give next, from
 // the ids seen: each with its numeric tokens advanced by 1..3 and every
 // phase name put in place of one, and the old schemes' member ack ids
-// (those of the first phases when nothing was seen).
+// (of the phases after those seen, and of the first phases).
 func predict(t Target, seen []string) []string {
 	phases := []string{"prepare", "commit", "resume", "abort", "restore", "release", "retire"}
 	set := map[string]bool{}
@@ -362,8 +362,8 @@ func predict(t Target, seen []string) []string {
 			}
 		}
 	}
-	if len(seen) == 0 {
-		// Nothing readable: the old member ack ids of the first phases.
+	{
+		// Whatever was readable: the old member ack ids of the first phases.
 		for n := 1; n <= 6; n++ {
 			for _, p := range phases {
 				for _, v := range t.Victims {
