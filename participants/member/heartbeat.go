@@ -108,8 +108,11 @@ func (m *Member) putInfo(ctx context.Context) error {
 	case gerr != nil:
 		return fmt.Errorf("member: heartbeat: %w", gerr)
 	default:
+		// Only another process of this member replaces it: a value that
+		// names no instance (a foreign write of the key, a roll-up's) is
+		// written over.
 		var other events.MemberInfo
-		if json.Unmarshal(value, &other) == nil && other.Instance != m.info.Instance {
+		if json.Unmarshal(value, &other) == nil && other.Instance != "" && other.Instance != m.info.Instance {
 			return fmt.Errorf("%w: instance %s holds %s", ErrReplaced, other.Instance, key)
 		}
 		rev, err = write(int64(revision))

@@ -815,6 +815,32 @@ func TestReplacedMemberStops(t *testing.T) {
 	}
 }
 
+// A heartbeat key written over with a value that names no process (a
+// roll-up put of another client, garbage) is written again by the member,
+// which goes on: only another process of its name replaces it.
+func TestForeignHeartbeatValueIsWrittenOver(t *testing.T) {
+	env := jstest.Start(t, jstest.WithTopology(jetstream.Topology{MemberTTL: 1500 * time.Millisecond}))
+	name := events.Member("agent.a")
+	h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("a"), membertest.Options{})
+	first := membertest.WaitRegistered(t, env, "run1", name, nil)
+	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey("run1", name), []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	poll.Wait(t, 10*time.Second, "the member to write its heartbeat again", func() bool {
+		e, err := env.Bus.Members.Get(t.Context(), events.MemberKey("run1", name))
+		if err != nil {
+			return false
+		}
+		var info events.MemberInfo
+		return json.Unmarshal(e.Value(), &info) == nil && info.Instance == first.Instance
+	})
+	select {
+	case <-h.Done():
+		t.Fatalf("the member stopped: %v", h.Err())
+	default:
+	}
+}
+
 // §3, Consumers: a member whose consumer disappears (deleted, or lost with
 // its server) makes it again and carries on from the stream: a phase
 // published while it was gone is answered, once, and nothing answered
