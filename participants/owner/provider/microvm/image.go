@@ -10,6 +10,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
+	"time"
 )
 
 // Ext4Image builds a raw ext4 image of size bytes at dst whose root holds
@@ -32,6 +34,7 @@ func Ext4Image(ctx context.Context, mkfs, dir, dst, label, id string, size int64
 	tmp := f.Name()
 	f.Close()
 	defer os.Remove(tmp)
+	pinAccessTimes(dir)
 	uuid := contentUUID(id + "\x00" + label)
 	cmd := exec.CommandContext(ctx, mkfs, "-q", "-F", "-t", "ext4", "-L", label, "-d", dir, "-U", uuid,
 		"-E", "root_owner=0:0,hash_seed="+uuid, "-O", "^has_journal", "-m", "0", tmp, strconv.FormatInt(size/1024, 10)+"k")
@@ -62,4 +65,32 @@ func Overlay(ctx context.Context, qemuImg, base, baseFormat, dst string) error {
 		return fmt.Errorf("qemu-img create %s on %s: %w: %s", dst, base, err, out)
 	}
 	return nil
+}
+
+// pinnedAccess is the access time pinAccessTimes gives the tree: later
+// than any modification or change of it, and within ext4's 32-bit seconds.
+var pinnedAccess = time.Date(2037, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// pinAccessTimes sets the access time of every file and directory under
+// dir to pinnedAccess, best effort, so that two builds of one tree are the
+// same bytes. mkfs copies each entry's access, modification and change
+// times into the image, and reading the tree moves an access time that is
+// not later than the entry's modification and change (relatime): the
+// first build's reads would show in the second. An entry pinned already is
+// left alone, since setting a time moves the change time.
+func pinAccessTimes(dir string) {
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.Type()&fs.ModeSymlink != 0 {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return nil
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Atim.Sec == pinnedAccess.Unix() {
+			return nil
+		}
+		_ = os.Chtimes(p, pinnedAccess, fi.ModTime())
+		return nil
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // An image is the same bytes for the same tree and id, and once at its
@@ -45,7 +46,12 @@ func TestExt4ImageIsFixedOnceThere(t *testing.T) {
 		return fi.Sys().(*syscall.Stat_t).Ino
 	}
 	a, b, other := filepath.Join(out, "a.ext4"), filepath.Join(out, "b.ext4"), filepath.Join(out, "other.ext4")
+	// The tree's files were just written, so a build's reads move their
+	// access times (relatime); with a second between the builds, an image
+	// that copied them would differ (a loaded CI machine found this).
+	time.Sleep(1100 * time.Millisecond)
 	build(a, "tree-1")
+	time.Sleep(1100 * time.Millisecond)
 	build(b, "tree-1")
 	build(other, "tree-2")
 	ab, _ := os.ReadFile(a)
