@@ -18,6 +18,8 @@ GO        ?= go
 # "context deadline exceeded" as a failure when a duration runs out under
 # load (go.dev/issue/75804, fixed in 1.27).
 FUZZTIME  ?= 100000x
+# Extra flags for each fuzz run; .ci/run gives -parallel=1 (one worker).
+FUZZFLAGS ?=
 # Every package but the fault matrix (e2e/faults), which runs on its own:
 # make faults. The longest first: go test starts the packages' test runs
 # in this order, TESTP at a time; the e2e package takes most of make test's
@@ -144,8 +146,8 @@ fuzz:
 	@set -e; for f in $$(grep -rlE --include='*_test.go' '^func Fuzz[A-Z]' . | sort); do \
 		pkg=./$$(dirname "$${f#./}"); \
 		for fn in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$f"); do \
-			echo "$(GO) test $$pkg -run '^\$$' -fuzz '^$$fn\$$' -fuzztime $(FUZZTIME)"; \
-			$(GO) test "$$pkg" -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME); \
+			echo "$(GO) test $$pkg -run '^\$$' -fuzz '^$$fn\$$' -fuzztime $(FUZZTIME) $(FUZZFLAGS)"; \
+			$(GO) test "$$pkg" -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS); \
 		done; \
 	done
 
