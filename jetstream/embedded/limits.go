@@ -2,6 +2,7 @@ package embedded
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,11 +13,45 @@ import (
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
 )
 
-// Limits bound what every run's account may hold: Storage is the bytes of JetStream storage a
-// run's streams may use together (-1: no bound). A member that floods its run's stream fills its
-// own run's quota; no other run's.
+// Limits bound what every run's account may hold and do, each -1 (or 0) for no bound. NATS counts
+// them per account, so each bounds a run as a whole: a member that floods what it may make fills
+// its own run's share, never another run's. There is no per-user quota in NATS (docs/PERMISSIONS.md,
+// Limits).
 type Limits struct {
+	// Storage is the bytes of JetStream storage a run's streams may use together.
 	Storage int64 `json:"storage"`
+	// Consumers is how many JetStream consumers a run's streams may have at once.
+	Consumers int64 `json:"consumers,omitempty"`
+	// Connections is how many clients of a run may be connected at once.
+	Connections int64 `json:"connections,omitempty"`
+}
+
+// NoLimits is Limits with no bound.
+var NoLimits = Limits{Storage: -1, Consumers: -1, Connections: -1}
+
+// withDefaults returns l with every unset (zero) field -1: no bound (a limits file of an earlier
+// build names fewer fields).
+func (l Limits) withDefaults() Limits {
+	for _, f := range []*int64{&l.Storage, &l.Consumers, &l.Connections} {
+		if *f == 0 {
+			*f = -1
+		}
+	}
+	return l
+}
+
+// validate names every field of l that is below -1.
+func (l Limits) validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"Storage", l.Storage}, {"Consumers", l.Consumers}, {"Connections", l.Connections}} {
+		if f.v < -1 {
+			errs = append(errs, fmt.Errorf("%w: Limits.%s %d: want -1 or 0 (no bound) or a positive count", ErrInvalidConfig, f.name, f.v))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // limitsFile is where SetLimits keeps the limits, in the authority's dir.
@@ -26,19 +61,19 @@ const limitsFile = "limits.json"
 func (a *Authority) Limits() Limits {
 	b, err := os.ReadFile(filepath.Join(a.dir, limitsFile))
 	var l Limits
-	if err != nil || json.Unmarshal(b, &l) != nil || l.Storage == 0 {
-		return Limits{Storage: -1}
+	if err != nil || json.Unmarshal(b, &l) != nil {
+		return NoLimits
 	}
-	return l
+	return l.withDefaults()
 }
 
 // SetLimits keeps l in the authority's dir and writes every run's account JWT again with it, so
 // that a server on the dir applies it (WatchRuns), and runs added later get it too.
 func (a *Authority) SetLimits(l Limits) error {
-	if l.Storage == 0 || l.Storage < -1 {
-		return fmt.Errorf("%w: Limits.Storage %d: want -1 (no bound) or a positive byte count", ErrInvalidConfig, l.Storage)
+	if err := l.validate(); err != nil {
+		return err
 	}
-	b, err := json.Marshal(l)
+	b, err := json.Marshal(l.withDefaults())
 	if err != nil {
 		return err
 	}

@@ -355,8 +355,9 @@ func (a *Authority) accountJWT(ra *runAccount) (string, error) {
 	ac := jwt.NewAccountClaims(apub)
 	ac.Name = ra.run
 	lim := a.Limits()
-	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: lim.Storage, Streams: -1, Consumer: -1,
+	ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: lim.Storage, Streams: -1, Consumer: lim.Consumers,
 		MaxAckPending: -1, MemoryMaxStreamBytes: -1, DiskMaxStreamBytes: -1}
+	ac.Limits.Conn = lim.Connections
 	if lim.Storage > 0 {
 		// A memory stream (a test's) counts against the same bound.
 		ac.Limits.JetStreamLimits.MemoryStorage = lim.Storage

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -433,4 +434,40 @@ func failure(res *bridgeapi.CheckpointResult) string {
 	}
 	b, _ := json.Marshal(res.Failure)
 	return string(b)
+}
+
+// TestServerRunLimitFlags: the server's --run-* flags change only the
+// limits they name, keep the rest the auth dir had, and every run's account
+// carries them.
+func TestServerRunLimitFlags(t *testing.T) {
+	auth := filepath.Join(t.TempDir(), "auth")
+	a, err := embedded.LoadAuthority(auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetLimits(embedded.Limits{Storage: 64 << 20, Connections: 40}); err != nil {
+		t.Fatal(err)
+	}
+	startCommand(t, "server", readyRE, func(ctx context.Context, g *globals) error {
+		return runServer(ctx, g, serverFlags{dir: t.TempDir(), listen: "127.0.0.1:0", authDir: auth, runs: []string{"r1"}, runConsumers: 300})
+	}, jetstream.ConnConfig{})
+	a, err = embedded.LoadAuthority(auth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := embedded.Limits{Storage: 64 << 20, Consumers: 300, Connections: 40}
+	if got := a.Limits(); got != want {
+		t.Fatalf("limits after --run-consumers 300: %+v, want %+v", got, want)
+	}
+	ajwt, err := a.AccountJWT("r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac, err := jwt.DecodeAccountClaims(ajwt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := ac.Limits; l.Consumer != 300 || l.Conn != 40 || l.DiskStorage != 64<<20 {
+		t.Errorf("r1's account: consumers %d, connections %d, storage %d; want 300, 40, %d", l.Consumer, l.Conn, l.DiskStorage, 64<<20)
+	}
 }

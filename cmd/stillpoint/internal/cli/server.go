@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,8 +35,9 @@ type serverFlags struct {
 	maxAge time.Duration
 	// runs are the runs whose accounts --auth-dir makes at start.
 	runs []string
-	// runStorageMiB bounds each run account's storage (embedded.Limits).
-	runStorageMiB int64
+	// runStorageMiB, runConsumers and runConnections bound each run
+	// account's storage, consumers and connections (embedded.Limits).
+	runStorageMiB, runConsumers, runConnections int64
 }
 
 func newServerCmd(g *globals) *cobra.Command {
@@ -65,6 +67,8 @@ own, limited to its member name (stillpoint creds --auth-dir DIR --run RUN
 its sandboxes a user of its own with a short expiry, and renews it while the
 sandbox lives (the server checks the name; no signing key leaves DIR). Only the bridge
 publishes phases and outcomes; a member speaks only as itself.
+--run-storage-mib, --run-consumers and --run-connections bound what each run's
+account may hold (kept in DIR/limits.json): a flood fills its own run's share.
 
 With --auth-dir DIR --nkeys it admits one nkey per role instead, with the
 permissions of its role: DIR/bridge.nk, agent.nk, owner.nk, sandbox.nk (give it
@@ -86,6 +90,8 @@ cleanly, a second exits at once.`,
 	cmd.Flags().StringVar(&f.token, "auth-token", env("STILLPOINT_SERVER_TOKEN"), "require this token from clients (env STILLPOINT_SERVER_TOKEN)")
 	cmd.Flags().StringVar(&f.authDir, "auth-dir", "", "require credentials: decentralized auth, its keys and the roles' creds in this directory (created if missing)")
 	cmd.Flags().Int64Var(&f.runStorageMiB, "run-storage-mib", 0, "with --auth-dir: the JetStream storage each run's account may use, in MiB (0: keep the dir's; -1: no bound)")
+	cmd.Flags().Int64Var(&f.runConsumers, "run-consumers", 0, "with --auth-dir: the JetStream consumers each run's account may have at once (0: keep the dir's; -1: no bound)")
+	cmd.Flags().Int64Var(&f.runConnections, "run-connections", 0, "with --auth-dir: the clients of each run that may be connected at once (0: keep the dir's; -1: no bound)")
 	cmd.Flags().StringSliceVar(&f.runs, "runs", nil, "with --auth-dir: the runs to make accounts of at start (more are picked up as creds --run adds them)")
 	cmd.Flags().BoolVar(&f.nkeys, "nkeys", false, "with --auth-dir: one nkey per role instead of decentralized auth")
 	cmd.Flags().DurationVar(&f.maxAge, "max-age", 0, "how long the stream keeps messages (default 7 days)")
@@ -124,13 +130,18 @@ func runServer(ctx context.Context, g *globals, f serverFlags) error {
 			if auth, err = embedded.LoadAuthority(f.authDir); err != nil {
 				return err
 			}
-			if f.runStorageMiB != 0 {
-				storage := f.runStorageMiB << 20
-				if f.runStorageMiB < 0 {
-					storage = -1
+			if f.runStorageMiB != 0 || f.runConsumers != 0 || f.runConnections != 0 {
+				lim := auth.Limits()
+				if f.runStorageMiB != 0 {
+					lim.Storage = f.runStorageMiB << 20
+					if f.runStorageMiB < 0 {
+						lim.Storage = -1
+					}
 				}
-				if err := auth.SetLimits(embedded.Limits{Storage: storage}); err != nil {
-					return &exitError{code: ExitUsage, err: fmt.Errorf("--run-storage-mib: %w", err)}
+				lim.Consumers = cmp.Or(f.runConsumers, lim.Consumers)
+				lim.Connections = cmp.Or(f.runConnections, lim.Connections)
+				if err := auth.SetLimits(lim); err != nil {
+					return &exitError{code: ExitUsage, err: fmt.Errorf("--run-storage-mib, --run-consumers, --run-connections: %w", err)}
 				}
 			}
 			for _, run := range f.runs {
