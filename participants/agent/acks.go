@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,20 +42,27 @@ func newAckBook(run string) *ackBook {
 
 // subscribe starts the subscription to spl.<run>.ack.*.prepare.sandbox.*.
 func (b *ackBook) subscribe(nc *nats.Conn) error {
-	sub, err := nc.Subscribe(events.LivePrefix+"."+b.run+".ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*", func(m *nats.Msg) {
-		_, d, err := events.Unmarshal(m)
-		if err != nil {
-			return
-		}
-		if a, ok := d.(events.PrepareAck); ok {
-			b.add(a)
-		}
-	})
+	sub, err := nc.Subscribe(events.LivePrefix+"."+b.run+".ack.*."+string(events.PhasePrepare)+"."+string(events.KindSandbox)+".*", b.take)
 	if err != nil {
 		return err
 	}
 	b.sub, b.nc = sub, nc
 	return nil
+}
+
+// take takes one message of the subscription: a daemon's prepare ack, a
+// copy of one, or anything a workload published on its daemon's subjects.
+func (b *ackBook) take(m *nats.Msg) {
+	if b.heard(m.Subject) {
+		return // a copy of an ack the book has: a flood of copies costs no decode
+	}
+	_, d, err := events.Unmarshal(m)
+	if err != nil {
+		return
+	}
+	if a, ok := d.(events.PrepareAck); ok {
+		b.add(a)
+	}
 }
 
 func (b *ackBook) close() {
@@ -95,6 +104,24 @@ func (b *ackBook) add(a events.PrepareAck) {
 			delete(b.acks, ackKey{s, k.sandbox})
 		}
 	}
+}
+
+// heard tells whether the book has the ack its subject,
+// spl.<run>.ack.<seq>.prepare.sandbox.<name>, names: a sandbox's workload
+// may publish on its daemon's ack subjects without end, and events.Unmarshal
+// refuses an event on a subject not its own, so the subject alone tells a
+// copy of an ack the book took.
+func (b *ackBook) heard(subject string) bool {
+	toks := strings.Split(subject, ".")
+	if len(toks) != 7 {
+		return false
+	}
+	seq, err := strconv.ParseUint(toks[3], 10, 64)
+	if err != nil {
+		return false
+	}
+	_, ok := b.lookup(seq, toks[6])
+	return ok
 }
 
 // lookup returns the ack of sandbox to prepare seq, if the subscription

@@ -181,3 +181,34 @@ func TestAckBookKeepsEachSandboxsAcks(t *testing.T) {
 		t.Error("the newest ack of the flooding sandbox is not kept")
 	}
 }
+
+// A sandbox's workload floods its daemon's prepare-ack subject: each copy
+// of an ack the book has costs the agent a look at the subject, not a
+// decode (docs/BENCHMARKS.md, "An ack flood at the agent"). The baseline
+// is the decode of a first ack.
+func BenchmarkAckBookFlood(b *testing.B) {
+	daemon := events.Member("sandbox.sb-1")
+	ack := events.PrepareAck{AckHeader: events.AckHeader{Run: testRun, Member: daemon, Seq: 4, CheckpointID: "c1", OK: true,
+		State: events.StatePrepared}, Ready: true}
+	msg, err := events.Marshal(daemon, ack)
+	if err != nil {
+		b.Fatal(err)
+	}
+	msg.Subject = events.LiveAckSubject(testRun, 4, events.PhasePrepare, daemon)
+	b.Run("first", func(b *testing.B) {
+		for b.Loop() {
+			book := newAckBook(testRun)
+			book.take(msg)
+		}
+	})
+	b.Run("copy", func(b *testing.B) {
+		book := newAckBook(testRun)
+		book.take(msg)
+		if _, ok := book.lookup(4, daemon.Name()); !ok {
+			b.Fatal("the first ack was not taken")
+		}
+		for b.Loop() {
+			book.take(msg)
+		}
+	})
+}
