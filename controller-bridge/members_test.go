@@ -12,10 +12,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
 
 // putHeartbeat writes a heartbeat of member m of run1 as process
@@ -28,43 +31,71 @@ func putHeartbeat(t *testing.T, env *jstest.Env, m events.Member, instance strin
 	}
 }
 
-// A sandbox daemon's heartbeat is read from sp_daemons alone, and one
-// stored a TTL ago is gone though no marker said so (its bucket leaves
-// none); a daemon's key in sp_members, an earlier build's, is not read.
-func TestMemberViewOfTheDaemons(t *testing.T) {
+// A heartbeat is read from its kind's bucket alone, and one stored its
+// bucket's TTL ago is gone though no marker said so (neither bucket leaves
+// one): an agent's or an owner's after the member TTL, a sandbox daemon's
+// after the sandbox TTL. A daemon's key in sp_members, an earlier build's,
+// is not read. A phase's watch tells of a member whose heartbeat expires
+// while it runs, once, and a watch started later of every expired one.
+func TestMemberViewJudgesExpiryByStoreTime(t *testing.T) {
 	env := jstest.Start(t)
 	var offset atomic.Int64
 	b := newTestBridge(t, env, Config{Now: func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }})
 	t.Cleanup(b.stopView)
-	putHeartbeat(t, env, "agent.a", "i0")
-	putHeartbeat(t, env, "sandbox.s", "i0")
+	all := []events.Member{"agent.a", "owner.o", "sandbox.s"}
+	for _, m := range all {
+		putHeartbeat(t, env, m, "i0")
+	}
 	v, _ := json.Marshal(events.MemberInfo{Run: "run1", Member: "sandbox.old", Instance: "i0"})
 	if _, err := env.Bus.Members.Put(t.Context(), events.MemberKey("run1", "sandbox.old"), v); err != nil {
 		t.Fatal(err)
 	}
-	ms, _, err := b.liveMembers(t.Context(), 0, false)
-	if err != nil {
-		t.Fatal(err)
+	listed := func(want []events.Member, when string) {
+		t.Helper()
+		ms, _, err := b.liveMembers(t.Context(), 0, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(ms, want) {
+			t.Fatalf("listed %v %s, want %v", ms, when, want)
+		}
 	}
-	if !slices.Equal(ms, []events.Member{"agent.a", "sandbox.s"}) {
-		t.Fatalf("listed %v, want agent.a and sandbox.s", ms)
-	}
-	offset.Store(int64(jetstream.DefaultSandboxTTL))
-	ms, _, err = b.liveMembers(t.Context(), 0, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(ms, []events.Member{"agent.a"}) {
-		t.Fatalf("listed %v a TTL on, want agent.a alone (its own TTL is its bucket's to keep)", ms)
-	}
+	listed(all, "at first")
 	vw, err := b.view(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := vw.watch("run1", []events.Member{"agent.a", "sandbox.s"}, b.cfg.Now())
+	w := vw.watch("run1", all, b.cfg.Now())
 	defer w.close()
-	if g := (<-w.gone).(machine.MemberGone); g.Member != "sandbox.s" || g.Why != machine.GoneNotAlive || len(w.gone) != 0 {
-		t.Fatalf("the watch said %+v (and %d more), want sandbox.s not alive alone", g, len(w.gone))
+	w.expire(b.cfg.Now())
+	if len(w.gone) != 0 {
+		t.Fatalf("%d members gone while every heartbeat lives", len(w.gone))
+	}
+
+	offset.Store(int64(jetstream.DefaultMemberTTL))
+	listed([]events.Member{"sandbox.s"}, "a member TTL on")
+	w.expire(b.cfg.Now())
+	w.expire(b.cfg.Now())
+	gone := map[events.Member]machine.Gone{}
+	for len(w.gone) > 0 {
+		g := (<-w.gone).(machine.MemberGone)
+		gone[g.Member] = g.Why
+	}
+	if len(gone) != 2 || gone["agent.a"] != machine.GoneLeft || gone["owner.o"] != machine.GoneLeft {
+		t.Fatalf("the watch said %v a member TTL on, want agent.a and owner.o left, once each", gone)
+	}
+
+	offset.Store(int64(jetstream.DefaultSandboxTTL))
+	listed([]events.Member{}, "a sandbox TTL on")
+	w2 := vw.watch("run1", all, b.cfg.Now())
+	defer w2.close()
+	if len(w2.gone) != len(all) {
+		t.Fatalf("a watch started a sandbox TTL on said %d gone, want all %d", len(w2.gone), len(all))
+	}
+	for range all {
+		if g := (<-w2.gone).(machine.MemberGone); g.Why != machine.GoneNotAlive {
+			t.Errorf("%+v, want not alive", g)
+		}
 	}
 }
 
@@ -242,5 +273,63 @@ func TestProbeAsksEverySilentDaemonInTurn(t *testing.T) {
 	}
 	if _, ok := w.unanswered[back]; ok {
 		t.Errorf("%s answered: its unanswered time should be forgotten", back)
+	}
+}
+
+// PROTOCOL §3, Liveness: an agent whose heartbeat stops while a phase
+// waits for it (its process hung or cut off, its key left in place) is
+// gone once its bucket's TTL has passed since the server stored its last
+// heartbeat, though the key leaves no marker: the driver has the phase's
+// watch look every second, and the checkpoint fails naming the agent, long
+// before its deadline, as a daemon found silent is left out.
+func TestAgentWhoseHeartbeatExpiresMidPhaseFailsIt(t *testing.T) {
+	env := jstest.Start(t)
+	membertest.StartMembers(t, env, "run1", 1, membertest.Options{Episodes: 1})
+	ghost := events.Member("agent.ghost")
+	putHeartbeat(t, env, ghost, "hung")
+	var offset atomic.Int64
+	b := newTestBridge(t, env, Config{Now: func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }})
+	ctx, cancel := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- b.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("bridge Run: %v", err)
+		}
+	}()
+
+	// The agent's heartbeat outlives its TTL once the prepare's watch names
+	// it: the phase is in flight.
+	var watching sync.WaitGroup
+	defer watching.Wait()
+	watching.Go(func() {
+		key := events.MemberKey("run1", ghost)
+		err := poll.Until(ctx, poll.Every(10*time.Millisecond), func() (bool, error) {
+			b.members.mu.Lock()
+			defer b.members.mu.Unlock()
+			for w := range b.members.watches {
+				if _, ok := w.memberOf[key]; ok {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err == nil {
+			offset.Store(int64(jetstream.DefaultMemberTTL))
+		}
+	})
+	start := time.Now()
+	res, err := b.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 60000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("the agent whose heartbeat expired held the checkpoint %s", took)
+	}
+	if res.Status != bridgeapi.StatusFailed || res.Failure == nil || !slices.ContainsFunc(res.Failure.Errors, func(e events.MemberError) bool {
+		return e.Member == ghost && e.Code == "member_dead"
+	}) {
+		t.Fatalf("c1: %+v (failure %+v), want failed with %s dead", res, res.Failure, ghost)
 	}
 }
