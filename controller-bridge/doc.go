@@ -24,7 +24,8 @@
 // an aborted checkpoint's key is an abort marker) and moves <run>.LATEST
 // by compare-and-set (PROTOCOL §3). It reads acks with an ordered consumer
 // and watches the heartbeats (sp_members, and sp_daemons for the sandbox
-// daemons), so that a dead member fails a phase at once.
+// daemons), so that a dead member fails a phase as soon as its heartbeat
+// expires or goes.
 //
 // # No state of its own
 //

@@ -20,9 +20,10 @@ type driving struct {
 
 	acks  *ackReader // the phase gathered, nil when none
 	timer *time.Timer
-	// probe is when to ask the phase's silent sandbox daemons whether they
-	// are there (members.go, probeAfter); probing is closed once a probe
-	// in flight is done.
+	// probe is when to look at the phase's silent members again: whose
+	// heartbeat has expired (memberWatch.expire), and which sandbox daemons
+	// to ask whether they are there (members.go, probeAfter); probing is
+	// closed once a probe in flight is done.
 	probe   *time.Timer
 	probing chan struct{}
 	lastAck time.Time     // when the gathered phase's last ack came
@@ -58,11 +59,15 @@ func (d *driving) stopProbe() {
 	}
 }
 
-// probed asks the silent sandbox daemons of the gathered phase whether
-// they are there, in the background, unless a probe is in flight, and
-// arms the next.
+// probed has the watch of the gathered phase tell of the members whose
+// heartbeat has expired (a key expires without a marker), asks its silent
+// sandbox daemons whether they are there, in the background, unless a
+// probe is in flight, and arms the next.
 func (d *driving) probed() {
 	d.probe.Reset(probeEvery)
+	if d.acks != nil && d.acks.watch != nil {
+		d.acks.watch.expire(d.b.cfg.Now())
+	}
 	if time.Since(d.lastAck) < probeQuiet {
 		return // acks still come: the fleet is answering
 	}

@@ -29,10 +29,14 @@ import (
 // times a checkpoint, and each watch stopped with an update in flight left
 // nats.go's sender blocked for good.
 //
-// A daemon's key that expires leaves no marker (jetstream.BucketDaemons):
-// the view takes a daemon whose last heartbeat the server stored a TTL ago
-// for gone when it lists or watches, and a phase's probe finds one that
-// dies while it runs (PROTOCOL §3, Liveness).
+// A key that expires leaves no marker in either bucket (issue 29: the
+// markers needed roll-ups, with which any member's own key purged every
+// other): the view takes a member whose last heartbeat the server stored
+// its bucket's TTL ago for gone when it lists or starts a watch, and a
+// phase's watch, looked at every second while the phase runs (expire, from
+// the driver's probe timer), tells of one whose heartbeat expires then, as
+// the marker did; the probe finds a sandbox daemon that dies sooner
+// (PROTOCOL §3, Liveness).
 type memberView struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // broadcast when a bucket's seq moves or the view fails
@@ -43,9 +47,9 @@ type memberView struct {
 	ccs   []natsjs.ConsumeContext
 	seq   map[string]uint64 // by bucket: its stream sequence read up to
 	alive map[string]events.MemberInfo
-	rev   map[string]uint64    // the stream sequence of each live key's heartbeat
-	at    map[string]time.Time // when the server stored each live daemon key's heartbeat
-	ttl   time.Duration        // a daemon heartbeat's life (jetstream.DaemonTTL)
+	rev   map[string]uint64        // the stream sequence of each live key's heartbeat
+	at    map[string]time.Time     // when the server stored each live key's heartbeat
+	ttl   map[string]time.Duration // by bucket: a heartbeat's life there (jetstream.HeartbeatTTL)
 	// silent are the keys a probe found gone, at the heartbeat they had
 	// then: left out of every listing until they heartbeat again, rather
 	// than asked again at every phase while their heartbeat lives.
@@ -86,9 +90,13 @@ func (b *Bridge) view(ctx context.Context) (*memberView, error) {
 	if v.started {
 		return v, v.err
 	}
-	st, err := b.cfg.Bus.Daemons.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("bridge: watch the members: %w", err)
+	ttl := map[string]time.Duration{}
+	for _, kv := range []natsjs.KeyValue{b.cfg.Bus.Members, b.cfg.Bus.Daemons} {
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("bridge: watch the members of %s: %w", kv.Bucket(), err)
+		}
+		ttl[kv.Bucket()] = jetstream.HeartbeatTTL(st)
 	}
 	gen := v.gen + 1
 	var ccs []natsjs.ConsumeContext
@@ -116,7 +124,7 @@ func (b *Bridge) view(ctx context.Context) (*memberView, error) {
 		ccs = append(ccs, cc)
 	}
 	v.started, v.gen, v.ccs, v.alive, v.watches = true, gen, ccs, map[string]events.MemberInfo{}, map[*memberWatch]struct{}{}
-	v.rev, v.at, v.silent, v.seq, v.ttl = map[string]uint64{}, map[string]time.Time{}, map[string]uint64{}, map[string]uint64{}, jetstream.DaemonTTL(st)
+	v.rev, v.at, v.silent, v.seq, v.ttl = map[string]uint64{}, map[string]time.Time{}, map[string]uint64{}, map[string]uint64{}, ttl
 	return v, nil
 }
 
@@ -139,12 +147,13 @@ func (b *Bridge) stopView() {
 	}
 	v.mu.Lock()
 	v.ccs, v.started, v.err, v.seq, v.synced, v.alive, v.watches = nil, false, nil, nil, false, nil, nil
-	v.rev, v.at, v.silent = nil, nil, nil
+	v.rev, v.at, v.ttl, v.silent = nil, nil, nil, nil
 	v.mu.Unlock()
 }
 
 // heardHeartbeat takes one message of bucket, read by the consumer of view
-// gen: a heartbeat put, or a key deleted, purged or expired. A key is read
+// gen: a heartbeat put, or a key deleted or purged (or expired, in a store
+// that still holds an earlier build's markers). A key is read
 // from its kind's bucket only (jetstream.HeartbeatBucket): a sandbox
 // daemon's key in sp_members is an earlier build's, and no one but a
 // daemon (and its owner) writes sp_daemons.
@@ -184,9 +193,7 @@ func (b *Bridge) heardHeartbeat(gen uint64, bucket string, msg natsjs.Msg) {
 	} else {
 		v.alive[key] = info
 		v.rev[key] = md.Sequence.Stream
-		if bucket == jetstream.BucketDaemons {
-			v.at[key] = md.Timestamp
-		}
+		v.at[key] = md.Timestamp
 	}
 	delete(v.silent, key) // it heartbeats again, or is gone for good
 	for w := range v.watches {
@@ -261,15 +268,21 @@ func (v *memberView) loaded() bool {
 	return v.synced
 }
 
-// liveLocked tells whether key's heartbeat is alive at now: read, and for
-// a sandbox daemon's, stored less than its TTL ago. The view's lock is
-// held.
+// liveLocked tells whether key's heartbeat is alive at now: read, and
+// stored less than its bucket's TTL ago. The view's lock is held.
 func (v *memberView) liveLocked(key string, now time.Time) bool {
 	if _, ok := v.alive[key]; !ok {
 		return false
 	}
-	at, daemon := v.at[key]
-	return !daemon || !jetstream.DaemonExpired(at, v.ttl, now)
+	return !jetstream.HeartbeatExpired(v.at[key], v.ttl[keyBucket(key)], now)
+}
+
+// keyBucket returns the bucket of heartbeat key <run>.<kind>.<name>: its
+// kind's (jetstream.HeartbeatBucket).
+func keyBucket(key string) string {
+	_, member, _ := strings.Cut(key, ".")
+	kind, _, _ := strings.Cut(member, ".")
+	return jetstream.HeartbeatBucket(events.MemberKind(kind))
 }
 
 // snapshot returns the heartbeats of the run's live members at now.
@@ -305,6 +318,24 @@ func (v *memberView) watch(run string, members []events.Member, now time.Time) *
 		v.watches[w] = struct{}{}
 	}
 	return w
+}
+
+// expire tells of each of the watch's members whose heartbeat, alive when
+// the watch started or since, has expired at now: a key expires without a
+// marker (jetstream.HeartbeatExpired), so the watch is looked at while its
+// phase runs (driving.probed, every probeEvery).
+func (w *memberWatch) expire(now time.Time) {
+	v := w.view
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, ok := v.watches[w]; !ok {
+		return
+	}
+	for key, m := range w.memberOf {
+		if !w.told[m] && !v.liveLocked(key, now) {
+			w.send(machine.MemberGone{Member: m, Why: machine.GoneLeft})
+		}
+	}
 }
 
 // send queues g unless the watch has said its member is gone already: the

@@ -16,22 +16,32 @@
 //	  sp.<run>.ack.<seq>.<phase>.<member>      one ack per (phase event, member), once only
 //	  sp.<run>.outcome.<noun>.<verb>           checkpoint.committed, restore.failed, ...
 //	  sp.<run>.member.<member>                 joined / left
-//	kv      sp_members     <run>.<member> heartbeats of agents and owners; each carries its TTL
-//	                       (30 s), and an expired key leaves a marker
-//	kv      sp_daemons     <run>.sandbox.<name> heartbeats of sandbox daemons: one message a key,
-//	                       no roll-up, purge or marker; a key lives the bucket's max age (2 min)
+//	kv      sp_members     <run>.<member> heartbeats of agents and owners; a key lives the
+//	                       bucket's max age (30 s) after its last write
+//	kv      sp_daemons     <run>.sandbox.<name> heartbeats of sandbox daemons; likewise (2 min)
 //	kv      sp_manifests   <run>.<checkpoint>[.<member>] created once; <run>.LATEST moved by
 //	                       compare-and-set; <run>.HEAD; 16 revisions of history
-//	kv      sp_snapshots   the owner's snapshot index: snapshot id -> checkpoints naming it
+//	kv      sp_snapshots   the owners' snapshot index: snapshot id -> checkpoints naming it
 //	object  sp_records     <run>/<checkpoint>/<member>.<sha256 prefix>.jsonl, exported records
 //	object  sp_records_<run>_<kind>_<name>   the same, of one member with credentials of its own
 //	                       (made by the member; RecordStores lists a run's)
 //
+// The two heartbeats' buckets and the snapshot index are written by the members themselves, each
+// with credentials that may write its own key (or, an owner, any key of the index): they are made
+// as plain streams rather than by nats.go's KV create, which always allows roll-ups, so that one
+// message a key is all they hold, no put may roll up (a "Nats-Rollup: all" on any key purged every
+// key) and no one may purge them (plainKVStreamConfig). nats-server allows subject delete markers
+// only with roll-ups: an expired heartbeat leaves none, and a reader judges a heartbeat's expiry
+// by the time the server stored it plus its bucket's TTL (HeartbeatTTL, HeartbeatExpired,
+// KVEntries), not by its absence. A delete (a KV-Operation DEL put) reads as gone at once.
+//
 // Topology holds what varies between deployments (replicas, ages, history). Provision creates
 // whatever of the layout is missing and returns a Bus, a handle on all of it; it is idempotent and
-// safe to run from every process at start. It never changes an object that exists: if one exists
-// with a different configuration, it returns ErrConfigConflict naming each differing field with
-// both values, for example
+// safe to run from every process at start. It never changes an object that exists, but to upgrade
+// a store an earlier build made in place, keeping what it holds (sp_members and sp_snapshots made
+// by the KV create get the plain stream's shape; the server will not take back sp_members'
+// per-message TTLs, which it keeps): if one exists with a different configuration, it returns
+// ErrConfigConflict naming each differing field with both values, for example
 //
 //	jetstream: config conflict: stream STILLPOINT: replicas 1, want 3; max_age 1h0m0s, want 168h0m0s
 //

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -12,12 +11,37 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 )
 
-// kvReadBatch is how many messages one request of KVValues asks for.
+// kvReadBatch is how many messages one request of KVEntries asks for.
 const kvReadBatch = 1024
 
 // KVValues reads the current values of a bucket's keys under filter in one
 // pass rather than one request per key, keyed by key; deleted, purged and
-// expired keys are left out.
+// expired keys are left out (KVEntries, without the times).
+func KVValues(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filter string) (map[string][]byte, error) {
+	entries, err := KVEntries(ctx, js, kv, filter)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]byte, len(entries))
+	for k, e := range entries {
+		out[k] = e.Value
+	}
+	return out, nil
+}
+
+// KVEntry is a key's current value as KVEntries reads it.
+type KVEntry struct {
+	// Value is the key's value.
+	Value []byte
+	// Stored is when the server stored it: a heartbeat's expiry is judged from it
+	// (HeartbeatExpired), since a heartbeats bucket leaves no marker when a key expires.
+	Stored time.Time
+}
+
+// KVEntries reads the current values of a bucket's keys under filter in one
+// pass rather than one request per key, keyed by key, each with the time the
+// server stored it; deleted, purged and expired keys are left out (a key the
+// server has not yet removed at its max age is in: HeartbeatExpired tells).
 //
 // It reads the bucket's stream through a consumer of the last message of
 // each key and stops once that consumer has nothing pending, not at a KV
@@ -27,7 +51,7 @@ const kvReadBatch = 1024
 // for it, and the marker comes before that key's value. Under heartbeats a
 // read of the members then left live members out (TestKVValuesWhileKeysAreWritten).
 // Its consumer is deleted when it returns, and no goroutine outlives it.
-func KVValues(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filter string) (map[string][]byte, error) {
+func KVEntries(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filter string) (map[string]KVEntry, error) {
 	bucket := kv.Bucket()
 	stream, prefix := "KV_"+bucket, "$KV."+bucket+"."
 	cons, err := js.CreateConsumer(ctx, stream, natsjs.ConsumerConfig{
@@ -48,7 +72,7 @@ func KVValues(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filt
 		defer cancel()
 		_ = js.DeleteConsumer(dctx, stream, info.Name)
 	}()
-	out := map[string][]byte{}
+	out := map[string]KVEntry{}
 	if info.NumPending == 0 {
 		return out, nil
 	}
@@ -72,7 +96,7 @@ func KVValues(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filt
 			if KVRemoved(msg.Headers()) {
 				delete(out, key)
 			} else {
-				out[key] = msg.Data()
+				out[key] = KVEntry{Value: msg.Data(), Stored: md.Timestamp}
 			}
 			// Nothing after this one: every key's newest message is read.
 			done = done || md.NumPending == 0
@@ -119,7 +143,9 @@ func KVValues(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filt
 
 // KVRemoved reports whether a message of a KV bucket's stream marks its
 // key deleted, purged or expired (a marker the server leaves when a key's
-// TTL runs out), rather than putting a value.
+// TTL runs out, in a bucket that has them: sp_members of an earlier build
+// held some, and a store upgraded from it may still), rather than putting a
+// value.
 func KVRemoved(h map[string][]string) bool {
 	if len(h) == 0 {
 		return false
@@ -137,19 +163,15 @@ func first(h map[string][]string, name string) string {
 	return ""
 }
 
-// KVWrite writes value to key of a KV bucket, with ttl as the key's own
-// time to live (Nats-TTL; 0: the bucket's), as kv.Put would when expect is
-// negative, kv.Create when it is 0 (the key has no value: none yet, or
+// KVWrite writes value to key of a KV bucket, as kv.Put would when expect
+// is negative, kv.Create when it is 0 (the key has no value: none yet, or
 // deleted, purged or expired) and kv.Update when it is the key's current
-// revision; it returns the new revision. nats.go's KV puts and updates
-// carry no TTL of their own. A write whose expected revision is not the
+// revision, by a publish to the key's subject alone (no stream info); it
+// returns the new revision. A write whose expected revision is not the
 // key's returns an error wrapping natsjs.ErrKeyExists.
-func KVWrite(ctx context.Context, js natsjs.JetStream, bucket, key string, value []byte, ttl time.Duration, expect int64) (uint64, error) {
+func KVWrite(ctx context.Context, js natsjs.JetStream, bucket, key string, value []byte, expect int64) (uint64, error) {
 	msg := nats.NewMsg("$KV." + bucket + "." + key)
 	msg.Data = value
-	if ttl > 0 {
-		msg.Header.Set("Nats-TTL", strconv.FormatInt(int64((ttl+time.Second-1)/time.Second), 10)+"s")
-	}
 	var opts []natsjs.PublishOpt
 	if expect >= 0 {
 		opts = append(opts, natsjs.WithExpectLastSequencePerSubject(uint64(expect)))
@@ -159,7 +181,7 @@ func KVWrite(ctx context.Context, js natsjs.JetStream, bucket, key string, value
 		// Create of a key whose last message removed it: write over that.
 		last, gerr := kvLast(ctx, js, bucket, key)
 		if gerr == nil && last != nil && KVRemoved(last.Header) {
-			return KVWrite(ctx, js, bucket, key, value, ttl, int64(last.Sequence))
+			return KVWrite(ctx, js, bucket, key, value, int64(last.Sequence))
 		}
 	}
 	if IsWrongLastSequence(err) {

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
@@ -20,7 +22,12 @@ func TestKVValuesWhileKeysAreWritten(t *testing.T) {
 	env := jstest.Start(t)
 	ctx := testContext(t)
 	const keys = 2000
-	kv := env.Bus.Members
+	// A bucket of nats.go's KV create, whose keys may be purged (sp_manifests' are): the
+	// heartbeats' buckets take no purge.
+	kv, err := env.JS.CreateKeyValue(ctx, natsjs.KeyValueConfig{Bucket: "kv_read", History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
 	key := func(i int) string { return fmt.Sprintf("run.sandbox.m%04d", i) }
 	for i := range keys {
 		if _, err := kv.Put(ctx, key(i), []byte("v0")); err != nil {

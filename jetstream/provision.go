@@ -29,14 +29,14 @@ var (
 type Bus struct {
 	// Stream is StreamName, the audit log of phases, acks, outcomes and membership.
 	Stream natsjs.Stream
-	// Members is BucketMembers: agents' and owners' heartbeats with a TTL.
+	// Members is BucketMembers: agents' and owners' heartbeats, each living the bucket's max
+	// age after its last write (HeartbeatTTL).
 	Members natsjs.KeyValue
-	// Daemons is BucketDaemons: sandbox daemons' heartbeats, each living the bucket's max age
-	// after its last write (DaemonTTL).
+	// Daemons is BucketDaemons: sandbox daemons' heartbeats, likewise.
 	Daemons natsjs.KeyValue
 	// Manifests is BucketManifests: created once, LATEST moved with compare-and-set.
 	Manifests natsjs.KeyValue
-	// Snapshots is BucketSnapshots: the owner's snapshot index.
+	// Snapshots is BucketSnapshots: the owners' snapshot index.
 	Snapshots natsjs.KeyValue
 	// Records is BucketRecords: members' exported records, but those of a member with
 	// credentials of its own, which it keeps in an object store of its own name
@@ -77,11 +77,12 @@ type resource struct {
 // leaves alone what already exists with the same configuration, so running it any number of
 // times, from any number of processes, changes nothing after the first. An existing object whose
 // configuration differs from t is never updated: Provision returns ErrConfigConflict naming every
-// difference and creates nothing. The exceptions change what a store made by an earlier build
-// holds and nothing contradicts: the stream's republish of its phases (events.LivePhaseFilter)
-// goes, and sp_members gets its heartbeats' TTLs; an object that build did not make, such as
-// BucketDaemons, is created as any missing one. Zero fields of t take their defaults; an invalid t
-// returns ErrInvalidConfig.
+// difference and creates or changes nothing. The exceptions upgrade a store made by an earlier
+// build in place, changing nothing it holds, once nothing conflicts: the stream's republish of
+// its phases (events.LivePhaseFilter) goes, and BucketMembers and BucketSnapshots, which nats.go's
+// KV create made with roll-ups allowed, get the shape of a plain KV stream (plainKVStreamConfig);
+// an object that build did not make, such as BucketDaemons, is created as any missing one. Zero
+// fields of t take their defaults; an invalid t returns ErrInvalidConfig.
 func Provision(ctx context.Context, js natsjs.JetStream, t Topology) (*Bus, error) {
 	if js == nil {
 		return nil, errors.New("jetstream: provision: nil JetStream")
@@ -92,8 +93,15 @@ func Provision(ctx context.Context, js natsjs.JetStream, t Topology) (*Bus, erro
 	}
 
 	resources := t.resources()
-	var missing []resource
-	var conflicts []error
+	type existing struct {
+		r    resource
+		have natsjs.StreamConfig
+	}
+	var (
+		missing   []resource
+		upgrades  []existing
+		conflicts []error
+	)
 	for _, r := range resources {
 		have, err := lookupStreamConfig(ctx, js, r.stream)
 		switch {
@@ -105,14 +113,17 @@ func Provision(ctx context.Context, js natsjs.JetStream, t Topology) (*Bus, erro
 			if err := r.check(have); err != nil {
 				conflicts = append(conflicts, err)
 			} else if r.upgrade != nil {
-				if err := r.upgrade(ctx, js, have); err != nil {
-					return nil, fmt.Errorf("jetstream: provision: upgrade %s: %w", r.what, err)
-				}
+				upgrades = append(upgrades, existing{r, have})
 			}
 		}
 	}
 	if len(conflicts) > 0 {
 		return nil, errors.Join(conflicts...)
+	}
+	for _, u := range upgrades {
+		if err := u.r.upgrade(ctx, js, u.have); err != nil {
+			return nil, fmt.Errorf("jetstream: provision: upgrade %s: %w", u.r.what, err)
+		}
 	}
 
 	for _, r := range missing {
@@ -230,20 +241,13 @@ func (t Topology) resources() []resource {
 		},
 	}}
 	for _, kcfg := range t.keyValueConfigs() {
-		r := resource{
+		rs = append(rs, resource{
 			what:   fmt.Sprintf("kv bucket %s (stream KV_%s)", kcfg.Bucket, kcfg.Bucket),
 			stream: "KV_" + kcfg.Bucket,
 			diff: func(have natsjs.StreamConfig) []string {
 				var d diffs
 				diffField(&d, "history", have.MaxMsgsPerSubject, int64(kcfg.History))
-				if kcfg.Bucket != BucketMembers || have.Metadata[metaMemberTTL] != "" {
-					diffField(&d, "ttl", have.MaxAge, kcfg.TTL)
-				}
-				for _, k := range []string{metaMemberTTL, metaSandboxTTL} {
-					if v, ok := have.Metadata[k]; ok && kcfg.Metadata[k] != v {
-						d = append(d, fmt.Sprintf("%s %s, want %s", k, v, kcfg.Metadata[k]))
-					}
-				}
+				diffField(&d, "ttl", have.MaxAge, kcfg.TTL)
 				diffField(&d, "replicas", replicas(have.Replicas), kcfg.Replicas)
 				diffField(&d, "storage", have.Storage, kcfg.Storage)
 				return d
@@ -252,48 +256,13 @@ func (t Topology) resources() []resource {
 				_, err := js.CreateKeyValue(ctx, kcfg)
 				return err
 			},
-		}
-		if kcfg.Bucket == BucketMembers {
-			// A members bucket an earlier build made has one TTL for every
-			// heartbeat and names none: it gets the longer TTL and the
-			// names of both (MemberTTLs), and keeps its keys.
-			r.upgrade = func(ctx context.Context, js natsjs.JetStream, have natsjs.StreamConfig) error {
-				if have.Metadata[metaMemberTTL] != "" {
-					return nil
-				}
-				have.MaxAge = kcfg.TTL
-				if have.Metadata == nil {
-					have.Metadata = map[string]string{}
-				}
-				maps.Copy(have.Metadata, kcfg.Metadata)
-				_, err := js.UpdateStream(ctx, have)
-				return err
-			}
-		}
-		rs = append(rs, r)
+		})
 	}
-	dcfg := t.daemonsStreamConfig()
-	rs = append(rs, resource{
-		what:   fmt.Sprintf("kv bucket %s (stream %s)", BucketDaemons, dcfg.Name),
-		stream: dcfg.Name,
-		diff: func(have natsjs.StreamConfig) []string {
-			var d diffs
-			d.subjects(have.Subjects, dcfg.Subjects)
-			diffField(&d, "history", have.MaxMsgsPerSubject, dcfg.MaxMsgsPerSubject)
-			diffField(&d, "ttl", have.MaxAge, dcfg.MaxAge)
-			diffField(&d, "allow_rollup", have.AllowRollup, dcfg.AllowRollup)
-			diffField(&d, "deny_purge", have.DenyPurge, dcfg.DenyPurge)
-			diffField(&d, "allow_msg_ttl", have.AllowMsgTTL, dcfg.AllowMsgTTL)
-			diffField(&d, "subject_delete_marker_ttl", have.SubjectDeleteMarkerTTL, dcfg.SubjectDeleteMarkerTTL)
-			diffField(&d, "replicas", replicas(have.Replicas), dcfg.Replicas)
-			diffField(&d, "storage", have.Storage, dcfg.Storage)
-			return d
-		},
-		create: func(ctx context.Context, js natsjs.JetStream) error {
-			_, err := js.CreateStream(ctx, dcfg)
-			return err
-		},
-	})
+	rs = append(rs,
+		plainKVResource(t.membersStreamConfig(), t.membersEarlier),
+		plainKVResource(t.daemonsStreamConfig(), nil),
+		plainKVResource(t.snapshotsStreamConfig(), func(natsjs.StreamConfig) []string { return nil }),
+	)
 	for _, ocfg := range t.objectStoreConfigs() {
 		rs = append(rs, resource{
 			what:   fmt.Sprintf("object store %s (stream OBJ_%s)", ocfg.Bucket, ocfg.Bucket),
@@ -311,6 +280,79 @@ func (t Topology) resources() []resource {
 		})
 	}
 	return rs
+}
+
+// plainKVResource is the resource of a KV bucket made as a plain stream of configuration cfg
+// (plainKVStreamConfig). earlier, when set, says that an earlier build made the bucket through
+// nats.go's KV create, which allows roll-ups (and, for BucketMembers, subject delete markers and
+// per-message TTLs), and that Provision upgrades such a bucket in place: it returns what of one
+// conflicts beyond its subjects, history, replicas and storage, which the upgrade cannot mend.
+// The upgrade sets every field of cfg the server lets an update set and keeps every message; the
+// server refuses to disable per-message TTLs, so an upgraded bucket keeps allowing them (a put's
+// own TTL then only shortens or lengthens its writer's own key, and a reader judges a heartbeat's
+// expiry by its store time and the bucket's TTL anyway: HeartbeatExpired).
+func plainKVResource(cfg natsjs.StreamConfig, earlier func(have natsjs.StreamConfig) []string) resource {
+	bucket := strings.TrimPrefix(cfg.Name, "KV_")
+	r := resource{
+		what:   fmt.Sprintf("kv bucket %s (stream %s)", bucket, cfg.Name),
+		stream: cfg.Name,
+		diff: func(have natsjs.StreamConfig) []string {
+			var d diffs
+			d.subjects(have.Subjects, cfg.Subjects)
+			diffField(&d, "history", have.MaxMsgsPerSubject, cfg.MaxMsgsPerSubject)
+			diffField(&d, "replicas", replicas(have.Replicas), cfg.Replicas)
+			diffField(&d, "storage", have.Storage, cfg.Storage)
+			if have.AllowRollup && earlier != nil {
+				return append(d, earlier(have)...) // the upgrade sets the rest
+			}
+			diffField(&d, "ttl", have.MaxAge, cfg.MaxAge)
+			diffField(&d, "allow_rollup", have.AllowRollup, cfg.AllowRollup)
+			diffField(&d, "deny_purge", have.DenyPurge, cfg.DenyPurge)
+			if !have.AllowMsgTTL || earlier == nil {
+				diffField(&d, "allow_msg_ttl", have.AllowMsgTTL, cfg.AllowMsgTTL)
+			}
+			diffField(&d, "subject_delete_marker_ttl", have.SubjectDeleteMarkerTTL, cfg.SubjectDeleteMarkerTTL)
+			return d
+		},
+		create: func(ctx context.Context, js natsjs.JetStream) error {
+			_, err := js.CreateStream(ctx, cfg)
+			return err
+		},
+	}
+	if earlier != nil {
+		r.upgrade = func(ctx context.Context, js natsjs.JetStream, have natsjs.StreamConfig) error {
+			if !have.AllowRollup {
+				return nil // made by this build, or upgraded already
+			}
+			have.Description = cfg.Description
+			have.AllowRollup, have.DenyPurge, have.DenyDelete = false, true, true
+			have.SubjectDeleteMarkerTTL = 0
+			have.MaxAge, have.MaxMsgSize, have.Duplicates = cfg.MaxAge, cfg.MaxMsgSize, cfg.Duplicates
+			delete(have.Metadata, metaMemberTTL)
+			delete(have.Metadata, metaSandboxTTL)
+			if len(cfg.Metadata) > 0 {
+				if have.Metadata == nil {
+					have.Metadata = map[string]string{}
+				}
+				maps.Copy(have.Metadata, cfg.Metadata)
+			}
+			_, err := js.UpdateStream(ctx, have)
+			return err
+		}
+	}
+	return r
+}
+
+// membersEarlier is what of a BucketMembers an earlier build made conflicts with t: the member
+// TTL its metadata names, if it names one, which must be t's. The TTL it kept a key for (the
+// longer of an agent's and a sandbox daemon's, when that build kept both kinds of heartbeat
+// there) and the names of both go with the upgrade.
+func (t Topology) membersEarlier(have natsjs.StreamConfig) []string {
+	var d diffs
+	if v, ok := have.Metadata[metaMemberTTL]; ok {
+		diffField(&d, metaMemberTTL, v, t.MemberTTL.String())
+	}
+	return d
 }
 
 // check returns ErrConfigConflict naming every difference between have and r, or nil.

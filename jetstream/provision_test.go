@@ -9,11 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
-	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 )
@@ -81,25 +79,22 @@ func TestProvisionIsIdempotent(t *testing.T) {
 		s.Storage != natsjs.FileStorage || s.MaxAge != 7*24*time.Hour || s.Duplicates != 2*time.Minute || s.Replicas != 1 {
 		t.Errorf("stream config %+v does not match the bus layout", s)
 	}
-	for name, want := range map[string]struct {
-		history int64
-		ttl     time.Duration
-	}{
-		"KV_sp_members":   {1, 2 * time.Minute}, // the longer of the heartbeats' TTLs
-		"KV_sp_manifests": {16, 0},
-		"KV_sp_snapshots": {1, 0},
-	} {
-		c := after[name].Config
-		if c.MaxMsgsPerSubject != want.history || c.MaxAge != want.ttl || c.Storage != natsjs.FileStorage {
-			t.Errorf("%s: history %d, ttl %s, storage %s; want %d, %s, File", name, c.MaxMsgsPerSubject, c.MaxAge, c.Storage, want.history, want.ttl)
+	if c := after["KV_sp_manifests"].Config; c.MaxMsgsPerSubject != 16 || c.MaxAge != 0 || c.Storage != natsjs.FileStorage {
+		t.Errorf("KV_sp_manifests: history %d, ttl %s, storage %s; want 16, 0s, File", c.MaxMsgsPerSubject, c.MaxAge, c.Storage)
+	}
+	// The heartbeats' buckets and the snapshot index let no writer roll up, purge or set a TTL:
+	// one message a key, living its bucket's TTL (the index's for good).
+	for name, ttl := range map[string]time.Duration{"KV_sp_members": 30 * time.Second, "KV_sp_daemons": 2 * time.Minute, "KV_sp_snapshots": 0} {
+		if c := after[name].Config; c.MaxMsgsPerSubject != 1 || c.MaxAge != ttl || c.AllowRollup || !c.DenyPurge || !c.DenyDelete ||
+			c.AllowMsgTTL || c.SubjectDeleteMarkerTTL != 0 || !c.AllowDirect || c.Storage != natsjs.FileStorage ||
+			!reflect.DeepEqual(c.Subjects, []string{"$" + strings.Replace(name, "_", ".", 1) + ".>"}) {
+			t.Errorf("%s: %+v, want history 1, max age %s, no roll-up, purge, TTL or marker", name, c, ttl)
 		}
 	}
-	// The daemons' bucket lets no writer roll up, purge or set a TTL: one message a key, living
-	// the sandbox TTL.
-	if c := after["KV_sp_daemons"].Config; c.MaxMsgsPerSubject != 1 || c.MaxAge != 2*time.Minute || c.AllowRollup ||
-		!c.DenyPurge || !c.DenyDelete || c.AllowMsgTTL || c.SubjectDeleteMarkerTTL != 0 || !c.AllowDirect ||
-		!reflect.DeepEqual(c.Subjects, []string{"$KV.sp_daemons.>"}) {
-		t.Errorf("KV_sp_daemons: %+v, want history 1, max age 2m, no roll-up, purge, TTL or marker", c)
+	for name, max := range map[string]int32{"KV_sp_members": 64 << 10, "KV_sp_daemons": 64 << 10, "KV_sp_snapshots": -1} {
+		if c := after[name].Config; c.MaxMsgSize != max {
+			t.Errorf("%s: max value size %d, want %d", name, c.MaxMsgSize, max)
+		}
 	}
 	if c := after["OBJ_sp_records"].Config; c.Storage != natsjs.FileStorage {
 		t.Errorf("OBJ_sp_records: storage %s, want File", c.Storage)
@@ -298,93 +293,5 @@ func TestProvisionAddsTheDaemonsBucket(t *testing.T) {
 	}
 	if _, err := bus.Members.Get(ctx, "r.agent.a1"); err != nil {
 		t.Errorf("the agent's heartbeat after the upgrade: %v", err)
-	}
-}
-
-// TestDaemonsBucket: a sandbox daemon's heartbeat key cannot roll up or purge another key, a
-// per-message TTL is refused, a delete reads as gone, and a key expires without a marker, which
-// a watcher tells by the time the server stored it plus the bucket's TTL.
-func TestDaemonsBucket(t *testing.T) {
-	env := jstest.Start(t, jstest.WithTopology(jetstream.Topology{SandboxTTL: time.Second}))
-	ctx := testContext(t)
-	kv := env.Bus.Daemons
-	for _, k := range []string{"r.sandbox.sb1", "r.sandbox.sb2", "other.sandbox.sb1"} {
-		if _, err := kv.Put(ctx, k, []byte("{}")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, rollup := range []string{"all", "sub"} {
-		msg := &nats.Msg{Subject: "$KV.sp_daemons.r.sandbox.sb1", Header: nats.Header{"Nats-Rollup": []string{rollup}}, Data: []byte("{}")}
-		if _, err := env.JS.PublishMsg(ctx, msg); err == nil {
-			t.Errorf("a put with Nats-Rollup %s was stored", rollup)
-		}
-	}
-	if err := kv.Purge(ctx, "r.sandbox.sb2"); err == nil {
-		t.Error("a purge of a key was stored")
-	}
-	ttl := &nats.Msg{Subject: "$KV.sp_daemons.r.sandbox.sb1", Header: nats.Header{"Nats-TTL": []string{"never"}}, Data: []byte("{}")}
-	if _, err := env.JS.PublishMsg(ctx, ttl); err == nil {
-		t.Error("a put with its own TTL was stored")
-	}
-	stream, err := env.JS.Stream(ctx, "KV_"+jetstream.BucketDaemons)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Purge(ctx); err == nil {
-		t.Error("the bucket's stream was purged")
-	}
-	keys, err := kv.ListKeys(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for range keys.Keys() {
-		n++
-	}
-	if n != 3 {
-		t.Errorf("%d keys after the attempts, want the 3 written", n)
-	}
-
-	// The owner's delete of a stopped sandbox's key reads as gone.
-	w, err := kv.Watch(ctx, "r.>", natsjs.UpdatesOnly())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = w.Stop() }()
-	if err := kv.Delete(ctx, "r.sandbox.sb2"); err != nil {
-		t.Fatal(err)
-	}
-	if e := <-w.Updates(); e == nil || e.Key() != "r.sandbox.sb2" || e.Operation() != natsjs.KeyValueDelete {
-		t.Errorf("the watch after a delete: %v, want the key deleted", e)
-	}
-	if _, err := kv.Get(ctx, "r.sandbox.sb2"); !errors.Is(err, natsjs.ErrKeyNotFound) {
-		t.Errorf("a deleted key: %v, want not found", err)
-	}
-
-	// A key expires a TTL after its last write, and says nothing.
-	e, err := kv.Get(ctx, "r.sandbox.sb1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := kv.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	daemonTTL := jetstream.DaemonTTL(st)
-	if daemonTTL != time.Second {
-		t.Errorf("DaemonTTL %s, want the topology's 1s", daemonTTL)
-	}
-	if jetstream.DaemonExpired(e.Created(), daemonTTL, e.Created().Add(daemonTTL/2)) ||
-		!jetstream.DaemonExpired(e.Created(), daemonTTL, e.Created().Add(daemonTTL)) {
-		t.Error("DaemonExpired does not tell a key's expiry by its store time plus the TTL")
-	}
-	poll.Wait(t, 10*time.Second, "the key to expire", func() bool {
-		_, err := kv.Get(ctx, "r.sandbox.sb1")
-		return errors.Is(err, natsjs.ErrKeyNotFound)
-	})
-	select {
-	case e := <-w.Updates():
-		t.Errorf("the watch heard %v of an expiry, want nothing", e)
-	default:
 	}
 }

@@ -19,16 +19,18 @@ const (
 	StreamName = "STILLPOINT"
 	// StreamSubjects is the subject filter of StreamName: every subject of the protocol.
 	StreamSubjects = "sp.>"
-	// BucketMembers is the KV bucket of agents' and owners' heartbeats, keyed <run>.<member>,
-	// with a TTL.
+	// BucketMembers is the KV bucket of agents' and owners' heartbeats, keyed <run>.<member>:
+	// one message a key, living MemberTTL after its last write, and no roll-up or purge, so
+	// that no member's write removes another's key (heartbeatsStreamConfig).
 	BucketMembers = "sp_members"
 	// BucketDaemons is the KV bucket of sandbox daemons' heartbeats, keyed <run>.sandbox.<name>:
-	// apart from BucketMembers, whose expiry markers need roll-ups, so that no write a sandbox's
-	// credentials may make rolls up or purges another member's key (daemonsStreamConfig).
+	// the shape of BucketMembers with the longer SandboxTTL, apart from it so that a sandbox's
+	// credentials write nothing where agents and owners beat.
 	BucketDaemons = "sp_daemons"
 	// BucketManifests is the KV bucket of checkpoint and member manifests and the LATEST pointer.
 	BucketManifests = "sp_manifests"
-	// BucketSnapshots is the KV bucket of the owner's snapshot index.
+	// BucketSnapshots is the KV bucket of the owners' snapshot index: one message a key and no
+	// roll-up or purge (snapshotsStreamConfig), since a run's owners share it.
 	BucketSnapshots = "sp_snapshots"
 	// BucketRecords is the object store of members' exported records.
 	BucketRecords = "sp_records"
@@ -48,8 +50,8 @@ const (
 	DefaultMaxAge = 7 * 24 * time.Hour
 	// DefaultDuplicates is the stream's Nats-Msg-Id duplicate window.
 	DefaultDuplicates = 2 * time.Minute
-	// DefaultMemberTTL is the TTL of an agent's or an owner's heartbeat in BucketMembers: a
-	// member that stops heartbeating disappears after it.
+	// DefaultMemberTTL is the TTL of an agent's or an owner's heartbeat, the max age of
+	// BucketMembers: a member that stops heartbeating is gone after it.
 	DefaultMemberTTL = 30 * time.Second
 	// DefaultSandboxTTL is the TTL of a sandbox daemon's heartbeat: longer, since there are
 	// thousands of them (10,000 daemons beating every 10 s were 1,000 replicated writes a
@@ -77,12 +79,11 @@ type Topology struct {
 	MaxAge time.Duration
 	// Duplicates is the stream's duplicate window for Nats-Msg-Id (default 2 minutes).
 	Duplicates time.Duration
-	// MemberTTL is the TTL of an agent's or an owner's heartbeat in sp_members (default 30
-	// seconds).
+	// MemberTTL is the TTL of an agent's or an owner's heartbeat (default 30 seconds): the max
+	// age of BucketMembers.
 	MemberTTL time.Duration
 	// SandboxTTL is the TTL of a sandbox daemon's heartbeat (default 2 minutes): the max age of
-	// BucketDaemons. sp_members, an earlier build's home of those heartbeats too, keeps a key for
-	// the longer of the two and names both (MemberTTLs).
+	// BucketDaemons.
 	SandboxTTL time.Duration
 	// ManifestHistory is the KV history of sp_manifests (default 16, at most 64).
 	ManifestHistory int
@@ -172,24 +173,10 @@ func phaseRepublish() *natsjs.RePublish {
 	}
 }
 
-// keyValueConfigs are the configurations of the KV buckets, in a fixed order.
+// keyValueConfigs are the configurations of the KV buckets nats.go's KV create makes, in a fixed
+// order: the manifests alone. The others are made as plain streams (plainKVStreamConfig).
 func (t Topology) keyValueConfigs() []natsjs.KeyValueConfig {
 	return []natsjs.KeyValueConfig{
-		{
-			Bucket:      BucketMembers,
-			Description: "Stillpoint members: <run>.<member> heartbeats",
-			History:     1,
-			// The longer TTL; each heartbeat carries its kind's own
-			// (Nats-TTL), which the metadata names.
-			TTL: max(t.MemberTTL, t.SandboxTTL),
-			// An expired heartbeat leaves a marker, so that a watcher (the
-			// bridge gathering acks) sees a dead member at once rather than
-			// waiting out the phase deadline.
-			LimitMarkerTTL: t.MemberTTL,
-			Storage:        natsjs.FileStorage,
-			Replicas:       t.Replicas,
-			Metadata:       MemberTTLs{Member: t.MemberTTL, Sandbox: t.SandboxTTL}.metadata(),
-		},
 		{
 			Bucket:      BucketManifests,
 			Description: "Stillpoint manifests: <run>.<checkpoint>[.<member>], <run>.LATEST",
@@ -197,51 +184,79 @@ func (t Topology) keyValueConfigs() []natsjs.KeyValueConfig {
 			Storage:     natsjs.FileStorage,
 			Replicas:    t.Replicas,
 		},
-		{
-			Bucket:      BucketSnapshots,
-			Description: "Stillpoint snapshot index: snapshot id -> checkpoints",
-			History:     1,
-			Storage:     natsjs.FileStorage,
-			Replicas:    t.Replicas,
-		},
 	}
 }
 
-// daemonValueMax bounds a value of BucketDaemons: a heartbeat is a few hundred bytes.
-const daemonValueMax = 64 << 10
+// heartbeatValueMax bounds a value of BucketMembers and BucketDaemons: a heartbeat is a few
+// hundred bytes.
+const heartbeatValueMax = 64 << 10
 
-// daemonsStreamConfig is the configuration of BucketDaemons' stream, made as a stream rather than
-// through nats.go's KV create, which always allows roll-ups. A sandbox's credentials may write its
-// own key there (docs/PERMISSIONS.md), and its workload can read them: so one message per key, no
-// roll-up (a Nats-Rollup header is refused, where on sp_members one of "all" purged every key), no
-// purge, no per-message TTL, and no subject delete markers, which nats-server allows only with
-// roll-ups. A key lives SandboxTTL after its last write, the stream's max age, and goes without a
-// marker: a watcher tells an expired heartbeat by the time the server stored it plus that TTL
-// (DaemonTTL). A delete (KV-Operation DEL, the owner's when it stops a sandbox) still reads as
-// gone. The duplicate window is short: heartbeats carry no message id, and a flood of ids would
-// only grow the server's memory of them.
-func (t Topology) daemonsStreamConfig() natsjs.StreamConfig {
+// plainKVStreamConfig is the configuration of the stream of a KV bucket that is made as a stream
+// rather than through nats.go's KV create, which always allows roll-ups: one message a key,
+// living maxAge after its last write (0: for good), values of at most maxValue bytes (-1: the
+// server's bound). No roll-up (a put with a Nats-Rollup header is refused, where one of "all" on
+// any key purged every key), no purge, no delete of a message by the API, no per-message TTL and
+// no subject delete markers, which nats-server allows only with roll-ups. A delete (a put with
+// KV-Operation DEL, as kv.Delete writes) is a put like any other and reads as gone. The
+// duplicate window is short: no write of these buckets carries a message id, and a flood of ids
+// would only grow the server's memory of them.
+func (t Topology) plainKVStreamConfig(bucket, description string, maxAge time.Duration, maxValue int32) natsjs.StreamConfig {
+	dup := time.Second
+	if maxAge > 0 {
+		dup = min(dup, maxAge)
+	}
 	return natsjs.StreamConfig{
-		Name:              "KV_" + BucketDaemons,
-		Description:       "Stillpoint sandbox daemons: <run>.sandbox.<name> heartbeats",
-		Subjects:          []string{"$KV." + BucketDaemons + ".>"},
+		Name:              "KV_" + bucket,
+		Description:       description,
+		Subjects:          []string{"$KV." + bucket + ".>"},
 		Retention:         natsjs.LimitsPolicy,
 		MaxMsgsPerSubject: 1,
 		MaxMsgs:           -1,
 		MaxBytes:          -1,
 		MaxConsumers:      -1,
-		MaxAge:            t.SandboxTTL,
-		MaxMsgSize:        daemonValueMax,
+		MaxAge:            maxAge,
+		MaxMsgSize:        maxValue,
 		Storage:           natsjs.FileStorage,
 		Replicas:          t.Replicas,
 		Discard:           natsjs.DiscardNew,
-		Duplicates:        min(time.Second, t.SandboxTTL),
+		Duplicates:        dup,
 		AllowDirect:       true,
 		DenyDelete:        true,
 		DenyPurge:         true,
 		AllowRollup:       false,
-		Metadata:          map[string]string{metaSandboxTTL: t.SandboxTTL.String()},
 	}
+}
+
+// heartbeatsStreamConfig is the configuration of a heartbeats bucket's stream (BucketMembers,
+// BucketDaemons). Its writers are the members themselves: a member's credentials may write its
+// own key (docs/PERMISSIONS.md), and a sandbox's workload can read its daemon's. So a plain KV
+// stream (plainKVStreamConfig), where the worst a write does is to its writer's own key. A key
+// lives ttl after its last write, the stream's max age, and goes without a marker: a watcher
+// tells an expired heartbeat by the time the server stored it plus that TTL (HeartbeatTTL,
+// HeartbeatExpired). A delete (the member's as it stops, the owner's when it stops a sandbox)
+// still reads as gone at once.
+func (t Topology) heartbeatsStreamConfig(bucket, description string, ttl time.Duration) natsjs.StreamConfig {
+	return t.plainKVStreamConfig(bucket, description, ttl, heartbeatValueMax)
+}
+
+// membersStreamConfig is the configuration of BucketMembers' stream.
+func (t Topology) membersStreamConfig() natsjs.StreamConfig {
+	return t.heartbeatsStreamConfig(BucketMembers, "Stillpoint members: <run>.<member> heartbeats", t.MemberTTL)
+}
+
+// daemonsStreamConfig is the configuration of BucketDaemons' stream; its metadata names its TTL.
+func (t Topology) daemonsStreamConfig() natsjs.StreamConfig {
+	c := t.heartbeatsStreamConfig(BucketDaemons, "Stillpoint sandbox daemons: <run>.sandbox.<name> heartbeats", t.SandboxTTL)
+	c.Metadata = map[string]string{metaSandboxTTL: t.SandboxTTL.String()}
+	return c
+}
+
+// snapshotsStreamConfig is the configuration of BucketSnapshots' stream: a plain KV stream whose
+// keys live for good. A run's owners share the index, and each owner's credentials may write any
+// key of it: no roll-up or purge there lets one remove the others' entries all at once. The
+// owners Put, Create, Update and Delete there, and never Purge.
+func (t Topology) snapshotsStreamConfig() natsjs.StreamConfig {
+	return t.plainKVStreamConfig(BucketSnapshots, "Stillpoint snapshot index: snapshot id -> checkpoints", 0, -1)
 }
 
 // HeartbeatBucket returns the KV bucket of the heartbeats of members of kind: BucketDaemons for
@@ -253,19 +268,29 @@ func HeartbeatBucket(kind events.MemberKind) string {
 	return BucketMembers
 }
 
-// DaemonTTL returns how long a heartbeat of BucketDaemons lives after the server stored it, from
-// the bucket's status: its max age. An expired key leaves no marker (daemonsStreamConfig), so a
-// watcher takes a key older than this for gone.
-func DaemonTTL(st natsjs.KeyValueStatus) time.Duration {
+// DefaultHeartbeatTTL returns the default TTL of a heartbeat of bucket (BucketDaemons or
+// BucketMembers): what a member whose user may not read the bucket's info takes.
+func DefaultHeartbeatTTL(bucket string) time.Duration {
+	if bucket == BucketDaemons {
+		return DefaultSandboxTTL
+	}
+	return DefaultMemberTTL
+}
+
+// HeartbeatTTL returns how long a heartbeat of a heartbeats bucket (BucketMembers,
+// BucketDaemons) lives after the server stored it, from the bucket's status: its max age. An
+// expired key leaves no marker (heartbeatsStreamConfig), so a watcher takes a key older than
+// this for gone (HeartbeatExpired).
+func HeartbeatTTL(st natsjs.KeyValueStatus) time.Duration {
 	if ttl := st.TTL(); ttl > 0 {
 		return ttl
 	}
-	return DefaultSandboxTTL
+	return DefaultHeartbeatTTL(st.Bucket())
 }
 
-// DaemonExpired tells whether a heartbeat of BucketDaemons that the server stored at stored has
-// expired at now, given the bucket's ttl (DaemonTTL).
-func DaemonExpired(stored time.Time, ttl time.Duration, now time.Time) bool {
+// HeartbeatExpired tells whether a heartbeat that the server stored at stored has expired at
+// now, given its bucket's ttl (HeartbeatTTL).
+func HeartbeatExpired(stored time.Time, ttl time.Duration, now time.Time) bool {
 	return !stored.IsZero() && !now.Before(stored.Add(ttl))
 }
 
@@ -322,41 +347,10 @@ func RecordStores(ctx context.Context, js natsjs.JetStream, prefix string) ([]na
 	return stores, nil
 }
 
-// The metadata keys of BucketMembers that name its heartbeats' TTLs (BucketDaemons names its own
-// with metaSandboxTTL).
+// The metadata keys that name heartbeat TTLs: BucketDaemons names its own with metaSandboxTTL.
+// An earlier build's BucketMembers named both (its metadata, which Provision's upgrade drops:
+// membersEarlier).
 const (
 	metaMemberTTL  = "stillpoint_member_ttl"
 	metaSandboxTTL = "stillpoint_sandbox_ttl"
 )
-
-// MemberTTLs are the heartbeat TTLs of BucketMembers: an agent's or an
-// owner's, and a sandbox daemon's. A member puts its heartbeat every third
-// of its kind's, each put carrying it (Nats-TTL).
-type MemberTTLs struct {
-	Member, Sandbox time.Duration
-}
-
-// For returns the TTL of a member of kind.
-func (m MemberTTLs) For(kind events.MemberKind) time.Duration {
-	if kind == events.KindSandbox {
-		return m.Sandbox
-	}
-	return m.Member
-}
-
-func (m MemberTTLs) metadata() map[string]string {
-	return map[string]string{metaMemberTTL: m.Member.String(), metaSandboxTTL: m.Sandbox.String()}
-}
-
-// MemberTTLsOf reads the heartbeat TTLs of a members bucket from its
-// status. ok is false for a bucket an earlier build made, which names none:
-// every heartbeat then lives the bucket's TTL, and carries none of its own.
-func MemberTTLsOf(st natsjs.KeyValueStatus) (ttls MemberTTLs, ok bool) {
-	md := st.Metadata()
-	m, err1 := time.ParseDuration(md[metaMemberTTL])
-	s, err2 := time.ParseDuration(md[metaSandboxTTL])
-	if err1 != nil || err2 != nil || m <= 0 || s <= 0 {
-		return MemberTTLs{Member: st.TTL(), Sandbox: st.TTL()}, false
-	}
-	return MemberTTLs{Member: m, Sandbox: s}, true
-}

@@ -385,22 +385,31 @@ func (r *Report) kept(id string) bool {
 	return false
 }
 
-// readMembers adds the run's heartbeats in kv (nil: none) to the report:
-// those of the kinds whose bucket it is (jetstream.HeartbeatBucket; a
-// sandbox daemon's key in sp_members is an earlier build's). A key there is
-// alive: one that expires is gone from the bucket's stream, whether a
-// marker says so (sp_members) or not (sp_daemons).
+// readMembers adds the run's live heartbeats in kv (nil: none) to the
+// report: those of the kinds whose bucket it is (jetstream.HeartbeatBucket;
+// a sandbox daemon's key in sp_members is an earlier build's), stored less
+// than the bucket's TTL ago. A key that expires leaves no marker, and the
+// server may hold it a moment past its TTL: its store time says
+// (jetstream.HeartbeatExpired), as for the bridge.
 func (r *Report) readMembers(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue) error {
 	if kv == nil {
 		return nil
 	}
-	vals, err := jetstream.KVValues(ctx, js, kv, events.MemberKeyFilter(r.Run))
+	st, err := kv.Status(ctx)
 	if err != nil {
 		return fmt.Errorf("inspect: read %s: %w", kv.Bucket(), err)
 	}
-	for k, v := range vals {
+	ttl, now := jetstream.HeartbeatTTL(st), time.Now()
+	entries, err := jetstream.KVEntries(ctx, js, kv, events.MemberKeyFilter(r.Run))
+	if err != nil {
+		return fmt.Errorf("inspect: read %s: %w", kv.Bucket(), err)
+	}
+	for k, e := range entries {
+		if jetstream.HeartbeatExpired(e.Stored, ttl, now) {
+			continue
+		}
 		var info events.MemberInfo
-		if err := json.Unmarshal(v, &info); err != nil || info.Validate() != nil || events.MemberKey(info.Run, info.Member) != k {
+		if err := json.Unmarshal(e.Value, &info); err != nil || info.Validate() != nil || events.MemberKey(info.Run, info.Member) != k {
 			r.problem("heartbeat %s does not decode or names another key", k)
 			continue
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
@@ -16,6 +17,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/inspect"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
@@ -248,5 +250,47 @@ func TestInspectVerifiesTheMemberList(t *testing.T) {
 	if r, err = inspect.Run(ctx, js, run); err != nil || r.Checkpoints[0].Verified || len(r.Problems) != 1 ||
 		!strings.Contains(r.Problems[0], "sha256") || !strings.Contains(r.Problems[0], ref.Object) {
 		t.Fatalf("after tampering with the member list: %+v %v", r, err)
+	}
+}
+
+// A heartbeat is live for its bucket's TTL after the server stored it,
+// however long the server keeps it: in a members bucket upgraded from an
+// earlier build's, which keeps allowing a put's own TTL, an agent's put of
+// its own key with "Nats-TTL: never" stays stored past the bucket's max
+// age, and inspect, as the bridge, takes it for gone once a TTL has passed.
+func TestInspectJudgesAHeartbeatByItsStoreTime(t *testing.T) {
+	env := jstest.Start(t, jstest.WithoutProvision())
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, js := env.Connect(t)
+	if _, err := js.CreateKeyValue(ctx, natsjs.KeyValueConfig{Bucket: jetstream.BucketMembers, History: 1,
+		TTL: time.Second, LimitMarkerTTL: time.Second, Storage: natsjs.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	bus, err := jetstream.Provision(ctx, js, jetstream.Topology{MemberTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := json.Marshal(events.MemberInfo{Run: run, Member: "agent.a", Instance: "i0", Started: time.Now().UTC(), Heartbeat: time.Now().UTC()})
+	msg := &nats.Msg{Subject: "$KV.sp_members." + events.MemberKey(run, "agent.a"), Header: nats.Header{"Nats-TTL": []string{"never"}}, Data: v}
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	r, err := inspect.Run(ctx, js, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Members) != 1 {
+		t.Fatalf("members %+v at first, want agent.a", r.Members)
+	}
+	poll.Wait(t, 10*time.Second, "the heartbeat to be taken for gone", func() bool {
+		r, err := inspect.Run(ctx, js, run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(r.Members) == 0
+	})
+	if _, err := bus.Members.Get(ctx, events.MemberKey(run, "agent.a")); err != nil {
+		t.Errorf("the heartbeat is no longer stored (%v): the test tells nothing", err)
 	}
 }

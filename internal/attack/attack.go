@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -56,7 +57,9 @@ const (
 	Durables = "durables"
 	// Rollup puts the attacker's own heartbeat key with Nats-Rollup: all,
 	// which purges every key of the bucket where rollups are allowed: in its
-	// kind's bucket (a sandbox's, sp_daemons) and in sp_members.
+	// kind's bucket (a sandbox's, sp_daemons) and in sp_members; an owner
+	// also a key of the snapshot index (sp_snapshots), which a run's owners
+	// share and any of them may write.
 	Rollup = "rollup"
 	// Metadata asks the stream's info with a subject filter of ">", which
 	// lists every subject of the stream.
@@ -438,10 +441,18 @@ func (a *Attacker) rollup(ctx context.Context) Outcome {
 	o := Outcome{Attack: Rollup, Refused: true}
 	// Its key in the bucket of its kind's heartbeats, and in sp_members,
 	// where a sandbox daemon's heartbeat was before it had a bucket of its
-	// own: refused only if both are.
+	// own; an owner's, a key of the snapshot index too: refused only if
+	// every one is.
+	subjects := map[string]string{}
+	for _, bucket := range []string{jetstream.HeartbeatBucket(a.t.Self.Kind()), jetstream.BucketMembers} {
+		subjects[bucket] = "$KV." + bucket + "." + events.MemberKey(a.t.Run, a.t.Self)
+	}
+	if a.t.Self.Kind() == events.KindOwner {
+		subjects[jetstream.BucketSnapshots] = "$KV." + jetstream.BucketSnapshots + ".rollup-" + a.t.Run + "-" + a.t.Self.Name()
+	}
 	var parts []string
-	for _, bucket := range slices.Compact([]string{jetstream.HeartbeatBucket(a.t.Self.Kind()), jetstream.BucketMembers}) {
-		subject := "$KV." + bucket + "." + events.MemberKey(a.t.Run, a.t.Self)
+	for _, bucket := range slices.Sorted(maps.Keys(subjects)) {
+		subject := subjects[bucket]
 		msg := &nats.Msg{Subject: subject, Data: []byte("{}"), Header: nats.Header{"Nats-Rollup": []string{"all"}}}
 		before := a.violationCount()
 		rctx, cancel := context.WithTimeout(ctx, apiWait)

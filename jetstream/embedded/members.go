@@ -158,15 +158,15 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 
 // ownWrites returns what member kind.name of run writes as itself. An agent
 // or an owner: its acks and membership into the stream, its resume acks on
-// core NATS, its heartbeat in sp_members. A sandbox, whose workload can read
+// core NATS, its heartbeat in sp_members (one message a key, no roll-up or
+// purge: jetstream.BucketMembers). A sandbox, whose workload can read
 // its credentials, writes nothing into the stream, nothing a server keeps
 // without bound and nothing that can remove another's data: every ack of
 // its travels on core NATS (events.LiveAck), which the bridge hears only
 // while it waits for it and records itself; it announces no membership; and
 // its heartbeat is its one key of sp_daemons, a bucket with one message a
-// key and no roll-up or purge (jetstream.BucketDaemons), where on
-// sp_members a put with "Nats-Rollup: all" on its own key purged every
-// member's.
+// key and no roll-up or purge either (jetstream.BucketDaemons), apart from
+// the agents' and owners'.
 func ownWrites(kind events.MemberKind, run, name string) []string {
 	self := string(kind) + "." + name
 	kv := func(bucket string) string { return "$KV." + bucket + "." + run + "." + self }

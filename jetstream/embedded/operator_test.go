@@ -355,10 +355,11 @@ func TestMembersOnTheBus(t *testing.T) {
 }
 
 // TestSandboxPurgesNoHeartbeat: issue 29's attack 4. On sp_members a put with "Nats-Rollup: all"
-// on a sandbox's own heartbeat key purged every member's key (the bucket allows roll-ups, which
-// its expiry markers need). A sandbox's key is in sp_daemons now, which allows none: with its own
-// credentials every roll-up, purge or TTL of its own is refused by the server, its key of
-// sp_members is a permissions violation, and every other key of both buckets is still there.
+// on a sandbox's own heartbeat key purged every member's key (the bucket allowed roll-ups, which
+// its expiry markers needed). A sandbox's key is in sp_daemons now, which allows none: with its
+// own credentials every roll-up, purge or TTL of its own is refused by the server, its key of
+// sp_members is a permissions violation, and every other key of both buckets is still there
+// (TestMembersRollUpNoOtherKey: sp_members takes no roll-up either).
 func TestSandboxPurgesNoHeartbeat(t *testing.T) {
 	auth, _, s, bus := operatorServer(t)
 	ctx := testContext(t)
@@ -393,7 +394,7 @@ func TestSandboxPurgesNoHeartbeat(t *testing.T) {
 			t.Logf("put with %v: %v", h, err)
 		}
 	}
-	// Its key of sp_members, where a roll-up would be taken, is not its to write.
+	// Its key of sp_members, an earlier build's home of its heartbeat, is not its to write.
 	rollup := &nats.Msg{Subject: "$KV.sp_members.r.sandbox.sb1", Header: nats.Header{"Nats-Rollup": []string{"all"}}, Data: []byte(`{}`)}
 	if err := nc.PublishMsg(rollup); err != nil {
 		t.Fatal(err)
@@ -533,7 +534,7 @@ func TestSandboxFeedAndService(t *testing.T) {
 	}
 	// Its heartbeat, as its member runtime writes, reads and deletes it: in sp_daemons, which
 	// takes no TTL of a put's own (the bucket's max age is the TTL).
-	rev, err := jetstream.KVWrite(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1", []byte("hb"), 0, -1)
+	rev, err := jetstream.KVWrite(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1", []byte("hb"), -1)
 	if err != nil {
 		t.Fatalf("sandbox writing its heartbeat: %v", err)
 	}
@@ -543,7 +544,7 @@ func TestSandboxFeedAndService(t *testing.T) {
 	if err := jetstream.KVDelete(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1", rev); err != nil {
 		t.Errorf("sandbox deleting its heartbeat: %v", err)
 	}
-	if _, err := jetstream.KVWrite(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1", []byte("again"), 0, 0); err != nil {
+	if _, err := jetstream.KVWrite(ctx, sjs, jetstream.BucketDaemons, "r.sandbox.sb1", []byte("again"), 0); err != nil {
 		t.Errorf("sandbox writing its heartbeat again over the deleted key: %v", err)
 	}
 	noViolations(t, snc, serrs, "sandbox")

@@ -40,7 +40,7 @@ type daemonBook struct {
 	mu      sync.Mutex
 	gone    map[string]bool          // by sandbox id: its last entry was a delete or purge, or expired
 	stored  map[string]time.Time     // by sandbox id: when the server stored its last heartbeat
-	ttl     time.Duration            // a heartbeat's life in the bucket (jetstream.DaemonTTL)
+	ttl     time.Duration            // a heartbeat's life in the bucket (jetstream.HeartbeatTTL)
 	changed map[string]chan struct{} // by sandbox id: closed when it goes
 	watcher natsjs.KeyWatcher
 	// scoped: the connection has a member's own credentials, which may not
@@ -72,7 +72,7 @@ func (b *daemonBook) watch(ctx context.Context, bus *jetstream.Bus, scoped bool)
 		return err
 	}
 	b.mu.Lock()
-	b.ttl = jetstream.DaemonTTL(st)
+	b.ttl = jetstream.HeartbeatTTL(st)
 	b.mu.Unlock()
 	wctx := ctx
 	if scoped {
@@ -142,7 +142,7 @@ func (b *daemonBook) close() {
 // (one read back when the watch started) is taken as gone.
 func (b *daemonBook) heard(id string, removed bool, stored time.Time) {
 	b.mu.Lock()
-	expired := !removed && jetstream.DaemonExpired(stored, b.ttl, b.now())
+	expired := !removed && jetstream.HeartbeatExpired(stored, b.ttl, b.now())
 	if removed {
 		delete(b.stored, id)
 	} else {
@@ -158,7 +158,7 @@ func (b *daemonBook) sweep() {
 	now := b.now()
 	var expired []string
 	for id, at := range b.stored {
-		if !b.gone[id] && jetstream.DaemonExpired(at, b.ttl, now) {
+		if !b.gone[id] && jetstream.HeartbeatExpired(at, b.ttl, now) {
 			expired = append(expired, id)
 		}
 	}

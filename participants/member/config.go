@@ -82,10 +82,10 @@ type Config struct {
 	// stream's info, and whose direct gets must name their subject: a
 	// sandbox with a user of its own (docs/PERMISSIONS.md). It needs
 	// CoreFeed, whose catch-up then reads the newest phase of each kind
-	// (CoreFeed). Its heartbeat's TTL is jetstream.DefaultSandboxTTL (such
-	// a user cannot read the members bucket's, which the bucket's info
-	// holds), and Bus may be nil when the participant neither exports nor
-	// installs records (a sandbox daemon).
+	// (CoreFeed). Its heartbeat's TTL is its kind's default
+	// (jetstream.DefaultHeartbeatTTL: such a user cannot read its bucket's,
+	// which the bucket's info holds), and Bus may be nil when the
+	// participant neither exports nor installs records (a sandbox daemon).
 	NoPull bool
 	// CoreFeed, with StateFile, makes the member read the run's phases on a
 	// core-NATS subscription instead of a consumer, catching up from the

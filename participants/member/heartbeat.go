@@ -14,34 +14,25 @@ import (
 )
 
 // register announces the member and puts its heartbeat; it returns the
-// TTL of its heartbeat: its kind's (PROTOCOL §3, Liveness), which each put
-// carries, or, in a bucket an earlier build made, the bucket's. A sandbox
-// daemon's heartbeat is in a bucket of its own (jetstream.BucketDaemons),
-// whose max age is its TTL, and it announces nothing on the stream: its
+// TTL of its heartbeat: its kind's (PROTOCOL §3, Liveness), the max age of
+// its kind's bucket (jetstream.HeartbeatBucket), which no put overrides. A
+// sandbox daemon's heartbeat is in a bucket of its own
+// (jetstream.BucketDaemons), and it announces nothing on the stream: its
 // credentials publish nothing there (docs/PERMISSIONS.md).
 func (m *Member) register(ctx context.Context) (time.Duration, error) {
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	kind := m.cfg.Member.Kind()
 	// A user that reads no stream info (Config.NoPull) cannot read the
-	// bucket's TTLs, which its info holds: it takes the topology's default.
-	ttls, own := jetstream.MemberTTLs{Member: jetstream.DefaultMemberTTL, Sandbox: jetstream.DefaultSandboxTTL}, true
+	// bucket's TTL, which its info holds: it takes the topology's default.
+	ttl := jetstream.DefaultHeartbeatTTL(jetstream.HeartbeatBucket(kind))
 	if !m.cfg.NoPull {
 		st, err := m.cfg.Bus.Heartbeats(kind).Status(cctx)
 		if err != nil {
 			return 0, fmt.Errorf("member: heartbeats bucket: %w", err)
 		}
-		ttls, own = jetstream.MemberTTLsOf(st)
-		if kind == events.KindSandbox {
-			ttls.Sandbox = jetstream.DaemonTTL(st)
-		}
+		ttl = jetstream.HeartbeatTTL(st)
 	}
-	m.infoMu.Lock()
-	m.ttl = ttls.For(kind)
-	if !own {
-		m.ttl = 0 // each put lives the bucket's TTL
-	}
-	m.infoMu.Unlock()
 	// Joined first: the audit log shows the member before anything can be
 	// addressed to it through its heartbeat.
 	if kind != events.KindSandbox {
@@ -54,7 +45,7 @@ func (m *Member) register(ctx context.Context) (time.Duration, error) {
 	if err := m.putInfo(cctx); err != nil {
 		return 0, err
 	}
-	return ttls.For(kind), nil
+	return ttl, nil
 }
 
 func (m *Member) announce(ctx context.Context, d events.Data) error {
@@ -76,13 +67,11 @@ func (m *Member) putInfo(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("member: heartbeat: %w", err)
 	}
-	key := events.MemberKey(m.cfg.Run, m.cfg.Member)
-	bucket, ttl := jetstream.HeartbeatBucket(m.cfg.Member.Kind()), m.ttl
-	if bucket == jetstream.BucketDaemons {
-		ttl = 0 // the bucket refuses a TTL of a put's own: its max age is the TTL
-	}
+	// No put carries a TTL of its own (Nats-TTL): the bucket refuses one,
+	// and its max age is the TTL.
+	key, bucket := events.MemberKey(m.cfg.Run, m.cfg.Member), jetstream.HeartbeatBucket(m.cfg.Member.Kind())
 	write := func(expect int64) (uint64, error) {
-		return jetstream.KVWrite(ctx, m.cfg.JS, bucket, key, b, ttl, expect)
+		return jetstream.KVWrite(ctx, m.cfg.JS, bucket, key, b, expect)
 	}
 	if m.infoRev == 0 {
 		// Registration takes the name, from any earlier process of it.
@@ -100,7 +89,7 @@ func (m *Member) putInfo(ctx context.Context) error {
 		m.infoRev = rev
 		return nil
 	}
-	value, revision, gerr := jetstream.KVGet(ctx, m.cfg.JS, jetstream.HeartbeatBucket(m.cfg.Member.Kind()), key)
+	value, revision, gerr := jetstream.KVGet(ctx, m.cfg.JS, bucket, key)
 	switch {
 	case errors.Is(gerr, natsjs.ErrKeyNotFound):
 		// Expired (a long pause, a slow heartbeat): register again.
@@ -109,8 +98,7 @@ func (m *Member) putInfo(ctx context.Context) error {
 		return fmt.Errorf("member: heartbeat: %w", gerr)
 	default:
 		// Only another process of this member replaces it: a value that
-		// names no instance (a foreign write of the key, a roll-up's) is
-		// written over.
+		// names no instance (a foreign write of the key) is written over.
 		var other events.MemberInfo
 		if json.Unmarshal(value, &other) == nil && other.Instance != "" && other.Instance != m.info.Instance {
 			return fmt.Errorf("%w: instance %s holds %s", ErrReplaced, other.Instance, key)

@@ -44,7 +44,6 @@ type Member struct {
 	infoMu  sync.Mutex // the heartbeat record: the loop and the heartbeat write it
 	info    events.MemberInfo
 	infoRev uint64
-	ttl     time.Duration // each heartbeat's own TTL; 0: the bucket's
 
 	liveMu   sync.Mutex // the acks published on core NATS: the loop writes, alive queries read
 	liveAcks []liveAck  // the last liveAcksKept, oldest first

@@ -816,7 +816,7 @@ func TestReplacedMemberStops(t *testing.T) {
 }
 
 // A heartbeat key written over with a value that names no process (a
-// roll-up put of another client, garbage) is written again by the member,
+// write of another client, garbage) is written again by the member,
 // which goes on: only another process of its name replaces it.
 func TestForeignHeartbeatValueIsWrittenOver(t *testing.T) {
 	env := jstest.Start(t, jstest.WithTopology(jetstream.Topology{MemberTTL: 1500 * time.Millisecond}))

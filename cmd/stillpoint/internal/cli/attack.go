@@ -33,7 +33,8 @@ func newAttackCmd(g *globals) *cobra.Command {
 them would) and try, once a round, every attack of docs/PERMISSIONS.md's list:
 dedupe (publish other members' predictable message ids first), consumer-update
 (re-configure the --victims' durable consumers), durables (make durable
-consumers), rollup (purge the members bucket through one's own heartbeat key),
+consumers), rollup (purge the heartbeats bucket through one's own heartbeat key,
+and an owner the snapshot index through one of its keys),
 metadata (list every subject of the stream) and flood (16 MiB on one's own ack
 subjects). Each outcome is one JSON line: refused, or what got through, which the
 run must show harmless (its checkpoints keep committing, other runs see nothing).
