@@ -3,8 +3,10 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
@@ -62,4 +64,44 @@ func TestInfraFaultRunsTheStageAgain(t *testing.T) {
 			t.Errorf("%d seeds, want %d", n, InfraTries)
 		}
 	})
+}
+
+// lostSeedOwner seeds on the world's owner but loses the answers of its
+// first lose seed_session asks, as a NATS node that went away with the
+// owner's answer does: the caller waits until its ask runs out.
+type lostSeedOwner struct {
+	*stallingOwner
+	lose  int32
+	seeds atomic.Int32
+}
+
+func (o *lostSeedOwner) SeedSession(ctx context.Context, r ownerapi.SeedRequest) (ownerapi.SessionInfo, error) {
+	info, err := o.stallingOwner.SeedSession(ctx, r)
+	if o.seeds.Add(1) <= o.lose {
+		<-ctx.Done()
+		return ownerapi.SessionInfo{}, fmt.Errorf("owner seed_session: %w", ctx.Err())
+	}
+	return info, err
+}
+
+// A seed whose answer is lost on the bus is asked again within seedAsk,
+// not waited on for seedWait (a fault-matrix round stalled five minutes,
+// every checkpoint aborted on the agent's seed in flight); the owner
+// answers the repeat with the session it made.
+func TestLostSeedAnswerIsAskedAgain(t *testing.T) {
+	defer func(d time.Duration) { seedAsk = d }(seedAsk)
+	seedAsk = 300 * time.Millisecond
+	w := newWorld(t)
+	o := &lostSeedOwner{stallingOwner: newStallingOwner(t, w, ""), lose: 2}
+	sb := newEndlessSandbox()
+	a, _ := startAgent(t, w, o, func(string) (Sandbox, error) { return sb, nil })
+	ctx, cancel := context.WithCancel(t.Context())
+	done := startEndlessOn(t, a, sb, ctx) // returns once it launched
+	if n := o.seeds.Load(); n != 3 {
+		t.Errorf("%d seed asks, want 3 (two answers lost, one taken)", n)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled rollout: %v, want context.Canceled", err)
+	}
 }

@@ -151,3 +151,54 @@ func TestWaitingSeedRefusedAtPrepare(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A seed asked again (its request or its answer lost on the bus) gets the
+// session the first made: a repeat that comes while the first is starting
+// waits for it, one after it is answered at once, and neither starts a
+// second sandbox; a seed of another episode of the session is refused.
+func TestSeedAskedAgainGetsTheSameSession(t *testing.T) {
+	env := jstest.Start(t)
+	p := &boundedDir{Dir: newDir(t), release: make(chan struct{})}
+	o := newOwner(t, baseConfig(t, env, p, "o1"))
+	ctx := context.WithValue(t.Context(), noHoldKey{}, true)
+	type seeded struct {
+		s   *Session
+		err error
+	}
+	first, repeat := make(chan seeded, 1), make(chan seeded, 1)
+	go func() {
+		s, err := o.SeedSession(ctx, "r1", ep("r1", 0), nil)
+		first <- seeded{s, err}
+	}()
+	poll.Wait(t, 10*time.Second, "the first start under way", func() bool { return p.entered() == 1 })
+	go func() {
+		s, err := o.SeedSession(ctx, "r1", ep("r1", 0), nil)
+		repeat <- seeded{s, err}
+	}()
+	select {
+	case got := <-repeat:
+		t.Fatalf("a repeat while the first starts: %+v, want it waiting for the first", got)
+	case <-time.After(200 * time.Millisecond):
+	}
+	p.release <- struct{}{}
+	a, b := <-first, <-repeat
+	if a.err != nil || b.err != nil {
+		t.Fatalf("the seed and its repeat: %v, %v", a.err, b.err)
+	}
+	if a.s.Sandbox.ID != b.s.Sandbox.ID {
+		t.Errorf("the repeat got sandbox %s, the first %s", b.s.Sandbox.ID, a.s.Sandbox.ID)
+	}
+	again, err := o.SeedSession(ctx, "r1", ep("r1", 0), nil)
+	if err != nil || again.Sandbox.ID != a.s.Sandbox.ID {
+		t.Errorf("a repeat after the answer: %v, %v; want sandbox %s", again, err, a.s.Sandbox.ID)
+	}
+	if n := p.entered(); n != 1 {
+		t.Errorf("%d sandboxes started for one seed asked three times, want 1", n)
+	}
+	if _, err := o.SeedSession(ctx, "r1", ep("r1", 1), nil); !errors.Is(err, ErrSessionExists) {
+		t.Errorf("a seed of another episode of the session: %v, want ErrSessionExists", err)
+	}
+	if err := o.EndSession(t.Context(), "r1"); err != nil {
+		t.Fatal(err)
+	}
+}

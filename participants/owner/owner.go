@@ -215,10 +215,13 @@ type Owner struct {
 	mu       sync.Mutex
 	sessions map[string]*Session
 	pending  map[string]events.Episode // sessions being started
-	inFlight map[uint64]string         // request -> session id
-	grading  map[string]int            // session id -> grades running
-	verifies map[string]*verifyFlight  // session id -> its verify running, or just answered
-	graded   map[string]*graded        // session id -> the verdict of its verify, which ended it
+	// startEnd has a channel per session being started, closed when
+	// its start ends: a repeated seed waits on it (SeedSession).
+	startEnd map[string]chan struct{}
+	inFlight map[uint64]string        // request -> session id
+	grading  map[string]int           // session id -> grades running
+	verifies map[string]*verifyFlight // session id -> its verify running, or just answered
+	graded   map[string]*graded       // session id -> the verdict of its verify, which ended it
 	nextReq  uint64
 	closed   bool          // admission closed by a prepare
 	reopen   chan struct{} // closed by the resume that reopens admission
@@ -263,6 +266,7 @@ func New(cfg Config) (*Owner, error) {
 		exec:     noExec{provider: cfg.Provider.Name()},
 		sessions: map[string]*Session{},
 		pending:  map[string]events.Episode{},
+		startEnd: map[string]chan struct{}{},
 		inFlight: map[uint64]string{},
 		grading:  map[string]int{},
 		verifies: map[string]*verifyFlight{},

@@ -148,11 +148,15 @@ func (o *Owner) start(ctx context.Context, sessionID string, ep events.Episode, 
 		return nil, fmt.Errorf("%w: %s", ErrSessionExists, sessionID)
 	}
 	o.pending[sessionID] = ep
+	end := make(chan struct{})
+	o.startEnd[sessionID] = end
 	o.mu.Unlock()
 	defer func() {
 		o.mu.Lock()
 		delete(o.pending, sessionID)
+		delete(o.startEnd, sessionID)
 		o.mu.Unlock()
+		close(end)
 	}()
 
 	if spec.ID == "" {
@@ -217,6 +221,9 @@ func (o *Owner) SeedSession(ctx context.Context, sessionID string, ep events.Epi
 	if err != nil {
 		return nil, fmt.Errorf("%w: session %s: %w", ErrBadTask, sessionID, err)
 	}
+	if s, ok, err := o.seedRepeated(ctx, sessionID, ep); ok || err != nil {
+		return s, err
+	}
 	o.mu.Lock()
 	s, ok := o.sessions[sessionID]
 	fork := ok && s.restored && s.Episode == ep
@@ -243,6 +250,35 @@ func (o *Owner) SeedSession(ctx context.Context, sessionID string, ep events.Epi
 	}
 	o.mu.Unlock()
 	return o.start(ctx, sessionID, ep, spec, task)
+}
+
+// seedRepeated answers a seed the owner has made, or is making, for the
+// same session and episode: a request or its answer lost on the bus (a
+// NATS node that went away with it) is asked again, and the repeat must
+// get the session the first made, not a second sandbox or ErrSessionExists.
+// A repeat that comes while the first is starting waits for it; one whose
+// first failed starts afresh (ok false). A session of another episode is
+// not a repeat.
+func (o *Owner) seedRepeated(ctx context.Context, sessionID string, ep events.Episode) (*Session, bool, error) {
+	for {
+		o.mu.Lock()
+		if s, ok := o.sessions[sessionID]; ok && !s.restored && s.Episode == ep {
+			c := s.clone()
+			o.mu.Unlock()
+			return c, true, nil
+		}
+		end, starting := o.startEnd[sessionID]
+		same := starting && o.pending[sessionID] == ep
+		o.mu.Unlock()
+		if !same {
+			return nil, false, nil
+		}
+		select {
+		case <-end:
+		case <-ctx.Done():
+			return nil, false, fmt.Errorf("owner: waiting for the seed of session %s already starting: %w", sessionID, ctx.Err())
+		}
+	}
 }
 
 // Session returns the tracked session, including a fork a restore
