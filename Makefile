@@ -174,6 +174,7 @@ bench:
 	$(GO) test -run '^$$' -bench 'RawFanout|CheckpointCycle|BusFloor' -benchtime 10x -timeout 30m ./controller-bridge/
 	$(GO) test -run '^$$' -bench 'Pause|RawFreeze' -benchtime 10x -count 3 -timeout 30m ./sandboxd/
 	$(GO) test -run '^$$' -bench Relay -benchtime 5000x -count 3 ./sandboxd/
+	$(GO) test -run '^$$' -bench AckBookFlood -benchtime 20000x -count 3 ./participants/agent/
 	$(GO) test -run '^$$' -bench Checkpoint64LiveRollouts -benchtime 1x -count 1 -timeout 30m ./e2e/
 	$(GO) test -run '^$$' -bench 'Scale/replicas=./members=1000$$' -benchtime 3x -timeout 30m ./e2e/ -scale.max-consumers=-1
 	$(GO) test -run '^$$' -bench 'MicroVM' -benchtime 1x -count 1 -timeout 30m ./participants/owner/provider/
