@@ -101,8 +101,9 @@ func (b *Bridge) Run(ctx context.Context) error {
 		return err
 	}
 	// Members with credentials of their own ask the bridge for their
-	// records stores: they make no stream themselves (docs/PERMISSIONS.md).
-	stopStores, err := jetstream.ServeStores(ctx, b.cfg.JS, b.cfg.Bus.Records, b.cfg.Run)
+	// records stores, and agents for their trajectories stores: they make
+	// no stream themselves (docs/PERMISSIONS.md).
+	stopStores, err := jetstream.ServeStores(ctx, b.cfg.JS, b.cfg.Bus, b.cfg.Run)
 	if err != nil {
 		return err
 	}

@@ -391,6 +391,21 @@ func RecordsBucketPrefix(run string) string {
 	return "sp_records_" + run + "_"
 }
 
+// TrajectoriesBucket returns the object store of agent m's rollouts'
+// trajectories in run, sp_trajectories_<run>_<kind>_<name>: an agent with
+// credentials of its own writes there, and its user may write no other
+// agent's store, nor the shared sp_trajectories (PROTOCOL §3,
+// docs/PERMISSIONS.md).
+func TrajectoriesBucket(run string, m Member) string {
+	return TrajectoriesBucketPrefix(run) + string(m.Kind()) + "_" + m.Name()
+}
+
+// TrajectoriesBucketPrefix returns the prefix of the name of every agent's
+// own trajectories store in run (TrajectoriesBucket): sp_trajectories_<run>_.
+func TrajectoriesBucketPrefix(run string) string {
+	return "sp_trajectories_" + run + "_"
+}
+
 // RecordsPrefix returns the prefix of every records object of a member in a
 // checkpoint.
 func RecordsPrefix(run, checkpoint string, m Member) string {

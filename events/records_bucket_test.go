@@ -27,3 +27,14 @@ func TestManifestBucket(t *testing.T) {
 		}
 	}
 }
+
+// TestTrajectoriesBucket: an agent's own trajectories store is named by its run and name, under
+// its run's prefix, apart from every records store.
+func TestTrajectoriesBucket(t *testing.T) {
+	if got, want := TrajectoriesBucket("run1", "agent.a0"), "sp_trajectories_run1_agent_a0"; got != want {
+		t.Errorf("TrajectoriesBucket: %q, want %q", got, want)
+	}
+	if got, want := TrajectoriesBucketPrefix("run1"), "sp_trajectories_run1_"; got != want {
+		t.Errorf("TrajectoriesBucketPrefix: %q, want %q", got, want)
+	}
+}

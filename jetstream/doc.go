@@ -24,7 +24,11 @@
 //	kv      sp_snapshots   the owners' snapshot index: snapshot id -> checkpoints naming it
 //	object  sp_records     <run>/<checkpoint>/<member>.<sha256 prefix>.jsonl, exported records
 //	object  sp_records_<run>_<kind>_<name>   the same, of one member with credentials of its own
-//	                       (made by the member; RecordStores lists a run's)
+//	                       (made by the run's bridge when it asks, ServeStores; RecordStores
+//	                       lists a run's)
+//	object  sp_trajectories  <run>/<rollout>.jsonl, rollouts' trajectories; no release deletes them
+//	object  sp_trajectories_<run>_agent_<name>   the same, of one agent with credentials of its
+//	                       own (made likewise; TrajectoryStores lists a run's)
 //
 // The two heartbeats' buckets and the snapshot index are written by the members themselves, each
 // with credentials that may write its own key (or, an owner, any key of the index): they are made

@@ -49,7 +49,7 @@ type Bus struct {
 	// and no release deletes.
 	Trajectories natsjs.ObjectStore
 	// JS is the JetStream context the bus was opened with: it opens the members' own
-	// records stores.
+	// records stores and the agents' own trajectories stores (TrajectoryStore).
 	JS natsjs.JetStream
 }
 
@@ -59,6 +59,27 @@ func (b *Bus) Heartbeats(kind events.MemberKind) natsjs.KeyValue {
 		return b.Daemons
 	}
 	return b.Members
+}
+
+// TrajectoryStore opens the trajectories store bucket names (agentapi.TrajectoryRef's Bucket):
+// Trajectories, the shared BucketTrajectories, for "" (every trajectory an agent wrote before
+// agents had stores of their own, and an agent's without credentials of its own), else an
+// agent's own store (events.TrajectoriesBucket), through JS. Any other bucket is refused, so
+// that a result names no store of another kind.
+func (b *Bus) TrajectoryStore(ctx context.Context, bucket string) (natsjs.ObjectStore, error) {
+	switch {
+	case bucket == "" || bucket == BucketTrajectories:
+		return b.Trajectories, nil
+	case !strings.HasPrefix(bucket, BucketTrajectories+"_"):
+		return nil, fmt.Errorf("jetstream: %.80q is no trajectories store", bucket)
+	case b.JS == nil:
+		return nil, fmt.Errorf("jetstream: trajectories store %s: the bus has no JetStream context to open it", bucket)
+	}
+	store, err := b.JS.ObjectStore(ctx, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: trajectories store %s: %w", bucket, err)
+	}
+	return store, nil
 }
 
 // resource is one object of the bus as Provision sees it: a backing stream to look up, a

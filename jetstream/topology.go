@@ -322,6 +322,19 @@ func (t Topology) objectStoreConfigs() []natsjs.ObjectStoreConfig {
 // RecordStores opens every object store whose bucket name starts with prefix (the members' own
 // records stores of a run: events.RecordsBucketPrefix), sorted by name.
 func RecordStores(ctx context.Context, js natsjs.JetStream, prefix string) ([]natsjs.ObjectStore, error) {
+	return storesByPrefix(ctx, js, prefix, "records")
+}
+
+// TrajectoryStores opens the agents' own trajectories stores of run
+// (events.TrajectoriesBucket: every object store whose bucket name starts with
+// events.TrajectoriesBucketPrefix), sorted by name. The shared BucketTrajectories is not one.
+func TrajectoryStores(ctx context.Context, js natsjs.JetStream, run string) ([]natsjs.ObjectStore, error) {
+	return storesByPrefix(ctx, js, events.TrajectoriesBucketPrefix(run), "trajectories")
+}
+
+// storesByPrefix opens every object store whose bucket name starts with prefix, sorted by name;
+// what names them in errors.
+func storesByPrefix(ctx context.Context, js natsjs.JetStream, prefix, what string) ([]natsjs.ObjectStore, error) {
 	names := js.StreamNames(ctx)
 	var buckets []string
 	for n := range names.Name() {
@@ -330,7 +343,7 @@ func RecordStores(ctx context.Context, js natsjs.JetStream, prefix string) ([]na
 		}
 	}
 	if err := names.Err(); err != nil && !errors.Is(err, natsjs.ErrEndOfData) {
-		return nil, fmt.Errorf("jetstream: list records stores: %w", err)
+		return nil, fmt.Errorf("jetstream: list %s stores: %w", what, err)
 	}
 	slices.Sort(buckets)
 	var stores []natsjs.ObjectStore
@@ -340,7 +353,7 @@ func RecordStores(ctx context.Context, js natsjs.JetStream, prefix string) ([]na
 			continue // deleted meanwhile
 		}
 		if err != nil {
-			return nil, fmt.Errorf("jetstream: records store %s: %w", b, err)
+			return nil, fmt.Errorf("jetstream: %s store %s: %w", what, b, err)
 		}
 		stores = append(stores, st)
 	}

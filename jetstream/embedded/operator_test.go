@@ -817,7 +817,7 @@ func TestRecordsOfTheirOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopStores, err := jetstream.ServeStores(ctx, sjs, sbus.Records, "r")
+	stopStores, err := jetstream.ServeStores(ctx, sjs, sbus, "r")
 	if err != nil {
 		t.Fatal(err)
 	}

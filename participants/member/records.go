@@ -313,7 +313,7 @@ type ObjectStores interface {
 
 // OwnRecords opens member m's own records store in run,
 // events.RecordsBucket, asking the run's bridge to make it if it does not
-// exist yet (jetstream.AskRecordsStore): a member with credentials of its
+// exist yet (jetstream.AskStore): a member with credentials of its
 // own writes its records there, makes no stream itself, and may write no
 // other member's store, nor the shared BucketRecords.
 func OwnRecords(ctx context.Context, js natsjs.JetStream, shared natsjs.ObjectStore, run string, m events.Member) (natsjs.ObjectStore, error) {
@@ -325,7 +325,7 @@ func OwnRecords(ctx context.Context, js natsjs.JetStream, shared natsjs.ObjectSt
 		}
 		return store, nil
 	}
-	if err := jetstream.AskRecordsStore(ctx, js.Conn(), run, m); err != nil {
+	if err := jetstream.AskStore(ctx, js.Conn(), run, m, jetstream.StoreRecords); err != nil {
 		return nil, fmt.Errorf("member: %w", err)
 	}
 	if store, err = js.ObjectStore(ctx, bucket); err != nil {

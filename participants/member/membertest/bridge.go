@@ -63,13 +63,14 @@ type liveKey struct {
 }
 
 // NewBridge returns a Bridge for run on env. Like the real bridge, it makes
-// the own records stores of members with credentials of their own when they
-// ask (jetstream.ServeStores), until the test ends.
+// the own records stores of members with credentials of their own, and the
+// own trajectories stores of such agents, when they ask
+// (jetstream.ServeStores), until the test ends.
 func NewBridge(t testing.TB, env *jstest.Env, run string) *Bridge {
 	if env.JS != nil && env.Bus != nil {
-		stop, err := jetstream.ServeStores(t.Context(), env.JS, env.Bus.Records, run)
+		stop, err := jetstream.ServeStores(t.Context(), env.JS, env.Bus, run)
 		if err != nil {
-			t.Fatalf("membertest: serve records stores: %v", err)
+			t.Fatalf("membertest: serve stores: %v", err)
 		}
 		t.Cleanup(stop)
 	}
