@@ -141,7 +141,7 @@ func readTrajectory(ctx context.Context, t *testing.T, f *fleet, ref *agentapi.T
 	if ref == nil {
 		t.Fatal("the result names no trajectory")
 	}
-	data, err := ref.Read(ctx, f.env.Bus.Trajectories)
+	data, err := ref.Read(ctx, f.env.Bus)
 	if err != nil {
 		t.Fatal(err)
 	}

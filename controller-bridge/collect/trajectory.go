@@ -27,7 +27,7 @@ func (c *Collector) saveTrajectory(ctx context.Context, rollout string, ref *age
 	var data []byte
 	var err error
 	for wait := 200 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
-		data, err = ref.Read(ctx, c.cfg.Bus.Trajectories)
+		data, err = ref.Read(ctx, c.cfg.Bus)
 		if err == nil || errors.Is(err, agentapi.ErrNotItsTrajectory) || ctx.Err() != nil || wait >= 5*time.Second {
 			break
 		}

@@ -104,7 +104,7 @@ type trajectoryStats struct{ calls, breaks, resent int }
 func checkTrajectory(ctx context.Context, r Run, ref *agentapi.TrajectoryRef, ledger []modelserver.Entry) (string, trajectoryStats) {
 	// Without a model server (r.Model nil) there is no ledger to hold the
 	// chain against; with one, an empty ledger answered nothing.
-	data, err := ref.Read(ctx, r.Bus.Trajectories)
+	data, err := ref.Read(ctx, r.Bus)
 	if err != nil {
 		return err.Error(), trajectoryStats{}
 	}

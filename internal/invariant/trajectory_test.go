@@ -19,8 +19,10 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/invariant"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
@@ -93,9 +95,11 @@ func captured(t *testing.T, ms *modelserver.Server, episode string) []byte {
 }
 
 // Invariant 8 holds for a result whose stored trajectory is the chain the
-// model server answered, and fails, naming the rollout, for one whose
-// stored bytes are not those the result names, one with no trajectory,
-// and one whose calls the model server did not answer.
+// model server answered, in the shared store or in the agent's own its
+// result names, and fails, naming the rollout, for one whose stored bytes
+// are not those the result names, one not in the store its result names,
+// one with no trajectory, and one whose calls the model server did not
+// answer.
 func TestTrajectoriesInvariant(t *testing.T) {
 	env := jstest.Start(t)
 	ctx := t.Context()
@@ -134,7 +138,28 @@ func TestTrajectoriesInvariant(t *testing.T) {
 	if got := eight(r); got.OK || !strings.Contains(got.Detail, "r1: no trajectory (no relay)") {
 		t.Errorf("8 with no trajectory: %+v", got)
 	}
+	// A result of an agent with credentials of its own names its own
+	// store, where alone the trajectory is: it is read from there.
+	own, err := jetstream.MakeTrajectoriesStore(ctx, js, env.Bus.Trajectories, run, "agent.a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := own.Put(ctx, natsjs.ObjectMeta{Name: object}, bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Bus.Trajectories.Delete(ctx, object); err != nil {
+		t.Fatal(err)
+	}
 	write(ref)
+	if got := eight(r); got.OK || !strings.Contains(got.Detail, "r1: ") {
+		t.Errorf("8 of a trajectory gone from the store its result names: %+v", got)
+	}
+	inOwn := *ref
+	inOwn.Bucket = events.TrajectoriesBucket(run, "agent.a1")
+	write(&inOwn)
+	if got := eight(r); !got.OK || !strings.Contains(got.Detail, "1 trajectories, 2 calls") {
+		t.Fatalf("8 of the answered chain in the agent's own store: %+v", got)
+	}
 	r.Model = modelserver.New(trajScript) // a server that answered none of it
 	if got := eight(r); got.OK || !strings.Contains(got.Detail, "the model server answered 0") {
 		t.Errorf("8 against a ledger without its calls: %+v", got)

@@ -12,6 +12,7 @@ func TestDecodeBookmark(t *testing.T) {
 		`{"v":1,"next":"harness","rollout":"r1","attempt":2,"task":{},"session":"r1","state":{"data_dir":"/d"},"resume":true,"future_field":1}`,
 		`{"v":1,"next":"verify","rollout":"r1","attempt":0,"task":{},"session":"r1"}`,
 		`{"v":1,"next":"verify","rollout":"r1","attempt":0,"task":{},"session":"r1","trajectory":{"object":"run-1/r1.jsonl","sha256":"abababababababababababababababababababababababababababababababab","bytes":10,"calls":1}}`,
+		`{"v":1,"next":"verify","rollout":"r1","attempt":0,"task":{},"session":"r1","trajectory":{"object":"run-1/r1.jsonl","bucket":"sp_trajectories_run-1_agent_a1","sha256":"abababababababababababababababababababababababababababababababab","bytes":10,"calls":1}}`,
 		`{"v":1,"next":"return","rollout":"r1","attempt":0,"task":{},"result":{"rollout_id":"r1","attempt":0,"episode":"r1","adapter":"scripted","launches":[]}}`,
 	}
 	for _, s := range ok {
@@ -36,6 +37,10 @@ func TestDecodeBookmark(t *testing.T) {
 		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/../r1.jsonl","sha256":"abababababababababababababababababababababababababababababababab"}}`, "bookmark.trajectory: object"},
 		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r2.jsonl","sha256":"abababababababababababababababababababababababababababababababab"}}`, "bookmark.trajectory: object"},
 		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r1.jsonl","sha256":"../x"}}`, "bookmark.trajectory: sha256"},
+		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r1.jsonl","bucket":"sp_records_run_agent_a1","sha256":"abababababababababababababababababababababababababababababababab"}}`, "bookmark.trajectory: bucket"},
+		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r1.jsonl","bucket":"sp_trajectories_other_agent_a1","sha256":"abababababababababababababababababababababababababababababababab"}}`, "bookmark.trajectory: bucket"},
+		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r1.jsonl","bucket":"sp_trajectories_run_owner_o1","sha256":"abababababababababababababababababababababababababababababababab"}}`, "bookmark.trajectory: bucket"},
+		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r1.jsonl","bucket":"sp_trajectories_run_agent_","sha256":"abababababababababababababababababababababababababababababababab"}}`, "bookmark.trajectory: bucket"},
 		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r1.jsonl","sha256":"abababababababababababababababababababababababababababababababab","bytes":-1}}`, "negative"},
 	}
 	for _, c := range bad {

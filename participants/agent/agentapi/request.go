@@ -66,12 +66,17 @@ type Result struct {
 	NoTrajectory string         `json:"no_trajectory,omitempty"`
 }
 
-// TrajectoryRef names a rollout's trajectory in the trajectories store
-// (jetstream.BucketTrajectories): the capture file of its sandbox as it
-// was when the rollout ended.
+// TrajectoryRef names a rollout's trajectory in a trajectories store: the
+// capture file of its sandbox as it was when the rollout ended.
 type TrajectoryRef struct {
 	// Object is its name in the store, <run>/<rollout>.jsonl.
 	Object string `json:"object"`
+	// Bucket is the store that holds Object: the own store of the agent
+	// that stored it (events.TrajectoriesBucket of its run), for an agent
+	// with credentials of its own; "" for the shared
+	// jetstream.BucketTrajectories (an agent without, and every result
+	// written before agents had stores of their own).
+	Bucket string `json:"bucket,omitempty"`
 	// SHA256 and Bytes are the file's; Calls counts its records.
 	SHA256 string `json:"sha256"`
 	Bytes  int64  `json:"bytes"`
@@ -91,12 +96,19 @@ func (t *TrajectoryRef) clone() *TrajectoryRef {
 }
 
 // validate checks t as rollout's: its object is <run>/<rollout>.jsonl, its
-// digest a sha256 in hex, its counts not negative.
+// bucket none or an agent's own store of that run, its digest a sha256 in
+// hex, its counts not negative.
 func (t *TrajectoryRef) validate(rollout string) error {
 	run, name, ok := strings.Cut(t.Object, "/")
 	var errs []error
 	if !ok || events.ValidateRun(run) != nil || name != rollout+".jsonl" {
 		errs = append(errs, fmt.Errorf("object %.80q is not <run>/%s.jsonl", t.Object, rollout))
+	}
+	if t.Bucket != "" {
+		agent, ok := strings.CutPrefix(t.Bucket, events.TrajectoriesBucketPrefix(run)+string(events.KindAgent)+"_")
+		if !ok || events.ValidateToken("agent", agent) != nil {
+			errs = append(errs, fmt.Errorf("bucket %.80q is not an agent's trajectories store of run %.40q", t.Bucket, run))
+		}
 	}
 	if len(t.SHA256) != 64 || strings.Trim(t.SHA256, "0123456789abcdef") != "" {
 		errs = append(errs, fmt.Errorf("sha256 %.80q is not 64 hex digits", t.SHA256))

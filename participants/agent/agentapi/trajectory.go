@@ -9,16 +9,32 @@ import (
 	"io"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // ErrNotItsTrajectory is a stored trajectory whose bytes are not those its
 // result names (sha256 and size): reading it again does not help.
 var ErrNotItsTrajectory = errors.New("not the result's trajectory")
 
-// Read reads the trajectory r names from store (at most one byte more
-// than r names) and returns its bytes once they are the ones r names;
-// else ErrNotItsTrajectory, wrapped, says what it found.
-func (r *TrajectoryRef) Read(ctx context.Context, store natsjs.ObjectStore) ([]byte, error) {
+// TrajectoryStores opens the trajectories store a TrajectoryRef names by
+// its Bucket: the shared jetstream.BucketTrajectories for "", else an
+// agent's own. A *jetstream.Bus is one.
+type TrajectoryStores interface {
+	TrajectoryStore(ctx context.Context, bucket string) (natsjs.ObjectStore, error)
+}
+
+var _ TrajectoryStores = (*jetstream.Bus)(nil)
+
+// Read reads the trajectory r names from its store (r.Bucket, opened
+// through stores), at most one byte more than r names, and returns its
+// bytes once they are the ones r names; else ErrNotItsTrajectory, wrapped,
+// says what it found.
+func (r *TrajectoryRef) Read(ctx context.Context, stores TrajectoryStores) ([]byte, error) {
+	store, err := stores.TrajectoryStore(ctx, r.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("read trajectory %s: %w", r.Object, err)
+	}
 	res, err := store.Get(ctx, r.Object)
 	if err != nil {
 		return nil, fmt.Errorf("read trajectory %s: %w", r.Object, err)

@@ -9,15 +9,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent"
 	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
@@ -32,9 +34,11 @@ func newTrajectoryCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "trajectory",
 		Short: "Print or export a run's trajectories: every model call of each rollout, with its tokens",
-		Long: `Read the trajectories a run's agents stored (the store sp_trajectories, which no
-release deletes) and print them, one rollout after another, or write one file per
-rollout into --output.
+		Long: `Read the trajectories a run's agents stored (each agent with credentials of its own
+in its own store, sp_trajectories_<run>_agent_<name>, the others and earlier runs in
+the shared sp_trajectories; no release deletes them) and print them, one rollout
+after another, or write one file per rollout into --output. A rollout stored more
+than once (an attempt sent again to another agent) gives the newest.
 
 --format jsonl (the default) is one line per rollout as a trainer reads it: the merged
 chain of its calls (prompt_ids, response_ids, response_mask, response_logprobs), the
@@ -58,7 +62,7 @@ both.`,
 				return err
 			}
 			defer closeBus()
-			return exportTrajectories(cmd.Context(), bus.Trajectories, f, g.stdout)
+			return exportTrajectories(cmd.Context(), bus, f, g.stdout)
 		},
 	}
 	fl := cmd.Flags()
@@ -75,8 +79,11 @@ type RolloutTrajectory struct {
 	Run     string `json:"run"`
 	Rollout string `json:"rollout"`
 	Object  string `json:"object"`
-	SHA256  string `json:"sha256"`
-	Bytes   int64  `json:"bytes"`
+	// Bucket is the store it was read from: an agent's own
+	// (events.TrajectoriesBucket), or none for the shared sp_trajectories.
+	Bucket string `json:"bucket,omitempty"`
+	SHA256 string `json:"sha256"`
+	Bytes  int64  `json:"bytes"`
 	// ConversationBytes is what the last chain holds once
 	// (trajectory.ConversationBytes): Bytes against it is the capture's
 	// overhead.
@@ -100,27 +107,43 @@ type RolloutTrajectory struct {
 }
 
 // exportTrajectories writes the trajectories of f.run (one rollout's with
-// f.rollout) in f.format, to out or one file per rollout in f.output.
-func exportTrajectories(ctx context.Context, store natsjs.ObjectStore, f trajectoryFlags, out io.Writer) error {
-	infos, err := store.List(ctx)
-	if errors.Is(err, natsjs.ErrNoObjectsFound) {
-		infos, err = nil, nil
-	}
+// f.rollout) in f.format, to out or one file per rollout in f.output. They
+// are in the shared store and in the run's agents' own
+// (jetstream.TrajectoryStores); of a rollout stored in more than one (an
+// attempt sent again to another agent), the newest is taken, as the later
+// attempt's rewrite of the shared store's object was.
+func exportTrajectories(ctx context.Context, bus *jetstream.Bus, f trajectoryFlags, out io.Writer) error {
+	own, err := jetstream.TrajectoryStores(ctx, bus.JS, f.run)
 	if err != nil {
-		return fmt.Errorf("list the trajectories: %w", err)
+		return err
 	}
+	type stored struct {
+		store natsjs.ObjectStore
+		info  *natsjs.ObjectInfo
+	}
+	newest := map[string]stored{}
 	prefix := f.run + "/"
-	var names []string
-	for _, info := range infos {
-		if info.Deleted || !strings.HasPrefix(info.Name, prefix) {
-			continue
+	for _, store := range append([]natsjs.ObjectStore{bus.Trajectories}, own...) {
+		infos, err := store.List(ctx)
+		if errors.Is(err, natsjs.ErrNoObjectsFound) {
+			infos, err = nil, nil
 		}
-		if f.rollout != "" && info.Name != agent.TrajectoryObject(f.run, f.rollout) {
-			continue
+		if err != nil {
+			return fmt.Errorf("list the trajectories: %w", err)
 		}
-		names = append(names, info.Name)
+		for _, info := range infos {
+			if info.Deleted || !strings.HasPrefix(info.Name, prefix) {
+				continue
+			}
+			if f.rollout != "" && info.Name != agent.TrajectoryObject(f.run, f.rollout) {
+				continue
+			}
+			if have, ok := newest[info.Name]; !ok || info.ModTime.After(have.info.ModTime) {
+				newest[info.Name] = stored{store, info}
+			}
+		}
 	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(newest))
 	if len(names) == 0 {
 		what := "run " + f.run
 		if f.rollout != "" {
@@ -134,9 +157,13 @@ func exportTrajectories(ctx context.Context, store natsjs.ObjectStore, f traject
 		}
 	}
 	for _, name := range names {
-		rt, x, err := readTrajectory(ctx, store, f.run, name)
+		st := newest[name]
+		rt, x, err := readTrajectory(ctx, st.store, f.run, name)
 		if err != nil {
 			return err
+		}
+		if b := st.info.Bucket; b != jetstream.BucketTrajectories {
+			rt.Bucket = b
 		}
 		var b []byte
 		ext := ".jsonl"
