@@ -20,7 +20,8 @@ const nameTemplate = "{{name()}}"
 // and reads the newest by a direct get; it also watches its run's keys,
 // writes its records to a store of its own (events.RecordsBucket) and reads that and the shared
 // one, and calls the services it uses (an agent its owners' and sandboxes',
-// and it hears its sandboxes' prepare acks). A sandbox, the least trusted (its workload can read
+// and it hears its sandboxes' prepare acks). An agent also stores its trajectories in a store of
+// its own (events.TrajectoriesBucket) and reads that and the shared one. A sandbox, the least trusted (its workload can read
 // its credentials), hears its run's phases and committed outcomes on a core subscription, reads
 // the newest of them by direct gets whose subjects name them, reads only its own key and acks (a
 // sandbox exports and installs nothing, so a restore reads it no manifest: no checkpoint manifest
@@ -124,15 +125,25 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 		"$JS.API.CONSUMER.DELETE.OBJ_"+jetstream.BucketCheckpoints+".*")
 	switch kind {
 	case events.KindAgent:
+		ownTrajectories := events.TrajectoriesBucket(run, events.Member(self))
 		pub = append(pub,
 			events.ServiceFilter(run, events.KindOwner),
 			events.ServiceFilter(run, events.KindSandbox),
-			// Its rollouts' trajectories: it writes them (and purges the
-			// chunks of one it writes again) and reads them back, under its
-			// run's names; the store's chunk subjects are random, which no
-			// permission can split by run.
-			"$O."+jetstream.BucketTrajectories+".>",
-			"$JS.API.STREAM.PURGE.OBJ_"+jetstream.BucketTrajectories,
+			// Its rollouts' trajectories go to a store of its own name
+			// (events.TrajectoriesBucket), which the bridge makes when it
+			// asks (jetstream.AskStore), as its records store: it writes
+			// them, purges the chunks of one it writes again or of a stopped
+			// write, and reads them back. An object store needs roll-ups
+			// (its metadata) and its writer a purge, and the shared store's
+			// object subjects are base64 tokens no permission can split by
+			// agent, so that one it only reads (what runs before this wrote):
+			// no write, purge or roll-up of another agent's trajectories.
+			"$O."+ownTrajectories+".>",
+			"$JS.API.STREAM.PURGE.OBJ_"+ownTrajectories,
+			direct("OBJ_"+ownTrajectories, ">"),
+			"$JS.API.CONSUMER.CREATE.OBJ_"+ownTrajectories+".*.$O."+ownTrajectories+".>",
+			"$JS.API.CONSUMER.INFO.OBJ_"+ownTrajectories+".*",
+			"$JS.API.CONSUMER.DELETE.OBJ_"+ownTrajectories+".*",
 			direct("OBJ_"+jetstream.BucketTrajectories, ">"),
 			"$JS.API.CONSUMER.CREATE.OBJ_"+jetstream.BucketTrajectories+".*.$O."+jetstream.BucketTrajectories+".>",
 			"$JS.API.CONSUMER.INFO.OBJ_"+jetstream.BucketTrajectories+".*",

@@ -453,8 +453,9 @@ func (a *Authority) RoleCreds(role Role, run string) ([]byte, error) {
 	uc.IssuerAccount = apub
 	uc.Tags.Add("run:" + run)
 	if role == RoleBridge {
-		// In its run's account the bridge makes the members' own records stores when they
-		// ask (jetstream.ServeStores); a member makes no stream.
+		// In its run's account the bridge makes the members' own records stores, and the
+		// agents' own trajectories stores, when they ask (jetstream.ServeStores); a member
+		// makes no stream.
 		perms.Publish.Allow = append(perms.Publish.Allow, "$JS.API.STREAM.CREATE.*")
 	}
 	if perms != nil {

@@ -180,6 +180,9 @@ type Agent struct {
 	order     []*run                       // finished, oldest first
 	sandboxes map[string]Sandbox           // by sandbox id
 	wg        sync.WaitGroup
+
+	trajMu       sync.Mutex         // guards trajectories
+	trajectories natsjs.ObjectStore // its own trajectories store, once opened (trajectoryStore)
 }
 
 // New checks cfg and returns an agent ready to Run.
@@ -224,6 +227,14 @@ func newAgent(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
+// ownCreds tells whether the agent connects with credentials of its own
+// (decentralized auth), whose user may do only what its own names allow:
+// told by the inbox prefix jetstream.Connect set from them
+// (jetstream.MemberInboxPrefix of its run and name).
+func (a *Agent) ownCreds() bool {
+	return a.nc != nil && a.nc.Opts.InboxPrefix == jetstream.MemberInboxPrefix(a.cfg.Run, string(events.KindAgent), a.cfg.Name)
+}
+
 // Name returns the agent's member name.
 func (a *Agent) Name() events.Member { return a.name }
 
@@ -240,8 +251,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer a.acks.close()
 	g, gctx := errgroup.WithContext(ctx)
-	scoped := a.nc != nil && a.nc.Opts.InboxPrefix == jetstream.MemberInboxPrefix(a.cfg.Run, string(events.KindAgent), a.cfg.Name)
-	if err := a.daemons.watch(gctx, a.cfg.Bus, scoped); err != nil {
+	if err := a.daemons.watch(gctx, a.cfg.Bus, a.ownCreds()); err != nil {
 		return fmt.Errorf("agent: watch the sandbox daemons' heartbeats: %w", err)
 	}
 	defer a.daemons.close()

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -13,6 +14,8 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
@@ -34,10 +37,67 @@ const MaxTrajectoryBytes = 256 << 20
 // trajectories store.
 func TrajectoryObject(run, rollout string) string { return run + "/" + rollout + ".jsonl" }
 
+// OwnTrajectories opens agent m's own trajectories store in run,
+// events.TrajectoriesBucket, asking the run's bridge to make it if it does
+// not exist yet (jetstream.AskStore): an agent with credentials of its own
+// stores its rollouts' trajectories there, makes no stream itself, and may
+// write no other agent's store, nor the shared BucketTrajectories.
+func OwnTrajectories(ctx context.Context, js natsjs.JetStream, run string, m events.Member) (natsjs.ObjectStore, error) {
+	bucket := events.TrajectoriesBucket(run, m)
+	store, err := js.ObjectStore(ctx, bucket)
+	if err == nil || !errors.Is(err, natsjs.ErrBucketNotFound) {
+		if err != nil {
+			return nil, fmt.Errorf("agent: trajectories store %s: %w", bucket, err)
+		}
+		return store, nil
+	}
+	if err := jetstream.AskStore(ctx, js.Conn(), run, m, jetstream.StoreTrajectories); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	if store, err = js.ObjectStore(ctx, bucket); err != nil {
+		return nil, fmt.Errorf("agent: trajectories store %s: %w", bucket, err)
+	}
+	return store, nil
+}
+
+// trajectoryStore returns the store the agent stores r's trajectory in
+// and the bucket a result names for it: its own (OwnTrajectories, opened
+// once) when it connects with credentials of its own, whose user may write
+// no other store; the shared BucketTrajectories ("") otherwise. An open
+// the bus does not answer is tried again, as putTrajectory's store, until
+// r ends.
+func (a *Agent) trajectoryStore(r *run) (natsjs.ObjectStore, string, error) {
+	if !a.ownCreds() {
+		return a.cfg.Bus.Trajectories, "", nil
+	}
+	bucket := events.TrajectoriesBucket(a.cfg.Run, a.name)
+	a.trajMu.Lock()
+	store := a.trajectories
+	a.trajMu.Unlock()
+	for try := 1; store == nil; try++ {
+		var err error
+		store, err = OwnTrajectories(r.ctx, a.cfg.JS, a.cfg.Run, a.name)
+		if err != nil && (r.ctx.Err() != nil || !busUnanswered(err)) {
+			return nil, "", err
+		}
+		if err != nil {
+			r.log.Warn().Err(err).Int("try", try).Str("bucket", bucket).Msg("the agent's own trajectories store did not open; trying again")
+			backOff(r, try)
+		}
+	}
+	a.trajMu.Lock()
+	defer a.trajMu.Unlock()
+	if a.trajectories == nil {
+		a.trajectories = store
+	}
+	return a.trajectories, bucket, nil
+}
+
 // collectTrajectory reads the capture file of the rollout's sandbox (its
 // relay's: every model call of every launch of the rollout, those a
-// restore kept included) once the harness has finished, checks it, and stores it in the
-// trajectories store, which no release deletes: trajectories are results.
+// restore kept included) once the harness has finished, checks it, and
+// stores it in the agent's trajectories store (trajectoryStore), which no
+// release deletes: trajectories are results.
 // A rollout whose launches all called the model directly has none, and
 // why says so; a file the workload spoiled (it does not read) is no
 // trajectory either, and why names the fault. An error is a sandbox or a
@@ -101,20 +161,24 @@ func (a *Agent) collectTrajectory(r *run, bm agentapi.Bookmark) (ref *agentapi.T
 		r.log.Error().Str("sandbox", sandbox).Uint64("errors", capture.Errors).Str("last_error", capture.LastError).
 			Msg("the relay failed to capture some model calls: the trajectory ends before them")
 	}
+	store, bucket, err := a.trajectoryStore(r)
+	if err != nil {
+		return nil, "", fmt.Errorf("agent: %s: storing the trajectory: %w", r.key, err)
+	}
 	sum := sha256.Sum256(data.Bytes())
 	rep := trajectory.Check(x.Calls())
-	ref = &agentapi.TrajectoryRef{Object: TrajectoryObject(a.cfg.Run, bm.Rollout), SHA256: hex.EncodeToString(sum[:]), Bytes: int64(data.Len()),
-		Calls: x.Len(), Check: rep}
+	ref = &agentapi.TrajectoryRef{Object: TrajectoryObject(a.cfg.Run, bm.Rollout), Bucket: bucket, SHA256: hex.EncodeToString(sum[:]),
+		Bytes: int64(data.Len()), Calls: x.Len(), Check: rep}
 	meta := natsjs.ObjectMeta{Name: ref.Object, Description: "trajectory of rollout " + bm.Rollout,
 		Metadata: map[string]string{"rollout": bm.Rollout, "episode": r.key, "calls": strconv.Itoa(ref.Calls), "sha256": ref.SHA256}}
-	if err := putTrajectory(r.ctx, r.log, a.cfg.Bus.Trajectories, meta, data.Bytes(), func(try int) { backOff(r, try) }); err != nil {
+	if err := putTrajectory(r.ctx, r.log, store, meta, data.Bytes(), func(try int) { backOff(r, try) }); err != nil {
 		return nil, "", fmt.Errorf("agent: %s: storing the trajectory: %w", r.key, err)
 	}
 	ev := r.log.Info()
 	if !rep.OK() {
 		ev = r.log.Warn().Strs("problems", rep.Problems)
 	}
-	ev.Str("object", ref.Object).Int("calls", ref.Calls).Int64("bytes", ref.Bytes).Int("token_breaks", rep.TokenBreaks).
+	ev.Str("object", ref.Object).Str("bucket", cmp.Or(ref.Bucket, jetstream.BucketTrajectories)).Int("calls", ref.Calls).Int64("bytes", ref.Bytes).Int("token_breaks", rep.TokenBreaks).
 		Bool("ok", rep.OK()).Msg("trajectory stored")
 	return ref, "", nil
 }
@@ -138,11 +202,22 @@ func putTrajectory(ctx context.Context, log zerolog.Logger, store natsjs.ObjectS
 
 // noteVerdict adds the grade to the stored trajectory's metadata, where
 // `stillpoint trajectory` reads the reward. The trajectory stands without
-// it: a failure is logged.
+// it: a failure is logged. It is noted only in the store this agent
+// writes (trajectoryStore): one a bookmark of an earlier build names in
+// the shared store, which an agent's own user may not write, stays
+// without it.
 func (a *Agent) noteVerdict(r *run, bm agentapi.Bookmark, ref *agentapi.TrajectoryRef, verdict []byte) {
 	meta := natsjs.ObjectMeta{Name: ref.Object, Description: "trajectory of rollout " + bm.Rollout,
 		Metadata: map[string]string{"rollout": bm.Rollout, "episode": r.key, "calls": strconv.Itoa(ref.Calls), "sha256": ref.SHA256, "verdict": string(verdict)}}
-	if err := a.cfg.Bus.Trajectories.UpdateMeta(r.ctx, ref.Object, meta); err != nil {
+	store, bucket, err := a.trajectoryStore(r)
+	if err == nil && bucket != ref.Bucket {
+		err = fmt.Errorf("the trajectory is in %s, and this agent writes %s",
+			cmp.Or(ref.Bucket, jetstream.BucketTrajectories), cmp.Or(bucket, jetstream.BucketTrajectories))
+	}
+	if err == nil {
+		err = store.UpdateMeta(r.ctx, ref.Object, meta)
+	}
+	if err != nil {
 		r.log.Warn().Err(err).Str("object", ref.Object).Msg("the trajectory's metadata does not name its verdict")
 	}
 }
