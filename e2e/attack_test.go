@@ -3,16 +3,20 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/attack"
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/tier"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
 )
 
 // TestTwoRunsUnderAttack is issue 29's acceptance: two runs, r1 and r2, each
@@ -20,7 +24,8 @@ import (
 // account), while the credentials of one of r1's sandboxes, read from the
 // file its workload can read, run every attack of `stillpoint attack` in a
 // loop. Every attack is refused, and both demos end invariants ok with every
-// checkpoint committed.
+// checkpoint committed. Their agents, each with a user of its own, stored
+// their trajectories in stores of their own (ownTrajectories).
 func TestTwoRunsUnderAttack(t *testing.T) {
 	tier.E2E(t)
 	parallel(t, 2, 3*time.Minute)
@@ -76,6 +81,9 @@ func TestTwoRunsUnderAttack(t *testing.T) {
 			}
 		}
 	}
+	for run := range demos {
+		ownTrajectories(t, b, url, auth, run, dirs[run])
+	}
 	att.Stop()
 	rounds, refused := map[int]bool{}, 0
 	for _, l := range strings.Split(strings.TrimSpace(att.Output()), "\n") {
@@ -100,4 +108,55 @@ func TestTwoRunsUnderAttack(t *testing.T) {
 		t.Errorf("the attacks ran %d rounds while the demos ran, want several:\n%s", len(rounds), att.Output())
 	}
 	t.Logf("%d rounds of attacks, %d refused", len(rounds), refused)
+}
+
+// ownTrajectories checks that every result of run (its demo in dir, its
+// collector's results.jsonl, which invariant 8 read) names its trajectory
+// in its agent's own store (issue 29: the shared store is no agent's to
+// write), and that `stillpoint trajectory`, as the run's controller, reads
+// each from there.
+func ownTrajectories(t *testing.T, b bins, url, auth, run, dir string) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "results.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{} // rollout -> bucket
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		var cr collect.Result
+		if err := json.Unmarshal([]byte(line), &cr); err != nil {
+			t.Fatalf("%s's results: %q: %v", run, line, err)
+		}
+		if !cr.OK || cr.Result == nil || cr.Result.Trajectory == nil {
+			continue
+		}
+		bucket := events.TrajectoriesBucket(run, events.Member("agent."+strings.TrimPrefix(cr.Agent, "agent.")))
+		if got := cr.Result.Trajectory.Bucket; got != bucket {
+			t.Errorf("%s: %s's trajectory is in %q, want its agent's own %s", run, cr.RolloutID, got, bucket)
+		}
+		want[cr.RolloutID] = bucket
+	}
+	if len(want) == 0 {
+		t.Fatalf("%s: no result names a trajectory", run)
+	}
+	p := child.StartForTest(t, child.Spec{Name: "trajectory " + run, Path: b.stillpoint,
+		Args: []string{"--nats-url", url, "--creds", embedded.CredsFile(embedded.RunDir(auth, run), embedded.RoleController),
+			"trajectory", "--run", run}})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	if exit, err := p.Wait(ctx); err != nil || !exit.Success() {
+		t.Fatalf("stillpoint trajectory --run %s as the controller: %s %v\n%s", run, exit, err, p.Output())
+	}
+	got := map[string]string{}
+	for _, line := range strings.Split(p.Output(), "\n") {
+		var rt struct{ Rollout, Bucket string }
+		if json.Unmarshal([]byte(line), &rt) == nil && rt.Rollout != "" {
+			got[rt.Rollout] = rt.Bucket
+		}
+	}
+	for rollout, bucket := range want {
+		if got[rollout] != bucket {
+			t.Errorf("%s: stillpoint trajectory read %s's from %q, want %s", run, rollout, got[rollout], bucket)
+		}
+	}
 }
