@@ -212,3 +212,31 @@ func AskStore(ctx context.Context, nc *nats.Conn, run string, m events.Member, k
 		}
 	}
 }
+
+// storeLeaderWait bounds WaitStoreLeader; a cluster elects a new stream's
+// leader in well under a second.
+const storeLeaderWait = 30 * time.Second
+
+// WaitStoreLeader waits, at most 30 s, until the stream of object store
+// bucket has a leader. A replicated stream exists once the cluster's meta
+// layer has placed it, before its own group has elected a leader: a write
+// to a store the bridge has just made (ServeStores) then finds no
+// responders, and one that failed so may leave a part behind.
+func WaitStoreLeader(ctx context.Context, js natsjs.JetStream, bucket string) error {
+	stream := "OBJ_" + bucket
+	ctx, cancel := context.WithTimeout(ctx, storeLeaderWait)
+	defer cancel()
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+		s, err := js.Stream(ctx, stream)
+		if err == nil {
+			if info := s.CachedInfo(); info.Cluster != nil && info.Cluster.Leader != "" {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("jetstream: stream %s has no leader after %v (last: %v)", stream, storeLeaderWait, err)
+		case <-time.After(wait):
+		}
+	}
+}

@@ -1,10 +1,12 @@
 package jetstream_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -137,5 +139,37 @@ func TestAskStoreOfAnEarlierBridge(t *testing.T) {
 	err = jetstream.AskStore(t.Context(), env.Conn, "run1", "agent.a1", jetstream.StoreTrajectories)
 	if err == nil || !strings.Contains(err.Error(), "earlier build") {
 		t.Errorf("trajectories store of an earlier bridge: %v, want refused naming it", err)
+	}
+}
+
+// On a 3-node cluster an agent's trajectories store is made with the shared
+// store's 3 replicas, and WaitStoreLeader returns once its stream has a
+// leader, before which a write would find no responders.
+func TestOwnStoreOnACluster(t *testing.T) {
+	env := jstest.StartCluster(t)
+	ctx := t.Context()
+	stop, err := jetstream.ServeStores(ctx, env.JS, env.Bus, "run1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if err := jetstream.AskStore(ctx, env.Conn, "run1", "agent.a1", jetstream.StoreTrajectories); err != nil {
+		t.Fatal(err)
+	}
+	bucket := events.TrajectoriesBucket("run1", "agent.a1")
+	if err := jetstream.WaitStoreLeader(ctx, env.JS, bucket); err != nil {
+		t.Fatal(err)
+	}
+	s, err := env.JS.Stream(ctx, "OBJ_"+bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := s.CachedInfo(); info.Config.Replicas != 3 || info.Cluster == nil || info.Cluster.Leader == "" {
+		t.Fatalf("the agent's trajectories store: %d replicas, cluster %+v; want 3 and a leader", info.Config.Replicas, info.Cluster)
+	}
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := jetstream.WaitStoreLeader(short, env.JS, "sp_trajectories_run1_agent_none"); err == nil {
+		t.Fatal("WaitStoreLeader of a store that does not exist returned")
 	}
 }

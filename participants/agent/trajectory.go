@@ -57,6 +57,12 @@ func OwnTrajectories(ctx context.Context, js natsjs.JetStream, run string, m eve
 	if store, err = js.ObjectStore(ctx, bucket); err != nil {
 		return nil, fmt.Errorf("agent: trajectories store %s: %w", bucket, err)
 	}
+	if st, err := store.Status(ctx); err == nil && st.Replicas() > 1 {
+		// Made just now: a write before its leader finds no responders.
+		if err := jetstream.WaitStoreLeader(ctx, js, bucket); err != nil {
+			return nil, fmt.Errorf("agent: trajectories store %s: %w", bucket, err)
+		}
+	}
 	return store, nil
 }
 

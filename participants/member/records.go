@@ -336,7 +336,7 @@ func OwnRecords(ctx context.Context, js natsjs.JetStream, shared natsjs.ObjectSt
 		// placed it, before its own group has elected a leader: a write
 		// then finds no responders, and a records write that failed so
 		// may leave a part behind. Wait for the leader.
-		if err := waitStreamLeader(ctx, js, "OBJ_"+bucket); err != nil {
+		if err := jetstream.WaitStoreLeader(ctx, js, bucket); err != nil {
 			return nil, fmt.Errorf("member: records store %s: %w", bucket, err)
 		}
 	}
@@ -350,29 +350,6 @@ const (
 	noRespondersWait = 25 * time.Millisecond
 	noRespondersMax  = 2 * time.Second
 )
-
-// streamLeaderWait bounds waitStreamLeader; a cluster elects a new
-// stream's leader in well under a second.
-const streamLeaderWait = 30 * time.Second
-
-// waitStreamLeader waits until stream has a leader.
-func waitStreamLeader(ctx context.Context, js natsjs.JetStream, stream string) error {
-	ctx, cancel := context.WithTimeout(ctx, streamLeaderWait)
-	defer cancel()
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
-		s, err := js.Stream(ctx, stream)
-		if err == nil {
-			if info := s.CachedInfo(); info.Cluster != nil && info.Cluster.Leader != "" {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("stream %s has no leader after %v (last: %v)", stream, streamLeaderWait, err)
-		case <-time.After(wait):
-		}
-	}
-}
 
 func manifestOf(run, checkpoint string, m events.Member, records []events.Record, sum []byte, size int64) (events.MemberManifest, error) {
 	man := events.MemberManifest{
