@@ -279,7 +279,14 @@ func stopsPending(procs []*proc, w *walker) bool {
 			}
 			pending, b := procfs.SignalPending(p.pid, tid, unix.SIGSTOP, w.buf)
 			w.buf = b
-			if !pending {
+			if pending {
+				continue
+			}
+			// It may have taken the SIGSTOP between the two reads: it
+			// then shows stopped now.
+			ts, b, err = procfs.ReadTaskStat(p.pid, tid, w.buf)
+			w.buf = b
+			if err == nil && !strings.ContainsRune("TtZXxD", rune(ts.State)) {
 				return false
 			}
 		}
