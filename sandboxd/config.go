@@ -77,7 +77,8 @@ type Config struct {
 	// freeze (default 5 s).
 	ConfirmTimeout time.Duration
 	// PendingTimeout extends that wait while the only holdouts are in
-	// state D (default 30 s; never less than ConfirmTimeout).
+	// state D or, in stop mode, wait only for a core to stop (default
+	// 30 s; never less than ConfirmTimeout).
 	PendingTimeout time.Duration
 	// KillTimeout bounds a kill's wait for nothing to be left (default
 	// 10 s).

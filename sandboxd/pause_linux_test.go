@@ -334,6 +334,36 @@ func TestUnconfirmedPauseFallsBack(t *testing.T) {
 	}
 }
 
+// In stop mode, a process that is runnable with SIGSTOP pending only
+// waits for a core: a pause past the confirm timeout waits for it up to the
+// pending timeout, as for one in D, instead of falling back (make bench's
+// 2,400-process pause did so beside a CI run). The confirm timeout is 1 ns,
+// so every pause of eight busy loops on two cores finds some still
+// runnable at its first look; each must be confirmed, with every thread
+// stopped.
+func TestStarvedStopIsWaitedFor(t *testing.T) {
+	cfg := Config{Mode: sandboxapi.ModeStop, NoCgroup: true, ConfirmTimeout: time.Nanosecond, PendingTimeout: 30 * time.Second}
+	s := startSupervisor(t, cfg)
+	id := launchID(t, "a")
+	mustLaunch(t, s, Spec{ID: id, Command: `for i in 1 2 3 4 5 6 7 8; do sh -c 'while :; do :; done' & done; wait`})
+	var pids []int
+	poll.Wait(t, 5*time.Second, "the busy loops", func() bool { pids = launchPIDs(t, s, id); return len(pids) >= 9 })
+	for try := range 20 {
+		rep, err := s.Pause(ctxT(t), id, sandboxapi.ModeStop)
+		if err != nil {
+			t.Fatalf("pause %d: %v (%+v)", try, err, rep)
+		}
+		for pid, st := range stateLetters(pids) {
+			if strings.Trim(st, "T") != "" {
+				t.Fatalf("pause %d confirmed with pid %d in %q", try, pid, st)
+			}
+		}
+		if _, err := s.Continue(ctxT(t), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // 50 pauses of a tree with 4 busy dash loops, which vfork /bin/true
 // without end, so vfork parents in D are caught all the time: none may
 // fail, in freeze and in stop mode (the reference's walk failed 19 of 35).

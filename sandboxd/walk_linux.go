@@ -205,7 +205,7 @@ func (s *stopSet) confirm(ctx context.Context, procs []*proc, o pauseOpts, w *wa
 	for round := 0; ; {
 		classes = classes[:len(pending)]
 		forEach(len(pending), w, func(i int, w *walker) { classes[i] = classifyLive(pending[i], w) })
-		var rest []*proc
+		var rest, running []*proc
 		holdD := 0
 		for i, p := range pending {
 			switch classes[i] {
@@ -223,6 +223,7 @@ func (s *stopSet) confirm(ctx context.Context, procs []*proc, o pauseOpts, w *wa
 				rest = append(rest, p)
 			default:
 				rest = append(rest, p)
+				running = append(running, p)
 			}
 		}
 		if len(rest) == 0 {
@@ -233,7 +234,7 @@ func (s *stopSet) confirm(ctx context.Context, procs []*proc, o pauseOpts, w *wa
 		switch {
 		case ctx.Err() != nil:
 			why = "cancelled: " + ctx.Err().Error()
-		case now.After(o.pendingBy), now.After(o.confirmBy) && holdD < len(rest):
+		case now.After(o.pendingBy), now.After(o.confirmBy) && holdD < len(rest) && !stopsPending(running, w):
 			why = "not stopped in time"
 		}
 		if why != "" {
@@ -242,6 +243,55 @@ func (s *stopSet) confirm(ctx context.Context, procs []*proc, o pauseOpts, w *wa
 		pending = rest
 		backoff(&round)
 	}
+}
+
+// stopsPending tells whether every thread of procs that has not stopped
+// will stop before it runs user code again: it is in D (which the pending
+// timeout covers), or SIGSTOP is pending for it, or its thread-group
+// leader is stopped (a group stop under way). Such a thread only waits for
+// a core: on a busy machine a runnable one can wait past the confirm
+// timeout, and is then given until the pending timeout, as one in D is. A
+// thread that SIGCONT (its workload's, say) took out of the stop has no
+// SIGSTOP pending: it is no holdout of this kind. Read only once the
+// confirm timeout has passed.
+func stopsPending(procs []*proc, w *walker) bool {
+	for _, p := range procs {
+		tids := []int{p.pid}
+		if p.threads > 1 {
+			var err error
+			if tids, err = procfs.Tasks(p.pid); err != nil {
+				continue // gone: the next round sees it
+			}
+		}
+		leaderStopped := p.state == 'T' || p.state == 't'
+		for _, tid := range tids {
+			ts, b, err := procfs.ReadTaskStat(p.pid, tid, w.buf)
+			w.buf = b
+			if err != nil {
+				continue
+			}
+			switch ts.State {
+			case 'T', 't', 'Z', 'X', 'x', 'D':
+				continue
+			}
+			if leaderStopped {
+				continue
+			}
+			pending, b := procfs.SignalPending(p.pid, tid, unix.SIGSTOP, w.buf)
+			w.buf = b
+			if pending {
+				continue
+			}
+			// It may have taken the SIGSTOP between the two reads: it
+			// then shows stopped now.
+			ts, b, err = procfs.ReadTaskStat(p.pid, tid, w.buf)
+			w.buf = b
+			if err == nil && !strings.ContainsRune("TtZXxD", rune(ts.State)) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // holdoutResult reports the processes that did not stop.

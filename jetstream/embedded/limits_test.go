@@ -22,35 +22,8 @@ import (
 // while another run makes consumers and connects as before.
 func TestRunConsumersAndConnectionsAreBounded(t *testing.T) {
 	ctx := testContext(t)
-	dir := filepath.Join(t.TempDir(), "auth")
-	auth, err := embedded.LoadAuthority(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const consumers, connections = 6, 5
-	if err := auth.SetLimits(embedded.Limits{Storage: -1, Consumers: consumers, Connections: connections}); err != nil {
-		t.Fatal(err)
-	}
-	for _, run := range []string{"r1", "r2"} {
-		if err := auth.AddRun(run); err != nil {
-			t.Fatal(err)
-		}
-	}
-	trust, err := auth.Trust()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := embedded.Start(ctx, embedded.Config{Dir: t.TempDir(), Trust: trust})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Shutdown)
-	for _, run := range []string{"r1", "r2"} {
-		_, j, _ := connectCreds(t, s, embedded.CredsFile(embedded.RunDir(dir, run), embedded.RoleAdmin))
-		if _, err := jetstream.Provision(ctx, j, jetstream.Topology{}); err != nil {
-			t.Fatalf("provision %s: %v", run, err)
-		}
-	}
+	auth, s, _ := twoRuns(t, embedded.Limits{Storage: -1, Consumers: consumers, Connections: connections})
 	creds := func(run, member string) string {
 		b, _, err := auth.MemberCreds(run, events.Member(member), time.Hour)
 		if err != nil {
@@ -117,4 +90,42 @@ func TestRunConsumersAndConnectionsAreBounded(t *testing.T) {
 		t.Fatalf("r2's sandbox, while r1 has all its connections: %v", err)
 	}
 	nc.Close()
+}
+
+// twoRuns starts a server with the accounts of runs r1 and r2 under lim,
+// each run's bus provisioned by its admin, whose JetStream it returns.
+func twoRuns(t *testing.T, lim embedded.Limits) (*embedded.Authority, *embedded.Server, map[string]natsjs.JetStream) {
+	t.Helper()
+	ctx := testContext(t)
+	dir := filepath.Join(t.TempDir(), "auth")
+	auth, err := embedded.LoadAuthority(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := auth.SetLimits(lim); err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []string{"r1", "r2"} {
+		if err := auth.AddRun(run); err != nil {
+			t.Fatal(err)
+		}
+	}
+	trust, err := auth.Trust()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := embedded.Start(ctx, embedded.Config{Dir: t.TempDir(), Trust: trust})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	js := map[string]natsjs.JetStream{}
+	for _, run := range []string{"r1", "r2"} {
+		_, j, _ := connectCreds(t, s, embedded.CredsFile(embedded.RunDir(dir, run), embedded.RoleAdmin))
+		if _, err := jetstream.Provision(ctx, j, jetstream.Topology{}); err != nil {
+			t.Fatalf("provision %s: %v", run, err)
+		}
+		js[run] = j
+	}
+	return auth, s, js
 }

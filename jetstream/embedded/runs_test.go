@@ -200,37 +200,8 @@ func TestMintService(t *testing.T) {
 // subscriptions.
 func TestRunStorageBoundsAFlood(t *testing.T) {
 	ctx := testContext(t)
-	dir := filepath.Join(t.TempDir(), "auth")
-	auth, err := embedded.LoadAuthority(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const quota = 4 << 20
-	if err := auth.SetLimits(embedded.Limits{Storage: quota}); err != nil {
-		t.Fatal(err)
-	}
-	for _, run := range []string{"r1", "r2"} {
-		if err := auth.AddRun(run); err != nil {
-			t.Fatal(err)
-		}
-	}
-	trust, err := auth.Trust()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := embedded.Start(ctx, embedded.Config{Dir: t.TempDir(), Trust: trust})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Shutdown)
-	js := map[string]natsjs.JetStream{}
-	for _, run := range []string{"r1", "r2"} {
-		_, j, _ := connectCreds(t, s, embedded.CredsFile(embedded.RunDir(dir, run), embedded.RoleAdmin))
-		if _, err := jetstream.Provision(ctx, j, jetstream.Topology{}); err != nil {
-			t.Fatalf("provision %s: %v", run, err)
-		}
-		js[run] = j
-	}
+	auth, s, js := twoRuns(t, embedded.Limits{Storage: quota})
 	b, _, err := auth.MemberCreds("r1", "agent.a1", time.Hour)
 	if err != nil {
 		t.Fatal(err)

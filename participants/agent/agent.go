@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -675,36 +674,6 @@ func (a *Agent) seed(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) {
 		r.log.Info().Bool("owner_restart_only", info.RestartOnly).Msg("restart-only rollout: never parked, restarts from its input")
 	}
 	return bm, nil
-}
-
-// seedWait bounds a seed, its task's setup included.
-const seedWait = 5 * time.Minute
-
-// seedAsk is how long one ask of a seed waits for its answer before it
-// asks again (a variable: the tests shorten it).
-var seedAsk = 15 * time.Second
-
-// askSeed asks the owner for the session's sandbox until it answers, at
-// most seedWait. A request or its answer can be lost on the bus (core NATS
-// delivers at most once: the owner's NATS node went away with its answer),
-// so an ask unanswered within seedAsk is asked again; the owner answers a
-// repeat with the seed it made or is making (Owner.SeedSession), never a
-// second sandbox.
-func (a *Agent) askSeed(ctx context.Context, session, episode string, task json.RawMessage) (SessionInfo, error) {
-	wctx, cancel := context.WithTimeout(ctx, seedWait)
-	defer cancel()
-	for {
-		info, err := retryNoResponders(wctx, seedAsk, func(ctx context.Context) (SessionInfo, error) {
-			return a.seedSession(ctx, session, episode, task)
-		})
-		if err == nil || !errors.Is(err, context.DeadlineExceeded) || wctx.Err() != nil {
-			if err != nil && ctx.Err() == nil && wctx.Err() != nil {
-				err = fmt.Errorf("%w: no answer to the seed within %s", err, seedWait)
-			}
-			return info, err
-		}
-		a.log.Info().Str("session", session).Dur("after", seedAsk).Msg("the seed is unanswered; asking again")
-	}
 }
 
 // cleanup applies the cleanup rule to a run that ends without a result.

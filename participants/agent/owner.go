@@ -63,6 +63,36 @@ func (a *Agent) seedSession(ctx context.Context, session, episode string, task j
 	return a.owner.SeedSession(ctx, ownerapi.SeedRequest{SessionID: session, Episode: episode, Task: task})
 }
 
+// seedWait bounds a seed, its task's setup included.
+const seedWait = 5 * time.Minute
+
+// seedAsk is how long one ask of a seed waits for its answer before it
+// asks again (a variable: the tests shorten it).
+var seedAsk = 15 * time.Second
+
+// askSeed asks the owner for the session's sandbox until it answers, at
+// most seedWait. A request or its answer can be lost on the bus (core NATS
+// delivers at most once: the owner's NATS node went away with its answer),
+// so an ask unanswered within seedAsk is asked again; the owner answers a
+// repeat with the seed it made or is making (Owner.SeedSession), never a
+// second sandbox.
+func (a *Agent) askSeed(ctx context.Context, session, episode string, task json.RawMessage) (SessionInfo, error) {
+	wctx, cancel := context.WithTimeout(ctx, seedWait)
+	defer cancel()
+	for {
+		info, err := retryNoResponders(wctx, seedAsk, func(ctx context.Context) (SessionInfo, error) {
+			return a.seedSession(ctx, session, episode, task)
+		})
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) || wctx.Err() != nil {
+			if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+				err = fmt.Errorf("%w: no answer to the seed within %s", err, seedWait)
+			}
+			return info, err
+		}
+		a.log.Info().Str("session", session).Dur("after", seedAsk).Msg("the seed is unanswered; asking again")
+	}
+}
+
 // verifyEnd asks the owner for session's grade and to end the session.
 func (a *Agent) verifyEnd(ctx context.Context, session string) (json.RawMessage, error) {
 	vr, err := a.owner.VerifyEnd(ctx, ownerapi.VerifyRequest{SessionID: session, End: true})
