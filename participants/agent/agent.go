@@ -584,15 +584,6 @@ const InfraTries = 3
 // result of the rollout.
 var ErrInfra = errors.New("agent: infrastructure fault")
 
-// isInfra tells a step the owner or a sandbox daemon failed on its side
-// (a 5xx answer: a provider error, a guest that never connected, a
-// grade's exec that failed), as opposed to its refusal of the request
-// (4xx) or the rollout's own failure (its harness's exit, its grade).
-func isInfra(err error) bool {
-	var se *jetstream.ServiceError
-	return errors.As(err, &se) && se.Status >= 500
-}
-
 // backOff waits before a stage runs again for the nth time in a row:
 // half a second more each time, at most 5 s, or until the run ends.
 func backOff(r *run, n int) {
@@ -600,19 +591,6 @@ func backOff(r *run, n int) {
 	case <-r.ctx.Done():
 	case <-time.After(min(time.Duration(n)*500*time.Millisecond, 5*time.Second)):
 	}
-}
-
-// errAdmissionClosed: a daemon or the owner refused a request because a
-// checkpoint is open; the run waits at its boundary and tries again.
-var errAdmissionClosed = errors.New("agent: admission closed")
-
-// isAdmissionClosed tells a refusal for an open checkpoint, which the
-// owner and the daemons answer with the same code.
-func isAdmissionClosed(err error) bool { return isCode(err, sandboxapi.CodeAdmissionClosed) }
-
-func isCode(err error, code string) bool {
-	var se *jetstream.ServiceError
-	return errors.As(err, &se) && se.Code == code
 }
 
 // boundary records bm and, while a checkpoint holds admission closed,

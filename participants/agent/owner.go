@@ -9,12 +9,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
 // This file is the agent's one view of the sandbox owner: the calls it
-// makes and the owner's wire types it reads. No other file of the package
+// makes, the owner's wire types it reads, and how it tells the owner's and
+// the daemons' refusals from their faults. No other file of the package
 // names the owner's package.
 
 // Owner is what the agent calls on the sandbox owner that lends its
@@ -178,4 +181,26 @@ func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) 
 	bm.Result = &agentapi.Result{RolloutID: bm.Rollout, Attempt: r.ep.Attempt, Episode: r.key, Adapter: a.cfg.Adapter.Name(),
 		Answer: bm.Answer, Verdict: verdict, Restart: bm.Restart, Restored: restored, Trajectory: traj, NoTrajectory: noTraj}
 	return bm, nil
+}
+
+// isInfra tells a step the owner or a sandbox daemon failed on its side
+// (a 5xx answer: a provider error, a guest that never connected, a
+// grade's exec that failed), as opposed to its refusal of the request
+// (4xx) or the rollout's own failure (its harness's exit, its grade).
+func isInfra(err error) bool {
+	var se *jetstream.ServiceError
+	return errors.As(err, &se) && se.Status >= 500
+}
+
+// errAdmissionClosed: a daemon or the owner refused a request because a
+// checkpoint is open; the run waits at its boundary and tries again.
+var errAdmissionClosed = errors.New("agent: admission closed")
+
+// isAdmissionClosed tells a refusal for an open checkpoint, which the
+// owner and the daemons answer with the same code.
+func isAdmissionClosed(err error) bool { return isCode(err, sandboxapi.CodeAdmissionClosed) }
+
+func isCode(err error, code string) bool {
+	var se *jetstream.ServiceError
+	return errors.As(err, &se) && se.Code == code
 }
