@@ -111,7 +111,7 @@ func TestResumeAcksAreHeardOnCoreAndRecorded(t *testing.T) {
 	}
 }
 
-// PROTOCOL §8: a phase publish that goes unanswered (here the server is
+// PROTOCOL-HISTORY §30: a phase publish that goes unanswered (here the server is
 // down; in a cluster the stream is electing a leader) is published again,
 // the same message with the same id and fence, until the stream answers,
 // and lands once: nothing else is published before it.

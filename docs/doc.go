@@ -7,7 +7,9 @@
 //   - every path/file.go that ARCHITECTURE.md names exists, and every
 //     function, method or type it names in that file is declared there;
 //   - every § reference of the code and of these pages names a section
-//     that PROTOCOL.md has.
+//     that PROTOCOL.md has or, written "PROTOCOL-HISTORY §N", an entry of
+//     the protocol's change log, PROTOCOL-HISTORY.md, whose entries are
+//     numbered 1, 2, 3 … in order.
 //
 // `make lint` runs them (go test ./docs); so does `make test`.
 package docs

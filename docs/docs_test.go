@@ -428,51 +428,85 @@ func TestArchitectureNamesExist(t *testing.T) {
 }
 
 var (
-	heading = regexp.MustCompile(`^## ([0-9]+)\. `)
+	heading = regexp.MustCompile(`^## ([0-9]+)\. (.*)$`)
 	// sectionRef is a § reference: §N, a range §N–§M, or a dotted §N.M
-	// (refused: PROTOCOL.md has no numbered subsections). A label may
+	// (refused: neither page has numbered subsections). A label may
 	// follow: §N, Label or §N Label or §N, "Label".
 	sectionRef = regexp.MustCompile(`§ ?([0-9]+)((?:\.[0-9]+)*)(?:[–-]§?([0-9]+))?(?:,? "?([A-Z][A-Za-z0-9 ]*))?`)
 	boldLabel  = regexp.MustCompile(`\*\*([^*]+)\*\*`)
 	colonLabel = regexp.MustCompile(`^([A-Z][A-Za-z ]+):$`)
+	// listGap is what stands between two references of one list.
+	listGap = regexp.MustCompile(`^[ ,;]*(?:and |or )?$`)
+	// historyBefore ends the text before a § reference to an entry of
+	// PROTOCOL-HISTORY.md, the protocol's change log: "PROTOCOL-HISTORY ",
+	// "PROTOCOL-HISTORY.md " or a link to it. A bare § names a section of
+	// PROTOCOL.md.
+	historyBefore = regexp.MustCompile(`PROTOCOL-HISTORY(?:\.md)?(?:\]\([^)]*\))? $`)
 )
 
-// protocolSections returns PROTOCOL.md's section numbers and, for each,
-// the labels its rules go by: bold phrases and "Label:" lines.
-func protocolSections(t *testing.T) map[int][]string {
+// historyPrefix is how the docs and the code name an entry of the change
+// log.
+const historyPrefix = "PROTOCOL-HISTORY "
+
+// A page is a doc whose numbered sections § references name: PROTOCOL.md
+// or PROTOCOL-HISTORY.md. Its sections hold the labels of their rules.
+type page struct {
+	name     string
+	sections map[int][]string
+}
+
+// readPage returns a page's section numbers in order and, for each, the
+// labels its rules go by: its heading's title, bold phrases and "Label:"
+// lines.
+func readPage(t *testing.T, name string) (page, []int) {
 	t.Helper()
-	b, err := os.ReadFile("PROTOCOL.md")
+	b, err := os.ReadFile(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sections := map[int][]string{}
+	p := page{name: name, sections: map[int][]string{}}
+	var order []int
 	cur := 0
 	for line := range strings.SplitSeq(string(b), "\n") {
 		if m := heading.FindStringSubmatch(line); m != nil {
 			cur, _ = strconv.Atoi(m[1])
-			sections[cur] = nil
+			p.sections[cur] = []string{strings.Trim(m[2], "`")}
+			order = append(order, cur)
 			continue
 		}
 		if cur == 0 {
 			continue
 		}
 		for _, m := range boldLabel.FindAllStringSubmatch(line, -1) {
-			sections[cur] = append(sections[cur], strings.TrimRight(m[1], ".:"))
+			p.sections[cur] = append(p.sections[cur], strings.TrimRight(m[1], ".:"))
 		}
 		if m := colonLabel.FindStringSubmatch(strings.TrimSpace(line)); m != nil {
-			sections[cur] = append(sections[cur], m[1])
+			p.sections[cur] = append(p.sections[cur], m[1])
 		}
 	}
-	return sections
+	return p, order
 }
 
 // TestSectionReferencesExist: every § of the code and of the docs names a
-// section of PROTOCOL.md (§ is kept for its sections), and a label after
-// it ("§5, Lease", "§6, \"Sandbox owner\"") names a rule of that section.
+// section of PROTOCOL.md (a bare § is kept for its sections) or, written
+// after "PROTOCOL-HISTORY " (or "PROTOCOL-HISTORY.md ", or a link to it),
+// an entry of PROTOCOL-HISTORY.md; a label after it ("§5, Lease", "§6,
+// \"Sandbox owner\"") names a rule of that section. The change log's
+// entries are numbered 1, 2, 3 … in order, as references name them by
+// number.
 func TestSectionReferencesExist(t *testing.T) {
-	sections := protocolSections(t)
-	if len(sections) < 8 {
-		t.Fatalf("PROTOCOL.md has %d numbered sections, want at least 8", len(sections))
+	protocol, sections := readPage(t, "PROTOCOL.md")
+	if len(sections) < 7 {
+		t.Fatalf("PROTOCOL.md has %d numbered sections, want at least 7", len(sections))
+	}
+	history, entries := readPage(t, "PROTOCOL-HISTORY.md")
+	if len(entries) == 0 {
+		t.Fatal("PROTOCOL-HISTORY.md has no numbered entries")
+	}
+	for i, n := range entries {
+		if n != i+1 {
+			t.Fatalf("PROTOCOL-HISTORY.md: entry %d is numbered %d: entries are numbered 1, 2, 3 … in order, and never renumbered", i+1, n)
+		}
 	}
 	refs := 0
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
@@ -495,26 +529,10 @@ func TestSectionReferencesExist(t *testing.T) {
 			return err
 		}
 		for i, line := range strings.Split(string(b), "\n") {
-			for _, m := range sectionRef.FindAllStringSubmatch(line, -1) {
-				refs++
-				where := fmt.Sprintf("%s:%d: %s", rel(path), i+1, strings.TrimSpace(m[0]))
-				n, _ := strconv.Atoi(m[1])
-				labels, ok := sections[n]
-				if !ok {
-					t.Errorf("%s: PROTOCOL.md has no section %d", where, n)
-					continue
-				}
-				if m[2] != "" {
-					t.Errorf("%s: PROTOCOL.md has no numbered subsections (name the rule: §%d, Label)", where, n)
-				}
-				if m[3] != "" {
-					if to, _ := strconv.Atoi(m[3]); !hasSection(sections, to) {
-						t.Errorf("%s: PROTOCOL.md has no section %d", where, to)
-					}
-				}
-				if label := strings.TrimSpace(m[4]); label != "" && !knownLabel(labels, label) {
-					t.Errorf("%s: section %d has no rule %q (its rules: %q)", where, n, label, labels)
-				}
+			n, problems := checkRefs(line, protocol, history)
+			refs += n
+			for _, p := range problems {
+				t.Errorf("%s:%d: %s", rel(path), i+1, p)
 			}
 		}
 		return nil
@@ -523,6 +541,90 @@ func TestSectionReferencesExist(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d § references checked", refs)
+}
+
+// checkRefs checks the § references of one line against protocol and
+// history, and returns how many it found and what is wrong with them.
+func checkRefs(line string, protocol, history page) (int, []string) {
+	var problems []string
+	matches := sectionRef.FindAllStringSubmatchIndex(line, -1)
+	prevEnd, prevHistory := 0, false
+	for _, ix := range matches {
+		group := func(g int) string {
+			if ix[2*g] < 0 {
+				return ""
+			}
+			return line[ix[2*g]:ix[2*g+1]]
+		}
+		ref := strings.TrimSpace(group(0))
+		p, other := protocol, history
+		isHistory := historyBefore.MatchString(line[:ix[0]])
+		if isHistory {
+			p, other = history, protocol
+			ref = historyPrefix + ref
+		}
+		wrong := func(format string, args ...any) {
+			problems = append(problems, ref+": "+fmt.Sprintf(format, args...))
+		}
+		if !isHistory && prevHistory && listGap.MatchString(line[prevEnd:ix[0]]) {
+			wrong("a bare § after a PROTOCOL-HISTORY reference names a section of PROTOCOL.md (write %q before each entry of the change log, or name PROTOCOL first)", historyPrefix)
+		}
+		prevEnd, prevHistory = ix[1], isHistory
+		n, _ := strconv.Atoi(group(1))
+		labels, ok := p.sections[n]
+		if !ok {
+			hint := ""
+			if len(other.sections) > 0 && !isHistory {
+				hint = fmt.Sprintf(" (an entry of the change log? name it %s§N)", historyPrefix)
+			}
+			wrong("%s has no section %d%s", p.name, n, hint)
+			continue
+		}
+		if group(2) != "" {
+			wrong("%s has no numbered subsections (name the rule: §%d, Label)", p.name, n)
+		}
+		if to := group(3); to != "" {
+			if m, _ := strconv.Atoi(to); !hasSection(p.sections, m) {
+				wrong("%s has no section %d", p.name, m)
+			}
+		}
+		if label := strings.TrimSpace(group(4)); label != "" && !knownLabel(labels, label) {
+			wrong("section %d of %s has no rule %q (its rules: %q)", n, p.name, label, labels)
+		}
+	}
+	return len(matches), problems
+}
+
+// TestCheckRefsFinds checks the checker on lines with one mistake each,
+// and on lines with none. The lines spell § as \u00a7, so that the walk
+// of the repository does not take them for references.
+func TestCheckRefsFinds(t *testing.T) {
+	protocol := page{"PROTOCOL.md", map[int][]string{3: {"Bus layout", "Consumers"}, 5: {"Phases", "Lease"}}}
+	history := page{"PROTOCOL-HISTORY.md", map[int][]string{1: {"One"}, 2: {"Two"}, 7: {"Seven"}}}
+	for _, tc := range []struct {
+		line string
+		want string // the start of the one problem, "" for none
+	}{
+		{"PROTOCOL \u00a73, Consumers", ""},
+		{"(\u00a75, Lease; PROTOCOL-HISTORY \u00a77)", ""},
+		{"PROTOCOL \u00a75; PROTOCOL-HISTORY \u00a71\u2013\u00a72", ""},
+		{"PROTOCOL-HISTORY \u00a72, Two", ""},
+		{"PROTOCOL-HISTORY.md \u00a72 and [PROTOCOL-HISTORY.md](PROTOCOL-HISTORY.md) \u00a77", ""},
+		{"PROTOCOL \u00a77", "\u00a77: PROTOCOL.md has no section 7 (an entry of the change log? name it PROTOCOL-HISTORY \u00a7N)"},
+		{"PROTOCOL-HISTORY \u00a73", "PROTOCOL-HISTORY \u00a73: PROTOCOL-HISTORY.md has no section 3"},
+		{"PROTOCOL-HISTORY \u00a71\u2013\u00a74", "PROTOCOL-HISTORY \u00a71\u2013\u00a74: PROTOCOL-HISTORY.md has no section 4"},
+		{"PROTOCOL-HISTORY \u00a71, \u00a75", "\u00a75: a bare \u00a7 after a PROTOCOL-HISTORY reference"},
+		{"\u00a73.2", "\u00a73.2: PROTOCOL.md has no numbered subsections"},
+		{"\u00a75, Fencing", "\u00a75, Fencing: section 5 of PROTOCOL.md has no rule"},
+	} {
+		_, problems := checkRefs(tc.line, protocol, history)
+		switch {
+		case tc.want == "" && len(problems) != 0:
+			t.Errorf("%q: found %q, want nothing", tc.line, problems)
+		case tc.want != "" && (len(problems) != 1 || !strings.HasPrefix(problems[0], tc.want)):
+			t.Errorf("%q: found %q, want one problem starting %q", tc.line, problems, tc.want)
+		}
+	}
 }
 
 func hasSection(sections map[int][]string, n int) bool {

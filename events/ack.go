@@ -379,8 +379,8 @@ func RecordsObject(run, checkpoint string, m Member, sha256 string) string {
 
 // RecordsBucket returns the object store of member m's records in run,
 // sp_records_<run>_<kind>_<name>: a member with credentials of its own
-// writes there, and its user may write no other member's store (PROTOCOL
-// §8, docs/PERMISSIONS.md).
+// writes there, and its user may write no other member's store
+// (PROTOCOL-HISTORY §3, docs/PERMISSIONS.md).
 func RecordsBucket(run string, m Member) string {
 	return RecordsBucketPrefix(run) + string(m.Kind()) + "_" + m.Name()
 }

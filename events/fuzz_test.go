@@ -35,7 +35,7 @@ func FuzzUnmarshal(f *testing.F) {
 	}
 	f.Add("sp.run1.phase.prepare", "Content-Type: application/cloudevents+json\n", []byte(`{"specversion":"1.0"}`))
 	f.Add("", "ce-specversion: 1.0\nce-id: %\n", []byte(`{}`))
-	// As other writers write them (PROTOCOL §8): sdk-go's raw values, a %
+	// As other writers write them (PROTOCOL-HISTORY §29): sdk-go's raw values, a %
 	// that starts no escape, quoted values with backslash escapes, a URI's
 	// own escapes in ce-source.
 	for _, s := range samples() {

@@ -116,7 +116,7 @@ func TestCheckpointSchemas(t *testing.T) {
 	}
 }
 
-// TestCheckpointManifestStaysSmall: PROTOCOL §8, at 100,000 members the
+// TestCheckpointManifestStaysSmall: PROTOCOL-HISTORY §35, at 100,000 members the
 // KV checkpoint manifest is a few hundred bytes, far under NATS's 1 MB
 // payload; the member list, an object, holds them all and reads back.
 func TestCheckpointManifestStaysSmall(t *testing.T) {

@@ -170,7 +170,7 @@ func decodeCommitted(t *testing.T, h nats.Header, data []byte) events.Checkpoint
 // own name, which its manifest names: inspect verifies the object there.
 // The records are written as such a member writes them, in the store the
 // bridge makes for it (jetstream.MakeRecordsStore, member.WriteRecords) and the manifests created as a schema-1 run's
-// member and bridge created them: old runs stay readable (PROTOCOL §8).
+// member and bridge created them: old runs stay readable (PROTOCOL-HISTORY §35).
 func TestInspectVerifiesAMembersOwnStore(t *testing.T) {
 	env := jstest.Start(t)
 	_, js := env.Connect(t)

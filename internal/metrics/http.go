@@ -76,7 +76,7 @@ func StreamAnswers(st natsjs.Stream) Probe {
 }
 
 // ConsumerLive is a Probe that passes when the durable consumer name
-// exists on the stream (a member's consumer, PROTOCOL §8).
+// exists on the stream (a member's consumer, PROTOCOL §3, Consumers).
 func ConsumerLive(st natsjs.Stream, name string) Probe {
 	return func(ctx context.Context) error {
 		if st == nil {

@@ -220,7 +220,7 @@ func TestRolesOnTheBus(t *testing.T) {
 		{A, "$KV.sp_manifests.r.c1", false},
 		{A, "$KV.sp_manifests.r.LATEST", false},
 		{A, "$KV.sp_manifests.r.c1.owner.o1", false},
-		{A, "$KV.sp_manifests.r.c1.agent.a1", false}, // the commit ack records it (PROTOCOL §8)
+		{A, "$KV.sp_manifests.r.c1.agent.a1", false}, // the commit ack records it (PROTOCOL-HISTORY §35)
 		{S, "$KV.sp_manifests.r.c1.sandbox.s1", false},
 		{B, "$O.sp_checkpoints.C.z", true},
 		{B, "$KV.sp_manifests.r.c1", true},

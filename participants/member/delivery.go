@@ -67,7 +67,7 @@ type feed struct {
 	// lost, when set, tells whether the consumer is gone though nothing
 	// said it was deleted: asked after errors that a server restarted
 	// without it gives (no heartbeat, no responders: a durable consumer
-	// keeps its state in memory, PROTOCOL §8). An error means it cannot
+	// keeps its state in memory, PROTOCOL-HISTORY §31). An error means it cannot
 	// tell yet (the server is away).
 	lost func(ctx context.Context) (bool, error)
 	// repull, when set, consumes the same consumer again: a pull request

@@ -165,7 +165,7 @@ func TestFindManifestForgedAck(t *testing.T) {
 	}
 }
 
-// PROTOCOL §8: a schema-1 checkpoint (inline members, a KV key per member)
+// PROTOCOL-HISTORY §35: a schema-1 checkpoint (inline members, a KV key per member)
 // still reads; a schema this build does not know is refused, named.
 func TestFindManifestSchemas(t *testing.T) {
 	env := jstest.Start(t)

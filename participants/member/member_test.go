@@ -928,8 +928,9 @@ func TestPullWithNoRespondersIsSentAgain(t *testing.T) {
 	}
 }
 
-// §3, Consumers, and §8: a member's durable consumer keeps its state in
-// memory, so a NATS server restarted on its store comes back without it.
+// PROTOCOL §3, Consumers, and PROTOCOL-HISTORY §31: a member's durable
+// consumer keeps its state in memory, so a NATS server restarted on its
+// store comes back without it.
 // The member sees its pulls go unanswered, finds the consumer gone, makes
 // it again from the first event it had not handled, and commits the next
 // checkpoint; the sandbox daemon's ordered and core feeds carry on too. Every phase

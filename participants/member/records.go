@@ -393,7 +393,7 @@ func HasObjects(ctx context.Context, store natsjs.ObjectStore, run, checkpoint s
 // the same manifest (a redelivered commit), that is success; a different
 // one returns ErrManifestExists. It is how members of schema-1 runs
 // recorded their manifest; members no longer call it (their commit ack
-// records it, PROTOCOL §8), and it stays for making such runs in tests.
+// records it, PROTOCOL-HISTORY §35), and it stays for making such runs in tests.
 func CreateManifest(ctx context.Context, kv natsjs.KeyValue, man events.MemberManifest) error {
 	if err := man.Validate(); err != nil {
 		return fmt.Errorf("member: manifest: %w", err)

@@ -366,7 +366,7 @@ func TestResumeAckCountsHeldCalls(t *testing.T) {
 }
 
 // The hold a restore left belongs to the take-over: a checkpoint of the
-// new epoch that opens before it (PROTOCOL §8: the take-over waits for its
+// new epoch that opens before it (PROTOCOL-HISTORY §27: the take-over waits for its
 // resume, the launch still held) neither re-points the relay (refused
 // admission_closed, as the resume is) nor releases the hold at its resume,
 // so the cut call reaches no model server until the take-over has

@@ -74,7 +74,7 @@ func checkpointRules(t *testing.T, h Suite) {
 			}
 		}
 		if _, err := s.env.Bus.Manifests.Get(t.Context(), events.MemberManifestKey(s.run, "c1", a)); !errors.Is(err, natsjs.ErrKeyNotFound) {
-			t.Fatalf("member manifest key after a commit: %v, want none (PROTOCOL §8)", err)
+			t.Fatalf("member manifest key after a commit: %v, want none (PROTOCOL-HISTORY §35)", err)
 		}
 		var man events.MemberManifest
 		if c.Manifest != nil {
