@@ -6,6 +6,7 @@
 //   - every exported name has a doc comment that starts with the name;
 //   - every path/file.go that ARCHITECTURE.md names exists, and every
 //     function, method or type it names in that file is declared there;
+//   - no table cell of ARCHITECTURE.md holds more than 300 characters;
 //   - every § reference of the code and of these pages names a section
 //     that PROTOCOL.md has or, written "PROTOCOL-HISTORY §N", an entry of
 //     the protocol's change log, PROTOCOL-HISTORY.md, whose entries are

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+	"unicode/utf8"
 )
 
 // root is the repository's root, seen from this package's directory.
@@ -425,6 +426,55 @@ func TestArchitectureNamesExist(t *testing.T) {
 		t.Errorf("%s names %d files and %d functions: the check found nothing to check", page, files, names)
 	}
 	t.Logf("%s: %d file references, %d names checked", page, files, names)
+}
+
+// TestArchitectureCellsAreShort: no table cell of ARCHITECTURE.md holds
+// more than 300 characters, so that the page stays one a newcomer maps in
+// ten minutes: a cell says what a part is and why, and the detail is in
+// the topic doc it links.
+func TestArchitectureCellsAreShort(t *testing.T) {
+	const page, most = "ARCHITECTURE.md", 300
+	b, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var header []string
+	cellCount, longest := 0, 0
+	for i, line := range strings.Split(string(b), "\n") {
+		trimmed := strings.TrimSpace(line)
+		if !strings.HasPrefix(trimmed, "|") {
+			header = nil
+			continue
+		}
+		row := strings.Split(strings.Trim(trimmed, "|"), "|")
+		for j := range row {
+			row[j] = strings.TrimSpace(row[j])
+		}
+		if header == nil {
+			header = row
+			continue
+		}
+		if strings.Trim(strings.Join(row, ""), "-: ") == "" {
+			continue // the line under the header
+		}
+		for j, c := range row {
+			n := utf8.RuneCountInString(c)
+			cellCount++
+			longest = max(longest, n)
+			if n <= most {
+				continue
+			}
+			column := fmt.Sprint(j + 1)
+			if j < len(header) {
+				column = header[j]
+			}
+			t.Errorf("%s:%d: row %q, column %q: %d characters, more than %d (say what it is and why; the detail goes to the topic doc)", page, i+1, row[0], column, n, most)
+		}
+	}
+	if cellCount == 0 {
+		t.Errorf("%s: no table cell found: the check found nothing to check", page)
+	}
+	t.Logf("%s: %d table cells, the longest %d characters", page, cellCount, longest)
 }
 
 var (
