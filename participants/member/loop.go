@@ -23,9 +23,8 @@ type held struct {
 
 // lazyLog is a logger whose context (with) is added on the first event it
 // writes: a phase's (checkpoint, phase, seq, epoch) writes none at the
-// levels that are on for most phases, and a zerolog context costs 500
-// bytes made, per phase and member (5 % of what a member host allocated
-// in the scale benchmark).
+// levels that are on for most phases, and a zerolog context allocates
+// for every phase and member.
 type lazyLog struct {
 	base *zerolog.Logger
 	with func(zerolog.Context) zerolog.Context
@@ -219,8 +218,8 @@ func (m *Member) recreateFeed(ctx context.Context) bool {
 // the bridge numbers phases one by one and the member reads them all, so a
 // sequence past the next means the consumer skipped some (a delivery lost
 // while the stream elected a leader, redelivered only after AckWait, behind
-// the phases that follow it: a resume so lost left the member refusing
-// every later checkpoint and the release). The feed then reads again from
+// the phases that follow it: a resume so lost would leave the member
+// refusing every later checkpoint and the release). The feed then reads again from
 // after the last phase seen, and dl comes again behind what it skipped; a
 // gap that is still there after that (nothing was skipped) is taken as it
 // is.

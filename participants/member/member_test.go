@@ -898,7 +898,7 @@ func TestLostConsumerIsMadeAgain(t *testing.T) {
 
 // §3, Consumers: a pull that finds no responders while the member's
 // consumer is there (one just made on a cluster, before its leader serves
-// it: TestServerOperatorMode/cluster missed a checkpoint so) is lost, and
+// it) is lost, and
 // nats.go would pull again only after two missed heartbeats, 30 s. The
 // member pulls again at its retry and answers the next phases once each.
 func TestPullWithNoRespondersIsSentAgain(t *testing.T) {
@@ -1001,8 +1001,8 @@ func TestMemberCarriesOnAfterItsServerRestarts(t *testing.T) {
 // stream elected a leader, which the server redelivers only after AckWait,
 // behind the phases after it) sees the gap, reads the stream again from
 // after the last phase it saw, and answers the skipped phase before the
-// next: a lost resume no longer has the member refuse the next checkpoint
-// and the release. Here the consumer the member finds under its name
+// next, so that a lost resume does not have the member refuse the next
+// checkpoint and the release. Here the consumer the member finds under its name
 // never delivers resumes.
 func TestSkippedPhaseIsReadAgain(t *testing.T) {
 	env := jstest.Start(t)

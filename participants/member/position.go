@@ -15,24 +15,18 @@ import (
 
 // phaseFloor is the core feed's position: the phase sequence below which
 // every phase is handled, and the stream sequence below which every event
-// is, which only a phase read from the stream tells (one received on the
-// subscription carries no stream sequence). A restarted member catches up
-// from the stream sequence and skips the phases up to the phase sequence.
+// is (only a phase read from the stream carries one). A restarted member
+// catches up from the stream sequence and skips the phases up to the
+// phase sequence.
 //
-// The position is written durably at most once every positionEvery (and
-// when the feed stops): a file written (and synced) for each phase cost a
-// fleet of daemons more than their acks did (13% of the scale benchmark's
-// member hosts' CPU at 1,000 members, 12% at 10,000 with a write every 2
-// s, when a checkpoint's phases come seconds apart). A position that lags is safe: a
-// restarted member reads the phases after it again, and one it answered
-// before is known by its ack on the stream (PROTOCOL §5, Idempotence), or
-// is idempotent (a resume). A sandbox daemon's prepare ack is not on the
-// stream: the position is written at once past a prepare, one write a
-// checkpoint, without the fsyncs (a process crash keeps it; a machine
-// crash takes the sandbox with it), and durably with the next timed write.
-// That write goes into the file in place (positionFile), one pwrite, where
-// a replace (create, write, close, rename) cost six system calls and two
-// directory changes per daemon per checkpoint.
+// It is written durably at most every positionEvery and when the feed
+// stops, as a write per phase costs a fleet of daemons more than their
+// acks. A position that lags is safe: the phases after it are read again,
+// and one answered is known by its ack or is idempotent (PROTOCOL §5,
+// Idempotence). A daemon's prepare ack is not on the stream, so past a
+// prepare the position is written at once, in place and without fsyncs
+// (positionFile): a process crash keeps it, a machine crash takes the
+// sandbox with it.
 type phaseFloor struct {
 	mu      sync.Mutex // run delivers, the loop handles, the timer flushes
 	run     string
@@ -159,7 +153,8 @@ func (f *phaseFloor) writeLocked(durable bool) error {
 }
 
 // positionFile writes the core feed's state file: durably by a replace
-// (writePosition), and otherwise in place, into the file kept open, the
+// (writePosition), and otherwise in place, into the file kept open (one
+// pwrite, where a replace is six system calls and two directory changes), the
 // JSON padded with spaces to the file's length (decodePosition trims
 // them). One write of a few hundred bytes at offset 0 is whole or absent
 // after a crash of the process; a crash of the machine may bring back the

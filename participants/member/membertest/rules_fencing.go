@@ -64,8 +64,7 @@ func fencingRules(t *testing.T, h Suite) {
 		hd := s.start(a, Options{})
 		eps := hd.Subject.AddWork(t, 2)
 		release := hd.Subject.Hold(eps[0])
-		// Long enough for the other episode to pause on a loaded machine
-		// (it took 400 ms beside make test's other packages).
+		// Long enough for the other episode to pause on a loaded machine.
 		hdr := s.bridge.Header("c1", 3*time.Second, a)
 		seq := s.bridge.Publish(events.Prepare{PhaseHeader: hdr})
 		p := s.bridge.Ack(seq, events.PhasePrepare, a).(events.PrepareAck)
