@@ -21,10 +21,9 @@ import (
 // for the bridge's life. Each phase just published is gathered from it:
 // the inbox of its sequence is opened before the phase is published, so
 // that every ack of it comes after, and the feed hands each ack to the
-// inbox its subject names. A consumer made for each phase put its creation,
-// a round trip through a busy server (170 ms at 1,000 members on one node),
-// on the path of every phase, between its publish and its first ack read.
-// A phase read back by a replay still reads its own acks, from the first
+// inbox its subject names. One consumer for the bridge's life keeps a
+// consumer's creation, a round trip through a busy server, off the path
+// between a phase's publish and its first ack. A phase read back by a replay still reads its own acks, from the first
 // (openAcks).
 //
 // The sandbox daemons' acks are not stored (PROTOCOL §3, acks): the inbox

@@ -20,9 +20,9 @@ import (
 // (events.AckRecorded: commit, restore, retire, forget, release), each on
 // its ack subject, once (expected last subject sequence 0), as the
 // daemon's own event. The audit log, a bridge that replays the phase and a
-// daemon that sees the phase again then find it where a daemon used to
-// store it itself, before its credentials lost every write into the
-// stream (PROTOCOL §3, live acks). A gathering records only the acks its
+// daemon that sees the phase again then find it on the stream, where a
+// daemon, whose credentials write nothing there, cannot put it (PROTOCOL
+// §3, live acks). A gathering records only the acks its
 // gate took: one a daemon, at most. It is used on the driver's goroutine;
 // its workers publish, and close waits for them.
 type ackRecords struct {

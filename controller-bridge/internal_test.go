@@ -468,8 +468,8 @@ func TestLeaderObjects(t *testing.T) {
 // a filter, headers, data, sequence and time as stored, and
 // ErrMsgNotFound when nothing matches. On a 3-node cluster a direct get
 // may be answered by a replica that has not applied the bridge's last
-// phase, and the next phase, fenced on it, was refused as another
-// bridge's (the scale benchmark, R3, 1,000 members, every few cycles).
+// phase, and the next phase, fenced on it, would be refused as another
+// bridge's.
 func TestLeaderLastMsg(t *testing.T) {
 	env := jstest.StartCluster(t, jstest.WithRoles())
 	nc, js := env.As(embedded.RoleBridge).Connect(t)

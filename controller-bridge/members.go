@@ -23,20 +23,17 @@ import (
 // who is alive, and as which process instance. One ordered consumer of each
 // bucket's stream keeps it for the bridge's life, and an operation that
 // needs it first waits until it has read both buckets as far as they were
-// when asked (sync), so that it is as fresh as a read of every key would be.
-// Before it, each operation read every key and each phase gathered watched
-// every key again: at 10,000 sandbox daemons, 3 MB read and decoded three
-// times a checkpoint, and each watch stopped with an update in flight left
-// nats.go's sender blocked for good.
+// when asked (sync), so that it is as fresh as a read of every key would be,
+// without reading every key per operation or a watch per phase (a watch
+// stopped with an update in flight leaves nats.go's sender blocked).
 //
-// A key that expires leaves no marker in either bucket (issue 29: the
-// markers needed roll-ups, with which any member's own key purged every
-// other): the view takes a member whose last heartbeat the server stored
-// its bucket's TTL ago for gone when it lists or starts a watch, and a
-// phase's watch, looked at every second while the phase runs (expire, from
-// the driver's probe timer), tells of one whose heartbeat expires then, as
-// the marker did; the probe finds a sandbox daemon that dies sooner
-// (PROTOCOL §3, Liveness).
+// A key that expires leaves no marker in either bucket (markers need
+// roll-ups, with which a member's own key could purge every other): the
+// view takes a member whose last heartbeat the server stored its bucket's
+// TTL ago for gone when it lists or starts a watch, and a phase's watch,
+// looked at every second while the phase runs (expire, from the driver's
+// probe timer), tells of one whose heartbeat expires then; the probe finds
+// a sandbox daemon that dies sooner (PROTOCOL §3, Liveness).
 type memberView struct {
 	mu      sync.Mutex
 	cond    *sync.Cond // broadcast when a bucket's seq moves or the view fails

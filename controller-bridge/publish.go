@@ -207,12 +207,10 @@ func unanswered(ctx context.Context, err error) bool {
 // saveHead records the run's head after a phase publish, in the
 // background: the stream holds the phase until it ages out (MaxAge, days),
 // so the head is not on the path of an operation, which has three phases
-// to publish and each head write two round trips (a 10,000-member cycle on
-// a loaded 3-node cluster waited seconds on them). A later head replaces
-// one not written yet. The next operation does not wait for it: a head
-// in flight names a phase the stream holds, which state reads first (the
-// wait cost a 1,000-member cycle a fifth of its time, the head's two
-// round trips queued behind the resume's acks). Status and Run's end
+// to publish and each head write two round trips. A later head replaces
+// one not written yet. The next operation does not wait for it either (its
+// round trips queue behind the resume's acks): a head in flight names a
+// phase the stream holds, which state reads first. Status and Run's end
 // wait for it (flushHead). Best effort: a failed write is logged.
 func (b *Bridge) saveHead(ctx context.Context, h events.PhaseHeader) {
 	b.heads.mu.Lock()

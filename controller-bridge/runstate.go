@@ -70,9 +70,7 @@ func (b *Bridge) lastPhase(ctx context.Context, phase events.Phase) (p machine.P
 		subject = events.PhaseSubject(b.cfg.Run, phase)
 	}
 	// From the leader: the next phase is fenced on what this returns,
-	// and a replica behind the bridge's last publish would fence it out
-	// (a 3-node cluster under load did, every few checkpoints, once the
-	// operation no longer waited for the head's write).
+	// and a replica behind the bridge's last publish would fence it out.
 	raw, err := leaderLastMsg(ctx, b.cfg.Conn, jetstream.StreamName, subject)
 	if errors.Is(err, natsjs.ErrMsgNotFound) {
 		return p, false, nil

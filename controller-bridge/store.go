@@ -344,7 +344,7 @@ const deleteTries = 10
 // leader's listing just showed. The delete reads the object's info first
 // with a direct get, which any replica may answer: one still catching up
 // after its node came back says "not found" for an object that is there,
-// and the delete did nothing (the final release left records behind). So
+// and the delete does nothing (a final release would leave records). So
 // "not found" is believed only once the object's meta message, read from
 // the stream's leader, says so too, and the delete is tried again until
 // then.
@@ -381,9 +381,8 @@ func (b *Bridge) deleteRecords(ctx context.Context, store natsjs.ObjectStore, bu
 // subjects of their meta messages from the stream's info (which the leader
 // answers), each message read from the leader. A listing through a
 // consumer (ObjectStore.List) can be served by a replica still catching up
-// after its node came back, and miss objects written while it was away:
-// the fault matrix found a release that deleted a checkpoint but none of
-// its records so.
+// after its node came back, and miss objects written while it was away,
+// so that a release would delete a checkpoint and leave its records.
 func leaderObjects(ctx context.Context, js natsjs.JetStream, nc *nats.Conn, bucket, prefix string) ([]string, error) {
 	s, err := js.Stream(ctx, "OBJ_"+bucket)
 	if err != nil {

@@ -81,7 +81,7 @@ func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint stri
 		}
 		// The consumer counts what is left of the run's events: none, and
 		// the timeline is read to where it stood. (A wildcard last-message
-		// lookup, used before, found no responder on a cluster.)
+		// lookup can find no responder on a cluster.)
 		if md.NumPending == 0 {
 			return out, nil
 		}

@@ -30,8 +30,7 @@ func (c *Collector) restoreRequest(now time.Time) bridgeapi.RestoreRequest {
 }
 
 // askRestore asks the bridge for restore req.ID. If the answer is lost
-// (the bridge died mid-restore: issue 16's fault matrix found the
-// collector exiting then), it reads what became of the restore from its
+// (the bridge died mid-restore), it reads what became of the restore from its
 // outcome on the stream, and while there is none asks a bridge again for
 // the same id, until lostAnswerWait passes: a bridge started again
 // finishes the restore the dead one left open before it takes another

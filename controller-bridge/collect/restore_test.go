@@ -40,10 +40,9 @@ func (l *lostRestore) Restore(ctx context.Context, req bridgeapi.RestoreRequest)
 	return l.Controller.Restore(ctx, req)
 }
 
-// A restore whose answer is lost is found by its id: its outcome on the
-// stream when the bridge ran it (the collector used to exit, issue 16's
-// fault matrix: a bridge killed after publishing a restore), or asked
-// again when it never began.
+// A restore whose answer is lost (a bridge killed after publishing it) is
+// found by its id: its outcome on the stream when the bridge ran it, or
+// asked again when it never began.
 func TestRestoreAnsweredAfterALostAnswer(t *testing.T) {
 	for _, done := range []bool{true, false} {
 		name := map[bool]string{true: "ran", false: "never-began"}[done]

@@ -29,9 +29,9 @@ func (f *flakyRetire) Retire(context.Context, []string) (*bridgeapi.OpResult, er
 	return &bridgeapi.OpResult{Status: bridgeapi.StatusCompleted}, nil
 }
 
-// A retire that fails is asked again, retireTries times in all (issue 16:
-// a fleet killed and started again during a recovery failed the retire
-// and with it the whole collection); one that keeps failing is an error.
+// A retire that fails is asked again, retireTries times in all (a fleet
+// killed and started again during a recovery fails a retire, which must
+// not end the collection); one that keeps failing is an error.
 func TestRetireAsksAgain(t *testing.T) {
 	ctl := &flakyRetire{fails: 2}
 	c := &Collector{cfg: Config{Controller: ctl}, log: zerolog.Nop()}

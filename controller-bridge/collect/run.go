@@ -115,9 +115,8 @@ func (c *Collector) Run(ctx context.Context) (Summary, error) {
 // restore goes only into members that have served nothing): the rollouts
 // their predecessors ran would start over rather than continue from the
 // last checkpoint. A recovery that fails ends it without the checkpoint;
-// one that succeeds does not drop it (the demo's third checkpoint was
-// lost so: asked just as a late second notice of a restart already
-// restored came).
+// one that succeeds does not drop it, even when it answers a late notice
+// of a restart already recovered from.
 func (c *Collector) checkpointOrRecover(ctx context.Context) error {
 	for {
 		select {
