@@ -24,9 +24,10 @@ const (
 	// while the server does not answer within the dial's timeout, each
 	// dial given twice the last one's (up to MaxConnectTimeout), unless ctx
 	// ends first: a process started beside a busy server (a loaded
-	// machine, a guest under emulation behind its user-mode network) took
-	// more than one dial's 2 s, exited, and took its sandbox with it. A
-	// refused connection or an authentication error is not tried again.
+	// machine, a guest under emulation behind its user-mode network) may
+	// need more than one dial's 2 s, and a member that exits takes its
+	// sandbox with it. A refused connection or an authentication error is
+	// not tried again.
 	SlowConnectFor = 30 * time.Second
 	// MaxConnectTimeout bounds one dial of the first connection's tries.
 	MaxConnectTimeout = 10 * time.Second

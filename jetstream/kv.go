@@ -48,8 +48,8 @@ type KVEntry struct {
 // watcher's initial-values marker: the watcher counts the messages it
 // received against the count at its start, so a key written again while it
 // reads (its older message gone) lets another key's newer message stand in
-// for it, and the marker comes before that key's value. Under heartbeats a
-// read of the members then left live members out (TestKVValuesWhileKeysAreWritten).
+// for it, and the marker comes before that key's value: under heartbeats a
+// read of the members would leave live members out (TestKVValuesWhileKeysAreWritten).
 // Its consumer is deleted when it returns, and no goroutine outlives it.
 func KVEntries(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, filter string) (map[string]KVEntry, error) {
 	bucket := kv.Bucket()

@@ -54,9 +54,8 @@ const (
 	// BucketMembers: a member that stops heartbeating is gone after it.
 	DefaultMemberTTL = 30 * time.Second
 	// DefaultSandboxTTL is the TTL of a sandbox daemon's heartbeat: longer, since there are
-	// thousands of them (10,000 daemons beating every 10 s were 1,000 replicated writes a
-	// second, a third of a checkpoint's cost on a 3-node cluster), and the bridge finds a dead
-	// daemon of a phase sooner by asking it (PROTOCOL §3, Liveness).
+	// thousands of them and each beat is a replicated write, and the bridge finds a dead daemon
+	// of a phase sooner by asking it (PROTOCOL §3, Liveness).
 	DefaultSandboxTTL = 2 * time.Minute
 	// DefaultManifestHistory is the number of revisions BucketManifests keeps per key, so that
 	// the bucket's stream shows recent moves of <run>.LATEST (docs/POSTMORTEM.md).

@@ -36,7 +36,7 @@
 // each way restricts and what it does not.
 //
 // Shutdown, on a Server or a Cluster, stops and waits until everything has stopped; it is safe to
-// call twice. Shutdown time grows with the number of file-backed consumers (about 10 ms each).
+// call twice. Shutdown time grows with the number of file-backed consumers.
 //
 // This package imports nats-server, a large dependency; code that only talks to a bus imports
 // jetstream instead.

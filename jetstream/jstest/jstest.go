@@ -427,17 +427,12 @@ func (v *violations) check(t testing.TB) {
 //	func TestMain(m *testing.M) { leak.VerifyTestMain(m, jstest.LeakOptions()...) }
 //
 // It ignores one goroutine of nats.go v1.55.0, and only while it is
-// blocked forever. The object store's Put publishes its chunks through a
-// JetStream context of its own, whose first PublishAsync starts
-// resetPendingAcksOnReconnect; that goroutine reads the context's status
-// channel once it runs, under the publisher's lock. Put ends with
-// cleanupReplySub, which removes the status listener and sets that field to
-// nil under the same lock. When Put ends before the goroutine first ran (a
-// loaded machine's scheduler delays it: about one Put in two hundred with
-// two CPU hogs beside the tests), the goroutine reads nil and blocks on a
-// nil channel for good: no close of the connection or of anything else can
-// end it. Every other goroutine of nats.go ends once jstest closed the
-// connection, and is waited for, so it needs no ignore.
+// blocked forever: resetPendingAcksOnReconnect, which the object store's
+// Put starts with its first PublishAsync, reads the status channel that
+// Put's cleanupReplySub sets to nil. When Put ends before the goroutine
+// first ran (a loaded machine's scheduler delays it), the goroutine blocks
+// on a nil channel for good, and nothing can end it. Every other goroutine
+// of nats.go ends once jstest closed the connection, and is waited for.
 func LeakOptions() []leak.Option {
 	return []leak.Option{leak.IgnoreBlockedForever("github.com/nats-io/nats.go/jetstream.(*jetStream).resetPendingAcksOnReconnect")}
 }
