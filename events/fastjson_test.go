@@ -87,7 +87,7 @@ func TestFastDecodeGivesUp(t *testing.T) {
 // TestFastDecodeLeavesLargeObjects: an object with more keys than any
 // payload's (a counts of 100,000 entries in a ~1 MB ack) is left to
 // encoding/json once it passes maxFastKeys, not checked for repeated keys
-// one by one against all before it (which took seconds); Validate then
+// one by one against all before it (seconds of work); Validate then
 // refuses it.
 func TestFastDecodeLeavesLargeObjects(t *testing.T) {
 	var b strings.Builder

@@ -45,7 +45,7 @@ type HeardAck struct {
 // ready and still (Acks, the first MaxListed). It comes in Parts events of
 // at most a few hundred kilobytes, each with the same counts, lists and
 // tallies and its own share of the acks. Members of other kinds store
-// their acks, as before.
+// their prepare acks in the stream themselves.
 type PrepareAcked struct {
 	// Run is the run id.
 	Run string `json:"run"`

@@ -14,9 +14,8 @@ import (
 // listed once, in a roster event on the stream (sp.<run>.roster.<seq>),
 // and the phase names that event by its stream sequence, count and digest.
 // So a phase stays a few hundred bytes at any number of sandboxes, and
-// every daemon decodes that much, not the whole fleet's names: with the
-// names inline, N daemons each decoding N names made a checkpoint's cost
-// grow with N².
+// every daemon decodes that much, not the whole fleet's names, which
+// would make a checkpoint's cost grow with N² (N daemons decoding N names).
 
 // TypeRoster is the type of a roster event.
 const TypeRoster Type = "dev.stillpoint.roster.sandboxes.v1"

@@ -23,8 +23,8 @@ func ManifestKey(run, checkpoint string) string { return run + "." + checkpoint 
 
 // MemberManifestKey returns the sp_manifests key of one member's manifest,
 // <run>.<checkpoint>.<member>: where members of schema-1 runs created it.
-// Members no longer write it (PROTOCOL-HISTORY §35): their commit ack records the
-// manifest, and the checkpoint's member list gathers them.
+// Members of schema-2 runs do not write it (PROTOCOL-HISTORY §35): their commit ack records
+// the manifest, and the checkpoint's member list gathers them.
 func MemberManifestKey(run, checkpoint string, m Member) string {
 	return run + "." + checkpoint + "." + string(m)
 }
