@@ -257,10 +257,10 @@ func busUnanswered(err error) bool {
 // daemonDied asks sandbox's daemon whether it is there until it answers
 // or has not for events.AliveUnanswered (ackBook.answers, within twice
 // that), and reports whether it is gone; one found gone is gone for the
-// book too. One whose ctx ends first is not found gone. A call that found no answer may be one the daemon died under,
-// and its heartbeat outlives it (a sandbox daemon's lives 2 minutes:
-// PROTOCOL §3, Liveness): the fault matrix found such a run failing as a
-// whole instead of starting over in a new sandbox.
+// book too. One whose ctx ends first is not found gone. A call that found
+// no answer may be one the daemon died under, and its heartbeat outlives
+// it (a sandbox daemon's lives 2 minutes: PROTOCOL §3, Liveness): asking
+// lets such a run start over in a new sandbox rather than fail as a whole.
 func (a *Agent) daemonDied(ctx context.Context, sandbox string) bool {
 	if a.daemons.isGone(sandbox) {
 		return true

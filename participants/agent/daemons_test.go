@@ -473,8 +473,7 @@ func (s heldStop) Stop(ctx context.Context, _ string, _ bool) (sandboxapi.Receip
 // goes while it holds the stop: an owner that retires the same attempt
 // stops the sandbox, and the launch with it. The cleanup takes the daemon
 // for gone once it answers no alive query, and goes on to the session,
-// rather than waiting out its 30 s bound: chaos, with an owner per node,
-// found every such retire taking 30 s.
+// rather than waiting out its 30 s bound on every such retire.
 func TestCleanupOfALaunchWhoseDaemonWent(t *testing.T) {
 	tier.Long(t)
 	a := agentWithLiveDaemon(t)

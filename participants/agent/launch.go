@@ -313,8 +313,7 @@ const reconnectPoll = 250 * time.Millisecond
 // acrossReconnects runs a long request (a grade may take an hour) and asks
 // again when the connection reconnects while it waits: a request or its
 // answer in flight when a server went away is lost, and the request would
-// otherwise wait out its whole timeout (a run stalled for hours after a
-// NATS restart). The callee must take a repeated request: the owner's
+// otherwise wait out its whole timeout, hours for a grade. The callee must take a repeated request: the owner's
 // verify answers a repeat from the grade already asked (running, or
 // answered within verifyKept), not with a second grade.
 func acrossReconnects[T any](ctx context.Context, nc *nats.Conn, fn func(context.Context) (T, error)) (T, error) {
