@@ -166,7 +166,7 @@ func Locate(driverPath string) (Host, error) {
 // Binds stages h's programs in the host directory stage (hard links, or
 // copies where a link cannot be made: once per owner, not per sandbox) and
 // returns the bind that shows it read-only at SandboxBinDir in every
-// sandbox, so that no snapshot copies 177 MB of OpenCode.
+// sandbox, so that no snapshot copies OpenCode.
 func (h Host) Binds(stage string) ([]provider.Bind, error) {
 	if err := os.MkdirAll(stage, 0o755); err != nil {
 		return nil, err

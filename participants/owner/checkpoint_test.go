@@ -236,9 +236,9 @@ func TestRelease(t *testing.T) {
 
 // A run's owners (one a node) share the snapshot index: each release
 // decides the entries its owner wrote alone, and reads past another
-// owner's mark, a key with no value that is no entry. The demo with an
-// owner per node found both releasing every entry, and each failing on the
-// other's mark, so that the final release deleted nothing of the bridge's.
+// owner's mark, a key with no value that is no entry: owners that each
+// released every entry would fail on each other's marks, and the final
+// release would delete nothing of the bridge's.
 func TestReleaseOfOneOwnerAmongSeveral(t *testing.T) {
 	env := jstest.Start(t)
 	ctx := t.Context()

@@ -39,14 +39,12 @@ type SandboxdConfig struct {
 	Args []string
 	// BinDir, when set, is a host directory holding Binary (and whatever
 	// else sandboxes run, such as a harness), shown read-only at BinDir in
-	// each sandbox instead of copied in: snapshots then carry none of it
-	// (with 64 sandboxes, a copied 13 MB daemon alone made every commit
-	// copy 0.8 GB).
+	// each sandbox instead of copied in: snapshots then carry none of it.
 	BinDir string
 	// Binds are more host directories shown read-only in every sandbox
 	// and every fork: the programs a harness runs that are the same for
-	// all (OpenCode, ripgrep and the OpenCode driver, 190 MB that no
-	// snapshot copies).
+	// all (OpenCode, ripgrep and the OpenCode driver), which no snapshot
+	// copies.
 	Binds []provider.Bind
 }
 

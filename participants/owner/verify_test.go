@@ -161,9 +161,8 @@ func TestVerifyAskedAgainIsAnsweredOnce(t *testing.T) {
 
 // The members of a checkpoint prepare each on their own: an agent's
 // prepare may hold a run at its verify bookmark while the owner, whose
-// prepare comes after, has ended the graded session and sent the verdict
-// (the race that lost five rollouts of TestManyRolloutsThroughCheckpoints
-// AndACrash in CI). The owner's export carries the verdict of the ended
+// prepare comes after, has ended the graded session and sent the verdict.
+// The owner's export carries the verdict of the ended
 // session, and a restored owner answers the restored run's verify with
 // it: the grade ran once, and the rollout is not lost for want of a
 // sandbox. A retire forgets the verdict; a malformed verdict record is

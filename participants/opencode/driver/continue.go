@@ -26,8 +26,8 @@ const ServerUser = "opencode"
 var listening = regexp.MustCompile(`listening on (http://[0-9.]+:[0-9]+)`)
 
 // serveWait bounds how long the server may take to listen: long enough
-// for OpenCode's start on a busy machine (a start is seconds of CPU, and
-// make test saw it take over a minute), short of the launch's own bound,
+// for OpenCode's start on a busy machine (seconds of CPU, much longer in
+// wall time when the cores are shared), short of the launch's own bound,
 // which ends a wedged start in any case. A server that exits fails the
 // continuation at once.
 const serveWait = 5 * time.Minute
