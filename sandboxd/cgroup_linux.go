@@ -68,9 +68,8 @@ func cgroupParent(root, name string) (cgroup.Dir, error) {
 // with a probe named for self. Any failure means freeze is unavailable.
 //
 // The parent is looked at only once the probe is in it: a supervisor
-// leaving removes the shared parent when it is empty, and did so between
-// this one's mkdir and its look (CI found New without freeze, the parent
-// gone, while three supervisors came and went).
+// leaving removes the shared parent when it is empty, which may fall
+// between this one's mkdir and its look.
 func prepareCgroupParent(parent cgroup.Dir, self sandboxapi.Identity) error {
 	probe := parent.Child(fmt.Sprintf("probe-%d-%d-%08x", self.PID, self.Start, rand.Uint32()))
 	if err := createChain(parent, probe); err != nil {

@@ -336,8 +336,8 @@ func TestUnconfirmedPauseFallsBack(t *testing.T) {
 
 // In stop mode, a process that is runnable with SIGSTOP pending only
 // waits for a core: a pause past the confirm timeout waits for it up to the
-// pending timeout, as for one in D, instead of falling back (make bench's
-// 2,400-process pause did so beside a CI run). The confirm timeout is 1 ns,
+// pending timeout, as for one in D, instead of falling back (a large
+// tree's pause on a busy machine would). The confirm timeout is 1 ns,
 // so every pause of eight busy loops on two cores finds some still
 // runnable at its first look; each must be confirmed, with every thread
 // stopped.

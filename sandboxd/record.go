@@ -95,8 +95,8 @@ func decodeRecord(b []byte, id string) (sandboxapi.Record, error) {
 // the machine (atomicfile.Write); the states in between (paused, running
 // again) are rewritten at every pause and continue, and after a crash of
 // the machine every launch is dead and recovered as lost whatever state its
-// record shows, so they are only replaced (atomicfile.Replace), without
-// the fsyncs that would double the cost of a pause.
+// record shows, so they are only replaced (atomicfile.Replace), keeping
+// fsyncs off the path of every pause and continue.
 func writeRecord(dir string, r *sandboxapi.Record, durable bool) error {
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {

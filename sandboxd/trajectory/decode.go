@@ -1,14 +1,14 @@
 package trajectory
 
 // decodePayload reads one reply or stream chunk into p as json.Unmarshal
-// would, in one pass and without reflection (it was most of what a capture
-// costs): the same values, into the same nil or empty slices, from keys
-// matched the same way (exactly, else case-insensitively), an error where
-// encoding/json gives one (bad syntax, a value of the wrong type, an int
-// that is not one, nesting over maxDepth). As encoding/json, it decodes a
-// key given twice into what the first left (scalars replaced, objects and
-// arrays' elements merged), and leaves a string or number given null as
-// it was. The raw values (usage, error, content) are slices of data.
+// would, in one pass and without reflection, since a capture decodes every
+// chunk of every call: the same values, into the same nil or empty slices,
+// from keys matched the same way (exactly, else case-insensitively), an
+// error where encoding/json gives one (bad syntax, a value of the wrong
+// type, an int that is not one, nesting over maxDepth). As encoding/json,
+// it decodes a key given twice into what the first left (scalars replaced,
+// objects and arrays' elements merged), and leaves a string or number
+// given null as it was. The raw values (usage, error, content) are slices of data.
 // FuzzDecodePayload holds it to json.Unmarshal.
 func decodePayload(data []byte, p *payload) error {
 	d := decoder{data: data}

@@ -12,15 +12,15 @@ import (
 // other members and its messages, in one pass of the decoder (decode.go).
 
 // splitRequest splits a request body into its model, its other members
-// (params) and its messages, each compact, as splitRequestStd did with
+// (params) and its messages, each compact, as splitRequestStd does with
 // encoding/json (json.Unmarshal into a map[string]json.RawMessage, then
 // marshalPlain of the map less messages) but in one pass and without
-// reflection, which was most of what capturing a call cost. It gives the
-// same bytes, and an error where that did: a member given twice counts
-// as the last (names compared unquoted); params holds the members but
-// messages, sorted by name (one form for equal fields), each name quoted
-// as encoding/json quotes a map's key, or is null for a null body; the
-// model is "" unless a string. What it returns is its own, not slices of
+// reflection, since every captured call is split. It gives the same bytes,
+// and an error where that does: a member given twice counts as the last
+// (names compared unquoted); params holds the members but messages, sorted
+// by name (one form for equal fields), each name quoted as encoding/json
+// quotes a map's key, or is null for a null body; the model is "" unless
+// a string. What it returns is its own, not slices of
 // body. FuzzSplitRequest holds it to splitRequestStd.
 func splitRequest(body []byte) (model string, params json.RawMessage, msgs []json.RawMessage, err error) {
 	d := decoder{data: body}
