@@ -25,7 +25,7 @@ func TestFindWaitsForGoroutinesOnTheirWayOut(t *testing.T) {
 	}()
 	// TestIgnoreBlockedForever leaves a goroutine that can never end (it
 	// blocks on a nil channel): ignored here, so that the two pass in any
-	// order (make flakes found this one failing after it).
+	// order (-shuffle).
 	if err := find(time.Minute, []Option{IgnoreBlockedForever(blockOnName)}); err != nil {
 		t.Fatalf("find: %v", err)
 	}

@@ -54,8 +54,8 @@ func TestReadStatOfThisProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The process's state is its leader thread's, which need not be the
-	// one running this test: any state of a live thread (make flakes
-	// found it sleeping, 'S', under -shuffle beside CPU hogs).
+	// one running this test: any state of a live thread (sleeping, 'S',
+	// on a loaded machine).
 	if !strings.ContainsRune("RSD", rune(st.State)) || st.PPID != os.Getppid() || st.Threads < 1 || st.Start == 0 {
 		t.Fatalf("stat of the test process: %+v", st)
 	}

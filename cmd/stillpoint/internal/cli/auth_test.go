@@ -335,9 +335,8 @@ func TestServerOperatorMode(t *testing.T) {
 					t.Errorf("%s's manifest of c1: %d records in %q, want some in %q", m, man.Count, man.Bucket, want)
 				}
 			}
-			// A live member's durable consumer deleted (as a sandbox's workload
-			// did before issue 16): the run goes on, and the next checkpoint
-			// commits with every member.
+			// A live member's durable consumer deleted under it: the run
+			// goes on, and the next checkpoint commits with every member.
 			if err := bus.Stream.DeleteConsumer(ctx, "sp_r1_agent_a1"); err != nil {
 				t.Fatal(err)
 			}

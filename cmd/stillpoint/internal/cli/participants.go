@@ -369,7 +369,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	}
 	if filepath.Dir(f.sandboxd) == filepath.Dir(f.harness) && filepath.Base(f.harness) == filepath.Base(scripted.HarnessPath) {
 		// Both binaries in one directory: it is shown read-only in each
-		// sandbox, not copied, so snapshots do not carry 20 MB of them.
+		// sandbox, not copied, so snapshots do not carry them.
 		sd.BinDir = filepath.Dir(f.sandboxd)
 	}
 	kind, err := newKind(taskKindConfig{sandboxd: sd, harness: f.harness, pinLimit: f.pinLimit})

@@ -136,8 +136,8 @@ const (
 	harnessOpenCode = "opencode"
 )
 
-// openCodeInFlight is the most OpenCode rollouts the demo runs at once
-// (0.6 GB each).
+// openCodeInFlight is the most OpenCode rollouts the demo runs at once:
+// each is a large process (docs/OPENCODE.md, What the tests cost).
 const openCodeInFlight = 8
 
 // demo is one demo run's world.
