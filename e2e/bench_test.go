@@ -44,22 +44,20 @@ func benchShapeOf() benchShape {
 // rollouts end to end: the bridge in this process, an owner (overlay
 // sandboxes) and two agents as stillpoint processes, 64 sandboxes each
 // running sandboxd and the scripted harness, every harness in the middle
-// of a tool call (under -short, make test: 4 rollouts, 2 rounds, benchShapeOf).
-// It takes 10 checkpoints in a row and reports per phase the p50 and p90 (and the max, in the table it prints) of
-// prepare and commit (the bridge's own timing, CheckpointResult.PrepareMS
-// and CommitMS), resume (the resume phase's stream time to the last
-// member's resume ack, as the bridge's record of them says) and total
-// (the prepare phase's stream time to the last resume ack). The table also says where each phase's time went:
-// per member class, when its last ack arrived and the longest handling
-// time a member reported; and what the owner's snapshots took.
+// of a tool call (under -short, make test: 4 rollouts, 2 rounds,
+// benchShapeOf). It takes 10 checkpoints in a row and reports the p50 and
+// p90 of prepare and commit (the bridge's CheckpointResult.PrepareMS and
+// CommitMS), resume (the resume phase's stream time to the last resume
+// ack, as the bridge's record says) and total (the prepare's stream time
+// to the last resume ack); the table it prints adds the max, each member
+// class's last ack and longest reported handling, and the owner's
+// snapshots. The baseline, taken first in the same process and fleet, is
+// as many checkpoints with nothing in flight (no sandboxes); the *-ratio
+// metrics are live p50 over baseline p50.
 //
-// Baseline, same process and fleet, taken first: the same number of
-// checkpoints with nothing in flight (owner and agents idle, no
-// sandboxes). The *-ratio metrics are live p50 over baseline p50.
-//
-// Each run takes its fixed rounds whatever b.N is: use -benchtime 1x.
-// A run takes about two and a half minutes, most of it waiting for the
-// tools to end, and needs root (overlay sandboxes, cgroups).
+// Each run takes its fixed rounds whatever b.N is: use -benchtime 1x. A
+// run takes minutes, most of it waiting for the tools to end, and needs
+// root (overlay sandboxes, cgroups).
 func BenchmarkCheckpoint64LiveRollouts(b *testing.B) {
 	shape := benchShapeOf()
 	if b.N > 1 {

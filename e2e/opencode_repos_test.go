@@ -44,9 +44,8 @@ const (
 // (1 after the fix, 0 for the control task), no model call repeated and
 // no user turn injected. A rollout that fails leaves its OpenCode session
 // folders, with their export, in the test's artifacts (sessionKeeper), and
-// a line on their last messages in the log. Cost: about 3 minutes, 8
-// OpenCode processes at once (0.6 GB and 4 s of CPU to start each), then
-// as many again.
+// a line on their last messages in the log. It runs 8 OpenCode processes
+// at once, then as many again.
 func TestOpenCodeRepoTasksThroughTwoCheckpointsAndACrash(t *testing.T) {
 	tier.E2E(t)
 	parallel(t, 1.25, 3*time.Minute)

@@ -31,8 +31,7 @@ import (
 
 // The OpenCode tests run the real OpenCode (opencode.Binary) in real
 // sandboxes, through the owner's --opencode and the agent's --adapter
-// opencode. Each OpenCode process takes about 0.6 GB and 4 s of CPU to
-// start.
+// opencode. What each costs is in docs/OPENCODE.md, What the tests cost.
 
 // id returns the rollout id of the fleet's task i.
 func (f *fleet) id(i int) string { return f.tasks[i].RolloutID }
@@ -404,8 +403,8 @@ func (f *fleet) checkOpenCodeLedger(task string, want string) {
 // While paused, no process of the launch runs (each one's CPU time is the
 // same) and OpenCode's store (opencode.db, -wal, -shm) does not change;
 // the same launch finishes the task (one launch, four pauses, the test
-// passes) with every model call made once. Cost: about 2.5 minutes of
-// wall time, most of it the 2-minute pause, and two OpenCode processes.
+// passes) with every model call made once. It runs two OpenCode
+// processes, and the 2-minute pause is most of its time.
 func TestOpenCodePausedFourTimes(t *testing.T) {
 	tier.E2E(t)
 	parallel(t, 0.5, 150*time.Second)
@@ -421,10 +420,9 @@ func TestOpenCodePausedFourTimes(t *testing.T) {
 			out := f.dispatch(ctx, 0, 0)
 			l := f.findLaunch(id)
 
-			// OpenCode's start, 4 s of CPU alone, took over a minute
-			// in make test's first minutes on a fresh machine: the wait
-			// is for it to get there, bounded by the test's budget, not
-			// a claim on its speed.
+			// OpenCode's start is slow on a busy machine: the wait is for
+			// it to get there, bounded by the test's budget, not a claim
+			// on its speed.
 			poll.Wait(t, 3*time.Minute, "OpenCode in its first test run", func() bool {
 				return f.answered(id, turnTest1) && l.has("sleep")
 			})
@@ -478,8 +476,8 @@ func TestOpenCodePausedFourTimes(t *testing.T) {
 // where the driver continues the saved session: no new user message (the
 // ledger), the saved user turns unchanged (the driver checks them, or the
 // launch fails), the interrupted test run re-issued once, the task's test
-// passing in the fork. Cost: about 40 s, two OpenCode processes one after
-// the other.
+// passing in the fork. It runs two OpenCode processes, one after the
+// other.
 func TestOpenCodeSnapshotForksIntoAContinuation(t *testing.T) {
 	tier.E2E(t)
 	parallel(t, 0.25, 45*time.Second)
@@ -545,8 +543,8 @@ func TestOpenCodeSnapshotForksIntoAContinuation(t *testing.T) {
 // agents and the owner (the restarted owner stops the sandboxes they
 // left). The restore forks every sandbox and continues every rollout; each
 // returns exactly one result with a full grade, no model call is repeated
-// and no user turn injected. Cost: about a minute, four OpenCode
-// processes at once, then four more.
+// and no user turn injected. It runs four OpenCode processes at once,
+// then four more.
 func TestOpenCodeRolloutsThroughACrash(t *testing.T) {
 	tier.E2E(t)
 	parallel(t, 1, 80*time.Second)
@@ -653,8 +651,8 @@ func TestOpenCodeRolloutsThroughACrash(t *testing.T) {
 // checkpoint stops the OpenCode launch mid-tool (the stop's SIGINT makes
 // the driver kill OpenCode at once: OpenCode itself would go on with the
 // next model call) and, after the resume, relaunches it on the saved
-// session, which the driver continues to the end of the task. Cost: about
-// 25 s, two OpenCode processes one after the other.
+// session, which the driver continues to the end of the task. It runs two
+// OpenCode processes, one after the other.
 func TestOpenCodeThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
 	tier.E2E(t)
 	parallel(t, 1, 30*time.Second)

@@ -86,17 +86,11 @@ const (
 // it. Each op is one Checkpoint call, prepare publish to resume publish.
 //
 // After the cycles the same processes run the bus floor of the protocol:
-// rounds of a core-NATS message that every member hears on its own
-// subscription and answers as a sandbox daemon answers the phase
-// (floorRounds: the prepare and the resume, each with a core-NATS ack;
-// the commit no daemon hears), and as many persisted writes as a cycle
-// made, of the same sizes (floorPlan). The metrics, each explained in
-// docs/SCALE.md: the cycle's p50, p99, prepare and commit; persisted
-// writes and bytes per member per cycle from the streams' states; the
-// servers' messages and bytes from their /varz; the last events' and
-// checkpoint manifest's sizes; the servers' and the hosts' CPU from /proc;
-// the consumers on STILLPOINT; the floor, and x-floor, the cycle over it
-// (x-live-floor over the floor's rounds alone).
+// the prepare's and the resume's rounds, a core-NATS message every member
+// hears on its own subscription and acks on core NATS as a sandbox daemon
+// does (floorRounds), and as many persisted writes as a cycle made, of the
+// same sizes (floorPlan). x-floor is the cycle over the floor, x-live-floor
+// over its rounds alone; docs/SCALE.md explains every metric.
 //
 // A size takes minutes to set up: run one at a time, with a small count.
 // -scale.floor-only measures the floor alone:

@@ -29,8 +29,9 @@ var faultMatrix = []struct {
 	{"bridge", []string{"bridge@after-prepare", "bridge@after-prepare-acks", "bridge@after-commit", "bridge@after-commit-acks",
 		"bridge@after-manifest", "bridge@after-latest", "bridge@after-outcome", "bridge@after-release",
 		"fleet@committed+bridge@after-restore", "fleet@committed+bridge@after-restore-acks"},
-		// A restore needs the whole fleet back within the recovery grace:
-		// a loaded machine takes longer than chaos's 15 s to start it.
+		// A restore needs the whole fleet back within the recovery grace,
+		// and a loaded machine may take longer than chaos's 15 s to start
+		// it.
 		[]string{"--recover-grace", "45s"}},
 	// An agent killed, and one that never answers (SIGSTOP) until the
 	// checkpoint fails and answers after the abort (SIGCONT).
