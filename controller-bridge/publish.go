@@ -194,7 +194,7 @@ func (b *Bridge) publishFenced(ctx context.Context, msg *nats.Msg, fence uint64,
 // and is worth making again: the request timed out (ctx itself did not
 // end), no one answered it, or the stream is still storing an earlier
 // attempt of it (a replicated stream's 10158, "duplicate message id is in
-// process", seen on a 3-node cluster under load).
+// process", which a 3-node cluster under load answers).
 func unanswered(ctx context.Context, err error) bool {
 	if err == nil || ctx.Err() != nil {
 		return false

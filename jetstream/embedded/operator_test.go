@@ -412,11 +412,11 @@ func TestSandboxPurgesNoHeartbeat(t *testing.T) {
 	}
 }
 
-// TestSandboxFloodStoresNothing: issue 29's attack 6. A sandbox's acks were stored in the
-// stream, on subjects whose sequence and phase tokens it chose: a flood of them grew the stream
-// without bound. Now everything its credentials may publish is core NATS (its acks, on every
-// phase and sequence it likes, which no server keeps) or its one heartbeat key (one message a
-// key): a flood of both leaves the stream's bytes and messages as they were, and the daemons'
+// TestSandboxFloodStoresNothing: issue 29's attack 6, a sandbox flooding acks on subjects whose
+// sequence and phase tokens it chose, which would grow a stream that stored them without bound.
+// Everything its credentials may publish is core NATS (its acks, on every phase and sequence it
+// likes, which no server keeps) or its one heartbeat key (one message a key): a flood of both
+// leaves the stream's bytes and messages as they were, and the daemons'
 // bucket with one message of it.
 func TestSandboxFloodStoresNothing(t *testing.T) {
 	auth, _, s, bus := operatorServer(t)

@@ -21,7 +21,7 @@ import (
 // TestTrajectoriesOfTheirOwn (issue 29: no roll-ups or purges by members): an agent with its own
 // user stores its trajectories in a store of its own name, which the bridge made when it asked,
 // writes one again, notes its verdict and reads it back; another agent and an owner cannot
-// overwrite, roll up, purge or delete anything of that store, and the agent itself can no longer
+// overwrite, roll up, purge or delete anything of that store, and the agent itself cannot
 // write, roll up or purge the shared sp_trajectories, whose trajectories of a run before stay
 // readable; the controller and the bridge read the agent's store, and the release of records
 // does not list it.

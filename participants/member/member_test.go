@@ -1058,7 +1058,7 @@ func TestSkippedPhaseIsReadAgain(t *testing.T) {
 // twice. Asked on its alive subject with the prepare named
 // (events.AliveQuery), the daemon says the same ack again, for an asker
 // that missed it; a query of a phase it did not answer says nothing more.
-// An agent's prepare ack is stored, as before.
+// An agent's prepare ack is stored in the stream.
 func TestDaemonSaysItsPrepareAckAgainWhenAsked(t *testing.T) {
 	env := jstest.Start(t)
 	b := membertest.NewBridge(t, env, "run1")

@@ -392,8 +392,9 @@ func HasObjects(ctx context.Context, store natsjs.ObjectStore, run, checkpoint s
 // Create, never Put: a manifest is written once. If the key already holds
 // the same manifest (a redelivered commit), that is success; a different
 // one returns ErrManifestExists. It is how members of schema-1 runs
-// recorded their manifest; members no longer call it (their commit ack
-// records it, PROTOCOL-HISTORY §35), and it stays for making such runs in tests.
+// recorded their manifest; members of schema-2 runs do not call it (their
+// commit ack records it, PROTOCOL-HISTORY §35), and it stays for making
+// schema-1 runs in tests.
 func CreateManifest(ctx context.Context, kv natsjs.KeyValue, man events.MemberManifest) error {
 	if err := man.Validate(); err != nil {
 		return fmt.Errorf("member: manifest: %w", err)

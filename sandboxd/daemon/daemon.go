@@ -48,7 +48,7 @@ type Config struct {
 	// each kind. It cannot have OrderedFeed.
 	NoPull bool
 	// OrderedFeed reads the phases through an ordered consumer of the
-	// daemon's own, as before the core feed. By default the daemon reads
+	// daemon's own. By default the daemon reads
 	// them on a core-NATS subscription with catch-up from the stream
 	// (member.Config.CoreFeed), so that the stream's consumers do not grow
 	// with the sandboxes (PROTOCOL §3).

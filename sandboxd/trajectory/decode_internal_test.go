@@ -267,7 +267,7 @@ func dumpPayload(p payload) string {
 
 // BenchmarkAssemblerChunk measures chunk on the bodies BenchmarkRelay's
 // model server sends when asked for tokens (a plain reply, 1.3 KB, and a
-// stream chunk), decoding with encoding/json as it did (std) and with
+// stream chunk), decoding with encoding/json (std) and with
 // decodePayload (own).
 //
 //	go test -run '^$' -bench AssemblerChunk -benchtime 20000x ./sandboxd/trajectory/
