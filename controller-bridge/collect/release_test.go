@@ -31,9 +31,9 @@ func (f *flakyReleaser) Release(context.Context, bridgeapi.ReleaseRequest) (*bri
 }
 
 // The final release asks again while the bridge's answer is lost or the
-// bridge is busy finishing what its predecessor left: left undone, the
-// run's records and snapshots stay behind (chaos found it so, a bridge
-// killed mid-release as the collection ended).
+// bridge is busy finishing what its predecessor left (a bridge killed
+// mid-release as the collection ends): left undone, the run's records and
+// snapshots stay behind.
 func TestFinalReleaseAsksAgainWhileTheBridgeRestarts(t *testing.T) {
 	env := jstest.Start(t)
 	nc, js := env.Connect(t)

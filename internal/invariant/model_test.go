@@ -121,8 +121,8 @@ func (r reissues) Reissued() []modelserver.Reissue { return r }
 // restored checkpoint's own attempt had its reply to before that
 // checkpoint began is a repeat; the same call of an older attempt, retired
 // and started over (the restored attempt had not reached it again), is
-// work done over (chaos found it counted as a repeat: an agent killed,
-// its rollouts started over, then the fleet restored).
+// work done over, not a repeat (an agent killed, its rollouts started
+// over, then the fleet restored).
 func TestReissuedByARestoredAttempt(t *testing.T) {
 	c2 := time.Date(2026, 12, 6, 14, 44, 3, 0, time.UTC)
 	tl := []bridge.TimelineEntry{

@@ -213,9 +213,9 @@ func (o *losingOwner) SandboxAccess(ctx context.Context, id string) (ownerapi.Se
 }
 
 // An ask of the owner that goes unanswered is a fault of the bus, never
-// the rollout's result: the launch stage runs again from its bookmark and
-// launches (a run of the fault matrix ended rollout_failed: the owner's
-// answer to sandbox_access lost after a restart of the NATS server).
+// the rollout's result (such as the owner's answer to sandbox_access lost
+// in a restart of the NATS server): the launch stage runs again from its
+// bookmark and launches, and the rollout does not end rollout_failed.
 func TestUnansweredOwnerIsAskedAgain(t *testing.T) {
 	w := newWorld(t)
 	o := &losingOwner{stallingOwner: newStallingOwner(t, w, ""), lose: 2}
