@@ -437,24 +437,29 @@ func TestReleaseKeepsManifestsWhenAMemberFails(t *testing.T) {
 func TestHeldCheckpoint(t *testing.T) {
 	env := jstest.Start(t)
 	hs := fleet(t, env, 2, 1)
-	b := startBridge(t, env, bridge.Config{PhaseTimeout: 600 * time.Millisecond})
+	// A phase's round trip must fit its timeout on a loaded machine, as in
+	// the other bridge tests; the hold is then kept past two of them.
+	const timeout = 2 * time.Second
+	b := startBridge(t, env, bridge.Config{PhaseTimeout: timeout})
 	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", Hold: true})
 	if err != nil || res.Status != bridgeapi.StatusPrepared {
 		t.Fatalf("hold: %+v %v", res, err)
 	}
+	held := time.Now()
 	if _, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c2"}); !errors.Is(err, bridgeapi.ErrBusy) {
 		t.Errorf("a second checkpoint while one is held: %v", err)
 	}
-	// Outlive two phase timeouts: renewals keep the fleet parked.
-	poll.Wait(t, 5*time.Second, "two renewals", func() bool {
-		st, err := b.Status(ctx(t))
-		return err == nil && st.Seq >= 3
-	})
-	for _, h := range hs {
-		if h.Participant.AdmissionOpen() {
-			t.Fatalf("%s reopened while the checkpoint is held", h.Name)
+	// Outlive two phase timeouts, the members' lease without a renew:
+	// renewals (a third of the timeout apart) keep the fleet parked.
+	poll.Wait(t, 30*time.Second, "two phase timeouts of renewals", func() bool {
+		for _, h := range hs {
+			if h.Participant.AdmissionOpen() {
+				t.Fatalf("%s reopened while the checkpoint is held", h.Name)
+			}
 		}
-	}
+		st, err := b.Status(ctx(t))
+		return err == nil && st.Seq >= 3 && time.Since(held) > 2*timeout
+	})
 	res, err = b.Commit(ctx(t), "c1", false)
 	if err != nil || res.Status != bridgeapi.StatusCommitted {
 		t.Fatalf("commit: %+v %v", res, err)

@@ -492,10 +492,17 @@ func TestLeaderLastMsg(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	direct, err := env.Bus.Stream.GetMsg(ctx, last.Sequence)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The copy to compare with comes by a direct get, which any replica
+	// may answer, one still applying the publish too: it is not found
+	// there until that replica has it.
+	var direct *natsjs.RawStreamMsg
+	poll.Wait(t, 10*time.Second, "a direct get of the last phase", func() bool {
+		direct, err = env.Bus.Stream.GetMsg(ctx, last.Sequence)
+		if err != nil && !errors.Is(err, natsjs.ErrMsgNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
 	if raw.Sequence != last.Sequence || raw.Subject != direct.Subject || !bytes.Equal(raw.Data, direct.Data) || !raw.Time.Equal(direct.Time) {
 		t.Fatalf("leader's last: seq %d %s %v, want seq %d %s %v", raw.Sequence, raw.Subject, raw.Time, last.Sequence, direct.Subject, direct.Time)
 	}
