@@ -213,6 +213,36 @@ func AskStore(ctx context.Context, nc *nats.Conn, run string, m events.Member, k
 	}
 }
 
+// OwnStore opens member m's own store of kind in run (StoreKind.Bucket),
+// asking the run's bridge to make it if it does not exist yet (AskStore),
+// and waits for a replicated store's leader (WaitStoreLeader): a member
+// with credentials of its own makes no stream itself.
+func OwnStore(ctx context.Context, js natsjs.JetStream, run string, m events.Member, kind StoreKind) (natsjs.ObjectStore, error) {
+	bucket := kind.Bucket(run, m)
+	if bucket == "" {
+		return nil, fmt.Errorf("jetstream: store of %s: no store of kind %q", m, kind)
+	}
+	store, err := js.ObjectStore(ctx, bucket)
+	if err == nil || !errors.Is(err, natsjs.ErrBucketNotFound) {
+		if err != nil {
+			return nil, fmt.Errorf("jetstream: %s store %s: %w", kind, bucket, err)
+		}
+		return store, nil
+	}
+	if err := AskStore(ctx, js.Conn(), run, m, kind); err != nil {
+		return nil, err
+	}
+	if store, err = js.ObjectStore(ctx, bucket); err != nil {
+		return nil, fmt.Errorf("jetstream: %s store %s: %w", kind, bucket, err)
+	}
+	if st, err := store.Status(ctx); err == nil && st.Replicas() > 1 {
+		if err := WaitStoreLeader(ctx, js, bucket); err != nil {
+			return nil, fmt.Errorf("jetstream: %s store %s: %w", kind, bucket, err)
+		}
+	}
+	return store, nil
+}
+
 // storeLeaderWait bounds WaitStoreLeader; a cluster elects a new stream's
 // leader in well under a second.
 const storeLeaderWait = 30 * time.Second

@@ -838,7 +838,7 @@ func TestRecordsOfTheirOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	violation(t, aerrs, "agent a1 asking for a2's store", jetstream.StoreRequestSubject("r", "agent.a2"))
-	store, err := member.OwnRecords(ctx, ajs, abus.Records, "r", a1)
+	store, err := member.OwnRecords(ctx, ajs, "r", a1)
 	if err != nil {
 		t.Fatalf("agent making its own records store: %v", err)
 	}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -39,29 +38,13 @@ func TrajectoryObject(run, rollout string) string { return run + "/" + rollout +
 
 // OwnTrajectories opens agent m's own trajectories store in run,
 // events.TrajectoriesBucket, asking the run's bridge to make it if it does
-// not exist yet (jetstream.AskStore): an agent with credentials of its own
+// not exist yet (jetstream.OwnStore): an agent with credentials of its own
 // stores its rollouts' trajectories there, makes no stream itself, and may
 // write no other agent's store, nor the shared BucketTrajectories.
 func OwnTrajectories(ctx context.Context, js natsjs.JetStream, run string, m events.Member) (natsjs.ObjectStore, error) {
-	bucket := events.TrajectoriesBucket(run, m)
-	store, err := js.ObjectStore(ctx, bucket)
-	if err == nil || !errors.Is(err, natsjs.ErrBucketNotFound) {
-		if err != nil {
-			return nil, fmt.Errorf("agent: trajectories store %s: %w", bucket, err)
-		}
-		return store, nil
-	}
-	if err := jetstream.AskStore(ctx, js.Conn(), run, m, jetstream.StoreTrajectories); err != nil {
+	store, err := jetstream.OwnStore(ctx, js, run, m, jetstream.StoreTrajectories)
+	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
-	}
-	if store, err = js.ObjectStore(ctx, bucket); err != nil {
-		return nil, fmt.Errorf("agent: trajectories store %s: %w", bucket, err)
-	}
-	if st, err := store.Status(ctx); err == nil && st.Replicas() > 1 {
-		// Made just now: a write before its leader finds no responders.
-		if err := jetstream.WaitStoreLeader(ctx, js, bucket); err != nil {
-			return nil, fmt.Errorf("agent: trajectories store %s: %w", bucket, err)
-		}
 	}
 	return store, nil
 }

@@ -122,7 +122,7 @@ func (m *Member) recordsStore(ctx context.Context) (natsjs.ObjectStore, error) {
 	if m.records == nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
 		defer cancel()
-		store, err := OwnRecords(cctx, m.cfg.JS, m.cfg.Bus.Records, m.cfg.Run, m.cfg.Member)
+		store, err := OwnRecords(cctx, m.cfg.JS, m.cfg.Run, m.cfg.Member)
 		if err != nil {
 			return nil, err
 		}

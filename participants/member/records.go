@@ -313,32 +313,13 @@ type ObjectStores interface {
 
 // OwnRecords opens member m's own records store in run,
 // events.RecordsBucket, asking the run's bridge to make it if it does not
-// exist yet (jetstream.AskStore): a member with credentials of its
-// own writes its records there, makes no stream itself, and may write no
+// exist yet (jetstream.OwnStore): a member with credentials of its own
+// writes its records there, makes no stream itself, and may write no
 // other member's store, nor the shared BucketRecords.
-func OwnRecords(ctx context.Context, js natsjs.JetStream, shared natsjs.ObjectStore, run string, m events.Member) (natsjs.ObjectStore, error) {
-	bucket := events.RecordsBucket(run, m)
-	store, err := js.ObjectStore(ctx, bucket)
-	if err == nil || !errors.Is(err, natsjs.ErrBucketNotFound) {
-		if err != nil {
-			return nil, fmt.Errorf("member: records store %s: %w", bucket, err)
-		}
-		return store, nil
-	}
-	if err := jetstream.AskStore(ctx, js.Conn(), run, m, jetstream.StoreRecords); err != nil {
+func OwnRecords(ctx context.Context, js natsjs.JetStream, run string, m events.Member) (natsjs.ObjectStore, error) {
+	store, err := jetstream.OwnStore(ctx, js, run, m, jetstream.StoreRecords)
+	if err != nil {
 		return nil, fmt.Errorf("member: %w", err)
-	}
-	if store, err = js.ObjectStore(ctx, bucket); err != nil {
-		return nil, fmt.Errorf("member: records store %s: %w", bucket, err)
-	}
-	if st, err := shared.Status(ctx); err == nil && st.Replicas() > 1 {
-		// A replicated stream exists once the cluster's meta layer has
-		// placed it, before its own group has elected a leader: a write
-		// then finds no responders, and a records write that failed so
-		// may leave a part behind. Wait for the leader.
-		if err := jetstream.WaitStoreLeader(ctx, js, bucket); err != nil {
-			return nil, fmt.Errorf("member: records store %s: %w", bucket, err)
-		}
 	}
 	return store, nil
 }
