@@ -2,16 +2,23 @@
 # README and CI use; everything it needs is fetched by the go command.
 # `make help` lists the targets.
 #
-# The tests come in tiers (internal/tier marks which test is in which):
-#   make test-short   unit and conformance tests (-short), under a minute
-#   make e2e          the end-to-end tests: package e2e and E2E_RUN below
+# The tests come in tiers, each test's by its mark (internal/tier: E2E,
+# Heavy, Long) and its place; the Makefile names no test:
+#   make test-short   unit and conformance tests (-short: every marked test
+#                     skips), under a minute
+#   make e2e          the end-to-end tests: the e2e tree, and the tests
+#                     marked tier.E2E elsewhere (E2E_TESTS below)
 #   make test         every test but the heavy ones: the two above and the
 #                     long unit tests, then every benchmark once, small
 #                     (bench-once)
-#   make test-heavy   the heavy end-to-end tests (HEAVY_RUN), which .ci/run
-#                     runs after make test
+#   make test-heavy   the heavy end-to-end tests (tier.Heavy, package e2e
+#                     only), which .ci/run runs after make test
 #   make test-loaded  make test with a CPU hog on every core beside it
 #   make flakes       the tiers again and again, shuffled and loaded
+# STILLPOINT_TIER picks the tier a run is of: unset, every test but the
+# heavy ones (make test, and a plain go test); heavy, only the heavy ones;
+# all, every test. Each target sets it; one in make's environment is not
+# passed on.
 
 GO        ?= go
 # An execution count, not a duration: Go 1.26's fuzz coordinator can report
@@ -41,17 +48,18 @@ BENCH_PKGS = $(shell grep -rl --include='*_test.go' '^func Benchmark' . | xargs 
 # process a test starts from one. The tests end after their checks: that
 # second, per binary and per graceful exit of a child, is only waiting.
 export GORACE ?= atexit_sleep_ms=0
-# The end-to-end tests outside package e2e (those that call tier.E2E;
-# internal/tier's test keeps this list and them in step), and their packages.
-E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestBridgeCrashMidReleaseLeavesTheCheckpointMarked|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun|TestDriverTakesAReplyNotMarkedFinishedAsTheAnswer)$$'
-E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/ ./participants/opencode/driver/
-# The heavy end-to-end tests of package e2e: each keeps a core or more busy
-# for minutes (OpenCode in a guest under TCG; the ten repository tasks in
-# OpenCode; four OpenCode pauses, one of two minutes): a third of the
-# suite's CPU between them. make test leaves them out; make test-heavy runs
-# them on their own, .ci/run after make test, and make flakes' long tier
-# with every other test. internal/tier's test keeps this list true.
-HEAVY_RUN = '^(TestMicroVMOpenCodeContinuesInPlace|TestOpenCodeRepoTasksThroughTwoCheckpointsAndACrash|TestOpenCodePausedFourTimes)$$'
+# The tier of each run is set per target (STILLPOINT_TIER=... in the
+# recipe), never inherited.
+unexport STILLPOINT_TIER
+# The end-to-end tests outside the e2e tree, found in the source as the
+# fuzz targets are, so that a new one is never left out: each func Test*
+# whose first statement is tier.E2E(t) (internal/tier's test checks that
+# every such mark is written so), as path:name. Then their packages and a
+# -run pattern of their names, for make e2e.
+E2E_TESTS = $(shell grep -rl --include='*_test.go' 'tier\.E2E(.*)' . | grep -v '^\./e2e/' | sort | \
+	xargs -r awk '/^func / { n = "" } /^func Test[^a-z]/ { n = $$2; sub(/[^A-Za-z0-9_].*/, "", n) } /^\ttier\.E2E\(.*\)/ && n != "" { print FILENAME ":" n }')
+E2E_PKGS  = $(sort $(dir $(E2E_TESTS)))
+E2E_RUN   = ^($(shell printf '%s\n' $(E2E_TESTS) | sed 's/.*://' | paste -sd'|'))$$
 # The CPU hogs of test-loaded and flakes: one per core.
 HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 # make flakes: how many times the short tier runs; LONG=0 skips the long.
@@ -75,7 +83,7 @@ build:
 help:
 	@sed -n 's/^## //p' $(MAKEFILE_LIST)
 
-## test: every test but the heavy ones (HEAVY_RUN: make test-heavy), with
+## test: every test but the heavy ones (tier.Heavy: make test-heavy), with
 ## the race detector, then every benchmark once at its smallest size
 ## (bench-once: apart, since go test -bench runs the packages one at a
 ## time). The README's test command. The packages
@@ -86,14 +94,20 @@ help:
 test:
 	$(GO) build -race $(PKGS)
 	CGO_ENABLED=0 $(GO) build ./cmd/...
-	$(GO) test -race -count=1 -p $(TESTP) -parallel 32 -timeout 40m -skip $(HEAVY_RUN) $(PKGS)
+	$(GO) test -race -count=1 -p $(TESTP) -parallel 32 -timeout 40m $(PKGS)
 	$(MAKE) --no-print-directory bench-once
 
-## test-heavy: the heavy end-to-end tests (HEAVY_RUN), in parallel, with
-## the race detector: about 5 minutes on 2 cores.
+## test-heavy: the heavy end-to-end tests, in parallel, with the race
+## detector: about 5 minutes on 2 cores. Each keeps a core or more busy for
+## minutes (OpenCode in a guest under TCG; the ten repository tasks in
+## OpenCode; four OpenCode pauses, one of two minutes): a third of the
+## suite's CPU between them. They are the tests of package e2e marked
+## tier.Heavy, which skip unless STILLPOINT_TIER is heavy (here: every
+## other test of the package skips) or all (make e2e, make flakes' long
+## tier).
 test-heavy:
 	CGO_ENABLED=0 $(GO) build ./cmd/...
-	$(GO) test -race -count=1 -parallel 32 -timeout 30m -run $(HEAVY_RUN) ./e2e
+	STILLPOINT_TIER=heavy $(GO) test -race -count=1 -parallel 32 -timeout 30m ./e2e
 
 ## bench-once: every benchmark once (-benchtime 1x), at the smallest size
 ## internal/tier gives a smoke run, without the tests: what make test
@@ -102,9 +116,9 @@ bench-once:
 	$(GO) test -race -short -count=1 -run '^$$' -bench . -benchtime 1x -timeout 20m $(BENCH_PKGS)
 
 ## flakes: look for flaky tests: the short tier ROUNDS times (default 3)
-## and then the long tier once, all with -shuffle=on beside a CPU hog per
-## core; prints each test that failed with its package and seed
-## (.ci/flakes). LONG=0 leaves the long tier out.
+## and then the long tier (every test, heavy ones included) once, all with
+## -shuffle=on beside a CPU hog per core; prints each test that failed with
+## its package and seed (.ci/flakes). LONG=0 leaves the long tier out.
 flakes:
 	GO=$(GO) HOGS=$(HOGS) ROUNDS=$(ROUNDS) LONG=$(LONG) TESTP=$(TESTP) PKGS="$(PKGS)" .ci/flakes
 
@@ -113,12 +127,13 @@ flakes:
 test-short:
 	$(GO) test -race -short -count=1 -timeout 10m $(PKGS)
 
-## e2e: the end-to-end tests: package e2e, and E2E_RUN in E2E_PKGS (the
-## bridge's crash and process tests, the static sandboxd, the demo in-process,
-## the OpenCode driver against the real OpenCode).
+## e2e: the end-to-end tests: the e2e tree, heavy tests included, and the
+## tests marked tier.E2E elsewhere (E2E_TESTS: the bridge's crash and
+## process tests, the static sandboxd, the demo in-process, the OpenCode
+## driver against the real OpenCode).
 e2e:
-	$(GO) test -race -count=1 -parallel 32 -timeout 40m ./e2e/...
-	$(GO) test -race -count=1 -timeout 20m -run $(E2E_RUN) $(E2E_PKGS)
+	STILLPOINT_TIER=all $(GO) test -race -count=1 -parallel 32 -timeout 40m ./e2e/...
+	$(GO) test -race -count=1 -timeout 20m -run '$(E2E_RUN)' $(E2E_PKGS)
 
 ## test-loaded: make test with HOGS CPU hogs (sha256sum /dev/zero, one per
 ## core) beside it, killed when the tests end, whatever their result.
@@ -181,9 +196,10 @@ bench:
 
 ## timeline-png: regenerate docs/timeline.png, the screenshot of a demo run's
 ## `stillpoint timeline --html` in headless Chromium (the e2e test that checks
-## the page writes it; needs chromium: apt-get install chromium).
+## the page writes it, .ci/timeline-png; needs chromium: apt-get install
+## chromium).
 timeline-png:
-	STILLPOINT_TIMELINE_PNG=$(CURDIR)/docs/timeline.png $(GO) test -count=1 -run '^TestTimelineHTMLOfTheDemoInChromium$$' ./e2e/
+	GO=$(GO) .ci/timeline-png
 
 ## microvm-assets: download the guest kernel of the microvm provider and
 ## extract its vmlinux and modules into the cache (.ci/microvm-assets).

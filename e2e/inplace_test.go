@@ -294,7 +294,7 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 // the snapshot kept is taken over in place, its cut calls and every later
 // one reach the new model server, and it finishes with its grade.
 func TestMicroVMOpenCodeContinuesInPlace(t *testing.T) {
-	tier.E2E(t)
+	tier.Heavy(t)
 	parallel(t, 1, 4*time.Minute) // the guest under TCG, and OpenCode in it
 	requireMicroVM(t)
 	if _, err := opencode.Binary(); err != nil {

@@ -47,7 +47,7 @@ const (
 // a line on their last messages in the log. It runs 8 OpenCode processes
 // at once, then as many again.
 func TestOpenCodeRepoTasksThroughTwoCheckpointsAndACrash(t *testing.T) {
-	tier.E2E(t)
+	tier.Heavy(t)
 	parallel(t, 1.25, 3*time.Minute)
 	if _, err := opencode.Binary(); err != nil {
 		t.Fatal(err)

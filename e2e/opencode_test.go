@@ -406,7 +406,7 @@ func (f *fleet) checkOpenCodeLedger(task string, want string) {
 // passes) with every model call made once. It runs two OpenCode
 // processes, and the 2-minute pause is most of its time.
 func TestOpenCodePausedFourTimes(t *testing.T) {
-	tier.E2E(t)
+	tier.Heavy(t)
 	parallel(t, 0.5, 150*time.Second)
 	for _, mode := range []string{"freeze", "stop"} {
 		t.Run(mode, func(t *testing.T) {

@@ -1,24 +1,76 @@
 package tier
 
-import "testing"
+import (
+	"os"
+	"testing"
+)
+
+// Var names the environment variable that chooses the tier a test run is
+// of: unset or empty, every test but the heavy ones (make test, and a
+// plain go test); "heavy", only the heavy ones (make test-heavy); "all",
+// every test (make e2e, make flakes' long tier). -short skips every
+// marked test, whatever the tier.
+const Var = "STILLPOINT_TIER"
+
+// The values of Var besides the empty one.
+const (
+	heavy = "heavy"
+	all   = "all"
+)
+
+// chosen returns Var's value, failing t on one it does not know.
+func chosen(t testing.TB) string {
+	t.Helper()
+	v := os.Getenv(Var)
+	switch v {
+	case "", heavy, all:
+		return v
+	}
+	t.Fatalf("%s=%q: want it unset (every test but the heavy ones), %q or %q", Var, v, heavy, all)
+	return ""
+}
 
 // E2E marks t as an end-to-end test: real processes, built binaries,
-// sandboxes, crashes. It skips t under -short; make e2e and make test run
-// it. A test outside package e2e that calls E2E must be named by the
-// Makefile's E2E_RUN (TestMakefileNamesTheE2ETests checks).
+// sandboxes, crashes. It skips t under -short and in the heavy tier;
+// make e2e and make test run it. It is the first statement of its test
+// (internal/tier's test checks): make e2e finds the end-to-end tests
+// outside the e2e tree by it.
 func E2E(t testing.TB) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("end-to-end: skipped under -short (make test-short); make e2e and make test run it")
 	}
+	if chosen(t) == heavy {
+		t.Skip("end-to-end: skipped in the heavy tier (" + Var + "=heavy, make test-heavy); make e2e and make test run it")
+	}
 }
 
-// Long marks t as a unit test that takes seconds. It skips t under
-// -short; make test runs it.
+// Heavy marks t as a heavy end-to-end test of package e2e, one whose CPU
+// would crowd the rest of make test off a 2-core machine. It runs only in
+// the heavy tier and in all (make test-heavy, make e2e, make flakes' long
+// tier), never under -short. It is the first statement of a test of
+// package e2e, and every other test of that package calls E2E first
+// (internal/tier's test checks): so make test-heavy, which runs package
+// e2e in the heavy tier, runs exactly the heavy tests.
+func Heavy(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("heavy: skipped under -short (make test-short); make test-heavy runs it")
+	}
+	if chosen(t) == "" {
+		t.Skip("heavy: runs only with " + Var + "=heavy (make test-heavy) or " + Var + "=all (make e2e)")
+	}
+}
+
+// Long marks t as a unit test that takes seconds. It skips t under -short
+// and in the heavy tier; make test runs it.
 func Long(t testing.TB) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("long: skipped under -short (make test-short); make test runs it")
+	}
+	if chosen(t) == heavy {
+		t.Skip("long: skipped in the heavy tier (" + Var + "=heavy, make test-heavy); make test runs it")
 	}
 }
 

@@ -1,6 +1,7 @@
 package tier_test
 
 import (
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -10,8 +11,11 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/internal/tier"
 )
 
 func TestMain(m *testing.M) { leak.VerifyTestMain(m) }
@@ -19,29 +23,88 @@ func TestMain(m *testing.M) { leak.VerifyTestMain(m) }
 // root is the module's root, seen from this package's directory.
 const root = "../.."
 
-// TestMakefileNamesTheE2ETests keeps `make e2e` and the tests in step:
-// every test outside package e2e that calls tier.E2E is matched by the
-// Makefile's E2E_RUN, and every name E2E_RUN lists is such a test.
-func TestMakefileNamesTheE2ETests(t *testing.T) {
-	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
-	if err != nil {
-		t.Fatal(err)
+// fakeTB records what a mark did to a test: run it, skip it or fail it.
+type fakeTB struct {
+	testing.TB
+	outcome string
+}
+
+// stop ends the marked "test" where testing.T's Skip and Fatal would.
+type stop struct{}
+
+// The methods the marks call; any other would panic on the nil TB.
+func (f *fakeTB) Helper()               {}
+func (f *fakeTB) Skip(...any)           { f.outcome = "skip"; panic(stop{}) }
+func (f *fakeTB) Fatalf(string, ...any) { f.outcome = "fail"; panic(stop{}) }
+
+// outcome runs mark on a fake test: "run", "skip" or "fail".
+func outcome(mark func(testing.TB)) string {
+	f := &fakeTB{outcome: "run"}
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				if _, ok := r.(stop); !ok {
+					panic(r)
+				}
+			}
+		}()
+		mark(f)
+	}()
+	return f.outcome
+}
+
+// TestTiers: which marked tests each value of STILLPOINT_TIER runs, and
+// that -short skips them all.
+func TestTiers(t *testing.T) {
+	marks := []struct {
+		name string
+		mark func(testing.TB)
+	}{{"E2E", tier.E2E}, {"Heavy", tier.Heavy}, {"Long", tier.Long}}
+	want := map[string]string{ // STILLPOINT_TIER -> outcome of E2E, Heavy, Long
+		"":      "run skip run",
+		"heavy": "skip run skip",
+		"all":   "run run run",
+		"light": "fail fail fail",
 	}
-	m := regexp.MustCompile(`(?m)^E2E_RUN\s*[?:]?=\s*'?\^?\(([^)]*)\)`).FindSubmatch(mk)
-	if m == nil {
-		t.Fatal("the Makefile has no E2E_RUN = '^(TestA|TestB|...)' line")
+	for v, w := range want {
+		t.Setenv(tier.Var, v)
+		var got []string
+		for _, m := range marks {
+			got = append(got, outcome(m.mark))
+		}
+		if testing.Short() && v != "light" {
+			w = "skip skip skip"
+		}
+		if g := strings.Join(got, " "); g != w {
+			t.Errorf("%s=%q: E2E, Heavy, Long %s, want %s", tier.Var, v, g, w)
+		}
 	}
-	listed := map[string]bool{}
-	for _, n := range strings.Split(string(m[1]), "|") {
-		listed[strings.TrimSuffix(n, "$")] = true
-	}
-	marked := map[string]string{} // test name -> file
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+}
+
+// mark is a call of a tier mark in a test file.
+type mark struct {
+	name  string // E2E, Heavy or Long
+	file  string
+	line  int
+	col   int
+	fn    string // the top-level function it is in
+	test  bool   // that function is a Test function
+	first bool   // the call is the first statement of that function's body
+}
+
+// marks returns every call tier.X(...) of the _test.go files under dir
+// (not descending into hidden directories, testdata or, unless deep,
+// subdirectories).
+func marks(t *testing.T, dir string, deep bool) []mark {
+	t.Helper()
+	var out []mark
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.IsDir() {
-			if n := d.Name(); n != "." && n != ".." && (strings.HasPrefix(n, ".") || n == "testdata" || path == filepath.Join(root, "e2e")) {
+			n := d.Name()
+			if path != dir && (!deep || strings.HasPrefix(n, ".") || n == "testdata") {
 				return filepath.SkipDir
 			}
 			return nil
@@ -49,23 +112,40 @@ func TestMakefileNamesTheE2ETests(t *testing.T) {
 		if !strings.HasSuffix(path, "_test.go") {
 			return nil
 		}
-		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, nil, 0)
 		if err != nil {
 			return err
 		}
 		for _, decl := range f.Decls {
 			fn, ok := decl.(*ast.FuncDecl)
-			if !ok || !strings.HasPrefix(fn.Name.Name, "Test") || fn.Body == nil {
+			if !ok || fn.Body == nil {
 				continue
 			}
 			ast.Inspect(fn.Body, func(n ast.Node) bool {
-				if c, ok := n.(*ast.CallExpr); ok {
-					if s, ok := c.Fun.(*ast.SelectorExpr); ok && s.Sel.Name == "E2E" {
-						if id, ok := s.X.(*ast.Ident); ok && id.Name == "tier" {
-							marked[fn.Name.Name] = path
-						}
+				c, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				s, ok := c.Fun.(*ast.SelectorExpr)
+				if !ok {
+					return true
+				}
+				if id, ok := s.X.(*ast.Ident); !ok || id.Name != "tier" {
+					return true
+				}
+				if s.Sel.Name != "E2E" && s.Sel.Name != "Heavy" && s.Sel.Name != "Long" {
+					return true
+				}
+				pos := fset.Position(c.Pos())
+				first := false
+				if len(fn.Body.List) > 0 {
+					if es, ok := fn.Body.List[0].(*ast.ExprStmt); ok && es.X == c {
+						first = true
 					}
 				}
+				out = append(out, mark{name: s.Sel.Name, file: path, line: pos.Line, col: pos.Column,
+					fn: fn.Name.Name, test: isTest(fn), first: first})
 				return true
 			})
 		}
@@ -74,49 +154,114 @@ func TestMakefileNamesTheE2ETests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, file := range marked {
-		if !listed[name] {
-			t.Errorf("%s (%s) calls tier.E2E but the Makefile's E2E_RUN does not name it", name, file)
-		}
-	}
-	for name := range listed {
-		if _, ok := marked[name]; !ok {
-			t.Errorf("the Makefile's E2E_RUN names %s, which is no test calling tier.E2E outside package e2e", name)
-		}
-	}
+	return out
 }
 
-// TestMakefileNamesTheHeavyTests keeps make test-heavy and the tests in
-// step: every name the Makefile's HEAVY_RUN lists is a test of package
-// e2e, so that none drops out of both make test and make test-heavy.
-func TestMakefileNamesTheHeavyTests(t *testing.T) {
-	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+// isTest reports whether fn is a Test function as go test finds them:
+// func TestXxx(t *testing.T), Xxx not beginning with a lower-case letter.
+func isTest(fn *ast.FuncDecl) bool {
+	if fn.Recv != nil || !strings.HasPrefix(fn.Name.Name, "Test") || fn.Name.Name == "TestMain" {
+		return false
+	}
+	if r, _ := utf8.DecodeRuneInString(fn.Name.Name[len("Test"):]); unicode.IsLower(r) {
+		return false
+	}
+	p := fn.Type.Params.List
+	if len(p) != 1 || len(p[0].Names) > 1 {
+		return false
+	}
+	star, ok := p[0].Type.(*ast.StarExpr)
+	if !ok {
+		return false
+	}
+	sel, ok := star.X.(*ast.SelectorExpr)
+	return ok && sel.Sel.Name == "T"
+}
+
+func (m mark) String() string {
+	return fmt.Sprintf("%s:%d: tier.%s in %s", m.file, m.line, m.name, m.fn)
+}
+
+// TestEveryTestOfPackageE2EBeginsWithItsTier keeps make test-heavy to the
+// heavy tests: it runs package e2e with STILLPOINT_TIER=heavy, where only
+// tests marked Heavy run and those marked E2E skip, so every test of the
+// package must begin with one of the two marks (an unmarked one would run
+// in make test-heavy too), and neither mark may come later in a test.
+func TestEveryTestOfPackageE2EBeginsWithItsTier(t *testing.T) {
+	dir := filepath.Join(root, "e2e")
+	begins := map[string]bool{} // test function -> it begins with E2E or Heavy
+	for _, m := range marks(t, dir, false) {
+		if m.name == "Long" {
+			t.Errorf("%s: package e2e's tests are end-to-end (tier.E2E) or heavy (tier.Heavy)", m)
+			continue
+		}
+		if !m.test || !m.first {
+			t.Errorf("%s: tier.%s must be the first statement of a Test function (make test-heavy runs package e2e by it)", m, m.name)
+			continue
+		}
+		begins[m.fn] = true
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile(`(?m)^HEAVY_RUN\s*[?:]?=\s*'\^\(([^)]*)\)\$\$'$`).FindSubmatch(mk)
-	if m == nil {
-		t.Fatal("the Makefile has no HEAVY_RUN = '^(TestA|TestB|...)$$' line")
-	}
-	tests := map[string]bool{}
-	files, err := filepath.Glob(filepath.Join(root, "e2e", "*_test.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := 0
 	for _, path := range files {
 		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, decl := range f.Decls {
-			if fn, ok := decl.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Test") {
-				tests[fn.Name.Name] = true
+			if fn, ok := decl.(*ast.FuncDecl); ok && isTest(fn) {
+				n++
+				if !begins[fn.Name.Name] {
+					t.Errorf("%s: %s does not begin with tier.E2E(t) or tier.Heavy(t): make test-heavy (STILLPOINT_TIER=heavy) would run it", path, fn.Name.Name)
+				}
 			}
 		}
 	}
-	for _, name := range strings.Split(string(m[1]), "|") {
-		if !tests[name] {
-			t.Errorf("the Makefile's HEAVY_RUN names %s, which is no test of package e2e", name)
+	if n == 0 {
+		t.Fatalf("no Test function in %s", dir)
+	}
+}
+
+// TestTheE2EAndHeavyMarksAreWhereTheMakefileFindsThem: a heavy test is a
+// test of package e2e (the one package make test-heavy runs); an
+// end-to-end test outside the e2e tree calls tier.E2E(t) as the first
+// statement of its Test function, on a line of its own at the body's
+// indentation, which is how make e2e finds it in the source (a mark
+// inside a helper or a subtest it would miss).
+func TestTheE2EAndHeavyMarksAreWhereTheMakefileFindsThem(t *testing.T) {
+	e2e := filepath.Join(root, "e2e")
+	found := 0
+	for _, m := range marks(t, root, true) {
+		inTree := m.file == e2e || strings.HasPrefix(m.file, e2e+string(filepath.Separator))
+		switch {
+		case m.name == "Heavy" && filepath.Dir(m.file) != e2e:
+			t.Errorf("%s: a heavy test must be a test of package e2e, the one make test-heavy runs", m)
+		case m.name == "E2E" && !inTree:
+			if !m.test || !m.first || m.col != 2 {
+				t.Errorf("%s: outside the e2e tree, tier.E2E(t) must be the first statement of a Test function, on a line of its own: make e2e finds the end-to-end tests so", m)
+				continue
+			}
+			found++
+		}
+	}
+	if found == 0 {
+		t.Error("no end-to-end test outside the e2e tree: make e2e's second command would run nothing")
+	}
+}
+
+// TestTheMakefileNamesNoTest: the tiers are the tests' marks and places,
+// not lists of names in the Makefile that can fall out of step with them.
+func TestTheMakefileNamesNoTest(t *testing.T) {
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range strings.Split(string(mk), "\n") {
+		if regexp.MustCompile(`Test[A-Z]`).MatchString(line) {
+			t.Errorf("Makefile:%d names a test: %s", i+1, line)
 		}
 	}
 }
