@@ -119,7 +119,7 @@ func (s *subject) Live() []string {
 			continue
 		}
 		s.Daemon.mu.Lock()
-		if k := s.episodes[rec.ID]; k != "" {
+		if k := s.core.Episode(rec.ID); k != "" {
 			keys[k] = true
 		}
 		s.Daemon.mu.Unlock()
@@ -218,7 +218,7 @@ func TestResumeContinuesAPauseItCutShort(t *testing.T) {
 	poll.Wait(t, 10*time.Second, "the pause to be under way", func() bool {
 		s.Daemon.mu.Lock()
 		defer s.Daemon.mu.Unlock()
-		return s.pausing[id] != nil
+		return s.core.Pausing(id)
 	})
 	rseq := bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 30*time.Second, hd.Name)})
 	select {
@@ -238,6 +238,13 @@ func TestResumeContinuesAPauseItCutShort(t *testing.T) {
 	if err != nil || rec.State != sandboxapi.StateRunning || rec.Pauses.Seq != 1 {
 		t.Fatalf("launch after the resume: %+v, %v; want running after one pause", rec, err)
 	}
+}
+
+// useRelay gives the subject's daemon a model relay, as Config.Relay
+// does.
+func (s *subject) useRelay(r Relay) {
+	s.Daemon.cfg.Relay = r
+	s.Daemon.core.relay = true
 }
 
 // newSubject is a daemon for sandbox sb1 whose supervisor has grace, as

@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"slices"
-	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -103,7 +100,11 @@ type Relay interface {
 	CapturePath() string
 }
 
-// Daemon is sandboxd on the bus.
+// Daemon is sandboxd on the bus: the driver of a Machine. It feeds the
+// machine what the member, the service and its jobs report, under one
+// lock, and carries out the machine's effects: the relay's, the episodes
+// file and notifying the member under the lock; the pauses, watches and
+// flushes as jobs in goroutines of its own; continues outside it.
 type Daemon struct {
 	cfg      Config
 	log      zerolog.Logger
@@ -112,22 +113,18 @@ type Daemon struct {
 	launches launches             // sup, as the daemon controls its launches
 	member   *member.Member
 
-	mu          sync.Mutex
-	open        string                              // checkpoint id while admission is closed
-	paused      map[string]string                   // launch id -> checkpoint that paused it
-	episodes    map[string]string                   // launch id -> episode key, persisted
-	nopause     map[string]bool                     // launches checkpoints leave alone
-	registering map[string]bool                     // launches admitted and not yet registered
-	resuming    map[string]chan struct{}            // launches a take-over (Resume) is continuing; closed when it is done
-	taken       map[string]takenOver                // launch id -> the take-over that continued it
-	heldBy      string                              // the checkpoint whose prepare took the relay's hold ("": none of this daemon's)
-	flushing    bool                                // a wait for the capture to be durable runs
-	pausing     map[string]*pausing                 // launch id -> its pause in flight
-	ending      map[string]context.CancelFunc       // launch id -> the watch for the end of its stop
-	confirmed   map[string][]sandboxapi.PauseResult // checkpoint id -> its pauses that confirmed
-	failed      map[string]error                    // checkpoint id -> why one of its pauses failed
-	closing     bool                                // Run is returning: no new pause or watch
-	pauses      sync.WaitGroup                      // the pausing goroutines and the watches
+	mu       sync.Mutex
+	core     *Machine
+	jobs     map[uint64]*job // the machine's jobs that run
+	tookOver chan struct{}   // closed, and replaced, at the end of each take-over
+	wg       sync.WaitGroup  // the jobs' goroutines
+}
+
+// job is one job of the machine's that runs: cutting it cancels its
+// context; done is closed when it has ended.
+type job struct {
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // launches is the supervisor as the daemon controls its launches: the
@@ -144,13 +141,6 @@ type launches interface {
 	Continue(ctx context.Context, id string) (sandboxapi.PauseResult, error)
 	Stop(ctx context.Context, id string) (sandboxapi.Receipt, error)
 	Cancel(ctx context.Context, id string) (sandboxapi.Receipt, error)
-}
-
-// pausing is one launch's pause in flight for a checkpoint.
-type pausing struct {
-	checkpoint string
-	cancel     context.CancelFunc
-	done       chan struct{}
 }
 
 // New checks cfg and returns a daemon ready to Run.
@@ -194,13 +184,13 @@ func newDaemon(cfg Config) (*Daemon, error) {
 	if cfg.StateFile == "" {
 		cfg.StateFile = filepath.Join(cfg.Supervisor.StateDir(), "position.json")
 	}
-	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, launches: cfg.Supervisor,
-		paused: map[string]string{}, episodes: map[string]string{}, nopause: map[string]bool{}, registering: map[string]bool{}, resuming: map[string]chan struct{}{}, taken: map[string]takenOver{},
-		pausing: map[string]*pausing{}, ending: map[string]context.CancelFunc{}, confirmed: map[string][]sandboxapi.PauseResult{}, failed: map[string]error{},
-		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
-	if err := d.loadEpisodes(); err != nil {
+	d := &Daemon{cfg: cfg, name: name, sup: cfg.Supervisor, launches: cfg.Supervisor, jobs: map[uint64]*job{},
+		tookOver: make(chan struct{}), log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(name)).Logger()}
+	eps, err := d.loadEpisodes()
+	if err != nil {
 		return nil, err
 	}
+	d.core = NewMachine(cfg.Relay != nil, eps)
 	return d, nil
 }
 
@@ -228,7 +218,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = svc.Stop() }()
-	defer d.stopPauses() // no Prepare comes once the member has stopped
+	defer d.stopJobs() // no Prepare comes once the member has stopped
 	err = d.member.Run(ctx)
 	if errors.Is(err, member.ErrSuperseded) || errors.Is(err, member.ErrReplaced) {
 		d.log.Warn().Err(err).Msg("stopping: another sandboxd serves this sandbox now")
@@ -241,241 +231,24 @@ func (d *Daemon) Serve(ctx context.Context) error {
 func (d *Daemon) Joined() <-chan struct{} { return d.member.Joined() }
 
 // Prepare implements member.Participant: close admission and start pausing
-// every launch, and report at once. It is ready once each launch is
-// paused, ended, or stopped after a pause that did not confirm; until
-// then the launches still pausing are its blockers (their episode, or
-// their id), and each pause that ends calls Member.Notify, so that the
-// runtime asks again. A launch being stopped is not paused (the pause
-// would fail at once): it is a blocker until it has ended, which calls
-// Notify too. A pause that failed fails the next Prepare.
+// every launch, and report at once (Machine.Step, PrepareAsked). Until it
+// is ready each pause, end of a stop or flush that ends calls
+// Member.Notify, so that the runtime asks again.
 func (d *Daemon) Prepare(ctx context.Context, cp member.Checkpoint) (member.Report, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.open != cp.ID && d.cfg.Relay != nil {
-		// Before any launch is paused: no model call starts or is answered
-		// from now on until the resume. A relay already holding is either
-		// this daemon's hold of the checkpoint before (the resume of this
-		// one releases it now) or the hold a restore left, which only a
-		// take-over, a collect or a drop resolves: this checkpoint's
-		// resume must not release it.
-		switch {
-		case !d.cfg.Relay.Holding():
-			d.cfg.Relay.Hold()
-			d.heldBy = cp.ID
-		case d.heldBy != "":
-			d.heldBy = cp.ID
-		}
-	}
-	d.open = cp.ID
-	if err := d.failed[cp.ID]; err != nil {
-		return member.Report{}, err
-	}
-	if len(d.registering) > 0 {
-		// A launch admitted before the checkpoint closed admission is still
-		// registering: wait for it, or it would escape the pause.
-		return member.Report{Blockers: []string{"launch-registering"}}, nil
-	}
-	var blockers []string
+	in := PrepareAsked{Checkpoint: cp.ID, Holding: d.holdingLocked(), Durable: d.cfg.Relay == nil || d.cfg.Relay.Durable()}
 	for _, rec := range d.launches.List() {
-		if rec.State == sandboxapi.StateEnded || d.nopause[rec.ID] {
-			// Ended, or its agent stops it or lets it run (a restart-only
-			// rollout).
-			continue
-		}
-		if rec.State == sandboxapi.StateStopping {
-			// It ends by itself, within the stop's grace.
-			d.watchEnd(ctx, rec.ID)
-			blockers = append(blockers, d.blockerLocked(rec.ID))
-			continue
-		}
-		if d.resuming[rec.ID] != nil {
-			// A take-over is continuing it: paused now, running in a
-			// moment. Pause it once that is done (Resume notifies).
-			blockers = append(blockers, d.blockerLocked(rec.ID))
-			continue
-		}
-		mark := d.paused[rec.ID]
-		if mark == "" && rec.State == sandboxapi.StatePaused {
-			// Paused by the agent, not by a checkpoint: it is still, and its
-			// continue is the agent's to send.
-			continue
-		}
-		if mark != cp.ID {
-			if d.closing {
-				return member.Report{}, errors.New("daemon: stopping")
-			}
-			// Marked before the pause: a pause cut short by a resume may
-			// still complete, and the resume must then continue it.
-			d.paused[rec.ID] = cp.ID
-			d.startPause(ctx, cp.ID, rec.ID)
-		}
-		if d.pausing[rec.ID] != nil {
-			blockers = append(blockers, d.blockerLocked(rec.ID))
+		in.Launches = append(in.Launches, Launch{ID: rec.ID, State: rec.State})
+	}
+	effs, err := d.core.Step(in)
+	var rep member.Report
+	for _, e := range d.doLocked(ctx, effs) {
+		if r, ok := e.(Report); ok {
+			rep = r.Report
 		}
 	}
-	if len(blockers) > 0 {
-		sort.Strings(blockers)
-		return member.Report{Blockers: blockers, Counts: map[string]int{"pausing": len(blockers)}}, nil
-	}
-	if d.cfg.Relay != nil && !d.cfg.Relay.Durable() {
-		// Every launch is still; the calls they made are captured, and the
-		// snapshot must not come before the disk has them.
-		d.flushLocked()
-		return member.Report{Blockers: []string{"capture-sync"}}, nil
-	}
-	reports := d.confirmed[cp.ID]
-	return member.Report{Ready: true, Pause: summarize(reports), Counts: map[string]int{"launches": len(reports)}}, nil
-}
-
-// flushLocked starts one wait for the relay's capture to be durable,
-// which notifies the member when it is done (d.mu held).
-func (d *Daemon) flushLocked() {
-	if d.flushing || d.closing {
-		return
-	}
-	d.flushing = true
-	d.pauses.Add(1)
-	go func() {
-		defer d.pauses.Done()
-		if err := d.cfg.Relay.Flush(); err != nil {
-			d.log.Error().Err(err).Msg("the model calls captured are not durable")
-		}
-		d.mu.Lock()
-		d.flushing = false
-		d.mu.Unlock()
-		d.member.Notify()
-	}()
-}
-
-// blockerLocked names launch id as a blocker: its episode, or its id.
-// d.mu is held.
-func (d *Daemon) blockerLocked(id string) string {
-	if ep := d.episodes[id]; ep != "" {
-		return ep
-	}
-	return id
-}
-
-// watchEnd calls Member.Notify once launch id, being stopped, has ended,
-// from one goroutine of the daemon's per launch; the end of Run cuts it
-// short. A wait that fails for another reason does not notify (the
-// member's poll asks again): one that fails at once must not spin. d.mu
-// is held.
-func (d *Daemon) watchEnd(ctx context.Context, id string) {
-	if d.ending[id] != nil || d.closing {
-		return
-	}
-	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d.ending[id] = cancel
-	d.pauses.Go(func() {
-		defer cancel()
-		_, err := d.launches.Wait(wctx, id)
-		d.mu.Lock()
-		delete(d.ending, id)
-		d.mu.Unlock()
-		switch {
-		case err == nil, errors.Is(err, sandboxd.ErrKillUnconfirmed):
-			d.member.Notify() // ended
-		case wctx.Err() == nil:
-			d.log.Debug().Err(err).Str("launch", id).Msg("waiting for the end of a stopping launch")
-		}
-	})
-}
-
-// startPause pauses launch id for checkpoint cp in a goroutine of the
-// daemon's; a resume of cp (Continue) or the end of Run cuts it short.
-// d.mu is held.
-func (d *Daemon) startPause(ctx context.Context, cp, id string) {
-	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p := &pausing{checkpoint: cp, cancel: cancel, done: make(chan struct{})}
-	d.pausing[id] = p
-	d.pauses.Go(func() {
-		defer close(p.done)
-		defer cancel()
-		d.pause(pctx, cp, id)
-		d.mu.Lock()
-		if d.pausing[id] == p {
-			delete(d.pausing, id)
-		}
-		d.mu.Unlock()
-		d.member.Notify()
-	})
-}
-
-// pause pauses launch id for checkpoint cp and records how it went.
-func (d *Daemon) pause(ctx context.Context, cp, id string) {
-	rep, err := d.launches.Pause(ctx, id, sandboxapi.ModeDefault)
-	switch {
-	case ctx.Err() != nil:
-		// Cut short: the mark stays, and whoever cut it continues the
-		// launch, in case the pause completed after all.
-	case errors.Is(err, sandboxd.ErrUnconfirmed):
-		// Unconfirmed, and undone: never leave it running through a
-		// snapshot. Stop it; the agent relaunches from its session.
-		d.unmark(id)
-		d.log.Warn().Str("launch", id).Str("fallback", rep.Fallback).Msg("pause not confirmed; stopping the launch for a relaunch")
-		if _, err := d.launches.Stop(ctx, id); err != nil {
-			d.fail(cp, fmt.Errorf("stop %s after an unconfirmed pause: %w", id, err))
-			return
-		}
-		d.confirm(cp, rep)
-	case errors.Is(err, sandboxd.ErrStopping):
-		d.unmark(id) // being stopped: it ends by itself
-	case err != nil:
-		d.fail(cp, fmt.Errorf("pause %s: %w", id, err))
-	case rep.State == sandboxapi.StateEnded:
-		d.unmark(id) // ended just before the pause: it keeps its result
-	default:
-		d.confirm(cp, rep)
-	}
-}
-
-func (d *Daemon) confirm(cp string, rep sandboxapi.PauseResult) {
-	d.mu.Lock()
-	d.confirmed[cp] = append(d.confirmed[cp], rep)
-	d.mu.Unlock()
-}
-
-func (d *Daemon) fail(cp string, err error) {
-	d.mu.Lock()
-	d.failed[cp] = errors.Join(d.failed[cp], err)
-	d.mu.Unlock()
-}
-
-// cutPauses cuts short the pauses in flight of checkpoint id (every one
-// when id is "") and waits until each has returned.
-func (d *Daemon) cutPauses(id string) {
-	d.mu.Lock()
-	var done []chan struct{}
-	for _, p := range d.pausing {
-		if p.checkpoint == id || id == "" {
-			p.cancel()
-			done = append(done, p.done)
-		}
-	}
-	d.mu.Unlock()
-	for _, ch := range done {
-		<-ch
-	}
-}
-
-// stopPauses cuts every pause and watch short, lets no new one start, and
-// waits.
-func (d *Daemon) stopPauses() {
-	d.mu.Lock()
-	d.closing = true
-	for _, cancel := range d.ending {
-		cancel()
-	}
-	d.mu.Unlock()
-	d.cutPauses("")
-	d.pauses.Wait()
-}
-
-func (d *Daemon) unmark(id string) {
-	d.mu.Lock()
-	delete(d.paused, id)
-	d.mu.Unlock()
+	return rep, err
 }
 
 // PausedByCheckpoint tells whether a checkpoint holds launch id paused:
@@ -483,51 +256,28 @@ func (d *Daemon) unmark(id string) {
 func (d *Daemon) PausedByCheckpoint(id string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.paused[id] != ""
+	return d.core.Mark(id) != ""
 }
 
 // Continue implements member.Continuer: continue what this checkpoint
 // paused and reopen admission. Its pauses still in flight are cut short
 // first, and waited for: one may still complete, and is then continued
-// with the rest.
+// with the rest. The relay's hold this checkpoint took is released once
+// the launches are continued, and the report counts the calls it held.
 func (d *Daemon) Continue(ctx context.Context, id string) (*events.PauseReport, error) {
-	d.cutPauses(id)
-	d.mu.Lock()
-	delete(d.confirmed, id)
-	delete(d.failed, id)
-	var ids []string
-	for l, c := range d.paused {
-		if c == id || id == "" {
-			ids = append(ids, l)
+	d.cut(d.step(ctx, ReopenAsked{Checkpoint: id}))
+	var c ContinueLaunches
+	for _, e := range d.step(ctx, PausesCut{Checkpoint: id}) {
+		if x, ok := e.(ContinueLaunches); ok {
+			c = x
 		}
 	}
-	if d.open == id {
-		d.open = ""
-	}
-	// This continue lets the relay's held calls go (the deferred release
-	// below): only then does its report count them.
-	releases := d.open == "" && d.heldBy != ""
-	d.mu.Unlock()
-	defer func() {
-		// After the launches are continued: the replies it kept reach
-		// harnesses that run again. Only a hold this daemon's prepare took,
-		// and only with admission still open (a prepare that came meanwhile
-		// took the hold over): a restore's hold waits for its take-over.
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		if d.open == "" && d.heldBy != "" && d.cfg.Relay != nil {
-			d.cfg.Relay.Release()
-			d.heldBy = ""
-		}
-	}()
-	sort.Strings(ids)
+	defer d.step(ctx, Reopened{})
 	var reports []sandboxapi.PauseResult
 	var errs []error
-	for _, l := range ids {
+	for _, l := range c.Launches {
 		rep, err := d.launches.Continue(ctx, l)
-		d.mu.Lock()
-		delete(d.paused, l)
-		d.mu.Unlock()
+		d.step(ctx, LaunchContinued{Launch: l})
 		if err != nil {
 			// A continue that failed stopped the launch: the agent sees it
 			// ended and relaunches.
@@ -537,8 +287,8 @@ func (d *Daemon) Continue(ctx context.Context, id string) (*events.PauseReport, 
 		reports = append(reports, rep)
 	}
 	sum := summarize(reports)
-	if sum != nil && releases && d.cfg.Relay != nil {
-		sum.HeldCalls = d.cfg.Relay.Status().Calls.Held // read before the deferred release lets them go
+	if sum != nil && c.CountHeld {
+		sum.HeldCalls = d.cfg.Relay.Status().Calls.Held // read before Reopened lets them go
 	}
 	return sum, errors.Join(errs...)
 }
@@ -556,7 +306,7 @@ func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
 			continue
 		}
 		d.mu.Lock()
-		key := d.episodes[rec.ID]
+		key := d.core.Episode(rec.ID)
 		d.mu.Unlock()
 		ep, err := events.ParseEpisode(key)
 		if err != nil {
@@ -571,37 +321,144 @@ func (d *Daemon) Retire(ctx context.Context, eps []events.Episode) error {
 	return errors.Join(errs...)
 }
 
-// summarize folds the results of a pause or continue of every launch into
-// the one events.PauseReport an ack carries: nil when no launch was
-// touched.
-func summarize(results []sandboxapi.PauseResult) *events.PauseReport {
-	if len(results) == 0 {
-		return nil
-	}
-	results = slices.Clone(results)
-	slices.SortFunc(results, func(a, b sandboxapi.PauseResult) int { return strings.Compare(a.Launch, b.Launch) })
-	out := &events.PauseReport{Mode: results[0].Mode.String(), PauseSeq: results[0].PauseSeq,
-		Identity: results[0].Identity.String(), Wall: results[0].Wall, Uptime: results[0].Uptime}
-	var fallbacks []string
-	for _, r := range results {
-		out.PIDCount += r.PIDCount
-		if len(out.PIDs) < 16 {
-			out.PIDs = append(out.PIDs, r.PIDs[:min(len(r.PIDs), 16-len(out.PIDs))]...)
+// step feeds in to the machine, carries out the effects done under the
+// lock, and returns the rest.
+func (d *Daemon) step(ctx context.Context, in Input) []Effect {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	effs, _ := d.core.Step(in) // only asks are refused, and step feeds none
+	return d.doLocked(ctx, effs)
+}
+
+// holdingLocked tells whether the relay holds (false without one). d.mu
+// is held.
+func (d *Daemon) holdingLocked() bool { return d.cfg.Relay != nil && d.cfg.Relay.Holding() }
+
+// doLocked carries out the effects done under d.mu: the relay's (none
+// blocks), starting jobs (from ctx, without its
+// cancel) and notifying the member; it returns the others, in order, for
+// the caller.
+func (d *Daemon) doLocked(ctx context.Context, effs []Effect) []Effect {
+	var rest []Effect
+	for _, e := range effs {
+		switch e := e.(type) {
+		case RelayHold:
+			d.cfg.Relay.Hold()
+		case RelayRelease:
+			if e.Launch != "" {
+				d.log.Info().Str("launch", e.Launch).Str("why", e.Why).Msg("releasing the model relay")
+			}
+			d.cfg.Relay.Release()
+		case RelayDrop:
+			d.log.Warn().Str("launch", e.Launch).Str("why", e.Why).Msg("dropping the calls a restore left held")
+			d.cfg.Relay.Drop(e.Why)
+		case RelayLabel:
+			if err := d.cfg.Relay.Label(e.Episode, e.Launch); err != nil {
+				d.log.Warn().Err(err).Str("launch", e.Launch).Msg("the launch's model calls are not captured")
+			}
+		case StartPause:
+			d.startPause(ctx, e)
+		case WatchEnd:
+			d.watchEnd(ctx, e)
+		case Flush:
+			d.flush(ctx, e)
+		case Notify:
+			d.notify()
+		default:
+			rest = append(rest, e)
 		}
-		out.Pending = append(out.Pending, r.Pending...)
-		if r.Fallback != "" {
-			fallbacks = append(fallbacks, r.Launch+": "+r.Fallback)
+	}
+	return rest
+}
+
+func (d *Daemon) notify() {
+	if d.member != nil {
+		d.member.Notify()
+	}
+}
+
+// runLocked runs job id in a goroutine of the daemon's, with a context
+// that cutting the job cancels. d.mu is held.
+func (d *Daemon) runLocked(ctx context.Context, id uint64, f func(ctx context.Context)) {
+	jctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	j := &job{cancel: cancel, done: make(chan struct{})}
+	d.jobs[id] = j
+	d.wg.Go(func() {
+		defer close(j.done)
+		defer cancel()
+		f(jctx)
+		d.mu.Lock()
+		delete(d.jobs, id)
+		d.mu.Unlock()
+	})
+}
+
+// startPause pauses a launch for a checkpoint; a resume of it (Continue)
+// or the end of Run cuts it short. A pause that did not confirm was
+// undone: the launch is stopped, for its agent to relaunch it. d.mu is
+// held.
+func (d *Daemon) startPause(ctx context.Context, e StartPause) {
+	d.runLocked(ctx, e.Job, func(ctx context.Context) {
+		rep, err := d.launches.Pause(ctx, e.Launch, sandboxapi.ModeDefault)
+		for _, x := range d.step(ctx, PauseEnded{Job: e.Job, Checkpoint: e.Checkpoint, Launch: e.Launch, Cut: ctx.Err() != nil, Result: rep, Err: err}) {
+			if s, ok := x.(StopLaunch); ok {
+				d.log.Warn().Str("launch", s.Launch).Str("fallback", s.Result.Fallback).Msg("pause not confirmed; stopping the launch for a relaunch")
+				_, err := d.launches.Stop(ctx, s.Launch)
+				d.step(ctx, FallbackStopped{Job: s.Job, Checkpoint: s.Checkpoint, Launch: s.Launch, Result: s.Result, Err: err})
+			}
 		}
-		out.TookMS += r.TookMS
-		out.PauseSeq = max(out.PauseSeq, r.PauseSeq)
+	})
+}
+
+// watchEnd waits for a launch being stopped to end; the end of Run cuts
+// it short. A wait that fails for another reason does not notify (the
+// member's poll asks again): one that fails at once must not spin. d.mu
+// is held.
+func (d *Daemon) watchEnd(ctx context.Context, e WatchEnd) {
+	d.runLocked(ctx, e.Job, func(ctx context.Context) {
+		_, err := d.launches.Wait(ctx, e.Launch)
+		ended := err == nil || errors.Is(err, sandboxd.ErrKillUnconfirmed)
+		if !ended && ctx.Err() == nil {
+			d.log.Debug().Err(err).Str("launch", e.Launch).Msg("waiting for the end of a stopping launch")
+		}
+		d.step(ctx, EndWatched{Job: e.Job, Launch: e.Launch, Ended: ended})
+	})
+}
+
+// flush waits for the relay's capture to be durable. d.mu is held.
+func (d *Daemon) flush(ctx context.Context, e Flush) {
+	d.runLocked(ctx, e.Job, func(ctx context.Context) {
+		if err := d.cfg.Relay.Flush(); err != nil {
+			d.log.Error().Err(err).Msg("the model calls captured are not durable")
+		}
+		d.step(ctx, Flushed{})
+	})
+}
+
+// cut cuts short the jobs of the CutJobs among effs and waits until each
+// has ended.
+func (d *Daemon) cut(effs []Effect) {
+	var done []chan struct{}
+	d.mu.Lock()
+	for _, e := range effs {
+		if c, ok := e.(CutJobs); ok {
+			for _, id := range c.Jobs {
+				if j := d.jobs[id]; j != nil {
+					j.cancel()
+					done = append(done, j.done)
+				}
+			}
+		}
 	}
-	out.Fallback = strings.Join(fallbacks, "; ")
-	out.Frozen = true
-	for _, r := range results {
-		out.Frozen = out.Frozen && r.Frozen
+	d.mu.Unlock()
+	for _, ch := range done {
+		<-ch
 	}
-	if len(out.Pending) > 100 {
-		out.Pending = out.Pending[:100]
-	}
-	return out
+}
+
+// stopJobs cuts every pause and watch short, lets no new job start, and
+// waits for every job.
+func (d *Daemon) stopJobs() {
+	d.cut(d.step(context.Background(), Closing{}))
+	d.wg.Wait()
 }

@@ -37,5 +37,11 @@
 //     with a sandboxapi.PauseResult; the prepare and resume acks carry one
 //     events.PauseReport, the summary over all the launches touched.
 //
+// What the daemon decides is a pure core, Machine: Step takes an input
+// (a prepare, a reopen, a launch, a take-over, the end of a job) and
+// returns the effects; Daemon is its driver, which steps it under one
+// lock and carries the effects out. The golden scripts in testdata/ play
+// each phase path.
+//
 // docs/SANDBOXD.md, "On the bus", is the long form.
 package daemon

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 
@@ -21,20 +20,19 @@ func (d *Daemon) episodesFile() string {
 // loadEpisodes reads the launches' episodes kept by the last daemon; a
 // file that is torn or names what is not a launch or an episode is an
 // error naming the file, and is left as it is.
-func (d *Daemon) loadEpisodes() error {
+func (d *Daemon) loadEpisodes() (map[string]string, error) {
 	b, err := os.ReadFile(d.episodesFile())
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("daemon: %w", err)
+		return nil, fmt.Errorf("daemon: %w", err)
 	}
 	eps, err := decodeEpisodes(b)
 	if err != nil {
-		return fmt.Errorf("daemon: state file %s: %w", d.episodesFile(), err)
+		return nil, fmt.Errorf("daemon: state file %s: %w", d.episodesFile(), err)
 	}
-	maps.Copy(d.episodes, eps)
-	return nil
+	return eps, nil
 }
 
 // decodeEpisodes checks the bytes of episodes.json: one JSON object from
@@ -66,8 +64,9 @@ func decodeEpisodes(b []byte) (map[string]string, error) {
 	return eps, nil
 }
 
-func (d *Daemon) saveEpisodesLocked() error {
-	b, _ := json.Marshal(d.episodes)
+// saveEpisodes writes the launches' episodes.
+func (d *Daemon) saveEpisodes(eps map[string]string) error {
+	b, _ := json.Marshal(eps)
 	if err := atomicfile.Write(d.episodesFile(), b, 0o644); err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}

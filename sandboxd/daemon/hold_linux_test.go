@@ -82,7 +82,7 @@ func TestPrepareDuringALaunchKeepsTheHold(t *testing.T) {
 	bridge := membertest.NewBridge(t, env, "run1")
 	s := newSubject(t, env, time.Second)
 	rl := &slowHolding{entered: make(chan struct{}), proceed: make(chan struct{})}
-	s.Daemon.cfg.Relay = rl
+	s.useRelay(rl)
 	hd := membertest.StartMember(t, env, "run1", "sandbox.sb1", s, membertest.Options{StateFile: filepath.Join(t.TempDir(), "position.json")})
 	id := s.prefix + "-new"
 	done := make(chan error, 1)
@@ -190,7 +190,7 @@ func TestFailedTakeOverDropsTheHeldCalls(t *testing.T) {
 	t.Cleanup(srv.Close)
 	s := newSubject(t, env, time.Second)
 	rl := startRelay(t, srv.URL)
-	s.Daemon.cfg.Relay = rl
+	s.useRelay(rl)
 	membertest.StartMember(t, env, "run1", "sandbox.sb1", s, membertest.Options{StateFile: filepath.Join(t.TempDir(), "position.json")})
 	id, answered := restoredHold(t, s, rl)
 	s.Daemon.launches = failContinue{s.gate}
@@ -279,7 +279,7 @@ func TestPrepareDuringATakeOverHandsTheHoldOn(t *testing.T) {
 	t.Cleanup(srv.Close)
 	s := newSubject(t, env, time.Second)
 	rl := startRelay(t, srv.URL)
-	s.Daemon.cfg.Relay = rl
+	s.useRelay(rl)
 	slow := &slowContinue{launches: s.gate, entered: make(chan struct{}), release: make(chan struct{})}
 	s.Daemon.launches = slow
 	hd := membertest.StartMember(t, env, "run1", "sandbox.sb1", s, membertest.Options{StateFile: filepath.Join(t.TempDir(), "position.json")})
@@ -297,7 +297,7 @@ func TestPrepareDuringATakeOverHandsTheHoldOn(t *testing.T) {
 	poll.Wait(t, 10*time.Second, "the prepare to open c3", func() bool {
 		s.Daemon.mu.Lock()
 		defer s.Daemon.mu.Unlock()
-		return s.open == "c3"
+		return s.core.Open() == "c3"
 	})
 	close(slow.release)
 	if err := <-resumed; err != nil {

@@ -36,38 +36,15 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec 
 		}
 	}
 	d.mu.Lock()
-	if d.open != "" {
-		open := d.open
-		d.mu.Unlock()
-		return sandboxapi.Record{}, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
-	}
-	if d.registering[spec.ID] {
-		d.mu.Unlock()
-		return sandboxapi.Record{}, fmt.Errorf("%w: %s is being launched", sandboxd.ErrLaunchExists, spec.ID)
-	}
-	d.registering[spec.ID] = true
-	if d.cfg.Relay != nil && d.cfg.Relay.Holding() {
-		// Admission is open and the relay still holds: a hold the
-		// snapshot of a restored sandbox kept, whose held launch its agent
-		// abandoned (or never took over). Its calls are dropped, never sent
-		// on (the relaunched harness makes its own), and the new launch's
-		// calls flow. Decided and done under d.mu, with admission: a
-		// prepare's hold cannot come between.
-		d.log.Warn().Str("launch", spec.ID).Msg("dropping the calls a restore left held: a new launch")
-		d.cfg.Relay.Drop("a new launch " + spec.ID + " replaces the held one")
-	}
-	if d.cfg.Relay != nil && episode != "" {
-		if err := d.cfg.Relay.Label(episode, spec.ID); err != nil {
-			d.log.Warn().Err(err).Str("launch", spec.ID).Msg("the launch's model calls are not captured")
-		}
+	effs, err := d.core.Step(LaunchAsked{Launch: spec.ID, Episode: episode, Holding: d.holdingLocked()})
+	if err == nil {
+		d.doLocked(ctx, effs) // the relay's drop and label, with admission
 	}
 	d.mu.Unlock()
-	defer func() {
-		d.mu.Lock()
-		delete(d.registering, spec.ID)
-		d.mu.Unlock()
-		d.member.Notify()
-	}()
+	if err != nil {
+		return sandboxapi.Record{}, err
+	}
+	defer d.step(ctx, LaunchRegistered{Launch: spec.ID})
 	if _, err := d.launches.Status(spec.ID); err == nil {
 		return sandboxapi.Record{}, fmt.Errorf("%w: %s", sandboxd.ErrLaunchExists, spec.ID)
 	}
@@ -99,37 +76,30 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, spec 
 func (d *Daemon) recordLaunch(id, episode string, nopause bool) (undo func(), err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	prevEpisode, hadEpisode := d.episodes[id]
-	prevNopause := d.nopause[id]
-	putBack := func() {
-		if hadEpisode {
-			d.episodes[id] = prevEpisode
-		} else {
-			delete(d.episodes, id)
-		}
-		if !prevNopause {
-			delete(d.nopause, id)
-		}
-	}
-	if episode != "" {
-		d.episodes[id] = episode
-		if err := d.saveEpisodesLocked(); err != nil {
-			putBack()
-			return nil, err
-		}
-	}
-	if nopause {
-		d.nopause[id] = true
+	effs, _ := d.core.Step(LaunchRecorded{Launch: id, Episode: episode, NoPause: nopause})
+	if err := d.saveLocked(effs); err != nil {
+		_, _ = d.core.Step(LaunchUnrecorded{Launch: id})
+		return nil, err
 	}
 	return func() {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		putBack()
-		if episode == "" {
-			return
-		}
-		if err := d.saveEpisodesLocked(); err != nil {
+		effs, _ := d.core.Step(LaunchUnrecorded{Launch: id, Save: true})
+		if err := d.saveLocked(effs); err != nil {
 			d.log.Warn().Err(err).Str("launch", id).Msg("forget the episode of a refused launch")
 		}
 	}, nil
+}
+
+// saveLocked writes the episodes file of the SaveEpisodes among effs.
+// d.mu is held.
+func (d *Daemon) saveLocked(effs []Effect) error {
+	for _, e := range effs {
+		if s, ok := e.(SaveEpisodes); ok {
+			if err := d.saveEpisodes(s.Episodes); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

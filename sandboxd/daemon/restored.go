@@ -77,14 +77,6 @@ func verdict(r sandboxapi.HeldRequest, self sandboxapi.Identity, rec sandboxapi.
 	return sandboxapi.VerdictHeld, fmt.Sprintf("held in pause %d (%s, frozen %v) by %s", rec.Pauses.Seq, rec.Pauses.Mode, rec.Pauses.Frozen, self)
 }
 
-// takenOver is a take-over that continued a launch: what a Resume asked
-// and what it answered, answered again to the same Resume.
-type takenOver struct {
-	seq      int
-	identity sandboxapi.Identity
-	rep      sandboxapi.PauseResult
-}
-
 // Resume takes over a launch a checkpoint from before a restore left held:
 // if it is still held in pause r.PauseSeq by supervisor r.Identity, it is
 // continued (thawed, when the hold froze it), and the relay is released
@@ -116,68 +108,37 @@ func (d *Daemon) resume(ctx context.Context, r sandboxapi.ResumeRequest) (sandbo
 	if err != nil {
 		return sandboxapi.PauseResult{}, nil, err
 	}
-	d.mu.Lock()
-	if ch := d.resuming[r.LaunchID]; ch != nil {
-		d.mu.Unlock()
-		return sandboxapi.PauseResult{}, ch, nil
-	}
-	if t, ok := d.taken[r.LaunchID]; ok && t.seq == r.PauseSeq && t.identity == r.Identity &&
-		(ans.Verdict == sandboxapi.VerdictNotHolding || ans.Verdict == sandboxapi.VerdictEnded) && ans.Record != nil && ans.Record.Pauses.Seq == r.PauseSeq {
-		// Continued by the same take-over, and not paused since (running, or
-		// ended after it): an answer the agent did not get (its request
-		// timed out), answered again.
-		d.mu.Unlock()
-		return t.rep, nil, nil
-	}
-	d.mu.Unlock()
-	switch ans.Verdict {
-	case sandboxapi.VerdictHeld:
-	case sandboxapi.VerdictUnknownLaunch:
-		return sandboxapi.PauseResult{}, nil, fmt.Errorf("%w: %s", sandboxd.ErrUnknownLaunch, r.LaunchID)
-	case sandboxapi.VerdictIdentityChanged:
-		return sandboxapi.PauseResult{}, nil, fmt.Errorf("%w: %s", ErrIdentityChanged, ans.Reason)
-	default:
-		return sandboxapi.PauseResult{}, nil, fmt.Errorf("%w: %s", ErrNotHolding, ans.Reason)
+	seq := -1
+	if ans.Record != nil {
+		seq = ans.Record.Pauses.Seq
 	}
 	d.mu.Lock()
-	if d.open != "" {
-		open := d.open
-		d.mu.Unlock()
-		return sandboxapi.PauseResult{}, nil, fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, open)
-	}
-	if ch := d.resuming[r.LaunchID]; ch != nil {
-		d.mu.Unlock()
-		return sandboxapi.PauseResult{}, ch, nil
-	}
-	// From here until the continue is done a prepare counts the launch as
-	// a blocker and leaves it alone: it would otherwise take the held
-	// launch for one its agent paused, or pause it under a mark that the
-	// end of the take-over then clears.
-	done := make(chan struct{})
-	d.resuming[r.LaunchID] = done
-	old := d.paused[r.LaunchID]
+	effs, err := d.core.Step(TakeOverAsked{Launch: r.LaunchID, PauseSeq: r.PauseSeq, Identity: r.Identity,
+		Verdict: ans.Verdict, Reason: ans.Reason, RecordSeq: seq})
+	wait := d.tookOver
 	d.mu.Unlock()
+	if err != nil {
+		return sandboxapi.PauseResult{}, nil, err
+	}
+	for _, e := range effs {
+		switch e := e.(type) {
+		case WaitTakeOver:
+			return sandboxapi.PauseResult{}, wait, nil
+		case AnswerAgain:
+			return e.Result, nil, nil
+		}
+	}
 	rep, err := d.launches.Continue(ctx, r.LaunchID)
 	d.mu.Lock()
-	delete(d.resuming, r.LaunchID)
-	close(done)
-	if old != "" && d.paused[r.LaunchID] == old {
-		delete(d.paused, r.LaunchID) // the snapshot's checkpoint's mark, if this daemon had it
-	}
-	if err == nil {
-		d.taken[r.LaunchID] = takenOver{seq: r.PauseSeq, identity: r.Identity, rep: rep}
-	}
+	effs, _ = d.core.Step(TakeOverDone{Launch: r.LaunchID, PauseSeq: r.PauseSeq, Identity: r.Identity, Result: rep, Err: err,
+		Holding: d.holdingLocked()})
+	close(d.tookOver)
+	d.tookOver = make(chan struct{})
+	d.doLocked(ctx, effs) // notify a prepare that found it resuming; release or drop the relay's hold
 	d.mu.Unlock()
-	if d.member != nil {
-		d.member.Notify() // a prepare that found it resuming asks again
-	}
 	if err != nil {
-		// The continue failed and stopped the launch: what the relay held
-		// for its harness must not reach the model server.
-		d.dropAfterRestore(r.LaunchID, "take-over failed: "+err.Error())
 		return rep, nil, err
 	}
-	d.releaseAfterRestore(r.LaunchID, "taken over")
 	d.log.Warn().Str("launch", r.LaunchID).Int("pause_seq", r.PauseSeq).Bool("frozen", rep.Frozen).
 		Stringer("identity", rep.Identity).Msg("resumed a restored launch in place")
 	return rep, nil, nil
@@ -201,11 +162,9 @@ func (d *Daemon) Collect(r sandboxapi.CollectRequest) (sandboxapi.Receipt, error
 		return sandboxapi.Receipt{}, fmt.Errorf("%w: launch %s is %s, not ended", ErrNotHolding, r.LaunchID, rec.State)
 	}
 	d.mu.Lock()
-	if d.open == "" {
-		delete(d.paused, r.LaunchID) // no checkpoint of this daemon's is open: the mark is a restored one's
-	}
+	effs, _ := d.core.Step(Collected{Launch: r.LaunchID, Holding: d.holdingLocked()})
+	d.doLocked(context.Background(), effs)
 	d.mu.Unlock()
-	d.releaseAfterRestore(r.LaunchID, "collected")
 	return *rec.Receipt, nil
 }
 
@@ -219,47 +178,6 @@ func (d *Daemon) identityFor(id string) sandboxapi.Identity {
 		self.Start++
 	}
 	return self
-}
-
-// releaseAfterRestore releases the relay a restored snapshot kept held,
-// unless a checkpoint of this daemon's is open: that checkpoint's resume
-// releases it then, as if its prepare had taken the hold.
-func (d *Daemon) releaseAfterRestore(id, why string) {
-	if d.cfg.Relay == nil {
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.cfg.Relay.Holding() {
-		return
-	}
-	if d.open != "" {
-		d.heldBy = d.open
-		return
-	}
-	d.log.Info().Str("launch", id).Str("why", why).Msg("releasing the model relay")
-	d.cfg.Relay.Release()
-}
-
-// dropAfterRestore drops what the relay a restored snapshot kept holds
-// (Relay.Drop): the launch it held them for is gone. A checkpoint of this
-// daemon's that is open holds the relay again at once, and its resume
-// releases it.
-func (d *Daemon) dropAfterRestore(id, why string) {
-	if d.cfg.Relay == nil {
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.cfg.Relay.Holding() {
-		return
-	}
-	d.log.Warn().Str("launch", id).Str("why", why).Msg("dropping the calls a restore left held")
-	d.cfg.Relay.Drop(why)
-	if d.open != "" {
-		d.cfg.Relay.Hold()
-		d.heldBy = d.open
-	}
 }
 
 // RelayStatus returns the relay's status (ErrNoRelay without one).
@@ -328,8 +246,8 @@ func (d *Daemon) Repoint(r sandboxapi.RepointRequest) (sandboxapi.RelayStatus, e
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.open != "" {
-		return d.cfg.Relay.Status(), fmt.Errorf("%w: checkpoint %s", ErrAdmissionClosed, d.open)
+	if _, err := d.core.Step(RepointAsked{URL: r.URL, Generation: r.Generation}); err != nil {
+		return d.cfg.Relay.Status(), err
 	}
 	return d.cfg.Relay.Repoint(r.URL, r.Generation)
 }

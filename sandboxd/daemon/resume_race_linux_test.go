@@ -76,10 +76,10 @@ func TestPrepareDuringATakeOver(t *testing.T) {
 	poll.Wait(t, 10*time.Second, "the prepare to find the launch resuming", func() bool {
 		s.Daemon.mu.Lock()
 		defer s.Daemon.mu.Unlock()
-		return s.open == "c3"
+		return s.core.Open() == "c3"
 	})
 	s.Daemon.mu.Lock()
-	pausing, mark := s.pausing[id] != nil, s.paused[id]
+	pausing, mark := s.core.Pausing(id), s.core.Mark(id)
 	s.Daemon.mu.Unlock()
 	if pausing || mark != "" {
 		t.Fatalf("the prepare touched a launch being taken over: pausing %v, mark %q", pausing, mark)

@@ -33,7 +33,7 @@ func TestTrajectoryReadsTheCaptureFile(t *testing.T) {
 		t.Fatalf("without a relay: %v, want ErrNoRelay", err)
 	}
 	rl := &captureRelay{}
-	s.Daemon.cfg.Relay = rl
+	s.useRelay(rl)
 	if _, err := s.Trajectory(sandboxapi.TrajectoryRequest{}); !errors.Is(err, ErrNoCapture) {
 		t.Fatalf("without a capture: %v, want ErrNoCapture", err)
 	}
