@@ -269,6 +269,35 @@ func stateOf(pid int) byte {
 	return st.State
 }
 
+// procID names a process for as long as the machine runs: a pid alone is
+// given to another process once its own is gone, and on a busy machine the
+// pids wrap within a test run.
+type procID struct {
+	pid   int
+	start uint64
+}
+
+// procsOf names the processes of pids that are there now.
+func procsOf(pids []int) []procID {
+	var out []procID
+	for _, pid := range pids {
+		if st, _, err := procfs.ReadStat(pid, nil); err == nil {
+			out = append(out, procID{pid, st.Start})
+		}
+	}
+	return out
+}
+
+// state returns the state letter of p, or 0 when p is gone, its pid now
+// another process's or nobody's.
+func (p procID) state() byte {
+	st, _, err := procfs.ReadStat(p.pid, nil)
+	if err != nil || st.Start != p.start {
+		return 0
+	}
+	return st.State
+}
+
 func commOf(pid int) string {
 	b, err := os.ReadFile(procfs.Path(pid, "/comm"))
 	if err != nil {
