@@ -478,33 +478,22 @@ func (d *coreDelivery) Nak(delay time.Duration) error {
 // names the newest commit when it had stop (member.PhasesMissed). There
 // is nothing to answer.
 type Missed struct {
+	notice
 	Next       string
 	Epoch      uint64
 	StopCommit string
 }
 
-// Subject is empty: a notice was published nowhere.
-func (Missed) Subject() string { return "" }
+// notice is a Delivery published nowhere, with nothing to answer.
+type notice struct{}
 
-// Sequence is 0: a notice is not in the stream.
-func (Missed) Sequence() uint64 { return 0 }
-
-// Delivered is 1: a notice comes once.
-func (Missed) Delivered() uint64 { return 1 }
-
-// Event fails: a notice is no event.
-func (Missed) Event() (cloudevent.Event, events.Data, error) {
+func (notice) Subject() string   { return "" }
+func (notice) Sequence() uint64  { return 0 }
+func (notice) Delivered() uint64 { return 1 }
+func (notice) Event() (cloudevent.Event, events.Data, error) {
 	return cloudevent.Event{}, nil, errors.New("member: a notice of missed phases, not an event")
 }
-
-// Ack does nothing.
-func (Missed) Ack() error { return nil }
-
-// Nak does nothing.
-func (Missed) Nak(time.Duration) error { return nil }
-
-// Term does nothing.
-func (Missed) Term(string) error { return nil }
-
-// InProgress does nothing.
-func (Missed) InProgress() error { return nil }
+func (notice) Ack() error              { return nil }
+func (notice) Nak(time.Duration) error { return nil }
+func (notice) Term(string) error       { return nil }
+func (notice) InProgress() error       { return nil }
