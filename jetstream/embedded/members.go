@@ -43,7 +43,7 @@ func MemberPermissions(kind events.MemberKind, run, name string) *Permissions {
 	sub := append([]string{InboxPrefix(run, events.Member(self)) + ".>", events.ServiceSubject(run, events.Member(self)) + ".>"},
 		discovery(kind)...)
 	if kind == events.KindSandbox {
-		// Its feed (member.Config.CoreFeed with NoPull): a core subscription of its run's phases
+		// Its feed (member.Config.StateFile with NoPull: feed.Core): a core subscription of its run's phases
 		// as the bridge publishes their live copies (events.LivePhaseFilter) and of its committed
 		// outcomes; catch-up by direct gets of the newest of them, and of the newest phase of each
 		// kind, whose subjects name the run (a next-by-subject get names its subject in the

@@ -131,7 +131,7 @@ func RolePermissions(role Role, run string) (*Permissions, error) {
 			"$KV." + jetstream.BucketSnapshots + ".>",
 		}, records...), nil), nil
 	case RoleSandbox:
-		// Its core feed (member.Config.CoreFeed): the run's phases as the stream republishes them
+		// Its core feed (member.Config.StateFile: feed.Core): the run's phases as the stream republishes them
 		// (events.LivePhaseFilter) and its committed outcomes on a core subscription; it catches
 		// up by the direct gets common allows.
 		// It publishes nothing into the stream: its acks go on core NATS (events.LiveAck),

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/member/feed"
 )
 
 // Defaults of Config.
@@ -71,42 +72,35 @@ type Config struct {
 	PollEvery time.Duration
 	// Capabilities say what the member can do, as in events.MemberJoined.
 	Capabilities []string
-	// StateFile, when set, makes the member read through an ordered
-	// consumer, which keeps no state on the server (PROTOCOL §3: thousands
-	// of sandbox daemons), and keep its position in this file: a restarted
-	// process resumes after the last event it handled. Events are then
+	// StateFile, when set, makes the member read the run's phases on the
+	// core feed (feed.Core) and keep its position in this file: a
+	// core-NATS subscription instead of a consumer, catching up from the
+	// stream by direct get (next by subject, from after the position the
+	// file holds) when it starts, after every reconnect, and when a phase's
+	// sequence is past the next one (PROTOCOL §3): the stream then has no
+	// consumer per member, whatever the number of sandbox daemons. A
+	// restarted process resumes after the last event it handled. Events are
 	// never redelivered by the server; one given back is delivered again
-	// locally.
+	// locally. Its user must subscribe to the run's phases (and the
+	// committed outcomes, for a participant that parks) and direct-get from
+	// the stream (docs/PERMISSIONS.md); it creates no consumer.
 	StateFile string
 	// NoPull is for a member whose user makes no consumer and reads no
 	// stream's info, and whose direct gets must name their subject: a
 	// sandbox with a user of its own (docs/PERMISSIONS.md). It needs
-	// CoreFeed, whose catch-up then reads the newest phase of each kind
-	// (CoreFeed). Its heartbeat's TTL is its kind's default
+	// StateFile: the core feed's catch-up then reads the newest of the
+	// run's phases instead, and only when more than that was missed the
+	// newest of each phase kind, acting on those a member must not miss
+	// (PROTOCOL §3, Consumers); and, for a participant that parks, the
+	// newest committed outcome. Its heartbeat's TTL is its kind's default
 	// (jetstream.DefaultHeartbeatTTL: such a user cannot read its bucket's,
 	// which the bucket's info holds), and Bus may be nil when the
 	// participant neither exports nor installs records (a sandbox daemon).
 	NoPull bool
-	// CoreFeed, with StateFile, makes the member read the run's phases on a
-	// core-NATS subscription instead of a consumer, catching up from the
-	// stream by direct get (next by subject, from after the position its
-	// state file holds) when it starts, after every reconnect, and when a
-	// phase's sequence is past the next one (PROTOCOL §3): the stream then
-	// has no consumer per member, whatever the number of sandbox daemons.
-	// Its user must subscribe to the run's phases (and the committed
-	// outcomes, for a participant that parks) and direct-get from the
-	// stream (docs/PERMISSIONS.md); it creates no consumer. With NoPull, for
-	// a user whose direct gets must name the subject (a sandbox's own,
-	// which no next-by-subject request body can be limited for), it reads
-	// the newest of the run's phases instead, and only when more than that
-	// was missed the newest of each phase kind, acting on those a member
-	// must not miss (PROTOCOL §3, Consumers); and, for a participant that
-	// parks, the newest committed outcome.
-	CoreFeed bool
 	// Source, when set, feeds the member the run's events instead of a
 	// consumer of its own: a process that hosts many members keeps one
 	// consumer for all of them (PROTOCOL §3). StateFile is then unused.
-	Source Source
+	Source feed.Source
 	// AdoptEpoch, when not 0, starts the member as having served that
 	// epoch: a sandbox daemon that a restore adopts with its running
 	// launches (a process-keeping fork re-identified in place, PROTOCOL §5's
@@ -181,11 +175,8 @@ func (c Config) Validate() error {
 	if c.Source != nil && c.StateFile != "" {
 		field("StateFile: a member fed by a Source keeps no position of its own")
 	}
-	switch {
-	case c.CoreFeed && c.StateFile == "":
-		field("CoreFeed: needs a StateFile, where it keeps its position")
-	case c.NoPull && !c.CoreFeed:
-		field("NoPull: needs CoreFeed: a user that makes no consumer reads its phases on a core subscription")
+	if c.NoPull && c.StateFile == "" {
+		field("NoPull: needs a StateFile: a user that makes no consumer reads its phases on the core feed")
 	}
 	if c.NoPull && c.Bus == nil && c.Participant != nil {
 		_, exports := c.Participant.(Exporter)
@@ -210,4 +201,26 @@ func (c Config) Validate() error {
 func ConsumerName(run string, m events.Member) string {
 	esc := func(s string) string { return strings.ReplaceAll(s, "_", "__") }
 	return "sp_" + esc(run) + "_" + string(m.Kind()) + "_" + esc(m.Name())
+}
+
+// DurableConfig returns the configuration of the one durable consumer of a
+// member process (PROTOCOL §3), named name: the run's phases, its one
+// filter, explicit acks, state in memory (a file-state durable costs a
+// disk write per ack), delivering what is published from its creation on.
+// With one filter its create subject names it, and a member's own user may
+// create its consumer with that filter only (docs/PERMISSIONS.md): the
+// committed outcomes a stop commit parks on come on a core subscription
+// (feed.Durable). A Source that feeds many members starts from it too.
+func DurableConfig(run, name, description string) natsjs.ConsumerConfig {
+	return natsjs.ConsumerConfig{
+		Durable:           name,
+		Description:       description,
+		FilterSubject:     events.PhaseFilter(run),
+		DeliverPolicy:     natsjs.DeliverNewPolicy,
+		AckPolicy:         natsjs.AckExplicitPolicy,
+		AckWait:           AckWait,
+		MaxAckPending:     MaxAckPending,
+		InactiveThreshold: ConsumerInactiveThreshold,
+		MemoryStorage:     true,
+	}
 }

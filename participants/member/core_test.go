@@ -25,13 +25,13 @@ import (
 )
 
 // startCore starts sandbox member sandbox.sb1 of run1 on the core feed
-// (Config.CoreFeed) with its state file in dir, connected through env;
+// (Config.StateFile) with its state file in dir, connected through env;
 // scoped, its catch-up is that of a sandbox with a user of its own
 // (Config.NoPull).
 func startCore(t *testing.T, env *jstest.Env, dir string, episodes int, scoped bool) *membertest.Handle {
 	t.Helper()
 	return membertest.StartMember(t, env, "run1", "sandbox.sb1", membertest.NewParticipant("sb1"),
-		membertest.Options{StateFile: filepath.Join(dir, "position.json"), CoreFeed: true, NoPull: scoped, Episodes: episodes})
+		membertest.Options{StateFile: filepath.Join(dir, "position.json"), NoPull: scoped, Episodes: episodes})
 }
 
 // catchUps are the core feed's two catch-ups: by next-by-subject direct
@@ -414,7 +414,7 @@ func startOwnUser(t *testing.T, env *jstest.Env) (*membertest.Handle, *membertes
 	const name events.Member = "sandbox.sb1"
 	p := membertest.NewParticipant("sb1")
 	h := membertest.StartMember(t, env.WithCreds(env.MemberCreds(t, "run1", name)), "run1", name, sandboxLike{p, p},
-		membertest.Options{StateFile: filepath.Join(t.TempDir(), "position.json"), CoreFeed: true, NoPull: true})
+		membertest.Options{StateFile: filepath.Join(t.TempDir(), "position.json"), NoPull: true})
 	return h, p
 }
 

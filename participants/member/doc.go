@@ -21,24 +21,32 @@
 // (§5 Lease), fences and recorded replies (§5 Fencing, Idempotence), what
 // each open checkpoint exported (§5 commit: export once), retire marks and
 // epoch (§5 Epochs fence zombies). Member is the driver: one loop goroutine
-// owns the machine, takes Deliveries from its feed, publishes acks and
+// owns the machine, takes feed.Deliveries from its feed, publishes acks and
 // creates manifests; handlers that wait (a prepare's readiness, a commit's
 // write, a restore's install, a park) run in workers that the loop starts,
 // cancels and waits for.
 //
 // # Feeds
 //
-// A member reads the run's phases (§3) from one durable consumer of its
-// own (ConsumerName, DurableConfig; the committed outcomes a stop commit
-// parks on come then on a core subscription), or, with Config.StateFile, from an
-// ordered consumer whose position it keeps in that file, or, with
-// Config.CoreFeed too, from no consumer at all: a core-NATS subscription
-// of the run's phases that catches up from the stream by direct get at
-// start, after a reconnect and at a gap in the phase sequence (§3:
+// A member reads the run's phases (§3) through a feed of package feed:
+// one durable consumer of its own (feed.Durable: ConsumerName,
+// DurableConfig; the committed outcomes a stop commit parks on come then
+// on a core subscription), or, with Config.StateFile, no consumer at all
+// (feed.Core): a core-NATS subscription of the run's phases that catches
+// up from the stream by direct get at start, after a reconnect and at a
+// gap in the phase sequence, keeping its position in that file (§3:
 // thousands of sandbox daemons, and a stream whose consumers do not grow
 // with them; for a sandbox's own user, Config.NoPull, by the newest phase
 // of each kind), or from a Source that a process shares among its members
 // (Config.Source; membertest.Host is one).
+//
+// # Floor
+//
+// Package member is the shared floor of the participants: the agent, the
+// owner and sandboxd import it, and it imports none of them, nor the
+// bridge. sandboxd/daemon importing it is the one import that runs up the
+// house (docs/ARCHITECTURE.md): a sandbox daemon is a member. Below it
+// are only events, jetstream and internal packages, and its own feed.
 //
 // # Records
 //

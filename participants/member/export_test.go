@@ -6,6 +6,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/participants/member/feed"
 )
 
 // WriteRecordsPaced is WriteRecords calling before(index) ahead of each
@@ -23,16 +24,14 @@ func WriteRecordsNoResponders(ctx context.Context, store natsjs.ObjectStore, run
 	return writeRecords(ctx, store, run, checkpoint, m, records, writeHooks{noResponders: noResponders})
 }
 
-// LoseCoreArrivals makes the core feed of m (Config.CoreFeed) lose the next
-// n messages its subscription receives, as a subscription that was not up
-// when they were published. Call it once m has joined.
-func LoseCoreArrivals(m *Member, n int) {
-	m.core.lose.Add(int64(n))
-}
+// LoseCoreArrivals makes the core feed of m (Config.StateFile) lose the
+// next n messages its subscription receives, as a subscription that was
+// not up when they were published. Call it once m has joined.
+func LoseCoreArrivals(m *Member, n int) { m.feed.(*feed.Core).Lose(n) }
 
 // CoreCatchUps returns how many times the core feed of m has read the
 // stream to catch up (at start, at a reconnect, at a gap).
-func CoreCatchUps(m *Member) int64 { return m.core.catchUps.Load() }
+func CoreCatchUps(m *Member) int64 { return m.feed.(*feed.Core).CatchUps() }
 
 // ConsumeError hands err to m's loop as its consumer's error handler
 // does, once m has joined.

@@ -12,11 +12,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/participants/member/feed"
 )
 
 // held is a phase event waiting for its answer: every delivery of it.
 type held struct {
-	dls      []Delivery
+	dls      []feed.Delivery
 	received time.Time
 	log      *lazyLog
 }
@@ -86,10 +87,10 @@ func (m *Member) loop(ctx context.Context) error {
 				return err
 			}
 			if errors.Is(err, natsjs.ErrConsumerDeleted) || errors.Is(err, natsjs.ErrConsumerNotFound) {
-				if m.feed.recreate == nil {
+				if m.durable == nil {
 					return fmt.Errorf("%w: %w", ErrConsumerLost, err)
 				}
-				m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("consumer lost; making it again")
+				m.log.Warn().Err(err).Str("consumer", m.feed.Name()).Msg("consumer lost; making it again")
 				if !m.recreateFeed(ctx) {
 					retry.Reset(recreateRetry)
 				}
@@ -97,8 +98,8 @@ func (m *Member) loop(ctx context.Context) error {
 			}
 			m.log.Warn().Err(err).Msg("consume")
 			switch {
-			case errors.Is(err, nats.ErrNoResponders) && m.feed.repull != nil:
-				// The pull is lost (feed.repull): at the retry the consumer
+			case errors.Is(err, nats.ErrNoResponders) && m.durable != nil:
+				// The pull is lost (feed.Durable.Repull): at the retry the consumer
 				// is checked and pulled from again; not at once, as one
 				// without a leader answers every pull so.
 				m.repullDue = true
@@ -110,7 +111,7 @@ func (m *Member) loop(ctx context.Context) error {
 			// A feed left without a consumer (its remake failed) is made
 			// again; one that could not be checked is checked again.
 			again := m.checkFeed
-			if m.feedDown || m.feed.lost == nil {
+			if m.feedDown {
 				again = m.recreateFeed
 			}
 			if !again(ctx) {
@@ -160,13 +161,13 @@ func mayBeLost(err error) bool {
 // reports false, having logged why, if it must be asked again later: the
 // server cannot tell yet, or the consumer could not be made.
 func (m *Member) checkFeed(ctx context.Context) bool {
-	if m.feed.lost == nil || m.feed.recreate == nil {
+	if m.durable == nil {
 		return true
 	}
-	lost, err := m.feed.lost(ctx)
+	lost, err := m.durable.Lost(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot tell whether the consumer is still there; will ask again")
+			m.log.Warn().Err(err).Str("consumer", m.feed.Name()).Msg("cannot tell whether the consumer is still there; will ask again")
 		}
 		return false
 	}
@@ -176,41 +177,41 @@ func (m *Member) checkFeed(ctx context.Context) bool {
 		}
 		return true
 	}
-	m.log.Warn().Str("consumer", m.feed.name).Msg("consumer gone (the server restarted without it?); making it again")
+	m.log.Warn().Str("consumer", m.feed.Name()).Msg("consumer gone (the server restarted without it?); making it again")
 	return m.recreateFeed(ctx)
 }
 
-// repullFeed consumes the feed's consumer again (feed.repull); it
+// repullFeed consumes the feed's consumer again (feed.Durable.Repull); it
 // reports false, having logged why, if it could not (make it again later).
 func (m *Member) repullFeed(ctx context.Context) bool {
 	m.repullDue = false
-	if err := m.feed.repull(); err != nil {
+	if err := m.durable.Repull(); err != nil {
 		m.feedDown = true
 		if ctx.Err() == nil {
-			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot pull from the consumer again; will make it again")
+			m.log.Warn().Err(err).Str("consumer", m.feed.Name()).Msg("cannot pull from the consumer again; will make it again")
 		}
 		return false
 	}
 	m.repulls.Add(1)
-	m.log.Info().Str("consumer", m.feed.name).Msg("a pull found no responders and the consumer is there; pulled again")
+	m.log.Info().Str("consumer", m.feed.Name()).Msg("a pull found no responders and the consumer is there; pulled again")
 	return true
 }
 
 // recreateFeed replaces the feed's lost consumer; it reports false, having
 // logged why, if it could not (try again later).
 func (m *Member) recreateFeed(ctx context.Context) bool {
-	seen, err := m.feed.recreate(ctx)
+	seen, err := m.durable.Recreate(ctx)
 	m.feedDown, m.repullDue = err != nil, false
 	if err != nil {
 		if ctx.Err() == nil {
-			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot make the consumer again; will retry")
+			m.log.Warn().Err(err).Str("consumer", m.feed.Name()).Msg("cannot make the consumer again; will retry")
 		}
 		return false
 	}
 	// Events the old consumer delivered may come again, each once: the
 	// ones answered already are recognised by their ack subject.
 	m.recheckTo = max(m.recheckTo, seen)
-	m.log.Info().Str("consumer", m.feed.name).Uint64("rechecked_to", seen).Msg("consumer made again; carrying on from the stream")
+	m.log.Info().Str("consumer", m.feed.Name()).Uint64("rechecked_to", seen).Msg("consumer made again; carrying on from the stream")
 	return true
 }
 
@@ -223,14 +224,14 @@ func (m *Member) recreateFeed(ctx context.Context) bool {
 // after the last phase seen, and dl comes again behind what it skipped; a
 // gap that is still there after that (nothing was skipped) is taken as it
 // is.
-func (m *Member) skipped(ctx context.Context, log *lazyLog, seq uint64, dl Delivery) bool {
+func (m *Member) skipped(ctx context.Context, log *lazyLog, seq uint64, dl feed.Delivery) bool {
 	at := dl.Sequence()
 	if at == 0 || seq <= m.lastPhase {
 		return false
 	}
 	last, lastAt := m.lastPhase, m.lastPhaseAt
 	m.lastPhase, m.lastPhaseAt = seq, at
-	if m.feed.rewind == nil || last == 0 || seq == last+1 || at <= lastAt || m.gapTried == seq {
+	if m.durable == nil || last == 0 || seq == last+1 || at <= lastAt || m.gapTried == seq {
 		return false
 	}
 	m.gapTried = seq
@@ -238,11 +239,11 @@ func (m *Member) skipped(ctx context.Context, log *lazyLog, seq uint64, dl Deliv
 		Msg("phases missing before this one (a delivery lost?); reading the stream again after the last phase seen")
 	m.lastPhase, m.lastPhaseAt = last, lastAt
 	m.ackAll(dl) // its consumer goes: the new one delivers it again
-	seen, err := m.feed.rewind(ctx, lastAt+1)
+	seen, err := m.durable.Rewind(ctx, lastAt+1)
 	m.feedDown = err != nil
 	if err != nil {
 		if ctx.Err() == nil {
-			m.log.Warn().Err(err).Str("consumer", m.feed.name).Msg("cannot read the stream again; will make the consumer again")
+			m.log.Warn().Err(err).Str("consumer", m.feed.Name()).Msg("cannot read the stream again; will make the consumer again")
 		}
 		return true
 	}
@@ -251,10 +252,10 @@ func (m *Member) skipped(ctx context.Context, log *lazyLog, seq uint64, dl Deliv
 }
 
 // receive decodes one delivery and feeds it in.
-func (m *Member) receive(ctx context.Context, dl Delivery) {
-	if n, ok := dl.(missedNotice); ok {
-		m.log.Info().Str("next", n.in.Next).Str("open", m.machine.Open()).Msg("phases missed that the stream no longer holds by subject")
-		m.step(ctx, n.in)
+func (m *Member) receive(ctx context.Context, dl feed.Delivery) {
+	if n, ok := dl.(feed.Missed); ok {
+		m.log.Info().Str("next", n.Next).Str("open", m.machine.Open()).Msg("phases missed that the stream no longer holds by subject")
+		m.step(ctx, PhasesMissed{Next: n.Next, Epoch: n.Epoch, StopCommit: n.StopCommit})
 		return
 	}
 	e, d, err := dl.Event()
@@ -305,7 +306,7 @@ func (m *Member) receive(ctx context.Context, dl Delivery) {
 			return
 		}
 	}
-	m.held[h.Seq] = &held{dls: []Delivery{dl}, received: m.cfg.Now(), log: log}
+	m.held[h.Seq] = &held{dls: []feed.Delivery{dl}, received: m.cfg.Now(), log: log}
 	log.Debug().Uint64("stream_seq", dl.Sequence()).Msg("phase received")
 	m.step(ctx, PhaseReceived{Data: pe, BeforeStart: m.beforeStart(e, dl)})
 }
@@ -315,7 +316,7 @@ func (m *Member) receive(ctx context.Context, dl Delivery) {
 // by its stream sequence against the stream's last when the process
 // started, or, when either is unknown, by its time against the start (an
 // event without a time is never taken for one).
-func (m *Member) beforeStart(e cloudevent.Event, dl Delivery) bool {
+func (m *Member) beforeStart(e cloudevent.Event, dl feed.Delivery) bool {
 	if m.cfg.StateFile != "" {
 		return false
 	}

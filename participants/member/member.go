@@ -15,6 +15,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/member/feed"
 )
 
 // Member is the member runtime of one participant: it consumes the run's
@@ -60,10 +61,10 @@ type Member struct {
 	held         map[uint64]*held
 	workers      map[uint64]*worker
 	results      chan Input
-	inbox        chan Delivery
-	feed         *feed
-	core         *coreReader // the feed's, with Config.CoreFeed; set before Joined
-	recheckTo    uint64      // events up to this stream sequence may have been answered by an earlier consumer
+	inbox        <-chan feed.Delivery
+	feed         feed.Feed
+	durable      *feed.Durable // the feed, when it is a durable consumer of the member's own; else nil
+	recheckTo    uint64        // events up to this stream sequence may have been answered by an earlier consumer
 	consumeErrs  chan error
 	feedDown     bool // the feed's remake failed: it has no consumer until one succeeds
 	repullDue    bool // a pull found no responders with the consumer there: pull again at the retry
@@ -144,10 +145,10 @@ func (m *Member) Admit(ep events.Episode) error {
 }
 
 // Run registers the member, answers phases until ctx ends or the member is
-// superseded, then leaves. Its events come from Config.Source, or from one
-// consumer of its own: with Config.StateFile an ordered one, else a
-// durable one (memory state, named by ConsumerName). It opens them before
-// it registers, so that no phase published after the registration is
+// superseded, then leaves. Its events come from Config.Source, with
+// Config.StateFile from the core feed, else from a durable consumer of its
+// own (memory state, named by ConsumerName). It opens them before it
+// registers, so that no phase published after the registration is
 // missed. It returns nil when ctx ends, ErrSuperseded when a newer epoch
 // superseded the member, or an error when the member could not start. A
 // durable consumer of its own that disappears is made again, from the
@@ -169,10 +170,10 @@ func (m *Member) Run(ctx context.Context) error {
 	if err != nil {
 		return startErr(ctx, err)
 	}
-	m.feed = f
+	m.feed, m.inbox = f, f.Inbox()
 	ttl, err := m.register(ctx)
 	if err != nil {
-		f.stop()
+		f.Stop()
 		return startErr(ctx, err)
 	}
 	alive, err := m.cfg.JS.Conn().Subscribe(events.AliveSubject(m.cfg.Run, m.cfg.Member), func(msg *nats.Msg) {
@@ -185,12 +186,12 @@ func (m *Member) Run(ctx context.Context) error {
 		_ = msg.Respond([]byte(m.info.Instance))
 	})
 	if err != nil {
-		f.stop()
+		f.Stop()
 		m.leave(context.WithoutCancel(ctx), "start failed")
 		return startErr(ctx, fmt.Errorf("member: answer on %s: %w", events.AliveSubject(m.cfg.Run, m.cfg.Member), err))
 	}
 	defer func() { _ = alive.Unsubscribe() }()
-	m.log.Info().Str("consumer", f.name).Msg("member joined")
+	m.log.Info().Str("consumer", f.Name()).Msg("member joined")
 	close(m.joined)
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -199,8 +200,8 @@ func (m *Member) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Go(func() { m.heartbeat(runCtx, ttl) })
 
-	if err := f.start(); err != nil {
-		f.stop()
+	if err := f.Start(); err != nil {
+		f.Stop()
 		cancel()
 		bg.Wait()
 		m.leave(context.WithoutCancel(ctx), "start failed")
@@ -209,7 +210,7 @@ func (m *Member) Run(ctx context.Context) error {
 
 	loopErr := m.loop(runCtx)
 
-	f.stop()
+	f.Stop()
 	m.stopWorkers()
 	// Events still waiting for an answer go back to the server, for the
 	// next process of this member; it checks their ack subjects first.
@@ -239,4 +240,31 @@ func startErr(ctx context.Context, err error) error {
 		return nil
 	}
 	return err
+}
+
+// openFeed opens the member's feed: its Source, the core feed, or a
+// durable consumer of its own.
+func (m *Member) openFeed(ctx context.Context) (feed.Feed, error) {
+	_, parks := m.cfg.Participant.(Parker)
+	switch {
+	case m.cfg.Source != nil:
+		return feed.Attach(ctx, m.cfg.Source, m.cfg.Run, m.cfg.Member)
+	case m.cfg.StateFile != "":
+		opts := feed.CoreOptions{Run: m.cfg.Run, Member: m.cfg.Member, StateFile: m.cfg.StateFile, Conn: m.cfg.Conn,
+			Last: m.stream, Outcomes: parks, Log: m.log}
+		if !m.cfg.NoPull {
+			opts.Stream = m.cfg.Bus.Stream
+		}
+		return feed.OpenCore(ctx, opts)
+	default:
+		name := ConsumerName(m.cfg.Run, m.cfg.Member)
+		d, err := feed.OpenDurable(ctx, feed.DurableOptions{Run: m.cfg.Run, Stream: m.cfg.Bus.Stream,
+			Consumer: DurableConfig(m.cfg.Run, name, fmt.Sprintf("phases of run %s for member %s", m.cfg.Run, m.cfg.Member)),
+			Outcomes: parks, Conn: m.cfg.Conn, Last: m.stream, Errs: m.consumeErrs, Log: m.log})
+		if err != nil {
+			return nil, err
+		}
+		m.durable = d
+		return d, nil
+	}
 }

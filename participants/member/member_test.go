@@ -40,23 +40,11 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// TestConformanceOrdered runs the suite with every member on an ordered
-// consumer and a state file, as sandbox daemons run.
-func TestConformanceOrdered(t *testing.T) {
-	membertest.Run(t, membertest.Suite{
-		Ordered: true,
-		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
-			return membertest.NewParticipant(name.Name())
-		},
-	})
-}
-
 // TestConformanceCoreScoped runs the suite on the core feed of a sandbox
 // daemon with a user of its own, whose catch-up reads the newest phase of
 // each kind (PROTOCOL §3, Consumers).
 func TestConformanceCoreScoped(t *testing.T) {
 	membertest.Run(t, membertest.Suite{
-		Ordered:  true,
 		CoreFeed: true,
 		NoPull:   true,
 		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
@@ -69,7 +57,6 @@ func TestConformanceCoreScoped(t *testing.T) {
 // default: a subscription of the run's phases with catch-up by direct get.
 func TestConformanceCore(t *testing.T) {
 	membertest.Run(t, membertest.Suite{
-		Ordered:  true,
 		CoreFeed: true,
 		New: func(t *testing.T, _ *jstest.Env, name events.Member) membertest.Subject {
 			return membertest.NewParticipant(name.Name())
@@ -695,25 +682,25 @@ func TestSupersededMidWrite(t *testing.T) {
 	}
 }
 
-// PROTOCOL §3: a sandbox daemon reads through an ordered consumer and keeps
-// its position in a state file. Stopped and started again, it resumes after
-// the last event it handled: it answers what was published while it was
-// down, and never answers twice what it had answered. So does one on the
-// core feed (Config.CoreFeed), which catches up from the stream after it,
-// by the newest of its run's phases for a sandbox's own user.
-func TestOrderedMemberResumesFromItsStateFile(t *testing.T) {
-	for _, feed := range []string{"ordered", "core", "core scoped"} {
-		t.Run(feed, func(t *testing.T) { resumesFromItsStateFile(t, feed != "ordered", feed == "core scoped") })
+// PROTOCOL §3: a sandbox daemon reads on the core feed (Config.StateFile)
+// and keeps its position in a state file. Stopped and started again, it
+// resumes after the last event it handled, catching up from the stream
+// after it (by the newest of its run's phases for a sandbox's own user):
+// it answers what was published while it was down, and never answers
+// twice what it had answered.
+func TestMemberResumesFromItsStateFile(t *testing.T) {
+	for _, feed := range []string{"core", "core scoped"} {
+		t.Run(feed, func(t *testing.T) { resumesFromItsStateFile(t, feed == "core scoped") })
 	}
 }
 
-func resumesFromItsStateFile(t *testing.T, core, scoped bool) {
+func resumesFromItsStateFile(t *testing.T, scoped bool) {
 	env := jstest.Start(t)
 	bridge := membertest.NewBridge(t, env, "run1")
 	state := filepath.Join(t.TempDir(), "position.json")
 	name := events.Member("sandbox.sb1")
 	startOne := func() *membertest.Handle {
-		return membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("sb1"), membertest.Options{StateFile: state, CoreFeed: core, NoPull: scoped})
+		return membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("sb1"), membertest.Options{StateFile: state, NoPull: scoped})
 	}
 	h := startOne()
 	prep := events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)}
@@ -846,53 +833,45 @@ func TestForeignHeartbeatValueIsWrittenOver(t *testing.T) {
 // published while it was gone is answered, once, and nothing answered
 // before is answered again. Run does not return.
 func TestLostConsumerIsMadeAgain(t *testing.T) {
-	for _, feed := range []string{"durable", "ordered"} {
-		t.Run(feed, func(t *testing.T) {
-			env := jstest.Start(t)
-			bridge := membertest.NewBridge(t, env, "run1")
-			name := events.Member("agent.a1")
-			opts := membertest.Options{}
-			if feed != "durable" {
-				name, opts.StateFile = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json")
-			}
-			h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), opts)
-			seq1 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
-			want(t, bridge.Ack(seq1, events.PhasePrepare, name), "", events.StatePrepared)
+	env := jstest.Start(t)
+	bridge := membertest.NewBridge(t, env, "run1")
+	name := events.Member("agent.a1")
+	h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), membertest.Options{})
+	seq1 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
+	want(t, bridge.Ack(seq1, events.PhasePrepare, name), "", events.StatePrepared)
 
-			var deleted []string
-			for info := range env.Bus.Stream.ListConsumers(t.Context()).Info() {
-				if info.Config.FilterSubject == events.PhaseFilter("run1") || slices.Contains(info.Config.FilterSubjects, events.PhaseFilter("run1")) {
-					if err := env.Bus.Stream.DeleteConsumer(t.Context(), info.Name); err != nil {
-						t.Fatal(err)
-					}
-					deleted = append(deleted, info.Name)
-				}
+	var deleted []string
+	for info := range env.Bus.Stream.ListConsumers(t.Context()).Info() {
+		if info.Config.FilterSubject == events.PhaseFilter("run1") || slices.Contains(info.Config.FilterSubjects, events.PhaseFilter("run1")) {
+			if err := env.Bus.Stream.DeleteConsumer(t.Context(), info.Name); err != nil {
+				t.Fatal(err)
 			}
-			if len(deleted) != 1 {
-				t.Fatalf("deleted consumers %v, want the member's one", deleted)
-			}
-			seq2 := bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
-			want(t, bridge.Ack(seq2, events.PhaseResume, name), "", events.StateIdle)
-			seq3 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c2", 10*time.Second, name)})
-			want(t, bridge.Ack(seq3, events.PhasePrepare, name), "", events.StatePrepared)
-			select {
-			case <-h.Done():
-				t.Fatalf("Run returned: %v", h.Err())
-			default:
-			}
-			bridge.Barrier(name)
-			for _, s := range []struct {
-				seq uint64
-				p   events.Phase
-			}{{seq1, events.PhasePrepare}, {seq2, events.PhaseResume}, {seq3, events.PhasePrepare}} {
-				if n := bridge.AckCount(s.seq, s.p, name); n != 1 {
-					t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
-				}
-			}
-			if err := h.Stop(); err != nil {
-				t.Errorf("Run: %v, want nil after a clean stop", err)
-			}
-		})
+			deleted = append(deleted, info.Name)
+		}
+	}
+	if len(deleted) != 1 {
+		t.Fatalf("deleted consumers %v, want the member's one", deleted)
+	}
+	seq2 := bridge.Publish(events.Resume{PhaseHeader: bridge.Header("c1", 10*time.Second, name)})
+	want(t, bridge.Ack(seq2, events.PhaseResume, name), "", events.StateIdle)
+	seq3 := bridge.Publish(events.Prepare{PhaseHeader: bridge.Header("c2", 10*time.Second, name)})
+	want(t, bridge.Ack(seq3, events.PhasePrepare, name), "", events.StatePrepared)
+	select {
+	case <-h.Done():
+		t.Fatalf("Run returned: %v", h.Err())
+	default:
+	}
+	bridge.Barrier(name)
+	for _, s := range []struct {
+		seq uint64
+		p   events.Phase
+	}{{seq1, events.PhasePrepare}, {seq2, events.PhaseResume}, {seq3, events.PhasePrepare}} {
+		if n := bridge.AckCount(s.seq, s.p, name); n != 1 {
+			t.Errorf("%s seq %d has %d acks, want exactly 1", s.p, s.seq, n)
+		}
+	}
+	if err := h.Stop(); err != nil {
+		t.Errorf("Run: %v, want nil after a clean stop", err)
 	}
 }
 
@@ -933,10 +912,10 @@ func TestPullWithNoRespondersIsSentAgain(t *testing.T) {
 // store comes back without it.
 // The member sees its pulls go unanswered, finds the consumer gone, makes
 // it again from the first event it had not handled, and commits the next
-// checkpoint; the sandbox daemon's ordered and core feeds carry on too. Every phase
+// checkpoint; the sandbox daemon's core feed carries on too. Every phase
 // is answered once, and Run does not return.
 func TestMemberCarriesOnAfterItsServerRestarts(t *testing.T) {
-	for _, feed := range []string{"durable", "ordered", "core", "core scoped"} {
+	for _, feed := range []string{"durable", "core", "core scoped"} {
 		t.Run(feed, func(t *testing.T) {
 			env := jstest.Start(t)
 			bridge := membertest.NewBridge(t, env, "run1")
@@ -944,7 +923,6 @@ func TestMemberCarriesOnAfterItsServerRestarts(t *testing.T) {
 			opts := membertest.Options{Episodes: 1}
 			if feed != "durable" {
 				name, opts.StateFile, opts.NoPull = "sandbox.sb1", filepath.Join(t.TempDir(), "position.json"), feed == "core scoped"
-				opts.CoreFeed = strings.HasPrefix(feed, "core")
 			}
 			h := membertest.StartMember(t, env, "run1", name, membertest.NewParticipant("t0"), opts)
 			eps := []events.Episode{{Rollout: "t0-r0"}}

@@ -20,6 +20,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
@@ -251,7 +252,18 @@ func writeRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint
 		rr   *recordReader
 		info *natsjs.ObjectInfo
 	)
-	for try, wait := 1, noRespondersWait; ; try, wait = try+1, wait*2 {
+	// No server took the request: on a cluster, the interest of a store's
+	// stream (its reads, its chunks' subjects) reaches the other servers a
+	// moment after the stream has a leader, and again after a leader
+	// moves. A failed Put purges the chunks it sent (most often none: its
+	// first request, the object's info, is the one that finds no one), and
+	// the object is named by its content: write it again.
+	try := 0
+	perr := poll.Until(ctx, poll.Backoff(noRespondersWait, noRespondersMax), func() (bool, error) {
+		if try > 0 && ctx.Err() != nil {
+			return false, nil // stopped while waiting to write again
+		}
+		try++
 		rr = &recordReader{ctx: ctx, records: records, before: hooks.before, d: newDigest()}
 		// The store call itself is not cancelled by the stop signal, so
 		// that a stopped write purges what it sent; the reader stops it.
@@ -259,24 +271,16 @@ func writeRecords(ctx context.Context, store natsjs.ObjectStore, run, checkpoint
 			Name:        name,
 			Description: fmt.Sprintf("records of %s in checkpoint %s of run %s", m, checkpoint, run),
 		}, rr)
-		if !errors.Is(err, nats.ErrNoResponders) || wait > noRespondersMax {
-			break
+		if !errors.Is(err, nats.ErrNoResponders) || try >= noRespondersTries {
+			return true, nil
 		}
 		if hooks.noResponders != nil {
 			hooks.noResponders(try)
 		}
-		// No server took the request: on a cluster, the interest of a
-		// store's stream (its reads, its chunks' subjects) reaches the
-		// other servers a moment after the stream has a leader, and
-		// again after a leader moves. A failed Put purges the chunks it
-		// sent (most often none: its first request, the object's info,
-		// is the one that finds no one), and the object is named by its
-		// content: write it again.
-		select {
-		case <-ctx.Done():
-			return events.MemberManifest{}, fmt.Errorf("%w: %s found no responders: %w", ErrWriteStopped, name, ctx.Err())
-		case <-time.After(wait):
-		}
+		return false, nil
+	})
+	if perr != nil {
+		return events.MemberManifest{}, fmt.Errorf("%w: %s found no responders: %w", ErrWriteStopped, name, ctx.Err())
 	}
 	if err != nil {
 		if errors.Is(err, ErrWriteStopped) || errors.Is(err, ErrBadRecord) {
@@ -325,11 +329,13 @@ func OwnRecords(ctx context.Context, js natsjs.JetStream, run string, m events.M
 }
 
 // noRespondersWait is the first pause before a records write that found
-// no responders is sent again, doubled each time; past noRespondersMax
-// the write fails with the error.
+// no responders is sent again, doubled each time up to noRespondersMax;
+// the write fails with the error after noRespondersTries: about 3 s of
+// waiting.
 const (
-	noRespondersWait = 25 * time.Millisecond
-	noRespondersMax  = 2 * time.Second
+	noRespondersWait  = 25 * time.Millisecond
+	noRespondersMax   = 2 * time.Second
+	noRespondersTries = 8
 )
 
 func manifestOf(run, checkpoint string, m events.Member, records []events.Record, sum []byte, size int64) (events.MemberManifest, error) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/participants/member/feed"
 )
 
 // reply publishes an ack once and acknowledges the event it answers.
@@ -170,7 +171,7 @@ func (m *Member) sayAgain(body []byte) *nats.Msg {
 }
 
 // ackAll acknowledges deliveries, logging what fails.
-func (m *Member) ackAll(dls ...Delivery) {
+func (m *Member) ackAll(dls ...feed.Delivery) {
 	for _, dl := range dls {
 		if err := dl.Ack(); err != nil {
 			m.log.Warn().Err(err).Msg("ack")
@@ -179,15 +180,15 @@ func (m *Member) ackAll(dls ...Delivery) {
 }
 
 // allHeld returns every delivery waiting for an answer.
-func (m *Member) allHeld() []Delivery {
-	var out []Delivery
+func (m *Member) allHeld() []feed.Delivery {
+	var out []feed.Delivery
 	for _, hm := range m.held {
 		out = append(out, hm.dls...)
 	}
 	return out
 }
 
-func (m *Member) inProgress(dls []Delivery) {
+func (m *Member) inProgress(dls []feed.Delivery) {
 	for _, dl := range dls {
 		_ = dl.InProgress()
 	}
@@ -198,11 +199,8 @@ func (m *Member) inProgress(dls []Delivery) {
 // to keep alive: a sandbox daemon's prepare and resume start no ticker
 // (a goroutine and a timer per daemon per phase, for nothing).
 func (m *Member) withProgress(fn func()) {
-	dls := slices.DeleteFunc(m.allHeld(), func(dl Delivery) bool {
-		_, core := dl.(*coreDelivery)
-		return core
-	})
-	if len(dls) == 0 {
+	dls := m.allHeld()
+	if _, core := m.feed.(*feed.Core); core || len(dls) == 0 {
 		fn()
 		return
 	}

@@ -26,14 +26,14 @@ import (
 // TestConformance runs the member conformance suite against sandboxd:
 // each member is a Daemon with a real Supervisor (freeze mode where cgroup
 // v2 allows it) whose work is real launches. A sandbox daemon exports and
-// installs nothing (NoRecords) and reads through an ordered consumer with
-// a state file (Ordered), as in production. The subtests run in
+// installs nothing (NoRecords) and reads on the core feed with a state
+// file (CoreFeed), as in production. The subtests run in
 // parallel: several supervisors share the test process, each taking only
 // the processes it has positive evidence for.
 func TestConformance(t *testing.T) {
 	membertest.Run(t, membertest.Suite{
 		Kind:      events.KindSandbox,
-		Ordered:   true,
+		CoreFeed:  true,
 		NoRecords: true,
 		New: func(t *testing.T, env *jstest.Env, name events.Member) membertest.Subject {
 			log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)

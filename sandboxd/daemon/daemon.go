@@ -42,14 +42,8 @@ type Config struct {
 	// NoPull is for a daemon with a user of its own (member.Config.NoPull),
 	// which makes no consumer, reads no stream info and direct-gets only by
 	// its run's subjects: its core feed catches up by the newest phase of
-	// each kind. It cannot have OrderedFeed.
+	// each kind.
 	NoPull bool
-	// OrderedFeed reads the phases through an ordered consumer of the
-	// daemon's own. By default the daemon reads
-	// them on a core-NATS subscription with catch-up from the stream
-	// (member.Config.CoreFeed), so that the stream's consumers do not grow
-	// with the sandboxes (PROTOCOL §3).
-	OrderedFeed bool
 	// Grace is the member's lease grace (default member.DefaultGrace).
 	Grace time.Duration
 	// AdoptEpoch, when not 0, is the epoch of the restore that adopted
@@ -154,7 +148,7 @@ func New(cfg Config) (*Daemon, error) {
 		caps = append(caps, "pause:"+m.String())
 	}
 	d.member, err = member.New(member.Config{Run: cfg.Run, Member: d.name, JS: cfg.JS, Bus: cfg.Bus, Participant: d,
-		Logger: cfg.Logger, Grace: cfg.Grace, StateFile: d.cfg.StateFile, NoPull: cfg.NoPull, CoreFeed: !cfg.OrderedFeed,
+		Logger: cfg.Logger, Grace: cfg.Grace, StateFile: d.cfg.StateFile, NoPull: cfg.NoPull,
 		Capabilities: caps, AdoptEpoch: cfg.AdoptEpoch})
 	if err != nil {
 		return nil, err
@@ -174,9 +168,6 @@ func newDaemon(cfg Config) (*Daemon, error) {
 	}
 	if cfg.JS == nil || cfg.Bus == nil && !cfg.NoPull || cfg.Supervisor == nil {
 		errs = append(errs, errors.New("daemon: Config.JS, Bus (but with NoPull) and Supervisor are required"))
-	}
-	if cfg.NoPull && cfg.OrderedFeed {
-		errs = append(errs, errors.New("daemon: Config.OrderedFeed: a user of its own (NoPull) makes no consumer"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err

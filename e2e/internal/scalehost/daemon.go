@@ -37,10 +37,3 @@ func (d daemonLike) Continue(ctx context.Context, checkpointID string) (*events.
 func (d daemonLike) Retire(ctx context.Context, eps []events.Episode) error {
 	return d.p.Retire(ctx, eps)
 }
-
-// sandboxFeed configures a member's phase feed as sandboxd's daemon.New
-// configures it for a daemon without a user of its own: the core feed of
-// the stream's republished phases, with the state file already set
-// (PROTOCOL §3, Consumers), so that the benchmark measures the feed
-// sandboxd runs.
-func sandboxFeed(c *member.Config) { c.CoreFeed = true }

@@ -159,10 +159,13 @@ func run(ctx context.Context, cfg hostConfig, out io.Writer) error {
 			continue
 		}
 		p := membertest.NewParticipant(h.name.Name())
+		// The state file puts the member on the core feed of the stream's
+		// republished phases, as sandboxd's daemon.New does for a daemon
+		// without a user of its own (PROTOCOL §3, Consumers): the benchmark
+		// measures the feed sandboxd runs.
 		mcfg := member.Config{Run: cfg.run, Member: h.name, JS: st.js, Bus: st.bus,
 			Participant: daemonLike{p: p}, Logger: log.With().Str("member", string(h.name)).Logger(),
 			StateFile: filepath.Join(cfg.stateDir, h.name.Name()+".json")}
-		sandboxFeed(&mcfg)
 		m, err := member.New(mcfg)
 		if err != nil {
 			return err

@@ -22,7 +22,7 @@
 //     on the stream and publishes first the ids that a scheme derived from
 //     what the bus shows would give next (PROTOCOL §4), for tests that the
 //     publishes to come still land.
-//   - Host: one consumer for every member of a process (a member.Source),
+//   - Host: one consumer for every member of a process (a feed.Source),
 //     as a benchmark or a large fleet in one test runs them (StartHost,
 //     Options.Host).
 package membertest

@@ -40,19 +40,15 @@ type Options struct {
 	// Host, when set, feeds the members from one shared consumer
 	// (StartHost, member.Config.Source) instead of one consumer each.
 	Host *Host
-	// StateFile, when set, runs the member on an ordered consumer keeping
-	// its position there (member.Config.StateFile).
+	// StateFile, when set, runs the member on the core feed, keeping its
+	// position there (member.Config.StateFile), as sandbox daemons run.
 	StateFile string
-	// NoPull, with CoreFeed, makes the member one whose user makes no
+	// NoPull, with StateFile, makes the member one whose user makes no
 	// consumer and reads no stream info (member.Config.NoPull), as a
 	// sandbox with a user of its own: its catch-up reads the newest phase
 	// of each kind. With an Env of such a user's credentials
 	// (jstest.Env.WithCreds) it opens no bus, which that user cannot.
 	NoPull bool
-	// CoreFeed, with StateFile, runs the member on a core-NATS
-	// subscription that catches up by direct get (member.Config.CoreFeed),
-	// as sandbox daemons run by default.
-	CoreFeed bool
 }
 
 func (o Options) withDefaults(t testing.TB) Options {
@@ -137,7 +133,6 @@ func StartMember(t testing.TB, env *jstest.Env, run string, name events.Member, 
 	cfg := member.Config{
 		Run: run, Member: name, JS: js, Bus: bus, Participant: s,
 		Logger: *opts.Logger, Grace: opts.Grace, PollEvery: opts.PollEvery, StateFile: opts.StateFile, NoPull: opts.NoPull,
-		CoreFeed: opts.CoreFeed,
 	}
 	if opts.Host != nil {
 		cfg.Source = opts.Host

@@ -17,6 +17,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
+	"github.com/stillpoint/stillpoint/participants/member/feed"
 )
 
 // HostConfig configures a Host.
@@ -44,7 +45,7 @@ const callTimeout = 10 * time.Second
 // keeps one consumer per process, never one per member of a process that
 // hosts many (a test fleet, a benchmark). It consumes the run's phases
 // once, decodes each event once, and hands it to every member attached:
-// it is a member.Source (member.Config.Source). The server's message is
+// it is a feed.Source (member.Config.Source). The server's message is
 // acknowledged when every member has answered it, and redelivered if any
 // member gave it back.
 type Host struct {
@@ -53,11 +54,11 @@ type Host struct {
 	ready chan struct{}
 
 	mu      sync.Mutex
-	members map[events.Member]chan<- member.Delivery
+	members map[events.Member]chan<- feed.Delivery
 	stopped bool
 }
 
-var _ member.Source = (*Host)(nil)
+var _ feed.Source = (*Host)(nil)
 
 // NewHost checks cfg and returns a host ready to Run.
 func NewHost(cfg HostConfig) (*Host, error) {
@@ -74,7 +75,7 @@ func NewHost(cfg HostConfig) (*Host, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &Host{cfg: cfg, ready: make(chan struct{}), members: map[events.Member]chan<- member.Delivery{},
+	return &Host{cfg: cfg, ready: make(chan struct{}), members: map[events.Member]chan<- feed.Delivery{},
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("host", cfg.Name).Logger()}, nil
 }
 
@@ -93,7 +94,7 @@ func (h *Host) Run(ctx context.Context) error {
 	name := HostConsumerName(h.cfg.Run, h.cfg.Name)
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	// A process of many members hands them the committed outcomes too
-	// (member.Source): its one consumer reads both.
+	// (feed.Source): its one consumer reads both.
 	cfg := member.DurableConfig(h.cfg.Run, name, fmt.Sprintf("phases of run %s for the members of process %s", h.cfg.Run, h.cfg.Name))
 	cfg.FilterSubject, cfg.FilterSubjects = "", []string{cfg.FilterSubject, events.OutcomeSubject(h.cfg.Run, events.TypeCheckpointCommitted)}
 	cons, err := h.cfg.Bus.Stream.CreateOrUpdateConsumer(cctx, cfg)
@@ -149,7 +150,7 @@ func (h *Host) dispatch(ctx context.Context, m natsjs.Msg) {
 		return
 	}
 	h.mu.Lock()
-	targets := make([]chan<- member.Delivery, 0, len(h.members))
+	targets := make([]chan<- feed.Delivery, 0, len(h.members))
 	for _, in := range h.members {
 		targets = append(targets, in)
 	}
@@ -178,9 +179,9 @@ func (h *Host) dispatch(ctx context.Context, m natsjs.Msg) {
 	}
 }
 
-// Attach implements member.Source: it waits until the host consumes, then
+// Attach implements feed.Source: it waits until the host consumes, then
 // hands member name every event.
-func (h *Host) Attach(ctx context.Context, run string, name events.Member, inbox chan<- member.Delivery) (func(), error) {
+func (h *Host) Attach(ctx context.Context, run string, name events.Member, inbox chan<- feed.Delivery) (func(), error) {
 	if run != h.cfg.Run {
 		return nil, fmt.Errorf("%w: member %s of run %s attached to the host of run %s", member.ErrInvalidConfig, name, run, h.cfg.Run)
 	}

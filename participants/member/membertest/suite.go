@@ -63,17 +63,15 @@ type Suite struct {
 	// (member.Config.Source), the one consumer of a process that hosts
 	// many members.
 	Shared bool
-	// Ordered runs every member on an ordered consumer with a state file
-	// (Config.StateFile), as sandbox daemons do; a restarted member of the
+	// CoreFeed runs every member on the core feed with a state file
+	// (member.Config.StateFile), as sandbox daemons do: a core-NATS
+	// subscription with catch-up by direct get. A restarted member of the
 	// same name keeps its file.
-	Ordered bool
+	CoreFeed bool
 	// NoPull, with CoreFeed, runs them as sandbox daemons with users of
 	// their own (Config.NoPull): their catch-up reads the newest phase of
 	// each kind.
 	NoPull bool
-	// CoreFeed, with Ordered, runs them on a core-NATS subscription with
-	// catch-up by direct get (Config.CoreFeed), a sandbox daemon's default.
-	CoreFeed bool
 	// NoRecords says the participant neither exports nor installs: its
 	// state is somebody else's to checkpoint (a sandbox daemon: the
 	// owner's snapshot and the agent's bookmark). The suite then checks
@@ -116,13 +114,12 @@ func (s *world) name(n string) events.Member {
 
 func (s *world) start(name events.Member, opts Options) *Handle {
 	s.t.Helper()
-	if s.h.Ordered && opts.StateFile == "" {
+	if s.h.CoreFeed && opts.StateFile == "" {
 		if s.dir == "" {
 			s.dir = s.t.TempDir()
 		}
 		opts.StateFile = filepath.Join(s.dir, name.Name()+".position.json")
 		opts.NoPull = s.h.NoPull
-		opts.CoreFeed = s.h.CoreFeed
 	}
 	if s.h.Shared && opts.Host == nil {
 		// Every start is a new process: a host of its own, since a host

@@ -36,7 +36,6 @@ const usage = `usage:
                -- command [args...]
   sandboxd member --state DIR --run RUN --id SANDBOX [--nats-url URL] [--creds F | --nkey F]
                [--mode M] [--grace D] [--lease-grace D] [--cgroup-root DIR] [--no-cgroup]
-               [--ordered-feed]
   sandboxd init [--no-boot] [--port DEV] [--log-level L]
 
 init: PID 1 of a microVM sandbox: boots into the root disk and serves the

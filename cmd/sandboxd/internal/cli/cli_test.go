@@ -87,18 +87,12 @@ func TestMemberStopsOnSIGTERM(t *testing.T) {
 // Consumers; docs/PERMISSIONS.md): it opens no bus and makes no consumer,
 // registers, answers a prepare on its core feed and stops on SIGTERM, and
 // logs nothing above info (a permissions violation would show as a failed
-// read); --ordered-feed, a consumer, is refused with such a user.
+// read).
 func TestMemberAsItsOwnUser(t *testing.T) {
 	env := jstest.Start(t, jstest.WithAuthority("run1"))
 	creds := env.MemberCreds(t, "run1", "sandbox.sbown")
 	args := []string{"member", "--nats-url", env.URL, "--creds", creds, "--run", "run1", "--id", "sbown",
 		"--no-cgroup", "--log-level", "warn"}
-	stderr := &jstest.Buffer{}
-	if code := Main(append(args, "--state", t.TempDir(), "--ordered-feed"), &jstest.Buffer{}, stderr); code != 2 ||
-		!strings.Contains(stderr.String(), "--ordered-feed") {
-		t.Errorf("--ordered-feed with a user of its own: status %d, %q; want 2 naming the flag", code, stderr.String())
-	}
-
 	stdout, stderr := &jstest.Buffer{}, &jstest.Buffer{}
 	done := make(chan int, 1)
 	go func() { done <- Main(append(args, "--state", t.TempDir()), stdout, stderr) }()

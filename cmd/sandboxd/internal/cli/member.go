@@ -44,9 +44,6 @@ type memberOpts struct {
 	noCg  bool
 	lease time.Duration
 	level zerolog.Level
-	// ordered reads the phases through an ordered consumer instead of the
-	// core feed (daemon.Config.OrderedFeed).
-	ordered bool
 	// relay and relayUpstream configure the model relay (none without
 	// relay).
 	relay         string
@@ -104,7 +101,6 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	noCg := fs.Bool("no-cgroup", false, "never use cgroups (freeze unavailable)")
 	lease := fs.Duration("lease-grace", member.DefaultGrace, "lease grace after a phase's deadline")
 	level := fs.String("log-level", "info", "log level (logs go to stderr)")
-	ordered := fs.Bool("ordered-feed", false, "read the phases through an ordered consumer of its own instead of a core subscription with catch-up from the stream (not with a user of the sandbox's own, which makes no consumer)")
 	relayAddr := fs.String("relay", "", "serve the model relay on this address, e.g. 127.0.0.1:"+fmt.Sprint(sandboxapi.DefaultRelayPort)+" (default: no relay)")
 	var fps failpoints
 	fs.Func("failpoint", "inject a fault, for the end-to-end tests: identity=<launch id prefix> or relay-down[=<launch id prefix>] (repeatable)", fps.set)
@@ -123,7 +119,7 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	}
 	return memberOpts{conn: jetstream.ConnConfig{URL: *url, CredsFile: *creds, NKeyFile: *nkey, Token: *token, Name: "sandboxd-" + *id},
 		run: *run, id: *id, state: *state, mode: mode, grace: *grace, root: *root, noCg: *noCg, lease: *lease, level: lvl,
-		relay: *relayAddr, relayUpstream: *relayUp, capture: *capture, captureTokens: *captureTokens, failpoints: fps, ordered: *ordered}, nil
+		relay: *relayAddr, relayUpstream: *relayUp, capture: *capture, captureTokens: *captureTokens, failpoints: fps}, nil
 }
 
 // member runs the daemon on the bus: member sandbox.<id> of a run, serving
@@ -180,10 +176,6 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		own = prefix != ""
 	}
-	if own && o.ordered {
-		fmt.Fprintln(stderr, "sandboxd: --ordered-feed makes a consumer, which a user of the sandbox's own may not")
-		return 2
-	}
 	var bus *jetstream.Bus
 	if !own {
 		if bus, err = jetstream.Open(ctx, js); err != nil {
@@ -210,7 +202,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
-	cfg := daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log, NoPull: own, OrderedFeed: o.ordered,
+	cfg := daemon.Config{Run: o.run, SandboxID: o.id, JS: js, Bus: bus, Supervisor: sup, Grace: o.lease, Logger: log, NoPull: own,
 		Failpoints: daemon.Failpoints{IdentityPrefix: o.failpoints.identityPrefix}}
 	if rl != nil {
 		cfg.Relay = rl

@@ -143,7 +143,7 @@ func TestAttacksAcrossTwoRuns(t *testing.T) {
 			p := membertest.NewParticipant(m.Name())
 			opts := membertest.Options{}
 			if m.Kind() == events.KindSandbox {
-				opts = membertest.Options{StateFile: filepath.Join(t.TempDir(), "state"), NoPull: true, CoreFeed: true}
+				opts = membertest.Options{StateFile: filepath.Join(t.TempDir(), "state"), NoPull: true}
 			} else {
 				p.Add(events.Episode{Rollout: m.Name() + "-r0"})
 			}

@@ -1,12 +1,12 @@
-package member
+package feed
 
 import (
 	"sync"
 	"time"
 )
 
-// redeliverer delivers again, locally, the events of an ordered consumer
-// that the loop gave back: the server never redelivers them. It stops with
+// redeliverer delivers again, locally, the events of the core feed that
+// the loop gave back: the server never redelivers them. It stops with
 // the feed, and then the next process of the member resumes from the saved
 // position instead.
 type redeliverer struct {

@@ -1,4 +1,4 @@
-package member
+package feed
 
 import (
 	"path/filepath"

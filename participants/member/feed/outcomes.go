@@ -1,4 +1,4 @@
-package member
+package feed
 
 import (
 	"context"
@@ -28,7 +28,7 @@ import (
 // it; one missed anyway is the lease's to stand in for (§5, Lease).
 type outcomeFeed struct {
 	nc      *nats.Conn
-	stream  AckGetter
+	stream  LastGetter
 	subject string
 	inbox   chan<- Delivery
 	log     zerolog.Logger

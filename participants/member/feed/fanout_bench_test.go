@@ -1,4 +1,4 @@
-package member_test
+package feed_test
 
 import (
 	"context"
@@ -17,9 +17,9 @@ import (
 
 // BenchmarkPhaseFanOut measures what one phase costs the bus to reach N
 // sandbox daemons, by the feed they read it from (PROTOCOL §3, Consumers):
-// an ordered consumer each (the feed before CoreFeed), or a core
-// subscription each of the phase's live copy, which the bridge publishes
-// once the stream took the phase (CoreFeed). One op is one phase published
+// an ordered consumer each (what daemons read before the core feed), or a
+// core subscription each of the phase's live copy, which the bridge
+// publishes once the stream took the phase (Core). One op is one phase published
 // to the stream (and, for the core feed, its live copy) and received by
 // all N; "consumers" is how many the stream holds meanwhile. The
 // subscribers share one connection, as the fan-out, not the clients, is
