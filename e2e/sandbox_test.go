@@ -23,6 +23,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 
 	"encoding/json"
 )
@@ -116,7 +117,7 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	})
 	sandbox := events.Member("sandbox." + info.SandboxID)
 	membertest.WaitRegistered(t, env, run, sandbox, nil)
-	dc, _ := sandboxapi.NewClient(env.Conn, run, info.SandboxID)
+	dc, _ := sandboxclient.New(env.Conn, run, info.SandboxID)
 	if _, err := dc.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: "l1", Episode: "r1", Dir: "/work",
 		Command: "i=0; while :; do i=$((i+1)); echo line-$i >> /work/out; sleep 0.01; done"}); err != nil {
 		t.Fatalf("launch through sandboxd: %v", err)
