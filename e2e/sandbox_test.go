@@ -12,6 +12,7 @@ import (
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/poll"
@@ -131,7 +132,7 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	if len(res.Members) != 2 || len(res.Continued) != 1 || res.Continued[0] != "r1" {
 		t.Fatalf("checkpoint members %v, continued %v", res.Members, res.Continued)
 	}
-	entries, err := bridge.ReadTimeline(ctx, env.JS, run, "c1")
+	entries, err := timeline.Read(ctx, env.JS, run, "c1")
 	if err != nil {
 		t.Fatal(err)
 	}
