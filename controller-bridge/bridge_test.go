@@ -14,6 +14,7 @@ import (
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/tier"
@@ -488,10 +489,10 @@ func testTimeline(t *testing.T, env *jstest.Env) {
 		"checkpoint.committed", "phase.resume", "resume.acked"}
 	// The bridge does not wait for resume acks (which travel on core NATS):
 	// read until the record of them is in.
-	var entries []bridge.TimelineEntry
+	var entries []timeline.Entry
 	poll.Wait(t, 10*time.Second, "the resume acks", func() bool {
 		var err error
-		if entries, err = bridge.ReadTimeline(ctx(t), env.JS, run, "c2"); err != nil {
+		if entries, err = timeline.Read(ctx(t), env.JS, run, "c2"); err != nil {
 			t.Fatal(err)
 		}
 		return len(entries) >= len(want)
@@ -511,7 +512,7 @@ func testTimeline(t *testing.T, env *jstest.Env) {
 			t.Errorf("entry %+v", e)
 		}
 	}
-	all, err := bridge.ReadTimeline(ctx(t), env.JS, run, "")
+	all, err := timeline.Read(ctx(t), env.JS, run, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -709,11 +710,11 @@ func TestCheckpointWithoutAnIDGetsOne(t *testing.T) {
 // outcome, of type want, and hands its data to check.
 func wantOutcome(t *testing.T, env *jstest.Env, id string, want events.Type, check func(events.Data)) {
 	t.Helper()
-	entries, err := bridge.ReadTimeline(ctx(t), env.JS, run, id)
+	entries, err := timeline.Read(ctx(t), env.JS, run, id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var outcomes []bridge.TimelineEntry
+	var outcomes []timeline.Entry
 	for _, e := range entries {
 		if strings.Contains(e.Subject, ".outcome.") {
 			outcomes = append(outcomes, e)
@@ -782,7 +783,7 @@ func timelineOf(t *testing.T, env *jstest.Env, id string) []string {
 	t.Helper()
 	var got []string
 	poll.Wait(t, 10*time.Second, "the record of the resume's acks", func() bool {
-		entries, err := bridge.ReadTimeline(ctx(t), env.JS, run, id)
+		entries, err := timeline.Read(ctx(t), env.JS, run, id)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/poll"
@@ -209,7 +210,7 @@ func TestBridgeCrashDuringRestore(t *testing.T) {
 			if st.Open != "" || st.Epoch != 1 {
 				t.Errorf("after recovery: open %q, epoch %d", st.Open, st.Epoch)
 			}
-			entries, err := bridge.ReadTimeline(cctx, env.JS, run, "r1")
+			entries, err := timeline.Read(cctx, env.JS, run, "r1")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -42,6 +42,6 @@
 // in package client over either, or the stillpoint CLI. Both transports
 // call one set of endpoints (service.go), so a request answers the same
 // JSON on each. The requests, results, errors, routes and endpoints they
-// share are the types of package bridgeapi. ReadTimeline reads a run back for
-// `stillpoint timeline`.
+// share are the types of package bridgeapi. Package timeline reads a run
+// back for `stillpoint timeline` (timeline.Read).
 package bridge

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/e2e/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
@@ -245,7 +245,7 @@ func (f *benchFleet) timesOf(ctx context.Context, id string) benchSample {
 	defer cancel()
 	// Each look reads the run's whole timeline: every 100 ms.
 	err := poll.Until(wctx, poll.Every(100*time.Millisecond), func() (bool, error) {
-		tl, err := bridge.ReadTimeline(ctx, f.env.JS, f.run, id)
+		tl, err := timeline.Read(ctx, f.env.JS, f.run, id)
 		if err != nil {
 			return false, err
 		}
@@ -266,9 +266,9 @@ func (f *benchFleet) timesOf(ctx context.Context, id string) benchSample {
 // that record says did not answer. Resume acks travel on core NATS
 // (PROTOCOL §3): the record (ResumeAcked) says who answered and how late
 // the last one came.
-func benchSampleOf(tl []bridge.TimelineEntry) (s benchSample, missing []events.Member, done bool) {
+func benchSampleOf(tl []timeline.Entry) (s benchSample, missing []events.Member, done bool) {
 	s = benchSample{last: map[string]time.Duration{}, took: map[string]time.Duration{}}
-	phases := map[events.Phase]bridge.TimelineEntry{}
+	phases := map[events.Phase]timeline.Entry{}
 	seqs := map[uint64]events.Phase{}
 	for _, e := range tl {
 		if p, ok := e.Data.(events.PhaseEvent); ok {

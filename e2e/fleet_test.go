@@ -30,7 +30,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
-	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
 
 // bins are the binaries the end-to-end tests run as processes:
@@ -251,7 +251,7 @@ func (f *fleet) showConsoles() {
 // harness's own log, which otherwise stays in the sandbox).
 func (f *fleet) showLaunch(ctx context.Context, id string) {
 	sb := "sb-" + strings.ReplaceAll(id, ".", "_")
-	dc, err := sandboxapi.NewClient(f.env.Conn, f.run, sb)
+	dc, err := sandboxclient.New(f.env.Conn, f.run, sb)
 	if err != nil {
 		f.t.Logf("launch of %s: %v", id, err)
 		return

@@ -24,6 +24,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
@@ -146,7 +147,7 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 		if !bm.Launches[0].Held.Frozen {
 			t.Errorf("%s: the hold did not freeze the launch (restore_sandbox_clock is on)", id)
 		}
-		dc, err := sandboxapi.NewClient(f.env.Conn, f.run, bm.Sandbox)
+		dc, err := sandboxclient.New(f.env.Conn, f.run, bm.Sandbox)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,7 +198,7 @@ func TestMicroVMRestoreContinuesHeldRolloutsInPlace(t *testing.T) {
 		if err != nil || info.SandboxID == h.sandbox || !info.KeepsProcesses {
 			t.Fatalf("%s: sandbox after the restore: %+v %v (want a fork of %s on a provider that keeps processes)", id, info, err, h.sandbox)
 		}
-		dc, err := sandboxapi.NewClient(f.env.Conn, f.run, info.SandboxID)
+		dc, err := sandboxclient.New(f.env.Conn, f.run, info.SandboxID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -452,7 +453,7 @@ func TestMicroVMRestoreAbandonsWhatItCannotTakeOver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dc, err := sandboxapi.NewClient(f.env.Conn, f.run, info.SandboxID)
+		dc, err := sandboxclient.New(f.env.Conn, f.run, info.SandboxID)
 		if err != nil {
 			t.Fatal(err)
 		}

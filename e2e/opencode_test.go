@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/internal/poll"
@@ -310,7 +310,7 @@ func (f *fleet) pausedFor(ctx context.Context, id, mode string, l launch, d time
 // with no fallback, of the launch's procs processes.
 func (f *fleet) checkPause(ctx context.Context, id, mode string, procs int) {
 	f.t.Helper()
-	entries, err := bridge.ReadTimeline(ctx, f.env.JS, f.run, id)
+	entries, err := timeline.Read(ctx, f.env.JS, f.run, id)
 	if err != nil {
 		f.t.Fatalf("timeline of %s: %v", id, err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/poll"
@@ -23,6 +24,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 
 	"encoding/json"
 )
@@ -116,7 +118,7 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	})
 	sandbox := events.Member("sandbox." + info.SandboxID)
 	membertest.WaitRegistered(t, env, run, sandbox, nil)
-	dc, _ := sandboxapi.NewClient(env.Conn, run, info.SandboxID)
+	dc, _ := sandboxclient.New(env.Conn, run, info.SandboxID)
 	if _, err := dc.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: "l1", Episode: "r1", Dir: "/work",
 		Command: "i=0; while :; do i=$((i+1)); echo line-$i >> /work/out; sleep 0.01; done"}); err != nil {
 		t.Fatalf("launch through sandboxd: %v", err)
@@ -130,7 +132,7 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	if len(res.Members) != 2 || len(res.Continued) != 1 || res.Continued[0] != "r1" {
 		t.Fatalf("checkpoint members %v, continued %v", res.Members, res.Continued)
 	}
-	entries, err := bridge.ReadTimeline(ctx, env.JS, run, "c1")
+	entries, err := timeline.Read(ctx, env.JS, run, "c1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
 )
 
@@ -120,7 +121,7 @@ func TestInitServesTheControlChannel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c1, err := sandboxapi.NewClient(env.Conn, "run1", "sb1")
+	c1, err := sandboxclient.New(env.Conn, "run1", "sb1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +146,7 @@ func TestInitServesTheControlChannel(t *testing.T) {
 	if now, err := env.Bus.Daemons.Get(t.Context(), events.MemberKey("run1", "sandbox.sb1")); err != nil || now.Revision() != old.Revision() {
 		t.Fatalf("the old member's key was touched by the re-identification: %v %v", now, err)
 	}
-	c2, err := sandboxapi.NewClient(env.Conn, "run1", "sb2")
+	c2, err := sandboxclient.New(env.Conn, "run1", "sb2")
 	if err != nil {
 		t.Fatal(err)
 	}

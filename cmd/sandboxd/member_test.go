@@ -20,6 +20,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
 
 // TestStaticMemberBinary builds sandboxd as the static binary that goes
@@ -58,7 +59,7 @@ func memberBinary(t *testing.T, bin string, env *jstest.Env, more []string) {
 	name := events.Member("sandbox.sb1")
 	membertest.WaitRegistered(t, env, "run1", name, nil)
 	nc, _ := env.Connect(t)
-	c, err := sandboxapi.NewClient(nc, "run1", "sb1")
+	c, err := sandboxclient.New(nc, "run1", "sb1")
 	if err != nil {
 		t.Fatal(err)
 	}

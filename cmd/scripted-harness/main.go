@@ -6,9 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
+	"github.com/stillpoint/stillpoint/internal/signals"
 	"github.com/stillpoint/stillpoint/participants/scripted/harness"
 )
 
@@ -30,8 +29,10 @@ func main() {
 		return
 	}
 	cfg.Out = os.Stdout
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	// SIGINT or SIGTERM stops the harness; a second one (its supervisor's
+	// stop reaches it by its group and by its tree) changes nothing.
+	ctx, sigs := signals.Notify(context.Background(), nil)
+	defer sigs.Stop()
 	if err := harness.Run(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "scripted-harness:", err)
 		os.Exit(1)

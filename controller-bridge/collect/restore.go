@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"time"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 )
@@ -75,7 +75,7 @@ func (c *Collector) restoreOutcome(ctx context.Context, id string) (*bridgeapi.R
 	if c.cfg.JS == nil {
 		return nil, false
 	}
-	entries, err := bridge.ReadTimeline(ctx, c.cfg.JS, c.cfg.Run, id)
+	entries, err := timeline.Read(ctx, c.cfg.JS, c.cfg.Run, id)
 	if err != nil {
 		return nil, false
 	}

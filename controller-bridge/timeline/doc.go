@@ -9,8 +9,10 @@
 // Builder is the pure core: Add folds events in stream order, Ops and Op
 // return the model as of a time passed in (a deadline that passed by then
 // turns a pending ack into a missing one), Done tells a live view when an
-// operation is over. It reads no clock and does no I/O; the bus side is
-// bridge.ReadTimeline and bridge.FollowTimeline.
+// operation is over. It reads no clock and does no I/O. The bus side is
+// Read and Follow (read.go): they read a run's events off the stream as
+// Entry values, each with its one-line Summarize, and Entry.Event feeds
+// them to a Builder.
 //
 // The model renders three ways: WriteText (plain text, members slowest
 // first), the JSON of Op itself (docs/TIMELINE.md documents the schema),

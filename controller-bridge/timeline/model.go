@@ -10,7 +10,7 @@ import (
 
 // Event is one event of a run as the stream holds it: its stream sequence,
 // the time the stream stored it, its sender and its decoded payload (nil
-// when it did not decode). bridge.TimelineEntry converts to it.
+// when it did not decode). Entry converts to it.
 type Event struct {
 	StreamSeq uint64
 	Time      time.Time

@@ -11,8 +11,8 @@ import (
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
@@ -250,11 +250,11 @@ func Check(ctx context.Context, r Run) []Result {
 // readTimeline reads the run's timeline, again while the read fails
 // (readAgain): a cluster that just lost a node, or a server started again,
 // can fail a read.
-func readTimeline(ctx context.Context, js natsjs.JetStream, run string) ([]bridge.TimelineEntry, error) {
-	var tl []bridge.TimelineEntry
+func readTimeline(ctx context.Context, js natsjs.JetStream, run string) ([]timeline.Entry, error) {
+	var tl []timeline.Entry
 	err := readAgain(ctx, func(context.Context) error {
 		var err error
-		tl, err = bridge.ReadTimeline(ctx, js, run, "")
+		tl, err = timeline.Read(ctx, js, run, "")
 		return err
 	}, func(error) bool { return false })
 	return tl, err
@@ -262,7 +262,7 @@ func readTimeline(ctx context.Context, js natsjs.JetStream, run string) ([]bridg
 
 // releasedAfter tells whether the timeline has a completed release after
 // checkpoint id's commit outcome that deleted it.
-func releasedAfter(tl []bridge.TimelineEntry, id string) bool {
+func releasedAfter(tl []timeline.Entry, id string) bool {
 	committed := false
 	for _, e := range tl {
 		switch {
@@ -281,7 +281,7 @@ func releasedAfter(tl []bridge.TimelineEntry, id string) bool {
 // in the order of their outcomes, and adds the failures the collector saw
 // that have no outcome on the stream (a bridge that died before it
 // reported, say).
-func outcomes(tl []bridge.TimelineEntry, sum collect.Summary) (committed, failed []string) {
+func outcomes(tl []timeline.Entry, sum collect.Summary) (committed, failed []string) {
 	seen := map[string]bool{}
 	for _, e := range tl {
 		switch e.Type {
@@ -310,7 +310,7 @@ func outcomes(tl []bridge.TimelineEntry, sum collect.Summary) (committed, failed
 // rollout began and the call sent again after, its reply saved only after
 // the restored checkpoint began (or never). Anything else sent again is a
 // repeat.
-func model(l Ledger, tl []bridge.TimelineEntry) Result {
+func model(l Ledger, tl []timeline.Entry) Result {
 	began := map[string]time.Time{} // checkpoint or operation → its first event
 	from := map[string]string{}     // restored episode → its checkpoint
 	type restore struct {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
@@ -49,10 +49,10 @@ func TestCallResentInPlaceAfterARestore(t *testing.T) {
 		}
 		return time.Now()
 	}
-	entry := func(at time.Time, id string, d events.Data) bridge.TimelineEntry {
-		return bridge.TimelineEntry{Time: at, CheckpointID: id, Data: d}
+	entry := func(at time.Time, id string, d events.Data) timeline.Entry {
+		return timeline.Entry{Time: at, CheckpointID: id, Data: d}
 	}
-	restored := func(at time.Time) bridge.TimelineEntry {
+	restored := func(at time.Time) timeline.Entry {
 		return entry(at, "restore-e1", events.RestoreCompleted{Source: "c2", Restored: []string{"t1-a1"}})
 	}
 	for _, c := range []struct {
@@ -72,7 +72,7 @@ func TestCallResentInPlaceAfterARestore(t *testing.T) {
 			s := modelserver.New(script)
 			srv := httptest.NewServer(s)
 			defer srv.Close()
-			var tl []bridge.TimelineEntry
+			var tl []timeline.Entry
 			carry := c.ok && !c.c2BeforeSaved
 			if carry {
 				tl = append(tl, entry(time.Now(), "c1", nil))
@@ -125,7 +125,7 @@ func (r reissues) Reissued() []modelserver.Reissue { return r }
 // over, then the fleet restored).
 func TestReissuedByARestoredAttempt(t *testing.T) {
 	c2 := time.Date(2026, 12, 6, 14, 44, 3, 0, time.UTC)
-	tl := []bridge.TimelineEntry{
+	tl := []timeline.Entry{
 		{Time: c2, CheckpointID: "c2"},
 		{Time: c2.Add(2 * time.Second), CheckpointID: "restore-e1", Data: events.RestoreCompleted{Source: "c2", Restored: []string{"t1-a2"}}},
 	}

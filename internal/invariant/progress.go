@@ -8,8 +8,8 @@ import (
 	"os"
 	"slices"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 )
 
@@ -20,7 +20,7 @@ import (
 // on members that all committed it: its rollout has a result, or the
 // controller retired it before the commit. An episode whose members are
 // gone and that is none of these is progress lost.
-func progress(tl []bridge.TimelineEntry, committed []string, v *Manifests, results string) Result {
+func progress(tl []timeline.Entry, committed []string, v *Manifests, results string) Result {
 	res := Result{N: 9, Name: "no checkpoint loses a rollout the one before held"}
 	if v == nil {
 		res.Detail = "no manifest verified at commit"

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 )
 
@@ -26,7 +26,7 @@ func TestProgress(t *testing.T) {
 	if err := os.WriteFile(results, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	run := func(c2 events.CheckpointManifest, tl ...bridge.TimelineEntry) Result {
+	run := func(c2 events.CheckpointManifest, tl ...timeline.Entry) Result {
 		v := &Manifests{read: map[string]events.CheckpointManifest{"c1": c1, "c2": c2}}
 		return progress(tl, []string{"c1", "c2"}, v, results)
 	}
@@ -55,7 +55,7 @@ func TestProgress(t *testing.T) {
 	if r := run(ended); r.OK || !strings.Contains(r.Detail, "r2, held by c1, ended on its members with no result") {
 		t.Errorf("an episode gone with no result: %+v", r)
 	}
-	retire := bridge.TimelineEntry{Data: events.Retire{PhaseHeader: events.PhaseHeader{Seq: 5}, Episodes: []events.Episode{{Rollout: "r2", Attempt: 0}}}}
+	retire := timeline.Entry{Data: events.Retire{PhaseHeader: events.PhaseHeader{Seq: 5}, Episodes: []events.Episode{{Rollout: "r2", Attempt: 0}}}}
 	if r := run(ended, retire); !r.OK {
 		t.Errorf("an episode the controller retired before the commit: %+v", r)
 	}

@@ -3,20 +3,20 @@ package invariant
 import (
 	"testing"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 )
 
 // A manifest found missing counts as released only when a release that
 // deleted it completed after its checkpoint committed.
 func TestReleasedAfter(t *testing.T) {
-	entry := func(typ events.Type, id string) bridge.TimelineEntry {
-		return bridge.TimelineEntry{Type: typ, CheckpointID: id}
+	entry := func(typ events.Type, id string) timeline.Entry {
+		return timeline.Entry{Type: typ, CheckpointID: id}
 	}
-	released := func(id string, deleted ...string) bridge.TimelineEntry {
-		return bridge.TimelineEntry{Type: events.TypeReleaseCompleted, CheckpointID: id, Data: events.ReleaseCompleted{Deleted: deleted}}
+	released := func(id string, deleted ...string) timeline.Entry {
+		return timeline.Entry{Type: events.TypeReleaseCompleted, CheckpointID: id, Data: events.ReleaseCompleted{Deleted: deleted}}
 	}
-	tl := []bridge.TimelineEntry{
+	tl := []timeline.Entry{
 		released("release-1", "c1"), // before c1 committed
 		entry(events.TypeCheckpointCommitted, "c1"),
 		entry(events.TypeCheckpointCommitted, "c4"),

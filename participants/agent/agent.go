@@ -18,6 +18,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
 
 var (
@@ -64,7 +65,7 @@ type Config struct {
 	// service client on JS's connection).
 	OwnerService Owner
 	// SandboxService returns how the agent calls the daemon of a sandbox,
-	// once per sandbox (default: a sandboxapi.Client on JS's connection).
+	// once per sandbox (default: a sandboxclient.Client on JS's connection).
 	SandboxService func(sandboxID string) (Sandbox, error)
 	// Adapter drives the harness. Required.
 	Adapter Adapter
@@ -215,7 +216,7 @@ func newAgent(cfg Config) (*Agent, error) {
 		cfg.OwnerService = oc
 	}
 	if cfg.SandboxService == nil {
-		cfg.SandboxService = func(id string) (Sandbox, error) { return sandboxapi.NewClient(nc, cfg.Run, id) }
+		cfg.SandboxService = func(id string) (Sandbox, error) { return sandboxclient.New(nc, cfg.Run, id) }
 	}
 	a := &Agent{cfg: cfg, name: name, nc: nc, owner: cfg.OwnerService, acks: newAckBook(cfg.Run),
 		daemons: newDaemonBook(cfg.Run),

@@ -11,6 +11,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
 
 // This file is the agent's side of a provider whose snapshots keep
@@ -21,7 +22,7 @@ import (
 // relaunches.
 
 // Relay is what the agent calls on a sandbox's model relay.
-// sandboxapi.Client implements it; a Sandbox without it has no relay.
+// sandboxclient.Client implements it; a Sandbox without it has no relay.
 type Relay interface {
 	// RelayStatus returns the relay's status.
 	RelayStatus(ctx context.Context) (sandboxapi.RelayStatus, error)
@@ -31,7 +32,7 @@ type Relay interface {
 }
 
 // Adopter is what the agent calls on a restored sandbox's daemon to take
-// over a launch the snapshot kept. sandboxapi.Client implements it.
+// over a launch the snapshot kept. sandboxclient.Client implements it.
 type Adopter interface {
 	// Held tells whether the launch is still held in pause seq by the
 	// supervisor identity.
@@ -43,8 +44,8 @@ type Adopter interface {
 }
 
 var (
-	_ Relay   = (*sandboxapi.Client)(nil)
-	_ Adopter = (*sandboxapi.Client)(nil)
+	_ Relay   = (*sandboxclient.Client)(nil)
+	_ Adopter = (*sandboxclient.Client)(nil)
 )
 
 // relayBase turns the relay's harness URL (".../v1") into the base URL an

@@ -16,6 +16,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
 
 // keptDaemon is a restored sandbox's daemon as the agent calls it, with a
@@ -255,7 +256,7 @@ func TestRebindCollectsAnInterruptedLaunchOnce(t *testing.T) {
 // launch, and the stage is asked again (errAdmissionClosed).
 func TestRebindWaitsForAnOpenCheckpoint(t *testing.T) {
 	a, r, bm := rebindAgent(t)
-	closed := &sandboxapi.ServiceError{Code: sandboxapi.CodeAdmissionClosed, Status: 409}
+	closed := &sandboxclient.ServiceError{Code: sandboxapi.CodeAdmissionClosed, Status: 409}
 	d := &keptDaemon{held: sandboxapi.HeldAnswer{Verdict: sandboxapi.VerdictHeld, Identity: sandboxapi.Identity{PID: 7, Start: 1234}, Relay: sandboxapi.RelayStatus{Up: true, Generation: 1}},
 		resumeErr: closed}
 	lc := LaunchContext{Rollout: "r1", Session: SessionInfo{SessionID: "r1", SandboxID: "sb-new", KeepsProcesses: true, Clock: "continuous"}}
@@ -279,7 +280,7 @@ func TestRebindWaitsForAnOpenCheckpoint(t *testing.T) {
 func TestPlanLaunch(t *testing.T) {
 	keeps := SessionInfo{SandboxID: "sb1", KeepsProcesses: true}
 	up := sandboxapi.HeldAnswer{Relay: sandboxapi.RelayStatus{Up: true, Generation: 4}}
-	noRelay := &sandboxapi.ServiceError{Code: sandboxapi.CodeNoRelay, Status: 409, Detail: "no relay"}
+	noRelay := &sandboxclient.ServiceError{Code: sandboxapi.CodeNoRelay, Status: 409, Detail: "no relay"}
 	cases := []struct {
 		name    string
 		info    SessionInfo
@@ -295,7 +296,7 @@ func TestPlanLaunch(t *testing.T) {
 		{"the owner runs no relay", keeps, "http://m:1", &keptDaemon{held: up, repErr: noRelay}, false, 0, false},
 		{"relay down", keeps, "http://m:1", &keptDaemon{}, false, 0, true},
 		{"re-point refused", keeps, "http://m:1", &keptDaemon{held: up, repErr: errors.New("stale generation")}, false, 0, true},
-		{"re-point under an open checkpoint", keeps, "http://m:1", &keptDaemon{held: up, repErr: &sandboxapi.ServiceError{Code: sandboxapi.CodeAdmissionClosed, Status: 409}}, false, 0, false},
+		{"re-point under an open checkpoint", keeps, "http://m:1", &keptDaemon{held: up, repErr: &sandboxclient.ServiceError{Code: sandboxapi.CodeAdmissionClosed, Status: 409}}, false, 0, false},
 		{"a daemon client without a relay", keeps, "http://m:1", newEndlessSandbox(), false, 0, false},
 	}
 	for _, c := range cases {
@@ -349,7 +350,7 @@ func TestRebindAsksAResumeThatTimedOutAgain(t *testing.T) {
 // still held, to be re-bound by a later try), never a relaunch beside a
 // launch that may run.
 func TestRebindAbandonWaitsForAConfirmedKill(t *testing.T) {
-	unconfirmed := &sandboxapi.ServiceError{Code: sandboxapi.CodeInternal, Status: 500, Detail: "sandboxd: kill not confirmed"}
+	unconfirmed := &sandboxclient.ServiceError{Code: sandboxapi.CodeInternal, Status: 500, Detail: "sandboxd: kill not confirmed"}
 	notHolding := sandboxapi.HeldAnswer{Verdict: sandboxapi.VerdictNotHolding, Identity: sandboxapi.Identity{PID: 7, Start: 1234}}
 	lc := LaunchContext{Rollout: "r1", Session: SessionInfo{SessionID: "r1", SandboxID: "sb-new", KeepsProcesses: true}}
 

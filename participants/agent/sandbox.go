@@ -5,11 +5,12 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
 
 // Sandbox is what the agent calls on a sandbox's daemon: the launches of
 // its rollouts there (package sandboxapi is the contract).
-// sandboxapi.Client implements it.
+// sandboxclient.Client implements it.
 type Sandbox interface {
 	// Launch starts a launch.
 	Launch(ctx context.Context, r sandboxapi.LaunchRequest) (sandboxapi.Record, error)
@@ -22,7 +23,7 @@ type Sandbox interface {
 	WaitReceipt(ctx context.Context, id string, d time.Duration) (sandboxapi.Receipt, error)
 }
 
-var _ Sandbox = (*sandboxapi.Client)(nil)
+var _ Sandbox = (*sandboxclient.Client)(nil)
 
 // sandbox returns how to call sandbox id's daemon, made once per sandbox by
 // Config.SandboxService.

@@ -17,16 +17,17 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // TrajectoryReader is what the agent calls on a sandbox's daemon to read
-// its relay's capture file. sandboxapi.Client implements it.
+// its relay's capture file. sandboxclient.Client implements it.
 type TrajectoryReader interface {
 	Trajectory(ctx context.Context, r sandboxapi.TrajectoryRequest) (sandboxapi.TrajectoryChunk, error)
 }
 
-var _ TrajectoryReader = (*sandboxapi.Client)(nil)
+var _ TrajectoryReader = (*sandboxclient.Client)(nil)
 
 // MaxTrajectoryBytes bounds a capture file the agent reads: the file is
 // in the sandbox, where the workload may have made it any size.

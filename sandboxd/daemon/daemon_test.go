@@ -21,6 +21,7 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd"
 	"github.com/stillpoint/stillpoint/sandboxd/daemon"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
 
 func TestMain(m *testing.M) {
@@ -34,11 +35,11 @@ const run = "run1"
 func id(s string) string { return s + "-" + strconv.Itoa(os.Getpid()) }
 
 // start runs a daemon for sandbox sb1 until the test ends.
-func start(t *testing.T, env *jstest.Env) (*daemon.Daemon, *sandboxapi.Client) {
+func start(t *testing.T, env *jstest.Env) (*daemon.Daemon, *sandboxclient.Client) {
 	return startWithGrace(t, env, 0)
 }
 
-func startWithGrace(t *testing.T, env *jstest.Env, grace time.Duration) (*daemon.Daemon, *sandboxapi.Client) {
+func startWithGrace(t *testing.T, env *jstest.Env, grace time.Duration) (*daemon.Daemon, *sandboxclient.Client) {
 	t.Helper()
 	nc, js := env.Connect(t)
 	bus, err := jetstream.Open(t.Context(), js)
@@ -64,7 +65,7 @@ func startWithGrace(t *testing.T, env *jstest.Env, grace time.Duration) (*daemon
 		}
 	})
 	membertest.WaitRegistered(t, env, run, d.Name(), nil)
-	c, err := sandboxapi.NewClient(nc, run, "sb1")
+	c, err := sandboxclient.New(nc, run, "sb1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +113,7 @@ func TestPauseAndContinueThroughTheBus(t *testing.T) {
 		return nil
 	})
 	_, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id("l2"), Command: "true"})
-	var se *sandboxapi.ServiceError
+	var se *sandboxclient.ServiceError
 	if !errors.As(err, &se) || se.Code != "admission_closed" || se.Status != 409 {
 		t.Fatalf("launch during a checkpoint: %v, want admission_closed", err)
 	}
@@ -144,7 +145,7 @@ func TestServiceRefusesBadRequests(t *testing.T) {
 	_, c := start(t, env)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	var se *sandboxapi.ServiceError
+	var se *sandboxclient.ServiceError
 	for _, r := range []sandboxapi.LaunchRequest{
 		{LaunchID: "../x", Command: "true"},
 		{LaunchID: id("ok")},
@@ -212,7 +213,7 @@ func TestAgentAndCheckpointPausesStayApart(t *testing.T) {
 	if pa := bridge.Ack(seq, events.PhasePrepare, d.Name()).(events.PrepareAck); !pa.Ready {
 		t.Fatalf("prepare ack %+v", pa)
 	}
-	var se *sandboxapi.ServiceError
+	var se *sandboxclient.ServiceError
 	if _, err := c.Continue(ctx, id("theirs")); !errors.As(err, &se) || se.Code != "admission_closed" {
 		t.Fatalf("the agent continued a launch the checkpoint holds: %v", err)
 	}
@@ -274,7 +275,7 @@ func TestRefusedLaunchLeavesTheLaunchThatHasItsID(t *testing.T) {
 	if _, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id("l1"), Episode: "r1", Command: "sleep 600"}); err != nil {
 		t.Fatal(err)
 	}
-	var se *sandboxapi.ServiceError
+	var se *sandboxclient.ServiceError
 	if _, err := c.Launch(ctx, sandboxapi.LaunchRequest{LaunchID: id("l1"), Episode: "r2", NoPause: true, Command: "true"}); !errors.As(err, &se) || se.Code != sandboxapi.CodeLaunchExists {
 		t.Fatalf("a second launch of the same id: %v, want launch_exists", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd"
 	"github.com/stillpoint/stillpoint/sandboxd/daemon"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
 
 // resident runs a Resident on a supervisor of dir until the test ends.
@@ -70,10 +71,10 @@ func info(t *testing.T, env *jstest.Env, m events.Member) (events.MemberInfo, ui
 	return mi, e.Revision()
 }
 
-func launch(t *testing.T, env *jstest.Env, sandbox, launchID, dir string) (*sandboxapi.Client, sandboxapi.Record) {
+func launch(t *testing.T, env *jstest.Env, sandbox, launchID, dir string) (*sandboxclient.Client, sandboxapi.Record) {
 	t.Helper()
 	nc, _ := env.Connect(t)
-	c, err := sandboxapi.NewClient(nc, run, sandbox)
+	c, err := sandboxclient.New(nc, run, sandbox)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +153,7 @@ func TestReidentifyAFork(t *testing.T) {
 
 	// The launch of fork 1 goes on, same pid, served under the new name;
 	// the old name's service is gone.
-	c1, err := sandboxapi.NewClient(env.Conn, run, "f1")
+	c1, err := sandboxclient.New(env.Conn, run, "f1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd/daemon"
 	"github.com/stillpoint/stillpoint/sandboxd/relay"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
 
 // residentWithRelay runs a Resident whose daemons share a model relay
@@ -83,7 +84,7 @@ func newModelServer(t *testing.T, answer http.HandlerFunc) *modelServer {
 }
 
 func code(err error) string {
-	var se *sandboxapi.ServiceError
+	var se *sandboxclient.ServiceError
 	if errors.As(err, &se) {
 		return se.Code
 	}
@@ -107,7 +108,7 @@ func TestTakeOverARestoredLaunch(t *testing.T) {
 	res, rl := residentWithRelay(t, t.TempDir(), gone.URL)
 	orig := join(t, env, res, "orig", 0)
 	nc, _ := env.Connect(t)
-	c, err := sandboxapi.NewClient(nc, run, "orig")
+	c, err := sandboxclient.New(nc, run, "orig")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +161,7 @@ func TestTakeOverARestoredLaunch(t *testing.T) {
 	// bus in epoch 1; the checkpoint's resume never comes.
 	bridge.Epoch = 1
 	join(t, env, res, "f1", 1)
-	c1, err := sandboxapi.NewClient(nc, run, "f1")
+	c1, err := sandboxclient.New(nc, run, "f1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +381,7 @@ func TestRestoredHoldSurvivesTheNextCheckpoint(t *testing.T) {
 	res, rl := residentWithRelay(t, t.TempDir(), gone.URL)
 	orig := join(t, env, res, "orig", 0)
 	nc, _ := env.Connect(t)
-	c, err := sandboxapi.NewClient(nc, run, "orig")
+	c, err := sandboxclient.New(nc, run, "orig")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,7 +411,7 @@ func TestRestoredHoldSurvivesTheNextCheckpoint(t *testing.T) {
 	// no resume of c1 ever comes.
 	bridge.Epoch = 1
 	f1 := join(t, env, res, "f1", 1)
-	c1, err := sandboxapi.NewClient(nc, run, "f1")
+	c1, err := sandboxclient.New(nc, run, "f1")
 	if err != nil {
 		t.Fatal(err)
 	}

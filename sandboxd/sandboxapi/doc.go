@@ -1,10 +1,12 @@
 // Package sandboxapi is the wire contract of a sandbox daemon's service:
-// the request and answer types of its endpoints, the enums they carry, and
-// Client, the agent's side of it. It imports only events, jetstream and the
-// standard library, so a caller of a daemon does not build the supervisor.
+// its subject, the request and answer types of its endpoints, the enums
+// they carry and their validation. It holds no client (package
+// sandboxclient is the caller's side) and imports only events and the
+// standard library, so a caller of a daemon does not build the
+// supervisor, and a server of it not the client.
 //
 //  1. Subjects. A daemon serves member sandbox.<id> of a run on
-//     events.ServiceSubject(run, sandbox.<id>), spsvc.<run>.sandbox.<id>,
+//     ServiceSubject(run, id), spsvc.<run>.sandbox.<id>,
 //     with one endpoint a token below it: launch, status, pause, continue,
 //     stop and receipt; held, resume and collect (a launch a restored
 //     snapshot kept); relay_status and relay_repoint (the model relay). The
@@ -17,7 +19,8 @@
 //     Record (launch, status), a PauseResult (pause, continue, resume), a
 //     Receipt (stop, receipt, collect), a HeldAnswer (held) or a
 //     RelayStatus (relay_status, relay_repoint).
-//  3. Errors. A refusal is a jetstream.ServiceError whose Code is one of
+//  3. Errors. A refusal is a jetstream.ServiceError (for a caller,
+//     sandboxclient.ServiceError) whose Code is one of
 //     the Code constants: a caller decides on the code, never on the
 //     detail text. A receipt asked with a bounded wait answers CodeNotEnded
 //     when the wait runs out, so that no request holds the endpoint past its

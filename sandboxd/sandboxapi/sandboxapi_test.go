@@ -95,3 +95,17 @@ func TestHeldAnswerRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// A daemon's subject is its member's service subject; a run or sandbox id
+// that is not one token is refused.
+func TestServiceSubject(t *testing.T) {
+	s, err := sandboxapi.ServiceSubject("run1", "sb1")
+	if err != nil || s != "spsvc.run1.sandbox.sb1" {
+		t.Fatalf("ServiceSubject(run1, sb1) = %q, %v", s, err)
+	}
+	for _, bad := range [][2]string{{"", "sb1"}, {"run1", ""}, {"run.1", "sb1"}, {"run1", "sb.1"}, {"run1", "sb*"}} {
+		if s, err := sandboxapi.ServiceSubject(bad[0], bad[1]); err == nil {
+			t.Errorf("ServiceSubject(%q, %q) = %q, want an error", bad[0], bad[1], s)
+		}
+	}
+}

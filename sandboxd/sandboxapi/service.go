@@ -1,9 +1,26 @@
 package sandboxapi
 
-import "github.com/stillpoint/stillpoint/jetstream"
+import "github.com/stillpoint/stillpoint/events"
 
-// The service's endpoints, one subject token below the daemon's
-// events.ServiceSubject.
+// ServiceSubject returns spsvc.<run>.sandbox.<sandboxID>, the subject
+// prefix of the service of sandbox sandboxID's daemon in run (the member
+// service subject of events.ServiceSubject); endpoint e is ServiceSubject +
+// "." + e. It refuses a run or sandbox id that is not one subject token.
+func ServiceSubject(run, sandboxID string) (string, error) {
+	if err := events.ValidateRun(run); err != nil {
+		return "", err
+	}
+	if err := events.ValidateToken("sandbox", sandboxID); err != nil {
+		return "", err
+	}
+	m, err := events.NewMember(events.KindSandbox, sandboxID)
+	if err != nil {
+		return "", err
+	}
+	return events.ServiceSubject(run, m), nil
+}
+
+// The service's endpoints, one subject token below ServiceSubject.
 const (
 	// EndpointLaunch starts a launch: LaunchRequest in, Record out.
 	EndpointLaunch = "launch"
@@ -43,7 +60,8 @@ const (
 	EndpointTrajectory = "trajectory"
 )
 
-// The codes of the service's errors (jetstream.ServiceError.Code).
+// The codes of the service's errors (jetstream.ServiceError.Code, which
+// package sandboxclient names ServiceError).
 const (
 	// CodeBadRequest (400): a body that does not decode, a malformed
 	// launch id or an invalid launch.
@@ -80,9 +98,6 @@ const (
 	// CodeInternal (500): anything else.
 	CodeInternal = "internal"
 )
-
-// ServiceError is the error the service answers with.
-type ServiceError = jetstream.ServiceError
 
 // LaunchRequest asks for a launch.
 type LaunchRequest struct {

@@ -6,10 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"runtime/pprof"
 	"strings"
-	"syscall"
+
+	"github.com/stillpoint/stillpoint/internal/signals"
 )
 
 func main() {
@@ -41,10 +41,9 @@ func main() {
 		defer writeAllocs(strings.TrimSuffix(*cpuProfile, ".pprof") + ".allocs.pprof")
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 	// A second signal exits at once.
-	context.AfterFunc(ctx, stop)
+	ctx, sigs := signals.Notify(context.Background(), signals.Die)
+	defer sigs.Stop()
 	if err := run(ctx, cfg, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "scalehost %s: %v\n", cfg.name, err)
 		pprof.StopCPUProfile()

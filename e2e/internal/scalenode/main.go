@@ -5,9 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"runtime/pprof"
-	"syscall"
+
+	"github.com/stillpoint/stillpoint/internal/signals"
 )
 
 func main() {
@@ -33,10 +33,9 @@ func main() {
 		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 	// A second signal exits at once.
-	context.AfterFunc(ctx, stop)
+	ctx, sigs := signals.Notify(context.Background(), signals.Die)
+	defer sigs.Stop()
 	if err := run(ctx, cfg, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "scalenode %s: %v\n", cfg.name, err)
 		pprof.StopCPUProfile()

@@ -18,6 +18,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
 
 // memberInit is the Init of owner.SandboxdSpec (which this package cannot
@@ -42,8 +43,8 @@ func TestMicroVMMemberForks(t *testing.T) {
 	start(t, m, Spec{ID: "m1", Init: memberInit(env.URL, "m1"), Workdir: "/work"})
 	orig := membertest.WaitRegistered(t, env, "run1", events.Member("sandbox.m1"), nil)
 	nc, _ := env.Connect(t)
-	client := func(id string) *sandboxapi.Client {
-		c, err := sandboxapi.NewClient(nc, "run1", id)
+	client := func(id string) *sandboxclient.Client {
+		c, err := sandboxclient.New(nc, "run1", id)
 		if err != nil {
 			t.Fatal(err)
 		}

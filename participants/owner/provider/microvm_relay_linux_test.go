@@ -21,6 +21,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
 
 // relayModel is the host's model server for the relay test: it records
@@ -87,8 +88,8 @@ func TestMicroVMRelayHoldsACallThroughAFork(t *testing.T) {
 	start(t, m, Spec{ID: "m1", Init: relayInit("m1"), Workdir: "/work"})
 	orig := membertest.WaitRegistered(t, env, "run1", events.Member("sandbox.m1"), nil)
 	nc, _ := env.Connect(t)
-	client := func(id string) *sandboxapi.Client {
-		c, err := sandboxapi.NewClient(nc, "run1", id)
+	client := func(id string) *sandboxclient.Client {
+		c, err := sandboxclient.New(nc, "run1", id)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"runtime"
 	"runtime/debug"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sys/unix"
 
+	"github.com/stillpoint/stillpoint/internal/signals"
 	"github.com/stillpoint/stillpoint/sandboxd"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -173,18 +173,31 @@ func run(args []string, stdout, stderr io.Writer) int {
 // serve runs the supervisor, launches spec and handles signals until the
 // launch has ended; every goroutine it starts ends before it returns.
 func serve(sup *sandboxd.Supervisor, spec sandboxd.Spec, out *printer) int {
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	runErr := make(chan error, 1)
-	wg.Go(func() { runErr <- sup.Run(ctx) })
 	defer func() {
 		cancel()
 		wg.Wait()
 	}()
+
+	// The signals reach the loop below one at a time, in the order they
+	// came: the first SIGINT or SIGTERM (stopAsked) stops the launch, a
+	// later one cancels it; SIGUSR1 pauses it, SIGUSR2 continues it.
+	sigs := make(chan os.Signal, 4)
+	forward := func(sig os.Signal) {
+		select {
+		case sigs <- sig:
+		default:
+		}
+	}
+	stopAsked, handler := signals.Notify(context.Background(), forward)
+	defer handler.Stop()
+	defer signals.On(syscall.SIGUSR1, func() { forward(syscall.SIGUSR1) })()
+	defer signals.On(syscall.SIGUSR2, func() { forward(syscall.SIGUSR2) })()
+	stop := stopAsked.Done()
+
+	runErr := make(chan error, 1)
+	wg.Go(func() { runErr <- sup.Run(ctx) })
 
 	rec, err := sup.Launch(ctx, spec)
 	if err != nil {
@@ -200,7 +213,6 @@ func serve(sup *sandboxd.Supervisor, spec sandboxd.Spec, out *printer) int {
 		}
 		ended <- r
 	})
-	stops := 0
 	for {
 		select {
 		case r := <-ended:
@@ -217,6 +229,9 @@ func serve(sup *sandboxd.Supervisor, spec sandboxd.Spec, out *printer) int {
 		case err := <-runErr:
 			out.print("supervisor", nil, err)
 			return 1
+		case <-stop:
+			stop = nil
+			wg.Go(func() { _, _ = sup.Stop(ctx, spec.ID) })
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGUSR1:
@@ -226,12 +241,7 @@ func serve(sup *sandboxd.Supervisor, spec sandboxd.Spec, out *printer) int {
 				rep, err := sup.Continue(ctx, spec.ID)
 				out.print("continue", rep, err)
 			default:
-				stops++
-				stop := sup.Stop
-				if stops > 1 {
-					stop = sup.Cancel
-				}
-				wg.Go(func() { _, _ = stop(ctx, spec.ID) })
+				wg.Go(func() { _, _ = sup.Cancel(ctx, spec.ID) })
 			}
 		}
 	}

@@ -49,6 +49,49 @@ func TestRunReturnsTheLaunchsExit(t *testing.T) {
 	}
 }
 
+// `sandboxd run` takes its signals as commands to the launch: SIGUSR1
+// pauses it, SIGUSR2 continues it, SIGTERM stops it, and the command
+// returns the launch's status (SIGINT's, the stop's signal) once it ended.
+func TestRunTakesSignals(t *testing.T) {
+	stdout, stderr := &jstest.Buffer{}, &jstest.Buffer{}
+	done := make(chan int, 1)
+	go func() {
+		done <- Main([]string{"run", "--state", t.TempDir(), "--no-cgroup", "--mode", "stop", "--grace", "5s", "--",
+			"sleep", "1000"}, stdout, stderr)
+	}()
+	// Each signal goes once the line before it is out: the launched line
+	// comes after serve handles the signals itself.
+	for _, step := range []struct {
+		line string
+		sig  syscall.Signal
+	}{{`"event":"launched"`, syscall.SIGUSR1}, {`"event":"pause"`, syscall.SIGUSR2}, {`"event":"continue"`, syscall.SIGTERM}} {
+		poll.Wait(t, 30*time.Second, step.line, func() bool {
+			select {
+			case code := <-done:
+				t.Fatalf("run exited %d early\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+			default:
+			}
+			return strings.Contains(stdout.String(), step.line)
+		})
+		if err := syscall.Kill(os.Getpid(), step.sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case code := <-done:
+		if code != 128+int(syscall.SIGINT) {
+			t.Errorf("run exited %d, want %d (the launch's SIGINT)\nstdout:\n%s", code, 128+int(syscall.SIGINT), stdout.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("run did not end on SIGTERM\nstdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	}
+	for line := range strings.Lines(stdout.String()) {
+		if strings.Contains(line, `"error"`) {
+			t.Errorf("a step failed: %s", line)
+		}
+	}
+}
+
 // `sandboxd member` in process: it registers on the bus and stops, with
 // status 0, on SIGTERM.
 func TestMemberStopsOnSIGTERM(t *testing.T) {

@@ -9,16 +9,15 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/signals"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/sandboxd"
@@ -150,8 +149,8 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	log := zerolog.New(stderr).Level(o.level).With().Timestamp().Logger()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	ctx, sigs := signals.Notify(context.Background(), nil)
+	defer sigs.Stop()
 	nc, err := jetstream.Connect(ctx, o.conn)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)

@@ -20,6 +20,7 @@ import (
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
+	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -242,7 +243,7 @@ func TestRolesCheckpointRestoreRelease(t *testing.T) {
 	}
 
 	_, cjs := env.As(embedded.RoleController).Connect(t)
-	entries, err := bridge.ReadTimeline(ctx, cjs, run, "")
+	entries, err := timeline.Read(ctx, cjs, run, "")
 	if err != nil || len(entries) == 0 {
 		t.Fatalf("timeline as the controller: %d entries, %v", len(entries), err)
 	}

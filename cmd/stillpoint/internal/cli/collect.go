@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/internal/metrics"
+	"github.com/stillpoint/stillpoint/internal/signals"
 )
 
 type collectFlags struct {
@@ -128,10 +127,8 @@ func runCollect(ctx context.Context, g *globals, f collectFlags) error {
 		return err
 	}
 	defer func() { _ = stopMetrics() }()
-	defer onSignal(syscall.SIGUSR1, c.CheckpointNow)()
-	stop := c.Stop
-	termHandler.Store(&stop)
-	defer termHandler.Store(nil)
+	defer signals.On(syscall.SIGUSR1, c.CheckpointNow)()
+	defer g.signals.OnTerm(c.Stop)()
 	sum, err := c.Run(ctx)
 	collect.WriteSummary(g.stdout, sum)
 	switch {
@@ -142,31 +139,6 @@ func runCollect(ctx context.Context, g *globals, f collectFlags) error {
 		return err
 	}
 	return nil
-}
-
-// onSignal calls fn each time the process gets sig, from a goroutine that
-// the returned stop ends and waits for: signal.Stop alone would leave it
-// waiting on a channel that is never closed.
-func onSignal(sig os.Signal, fn func()) (stop func()) {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, sig)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-ch:
-				fn()
-			case <-done:
-				return
-			}
-		}
-	})
-	return sync.OnceFunc(func() {
-		signal.Stop(ch)
-		close(done)
-		wg.Wait()
-	})
 }
 
 func splitList(s string) []string {

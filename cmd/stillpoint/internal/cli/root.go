@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/mattn/go-isatty"
@@ -18,6 +15,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/cmd/stillpoint/internal/demo"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/internal/signals"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
@@ -35,6 +33,9 @@ type globals struct {
 	logFormat string
 	stdout    io.Writer
 	stderr    io.Writer
+	// signals handles SIGINT and SIGTERM for the command (Main makes it):
+	// a command that stops in a way of its own takes SIGTERM from it.
+	signals *signals.Handler
 }
 
 // env returns the first non-empty environment variable of names.
@@ -49,13 +50,18 @@ func env(names ...string) string {
 
 // Main runs the command line with args and returns the exit status.
 func Main(args []string, stdout, stderr io.Writer) int {
-	g := &globals{stdout: stdout, stderr: stderr}
+	// The first SIGINT or SIGTERM cancels the command; a second one exits
+	// at once.
+	ctx, sigs := signals.Notify(context.Background(), func(os.Signal) {
+		fmt.Fprintln(stderr, "stillpoint: second signal, exiting now")
+		os.Exit(130)
+	})
+	defer sigs.Stop()
+	g := &globals{stdout: stdout, stderr: stderr, signals: sigs}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	ctx, stop := signalContext(stderr)
-	defer stop()
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return 0
@@ -130,10 +136,7 @@ func newDemoCmd(g *globals) *cobra.Command {
 // collect`) after a checkpoint, as it stops `stillpoint collect`.
 func newChaosCmd(g *globals) *cobra.Command {
 	return demoExits(demo.ChaosCommand(demo.Env{Stdout: g.stdout, Stderr: g.stderr, Conn: &g.conn,
-		HandleTerm: func(stop func()) func() {
-			termHandler.Store(&stop)
-			return func() { termHandler.Store(nil) }
-		}}))
+		HandleTerm: g.signals.OnTerm}))
 }
 
 // demoExits turns the errors of the demo package's commands, and of
@@ -192,44 +195,4 @@ func (g *globals) logger() (zerolog.Logger, error) {
 		w = zerolog.ConsoleWriter{Out: g.stderr, TimeFormat: time.TimeOnly}
 	}
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
-}
-
-// termHandler, when set, takes SIGTERM instead of the context's cancel: a
-// command that stops gracefully in its own way (collect checkpoints with
-// stop) sets it. SIGINT still cancels.
-var termHandler atomic.Pointer[func()]
-
-// signalContext returns a context that the first SIGINT or SIGTERM cancels;
-// a second one exits at once.
-func signalContext(stderr io.Writer) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case sig := <-ch:
-				if h := termHandler.Load(); h != nil && sig == syscall.SIGTERM {
-					(*h)() // the command stops in its own way
-					continue
-				}
-				cancel()
-			case <-done:
-				return
-			}
-			break
-		}
-		select {
-		case <-ch:
-			fmt.Fprintln(stderr, "stillpoint: second signal, exiting now")
-			os.Exit(130)
-		case <-done:
-		}
-	}()
-	return ctx, func() {
-		signal.Stop(ch)
-		close(done)
-		cancel()
-	}
 }

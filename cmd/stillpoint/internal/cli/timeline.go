@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
-	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 )
 
@@ -65,7 +64,7 @@ docs/POSTMORTEM.md shows the same with the nats CLI.`,
 			if f.follow {
 				return followTimeline(cmd.Context(), g, js, f)
 			}
-			entries, err := bridge.ReadTimeline(cmd.Context(), js, f.run, f.checkpoint)
+			entries, err := timeline.Read(cmd.Context(), js, f.run, f.checkpoint)
 			if err != nil {
 				return err
 			}
@@ -91,7 +90,7 @@ docs/POSTMORTEM.md shows the same with the nats CLI.`,
 }
 
 // writeEvents prints the one-line-per-event view.
-func writeEvents(w io.Writer, entries []bridge.TimelineEntry, asJSON bool) error {
+func writeEvents(w io.Writer, entries []timeline.Entry, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(w)
 		for _, e := range entries {
@@ -113,7 +112,7 @@ func writeEvents(w io.Writer, entries []bridge.TimelineEntry, asJSON bool) error
 	return nil
 }
 
-func writeEvent(w io.Writer, t0 time.Time, e bridge.TimelineEntry) error {
+func writeEvent(w io.Writer, t0 time.Time, e timeline.Entry) error {
 	_, err := fmt.Fprintf(w, "%+10.3fs  #%-6d %-28s %s\n", e.Time.Sub(t0).Seconds(), e.StreamSeq, e.Source, e.Summary)
 	return err
 }
@@ -173,8 +172,8 @@ func followTimeline(ctx context.Context, g *globals, js natsjs.JetStream, f time
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	grp, gctx := errgroup.WithContext(ctx)
-	entries := make(chan bridge.TimelineEntry)
-	grp.Go(func() error { return bridge.FollowTimeline(gctx, js, f.run, f.checkpoint, entries) })
+	entries := make(chan timeline.Entry)
+	grp.Go(func() error { return timeline.Follow(gctx, js, f.run, f.checkpoint, entries) })
 
 	v := &liveView{g: g, f: f, term: term}
 	tick := time.NewTicker(time.Second)
@@ -231,7 +230,7 @@ type liveView struct {
 	complete map[string]bool
 }
 
-func (v *liveView) add(e bridge.TimelineEntry) error {
+func (v *liveView) add(e timeline.Entry) error {
 	if v.n == 0 {
 		v.t0 = e.Time
 	}
@@ -250,7 +249,7 @@ func (v *liveView) add(e bridge.TimelineEntry) error {
 
 // progress prints the plain lines of a live run off a terminal: one per
 // phase published, one when a phase has every ack it named.
-func (v *liveView) progress(id string, e bridge.TimelineEntry) error {
+func (v *liveView) progress(id string, e timeline.Entry) error {
 	op, _ := v.b.Op(id, e.Time)
 	w := v.g.stdout
 	for _, p := range op.Phases {

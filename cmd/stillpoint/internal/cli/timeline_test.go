@@ -213,7 +213,7 @@ func TestLiveViewOnATerminal(t *testing.T) {
 		t.Helper()
 		seq++
 		t0 = t0.Add(after)
-		if err := v.add(bridge.TimelineEntry{StreamSeq: seq, Time: t0, Data: d}); err != nil {
+		if err := v.add(timeline.Entry{StreamSeq: seq, Time: t0, Data: d}); err != nil {
 			t.Fatal(err)
 		}
 	}

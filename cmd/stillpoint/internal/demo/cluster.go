@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -83,9 +81,7 @@ func runNode(ctx context.Context, out interface{ Write([]byte) (int, error) }, f
 		return fmt.Errorf("chaos node %s: not ready for connections after 30 s", f.name)
 	}
 	fmt.Fprintf(out, "node %s ready at %s\n", f.name, ns.ClientURL())
-	sctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
-	defer stop()
-	<-sctx.Done()
+	<-ctx.Done() // the command's: SIGTERM or SIGINT ends it
 	return nil
 }
 

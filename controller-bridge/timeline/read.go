@@ -1,4 +1,4 @@
-package bridge
+package timeline
 
 import (
 	"context"
@@ -10,13 +10,13 @@ import (
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
-	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
-// TimelineEntry is one event of a run as the stream recorded it.
-type TimelineEntry struct {
+// Entry is one event of a run as the stream recorded it: what Read and
+// Follow return.
+type Entry struct {
 	// StreamSeq and Time are the stream's sequence and receive time.
 	StreamSeq uint64    `json:"stream_seq"`
 	Time      time.Time `json:"time"`
@@ -32,17 +32,17 @@ type TimelineEntry struct {
 	Data events.Data `json:"-"`
 }
 
-// Event returns the entry as the timeline model reads it.
-func (e TimelineEntry) Event() timeline.Event {
-	return timeline.Event{StreamSeq: e.StreamSeq, Time: e.Time, Source: e.Source, Data: e.Data}
+// Event returns the entry as the model (Builder) reads it.
+func (e Entry) Event() Event {
+	return Event{StreamSeq: e.StreamSeq, Time: e.Time, Source: e.Source, Data: e.Data}
 }
 
-// ReadTimeline reads a run's events from the stream in order, as the
+// Read reads a run's events from the stream in order, as the
 // post-mortem does with the nats CLI: an ordered consumer over sp.<run>.>,
 // from the first message to the last one present when it read it. With a
 // checkpoint id it keeps only that checkpoint's (or operation's) events.
 // Events that do not decode are returned with their error in Summary.
-func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint string) ([]TimelineEntry, error) {
+func Read(ctx context.Context, js natsjs.JetStream, run, checkpoint string) ([]Entry, error) {
 	if err := events.ValidateRun(run); err != nil {
 		return nil, err
 	}
@@ -56,7 +56,7 @@ func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint stri
 	if err != nil {
 		return nil, fmt.Errorf("bridge: timeline consumer: %w", err)
 	}
-	var out []TimelineEntry
+	var out []Entry
 	for {
 		m, err := cons.Next(natsjs.FetchMaxWait(5 * time.Second))
 		for try := 0; errors.Is(err, nats.ErrNoResponders) && try < 20; try++ {
@@ -89,12 +89,12 @@ func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint stri
 }
 
 // entryOf reads one stream message as a timeline entry.
-func entryOf(m natsjs.Msg) (TimelineEntry, *natsjs.MsgMetadata, error) {
+func entryOf(m natsjs.Msg) (Entry, *natsjs.MsgMetadata, error) {
 	md, err := m.Metadata()
 	if err != nil {
-		return TimelineEntry{}, nil, fmt.Errorf("bridge: timeline: %w", err)
+		return Entry{}, nil, fmt.Errorf("bridge: timeline: %w", err)
 	}
-	e := TimelineEntry{StreamSeq: md.Sequence.Stream, Time: md.Timestamp, Subject: m.Subject()}
+	e := Entry{StreamSeq: md.Sequence.Stream, Time: md.Timestamp, Subject: m.Subject()}
 	ev, d, err := events.Unmarshal(&nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
 	if err != nil {
 		e.Summary = "undecodable: " + err.Error()
@@ -110,16 +110,16 @@ func entryOf(m natsjs.Msg) (TimelineEntry, *natsjs.MsgMetadata, error) {
 // have been stored: at the time the bridge heard it, on its core-NATS
 // subject, with the record's stream sequence. So the timeline reads a
 // daemon's prepare ack, its pause report included, wherever it travelled.
-func expand(e TimelineEntry) []TimelineEntry {
+func expand(e Entry) []Entry {
 	rec, ok := e.Data.(events.PrepareAcked)
 	if !ok || len(rec.Acks) == 0 {
-		return []TimelineEntry{e}
+		return []Entry{e}
 	}
-	out := make([]TimelineEntry, 0, 1+len(rec.Acks))
+	out := make([]Entry, 0, 1+len(rec.Acks))
 	out = append(out, e)
 	for _, h := range rec.Acks {
 		a := h.Ack
-		out = append(out, TimelineEntry{StreamSeq: e.StreamSeq, Time: h.At,
+		out = append(out, Entry{StreamSeq: e.StreamSeq, Time: h.At,
 			Subject: events.LiveAckSubject(a.Run, a.Seq, events.PhasePrepare, a.Member),
 			Type:    events.TypePrepareAck, Source: "/" + a.Run + "/" + string(a.Member), CheckpointID: a.CheckpointID,
 			Summary: Summarize(a), Data: a})
@@ -127,13 +127,13 @@ func expand(e TimelineEntry) []TimelineEntry {
 	return out
 }
 
-// FollowTimeline reads a run's events as ReadTimeline does, from the
+// Follow reads a run's events as Read does, from the
 // first one, and goes on with each new one as the stream stores it,
 // sending every entry to out in stream order (with a checkpoint id, only
 // that checkpoint's or operation's). It blocks until ctx ends, and
 // returns ctx's error then; it stops and waits for the consumer it
 // started before it returns.
-func FollowTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint string, out chan<- TimelineEntry) error {
+func Follow(ctx context.Context, js natsjs.JetStream, run, checkpoint string, out chan<- Entry) error {
 	if err := events.ValidateRun(run); err != nil {
 		return err
 	}
@@ -271,4 +271,22 @@ func Summarize(d events.Data) string {
 		return fmt.Sprintf("%s left: %s", v.Member, v.Reason)
 	}
 	return string(d.Type())
+}
+
+// sandboxCount is the number of sandbox daemons phase h addresses by its
+// roster.
+func sandboxCount(h events.PhaseHeader) int {
+	if h.Sandboxes == nil {
+		return 0
+	}
+	return h.Sandboxes.Count
+}
+
+// memberStrings returns ms as strings.
+func memberStrings(ms []events.Member) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = string(m)
+	}
+	return out
 }
