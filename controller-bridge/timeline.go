@@ -2,7 +2,6 @@ package bridge
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -12,7 +11,9 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 )
 
 // TimelineEntry is one event of a run as the stream recorded it.
@@ -58,16 +59,12 @@ func ReadTimeline(ctx context.Context, js natsjs.JetStream, run, checkpoint stri
 	}
 	var out []TimelineEntry
 	for {
-		m, err := cons.Next(natsjs.FetchMaxWait(5 * time.Second))
-		for try := 0; errors.Is(err, nats.ErrNoResponders) && try < 20; try++ {
-			// On a cluster the first pull can reach the server before the
-			// consumer the ordered consumer just created: ask again.
-			select {
-			case <-ctx.Done():
-				return out, ctx.Err()
-			case <-time.After(50 * time.Millisecond):
-			}
-			m, err = cons.Next(natsjs.FetchMaxWait(5 * time.Second))
+		// On a cluster the first pull can reach the server before the
+		// consumer the ordered consumer just created: asked again.
+		m, err := live.Retry(ctx, live.Policy{Interval: poll.Every(50 * time.Millisecond), Tries: 21},
+			func(context.Context) (natsjs.Msg, error) { return cons.Next(natsjs.FetchMaxWait(5 * time.Second)) })
+		if live.NoResponders(err) && ctx.Err() != nil {
+			return out, ctx.Err()
 		}
 		if err != nil {
 			return out, fmt.Errorf("bridge: timeline of run %s: %w", run, err)
