@@ -14,6 +14,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 )
 
 // ackFeed is the bridge's one ordered consumer of its run's stored acks
@@ -21,7 +22,7 @@ import (
 // for the bridge's life. Each phase just published is gathered from it:
 // the inbox of its sequence is opened before the phase is published, so
 // that every ack of it comes after, and the feed hands each ack to the
-// inbox its subject names. One consumer for the bridge's life keeps a
+// inbox its subject names (live.Inboxes). One consumer for the bridge's life keeps a
 // consumer's creation, a round trip through a busy server, off the path
 // between a phase's publish and its first ack. A phase read back by a replay still reads its own acks, from the first
 // (openAcks).
@@ -35,9 +36,9 @@ import (
 // on its ack subjects at will: what the bridge hears of them is bounded to
 // the phases it waits for, and what it reads of them to the gate's.
 type ackFeed struct {
-	mu    sync.Mutex
+	mu    sync.Mutex // the consumer's making and ending
 	cc    natsjs.ConsumeContext
-	inbox map[uint64]*ackInbox
+	inbox live.Inboxes[*ackInbox] // Spare 0: an inbox no gathering took goes with the next phase's
 }
 
 // ackFeedTimeout bounds the making of the feed: a phase publish does not
@@ -46,9 +47,8 @@ const ackFeedTimeout = 2 * time.Second
 
 // ackInbox is the acks of one phase, as the feed reads them.
 type ackInbox struct {
-	msgs  chan ackMsg
-	done  chan struct{} // closed when the gathering no longer reads
-	taken bool          // a gathering reads it
+	msgs chan ackMsg
+	done chan struct{} // closed when the gathering no longer reads
 	// live hears the phase's daemon acks through gate; nil when the
 	// phase addresses no sandbox daemon.
 	live *nats.Subscription
@@ -63,54 +63,56 @@ func addressesDaemons(h events.PhaseHeader) bool {
 
 // openAckInbox starts the feed if it is not running and opens the inbox of
 // phase p, with its subscription of the daemons' acks if p addresses
-// daemons: call it before p is published.
+// daemons: call it before p is published. An inbox of an earlier phase
+// that no gathering took (its operation ended first) would fill up and
+// hold the feed: it goes.
 func (b *Bridge) openAckInbox(ctx context.Context, p events.PhaseEvent) error {
 	h := p.Header()
-	f := &b.acks
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, ackFeedTimeout)
 	defer cancel()
-	if f.cc == nil {
-		// From the stream's end as it is now, by sequence: an ordered
-		// consumer made again before it delivered anything starts from
-		// there again, where one delivering new messages would start from
-		// its new end, past the acks stored meanwhile.
-		info, err := b.cfg.Bus.Stream.Info(ctx)
-		if err != nil {
-			return fmt.Errorf("bridge: the ack feed: %w", err)
-		}
-		cons, err := b.cfg.JS.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
-			FilterSubjects: []string{events.SubjectPrefix + "." + b.cfg.Run + ".ack.>"},
-			DeliverPolicy:  natsjs.DeliverByStartSequencePolicy, OptStartSeq: info.State.LastSeq + 1})
-		if err != nil {
-			return fmt.Errorf("bridge: the ack feed: %w", err)
-		}
-		cc, err := cons.Consume(b.heardAck, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
-			b.log.Debug().Err(err).Msg("the ack feed")
-		}))
-		if err != nil {
-			return fmt.Errorf("bridge: the ack feed: %w", err)
-		}
-		f.cc, f.inbox = cc, map[uint64]*ackInbox{}
+	if err := b.startAckFeed(ctx); err != nil {
+		return err
 	}
-	if _, ok := f.inbox[h.Seq]; !ok {
+	return b.acks.inbox.Open(h.Seq, func() (*ackInbox, error) {
 		in := &ackInbox{msgs: make(chan ackMsg, 1024), done: make(chan struct{})}
 		if addressesDaemons(h) {
 			if err := b.hearDaemonAcks(ctx, in, p); err != nil {
-				return err
+				return nil, err
 			}
 		}
-		f.inbox[h.Seq] = in
+		return in, nil
+	})
+}
+
+// startAckFeed starts the feed if it is not running.
+func (b *Bridge) startAckFeed(ctx context.Context) error {
+	f := &b.acks
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cc != nil {
+		return nil
 	}
-	// An inbox of an earlier phase that no gathering took (its operation
-	// ended first) would fill up and hold the feed: it goes.
-	for s, in := range f.inbox {
-		if s < h.Seq && !in.taken {
-			delete(f.inbox, s)
-			in.close()
-		}
+	// From the stream's end as it is now, by sequence: an ordered
+	// consumer made again before it delivered anything starts from there
+	// again, where one delivering new messages would start from its new
+	// end, past the acks stored meanwhile.
+	info, err := b.cfg.Bus.Stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("bridge: the ack feed: %w", err)
 	}
+	cons, err := b.cfg.JS.OrderedConsumer(ctx, jetstream.StreamName, natsjs.OrderedConsumerConfig{
+		FilterSubjects: []string{events.SubjectPrefix + "." + b.cfg.Run + ".ack.>"},
+		DeliverPolicy:  natsjs.DeliverByStartSequencePolicy, OptStartSeq: info.State.LastSeq + 1})
+	if err != nil {
+		return fmt.Errorf("bridge: the ack feed: %w", err)
+	}
+	cc, err := cons.Consume(b.heardAck, natsjs.ConsumeErrHandler(func(_ natsjs.ConsumeContext, err error) {
+		b.log.Debug().Err(err).Msg("the ack feed")
+	}))
+	if err != nil {
+		return fmt.Errorf("bridge: the ack feed: %w", err)
+	}
+	f.cc = cc
 	return nil
 }
 
@@ -121,8 +123,7 @@ func (b *Bridge) openAckInbox(ctx context.Context, p events.PhaseEvent) error {
 // returns, before p is published: no ack comes before it.
 func (b *Bridge) hearDaemonAcks(ctx context.Context, in *ackInbox, p events.PhaseEvent) error {
 	gate := newLiveGate(b.cfg.Run, p.Phase(), p.Header(), b.log)
-	nc := b.liveConn()
-	sub, err := nc.Subscribe(gate.filter(events.KindSandbox), func(m *nats.Msg) {
+	sub, err := live.Listen(ctx, b.liveConn(), gate.filter(events.KindSandbox), func(m *nats.Msg) {
 		ack, ev := gate.admit(m)
 		if ack == nil {
 			return
@@ -131,23 +132,17 @@ func (b *Bridge) hearDaemonAcks(ctx context.Context, in *ackInbox, p events.Phas
 		case in.msgs <- ackMsg{msg: m, ack: ack, ev: &ev}:
 		case <-in.done:
 		}
-	})
-	if err == nil {
-		_ = sub.SetPendingLimits(liveAcksPendingMsgs, liveAcksPendingBytes)
-		if err = nc.FlushWithContext(ctx); err != nil {
-			_ = sub.Unsubscribe()
-		}
-	}
+	}, liveAcksPendingMsgs, liveAcksPendingBytes)
 	if err != nil {
-		return fmt.Errorf("bridge: the ack feed: subscribe to the daemons' acks of %s seq %d: %w", p.Phase(), p.Header().Seq, err)
+		return fmt.Errorf("bridge: the ack feed: the daemons' acks of %s seq %d: %w", p.Phase(), p.Header().Seq, err)
 	}
 	in.live, in.gate = sub, gate
 	return nil
 }
 
-// close ends the inbox: the gathering no longer reads, and the daemons'
+// Close ends the inbox: the gathering no longer reads, and the daemons'
 // acks are no longer heard.
-func (in *ackInbox) close() {
+func (in *ackInbox) Close() {
 	close(in.done)
 	if in.live != nil {
 		_ = in.live.Unsubscribe()
@@ -155,26 +150,9 @@ func (in *ackInbox) close() {
 	}
 }
 
-// takeAckInbox returns the inbox of phase seq, nil if none is open.
-func (b *Bridge) takeAckInbox(seq uint64) *ackInbox {
-	f := &b.acks
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.inbox[seq]
-}
-
 // closeAckInbox ends the inbox of phase seq: the feed drops its acks from
 // now on.
-func (b *Bridge) closeAckInbox(seq uint64) {
-	f := &b.acks
-	f.mu.Lock()
-	in := f.inbox[seq]
-	delete(f.inbox, seq)
-	f.mu.Unlock()
-	if in != nil {
-		in.close()
-	}
-}
+func (b *Bridge) closeAckInbox(seq uint64) { b.acks.inbox.Close(seq) }
 
 // stopAckFeed ends the feed (Run is ending); a later phase starts another.
 func (b *Bridge) stopAckFeed() {
@@ -182,18 +160,14 @@ func (b *Bridge) stopAckFeed() {
 	f.mu.Lock()
 	cc := f.cc
 	f.cc = nil
-	inboxes := f.inbox
-	f.inbox = nil
 	f.mu.Unlock()
-	for _, in := range inboxes {
-		in.close()
-	}
+	f.inbox.CloseAll()
 	if cc != nil {
 		cc.Stop()
 	}
 }
 
-// heardAck runs on the feed's goroutine: it hands m to the inbox of the
+// heardAck runs on the feed's goroutine: it files m in the inbox of the
 // phase its subject names (sp.<run>.ack.<seq>.<phase>.<member>), waiting
 // while the inbox is full and open; an ack of a phase with no inbox open
 // is dropped.
@@ -211,8 +185,8 @@ func (b *Bridge) heardAck(m natsjs.Msg) {
 	if err != nil {
 		return
 	}
-	in := b.takeAckInbox(seq)
-	if in == nil {
+	in, ok := b.acks.inbox.File(seq)
+	if !ok {
 		return
 	}
 	select {
@@ -232,14 +206,8 @@ func gathersLive(p events.Phase) bool {
 // feedAcks makes r read phase seq's acks from the ack feed's inbox, and
 // reports false when no inbox was opened for it.
 func (b *Bridge) feedAcks(r *ackReader, seq uint64, ctx context.Context) bool {
-	f := &b.acks
-	f.mu.Lock()
-	in := f.inbox[seq]
-	if in != nil {
-		in.taken = true
-	}
-	f.mu.Unlock()
-	if in == nil {
+	in, ok := b.acks.inbox.Take(seq)
+	if !ok {
 		return false
 	}
 	r.msgs, r.gate = in.msgs, in.gate

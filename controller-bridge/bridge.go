@@ -32,8 +32,8 @@ type Bridge struct {
 	// Phases are published by the operation holding op.
 	roster   *events.RosterRef
 	rosterOf string // the operation roster was published for
-	// resumes is the subscription of the run's resume acks; members the
-	// live view of its heartbeats.
+	// resumes are the inboxes of the run's resume acks; members the live
+	// view of its heartbeats.
 	resumes resumeAcks
 	members memberView
 	// acks is the one consumer of the run's acks that live phases are
@@ -79,6 +79,7 @@ func New(cfg Config) (*Bridge, error) {
 	src, _ := events.NewMember(events.KindBridge, cfg.Name)
 	b := &Bridge{cfg: cfg, source: src, op: make(chan struct{}, 1),
 		log: cfg.Logger.With().Str("run", cfg.Run).Str("member", string(src)).Logger()}
+	b.resumes.Spare = resumeInboxes - 1
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 	cfg.Metrics.InitBridge()
 	return b, nil

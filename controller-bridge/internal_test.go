@@ -317,10 +317,7 @@ func TestResumeInboxesTakenAreKept(t *testing.T) {
 			t.Errorf("resume %d: a taken inbox was dropped while its watch runs", seq)
 		}
 	}
-	b.resumes.mu.Lock()
-	untaken := len(b.resumes.inbox) - 3*resumeInboxes/2
-	b.resumes.mu.Unlock()
-	if untaken != resumeInboxes {
+	if untaken := b.resumes.Untaken(); untaken != resumeInboxes {
 		t.Errorf("%d inboxes no watch took are kept, want %d", untaken, resumeInboxes)
 	}
 	b.closeResumeInbox(2)

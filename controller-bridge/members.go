@@ -16,6 +16,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 )
 
 // memberView is the bridge's one live view of its run's heartbeats: the
@@ -66,10 +67,10 @@ type memberWatch struct {
 	view     *memberView
 
 	// probed is the last member the watch's probe asked, where the next
-	// round goes on from; unanswered, since when each member asked found
-	// no responder (probe).
+	// round goes on from; unanswered, the silence of each member asked
+	// whose requests found no responder (probe).
 	probed     events.Member
-	unanswered map[events.Member]time.Time
+	unanswered map[events.Member]live.Silence
 }
 
 // heartbeatBuckets are the buckets of the view: the agents' and owners',
@@ -368,14 +369,12 @@ func (w *memberWatch) tell(g machine.MemberGone) {
 // the phase is probeAfter old and no ack came for probeQuiet (while acks
 // stream in, a fleet is answering, not dead), every probeEvery, at most
 // probeBatch a round (the next round goes on from the last asked, so every
-// silent daemon is asked in turn) and probeParallel at once: requests on a
-// daemon's alive subject that find no responder for
-// events.AliveUnanswered find it gone (its connection closed, not
-// reconnecting), and it is left out of the phase as a heartbeat that
-// expired would have it. A request that times out says nothing. Each
-// request names the phase (events.AliveQuery): a daemon that answered it
-// on core NATS says its ack again, in case the bridge missed it, and
-// answers with it, which answered is given.
+// silent daemon is asked in turn) and probeParallel at once. A daemon the
+// silence rule finds gone (live.Silence: its connection closed, not
+// reconnecting) is left out of the phase as a heartbeat that expired would
+// have it. Each request names the phase (events.AliveQuery): a daemon that
+// answered it on core NATS says its ack again, in case the bridge missed
+// it, and answers with it, which answered is given.
 const (
 	probeAfter    = 3 * time.Second
 	probeQuiet    = 2 * time.Second
@@ -386,12 +385,11 @@ const (
 )
 
 // probe asks silent, or the probeBatch of them after the last it asked,
-// whether they are there, and tells w of those that have found no
-// responder for events.AliveUnanswered; each answer goes to answered (nil:
-// none), on the probe's goroutines. It returns when every answer is in or
-// ctx ends. The probes of one watch run one at a time (driving.probed).
+// whether they are there, and tells w of those the silence rule finds
+// gone; each answer goes to answered (nil: none), on the probe's
+// goroutines. It returns when every answer is in or ctx ends. The probes
+// of one watch run one at a time (driving.probed).
 func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Member, q events.AliveQuery, answered func(events.Member, *nats.Msg)) {
-	query, _ := json.Marshal(q)
 	if len(silent) > probeBatch {
 		from, _ := slices.BinarySearch(silent, w.probed)
 		if from < len(silent) && silent[from] == w.probed {
@@ -401,9 +399,9 @@ func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Memb
 	}
 	w.probed = silent[len(silent)-1]
 	if w.unanswered == nil {
-		w.unanswered = map[events.Member]time.Time{}
+		w.unanswered = map[events.Member]live.Silence{}
 	}
-	nc := b.cfg.JS.Conn()
+	prober := &live.Prober{Conn: b.cfg.JS.Conn(), Run: b.cfg.Run, Timeout: probeTimeout}
 	sem := make(chan struct{}, probeParallel)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -416,23 +414,18 @@ func (b *Bridge) probe(ctx context.Context, w *memberWatch, silent []events.Memb
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			rctx, cancel := context.WithTimeout(ctx, probeTimeout)
-			defer cancel()
-			reply, err := nc.RequestWithContext(rctx, events.AliveSubject(b.cfg.Run, m), query)
+			reply, err := prober.Ask(ctx, m, q)
 			if err == nil && answered != nil {
 				answered(m, reply)
 			}
-			gone := false
 			mu.Lock()
-			if errors.Is(err, nats.ErrNoResponders) {
-				if since, ok := w.unanswered[m]; !ok {
-					w.unanswered[m] = time.Now()
-				} else if time.Since(since) >= events.AliveUnanswered {
-					gone = true
-					delete(w.unanswered, m)
-				}
-			} else if err == nil {
+			s := w.unanswered[m]
+			gone := s.Heard(err, time.Now())
+			switch {
+			case gone || err == nil:
 				delete(w.unanswered, m)
+			case live.NoResponders(err):
+				w.unanswered[m] = s
 			}
 			mu.Unlock()
 			if gone {

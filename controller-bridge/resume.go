@@ -13,21 +13,19 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 )
 
-// resumeAcks are the bridge's core-NATS subscriptions of its run's resume
-// acks (PROTOCOL §3: they are not stored), one a resume: each is made
-// before its resume is published, so that no ack comes before it, and
-// hands each member's first valid ack (liveGate) to the inbox of its
-// resume; it ends with the inbox. A sandbox daemon's credentials may
+// resumeAcks are the inboxes of the bridge's resumes, each with a
+// core-NATS subscription of its resume's acks (PROTOCOL §3: they are not
+// stored): each is opened before its resume is published, so that no ack
+// comes before it, and hands each member's first valid ack (liveGate) to
+// the inbox; it ends with the inbox. A sandbox daemon's credentials may
 // publish on its resume ack subjects at will: what the bridge hears of them
 // is bounded to the resumes it watches, and what it reads of them to the
-// gate's.
-type resumeAcks struct {
-	mu     sync.Mutex
-	inbox  map[uint64]*resumeInbox
-	opened []uint64 // sequences of the inboxes no watch took, oldest first
-}
+// gate's. Inboxes no watch took are bounded (resumeInboxes); a taken inbox
+// is kept until its watch closes it, by the resume's deadline.
+type resumeAcks = live.Inboxes[*resumeInbox]
 
 // resumeInbox holds the acks of one resume as they arrive.
 type resumeInbox struct {
@@ -47,54 +45,29 @@ type heardAck struct {
 }
 
 // resumeInboxes bounds the inboxes kept that no watch took (a resume
-// published, its watch not started: the bridge ending, a publish lost);
-// a taken inbox is kept until its watch closes it, by the resume's
-// deadline.
+// published, its watch not started: the bridge ending, a publish lost).
 const resumeInboxes = 8
 
 // openResumeInbox opens the inbox of resume p and subscribes it to p's
 // acks: call it before the resume is published.
 func (b *Bridge) openResumeInbox(p events.PhaseEvent) error {
 	h := p.Header()
-	r := &b.resumes
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.inbox == nil {
-		r.inbox = map[uint64]*resumeInbox{}
-	}
-	if _, ok := r.inbox[h.Seq]; ok {
-		return nil
-	}
-	in := &resumeInbox{published: b.cfg.Now(), wake: make(chan struct{}, 1), gate: newLiveGate(b.cfg.Run, events.PhaseResume, h, b.log)}
-	// On the live connection: a fleet's acks at once on the bridge's own
-	// would queue the answers to what it asks next behind them.
-	nc := b.liveConn()
-	sub, err := nc.Subscribe(in.gate.filter(""), func(m *nats.Msg) { b.heardResumeAck(in, m) })
-	if err != nil {
-		return fmt.Errorf("bridge: subscribe to the resume acks: %w", err)
-	}
-	// A fleet's acks come at once: none is dropped for a slow reader, up
-	// to the bound that keeps a flood's cost in check.
-	_ = sub.SetPendingLimits(liveAcksPendingMsgs, liveAcksPendingBytes)
-	if err := nc.Flush(); err != nil {
-		_ = sub.Unsubscribe()
-		return fmt.Errorf("bridge: subscribe to the resume acks: %w", err)
-	}
-	in.sub = sub
-	r.inbox[h.Seq] = in
-	r.opened = append(r.opened, h.Seq)
-	for len(r.opened) > resumeInboxes {
-		if old := r.inbox[r.opened[0]]; old != nil {
-			delete(r.inbox, r.opened[0])
-			old.close()
+	return b.resumes.Open(h.Seq, func() (*resumeInbox, error) {
+		in := &resumeInbox{published: b.cfg.Now(), wake: make(chan struct{}, 1), gate: newLiveGate(b.cfg.Run, events.PhaseResume, h, b.log)}
+		// On the live connection: a fleet's acks at once on the bridge's
+		// own would queue the answers to what it asks next behind them.
+		sub, err := live.Listen(context.Background(), b.liveConn(), in.gate.filter(""), func(m *nats.Msg) { b.heardResumeAck(in, m) },
+			liveAcksPendingMsgs, liveAcksPendingBytes)
+		if err != nil {
+			return nil, fmt.Errorf("bridge: the resume acks: %w", err)
 		}
-		r.opened = r.opened[1:]
-	}
-	return nil
+		in.sub = sub
+		return in, nil
+	})
 }
 
-// close ends the inbox's subscription.
-func (in *resumeInbox) close() {
+// Close ends the inbox's subscription.
+func (in *resumeInbox) Close() {
 	_ = in.sub.Unsubscribe()
 	in.gate.report()
 }
@@ -103,38 +76,16 @@ func (in *resumeInbox) close() {
 // resume reads from now on, and keeps it until the watch closes it (acks
 // heard from now on still reach it). Nil if none was opened.
 func (b *Bridge) takeResumeInbox(seq uint64) *resumeInbox {
-	r := &b.resumes
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.opened = slices.DeleteFunc(r.opened, func(s uint64) bool { return s == seq })
-	return r.inbox[seq]
+	in, _ := b.resumes.Take(seq)
+	return in
 }
 
 // closeResumeInbox forgets the inbox of resume seq and ends its
 // subscription.
-func (b *Bridge) closeResumeInbox(seq uint64) {
-	r := &b.resumes
-	r.mu.Lock()
-	in := r.inbox[seq]
-	delete(r.inbox, seq)
-	r.opened = slices.DeleteFunc(r.opened, func(s uint64) bool { return s == seq })
-	r.mu.Unlock()
-	if in != nil {
-		in.close()
-	}
-}
+func (b *Bridge) closeResumeInbox(seq uint64) { b.resumes.Close(seq) }
 
 // stopResumeAcks ends every subscription (Run is ending).
-func (b *Bridge) stopResumeAcks() {
-	r := &b.resumes
-	r.mu.Lock()
-	inboxes := r.inbox
-	r.inbox, r.opened = nil, nil
-	r.mu.Unlock()
-	for _, in := range inboxes {
-		in.close()
-	}
-}
+func (b *Bridge) stopResumeAcks() { b.resumes.CloseAll() }
 
 // heardResumeAck runs on the subscription's goroutine: it files msg in in,
 // if the gate takes it.

@@ -311,65 +311,34 @@ func TestHeldCheckpointOutlivesItsRoster(t *testing.T) {
 	poll.Wait(t, 10*time.Second, "every member to reopen admission", func() bool { return allOpen(agents) && allOpen(sbs) })
 }
 
-// PROTOCOL §3, acks and Liveness: a sandbox daemon's prepare ack travels
-// on core NATS, which delivers at most once. A daemon whose ack the bridge
-// did not hear (here one that never sends it unasked) is asked whether it
-// is there, with the prepare named, once the phase is a few seconds old;
-// it says its ack again and the checkpoint commits, where it would have
-// failed at its deadline, the daemon being alive.
-func TestMissedDaemonPrepareAckIsSaidAgainOnProbe(t *testing.T) {
-	env := jstest.Start(t)
-	fleet(t, env, 1, 1)
-	sandboxes(t, env, 2)
-	quiet := events.Member("sandbox.quiet")
-	now := time.Now().UTC()
-	info, _ := json.Marshal(events.MemberInfo{Run: run, Member: quiet, Instance: "q1", Started: now, Heartbeat: now})
-	if _, err := env.Bus.Daemons.Put(t.Context(), events.MemberKey(run, quiet), info); err != nil {
-		t.Fatal(err)
-	}
-	nc, _ := env.Connect(t)
-	var asked atomic.Int32
-	if _, err := nc.Subscribe(events.AliveSubject(run, quiet), func(m *nats.Msg) {
-		var q events.AliveQuery
-		if json.Unmarshal(m.Data, &q) == nil && q.Phase == events.PhasePrepare && q.Seq > 0 {
-			asked.Add(1)
-			raw, err := env.Bus.Stream.GetLastMsgForSubject(context.Background(), events.PhaseSubject(run, events.PhasePrepare))
-			if err == nil {
-				var p events.Prepare
-				if err := json.Unmarshal(raw.Data, &p); err == nil && p.Seq == q.Seq {
-					a := events.PrepareAck{AckHeader: events.AckHeader{Run: run, Member: quiet, Seq: p.Seq, CheckpointID: p.CheckpointID,
-						Epoch: p.Epoch, OK: true, State: events.StatePrepared}, Ready: true}
-					if msg, err := events.Marshal(quiet, a); err == nil {
-						_ = nc.PublishMsg(msg)
-					}
-				}
-			}
+// PROTOCOL §3, acks and Liveness (membertest.RunAsker): a sandbox
+// daemon's prepare ack travels on core NATS, which delivers at most once.
+// A daemon whose ack the bridge did not hear (here one that never sends it
+// unasked) is asked whether it is there, with the prepare named, once the
+// phase is a few seconds old; it says its ack again and the checkpoint
+// commits, where it would have failed at its deadline, the daemon being
+// alive. The bridge records the ack heard after the probe began.
+func TestBridgeAsksSilentDaemons(t *testing.T) {
+	membertest.RunAsker(t, membertest.AskerSuite{AwaitPrepareAck: func(t *testing.T, env *jstest.Env, run string, quiet events.Member) error {
+		fleet(t, env, 1, 1)
+		sandboxes(t, env, 2)
+		b := startBridge(t, env, bridge.Config{})
+		res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 20000})
+		if err != nil || res.Status != bridgeapi.StatusCommitted {
+			return fmt.Errorf("c1: %+v %v", res, err)
 		}
-		_ = m.Respond([]byte("q1"))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	b := startBridge(t, env, bridge.Config{})
-	res, err := b.Checkpoint(ctx(t), bridgeapi.CheckpointRequest{ID: "c1", TimeoutMS: 20000})
-	if err != nil || res.Status != bridgeapi.StatusCommitted {
-		t.Fatalf("c1: %+v %v", res, err)
-	}
-	if !slices.Contains(res.Members, quiet) {
-		t.Errorf("result names %v, without %s, whose ack was said again", res.Members, quiet)
-	}
-	if asked.Load() == 0 {
-		t.Errorf("the quiet daemon was never asked with the prepare named")
-	}
-	prep := phaseOf(t, env, events.PhasePrepare).Header()
-	raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.PrepareAckedSubject(run, prep.Seq, 1))
-	if err != nil {
-		t.Fatalf("the record of the prepare's daemons' acks: %v", err)
-	}
-	var rec events.PrepareAcked
-	if err := json.Unmarshal(raw.Data, &rec); err != nil || rec.Expected != 3 || rec.Answered != 3 || rec.Ready != 3 || rec.MaxMS < 2000 {
-		t.Errorf("prepare record %+v %v: want 3 of 3 ready, the last after the probe began", rec, err)
-	}
+		if !slices.Contains(res.Members, quiet) {
+			return fmt.Errorf("the result names %v, without %s", res.Members, quiet)
+		}
+		prep := phaseOf(t, env, events.PhasePrepare).Header()
+		raw, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.PrepareAckedSubject(run, prep.Seq, 1))
+		if err != nil {
+			return fmt.Errorf("the record of the prepare's daemons' acks: %w", err)
+		}
+		var rec events.PrepareAcked
+		if err := json.Unmarshal(raw.Data, &rec); err != nil || rec.Expected != 3 || rec.Answered != 3 || rec.Ready != 3 || rec.MaxMS < 2000 {
+			return fmt.Errorf("prepare record %+v %v: want 3 of 3 ready, the last after the probe began", rec, err)
+		}
+		return nil
+	}})
 }

@@ -4,7 +4,8 @@
 //
 // It imports nats.go only, never nats-server, so that sandboxd, a small static binary, can use
 // it. The embedded server for tests and single-node deployments is in jetstream/embedded; the
-// test helper is jetstream/jstest.
+// test helper is jetstream/jstest; how participants talk on core NATS (inboxes by sequence, asking
+// whether a member is there, asking again while nobody answers) is jetstream/live.
 //
 // # Layout
 //

@@ -9,6 +9,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 )
 
 // kvReadBatch is how many messages one request of KVEntries asks for.
@@ -76,18 +79,21 @@ func KVEntries(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, fil
 	if info.NumPending == 0 {
 		return out, nil
 	}
-	noResponders, empty := 0, 0
+	empty := 0
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		batch, err := cons.FetchNoWait(kvReadBatch)
-		if err != nil {
-			return nil, fmt.Errorf("jetstream: read %s: %w", bucket, err)
+		// On a cluster, the server of a consumer just made may not be
+		// known to the one answering yet: asked again shortly.
+		batch, err := live.Retry(ctx, kvFetchAgain, func(context.Context) ([]natsjs.Msg, error) {
+			return fetchNoWait(cons, kvReadBatch)
+		})
+		if live.NoResponders(err) && ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
-		done, got := false, 0
-		for msg := range batch.Messages() {
-			got++
+		done, got := false, len(batch)
+		for _, msg := range batch {
 			md, err := msg.Metadata()
 			if err != nil {
 				return nil, fmt.Errorf("jetstream: read %s: %w", bucket, err)
@@ -100,18 +106,6 @@ func KVEntries(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, fil
 			}
 			// Nothing after this one: every key's newest message is read.
 			done = done || md.NumPending == 0
-		}
-		err = batch.Error()
-		if got == 0 && errors.Is(err, nats.ErrNoResponders) && noResponders < 8 {
-			// On a cluster, the server of a consumer just made may not be
-			// known to the one answering yet: ask again shortly.
-			noResponders++
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-time.After(time.Duration(noResponders) * 25 * time.Millisecond):
-			}
-			continue
 		}
 		if err != nil && !errors.Is(err, natsjs.ErrNoMessages) {
 			return nil, fmt.Errorf("jetstream: read %s: %w", bucket, err)
@@ -139,6 +133,23 @@ func KVEntries(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, fil
 			}
 		}
 	}
+}
+
+// kvFetchAgain is how KVEntries asks again a fetch that found no responder.
+var kvFetchAgain = live.Policy{Interval: poll.Backoff(25*time.Millisecond, 200*time.Millisecond), Tries: 9}
+
+// fetchNoWait fetches up to n messages of cons that are there now, and the
+// batch's error.
+func fetchNoWait(cons natsjs.Consumer, n int) ([]natsjs.Msg, error) {
+	batch, err := cons.FetchNoWait(n)
+	if err != nil {
+		return nil, err
+	}
+	var msgs []natsjs.Msg
+	for msg := range batch.Messages() {
+		msgs = append(msgs, msg)
+	}
+	return msgs, batch.Error()
 }
 
 // KVRemoved reports whether a message of a KV bucket's stream marks its

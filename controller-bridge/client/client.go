@@ -16,6 +16,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // Client calls one bridge, over HTTP (New) or NATS (NewNATS): the same
@@ -162,21 +163,25 @@ func (c *Client) Ready(ctx context.Context) error {
 	if c.nc != nil {
 		return c.readyNATS(ctx)
 	}
-	for {
+	// Over HTTP a refused connection and a status other than 200 alike
+	// say "not yet": a wait for a condition (poll), not a request that
+	// found no responder.
+	err := poll.Until(ctx, poll.Every(50*time.Millisecond), func() (bool, error) {
+		if ctx.Err() != nil {
+			return false, nil
+		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.base+bridgeapi.PathHealth, nil)
 		resp, err := c.http.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
+		if err != nil {
+			return false, nil
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("client: bridge at %s not ready: %w", c.base, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+	if err != nil {
+		return fmt.Errorf("client: bridge at %s not ready: %w", c.base, ctx.Err())
 	}
+	return nil
 }
 
 func (c *Client) do(ctx context.Context, r route, out any) error {

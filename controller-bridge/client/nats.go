@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 )
 
 // request calls endpoint of the bridge service with in as its JSON body
@@ -48,24 +50,22 @@ func (c *Client) request(ctx context.Context, endpoint string, in, out any) erro
 	return nil
 }
 
-// readyNATS waits until the service answers its status endpoint: no
-// responders (the bridge not serving yet) is waited out, like any other
-// failure to answer.
+// readyNATS waits until the service answers its status endpoint, asking
+// again (live.Retry) while it does not: no responders (the bridge not
+// serving yet) is waited out, like any other failure to answer. An error
+// answer is an answer.
 func (c *Client) readyNATS(ctx context.Context) error {
-	for {
-		var st bridgeapi.Status
-		err := c.request(ctx, bridgeapi.EndpointStatus, struct{}{}, &st)
-		if err == nil {
-			return nil
-		}
+	answered := func(err error) bool {
 		var ae *Error
-		if errors.As(err, &ae) {
-			return nil // it answered
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("client: bridge service %s not ready: %w", c.subject, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
+		return err == nil || errors.As(err, &ae)
 	}
+	_, err := live.Retry(ctx, live.Policy{Interval: poll.Every(50 * time.Millisecond), Again: func(err error) bool { return !answered(err) }},
+		func(ctx context.Context) (bridgeapi.Status, error) {
+			var st bridgeapi.Status
+			return st, c.request(ctx, bridgeapi.EndpointStatus, struct{}{}, &st)
+		})
+	if !answered(err) {
+		return fmt.Errorf("client: bridge service %s not ready: %w", c.subject, ctx.Err())
+	}
+	return nil
 }

@@ -8,14 +8,15 @@ import (
 	"slices"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/metrics"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 	agent "github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
 
@@ -229,27 +230,22 @@ func (c *Collector) send(ctx context.Context, id string, attempt int, name, sent
 	cl, err := agent.NewClient(c.cfg.Conn, c.cfg.Run, name)
 	var res agent.Result
 	if err == nil {
-		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-			res, err = cl.Rollout(ctx, agent.Request{RolloutID: id, Attempt: attempt, Task: c.byID[id].Task, SentTo: sentTo})
-			if !errors.Is(err, nats.ErrNoResponders) {
-				break
+		// An agent not up yet is waited for (live.Retry). One that came
+		// back as another process has lost this attempt: the recovery its
+		// restart triggers takes the rollout from here.
+		again := func(err error) bool {
+			if !live.NoResponders(err) {
+				return false
 			}
-			// The agent is not up yet: wait for it. One that came back as
-			// another process has lost this attempt: the recovery its
-			// restart triggers takes the rollout from here.
 			c.mu.Lock()
 			sent, now := c.sentTo[id].Instance, c.instances["agent."+name]
 			c.mu.Unlock()
-			if sent != "" && now != sent {
-				break
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(wait):
-				continue
-			}
-			break
+			return sent == "" || now == sent
 		}
+		res, err = live.Retry(ctx, live.Policy{Interval: poll.Backoff(100*time.Millisecond, 2*time.Second), Again: again},
+			func(ctx context.Context) (agent.Result, error) {
+				return cl.Rollout(ctx, agent.Request{RolloutID: id, Attempt: attempt, Task: c.byID[id].Task, SentTo: sentTo})
+			})
 	}
 	if err == nil && res.Trajectory != nil && c.cfg.Trajectories != "" {
 		if terr := c.saveTrajectory(ctx, id, res.Trajectory); terr != nil {

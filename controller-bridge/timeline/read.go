@@ -2,7 +2,6 @@ package timeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -11,7 +10,9 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 )
 
 // Entry is one event of a run as the stream recorded it: what Read and
@@ -58,16 +59,12 @@ func Read(ctx context.Context, js natsjs.JetStream, run, checkpoint string) ([]E
 	}
 	var out []Entry
 	for {
-		m, err := cons.Next(natsjs.FetchMaxWait(5 * time.Second))
-		for try := 0; errors.Is(err, nats.ErrNoResponders) && try < 20; try++ {
-			// On a cluster the first pull can reach the server before the
-			// consumer the ordered consumer just created: ask again.
-			select {
-			case <-ctx.Done():
-				return out, ctx.Err()
-			case <-time.After(50 * time.Millisecond):
-			}
-			m, err = cons.Next(natsjs.FetchMaxWait(5 * time.Second))
+		// On a cluster the first pull can reach the server before the
+		// consumer the ordered consumer just created: asked again.
+		m, err := live.Retry(ctx, live.Policy{Interval: poll.Every(50 * time.Millisecond), Tries: 21},
+			func(context.Context) (natsjs.Msg, error) { return cons.Next(natsjs.FetchMaxWait(5 * time.Second)) })
+		if live.NoResponders(err) && ctx.Err() != nil {
+			return out, ctx.Err()
 		}
 		if err != nil {
 			return out, fmt.Errorf("bridge: timeline of run %s: %w", run, err)

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"slices"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 )
 
 // ackBook keeps the prepare acks of the run's sandbox daemons as they go
@@ -28,7 +28,7 @@ type ackBook struct {
 	acks    map[ackKey]events.PrepareAck
 	changed chan struct{}
 	sub     *nats.Subscription
-	nc      *nats.Conn // asks a silent daemon whether it is there
+	prober  *live.Prober // asks a silent daemon whether it is there; nil before subscribe
 }
 
 type ackKey struct {
@@ -46,7 +46,8 @@ func (b *ackBook) subscribe(nc *nats.Conn) error {
 	if err != nil {
 		return err
 	}
-	b.sub, b.nc = sub, nc
+	b.sub = sub
+	b.prober = &live.Prober{Conn: nc, Run: b.run, Every: probeEvery, Rounds: probeEvery}
 	return nil
 }
 
@@ -137,13 +138,12 @@ func (b *ackBook) lookup(seq uint64, sandbox string) (events.PrepareAck, bool) {
 // is closed (errReopened) or gone is (errDaemonGone: the daemon will
 // never ack); the book is looked at again every poll.
 func (b *ackBook) wait(ctx context.Context, seq uint64, sandbox string, stop, gone <-chan struct{}, poll time.Duration) (events.PrepareAck, error) {
-	pctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	// A daemon's heartbeat lives minutes after it died (PROTOCOL §3,
 	// Liveness): ask it, while its ack does not come, whether it is there,
 	// and to say its ack again (one published before the subscription
 	// looked, or missed on the way: core NATS delivers at most once).
-	dead := b.probe(pctx, sandbox, events.AliveQuery{Seq: seq, Phase: events.PhasePrepare})
+	dead, stopProbe := b.probe(ctx, sandbox, events.AliveQuery{Seq: seq, Phase: events.PhasePrepare})
+	defer stopProbe()
 	for {
 		b.mu.Lock()
 		ch := b.changed
@@ -170,93 +170,43 @@ func (b *ackBook) wait(ctx context.Context, seq uint64, sandbox string, stop, go
 // whether it is there, the first time probeEvery in.
 const probeEvery = time.Second
 
-// probe asks sandbox's daemon, every probeEvery until ctx ends, whether it
-// is there (events.AliveSubject): the channel it returns is closed once
-// the requests have found no responder for events.AliveUnanswered, the
-// daemon's connection gone and not coming back (one such answer may be a
-// daemon reconnecting). A request that times out proves nothing.
-//
-// Each request carries q: a daemon that answered that phase says its ack
-// again.
-func (b *ackBook) probe(ctx context.Context, sandbox string, q events.AliveQuery) <-chan struct{} {
-	dead := make(chan struct{})
-	if _, err := events.NewMember(events.KindSandbox, sandbox); b.nc == nil || err != nil {
-		return dead
-	}
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(probeEvery):
-			}
-			// Each answer starts the unanswered time again.
-			if !b.answers(ctx, sandbox, q) {
-				close(dead)
-				return
-			}
-		}
-	}()
-	return dead
-}
-
-// ask asks sandbox's daemon once whether it is there, with q
-// (events.AliveQuery), and reports whether it answered.
-func (b *ackBook) ask(ctx context.Context, sandbox string, q events.AliveQuery) error {
+// probe asks sandbox's daemon, every probeEvery until ctx ends or stop is
+// called, whether it is there (live.Prober.Watch): the channel it returns
+// is closed once the silence rule finds it gone, its connection gone and
+// not coming back. Each request carries q: a daemon that answered that
+// phase says its ack again, and answers with it, which the book takes.
+func (b *ackBook) probe(ctx context.Context, sandbox string, q events.AliveQuery) (dead <-chan struct{}, stop func()) {
 	m, err := events.NewMember(events.KindSandbox, sandbox)
-	if err != nil {
-		return err
+	if b.prober == nil || err != nil {
+		return make(chan struct{}), func() {}
 	}
-	if b.nc == nil {
-		return nats.ErrConnectionClosed
-	}
-	var body []byte
-	if q.Seq > 0 {
-		body, _ = json.Marshal(q)
-	}
-	rctx, cancel := context.WithTimeout(ctx, probeEvery)
-	defer cancel()
-	reply, err := b.nc.RequestWithContext(rctx, events.AliveSubject(b.run, m), body)
-	if err == nil && q.Seq > 0 && q.Phase == events.PhasePrepare && len(reply.Header) > 0 {
-		// The daemon answers with the ack asked for (events.AliveQuery):
-		// heard on this inbox, whatever floods its ack subject.
-		msg := &nats.Msg{Subject: events.LiveAckSubject(b.run, q.Seq, events.PhasePrepare, m), Header: reply.Header, Data: reply.Data}
-		if _, d, derr := events.Unmarshal(msg); derr == nil {
-			if a, ok := d.(events.PrepareAck); ok && a.Seq == q.Seq {
-				b.add(a)
-			}
-		}
-	}
-	return err
+	return b.prober.Watch(ctx, m, q, func(reply *nats.Msg) { b.answered(m, q, reply) })
 }
 
-// answers asks sandbox's daemon whether it is there (events.AliveSubject),
-// with q, at once and then every probeEvery, until it answers (true), or
-// requests have found no responder for events.AliveUnanswered (false:
-// gone), or ctx ends (true: nothing proved it gone). A request that times
-// out proves nothing.
-func (b *ackBook) answers(ctx context.Context, sandbox string, q events.AliveQuery) bool {
-	if _, err := events.NewMember(events.KindSandbox, sandbox); b.nc == nil || err != nil {
-		return true
+// answered takes the prepare ack that a daemon's answer to q carries, if it
+// carries one (events.AliveQuery): heard on the asker's inbox, whatever
+// floods the daemon's ack subject.
+func (b *ackBook) answered(m events.Member, q events.AliveQuery, reply *nats.Msg) {
+	if q.Seq == 0 || q.Phase != events.PhasePrepare || len(reply.Header) == 0 {
+		return
 	}
-	var unanswered time.Time
-	for {
-		err := b.ask(ctx, sandbox, q)
-		switch {
-		case err == nil:
-			return true
-		case !errors.Is(err, nats.ErrNoResponders):
-		case unanswered.IsZero():
-			unanswered = time.Now()
-		case time.Since(unanswered) >= events.AliveUnanswered:
-			return false
-		}
-		select {
-		case <-ctx.Done():
-			return true
-		case <-time.After(probeEvery):
+	msg := &nats.Msg{Subject: events.LiveAckSubject(b.run, q.Seq, events.PhasePrepare, m), Header: reply.Header, Data: reply.Data}
+	if _, d, err := events.Unmarshal(msg); err == nil {
+		if a, ok := d.(events.PrepareAck); ok && a.Seq == q.Seq {
+			b.add(a)
 		}
 	}
+}
+
+// gone asks sandbox's daemon whether it is there until it answers or the
+// silence rule finds it gone (live.Prober.Gone), and reports whether it
+// is gone; not if ctx ends first.
+func (b *ackBook) gone(ctx context.Context, sandbox string) bool {
+	m, err := events.NewMember(events.KindSandbox, sandbox)
+	if b.prober == nil || err != nil {
+		return false
+	}
+	return b.prober.Gone(ctx, m)
 }
 
 // errReopened: the checkpoint resumed while a run waited on it.

@@ -3,7 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
-	"sync/atomic"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,104 +11,33 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/member/membertest"
 )
 
-// PROTOCOL §3, Liveness: the agent asks a silent daemon whether it is
-// there, and takes it for gone only once its alive subject has found no
-// responder for events.AliveUnanswered; a daemon that answers again in
-// between (it reconnected) is not gone.
-func TestAckBookProbeWaitsOutAReconnect(t *testing.T) {
-	env := jstest.Start(t)
-	b := newAckBook(testRun)
-	if err := b.subscribe(env.Conn); err != nil {
-		t.Fatal(err)
-	}
-	defer b.close()
-	daemon := events.Member("sandbox.sb-1")
-	answer := func() *nats.Subscription {
-		t.Helper()
-		nc, _ := env.Connect(t)
-		sub, err := nc.Subscribe(events.AliveSubject(testRun, daemon), func(m *nats.Msg) { _ = m.Respond([]byte("i1")) })
+// PROTOCOL §3, acks and Liveness (membertest.RunAsker): a sandbox daemon's
+// prepare ack travels on core NATS. One published before the agent looked,
+// or missed, is not lost to it: the agent asks the daemon on its alive
+// subject with the prepare named, and the daemon says the ack again.
+func TestAgentAsksSilentDaemons(t *testing.T) {
+	membertest.RunAsker(t, membertest.AskerSuite{AwaitPrepareAck: func(t *testing.T, env *jstest.Env, run string, daemon events.Member) error {
+		b := newAckBook(run)
+		if err := b.subscribe(env.Conn); err != nil {
+			return err
+		}
+		defer b.close()
+		br := membertest.NewBridge(t, env, run)
+		seq := br.Publish(events.Prepare{PhaseHeader: br.Header("c1", time.Minute, daemon)})
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		defer cancel()
+		got, err := b.wait(ctx, seq, daemon.Name(), nil, nil, 250*time.Millisecond)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if err := nc.Flush(); err != nil {
-			t.Fatal(err)
+		if !got.Ready || got.Seq != seq || got.Member != daemon {
+			return fmt.Errorf("waited for the ack said again: got %+v", got)
 		}
-		return sub
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	start := time.Now()
-	dead := b.probe(ctx, daemon.Name(), events.AliveQuery{})
-
-	// Away for about half of AliveUnanswered, then back: not gone.
-	time.Sleep(events.AliveUnanswered / 2)
-	sub := answer()
-	select {
-	case <-dead:
-		t.Fatalf("taken for gone %s in, on a daemon away for less than %s", time.Since(start), events.AliveUnanswered)
-	case <-time.After(events.AliveUnanswered):
-	}
-	// Gone for good: found gone, no sooner than AliveUnanswered after.
-	_ = sub.Unsubscribe()
-	gone := time.Now()
-	select {
-	case <-dead:
-		if took := time.Since(gone); took < events.AliveUnanswered {
-			t.Errorf("taken for gone %s after it left, sooner than %s", took, events.AliveUnanswered)
-		}
-	case <-time.After(4 * events.AliveUnanswered):
-		t.Fatalf("a daemon gone for %s is not found gone", 4*events.AliveUnanswered)
-	}
-}
-
-// PROTOCOL §3, acks: a sandbox daemon's prepare ack travels on core NATS.
-// One published before the agent looked (or missed) is not lost to it: the
-// agent asks the daemon on its alive subject with the prepare named, and
-// the daemon says the ack again.
-func TestAckBookAsksTheDaemonToSayItsAckAgain(t *testing.T) {
-	env := jstest.Start(t)
-	daemon := events.Member("sandbox.sb-1")
-	ack := events.PrepareAck{AckHeader: events.AckHeader{Run: testRun, Member: daemon, Seq: 4, CheckpointID: "c1", OK: true,
-		State: events.StatePrepared}, Ready: true}
-	msg, err := events.Marshal(daemon, ack)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, _ := env.Connect(t)
-	// Published before the book subscribed: nobody heard it.
-	if err := nc.PublishMsg(msg); err != nil {
-		t.Fatal(err)
-	}
-	var asked atomic.Int32
-	if _, err := nc.Subscribe(events.AliveSubject(testRun, daemon), func(m *nats.Msg) {
-		var q events.AliveQuery
-		if json.Unmarshal(m.Data, &q) == nil && q.Seq == ack.Seq && q.Phase == events.PhasePrepare {
-			asked.Add(1)
-			_ = nc.PublishMsg(msg)
-		}
-		_ = m.Respond([]byte("i1"))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	b := newAckBook(testRun)
-	if err := b.subscribe(env.Conn); err != nil {
-		t.Fatal(err)
-	}
-	defer b.close()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	got, err := b.wait(ctx, ack.Seq, daemon.Name(), nil, nil, 250*time.Millisecond)
-	if err != nil || !got.Ready || got.Seq != ack.Seq {
-		t.Fatalf("waited for the ack said again: %+v %v", got, err)
-	}
-	if asked.Load() == 0 {
-		t.Errorf("the daemon was never asked with the prepare named")
-	}
+		return nil
+	}})
 }
 
 // A daemon asked for its prepare ack answers with it, on the agent's own

@@ -255,22 +255,17 @@ func busUnanswered(err error) bool {
 }
 
 // daemonDied asks sandbox's daemon whether it is there until it answers
-// or has not for events.AliveUnanswered (ackBook.answers, within twice
-// that), and reports whether it is gone; one found gone is gone for the
-// book too. One whose ctx ends first is not found gone. A call that found
-// no answer may be one the daemon died under, and its heartbeat outlives
-// it (a sandbox daemon's lives 2 minutes: PROTOCOL §3, Liveness): asking
-// lets such a run start over in a new sandbox rather than fail as a whole.
+// or the silence rule finds it gone (ackBook.gone), and reports whether it
+// is gone; one found gone is gone for the book too. One whose ctx ends
+// first is not found gone. A call that found no answer may be one the
+// daemon died under, and its heartbeat outlives it (a sandbox daemon's
+// lives 2 minutes: PROTOCOL §3, Liveness): asking lets such a run start
+// over in a new sandbox rather than fail as a whole.
 func (a *Agent) daemonDied(ctx context.Context, sandbox string) bool {
 	if a.daemons.isGone(sandbox) {
 		return true
 	}
-	if a.acks == nil {
-		return false
-	}
-	qctx, cancel := context.WithTimeout(ctx, 2*events.AliveUnanswered)
-	defer cancel()
-	if a.acks.answers(qctx, sandbox, events.AliveQuery{}) || ctx.Err() != nil {
+	if a.acks == nil || !a.acks.gone(ctx, sandbox) {
 		return false // alive, or the asker gave up first: nothing learnt
 	}
 	a.daemons.set(sandbox, true)

@@ -18,6 +18,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -307,11 +308,11 @@ func agentWithLiveDaemon(t *testing.T) *Agent {
 		t.Fatal(err)
 	}
 	t.Cleanup(a.acks.close)
-	live, err := events.NewMember(events.KindSandbox, "sb-live")
+	up, err := events.NewMember(events.KindSandbox, "sb-live")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := nc.Subscribe(events.AliveSubject(testRun, live), func(m *nats.Msg) { _ = m.Respond(nil) })
+	sub, err := nc.Subscribe(events.AliveSubject(testRun, up), func(m *nats.Msg) { _ = m.Respond(nil) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +360,7 @@ func TestWhileDaemonLives(t *testing.T) {
 
 	slow := func(ctx context.Context) (int, error) {
 		select {
-		case <-time.After(events.AliveUnanswered + 3*time.Second):
+		case <-time.After(live.SilenceLimit + 3*time.Second): // past a round of asking
 			return 7, nil
 		case <-ctx.Done():
 			return 0, ctx.Err()
@@ -369,7 +370,7 @@ func TestWhileDaemonLives(t *testing.T) {
 		t.Errorf("a slow call of a daemon that answers: %d, %v; want 7, nil", v, err)
 	}
 
-	gctx, gcancel := context.WithTimeout(ctx, events.AliveUnanswered+time.Second)
+	gctx, gcancel := context.WithTimeout(ctx, live.SilenceLimit+time.Second)
 	defer gcancel()
 	if _, err := whileDaemonLives(gctx, a, "sb-quiet", held); errors.Is(err, errSandboxLost) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("a call its caller gave up on: %v, want the caller's deadline", err)
@@ -413,7 +414,7 @@ func TestDaemonDeadBeforeItAnsweredIsLost(t *testing.T) {
 	select {
 	case err := <-done:
 		t.Fatalf("the rollout ended while its sandbox ran: %v", err)
-	case <-time.After(events.AliveUnanswered + 2*time.Second):
+	case <-time.After(live.SilenceLimit + 2*time.Second):
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)

@@ -11,7 +11,9 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/metrics"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -166,15 +168,16 @@ const launchAsk = 10 * time.Second
 
 // startLaunchIn asks the daemon of session's sandbox for a launch, waiting
 // for a daemon that is not up yet, and gives up once it is gone
-// (errSandboxLost): a daemon that died answers no more. One that has not
-// answered for events.AliveUnanswered may have died before it ever did (a
-// fork's daemon killed at the restore): the owner, asked then, tells
-// whether the sandbox still runs. A request that goes unanswered within
-// launchAsk while the daemon lives was lost on the way, or its answer was
-// (a NATS node that went down between the two): it is asked again, which
-// the launch id makes safe (a repeat is answered launch_exists), for up
-// to DaemonWait; a daemon that answers none of them for that long is an
-// infrastructure fault, the sandbox lost, not the rollout's result.
+// (errSandboxLost): a daemon that died answers no more. One that the
+// silence rule finds gone (live.Silence) may have died before it ever
+// answered (a fork's daemon killed at the restore): the owner, asked then,
+// tells whether the sandbox still runs. A request that goes unanswered
+// within launchAsk while the daemon lives was lost on the way, or its
+// answer was (a NATS node that went down between the two): it is asked
+// again, which the launch id makes safe (a repeat is answered
+// launch_exists), for up to DaemonWait; a daemon that answers none of them
+// for that long is an infrastructure fault, the sandbox lost, not the
+// rollout's result.
 func (a *Agent) startLaunchIn(ctx context.Context, dc Sandbox, session, sandbox string, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
 	deadline := time.Now().Add(DaemonWait)
 	for {
@@ -191,23 +194,21 @@ func (a *Agent) startLaunchIn(ctx context.Context, dc Sandbox, session, sandbox 
 // askLaunch is one launch request of startLaunchIn, asked again while no
 // one answers it.
 func (a *Agent) askLaunch(ctx context.Context, dc Sandbox, session, sandbox string, req sandboxapi.LaunchRequest) (sandboxapi.Record, error) {
-	var unheard time.Time
+	var silence live.Silence
 	return retryNoResponders(ctx, launchAsk, func(ctx context.Context) (sandboxapi.Record, error) {
 		if a.daemons.isGone(sandbox) {
 			return sandboxapi.Record{}, errSandboxLost
 		}
-		if !unheard.IsZero() && time.Since(unheard) >= events.AliveUnanswered {
+		if silence.Gone(time.Now()) {
 			if err := a.sandboxRuns(ctx, session); err != nil {
 				return sandboxapi.Record{}, err
 			}
-			unheard = time.Now()
+			silence.Reset()
 		}
 		rec, err := whileDaemonLives(ctx, a, sandbox, func(ctx context.Context) (sandboxapi.Record, error) {
 			return dc.Launch(ctx, req)
 		})
-		if errors.Is(err, nats.ErrNoResponders) && unheard.IsZero() {
-			unheard = time.Now()
-		}
+		silence.Heard(err, time.Now())
 		return rec, err
 	})
 }
@@ -219,7 +220,7 @@ func (a *Agent) sandboxRuns(ctx context.Context, session string) error {
 	if session == "" {
 		return nil
 	}
-	cctx, cancel := context.WithTimeout(ctx, events.AliveUnanswered)
+	cctx, cancel := context.WithTimeout(ctx, ownerAsk)
 	defer cancel()
 	_, err := a.owner.SandboxAccess(cctx, session)
 	if isCode(err, codeOwnerSandboxExited) || isCode(err, codeOwnerNoSandbox) {
@@ -230,65 +231,64 @@ func (a *Agent) sandboxRuns(ctx context.Context, session string) error {
 
 // whileDaemonLives runs fn, a call to sandbox's daemon, and ends it with
 // errSandboxLost once the daemon is known gone: its heartbeat went, or,
-// after events.AliveUnanswered without fn's answer, it answers no alive
-// query either. A daemon killed while it held the call would otherwise
-// hold the run for the call's whole timeout, and with it every checkpoint
-// meanwhile: the run is not at a boundary, so its agent cannot be ready.
+// asked while fn waits for its answer (live.Prober.Watch), the silence
+// rule finds it gone. A daemon killed while it held the call would
+// otherwise hold the run for the call's whole timeout, and with it every
+// checkpoint meanwhile: the run is not at a boundary, so its agent cannot
+// be ready.
 func whileDaemonLives[T any](ctx context.Context, a *Agent, sandbox string, fn func(context.Context) (T, error)) (T, error) {
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	died, stopWatch := a.watchDaemon(cctx, sandbox)
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		gone := a.daemons.goneCh(sandbox)
-		for {
-			select {
-			case <-cctx.Done():
-				return
-			case <-gone:
-				cancel(errSandboxLost)
-				return
-			case <-time.After(events.AliveUnanswered):
-			}
-			if a.daemonDied(cctx, sandbox) {
-				cancel(errSandboxLost)
-				return
-			}
+		select {
+		case <-cctx.Done():
+		case <-a.daemons.goneCh(sandbox):
+			cancel(errSandboxLost)
+		case <-died:
+			a.daemons.set(sandbox, true)
+			cancel(errSandboxLost)
 		}
 	}()
 	v, err := fn(cctx)
 	cancel(nil)
 	<-watched
+	stopWatch()
 	if err != nil && errors.Is(context.Cause(cctx), errSandboxLost) && ctx.Err() == nil {
 		return v, fmt.Errorf("%w: the daemon of sandbox %s went while it held the call: %w", errSandboxLost, sandbox, err)
 	}
 	return v, err
 }
 
+// watchDaemon asks sandbox's daemon whether it is there once a round
+// (live.Prober.Watch with its default rounds), until ctx ends or stop is
+// called, and closes died once the silence rule finds it gone. Without a
+// book (no connection) died is never closed.
+func (a *Agent) watchDaemon(ctx context.Context, sandbox string) (died <-chan struct{}, stop func()) {
+	m, err := events.NewMember(events.KindSandbox, sandbox)
+	if a.acks == nil || a.acks.prober == nil || err != nil {
+		return make(chan struct{}), func() {}
+	}
+	watch := *a.acks.prober
+	watch.Rounds = 0
+	return watch.Watch(ctx, m, events.AliveQuery{}, nil)
+}
+
 // retryNoResponders calls fn with a context bounded by timeout, again while
 // nobody answers (a daemon or an owner starting, or restarting) for up to
-// DaemonWait: such a request reached no one, so asking again is safe. A
-// request that timed out is not asked again. A request that fails once
-// ctx has ended returns ctx's cause, not the plain cancel the call saw:
-// the cause (a shutdown, a park, a retire) decides the cleanup rule.
+// DaemonWait (live.Retry): such a request reached no one, so asking again
+// is safe. A request that timed out is not asked again. A request that
+// fails once ctx has ended returns ctx's cause, not the plain cancel the
+// call saw: the cause (a shutdown, a park, a retire) decides the cleanup
+// rule.
 func retryNoResponders[T any](ctx context.Context, timeout time.Duration, fn func(context.Context) (T, error)) (T, error) {
-	deadline := time.Now().Add(DaemonWait)
-	for wait := 20 * time.Millisecond; ; wait = min(wait*2, time.Second) {
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		v, err := fn(cctx)
-		cancel()
-		if err != nil && ctx.Err() != nil {
-			return v, context.Cause(ctx)
-		}
-		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
-			return v, err
-		}
-		select {
-		case <-ctx.Done():
-			return v, context.Cause(ctx)
-		case <-time.After(wait):
-		}
+	v, err := live.Retry(ctx, live.Policy{Interval: poll.Backoff(20*time.Millisecond, time.Second), Within: DaemonWait, Timeout: timeout}, fn)
+	if err != nil && ctx.Err() != nil {
+		return v, context.Cause(ctx)
 	}
+	return v, err
 }
 
 // ownerAsk bounds one ask of the owner for a session's sandbox, a lookup
@@ -364,7 +364,8 @@ type receiptResult struct {
 func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox, sandbox, id string) <-chan receiptResult {
 	ch := make(chan receiptResult, 1)
 	wg.Go(func() {
-		var lost, unheard time.Time
+		var lost time.Time
+		var silence live.Silence
 		for {
 			cctx, cancel := context.WithTimeout(ctx, a.cfg.ReceiptWait+10*time.Second)
 			rc, err := dc.WaitReceipt(cctx, id, a.cfg.ReceiptWait)
@@ -385,16 +386,15 @@ func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox
 			}
 			// Nothing listens for the daemon's requests: its connection is
 			// gone. Its heartbeat lives minutes (PROTOCOL §3, Liveness), so
-			// once that lasts events.AliveUnanswered it is taken for gone, as an
-			// expired heartbeat would have it (the run's launch is lost).
-			if errors.Is(err, nats.ErrNoResponders) {
-				if unheard.IsZero() {
-					unheard = time.Now()
-				} else if time.Since(unheard) >= events.AliveUnanswered {
+			// once the silence rule finds it gone it is taken for gone, as
+			// an expired heartbeat would have it (the run's launch is
+			// lost). Any other error is an answer of its subscription.
+			if live.NoResponders(err) {
+				if silence.Heard(err, time.Now()) {
 					a.daemons.set(sandbox, true)
 				}
 			} else {
-				unheard = time.Time{}
+				silence.Reset()
 			}
 			// The daemon does not answer (restarting, or its sandbox is
 			// gone): try again, and give the launch up after two minutes.

@@ -15,6 +15,10 @@
 //     events.Marshal and jetstream.PublishDedup, acks read from the stream)
 //     and checks the rules of PROTOCOL.md §5, one subtest per rule, each
 //     named after its section.
+//   - RunAsker: the rules every asker of sandbox daemons passes (the
+//     bridge, the agent), against a SilentDaemon: a daemon whose acks were
+//     lost on the way, which says its ack only when asked with the phase
+//     named (rules_asking.go).
 //   - StartMember and StartMembers: members running in-process against a
 //     jstest.Env, for bridge tests (agent.t0, agent.t1, ... by default),
 //     returning Handles to control readiness and failures and to stop them.
