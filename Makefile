@@ -31,7 +31,7 @@ FUZZFLAGS ?=
 # make faults. The longest first: go test starts the packages' test runs
 # in this order, TESTP at a time; the e2e package takes most of make test's
 # time, and these unit packages the most after it.
-PKGS      ?= $(shell $(GO) list ./e2e ./participants/owner/provider ./participants/opencode/driver ./controller-bridge ./sandboxd/guest ./participants/agent ./... | grep -v '/e2e/faults$$' | awk '!seen[$$0]++')
+PKGS      ?= $(shell $(GO) list ./e2e ./participants/owner/provider/microvm ./participants/opencode/driver ./controller-bridge ./sandboxd/guest ./participants/agent ./participants/owner/provider/overlay ./... | grep -v '/e2e/faults$$' | awk '!seen[$$0]++')
 # How many packages' tests run at once (go test -p; its default is the
 # number of cores): most unit packages wait on processes, servers and
 # timers, so that on 2 cores with the e2e package in one slot the rest
@@ -192,7 +192,7 @@ bench:
 	$(GO) test -run '^$$' -bench AckBookFlood -benchtime 20000x -count 3 ./participants/agent/
 	$(GO) test -run '^$$' -bench Checkpoint64LiveRollouts -benchtime 1x -count 1 -timeout 30m ./e2e/
 	$(GO) test -run '^$$' -bench 'Scale/replicas=./members=1000$$' -benchtime 3x -timeout 30m ./e2e/ -scale.max-consumers=-1
-	$(GO) test -run '^$$' -bench 'MicroVM' -benchtime 1x -count 1 -timeout 30m ./participants/owner/provider/
+	$(GO) test -run '^$$' -bench 'MicroVM' -benchtime 1x -count 1 -timeout 30m ./participants/owner/provider/microvm/
 
 ## timeline-png: regenerate docs/timeline.png, the screenshot of a demo run's
 ## `stillpoint timeline --html` in headless Chromium (the e2e test that checks

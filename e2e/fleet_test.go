@@ -28,7 +28,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
-	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm/qemu"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 )
@@ -139,7 +139,7 @@ func startFleet(t testing.TB, o fleetOptions) *fleet {
 	if f.provider == "microvm" {
 		// The harness runs in a VM: it reaches the model server through the
 		// owner's forward, not the host's loopback.
-		f.modelURL = "http://" + microvm.GuestUpstream
+		f.modelURL = "http://" + qemu.GuestUpstream
 	}
 	// Registered before any process starts, so it runs once they all
 	// stopped (each process's own cleanup stops it and dumps its output

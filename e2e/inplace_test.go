@@ -21,7 +21,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
-	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm/qemu"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
@@ -39,7 +39,7 @@ func requireMicroVM(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the microvm provider runs QEMU as root: run as root")
 	}
-	if _, err := microvm.FindAssets(""); err != nil {
+	if _, err := qemu.FindAssets(""); err != nil {
 		t.Fatalf("the microvm tests need QEMU and the guest kernel (apt-get install qemu-system-x86 qemu-utils busybox-static; make microvm-assets): %v", err)
 	}
 }

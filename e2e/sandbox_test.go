@@ -23,6 +23,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/overlay"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
 
@@ -67,7 +68,7 @@ func TestCheckpointOfALiveSandbox(t *testing.T) {
 	parallel(t, 0.75, 5*time.Second)
 	bin := build.StaticForTest(t, build.Sandboxd)[build.Sandboxd]
 	env := jstest.Start(t)
-	p, err := provider.NewOverlay(provider.OverlayConfig{StateDir: t.TempDir()})
+	p, err := overlay.New(overlay.Config{StateDir: t.TempDir()})
 	if err != nil {
 		t.Fatalf("overlay provider (run the tests as root on Linux with overlayfs and cgroup v2): %v", err)
 	}

@@ -14,7 +14,8 @@ import (
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner"
-	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/dir"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/nosnapshot"
 )
 
 func TestMain(m *testing.M) {
@@ -44,7 +45,7 @@ func runUntilCleanup(t *testing.T, name string, fn func(ctx context.Context) err
 // its calls, and an agent of the test adapter.
 type world struct {
 	env    *jstest.Env
-	prov   *provider.Dir
+	prov   *dir.Provider
 	owner  *owner.Owner
 	agent  *Agent
 	grades atomic.Int32
@@ -64,12 +65,12 @@ func newWorldWith(t *testing.T, restartOnly bool, sandboxes func(string) (Sandbo
 	t.Helper()
 	w := &world{env: jstest.Start(t)}
 	var err error
-	if w.prov, err = provider.NewDir(t.TempDir()); err != nil {
+	if w.prov, err = dir.New(t.TempDir()); err != nil {
 		t.Fatal(err)
 	}
 	var prov owner.Provider = w.prov
 	if restartOnly {
-		prov = provider.NewNoSnapshot(w.prov)
+		prov = nosnapshot.New(w.prov)
 	}
 	t.Cleanup(func() {
 		for _, id := range w.prov.Sandboxes() {

@@ -12,12 +12,13 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/dir"
 )
 
 // boundedDir is a dir provider with bounds whose starts each wait for a
 // token on release, counting how many run at once.
 type boundedDir struct {
-	*provider.Dir
+	*dir.Provider
 	bounds  provider.Bounds
 	release chan struct{}
 
@@ -42,7 +43,7 @@ func (b *boundedDir) Start(ctx context.Context, spec provider.Spec) (*provider.S
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	return b.Dir.Start(ctx, spec)
+	return b.Provider.Start(ctx, spec)
 }
 
 func (b *boundedDir) entered() int {
@@ -55,7 +56,7 @@ func (b *boundedDir) entered() int {
 // nor holds more live: the starts beyond wait their turn, and none fails.
 func TestStartsWaitTheirTurn(t *testing.T) {
 	env := jstest.Start(t)
-	p := &boundedDir{Dir: newDir(t), bounds: provider.Bounds{Starting: 1, Live: 2}, release: make(chan struct{})}
+	p := &boundedDir{Provider: newDir(t), bounds: provider.Bounds{Starting: 1, Live: 2}, release: make(chan struct{})}
 	o := newOwner(t, baseConfig(t, env, p, "o1"))
 	errs := make(chan error, 3)
 	for i := range 3 {
@@ -116,7 +117,7 @@ func TestStartsWaitTheirTurn(t *testing.T) {
 // for the queue, and the agent asks again after the resume.
 func TestWaitingSeedRefusedAtPrepare(t *testing.T) {
 	env := jstest.Start(t)
-	p := &boundedDir{Dir: newDir(t), bounds: provider.Bounds{Starting: 1}, release: make(chan struct{})}
+	p := &boundedDir{Provider: newDir(t), bounds: provider.Bounds{Starting: 1}, release: make(chan struct{})}
 	o := newOwner(t, baseConfig(t, env, p, "o1"))
 	first := make(chan error, 1)
 	go func() {
@@ -158,7 +159,7 @@ func TestWaitingSeedRefusedAtPrepare(t *testing.T) {
 // second sandbox; a seed of another episode of the session is refused.
 func TestSeedAskedAgainGetsTheSameSession(t *testing.T) {
 	env := jstest.Start(t)
-	p := &boundedDir{Dir: newDir(t), release: make(chan struct{})}
+	p := &boundedDir{Provider: newDir(t), release: make(chan struct{})}
 	o := newOwner(t, baseConfig(t, env, p, "o1"))
 	ctx := context.WithValue(t.Context(), noHoldKey{}, true)
 	type seeded struct {

@@ -10,9 +10,9 @@ import (
 
 // Provider is what the owner asks of every sandbox provider: its name
 // (records and logs carry it) and a sandbox started for a session and
-// stopped when the session ends. The providers of package provider
-// (overlay, dir, nosnapshot) have these methods and every ability below;
-// a provider needs only these to serve sessions restart_only.
+// stopped when the session ends. The providers under package provider
+// (overlay, dir, microvm, nosnapshot) have these methods and every ability
+// below; a provider needs only these to serve sessions restart_only.
 type Provider interface {
 	// Name is a short lower-case name, e.g. "overlay", "dir".
 	Name() string

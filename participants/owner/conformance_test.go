@@ -14,6 +14,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/dir"
 )
 
 // subject is the owner as the conformance suite drives it: work is a
@@ -76,7 +77,7 @@ func (s *subject) Live() []string {
 func TestConformance(t *testing.T) {
 	var (
 		mu    sync.Mutex
-		provs = map[*jstest.Env]*provider.Dir{}
+		provs = map[*jstest.Env]*dir.Provider{}
 	)
 	membertest.Run(t, membertest.Suite{
 		Kind: events.KindOwner,
@@ -85,7 +86,7 @@ func TestConformance(t *testing.T) {
 			d, ok := provs[env]
 			if !ok {
 				var err error
-				if d, err = provider.NewDir(t.TempDir()); err != nil {
+				if d, err = dir.New(t.TempDir()); err != nil {
 					t.Fatal(err)
 				}
 				provs[env] = d

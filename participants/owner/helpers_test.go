@@ -20,6 +20,9 @@ import (
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/dir"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/nosnapshot"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/overlay"
 )
 
 func TestMain(m *testing.M) {
@@ -40,17 +43,17 @@ type fullProvider interface {
 
 // The local providers have every ability the owner uses.
 var (
-	_ fullProvider = (*provider.Dir)(nil)
-	_ fullProvider = (*provider.Overlay)(nil)
-	_ fullProvider = (*provider.NoSnapshot)(nil)
+	_ fullProvider = (*dir.Provider)(nil)
+	_ fullProvider = (*overlay.Provider)(nil)
+	_ fullProvider = (*nosnapshot.Provider)(nil)
 )
 
 // newDir returns a dir provider under t.TempDir(); the test fails if it
 // still holds a sandbox or a snapshot when the test ends (which then stops
 // and deletes them).
-func newDir(t *testing.T) *provider.Dir {
+func newDir(t *testing.T) *dir.Provider {
 	t.Helper()
-	d, err := provider.NewDir(t.TempDir())
+	d, err := dir.New(t.TempDir())
 	if err != nil {
 		t.Fatalf("NewDir: %v", err)
 	}
@@ -64,7 +67,7 @@ func newDir(t *testing.T) *provider.Dir {
 func forEachProvider(t *testing.T, fn func(t *testing.T, p fullProvider)) {
 	t.Run("dir", func(t *testing.T) { fn(t, newDir(t)) })
 	t.Run("overlay", func(t *testing.T) {
-		o, err := provider.NewOverlay(provider.OverlayConfig{StateDir: t.TempDir()})
+		o, err := overlay.New(overlay.Config{StateDir: t.TempDir()})
 		if err != nil {
 			t.Fatalf("overlay provider (run as root on Linux with overlayfs and cgroup v2): %v", err)
 		}

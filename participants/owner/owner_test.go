@@ -15,6 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/member"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/nosnapshot"
 )
 
 // The mode is decided at startup (PROTOCOL §6, sandbox owner).
@@ -58,7 +59,7 @@ func TestModeDecision(t *testing.T) {
 
 	t.Run("provider without snapshots", func(t *testing.T) {
 		var logs jstest.Buffer
-		cfg := baseConfig(t, env, provider.NewNoSnapshot(d), "o1")
+		cfg := baseConfig(t, env, nosnapshot.New(d), "o1")
 		cfg.StateDir, cfg.Workers = "", 2 // restart_only needs neither
 		cfg.Logger = zerolog.New(&logs)
 		o := newOwner(t, cfg)

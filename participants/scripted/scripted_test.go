@@ -15,6 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/dir"
 )
 
 func TestMain(m *testing.M) {
@@ -90,7 +91,7 @@ func TestKindSpec(t *testing.T) {
 // there, then 1. A session whose data holds no check cannot be graded.
 func TestKindGradesThePinnedCheck(t *testing.T) {
 	ctx := t.Context()
-	p, err := provider.NewDir(t.TempDir())
+	p, err := dir.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,8 @@ import (
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/dir"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/overlay"
 )
 
 func TestMain(m *testing.M) {
@@ -55,7 +57,7 @@ func forEachProvider(t *testing.T, fn func(t *testing.T, p testProvider)) {
 		})
 	}
 	t.Run("dir", func(t *testing.T) {
-		d, err := provider.NewDir(t.TempDir())
+		d, err := dir.New(t.TempDir())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,7 +65,7 @@ func forEachProvider(t *testing.T, fn func(t *testing.T, p testProvider)) {
 		fn(t, d)
 	})
 	t.Run("overlay", func(t *testing.T) {
-		o, err := provider.NewOverlay(provider.OverlayConfig{StateDir: t.TempDir()})
+		o, err := overlay.New(overlay.Config{StateDir: t.TempDir()})
 		if err != nil {
 			t.Fatalf("overlay provider (run as root on Linux with overlayfs and cgroup v2): %v", err)
 		}
@@ -361,7 +363,7 @@ func TestSetupFailures(t *testing.T) {
 	}
 	_ = tw.Close()
 	_ = f.Close()
-	d, err := provider.NewDir(t.TempDir())
+	d, err := dir.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,19 +1,19 @@
-// Package provider holds the sandbox providers the sandbox owner uses
-// (PROTOCOL.md §6, "Sandbox owner"): something that starts a sandbox for a
-// session, runs commands in it, snapshots it at a checkpoint's commit,
-// forks the snapshot at a restore, deletes snapshots at a release, and
-// stops the sandbox so that nothing of it is left.
+// Package provider is the contract of the sandbox providers the sandbox
+// owner uses (PROTOCOL.md §6, "Sandbox owner"): something that starts a
+// sandbox for a session, runs commands in it, snapshots it at a
+// checkpoint's commit, forks the snapshot at a restore, deletes snapshots
+// at a release, and stops the sandbox so that nothing of it is left. It
+// holds the shape (Provider), what a sandbox is made from and of (Spec,
+// Sandbox, Snapshot, Caps, Bounds), the errors, and the checks every
+// provider applies to its input; no provider.
 //
 // # The contract
 //
-// The package holds concrete providers (Overlay, Dir, NoSnapshot,
-// MicroVM); it
-// declares no interface for them. Each has the same methods: Name and
-// Caps; Start, Stop and Exec; Snapshot, Fork and DeleteSnapshot;
-// Sandboxes and Snapshots. The sandbox owner declares the few it calls
-// (participants/owner: Provider, Snapshotter, Lister, Execer), and the
-// tests check every provider against the whole shape. The rules each
-// method keeps:
+// Every provider has the methods of Provider. The sandbox owner declares
+// the few it calls (participants/owner: Provider, Snapshotter, Lister,
+// Execer), and the contract suite (providertest.Run, which each provider's
+// TestContract runs) checks every provider against the whole shape. The
+// rules each method keeps:
 //
 //  1. Ids. Sandbox and snapshot ids match ^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$
 //     (PROTOCOL §2 tokens); they become directory and cgroup names.
@@ -46,24 +46,24 @@
 //
 // # The providers
 //
-//   - Overlay (root, Linux): a read-only base (the host's root file
+// Each is a package below this one:
+//
+//   - overlay (root, Linux): a read-only base (the host's root file
 //     system by default) under an overlay per sandbox, the first process
-//     in new PID, mount and UTS namespaces and a cgroup v2 of its own
-//     (the sandbox's cgroup is the root of the hierarchy inside, so
-//     sandboxd can freeze its launches); a snapshot copies the upper
-//     directory with the sandbox frozen.
-//   - Dir (no privileges): a directory per sandbox, its processes tagged
+//     in new PID, mount and UTS namespaces and a cgroup v2 of its own; a
+//     snapshot copies the upper directory with the sandbox frozen.
+//   - dir (no privileges): a directory per sandbox, its processes tagged
 //     in their environment; a snapshot copies the directory.
-//   - NoSnapshot wraps a provider and cannot snapshot: the owner's
+//   - nosnapshot wraps a provider and cannot snapshot: the owner's
 //     restart_only mode.
-//   - MicroVM (root, Linux, QEMU): a QEMU microVM per sandbox, forked
+//   - microvm (root, Linux, QEMU): a QEMU microVM per sandbox, forked
 //     from a warm template; a snapshot is the VM's RAM, devices and disk
 //     at one instant, a fork resumes its processes and re-identifies its
-//     sandboxd (docs/MICROVM.md). The guest speaks sandboxd/vmctl on a
-//     virtio-serial port; package microvm holds QEMU's side of it.
+//     sandboxd (docs/MICROVM.md). Its qemu subpackage runs one QEMU.
 //
-// Default(stateDir) picks overlay when the process is root on Linux and a
-// trial run works, else dir; each says why (Reason). docs/PROVIDERS.md
+// Package registry opens one by name and picks the default (overlay when
+// the process is root on Linux and a trial run works, else dir), saying
+// why. What several providers share is under internal/. docs/PROVIDERS.md
 // says how each provider keeps the contract, and what a remote provider
 // (an API's sandboxes and snapshots, a microVM's memory snapshot) would
 // do.

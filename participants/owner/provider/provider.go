@@ -1,10 +1,28 @@
 package provider
 
 import (
+	"context"
 	"errors"
 	"io"
 	"time"
 )
+
+// Provider is the whole contract every provider keeps (package doc): the
+// contract suite (providertest) runs its checks on this shape. The sandbox
+// owner declares the smaller interfaces it calls (participants/owner:
+// Provider, Snapshotter, Lister, Execer).
+type Provider interface {
+	Name() string
+	Caps() Caps
+	Start(ctx context.Context, spec Spec) (*Sandbox, error)
+	Stop(ctx context.Context, id string) error
+	Exec(ctx context.Context, id string, argv []string, opts ExecOptions) (ExecResult, error)
+	Snapshot(ctx context.Context, id, snapshotID string) (Snapshot, error)
+	Fork(ctx context.Context, snapshotID string, spec Spec) (*Sandbox, error)
+	DeleteSnapshot(ctx context.Context, snapshotID string) error
+	Sandboxes() []string
+	Snapshots() ([]string, error)
+}
 
 // Sentinel errors. Errors for bad input wrap ErrInvalid and name the field.
 var (
@@ -66,6 +84,11 @@ type Bounds struct {
 	Starting int `json:"starting,omitempty"`
 	Live     int `json:"live,omitempty"`
 }
+
+// DefaultStopTimeout is the providers' default bound of each wait of a
+// teardown (Stop): processes dying, a cgroup emptying, a busy mount
+// letting go, a VM's QEMU exiting.
+const DefaultStopTimeout = 10 * time.Second
 
 // ClockContinuous is Caps.Clock of a provider whose forks' clocks continue
 // from the snapshot's instant: a sandbox restored an hour later reads a

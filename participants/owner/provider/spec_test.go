@@ -40,19 +40,19 @@ func TestSpecValidate(t *testing.T) {
 
 func TestCleanPaths(t *testing.T) {
 	for in, want := range map[string]string{"a/b": "a/b", "./a//b/": "a/b", "a/./b": "a/b"} {
-		if got, err := cleanRel("f", in); err != nil || got != want {
-			t.Errorf("cleanRel(%q) = %q, %v", in, got, err)
+		if got, err := CleanRel("f", in); err != nil || got != want {
+			t.Errorf("CleanRel(%q) = %q, %v", in, got, err)
 		}
 	}
 	for _, in := range []string{"", ".", "./", "/a", "..", "a/..", "a/../b", "a\x00b"} {
-		if _, err := cleanRel("f", in); !errors.Is(err, ErrInvalid) {
-			t.Errorf("cleanRel(%q) accepted", in)
+		if _, err := CleanRel("f", in); !errors.Is(err, ErrInvalid) {
+			t.Errorf("CleanRel(%q) accepted", in)
 		}
 	}
-	if got, err := cleanAbs("f", "/a//b/"); err != nil || got != "/a/b" {
+	if got, err := CleanAbs("f", "/a//b/"); err != nil || got != "/a/b" {
 		t.Errorf("cleanAbs = %q, %v", got, err)
 	}
-	if got := withDefaults([]string{"PATH=/x", "A=1"}, "PATH=/default", "HOME=/root"); !slices.Equal(got, []string{"PATH=/x", "A=1", "HOME=/root"}) {
+	if got := WithDefaults([]string{"PATH=/x", "A=1"}, "PATH=/default", "HOME=/root"); !slices.Equal(got, []string{"PATH=/x", "A=1", "HOME=/root"}) {
 		t.Errorf("withDefaults = %v", got)
 	}
 }

@@ -21,6 +21,8 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm/qemu"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/registry"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -192,15 +194,15 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.StringVar(&f.taskKind, "task-kind", "scripted", "the kind of task served: "+strings.Join(taskKindNames(), ", "))
 	fl.StringVar(&f.provider, "provider", "auto", "sandbox provider: auto (overlay as root, else dir), overlay, dir, microvm")
 	fl.StringVar(&f.stateDir, "state-dir", "", "where sandboxes and snapshots live (default: a directory under the system temp dir)")
-	fl.DurationVar(&f.sandboxLease, "sandbox-lease", provider.DefaultSandboxLease, "microvm: a VM whose owner has not renewed its lease for this long powers itself off")
+	fl.DurationVar(&f.sandboxLease, "sandbox-lease", microvm.DefaultSandboxLease, "microvm: a VM whose owner has not renewed its lease for this long powers itself off")
 	fl.StringVar(&f.accel, "microvm-accel", "auto", "microvm: auto (KVM when a probe guest runs at speed, else TCG), kvm or tcg")
 	fl.StringVar(&f.vmCache, "microvm-cache", "", "microvm: the directory of images and warm templates, which owners may share (default: under --state-dir)")
 	fl.StringArrayVar(&f.sandboxdArgs, "sandboxd-arg", nil, "one more flag of every sandbox's sandboxd member, and its forks' (repeatable; e.g. --failpoint=relay-down in the end-to-end tests)")
 	metricsAddrFlag(fl, &f.metricsAddr)
 	fl.StringVar(&f.vmCPU, "microvm-cpu", "", "microvm: the guests' CPU model under TCG (default qemu64; max with --opencode, whose binary needs newer instructions)")
-	fl.IntVar(&f.vmMem, "microvm-mem", provider.DefaultMemMiB, "microvm: each guest's RAM in MiB (OpenCode needs about 1024)")
+	fl.IntVar(&f.vmMem, "microvm-mem", microvm.DefaultMemMiB, "microvm: each guest's RAM in MiB (OpenCode needs about 1024)")
 	fl.BoolVar(&f.vmPrune, "microvm-prune-cache", false, "microvm: prune --microvm-cache at start (templates unused for an hour beyond the newest four); only for a cache no other owner's snapshots stand on")
-	fl.StringVar(&f.upstream, "sandbox-upstream", "", "microvm: HOST:PORT of the model upstream, reachable in each VM at "+microvm.GuestUpstream)
+	fl.StringVar(&f.upstream, "sandbox-upstream", "", "microvm: HOST:PORT of the model upstream, reachable in each VM at "+qemu.GuestUpstream)
 	fl.StringVar(&f.sandboxd, "sandboxd", "", "host path of the static sandboxd binary (required)")
 	fl.StringVar(&f.harness, "harness", "", "host path of the static harness binary (the scripted kind requires it)")
 	fl.StringVar(&f.sandboxNATS, "sandbox-nats-url", "", "server URL the sandboxes' daemons use (default --nats-url)")
@@ -215,35 +217,6 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.BoolVar(&f.directModel, "direct-model", false, "run no model relay in the sandboxes: harnesses call the model directly, and no rollout has a trajectory (on microvm, none continues in place either)")
 	fl.BoolVar(&f.noTokens, "no-capture-tokens", false, "capture model calls without asking the model server for token ids and logprobs (a server that refuses return_token_ids)")
 	return cmd
-}
-
-// sandboxProvider is what the owner command asks of a provider: what the
-// owner uses, and the listing that reaps what an earlier process left.
-type sandboxProvider interface {
-	owner.Provider
-	owner.Lister
-}
-
-func openProvider(kind, stateDir string, mv provider.MicroVMConfig) (sandboxProvider, error) {
-	switch kind {
-	case "auto":
-		ov, d, err := provider.Default(stateDir)
-		switch {
-		case err != nil:
-			return nil, err
-		case ov != nil:
-			return ov, nil
-		}
-		return d, nil
-	case "overlay":
-		return provider.NewOverlay(provider.OverlayConfig{StateDir: stateDir})
-	case "dir":
-		return provider.NewDir(stateDir)
-	case "microvm":
-		mv.StateDir = stateDir
-		return provider.NewMicroVM(mv)
-	}
-	return nil, fmt.Errorf("--provider %q: want auto, overlay, dir or microvm", kind)
 }
 
 func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
@@ -277,7 +250,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	if f.stateDir, err = filepath.Abs(f.stateDir); err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
-	mv := provider.MicroVMConfig{Sandboxd: f.sandboxd, Lease: f.sandboxLease, Accel: f.accel, Upstream: f.upstream, CacheDir: f.vmCache,
+	mv := microvm.Config{Sandboxd: f.sandboxd, Lease: f.sandboxLease, Accel: f.accel, Upstream: f.upstream, CacheDir: f.vmCache,
 		PruneCache: f.vmPrune, MemMiB: f.vmMem, CPU: f.vmCPU, Logger: log}
 	if f.opencode != "" && f.provider == "microvm" {
 		// OpenCode and ripgrep are on the harness disk; the libraries they
@@ -291,7 +264,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 			mv.CPU = "max" // qemu64 lacks instructions OpenCode's binary uses
 		}
 	}
-	prov, err := openProvider(f.provider, filepath.Join(f.stateDir, "provider"), mv)
+	prov, reason, err := registry.Open(f.provider, filepath.Join(f.stateDir, "provider"), mv)
 	if err != nil {
 		return err
 	}
@@ -403,8 +376,8 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	}
 	defer func() { _ = stopMetrics() }()
 	desc := prov.Name()
-	if r, ok := prov.(interface{ Reason() string }); ok && r.Reason() != "" {
-		desc += ": " + r.Reason()
+	if reason != "" {
+		desc += ": " + reason
 	}
 	log.Info().Str("run", f.run).Str("provider", desc).Str("task_kind", f.taskKind).Msg("owner serving")
 	fmt.Fprintf(g.stdout, "stillpoint: owner %s of run %s serving %s tasks (%s)\n", f.name, f.run, f.taskKind, desc)

@@ -32,7 +32,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/participants/opencode"
-	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm/qemu"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
@@ -239,7 +239,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.provider == "microvm" {
 		// The harness runs in a VM: it reaches the model server through
 		// the owner's slirp forward, not the host's loopback.
-		modelURL = "http://" + microvm.GuestUpstream
+		modelURL = "http://" + qemu.GuestUpstream
 	}
 
 	bridgeURL, err := d.startBridge(ctx)

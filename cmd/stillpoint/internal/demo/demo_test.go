@@ -14,7 +14,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
-	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm/qemu"
 )
 
 // TestMain checks that a demo run in-process leaves no goroutine behind:
@@ -52,7 +52,7 @@ func TestDemoMicroVM(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatalf("the microvm provider runs QEMU as root: run as root")
 	}
-	if _, err := microvm.FindAssets(""); err != nil {
+	if _, err := qemu.FindAssets(""); err != nil {
 		t.Fatalf("the microvm demo needs QEMU and the guest kernel: %v", err)
 	}
 	testcpu.Take(t, 1) // the guests, under TCG

@@ -1,0 +1,159 @@
+//go:build linux
+
+package microvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm/qemu"
+	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
+)
+
+// snapshotInto takes the snapshot into dst: vm.json and the state file.
+//
+// From QMP stop on, the VM is paused and its guest's lease cannot fire, so
+// everything up to the VM running again is done under a context of its
+// own (bounded by StartTimeout, not ended by ctx): the end of ctx ends
+// only the wait for the migration, which is then cancelled in QEMU (a
+// migration left running would pause the VM again when it completes, and
+// refuse the next snapshot), and the VM is resumed in every case (resume).
+func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (provider.Snapshot, error) {
+	var st provider.Snapshot
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, _ = vm.call(sctx, vmctl.Request{Op: vmctl.OpSync}) // best effort: stop flushes the disk anyway
+	cancel()
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	name := newLayerName()
+	top := m.layer(name)
+	meta := vm.meta
+	meta.Pending = top
+	if err := writeVMMeta(vm.dir, meta); err != nil {
+		return st, err
+	}
+	q := vm.qmp
+	if err := q.SetFastMigration(ctx); err != nil {
+		return st, err
+	}
+	if err := ctx.Err(); err != nil {
+		return st, err
+	}
+	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
+	defer pcancel()
+	t0 := time.Now()
+	err := q.Do(pctx, "stop", nil, nil)
+	frozen := meta.Chain
+	if err == nil {
+		node := "n" + name[:8]
+		err = q.Do(pctx, "blockdev-snapshot-sync", map[string]any{"node-name": vm.node, "snapshot-file": top,
+			"snapshot-node-name": node, "format": "qcow2"}, nil)
+		if err == nil {
+			vm.node = node
+			meta.Chain = append([]string{top}, meta.Chain...)
+			err = m.migrateOut(ctx, pctx, q, filepath.Join(dst, "state"))
+		}
+	}
+	// Whether stop, the disk's snapshot or the migration failed, the VM
+	// may be paused: it runs again before this returns.
+	rerr := resume(pctx, vm)
+	took := time.Since(t0)
+	meta.Pending = ""
+	vm.meta = meta
+	err = errors.Join(err, rerr, writeVMMeta(vm.dir, meta))
+	if rerr != nil {
+		m.log.Error().Err(rerr).Str("sandbox", vm.id).Msg("microvm: the VM could not be resumed after a snapshot: it stays paused until stopped")
+	}
+	st.Took = took
+	if err != nil {
+		return st, err
+	}
+	snap := vmMeta{Chain: frozen, Base: meta.Base, Harness: meta.Harness, HarnessMount: meta.HarnessMount, CPU: meta.CPU,
+		Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id}
+	if err := writeVMMeta(dst, snap); err != nil {
+		return st, err
+	}
+	if fi, err := os.Stat(filepath.Join(dst, "state")); err == nil {
+		st.Size, st.Files = fi.Size(), 1
+	}
+	return st, nil
+}
+
+// migrateOut writes the VM's state to the file at path and waits until
+// the migration completed. Commands go under pctx; the wait ends with ctx
+// too, and a migration that did not complete is cancelled, waited for
+// until QEMU says it ended, so that no migration is left running.
+func (m *Provider) migrateOut(ctx, pctx context.Context, q *qemu.QMP, path string) error {
+	if err := q.Do(pctx, "migrate", map[string]any{"uri": qemu.SaveURI(path)}, nil); err != nil {
+		return errors.Join(err, endMigration(pctx, q))
+	}
+	wctx, wcancel := context.WithCancel(pctx)
+	defer wcancel()
+	stop := context.AfterFunc(ctx, wcancel)
+	defer stop()
+	_, err := q.WaitMigration(wctx)
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		err = fmt.Errorf("snapshot: %w", ctx.Err())
+	}
+	return errors.Join(err, endMigration(pctx, q))
+}
+
+// endMigration cancels an outgoing migration and waits until QEMU reports
+// it ended (cancelled, failed, or completed after all).
+func endMigration(ctx context.Context, q *qemu.QMP) error {
+	_ = q.Do(ctx, "migrate_cancel", nil, nil)
+	return poll.Until(ctx, poll.Backoff(time.Millisecond, 20*time.Millisecond), func() (bool, error) {
+		var info qemu.MigrationInfo
+		if err := q.Do(ctx, "query-migrate", nil, &info); err != nil {
+			return false, err
+		}
+		switch info.Status {
+		case "", "none", "cancelled", "failed", "completed":
+			return true, nil
+		}
+		return false, nil
+	})
+}
+
+// resume runs the VM again after stop: QEMU marks a migration completed
+// before the VM reaches postmigrate, and refuses cont in between
+// ("Migration is not finalized yet"), so it looks at the run state and
+// sends cont until the VM runs, QEMU exits, or ctx ends.
+func resume(ctx context.Context, vm *machine) error {
+	q := vm.qmp
+	var last error
+	err := poll.Until(ctx, poll.Backoff(time.Millisecond, 50*time.Millisecond), func() (bool, error) {
+		if vm.gone() {
+			return false, fmt.Errorf("%w: the VM of %s exited", provider.ErrExited, vm.id)
+		}
+		st, err := q.Status(ctx)
+		if err != nil {
+			last = err
+			return false, nil
+		}
+		switch st {
+		case "running":
+			return true, nil
+		case "finish-migrate":
+			return false, nil // moving on to postmigrate
+		}
+		if err := q.Do(ctx, "cont", nil, nil); err != nil {
+			last = err
+			return false, nil
+		}
+		return false, nil // looked at again: running now?
+	})
+	if err != nil {
+		return fmt.Errorf("%w: resume after the snapshot: %w (last: %v)", qemu.ErrQMP, err, last)
+	}
+	return nil
+}
