@@ -6,11 +6,12 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/stillpoint/stillpoint/internal/atomicfile"
 )
 
 // vmMeta is the vm.json of a sandbox, a snapshot or a template: what its
@@ -46,16 +47,10 @@ type vmMeta struct {
 	Sandbox string `json:"sandbox,omitempty"`
 }
 
-func readVMMeta(dir string) (vmMeta, error) {
-	var m vmMeta
-	b, err := os.ReadFile(filepath.Join(dir, "vm.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &m)
-	}
-	return m, err
+// vmFile is the vm.json of dir.
+func vmFile(dir string) atomicfile.JSON[vmMeta] {
+	return atomicfile.JSON[vmMeta]{Path: filepath.Join(dir, "vm.json"), Perm: 0o600, Indent: true}
 }
-
-func writeVMMeta(dir string, m vmMeta) error { return writeJSON(filepath.Join(dir, "vm.json"), m) }
 
 // layer is the path of a disk layer.
 func (m *MicroVM) layer(name string) string { return filepath.Join(m.layers, name+".qcow2") }
@@ -107,12 +102,12 @@ func (m *MicroVM) gc() error {
 // being made or deleted (".tmp-" and ".del-" directories hold one level
 // more).
 func (m *MicroVM) holdLayers(held map[string]bool, dir string) {
-	meta, err := readVMMeta(dir)
+	meta, err := vmFile(dir).Read()
 	if err != nil {
 		subs, _ := os.ReadDir(dir)
 		for _, s := range subs {
 			if s.IsDir() {
-				if meta, err := readVMMeta(filepath.Join(dir, s.Name())); err == nil {
+				if meta, err := vmFile(filepath.Join(dir, s.Name())).Read(); err == nil {
 					markChain(held, meta)
 				}
 			}

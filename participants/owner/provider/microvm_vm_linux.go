@@ -138,7 +138,7 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 			return nil, err
 		}
 		defer release() // the snapshot stays until QEMU has read its state
-		if parent, err = readVMMeta(sdir); err != nil {
+		if parent, err = vmFile(sdir).Read(); err != nil {
 			return nil, fmt.Errorf("%w: snapshotID %q is not a microvm snapshot: %w", ErrInvalid, snapshotID, err)
 		}
 		state = filepath.Join(sdir, "state")
@@ -171,7 +171,7 @@ func (m *MicroVM) launch(ctx context.Context, spec Spec, req vmctl.Request, snap
 		Gen: gen, MemMiB: m.cfg.MemMiB, NATSHost: hostNATS}
 	// The reference first, then the layer: the collector never sees a
 	// layer that nothing holds but that someone is about to use.
-	if err := writeVMMeta(dir, meta); err != nil {
+	if err := vmFile(dir).Write(meta); err != nil {
 		return nil, err
 	}
 	if err := microvm.Overlay(ctx, m.assets.QEMUImg, parent.Chain[0], "qcow2", top); err != nil {
@@ -296,7 +296,7 @@ func (m *MicroVM) startQEMU(id, dir string, mc microvm.Machine, meta vmMeta, die
 		meta.Start = st.Start
 	}
 	vm.meta = meta
-	if err := writeVMMeta(dir, meta); err != nil {
+	if err := vmFile(dir).Write(meta); err != nil {
 		return vm, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

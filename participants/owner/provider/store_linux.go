@@ -3,7 +3,6 @@
 package provider
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -82,7 +81,7 @@ func (s *snapStore) create(meta snapMeta, fill func(dir string) (copyStats, time
 	st, took, err := fill(tmp)
 	if err == nil {
 		meta.Size, meta.Files, meta.Took, meta.Created = st.bytes, st.entries, took, time.Now().UTC()
-		err = writeJSON(filepath.Join(tmp, "meta.json"), meta)
+		err = metaFile(tmp).Write(meta)
 	}
 	if err == nil {
 		s.mu.Lock()
@@ -109,10 +108,7 @@ func (s *snapStore) create(meta snapMeta, fill func(dir string) (copyStats, time
 func (s *snapStore) open(id string) (dir string, meta snapMeta, release func(), err error) {
 	s.mu.RLock()
 	dir = s.path(id)
-	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &meta)
-	}
+	meta, err = metaFile(dir).Read()
 	if err != nil {
 		s.mu.RUnlock()
 		if errors.Is(err, fs.ErrNotExist) {
@@ -164,11 +160,7 @@ func (s *snapStore) list() ([]string, error) {
 	return ids, nil
 }
 
-// writeJSON writes v as indented JSON, durably (atomicfile.Write).
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(path, append(b, '\n'), 0o600)
+// metaFile is the meta.json of a snapshot's directory.
+func metaFile(dir string) atomicfile.JSON[snapMeta] {
+	return atomicfile.JSON[snapMeta]{Path: filepath.Join(dir, "meta.json"), Perm: 0o600, Indent: true}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -50,32 +51,21 @@ type Config struct {
 	Out io.Writer
 }
 
-// Load reads a saved session; a missing file is (nil, nil).
-func Load(dataDir string) (*Session, error) {
-	b, err := os.ReadFile(filepath.Join(dataDir, SessionFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var s Session
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("harness: %s does not decode: %w", SessionFile, err)
-	}
-	return &s, nil
+// sessionFile is the session file of dataDir.
+func sessionFile(dataDir string) atomicfile.JSON[Session] {
+	return atomicfile.JSON[Session]{Path: filepath.Join(dataDir, SessionFile)}
 }
 
-// save writes the session durably (atomicfile.Write).
-func save(dataDir string, s *Session) error {
-	if err := os.MkdirAll(dataDir, 0o755); err != nil {
-		return err
+// Load reads a saved session; a missing file is (nil, nil).
+func Load(dataDir string) (*Session, error) {
+	s, err := sessionFile(dataDir).Read()
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("harness: %w", err)
 	}
-	b, err := json.Marshal(s)
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Join(dataDir, SessionFile), b, 0o644)
+	return &s, nil
 }
 
 // Decision is the answer of Check: whether a relaunch can continue the
@@ -122,6 +112,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return err
+	}
+	file := sessionFile(cfg.DataDir) // written durably at every turn
 	switch {
 	case cfg.Continue && s == nil:
 		return errors.New("harness: --continue without a saved session")
@@ -130,7 +124,7 @@ func Run(ctx context.Context, cfg Config) error {
 	case !cfg.Continue:
 		prompt, _ := json.Marshal(cfg.Prompt)
 		s = &Session{Task: cfg.Task, Messages: []modelserver.Message{{Role: "user", Content: prompt}}}
-		if err := save(cfg.DataDir, s); err != nil {
+		if err := file.Write(*s); err != nil {
 			return err
 		}
 	}
@@ -168,7 +162,7 @@ func Run(ctx context.Context, cfg Config) error {
 				}
 				content, _ := json.Marshal(out)
 				s.Messages = append(s.Messages, modelserver.Message{Role: "tool", ToolCallID: tc.ID, Content: content})
-				if err := save(cfg.DataDir, s); err != nil {
+				if err := file.Write(*s); err != nil {
 					return err
 				}
 			}
@@ -179,7 +173,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 		s.Messages = append(s.Messages, reply)
-		if err := save(cfg.DataDir, s); err != nil {
+		if err := file.Write(*s); err != nil {
 			return err
 		}
 		savedAt = time.Now()
