@@ -17,6 +17,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
@@ -349,31 +350,28 @@ const deleteTries = 10
 // the stream's leader, says so too, and the delete is tried again until
 // then.
 func (b *Bridge) deleteRecords(ctx context.Context, store natsjs.ObjectStore, bucket, name string) error {
-	for try := 1; ; try++ {
+	try := 0
+	return poll.Until(ctx, poll.Every(500*time.Millisecond), func() (bool, error) {
+		try++
 		err := store.Delete(ctx, name)
 		if err == nil {
-			return nil
+			return true, nil
 		}
 		if !errors.Is(err, natsjs.ErrObjectNotFound) {
-			return fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, err)
+			return false, fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, err)
 		}
 		there, lerr := leaderObjectLive(ctx, b.cfg.Conn, bucket, name)
-		if lerr != nil {
-			return fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, lerr)
-		}
-		if !there {
-			return nil
-		}
-		if try == deleteTries {
-			return fmt.Errorf("bridge: delete records %s/%s: there, yet %w %d times", bucket, name, err, try)
+		switch {
+		case lerr != nil:
+			return false, fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, lerr)
+		case !there:
+			return true, nil
+		case try == deleteTries:
+			return false, fmt.Errorf("bridge: delete records %s/%s: there, yet %w %d times", bucket, name, err, try)
 		}
 		b.log.Debug().Str("object", name).Int("try", try).Msg("records there but their delete found nothing; trying again")
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+		return false, nil
+	})
 }
 
 // leaderObjects lists the objects of object store bucket whose names start

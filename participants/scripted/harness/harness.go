@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
@@ -233,10 +234,12 @@ func call(ctx context.Context, cfg Config, msgs []modelserver.Message, savedAt t
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	var resp *http.Response
-	for try := 1; ; try++ {
+	try := 0
+	err := poll.Until(cctx, poll.Backoff(200*time.Millisecond, 800*time.Millisecond), func() (bool, error) {
+		try++
 		req, err := http.NewRequestWithContext(cctx, http.MethodPost, cfg.ModelURL+"/v1/chat/completions", bytes.NewReader(b))
 		if err != nil {
-			return modelserver.Message{}, err
+			return false, err
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(modelserver.TaskHeader, cfg.Task)
@@ -248,7 +251,7 @@ func call(ctx context.Context, cfg Config, msgs []modelserver.Message, savedAt t
 		}
 		resp, err = http.DefaultClient.Do(req)
 		if err == nil {
-			break
+			return true, nil
 		}
 		// No answer began: the connection was refused, reset or closed
 		// before the reply. A harness frozen by a checkpoint between
@@ -257,13 +260,13 @@ func call(ctx context.Context, cfg Config, msgs []modelserver.Message, savedAt t
 		// one closed as idle); the server read no request, so it is sent
 		// again, as model SDKs send a call that failed on its connection.
 		if try == CallTries || cctx.Err() != nil {
-			return modelserver.Message{}, fmt.Errorf("harness: model call (try %d of %d): %w", try, CallTries, err)
+			return false, fmt.Errorf("harness: model call (try %d of %d): %w", try, CallTries, err)
 		}
 		fmt.Fprintf(os.Stderr, "harness: model call failed on its connection (try %d of %d), sending it again: %v\n", try, CallTries, err)
-		select {
-		case <-cctx.Done():
-		case <-time.After(time.Duration(try) * 200 * time.Millisecond):
-		}
+		return false, nil
+	})
+	if err != nil {
+		return modelserver.Message{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
