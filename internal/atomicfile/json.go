@@ -3,31 +3,12 @@ package atomicfile
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 )
 
-// ErrBadJSON is matched (errors.Is) by the error of JSON.Read for a file
-// whose content is not one whole JSON value of its type: empty, torn by a
-// crash, followed by more, or of another shape. The error reads
-// "<path>: <what is wrong>", for the caller to prefix; the file is left as
-// it is.
-var ErrBadJSON = errors.New("atomicfile: unusable JSON file")
-
-// badJSONError is JSON.Read's error for content that does not decode.
-type badJSONError struct {
-	path string
-	err  error
-}
-
-func (e *badJSONError) Error() string        { return e.path + ": " + e.err.Error() }
-func (e *badJSONError) Unwrap() error        { return e.err }
-func (e *badJSONError) Is(target error) bool { return target == ErrBadJSON }
-
 // JSON is a state file that holds one JSON value of type T: where it is,
-// its mode and its layout, so that every write of it is alike. Read and
-// the writes are safe to call from one goroutine at a time per file.
+// its mode and its layout, so that every write of it is alike.
 type JSON[T any] struct {
 	// Path is the file.
 	Path string
@@ -39,8 +20,9 @@ type JSON[T any] struct {
 }
 
 // Read returns the file's value. A file that cannot be read is os's error
-// (fs.ErrNotExist when there is none), which names the file; content that
-// does not decode is ErrBadJSON.
+// (fs.ErrNotExist when there is none); content that does not decode
+// (DecodeJSON) is an error "<path>: <what is wrong>". Both name the file;
+// a file that does not decode is left as it is.
 func (f JSON[T]) Read() (T, error) {
 	b, err := os.ReadFile(f.Path)
 	if err != nil {
@@ -49,7 +31,7 @@ func (f JSON[T]) Read() (T, error) {
 	}
 	v, err := DecodeJSON[T](b)
 	if err != nil {
-		return v, &badJSONError{path: f.Path, err: err}
+		return v, fmt.Errorf("%s: %w", f.Path, err)
 	}
 	return v, nil
 }
