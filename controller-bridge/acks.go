@@ -73,7 +73,7 @@ func (b *Bridge) openAcks(ctx context.Context, p events.PhaseEvent, watch, fresh
 		// are stored, and its deadline holds.
 		// The leader's last: a replica behind it would end the backlog
 		// short of acks the stream holds.
-		if last, err := leaderLastMsg(ctx, b.cfg.Conn, jetstream.StreamName, filter); err == nil {
+		if last, err := jetstream.LeaderLastMsg(ctx, b.cfg.Conn, jetstream.StreamName, filter); err == nil {
 			backlog = last.Sequence
 		} else if !errors.Is(err, natsjs.ErrMsgNotFound) {
 			return nil, 0, fmt.Errorf("bridge: acks of seq %d: %w", h.Seq, err)

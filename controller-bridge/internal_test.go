@@ -1,7 +1,6 @@
 package bridge
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -458,60 +457,6 @@ func TestLeaderObjects(t *testing.T) {
 		if live, err := leaderObjectLive(ctx, nc, jetstream.BucketRecords, name); err != nil || live != want {
 			t.Errorf("%s there: %v, %v; want %v", name, live, err, want)
 		}
-	}
-}
-
-// The run's state is read from the stream's leader: the last message of
-// a filter, headers, data, sequence and time as stored, and
-// ErrMsgNotFound when nothing matches. On a 3-node cluster a direct get
-// may be answered by a replica that has not applied the bridge's last
-// phase, and the next phase, fenced on it, would be refused as another
-// bridge's.
-func TestLeaderLastMsg(t *testing.T) {
-	env := jstest.StartCluster(t, jstest.WithRoles())
-	nc, js := env.As(embedded.RoleBridge).Connect(t)
-	ctx := t.Context()
-	if _, err := leaderLastMsg(ctx, nc, jetstream.StreamName, events.PhaseFilter("run1")); !errors.Is(err, natsjs.ErrMsgNotFound) {
-		t.Fatalf("an empty run: %v, want ErrMsgNotFound", err)
-	}
-	var last *natsjs.PubAck
-	for seq := range uint64(3) {
-		h := events.PhaseHeader{Run: "run1", CheckpointID: fmt.Sprintf("c%d", seq+1), Seq: seq + 1, Deadline: time.Now().Add(time.Minute)}.Address([]events.Member{"agent.a"})
-		msg, err := events.Marshal("bridge.main", events.Prepare{PhaseHeader: h})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if last, err = js.PublishMsg(ctx, msg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	raw, err := leaderLastMsg(ctx, nc, jetstream.StreamName, events.PhaseFilter("run1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The copy to compare with comes by a direct get, which any replica
-	// may answer, one still applying the publish too: it is not found
-	// there until that replica has it.
-	var direct *natsjs.RawStreamMsg
-	poll.Wait(t, 10*time.Second, "a direct get of the last phase", func() bool {
-		direct, err = env.Bus.Stream.GetMsg(ctx, last.Sequence)
-		if err != nil && !errors.Is(err, natsjs.ErrMsgNotFound) {
-			t.Fatal(err)
-		}
-		return err == nil
-	})
-	if raw.Sequence != last.Sequence || raw.Subject != direct.Subject || !bytes.Equal(raw.Data, direct.Data) || !raw.Time.Equal(direct.Time) {
-		t.Fatalf("leader's last: seq %d %s %v, want seq %d %s %v", raw.Sequence, raw.Subject, raw.Time, last.Sequence, direct.Subject, direct.Time)
-	}
-	_, d, err := events.Unmarshal(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
-	if err != nil {
-		t.Fatalf("the leader's copy does not decode: %v", err)
-	}
-	if got := d.(events.Prepare).Seq; got != 3 {
-		t.Fatalf("leader's last phase: seq %d, want 3", got)
-	}
-	if _, err := leaderLastMsg(ctx, nc, "NO_SUCH_STREAM", "x"); err == nil || errors.Is(err, natsjs.ErrMsgNotFound) {
-		t.Fatalf("a stream that is not there: %v, want an error that says so", err)
 	}
 }
 

@@ -215,7 +215,7 @@ func (v *memberView) sync(ctx context.Context, b *Bridge) error {
 	// heartbeat the leader holds. One request, not a stream info and a get.
 	last := map[string]uint64{}
 	for _, bucket := range heartbeatBuckets {
-		msg, err := leaderLastMsg(ctx, b.cfg.Conn, "KV_"+bucket, "$KV."+bucket+"."+events.MemberKeyFilter(b.cfg.Run))
+		msg, err := jetstream.LeaderLastMsg(ctx, b.cfg.Conn, "KV_"+bucket, "$KV."+bucket+"."+events.MemberKeyFilter(b.cfg.Run))
 		switch {
 		case errors.Is(err, natsjs.ErrMsgNotFound):
 			// no heartbeat of the run there yet

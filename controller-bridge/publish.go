@@ -317,7 +317,7 @@ func (b *Bridge) publishOutcomeOnce(ctx context.Context, o events.Data, opID str
 // read from the stream's leader: a replica behind it would have a
 // recovering bridge publish an outcome the stream holds again.
 func (b *Bridge) outcomeOf(ctx context.Context, t events.Type, opID string) (events.Data, error) {
-	raw, err := leaderLastMsg(ctx, b.cfg.Conn, jetstream.StreamName, events.OutcomeSubject(b.cfg.Run, t))
+	raw, err := jetstream.LeaderLastMsg(ctx, b.cfg.Conn, jetstream.StreamName, events.OutcomeSubject(b.cfg.Run, t))
 	if errors.Is(err, natsjs.ErrMsgNotFound) {
 		return nil, nil
 	}

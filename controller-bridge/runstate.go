@@ -71,7 +71,7 @@ func (b *Bridge) lastPhase(ctx context.Context, phase events.Phase) (p machine.P
 	}
 	// From the leader: the next phase is fenced on what this returns,
 	// and a replica behind the bridge's last publish would fence it out.
-	raw, err := leaderLastMsg(ctx, b.cfg.Conn, jetstream.StreamName, subject)
+	raw, err := jetstream.LeaderLastMsg(ctx, b.cfg.Conn, jetstream.StreamName, subject)
 	if errors.Is(err, natsjs.ErrMsgNotFound) {
 		return p, false, nil
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/internal/failpoint"
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
@@ -349,31 +350,28 @@ const deleteTries = 10
 // the stream's leader, says so too, and the delete is tried again until
 // then.
 func (b *Bridge) deleteRecords(ctx context.Context, store natsjs.ObjectStore, bucket, name string) error {
-	for try := 1; ; try++ {
+	try := 0
+	return poll.Until(ctx, poll.Every(500*time.Millisecond), func() (bool, error) {
+		try++
 		err := store.Delete(ctx, name)
 		if err == nil {
-			return nil
+			return true, nil
 		}
 		if !errors.Is(err, natsjs.ErrObjectNotFound) {
-			return fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, err)
+			return false, fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, err)
 		}
 		there, lerr := leaderObjectLive(ctx, b.cfg.Conn, bucket, name)
-		if lerr != nil {
-			return fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, lerr)
-		}
-		if !there {
-			return nil
-		}
-		if try == deleteTries {
-			return fmt.Errorf("bridge: delete records %s/%s: there, yet %w %d times", bucket, name, err, try)
+		switch {
+		case lerr != nil:
+			return false, fmt.Errorf("bridge: delete records %s/%s: %w", bucket, name, lerr)
+		case !there:
+			return true, nil
+		case try == deleteTries:
+			return false, fmt.Errorf("bridge: delete records %s/%s: there, yet %w %d times", bucket, name, err, try)
 		}
 		b.log.Debug().Str("object", name).Int("try", try).Msg("records there but their delete found nothing; trying again")
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+		return false, nil
+	})
 }
 
 // leaderObjects lists the objects of object store bucket whose names start
@@ -415,16 +413,12 @@ func leaderObjects(ctx context.Context, js natsjs.JetStream, nc *nats.Conn, buck
 // messages, each ending in its object's name, base64url-encoded.
 func objectMetaPrefix(bucket string) string { return "$O." + bucket + ".M." }
 
-// jsNoMessageFound is the JetStream API error code of a message get that
-// found none.
-const jsNoMessageFound = 10037
-
 // leaderObjectLive tells whether object name of bucket is there and not
 // deleted, from its meta message read from the stream's leader
-// (leaderLastMsg).
+// (jetstream.LeaderLastMsg).
 func leaderObjectLive(ctx context.Context, nc *nats.Conn, bucket, name string) (bool, error) {
 	subj := objectMetaPrefix(bucket) + base64.URLEncoding.EncodeToString([]byte(name))
-	raw, err := leaderLastMsg(ctx, nc, "OBJ_"+bucket, subj)
+	raw, err := jetstream.LeaderLastMsg(ctx, nc, "OBJ_"+bucket, subj)
 	if errors.Is(err, natsjs.ErrMsgNotFound) {
 		return false, nil
 	}
@@ -436,55 +430,6 @@ func leaderObjectLive(ctx context.Context, nc *nats.Conn, bucket, name string) (
 		return false, fmt.Errorf("read %s from the leader: %w", name, err)
 	}
 	return !info.Deleted, nil
-}
-
-// leaderLastMsg reads the last message on subject (a filter may have
-// wildcards) of stream from the stream's leader (STREAM.MSG.GET), or
-// natsjs.ErrMsgNotFound. A direct get, which the streams allow, may be
-// answered by any replica, one that has not applied the last writes yet:
-// what a decision rests on, such as the fence of the next phase, is read
-// here, so that it holds what this process wrote.
-func leaderLastMsg(ctx context.Context, nc *nats.Conn, stream, subject string) (*natsjs.RawStreamMsg, error) {
-	req, _ := json.Marshal(struct {
-		LastBySubj string `json:"last_by_subj"`
-	}{subject})
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	msg, err := nc.RequestWithContext(rctx, "$JS.API.STREAM.MSG.GET."+stream, req)
-	if err != nil {
-		return nil, fmt.Errorf("read the last of %s in %s from the leader: %w", subject, stream, err)
-	}
-	var resp struct {
-		Message *struct {
-			Subject  string    `json:"subject"`
-			Sequence uint64    `json:"seq"`
-			Header   []byte    `json:"hdrs"`
-			Data     []byte    `json:"data"`
-			Time     time.Time `json:"time"`
-		} `json:"message"`
-		Error *struct {
-			ErrCode     int    `json:"err_code"`
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, fmt.Errorf("read the last of %s in %s from the leader: %w", subject, stream, err)
-	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrCode == jsNoMessageFound:
-		return nil, natsjs.ErrMsgNotFound
-	case resp.Error != nil:
-		return nil, fmt.Errorf("read the last of %s in %s from the leader: %s (%d)", subject, stream, resp.Error.Description, resp.Error.ErrCode)
-	case resp.Message == nil:
-		return nil, fmt.Errorf("read the last of %s in %s from the leader: no message in the answer", subject, stream)
-	}
-	out := &natsjs.RawStreamMsg{Subject: resp.Message.Subject, Sequence: resp.Message.Sequence, Data: resp.Message.Data, Time: resp.Message.Time}
-	if len(resp.Message.Header) > 0 {
-		if out.Header, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
-			return nil, fmt.Errorf("read the last of %s in %s from the leader: headers: %w", subject, stream, err)
-		}
-	}
-	return out, nil
 }
 
 // deleteCheckpoint deletes a checkpoint's records and member list, the

@@ -72,6 +72,14 @@
 //     come back as ErrAlreadyDone, which the member treats as success: its ack is already on the
 //     bus. IsWrongLastSequence tells the second case apart.
 //
+// # Reading
+//
+// LeaderLastMsg reads the last message of a subject from the stream's leader (STREAM.MSG.GET):
+// what a decision rests on, such as the bridge's fence of its next phase, since a direct get may
+// be answered by a replica that has not applied the last writes. DirectGet (and Direct, its
+// natsjs.Stream-like form) is the subject form of a direct get, for a member whose user may read
+// only its own subjects.
+//
 // # Connecting
 //
 // ConnConfig names the servers (comma-separated for a cluster) and one way to authenticate: a

@@ -14,6 +14,7 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // StoreRequestSubject returns the subject on which member m of run asks
@@ -184,33 +185,35 @@ func AskStore(ctx context.Context, nc *nats.Conn, run string, m events.Member, k
 	if kind != StoreRecords {
 		body, _ = json.Marshal(storeRequest{Store: kind})
 	}
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+	var msg *nats.Msg
+	var askErr error
+	err := poll.Until(ctx, poll.Backoff(100*time.Millisecond, 2*time.Second), func() (bool, error) {
+		if ctx.Err() != nil {
+			return false, nil // no request after the end
+		}
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		msg, err := nc.RequestWithContext(rctx, StoreRequestSubject(run, m), body)
-		cancel()
-		if err == nil {
-			var rep storeReply
-			if jerr := json.Unmarshal(msg.Data, &rep); jerr != nil {
-				return fmt.Errorf("jetstream: %s store of %s: the bridge's answer: %w", kind, m, jerr)
-			}
-			switch {
-			case rep.Error != "":
-				return fmt.Errorf("jetstream: %s store of %s: the bridge: %s", kind, m, rep.Error)
-			case rep.Bucket != want && (rep.Bucket != "" || kind != StoreRecords):
-				return fmt.Errorf("jetstream: %s store of %s: the bridge made %q, want %s (a bridge of an earlier build makes records stores only)",
-					kind, m, rep.Bucket, want)
-			}
-			return nil
-		}
-		if !errors.Is(err, nats.ErrNoResponders) || ctx.Err() != nil {
-			return fmt.Errorf("jetstream: %s store of %s: ask the bridge: %w", kind, m, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("jetstream: %s store of %s: no bridge answered: %w", kind, m, ctx.Err())
-		case <-time.After(wait):
-		}
+		defer cancel()
+		msg, askErr = nc.RequestWithContext(rctx, StoreRequestSubject(run, m), body)
+		return !errors.Is(askErr, nats.ErrNoResponders) || ctx.Err() != nil, nil
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("jetstream: %s store of %s: no bridge answered: %w", kind, m, err)
+	case askErr != nil:
+		return fmt.Errorf("jetstream: %s store of %s: ask the bridge: %w", kind, m, askErr)
 	}
+	var rep storeReply
+	if err := json.Unmarshal(msg.Data, &rep); err != nil {
+		return fmt.Errorf("jetstream: %s store of %s: the bridge's answer: %w", kind, m, err)
+	}
+	switch {
+	case rep.Error != "":
+		return fmt.Errorf("jetstream: %s store of %s: the bridge: %s", kind, m, rep.Error)
+	case rep.Bucket != want && (rep.Bucket != "" || kind != StoreRecords):
+		return fmt.Errorf("jetstream: %s store of %s: the bridge made %q, want %s (a bridge of an earlier build makes records stores only)",
+			kind, m, rep.Bucket, want)
+	}
+	return nil
 }
 
 // OwnStore opens member m's own store of kind in run (StoreKind.Bucket),
@@ -256,17 +259,20 @@ func WaitStoreLeader(ctx context.Context, js natsjs.JetStream, bucket string) er
 	stream := "OBJ_" + bucket
 	ctx, cancel := context.WithTimeout(ctx, storeLeaderWait)
 	defer cancel()
-	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 500*time.Millisecond) {
+	var last error
+	err := poll.Until(ctx, poll.Backoff(10*time.Millisecond, 500*time.Millisecond), func() (bool, error) {
 		s, err := js.Stream(ctx, stream)
-		if err == nil {
-			if info := s.CachedInfo(); info.Cluster != nil && info.Cluster.Leader != "" {
-				return nil
+		if err != nil {
+			if ctx.Err() == nil {
+				last = err
 			}
+			return false, nil
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("jetstream: stream %s has no leader after %v (last: %v)", stream, storeLeaderWait, err)
-		case <-time.After(wait):
-		}
+		info := s.CachedInfo()
+		return info.Cluster != nil && info.Cluster.Leader != "", nil
+	})
+	if err != nil {
+		return fmt.Errorf("jetstream: stream %s has no leader after %v (last: %v)", stream, storeLeaderWait, last)
 	}
+	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // exitOf returns the exit code, or the name of the killing signal (code
@@ -183,10 +185,10 @@ func killOrphans(timeout time.Duration) {
 	}
 	deadline := time.Now().Add(timeout)
 	killTree(context.Background(), roots, deadline)
-	for time.Now().Before(deadline) {
-		if kids, _ := selfChildren(nil); len(kids) == 0 {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	_ = poll.Until(ctx, poll.Every(time.Millisecond), func() (bool, error) {
+		kids, _ := selfChildren(nil)
+		return len(kids) == 0, nil
+	})
 }

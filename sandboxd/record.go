@@ -1,7 +1,6 @@
 package sandboxd
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,26 +60,22 @@ func ReadRecord(stateDir, id string) (sandboxapi.Record, error) {
 }
 
 // decodeRecord checks a launch record's bytes: one whole JSON object, of
-// this build's version, of launch id.
+// this build's version, of launch id. The version is read first, so that a
+// record of another version is named as such whatever its fields.
 func decodeRecord(b []byte, id string) (sandboxapi.Record, error) {
-	t := bytes.TrimSpace(b)
-	if len(t) == 0 {
-		return sandboxapi.Record{}, fmt.Errorf("empty (%d bytes): torn by a crash?", len(b))
-	}
-	var head struct {
+	head, err := atomicfile.DecodeJSON[struct {
 		V *int `json:"v"`
-	}
-	if err := json.Unmarshal(t, &head); err != nil {
-		return sandboxapi.Record{}, fmt.Errorf("torn or not JSON (%d bytes): %w", len(b), err)
-	}
+	}](b)
 	switch {
+	case err != nil:
+		return sandboxapi.Record{}, err
 	case head.V == nil:
 		return sandboxapi.Record{}, errors.New(`no version field "v"`)
 	case *head.V != recordVersion:
 		return sandboxapi.Record{}, fmt.Errorf("version %d, this build reads version %d", *head.V, recordVersion)
 	}
 	var r sandboxapi.Record
-	if err := json.Unmarshal(t, &r); err != nil {
+	if err := json.Unmarshal(b, &r); err != nil {
 		return sandboxapi.Record{}, fmt.Errorf("does not decode: %w", err)
 	}
 	if r.ID != id {
@@ -98,15 +93,12 @@ func decodeRecord(b []byte, id string) (sandboxapi.Record, error) {
 // record shows, so they are only replaced (atomicfile.Replace), keeping
 // fsyncs off the path of every pause and continue.
 func writeRecord(dir string, r *sandboxapi.Record, durable bool) error {
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return fmt.Errorf("sandboxd: encode record %s: %w", r.ID, err)
-	}
-	write := atomicfile.Replace
+	f := atomicfile.JSON[*sandboxapi.Record]{Path: filepath.Join(dir, RecordFile), Indent: true}
+	write := f.Replace
 	if durable {
-		write = atomicfile.Write
+		write = f.Write
 	}
-	if err := write(filepath.Join(dir, RecordFile), append(b, '\n'), 0o644); err != nil {
+	if err := write(r); err != nil {
 		return fmt.Errorf("sandboxd: write record %s: %w", r.ID, err)
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // recover brings the collection back after a crash (of the collector, the
@@ -258,15 +259,18 @@ func (c *Collector) partial(ctx context.Context, live map[string]string, restore
 // returns the bridge's status and LATEST's manifest.
 func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.CheckpointManifest, error) {
 	deadline := time.Now().Add(c.cfg.RecoverGrace)
-	for {
-		st, err := c.cfg.Controller.Status(ctx)
+	var st *bridgeapi.Status
+	var latest *events.CheckpointManifest
+	err := poll.Until(ctx, poll.Every(200*time.Millisecond), func() (bool, error) {
+		var err error
+		st, err = c.cfg.Controller.Status(ctx)
 		if err != nil {
-			return nil, nil, fmt.Errorf("collect: bridge status: %w", err)
+			return false, fmt.Errorf("collect: bridge status: %w", err)
 		}
-		var latest *events.CheckpointManifest
+		latest = nil
 		if st.Latest != nil {
 			if latest, err = c.manifest(ctx, st.Latest.CheckpointID); err != nil {
-				return nil, nil, err
+				return false, err
 			}
 		}
 		alive := map[events.Member]events.MemberInfo{}
@@ -321,7 +325,7 @@ func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.C
 			}
 		}
 		if ok && served == 0 {
-			return st, latest, nil
+			return true, nil
 		}
 		// A member that shows the instance that served may be dead with
 		// its heartbeat not yet expired, its successor on the way: only
@@ -338,18 +342,18 @@ func (c *Collector) waitFleet(ctx context.Context) (*bridgeapi.Status, *events.C
 					Dur("waited", time.Since(deadline.Add(-c.cfg.RecoverGrace))).
 					Msg("partial loss: the restarted members are back and the others answer; going on without waiting out the grace")
 			}
-			return st, latest, nil
+			return true, nil
 		}
 		if time.Now().After(deadline) {
 			c.log.Warn().Int("fresh", fresh).Int("served", served).Int("members", len(need)).Msg("the fleet did not settle; going on")
-			return st, latest, nil
+			return true, nil
 		}
-		select {
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
+		return false, nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
+	return st, latest, nil
 }
 
 // stillRunning tells whether each of members answers a ping as the

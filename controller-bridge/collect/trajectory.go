@@ -10,8 +10,13 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
+
+// trajectoryReads is how many times saveTrajectory reads a trajectory, the
+// waits between doubling from 200 ms: about 6 s in all.
+const trajectoryReads = 6
 
 // saveTrajectory writes the trajectory ref names into Config.Trajectories
 // as <rollout>.jsonl, once its bytes are the ones the result names (sha256
@@ -25,17 +30,16 @@ func (c *Collector) saveTrajectory(ctx context.Context, rollout string, ref *age
 		return fmt.Errorf("collect: trajectory of %q: %w", rollout, err)
 	}
 	var data []byte
-	var err error
-	for wait := 200 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+	reads := 0
+	err := poll.Until(ctx, poll.Backoff(200*time.Millisecond, 5*time.Second), func() (bool, error) {
+		var err error
 		data, err = ref.Read(ctx, c.cfg.Bus)
-		if err == nil || errors.Is(err, agentapi.ErrNotItsTrajectory) || ctx.Err() != nil || wait >= 5*time.Second {
-			break
+		reads++
+		if err == nil || errors.Is(err, agentapi.ErrNotItsTrajectory) || ctx.Err() != nil || reads == trajectoryReads {
+			return true, err
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
-	}
+		return false, nil
+	})
 	if err != nil {
 		return fmt.Errorf("collect: %w", err)
 	}

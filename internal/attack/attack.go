@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
@@ -218,18 +219,16 @@ func (a *Attacker) publish(msg *nats.Msg) error {
 // waitViolation waits up to 500 ms for a violation after the first
 // before, and says whether one came.
 func (a *Attacker) waitViolation(before int) bool {
-	deadline := time.Now().Add(500 * time.Millisecond)
-	for time.Now().Before(deadline) {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	return poll.Until(ctx, poll.Every(20*time.Millisecond), func() (bool, error) {
 		if a.violationCount() > before {
-			return true
+			return true, nil
 		}
 		// A ping round trip: the server sends the violation before the pong.
-		if err := a.nc.FlushTimeout(100 * time.Millisecond); err == nil && a.violationCount() > before {
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return a.violationCount() > before
+		err := a.nc.FlushTimeout(100 * time.Millisecond)
+		return err == nil && a.violationCount() > before, nil
+	}) == nil
 }
 
 func (a *Attacker) violationCount() int {

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 )
 
@@ -300,23 +301,22 @@ func (d Dir) Remove(ctx context.Context, deadline time.Time) error {
 }
 
 // rmdir removes one empty cgroup, retrying EBUSY with a back-off from
-// 100 µs to 10 ms.
+// 100 µs to 10 ms until deadline.
 func rmdir(ctx context.Context, dir string, deadline time.Time) error {
-	wait := 100 * time.Microsecond
-	for {
-		err := unix.Rmdir(dir)
-		if err == nil || err == unix.ENOENT {
-			return nil
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	err := poll.Until(ctx, poll.Backoff(100*time.Microsecond, 10*time.Millisecond), func() (bool, error) {
+		switch err := unix.Rmdir(dir); err {
+		case nil, unix.ENOENT:
+			return true, nil
+		case unix.EBUSY:
+			return false, nil
+		default:
+			return false, &os.PathError{Op: "rmdir", Path: dir, Err: err}
 		}
-		if err != unix.EBUSY || !time.Now().Before(deadline) || ctx.Err() != nil {
-			return &os.PathError{Op: "rmdir", Path: dir, Err: err}
-		}
-		t := time.NewTimer(min(wait, time.Until(deadline)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
-		wait = min(2*wait, 10*time.Millisecond)
+	})
+	if pe := (*os.PathError)(nil); err != nil && !errors.As(err, &pe) {
+		return &os.PathError{Op: "rmdir", Path: dir, Err: unix.EBUSY} // still busy at the deadline
 	}
+	return err
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // Dir is the directory of the slot files: one per quarter of a core, and
@@ -92,48 +94,39 @@ func take(ctx context.Context, q int) ([]*os.File, error) {
 	defer gate.Close()
 	var held []*os.File
 	got := make([]bool, Quarters)
-	for {
+	err = poll.Until(ctx, poll.Every(retry), func() (bool, error) {
 		for i := range Quarters {
 			if len(held) == q {
-				return held, nil
+				return true, nil
 			}
 			if got[i] {
 				continue
 			}
 			f, ok, err := tryLock(filepath.Join(Dir, fmt.Sprintf("slot-%d", i)))
 			if err != nil {
-				release(held)
-				return nil, err
+				return false, err
 			}
 			if ok {
 				held, got[i] = append(held, f), true
 			}
 		}
-		if len(held) == q {
-			return held, nil
-		}
-		select {
-		case <-ctx.Done():
-			release(held)
-			return nil, context.Cause(ctx)
-		case <-time.After(retry):
-		}
+		return len(held) == q, nil
+	})
+	if err != nil {
+		release(held)
+		return nil, err
 	}
+	return held, nil
 }
 
 // lock takes path's lock, waiting until it is free or ctx ends.
 func lock(ctx context.Context, path string) (*os.File, error) {
-	for {
-		f, ok, err := tryLock(path)
-		if err != nil || ok {
-			return f, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, context.Cause(ctx)
-		case <-time.After(retry):
-		}
-	}
+	var f *os.File
+	err := poll.Until(ctx, poll.Every(retry), func() (ok bool, err error) {
+		f, ok, err = tryLock(path)
+		return ok, err
+	})
+	return f, err
 }
 
 // tryLock takes path's lock if it is free: the open file holds it.

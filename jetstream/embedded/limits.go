@@ -1,10 +1,8 @@
 package embedded
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/nats-io/jwt/v2"
@@ -55,13 +53,14 @@ func (l Limits) validate() error {
 }
 
 // limitsFile is where SetLimits keeps the limits, in the authority's dir.
-const limitsFile = "limits.json"
+func (a *Authority) limitsFile() atomicfile.JSON[Limits] {
+	return atomicfile.JSON[Limits]{Path: filepath.Join(a.dir, "limits.json"), Perm: 0o600}
+}
 
 // Limits returns the limits of the runs' accounts (SetLimits; no bound when never set).
 func (a *Authority) Limits() Limits {
-	b, err := os.ReadFile(filepath.Join(a.dir, limitsFile))
-	var l Limits
-	if err != nil || json.Unmarshal(b, &l) != nil {
+	l, err := a.limitsFile().Read()
+	if err != nil {
 		return NoLimits
 	}
 	return l.withDefaults()
@@ -73,11 +72,7 @@ func (a *Authority) SetLimits(l Limits) error {
 	if err := l.validate(); err != nil {
 		return err
 	}
-	b, err := json.Marshal(l.withDefaults())
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.Write(filepath.Join(a.dir, limitsFile), b, 0o600); err != nil {
+	if err := a.limitsFile().Write(l.withDefaults()); err != nil {
 		return fmt.Errorf("embedded: limits: %w", err)
 	}
 	for _, run := range a.Runs() {

@@ -157,12 +157,10 @@ func (s *Server) UpdateAccount(accountJWT string) error {
 	s.ns.UpdateAccountClaims(acc, ac)
 	// JetStream comes up for a new account a moment after it is loaded; a request sent before
 	// is refused "JetStream not enabled for account".
-	deadline := time.Now().Add(10 * time.Second)
-	for !acc.JetStreamEnabled() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("embedded: account %s: JetStream not enabled 10 s after its JWT", ac.Name)
-		}
-		time.Sleep(readyPoll)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if poll.Until(ctx, poll.Every(readyPoll), func() (bool, error) { return acc.JetStreamEnabled(), nil }) != nil {
+		return fmt.Errorf("embedded: account %s: JetStream not enabled 10 s after its JWT", ac.Name)
 	}
 	return nil
 }

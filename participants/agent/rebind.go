@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxclient"
@@ -198,23 +199,24 @@ const (
 // know it), at most killTries times with a growing wait between.
 func (a *Agent) killHeld(r *run, dc Sandbox, id string) error {
 	var err error
-	wait := 250 * time.Millisecond
-	for try := range killTries {
-		if try > 0 {
-			select {
-			case <-r.ctx.Done():
-				return errors.Join(err, context.Cause(r.ctx))
-			case <-time.After(wait):
-			}
-			wait *= 2
+	try := 0
+	perr := poll.Until(r.ctx, poll.Backoff(250*time.Millisecond, 2*time.Second), func() (bool, error) {
+		if try > 0 && r.ctx.Err() != nil {
+			return false, nil // no kill asked after the run ended
 		}
+		try++
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), time.Minute)
 		_, err = dc.Stop(sctx, id, true)
 		cancel()
 		if err == nil || isCode(err, sandboxapi.CodeUnknownLaunch) {
-			return nil
+			err = nil
+			return true, nil
 		}
-		r.log.Warn().Err(err).Str("launch", id).Int("try", try+1).Msg("the kill of an abandoned launch is not confirmed")
+		r.log.Warn().Err(err).Str("launch", id).Int("try", try).Msg("the kill of an abandoned launch is not confirmed")
+		return try == killTries, nil
+	})
+	if perr != nil {
+		return errors.Join(err, perr)
 	}
 	return err
 }

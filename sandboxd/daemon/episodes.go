@@ -1,8 +1,6 @@
 package daemon
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -38,17 +36,9 @@ func (d *Daemon) loadEpisodes() (map[string]string, error) {
 // decodeEpisodes checks the bytes of episodes.json: one JSON object from
 // launch id to episode key.
 func decodeEpisodes(b []byte) (map[string]string, error) {
-	t := bytes.TrimSpace(b)
-	if len(t) == 0 {
-		return nil, fmt.Errorf("empty (%d bytes): torn by a crash?", len(b))
-	}
-	dec := json.NewDecoder(bytes.NewReader(t))
-	var eps map[string]string
-	if err := dec.Decode(&eps); err != nil {
-		return nil, fmt.Errorf("torn or not JSON (%d bytes): %w", len(b), err)
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("trailing data after the JSON object (%d bytes)", len(b))
+	eps, err := atomicfile.DecodeJSON[map[string]string](b)
+	if err != nil {
+		return nil, err
 	}
 	if eps == nil {
 		return nil, errors.New("null, not an object of launch ids")
@@ -66,8 +56,7 @@ func decodeEpisodes(b []byte) (map[string]string, error) {
 
 // saveEpisodes writes the launches' episodes.
 func (d *Daemon) saveEpisodes(eps map[string]string) error {
-	b, _ := json.Marshal(eps)
-	if err := atomicfile.Write(d.episodesFile(), b, 0o644); err != nil {
+	if err := (atomicfile.JSON[map[string]string]{Path: d.episodesFile()}).Write(eps); err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
 	return nil

@@ -1,8 +1,6 @@
 package feed
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -62,17 +60,9 @@ func loadPosition(path, run string, m events.Member) (pos position, other string
 // decodePosition checks a state file's bytes: one whole JSON object of a
 // known version.
 func decodePosition(b []byte) (position, error) {
-	t := bytes.TrimSpace(b)
-	if len(t) == 0 {
-		return position{}, fmt.Errorf("empty (%d bytes): torn by a crash?", len(b))
-	}
-	dec := json.NewDecoder(bytes.NewReader(t))
-	var p position
-	if err := dec.Decode(&p); err != nil {
-		return position{}, fmt.Errorf("torn or not JSON (%d bytes): %w", len(b), err)
-	}
-	if dec.More() {
-		return position{}, fmt.Errorf("trailing data after the JSON object (%d bytes)", len(b))
+	p, err := atomicfile.DecodeJSON[position](b)
+	if err != nil {
+		return position{}, err
 	}
 	if p.V != 0 && p.V != positionVersion {
 		return position{}, fmt.Errorf("version %d, this build reads version %d", p.V, positionVersion)
@@ -83,18 +73,15 @@ func decodePosition(b []byte) (position, error) {
 // writePosition writes a feed's state file atomically, making its
 // directory first; durable, it syncs the file and its directory.
 func writePosition(path string, p position, durable bool) error {
-	b, err := json.Marshal(p)
-	if err != nil {
-		return fmt.Errorf("member: state file: %w", err)
-	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("member: state file: %w", err)
 	}
-	write := atomicfile.Write
+	f := atomicfile.JSON[position]{Path: path}
+	write := f.Write
 	if !durable {
-		write = atomicfile.Replace
+		write = f.Replace
 	}
-	if err := write(path, b, 0o644); err != nil {
+	if err := write(p); err != nil {
 		return fmt.Errorf("member: state file: %w", err)
 	}
 	return nil

@@ -203,18 +203,13 @@ type savedSession struct {
 	Title string `json:"title,omitempty"`
 }
 
-func (c Config) saveSession(id string) error {
-	b, _ := json.Marshal(savedSession{ID: id, Title: c.Title})
-	return atomicfile.Write(filepath.Join(c.Home, SessionFile), b, 0o644)
+// sessionFile is SessionFile of the session folder.
+func (c Config) sessionFile() atomicfile.JSON[savedSession] {
+	return atomicfile.JSON[savedSession]{Path: filepath.Join(c.Home, SessionFile)}
 }
 
 // savedSessionID returns the id run recorded, or "".
 func (c Config) savedSessionID() string {
-	b, err := os.ReadFile(filepath.Join(c.Home, SessionFile))
-	if err != nil {
-		return ""
-	}
-	var s savedSession
-	_ = json.Unmarshal(b, &s)
+	s, _ := c.sessionFile().Read()
 	return s.ID
 }

@@ -72,7 +72,7 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (Summary, erro
 		return sum, fmt.Errorf("start %s: %w", c.OpenCode, err)
 	}
 	got, cerr := copyEvents(events, stdout, func(id string) {
-		if err := c.saveSession(id); err != nil {
+		if err := c.sessionFile().Write(savedSession{ID: id, Title: c.Title}); err != nil {
 			fmt.Fprintf(stderr, "opencode-driver: recording session %s: %v\n", id, err)
 		}
 	})

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
@@ -50,32 +52,21 @@ type Config struct {
 	Out io.Writer
 }
 
-// Load reads a saved session; a missing file is (nil, nil).
-func Load(dataDir string) (*Session, error) {
-	b, err := os.ReadFile(filepath.Join(dataDir, SessionFile))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var s Session
-	if err := json.Unmarshal(b, &s); err != nil {
-		return nil, fmt.Errorf("harness: %s does not decode: %w", SessionFile, err)
-	}
-	return &s, nil
+// sessionFile is the session file of dataDir.
+func sessionFile(dataDir string) atomicfile.JSON[Session] {
+	return atomicfile.JSON[Session]{Path: filepath.Join(dataDir, SessionFile)}
 }
 
-// save writes the session durably (atomicfile.Write).
-func save(dataDir string, s *Session) error {
-	if err := os.MkdirAll(dataDir, 0o755); err != nil {
-		return err
+// Load reads a saved session; a missing file is (nil, nil).
+func Load(dataDir string) (*Session, error) {
+	s, err := sessionFile(dataDir).Read()
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("harness: %w", err)
 	}
-	b, err := json.Marshal(s)
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Join(dataDir, SessionFile), b, 0o644)
+	return &s, nil
 }
 
 // Decision is the answer of Check: whether a relaunch can continue the
@@ -122,6 +113,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return err
+	}
+	file := sessionFile(cfg.DataDir) // written durably at every turn
 	switch {
 	case cfg.Continue && s == nil:
 		return errors.New("harness: --continue without a saved session")
@@ -130,7 +125,7 @@ func Run(ctx context.Context, cfg Config) error {
 	case !cfg.Continue:
 		prompt, _ := json.Marshal(cfg.Prompt)
 		s = &Session{Task: cfg.Task, Messages: []modelserver.Message{{Role: "user", Content: prompt}}}
-		if err := save(cfg.DataDir, s); err != nil {
+		if err := file.Write(*s); err != nil {
 			return err
 		}
 	}
@@ -168,7 +163,7 @@ func Run(ctx context.Context, cfg Config) error {
 				}
 				content, _ := json.Marshal(out)
 				s.Messages = append(s.Messages, modelserver.Message{Role: "tool", ToolCallID: tc.ID, Content: content})
-				if err := save(cfg.DataDir, s); err != nil {
+				if err := file.Write(*s); err != nil {
 					return err
 				}
 			}
@@ -179,7 +174,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 		s.Messages = append(s.Messages, reply)
-		if err := save(cfg.DataDir, s); err != nil {
+		if err := file.Write(*s); err != nil {
 			return err
 		}
 		savedAt = time.Now()
@@ -239,10 +234,12 @@ func call(ctx context.Context, cfg Config, msgs []modelserver.Message, savedAt t
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	var resp *http.Response
-	for try := 1; ; try++ {
+	try := 0
+	err := poll.Until(cctx, poll.Backoff(200*time.Millisecond, 800*time.Millisecond), func() (bool, error) {
+		try++
 		req, err := http.NewRequestWithContext(cctx, http.MethodPost, cfg.ModelURL+"/v1/chat/completions", bytes.NewReader(b))
 		if err != nil {
-			return modelserver.Message{}, err
+			return false, err
 		}
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(modelserver.TaskHeader, cfg.Task)
@@ -254,7 +251,7 @@ func call(ctx context.Context, cfg Config, msgs []modelserver.Message, savedAt t
 		}
 		resp, err = http.DefaultClient.Do(req)
 		if err == nil {
-			break
+			return true, nil
 		}
 		// No answer began: the connection was refused, reset or closed
 		// before the reply. A harness frozen by a checkpoint between
@@ -263,13 +260,13 @@ func call(ctx context.Context, cfg Config, msgs []modelserver.Message, savedAt t
 		// one closed as idle); the server read no request, so it is sent
 		// again, as model SDKs send a call that failed on its connection.
 		if try == CallTries || cctx.Err() != nil {
-			return modelserver.Message{}, fmt.Errorf("harness: model call (try %d of %d): %w", try, CallTries, err)
+			return false, fmt.Errorf("harness: model call (try %d of %d): %w", try, CallTries, err)
 		}
 		fmt.Fprintf(os.Stderr, "harness: model call failed on its connection (try %d of %d), sending it again: %v\n", try, CallTries, err)
-		select {
-		case <-cctx.Done():
-		case <-time.After(time.Duration(try) * 200 * time.Millisecond):
-		}
+		return false, nil
+	})
+	if err != nil {
+		return modelserver.Message{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

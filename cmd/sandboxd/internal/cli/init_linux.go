@@ -113,18 +113,17 @@ func initCmd(args []string, stdout, stderr io.Writer) int {
 	// socket ends it.
 	go func() {
 		defer close(served)
-		for {
+		_ = poll.Until(runCtx, poll.Every(100*time.Millisecond), func() (bool, error) {
+			if runCtx.Err() != nil {
+				return true, nil
+			}
 			err := srv.Serve(runCtx, conn)
 			if runCtx.Err() != nil || ends {
-				return
+				return true, nil
 			}
 			log.Warn().Err(err).Msg("control channel; serving again")
-			t := time.NewTimer(100 * time.Millisecond)
-			select {
-			case <-t.C:
-			case <-runCtx.Done():
-			}
-		}
+			return false, nil
+		})
 	}()
 	select {
 	case <-expired:

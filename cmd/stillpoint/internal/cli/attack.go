@@ -12,6 +12,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/attack"
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // attackFlags are the flags of `stillpoint attack`.
@@ -86,24 +87,24 @@ func runAttack(ctx context.Context, g *globals, f attackFlags) error {
 	}
 	defer a.Close()
 	enc := json.NewEncoder(g.stdout)
-	for round := 1; f.rounds == 0 || round <= f.rounds; round++ {
+	round := 0
+	return poll.Until(ctx, poll.Every(f.every), func() (bool, error) {
+		if ctx.Err() != nil {
+			return true, nil // stopped: no round after the end
+		}
+		round++
 		for _, n := range names {
 			o := a.Run(ctx, n)
 			if ctx.Err() != nil {
-				return nil
+				return true, nil
 			}
 			if err := enc.Encode(struct {
 				Round int `json:"round"`
 				attack.Outcome
 			}{round, o}); err != nil {
-				return err
+				return false, err
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(f.every):
-		}
-	}
-	return nil
+		return round == f.rounds, nil
+	})
 }

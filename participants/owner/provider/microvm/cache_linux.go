@@ -79,11 +79,11 @@ func (m *Provider) pruneCache() error {
 			dirs, _ := os.ReadDir(parent)
 			for _, d := range dirs {
 				metas := []vmMeta{}
-				if meta, err := readVMMeta(filepath.Join(parent, d.Name())); err == nil {
+				if meta, err := vmFile(filepath.Join(parent, d.Name())).Read(); err == nil {
 					metas = append(metas, meta)
 				} else if subs, _ := os.ReadDir(filepath.Join(parent, d.Name())); len(subs) > 0 {
 					for _, sub := range subs { // a snapshot being made or deleted
-						if meta, err := readVMMeta(filepath.Join(parent, d.Name(), sub.Name())); err == nil {
+						if meta, err := vmFile(filepath.Join(parent, d.Name(), sub.Name())).Read(); err == nil {
 							metas = append(metas, meta)
 						}
 					}
@@ -138,7 +138,7 @@ func (m *Provider) pruneCache() error {
 		f.Close()
 	}
 	for d := range keep {
-		if meta, err := readVMMeta(d); err == nil {
+		if meta, err := vmFile(d).Read(); err == nil {
 			held[meta.Base], held[meta.Harness] = true, true
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -48,22 +47,9 @@ type vmMeta struct {
 	Sandbox string `json:"sandbox,omitempty"`
 }
 
-func readVMMeta(dir string) (vmMeta, error) {
-	var m vmMeta
-	b, err := os.ReadFile(filepath.Join(dir, "vm.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &m)
-	}
-	return m, err
-}
-
-// writeVMMeta writes dir's vm.json durably (atomicfile.Write).
-func writeVMMeta(dir string, m vmMeta) error {
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(filepath.Join(dir, "vm.json"), append(b, '\n'), 0o600)
+// vmFile is the vm.json of dir.
+func vmFile(dir string) atomicfile.JSON[vmMeta] {
+	return atomicfile.JSON[vmMeta]{Path: filepath.Join(dir, "vm.json"), Perm: 0o600, Indent: true}
 }
 
 // layer is the path of a disk layer.
@@ -116,12 +102,12 @@ func (m *Provider) gc() error {
 // being made or deleted (".tmp-" and ".del-" directories hold one level
 // more).
 func (m *Provider) holdLayers(held map[string]bool, dir string) {
-	meta, err := readVMMeta(dir)
+	meta, err := vmFile(dir).Read()
 	if err != nil {
 		subs, _ := os.ReadDir(dir)
 		for _, s := range subs {
 			if s.IsDir() {
-				if meta, err := readVMMeta(filepath.Join(dir, s.Name())); err == nil {
+				if meta, err := vmFile(filepath.Join(dir, s.Name())).Read(); err == nil {
 					markChain(held, meta)
 				}
 			}

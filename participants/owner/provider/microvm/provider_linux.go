@@ -526,7 +526,7 @@ func (m *Provider) teardown(ctx context.Context, id string, box *vmBox) error {
 		if err := box.vm.stop(ctx, m.cfg.StopTimeout); err != nil {
 			return err
 		}
-	} else if meta, err := readVMMeta(dir); err == nil {
+	} else if meta, err := vmFile(dir).Read(); err == nil {
 		if err := killLeftover(meta, m.cfg.StopTimeout); err != nil {
 			return err
 		}

@@ -280,7 +280,7 @@ func TestMicroVMForksKeepProcessesAcrossAnOwnerCrash(t *testing.T) {
 
 	// Nobody renews the dead owner's VM: it powers itself off once its
 	// lease runs out.
-	left, err := readVMMeta(filepath.Join(state, "sandboxes", "crashed"))
+	left, err := vmFile(filepath.Join(state, "sandboxes", "crashed")).Read()
 	if err != nil || left.PID == 0 {
 		t.Fatalf("the dead owner's vm.json: %+v %v", left, err)
 	}
@@ -419,13 +419,13 @@ func TestMicroVMStopIsRetriedAndKeepsTheRecord(t *testing.T) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeVMMeta(dir, vmMeta{PID: vm.pid}); err != nil {
+	if err := vmFile(dir).Write(vmMeta{PID: vm.pid}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Stop(context.Background(), "late"); !errors.Is(err, provider.ErrLeftover) {
 		t.Fatalf("Stop of a QEMU not reaped yet: %v, want ErrLeftover", err)
 	}
-	if _, err := readVMMeta(dir); err != nil {
+	if _, err := vmFile(dir).Read(); err != nil {
 		t.Fatalf("a failed Stop removed the record of the process: %v", err)
 	}
 	<-exited // stop's SIGKILL took it; now the machine is reaped
@@ -518,7 +518,7 @@ func TestMicroVMReapsWhatATemplateBuildLeft(t *testing.T) {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := writeVMMeta(dir, vmMeta{PID: cmd.Process.Pid, Start: st.Start}); err != nil {
+		if err := vmFile(dir).Write(vmMeta{PID: cmd.Process.Pid, Start: st.Start}); err != nil {
 			t.Fatal(err)
 		}
 		return cmd, waited
@@ -592,7 +592,7 @@ func TestMicroVMPruneKeepsWhatAnotherStateDirStandsOn(t *testing.T) {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := writeVMMeta(d, vmMeta{Chain: []string{filepath.Join(d, "disk.qcow2")}}); err != nil {
+		if err := vmFile(d).Write(vmMeta{Chain: []string{filepath.Join(d, "disk.qcow2")}}); err != nil {
 			t.Fatal(err)
 		}
 		c := filepath.Join(d, "complete")
@@ -613,7 +613,7 @@ func TestMicroVMPruneKeepsWhatAnotherStateDirStandsOn(t *testing.T) {
 	if err := os.MkdirAll(snap, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeVMMeta(snap, vmMeta{Chain: []string{filepath.Join(stateB, "layers", "x.qcow2"), filepath.Join(tmpls[0], "disk.qcow2")}}); err != nil {
+	if err := vmFile(snap).Write(vmMeta{Chain: []string{filepath.Join(stateB, "layers", "x.qcow2"), filepath.Join(tmpls[0], "disk.qcow2")}}); err != nil {
 		t.Fatal(err)
 	}
 	a := &Provider{cfg: Config{StateDir: stateA}, cache: cache}

@@ -35,7 +35,7 @@ func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (p
 	top := m.layer(name)
 	meta := vm.meta
 	meta.Pending = top
-	if err := writeVMMeta(vm.dir, meta); err != nil {
+	if err := vmFile(vm.dir).Write(meta); err != nil {
 		return st, err
 	}
 	q := vm.qmp
@@ -66,7 +66,7 @@ func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (p
 	took := time.Since(t0)
 	meta.Pending = ""
 	vm.meta = meta
-	err = errors.Join(err, rerr, writeVMMeta(vm.dir, meta))
+	err = errors.Join(err, rerr, vmFile(vm.dir).Write(meta))
 	if rerr != nil {
 		m.log.Error().Err(rerr).Str("sandbox", vm.id).Msg("microvm: the VM could not be resumed after a snapshot: it stays paused until stopped")
 	}
@@ -76,7 +76,7 @@ func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (p
 	}
 	snap := vmMeta{Chain: frozen, Base: meta.Base, Harness: meta.Harness, HarnessMount: meta.HarnessMount, CPU: meta.CPU,
 		Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id}
-	if err := writeVMMeta(dst, snap); err != nil {
+	if err := vmFile(dst).Write(snap); err != nil {
 		return st, err
 	}
 	if fi, err := os.Stat(filepath.Join(dst, "state")); err == nil {

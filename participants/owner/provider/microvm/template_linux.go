@@ -70,7 +70,7 @@ func (m *Provider) template(ctx context.Context, base, harness, mount string) (*
 		touchTemplate(t)
 		return t, nil
 	}
-	if meta, err := readVMMeta(t.dir); err == nil && t.complete() {
+	if meta, err := vmFile(t.dir).Read(); err == nil && t.complete() {
 		t.meta, t.ok = meta, true // an earlier process made it
 		touchTemplate(t)
 		return t, nil
@@ -81,7 +81,7 @@ func (m *Provider) template(ctx context.Context, base, harness, mount string) (*
 		return nil, err
 	}
 	defer unlock()
-	if meta, err := readVMMeta(t.dir); err == nil && t.complete() {
+	if meta, err := vmFile(t.dir).Read(); err == nil && t.complete() {
 		t.meta, t.ok = meta, true // another process made it meanwhile
 		return t, nil
 	}
@@ -135,7 +135,7 @@ func (m *Provider) bootTemplate(ctx context.Context, t *template, base, harness 
 	// A process that died while it built this template may have left its
 	// QEMU (paused, so its lease cannot end it): vm.json is the only
 	// record of it.
-	if meta, err := readVMMeta(t.dir); err == nil {
+	if meta, err := vmFile(t.dir).Read(); err == nil {
 		if err := killLeftover(meta, m.cfg.StopTimeout); err != nil {
 			return err
 		}
@@ -146,7 +146,7 @@ func (m *Provider) bootTemplate(ctx context.Context, t *template, base, harness 
 	}
 	layer := filepath.Join(t.dir, "disk.qcow2")
 	t.meta = vmMeta{Chain: []string{layer}, Base: base, Harness: harness, HarnessMount: t.mount, CPU: m.cfg.CPU, Gen: 0, MemMiB: m.cfg.MemMiB}
-	if err := writeVMMeta(t.dir, t.meta); err != nil {
+	if err := vmFile(t.dir).Write(t.meta); err != nil {
 		return err
 	}
 	if err := qemu.Overlay(ctx, m.assets.QEMUImg, base, "raw", layer); err != nil {
@@ -197,7 +197,7 @@ func (m *Provider) bootTemplate(ctx context.Context, t *template, base, harness 
 		return err
 	}
 	t.meta.PID, t.meta.Start = 0, 0
-	if err := writeVMMeta(t.dir, t.meta); err != nil {
+	if err := vmFile(t.dir).Write(t.meta); err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(t.dir, "complete"), nil, 0o600)
@@ -213,7 +213,7 @@ func (m *Provider) reapTemplateLeftovers() error {
 	ents, _ := os.ReadDir(tdir)
 	for _, e := range ents {
 		d := filepath.Join(tdir, e.Name())
-		meta, err := readVMMeta(d)
+		meta, err := vmFile(d).Read()
 		if !e.IsDir() || err != nil || meta.PID == 0 {
 			continue
 		}

@@ -140,7 +140,7 @@ func (m *Provider) launch(ctx context.Context, spec provider.Spec, req vmctl.Req
 			return nil, err
 		}
 		defer release() // the snapshot stays until QEMU has read its state
-		if parent, err = readVMMeta(sdir); err != nil {
+		if parent, err = vmFile(sdir).Read(); err != nil {
 			return nil, fmt.Errorf("%w: snapshotID %q is not a microvm snapshot: %w", provider.ErrInvalid, snapshotID, err)
 		}
 		state = filepath.Join(sdir, "state")
@@ -173,7 +173,7 @@ func (m *Provider) launch(ctx context.Context, spec provider.Spec, req vmctl.Req
 		Gen: gen, MemMiB: m.cfg.MemMiB, NATSHost: hostNATS}
 	// The reference first, then the layer: the collector never sees a
 	// layer that nothing holds but that someone is about to use.
-	if err := writeVMMeta(dir, meta); err != nil {
+	if err := vmFile(dir).Write(meta); err != nil {
 		return nil, err
 	}
 	if err := qemu.Overlay(ctx, m.assets.QEMUImg, parent.Chain[0], "qcow2", top); err != nil {
@@ -298,7 +298,7 @@ func (m *Provider) startQEMU(id, dir string, mc qemu.Machine, meta vmMeta, dieWi
 		meta.Start = st.Start
 	}
 	vm.meta = meta
-	if err := writeVMMeta(dir, meta); err != nil {
+	if err := vmFile(dir).Write(meta); err != nil {
 		return vm, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

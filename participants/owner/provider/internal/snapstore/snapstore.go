@@ -3,7 +3,6 @@
 package snapstore
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -83,7 +82,7 @@ func (s *Store) Create(meta Meta, fill func(dir string) (provider.Snapshot, erro
 	st, err := fill(tmp)
 	if err == nil {
 		meta.Size, meta.Files, meta.Took, meta.Created = st.Size, st.Files, st.Took, time.Now().UTC()
-		err = writeJSON(filepath.Join(tmp, "meta.json"), meta)
+		err = metaFile(tmp).Write(meta)
 	}
 	if err == nil {
 		s.mu.Lock()
@@ -110,10 +109,7 @@ func (s *Store) Create(meta Meta, fill func(dir string) (provider.Snapshot, erro
 func (s *Store) Open(id string) (dir string, meta Meta, release func(), err error) {
 	s.mu.RLock()
 	dir = s.path(id)
-	b, err := os.ReadFile(filepath.Join(dir, "meta.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &meta)
-	}
+	meta, err = metaFile(dir).Read()
 	if err != nil {
 		s.mu.RUnlock()
 		if errors.Is(err, fs.ErrNotExist) {
@@ -165,11 +161,7 @@ func (s *Store) List() ([]string, error) {
 	return ids, nil
 }
 
-// writeJSON writes v as indented JSON, durably (atomicfile.Write).
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return atomicfile.Write(path, append(b, '\n'), 0o600)
+// metaFile is the meta.json of a snapshot's directory.
+func metaFile(dir string) atomicfile.JSON[Meta] {
+	return atomicfile.JSON[Meta]{Path: filepath.Join(dir, "meta.json"), Perm: 0o600, Indent: true}
 }

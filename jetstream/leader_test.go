@@ -1,0 +1,63 @@
+package jetstream_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	natsjs "github.com/nats-io/nats.go/jetstream"
+
+	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/jetstream/jstest"
+)
+
+// TestLeaderLastMsg reads the last message of a filter from the stream's leader, on a 3-node
+// cluster, as the bridge does: headers, data, sequence and time as stored, ErrMsgNotFound when
+// nothing matches, and an error that says so for a stream that is not there. A direct get may be
+// answered by a replica that has not applied the last publish; the leader's read has it.
+func TestLeaderLastMsg(t *testing.T) {
+	env := jstest.StartCluster(t, jstest.WithRoles())
+	nc, js := env.As(embedded.RoleBridge).Connect(t)
+	ctx := testContext(t)
+	const filter = "sp.run1.phase.>"
+	if _, err := jetstream.LeaderLastMsg(ctx, nc, jetstream.StreamName, filter); !errors.Is(err, natsjs.ErrMsgNotFound) {
+		t.Fatalf("an empty run: %v, want ErrMsgNotFound", err)
+	}
+	var last *natsjs.PubAck
+	for _, subject := range []string{"sp.run1.phase.prepare", "sp.run1.phase.commit", "sp.run1.phase.resume"} {
+		msg := nats.NewMsg(subject)
+		msg.Header.Set("Ce-Id", subject)
+		msg.Data = []byte(subject)
+		var err error
+		if last, err = js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw, err := jetstream.LeaderLastMsg(ctx, nc, jetstream.StreamName, filter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The copy to compare with comes by a direct get, which any replica may answer, one still
+	// applying the publish too: it is not found there until that replica has it.
+	var direct *natsjs.RawStreamMsg
+	poll.Wait(t, 10*time.Second, "a direct get of the last phase", func() bool {
+		direct, err = env.Bus.Stream.GetMsg(ctx, last.Sequence)
+		if err != nil && !errors.Is(err, natsjs.ErrMsgNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
+	if raw.Sequence != last.Sequence || raw.Subject != direct.Subject || !bytes.Equal(raw.Data, direct.Data) || !raw.Time.Equal(direct.Time) {
+		t.Fatalf("leader's last: seq %d %s %v, want seq %d %s %v", raw.Sequence, raw.Subject, raw.Time, last.Sequence, direct.Subject, direct.Time)
+	}
+	if raw.Subject != "sp.run1.phase.resume" || raw.Header.Get("Ce-Id") != "sp.run1.phase.resume" {
+		t.Fatalf("leader's last: %s with Ce-Id %q, want the resume's", raw.Subject, raw.Header.Get("Ce-Id"))
+	}
+	if _, err := jetstream.LeaderLastMsg(ctx, nc, "NO_SUCH_STREAM", "x"); err == nil || errors.Is(err, natsjs.ErrMsgNotFound) {
+		t.Fatalf("a stream that is not there: %v, want an error that says so", err)
+	}
+}
