@@ -12,10 +12,10 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/events"
-	"github.com/stillpoint/stillpoint/internal/attack"
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/tier"
+	"github.com/stillpoint/stillpoint/jetstream/attack"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 )
 

@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stillpoint/stillpoint/events"
-	"github.com/stillpoint/stillpoint/internal/attack"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream/attack"
 )
 
 // attackFlags are the flags of `stillpoint attack`.

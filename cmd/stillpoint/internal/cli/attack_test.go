@@ -16,8 +16,8 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
-	"github.com/stillpoint/stillpoint/internal/attack"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/attack"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -88,7 +88,7 @@ func (s daemonLike) Retire(ctx context.Context, eps []events.Episode) error {
 // agent, an owner and a sandbox daemon with users of their own, checkpointing
 // through their bridges. With the credentials of r1's sandbox (what its
 // workload reads), of r1's agent and of r1's owner, every attack of
-// internal/attack is tried twice. A sandbox's are all refused by the server,
+// jetstream/attack is tried twice. A sandbox's are all refused by the server,
 // and so is the rollup of an agent or an owner (of its own heartbeat key in
 // sp_members, and an owner's of a key of sp_snapshots: neither bucket allows
 // roll-ups); an agent's or owner's other attacks that get through are
