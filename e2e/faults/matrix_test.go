@@ -158,7 +158,7 @@ func checkChaos(t *testing.T, p *child.Process, rounds int) {
 // node of a 3-node cluster at each point of a checkpoint, a restore and a
 // release, a round each, and stalls an agent (SIGSTOP) until its
 // checkpoint fails; every PROTOCOL §7 invariant is checked on every round
-// (internal/invariant): the run goes on, or is restored, and ends with
+// (controller-bridge/invariant): the run goes on, or is restored, and ends with
 // every result once. The rows run side by side (their rounds mostly wait
 // on tool calls), each checked in its subtest.
 func TestFaultMatrix(t *testing.T) {

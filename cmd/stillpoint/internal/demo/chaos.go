@@ -20,9 +20,9 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/controller-bridge/invariant"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/child"
-	"github.com/stillpoint/stillpoint/internal/invariant"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
@@ -164,7 +164,7 @@ passed: each round is a run of its own with --rollouts scripted tasks, a checkpo
   collector kill -9 of the round's collector (then a process of its own) at a phase,
             started again on its results and dispatch log (not drawn by default)
 
-After each round every PROTOCOL §7 invariant is checked on it (internal/invariant), and at
+After each round every PROTOCOL §7 invariant is checked on it (controller-bridge/invariant), and at
 the end a table says how many faults of each kind were injected, checkpoints committed and
 aborted, restores, rollouts finished and invariant violations (0, or the command fails).
 The same seed draws the same faults; when they land depends on the machine.

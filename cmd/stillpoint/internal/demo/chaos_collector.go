@@ -20,9 +20,9 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/controller-bridge/invariant"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
-	"github.com/stillpoint/stillpoint/internal/invariant"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 

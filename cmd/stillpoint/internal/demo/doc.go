@@ -3,10 +3,10 @@
 // the bridge and a few nodes (each an agent and the sandbox owner that
 // lends it sandboxes: agent a<i> and owner o<i>) as processes of the
 // stillpoint binary itself, the scripted model server in process, and
-// collects the bundled task set (e2e/tasks) through three checkpoints and
+// collects the bundled task set (controller-bridge/collect/tasks) through three checkpoints and
 // a crash: after the second checkpoint it kills the agents and the owners
 // with SIGKILL and starts them again, and the collector restores. It then
-// checks the PROTOCOL §7 invariants on the run (internal/invariant) and prints them,
+// checks the PROTOCOL §7 invariants on the run (controller-bridge/invariant) and prints them,
 // ending with one line:
 //
 //	demo: <N> rollouts, <N> results, <C> continued in place, <R> relaunched, <K> checkpoints committed, invariants ok

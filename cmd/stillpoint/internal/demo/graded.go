@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
-	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect/tasks"
 	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 )
