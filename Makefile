@@ -44,7 +44,7 @@ export GORACE ?= atexit_sleep_ms=0
 # The end-to-end tests outside package e2e (those that call tier.E2E;
 # internal/tier's test keeps this list and them in step), and their packages.
 E2E_RUN   = '^(TestBridgeCrashDuringCheckpoint|TestBridgeCrashDuringRestore|TestBridgeCrashDuringRelease|TestBridgeCrashMidReleaseLeavesTheCheckpointMarked|TestFleetOfProcesses|TestStaticMemberBinary|TestInitServesTheControlChannel|TestDemoInProcess|TestDemoMicroVM|TestDriverContinuesAfterACrashMidTool|TestDriverReportsAFailedRun|TestDriverTakesAReplyNotMarkedFinishedAsTheAnswer)$$'
-E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/internal/demo/ ./participants/opencode/driver/
+E2E_PKGS  = ./controller-bridge/ ./cmd/sandboxd/ ./cmd/stillpoint/demo/ ./participants/opencode/driver/
 # The heavy end-to-end tests of package e2e: each keeps a core or more busy
 # for minutes (OpenCode in a guest under TCG; the ten repository tasks in
 # OpenCode; four OpenCode pauses, one of two minutes): a third of the
@@ -58,7 +58,7 @@ HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 ROUNDS    ?= 3
 LONG      ?= 1
 
-# The fault kinds of `make chaos` and `make soak` (stillpoint chaos
+# The fault kinds of `make chaos` and `make soak` (the chaos injector's
 # --faults): every kind but those docs/RELIABILITY.md lists as open.
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,node,preempt,sandboxd,harness,stall,collector,nats
 CHAOS_SEED   ?= 1
@@ -155,16 +155,17 @@ fuzz:
 faults:
 	$(GO) test -race -count=1 -timeout 40m ./e2e/faults/
 
-## chaos: a 2-minute `stillpoint chaos` (random faults in rounds of
-## collection, every PROTOCOL §7 invariant checked after each round). It
-## and soak build stillpoint static, as make test builds the commands, so
-## that a cold build cache compiles the packages once for both.
+## chaos: a 2-minute run of the chaos injector, e2e/cmd/chaos (random
+## faults in rounds of collection, every PROTOCOL §7 invariant checked
+## after each round). It and soak build it static, as it builds stillpoint
+## and as make test builds the commands, so that a cold build cache
+## compiles the packages once for all.
 chaos:
-	CGO_ENABLED=0 $(GO) run ./cmd/stillpoint chaos --seed $(CHAOS_SEED) --duration 2m --faults $(CHAOS_FAULTS)
+	CGO_ENABLED=0 $(GO) run ./e2e/cmd/chaos --seed $(CHAOS_SEED) --duration 2m --faults $(CHAOS_FAULTS)
 
 ## soak: the 10-minute chaos soak whose table docs/RELIABILITY.md records.
 soak:
-	CGO_ENABLED=0 $(GO) run ./cmd/stillpoint chaos --seed $(CHAOS_SEED) --duration 10m --faults $(CHAOS_FAULTS)
+	CGO_ENABLED=0 $(GO) run ./e2e/cmd/chaos --seed $(CHAOS_SEED) --duration 10m --faults $(CHAOS_FAULTS)
 
 ## bench: the benchmarks recorded in docs/BENCHMARKS.md.
 bench:
