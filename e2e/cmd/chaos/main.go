@@ -51,12 +51,12 @@ func main() {
 	case errors.Is(err, chaos.ErrInvariants):
 		os.Exit(1)
 	case errors.Is(err, collect.ErrStopped):
-		fmt.Fprintln(os.Stderr, "chaos:", err)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(collect.ExitStopped)
 	case errors.Is(err, chaos.ErrUsage):
-		fmt.Fprintln(os.Stderr, "chaos:", err)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	fmt.Fprintln(os.Stderr, "chaos:", err)
+	fmt.Fprintln(os.Stderr, err)
 	os.Exit(1)
 }
