@@ -66,7 +66,7 @@ HOGS      ?= $(shell nproc 2>/dev/null || echo 2)
 ROUNDS    ?= 3
 LONG      ?= 1
 
-# The fault kinds of `make chaos` and `make soak` (stillpoint chaos
+# The fault kinds of `make chaos` and `make soak` (the chaos injector's
 # --faults): every kind but those docs/RELIABILITY.md lists as open.
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,node,preempt,sandboxd,harness,stall,collector,nats
 CHAOS_SEED   ?= 1
@@ -170,16 +170,17 @@ fuzz:
 faults:
 	$(GO) test -race -count=1 -timeout 40m ./e2e/faults/
 
-## chaos: a 2-minute `stillpoint chaos` (random faults in rounds of
-## collection, every PROTOCOL §7 invariant checked after each round). It
-## and soak build stillpoint static, as make test builds the commands, so
-## that a cold build cache compiles the packages once for both.
+## chaos: a 2-minute run of the chaos injector, e2e/cmd/chaos (random
+## faults in rounds of collection, every PROTOCOL §7 invariant checked
+## after each round). It and soak build it static, as it builds stillpoint
+## and as make test builds the commands, so that a cold build cache
+## compiles the packages once for all.
 chaos:
-	CGO_ENABLED=0 $(GO) run ./cmd/stillpoint chaos --seed $(CHAOS_SEED) --duration 2m --faults $(CHAOS_FAULTS)
+	CGO_ENABLED=0 $(GO) run ./e2e/cmd/chaos --seed $(CHAOS_SEED) --duration 2m --faults $(CHAOS_FAULTS)
 
 ## soak: the 10-minute chaos soak whose table docs/RELIABILITY.md records.
 soak:
-	CGO_ENABLED=0 $(GO) run ./cmd/stillpoint chaos --seed $(CHAOS_SEED) --duration 10m --faults $(CHAOS_FAULTS)
+	CGO_ENABLED=0 $(GO) run ./e2e/cmd/chaos --seed $(CHAOS_SEED) --duration 10m --faults $(CHAOS_FAULTS)
 
 ## bench: the benchmarks recorded in docs/BENCHMARKS.md.
 bench:

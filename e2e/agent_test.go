@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
-	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/internal/poll"

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
-	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect/tasks"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"

@@ -91,11 +91,14 @@ var neverLandedRE = regexp.MustCompile(`(?m)^    never landed: (.*)$`)
 // chaosRowRE is a row of the table's faults: kind, injected, missed.
 var chaosRowRE = regexp.MustCompile(`(?m)^  (\S+)\s+(\d+)\s+(\d+)$`)
 
-// startChaos starts `stillpoint chaos` with args from the checkout (it
-// builds sandboxd and the harness there).
+// chaosCmd is the chaos injector's command.
+const chaosCmd = "./e2e/cmd/chaos"
+
+// startChaos starts the chaos injector (e2e/cmd/chaos) with args from the
+// checkout (it builds stillpoint, sandboxd and the harness there).
 func startChaos(t *testing.T, args ...string) *child.Process {
 	t.Helper()
-	bin := build.StaticForTest(t, build.Stillpoint)[build.Stillpoint]
+	bin := build.StaticForTest(t, chaosCmd)[chaosCmd]
 	// The work directory holds every round's logs and results: kept when
 	// the test fails, so that a failure in CI can be read afterwards.
 	dir, err := os.MkdirTemp("", "stillpoint-faults-")
@@ -110,7 +113,7 @@ func startChaos(t *testing.T, args ...string) *child.Process {
 		_ = os.RemoveAll(dir)
 	})
 	return child.StartForTest(t, child.Spec{Name: "chaos " + strings.Join(args, " "), Path: bin, Dir: "../..",
-		Args: append([]string{"chaos", "--dir", dir}, args...)})
+		Args: append([]string{"--dir", dir}, args...)})
 }
 
 // checkChaos waits for a chaos process and checks its table: exit status
@@ -158,7 +161,7 @@ func checkChaos(t *testing.T, p *child.Process, rounds int) {
 // node of a 3-node cluster at each point of a checkpoint, a restore and a
 // release, a round each, and stalls an agent (SIGSTOP) until its
 // checkpoint fails; every PROTOCOL §7 invariant is checked on every round
-// (internal/invariant): the run goes on, or is restored, and ends with
+// (controller-bridge/invariant): the run goes on, or is restored, and ends with
 // every result once. The rows run side by side (their rounds mostly wait
 // on tool calls), each checked in its subtest.
 func TestFaultMatrix(t *testing.T) {

@@ -4,7 +4,7 @@
 // harness program itself is package harness (built as
 // cmd/scripted-harness) and the OpenAI-compatible model that drives it is
 // package modelserver; the bundled task set of the tests and the demo is
-// e2e/tasks.
+// controller-bridge/collect/tasks.
 //
 // # The task
 //

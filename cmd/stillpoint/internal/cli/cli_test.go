@@ -3,17 +3,13 @@ package cli
 import (
 	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
-	"github.com/spf13/cobra"
 
-	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
@@ -137,24 +133,5 @@ func TestOwnerTaskKind(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "--task-kind") || !strings.Contains(out.String(), "scripted") || !strings.Contains(out.String(), "command ") {
 		t.Errorf("owner --help does not describe --task-kind:\n%s", out.String())
-	}
-}
-
-// The demo package's subcommands exit as its commands do: `chaos collect`
-// called wrongly is a usage error, and stopped after its checkpoint (the
-// preempt fault's SIGTERM) it exits as `stillpoint collect` does.
-func TestDemoExitsReachSubcommands(t *testing.T) {
-	var out, errb bytes.Buffer
-	if code := Main([]string{"chaos", "collect"}, &out, &errb); code != ExitUsage {
-		t.Errorf("chaos collect without its flags: exit %d, want %d (stderr %q)", code, ExitUsage, errb.String())
-	}
-	parent := &cobra.Command{Use: "parent", RunE: func(*cobra.Command, []string) error { return nil }}
-	parent.AddCommand(&cobra.Command{Use: "sub", RunE: func(*cobra.Command, []string) error {
-		return fmt.Errorf("chaos collect: %w", collect.ErrStopped)
-	}})
-	demoExits(parent)
-	var ee *exitError
-	if err := parent.Commands()[0].RunE(parent.Commands()[0], nil); !errors.As(err, &ee) || ee.code != collect.ExitStopped {
-		t.Errorf("a subcommand stopped after its checkpoint: %v, want exit %d", err, collect.ExitStopped)
 	}
 }

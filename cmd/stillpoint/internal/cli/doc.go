@@ -5,5 +5,5 @@
 // taskkinds.go. The demo is package demo, registered in root.go; it and
 // `stillpoint tasks` (tasks.go, with `stillpoint modelserver`, which serves
 // a tasks file's model turns) are the commands that use the bundled task
-// sets of e2e/tasks.
+// sets of controller-bridge/collect/tasks.
 package cli

@@ -13,8 +13,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
-	"github.com/stillpoint/stillpoint/cmd/stillpoint/internal/demo"
-	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/cmd/stillpoint/demo"
 	"github.com/stillpoint/stillpoint/internal/signals"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
@@ -119,7 +118,7 @@ NATS_CREDS, NATS_NKEY, NATS_TOKEN.`,
 	pf.StringVar(&g.logFormat, "log-format", envOr("STILLPOINT_LOG_FORMAT", "auto"), "log format: auto (pretty on a terminal, JSON otherwise), json, pretty")
 	root.AddCommand(newServerCmd(g), newCredsCmd(g), newVersionCmd(g), newBridgeCmd(g),
 		newCheckpointCmd(g), newCommitHeldCmd(g), newRestoreCmd(g), newRetireCmd(g), newForgetCmd(g), newReleaseCmd(g), newStatusCmd(g), newTimelineCmd(g), newInspectCmd(g),
-		newAgentCmd(g), newOwnerCmd(g), newCollectCmd(g), newTasksCmd(g), newModelServerCmd(g), newDemoCmd(g), newChaosCmd(g), newTrajectoryCmd(g), newAttackCmd(g))
+		newAgentCmd(g), newOwnerCmd(g), newCollectCmd(g), newTasksCmd(g), newModelServerCmd(g), newDemoCmd(g), newTrajectoryCmd(g), newAttackCmd(g))
 	return root
 }
 
@@ -130,25 +129,10 @@ func newDemoCmd(g *globals) *cobra.Command {
 	return demoExits(demo.Command(demo.Env{Stdout: g.stdout, Stderr: g.stderr, Conn: &g.conn}))
 }
 
-// newChaosCmd is `stillpoint chaos` (package demo), its errors turned into
-// exit statuses as the demo's are: an invariant violated in some round,
-// which the table shows, exits 1. SIGTERM stops its collector (`chaos
-// collect`) after a checkpoint, as it stops `stillpoint collect`.
-func newChaosCmd(g *globals) *cobra.Command {
-	return demoExits(demo.ChaosCommand(demo.Env{Stdout: g.stdout, Stderr: g.stderr, Conn: &g.conn,
-		HandleTerm: g.signals.OnTerm}))
-}
-
-// demoExits turns the errors of the demo package's commands, and of
-// their subcommands, into exit statuses.
+// demoExits turns the errors of the demo package's command into exit
+// statuses.
 func demoExits(cmd *cobra.Command) *cobra.Command {
-	for _, sub := range cmd.Commands() {
-		demoExits(sub)
-	}
 	run := cmd.RunE
-	if run == nil {
-		return cmd
-	}
 	cmd.RunE = func(c *cobra.Command, args []string) error {
 		err := run(c, args)
 		switch {
@@ -156,9 +140,6 @@ func demoExits(cmd *cobra.Command) *cobra.Command {
 			return &exitError{code: ExitUsage, err: err}
 		case errors.Is(err, demo.ErrInvariants):
 			return &exitError{code: ExitFailure}
-		case errors.Is(err, collect.ErrStopped):
-			// chaos collect, stopped as collect is: run it again.
-			return &exitError{code: collect.ExitStopped, err: err}
 		}
 		return err
 	}

@@ -1,4 +1,4 @@
-package demo
+package chaos
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/stillpoint/stillpoint/cmd/stillpoint/demo"
 	"github.com/stillpoint/stillpoint/internal/child"
-	"github.com/stillpoint/stillpoint/internal/freeport"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
@@ -25,12 +25,12 @@ import (
 // quorum without one node.
 const clusterNodes = 3
 
-// nodeFlags are those of `stillpoint chaos node`.
+// nodeFlags are those of `chaos node`.
 type nodeFlags struct {
 	name, dir, listen, clusterListen, routes string
 }
 
-// nodeCommand is `stillpoint chaos node`: one JetStream server of a
+// nodeCommand is `chaos node`: one JetStream server of a
 // cluster, as its own process, so that chaos can kill one node alone (a
 // real crash) and start it again on its store. It prints
 // "node <name> ready at <url>" once it serves, and stops on SIGTERM.
@@ -103,26 +103,11 @@ type clusterNode struct {
 	proc                *child.Process
 }
 
-// freeAddrs returns n loopback addresses free now, held for this process
-// (internal/freeport) until it exits: a node, the NATS server, the bridge
-// started again after a fault binds the same one.
-func freeAddrs(n int) ([]string, error) {
-	ps, err := freeport.Reserve("127.0.0.1", n)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, n)
-	for i := range out {
-		out[i] = ps.Addr("127.0.0.1", i)
-	}
-	return out, nil
-}
-
 // startCluster starts clusterNodes node processes that route to each
 // other, waits until each serves, and provisions the bus at R3 (which
 // succeeds once a JetStream meta leader is elected).
 func (w *chaosWorld) startCluster(ctx context.Context) error {
-	addrs, err := freeAddrs(2 * clusterNodes)
+	addrs, err := demo.FreeAddrs(2 * clusterNodes)
 	if err != nil {
 		return err
 	}
@@ -140,7 +125,7 @@ func (w *chaosWorld) startCluster(ctx context.Context) error {
 		urls = append(urls, "nats://"+w.nodes[i].client)
 	}
 	w.natsURL = strings.Join(urls, ",")
-	nc, js, err := connectJS(ctx, jetstream.ConnConfig{URL: w.natsURL, Name: "stillpoint-chaos-provision"})
+	nc, js, err := demo.ConnectJS(ctx, jetstream.ConnConfig{URL: w.natsURL, Name: "stillpoint-chaos-provision"})
 	if err != nil {
 		return err
 	}
@@ -168,7 +153,7 @@ func (w *chaosWorld) startNode(ctx context.Context, i int) error {
 	n := w.nodes[i]
 	log := filepath.Join(w.dir, "nats-"+n.name+".log")
 	p, err := child.Start(child.Spec{Name: "nats-" + n.name, Path: w.self, LogFile: log,
-		Args: []string{"chaos", "node", "--name", n.name, "--dir", filepath.Join(w.dir, "nats", n.name),
+		Args: []string{"node", "--name", n.name, "--dir", filepath.Join(w.dir, "nats", n.name),
 			"--listen", n.client, "--cluster-listen", n.route, "--routes", w.routes}})
 	if err != nil {
 		return fmt.Errorf("chaos: %w", err)

@@ -21,12 +21,12 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
-	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect/tasks"
+	"github.com/stillpoint/stillpoint/controller-bridge/invariant"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/child"
-	"github.com/stillpoint/stillpoint/internal/invariant"
 	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -62,10 +62,6 @@ type Env struct {
 	// Program is the stillpoint binary the bridge, the owners and the
 	// agents run as (default: this process's own, os.Executable).
 	Program string
-	// HandleTerm, when set, makes SIGTERM call stop instead of ending the
-	// command's context, until the returned undo: `chaos collect` stops
-	// after a checkpoint, as `stillpoint collect` does.
-	HandleTerm func(stop func()) (undo func())
 }
 
 // Sentinel errors of the demo's command.
@@ -140,8 +136,12 @@ const (
 // each is a large process (docs/OPENCODE.md, What the tests cost).
 const openCodeInFlight = 8
 
-// demo is one demo run's world.
-type demo struct {
+// Fleet is one run's world: its work directory, the binaries, the
+// bridge, the nodes (each an agent and its sandbox owner) as processes of
+// the stillpoint binary, and the processes it started. The demo runs on
+// one; the chaos injector (e2e/chaos) runs each of its rounds on one
+// (NewFleet).
+type Fleet struct {
 	env      Env
 	f        demoFlags
 	dir      string
@@ -175,7 +175,9 @@ type demo struct {
 	all   []*child.Process          // every process started, killed ones too
 }
 
-func (d *demo) say(format string, args ...any) {
+// Say prints one line of the run's report, started by whom it is for
+// (FleetConfig.Who; default "demo").
+func (d *Fleet) Say(format string, args ...any) {
 	who := d.who
 	if who == "" {
 		who = "demo"
@@ -193,18 +195,18 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.harness != harnessScripted && f.harness != harnessOpenCode {
 		return fmt.Errorf("%w: --harness %q: want %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode)
 	}
-	d := &demo{env: env, f: f, run: cmp.Or(f.run, "demo"), token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
+	d := &Fleet{env: env, f: f, run: cmp.Or(f.run, "demo"), token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
 		log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
 	var err error
 	if d.dir, d.self, err = workAndProgram(env, f.dir, "stillpoint-demo-"); err != nil {
 		return err
 	}
-	d.say("work directory %s (logs, results, the NATS store)", d.dir)
+	d.Say("work directory %s (logs, results, the NATS store)", d.dir)
 	if err := d.build(ctx); err != nil {
 		return err
 	}
 	began := time.Now()
-	defer d.stopAll()
+	defer d.StopAll()
 	stopNATS, err := d.startNATS(ctx)
 	if err != nil {
 		return err
@@ -220,7 +222,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	}
 	defer nc.Close()
 
-	ts, script, inFlight, err := d.taskSet()
+	ts, script, inFlight, err := d.TaskSet()
 	if err != nil {
 		return err
 	}
@@ -229,7 +231,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	for i, t := range ts {
 		d.ids[i] = t.RolloutID
 	}
-	ms, modelAddr, stopModel, err := serveModel(script)
+	ms, modelAddr, stopModel, err := ServeModel(script)
 	if err != nil {
 		return err
 	}
@@ -242,17 +244,17 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 		modelURL = "http://" + qemu.GuestUpstream
 	}
 
-	bridgeURL, err := d.startBridge(ctx)
+	bridgeURL, err := d.StartBridge(ctx)
 	if err != nil {
 		return err
 	}
-	agents := agentNames(f.agents)
+	agents := AgentNames(f.agents)
 	for _, a := range agents {
-		if err := d.startNode(ctx, bus, a, modelURL); err != nil {
+		if err := d.StartNode(ctx, bus, a, modelURL); err != nil {
 			return err
 		}
 	}
-	d.say("NATS %s, bridge %s, owners %s, agents %s (a node each), model server %s", d.natsURL, bridgeURL,
+	d.Say("NATS %s, bridge %s, owners %s, agents %s (a node each), model server %s", d.natsURL, bridgeURL,
 		strings.Join(d.owners(), ","), strings.Join(agents, ","), modelURL)
 
 	ctl, err := client.New(bridgeURL, d.token)
@@ -273,7 +275,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	defer stopMetrics()
 	cfg := collect.Config{Run: d.run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents, Metrics: set,
 		Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: inFlight, Keep: 0, RecoverGrace: 90 * time.Second,
-		Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
+		Logger: zerolog.New(OpenLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
 		OnCommit: func(ctx context.Context, res *bridgeapi.CheckpointResult) {
 			verified.OnCommit(ctx, bus, d.run, res.CheckpointID)
 		}}
@@ -291,7 +293,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	sum, err := col.Run(ctx)
 	stopDirector()
 	if derr := <-directed; derr != nil && !errors.Is(derr, context.Canceled) {
-		d.say("the crash step did not run as planned: %v", derr)
+		d.Say("the crash step did not run as planned: %v", derr)
 	}
 	if err != nil {
 		return fmt.Errorf("demo: collection: %w", err)
@@ -300,10 +302,10 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	collect.WriteSummary(env.Stdout, sum)
 	fmt.Fprintln(env.Stdout)
 
-	d.stopAll()
-	leftover := d.reap(ctx)
+	d.StopAll()
+	leftover := d.Reap(ctx)
 	inv := invariant.Check(ctx, invariant.Run{Run: d.run, JS: js, Bus: bus, Summary: sum,
-		Results: filepath.Join(d.dir, "results.jsonl"), Rollouts: d.ids, Graded: d.graded, Model: ms,
+		Results: filepath.Join(d.dir, "results.jsonl"), Rollouts: d.ids, Graded: d.Graded, Model: ms,
 		Manifests: verified, Sandboxes: leftover, NeedRestore: true})
 	fmt.Fprintln(env.Stdout, "invariants (PROTOCOL §7) checked on this run:")
 	invariant.Write(env.Stdout, inv)
@@ -324,16 +326,11 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	return nil
 }
 
-// workAndProgram returns the run's work directory (dir, else a new one
-// named after prefix under the temp dir), absolute, and the stillpoint
-// binary its components run as (env.Program, else this process's own).
+// workAndProgram returns the run's work directory (WorkDir) and the
+// stillpoint binary its components run as (env.Program, else this
+// process's own).
 func workAndProgram(env Env, dir, prefix string) (work, self string, err error) {
-	if work = dir; work == "" {
-		if work, err = os.MkdirTemp("", prefix); err != nil {
-			return "", "", err
-		}
-	}
-	if work, err = filepath.Abs(work); err != nil {
+	if work, err = WorkDir(dir, prefix); err != nil {
 		return "", "", err
 	}
 	if self = env.Program; self == "" {
@@ -344,8 +341,20 @@ func workAndProgram(env Env, dir, prefix string) (work, self string, err error) 
 	return work, self, nil
 }
 
-// connectJS connects and returns the connection with its JetStream handle.
-func connectJS(ctx context.Context, conn jetstream.ConnConfig) (*nats.Conn, natsjs.JetStream, error) {
+// WorkDir returns dir, else a new directory named after prefix under the
+// temp dir, absolute.
+func WorkDir(dir, prefix string) (string, error) {
+	work, err := dir, error(nil)
+	if work == "" {
+		if work, err = os.MkdirTemp("", prefix); err != nil {
+			return "", err
+		}
+	}
+	return filepath.Abs(work)
+}
+
+// ConnectJS connects and returns the connection with its JetStream handle.
+func ConnectJS(ctx context.Context, conn jetstream.ConnConfig) (*nats.Conn, natsjs.JetStream, error) {
 	nc, err := jetstream.Connect(ctx, conn)
 	if err != nil {
 		return nil, nil, err
@@ -358,9 +367,9 @@ func connectJS(ctx context.Context, conn jetstream.ConnConfig) (*nats.Conn, nats
 	return nc, js, nil
 }
 
-// openLogFile opens a log file (created with its directory); on error
+// OpenLogFile opens a log file (created with its directory); on error
 // logs are discarded.
-func openLogFile(p string) *os.File {
+func OpenLogFile(p string) *os.File {
 	_ = os.MkdirAll(filepath.Dir(p), 0o755)
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -369,12 +378,12 @@ func openLogFile(p string) *os.File {
 	return f
 }
 
-// taskSet returns the run's tasks and model script, and how many
+// TaskSet returns the run's tasks and model script, and how many
 // rollouts the collector keeps in flight: the scripted set of --rollouts
 // tasks, all at once; or, with --harness opencode, the first --rollouts
 // tasks of the repository set for OpenCode's tools, at most
 // openCodeInFlight at once.
-func (d *demo) taskSet() ([]collect.Task, modelserver.Script, int, error) {
+func (d *Fleet) TaskSet() ([]collect.Task, modelserver.Script, int, error) {
 	if d.f.harness != harnessOpenCode {
 		ts, script := tasks.Set(tasks.Options{N: d.f.rollouts, ToolSeconds: d.f.tool.Seconds(), Steps: cmp.Or(d.f.steps, 2)})
 		for _, turns := range script {
@@ -397,7 +406,7 @@ func (d *demo) taskSet() ([]collect.Task, modelserver.Script, int, error) {
 
 // build builds the static binaries that go into sandboxes, and with
 // --harness opencode finds OpenCode and ripgrep.
-func (d *demo) build(ctx context.Context) error {
+func (d *Fleet) build(ctx context.Context) error {
 	pkgs := []string{build.Sandboxd, build.ScriptedHarness}
 	what := "sandboxd and scripted harness"
 	if d.f.harness == harnessOpenCode {
@@ -409,7 +418,7 @@ func (d *demo) build(ctx context.Context) error {
 		}
 		pkgs, what = append(pkgs, build.OpenCodeDriver), what+" and the OpenCode driver"
 	}
-	d.say("building the static %s (CGO_ENABLED=0)", what)
+	d.Say("building the static %s (CGO_ENABLED=0)", what)
 	bins, err := build.Static(ctx, pkgs...)
 	if errors.Is(err, build.ErrNoModule) || errors.Is(err, build.ErrNoGo) {
 		return fmt.Errorf("demo: run it from the stillpoint checkout (it builds sandboxd and the harness with the Go toolchain): go run ./cmd/stillpoint demo: %w", err)
@@ -423,7 +432,7 @@ func (d *demo) build(ctx context.Context) error {
 
 // startNATS starts the embedded server (or cluster) and provisions the
 // bus, or uses --nats-url. The function it returns shuts the server down.
-func (d *demo) startNATS(ctx context.Context) (func(), error) {
+func (d *Fleet) startNATS(ctx context.Context) (func(), error) {
 	if d.env.Conn.URL != "" {
 		// A server of its own (one node or a cluster, run by `stillpoint
 		// server`), which provisioned the bus.
@@ -461,7 +470,7 @@ func (d *demo) startNATS(ctx context.Context) (func(), error) {
 		provision.CredsFile = d.roleCreds(embedded.RoleAdmin)
 	}
 	topo := jetstream.Topology{}
-	nlog := zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "nats.log"))).With().Timestamp().Logger()
+	nlog := zerolog.New(OpenLogFile(filepath.Join(d.dir, "logs", "nats.log"))).With().Timestamp().Logger()
 	var stop func()
 	if d.f.cluster {
 		c, err := embedded.StartCluster(ctx, embedded.ClusterConfig{Dir: filepath.Join(d.dir, "nats"), Trust: trust, Logger: nlog})
@@ -480,7 +489,7 @@ func (d *demo) startNATS(ctx context.Context) (func(), error) {
 		stop = s.Shutdown
 	}
 	provision.URL = d.natsURL
-	nc, js, err := connectJS(ctx, provision)
+	nc, js, err := ConnectJS(ctx, provision)
 	if err != nil {
 		stop()
 		return nil, err
@@ -505,9 +514,16 @@ func (d *demo) startNATS(ctx context.Context) (func(), error) {
 }
 
 // spawn starts a component as a process of the stillpoint binary, its
-// output in logs/<name>.log. With credentials, as is the bridge's role or
-// the member the component is, whose user of its own is minted here.
-func (d *demo) spawn(name, as string, env []string, args ...string) error {
+// output in logs/<name>.log (Spawn).
+func (d *Fleet) spawn(name, as string, env []string, args ...string) error {
+	return d.Spawn(d.self, name, as, env, args...)
+}
+
+// Spawn starts program with the global flags of the stillpoint command
+// (the NATS URL, JSON logs) and args, its output in logs/<name>.log. With
+// credentials, as is the bridge's role or the member the component is,
+// whose user of its own is minted here.
+func (d *Fleet) Spawn(program, name, as string, env []string, args ...string) error {
 	full := []string{"--nats-url", d.natsURL, "--log-format", "json", "--log-level", "info"}
 	if d.auth != nil {
 		creds := d.roleCreds(embedded.Role(as))
@@ -525,7 +541,7 @@ func (d *demo) spawn(name, as string, env []string, args ...string) error {
 		}
 		full = append(full, "--creds", creds)
 	}
-	p, err := child.Start(child.Spec{Name: name, Path: d.self, Args: append(full, args...), Env: env,
+	p, err := child.Start(child.Spec{Name: name, Path: program, Args: append(full, args...), Env: env,
 		LogFile: filepath.Join(d.dir, "logs", name+".log")})
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
@@ -544,7 +560,7 @@ func (d *demo) spawn(name, as string, env []string, args ...string) error {
 // (SIGKILL of the agents and the owners, started again: the collector
 // restores), then a third while relaunched rollouts
 // are under way.
-func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserver.Server, bus *jetstream.Bus, agents []string, modelURL string) error {
+func (d *Fleet) direct(ctx context.Context, col *collect.Collector, ms *modelserver.Server, bus *jetstream.Bus, agents []string, modelURL string) error {
 	n, inFlight := len(d.ids), d.inFlight
 	calls := func(min int) int {
 		per := map[string]int{}
@@ -609,12 +625,12 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 	if err := checkpoint(2); err != nil {
 		return err
 	}
-	d.say("kill -9 of the agents and the owners")
-	if err := d.kill9(ctx, d.fleetProcs(agents)...); err != nil {
+	d.Say("kill -9 of the agents and the owners")
+	if err := d.Kill9(ctx, d.FleetProcs(agents)...); err != nil {
 		return err
 	}
 	for _, a := range agents {
-		if err := d.startNode(ctx, bus, a, modelURL); err != nil {
+		if err := d.StartNode(ctx, bus, a, modelURL); err != nil {
 			return err
 		}
 	}
@@ -622,7 +638,7 @@ func (d *demo) direct(ctx context.Context, col *collect.Collector, ms *modelserv
 		return err
 	}
 	restored := time.Now()
-	d.say("restored %s into the new processes", col.Summary().Restores[0])
+	d.Say("restored %s into the new processes", col.Summary().Restores[0])
 	if !held || d.f.provider == "microvm" {
 		// On microvm the restore resumed the held launches in place: they
 		// finish in place whenever the third checkpoint comes.
@@ -659,7 +675,7 @@ const readBackURL = "nats://127.0.0.1:4333"
 // as printed, piped or not (TestPostmortemCommands in e2e runs them). With
 // --nats-url the run stays on that server; otherwise its store is served
 // again from the work directory.
-func (d *demo) printReadBack(w io.Writer) {
+func (d *Fleet) printReadBack(w io.Writer) {
 	url := d.natsURL
 	if d.env.Conn.URL != "" {
 		fmt.Fprintf(w, "to read what happened (the run stays on the server at %s; docs/POSTMORTEM.md has more):\n", url)

@@ -1,4 +1,4 @@
-package demo
+package chaos
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/stillpoint/stillpoint/cmd/stillpoint/demo"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/events"
 )
@@ -105,23 +106,23 @@ func withNodes(plan []plannedFault, draw func() plannedFault) []plannedFault {
 // nodeDownMax, and for --node-down to pass, and starts it again.
 func (i *injector) nodeFault(ctx context.Context, p plannedFault, keepDown bool) error {
 	d := i.d
-	busy := d.busyNodes(i.agents)
+	busy := busyNodes(d.Dir(), i.agents)
 	if len(busy) == 0 {
 		return errNoBusyNode
 	}
 	a := busy[i.rng.IntN(len(busy))]
-	o := nodeOwner(a)
+	o := demo.NodeOwner(a)
 	without, stop, err := i.commitsWithout(events.Member("agent."+a), events.Member("owner."+o))
 	if err != nil {
 		return err
 	}
 	defer stop()
-	d.say("kill -9 of node %s (agent %s, owner %s) at %s", a, a, o, p.phase)
-	if err := d.kill9(ctx, "agent-"+a, ownerProc(o)); err != nil {
+	d.Say("kill -9 of node %s (agent %s, owner %s) at %s", a, a, o, p.phase)
+	if err := d.Kill9(ctx, "agent-"+a, demo.OwnerProc(o)); err != nil {
 		return err
 	}
-	gone := d.reapOwner(ctx, o)
-	d.say("node %s: %d sandboxes of owner %s stopped with it", a, len(gone), o)
+	gone := d.ReapOwner(ctx, o)
+	d.Say("node %s: %d sandboxes of owner %s stopped with it", a, len(gone), o)
 	if keepDown {
 		i.mu.Lock()
 		i.down = a
@@ -142,15 +143,15 @@ func (i *injector) nodeFault(ctx context.Context, p plannedFault, keepDown bool)
 		why = "checkpoint " + id + " committed without it"
 	}
 	if rest := least - time.Since(began); rest > 0 {
-		d.say("node %s: %s; down %s more (--node-down %s)", a, why, rest.Round(time.Second), least)
+		d.Say("node %s: %s; down %s more (--node-down %s)", a, why, rest.Round(time.Second), least)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(rest):
 		}
 	}
-	d.say("node %s started again after %s down: %s", a, time.Since(began).Round(time.Second), why)
-	return d.startNode(ctx, i.bus, a, i.modelURL)
+	d.Say("node %s started again after %s down: %s", a, time.Since(began).Round(time.Second), why)
+	return d.StartNode(ctx, i.bus, a, i.modelURL)
 }
 
 // errNoBusyNode: a node fault found no node with a rollout unfinished.
@@ -160,8 +161,8 @@ var errNoBusyNode = errors.New("no node holds an unfinished rollout")
 // and has no result of, per its dispatch log and results file. A node
 // fault takes one of them down: the collection cannot end while it is
 // down, as its final release would wait for the dead members and fail.
-func (d *demo) busyNodes(agents []string) []string {
-	results := filepath.Join(d.dir, "results.jsonl")
+func busyNodes(dir string, agents []string) []string {
+	results := filepath.Join(dir, "results.jsonl")
 	done := map[string]bool{}
 	for _, r := range jsonLines[collect.Result](results) {
 		done[r.RolloutID] = true
@@ -207,7 +208,7 @@ func jsonLines[T any](path string) []T {
 // returned stop.
 func (i *injector) commitsWithout(gone ...events.Member) (<-chan string, func(), error) {
 	ids := make(chan string, 16)
-	sub, err := i.nc.Subscribe(events.OutcomeSubject(i.d.run, events.TypeCheckpointCommitted), func(m *nats.Msg) {
+	sub, err := i.nc.Subscribe(events.OutcomeSubject(i.d.RunID(), events.TypeCheckpointCommitted), func(m *nats.Msg) {
 		_, data, err := events.Unmarshal(m)
 		if err != nil {
 			return
@@ -246,17 +247,17 @@ func (i *injector) preempt(ctx context.Context, p plannedFault) error {
 		return errNoNodeDown
 	}
 	d := i.d
-	d.say("SIGTERM to the collector at %s, node %s down: a checkpoint with stop, then the rerun", p.phase, a)
+	d.Say("SIGTERM to the collector at %s, node %s down: a checkpoint with stop, then the rerun", p.phase, a)
 	return i.collector.preempt(ctx, func(ctx context.Context) error {
 		i.mu.Lock()
 		i.down = ""
 		i.mu.Unlock()
-		d.say("the job comes back on its nodes: every agent and owner started again, node %s's with them", a)
-		if err := d.kill9(ctx, d.fleetProcs(i.agents)...); err != nil {
+		d.Say("the job comes back on its nodes: every agent and owner started again, node %s's with them", a)
+		if err := d.Kill9(ctx, d.FleetProcs(i.agents)...); err != nil {
 			return err
 		}
 		for _, ag := range i.agents {
-			if err := d.startNode(ctx, i.bus, ag, i.modelURL); err != nil {
+			if err := d.StartNode(ctx, i.bus, ag, i.modelURL); err != nil {
 				return err
 			}
 		}
@@ -273,7 +274,7 @@ func (i *injector) startDown(ctx context.Context) error {
 	if a == "" {
 		return nil
 	}
-	return i.d.startNode(ctx, i.bus, a, i.modelURL)
+	return i.d.StartNode(ctx, i.bus, a, i.modelURL)
 }
 
 // preempt sends the collector SIGTERM and waits for it to exit stopped
@@ -284,7 +285,7 @@ func (i *injector) startDown(ctx context.Context) error {
 func (c *collectorProcess) preempt(ctx context.Context, back func(context.Context) error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	p := c.d.process("collector")
+	p := c.d.Process("collector")
 	if err := p.Signal(syscall.SIGTERM); err != nil {
 		return err
 	}

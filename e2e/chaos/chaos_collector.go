@@ -1,4 +1,4 @@
-package demo
+package chaos
 
 import (
 	"bytes"
@@ -18,21 +18,22 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/stillpoint/stillpoint/cmd/stillpoint/demo"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/controller-bridge/invariant"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
-	"github.com/stillpoint/stillpoint/internal/invariant"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
 // FaultCollector kills (SIGKILL) the round's collector, which then runs as
-// a process of its own (`stillpoint chaos collect`), at a phase, and starts
+// a process of its own (`chaos collect`), at a phase, and starts
 // it again on the same results and dispatch log: the rerun asks the bridge
 // and the agents and goes on.
 const FaultCollector = "collector"
 
-// collectorFlags are those of `stillpoint chaos collect`.
+// collectorFlags are those of `chaos collect`.
 type collectorFlags struct {
 	run, tasks, output, agents, bridgeURL string
 	every, grace                          time.Duration
@@ -84,7 +85,7 @@ func runCollector(ctx context.Context, env Env, f collectorFlags) error {
 		conn = *env.Conn
 		conn.Name = "stillpoint-chaos-collect-" + f.run
 	}
-	nc, js, err := connectJS(ctx, conn)
+	nc, js, err := demo.ConnectJS(ctx, conn)
 	if err != nil {
 		return err
 	}
@@ -112,8 +113,9 @@ func runCollector(ctx context.Context, env Env, f collectorFlags) error {
 // the first, and one started again after each kill, until one exits by
 // itself.
 type collectorProcess struct {
-	d    *demo
-	args []string
+	d       *demo.Fleet
+	program string // the chaos binary
+	args    []string
 
 	mu sync.Mutex // held across a kill and the start that follows it
 }
@@ -129,21 +131,21 @@ func (c *collectorProcess) start(ts []collect.Task) error {
 		}
 		buf.Write(append(b, '\n'))
 	}
-	if err := atomicfile.Write(filepath.Join(c.d.dir, "tasks.jsonl"), buf.Bytes(), 0o644); err != nil {
+	if err := atomicfile.Write(filepath.Join(c.d.Dir(), "tasks.jsonl"), buf.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("chaos: %w", err)
 	}
 	return c.spawn()
 }
 
 func (c *collectorProcess) spawn() error {
-	return c.d.spawn("collector", "controller", []string{"STILLPOINT_BRIDGE_TOKEN=" + c.d.token}, c.args...)
+	return c.d.Spawn(c.program, "collector", "controller", []string{"STILLPOINT_BRIDGE_TOKEN=" + c.d.Token()}, c.args...)
 }
 
 // restart kills the collector (SIGKILL) and starts it again.
 func (c *collectorProcess) restart(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.d.kill9(ctx, "collector"); err != nil {
+	if err := c.d.Kill9(ctx, "collector"); err != nil {
 		return err
 	}
 	return c.spawn()
@@ -154,7 +156,7 @@ func (c *collectorProcess) restart(ctx context.Context) error {
 // round's limit) stops it.
 func (c *collectorProcess) wait(ctx context.Context) (collect.Summary, error) {
 	for {
-		p := c.d.process("collector")
+		p := c.d.Process("collector")
 		select {
 		case <-p.Exited():
 		case <-ctx.Done():
@@ -162,7 +164,7 @@ func (c *collectorProcess) wait(ctx context.Context) (collect.Summary, error) {
 			return collect.Summary{}, context.Cause(ctx)
 		}
 		c.mu.Lock() // a restart in progress ends first
-		next := c.d.process("collector")
+		next := c.d.Process("collector")
 		c.mu.Unlock()
 		if next != p {
 			continue
@@ -242,14 +244,14 @@ func (i *injector) collectorKill(ctx context.Context, p plannedFault) error {
 	if i.collector == nil {
 		return errNoCollector
 	}
-	i.d.say("kill -9 of the collector at %s, started again on its results and dispatch log", p.phase)
+	i.d.Say("kill -9 of the collector at %s, started again on its results and dispatch log", p.phase)
 	return i.collector.restart(ctx)
 }
 
 // collectorArgs are the `chaos collect` arguments of a round.
-func collectorArgs(d *demo, w *chaosWorld, bridgeURL string, agents []string) []string {
-	return []string{"chaos", "collect", "--run", d.run, "--tasks", filepath.Join(d.dir, "tasks.jsonl"),
-		"--output", filepath.Join(d.dir, "results.jsonl"), "--agents", strings.Join(agents, ","), "--bridge-url", bridgeURL,
+func collectorArgs(d *demo.Fleet, w *chaosWorld, bridgeURL string, agents []string) []string {
+	return []string{"collect", "--run", d.RunID(), "--tasks", filepath.Join(d.Dir(), "tasks.jsonl"),
+		"--output", filepath.Join(d.Dir(), "results.jsonl"), "--agents", strings.Join(agents, ","), "--bridge-url", bridgeURL,
 		"--every", w.f.every.String(), "--recover-grace", cmp.Or(w.f.grace, chaosRecoverGrace).String()}
 }
 

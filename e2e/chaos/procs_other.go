@@ -1,10 +1,8 @@
 //go:build !linux
 
-package demo
+package chaos
 
 import "errors"
-
-func runProcesses(string) ([]string, error) { return nil, errors.ErrUnsupported }
 
 func sandboxProcesses(string) ([]int, []int, error) { return nil, nil, errors.ErrUnsupported }
 

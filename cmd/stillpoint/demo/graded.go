@@ -4,15 +4,15 @@ import (
 	"encoding/json"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
-	"github.com/stillpoint/stillpoint/e2e/tasks"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect/tasks"
 	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 )
 
-// graded tells whether a result has the reward its task expects: 1 from
+// Graded tells whether a result has the reward its task expects: 1 from
 // the scripted set's check; from a repository task's own tests, 1 after
 // the scripted fix and 0 for the control task, which fixes nothing.
-func (d *demo) graded(r collect.Result) bool {
+func (d *Fleet) Graded(r collect.Result) bool {
 	if !r.OK || r.Result == nil {
 		return false
 	}

@@ -12,7 +12,7 @@ import (
 )
 
 // roleCreds returns the path of the run's credentials of role (with --auth or --auth-dir).
-func (d *demo) roleCreds(role embedded.Role) string {
+func (d *Fleet) roleCreds(role embedded.Role) string {
 	return embedded.CredsFile(embedded.RunDir(d.authDir, d.run), role)
 }
 
@@ -22,10 +22,10 @@ const provisionWait = 30 * time.Second
 
 // openBus connects and opens the run's bus, waiting up to provisionWait for a server that
 // provisions it in a new run's account (the account unknown to it yet, or its bus not made).
-func (d *demo) openBus(ctx context.Context, conn jetstream.ConnConfig) (*nats.Conn, natsjs.JetStream, *jetstream.Bus, error) {
+func (d *Fleet) openBus(ctx context.Context, conn jetstream.ConnConfig) (*nats.Conn, natsjs.JetStream, *jetstream.Bus, error) {
 	deadline := time.Now().Add(provisionWait)
 	for {
-		nc, js, err := connectJS(ctx, conn)
+		nc, js, err := ConnectJS(ctx, conn)
 		if err == nil {
 			var bus *jetstream.Bus
 			if bus, err = jetstream.Open(ctx, js); err == nil {

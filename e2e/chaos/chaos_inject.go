@@ -1,4 +1,4 @@
-package demo
+package chaos
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/stillpoint/stillpoint/cmd/stillpoint/demo"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
@@ -19,10 +20,11 @@ import (
 // injector injects a round's faults.
 type injector struct {
 	w         *chaosWorld
-	d         *demo
+	d         *demo.Fleet
 	bus       *jetstream.Bus
 	nc        *nats.Conn
 	agents    []string
+	ids       []string // the round's rollouts
 	modelURL  string
 	rng       *rand.Rand        // whom a fault hits; used by run alone
 	collector *collectorProcess // the round's collector, when a fault kills it
@@ -57,7 +59,7 @@ func (i *injector) miss(p plannedFault) {
 // and its exit is the fault; it reports it missed if the round ended first.
 func (i *injector) bridgeWatch(ctx context.Context, armed bool, failpoint string) {
 	for {
-		p := i.d.process("bridge")
+		p := i.d.Process("bridge")
 		select {
 		case <-ctx.Done():
 			if armed {
@@ -70,9 +72,9 @@ func (i *injector) bridgeWatch(ctx context.Context, armed bool, failpoint string
 			i.count(FaultBridge, true)
 			armed = false
 		}
-		i.d.say("the bridge exited (%s); starting it again", strings.TrimSpace(lastLine(p.Output())))
+		i.d.Say("the bridge exited (%s); starting it again", strings.TrimSpace(lastLine(p.Output())))
 		for {
-			if _, err := i.d.startBridge(ctx); err == nil || ctx.Err() != nil {
+			if _, err := i.d.StartBridge(ctx); err == nil || ctx.Err() != nil {
 				break
 			}
 		}
@@ -92,8 +94,8 @@ func lastLine(s string) string {
 // other: each after its delay, at the next phase of its kind on the bus.
 func (i *injector) run(ctx context.Context, plan []plannedFault, done func() int) {
 	phases := make(chan events.Phase, 64)
-	sub, err := i.nc.Subscribe(events.RunFilter(i.d.run), func(m *nats.Msg) {
-		p := point(i.d.run, m.Subject)
+	sub, err := i.nc.Subscribe(events.RunFilter(i.d.RunID()), func(m *nats.Msg) {
+		p := point(i.d.RunID(), m.Subject)
 		if p == "" {
 			return
 		}
@@ -103,7 +105,7 @@ func (i *injector) run(ctx context.Context, plan []plannedFault, done func() int
 		}
 	})
 	if err != nil {
-		i.d.say("phase subscription: %v", err)
+		i.d.Say("phase subscription: %v", err)
 		return
 	}
 	defer func() { _ = sub.Unsubscribe() }()
@@ -118,7 +120,7 @@ func (i *injector) run(ctx context.Context, plan []plannedFault, done func() int
 			// preempt is done, landed or not: the round cannot finish
 			// without it.
 			if err := i.startDown(ctx); err != nil {
-				i.d.say("starting the node left down again: %v", err)
+				i.d.Say("starting the node left down again: %v", err)
 			}
 		}
 	}
@@ -156,12 +158,12 @@ wait:
 			}
 		}
 	}
-	if !hit || done() >= len(i.d.ids) {
+	if !hit || done() >= len(i.ids) {
 		i.miss(p)
 		return
 	}
 	if err := i.inject(ctx, p, next, phases); err != nil {
-		i.d.say("%s: %v", p, err)
+		i.d.Say("%s: %v", p, err)
 		i.miss(p)
 		return
 	}
@@ -176,13 +178,13 @@ func (i *injector) inject(ctx context.Context, p plannedFault, next string, phas
 	switch p.kind {
 	case FaultStall:
 		a := i.agents[i.rng.IntN(len(i.agents))]
-		proc := d.process("agent-" + a)
-		d.say("SIGSTOP of agent %s at %s, until a checkpoint fails", a, p.phase)
+		proc := d.Process("agent-" + a)
+		d.Say("SIGSTOP of agent %s at %s, until a checkpoint fails", a, p.phase)
 		if err := proc.Signal(syscall.SIGSTOP); err != nil {
 			return err
 		}
 		defer func() {
-			d.say("SIGCONT of agent %s", a)
+			d.Say("SIGCONT of agent %s", a)
 			_ = proc.Signal(syscall.SIGCONT)
 		}()
 		limit := time.NewTimer(stallLimit)
@@ -201,25 +203,25 @@ func (i *injector) inject(ctx context.Context, p plannedFault, next string, phas
 		}
 	case FaultAgent:
 		a := i.agents[i.rng.IntN(len(i.agents))]
-		d.say("kill -9 of agent %s at %s", a, p.phase)
-		if err := d.kill9(ctx, "agent-"+a); err != nil {
+		d.Say("kill -9 of agent %s at %s", a, p.phase)
+		if err := d.Kill9(ctx, "agent-"+a); err != nil {
 			return err
 		}
-		return d.startAgent(ctx, i.bus, a, i.modelURL)
+		return d.StartAgent(ctx, i.bus, a, i.modelURL)
 	case FaultOwner:
-		o := nodeOwner(i.agents[i.rng.IntN(len(i.agents))])
-		d.say("kill -9 of owner %s at %s", o, p.phase)
-		if err := d.kill9(ctx, ownerProc(o)); err != nil {
+		o := demo.NodeOwner(i.agents[i.rng.IntN(len(i.agents))])
+		d.Say("kill -9 of owner %s at %s", o, p.phase)
+		if err := d.Kill9(ctx, demo.OwnerProc(o)); err != nil {
 			return err
 		}
-		return d.startOwner(ctx, i.bus, o)
+		return d.StartOwner(ctx, i.bus, o)
 	case FaultFleet:
-		d.say("kill -9 of the owners and the agents at %s", p.phase)
-		if err := d.kill9(ctx, d.fleetProcs(i.agents)...); err != nil {
+		d.Say("kill -9 of the owners and the agents at %s", p.phase)
+		if err := d.Kill9(ctx, d.FleetProcs(i.agents)...); err != nil {
 			return err
 		}
 		for _, a := range i.agents {
-			if err := d.startNode(ctx, i.bus, a, i.modelURL); err != nil {
+			if err := d.StartNode(ctx, i.bus, a, i.modelURL); err != nil {
 				return err
 			}
 		}
@@ -229,12 +231,12 @@ func (i *injector) inject(ctx context.Context, p plannedFault, next string, phas
 	case FaultPreempt:
 		return i.preempt(ctx, p)
 	case FaultSandboxd, FaultHarness:
-		pids, err := sandboxTargets(ctx, d.run, p)
+		pids, err := sandboxTargets(ctx, d.RunID(), p)
 		if err != nil {
 			return err
 		}
 		pid := pids[i.rng.IntN(len(pids))]
-		d.say("kill -9 of %s process %d at %s", p.kind, pid, p.phase)
+		d.Say("kill -9 of %s process %d at %s", p.kind, pid, p.phase)
 		return killPID(pid)
 	case FaultCollector:
 		return i.collectorKill(ctx, p)
@@ -242,14 +244,14 @@ func (i *injector) inject(ctx context.Context, p plannedFault, next string, phas
 		if i.w.cluster() {
 			return errors.New("nats is a fault of one server; with --cluster, nats-node")
 		}
-		d.say("kill -9 of the NATS server at %s, started again on its store", p.phase)
+		d.Say("kill -9 of the NATS server at %s, started again on its store", p.phase)
 		return i.w.restartNATS(ctx)
 	case FaultNATSNode:
 		if !i.w.cluster() {
 			return errors.New("nats-node is a fault of --cluster")
 		}
 		n := i.rng.IntN(len(i.w.nodes))
-		d.say("kill -9 of NATS node %s at %s", i.w.nodes[n].name, p.phase)
+		d.Say("kill -9 of NATS node %s at %s", i.w.nodes[n].name, p.phase)
 		if err := i.w.killNode(ctx, n); err != nil {
 			return err
 		}
@@ -268,7 +270,7 @@ func (i *injector) inject(ctx context.Context, p plannedFault, next string, phas
 				}
 			}
 		}
-		d.say("NATS node %s started again on its store", i.w.nodes[n].name)
+		d.Say("NATS node %s started again on its store", i.w.nodes[n].name)
 		return i.w.startNode(context.WithoutCancel(ctx), n)
 	}
 	return fmt.Errorf("unknown fault kind %q", p.kind)

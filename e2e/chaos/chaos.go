@@ -1,4 +1,4 @@
-package demo
+package chaos
 
 import (
 	"cmp"
@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -17,17 +18,18 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
+	"github.com/stillpoint/stillpoint/cmd/stillpoint/demo"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/controller-bridge/invariant"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/child"
-	"github.com/stillpoint/stillpoint/internal/invariant"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 )
 
-// The kinds of fault `stillpoint chaos` injects (--faults).
+// The kinds of fault chaos injects (--faults).
 const (
 	// FaultBridge arms the round's first bridge with a failpoint picked
 	// from BridgeFailpoints: it kills itself there (SIGKILL), and is
@@ -128,9 +130,10 @@ type chaosFlags struct {
 	nodeDown time.Duration
 }
 
-// ChaosCommand returns the `chaos` command. Its errors wrap ErrUsage for a
+// Command returns the `chaos` command, with its subcommands node and
+// collect, which it runs as processes of its own binary. Its errors wrap ErrUsage for a
 // wrong call; ErrInvariants says an invariant failed in some round.
-func ChaosCommand(env Env) *cobra.Command {
+func Command(env Env) *cobra.Command {
 	var f chaosFlags
 	cmd := &cobra.Command{
 		Use:   "chaos",
@@ -164,13 +167,13 @@ passed: each round is a run of its own with --rollouts scripted tasks, a checkpo
   collector kill -9 of the round's collector (then a process of its own) at a phase,
             started again on its results and dispatch log (not drawn by default)
 
-After each round every PROTOCOL §7 invariant is checked on it (internal/invariant), and at
+After each round every PROTOCOL §7 invariant is checked on it (controller-bridge/invariant), and at
 the end a table says how many faults of each kind were injected, checkpoints committed and
 aborted, restores, rollouts finished and invariant violations (0, or the command fails).
 The same seed draws the same faults; when they land depends on the machine.
 
-It builds the static sandboxd and harness binaries first, so run it from the stillpoint
-checkout: go run ./cmd/stillpoint chaos --seed 1 --duration 2m`,
+It builds the static stillpoint, sandboxd and harness binaries first, so run it from the stillpoint
+checkout: go run ./e2e/cmd/chaos --seed 1 --duration 2m`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runChaos(cmd.Context(), env, f) },
 	}
@@ -253,7 +256,8 @@ type chaosWorld struct {
 	env      Env
 	f        chaosFlags
 	dir      string
-	self     string
+	self     string // this binary: its node and collect subcommands
+	program  string // the stillpoint binary: the NATS server and the fleet
 	sandboxd string
 	harness  string
 	natsURL  string
@@ -278,13 +282,13 @@ var natsReadyRE = regexp.MustCompile(`NATS ready at (\S+)`)
 func (w *chaosWorld) startNATS(ctx context.Context) error {
 	addr := w.natsAddr
 	if addr == "" {
-		addrs, err := freeAddrs(1)
+		addrs, err := demo.FreeAddrs(1)
 		if err != nil {
 			return err
 		}
 		addr = addrs[0]
 	}
-	p, err := child.Start(child.Spec{Name: "nats", Path: w.self, Args: []string{"server", "--dir", filepath.Join(w.dir, "nats"), "--listen", addr},
+	p, err := child.Start(child.Spec{Name: "nats", Path: w.program, Args: []string{"server", "--dir", filepath.Join(w.dir, "nats"), "--listen", addr},
 		LogFile: filepath.Join(w.dir, "nats.log")})
 	if err != nil {
 		return fmt.Errorf("chaos: %w", err)
@@ -376,15 +380,16 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 		}
 	}
 	w := &chaosWorld{env: env, f: f}
-	if w.dir, w.self, err = workAndProgram(env, f.dir, "stillpoint-chaos-"); err != nil {
+	if w.dir, err = demo.WorkDir(f.dir, "stillpoint-chaos-"); err != nil {
+		return err
+	}
+	if w.self, err = os.Executable(); err != nil {
 		return err
 	}
 	fmt.Fprintf(env.Stdout, "chaos: work directory %s (a directory per round, the NATS store)\n", w.dir)
-	b := &demo{env: env, who: "chaos", f: demoFlags{harness: harnessScripted}}
-	if err := b.build(ctx); err != nil {
+	if err := w.build(ctx); err != nil {
 		return err
 	}
-	w.sandboxd, w.harness = b.sandboxd, b.harness
 	if f.cluster {
 		defer w.stopCluster()
 		if err := w.startCluster(ctx); err != nil {
@@ -445,18 +450,17 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick uint64, t *chaosTable) error {
 	// Run ids of their own: the process table is searched by run.
 	run := fmt.Sprintf("chaos%d-%08x", k, uint32(time.Now().UnixNano()))
-	d := &demo{env: w.env, f: demoFlags{rollouts: w.f.rollouts, agents: w.f.agents, provider: w.f.provider, tool: cmp.Or(w.tool, w.f.tool), steps: w.f.steps, harness: harnessScripted},
-		who: "chaos " + run, dir: filepath.Join(w.dir, run), self: w.self, sandboxd: w.sandboxd, harness: w.harness, natsURL: w.natsURL, run: run,
-		token: fmt.Sprintf("chaos-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
-		log: zerolog.New(w.env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
-	defer d.stopAll()
+	d := demo.NewFleet(demo.FleetConfig{Env: demo.Env{Stdout: w.env.Stdout, Stderr: w.env.Stderr}, Who: "chaos " + run, Dir: filepath.Join(w.dir, run),
+		Program: w.program, Sandboxd: w.sandboxd, Harness: w.harness, NATSURL: w.natsURL, Run: run, Token: fmt.Sprintf("chaos-%d", time.Now().UnixNano()),
+		Rollouts: w.f.rollouts, Agents: w.f.agents, Provider: w.f.provider, Tool: cmp.Or(w.tool, w.f.tool), Steps: w.f.steps})
+	defer d.StopAll()
 	var names []string
 	for _, p := range plan {
 		names = append(names, p.String())
 	}
 	fmt.Fprintf(w.env.Stdout, "chaos: round %d (%s): faults %s\n", k, run, strings.Join(names, ", "))
 
-	nc, js, err := connectJS(ctx, jetstream.ConnConfig{URL: w.natsURL, Name: "stillpoint-chaos"})
+	nc, js, err := demo.ConnectJS(ctx, jetstream.ConnConfig{URL: w.natsURL, Name: "stillpoint-chaos"})
 	if err != nil {
 		return err
 	}
@@ -470,14 +474,15 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	if err != nil {
 		return err
 	}
-	ts, script, _, err := d.taskSet()
+	ts, script, _, err := d.TaskSet()
 	if err != nil {
 		return err
 	}
+	var ids []string
 	for _, tk := range ts {
-		d.ids = append(d.ids, tk.RolloutID)
+		ids = append(ids, tk.RolloutID)
 	}
-	ms, modelAddr, stopModel, err := serveModel(script)
+	ms, modelAddr, stopModel, err := demo.ServeModel(script)
 	if err != nil {
 		return err
 	}
@@ -496,17 +501,17 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 			extraBridge++
 		}
 	}
-	bridgeURL, err := d.startBridge(ctx, armed...)
+	bridgeURL, err := d.StartBridge(ctx, armed...)
 	if err != nil {
 		return err
 	}
-	agents := agentNames(w.f.agents)
+	agents := demo.AgentNames(w.f.agents)
 	for _, a := range agents {
-		if err := d.startNode(ctx, bus, a, modelURL); err != nil {
+		if err := d.StartNode(ctx, bus, a, modelURL); err != nil {
 			return err
 		}
 	}
-	ctl, err := client.New(bridgeURL, d.token)
+	ctl, err := client.New(bridgeURL, d.Token())
 	if err != nil {
 		return err
 	}
@@ -517,11 +522,11 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 		proc *collectorProcess // a collector fault: the collector is a process
 	)
 	if isCollectorRound(plan) {
-		proc = &collectorProcess{d: d, args: collectorArgs(d, w, bridgeURL, agents)}
+		proc = &collectorProcess{d: d, program: w.self, args: collectorArgs(d, w, bridgeURL, agents)}
 	} else {
-		col, err = collect.New(collect.Config{Run: run, Tasks: ts, Output: filepath.Join(d.dir, "results.jsonl"), Agents: agents,
+		col, err = collect.New(collect.Config{Run: run, Tasks: ts, Output: filepath.Join(d.Dir(), "results.jsonl"), Agents: agents,
 			Conn: nc, JS: js, Bus: bus, Controller: ctl, Concurrency: len(ts), CheckpointEvery: w.f.every, RecoverGrace: cmp.Or(w.f.grace, chaosRecoverGrace),
-			Logger: zerolog.New(openLogFile(filepath.Join(d.dir, "logs", "collect.log"))).With().Timestamp().Logger(),
+			Logger: zerolog.New(demo.OpenLogFile(filepath.Join(d.Dir(), "logs", "collect.log"))).With().Timestamp().Logger(),
 			OnCommit: func(ctx context.Context, res *bridgeapi.CheckpointResult) {
 				verified.OnCommit(ctx, bus, run, res.CheckpointID)
 			}})
@@ -533,10 +538,10 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 		if col != nil {
 			return col.Counts().Done
 		}
-		return resultLines(filepath.Join(d.dir, "results.jsonl"))
+		return resultLines(filepath.Join(d.Dir(), "results.jsonl"))
 	}
 
-	inj := &injector{w: w, d: d, bus: bus, nc: nc, agents: agents, modelURL: modelURL, rng: rand.New(rand.NewPCG(pick, 1)),
+	inj := &injector{w: w, d: d, bus: bus, nc: nc, agents: agents, ids: ids, modelURL: modelURL, rng: rand.New(rand.NewPCG(pick, 1)),
 		collector: proc, injected: map[string]int{}, missed: map[string]int{FaultBridge: extraBridge}}
 	ictx, stopInjecting := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -574,7 +579,7 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	}
 	stopRound()
 	if errors.Is(context.Cause(rctx), errRoundLimit) {
-		cerr = fmt.Errorf("%w (%s): %d results of %d", errRoundLimit, cmp.Or(w.f.limit, 5*time.Minute), done(), len(d.ids))
+		cerr = fmt.Errorf("%w (%s): %d results of %d", errRoundLimit, cmp.Or(w.f.limit, 5*time.Minute), done(), len(ids))
 	}
 	stopInjecting()
 	wg.Wait()
@@ -588,14 +593,14 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	}
 	// What is left is checked and cleaned up even when ctx ended.
 	ctx = context.WithoutCancel(ctx)
-	d.stopAll()
-	leftover := d.reap(ctx)
-	procs, perr := runProcesses(run)
+	d.StopAll()
+	leftover := d.Reap(ctx)
+	procs, perr := demo.RunProcesses(run)
 	if perr != nil {
 		procs = append(procs, "(process table: "+perr.Error()+")")
 	}
-	inv := invariant.Check(ctx, invariant.Run{Run: run, JS: js, Bus: bus, Summary: sum, Results: filepath.Join(d.dir, "results.jsonl"),
-		Rollouts: d.ids, Graded: d.graded, Model: ms, Manifests: verified, Sandboxes: leftover, Processes: procs, Settle: w.settle()})
+	inv := invariant.Check(ctx, invariant.Run{Run: run, JS: js, Bus: bus, Summary: sum, Results: filepath.Join(d.Dir(), "results.jsonl"),
+		Rollouts: ids, Graded: d.Graded, Model: ms, Manifests: verified, Sandboxes: leftover, Processes: procs, Settle: w.settle()})
 	for _, r := range inv {
 		if !r.OK {
 			t.violations = append(t.violations, fmt.Sprintf("round %d: %d. %s: %s", k, r.N, r.Name, r.Detail))
@@ -622,21 +627,21 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	t.committed += committed
 	t.aborted += aborted
 	t.restores += len(sum.Restores)
-	t.rollouts += len(d.ids)
+	t.rollouts += len(ids)
 	t.finished += sum.Results
 	verdict := "invariants ok"
 	if failed := invariant.Failed(inv); len(failed) > 0 {
 		verdict = "invariants FAILED: " + strings.Join(failed, ", ")
 	}
 	fmt.Fprintf(w.env.Stdout, "chaos: round %d: %d results of %d, %d committed, %d aborted, %d restores, %s\n",
-		k, sum.Results, len(d.ids), committed, aborted, len(sum.Restores), verdict)
+		k, sum.Results, len(ids), committed, aborted, len(sum.Restores), verdict)
 	return nil
 }
 
 // waitIdle waits for the bridge to serve with no operation open.
-func waitIdle(ctx context.Context, ctl *client.Client, d *demo) error {
+func waitIdle(ctx context.Context, ctl *client.Client, d *demo.Fleet) error {
 	wctx, cancel := context.WithTimeoutCause(ctx, 60*time.Second,
-		fmt.Errorf("the bridge is not idle a minute after the collection ended; see %s", filepath.Join(d.dir, "logs", "bridge.log")))
+		fmt.Errorf("the bridge is not idle a minute after the collection ended; see %s", filepath.Join(d.Dir(), "logs", "bridge.log")))
 	defer cancel()
 	return poll.Until(wctx, poll.Every(200*time.Millisecond), func() (bool, error) {
 		once, cancel := context.WithTimeout(wctx, 2*time.Second)

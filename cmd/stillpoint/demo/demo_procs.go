@@ -17,6 +17,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/child"
+	"github.com/stillpoint/stillpoint/internal/freeport"
 	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -24,8 +25,8 @@ import (
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
-// process returns the latest process named name.
-func (d *demo) process(name string) *child.Process {
+// Process returns the latest process named name.
+func (d *Fleet) Process(name string) *child.Process {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.procs[name]
@@ -33,8 +34,8 @@ func (d *demo) process(name string) *child.Process {
 
 // waitMember waits for a new instance of member m, run by process proc,
 // to register.
-func (d *demo) waitMember(ctx context.Context, bus *jetstream.Bus, m events.Member, not string, proc string) error {
-	p := d.process(proc)
+func (d *Fleet) waitMember(ctx context.Context, bus *jetstream.Bus, m events.Member, not string, proc string) error {
+	p := d.Process(proc)
 	wctx, cancel := context.WithTimeoutCause(ctx, 30*time.Second,
 		fmt.Errorf("demo: %s did not register; see %s", m, filepath.Join(d.dir, "logs", proc+".log")))
 	defer cancel()
@@ -54,7 +55,7 @@ func (d *demo) waitMember(ctx context.Context, bus *jetstream.Bus, m events.Memb
 	})
 }
 
-func (d *demo) instance(ctx context.Context, bus *jetstream.Bus, m events.Member) string {
+func (d *Fleet) instance(ctx context.Context, bus *jetstream.Bus, m events.Member) string {
 	e, err := bus.Heartbeats(m.Kind()).Get(ctx, events.MemberKey(d.run, m))
 	if err != nil {
 		return ""
@@ -64,13 +65,13 @@ func (d *demo) instance(ctx context.Context, bus *jetstream.Bus, m events.Member
 	return info.Instance
 }
 
-// startBridge starts the bridge (again, on the address it had: the
+// StartBridge starts the bridge (again, on the address it had: the
 // collector's client keeps its URL), with extra in its environment, and
 // waits until it serves.
-func (d *demo) startBridge(ctx context.Context, extra ...string) (string, error) {
+func (d *Fleet) StartBridge(ctx context.Context, extra ...string) (string, error) {
 	addr := d.bridgeAddr
 	if addr == "" {
-		addrs, err := freeAddrs(1)
+		addrs, err := FreeAddrs(1)
 		if err != nil {
 			return "", err
 		}
@@ -87,7 +88,7 @@ func (d *demo) startBridge(ctx context.Context, extra ...string) (string, error)
 		return "", err
 	}
 	defer c.Close()
-	p := d.process("bridge")
+	p := d.Process("bridge")
 	wctx, cancel := context.WithTimeoutCause(ctx, 30*time.Second,
 		fmt.Errorf("demo: the bridge did not come up; see %s", filepath.Join(d.dir, "logs", "bridge.log")))
 	defer cancel()
@@ -109,13 +110,13 @@ func (d *demo) startBridge(ctx context.Context, extra ...string) (string, error)
 
 // metricsAddr returns the metrics address of process name: a free
 // loopback port the first time, the same one after.
-func (d *demo) metricsAddr(name string) (string, error) {
+func (d *Fleet) metricsAddr(name string) (string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if a, ok := d.metricsAddrs[name]; ok {
 		return a, nil
 	}
-	addrs, err := freeAddrs(1)
+	addrs, err := FreeAddrs(1)
 	if err != nil {
 		return "", err
 	}
@@ -129,7 +130,7 @@ func (d *demo) metricsAddr(name string) (string, error) {
 
 // serveMetrics serves the collector's metrics in this process until the
 // returned stop, and says where every process serves its own.
-func (d *demo) serveMetrics(ctx context.Context, set *metrics.Set, ready metrics.Probe, agents []string) (stop func(), err error) {
+func (d *Fleet) serveMetrics(ctx context.Context, set *metrics.Set, ready metrics.Probe, agents []string) (stop func(), err error) {
 	addr, err := d.metricsAddr("collector")
 	if err != nil {
 		return nil, err
@@ -142,7 +143,7 @@ func (d *demo) serveMetrics(ctx context.Context, set *metrics.Set, ready metrics
 	done := make(chan struct{})
 	go func() { defer close(done); _ = metrics.Serve(sctx, ln, metrics.Handler(set, ready)) }()
 	targets := []string{"collector http://" + addr + metrics.PathMetrics, "bridge http://" + d.bridgeAddr + metrics.PathMetrics}
-	for _, n := range d.fleetProcs(agents) {
+	for _, n := range d.FleetProcs(agents) {
 		a, err := d.metricsAddr(n)
 		if err != nil {
 			cancel()
@@ -151,16 +152,16 @@ func (d *demo) serveMetrics(ctx context.Context, set *metrics.Set, ready metrics
 		}
 		targets = append(targets, n+" http://"+a+metrics.PathMetrics)
 	}
-	d.say("metrics: %s", strings.Join(targets, ", "))
+	d.Say("metrics: %s", strings.Join(targets, ", "))
 	return func() { cancel(); <-done }, nil
 }
 
-// fleetProcs returns the process names of every node: the owners, then
+// FleetProcs returns the process names of every node: the owners, then
 // the agents.
-func (d *demo) fleetProcs(agents []string) []string {
+func (d *Fleet) FleetProcs(agents []string) []string {
 	var out []string
 	for _, o := range d.owners() {
-		out = append(out, ownerProc(o))
+		out = append(out, OwnerProc(o))
 	}
 	for _, a := range agents {
 		out = append(out, "agent-"+a)
@@ -172,8 +173,8 @@ func (d *demo) fleetProcs(agents []string) []string {
 // owner o<i>, the owner that lends that agent its sandboxes, as a machine
 // of a cluster would run them. A node fault takes both down at once.
 
-// agentNames returns the names of n agents: a1 to a<n>.
-func agentNames(n int) []string {
+// AgentNames returns the names of n agents: a1 to a<n>.
+func AgentNames(n int) []string {
 	out := make([]string, n)
 	for i := range out {
 		out[i] = fmt.Sprintf("a%d", i+1)
@@ -181,36 +182,36 @@ func agentNames(n int) []string {
 	return out
 }
 
-// nodeOwner returns the owner of agent's node: o<i> for a<i>.
-func nodeOwner(agent string) string { return "o" + strings.TrimPrefix(agent, "a") }
+// NodeOwner returns the owner of agent's node: o<i> for a<i>.
+func NodeOwner(agent string) string { return "o" + strings.TrimPrefix(agent, "a") }
 
 // owners returns the names of the world's owners, one a node.
-func (d *demo) owners() []string {
-	out := agentNames(d.f.agents)
+func (d *Fleet) owners() []string {
+	out := AgentNames(d.f.agents)
 	for i, a := range out {
-		out[i] = nodeOwner(a)
+		out[i] = NodeOwner(a)
 	}
 	return out
 }
 
-// ownerProc is the process name of owner name; its log is
+// OwnerProc is the process name of owner name; its log is
 // logs/owner-<name>.log.
-func ownerProc(name string) string { return "owner-" + name }
+func OwnerProc(name string) string { return "owner-" + name }
 
 // ownerDir is the state directory of owner name.
-func (d *demo) ownerDir(name string) string { return filepath.Join(d.dir, "owner-"+name) }
+func (d *Fleet) ownerDir(name string) string { return filepath.Join(d.dir, "owner-"+name) }
 
-// startNode starts agent's node: its owner, then the agent.
-func (d *demo) startNode(ctx context.Context, bus *jetstream.Bus, agent, modelURL string) error {
-	if err := d.startOwner(ctx, bus, nodeOwner(agent)); err != nil {
+// StartNode starts agent's node: its owner, then the agent.
+func (d *Fleet) StartNode(ctx context.Context, bus *jetstream.Bus, agent, modelURL string) error {
+	if err := d.StartOwner(ctx, bus, NodeOwner(agent)); err != nil {
 		return err
 	}
-	return d.startAgent(ctx, bus, agent, modelURL)
+	return d.StartAgent(ctx, bus, agent, modelURL)
 }
 
-// startOwner starts owner name (again: on the same state directory and
+// StartOwner starts owner name (again: on the same state directory and
 // metrics address) and waits until a new instance of it registers.
-func (d *demo) startOwner(ctx context.Context, bus *jetstream.Bus, name string) error {
+func (d *Fleet) StartOwner(ctx context.Context, bus *jetstream.Bus, name string) error {
 	m := events.Member("owner." + name)
 	prev := d.instance(ctx, bus, m)
 	args := []string{"owner", "--run", d.run, "--name", name, "--provider", d.f.provider, "--state-dir", d.ownerDir(name),
@@ -225,7 +226,7 @@ func (d *demo) startOwner(ctx context.Context, bus *jetstream.Bus, name string) 
 	if d.auth != nil {
 		args = append(args, "--sandbox-users")
 	}
-	proc := ownerProc(name)
+	proc := OwnerProc(name)
 	maddr, err := d.metricsAddr(proc)
 	if err != nil {
 		return err
@@ -237,10 +238,12 @@ func (d *demo) startOwner(ctx context.Context, bus *jetstream.Bus, name string) 
 	return d.waitMember(ctx, bus, m, prev, proc)
 }
 
-func (d *demo) startAgent(ctx context.Context, bus *jetstream.Bus, name, modelURL string) error {
+// StartAgent starts agent name (again) with the model at modelURL, and
+// waits until a new instance of it registers.
+func (d *Fleet) StartAgent(ctx context.Context, bus *jetstream.Bus, name, modelURL string) error {
 	m := events.Member("agent." + name)
 	prev := d.instance(ctx, bus, m)
-	args := []string{"agent", "--run", d.run, "--name", name, "--owner", nodeOwner(name), "--model-url", modelURL, "--concurrency", fmt.Sprint(d.f.rollouts)}
+	args := []string{"agent", "--run", d.run, "--name", name, "--owner", NodeOwner(name), "--model-url", modelURL, "--concurrency", fmt.Sprint(d.f.rollouts)}
 	if d.f.harness == harnessOpenCode {
 		args = append(args, "--adapter", "opencode", "--launch-timeout", "10m")
 	}
@@ -255,11 +258,11 @@ func (d *demo) startAgent(ctx context.Context, bus *jetstream.Bus, name, modelUR
 	return d.waitMember(ctx, bus, m, prev, "agent-"+name)
 }
 
-// kill9 kills the named processes with SIGKILL and waits for them: a
+// Kill9 kills the named processes with SIGKILL and waits for them: a
 // crash, after which what they started (the owner's sandboxes) lives on.
-func (d *demo) kill9(ctx context.Context, names ...string) error {
+func (d *Fleet) Kill9(ctx context.Context, names ...string) error {
 	for _, n := range names {
-		if p := d.process(n); p != nil {
+		if p := d.Process(n); p != nil {
 			if err := p.Kill(ctx); err != nil {
 				return err
 			}
@@ -268,9 +271,9 @@ func (d *demo) kill9(ctx context.Context, names ...string) error {
 	return nil
 }
 
-// stopAll stops every process it started (SIGTERM, then SIGKILL after 20 s,
+// StopAll stops every process it started (SIGTERM, then SIGKILL after 20 s,
 // all at once) and waits for them.
-func (d *demo) stopAll() {
+func (d *Fleet) StopAll() {
 	d.mu.Lock()
 	all := d.all
 	d.mu.Unlock()
@@ -281,19 +284,19 @@ func (d *demo) stopAll() {
 	wg.Wait()
 }
 
-// reap stops the sandboxes left in every owner's state directory and
+// Reap stops the sandboxes left in every owner's state directory and
 // returns their ids (none, when every session ended).
-func (d *demo) reap(ctx context.Context) []string {
+func (d *Fleet) Reap(ctx context.Context) []string {
 	var ids []string
 	for _, o := range d.owners() {
-		ids = append(ids, d.reapOwner(ctx, o)...)
+		ids = append(ids, d.ReapOwner(ctx, o)...)
 	}
 	return ids
 }
 
-// reapOwner stops the sandboxes left in owner name's state directory (the
+// ReapOwner stops the sandboxes left in owner name's state directory (the
 // owner is not running) and returns their ids.
-func (d *demo) reapOwner(ctx context.Context, name string) []string {
+func (d *Fleet) ReapOwner(ctx context.Context, name string) []string {
 	cmd := exec.CommandContext(ctx, d.self, "owner", "--reap", "--provider", d.f.provider, "--state-dir", d.ownerDir(name),
 		"--log-level", "error")
 	out, err := cmd.Output()
@@ -310,9 +313,9 @@ func (d *demo) reapOwner(ctx context.Context, name string) []string {
 	return ids
 }
 
-// serveModel serves the scripted model of script on a free loopback port
+// ServeModel serves the scripted model of script on a free loopback port
 // until stop, which waits for the server to end.
-func serveModel(script modelserver.Script) (ms *modelserver.Server, addr string, stop func(), err error) {
+func ServeModel(script modelserver.Script) (ms *modelserver.Server, addr string, stop func(), err error) {
 	ms = modelserver.New(script)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -322,4 +325,20 @@ func serveModel(script modelserver.Script) (ms *modelserver.Server, addr string,
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(ln) }()
 	return ms, ln.Addr().String(), func() { _ = srv.Close(); <-served }, nil
+}
+
+// FreeAddrs returns n loopback addresses free now, held for this process
+// (internal/freeport) until it exits: the bridge, or a
+// node and the NATS server of the chaos injector, started again after a
+// fault binds the same one.
+func FreeAddrs(n int) ([]string, error) {
+	ps, err := freeport.Reserve("127.0.0.1", n)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = ps.Addr("127.0.0.1", i)
+	}
+	return out, nil
 }

@@ -1,6 +1,7 @@
-package demo
+package chaos
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -88,12 +89,12 @@ func TestWithNodes(t *testing.T) {
 // A node fault takes down a node that holds a rollout sent to it with no
 // result yet, per the collector's dispatch log and results file.
 func TestBusyNodes(t *testing.T) {
-	d := &demo{dir: t.TempDir()}
-	if got := d.busyNodes([]string{"a1", "a2"}); len(got) != 0 {
+	dir := t.TempDir()
+	if got := busyNodes(dir, []string{"a1", "a2"}); len(got) != 0 {
 		t.Errorf("busyNodes with no files = %v", got)
 	}
 	write := func(name, text string) {
-		if err := os.WriteFile(filepath.Join(d.dir, name), []byte(text), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -104,7 +105,19 @@ func TestBusyNodes(t *testing.T) {
 {"rollout_id":"r4","ag`)
 	write("results.jsonl", `{"rollout_id":"r2","attempt":0}
 `)
-	if got := d.busyNodes([]string{"a1", "a2", "a3"}); !slices.Equal(got, []string{"a2", "a3"}) {
+	if got := busyNodes(dir, []string{"a1", "a2", "a3"}); !slices.Equal(got, []string{"a2", "a3"}) {
 		t.Errorf("busyNodes = %v, want a2 (r1 sent again to it) and a3", got)
+	}
+}
+
+// `chaos collect` called wrongly is a usage error.
+func TestCollectorUsage(t *testing.T) {
+	var out bytes.Buffer
+	cmd := Command(Env{Stdout: &out, Stderr: &out})
+	cmd.SetArgs([]string{"collect"})
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	if err := cmd.Execute(); !errors.Is(err, ErrUsage) {
+		t.Errorf("chaos collect without its flags: %v, want ErrUsage", err)
 	}
 }
