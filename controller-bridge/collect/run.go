@@ -646,23 +646,25 @@ func (c *Collector) flushRetire(ctx context.Context) {
 // while it runs, and a bridge that restarts refuses it for a moment.
 const retireTries = 5
 
-// retire retires episodes on every member, asking again (retireTries in
-// all) while it fails: retiring is idempotent.
+// retireAgain is how retire asks again while it fails (retireTries).
+var retireAgain = live.Policy{
+	Interval: poll.Every(time.Second),
+	Tries:    retireTries,
+	Again:    func(err error) bool { return err != nil },
+}
+
+// retire retires episodes on every member, asking again (retireAgain)
+// while it fails: retiring is idempotent.
 func (c *Collector) retire(ctx context.Context, eps []string) error {
+	try := 0
 	var err error
-	for try := 1; try <= retireTries; try++ {
-		if try > 1 {
+	_, err = live.Retry(ctx, retireAgain, func(ctx context.Context) (struct{}, error) {
+		if try++; try > 1 {
 			c.log.Warn().Err(err).Int("try", try).Msg("retire failed; asking again")
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(time.Second):
-			}
 		}
-		if err = c.retireOnce(ctx, eps); err == nil {
-			return nil
-		}
-	}
+		err = c.retireOnce(ctx, eps)
+		return struct{}{}, err
+	})
 	return err
 }
 
