@@ -516,20 +516,15 @@ func (c *Collector) stop(ctx context.Context) error {
 // waitInflight waits up to d for the requests in flight to return (after a
 // stop they come back parked), then cancels the rest.
 func (c *Collector) waitInflight(ctx context.Context, d time.Duration) {
-	deadline := time.Now().Add(d)
-	for {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	changed := func() <-chan struct{} { return c.changed }
+	_ = poll.UntilWoken(wctx, poll.Every(100*time.Millisecond), changed, func() (bool, error) {
 		c.mu.Lock()
-		n := len(c.inflight)
-		c.mu.Unlock()
-		if n == 0 || time.Now().After(deadline) || ctx.Err() != nil {
-			c.cancelInflight()
-			return
-		}
-		select {
-		case <-c.changed:
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		defer c.mu.Unlock()
+		return len(c.inflight) == 0, nil
+	})
+	c.cancelInflight()
 }
 
 // watchFleet watches the heartbeats of the run's agents and owners: a
