@@ -16,7 +16,9 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/live"
 )
 
 // publishPhase publishes p fenced on the run's last phase, whose stream
@@ -139,16 +141,18 @@ func (b *Bridge) publishLive(msg *nats.Msg, streamSeq uint64, p events.PhaseEven
 	b.lastLive = h.Seq
 }
 
-// publishRetryFor bounds how long a phase publish that goes unanswered is
-// published again: a stream electing a new leader (a node of a cluster
-// lost) takes seconds, a restarted server about as long.
-const publishRetryFor = time.Minute
+// publishRetry is how a phase publish that goes unanswered is published
+// again: 500 ms apart, each attempt bounded by 5 s, for up to a minute (a
+// stream electing a new leader, a node of a cluster lost, takes seconds;
+// a restarted server about as long).
+var publishRetry = live.Policy{
+	Interval: poll.Every(500 * time.Millisecond),
+	Within:   time.Minute,
+	Timeout:  publishAttemptTimeout,
+}
 
 // publishAttemptTimeout bounds one attempt of a phase publish.
 const publishAttemptTimeout = 5 * time.Second
-
-// publishRetryWait is the pause before publishing again an unanswered phase.
-const publishRetryWait = 500 * time.Millisecond
 
 // publishFenced publishes msg, phase p, with the expected last sequence
 // fence on the run's phase subjects; an attempt that goes unanswered (a
@@ -160,32 +164,31 @@ const publishRetryWait = 500 * time.Millisecond
 // would come after what the bridge published next.
 func (b *Bridge) publishFenced(ctx context.Context, msg *nats.Msg, fence uint64, p events.PhaseEvent) (*natsjs.PubAck, error) {
 	opt := natsjs.WithExpectLastSequenceForSubject(fence, events.PhaseFilter(b.cfg.Run))
-	publish := func() (*natsjs.PubAck, error) {
-		actx, cancel := context.WithTimeout(ctx, publishAttemptTimeout)
-		defer cancel()
-		return b.cfg.JS.PublishMsg(actx, msg, opt)
-	}
-	ack, err := publish()
-	give := time.NewTimer(publishRetryFor)
-	defer give.Stop()
-	for attempt := 2; unanswered(ctx, err); attempt++ {
-		b.log.Warn().Err(err).Str("phase", string(p.Phase())).Uint64("seq", p.Header().Seq).Int("attempt", attempt).
-			Msg("phase publish unanswered (a stream without a leader?); publishing the same again")
-		wait := time.NewTimer(publishRetryWait)
-		select {
-		case <-ctx.Done():
-			wait.Stop()
-			return nil, fmt.Errorf("%w (then %w)", err, ctx.Err())
-		case <-give.C:
-			wait.Stop()
-			return nil, fmt.Errorf("%w (unanswered for %s)", err, publishRetryFor)
-		case <-wait.C:
+	policy := publishRetry
+	policy.Again = func(err error) bool { return unanswered(ctx, err) }
+	attempt := 0
+	var last error
+	ack, err := live.Retry(ctx, policy, func(actx context.Context) (*natsjs.PubAck, error) {
+		attempt++
+		if attempt > 1 {
+			b.log.Warn().Err(last).Str("phase", string(p.Phase())).Uint64("seq", p.Header().Seq).Int("attempt", attempt).
+				Msg("phase publish unanswered (a stream without a leader?); publishing the same again")
 		}
-		ack, err = publish()
-		if err == nil && ack.Duplicate {
+		ack, err := b.cfg.JS.PublishMsg(actx, msg, opt)
+		if err == nil && ack.Duplicate && attempt > 1 {
 			b.log.Info().Str("phase", string(p.Phase())).Uint64("seq", p.Header().Seq).Uint64("stream_seq", ack.Sequence).
 				Msg("an earlier attempt of the phase publish had landed")
 		}
+		last = err
+		return ack, err
+	})
+	switch {
+	case err == nil:
+		return ack, nil
+	case ctx.Err() != nil && !errors.Is(err, ctx.Err()):
+		return nil, fmt.Errorf("%w (then %w)", err, ctx.Err())
+	case unanswered(ctx, err):
+		return nil, fmt.Errorf("%w (unanswered for %s)", err, publishRetry.Within)
 	}
 	return ack, err
 }

@@ -79,20 +79,15 @@ func KVEntries(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, fil
 	if info.NumPending == 0 {
 		return out, nil
 	}
-	empty := 0
 	for {
-		if err := ctx.Err(); err != nil {
+		batch, drained, err := fetchSome(ctx, bucket, cons)
+		if err != nil {
 			return nil, err
 		}
-		// On a cluster, the server of a consumer just made may not be
-		// known to the one answering yet: asked again shortly.
-		batch, err := live.Retry(ctx, kvFetchAgain, func(context.Context) ([]natsjs.Msg, error) {
-			return fetchNoWait(cons, kvReadBatch)
-		})
-		if live.NoResponders(err) && ctx.Err() != nil {
-			return nil, ctx.Err()
+		if drained {
+			return out, nil
 		}
-		done, got := false, len(batch)
+		done := false
 		for _, msg := range batch {
 			md, err := msg.Metadata()
 			if err != nil {
@@ -107,32 +102,48 @@ func KVEntries(ctx context.Context, js natsjs.JetStream, kv natsjs.KeyValue, fil
 			// Nothing after this one: every key's newest message is read.
 			done = done || md.NumPending == 0
 		}
-		if err != nil && !errors.Is(err, natsjs.ErrNoMessages) {
-			return nil, fmt.Errorf("jetstream: read %s: %w", bucket, err)
-		}
 		if done {
 			return out, nil
 		}
-		if got == 0 {
-			// Nothing came though something was pending when the read
-			// began: the messages may be gone since (a purge, an age
-			// limit). Done if the consumer has nothing left; else ask
-			// again after a pause rather than at once.
-			ci, err := cons.Info(ctx)
-			if err != nil {
-				return nil, fmt.Errorf("jetstream: read %s: %w", bucket, err)
-			}
-			if ci.NumPending == 0 && ci.NumAckPending == 0 {
-				return out, nil
-			}
-			empty++
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-time.After(min(time.Duration(empty)*25*time.Millisecond, time.Second)):
-			}
-		}
 	}
+}
+
+// kvEmptyAgain is how KVEntries fetches again after a fetch that brought
+// nothing though the consumer still had something pending.
+var kvEmptyAgain = poll.Backoff(25*time.Millisecond, time.Second)
+
+// fetchSome fetches the next messages of cons, or reports it drained: a
+// fetch that brings nothing though something was pending when the read
+// began (the messages may be gone since: a purge, an age limit) is done if
+// the consumer has nothing left, else made again after a pause
+// (kvEmptyAgain) rather than at once. ctx ending is returned as it is.
+func fetchSome(ctx context.Context, bucket string, cons natsjs.Consumer) (batch []natsjs.Msg, drained bool, err error) {
+	err = poll.Until(ctx, kvEmptyAgain, func() (bool, error) {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		// On a cluster, the server of a consumer just made may not be
+		// known to the one answering yet: asked again shortly.
+		var err error
+		batch, err = live.Retry(ctx, kvFetchAgain, func(context.Context) ([]natsjs.Msg, error) {
+			return fetchNoWait(cons, kvReadBatch)
+		})
+		switch {
+		case live.NoResponders(err) && ctx.Err() != nil:
+			return false, ctx.Err()
+		case err != nil && !errors.Is(err, natsjs.ErrNoMessages):
+			return false, fmt.Errorf("jetstream: read %s: %w", bucket, err)
+		case len(batch) > 0:
+			return true, nil
+		}
+		ci, err := cons.Info(ctx)
+		if err != nil {
+			return false, fmt.Errorf("jetstream: read %s: %w", bucket, err)
+		}
+		drained = ci.NumPending == 0 && ci.NumAckPending == 0
+		return drained, nil
+	})
+	return batch, drained, err
 }
 
 // kvFetchAgain is how KVEntries asks again a fetch that found no responder.

@@ -516,20 +516,15 @@ func (c *Collector) stop(ctx context.Context) error {
 // waitInflight waits up to d for the requests in flight to return (after a
 // stop they come back parked), then cancels the rest.
 func (c *Collector) waitInflight(ctx context.Context, d time.Duration) {
-	deadline := time.Now().Add(d)
-	for {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	changed := func() <-chan struct{} { return c.changed }
+	_ = poll.UntilWoken(wctx, poll.Every(100*time.Millisecond), changed, func() (bool, error) {
 		c.mu.Lock()
-		n := len(c.inflight)
-		c.mu.Unlock()
-		if n == 0 || time.Now().After(deadline) || ctx.Err() != nil {
-			c.cancelInflight()
-			return
-		}
-		select {
-		case <-c.changed:
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		defer c.mu.Unlock()
+		return len(c.inflight) == 0, nil
+	})
+	c.cancelInflight()
 }
 
 // watchFleet watches the heartbeats of the run's agents and owners: a
@@ -646,23 +641,25 @@ func (c *Collector) flushRetire(ctx context.Context) {
 // while it runs, and a bridge that restarts refuses it for a moment.
 const retireTries = 5
 
-// retire retires episodes on every member, asking again (retireTries in
-// all) while it fails: retiring is idempotent.
+// retireAgain is how retire asks again while it fails (retireTries).
+var retireAgain = live.Policy{
+	Interval: poll.Every(time.Second),
+	Tries:    retireTries,
+	Again:    func(err error) bool { return err != nil },
+}
+
+// retire retires episodes on every member, asking again (retireAgain)
+// while it fails: retiring is idempotent.
 func (c *Collector) retire(ctx context.Context, eps []string) error {
+	try := 0
 	var err error
-	for try := 1; try <= retireTries; try++ {
-		if try > 1 {
+	_, err = live.Retry(ctx, retireAgain, func(ctx context.Context) (struct{}, error) {
+		if try++; try > 1 {
 			c.log.Warn().Err(err).Int("try", try).Msg("retire failed; asking again")
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(time.Second):
-			}
 		}
-		if err = c.retireOnce(ctx, eps); err == nil {
-			return nil
-		}
-	}
+		err = c.retireOnce(ctx, eps)
+		return struct{}{}, err
+	})
 	return err
 }
 

@@ -15,6 +15,10 @@
 //		return isUnmounted(dir)
 //	})
 //
+// UntilWoken is Until for a condition whose changes are announced on a
+// channel (a Notify, a freed slot): it looks again at once on a wake-up, and
+// every interval in case a change went unannounced.
+//
 // Wait is the test form: it fails the test, naming what it waited for, if
 // the condition does not hold within the time given.
 //

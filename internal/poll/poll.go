@@ -32,10 +32,23 @@ func (iv Interval) next(cur time.Duration) time.Duration {
 // context.WithTimeoutCause), after one last look at cond. It always looks
 // at least once, even if ctx has already ended.
 func Until(ctx context.Context, iv Interval, cond func() (bool, error)) error {
+	return UntilWoken(ctx, iv, nil, cond)
+}
+
+// UntilWoken is Until for a condition whose changes are announced: wake,
+// called before each look at cond, returns a channel that is closed (or
+// receives) once cond may hold; a wake-up looks again at once, and the
+// interval only guards against a change that was not announced. A nil
+// wake is Until.
+func UntilWoken(ctx context.Context, iv Interval, wake func() <-chan struct{}, cond func() (bool, error)) error {
 	wait := max(iv.First, time.Nanosecond)
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
+		var woken <-chan struct{}
+		if wake != nil {
+			woken = wake()
+		}
 		if ok, err := cond(); ok || err != nil {
 			return err
 		}
@@ -45,6 +58,9 @@ func Until(ctx context.Context, iv Interval, cond func() (bool, error)) error {
 				return err
 			}
 			return context.Cause(ctx)
+		case <-woken:
+			timer.Reset(wait)
+			continue
 		case <-timer.C:
 		}
 		wait = iv.next(wait)

@@ -175,3 +175,30 @@ func TestHolds(t *testing.T) {
 		t.Fatalf("Holds failed with %q, want the check's error", f.failed)
 	}
 }
+
+func TestUntilWokenLooksAgainAtOnce(t *testing.T) {
+	wake := make(chan struct{}, 1)
+	calls := 0
+	start := time.Now()
+	err := poll.UntilWoken(t.Context(), poll.Every(time.Hour), func() <-chan struct{} { return wake }, func() (bool, error) {
+		calls++
+		if calls < 3 {
+			wake <- struct{}{} // announced: a look again at once, not in an hour
+		}
+		return calls == 3, nil
+	})
+	if err != nil || calls != 3 || time.Since(start) > time.Minute {
+		t.Fatalf("UntilWoken: %v after %d calls in %s, want nil after 3 at once", err, calls, time.Since(start))
+	}
+}
+
+func TestUntilWokenLooksAgainUnannounced(t *testing.T) {
+	calls := 0
+	err := poll.UntilWoken(t.Context(), poll.Every(time.Millisecond), func() <-chan struct{} { return make(chan struct{}) }, func() (bool, error) {
+		calls++
+		return calls == 3, nil
+	})
+	if err != nil || calls != 3 {
+		t.Fatalf("UntilWoken: %v after %d calls, want nil after 3", err, calls)
+	}
+}

@@ -364,12 +364,29 @@ type receiptResult struct {
 func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox, sandbox, id string) <-chan receiptResult {
 	ch := make(chan receiptResult, 1)
 	wg.Go(func() {
-		var lost time.Time
 		var silence live.Silence
 		for {
-			cctx, cancel := context.WithTimeout(ctx, a.cfg.ReceiptWait+10*time.Second)
-			rc, err := dc.WaitReceipt(cctx, id, a.cfg.ReceiptWait)
-			cancel()
+			rc, err := live.Retry(ctx, a.receiptRetry(), func(cctx context.Context) (sandboxapi.Receipt, error) {
+				rc, err := dc.WaitReceipt(cctx, id, a.cfg.ReceiptWait)
+				if err == nil || ctx.Err() != nil || isCode(err, sandboxapi.CodeNotEnded) || isCode(err, sandboxapi.CodeUnknownLaunch) {
+					return rc, err
+				}
+				// Nothing listens for the daemon's requests: its connection
+				// is gone. Its heartbeat lives minutes (PROTOCOL §3,
+				// Liveness), so once the silence rule finds it gone it is
+				// taken for gone, as an expired heartbeat would have it (the
+				// run's launch is lost). Any other error is an answer of its
+				// subscription.
+				if live.NoResponders(err) {
+					if silence.Heard(err, time.Now()) {
+						a.daemons.set(sandbox, true)
+					}
+				} else {
+					silence.Reset()
+				}
+				return rc, noAnswer{err}
+			})
+			var na noAnswer
 			switch {
 			case err == nil:
 				ch <- receiptResult{rc: rc}
@@ -377,38 +394,17 @@ func (a *Agent) watchReceipt(ctx context.Context, wg *sync.WaitGroup, dc Sandbox
 			case ctx.Err() != nil:
 				return
 			case isCode(err, sandboxapi.CodeNotEnded):
-				lost = time.Time{}
-				continue
+				continue // a bounded wait ended: the next, at once
 			case isCode(err, sandboxapi.CodeUnknownLaunch):
 				ch <- receiptResult{rc: sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeFailed,
 					Error: "the sandbox's daemon does not know the launch", Ended: time.Now()}}
 				return
-			}
-			// Nothing listens for the daemon's requests: its connection is
-			// gone. Its heartbeat lives minutes (PROTOCOL §3, Liveness), so
-			// once the silence rule finds it gone it is taken for gone, as
-			// an expired heartbeat would have it (the run's launch is
-			// lost). Any other error is an answer of its subscription.
-			if live.NoResponders(err) {
-				if silence.Heard(err, time.Now()) {
-					a.daemons.set(sandbox, true)
-				}
-			} else {
-				silence.Reset()
-			}
-			// The daemon does not answer (restarting, or its sandbox is
-			// gone): try again, and give the launch up after two minutes.
-			if lost.IsZero() {
-				lost = time.Now()
-			} else if time.Since(lost) > 2*time.Minute {
+			case errors.As(err, &na):
+				// The daemon did not answer for receiptGiveUp (restarting,
+				// or its sandbox is gone): the launch is given up.
 				ch <- receiptResult{rc: sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeFailed,
-					Error: "the sandbox's daemon stopped answering: " + err.Error(), Ended: time.Now()}}
+					Error: "the sandbox's daemon stopped answering: " + na.err.Error(), Ended: time.Now()}}
 				return
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Second):
 			}
 		}
 	})
@@ -654,42 +650,65 @@ func (a *Agent) execer(r *run, dc Sandbox, session, sandbox string, n int) func(
 				return ExecResult{}, err
 			}
 		}
-		var silent time.Time
 		for {
-			cctx, cancel := context.WithTimeout(ctx, a.cfg.ReceiptWait+10*time.Second)
-			rc, err := dc.WaitReceipt(cctx, id, a.cfg.ReceiptWait)
-			cancel()
-			var se *jetstream.ServiceError
+			res, err := live.Retry(ctx, a.receiptRetry(), func(cctx context.Context) (ExecResult, error) {
+				rc, err := dc.WaitReceipt(cctx, id, a.cfg.ReceiptWait)
+				var se *jetstream.ServiceError
+				switch {
+				case isCode(err, sandboxapi.CodeNotEnded):
+					return ExecResult{}, err
+				case err == nil:
+					if rc.Outcome != sandboxapi.OutcomeFinished {
+						return ExecResult{}, fmt.Errorf("command %v: %s %s", argv, rc.Outcome, rc.Error)
+					}
+					return ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail}, nil
+				case ctx.Err() != nil:
+					return ExecResult{}, context.Cause(ctx)
+				case errors.As(err, &se):
+					return ExecResult{}, err
+				case a.daemonDied(ctx, sandbox):
+					// Its heartbeat went, or it answers no alive query: a
+					// daemon killed while it held the command answers
+					// nothing more.
+					return ExecResult{}, fmt.Errorf("%w: command %v: the daemon of sandbox %s is gone: %w", errSandboxLost, argv, sandbox, err)
+				}
+				// No answer (the daemon restarting, or dead with its
+				// heartbeat not yet expired): again.
+				return ExecResult{}, noAnswer{err}
+			})
+			var na noAnswer
 			switch {
 			case isCode(err, sandboxapi.CodeNotEnded):
-				silent = time.Time{}
-				continue
-			case err == nil:
-				if rc.Outcome != sandboxapi.OutcomeFinished {
-					return ExecResult{}, fmt.Errorf("command %v: %s %s", argv, rc.Outcome, rc.Error)
-				}
-				return ExecResult{ExitCode: rc.ExitCode, Output: rc.OutputTail}, nil
-			case ctx.Err() != nil:
+				continue // a bounded wait ended: the next, at once
+			case errors.As(err, &na) && ctx.Err() != nil:
 				return ExecResult{}, context.Cause(ctx)
-			case errors.As(err, &se):
-				return ExecResult{}, err
-			case a.daemonDied(ctx, sandbox):
-				// Its heartbeat went, or it answers no alive query: a daemon
-				// killed while it held the command answers nothing more.
-				return ExecResult{}, fmt.Errorf("%w: command %v: the daemon of sandbox %s is gone: %w", errSandboxLost, argv, sandbox, err)
+			case errors.As(err, &na):
+				return ExecResult{}, fmt.Errorf("command %v: the daemon of sandbox %s stopped answering: %w", argv, sandbox, na.err)
 			}
-			// No answer (the daemon restarting, or dead with its heartbeat
-			// not yet expired): again, for up to two minutes.
-			if silent.IsZero() {
-				silent = time.Now()
-			} else if time.Since(silent) > 2*time.Minute {
-				return ExecResult{}, fmt.Errorf("command %v: the daemon of sandbox %s stopped answering: %w", argv, sandbox, err)
-			}
-			select {
-			case <-ctx.Done():
-				return ExecResult{}, context.Cause(ctx)
-			case <-time.After(time.Second):
-			}
+			return res, err
 		}
 	}
 }
+
+// receiptGiveUp bounds how long a wait for a launch's end asks again a
+// daemon that does not answer (restarting, or its sandbox gone) before the
+// launch is given up.
+const receiptGiveUp = 2 * time.Minute
+
+// receiptRetry is how a wait for a launch's end asks the daemon again
+// while it does not answer (noAnswer): a second apart, each wait bounded
+// past the ReceiptWait the daemon holds it, for receiptGiveUp.
+func (a *Agent) receiptRetry() live.Policy {
+	return live.Policy{
+		Interval: poll.Every(time.Second),
+		Within:   receiptGiveUp,
+		Timeout:  a.cfg.ReceiptWait + 10*time.Second,
+		Again:    func(err error) bool { return errors.As(err, new(noAnswer)) },
+	}
+}
+
+// noAnswer marks a wait for a launch's end that the daemon did not answer:
+// one to ask again, for a while (receiptRetry).
+type noAnswer struct{ err error }
+
+func (n noAnswer) Error() string { return n.err.Error() }

@@ -2,8 +2,11 @@ package owner
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // waitTurn waits until the provider's bounds (Bounded) let one more
@@ -20,11 +23,16 @@ func (o *Owner) waitTurn(ctx context.Context, sessionID string) (done func(), er
 	}
 	noHold := ctx.Value(noHoldKey{}) != nil
 	began, said := time.Now(), false
-	for {
+	freed := func() <-chan struct{} {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return o.freed
+	}
+	err = poll.UntilWoken(ctx, poll.Every(turnLook), freed, func() (bool, error) {
 		o.mu.Lock()
 		if noHold && o.closed {
 			o.mu.Unlock()
-			return nil, ErrAdmissionClosed
+			return false, ErrAdmissionClosed
 		}
 		live := len(o.sessions) + o.starting
 		if (o.bounds.Starting == 0 || o.starting < o.bounds.Starting) && (o.bounds.Live == 0 || live < o.bounds.Live) {
@@ -33,27 +41,30 @@ func (o *Owner) waitTurn(ctx context.Context, sessionID string) (done func(), er
 			if said {
 				o.log.Info().Str("session", sessionID).Dur("waited", time.Since(began)).Msg("start: its turn came")
 			}
-			return sync.OnceFunc(func() {
+			done = sync.OnceFunc(func() {
 				o.mu.Lock()
 				o.starting--
 				o.freedLocked()
 				o.mu.Unlock()
-			}), nil
+			})
+			return true, nil
 		}
-		ch, starting := o.freed, o.starting
+		starting := o.starting
 		o.mu.Unlock()
 		if !said {
 			said = true
 			o.log.Info().Str("session", sessionID).Int("starting", starting).Int("live", live).
 				Int("bound_starting", o.bounds.Starting).Int("bound_live", o.bounds.Live).Msg("start: waiting its turn")
 		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(turnLook):
-		}
+		return false, nil
+	})
+	switch {
+	case errors.Is(err, ErrAdmissionClosed):
+		return nil, err
+	case err != nil:
+		return nil, ctx.Err()
 	}
+	return done, nil
 }
 
 // turnLook is how often a start waiting its turn looks again without a

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/procfs"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
@@ -60,13 +61,16 @@ func ExecResult(ctx context.Context, cmd *exec.Cmd, runErr error, stdout, stderr
 // into a sandbox (CopyIn, Binds copied), again while it fails with
 // ETXTBSY: a child the owner forked meanwhile for another sandbox holds the
 // write descriptor until its own exec (Go's fork and exec share no lock
-// with file writes). It clears within moments.
+// with file writes). It clears within moments: start is made at most 51
+// times, 20 ms apart.
 func WhileTextBusy(start func() error) error {
-	err := start()
-	for try := 0; errors.Is(err, syscall.ETXTBSY) && try < 50; try++ {
-		time.Sleep(20 * time.Millisecond)
+	var err error
+	tries := 0
+	_ = poll.Until(context.Background(), poll.Every(20*time.Millisecond), func() (bool, error) {
 		err = start()
-	}
+		tries++
+		return !errors.Is(err, syscall.ETXTBSY) || tries > 50, nil
+	})
 	return err
 }
 
