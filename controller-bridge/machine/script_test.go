@@ -4,8 +4,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/internal/golden"
 )
 
 // The golden scripts in testdata/ are named after the bridge rules of
@@ -24,56 +23,10 @@ import (
 var update = flag.Bool("update", false, "rewrite the expected effects of testdata/*.txt")
 
 func TestScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts in testdata/: %v", err)
-	}
-	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runScript(t, f) })
-	}
-}
-
-func runScript(t *testing.T, file string) {
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := newScript(t)
-	var out, diffs []string
-	lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
-	for i := 0; i < len(lines); {
-		line := lines[i]
-		i++
-		if strings.HasPrefix(line, "  ") {
-			t.Fatalf("%s:%d: an expected line with no input before it", file, i)
-		}
-		out = append(out, line)
-		if trimmed := strings.TrimSpace(line); trimmed == "" || strings.HasPrefix(trimmed, "#") {
-			continue
-		}
-		var want []string
-		for i < len(lines) && strings.HasPrefix(lines[i], "  ") {
-			want = append(want, strings.TrimPrefix(lines[i], "  "))
-			i++
-		}
-		got := s.do(line)
-		for _, g := range got {
-			out = append(out, "  "+g)
-		}
-		if strings.Join(got, "\n") != strings.Join(want, "\n") {
-			diffs = append(diffs, fmt.Sprintf("%s:%d: %s\n got:\n  %s\nwant:\n  %s", file, i, line,
-				strings.Join(got, "\n  "), strings.Join(want, "\n  ")))
-		}
-	}
-	if *update {
-		if err := os.WriteFile(file, []byte(strings.Join(out, "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	for _, d := range diffs {
-		t.Error(d)
-	}
+	golden.RunAll(t, *update, func(t *testing.T) func(string) []string {
+		s := newScript(t)
+		return s.do
+	})
 }
 
 // script drives a Machine as a bridge's driver would, from script lines.

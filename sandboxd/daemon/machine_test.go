@@ -5,13 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/stillpoint/stillpoint/internal/golden"
 	"github.com/stillpoint/stillpoint/sandboxd"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -28,57 +27,11 @@ import (
 var update = flag.Bool("update", false, "rewrite the expected effects of testdata/*.txt")
 
 func TestMachineScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no scripts in testdata/: %v", err)
-	}
-	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runScript(t, f) })
-	}
-}
-
-func runScript(t *testing.T, file string) {
-	raw, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &script{t: t, m: NewMachine(false, nil), launches: map[string]sandboxapi.State{}, durable: true,
-		pauses: map[string]StartPause{}, stops: map[string]StopLaunch{}, watches: map[string]uint64{}, seqs: map[string]int{}}
-	var out, diffs []string
-	lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
-	for i := 0; i < len(lines); {
-		line := lines[i]
-		i++
-		if strings.HasPrefix(line, "  ") {
-			t.Fatalf("%s:%d: an expected line with no input before it", file, i)
-		}
-		out = append(out, line)
-		if trimmed := strings.TrimSpace(line); trimmed == "" || strings.HasPrefix(trimmed, "#") {
-			continue
-		}
-		var want []string
-		for i < len(lines) && strings.HasPrefix(lines[i], "  ") {
-			want = append(want, strings.TrimPrefix(lines[i], "  "))
-			i++
-		}
-		got := s.do(line)
-		for _, g := range got {
-			out = append(out, "  "+g)
-		}
-		if strings.Join(got, "\n") != strings.Join(want, "\n") {
-			diffs = append(diffs, fmt.Sprintf("%s:%d: %s\n got:\n  %s\nwant:\n  %s", file, i, line,
-				strings.Join(got, "\n  "), strings.Join(want, "\n  ")))
-		}
-	}
-	if *update {
-		if err := os.WriteFile(file, []byte(strings.Join(out, "\n")+"\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	for _, d := range diffs {
-		t.Error(d)
-	}
+	golden.RunAll(t, *update, func(t *testing.T) func(string) []string {
+		s := &script{t: t, m: NewMachine(false, nil), launches: map[string]sandboxapi.State{}, durable: true,
+			pauses: map[string]StartPause{}, stops: map[string]StopLaunch{}, watches: map[string]uint64{}, seqs: map[string]int{}}
+		return s.do
+	})
 }
 
 // script is the world a Machine's driver sees, kept from script lines.
