@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/mattn/go-isatty"
-	"github.com/nats-io/nats.go"
-	natsjs "github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/spf13/cobra"
 
@@ -324,58 +322,6 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 		return ErrInvariants
 	}
 	return nil
-}
-
-// workAndProgram returns the run's work directory (WorkDir) and the
-// stillpoint binary its components run as (env.Program, else this
-// process's own).
-func workAndProgram(env Env, dir, prefix string) (work, self string, err error) {
-	if work, err = WorkDir(dir, prefix); err != nil {
-		return "", "", err
-	}
-	if self = env.Program; self == "" {
-		if self, err = os.Executable(); err != nil {
-			return "", "", err
-		}
-	}
-	return work, self, nil
-}
-
-// WorkDir returns dir, else a new directory named after prefix under the
-// temp dir, absolute.
-func WorkDir(dir, prefix string) (string, error) {
-	work, err := dir, error(nil)
-	if work == "" {
-		if work, err = os.MkdirTemp("", prefix); err != nil {
-			return "", err
-		}
-	}
-	return filepath.Abs(work)
-}
-
-// ConnectJS connects and returns the connection with its JetStream handle.
-func ConnectJS(ctx context.Context, conn jetstream.ConnConfig) (*nats.Conn, natsjs.JetStream, error) {
-	nc, err := jetstream.Connect(ctx, conn)
-	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return nc, js, nil
-}
-
-// OpenLogFile opens a log file (created with its directory); on error
-// logs are discarded.
-func OpenLogFile(p string) *os.File {
-	_ = os.MkdirAll(filepath.Dir(p), 0o755)
-	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		f, _ = os.Open(os.DevNull)
-	}
-	return f
 }
 
 // TaskSet returns the run's tasks and model script, and how many

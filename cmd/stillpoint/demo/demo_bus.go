@@ -43,3 +43,17 @@ func (d *Fleet) openBus(ctx context.Context, conn jetstream.ConnConfig) (*nats.C
 		}
 	}
 }
+
+// ConnectJS connects and returns the connection with its JetStream handle.
+func ConnectJS(ctx context.Context, conn jetstream.ConnConfig) (*nats.Conn, natsjs.JetStream, error) {
+	nc, err := jetstream.Connect(ctx, conn)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}

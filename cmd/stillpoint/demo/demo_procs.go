@@ -342,3 +342,41 @@ func FreeAddrs(n int) ([]string, error) {
 	}
 	return out, nil
 }
+
+// workAndProgram returns the run's work directory (WorkDir) and the
+// stillpoint binary its components run as (env.Program, else this
+// process's own).
+func workAndProgram(env Env, dir, prefix string) (work, self string, err error) {
+	if work, err = WorkDir(dir, prefix); err != nil {
+		return "", "", err
+	}
+	if self = env.Program; self == "" {
+		if self, err = os.Executable(); err != nil {
+			return "", "", err
+		}
+	}
+	return work, self, nil
+}
+
+// WorkDir returns dir, else a new directory named after prefix under the
+// temp dir, absolute.
+func WorkDir(dir, prefix string) (string, error) {
+	work, err := dir, error(nil)
+	if work == "" {
+		if work, err = os.MkdirTemp("", prefix); err != nil {
+			return "", err
+		}
+	}
+	return filepath.Abs(work)
+}
+
+// OpenLogFile opens a log file (created with its directory); on error
+// logs are discarded.
+func OpenLogFile(p string) *os.File {
+	_ = os.MkdirAll(filepath.Dir(p), 0o755)
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		f, _ = os.Open(os.DevNull)
+	}
+	return f
+}
