@@ -68,7 +68,7 @@ continues them.
 	fl.StringVar(&f.name, "name", "a1", "agent name: member agent.<name>")
 	fl.StringVar(&f.owner, "owner", "o1", "name of the sandbox owner that lends the sandboxes")
 	fl.StringVar(&f.modelURL, "model-url", env("STILLPOINT_MODEL_URL"), "chat-completions server the harness calls (env STILLPOINT_MODEL_URL)")
-	fl.StringVar(&f.adapter, "adapter", "scripted", "the harness: scripted or opencode")
+	fl.StringVar(&f.adapter, "adapter", "scripted", "the harness: "+strings.Join(adapterNames(), ", "))
 	fl.StringVar(&f.harness, "harness", scripted.HarnessPath, "the scripted harness's path inside the sandbox")
 	fl.IntVar(&f.concurrency, "concurrency", agent.DefaultConcurrency, "rollouts run at once")
 	fl.BoolVar(&f.noPause, "no-pause", false, "never pause launches: stop them at a checkpoint and relaunch after it")
@@ -88,14 +88,13 @@ func runAgent(ctx context.Context, g *globals, f agentFlags) error {
 	if f.modelURL == "" {
 		return &exitError{code: ExitUsage, err: errors.New("--model-url (or STILLPOINT_MODEL_URL) is required")}
 	}
-	var adapter agent.Adapter
-	switch f.adapter {
-	case "scripted":
-		adapter = &scripted.Adapter{Binary: f.harness, ModelURL: f.modelURL, NoPause: f.noPause, Timeout: f.timeout}
-	case "opencode":
-		adapter = &opencode.Adapter{ModelURL: f.modelURL, NoPause: f.noPause, Timeout: f.timeout}
-	default:
-		return &exitError{code: ExitUsage, err: fmt.Errorf("--adapter %q: want scripted or opencode", f.adapter)}
+	build, ok := adapters()[f.adapter]
+	if !ok {
+		return &exitError{code: ExitUsage, err: fmt.Errorf("--adapter %q: want one of %s", f.adapter, strings.Join(adapterNames(), ", "))}
+	}
+	adapter, err := build(adapterConfig{modelURL: f.modelURL, noPause: f.noPause, timeout: f.timeout, harness: f.harness})
+	if err != nil {
+		return &exitError{code: ExitUsage, err: fmt.Errorf("--adapter %s: %w", f.adapter, err)}
 	}
 	bus, js, closeBus, err := openBus(ctx, g, "stillpoint-agent-"+f.name, 1)
 	if err != nil {
