@@ -62,7 +62,7 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 	if c.id != "" {
 		// A stream is what the upstream says it sends, whatever the
 		// request asked.
-		a.shape = newShaper(strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), c.upBody != nil, c.asked)
+		a.shape = newShaper(strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), c.upBody != nil, c.asked, c.api)
 	}
 	r.mu.Unlock()
 	c.signal()

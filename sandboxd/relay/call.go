@@ -41,7 +41,8 @@ type call struct {
 	header http.Header
 	body   []byte
 	stream bool
-	wake   chan struct{} // capacity 1: something changed for this call
+	api    trajectory.API // the wire API its path speaks
+	wake   chan struct{}  // capacity 1: something changed for this call
 
 	// The capture's: the call's launch and number in it (its id, sent
 	// upstream), when it was taken, the body sent upstream when the relay

@@ -233,8 +233,8 @@ type shaper struct {
 	over    bool   // a plain reply too large to keep: passed through
 }
 
-func newShaper(stream, rewrite bool, a asked) *shaper {
-	return &shaper{stream: stream, rewrite: rewrite, asked: a, asm: trajectory.NewAssembler(stream)}
+func newShaper(stream, rewrite bool, a asked, api trajectory.API) *shaper {
+	return &shaper{stream: stream, rewrite: rewrite, asked: a, asm: trajectory.NewAPIAssembler(api, stream)}
 }
 
 // feed takes the next bytes read from the upstream and returns those the

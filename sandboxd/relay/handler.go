@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -78,9 +77,6 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.refuse(req.Context(), w, c, http.StatusRequestEntityTooLarge, "request_too_large",
 			fmt.Sprintf("relay: request body over %d bytes", r.cfg.MaxRequestBytes))
 		return
-	case len(bytes.TrimSpace(body)) > 0 && !json.Valid(body):
-		r.refuse(req.Context(), w, c, http.StatusBadRequest, "malformed_request", "relay: request body is not JSON")
-		return
 	}
 	r.serve(req.Context(), w, c)
 }
@@ -140,7 +136,7 @@ func (r *Relay) take(req *http.Request, body []byte, edit bool) *call {
 	fmt.Fprintf(h, "%s %s\n", req.Method, req.URL.RequestURI())
 	h.Write(body)
 	c := &call{digest: hex.EncodeToString(h.Sum(nil)), method: req.Method, uri: req.URL.RequestURI(),
-		header: copyHeader(req.Header), body: body, edits: edited, wake: make(chan struct{}, 1)}
+		header: copyHeader(req.Header), body: body, edits: edited, wake: make(chan struct{}, 1), api: trajectory.APIOf(req.URL.Path)}
 	var probe struct {
 		Stream bool `json:"stream"`
 	}
@@ -165,7 +161,9 @@ func (r *Relay) take(req *http.Request, body []byte, edit bool) *call {
 			c.episode, c.launch, c.n = r.episode, r.launch, r.nums[k]
 			c.id, _ = trajectory.CallID(c.episode, c.launch, c.n)
 		}
-		if r.cfg.Tokens {
+		if r.cfg.Tokens && c.api == trajectory.APIChat {
+			// The token fields are chat completions': a Messages or a
+			// Responses call goes as it came (docs/TRAJECTORIES.md).
 			c.upBody, c.asked = augment(body)
 			r.used += int64(len(c.upBody))
 		}
@@ -173,7 +171,7 @@ func (r *Relay) take(req *http.Request, body []byte, edit bool) *call {
 		// while the upstream answers, off the reply's way to the harness.
 		c.prepared = make(chan struct{})
 		go func() {
-			c.request = trajectory.PrepareRequest(body)
+			c.request = trajectory.PrepareRequestAt(c.uri, body)
 			close(c.prepared)
 		}()
 	}
