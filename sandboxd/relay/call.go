@@ -52,6 +52,9 @@ type call struct {
 	started             time.Time
 	upBody              []byte
 	asked               asked
+	augmented           bool              // upBody asks for token fields the harness did not
+	upURI               string            // the path upstream when translated ("": uri)
+	via                 trajectory.API    // the API upstream when translated (APIChat), "" if none
 	edits               []trajectory.Edit // what the launch's relay edits removed
 	// prepared is closed once request holds the body split for the
 	// record, which a goroutine does while the upstream answers.

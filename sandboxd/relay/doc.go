@@ -62,7 +62,11 @@
 //     Config.Tokens a chat completion's upstream is asked for token ids
 //     and logprobs, and the harness gets its reply without what it did not
 //     ask for (capture.go); a Messages or a Responses call goes as it came.
-//  7. Edits. Label names, with the launch, the relay edits (edits.go)
+//  7. Translation. With Config.Translate, a Messages or a Responses call
+//     goes upstream as a chat completion (translate.go) and its reply
+//     comes back in the harness's API (translate_reply.go); the capture
+//     records the chat completion's reply and tokens.
+//  8. Edits. Label names, with the launch, the relay edits (edits.go)
 //     applied to each of its requests before anything else sees the body:
 //     the digest, the bytes sent upstream (and sent again) and the record
 //     are of the edited body, and the record lists what was removed.

@@ -143,8 +143,19 @@ func (r *Relay) take(req *http.Request, body []byte, edit bool) *call {
 	if json.Unmarshal(body, &probe) == nil {
 		c.stream = probe.Stream
 	}
+	if r.cfg.Translate && edit && (c.api == trajectory.APIMessages || c.api == trajectory.APIResponses) {
+		// Sent upstream as a chat completion, its reply translated back
+		// (translate.go); a body that is no request of its API goes as it
+		// came.
+		if up, err := translateRequest(c.api, body); err != nil {
+			r.log.Warn().Err(err).Str("path", c.uri).Msg("model call not translated")
+		} else {
+			c.upBody, c.upURI, c.via = up, translatePath, trajectory.APIChat
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.used += int64(len(c.upBody))
 	r.reading--
 	r.seq++
 	r.counts.Total++
@@ -161,11 +172,22 @@ func (r *Relay) take(req *http.Request, body []byte, edit bool) *call {
 			c.episode, c.launch, c.n = r.episode, r.launch, r.nums[k]
 			c.id, _ = trajectory.CallID(c.episode, c.launch, c.n)
 		}
-		if r.cfg.Tokens && c.api == trajectory.APIChat {
+		if r.cfg.Tokens && (c.api == trajectory.APIChat || c.via == trajectory.APIChat) {
 			// The token fields are chat completions': a Messages or a
-			// Responses call goes as it came (docs/TRAJECTORIES.md).
-			c.upBody, c.asked = augment(body)
-			r.used += int64(len(c.upBody))
+			// Responses call goes as it came unless translated
+			// (docs/TRAJECTORIES.md).
+			src := body
+			if c.upBody != nil {
+				src = c.upBody
+			}
+			up, a := augment(src)
+			if up != nil {
+				r.used += int64(len(up) - len(c.upBody))
+				c.upBody, c.augmented = up, c.via == ""
+			}
+			if c.via == "" {
+				c.asked = a
+			}
 		}
 		// The record's request side needs the request alone: split it
 		// while the upstream answers, off the reply's way to the harness.

@@ -425,3 +425,11 @@ func responsesContent(c json.RawMessage) any {
 	}
 	return parts
 }
+
+// ChatMessages returns the messages of a request of api in the
+// trajectory's form (chat completions'): what the relay sends upstream
+// when it translates a Messages or a Responses request.
+func ChatMessages(api API, body []byte) ([]json.RawMessage, error) {
+	_, _, msgs, err := splitAPI(api, body)
+	return msgs, err
+}

@@ -77,6 +77,10 @@ type Call struct {
 	// RequestError says why the request did not parse (not JSON, or not
 	// the shape of its API): it was forwarded all the same, and RawRequest
 	// is its body as it came. Such a call is on no chain.
+	// Via is the API the upstream spoke when the relay translated the
+	// call (APIChat), "" when it went as the harness sent it: its reply,
+	// token ids and logprobs are then the chat completion's.
+	Via          API    `json:"via,omitempty"`
 	RequestError string `json:"request_error,omitempty"`
 	RawRequest   []byte `json:"raw_request,omitempty"`
 

@@ -37,6 +37,9 @@ type Exchange struct {
 	Resends    int
 	// Edits are the relay edits that changed Body (Call.Edits).
 	Edits []Edit
+	// Via is the API the upstream spoke when the relay translated the
+	// call (Call.Via); Reply is then of that API.
+	Via API
 	// Request, when set, is Body split already (PrepareRequest): the
 	// relay splits a request while the upstream answers it, not after.
 	Request *Request
@@ -187,7 +190,7 @@ func (x *Index) Add(ex Exchange) (*Call, error) {
 	model, params, msgs := req.model, req.params, req.msgs
 	c := &Call{V: Version, ID: id, Episode: ex.Episode, Launch: ex.Launch, Method: ex.Method, Path: ex.Path, Model: model,
 		Status: ex.Status, PolicyVersion: ex.PolicyVersion, Started: ex.Started.UTC(),
-		FirstByteMS: ms(ex.FirstByte), DurationMS: ms(ex.Duration), Generation: ex.Generation, Resends: ex.Resends, Edits: ex.Edits}
+		FirstByteMS: ms(ex.FirstByte), DurationMS: ms(ex.Duration), Generation: ex.Generation, Resends: ex.Resends, Edits: ex.Edits, Via: ex.Via}
 	if req.api != APIChat {
 		c.API = req.api
 	}
