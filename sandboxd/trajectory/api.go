@@ -203,7 +203,7 @@ func messagesRequest(system, messages json.RawMessage) ([]json.RawMessage, error
 		for _, raw := range blocks {
 			var b block
 			if json.Unmarshal(raw, &b) != nil {
-				parts = append(parts, compact(raw))
+				parts = append(parts, uncached(raw))
 				continue
 			}
 			switch b.Type {
@@ -216,14 +216,14 @@ func messagesRequest(system, messages json.RawMessage) ([]json.RawMessage, error
 			case "text":
 				parts = append(parts, textPart{Type: "text", Text: b.Text})
 			default:
-				parts = append(parts, compact(raw))
+				parts = append(parts, uncached(raw))
 			}
 		}
 		if len(parts) > 0 || len(blocks) == 0 {
 			if parts == nil {
 				parts = []any{}
 			}
-			out = append(out, marshalPlain(chatMsg{Role: m.Role, Content: parts}))
+			out = append(out, marshalPlain(chatMsg{Role: m.Role, Content: oneText(parts)}))
 		}
 	}
 	return out, nil
@@ -276,9 +276,32 @@ func anthropicContent(c json.RawMessage) (any, error) {
 			parts = append(parts, textPart{Type: "text", Text: b.Text})
 			continue
 		}
-		parts = append(parts, compact(raw))
+		parts = append(parts, uncached(raw))
 	}
-	return parts, nil
+	return oneText(parts), nil
+}
+
+// oneText returns content parts that are one text part as its text: Claude
+// Code sends a message as one text block in one call and as a string in
+// the next, and the two must be one message to lineage.
+func oneText(parts []any) any {
+	if len(parts) == 1 {
+		if p, ok := parts[0].(textPart); ok {
+			return p.Text
+		}
+	}
+	return parts
+}
+
+// uncached returns a content block without its cache_control, which a
+// harness moves from call to call, compact, its keys sorted.
+func uncached(raw json.RawMessage) json.RawMessage {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(raw, &m) != nil {
+		return compact(raw)
+	}
+	delete(m, "cache_control")
+	return marshalPlain(compactAll(m))
 }
 
 // responsesRequest returns a Responses request's instructions and input

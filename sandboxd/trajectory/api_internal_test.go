@@ -40,15 +40,22 @@ func TestMessagesRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"role":"system","content":[{"type":"text","text":"sys"}]}
+	want := `{"role":"system","content":"sys"}
 {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}
 {"role":"system","content":"# Environment"}
 {"role":"assistant","content":"ok","reasoning_content":"hmm","tool_calls":[{"id":"t1","type":"function","function":{"name":"Bash","arguments":"{\"command\":\"ls\"}"}}]}
 {"role":"tool","content":"x","tool_call_id":"t1"}
-{"role":"user","content":[{"type":"text","text":"Continue from where you left off."}]}
+{"role":"user","content":"Continue from where you left off."}
 {"role":"user","content":"plain"}`
 	if model != "claude" || string(params) != `{"max_tokens":8,"model":"claude"}` || joinRaw(msgs) != want {
 		t.Fatalf("model %q params %s messages\n%s", model, params, joinRaw(msgs))
+	}
+	// Claude Code sends a message as one text block, then as a string,
+	// and moves cache_control: one message either way.
+	a, _ := messagesRequest(nil, json.RawMessage(`[{"role":"system","content":[{"type":"text","text":"env","cache_control":{"type":"ephemeral"}}]},{"role":"user","content":[{"type":"image","source":{},"cache_control":{}}]}]`))
+	b, _ := messagesRequest(nil, json.RawMessage(`[{"role":"system","content":"env"},{"role":"user","content":[{"type":"image","source":{}}]}]`))
+	if joinRaw(a) != joinRaw(b) {
+		t.Errorf("renderings differ:\n%s\n%s", joinRaw(a), joinRaw(b))
 	}
 }
 
