@@ -291,3 +291,22 @@ func TestExecCallFitsCodexTool(t *testing.T) {
 		t.Fatalf("Codex's exec_command is not what ExecCall calls: %+v", offered)
 	}
 }
+
+// A Codex conversation a relay translated to chat completions: a call
+// that came back Aborted is answered again, as on /v1/responses.
+func TestAbortedInChat(t *testing.T) {
+	s := modelserver.New(codexScript)
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	tools := []map[string]any{{"type": "function", "function": map[string]any{"name": "exec_command",
+		"parameters": map[string]any{"type": "object", "properties": map[string]any{"cmd": map[string]string{"type": "string"}}, "required": []string{"cmd"}}}}}
+	c0 := codexScript["fix"][0].ToolCalls[0]
+	resp := openCodeRequest(t, srv.URL, map[string]any{"model": "m", "stream": true, "tools": tools, "messages": []any{
+		msg("system", "You are Codex."), msg("user", "Fix calc.sh."), assistantCalls("Looking.", c0), toolResult(c0.ID, modelserver.Aborted)}})
+	if r := readStream(t, resp.Body); len(r.calls) != 1 || r.calls[0].ID != "c0.r1" {
+		t.Fatalf("reply %+v", r)
+	}
+	if l := s.Ledger(); len(l) != 1 || l[0].Turn != 0 || !l[0].Retried || l[0].API != modelserver.APIChat {
+		t.Fatalf("ledger %+v", l)
+	}
+}
