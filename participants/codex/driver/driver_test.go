@@ -17,6 +17,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/testcpu"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/codex"
 	"github.com/stillpoint/stillpoint/participants/codex/driver"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
@@ -111,6 +112,7 @@ func (w *world) userTexts() []string {
 // aborted), and the answer comes; a session that answered is not
 // continued again.
 func TestKilledMidToolContinues(t *testing.T) {
+	tier.E2E(t)
 	w := newWorld(t, []modelserver.Turn{
 		{Content: "Testing.", ToolCalls: []modelserver.ToolCall{modelserver.ExecCall("c0", "echo $$ > tool.pid; while [ ! -e resume ]; do sleep 0.1; done; echo resumed")}},
 		{Content: "Done: test.sh passes."},
@@ -167,6 +169,7 @@ func TestKilledMidToolContinues(t *testing.T) {
 
 // check continues only the task's session with a completed response.
 func TestCheckWrongPrompt(t *testing.T) {
+	tier.E2E(t)
 	w := newWorld(t, []modelserver.Turn{{Content: "Hello."}})
 	if s := w.run("run", "--prompt", "Something else."); s.Err() != nil || s.Text != "Hello." || s.Turns != 1 || s.UserTurns != 2 {
 		t.Fatalf("run: %+v\n%s", s, w.lastErr)
