@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +14,9 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/collect/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/tier"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/exec/example"
+	"github.com/stillpoint/stillpoint/participants/scripted"
 )
 
 // The exec tests run the exec adapter's bundled example (a Python 3 agent
@@ -35,6 +38,20 @@ func startExecFleet(t *testing.T, o fleetOptions) *fleet {
 	}
 	o.ownerArgs = append(o.ownerArgs, "--bind", dir+":"+example.SandboxDir)
 	o.agentArgs = append([]string{"--adapter", "exec", "--harness-spec", spec}, o.agentArgs...)
+	if o.tasks == nil {
+		// The scripted set, each prompt one that no shell would pass whole:
+		// the check finds the saved session only if the launch and the
+		// check both got it intact.
+		o.tasks, o.script = tasks.Set(tasks.Options{N: o.n, ToolSeconds: o.toolSeconds, Steps: o.steps})
+		for i, tk := range o.tasks {
+			var p scripted.Task
+			if err := json.Unmarshal(tk.Task, &p); err != nil {
+				t.Fatal(err)
+			}
+			p.Prompt += "\nSay \"done\" when it's there; don't touch $HOME or `ls`. {braces}"
+			o.tasks[i].Task, _ = json.Marshal(p)
+		}
+	}
 	return startFleet(t, o)
 }
 
@@ -109,6 +126,37 @@ func TestExecRolloutsThroughACrash(t *testing.T) {
 	f.checkLedger(began)
 	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", rel, err)
+	}
+}
+
+// TestExecThatDoesNotPauseIsStoppedAndRelaunched: with --no-pause, a
+// checkpoint stops the example agent mid-tool (SIGINT to its tree: it ends
+// without the tool's result) and, after the resume, relaunches it through
+// the check on its saved session, whose continue runs the tool again and
+// finishes the task with no model call repeated.
+func TestExecThatDoesNotPauseIsStoppedAndRelaunched(t *testing.T) {
+	tier.E2E(t)
+	parallel(t, 0.25, 10*time.Second)
+	f := startExecFleet(t, fleetOptions{n: 1, toolSeconds: 6, steps: 1, noPause: true})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	out := f.dispatch(ctx, 0, 0)
+	f.waitCalls(1, 3) // in its 6 s computing tool
+	began := time.Now()
+	f.checkpoint(ctx, "c1")
+	o := <-out
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	reward(t, o.res)
+	f.checkTrajectory(o.res)
+	ls := o.res.Launches
+	if len(ls) != 2 || ls[0].Ended != agentapi.LaunchInterrupted || ls[0].Pauses != 0 || !ls[1].Continued || ls[1].Ended != agentapi.LaunchFinished {
+		t.Fatalf("launch log %+v: want one interrupted launch, then one that continued the session", ls)
+	}
+	f.checkLedger(began)
+	if r := f.ms.Reissued(); len(r) != 0 {
+		t.Fatalf("calls re-issued %+v: one attempt, nothing to re-issue", r)
 	}
 }
 
