@@ -180,7 +180,7 @@ func (a *Adapter) Command(lc agent.LaunchContext) (agent.Command, error) {
 	if !path {
 		env = append(env, "PATH="+DefaultPath)
 	}
-	return agent.Command{Argv: expandAll(c.Argv, vals), Env: env, Dir: a.Spec.Dir.Expand(vals), Timeout: a.Timeout}, nil
+	return agent.Command{Argv: expandAll(c.Argv, vals), Env: env, Dir: a.Spec.Dir.Expand(vals), Timeout: a.Timeout, RelayEdits: c.RelayEdits}, nil
 }
 
 // ResumeDecision implements agent.Adapter: with continue "never", a start

@@ -9,6 +9,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+
+	"github.com/stillpoint/stillpoint/sandboxd/relay"
 )
 
 // DefaultSessionRoot is where session folders go in a sandbox when the
@@ -95,10 +97,14 @@ type Spec struct {
 
 // Command is a launch of the harness: argv and environment, each a
 // template. Env is the whole environment (PATH defaults to DefaultPath),
-// sorted by name.
+// sorted by name. RelayEdits names the sandbox's model relay's edits
+// (sandboxd/relay) applied to the launch's model calls: what a harness
+// adds to a request when it continues a session, removed before the
+// model sees it.
 type Command struct {
-	Argv []Template
-	Env  []EnvVar
+	Argv       []Template
+	Env        []EnvVar
+	RelayEdits []string
 }
 
 // has tells whether c's argv or env holds placeholder name.
@@ -364,13 +370,21 @@ func (d decoder) argv(field string, raw json.RawMessage) ([]Template, error) {
 }
 
 func (d decoder) command(field string, raw json.RawMessage) (Command, error) {
-	obj, err := d.object(field, raw, "argv", "env")
+	obj, err := d.object(field, raw, "argv", "env", "relay_edits")
 	if err != nil {
 		return Command{}, err
 	}
 	var c Command
 	if c.Argv, err = d.argv(field+".argv", obj["argv"]); err != nil {
 		return c, err
+	}
+	if raw, ok := obj["relay_edits"]; ok {
+		if err := d.strict(field+".relay_edits", raw, &c.RelayEdits); err != nil {
+			return c, err
+		}
+		if _, err := relay.LookupEdits(c.RelayEdits); err != nil {
+			return c, d.errorf(field+".relay_edits", "%v", err)
+		}
 	}
 	if raw, ok := obj["env"]; ok {
 		var env map[string]string

@@ -1,13 +1,16 @@
 package exec
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stillpoint/stillpoint/participants/exec/example"
+	"github.com/stillpoint/stillpoint/sandboxd/relay"
 )
 
 // minimal is the smallest spec that parses; the bad specs are edits of it.
@@ -66,6 +69,21 @@ func TestParseSpecDefaultsAndOptions(t *testing.T) {
 	}
 }
 
+// TestRelayEditsReachTheLaunch: the relay edits a spec's continue names
+// are the continuation's, and the first launch has none.
+func TestRelayEditsReachTheLaunch(t *testing.T) {
+	relay.Register(relay.Edit{Name: "exec-spec-test", Apply: func(_ string, b []byte) ([]byte, []json.RawMessage, error) { return b, nil, nil }})
+	s, err := ParseSpec("e.json", []byte(`{"launch": {"argv": ["h", "{prompt}"]},
+		"continue": {"argv": ["h", "--continue"], "relay_edits": ["exec-spec-test"]},
+		"check": {"argv": ["c"]}, "answer": "last_line"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Launch.RelayEdits != nil || !slices.Equal(s.Continue.RelayEdits, []string{"exec-spec-test"}) {
+		t.Fatalf("launch edits %v, continue edits %v", s.Launch.RelayEdits, s.Continue.RelayEdits)
+	}
+}
+
 func TestTemplates(t *testing.T) {
 	vals := map[string]string{"prompt": `say "hi" {x}`, "session": "/s"}
 	for _, c := range []struct{ in, want string }{
@@ -106,7 +124,7 @@ func TestBadSpecs(t *testing.T) {
 		{"unknown top field", `{"launch": {"argv": ["h", "{prompt}"]}, "continue": "never", "answer": "last_line", "resume": 1}`,
 			`bad.json: resume: unknown field (known in the spec: launch, continue, check, answer, pause, session_root, dir)`},
 		{"unknown launch field", `{"launch": {"argv": ["h", "{prompt}"], "cwd": "/"}, "continue": "never", "answer": "last_line"}`,
-			"bad.json: launch.cwd: unknown field (known in launch: argv, env)"},
+			"bad.json: launch.cwd: unknown field (known in launch: argv, env, relay_edits)"},
 		{"unknown answer field", `{"launch": {"argv": ["h", "{prompt}"]}, "continue": "never", "answer": {"path": "a"}}`,
 			"bad.json: answer.path: unknown field"},
 		{"no launch", `{"continue": "never", "answer": "last_line"}`, "bad.json: launch: required"},
@@ -141,6 +159,10 @@ func TestBadSpecs(t *testing.T) {
 			"bad.json: pause: a JSON string, want bool"},
 		{"relative root", `{"launch": {"argv": ["h", "{prompt}"]}, "continue": "never", "answer": "last_line", "session_root": "data"}`,
 			`bad.json: session_root: "data": want an absolute path`},
+		{"unknown relay edit", `{"launch": {"argv": ["h", "{prompt}"]}, "continue": {"argv": ["h"], "relay_edits": ["no-such-edit"]}, "check": {"argv": ["c"]}, "answer": "last_line"}`,
+			`bad.json: continue.relay_edits: `},
+		{"relay edits not a list", `{"launch": {"argv": ["h", "{prompt}"]}, "continue": {"argv": ["h"], "relay_edits": "x"}, "check": {"argv": ["c"]}, "answer": "last_line"}`,
+			`bad.json: continue.relay_edits: a JSON string`},
 		{"bad dir", `{"launch": {"argv": ["h", "{prompt}"]}, "continue": "never", "answer": "last_line", "dir": "{cwd}"}`,
 			`bad.json: dir: "{cwd}": unknown placeholder {cwd}`},
 	} {
