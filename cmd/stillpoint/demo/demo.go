@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	osexec "os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -29,6 +30,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/participants/exec/example"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm/qemu"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
@@ -101,6 +103,11 @@ fixing 9 of them with OpenCode's own tools, the rewards from their tests);
 flight at once. Each OpenCode process takes about 0.6 GB and 4 s of CPU to
 start.
 
+With --harness exec the agents run the exec adapter's bundled example
+(participants/exec/example: a small Python 3 agent defined by its JSON spec,
+docs/HARNESSES.md) on the scripted task set; it needs python3 on the host,
+which the sandboxes see.
+
 It builds the static sandboxd and harness binaries first (go build, from the
 stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 		Args: cobra.NoArgs,
@@ -117,7 +124,7 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	fl.StringVar(&f.run, "run", "demo", "the run id (with --nats-url, one per demo on that server; with credentials lower case, no underscore)")
 	fl.StringVar(&f.authDir, "auth-dir", "", "with --nats-url: that server's keys and creds (stillpoint server --auth-dir)")
 	fl.DurationVar(&f.tool, "tool-time", defaultToolTime, "how long each task's slow tool call runs")
-	fl.StringVar(&f.harness, "harness", harnessScripted, "the agents' harness: scripted (the scripted task set) or opencode (the repository tasks, run by the real OpenCode)")
+	fl.StringVar(&f.harness, "harness", harnessScripted, "the agents' harness: scripted (the scripted task set), opencode (the repository tasks, run by the real OpenCode) or exec (the scripted task set, run by the exec adapter's example agent)")
 	return cmd
 }
 
@@ -128,6 +135,7 @@ const defaultToolTime = 4 * time.Second
 const (
 	harnessScripted = "scripted"
 	harnessOpenCode = "opencode"
+	harnessExec     = "exec"
 )
 
 // openCodeInFlight is the most OpenCode rollouts the demo runs at once:
@@ -147,6 +155,7 @@ type Fleet struct {
 	sandboxd string
 	harness  string
 	driver   string // the OpenCode driver, with --harness opencode
+	execDir  string // the exec example's folder, with --harness exec
 	natsURL  string
 	authDir  string
 	auth     *embedded.Authority // with credentials: mints the members' users
@@ -190,8 +199,8 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.harness == "" {
 		f.harness = harnessScripted
 	}
-	if f.harness != harnessScripted && f.harness != harnessOpenCode {
-		return fmt.Errorf("%w: --harness %q: want %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode)
+	if f.harness != harnessScripted && f.harness != harnessOpenCode && f.harness != harnessExec {
+		return fmt.Errorf("%w: --harness %q: want %s, %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode, harnessExec)
 	}
 	d := &Fleet{env: env, f: f, run: cmp.Or(f.run, "demo"), token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
 		log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
@@ -350,11 +359,21 @@ func (d *Fleet) TaskSet() ([]collect.Task, modelserver.Script, int, error) {
 	return ts, script, min(len(ts), openCodeInFlight), nil
 }
 
-// build builds the static binaries that go into sandboxes, and with
-// --harness opencode finds OpenCode and ripgrep.
+// build builds the static binaries that go into sandboxes, with --harness
+// opencode finds OpenCode and ripgrep, and with --harness exec writes the
+// example agent and its spec into the work directory.
 func (d *Fleet) build(ctx context.Context) error {
 	pkgs := []string{build.Sandboxd, build.ScriptedHarness}
 	what := "sandboxd and scripted harness"
+	if d.f.harness == harnessExec {
+		if _, err := osexec.LookPath("python3"); err != nil {
+			return fmt.Errorf("demo: --harness exec runs a Python 3 agent, and python3 is not on PATH (apt-get install python3): %w", err)
+		}
+		d.execDir = filepath.Join(d.dir, "exec-harness")
+		if _, err := example.Write(d.execDir); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+	}
 	if d.f.harness == harnessOpenCode {
 		if _, err := opencode.Binary(); err != nil {
 			return fmt.Errorf("demo: %w", err)

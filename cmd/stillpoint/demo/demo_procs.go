@@ -22,6 +22,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/participants/exec/example"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
 
@@ -216,8 +217,11 @@ func (d *Fleet) StartOwner(ctx context.Context, bus *jetstream.Bus, name string)
 	prev := d.instance(ctx, bus, m)
 	args := []string{"owner", "--run", d.run, "--name", name, "--provider", d.f.provider, "--state-dir", d.ownerDir(name),
 		"--sandboxd", d.sandboxd, "--harness", d.harness}
-	if d.f.harness == harnessOpenCode {
+	switch d.f.harness {
+	case harnessOpenCode:
 		args = append(args, "--task-kind", "command", "--opencode", d.driver)
+	case harnessExec:
+		args = append(args, "--bind", d.execDir+":"+example.SandboxDir)
 	}
 	if d.f.provider == "microvm" {
 		// Images and the warm template are kept for the next demo.
@@ -244,8 +248,11 @@ func (d *Fleet) StartAgent(ctx context.Context, bus *jetstream.Bus, name, modelU
 	m := events.Member("agent." + name)
 	prev := d.instance(ctx, bus, m)
 	args := []string{"agent", "--run", d.run, "--name", name, "--owner", NodeOwner(name), "--model-url", modelURL, "--concurrency", fmt.Sprint(d.f.rollouts)}
-	if d.f.harness == harnessOpenCode {
+	switch d.f.harness {
+	case harnessOpenCode:
 		args = append(args, "--adapter", "opencode", "--launch-timeout", "10m")
+	case harnessExec:
+		args = append(args, "--adapter", "exec", "--harness-spec", filepath.Join(d.execDir, example.SpecFile))
 	}
 	maddr, err := d.metricsAddr("agent-" + name)
 	if err != nil {

@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"errors"
 	"maps"
 	"slices"
 	"time"
 
 	"github.com/stillpoint/stillpoint/participants/agent"
 	"github.com/stillpoint/stillpoint/participants/codex"
+	"github.com/stillpoint/stillpoint/participants/exec"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 )
@@ -23,6 +25,8 @@ type adapterConfig struct {
 	timeout time.Duration
 	// harness is --harness, the scripted harness's path in the sandbox.
 	harness string
+	// harnessSpec is --harness-spec, the exec adapter's spec file.
+	harnessSpec string
 }
 
 // adapters are the harnesses `stillpoint agent --adapter` drives, by
@@ -37,6 +41,16 @@ func adapters() map[string]func(adapterConfig) (agent.Adapter, error) {
 		},
 		"codex": func(c adapterConfig) (agent.Adapter, error) {
 			return &codex.Adapter{ModelURL: c.modelURL, NoPause: c.noPause, Timeout: c.timeout}, nil
+		},
+		"exec": func(c adapterConfig) (agent.Adapter, error) {
+			if c.harnessSpec == "" {
+				return nil, errors.New("--harness-spec is required: the harness's spec (docs/HARNESSES.md)")
+			}
+			spec, err := exec.LoadSpec(c.harnessSpec)
+			if err != nil {
+				return nil, err
+			}
+			return &exec.Adapter{Spec: spec, ModelURL: c.modelURL, NoPause: c.noPause, Timeout: c.timeout}, nil
 		},
 	}
 }

@@ -35,6 +35,7 @@ type agentFlags struct {
 	modelURL    string
 	adapter     string
 	harness     string
+	harnessSpec string
 	concurrency int
 	noPause     bool
 	timeout     time.Duration
@@ -61,9 +62,11 @@ continues them.
             the owner's --opencode (docs/OPENCODE.md)
   codex     Codex CLI 0.171.0 through its driver, both shown in the sandbox by
             the owner's --codex (docs/CODEX.md); --model-url serves the
-            OpenAI Responses API`,
+            OpenAI Responses API
+  exec      a harness defined in JSON (--harness-spec FILE; docs/HARNESSES.md)`,
 		Example: `  stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000
-  stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000 --adapter opencode`,
+  stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000 --adapter opencode
+  stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000 --adapter exec --harness-spec participants/exec/example/spec.json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runAgent(cmd.Context(), g, f) },
 	}
@@ -74,6 +77,7 @@ continues them.
 	fl.StringVar(&f.modelURL, "model-url", env("STILLPOINT_MODEL_URL"), "chat-completions server the harness calls (env STILLPOINT_MODEL_URL)")
 	fl.StringVar(&f.adapter, "adapter", "scripted", "the harness: "+strings.Join(adapterNames(), ", "))
 	fl.StringVar(&f.harness, "harness", scripted.HarnessPath, "the scripted harness's path inside the sandbox")
+	fl.StringVar(&f.harnessSpec, "harness-spec", "", "--adapter exec: the harness's spec, a JSON file (docs/HARNESSES.md)")
 	fl.IntVar(&f.concurrency, "concurrency", agent.DefaultConcurrency, "rollouts run at once")
 	fl.BoolVar(&f.noPause, "no-pause", false, "never pause launches: stop them at a checkpoint and relaunch after it")
 	fl.DurationVar(&f.timeout, "launch-timeout", 10*time.Minute, "time limit of one launch, paused time not counted")
@@ -96,7 +100,7 @@ func runAgent(ctx context.Context, g *globals, f agentFlags) error {
 	if !ok {
 		return &exitError{code: ExitUsage, err: fmt.Errorf("--adapter %q: want one of %s", f.adapter, strings.Join(adapterNames(), ", "))}
 	}
-	adapter, err := build(adapterConfig{modelURL: f.modelURL, noPause: f.noPause, timeout: f.timeout, harness: f.harness})
+	adapter, err := build(adapterConfig{modelURL: f.modelURL, noPause: f.noPause, timeout: f.timeout, harness: f.harness, harnessSpec: f.harnessSpec})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: fmt.Errorf("--adapter %s: %w", f.adapter, err)}
 	}
