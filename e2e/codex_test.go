@@ -7,11 +7,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect/tasks"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/poll"
@@ -339,6 +341,170 @@ func TestCodexRolloutsThroughACrash(t *testing.T) {
 		t.Errorf("%d of the %d restored rollouts continued their saved session, want every one", continued, n-len(done))
 	}
 	f.checkLedger(began)
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("final release: %+v %v", rel, err)
+	}
+}
+
+// TestCodexRepoTasksThroughTwoCheckpointsAndACrash: the repository set
+// run by the real Codex CLI, 8 rollouts at once on two agents, every tool
+// call its exec_command. The collector takes a checkpoint while every
+// running rollout is in its first, slow, test run and another once they
+// have gone on; then kill -9 of both agents and the owner. The collector
+// restores the second checkpoint into the restarted fleet, and every
+// rollout ends with exactly one result whose reward its own tests gave
+// (1 after the fix, 0 for the control task), no model call repeated and
+// no user turn injected.
+func TestCodexRepoTasksThroughTwoCheckpointsAndACrash(t *testing.T) {
+	tier.Heavy(t)
+	parallel(t, 1.25, 3*time.Minute)
+	drv := codexDriver(t)
+	const inFlight = 8
+	f := startFleet(t, fleetOptions{agents: 2, concurrency: inFlight,
+		repos:     &tasks.RepoOptions{ToolSeconds: 8, Harness: tasks.HarnessCodex},
+		ownerArgs: []string{"--codex", drv, "--model-api-translate"},
+		agentArgs: []string{"--adapter", "codex", "--launch-timeout", "10m"}})
+	f.userTurns = codexUserTurns
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+	defer cancel()
+	c := f.collector(t)
+	c.start("--concurrency", "8")
+	reached := func(turn int) (n, started int) {
+		for _, tk := range f.tasks {
+			if f.answered(tk.RolloutID, repoTurnLook) {
+				started++
+			}
+			if f.answered(tk.RolloutID, turn) {
+				n++
+			}
+		}
+		return n, started
+	}
+	poll.Wait(t, 4*time.Minute, "8 rollouts in their first test run", func() bool {
+		n, _ := reached(repoTurnTest1)
+		return n >= inFlight
+	})
+	c.signal(syscall.SIGUSR1)
+	poll.Wait(t, 2*time.Minute, "the first committed checkpoint", func() bool { return f.latest(ctx) != "" })
+	first := f.latest(ctx)
+	poll.Wait(t, 4*time.Minute, "rollouts on past their fix", func() bool {
+		n, _ := reached(repoTurnTest2)
+		return n >= inFlight/2
+	})
+	began := time.Now()
+	c.signal(syscall.SIGUSR1)
+	poll.Wait(t, 2*time.Minute, "the second committed checkpoint", func() bool {
+		l := f.latest(ctx)
+		return l != "" && l != first
+	})
+	n, started := reached(repoTurnTest2)
+	t.Logf("checkpoints %s and %s; at the crash %d of %d rollouts had started, %d were past their fix", first, f.latest(ctx), started, len(f.tasks), n)
+	f.kill9("agent-a1", "agent-a2", "owner")
+	f.startOwner()
+	for _, a := range f.agents {
+		f.startAgent(a, "--concurrency", "8")
+	}
+	if code := c.wait(8 * time.Minute); code != 0 {
+		t.Fatalf("collect exited %d", code)
+	}
+	res := c.readResults()
+	restored, continued := 0, 0
+	for _, tk := range f.tasks {
+		r, ok := res[tk.RolloutID]
+		if !ok || r.Result == nil {
+			continue // readResults said so
+		}
+		checkRepoVerdict(t, tk.RolloutID, *r.Result)
+		f.checkHarnessLedger(tk.RolloutID, "", codexUserTurns)
+		if r.Result.Restored {
+			restored++
+			if l := r.Result.Launches; len(l) > 0 && l[len(l)-1].Continued {
+				continued++
+			}
+		}
+		t.Logf("%-16s attempt %d restored %-5v reward %v", tk.RolloutID, r.Attempt, r.Result.Restored, verdict(t, *r.Result).Reward)
+	}
+	if restored == 0 || continued == 0 {
+		t.Errorf("%d rollouts continued from the restored checkpoint, %d of them on their saved Codex session: want some of each", restored, continued)
+	}
+	t.Logf("%d rollouts restored, %d of them continued their saved Codex session", restored, continued)
+	f.checkLedger(began)
+}
+
+// TestMicroVMCodexContinuesInPlace: one real Codex rollout on the microvm
+// provider (Codex's directory beside the bin directory on the harness
+// disk), checkpointed while Codex waits for a model reply; the agent and
+// the owner are killed with SIGKILL, and a new agent and owner with a new
+// model server restore. The Codex process the snapshot kept is taken over
+// in place, its cut call and every later one reach the new model server
+// through the relay, and it finishes with its grade.
+func TestMicroVMCodexContinuesInPlace(t *testing.T) {
+	tier.Heavy(t)
+	parallel(t, 1, 4*time.Minute) // the guest under TCG, and Codex in it
+	requireMicroVM(t)
+	drv := codexDriver(t)
+	ts, script := codexTasks("cxvm", 1, 1)
+	began := time.Now()
+	f := startFleet(t, fleetOptions{n: 1, concurrency: 1, tasks: ts, script: script, provider: "microvm",
+		ownerArgs: []string{"--codex", drv, "--model-api-translate", "--microvm-mem", "1024"},
+		agentArgs: []string{"--adapter", "codex", "--launch-timeout", "30m"}})
+	f.userTurns = codexUserTurns
+	ctx, cancel := context.WithTimeout(t.Context(), 25*time.Minute)
+	defer cancel()
+	f.ms.Hold()
+	lost, abandon := context.WithCancel(ctx)
+	first := f.dispatch(lost, 0, 0)
+	wait, stop := context.WithTimeout(ctx, 15*time.Minute)
+	err := poll.Until(wait, poll.Every(100*time.Millisecond), func() (bool, error) { return f.ms.Held() > 0, nil })
+	stop()
+	if err != nil {
+		f.showLaunch(ctx, f.id(0))
+		t.Fatalf("Codex's first model call held by the model server: %v after %s", err, time.Since(began).Round(time.Second))
+	}
+	started := time.Since(began)
+	f.checkpoint(ctx, "c1")
+	bm := f.agentRecords(ctx, "c1", "a1")[f.id(0)]
+	if len(bm.Launches) != 1 || bm.Launches[0].Held == nil || !bm.Launches[0].Relay {
+		t.Fatalf("exported bookmark %+v: want the Codex launch held through the relay", bm)
+	}
+	f.kill9("agent-a1", "owner")
+	abandon()
+	if o := <-first; o.err == nil {
+		t.Fatalf("the rollout returned across the crash: %+v", o.res)
+	}
+	addr, ms2 := serveModel(t, f.script)
+	f.later = append(f.later, ms2)
+	f.upstream = addr
+	f.startOwner()
+	f.startAgent("a1", "--concurrency", "1")
+	t1 := time.Now()
+	if rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{}); err != nil || rr.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("restore: %+v %v", rr, err)
+	}
+	o := <-f.dispatch(ctx, 0, 1)
+	if o.err != nil {
+		t.Fatalf("after the restore: %v", o.err)
+	}
+	reward(t, o.res)
+	f.checkTrajectory(o.res)
+	if len(o.res.Launches) != 1 || o.res.Launches[0].Rebind != agentapi.RebindResumed || o.res.Launches[0].Ended != agentapi.LaunchFinished {
+		t.Fatalf("launch log %+v: want the one Codex launch resumed in place and finished", o.res.Launches)
+	}
+	if len(ms2.Ledger()) == 0 {
+		t.Fatal("no model call reached the new model server")
+	}
+	for _, ms := range []*modelserver.Server{f.ms, ms2} {
+		if r := ms.Repeats(); len(r) != 0 {
+			t.Errorf("repeated model calls: %v", r)
+		}
+		for _, e := range ms.Ledger() {
+			if e.UserTurns != codexUserTurns {
+				t.Errorf("%s: a request with %d user turns: a turn was injected", e.Task, e.UserTurns)
+			}
+		}
+	}
+	t.Logf("cost: to Codex's first model call %s (the template included), restore to the grade %s, %d calls to the new model server",
+		started.Round(time.Second), time.Since(t1).Round(time.Second), len(ms2.Ledger()))
 	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", rel, err)
 	}
