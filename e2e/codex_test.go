@@ -22,6 +22,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/codex"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+	"github.com/stillpoint/stillpoint/sandboxd/relay"
 )
 
 // The Codex tests run the real Codex CLI (codex.Binary) in real sandboxes,
@@ -236,6 +237,20 @@ func TestCodexSnapshotForksIntoAContinuation(t *testing.T) {
 	}
 	f.checkHarnessLedger(id, "0 1 2 2r 3 4 5", codexUserTurns)
 	f.checkLedger(began)
+	// The trajectory records what the relay removed: from each call of the
+	// continuation, the one empty user message `resume ""` added.
+	edited := 0
+	for _, c := range readTrajectory(ctx, t, f, o.res.Trajectory).Calls() {
+		for _, e := range c.Edits {
+			if e.Name != relay.CodexEmptyTurn || len(e.Removed) != 1 || !strings.Contains(string(e.Removed[0]), `"text":""`) {
+				t.Errorf("call %s: edit %+v, want %s removing one empty user message", c.ID, e, relay.CodexEmptyTurn)
+			}
+			edited++
+		}
+	}
+	if want := len(es) - calls; edited != want {
+		t.Errorf("%d calls record the removal of the empty user message, want the continuation's %d", edited, want)
+	}
 	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", rel, err)
 	}
