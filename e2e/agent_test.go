@@ -137,7 +137,7 @@ func (f *fleet) checkLedger(restoredFrom time.Time) {
 		f.t.Errorf("repeated model calls: %v", r)
 	}
 	for _, e := range f.ms.Ledger() {
-		if e.UserTurns != 1 {
+		if e.UserTurns != max(f.userTurns, 1) {
 			f.t.Errorf("%s: a request with %d user turns: a turn was injected", e.Task, e.UserTurns)
 		}
 	}

@@ -120,3 +120,13 @@ func TestDemoWithOpenCode(t *testing.T) {
 	parallel(t, 1, 1*time.Minute)
 	runDemo(t, "--harness", "opencode", "--rollouts", "4")
 }
+
+// TestDemoWithCodex runs `stillpoint demo --harness codex` on 4 of the
+// repository tasks, run by the real Codex CLI all at once, through the
+// demo's checkpoints and crash, every reward from the repository's tests
+// and every trajectory's tokens checked against the model server's.
+func TestDemoWithCodex(t *testing.T) {
+	tier.E2E(t)
+	parallel(t, 1, 1*time.Minute)
+	runDemo(t, "--harness", "codex", "--rollouts", "4")
+}

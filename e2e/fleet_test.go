@@ -76,6 +76,9 @@ type fleet struct {
 	provider string
 	upstream string
 	modelURL string
+	// userTurns is how many user turns each model call carries (0: one;
+	// Codex's carry its environment message too).
+	userTurns int
 }
 
 type fleetOptions struct {

@@ -103,30 +103,40 @@ func startOpenCodeFleet(t *testing.T, prefix string, n, agents int, mode string,
 		agentArgs: append([]string{"--adapter", "opencode", "--launch-timeout", "10m"}, agentArgs...)})
 }
 
-// launch is a running OpenCode launch as the host sees it: the driver's
-// process and its session folder.
+// launch is a running harness launch as the host sees it: the driver's
+// process and its session folder, the harness's session files in it
+// (globs) and the harness process's name.
 type launch struct {
-	pid  int    // the driver
-	home string // the session folder, through /proc/<pid>/root
+	pid   int      // the driver
+	home  string   // the session folder, through /proc/<pid>/root
+	files []string // the session's files, globs relative to home
+	main  string   // the harness process's comm
 }
 
-// findLaunch finds the driver of rollout's launch among the host's
-// processes: its command line names the rollout as --title, and it runs
-// under this fleet's sandboxd (an ancestor's command line names the
-// fleet's NATS server), not another test's.
+// findLaunch finds the OpenCode driver of rollout's launch (findDriver).
 func (f *fleet) findLaunch(rollout string) launch {
+	f.t.Helper()
+	return f.findDriver(rollout, opencode.DriverName, driver.StoreFiles, opencode.OpenCodeName)
+}
+
+// findDriver finds the driver (named name) of rollout's launch among the
+// host's processes: its command line names the rollout (as --title, or
+// in --home), and it runs under this fleet's sandboxd (an ancestor's
+// command line names the fleet's NATS server), not another test's.
+func (f *fleet) findDriver(rollout, name string, files []string, main string) launch {
 	t := f.t.(*testing.T)
 	t.Helper()
 	var l launch
-	poll.Wait(t, time.Minute, "the OpenCode driver of "+rollout, func() bool {
+	names := func(a string) bool { return a == rollout || strings.Contains(a, "/"+rollout+"/") }
+	poll.Wait(t, time.Minute, "the "+name+" of "+rollout, func() bool {
 		pids, _ := procfs.PIDs()
 		for _, pid := range pids {
 			argv := cmdline(pid)
-			if len(argv) == 0 || !strings.HasSuffix(argv[0], "/"+opencode.DriverName) || !slices.Contains(argv, rollout) || !ancestorNames(pid, f.env.URL) {
+			if len(argv) == 0 || !strings.HasSuffix(argv[0], "/"+name) || !slices.ContainsFunc(argv, names) || !ancestorNames(pid, f.env.URL) {
 				continue
 			}
 			if i := slices.Index(argv, "--home"); i > 0 && i+1 < len(argv) {
-				l = launch{pid: pid, home: fmt.Sprintf("/proc/%d/root%s", pid, argv[i+1])}
+				l = launch{pid: pid, home: fmt.Sprintf("/proc/%d/root%s", pid, argv[i+1]), files: files, main: main}
 				return true
 			}
 		}
@@ -191,8 +201,8 @@ func (l launch) end(t *testing.T, comm string) {
 }
 
 // stillness is what must not change while a launch is paused: every
-// process of its tree with its state and CPU time, and OpenCode's store
-// files (mtime, size, sha256).
+// process of its tree with its state and CPU time, and the harness's
+// session files (OpenCode's store; mtime, size, sha256).
 type stillness struct {
 	procs map[int]string
 	files map[string]string
@@ -213,19 +223,30 @@ func (l launch) sample(t *testing.T) stillness {
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 		s.procs[pid] = fmt.Sprintf("%s start %d state %c cpu %d", strings.TrimSpace(string(comm)), st.Start, st.State, st.UTime+st.STime)
 	}
-	for _, f := range driver.StoreFiles {
-		p := filepath.Join(l.home, f)
-		fi, err := os.Stat(p)
-		if err != nil {
-			t.Fatalf("store file: %v", err)
+	for _, g := range l.files {
+		ps, _ := filepath.Glob(filepath.Join(l.home, g))
+		if len(ps) == 0 {
+			t.Fatalf("no session file %s in %s", g, l.home)
 		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			t.Fatalf("store file: %v", err)
+		for _, p := range ps {
+			s.sampleFile(t, p)
 		}
-		s.files[f] = fmt.Sprintf("mtime %d size %d sha256 %x", fi.ModTime().UnixNano(), fi.Size(), sha256.Sum256(b))
 	}
 	return s
+}
+
+// sampleFile adds file p's mtime, size and sha256 to s.
+func (s stillness) sampleFile(t *testing.T, p string) {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatalf("store file: %v", err)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("store file: %v", err)
+	}
+	s.files[filepath.Base(p)] = fmt.Sprintf("mtime %d size %d sha256 %x", fi.ModTime().UnixNano(), fi.Size(), sha256.Sum256(b))
 }
 
 func (s stillness) diff(o stillness) string {
@@ -295,12 +316,12 @@ func (f *fleet) pausedFor(ctx context.Context, id, mode string, l launch, d time
 		t.Fatalf("commit %s: %+v %v", id, res, err)
 	}
 	for pid, v := range before.procs {
-		if strings.HasPrefix(v, opencode.OpenCodeName+" ") {
-			start, _, _ := strings.Cut(strings.TrimPrefix(v, opencode.OpenCodeName+" "), " state")
+		if strings.HasPrefix(v, l.main+" ") {
+			start, _, _ := strings.Cut(strings.TrimPrefix(v, l.main+" "), " state")
 			return fmt.Sprintf("pid %d %s", pid, start)
 		}
 	}
-	t.Fatalf("%s: no OpenCode process among %v", id, before.procs)
+	t.Fatalf("%s: no %s process among %v", id, l.main, before.procs)
 	return ""
 }
 
@@ -379,10 +400,17 @@ func (f *fleet) answered(task string, turn int) bool {
 // repeated, and the turns called in order.
 func (f *fleet) checkOpenCodeLedger(task string, want string) {
 	f.t.Helper()
+	f.checkHarnessLedger(task, want, 1)
+}
+
+// checkHarnessLedger is checkOpenCodeLedger with users user turns in each
+// call.
+func (f *fleet) checkHarnessLedger(task string, want string, users int) {
+	f.t.Helper()
 	var got []string
 	for _, e := range f.entries(task) {
-		if e.UserTurns != 1 || e.Title || !e.Stream {
-			f.t.Errorf("%s: call %+v: want one user turn, no title call, streamed", task, e)
+		if e.UserTurns != users || e.Title || !e.Stream {
+			f.t.Errorf("%s: call %+v: want %d user turns, no title call, streamed", task, e, users)
 		}
 		got = append(got, fmt.Sprintf("%d%s", e.Turn, map[bool]string{true: "r"}[e.Retried]))
 	}

@@ -45,6 +45,10 @@ type Run struct {
 	// Model is the model server's ledger (nil: invariant 4 is not
 	// checked and says so).
 	Model Ledger
+	// UserTurns is how many user turns each model call carries (0: one);
+	// a call with another count had a turn injected. Codex's carry its
+	// environment message beside the prompt.
+	UserTurns int
 	// Manifests holds what was verified at each commit (nil: nothing
 	// was, and invariant 1 fails when a checkpoint committed).
 	Manifests *Manifests
@@ -152,7 +156,7 @@ func Check(ctx context.Context, r Run) []Result {
 	if r.Model == nil {
 		add(4, "no model call repeated, no turn injected", false, "no model ledger to read")
 	} else {
-		out = append(out, model(r.Model, tl))
+		out = append(out, model(r.Model, tl, r.UserTurns))
 	}
 
 	// 5. Paused launches were still: every pause a sandbox acked was confirmed.
@@ -301,16 +305,17 @@ func outcomes(tl []timeline.Entry, sum collect.Summary) (committed, failed []str
 	return committed, failed
 }
 
-// model checks invariant 4 on the model server's ledger. A call sent again
-// is legitimate only when the restored world had lost its reply: re-issued
-// by a restored attempt (the next attempt of its rollout), or re-sent in
+// model checks invariant 4 on the model server's ledger, each call with
+// users user turns (0: one). A call sent again is legitimate only when
+// the restored world had lost its reply: re-issued by a restored attempt
+// (the next attempt of its rollout), or re-sent in
 // place by a process a restore continued (a snapshot that kept the
 // harness, whose relay re-sends the calls the snapshot cut: the process
 // keeps its old episode), its reply delivered before a restore of its
 // rollout began and the call sent again after, its reply saved only after
 // the restored checkpoint began (or never). Anything else sent again is a
 // repeat.
-func model(l Ledger, tl []timeline.Entry) Result {
+func model(l Ledger, tl []timeline.Entry, users int) Result {
 	began := map[string]time.Time{} // checkpoint or operation → its first event
 	from := map[string]string{}     // restored episode → its checkpoint
 	type restore struct {
@@ -348,7 +353,7 @@ func model(l Ledger, tl []timeline.Entry) Result {
 	ledger := l.Ledger()
 	injected := 0
 	for _, e := range ledger {
-		if e.UserTurns != 1 {
+		if e.UserTurns != max(users, 1) {
 			injected++
 		}
 	}

@@ -99,7 +99,7 @@ func TestCallResentInPlaceAfterARestore(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 			send(t, srv.URL, x, time.Time{}) // the restored relay re-sends the cut call
-			got := model(s, tl)
+			got := model(s, tl, 0)
 			if got.OK != c.ok {
 				t.Errorf("ok %v, want %v: %s", got.OK, c.ok, got.Detail)
 			}
@@ -138,7 +138,7 @@ func TestReissuedByARestoredAttempt(t *testing.T) {
 		{"of an attempt started over before it", "t1", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := model(reissues{{Task: "t1", Digest: "d", Earlier: c.earlier, Delivered: saved, Saved: saved, Later: "t1-a2"}}, tl)
+			got := model(reissues{{Task: "t1", Digest: "d", Earlier: c.earlier, Delivered: saved, Saved: saved, Later: "t1-a2"}}, tl, 0)
 			if got.OK != c.ok {
 				t.Errorf("ok %v, want %v: %s", got.OK, c.ok, got.Detail)
 			}

@@ -31,6 +31,8 @@ const (
 	ScriptedHarness = "./cmd/scripted-harness"
 	// OpenCodeDriver is the in-sandbox driver of OpenCode.
 	OpenCodeDriver = "./cmd/opencode-driver"
+	// CodexDriver is the in-sandbox driver of Codex.
+	CodexDriver = "./cmd/codex-driver"
 )
 
 // Module is the path of the module whose programs Static builds.

@@ -30,6 +30,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/participants/codex"
 	"github.com/stillpoint/stillpoint/participants/exec/example"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm/qemu"
@@ -103,6 +104,11 @@ fixing 9 of them with OpenCode's own tools, the rewards from their tests);
 flight at once. Each OpenCode process takes about 0.6 GB and 4 s of CPU to
 start.
 
+With --harness codex the agents run the real Codex CLI (0.171.0, from npm: see
+docs/CODEX.md) on the same repository tasks, in its one tool, exec_command;
+the sandboxes' relays translate its Responses calls to chat completions, so
+that its trajectories have token ids.
+
 With --harness exec the agents run the exec adapter's bundled example
 (participants/exec/example: a small Python 3 agent defined by its JSON spec,
 docs/HARNESSES.md) on the scripted task set; it needs python3 on the host,
@@ -136,6 +142,7 @@ const (
 	harnessScripted = "scripted"
 	harnessOpenCode = "opencode"
 	harnessExec     = "exec"
+	harnessCodex    = "codex"
 )
 
 // openCodeInFlight is the most OpenCode rollouts the demo runs at once:
@@ -199,8 +206,8 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.harness == "" {
 		f.harness = harnessScripted
 	}
-	if f.harness != harnessScripted && f.harness != harnessOpenCode && f.harness != harnessExec {
-		return fmt.Errorf("%w: --harness %q: want %s, %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode, harnessExec)
+	if f.harness != harnessScripted && f.harness != harnessOpenCode && f.harness != harnessExec && f.harness != harnessCodex {
+		return fmt.Errorf("%w: --harness %q: want %s, %s, %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode, harnessExec, harnessCodex)
 	}
 	d := &Fleet{env: env, f: f, run: cmp.Or(f.run, "demo"), token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
 		log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
@@ -312,7 +319,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	d.StopAll()
 	leftover := d.Reap(ctx)
 	inv := invariant.Check(ctx, invariant.Run{Run: d.run, JS: js, Bus: bus, Summary: sum,
-		Results: filepath.Join(d.dir, "results.jsonl"), Rollouts: d.ids, Graded: d.Graded, Model: ms,
+		Results: filepath.Join(d.dir, "results.jsonl"), Rollouts: d.ids, Graded: d.Graded, Model: ms, UserTurns: d.userTurns(),
 		Manifests: verified, Sandboxes: leftover, NeedRestore: true})
 	fmt.Fprintln(env.Stdout, "invariants (PROTOCOL §7) checked on this run:")
 	invariant.Write(env.Stdout, inv)
@@ -339,14 +346,18 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 // tasks of the repository set for OpenCode's tools, at most
 // openCodeInFlight at once.
 func (d *Fleet) TaskSet() ([]collect.Task, modelserver.Script, int, error) {
-	if d.f.harness != harnessOpenCode {
+	if !d.realHarness() {
 		ts, script := tasks.Set(tasks.Options{N: d.f.rollouts, ToolSeconds: d.f.tool.Seconds(), Steps: cmp.Or(d.f.steps, 2)})
 		for _, turns := range script {
 			d.lastTurn = len(turns) - 1
 		}
 		return ts, script, d.f.rollouts, nil
 	}
-	ts, script, err := tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: tasks.HarnessOpenCode})
+	harness := tasks.HarnessOpenCode
+	if d.f.harness == harnessCodex {
+		harness = tasks.HarnessCodex
+	}
+	ts, script, err := tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: harness})
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("demo: %w", err)
 	}
@@ -357,6 +368,21 @@ func (d *Fleet) TaskSet() ([]collect.Task, modelserver.Script, int, error) {
 		ts = ts[:d.f.rollouts]
 	}
 	return ts, script, min(len(ts), openCodeInFlight), nil
+}
+
+// realHarness tells a real harness (OpenCode, Codex) on the repository
+// tasks.
+func (d *Fleet) realHarness() bool {
+	return d.f.harness == harnessOpenCode || d.f.harness == harnessCodex
+}
+
+// userTurns is how many user turns each of the harness's model calls
+// carries: Codex's carry its environment message beside the prompt.
+func (d *Fleet) userTurns() int {
+	if d.f.harness == harnessCodex {
+		return 2
+	}
+	return 1
 }
 
 // build builds the static binaries that go into sandboxes, with --harness
@@ -373,6 +399,12 @@ func (d *Fleet) build(ctx context.Context) error {
 		if _, err := example.Write(d.execDir); err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
+	}
+	if d.f.harness == harnessCodex {
+		if _, err := codex.Binary(); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		pkgs, what = append(pkgs, build.CodexDriver), what+" and the Codex driver"
 	}
 	if d.f.harness == harnessOpenCode {
 		if _, err := opencode.Binary(); err != nil {
@@ -391,7 +423,7 @@ func (d *Fleet) build(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	d.sandboxd, d.harness, d.driver = bins[build.Sandboxd], bins[build.ScriptedHarness], bins[build.OpenCodeDriver]
+	d.sandboxd, d.harness, d.driver = bins[build.Sandboxd], bins[build.ScriptedHarness], cmp.Or(bins[build.OpenCodeDriver], bins[build.CodexDriver])
 	return nil
 }
 
@@ -571,7 +603,7 @@ func (d *Fleet) direct(ctx context.Context, col *collect.Collector, ms *modelser
 	// take longer and apart, so it waits for one that the first
 	// checkpoint paused to have finished in place.
 	returned, held := 0, false
-	if d.f.harness == harnessOpenCode {
+	if d.realHarness() {
 		returned = 1
 	} else {
 		ms.HoldFrom(d.lastTurn)

@@ -222,6 +222,8 @@ func (d *Fleet) StartOwner(ctx context.Context, bus *jetstream.Bus, name string)
 		args = append(args, "--task-kind", "command", "--opencode", d.driver)
 	case harnessExec:
 		args = append(args, "--bind", d.execDir+":"+example.SandboxDir)
+	case harnessCodex:
+		args = append(args, "--task-kind", "command", "--codex", d.driver, "--model-api-translate")
 	}
 	if d.f.provider == "microvm" {
 		// Images and the warm template are kept for the next demo.
@@ -253,6 +255,8 @@ func (d *Fleet) StartAgent(ctx context.Context, bus *jetstream.Bus, name, modelU
 		args = append(args, "--adapter", "opencode", "--launch-timeout", "10m")
 	case harnessExec:
 		args = append(args, "--adapter", "exec", "--harness-spec", filepath.Join(d.execDir, example.SpecFile))
+	case harnessCodex:
+		args = append(args, "--adapter", "codex", "--launch-timeout", "10m")
 	}
 	maddr, err := d.metricsAddr("agent-" + name)
 	if err != nil {

@@ -58,7 +58,8 @@ type RepoOptions struct {
 	// (the default: every call is the scripted harness's bash tool) or
 	// HarnessOpenCode (OpenCode's own tools: the code is looked at with
 	// read, the fix made with edit or write where it is a plain edit or a
-	// whole file, the tests run with bash).
+	// whole file, the tests run with bash) or HarnessCodex (Codex's one
+	// tool, exec_command, for everything).
 	Harness string
 }
 
@@ -66,6 +67,7 @@ type RepoOptions struct {
 const (
 	HarnessScripted = "scripted"
 	HarnessOpenCode = "opencode"
+	HarnessCodex    = "codex"
 )
 
 // repo is one repository of the set and how its task is solved.
@@ -294,8 +296,10 @@ func Repos(o RepoOptions) ([]collect.Task, modelserver.Script, error) {
 		tools = scriptedTools{}
 	case HarnessOpenCode:
 		tools = openCodeTools{}
+	case HarnessCodex:
+		tools = codexTools{}
 	default:
-		return nil, nil, fmt.Errorf("tasks: RepoOptions.Harness %q: want %s or %s", o.Harness, HarnessScripted, HarnessOpenCode)
+		return nil, nil, fmt.Errorf("tasks: RepoOptions.Harness %q: want %s, %s or %s", o.Harness, HarnessScripted, HarnessOpenCode, HarnessCodex)
 	}
 	script := modelserver.Script{}
 	var out []collect.Task
@@ -397,6 +401,20 @@ func (openCodeTools) fix(r repo) modelserver.ToolCall {
 }
 
 func (openCodeTools) bash(id, cmd string) modelserver.ToolCall { return modelserver.BashCall(id, cmd) }
+
+// codexTools are Codex's one tool, exec_command, waiting the most Codex
+// allows (yield_time_ms) before it returns with the command still running.
+type codexTools struct{}
+
+func (codexTools) look(r repo) modelserver.ToolCall { return codexExec("look", r.look) }
+func (codexTools) fix(r repo) modelserver.ToolCall  { return codexExec("fix", r.fix) }
+func (codexTools) bash(id, cmd string) modelserver.ToolCall {
+	return codexExec(id, cmd)
+}
+
+func codexExec(id, cmd string) modelserver.ToolCall {
+	return modelserver.Call(id, "exec_command", map[string]any{"cmd": cmd, "yield_time_ms": 30000})
+}
 
 // heredoc splits a fix of the form "cat > FILE <<'EOF'\n...\nEOF" into the
 // file and its content.

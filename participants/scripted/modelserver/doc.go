@@ -41,6 +41,18 @@
 // TaskLine: "model": {"turns": [...]}), which `stillpoint tasks` writes
 // and `stillpoint modelserver --tasks` serves.
 //
+// Codex's requests (responses.go) speak the OpenAI Responses API: POST
+// /v1/responses, streamed as its server-sent events (response.created,
+// the output items with their deltas, response.completed) or answered as
+// one response object. The server reads their input items as a chat
+// conversation, so the rules above hold: consecutive assistant-side items
+// are one turn, a turn whose every call came back Aborted is answered
+// again (Retried), a kept partial reply at the end is no turn, and each
+// call is checked against the offered tools (ExecCall builds a call of
+// Codex's exec_command). Every user message item is a user turn, an
+// empty one included. Ledger entries name their API (APIChat,
+// APIResponses).
+//
 // For tests of in-flight calls, Hold makes replies wait until Release,
 // CutNext makes the next streamed reply stop after a number of chunks, and
 // SlowNext spreads the next one out (the ledger entry's Chunks says how

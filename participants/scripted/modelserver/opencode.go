@@ -39,8 +39,14 @@ func isTitleCall(r *http.Request, req Request) bool {
 // (empty: a reply cut mid-stream) and those whose every tool call came
 // back Interrupted, which the turn answers again, as a model would
 // re-issue a call that did not run. retries counts the latter since the
-// last answer that counted.
-func openCodeTurn(msgs []Message) (turn, retries int) {
+// last answer that counted. Codex's Aborted counts as Interrupted: a
+// relay that translates Codex's Responses calls to chat completions
+// sends them here.
+func openCodeTurn(msgs []Message) (turn, retries int) { return countTurns(msgs, Interrupted, Aborted) }
+
+// countTurns is openCodeTurn with interrupted the tool results a harness
+// sends for a call a crash interrupted.
+func countTurns(msgs []Message, interrupted ...string) (turn, retries int) {
 	for i, m := range msgs {
 		if m.Role != "assistant" {
 			continue
@@ -50,7 +56,7 @@ func openCodeTurn(msgs []Message) (turn, retries int) {
 		if len(calls) == 0 && isEmptyContent(m.Content) {
 			continue
 		}
-		if len(calls) > 0 && allInterrupted(calls, msgs[i+1:]) {
+		if len(calls) > 0 && allInterrupted(calls, msgs[i+1:], interrupted) {
 			retries++
 			continue
 		}
@@ -84,8 +90,8 @@ func isEmptyContent(c json.RawMessage) bool {
 }
 
 // allInterrupted tells whether each of calls has a result among the tool
-// messages that follow, and each result is Interrupted.
-func allInterrupted(calls []ToolCall, after []Message) bool {
+// messages that follow, and each result is one of interrupted.
+func allInterrupted(calls []ToolCall, after []Message, interrupted []string) bool {
 	results := map[string]string{}
 	for _, m := range after {
 		if m.Role != "tool" {
@@ -96,7 +102,7 @@ func allInterrupted(calls []ToolCall, after []Message) bool {
 		results[m.ToolCallID] = s
 	}
 	for _, c := range calls {
-		if r, ok := results[c.ID]; !ok || r != Interrupted {
+		if r, ok := results[c.ID]; !ok || !slices.Contains(interrupted, r) {
 			return false
 		}
 	}

@@ -85,6 +85,8 @@ type StreamOptions struct {
 
 // Entry is one request in the ledger.
 type Entry struct {
+	// API is the wire API of the request: APIChat or APIResponses.
+	API  string `json:"api,omitempty"`
 	Task string `json:"task"`
 	// Episode is the sender's EpisodeHeader.
 	Episode string `json:"episode,omitempty"`
@@ -309,7 +311,8 @@ func Digest(msgs []Message) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// ServeHTTP answers /v1/chat/completions and GET /ledger.
+// ServeHTTP answers /v1/chat/completions, /v1/responses (responses.go)
+// and GET /ledger.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodGet && r.URL.Path == "/ledger":
@@ -317,6 +320,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(s.Ledger())
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/chat/completions":
 		s.complete(w, r)
+	case r.Method == http.MethodPost && r.URL.Path == "/v1/responses":
+		s.responses(w, r)
 	default:
 		http.Error(w, `{"error":{"message":"not found"}}`, http.StatusNotFound)
 	}
@@ -390,7 +395,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	prevSaved, _ := time.Parse(time.RFC3339Nano, r.Header.Get(SavedHeader))
 	prompt, completion := PromptTokens(req), completionTokens(t)
-	entry := Entry{Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Title: title, Retried: retries > 0,
+	entry := Entry{API: APIChat, Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Title: title, Retried: retries > 0,
 		PromptTokenIDs: prompt, TokenIDs: ids(completion), Time: time.Now()}
 	s.ledger = append(s.ledger, entry)
 	index := len(s.ledger) - 1

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/codex"
 	"github.com/stillpoint/stillpoint/participants/exec"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/scripted"
@@ -37,6 +38,9 @@ func adapters() map[string]func(adapterConfig) (agent.Adapter, error) {
 		},
 		"opencode": func(c adapterConfig) (agent.Adapter, error) {
 			return &opencode.Adapter{ModelURL: c.modelURL, NoPause: c.noPause, Timeout: c.timeout}, nil
+		},
+		"codex": func(c adapterConfig) (agent.Adapter, error) {
+			return &codex.Adapter{ModelURL: c.modelURL, NoPause: c.noPause, Timeout: c.timeout}, nil
 		},
 		"exec": func(c adapterConfig) (agent.Adapter, error) {
 			if c.harnessSpec == "" {

@@ -16,6 +16,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/codex"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
@@ -59,6 +60,9 @@ continues them.
   scripted  the scripted coding agent (--harness is its path in the sandbox)
   opencode  OpenCode 1.18.33 through its driver, both shown in the sandbox by
             the owner's --opencode (docs/OPENCODE.md)
+  codex     Codex CLI 0.171.0 through its driver, both shown in the sandbox by
+            the owner's --codex (docs/CODEX.md); --model-url serves the
+            OpenAI Responses API
   exec      a harness defined in JSON (--harness-spec FILE; docs/HARNESSES.md)`,
 		Example: `  stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000
   stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000 --adapter opencode
@@ -139,6 +143,7 @@ type ownerFlags struct {
 	sandboxMode   string
 	binds         []string
 	opencode      string
+	codex         string
 	pinLimit      int
 	noCheckpoints bool
 	reap          bool
@@ -186,8 +191,12 @@ every sandbox at /opt/stillpoint/bin; otherwise they are copied in.
 install of ` + opencode.NPMPackage + ` in ` + opencode.SystemCache + ` or
 ~/.cache/stillpoint/opencode), ripgrep (rg on PATH) and DRIVER, the static
 opencode-driver (go build ./cmd/opencode-driver), read-only at
-` + opencode.SandboxBinDir + `. --bind HOST:SANDBOX shows any host directory
-read-only in every sandbox; neither is copied into snapshots.`,
+` + opencode.SandboxBinDir + `. --codex DRIVER shows Codex the same way, for
+--adapter codex: the Codex binary (` + codex.BinaryEnv + `, or the npm install of
+` + codex.NPMPackage + ` in ` + codex.SystemCache + ` or
+~/.cache/stillpoint/codex) and DRIVER, the static codex-driver, read-only at
+` + codex.SandboxBinDir + `. --bind HOST:SANDBOX shows any host directory
+read-only in every sandbox; none of them is copied into snapshots.`,
 		Example: `  stillpoint owner --run train-7 --name o1 --sandboxd bin/sandboxd --harness bin/scripted-harness`,
 		Args:    cobra.NoArgs,
 		RunE:    func(cmd *cobra.Command, _ []string) error { return runOwner(cmd.Context(), g, f) },
@@ -215,6 +224,7 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.StringVar(&f.sandboxMode, "pause-mode", "", "sandboxd pause mode: freeze, stop or hold (default: the best the host allows)")
 	fl.StringArrayVar(&f.binds, "bind", nil, "HOST:SANDBOX: a host directory shown read-only at SANDBOX in every sandbox (repeatable)")
 	fl.StringVar(&f.opencode, "opencode", "", "host path of the static opencode-driver: show it, OpenCode and ripgrep in every sandbox")
+	fl.StringVar(&f.codex, "codex", "", "host path of the static codex-driver: show it and Codex in every sandbox")
 	fl.IntVar(&f.pinLimit, "pin-limit", commandkind.DefaultMaxPin, "command kind: the most bytes a session's pinned files may take")
 	fl.BoolVar(&f.noCheckpoints, "no-checkpoints", false, "lend sandboxes but take no part in checkpoints (restart_only)")
 	fl.BoolVar(&f.reap, "reap", false, "stop the sandboxes an earlier owner process left in --state-dir, print their ids, and exit")
@@ -395,9 +405,10 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	return quiet(grp.Wait())
 }
 
-// sandboxBinds returns the binds of --bind and --opencode. --opencode
-// stages OpenCode, ripgrep and the driver in the state directory (links
-// where it can) and binds that.
+// sandboxBinds returns the binds of --bind, --opencode and --codex.
+// --opencode stages OpenCode, ripgrep and the driver in the state
+// directory (links where it can) and binds that; --codex likewise Codex
+// and its driver.
 func sandboxBinds(f ownerFlags) ([]provider.Bind, error) {
 	var binds []provider.Bind
 	for _, b := range f.binds {
@@ -424,6 +435,17 @@ func sandboxBinds(f ownerFlags) ([]provider.Bind, error) {
 			return nil, fmt.Errorf("--opencode: %w", err)
 		}
 		binds = append(binds, ob...)
+	}
+	if f.codex != "" {
+		h, err := codex.Locate(f.codex)
+		if err != nil {
+			return nil, fmt.Errorf("--codex: %w", err)
+		}
+		cb, err := h.Binds(filepath.Join(f.stateDir, "codex"))
+		if err != nil {
+			return nil, fmt.Errorf("--codex: %w", err)
+		}
+		binds = append(binds, cb...)
 	}
 	return binds, nil
 }
