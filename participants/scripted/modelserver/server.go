@@ -85,6 +85,9 @@ type StreamOptions struct {
 
 // Entry is one request in the ledger.
 type Entry struct {
+	// API is the wire API of the request: "chat" (chat completions) or
+	// "messages" (Anthropic Messages).
+	API  string `json:"api,omitempty"`
 	Task string `json:"task"`
 	// Episode is the sender's EpisodeHeader.
 	Episode string `json:"episode,omitempty"`
@@ -97,7 +100,9 @@ type Entry struct {
 	// only grows, so a later request of the episode with more messages
 	// means this reply was saved.
 	Messages int `json:"messages"`
-	// Turn is the script turn answered; UserTurns counts user messages.
+	// Turn is the script turn answered; UserTurns counts user messages
+	// with content a user typed or a CLI added (a message of tool results
+	// only is none).
 	Turn      int  `json:"turn"`
 	UserTurns int  `json:"user_turns"`
 	Stream    bool `json:"stream"`
@@ -309,7 +314,8 @@ func Digest(msgs []Message) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// ServeHTTP answers /v1/chat/completions and GET /ledger.
+// ServeHTTP answers /v1/chat/completions, /v1/messages (messages.go) and
+// GET /ledger.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodGet && r.URL.Path == "/ledger":
@@ -317,6 +323,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = json.NewEncoder(w).Encode(s.Ledger())
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/chat/completions":
 		s.complete(w, r)
+	case r.Method == http.MethodPost && r.URL.Path == "/v1/messages":
+		s.messages(w, r)
 	default:
 		http.Error(w, `{"error":{"message":"not found"}}`, http.StatusNotFound)
 	}
@@ -390,7 +398,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	prevSaved, _ := time.Parse(time.RFC3339Nano, r.Header.Get(SavedHeader))
 	prompt, completion := PromptTokens(req), completionTokens(t)
-	entry := Entry{Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Title: title, Retried: retries > 0,
+	entry := Entry{API: "chat", Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Title: title, Retried: retries > 0,
 		PromptTokenIDs: prompt, TokenIDs: ids(completion), Time: time.Now()}
 	s.ledger = append(s.ledger, entry)
 	index := len(s.ledger) - 1
