@@ -98,7 +98,7 @@ func BenchmarkRelay(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := cl.Label("bench", "l1"); err != nil {
+	if err := cl.Label("bench", "l1", nil); err != nil {
 		b.Fatal(err)
 	}
 	captureURL := serve(cl)

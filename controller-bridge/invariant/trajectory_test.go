@@ -53,7 +53,7 @@ func captured(t *testing.T, ms *modelserver.Server, episode string) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Label(episode, episode+".l1"); err != nil {
+	if err := r.Label(episode, episode+".l1", nil); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

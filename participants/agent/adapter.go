@@ -78,6 +78,12 @@ type Command struct {
 	Timeout time.Duration
 	// Mode is the pause mode ("" for the daemon's default).
 	Mode string
+	// RelayEdits names the model relay's edits (sandboxd/relay, edits.go)
+	// applied to every request of the launch: what a harness adds to a
+	// request when it continues a saved session, taken out before the
+	// model sees it and recorded in the trajectory. Unknown names refuse
+	// the launch.
+	RelayEdits []string
 }
 
 // Decision is an adapter's resume decision.

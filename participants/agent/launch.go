@@ -14,6 +14,7 @@ import (
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/live"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/sandboxd/relay"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -104,9 +105,12 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	if err != nil {
 		return bm, fmt.Errorf("agent: %s: %w", r.key, err)
 	}
+	if _, err := relay.LookupEdits(cmd.RelayEdits); err != nil {
+		return bm, fmt.Errorf("agent: %s: adapter %s: %w", r.key, a.cfg.Adapter.Name(), err)
+	}
 	lr.Started = time.Now().UTC()
 	req := sandboxapi.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
-		TimeoutMS: cmd.Timeout.Milliseconds(), Mode: cmd.Mode, NoPause: bm.Restart || !a.cfg.Adapter.PausesAtCheckpoints()}
+		TimeoutMS: cmd.Timeout.Milliseconds(), Mode: cmd.Mode, NoPause: bm.Restart || !a.cfg.Adapter.PausesAtCheckpoints(), RelayEdits: cmd.RelayEdits}
 	if keeps {
 		// The snapshot keeps the launch: a checkpoint holds it (frozen,
 		// restore_sandbox_clock) and the relay holds its model calls.

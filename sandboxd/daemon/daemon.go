@@ -85,10 +85,11 @@ type Relay interface {
 	Status() sandboxapi.RelayStatus
 	Repoint(url string, generation uint64) (sandboxapi.RelayStatus, error)
 	// Label names the launch the calls taken from now on belong to (the
-	// capture's call ids); Durable tells whether every call captured is
+	// capture's call ids) and the relay edits applied to its requests
+	// (names the relay registers); Durable tells whether every call captured is
 	// durable, and Flush waits until it is; CapturePath is the capture
 	// file ("": no capture).
-	Label(episode, launchID string) error
+	Label(episode, launchID string, edits []string) error
 	Durable() bool
 	Flush() error
 	CapturePath() string
@@ -344,7 +345,7 @@ func (d *Daemon) doLocked(ctx context.Context, effs []Effect) []Effect {
 			d.log.Warn().Str("launch", e.Launch).Str("why", e.Why).Msg("dropping the calls a restore left held")
 			d.cfg.Relay.Drop(e.Why)
 		case RelayLabel:
-			if err := d.cfg.Relay.Label(e.Episode, e.Launch); err != nil {
+			if err := d.cfg.Relay.Label(e.Episode, e.Launch, e.Edits); err != nil {
 				d.log.Warn().Err(err).Str("launch", e.Launch).Msg("the launch's model calls are not captured")
 			}
 		case StartPause:

@@ -78,6 +78,8 @@ type LaunchAsked struct {
 	Launch  string
 	Episode string
 	Holding bool
+	// Edits are the relay edits the launch names (RelayLabel).
+	Edits []string
 }
 
 // LaunchRecorded records a launch's episode and whether checkpoints leave
@@ -234,8 +236,12 @@ type RelayRelease struct{ Launch, Why string }
 // RelayDrop drops what the relay holds (Relay.Drop), for Launch.
 type RelayDrop struct{ Launch, Why string }
 
-// RelayLabel names the launch the relay's calls belong to from now on.
-type RelayLabel struct{ Episode, Launch string }
+// RelayLabel names the launch the relay's calls belong to from now on,
+// and the relay edits applied to them.
+type RelayLabel struct {
+	Episode, Launch string
+	Edits           []string
+}
 
 // RelayRepoint re-points the relay.
 type RelayRepoint struct {

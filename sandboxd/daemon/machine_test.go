@@ -231,7 +231,11 @@ func (s *script) input(cmd string, a args, line string) Input {
 	case "reopened":
 		return Reopened{}
 	case "launch":
-		return LaunchAsked{Launch: id, Episode: a.kv["episode"], Holding: s.holding}
+		in := LaunchAsked{Launch: id, Episode: a.kv["episode"], Holding: s.holding}
+		if e := a.kv["edits"]; e != "" {
+			in.Edits = strings.Split(e, ",")
+		}
+		return in
 	case "recorded":
 		return LaunchRecorded{Launch: id, Episode: a.kv["episode"], NoPause: a.flag["nopause"]}
 	case "unrecorded":
@@ -341,6 +345,9 @@ func show(e Effect) string {
 	case RelayDrop:
 		return fmt.Sprintf("relay drop %s (%s)", e.Launch, e.Why)
 	case RelayLabel:
+		if len(e.Edits) > 0 {
+			return fmt.Sprintf("relay label %s %s edits=%s", e.Launch, e.Episode, strings.Join(e.Edits, ","))
+		}
 		return fmt.Sprintf("relay label %s %s", e.Launch, e.Episode)
 	case RelayRepoint:
 		return fmt.Sprintf("relay repoint %s gen=%d", e.URL, e.Generation)

@@ -80,7 +80,16 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 			if r.FreezeWaitMS < 0 {
 				return nil, fmt.Errorf("%w: freeze_wait_ms must not be negative", sandboxd.ErrInvalidSpec)
 			}
-			return d.launch(ctx, r.Episode, r.NoPause, sandboxd.Spec{ID: r.LaunchID, Command: r.Command, Argv: r.Argv, Dir: r.Dir,
+			if _, err := relay.LookupEdits(r.RelayEdits); err != nil {
+				return nil, fmt.Errorf("%w: relay_edits: %w", sandboxd.ErrInvalidSpec, err)
+			}
+			if len(r.RelayEdits) > 0 && r.Episode == "" {
+				return nil, fmt.Errorf("%w: relay_edits need an episode (the relay's label)", sandboxd.ErrInvalidSpec)
+			}
+			if len(r.RelayEdits) > 0 && d.cfg.Relay == nil {
+				d.log.Warn().Str("launch", r.LaunchID).Strs("relay_edits", r.RelayEdits).Msg("no model relay: the launch's relay edits are not applied")
+			}
+			return d.launch(ctx, r.Episode, r.NoPause, r.RelayEdits, sandboxd.Spec{ID: r.LaunchID, Command: r.Command, Argv: r.Argv, Dir: r.Dir,
 				Env: r.Env, Timeout: time.Duration(r.TimeoutMS) * time.Millisecond, Mode: mode,
 				Freeze: r.Freeze, FreezeWait: time.Duration(r.FreezeWaitMS) * time.Millisecond})
 		}),

@@ -51,6 +51,7 @@ type call struct {
 	started             time.Time
 	upBody              []byte
 	asked               asked
+	edits               []trajectory.Edit // what the launch's relay edits removed
 	// prepared is closed once request holds the body split for the
 	// record, which a goroutine does while the upstream answers.
 	prepared chan struct{}

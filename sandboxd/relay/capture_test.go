@@ -113,7 +113,7 @@ func TestCaptureRecordsEveryCall(t *testing.T) {
 			m := newModel(t)
 			path := filepath.Join(t.TempDir(), trajectory.FileName)
 			r, rec := captureRelay(t, m.URL, path)
-			if err := r.Label("r1-a1", "r1-a1.l1"); err != nil {
+			if err := r.Label("r1-a1", "r1-a1.l1", nil); err != nil {
 				t.Fatal(err)
 			}
 			bodies := harness(t, r.URL(), stream, nil)
@@ -158,7 +158,7 @@ func TestCaptureRecordsEveryCall(t *testing.T) {
 func TestCaptureKeepsWhatTheHarnessAsked(t *testing.T) {
 	m := newModel(t)
 	r, rec := captureRelay(t, m.URL, filepath.Join(t.TempDir(), trajectory.FileName))
-	r.Label("e", "l")
+	r.Label("e", "l", nil)
 	bodies := harness(t, r.URL(), false, map[string]any{"return_token_ids": true, "logprobs": true})
 	var got struct {
 		PromptTokenIDs []int `json:"prompt_token_ids"`
@@ -184,7 +184,7 @@ func TestCaptureKeepsWhatTheHarnessAsked(t *testing.T) {
 func TestCaptureRecordsBeforeTheHarnessHasTheReply(t *testing.T) {
 	m := newModel(t)
 	r, rec := captureRelay(t, m.URL, filepath.Join(t.TempDir(), trajectory.FileName))
-	r.Label("e", "l")
+	r.Label("e", "l", nil)
 	m.SlowNext(20 * time.Millisecond)
 	b, _ := json.Marshal(map[string]any{"model": "m", "stream": true, "messages": []any{map[string]any{"role": "user", "content": "x"}}})
 	resp, err := http.Post(r.URL()+"/v1/chat/completions", "application/json", bytes.NewReader(b))
@@ -218,7 +218,7 @@ func TestCaptureRecordsACutCallOnce(t *testing.T) {
 	b, _ := json.Marshal(map[string]any{"model": "m", "messages": []any{map[string]any{"role": "user", "content": "x"}}})
 	unlabeled := post(t, r, "/v1/chat/completions", string(b))
 	<-gone.got
-	r.Label("e", "l")
+	r.Label("e", "l", nil)
 	cut := post(t, r, "/v1/chat/completions", string(b))
 	<-gone.got
 	r.Hold()
@@ -246,7 +246,7 @@ func TestCaptureContinuesTheFile(t *testing.T) {
 	m := newModel(t)
 	path := filepath.Join(t.TempDir(), trajectory.FileName)
 	first, rec := captureRelay(t, m.URL, path)
-	first.Label("e", "l")
+	first.Label("e", "l", nil)
 	msgs := []any{map[string]any{"role": "user", "content": "look at a.txt"}}
 	b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs})
 	g := wait(t, post(t, first, "/v1/chat/completions", string(b)))
@@ -258,7 +258,7 @@ func TestCaptureContinuesTheFile(t *testing.T) {
 	}
 	_ = json.Unmarshal([]byte(g.body), &reply)
 	second, rec2 := captureRelay(t, m.URL, path)
-	second.Label("e", "l")
+	second.Label("e", "l", nil)
 	msgs = append(msgs, reply.Choices[0].Message, map[string]any{"role": "tool", "tool_call_id": "c1", "content": "x"})
 	b, _ = json.Marshal(map[string]any{"model": "m", "messages": msgs})
 	wait(t, post(t, second, "/v1/chat/completions", string(b)))
@@ -273,7 +273,7 @@ func TestCaptureLabel(t *testing.T) {
 	m := newModel(t)
 	r, _ := captureRelay(t, m.URL, filepath.Join(t.TempDir(), trajectory.FileName))
 	for _, bad := range [][2]string{{"../x", "l1"}, {"e", "e.l/1"}, {"", "l"}} {
-		if err := r.Label(bad[0], bad[1]); err == nil {
+		if err := r.Label(bad[0], bad[1], nil); err == nil {
 			t.Errorf("Label%q accepted", bad)
 		}
 	}

@@ -57,6 +57,10 @@
 //     durable. With Config.Tokens the upstream is asked for token ids and
 //     logprobs, and the harness gets its reply without what it did not ask
 //     for (capture.go).
+//  7. Edits. Label names, with the launch, the relay edits (edits.go)
+//     applied to each of its requests before anything else sees the body:
+//     the digest, the bytes sent upstream (and sent again) and the record
+//     are of the edited body, and the record lists what was removed.
 //
 // Run listens on Config.Listen and serves until its context ends, then
 // closes every connection and waits for every handler and upstream read it

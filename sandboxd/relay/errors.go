@@ -13,3 +13,7 @@ var ErrBadUpstream = errors.New("relay: bad upstream URL")
 // ErrTransition is returned (wrapped, naming both states) for a call state
 // change the table does not list; it means a bug in the relay.
 var ErrTransition = errors.New("relay: illegal call transition")
+
+// ErrUnknownEdit is returned (wrapped, naming the unknown names and the
+// known ones) by LookupEdits and Label for an edit no file registered.
+var ErrUnknownEdit = errors.New("relay: unknown relay edit")

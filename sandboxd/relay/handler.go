@@ -65,7 +65,7 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	defer r.handlers.Done()
 
 	body, err := r.readBody(req.Body)
-	c := r.take(req, body)
+	c := r.take(req, body, err == nil && int64(len(body)) <= r.cfg.MaxRequestBytes)
 	switch {
 	case errors.Is(err, errOverBudget):
 		r.refuse(req.Context(), w, c, http.StatusServiceUnavailable, "too_many_calls",
@@ -119,13 +119,28 @@ func (r *Relay) readBody(body io.Reader) ([]byte, error) {
 }
 
 // take records a new call (held if the relay holds); its body is counted
-// in the budget already.
-func (r *Relay) take(req *http.Request, body []byte) *call {
+// in the budget already. With edit (a body read whole), the launch's
+// relay edits are applied to it first.
+func (r *Relay) take(req *http.Request, body []byte, edit bool) *call {
+	r.mu.Lock()
+	eds := r.edits
+	r.mu.Unlock()
+	var edited []trajectory.Edit
+	if len(eds) > 0 && edit {
+		// The launch's edits, before anything looks at the body: the
+		// digest, the upstream's bytes (every attempt's) and the record
+		// are of the edited body.
+		in := len(body)
+		body, edited = applyEdits(eds, req.URL.RequestURI(), body)
+		r.mu.Lock()
+		r.used += int64(len(body) - in)
+		r.mu.Unlock()
+	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s %s\n", req.Method, req.URL.RequestURI())
 	h.Write(body)
 	c := &call{digest: hex.EncodeToString(h.Sum(nil)), method: req.Method, uri: req.URL.RequestURI(),
-		header: copyHeader(req.Header), body: body, wake: make(chan struct{}, 1)}
+		header: copyHeader(req.Header), body: body, edits: edited, wake: make(chan struct{}, 1)}
 	var probe struct {
 		Stream bool `json:"stream"`
 	}

@@ -44,6 +44,8 @@ type Relay struct {
 	episode, launch string
 	nums            map[string]int
 	capture         sandboxapi.CaptureStatus
+	// edits are the relay edits of the launch Label named last.
+	edits []Edit
 }
 
 // New checks cfg and returns a relay that is not yet serving.
@@ -60,20 +62,29 @@ func New(cfg Config) (*Relay, error) {
 
 // Label names the launch the calls taken from now on belong to: episode
 // (the rollout attempt) and launchID, the launch's id, which may begin
-// with "<episode>." (the launch part of a call's id is the rest). Without
-// Config.Capture it does nothing.
-func (r *Relay) Label(episode, launchID string) error {
-	if r.cfg.Capture == nil {
-		return nil
+// with "<episode>." (the launch part of a call's id is the rest); and the
+// relay edits (edits.go) applied to each of its requests, by name. The
+// edits apply with or without Config.Capture; the label is the capture's
+// and does nothing without it. An unknown edit name is an error wrapping
+// ErrUnknownEdit: the label and the known edits are taken all the same.
+func (r *Relay) Label(episode, launchID string, edits []string) error {
+	eds, eerr := LookupEdits(edits)
+	if eerr != nil {
+		eerr = fmt.Errorf("relay: label: %w", eerr)
 	}
 	launch := strings.TrimPrefix(launchID, episode+".")
-	if _, err := trajectory.CallID(episode, launch, 1); err != nil {
-		return fmt.Errorf("relay: label: %w", err)
+	if r.cfg.Capture != nil {
+		if _, err := trajectory.CallID(episode, launch, 1); err != nil {
+			return errors.Join(fmt.Errorf("relay: label: %w", err), eerr)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.episode, r.launch = episode, launch
-	return nil
+	r.edits = eds
+	if r.cfg.Capture != nil {
+		r.episode, r.launch = episode, launch
+	}
+	return eerr
 }
 
 // Run listens on Config.Listen and serves until ctx ends (see Listen and

@@ -128,6 +128,13 @@ type LaunchRequest struct {
 	// plain hold: restore_sandbox_clock. PauseResult.Frozen says which.
 	Freeze       bool  `json:"freeze,omitempty"`
 	FreezeWaitMS int64 `json:"freeze_wait_ms,omitempty"`
+	// RelayEdits names the relay edits (sandboxd/relay, edits.go) the
+	// model relay applies to every request of the launch: a harness that
+	// adds something to a request when it continues a saved session has
+	// the relay take exactly that out before the model sees it. A name the
+	// daemon does not know refuses the launch (invalid_spec). They need a
+	// relay and an Episode (the relay's label).
+	RelayEdits []string `json:"relay_edits,omitempty"`
 }
 
 // LaunchRef names a launch in the other requests.

@@ -117,6 +117,18 @@ type Call struct {
 	// many times the call was sent again (a snapshot cut it).
 	Generation uint64 `json:"generation,omitempty"`
 	Resends    int    `json:"resends,omitempty"`
+	// Edits are the relay edits of the call's launch that removed
+	// something from its request (or failed), in the order applied: the
+	// request above is the edited one, what the model saw.
+	Edits []Edit `json:"edits,omitempty"`
+}
+
+// Edit is what one relay edit did to a call's request: the parts it
+// removed, each as JSON, or the error that left the request as it was.
+type Edit struct {
+	Name    string            `json:"name"`
+	Removed []json.RawMessage `json:"removed,omitempty"`
+	Error   string            `json:"error,omitempty"`
 }
 
 // IDHeader carries a call's ID upstream, so that a gateway can tell a

@@ -34,6 +34,8 @@ type Exchange struct {
 	// Generation and Resends are the relay's (Call.Generation, Resends).
 	Generation uint64
 	Resends    int
+	// Edits are the relay edits that changed Body (Call.Edits).
+	Edits []Edit
 	// Request, when set, is Body split already (PrepareRequest): the
 	// relay splits a request while the upstream answers it, not after.
 	Request *Request
@@ -179,7 +181,7 @@ func (x *Index) Add(ex Exchange) (*Call, error) {
 	}
 	c := &Call{V: Version, ID: id, Episode: ex.Episode, Launch: ex.Launch, Method: ex.Method, Path: ex.Path, Model: model,
 		Status: ex.Status, PolicyVersion: ex.PolicyVersion, Started: ex.Started.UTC(),
-		FirstByteMS: ms(ex.FirstByte), DurationMS: ms(ex.Duration), Generation: ex.Generation, Resends: ex.Resends}
+		FirstByteMS: ms(ex.FirstByte), DurationMS: ms(ex.Duration), Generation: ex.Generation, Resends: ex.Resends, Edits: ex.Edits}
 	r := ex.Reply
 	if ex.Status == 200 && r.Error == "" {
 		c.Reply, c.FinishReason, c.Usage = r.Message, r.FinishReason, r.Usage
