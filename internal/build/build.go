@@ -31,6 +31,8 @@ const (
 	ScriptedHarness = "./cmd/scripted-harness"
 	// OpenCodeDriver is the in-sandbox driver of OpenCode.
 	OpenCodeDriver = "./cmd/opencode-driver"
+	// ClaudeDriver is the in-sandbox driver of Claude Code.
+	ClaudeDriver = "./cmd/claude-driver"
 )
 
 // Module is the path of the module whose programs Static builds.

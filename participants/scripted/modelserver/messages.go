@@ -346,7 +346,9 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 	task := r.Header.Get(TaskHeader)
 	turns, ok := s.script[task]
 	if !ok {
-		messagesError(w, http.StatusNotFound, "no script for task %q", task)
+		// 400, not 404: Claude Code takes a 404 for an unknown model and
+		// shows its own message instead of this one.
+		messagesError(w, http.StatusBadRequest, "no script for task %q", task)
 		return
 	}
 	turn, retries, users := claudeTurn(req.Messages)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/claude"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 )
@@ -33,6 +34,9 @@ func adapters() map[string]func(adapterConfig) (agent.Adapter, error) {
 		},
 		"opencode": func(c adapterConfig) (agent.Adapter, error) {
 			return &opencode.Adapter{ModelURL: c.modelURL, NoPause: c.noPause, Timeout: c.timeout}, nil
+		},
+		"claude": func(c adapterConfig) (agent.Adapter, error) {
+			return &claude.Adapter{ModelURL: c.modelURL, NoPause: c.noPause, Timeout: c.timeout}, nil
 		},
 	}
 }

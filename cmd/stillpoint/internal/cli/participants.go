@@ -16,6 +16,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/claude"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
@@ -57,7 +58,9 @@ continues them.
 --adapter chooses the harness:
   scripted  the scripted coding agent (--harness is its path in the sandbox)
   opencode  OpenCode 1.18.33 through its driver, both shown in the sandbox by
-            the owner's --opencode (docs/OPENCODE.md)`,
+            the owner's --opencode (docs/OPENCODE.md)
+  claude    Claude Code 2.1.332 through its driver, both shown in the sandbox
+            by the owner's --claude (docs/CLAUDE.md)`,
 		Example: `  stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000
   stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000 --adapter opencode`,
 		Args: cobra.NoArgs,
@@ -135,6 +138,7 @@ type ownerFlags struct {
 	sandboxMode   string
 	binds         []string
 	opencode      string
+	claude        string
 	pinLimit      int
 	noCheckpoints bool
 	reap          bool
@@ -181,8 +185,12 @@ every sandbox at /opt/stillpoint/bin; otherwise they are copied in.
 install of ` + opencode.NPMPackage + ` in ` + opencode.SystemCache + ` or
 ~/.cache/stillpoint/opencode), ripgrep (rg on PATH) and DRIVER, the static
 opencode-driver (go build ./cmd/opencode-driver), read-only at
-` + opencode.SandboxBinDir + `. --bind HOST:SANDBOX shows any host directory
-read-only in every sandbox; neither is copied into snapshots.`,
+` + opencode.SandboxBinDir + `. --claude DRIVER shows Claude Code likewise, for
+--adapter claude: its binary (` + claude.BinaryEnv + `, or the npm install of
+` + claude.NPMPackage + ` in ` + claude.SystemCache + ` or
+~/.cache/stillpoint/claude) and DRIVER, the static claude-driver, read-only at
+` + claude.SandboxBinDir + `. --bind HOST:SANDBOX shows any host directory
+read-only in every sandbox; none is copied into snapshots.`,
 		Example: `  stillpoint owner --run train-7 --name o1 --sandboxd bin/sandboxd --harness bin/scripted-harness`,
 		Args:    cobra.NoArgs,
 		RunE:    func(cmd *cobra.Command, _ []string) error { return runOwner(cmd.Context(), g, f) },
@@ -210,6 +218,7 @@ read-only in every sandbox; neither is copied into snapshots.`,
 	fl.StringVar(&f.sandboxMode, "pause-mode", "", "sandboxd pause mode: freeze, stop or hold (default: the best the host allows)")
 	fl.StringArrayVar(&f.binds, "bind", nil, "HOST:SANDBOX: a host directory shown read-only at SANDBOX in every sandbox (repeatable)")
 	fl.StringVar(&f.opencode, "opencode", "", "host path of the static opencode-driver: show it, OpenCode and ripgrep in every sandbox")
+	fl.StringVar(&f.claude, "claude", "", "host path of the static claude-driver: show it and Claude Code in every sandbox")
 	fl.IntVar(&f.pinLimit, "pin-limit", commandkind.DefaultMaxPin, "command kind: the most bytes a session's pinned files may take")
 	fl.BoolVar(&f.noCheckpoints, "no-checkpoints", false, "lend sandboxes but take no part in checkpoints (restart_only)")
 	fl.BoolVar(&f.reap, "reap", false, "stop the sandboxes an earlier owner process left in --state-dir, print their ids, and exit")
@@ -261,6 +270,18 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 		mv.HostLibraries = []string{h.OpenCode, h.Ripgrep}
 		if mv.CPU == "" {
 			mv.CPU = "max" // qemu64 lacks instructions OpenCode's binary uses
+		}
+	}
+	if f.claude != "" && f.provider == "microvm" {
+		// Claude Code is on the harness disk; the libraries it loads go
+		// into the guests' root image.
+		h, err := claude.Locate(f.claude)
+		if err != nil {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--claude: %w", err)}
+		}
+		mv.HostLibraries = append(mv.HostLibraries, h.Claude)
+		if mv.CPU == "" {
+			mv.CPU = "max" // as for OpenCode: a Bun binary that wants newer instructions
 		}
 	}
 	prov, reason, err := registry.Open(f.provider, filepath.Join(f.stateDir, "provider"), mv)
@@ -386,9 +407,10 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	return quiet(grp.Wait())
 }
 
-// sandboxBinds returns the binds of --bind and --opencode. --opencode
-// stages OpenCode, ripgrep and the driver in the state directory (links
-// where it can) and binds that.
+// sandboxBinds returns the binds of --bind, --opencode and --claude.
+// --opencode stages OpenCode, ripgrep and the driver in the state
+// directory (links where it can) and binds that; --claude, Claude Code
+// and its driver.
 func sandboxBinds(f ownerFlags) ([]provider.Bind, error) {
 	var binds []provider.Bind
 	for _, b := range f.binds {
@@ -415,6 +437,17 @@ func sandboxBinds(f ownerFlags) ([]provider.Bind, error) {
 			return nil, fmt.Errorf("--opencode: %w", err)
 		}
 		binds = append(binds, ob...)
+	}
+	if f.claude != "" {
+		h, err := claude.Locate(f.claude)
+		if err != nil {
+			return nil, fmt.Errorf("--claude: %w", err)
+		}
+		cb, err := h.Binds(filepath.Join(f.stateDir, "claude"))
+		if err != nil {
+			return nil, fmt.Errorf("--claude: %w", err)
+		}
+		binds = append(binds, cb...)
 	}
 	return binds, nil
 }
