@@ -209,8 +209,8 @@ func ClaudeBashCall(id, command string) ToolCall {
 	return Call(id, "Bash", map[string]string{"command": command, "description": "Run " + firstWord(command)})
 }
 
-// ClaudeReadCall reads a file with Claude Code's Read tool (path must be
-// absolute).
+// ClaudeReadCall reads a file with Claude Code's Read tool; a relative
+// path is taken from the working directory.
 func ClaudeReadCall(id, path string) ToolCall {
 	return Call(id, "Read", map[string]string{"file_path": path})
 }

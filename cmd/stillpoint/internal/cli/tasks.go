@@ -44,8 +44,9 @@ describes the format.
             tasks of the command kind: owner --task-kind command. The script
             applies each known fix; the control task's fixes nothing.
             --harness says whose tools the script calls: the scripted
-            harness's (bash) or OpenCode's (read, edit, write, bash: for
-            agent --adapter opencode).
+            harness's (bash), OpenCode's (read, edit, write, bash: for
+            agent --adapter opencode) or Claude Code's (Read, Edit, Write,
+            Bash: for agent --adapter claude).
   scripted  the scripted coding tasks of the demo: owner --task-kind scripted.`,
 		Example: `  stillpoint tasks --set repos --out tasks.jsonl --dir repos
   stillpoint tasks --set repos --harness opencode --n 4 --out tasks.jsonl --dir repos
@@ -60,7 +61,7 @@ describes the format.
 	fl.IntVar(&f.n, "n", 0, "how many tasks: scripted, default 8; repos, the first n of the set in order of their ids (default all)")
 	fl.Float64Var(&f.toolSeconds, "tool-seconds", 0, "how long the slow tool call of each task takes (0: the set's default)")
 	fl.Float64Var(&f.verifySeconds, "verify-seconds", 0, "repos: how long each verify sleeps before it runs the tests")
-	fl.StringVar(&f.harness, "harness", tasks.HarnessScripted, "repos: the harness whose tools the model's script calls: scripted or opencode")
+	fl.StringVar(&f.harness, "harness", tasks.HarnessScripted, "repos: the harness whose tools the model's script calls: scripted, opencode or claude")
 	return cmd
 }
 
@@ -76,8 +77,8 @@ func runTasks(g *globals, f tasksFlags) error {
 	)
 	switch f.set {
 	case "repos":
-		if f.harness != tasks.HarnessScripted && f.harness != tasks.HarnessOpenCode {
-			return &exitError{code: ExitUsage, err: fmt.Errorf("--harness %q: want %s or %s", f.harness, tasks.HarnessScripted, tasks.HarnessOpenCode)}
+		if f.harness != tasks.HarnessScripted && f.harness != tasks.HarnessOpenCode && f.harness != tasks.HarnessClaude {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--harness %q: want %s, %s or %s", f.harness, tasks.HarnessScripted, tasks.HarnessOpenCode, tasks.HarnessClaude)}
 		}
 		dir := f.dir
 		if dir == "" {
