@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,9 +152,13 @@ func TestServiceRefusesBadRequests(t *testing.T) {
 		{LaunchID: id("ok")},
 		{LaunchID: id("ok2"), Command: "true", Episode: "r1-a0"},
 		{LaunchID: id("ok3"), Command: "true", Mode: "sleepy"},
+		{LaunchID: id("ok4"), Command: "true", Episode: "r1", RelayEdits: []string{"no-such-edit"}},
+		{LaunchID: id("ok5"), Command: "true", RelayEdits: []string{"no-such-edit"}},
 	} {
 		if _, err := c.Launch(ctx, r); !errors.As(err, &se) || se.Status/100 != 4 {
 			t.Errorf("launch %+v: %v, want a 4xx", r, err)
+		} else if r.RelayEdits != nil && (se.Code != "bad_request" || !strings.Contains(se.Error(), `"no-such-edit"`)) {
+			t.Errorf("launch with an unknown relay edit: %v, want bad_request naming it", err)
 		}
 	}
 	if _, err := c.Status(ctx, "nope"); !errors.As(err, &se) || se.Code != "unknown_launch" {

@@ -17,6 +17,9 @@ func (r *Relay) start(ctx context.Context, c *call) *attempt {
 	a := &attempt{gen: r.gen, cancel: cancel, done: make(chan struct{})}
 	c.att, c.gen = a, r.gen
 	target := r.upstream + c.uri
+	if c.upURI != "" {
+		target = r.upstream + c.upURI
+	}
 	go r.read(actx, c, a, target)
 	return a
 }
@@ -50,6 +53,10 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 	}
 	req.Header = c.header.Clone()
 	idHeader(req.Header, c.id)
+	if c.id != "" || c.via != "" {
+		// The capture and the translation read the reply: plain bytes.
+		req.Header.Del("Accept-Encoding")
+	}
 	req.ContentLength = int64(len(body))
 	resp, err := r.client.Do(req)
 	if err != nil {
@@ -59,10 +66,17 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 	defer resp.Body.Close()
 	r.mu.Lock()
 	a.status, a.header = resp.StatusCode, copyHeader(resp.Header)
-	if c.id != "" {
+	if c.id != "" || c.via != "" {
 		// A stream is what the upstream says it sends, whatever the
 		// request asked.
-		a.shape = newShaper(strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), c.upBody != nil, c.asked)
+		api := c.api
+		if c.via != "" {
+			api = c.via
+		}
+		a.shape = newShaper(strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), c.augmented, c.asked, api)
+		if c.via != "" && resp.StatusCode == http.StatusOK {
+			a.shape.tr = newReplyTranslator(c.api, a.shape.stream)
+		}
 	}
 	r.mu.Unlock()
 	c.signal()
@@ -103,9 +117,13 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 			c.signal()
 		}
 		if errors.Is(err, io.EOF) {
-			if a.shape != nil {
+			switch {
+			case a.shape != nil && c.id != "":
 				r.record(c, a)
-			} else if r.cfg.Capture != nil {
+			case a.shape != nil:
+				r.deliverTail(a) // translated, not captured
+			}
+			if c.id == "" && r.cfg.Capture != nil {
 				r.mu.Lock()
 				r.capture.Unlabeled++
 				r.mu.Unlock()
@@ -117,6 +135,18 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 			finish(fmt.Errorf("relay: upstream %s broke off: %w", target, err))
 			return
 		}
+	}
+}
+
+// deliverTail lets the bytes a's shaper kept go to the harness: a reply
+// translated but not captured.
+func (r *Relay) deliverTail(a *attempt) {
+	tail := a.shape.end()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !a.released {
+		a.buf = append(a.buf, tail...)
+		r.used += int64(len(tail))
 	}
 }
 
@@ -136,15 +166,15 @@ func (r *Relay) record(c *call, a *attempt) {
 	rec, err := r.cfg.Capture.Record(ex)
 	tail := a.shape.end()
 	r.mu.Lock()
+	if !a.released {
+		a.buf = append(a.buf, tail...)
+		r.used += int64(len(tail))
+	}
 	if err != nil {
 		r.capture.Errors++
 		r.capture.LastError = err.Error()
 	} else {
 		r.capture.Recorded++
-	}
-	if !a.released {
-		a.buf = append(a.buf, tail...)
-		r.used += int64(len(tail))
 	}
 	r.mu.Unlock()
 	if err != nil {

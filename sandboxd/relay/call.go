@@ -41,7 +41,8 @@ type call struct {
 	header http.Header
 	body   []byte
 	stream bool
-	wake   chan struct{} // capacity 1: something changed for this call
+	api    trajectory.API // the wire API its path speaks
+	wake   chan struct{}  // capacity 1: something changed for this call
 
 	// The capture's: the call's launch and number in it (its id, sent
 	// upstream), when it was taken, the body sent upstream when the relay
@@ -51,6 +52,9 @@ type call struct {
 	started             time.Time
 	upBody              []byte
 	asked               asked
+	augmented           bool              // upBody asks for token fields the harness did not
+	upURI               string            // the path upstream when translated ("": uri)
+	via                 trajectory.API    // the API upstream when translated (APIChat), "" if none
 	edits               []trajectory.Edit // what the launch's relay edits removed
 	// prepared is closed once request holds the body split for the
 	// record, which a goroutine does while the upstream answers.

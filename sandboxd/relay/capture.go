@@ -231,10 +231,14 @@ type shaper struct {
 	line    []byte // a stream's unfinished line
 	held    []byte // bytes that wait for the record
 	over    bool   // a plain reply too large to keep: passed through
+	// tr, when set, translates the upstream's chat completion into the
+	// API the harness spoke (translate_reply.go): the assembler reads the
+	// chat bytes, the harness gets the translation.
+	tr *replyTranslator
 }
 
-func newShaper(stream, rewrite bool, a asked) *shaper {
-	return &shaper{stream: stream, rewrite: rewrite, asked: a, asm: trajectory.NewAssembler(stream)}
+func newShaper(stream, rewrite bool, a asked, api trajectory.API) *shaper {
+	return &shaper{stream: stream, rewrite: rewrite, asked: a, asm: trajectory.NewAPIAssembler(api, stream)}
 }
 
 // feed takes the next bytes read from the upstream and returns those the
@@ -242,7 +246,7 @@ func newShaper(stream, rewrite bool, a asked) *shaper {
 func (s *shaper) feed(p []byte) []byte {
 	if !s.stream {
 		_, _ = s.asm.Write(p)
-		if s.over || len(s.held)+len(p) > maxHeldPlain {
+		if s.tr == nil && (s.over || len(s.held)+len(p) > maxHeldPlain) {
 			// Over the bound a plain reply passes as it comes (the capture
 			// still assembles it, or records why it could not).
 			s.over = true
@@ -264,7 +268,10 @@ func (s *shaper) feed(p []byte) []byte {
 		s.line = nil
 		p = p[i+1:]
 		_, _ = s.asm.Write(line)
-		if s.rewrite {
+		switch {
+		case s.tr != nil:
+			line = s.tr.line(line)
+		case s.rewrite:
 			line = s.rewriteLine(line)
 		}
 		if s.held != nil || s.asm.Finished() {
@@ -294,6 +301,19 @@ func (s *shaper) rewriteLine(line []byte) []byte {
 // end returns the bytes that waited for the record (and an unfinished
 // last line), rewritten as the harness gets them.
 func (s *shaper) end() []byte {
+	if s.tr != nil {
+		out := s.held
+		if !s.stream {
+			out = s.tr.plain(bytes.TrimSpace(s.held))
+		} else {
+			if len(s.line) > 0 {
+				out = append(out, s.tr.line(s.line)...)
+			}
+			out = s.tr.finishStream(out)
+		}
+		s.held, s.line = nil, nil
+		return out
+	}
 	out := append(s.held, s.line...)
 	s.held, s.line = nil, nil
 	if !s.stream && s.rewrite && !s.over {
@@ -312,7 +332,7 @@ func exchange(c *call, a *attempt) trajectory.Exchange {
 	now := time.Now()
 	ex := trajectory.Exchange{Episode: c.episode, Launch: c.launch, N: c.n, Method: c.method, Path: c.uri, Body: c.body,
 		Status: a.status, PolicyVersion: a.header.Get(trajectory.PolicyHeader), Started: c.started,
-		Duration: now.Sub(c.started), Generation: a.gen, Resends: c.resends, Edits: c.edits}
+		Duration: now.Sub(c.started), Generation: a.gen, Resends: c.resends, Edits: c.edits, Via: c.via}
 	if !a.firstByte.IsZero() {
 		ex.FirstByte = a.firstByte.Sub(c.started)
 	}

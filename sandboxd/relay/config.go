@@ -63,6 +63,11 @@ type Config struct {
 	// strips from each reply what the harness did not ask for. Only with
 	// Capture.
 	Tokens bool
+	// Translate sends each Anthropic Messages and OpenAI Responses
+	// request upstream as a chat completion (translate.go), and its reply
+	// back in the API the harness spoke, so that the capture gets token
+	// ids where the upstream returns them only on chat completions (vLLM).
+	Translate bool
 	// Logger receives the relay's logs.
 	Logger zerolog.Logger
 }

@@ -1,7 +1,7 @@
 // Package relay is the model relay of a sandbox: an HTTP server on a
 // sandbox port that a harness is given as its model URL, forwarding every
-// OpenAI-compatible request, streaming (SSE) or not, to the current
-// upstream, so that a checkpoint can hold model calls still and a restore
+// request (chat completions, Anthropic Messages, OpenAI Responses, or any
+// other path), streaming (SSE) or not, to the current upstream, so that a checkpoint can hold model calls still and a restore
 // can send them on to another model server (PROTOCOL §6, Model relay).
 //
 //  1. Calls. Every request is one call, recorded once: a sequence number,
@@ -37,15 +37,17 @@
 //     too_many_calls); a reply past it is read as the harness takes it,
 //     one read at a time, and not at all while the relay holds. A reply's
 //     buffer is trimmed as it is delivered.
-//  5. Refusals. A request over Config.MaxRequestBytes (413), a body that is
-//     not JSON (400), no upstream (503), an upstream that cannot be reached
+//  5. Refusals. A request over Config.MaxRequestBytes (413), no upstream
+//     (503), an upstream that cannot be reached
 //     or breaks off while the relay is not held (502): the harness gets a
 //     JSON error object naming the cause ({"error": {"message", "type":
 //     "relay_error", "code"}}), and the call is recorded once, as failed.
 //     While the relay holds, no answer is written, an error no more than a
 //     reply: a refusal waits for the release, and an attempt that failed is
 //     sent again then. An upstream's own error status is a reply like any
-//     other and passes through unchanged.
+//     other and passes through unchanged. A body the relay cannot parse
+//     (not JSON, not its API's shape) is no refusal: it is forwarded as it
+//     came and recorded, and the upstream judges it.
 //  6. Capture. With Config.Capture, every call the upstream answered is
 //     recorded once in the sandbox's capture file (package
 //     sandboxd/trajectory), under the launch Label names, its id sent
@@ -54,10 +56,17 @@
 //     written before the end of the reply reaches the harness (a stream's
 //     bytes from the line that finishes it on, a plain reply whole, wait
 //     for it), and fsync'd right after; Hold returns once every record is
-//     durable. With Config.Tokens the upstream is asked for token ids and
-//     logprobs, and the harness gets its reply without what it did not ask
-//     for (capture.go).
-//  7. Edits. Label names, with the launch, the relay edits (edits.go)
+//     durable. The finishing line is each API's: a finish_reason or
+//     [DONE] (chat completions), message_delta's stop_reason or
+//     message_stop (Messages), response.completed (Responses). With
+//     Config.Tokens a chat completion's upstream is asked for token ids
+//     and logprobs, and the harness gets its reply without what it did not
+//     ask for (capture.go); a Messages or a Responses call goes as it came.
+//  7. Translation. With Config.Translate, a Messages or a Responses call
+//     goes upstream as a chat completion (translate.go) and its reply
+//     comes back in the harness's API (translate_reply.go); the capture
+//     records the chat completion's reply and tokens.
+//  8. Edits. Label names, with the launch, the relay edits (edits.go)
 //     applied to each of its requests before anything else sees the body:
 //     the digest, the bytes sent upstream (and sent again) and the record
 //     are of the edited body, and the record lists what was removed.

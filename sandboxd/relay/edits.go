@@ -91,6 +91,9 @@ func LookupEdits(names []string) ([]Edit, error) {
 			known = append(known, n)
 		}
 		sort.Strings(known)
+		if len(known) == 0 {
+			known = []string{"none registered"}
+		}
 		return out, fmt.Errorf("%w: %s (known: %s)", ErrUnknownEdit, strings.Join(unknown, ", "), strings.Join(known, ", "))
 	}
 	return out, nil

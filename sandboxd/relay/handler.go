@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -78,9 +77,6 @@ func (r *Relay) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.refuse(req.Context(), w, c, http.StatusRequestEntityTooLarge, "request_too_large",
 			fmt.Sprintf("relay: request body over %d bytes", r.cfg.MaxRequestBytes))
 		return
-	case len(bytes.TrimSpace(body)) > 0 && !json.Valid(body):
-		r.refuse(req.Context(), w, c, http.StatusBadRequest, "malformed_request", "relay: request body is not JSON")
-		return
 	}
 	r.serve(req.Context(), w, c)
 }
@@ -140,15 +136,26 @@ func (r *Relay) take(req *http.Request, body []byte, edit bool) *call {
 	fmt.Fprintf(h, "%s %s\n", req.Method, req.URL.RequestURI())
 	h.Write(body)
 	c := &call{digest: hex.EncodeToString(h.Sum(nil)), method: req.Method, uri: req.URL.RequestURI(),
-		header: copyHeader(req.Header), body: body, edits: edited, wake: make(chan struct{}, 1)}
+		header: copyHeader(req.Header), body: body, edits: edited, wake: make(chan struct{}, 1), api: trajectory.APIOf(req.URL.Path)}
 	var probe struct {
 		Stream bool `json:"stream"`
 	}
 	if json.Unmarshal(body, &probe) == nil {
 		c.stream = probe.Stream
 	}
+	if r.cfg.Translate && edit && (c.api == trajectory.APIMessages || c.api == trajectory.APIResponses) {
+		// Sent upstream as a chat completion, its reply translated back
+		// (translate.go); a body that is no request of its API goes as it
+		// came.
+		if up, err := translateRequest(c.api, body); err != nil {
+			r.log.Warn().Err(err).Str("path", c.uri).Msg("model call not translated")
+		} else {
+			c.upBody, c.upURI, c.via = up, translatePath, trajectory.APIChat
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.used += int64(len(c.upBody))
 	r.reading--
 	r.seq++
 	r.counts.Total++
@@ -165,15 +172,28 @@ func (r *Relay) take(req *http.Request, body []byte, edit bool) *call {
 			c.episode, c.launch, c.n = r.episode, r.launch, r.nums[k]
 			c.id, _ = trajectory.CallID(c.episode, c.launch, c.n)
 		}
-		if r.cfg.Tokens {
-			c.upBody, c.asked = augment(body)
-			r.used += int64(len(c.upBody))
+		if r.cfg.Tokens && (c.api == trajectory.APIChat || c.via == trajectory.APIChat) {
+			// The token fields are chat completions': a Messages or a
+			// Responses call goes as it came unless translated
+			// (docs/TRAJECTORIES.md).
+			src := body
+			if c.upBody != nil {
+				src = c.upBody
+			}
+			up, a := augment(src)
+			if up != nil {
+				r.used += int64(len(up) - len(c.upBody))
+				c.upBody, c.augmented = up, c.via == ""
+			}
+			if c.via == "" {
+				c.asked = a
+			}
 		}
 		// The record's request side needs the request alone: split it
 		// while the upstream answers, off the reply's way to the harness.
 		c.prepared = make(chan struct{})
 		go func() {
-			c.request = trajectory.PrepareRequest(body)
+			c.request = trajectory.PrepareRequestAt(c.uri, body)
 			close(c.prepared)
 		}()
 	}

@@ -345,7 +345,8 @@ func TestRelayRepointGenerations(t *testing.T) {
 }
 
 // Bad input gets a clear error, and each such call is recorded once, as
-// failed; an upstream's own error status passes through.
+// failed; a body that is not JSON is forwarded all the same (the upstream
+// judges it); an upstream's own error status passes through.
 func TestRelayRefusals(t *testing.T) {
 	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 		http.Error(w, `{"error":"overloaded"}`, http.StatusTooManyRequests)
@@ -367,7 +368,7 @@ func TestRelayRefusals(t *testing.T) {
 		code   string
 	}{
 		{strings.Repeat("x", 65), 413, "request_too_large"},
-		{`{"messages": [`, 400, "malformed_request"},
+		{`{"messages": [`, 429, ""},
 		{`{"ok":true}`, 429, ""},
 	}
 	for _, c := range cases {
@@ -376,8 +377,8 @@ func TestRelayRefusals(t *testing.T) {
 			t.Errorf("body %.20q: %+v, want %d %s", c.body, g, c.status, c.code)
 		}
 	}
-	if n := up.count(); n != 1 {
-		t.Errorf("upstream saw %d calls, want only the good one", n)
+	if n := up.count(); n != 2 {
+		t.Errorf("upstream saw %d calls, want the two under the limit", n)
 	}
 	// An upstream nobody listens on.
 	dead, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -391,8 +392,8 @@ func TestRelayRefusals(t *testing.T) {
 		t.Errorf("dead upstream: %+v", g)
 	}
 	st := rl.Status()
-	if st.Calls.Total != 4 || st.Calls.Failed != 3 || st.Calls.Delivered != 1 || len(st.Open) != 0 {
-		t.Fatalf("status %+v, want 4 calls: 3 failed once each, 1 delivered", st)
+	if st.Calls.Total != 4 || st.Calls.Failed != 2 || st.Calls.Delivered != 2 || len(st.Open) != 0 {
+		t.Fatalf("status %+v, want 4 calls: 2 failed once each, 2 delivered", st)
 	}
 }
 
@@ -587,16 +588,16 @@ func TestRelayByteBudget(t *testing.T) {
 	}
 }
 
-// A refusal that comes while the relay holds (a body that is not JSON)
-// is answered at the release, not during the hold.
+// A refusal that comes while the relay holds (a body over the limit) is
+// answered at the release, not during the hold.
 func TestRelayRefusalWaitsForTheRelease(t *testing.T) {
-	r := startRelay(t, "http://127.0.0.1:1")
+	r := startRelayWith(t, relay.Config{Upstream: "http://127.0.0.1:1", MaxRequestBytes: 8})
 	r.Hold()
-	bad := post(t, r, "/v1/chat/completions", `{"messages": [`)
-	poll.Wait(t, 5*time.Second, "the malformed call recorded", func() bool { return r.Status().Calls.Total == 1 })
+	bad := post(t, r, "/v1/chat/completions", `{"messages": []}`)
+	poll.Wait(t, 5*time.Second, "the refused call recorded", func() bool { return r.Status().Calls.Total == 1 })
 	noReplyFor(t, bad, 300*time.Millisecond)
 	r.Release()
-	if g := wait(t, bad); g.status != 400 || !strings.Contains(g.body, "malformed_request") {
+	if g := wait(t, bad); g.status != 413 || !strings.Contains(g.body, "request_too_large") {
 		t.Fatalf("%+v", g)
 	}
 }

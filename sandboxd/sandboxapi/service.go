@@ -132,7 +132,7 @@ type LaunchRequest struct {
 	// model relay applies to every request of the launch: a harness that
 	// adds something to a request when it continues a saved session has
 	// the relay take exactly that out before the model sees it. A name the
-	// daemon does not know refuses the launch (invalid_spec). They need a
+	// daemon does not know refuses the launch (bad_request). They need a
 	// relay and an Episode (the relay's label).
 	RelayEdits []string `json:"relay_edits,omitempty"`
 }

@@ -41,6 +41,8 @@ const maxAssembled = 64 << 20
 // unfinished line.
 type Assembler struct {
 	stream bool
+	api    API    // "" or APIChat: chat completions
+	native native // a Messages or a Responses reply's (api_reply.go)
 	buf    []byte // a plain body; or a stream's unfinished line
 	err    string
 	done   bool // a stream's [DONE] came
@@ -106,7 +108,15 @@ func (a *Assembler) Done() bool { return a.done }
 // Finished tells whether the reply said it is complete: a finish reason
 // or a stream's [DONE] came. What follows (usage, [DONE]) adds nothing a
 // harness acts on.
-func (a *Assembler) Finished() bool { return a.done || a.finish != "" }
+func (a *Assembler) Finished() bool {
+	switch a.api {
+	case APIMessages, APIResponses:
+		return a.nativeFinished()
+	case APIOther:
+		return false
+	}
+	return a.done || a.finish != ""
+}
 
 func (a *Assembler) fail(why string) {
 	if a.err == "" {
@@ -128,7 +138,13 @@ func (a *Assembler) line(l []byte) {
 	if len(data) == 0 {
 		return
 	}
-	a.chunk(data)
+	switch a.api {
+	case APIMessages, APIResponses:
+		a.nativeEvent(data)
+	case APIOther:
+	default:
+		a.chunk(data)
+	}
 }
 
 // payload is what a reply (or a stream's chunk) says that a capture keeps.
@@ -284,7 +300,15 @@ func (a *Assembler) delta(d *delta) {
 // upstream's HTTP status: a reply other than 200 is kept as its Error.
 func (a *Assembler) Reply(status int) Reply {
 	if !a.stream && status == 200 && a.err == "" {
-		a.chunk(bytes.TrimSpace(a.buf))
+		switch a.api {
+		case APIMessages:
+			a.messagesWhole(bytes.TrimSpace(a.buf))
+		case APIResponses:
+			a.responseWhole(bytes.TrimSpace(a.buf), true)
+		case APIOther:
+		default:
+			a.chunk(bytes.TrimSpace(a.buf))
+		}
 	}
 	if status != 200 {
 		body := a.buf
@@ -294,6 +318,20 @@ func (a *Assembler) Reply(status int) Reply {
 		return Reply{Error: fmt.Sprintf("status %d: %s", status, truncate(body, 4096))}
 	}
 	r := Reply{FinishReason: a.finish, Usage: a.usage, Model: a.model, Error: a.err}
+	switch a.api {
+	case APIOther:
+		return Reply{Error: a.err}
+	case APIMessages, APIResponses:
+		r.Message = a.nativeMessage()
+		r.Error = a.err // nativeMessage may have found one
+		if a.native.usage != nil {
+			r.Usage = marshalPlain(a.native.usage)
+		}
+		if a.stream && !a.nativeFinished() && r.Error == "" {
+			r.Error = "the stream ended without its final event"
+		}
+		return r
+	}
 	role := a.role.String()
 	if role == "" {
 		role = "assistant"

@@ -69,6 +69,21 @@ type Call struct {
 	Link    Link   `json:"link"`
 	LinkWhy string `json:"link_why,omitempty"`
 
+	// API is the wire API the call spoke, left out for APIChat: a
+	// Messages or a Responses call's messages and reply are in the
+	// trajectory's form (chat completions'), its params the request's own
+	// fields but those (docs/TRAJECTORIES.md); APIOther is no model call.
+	API API `json:"api,omitempty"`
+	// RequestError says why the request did not parse (not JSON, or not
+	// the shape of its API): it was forwarded all the same, and RawRequest
+	// is its body as it came. Such a call is on no chain.
+	// Via is the API the upstream spoke when the relay translated the
+	// call (APIChat), "" when it went as the harness sent it: its reply,
+	// token ids and logprobs are then the chat completion's.
+	Via          API    `json:"via,omitempty"`
+	RequestError string `json:"request_error,omitempty"`
+	RawRequest   []byte `json:"raw_request,omitempty"`
+
 	// Method and Path are the request's; Model the model it asked for;
 	// Params the request's other fields, without its messages (compact
 	// JSON, as the harness sent them: not the capture fields the relay
@@ -129,6 +144,20 @@ type Edit struct {
 	Name    string            `json:"name"`
 	Removed []json.RawMessage `json:"removed,omitempty"`
 	Error   string            `json:"error,omitempty"`
+}
+
+// ModelCall tells whether c is a model call the capture reads: a request
+// of a known API that parsed. Any other is recorded, on no chain.
+func (c *Call) ModelCall() bool {
+	return c.RequestError == "" && c.API != APIOther
+}
+
+// notModelWhy says why c is no model call.
+func (c *Call) notModelWhy() string {
+	if c.RequestError != "" {
+		return "the request does not parse: " + c.RequestError
+	}
+	return "the path " + c.Path + " speaks no API the capture reads"
 }
 
 // IDHeader carries a call's ID upstream, so that a gateway can tell a

@@ -15,6 +15,10 @@ type Report struct {
 	Roots    int `json:"roots"`
 	Replaced int `json:"replaced"`
 	Failed   int `json:"failed"`
+	// Other counts the calls that are no model call the capture reads (a
+	// request that does not parse, a path of no known API): forwarded and
+	// recorded, on no chain.
+	Other int `json:"other,omitempty"`
 	// Dangling counts calls whose parent is not among the calls; Branches
 	// the calls that share a parent with an earlier one; TokenBreaks the
 	// links by messages whose token ids do not chain; Duplicates the calls
@@ -54,6 +58,11 @@ func Check(calls []Whole) Report {
 	requests := map[uint64]string{} // request hash -> the first call that sent it
 	for _, c := range calls {
 		r.Calls++
+		if !c.ModelCall() {
+			r.Other++
+			seen[c.ID] = true
+			continue
+		}
 		onChain := c.ReplacedBy == "" && c.Error == "" && c.Status == 200
 		switch {
 		case c.ReplacedBy != "":

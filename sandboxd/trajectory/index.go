@@ -19,7 +19,8 @@ type Exchange struct {
 	// the call was taken (0: the next after the launch's highest).
 	Episode, Launch string
 	N               int
-	// Method, Path and Body are the request as the harness sent it.
+	// Method, Path and Body are the request as forwarded: the harness's,
+	// after the relay edits of its launch (Edits).
 	Method, Path string
 	Body         []byte
 	// Status is the upstream's HTTP status and Reply what it answered.
@@ -36,6 +37,9 @@ type Exchange struct {
 	Resends    int
 	// Edits are the relay edits that changed Body (Call.Edits).
 	Edits []Edit
+	// Via is the API the upstream spoke when the relay translated the
+	// call (Call.Via); Reply is then of that API.
+	Via API
 	// Request, when set, is Body split already (PrepareRequest): the
 	// relay splits a request while the upstream answers it, not after.
 	Request *Request
@@ -45,17 +49,25 @@ type Exchange struct {
 // its messages, each compact: the part of recording a call that needs
 // only the request.
 type Request struct {
+	api    API
 	model  string
 	params json.RawMessage
 	msgs   []json.RawMessage
 	err    error
 }
 
-// PrepareRequest splits body for a later Add (Exchange.Request). A body
-// that does not split is kept as the error Add returns.
-func PrepareRequest(body []byte) *Request {
-	model, params, msgs, err := splitRequest(body)
-	return &Request{model: model, params: params, msgs: msgs, err: err}
+// PrepareRequest splits a chat completion's body for a later Add
+// (Exchange.Request): PrepareRequestAt of DefaultPath.
+func PrepareRequest(body []byte) *Request { return PrepareRequestAt(DefaultPath, body) }
+
+// PrepareRequestAt splits body, a request to path, for a later Add
+// (Exchange.Request): its model, its other fields and its messages in the
+// trajectory's form, by the API the path speaks (APIOf). A body that does
+// not split is recorded as it came (Call.RawRequest), with why.
+func PrepareRequestAt(path string, body []byte) *Request {
+	api := APIOf(path)
+	model, params, msgs, err := splitAPI(api, body)
+	return &Request{api: api, model: model, params: params, msgs: msgs, err: err}
 }
 
 // Index is the calls of one capture file, each rebuilt whole: what the
@@ -173,15 +185,19 @@ func (x *Index) Add(ex Exchange) (*Call, error) {
 	}
 	req := ex.Request
 	if req == nil {
-		req = PrepareRequest(ex.Body)
+		req = PrepareRequestAt(ex.Path, ex.Body)
 	}
-	model, params, msgs, err := req.model, req.params, req.msgs, req.err
-	if err != nil {
-		return nil, fmt.Errorf("%w: call %s: %v", ErrBadCall, id, err)
-	}
+	model, params, msgs := req.model, req.params, req.msgs
 	c := &Call{V: Version, ID: id, Episode: ex.Episode, Launch: ex.Launch, Method: ex.Method, Path: ex.Path, Model: model,
 		Status: ex.Status, PolicyVersion: ex.PolicyVersion, Started: ex.Started.UTC(),
-		FirstByteMS: ms(ex.FirstByte), DurationMS: ms(ex.Duration), Generation: ex.Generation, Resends: ex.Resends, Edits: ex.Edits}
+		FirstByteMS: ms(ex.FirstByte), DurationMS: ms(ex.Duration), Generation: ex.Generation, Resends: ex.Resends, Edits: ex.Edits, Via: ex.Via}
+	if req.api != APIChat {
+		c.API = req.api
+	}
+	if req.err != nil {
+		// Forwarded all the same: recorded as it came, on no chain.
+		c.RequestError, c.RawRequest, params, msgs = req.err.Error(), ex.Body, nil, nil
+	}
 	r := ex.Reply
 	if ex.Status == 200 && r.Error == "" {
 		c.Reply, c.FinishReason, c.Usage = r.Message, r.FinishReason, r.Usage
@@ -200,6 +216,16 @@ func (x *Index) Add(ex Exchange) (*Call, error) {
 	w := &whole{c: c, msgs: msgs, params: params, prompt: r.PromptIDs}
 	if !c.Tokens {
 		w.prompt = nil
+	}
+	if !c.ModelCall() {
+		// Not a model call the capture reads (a body that does not parse,
+		// another path): no lineage, and nothing continues it.
+		c.Reply, c.Tokens, c.CompletionIDs, c.Logprobs, w.prompt = nil, false, nil, nil, nil
+		c.Link, c.LinkWhy = LinkRoot, "not a model call: "+c.notModelWhy()
+		c.Params = w.params
+		c.Messages = w.msgs
+		x.insert(w)
+		return c, nil
 	}
 	x.link(w)
 	x.delta(w)
@@ -389,7 +415,7 @@ func (x *Index) insert(w *whole) {
 	w.req = h.Sum64()
 	// The request's latest call is replaced unless something continued
 	// it; every earlier one is replaced or continued already.
-	if e := x.byReq[w.req]; e != nil && e.children == 0 && e.replaced == "" && e != w {
+	if e := x.byReq[w.req]; e != nil && e.children == 0 && e.replaced == "" && e != w && c.ModelCall() {
 		e.replaced = c.ID
 	}
 	if p := x.byID[c.Parent]; p != nil {

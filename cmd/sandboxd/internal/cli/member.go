@@ -51,6 +51,9 @@ type memberOpts struct {
 	// "none": no capture); captureTokens asks the upstream for token ids.
 	capture       string
 	captureTokens bool
+	// translate is the API the relay translates Messages and Responses
+	// calls to upstream ("chat"), "" for none.
+	translate string
 	// failpoints are the --failpoint flags (see parseFailpoints).
 	failpoints failpoints
 }
@@ -106,8 +109,12 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	relayUp := fs.String("relay-upstream", "", "the relay's first upstream URL, e.g. http://10.0.2.90:8080 (default: none until a relay_repoint)")
 	capture := fs.String("capture", "", "the relay's capture file of model calls (default <state>/"+trajectory.FileName+"; none: capture nothing)")
 	captureTokens := fs.Bool("capture-tokens", true, "ask the model server for token ids and logprobs (return_token_ids, logprobs) and keep them in the capture")
+	translate := fs.String("relay-translate", "", "chat: the relay sends Anthropic Messages and OpenAI Responses calls upstream as chat completions, and their replies back in the harness's API, so that the capture gets token ids (default: each call as it came)")
 	if err := fs.Parse(args); err != nil {
 		return memberOpts{}, fmt.Errorf("%w: %w", errFlags, err) // the flag package has said why
+	}
+	if *translate != "" && *translate != "chat" {
+		return memberOpts{}, fmt.Errorf("%w: --relay-translate %q: want chat (or nothing)", errFlags, *translate)
 	}
 	if *token == "" {
 		*token = os.Getenv("NATS_TOKEN")
@@ -118,7 +125,7 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	}
 	return memberOpts{conn: jetstream.ConnConfig{URL: *url, CredsFile: *creds, NKeyFile: *nkey, Token: *token, Name: "sandboxd-" + *id},
 		run: *run, id: *id, state: *state, mode: mode, grace: *grace, root: *root, noCg: *noCg, lease: *lease, level: lvl,
-		relay: *relayAddr, relayUpstream: *relayUp, capture: *capture, captureTokens: *captureTokens, failpoints: fps}, nil
+		relay: *relayAddr, relayUpstream: *relayUp, capture: *capture, captureTokens: *captureTokens, translate: *translate, failpoints: fps}, nil
 }
 
 // member runs the daemon on the bus: member sandbox.<id> of a run, serving
@@ -242,9 +249,12 @@ func (o memberOpts) newRelay(log zerolog.Logger) (*relay.Relay, error) {
 		if o.relayUpstream != "" {
 			return nil, errors.New("--relay-upstream needs --relay")
 		}
+		if o.translate != "" {
+			return nil, errors.New("--relay-translate needs --relay")
+		}
 		return nil, nil
 	}
-	cfg := relay.Config{Listen: o.relay, Upstream: o.relayUpstream, Logger: log}
+	cfg := relay.Config{Listen: o.relay, Upstream: o.relayUpstream, Translate: o.translate == "chat", Logger: log}
 	if o.capture != "none" {
 		path := o.capture
 		if path == "" {

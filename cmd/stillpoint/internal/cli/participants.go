@@ -153,6 +153,7 @@ type ownerFlags struct {
 	metricsAddr   string
 	directModel   bool
 	noTokens      bool
+	translate     bool // --model-api-translate: the relays translate Messages and Responses to chat completions
 }
 
 func newOwnerCmd(g *globals) *cobra.Command {
@@ -223,6 +224,7 @@ read-only in every sandbox; none is copied into snapshots.`,
 	fl.BoolVar(&f.noCheckpoints, "no-checkpoints", false, "lend sandboxes but take no part in checkpoints (restart_only)")
 	fl.BoolVar(&f.reap, "reap", false, "stop the sandboxes an earlier owner process left in --state-dir, print their ids, and exit")
 	fl.BoolVar(&f.directModel, "direct-model", false, "run no model relay in the sandboxes: harnesses call the model directly, and no rollout has a trajectory (on microvm, none continues in place either)")
+	fl.BoolVar(&f.translate, "model-api-translate", false, "the sandboxes' relays send Anthropic Messages and OpenAI Responses calls (Claude Code, Codex) to the model server as chat completions, and translate the replies back, so that token ids are captured as for OpenCode (docs/TRAJECTORIES.md)")
 	fl.BoolVar(&f.noTokens, "no-capture-tokens", false, "capture model calls without asking the model server for token ids and logprobs (a server that refuses return_token_ids)")
 	return cmd
 }
@@ -337,6 +339,9 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	}
 	if f.noTokens {
 		args = append(args, "--capture-tokens=false")
+	}
+	if f.translate && !f.directModel {
+		args = append(args, "--relay-translate", "chat")
 	}
 	args = append(args, f.sandboxdArgs...)
 	sd := owner.SandboxdConfig{Binary: f.sandboxd, NATSURL: natsURL, Run: f.run, CredsFile: f.sandboxCreds, Args: args}

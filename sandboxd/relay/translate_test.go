@@ -1,0 +1,204 @@
+package relay_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stillpoint/stillpoint/sandboxd/relay"
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
+)
+
+// nativeHarness drives captureScript through url in api as Claude Code
+// (Messages) or Codex (Responses) would, each reply echoed in the API's
+// own shapes and each tool call answered; it returns the raw replies.
+func nativeHarness(t *testing.T, url string, api trajectory.API, stream bool) []string {
+	t.Helper()
+	var history []any
+	if api == trajectory.APIMessages {
+		history = append(history, map[string]any{"role": "user", "content": []any{map[string]any{"type": "text", "text": "look at a.txt"}}})
+	} else {
+		history = append(history, map[string]any{"type": "message", "role": "user", "content": []any{map[string]any{"type": "input_text", "text": "look at a.txt"}}})
+	}
+	path := "/v1/messages?beta=true"
+	if api == trajectory.APIResponses {
+		path = "/v1/responses"
+	}
+	var bodies []string
+	for range captureScript["t"] {
+		req := map[string]any{"model": "m", "stream": stream}
+		if api == trajectory.APIMessages {
+			req["system"] = []any{map[string]any{"type": "text", "text": "You are a coder."}}
+			req["messages"], req["max_tokens"] = history, 1024
+			req["tools"] = []any{map[string]any{"name": "bash", "description": "run", "input_schema": map[string]any{"type": "object"}}}
+		} else {
+			req["input"], req["store"] = history, false
+			req["tools"] = []any{map[string]any{"type": "function", "name": "bash", "parameters": map[string]any{"type": "object"}},
+				map[string]any{"type": "web_search"}}
+		}
+		b, _ := json.Marshal(req)
+		resp, err := http.Post(url+path, "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, raw)
+		}
+		if stream && !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			t.Fatalf("a stream answered as %s", resp.Header.Get("Content-Type"))
+		}
+		bodies = append(bodies, string(raw))
+		a := trajectory.NewAPIAssembler(api, stream)
+		a.Write(raw)
+		if stream && !a.Finished() {
+			t.Fatalf("the reply did not finish: %s", raw)
+		}
+		r := a.Reply(200)
+		if r.Error != "" {
+			t.Fatalf("the reply does not read as %s: %s\n%s", api, r.Error, raw)
+		}
+		var msg struct {
+			Content   string `json:"content"`
+			ToolCalls []struct {
+				ID       string `json:"id"`
+				Function struct{ Name, Arguments string }
+			} `json:"tool_calls"`
+		}
+		_ = json.Unmarshal(r.Message, &msg)
+		if api == trajectory.APIMessages {
+			var blocks []any
+			if msg.Content != "" {
+				blocks = append(blocks, map[string]any{"type": "text", "text": msg.Content})
+			}
+			var results []any
+			for _, tc := range msg.ToolCalls {
+				blocks = append(blocks, map[string]any{"type": "tool_use", "id": tc.ID, "name": tc.Function.Name, "input": json.RawMessage(tc.Function.Arguments)})
+				results = append(results, map[string]any{"type": "tool_result", "tool_use_id": tc.ID, "content": "x"})
+			}
+			history = append(history, map[string]any{"role": "assistant", "content": blocks})
+			if results != nil {
+				history = append(history, map[string]any{"role": "user", "content": results})
+			}
+			continue
+		}
+		if msg.Content != "" {
+			history = append(history, map[string]any{"type": "message", "role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": msg.Content}}})
+		}
+		for _, tc := range msg.ToolCalls {
+			history = append(history, map[string]any{"type": "function_call", "call_id": tc.ID, "name": tc.Function.Name, "arguments": tc.Function.Arguments})
+		}
+		for _, tc := range msg.ToolCalls {
+			history = append(history, map[string]any{"type": "function_call_output", "call_id": tc.ID, "output": "x"})
+		}
+	}
+	return bodies
+}
+
+// With Translate, a Messages or a Responses harness's calls go to the
+// scripted model server's chat completions path, come back whole in the
+// harness's API, streamed or not, and are recorded with the token ids and
+// logprobs the server gave, each linked to the one before.
+func TestTranslateToChat(t *testing.T) {
+	for _, api := range []trajectory.API{trajectory.APIMessages, trajectory.APIResponses} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%v", api, stream), func(t *testing.T) {
+				m := newModel(t)
+				rec, err := trajectory.OpenRecorder(filepath.Join(t.TempDir(), trajectory.FileName))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { rec.Close() })
+				r := serveRelay(t, relay.Config{Upstream: m.URL, Capture: rec, Tokens: true, Translate: true})
+				if err := r.Label("e", "l", nil); err != nil {
+					t.Fatal(err)
+				}
+				bodies := nativeHarness(t, r.URL(), api, stream)
+				for _, b := range bodies {
+					if strings.Contains(b, "token_ids") || strings.Contains(b, "chat.completion") {
+						t.Errorf("the harness got chat completion bytes: %s", b)
+					}
+				}
+				if !strings.Contains(bodies[2], "empty.") {
+					t.Errorf("the last reply: %s", bodies[2])
+				}
+				calls := rec.Calls()
+				l := m.Ledger()
+				if len(calls) != 3 || len(l) != 3 {
+					t.Fatalf("%d calls recorded, %d answered", len(calls), len(l))
+				}
+				for i, c := range calls {
+					if c.API != api || c.Via != trajectory.APIChat || !c.Tokens || c.Error != "" {
+						t.Fatalf("call %d: api %s via %s tokens %v error %q", i, c.API, c.Via, c.Tokens, c.Error)
+					}
+					if !slices.Equal(c.AllPromptIDs, l[i].PromptTokenIDs) || !slices.Equal(c.CompletionIDs, l[i].TokenIDs) || len(c.Logprobs) != len(c.CompletionIDs) {
+						t.Errorf("call %s: tokens are not the ledger's", c.ID)
+					}
+					if i > 0 && (c.Parent != calls[i-1].ID || c.Link != trajectory.LinkResolved) {
+						t.Errorf("call %s: parent %s link %s (%s)", c.ID, c.Parent, c.Link, c.LinkWhy)
+					}
+				}
+				if rep := trajectory.Check(calls); !rep.OK() || rep.TokenBreaks != 0 {
+					t.Errorf("check: %s %v", rep, rep.Problems)
+				}
+				if seqs := trajectory.Chains(calls); len(seqs) != 1 || len(seqs[0].Calls) != 3 {
+					t.Errorf("chains %+v", seqs)
+				}
+			})
+		}
+	}
+}
+
+// A translated call cut by a re-point is sent again, the same chat bytes,
+// and the harness gets one whole reply in its API; without a capture the
+// translation still answers in the harness's API.
+func TestTranslateResentAndUncaptured(t *testing.T) {
+	gone := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) { <-r.Context().Done() })
+	m := newModel(t)
+	rec, err := trajectory.OpenRecorder(filepath.Join(t.TempDir(), trajectory.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rec.Close() })
+	r := serveRelay(t, relay.Config{Upstream: gone.URL, Capture: rec, Tokens: true, Translate: true})
+	r.Label("e", "l", nil)
+	body := `{"model":"m","max_tokens":10,"stream":true,"messages":[{"role":"user","content":"look at a.txt"}]}`
+	cut := post(t, r, "/v1/messages", body)
+	sent := <-gone.got
+	if !strings.Contains(sent, `"return_token_ids":true`) || !strings.Contains(sent, `"messages":[{"content":"look at a.txt","role":"user"}]`) {
+		t.Fatalf("upstream got %s", sent)
+	}
+	r.Hold()
+	if _, err := r.Repoint(m.URL, 1); err != nil {
+		t.Fatal(err)
+	}
+	r.Release()
+	g := wait(t, cut)
+	a := trajectory.NewAPIAssembler(trajectory.APIMessages, true)
+	a.Write([]byte(g.body))
+	if rep := a.Reply(200); g.status != 200 || !a.Finished() || rep.Error != "" || rep.FinishReason != "tool_use" {
+		t.Fatalf("%d %+v\n%s", g.status, rep, g.body)
+	}
+	if calls := rec.Calls(); len(calls) != 1 || calls[0].Resends != 1 || !calls[0].Tokens {
+		t.Fatalf("recorded %+v", calls)
+	}
+
+	plain := serveRelay(t, relay.Config{Upstream: m.URL, Translate: true})
+	g = wait(t, post(t, plain, "/v1/responses", `{"model":"m","input":"look at a.txt"}`))
+	var resp struct {
+		Object string `json:"object"`
+		Output []struct {
+			Type string `json:"type"`
+		} `json:"output"`
+	}
+	if err := json.Unmarshal([]byte(g.body), &resp); err != nil || g.status != 200 || resp.Object != "response" || len(resp.Output) == 0 {
+		t.Fatalf("%d %s", g.status, g.body)
+	}
+}
