@@ -204,9 +204,16 @@ func checkMessagesToolCalls(tools json.RawMessage, calls []ToolCall) error {
 	return errors.Join(errs...)
 }
 
+// The Claude helpers write each call's input as Claude Code sends it back
+// in the next request (its keys in Claude's order, its defaults filled
+// in), so that a reply is a prefix of the next prompt.
+
 // ClaudeBashCall runs command in Claude Code's Bash tool.
 func ClaudeBashCall(id, command string) ToolCall {
-	return Call(id, "Bash", map[string]string{"command": command, "description": "Run " + firstWord(command)})
+	return Call(id, "Bash", struct {
+		Command     string `json:"command"`
+		Description string `json:"description"`
+	}{command, "Run " + firstWord(command)})
 }
 
 // ClaudeReadCall reads a file with Claude Code's Read tool; a relative
@@ -217,15 +224,23 @@ func ClaudeReadCall(id, path string) ToolCall {
 
 // ClaudeEditCall replaces old with new in a file with Claude Code's Edit
 // tool (old must occur once in it, and the session must have read the
-// file).
+// file). The input carries replace_all false first, as Claude adds it.
 func ClaudeEditCall(id, path, old, new string) ToolCall {
-	return Call(id, "Edit", map[string]string{"file_path": path, "old_string": old, "new_string": new})
+	return Call(id, "Edit", struct {
+		ReplaceAll bool   `json:"replace_all"`
+		FilePath   string `json:"file_path"`
+		OldString  string `json:"old_string"`
+		NewString  string `json:"new_string"`
+	}{false, path, old, new})
 }
 
 // ClaudeWriteCall writes a whole file with Claude Code's Write tool (an
-// existing file must have been read first).
+// existing file must have been read first); file_path comes first.
 func ClaudeWriteCall(id, path, content string) ToolCall {
-	return Call(id, "Write", map[string]string{"file_path": path, "content": content})
+	return Call(id, "Write", struct {
+		FilePath string `json:"file_path"`
+		Content  string `json:"content"`
+	}{path, content})
 }
 
 func firstWord(s string) string {

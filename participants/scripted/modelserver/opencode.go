@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // What the server knows of OpenCode's requests (OpenCode 1.18.33 through
@@ -84,19 +86,19 @@ func isEmptyContent(c json.RawMessage) bool {
 }
 
 // allInterrupted tells whether each of calls has a result among the tool
-// messages that follow, and each result is Interrupted.
+// messages that follow, and each result is Interrupted (or Claude Code's
+// interruption, ClaudeInterrupted, when the relay translated its Messages
+// call to a chat completion).
 func allInterrupted(calls []ToolCall, after []Message) bool {
 	results := map[string]string{}
 	for _, m := range after {
 		if m.Role != "tool" {
 			break
 		}
-		var s string
-		_ = json.Unmarshal(m.Content, &s)
-		results[m.ToolCallID] = s
+		results[m.ToolCallID] = trajectory.MessageText(m.Content)
 	}
 	for _, c := range calls {
-		if r, ok := results[c.ID]; !ok || r != Interrupted {
+		if r, ok := results[c.ID]; !ok || (r != Interrupted && !strings.HasPrefix(r, ClaudeInterrupted)) {
 			return false
 		}
 	}
