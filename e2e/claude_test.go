@@ -426,3 +426,13 @@ func TestClaudeRepoTasksThroughTwoCheckpointsAndACrash(t *testing.T) {
 	}
 	f.checkLedger(began)
 }
+
+// TestDemoWithClaude runs `stillpoint demo --harness claude` on 4 of the
+// repository tasks, run by the real Claude Code all at once, through the
+// demo's checkpoints and crash, every reward from the repository's tests
+// and the invariants, the trajectory's included, checked.
+func TestDemoWithClaude(t *testing.T) {
+	tier.E2E(t)
+	parallel(t, 1, 1*time.Minute)
+	runDemo(t, "--harness", "claude", "--rollouts", "4")
+}

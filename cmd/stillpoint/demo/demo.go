@@ -29,6 +29,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/participants/claude"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm/qemu"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
@@ -101,6 +102,11 @@ fixing 9 of them with OpenCode's own tools, the rewards from their tests);
 flight at once. Each OpenCode process takes about 0.6 GB and 4 s of CPU to
 start.
 
+With --harness claude the agents run the real Claude Code (2.1.332, from npm:
+see docs/CLAUDE.md) on the same repository tasks, in Claude Code's own tools;
+the sandboxes' relays translate its Anthropic Messages calls to chat
+completions, so that its trajectories have token ids.
+
 It builds the static sandboxd and harness binaries first (go build, from the
 stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 		Args: cobra.NoArgs,
@@ -117,7 +123,7 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	fl.StringVar(&f.run, "run", "demo", "the run id (with --nats-url, one per demo on that server; with credentials lower case, no underscore)")
 	fl.StringVar(&f.authDir, "auth-dir", "", "with --nats-url: that server's keys and creds (stillpoint server --auth-dir)")
 	fl.DurationVar(&f.tool, "tool-time", defaultToolTime, "how long each task's slow tool call runs")
-	fl.StringVar(&f.harness, "harness", harnessScripted, "the agents' harness: scripted (the scripted task set) or opencode (the repository tasks, run by the real OpenCode)")
+	fl.StringVar(&f.harness, "harness", harnessScripted, "the agents' harness: scripted (the scripted task set), opencode or claude (the repository tasks, run by the real OpenCode or Claude Code)")
 	return cmd
 }
 
@@ -128,6 +134,7 @@ const defaultToolTime = 4 * time.Second
 const (
 	harnessScripted = "scripted"
 	harnessOpenCode = "opencode"
+	harnessClaude   = "claude"
 )
 
 // openCodeInFlight is the most OpenCode rollouts the demo runs at once:
@@ -146,7 +153,7 @@ type Fleet struct {
 	self     string
 	sandboxd string
 	harness  string
-	driver   string // the OpenCode driver, with --harness opencode
+	driver   string // the OpenCode or Claude driver, with --harness opencode or claude
 	natsURL  string
 	authDir  string
 	auth     *embedded.Authority // with credentials: mints the members' users
@@ -190,8 +197,8 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.harness == "" {
 		f.harness = harnessScripted
 	}
-	if f.harness != harnessScripted && f.harness != harnessOpenCode {
-		return fmt.Errorf("%w: --harness %q: want %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode)
+	if f.harness != harnessScripted && f.harness != harnessOpenCode && f.harness != harnessClaude {
+		return fmt.Errorf("%w: --harness %q: want %s, %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode, harnessClaude)
 	}
 	d := &Fleet{env: env, f: f, run: cmp.Or(f.run, "demo"), token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
 		log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
@@ -326,18 +333,22 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 
 // TaskSet returns the run's tasks and model script, and how many
 // rollouts the collector keeps in flight: the scripted set of --rollouts
-// tasks, all at once; or, with --harness opencode, the first --rollouts
-// tasks of the repository set for OpenCode's tools, at most
+// tasks, all at once; or, with --harness opencode or claude, the first
+// --rollouts tasks of the repository set for the harness's tools, at most
 // openCodeInFlight at once.
 func (d *Fleet) TaskSet() ([]collect.Task, modelserver.Script, int, error) {
-	if d.f.harness != harnessOpenCode {
+	if !d.realHarness() {
 		ts, script := tasks.Set(tasks.Options{N: d.f.rollouts, ToolSeconds: d.f.tool.Seconds(), Steps: cmp.Or(d.f.steps, 2)})
 		for _, turns := range script {
 			d.lastTurn = len(turns) - 1
 		}
 		return ts, script, d.f.rollouts, nil
 	}
-	ts, script, err := tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: tasks.HarnessOpenCode})
+	harness := tasks.HarnessOpenCode
+	if d.f.harness == harnessClaude {
+		harness = tasks.HarnessClaude
+	}
+	ts, script, err := tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: harness})
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("demo: %w", err)
 	}
@@ -350,8 +361,14 @@ func (d *Fleet) TaskSet() ([]collect.Task, modelserver.Script, int, error) {
 	return ts, script, min(len(ts), openCodeInFlight), nil
 }
 
+// realHarness tells a real harness (OpenCode, Claude Code) on the
+// repository tasks.
+func (d *Fleet) realHarness() bool {
+	return d.f.harness == harnessOpenCode || d.f.harness == harnessClaude
+}
+
 // build builds the static binaries that go into sandboxes, and with
-// --harness opencode finds OpenCode and ripgrep.
+// --harness opencode finds OpenCode and ripgrep, with claude Claude Code.
 func (d *Fleet) build(ctx context.Context) error {
 	pkgs := []string{build.Sandboxd, build.ScriptedHarness}
 	what := "sandboxd and scripted harness"
@@ -364,6 +381,12 @@ func (d *Fleet) build(ctx context.Context) error {
 		}
 		pkgs, what = append(pkgs, build.OpenCodeDriver), what+" and the OpenCode driver"
 	}
+	if d.f.harness == harnessClaude {
+		if _, err := claude.Binary(); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		pkgs, what = append(pkgs, build.ClaudeDriver), what+" and the Claude Code driver"
+	}
 	d.Say("building the static %s (CGO_ENABLED=0)", what)
 	bins, err := build.Static(ctx, pkgs...)
 	if errors.Is(err, build.ErrNoModule) || errors.Is(err, build.ErrNoGo) {
@@ -372,7 +395,7 @@ func (d *Fleet) build(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	d.sandboxd, d.harness, d.driver = bins[build.Sandboxd], bins[build.ScriptedHarness], bins[build.OpenCodeDriver]
+	d.sandboxd, d.harness, d.driver = bins[build.Sandboxd], bins[build.ScriptedHarness], cmp.Or(bins[build.OpenCodeDriver], bins[build.ClaudeDriver])
 	return nil
 }
 
@@ -552,7 +575,7 @@ func (d *Fleet) direct(ctx context.Context, col *collect.Collector, ms *modelser
 	// take longer and apart, so it waits for one that the first
 	// checkpoint paused to have finished in place.
 	returned, held := 0, false
-	if d.f.harness == harnessOpenCode {
+	if d.realHarness() {
 		returned = 1
 	} else {
 		ms.HoldFrom(d.lastTurn)

@@ -216,8 +216,11 @@ func (d *Fleet) StartOwner(ctx context.Context, bus *jetstream.Bus, name string)
 	prev := d.instance(ctx, bus, m)
 	args := []string{"owner", "--run", d.run, "--name", name, "--provider", d.f.provider, "--state-dir", d.ownerDir(name),
 		"--sandboxd", d.sandboxd, "--harness", d.harness}
-	if d.f.harness == harnessOpenCode {
+	switch d.f.harness {
+	case harnessOpenCode:
 		args = append(args, "--task-kind", "command", "--opencode", d.driver)
+	case harnessClaude:
+		args = append(args, "--task-kind", "command", "--claude", d.driver, "--model-api-translate")
 	}
 	if d.f.provider == "microvm" {
 		// Images and the warm template are kept for the next demo.
@@ -244,8 +247,8 @@ func (d *Fleet) StartAgent(ctx context.Context, bus *jetstream.Bus, name, modelU
 	m := events.Member("agent." + name)
 	prev := d.instance(ctx, bus, m)
 	args := []string{"agent", "--run", d.run, "--name", name, "--owner", NodeOwner(name), "--model-url", modelURL, "--concurrency", fmt.Sprint(d.f.rollouts)}
-	if d.f.harness == harnessOpenCode {
-		args = append(args, "--adapter", "opencode", "--launch-timeout", "10m")
+	if d.realHarness() {
+		args = append(args, "--adapter", d.f.harness, "--launch-timeout", "10m")
 	}
 	maddr, err := d.metricsAddr("agent-" + name)
 	if err != nil {

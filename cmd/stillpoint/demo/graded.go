@@ -16,7 +16,7 @@ func (d *Fleet) Graded(r collect.Result) bool {
 	if !r.OK || r.Result == nil {
 		return false
 	}
-	if d.f.harness == harnessOpenCode {
+	if d.realHarness() {
 		var v commandkind.Verdict
 		want := 1.0
 		if r.RolloutID == tasks.ControlID {
