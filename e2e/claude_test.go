@@ -436,3 +436,81 @@ func TestDemoWithClaude(t *testing.T) {
 	parallel(t, 1, 1*time.Minute)
 	runDemo(t, "--harness", "claude", "--rollouts", "4")
 }
+
+// TestMicroVMClaudeContinuesInPlace: one real Claude Code rollout on the
+// microvm provider (1.5 GiB guest, Claude's directory on the harness
+// disk), checkpointed while Claude waits for a model reply; the agent and
+// the owner are killed with SIGKILL, and a new agent and owner with a new
+// model server restore. The Claude process the snapshot kept is taken
+// over in place, its cut call and every later one reach the new model
+// server through the relay, and it finishes with its grade.
+func TestMicroVMClaudeContinuesInPlace(t *testing.T) {
+	tier.Heavy(t)
+	parallel(t, 1, 4*time.Minute) // the guest under TCG, and Claude in it
+	requireMicroVM(t)
+	drv := claudeDriver(t)
+	ts, script := claudeTasks("clvm", 1, 1)
+	began := time.Now()
+	f := startFleet(t, fleetOptions{n: 1, concurrency: 1, tasks: ts, script: script, provider: "microvm",
+		ownerArgs: append(claudeOwnerArgs(drv), "--microvm-mem", "1536"),
+		agentArgs: []string{"--adapter", "claude", "--launch-timeout", "30m"}})
+	ctx, cancel := context.WithTimeout(t.Context(), 25*time.Minute)
+	defer cancel()
+	f.ms.Hold()
+	lost, abandon := context.WithCancel(ctx)
+	first := f.dispatch(lost, 0, 0)
+	wait, stop := context.WithTimeout(ctx, 15*time.Minute)
+	err := poll.Until(wait, poll.Every(100*time.Millisecond), func() (bool, error) { return f.ms.Held() > 0, nil })
+	stop()
+	if err != nil {
+		f.showLaunch(ctx, f.id(0))
+		t.Fatalf("Claude's first model call held by the model server: %v after %s", err, time.Since(began).Round(time.Second))
+	}
+	started := time.Since(began)
+	f.checkpoint(ctx, "c1")
+	bm := f.agentRecords(ctx, "c1", "a1")[f.id(0)]
+	if len(bm.Launches) != 1 || bm.Launches[0].Held == nil || !bm.Launches[0].Relay {
+		t.Fatalf("exported bookmark %+v: want the Claude launch held through the relay", bm)
+	}
+	f.kill9("agent-a1", "owner")
+	abandon()
+	if o := <-first; o.err == nil {
+		t.Fatalf("the rollout returned across the crash: %+v", o.res)
+	}
+	addr, ms2 := serveModel(t, f.script)
+	f.later = append(f.later, ms2)
+	f.upstream = addr
+	f.startOwner()
+	f.startAgent("a1", "--concurrency", "1")
+	t1 := time.Now()
+	if rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{}); err != nil || rr.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("restore: %+v %v", rr, err)
+	}
+	o := <-f.dispatch(ctx, 0, 1)
+	if o.err != nil {
+		t.Fatalf("after the restore: %v", o.err)
+	}
+	reward(t, o.res)
+	f.checkTrajectory(o.res)
+	if len(o.res.Launches) != 1 || o.res.Launches[0].Rebind != agentapi.RebindResumed || o.res.Launches[0].Ended != agentapi.LaunchFinished {
+		t.Fatalf("launch log %+v: want the one Claude launch resumed in place and finished", o.res.Launches)
+	}
+	if len(ms2.Ledger()) == 0 {
+		t.Fatal("no model call reached the new model server")
+	}
+	for _, ms := range []*modelserver.Server{f.ms, ms2} {
+		if r := ms.Repeats(); len(r) != 0 {
+			t.Errorf("repeated model calls: %v", r)
+		}
+		for _, e := range ms.Ledger() {
+			if e.UserTurns != 1 {
+				t.Errorf("%s: a request with %d user turns: a turn was injected", e.Task, e.UserTurns)
+			}
+		}
+	}
+	t.Logf("cost: to Claude's first model call %s (the template included), restore to the grade %s, %d calls to the new model server",
+		started.Round(time.Second), time.Since(t1).Round(time.Second), len(ms2.Ledger()))
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("final release: %+v %v", rel, err)
+	}
+}
