@@ -35,9 +35,10 @@ import (
 // <environment_context> message and the prompt.
 const codexUserTurns = 2
 
-// codexFiles are the session files of a Codex launch that must not change
-// while it is paused: its rollout and its databases.
-var codexFiles = []string{"codex/sessions/*/*/*/rollout-*.jsonl", "codex/state_5.sqlite*"}
+// codexProcs are Codex's: the session files of a launch that must not
+// change while it is paused, its rollout and its databases.
+var codexProcs = harnessProcs{driver: codex.DriverName, harness: codex.CodexName,
+	store: []string{"codex/sessions/*/*/*/rollout-*.jsonl", "codex/state_5.sqlite*"}}
 
 // codexTest runs a test command in Codex's exec_command, which returns
 // after yield_time_ms with the command still running: the most Codex
@@ -101,7 +102,7 @@ func startCodexFleet(t *testing.T, prefix string, n, agents int, mode string, to
 // findCodex finds the Codex driver of rollout's launch.
 func (f *fleet) findCodex(rollout string) launch {
 	f.t.Helper()
-	return f.findDriver(rollout, codex.DriverName, codexFiles, codex.CodexName)
+	return f.findLaunchOf(codexProcs, rollout)
 }
 
 // TestCodexPausedFourTimes: a Codex rollout paused in place four times,

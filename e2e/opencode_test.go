@@ -103,40 +103,46 @@ func startOpenCodeFleet(t *testing.T, prefix string, n, agents int, mode string,
 		agentArgs: append([]string{"--adapter", "opencode", "--launch-timeout", "10m"}, agentArgs...)})
 }
 
-// launch is a running harness launch as the host sees it: the driver's
-// process and its session folder, the harness's session files in it
-// (globs) and the harness process's name.
+// harnessProcs names a real harness's programs in a launch: its driver's
+// and its own (the process name), and its session's files (globs in the
+// session folder) that must not change while it is paused.
+type harnessProcs struct {
+	driver, harness string
+	store           []string
+}
+
+// openCodeProcs are OpenCode's: its store.
+var openCodeProcs = harnessProcs{driver: opencode.DriverName, harness: opencode.OpenCodeName, store: driver.StoreFiles}
+
+// launch is a running launch of a real harness as the host sees it: the
+// driver's process and its session folder.
 type launch struct {
-	pid   int      // the driver
-	home  string   // the session folder, through /proc/<pid>/root
-	files []string // the session's files, globs relative to home
-	main  string   // the harness process's comm
+	pid   int    // the driver
+	home  string // the session folder, through /proc/<pid>/root
+	procs harnessProcs
 }
 
-// findLaunch finds the OpenCode driver of rollout's launch (findDriver).
-func (f *fleet) findLaunch(rollout string) launch {
-	f.t.Helper()
-	return f.findDriver(rollout, opencode.DriverName, driver.StoreFiles, opencode.OpenCodeName)
-}
+// findLaunch finds the OpenCode driver of rollout's launch (findLaunchOf).
+func (f *fleet) findLaunch(rollout string) launch { return f.findLaunchOf(openCodeProcs, rollout) }
 
-// findDriver finds the driver (named name) of rollout's launch among the
-// host's processes: its command line names the rollout (as --title, or
-// in --home), and it runs under this fleet's sandboxd (an ancestor's
+// findLaunchOf finds the driver of rollout's launch among the host's
+// processes: its command line names the rollout (as --title, or in the
+// --home folder), and it runs under this fleet's sandboxd (an ancestor's
 // command line names the fleet's NATS server), not another test's.
-func (f *fleet) findDriver(rollout, name string, files []string, main string) launch {
+func (f *fleet) findLaunchOf(h harnessProcs, rollout string) launch {
 	t := f.t.(*testing.T)
 	t.Helper()
 	var l launch
-	names := func(a string) bool { return a == rollout || strings.Contains(a, "/"+rollout+"/") }
-	poll.Wait(t, time.Minute, "the "+name+" of "+rollout, func() bool {
+	poll.Wait(t, time.Minute, "the "+h.driver+" of "+rollout, func() bool {
 		pids, _ := procfs.PIDs()
 		for _, pid := range pids {
 			argv := cmdline(pid)
-			if len(argv) == 0 || !strings.HasSuffix(argv[0], "/"+name) || !slices.ContainsFunc(argv, names) || !ancestorNames(pid, f.env.URL) {
+			if len(argv) == 0 || !strings.HasSuffix(argv[0], "/"+h.driver) || !ancestorNames(pid, f.env.URL) {
 				continue
 			}
-			if i := slices.Index(argv, "--home"); i > 0 && i+1 < len(argv) {
-				l = launch{pid: pid, home: fmt.Sprintf("/proc/%d/root%s", pid, argv[i+1]), files: files, main: main}
+			if i := slices.Index(argv, "--home"); i > 0 && i+1 < len(argv) &&
+				(slices.Contains(argv, rollout) || strings.Contains(argv[i+1], "/"+rollout+"/")) {
+				l = launch{pid: pid, home: fmt.Sprintf("/proc/%d/root%s", pid, argv[i+1]), procs: h}
 				return true
 			}
 		}
@@ -202,7 +208,7 @@ func (l launch) end(t *testing.T, comm string) {
 
 // stillness is what must not change while a launch is paused: every
 // process of its tree with its state and CPU time, and the harness's
-// session files (OpenCode's store; mtime, size, sha256).
+// session files (mtime, size, sha256).
 type stillness struct {
 	procs map[int]string
 	files map[string]string
@@ -223,20 +229,20 @@ func (l launch) sample(t *testing.T) stillness {
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 		s.procs[pid] = fmt.Sprintf("%s start %d state %c cpu %d", strings.TrimSpace(string(comm)), st.Start, st.State, st.UTime+st.STime)
 	}
-	for _, g := range l.files {
+	for _, g := range l.procs.store {
 		ps, _ := filepath.Glob(filepath.Join(l.home, g))
 		if len(ps) == 0 {
-			t.Fatalf("no session file %s in %s", g, l.home)
+			t.Fatalf("store file: no %s in %s", g, l.home)
 		}
 		for _, p := range ps {
-			s.sampleFile(t, p)
+			s.sampleFile(t, strings.TrimPrefix(p, l.home+"/"), p)
 		}
 	}
 	return s
 }
 
-// sampleFile adds file p's mtime, size and sha256 to s.
-func (s stillness) sampleFile(t *testing.T, p string) {
+// sampleFile adds file p's mtime, size and sha256 to s, under name.
+func (s stillness) sampleFile(t *testing.T, name, p string) {
 	t.Helper()
 	fi, err := os.Stat(p)
 	if err != nil {
@@ -246,7 +252,7 @@ func (s stillness) sampleFile(t *testing.T, p string) {
 	if err != nil {
 		t.Fatalf("store file: %v", err)
 	}
-	s.files[filepath.Base(p)] = fmt.Sprintf("mtime %d size %d sha256 %x", fi.ModTime().UnixNano(), fi.Size(), sha256.Sum256(b))
+	s.files[name] = fmt.Sprintf("mtime %d size %d sha256 %x", fi.ModTime().UnixNano(), fi.Size(), sha256.Sum256(b))
 }
 
 func (s stillness) diff(o stillness) string {
@@ -273,7 +279,7 @@ func (s stillness) diff(o stillness) string {
 // pausedFor takes a held checkpoint, checks for d that nothing of the
 // launch runs or writes (every process stopped or frozen, its CPU time
 // and the store unchanged), runs during (with the launch still paused),
-// then commits and waits for the resume. It returns the OpenCode process
+// then commits and waits for the resume. It returns the harness's process
 // (pid and start time) it saw paused.
 func (f *fleet) pausedFor(ctx context.Context, id, mode string, l launch, d time.Duration, during func()) string {
 	t := f.t.(*testing.T)
@@ -316,12 +322,12 @@ func (f *fleet) pausedFor(ctx context.Context, id, mode string, l launch, d time
 		t.Fatalf("commit %s: %+v %v", id, res, err)
 	}
 	for pid, v := range before.procs {
-		if strings.HasPrefix(v, l.main+" ") {
-			start, _, _ := strings.Cut(strings.TrimPrefix(v, l.main+" "), " state")
+		if strings.HasPrefix(v, l.procs.harness+" ") {
+			start, _, _ := strings.Cut(strings.TrimPrefix(v, l.procs.harness+" "), " state")
 			return fmt.Sprintf("pid %d %s", pid, start)
 		}
 	}
-	t.Fatalf("%s: no %s process among %v", id, l.main, before.procs)
+	t.Fatalf("%s: no %s process among %v", id, l.procs.harness, before.procs)
 	return ""
 }
 

@@ -31,6 +31,8 @@ const (
 	ScriptedHarness = "./cmd/scripted-harness"
 	// OpenCodeDriver is the in-sandbox driver of OpenCode.
 	OpenCodeDriver = "./cmd/opencode-driver"
+	// ClaudeDriver is the in-sandbox driver of Claude Code.
+	ClaudeDriver = "./cmd/claude-driver"
 	// CodexDriver is the in-sandbox driver of Codex.
 	CodexDriver = "./cmd/codex-driver"
 )

@@ -28,8 +28,11 @@ func removeCodexEmptyTurns(path string, body []byte) ([]byte, []json.RawMessage,
 		return body, nil, nil
 	}
 	start, end, err := topLevelValue(body, "input")
-	if err != nil || start < 0 {
-		return body, nil, err
+	if err != nil {
+		return body, nil, fmt.Errorf("%s: %w", CodexEmptyTurn, err)
+	}
+	if start < 0 {
+		return body, nil, nil
 	}
 	var items []json.RawMessage
 	if json.Unmarshal(body[start:end], &items) != nil {
@@ -91,28 +94,4 @@ func isEmptyUserMessage(raw json.RawMessage) bool {
 		}
 	}
 	return true
-}
-
-// topLevelValue returns the byte span of the value of key in the JSON
-// object body, or start -1 when the object has no such key.
-func topLevelValue(body []byte, key string) (start, end int, err error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return -1, -1, fmt.Errorf("%s: the body is not a JSON object", CodexEmptyTurn)
-	}
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return -1, -1, fmt.Errorf("%s: %w", CodexEmptyTurn, err)
-		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return -1, -1, fmt.Errorf("%s: %w", CodexEmptyTurn, err)
-		}
-		if k, _ := t.(string); k == key {
-			end := int(dec.InputOffset())
-			return end - len(v), end, nil
-		}
-	}
-	return -1, -1, nil
 }

@@ -1,7 +1,9 @@
 package relay
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -115,4 +117,41 @@ func applyEdits(edits []Edit, path string, body []byte) ([]byte, []trajectory.Ed
 		}
 	}
 	return body, done
+}
+
+// topLevelValue returns where the value of key is in the JSON object
+// body: [start, end), or start -1 when the object has no such key. An
+// edit splices its new value there, keeping the rest of the body byte for
+// byte.
+func topLevelValue(body []byte, key string) (start, end int, err error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return -1, -1, errors.New("the body is not a JSON object")
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return -1, -1, err
+		}
+		k, _ := t.(string)
+		after := int(dec.InputOffset())
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return -1, -1, err
+		}
+		if k != key {
+			continue
+		}
+		end := int(dec.InputOffset())
+		i := bytes.IndexByte(body[after:end], ':')
+		if i < 0 {
+			return -1, -1, fmt.Errorf("no value for %q", key)
+		}
+		start := after + i + 1
+		for start < end && (body[start] == ' ' || body[start] == '\t' || body[start] == '\n' || body[start] == '\r') {
+			start++
+		}
+		return start, end, nil
+	}
+	return -1, -1, nil
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,6 +31,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/embedded"
+	"github.com/stillpoint/stillpoint/participants/claude"
 	"github.com/stillpoint/stillpoint/participants/codex"
 	"github.com/stillpoint/stillpoint/participants/exec/example"
 	"github.com/stillpoint/stillpoint/participants/opencode"
@@ -104,10 +106,11 @@ fixing 9 of them with OpenCode's own tools, the rewards from their tests);
 flight at once. Each OpenCode process takes about 0.6 GB and 4 s of CPU to
 start.
 
-With --harness codex the agents run the real Codex CLI (0.171.0, from npm: see
-docs/CODEX.md) on the same repository tasks, in its one tool, exec_command;
-the sandboxes' relays translate its Responses calls to chat completions, so
-that its trajectories have token ids.
+With --harness claude or codex the agents run the real Claude Code (2.1.332)
+or Codex CLI (0.171.0), from npm (docs/CLAUDE.md, docs/CODEX.md), on the
+same repository tasks, each in its own tools; the sandboxes' relays
+translate their Anthropic Messages or Responses calls to chat completions,
+so that their trajectories have token ids.
 
 With --harness exec the agents run the exec adapter's bundled example
 (participants/exec/example: a small Python 3 agent defined by its JSON spec,
@@ -130,7 +133,7 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	fl.StringVar(&f.run, "run", "demo", "the run id (with --nats-url, one per demo on that server; with credentials lower case, no underscore)")
 	fl.StringVar(&f.authDir, "auth-dir", "", "with --nats-url: that server's keys and creds (stillpoint server --auth-dir)")
 	fl.DurationVar(&f.tool, "tool-time", defaultToolTime, "how long each task's slow tool call runs")
-	fl.StringVar(&f.harness, "harness", harnessScripted, "the agents' harness: scripted (the scripted task set), opencode (the repository tasks, run by the real OpenCode) or exec (the scripted task set, run by the exec adapter's example agent)")
+	fl.StringVar(&f.harness, "harness", harnessScripted, "the agents' harness: scripted (the scripted task set), opencode, claude or codex (the repository tasks, run by the real OpenCode, Claude Code or Codex) or exec (the scripted task set, run by the exec adapter's example agent)")
 	return cmd
 }
 
@@ -141,8 +144,9 @@ const defaultToolTime = 4 * time.Second
 const (
 	harnessScripted = "scripted"
 	harnessOpenCode = "opencode"
-	harnessExec     = "exec"
+	harnessClaude   = "claude"
 	harnessCodex    = "codex"
+	harnessExec     = "exec"
 )
 
 // openCodeInFlight is the most OpenCode rollouts the demo runs at once:
@@ -161,7 +165,7 @@ type Fleet struct {
 	self     string
 	sandboxd string
 	harness  string
-	driver   string // the OpenCode driver, with --harness opencode
+	driver   string // the driver of OpenCode, Claude Code or Codex, with --harness opencode, claude or codex
 	execDir  string // the exec example's folder, with --harness exec
 	natsURL  string
 	authDir  string
@@ -206,8 +210,8 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if f.harness == "" {
 		f.harness = harnessScripted
 	}
-	if f.harness != harnessScripted && f.harness != harnessOpenCode && f.harness != harnessExec && f.harness != harnessCodex {
-		return fmt.Errorf("%w: --harness %q: want %s, %s, %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode, harnessExec, harnessCodex)
+	if !slices.Contains([]string{harnessScripted, harnessOpenCode, harnessClaude, harnessCodex, harnessExec}, f.harness) {
+		return fmt.Errorf("%w: --harness %q: want %s, %s, %s, %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode, harnessClaude, harnessCodex, harnessExec)
 	}
 	d := &Fleet{env: env, f: f, run: cmp.Or(f.run, "demo"), token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
 		log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
@@ -342,8 +346,8 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 
 // TaskSet returns the run's tasks and model script, and how many
 // rollouts the collector keeps in flight: the scripted set of --rollouts
-// tasks, all at once; or, with --harness opencode, the first --rollouts
-// tasks of the repository set for OpenCode's tools, at most
+// tasks, all at once; or, with --harness opencode or claude, the first
+// --rollouts tasks of the repository set for the harness's tools, at most
 // openCodeInFlight at once.
 func (d *Fleet) TaskSet() ([]collect.Task, modelserver.Script, int, error) {
 	if !d.realHarness() {
@@ -353,11 +357,8 @@ func (d *Fleet) TaskSet() ([]collect.Task, modelserver.Script, int, error) {
 		}
 		return ts, script, d.f.rollouts, nil
 	}
-	harness := tasks.HarnessOpenCode
-	if d.f.harness == harnessCodex {
-		harness = tasks.HarnessCodex
-	}
-	ts, script, err := tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: harness})
+	// The real harnesses are named as the task set's harnesses are.
+	ts, script, err := tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: d.f.harness})
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("demo: %w", err)
 	}
@@ -370,10 +371,10 @@ func (d *Fleet) TaskSet() ([]collect.Task, modelserver.Script, int, error) {
 	return ts, script, min(len(ts), openCodeInFlight), nil
 }
 
-// realHarness tells a real harness (OpenCode, Codex) on the repository
-// tasks.
+// realHarness tells a real harness (OpenCode, Claude Code, Codex) on the
+// repository tasks.
 func (d *Fleet) realHarness() bool {
-	return d.f.harness == harnessOpenCode || d.f.harness == harnessCodex
+	return d.f.harness == harnessOpenCode || d.f.harness == harnessClaude || d.f.harness == harnessCodex
 }
 
 // userTurns is how many user turns each of the harness's model calls
@@ -385,9 +386,10 @@ func (d *Fleet) userTurns() int {
 	return 1
 }
 
-// build builds the static binaries that go into sandboxes, with --harness
-// opencode finds OpenCode and ripgrep, and with --harness exec writes the
-// example agent and its spec into the work directory.
+// build builds the static binaries that go into sandboxes; with --harness
+// opencode, claude or codex it finds the harness (and OpenCode's ripgrep)
+// and builds its driver, and with --harness exec it writes the example
+// agent and its spec into the work directory.
 func (d *Fleet) build(ctx context.Context) error {
 	pkgs := []string{build.Sandboxd, build.ScriptedHarness}
 	what := "sandboxd and scripted harness"
@@ -415,6 +417,12 @@ func (d *Fleet) build(ctx context.Context) error {
 		}
 		pkgs, what = append(pkgs, build.OpenCodeDriver), what+" and the OpenCode driver"
 	}
+	if d.f.harness == harnessClaude {
+		if _, err := claude.Binary(); err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		pkgs, what = append(pkgs, build.ClaudeDriver), what+" and the Claude Code driver"
+	}
 	d.Say("building the static %s (CGO_ENABLED=0)", what)
 	bins, err := build.Static(ctx, pkgs...)
 	if errors.Is(err, build.ErrNoModule) || errors.Is(err, build.ErrNoGo) {
@@ -423,7 +431,7 @@ func (d *Fleet) build(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)
 	}
-	d.sandboxd, d.harness, d.driver = bins[build.Sandboxd], bins[build.ScriptedHarness], cmp.Or(bins[build.OpenCodeDriver], bins[build.CodexDriver])
+	d.sandboxd, d.harness, d.driver = bins[build.Sandboxd], bins[build.ScriptedHarness], cmp.Or(bins[build.OpenCodeDriver], bins[build.ClaudeDriver], bins[build.CodexDriver])
 	return nil
 }
 

@@ -220,10 +220,12 @@ func (d *Fleet) StartOwner(ctx context.Context, bus *jetstream.Bus, name string)
 	switch d.f.harness {
 	case harnessOpenCode:
 		args = append(args, "--task-kind", "command", "--opencode", d.driver)
-	case harnessExec:
-		args = append(args, "--bind", d.execDir+":"+example.SandboxDir)
+	case harnessClaude:
+		args = append(args, "--task-kind", "command", "--claude", d.driver, "--model-api-translate")
 	case harnessCodex:
 		args = append(args, "--task-kind", "command", "--codex", d.driver, "--model-api-translate")
+	case harnessExec:
+		args = append(args, "--bind", d.execDir+":"+example.SandboxDir)
 	}
 	if d.f.provider == "microvm" {
 		// Images and the warm template are kept for the next demo.
@@ -250,13 +252,11 @@ func (d *Fleet) StartAgent(ctx context.Context, bus *jetstream.Bus, name, modelU
 	m := events.Member("agent." + name)
 	prev := d.instance(ctx, bus, m)
 	args := []string{"agent", "--run", d.run, "--name", name, "--owner", NodeOwner(name), "--model-url", modelURL, "--concurrency", fmt.Sprint(d.f.rollouts)}
-	switch d.f.harness {
-	case harnessOpenCode:
-		args = append(args, "--adapter", "opencode", "--launch-timeout", "10m")
-	case harnessExec:
+	switch {
+	case d.realHarness():
+		args = append(args, "--adapter", d.f.harness, "--launch-timeout", "10m")
+	case d.f.harness == harnessExec:
 		args = append(args, "--adapter", "exec", "--harness-spec", filepath.Join(d.execDir, example.SpecFile))
-	case harnessCodex:
-		args = append(args, "--adapter", "codex", "--launch-timeout", "10m")
 	}
 	maddr, err := d.metricsAddr("agent-" + name)
 	if err != nil {

@@ -58,7 +58,8 @@ type RepoOptions struct {
 	// (the default: every call is the scripted harness's bash tool) or
 	// HarnessOpenCode (OpenCode's own tools: the code is looked at with
 	// read, the fix made with edit or write where it is a plain edit or a
-	// whole file, the tests run with bash) or HarnessCodex (Codex's one
+	// whole file, the tests run with bash), HarnessClaude (Claude Code's
+	// Read, Edit, Write and Bash, likewise) or HarnessCodex (Codex's one
 	// tool, exec_command, for everything).
 	Harness string
 }
@@ -67,8 +68,13 @@ type RepoOptions struct {
 const (
 	HarnessScripted = "scripted"
 	HarnessOpenCode = "opencode"
+	HarnessClaude   = "claude"
 	HarnessCodex    = "codex"
 )
+
+// Harnesses are the harnesses whose tools a repository task's script may
+// call (RepoOptions.Harness).
+var Harnesses = []string{HarnessScripted, HarnessOpenCode, HarnessClaude, HarnessCodex}
 
 // repo is one repository of the set and how its task is solved.
 type repo struct {
@@ -296,10 +302,12 @@ func Repos(o RepoOptions) ([]collect.Task, modelserver.Script, error) {
 		tools = scriptedTools{}
 	case HarnessOpenCode:
 		tools = openCodeTools{}
+	case HarnessClaude:
+		tools = claudeTools{}
 	case HarnessCodex:
 		tools = codexTools{}
 	default:
-		return nil, nil, fmt.Errorf("tasks: RepoOptions.Harness %q: want %s, %s or %s", o.Harness, HarnessScripted, HarnessOpenCode, HarnessCodex)
+		return nil, nil, fmt.Errorf("tasks: RepoOptions.Harness %q: want one of %s", o.Harness, strings.Join(Harnesses, ", "))
 	}
 	script := modelserver.Script{}
 	var out []collect.Task
@@ -414,6 +422,32 @@ func (codexTools) bash(id, cmd string) modelserver.ToolCall {
 
 func codexExec(id, cmd string) modelserver.ToolCall {
 	return modelserver.Call(id, "exec_command", map[string]any{"cmd": cmd, "yield_time_ms": 30000})
+}
+
+// claudeTools are Claude Code's own: Read, Edit, Write and Bash. Claude
+// edits or overwrites only a file the session has read (the one looked
+// at), and refuses a command that starts with a long sleep.
+type claudeTools struct{}
+
+func (claudeTools) look(r repo) modelserver.ToolCall {
+	return modelserver.ClaudeReadCall("look", r.src)
+}
+
+func (claudeTools) fix(r repo) modelserver.ToolCall {
+	if r.edit != [2]string{} {
+		return modelserver.ClaudeEditCall("fix", r.src, r.edit[0], r.edit[1])
+	}
+	if file, content, ok := heredoc(r.fix); ok && file == r.src {
+		return modelserver.ClaudeWriteCall("fix", file, content)
+	}
+	return modelserver.ClaudeBashCall("fix", r.fix)
+}
+
+func (claudeTools) bash(id, cmd string) modelserver.ToolCall {
+	if strings.HasPrefix(cmd, "sleep ") {
+		cmd = "cd . && " + cmd
+	}
+	return modelserver.ClaudeBashCall(id, cmd)
 }
 
 // heredoc splits a fix of the form "cat > FILE <<'EOF'\n...\nEOF" into the

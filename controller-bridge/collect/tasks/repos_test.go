@@ -57,12 +57,13 @@ func run(t *testing.T, dir string, env []string, argv []string) (string, int) {
 // its verify fails as it comes, and passes after the fix its model script
 // applies; the control task's script applies none. The scripts of both
 // harnesses are run: the scripted harness's bash calls in a shell,
-// OpenCode's read, edit, write and bash as those tools do them (the e2e
-// tests run them in the real OpenCode).
+// OpenCode's read, edit, write and bash (and Claude Code's Read, Edit,
+// Write and Bash) as those tools do them (the e2e tests run them in the
+// real OpenCode and Claude Code).
 func TestReposSolve(t *testing.T) {
 	tier.Long(t) // it runs every repository's tests, Go's included, four times
 	testcpu.Take(t, 1)
-	for _, h := range []string{HarnessScripted, HarnessOpenCode} {
+	for _, h := range []string{HarnessScripted, HarnessOpenCode, HarnessClaude} {
 		t.Run(h, func(t *testing.T) { testReposSolve(t, h) })
 	}
 }
@@ -74,8 +75,19 @@ func apply(t *testing.T, h, dir string, tc modelserver.ToolCall) {
 	if err := json.Unmarshal([]byte(tc.Function.Arguments), &a); err != nil {
 		t.Fatalf("tool call %+v: %v", tc, err)
 	}
+	name := tc.Function.Name
+	if h == HarnessClaude { // Claude's tools are OpenCode's, named and keyed otherwise
+		var c struct {
+			FilePath  string `json:"file_path"`
+			OldString string `json:"old_string"`
+			NewString string `json:"new_string"`
+		}
+		_ = json.Unmarshal([]byte(tc.Function.Arguments), &c)
+		a.FilePath, a.OldString, a.NewString = c.FilePath, c.OldString, c.NewString
+		name, h = strings.ToLower(name), HarnessOpenCode
+	}
 	p := filepath.Join(dir, a.FilePath)
-	switch name := tc.Function.Name; {
+	switch {
 	case name == "bash" && a.Command != "":
 		run(t, dir, nil, []string{"/bin/sh", "-c", a.Command})
 	case h == HarnessOpenCode && name == "read":
@@ -166,6 +178,10 @@ func testReposSolve(t *testing.T, h string) {
 	if want := map[string]bool{"bash": true}; h == HarnessOpenCode {
 		if !tools["read"] || !tools["edit"] || !tools["write"] || !tools["bash"] {
 			t.Errorf("OpenCode's scripts use %v: want read, edit, write and bash", tools)
+		}
+	} else if h == HarnessClaude {
+		if !tools["Read"] || !tools["Edit"] || !tools["Write"] || !tools["Bash"] {
+			t.Errorf("Claude's scripts use %v: want Read, Edit, Write and Bash", tools)
 		}
 	} else if !maps.Equal(tools, want) {
 		t.Errorf("the scripted harness's scripts use %v: want bash alone", tools)

@@ -41,6 +41,18 @@
 // TaskLine: "model": {"turns": [...]}), which `stillpoint tasks` writes
 // and `stillpoint modelserver --tasks` serves.
 //
+// Claude Code speaks the Anthropic Messages API (messages.go): POST
+// /v1/messages, answered as its server-sent events (message_start, a
+// content block per text and tool_use with their deltas, message_delta
+// with the stop reason, message_stop) or as one JSON message when the
+// request does not stream. A scripted Turn renders as a text block and
+// tool_use blocks whose input is the parsed arguments; the turn numbering
+// follows OpenCode's, with Claude's own markers (an empty or
+// ClaudeNoResponse assistant message is no turn, a tool call whose result
+// starts ClaudeInterrupted is answered again), and calls are checked
+// against the tools the request offers (ClaudeBashCall, ClaudeReadCall,
+// ClaudeEditCall, ClaudeWriteCall).
+//
 // Codex's requests (responses.go) speak the OpenAI Responses API: POST
 // /v1/responses, streamed as its server-sent events (response.created,
 // the output items with their deltas, response.completed) or answered as
@@ -51,10 +63,11 @@
 // call is checked against the offered tools (ExecCall builds a call of
 // Codex's exec_command). Every user message item is a user turn, an
 // empty one included. Ledger entries name their API (APIChat,
-// APIResponses).
+// APIMessages, APIResponses).
 //
 // For tests of in-flight calls, Hold makes replies wait until Release,
 // CutNext makes the next streamed reply stop after a number of chunks, and
 // SlowNext spreads the next one out (the ledger entry's Chunks says how
-// far it got), so that a test can catch the caller mid-stream.
+// far it got), so that a test can catch the caller mid-stream; on every
+// API.
 package modelserver

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // What the server knows of OpenCode's requests (OpenCode 1.18.33 through
@@ -39,14 +41,20 @@ func isTitleCall(r *http.Request, req Request) bool {
 // (empty: a reply cut mid-stream) and those whose every tool call came
 // back Interrupted, which the turn answers again, as a model would
 // re-issue a call that did not run. retries counts the latter since the
-// last answer that counted. Codex's Aborted counts as Interrupted: a
-// relay that translates Codex's Responses calls to chat completions
-// sends them here.
-func openCodeTurn(msgs []Message) (turn, retries int) { return countTurns(msgs, Interrupted, Aborted) }
+// last answer that counted. Codex's Aborted and Claude Code's
+// ClaudeInterrupted count as Interrupted: a relay that translates their
+// calls to chat completions sends them here.
+func openCodeTurn(msgs []Message) (turn, retries int) { return countTurns(msgs, interruptedOnChat) }
 
-// countTurns is openCodeTurn with interrupted the tool results a harness
-// sends for a call a crash interrupted.
-func countTurns(msgs []Message, interrupted ...string) (turn, retries int) {
+// interruptedOnChat tells a tool result on chat completions that says its
+// call was interrupted, in any harness's words.
+func interruptedOnChat(r string) bool {
+	return r == Interrupted || r == Aborted || strings.HasPrefix(r, ClaudeInterrupted)
+}
+
+// countTurns is openCodeTurn with interrupted telling the tool results a
+// harness sends for a call a crash interrupted.
+func countTurns(msgs []Message, interrupted func(string) bool) (turn, retries int) {
 	for i, m := range msgs {
 		if m.Role != "assistant" {
 			continue
@@ -90,19 +98,18 @@ func isEmptyContent(c json.RawMessage) bool {
 }
 
 // allInterrupted tells whether each of calls has a result among the tool
-// messages that follow, and each result is one of interrupted.
-func allInterrupted(calls []ToolCall, after []Message, interrupted []string) bool {
+// messages that follow, and interrupted tells each result is a harness's
+// word for a call a crash interrupted.
+func allInterrupted(calls []ToolCall, after []Message, interrupted func(string) bool) bool {
 	results := map[string]string{}
 	for _, m := range after {
 		if m.Role != "tool" {
 			break
 		}
-		var s string
-		_ = json.Unmarshal(m.Content, &s)
-		results[m.ToolCallID] = s
+		results[m.ToolCallID] = trajectory.MessageText(m.Content)
 	}
 	for _, c := range calls {
-		if r, ok := results[c.ID]; !ok || !slices.Contains(interrupted, r) {
+		if r, ok := results[c.ID]; !ok || !interrupted(r) {
 			return false
 		}
 	}

@@ -33,12 +33,6 @@ import (
 // finish because Codex was killed while it ran.
 const Aborted = "aborted"
 
-// APIChat, APIResponses name the wire API of a ledger entry.
-const (
-	APIChat      = "chat"
-	APIResponses = "responses"
-)
-
 // ResponsesRequest is the part of a Responses API request the server
 // reads.
 type ResponsesRequest struct {
@@ -180,7 +174,7 @@ func responsesTurn(msgs []Message) (turn, retries int) {
 	if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" && len(msgs[n-1].ToolCalls) == 0 {
 		msgs = msgs[:n-1] // a reply cut mid-stream, kept
 	}
-	return countTurns(msgs, Aborted)
+	return countTurns(msgs, func(r string) bool { return r == Aborted })
 }
 
 // flatTool is a tool as the Responses API offers it.
@@ -261,7 +255,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 	entry := Entry{API: APIResponses, Task: task, Episode: r.Header.Get(EpisodeHeader), Digest: Digest(msgs), PrevSaved: prevSaved,
 		Messages: len(items), Turn: turn, UserTurns: users, Stream: req.Stream, Retried: retries > 0,
 		PromptTokenIDs: prompt, TokenIDs: ids(completion), Time: time.Now()}
-	index, cut, slow, ok := s.admit(r, entry)
+	index, o, ok := s.admit(r, entry)
 	if !ok {
 		return
 	}
@@ -274,53 +268,14 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 			s.progress(index, 0, len(completion))
 		}
 	} else {
-		werr = rr.stream(w, streamOptions{cut: cut, slow: slow, done: r.Context().Done(), sent: func(n, tokens int) { s.progress(index, n, tokens) }})
+		o.sent = func(n, tokens int) { s.progress(index, n, tokens) }
+		werr = rr.stream(w, o)
 	}
 	if werr == nil && r.Context().Err() == nil {
 		s.mu.Lock()
 		s.ledger[index].Delivered = time.Now()
 		s.mu.Unlock()
 	}
-}
-
-// admit writes entry to the ledger and, while the server holds replies
-// from entry's turn on, waits for Release; it returns the entry's index
-// and, for a stream, the cut and slowness the next stream was given. ok
-// is false when the caller went away while held.
-func (s *Server) admit(r *http.Request, entry Entry) (index, cut int, slow time.Duration, ok bool) {
-	s.mu.Lock()
-	hold := s.hold
-	if entry.Turn < s.from {
-		hold = nil
-	}
-	if entry.Stream {
-		cut, s.cutNext = s.cutNext, 0
-		slow, s.slow = s.slow, 0
-	}
-	entry.Cut = cut > 0
-	s.ledger = append(s.ledger, entry)
-	index = len(s.ledger) - 1
-	if hold != nil {
-		s.held++
-	}
-	s.mu.Unlock()
-	if hold != nil {
-		select {
-		case <-hold:
-		case <-r.Context().Done():
-		}
-		s.mu.Lock()
-		s.held--
-		s.mu.Unlock()
-	}
-	return index, cut, slow, r.Context().Err() == nil
-}
-
-// progress records how far the reply of ledger entry index got.
-func (s *Server) progress(index, chunks, tokens int) {
-	s.mu.Lock()
-	s.ledger[index].Chunks, s.ledger[index].Sent = chunks, tokens
-	s.mu.Unlock()
 }
 
 // responseReply renders one scripted turn as a Responses reply.

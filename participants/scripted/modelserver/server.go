@@ -83,9 +83,17 @@ type StreamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 }
 
+// APIChat, APIMessages, APIResponses name the wire API of a ledger entry.
+const (
+	APIChat      = "chat"
+	APIMessages  = "messages"
+	APIResponses = "responses"
+)
+
 // Entry is one request in the ledger.
 type Entry struct {
-	// API is the wire API of the request: APIChat or APIResponses.
+	// API is the wire API of the request: APIChat, APIMessages or
+	// APIResponses.
 	API  string `json:"api,omitempty"`
 	Task string `json:"task"`
 	// Episode is the sender's EpisodeHeader.
@@ -99,7 +107,9 @@ type Entry struct {
 	// only grows, so a later request of the episode with more messages
 	// means this reply was saved.
 	Messages int `json:"messages"`
-	// Turn is the script turn answered; UserTurns counts user messages.
+	// Turn is the script turn answered; UserTurns counts user messages
+	// with content a user typed or a CLI added (a message of tool results
+	// only is none).
 	Turn      int  `json:"turn"`
 	UserTurns int  `json:"user_turns"`
 	Stream    bool `json:"stream"`
@@ -199,111 +209,6 @@ func (s *Server) Ledger() []Entry {
 	return append([]Entry(nil), s.ledger...)
 }
 
-// Repeat is a call an episode sent again after it had saved the reply:
-// a later request of the same task and episode carried more messages.
-type Repeat struct {
-	Task    string `json:"task"`
-	Episode string `json:"episode,omitempty"`
-	Digest  string `json:"digest"`
-	// Delivered is when the first reply was written; Saved when the reply
-	// was saved (what the sender says, else its next request's time, an
-	// upper bound); Again when the call came again.
-	Delivered time.Time `json:"delivered"`
-	Saved     time.Time `json:"saved"`
-	Again     time.Time `json:"again"`
-}
-
-// RepeatList returns the calls sent again after their reply was saved, in
-// the order of their first send. A call whose reply was cut or never
-// delivered is no repeat: its caller never had the reply.
-func (s *Server) RepeatList() []Repeat {
-	l := s.Ledger()
-	var out []Repeat
-	for i, e := range l {
-		if e.Cut || e.Delivered.IsZero() {
-			continue
-		}
-		var saved time.Time
-		for _, f := range l[i+1:] {
-			if f.Task != e.Task || f.Episode != e.Episode {
-				continue
-			}
-			if f.Messages > e.Messages && saved.IsZero() {
-				saved = savedBy(f)
-			}
-			if !saved.IsZero() && f.Digest == e.Digest {
-				out = append(out, Repeat{Task: e.Task, Episode: e.Episode, Digest: e.Digest, Delivered: e.Delivered, Saved: saved, Again: f.Time})
-				break
-			}
-		}
-	}
-	return out
-}
-
-// savedBy returns when the sender of f, the request after a reply, had
-// saved that reply: what it says, else f's own time, an upper bound.
-func savedBy(f Entry) time.Time {
-	if f.PrevSaved.IsZero() || f.PrevSaved.After(f.Time) {
-		return f.Time
-	}
-	return f.PrevSaved
-}
-
-// Repeats returns, per task, the digests of RepeatList.
-func (s *Server) Repeats() map[string][]string {
-	out := map[string][]string{}
-	for _, r := range s.RepeatList() {
-		out[r.Task] = append(out[r.Task], r.Digest)
-	}
-	return out
-}
-
-// Reissue is a call that a later episode of a task sent again after an
-// earlier episode had its reply: the next attempt re-issuing what a crash
-// abandoned.
-type Reissue struct {
-	Task   string `json:"task"`
-	Digest string `json:"digest"`
-	// Earlier is the earlier episode and Delivered when it got the reply;
-	// Saved when it had saved it (as its next request says, or that
-	// request's time; zero if it never sent one); Later the episode that
-	// sent it again.
-	Earlier   string    `json:"earlier"`
-	Delivered time.Time `json:"delivered"`
-	Saved     time.Time `json:"saved,omitzero"`
-	Later     string    `json:"later"`
-}
-
-// Reissued returns the calls that a later episode sent again. A re-issue
-// is legitimate when the earlier episode saved the reply only after the
-// checkpoint the later one was restored from (or never): the snapshot did
-// not hold it.
-func (s *Server) Reissued() []Reissue {
-	l := s.Ledger()
-	var out []Reissue
-	seen := map[string]bool{}
-	for i, e := range l {
-		if e.Cut || e.Delivered.IsZero() || seen[e.Task+"/"+e.Episode+"/"+e.Digest] {
-			continue
-		}
-		seen[e.Task+"/"+e.Episode+"/"+e.Digest] = true
-		var saved time.Time
-		for _, f := range l[i+1:] {
-			if f.Task != e.Task {
-				continue
-			}
-			if f.Episode == e.Episode && f.Messages > e.Messages && saved.IsZero() {
-				saved = savedBy(f)
-			}
-			if f.Episode != e.Episode && f.Digest == e.Digest {
-				out = append(out, Reissue{Task: e.Task, Digest: e.Digest, Earlier: e.Episode, Delivered: e.Delivered, Saved: saved, Later: f.Episode})
-				break
-			}
-		}
-	}
-	return out
-}
-
 // Digest returns the ledger digest of messages.
 func Digest(msgs []Message) string {
 	b, _ := json.Marshal(msgs)
@@ -311,8 +216,8 @@ func Digest(msgs []Message) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// ServeHTTP answers /v1/chat/completions, /v1/responses (responses.go)
-// and GET /ledger.
+// ServeHTTP answers /v1/chat/completions, /v1/messages (messages.go),
+// /v1/responses (responses.go) and GET /ledger.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodGet && r.URL.Path == "/ledger":
@@ -322,6 +227,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.complete(w, r)
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/responses":
 		s.responses(w, r)
+	case r.Method == http.MethodPost && r.URL.Path == "/v1/messages":
+		s.messages(w, r)
 	default:
 		http.Error(w, `{"error":{"message":"not found"}}`, http.StatusNotFound)
 	}
@@ -453,6 +360,48 @@ func finish(t Turn) string {
 		return "tool_calls"
 	}
 	return "stop"
+}
+
+// admit enters entry in the ledger, takes the cut and slow settings for a
+// stream, and waits while replies are held. It returns the entry's index
+// and false when the caller went away while held.
+func (s *Server) admit(r *http.Request, entry Entry) (int, streamOptions, bool) {
+	s.mu.Lock()
+	hold := s.hold
+	if entry.Turn < s.from {
+		hold = nil
+	}
+	var o streamOptions
+	if entry.Stream {
+		o.cut, s.cutNext = s.cutNext, 0
+		o.slow, s.slow = s.slow, 0
+	}
+	o.done = r.Context().Done()
+	entry.Cut = o.cut > 0
+	s.ledger = append(s.ledger, entry)
+	index := len(s.ledger) - 1
+	if hold != nil {
+		s.held++
+	}
+	s.mu.Unlock()
+	if hold == nil {
+		return index, o, true
+	}
+	select {
+	case <-hold:
+	case <-r.Context().Done():
+	}
+	s.mu.Lock()
+	s.held--
+	s.mu.Unlock()
+	return index, o, r.Context().Err() == nil
+}
+
+// progress records how far the reply of ledger entry index got.
+func (s *Server) progress(index, chunks, tokens int) {
+	s.mu.Lock()
+	s.ledger[index].Chunks, s.ledger[index].Sent = chunks, tokens
+	s.mu.Unlock()
 }
 
 // streamOptions shape one streamed reply.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/claude"
 	"github.com/stillpoint/stillpoint/participants/codex"
 	"github.com/stillpoint/stillpoint/participants/exec"
 	"github.com/stillpoint/stillpoint/participants/opencode"
@@ -51,6 +52,9 @@ func adapters() map[string]func(adapterConfig) (agent.Adapter, error) {
 				return nil, err
 			}
 			return &exec.Adapter{Spec: spec, ModelURL: c.modelURL, NoPause: c.noPause, Timeout: c.timeout}, nil
+		},
+		"claude": func(c adapterConfig) (agent.Adapter, error) {
+			return &claude.Adapter{ModelURL: c.modelURL, NoPause: c.noPause, Timeout: c.timeout}, nil
 		},
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/metrics"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/participants/agent"
+	"github.com/stillpoint/stillpoint/participants/claude"
 	"github.com/stillpoint/stillpoint/participants/codex"
 	"github.com/stillpoint/stillpoint/participants/opencode"
 	"github.com/stillpoint/stillpoint/participants/owner"
@@ -60,9 +61,13 @@ continues them.
   scripted  the scripted coding agent (--harness is its path in the sandbox)
   opencode  OpenCode 1.18.33 through its driver, both shown in the sandbox by
             the owner's --opencode (docs/OPENCODE.md)
+  claude    Claude Code 2.1.332 through its driver, both shown in the sandbox
+            by the owner's --claude (docs/CLAUDE.md); --model-url serves the
+            Anthropic Messages API, or chat completions through the owner's
+            --model-api-translate
   codex     Codex CLI 0.171.0 through its driver, both shown in the sandbox by
             the owner's --codex (docs/CODEX.md); --model-url serves the
-            OpenAI Responses API
+            OpenAI Responses API, or chat completions likewise
   exec      a harness defined in JSON (--harness-spec FILE; docs/HARNESSES.md)`,
 		Example: `  stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000
   stillpoint agent --run train-7 --name a1 --owner o1 --model-url http://127.0.0.1:8000 --adapter opencode
@@ -143,6 +148,7 @@ type ownerFlags struct {
 	sandboxMode   string
 	binds         []string
 	opencode      string
+	claude        string
 	codex         string
 	pinLimit      int
 	noCheckpoints bool
@@ -191,7 +197,11 @@ every sandbox at /opt/stillpoint/bin; otherwise they are copied in.
 install of ` + opencode.NPMPackage + ` in ` + opencode.SystemCache + ` or
 ~/.cache/stillpoint/opencode), ripgrep (rg on PATH) and DRIVER, the static
 opencode-driver (go build ./cmd/opencode-driver), read-only at
-` + opencode.SandboxBinDir + `. --codex DRIVER shows Codex the same way, for
+` + opencode.SandboxBinDir + `. --claude DRIVER shows Claude Code likewise, for
+--adapter claude: its binary (` + claude.BinaryEnv + `, or the npm install of
+` + claude.NPMPackage + ` in ` + claude.SystemCache + ` or
+~/.cache/stillpoint/claude) and DRIVER, the static claude-driver, read-only at
+` + claude.SandboxBinDir + `. --codex DRIVER shows Codex the same way, for
 --adapter codex: the Codex binary (` + codex.BinaryEnv + `, or the npm install of
 ` + codex.NPMPackage + ` in ` + codex.SystemCache + ` or
 ~/.cache/stillpoint/codex) and DRIVER, the static codex-driver, read-only at
@@ -224,6 +234,7 @@ read-only in every sandbox; none of them is copied into snapshots.`,
 	fl.StringVar(&f.sandboxMode, "pause-mode", "", "sandboxd pause mode: freeze, stop or hold (default: the best the host allows)")
 	fl.StringArrayVar(&f.binds, "bind", nil, "HOST:SANDBOX: a host directory shown read-only at SANDBOX in every sandbox (repeatable)")
 	fl.StringVar(&f.opencode, "opencode", "", "host path of the static opencode-driver: show it, OpenCode and ripgrep in every sandbox")
+	fl.StringVar(&f.claude, "claude", "", "host path of the static claude-driver: show it and Claude Code in every sandbox")
 	fl.StringVar(&f.codex, "codex", "", "host path of the static codex-driver: show it and Codex in every sandbox")
 	fl.IntVar(&f.pinLimit, "pin-limit", commandkind.DefaultMaxPin, "command kind: the most bytes a session's pinned files may take")
 	fl.BoolVar(&f.noCheckpoints, "no-checkpoints", false, "lend sandboxes but take no part in checkpoints (restart_only)")
@@ -277,6 +288,18 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 		mv.HostLibraries = []string{h.OpenCode, h.Ripgrep}
 		if mv.CPU == "" {
 			mv.CPU = "max" // qemu64 lacks instructions OpenCode's binary uses
+		}
+	}
+	if f.claude != "" && f.provider == "microvm" {
+		// Claude Code is on the harness disk; the libraries it loads go
+		// into the guests' root image.
+		h, err := claude.Locate(f.claude)
+		if err != nil {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--claude: %w", err)}
+		}
+		mv.HostLibraries = append(mv.HostLibraries, h.Claude)
+		if mv.CPU == "" {
+			mv.CPU = "max" // as for OpenCode: a Bun binary that wants newer instructions
 		}
 	}
 	prov, reason, err := registry.Open(f.provider, filepath.Join(f.stateDir, "provider"), mv)
@@ -405,10 +428,10 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	return quiet(grp.Wait())
 }
 
-// sandboxBinds returns the binds of --bind, --opencode and --codex.
-// --opencode stages OpenCode, ripgrep and the driver in the state
-// directory (links where it can) and binds that; --codex likewise Codex
-// and its driver.
+// sandboxBinds returns the binds of --bind, --opencode, --claude and
+// --codex. --opencode stages OpenCode, ripgrep and the driver in the state
+// directory (links where it can) and binds that; --claude and --codex
+// likewise Claude Code or Codex and its driver.
 func sandboxBinds(f ownerFlags) ([]provider.Bind, error) {
 	var binds []provider.Bind
 	for _, b := range f.binds {
@@ -444,6 +467,17 @@ func sandboxBinds(f ownerFlags) ([]provider.Bind, error) {
 		cb, err := h.Binds(filepath.Join(f.stateDir, "codex"))
 		if err != nil {
 			return nil, fmt.Errorf("--codex: %w", err)
+		}
+		binds = append(binds, cb...)
+	}
+	if f.claude != "" {
+		h, err := claude.Locate(f.claude)
+		if err != nil {
+			return nil, fmt.Errorf("--claude: %w", err)
+		}
+		cb, err := h.Binds(filepath.Join(f.stateDir, "claude"))
+		if err != nil {
+			return nil, fmt.Errorf("--claude: %w", err)
 		}
 		binds = append(binds, cb...)
 	}

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -45,8 +47,9 @@ describes the format.
             applies each known fix; the control task's fixes nothing.
             --harness says whose tools the script calls: the scripted
             harness's (bash), OpenCode's (read, edit, write, bash: for
-            agent --adapter opencode) or Codex's (exec_command: for agent
-            --adapter codex).
+            agent --adapter opencode), Claude Code's (Read, Edit, Write,
+            Bash: for agent --adapter claude) or Codex's (exec_command: for
+            agent --adapter codex).
   scripted  the scripted coding tasks of the demo: owner --task-kind scripted.`,
 		Example: `  stillpoint tasks --set repos --out tasks.jsonl --dir repos
   stillpoint tasks --set repos --harness opencode --n 4 --out tasks.jsonl --dir repos
@@ -61,7 +64,7 @@ describes the format.
 	fl.IntVar(&f.n, "n", 0, "how many tasks: scripted, default 8; repos, the first n of the set in order of their ids (default all)")
 	fl.Float64Var(&f.toolSeconds, "tool-seconds", 0, "how long the slow tool call of each task takes (0: the set's default)")
 	fl.Float64Var(&f.verifySeconds, "verify-seconds", 0, "repos: how long each verify sleeps before it runs the tests")
-	fl.StringVar(&f.harness, "harness", tasks.HarnessScripted, "repos: the harness whose tools the model's script calls: scripted, opencode or codex")
+	fl.StringVar(&f.harness, "harness", tasks.HarnessScripted, "repos: the harness whose tools the model's script calls: scripted, opencode, claude or codex")
 	return cmd
 }
 
@@ -77,8 +80,8 @@ func runTasks(g *globals, f tasksFlags) error {
 	)
 	switch f.set {
 	case "repos":
-		if f.harness != tasks.HarnessScripted && f.harness != tasks.HarnessOpenCode && f.harness != tasks.HarnessCodex {
-			return &exitError{code: ExitUsage, err: fmt.Errorf("--harness %q: want %s, %s or %s", f.harness, tasks.HarnessScripted, tasks.HarnessOpenCode, tasks.HarnessCodex)}
+		if !slices.Contains(tasks.Harnesses, f.harness) {
+			return &exitError{code: ExitUsage, err: fmt.Errorf("--harness %q: want one of %s", f.harness, strings.Join(tasks.Harnesses, ", "))}
 		}
 		dir := f.dir
 		if dir == "" {
