@@ -58,6 +58,12 @@ type LaunchContext struct {
 	// provider whose snapshots keep processes (PROTOCOL §6). The adapter
 	// appends "/v1" to it as to its own.
 	ModelURL string
+	// Relay tells that the harness's model calls go through the sandbox's
+	// model relay, which applies a launch's Command.RelayEdits. Without
+	// one (the owner's --direct-model) nothing would take a continuation's
+	// addition out, so an adapter whose continuation needs an edit starts
+	// over instead.
+	Relay bool
 	// Exec runs a short command in the sandbox and returns its exit code
 	// and the tail of its output.
 	Exec func(ctx context.Context, argv []string) (ExecResult, error)

@@ -85,7 +85,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	keeps := plan.relay && info.KeepsProcesses && !bm.Restart && a.cfg.Adapter.PausesAtCheckpoints()
 	bm.KeepsProcesses, lr.Relay, lr.Captured = keeps, keeps, plan.capture
 	if plan.relay {
-		bm.RelayGen, lc.ModelURL = plan.gen, plan.modelURL
+		bm.RelayGen, lc.ModelURL, lc.Relay = plan.gen, plan.modelURL, true
 	}
 	if bm.Resume || len(bm.Launches) > 0 {
 		d, err := a.cfg.Adapter.ResumeDecision(r.ctx, lc)
@@ -107,6 +107,10 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	}
 	if _, err := relay.LookupEdits(cmd.RelayEdits); err != nil {
 		return bm, fmt.Errorf("agent: %s: adapter %s: %w", r.key, a.cfg.Adapter.Name(), err)
+	}
+	if len(cmd.RelayEdits) > 0 && !plan.relay {
+		// The model would see what the edits are there to take out.
+		return bm, fmt.Errorf("agent: %s: adapter %s names relay edits %v, but the sandbox runs no model relay to apply them", r.key, a.cfg.Adapter.Name(), cmd.RelayEdits)
 	}
 	lr.Started = time.Now().UTC()
 	req := sandboxapi.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,

@@ -175,7 +175,8 @@ func (a *Adapter) Command(lc agent.LaunchContext) (agent.Command, error) {
 // ResumeDecision implements agent.Adapter: the driver's check reads the
 // saved session file in the sandbox and continues it only if its first
 // user turn is the task's prompt and it holds a completed model response.
-// Otherwise the relaunch starts over in a fresh session folder, with a
+// Otherwise, or with no model relay to remove the continuation's turn
+// (lc.Relay), the relaunch starts over in a fresh session folder, with a
 // session id of its own.
 func (a *Adapter) ResumeDecision(ctx context.Context, lc agent.LaunchContext) (agent.Decision, error) {
 	t, err := ParseTask(lc.Task)
@@ -185,6 +186,10 @@ func (a *Adapter) ResumeDecision(ctx context.Context, lc agent.LaunchContext) (a
 	st, err := parseState(lc.State)
 	if err != nil {
 		return agent.Decision{}, err
+	}
+	if !lc.Relay {
+		fresh, _ := json.Marshal(a.fresh(lc.Rollout, st.Fresh+1))
+		return agent.Decision{Reason: "no model relay to remove the continuation's turn (" + relay.ClaudeContinueEdit + ")", State: fresh}, nil
 	}
 	argv := append([]string{a.bin(lc, DriverName), "check"}, a.common(lc, st)...)
 	argv = append(argv, "--prompt", t.Prompt)

@@ -91,9 +91,20 @@ func TestCommand(t *testing.T) {
 
 // The resume decision is the driver's check: continuing keeps the folder
 // and its session; starting over moves to a fresh folder and session.
+// Without a model relay it starts over without asking: nothing would take
+// the continuation's turn out.
 func TestResumeDecision(t *testing.T) {
 	a := &claude.Adapter{ModelURL: "http://127.0.0.1:9"}
 	lc := launchContext(t, a, "")
+	lc.Exec = func(context.Context, []string) (agent.ExecResult, error) {
+		t.Fatal("the check ran without a relay")
+		return agent.ExecResult{}, nil
+	}
+	d, err := a.ResumeDecision(t.Context(), lc)
+	if err != nil || d.Continue || !strings.Contains(d.Reason, "no model relay") || !strings.Contains(string(d.State), `"fresh":1`) {
+		t.Fatalf("without a relay: %+v %s %v", d, d.State, err)
+	}
+	lc.Relay = true
 	var asked []string
 	answer := ""
 	lc.Exec = func(_ context.Context, argv []string) (agent.ExecResult, error) {
@@ -102,7 +113,7 @@ func TestResumeDecision(t *testing.T) {
 	}
 	b, _ := json.Marshal(driver.Decision{Continue: true, Reason: "ok", Session: claude.SessionID("r1", 0)})
 	answer = string(b)
-	d, err := a.ResumeDecision(t.Context(), lc)
+	d, err = a.ResumeDecision(t.Context(), lc)
 	if err != nil || !d.Continue || d.State != nil {
 		t.Fatalf("continue: %+v %v", d, err)
 	}

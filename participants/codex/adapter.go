@@ -157,8 +157,9 @@ func (a *Adapter) Command(lc agent.LaunchContext) (agent.Command, error) {
 // ResumeDecision implements agent.Adapter: the driver's check reads the
 // saved session's rollout in the sandbox and continues it only if its
 // prompt is the task's and it holds a completed model response; the
-// thread id goes into the state. Otherwise the relaunch starts over in a
-// fresh session folder.
+// thread id goes into the state. Otherwise, or with no model relay to
+// remove the continuation's empty user message (lc.Relay), the relaunch
+// starts over in a fresh session folder.
 func (a *Adapter) ResumeDecision(ctx context.Context, lc agent.LaunchContext) (agent.Decision, error) {
 	t, err := ParseTask(lc.Task)
 	if err != nil {
@@ -167,6 +168,9 @@ func (a *Adapter) ResumeDecision(ctx context.Context, lc agent.LaunchContext) (a
 	st, err := parseState(lc.State)
 	if err != nil {
 		return agent.Decision{}, err
+	}
+	if !lc.Relay {
+		return a.startOver(lc, st, "no model relay to remove the continuation's empty user message ("+relay.CodexEmptyTurn+")"), nil
 	}
 	argv := append([]string{a.bin(lc, DriverName), "check"}, a.common(lc, st)...)
 	argv = append(argv, "--prompt", t.Prompt)
@@ -187,10 +191,15 @@ func (a *Adapter) ResumeDecision(ctx context.Context, lc agent.LaunchContext) (a
 		b, _ := json.Marshal(st)
 		return agent.Decision{Continue: true, Reason: d.Reason, State: b}, nil
 	}
+	return a.startOver(lc, st, d.Reason), nil
+}
+
+// startOver returns a decision to start over in a fresh folder <n+1>.
+func (a *Adapter) startOver(lc agent.LaunchContext, st state, why string) agent.Decision {
 	st.Fresh++
 	st.Home, st.Thread = path.Join(a.root(), lc.Rollout, fmt.Sprint(st.Fresh)), ""
 	fresh, _ := json.Marshal(st)
-	return agent.Decision{Reason: d.Reason, State: fresh}, nil
+	return agent.Decision{Reason: why, State: fresh}
 }
 
 // Answer implements agent.Adapter: the last agent message of the driver's

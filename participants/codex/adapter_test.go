@@ -79,10 +79,21 @@ func TestCommand(t *testing.T) {
 }
 
 // The resume decision is the driver's check: continuing keeps the folder
-// and records the thread; starting over moves to a fresh folder.
+// and records the thread; starting over moves to a fresh folder. Without
+// a model relay it starts over without asking: nothing would take the
+// continuation's empty user message out.
 func TestResumeDecision(t *testing.T) {
 	a := &codex.Adapter{ModelURL: "http://127.0.0.1:9"}
 	lc := launchContext(t, a, "")
+	lc.Exec = func(context.Context, []string) (agent.ExecResult, error) {
+		t.Fatal("the check ran without a relay")
+		return agent.ExecResult{}, nil
+	}
+	d, err := a.ResumeDecision(t.Context(), lc)
+	if err != nil || d.Continue || !strings.Contains(d.Reason, "no model relay") || string(d.State) != `{"home":"/var/lib/stillpoint-codex/r1/1","fresh":1}` {
+		t.Fatalf("without a relay: %+v %s %v", d, d.State, err)
+	}
+	lc.Relay = true
 	var asked []string
 	answer := ""
 	lc.Exec = func(_ context.Context, argv []string) (agent.ExecResult, error) {
@@ -91,7 +102,7 @@ func TestResumeDecision(t *testing.T) {
 	}
 	b, _ := json.Marshal(driver.Decision{Continue: true, Reason: "ok", Thread: "th-7"})
 	answer = string(b)
-	d, err := a.ResumeDecision(t.Context(), lc)
+	d, err = a.ResumeDecision(t.Context(), lc)
 	if err != nil || !d.Continue || string(d.State) != `{"home":"/var/lib/stillpoint-codex/r1/0","thread":"th-7"}` {
 		t.Fatalf("continue: %+v %s %v", d, d.State, err)
 	}

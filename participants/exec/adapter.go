@@ -196,6 +196,9 @@ func (a *Adapter) ResumeDecision(ctx context.Context, lc agent.LaunchContext) (a
 	if a.Spec.Continue == nil {
 		return a.startOver(lc, st, "the harness spec never continues a saved session"), nil
 	}
+	if len(a.Spec.Continue.RelayEdits) > 0 && !lc.Relay {
+		return a.startOver(lc, st, fmt.Sprintf("no model relay to apply the continuation's relay edits %v", a.Spec.Continue.RelayEdits)), nil
+	}
 	argv := expandAll(a.Spec.Check, vals)
 	res, err := lc.Exec(ctx, argv)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/agent"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/sandboxd"
+	"github.com/stillpoint/stillpoint/sandboxd/relay"
 )
 
 const testSpec = `{
@@ -132,6 +133,32 @@ func TestResumeDecisionByTheCheck(t *testing.T) {
 		} else if d.State != nil {
 			t.Errorf("exit %d: state %s, want none", c.exit, d.State)
 		}
+	}
+}
+
+// A continue that names relay edits starts over when no model relay
+// would apply them; with one, the check decides.
+func TestRelayEditsNeedARelay(t *testing.T) {
+	relay.Register(relay.Edit{Name: "exec-adapter-test", Apply: func(_ string, b []byte) ([]byte, []json.RawMessage, error) { return b, nil, nil }})
+	a := testAdapter(t, `{"launch": {"argv": ["/bin/h", "{prompt}"]}, "continue": {"argv": ["/bin/h", "--continue"], "relay_edits": ["exec-adapter-test"]},
+		"check": {"argv": ["/bin/h", "check"]}, "answer": "last_line"}`)
+	lc := launchContext(t, a, "/")
+	checks := 0
+	lc.Exec = func(context.Context, []string) (agent.ExecResult, error) {
+		checks++
+		return agent.ExecResult{Output: "ok\n"}, nil
+	}
+	d, err := a.ResumeDecision(context.Background(), lc)
+	if err != nil || d.Continue || checks != 0 || !strings.Contains(d.Reason, "no model relay") {
+		t.Fatalf("without a relay: %+v %v, %d checks", d, err, checks)
+	}
+	lc.Relay = true
+	if d, err = a.ResumeDecision(context.Background(), lc); err != nil || !d.Continue || checks != 1 {
+		t.Fatalf("with a relay: %+v %v, %d checks", d, err, checks)
+	}
+	lc.Resume = true
+	if cmd, err := a.Command(lc); err != nil || !slices.Equal(cmd.RelayEdits, []string{"exec-adapter-test"}) {
+		t.Fatalf("the continuation's edits: %+v %v", cmd, err)
 	}
 }
 
