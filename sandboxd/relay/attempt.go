@@ -163,8 +163,13 @@ func (r *Relay) record(c *call, a *attempt) {
 		ex.Request = c.request
 	}
 	ex.Reply = a.shape.asm.Reply(ex.Status)
-	rec, err := r.cfg.Capture.Record(ex)
 	tail := a.shape.end()
+	if tr := a.shape.tr; tr != nil && ex.Reply.Error == "" {
+		// The record says what the harness got: a translated reply left
+		// unfinished, or an error, is no whole reply.
+		ex.Reply.Error = tr.incomplete()
+	}
+	rec, err := r.cfg.Capture.Record(ex)
 	r.mu.Lock()
 	if !a.released {
 		a.buf = append(a.buf, tail...)

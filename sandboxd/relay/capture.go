@@ -221,8 +221,8 @@ func valueEnd(b []byte, i int) (int, bool) {
 // it comes and says which bytes may go to the harness now. A stream's
 // bytes pass line by line (rewritten if the relay asked for tokens), but
 // from the line that finishes the reply on they wait for the record; a
-// plain reply waits whole. So a harness never holds a whole reply that
-// the capture file does not.
+// plain reply waits whole; a translated stream's error waits too. So a
+// harness never holds a whole reply that the capture file does not.
 type shaper struct {
 	stream  bool
 	rewrite bool // the relay asked for token fields: strip them
@@ -274,7 +274,7 @@ func (s *shaper) feed(p []byte) []byte {
 		case s.rewrite:
 			line = s.rewriteLine(line)
 		}
-		if s.held != nil || s.asm.Finished() {
+		if s.held != nil || s.asm.Finished() || s.tr != nil && s.tr.stopped {
 			s.held = append(s.held, line...)
 			continue
 		}

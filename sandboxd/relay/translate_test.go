@@ -202,3 +202,114 @@ func TestTranslateResentAndUncaptured(t *testing.T) {
 		t.Fatalf("%d %s", g.status, g.body)
 	}
 }
+
+// chatStream answers a chat completion stream of lines, each a data line.
+func chatStream(lines ...string) func(w http.ResponseWriter, r *http.Request, _ []byte) {
+	return func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, l := range lines {
+			fmt.Fprintf(w, "data: %s\n\n", l)
+		}
+	}
+}
+
+// A translated stream is closed for the harness only once the upstream
+// gave a finish reason: an error the upstream sent in its stream reaches
+// the harness as its API's error, and a stream that ends without a finish
+// reason (at [DONE] or at its end) is left unfinished; the record says
+// the same.
+func TestTranslateUnfinishedReplies(t *testing.T) {
+	const (
+		first  = `{"id":"c1","model":"m","prompt_token_ids":[1,2],"choices":[{"index":0,"delta":{"role":"assistant","content":"Hel"},"token_ids":[7],"logprobs":{"content":[{"token":"token_id:7","logprob":-0.5}]}}]}`
+		finish = `{"id":"c1","model":"m","choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"stop","token_ids":[8],"logprobs":{"content":[{"token":"token_id:8","logprob":-0.1}]}}]}`
+		fail   = `{"error":{"message":"generation failed: boom","type":"InternalServerError","code":500}}`
+	)
+	cases := []struct {
+		name   string
+		lines  []string
+		whole  bool   // the harness gets a finished reply
+		failed string // the harness gets its API's error, with this text
+	}{
+		{"finished", []string{first, finish, "[DONE]"}, true, ""},
+		{"error", []string{first, fail, "[DONE]"}, false, "boom"},
+		{"error-first", []string{fail, "[DONE]"}, false, "boom"},
+		{"done-without-finish", []string{first, "[DONE]"}, false, ""},
+		{"cut-short", []string{first}, false, ""},
+	}
+	for _, api := range []trajectory.API{trajectory.APIMessages, trajectory.APIResponses} {
+		for _, tc := range cases {
+			t.Run(fmt.Sprintf("%s/%s", api, tc.name), func(t *testing.T) {
+				up := newUpstream(t, chatStream(tc.lines...))
+				rec, err := trajectory.OpenRecorder(filepath.Join(t.TempDir(), trajectory.FileName))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { rec.Close() })
+				r := serveRelay(t, relay.Config{Upstream: up.URL, Capture: rec, Tokens: true, Translate: true})
+				if err := r.Label("e", "l", nil); err != nil {
+					t.Fatal(err)
+				}
+				path, body := "/v1/messages", `{"model":"m","max_tokens":10,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+				if api == trajectory.APIResponses {
+					path, body = "/v1/responses", `{"model":"m","stream":true,"input":"hi"}`
+				}
+				g := wait(t, post(t, r, path, body))
+				if g.status != 200 {
+					t.Fatalf("%d %s", g.status, g.body)
+				}
+				a := trajectory.NewAPIAssembler(api, true)
+				a.Write([]byte(g.body))
+				closed := strings.Contains(g.body, "message_stop") || strings.Contains(g.body, "response.completed")
+				if closed != tc.whole || tc.whole && (!a.Finished() || a.Reply(200).Error != "") {
+					t.Fatalf("closed %v (want %v), finished %v %q:\n%s", closed, tc.whole, a.Finished(), a.Reply(200).Error, g.body)
+				}
+				if tc.failed != "" {
+					ev := "event: error\n"
+					if api == trajectory.APIResponses {
+						ev = "event: response.failed\n"
+					}
+					if !strings.Contains(g.body, ev) || !strings.Contains(g.body, tc.failed) || a.Reply(200).Error == "" {
+						t.Fatalf("the harness did not get the upstream's error as its API's (%q):\n%s", a.Reply(200).Error, g.body)
+					}
+				} else if strings.Contains(g.body, "event: error") || strings.Contains(g.body, "response.failed") {
+					t.Fatalf("an error the upstream did not send:\n%s", g.body)
+				}
+				calls := rec.Calls()
+				if len(calls) != 1 {
+					t.Fatalf("%d calls recorded", len(calls))
+				}
+				if got := calls[0].Error != ""; got == tc.whole {
+					t.Fatalf("the record's error %q, the harness's reply whole: %v", calls[0].Error, tc.whole)
+				}
+			})
+		}
+	}
+}
+
+// A plain chat reply that is an upstream error reaches the harness as its
+// API's error body, and is recorded as an error.
+func TestTranslatePlainError(t *testing.T) {
+	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"error":{"message":"boom","code":500}}`)
+	})
+	for _, tc := range []struct{ path, body, want string }{
+		{"/v1/messages", `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`, `"type":"api_error"`},
+		{"/v1/responses", `{"model":"m","input":"hi"}`, `"status":"failed"`},
+	} {
+		rec, err := trajectory.OpenRecorder(filepath.Join(t.TempDir(), trajectory.FileName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := serveRelay(t, relay.Config{Upstream: up.URL, Capture: rec, Tokens: true, Translate: true})
+		r.Label("e", "l", nil)
+		g := wait(t, post(t, r, tc.path, tc.body))
+		if !strings.Contains(g.body, tc.want) || !strings.Contains(g.body, "boom") {
+			t.Errorf("%s: %d %s", tc.path, g.status, g.body)
+		}
+		if calls := rec.Calls(); len(calls) != 1 || calls[0].Error == "" {
+			t.Errorf("%s: recorded %+v", tc.path, calls)
+		}
+		rec.Close()
+	}
+}
