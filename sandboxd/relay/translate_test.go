@@ -10,7 +10,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/sandboxd/relay"
 	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
@@ -311,5 +313,52 @@ func TestTranslatePlainError(t *testing.T) {
 			t.Errorf("%s: recorded %+v", tc.path, calls)
 		}
 		rec.Close()
+	}
+}
+
+// A translated plain reply is kept whole until it is translated: the bytes
+// it keeps count in the open calls' budget, and one over the bound a
+// plain reply may keep fails its call with the relay's error (a
+// translation cannot pass half a body), never a 200 cut short.
+func TestTranslatePlainReplyKept(t *testing.T) {
+	const first = `{"id":"c","model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"`
+	more := make(chan struct{})
+	big := strings.Repeat("a", 33<<20)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(string(body), "big") {
+			fmt.Fprint(w, first+big+`"}}]}`)
+			return
+		}
+		fmt.Fprint(w, first+strings.Repeat("b", 100<<10))
+		w.(http.Flusher).Flush()
+		select {
+		case <-more:
+		case <-r.Context().Done():
+		}
+		fmt.Fprint(w, `"}}]}`)
+	})
+	rec, err := trajectory.OpenRecorder(filepath.Join(t.TempDir(), trajectory.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rec.Close() })
+	r := serveRelay(t, relay.Config{Upstream: up.URL, Capture: rec, Tokens: true, Translate: true})
+	r.Label("e", "l", nil)
+
+	kept := post(t, r, "/v1/messages", `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`)
+	poll.Wait(t, 10*time.Second, "the held reply counted", func() bool { return r.Status().KeptBytes >= 100<<10 })
+	close(more)
+	if g := wait(t, kept); g.status != 200 || !strings.Contains(g.body, `"type":"message"`) {
+		t.Fatalf("%d %.200s", g.status, g.body)
+	}
+
+	g := wait(t, post(t, r, "/v1/messages", `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"big"}]}`))
+	if g.status != http.StatusBadGateway || !strings.Contains(g.body, "translation cannot pass half a body") {
+		t.Fatalf("%d %.300s", g.status, g.body)
+	}
+	poll.Wait(t, 10*time.Second, "nothing kept", func() bool { st := r.Status(); return len(st.Open) == 0 && st.KeptBytes == 0 })
+	if st := r.Status(); st.Calls.Failed != 1 || st.Calls.Delivered != 1 {
+		t.Fatalf("calls %+v", st.Calls)
 	}
 }
