@@ -158,9 +158,10 @@ func TestTranslateToChat(t *testing.T) {
 	}
 }
 
-// A translated call cut by a re-point is sent again, the same chat bytes,
-// and the harness gets one whole reply in its API; without a capture the
-// translation still answers in the harness's API.
+// A translated call cut by a re-point before its reply began is sent again
+// as the same chat completion request, and the harness gets one whole
+// reply in its API; without a capture, the translation still answers in
+// the harness's API.
 func TestTranslateResentAndUncaptured(t *testing.T) {
 	gone := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) { <-r.Context().Done() })
 	m := newModel(t)
@@ -360,5 +361,95 @@ func TestTranslatePlainReplyKept(t *testing.T) {
 	poll.Wait(t, 10*time.Second, "nothing kept", func() bool { st := r.Status(); return len(st.Open) == 0 && st.KeptBytes == 0 })
 	if st := r.Status(); st.Calls.Failed != 1 || st.Calls.Delivered != 1 {
 		t.Fatalf("calls %+v", st.Calls)
+	}
+}
+
+// A translated stream cut by a re-point after its first events reached the
+// harness is sent again: a re-sent reply that translates to the same first
+// bytes continues what was delivered, and the harness ends up with the
+// bytes of a call never cut; one that does not has the harness's
+// connection cut, never spliced.
+func TestTranslateResendAfterDelivered(t *testing.T) {
+	chunk := func(id, text string) string {
+		return `{"id":"` + id + `","model":"m","choices":[{"index":0,"delta":{"content":"` + text + `"}}]}`
+	}
+	stream := func(id, second string) []string {
+		return []string{chunk(id, "Hel"), chunk(id, second), chunk(id, " there"),
+			`{"id":"` + id + `","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, "[DONE]"}
+	}
+	for _, api := range []trajectory.API{trajectory.APIMessages, trajectory.APIResponses} {
+		path, body := "/v1/messages", `{"model":"m","max_tokens":10,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		delivered := func(b string) bool {
+			return strings.Count(b, "event: content_block_delta") == 2 && strings.HasSuffix(b, "\n\n")
+		}
+		other := stream("c1", "LO") // its second event differs
+		if api == trajectory.APIResponses {
+			path, body = "/v1/responses", `{"model":"m","stream":true,"input":"hi"}`
+			delivered = func(b string) bool { return strings.HasSuffix(b, "\n\n") && strings.Contains(b, "response.created") }
+			other = stream("c9", "lo") // its first event (the response's id) differs
+		}
+		for _, same := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/same=%v", api, same), func(t *testing.T) {
+				whole := stream("c1", "lo")
+				direct := serveRelay(t, relay.Config{Upstream: newUpstream(t, chatStream(whole...)).URL, Translate: true})
+				want := wait(t, post(t, direct, path, body))
+
+				old := newUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+					w.Header().Set("Content-Type", "text/event-stream")
+					for _, l := range whole[:2] {
+						fmt.Fprintf(w, "data: %s\n\n", l)
+					}
+					w.(http.Flusher).Flush()
+					<-r.Context().Done()
+				})
+				resent := whole
+				if !same {
+					resent = other
+				}
+				fresh := newUpstream(t, chatStream(resent...))
+				rec, err := trajectory.OpenRecorder(filepath.Join(t.TempDir(), trajectory.FileName))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { rec.Close() })
+				r := serveRelay(t, relay.Config{Upstream: old.URL, Capture: rec, Tokens: true, Translate: true})
+				r.Label("e", "l", nil)
+				resp, err := (&http.Client{Timeout: 10 * time.Second}).Post(r.URL()+path, "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				// Read the first events as the harness does, then re-point.
+				var got []byte
+				buf := make([]byte, 4096)
+				for !delivered(string(got)) {
+					n, err := resp.Body.Read(buf)
+					got = append(got, buf[:n]...)
+					if err != nil {
+						t.Fatalf("before the cut: %v\n%s", err, got)
+					}
+				}
+				if !strings.HasPrefix(want.body, string(got)) {
+					t.Fatalf("delivered before the cut:\n%s\nnot the start of\n%s", got, want.body)
+				}
+				if _, err := r.Repoint(fresh.URL, 1); err != nil {
+					t.Fatal(err)
+				}
+				rest, err := io.ReadAll(resp.Body)
+				if same {
+					if err != nil || string(got)+string(rest) != want.body {
+						t.Fatalf("%v: the harness got\n%s%s\nwant\n%s", err, got, rest, want.body)
+					}
+					if calls := rec.Calls(); len(calls) != 1 || calls[0].Resends != 1 || calls[0].Error != "" {
+						t.Fatalf("recorded %+v", calls)
+					}
+					return
+				}
+				if err == nil || len(rest) != 0 {
+					t.Fatalf("a diverging re-send was spliced (%v): %s", err, rest)
+				}
+				poll.Wait(t, 5*time.Second, "the call failed", func() bool { return r.Status().Calls.Failed == 1 })
+			})
+		}
 	}
 }
