@@ -101,9 +101,11 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 		r.mu.Unlock()
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
-			out := buf[:n]
+			out, kept := buf[:n], 0
 			if a.shape != nil {
+				before := a.shape.kept()
 				out = a.shape.feed(out)
+				kept = a.shape.kept() - before
 			}
 			r.mu.Lock()
 			if a.firstByte.IsZero() {
@@ -111,10 +113,15 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 			}
 			if !a.released {
 				a.buf = append(a.buf, out...)
-				r.used += int64(len(out))
+				r.used += int64(len(out) + kept)
+				a.kept += kept
 			}
 			r.mu.Unlock()
 			c.signal()
+			if a.shape != nil && a.shape.err != nil {
+				finish(a.shape.err)
+				return
+			}
 		}
 		if errors.Is(err, io.EOF) {
 			switch {
@@ -144,10 +151,19 @@ func (r *Relay) deliverTail(a *attempt) {
 	tail := a.shape.end()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !a.released {
-		a.buf = append(a.buf, tail...)
-		r.used += int64(len(tail))
+	r.tailLocked(a, tail)
+}
+
+// tailLocked moves the bytes a's shaper kept, given as tail, to a's
+// buffer (r.mu held).
+func (r *Relay) tailLocked(a *attempt, tail []byte) {
+	if a.released {
+		return
 	}
+	a.buf = append(a.buf, tail...)
+	r.used += int64(len(tail))
+	r.freeLocked(a.kept)
+	a.kept = 0
 }
 
 // record records call c, answered whole by attempt a, in the capture file
@@ -163,13 +179,15 @@ func (r *Relay) record(c *call, a *attempt) {
 		ex.Request = c.request
 	}
 	ex.Reply = a.shape.asm.Reply(ex.Status)
-	rec, err := r.cfg.Capture.Record(ex)
 	tail := a.shape.end()
-	r.mu.Lock()
-	if !a.released {
-		a.buf = append(a.buf, tail...)
-		r.used += int64(len(tail))
+	if tr := a.shape.tr; tr != nil && ex.Reply.Error == "" {
+		// The record says what the harness got: a translated reply left
+		// unfinished, or an error, is no whole reply.
+		ex.Reply.Error = tr.incomplete()
 	}
+	rec, err := r.cfg.Capture.Record(ex)
+	r.mu.Lock()
+	r.tailLocked(a, tail)
 	if err != nil {
 		r.capture.Errors++
 		r.capture.LastError = err.Error()

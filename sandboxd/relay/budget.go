@@ -20,8 +20,8 @@ func (r *Relay) dropBufLocked(a *attempt) {
 	if a == nil || a.released {
 		return
 	}
-	r.freeLocked(len(a.buf))
-	a.buf, a.released = nil, true
+	r.freeLocked(len(a.buf) + a.kept)
+	a.buf, a.kept, a.released = nil, 0, true
 }
 
 // trimLocked drops the first n bytes of a's buffer, consumed (r.mu

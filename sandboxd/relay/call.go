@@ -80,6 +80,7 @@ type attempt struct {
 	status    int
 	header    http.Header
 	buf       []byte // the reply's body read and not yet consumed by serve
+	kept      int    // bytes its shaper keeps, counted in the budget
 	off       int64  // the offset in the reply's body of buf[0]
 	released  bool   // replaced, or its call ended: it keeps no more bytes
 	ended     bool   // the whole reply was read

@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -221,8 +222,8 @@ func valueEnd(b []byte, i int) (int, bool) {
 // it comes and says which bytes may go to the harness now. A stream's
 // bytes pass line by line (rewritten if the relay asked for tokens), but
 // from the line that finishes the reply on they wait for the record; a
-// plain reply waits whole. So a harness never holds a whole reply that
-// the capture file does not.
+// plain reply waits whole; a translated stream's error waits too. So a
+// harness never holds a whole reply that the capture file does not.
 type shaper struct {
 	stream  bool
 	rewrite bool // the relay asked for token fields: strip them
@@ -235,7 +236,19 @@ type shaper struct {
 	// API the harness spoke (translate_reply.go): the assembler reads the
 	// chat bytes, the harness gets the translation.
 	tr *replyTranslator
+	// err, once set, fails the attempt: a translated reply the relay
+	// cannot keep whole.
+	err error
 }
+
+// kept is how many bytes the shaper keeps: counted in the open calls'
+// byte budget as an attempt's buffer is.
+func (s *shaper) kept() int { return len(s.held) + len(s.line) }
+
+// holdsStatus tells whether the harness's status line waits for the reply
+// too: a translated plain reply, which may yet fail whole (the harness is
+// then told why, as a relay error).
+func (s *shaper) holdsStatus() bool { return s.tr != nil && !s.stream }
 
 func newShaper(stream, rewrite bool, a asked, api trajectory.API) *shaper {
 	return &shaper{stream: stream, rewrite: rewrite, asked: a, asm: trajectory.NewAPIAssembler(api, stream)}
@@ -246,6 +259,13 @@ func newShaper(stream, rewrite bool, a asked, api trajectory.API) *shaper {
 func (s *shaper) feed(p []byte) []byte {
 	if !s.stream {
 		_, _ = s.asm.Write(p)
+		if s.tr != nil && len(s.held)+len(p) > maxHeldPlain {
+			// A translation needs the reply whole: over the bound the call
+			// fails, its harness told why.
+			s.err = fmt.Errorf("relay: translate: a plain reply over %d bytes (a translation cannot pass half a body)", maxHeldPlain)
+			s.held = nil
+			return nil
+		}
 		if s.tr == nil && (s.over || len(s.held)+len(p) > maxHeldPlain) {
 			// Over the bound a plain reply passes as it comes (the capture
 			// still assembles it, or records why it could not).
@@ -274,7 +294,7 @@ func (s *shaper) feed(p []byte) []byte {
 		case s.rewrite:
 			line = s.rewriteLine(line)
 		}
-		if s.held != nil || s.asm.Finished() {
+		if s.held != nil || s.asm.Finished() || s.tr != nil && s.tr.stopped {
 			s.held = append(s.held, line...)
 			continue
 		}
@@ -323,7 +343,8 @@ func (s *shaper) end() []byte {
 	return out
 }
 
-// maxHeldPlain bounds the plain reply a shaper keeps until the record.
+// maxHeldPlain bounds the plain reply a shaper keeps until the record:
+// above it a native reply passes as it comes, a translated one fails.
 const maxHeldPlain = 32 << 20
 
 // exchange is what the capture records of call c answered by attempt a,

@@ -40,7 +40,8 @@ type Config struct {
 	MaxOpenCalls int
 	// MaxOpenBytes bounds the bytes the open calls keep in sandboxd's
 	// memory: request bodies (kept for a re-send until the call ends) and
-	// reply bytes not yet delivered (default DefaultMaxOpenBytes). A
+	// reply bytes not yet delivered, those a capture or a translation
+	// keeps until the reply's end among them (default DefaultMaxOpenBytes). A
 	// request that would pass it is refused, 503 too_many_calls; a reply
 	// past it is read on only as the harness takes what is kept (one read
 	// of 32 KiB at a time), and not at all while the relay holds.

@@ -110,7 +110,7 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 				}
 			}
 			if failed == "" && a.off >= sentLen {
-				if status == 0 {
+				if status == 0 && (a.ended || len(a.buf) > 0 || a.shape == nil || !a.shape.holdsStatus()) {
 					writeStatus, head = a.status, a.header
 				}
 				if len(a.buf) > 0 {

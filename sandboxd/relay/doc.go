@@ -36,7 +36,11 @@
 //     bytes not yet delivered: a request past it is refused (503
 //     too_many_calls); a reply past it is read as the harness takes it,
 //     one read at a time, and not at all while the relay holds. A reply's
-//     buffer is trimmed as it is delivered.
+//     buffer is trimmed as it is delivered. What the capture or the
+//     translation keeps of a reply until its end counts too; a plain reply
+//     is kept whole up to 32 MiB, past which a native one passes as it
+//     comes and a translated one fails (502: a translation cannot pass
+//     half a body).
 //  5. Refusals. A request over Config.MaxRequestBytes (413), no upstream
 //     (503), an upstream that cannot be reached
 //     or breaks off while the relay is not held (502): the harness gets a

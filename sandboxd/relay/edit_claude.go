@@ -4,7 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"strings"
+
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // Claude Code's continuation (participants/claude): after a crash its
@@ -65,9 +66,12 @@ func onlyText(content json.RawMessage, text string) bool {
 // claudeContinue removes Claude Code's continuation messages from a
 // Messages API request: each user message that is exactly
 // ClaudeContinuePrompt, and the ClaudeNoResponse assistant message right
-// before it. The rest of the body is kept byte for byte.
+// before it. The rest of the body is kept byte for byte. A user message
+// that holds the marker beside anything else is an error (the request
+// then goes unedited, and its record says so): the edit removes its exact
+// addition or nothing.
 func claudeContinue(path string, body []byte) ([]byte, []json.RawMessage, error) {
-	if p, _, _ := strings.Cut(path, "?"); p != "/v1/messages" {
+	if trajectory.APIOf(path) != trajectory.APIMessages {
 		return body, nil, nil
 	}
 	start, end, err := topLevelValue(body, "messages")
@@ -88,7 +92,15 @@ func claudeContinue(path string, body []byte) ([]byte, []json.RawMessage, error)
 	drop := make([]bool, len(raw))
 	n := 0
 	for i, m := range msgs {
-		if m.Role != "user" || !onlyText(m.Content, ClaudeContinuePrompt) {
+		if m.Role != "user" {
+			continue
+		}
+		if !onlyText(m.Content, ClaudeContinuePrompt) {
+			if bytes.Contains(raw[i], []byte(ClaudeContinuePrompt)) {
+				// The marker, but not alone: not the addition this edit
+				// knows, so nothing is removed and the record says why.
+				return body, nil, fmt.Errorf("%s: message %d holds %q beside other content: not removed", ClaudeContinueEdit, i, ClaudeContinuePrompt)
+			}
 			continue
 		}
 		drop[i] = true

@@ -74,7 +74,6 @@ func TestClaudeContinueLeavesTheRest(t *testing.T) {
 	for name, c := range map[string]struct{ path, body string }{
 		"no continuation":       {"/v1/messages", claudeBody(claudeUser, claudeSystem, claudeCall, claudeResult)},
 		"synthetic text alone":  {"/v1/messages", claudeBody(claudeUser, claudeNoResp, claudeUser)},
-		"the marker with more":  {"/v1/messages", claudeBody(claudeUser, claudeNoResp, markerAndMore)},
 		"chat completions":      {"/v1/chat/completions", `{"messages":[{"role":"user","content":"[stillpoint: continue the saved session]"}]}`},
 		"no messages":           {"/v1/messages", `{"model":"m"}`},
 		"the marker as a reply": {"/v1/messages", claudeBody(claudeUser, `{"role":"assistant","content":"[stillpoint: continue the saved session]"}`)},
@@ -86,5 +85,26 @@ func TestClaudeContinueLeavesTheRest(t *testing.T) {
 	}
 	if _, _, err := e.Apply("/v1/messages", []byte(`not json`)); err == nil {
 		t.Error("a body that does not parse: no error")
+	}
+	// The marker beside another block cannot be removed exactly: an
+	// error, so that the record says the request went unedited.
+	markerAndResult := `{"role":"user","content":[{"type":"tool_result","content":"x","tool_use_id":"toolu_1"},{"type":"text","text":"[stillpoint: continue the saved session]"}]}`
+	for _, m := range []string{markerAndMore, markerAndResult} {
+		in := claudeBody(claudeUser, claudeCall, m)
+		out, removed, err := e.Apply("/v1/messages", []byte(in))
+		if err == nil || !strings.Contains(err.Error(), relay.ClaudeContinueEdit) || string(out) != in || len(removed) != 0 {
+			t.Errorf("the marker with more: %s removed %s (%v)", out, removed, err)
+		}
+	}
+}
+
+// A base URL with a path prefix (ANTHROPIC_BASE_URL=http://relay/prefix)
+// is edited as /v1/messages is.
+func TestClaudeContinueUnderAPathPrefix(t *testing.T) {
+	e := claudeEdit(t)
+	in := claudeBody(claudeUser, claudeCall, claudeResult, claudeNoResp, claudeMarker)
+	out, removed, err := e.Apply("/proxy/anthropic/v1/messages?beta=true", []byte(in))
+	if want := claudeBody(claudeUser, claudeCall, claudeResult); err != nil || string(out) != want || len(removed) != 2 {
+		t.Fatalf("%s removed %d (%v)", out, len(removed), err)
 	}
 }

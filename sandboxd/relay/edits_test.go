@@ -131,3 +131,29 @@ func TestEditsApplyToTheLaunchsRequests(t *testing.T) {
 		t.Errorf("record %s", b)
 	}
 }
+
+// A label the capture rejects (no call id) still sets the launch's edits,
+// and its calls are not captured under the launch before it.
+func TestEditsOfARejectedLabel(t *testing.T) {
+	m := newUpstream(t, echo)
+	r, rec := captureRelay(t, m.URL, filepath.Join(t.TempDir(), trajectory.FileName))
+	if err := r.Label("e", "l", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Label("e", "not an id!", []string{"test-drop-probe"}); !errors.Is(err, trajectory.ErrBadCall) {
+		t.Fatalf("Label with a bad launch id: %v", err)
+	}
+	with := `{"model":"m","messages":[{"role":"user","content":"hi"},` + probeTurn + `]}`
+	if g := wait(t, post(t, r, "/v1/chat/completions", with)); g.status != 200 {
+		t.Fatalf("%+v", g)
+	}
+	if got := <-m.got; strings.Contains(got, "PROBE") {
+		t.Errorf("the launch's edit was not applied: %s", got)
+	}
+	if calls := rec.Calls(); len(calls) != 0 {
+		t.Errorf("recorded under the launch before: %s", calls[0].ID)
+	}
+	if st := r.Status().Capture; st == nil || st.Unlabeled != 1 || st.Launch != "" {
+		t.Errorf("capture status %+v", st)
+	}
+}

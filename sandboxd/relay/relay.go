@@ -67,15 +67,22 @@ func New(cfg Config) (*Relay, error) {
 // edits apply with or without Config.Capture; the label is the capture's
 // and does nothing without it. An unknown edit name is an error wrapping
 // ErrUnknownEdit: the label and the known edits are taken all the same.
+// A label that makes no call id is an error too: the launch's calls are
+// then not captured (none is put under the launch before), and its edits
+// are taken all the same, since what they remove must not reach the
+// model whatever the capture does (the daemon logs a Label error and the
+// launch goes on).
 func (r *Relay) Label(episode, launchID string, edits []string) error {
 	eds, eerr := LookupEdits(edits)
 	if eerr != nil {
 		eerr = fmt.Errorf("relay: label: %w", eerr)
 	}
 	launch := strings.TrimPrefix(launchID, episode+".")
+	var lerr error
 	if r.cfg.Capture != nil {
 		if _, err := trajectory.CallID(episode, launch, 1); err != nil {
-			return errors.Join(fmt.Errorf("relay: label: %w", err), eerr)
+			lerr = fmt.Errorf("relay: label: %w", err)
+			episode, launch = "", ""
 		}
 	}
 	r.mu.Lock()
@@ -84,7 +91,7 @@ func (r *Relay) Label(episode, launchID string, edits []string) error {
 	if r.cfg.Capture != nil {
 		r.episode, r.launch = episode, launch
 	}
-	return eerr
+	return errors.Join(lerr, eerr)
 }
 
 // Run listens on Config.Listen and serves until ctx ends (see Listen and

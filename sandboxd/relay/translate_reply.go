@@ -18,19 +18,26 @@ import (
 // whole, each output item (response.output_item.done) and
 // response.completed, the sequence Codex takes. The model's reasoning is
 // not sent back. The same upstream bytes give the same bytes, so a re-sent
-// call continues what was delivered.
+// call continues what was delivered. A stream is closed (message_stop,
+// response.completed) only once a finish reason came: an error the
+// upstream sent in the stream (vLLM's `data: {"error":...}`) becomes the
+// harness API's own (an error event, response.failed), and a stream that
+// ends without a finish reason is left unfinished, as it would be on the
+// native path, so that the harness does not take it for a whole reply.
 
 // replyTranslator is the translation of one reply.
 type replyTranslator struct {
 	api    trajectory.API
 	stream bool
 
-	started, stopped bool
-	id, model        string
-	promptTokens     int
-	usage            *chatUsage
-	finish           string
-	completionIDs    int
+	// started: the first event went out; stopped: the last one did (the
+	// close, or an error); failed: it was an error.
+	started, stopped, failed bool
+	id, model                string
+	promptTokens             int
+	usage                    *chatUsage
+	finish                   string
+	completionIDs            int
 
 	// Messages: the open content block (-1: none) and its kind, the next
 	// index, and each chat tool call's block.
@@ -55,10 +62,11 @@ type chatUsage struct {
 // chatChunk is what the translation reads of a chat completion (a chunk,
 // or a plain reply).
 type chatChunk struct {
-	ID             string     `json:"id"`
-	Model          string     `json:"model"`
-	PromptTokenIDs []int      `json:"prompt_token_ids"`
-	Usage          *chatUsage `json:"usage"`
+	Error          json.RawMessage `json:"error"`
+	ID             string          `json:"id"`
+	Model          string          `json:"model"`
+	PromptTokenIDs []int           `json:"prompt_token_ids"`
+	Usage          *chatUsage      `json:"usage"`
 	Choices        []struct {
 		Index        int     `json:"index"`
 		FinishReason *string `json:"finish_reason"`
@@ -97,12 +105,18 @@ func (t *replyTranslator) line(l []byte) []byte {
 		return nil // the chat stream's own framing: the translation makes its own
 	}
 	data = bytes.TrimSpace(data)
+	if t.stopped {
+		return nil // closed, or failed: nothing more reaches the harness
+	}
 	if string(data) == "[DONE]" {
 		return t.finishStream(nil)
 	}
 	var c chatChunk
 	if json.Unmarshal(data, &c) != nil {
 		return nil
+	}
+	if upstreamError(c.Error) {
+		return t.fail(nil, c.Error)
 	}
 	var out []byte
 	if c.ID != "" && t.id == "" {
@@ -250,11 +264,12 @@ func (t *replyTranslator) stopReason() string {
 	return "end_turn"
 }
 
-// finishStream returns the stream's last events, once: at [DONE], or at
-// the end of a stream that had none. plain is a plain reply's message
-// (for the items of a Responses reply), nil in a stream.
+// finishStream returns the stream's last events, once, if a finish reason
+// came: at [DONE], or at the end of a stream that had none. Without a
+// finish reason it returns nothing more: the harness's stream stays
+// unfinished, as the upstream's was.
 func (t *replyTranslator) finishStream(out []byte) []byte {
-	if t.stopped || !t.started {
+	if t.stopped || !t.started || t.finish == "" {
 		return out
 	}
 	t.stopped = true
@@ -269,6 +284,67 @@ func (t *replyTranslator) finishStream(out []byte) []byte {
 		out = event(out, "response.output_item.done", map[string]any{"type": "response.output_item.done", "output_index": i, "item": it})
 	}
 	return event(out, "response.completed", map[string]any{"type": "response.completed", "response": t.response(items)})
+}
+
+// upstreamError tells whether a chat chunk's error member is set.
+func upstreamError(raw json.RawMessage) bool {
+	return len(raw) > 0 && string(raw) != "null"
+}
+
+// errorMessage is the message of an upstream's error member: its
+// message, or the member's JSON.
+func errorMessage(raw json.RawMessage) string {
+	var e struct {
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(raw, &e) == nil && e.Message != "" {
+		return "upstream error: " + e.Message
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil && s != "" {
+		return "upstream error: " + s
+	}
+	return "upstream error: " + string(raw)
+}
+
+// fail ends a stream with the upstream's error raw as the harness's API
+// says an error: Messages' error event, Responses' response.failed.
+func (t *replyTranslator) fail(out []byte, raw json.RawMessage) []byte {
+	t.stopped, t.failed = true, true
+	if t.api == trajectory.APIMessages {
+		return event(out, "error", messagesError(raw))
+	}
+	return event(out, "response.failed", map[string]any{"type": "response.failed", "response": t.failedResponse(raw)})
+}
+
+// messagesError is the Messages API's error object for an upstream error.
+func messagesError(raw json.RawMessage) map[string]any {
+	return map[string]any{"type": "error", "error": map[string]string{"type": "api_error", "message": errorMessage(raw)}}
+}
+
+// failedResponse is a Responses reply that failed with an upstream error.
+func (t *replyTranslator) failedResponse(raw json.RawMessage) map[string]any {
+	return map[string]any{"id": "resp_" + t.msgID(), "object": "response", "model": t.model, "status": "failed", "output": []any{},
+		"error": map[string]string{"code": "server_error", "message": errorMessage(raw)}}
+}
+
+// incomplete says why the harness's stream did not end as a whole reply
+// ("" if it did): an upstream error, or no finish reason. The capture
+// records it as the reply's error, so the record says what the harness
+// got.
+func (t *replyTranslator) incomplete() string {
+	switch {
+	case !t.stream:
+		if t.failed {
+			return "relay: translate: the upstream sent an error"
+		}
+		return ""
+	case t.failed:
+		return "relay: translate: the upstream sent an error; the harness got it as its API's error"
+	case !t.stopped:
+		return "relay: translate: the stream ended without a finish reason; the harness's stream was left unfinished"
+	}
+	return ""
 }
 
 // responseItems are a Responses reply's output items: the text as an
@@ -304,6 +380,18 @@ func (t *replyTranslator) plain(body []byte) []byte {
 	}
 	if json.Unmarshal(body, &c) != nil {
 		return body
+	}
+	if upstreamError(c.Error) {
+		// A body of the harness's API all the same: Messages' error object,
+		// or a failed response.
+		t.failed = true
+		var out []byte
+		if t.api == trajectory.APIMessages {
+			out, _ = json.Marshal(messagesError(c.Error))
+		} else {
+			out, _ = json.Marshal(t.failedResponse(c.Error))
+		}
+		return append(out, '\n')
 	}
 	t.id, t.model, t.usage, t.promptTokens = c.ID, c.Model, c.Usage, len(c.PromptTokenIDs)
 	for _, ch := range c.Choices {

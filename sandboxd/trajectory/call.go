@@ -74,15 +74,17 @@ type Call struct {
 	// trajectory's form (chat completions'), its params the request's own
 	// fields but those (docs/TRAJECTORIES.md); APIOther is no model call.
 	API API `json:"api,omitempty"`
-	// RequestError says why the request did not parse (not JSON, or not
-	// the shape of its API): it was forwarded all the same, and RawRequest
-	// is its body as it came. Such a call is on no chain.
 	// Via is the API the upstream spoke when the relay translated the
 	// call (APIChat), "" when it went as the harness sent it: its reply,
 	// token ids and logprobs are then the chat completion's.
-	Via          API    `json:"via,omitempty"`
+	Via API `json:"via,omitempty"`
+	// RequestError says why the request did not parse (not JSON, or not
+	// the shape of its API): it was forwarded all the same. Such a call
+	// is on no chain.
 	RequestError string `json:"request_error,omitempty"`
-	RawRequest   []byte `json:"raw_request,omitempty"`
+	// RawRequest is the body of a request that did not parse, as it came
+	// (with RequestError).
+	RawRequest []byte `json:"raw_request,omitempty"`
 
 	// Method and Path are the request's; Model the model it asked for;
 	// Params the request's other fields, without its messages (compact

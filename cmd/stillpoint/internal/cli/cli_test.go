@@ -119,6 +119,16 @@ func TestServerRunsAndProvisions(t *testing.T) {
 	}
 }
 
+// --model-api-translate asks the sandboxes' relays to translate, which
+// --direct-model leaves out: the pair is a usage error, not a no-op.
+func TestOwnerTranslateWithoutRelay(t *testing.T) {
+	var out, errb bytes.Buffer
+	code := Main([]string{"owner", "--run", "r1", "--direct-model", "--model-api-translate", "--sandboxd", "/bin/sh", "--harness", "/bin/sh"}, &out, &errb)
+	if code != ExitUsage || !strings.Contains(errb.String(), "--model-api-translate and --direct-model") {
+		t.Errorf("exit %d, stderr %q", code, errb.String())
+	}
+}
+
 // The owner takes its task kind by name; an unknown one is a usage error
 // naming the kinds there are, and the help lists them.
 func TestOwnerTaskKind(t *testing.T) {

@@ -240,7 +240,7 @@ read-only in every sandbox; none of them is copied into snapshots.`,
 	fl.BoolVar(&f.noCheckpoints, "no-checkpoints", false, "lend sandboxes but take no part in checkpoints (restart_only)")
 	fl.BoolVar(&f.reap, "reap", false, "stop the sandboxes an earlier owner process left in --state-dir, print their ids, and exit")
 	fl.BoolVar(&f.directModel, "direct-model", false, "run no model relay in the sandboxes: harnesses call the model directly, and no rollout has a trajectory (on microvm, none continues in place either)")
-	fl.BoolVar(&f.translate, "model-api-translate", false, "the sandboxes' relays send Anthropic Messages and OpenAI Responses calls (Claude Code, Codex) to the model server as chat completions, and translate the replies back, so that token ids are captured as for OpenCode (docs/TRAJECTORIES.md)")
+	fl.BoolVar(&f.translate, "model-api-translate", false, "the sandboxes' relays send Anthropic Messages and OpenAI Responses calls (Claude Code, Codex) to the model server as chat completions, and translate the replies back, so that token ids are captured as for OpenCode (docs/TRAJECTORIES.md); not with --direct-model, which runs no relay")
 	fl.BoolVar(&f.noTokens, "no-capture-tokens", false, "capture model calls without asking the model server for token ids and logprobs (a server that refuses return_token_ids)")
 	return cmd
 }
@@ -249,6 +249,10 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	log, err := g.logger()
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
+	}
+	if f.translate && f.directModel {
+		// The translation is the relay's, and --direct-model runs none.
+		return &exitError{code: ExitUsage, err: errors.New("--model-api-translate and --direct-model: the translation is done by the sandboxes' relays, which --direct-model leaves out; use one")}
 	}
 	newKind, ok := taskKinds()[f.taskKind]
 	if !ok {
@@ -356,7 +360,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	if f.noTokens {
 		args = append(args, "--capture-tokens=false")
 	}
-	if f.translate && !f.directModel {
+	if f.translate {
 		args = append(args, "--relay-translate", "chat")
 	}
 	args = append(args, f.sandboxdArgs...)
