@@ -319,12 +319,13 @@ func (rr responseReply) output() []any {
 }
 
 // object is the reply's response object; usage counts completion tokens
-// of the server's tokenizer.
+// of the server's tokenizer. created_at is 0, not the clock: every answer
+// to a request is the same bytes, as a relay re-sending a cut call needs.
 func (rr responseReply) object(status string, output []any, completion int) map[string]any {
 	if output == nil {
 		output = []any{}
 	}
-	o := map[string]any{"id": rr.id, "object": "response", "created_at": time.Now().Unix(), "status": status, "model": rr.model, "output": output}
+	o := map[string]any{"id": rr.id, "object": "response", "created_at": 0, "status": status, "model": rr.model, "output": output}
 	if status == "completed" {
 		o["usage"] = map[string]int{"input_tokens": len(rr.prompt), "output_tokens": completion, "total_tokens": len(rr.prompt) + completion}
 	}

@@ -219,6 +219,28 @@ func TestResponsesNotStreamed(t *testing.T) {
 	}
 }
 
+// Two answers to the same request are the same bytes, streamed or not,
+// even a second apart: a relay re-sending a cut call continues only if the
+// new reply starts with what it already delivered.
+func TestResponsesSameRequestSameBytes(t *testing.T) {
+	srv := httptest.NewServer(modelserver.New(codexScript))
+	defer srv.Close()
+	for _, stream := range []bool{true, false} {
+		answer := func() []byte {
+			b, err := io.ReadAll(postResponses(t, srv.URL, stream, item("user", "Fix calc.sh.")).Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		first, sent := answer(), time.Now().Unix()
+		poll.Wait(t, 3*time.Second, "the next second", func() bool { return time.Now().Unix() > sent })
+		if again := answer(); !bytes.Equal(first, again) {
+			t.Fatalf("stream %v: the same request answered\n%s\nthen\n%s", stream, first, again)
+		}
+	}
+}
+
 // A scripted call that does not fit Codex's tools is refused with a 400.
 func TestResponsesToolCallsChecked(t *testing.T) {
 	bad := modelserver.Script{"fix": {{ToolCalls: []modelserver.ToolCall{modelserver.BashCall("c0", "ls"),
