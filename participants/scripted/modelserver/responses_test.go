@@ -255,7 +255,7 @@ func TestResponsesToolCallsChecked(t *testing.T) {
 }
 
 // Hold holds a Responses reply from its turn on, and CutNext stops the
-// next stream without response.completed.
+// next stream without response.completed (not delivered).
 func TestResponsesHoldAndCut(t *testing.T) {
 	s := modelserver.New(codexScript)
 	srv := httptest.NewServer(s)
@@ -264,7 +264,7 @@ func TestResponsesHoldAndCut(t *testing.T) {
 	if r := readResponses(t, postResponses(t, srv.URL, true, item("user", "x")).Body); r.completed || len(r.types) != 3 {
 		t.Fatalf("cut stream: %+v", r)
 	}
-	if e := s.Ledger()[0]; !e.Cut || e.Chunks != 3 || e.Sent >= len(e.TokenIDs) {
+	if e := s.Ledger()[0]; !e.Cut || e.Chunks != 3 || e.Sent >= len(e.TokenIDs) || !e.Delivered.IsZero() {
 		t.Fatalf("cut entry %+v", e)
 	}
 	s.HoldFrom(1)
