@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/claudecode"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
@@ -269,7 +270,7 @@ func TestMessagesContinuedSession(t *testing.T) {
 	if e := l[0]; e.Turn != 0 || !e.Retried || e.UserTurns != 1 {
 		t.Fatalf("ledger %+v", e)
 	}
-	post(append(base, interrupted, blocks("assistant", text(modelserver.ClaudeNoResponse)), blocks("user", text("continue")))...)
+	post(append(base, interrupted, blocks("assistant", text(claudecode.NoResponse)), blocks("user", text("continue")))...)
 	if e := s.Ledger()[1]; e.Turn != 0 || e.UserTurns != 2 {
 		t.Fatalf("a resume with a prompt: %+v", e)
 	}
