@@ -23,6 +23,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/claude/driver"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
+	"github.com/stillpoint/stillpoint/sandboxd/relay"
 )
 
 // The Claude Code tests run the real Claude Code (claude.Binary) in real
@@ -235,9 +236,44 @@ func TestClaudeSnapshotForksIntoAContinuation(t *testing.T) {
 	}
 	f.checkClaudeLedger(id, "0 1 2 2r 3 4 5")
 	f.checkLedger(began)
+	// The trajectory records what the relay removed: from each call of the
+	// continuation, the continuation prompt and, before it, Claude's
+	// synthetic reply when it added one.
+	edited := 0
+	for _, c := range readTrajectory(ctx, t, f, o.res.Trajectory).Calls() {
+		for _, e := range c.Edits {
+			if e.Name != relay.ClaudeContinueEdit || !claudeContinuation(e.Removed) {
+				t.Errorf("call %s: edit %s removed %s, want %s removing the continuation prompt (after %q)", c.ID, e.Name, e.Removed, relay.ClaudeContinueEdit, relay.ClaudeNoResponse)
+			}
+			edited++
+		}
+	}
+	if want := len(es) - calls; edited != want {
+		t.Errorf("%d calls record the removal of the continuation, want the continuation's %d", edited, want)
+	}
 	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", rel, err)
 	}
+}
+
+// claudeContinuation tells whether removed is Claude's continuation: the
+// user message of the continuation prompt, after the assistant message
+// ClaudeNoResponse when Claude added one.
+func claudeContinuation(removed []json.RawMessage) bool {
+	is := func(r json.RawMessage, role, text string) bool {
+		var m struct {
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
+		return json.Unmarshal(r, &m) == nil && m.Role == role && strings.Contains(string(m.Content), text)
+	}
+	switch len(removed) {
+	case 1:
+		return is(removed[0], "user", relay.ClaudeContinuePrompt)
+	case 2:
+		return is(removed[0], "assistant", relay.ClaudeNoResponse) && is(removed[1], "user", relay.ClaudeContinuePrompt)
+	}
+	return false
 }
 
 // TestClaudeRolloutsThroughACrash: four Claude Code rollouts on two agents

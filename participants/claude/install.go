@@ -1,15 +1,13 @@
 package claude
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"path/filepath"
 	"runtime"
 
 	"github.com/stillpoint/stillpoint/participants/claude/driver"
+	"github.com/stillpoint/stillpoint/participants/internal/hostbin"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -38,13 +36,7 @@ var ErrNotInstalled = errors.New("claude: not installed")
 
 // UserCache returns ~/.cache/stillpoint/claude (the user's cache
 // directory), or "" without one.
-func UserCache() string {
-	d, err := os.UserCacheDir()
-	if err != nil {
-		return ""
-	}
-	return filepath.Join(d, "stillpoint", "claude")
-}
+func UserCache() string { return hostbin.UserCache("claude") }
 
 // platformPackage is the npm package of Claude Code's native binary for
 // this host.
@@ -59,52 +51,9 @@ func platformPackage() string {
 // of NPMPackage in SystemCache or UserCache (the first that has one of
 // version Version).
 func Binary() (string, error) {
-	if p := os.Getenv(BinaryEnv); p != "" {
-		if err := executable(p); err != nil {
-			return "", fmt.Errorf("%w: %s=%s: %v; %s", ErrNotInstalled, BinaryEnv, p, err, InstallHint)
-		}
-		return p, nil
-	}
-	var tried []string
-	for _, dir := range []string{SystemCache, UserCache()} {
-		if dir == "" {
-			continue
-		}
-		pkg := filepath.Join(dir, "node_modules", platformPackage())
-		bin := filepath.Join(pkg, "claude")
-		tried = append(tried, bin)
-		if executable(bin) != nil {
-			continue
-		}
-		if v := packageVersion(filepath.Join(pkg, "package.json")); v != Version {
-			return "", fmt.Errorf("%w: %s is version %q, the adapter runs %s; %s", ErrNotInstalled, bin, v, Version, InstallHint)
-		}
-		return bin, nil
-	}
-	return "", fmt.Errorf("%w: no Claude Code binary at %q; %s", ErrNotInstalled, tried, InstallHint)
-}
-
-func executable(p string) error {
-	fi, err := os.Stat(p)
-	switch {
-	case err != nil:
-		return err
-	case !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0:
-		return errors.New("not an executable file")
-	}
-	return nil
-}
-
-func packageVersion(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	var p struct {
-		Version string `json:"version"`
-	}
-	_ = json.Unmarshal(b, &p)
-	return p.Version
+	return hostbin.NPM{Name: "Claude Code", Env: BinaryEnv, Caches: []string{SystemCache, UserCache()},
+		Bin: filepath.Join(platformPackage(), "claude"), VersionOf: filepath.Join(platformPackage(), "package.json"),
+		Version: Version, Err: ErrNotInstalled, Hint: InstallHint}.Find()
 }
 
 // The programs in SandboxBinDir, by name.
@@ -131,7 +80,7 @@ func Locate(driverPath string) (Host, error) {
 	if err != nil {
 		return Host{}, err
 	}
-	if err := executable(driverPath); err != nil {
+	if err := hostbin.Executable(driverPath); err != nil {
 		return Host{}, fmt.Errorf("claude: the driver %s: %v (CGO_ENABLED=0 go build ./cmd/claude-driver)", driverPath, err)
 	}
 	d, err := filepath.Abs(driverPath)
@@ -143,53 +92,9 @@ func Locate(driverPath string) (Host, error) {
 // returns the bind that shows it read-only at SandboxBinDir in every
 // sandbox, so that no snapshot copies Claude Code.
 func (h Host) Binds(stage string) ([]provider.Bind, error) {
-	if err := os.MkdirAll(stage, 0o755); err != nil {
-		return nil, err
-	}
-	for name, src := range map[string]string{ClaudeName: h.Claude, DriverName: h.Driver} {
-		if err := place(src, filepath.Join(stage, name)); err != nil {
-			return nil, fmt.Errorf("claude: staging %s: %w", name, err)
-		}
-	}
-	abs, err := filepath.Abs(stage)
+	binds, err := hostbin.Stage(stage, SandboxBinDir, map[string]string{ClaudeName: h.Claude, DriverName: h.Driver})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("claude: %w", err)
 	}
-	return []provider.Bind{{HostDir: abs, SandboxDir: SandboxBinDir[1:]}}, nil
-}
-
-// place puts src at dst (replacing it atomically): a hard link, else a
-// copy. A dst that is src already stays.
-func place(src, dst string) error {
-	if a, err := os.Stat(src); err == nil {
-		if b, err := os.Stat(dst); err == nil && os.SameFile(a, b) {
-			return nil
-		}
-	}
-	tmp := dst + ".tmp"
-	_ = os.Remove(tmp)
-	if err := os.Link(src, tmp); err != nil {
-		if err := copyFile(src, tmp); err != nil {
-			_ = os.Remove(tmp)
-			return err
-		}
-	}
-	return os.Rename(tmp, dst)
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
+	return binds, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/agent"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/participants/prompttask"
 )
 
 // Adapter is the agent's adapter (agent.Adapter) of a harness defined by
@@ -46,38 +47,16 @@ var (
 	_ agent.TaskValidator = (*Adapter)(nil)
 )
 
-// Task is the part of a task payload the adapter reads; the rest is the
-// owner's kind's:
-//
-//	{"task": "fix-add", "prompt": "Make test.sh pass.", ...}
-type Task struct {
-	// Name is {task}: the name the model server knows the task by.
-	// Optional: the rollout id stands for it.
-	Name string `json:"task,omitempty"`
-	// Prompt is {prompt}, the first user message. Required.
-	Prompt string `json:"prompt"`
-}
+// Task is the part of a task payload the adapter reads
+// (prompttask.Task); the rest is the owner's kind's. Its Name is the
+// spec's {task}, its Prompt {prompt}.
+type Task = prompttask.Task
 
 // ErrTask is wrapped by ParseTask for a payload the adapter cannot run.
-var ErrTask = errors.New("exec: bad task")
+var ErrTask = prompttask.ErrTask
 
-// ParseTask decodes and checks a task payload.
-func ParseTask(raw json.RawMessage) (Task, error) {
-	var t Task
-	if err := json.Unmarshal(raw, &t); err != nil {
-		return t, fmt.Errorf("%w: %w", ErrTask, err)
-	}
-	if strings.TrimSpace(t.Prompt) == "" {
-		return t, fmt.Errorf("%w: the prompt is empty", ErrTask)
-	}
-	if strings.ContainsRune(t.Prompt, 0) {
-		return t, fmt.Errorf("%w: the prompt holds a NUL byte, which no argv or environment can carry", ErrTask)
-	}
-	if strings.ContainsAny(t.Name, "\x00\r\n") {
-		return t, fmt.Errorf("%w: the task name must be a single line", ErrTask)
-	}
-	return t, nil
-}
+// ParseTask decodes and checks a task payload (prompttask.Parse).
+func ParseTask(raw json.RawMessage) (Task, error) { return prompttask.Parse(raw) }
 
 // Name implements agent.Adapter.
 func (a *Adapter) Name() string { return "exec" }

@@ -1,15 +1,14 @@
 package opencode
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 
+	"github.com/stillpoint/stillpoint/participants/internal/hostbin"
 	"github.com/stillpoint/stillpoint/participants/opencode/driver"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
@@ -42,13 +41,7 @@ var ErrNotInstalled = errors.New("opencode: not installed")
 
 // UserCache returns ~/.cache/stillpoint/opencode (the user's cache
 // directory), or "" without one.
-func UserCache() string {
-	d, err := os.UserCacheDir()
-	if err != nil {
-		return ""
-	}
-	return filepath.Join(d, "stillpoint", "opencode")
-}
+func UserCache() string { return hostbin.UserCache("opencode") }
 
 // platformPackage is the npm package of OpenCode's binary for this host.
 func platformPackage() string {
@@ -61,29 +54,9 @@ func platformPackage() string {
 // of an npm install of NPMPackage in SystemCache or UserCache (the first
 // that has one of version Version).
 func Binary() (string, error) {
-	if p := os.Getenv(BinaryEnv); p != "" {
-		if err := executable(p); err != nil {
-			return "", fmt.Errorf("%w: %s=%s: %v; %s", ErrNotInstalled, BinaryEnv, p, err, InstallHint)
-		}
-		return p, nil
-	}
-	var tried []string
-	for _, dir := range []string{SystemCache, UserCache()} {
-		if dir == "" {
-			continue
-		}
-		pkg := filepath.Join(dir, "node_modules", platformPackage())
-		bin := filepath.Join(pkg, "bin", "opencode")
-		tried = append(tried, bin)
-		if executable(bin) != nil {
-			continue
-		}
-		if v := packageVersion(filepath.Join(pkg, "package.json")); v != Version {
-			return "", fmt.Errorf("%w: %s is version %q, the adapter runs %s; %s", ErrNotInstalled, bin, v, Version, InstallHint)
-		}
-		return bin, nil
-	}
-	return "", fmt.Errorf("%w: no OpenCode binary at %q; %s", ErrNotInstalled, tried, InstallHint)
+	return hostbin.NPM{Name: "OpenCode", Env: BinaryEnv, Caches: []string{SystemCache, UserCache()},
+		Bin: filepath.Join(platformPackage(), "bin", "opencode"), VersionOf: filepath.Join(platformPackage(), "package.json"),
+		Version: Version, Err: ErrNotInstalled, Hint: InstallHint}.Find()
 }
 
 // Ripgrep returns the host path of rg (OpenCode's glob and grep tools run
@@ -97,33 +70,10 @@ func Ripgrep() (string, error) {
 			return "", fmt.Errorf("%w: ripgrep (rg) is not on PATH; %s", ErrNotInstalled, InstallHint)
 		}
 	}
-	if err := executable(p); err != nil {
+	if err := hostbin.Executable(p); err != nil {
 		return "", fmt.Errorf("%w: %s: %v; %s", ErrNotInstalled, p, err, InstallHint)
 	}
 	return filepath.Abs(p)
-}
-
-func executable(p string) error {
-	fi, err := os.Stat(p)
-	switch {
-	case err != nil:
-		return err
-	case !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0:
-		return errors.New("not an executable file")
-	}
-	return nil
-}
-
-func packageVersion(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	var p struct {
-		Version string `json:"version"`
-	}
-	_ = json.Unmarshal(b, &p)
-	return p.Version
 }
 
 // The programs in SandboxBinDir, by name.
@@ -156,7 +106,7 @@ func Locate(driverPath string) (Host, error) {
 	if err != nil {
 		return Host{}, err
 	}
-	if err := executable(driverPath); err != nil {
+	if err := hostbin.Executable(driverPath); err != nil {
 		return Host{}, fmt.Errorf("opencode: the driver %s: %v (CGO_ENABLED=0 go build ./cmd/opencode-driver)", driverPath, err)
 	}
 	d, err := filepath.Abs(driverPath)
@@ -168,53 +118,9 @@ func Locate(driverPath string) (Host, error) {
 // returns the bind that shows it read-only at SandboxBinDir in every
 // sandbox, so that no snapshot copies OpenCode.
 func (h Host) Binds(stage string) ([]provider.Bind, error) {
-	if err := os.MkdirAll(stage, 0o755); err != nil {
-		return nil, err
-	}
-	for name, src := range map[string]string{OpenCodeName: h.OpenCode, RipgrepName: h.Ripgrep, DriverName: h.Driver} {
-		if err := place(src, filepath.Join(stage, name)); err != nil {
-			return nil, fmt.Errorf("opencode: staging %s: %w", name, err)
-		}
-	}
-	abs, err := filepath.Abs(stage)
+	binds, err := hostbin.Stage(stage, SandboxBinDir, map[string]string{OpenCodeName: h.OpenCode, RipgrepName: h.Ripgrep, DriverName: h.Driver})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("opencode: %w", err)
 	}
-	return []provider.Bind{{HostDir: abs, SandboxDir: SandboxBinDir[1:]}}, nil
-}
-
-// place puts src at dst (replacing it atomically): a hard link, else a
-// copy. A dst that is src already stays.
-func place(src, dst string) error {
-	if a, err := os.Stat(src); err == nil {
-		if b, err := os.Stat(dst); err == nil && os.SameFile(a, b) {
-			return nil
-		}
-	}
-	tmp := dst + ".tmp"
-	_ = os.Remove(tmp)
-	if err := os.Link(src, tmp); err != nil {
-		if err := copyFile(src, tmp); err != nil {
-			_ = os.Remove(tmp)
-			return err
-		}
-	}
-	return os.Rename(tmp, dst)
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
+	return binds, nil
 }

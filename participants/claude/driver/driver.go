@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/claudecode"
 )
 
 // Version is the Claude Code release the driver is made for: its flags,
@@ -28,8 +30,8 @@ const Version = "2.1.332"
 // and NoResponse, the assistant message Claude adds before it, from every
 // request.
 const (
-	ContinuePrompt = "[stillpoint: continue the saved session]"
-	NoResponse     = "No response requested."
+	ContinuePrompt = claudecode.ContinuePrompt
+	NoResponse     = claudecode.NoResponse
 )
 
 // Tools are the built-in tools Claude Code offers the model (--tools) and

@@ -48,8 +48,8 @@
 // request does not stream. A scripted Turn renders as a text block and
 // tool_use blocks whose input is the parsed arguments; the turn numbering
 // follows OpenCode's, with Claude's own markers (an empty or
-// ClaudeNoResponse assistant message is no turn, a tool call whose result
-// starts ClaudeInterrupted is answered again), and calls are checked
+// claudecode.NoResponse assistant message is no turn, a tool call whose
+// result starts ClaudeInterrupted is answered again), and calls are checked
 // against the tools the request offers (ClaudeBashCall, ClaudeReadCall,
 // ClaudeEditCall, ClaudeWriteCall).
 //

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/stillpoint/stillpoint/internal/claudecode"
 )
 
 // The Anthropic Messages API (POST /v1/messages, also with ?beta=true), as
@@ -26,11 +28,6 @@ import (
 // for a tool call whose result its session never recorded (it was killed
 // while the tool ran).
 const ClaudeInterrupted = "[Tool call interrupted"
-
-// ClaudeNoResponse is the text of the assistant message Claude Code adds
-// to a session it resumes with a prompt after a crash: no answer of the
-// script.
-const ClaudeNoResponse = "No response requested."
 
 // MessagesRequest is the part of an Anthropic Messages request the server
 // reads.
@@ -92,7 +89,7 @@ func blockText(c json.RawMessage) string {
 
 // claudeTurn numbers the turn of a Messages request: the assistant
 // messages so far, less those that are no answer of the script (empty, or
-// Claude's synthetic ClaudeNoResponse) and those whose every tool call
+// Claude's synthetic claudecode.NoResponse) and those whose every tool call
 // came back interrupted (ClaudeInterrupted), which the turn answers
 // again; retries counts the latter since the last answer that counted.
 // users counts the user messages with content a user typed or a CLI
@@ -119,7 +116,7 @@ func claudeTurn(msgs []MessagesEntry) (turn, retries, users int) {
 				text += b.Text
 			}
 		}
-		if len(calls) == 0 && (strings.TrimSpace(text) == "" || text == ClaudeNoResponse) {
+		if len(calls) == 0 && (strings.TrimSpace(text) == "" || text == claudecode.NoResponse) {
 			continue
 		}
 		if len(calls) > 0 && i+1 < len(msgs) && claudeInterrupted(calls, msgs[i+1]) {

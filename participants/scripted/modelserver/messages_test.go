@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stillpoint/stillpoint/internal/claudecode"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
@@ -73,6 +75,16 @@ type messagesReply struct {
 
 func readMessagesStream(t *testing.T, r io.Reader) messagesReply {
 	t.Helper()
+	out, err := parseMessagesStream(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// parseMessagesStream puts a streamed Messages reply together again; it
+// calls no t.Fatal, so that a test's goroutine can use it.
+func parseMessagesStream(r io.Reader) (messagesReply, error) {
 	var out messagesReply
 	partial := map[int]*strings.Builder{}
 	sc := bufio.NewScanner(r)
@@ -100,7 +112,7 @@ func readMessagesStream(t *testing.T, r io.Reader) messagesReply {
 			} `json:"delta"`
 		}
 		if err := json.Unmarshal([]byte(data), &v); err != nil || v.Type != event {
-			t.Fatalf("event %q data %s: %v", event, data, err)
+			return out, fmt.Errorf("event %q data %s: %v", event, data, err)
 		}
 		out.events = append(out.events, v.Type)
 		switch v.Type {
@@ -122,6 +134,33 @@ func readMessagesStream(t *testing.T, r io.Reader) messagesReply {
 			out.stop = v.Delta.StopReason
 		}
 	}
+	return out, sc.Err()
+}
+
+// messagesResult is what a test's goroutine got for a Messages request.
+type messagesResult struct {
+	r   messagesReply
+	err error
+}
+
+// sendMessages posts body to /v1/messages for task fix and reads the
+// streamed reply, in a goroutine of its own; the result comes on the
+// channel.
+func sendMessages(url string, body map[string]any) <-chan messagesResult {
+	out := make(chan messagesResult, 1)
+	go func() {
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequest(http.MethodPost, url+"/v1/messages", bytes.NewReader(b))
+		req.Header.Set(modelserver.TaskHeader, "fix")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			out <- messagesResult{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		r, err := parseMessagesStream(resp.Body)
+		out <- messagesResult{r, err}
+	}()
 	return out
 }
 
@@ -231,7 +270,7 @@ func TestMessagesContinuedSession(t *testing.T) {
 	if e := l[0]; e.Turn != 0 || !e.Retried || e.UserTurns != 1 {
 		t.Fatalf("ledger %+v", e)
 	}
-	post(append(base, interrupted, blocks("assistant", text(modelserver.ClaudeNoResponse)), blocks("user", text("continue")))...)
+	post(append(base, interrupted, blocks("assistant", text(claudecode.NoResponse)), blocks("user", text("continue")))...)
 	if e := s.Ledger()[1]; e.Turn != 0 || e.UserTurns != 2 {
 		t.Fatalf("a resume with a prompt: %+v", e)
 	}
@@ -289,19 +328,7 @@ func TestMessagesHoldCutSlow(t *testing.T) {
 	body := map[string]any{"model": "m", "stream": true, "tools": claudeTools(t), "messages": []any{blocks("user", text("fix"))}}
 
 	s.Hold()
-	got := make(chan messagesReply, 1)
-	go func() {
-		b, _ := json.Marshal(body)
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/messages", bytes.NewReader(b))
-		req.Header.Set(modelserver.TaskHeader, "fix")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			got <- messagesReply{}
-			return
-		}
-		defer resp.Body.Close()
-		got <- readMessagesStream(t, resp.Body)
-	}()
+	got := sendMessages(srv.URL, body)
 	poll.Wait(t, 5*time.Second, "the reply to be held", func() bool { return s.Held() == 1 })
 	select {
 	case <-got:
@@ -309,8 +336,8 @@ func TestMessagesHoldCutSlow(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	s.Release()
-	if r := <-got; r.stop != "tool_use" {
-		t.Fatalf("the released reply: %+v", r)
+	if r := <-got; r.err != nil || r.r.stop != "tool_use" {
+		t.Fatalf("the released reply: %+v %v", r.r, r.err)
 	}
 
 	s.CutNext(3)
@@ -323,22 +350,10 @@ func TestMessagesHoldCutSlow(t *testing.T) {
 	}
 
 	s.SlowNext(200 * time.Millisecond)
-	done := make(chan messagesReply, 1)
-	go func() {
-		b, _ := json.Marshal(body)
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/messages", bytes.NewReader(b))
-		req.Header.Set(modelserver.TaskHeader, "fix")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			done <- messagesReply{}
-			return
-		}
-		defer resp.Body.Close()
-		done <- readMessagesStream(t, resp.Body)
-	}()
+	done := sendMessages(srv.URL, body)
 	poll.Wait(t, 5*time.Second, "the stream to be under way", func() bool { l := s.Ledger(); return len(l) == 3 && l[2].Chunks >= 1 })
-	if r := <-done; r.stop != "tool_use" || s.Ledger()[2].Delivered.IsZero() {
-		t.Fatalf("the slow stream: %+v", r)
+	if r := <-done; r.err != nil || r.r.stop != "tool_use" || s.Ledger()[2].Delivered.IsZero() {
+		t.Fatalf("the slow stream: %+v %v", r.r, r.err)
 	}
 	// The same call again, after the conversation moved on: a repeat.
 	claudeRequest(t, srv.URL, map[string]any{"model": "m", "tools": claudeTools(t), "messages": []any{blocks("user", text("fix")), blocks("assistant", text("a")), blocks("user", text("b"))}})

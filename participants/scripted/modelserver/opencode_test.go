@@ -197,11 +197,12 @@ func TestOpenCodeConversation(t *testing.T) {
 }
 
 // OpenCode's title call (no tools) gets a title, is marked in the ledger
-// and counts no turn.
+// and counts no turn; Hold does not hold it.
 func TestOpenCodeTitleCall(t *testing.T) {
 	s := modelserver.New(fix)
 	srv := httptest.NewServer(s)
 	defer srv.Close()
+	s.Hold()
 	resp := openCodeRequest(t, srv.URL, map[string]any{"model": "scripted", "stream": true, "stream_options": map[string]bool{"include_usage": true},
 		"messages": []any{msg("system", "Title this."), msg("user", "Generate a title for this conversation:\n"), msg("user", "Fix calc.sh.")}})
 	if r := readStream(t, resp.Body); r.text != modelserver.TitleReply || r.finish != "stop" {

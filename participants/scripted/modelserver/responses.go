@@ -260,18 +260,18 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rr := responseReply{id: fmt.Sprintf("resp_%s_%d", entry.Digest[:12], turn), model: req.Model, t: t, prompt: prompt}
-	var werr error
+	delivered := false
 	if !req.Stream {
 		w.Header().Set("Content-Type", "application/json")
-		werr = json.NewEncoder(w).Encode(rr.object("completed", rr.output(), len(completion)))
-		if werr == nil {
+		if json.NewEncoder(w).Encode(rr.object("completed", rr.output(), len(completion))) == nil {
+			delivered = true
 			s.progress(index, 0, len(completion))
 		}
 	} else {
 		o.sent = func(n, tokens int) { s.progress(index, n, tokens) }
-		werr = rr.stream(w, o)
+		delivered = rr.stream(w, o)
 	}
-	if werr == nil && r.Context().Err() == nil {
+	if delivered && r.Context().Err() == nil {
 		s.mu.Lock()
 		s.ledger[index].Delivered = time.Now()
 		s.mu.Unlock()
@@ -319,12 +319,13 @@ func (rr responseReply) output() []any {
 }
 
 // object is the reply's response object; usage counts completion tokens
-// of the server's tokenizer.
+// of the server's tokenizer. created_at is 0, not the clock: every answer
+// to a request is the same bytes, as a relay re-sending a cut call needs.
 func (rr responseReply) object(status string, output []any, completion int) map[string]any {
 	if output == nil {
 		output = []any{}
 	}
-	o := map[string]any{"id": rr.id, "object": "response", "created_at": time.Now().Unix(), "status": status, "model": rr.model, "output": output}
+	o := map[string]any{"id": rr.id, "object": "response", "created_at": 0, "status": status, "model": rr.model, "output": output}
 	if status == "completed" {
 		o["usage"] = map[string]int{"input_tokens": len(rr.prompt), "output_tokens": completion, "total_tokens": len(rr.prompt) + completion}
 	}
@@ -382,19 +383,20 @@ func (rr responseReply) events() []event {
 
 // stream writes the reply's events (event: and data: lines), waiting
 // o.slow before each after the first, and stopping after o.cut of them
-// when o.cut > 0 (no response.completed: Codex then asks again).
-func (rr responseReply) stream(w http.ResponseWriter, o streamOptions) error {
+// when o.cut > 0 (no response.completed: Codex then asks again). It tells
+// whether the whole reply was written.
+func (rr responseReply) stream(w http.ResponseWriter, o streamOptions) bool {
 	fl, ok := w.(http.Flusher)
 	if !ok {
 		apiError(w, http.StatusInternalServerError, "streaming unsupported")
-		return fmt.Errorf("streaming unsupported")
+		return false
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	tokens := 0
 	for n, e := range rr.events() {
 		if o.cut > 0 && n >= o.cut {
-			return nil
+			return false
 		}
 		if n > 0 && o.slow > 0 {
 			t := time.NewTimer(o.slow)
@@ -407,7 +409,7 @@ func (rr responseReply) stream(w http.ResponseWriter, o streamOptions) error {
 		e.data["sequence_number"] = n
 		b, _ := json.Marshal(e.data)
 		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", e.data["type"], b); err != nil {
-			return err
+			return false
 		}
 		fl.Flush()
 		tokens += len(e.tokens)
@@ -415,5 +417,5 @@ func (rr responseReply) stream(w http.ResponseWriter, o streamOptions) error {
 			o.sent(n+1, tokens)
 		}
 	}
-	return nil
+	return true
 }

@@ -3,7 +3,9 @@ package modelserver_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -58,18 +60,34 @@ func outputItem(id, out string) map[string]any {
 // place of the captured one's.
 func postResponses(t *testing.T, url string, stream bool, input ...map[string]any) *http.Response {
 	t.Helper()
-	body := codexRequest(t)
-	body["input"], body["stream"] = input, stream
-	b, _ := json.Marshal(body)
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/responses", bytes.NewReader(b))
-	req.Header.Set(modelserver.TaskHeader, "fix")
-	req.Header.Set(modelserver.EpisodeHeader, "e1")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := sendResponses(t.Context(), url, responsesBody(t, stream, input...))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { resp.Body.Close() })
 	return resp
+}
+
+// responsesBody is the captured Codex request with input in place of its
+// own.
+func responsesBody(t *testing.T, stream bool, input ...map[string]any) []byte {
+	t.Helper()
+	body := codexRequest(t)
+	body["input"], body["stream"] = input, stream
+	b, _ := json.Marshal(body)
+	return b
+}
+
+// sendResponses posts body to /v1/responses as Codex does; it calls no
+// t.Fatal, so that a test's goroutine can use it.
+func sendResponses(ctx context.Context, url string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/responses", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set(modelserver.TaskHeader, "fix")
+	req.Header.Set(modelserver.EpisodeHeader, "e1")
+	return http.DefaultClient.Do(req)
 }
 
 // responsesReply is a streamed Responses reply put together again.
@@ -83,6 +101,16 @@ type responsesReply struct {
 
 func readResponses(t *testing.T, r io.Reader) responsesReply {
 	t.Helper()
+	out, err := parseResponses(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// parseResponses puts a streamed Responses reply together again; it calls
+// no t.Fatal, so that a test's goroutine can use it.
+func parseResponses(r io.Reader) (responsesReply, error) {
 	var out responsesReply
 	var name string
 	sc := bufio.NewScanner(r)
@@ -105,10 +133,10 @@ func readResponses(t *testing.T, r io.Reader) responsesReply {
 			} `json:"response"`
 		}
 		if err := json.Unmarshal([]byte(line), &e); err != nil {
-			t.Fatalf("event %q: %v", line, err)
+			return out, fmt.Errorf("event %q: %v", line, err)
 		}
 		if e.Type != name {
-			t.Fatalf("event: %s with data of type %s", name, e.Type)
+			return out, fmt.Errorf("event: %s with data of type %s", name, e.Type)
 		}
 		out.types = append(out.types, e.Type)
 		switch e.Type {
@@ -122,7 +150,7 @@ func readResponses(t *testing.T, r io.Reader) responsesReply {
 			out.completed, out.usage = true, e.Response.Usage
 		}
 	}
-	return out
+	return out, sc.Err()
 }
 
 func asCall(t *testing.T, m map[string]any) modelserver.ToolCall {
@@ -219,6 +247,28 @@ func TestResponsesNotStreamed(t *testing.T) {
 	}
 }
 
+// Two answers to the same request are the same bytes, streamed or not,
+// even a second apart: a relay re-sending a cut call continues only if the
+// new reply starts with what it already delivered.
+func TestResponsesSameRequestSameBytes(t *testing.T) {
+	srv := httptest.NewServer(modelserver.New(codexScript))
+	defer srv.Close()
+	for _, stream := range []bool{true, false} {
+		answer := func() []byte {
+			b, err := io.ReadAll(postResponses(t, srv.URL, stream, item("user", "Fix calc.sh.")).Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		first, sent := answer(), time.Now().Unix()
+		poll.Wait(t, 3*time.Second, "the next second", func() bool { return time.Now().Unix() > sent })
+		if again := answer(); !bytes.Equal(first, again) {
+			t.Fatalf("stream %v: the same request answered\n%s\nthen\n%s", stream, first, again)
+		}
+	}
+}
+
 // A scripted call that does not fit Codex's tools is refused with a 400.
 func TestResponsesToolCallsChecked(t *testing.T) {
 	bad := modelserver.Script{"fix": {{ToolCalls: []modelserver.ToolCall{modelserver.BashCall("c0", "ls"),
@@ -233,7 +283,7 @@ func TestResponsesToolCallsChecked(t *testing.T) {
 }
 
 // Hold holds a Responses reply from its turn on, and CutNext stops the
-// next stream without response.completed.
+// next stream without response.completed (not delivered).
 func TestResponsesHoldAndCut(t *testing.T) {
 	s := modelserver.New(codexScript)
 	srv := httptest.NewServer(s)
@@ -242,28 +292,39 @@ func TestResponsesHoldAndCut(t *testing.T) {
 	if r := readResponses(t, postResponses(t, srv.URL, true, item("user", "x")).Body); r.completed || len(r.types) != 3 {
 		t.Fatalf("cut stream: %+v", r)
 	}
-	if e := s.Ledger()[0]; !e.Cut || e.Chunks != 3 || e.Sent >= len(e.TokenIDs) {
+	if e := s.Ledger()[0]; !e.Cut || e.Chunks != 3 || e.Sent >= len(e.TokenIDs) || !e.Delivered.IsZero() {
 		t.Fatalf("cut entry %+v", e)
 	}
 	s.HoldFrom(1)
 	if r := readResponses(t, postResponses(t, srv.URL, true, item("user", "x")).Body); !r.completed {
 		t.Fatalf("turn 0 was held: %+v", r)
 	}
-	got := make(chan responsesReply, 1)
+	type result struct {
+		r   responsesReply
+		err error
+	}
+	got := make(chan result, 1)
+	c0 := codexScript["fix"][0].ToolCalls[0]
+	body := responsesBody(t, true, item("user", "x"), callItem(c0), outputItem("c0", "ok"))
 	go func() {
-		c0 := codexScript["fix"][0].ToolCalls[0]
-		resp := postResponses(t, srv.URL, true, item("user", "x"), callItem(c0), outputItem("c0", "ok"))
-		got <- readResponses(t, resp.Body)
+		resp, err := sendResponses(t.Context(), srv.URL, body)
+		if err != nil {
+			got <- result{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		r, err := parseResponses(resp.Body)
+		got <- result{r, err}
 	}()
 	poll.Wait(t, 5*time.Second, "turn 1 to be held", func() bool { return s.Held() == 1 })
 	select {
 	case r := <-got:
-		t.Fatalf("a held reply came: %+v", r)
+		t.Fatalf("a held reply came: %+v %v", r.r, r.err)
 	case <-time.After(100 * time.Millisecond):
 	}
 	s.Release()
-	if r := <-got; !r.completed || len(r.calls) != 1 {
-		t.Fatalf("released reply %+v", r)
+	if r := <-got; r.err != nil || !r.r.completed || len(r.r.calls) != 1 {
+		t.Fatalf("released reply %+v %v", r.r, r.err)
 	}
 	if l := s.Ledger(); len(l) != 3 || l[2].Turn != 1 || l[2].Delivered.IsZero() {
 		t.Fatalf("ledger %+v", l)

@@ -291,36 +291,13 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	s.mu.Lock()
-	hold, cut, slow := s.hold, 0, time.Duration(0)
-	if title || turn < s.from {
-		hold = nil
-	}
-	if req.Stream {
-		cut, s.cutNext = s.cutNext, 0
-		slow, s.slow = s.slow, 0
-	}
 	prevSaved, _ := time.Parse(time.RFC3339Nano, r.Header.Get(SavedHeader))
 	prompt, completion := PromptTokens(req), completionTokens(t)
-	entry := Entry{API: APIChat, Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Cut: cut > 0, Title: title, Retried: retries > 0,
+	entry := Entry{API: APIChat, Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Title: title, Retried: retries > 0,
 		PromptTokenIDs: prompt, TokenIDs: ids(completion), Time: time.Now()}
-	s.ledger = append(s.ledger, entry)
-	index := len(s.ledger) - 1
-	if hold != nil {
-		s.held++
-	}
-	s.mu.Unlock()
-	if hold != nil {
-		select {
-		case <-hold:
-		case <-r.Context().Done():
-		}
-		s.mu.Lock()
-		s.held--
-		s.mu.Unlock()
-		if r.Context().Err() != nil {
-			return
-		}
+	index, o, ok := s.admit(r, entry)
+	if !ok {
+		return
 	}
 	id := fmt.Sprintf("chatcmpl-%s-%d", entry.Digest[:12], turn)
 	var werr error
@@ -336,17 +313,13 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		werr = json.NewEncoder(w).Encode(reply)
 		if werr == nil {
-			s.mu.Lock()
-			s.ledger[index].Sent = len(completion)
-			s.mu.Unlock()
+			s.progress(index, 0, len(completion))
 		}
 	} else {
-		withUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-		s.stream(w, id, req.Model, t, streamOptions{cut: cut, slow: slow, usage: withUsage, done: r.Context().Done(), tokens: tk, sent: func(n, tokens int) {
-			s.mu.Lock()
-			s.ledger[index].Chunks, s.ledger[index].Sent = n, tokens
-			s.mu.Unlock()
-		}})
+		o.usage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+		o.tokens = tk
+		o.sent = func(n, tokens int) { s.progress(index, n, tokens) }
+		s.stream(w, id, req.Model, t, o)
 	}
 	if werr == nil && r.Context().Err() == nil {
 		s.mu.Lock()
@@ -363,12 +336,13 @@ func finish(t Turn) string {
 }
 
 // admit enters entry in the ledger, takes the cut and slow settings for a
-// stream, and waits while replies are held. It returns the entry's index
-// and false when the caller went away while held.
+// stream, and waits while replies are held (a title call or a turn before
+// HoldFrom's is not). It returns the entry's index and false when the
+// caller went away while held.
 func (s *Server) admit(r *http.Request, entry Entry) (int, streamOptions, bool) {
 	s.mu.Lock()
 	hold := s.hold
-	if entry.Turn < s.from {
+	if entry.Title || entry.Turn < s.from {
 		hold = nil
 	}
 	var o streamOptions

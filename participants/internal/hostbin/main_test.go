@@ -1,0 +1,9 @@
+package hostbin_test
+
+import (
+	"testing"
+
+	"github.com/stillpoint/stillpoint/internal/leak"
+)
+
+func TestMain(m *testing.M) { leak.VerifyTestMain(m) }
