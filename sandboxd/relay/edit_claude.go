@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
+
+	"github.com/stillpoint/stillpoint/internal/claudecode"
 )
 
 // Claude Code's continuation (participants/claude): after a crash its
@@ -23,12 +25,12 @@ const ClaudeContinueEdit = "claude-continue"
 
 // ClaudeContinuePrompt is the user turn that continues a saved Claude Code
 // session; the relay removes it before the model sees a request.
-const ClaudeContinuePrompt = "[stillpoint: continue the saved session]"
+const ClaudeContinuePrompt = claudecode.ContinuePrompt
 
 // ClaudeNoResponse is the text of the assistant message Claude Code adds
 // before a prompt that continues a session (the session ended on a user
 // message or a tool result).
-const ClaudeNoResponse = "No response requested."
+const ClaudeNoResponse = claudecode.NoResponse
 
 func init() {
 	Register(Edit{Name: ClaudeContinueEdit, Apply: claudeContinue})
