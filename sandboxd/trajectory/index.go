@@ -303,13 +303,10 @@ func (x *Index) byMessages(w *whole) (best, tie *whole) {
 			if len(p.msgs) != n || next != p.echo {
 				continue
 			}
-			switch {
-			case best == nil || n > len(best.msgs):
+			if best == nil || n > len(best.msgs) {
 				best, tie = p, nil
-			case p.req != best.req:
-				tie = p
-			default:
-				best = p // the same request again: the later one
+			} else {
+				best, tie = rank(best, tie, p)
 			}
 		}
 	}
@@ -340,17 +337,34 @@ func (x *Index) byTokens(w *whole) (best, tie *whole) {
 			if !slices.Equal(w.prompt[:len(p.prompt)], p.prompt) || !slices.Equal(w.prompt[len(p.prompt):n], p.c.CompletionIDs) {
 				continue // a hash collision
 			}
-			switch {
-			case best == nil || n > len(best.prompt)+len(best.c.CompletionIDs):
+			if best == nil || n > len(best.prompt)+len(best.c.CompletionIDs) {
 				best, tie = p, nil
-			case p.req != best.req:
-				tie = p
-			default:
-				best = p
+			} else {
+				best, tie = rank(best, tie, p)
 			}
 		}
 	}
 	return best, tie
+}
+
+// rank weighs p, a later candidate parent that chains as far as best,
+// against best and tie. A replaced call is on no chain (its harness asked
+// again and went on from the later call), so a call as long that is not
+// replaced wins over it, whatever its request: a relaunch that renders
+// the re-issued request anew (other fields) leaves two calls with one
+// prompt and reply, and its next call continues its own. Else the same
+// request again is the later call, and another request is a tie.
+func rank(best, tie, p *whole) (*whole, *whole) {
+	switch {
+	case p.replaced != "" && best.replaced == "":
+		return best, tie
+	case best.replaced != "" && p.replaced == "":
+		return p, nil
+	case p.req != best.req:
+		return best, p
+	default:
+		return p, tie
+	}
 }
 
 // delta stores w's request and prompt as what its parent leaves out.

@@ -543,14 +543,16 @@ func TestRelaunchReissueReplaces(t *testing.T) {
 	exs, _ := conversation(t, url, false, "e1")
 	var req map[string]any
 	_ = json.Unmarshal(exs[1].Body, &req)
-	req["temperature"], req["_tokens"] = 0.5, true // another rendering of the same turn
+	req["temperature"] = 0.5 // another rendering of the same turn
 	for _, tc := range []struct {
 		episode, launch string
 		replaced        bool
+		tokens          bool // the relaunch's calls carry token ids
 	}{
-		{"e1-a1", "l2", true}, // the restored attempt's relaunch
-		{"e1", "l2", true},    // a relaunch in the same attempt
-		{"e1", "l1", false},   // the same launch: a branch
+		{"e1-a1", "l2", true, true}, // the restored attempt's relaunch
+		{"e1-a1", "l2", true, false},
+		{"e1", "l2", true, true},  // a relaunch in the same attempt
+		{"e1", "l1", false, true}, // the same launch: a branch
 	} {
 		x := trajectory.NewIndex()
 		for _, ex := range exs[:2] {
@@ -558,13 +560,31 @@ func TestRelaunchReissueReplaces(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		again := exchange(t, url, maps(req), tc.episode, tc.launch)
-		c, err := x.Add(again)
+		again := maps(req)
+		again["_tokens"] = tc.tokens
+		c, err := x.Add(exchange(t, url, again, tc.episode, tc.launch))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if c.Parent != "e1.l1.1" {
 			t.Fatalf("%s.%s: the re-issue continues %q, want e1.l1.1", tc.episode, tc.launch, c.Parent)
+		}
+		if tc.replaced {
+			// The relaunch goes on from its re-issue, rendered as the
+			// re-issue was: the next call continues the re-issue, not the
+			// call it replaced, though both chain the same prompt and
+			// reply.
+			reissue := c.ID
+			var next map[string]any
+			_ = json.Unmarshal(exs[2].Body, &next)
+			next["temperature"], next["_tokens"] = 0.5, tc.tokens
+			c, err = x.Add(exchange(t, url, next, tc.episode, tc.launch))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Link != trajectory.LinkResolved || c.Parent != reissue {
+				t.Errorf("%s.%s tokens %v: the call after the re-issue: %s %q parent %q, want %s", tc.episode, tc.launch, tc.tokens, c.Link, c.LinkWhy, c.Parent, reissue)
+			}
 		}
 		r := trajectory.Check(x.Calls())
 		if tc.replaced && (!r.OK() || r.Replaced != 1 || r.Branches != 0) {
@@ -580,7 +600,9 @@ func TestRelaunchReissueReplaces(t *testing.T) {
 	for _, ex := range exs {
 		x.Add(ex)
 	}
-	x.Add(exchange(t, url, maps(req), "e1", "l2"))
+	again := maps(req)
+	again["_tokens"] = true
+	x.Add(exchange(t, url, again, "e1", "l2"))
 	if r := trajectory.Check(x.Calls()); r.OK() || r.Replaced != 0 || r.Branches != 1 {
 		t.Errorf("a re-issue of a continued call: want a branch: %s %v", r, r.Problems)
 	}
