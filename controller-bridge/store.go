@@ -199,11 +199,12 @@ func decodeManifest(id string, v []byte) (events.CheckpointManifest, error) {
 // checkpoints lists every checkpoint key of the run (committed and
 // aborted), oldest first.
 func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, error) {
-	// One watch of the run's keys, read from the stream's leader: a get
-	// per key may be answered by a replica still catching up (direct gets
-	// go to any), which after a cluster node came back said a checkpoint
-	// just listed did not exist, and a release then deleted nothing of it.
-	values, err := jetstream.KVValues(ctx, b.cfg.JS, b.cfg.Bus.Manifests, b.cfg.Run+".*")
+	// Read from the stream's leader (jetstream.KVLeaderValues): a direct
+	// get or a consumer may be served by a replica that has not applied
+	// the last writes or, after its node came back, is still catching up;
+	// a release deleting what such a listing held would delete a
+	// checkpoint already gone and leave the newest one and its records.
+	values, err := jetstream.KVLeaderValues(ctx, b.cfg.JS, b.cfg.Bus.Manifests.Bucket(), b.cfg.Run+".*")
 	if err != nil {
 		return nil, fmt.Errorf("bridge: list manifests: %w", err)
 	}

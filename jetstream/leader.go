@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -70,6 +71,38 @@ func leaderGet(ctx context.Context, nc *nats.Conn, stream string, req []byte) (*
 	if len(resp.Message.Header) > 0 {
 		if out.Header, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
 			return nil, fmt.Errorf("headers: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// KVLeaderValues reads the current values of bucket's keys under filter, keyed by key, as the
+// stream's leader holds them: the keys from the stream's info (which the leader answers), each
+// key's last message by LeaderLastMsg; deleted and purged keys are left out (KVRemoved). KVValues
+// reads through a consumer of one replica, which the server places on any peer of the stream, one
+// that has not applied the last writes or that came back and is still catching up: a listing a
+// decision rests on, such as what a release deletes, is read here. It makes one request per key.
+func KVLeaderValues(ctx context.Context, js natsjs.JetStream, bucket, filter string) (map[string][]byte, error) {
+	stream, prefix := "KV_"+bucket, "$KV."+bucket+"."
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: read %s from the leader: %w", bucket, err)
+	}
+	info, err := s.Info(ctx, natsjs.WithSubjectFilter(prefix+filter))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: read %s from the leader: %w", bucket, err)
+	}
+	out := map[string][]byte{}
+	for subj := range info.State.Subjects {
+		m, err := LeaderLastMsg(ctx, js.Conn(), stream, subj)
+		if errors.Is(err, natsjs.ErrMsgNotFound) {
+			continue // purged since the info
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !KVRemoved(m.Header) {
+			out[strings.TrimPrefix(subj, prefix)] = m.Data
 		}
 	}
 	return out, nil

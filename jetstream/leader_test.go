@@ -61,3 +61,35 @@ func TestLeaderLastMsg(t *testing.T) {
 		t.Fatalf("a stream that is not there: %v, want an error that says so", err)
 	}
 }
+
+// TestKVLeaderValues reads a replicated bucket's keys under a filter from the stream's leader:
+// current values only, deleted and purged keys left out, keys outside the filter too.
+func TestKVLeaderValues(t *testing.T) {
+	env := jstest.StartCluster(t)
+	ctx := testContext(t)
+	kv := env.Bus.Manifests
+	for _, k := range []string{"run1.c1", "run1.c2", "run1.c3", "run1.c4", "run1.c1.agent.a", "run2.c1"} {
+		if _, err := kv.Put(ctx, k, []byte("v1 "+k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kv.Put(ctx, "run1.c1", []byte("v2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, "run1.c2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Purge(ctx, "run1.c3"); err != nil {
+		t.Fatal(err)
+	}
+	vals, err := jetstream.KVLeaderValues(ctx, env.JS, kv.Bucket(), "run1.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vals) != 2 || string(vals["run1.c1"]) != "v2" || string(vals["run1.c4"]) != "v1 run1.c4" {
+		t.Fatalf("leader's values of run1.*: %q, want run1.c1=v2 and run1.c4", vals)
+	}
+	if vals, err := jetstream.KVLeaderValues(ctx, env.JS, kv.Bucket(), "run3.*"); err != nil || len(vals) != 0 {
+		t.Fatalf("an empty filter: %q, %v", vals, err)
+	}
+}
