@@ -105,12 +105,8 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	if err != nil {
 		return bm, fmt.Errorf("agent: %s: %w", r.key, err)
 	}
-	if _, err := relay.LookupEdits(cmd.RelayEdits); err != nil {
+	if err := checkRelayEdits(cmd.RelayEdits, plan.relay); err != nil {
 		return bm, fmt.Errorf("agent: %s: adapter %s: %w", r.key, a.cfg.Adapter.Name(), err)
-	}
-	if len(cmd.RelayEdits) > 0 && !plan.relay {
-		// The model would see what the edits are there to take out.
-		return bm, fmt.Errorf("agent: %s: adapter %s names relay edits %v, but the sandbox runs no model relay to apply them", r.key, a.cfg.Adapter.Name(), cmd.RelayEdits)
 	}
 	lr.Started = time.Now().UTC()
 	req := sandboxapi.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
@@ -572,4 +568,17 @@ func (a *Agent) execer(r *run, dc Sandbox, session, sandbox string, n int) func(
 			return res, err
 		}
 	}
+}
+
+// checkRelayEdits refuses a launch whose relay edits are unknown, or that
+// names edits with no model relay to apply them: the model would see what
+// the edits are there to take out.
+func checkRelayEdits(edits []string, viaRelay bool) error {
+	if _, err := relay.LookupEdits(edits); err != nil {
+		return err
+	}
+	if len(edits) > 0 && !viaRelay {
+		return fmt.Errorf("relay edits %v named, but the sandbox runs no model relay to apply them", edits)
+	}
+	return nil
 }

@@ -3,12 +3,14 @@ package agent
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/sandboxd/relay"
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
@@ -135,4 +137,29 @@ func TestStoppedAgentStopsItsReceiptWatchers(t *testing.T) {
 	// Not the test's context, which ends before the cleanups: only the
 	// agent's stop ends this rollout.
 	done = startEndless(t, w, sb, context.WithoutCancel(t.Context()))
+}
+
+// A launch's relay edits must be known, and need a relay to apply them;
+// a launch that names none needs neither.
+func TestCheckRelayEdits(t *testing.T) {
+	known := relay.EditNames()
+	if len(known) == 0 {
+		t.Fatal("no relay edit registered")
+	}
+	for _, c := range []struct {
+		edits []string
+		relay bool
+		want  string
+	}{
+		{nil, false, ""},
+		{nil, true, ""},
+		{known[:1], true, ""},
+		{known[:1], false, "no model relay"},
+		{[]string{"no-such-edit"}, true, "no-such-edit"},
+	} {
+		err := checkRelayEdits(c.edits, c.relay)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("edits %v, relay %v: %v, want %q", c.edits, c.relay, err, c.want)
+		}
+	}
 }
