@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -267,99 +266,7 @@ func TestCodexRolloutsThroughACrash(t *testing.T) {
 	parallel(t, 1, 80*time.Second)
 	const n = 4
 	f := startCodexFleet(t, "cx-crash", n, 2, "freeze", 5)
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
-	defer cancel()
-	var (
-		mu      sync.Mutex
-		results = map[string][]agentapi.Result{}
-		wg      sync.WaitGroup
-	)
-	keep := func(i int, ch <-chan outcome, crashed bool) {
-		o := <-ch
-		if o.err != nil {
-			if !crashed {
-				t.Errorf("%s: %v", f.id(i), o.err)
-			}
-			return
-		}
-		mu.Lock()
-		results[f.id(i)] = append(results[f.id(i)], o.res)
-		mu.Unlock()
-	}
-	lost, abandon := context.WithCancel(ctx)
-	defer abandon()
-	for i := range n {
-		ch := f.dispatch(lost, i, 0)
-		wg.Go(func() { keep(i, ch, true) })
-	}
-	poll.Wait(t, 2*time.Minute, "every rollout past its edit", func() bool {
-		for i := range n {
-			if !f.answered(f.id(i), turnEdit) {
-				return false
-			}
-		}
-		return true
-	})
-	began := time.Now()
-	f.checkpoint(ctx, "c1")
-	poll.Wait(t, 2*time.Minute, "every rollout on after the checkpoint", func() bool {
-		for i := range n {
-			if !f.answered(f.id(i), turnNote) {
-				return false
-			}
-		}
-		return true
-	})
-	f.kill9("agent-a1", "agent-a2", "owner")
-	abandon()
-	wg.Wait()
-	f.startOwner()
-	for _, a := range f.agents {
-		f.startAgent(a, "--concurrency", fmt.Sprint(n))
-	}
-	rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{})
-	if err != nil || rr.Status != bridgeapi.StatusCompleted {
-		t.Fatalf("restore: %+v %v", rr, err)
-	}
-	var done []string
-	mu.Lock()
-	for i := range n {
-		if len(results[f.id(i)]) > 0 {
-			done = append(done, events.Episode{Rollout: f.id(i), Attempt: 1}.String())
-			continue
-		}
-		ch := f.dispatch(ctx, i, 1)
-		wg.Go(func() { keep(i, ch, false) })
-	}
-	mu.Unlock()
-	if len(done) > 0 {
-		if r, err := f.br.Retire(ctx, done); err != nil || r.Status != bridgeapi.StatusCompleted {
-			t.Fatalf("retire of the restored attempts of finished rollouts: %+v %v", r, err)
-		}
-	}
-	wg.Wait()
-	continued := 0
-	for i := range n {
-		rs := results[f.id(i)]
-		if len(rs) != 1 {
-			t.Errorf("%s: %d results, want exactly 1", f.id(i), len(rs))
-			continue
-		}
-		reward(t, rs[0])
-		f.checkTrajectory(rs[0])
-		if l := rs[0].Launches; rs[0].Restored && l[len(l)-1].Continued {
-			continued++
-		}
-		f.checkHarnessLedger(f.id(i), "", codexUserTurns)
-	}
-	t.Logf("%d rollouts returned before the crash, %d continued their saved session after the restore", len(done), continued)
-	if continued != n-len(done) {
-		t.Errorf("%d of the %d restored rollouts continued their saved session, want every one", continued, n-len(done))
-	}
-	f.checkLedger(began)
-	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
-		t.Fatalf("final release: %+v %v", rel, err)
-	}
+	rolloutsThroughACrash(t, f, n, func(task string) { f.checkHarnessLedger(task, "", codexUserTurns) })
 }
 
 // TestCodexRepoTasksThroughTwoCheckpointsAndACrash: the repository set

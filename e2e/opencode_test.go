@@ -584,6 +584,17 @@ func TestOpenCodeRolloutsThroughACrash(t *testing.T) {
 	parallel(t, 1, 80*time.Second)
 	const n = 4
 	f := startOpenCodeFleet(t, "oc-crash", n, 2, "freeze", 5)
+	rolloutsThroughACrash(t, f, n, func(task string) { f.checkOpenCodeLedger(task, "") })
+}
+
+// rolloutsThroughACrash is the crash scenario of every real harness on
+// fleet f of n rollouts: each is past its edit at a checkpoint, on past
+// its note when the agents and the owner are killed (kill -9); the
+// restore continues every rollout not yet returned, each returns exactly
+// one result with a full grade and its trajectory, and checkLedger checks
+// each rollout's model calls.
+func rolloutsThroughACrash(t *testing.T, f *fleet, n int, checkLedger func(task string)) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	var (
@@ -667,7 +678,7 @@ func TestOpenCodeRolloutsThroughACrash(t *testing.T) {
 		if l := rs[0].Launches; rs[0].Restored && l[len(l)-1].Continued {
 			continued++
 		}
-		f.checkOpenCodeLedger(f.id(i), "")
+		checkLedger(f.id(i))
 	}
 	t.Logf("%d rollouts returned before the crash, %d continued their saved session after the restore", len(done), continued)
 	// Each was past its edit at the checkpoint: its saved session holds
