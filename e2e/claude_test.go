@@ -185,74 +185,8 @@ func TestClaudeSnapshotForksIntoAContinuation(t *testing.T) {
 	tier.E2E(t)
 	parallel(t, 0.25, 30*time.Second)
 	f := startClaudeFleet(t, "cl-fork", 1, 1, "freeze", 4)
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
-	defer cancel()
-	id := f.id(0)
-	lost, abandon := context.WithCancel(ctx)
-	defer abandon()
-	out := f.dispatch(lost, 0, 0)
-	l := f.findLaunchOf(claudeProcs, id)
-	poll.Wait(t, 3*time.Minute, "Claude in its first test run", func() bool { return f.answered(id, turnTest1) && l.has("sleep") })
-	began := time.Now()
-	res, err := f.br.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c1", Stop: true})
-	if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Continued) != 1 {
-		t.Fatalf("checkpoint with stop: %+v %v", res, err)
-	}
-	bm := f.agentRecords(ctx, "c1", "a1")[id]
-	if bm.Next != agentapi.StageLaunch || !bm.Resume {
-		t.Fatalf("exported bookmark: next %s resume %v", bm.Next, bm.Resume)
-	}
-	for _, name := range []string{"agent-a1", "owner"} {
-		f.mu.Lock()
-		p := f.procs[name]
-		f.mu.Unlock()
-		p.Stop()
-	}
-	abandon()
-	if o := <-out; o.err == nil {
-		t.Fatalf("the rollout returned across the stop: %+v", o.res)
-	}
-	f.startOwner()
-	f.startAgent("a1", "--concurrency", "1")
-	rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{})
-	if err != nil || rr.Status != bridgeapi.StatusCompleted {
-		t.Fatalf("restore: %+v %v", rr, err)
-	}
-	calls := len(f.entries(id))
-	o := <-f.dispatch(ctx, 0, 1)
-	if o.err != nil {
-		t.Fatalf("the restored attempt: %v", o.err)
-	}
-	reward(t, o.res)
-	f.checkTrajectory(o.res)
-	last := o.res.Launches[len(o.res.Launches)-1]
-	if !o.res.Restored || len(o.res.Launches) != 2 || !last.Continued || last.Attempt != 1 || last.Ended != agentapi.LaunchFinished {
-		t.Fatalf("restored %v, launch log %+v: want the attempt-0 launch, then one attempt-1 launch that continued the session", o.res.Restored, o.res.Launches)
-	}
-	es := f.entries(id)
-	if len(es) <= calls || es[calls].Turn != turnTest1 || !es[calls].Retried || es[calls].Episode != (events.Episode{Rollout: id, Attempt: 1}).String() {
-		t.Fatalf("the continuation's first call %+v: want the interrupted test run re-issued by attempt 1", es[min(calls, len(es)-1)])
-	}
-	f.checkClaudeLedger(id, "0 1 2 2r 3 4 5")
-	f.checkLedger(began)
-	// The trajectory records what the relay removed: from each call of the
-	// continuation, the continuation prompt and, before it, Claude's
-	// synthetic reply when it added one.
-	edited := 0
-	for _, c := range readTrajectory(ctx, t, f, o.res.Trajectory).Calls() {
-		for _, e := range c.Edits {
-			if e.Name != relay.ClaudeContinueEdit || !claudeContinuation(e.Removed) {
-				t.Errorf("call %s: edit %s removed %s, want %s removing the continuation prompt (after %q)", c.ID, e.Name, e.Removed, relay.ClaudeContinueEdit, relay.ClaudeNoResponse)
-			}
-			edited++
-		}
-	}
-	if want := len(es) - calls; edited != want {
-		t.Errorf("%d calls record the removal of the continuation, want the continuation's %d", edited, want)
-	}
-	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
-		t.Fatalf("final release: %+v %v", rel, err)
-	}
+	snapshotForks(t, f, claudeProcs, "Claude", f.checkClaudeLedger, removal{edit: relay.ClaudeContinueEdit, is: claudeContinuation,
+		what: fmt.Sprintf("the continuation prompt (after %q)", relay.ClaudeNoResponse)})
 }
 
 // claudeContinuation tells whether removed is Claude's continuation: the
@@ -453,6 +387,93 @@ func TestMicroVMClaudeContinuesInPlace(t *testing.T) {
 	}
 	t.Logf("cost: to Claude's first model call %s (the template included), restore to the grade %s, %d calls to the new model server",
 		started.Round(time.Second), time.Since(t1).Round(time.Second), len(ms2.Ledger()))
+	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("final release: %+v %v", rel, err)
+	}
+}
+
+// removal is what the relay edit of a harness's continuation takes out of
+// each of its calls: the edit's name, a test of what it removed, and what
+// that is, for the failure.
+type removal struct {
+	edit string
+	is   func(removed []json.RawMessage) bool
+	what string
+}
+
+// snapshotForks is the fork scenario of a harness whose continuation the
+// relay edits, on fleet f of one rollout (h its processes, name its name):
+// a checkpoint with stop while the launch is mid-tool, the agent and the
+// owner stopped, a restore into fresh ones; the restored attempt continues
+// the saved session, re-issues the interrupted call first, and every call
+// of the continuation records removal in the trajectory; checkLedger
+// checks the calls against want.
+func snapshotForks(t *testing.T, f *fleet, h harnessProcs, name string, checkLedger func(task, want string), removal removal) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	id := f.id(0)
+	lost, abandon := context.WithCancel(ctx)
+	defer abandon()
+	out := f.dispatch(lost, 0, 0)
+	l := f.findLaunchOf(h, id)
+	poll.Wait(t, 3*time.Minute, name+" in its first test run", func() bool { return f.answered(id, turnTest1) && l.has("sleep") })
+	began := time.Now()
+	res, err := f.br.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c1", Stop: true})
+	if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Continued) != 1 {
+		t.Fatalf("checkpoint with stop: %+v %v", res, err)
+	}
+	bm := f.agentRecords(ctx, "c1", "a1")[id]
+	if bm.Next != agentapi.StageLaunch || !bm.Resume {
+		t.Fatalf("exported bookmark: next %s resume %v", bm.Next, bm.Resume)
+	}
+	for _, name := range []string{"agent-a1", "owner"} {
+		f.mu.Lock()
+		p := f.procs[name]
+		f.mu.Unlock()
+		p.Stop()
+	}
+	abandon()
+	if o := <-out; o.err == nil {
+		t.Fatalf("the rollout returned across the stop: %+v", o.res)
+	}
+	f.startOwner()
+	f.startAgent("a1", "--concurrency", "1")
+	rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{})
+	if err != nil || rr.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("restore: %+v %v", rr, err)
+	}
+	calls := len(f.entries(id))
+	o := <-f.dispatch(ctx, 0, 1)
+	if o.err != nil {
+		t.Fatalf("the restored attempt: %v", o.err)
+	}
+	reward(t, o.res)
+	f.checkTrajectory(o.res)
+	last := o.res.Launches[len(o.res.Launches)-1]
+	if !o.res.Restored || len(o.res.Launches) != 2 || !last.Continued || last.Attempt != 1 || last.Ended != agentapi.LaunchFinished {
+		t.Fatalf("restored %v, launch log %+v: want the attempt-0 launch, then one attempt-1 launch that continued the session", o.res.Restored, o.res.Launches)
+	}
+	es := f.entries(id)
+	if len(es) <= calls || es[calls].Turn != turnTest1 || !es[calls].Retried || es[calls].Episode != (events.Episode{Rollout: id, Attempt: 1}).String() {
+		t.Fatalf("the continuation's first call %+v: want the interrupted test run re-issued by attempt 1", es[min(calls, len(es)-1)])
+	}
+	checkLedger(id, "0 1 2 2r 3 4 5")
+	f.checkLedger(began)
+	// The trajectory records what the relay removed from each call of the
+	// continuation: exactly the harness's addition.
+	edited := 0
+	for _, c := range readTrajectory(ctx, t, f, o.res.Trajectory).Calls() {
+		for _, e := range c.Edits {
+			if e.Name != removal.edit || !removal.is(e.Removed) {
+				t.Errorf("call %s: edit %s removed %s, want %s removing %s", c.ID, e.Name, e.Removed, removal.edit, removal.what)
+			}
+			edited++
+		}
+	}
+	if want := len(es) - calls; edited != want {
+		t.Errorf("%d calls record the removal of %s, want the continuation's %d", edited, removal.what, want)
+	}
 	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
 		t.Fatalf("final release: %+v %v", rel, err)
 	}

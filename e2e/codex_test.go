@@ -13,7 +13,6 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect/tasks"
-	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/internal/tier"
@@ -187,73 +186,10 @@ func TestCodexSnapshotForksIntoAContinuation(t *testing.T) {
 	tier.E2E(t)
 	parallel(t, 0.25, 45*time.Second)
 	f := startCodexFleet(t, "cx-fork", 1, 1, "freeze", 4)
-	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
-	defer cancel()
-	id := f.id(0)
-	lost, abandon := context.WithCancel(ctx)
-	defer abandon()
-	out := f.dispatch(lost, 0, 0)
-	l := f.findCodex(id)
-	poll.Wait(t, 3*time.Minute, "Codex in its first test run", func() bool { return f.answered(id, turnTest1) && l.has("sleep") })
-	began := time.Now()
-	res, err := f.br.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c1", Stop: true})
-	if err != nil || res.Status != bridgeapi.StatusCommitted || len(res.Continued) != 1 {
-		t.Fatalf("checkpoint with stop: %+v %v", res, err)
-	}
-	bm := f.agentRecords(ctx, "c1", "a1")[id]
-	if bm.Next != agentapi.StageLaunch || !bm.Resume {
-		t.Fatalf("exported bookmark: next %s resume %v", bm.Next, bm.Resume)
-	}
-	for _, name := range []string{"agent-a1", "owner"} {
-		f.mu.Lock()
-		p := f.procs[name]
-		f.mu.Unlock()
-		p.Stop()
-	}
-	abandon()
-	if o := <-out; o.err == nil {
-		t.Fatalf("the rollout returned across the stop: %+v", o.res)
-	}
-	f.startOwner()
-	f.startAgent("a1", "--concurrency", "1")
-	rr, err := f.br.Restore(ctx, bridgeapi.RestoreRequest{})
-	if err != nil || rr.Status != bridgeapi.StatusCompleted {
-		t.Fatalf("restore: %+v %v", rr, err)
-	}
-	calls := len(f.entries(id))
-	o := <-f.dispatch(ctx, 0, 1)
-	if o.err != nil {
-		t.Fatalf("the restored attempt: %v", o.err)
-	}
-	reward(t, o.res)
-	f.checkTrajectory(o.res)
-	last := o.res.Launches[len(o.res.Launches)-1]
-	if !o.res.Restored || len(o.res.Launches) != 2 || !last.Continued || last.Attempt != 1 || last.Ended != agentapi.LaunchFinished {
-		t.Fatalf("restored %v, launch log %+v: want the attempt-0 launch, then one attempt-1 launch that continued the session", o.res.Restored, o.res.Launches)
-	}
-	es := f.entries(id)
-	if len(es) <= calls || es[calls].Turn != turnTest1 || !es[calls].Retried || es[calls].Episode != (events.Episode{Rollout: id, Attempt: 1}).String() {
-		t.Fatalf("the continuation's first call %+v: want the interrupted test run re-issued by attempt 1", es[min(calls, len(es)-1)])
-	}
-	f.checkHarnessLedger(id, "0 1 2 2r 3 4 5", codexUserTurns)
-	f.checkLedger(began)
-	// The trajectory records what the relay removed: from each call of the
-	// continuation, the one empty user message `resume ""` added.
-	edited := 0
-	for _, c := range readTrajectory(ctx, t, f, o.res.Trajectory).Calls() {
-		for _, e := range c.Edits {
-			if e.Name != relay.CodexEmptyTurn || len(e.Removed) != 1 || !strings.Contains(string(e.Removed[0]), `"text":""`) {
-				t.Errorf("call %s: edit %+v, want %s removing one empty user message", c.ID, e, relay.CodexEmptyTurn)
-			}
-			edited++
-		}
-	}
-	if want := len(es) - calls; edited != want {
-		t.Errorf("%d calls record the removal of the empty user message, want the continuation's %d", edited, want)
-	}
-	if rel, err := f.br.Release(ctx, bridgeapi.ReleaseRequest{}); err != nil || rel.Status != bridgeapi.StatusCompleted {
-		t.Fatalf("final release: %+v %v", rel, err)
-	}
+	snapshotForks(t, f, codexProcs, "Codex", func(task, want string) { f.checkHarnessLedger(task, want, codexUserTurns) },
+		removal{edit: relay.CodexEmptyTurn, what: "one empty user message", is: func(removed []json.RawMessage) bool {
+			return len(removed) == 1 && strings.Contains(string(removed[0]), `"text":""`)
+		}})
 }
 
 // TestCodexRolloutsThroughACrash: four Codex rollouts on two agents go
