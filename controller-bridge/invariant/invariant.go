@@ -240,8 +240,8 @@ func Check(ctx context.Context, r Run) []Result {
 	left := append(slices.Clone(r.Sandboxes), r.Processes...)
 	add(6, "retired attempts left nothing", len(left) == 0, "%d attempts retired; %d sandboxes and %d processes left after the owner stopped%s",
 		r.Summary.Retired, len(r.Sandboxes), len(r.Processes), list(left))
-	add(7, "the final release left nothing", snaps == 0 && records == 0 && len(left) == 0 && len(cerrs) == 0,
-		"%d snapshots indexed, %d record objects, %d sandboxes of run %s left%s", snaps, records, len(r.Sandboxes), r.Run, list(cerrs))
+	add(7, "the final release left nothing", snaps == 0 && len(records) == 0 && len(left) == 0 && len(cerrs) == 0,
+		"%d snapshots indexed, %d record objects, %d sandboxes of run %s left%s", snaps, len(records), len(r.Sandboxes), r.Run, list(append(records, cerrs...)))
 
 	// 8. Every result's trajectory is its surviving chain.
 	out = append(out, Trajectories(ctx, r))
@@ -453,12 +453,12 @@ func list(s []string) string {
 // served by a replica that is still catching up after its node of a
 // cluster came back (its consumer placed there), and show objects the
 // release deleted a moment ago. What is really left stays and is counted.
-func leftovers(ctx context.Context, r Run) (snaps, records int, serr, rerr error) {
+func leftovers(ctx context.Context, r Run) (snaps int, records []string, serr, rerr error) {
 	deadline := time.Now().Add(r.Settle)
 	for {
 		snaps, serr = countSnapshots(ctx, r.Bus.Snapshots, r.Run)
-		records, rerr = countRecords(ctx, r.JS, r.Bus.Records, r.Run)
-		if snaps == 0 && records == 0 || serr != nil || rerr != nil || time.Now().After(deadline) {
+		records, rerr = recordObjects(ctx, r.JS, r.Bus.Records, r.Run)
+		if snaps == 0 && len(records) == 0 || serr != nil || rerr != nil || time.Now().After(deadline) {
 			return snaps, records, serr, rerr
 		}
 		select {

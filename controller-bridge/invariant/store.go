@@ -306,38 +306,28 @@ func countSnapshots(ctx context.Context, kv natsjs.KeyValue, run string) (int, e
 	return n, nil
 }
 
-// countRecords counts the records objects of run left in the shared store
-// and in the stores of the run's members with credentials of their own.
-func countRecords(ctx context.Context, js natsjs.JetStream, shared natsjs.ObjectStore, run string) (int, error) {
+// recordObjects lists the records objects of run left in the shared store
+// and in the stores of the run's members with credentials of their own,
+// each as bucket/name, so that a leftover names its checkpoint and member.
+func recordObjects(ctx context.Context, js natsjs.JetStream, shared natsjs.ObjectStore, run string) ([]string, error) {
 	own, err := jetstream.RecordStores(ctx, js, events.RecordsBucketPrefix(run))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	n := 0
+	var out []string
 	for _, store := range append([]natsjs.ObjectStore{shared}, own...) {
-		c, err := countObjects(ctx, store, run+"/")
+		infos, err := store.List(ctx)
+		if errors.Is(err, natsjs.ErrNoObjectsFound) {
+			continue
+		}
 		if err != nil {
-			return 0, err
+			return nil, fmt.Errorf("list the records: %w", err)
 		}
-		n += c
-	}
-	return n, nil
-}
-
-// countObjects counts the objects whose name starts with prefix.
-func countObjects(ctx context.Context, store natsjs.ObjectStore, prefix string) (int, error) {
-	infos, err := store.List(ctx)
-	if errors.Is(err, natsjs.ErrNoObjectsFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("list the records: %w", err)
-	}
-	n := 0
-	for _, i := range infos {
-		if strings.HasPrefix(i.Name, prefix) && !i.Deleted {
-			n++
+		for _, i := range infos {
+			if strings.HasPrefix(i.Name, run+"/") && !i.Deleted {
+				out = append(out, i.Bucket+"/"+i.Name)
+			}
 		}
 	}
-	return n, nil
+	return out, nil
 }
