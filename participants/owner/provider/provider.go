@@ -132,6 +132,36 @@ type Spec struct {
 	// keep their processes (Caps.KeepsProcesses) moves the fork's running
 	// sandboxd to it (PROTOCOL §5, an adopted sandboxd). Zero for a Start.
 	Epoch uint64
+	// ImageRef is the container image a task names for its sandbox's root
+	// (an OCI layout, a docker save archive or a registry reference; see
+	// package image). A task kind sets it; the owner resolves it into
+	// Image before the provider sees the spec. "" uses the provider's base.
+	ImageRef string
+	// Image is the resolved, unpacked image the sandbox's root file system
+	// is made of; nil uses the provider's base. The owner sets it from
+	// ImageRef, and has already applied the image's config to Env and
+	// Workdir. A provider that cannot start from an image refuses a spec
+	// with one (ErrInvalid).
+	Image *Image
+}
+
+// Image is a container image resolved and unpacked on the owner's host:
+// what a provider needs to make a sandbox's root of it.
+type Image struct {
+	// Ref is the reference the task named.
+	Ref string `json:"ref"`
+	// Digest is the image manifest's digest ("sha256:<hex>"): what a
+	// snapshot records and a restore finds its image by.
+	Digest string `json:"digest"`
+	// Layers are the host directories of the unpacked layers, bottom
+	// first, each with its whiteouts in overlayfs form (a 0/0 character
+	// device; trusted.overlay.opaque=y on an opaque directory), so that
+	// they stack as overlay lowerdirs (top first) with no copy.
+	Layers []string `json:"layers"`
+	// Env, WorkingDir and User are the image config's.
+	Env        []string `json:"env,omitempty"`
+	WorkingDir string   `json:"working_dir,omitempty"`
+	User       string   `json:"user,omitempty"`
 }
 
 // RootEnv is set in the environment of a sandbox's processes by a provider
