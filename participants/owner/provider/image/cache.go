@@ -231,14 +231,7 @@ func (c *Cache) Get(ctx context.Context, ref string) (*provider.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	if r, err := c.readRecord(src.digest); err == nil && c.present(r) {
-		return c.use(r, ref)
-	}
-	r, unpacked, err := c.unpackImage(ctx, src)
-	if err != nil {
-		return nil, err
-	}
-	img, err := c.use(r, ref)
+	img, unpacked, err := c.getLocked(ctx, src)
 	if err != nil {
 		return nil, err
 	}
@@ -250,6 +243,26 @@ func (c *Cache) Get(ctx context.Context, ref string) (*provider.Image, error) {
 	return img, nil
 }
 
+// getLocked is Get's work under the cache's shared lock, which keeps a
+// Prune from removing the image between its check and its use.
+func (c *Cache) getLocked(ctx context.Context, src *source) (*provider.Image, bool, error) {
+	unlock, err := c.lockShared()
+	if err != nil {
+		return nil, false, fmt.Errorf("image %s: %w", src.ref, err)
+	}
+	defer unlock()
+	if r, err := c.readRecord(src.digest); err == nil && c.present(r) {
+		img, err := c.use(r, src.ref)
+		return img, false, err
+	}
+	r, unpacked, err := c.unpackImage(ctx, src)
+	if err != nil {
+		return nil, false, err
+	}
+	img, err := c.use(r, src.ref)
+	return img, unpacked, err
+}
+
 // Lookup returns an image already in the cache by its manifest digest
 // ("sha256:<hex>"), for a restore, and marks it used. It returns
 // ErrNotCached (wrapped, naming the digest) when the image or one of its
@@ -258,6 +271,11 @@ func (c *Cache) Lookup(digest string) (*provider.Image, error) {
 	if _, ok := digestHex(digest); !ok {
 		return nil, fmt.Errorf("%w: bad digest %q (want sha256:<64 hex>)", ErrNotCached, digest)
 	}
+	unlock, err := c.lockShared()
+	if err != nil {
+		return nil, fmt.Errorf("image: lookup: %w", err)
+	}
+	defer unlock()
 	r, err := c.readRecord(digest)
 	if err != nil {
 		return nil, fmt.Errorf("image: lookup: %w", err)
@@ -282,6 +300,11 @@ func (c *Cache) Hold(holder, digest string) error {
 	if _, ok := digestHex(digest); !ok {
 		return fmt.Errorf("image: hold %s: bad digest %q", holder, digest)
 	}
+	unlock, err := c.lockShared()
+	if err != nil {
+		return fmt.Errorf("image: hold %s: %w", holder, err)
+	}
+	defer unlock()
 	if _, err := c.readRecord(digest); err != nil {
 		return fmt.Errorf("image: hold %s: %w", holder, err)
 	}

@@ -86,7 +86,7 @@ func (d *layerDir) openDir(entry, rel string, create bool) (int, error) {
 		case errors.Is(err, unix.EXDEV):
 			return -1, &unsafeEntry{entry, "climbs out of the layer"}
 		case errors.Is(err, unix.ENOTDIR):
-			return -1, &unsafeEntry{entry, "a parent is not a directory"}
+			return -1, &unsafeEntry{entry, d.notDir(rel)}
 		case errors.Is(err, unix.ENOENT) && create:
 			pfd, err := d.openDir(entry, path.Dir(rel), true)
 			if err != nil {
@@ -107,6 +107,27 @@ func (d *layerDir) openDir(entry, rel string, create bool) (int, error) {
 			return -1, &os.PathError{Op: "openat2", Path: path.Join(d.path, rel), Err: err}
 		}
 	}
+}
+
+// notDir says why rel is not a directory: the first of its parts, from
+// the top, that is a symbolic link or not a directory.
+func (d *layerDir) notDir(rel string) string {
+	parts := strings.Split(rel, "/")
+	for i := range parts {
+		var st unix.Stat_t
+		p := strings.Join(parts[:i+1], "/")
+		if err := unix.Fstatat(d.root, p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			break
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFLNK:
+			return fmt.Sprintf("written through a symbolic link (%s)", p)
+		case unix.S_IFDIR:
+		default:
+			return fmt.Sprintf("%s is not a directory", p)
+		}
+	}
+	return "a parent is not a directory"
 }
 
 // extract writes the tar stream r into the new directory dst and returns

@@ -9,6 +9,8 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
+func (c *Cache) lockShared() (func(), error) { return nil, errors.ErrUnsupported }
+
 func (c *Cache) unpackImage(ctx context.Context, src *source) (record, bool, error) {
 	return record{}, false, errors.ErrUnsupported
 }

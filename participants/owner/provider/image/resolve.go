@@ -306,10 +306,11 @@ func resolveArchive(ref, file, sel string) (*source, error) {
 	return src, nil
 }
 
-var blobName = regexp.MustCompile(`(?:^|/)([a-f0-9]{64})(?:\.json)?$`)
+var blobName = regexp.MustCompile(`(?:^|[/:])([a-f0-9]{64})(?:\.json|\.tar|\.tar\.gz)?$`)
 
-// blobHexOf returns the digest hex an archive entry's name carries
-// (blobs/sha256/<hex>, <hex>.json), or "".
+// blobHexOf returns the digest hex of its content that an archive entry's
+// name carries (docker's blobs/sha256/<hex> and <hex>.json,
+// go-containerregistry's sha256:<hex> and <hex>.tar.gz), or "".
 func blobHexOf(p string) string {
 	if m := blobName.FindStringSubmatch(p); m != nil && !strings.HasSuffix(p, "/layer.tar") {
 		return m[1]

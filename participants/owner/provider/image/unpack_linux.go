@@ -13,11 +13,13 @@ import (
 	"hash"
 	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
@@ -43,12 +45,22 @@ func lock(path string, how int) (*os.File, error) {
 	return f, nil
 }
 
+// lockShared takes the cache's lock shared (Prune takes it exclusive)
+// and returns its release.
+func (c *Cache) lockShared() (func(), error) {
+	f, err := lock(filepath.Join(c.dir, lockFile), unix.LOCK_SH)
+	if err != nil {
+		return nil, err
+	}
+	return func() { f.Close() }, nil
+}
+
 // unpackImage unpacks the layers of src not yet in the cache and records
 // the image. Every new layer is checked and unpacked into a staging
 // directory first; only when all of them are good are they renamed into
-// layers/, so that a bad image leaves nothing in the cache. The cache's
-// lock is held shared (Prune takes it exclusive) and each layer's lock
-// exclusive, so that two Gets of one layer, in this process or another,
+// layers/, so that a bad image leaves nothing in the cache. The caller
+// holds the cache's lock shared; each layer's lock is taken exclusive, so
+// that two Gets of one layer, in this process or another,
 // unpack it once.
 func (c *Cache) unpackImage(ctx context.Context, src *source) (record, bool, error) {
 	r := record{
@@ -72,11 +84,6 @@ func (c *Cache) unpackImage(ctx context.Context, src *source) (record, bool, err
 	sort.Strings(ids)
 	ids = slices.Compact(ids)
 
-	global, err := lock(filepath.Join(c.dir, lockFile), unix.LOCK_SH)
-	if err != nil {
-		return r, false, fmt.Errorf("image %s: %w", src.ref, err)
-	}
-	defer global.Close()
 	for _, id := range ids { // sorted: no two Gets wait on each other
 		h, _ := digestHex(id)
 		l, err := lock(filepath.Join(c.dir, locksDir, h+".lock"), unix.LOCK_EX)
@@ -167,8 +174,9 @@ func unpackLayer(ctx context.Context, ref string, l layerSource, dst string) (in
 		name = l.diffID
 	}
 	rc, err := l.open()
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, badf(ref, "missing blob %s", name)
+	var te *transport.Error
+	if errors.Is(err, fs.ErrNotExist) || errors.As(err, &te) && te.StatusCode == http.StatusNotFound {
+		return 0, badf(ref, "missing blob %s: %v", name, err)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("image %s: layer %s: %w", ref, name, err)
