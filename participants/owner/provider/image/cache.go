@@ -225,7 +225,8 @@ func (c *Cache) use(r record, ref string) (*provider.Image, error) {
 // size, every diff id the config's, every layer path safe), unpacks each
 // layer not yet cached, records the image, marks it used and returns it.
 // Errors wrap ErrBadImage or ErrNotFound, or are I/O or registry errors;
-// each names ref. Get prunes the cache after unpacking.
+// each names ref. Get prunes the cache after unpacking, unless another
+// Get or a Rootfs is at work then (a later Get prunes).
 func (c *Cache) Get(ctx context.Context, ref string) (*provider.Image, error) {
 	src, err := c.resolve(ctx, ref)
 	if err != nil {
@@ -236,7 +237,7 @@ func (c *Cache) Get(ctx context.Context, ref string) (*provider.Image, error) {
 		return nil, err
 	}
 	if unpacked {
-		if _, err := c.prune(ctx, src.digest); err != nil {
+		if _, err := c.prune(ctx, src.digest, pruneIfFree); err != nil {
 			c.opts.Logger.Warn().Err(err).Str("ref", ref).Msg("image cache prune failed")
 		}
 	}

@@ -37,7 +37,7 @@ type ent struct {
 var testTime = time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // tarOf writes entries as a tar stream.
-func tarOf(t *testing.T, ents ...ent) []byte {
+func tarOf(t testing.TB, ents ...ent) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)

@@ -18,7 +18,9 @@ func (c *Cache) unpackImage(ctx context.Context, src *source) (record, bool, err
 // Prune is Linux only.
 func (c *Cache) Prune(ctx context.Context) (int64, error) { return 0, errors.ErrUnsupported }
 
-func (c *Cache) prune(ctx context.Context, keep string) (int64, error) {
+const pruneIfFree = 0
+
+func (c *Cache) prune(ctx context.Context, keep string, how int) (int64, error) {
 	return 0, errors.ErrUnsupported
 }
 

@@ -22,16 +22,25 @@ import (
 // long as an image kept stands on it. Layers no image records (left by a
 // crash) go first. It returns the bytes freed. It waits for Gets in
 // progress, in any process, to finish.
-func (c *Cache) Prune(ctx context.Context) (int64, error) { return c.prune(ctx, "") }
+func (c *Cache) Prune(ctx context.Context) (int64, error) {
+	return c.prune(ctx, "", unix.LOCK_EX)
+}
 
 // prune is Prune keeping the image of digest keep as well (the one a Get
-// is about to return).
-func (c *Cache) prune(ctx context.Context, keep string) (int64, error) {
-	global, err := lock(filepath.Join(c.dir, lockFile), unix.LOCK_EX)
+// is about to return). Get's prune passes LOCK_EX|LOCK_NB: while another
+// Get or a Rootfs is at work, it leaves the pruning to a later Get.
+func (c *Cache) prune(ctx context.Context, keep string, how int) (int64, error) {
+	global, err := lock(filepath.Join(c.dir, lockFile), how)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		return 0, nil
+	}
 	if err != nil {
 		return 0, fmt.Errorf("image: prune: %w", err)
 	}
 	defer global.Close()
+	if err := c.removeStaging(); err != nil {
+		return 0, fmt.Errorf("image: prune: %w", err)
+	}
 	held, err := c.held()
 	if err != nil {
 		return 0, fmt.Errorf("image: prune: %w", err)
@@ -91,6 +100,23 @@ func (c *Cache) prune(ctx context.Context, keep string) (int64, error) {
 		c.opts.Logger.Info().Str("digest", r.Digest).Strs("refs", r.Refs).Msg("image pruned")
 	}
 	return freed, ctx.Err()
+}
+
+// removeStaging removes what a crash left in tmp/: unpacks and removals
+// that did not finish. The caller holds the cache's lock exclusive.
+func (c *Cache) removeStaging() error {
+	ents, err := os.ReadDir(filepath.Join(c.dir, tmpDir))
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "unpack-") || strings.HasPrefix(e.Name(), "prune-") {
+			if err := os.RemoveAll(filepath.Join(c.dir, tmpDir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // removeLayer removes an unpacked layer and its files; it returns its size.

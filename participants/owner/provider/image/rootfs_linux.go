@@ -20,7 +20,7 @@ import (
 // layers stacked as a read-only overlay (a detached mount, seen by this
 // process only) and copied out with owners, modes, times, xattrs (those of
 // overlay itself excepted: overlay does not show them), hard links and
-// device nodes. It is what the microvm provider makes a disk of. dst ends
+// device nodes. A Prune waits for it. It is what the microvm provider makes a disk of. dst ends
 // with the mode and owner of the image's root.
 func (c *Cache) Rootfs(ctx context.Context, img *provider.Image, dst string) error {
 	if img == nil || len(img.Layers) == 0 {
@@ -35,6 +35,11 @@ func (c *Cache) Rootfs(ctx context.Context, img *provider.Image, dst string) err
 	if !errors.Is(err, io.EOF) {
 		return fmt.Errorf("image %s: rootfs: %s is not an empty directory", img.Ref, dst)
 	}
+	unlock, err := c.lockShared() // no Prune while the layers are read
+	if err != nil {
+		return fmt.Errorf("image %s: rootfs: %w", img.Ref, err)
+	}
+	defer unlock()
 	empty, err := os.MkdirTemp(filepath.Join(c.dir, tmpDir), "rootfs-")
 	if err != nil {
 		return fmt.Errorf("image %s: rootfs: %w", img.Ref, err)

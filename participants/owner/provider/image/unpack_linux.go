@@ -45,6 +45,9 @@ func lock(path string, how int) (*os.File, error) {
 	return f, nil
 }
 
+// pruneIfFree is how Get's prune locks: not waiting for others at work.
+const pruneIfFree = unix.LOCK_EX | unix.LOCK_NB
+
 // lockShared takes the cache's lock shared (Prune takes it exclusive)
 // and returns its release.
 func (c *Cache) lockShared() (func(), error) {
