@@ -297,9 +297,11 @@ func TestMicroVMPruneKeepsTheImageDisksSandboxesStandOn(t *testing.T) {
 
 // TestMicroVMStartsFromAnImage boots a guest from a two-layer image (the
 // default root tree, split, with a whiteout): a command in it sees the
-// merged tree, the image's Env and Workdir reach its sandboxd, and a
+// merged tree, the image's Env and Workdir reach its init (the default
+// one, a sleep that PID 1 starts with the identity's environment), and a
 // second sandbox of the image shares the root disk built once; a snapshot
-// records the disk and the image's digest.
+// records the disk and the image's digest, and a fork of it runs on its
+// disk.
 func TestMicroVMStartsFromAnImage(t *testing.T) {
 	tier.Long(t)
 	requireMicroVM(t)
@@ -321,7 +323,7 @@ func TestMicroVMStartsFromAnImage(t *testing.T) {
 	t0 := time.Now()
 	providertest.Start(t, m, spec("img1"))
 	t.Logf("start from the image (disk and template included) took %s", time.Since(t0))
-	got := providertest.Sh(t, m, "img1", `pwd; cat /data/keep /data/new; test -e /etc/gone && echo gone-is-there; ls /usr/bin/setsid; echo "$FROM_IMAGE"; tr '\0' '\n' </proc/1/environ | grep FROM_IMAGE`)
+	got := providertest.Sh(t, m, "img1", `pwd; cat /data/keep /data/new; test -e /etc/gone && echo gone-is-there; ls /usr/bin/setsid; echo "$FROM_IMAGE"; tr '\0' '\n' </proc/$(pidof sleep)/environ | grep FROM_IMAGE`)
 	if want := "/srv/app\nupper\nnew\n/usr/bin/setsid\nyes\nFROM_IMAGE=yes\n"; got != want {
 		t.Fatalf("in the image's guest: %q, want %q", got, want)
 	}
@@ -338,8 +340,15 @@ func TestMicroVMStartsFromAnImage(t *testing.T) {
 	if len(disks) != 1 {
 		t.Fatalf("the cache holds the image disks %v, want one", disks)
 	}
+	providertest.Sh(t, m, "img1", "echo written > /data/written")
 	if _, err := m.Snapshot(context.Background(), "img1", "s1"); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := m.Fork(context.Background(), "s1", spec("img3")); err != nil {
+		t.Fatal(err)
+	}
+	if got := providertest.Sh(t, m, "img3", "cat /data/keep /data/written"); got != "upper\nwritten\n" {
+		t.Errorf("a fork of the image's sandbox reads %q", got)
 	}
 	sdir, _, release, err := m.snaps.Open("s1")
 	if err != nil {
