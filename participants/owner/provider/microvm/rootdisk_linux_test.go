@@ -3,11 +3,13 @@
 package microvm
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,93 +19,148 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/stillpoint/stillpoint/internal/build"
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
-	"github.com/stillpoint/stillpoint/participants/owner/provider/internal/copytree"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/image"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm/qemu"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/providertest"
 )
 
-// layerRootfs makes an image's merged tree the way the kernel merges
-// layers: a read-only overlay of the image's layer directories (their
-// whiteouts in overlayfs form), copied into dst. It counts its calls; with
-// fail set it fails instead, as the image cache does for a broken image.
-type layerRootfs struct {
+// countingRootfs is the image cache as the provider sees it, counting the
+// trees it makes; with fail set it fails instead, as the cache does for a
+// broken image.
+type countingRootfs struct {
+	RootfsMaker
 	calls atomic.Int32
 	fail  error
 }
 
-func (l *layerRootfs) Rootfs(ctx context.Context, img *provider.Image, dst string) error {
-	l.calls.Add(1)
-	if l.fail != nil {
-		return l.fail
+func (c *countingRootfs) Rootfs(ctx context.Context, img *provider.Image, dst string) error {
+	c.calls.Add(1)
+	if c.fail != nil {
+		return c.fail
 	}
-	src := img.Layers[0]
-	if len(img.Layers) > 1 {
-		src = dst + ".merged"
-		if err := os.Mkdir(src, 0o755); err != nil {
-			return err
-		}
-		defer os.Remove(src)
-		var lower []string
-		for i := len(img.Layers) - 1; i >= 0; i-- {
-			lower = append(lower, img.Layers[i])
-		}
-		if err := unix.Mount("overlay", src, "overlay", unix.MS_RDONLY, "lowerdir="+strings.Join(lower, ":")); err != nil {
-			return fmt.Errorf("mount the layers: %w", err)
-		}
-		defer unix.Unmount(src, unix.MNT_DETACH)
-	}
-	if err := os.Remove(dst); err != nil {
-		return err
-	}
-	_, err := copytree.Copy(ctx, src, dst)
-	return err
+	return c.RootfsMaker.Rootfs(ctx, img, dst)
 }
 
-// twoLayers splits the tree at base into two layers under dir: the lower
-// holds all of it but usr/, with /etc/gone and /data/keep ("lower"); the
-// upper holds usr/, a whiteout of /etc/gone, /data/keep ("upper") and
-// /data/new. The image's digest is the hash of what the layers hold.
-func twoLayers(t *testing.T, base, dir string) *provider.Image {
+// The owner's image cache makes the trees.
+var _ RootfsMaker = (*image.Cache)(nil)
+
+// tarEntry is one entry of a test layer: a file of the tree at src (its
+// owner, mode, link target and data), or, with src "", a file of body.
+type tarEntry struct {
+	name, src, body string
+	dir             bool
+}
+
+// layerOf is a layer of entries.
+func layerOf(t *testing.T, ents []tarEntry) v1.Layer {
 	t.Helper()
-	lower, upper := filepath.Join(dir, "lower"), filepath.Join(dir, "upper")
-	if _, err := copytree.Copy(context.Background(), base, lower); err != nil {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range ents {
+		h := &tar.Header{Name: e.name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(e.body)), ModTime: time.Unix(1e9, 0), Format: tar.FormatPAX}
+		data := []byte(e.body)
+		if e.dir {
+			h = &tar.Header{Name: e.name + "/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: time.Unix(1e9, 0), Format: tar.FormatPAX}
+		}
+		if e.src != "" {
+			fi, err := os.Lstat(e.src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			link := ""
+			if fi.Mode()&fs.ModeSymlink != 0 {
+				if link, err = os.Readlink(e.src); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if h, err = tar.FileInfoHeader(fi, link); err != nil {
+				t.Fatal(err)
+			}
+			h.Name, h.Format, data = e.name, tar.FormatPAX, nil
+			if fi.IsDir() {
+				h.Name += "/"
+			}
+			if fi.Mode().IsRegular() {
+				if data, err = os.ReadFile(e.src); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(upper, 0o755); err != nil {
+	b := buf.Bytes()
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	if err != nil {
 		t.Fatal(err)
 	}
-	if fi, err := os.Stat(filepath.Join(lower, "usr")); err == nil && fi.IsDir() {
-		if err := os.Rename(filepath.Join(lower, "usr"), filepath.Join(upper, "usr")); err != nil {
-			t.Fatal(err)
+	return l
+}
+
+// twoLayers makes an OCI layout of the tree at base split into two layers
+// and returns it as the image cache (under dir) resolves it: the lower
+// layer holds all of the tree but usr/, with /etc/gone and /data/keep
+// ("lower"); the upper holds usr/, a whiteout of /etc/gone, /data/keep
+// ("upper") and /data/new.
+func twoLayers(t *testing.T, base, dir string) (*image.Cache, *provider.Image) {
+	t.Helper()
+	var lower, upper []tarEntry
+	err := filepath.WalkDir(base, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == base {
+			return err
 		}
-	}
-	for _, d := range []string{"lower/etc", "lower/data", "upper/etc", "upper/data"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
-			t.Fatal(err)
+		rel, _ := filepath.Rel(base, p)
+		if rel == "usr" || strings.HasPrefix(rel, "usr/") {
+			upper = append(upper, tarEntry{name: rel, src: p})
+		} else {
+			lower = append(lower, tarEntry{name: rel, src: p})
 		}
-	}
-	for p, data := range map[string]string{"lower/etc/gone": "whited out\n", "lower/data/keep": "lower\n", "upper/data/keep": "upper\n", "upper/data/new": "new\n"} {
-		if err := os.WriteFile(filepath.Join(dir, p), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := unix.Mknod(filepath.Join(upper, "etc", "gone"), unix.S_IFCHR|0o000, 0); err != nil {
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	h := sha256.New()
-	for _, l := range []string{lower, upper} {
-		sum, err := treeHash(l)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h.Write([]byte(sum))
+	lower = append(lower, tarEntry{name: "etc", dir: true}, tarEntry{name: "etc/gone", body: "whited out\n"},
+		tarEntry{name: "data", dir: true}, tarEntry{name: "data/keep", body: "lower\n"})
+	upper = append(upper, tarEntry{name: "etc", dir: true}, tarEntry{name: "etc/.wh.gone"},
+		tarEntry{name: "data", dir: true}, tarEntry{name: "data/keep", body: "upper\n"}, tarEntry{name: "data/new", body: "new\n"})
+	img, err := mutate.AppendLayers(empty.Image, layerOf(t, lower), layerOf(t, upper))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return &provider.Image{Ref: "/images/two-layers:test", Digest: "sha256:" + hex.EncodeToString(h.Sum(nil)), Layers: []string{lower, upper}}
+	ref := filepath.Join(dir, "layout")
+	lp, err := layout.Write(ref, empty.Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lp.AppendImage(img); err != nil {
+		t.Fatal(err)
+	}
+	cache, err := image.Open(filepath.Join(dir, "cache"), image.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pi, err := cache.Get(context.Background(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cache, pi
 }
 
 // diskProvider is a provider that builds disks and boots nothing: enough
@@ -119,6 +176,19 @@ func diskProvider(t *testing.T, images RootfsMaker) *Provider {
 		t.Fatalf("debugfs: %v (apt-get install e2fsprogs)", err)
 	}
 	return &Provider{cfg: Config{StateDir: t.TempDir(), BaseSize: 16 << 20, Images: images}, cache: t.TempDir(), assets: qemu.Assets{MkfsExt4: mkfs}}
+}
+
+// shTree is a tree with a /bin/sh (a script: no guest runs it).
+func shTree(t *testing.T) string {
+	t.Helper()
+	tree := t.TempDir()
+	if err := os.Mkdir(filepath.Join(tree, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tree, "bin", "sh"), []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return tree
 }
 
 // debugfsLs lists a directory of an ext4 image, one name a line.
@@ -142,18 +212,9 @@ func debugfsLs(t *testing.T, disk, dir string) []string {
 // tree (the lower layer's whited-out file gone), with the guest's mount
 // points added, built once for any number of starts, concurrent or not.
 func TestMicroVMImageDiskIsBuiltOnce(t *testing.T) {
-	l := &layerRootfs{}
+	cache, img := twoLayers(t, shTree(t), t.TempDir())
+	l := &countingRootfs{RootfsMaker: cache}
 	m := diskProvider(t, l)
-	tree := t.TempDir()
-	for _, d := range []string{"bin", "etc"} {
-		if err := os.Mkdir(filepath.Join(tree, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(tree, "bin", "sh"), []byte("#!/bin/true\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	img := twoLayers(t, tree, t.TempDir())
 	var wg sync.WaitGroup
 	disks := make([]string, 3)
 	errs := make([]error, 3)
@@ -204,19 +265,28 @@ func TestMicroVMImageDiskIsBuiltOnce(t *testing.T) {
 // digest, and leaves nothing of the build in the cache; a malformed
 // digest is refused.
 func TestMicroVMBadImageLeavesNothing(t *testing.T) {
-	l := &layerRootfs{fail: errors.New("layer sha256:abc: missing blob")}
+	cache, img := twoLayers(t, shTree(t), t.TempDir())
+	l := &countingRootfs{RootfsMaker: cache}
 	m := diskProvider(t, l)
-	empty := t.TempDir()
-	img := &provider.Image{Ref: "/images/broken:1", Digest: "sha256:" + strings.Repeat("ab", 32), Layers: []string{empty}}
+	if err := os.RemoveAll(img.Layers[1]); err != nil { // a layer gone from under the cache
+		t.Fatal(err)
+	}
 	_, err := m.imageDisk(context.Background(), img)
-	if err == nil || !strings.Contains(err.Error(), img.Ref) || !strings.Contains(err.Error(), img.Digest) || !strings.Contains(err.Error(), "missing blob") {
-		t.Fatalf("a broken image: %v, want an error naming %s, %s and the cause", err, img.Ref, img.Digest)
+	if err == nil || !strings.Contains(err.Error(), img.Ref) || !strings.Contains(err.Error(), img.Digest) {
+		t.Fatalf("a broken image: %v, want an error naming %s and %s", err, img.Ref, img.Digest)
 	}
-	l.fail = nil
-	_, err = m.imageDisk(context.Background(), img) // an empty tree: no /bin/sh
-	if err == nil || !strings.Contains(err.Error(), img.Ref) || !strings.Contains(err.Error(), "/bin/sh") {
-		t.Fatalf("an image without /bin/sh: %v, want an error naming %s and /bin/sh", err, img.Ref)
+	t.Logf("a broken image: %v", err)
+	cache, noSh := twoLayers(t, t.TempDir(), t.TempDir())
+	l.RootfsMaker = cache
+	_, err = m.imageDisk(context.Background(), noSh)
+	if err == nil || !strings.Contains(err.Error(), noSh.Ref) || !strings.Contains(err.Error(), "/bin/sh") {
+		t.Fatalf("an image without /bin/sh: %v, want an error naming %s and /bin/sh", err, noSh.Ref)
 	}
+	l.fail = errors.New("layer sha256:abc: missing blob")
+	if _, err = m.imageDisk(context.Background(), noSh); err == nil || !strings.Contains(err.Error(), "missing blob") {
+		t.Fatalf("an image the cache cannot make: %v, want its error", err)
+	}
+	empty := t.TempDir()
 	ents, _ := os.ReadDir(filepath.Join(m.cache, "images"))
 	for _, e := range ents {
 		if !strings.HasSuffix(e.Name(), ".lock") {
@@ -296,7 +366,8 @@ func TestMicroVMPruneKeepsTheImageDisksSandboxesStandOn(t *testing.T) {
 }
 
 // TestMicroVMStartsFromAnImage boots a guest from a two-layer image (the
-// default root tree, split, with a whiteout): a command in it sees the
+// default root tree, split, with a whiteout, in an OCI layout the image
+// cache resolves): a command in it sees the
 // merged tree, the image's Env and Workdir reach its init (the default
 // one, a sleep that PID 1 starts with the identity's environment), and a
 // second sandbox of the image shares the root disk built once; a snapshot
@@ -305,7 +376,7 @@ func TestMicroVMPruneKeepsTheImageDisksSandboxesStandOn(t *testing.T) {
 func TestMicroVMStartsFromAnImage(t *testing.T) {
 	tier.Long(t)
 	requireMicroVM(t)
-	l := &layerRootfs{}
+	l := &countingRootfs{}
 	sd := build.StaticForTest(t, build.Sandboxd)[build.Sandboxd]
 	m, err := New(Config{StateDir: t.TempDir(), CacheDir: t.TempDir(), Sandboxd: sd, Accel: "tcg", Lease: 20 * time.Second, Images: l})
 	if err != nil {
@@ -316,7 +387,8 @@ func TestMicroVMStartsFromAnImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img := twoLayers(t, base, t.TempDir())
+	cache, img := twoLayers(t, base, t.TempDir())
+	l.RootfsMaker = cache
 	spec := func(id string) provider.Spec {
 		return provider.Spec{ID: id, Image: img, Workdir: "/srv/app", Env: []string{"FROM_IMAGE=yes", "PATH=/usr/bin:/bin"}}
 	}
