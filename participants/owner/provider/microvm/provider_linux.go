@@ -77,10 +77,9 @@ type Config struct {
 	// cached by content); default: a minimal tree of busybox applets and
 	// HostTools.
 	BaseDir string
-	// Images makes the merged tree of a Spec.Image, of which the provider
-	// builds (once per image digest, cached) the root disk of the image's
-	// sandboxes: the owner's image cache. Nil: a spec with an Image is
-	// refused.
+	// Images makes the merged tree of a Spec.Image, whose root disk the
+	// provider builds once per digest: the owner's image cache. Nil
+	// refuses a spec with an Image.
 	Images RootfsMaker
 	// HostTools are host programs (looked up on PATH) copied into the
 	// default root tree, with the shared libraries they load, over
