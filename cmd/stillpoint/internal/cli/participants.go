@@ -306,7 +306,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 			mv.CPU = "max" // as for OpenCode: a Bun binary that wants newer instructions
 		}
 	}
-	prov, reason, err := registry.Open(f.provider, filepath.Join(f.stateDir, "provider"), mv)
+	prov, reason, err := registry.Open(f.provider, filepath.Join(f.stateDir, "provider"), mv, nil)
 	if err != nil {
 		return err
 	}
