@@ -9,14 +9,11 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/internal/snapstore"
@@ -78,68 +75,6 @@ func (m *mapImages) holders(ov *Provider) []string {
 	return out
 }
 
-// busyboxLayer makes dir a layer with a static busybox as /bin/busybox and
-// the applets the tests run linked to it.
-func busyboxLayer(t testing.TB, dir string) {
-	t.Helper()
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Fatalf("the image tests need a static busybox: apt-get install busybox-static (%v)", err)
-	}
-	data, err := os.ReadFile(bb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(dir, "bin/busybox"), string(data), 0o755)
-	for _, a := range []string{"sh", "cat", "ls", "echo", "test", "id", "mkdir", "rm", "env"} {
-		if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-func writeFile(t testing.TB, p, data string, mode os.FileMode) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, []byte(data), mode); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// twoLayerImage builds an image of two layers by hand, as the image
-// cache unpacks them: the top one removes /gone.txt (a whiteout), makes
-// /d opaque (its /d/old.txt hidden), and overrides /keep.txt.
-func twoLayerImage(t testing.TB) *provider.Image {
-	t.Helper()
-	root := t.TempDir()
-	bottom, top := filepath.Join(root, "l0"), filepath.Join(root, "l1")
-	busyboxLayer(t, bottom)
-	writeFile(t, filepath.Join(bottom, "etc/passwd"), "root:x:0:0::/root:/bin/sh\n", 0o644)
-	writeFile(t, filepath.Join(bottom, "app/README"), "bottom readme\n", 0o644)
-	writeFile(t, filepath.Join(bottom, "gone.txt"), "gone\n", 0o644)
-	writeFile(t, filepath.Join(bottom, "d/old.txt"), "old\n", 0o644)
-	writeFile(t, filepath.Join(bottom, "keep.txt"), "bottom\n", 0o644)
-
-	writeFile(t, filepath.Join(top, "keep.txt"), "top\n", 0o644)
-	writeFile(t, filepath.Join(top, "app/top.txt"), "top\n", 0o644)
-	writeFile(t, filepath.Join(top, "d/new.txt"), "new\n", 0o644)
-	if err := unix.Setxattr(filepath.Join(top, "d"), "trusted.overlay.opaque", []byte("y"), 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mknod(filepath.Join(top, "gone.txt"), unix.S_IFCHR|0o000, 0); err != nil {
-		t.Fatal(err)
-	}
-	return &provider.Image{
-		Ref:        "/srv/images/two:latest",
-		Digest:     "sha256:" + strings.Repeat("ab", 32),
-		Layers:     []string{bottom, top},
-		Env:        []string{"PATH=/bin", "FROM_IMAGE=image", "BOTH=image"},
-		WorkingDir: "/app",
-	}
-}
-
 // treeOf lists a directory's entries with their contents, to tell a layer
 // unchanged.
 func treeOf(t testing.TB, dir string) map[string]string {
@@ -180,7 +115,7 @@ func newOverlayImages(t testing.TB, imgs *mapImages) *Provider {
 // image's digest and holds the image, a fork finds the image in the cache
 // and gets its environment, and every hold goes with what held it.
 func TestOverlayImageSnapshotFork(t *testing.T) {
-	img := twoLayerImage(t)
+	img := providertest.TwoLayerImage(t)
 	before := []map[string]string{treeOf(t, img.Layers[0]), treeOf(t, img.Layers[1])}
 	imgs := newMapImages(img)
 	ov := newOverlayImages(t, imgs)
@@ -251,7 +186,7 @@ func TestOverlayImageSnapshotFork(t *testing.T) {
 // A fork of a snapshot whose image the cache no longer has fails before
 // anything is made, naming the snapshot and the image's digest.
 func TestOverlayImageForkImageGone(t *testing.T) {
-	img := twoLayerImage(t)
+	img := providertest.TwoLayerImage(t)
 	imgs := newMapImages(img)
 	ov := newOverlayImages(t, imgs)
 	providertest.Start(t, ov, provider.Spec{ID: "a", Image: img, Workdir: "/app"})
@@ -280,7 +215,7 @@ func TestOverlayImageForkImageGone(t *testing.T) {
 // A bad image is refused before anything is made: a missing layer, a
 // layer path overlay cannot take.
 func TestOverlayImageRefused(t *testing.T) {
-	img := twoLayerImage(t)
+	img := providertest.TwoLayerImage(t)
 	ov := newOverlayImages(t, newMapImages(img))
 	for name, bad := range map[string]func(*provider.Image){
 		"missing layer": func(i *provider.Image) { i.Layers = append(i.Layers, "/nonexistent/layer") },
@@ -308,10 +243,10 @@ func TestOverlayImageManyLayers(t *testing.T) {
 	for i := range 40 {
 		l := filepath.Join(root, fmt.Sprintf("layer-%02d-%s", i, strings.Repeat("x", 40)))
 		if i == 0 {
-			busyboxLayer(t, l)
+			providertest.BusyboxLayer(t, l)
 		}
-		writeFile(t, filepath.Join(l, fmt.Sprintf("f%02d", i)), fmt.Sprintf("%d\n", i), 0o644)
-		writeFile(t, filepath.Join(l, "last"), fmt.Sprintf("%d\n", i), 0o644)
+		providertest.WriteFile(t, filepath.Join(l, fmt.Sprintf("f%02d", i)), fmt.Sprintf("%d\n", i), 0o644)
+		providertest.WriteFile(t, filepath.Join(l, "last"), fmt.Sprintf("%d\n", i), 0o644)
 		layers = append(layers, l)
 	}
 	if n := len(strings.Join(layers, ":")); n <= maxMountData {
