@@ -91,3 +91,70 @@ func TwoLayerImage(t testing.TB) *provider.Image {
 		WorkingDir: "/app",
 	}
 }
+
+// HostImage builds, once per call, an image of two layers copied from the
+// host's own Debian-like tree: the bottom one holds /etc, /usr/sbin,
+// /usr/lib64 and the shared libraries /usr/bin/sh, ls and cat load, with
+// the root's bin, lib, lib64 and sbin links; the top one holds /usr/bin
+// and removes /etc/motd (a whiteout). It is a realistic root a sandbox
+// can run a shell in, for the start benchmark.
+func HostImage(tb testing.TB) *provider.Image {
+	tb.Helper()
+	root := tb.TempDir()
+	bottom, top := filepath.Join(root, "l0"), filepath.Join(root, "l1")
+	copyIn := func(layer string, paths ...string) {
+		for _, p := range paths {
+			dst := filepath.Join(layer, p)
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				tb.Fatal(err)
+			}
+			if out, err := exec.Command("cp", "-a", p, dst).CombinedOutput(); err != nil {
+				tb.Fatalf("cp -a %s %s: %v\n%s", p, dst, err, out)
+			}
+		}
+	}
+	copyIn(bottom, "/etc", "/usr/sbin")
+	if _, err := os.Stat("/usr/lib64"); err == nil {
+		copyIn(bottom, "/usr/lib64")
+	}
+	out, err := exec.Command("ldd", "/usr/bin/sh", "/usr/bin/ls", "/usr/bin/cat").Output()
+	if err != nil {
+		tb.Fatalf("ldd (apt-get install libc-bin): %v", err)
+	}
+	seen := map[string]bool{}
+	for _, f := range strings.Fields(string(out)) {
+		if strings.HasPrefix(f, "/") && !strings.HasSuffix(f, ":") && !seen[f] {
+			seen[f] = true
+			// The library's link (in its directory, the root's links
+			// resolved) and the file it names.
+			dir, err := filepath.EvalSymlinks(filepath.Dir(f))
+			if err != nil {
+				tb.Fatal(err)
+			}
+			real, err := filepath.EvalSymlinks(f)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			copyIn(bottom, real)
+			if link := filepath.Join(dir, filepath.Base(f)); link != real {
+				copyIn(bottom, link)
+			}
+		}
+	}
+	for _, l := range []string{"bin", "lib", "lib64", "sbin"} {
+		if target, err := os.Readlink("/" + l); err == nil {
+			if err := os.Symlink(target, filepath.Join(bottom, l)); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+	copyIn(top, "/usr/bin")
+	if err := os.MkdirAll(filepath.Join(top, "etc"), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	if err := unix.Mknod(filepath.Join(top, "etc/motd"), unix.S_IFCHR, 0); err != nil {
+		tb.Fatal(err)
+	}
+	return &provider.Image{Ref: "host-copy", Digest: "sha256:" + strings.Repeat("0", 64), Layers: []string{bottom, top},
+		Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}
+}
