@@ -214,7 +214,7 @@ read-only in every sandbox; none of them is copied into snapshots.
 A task that names an image (the command kind's "image" field: an OCI
 layout directory, a docker save archive or a registry reference) has its
 sandbox made of that image: the owner resolves it into --image-cache
-(default `+defaultImageCache+`; layers unpacked once, pruned to
+(default ` + defaultImageCache + `; layers unpacked once, pruned to
 --image-cache-max least recently used first, never one a sandbox or kept
 snapshot stands on) before any sandbox is made, and a bad image refuses
 the seed naming the reference. overlay mounts the layers; dir refuses.`,

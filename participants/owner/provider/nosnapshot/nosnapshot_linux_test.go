@@ -11,8 +11,8 @@ import (
 	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/dir"
-	"github.com/stillpoint/stillpoint/participants/owner/provider/overlay"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/nosnapshot"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/overlay"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/providertest"
 )
 
