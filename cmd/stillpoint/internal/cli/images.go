@@ -24,11 +24,12 @@ var (
 )
 
 // openImageCache opens the owner's image cache at dir, bounded by max
-// bytes (0: image.DefaultMaxBytes). When the default directory cannot be
-// made (an owner that is not root), the owner runs without a cache: the
-// resolver it returns refuses every image, saying why, and finder is nil.
-// A directory given explicitly must open.
-func openImageCache(dir string, explicit bool, max int64, log zerolog.Logger) (owner.ImageResolver, overlay.ImageFinder, error) {
+// bytes (0: image.DefaultMaxBytes), and returns it with the owner's
+// resolver. When the default directory cannot be made (an owner that is
+// not root), the owner runs without a cache: cache is nil and the
+// resolver refuses every image, saying why. A directory given explicitly
+// must open.
+func openImageCache(dir string, explicit bool, max int64, log zerolog.Logger) (*image.Cache, owner.ImageResolver, error) {
 	c, err := image.Open(dir, image.Options{MaxBytes: max, Logger: log})
 	if err == nil {
 		return c, c, nil
@@ -37,7 +38,16 @@ func openImageCache(dir string, explicit bool, max int64, log zerolog.Logger) (o
 		return nil, nil, fmt.Errorf("--image-cache %s: %w", dir, err)
 	}
 	log.Warn().Err(err).Str("dir", dir).Msg("no image cache: tasks that name an image are refused (set --image-cache)")
-	return noImageCache{fmt.Errorf("no image cache: --image-cache %s: %w", dir, err)}, nil, nil
+	return nil, noImageCache{fmt.Errorf("no image cache: --image-cache %s: %w", dir, err)}, nil
+}
+
+// imageFinder is the cache as the overlay provider's finder: a nil
+// interface, not a nil *image.Cache, when there is none.
+func imageFinder(c *image.Cache) overlay.ImageFinder {
+	if c == nil {
+		return nil
+	}
+	return c
 }
 
 // noImageCache is the resolver of an owner without an image cache.

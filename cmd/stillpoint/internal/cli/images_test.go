@@ -16,14 +16,14 @@ import (
 // directory given that cannot be made is an error.
 func TestOpenImageCache(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "images")
-	r, f, err := openImageCache(dir, true, 1<<30, zerolog.Nop())
-	if _, ok := r.(*image.Cache); !ok || f == nil || err != nil {
-		t.Fatalf("openImageCache(%s) = %T, %T, %v", dir, r, f, err)
+	c, r, err := openImageCache(dir, true, 1<<30, zerolog.Nop())
+	if rc, ok := r.(*image.Cache); !ok || c == nil || rc != c || imageFinder(c) == nil || err != nil {
+		t.Fatalf("openImageCache(%s) = %v, %T, %v", dir, c, r, err)
 	}
 	bad := "/dev/null/images"
-	r, f, err = openImageCache(bad, false, 0, zerolog.Nop())
-	if err != nil || f != nil {
-		t.Fatalf("default that cannot be made: %v, finder %v", err, f)
+	c, r, err = openImageCache(bad, false, 0, zerolog.Nop())
+	if err != nil || c != nil || imageFinder(c) != nil {
+		t.Fatalf("default that cannot be made: %v, cache %v", err, c)
 	}
 	if _, err := r.Get(context.Background(), "/srv/img"); err == nil || !strings.Contains(err.Error(), bad) {
 		t.Errorf("Get without a cache: %v, want an error naming %s", err, bad)

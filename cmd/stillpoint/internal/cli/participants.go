@@ -296,6 +296,10 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	if f.stateDir, err = filepath.Abs(f.stateDir); err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
+	images, resolver, err := openImageCache(f.imageCache, f.imageCacheSet, f.imageCacheMax, log)
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err}
+	}
 	mv := microvm.Config{Sandboxd: f.sandboxd, Lease: f.sandboxLease, Accel: f.accel, Upstream: f.upstream, CacheDir: f.vmCache,
 		PruneCache: f.vmPrune, MemMiB: f.vmMem, CPU: f.vmCPU, Logger: log}
 	if f.opencode != "" && f.provider == "microvm" {
@@ -322,11 +326,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 			mv.CPU = "max" // as for OpenCode: a Bun binary that wants newer instructions
 		}
 	}
-	resolver, finder, err := openImageCache(f.imageCache, f.imageCacheSet, f.imageCacheMax, log)
-	if err != nil {
-		return &exitError{code: ExitUsage, err: err}
-	}
-	prov, reason, err := registry.Open(f.provider, filepath.Join(f.stateDir, "provider"), mv, finder)
+	prov, reason, err := registry.Open(f.provider, filepath.Join(f.stateDir, "provider"), mv, imageFinder(images))
 	if err != nil {
 		return err
 	}
