@@ -88,6 +88,10 @@ type Config struct {
 	HoldPoll time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// LaunchUser, when set, is who every launch runs as (a container
+	// image's user, ResolveUser); the supervisor itself stays as it is.
+	// nil: launches run as the supervisor does.
+	LaunchUser *User
 }
 
 func (c *Config) setDefaults() {

@@ -33,6 +33,8 @@ type linuxHost struct {
 	cgMade  bool       // the parent is the default subtree (removed when empty)
 	cgOwn   cgroup.Dir // this supervisor's own cgroup in it, holding the launch cgroups
 
+	user *User // who launches run as; nil: as this process
+
 	mu      sync.Mutex
 	active  map[string]*linuxLaunch
 	ownMade bool // cgOwn was made by this host (guarded by mu)
@@ -43,7 +45,7 @@ func newHost(cfg Config, log zerolog.Logger) (host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandboxd: own identity: %w", err)
 	}
-	h := &linuxHost{log: log, self: self, selfPID: os.Getpid(), active: map[string]*linuxLaunch{}}
+	h := &linuxHost{log: log, self: self, selfPID: os.Getpid(), active: map[string]*linuxLaunch{}, user: cfg.LaunchUser}
 	if cfg.StateDir != "" {
 		if h.tag, err = stateTag(cfg.StateDir); err != nil {
 			return nil, fmt.Errorf("%w: Config.StateDir: %w", ErrInvalidConfig, err)
@@ -191,6 +193,7 @@ func stateTag(dir string) (string, error) {
 func markOf(tag, id string) string { return EnvMark + "=" + tag + "/" + id }
 
 // start forks the harness in a new session (so its own process group),
+// as the launch user when there is one,
 // directly into its cgroup with CLONE_INTO_CGROUP when it gets one, with
 // its id and mark in its environment, stdin from /dev/null and stdout and
 // stderr appended to the output file. Its exit is subscribed before it
@@ -247,6 +250,9 @@ func (h *linuxHost) start(s startSpec) (hostLaunch, error) {
 		attr := &syscall.ProcAttr{
 			Dir: s.dir, Env: env2, Files: []uintptr{null.Fd(), out.Fd(), out.Fd()},
 			Sys: &syscall.SysProcAttr{Setsid: true, PidFD: &pidfd, UseCgroupFD: withCgroup, CgroupFD: cgfd},
+		}
+		if u := h.user; u != nil {
+			attr.Sys.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
 		}
 		pid, ch, err := startSubscribed(func() (int, error) {
 			pid, err := syscall.ForkExec(argv0, s.argv, attr)

@@ -136,6 +136,10 @@ type Config struct {
 	// Metrics, when set, receives the owner's metrics: each snapshot's and
 	// fork's duration and bytes. nil: off.
 	Metrics *metrics.Set
+	// Images resolves the image a spec names (ImageRef) before its sandbox
+	// is made (*image.Cache). nil: a spec naming an image is refused
+	// (ErrBadTask).
+	Images ImageResolver
 }
 
 func (c *Config) setDefaults() {

@@ -60,7 +60,7 @@ func SandboxdSpec(spec provider.Spec, c SandboxdConfig) provider.Spec {
 		spec.CopyIn = append(spec.CopyIn, provider.CopyIn{HostPath: c.Binary, SandboxPath: SandboxdPath[1:], Mode: 0o755})
 	}
 	init := []string{bin, "member", "--nats-url", c.NATSURL, "--run", c.Run, "--id", spec.ID,
-		"--state", "/var/lib/stillpoint-sandboxd"}
+		"--state", "/var/lib/stillpoint-sandboxd", "--launch-user-file", LaunchUserFile}
 	if c.CredsFile != "" {
 		spec.CopyIn = append(spec.CopyIn, provider.CopyIn{HostPath: c.CredsFile, SandboxPath: "etc/stillpoint/nats.creds", Mode: 0o600})
 		init = append(init, "--creds", "/etc/stillpoint/nats.creds")

@@ -106,9 +106,11 @@ func checkData(d json.RawMessage) (json.RawMessage, error) {
 }
 
 // StartSession starts a sandbox for the session on the provider
-// (spec.ID defaults to the session id made a token), runs the task kind's
-// setup against it (with no task payload) and, only when the setup
-// succeeded and returned a JSON object or nothing, tracks the session. The
+// (spec.ID defaults to the session id made a token; a spec.ImageRef is
+// resolved first through Config.Images, a failure wrapping ErrBadTask),
+// runs the task kind's setup against it (with no task payload) and, only
+// when the setup succeeded and returned a JSON object or nothing, tracks
+// the session. The
 // setup gets a copy of the session and may change its Workdir (absolute);
 // other changes are ignored. Otherwise the sandbox is stopped, nothing is
 // tracked, and the error wraps ErrSetup. While a checkpoint is open it
@@ -119,6 +121,9 @@ func (o *Owner) StartSession(ctx context.Context, sessionID string, ep events.Ep
 		return nil, err
 	}
 	if err := ep.Validate(); err != nil {
+		return nil, err
+	}
+	if err := o.resolveImage(ctx, sessionID, &spec); err != nil {
 		return nil, err
 	}
 	turn, err := o.waitTurn(ctx, sessionID)
@@ -229,7 +234,13 @@ func (o *Owner) SeedSession(ctx context.Context, sessionID string, ep events.Epi
 	fork := ok && s.restored && s.Episode == ep
 	o.mu.Unlock()
 	if !fork {
-		// A restored fork starts nothing and waits for no turn.
+		// A restored fork starts nothing, needs no image resolved and
+		// waits for no turn. The image is resolved before the turn and
+		// the admission: a pull holds neither a start's place nor a
+		// checkpoint.
+		if err := o.resolveImage(ctx, sessionID, &spec); err != nil {
+			return nil, err
+		}
 		turn, err := o.waitTurn(ctx, sessionID)
 		if err != nil {
 			return nil, err

@@ -91,7 +91,7 @@ func (k Kind) Spec(sessionID string, ep events.Episode, raw json.RawMessage) (pr
 	if err := provider.ValidateID("sandbox id", id); err != nil {
 		return provider.Spec{}, fmt.Errorf("session %s: %w", sessionID, err)
 	}
-	s := provider.Spec{ID: id, Workdir: t.workdir()}
+	s := provider.Spec{ID: id, Workdir: t.workdir(), ImageRef: t.Image}
 	if k.Harness != "" && !k.bound() {
 		s.CopyIn = []provider.CopyIn{{HostPath: k.Harness, SandboxPath: k.HarnessPath()[1:], Mode: 0o755}}
 	}

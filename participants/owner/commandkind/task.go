@@ -44,11 +44,14 @@ const (
 	MaxArg  = 64 << 10
 	// MaxTimeout is the longest timeout of a command.
 	MaxTimeout = time.Hour
+	// MaxImageRef is the longest image reference, in bytes.
+	MaxImageRef = 4096
 )
 
 // Defaults of a task.
 const (
-	// DefaultWorkdir is the working directory when the task names none.
+	// DefaultWorkdir is the working directory when the task names none
+	// and has no image (with one, the image's WorkingDir, else /).
 	DefaultWorkdir = "/work"
 	// DefaultSetupTimeout bounds a setup command that names no timeout.
 	DefaultSetupTimeout = 2 * time.Minute
@@ -83,8 +86,14 @@ type Task struct {
 	// none leaves Workdir empty.
 	Workspace Workspace `json:"workspace,omitzero"`
 	// Workdir is the working directory in the sandbox, absolute (default
-	// DefaultWorkdir): the harness's, the setup's and the verify's.
+	// DefaultWorkdir, or with an image the image's WorkingDir, else /):
+	// the harness's, the setup's and the verify's.
 	Workdir string `json:"workdir,omitempty"`
+	// Image is the container image the sandbox's root is made of: an OCI
+	// image layout directory, a docker save archive or a registry
+	// reference (the owner resolves it; see provider.Spec.ImageRef).
+	// None: the provider's base.
+	Image string `json:"image,omitempty"`
 	// Env is added (KEY=value) to the environment of the setup and verify
 	// commands; not SessionDataEnv.
 	Env []string `json:"env,omitempty"`
@@ -177,6 +186,13 @@ func ParseTask(raw json.RawMessage) (Task, error) {
 	if dec.More() {
 		return t, fmt.Errorf("%w: more than one JSON value", ErrTask)
 	}
+	// An image given as "" is a mistake, not the lack of one.
+	var named struct {
+		Image *string `json:"image"`
+	}
+	if json.Unmarshal(raw, &named) == nil && named.Image != nil && *named.Image == "" {
+		return t, errors.Join(fmt.Errorf("%w: image: empty", ErrTask), t.Validate())
+	}
 	return t, t.Validate()
 }
 
@@ -204,6 +220,12 @@ func (t Task) Validate() error {
 		if err := checkAbs(t.Workdir); err != nil {
 			bad("workdir", "%v", err)
 		}
+	}
+	switch {
+	case len(t.Image) > MaxImageRef:
+		bad("image", "%d bytes, more than %d", len(t.Image), MaxImageRef)
+	case strings.ContainsFunc(t.Image, func(r rune) bool { return r < ' ' || r == 0x7f }):
+		bad("image", "%.80q contains NUL or a control character", t.Image)
 	}
 	if len(t.Env) > MaxEnv {
 		bad("env", "%d entries, more than %d", len(t.Env), MaxEnv)
@@ -256,9 +278,13 @@ func (t Task) Validate() error {
 	return errors.Join(errs...)
 }
 
-// workdir returns the working directory, cleaned.
+// workdir returns the working directory, cleaned: "" with an image and
+// none named, for the owner to take the image's.
 func (t Task) workdir() string {
 	if t.Workdir == "" {
+		if t.Image != "" {
+			return ""
+		}
 		return DefaultWorkdir
 	}
 	return path.Clean(t.Workdir)

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stillpoint/stillpoint/events"
 )
 
 // good is a valid payload; each case of the table below breaks one field.
@@ -28,6 +30,26 @@ func TestParseTaskTakesAGoodTask(t *testing.T) {
 	}
 	if min.workdir() != DefaultWorkdir || !min.Workspace.empty() || min.Verify.Timeout.or(DefaultVerifyTimeout) != DefaultVerifyTimeout {
 		t.Fatalf("defaults: %+v", min)
+	}
+}
+
+// A task's image sets the spec's ImageRef; with no workdir the image's
+// WorkingDir applies (the owner sets it), else the task's.
+func TestImageSetsTheSpec(t *testing.T) {
+	for _, c := range []struct{ fields, image, workdir string }{
+		{`"image":"/srv/images/calc:latest"`, "/srv/images/calc:latest", ""},
+		{`"image":"registry.example:5000/calc@sha256:` + strings.Repeat("a", 64) + `","workdir":"/src"`, "registry.example:5000/calc@sha256:" + strings.Repeat("a", 64), "/src"},
+		{`"workdir":"/src"`, "", "/src"},
+		{`"env":[]`, "", DefaultWorkdir},
+	} {
+		raw := `{"task":"t","prompt":"p","verify":{"command":["true"]},` + c.fields + `}`
+		spec, err := Kind{}.Spec("s1", events.Episode{Rollout: "s1"}, json.RawMessage(raw))
+		if err != nil {
+			t.Fatalf("%s: %v", c.fields, err)
+		}
+		if spec.ImageRef != c.image || spec.Workdir != c.workdir {
+			t.Errorf("%s: ImageRef %q Workdir %q, want %q and %q", c.fields, spec.ImageRef, spec.Workdir, c.image, c.workdir)
+		}
 	}
 }
 
@@ -60,6 +82,11 @@ func TestParseTaskNamesTheBadField(t *testing.T) {
 		{`"reward":"json"`, `"reward":"maybe"`, "verify.reward"},
 		{`"harness":{"any":"thing"}`, `"harness":[1]`, "harness"},
 		{`"harness":{"any":"thing"}`, `"harnes":{}`, "harnes"},
+		{`"workdir":"/work"`, `"image":""`, "image"},
+		{`"workdir":"/work"`, `"image":"/srv/img\u0000"`, "image"},
+		{`"workdir":"/work"`, `"image":"/srv/img\n"`, "image"},
+		{`"workdir":"/work"`, `"image":"` + strings.Repeat("x", MaxImageRef+1) + `"`, "image"},
+		{`"workdir":"/work"`, `"image":7`, "image"},
 	} {
 		raw := strings.Replace(good, c.old, c.new, 1)
 		if raw == good {

@@ -54,6 +54,10 @@ type memberOpts struct {
 	// translate is the API the relay translates Messages and Responses
 	// calls to upstream ("chat"), "" for none.
 	translate string
+	// launchUser is who launches run as ("": as the daemon); launchUserFile
+	// names a file that holds it when launchUser is "" (missing: none).
+	launchUser     string
+	launchUserFile string
 	// failpoints are the --failpoint flags (see parseFailpoints).
 	failpoints failpoints
 }
@@ -104,6 +108,8 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	lease := fs.Duration("lease-grace", member.DefaultGrace, "lease grace after a phase's deadline")
 	level := fs.String("log-level", "info", "log level (logs go to stderr)")
 	relayAddr := fs.String("relay", "", "serve the model relay on this address, e.g. 127.0.0.1:"+fmt.Sprint(sandboxapi.DefaultRelayPort)+" (default: no relay)")
+	launchUser := fs.String("launch-user", "", "run every launch as this user: user, uid, user:group or uid:gid, resolved in /etc/passwd and /etc/group (default: as the daemon)")
+	launchUserFile := fs.String("launch-user-file", "", "a file whose first line is --launch-user's value, read when that flag is not given; a missing file names none (the owner writes it in a sandbox on an image with a user)")
 	var fps failpoints
 	fs.Func("failpoint", "inject a fault, for the end-to-end tests: identity=<launch id prefix> or relay-down[=<launch id prefix>] (repeatable)", fps.set)
 	relayUp := fs.String("relay-upstream", "", "the relay's first upstream URL, e.g. http://10.0.2.90:8080 (default: none until a relay_repoint)")
@@ -125,7 +131,8 @@ func parseMemberFlags(args []string, stderr io.Writer) (memberOpts, error) {
 	}
 	return memberOpts{conn: jetstream.ConnConfig{URL: *url, CredsFile: *creds, NKeyFile: *nkey, Token: *token, Name: "sandboxd-" + *id},
 		run: *run, id: *id, state: *state, mode: mode, grace: *grace, root: *root, noCg: *noCg, lease: *lease, level: lvl,
-		relay: *relayAddr, relayUpstream: *relayUp, capture: *capture, captureTokens: *captureTokens, translate: *translate, failpoints: fps}, nil
+		relay: *relayAddr, relayUpstream: *relayUp, capture: *capture, captureTokens: *captureTokens, translate: *translate, failpoints: fps,
+		launchUser: *launchUser, launchUserFile: *launchUserFile}, nil
 }
 
 // member runs the daemon on the bus: member sandbox.<id> of a run, serving
@@ -149,7 +156,7 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 	// owner's cgroup, and so the parent of their supervisors' cgroups, in
 	// which each supervisor has one of its own.
 	if r := os.Getenv("STILLPOINT_SANDBOX_ROOT"); r != "" {
-		for _, p := range []*string{&o.state, &o.conn.CredsFile, &o.conn.NKeyFile} {
+		for _, p := range []*string{&o.state, &o.conn.CredsFile, &o.conn.NKeyFile, &o.launchUserFile} {
 			if filepath.IsAbs(*p) {
 				*p = filepath.Join(r, *p)
 			}
@@ -189,7 +196,12 @@ func memberCmd(args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	sup, err := sandboxd.New(o.supervisorConfig(log))
+	supCfg := o.supervisorConfig(log)
+	if supCfg.LaunchUser, err = o.resolveLaunchUser(); err != nil {
+		fmt.Fprintln(stderr, "sandboxd:", err)
+		return 2
+	}
+	sup, err := sandboxd.New(supCfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandboxd:", err)
 		return 1
@@ -278,6 +290,30 @@ func (o memberOpts) newRelay(log zerolog.Logger) (*relay.Relay, error) {
 // supervisorConfig is the supervisor the member flags ask for.
 func (o memberOpts) supervisorConfig(log zerolog.Logger) sandboxd.Config {
 	return sandboxd.Config{StateDir: o.state, Mode: o.mode, Grace: o.grace, CgroupRoot: o.root, NoCgroup: o.noCg, Logger: log}
+}
+
+// resolveLaunchUser resolves --launch-user (or --launch-user-file's) in
+// the sandbox's /etc/passwd and /etc/group; nil when none is named.
+func (o memberOpts) resolveLaunchUser() (*sandboxd.User, error) {
+	spec := o.launchUser
+	if spec == "" && o.launchUserFile != "" {
+		var err error
+		if spec, err = sandboxd.ReadLaunchUser(o.launchUserFile); err != nil {
+			return nil, fmt.Errorf("--launch-user-file: %w", err)
+		}
+	}
+	if spec == "" {
+		return nil, nil
+	}
+	root := "/"
+	if r := os.Getenv("STILLPOINT_SANDBOX_ROOT"); r != "" {
+		root = r
+	}
+	u, err := sandboxd.ResolveUser(spec, root)
+	if err != nil {
+		return nil, fmt.Errorf("--launch-user: %w", err)
+	}
+	return &u, nil
 }
 
 func envOr(name, def string) string {

@@ -165,6 +165,9 @@ type ownerFlags struct {
 	directModel   bool
 	noTokens      bool
 	translate     bool // --model-api-translate: the relays translate Messages and Responses to chat completions
+	imageCache    string
+	imageCacheMax int64
+	imageCacheSet bool // --image-cache given: it must open
 }
 
 func newOwnerCmd(g *globals) *cobra.Command {
@@ -206,10 +209,21 @@ opencode-driver (go build ./cmd/opencode-driver), read-only at
 ` + codex.NPMPackage + ` in ` + codex.SystemCache + ` or
 ~/.cache/stillpoint/codex) and DRIVER, the static codex-driver, read-only at
 ` + codex.SandboxBinDir + `. --bind HOST:SANDBOX shows any host directory
-read-only in every sandbox; none of them is copied into snapshots.`,
+read-only in every sandbox; none of them is copied into snapshots.
+
+A task that names an image (the command kind's "image" field: an OCI
+layout directory, a docker save archive or a registry reference) has its
+sandbox made of that image: the owner resolves it into --image-cache
+(default ` + defaultImageCache + `; layers unpacked once, pruned to
+--image-cache-max least recently used first, never one a sandbox or kept
+snapshot stands on) before any sandbox is made, and a bad image refuses
+the seed naming the reference. overlay mounts the layers; dir refuses.`,
 		Example: `  stillpoint owner --run train-7 --name o1 --sandboxd bin/sandboxd --harness bin/scripted-harness`,
 		Args:    cobra.NoArgs,
-		RunE:    func(cmd *cobra.Command, _ []string) error { return runOwner(cmd.Context(), g, f) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.imageCacheSet = cmd.Flags().Changed("image-cache")
+			return runOwner(cmd.Context(), g, f)
+		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.run, "run", env("STILLPOINT_RUN"), "run id (env STILLPOINT_RUN)")
@@ -241,6 +255,8 @@ read-only in every sandbox; none of them is copied into snapshots.`,
 	fl.BoolVar(&f.reap, "reap", false, "stop the sandboxes an earlier owner process left in --state-dir, print their ids, and exit")
 	fl.BoolVar(&f.directModel, "direct-model", false, "run no model relay in the sandboxes: harnesses call the model directly, and no rollout has a trajectory (on microvm, none continues in place either)")
 	fl.BoolVar(&f.translate, "model-api-translate", false, "the sandboxes' relays send Anthropic Messages and OpenAI Responses calls (Claude Code, Codex) to the model server as chat completions, and translate the replies back, so that token ids are captured as for OpenCode (docs/TRAJECTORIES.md); not with --direct-model, which runs no relay")
+	fl.StringVar(&f.imageCache, "image-cache", defaultImageCache, "the image cache: the layers of the images tasks name, unpacked once and shared by owners (overlay mounts them; microvm builds its root disks from them)")
+	fl.Int64Var(&f.imageCacheMax, "image-cache-max", 0, "the image cache's size bound in bytes; images no sandbox or kept snapshot stands on are pruned, least recently used first, to stay under it (0: 20 GiB)")
 	fl.BoolVar(&f.noTokens, "no-capture-tokens", false, "capture model calls without asking the model server for token ids and logprobs (a server that refuses return_token_ids)")
 	return cmd
 }
@@ -280,6 +296,10 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	if f.stateDir, err = filepath.Abs(f.stateDir); err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}
+	images, resolver, err := openImageCache(f.imageCache, f.imageCacheSet, f.imageCacheMax, log)
+	if err != nil {
+		return &exitError{code: ExitUsage, err: err}
+	}
 	mv := microvm.Config{Sandboxd: f.sandboxd, Lease: f.sandboxLease, Accel: f.accel, Upstream: f.upstream, CacheDir: f.vmCache,
 		PruneCache: f.vmPrune, MemMiB: f.vmMem, CPU: f.vmCPU, Logger: log}
 	if f.opencode != "" && f.provider == "microvm" {
@@ -306,7 +326,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 			mv.CPU = "max" // as for OpenCode: a Bun binary that wants newer instructions
 		}
 	}
-	prov, reason, err := registry.Open(f.provider, filepath.Join(f.stateDir, "provider"), mv)
+	prov, reason, err := registry.Open(f.provider, filepath.Join(f.stateDir, "provider"), mv, imageFinder(images))
 	if err != nil {
 		return err
 	}
@@ -411,7 +431,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	}
 	o, err := owner.New(owner.Config{Run: f.run, Name: f.name, JS: js, Bus: bus, Provider: prov, Checkpointing: !f.noCheckpoints,
 		LendsSandboxes: true, StateDir: filepath.Join(f.stateDir, "owner"), TaskKind: kind, Logger: log, SandboxCreds: sandboxUsers,
-		Metrics: set})
+		Metrics: set, Images: resolver})
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
 	}

@@ -88,7 +88,8 @@ func (d *Provider) newBox(id string) func() *dirBox {
 }
 
 // Start creates the directory, writes spec's files and starts Init (by
-// default "sleep infinity") in its own process group.
+// default "sleep infinity") in its own process group. A spec with an
+// image is refused (ErrInvalid): the dir provider has no root to swap.
 func (d *Provider) Start(ctx context.Context, spec provider.Spec) (*provider.Sandbox, error) {
 	return d.start(ctx, spec, "")
 }
@@ -102,6 +103,9 @@ func (d *Provider) Fork(ctx context.Context, snapshotID string, spec provider.Sp
 }
 
 func (d *Provider) start(ctx context.Context, spec provider.Spec, snapshotID string) (*provider.Sandbox, error) {
+	if spec.Image != nil || spec.ImageRef != "" {
+		return nil, provider.InvalidField("spec.Image", "the dir provider cannot start from an image; use overlay or microvm")
+	}
 	return d.boxes.Start(spec, d.newBox(spec.ID), nil,
 		func(box *dirBox) error { return d.create(ctx, box, spec, snapshotID) }, d.teardown)
 }

@@ -122,3 +122,19 @@ func TestBindsAreCopiedIn(t *testing.T) {
 	}
 	providertest.Stop(t, p, sb)
 }
+
+// The dir provider has no root to swap: a spec with an image is refused,
+// and nothing is made.
+func TestDirRefusesImage(t *testing.T) {
+	d := newDir(t)
+	img := &provider.Image{Ref: "/srv/img", Digest: "sha256:00", Layers: []string{t.TempDir()}}
+	for _, spec := range []provider.Spec{{ID: "a", Image: img}, {ID: "a", ImageRef: "/srv/img"}} {
+		_, err := d.Start(context.Background(), spec)
+		if !errors.Is(err, provider.ErrInvalid) || !strings.Contains(err.Error(), "the dir provider cannot start from an image; use overlay or microvm") {
+			t.Errorf("Start with an image: %v, want ErrInvalid naming overlay and microvm", err)
+		}
+	}
+	if got := d.Sandboxes(); len(got) != 0 {
+		t.Errorf("Sandboxes() = %v after refused starts", got)
+	}
+}

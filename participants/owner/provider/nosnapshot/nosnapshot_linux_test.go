@@ -12,6 +12,7 @@ import (
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/dir"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/nosnapshot"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/overlay"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/providertest"
 )
 
@@ -52,6 +53,24 @@ func TestNoSnapshot(t *testing.T) {
 	}
 	if got := p.Sandboxes(); !slices.Equal(got, []string{"ns"}) {
 		t.Errorf("Sandboxes() = %v", got)
+	}
+	providertest.Stop(t, p, sb)
+}
+
+// A sandbox on an image goes through to the wrapped provider: overlay
+// starts it on the image's layers.
+func TestNoSnapshotImage(t *testing.T) {
+	providertest.RequireRoot(t)
+	ov, err := overlay.New(overlay.Config{StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := nosnapshot.New(ov)
+	t.Cleanup(func() { providertest.Cleanup(t, p) })
+	img := providertest.TwoLayerImage(t)
+	sb := providertest.Start(t, p, provider.Spec{ID: "ns", Image: img, Env: img.Env, Workdir: img.WorkingDir})
+	if got := providertest.Sh(t, p, "ns", "cat top.txt /keep.txt"); got != "top\ntop\n" {
+		t.Errorf("in the image: %q", got)
 	}
 	providertest.Stop(t, p, sb)
 }

@@ -73,6 +73,8 @@ func BenchmarkFork(b *testing.B) { providertest.BenchFork(b, newBench) }
 
 func BenchmarkStart(b *testing.B) { providertest.BenchStart(b, newBench) }
 
+func BenchmarkStartImage(b *testing.B) { providertest.BenchStartImage(b, newBench) }
+
 func BenchmarkCopyBaseline(b *testing.B) { providertest.BenchCopyBaseline(b) }
 
 // It has the shape of every provider.

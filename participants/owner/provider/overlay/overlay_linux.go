@@ -5,8 +5,6 @@ package overlay
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -77,6 +75,11 @@ type Config struct {
 	StopTimeout time.Duration
 	// StartTimeout: default DefaultStartTimeout.
 	StartTimeout time.Duration
+	// Images is the image cache: a fork of a snapshot taken on an image
+	// finds the image there, and each sandbox and snapshot on an image
+	// holds it there. nil: a sandbox may still start from spec.Image, but
+	// nothing holds it, and a fork of a snapshot on an image fails.
+	Images ImageFinder
 }
 
 func (c *Config) setDefaults(cgMount string) {
@@ -86,8 +89,7 @@ func (c *Config) setDefaults(cgMount string) {
 	if c.CgroupParent == "" {
 		// One parent per state directory: two owners on a host (two runs,
 		// two tests) may use the same sandbox ids.
-		sum := sha256.Sum256([]byte(filepath.Clean(c.StateDir)))
-		c.CgroupParent = filepath.Join(cgMount, DefaultCgroupParentName, hex.EncodeToString(sum[:4]))
+		c.CgroupParent = filepath.Join(cgMount, DefaultCgroupParentName, stateHash(c.StateDir))
 	}
 	if c.FreezeTimeout == 0 {
 		c.FreezeTimeout = DefaultFreezeTimeout
@@ -147,6 +149,9 @@ type Provider struct {
 type overlayBox struct {
 	boxes.State
 	proc *os.Process // the init, if this process started it
+	// image is what the sandbox's root is made of; nil: the base (or a
+	// sandbox an earlier process left, which is only stopped).
+	image *provider.Image
 	// reap is held shared by each Exec while nsenter enters the sandbox by
 	// the init's pid, and exclusively to reap the init: until then the pid
 	// cannot name another process. exited is set once the init has exited.
@@ -249,12 +254,16 @@ func (o *Provider) Config() Config { return o.cfg }
 func (o *Provider) dir(id string) string        { return o.boxes.Dir(id) }
 func (o *Provider) cgroup(id string) cgroup.Dir { return cgroup.Dir(o.cfg.CgroupParent).Child(id) }
 
-// Start mounts a fresh overlay over the base and starts spec.Init in it.
+// Start mounts a fresh overlay over the base, or over spec.Image's layers,
+// and starts spec.Init in it.
 func (o *Provider) Start(ctx context.Context, spec provider.Spec) (*provider.Sandbox, error) {
 	return o.start(ctx, spec, "")
 }
 
-// Fork starts spec.ID with its upper layer copied from the snapshot.
+// Fork starts spec.ID with its upper layer copied from the snapshot, over
+// what the snapshot stands on: the base, or the image its meta records,
+// found in Config.Images (whose Env goes before spec.Env, as the owner
+// did for the sandbox the snapshot was taken of).
 func (o *Provider) Fork(ctx context.Context, snapshotID string, spec provider.Spec) (*provider.Sandbox, error) {
 	if err := provider.ValidateID("snapshotID", snapshotID); err != nil {
 		return nil, err
@@ -276,27 +285,52 @@ func (o *Provider) start(ctx context.Context, spec provider.Spec, snapshotID str
 func (o *Provider) create(ctx context.Context, box *overlayBox, spec provider.Spec, snapshotID string) error {
 	dir := o.dir(spec.ID)
 	upper, work, merged := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "merged")
+	if spec.Image != nil {
+		if err := o.checkImage(spec.Image); err != nil {
+			return err
+		}
+	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
-	if snapshotID == "" {
+	img, mask := spec.Image, o.mask
+	switch {
+	case snapshotID != "":
+		var err error
+		if img, err = o.copyFromSnapshot(ctx, snapshotID, upper, spec.Image); err != nil {
+			return err
+		}
+		spec.Env = withImageEnv(img, spec.Env)
+	case img != nil:
+		// An image's working directory holds what the image put there
+		// (a task's repository): it is not emptied.
+		if err := os.Mkdir(upper, 0o755); err != nil {
+			return err
+		}
+	default:
 		if err := os.Mkdir(upper, 0o755); err != nil {
 			return err
 		}
 		if err := o.emptyWorkdir(upper, spec.Workdir); err != nil {
 			return err
 		}
-	} else if err := o.copyFromSnapshot(ctx, snapshotID, upper); err != nil {
-		return err
+	}
+	if img != nil {
+		// The layers are the cache's, never the state directory's
+		// (checkImage): nothing to cover.
+		mask = ""
+		if err := o.holdImage(spec.ID, img); err != nil {
+			return err
+		}
+		box.image = img
 	}
 	for _, d := range []string{work, merged} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			return err
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,%s", o.cfg.BaseDir, upper, work, overlayOptions)
-	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
-		return fmt.Errorf("mount overlay on %s: %w", merged, err)
+	if err := mountOverlay(o.lowerDirs(img), upper, work, merged); err != nil {
+		return err
 	}
 	workdir := spec.Workdir
 	if workdir == "" {
@@ -318,7 +352,7 @@ func (o *Provider) create(ctx context.Context, box *overlayBox, spec provider.Sp
 		Cgroup:      string(cg),
 		CgroupMount: o.cgMount,
 		Workdir:     workdir,
-		Mask:        o.mask,
+		Mask:        mask,
 		Argv:        spec.Init,
 		Env:         box.Env,
 		Binds:       initBinds(spec.Binds),
@@ -341,7 +375,8 @@ func initBinds(bs []provider.Bind) []initBind {
 // there with the base's modes (sticky and set-id bits too) and owners. The
 // opaque mark is an xattr, which a snapshot's copy keeps. No working
 // directory, or the root, needs none; a path that is not a directory in
-// the base (a symbolic link) is left to populate, unmarked.
+// the base (a symbolic link) is left to populate, unmarked. A sandbox on
+// an image needs none: what the image has there is the task's.
 func (o *Provider) emptyWorkdir(upper, workdir string) error {
 	if workdir == "" {
 		return nil
@@ -382,18 +417,29 @@ func (o *Provider) emptyWorkdir(upper, workdir string) error {
 	return nil
 }
 
-func (o *Provider) copyFromSnapshot(ctx context.Context, snapshotID, upper string) error {
+// copyFromSnapshot copies the snapshot's upper layer to upper and returns
+// the image it stands on (nil: the base).
+func (o *Provider) copyFromSnapshot(ctx context.Context, snapshotID, upper string, want *provider.Image) (*provider.Image, error) {
 	sdir, meta, release, err := o.snaps.Open(snapshotID)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer release()
-	if meta.Provider != o.Name() || meta.Base != o.cfg.BaseDir {
-		return fmt.Errorf("%w: snapshotID %q was taken by provider %q over base %q, not %q over %q",
+	if meta.Provider != o.Name() || (meta.Image == "" && meta.Base != o.cfg.BaseDir) {
+		return nil, fmt.Errorf("%w: snapshotID %q was taken by provider %q over base %q, not %q over %q",
 			provider.ErrInvalid, snapshotID, meta.Provider, meta.Base, o.Name(), o.cfg.BaseDir)
 	}
+	img, err := o.imageOf(snapshotID, meta.Image, want)
+	if err != nil {
+		return nil, err
+	}
+	if img != nil {
+		if err := o.checkImage(img); err != nil {
+			return nil, fmt.Errorf("snapshot %s stands on image %s: %w", snapshotID, meta.Image, err)
+		}
+	}
 	_, err = copytree.Copy(ctx, filepath.Join(sdir, "upper"), upper)
-	return err
+	return img, err
 }
 
 // startInit starts the helper (see init_linux.go) in new PID, mount and
@@ -499,7 +545,13 @@ func (o *Provider) Snapshot(ctx context.Context, id, snapshotID string) (provide
 	}
 	defer box.Mu.Unlock()
 	meta := snapstore.Meta{ID: snapshotID, Provider: o.Name(), Base: o.cfg.BaseDir, Sandbox: id}
-	return o.snaps.Create(meta, func(dst string) (snap provider.Snapshot, err error) {
+	if box.image != nil {
+		meta.Base, meta.Image = "", box.image.Digest
+		if err := o.holdForSnapshot(snapshotID, box.image); err != nil {
+			return provider.Snapshot{}, err
+		}
+	}
+	snap, err := o.snaps.Create(meta, func(dst string) (snap provider.Snapshot, err error) {
 		cg := cgroup.Dir(box.Sandbox.Cgroup)
 		t0 := time.Now()
 		// A freeze the kernel does not confirm in FreezeTimeout is undone.
@@ -515,9 +567,14 @@ func (o *Provider) Snapshot(ctx context.Context, id, snapshotID string) (provide
 		st, err := copytree.Copy(ctx, filepath.Join(o.dir(id), "upper"), filepath.Join(dst, "upper"))
 		return provider.Snapshot{Size: st.Bytes, Files: st.Entries}, err
 	})
+	if err != nil && meta.Image != "" && !errors.Is(err, provider.ErrExists) {
+		err = errors.Join(err, o.release(o.snapshotHolder(snapshotID)))
+	}
+	return snap, err
 }
 
-// DeleteSnapshot removes snapshots/<snapshotID>.
+// DeleteSnapshot removes snapshots/<snapshotID> and then its hold on its
+// image.
 func (o *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error {
 	if err := provider.ValidateID("snapshotID", snapshotID); err != nil {
 		return err
@@ -525,7 +582,10 @@ func (o *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return o.snaps.Delete(snapshotID)
+	if err := o.snaps.Delete(snapshotID); err != nil {
+		return err
+	}
+	return o.release(o.snapshotHolder(snapshotID))
 }
 
 // Exec runs argv in the sandbox's namespaces and root through nsenter,

@@ -82,6 +82,14 @@ func (o *Provider) teardown(id string, box *overlayBox) error {
 	if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("%w: directory %s", provider.ErrLeftover, dir))
 	}
+	// Its image's hold last, once nothing stands on the layers (a retry
+	// of a teardown that left something releases it): also that of a
+	// sandbox an earlier process left, whose image is unknown.
+	if len(errs) == 0 {
+		if err := o.release(o.sandboxHolder(id)); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -159,3 +159,44 @@ func BenchStart(b *testing.B, newProvider func(testing.TB) provider.Provider) {
 		b.StartTimer()
 	}
 }
+
+// BenchStartImage: start-to-ready of a fresh sandbox on the host's root
+// (start/host, as BenchStart) and on an image of two layers copied from
+// the host (start/image, HostImage: no copy per sandbox), on one provider
+// newProvider makes, in the same run; start/image reports its time over
+// start/host's as image/host. Stopped outside the timer.
+func BenchStartImage(b *testing.B, newProvider func(testing.TB) provider.Provider) {
+	ctx := context.Background()
+	p := newProvider(b)
+	img := HostImage(b)
+	// The image is a root a shell runs in.
+	sb := Start(b, p, provider.Spec{ID: "check", Image: img, Env: img.Env})
+	if got := Sh(b, p, sb.ID, "test ! -e /etc/motd && ls /usr/bin/ls"); got != "/usr/bin/ls\n" {
+		b.Fatalf("in the image: %q", got)
+	}
+	if err := p.Stop(ctx, sb.ID); err != nil {
+		b.Fatal(err)
+	}
+	unix.Sync()
+	var host, image float64 // ns per start
+	run := func(name string, spec func(i int) provider.Spec, per *float64) {
+		b.Run(name, func(b *testing.B) {
+			i := 0
+			for b.Loop() {
+				sb := Start(b, p, spec(i))
+				b.StopTimer()
+				if err := p.Stop(ctx, sb.ID); err != nil {
+					b.Fatal(err)
+				}
+				i++
+				b.StartTimer()
+			}
+			*per = float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+			if name == "start/image" && host > 0 {
+				b.ReportMetric(*per/host, "image/host")
+			}
+		})
+	}
+	run("start/host", func(i int) provider.Spec { return provider.Spec{ID: fmt.Sprintf("h%d", i)} }, &host)
+	run("start/image", func(i int) provider.Spec { return provider.Spec{ID: fmt.Sprintf("i%d", i), Image: img, Env: img.Env} }, &image)
+}

@@ -4,6 +4,7 @@ package registry
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -20,7 +21,7 @@ func TestMain(m *testing.M) { leak.VerifyTestMain(m) }
 func TestDefaultPicksOverlayAsRoot(t *testing.T) {
 	providertest.RequireRoot(t)
 	state := t.TempDir()
-	p, reason, err := Default(state)
+	p, reason, err := Default(state, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,11 +47,39 @@ func TestDefaultPicksOverlayAsRoot(t *testing.T) {
 
 // Open opens the provider a name names, and refuses any other name.
 func TestOpen(t *testing.T) {
-	d, _, err := Open("dir", t.TempDir(), microvm.Config{})
+	d, _, err := Open("dir", t.TempDir(), microvm.Config{}, nil)
 	if err != nil || d.Name() != "dir" {
 		t.Fatalf("Open(dir) = %v, %v", d, err)
 	}
-	if _, _, err := Open("docker", t.TempDir(), microvm.Config{}); !errors.Is(err, provider.ErrInvalid) {
+	if _, _, err := Open("docker", t.TempDir(), microvm.Config{}, nil); !errors.Is(err, provider.ErrInvalid) {
 		t.Fatalf("Open(docker): %v, want ErrInvalid", err)
+	}
+}
+
+// noImages is an image cache that holds nothing.
+type noImages struct{}
+
+func (noImages) Lookup(d string) (*provider.Image, error) {
+	return nil, fmt.Errorf("%s: not cached", d)
+}
+func (noImages) Hold(string, string) error { return nil }
+func (noImages) Release(string) error      { return nil }
+
+// The overlay provider Open and Default make gets the image cache.
+func TestOpenPassesImages(t *testing.T) {
+	providertest.RequireRoot(t)
+	for _, name := range []string{"overlay", "auto"} {
+		state := t.TempDir()
+		p, _, err := Open(name, state, microvm.Config{}, noImages{})
+		if err != nil {
+			t.Fatalf("Open(%s): %v", name, err)
+		}
+		ov, ok := p.(*overlay.Provider)
+		if !ok {
+			t.Fatalf("Open(%s) = %s, want overlay", name, p.Name())
+		}
+		if ov.Config().Images != (noImages{}) {
+			t.Errorf("Open(%s): Images = %v, want the cache given", name, ov.Config().Images)
+		}
 	}
 }

@@ -19,14 +19,17 @@ import (
 
 // Meta is a snapshot's meta.json.
 type Meta struct {
-	ID       string        `json:"id"`
-	Provider string        `json:"provider"`
-	Base     string        `json:"base,omitempty"`
-	Sandbox  string        `json:"sandbox"`
-	Size     int64         `json:"size"`
-	Files    int           `json:"files"`
-	Took     time.Duration `json:"took"`
-	Created  time.Time     `json:"created"`
+	ID       string `json:"id"`
+	Provider string `json:"provider"`
+	Base     string `json:"base,omitempty"`
+	// Image is the digest of the image the snapshot's sandbox stood on
+	// ("" when it stood on Base): a fork needs that image.
+	Image   string        `json:"image,omitempty"`
+	Sandbox string        `json:"sandbox"`
+	Size    int64         `json:"size"`
+	Files   int           `json:"files"`
+	Took    time.Duration `json:"took"`
+	Created time.Time     `json:"created"`
 }
 
 // Store is <state>/snapshots: one directory per snapshot holding
@@ -102,6 +105,12 @@ func (s *Store) Create(meta Meta, fill func(dir string) (provider.Snapshot, erro
 		return provider.Snapshot{}, errors.Join(err, os.RemoveAll(tmp))
 	}
 	return provider.Snapshot{ID: meta.ID, Size: meta.Size, Files: meta.Files, Took: meta.Took}, nil
+}
+
+// Exists tells whether snapshot id is in the store.
+func (s *Store) Exists(id string) bool {
+	_, err := os.Lstat(s.path(id))
+	return err == nil
 }
 
 // Open returns a snapshot's directory and meta, holding the store shared
