@@ -302,6 +302,11 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 	}
 	mv := microvm.Config{Sandboxd: f.sandboxd, Lease: f.sandboxLease, Accel: f.accel, Upstream: f.upstream, CacheDir: f.vmCache,
 		PruneCache: f.vmPrune, MemMiB: f.vmMem, CPU: f.vmCPU, Logger: log}
+	if images != nil {
+		// Not a nil *image.Cache in the interface: microvm tells "no
+		// cache" by a nil interface.
+		mv.Images = images
+	}
 	if f.opencode != "" && f.provider == "microvm" {
 		// OpenCode and ripgrep are on the harness disk; the libraries they
 		// load go into the guests' root image.
