@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,4 +123,19 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Logf("%s", p)
 	return len(p), nil
+}
+
+// .ci/swe-base builds the base CI caches before the tests: its names and
+// packages must be these, or EnsureBase builds its own again.
+func TestCIScriptAgrees(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "..", ".ci", "swe-base"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"name=" + baseName + "\n", "packages=" + strings.Join(Packages, ",") + "\n", "mirror=" + Mirror + "\n",
+		"cache=${1:-" + DefaultCache + "}\n", `"$cache/.lock"`, `"$cache/$name.done"`, " " + Suite + " "} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf(".ci/swe-base does not hold %q", want)
+		}
+	}
 }
