@@ -69,9 +69,11 @@ func touchTemplate(t *template) {
 // pruneCache removes from the cache the templates beyond the PruneKeep
 // most recently used that were not used for PruneUnused and that no
 // sandbox or snapshot of any state directory registered as the cache's
-// user (registerCacheUser) stands on, the images no
-// kept template or own disk needs, and stale initramfs and root trees. A
-// template another process is building (its lock held) stays.
+// user (registerCacheUser) stands on, the images (root disks, of the base
+// tree or of a container image, and harness disks) that no kept template
+// and no such sandbox or snapshot needs, and stale initramfs and root
+// trees. A template or an image's root disk another process is building
+// (its lock held) stays.
 func (m *Provider) pruneCache() error {
 	held := map[string]bool{}
 	for _, state := range m.cacheUsers() {
@@ -149,9 +151,28 @@ func (m *Provider) pruneCache() error {
 	imgs, _ := os.ReadDir(filepath.Join(m.cache, "images"))
 	for _, e := range imgs {
 		p := filepath.Join(m.cache, "images", e.Name())
-		if !held[p] && stale(p) {
-			errs = append(errs, os.Remove(p))
+		if held[p] || !stale(p) {
+			continue
 		}
+		if build, ok := imageBuild(p); ok {
+			// An image's root disk or a dead build's staging directory:
+			// not while a build of that image holds the lock, which stays
+			// (two builders must never lock two files of one name).
+			if strings.HasSuffix(p, ".lock") {
+				continue
+			}
+			f, err := os.OpenFile(build+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+				errs = append(errs, os.RemoveAll(p))
+			}
+			f.Close()
+			continue
+		}
+		errs = append(errs, os.Remove(p))
 	}
 	top, _ := os.ReadDir(m.cache)
 	for _, e := range top {
@@ -163,4 +184,19 @@ func (m *Provider) pruneCache() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// imageBuild returns, for the path of an image's root disk, its lock or
+// its staging directory (imageDisk), the path they share without
+// extension.
+func imageBuild(p string) (string, bool) {
+	if !strings.HasPrefix(filepath.Base(p), "image-") {
+		return "", false
+	}
+	for _, ext := range []string{".ext4", ".lock", ".stage"} {
+		if b, ok := strings.CutSuffix(p, ext); ok {
+			return b, true
+		}
+	}
+	return "", false
 }

@@ -26,6 +26,9 @@ type vmMeta struct {
 	// Base and Harness are the raw root and harness images (cache/images).
 	Base    string `json:"base"`
 	Harness string `json:"harness"`
+	// Image is the manifest digest of the container image Base was built
+	// of ("": the provider's base tree).
+	Image string `json:"image,omitempty"`
 	// HarnessMount is where the guest mounts the harness image, when not
 	// at BinDirInGuest (harnessMount): the template's command line, which
 	// its forks share.

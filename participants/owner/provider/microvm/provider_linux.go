@@ -77,6 +77,10 @@ type Config struct {
 	// cached by content); default: a minimal tree of busybox applets and
 	// HostTools.
 	BaseDir string
+	// Images makes the merged tree of a Spec.Image, whose root disk the
+	// provider builds once per digest: the owner's image cache. Nil
+	// refuses a spec with an Image.
+	Images RootfsMaker
 	// HostTools are host programs (looked up on PATH) copied into the
 	// default root tree, with the shared libraries they load, over
 	// busybox's applets: "PROG" at its host path, "PATH=PROG" at PATH.

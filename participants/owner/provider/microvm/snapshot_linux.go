@@ -74,7 +74,7 @@ func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (p
 	if err != nil {
 		return st, err
 	}
-	snap := vmMeta{Chain: frozen, Base: meta.Base, Harness: meta.Harness, HarnessMount: meta.HarnessMount, CPU: meta.CPU,
+	snap := vmMeta{Chain: frozen, Base: meta.Base, Image: meta.Image, Harness: meta.Harness, HarnessMount: meta.HarnessMount, CPU: meta.CPU,
 		Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id}
 	if err := vmFile(dst).Write(snap); err != nil {
 		return st, err

@@ -27,19 +27,24 @@ type template struct {
 	dir string
 	// mount is where the guest mounts the harness disk ("": BinDirInGuest).
 	mount string
+	// image is the digest of the container image of its root disk ("":
+	// the provider's base).
+	image string
 	meta  vmMeta
 	mu    sync.Mutex // held while it is built
 	ok    bool
 }
 
-// template returns the warm template of the images, booting it once.
+// template returns the warm template of the images, booting it once: base
+// the root disk (of the container image of digest image, or "" for the
+// provider's base tree), harness the harness disk, mounted at mount.
 //
 // Its key names each image by its file (inode and modification time) as
 // well as its path: a booted guest holds the file system's state in its
 // RAM, and a template must never be started over other bytes than those it
 // booted on. An image is fixed once built (qemu.Ext4Image); a cache an
 // older build replaced an image in simply gets a new template.
-func (m *Provider) template(ctx context.Context, base, harness, mount string) (*template, error) {
+func (m *Provider) template(ctx context.Context, base, image, harness, mount string) (*template, error) {
 	bid, err := fileIdentity(base)
 	if err != nil {
 		return nil, err
@@ -60,7 +65,7 @@ func (m *Provider) template(ctx context.Context, base, harness, mount string) (*
 	m.tmplMu.Lock()
 	t := m.templates[key]
 	if t == nil {
-		t = &template{key: key, dir: filepath.Join(m.cache, "templates", key), mount: mount}
+		t = &template{key: key, dir: filepath.Join(m.cache, "templates", key), mount: mount, image: image}
 		m.templates[key] = t
 	}
 	m.tmplMu.Unlock()
@@ -145,7 +150,7 @@ func (m *Provider) bootTemplate(ctx context.Context, t *template, base, harness 
 		return err
 	}
 	layer := filepath.Join(t.dir, "disk.qcow2")
-	t.meta = vmMeta{Chain: []string{layer}, Base: base, Harness: harness, HarnessMount: t.mount, CPU: m.cfg.CPU, Gen: 0, MemMiB: m.cfg.MemMiB}
+	t.meta = vmMeta{Chain: []string{layer}, Base: base, Image: t.image, Harness: harness, HarnessMount: t.mount, CPU: m.cfg.CPU, Gen: 0, MemMiB: m.cfg.MemMiB}
 	if err := vmFile(t.dir).Write(t.meta); err != nil {
 		return err
 	}

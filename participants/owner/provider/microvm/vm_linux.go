@@ -121,7 +121,7 @@ func (m *Provider) launch(ctx context.Context, spec provider.Spec, req vmctl.Req
 	var parent vmMeta
 	var state, ram string
 	if snapshotID == "" {
-		base, err := m.baseImage(ctx)
+		base, err := m.rootImage(ctx, spec.Image)
 		if err != nil {
 			return nil, err
 		}
@@ -129,7 +129,7 @@ func (m *Provider) launch(ctx context.Context, spec provider.Spec, req vmctl.Req
 		if err != nil {
 			return nil, err
 		}
-		t, err := m.template(ctx, base, harness, harnessMount(spec.Binds))
+		t, err := m.template(ctx, base, imageDigest(spec.Image), harness, harnessMount(spec.Binds))
 		if err != nil {
 			return nil, err
 		}
@@ -169,7 +169,7 @@ func (m *Provider) launch(ctx context.Context, spec provider.Spec, req vmctl.Req
 		return nil, err
 	}
 	top := m.layer(newLayerName())
-	meta := vmMeta{Chain: append([]string{top}, parent.Chain...), Base: parent.Base, Harness: parent.Harness, HarnessMount: parent.HarnessMount, CPU: parent.CPU,
+	meta := vmMeta{Chain: append([]string{top}, parent.Chain...), Base: parent.Base, Image: parent.Image, Harness: parent.Harness, HarnessMount: parent.HarnessMount, CPU: parent.CPU,
 		Gen: gen, MemMiB: m.cfg.MemMiB, NATSHost: hostNATS}
 	// The reference first, then the layer: the collector never sees a
 	// layer that nothing holds but that someone is about to use.
