@@ -71,7 +71,7 @@ LONG      ?= 1
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,node,preempt,sandboxd,harness,stall,collector,nats
 CHAOS_SEED   ?= 1
 
-.PHONY: all help build test test-heavy bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak faults ci clean microvm-assets timeline-png
+.PHONY: all help build test test-heavy bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak faults ci clean microvm-assets swe-base timeline-png
 
 all: build
 
@@ -206,6 +206,11 @@ timeline-png:
 ## extract its vmlinux and modules into the cache (.ci/microvm-assets).
 microvm-assets:
 	.ci/microvm-assets
+
+## swe-base: build the Debian base of the SWE-style set's images into its
+## cache with debootstrap (.ci/swe-base; once, a minute or two).
+swe-base:
+	.ci/swe-base
 
 ## ci: what .ci/run does after its installs.
 ci: lint test test-heavy fuzz faults chaos

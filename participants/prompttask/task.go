@@ -15,8 +15,12 @@ type Task struct {
 	// the script a scripted model answers from. Optional: the rollout id
 	// stands for it.
 	Name string `json:"task,omitempty"`
-	// Prompt is the first user message. Required.
+	// Prompt is the first user message. Required, unless the payload is
+	// a SWE-bench instance: its ProblemStatement is then the prompt.
 	Prompt string `json:"prompt"`
+	// ProblemStatement is a SWE-bench instance's issue (the swe kind's
+	// payload), the prompt when Prompt is empty.
+	ProblemStatement string `json:"problem_statement,omitempty"`
 }
 
 // ErrTask is wrapped by Parse for a payload an adapter cannot run.
@@ -29,6 +33,9 @@ func Parse(raw json.RawMessage) (Task, error) {
 	var t Task
 	if err := json.Unmarshal(raw, &t); err != nil {
 		return t, fmt.Errorf("%w: %w", ErrTask, err)
+	}
+	if strings.TrimSpace(t.Prompt) == "" {
+		t.Prompt = t.ProblemStatement
 	}
 	if strings.TrimSpace(t.Prompt) == "" {
 		return t, fmt.Errorf("%w: the prompt is empty", ErrTask)

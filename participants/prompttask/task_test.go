@@ -14,7 +14,11 @@ func TestParse(t *testing.T) {
 	if err != nil || tk.Name != "fix-add" || tk.Prompt != "Make test.sh pass." {
 		t.Fatalf("%+v %v", tk, err)
 	}
-	for _, bad := range []string{`{"task":"t"}`, `{"prompt":" "}`, `[]`, `{"prompt":"p","task":"a\nb"}`, `{"prompt":"a\u0000b"}`} {
+	// A SWE-bench instance's problem statement is its prompt.
+	if tk, err = prompttask.Parse(json.RawMessage(`{"instance_id":"a__b-1","problem_statement":"It breaks."}`)); err != nil || tk.Prompt != "It breaks." {
+		t.Fatalf("a SWE-bench instance: %+v %v", tk, err)
+	}
+	for _, bad := range []string{`{"task":"t"}`, `{"problem_statement":" "}`, `{"prompt":" "}`, `[]`, `{"prompt":"p","task":"a\nb"}`, `{"prompt":"a\u0000b"}`} {
 		if _, err := prompttask.Parse(json.RawMessage(bad)); !errors.Is(err, prompttask.ErrTask) {
 			t.Errorf("%s: %v", bad, err)
 		}

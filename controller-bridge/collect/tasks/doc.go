@@ -15,6 +15,14 @@
 // tool call; the verify runs the repository's own tests, against the
 // test files setup pinned; a control task's script fixes nothing.
 //
+// SWE is the SWE-style set, of the swe kind (participants/owner/swekind):
+// five small Python libraries with an issue each, kept as plain files
+// under testdata/swe (the repository at its base commit, and the test
+// files as the test patch leaves them), written out as git repositories
+// whose test patches and gold patches git makes, and turned into images
+// (package sweimage: a debootstrap base cached once, the repository at
+// /testbed) in one OCI layout, which the instances' image fields name.
+//
 // Write writes a set as a tasks file whose lines carry their model turns
 // (modelserver.TaskLine).
 package tasks

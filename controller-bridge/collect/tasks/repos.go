@@ -296,18 +296,9 @@ func Repos(o RepoOptions) ([]collect.Task, modelserver.Script, error) {
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, nil, err
 	}
-	var tools toolset
-	switch o.Harness {
-	case "", HarnessScripted:
-		tools = scriptedTools{}
-	case HarnessOpenCode:
-		tools = openCodeTools{}
-	case HarnessClaude:
-		tools = claudeTools{}
-	case HarnessCodex:
-		tools = codexTools{}
-	default:
-		return nil, nil, fmt.Errorf("tasks: RepoOptions.Harness %q: want one of %s", o.Harness, strings.Join(Harnesses, ", "))
+	tools, err := toolsFor(o.Harness)
+	if err != nil {
+		return nil, nil, fmt.Errorf("tasks: RepoOptions.Harness %w", err)
 	}
 	script := modelserver.Script{}
 	var out []collect.Task

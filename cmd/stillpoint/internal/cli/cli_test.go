@@ -134,7 +134,7 @@ func TestOwnerTranslateWithoutRelay(t *testing.T) {
 func TestOwnerTaskKind(t *testing.T) {
 	var out, errb bytes.Buffer
 	code := Main([]string{"owner", "--run", "r1", "--task-kind", "nope", "--sandboxd", "/bin/sh", "--harness", "/bin/sh"}, &out, &errb)
-	if code != ExitUsage || !strings.Contains(errb.String(), `--task-kind "nope": want one of command, scripted`) {
+	if code != ExitUsage || !strings.Contains(errb.String(), `--task-kind "nope": want one of command, scripted, swe`) {
 		t.Errorf("unknown task kind: exit %d, stderr %q", code, errb.String())
 	}
 	out.Reset()

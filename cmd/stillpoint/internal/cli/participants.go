@@ -189,6 +189,11 @@ it is graded. The kinds: ` + strings.Join(taskKindNames(), ", ") + `.
             in, setup commands, pinned paths, and a verify command whose exit
             status or JSON output is the reward; --harness, if given, is
             copied in (or shown with the binaries directory)
+  swe       a SWE-bench instance (docs/TASKS.md): the sandbox is its image
+            (the image field), the repository at base_commit in the image's
+            working directory; the grade applies the test patch over the
+            model's diff and runs FAIL_TO_PASS and PASS_TO_PASS as SWE-bench
+            does; reward 1 when resolved
 
 --sandboxd and --harness are host paths of static binaries (CGO_ENABLED=0):
 go build -o bin/ ./cmd/sandboxd ./cmd/scripted-harness. In one directory

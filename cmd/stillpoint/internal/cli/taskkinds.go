@@ -7,6 +7,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
+	"github.com/stillpoint/stillpoint/participants/owner/swekind"
 	"github.com/stillpoint/stillpoint/participants/scripted"
 )
 
@@ -35,6 +36,9 @@ func taskKinds() map[string]func(taskKindConfig) (owner.TaskKind, error) {
 				return nil, errors.New("--pin-limit must not be negative")
 			}
 			return commandkind.Kind{Sandboxd: c.sandboxd, Harness: c.harness, MaxPin: c.pinLimit}, nil
+		},
+		"swe": func(c taskKindConfig) (owner.TaskKind, error) {
+			return swekind.Kind{Sandboxd: c.sandboxd, Harness: c.harness}, nil
 		},
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect/tasks"
+	"github.com/stillpoint/stillpoint/controller-bridge/collect/tasks/sweimage"
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
@@ -29,6 +30,7 @@ type tasksFlags struct {
 	toolSeconds   float64
 	verifySeconds float64
 	harness       string
+	cache         string
 }
 
 func newTasksCmd(g *globals) *cobra.Command {
@@ -50,25 +52,34 @@ describes the format.
             agent --adapter opencode), Claude Code's (Read, Edit, Write,
             Bash: for agent --adapter claude) or Codex's (exec_command: for
             agent --adapter codex).
+  swe       the SWE-style set: small Python libraries with an issue each, as
+            SWE-bench instances (owner --task-kind swe), each with its image:
+            one OCI layout in --dir/oci ("image": "<dir>/oci:<instance id>"),
+            built from a Debian base that debootstrap makes once in --cache
+            (a minute or two the first time). The script reads the code,
+            reproduces the bug and runs the tests, and applies the known
+            fix; --harness as for repos.
   scripted  the scripted coding tasks of the demo: owner --task-kind scripted.`,
 		Example: `  stillpoint tasks --set repos --out tasks.jsonl --dir repos
   stillpoint tasks --set repos --harness opencode --n 4 --out tasks.jsonl --dir repos
+  stillpoint tasks --set swe --harness opencode --out tasks.jsonl --dir swe
   stillpoint tasks --set scripted --n 32 --out tasks.jsonl`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runTasks(g, f) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runTasks(cmd.Context(), g, f) },
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.set, "set", "repos", "the set: repos or scripted")
+	fl.StringVar(&f.set, "set", "repos", "the set: repos, swe or scripted")
 	fl.StringVar(&f.out, "out", "tasks.jsonl", "the tasks file to write")
-	fl.StringVar(&f.dir, "dir", "", "repos: where the repositories go (default: repos beside --out)")
-	fl.IntVar(&f.n, "n", 0, "how many tasks: scripted, default 8; repos, the first n of the set in order of their ids (default all)")
+	fl.StringVar(&f.dir, "dir", "", "repos, swe: where the repositories (and swe's images) go (default: repos or swe beside --out)")
+	fl.IntVar(&f.n, "n", 0, "how many tasks: scripted, default 8; repos and swe, the first n of the set in order of their ids (default all)")
 	fl.Float64Var(&f.toolSeconds, "tool-seconds", 0, "how long the slow tool call of each task takes (0: the set's default)")
 	fl.Float64Var(&f.verifySeconds, "verify-seconds", 0, "repos: how long each verify sleeps before it runs the tests")
-	fl.StringVar(&f.harness, "harness", tasks.HarnessScripted, "repos: the harness whose tools the model's script calls: scripted, opencode, claude or codex")
+	fl.StringVar(&f.harness, "harness", tasks.HarnessScripted, "repos, swe: the harness whose tools the model's script calls: scripted, opencode, claude or codex")
+	fl.StringVar(&f.cache, "cache", sweimage.DefaultCache, "swe: where the images' Debian base is built once and kept")
 	return cmd
 }
 
-func runTasks(g *globals, f tasksFlags) error {
+func runTasks(ctx context.Context, g *globals, f tasksFlags) error {
 	out, err := filepath.Abs(f.out)
 	if err != nil {
 		return &exitError{code: ExitUsage, err: err}
@@ -79,13 +90,13 @@ func runTasks(g *globals, f tasksFlags) error {
 		where  string
 	)
 	switch f.set {
-	case "repos":
+	case "repos", "swe":
 		if !slices.Contains(tasks.Harnesses, f.harness) {
 			return &exitError{code: ExitUsage, err: fmt.Errorf("--harness %q: want one of %s", f.harness, strings.Join(tasks.Harnesses, ", "))}
 		}
 		dir := f.dir
 		if dir == "" {
-			dir = filepath.Join(filepath.Dir(out), "repos")
+			dir = filepath.Join(filepath.Dir(out), f.set)
 		}
 		if dir, err = filepath.Abs(dir); err != nil {
 			return &exitError{code: ExitUsage, err: err}
@@ -93,7 +104,14 @@ func runTasks(g *globals, f tasksFlags) error {
 		if f.n < 0 {
 			return &exitError{code: ExitUsage, err: fmt.Errorf("--n %d: want at least 1 (or 0: the whole set)", f.n)}
 		}
-		if ts, script, err = tasks.Repos(tasks.RepoOptions{Dir: dir, ToolSeconds: f.toolSeconds, VerifySeconds: f.verifySeconds, Harness: f.harness}); err != nil {
+		if f.set == "repos" {
+			ts, script, err = tasks.Repos(tasks.RepoOptions{Dir: dir, ToolSeconds: f.toolSeconds, VerifySeconds: f.verifySeconds, Harness: f.harness})
+			where = fmt.Sprintf(", their repositories in %s; serve them with owner --task-kind command", dir)
+		} else {
+			ts, script, err = tasks.SWE(ctx, tasks.SWEOptions{Dir: dir, Cache: f.cache, ToolSeconds: f.toolSeconds, Harness: f.harness, Progress: g.stderr})
+			where = fmt.Sprintf(", their images in %s; serve them with owner --task-kind swe", filepath.Join(dir, "oci"))
+		}
+		if err != nil {
 			return err
 		}
 		if f.n > 0 && f.n < len(ts) {
@@ -102,7 +120,6 @@ func runTasks(g *globals, f tasksFlags) error {
 			}
 			ts = ts[:f.n]
 		}
-		where = fmt.Sprintf(", their repositories in %s; serve them with owner --task-kind command", dir)
 	case "scripted":
 		if f.n == 0 {
 			f.n = 8
@@ -113,7 +130,7 @@ func runTasks(g *globals, f tasksFlags) error {
 		ts, script = tasks.Set(tasks.Options{N: f.n, ToolSeconds: f.toolSeconds})
 		where = "; serve them with owner --task-kind scripted"
 	default:
-		return &exitError{code: ExitUsage, err: fmt.Errorf("--set %q: want repos or scripted", f.set)}
+		return &exitError{code: ExitUsage, err: fmt.Errorf("--set %q: want repos, swe or scripted", f.set)}
 	}
 	var buf bytes.Buffer
 	if err := tasks.Write(&buf, ts, script); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/controller-bridge/collect/tasks"
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 )
@@ -33,7 +34,7 @@ func TestTasksAndModelServer(t *testing.T) {
 	if err != nil || len(ts) != 3 {
 		t.Fatalf("the collector reads %d tasks: %v", len(ts), err)
 	}
-	if code := Main([]string{"tasks", "--set", "nope", "--out", file}, &out, &errb); code != ExitUsage || !strings.Contains(errb.String(), "want repos or scripted") {
+	if code := Main([]string{"tasks", "--set", "nope", "--out", file}, &out, &errb); code != ExitUsage || !strings.Contains(errb.String(), "want repos, swe or scripted") {
 		t.Errorf("tasks --set nope: exit %d, stderr %q", code, errb.String())
 	}
 	errb.Reset()
@@ -111,5 +112,28 @@ func TestTasksAndModelServer(t *testing.T) {
 	}
 	if code := Main([]string{"modelserver", "--tasks", filepath.Join(dir, "none.jsonl")}, &out, &errb); code != ExitUsage {
 		t.Errorf("modelserver of a missing file: exit %d", code)
+	}
+}
+
+// `tasks --set swe` writes the SWE-style set, its images in one OCI
+// layout under --dir, and --n keeps the first instances.
+func TestTasksSWE(t *testing.T) {
+	tier.Long(t)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "swe.jsonl")
+	var out, errb bytes.Buffer
+	if code := Main([]string{"tasks", "--set", "swe", "--harness", "opencode", "--n", "2", "--dir", filepath.Join(dir, "swe"), "--out", file}, &out, &errb); code != 0 {
+		t.Fatalf("tasks --set swe: exit %d: %s", code, errb.String())
+	}
+	ts, err := collect.ReadTasks(file)
+	if err != nil || len(ts) != 2 {
+		t.Fatalf("the collector reads %d tasks: %v", len(ts), err)
+	}
+	var in struct{ Image string }
+	if err := json.Unmarshal(ts[0].Task, &in); err != nil || in.Image != filepath.Join(dir, "swe", "oci")+":"+ts[0].RolloutID {
+		t.Fatalf("task %s: image %q (%v)", ts[0].RolloutID, in.Image, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "swe", "oci", "index.json")); err != nil {
+		t.Fatal(err)
 	}
 }

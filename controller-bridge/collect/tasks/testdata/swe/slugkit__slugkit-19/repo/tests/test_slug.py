@@ -1,0 +1,14 @@
+from slugkit import slugify, unique_slug
+
+
+def test_slugify():
+    assert slugify("  Hello, World! ") == "hello-world"
+    assert slugify("Caf\u00e9 cr\u00e8me", "_") == "cafe_creme"
+
+
+def test_unique_slug_free():
+    assert unique_slug("Hello World", set()) == "hello-world"
+
+
+def test_unique_slug_one_taken():
+    assert unique_slug("Hello World", {"hello-world"}) == "hello-world-2"
