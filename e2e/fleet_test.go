@@ -97,6 +97,10 @@ type fleetOptions struct {
 	// made here) on an owner of the command kind instead of the scripted
 	// set.
 	repos *tasks.RepoOptions
+	// swe, when set, runs the SWE-style set (tasks.SWE; its Dir is made
+	// here) on an owner of the swe kind: each sandbox made from its
+	// instance's image (give the owner --image-cache).
+	swe *tasks.SWEOptions
 	// ownerArgs and agentArgs are more flags of the owner and the agents.
 	ownerArgs, agentArgs []string
 	// provider is the owner's --provider (default overlay).
@@ -117,6 +121,14 @@ func startFleet(t testing.TB, o fleetOptions) *fleet {
 			t.Fatal(err)
 		}
 		kind = "command"
+	case o.swe != nil:
+		so := *o.swe
+		so.Dir = filepath.Join(t.TempDir(), "swe")
+		var err error
+		if ts, script, err = tasks.SWE(t.Context(), so); err != nil {
+			t.Fatal(err)
+		}
+		kind = "swe"
 	case ts == nil:
 		ts, script = tasks.Set(tasks.Options{N: o.n, ToolSeconds: o.toolSeconds, Steps: o.steps})
 	}

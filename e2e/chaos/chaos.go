@@ -474,7 +474,7 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	if err != nil {
 		return err
 	}
-	ts, script, _, err := d.TaskSet()
+	ts, script, _, err := d.TaskSet(ctx)
 	if err != nil {
 		return err
 	}

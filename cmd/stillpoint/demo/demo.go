@@ -42,7 +42,8 @@ type demoFlags struct {
 	authDir  string
 	tool     time.Duration
 	harness  string
-	steps    int // tool calls of each scripted task (default 2)
+	tasks    string // the task set: "" (the harness's), or tasksSWE
+	steps    int    // tool calls of each scripted task (default 2)
 	run      string
 }
 
@@ -105,6 +106,12 @@ same repository tasks, each in its own tools; the sandboxes' relays
 translate their Anthropic Messages or Responses calls to chat completions,
 so that their trajectories have token ids.
 
+With --tasks swe (and --harness opencode, claude or codex) the tasks are the
+bundled SWE-style set instead (docs/TASKS.md): five instances of the swe kind,
+each in a sandbox made from its own container image (built here from Debian's
+packages the first time, with debootstrap, and cached), graded as the
+SWE-bench harness grades.
+
 With --harness exec the agents run the exec adapter's bundled example
 (participants/exec/example: a small Python 3 agent defined by its JSON spec,
 docs/HARNESSES.md) on the scripted task set; it needs python3 on the host,
@@ -126,6 +133,7 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	fl.StringVar(&f.run, "run", "demo", "the run id (with --nats-url, one per demo on that server; with credentials lower case, no underscore)")
 	fl.StringVar(&f.authDir, "auth-dir", "", "with --nats-url: that server's keys and creds (stillpoint server --auth-dir)")
 	fl.DurationVar(&f.tool, "tool-time", defaultToolTime, "how long each task's slow tool call runs")
+	fl.StringVar(&f.tasks, "tasks", "", "the task set: swe (the SWE-style set, each task in a sandbox of its own image; with --harness opencode, claude or codex), or none: the harness's own")
 	fl.StringVar(&f.harness, "harness", harnessScripted, "the agents' harness: scripted (the scripted task set), opencode, claude or codex (the repository tasks, run by the real OpenCode, Claude Code or Codex) or exec (the scripted task set, run by the exec adapter's example agent)")
 	return cmd
 }
@@ -193,6 +201,13 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if !slices.Contains([]string{harnessScripted, harnessOpenCode, harnessClaude, harnessCodex, harnessExec}, f.harness) {
 		return fmt.Errorf("%w: --harness %q: want %s, %s, %s, %s or %s", ErrUsage, f.harness, harnessScripted, harnessOpenCode, harnessClaude, harnessCodex, harnessExec)
 	}
+	switch {
+	case f.tasks == "":
+	case f.tasks != tasksSWE:
+		return fmt.Errorf("%w: --tasks %q: want %s (or none: the harness's own set)", ErrUsage, f.tasks, tasksSWE)
+	case f.harness != harnessOpenCode && f.harness != harnessClaude && f.harness != harnessCodex:
+		return fmt.Errorf("%w: --tasks %s runs a real harness: --harness %s, %s or %s", ErrUsage, tasksSWE, harnessOpenCode, harnessClaude, harnessCodex)
+	}
 	d := &Fleet{env: env, f: f, run: cmp.Or(f.run, "demo"), token: fmt.Sprintf("demo-%d", time.Now().UnixNano()), procs: map[string]*child.Process{},
 		log: zerolog.New(env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
 	var err error
@@ -220,7 +235,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	}
 	defer nc.Close()
 
-	ts, script, inFlight, err := d.TaskSet()
+	ts, script, inFlight, err := d.TaskSet(ctx)
 	if err != nil {
 		return err
 	}

@@ -30,6 +30,9 @@ const (
 	harnessExec     = "exec"
 )
 
+// tasksSWE is --tasks swe: the SWE-style set (tasks.SWE).
+const tasksSWE = "swe"
+
 // openCodeInFlight is the most OpenCode rollouts the demo runs at once:
 // each is a large process (docs/OPENCODE.md, What the tests cost).
 const openCodeInFlight = 8
@@ -38,8 +41,8 @@ const openCodeInFlight = 8
 // rollouts the collector keeps in flight: the scripted set of --rollouts
 // tasks, all at once; or, with --harness opencode or claude, the first
 // --rollouts tasks of the repository set for the harness's tools, at most
-// openCodeInFlight at once.
-func (d *Fleet) TaskSet() ([]collect.Task, modelserver.Script, int, error) {
+// openCodeInFlight at once; with --tasks swe, the SWE-style set's.
+func (d *Fleet) TaskSet(ctx context.Context) ([]collect.Task, modelserver.Script, int, error) {
 	if !d.realHarness() {
 		ts, script := tasks.Set(tasks.Options{N: d.f.rollouts, ToolSeconds: d.f.tool.Seconds(), Steps: cmp.Or(d.f.steps, 2)})
 		for _, turns := range script {
@@ -48,7 +51,18 @@ func (d *Fleet) TaskSet() ([]collect.Task, modelserver.Script, int, error) {
 		return ts, script, d.f.rollouts, nil
 	}
 	// The real harnesses are named as the task set's harnesses are.
-	ts, script, err := tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: d.f.harness})
+	var (
+		ts     []collect.Task
+		script modelserver.Script
+		err    error
+	)
+	if d.f.tasks == tasksSWE {
+		d.Say("writing the SWE-style set's images (the first time, their Debian base is built with debootstrap: a few minutes)")
+		ts, script, err = tasks.SWE(ctx, tasks.SWEOptions{Dir: filepath.Join(d.dir, "swe"), ToolSeconds: d.f.tool.Seconds(), Harness: d.f.harness,
+			Progress: d.env.Stderr})
+	} else {
+		ts, script, err = tasks.Repos(tasks.RepoOptions{Dir: filepath.Join(d.dir, "repos"), ToolSeconds: d.f.tool.Seconds(), Harness: d.f.harness})
+	}
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("demo: %w", err)
 	}

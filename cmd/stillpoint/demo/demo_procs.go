@@ -217,13 +217,19 @@ func (d *Fleet) StartOwner(ctx context.Context, bus *jetstream.Bus, name string)
 	prev := d.instance(ctx, bus, m)
 	args := []string{"owner", "--run", d.run, "--name", name, "--provider", d.f.provider, "--state-dir", d.ownerDir(name),
 		"--sandboxd", d.sandboxd, "--harness", d.harness}
+	kind := "command"
+	if d.f.tasks == tasksSWE {
+		// Each sandbox is made from its instance's image, unpacked once
+		// into the owners' shared cache (--image-cache's default).
+		kind = "swe"
+	}
 	switch d.f.harness {
 	case harnessOpenCode:
-		args = append(args, "--task-kind", "command", "--opencode", d.driver)
+		args = append(args, "--task-kind", kind, "--opencode", d.driver)
 	case harnessClaude:
-		args = append(args, "--task-kind", "command", "--claude", d.driver, "--model-api-translate")
+		args = append(args, "--task-kind", kind, "--claude", d.driver, "--model-api-translate")
 	case harnessCodex:
-		args = append(args, "--task-kind", "command", "--codex", d.driver, "--model-api-translate")
+		args = append(args, "--task-kind", kind, "--codex", d.driver, "--model-api-translate")
 	case harnessExec:
 		args = append(args, "--bind", d.execDir+":"+example.SandboxDir)
 	}
