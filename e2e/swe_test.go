@@ -145,3 +145,13 @@ func TestMicroVMOpenCodeSWETasksThroughTwoCheckpointsAndACrash(t *testing.T) {
 	requireMicroVM(t)
 	sweThroughTwoCheckpointsAndACrash(t, "microvm", []string{"--microvm-mem", "1024"}, 40*time.Minute)
 }
+
+// TestDemoWithOpenCodeOnSWETasks runs `stillpoint demo --harness opencode
+// --tasks swe`: the SWE-style set, each sandbox made from its instance's
+// image, through the demo's checkpoints and crash, every reward from the
+// SWE grading and every invariant ok.
+func TestDemoWithOpenCodeOnSWETasks(t *testing.T) {
+	tier.Heavy(t)
+	parallel(t, 1, 2*time.Minute)
+	runDemo(t, "--harness", "opencode", "--tasks", "swe")
+}

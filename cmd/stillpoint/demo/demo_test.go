@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -99,3 +100,21 @@ func logsSaid(dir string) string {
 }
 
 var resumedLine = regexp.MustCompile(`(?m)^restored launches re-bound\s+.*resumed_in_place (\d+)`)
+
+// TestTasksFlag: --tasks names a set the demo has, and swe runs only with
+// a real harness; each refusal is a usage error naming the flag.
+func TestTasksFlag(t *testing.T) {
+	env := Env{Stdout: &jstest.Buffer{}, Stderr: &jstest.Buffer{}, Conn: &jetstream.ConnConfig{}}
+	for _, c := range []struct {
+		harness, tasks, says string
+	}{
+		{"opencode", "swebench", `--tasks "swebench"`},
+		{"scripted", "swe", "--tasks swe runs a real harness"},
+		{"exec", "swe", "--tasks swe runs a real harness"},
+	} {
+		err := runDemo(t.Context(), env, demoFlags{rollouts: 1, agents: 1, harness: c.harness, tasks: c.tasks})
+		if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("--harness %s --tasks %s: %v, want a usage error saying %q", c.harness, c.tasks, err, c.says)
+		}
+	}
+}
