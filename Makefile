@@ -194,6 +194,8 @@ bench:
 	$(GO) test -run '^$$' -bench Checkpoint64LiveRollouts -benchtime 1x -count 1 -timeout 30m ./e2e/
 	$(GO) test -run '^$$' -bench 'Scale/replicas=./members=1000$$' -benchtime 3x -timeout 30m ./e2e/ -scale.max-consumers=-1
 	$(GO) test -run '^$$' -bench 'MicroVM' -benchtime 1x -count 1 -timeout 30m ./participants/owner/provider/microvm/
+	$(GO) test -run '^$$' -bench 'BenchmarkStartImage|BenchmarkStart$$' -count 3 ./participants/owner/provider/overlay/
+	$(GO) test -run '^$$' -bench BenchmarkGet -count 3 ./participants/owner/provider/image/
 
 ## timeline-png: regenerate docs/timeline.png, the screenshot of a demo run's
 ## `stillpoint timeline --html` in headless Chromium (the e2e test that checks

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/stillpoint/stillpoint/participants/owner/commandkind"
 )
 
 // Sentinel errors.
@@ -147,8 +149,13 @@ func (in Instance) Validate() error {
 	if !commitRE.MatchString(in.BaseCommit) {
 		bad("base_commit", "%.80q is not a commit id (7 to 64 hex digits)", in.BaseCommit)
 	}
-	if strings.TrimSpace(in.Image) == "" {
+	switch {
+	case strings.TrimSpace(in.Image) == "":
 		bad("image", "missing: a swe instance names the image that holds its repository")
+	case len(in.Image) > commandkind.MaxImageRef:
+		bad("image", "%d bytes, more than %d", len(in.Image), commandkind.MaxImageRef)
+	case strings.ContainsFunc(in.Image, func(r rune) bool { return r < ' ' || r == 0x7f }):
+		bad("image", "%.80q contains NUL or a control character", in.Image)
 	}
 	for _, f := range []struct{ name, v string }{{"problem_statement", in.ProblemStatement}, {"test_patch", in.TestPatch}} {
 		switch {

@@ -366,6 +366,12 @@ func TestParseInstance(t *testing.T) {
 			t.Errorf("a bad instance: %v, want %s named", err, field)
 		}
 	}
+	for _, bad := range []string{strings.Repeat("x", 4097), "/x:y\n", "/x\x00:y"} {
+		r := strings.Replace(row, `"image": "/x:y"`, `"image": `+mustJSON(bad), 1)
+		if _, err := ParseInstance(json.RawMessage(r)); !errors.Is(err, ErrTask) || !strings.Contains(err.Error(), "image:") {
+			t.Errorf("image %.20q: %v, want it refused naming image", bad, err)
+		}
+	}
 	if got := TestFiles(testPatch + "diff --git a/tests/data.json b/tests/data.json\n"); !slices.Equal(got, []string{"tests/data.json", "tests/test_ops.py"}) ||
 		!slices.Equal(testDirectives(got), []string{"tests/test_ops.py"}) {
 		t.Fatalf("TestFiles: %q", got)

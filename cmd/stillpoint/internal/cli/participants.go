@@ -216,13 +216,15 @@ opencode-driver (go build ./cmd/opencode-driver), read-only at
 ` + codex.SandboxBinDir + `. --bind HOST:SANDBOX shows any host directory
 read-only in every sandbox; none of them is copied into snapshots.
 
-A task that names an image (the command kind's "image" field: an OCI
-layout directory, a docker save archive or a registry reference) has its
+A task that names an image (the "image" field of a command task, or of a
+swe task, which needs one: an OCI layout directory, a docker save archive
+or a registry reference) has its
 sandbox made of that image: the owner resolves it into --image-cache
 (default ` + defaultImageCache + `; layers unpacked once, pruned to
 --image-cache-max least recently used first, never one a sandbox or kept
 snapshot stands on) before any sandbox is made, and a bad image refuses
-the seed naming the reference. overlay mounts the layers; dir refuses.`,
+the seed naming the reference. overlay mounts the layers, microvm builds
+a root disk of them once per image; dir refuses.`,
 		Example: `  stillpoint owner --run train-7 --name o1 --sandboxd bin/sandboxd --harness bin/scripted-harness`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
