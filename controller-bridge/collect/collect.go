@@ -278,6 +278,10 @@ type Collector struct {
 	// -> owner member): whose restart loses its rollouts.
 	agentOwner map[string]events.Member
 	infra      map[string]int           // rollout -> attempts the infrastructure ended
+	// startOvers counts each rollout's attempts started over (parked,
+	// stale, its session held, its sandbox lost): the later ones wait
+	// (startOverWait).
+	startOvers map[string]int
 	sentTo     map[string]dispatchEntry // rollout -> its last dispatch
 	// restoredQ are the attempts a restore or a rejoin queued (rollout ->
 	// attempt): their next send is a first one, to whichever process the
@@ -365,7 +369,7 @@ func New(cfg Config) (*Collector, error) {
 		cfg.RestoreTimeout = 5 * time.Minute
 	}
 	c := &Collector{cfg: cfg, log: cfg.Logger.With().Str("run", cfg.Run).Str("component", "collect").Logger(),
-		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{}, agentOwner: map[string]events.Member{}, infra: map[string]int{},
+		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{}, agentOwner: map[string]events.Member{}, infra: map[string]int{}, startOvers: map[string]int{},
 		sentTo: map[string]dispatchEntry{}, restoredQ: map[string]int{}, instances: map[string]string{},
 		inflight: map[string]*flight{}, ckptNow: make(chan struct{}, 1), stopNow: make(chan struct{}),
 		changed: make(chan struct{}, 1), fleet: make(chan string, 1), redrawNow: make(chan struct{}, 1)}

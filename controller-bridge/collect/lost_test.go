@@ -110,6 +110,54 @@ func TestSandboxLostStartsOver(t *testing.T) {
 	}
 }
 
+// A rollout whose attempts keep starting over (its session still held
+// while the owner starts an earlier attempt's sandbox) is sent again with
+// growing waits, not at once: sent at once, one went through a hundred
+// attempts in a minute, each retired on the bus.
+func TestStartOversWait(t *testing.T) {
+	const run = "held"
+	env := jstest.Start(t)
+	nc, js := env.Connect(t)
+	var (
+		mu    sync.Mutex
+		times []time.Time
+	)
+	serveRun(t, nc, run, "a1", errLost, 409, "session_exists", func(req agent.Request) (any, error) {
+		mu.Lock()
+		times = append(times, time.Now())
+		mu.Unlock()
+		if req.Attempt < 3 {
+			return nil, errLost
+		}
+		return agent.Result{RolloutID: req.RolloutID, Attempt: req.Attempt, Episode: events.Episode{Rollout: req.RolloutID, Attempt: req.Attempt}.String(),
+			Verdict: json.RawMessage(`{"reward":1}`)}, nil
+	})
+	c, err := New(Config{Run: run, Tasks: []Task{{RolloutID: "r1", Task: json.RawMessage(`{}`)}}, Output: filepath.Join(t.TempDir(), "results.jsonl"),
+		Agents: []string{"a1"}, Conn: nc, JS: js, Bus: env.Bus, Controller: &retireRecorder{}, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if _, err := c.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(times) != 4 {
+		t.Fatalf("%d sends, want 4 (attempts 0 to 3)", len(times))
+	}
+	// The second start-over waits retryAfter, the third twice that.
+	for i, want := range []time.Duration{retryAfter, 2 * retryAfter} {
+		if got := times[i+2].Sub(times[i+1]); got < want {
+			t.Errorf("start-over %d sent %s after the one before, want at least %s", i+2, got, want)
+		}
+	}
+	if startOverWait(1) != 0 || startOverWait(100) != maxStartOverWait {
+		t.Errorf("startOverWait: first %s (want 0), hundredth %s (want %s)", startOverWait(1), startOverWait(100), maxStartOverWait)
+	}
+}
+
 // A failed rejoin retired the next attempt of each lost rollout on the
 // members that came back: the collector retires the lost attempt and
 // sends the rollout again above both, never as the attempt the bridge

@@ -320,10 +320,16 @@ func (c *Collector) finish(id string, attempt int, name string, gen uint64, res 
 		// gone, or its sandbox lost (its daemon died, or the owner
 		// restarted without its session): start it over one attempt later.
 		c.lastEvent = id + " " + se.Code + "; starting over"
-		c.log.Info().Str("episode", ep).Str("code", se.Code).Msg("retiring the attempt and starting it over one attempt later")
+		c.startOvers[id]++
+		wait := startOverWait(c.startOvers[id])
+		c.log.Info().Str("episode", ep).Str("code", se.Code).Dur("after", wait).Msg("retiring the attempt and starting it over one attempt later")
 		c.pendingRetire = append(c.pendingRetire, ep)
 		c.attempt[id] = attempt + 1
-		c.queue = append(c.queue, id)
+		if wait == 0 {
+			c.queue = append(c.queue, id)
+		} else {
+			c.retries = append(c.retries, retry{id: id, at: time.Now().Add(wait)})
+		}
 	default:
 		// The agent is stopping or went away, or is busy with another
 		// attempt: ask again in a while (a recovery may come first). Run's
@@ -336,6 +342,22 @@ func (c *Collector) finish(id string, attempt int, name string, gen uint64, res 
 // retryAfter is how long an unfinished rollout waits before it is asked
 // again.
 const retryAfter = time.Second
+
+// startOverWait is how long a rollout's nth start-over waits before it is
+// sent: the first at once, then from retryAfter doubling up to
+// maxStartOverWait. What makes an attempt start over can last (a session
+// still held while the owner starts its sandbox, a microVM's first start
+// of an image): sent again at once, a rollout went through a hundred
+// attempts in a minute, each retired on the bus.
+func startOverWait(n int) time.Duration {
+	if n <= 1 {
+		return 0
+	}
+	return min(retryAfter<<min(n-2, 5), maxStartOverWait)
+}
+
+// maxStartOverWait bounds startOverWait.
+const maxStartOverWait = 30 * time.Second
 
 // retry is an unfinished rollout to queue again at a time.
 type retry struct {
