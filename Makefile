@@ -71,7 +71,7 @@ LONG      ?= 1
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,node,preempt,sandboxd,harness,stall,collector,nats
 CHAOS_SEED   ?= 1
 
-.PHONY: all help build test test-heavy bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak faults ci clean microvm-assets swe-base timeline-png
+.PHONY: all help build test test-heavy test-soak bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak faults ci clean microvm-assets swe-base timeline-png
 
 all: build
 
@@ -108,6 +108,15 @@ test:
 test-heavy:
 	CGO_ENABLED=0 $(GO) build ./cmd/...
 	STILLPOINT_TIER=heavy $(GO) test -race -count=1 -parallel 32 -timeout 30m ./e2e
+
+## test-soak: the soak end-to-end tests, each tens of minutes on 2 cores
+## (the SWE set through OpenCode in five guests under TCG): the tests of
+## package e2e marked tier.Soak, which run only with STILLPOINT_TIER=soak.
+## Too long for CI's budget; run before a release and after a change to
+## the microvm provider or the image cache.
+test-soak:
+	CGO_ENABLED=0 $(GO) build ./cmd/...
+	STILLPOINT_TIER=soak $(GO) test -race -count=1 -parallel 32 -timeout 90m ./e2e
 
 ## bench-once: every benchmark once (-benchtime 1x), at the smallest size
 ## internal/tier gives a smoke run, without the tests: what make test

@@ -138,9 +138,10 @@ func TestOpenCodeSWETasksThroughTwoCheckpointsAndACrash(t *testing.T) {
 
 // TestMicroVMOpenCodeSWETasksThroughTwoCheckpointsAndACrash: the same on
 // microvm, each VM's root disk built from its instance's image; the
-// restored forks continue in place.
+// restored forks continue in place. Five OpenCode guests under TCG take
+// tens of minutes on 2 cores: a soak test (make test-soak).
 func TestMicroVMOpenCodeSWETasksThroughTwoCheckpointsAndACrash(t *testing.T) {
-	tier.Heavy(t)
+	tier.Soak(t)
 	parallel(t, 2, 10*time.Minute) // five guests under TCG, OpenCode in each
 	requireMicroVM(t)
 	sweThroughTwoCheckpointsAndACrash(t, "microvm", []string{"--microvm-mem", "1024"}, 40*time.Minute)

@@ -6,16 +6,18 @@ import (
 )
 
 // Var names the environment variable that chooses the tier a test run is
-// of: unset or empty, every test but the heavy ones (make test, and a
-// plain go test); "heavy", only the heavy ones (make test-heavy); "all",
-// every test (make e2e, make flakes' long tier). -short skips every
-// marked test, whatever the tier.
+// of: unset or empty, every test but the heavy and soak ones (make test,
+// and a plain go test); "heavy", only the heavy ones (make test-heavy);
+// "all", every test but the soak ones (make e2e, make flakes' long tier);
+// "soak", only the soak ones (make test-soak). -short skips every marked
+// test, whatever the tier.
 const Var = "STILLPOINT_TIER"
 
 // The values of Var besides the empty one.
 const (
 	heavy = "heavy"
 	all   = "all"
+	soak  = "soak"
 )
 
 // chosen returns Var's value, failing t on one it does not know.
@@ -23,10 +25,10 @@ func chosen(t testing.TB) string {
 	t.Helper()
 	v := os.Getenv(Var)
 	switch v {
-	case "", heavy, all:
+	case "", heavy, all, soak:
 		return v
 	}
-	t.Fatalf("%s=%q: want it unset (every test but the heavy ones), %q or %q", Var, v, heavy, all)
+	t.Fatalf("%s=%q: want it unset (every test but the heavy and soak ones), %q, %q or %q", Var, v, heavy, all, soak)
 	return ""
 }
 
@@ -40,8 +42,11 @@ func E2E(t testing.TB) {
 	if testing.Short() {
 		t.Skip("end-to-end: skipped under -short (make test-short); make e2e and make test run it")
 	}
-	if chosen(t) == heavy {
+	switch chosen(t) {
+	case heavy:
 		t.Skip("end-to-end: skipped in the heavy tier (" + Var + "=heavy, make test-heavy); make e2e and make test run it")
+	case soak:
+		t.Skip("end-to-end: skipped in the soak tier (" + Var + "=soak, make test-soak); make e2e and make test run it")
 	}
 }
 
@@ -57,8 +62,23 @@ func Heavy(t testing.TB) {
 	if testing.Short() {
 		t.Skip("heavy: skipped under -short (make test-short); make test-heavy runs it")
 	}
-	if chosen(t) == "" {
+	if v := chosen(t); v == "" || v == soak {
 		t.Skip("heavy: runs only with " + Var + "=heavy (make test-heavy) or " + Var + "=all (make e2e)")
+	}
+}
+
+// Soak marks t as a soak test of package e2e: an end-to-end test that
+// takes tens of minutes on a 2-core machine (OpenCode in several guests
+// under TCG), too long for CI's budget. It runs only in the soak tier
+// (make test-soak), never under -short. It is the first statement of its
+// test, as Heavy is.
+func Soak(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("soak: skipped under -short (make test-short); make test-soak runs it")
+	}
+	if chosen(t) != soak {
+		t.Skip("soak: runs only with " + Var + "=soak (make test-soak)")
 	}
 }
 
@@ -69,8 +89,8 @@ func Long(t testing.TB) {
 	if testing.Short() {
 		t.Skip("long: skipped under -short (make test-short); make test runs it")
 	}
-	if chosen(t) == heavy {
-		t.Skip("long: skipped in the heavy tier (" + Var + "=heavy, make test-heavy); make test runs it")
+	if v := chosen(t); v == heavy || v == soak {
+		t.Skip("long: skipped in the " + v + " tier (" + Var + "=" + v + "); make test runs it")
 	}
 }
 

@@ -59,12 +59,13 @@ func TestTiers(t *testing.T) {
 	marks := []struct {
 		name string
 		mark func(testing.TB)
-	}{{"E2E", tier.E2E}, {"Heavy", tier.Heavy}, {"Long", tier.Long}}
-	want := map[string]string{ // STILLPOINT_TIER -> outcome of E2E, Heavy, Long
-		"":      "run skip run",
-		"heavy": "skip run skip",
-		"all":   "run run run",
-		"light": "fail fail fail",
+	}{{"E2E", tier.E2E}, {"Heavy", tier.Heavy}, {"Long", tier.Long}, {"Soak", tier.Soak}}
+	want := map[string]string{ // STILLPOINT_TIER -> outcome of E2E, Heavy, Long, Soak
+		"":      "run skip run skip",
+		"heavy": "skip run skip skip",
+		"all":   "run run run skip",
+		"soak":  "skip skip skip run",
+		"light": "fail fail fail fail",
 	}
 	for v, w := range want {
 		t.Setenv(tier.Var, v)
@@ -73,17 +74,17 @@ func TestTiers(t *testing.T) {
 			got = append(got, outcome(m.mark))
 		}
 		if testing.Short() && v != "light" {
-			w = "skip skip skip"
+			w = "skip skip skip skip"
 		}
 		if g := strings.Join(got, " "); g != w {
-			t.Errorf("%s=%q: E2E, Heavy, Long %s, want %s", tier.Var, v, g, w)
+			t.Errorf("%s=%q: E2E, Heavy, Long, Soak %s, want %s", tier.Var, v, g, w)
 		}
 	}
 }
 
 // mark is a call of a tier mark in a test file.
 type mark struct {
-	name  string // E2E, Heavy or Long
+	name  string // E2E, Heavy, Long or Soak
 	file  string
 	line  int
 	col   int
@@ -134,7 +135,7 @@ func marks(t *testing.T, dir string, deep bool) []mark {
 				if id, ok := s.X.(*ast.Ident); !ok || id.Name != "tier" {
 					return true
 				}
-				if s.Sel.Name != "E2E" && s.Sel.Name != "Heavy" && s.Sel.Name != "Long" {
+				if s.Sel.Name != "E2E" && s.Sel.Name != "Heavy" && s.Sel.Name != "Long" && s.Sel.Name != "Soak" {
 					return true
 				}
 				pos := fset.Position(c.Pos())
@@ -192,7 +193,7 @@ func TestEveryTestOfPackageE2EBeginsWithItsTier(t *testing.T) {
 	begins := map[string]bool{} // test function -> it begins with E2E or Heavy
 	for _, m := range marks(t, dir, false) {
 		if m.name == "Long" {
-			t.Errorf("%s: package e2e's tests are end-to-end (tier.E2E) or heavy (tier.Heavy)", m)
+			t.Errorf("%s: package e2e's tests are end-to-end (tier.E2E), heavy (tier.Heavy) or soak (tier.Soak)", m)
 			continue
 		}
 		if !m.test || !m.first {
@@ -215,7 +216,7 @@ func TestEveryTestOfPackageE2EBeginsWithItsTier(t *testing.T) {
 			if fn, ok := decl.(*ast.FuncDecl); ok && isTest(fn) {
 				n++
 				if !begins[fn.Name.Name] {
-					t.Errorf("%s: %s does not begin with tier.E2E(t) or tier.Heavy(t): make test-heavy (STILLPOINT_TIER=heavy) would run it", path, fn.Name.Name)
+					t.Errorf("%s: %s does not begin with tier.E2E(t), tier.Heavy(t) or tier.Soak(t): make test-heavy (STILLPOINT_TIER=heavy) would run it", path, fn.Name.Name)
 				}
 			}
 		}
@@ -237,8 +238,8 @@ func TestTheE2EAndHeavyMarksAreWhereTheMakefileFindsThem(t *testing.T) {
 	for _, m := range marks(t, root, true) {
 		inTree := m.file == e2e || strings.HasPrefix(m.file, e2e+string(filepath.Separator))
 		switch {
-		case m.name == "Heavy" && filepath.Dir(m.file) != e2e:
-			t.Errorf("%s: a heavy test must be a test of package e2e, the one make test-heavy runs", m)
+		case (m.name == "Heavy" || m.name == "Soak") && filepath.Dir(m.file) != e2e:
+			t.Errorf("%s: a %s test must be a test of package e2e, the one make test-heavy and make test-soak run", m, strings.ToLower(m.name))
 		case m.name == "E2E" && !inTree:
 			if !m.test || !m.first || m.col != 2 {
 				t.Errorf("%s: outside the e2e tree, tier.E2E(t) must be the first statement of a Test function, on a line of its own: make e2e finds the end-to-end tests so", m)
