@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,6 +76,9 @@ func needTools(t *testing.T) {
 	}
 }
 
+// testImage is the instances' image reference.
+const testImage = "/images/swe:calc__calc-1"
+
 // imagePath is the PATH an image gives: Debian's python3, not a
 // python in the host's own PATH.
 const imagePath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -134,7 +138,7 @@ func calcRepo(t *testing.T) (string, string) {
 
 func instance(t *testing.T, base string, mod func(*Instance)) json.RawMessage {
 	t.Helper()
-	in := Instance{InstanceID: "calc__calc-1", Repo: "calc/calc", BaseCommit: base, Image: "/images/swe:calc__calc-1",
+	in := Instance{InstanceID: "calc__calc-1", Repo: "calc/calc", BaseCommit: base, Image: testImage,
 		ProblemStatement: "sub() adds.", TestPatch: testPatch,
 		FailToPass: TestList{"tests/test_ops.py::test_sub"}, PassToPass: TestList{"tests/test_ops.py::test_add"}}
 	if mod != nil {
@@ -170,14 +174,7 @@ func session(t *testing.T, k Kind, p testProvider, id, repo string, raw json.Raw
 		}
 	})
 	s := &owner.Session{ID: id, Sandbox: sb, Workdir: spec.Workdir}
-	tarball, err := exec.Command("tar", "-C", repo, "-c", ".").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := p.Exec(ctx, sb.ID, []string{"tar", "-x", "-f", "-"}, provider.ExecOptions{Dir: filepath.Join(sb.ProcRoot, spec.Workdir), Stdin: bytes.NewReader(tarball)})
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("copy the repository in: %v %s", err, res.Stderr)
-	}
+	copyRepo(t, p, sb, repo)
 	data, err := k.Setup(ctx, p, s, raw)
 	if err != nil {
 		return nil, err
@@ -198,11 +195,76 @@ func sh(t *testing.T, p testProvider, s *owner.Session, script string) string {
 	return string(res.Stdout)
 }
 
-func grade(t *testing.T, k Kind, p testProvider, s *owner.Session) Verdict {
+// images is the owner's grading sandboxes as the tests give them
+// (owner.GradeSandboxes): a sandbox started on the provider from the
+// provider's base, with the image's repository (repo, at the base
+// commit) copied into /testbed, as a sandbox of the instance's image
+// would hold it. The dir provider cannot start from an image; the
+// overlay provider's base is the host's root, as the session's.
+type images struct {
+	testProvider
+	t     *testing.T
+	repo  string
+	after string // run in the fresh sandbox's /testbed after the copy
+	n     int
+}
+
+var _ owner.GradeSandboxes = (*images)(nil)
+
+func (x *images) Fresh(ctx context.Context, spec provider.Spec) (*provider.Sandbox, func(), error) {
+	if spec.ImageRef != testImage || spec.Workdir != "/testbed" || spec.Image != nil {
+		x.t.Errorf("grading sandbox spec %+v: want image %s in /testbed", spec, testImage)
+	}
+	x.n++
+	spec.ID, spec.ImageRef, spec.Env = fmt.Sprintf("gr%d", x.n), "", []string{imagePath}
+	sb, err := x.Start(ctx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	remove := func() {
+		if err := x.Stop(context.WithoutCancel(ctx), sb.ID); err != nil {
+			x.t.Errorf("stop %s: %v", sb.ID, err)
+		}
+	}
+	copyRepo(x.t, x.testProvider, sb, x.repo)
+	if x.after != "" {
+		if res, err := x.Exec(ctx, sb.ID, []string{"sh", "-c", x.after}, provider.ExecOptions{Dir: filepath.Join(sb.ProcRoot, "/testbed")}); err != nil || res.ExitCode != 0 {
+			remove()
+			x.t.Fatalf("%s in the grading sandbox: %v %s", x.after, err, res.Stderr)
+		}
+	}
+	return sb, remove, nil
+}
+
+// copyRepo copies the host repository into the sandbox's /testbed.
+func copyRepo(t *testing.T, p testProvider, sb *provider.Sandbox, repo string) {
 	t.Helper()
-	raw, err := k.Grade(t.Context(), p, s)
+	tarball, err := exec.Command("tar", "-C", repo, "-c", ".").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Exec(t.Context(), sb.ID, []string{"tar", "-x", "-f", "-"}, provider.ExecOptions{Dir: filepath.Join(sb.ProcRoot, "/testbed"), Stdin: bytes.NewReader(tarball)})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("copy the repository in: %v %s", err, res.Stderr)
+	}
+}
+
+// grade grades the session with grading sandboxes of repo, checks that
+// none is left, and returns the verdict.
+func grade(t *testing.T, k Kind, p testProvider, s *owner.Session, repo string) Verdict {
+	t.Helper()
+	return gradeWith(t, k, &images{testProvider: p, t: t, repo: repo}, s)
+}
+
+func gradeWith(t *testing.T, k Kind, x *images, s *owner.Session) Verdict {
+	t.Helper()
+	before := x.Sandboxes()
+	raw, err := k.Grade(t.Context(), x, s)
 	if err != nil {
 		t.Fatalf("Grade: %v", err)
+	}
+	if after := x.Sandboxes(); !slices.Equal(before, after) {
+		t.Errorf("sandboxes before the grade %v, after %v", before, after)
 	}
 	var v Verdict
 	if err := json.Unmarshal(raw, &v); err != nil {
@@ -235,7 +297,7 @@ func TestGradeAsSWEBench(t *testing.T) {
 			t.Fatalf("session data %s (%v)", s.Data, err)
 		}
 
-		v := grade(t, k, p, s)
+		v := grade(t, k, p, s, repo)
 		if v.Reward != 0 || v.Resolved || v.PatchExists || !v.PatchSuccessfullyApplied || v.TestsStatus == nil ||
 			!slices.Equal(v.TestsStatus.FailToPass.Failure, []string{"tests/test_ops.py::test_sub"}) ||
 			!slices.Equal(v.TestsStatus.PassToPass.Success, []string{"tests/test_ops.py::test_add"}) {
@@ -244,7 +306,7 @@ func TestGradeAsSWEBench(t *testing.T) {
 
 		// A test file rewritten to pass is reset before the test patch.
 		sh(t, p, s, "printf 'def test_sub():\\n    pass\\n' >> tests/test_ops.py")
-		if v = grade(t, k, p, s); v.Resolved || !v.PatchExists || !strings.Contains(v.ModelPatch, "tests/test_ops.py") ||
+		if v = grade(t, k, p, s, repo); v.Resolved || !v.PatchExists || !strings.Contains(v.ModelPatch, "tests/test_ops.py") ||
 			len(v.TestsStatus.FailToPass.Failure) != 1 {
 			t.Fatalf("grade of a rewritten test: %+v", v)
 		}
@@ -254,7 +316,7 @@ func TestGradeAsSWEBench(t *testing.T) {
 		sh(t, p, s, "git checkout -q -- tests && git reset -q")
 
 		sh(t, p, s, writeOps(calcFixed)+"echo new > notes.txt")
-		v = grade(t, k, p, s)
+		v = grade(t, k, p, s, repo)
 		if v.Reward != 1 || !v.Resolved || !v.PatchSuccessfullyApplied || v.TestExitCode != 0 ||
 			!strings.Contains(v.ModelPatch, "-    return a + b\n+    return a - b") || !strings.Contains(v.ModelPatch, "notes.txt") ||
 			len(v.TestsStatus.FailToPass.Success) != 1 || len(v.TestsStatus.PassToPass.Success) != 1 {
@@ -269,23 +331,23 @@ func TestGradeAsSWEBench(t *testing.T) {
 
 		// A committed fix is part of the diff against the base commit.
 		sh(t, p, s, "git -c user.name=m -c user.email=m@example.com commit -qam fix")
-		if v = grade(t, k, p, s); !v.Resolved {
+		if v = grade(t, k, p, s, repo); !v.Resolved {
 			t.Fatalf("grade of a committed fix: %+v", v)
 		}
 
 		// A fix that breaks add fails a PASS_TO_PASS test.
 		sh(t, p, s, writeOps("def add(a, b):\n    return 0\n\n\ndef sub(a, b):\n    return a - b\n"))
-		if v = grade(t, k, p, s); v.Resolved || !slices.Equal(v.TestsStatus.PassToPass.Failure, []string{"tests/test_ops.py::test_add"}) ||
+		if v = grade(t, k, p, s, repo); v.Resolved || !slices.Equal(v.TestsStatus.PassToPass.Failure, []string{"tests/test_ops.py::test_add"}) ||
 			len(v.TestsStatus.FailToPass.Success) != 1 || !strings.Contains(v.Detail, "1 of 1 PASS_TO_PASS") {
 			t.Fatalf("grade of a fix that breaks add: %+v", v)
 		}
 	})
 }
 
-// A grade restored from a checkpoint taken in its middle (the work tree
-// reset, the model's patch saved in the git directory) grades the saved
-// patch; a grade cut off before it saved one grades the tree as it is.
-func TestGradeResumesMidGrade(t *testing.T) {
+// The grade only reads the session's sandbox: its work tree and its
+// index are as the model left them, and a second grade (a restore's,
+// from a checkpoint taken while one ran) grades the same diff.
+func TestGradeLeavesTheSessionAlone(t *testing.T) {
 	needTools(t)
 	repo, base := calcRepo(t)
 	forEachProvider(t, func(t *testing.T, p testProvider) {
@@ -294,18 +356,18 @@ func TestGradeResumesMidGrade(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sh(t, p, s, writeOps(calcFixed))
-		patch := sh(t, p, s, "git diff --binary "+base)
-		// As if the grade stopped after it reset the tree and applied
-		// the test patch.
-		sh(t, p, s, "mkdir -p .git/stillpoint-swe && git diff --binary "+base+" > .git/stillpoint-swe/model.patch && git checkout -q -f "+base)
-		sh(t, p, s, "git apply - <<'EOF'\n"+testPatch+"EOF")
-		v := grade(t, k, p, s)
-		if !v.Resolved || v.ModelPatch != patch {
-			t.Fatalf("grade resumed mid-grade: %+v", v)
+		sh(t, p, s, writeOps(calcFixed)+"git add calc/ops.py && echo new > notes.txt && echo draft >> tests/test_ops.py")
+		state := "git status --porcelain=v2 --untracked-files=all; git diff; git diff --cached; git rev-parse HEAD; cat notes.txt tests/test_ops.py; ls .git"
+		was := sh(t, p, s, state)
+		v := grade(t, k, p, s, repo)
+		if !v.Resolved || !strings.Contains(v.ModelPatch, "notes.txt") {
+			t.Fatalf("grade: %+v", v)
 		}
-		if got := sh(t, p, s, "cat calc/ops.py tests/test_ops.py; ls .git"); !strings.HasPrefix(got, calcFixed+calcTests) || strings.Contains(got, "stillpoint-swe") {
-			t.Fatalf("the work tree after a resumed grade: %q", got)
+		if got := sh(t, p, s, state); got != was {
+			t.Fatalf("the session's sandbox after the grade:\n%s\nwant\n%s", got, was)
+		}
+		if again := grade(t, k, p, s, repo); again.ModelPatch != v.ModelPatch || !again.Resolved {
+			t.Fatalf("a second grade: %+v", again)
 		}
 	})
 }
@@ -330,7 +392,7 @@ func TestGradeThatCannotRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v := grade(t, k, p, s); v.Reward != 0 || v.TestsStatus != nil || !strings.Contains(v.Detail, "test patch does not apply") {
+		if v := grade(t, k, p, s, repo); v.Reward != 0 || v.TestsStatus != nil || !strings.Contains(v.Detail, "test patch does not apply") {
 			t.Fatalf("grade with a test patch that does not apply: %+v", v)
 		}
 
@@ -340,13 +402,33 @@ func TestGradeThatCannotRun(t *testing.T) {
 		}
 		sh(t, p, s, writeOps(calcFixed))
 		k.TestTimeout = 500 * time.Millisecond
-		if v := grade(t, k, p, s); v.Reward != 0 || !strings.Contains(v.Detail, "timed out") || v.TookMS > 10_000 {
+		if v := grade(t, k, p, s, repo); v.Reward != 0 || !strings.Contains(v.Detail, "timed out") || v.TookMS > 10_000 {
 			t.Fatalf("grade past its timeout: %+v", v)
 		}
 		k.TestTimeout = 0
 
+		// A diff that does not apply to the image's tree (a grading
+		// sandbox whose ops.py differs) is not resolved, and says why.
+		x := &images{testProvider: p, t: t, repo: repo, after: "echo '# image' >> calc/ops.py"}
+		if v := gradeWith(t, k, x, s); v.Reward != 0 || v.PatchSuccessfullyApplied || v.TestsStatus != nil ||
+			!strings.Contains(v.Detail, "does not apply to the base commit") || !strings.Contains(v.Output, "calc/ops.py") {
+			t.Fatalf("grade of a diff that does not apply: %+v", v)
+		}
+		// A grading sandbox whose repository is not at the base commit
+		// cannot grade.
+		x = &images{testProvider: p, t: t, repo: repo, after: "git -c user.name=i -c user.email=i@example.com commit -q --allow-empty -m image"}
+		if v := gradeWith(t, k, x, s); v.Reward != 0 || !strings.Contains(v.Detail, "not at the base commit") {
+			t.Fatalf("grade in a sandbox off the base commit: %+v", v)
+		}
+		// A diff over the bound is not graded.
+		k.MaxDiff = 100
+		if v := grade(t, k, p, s, repo); v.Reward != 0 || v.ModelPatch != "" || v.ModelPatchBytes <= 100 || !strings.Contains(v.Detail, "more than the 100 graded") {
+			t.Fatalf("grade of a diff over the bound: %+v", v)
+		}
+		k.MaxDiff = 0
+
 		sh(t, p, s, "rm -rf .git")
-		if v := grade(t, k, p, s); v.Reward != 0 || !strings.Contains(v.Detail, "no git repository") {
+		if v := grade(t, k, p, s, repo); v.Reward != 0 || !strings.Contains(v.Detail, "no git repository") {
 			t.Fatalf("grade without .git: %+v", v)
 		}
 	})
