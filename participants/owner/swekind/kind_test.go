@@ -489,9 +489,152 @@ XPASS tests/test_c.py::test_lucky
 	if !slices.Equal(o.Success, []string{"tests/test_a.py::test_ok"}) || len(o.Failure) != 2 {
 		t.Fatalf("outcome: %+v", o)
 	}
+	// As SWE-bench: XFAIL is a pass, XPASS neither a pass nor a failure,
+	// ERROR a failure.
+	o = outcome([]string{"tests/test_c.py::test_known", "tests/test_c.py::test_lucky", "tests/test_b.py::test_fixture"}, sm)
+	if !slices.Equal(o.Success, []string{"tests/test_c.py::test_known"}) || !slices.Equal(o.Failure, []string{"tests/test_b.py::test_fixture"}) {
+		t.Fatalf("outcome of XFAIL, XPASS, ERROR: %+v", o)
+	}
+}
+
+// A FAIL_TO_PASS test marked xfail that the fix makes pass (XPASS) does
+// not keep the instance from being resolved, as in SWE-bench; one that
+// fails still is a failure of the test patch's other test.
+func TestGradeXPass(t *testing.T) {
+	needTools(t)
+	repo, base := calcRepo(t)
+	xfailPatch := strings.Replace(strings.Replace(testPatch, "-from calc import add\n+from calc import add, sub\n",
+		"-from calc import add\n+import pytest\n+from calc import add, sub\n", 1), "@@ -1,5 +1,9 @@", "@@ -1,5 +1,11 @@", 1)
+	xfailPatch = strings.Replace(xfailPatch, "+def test_sub():", "+@pytest.mark.xfail(strict=False)\n+def test_sub():", 1)
+	forEachProvider(t, func(t *testing.T, p testProvider) {
+		var k Kind
+		s, err := session(t, k, p, "xpass", repo, instance(t, base, func(in *Instance) { in.TestPatch = xfailPatch }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sh(t, p, s, writeOps(calcFixed))
+		v := grade(t, k, p, s, repo)
+		if !v.Resolved || !strings.Contains(v.Output, "XPASS tests/test_ops.py::test_sub") ||
+			len(v.TestsStatus.FailToPass.Success) != 0 || len(v.TestsStatus.FailToPass.Failure) != 0 {
+			t.Fatalf("grade with test_sub XPASS: %+v", v)
+		}
+		sh(t, p, s, writeOps("def add(a, b):\n    return 0\n\n\ndef sub(a, b):\n    return a - b\n"))
+		if v = grade(t, k, p, s, repo); v.Resolved || !slices.Equal(v.TestsStatus.PassToPass.Failure, []string{"tests/test_ops.py::test_add"}) {
+			t.Fatalf("grade with test_sub XPASS and test_add failed: %+v", v)
+		}
+	})
 }
 
 func mustJSON(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// forcePass is a pytest plugin that reports every test passed.
+const forcePass = `import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    rep.outcome = "passed"
+    rep.longrepr = None
+`
+
+// forged runs the test patch's tests in the session's own sandbox, as a
+// grade that trusted it would, and tells whether test_sub passed there
+// with sub still wrong: the attack works.
+func forged(t *testing.T, p testProvider, s *owner.Session, patch string) bool {
+	t.Helper()
+	out := sh(t, p, s, "git apply - <<'EOF'\n"+patch+"EOF\n"+
+		"PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -rA -p no:cacheprovider tests/test_ops.py || true; git checkout -q -- tests/test_ops.py")
+	return strings.Contains(out, "PASSED tests/test_ops.py::test_sub")
+}
+
+// An agent that cannot fix sub and forges the grade instead gets reward
+// 0: the forgeries below each make test_sub pass in the agent's own
+// sandbox, but only the model's diff leaves it.
+func TestGradeResistsForgery(t *testing.T) {
+	needTools(t)
+	repo, base := calcRepo(t)
+	forEachProvider(t, func(t *testing.T, p testProvider) {
+		var k Kind
+		check := func(t *testing.T, s *owner.Session, patch, leak string) {
+			t.Helper()
+			if !forged(t, p, s, patch) {
+				t.Fatal("the forgery does not make test_sub pass in the agent's sandbox: the test proves nothing")
+			}
+			v := grade(t, k, p, s, repo)
+			if v.Reward != 0 || v.Resolved || v.TestsStatus == nil ||
+				!slices.Equal(v.TestsStatus.FailToPass.Failure, []string{"tests/test_ops.py::test_sub"}) {
+				t.Fatalf("grade of a forgery: %+v", v)
+			}
+			if leak != "" && strings.Contains(v.ModelPatch, leak) {
+				t.Fatalf("the model's diff carries %q:\n%s", leak, v.ModelPatch)
+			}
+		}
+
+		// A conftest.py that forces every test to pass, hidden from git
+		// add -A by .git/info/exclude (git clean -fd keeps it too).
+		t.Run("excluded conftest", func(t *testing.T) {
+			s, err := session(t, k, p, "exclude", repo, instance(t, base, nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sh(t, p, s, "cat > tests/conftest.py <<'EOF'\n"+forcePass+"EOF\necho tests/conftest.py >> .git/info/exclude; echo new > notes.txt")
+			check(t, s, testPatch, "conftest")
+		})
+
+		// The base commit replaced (git replace) by one whose test file
+		// patches sub: the test files a grade in this sandbox resets to
+		// the base commit would be the agent's.
+		t.Run("replaced base", func(t *testing.T) {
+			appendPatch := `diff --git a/tests/test_ops.py b/tests/test_ops.py
+--- a/tests/test_ops.py
++++ b/tests/test_ops.py
+@@ -3,3 +3,8 @@
+ 
+ def test_add():
+     assert add(2, 3) == 5
++
++
++def test_sub():
++    from calc import sub
++    assert sub(5, 3) == 2
+`
+			s, err := session(t, k, p, "replace", repo, instance(t, base, func(in *Instance) { in.TestPatch = appendPatch }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sh(t, p, s, `printf 'import calc\ncalc.sub = lambda a, b: a - b\n' | cat - tests/test_ops.py > t.py && mv t.py tests/test_ops.py
+git add tests/test_ops.py
+fake=$(git -c user.name=m -c user.email=m@example.com commit-tree -m fake "$(git write-tree)")
+git replace `+base+` "$fake"
+echo new > notes.txt`)
+			if got := sh(t, p, s, "git show "+base+":tests/test_ops.py"); !strings.HasPrefix(got, "import calc\n") {
+				t.Fatalf("the replace is not in effect: %q", got)
+			}
+			check(t, s, appendPatch, "")
+		})
+
+		// A module outside the repository: a .pth file in the system's
+		// site-packages that loads a plugin into every pytest. The dir
+		// provider isolates nothing (its sandboxes share the host's
+		// files), so only a provider with a root of its own is tried.
+		t.Run("site-packages", func(t *testing.T) {
+			if p.Name() == "dir" {
+				t.Log("the dir provider's sandboxes share the host's site-packages: nothing to plant there")
+				return
+			}
+			s, err := session(t, k, p, "site", repo, instance(t, base, nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			site := strings.TrimSpace(sh(t, p, s, `python3 -c 'import site; print(site.getsitepackages()[0])'`))
+			sh(t, p, s, "mkdir -p "+site+" && cat > "+site+"/zz_force.py <<'EOF'\n"+forcePass+"EOF\n"+
+				`echo 'import os; os.environ.setdefault("PYTEST_PLUGINS", "zz_force")' > `+site+"/zz_force.pth; echo new > notes.txt")
+			check(t, s, testPatch, "zz_force")
+		})
+	})
 }
