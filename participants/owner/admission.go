@@ -18,6 +18,14 @@ import (
 // boundary for the resume, and the checkpoint does not wait for a queue.
 // The caller calls done once the start ended, however it ended.
 func (o *Owner) waitTurn(ctx context.Context, sessionID string) (done func(), err error) {
+	return o.turn(ctx, sessionID, false)
+}
+
+// turn is waitTurn; a grade's sandbox (GradeSandboxes.Fresh) waits only
+// for the bound of starts: the live sandboxes it would wait for are the
+// sessions, which end after their grades. Grading sandboxes count among
+// the live ones the starts of sessions wait for.
+func (o *Owner) turn(ctx context.Context, sessionID string, grade bool) (done func(), err error) {
 	if o.bounds.Starting == 0 && o.bounds.Live == 0 {
 		return func() {}, nil
 	}
@@ -34,8 +42,8 @@ func (o *Owner) waitTurn(ctx context.Context, sessionID string) (done func(), er
 			o.mu.Unlock()
 			return false, ErrAdmissionClosed
 		}
-		live := len(o.sessions) + o.starting
-		if (o.bounds.Starting == 0 || o.starting < o.bounds.Starting) && (o.bounds.Live == 0 || live < o.bounds.Live) {
+		live := len(o.sessions) + o.starting + o.fresh
+		if (o.bounds.Starting == 0 || o.starting < o.bounds.Starting) && (grade || o.bounds.Live == 0 || live < o.bounds.Live) {
 			o.starting++
 			o.mu.Unlock()
 			if said {

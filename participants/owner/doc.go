@@ -20,7 +20,10 @@
 // from the seed's task payload (a refusal is ErrBadTask, 400), Grade
 // grades it at verify. A kind may also be a Setuper (Setup runs against
 // the started sandbox) and a Forker (ForkSpec completes the spec of each
-// fork a restore starts). TaskFuncs makes a kind of functions. The
+// fork a restore starts). The Execer a grade gets is a GradeSandboxes
+// too: Fresh starts a sandbox of the grade's own (gr<n>-<session>, no
+// session's, never snapshotted) for a grade that must not trust the
+// session's sandbox. TaskFuncs makes a kind of functions. The
 // scripted kind is participants/scripted's Kind, the command kind (a task
 // defined in its JSON, docs/TASKS.md) participants/owner/commandkind's;
 // `stillpoint owner --task-kind` chooses among the kinds the CLI knows.

@@ -235,6 +235,10 @@ type Owner struct {
 	bounds   provider.Bounds
 	starting int
 	freed    chan struct{}
+	// fresh counts the grades' own sandboxes (GradeSandboxes.Fresh);
+	// nextFresh numbers them.
+	fresh     int
+	nextFresh uint64
 }
 
 // New checks cfg, decides the mode (see the package doc) and returns an

@@ -230,7 +230,7 @@ func (o *Owner) gradeSession(ctx context.Context, r ownerapi.VerifyRequest) (own
 	if err != nil {
 		return ownerapi.VerifyResult{}, err
 	}
-	res, err := o.kind.Grade(ctx, o.exec, sess)
+	res, err := o.kind.Grade(ctx, o.graderFor(sess.ID), sess)
 	done()
 	if err != nil {
 		return ownerapi.VerifyResult{}, fmt.Errorf("owner: grade %s: %w", r.SessionID, err)

@@ -19,7 +19,9 @@ type TaskKind interface {
 	Spec(sessionID string, ep events.Episode, task json.RawMessage) (provider.Spec, error)
 	// Grade grades a session: a check of its sandbox (through x, on
 	// s.Sandbox.ID) and of the session data its setup returned. It returns
-	// the verdict, a JSON object.
+	// the verdict, a JSON object. The owner's x is a GradeSandboxes too: a
+	// grade that must not trust the session's sandbox runs in one of its
+	// own (Fresh).
 	Grade(ctx context.Context, x Execer, s *Session) (json.RawMessage, error)
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -74,9 +75,46 @@ func sweSh(t *testing.T, p *dir.Provider, s *owner.Session, script string, stdin
 	return string(res.Stdout)
 }
 
-func sweGrade(t *testing.T, p *dir.Provider, s *owner.Session) swekind.Verdict {
+// repoImage is the owner's grading sandboxes as this test gives them
+// (owner.GradeSandboxes): a dir sandbox with the instance's repository
+// copied to the image's workdir, as a sandbox of its image would hold it.
+type repoImage struct {
+	*dir.Provider
+	t    *testing.T
+	repo string
+	n    int
+}
+
+func (x *repoImage) Fresh(ctx context.Context, spec provider.Spec) (*provider.Sandbox, func(), error) {
+	x.n++
+	spec.ID, spec.ImageRef, spec.Env = fmt.Sprintf("gr%d", x.n), "", []string{"PATH=" + sweimage.ImagePath}
+	sb, err := x.Start(ctx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	remove := func() {
+		if err := x.Stop(context.WithoutCancel(ctx), sb.ID); err != nil {
+			x.t.Errorf("stop %s: %v", sb.ID, err)
+		}
+	}
+	tarball, err := exec.Command("tar", "-C", x.repo, "-c", ".").Output()
+	if err == nil {
+		var res provider.ExecResult
+		res, err = x.Exec(ctx, sb.ID, []string{"tar", "-x", "-f", "-"}, provider.ExecOptions{Dir: filepath.Join(sb.ProcRoot, spec.Workdir), Stdin: bytes.NewReader(tarball)})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("tar exited %d: %s", res.ExitCode, res.Stderr)
+		}
+	}
+	if err != nil {
+		remove()
+		return nil, nil, err
+	}
+	return sb, remove, nil
+}
+
+func sweGrade(t *testing.T, p *dir.Provider, s *owner.Session, repo string) swekind.Verdict {
 	t.Helper()
-	raw, err := swekind.Kind{}.Grade(t.Context(), p, s)
+	raw, err := swekind.Kind{}.Grade(t.Context(), &repoImage{Provider: p, t: t, repo: repo}, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,20 +157,21 @@ func TestSWEInstancesGoldResolves(t *testing.T) {
 			if got := swekind.TestFiles(in.TestPatch); len(got) != 1 || !strings.HasPrefix(got[0], "tests/") {
 				t.Fatalf("test patch files %v", got)
 			}
-			s := sweSession(t, p, in, filepath.Join(repos, in.InstanceID))
-			v := sweGrade(t, p, s)
+			repo := filepath.Join(repos, in.InstanceID)
+			s := sweSession(t, p, in, repo)
+			v := sweGrade(t, p, s, repo)
 			if v.Resolved || v.Reward != 0 || v.TestsStatus == nil || len(v.TestsStatus.FailToPass.Success) != 0 ||
 				len(v.TestsStatus.PassToPass.Failure) != 0 || len(v.TestsStatus.PassToPass.Success) != len(in.PassToPass) {
 				t.Fatalf("grade with no patch: %+v", v)
 			}
 			sweSh(t, p, s, "git apply -", []byte(in.Patch))
-			v = sweGrade(t, p, s)
+			v = sweGrade(t, p, s, repo)
 			if !v.Resolved || v.Reward != 1 || withoutIndex(v.ModelPatch) != withoutIndex(in.Patch) ||
 				len(v.TestsStatus.FailToPass.Success) != len(in.FailToPass) || len(v.TestsStatus.PassToPass.Success) != len(in.PassToPass) {
 				t.Fatalf("grade of the gold patch: %+v", v)
 			}
 			sweSh(t, p, s, "git checkout -q -f HEAD && "+sweFixCmd(sweByID(in.InstanceID)), nil)
-			if v = sweGrade(t, p, s); !v.Resolved || withoutIndex(v.ModelPatch) != withoutIndex(in.Patch) {
+			if v = sweGrade(t, p, s, repo); !v.Resolved || withoutIndex(v.ModelPatch) != withoutIndex(in.Patch) {
 				t.Fatalf("grade of the script's fix: %+v", v)
 			}
 		})

@@ -22,22 +22,31 @@
 // the harness in it. Setup checks that the repository in the working
 // directory is at base_commit and records in the session data (Data)
 // what the grade needs: the base commit, the test patch, the tests, the
-// test command and the working directory, out of the agent's reach.
+// test command, the working directory and the image, out of the agent's reach.
 //
 // # The grade
 //
-// Grade keeps the model's changes (git add -A, then git diff --binary
-// against the base commit, so its commits count too), resets the work
-// tree to the base commit (checkout -f; clean -fd, which keeps ignored
-// files: an image's build products such as compiled extensions and egg
-// metadata are ignored ones), applies the model's patch, resets the files
-// the test patch touches to the base commit and applies the test patch,
-// runs the test command on those files (not data files, as SWE-bench),
-// and parses pytest's -rA summary per test (ParseLog). The instance is
-// resolved, reward 1, when every FAIL_TO_PASS and every PASS_TO_PASS test
-// passed (PASSED or XFAIL). The Verdict carries the model's patch and the
-// tests' outcomes as SWE-bench's report does. At the end the work tree
-// holds the model's changes again; while a grade is under way they are
-// kept in the git directory, so a grade restored from a checkpoint taken
-// in its middle grades the same patch.
+// Grade trusts nothing of the session's sandbox, where the agent was
+// root, but the model's diff: there it runs git add -A into a copy of
+// the index and git diff --binary against the base commit (so the
+// model's commits count too), with no replace objects, no system or
+// global config, no hooks and no user excludes or attributes file, and
+// takes that diff, bounded (MaxDiff). As SWE-bench grades in a fresh
+// container, it grades the diff in a fresh sandbox of the instance's
+// image (owner.GradeSandboxes, Fresh): it checks that the repository
+// there is at the base commit, applies the diff (one that does not apply
+// is reward 0), resets the files the test patch touches to the base
+// commit and applies the test patch, runs the test command on those files
+// (not data files, as SWE-bench), and parses pytest's -rA summary per
+// test (ParseLog). The fresh sandbox is removed however the grade ends;
+// the session's sandbox is left as the model left it, so a grade
+// restored from a checkpoint taken in its middle grades again from the
+// start.
+//
+// The named tests are split as SWE-bench's test_passed and test_failed
+// split them: PASSED or XFAIL is a success; FAILED, ERROR, or absent from
+// the log is a failure; another status (XPASS) is neither. The instance
+// is resolved, reward 1, when no FAIL_TO_PASS and no PASS_TO_PASS test
+// failed. The Verdict carries the model's diff and the tests' outcomes as
+// SWE-bench's report does.
 package swekind

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,8 +56,9 @@ type TestsStatus struct {
 	PassToPass Outcome `json:"PASS_TO_PASS"`
 }
 
-// Outcome splits tests into those that passed (PASSED or XFAIL) and the
-// rest (FAILED, ERROR, SKIPPED, or absent from the log).
+// Outcome splits tests as SWE-bench's grading does: those that passed
+// (PASSED or XFAIL) and those that failed (FAILED, ERROR, or absent from
+// the log). A test of another status (XPASS) is in neither.
 type Outcome struct {
 	Success []string `json:"success"`
 	Failure []string `json:"failure"`
@@ -103,16 +105,25 @@ func ParseLog(log []byte) map[string]string {
 	return out
 }
 
-// passed tells a status SWE-bench counts as a pass.
+// passed tells a status SWE-bench counts as a pass (its test_passed).
 func passed(status string) bool { return status == statusPassed || status == statusXFail }
 
-// outcome splits names by their status in sm.
+// failed tells a status SWE-bench counts as a failure (its test_failed):
+// "" is a test absent from the log.
+func failed(status string) bool {
+	return status == "" || status == statusFailed || status == statusError
+}
+
+// outcome splits names by their status in sm; a name of a status that
+// is neither a pass nor a failure (XPASS) is in neither list, as in
+// SWE-bench's report, and does not keep the instance from being resolved.
 func outcome(names []string, sm map[string]string) Outcome {
 	o := Outcome{Success: []string{}, Failure: []string{}}
 	for _, n := range names {
-		if passed(sm[n]) {
+		switch st := sm[n]; {
+		case passed(st):
 			o.Success = append(o.Success, n)
-		} else {
+		case failed(st):
 			o.Failure = append(o.Failure, n)
 		}
 	}
@@ -141,34 +152,44 @@ func testDirectives(files []string) []string {
 	return out
 }
 
-// gitSh is the start of every script the grade runs: git as gitArgv, and
-// the directory that holds the model's patch while a grade is under way
-// (in the repository's git directory, which no diff holds).
-const gitSh = `g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c 'safe.directory=*' "$@"; }
+// gitSh is the start of every script the grade runs: git as gitArgv
+// with neither the user's nor the system's excludes and attributes files,
+// checked to be there with a repository.
+const gitSh = `g() { git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.excludesFile=/dev/null -c core.attributesFile=/dev/null -c 'safe.directory=*' "$@"; }
 command -v git >/dev/null 2>&1 || { echo "git is not in the sandbox's PATH" >&2; exit 2; }
-st=$(g rev-parse --absolute-git-dir) || { echo "no git repository here" >&2; exit 2; }
-st=$st/stillpoint-swe
+g rev-parse --absolute-git-dir >/dev/null 2>&1 || { echo "no git repository here" >&2; exit 2; }
 base=$1; shift
 `
 
-// The grade's steps. keep saves the model's changes (git add -A, then
-// the binary diff against the base commit) unless a grade under way saved
-// them already (a restore from a checkpoint taken mid-grade), and prints
-// them; apply resets the work tree to the base commit and applies them;
+// gitEnv is the environment of git in the grade's commands: no replace
+// objects (nor grafts), no system or global config.
+var gitEnv = []string{"GIT_NO_REPLACE_OBJECTS=1", "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_ATTR_NOSYSTEM=1"}
+
+// The grade's steps. diff runs in the session's sandbox: it takes the
+// model's changes as a binary diff against the base commit (git add -A
+// into a copy of the index, so the sandbox is left as it was), prints
+// its size alone (exit 5) when it is over the bound ($1), else the diff;
+// git's own messages are bounded too. The others run in the grade's
+// fresh sandbox: apply checks that its repository is at the base commit
+// and applies the model's diff (stdin; exit 10 when it does not apply);
 // tests resets the files the test patch touches to the base commit and
-// applies it (stdin); run runs the test command on the test files that
-// exist; restore puts the model's changes back over the base commit, so
-// that a grade leaves the work tree as the model did.
+// applies it (stdin; exit 11); run runs the test command on the test
+// files that exist.
 const (
-	keepSh = gitSh + `g cat-file -e "$base^{commit}" 2>/dev/null || { echo "the base commit $base is not in the repository" >&2; exit 3; }
-if [ ! -f "$st/model.patch" ]; then
-	mkdir -p "$st" && g add -A && g diff --cached --binary --full-index --no-ext-diff --no-textconv --no-color "$base" >"$st/model.patch.tmp" &&
-		mv "$st/model.patch.tmp" "$st/model.patch" || exit 4
-fi
-exec cat "$st/model.patch"
+	diffSh = gitSh + `max=$1
+g cat-file -e "$base^{commit}" 2>/dev/null || { echo "the base commit $base is not in the repository" >&2; exit 3; }
+t=$(mktemp -d) || exit 4
+trap 'rm -rf "$t"' EXIT
+ix=$(g rev-parse --git-path index) && { [ ! -f "$ix" ] || cp "$ix" "$t/index"; } || exit 4
+GIT_INDEX_FILE=$t/index g add -A 2>"$t/err" &&
+	GIT_INDEX_FILE=$t/index g diff --cached --binary --full-index --no-ext-diff --no-textconv --no-color --no-relative \
+		--src-prefix=a/ --dst-prefix=b/ "$base" >"$t/patch" 2>>"$t/err" || { tail -c 4096 "$t/err" >&2; exit 4; }
+n=$(wc -c <"$t/patch")
+[ "$n" -le "$max" ] || { echo "$n"; exit 5; }
+cat "$t/patch"
 `
-	applySh = gitSh + `g checkout -q -f --detach "$base" && g clean -fdq || exit 4
-[ ! -s "$st/model.patch" ] || g apply --whitespace=nowarn "$st/model.patch" || exit 10
+	applySh = gitSh + `[ "$(g rev-parse -q --verify 'HEAD^{commit}')" = "$base" ] || { echo "the repository is not at the base commit $base" >&2; exit 3; }
+[ "$1" = none ] || g apply --whitespace=nowarn - || exit 10
 `
 	testsSh = gitSh + `for f do
 	if g cat-file -e "$base:$f" 2>/dev/null; then g checkout -q "$base" -- "$f" || exit 4; else rm -rf -- "$f"; fi
@@ -179,28 +200,36 @@ g apply --whitespace=nowarn - || exit 11
 for f do shift; [ -e "$f" ] && set -- "$@" "$f"; done
 eval "$cmd"' "$@"'
 `
-	restoreSh = gitSh + `g checkout -q -f --detach "$base" && g clean -fdq && { [ ! -s "$st/model.patch" ] || g apply --whitespace=nowarn "$st/model.patch"; } && rm -rf "$st"
-`
 )
 
 // testEnv keeps Python from reading bytecode compiled before the grade's
 // patches (a file of the same size and second would be run stale).
 var testEnv = []string{"PYTHONDONTWRITEBYTECODE=1", "PYTHONPYCACHEPREFIX=/nonexistent/stillpoint-pycache"}
 
-// Grade implements owner.TaskKind, as the SWE-bench harness grades: it
-// keeps the model's changes as a patch against the base commit, resets
-// the work tree to the base commit, applies that patch and then the test
-// patch (over the base commit's test files), runs the test command on
-// the test patch's files and reads the log per test. The instance is
-// resolved, reward 1, when every FAIL_TO_PASS and PASS_TO_PASS test
-// passed. At the end the work tree holds the model's changes again. What
-// the sandbox's state makes impossible (no git, no base commit, a patch
-// that does not apply, tests that run out of time) is reward 0 with the
-// reason; an error is only the sandbox failing to run a command.
+// Grade implements owner.TaskKind, as the SWE-bench harness grades: from
+// the session's sandbox, which the agent controlled, it takes only the
+// model's changes, as a diff against the base commit; it grades that
+// diff in a fresh sandbox of the instance's image (x must be an
+// owner.GradeSandboxes): it applies the diff, then the test patch over
+// the base commit's test files, runs the test command on the test
+// patch's files and reads the log per test. The instance is resolved,
+// reward 1, when no FAIL_TO_PASS or PASS_TO_PASS test failed (Outcome).
+// The fresh sandbox is removed however the grade ends; the session's
+// sandbox is left as the model left it. What makes grading impossible
+// (no git, no base commit, a diff too large or that does not apply, tests
+// that run out of time) is reward 0 with the reason; an error is only a
+// sandbox failing to start or to run a command.
 func (k Kind) Grade(ctx context.Context, x owner.Execer, s *owner.Session) (json.RawMessage, error) {
 	var d Data
 	if err := json.Unmarshal(s.Data, &d); err != nil || d.Kind != dataKind || d.BaseCommit == "" {
 		return nil, fmt.Errorf("%w: session %s: %.200s", ErrData, s.ID, s.Data)
+	}
+	if d.Image == "" {
+		return nil, fmt.Errorf("%w: session %s: the session data names no image to grade in", ErrData, s.ID)
+	}
+	sbx, ok := x.(owner.GradeSandboxes)
+	if !ok {
+		return nil, fmt.Errorf("swekind: session %s: the owner gives the grade no sandbox of its own (owner.GradeSandboxes)", s.ID)
 	}
 	t0 := time.Now()
 	v := Verdict{InstanceID: d.InstanceID, TestExitCode: -1}
@@ -211,19 +240,26 @@ func (k Kind) Grade(ctx context.Context, x owner.Execer, s *owner.Session) (json
 		}
 		return json.Marshal(v)
 	}
-	dir := path.Join(s.Sandbox.ProcRoot, d.Workdir)
-	sh := func(script string, args []string, opts provider.ExecOptions) (provider.ExecResult, error) {
-		opts.Dir = dir
-		return x.Exec(ctx, s.Sandbox.ID, append([]string{"sh", "-c", script, "swe-grade"}, args...), opts)
-	}
-	base := []string{d.BaseCommit}
 
-	res, err := sh(keepSh, base, provider.ExecOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("swekind: session %s: keep the model's patch: %w", s.ID, err)
-	}
-	if res.ExitCode != 0 {
-		v.Detail = fmt.Sprintf("the grade cannot run: keeping the model's patch exited %d: %s", res.ExitCode, tail(provider.ExecResult{Stderr: res.Stderr}))
+	// The model's diff: all that is taken from the session's sandbox.
+	dctx, cancel := context.WithTimeout(ctx, DefaultDiffTimeout)
+	res, err := x.Exec(dctx, s.Sandbox.ID, []string{"sh", "-c", diffSh, "swe-diff", d.BaseCommit, strconv.Itoa(k.maxDiff())},
+		provider.ExecOptions{Dir: path.Join(s.Sandbox.ProcRoot, d.Workdir), Env: gitEnv})
+	timedOut := err != nil && ctx.Err() == nil && errors.Is(dctx.Err(), context.DeadlineExceeded)
+	cancel()
+	switch {
+	case timedOut:
+		v.Detail = fmt.Sprintf("the grade cannot run: taking the model's diff timed out after %s", DefaultDiffTimeout)
+		return done()
+	case err != nil:
+		return nil, fmt.Errorf("swekind: session %s: take the model's diff: %w", s.ID, err)
+	case res.ExitCode == 5:
+		n, _ := strconv.Atoi(strings.TrimSpace(string(res.Stdout)))
+		v.PatchExists, v.ModelPatchBytes, v.ModelPatchCut = true, n, n > 0
+		v.Detail = fmt.Sprintf("the model's diff is %d bytes, more than the %d graded", n, k.maxDiff())
+		return done()
+	case res.ExitCode != 0:
+		v.Detail = fmt.Sprintf("the grade cannot run: taking the model's diff exited %d: %s", res.ExitCode, tail(provider.ExecResult{Stderr: res.Stderr}))
 		return done()
 	}
 	patch := res.Stdout
@@ -233,29 +269,45 @@ func (k Kind) Grade(ctx context.Context, x owner.Execer, s *owner.Session) (json
 		v.ModelPatch, v.ModelPatchCut = string(patch[:max]), true
 	}
 
-	res, err = sh(applySh, base, provider.ExecOptions{})
+	// The grade's own sandbox, of the instance's image.
+	fresh, remove, err := sbx.Fresh(ctx, provider.Spec{ImageRef: d.Image, Workdir: d.Workdir})
 	if err != nil {
-		return nil, fmt.Errorf("swekind: session %s: apply the model's patch: %w", s.ID, err)
+		return nil, fmt.Errorf("swekind: session %s: %w", s.ID, err)
+	}
+	defer remove()
+	dir := path.Join(fresh.ProcRoot, d.Workdir)
+	sh := func(ctx context.Context, script string, args []string, opts provider.ExecOptions) (provider.ExecResult, error) {
+		opts.Dir = dir
+		return x.Exec(ctx, fresh.ID, append([]string{"sh", "-c", script, "swe-grade"}, args...), opts)
+	}
+
+	has := "patch"
+	if len(patch) == 0 {
+		has = "none"
+	}
+	res, err = sh(ctx, applySh, []string{d.BaseCommit, has}, provider.ExecOptions{Env: gitEnv, Stdin: bytes.NewReader(patch)})
+	if err != nil {
+		return nil, fmt.Errorf("swekind: session %s: apply the model's diff: %w", s.ID, err)
 	}
 	switch res.ExitCode {
 	case 0:
 		v.PatchSuccessfullyApplied = true
 	case 10:
-		v.Detail, v.Output = "the model's patch does not apply to the base commit", tail(res)
-		return k.restore(ctx, sh, base, &v, done)
+		v.Detail, v.Output = "the model's diff does not apply to the base commit", tail(res)
+		return done()
 	default:
-		v.Detail = fmt.Sprintf("the grade cannot run: resetting to the base commit exited %d: %s", res.ExitCode, tail(res))
-		return k.restore(ctx, sh, base, &v, done)
+		v.Detail = fmt.Sprintf("the grade cannot run: the grading sandbox's repository (exit %d): %s", res.ExitCode, tail(res))
+		return done()
 	}
 
 	files := TestFiles(d.TestPatch)
-	res, err = sh(testsSh, append(base, files...), provider.ExecOptions{Stdin: strings.NewReader(d.TestPatch)})
+	res, err = sh(ctx, testsSh, append([]string{d.BaseCommit}, files...), provider.ExecOptions{Env: gitEnv, Stdin: strings.NewReader(d.TestPatch)})
 	if err != nil {
 		return nil, fmt.Errorf("swekind: session %s: apply the test patch: %w", s.ID, err)
 	}
 	if res.ExitCode != 0 {
-		v.Detail, v.Output = fmt.Sprintf("the test patch does not apply over the model's patch (exit %d)", res.ExitCode), tail(res)
-		return k.restore(ctx, sh, base, &v, done)
+		v.Detail, v.Output = fmt.Sprintf("the test patch does not apply over the model's diff (exit %d)", res.ExitCode), tail(res)
+		return done()
 	}
 
 	timeout := k.TestTimeout
@@ -263,9 +315,8 @@ func (k Kind) Grade(ctx context.Context, x owner.Execer, s *owner.Session) (json
 		timeout = DefaultTestTimeout
 	}
 	tctx, cancel := context.WithTimeout(ctx, timeout)
-	res, err = x.Exec(tctx, s.Sandbox.ID, append([]string{"sh", "-c", runSh, "swe-tests", d.TestCmd}, testDirectives(files)...),
-		provider.ExecOptions{Dir: dir, Env: testEnv})
-	timedOut := err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded)
+	res, err = sh(tctx, runSh, append([]string{d.TestCmd}, testDirectives(files)...), provider.ExecOptions{Env: testEnv})
+	timedOut = err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded)
 	cancel()
 	if err != nil && !timedOut {
 		return nil, fmt.Errorf("swekind: session %s: run the tests: %w", s.ID, err)
@@ -278,28 +329,11 @@ func (k Kind) Grade(ctx context.Context, x owner.Execer, s *owner.Session) (json
 	case timedOut:
 		v.Detail = fmt.Sprintf("the tests timed out after %s", timeout)
 	case !v.Resolved:
-		v.Detail = fmt.Sprintf("%d of %d FAIL_TO_PASS and %d of %d PASS_TO_PASS tests did not pass",
+		v.Detail = fmt.Sprintf("%d of %d FAIL_TO_PASS and %d of %d PASS_TO_PASS tests failed",
 			len(v.TestsStatus.FailToPass.Failure), len(d.FailToPass), len(v.TestsStatus.PassToPass.Failure), len(d.PassToPass))
 	}
 	if !v.PatchExists && v.Resolved {
 		v.Resolved, v.Detail = false, "the model changed nothing"
-	}
-	return k.restore(ctx, sh, base, &v, done)
-}
-
-// restore puts the model's changes back and finishes the verdict; a
-// restore that fails is said in the detail.
-func (k Kind) restore(ctx context.Context, sh func(string, []string, provider.ExecOptions) (provider.ExecResult, error),
-	base []string, v *Verdict, done func() (json.RawMessage, error)) (json.RawMessage, error) {
-	res, err := sh(restoreSh, base, provider.ExecOptions{})
-	if err == nil && res.ExitCode != 0 {
-		err = fmt.Errorf("exit %d: %s", res.ExitCode, tail(res))
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		v.Detail = strings.TrimPrefix(v.Detail+"; ", "; ") + "the work tree was not put back as the model left it: " + err.Error()
 	}
 	return done()
 }
@@ -309,4 +343,11 @@ func (k Kind) maxPatch() int {
 		return DefaultMaxPatch
 	}
 	return k.MaxPatch
+}
+
+func (k Kind) maxDiff() int {
+	if k.MaxDiff <= 0 {
+		return DefaultMaxDiff
+	}
+	return k.MaxDiff
 }

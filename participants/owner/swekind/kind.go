@@ -23,6 +23,12 @@ const (
 	// DefaultMaxPatch bounds the model's patch a verdict carries, in
 	// bytes; a longer one is cut and the verdict says so.
 	DefaultMaxPatch = 256 << 10
+	// DefaultMaxDiff bounds the model's diff a grade takes from the
+	// session's sandbox, in bytes; a longer one is not graded (reward 0).
+	DefaultMaxDiff = 32 << 20
+	// DefaultDiffTimeout bounds the taking of the model's diff (git runs
+	// in the agent's sandbox, where its config may run filters).
+	DefaultDiffTimeout = 5 * time.Minute
 )
 
 // outputTail is how much of a command's output an error or a verdict
@@ -45,6 +51,9 @@ type Kind struct {
 	// MaxPatch bounds the model patch a verdict carries (default
 	// DefaultMaxPatch).
 	MaxPatch int
+	// MaxDiff bounds the model's diff a grade takes (default
+	// DefaultMaxDiff).
+	MaxDiff int
 }
 
 // The owner abilities the kind has.
@@ -116,6 +125,9 @@ type Data struct {
 	TestCmd    string   `json:"test_cmd"`
 	// Workdir is the repository's directory in the sandbox.
 	Workdir string `json:"workdir"`
+	// Image is the instance's image: the grade's fresh sandbox is made
+	// of it.
+	Image string `json:"image"`
 }
 
 // dataKind is Data.Kind.
@@ -151,7 +163,7 @@ func (k Kind) Setup(ctx context.Context, x owner.Execer, s *owner.Session, raw j
 			ErrSetup, in.InstanceID, wd, in.Image, head, in.BaseCommit)
 	}
 	return json.Marshal(Data{Kind: dataKind, InstanceID: in.InstanceID, BaseCommit: head, TestPatch: in.TestPatch,
-		FailToPass: in.FailToPass, PassToPass: in.PassToPass, TestCmd: in.testCmd(), Workdir: wd})
+		FailToPass: in.FailToPass, PassToPass: in.PassToPass, TestCmd: in.testCmd(), Workdir: wd, Image: in.Image})
 }
 
 // gitArgv is git with what the grade does not take from the repository:

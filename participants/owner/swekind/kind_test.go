@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,6 +76,9 @@ func needTools(t *testing.T) {
 	}
 }
 
+// testImage is the instances' image reference.
+const testImage = "/images/swe:calc__calc-1"
+
 // imagePath is the PATH an image gives: Debian's python3, not a
 // python in the host's own PATH.
 const imagePath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -134,7 +138,7 @@ func calcRepo(t *testing.T) (string, string) {
 
 func instance(t *testing.T, base string, mod func(*Instance)) json.RawMessage {
 	t.Helper()
-	in := Instance{InstanceID: "calc__calc-1", Repo: "calc/calc", BaseCommit: base, Image: "/images/swe:calc__calc-1",
+	in := Instance{InstanceID: "calc__calc-1", Repo: "calc/calc", BaseCommit: base, Image: testImage,
 		ProblemStatement: "sub() adds.", TestPatch: testPatch,
 		FailToPass: TestList{"tests/test_ops.py::test_sub"}, PassToPass: TestList{"tests/test_ops.py::test_add"}}
 	if mod != nil {
@@ -170,14 +174,7 @@ func session(t *testing.T, k Kind, p testProvider, id, repo string, raw json.Raw
 		}
 	})
 	s := &owner.Session{ID: id, Sandbox: sb, Workdir: spec.Workdir}
-	tarball, err := exec.Command("tar", "-C", repo, "-c", ".").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := p.Exec(ctx, sb.ID, []string{"tar", "-x", "-f", "-"}, provider.ExecOptions{Dir: filepath.Join(sb.ProcRoot, spec.Workdir), Stdin: bytes.NewReader(tarball)})
-	if err != nil || res.ExitCode != 0 {
-		t.Fatalf("copy the repository in: %v %s", err, res.Stderr)
-	}
+	copyRepo(t, p, sb, repo)
 	data, err := k.Setup(ctx, p, s, raw)
 	if err != nil {
 		return nil, err
@@ -198,11 +195,76 @@ func sh(t *testing.T, p testProvider, s *owner.Session, script string) string {
 	return string(res.Stdout)
 }
 
-func grade(t *testing.T, k Kind, p testProvider, s *owner.Session) Verdict {
+// images is the owner's grading sandboxes as the tests give them
+// (owner.GradeSandboxes): a sandbox started on the provider from the
+// provider's base, with the image's repository (repo, at the base
+// commit) copied into /testbed, as a sandbox of the instance's image
+// would hold it. The dir provider cannot start from an image; the
+// overlay provider's base is the host's root, as the session's.
+type images struct {
+	testProvider
+	t     *testing.T
+	repo  string
+	after string // run in the fresh sandbox's /testbed after the copy
+	n     int
+}
+
+var _ owner.GradeSandboxes = (*images)(nil)
+
+func (x *images) Fresh(ctx context.Context, spec provider.Spec) (*provider.Sandbox, func(), error) {
+	if spec.ImageRef != testImage || spec.Workdir != "/testbed" || spec.Image != nil {
+		x.t.Errorf("grading sandbox spec %+v: want image %s in /testbed", spec, testImage)
+	}
+	x.n++
+	spec.ID, spec.ImageRef, spec.Env = fmt.Sprintf("gr%d", x.n), "", []string{imagePath}
+	sb, err := x.Start(ctx, spec)
+	if err != nil {
+		return nil, nil, err
+	}
+	remove := func() {
+		if err := x.Stop(context.WithoutCancel(ctx), sb.ID); err != nil {
+			x.t.Errorf("stop %s: %v", sb.ID, err)
+		}
+	}
+	copyRepo(x.t, x.testProvider, sb, x.repo)
+	if x.after != "" {
+		if res, err := x.Exec(ctx, sb.ID, []string{"sh", "-c", x.after}, provider.ExecOptions{Dir: filepath.Join(sb.ProcRoot, "/testbed")}); err != nil || res.ExitCode != 0 {
+			remove()
+			x.t.Fatalf("%s in the grading sandbox: %v %s", x.after, err, res.Stderr)
+		}
+	}
+	return sb, remove, nil
+}
+
+// copyRepo copies the host repository into the sandbox's /testbed.
+func copyRepo(t *testing.T, p testProvider, sb *provider.Sandbox, repo string) {
 	t.Helper()
-	raw, err := k.Grade(t.Context(), p, s)
+	tarball, err := exec.Command("tar", "-C", repo, "-c", ".").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Exec(t.Context(), sb.ID, []string{"tar", "-x", "-f", "-"}, provider.ExecOptions{Dir: filepath.Join(sb.ProcRoot, "/testbed"), Stdin: bytes.NewReader(tarball)})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("copy the repository in: %v %s", err, res.Stderr)
+	}
+}
+
+// grade grades the session with grading sandboxes of repo, checks that
+// none is left, and returns the verdict.
+func grade(t *testing.T, k Kind, p testProvider, s *owner.Session, repo string) Verdict {
+	t.Helper()
+	return gradeWith(t, k, &images{testProvider: p, t: t, repo: repo}, s)
+}
+
+func gradeWith(t *testing.T, k Kind, x *images, s *owner.Session) Verdict {
+	t.Helper()
+	before := x.Sandboxes()
+	raw, err := k.Grade(t.Context(), x, s)
 	if err != nil {
 		t.Fatalf("Grade: %v", err)
+	}
+	if after := x.Sandboxes(); !slices.Equal(before, after) {
+		t.Errorf("sandboxes before the grade %v, after %v", before, after)
 	}
 	var v Verdict
 	if err := json.Unmarshal(raw, &v); err != nil {
@@ -235,7 +297,7 @@ func TestGradeAsSWEBench(t *testing.T) {
 			t.Fatalf("session data %s (%v)", s.Data, err)
 		}
 
-		v := grade(t, k, p, s)
+		v := grade(t, k, p, s, repo)
 		if v.Reward != 0 || v.Resolved || v.PatchExists || !v.PatchSuccessfullyApplied || v.TestsStatus == nil ||
 			!slices.Equal(v.TestsStatus.FailToPass.Failure, []string{"tests/test_ops.py::test_sub"}) ||
 			!slices.Equal(v.TestsStatus.PassToPass.Success, []string{"tests/test_ops.py::test_add"}) {
@@ -244,7 +306,7 @@ func TestGradeAsSWEBench(t *testing.T) {
 
 		// A test file rewritten to pass is reset before the test patch.
 		sh(t, p, s, "printf 'def test_sub():\\n    pass\\n' >> tests/test_ops.py")
-		if v = grade(t, k, p, s); v.Resolved || !v.PatchExists || !strings.Contains(v.ModelPatch, "tests/test_ops.py") ||
+		if v = grade(t, k, p, s, repo); v.Resolved || !v.PatchExists || !strings.Contains(v.ModelPatch, "tests/test_ops.py") ||
 			len(v.TestsStatus.FailToPass.Failure) != 1 {
 			t.Fatalf("grade of a rewritten test: %+v", v)
 		}
@@ -254,7 +316,7 @@ func TestGradeAsSWEBench(t *testing.T) {
 		sh(t, p, s, "git checkout -q -- tests && git reset -q")
 
 		sh(t, p, s, writeOps(calcFixed)+"echo new > notes.txt")
-		v = grade(t, k, p, s)
+		v = grade(t, k, p, s, repo)
 		if v.Reward != 1 || !v.Resolved || !v.PatchSuccessfullyApplied || v.TestExitCode != 0 ||
 			!strings.Contains(v.ModelPatch, "-    return a + b\n+    return a - b") || !strings.Contains(v.ModelPatch, "notes.txt") ||
 			len(v.TestsStatus.FailToPass.Success) != 1 || len(v.TestsStatus.PassToPass.Success) != 1 {
@@ -269,23 +331,23 @@ func TestGradeAsSWEBench(t *testing.T) {
 
 		// A committed fix is part of the diff against the base commit.
 		sh(t, p, s, "git -c user.name=m -c user.email=m@example.com commit -qam fix")
-		if v = grade(t, k, p, s); !v.Resolved {
+		if v = grade(t, k, p, s, repo); !v.Resolved {
 			t.Fatalf("grade of a committed fix: %+v", v)
 		}
 
 		// A fix that breaks add fails a PASS_TO_PASS test.
 		sh(t, p, s, writeOps("def add(a, b):\n    return 0\n\n\ndef sub(a, b):\n    return a - b\n"))
-		if v = grade(t, k, p, s); v.Resolved || !slices.Equal(v.TestsStatus.PassToPass.Failure, []string{"tests/test_ops.py::test_add"}) ||
+		if v = grade(t, k, p, s, repo); v.Resolved || !slices.Equal(v.TestsStatus.PassToPass.Failure, []string{"tests/test_ops.py::test_add"}) ||
 			len(v.TestsStatus.FailToPass.Success) != 1 || !strings.Contains(v.Detail, "1 of 1 PASS_TO_PASS") {
 			t.Fatalf("grade of a fix that breaks add: %+v", v)
 		}
 	})
 }
 
-// A grade restored from a checkpoint taken in its middle (the work tree
-// reset, the model's patch saved in the git directory) grades the saved
-// patch; a grade cut off before it saved one grades the tree as it is.
-func TestGradeResumesMidGrade(t *testing.T) {
+// The grade only reads the session's sandbox: its work tree and its
+// index are as the model left them, and a second grade (a restore's,
+// from a checkpoint taken while one ran) grades the same diff.
+func TestGradeLeavesTheSessionAlone(t *testing.T) {
 	needTools(t)
 	repo, base := calcRepo(t)
 	forEachProvider(t, func(t *testing.T, p testProvider) {
@@ -294,18 +356,18 @@ func TestGradeResumesMidGrade(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sh(t, p, s, writeOps(calcFixed))
-		patch := sh(t, p, s, "git diff --binary "+base)
-		// As if the grade stopped after it reset the tree and applied
-		// the test patch.
-		sh(t, p, s, "mkdir -p .git/stillpoint-swe && git diff --binary "+base+" > .git/stillpoint-swe/model.patch && git checkout -q -f "+base)
-		sh(t, p, s, "git apply - <<'EOF'\n"+testPatch+"EOF")
-		v := grade(t, k, p, s)
-		if !v.Resolved || v.ModelPatch != patch {
-			t.Fatalf("grade resumed mid-grade: %+v", v)
+		sh(t, p, s, writeOps(calcFixed)+"git add calc/ops.py && echo new > notes.txt && echo draft >> tests/test_ops.py")
+		state := "git status --porcelain=v2 --untracked-files=all; git diff; git diff --cached; git rev-parse HEAD; cat notes.txt tests/test_ops.py; ls .git"
+		was := sh(t, p, s, state)
+		v := grade(t, k, p, s, repo)
+		if !v.Resolved || !strings.Contains(v.ModelPatch, "notes.txt") {
+			t.Fatalf("grade: %+v", v)
 		}
-		if got := sh(t, p, s, "cat calc/ops.py tests/test_ops.py; ls .git"); !strings.HasPrefix(got, calcFixed+calcTests) || strings.Contains(got, "stillpoint-swe") {
-			t.Fatalf("the work tree after a resumed grade: %q", got)
+		if got := sh(t, p, s, state); got != was {
+			t.Fatalf("the session's sandbox after the grade:\n%s\nwant\n%s", got, was)
+		}
+		if again := grade(t, k, p, s, repo); again.ModelPatch != v.ModelPatch || !again.Resolved {
+			t.Fatalf("a second grade: %+v", again)
 		}
 	})
 }
@@ -330,7 +392,7 @@ func TestGradeThatCannotRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v := grade(t, k, p, s); v.Reward != 0 || v.TestsStatus != nil || !strings.Contains(v.Detail, "test patch does not apply") {
+		if v := grade(t, k, p, s, repo); v.Reward != 0 || v.TestsStatus != nil || !strings.Contains(v.Detail, "test patch does not apply") {
 			t.Fatalf("grade with a test patch that does not apply: %+v", v)
 		}
 
@@ -340,13 +402,33 @@ func TestGradeThatCannotRun(t *testing.T) {
 		}
 		sh(t, p, s, writeOps(calcFixed))
 		k.TestTimeout = 500 * time.Millisecond
-		if v := grade(t, k, p, s); v.Reward != 0 || !strings.Contains(v.Detail, "timed out") || v.TookMS > 10_000 {
+		if v := grade(t, k, p, s, repo); v.Reward != 0 || !strings.Contains(v.Detail, "timed out") || v.TookMS > 10_000 {
 			t.Fatalf("grade past its timeout: %+v", v)
 		}
 		k.TestTimeout = 0
 
+		// A diff that does not apply to the image's tree (a grading
+		// sandbox whose ops.py differs) is not resolved, and says why.
+		x := &images{testProvider: p, t: t, repo: repo, after: "echo '# image' >> calc/ops.py"}
+		if v := gradeWith(t, k, x, s); v.Reward != 0 || v.PatchSuccessfullyApplied || v.TestsStatus != nil ||
+			!strings.Contains(v.Detail, "does not apply to the base commit") || !strings.Contains(v.Output, "calc/ops.py") {
+			t.Fatalf("grade of a diff that does not apply: %+v", v)
+		}
+		// A grading sandbox whose repository is not at the base commit
+		// cannot grade.
+		x = &images{testProvider: p, t: t, repo: repo, after: "git -c user.name=i -c user.email=i@example.com commit -q --allow-empty -m image"}
+		if v := gradeWith(t, k, x, s); v.Reward != 0 || !strings.Contains(v.Detail, "not at the base commit") {
+			t.Fatalf("grade in a sandbox off the base commit: %+v", v)
+		}
+		// A diff over the bound is not graded.
+		k.MaxDiff = 100
+		if v := grade(t, k, p, s, repo); v.Reward != 0 || v.ModelPatch != "" || v.ModelPatchBytes <= 100 || !strings.Contains(v.Detail, "more than the 100 graded") {
+			t.Fatalf("grade of a diff over the bound: %+v", v)
+		}
+		k.MaxDiff = 0
+
 		sh(t, p, s, "rm -rf .git")
-		if v := grade(t, k, p, s); v.Reward != 0 || !strings.Contains(v.Detail, "no git repository") {
+		if v := grade(t, k, p, s, repo); v.Reward != 0 || !strings.Contains(v.Detail, "no git repository") {
 			t.Fatalf("grade without .git: %+v", v)
 		}
 	})
@@ -407,9 +489,152 @@ XPASS tests/test_c.py::test_lucky
 	if !slices.Equal(o.Success, []string{"tests/test_a.py::test_ok"}) || len(o.Failure) != 2 {
 		t.Fatalf("outcome: %+v", o)
 	}
+	// As SWE-bench: XFAIL is a pass, XPASS neither a pass nor a failure,
+	// ERROR a failure.
+	o = outcome([]string{"tests/test_c.py::test_known", "tests/test_c.py::test_lucky", "tests/test_b.py::test_fixture"}, sm)
+	if !slices.Equal(o.Success, []string{"tests/test_c.py::test_known"}) || !slices.Equal(o.Failure, []string{"tests/test_b.py::test_fixture"}) {
+		t.Fatalf("outcome of XFAIL, XPASS, ERROR: %+v", o)
+	}
+}
+
+// A FAIL_TO_PASS test marked xfail that the fix makes pass (XPASS) does
+// not keep the instance from being resolved, as in SWE-bench; one that
+// fails still is a failure of the test patch's other test.
+func TestGradeXPass(t *testing.T) {
+	needTools(t)
+	repo, base := calcRepo(t)
+	xfailPatch := strings.Replace(strings.Replace(testPatch, "-from calc import add\n+from calc import add, sub\n",
+		"-from calc import add\n+import pytest\n+from calc import add, sub\n", 1), "@@ -1,5 +1,9 @@", "@@ -1,5 +1,11 @@", 1)
+	xfailPatch = strings.Replace(xfailPatch, "+def test_sub():", "+@pytest.mark.xfail(strict=False)\n+def test_sub():", 1)
+	forEachProvider(t, func(t *testing.T, p testProvider) {
+		var k Kind
+		s, err := session(t, k, p, "xpass", repo, instance(t, base, func(in *Instance) { in.TestPatch = xfailPatch }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sh(t, p, s, writeOps(calcFixed))
+		v := grade(t, k, p, s, repo)
+		if !v.Resolved || !strings.Contains(v.Output, "XPASS tests/test_ops.py::test_sub") ||
+			len(v.TestsStatus.FailToPass.Success) != 0 || len(v.TestsStatus.FailToPass.Failure) != 0 {
+			t.Fatalf("grade with test_sub XPASS: %+v", v)
+		}
+		sh(t, p, s, writeOps("def add(a, b):\n    return 0\n\n\ndef sub(a, b):\n    return a - b\n"))
+		if v = grade(t, k, p, s, repo); v.Resolved || !slices.Equal(v.TestsStatus.PassToPass.Failure, []string{"tests/test_ops.py::test_add"}) {
+			t.Fatalf("grade with test_sub XPASS and test_add failed: %+v", v)
+		}
+	})
 }
 
 func mustJSON(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// forcePass is a pytest plugin that reports every test passed.
+const forcePass = `import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    rep.outcome = "passed"
+    rep.longrepr = None
+`
+
+// forged runs the test patch's tests in the session's own sandbox, as a
+// grade that trusted it would, and tells whether test_sub passed there
+// with sub still wrong: the attack works.
+func forged(t *testing.T, p testProvider, s *owner.Session, patch string) bool {
+	t.Helper()
+	out := sh(t, p, s, "git apply - <<'EOF'\n"+patch+"EOF\n"+
+		"PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -rA -p no:cacheprovider tests/test_ops.py || true; git checkout -q -- tests/test_ops.py")
+	return strings.Contains(out, "PASSED tests/test_ops.py::test_sub")
+}
+
+// An agent that cannot fix sub and forges the grade instead gets reward
+// 0: the forgeries below each make test_sub pass in the agent's own
+// sandbox, but only the model's diff leaves it.
+func TestGradeResistsForgery(t *testing.T) {
+	needTools(t)
+	repo, base := calcRepo(t)
+	forEachProvider(t, func(t *testing.T, p testProvider) {
+		var k Kind
+		check := func(t *testing.T, s *owner.Session, patch, leak string) {
+			t.Helper()
+			if !forged(t, p, s, patch) {
+				t.Fatal("the forgery does not make test_sub pass in the agent's sandbox: the test proves nothing")
+			}
+			v := grade(t, k, p, s, repo)
+			if v.Reward != 0 || v.Resolved || v.TestsStatus == nil ||
+				!slices.Equal(v.TestsStatus.FailToPass.Failure, []string{"tests/test_ops.py::test_sub"}) {
+				t.Fatalf("grade of a forgery: %+v", v)
+			}
+			if leak != "" && strings.Contains(v.ModelPatch, leak) {
+				t.Fatalf("the model's diff carries %q:\n%s", leak, v.ModelPatch)
+			}
+		}
+
+		// A conftest.py that forces every test to pass, hidden from git
+		// add -A by .git/info/exclude (git clean -fd keeps it too).
+		t.Run("excluded conftest", func(t *testing.T) {
+			s, err := session(t, k, p, "exclude", repo, instance(t, base, nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sh(t, p, s, "cat > tests/conftest.py <<'EOF'\n"+forcePass+"EOF\necho tests/conftest.py >> .git/info/exclude; echo new > notes.txt")
+			check(t, s, testPatch, "conftest")
+		})
+
+		// The base commit replaced (git replace) by one whose test file
+		// patches sub: the test files a grade in this sandbox resets to
+		// the base commit would be the agent's.
+		t.Run("replaced base", func(t *testing.T) {
+			appendPatch := `diff --git a/tests/test_ops.py b/tests/test_ops.py
+--- a/tests/test_ops.py
++++ b/tests/test_ops.py
+@@ -3,3 +3,8 @@
+ 
+ def test_add():
+     assert add(2, 3) == 5
++
++
++def test_sub():
++    from calc import sub
++    assert sub(5, 3) == 2
+`
+			s, err := session(t, k, p, "replace", repo, instance(t, base, func(in *Instance) { in.TestPatch = appendPatch }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			sh(t, p, s, `printf 'import calc\ncalc.sub = lambda a, b: a - b\n' | cat - tests/test_ops.py > t.py && mv t.py tests/test_ops.py
+git add tests/test_ops.py
+fake=$(git -c user.name=m -c user.email=m@example.com commit-tree -m fake "$(git write-tree)")
+git replace `+base+` "$fake"
+echo new > notes.txt`)
+			if got := sh(t, p, s, "git show "+base+":tests/test_ops.py"); !strings.HasPrefix(got, "import calc\n") {
+				t.Fatalf("the replace is not in effect: %q", got)
+			}
+			check(t, s, appendPatch, "")
+		})
+
+		// A module outside the repository: a .pth file in the system's
+		// site-packages that loads a plugin into every pytest. The dir
+		// provider isolates nothing (its sandboxes share the host's
+		// files), so only a provider with a root of its own is tried.
+		t.Run("site-packages", func(t *testing.T) {
+			if p.Name() == "dir" {
+				t.Log("the dir provider's sandboxes share the host's site-packages: nothing to plant there")
+				return
+			}
+			s, err := session(t, k, p, "site", repo, instance(t, base, nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			site := strings.TrimSpace(sh(t, p, s, `python3 -c 'import site; print(site.getsitepackages()[0])'`))
+			sh(t, p, s, "mkdir -p "+site+" && cat > "+site+"/zz_force.py <<'EOF'\n"+forcePass+"EOF\n"+
+				`echo 'import os; os.environ.setdefault("PYTEST_PLUGINS", "zz_force")' > `+site+"/zz_force.pth; echo new > notes.txt")
+			check(t, s, testPatch, "zz_force")
+		})
+	})
 }
