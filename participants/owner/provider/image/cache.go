@@ -31,7 +31,8 @@ var (
 	// ErrBadImage is returned by Get for an image that is broken or unsafe:
 	// a missing blob, a blob whose digest or size is not the manifest's, a
 	// layer whose diff id is not the config's, a layer entry that would
-	// land outside its layer, or a reference that names no one image.
+	// land outside its layer, a layer that unpacks to more than
+	// Options.MaxBytes, or a reference that names no one image.
 	ErrBadImage = errors.New("image: bad image")
 
 	// ErrNotFound is returned by Get when the reference names nothing: no
