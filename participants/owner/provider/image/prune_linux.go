@@ -106,7 +106,7 @@ func (c *Cache) pruneLocked(ctx context.Context, keep string, gone *[]string) (i
 	if err := os.Remove(filepath.Join(c.dir, pendingFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return 0, fmt.Errorf("image: prune: %w", err)
 	}
-	if err := c.removeStaging(); err != nil {
+	if err := c.removeStaging(gone); err != nil {
 		return 0, fmt.Errorf("image: prune: %w", err)
 	}
 	held, err := c.held()
@@ -170,20 +170,19 @@ func (c *Cache) pruneLocked(ctx context.Context, keep string, gone *[]string) (i
 	return freed, ctx.Err()
 }
 
-// removeStaging removes what a crash left in tmp/: unpacks and removals
-// that did not finish. The caller holds the cache's lock exclusive. A
-// removal another prune is doing after its unlock may be removed twice:
+// removeStaging adds to gone what a crash left in tmp/ (unpacks and
+// removals that did not finish), for prune to delete after its unlock.
+// The caller holds the cache's lock exclusive, so no unpack is at work;
+// a removal another prune is doing after its unlock may be done twice:
 // RemoveAll minds no entry that is gone.
-func (c *Cache) removeStaging() error {
+func (c *Cache) removeStaging(gone *[]string) error {
 	ents, err := os.ReadDir(filepath.Join(c.dir, tmpDir))
 	if err != nil {
 		return err
 	}
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), "unpack-") || strings.HasPrefix(e.Name(), "prune-") {
-			if err := os.RemoveAll(filepath.Join(c.dir, tmpDir, e.Name())); err != nil {
-				return err
-			}
+			*gone = append(*gone, filepath.Join(c.dir, tmpDir, e.Name()))
 		}
 	}
 	return nil
