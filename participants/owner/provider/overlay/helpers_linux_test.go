@@ -75,10 +75,14 @@ func BenchmarkFork(b *testing.B) { providertest.BenchFork(b, newBench) }
 func BenchmarkStart(b *testing.B) { providertest.BenchStart(b, newBench) }
 
 func BenchmarkStartImage(b *testing.B) {
-	providertest.BenchStartImage(b, func(tb testing.TB, c *image.Cache) provider.Provider {
+	providertest.BenchStartImage(b, func(tb testing.TB) (provider.Provider, providertest.ImageCache) {
+		c, err := image.Open(filepath.Join(tb.TempDir(), "images"), image.Options{})
+		if err != nil {
+			tb.Fatal(err)
+		}
 		ov := newOverlay(tb)
 		ov.cfg.Images = c
-		return ov
+		return ov, c
 	})
 }
 

@@ -15,7 +15,6 @@ import (
 
 	"github.com/stillpoint/stillpoint/internal/tier"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
-	"github.com/stillpoint/stillpoint/participants/owner/provider/image"
 )
 
 // benchSize is a changed tree: bytes of file data in files files, 100 per
@@ -164,17 +163,13 @@ func BenchStart(b *testing.B, newProvider func(testing.TB) provider.Provider) {
 // BenchStartImage: start-to-ready of a fresh sandbox on the host's root
 // (start/host, as BenchStart) and on an image of two layers copied from
 // the host (start/image, CachedHostImage: no copy per sandbox), on one
-// provider newProvider makes with a real image cache as its finder, in
-// the same run: each start on the image holds it in the cache, as an
-// owner's does. start/image reports its time over start/host's as
-// image/host. Stopped outside the timer.
-func BenchStartImage(b *testing.B, newProvider func(testing.TB, *image.Cache) provider.Provider) {
+// provider newProvider makes with a real image cache (*image.Cache) as
+// its finder, in the same run: each start on the image holds it in the
+// cache, as an owner's does. start/image reports its time over
+// start/host's as image/host. Stopped outside the timer.
+func BenchStartImage(b *testing.B, newProvider func(testing.TB) (provider.Provider, ImageCache)) {
 	ctx := context.Background()
-	cache, err := image.Open(filepath.Join(b.TempDir(), "images"), image.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := newProvider(b, cache)
+	p, cache := newProvider(b)
 	img := CachedHostImage(b, cache)
 	// The image is a root a shell runs in.
 	sb := Start(b, p, provider.Spec{ID: "check", Image: img, Env: img.Env})

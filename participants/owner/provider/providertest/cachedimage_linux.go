@@ -17,14 +17,21 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
-	"github.com/stillpoint/stillpoint/participants/owner/provider/image"
 )
+
+// ImageCache is what the benchmarks need of an image cache
+// (*image.Cache, which this package cannot import: the tests of image's
+// own dependencies import this package).
+type ImageCache interface {
+	Get(ctx context.Context, ref string) (*provider.Image, error)
+	Holders(prefix string) ([]string, error)
+}
 
 // CachedHostImage is HostImage put through a real image cache: its two
 // layers tarred, written as an OCI image layout and unpacked by
 // cache.Get, so that a provider given cache as its image finder holds
 // the image in it on every start, as an owner's does.
-func CachedHostImage(tb testing.TB, cache *image.Cache) *provider.Image {
+func CachedHostImage(tb testing.TB, cache ImageCache) *provider.Image {
 	tb.Helper()
 	host := HostImage(tb)
 	tmp := tb.TempDir()
