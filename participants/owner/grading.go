@@ -57,9 +57,13 @@ func (g gradeExec) Fresh(ctx context.Context, spec provider.Spec) (*provider.San
 		return nil, nil, fmt.Errorf("%w: provider %s: no grading sandbox for session %s", ErrNoExec, o.cfg.Provider.Name(), g.session)
 	}
 	spec.Init = append([]string(nil), spec.Init...)
-	if err := o.resolveImage(ctx, g.session, &spec); err != nil {
+	// Held from its resolution until the provider holds it for the
+	// started sandbox (resolveImage).
+	release, err := o.resolveImage(ctx, g.session, &spec)
+	if err != nil {
 		return nil, nil, err
 	}
+	defer release()
 	if spec.Workdir == "" {
 		spec.Workdir = "/"
 	}

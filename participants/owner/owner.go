@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	natsjs "github.com/nats-io/nats.go/jetstream"
@@ -138,7 +139,8 @@ type Config struct {
 	Metrics *metrics.Set
 	// Images resolves the image a spec names (ImageRef) before its sandbox
 	// is made (*image.Cache). nil: a spec naming an image is refused
-	// (ErrBadTask).
+	// (ErrBadTask). On New, the owner releases the seed holds an earlier
+	// process of it left (see resolveImage).
 	Images ImageResolver
 }
 
@@ -239,6 +241,7 @@ type Owner struct {
 	// nextFresh numbers them.
 	fresh     int
 	nextFresh uint64
+	seeds     atomic.Uint64 // numbers the seed holds of images (resolveImage)
 }
 
 // New checks cfg, decides the mode (see the package doc) and returns an
@@ -281,6 +284,7 @@ func New(cfg Config) (*Owner, error) {
 		graded:   map[string]*graded{},
 		freed:    make(chan struct{}),
 	}
+	o.releaseSeedHolds()
 	if b, ok := cfg.Provider.(Bounded); ok {
 		o.bounds = b.Bounds()
 		o.log.Info().Int("starting", o.bounds.Starting).Int("live", o.bounds.Live).Msg("the provider's bounds: starts beyond them wait their turn")

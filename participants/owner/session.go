@@ -107,7 +107,8 @@ func checkData(d json.RawMessage) (json.RawMessage, error) {
 
 // StartSession starts a sandbox for the session on the provider
 // (spec.ID defaults to the session id made a token; a spec.ImageRef is
-// resolved first through Config.Images, a failure wrapping ErrBadTask),
+// resolved first through Config.Images, a bad or missing image wrapping
+// ErrBadTask),
 // runs the task kind's setup against it (with no task payload) and, only
 // when the setup succeeded and returned a JSON object or nothing, tracks
 // the session. The
@@ -123,9 +124,11 @@ func (o *Owner) StartSession(ctx context.Context, sessionID string, ep events.Ep
 	if err := ep.Validate(); err != nil {
 		return nil, err
 	}
-	if err := o.resolveImage(ctx, sessionID, &spec); err != nil {
+	release, err := o.resolveImage(ctx, sessionID, &spec)
+	if err != nil {
 		return nil, err
 	}
+	defer release()
 	turn, err := o.waitTurn(ctx, sessionID)
 	if err != nil {
 		return nil, err
@@ -238,9 +241,13 @@ func (o *Owner) SeedSession(ctx context.Context, sessionID string, ep events.Epi
 		// waits for no turn. The image is resolved before the turn and
 		// the admission: a pull holds neither a start's place nor a
 		// checkpoint.
-		if err := o.resolveImage(ctx, sessionID, &spec); err != nil {
+		// The image stays held from here until the sandbox (its
+		// provider) holds it, or the seed failed.
+		release, err := o.resolveImage(ctx, sessionID, &spec)
+		if err != nil {
 			return nil, err
 		}
+		defer release()
 		turn, err := o.waitTurn(ctx, sessionID)
 		if err != nil {
 			return nil, err

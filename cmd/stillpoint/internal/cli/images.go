@@ -50,7 +50,14 @@ func imageFinder(c *image.Cache) overlay.ImageFinder {
 	return c
 }
 
-// noImageCache is the resolver of an owner without an image cache.
+// noImageCache is the resolver of an owner without an image cache: it
+// refuses every image as Config.Images nil does (owner.ErrBadTask).
 type noImageCache struct{ err error }
 
-func (n noImageCache) Get(context.Context, string) (*provider.Image, error) { return nil, n.err }
+func (n noImageCache) GetHeld(context.Context, string, string) (*provider.Image, error) {
+	return nil, fmt.Errorf("%w: %w", owner.ErrBadTask, n.err)
+}
+
+func (noImageCache) Release(string) error { return nil }
+
+func (noImageCache) Holders(string) ([]string, error) { return nil, nil }

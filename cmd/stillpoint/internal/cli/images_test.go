@@ -2,12 +2,14 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/rs/zerolog"
 
+	"github.com/stillpoint/stillpoint/participants/owner"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/image"
 )
 
@@ -25,8 +27,8 @@ func TestOpenImageCache(t *testing.T) {
 	if err != nil || c != nil || imageFinder(c) != nil {
 		t.Fatalf("default that cannot be made: %v, cache %v", err, c)
 	}
-	if _, err := r.Get(context.Background(), "/srv/img"); err == nil || !strings.Contains(err.Error(), bad) {
-		t.Errorf("Get without a cache: %v, want an error naming %s", err, bad)
+	if _, err := r.GetHeld(context.Background(), "/srv/img", "owner-x-seed-s"); !errors.Is(err, owner.ErrBadTask) || !strings.Contains(err.Error(), bad) {
+		t.Errorf("GetHeld without a cache: %v, want ErrBadTask naming %s", err, bad)
 	}
 	if _, _, err := openImageCache(bad, true, 0, zerolog.Nop()); err == nil || !strings.Contains(err.Error(), "--image-cache") {
 		t.Errorf("--image-cache that cannot be made: %v", err)

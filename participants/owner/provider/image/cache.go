@@ -31,7 +31,8 @@ var (
 	// ErrBadImage is returned by Get for an image that is broken or unsafe:
 	// a missing blob, a blob whose digest or size is not the manifest's, a
 	// layer whose diff id is not the config's, a layer entry that would
-	// land outside its layer, or a reference that names no one image.
+	// land outside its layer, a layer that unpacks to more than
+	// Options.MaxBytes, or a reference that names no one image.
 	ErrBadImage = errors.New("image: bad image")
 
 	// ErrNotFound is returned by Get when the reference names nothing: no
@@ -225,43 +226,60 @@ func (c *Cache) use(r record, ref string) (*provider.Image, error) {
 // size, every diff id the config's, every layer path safe), unpacks each
 // layer not yet cached, records the image, marks it used and returns it.
 // Errors wrap ErrBadImage or ErrNotFound, or are I/O or registry errors;
-// each names ref. Get prunes the cache after unpacking, unless another
-// Get or a Rootfs is at work then (a later Get prunes).
+// each names ref. Get prunes the cache after unpacking, or when an
+// earlier Get left a prune pending (see prunePending).
 func (c *Cache) Get(ctx context.Context, ref string) (*provider.Image, error) {
+	return c.get(ctx, ref, "")
+}
+
+// GetHeld is Get that also makes holder hold the image, recorded under
+// the same lock as the image's check: no Prune can remove the image
+// between Get and a Hold of its user. The caller releases holder
+// (Release) once the image's user holds it under a name of its own.
+func (c *Cache) GetHeld(ctx context.Context, ref, holder string) (*provider.Image, error) {
+	if !holderName.MatchString(holder) {
+		return nil, fmt.Errorf("image %s: holder %q is not a path-safe name", ref, holder)
+	}
+	return c.get(ctx, ref, holder)
+}
+
+func (c *Cache) get(ctx context.Context, ref, holder string) (*provider.Image, error) {
 	src, err := c.resolve(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
-	img, unpacked, err := c.getLocked(ctx, src)
+	img, unpacked, err := c.getLocked(ctx, src, holder)
 	if err != nil {
 		return nil, err
 	}
-	if unpacked {
-		if _, err := c.prune(ctx, src.digest, pruneIfFree); err != nil {
-			c.opts.Logger.Warn().Err(err).Str("ref", ref).Msg("image cache prune failed")
-		}
-	}
+	c.pruneAfterGet(ctx, src, unpacked)
 	return img, nil
 }
 
 // getLocked is Get's work under the cache's shared lock, which keeps a
-// Prune from removing the image between its check and its use.
-func (c *Cache) getLocked(ctx context.Context, src *source) (*provider.Image, bool, error) {
+// Prune from removing the image between its check and its use (and its
+// hold, when holder is not "").
+func (c *Cache) getLocked(ctx context.Context, src *source, holder string) (*provider.Image, bool, error) {
 	unlock, err := c.lockShared()
 	if err != nil {
 		return nil, false, fmt.Errorf("image %s: %w", src.ref, err)
 	}
 	defer unlock()
-	if r, err := c.readRecord(src.digest); err == nil && c.present(r) {
-		img, err := c.use(r, src.ref)
-		return img, false, err
-	}
-	r, unpacked, err := c.unpackImage(ctx, src)
-	if err != nil {
-		return nil, false, err
+	var unpacked bool
+	r, err := c.readRecord(src.digest)
+	if err != nil || !c.present(r) {
+		if r, unpacked, err = c.unpackImage(ctx, src); err != nil {
+			return nil, false, err
+		}
 	}
 	img, err := c.use(r, src.ref)
-	return img, unpacked, err
+	if err == nil && holder != "" {
+		err = c.writeHold(holder, src.digest)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("image %s: %w", src.ref, err)
+	}
+	return img, unpacked, nil
 }
 
 // Lookup returns an image already in the cache by its manifest digest
@@ -309,7 +327,33 @@ func (c *Cache) Hold(holder, digest string) error {
 	if _, err := c.readRecord(digest); err != nil {
 		return fmt.Errorf("image: hold %s: %w", holder, err)
 	}
-	return writeAtomic(filepath.Join(c.dir, holdsDir, holder), []byte(digest+"\n"))
+	return c.writeHold(holder, digest)
+}
+
+// writeHold records holder's hold of digest; the caller holds the
+// cache's lock shared.
+func (c *Cache) writeHold(holder, digest string) error {
+	if err := writeAtomic(filepath.Join(c.dir, holdsDir, holder), []byte(digest+"\n")); err != nil {
+		return fmt.Errorf("image: hold %s: %w", holder, err)
+	}
+	return nil
+}
+
+// Holders returns the holders whose names start with prefix: a process
+// that starts finds the holds an earlier one of its own left (a crash)
+// and releases those nothing stands on any more.
+func (c *Cache) Holders(prefix string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(c.dir, holdsDir))
+	if err != nil {
+		return nil, fmt.Errorf("image: holders: %w", err)
+	}
+	var out []string
+	for _, e := range ents {
+		if n := e.Name(); !strings.HasPrefix(n, ".") && strings.HasPrefix(n, prefix) {
+			out = append(out, n)
+		}
+	}
+	return out, nil
 }
 
 // Release drops holder's hold; releasing a holder that holds nothing is

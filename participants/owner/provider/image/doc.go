@@ -36,13 +36,23 @@
 //	                          WorkingDir, User, size and last use
 //	holds/<holder>            a Hold: the digest of an image Prune keeps
 //	locks/, lock, tmp/        file locks and staging
+//	prune-pending             a prune a busy Get left to the next
+//
+// A layer that unpacks to more than Options.MaxBytes is refused
+// (ErrBadImage). A whiteout hides only lower layers' entries, as the OCI
+// image spec says: an entry of its own layer stays.
 //
 // Two Gets of one layer, in one process or two sharing the directory,
 // unpack it once (a file lock per layer). Prune removes images least
 // recently used first (Get and Lookup mark use) until the layers are under
 // Options.MaxBytes, never an image held; a layer goes with the last image
-// standing on it. Rootfs writes an image's merged tree into a directory,
-// for a provider that makes a disk of it.
+// standing on it, deleted after the cache's lock is let go. A Get that
+// unpacked prunes; when others keep the cache busy it leaves the prune
+// pending (prune-pending) for the next Get. GetHeld records a hold under
+// the lock of its check, so that nothing prunes the image before its user
+// holds it; Holders lists holds by prefix, for a process to release
+// those an earlier one left. Rootfs writes an image's merged tree into a
+// directory, for a provider that makes a disk of it.
 //
 // The package needs Linux, and root for the owners and devices of layers.
 package image

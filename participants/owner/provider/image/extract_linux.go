@@ -25,6 +25,17 @@ type unsafeEntry struct {
 
 func (e *unsafeEntry) Error() string { return fmt.Sprintf("entry %q: %s", e.entry, e.why) }
 
+// tooLarge is a layer refused for unpacking to more than its bound: the
+// cache's MaxBytes less what the image's other new layers took.
+type tooLarge struct {
+	entry string
+	limit int64
+}
+
+func (e *tooLarge) Error() string {
+	return fmt.Sprintf("unpacks to more than %d bytes (at entry %q), over the cache's size bound", e.limit, e.entry)
+}
+
 const (
 	whiteoutPrefix = ".wh."
 	opaqueMarker   = ".wh..wh..opq"
@@ -54,8 +65,12 @@ type layerDir struct {
 	root  int
 	path  string
 	size  int64
+	limit int64     // on size: a layer (a decompression bomb) never fills the disk
 	dirs  []dirTime // mtimes of directories, set last
 	files int
+	// whited are the entries this layer whites out: a directory of the
+	// same name in this layer is made opaque instead.
+	whited map[string]bool
 }
 
 type dirTime struct {
@@ -131,8 +146,9 @@ func (d *layerDir) notDir(rel string) string {
 }
 
 // extract writes the tar stream r into the new directory dst and returns
-// its disk usage.
-func extract(ctx context.Context, r io.Reader, dst string) (int64, error) {
+// its disk usage; a layer that would take more than limit bytes is
+// refused (tooLarge) before the entry that passes it is written.
+func extract(ctx context.Context, r io.Reader, dst string, limit int64) (int64, error) {
 	if err := os.Mkdir(dst, 0o755); err != nil {
 		return 0, err
 	}
@@ -144,7 +160,7 @@ func extract(ctx context.Context, r io.Reader, dst string) (int64, error) {
 		return 0, &os.PathError{Op: "open", Path: dst, Err: err}
 	}
 	defer unix.Close(root)
-	d := &layerDir{root: root, path: dst, size: 4096}
+	d := &layerDir{root: root, path: dst, size: 4096, limit: limit}
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
@@ -156,6 +172,9 @@ func extract(ctx context.Context, r io.Reader, dst string) (int64, error) {
 		}
 		if d.files++; d.files%256 == 0 && ctx.Err() != nil {
 			return 0, ctx.Err()
+		}
+		if d.size+max(h.Size, 0) > d.limit {
+			return 0, &tooLarge{h.Name, d.limit}
 		}
 		if err := d.entry(h, tr); err != nil {
 			return 0, err
@@ -214,13 +233,7 @@ func (d *layerDir) entry(h *tar.Header, r io.Reader) error {
 		if name == "" || name == "." || name == ".." {
 			return &unsafeEntry{h.Name, "a whiteout of nothing"}
 		}
-		if err := d.clear(pfd, name, false, path.Join(path.Dir(full), name)); err != nil {
-			return err
-		}
-		if err := unix.Mknodat(pfd, name, unix.S_IFCHR, 0); err != nil {
-			return &os.PathError{Op: "mknod whiteout", Path: path.Join(path.Dir(full), name), Err: err}
-		}
-		return nil
+		return d.whiteout(pfd, path.Join(path.Dir(rel), name), name, path.Join(path.Dir(full), name))
 	}
 	if err := d.clear(pfd, base, h.Typeflag == tar.TypeDir, full); err != nil {
 		return err
@@ -232,6 +245,11 @@ func (d *layerDir) entry(h *tar.Header, r io.Reader) error {
 			return &os.PathError{Op: "mkdir", Path: full, Err: err}
 		}
 		d.size += 4096
+		if d.whited[rel] { // hides the lower layers' directory, not its own entries
+			if err := d.setOpaque(pfd, base, full); err != nil {
+				return err
+			}
+		}
 	case tar.TypeReg:
 		fd, err := unix.Openat(pfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 		if err != nil {
@@ -264,6 +282,41 @@ func (d *layerDir) entry(h *tar.Header, r io.Reader) error {
 		}
 	}
 	return d.meta(h, pfd, base, rel)
+}
+
+// whiteout hides rel (name in the directory pfd) of the lower layers: a
+// 0/0 character device, overlay's whiteout. Per the OCI image spec a
+// whiteout hides only lower layers' entries: an entry of this layer at
+// rel, whichever comes first in the tar, stays, and a directory there is
+// made opaque (its lower namesakes hidden, its own entries shown).
+func (d *layerDir) whiteout(pfd int, rel, name, full string) error {
+	if d.whited == nil {
+		d.whited = map[string]bool{}
+	}
+	d.whited[rel] = true
+	var st unix.Stat_t
+	err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		if err := unix.Mknodat(pfd, name, unix.S_IFCHR, 0); err != nil {
+			return &os.PathError{Op: "mknod whiteout", Path: full, Err: err}
+		}
+		return nil
+	case err != nil:
+		return &os.PathError{Op: "stat", Path: full, Err: err}
+	case st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		return d.setOpaque(pfd, name, full)
+	}
+	return nil // this layer's own entry (or whiteout) already hides the lower ones
+}
+
+// setOpaque marks the directory name (in pfd) opaque for overlay.
+func (d *layerDir) setOpaque(pfd int, name, full string) error {
+	at := fmt.Sprintf("/proc/self/fd/%d/%s", pfd, name)
+	if err := unix.Lsetxattr(at, opaqueXattr, []byte("y"), 0); err != nil {
+		return &os.PathError{Op: "setxattr " + opaqueXattr, Path: full, Err: err}
+	}
+	return nil
 }
 
 // clear removes what an earlier entry of this layer left at name, unless

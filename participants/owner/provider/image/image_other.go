@@ -18,11 +18,7 @@ func (c *Cache) unpackImage(ctx context.Context, src *source) (record, bool, err
 // Prune is Linux only.
 func (c *Cache) Prune(ctx context.Context) (int64, error) { return 0, errors.ErrUnsupported }
 
-const pruneIfFree = 0
-
-func (c *Cache) prune(ctx context.Context, keep string, how int) (int64, error) {
-	return 0, errors.ErrUnsupported
-}
+func (c *Cache) pruneAfterGet(ctx context.Context, src *source, unpacked bool) {}
 
 // Rootfs is Linux only.
 func (c *Cache) Rootfs(ctx context.Context, img *provider.Image, dst string) error {

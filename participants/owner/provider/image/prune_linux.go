@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -26,19 +27,86 @@ func (c *Cache) Prune(ctx context.Context) (int64, error) {
 	return c.prune(ctx, "", unix.LOCK_EX)
 }
 
+// pendingFile marks a prune that a Get owed and could not do (others were
+// at work): the next Get, of any image and in any process, does it.
+const pendingFile = "prune-pending"
+
+// pruneWait is how long a Get that owes a prune waits for the cache's
+// lock before it leaves the prune pending.
+var pruneWait = time.Second
+
+// pruneAfterGet prunes after a Get that unpacked, or that finds a prune
+// pending, keeping src's image. While others are at work it waits up to
+// pruneWait for them, then leaves the prune pending for the next Get.
+func (c *Cache) pruneAfterGet(ctx context.Context, src *source, unpacked bool) {
+	mark := filepath.Join(c.dir, pendingFile)
+	if !unpacked {
+		if _, err := os.Lstat(mark); err != nil {
+			return
+		}
+	}
+	deadline := time.Now().Add(pruneWait)
+	for {
+		_, err := c.prune(ctx, src.digest, pruneIfFree)
+		if !errors.Is(err, errBusy) {
+			if err != nil {
+				c.opts.Logger.Warn().Err(err).Str("ref", src.ref).Msg("image cache prune failed")
+			}
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := writeAtomic(mark, nil); err != nil {
+		c.opts.Logger.Warn().Err(err).Str("ref", src.ref).Msg("image cache: cannot mark a prune pending")
+	}
+}
+
+// pruneUnlocked, when set (tests), is called by prune between its unlock
+// and its removals, with the directories it is about to remove.
+var pruneUnlocked func(gone []string)
+
+// errBusy is prune's answer, with pruneIfFree, while others hold the lock.
+var errBusy = errors.New("image: cache busy")
+
 // prune is Prune keeping the image of digest keep as well (the one a Get
-// is about to return). Get's prune passes LOCK_EX|LOCK_NB: while another
-// Get or a Rootfs is at work, it leaves the pruning to a later Get.
+// is about to return). Get's prune passes LOCK_EX|LOCK_NB and gets
+// errBusy while another Get or a Rootfs is at work. Under the lock, the
+// layers to remove are only renamed into tmp/ and their records dropped;
+// they are deleted after the unlock, so that a large removal does not
+// stall every Get, Hold and Lookup of the cache.
 func (c *Cache) prune(ctx context.Context, keep string, how int) (int64, error) {
 	global, err := lock(filepath.Join(c.dir, lockFile), how)
 	if errors.Is(err, unix.EWOULDBLOCK) {
-		return 0, nil
+		return 0, errBusy
 	}
 	if err != nil {
 		return 0, fmt.Errorf("image: prune: %w", err)
 	}
-	defer global.Close()
-	if err := c.removeStaging(); err != nil {
+	var gone []string
+	freed, err := c.pruneLocked(ctx, keep, &gone)
+	global.Close()
+	if pruneUnlocked != nil {
+		pruneUnlocked(gone)
+	}
+	for _, g := range gone {
+		if rerr := os.RemoveAll(g); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("image: prune: %w", rerr))
+		}
+	}
+	return freed, err
+}
+
+// pruneLocked is prune's work under the exclusive lock: it drops the
+// pending mark, and adds the staging directories of the layers it takes
+// out to gone.
+func (c *Cache) pruneLocked(ctx context.Context, keep string, gone *[]string) (int64, error) {
+	if err := os.Remove(filepath.Join(c.dir, pendingFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("image: prune: %w", err)
+	}
+	if err := c.removeStaging(gone); err != nil {
 		return 0, fmt.Errorf("image: prune: %w", err)
 	}
 	held, err := c.held()
@@ -66,7 +134,7 @@ func (c *Cache) prune(ctx context.Context, keep string, how int) (int64, error) 
 			continue
 		}
 		if users[id] == 0 { // no image records it: a leftover
-			n, err := c.removeLayer(id)
+			n, err := c.removeLayer(id, gone)
 			if err != nil {
 				return freed, err
 			}
@@ -90,7 +158,7 @@ func (c *Cache) prune(ctx context.Context, keep string, how int) (int64, error) 
 			if users[id]--; users[id] > 0 {
 				continue
 			}
-			n, err := c.removeLayer(id)
+			n, err := c.removeLayer(id, gone)
 			if err != nil {
 				return freed, err
 			}
@@ -102,33 +170,37 @@ func (c *Cache) prune(ctx context.Context, keep string, how int) (int64, error) 
 	return freed, ctx.Err()
 }
 
-// removeStaging removes what a crash left in tmp/: unpacks and removals
-// that did not finish. The caller holds the cache's lock exclusive.
-func (c *Cache) removeStaging() error {
+// removeStaging adds to gone what a crash left in tmp/ (unpacks and
+// removals that did not finish), for prune to delete after its unlock.
+// The caller holds the cache's lock exclusive, so no unpack is at work;
+// a removal another prune is doing after its unlock may be done twice:
+// RemoveAll minds no entry that is gone.
+func (c *Cache) removeStaging(gone *[]string) error {
 	ents, err := os.ReadDir(filepath.Join(c.dir, tmpDir))
 	if err != nil {
 		return err
 	}
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), "unpack-") || strings.HasPrefix(e.Name(), "prune-") {
-			if err := os.RemoveAll(filepath.Join(c.dir, tmpDir, e.Name())); err != nil {
-				return err
-			}
+			*gone = append(*gone, filepath.Join(c.dir, tmpDir, e.Name()))
 		}
 	}
 	return nil
 }
 
-// removeLayer removes an unpacked layer and its files; it returns its size.
-func (c *Cache) removeLayer(id string) (int64, error) {
+// removeLayer takes an unpacked layer out of layers/ (renamed into a
+// directory of tmp/ it adds to gone, for the caller to delete once it
+// has unlocked) and drops its files; it returns its size.
+func (c *Cache) removeLayer(id string, gone *[]string) (int64, error) {
 	h, _ := digestHex(id)
 	n := c.layerSize(id)
 	// Renamed away first, so that no half layer is ever found in layers/.
-	gone := filepath.Join(c.dir, tmpDir, "prune-"+h)
-	if err := os.Rename(c.layerPath(id), gone); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	dir, err := os.MkdirTemp(filepath.Join(c.dir, tmpDir), "prune-")
+	if err != nil {
 		return 0, fmt.Errorf("image: prune layer %s: %w", id, err)
 	}
-	if err := os.RemoveAll(gone); err != nil {
+	*gone = append(*gone, dir)
+	if err := os.Rename(c.layerPath(id), filepath.Join(dir, h)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return 0, fmt.Errorf("image: prune layer %s: %w", id, err)
 	}
 	os.Remove(filepath.Join(c.dir, metaDir, h+".json"))

@@ -111,7 +111,11 @@ func (c *Cache) unpackImage(ctx context.Context, src *source) (record, bool, err
 			continue
 		}
 		h, _ := digestHex(l.diffID)
-		size, err := unpackLayer(ctx, src.ref, l, filepath.Join(stage, h))
+		var taken int64
+		for _, n := range staged {
+			taken += n
+		}
+		size, err := unpackLayer(ctx, src.ref, l, filepath.Join(stage, h), c.opts.MaxBytes-taken)
 		if err != nil {
 			return r, false, err
 		}
@@ -170,8 +174,9 @@ func (c *countingReader) digest() string { return "sha256:" + hex.EncodeToString
 
 // unpackLayer reads layer l's blob once: it checks the blob's digest and
 // size, decompresses it (gzip, zstd or none), checks the diff id and
-// extracts the tar into dst. It returns the disk usage of dst.
-func unpackLayer(ctx context.Context, ref string, l layerSource, dst string) (int64, error) {
+// extracts the tar into dst, refusing a layer that unpacks to more than
+// limit bytes. It returns the disk usage of dst.
+func unpackLayer(ctx context.Context, ref string, l layerSource, dst string, limit int64) (int64, error) {
 	name := l.digest
 	if name == "" {
 		name = l.diffID
@@ -220,13 +225,17 @@ func unpackLayer(ctx context.Context, ref string, l layerSource, dst string) (in
 		plain = zr
 	}
 	diff := &countingReader{r: plain, h: sha256.New()}
-	size, err := extract(ctx, diff, dst)
+	size, err := extract(ctx, diff, dst, limit)
 	if err == nil {
 		_, err = io.Copy(io.Discard, diff) // the tar's padding, for the diff id
 	}
 	var unsafe *unsafeEntry
-	if errors.As(err, &unsafe) {
+	var big *tooLarge
+	switch {
+	case errors.As(err, &unsafe):
 		return 0, badf(ref, "layer %s: %v", name, unsafe)
+	case errors.As(err, &big):
+		return 0, badf(ref, "layer %s %v", name, big)
 	}
 	if err != nil && ctx.Err() != nil {
 		return 0, fmt.Errorf("image %s: layer %s: %w", ref, name, ctx.Err())

@@ -95,7 +95,13 @@ func TestOverlayOnImageCache(t *testing.T) {
 	if err := p.AppendImage(img); err != nil {
 		t.Fatal(err)
 	}
-	cache, err := image.Open(filepath.Join(t.TempDir(), "cache"), image.Options{MaxBytes: 1})
+	cacheDir := filepath.Join(t.TempDir(), "cache")
+	cache, err := image.Open(cacheDir, image.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same directory bounded to nothing: its Prune removes all it may.
+	tiny, err := image.Open(cacheDir, image.Options{MaxBytes: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +122,7 @@ func TestOverlayOnImageCache(t *testing.T) {
 	if err := ov.Stop(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cache.Prune(ctx); err != nil {
+	if _, err := tiny.Prune(ctx); err != nil {
 		t.Fatal(err)
 	}
 	b := providertest.Fork(t, ov, "s1", provider.Spec{ID: "b", Workdir: "/app"})
@@ -126,7 +132,7 @@ func TestOverlayOnImageCache(t *testing.T) {
 	if err := ov.DeleteSnapshot(ctx, "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cache.Prune(ctx); err != nil {
+	if _, err := tiny.Prune(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cache.Lookup(im.Digest); err != nil {
@@ -135,7 +141,7 @@ func TestOverlayOnImageCache(t *testing.T) {
 	if err := ov.Stop(ctx, b.ID); err != nil {
 		t.Fatal(err)
 	}
-	if freed, err := cache.Prune(ctx); err != nil || freed == 0 {
+	if freed, err := tiny.Prune(ctx); err != nil || freed == 0 {
 		t.Errorf("prune with nothing holding the image: freed %d, %v", freed, err)
 	}
 	if _, err := cache.Lookup(im.Digest); !errors.Is(err, image.ErrNotCached) {

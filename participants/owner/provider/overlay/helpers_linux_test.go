@@ -14,6 +14,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/cgroup"
 	"github.com/stillpoint/stillpoint/internal/leak"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/image"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/providertest"
 )
 
@@ -73,7 +74,17 @@ func BenchmarkFork(b *testing.B) { providertest.BenchFork(b, newBench) }
 
 func BenchmarkStart(b *testing.B) { providertest.BenchStart(b, newBench) }
 
-func BenchmarkStartImage(b *testing.B) { providertest.BenchStartImage(b, newBench) }
+func BenchmarkStartImage(b *testing.B) {
+	providertest.BenchStartImage(b, func(tb testing.TB) (provider.Provider, providertest.ImageCache) {
+		c, err := image.Open(filepath.Join(tb.TempDir(), "images"), image.Options{})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ov := newOverlay(tb)
+		ov.cfg.Images = c
+		return ov, c
+	})
+}
 
 func BenchmarkCopyBaseline(b *testing.B) { providertest.BenchCopyBaseline(b) }
 

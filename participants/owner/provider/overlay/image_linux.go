@@ -30,6 +30,9 @@ type ImageFinder interface {
 	// Release drops holder's hold; a holder that holds nothing is no
 	// error.
 	Release(holder string) error
+	// Holders lists the holders whose names start with prefix: New
+	// finds the holds an earlier process left.
+	Holders(prefix string) ([]string, error)
 }
 
 // stateHash names the state directory in hold names: 8 hex digits of its
@@ -47,6 +50,52 @@ func (o *Provider) sandboxHolder(id string) string {
 
 func (o *Provider) snapshotHolder(id string) string {
 	return "overlay-" + stateHash(o.cfg.StateDir) + "-snap-" + id
+}
+
+// reconcileHolds makes the provider's holds in the image cache match its
+// state directory, as an earlier process (killed between a hold and what
+// it holds) may have left them: it releases a snapshot's hold whose
+// snapshot does not exist and a sandbox's whose sandbox directory does
+// not, and holds again the image of every snapshot that stands on one. A
+// snapshot whose image the cache lost keeps no hold; its fork says so.
+func (o *Provider) reconcileHolds() error {
+	if o.cfg.Images == nil {
+		return nil
+	}
+	prefix := "overlay-" + stateHash(o.cfg.StateDir) + "-"
+	hs, err := o.cfg.Images.Holders(prefix)
+	if err != nil {
+		return fmt.Errorf("overlay: image holds: %w", err)
+	}
+	var errs []error
+	for _, h := range hs {
+		rest := strings.TrimPrefix(h, prefix)
+		var gone bool
+		if id, ok := strings.CutPrefix(rest, "snap-"); ok {
+			gone = !o.snaps.Exists(id)
+		} else if id, ok := strings.CutPrefix(rest, "sandbox-"); ok {
+			_, err := os.Lstat(o.dir(id))
+			gone = errors.Is(err, os.ErrNotExist)
+		}
+		if gone {
+			errs = append(errs, o.release(h))
+		}
+	}
+	ids, err := o.snaps.List()
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("overlay: snapshots: %w", err))...)
+	}
+	for _, id := range ids {
+		_, meta, done, err := o.snaps.Open(id)
+		if err != nil {
+			continue // removed meanwhile, or not a snapshot
+		}
+		done()
+		if meta.Image != "" {
+			_ = o.cfg.Images.Hold(o.snapshotHolder(id), meta.Image) // not cached: nothing to keep
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // checkImage checks an image's digest and layers before they become
@@ -70,7 +119,9 @@ func (o *Provider) checkImage(img *provider.Image) error {
 		}
 		st, err := os.Stat(l)
 		if err != nil {
-			return fmt.Errorf("%w: %s: image %s: %w", provider.ErrInvalid, field, img.Digest, err)
+			// A layer the cache gave and the host lost (a prune, a disk):
+			// the host's fault, not the spec's.
+			return fmt.Errorf("%s: image %s: %w", field, img.Digest, err)
 		}
 		if !st.IsDir() {
 			return provider.InvalidField(field, "%q is not a directory", l)

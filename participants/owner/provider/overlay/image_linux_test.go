@@ -63,6 +63,19 @@ func (m *mapImages) Release(holder string) error {
 	return nil
 }
 
+func (m *mapImages) Holders(prefix string) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for h := range m.holds {
+		if strings.HasPrefix(h, prefix) {
+			out = append(out, h)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
 // holders returns the holders, sorted, with the state hash cut out.
 func (m *mapImages) holders(ov *Provider) []string {
 	m.mu.Lock()
@@ -218,10 +231,9 @@ func TestOverlayImageRefused(t *testing.T) {
 	img := providertest.TwoLayerImage(t)
 	ov := newOverlayImages(t, newMapImages(img))
 	for name, bad := range map[string]func(*provider.Image){
-		"missing layer": func(i *provider.Image) { i.Layers = append(i.Layers, "/nonexistent/layer") },
-		"colon":         func(i *provider.Image) { i.Layers = []string{"/a:b"} },
-		"no layers":     func(i *provider.Image) { i.Layers = nil },
-		"no digest":     func(i *provider.Image) { i.Digest = "" },
+		"colon":     func(i *provider.Image) { i.Layers = []string{"/a:b"} },
+		"no layers": func(i *provider.Image) { i.Layers = nil },
+		"no digest": func(i *provider.Image) { i.Digest = "" },
 	} {
 		c := *img
 		c.Layers = slices.Clone(img.Layers)
@@ -232,6 +244,49 @@ func TestOverlayImageRefused(t *testing.T) {
 		if got := ov.Sandboxes(); len(got) != 0 {
 			t.Fatalf("%s: Sandboxes() = %v", name, got)
 		}
+	}
+}
+
+// A layer the cache gave that is not on the host is the host's fault,
+// not the spec's: a plain error naming the layer, no ErrInvalid.
+func TestOverlayImageLayerMissing(t *testing.T) {
+	img := providertest.TwoLayerImage(t)
+	ov := newOverlayImages(t, newMapImages(img))
+	c := *img
+	c.Layers = append(slices.Clone(img.Layers), "/nonexistent/layer")
+	_, err := ov.Start(context.Background(), provider.Spec{ID: "a", Image: &c})
+	if err == nil || errors.Is(err, provider.ErrInvalid) || !strings.Contains(err.Error(), "/nonexistent/layer") {
+		t.Errorf("Start with a layer missing = %v, want a plain error naming it", err)
+	}
+	if got := ov.Sandboxes(); len(got) != 0 {
+		t.Fatalf("Sandboxes() = %v", got)
+	}
+}
+
+// A new provider mends the holds an earlier process left: a snapshot's
+// hold whose snapshot is gone (killed while copying) and a sandbox's
+// whose sandbox is gone are released, a snapshot that lost its hold
+// holds its image again, and another state directory's holds stay.
+func TestOverlayReconcilesHolds(t *testing.T) {
+	img := providertest.TwoLayerImage(t)
+	imgs := newMapImages(img)
+	ov := newOverlayImages(t, imgs)
+	providertest.Start(t, ov, provider.Spec{ID: "a", Image: img})
+	providertest.Snapshot(t, ov, "a", "s1")
+	for _, h := range []string{ov.snapshotHolder("half"), ov.sandboxHolder("gone"), "overlay-ffffffff-snap-x"} {
+		if err := imgs.Hold(h, img.Digest); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := imgs.Release(ov.snapshotHolder("s1")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := ov.cfg
+	if _, err := New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := imgs.holders(ov), []string{"overlay-ffffffff-snap-x", "overlay-sandbox-a", "overlay-snap-s1"}; !slices.Equal(got, want) {
+		t.Errorf("holds after New = %v, want %v", got, want)
 	}
 }
 

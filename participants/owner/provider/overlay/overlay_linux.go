@@ -166,8 +166,9 @@ type overlayBox struct {
 func newOverlayBox() *overlayBox { return &overlayBox{} }
 
 // New checks the config and what the provider needs (root, cgroup
-// v2, nsenter), creates the state directories and removes half-made
-// snapshots an earlier process left. It does not mount anything; Probe
+// v2, nsenter), creates the state directories, removes half-made
+// snapshots an earlier process left and mends its image holds
+// (reconcileHolds). It does not mount anything; Probe
 // does a trial run.
 func New(cfg Config) (*Provider, error) {
 	if os.Geteuid() != 0 {
@@ -197,7 +198,7 @@ func New(cfg Config) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Provider{
+	o := &Provider{
 		cfg:     cfg,
 		cgMount: cgMount,
 		nsenter: nsenter,
@@ -206,7 +207,11 @@ func New(cfg Config) (*Provider, error) {
 		boxes:   boxes.NewRegistry[*overlayBox](cfg.StateDir),
 
 		defaultParent: defaultParent,
-	}, nil
+	}
+	if err := o.reconcileHolds(); err != nil {
+		return nil, err
+	}
+	return o, nil
 }
 
 // stateMask returns the state directory's path inside a sandbox when the

@@ -162,23 +162,28 @@ func BenchStart(b *testing.B, newProvider func(testing.TB) provider.Provider) {
 
 // BenchStartImage: start-to-ready of a fresh sandbox on the host's root
 // (start/host, as BenchStart) and on an image of two layers copied from
-// the host (start/image, HostImage: no copy per sandbox), on one provider
-// newProvider makes, in the same run; start/image reports its time over
+// the host (start/image, CachedHostImage: no copy per sandbox), on one
+// provider newProvider makes with a real image cache (*image.Cache) as
+// its finder, in the same run: each start on the image holds it in the
+// cache, as an owner's does. start/image reports its time over
 // start/host's as image/host. Stopped outside the timer.
-func BenchStartImage(b *testing.B, newProvider func(testing.TB) provider.Provider) {
+func BenchStartImage(b *testing.B, newProvider func(testing.TB) (provider.Provider, ImageCache)) {
 	ctx := context.Background()
-	p := newProvider(b)
-	img := HostImage(b)
+	p, cache := newProvider(b)
+	img := CachedHostImage(b, cache)
 	// The image is a root a shell runs in.
 	sb := Start(b, p, provider.Spec{ID: "check", Image: img, Env: img.Env})
 	if got := Sh(b, p, sb.ID, "test ! -e /etc/motd && ls /usr/bin/ls"); got != "/usr/bin/ls\n" {
 		b.Fatalf("in the image: %q", got)
 	}
+	if hs, err := cache.Holders(""); err != nil || len(hs) != 1 {
+		b.Fatalf("holds of the started sandbox: %v, %v; want its own (is the cache the provider's finder?)", hs, err)
+	}
 	if err := p.Stop(ctx, sb.ID); err != nil {
 		b.Fatal(err)
 	}
 	unix.Sync()
-	var host, image float64 // ns per start
+	var host, onImage float64 // ns per start
 	run := func(name string, spec func(i int) provider.Spec, per *float64) {
 		b.Run(name, func(b *testing.B) {
 			i := 0
@@ -198,5 +203,5 @@ func BenchStartImage(b *testing.B, newProvider func(testing.TB) provider.Provide
 		})
 	}
 	run("start/host", func(i int) provider.Spec { return provider.Spec{ID: fmt.Sprintf("h%d", i)} }, &host)
-	run("start/image", func(i int) provider.Spec { return provider.Spec{ID: fmt.Sprintf("i%d", i), Image: img, Env: img.Env} }, &image)
+	run("start/image", func(i int) provider.Spec { return provider.Spec{ID: fmt.Sprintf("i%d", i), Image: img, Env: img.Env} }, &onImage)
 }

@@ -62,8 +62,9 @@ type noImages struct{}
 func (noImages) Lookup(d string) (*provider.Image, error) {
 	return nil, fmt.Errorf("%s: not cached", d)
 }
-func (noImages) Hold(string, string) error { return nil }
-func (noImages) Release(string) error      { return nil }
+func (noImages) Hold(string, string) error        { return nil }
+func (noImages) Release(string) error             { return nil }
+func (noImages) Holders(string) ([]string, error) { return nil, nil }
 
 // The overlay provider Open and Default make gets the image cache.
 func TestOpenPassesImages(t *testing.T) {
