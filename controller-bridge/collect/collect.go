@@ -277,7 +277,7 @@ type Collector struct {
 	// agentOwner is the owner each agent's heartbeat names (agent name
 	// -> owner member): whose restart loses its rollouts.
 	agentOwner map[string]events.Member
-	infra      map[string]int           // rollout -> attempts the infrastructure ended
+	infra      map[string]int // rollout -> attempts the infrastructure ended
 	// startOvers counts each rollout's attempts started over (parked,
 	// stale, its session held, its sandbox lost): the later ones wait
 	// (startOverWait).
