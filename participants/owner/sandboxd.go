@@ -1,8 +1,12 @@
 package owner
 
 import (
+	"fmt"
 	"path"
+	"path/filepath"
+	"strings"
 
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
@@ -75,4 +79,41 @@ func SandboxdSpec(spec provider.Spec, c SandboxdConfig) provider.Spec {
 	spec.Binds = append(spec.Binds, c.Binds...)
 	spec.Init = append(init, c.Args...)
 	return spec
+}
+
+// HarnessPath returns where a harness binary at host path harness is in a
+// sandbox, BinDir/<its name> ("" without one): copied there by
+// SessionSpec, or shown there with c.BinDir.
+func HarnessPath(harness string) string {
+	if harness == "" {
+		return ""
+	}
+	return path.Join(BinDir, filepath.Base(harness))
+}
+
+// SessionSpec completes s into the sandbox of a session of episode ep for
+// a task kind whose harness is the static binary at host path harness: its
+// id sb-<episode>, the harness copied in at HarnessPath unless it comes
+// with c's bound binaries directory, and sandboxd as its first process
+// when c.Binary is set (ForkSpec for a restored fork).
+func SessionSpec(sessionID string, ep events.Episode, s provider.Spec, c SandboxdConfig, harness string) (provider.Spec, error) {
+	s.ID = "sb-" + strings.ReplaceAll(ep.String(), ".", "_")
+	if err := provider.ValidateID("sandbox id", s.ID); err != nil {
+		return provider.Spec{}, fmt.Errorf("session %s: %w", sessionID, err)
+	}
+	bound := c.BinDir != "" && filepath.Join(c.BinDir, filepath.Base(harness)) == filepath.Clean(harness)
+	if harness != "" && !bound {
+		s.CopyIn = append(s.CopyIn, provider.CopyIn{HostPath: harness, SandboxPath: HarnessPath(harness)[1:], Mode: 0o755})
+	}
+	return ForkSpec(s, c), nil
+}
+
+// ForkSpec returns s with sandboxd as its first process under s's own id
+// when c.Binary is set (a restored fork's files come from the snapshot),
+// s unchanged otherwise.
+func ForkSpec(s provider.Spec, c SandboxdConfig) provider.Spec {
+	if c.Binary == "" {
+		return s
+	}
+	return SandboxdSpec(s, c)
 }

@@ -10,7 +10,6 @@ import (
 	"maps"
 	"os"
 	"path"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -63,17 +62,7 @@ func (k Kind) maxPin() int {
 }
 
 // HarnessPath returns where the harness is in a sandbox, "" without one.
-func (k Kind) HarnessPath() string {
-	if k.Harness == "" {
-		return ""
-	}
-	return path.Join(owner.BinDir, filepath.Base(k.Harness))
-}
-
-// bound tells whether the harness comes with the bound binaries directory.
-func (k Kind) bound() bool {
-	return k.Sandboxd.BinDir != "" && filepath.Join(k.Sandboxd.BinDir, filepath.Base(k.Harness)) == filepath.Clean(k.Harness)
-}
+func (k Kind) HarnessPath() string { return owner.HarnessPath(k.Harness) }
 
 // Spec implements owner.TaskKind: it checks the task (ParseTask, and that
 // its workspace is on the host) and returns the sandbox sb-<episode> in
@@ -87,29 +76,14 @@ func (k Kind) Spec(sessionID string, ep events.Episode, raw json.RawMessage) (pr
 	if err := t.Workspace.checkHost(); err != nil {
 		return provider.Spec{}, err
 	}
-	id := "sb-" + strings.ReplaceAll(ep.String(), ".", "_")
-	if err := provider.ValidateID("sandbox id", id); err != nil {
-		return provider.Spec{}, fmt.Errorf("session %s: %w", sessionID, err)
-	}
-	s := provider.Spec{ID: id, Workdir: t.workdir(), ImageRef: t.Image}
-	if k.Harness != "" && !k.bound() {
-		s.CopyIn = []provider.CopyIn{{HostPath: k.Harness, SandboxPath: k.HarnessPath()[1:], Mode: 0o755}}
-	}
-	if k.Sandboxd.Binary == "" {
-		return s, nil
-	}
-	return owner.SandboxdSpec(s, k.Sandboxd), nil
+	s := provider.Spec{Workdir: t.workdir(), ImageRef: t.Image}
+	return owner.SessionSpec(sessionID, ep, s, k.Sandboxd, k.Harness)
 }
 
 // ForkSpec implements owner.Forker: a restored fork starts sandboxd again
 // under its own id; its files (the workspace, a copied harness) come from
 // the snapshot.
-func (k Kind) ForkSpec(s provider.Spec) provider.Spec {
-	if k.Sandboxd.Binary == "" {
-		return s
-	}
-	return owner.SandboxdSpec(s, k.Sandboxd)
-}
+func (k Kind) ForkSpec(s provider.Spec) provider.Spec { return owner.ForkSpec(s, k.Sandboxd) }
 
 // Data is the session data of a command task: what its grade needs,
 // recorded at setup and exported with the session's snapshot.

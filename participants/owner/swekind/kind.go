@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -64,17 +63,7 @@ var (
 )
 
 // HarnessPath returns where the harness is in a sandbox, "" without one.
-func (k Kind) HarnessPath() string {
-	if k.Harness == "" {
-		return ""
-	}
-	return path.Join(owner.BinDir, filepath.Base(k.Harness))
-}
-
-// bound tells whether the harness comes with the bound binaries directory.
-func (k Kind) bound() bool {
-	return k.Sandboxd.BinDir != "" && filepath.Join(k.Sandboxd.BinDir, filepath.Base(k.Harness)) == filepath.Clean(k.Harness)
-}
+func (k Kind) HarnessPath() string { return owner.HarnessPath(k.Harness) }
 
 // Spec implements owner.TaskKind: it checks the instance and returns the
 // sandbox sb-<episode> made of the instance's image (ImageRef), with
@@ -85,28 +74,13 @@ func (k Kind) Spec(sessionID string, ep events.Episode, raw json.RawMessage) (pr
 	if err != nil {
 		return provider.Spec{}, err
 	}
-	id := "sb-" + strings.ReplaceAll(ep.String(), ".", "_")
-	if err := provider.ValidateID("sandbox id", id); err != nil {
-		return provider.Spec{}, fmt.Errorf("session %s: %w", sessionID, err)
-	}
-	s := provider.Spec{ID: id, ImageRef: in.Image}
-	if k.Harness != "" && !k.bound() {
-		s.CopyIn = []provider.CopyIn{{HostPath: k.Harness, SandboxPath: k.HarnessPath()[1:], Mode: 0o755}}
-	}
-	if k.Sandboxd.Binary == "" {
-		return s, nil
-	}
-	return owner.SandboxdSpec(s, k.Sandboxd), nil
+	s := provider.Spec{ImageRef: in.Image}
+	return owner.SessionSpec(sessionID, ep, s, k.Sandboxd, k.Harness)
 }
 
 // ForkSpec implements owner.Forker: a restored fork starts sandboxd again
 // under its own id; its files come from the snapshot.
-func (k Kind) ForkSpec(s provider.Spec) provider.Spec {
-	if k.Sandboxd.Binary == "" {
-		return s
-	}
-	return owner.SandboxdSpec(s, k.Sandboxd)
-}
+func (k Kind) ForkSpec(s provider.Spec) provider.Spec { return owner.ForkSpec(s, k.Sandboxd) }
 
 // Data is the session data of a swe task: what its grade needs, recorded
 // at setup and exported with the session's snapshot, out of the agent's
