@@ -1,0 +1,66 @@
+package collect
+
+import (
+	"slices"
+	"time"
+)
+
+// The retries of unfinished rollouts: when a rollout the collector could
+// not finish (or had to start over) is sent again.
+
+// retryAfter is how long an unfinished rollout waits before it is asked
+// again.
+const retryAfter = time.Second
+
+// startOverWait is how long a rollout's nth start-over waits before it is
+// sent: the first at once, then from retryAfter doubling up to
+// maxStartOverWait. What makes an attempt start over can last (a session
+// still held while the owner starts its sandbox, a microVM's first start
+// of an image), and each start-over retires an attempt on the bus.
+func startOverWait(n int) time.Duration {
+	if n <= 1 {
+		return 0
+	}
+	return min(retryAfter<<min(n-2, 5), maxStartOverWait)
+}
+
+// maxStartOverWait bounds startOverWait.
+const maxStartOverWait = 30 * time.Second
+
+// retry is an unfinished rollout to queue again at a time.
+type retry struct {
+	id string
+	at time.Time
+}
+
+// nextRetry returns how long until the first retry is due.
+func (c *Collector) nextRetry(now time.Time) (time.Duration, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.retries) == 0 {
+		return 0, false
+	}
+	first := c.retries[0].at
+	for _, r := range c.retries[1:] {
+		if r.at.Before(first) {
+			first = r.at
+		}
+	}
+	return max(first.Sub(now), 0), true
+}
+
+// requeueDue queues the rollouts whose retry is due, unless they ended,
+// are in flight or are queued already.
+func (c *Collector) requeueDue(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.retries = slices.DeleteFunc(c.retries, func(r retry) bool {
+		if r.at.After(now) {
+			return false
+		}
+		if _, done := c.done[r.id]; !done && c.inflight[r.id] == nil && !slices.Contains(c.queue, r.id) {
+			c.queue = append(c.queue, r.id)
+		}
+		return true
+	})
+}
