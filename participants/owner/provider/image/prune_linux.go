@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/stillpoint/stillpoint/internal/atomicfile"
+	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
 // Prune removes images least recently used first until the unpacked
@@ -45,19 +46,22 @@ func (c *Cache) pruneAfterGet(ctx context.Context, src *source, unpacked bool) {
 			return
 		}
 	}
-	deadline := time.Now().Add(pruneWait)
-	for {
+	wctx, cancel := context.WithTimeout(ctx, pruneWait)
+	defer cancel()
+	done := false
+	_ = poll.Until(wctx, poll.Every(20*time.Millisecond), func() (bool, error) {
 		_, err := c.prune(ctx, src.digest, pruneIfFree)
-		if !errors.Is(err, errBusy) {
-			if err != nil {
-				c.opts.Logger.Warn().Err(err).Str("ref", src.ref).Msg("image cache prune failed")
-			}
-			return
+		if errors.Is(err, errBusy) {
+			return false, nil
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			break
+		if err != nil {
+			c.opts.Logger.Warn().Err(err).Str("ref", src.ref).Msg("image cache prune failed")
 		}
-		time.Sleep(20 * time.Millisecond)
+		done = true
+		return true, nil
+	})
+	if done {
+		return
 	}
 	if err := writeAtomic(mark, nil); err != nil {
 		c.opts.Logger.Warn().Err(err).Str("ref", src.ref).Msg("image cache: cannot mark a prune pending")
