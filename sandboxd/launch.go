@@ -58,7 +58,7 @@ type launch struct {
 
 	cmds  chan command
 	done  chan struct{} // closed when the driver has finished
-	abort atomic.Pointer[context.CancelFunc]
+	abort atomic.Pointer[context.CancelCauseFunc]
 
 	// Owned by the driver goroutine.
 	hl          hostLaunch
@@ -111,9 +111,11 @@ func (l *launch) record() sandboxapi.Record {
 	return r
 }
 
-func (l *launch) abortPause() {
+// abortPause cuts short the pause in progress, if any, for why: a stop
+// (ErrStopping) or the supervisor closing (ErrClosed).
+func (l *launch) abortPause(why error) {
 	if f := l.abort.Load(); f != nil {
-		(*f)()
+		(*f)(why)
 	}
 }
 
@@ -496,11 +498,11 @@ func (l *launch) pause(c command) (sandboxapi.PauseResult, error) {
 		return rep, nil
 	}
 	start := time.Now()
-	ctx, cancel := context.WithCancel(c.ctx)
+	ctx, cancel := context.WithCancelCause(c.ctx)
 	l.abort.Store(&cancel)
 	defer func() {
 		l.abort.Store(nil)
-		cancel()
+		cancel(nil)
 	}()
 	l.lastOut, l.lastErr = pauseOutcome{}, nil
 	err := l.step(ctx, PauseAsked{Mode: mode})
@@ -527,6 +529,12 @@ func (l *launch) pause(c command) (sandboxapi.PauseResult, error) {
 			rep.Fallback = l.lastErr.Error()
 		}
 		rep.Pending = l.lastOut.pending
+		if why := context.Cause(ctx); errors.Is(why, ErrStopping) {
+			// A stop cut the pause short and undid it: the launch ends,
+			// it did not fail to pause (a prepare waits for its end).
+			l.log.Info().Stringer("mode", mode).Float64("took_ms", rep.TookMS).Msg("pause cut short by a stop")
+			return rep, fmt.Errorf("%w: the pause was cut short by a stop", ErrStopping)
+		}
 		l.log.Warn().Stringer("mode", mode).Str("fallback", rep.Fallback).Float64("took_ms", rep.TookMS).Msg("pause not confirmed")
 		return rep, fmt.Errorf("%w: %s", ErrUnconfirmed, rep.Fallback)
 	}

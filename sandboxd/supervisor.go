@@ -265,7 +265,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.closed = true
 	close(s.closing)
 	for _, l := range s.launches {
-		l.abortPause()
+		l.abortPause(ErrClosed)
 	}
 	s.mu.Unlock()
 	s.actors.Wait()
@@ -407,7 +407,8 @@ func (s *Supervisor) Launch(ctx context.Context, spec Spec) (sandboxapi.Record, 
 // Pause pauses launch id in mode (ModeDefault: the launch's) and returns
 // once the pause is confirmed: every process frozen (freeze), stopped
 // (stop), or at once (hold). A pause that cannot be confirmed is undone
-// and returns the result with its Fallback and ErrUnconfirmed. Pausing a
+// and returns the result with its Fallback and ErrUnconfirmed; one that a
+// Stop cut short returns ErrStopping, as for a launch being stopped. Pausing a
 // paused launch repeats its result. A launch that has ended keeps its
 // receipt and is not paused (result State ended). For a launch that has
 // not started (or is not known yet), the pause file is created, so that it
@@ -499,7 +500,7 @@ func (s *Supervisor) stop(ctx context.Context, id string, why sandboxapi.StopRea
 		}
 		return sandboxapi.Receipt{ID: id, ExitCode: -1, Outcome: sandboxapi.OutcomeInterrupted, StopReason: sandboxapi.StopFile, CleanupConfirmed: true, Ended: s.cfg.Now()}, nil
 	}
-	l.abortPause()
+	l.abortPause(ErrStopping)
 	if _, err := l.call(ctx, command{kind: cmdStop, reason: why, grace: grace}); err != nil && !errors.Is(err, errFinished) {
 		return sandboxapi.Receipt{}, err
 	}

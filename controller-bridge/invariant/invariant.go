@@ -194,6 +194,13 @@ func Check(ctx context.Context, r Run) []Result {
 					unconfirmed = append(unconfirmed, fmt.Sprintf("%s: %d %s pauses (frozen %v, fallback %v)", d.CheckpointID, p.Count, p.Mode, p.Frozen, p.Fallback))
 				}
 			}
+			// The record keeps the acks that did not stand still whole: name
+			// each one's daemon and why.
+			for _, h := range d.Acks {
+				if h.Ack.Pause != nil && !h.Ack.Pause.Still() {
+					unconfirmed = append(unconfirmed, fmt.Sprintf("%s/%s: %s %s", d.CheckpointID, h.Ack.Member, h.Ack.Pause.Mode, h.Ack.Pause.Fallback))
+				}
+			}
 		case events.PrepareAck:
 			if !isCommitted[e.CheckpointID] || d.Member.Kind() != events.KindSandbox {
 				continue
