@@ -20,10 +20,11 @@ const (
 	PhaseRetire  Phase = "retire"
 	PhaseForget  Phase = "forget"
 	PhaseRelease Phase = "release"
+	PhaseBranch  Phase = "branch"
 )
 
 // Phases lists every phase in protocol order.
-var Phases = []Phase{PhasePrepare, PhaseRenew, PhaseCommit, PhaseResume, PhaseRestore, PhaseRetire, PhaseForget, PhaseRelease}
+var Phases = []Phase{PhasePrepare, PhaseRenew, PhaseCommit, PhaseResume, PhaseRestore, PhaseRetire, PhaseForget, PhaseRelease, PhaseBranch}
 
 // Valid reports whether p is a phase of the protocol.
 func (p Phase) Valid() bool {
@@ -154,6 +155,9 @@ func WithHeader(p PhaseEvent, h PhaseHeader) PhaseEvent {
 		e.PhaseHeader = h
 		return e
 	case Release:
+		e.PhaseHeader = h
+		return e
+	case Branch:
 		e.PhaseHeader = h
 		return e
 	}

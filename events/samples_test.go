@@ -59,6 +59,8 @@ func samples() map[Type]struct {
 	add(testBridge, Retire{PhaseHeader: testPhase(6), Episodes: []Episode{ep("r1-a1")}})
 	add(testBridge, Forget{PhaseHeader: testPhase(7), Rollouts: []string{"r1"}})
 	add(testBridge, Release{PhaseHeader: testPhase(8), Keep: []string{"ckpt-6", "ckpt-7"}})
+	branches := []BranchSpec{NewBranchSpec(ep("r1-a1"), 1, 11), NewBranchSpec(ep("r1-a1"), 2, 12)}
+	add(testBridge, Branch{PhaseHeader: testPhase(9), Source: "ckpt-6", SourceCommitSeq: 4, SourceAcks: true, Branches: branches})
 	pa := PrepareAck{AckHeader: testAck(1), Restarts: []string{"r9"}, Counts: map[string]int{"parked": 3},
 		Pause: &PauseReport{Mode: "freeze", PauseSeq: 1, Identity: "41:9912", Wall: testDeadline, Uptime: 3.5, PIDCount: 4, PIDs: []int{41, 42}, TookMS: 1.2}}
 	pa.State = StatePreparing
@@ -79,6 +81,7 @@ func samples() map[Type]struct {
 	add("agent.a0", rt)
 	add("agent.a0", ForgetAck{AckHeader: testAck(7)})
 	add("agent.a0", ReleaseAck{AckHeader: testAck(8), Deleted: []string{"snap-1"}})
+	add("agent.a0", BranchAck{AckHeader: testAck(9), Branched: []string{"r1.b1-a2", "r1.b2-a2"}})
 	add(testBridge, CheckpointCommitted{OutcomeHeader: testOutcome(), Continued: []string{"r1"}, Restarted: []string{"r2-a1"},
 		Members: []Member{"agent.a0"}, PrepareMS: 40, CommitMS: 90, Created: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
 		PrepareSeq: 6, CommitSeq: 7, Exports: []MemberExport{{Member: "agent.a0", Kind: KindAgent, Instance: "i0", Epoch: 3,
@@ -93,6 +96,10 @@ func samples() map[Type]struct {
 	add(testBridge, ReleaseCompleted{OutcomeHeader: testOutcome(), Keep: []string{"ckpt-7"}, Deleted: []string{"ckpt-5"}})
 	add(testBridge, ReleaseFailed{OutcomeHeader: testOutcome(), Keep: []string{"ckpt-7"}, Reason: "1 of 2 members did not release",
 		Errors: []MemberError{{Member: "owner.o0", Code: "release_failed", Detail: "disk"}}, Deleted: map[Member][]string{"agent.a0": {"snap-1"}}})
+	add(testBridge, BranchCompleted{OutcomeHeader: testOutcome(), Source: "ckpt-6", Branches: branches,
+		Agents: map[string]Member{"r1.b1": "agent.a0", "r1.b2": "agent.a0"}})
+	add(testBridge, BranchFailed{OutcomeHeader: testOutcome(), Source: "ckpt-6", Branches: branches,
+		Errors: []MemberError{{Member: "owner.o0", Code: CodeInstallFailed, Detail: "fork failed"}}, Retired: []string{"r1.b1-a2", "r1.b2-a2"}})
 	add("sandbox.sb-1", MemberJoined{Run: "run1", Member: "sandbox.sb-1", Epoch: 2, Capabilities: []string{"pause:freeze", "pause:stop"}, Host: "node-3", PID: 77, Version: "dev"})
 	add(testBridge, Roster{Run: "run1", CheckpointID: "ckpt-7", Seq: 1, Epoch: 2, Members: []Member{"sandbox.sb-1", "sandbox.sb-2"}})
 	add(testBridge, ResumeAcked{Run: "run1", CheckpointID: "ckpt-7", Seq: 4, Epoch: 2, Expected: 3, Answered: 2,

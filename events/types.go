@@ -25,6 +25,7 @@ const (
 	TypeRetire  Type = "dev.stillpoint.phase.retire.v1"
 	TypeForget  Type = "dev.stillpoint.phase.forget.v1"
 	TypeRelease Type = "dev.stillpoint.phase.release.v1"
+	TypeBranch  Type = "dev.stillpoint.phase.branch.v1"
 
 	TypePrepareAck Type = "dev.stillpoint.ack.prepare.v1"
 	TypeRenewAck   Type = "dev.stillpoint.ack.renew.v1"
@@ -34,6 +35,7 @@ const (
 	TypeRetireAck  Type = "dev.stillpoint.ack.retire.v1"
 	TypeForgetAck  Type = "dev.stillpoint.ack.forget.v1"
 	TypeReleaseAck Type = "dev.stillpoint.ack.release.v1"
+	TypeBranchAck  Type = "dev.stillpoint.ack.branch.v1"
 
 	TypeCheckpointCommitted Type = "dev.stillpoint.checkpoint.committed.v1"
 	TypeCheckpointFailed    Type = "dev.stillpoint.checkpoint.failed.v1"
@@ -41,6 +43,8 @@ const (
 	TypeRestoreFailed       Type = "dev.stillpoint.restore.failed.v1"
 	TypeReleaseCompleted    Type = "dev.stillpoint.release.completed.v1"
 	TypeReleaseFailed       Type = "dev.stillpoint.release.failed.v1"
+	TypeBranchCompleted     Type = "dev.stillpoint.branch.completed.v1"
+	TypeBranchFailed        Type = "dev.stillpoint.branch.failed.v1"
 
 	TypeMemberJoined Type = "dev.stillpoint.member.joined.v1"
 	TypeMemberLeft   Type = "dev.stillpoint.member.left.v1"
@@ -78,6 +82,7 @@ func init() {
 	register[Retire]()
 	register[Forget]()
 	register[Release]()
+	register[Branch]()
 	register[PrepareAck]()
 	register[RenewAck]()
 	register[CommitAck]()
@@ -86,12 +91,15 @@ func init() {
 	register[RetireAck]()
 	register[ForgetAck]()
 	register[ReleaseAck]()
+	register[BranchAck]()
 	register[CheckpointCommitted]()
 	register[CheckpointFailed]()
 	register[RestoreCompleted]()
 	register[RestoreFailed]()
 	register[ReleaseCompleted]()
 	register[ReleaseFailed]()
+	register[BranchCompleted]()
+	register[BranchFailed]()
 	register[MemberJoined]()
 	register[MemberLeft]()
 	register[Roster]()
