@@ -144,6 +144,19 @@ type Installer interface {
 	Install(ctx context.Context, r events.Restore, records []events.Record) (restored []events.Episode, err error)
 }
 
+// Brancher is implemented by a participant that can branch what it
+// installs (PROTOCOL §5, Branch). Branch reads the member's records of the
+// branch phase's parents (records: those the source checkpoint, or the
+// older one that carried a parent, holds) and installs, for each
+// BranchSpec whose parent they hold, a copy that continues as the
+// branch's episode, beside everything the member runs; all or none. It
+// returns the branch episodes it installed (none when it holds no parent).
+// If ctx is done it must install nothing and return an error. A retire of
+// a branch episode undoes its install (Retirer).
+type Brancher interface {
+	Branch(ctx context.Context, b events.Branch, records []events.Record) (branched []events.Episode, err error)
+}
+
 // Retirer is implemented by a participant that runs per-episode work.
 // Retire stops the work of the given attempts (and their earlier
 // attempts) and waits until it has stopped. The runtime has already marked

@@ -181,6 +181,10 @@ type TrajectoryChunk struct {
 type RepointRequest struct {
 	URL        string `json:"url"`
 	Generation uint64 `json:"generation"`
+	// Branch, when set, labels the calls from now on as a branch's
+	// (LaunchRequest.Branch), those sent again included: a fork that
+	// continues in place as a branch.
+	Branch *BranchLabel `json:"branch,omitempty"`
 }
 
 // HeldRequest asks whether a launch is still the one a checkpoint left

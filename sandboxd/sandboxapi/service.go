@@ -135,7 +135,27 @@ type LaunchRequest struct {
 	// daemon does not know refuses the launch (bad_request). They need a
 	// relay and an Episode (the relay's label).
 	RelayEdits []string `json:"relay_edits,omitempty"`
+	// Branch, for a launch of a branch (PROTOCOL §5, Branch), labels its
+	// model calls: the relay sends the branch's label and seed upstream
+	// with each of them. It needs a relay and an Episode.
+	Branch *BranchLabel `json:"branch,omitempty"`
 }
+
+// BranchLabel is what the model relay tells the upstream of a branch's
+// calls: BranchHeader carries Label ("b<k>") and SeedHeader Seed, and a
+// chat-completions or Responses request that sets no seed gets Seed as
+// its "seed" (an edit the trajectory records), so that a sampler
+// diverges.
+type BranchLabel struct {
+	Label string `json:"label"`
+	Seed  uint64 `json:"seed"`
+}
+
+// The headers the relay adds to a branch's model calls (BranchLabel).
+const (
+	BranchHeader = "X-Stillpoint-Branch"
+	SeedHeader   = "X-Stillpoint-Seed"
+)
 
 // LaunchRef names a launch in the other requests.
 type LaunchRef struct {

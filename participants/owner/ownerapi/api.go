@@ -3,6 +3,7 @@ package ownerapi
 import (
 	"encoding/json"
 	"path"
+	"strconv"
 	"time"
 )
 
@@ -101,4 +102,11 @@ type VerifyResult struct {
 	SessionID string `json:"session_id"`
 	// Result is the verdict the owner's task kind returned, a JSON object.
 	Result json.RawMessage `json:"result"`
+}
+
+// BranchSession is the session id of branch k of a session: the agent and
+// the owner derive it alike from the parent's session (a branch phase
+// names no session).
+func BranchSession(session string, k int) string {
+	return session + ".b" + strconv.Itoa(k)
 }
