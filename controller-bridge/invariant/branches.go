@@ -16,23 +16,16 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/collect"
 	"github.com/stillpoint/stillpoint/controller-bridge/timeline"
 	"github.com/stillpoint/stillpoint/events"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
 	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
-// branchHeader is the branch header of a branch's trajectory as its
-// results line carries it, result.trajectory.branch
-// (agentapi.TrajectoryBranch): the parent's rollout and capture key, the
-// branch's number and seed, the checkpoint it was forked from, and At,
-// how many calls at the head of the file it inherited from the parent.
-type branchHeader struct {
-	Parent        string `json:"parent"`
-	ParentEpisode string `json:"parent_episode"`
-	K             int    `json:"k"`
-	Seed          uint64 `json:"seed"`
-	Source        string `json:"source_checkpoint_id"`
-	At            int    `json:"at"`
-}
+// branchHeader is the branch header of a branch's trajectory, as its
+// results line carries it (result.trajectory.branch): the parent's
+// rollout and capture key, the branch's number and seed, the checkpoint it
+// was forked from, and At, the calls at the head of the file it inherited.
+type branchHeader = agentapi.TrajectoryBranch
 
 // resultLine is a results line with its trajectory's branch header.
 type resultLine struct {
@@ -52,18 +45,11 @@ func readResultLines(path string) (map[string][]resultLine, error) {
 	sc.Buffer(nil, 1<<24)
 	for sc.Scan() {
 		var l resultLine
-		var h struct {
-			Result *struct {
-				Trajectory *struct {
-					Branch *branchHeader `json:"branch"`
-				} `json:"trajectory"`
-			} `json:"result"`
-		}
-		if json.Unmarshal(sc.Bytes(), &l.Result) != nil || json.Unmarshal(sc.Bytes(), &h) != nil {
+		if json.Unmarshal(sc.Bytes(), &l.Result) != nil {
 			continue
 		}
-		if h.Result != nil && h.Result.Trajectory != nil {
-			l.header = h.Result.Trajectory.Branch
+		if l.Result.Result != nil && l.Result.Result.Trajectory != nil {
+			l.header = l.Result.Result.Trajectory.Branch
 		}
 		out[l.RolloutID] = append(out[l.RolloutID], l)
 	}
