@@ -55,8 +55,9 @@ type Call struct {
 	// V is the format's Version.
 	V int `json:"v"`
 	// ID is "<episode>.<launch>.<n>": the rollout attempt, the launch of
-	// the harness in it, and the call's number in that launch from 1. The
-	// relay sends it upstream in the IDHeader.
+	// the harness in it, and the call's number in that launch from 1, the
+	// episode's dots written as colons (a branch's "r.b1-a2" is "r:b1-a2").
+	// The relay sends it upstream in the IDHeader.
 	ID string `json:"id"`
 	// Episode and Launch are the first two parts of ID; a record
 	// leaves them out (version 1 wrote them).
@@ -183,9 +184,18 @@ const IDHeader = "X-Stillpoint-Call"
 // in (Call.PolicyVersion).
 const PolicyHeader = "X-Stillpoint-Policy-Version"
 
-// idPart is what an episode id may be: no dot (the ID's first
-// separator), nothing path-like.
-var idPart = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+// idPart is what an episode id may be: a rollout id's characters
+// (events.ValidateRollout, "-a<n>" for the attempt), nothing path-like.
+// Its dots (a branch's rollout, <rollout>.b<k>) are written as colons in
+// a call's ID, whose first dot ends the episode (idEpisode).
+var idPart = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// idEpisode is episode as a call's ID writes it: its dots as colons,
+// which no episode holds.
+func idEpisode(episode string) string { return strings.ReplaceAll(episode, ".", ":") }
+
+// episodeOfID is idEpisode's inverse.
+func episodeOfID(s string) string { return strings.ReplaceAll(s, ":", ".") }
 
 // launchPart is what a launch id may be: idPart's words joined by single
 // dots (a relaunch's id, "l2.x1", names the launch it replaces), so that
@@ -199,7 +209,7 @@ var ErrBadCall = errors.New("trajectory: bad call record")
 // the part that cannot be one.
 func CallID(episode, launch string, n int) (string, error) {
 	if !idPart.MatchString(episode) {
-		return "", fmt.Errorf("%w: episode %q is not an id ([A-Za-z0-9_-], 1 to 128)", ErrBadCall, episode)
+		return "", fmt.Errorf("%w: episode %q is not an id (a rollout attempt: [A-Za-z0-9_.-], 1 to 128, from a letter or digit)", ErrBadCall, episode)
 	}
 	if len(launch) > 128 || !launchPart.MatchString(launch) {
 		return "", fmt.Errorf("%w: launch %q is not an id (words of [A-Za-z0-9_-] joined by dots, 1 to 128)", ErrBadCall, launch)
@@ -207,7 +217,7 @@ func CallID(episode, launch string, n int) (string, error) {
 	if n < 1 {
 		return "", fmt.Errorf("%w: call number %d (from 1)", ErrBadCall, n)
 	}
-	return fmt.Sprintf("%s.%s.%d", episode, launch, n), nil
+	return fmt.Sprintf("%s.%s.%d", idEpisode(episode), launch, n), nil
 }
 
 // check reports the first thing that makes c no record a reader may use
@@ -282,7 +292,7 @@ func (c *Call) fill() error {
 	if first < 0 || last <= first {
 		return fmt.Errorf("%w: id %q is not <episode>.<launch>.<n>", ErrBadCall, c.ID)
 	}
-	ep, launch := c.ID[:first], c.ID[first+1:last]
+	ep, launch := episodeOfID(c.ID[:first]), c.ID[first+1:last]
 	if c.Episode == "" && c.Launch == "" {
 		c.Episode, c.Launch = ep, launch
 	}
@@ -351,7 +361,7 @@ func sameUsage(a, b json.RawMessage) bool {
 // number returns n of the call's id, <episode>.<launch>.<n>, or 0 when
 // the id is not one of its episode and launch.
 func (c *Call) number() int {
-	rest, ok := strings.CutPrefix(c.ID, c.Episode+"."+c.Launch+".")
+	rest, ok := strings.CutPrefix(c.ID, idEpisode(c.Episode)+"."+c.Launch+".")
 	n, err := strconv.Atoi(rest)
 	if !ok || err != nil || n < 1 || strconv.Itoa(n) != rest {
 		return 0

@@ -638,7 +638,7 @@ func TestCallID(t *testing.T) {
 	if id, err := trajectory.CallID("ep-1", "l2.x1", 1); err != nil || id != "ep-1.l2.x1.1" {
 		t.Errorf("%q %v", id, err)
 	}
-	for _, bad := range [][2]string{{"../e", "l"}, {"e.x", "l"}, {"e", "a/b"}, {"", "l"}, {"e", strings.Repeat("x", 129)},
+	for _, bad := range [][2]string{{"../e", "l"}, {"e:x", "l"}, {"..", "l"}, {"e", "a/b"}, {"", "l"}, {"e", strings.Repeat("x", 129)},
 		{"e", ".l"}, {"e", "l."}, {"e", "l..x"}, {"e", ".."}, {"e", ""}} {
 		if _, err := trajectory.CallID(bad[0], bad[1], 1); !errors.Is(err, trajectory.ErrBadCall) {
 			t.Errorf("%q: %v", bad, err)
