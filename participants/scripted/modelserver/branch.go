@@ -37,11 +37,11 @@ func requestBranch(r *http.Request) (string, uint64) {
 	return label, seed
 }
 
-// forBranch returns the turn a request of branch label answers with t
+// ForBranch returns the turn a request of branch label answers with t
 // scripted: t.Branches[label], else t.Branches[AnyBranch], else t, for a
-// branch; t for no branch; with BranchPlaceholder replaced by label in its
-// content and its tool calls' arguments.
-func forBranch(t Turn, label string) Turn {
+// branch; t for no branch (label ""); with BranchPlaceholder replaced by
+// label in its content and its tool calls' arguments, and no Branches.
+func (t Turn) ForBranch(label string) Turn {
 	if label != "" {
 		if b, ok := t.Branches[label]; ok {
 			t = b

@@ -369,7 +369,7 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	branch, seed := requestBranch(r)
-	t := claudeRetry(forBranch(turns[turn], branch), retries)
+	t := claudeRetry(turns[turn].ForBranch(branch), retries)
 	if err := checkMessagesToolCalls(req.Tools, t.ToolCalls); err != nil {
 		messagesError(w, http.StatusBadRequest, "task %q turn %d: %v", task, turn, err)
 		return

@@ -236,7 +236,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	branch, seed := requestBranch(r)
-	t := retry(forBranch(turns[turn], branch), retries)
+	t := retry(turns[turn].ForBranch(branch), retries)
 	tools, err := chatTools(req.Tools)
 	if err == nil {
 		err = checkToolCalls(tools, t.ToolCalls)

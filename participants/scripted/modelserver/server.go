@@ -296,7 +296,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "task %q has %d turns; the request is at turn %d", task, len(turns), turn)
 		return
 	default:
-		t = retry(forBranch(turns[turn], branch), retries)
+		t = retry(turns[turn].ForBranch(branch), retries)
 		if err := checkToolCalls(req.Tools, t.ToolCalls); err != nil {
 			apiError(w, http.StatusBadRequest, "task %q turn %d: %v", task, turn, err)
 			return
