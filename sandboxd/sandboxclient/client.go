@@ -111,8 +111,7 @@ func (c *Client) Repoint(ctx context.Context, url string, gen uint64) (sandboxap
 	return c.RepointWith(ctx, sandboxapi.RepointRequest{URL: url, Generation: gen})
 }
 
-// RepointWith is Repoint with the whole request: a fork that continues in
-// place as a branch sets r.Branch, its calls' label from then on.
+// RepointWith re-points the model relay as r says (a branch's label too).
 func (c *Client) RepointWith(ctx context.Context, r sandboxapi.RepointRequest) (sandboxapi.RelayStatus, error) {
 	var out sandboxapi.RelayStatus
 	return out, c.svc.Call(ctx, sandboxapi.EndpointRelayRepoint, r, &out)

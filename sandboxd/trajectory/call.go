@@ -55,9 +55,8 @@ type Call struct {
 	// V is the format's Version.
 	V int `json:"v"`
 	// ID is "<episode>.<launch>.<n>": the rollout attempt, the launch of
-	// the harness in it, and the call's number in that launch from 1, the
-	// episode's dots written as colons (a branch's "r.b1-a2" is "r:b1-a2").
-	// The relay sends it upstream in the IDHeader.
+	// the harness in it, and the call's number in that launch from 1. The
+	// relay sends it upstream in the IDHeader.
 	ID string `json:"id"`
 	// Episode and Launch are the first two parts of ID; a record
 	// leaves them out (version 1 wrote them).
@@ -184,20 +183,13 @@ const IDHeader = "X-Stillpoint-Call"
 // in (Call.PolicyVersion).
 const PolicyHeader = "X-Stillpoint-Policy-Version"
 
-// idPart is what an episode id may be: a rollout id's characters
-// (events.ValidateRollout, "-a<n>" for the attempt), nothing path-like.
-// Its dots (a branch's rollout, <rollout>.b<k>) are written as colons in
-// a call's ID, whose first dot ends the episode (idEpisode).
-var idPart = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+// idPart is what an episode id may be: a capture key (a rollout id, which
+// may hold dots, and its attempt), with no empty word between dots,
+// nothing path-like. An ID whose episode holds a dot cannot be split back
+// into its parts: its record keeps them (record).
+var idPart = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$`)
 
-// idEpisode is episode as a call's ID writes it: its dots as colons,
-// which no episode holds.
-func idEpisode(episode string) string { return strings.ReplaceAll(episode, ".", ":") }
-
-// episodeOfID is idEpisode's inverse.
-func episodeOfID(s string) string { return strings.ReplaceAll(s, ":", ".") }
-
-// launchPart is what a launch id may be: idPart's words joined by single
+// launchPart is what a launch id may be: words of [A-Za-z0-9_-] joined by single
 // dots (a relaunch's id, "l2.x1", names the launch it replaces), so that
 // the episode is the ID's first word and the call number its last.
 var launchPart = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
@@ -208,8 +200,8 @@ var ErrBadCall = errors.New("trajectory: bad call record")
 // CallID returns the ID of call n of launch in episode, or an error naming
 // the part that cannot be one.
 func CallID(episode, launch string, n int) (string, error) {
-	if !idPart.MatchString(episode) {
-		return "", fmt.Errorf("%w: episode %q is not an id (a rollout attempt: [A-Za-z0-9_.-], 1 to 128, from a letter or digit)", ErrBadCall, episode)
+	if len(episode) > 128 || !idPart.MatchString(episode) {
+		return "", fmt.Errorf("%w: episode %q is not an id (words of [A-Za-z0-9_-] joined by dots, 1 to 128)", ErrBadCall, episode)
 	}
 	if len(launch) > 128 || !launchPart.MatchString(launch) {
 		return "", fmt.Errorf("%w: launch %q is not an id (words of [A-Za-z0-9_-] joined by dots, 1 to 128)", ErrBadCall, launch)
@@ -217,7 +209,7 @@ func CallID(episode, launch string, n int) (string, error) {
 	if n < 1 {
 		return "", fmt.Errorf("%w: call number %d (from 1)", ErrBadCall, n)
 	}
-	return fmt.Sprintf("%s.%s.%d", idEpisode(episode), launch, n), nil
+	return fmt.Sprintf("%s.%s.%d", episode, launch, n), nil
 }
 
 // check reports the first thing that makes c no record a reader may use
@@ -255,13 +247,15 @@ func (c *Call) check() error {
 // record returns the line that stores c, without what a reader can tell
 // from the rest of it (fill puts it back), so that a short call's record
 // is mostly its conversation: its episode and launch (the parts of its
-// ID); a method and a path at their defaults; its parent where that is
+// ID, unless the episode holds a dot); a method and a path at their defaults; its parent where that is
 // the call before it in its launch; the token flag where it carries
 // token ids; the usage where it only counts those ids.
 func (c *Call) record() ([]byte, error) {
 	w := *c
 	w.V = Version
-	w.Episode, w.Launch = "", ""
+	if !strings.Contains(c.Episode, ".") {
+		w.Episode, w.Launch = "", "" // the ID's first word and the rest
+	}
 	if w.Method == DefaultMethod {
 		w.Method = ""
 	}
@@ -292,7 +286,7 @@ func (c *Call) fill() error {
 	if first < 0 || last <= first {
 		return fmt.Errorf("%w: id %q is not <episode>.<launch>.<n>", ErrBadCall, c.ID)
 	}
-	ep, launch := episodeOfID(c.ID[:first]), c.ID[first+1:last]
+	ep, launch := c.ID[:first], c.ID[first+1:last]
 	if c.Episode == "" && c.Launch == "" {
 		c.Episode, c.Launch = ep, launch
 	}
@@ -361,7 +355,7 @@ func sameUsage(a, b json.RawMessage) bool {
 // number returns n of the call's id, <episode>.<launch>.<n>, or 0 when
 // the id is not one of its episode and launch.
 func (c *Call) number() int {
-	rest, ok := strings.CutPrefix(c.ID, idEpisode(c.Episode)+"."+c.Launch+".")
+	rest, ok := strings.CutPrefix(c.ID, c.Episode+"."+c.Launch+".")
 	n, err := strconv.Atoi(rest)
 	if !ok || err != nil || n < 1 || strconv.Itoa(n) != rest {
 		return 0

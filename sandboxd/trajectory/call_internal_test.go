@@ -95,23 +95,3 @@ func TestRecordLeavesOutOnlyWhatFillRestores(t *testing.T) {
 		})
 	}
 }
-
-// A branch's episode, whose rollout has a dot, makes call ids whose first
-// dot still ends the episode: its dots are colons there, and a record
-// read back names the episode as it is.
-func TestCallIDOfABranchEpisode(t *testing.T) {
-	id, err := CallID("r.b2-a3", "l1.x2", 4)
-	if err != nil || id != "r:b2-a3.l1.x2.4" {
-		t.Fatalf("CallID: %q, %v", id, err)
-	}
-	c := &Call{V: Version, ID: id, Link: LinkRoot}
-	if err := c.fill(); err != nil {
-		t.Fatal(err)
-	}
-	if c.Episode != "r.b2-a3" || c.Launch != "l1.x2" || c.number() != 4 || c.check() != nil {
-		t.Fatalf("read back as episode %q launch %q n %d: %v", c.Episode, c.Launch, c.number(), c.check())
-	}
-	if _, err := CallID("r:b2", "l1", 1); err == nil {
-		t.Error("an episode with a colon made an id")
-	}
-}
