@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"reflect"
 	"slices"
 	"strconv"
 
@@ -75,6 +74,9 @@ func branchRollouts(tl []timeline.Entry) map[string]events.BranchSpec {
 // model server's ledger entry that answered it.
 type tcall struct {
 	id, episode, key, tokens string
+	// branch and seed are the label the relay sent the call with.
+	branch string
+	seed   uint64
 }
 
 // callsOf returns a trajectory's calls, in the order recorded.
@@ -88,7 +90,7 @@ func callsOf(ws []trajectory.Whole) []tcall {
 		}{w.AllMessages, w.AllParams, w.Reply})
 		sum := sha256.Sum256(b)
 		out[i] = tcall{id: w.ID, episode: w.Episode, key: hex.EncodeToString(sum[:]) + tokenKey(w.AllPromptIDs, w.CompletionIDs),
-			tokens: tokenKey(w.AllPromptIDs, w.CompletionIDs)}
+			tokens: tokenKey(w.AllPromptIDs, w.CompletionIDs), branch: w.Branch, seed: w.Seed}
 	}
 	return out
 }
@@ -118,20 +120,12 @@ type label struct {
 
 // ledgerLabels returns, by token key, the branch label and seed the model
 // server's ledger recorded for each call it answered (its entries' Branch
-// and Seed); nil when its entries record none.
+// and Seed).
 func ledgerLabels(ledger []modelserver.Entry) map[string]label {
-	var out map[string]label
+	out := map[string]label{}
 	for _, e := range ledger {
-		v := reflect.ValueOf(e)
-		b, s := v.FieldByName("Branch"), v.FieldByName("Seed")
-		if !b.IsValid() || b.Kind() != reflect.String || !s.IsValid() || !s.CanUint() {
-			return nil
-		}
-		if out == nil {
-			out = map[string]label{}
-		}
 		if k := tokenKey(e.PromptTokenIDs, e.TokenIDs); k != "" {
-			out[k] = label{b.String(), s.Uint()}
+			out[k] = label{e.Branch, e.Seed}
 		}
 	}
 	return out
@@ -170,15 +164,18 @@ func checkBranches(branches []branchTraj, parents map[string][]tcall, labels map
 		if events.BranchRollout(h.Parent, h.K) != b.rollout {
 			bad = append(bad, fmt.Sprintf("%s: its header names branch %d of %s", b.rollout, h.K, h.Parent))
 		}
-		// (a) The parent's calls up to the branch point, then its own.
-		for i, c := range b.calls {
+		// (a) The parent's calls up to the branch point, then its own: of
+		// its own episode, or (a fork that continued in place, whose
+		// harness keeps the parent's episode) sent with its label.
+		own := func(c tcall) bool {
 			ep, err := events.ParseEpisode(c.episode)
+			return err == nil && ep.Rollout == b.rollout || c.branch == "b"+strconv.Itoa(h.K) && c.seed == h.Seed
+		}
+		for i, c := range b.calls {
 			switch {
-			case err != nil:
-				bad = append(bad, fmt.Sprintf("%s: call %s of episode %q", b.rollout, c.id, c.episode))
-			case i < h.At && ep.Rollout != h.Parent:
-				bad = append(bad, fmt.Sprintf("%s: call %d (%s), before the branch point, is not its parent's", b.rollout, i+1, c.id))
-			case i >= h.At && ep.Rollout != b.rollout:
+			case i < h.At && own(c):
+				bad = append(bad, fmt.Sprintf("%s: call %d (%s), before the branch point, is the branch's own", b.rollout, i+1, c.id))
+			case i >= h.At && !own(c):
 				bad = append(bad, fmt.Sprintf("%s: call %d (%s), after the branch point, is not the branch's own", b.rollout, i+1, c.id))
 			}
 		}

@@ -46,6 +46,21 @@ func TestCheckBranches(t *testing.T) {
 	if bad := checkBranches([]branchTraj{b1, b2}, map[string][]tcall{"r1": parent}, nil); len(bad) != 0 {
 		t.Fatalf("two clean branches, no labels: %v", bad)
 	}
+	// A fork that continued in place: its harness's calls keep the
+	// parent's episode; the relay's label and seed make them its own.
+	b3 := branchTraj{rollout: "r1.b3", h: branchHeader{Parent: "r1", ParentEpisode: "r1", K: 3, Seed: 13, Source: "c1", At: 2},
+		calls: calls("r1/1", "r1/2", "r1/x3", "r1/x4")}
+	for i := range b3.calls[2:] {
+		b3.calls[2+i].branch, b3.calls[2+i].seed = "b3", 13
+		labels[b3.calls[2+i].tokens] = label{"b3", 13}
+	}
+	if bad := checkBranches([]branchTraj{b1, b2, b3}, map[string][]tcall{"r1": parent}, labels); len(bad) != 0 {
+		t.Fatalf("a branch that continued in place: %v", bad)
+	}
+	b3.calls[3].seed = 12
+	if bad := checkBranches([]branchTraj{b3}, map[string][]tcall{"r1": parent}, nil); len(bad) != 1 || !strings.Contains(bad[0], "after the branch point, is not the branch's own") {
+		t.Fatalf("an in-place call with another seed: %v", bad)
+	}
 
 	for _, tc := range []struct {
 		name   string

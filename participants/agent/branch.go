@@ -110,8 +110,9 @@ func branchLabel(bm agentapi.Bookmark) *sandboxapi.BranchLabel {
 
 // trajectoryBranch is the branch header of bm's trajectory, whose calls
 // are calls (nil for a rollout that is no branch): At counts the calls at
-// the head of the file that are not the branch's own, those the fork's
-// capture inherited from the parent.
+// the head of the file that are not the branch's own (of its episode or
+// sent with its label), those the fork's capture inherited from the
+// parent.
 func trajectoryBranch(bm agentapi.Bookmark, calls []trajectory.Whole) *agentapi.TrajectoryBranch {
 	br := bm.Branch
 	if br == nil {
@@ -120,7 +121,9 @@ func trajectoryBranch(bm agentapi.Bookmark, calls []trajectory.Whole) *agentapi.
 	parent, _ := events.ParseEpisode(br.Parent)
 	at := 0
 	for _, c := range calls {
-		if ep, err := events.ParseEpisode(c.Episode); err == nil && ep.Rollout == bm.Rollout {
+		// Its own: of its episode, or sent with its label (a fork that
+		// continued in place keeps the parent's episode on its calls).
+		if ep, err := events.ParseEpisode(c.Episode); err == nil && ep.Rollout == bm.Rollout || c.Branch == br.Label && c.Seed == br.Seed {
 			break
 		}
 		at++

@@ -219,6 +219,16 @@ func TestTrajectoryBranchHeader(t *testing.T) {
 	if got := trajectoryBranch(bm, calls("r1", "r1")); got.At != 2 {
 		t.Errorf("a branch that made no call yet: at %d, want 2", got.At)
 	}
+	// In place, the fork's harness keeps the parent's episode: its own
+	// calls are those the relay sent with the branch's label and seed (a
+	// sibling's label, with another seed, is not its own).
+	inPlace := calls("r1-a1", "r1-a1", "r1-a1", "r1-a1")
+	inPlace[1].Branch, inPlace[1].Seed = "b2", 5
+	inPlace[2].Branch, inPlace[2].Seed = "b2", 9
+	inPlace[3].Branch, inPlace[3].Seed = "b2", 9
+	if got := trajectoryBranch(bm, inPlace); got.At != 2 {
+		t.Errorf("a branch that continued in place: at %d, want 2", got.At)
+	}
 	if got := trajectoryBranch(agentapi.Bookmark{Rollout: "r1"}, calls("r1")); got != nil {
 		t.Errorf("a rollout that is no branch has header %+v", got)
 	}
