@@ -6,10 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	"net/http/httptest"
+
 	"github.com/nats-io/nats.go"
 
 	bridge "github.com/stillpoint/stillpoint/controller-bridge"
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
+	"github.com/stillpoint/stillpoint/controller-bridge/client"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
@@ -170,5 +173,26 @@ func TestBranchRefusesBadRequests(t *testing.T) {
 	}
 	if _, err := env.Bus.Stream.GetLastMsgForSubject(t.Context(), events.PhaseSubject(run, events.PhaseBranch)); err == nil {
 		t.Fatal("a refused branch published a phase")
+	}
+}
+
+// The HTTP route: POST /v1/branch answers the BranchResult, and a bad
+// request 400 bad_request.
+func TestBranchHTTP(t *testing.T) {
+	_, b, _ := branchFleet(t)
+	srv := httptest.NewServer(b.Handler(testToken))
+	t.Cleanup(srv.Close)
+	c, err := client.New(srv.URL, testToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Branch(ctx(t), bridgeapi.BranchRequest{Source: "c1", Rollouts: []string{"t1-r1"}, N: 3, Seed: 5})
+	if err != nil || res.Status != bridgeapi.StatusCompleted || len(res.Agents) != 3 || res.Agents["t1-r1.b3"] != "agent.t1" {
+		t.Fatalf("branch over HTTP: %+v, %v", res, err)
+	}
+	var ce *client.Error
+	if _, err := c.Branch(ctx(t), bridgeapi.BranchRequest{Rollouts: []string{"t9-r0"}, N: 1}); !errors.As(err, &ce) || ce.Status != 400 ||
+		ce.Code != "bad_request" || !strings.Contains(ce.Detail, "t9-r0") {
+		t.Fatalf("a branch of an unknown rollout over HTTP: %v, want 400 bad_request naming t9-r0", err)
 	}
 }

@@ -223,7 +223,7 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 			d.acks = nil
 		}
 		switch e.Phase {
-		case events.PhasePrepare, events.PhaseCommit, events.PhaseRestore:
+		case events.PhasePrepare, events.PhaseCommit, events.PhaseRestore, events.PhaseBranch:
 			if e.Decided {
 				failpoint.Hit("bridge/after-" + string(e.Phase) + "-acks")
 			}
