@@ -50,6 +50,10 @@ var _ Controller = (*client.Client)(nil) // *bridge.Bridge: progress_test.go
 type Task struct {
 	RolloutID string          `json:"rollout_id"`
 	Task      json.RawMessage `json:"task"`
+	// BranchOf and Branch name, for a branch the collection adopted
+	// (branch.go), its parent rollout and its number.
+	BranchOf string `json:"branch_of,omitempty"`
+	Branch   int    `json:"branch,omitempty"`
 }
 
 // ReadTasks reads a tasks JSONL file, checking every line; a duplicate
@@ -172,6 +176,10 @@ type Result struct {
 	Outcome string        `json:"outcome,omitempty"`
 	Result  *agent.Result `json:"result,omitempty"`
 	Time    time.Time     `json:"time"`
+	// BranchOf and Branch are a branch's parent rollout and number
+	// (events.BranchRollout); empty for a rollout of the tasks.
+	BranchOf string `json:"branch_of,omitempty"`
+	Branch   int    `json:"branch,omitempty"`
 }
 
 // The outcomes of a results line (Result.Outcome).
@@ -242,6 +250,11 @@ type Summary struct {
 	Recoveries int           `json:"recoveries"`
 	Retired    int           `json:"retired"`
 	Elapsed    time.Duration `json:"elapsed_ns"`
+	// Branches are the branches adopted (counted in Rollouts), with their
+	// outcomes and rewards; BranchesFailed counts the branches of branch
+	// operations that failed (retired, never collected).
+	Branches       []BranchStat `json:"branches,omitempty"`
+	BranchesFailed int          `json:"branches_failed,omitempty"`
 }
 
 // Committed returns the committed checkpoints.
@@ -312,6 +325,15 @@ type Collector struct {
 	// retries are unfinished rollouts to queue again (Run's loop does).
 	retries []retry
 
+	// branches are the branches adopted, by rollout; branchOpen the branch
+	// operations whose phase is on the stream without an outcome yet,
+	// branchClosed those with one; branchSeq the stream sequence of the
+	// last branch event read (branch.go).
+	branches     map[string]branchInfo
+	branchOpen   map[string]bool
+	branchClosed map[string]bool
+	branchSeq    uint64
+
 	ckptNow chan struct{}
 	stopNow chan struct{}
 	stopped bool
@@ -371,6 +393,7 @@ func New(cfg Config) (*Collector, error) {
 	c := &Collector{cfg: cfg, log: cfg.Logger.With().Str("run", cfg.Run).Str("component", "collect").Logger(),
 		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{}, agentOwner: map[string]events.Member{}, infra: map[string]int{}, startOvers: map[string]int{},
 		sentTo: map[string]dispatchEntry{}, restoredQ: map[string]int{}, instances: map[string]string{},
+		branches: map[string]branchInfo{}, branchOpen: map[string]bool{}, branchClosed: map[string]bool{},
 		inflight: map[string]*flight{}, ckptNow: make(chan struct{}, 1), stopNow: make(chan struct{}),
 		changed: make(chan struct{}, 1), fleet: make(chan string, 1), redrawNow: make(chan struct{}, 1)}
 	for _, t := range cfg.Tasks {
@@ -410,6 +433,7 @@ func (c *Collector) Summary() Summary {
 	s.Restores = slices.Clone(s.Restores)
 	s.Rejoins = slices.Clone(s.Rejoins)
 	s.Rollouts = len(c.cfg.Tasks)
+	s.Branches = c.branchStats()
 	s.Results, s.Failed, s.InfraFailed, s.ContinuedInPlace, s.Relaunched, s.Restored = 0, 0, 0, 0, 0, 0
 	s.Rebinds = nil
 	for _, r := range c.done {

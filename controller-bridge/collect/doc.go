@@ -38,4 +38,14 @@
 // member that did not restart is not. An attempt asked again names the
 // agent process it went to; a successor refuses it (attempt_lost), and the
 // collector recovers.
+//
+// It follows the run's branch operations on the stream (branch.go), from
+// its start, so that a collector started again finds them again: each
+// branch a BranchCompleted names becomes a task (its parent's payload,
+// rollout <r>.b<k>), sent first at its attempt to the agent that installed
+// it, as a restored attempt is, and written once with branch_of and branch.
+// A branch that would have to start from its input (lost before a
+// checkpoint held it) is written infra_failed instead. The collection does
+// not end while a branch operation is open, and reads the stream's branch
+// events to their end before it does.
 package collect

@@ -408,6 +408,8 @@ func (c *Collector) manifest(ctx context.Context, id string) (*events.Checkpoint
 // attempt later.
 func (c *Collector) continueRestored(ctx context.Context, m *events.CheckpointManifest, rr *bridgeapi.RestoreResult) error {
 	restored := map[string]int{}
+	var retire []string
+	c.mu.Lock()
 	for _, k := range rr.Restored {
 		ep, err := events.ParseEpisode(k)
 		if err != nil {
@@ -417,8 +419,6 @@ func (c *Collector) continueRestored(ctx context.Context, m *events.CheckpointMa
 			restored[ep.Rollout] = max(restored[ep.Rollout], ep.Attempt)
 		}
 	}
-	var retire []string
-	c.mu.Lock()
 	c.sum.Restores = append(c.sum.Restores, m.CheckpointID)
 	c.route = map[string]string{}
 	for _, mm := range m.Members {

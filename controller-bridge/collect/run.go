@@ -41,13 +41,20 @@ func (c *Collector) Run(ctx context.Context) (Summary, error) {
 	if err := c.watchFleet(ctx); err != nil {
 		return c.Summary(), err
 	}
+	// The branches first: the dispatches and results of those adopted
+	// before are theirs.
+	if err := c.followBranches(ctx, prior); err != nil {
+		return c.Summary(), err
+	}
+	c.mu.Lock()
 	for id, e := range prior {
 		if _, ok := c.byID[id]; ok {
 			c.attempt[id] = e.Attempt
 			c.sentTo[id] = e
 		}
 	}
-	c.log.Info().Int("tasks", len(c.cfg.Tasks)).Int("done", len(c.done)).Int("dispatched_before", len(prior)).Msg("collection starting")
+	c.log.Info().Int("tasks", len(c.cfg.Tasks)).Int("branches", len(c.branches)).Int("done", len(c.done)).Int("dispatched_before", len(prior)).Msg("collection starting")
+	c.mu.Unlock()
 	if len(prior) > 0 {
 		if err := c.recover(ctx, "started again"); err != nil {
 			return c.Summary(), err
@@ -72,8 +79,12 @@ func (c *Collector) Run(ctx context.Context) (Summary, error) {
 		if fatal != nil {
 			return c.Summary(), fatal
 		}
+		var settle <-chan time.Time
 		if c.finished() {
-			break
+			if c.settled(ctx) {
+				break
+			}
+			settle = time.After(settleEvery)
 		}
 		var retry <-chan time.Time
 		if d, ok := c.nextRetry(time.Now()); ok {
@@ -82,6 +93,7 @@ func (c *Collector) Run(ctx context.Context) (Summary, error) {
 		select {
 		case <-ctx.Done():
 			return c.Summary(), ctx.Err()
+		case <-settle:
 		case <-retry:
 			c.requeueDue(time.Now())
 		case <-c.changed:
@@ -196,6 +208,11 @@ func (c *Collector) dispatch(ctx context.Context) {
 			continue
 		}
 		attempt := c.attempt[id]
+		if c.branchStartsOver(id, attempt) {
+			c.branchLost(id, attempt)
+			c.mu.Unlock()
+			continue
+		}
 		name := c.agentOf(id)
 		// The dispatch log first, synced: a collector started again knows
 		// every attempt that may be running.
@@ -220,13 +237,14 @@ func (c *Collector) dispatch(ctx context.Context) {
 		c.gen++
 		fl := &flight{cancel: cancel, gen: c.gen}
 		c.inflight[id] = fl
+		task := c.byID[id].Task
 		c.mu.Unlock()
-		c.work.Go(func() { c.send(rctx, id, attempt, name, sentTo, fl.gen) })
+		c.work.Go(func() { c.send(rctx, id, task, attempt, name, sentTo, fl.gen) })
 	}
 }
 
 // send runs one rollout request and records how it ended.
-func (c *Collector) send(ctx context.Context, id string, attempt int, name, sentTo string, gen uint64) {
+func (c *Collector) send(ctx context.Context, id string, task json.RawMessage, attempt int, name, sentTo string, gen uint64) {
 	cl, err := agent.NewClient(c.cfg.Conn, c.cfg.Run, name)
 	var res agent.Result
 	if err == nil {
@@ -244,7 +262,7 @@ func (c *Collector) send(ctx context.Context, id string, attempt int, name, sent
 		}
 		res, err = live.Retry(ctx, live.Policy{Interval: poll.Backoff(100*time.Millisecond, 2*time.Second), Again: again},
 			func(ctx context.Context) (agent.Result, error) {
-				return cl.Rollout(ctx, agent.Request{RolloutID: id, Attempt: attempt, Task: c.byID[id].Task, SentTo: sentTo})
+				return cl.Rollout(ctx, agent.Request{RolloutID: id, Attempt: attempt, Task: task, SentTo: sentTo})
 			})
 	}
 	if err == nil && res.Trajectory != nil && c.cfg.Trajectories != "" {
@@ -339,8 +357,12 @@ func (c *Collector) finish(id string, attempt int, name string, gen uint64, res 
 	}
 }
 
-// write appends a result; the caller holds c.mu.
+// write appends a result, a branch's with its parent and number; the
+// caller holds c.mu.
 func (c *Collector) write(r Result) {
+	if t, ok := c.byID[r.RolloutID]; ok {
+		r.BranchOf, r.Branch = t.BranchOf, t.Branch
+	}
 	if err := appendLine(c.out, r); err != nil {
 		// The output cannot take it: stop here; a run started again asks
 		// the agent again and gets the same answer.

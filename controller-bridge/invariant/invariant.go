@@ -144,13 +144,27 @@ func Check(ctx context.Context, r Run) []Result {
 	add(2, "no manifest after a resume", len(wrong) == 0, "%d checkpoints failed %v, none has a manifest other than its abort marker%s", len(failed), failed, list(wrong))
 
 	// 3. Exactly one result per rollout, each graded.
+	// The branches the run made count as rollouts; a branch is graded
+	// when it has a result (its reward may differ from its parent's).
 	graded := r.Graded
 	if graded == nil {
 		graded = func(res collect.Result) bool { return res.OK && res.Result != nil }
 	}
-	lines, dups, missing, ungraded := ReadResults(r.Results, r.Rollouts, graded)
+	rollouts := slices.Clone(r.Rollouts)
+	for _, id := range sortedKeys(branchRollouts(tl)) {
+		if !slices.Contains(rollouts, id) {
+			rollouts = append(rollouts, id)
+		}
+	}
+	gradedAll := func(res collect.Result) bool {
+		if res.BranchOf != "" {
+			return res.OK && res.Result != nil
+		}
+		return graded(res)
+	}
+	lines, dups, missing, ungraded := ReadResults(r.Results, rollouts, gradedAll)
 	add(3, "exactly one result per rollout", len(dups) == 0 && len(missing) == 0 && len(ungraded) == 0,
-		"%d lines for %d rollouts; duplicates %v, missing %v, graded otherwise than their tasks expect %v", lines, len(r.Rollouts), dups, missing, ungraded)
+		"%d lines for %d rollouts (%d branches); duplicates %v, missing %v, graded otherwise than their tasks expect %v", lines, len(rollouts), len(rollouts)-len(r.Rollouts), dups, missing, ungraded)
 
 	// 4. No model call repeated, no user turn injected.
 	if r.Model == nil {
@@ -255,6 +269,9 @@ func Check(ctx context.Context, r Run) []Result {
 
 	// 9. No committed checkpoint loses a rollout the one before held.
 	out = append(out, progress(tl, committed, r.Manifests, r.Results))
+
+	// 10. Branches continue their parent's calls, each alone.
+	out = append(out, Branches(ctx, r, tl))
 	return out
 }
 

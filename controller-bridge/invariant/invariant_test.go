@@ -63,7 +63,7 @@ func TestCheck(t *testing.T) {
 	// No trajectories: their invariant (8) has a test of its own.
 	r := invariant.Run{Run: run, JS: js, Bus: env.Bus, Summary: sum, Results: results, Rollouts: []string{"r1", "r2"},
 		Model: modelserver.New(nil), Manifests: &verified, NoTrajectories: true}
-	want := map[int]bool{1: true, 2: true, 3: true, 4: true, 5: true, 6: true, 7: false, 8: true, 9: true} // c1's records are not released
+	want := map[int]bool{1: true, 2: true, 3: true, 4: true, 5: true, 6: true, 7: false, 8: true, 9: true, 10: true} // c1's records are not released
 	check(t, invariant.Check(ctx, r), want)
 
 	// A manifest for the failed c2, results wrong, no ledger, a sandbox left.
@@ -73,7 +73,7 @@ func TestCheck(t *testing.T) {
 	}
 	writeResults(t, results, "r1", "r1")
 	r.Model, r.Sandboxes = nil, []string{"sb1"}
-	want = map[int]bool{1: true, 2: false, 3: false, 4: false, 5: true, 6: false, 7: false, 8: true, 9: true}
+	want = map[int]bool{1: true, 2: false, 3: false, 4: false, 5: true, 6: false, 7: false, 8: true, 9: true, 10: true}
 	check(t, invariant.Check(ctx, r), want)
 
 	// A restore was needed and none happened.
@@ -124,8 +124,8 @@ func runBridge(t *testing.T, env *jstest.Env) (*bridge.Bridge, natsjs.JetStream)
 
 func check(t *testing.T, got []invariant.Result, want map[int]bool) {
 	t.Helper()
-	if len(got) != 9 {
-		t.Fatalf("%d results, want 9: %+v", len(got), got)
+	if len(got) != 10 {
+		t.Fatalf("%d results, want 10: %+v", len(got), got)
 	}
 	for i, r := range got {
 		if r.N != i+1 {

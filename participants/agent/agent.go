@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -662,7 +663,7 @@ func (a *Agent) cleanup(r *run, cause error) {
 	}
 	a.mu.Lock()
 	launch, sandbox, seeded := r.launch, r.sandbox, r.seeded
-	session := r.ep.Rollout // the session id; the bookmark may not name it yet
+	session := cmp.Or(r.bm.Session, r.ep.Rollout) // the bookmark may not name it yet
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), 30*time.Second)
 	defer cancel()

@@ -56,7 +56,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	bm.Sandbox, bm.Workdir = info.SandboxID, info.Workdir
 	n := len(bm.Launches) + 1
 	lc := LaunchContext{Rollout: bm.Rollout, Attempt: r.ep.Attempt, Task: bm.Task, Session: info, State: bm.State,
-		Exec: a.execer(r, dc, info.SessionID, info.SandboxID, n)}
+		Exec: a.execer(r, dc, info.SessionID, info.SandboxID, n, branchLabel(bm))}
 	if k := len(bm.Launches); k > 0 && bm.KeepsProcesses && bm.Launches[k-1].Held != nil {
 		// A snapshot that kept processes kept this launch, held: take it
 		// over in place, collect it, or abandon it and relaunch.
@@ -69,7 +69,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 			return a.adopt(r, bm, lc, dc, info)
 		}
 		n = len(bm.Launches) + 1
-		lc.Exec = a.execer(r, dc, info.SessionID, info.SandboxID, n)
+		lc.Exec = a.execer(r, dc, info.SessionID, info.SandboxID, n, branchLabel(bm))
 	}
 	lr := agentapi.LaunchRecord{ID: fmt.Sprintf("%s.l%d", r.key, n), Sandbox: info.SandboxID, Attempt: r.ep.Attempt, Why: "first launch"}
 	plan, err := a.planLaunch(r, bm, info, dc)
@@ -111,6 +111,9 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	lr.Started = time.Now().UTC()
 	req := sandboxapi.LaunchRequest{LaunchID: lr.ID, Episode: r.key, Argv: cmd.Argv, Env: cmd.Env, Dir: cmd.Dir,
 		TimeoutMS: cmd.Timeout.Milliseconds(), Mode: cmd.Mode, NoPause: bm.Restart || !a.cfg.Adapter.PausesAtCheckpoints(), RelayEdits: cmd.RelayEdits}
+	if plan.relay {
+		req.Branch = branchLabel(bm) // a branch's calls carry its label
+	}
 	if keeps {
 		// The snapshot keeps the launch: a checkpoint holds it (frozen,
 		// restore_sandbox_clock) and the relay holds its model calls.
@@ -515,14 +518,19 @@ func (a *Agent) ended(r *run, bm agentapi.Bookmark, lc LaunchContext, rc sandbox
 // execer runs short commands in the sandbox for the adapter: launches the
 // checkpoints leave alone, as they end in moments. Each wait for one's end
 // is bounded: a daemon that dies while it holds the request never
-// answers it. One whose daemon is gone fails with errSandboxLost.
-func (a *Agent) execer(r *run, dc Sandbox, session, sandbox string, n int) func(ctx context.Context, argv []string) (ExecResult, error) {
+// answers it. One whose daemon is gone fails with errSandboxLost. Each
+// labels the relay as its launch does, with branch when the agent points
+// relays (Config.ModelURL): a command's launch labels the relay too.
+func (a *Agent) execer(r *run, dc Sandbox, session, sandbox string, n int, branch *sandboxapi.BranchLabel) func(ctx context.Context, argv []string) (ExecResult, error) {
+	if a.cfg.ModelURL == "" {
+		branch = nil
+	}
 	k := 0
 	return func(ctx context.Context, argv []string) (ExecResult, error) {
 		k++
 		id := fmt.Sprintf("%s.l%d.x%d", r.key, n, k)
 		if _, err := a.startLaunchIn(ctx, dc, session, sandbox, sandboxapi.LaunchRequest{LaunchID: id, Episode: r.key, Argv: argv, NoPause: true,
-			TimeoutMS: time.Minute.Milliseconds()}); err != nil {
+			TimeoutMS: time.Minute.Milliseconds(), Branch: branch}); err != nil {
 			if isAdmissionClosed(err) {
 				return ExecResult{}, errAdmissionClosed
 			}

@@ -27,9 +27,10 @@ import (
 type Relay interface {
 	// RelayStatus returns the relay's status.
 	RelayStatus(ctx context.Context) (sandboxapi.RelayStatus, error)
-	// Repoint points the relay at url with generation gen, higher than
-	// its own.
-	Repoint(ctx context.Context, url string, gen uint64) (sandboxapi.RelayStatus, error)
+	// RepointWith points the relay at r.URL with generation
+	// r.Generation, higher than its own, and labels a branch's calls
+	// (r.Branch).
+	RepointWith(ctx context.Context, r sandboxapi.RepointRequest) (sandboxapi.RelayStatus, error)
 }
 
 // Adopter is what the agent calls on a restored sandbox's daemon to take
@@ -95,7 +96,7 @@ func (a *Agent) planLaunch(r *run, bm agentapi.Bookmark, info SessionInfo, dc Sa
 	if err == nil {
 		gen := max(st.Generation, bm.RelayGen) + 1
 		st, err = retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.RelayStatus, error) {
-			return rl.Repoint(ctx, a.cfg.ModelURL, gen)
+			return rl.RepointWith(ctx, sandboxapi.RepointRequest{URL: a.cfg.ModelURL, Generation: gen, Branch: branchLabel(bm)})
 		})
 		if err == nil {
 			return launchPlan{relay: true, capture: st.Capture != nil, modelURL: relayBase(st.URL), gen: st.Generation}, nil
@@ -282,7 +283,7 @@ func (a *Agent) takeOver(r *run, bm agentapi.Bookmark, lc LaunchContext, dc Sand
 	}
 	gen := max(ans.Relay.Generation, bm.RelayGen) + 1
 	st, err := retryNoResponders(r.ctx, 30*time.Second, func(ctx context.Context) (sandboxapi.RelayStatus, error) {
-		return rl.Repoint(ctx, a.cfg.ModelURL, gen)
+		return rl.RepointWith(ctx, sandboxapi.RepointRequest{URL: a.cfg.ModelURL, Generation: gen, Branch: branchLabel(bm)})
 	})
 	if isAdmissionClosed(err) {
 		return takeOverResult{admissionClosed: true}

@@ -110,7 +110,8 @@ func (d *keptDaemon) RelayStatus(context.Context) (sandboxapi.RelayStatus, error
 	return d.held.Relay, nil
 }
 
-func (d *keptDaemon) Repoint(_ context.Context, url string, gen uint64) (sandboxapi.RelayStatus, error) {
+func (d *keptDaemon) RepointWith(_ context.Context, rq sandboxapi.RepointRequest) (sandboxapi.RelayStatus, error) {
+	url, gen := rq.URL, rq.Generation
 	d.note("repoint")
 	if d.repErr != nil {
 		return sandboxapi.RelayStatus{}, d.repErr

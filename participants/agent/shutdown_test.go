@@ -247,7 +247,8 @@ func (s *relaySandbox) RelayStatus(context.Context) (sandboxapi.RelayStatus, err
 	return sandboxapi.RelayStatus{Up: true, URL: "http://127.0.0.1:18480/v1"}, nil
 }
 
-func (s *relaySandbox) Repoint(_ context.Context, url string, gen uint64) (sandboxapi.RelayStatus, error) {
+func (s *relaySandbox) RepointWith(_ context.Context, rq sandboxapi.RepointRequest) (sandboxapi.RelayStatus, error) {
+	url, gen := rq.URL, rq.Generation
 	return sandboxapi.RelayStatus{Up: true, URL: "http://127.0.0.1:18480/v1", Upstream: url, Generation: gen,
 		Capture: &sandboxapi.CaptureStatus{Path: "/capture.jsonl"}}, nil
 }

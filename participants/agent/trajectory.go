@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"time"
@@ -158,9 +159,8 @@ func (a *Agent) collectTrajectory(r *run, bm agentapi.Bookmark) (ref *agentapi.T
 	sum := sha256.Sum256(data.Bytes())
 	rep := trajectory.Check(x.Calls())
 	ref = &agentapi.TrajectoryRef{Object: TrajectoryObject(a.cfg.Run, bm.Rollout), Bucket: bucket, SHA256: hex.EncodeToString(sum[:]),
-		Bytes: int64(data.Len()), Calls: x.Len(), Check: rep}
-	meta := natsjs.ObjectMeta{Name: ref.Object, Description: "trajectory of rollout " + bm.Rollout,
-		Metadata: map[string]string{"rollout": bm.Rollout, "episode": r.key, "calls": strconv.Itoa(ref.Calls), "sha256": ref.SHA256}}
+		Bytes: int64(data.Len()), Calls: x.Len(), Check: rep, Branch: trajectoryBranch(bm, x.Calls())}
+	meta := natsjs.ObjectMeta{Name: ref.Object, Description: "trajectory of rollout " + bm.Rollout, Metadata: trajectoryMeta(r, bm, ref, nil)}
 	if err := putTrajectory(r.ctx, r.log, store, meta, data.Bytes(), func(try int) { backOff(r, try) }); err != nil {
 		return nil, "", fmt.Errorf("agent: %s: storing the trajectory: %w", r.key, err)
 	}
@@ -197,8 +197,7 @@ func putTrajectory(ctx context.Context, log zerolog.Logger, store natsjs.ObjectS
 // the shared store, which an agent's own user may not write, stays
 // without it.
 func (a *Agent) noteVerdict(r *run, bm agentapi.Bookmark, ref *agentapi.TrajectoryRef, verdict []byte) {
-	meta := natsjs.ObjectMeta{Name: ref.Object, Description: "trajectory of rollout " + bm.Rollout,
-		Metadata: map[string]string{"rollout": bm.Rollout, "episode": r.key, "calls": strconv.Itoa(ref.Calls), "sha256": ref.SHA256, "verdict": string(verdict)}}
+	meta := natsjs.ObjectMeta{Name: ref.Object, Description: "trajectory of rollout " + bm.Rollout, Metadata: trajectoryMeta(r, bm, ref, verdict)}
 	store, bucket, err := a.trajectoryStore(r)
 	if err == nil && bucket != ref.Bucket {
 		err = fmt.Errorf("the trajectory is in %s, and this agent writes %s",
@@ -210,4 +209,20 @@ func (a *Agent) noteVerdict(r *run, bm agentapi.Bookmark, ref *agentapi.Trajecto
 	if err != nil {
 		r.log.Warn().Err(err).Str("object", ref.Object).Msg("the trajectory's metadata does not name its verdict")
 	}
+}
+
+// trajectoryMeta is the metadata of r's stored trajectory ref: its rollout,
+// episode, calls and digest, a branch's header (ref.Branch, as JSON) and
+// the verdict once graded.
+func trajectoryMeta(r *run, bm agentapi.Bookmark, ref *agentapi.TrajectoryRef, verdict []byte) map[string]string {
+	m := map[string]string{"rollout": bm.Rollout, "episode": r.key, "calls": strconv.Itoa(ref.Calls), "sha256": ref.SHA256}
+	if ref.Branch != nil {
+		if b, err := json.Marshal(ref.Branch); err == nil {
+			m["branch"] = string(b)
+		}
+	}
+	if verdict != nil {
+		m["verdict"] = string(verdict)
+	}
+	return m
 }

@@ -108,6 +108,11 @@ func (c *Client) Trajectory(ctx context.Context, r sandboxapi.TrajectoryRequest)
 
 // Repoint re-points the model relay at url with generation gen.
 func (c *Client) Repoint(ctx context.Context, url string, gen uint64) (sandboxapi.RelayStatus, error) {
+	return c.RepointWith(ctx, sandboxapi.RepointRequest{URL: url, Generation: gen})
+}
+
+// RepointWith re-points the model relay as r says (a branch's label too).
+func (c *Client) RepointWith(ctx context.Context, r sandboxapi.RepointRequest) (sandboxapi.RelayStatus, error) {
 	var out sandboxapi.RelayStatus
-	return out, c.svc.Call(ctx, sandboxapi.EndpointRelayRepoint, sandboxapi.RepointRequest{URL: url, Generation: gen}, &out)
+	return out, c.svc.Call(ctx, sandboxapi.EndpointRelayRepoint, r, &out)
 }

@@ -170,11 +170,13 @@ const IDHeader = "X-Stillpoint-Call"
 // in (Call.PolicyVersion).
 const PolicyHeader = "X-Stillpoint-Policy-Version"
 
-// idPart is what an episode id may be: no dot (the ID's first
-// separator), nothing path-like.
-var idPart = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+// idPart is what an episode id may be: a capture key (a rollout id, which
+// may hold dots, and its attempt), with no empty word between dots,
+// nothing path-like. An ID whose episode holds a dot cannot be split back
+// into its parts: its record keeps them (record).
+var idPart = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$`)
 
-// launchPart is what a launch id may be: idPart's words joined by single
+// launchPart is what a launch id may be: words of [A-Za-z0-9_-] joined by single
 // dots (a relaunch's id, "l2.x1", names the launch it replaces), so that
 // the episode is the ID's first word and the call number its last.
 var launchPart = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
@@ -185,8 +187,8 @@ var ErrBadCall = errors.New("trajectory: bad call record")
 // CallID returns the ID of call n of launch in episode, or an error naming
 // the part that cannot be one.
 func CallID(episode, launch string, n int) (string, error) {
-	if !idPart.MatchString(episode) {
-		return "", fmt.Errorf("%w: episode %q is not an id ([A-Za-z0-9_-], 1 to 128)", ErrBadCall, episode)
+	if len(episode) > 128 || !idPart.MatchString(episode) {
+		return "", fmt.Errorf("%w: episode %q is not an id (words of [A-Za-z0-9_-] joined by dots, 1 to 128)", ErrBadCall, episode)
 	}
 	if len(launch) > 128 || !launchPart.MatchString(launch) {
 		return "", fmt.Errorf("%w: launch %q is not an id (words of [A-Za-z0-9_-] joined by dots, 1 to 128)", ErrBadCall, launch)
@@ -232,13 +234,15 @@ func (c *Call) check() error {
 // record returns the line that stores c, without what a reader can tell
 // from the rest of it (fill puts it back), so that a short call's record
 // is mostly its conversation: its episode and launch (the parts of its
-// ID); a method and a path at their defaults; its parent where that is
+// ID, unless the episode holds a dot); a method and a path at their defaults; its parent where that is
 // the call before it in its launch; the token flag where it carries
 // token ids; the usage where it only counts those ids.
 func (c *Call) record() ([]byte, error) {
 	w := *c
 	w.V = Version
-	w.Episode, w.Launch = "", ""
+	if !strings.Contains(c.Episode, ".") {
+		w.Episode, w.Launch = "", "" // the ID's first word and the rest
+	}
 	if w.Method == DefaultMethod {
 		w.Method = ""
 	}

@@ -445,6 +445,42 @@ func TestRecordLeavesOutWhatItsIDSays(t *testing.T) {
 	}
 }
 
+// The ID of a call whose episode holds a dot (a branch's) cannot be split
+// back into its episode and launch: its record keeps them, and it reads
+// back whole, its parent left out and restored as for any other.
+func TestDottedEpisodeKeepsItsParts(t *testing.T) {
+	_, url := server(t)
+	exs, _ := conversation(t, url, false, "r1.b2-a1")
+	path := filepath.Join(t.TempDir(), trajectory.FileName)
+	rec, err := trajectory.OpenRecorder(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ex := range exs[:2] {
+		if _, err := rec.Record(ex); err != nil {
+			t.Fatalf("record of a dotted episode's call: %v", err)
+		}
+	}
+	rec.Close()
+	b, _ := os.ReadFile(path)
+	if !bytes.Contains(b, []byte(`"episode":"r1.b2-a1"`)) {
+		t.Errorf("the record does not keep its dotted episode:\n%s", b)
+	}
+	x, err := trajectory.Read(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := x.Calls()
+	if len(calls) != 2 {
+		t.Fatalf("%d calls read back, want 2", len(calls))
+	}
+	c := calls[1].Call
+	if c.Episode != "r1.b2-a1" || c.Launch != exs[1].Launch || c.Parent != calls[0].Call.ID || c.Link != trajectory.LinkResolved {
+		t.Errorf("read back as episode %q launch %q parent %q link %s; want r1.b2-a1, %q, %q, resolved",
+			c.Episode, c.Launch, c.Parent, c.Link, exs[1].Launch, calls[0].Call.ID)
+	}
+}
+
 // A harness that re-renders what the model said (here, its text) chains
 // by messages only: a token break, counted. One that compacts its history
 // starts a new root. A reply sent again before anything continued it (a
@@ -638,8 +674,12 @@ func TestCallID(t *testing.T) {
 	if id, err := trajectory.CallID("ep-1", "l2.x1", 1); err != nil || id != "ep-1.l2.x1.1" {
 		t.Errorf("%q %v", id, err)
 	}
-	for _, bad := range [][2]string{{"../e", "l"}, {"e.x", "l"}, {"e", "a/b"}, {"", "l"}, {"e", strings.Repeat("x", 129)},
-		{"e", ".l"}, {"e", "l."}, {"e", "l..x"}, {"e", ".."}, {"e", ""}} {
+	// A rollout id may hold dots (a branch's, r1.b2).
+	if id, err := trajectory.CallID("r1.b2-a1", "r1.b2-a1.l1", 4); err != nil || id != "r1.b2-a1.r1.b2-a1.l1.4" {
+		t.Errorf("%q %v", id, err)
+	}
+	for _, bad := range [][2]string{{"../e", "l"}, {"e..x", "l"}, {".e", "l"}, {"e.", "l"}, {"e", "a/b"}, {"", "l"},
+		{strings.Repeat("x", 129), "l"}, {"e", strings.Repeat("x", 129)}, {"e", ".l"}, {"e", "l."}, {"e", "l..x"}, {"e", ".."}, {"e", ""}} {
 		if _, err := trajectory.CallID(bad[0], bad[1], 1); !errors.Is(err, trajectory.ErrBadCall) {
 			t.Errorf("%q: %v", bad, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/stillpoint/stillpoint/events"
@@ -165,6 +166,51 @@ type Bookmark struct {
 	// them, the sandbox being gone by then.
 	Trajectory   *TrajectoryRef `json:"trajectory,omitempty"`
 	NoTrajectory string         `json:"no_trajectory,omitempty"`
+	// Branch, on a branch's bookmark (PROTOCOL §5, Branch), says which
+	// checkpointed episode it forks: its launches and relay re-points
+	// label its model calls, and its trajectory names the branch point.
+	// An added optional field: a bookmark without it is no branch's.
+	Branch *BranchRef `json:"branch,omitempty"`
+}
+
+// BranchRef is what a branch's bookmark keeps of its branch: the parent's
+// capture key, its number and seed, the checkpoint it was forked from,
+// and its label on model calls.
+type BranchRef struct {
+	// Parent is the parent episode's capture key (events.Episode.String).
+	Parent string `json:"parent"`
+	// K is the branch's number, from 1.
+	K int `json:"k"`
+	// Seed is the branch's sampling seed.
+	Seed uint64 `json:"seed"`
+	// Source is the checkpoint the branch was forked from.
+	Source string `json:"source_checkpoint_id"`
+	// Label is "b<K>", the branch's label on its model calls.
+	Label string `json:"label"`
+}
+
+// validate checks b as the branch of rollout: its label "b<k>" with k from
+// 1, its parent a capture key whose rollout rollout branches, its source a
+// token.
+func (b *BranchRef) validate(rollout string) error {
+	var errs []error
+	if b.K < 1 {
+		errs = append(errs, fmt.Errorf("k: %d, want 1 or more", b.K))
+	}
+	if want := "b" + strconv.Itoa(b.K); b.Label != want {
+		errs = append(errs, fmt.Errorf("label %.20q: branch %d's is %q", b.Label, b.K, want))
+	}
+	parent, err := events.ParseEpisode(b.Parent)
+	switch {
+	case err != nil:
+		errs = append(errs, fmt.Errorf("parent: %w", err))
+	case events.BranchRollout(parent.Rollout, b.K) != rollout:
+		errs = append(errs, fmt.Errorf("parent %s: branch %d of it is %s, not %s", b.Parent, b.K, events.BranchRollout(parent.Rollout, b.K), rollout))
+	}
+	if err := events.ValidateToken("source_checkpoint_id", b.Source); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // Validate checks b: its version, its stage and what that stage needs.
@@ -204,6 +250,11 @@ func (b *Bookmark) Validate() error {
 	if b.Trajectory != nil {
 		if err := b.Trajectory.validate(b.Rollout); err != nil {
 			errs = append(errs, fmt.Errorf("bookmark.trajectory: %w", err))
+		}
+	}
+	if b.Branch != nil {
+		if err := b.Branch.validate(b.Rollout); err != nil {
+			errs = append(errs, fmt.Errorf("bookmark.branch: %w", err))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -251,6 +302,10 @@ func (b Bookmark) Clone() Bookmark {
 		b.Result = &r
 	}
 	b.Trajectory = b.Trajectory.clone()
+	if b.Branch != nil {
+		br := *b.Branch
+		b.Branch = &br
+	}
 	return b
 }
 

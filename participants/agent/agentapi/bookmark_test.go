@@ -14,6 +14,8 @@ func TestDecodeBookmark(t *testing.T) {
 		`{"v":1,"next":"verify","rollout":"r1","attempt":0,"task":{},"session":"r1","trajectory":{"object":"run-1/r1.jsonl","sha256":"abababababababababababababababababababababababababababababababab","bytes":10,"calls":1}}`,
 		`{"v":1,"next":"verify","rollout":"r1","attempt":0,"task":{},"session":"r1","trajectory":{"object":"run-1/r1.jsonl","bucket":"sp_trajectories_run-1_agent_a1","sha256":"abababababababababababababababababababababababababababababababab","bytes":10,"calls":1}}`,
 		`{"v":1,"next":"return","rollout":"r1","attempt":0,"task":{},"result":{"rollout_id":"r1","attempt":0,"episode":"r1","adapter":"scripted","launches":[]}}`,
+		`{"v":1,"next":"harness","rollout":"r1.b2","attempt":1,"task":{},"session":"r1.b2","state":{},"branch":{"parent":"r1","k":2,"seed":7,"source_checkpoint_id":"c1","label":"b2"}}`,
+		`{"v":1,"next":"verify","rollout":"r1.b2","attempt":1,"task":{},"session":"r1.b2","trajectory":{"object":"run-1/r1.b2.jsonl","sha256":"abababababababababababababababababababababababababababababababab","bytes":10,"calls":3,"branch":{"parent":"r1","parent_episode":"r1","k":2,"seed":7,"source_checkpoint_id":"c1","at":2}}}`,
 	}
 	for _, s := range ok {
 		if _, err := DecodeBookmark([]byte(s)); err != nil {
@@ -42,6 +44,13 @@ func TestDecodeBookmark(t *testing.T) {
 		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r1.jsonl","bucket":"sp_trajectories_run_owner_o1","sha256":"abababababababababababababababababababababababababababababababab"}}`, "bookmark.trajectory: bucket"},
 		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r1.jsonl","bucket":"sp_trajectories_run_agent_","sha256":"abababababababababababababababababababababababababababababababab"}}`, "bookmark.trajectory: bucket"},
 		{`{"v":1,"next":"verify","rollout":"r1","session":"r1","trajectory":{"object":"run/r1.jsonl","sha256":"abababababababababababababababababababababababababababababababab","bytes":-1}}`, "negative"},
+		{`{"v":1,"next":"seed","rollout":"r1.b2","attempt":1,"branch":{"parent":"r1","k":2,"source_checkpoint_id":"c1","label":"b3"}}`, "bookmark.branch: label"},
+		{`{"v":1,"next":"seed","rollout":"r1.b2","attempt":1,"branch":{"parent":"r1","k":0,"source_checkpoint_id":"c1","label":"b0"}}`, "bookmark.branch: k"},
+		{`{"v":1,"next":"seed","rollout":"r1.b2","attempt":1,"branch":{"parent":"r2","k":2,"source_checkpoint_id":"c1","label":"b2"}}`, "bookmark.branch: parent r2"},
+		{`{"v":1,"next":"seed","rollout":"r1.b2","attempt":1,"branch":{"parent":"r1-a","k":2,"source_checkpoint_id":"c1","label":"b2"}}`, "bookmark.branch: parent"},
+		{`{"v":1,"next":"seed","rollout":"r1.b2","attempt":1,"branch":{"parent":"r1","k":2,"source_checkpoint_id":"../c","label":"b2"}}`, "source_checkpoint_id"},
+		{`{"v":1,"next":"verify","rollout":"r1.b2","session":"r1.b2","trajectory":{"object":"run/r1.b2.jsonl","sha256":"abababababababababababababababababababababababababababababababab","calls":1,"branch":{"parent":"r1","parent_episode":"r1","k":2,"at":2}}}`, "branch: at 2"},
+		{`{"v":1,"next":"verify","rollout":"r1.b2","session":"r1.b2","trajectory":{"object":"run/r1.b2.jsonl","sha256":"abababababababababababababababababababababababababababababababab","calls":1,"branch":{"parent":"r1","parent_episode":"r9","k":2}}}`, "branch: parent_episode"},
 	}
 	for _, c := range bad {
 		_, err := DecodeBookmark([]byte(c.in))
@@ -55,9 +64,13 @@ func TestDecodeBookmark(t *testing.T) {
 func TestBookmarkCloneSharesNoSlice(t *testing.T) {
 	b := Bookmark{V: 1, Next: StageReturn, Rollout: "r1", Task: []byte(`{}`), State: []byte(`{"d":1}`),
 		Launches: []LaunchRecord{{ID: "r1.l1"}}, Result: &Result{Launches: []LaunchRecord{{ID: "r1.l1"}}},
-		Trajectory: &TrajectoryRef{Object: "run/r1.jsonl"}}
+		Trajectory: &TrajectoryRef{Object: "run/r1.jsonl", Branch: &TrajectoryBranch{At: 1}}, Branch: &BranchRef{K: 1}}
 	b.Trajectory.Check.Problems = []string{"p"}
 	c := b.Clone()
+	c.Branch.K, c.Trajectory.Branch.At = 9, 9
+	if b.Branch.K != 1 || b.Trajectory.Branch.At != 1 {
+		t.Fatalf("the clone shares its branch with the original: %+v %+v", b.Branch, b.Trajectory.Branch)
+	}
 	c.Task[0], c.State[0], c.Launches[0].ID, c.Result.Launches[0].ID = 'x', 'x', "x", "x"
 	c.Result.Episode = "x"
 	c.Trajectory.Object, c.Trajectory.Check.Problems[0] = "x", "x"

@@ -15,6 +15,7 @@ func FuzzDecodeBookmark(f *testing.F) {
 		`{"v":1,"next":"harness","rollout":"r1","attempt":2,"task":{},"session":"r1","state":{"data_dir":"/d"},"resume":true}`,
 		`{"v":1,"next":"verify","rollout":"r1","attempt":0,"task":{},"session":"r1"}`,
 		`{"v":1,"next":"return","rollout":"r1","attempt":0,"task":{},"result":{"rollout_id":"r1","attempt":0,"episode":"r1","adapter":"scripted","launches":[]}}`,
+		`{"v":1,"next":"harness","rollout":"r1.b2","attempt":1,"task":{},"session":"r1.b2","state":{},"branch":{"parent":"r1","k":2,"seed":7,"source_checkpoint_id":"c1","label":"b2"}}`,
 		`{"v":2,"next":"seed","rollout":"r1"}`,
 		`{"v":1,"next":"seed","rollout":"r1"`,
 		``,

@@ -83,6 +83,25 @@ type TrajectoryRef struct {
 	Calls  int    `json:"calls"`
 	// Check is what trajectory.Check found in it.
 	Check trajectory.Report `json:"check"`
+	// Branch, for a branch's trajectory, names its branch point: the file
+	// is the fork's capture, the parent's calls up to the snapshot (the
+	// first At calls), then the branch's own.
+	Branch *TrajectoryBranch `json:"branch,omitempty"`
+}
+
+// TrajectoryBranch is the branch header of a branch's trajectory.
+type TrajectoryBranch struct {
+	// Parent is the parent's rollout id; ParentEpisode its capture key.
+	Parent        string `json:"parent"`
+	ParentEpisode string `json:"parent_episode"`
+	// K is the branch's number and Seed its sampling seed.
+	K    int    `json:"k"`
+	Seed uint64 `json:"seed"`
+	// Source is the checkpoint the branch was forked from.
+	Source string `json:"source_checkpoint_id"`
+	// At is the number of calls the branch inherited: the parent's calls
+	// at the head of the file, before the branch's first.
+	At int `json:"at"`
 }
 
 // clone returns a copy of t that shares no slice with it (nil for nil).
@@ -92,6 +111,10 @@ func (t *TrajectoryRef) clone() *TrajectoryRef {
 	}
 	c := *t
 	c.Check.Problems = slices.Clone(t.Check.Problems)
+	if t.Branch != nil {
+		b := *t.Branch
+		c.Branch = &b
+	}
 	return &c
 }
 
@@ -115,6 +138,17 @@ func (t *TrajectoryRef) validate(rollout string) error {
 	}
 	if t.Bytes < 0 || t.Calls < 0 {
 		errs = append(errs, fmt.Errorf("bytes %d and calls %d: negative", t.Bytes, t.Calls))
+	}
+	if b := t.Branch; b != nil {
+		if b.K < 1 || events.BranchRollout(b.Parent, b.K) != rollout {
+			errs = append(errs, fmt.Errorf("branch: %d of parent %.80q is not %s", b.K, b.Parent, rollout))
+		}
+		if p, err := events.ParseEpisode(b.ParentEpisode); err != nil || p.Rollout != b.Parent {
+			errs = append(errs, fmt.Errorf("branch: parent_episode %.80q is not an episode of %.80q", b.ParentEpisode, b.Parent))
+		}
+		if b.At < 0 || b.At > t.Calls {
+			errs = append(errs, fmt.Errorf("branch: at %d: want 0 to the %d calls", b.At, t.Calls))
+		}
 	}
 	return errors.Join(errs...)
 }
