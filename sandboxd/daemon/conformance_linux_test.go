@@ -94,7 +94,7 @@ func (s *subject) AddWork(t testing.TB, n int) []events.Episode {
 		id := fmt.Sprintf("%s-w%d", s.prefix, s.n)
 		s.ids[ep] = id
 		s.mu.Unlock()
-		if _, err := s.launch(t.Context(), ep.String(), false, nil, sandboxd.Spec{ID: id, Command: "sleep 600"}); err != nil {
+		if _, err := s.launch(t.Context(), ep.String(), false, nil, nil, sandboxd.Spec{ID: id, Command: "sleep 600"}); err != nil {
 			t.Fatalf("launch %s for %s: %v", id, ep, err)
 		}
 		eps = append(eps, ep)
@@ -280,7 +280,7 @@ func TestPrepareWaitsForAStoppingLaunchWithoutPausingIt(t *testing.T) {
 	id := s.prefix + "-stubborn"
 	// SIGINT is ignored (by the shell and the sleeps it starts): the stop
 	// waits out its grace.
-	if _, err := s.launch(ctx, ep.String(), false, nil, sandboxd.Spec{ID: id, Command: "trap '' INT; while :; do sleep 0.05; done"}); err != nil {
+	if _, err := s.launch(ctx, ep.String(), false, nil, nil, sandboxd.Spec{ID: id, Command: "trap '' INT; while :; do sleep 0.05; done"}); err != nil {
 		t.Fatal(err)
 	}
 	stopped := make(chan struct{})

@@ -83,13 +83,16 @@ type Relay interface {
 	Drop(why string)
 	Holding() bool
 	Status() sandboxapi.RelayStatus
-	Repoint(url string, generation uint64) (sandboxapi.RelayStatus, error)
-	// Label names the launch the calls taken from now on belong to (the
-	// capture's call ids) and the relay edits applied to its requests
-	// (names the relay registers); Durable tells whether every call captured is
-	// durable, and Flush waits until it is; CapturePath is the capture
-	// file ("": no capture).
-	Label(episode, launchID string, edits []string) error
+	// RepointBranch re-points the relay and, with branch set, makes it
+	// the label the calls go upstream with, those it cuts included.
+	RepointBranch(url string, generation uint64, branch *sandboxapi.BranchLabel) (sandboxapi.RelayStatus, error)
+	// LabelBranch names the launch the calls taken from now on belong to
+	// (the capture's call ids), the relay edits applied to its requests
+	// (names the relay registers) and its branch label (nil: none);
+	// Durable tells whether every call captured is durable, and Flush
+	// waits until it is; CapturePath is the capture file ("": no
+	// capture).
+	LabelBranch(episode, launchID string, edits []string, branch *sandboxapi.BranchLabel) error
 	Durable() bool
 	Flush() error
 	CapturePath() string
@@ -345,7 +348,7 @@ func (d *Daemon) doLocked(ctx context.Context, effs []Effect) []Effect {
 			d.log.Warn().Str("launch", e.Launch).Str("why", e.Why).Msg("dropping the calls a restore left held")
 			d.cfg.Relay.Drop(e.Why)
 		case RelayLabel:
-			if err := d.cfg.Relay.Label(e.Episode, e.Launch, e.Edits); err != nil {
+			if err := d.cfg.Relay.LabelBranch(e.Episode, e.Launch, e.Edits, e.Branch); err != nil {
 				d.log.Warn().Err(err).Str("launch", e.Launch).Msg("the launch's model calls are not captured")
 			}
 		case StartPause:

@@ -58,12 +58,14 @@ func (r *slowHolding) Holding() bool {
 	defer r.mu.Unlock()
 	return r.holding
 }
-func (r *slowHolding) Status() sandboxapi.RelayStatus       { return sandboxapi.RelayStatus{} }
-func (r *slowHolding) Label(string, string, []string) error { return nil }
-func (r *slowHolding) Durable() bool                        { return true }
-func (r *slowHolding) Flush() error                         { return nil }
-func (r *slowHolding) CapturePath() string                  { return "" }
-func (r *slowHolding) Repoint(string, uint64) (sandboxapi.RelayStatus, error) {
+func (r *slowHolding) Status() sandboxapi.RelayStatus { return sandboxapi.RelayStatus{} }
+func (r *slowHolding) LabelBranch(string, string, []string, *sandboxapi.BranchLabel) error {
+	return nil
+}
+func (r *slowHolding) Durable() bool       { return true }
+func (r *slowHolding) Flush() error        { return nil }
+func (r *slowHolding) CapturePath() string { return "" }
+func (r *slowHolding) RepointBranch(string, uint64, *sandboxapi.BranchLabel) (sandboxapi.RelayStatus, error) {
 	return sandboxapi.RelayStatus{}, nil
 }
 
@@ -87,7 +89,7 @@ func TestPrepareDuringALaunchKeepsTheHold(t *testing.T) {
 	id := s.prefix + "-new"
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.launch(context.Background(), events.Episode{Rollout: "r1"}.String(), false, nil, sandboxd.Spec{ID: id, Command: "sleep 30"})
+		_, err := s.launch(context.Background(), events.Episode{Rollout: "r1"}.String(), false, nil, nil, sandboxd.Spec{ID: id, Command: "sleep 30"})
 		done <- err
 	}()
 	<-rl.entered

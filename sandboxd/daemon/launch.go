@@ -21,7 +21,7 @@ import (
 // is recorded: the launch that has the id stays as it was. A prepare that
 // comes while it registers waits for it; an attempt retired meanwhile is
 // stopped again at once.
-func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, edits []string, spec sandboxd.Spec) (sandboxapi.Record, error) {
+func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, edits []string, branch *sandboxapi.BranchLabel, spec sandboxd.Spec) (sandboxapi.Record, error) {
 	if err := spec.Validate(); err != nil {
 		return sandboxapi.Record{}, err // before anything is recorded under its id
 	}
@@ -36,7 +36,7 @@ func (d *Daemon) launch(ctx context.Context, episode string, nopause bool, edits
 		}
 	}
 	d.mu.Lock()
-	effs, err := d.core.Step(LaunchAsked{Launch: spec.ID, Episode: episode, Holding: d.holdingLocked(), Edits: edits})
+	effs, err := d.core.Step(LaunchAsked{Launch: spec.ID, Episode: episode, Holding: d.holdingLocked(), Edits: edits, Branch: branch})
 	if err == nil {
 		d.doLocked(ctx, effs) // the relay's drop and label, with admission
 	}

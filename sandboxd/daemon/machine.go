@@ -368,7 +368,7 @@ func (m *Machine) admit(in LaunchAsked) ([]Effect, error) {
 		effs = append(effs, RelayDrop{Launch: in.Launch, Why: "a new launch " + in.Launch + " replaces the held one"})
 	}
 	if m.relay && in.Episode != "" {
-		effs = append(effs, RelayLabel{Episode: in.Episode, Launch: in.Launch, Edits: in.Edits})
+		effs = append(effs, RelayLabel{Episode: in.Episode, Launch: in.Launch, Edits: in.Edits, Branch: in.Branch})
 	}
 	return effs, nil
 }

@@ -78,8 +78,10 @@ type LaunchAsked struct {
 	Launch  string
 	Episode string
 	Holding bool
-	// Edits are the relay edits the launch names (RelayLabel).
-	Edits []string
+	// Edits are the relay edits the launch names, Branch its branch
+	// label (RelayLabel).
+	Edits  []string
+	Branch *sandboxapi.BranchLabel
 }
 
 // LaunchRecorded records a launch's episode and whether checkpoints leave
@@ -241,6 +243,9 @@ type RelayDrop struct{ Launch, Why string }
 type RelayLabel struct {
 	Episode, Launch string
 	Edits           []string
+	// Branch is the launch's branch label (LaunchRequest.Branch), nil
+	// for none.
+	Branch *sandboxapi.BranchLabel
 }
 
 // RelayRepoint re-points the relay.

@@ -237,17 +237,23 @@ func (d *Daemon) Trajectory(r sandboxapi.TrajectoryRequest) (sandboxapi.Trajecto
 	return out, nil
 }
 
-// Repoint re-points the relay (ErrNoRelay without one); while a
-// checkpoint is open it is refused with ErrAdmissionClosed: the take-over
-// it belongs to waits for the resume.
+// Repoint re-points the relay (ErrNoRelay without one) and, with
+// r.Branch, sets its branch label (an invalid one is a bad request);
+// while a checkpoint is open it is refused with ErrAdmissionClosed: the
+// take-over it belongs to waits for the resume.
 func (d *Daemon) Repoint(r sandboxapi.RepointRequest) (sandboxapi.RelayStatus, error) {
 	if d.cfg.Relay == nil {
 		return sandboxapi.RelayStatus{}, ErrNoRelay
+	}
+	if r.Branch != nil {
+		if err := r.Branch.Validate(); err != nil {
+			return d.cfg.Relay.Status(), fmt.Errorf("daemon: relay_repoint: branch: %w", err)
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, err := d.core.Step(RepointAsked{URL: r.URL, Generation: r.Generation}); err != nil {
 		return d.cfg.Relay.Status(), err
 	}
-	return d.cfg.Relay.Repoint(r.URL, r.Generation)
+	return d.cfg.Relay.RepointBranch(r.URL, r.Generation, r.Branch)
 }

@@ -36,7 +36,7 @@ func classify(err error) (int, string) {
 		return 409, sandboxapi.CodeModeUnavailable
 	case errors.Is(err, relay.ErrStaleGeneration):
 		return 409, sandboxapi.CodeStaleGeneration
-	case errors.Is(err, relay.ErrBadUpstream):
+	case errors.Is(err, relay.ErrBadUpstream), errors.Is(err, sandboxapi.ErrBadBranch):
 		return 400, sandboxapi.CodeBadRequest
 	case errors.Is(err, ErrNoRelay), errors.Is(err, ErrNoCapture):
 		return 409, sandboxapi.CodeNoRelay
@@ -86,10 +86,21 @@ func (d *Daemon) serve(ctx context.Context) (*jetstream.Service, error) {
 			if len(r.RelayEdits) > 0 && r.Episode == "" {
 				return nil, fmt.Errorf("%w: relay_edits need an episode (the relay's label)", sandboxd.ErrInvalidSpec)
 			}
+			if r.Branch != nil {
+				if err := r.Branch.Validate(); err != nil {
+					return nil, fmt.Errorf("%w: branch: %w", sandboxd.ErrInvalidSpec, err)
+				}
+				if r.Episode == "" {
+					return nil, fmt.Errorf("%w: branch needs an episode (the relay's label)", sandboxd.ErrInvalidSpec)
+				}
+				if d.cfg.Relay == nil {
+					return nil, fmt.Errorf("%w: branch needs a model relay (the daemon runs none)", sandboxd.ErrInvalidSpec)
+				}
+			}
 			if len(r.RelayEdits) > 0 && d.cfg.Relay == nil {
 				d.log.Warn().Str("launch", r.LaunchID).Strs("relay_edits", r.RelayEdits).Msg("no model relay: the launch's relay edits are not applied")
 			}
-			return d.launch(ctx, r.Episode, r.NoPause, r.RelayEdits, sandboxd.Spec{ID: r.LaunchID, Command: r.Command, Argv: r.Argv, Dir: r.Dir,
+			return d.launch(ctx, r.Episode, r.NoPause, r.RelayEdits, r.Branch, sandboxd.Spec{ID: r.LaunchID, Command: r.Command, Argv: r.Argv, Dir: r.Dir,
 				Env: r.Env, Timeout: time.Duration(r.TimeoutMS) * time.Millisecond, Mode: mode,
 				Freeze: r.Freeze, FreezeWait: time.Duration(r.FreezeWaitMS) * time.Millisecond})
 		}),

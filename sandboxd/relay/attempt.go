@@ -13,6 +13,7 @@ import (
 
 // start starts an attempt of c at the current upstream (r.mu held).
 func (r *Relay) start(ctx context.Context, c *call) *attempt {
+	r.rebranchLocked(c) // the label in force when it is sent
 	actx, cancel := context.WithCancel(ctx)
 	a := &attempt{gen: r.gen, cancel: cancel, done: make(chan struct{})}
 	c.att, c.gen = a, r.gen
@@ -53,6 +54,7 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 	}
 	req.Header = c.header.Clone()
 	idHeader(req.Header, c.id)
+	branchHeaders(req.Header, c.branch)
 	if c.id != "" || c.via != "" {
 		// The capture and the translation read the reply: plain bytes.
 		req.Header.Del("Accept-Encoding")
@@ -173,10 +175,11 @@ func (r *Relay) tailLocked(a *attempt, tail []byte) {
 func (r *Relay) record(c *call, a *attempt) {
 	r.mu.Lock()
 	ex := exchange(c, a)
+	p := c.prep
 	r.mu.Unlock()
-	if c.prepared != nil {
-		<-c.prepared
-		ex.Request = c.request
+	if p != nil {
+		<-p.done
+		ex.Request = p.req
 	}
 	ex.Reply = a.shape.asm.Reply(ex.Status)
 	tail := a.shape.end()

@@ -55,11 +55,15 @@ type call struct {
 	augmented           bool              // upBody asks for token fields the harness did not
 	upURI               string            // the path upstream when translated ("": uri)
 	via                 trajectory.API    // the API upstream when translated (APIChat), "" if none
-	edits               []trajectory.Edit // what the launch's relay edits removed
-	// prepared is closed once request holds the body split for the
-	// record, which a goroutine does while the upstream answers.
-	prepared chan struct{}
-	request  *trajectory.Request
+	edits               []trajectory.Edit // what the relay's edits did: launchEdits, then the seed's
+	launchEdits         []trajectory.Edit // what the launch's relay edits removed
+	// branch is the label body was made for (branch.go), nil for none;
+	// base, when set, is body without the seed the label added.
+	branch *sandboxapi.BranchLabel
+	base   []byte
+	// prep is the body split for the record, which a goroutine does
+	// while the upstream answers (nil without a capture).
+	prep *prepared
 
 	state   sandboxapi.CallState
 	gen     uint64

@@ -353,7 +353,8 @@ func exchange(c *call, a *attempt) trajectory.Exchange {
 	now := time.Now()
 	ex := trajectory.Exchange{Episode: c.episode, Launch: c.launch, N: c.n, Method: c.method, Path: c.uri, Body: c.body,
 		Status: a.status, PolicyVersion: a.header.Get(trajectory.PolicyHeader), Started: c.started,
-		Duration: now.Sub(c.started), Generation: a.gen, Resends: c.resends, Edits: c.edits, Via: c.via}
+		Duration: now.Sub(c.started), Generation: a.gen, Resends: c.resends, Edits: c.edits, Via: c.via,
+		Branch: branchName(c.branch), Seed: branchSeed(c.branch)}
 	if !a.firstByte.IsZero() {
 		ex.FirstByte = a.firstByte.Sub(c.started)
 	}

@@ -74,6 +74,13 @@
 //     applied to each of its requests before anything else sees the body:
 //     the digest, the bytes sent upstream (and sent again) and the record
 //     are of the edited body, and the record lists what was removed.
+//  9. Branch. LabelBranch (a launch of a branch) and RepointBranch (a fork
+//     continuing in place as one) set a branch label: every call is sent
+//     with the label in force when it is sent, a cut call sent again
+//     included: the sandboxapi.BranchHeader and SeedHeader headers, and a
+//     chat completions or Responses body that sets no seed gets the
+//     label's, an edit the record lists (branch.go). The record names the
+//     label and the seed.
 //
 // Run listens on Config.Listen and serves until its context ends, then
 // closes every connection and waits for every handler and upstream read it

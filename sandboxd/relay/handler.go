@@ -116,42 +116,43 @@ func (r *Relay) readBody(body io.Reader) ([]byte, error) {
 
 // take records a new call (held if the relay holds); its body is counted
 // in the budget already. With edit (a body read whole), the launch's
-// relay edits are applied to it first.
+// relay edits are applied to it first, then the branch label's seed
+// (branch.go).
 func (r *Relay) take(req *http.Request, body []byte, edit bool) *call {
 	r.mu.Lock()
-	eds := r.edits
+	eds, branch := r.edits, r.branch
 	r.mu.Unlock()
-	var edited []trajectory.Edit
-	if len(eds) > 0 && edit {
-		// The launch's edits, before anything looks at the body: the
-		// digest, the upstream's bytes (every attempt's) and the record
-		// are of the edited body.
+	api := trajectory.APIOf(req.URL.Path)
+	var edited, seeded []trajectory.Edit
+	var base []byte
+	if edit {
+		// The launch's edits and the branch's seed, before anything looks
+		// at the body: the digest, the upstream's bytes (every attempt's)
+		// and the record are of the edited body.
 		in := len(body)
-		body, edited = applyEdits(eds, req.URL.RequestURI(), body)
+		if len(eds) > 0 {
+			body, edited = applyEdits(eds, req.URL.RequestURI(), body)
+		}
+		body, seeded, base = seedBody(api, body, branch)
 		r.mu.Lock()
-		r.used += int64(len(body) - in)
+		r.used += int64(len(body) - in + len(base))
 		r.mu.Unlock()
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s %s\n", req.Method, req.URL.RequestURI())
 	h.Write(body)
 	c := &call{digest: hex.EncodeToString(h.Sum(nil)), method: req.Method, uri: req.URL.RequestURI(),
-		header: copyHeader(req.Header), body: body, edits: edited, wake: make(chan struct{}, 1), api: trajectory.APIOf(req.URL.Path)}
+		header: copyHeader(req.Header), body: body, launchEdits: edited, wake: make(chan struct{}, 1), api: api,
+		branch: branch, base: base}
+	c.edits = append(append([]trajectory.Edit(nil), edited...), seeded...)
 	var probe struct {
 		Stream bool `json:"stream"`
 	}
 	if json.Unmarshal(body, &probe) == nil {
 		c.stream = probe.Stream
 	}
-	if r.cfg.Translate && edit && (c.api == trajectory.APIMessages || c.api == trajectory.APIResponses) {
-		// Sent upstream as a chat completion, its reply translated back
-		// (translate.go); a body that is no request of its API goes as it
-		// came.
-		if up, err := translateRequest(c.api, body); err != nil {
-			r.log.Warn().Err(err).Str("path", c.uri).Msg("model call not translated")
-		} else {
-			c.upBody, c.upURI, c.via = up, translatePath, trajectory.APIChat
-		}
+	if edit {
+		r.upstreamBody(c)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -172,32 +173,44 @@ func (r *Relay) take(req *http.Request, body []byte, edit bool) *call {
 			c.episode, c.launch, c.n = r.episode, r.launch, r.nums[k]
 			c.id, _ = trajectory.CallID(c.episode, c.launch, c.n)
 		}
-		if r.cfg.Tokens && (c.api == trajectory.APIChat || c.via == trajectory.APIChat) {
-			// The token fields are chat completions': a Messages or a
-			// Responses call goes as it came unless translated
-			// (docs/TRAJECTORIES.md).
-			src := body
-			if c.upBody != nil {
-				src = c.upBody
-			}
-			up, a := augment(src)
-			if up != nil {
-				r.used += int64(len(up) - len(c.upBody))
-				c.upBody, c.augmented = up, c.via == ""
-			}
-			if c.via == "" {
-				c.asked = a
-			}
-		}
 		// The record's request side needs the request alone: split it
 		// while the upstream answers, off the reply's way to the harness.
-		c.prepared = make(chan struct{})
-		go func() {
-			c.request = trajectory.PrepareRequestAt(c.uri, body)
-			close(c.prepared)
-		}()
+		c.prep = prepare(c.uri, body)
 	}
 	return c
+}
+
+// upstreamBody sets what c sends upstream when that is not its body:
+// with Config.Translate, a Messages or a Responses call as a chat
+// completion (translate.go; a body that is no request of its API goes as
+// it came); with Config.Tokens and a capture, a chat completion asking
+// for token ids and logprobs (capture.go). It reads c.body and c.api, and
+// the relay's configuration alone.
+func (r *Relay) upstreamBody(c *call) {
+	c.upBody, c.upURI, c.via, c.augmented, c.asked = nil, "", "", false, asked{}
+	if r.cfg.Translate && (c.api == trajectory.APIMessages || c.api == trajectory.APIResponses) {
+		if up, err := translateRequest(c.api, c.body); err != nil {
+			r.log.Warn().Err(err).Str("path", c.uri).Msg("model call not translated")
+		} else {
+			c.upBody, c.upURI, c.via = up, translatePath, trajectory.APIChat
+		}
+	}
+	if r.cfg.Capture != nil && r.cfg.Tokens && (c.api == trajectory.APIChat || c.via == trajectory.APIChat) {
+		// The token fields are chat completions': a Messages or a
+		// Responses call goes as it came unless translated
+		// (docs/TRAJECTORIES.md).
+		src := c.body
+		if c.upBody != nil {
+			src = c.upBody
+		}
+		up, a := augment(src)
+		if up != nil {
+			c.upBody, c.augmented = up, c.via == ""
+		}
+		if c.via == "" {
+			c.asked = a
+		}
+	}
 }
 
 // to moves c to state s (r.mu held); an illegal move is logged and
@@ -210,7 +223,7 @@ func (r *Relay) to(c *call, s sandboxapi.CallState) bool {
 	c.state = s
 	if s == sandboxapi.CallDelivered || s == sandboxapi.CallFailed {
 		delete(r.open, c.seq)
-		r.freeLocked(len(c.body) + len(c.upBody))
+		r.freeLocked(len(c.body) + len(c.upBody) + len(c.base))
 		r.dropBufLocked(c.att)
 		if s == sandboxapi.CallDelivered {
 			r.counts.Delivered++

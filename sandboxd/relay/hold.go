@@ -98,8 +98,24 @@ func (r *Relay) Holding() bool {
 // its attempt cut and is sent again to the new upstream: at once if the
 // relay does not hold, else at the Release (never if a Drop comes first).
 func (r *Relay) Repoint(upstream string, gen uint64) (sandboxapi.RelayStatus, error) {
+	return r.RepointBranch(upstream, gen, nil)
+}
+
+// RepointBranch is Repoint that, with branch set, also makes branch the
+// label in force, in the same step: the calls it cuts are sent again with
+// it (branch.go). A nil branch leaves the label as it is. An invalid
+// label is an error wrapping sandboxapi.ErrBadBranch, and nothing is
+// changed.
+func (r *Relay) RepointBranch(upstream string, gen uint64, branch *sandboxapi.BranchLabel) (sandboxapi.RelayStatus, error) {
 	if err := checkUpstream(upstream); err != nil {
 		return r.Status(), err
+	}
+	if branch != nil {
+		if err := branch.Validate(); err != nil {
+			return r.Status(), fmt.Errorf("relay: repoint: %w", err)
+		}
+		b := *branch
+		branch = &b
 	}
 	r.mu.Lock()
 	if gen <= r.gen {
@@ -109,6 +125,9 @@ func (r *Relay) Repoint(upstream string, gen uint64) (sandboxapi.RelayStatus, er
 	}
 	old := r.upstream
 	r.upstream, r.gen = strings.TrimRight(upstream, "/"), gen
+	if branch != nil {
+		r.branch = branch
+	}
 	// Idle connections to the old upstream (after a restore: to a forward
 	// the new VM does not have, where a request could wait forever) are
 	// never used again, even for the same address.

@@ -46,6 +46,8 @@ type Relay struct {
 	capture         sandboxapi.CaptureStatus
 	// edits are the relay edits of the launch Label named last.
 	edits []Edit
+	// branch is the branch label in force (branch.go), nil for none.
+	branch *sandboxapi.BranchLabel
 }
 
 // New checks cfg and returns a relay that is not yet serving.
@@ -73,6 +75,22 @@ func New(cfg Config) (*Relay, error) {
 // model whatever the capture does (the daemon logs a Label error and the
 // launch goes on).
 func (r *Relay) Label(episode, launchID string, edits []string) error {
+	return r.LabelBranch(episode, launchID, edits, nil)
+}
+
+// LabelBranch is Label for a launch of a branch: the calls taken from now
+// on, and those sent again, go upstream with branch's label and seed
+// (branch.go); a nil branch is no branch's launch, and clears the label.
+// An invalid label is an error wrapping sandboxapi.ErrBadBranch, and
+// nothing is labelled.
+func (r *Relay) LabelBranch(episode, launchID string, edits []string, branch *sandboxapi.BranchLabel) error {
+	if branch != nil {
+		if err := branch.Validate(); err != nil {
+			return fmt.Errorf("relay: label: %w", err)
+		}
+		b := *branch
+		branch = &b
+	}
 	eds, eerr := LookupEdits(edits)
 	if eerr != nil {
 		eerr = fmt.Errorf("relay: label: %w", eerr)
@@ -87,7 +105,7 @@ func (r *Relay) Label(episode, launchID string, edits []string) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.edits = eds
+	r.edits, r.branch = eds, branch
 	if r.cfg.Capture != nil {
 		r.episode, r.launch = episode, launch
 	}
@@ -180,6 +198,10 @@ func (r *Relay) Status() sandboxapi.RelayStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := sandboxapi.RelayStatus{Up: r.up, URL: r.url, Upstream: r.upstream, Generation: r.gen, Holding: r.holding, Calls: r.counts, KeptBytes: r.used}
+	if r.branch != nil {
+		b := *r.branch
+		st.Branch = &b
+	}
 	for _, c := range r.open {
 		switch c.state {
 		case sandboxapi.CallHeld:

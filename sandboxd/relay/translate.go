@@ -52,6 +52,7 @@ func translateRequest(api trajectory.API, body []byte) ([]byte, error) {
 		}
 	} else {
 		copyField("max_output_tokens", "max_tokens")
+		copyField("seed", "seed") // a branch's (branch.go), or the harness's
 		if tools := responsesTools(m["tools"]); len(tools) > 0 {
 			out["tools"] = tools
 			copyField("parallel_tool_calls", "parallel_tool_calls")

@@ -119,6 +119,10 @@ type RelayStatus struct {
 	Generation uint64 `json:"generation"`
 	// Holding is true while a checkpoint holds the relay.
 	Holding bool `json:"holding,omitempty"`
+	// Branch is the branch label in force: the one calls are sent
+	// upstream with (LaunchRequest.Branch, RepointRequest.Branch), nil for
+	// none.
+	Branch *BranchLabel `json:"branch,omitempty"`
 	// Calls counts the calls.
 	Calls RelayCounts `json:"calls"`
 	// KeptBytes is what the open calls keep in sandboxd's memory: their

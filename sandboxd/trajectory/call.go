@@ -135,18 +135,31 @@ type Call struct {
 	Generation uint64 `json:"generation,omitempty"`
 	Resends    int    `json:"resends,omitempty"`
 	// Edits are the relay edits of the call's launch that removed
-	// something from its request (or failed), in the order applied: the
+	// something from its request (or failed), in the order applied, then
+	// the branch's seed (BranchSeedEdit) when the relay added one: the
 	// request above is the edited one, what the model saw.
 	Edits []Edit `json:"edits,omitempty"`
+	// Branch and Seed are the branch label ("b<k>") and seed the relay
+	// sent the call upstream with (its attempt that answered), "" and 0
+	// for a call of no branch.
+	Branch string `json:"branch,omitempty"`
+	Seed   uint64 `json:"seed,omitempty"`
 }
 
 // Edit is what one relay edit did to a call's request: the parts it
-// removed, each as JSON, or the error that left the request as it was.
+// removed or added, each as JSON, or the error that left the request as
+// it was.
 type Edit struct {
 	Name    string            `json:"name"`
 	Removed []json.RawMessage `json:"removed,omitempty"`
+	Added   []json.RawMessage `json:"added,omitempty"`
 	Error   string            `json:"error,omitempty"`
 }
+
+// BranchSeedEdit names the edit the relay makes to a branch's chat
+// completions or Responses request that sets no "seed": it adds the
+// branch's seed, {"seed": <seed>} in Edit.Added.
+const BranchSeedEdit = "branch-seed"
 
 // ModelCall tells whether c is a model call the capture reads: a request
 // of a known API that parsed. Any other is recorded, on no chain.

@@ -37,6 +37,10 @@ type Exchange struct {
 	Resends    int
 	// Edits are the relay edits that changed Body (Call.Edits).
 	Edits []Edit
+	// Branch and Seed are the branch label and seed the call went
+	// upstream with (Call.Branch, Seed).
+	Branch string
+	Seed   uint64
 	// Via is the API the upstream spoke when the relay translated the
 	// call (Call.Via); Reply is then of that API.
 	Via API
@@ -190,7 +194,8 @@ func (x *Index) Add(ex Exchange) (*Call, error) {
 	model, params, msgs := req.model, req.params, req.msgs
 	c := &Call{V: Version, ID: id, Episode: ex.Episode, Launch: ex.Launch, Method: ex.Method, Path: ex.Path, Model: model,
 		Status: ex.Status, PolicyVersion: ex.PolicyVersion, Started: ex.Started.UTC(),
-		FirstByteMS: ms(ex.FirstByte), DurationMS: ms(ex.Duration), Generation: ex.Generation, Resends: ex.Resends, Edits: ex.Edits, Via: ex.Via}
+		FirstByteMS: ms(ex.FirstByte), DurationMS: ms(ex.Duration), Generation: ex.Generation, Resends: ex.Resends, Edits: ex.Edits, Via: ex.Via,
+		Branch: ex.Branch, Seed: ex.Seed}
 	if req.api != APIChat {
 		c.API = req.api
 	}

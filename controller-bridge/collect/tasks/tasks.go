@@ -38,6 +38,14 @@ func call(id, cmd string) modelserver.ToolCall {
 // that takes ToolSeconds, writes out/detached.txt from a process in a
 // session of its own, and answers "done <id>"; its check reads the answer,
 // the detached process's mark and the first step back.
+//
+// Every turn after the first tool call has a continuation for any branch
+// ("*", modelserver.Turn.Branches), so that a rollout's branches diverge:
+// their texts name the branch, their answers end "on branch b<k>", and
+// from the calc turn on an even-numbered branch writes a wrong answer,
+// 6*7+i+k (branchAnswer): its check expects the task's, so odd branches
+// grade 1 and even ones 0 when the branch point is before the bg turn (a
+// branch after it keeps its parent's answer and grade).
 func Set(o Options) ([]collect.Task, modelserver.Script) {
 	if o.ToolSeconds == 0 {
 		o.ToolSeconds = 0.5
@@ -51,15 +59,21 @@ func Set(o Options) ([]collect.Task, modelserver.Script) {
 		id := ID(i)
 		turns := []modelserver.Turn{{Content: "Setting up.", ToolCalls: []modelserver.ToolCall{call("c0", "mkdir -p out && echo start > out/steps.txt")}}}
 		for s := 1; s <= o.Steps; s++ {
-			turns = append(turns, modelserver.Turn{ToolCalls: []modelserver.ToolCall{
-				call(fmt.Sprintf("c%d", s), fmt.Sprintf("echo step-%d >> out/steps.txt && wc -l < out/steps.txt", s))}})
+			step := fmt.Sprintf("echo step-%d >> out/steps.txt && wc -l < out/steps.txt", s)
+			turns = append(turns, branched(modelserver.Turn{ToolCalls: []modelserver.ToolCall{call(fmt.Sprintf("c%d", s), step)}},
+				modelserver.Turn{Content: fmt.Sprintf("Branch %s: step %d.", modelserver.BranchPlaceholder, s),
+					ToolCalls: []modelserver.ToolCall{call(fmt.Sprintf("c%d", s), step)}}))
 		}
+		calc := fmt.Sprintf("sleep %g; echo $((6*7+%d)) > out/answer.txt; cat out/answer.txt", o.ToolSeconds, i)
+		bg := "setsid -w sh -c 'echo detached-$$ > out/detached.txt' < /dev/null"
 		turns = append(turns,
-			modelserver.Turn{Content: "Computing.", ToolCalls: []modelserver.ToolCall{
-				call("calc", fmt.Sprintf("sleep %g; echo $((6*7+%d)) > out/answer.txt; cat out/answer.txt", o.ToolSeconds, i))}},
-			modelserver.Turn{ToolCalls: []modelserver.ToolCall{
-				call("bg", "setsid -w sh -c 'echo detached-$$ > out/detached.txt' < /dev/null")}},
-			modelserver.Turn{Content: "done " + id})
+			branched(modelserver.Turn{Content: "Computing.", ToolCalls: []modelserver.ToolCall{call("calc", calc)}},
+				modelserver.Turn{Content: "Computing on branch " + modelserver.BranchPlaceholder + ".",
+					ToolCalls: []modelserver.ToolCall{call("calc", fmt.Sprintf("sleep %g; %s; cat out/answer.txt", o.ToolSeconds, branchAnswer(i)))}}),
+			branched(modelserver.Turn{ToolCalls: []modelserver.ToolCall{call("bg", bg)}},
+				modelserver.Turn{ToolCalls: []modelserver.ToolCall{call("bg", bg+"; "+branchAnswer(i))}}),
+			branched(modelserver.Turn{Content: "done " + id},
+				modelserver.Turn{Content: "done " + id + " on branch " + modelserver.BranchPlaceholder}))
 		script[id] = turns
 		payload, _ := json.Marshal(scripted.Task{
 			Script: id,
@@ -72,4 +86,17 @@ func Set(o Options) ([]collect.Task, modelserver.Script) {
 		tasks[i] = collect.Task{RolloutID: id, Task: payload}
 	}
 	return tasks, script
+}
+
+// branched returns t with any branch answering b instead.
+func branched(t, b modelserver.Turn) modelserver.Turn {
+	t.Branches = map[string]modelserver.Turn{modelserver.AnyBranch: b}
+	return t
+}
+
+// branchAnswer is the shell that writes out/answer.txt as branch b<k> of
+// task i does: 6*7+i on an odd k (the task's answer), 6*7+i+k on an even
+// one (a wrong answer: the check grades it 0).
+func branchAnswer(i int) string {
+	return fmt.Sprintf("b=%s; k=${b#b}; echo $((6*7+%d+(1-k%%2)*k)) > out/answer.txt", modelserver.BranchPlaceholder, i)
 }

@@ -65,6 +65,18 @@
 // empty one included. Ledger entries name their API (APIChat,
 // APIMessages, APIResponses).
 //
+// A branch's requests (PROTOCOL §5, Branch) carry its label in
+// sandboxapi.BranchHeader ("b<k>") and its seed in SeedHeader, which the
+// model relay adds (branch.go). A Turn may hold "branches": {"b1": Turn,
+// ..., "*": Turn}: a branch's request at that turn is answered by its
+// label's entry, else the "*" one, else the turn itself, and in the turn
+// chosen {{branch}} (BranchPlaceholder) becomes the label, in the text
+// and the tool calls' arguments ("" for a request of no branch). The
+// ledger keeps each request's Branch and Seed, and a branch is a
+// conversation of its own: the same messages from the parent and from a
+// branch (or two branches), even in one episode, are no repeat and no
+// re-issue (RepeatList, Reissued).
+//
 // For tests of in-flight calls, Hold makes replies wait until Release,
 // CutNext makes the next streamed reply stop after a number of chunks, and
 // SlowNext spreads the next one out (the ledger entry's Chunks says how

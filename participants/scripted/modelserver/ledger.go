@@ -6,10 +6,13 @@ import "time"
 // later episode re-issued.
 
 // Repeat is a call an episode sent again after it had saved the reply:
-// a later request of the same task and episode carried more messages.
+// a later request of the same task, episode and branch carried more
+// messages. A branch is a conversation of its own: the calls it shares
+// with its parent, or another branch, are no repeats.
 type Repeat struct {
 	Task    string `json:"task"`
 	Episode string `json:"episode,omitempty"`
+	Branch  string `json:"branch,omitempty"`
 	Digest  string `json:"digest"`
 	// Delivered is when the first reply was written; Saved when the reply
 	// was saved (what the sender says, else its next request's time, an
@@ -31,14 +34,14 @@ func (s *Server) RepeatList() []Repeat {
 		}
 		var saved time.Time
 		for _, f := range l[i+1:] {
-			if f.Task != e.Task || f.Episode != e.Episode {
+			if f.Task != e.Task || f.Episode != e.Episode || f.Branch != e.Branch {
 				continue
 			}
 			if f.Messages > e.Messages && saved.IsZero() {
 				saved = savedBy(f)
 			}
 			if !saved.IsZero() && f.Digest == e.Digest {
-				out = append(out, Repeat{Task: e.Task, Episode: e.Episode, Digest: e.Digest, Delivered: e.Delivered, Saved: saved, Again: f.Time})
+				out = append(out, Repeat{Task: e.Task, Episode: e.Episode, Branch: e.Branch, Digest: e.Digest, Delivered: e.Delivered, Saved: saved, Again: f.Time})
 				break
 			}
 		}
@@ -66,9 +69,11 @@ func (s *Server) Repeats() map[string][]string {
 
 // Reissue is a call that a later episode of a task sent again after an
 // earlier episode had its reply: the next attempt re-issuing what a crash
-// abandoned.
+// abandoned. Both are of one branch (or of none): a branch that sends
+// what its parent sent is a conversation of its own.
 type Reissue struct {
 	Task   string `json:"task"`
+	Branch string `json:"branch,omitempty"`
 	Digest string `json:"digest"`
 	// Earlier is the earlier episode and Delivered when it got the reply;
 	// Saved when it had saved it (as its next request says, or that
@@ -89,20 +94,21 @@ func (s *Server) Reissued() []Reissue {
 	var out []Reissue
 	seen := map[string]bool{}
 	for i, e := range l {
-		if e.Cut || e.Delivered.IsZero() || seen[e.Task+"/"+e.Episode+"/"+e.Digest] {
+		key := e.Task + "/" + e.Episode + "/" + e.Branch + "/" + e.Digest
+		if e.Cut || e.Delivered.IsZero() || seen[key] {
 			continue
 		}
-		seen[e.Task+"/"+e.Episode+"/"+e.Digest] = true
+		seen[key] = true
 		var saved time.Time
 		for _, f := range l[i+1:] {
-			if f.Task != e.Task {
+			if f.Task != e.Task || f.Branch != e.Branch {
 				continue
 			}
 			if f.Episode == e.Episode && f.Messages > e.Messages && saved.IsZero() {
 				saved = savedBy(f)
 			}
 			if f.Episode != e.Episode && f.Digest == e.Digest {
-				out = append(out, Reissue{Task: e.Task, Digest: e.Digest, Earlier: e.Episode, Delivered: e.Delivered, Saved: saved, Later: f.Episode})
+				out = append(out, Reissue{Task: e.Task, Branch: e.Branch, Digest: e.Digest, Earlier: e.Episode, Delivered: e.Delivered, Saved: saved, Later: f.Episode})
 				break
 			}
 		}

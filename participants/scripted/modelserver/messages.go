@@ -368,7 +368,8 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 		messagesError(w, http.StatusBadRequest, "task %q has %d turns; the request is at turn %d", task, len(turns), turn)
 		return
 	}
-	t := claudeRetry(turns[turn], retries)
+	branch, seed := requestBranch(r)
+	t := claudeRetry(turns[turn].ForBranch(branch), retries)
 	if err := checkMessagesToolCalls(req.Tools, t.ToolCalls); err != nil {
 		messagesError(w, http.StatusBadRequest, "task %q turn %d: %v", task, turn, err)
 		return
@@ -376,7 +377,7 @@ func (s *Server) messages(w http.ResponseWriter, r *http.Request) {
 	prompt := PromptTokens(Request{Tools: req.Tools, Messages: chatMessages(req)})
 	completion := completionTokens(t)
 	prevSaved, _ := time.Parse(time.RFC3339Nano, r.Header.Get(SavedHeader))
-	entry := Entry{API: APIMessages, Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved,
+	entry := Entry{API: APIMessages, Task: task, Episode: r.Header.Get(EpisodeHeader), Branch: branch, Seed: seed, Messages: len(req.Messages), PrevSaved: prevSaved,
 		Digest: MessagesDigest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Retried: retries > 0,
 		PromptTokenIDs: prompt, TokenIDs: ids(completion), Time: time.Now()}
 	index, o, ok := s.admit(r, entry)

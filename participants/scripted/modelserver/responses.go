@@ -235,7 +235,8 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "task %q has %d turns; the request is at turn %d", task, len(turns), turn)
 		return
 	}
-	t := retry(turns[turn], retries)
+	branch, seed := requestBranch(r)
+	t := retry(turns[turn].ForBranch(branch), retries)
 	tools, err := chatTools(req.Tools)
 	if err == nil {
 		err = checkToolCalls(tools, t.ToolCalls)
@@ -252,7 +253,7 @@ func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
 	}
 	prompt, completion := PromptTokens(Request{Messages: msgs, Tools: req.Tools}), completionTokens(t)
 	prevSaved, _ := time.Parse(time.RFC3339Nano, r.Header.Get(SavedHeader))
-	entry := Entry{API: APIResponses, Task: task, Episode: r.Header.Get(EpisodeHeader), Digest: Digest(msgs), PrevSaved: prevSaved,
+	entry := Entry{API: APIResponses, Task: task, Episode: r.Header.Get(EpisodeHeader), Branch: branch, Seed: seed, Digest: Digest(msgs), PrevSaved: prevSaved,
 		Messages: len(items), Turn: turn, UserTurns: users, Stream: req.Stream, Retried: retries > 0,
 		PromptTokenIDs: prompt, TokenIDs: ids(completion), Time: time.Now()}
 	index, o, ok := s.admit(r, entry)

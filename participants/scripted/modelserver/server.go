@@ -36,9 +36,14 @@ type ToolCall struct {
 }
 
 // Turn is one scripted assistant reply: text, tool calls, or both.
+// Branches, when set, are what a branch's request answers instead
+// (branch.go): the entry of its label, else the AnyBranch one ("*"), else
+// the turn itself; BranchPlaceholder in the content and the tool calls'
+// arguments becomes the label.
 type Turn struct {
-	Content   string     `json:"content,omitempty"`
-	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+	Content   string          `json:"content,omitempty"`
+	ToolCalls []ToolCall      `json:"tool_calls,omitempty"`
+	Branches  map[string]Turn `json:"branches,omitempty"`
 }
 
 // Script maps a task id to its turns, in order.
@@ -98,6 +103,11 @@ type Entry struct {
 	Task string `json:"task"`
 	// Episode is the sender's EpisodeHeader.
 	Episode string `json:"episode,omitempty"`
+	// Branch and Seed are the branch label and seed the request carried
+	// (sandboxapi.BranchHeader, SeedHeader): "" and 0 for no branch. The
+	// same conversation from two branches is two calls, never a repeat.
+	Branch string `json:"branch,omitempty"`
+	Seed   uint64 `json:"seed,omitempty"`
 	// Digest is the sha256 of the request's messages (canonical JSON).
 	Digest string `json:"digest"`
 	// PrevSaved is when the sender saved its previous reply (SavedHeader),
@@ -265,6 +275,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	title := isTitleCall(r, req)
+	branch, seed := requestBranch(r)
 	turn, users, retries := 0, 0, 0
 	for _, m := range req.Messages {
 		switch m.Role {
@@ -285,7 +296,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "task %q has %d turns; the request is at turn %d", task, len(turns), turn)
 		return
 	default:
-		t = retry(turns[turn], retries)
+		t = retry(turns[turn].ForBranch(branch), retries)
 		if err := checkToolCalls(req.Tools, t.ToolCalls); err != nil {
 			apiError(w, http.StatusBadRequest, "task %q turn %d: %v", task, turn, err)
 			return
@@ -293,7 +304,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	prevSaved, _ := time.Parse(time.RFC3339Nano, r.Header.Get(SavedHeader))
 	prompt, completion := PromptTokens(req), completionTokens(t)
-	entry := Entry{API: APIChat, Task: task, Episode: r.Header.Get(EpisodeHeader), Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Title: title, Retried: retries > 0,
+	entry := Entry{API: APIChat, Task: task, Episode: r.Header.Get(EpisodeHeader), Branch: branch, Seed: seed, Messages: len(req.Messages), PrevSaved: prevSaved, Digest: Digest(req.Messages), Turn: turn, UserTurns: users, Stream: req.Stream, Title: title, Retried: retries > 0,
 		PromptTokenIDs: prompt, TokenIDs: ids(completion), Time: time.Now()}
 	index, o, ok := s.admit(r, entry)
 	if !ok {

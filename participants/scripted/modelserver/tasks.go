@@ -118,6 +118,15 @@ func checkTurns(turns []Turn) error {
 		return fmt.Errorf("model.turns: none")
 	}
 	for i := range turns {
+		if err := checkBranches(turns[i], fmt.Sprintf("model.turns[%d]", i)); err != nil {
+			return err
+		}
+		for k, b := range turns[i].Branches {
+			if err := checkTurns([]Turn{b}); err != nil {
+				return fmt.Errorf("model.turns[%d].branches[%q]: %v", i, k, err)
+			}
+			turns[i].Branches[k] = b
+		}
 		for j := range turns[i].ToolCalls {
 			tc := &turns[i].ToolCalls[j]
 			field := fmt.Sprintf("model.turns[%d].tool_calls[%d]", i, j)
