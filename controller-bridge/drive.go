@@ -223,7 +223,7 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 			d.acks = nil
 		}
 		switch e.Phase {
-		case events.PhasePrepare, events.PhaseCommit, events.PhaseRestore:
+		case events.PhasePrepare, events.PhaseCommit, events.PhaseRestore, events.PhaseBranch:
 			if e.Decided {
 				failpoint.Hit("bridge/after-" + string(e.Phase) + "-acks")
 			}
@@ -316,11 +316,14 @@ var noteLevels = [...]zerolog.Level{zerolog.DebugLevel, zerolog.InfoLevel, zerol
 // the crash tests kill the bridge there.
 func publishFailpoint(m *machine.Machine, p events.Phase) string {
 	switch p {
-	case events.PhasePrepare, events.PhaseCommit, events.PhaseRestore, events.PhaseRelease:
+	case events.PhasePrepare, events.PhaseCommit, events.PhaseRestore, events.PhaseRelease, events.PhaseBranch:
 		return "bridge/after-" + string(p)
 	case events.PhaseRetire:
-		if m.State() == machine.StateRestoreFailing {
+		switch m.State() {
+		case machine.StateRestoreFailing:
 			return "bridge/after-restore-retire"
+		case machine.StateBranchFailing:
+			return "bridge/after-branch-retire"
 		}
 	}
 	return ""
@@ -331,7 +334,7 @@ func (b *Bridge) logPublished(m *machine.Machine, p events.PhaseEvent) {
 	h := p.Header()
 	ev := b.log.Debug()
 	switch p.Phase() {
-	case events.PhasePrepare, events.PhaseCommit, events.PhaseRestore, events.PhaseRelease:
+	case events.PhasePrepare, events.PhaseCommit, events.PhaseRestore, events.PhaseRelease, events.PhaseBranch:
 		ev = b.log.Info()
 	}
 	switch p := p.(type) {
@@ -339,6 +342,8 @@ func (b *Bridge) logPublished(m *machine.Machine, p events.PhaseEvent) {
 		ev = ev.Int("scope", len(p.Scope)).Bool("stop", p.Stop)
 	case events.Restore:
 		ev = ev.Str("source", p.Source).Int("scope", len(p.Scope))
+	case events.Branch:
+		ev = ev.Str("source", p.Source).Int("branches", len(p.Branches))
 	case events.Resume:
 		ev = ev.Bool("aborted", p.Aborted)
 	}

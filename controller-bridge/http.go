@@ -85,6 +85,7 @@ func (b *Bridge) Handler(token string) http.Handler {
 	api("POST "+bridgeapi.PathRetire, body(bridgeapi.EndpointRetire))
 	api("POST "+bridgeapi.PathForget, body(bridgeapi.EndpointForget))
 	api("POST "+bridgeapi.PathRelease, body(bridgeapi.EndpointRelease))
+	api("POST "+bridgeapi.PathBranch, body(bridgeapi.EndpointBranch))
 	api("GET "+bridgeapi.PathStatus, func(ctx context.Context, r *http.Request) (any, error) {
 		return b.Status(ctx)
 	})

@@ -40,7 +40,7 @@ func (b *Bridge) ask(ctx context.Context, m *machine.Machine, in machine.Input) 
 	if err = firstErr(err, fin.Err); err != nil {
 		return fin, err
 	}
-	if fin.Checkpoint == nil && fin.Restore == nil && fin.Op == nil {
+	if fin.Checkpoint == nil && fin.Restore == nil && fin.Op == nil && fin.Branch == nil {
 		return fin, errNoResult
 	}
 	return fin, nil

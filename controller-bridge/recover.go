@@ -77,7 +77,14 @@ func (b *Bridge) replay(ctx context.Context, st runState) (*machine.Machine, err
 			return nil, err
 		}
 	}
-	fin, err := b.drive(ctx, m, machine.Recover{History: hist, Previous: prev})
+	var members []events.Member
+	if hist[0].Event.Phase() == events.PhaseBranch {
+		// A failed branch retires its branches on the epoch's members.
+		if members, _, err = b.liveMembers(ctx, st.epoch, false); err != nil {
+			return nil, err
+		}
+	}
+	fin, err := b.drive(ctx, m, machine.Recover{History: hist, Previous: prev, Members: members})
 	return m, firstErr(err, fin.Err)
 }
 
@@ -95,7 +102,8 @@ func (b *Bridge) history(ctx context.Context, st runState) ([]machine.PhasePubli
 	case events.PhaseRenew, events.PhaseCommit:
 		earlier = []events.Phase{events.PhasePrepare}
 	case events.PhaseRetire:
-		earlier = []events.Phase{events.PhaseRestore}
+		// A failed restore's or branch's retire.
+		earlier = []events.Phase{events.PhaseBranch, events.PhaseRestore}
 	case events.PhaseResume:
 		earlier = []events.Phase{events.PhaseRestore, events.PhaseRetire}
 	}
@@ -135,6 +143,8 @@ func finishStatus(f machine.Finish) string {
 		return f.Restore.Status
 	case f.Op != nil:
 		return f.Op.Status
+	case f.Branch != nil:
+		return f.Branch.Status
 	}
 	return "closed"
 }

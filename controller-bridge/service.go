@@ -78,6 +78,13 @@ func (b *Bridge) endpoints() map[string]endpoint {
 			}
 			return b.Release(ctx, req)
 		},
+		bridgeapi.EndpointBranch: func(ctx context.Context, body []byte) (any, error) {
+			var req bridgeapi.BranchRequest
+			if err := decodeBody(body, &req); err != nil {
+				return nil, err
+			}
+			return b.Branch(ctx, req)
+		},
 		bridgeapi.EndpointStatus: func(ctx context.Context, body []byte) (any, error) {
 			var req struct{}
 			if err := decodeBody(body, &req); err != nil {

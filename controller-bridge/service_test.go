@@ -109,6 +109,10 @@ func TestServiceClient(t *testing.T) {
 	if err != nil || rr.Status != bridgeapi.StatusCompleted || rr.Source != "c2" || len(rr.Restored) != 4 {
 		t.Fatalf("restore over NATS: %+v, %v", rr, err)
 	}
+	br, err := c.Branch(ctx(t), bridgeapi.BranchRequest{Rollouts: []string{"t0-r0"}, N: 2, Seed: 7})
+	if err != nil || br.Status != bridgeapi.StatusCompleted || br.Source != "c2" || len(br.Agents) != 2 {
+		t.Fatalf("branch over NATS: %+v, %v", br, err)
+	}
 	rel, err := c.Release(ctx(t), bridgeapi.ReleaseRequest{})
 	if err != nil || rel.Status != bridgeapi.StatusCompleted || !slices.Contains(rel.Deleted, "c1") || !slices.Contains(rel.Deleted, "c2") {
 		t.Fatalf("final release over NATS: %+v, %v", rel, err)
@@ -168,6 +172,7 @@ func TestServiceSameAsHTTP(t *testing.T) {
 		{bridgeapi.PathCheckpoints, bridgeapi.EndpointCheckpoint, `{"checkpoint_id":"x"} {}`, 400, "bad_request", ""},
 		{bridgeapi.PathCheckpoints, bridgeapi.EndpointCheckpoint, `{"hold":true,"stop":true,"episodes":["-"]}`, 400, "bad_request", ""},
 		{bridgeapi.PathRetire, bridgeapi.EndpointRetire, `{}`, 400, "bad_request", ""},
+		{bridgeapi.PathBranch, bridgeapi.EndpointBranch, `{"rollouts":["t0-r0"],"n":0}`, 400, "bad_request", ""},
 		{bridgeapi.CommitPath("nothing-held"), bridgeapi.EndpointCommitHeld, `{"checkpoint_id":"nothing-held"}`, 404, "not_found", `{"stop":false}`},
 	} {
 		hb := tc.httpBody
@@ -332,6 +337,14 @@ func TestServiceNatsCLI(t *testing.T) {
 	}
 	if m := manifestOf(t, env, "from-natscli"); m == nil {
 		t.Fatal("no manifest of the checkpoint natscli took")
+	}
+	out = nats("req", "--raw", bridgeapi.ServiceSubject(run, "")+"."+bridgeapi.EndpointBranch, `{"rollouts":["t0-r0"],"n":2,"seed":9}`)
+	var br bridgeapi.BranchResult
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &br); err != nil {
+		t.Fatalf("nats req branch printed %q: %v", out, err)
+	}
+	if br.Status != bridgeapi.StatusCompleted || br.Source != "from-natscli" || len(br.Branches) != 2 || br.Branches[1].Seed != bridgeapi.BranchSeed(9, "t0-r0", 2) {
+		t.Fatalf("nats req branch took %+v, want 2 branches of t0-r0 from from-natscli", br)
 	}
 	if ls := nats("micro", "ls"); !strings.Contains(ls, bridgeapi.ServiceName) {
 		t.Errorf("nats micro ls does not list %s:\n%s", bridgeapi.ServiceName, ls)

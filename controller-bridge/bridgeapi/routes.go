@@ -31,6 +31,8 @@ const (
 	PathForget = "/v1/forget"
 	// PathRelease takes a POSTed ReleaseRequest.
 	PathRelease = "/v1/release"
+	// PathBranch takes a POSTed BranchRequest, answers a BranchResult.
+	PathBranch = "/v1/branch"
 	// PathStatus answers GET with Status.
 	PathStatus = "/v1/status"
 )

@@ -40,6 +40,9 @@ const (
 	// EndpointRelease takes a ReleaseRequest, answers an OpResult
 	// (PathRelease).
 	EndpointRelease = "release"
+	// EndpointBranch takes a BranchRequest, answers a BranchResult
+	// (PathBranch).
+	EndpointBranch = "branch"
 	// EndpointStatus takes an empty body (or {}), answers Status
 	// (PathStatus).
 	EndpointStatus = "status"
@@ -48,7 +51,7 @@ const (
 // Endpoints returns every endpoint of the service, in a fixed order.
 func Endpoints() []string {
 	return []string{EndpointCheckpoint, EndpointCommitHeld, EndpointAbortHeld, EndpointGet,
-		EndpointRestore, EndpointRetire, EndpointForget, EndpointRelease, EndpointStatus}
+		EndpointRestore, EndpointRetire, EndpointForget, EndpointRelease, EndpointBranch, EndpointStatus}
 }
 
 // ServiceSubject returns spsvc.<run>.bridge.<name>, the subject prefix of

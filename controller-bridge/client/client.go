@@ -131,6 +131,13 @@ func (c *Client) Restore(ctx context.Context, req bridgeapi.RestoreRequest) (*br
 	return &res, c.do(ctx, route{http.MethodPost, bridgeapi.PathRestore, req, bridgeapi.EndpointRestore, req}, &res)
 }
 
+// Branch forks rollouts of a checkpoint (LATEST when req.Source is empty)
+// into branches that continue beside the fleet.
+func (c *Client) Branch(ctx context.Context, req bridgeapi.BranchRequest) (*bridgeapi.BranchResult, error) {
+	var res bridgeapi.BranchResult
+	return &res, c.do(ctx, route{http.MethodPost, bridgeapi.PathBranch, req, bridgeapi.EndpointBranch, req}, &res)
+}
+
 // Retire refuses the given attempts everywhere from now on.
 func (c *Client) Retire(ctx context.Context, episodes []string) (*bridgeapi.OpResult, error) {
 	var res bridgeapi.OpResult

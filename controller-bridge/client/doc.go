@@ -1,6 +1,6 @@
 // Package client is the Go client of the controller bridge's API
 // (docs/API.md): what a Go controller, and the stillpoint CLI, calls to
-// checkpoint, restore, retire, forget and release a run.
+// checkpoint, restore, branch, retire, forget and release a run.
 //
 // One Client, two transports. New returns a client of one bridge's HTTP
 // API, sending a bearer token; NewNATS returns one of its NATS micro

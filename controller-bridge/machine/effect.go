@@ -154,6 +154,7 @@ type Finish struct {
 	Checkpoint *bridgeapi.CheckpointResult
 	Restore    *bridgeapi.RestoreResult
 	Op         *bridgeapi.OpResult
+	Branch     *bridgeapi.BranchResult
 	Err        error
 }
 

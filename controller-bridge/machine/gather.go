@@ -45,12 +45,12 @@ func (m *Machine) gatherPhase(now time.Time, p events.PhaseEvent, watch, fresh b
 	hh := p.Header()
 	hh.Deadline = GatherDeadline(now, hh.Deadline)
 	t := NewTally(p.Phase(), hh)
-	// A restore waits for every answer even after a failure: all or none
-	// needs to know what each member installed before retiring. Retire,
+	// A restore or branch waits for every answer even after a failure: all
+	// or none needs to know what each member installed before retiring. Retire,
 	// forget and release have nothing to abort: their result says what
 	// every member did (a release, what each one deleted).
 	switch p.Phase() {
-	case events.PhaseRestore, events.PhaseRetire, events.PhaseForget, events.PhaseRelease:
+	case events.PhaseRestore, events.PhaseRetire, events.PhaseForget, events.PhaseRelease, events.PhaseBranch:
 		t.WaitAll = true
 	}
 	m.g, m.want = &gathering{event: p, tally: t, watch: watch}, wantGatherStarted
@@ -202,6 +202,12 @@ func (m *Machine) gathered(now time.Time, v Verdict) ([]Effect, error) {
 		effs, err = m.restoreFailedRead(now, g.tally)
 	case m.state == StateRestoreFailing && p == events.PhaseRetire:
 		effs, err = m.retireGathered(now, g.tally, v)
+	case m.state == StateBranching && p == events.PhaseBranch:
+		effs, err = m.branchGathered(now, g.tally, v)
+	case m.state == StateBranchFailing && p == events.PhaseBranch:
+		effs, err = m.branchFailedRead(now, g.tally)
+	case m.state == StateBranchFailing && p == events.PhaseRetire:
+		effs, err = m.branchRetireGathered(now, g.tally, v)
 	case m.state == StateOperating:
 		effs, err = m.opGathered(now, g.tally, v)
 	case m.state == StateReleasing:

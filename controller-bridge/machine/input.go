@@ -108,6 +108,17 @@ type ReleaseAsked struct {
 	View    View
 }
 
+// BranchAsked asks to branch rollouts of a committed checkpoint
+// (PROTOCOL §5, Branch). Request.Seed is the base seed (the driver draws
+// one when the controller gave none). View: the run's last phase, the
+// live members of its epoch (Members: who must hold the parents, and whom
+// a failure retires the branches on), LATEST, Manifest (the source, its
+// members loaded) and Sources (what it carries from).
+type BranchAsked struct {
+	Request bridgeapi.BranchRequest
+	View    View
+}
+
 // Recover starts the replay of the run's open operation into an idle
 // machine: History is its phase events as the stream holds them, oldest
 // first, from the operation's first phase (prepare, restore, retire,
@@ -120,6 +131,9 @@ type ReleaseAsked struct {
 type Recover struct {
 	History  []PhasePublished
 	Previous *events.CheckpointManifest
+	// Members are the live members of the run's epoch when the operation
+	// is a branch: whom its failure retires the branches on.
+	Members []events.Member
 }
 
 // Replayed says the replay is complete: the machine carries on with what
@@ -245,6 +259,7 @@ func (RetireAsked) input()        {}
 func (ForgetAsked) input()        {}
 func (ReleaseAsked) input()       {}
 func (Recover) input()            {}
+func (BranchAsked) input()        {}
 func (Replayed) input()           {}
 func (PhasePublished) input()     {}
 func (GatherStarted) input()      {}

@@ -106,6 +106,8 @@ func (m *Machine) Step(now time.Time, in Input) ([]Effect, error) {
 		return m.askForget(now, in)
 	case ReleaseAsked:
 		return m.askRelease(now, in)
+	case BranchAsked:
+		return m.askBranch(now, in)
 	case Recover:
 		return m.recover(in)
 	case Replayed:
@@ -259,9 +261,12 @@ func (m *Machine) published(now time.Time, in PhasePublished) ([]Effect, error) 
 		m.op.resume = &e
 		return m.resumed(now, e)
 	case events.Retire:
-		if m.op.kind == opRestore {
+		if m.op.kind == opRestore || m.op.kind == opBranch {
 			m.op.retire = &e
 		}
+		return m.gatherPublished(now, e), nil
+	case events.Branch:
+		m.op.branch = &e
 		return m.gatherPublished(now, e), nil
 	case events.Restore, events.Forget, events.Release:
 		return m.gatherPublished(now, in.Event), nil
@@ -311,6 +316,8 @@ func (m *Machine) outcomePublished(now time.Time, in OutcomePublished) ([]Effect
 		return m.finish(Finish{Restore: m.op.rres})
 	case events.TypeReleaseCompleted, events.TypeReleaseFailed:
 		return m.finish(Finish{Op: m.op.ores})
+	case events.TypeBranchCompleted, events.TypeBranchFailed:
+		return m.finish(Finish{Branch: m.op.bres})
 	}
 	return nil, fmt.Errorf("%w: outcome %s in state %s", ErrUnexpected, in.Type, m.state)
 }

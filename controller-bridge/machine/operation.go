@@ -17,6 +17,7 @@ const (
 	opRetire
 	opForget
 	opRelease
+	opBranch
 )
 
 // operation is the one operation open in the run: what it was asked, its
@@ -32,7 +33,8 @@ type operation struct {
 	prepare *events.Prepare
 	commit  *events.Commit
 	restore *events.Restore
-	retire  *events.Retire
+	branch  *events.Branch
+	retire  *events.Retire // of a failed restore or branch
 	resume  *events.Resume
 	phase   events.PhaseEvent // a retire, forget or release of its own
 
@@ -72,6 +74,10 @@ type operation struct {
 
 	rres *bridgeapi.RestoreResult
 	ores *bridgeapi.OpResult
+	bres *bridgeapi.BranchResult
+	// epochMembers are the live members of the epoch a failed branch
+	// retires its branches on.
+	epochMembers []events.Member
 }
 
 // result is a finished checkpoint's result: committed with what its

@@ -18,7 +18,7 @@ func (m *Machine) recover(in Recover) ([]Effect, error) {
 	if len(in.History) == 0 {
 		return nil, fmt.Errorf("%w: Recover with no history", ErrUnexpected)
 	}
-	o := &operation{replayed: true, outcomes: map[events.Type]events.Data{}, prev: in.Previous}
+	o := &operation{replayed: true, outcomes: map[events.Type]events.Data{}, prev: in.Previous, epochMembers: in.Members}
 	for i, p := range in.History {
 		if _, ok := p.Event.Header().Expected(); !ok {
 			return nil, fmt.Errorf("%w: the history's %s seq %d names a roster not read", ErrUnexpected, p.Event.Phase(), p.Event.Header().Seq)
@@ -59,10 +59,12 @@ func (o *operation) replay(p events.PhaseEvent, first bool) error {
 			o.kind = opForget
 		case events.PhaseRelease:
 			o.kind = opRelease
+		case events.PhaseBranch:
+			o.kind = opBranch
 		}
 	} else if h.CheckpointID != o.id {
 		return fmt.Errorf("%w: the history of %s holds a %s of %s", ErrUnexpected, o.id, p.Phase(), h.CheckpointID)
-	} else if o.kind != opCheckpoint && o.kind != opRestore {
+	} else if o.kind != opCheckpoint && o.kind != opRestore && o.kind != opBranch {
 		return fmt.Errorf("%w: a %s after the %s of %s", ErrUnexpected, p.Phase(), o.phase.Phase(), o.id)
 	}
 	switch e := p.(type) {
@@ -78,8 +80,11 @@ func (o *operation) replay(p events.PhaseEvent, first bool) error {
 		o.restore = &e
 		o.rres = &bridgeapi.RestoreResult{Run: e.Run, RestoreID: e.CheckpointID, Source: e.Source, Epoch: e.Epoch, Rejoin: e.Rejoin,
 			Members: expected(e.PhaseHeader)}
+	case events.Branch:
+		o.branch = &e
+		o.bres = branchResult(e)
 	case events.Retire:
-		if o.kind == opRestore {
+		if o.kind == opRestore || o.kind == opBranch {
 			o.retire = &e
 		} else {
 			o.phase = e
@@ -120,6 +125,13 @@ func (m *Machine) nextRead() []Effect {
 		case o.resume != nil && !o.seen(events.TypeRestoreCompleted) && !o.read(events.TypeRestoreFailed):
 			return read(events.TypeRestoreFailed)
 		}
+	case opBranch:
+		switch {
+		case !o.read(events.TypeBranchCompleted):
+			return read(events.TypeBranchCompleted)
+		case !o.seen(events.TypeBranchCompleted) && !o.read(events.TypeBranchFailed):
+			return read(events.TypeBranchFailed)
+		}
 	case opRelease:
 		switch {
 		case !o.read(events.TypeReleaseCompleted):
@@ -158,6 +170,8 @@ func (o *operation) closed() bool {
 		return o.seen(events.TypeRestoreFailed) || o.seen(events.TypeRestoreCompleted) && o.resume != nil
 	case opRelease:
 		return o.seen(events.TypeReleaseCompleted) || o.seen(events.TypeReleaseFailed)
+	case opBranch:
+		return o.seen(events.TypeBranchCompleted) || o.seen(events.TypeBranchFailed)
 	}
 	return true // a retire or forget of its own: its acks are its result
 }
@@ -179,6 +193,8 @@ func (m *Machine) Open() string {
 		return "restore " + o.id
 	case opRelease:
 		return "release " + o.id
+	case opBranch:
+		return "branch " + o.id
 	}
 	return ""
 }
@@ -268,6 +284,12 @@ func (m *Machine) replayed(now time.Time) ([]Effect, error) {
 			}
 			return note("a restore was left open; reading its acks", m.gather(now, *o.restore, true), nil)
 		}
+	case opBranch:
+		effs, msg, err := m.replayedBranch(now)
+		if err != nil {
+			return nil, err
+		}
+		return note(msg, effs, nil)
 	case opRelease:
 		if err := m.to(StateReleasing); err != nil {
 			return nil, err

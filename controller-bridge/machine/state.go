@@ -50,10 +50,16 @@ const (
 	// StateReleasing: a release is published, its acks gathered, and the
 	// bridge's side of what is not kept deleted.
 	StateReleasing
+	// StateBranching: a branch is published and its acks gathered; then
+	// branch.completed.
+	StateBranching
+	// StateBranchFailing: a member did not branch; the branch episodes
+	// are retired everywhere, branch.failed reported.
+	StateBranchFailing
 )
 
 var stateNames = [...]string{"idle", "replaying", "preparing", "held", "committing", "verifying", "committed",
-	"aborting", "restoring", "restored", "restore-failing", "operating", "releasing"}
+	"aborting", "restoring", "restored", "restore-failing", "operating", "releasing", "branching", "branch-failing"}
 
 // String returns the state's name.
 func (s State) String() string {
@@ -66,11 +72,11 @@ func (s State) String() string {
 // successors lists the legal transitions. Every state may go back to idle:
 // an operation finishes, is fenced, or fails on the bus.
 var successors = map[State][]State{
-	StateIdle: {StateReplaying, StatePreparing, StateRestoring, StateOperating, StateReleasing},
+	StateIdle: {StateReplaying, StatePreparing, StateRestoring, StateOperating, StateReleasing, StateBranching},
 	// Replayed carries on in the state the history shows, or finds the
 	// operation closed.
 	StateReplaying: {StateIdle, StatePreparing, StateCommitting, StateCommitted, StateAborting,
-		StateRestoring, StateRestored, StateRestoreFailing, StateReleasing},
+		StateRestoring, StateRestored, StateRestoreFailing, StateReleasing, StateBranching, StateBranchFailing},
 	StatePreparing:      {StateIdle, StateHeld, StateCommitting, StateAborting},
 	StateHeld:           {StateIdle, StateCommitting, StateAborting},
 	StateCommitting:     {StateIdle, StateVerifying, StateAborting},
@@ -82,6 +88,8 @@ var successors = map[State][]State{
 	StateRestoreFailing: {StateIdle},
 	StateOperating:      {StateIdle},
 	StateReleasing:      {StateIdle},
+	StateBranching:      {StateIdle, StateBranchFailing},
+	StateBranchFailing:  {StateIdle},
 }
 
 // Errors of Step. An input the machine refuses leaves it as it was.

@@ -29,6 +29,7 @@ const (
 	KindRelease    Kind = "release"
 	KindRetire     Kind = "retire"
 	KindForget     Kind = "forget"
+	KindBranch     Kind = "branch"
 	KindUnknown    Kind = "unknown"
 )
 
@@ -179,16 +180,18 @@ type Outcome struct {
 	// Errors names every member that failed or never answered, as the
 	// bridge saw it.
 	Errors []events.MemberError `json:"errors,omitempty"`
-	// Source is a restore's source checkpoint.
+	// Source is a restore's or a branch's source checkpoint.
 	Source string `json:"source_checkpoint_id,omitempty"`
 	// Continued, Carried, Retired and Restarted count a committed
 	// checkpoint's episodes; Restored a restore's; Keep and Deleted are a
-	// release's.
+	// release's; Branches counts a branch's branches (Retired, those a
+	// failed one retired).
 	Continued int      `json:"continued,omitempty"`
 	Carried   int      `json:"carried,omitempty"`
 	Retired   int      `json:"retired,omitempty"`
 	Restarted int      `json:"restarted,omitempty"`
 	Restored  int      `json:"restored,omitempty"`
+	Branches  int      `json:"branches,omitempty"`
 	Keep      []string `json:"keep,omitempty"`
 	Deleted   []string `json:"deleted,omitempty"`
 	// Stop is a committed checkpoint's: the fleet stays parked, no resume
@@ -646,6 +649,8 @@ func kindOf(p events.Phase) Kind {
 		return KindRetire
 	case events.PhaseForget:
 		return KindForget
+	case events.PhaseBranch:
+		return KindBranch
 	}
 	return KindUnknown
 }
@@ -658,6 +663,8 @@ func kindOfOutcome(t events.Type) Kind {
 		return KindRestore
 	case events.TypeReleaseCompleted, events.TypeReleaseFailed:
 		return KindRelease
+	case events.TypeBranchCompleted, events.TypeBranchFailed:
+		return KindBranch
 	}
 	return KindUnknown
 }
@@ -682,6 +689,11 @@ func outcomeOf(e Event) (*Outcome, string) {
 	case events.RestoreFailed:
 		h, o.Status, o.Source, o.Errors = v.OutcomeHeader, StatusFailed, v.Source, v.Errors
 		o.Reason = "restore installed nothing"
+	case events.BranchCompleted:
+		h, o.Status, o.Source, o.Branches = v.OutcomeHeader, StatusCompleted, v.Source, len(v.Branches)
+	case events.BranchFailed:
+		h, o.Status, o.Source, o.Branches, o.Errors = v.OutcomeHeader, StatusFailed, v.Source, len(v.Branches), v.Errors
+		o.Retired, o.Reason = len(v.Retired), "the branches were retired everywhere"
 	case events.ReleaseCompleted:
 		h, o.Status, o.Keep, o.Deleted = v.OutcomeHeader, StatusCompleted, v.Keep, v.Deleted
 	case events.ReleaseFailed:

@@ -154,6 +154,10 @@ func OutcomeLine(o Outcome) string {
 		fmt.Fprintf(&b, ": %d restored from %s", o.Restored, o.Source)
 	case events.TypeReleaseCompleted:
 		fmt.Fprintf(&b, ": kept %v, deleted %v", o.Keep, o.Deleted)
+	case events.TypeBranchCompleted:
+		fmt.Fprintf(&b, ": %d branches from %s", o.Branches, o.Source)
+	case events.TypeBranchFailed:
+		fmt.Fprintf(&b, ": %d branches from %s, %d retired", o.Branches, o.Source, o.Retired)
 	}
 	if o.Phase != "" {
 		fmt.Fprintf(&b, " in %s", o.Phase)

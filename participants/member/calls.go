@@ -40,13 +40,17 @@ func (m *Member) reopen(ctx context.Context, e Reopen) {
 	ev.Str("reason", e.Reason).Msg("admission reopened")
 }
 
-// call runs a retire, forget or release on the participant, bounded by
-// the phase's deadline.
+// call runs a retire, forget, release or branch on the participant,
+// bounded by the phase's deadline.
 func (m *Member) call(ctx context.Context, e CallParticipant) CallFinished {
 	h := e.Data.Header()
 	res := CallFinished{Op: e.Op}
 	cctx, cancel := context.WithDeadline(ctx, h.Deadline)
 	defer cancel()
+	if b, ok := e.Data.(events.Branch); ok {
+		m.withProgress(func() { res.Branched, res.Err = m.branch(cctx, b) })
+		return res
+	}
 	var err error
 	m.withProgress(func() {
 		switch d := e.Data.(type) {

@@ -205,6 +205,8 @@ func (m *Machine) phase(now time.Time, d events.PhaseEvent, beforeStart bool) []
 		return m.restorePhase(now, d)
 	case events.Retire, events.Forget, events.Release:
 		return m.outside(h, p, d, beforeStart)
+	case events.Branch:
+		return m.branchPhase(h, d, beforeStart)
 	}
 	return nil
 }
@@ -287,6 +289,8 @@ func bare(p events.Phase) func(events.AckHeader) events.Data {
 			return events.RetireAck{AckHeader: h}
 		case events.PhaseForget:
 			return events.ForgetAck{AckHeader: h}
+		case events.PhaseBranch:
+			return events.BranchAck{AckHeader: h}
 		default:
 			return events.ReleaseAck{AckHeader: h}
 		}

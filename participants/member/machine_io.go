@@ -53,12 +53,14 @@ type RestoreFinished struct {
 	Err      *events.AckError
 }
 
-// CallFinished says a retire, forget or release call on the participant
-// returned; Deleted is what a release deleted.
+// CallFinished says a retire, forget, release or branch call on the
+// participant returned; Deleted is what a release deleted, Branched the
+// capture keys a branch installed.
 type CallFinished struct {
-	Op      uint64
-	Deleted []string
-	Err     *events.AckError
+	Op       uint64
+	Deleted  []string
+	Branched []string
+	Err      *events.AckError
 }
 
 // OutcomeReceived is a checkpoint.committed outcome seen on the bus.
@@ -169,7 +171,8 @@ type InstallRestore struct {
 }
 
 // CallParticipant calls the participant's Retirer, Forgetter or Releaser
-// for the phase in Data and reports CallFinished{Op}.
+// for the phase in Data, or reads the parents' records and calls its
+// Brancher for a branch, and reports CallFinished{Op}.
 type CallParticipant struct {
 	Op   uint64
 	Data events.PhaseEvent

@@ -75,8 +75,25 @@ func (m *Machine) restored(in RestoreFinished) []Effect {
 	return out
 }
 
-// outside handles retire, forget and release: allowed only while no
-// checkpoint is open (idle, or restored and not yet resumed).
+// branchPhase handles a branch (PROTOCOL §5, Branch): an outside phase
+// whose success is recorded, so that a repeat answers what the first
+// answered without branching again.
+func (m *Machine) branchPhase(h events.PhaseHeader, d events.Branch, beforeStart bool) []Effect {
+	p := events.PhaseBranch
+	if eff := m.recorded(h, p); eff != nil {
+		return eff
+	}
+	if beforeStart && !m.served && m.state == StateIdle {
+		// As for a prepare: the process the bridge addressed is gone, and
+		// what it held with it; this one stays one a restore can go into.
+		return []Effect{m.fail(p, h.Seq, h.CheckpointID, &events.AckError{Code: events.CodeRestarted,
+			Detail: "the branch was published before this process of the member started: it addressed the process before"})}
+	}
+	return m.outside(h, p, d, beforeStart)
+}
+
+// outside handles retire, forget, release and branch: allowed only while
+// no checkpoint is open (idle, or restored and not yet resumed).
 func (m *Machine) outside(h events.PhaseHeader, p events.Phase, d events.PhaseEvent, beforeStart bool) []Effect {
 	if m.restore != 0 || (m.state != StateIdle && m.state != StateRestored) {
 		return []Effect{m.fail(p, h.Seq, h.CheckpointID, &events.AckError{Code: events.CodeInvalidPhase,
@@ -121,6 +138,18 @@ func (m *Machine) called(in CallFinished) []Effect {
 	seq := o.seqs[0]
 	if in.Err != nil {
 		return []Effect{m.fail(o.phase, seq, o.id, in.Err)}
+	}
+	if o.phase == events.PhaseBranch {
+		keys := slices.Clone(in.Branched)
+		slices.Sort(keys)
+		if len(keys) > 0 {
+			m.served = true
+		}
+		body := func(h events.AckHeader) events.Data {
+			return events.BranchAck{AckHeader: h, Branched: slices.Clone(keys)}
+		}
+		m.replies[replyKey{o.id, o.phase}] = body
+		return []Effect{m.ok(o.phase, seq, o.id, body)}
 	}
 	if o.phase == events.PhaseRelease {
 		deleted := slices.Clone(in.Deleted)

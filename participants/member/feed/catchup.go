@@ -233,6 +233,8 @@ func (c *Core) catchUpNewest(ctx context.Context) error {
 		h, p := header(dl)
 		opened := slices.Contains(c.opened, h.CheckpointID)
 		switch {
+		// A branch is acted on only as the newest operation: one that
+		// ended has been completed or retired without this member.
 		case h.CheckpointID == newest.CheckpointID, p == events.PhaseRetire, p == events.PhaseForget, p == events.PhaseRelease,
 			opened && (p == events.PhaseResume || p == events.PhaseCommit || p == events.PhaseRenew):
 		default:

@@ -78,7 +78,7 @@ func (in *Intruder) Seen() []string {
 
 // phases are every phase, for Guesses.
 var phases = []events.Phase{events.PhasePrepare, events.PhaseRenew, events.PhaseCommit, events.PhaseResume,
-	events.PhaseRestore, events.PhaseRetire, events.PhaseForget, events.PhaseRelease}
+	events.PhaseRestore, events.PhaseRetire, events.PhaseForget, events.PhaseRelease, events.PhaseBranch}
 
 // Guesses returns the ids of run's publishes to come, as told from the
 // ids seen: each seen id, and each of its beginnings (an id whose last

@@ -19,7 +19,7 @@ import (
 // Call is one call the runtime made on a Participant.
 type Call struct {
 	// Method is "prepare", "export", "resume", "install", "retire",
-	// "forget", "release" or "park".
+	// "forget", "release", "park" or "branch".
 	Method string
 	// CheckpointID is the checkpoint (or operation) the call was for, when
 	// it has one.
@@ -67,6 +67,8 @@ type Participant struct {
 	failExp   error
 	failPark  error
 	failRel   error
+	failBr    error
+	branchRec []events.Record
 	writeHook func(ctx context.Context, checkpointID string, index int)
 	member    *member.Member
 }
@@ -97,6 +99,7 @@ var (
 	_ member.Forgetter   = (*Participant)(nil)
 	_ member.Releaser    = (*Participant)(nil)
 	_ member.Parker      = (*Participant)(nil)
+	_ member.Brancher    = (*Participant)(nil)
 	_ Subject            = (*Participant)(nil)
 )
 
@@ -417,6 +420,57 @@ func (p *Participant) Install(ctx context.Context, r events.Restore, records []e
 	p.open = false
 	p.record(Call{Method: "install", CheckpointID: r.CheckpointID, Keys: keys})
 	return installed, nil
+}
+
+// FailBranch makes Branch fail with err (nil: succeed).
+func (p *Participant) FailBranch(err error) { p.mu.Lock(); p.failBr = err; p.mu.Unlock() }
+
+// BranchRecords returns the records the last Branch call was given.
+func (p *Participant) BranchRecords() []events.Record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.branchRec)
+}
+
+// Branch makes each branch whose parent a record holds live work, as its
+// branch episode, all or none, or fails as told.
+func (p *Participant) Branch(ctx context.Context, b events.Branch, records []events.Record) ([]events.Episode, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.branchRec = slices.Clone(records)
+	keys := make([]string, 0, len(records))
+	for _, rec := range records {
+		keys = append(keys, rec.Key)
+	}
+	fail := func(err error) ([]events.Episode, error) {
+		p.record(Call{Method: "branch", CheckpointID: b.CheckpointID, Keys: keys, Err: err})
+		return nil, err
+	}
+	if p.failBr != nil {
+		return fail(p.failBr)
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(err)
+	}
+	held := map[events.Episode]bool{}
+	for _, rec := range records {
+		ep, err := events.ParseEpisode(rec.Key)
+		if err != nil {
+			return fail(fmt.Errorf("record %s: %w", rec.Key, err))
+		}
+		held[ep] = true
+	}
+	var branched []events.Episode
+	for _, s := range b.Branches {
+		if held[s.Parent] {
+			branched = append(branched, s.Episode)
+		}
+	}
+	for _, ep := range branched {
+		p.live[ep.String()] = ep
+	}
+	p.record(Call{Method: "branch", CheckpointID: b.CheckpointID, Keys: keys})
+	return branched, nil
 }
 
 // Retire ends the live episodes of the retired attempts and earlier ones.

@@ -249,6 +249,7 @@ func Run(t *testing.T, h Suite) {
 	checkpointRules(t, h)
 	fencingRules(t, h)
 	restoreRules(t, h)
+	branchRules(t, h)
 }
 
 func isSubset(sub, of []string) bool {

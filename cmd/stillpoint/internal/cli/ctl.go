@@ -79,6 +79,8 @@ func failed(res any) bool {
 		return r.Status == bridgeapi.StatusFailed
 	case *bridgeapi.OpResult:
 		return r.Status == bridgeapi.StatusFailed
+	case *bridgeapi.BranchResult:
+		return r.Status == bridgeapi.StatusFailed
 	}
 	return false
 }
@@ -130,6 +132,8 @@ func printResult(w io.Writer, res any) {
 			}
 		}
 		printFailure(w, r.Failure)
+	case *bridgeapi.BranchResult:
+		printBranch(w, r)
 	case *bridgeapi.Status:
 		fmt.Fprintf(w, "run %s: epoch %d, last phase %s of %s (seq %d)\n", r.Run, r.Epoch, r.LastPhase, r.LastCheckpoint, r.Seq)
 		if r.Open != "" {

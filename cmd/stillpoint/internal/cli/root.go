@@ -117,7 +117,7 @@ NATS_CREDS, NATS_NKEY, NATS_TOKEN.`,
 	pf.StringVar(&g.logLevel, "log-level", envOr("STILLPOINT_LOG_LEVEL", "info"), "log level: trace, debug, info, warn, error (env STILLPOINT_LOG_LEVEL)")
 	pf.StringVar(&g.logFormat, "log-format", envOr("STILLPOINT_LOG_FORMAT", "auto"), "log format: auto (pretty on a terminal, JSON otherwise), json, pretty")
 	root.AddCommand(newServerCmd(g), newCredsCmd(g), newVersionCmd(g), newBridgeCmd(g),
-		newCheckpointCmd(g), newCommitHeldCmd(g), newRestoreCmd(g), newRetireCmd(g), newForgetCmd(g), newReleaseCmd(g), newStatusCmd(g), newTimelineCmd(g), newInspectCmd(g),
+		newCheckpointCmd(g), newCommitHeldCmd(g), newRestoreCmd(g), newRetireCmd(g), newBranchCmd(g), newForgetCmd(g), newReleaseCmd(g), newStatusCmd(g), newTimelineCmd(g), newInspectCmd(g),
 		newAgentCmd(g), newOwnerCmd(g), newCollectCmd(g), newTasksCmd(g), newModelServerCmd(g), newDemoCmd(g), newTrajectoryCmd(g), newAttackCmd(g))
 	return root
 }
