@@ -128,8 +128,9 @@ type Request struct {
 	Init []string `json:"init,omitempty"`
 	// LeaseMS, when positive, is the lease from now, in milliseconds.
 	LeaseMS int64 `json:"lease_ms,omitempty"`
-	// Epoch is the restore's epoch a reidentified sandboxd moves to
-	// (PROTOCOL §5, the adopted sandbox daemon). Required for reidentify.
+	// Epoch is the restore's (or branch's) epoch a reidentified sandboxd
+	// moves to (PROTOCOL §5, the adopted sandbox daemon); 0, a branch in
+	// the run's first epoch: it takes the epoch from the phases.
 	Epoch uint64 `json:"epoch,omitempty"`
 
 	// Exec.
@@ -177,9 +178,6 @@ func (r Request) Validate() error {
 		}
 		if r.SetClock && r.Wall.IsZero() {
 			bad("%s: set_clock without wall", r.Op)
-		}
-		if r.Op == OpReidentify && r.Run != "" && r.Epoch == 0 {
-			bad("reidentify: epoch is required with run")
 		}
 		if r.LeaseMS < 0 {
 			bad("%s: lease_ms %d is negative", r.Op, r.LeaseMS)

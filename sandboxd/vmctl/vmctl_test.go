@@ -58,10 +58,12 @@ func TestRequestValidate(t *testing.T) {
 	if err := id.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	// Epoch 0: a branch in the run's first epoch, whose sandboxd takes the
+	// epoch from the phases.
 	re := id
 	re.Op = OpReidentify
-	if err := re.Validate(); !errors.Is(err, ErrProtocol) {
-		t.Fatalf("reidentify without epoch: %v", err)
+	if err := re.Validate(); err != nil {
+		t.Fatalf("reidentify in epoch 0: %v", err)
 	}
 	initOnly := Request{ID: 1, Op: OpIdentify, Sandbox: "s", Init: []string{"sh", "-c", "true"}, Entropy: ent}
 	if err := initOnly.Validate(); err != nil {

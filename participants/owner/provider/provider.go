@@ -128,9 +128,12 @@ type Spec struct {
 	Binds []Bind
 	// Output receives Init's stdout and stderr; nil discards them.
 	Output io.Writer
-	// Epoch is the restore's epoch, given to Fork: a provider whose forks
-	// keep their processes (Caps.KeepsProcesses) moves the fork's running
-	// sandboxd to it (PROTOCOL §5, an adopted sandboxd). Zero for a Start.
+	// Epoch is the restore's (or a branch's) epoch, given to Fork: a
+	// provider whose forks keep their processes (Caps.KeepsProcesses)
+	// moves the fork's running sandboxd to it (PROTOCOL §5, an adopted
+	// sandboxd). Zero for a Start, and for a branch in the run's first
+	// epoch: the fork's sandboxd then takes its epoch from the phases, as
+	// a fresh member does, which is the same epoch.
 	Epoch uint64
 	// ImageRef is the container image a task names for its sandbox's root
 	// (an OCI layout, a docker save archive or a registry reference; see

@@ -144,9 +144,6 @@ func (m *Provider) launch(ctx context.Context, spec provider.Spec, req vmctl.Req
 			return nil, fmt.Errorf("%w: snapshotID %q is not a microvm snapshot: %w", provider.ErrInvalid, snapshotID, err)
 		}
 		state = filepath.Join(sdir, "state")
-		if spec.Epoch == 0 && req.Run != "" {
-			return nil, provider.InvalidField("spec.Epoch", "a fork of a microvm snapshot whose sandboxd runs on needs the restore's epoch")
-		}
 	}
 	if parent.MemMiB != m.cfg.MemMiB {
 		return nil, provider.InvalidField("MemMiB", "the snapshot's guest has %d MiB, this provider %d", parent.MemMiB, m.cfg.MemMiB)
