@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -122,6 +123,7 @@ func WriteSummary(w io.Writer, s Summary) {
 	fmt.Fprintf(tw, "recoveries\t%d (restores: %v%s; attempts retired: %d)\n", s.Recoveries, s.Restores, rejoins, s.Retired)
 	fmt.Fprintf(tw, "elapsed\t%s\n", s.Elapsed.Round(time.Millisecond))
 	_ = tw.Flush()
+	writeBranches(w, s)
 	if len(s.Checkpoints) == 0 {
 		return
 	}
@@ -146,6 +148,32 @@ func WriteSummary(w io.Writer, s Summary) {
 			prep, commit = append(prep, c.PrepareMS), append(commit, c.CommitMS)
 		}
 		fmt.Fprintf(w, "prepare p50 %d ms, max %d ms; commit p50 %d ms, max %d ms\n", p50(prep), slices.Max(prep), p50(commit), slices.Max(commit))
+	}
+}
+
+// writeBranches writes the branches a collection adopted, each with its
+// parent, seed, outcome and reward.
+func writeBranches(w io.Writer, s Summary) {
+	if len(s.Branches) == 0 && s.BranchesFailed == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "branch\tof\tfrom\tseed\toutcome\treward")
+	for _, b := range s.Branches {
+		reward := "-"
+		if b.Reward != nil {
+			reward = strconv.FormatFloat(*b.Reward, 'g', -1, 64)
+		}
+		outcome := b.Outcome
+		if outcome == "" {
+			outcome = "running"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", b.RolloutID, b.BranchOf, b.Source, b.Seed, outcome, reward)
+	}
+	_ = tw.Flush()
+	if s.BranchesFailed > 0 {
+		fmt.Fprintf(w, "branches of failed branch operations: %d (retired; their parents went on)\n", s.BranchesFailed)
 	}
 }
 

@@ -45,6 +45,7 @@ type demoFlags struct {
 	tasks    string // the task set: "" (the harness's), or tasksSWE
 	steps    int    // tool calls of each scripted task (default 2)
 	run      string
+	branches int // after the restore, branch one rollout this many ways
 }
 
 // Env is what the demo takes from the command line it is part of.
@@ -134,6 +135,7 @@ stillpoint checkout), so run it from there: go run ./cmd/stillpoint demo`,
 	fl.StringVar(&f.authDir, "auth-dir", "", "with --nats-url: that server's keys and creds (stillpoint server --auth-dir)")
 	fl.DurationVar(&f.tool, "tool-time", defaultToolTime, "how long each task's slow tool call runs")
 	fl.StringVar(&f.tasks, "tasks", "", "the task set: swe (the SWE-style set, each task in a sandbox of its own image; with --harness opencode, claude or codex), or none: the harness's own")
+	fl.IntVar(&f.branches, "branches", 0, "after the crash restore, branch one rollout the restored checkpoint holds mid-run this many ways (docs/BRANCHES.md)")
 	fl.StringVar(&f.harness, "harness", harnessScripted, "the agents' harness: scripted (the scripted task set), opencode, claude or codex (the repository tasks, run by the real OpenCode, Claude Code or Codex) or exec (the scripted task set, run by the exec adapter's example agent)")
 	return cmd
 }
@@ -302,7 +304,7 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	dctx, stopDirector := context.WithCancel(ctx)
 	defer stopDirector()
 	directed := make(chan error, 1)
-	go func() { directed <- d.direct(dctx, col, ms, bus, agents, modelURL) }()
+	go func() { directed <- d.direct(dctx, col, ms, bus, agents, modelURL, ctl) }()
 	sum, err := col.Run(ctx)
 	stopDirector()
 	if derr := <-directed; derr != nil && !errors.Is(derr, context.Canceled) {
@@ -331,8 +333,12 @@ func runDemo(ctx context.Context, env Env, f demoFlags) error {
 	if len(failed) > 0 {
 		verdict = "invariants FAILED: " + strings.Join(failed, ", ")
 	}
-	fmt.Fprintf(env.Stdout, "demo: %d rollouts, %d results, %d continued in place, %d relaunched, %d checkpoints committed, %s\n",
-		sum.Rollouts, sum.Results, sum.ContinuedInPlace, sum.Relaunched, len(sum.Committed()), verdict)
+	branches := ""
+	if len(sum.Branches) > 0 {
+		branches = fmt.Sprintf(" (%d of them branches)", len(sum.Branches))
+	}
+	fmt.Fprintf(env.Stdout, "demo: %d rollouts%s, %d results, %d continued in place, %d relaunched, %d checkpoints committed, %s\n",
+		sum.Rollouts, branches, sum.Results, sum.ContinuedInPlace, sum.Relaunched, len(sum.Committed()), verdict)
 	if len(failed) > 0 {
 		return ErrInvariants
 	}
@@ -469,7 +475,7 @@ func (d *Fleet) Spawn(program, name, as string, env []string, args ...string) er
 // (SIGKILL of the agents and the owners, started again: the collector
 // restores), then a third while relaunched rollouts
 // are under way.
-func (d *Fleet) direct(ctx context.Context, col *collect.Collector, ms *modelserver.Server, bus *jetstream.Bus, agents []string, modelURL string) error {
+func (d *Fleet) direct(ctx context.Context, col *collect.Collector, ms *modelserver.Server, bus *jetstream.Bus, agents []string, modelURL string, ctl *client.Client) error {
 	n, inFlight := len(d.ids), d.inFlight
 	calls := func(min int) int {
 		per := map[string]int{}
@@ -548,6 +554,11 @@ func (d *Fleet) direct(ctx context.Context, col *collect.Collector, ms *modelser
 	}
 	restored := time.Now()
 	d.Say("restored %s into the new processes", col.Summary().Restores[0])
+	if d.f.branches > 0 {
+		if err := d.branch(ctx, col, bus, ctl, col.Summary().Restores[0]); err != nil {
+			return err
+		}
+	}
 	if !held || d.f.provider == "microvm" {
 		// On microvm the restore resumed the held launches in place: they
 		// finish in place whenever the third checkpoint comes.
