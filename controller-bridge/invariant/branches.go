@@ -118,14 +118,18 @@ type label struct {
 	seed   uint64
 }
 
-// ledgerLabels returns, by token key, the branch label and seed the model
-// server's ledger recorded for each call it answered (its entries' Branch
-// and Seed).
-func ledgerLabels(ledger []modelserver.Entry) map[string]label {
-	out := map[string]label{}
+// ledgerLabels returns, by token key, the branch labels and seeds the
+// model server's ledger recorded for the calls it answered with those
+// tokens (its entries' Branch and Seed): branches that continue alike
+// (a script with no continuation of their own) make calls of the same
+// tokens, told apart by their labels alone.
+func ledgerLabels(ledger []modelserver.Entry) map[string][]label {
+	out := map[string][]label{}
 	for _, e := range ledger {
 		if k := tokenKey(e.PromptTokenIDs, e.TokenIDs); k != "" {
-			out[k] = label{e.Branch, e.Seed}
+			if l := (label{e.Branch, e.Seed}); !slices.Contains(out[k], l) {
+				out[k] = append(out[k], l)
+			}
 		}
 	}
 	return out
@@ -134,7 +138,7 @@ func ledgerLabels(ledger []modelserver.Entry) map[string]label {
 // checkBranches checks branches against their parents' trajectories
 // (parents: by rollout; nil for a parent without one) and the labels the
 // model server recorded (nil: none), and returns what is wrong.
-func checkBranches(branches []branchTraj, parents map[string][]tcall, labels map[string]label) []string {
+func checkBranches(branches []branchTraj, parents map[string][]tcall, labels map[string][]label) []string {
 	var bad []string
 	// Every trajectory's calls by id and by request and response: a
 	// branch's own call must be in its trajectory alone.
@@ -200,8 +204,8 @@ func checkBranches(branches []branchTraj, parents map[string][]tcall, labels map
 					}
 				}
 			}
-			if l, ok := labels[c.tokens]; labels != nil && c.tokens != "" && (!ok || l.branch != "b"+strconv.Itoa(h.K) || l.seed != h.Seed) {
-				bad = append(bad, fmt.Sprintf("%s: its call %s reached the model server labelled %q seed %d, want b%d seed %d", b.rollout, c.id, l.branch, l.seed, h.K, h.Seed))
+			if ls := labels[c.tokens]; labels != nil && c.tokens != "" && !slices.Contains(ls, label{"b" + strconv.Itoa(h.K), h.Seed}) {
+				bad = append(bad, fmt.Sprintf("%s: its call %s reached the model server labelled %v, none b%d seed %d", b.rollout, c.id, ls, h.K, h.Seed))
 			}
 		}
 	}
@@ -212,8 +216,8 @@ func checkBranches(branches []branchTraj, parents map[string][]tcall, labels map
 			if err == nil && isBranchOf[ep.Rollout] == p {
 				bad = append(bad, fmt.Sprintf("%s: its call %s is its branch %s's", p, c.id, ep.Rollout))
 			}
-			if l, ok := labels[c.tokens]; ok && l.branch != "" {
-				bad = append(bad, fmt.Sprintf("%s: its call %s reached the model server labelled %s", p, c.id, l.branch))
+			if ls, ok := labels[c.tokens]; ok && !slices.Contains(ls, label{}) {
+				bad = append(bad, fmt.Sprintf("%s: its call %s reached the model server labelled %v, never unlabelled", p, c.id, ls))
 			}
 		}
 	}
@@ -302,12 +306,11 @@ func Branches(ctx context.Context, r Run, tl []timeline.Entry) Result {
 			}
 		}
 	}
-	var labels map[string]label
-	labelled := "the ledger records no branch labels"
+	var labels map[string][]label
+	labelled := "no model ledger: the calls' labels not checked"
 	if r.Model != nil {
-		if labels = ledgerLabels(r.Model.Ledger()); labels != nil {
-			labelled = "each call's label and seed the model server recorded checked"
-		}
+		labels = ledgerLabels(r.Model.Ledger())
+		labelled = "each call's label and seed the model server recorded checked"
 	}
 	bad = append(bad, checkBranches(branches, parents, labels)...)
 	res.OK = len(bad) == 0

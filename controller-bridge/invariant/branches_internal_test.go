@@ -31,13 +31,13 @@ func TestCheckBranches(t *testing.T) {
 		calls: calls("r1/1", "r1/2", "r1.b1-a1/1", "r1.b1-a1/2")}
 	b2 := branchTraj{rollout: "r1.b2", h: branchHeader{Parent: "r1", ParentEpisode: "r1", K: 2, Seed: 12, Source: "c1", At: 2},
 		calls: calls("r1/1", "r1/2", "r1.b2-a1/1")}
-	labels := map[string]label{}
+	labels := map[string][]label{}
 	for _, c := range parent {
-		labels[c.tokens] = label{}
+		labels[c.tokens] = []label{{}}
 	}
 	for _, b := range []branchTraj{b1, b2} {
 		for _, c := range b.calls[b.h.At:] {
-			labels[c.tokens] = label{"b" + string(rune('0'+b.h.K)), b.h.Seed}
+			labels[c.tokens] = []label{{"b" + string(rune('0'+b.h.K)), b.h.Seed}}
 		}
 	}
 	if bad := checkBranches([]branchTraj{b1, b2}, map[string][]tcall{"r1": parent}, labels); len(bad) != 0 {
@@ -52,7 +52,7 @@ func TestCheckBranches(t *testing.T) {
 		calls: calls("r1/1", "r1/2", "r1/x3", "r1/x4")}
 	for i := range b3.calls[2:] {
 		b3.calls[2+i].branch, b3.calls[2+i].seed = "b3", 13
-		labels[b3.calls[2+i].tokens] = label{"b3", 13}
+		labels[b3.calls[2+i].tokens] = []label{{"b3", 13}}
 	}
 	if bad := checkBranches([]branchTraj{b1, b2, b3}, map[string][]tcall{"r1": parent}, labels); len(bad) != 0 {
 		t.Fatalf("a branch that continued in place: %v", bad)
@@ -64,39 +64,39 @@ func TestCheckBranches(t *testing.T) {
 
 	for _, tc := range []struct {
 		name   string
-		mutate func(b1, b2 *branchTraj, parent *[]tcall, labels map[string]label)
+		mutate func(b1, b2 *branchTraj, parent *[]tcall, labels map[string][]label)
 		want   string
 	}{
-		{"prefix not the parent's", func(b1, _ *branchTraj, _ *[]tcall, _ map[string]label) {
+		{"prefix not the parent's", func(b1, _ *branchTraj, _ *[]tcall, _ map[string][]label) {
 			b1.calls[1].key = "other"
 		}, "r1.b1: call 2 (r1.l1.2) is not its parent's call 2 (r1.l1.2)"},
-		{"an own call of the parent's episode", func(b1, _ *branchTraj, _ *[]tcall, _ map[string]label) {
+		{"an own call of the parent's episode", func(b1, _ *branchTraj, _ *[]tcall, _ map[string][]label) {
 			b1.h.At = 1
 		}, "r1.b1: call 2 (r1.l1.2), after the branch point, is not the branch's own"},
-		{"a branch point past its calls", func(_, b2 *branchTraj, _ *[]tcall, _ map[string]label) {
+		{"a branch point past its calls", func(_, b2 *branchTraj, _ *[]tcall, _ map[string][]label) {
 			b2.h.At = 4
 		}, "r1.b2: branch point at 4 of its 3 calls"},
-		{"a call in two branches", func(b1, b2 *branchTraj, _ *[]tcall, _ map[string]label) {
+		{"a call in two branches", func(b1, b2 *branchTraj, _ *[]tcall, _ map[string][]label) {
 			b2.calls = append(b2.calls, b1.calls[3])
 		}, "r1.b1: its call r1:b1-a1.l1.2 is also in r1.b2's trajectory"},
-		{"a sibling's request and response", func(b1, b2 *branchTraj, _ *[]tcall, _ map[string]label) {
+		{"a sibling's request and response", func(b1, b2 *branchTraj, _ *[]tcall, _ map[string][]label) {
 			b2.calls[2].key = b1.calls[2].key
 		}, "r1.b2: its call r1:b2-a1.l1.1 is also in r1.b1's trajectory"},
-		{"the parent holds a branch's call", func(b1, _ *branchTraj, parent *[]tcall, _ map[string]label) {
+		{"the parent holds a branch's call", func(b1, _ *branchTraj, parent *[]tcall, _ map[string][]label) {
 			*parent = append(*parent, b1.calls[2])
 		}, "r1: its call r1:b1-a1.l1.1 is its branch r1.b1's"},
-		{"the parent's call labelled", func(_, _ *branchTraj, parent *[]tcall, labels map[string]label) {
-			labels[(*parent)[2].tokens] = label{"b1", 11}
-		}, "r1: its call r1.l1.3 reached the model server labelled b1"},
-		{"a branch's call with another's seed", func(_, b2 *branchTraj, _ *[]tcall, labels map[string]label) {
-			labels[b2.calls[2].tokens] = label{"b2", 11}
-		}, `r1.b2: its call r1:b2-a1.l1.1 reached the model server labelled "b2" seed 11, want b2 seed 12`},
+		{"the parent's call labelled", func(_, _ *branchTraj, parent *[]tcall, labels map[string][]label) {
+			labels[(*parent)[2].tokens] = []label{{"b1", 11}}
+		}, "r1: its call r1.l1.3 reached the model server labelled [{b1 11}], never unlabelled"},
+		{"a branch's call with another's seed", func(_, b2 *branchTraj, _ *[]tcall, labels map[string][]label) {
+			labels[b2.calls[2].tokens] = []label{{"b2", 11}}
+		}, `r1.b2: its call r1:b2-a1.l1.1 reached the model server labelled [{b2 11}], none b2 seed 12`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c1, c2 := b1, b2
 			c1.calls, c2.calls = append([]tcall(nil), b1.calls...), append([]tcall(nil), b2.calls...)
 			p := append([]tcall(nil), parent...)
-			l := map[string]label{}
+			l := map[string][]label{}
 			for k, v := range labels {
 				l[k] = v
 			}
