@@ -100,12 +100,15 @@ func branchBookmark(bm agentapi.Bookmark, source string, s events.BranchSpec) ag
 }
 
 // branchLabel is the label bm's launches and re-points give the relay:
-// the branch's, nil for a rollout that is no branch.
+// the branch's, with its episode (under which a fork that continues in
+// place records its calls from the re-point on), nil for a rollout that
+// is no branch.
 func branchLabel(bm agentapi.Bookmark) *sandboxapi.BranchLabel {
 	if bm.Branch == nil {
 		return nil
 	}
-	return &sandboxapi.BranchLabel{Label: bm.Branch.Label, Seed: bm.Branch.Seed}
+	return &sandboxapi.BranchLabel{Label: bm.Branch.Label, Seed: bm.Branch.Seed,
+		Episode: events.Episode{Rollout: bm.Rollout, Attempt: bm.Attempt}.String()}
 }
 
 // trajectoryBranch is the branch header of bm's trajectory, whose calls

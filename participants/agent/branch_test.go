@@ -125,7 +125,7 @@ func TestBranchContinuesFromTheParentsBookmark(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the branch was never launched")
 	}
-	label := sandboxapi.BranchLabel{Label: "b2", Seed: 42}
+	label := sandboxapi.BranchLabel{Label: "b2", Seed: 42, Episode: "r1.b2-a1"}
 	sb.mu.Lock()
 	launches, repoints := sb.launches, sb.repoints
 	sb.mu.Unlock()

@@ -240,3 +240,50 @@ func TestBranchResentCallAfterRepoint(t *testing.T) {
 		})
 	}
 }
+
+// A fork that continues in place runs the parent's launch: a re-point
+// that names the branch's episode records the call it sends again, and
+// every call after, under that episode, with IDs of its own (no sibling's
+// or parent's ID); a label whose episode is no capture key is refused and
+// changes nothing.
+func TestBranchRepointRecordsUnderTheBranchEpisode(t *testing.T) {
+	gone, cutGot := labelUpstream(t, true)
+	fresh, got := labelUpstream(t, false)
+	r, rec := captureRelay(t, gone.URL, filepath.Join(t.TempDir(), trajectory.FileName))
+	if err := r.LabelBranch("e", "l", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	cut := post(t, r, "/v1/chat/completions", body)
+	<-cutGot
+	r.Hold()
+	gen := r.Status().Generation
+	bad := &sandboxapi.BranchLabel{Label: "b3", Seed: 6, Episode: "../x"}
+	if _, err := r.RepointBranch(fresh.URL, gen+1, bad); !errors.Is(err, sandboxapi.ErrBadBranch) {
+		t.Fatalf("a re-point whose branch names a path-like episode: %v, want ErrBadBranch", err)
+	}
+	if _, err := r.RepointBranch(fresh.URL, gen+1, &sandboxapi.BranchLabel{Label: "b3", Seed: 6, Episode: "e.b3-a1"}); err != nil {
+		t.Fatal(err)
+	}
+	r.Release()
+	if g := wait(t, cut); g.status != 200 {
+		t.Fatalf("the cut call after the re-point: %+v", g)
+	}
+	<-got
+	if g := wait(t, post(t, r, "/v1/chat/completions", body)); g.status != 200 {
+		t.Fatalf("%+v", g)
+	}
+	<-got
+	recs := rec.Calls()
+	if len(recs) != 2 {
+		t.Fatalf("%d calls recorded, want 2", len(recs))
+	}
+	for i, c := range recs {
+		if want := fmt.Sprintf("e.b3-a1.l.%d", i+1); c.ID != want || c.Episode != "e.b3-a1" || c.Branch != "b3" {
+			t.Errorf("call %d recorded as %s (episode %s, branch %s), want %s of e.b3-a1, b3", i+1, c.ID, c.Episode, c.Branch, want)
+		}
+	}
+	if st := r.Status(); st.Capture == nil || st.Capture.Episode != "e.b3-a1" {
+		t.Errorf("the capture's label after the re-point: %+v", st.Capture)
+	}
+}

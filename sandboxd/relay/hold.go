@@ -3,9 +3,11 @@ package relay
 import (
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
+	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
 )
 
 // Hold holds the relay: new calls wait before they are forwarded, and no
@@ -127,6 +129,7 @@ func (r *Relay) RepointBranch(upstream string, gen uint64, branch *sandboxapi.Br
 	r.upstream, r.gen = strings.TrimRight(upstream, "/"), gen
 	if branch != nil {
 		r.branch = branch
+		r.relabel(branch.Episode)
 	}
 	// Idle connections to the old upstream (after a restore: to a forward
 	// the new VM does not have, where a request could wait forever) are
@@ -144,6 +147,40 @@ func (r *Relay) RepointBranch(upstream string, gen uint64, branch *sandboxapi.Br
 	r.mu.Unlock()
 	r.log.Warn().Str("from", old).Str("to", upstream).Uint64("generation", gen).Int("cut", cut).Msg("relay re-pointed")
 	return r.Status(), nil
+}
+
+// relabel records the calls taken from now on under episode (a branch's,
+// whose fork continues the parent's launch in place), and gives the calls
+// still open, which the re-point sends again and none has recorded yet,
+// IDs of episode, in the order they came: so that no call of the branch
+// has the ID of its parent's or a sibling's call. An episode that makes
+// no call ID leaves the labels as they are. r.mu is held.
+func (r *Relay) relabel(episode string) {
+	if episode == "" || r.cfg.Capture == nil || r.episode == "" || episode == r.episode {
+		return
+	}
+	if _, err := trajectory.CallID(episode, r.launch, 1); err != nil {
+		r.log.Error().Err(err).Str("episode", episode).Msg("relay: a branch's episode makes no call id; its calls keep the launch's")
+		return
+	}
+	r.episode = episode
+	k := r.episode + "." + r.launch
+	if _, ok := r.nums[k]; !ok {
+		r.nums[k] = r.cfg.Capture.Next(r.episode, r.launch) - 1
+	}
+	seqs := make([]uint64, 0, len(r.open))
+	for s, c := range r.open {
+		if c.id != "" {
+			seqs = append(seqs, s)
+		}
+	}
+	slices.Sort(seqs)
+	for _, s := range seqs {
+		c := r.open[s]
+		r.nums[k]++
+		c.episode, c.n = episode, r.nums[k]
+		c.id, _ = trajectory.CallID(c.episode, c.launch, c.n)
+	}
 }
 
 func checkUpstream(s string) error {

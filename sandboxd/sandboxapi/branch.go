@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+
+	"github.com/stillpoint/stillpoint/events"
 )
 
 // ErrBadBranch is wrapped by BranchLabel.Validate's error: a label that
@@ -19,6 +21,11 @@ var branchLabel = regexp.MustCompile(`^b[1-9][0-9]{0,8}$`)
 func (b BranchLabel) Validate() error {
 	if !branchLabel.MatchString(b.Label) {
 		return fmt.Errorf("%w: %q (want b<k>, k from 1)", ErrBadBranch, b.Label)
+	}
+	if b.Episode != "" {
+		if _, err := events.ParseEpisode(b.Episode); err != nil {
+			return fmt.Errorf("%w: episode: %w", ErrBadBranch, err)
+		}
 	}
 	return nil
 }

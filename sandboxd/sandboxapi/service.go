@@ -149,6 +149,13 @@ type LaunchRequest struct {
 type BranchLabel struct {
 	Label string `json:"label"`
 	Seed  uint64 `json:"seed"`
+	// Episode is the branch's episode (a capture key), for a re-point: a
+	// fork that continues in place runs the snapshot's harness, whose
+	// launch the parent's episode labels; the relay records the calls it
+	// takes from then on, and those it sends again, under the branch's
+	// episode instead (their IDs its own). A launch's label is its
+	// Episode already.
+	Episode string `json:"episode,omitempty"`
 }
 
 // The headers the relay adds to a branch's model calls (BranchLabel).
