@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/controller-bridge/machine"
+	"github.com/stillpoint/stillpoint/events"
 )
 
 // Branch forks rollouts of a committed checkpoint (LATEST by default)
@@ -25,7 +27,7 @@ func (b *Bridge) Branch(ctx context.Context, req bridgeapi.BranchRequest) (*brid
 		if _, err := rand.Read(buf[:]); err != nil {
 			return nil, fmt.Errorf("bridge: draw a seed: %w", err)
 		}
-		req.Seed = max(binary.BigEndian.Uint64(buf[:]), 1)
+		req.Seed = max(binary.BigEndian.Uint64(buf[:])&math.MaxInt64, 1)
 	}
 	if err := b.lock(ctx); err != nil {
 		return nil, err
@@ -54,14 +56,23 @@ func (b *Bridge) Branch(ctx context.Context, req bridgeapi.BranchRequest) (*brid
 				return nil, err
 			}
 		}
-		if v.Members, _, err = b.liveMembers(ctx, st.epoch, false); err != nil {
+		var infos []events.MemberInfo
+		if v.Members, infos, err = b.liveMembers(ctx, st.epoch, false); err != nil {
 			return nil, err
+		}
+		v.Instances = make(map[events.Member]string, len(infos))
+		for _, info := range infos {
+			v.Instances[info.Member] = info.Instance
 		}
 		if v.StreamMaxAge, err = b.streamMaxAge(ctx); err != nil {
 			return nil, err
 		}
 	}
-	fin, err := b.ask(ctx, m, machine.BranchAsked{Request: req, View: v})
+	hist, err := b.branchHistory(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fin, err := b.ask(ctx, m, machine.BranchAsked{Request: req, View: v, History: hist})
 	if err != nil {
 		return nil, err
 	}

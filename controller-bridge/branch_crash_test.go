@@ -52,7 +52,7 @@ func TestBridgeCrashDuringBranch(t *testing.T) {
 			dying, cl := startBridgeProcess(t, env, c.failpoint)
 			cctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
-			req := bridgeapi.BranchRequest{ID: "b1", Rollouts: []string{"t0-r0", "t1-r0"}, N: 2, Seed: 3, TimeoutMS: (10 * time.Second).Milliseconds()}
+			req := bridgeapi.BranchRequest{ID: "branch-b1", Rollouts: []string{"t0-r0", "t1-r0"}, N: 2, Seed: 3, TimeoutMS: (10 * time.Second).Milliseconds()}
 			if res, err := cl.Branch(cctx, req); err == nil {
 				t.Fatalf("the bridge answered %+v instead of dying", res)
 			}
@@ -65,7 +65,7 @@ func TestBridgeCrashDuringBranch(t *testing.T) {
 			if st.Open != "" || st.Epoch != 0 {
 				t.Errorf("after recovery: open %q, epoch %d", st.Open, st.Epoch)
 			}
-			entries, err := timeline.Read(cctx, env.JS, run, "b1")
+			entries, err := timeline.Read(cctx, env.JS, run, "branch-b1")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -196,3 +196,44 @@ func TestBranchHTTP(t *testing.T) {
 		t.Fatalf("a branch of an unknown rollout over HTTP: %v, want 400 bad_request naming t9-r0", err)
 	}
 }
+
+// A branch rollout is made once: a second operation that would make it
+// again (the same first, no checkpoint since holding it) is refused
+// naming it, before anything is published, so that its failure can never
+// retire the first operation's branches; so is an operation id used
+// before. A later first, or the same branch at a later attempt (a
+// controller making a lost branch again), completes.
+func TestBranchRolloutsAndIDsAreMadeOnce(t *testing.T) {
+	_, b, hs := branchFleet(t)
+	p0, _ := events.ParseEpisode(hs[0].Participant.Live()[0])
+	first, err := b.Branch(ctx(t), bridgeapi.BranchRequest{ID: "branch-one", Rollouts: []string{p0.Rollout}, N: 2, Seed: 5})
+	if err != nil || first.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("first branch: %+v, %v", first, err)
+	}
+	for name, c := range map[string]struct {
+		req  bridgeapi.BranchRequest
+		name string
+	}{
+		"the same branches": {bridgeapi.BranchRequest{Rollouts: []string{p0.Rollout}, N: 2}, events.BranchRollout(p0.Rollout, 1)},
+		"one of them":       {bridgeapi.BranchRequest{Rollouts: []string{p0.Rollout}, N: 1, First: 2}, events.BranchRollout(p0.Rollout, 2)},
+		"the same id":       {bridgeapi.BranchRequest{ID: "branch-one", Rollouts: []string{p0.Rollout}, N: 1, First: 5}, "branch-one"},
+	} {
+		_, err := b.Branch(ctx(t), c.req)
+		if !errors.Is(err, bridgeapi.ErrBadRequest) || !strings.Contains(err.Error(), c.name) {
+			t.Errorf("%s: %v, want ErrBadRequest naming %s", name, err, c.name)
+		}
+	}
+	for _, e := range first.Branches {
+		if !slices.Contains(hs[0].Participant.Live(), e.Episode.String()) {
+			t.Fatalf("the first operation's %s is gone after the refusals", e.Episode)
+		}
+	}
+	later, err := b.Branch(ctx(t), bridgeapi.BranchRequest{Rollouts: []string{p0.Rollout}, N: 1, First: 3})
+	if err != nil || later.Status != bridgeapi.StatusCompleted {
+		t.Fatalf("a later first: %+v, %v", later, err)
+	}
+	remade, err := b.Branch(ctx(t), bridgeapi.BranchRequest{Rollouts: []string{p0.Rollout}, N: 1, First: 2, Attempt: first.Branches[1].Episode.Attempt + 1})
+	if err != nil || remade.Status != bridgeapi.StatusCompleted || remade.Branches[0].Episode.Attempt != first.Branches[1].Episode.Attempt+1 {
+		t.Fatalf("branch 2 made again at a later attempt: %+v, %v", remade, err)
+	}
+}

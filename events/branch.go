@@ -40,17 +40,30 @@ type BranchSpec struct {
 	K int `json:"k"`
 	// Episode is the branch's own: rollout BranchRollout(Parent.Rollout,
 	// K), attempt Parent.Next().Attempt (it continues from the parent's
-	// bookmark, as a restored attempt would).
+	// bookmark, as a restored attempt would), or a later one for a branch
+	// made again from the same source after its first was lost before
+	// any checkpoint held it.
 	Episode Episode `json:"episode"`
 	// Seed is the branch's sampling seed: its model calls carry it, so
 	// that an upstream sampler diverges.
 	Seed uint64 `json:"seed"`
+	// Holders are the members that hold the parent in the source (its
+	// agent, and its owner when it has a sandbox): each must install the
+	// branch for the operation to complete.
+	Holders []Member `json:"holders,omitempty"`
 }
 
 // NewBranchSpec builds branch k of parent with seed.
 func NewBranchSpec(parent Episode, k int, seed uint64) BranchSpec {
 	return BranchSpec{Parent: parent, K: k, Seed: seed,
 		Episode: Episode{Rollout: BranchRollout(parent.Rollout, k), Attempt: parent.Next().Attempt}}
+}
+
+// Again returns b made again at attempt (at least its own): a branch lost
+// before any checkpoint held it, forked once more from its source.
+func (b BranchSpec) Again(attempt int) BranchSpec {
+	b.Episode.Attempt = max(attempt, b.Episode.Attempt)
+	return b
 }
 
 // Label is the branch's label on its model calls, "b<k>".
@@ -64,11 +77,20 @@ func (b BranchSpec) validate(field string) error {
 		return fieldErr(field+".k", ErrInvalid, "%d: want 1 or more", b.K)
 	}
 	want := Episode{Rollout: BranchRollout(b.Parent.Rollout, b.K), Attempt: b.Parent.Next().Attempt}
-	if b.Episode != want {
-		return fieldErr(field+".episode", ErrInvalid, "%s: branch %d of %s is %s", b.Episode, b.K, b.Parent, want)
+	if b.Episode.Rollout != want.Rollout || b.Episode.Attempt < want.Attempt {
+		return fieldErr(field+".episode", ErrInvalid, "%s: branch %d of %s is %s (or a later attempt of it)", b.Episode, b.K, b.Parent, want)
 	}
+	want = b.Episode
 	if err := want.Validate(); err != nil {
 		return prefixField(field+".episode.", err)
+	}
+	if len(b.Holders) > MaxMembers {
+		return fieldErr(field+".holders", ErrTooLarge, "%d members, limit %d", len(b.Holders), MaxMembers)
+	}
+	for i, m := range b.Holders {
+		if err := validateMemberAt(field+".holders", i, string(m)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -208,6 +230,11 @@ type BranchCompleted struct {
 	Branches []BranchSpec `json:"branches"`
 	// Agents names, for each branch rollout, the agent that installed it.
 	Agents map[string]Member `json:"agents,omitempty"`
+	// Instances are those agents' process instances when the bridge
+	// asked: a controller's first send of a branch names its instance, so
+	// that a successor process, which never installed it, refuses it
+	// rather than start it from its task's input.
+	Instances map[Member]string `json:"instances,omitempty"`
 }
 
 // Type implements Data.
@@ -225,6 +252,19 @@ func (o BranchCompleted) Validate() error {
 			break
 		}
 		if err := validateMember("data.agents."+r, string(m)); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	if len(o.Instances) > MaxBranches {
+		errs = append(errs, fieldErr("data.instances", ErrTooLarge, "%d entries, limit %d", len(o.Instances), MaxBranches))
+	}
+	for m, inst := range o.Instances {
+		if err := validateMember("data.instances", string(m)); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if err := ValidateToken("data.instances."+string(m), inst); err != nil {
 			errs = append(errs, err)
 			break
 		}

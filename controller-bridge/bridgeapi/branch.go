@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 
 	"github.com/stillpoint/stillpoint/events"
 )
@@ -31,6 +33,11 @@ type BranchRequest struct {
 	// TimeoutMS is the branch phase's deadline from its publish (0: the
 	// bridge's default).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Attempt is the branches' attempt (0: each parent's next). A
+	// controller makes a branch again at a later attempt when the first
+	// was lost before any checkpoint held it (its earlier attempts
+	// retired first).
+	Attempt int `json:"attempt,omitempty"`
 }
 
 // FirstK returns the number of the first branch.
@@ -77,24 +84,32 @@ func (r BranchRequest) Validate() error {
 	if r.ID != "" {
 		if err := events.ValidateCheckpointID(r.ID); err != nil {
 			errs = append(errs, fmt.Errorf("branch_id: %w", err))
+		} else if !strings.HasPrefix(r.ID, "branch-") {
+			// The run's phases are told apart by their operation's id: a
+			// branch's must not read as a checkpoint's or another's.
+			errs = append(errs, fmt.Errorf("branch_id: %q must start with branch-", r.ID))
 		}
 	}
 	if r.TimeoutMS < 0 {
 		errs = append(errs, errors.New("timeout_ms: negative"))
+	}
+	if r.Attempt < 0 {
+		errs = append(errs, fmt.Errorf("attempt: %d is negative", r.Attempt))
 	}
 	return badRequest(errs...)
 }
 
 // BranchSeed is the seed of branch k of rollout: the first 8 bytes, as a
 // big-endian uint64, of sha256(base || rollout || k), base and k as 8
-// bytes big-endian each (so no two rollout, k pairs share an input).
+// bytes big-endian each (so no two rollout, k pairs share an input),
+// with its top bit cleared: model servers take a seed as an int64.
 func BranchSeed(base uint64, rollout string, k int) uint64 {
 	buf := make([]byte, 0, 16+len(rollout))
 	buf = binary.BigEndian.AppendUint64(buf, base)
 	buf = append(buf, rollout...)
 	buf = binary.BigEndian.AppendUint64(buf, uint64(k))
 	sum := sha256.Sum256(buf)
-	return binary.BigEndian.Uint64(sum[:8])
+	return binary.BigEndian.Uint64(sum[:8]) & math.MaxInt64
 }
 
 // BranchResult is the result of a branch operation.

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -42,8 +43,14 @@ func TestBranchSeed(t *testing.T) {
 	in = append(in, "r1"...)
 	in = binary.BigEndian.AppendUint64(in, 3)
 	sum := sha256.Sum256(in)
-	if got, want := bridgeapi.BranchSeed(42, "r1", 3), binary.BigEndian.Uint64(sum[:8]); got != want {
+	if got, want := bridgeapi.BranchSeed(42, "r1", 3), binary.BigEndian.Uint64(sum[:8])&math.MaxInt64; got != want {
 		t.Fatalf("BranchSeed(42, r1, 3) = %d, want %d", got, want)
+	}
+	// Model servers take a seed as an int64 (vLLM refuses a larger one).
+	for k := 1; k <= 1000; k++ {
+		if s := bridgeapi.BranchSeed(7, "t0-r0", k); s > math.MaxInt64 {
+			t.Fatalf("BranchSeed(7, t0-r0, %d) = %d, over the int64 range", k, s)
+		}
 	}
 	if bridgeapi.BranchSeed(1, "r1", 11) == bridgeapi.BranchSeed(1, "r11", 1) {
 		t.Fatal("r1 branch 11 and r11 branch 1 share a seed")

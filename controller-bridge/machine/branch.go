@@ -22,6 +22,9 @@ func (m *Machine) askBranch(now time.Time, in BranchAsked) ([]Effect, error) {
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
+	if in.History.Ops[req.ID] {
+		return nil, fmt.Errorf("%w: branch_id %s names an earlier branch operation of run %s", bridgeapi.ErrBadRequest, req.ID, m.cfg.Run)
+	}
 	source := req.Source
 	if source == "" {
 		if v.Latest == nil {
@@ -84,12 +87,25 @@ func (m *Machine) askBranch(now time.Time, in BranchAsked) ([]Effect, error) {
 			}
 		}
 		parent, _ := events.ParseEpisode(k)
+		var own []events.Member
+		for _, mem := range h.Members {
+			if mem.Kind() != events.KindSandbox {
+				own = append(own, mem)
+			}
+		}
+		slices.Sort(own)
 		for i := range req.N {
 			n := req.FirstK() + i
 			if _, dup := held[events.BranchRollout(r, n)]; dup {
 				return nil, fmt.Errorf("%w: rollout %s: checkpoint %s holds %s already; ask with another first", bridgeapi.ErrBadRequest, r, source, events.BranchRollout(r, n))
 			}
-			specs = append(specs, events.NewBranchSpec(parent, n, bridgeapi.BranchSeed(req.Seed, r, n)))
+			s := events.NewBranchSpec(parent, n, bridgeapi.BranchSeed(req.Seed, r, n)).Again(req.Attempt)
+			if a, made := in.History.Rollouts[s.Episode.Rollout]; made && a >= s.Episode.Attempt {
+				return nil, fmt.Errorf("%w: rollout %s: an earlier branch operation made %s (attempt %d); ask with another first, or make it again at a later attempt",
+					bridgeapi.ErrBadRequest, r, s.Episode.Rollout, a)
+			}
+			s.Holders = own
+			specs = append(specs, s)
 		}
 		if h.From == man.CheckpointID {
 			continue
@@ -118,6 +134,9 @@ func (m *Machine) askBranch(now time.Time, in BranchAsked) ([]Effect, error) {
 	if id == "" {
 		id = "branch-" + strconv.FormatUint(v.Seq+1, 10)
 	}
+	if in.History.Ops[id] {
+		return nil, fmt.Errorf("%w: operation id %s names an earlier branch operation of run %s", bridgeapi.ErrBadRequest, id, m.cfg.Run)
+	}
 	h := events.PhaseHeader{Run: m.cfg.Run, CheckpointID: id, Seq: v.Seq + 1, Epoch: v.Epoch,
 		Deadline: now.Add(timeout).UTC().Truncate(time.Millisecond)}.Address(holders)
 	b := events.Branch{PhaseHeader: h, Source: source, SourceCommitSeq: man.CommitSeq,
@@ -129,7 +148,7 @@ func (m *Machine) askBranch(now time.Time, in BranchAsked) ([]Effect, error) {
 		return nil, err
 	}
 	m.view(v)
-	m.op = &operation{kind: opBranch, id: id, branch: &b, epochMembers: slices.Clone(v.Members), bres: branchResult(b)}
+	m.op = &operation{kind: opBranch, id: id, branch: &b, epochMembers: slices.Clone(v.Members), bres: branchResult(b), instances: v.Instances}
 	m.op.bres.Seed = req.Seed
 	return m.publish(b), nil
 }
@@ -146,32 +165,60 @@ func (m *Machine) branchGathered(now time.Time, t *Tally, v Verdict) ([]Effect, 
 	res := m.op.bres
 	var f bridgeapi.Failure
 	if v == Complete {
-		agents := map[string]events.Member{}
+		// Each branch installed by every holder of its parent (the phase
+		// names them), and by an agent: keys an ack names that are no
+		// branch of this operation are not counted.
+		made := map[string]map[events.Member]bool{}
+		for _, s := range res.Branches {
+			made[s.Episode.String()] = map[events.Member]bool{}
+		}
 		for mem, ack := range t.Acks() {
-			ba, ok := ack.(events.BranchAck)
-			if !ok || mem.Kind() != events.KindAgent {
-				continue
-			}
-			for _, k := range ba.Branched {
-				if e, err := events.ParseEpisode(k); err == nil {
-					agents[e.Rollout] = mem
+			if ba, ok := ack.(events.BranchAck); ok {
+				for _, k := range ba.Branched {
+					if by, ok := made[k]; ok {
+						by[mem] = true
+					}
 				}
 			}
 		}
+		agents := map[string]events.Member{}
 		var missing []string
 		for _, s := range res.Branches {
-			if _, ok := agents[s.Episode.Rollout]; !ok {
-				missing = append(missing, s.Episode.Rollout)
+			by := made[s.Episode.String()]
+			for mem := range by {
+				if mem.Kind() == events.KindAgent && (agents[s.Episode.Rollout] == "" || mem < agents[s.Episode.Rollout]) {
+					agents[s.Episode.Rollout] = mem
+				}
+			}
+			var not []string
+			for _, h := range s.Holders {
+				if !by[h] {
+					not = append(not, string(h))
+				}
+			}
+			switch {
+			case agents[s.Episode.Rollout] == "":
+				missing = append(missing, s.Episode.Rollout+" (no agent)")
+			case len(not) > 0:
+				missing = append(missing, fmt.Sprintf("%s (not by %v)", s.Episode.Rollout, not))
 			}
 		}
 		if len(missing) == 0 {
 			res.Status, res.Agents = bridgeapi.StatusCompleted, agents
 			out := events.BranchCompleted{OutcomeHeader: events.OutcomeHeader{Run: m.cfg.Run, CheckpointID: res.OpID, Epoch: m.op.branch.Epoch},
 				Source: res.Source, Branches: res.Branches, Agents: agents}
+			for _, a := range agents {
+				if inst := m.op.instances[a]; inst != "" {
+					if out.Instances == nil {
+						out.Instances = map[events.Member]string{}
+					}
+					out.Instances[a] = inst
+				}
+			}
 			m.want = wantOutcomePublished
 			return []Effect{PublishOutcome{ID: res.OpID, Outcome: out, Replayed: m.op.replayed}}, nil
 		}
-		f = bridgeapi.Failure{Phase: events.PhaseBranch, Reason: fmt.Sprintf("no agent installed %v", missing)}
+		f = bridgeapi.Failure{Phase: events.PhaseBranch, Reason: fmt.Sprintf("not installed: %v", missing)}
 	} else {
 		errs, _, _ := t.Failure(now)
 		f = bridgeapi.Failure{Phase: events.PhaseBranch,

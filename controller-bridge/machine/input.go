@@ -117,6 +117,16 @@ type ReleaseAsked struct {
 type BranchAsked struct {
 	Request bridgeapi.BranchRequest
 	View    View
+	// History is what the run's earlier branch phases named.
+	History BranchHistory
+}
+
+// BranchHistory is what a run's branch phases named: each branch rollout
+// with the highest attempt named (a branch made again names a later one),
+// and the operations' ids.
+type BranchHistory struct {
+	Rollouts map[string]int
+	Ops      map[string]bool
 }
 
 // Recover starts the replay of the run's open operation into an idle

@@ -54,7 +54,8 @@ type operation struct {
 	// prev is the committed checkpoint before this one (LATEST when it
 	// was asked), which the commit carries forward from.
 	prev *events.CheckpointManifest
-	// instances are the members' process instances the ask's view held.
+	// instances are the members' process instances the ask's view held
+	// (a branch.completed names its agents').
 	instances map[events.Member]string
 	// prepAt is when the prepare was published, as a replay read it.
 	prepAt time.Time

@@ -29,6 +29,13 @@ func (m *Member) branch(ctx context.Context, b events.Branch) ([]string, *events
 	if !exports && !installs && !branches {
 		return nil, nil
 	}
+	// A branch episode a retire refused (a failed operation's, or a lost
+	// attempt's) is never installed again: it would run refused.
+	for _, s := range b.Branches {
+		if err := m.Admit(s.Episode); err != nil {
+			return fail(events.CodeStaleAttempt, fmt.Errorf("branch %s: %w", s.Episode, err))
+		}
+	}
 	carried := b.CarriedFrom()
 	scope := map[events.Episode]bool{}
 	for _, ep := range b.Parents() {

@@ -32,7 +32,7 @@ type branchFork struct {
 // Branch implements member.Brancher (PROTOCOL §5, Branch): for each record
 // whose session serves a parent of b, it forks the session's snapshot once
 // per branch of that parent, concurrently (bounded as Install's forks),
-// each a sandbox of its own (spec id token(<branch session>-e<epoch>),
+// each a sandbox of its own (spec id token(<branch session>-a<attempt>-e<epoch>),
 // b's epoch: a fork whose sandboxd runs on re-identifies as that id, and
 // a sandboxd started anew gets that id's own credentials), and installs
 // it as session ownerapi.BranchSession(parent's, k) serving the branch's
@@ -93,7 +93,7 @@ func (o *Owner) Branch(ctx context.Context, b events.Branch, records []events.Re
 				if serr := prov.Stop(context.WithoutCancel(ctx), sb.ID); serr != nil {
 					err = errors.Join(err, fmt.Errorf("owner: stop branch fork %s: %w", sb.ID, serr))
 				} else {
-					o.daemonGone(ctx, sb.ID)
+					o.daemonGone(context.WithoutCancel(ctx), sb.ID)
 				}
 			}
 		}
@@ -101,7 +101,7 @@ func (o *Owner) Branch(ctx context.Context, b events.Branch, records []events.Re
 	}
 	err := forEach(len(forks), par, func(i int) error {
 		f := forks[i]
-		spec := provider.Spec{ID: token(fmt.Sprintf("%s-e%d", f.session, b.Epoch)), Workdir: f.p.data.Workdir, Epoch: b.Epoch}
+		spec := provider.Spec{ID: token(fmt.Sprintf("%s-a%d-e%d", f.session, f.spec.Episode.Attempt, b.Epoch)), Workdir: f.p.data.Workdir, Epoch: b.Epoch}
 		if forker != nil {
 			spec = forker.ForkSpec(spec)
 		}
