@@ -22,8 +22,11 @@ type branchInfo struct {
 	k       int
 	seed    uint64
 	source  string // the checkpoint branched from
-	attempt int    // the branch's first attempt: the one its agent installed
+	attempt int    // the attempt its agent installed last (a branch made again: a later one)
 	agent   string
+	// instance is the agent's process that installed it (when the bridge
+	// said): its first send names it, so that a successor refuses it.
+	instance string
 }
 
 // BranchStat is one branch of the collection, as its summary lists it.
@@ -182,19 +185,23 @@ func (c *Collector) adopt(o events.BranchCompleted, sent map[string]dispatchEntr
 			continue
 		}
 		if _, dup := c.byID[id]; dup {
-			if bi, ok := c.branches[id]; !ok || bi.attempt != b.Episode.Attempt || bi.source != o.Source {
+			bi, ok := c.branches[id]
+			switch {
+			case ok && bi.source == o.Source && b.Episode.Attempt > bi.attempt:
+				c.madeAgain(id, b, o.Agents[id], o.Instances[o.Agents[id]])
+			case !ok || bi.attempt != b.Episode.Attempt || bi.source != o.Source:
 				c.log.Warn().Str("op", o.CheckpointID).Str("branch", id).Msg("a branch whose rollout id the collection already has; not adopted again")
 			}
 			continue
 		}
-		name := ""
+		name, instance := "", ""
 		if m, ok := o.Agents[id]; ok && m.Kind() == events.KindAgent {
-			name = m.Name()
+			name, instance = m.Name(), o.Instances[m]
 		}
 		t := Task{RolloutID: id, Task: parent.Task, BranchOf: parent.RolloutID, Branch: b.K}
 		c.cfg.Tasks = append(c.cfg.Tasks, t)
 		c.byID[id] = t
-		c.branches[id] = branchInfo{of: parent.RolloutID, k: b.K, seed: b.Seed, source: o.Source, attempt: b.Episode.Attempt, agent: name}
+		c.branches[id] = branchInfo{of: parent.RolloutID, k: b.K, seed: b.Seed, source: o.Source, attempt: b.Episode.Attempt, agent: name, instance: instance}
 		adopted++
 		if _, done := c.done[id]; done {
 			continue
@@ -223,7 +230,8 @@ func (c *Collector) adopt(o events.BranchCompleted, sent map[string]dispatchEntr
 // it from its task's input: neither its first send to the agent that holds
 // it (installed by the branch, or restored) nor an attempt sent before.
 // A branch is its parent's state at the branch point; started over it is
-// none, so it is written infra_failed instead. The caller holds c.mu.
+// none, so it is made again from its source instead (rebranch). The
+// caller holds c.mu.
 func (c *Collector) branchStartsOver(id string, attempt int) bool {
 	if _, ok := c.branches[id]; !ok {
 		return false
@@ -236,12 +244,13 @@ func (c *Collector) branchStartsOver(id string, attempt int) bool {
 }
 
 // branchLost writes branch id infra_failed: what held it was lost before
-// a checkpoint did. The caller holds c.mu.
-func (c *Collector) branchLost(id string, attempt int) {
+// a checkpoint did, and it could not be made again from its source (why).
+// The caller holds c.mu.
+func (c *Collector) branchLost(id string, attempt int, why string) {
 	ep := events.Episode{Rollout: id, Attempt: attempt}.String()
-	c.log.Error().Str("episode", ep).Msg("a branch lost before a checkpoint held it: it cannot start over from its input; written infra_failed")
+	c.log.Error().Str("episode", ep).Str("why", why).Msg("a branch lost before a checkpoint held it could not be made again from its source; written infra_failed")
 	c.write(Result{RolloutID: id, Attempt: attempt, Episode: ep, Agent: c.branches[id].agent, Outcome: OutcomeInfraFailed,
-		Error: fmt.Sprintf("branch %s was lost before a checkpoint held it: started over from its task's input it would not continue from its branch point", ep),
+		Error: fmt.Sprintf("branch %s was lost before a checkpoint held it, and could not be made again from %s: %s", ep, c.branches[id].source, why),
 		Time:  time.Now().UTC()})
 	c.lastEvent = id + " infra_failed"
 }

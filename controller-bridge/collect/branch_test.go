@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/rs/zerolog"
 
+	"github.com/stillpoint/stillpoint/controller-bridge/bridgeapi"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -321,41 +324,89 @@ func TestBranchResultsOnceAcrossARestart(t *testing.T) {
 	}
 }
 
+// branchingController is a bridge that makes every branch asked of it,
+// at the attempt asked, installed on agent a1; or refuses with err.
+type branchingController struct {
+	noController
+	err  error
+	mu   sync.Mutex
+	asks []bridgeapi.BranchRequest
+}
+
+func (b *branchingController) Branch(_ context.Context, req bridgeapi.BranchRequest) (*bridgeapi.BranchResult, error) {
+	b.mu.Lock()
+	b.asks = append(b.asks, req)
+	b.mu.Unlock()
+	if b.err != nil {
+		return nil, b.err
+	}
+	s := events.NewBranchSpec(events.Episode{Rollout: req.Rollouts[0]}, req.FirstK(), bridgeapi.BranchSeed(req.Seed, req.Rollouts[0], req.FirstK())).Again(req.Attempt)
+	return &bridgeapi.BranchResult{Status: bridgeapi.StatusCompleted, Source: req.Source, Branches: []events.BranchSpec{s},
+		Agents: map[string]events.Member{s.Episode.Rollout: "agent.a1"}}, nil
+}
+
 // A branch whose next send would start it from its task's input (its
 // first attempt retired: lost with a fleet a restore replaced before any
-// checkpoint held it) is written infra_failed, never sent: started over
-// it would not continue from its branch point.
-func TestBranchLostIsNotStartedOver(t *testing.T) {
-	const run = "branchlost"
-	env := jstest.Start(t)
-	ag := serveAgents(t, env, run, []string{"a1"}, func(context.Context, asked) error { return nil })
-	nc, js := env.Connect(t)
-	out := filepath.Join(t.TempDir(), "results.jsonl")
-	c, err := New(Config{Run: run, Tasks: []Task{{RolloutID: "r1", Task: json.RawMessage(`{}`)}}, Output: out,
-		Agents: []string{"a1"}, Conn: nc, JS: js, Bus: env.Bus, Controller: noController{}, Logger: zerolog.New(zerolog.NewTestWriter(t))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.openFiles(); err != nil {
-		t.Fatal(err)
-	}
-	defer c.out.Close()
-	defer c.dlog.Close()
-	_, completed := branchOp(run, "b-1", map[string]events.Member{"r1.b1": "agent.a1"}, 1)
-	c.mu.Lock()
-	c.adopt(completed, nil)
-	// What continueRestored does to an unfinished rollout the restore did
-	// not hold: its attempt retired, the next one queued.
-	c.attempt["r1.b1"]++
-	delete(c.restoredQ, "r1.b1")
-	c.queue = []string{"r1.b1"}
-	c.mu.Unlock()
-	c.dispatch(t.Context())
-	by, n := resultLines(t, out)
-	if got := by["r1.b1"]; n["r1.b1"] != 1 || got.Outcome != OutcomeInfraFailed || got.BranchOf != "r1" || got.Branch != 1 {
-		t.Fatalf("r1.b1's lines: %d, %+v; want one, infra_failed", n["r1.b1"], got)
-	}
-	if reqs := ag.requests("r1.b1"); len(reqs) != 0 {
-		t.Fatalf("the lost branch was sent: %+v", reqs)
+// checkpoint held it) is never sent so: started over it would not
+// continue from its branch point. It is made again from its source, at
+// its next attempt, and continues there; only when the bridge cannot make
+// it again is it written infra_failed, once, naming why.
+func TestBranchLostIsMadeAgainFromItsSource(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{{"made again", nil}, {"cannot be", fmt.Errorf("%w: checkpoint c1 is released", bridgeapi.ErrReleased)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := "branchlost" + map[bool]string{true: "a", false: "b"}[tc.err == nil]
+			env := jstest.Start(t)
+			ag := serveAgents(t, env, run, []string{"a1"}, func(context.Context, asked) error { return nil })
+			nc, js := env.Connect(t)
+			out := filepath.Join(t.TempDir(), "results.jsonl")
+			ctl := &branchingController{err: tc.err}
+			c, err := New(Config{Run: run, Tasks: []Task{{RolloutID: "r1", Task: json.RawMessage(`{}`)}}, Output: out,
+				Agents: []string{"a1"}, Conn: nc, JS: js, Bus: env.Bus, Controller: ctl, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.openFiles(); err != nil {
+				t.Fatal(err)
+			}
+			defer c.out.Close()
+			defer c.dlog.Close()
+			_, completed := branchOp(run, "b-1", map[string]events.Member{"r1.b1": "agent.a1"}, 1)
+			c.mu.Lock()
+			c.adopt(completed, nil)
+			// What continueRestored does to an unfinished rollout the restore
+			// did not hold: its attempt retired, the next one queued.
+			c.attempt["r1.b1"]++
+			delete(c.restoredQ, "r1.b1")
+			c.queue = []string{"r1.b1"}
+			c.mu.Unlock()
+			c.dispatch(t.Context())
+			c.work.Wait() // the bridge asked to make it again
+			if len(ctl.asks) != 1 || ctl.asks[0].Source != "c1" || ctl.asks[0].Rollouts[0] != "r1" || ctl.asks[0].First != 1 || ctl.asks[0].Attempt != 2 {
+				t.Fatalf("asked the bridge %+v; want branch 1 of r1 from c1 again, at attempt 2", ctl.asks)
+			}
+			if tc.err != nil {
+				by, n := resultLines(t, out)
+				if got := by["r1.b1"]; n["r1.b1"] != 1 || got.Outcome != OutcomeInfraFailed || !strings.Contains(got.Error, "released") {
+					t.Fatalf("r1.b1's lines: %d, %+v; want one, infra_failed, naming why", n["r1.b1"], got)
+				}
+				if reqs := ag.requests("r1.b1"); len(reqs) != 0 {
+					t.Fatalf("a branch that could not be made again was sent: %+v", reqs)
+				}
+				return
+			}
+			c.dispatch(t.Context())
+			select {
+			case a := <-ag.seen:
+				if a.rollout != "r1.b1" || a.attempt != 2 {
+					t.Fatalf("sent %+v; want r1.b1 at attempt 2", a)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("the branch made again was never sent")
+			}
+			c.work.Wait()
+		})
 	}
 }

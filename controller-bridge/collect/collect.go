@@ -42,6 +42,7 @@ type Controller interface {
 	Retire(ctx context.Context, episodes []string) (*bridgeapi.OpResult, error)
 	Release(ctx context.Context, req bridgeapi.ReleaseRequest) (*bridgeapi.OpResult, error)
 	Status(ctx context.Context) (*bridgeapi.Status, error)
+	Branch(ctx context.Context, req bridgeapi.BranchRequest) (*bridgeapi.BranchResult, error)
 }
 
 var _ Controller = (*client.Client)(nil) // *bridge.Bridge: progress_test.go

@@ -209,8 +209,12 @@ func (c *Collector) dispatch(ctx context.Context) {
 		}
 		attempt := c.attempt[id]
 		if c.branchStartsOver(id, attempt) {
-			c.branchLost(id, attempt)
+			// Made again from its source, then queued (rebranch.go).
+			fl := &flight{cancel: func() {}, gen: c.gen + 1}
+			c.gen++
+			c.inflight[id] = fl
 			c.mu.Unlock()
+			c.work.Go(func() { c.rebranch(ctx, id, attempt, fl.gen) })
 			continue
 		}
 		name := c.agentOf(id)
@@ -221,6 +225,12 @@ func (c *Collector) dispatch(ctx context.Context) {
 		sentTo := ""
 		if ra, ok := c.restoredQ[id]; ok && ra == attempt {
 			delete(c.restoredQ, id)
+			if bi, ok := c.branches[id]; ok && bi.attempt == attempt && bi.instance != "" && bi.agent == name {
+				// A branch's first send: only the process that installed
+				// it may run it; a successor answers attempt_lost, and the
+				// branch is made again from its source (rebranch).
+				sentTo = bi.instance
+			}
 		} else if prev, ok := c.sentTo[id]; ok && prev.Attempt == attempt && prev.Instance != "" {
 			// Asked again: only the process it went to may answer; a
 			// successor refuses it (agent.CodeAttemptLost).

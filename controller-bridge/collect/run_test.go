@@ -86,6 +86,10 @@ func (noController) Release(context.Context, bridgeapi.ReleaseRequest) (*bridgea
 
 func (noController) Status(context.Context) (*bridgeapi.Status, error) { return nil, errNoController }
 
+func (noController) Branch(context.Context, bridgeapi.BranchRequest) (*bridgeapi.BranchResult, error) {
+	return nil, errNoController
+}
+
 // collectorGoroutines returns the stacks of the goroutines that run the
 // collector's code, at this instant.
 func collectorGoroutines() []string {

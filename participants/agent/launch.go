@@ -86,6 +86,10 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	bm.KeepsProcesses, lr.Relay, lr.Captured = keeps, keeps, plan.capture
 	if plan.relay {
 		bm.RelayGen, lc.ModelURL, lc.Relay = plan.gen, plan.modelURL, true
+	} else {
+		// No relay in this sandbox (the daemon has none): its commands
+		// carry no branch label, which only a relay sends.
+		lc.Exec = a.execer(r, dc, info.SessionID, info.SandboxID, n, nil)
 	}
 	if bm.Resume || len(bm.Launches) > 0 {
 		d, err := a.cfg.Adapter.ResumeDecision(r.ctx, lc)
