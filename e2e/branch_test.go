@@ -88,6 +88,9 @@ func branchWays(t *testing.T, f *fleet, o branchOptions) {
 			}
 		}
 	}
+	if held == 0 {
+		t.Errorf("c2, taken as the branches began, holds none of them (continued %v)", c2.Continued)
+	}
 	t.Logf("c2 committed while the branches ran, holding %d of them", held)
 	tl, err := timeline.Read(ctx, f.env.JS, f.run, "")
 	if err != nil {

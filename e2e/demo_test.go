@@ -14,12 +14,12 @@ import (
 )
 
 // demoLine is the demo's last line (issue 7).
-var demoLine = regexp.MustCompile(`^demo: (\d+) rollouts, (\d+) results, (\d+) continued in place, (\d+) relaunched, (\d+) checkpoints committed, invariants ok$`)
+var demoLine = regexp.MustCompile(`^demo: (\d+) rollouts(?: \(\d+ of them branches\))?, (\d+) results, (\d+) continued in place, (\d+) relaunched, (\d+) checkpoints committed, invariants ok$`)
 
 // runDemo runs `stillpoint demo` with args and checks its last line: every
 // rollout has its result, some continued in place and some relaunched, 3
 // checkpoints committed, invariants ok.
-func runDemo(t *testing.T, args ...string) {
+func runDemo(t *testing.T, args ...string) string {
 	t.Helper()
 	b := buildBins(t)
 	var global []string
@@ -69,6 +69,7 @@ func runDemo(t *testing.T, args ...string) {
 		}
 	}
 	t.Logf("%s (%s, build included)", last, took.Round(time.Second))
+	return p.Output()
 }
 
 // TestDemo runs the README's first command: the whole system on one
@@ -78,6 +79,28 @@ func TestDemo(t *testing.T) {
 	tier.E2E(t)
 	parallel(t, 0.75, 25*time.Second)
 	runDemo(t)
+}
+
+// TestDemoWithBranches runs `stillpoint demo --branches 4`: after the
+// crash restore, one rollout the restored checkpoint holds mid-run is
+// branched 4 ways; each branch is graded, its result written once, and
+// the invariants (branches' included) hold.
+func TestDemoWithBranches(t *testing.T) {
+	tier.E2E(t)
+	parallel(t, 0.75, 25*time.Second)
+	out := runDemo(t, "--rollouts", "8", "--branches", "4")
+	rows := regexp.MustCompile(`(?m)^(\S+\.b[1-4])\s+(\S+)\s+\S+\s+\d+\s+graded\s+[01]$`).FindAllStringSubmatch(out, -1)
+	if len(rows) != 4 {
+		t.Fatalf("the summary lists %d graded branches, want 4 (its output is below)", len(rows))
+	}
+	for _, r := range rows {
+		if !strings.HasPrefix(r[1], r[2]+".b") {
+			t.Errorf("branch %s is listed as %s's", r[1], r[2])
+		}
+	}
+	if !strings.Contains(out, "ok     10. branches continue their parent's calls") {
+		t.Error("invariant 10 is not among those the demo checked and found ok")
+	}
 }
 
 // TestDemoOnAClusterWithCredentials runs the demo against a 3-node cluster
