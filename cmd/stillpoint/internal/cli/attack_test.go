@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -31,7 +32,8 @@ type liveRun struct {
 	creds map[events.Member]string
 
 	mu      sync.Mutex
-	results []string // each checkpoint's status, in order
+	results []string       // each checkpoint's status, in order
+	spans   [][2]time.Time // when each was asked and answered
 }
 
 // checkpoints asks a checkpoint every 300 ms until ctx ends, recording
@@ -39,6 +41,7 @@ type liveRun struct {
 func (r *liveRun) checkpoints(ctx context.Context) {
 	for i := 0; ctx.Err() == nil; i++ {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		asked := time.Now()
 		res, err := r.api.Checkpoint(cctx, bridgeapi.CheckpointRequest{ID: fmt.Sprintf("c%03d", i)})
 		cancel()
 		st := "error"
@@ -54,6 +57,7 @@ func (r *liveRun) checkpoints(ctx context.Context) {
 		}
 		r.mu.Lock()
 		r.results = append(r.results, st)
+		r.spans = append(r.spans, [2]time.Time{asked, time.Now()})
 		r.mu.Unlock()
 		select {
 		case <-ctx.Done():
@@ -180,6 +184,11 @@ func TestAttacksAcrossTwoRuns(t *testing.T) {
 	}
 
 	r1 := runs["r1"]
+	// When an agent's or owner's flood ran: those credentials are the
+	// run's own trusted components' (never in a sandbox), and may write
+	// their run's quota as fast as the server takes it, which can hold
+	// their own run's next acks past a checkpoint's deadline.
+	var floods [][2]time.Time
 	for _, self := range members {
 		a, err := attack.Connect(ctx, jetstream.ConnConfig{URL: url, CredsFile: r1.creds[self]},
 			attack.Target{Run: "r1", Self: self, Victims: members})
@@ -188,7 +197,11 @@ func TestAttacksAcrossTwoRuns(t *testing.T) {
 		}
 		for round := 1; round <= 2; round++ {
 			for _, n := range attack.Names {
+				began := time.Now()
 				o := a.Run(ctx, n)
+				if n == attack.Flood && self.Kind() != events.KindSandbox {
+					floods = append(floods, [2]time.Time{began, time.Now()})
+				}
 				t.Logf("%s, round %d: %s", self, round, o)
 				if (self.Kind() == events.KindSandbox || n == attack.Rollup) && !o.Refused {
 					t.Errorf("with %s's credentials, %s got through: %s", self, o.Attack, o.Detail)
@@ -204,10 +217,24 @@ func TestAttacksAcrossTwoRuns(t *testing.T) {
 	cancel()
 	wg.Wait()
 	for run, lr := range runs {
+		lr.mu.Lock()
+		spans := lr.spans[started[run]:]
+		lr.mu.Unlock()
 		for i, st := range lr.since(started[run]) {
-			if st != "committed" && !strings.Contains(st, "context canceled") {
-				t.Errorf("run %s, checkpoint %d during or after the attacks: %s", run, started[run]+i, st)
+			if st == "committed" || strings.Contains(st, "context canceled") {
+				continue
 			}
+			// The one allowance: r1's own checkpoint asked while its own
+			// agent's or owner's flood ran, or within a phase timeout of
+			// its end (the server still storing it). The other run, and
+			// r1 under a sandbox's attacks, commit every checkpoint.
+			if run == "r1" && slices.ContainsFunc(floods, func(f [2]time.Time) bool {
+				return spans[i][0].Before(f[1].Add(10*time.Second)) && spans[i][1].After(f[0])
+			}) {
+				t.Logf("run %s, checkpoint %d, asked during its own member's flood: %s", run, started[run]+i, st)
+				continue
+			}
+			t.Errorf("run %s, checkpoint %d during or after the attacks: %s", run, started[run]+i, st)
 		}
 	}
 	for {
