@@ -9,9 +9,10 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
 
-// slowFreezeHost is the Linux host, but each launch's freeze waits for its
-// context before it begins: a freeze that takes long (a loaded machine),
-// which a stop can cut short.
+// slowFreezeHost is the Linux host, but each launch's freeze does not take
+// hold until its context ends, and then answers as a freeze whose wait was
+// cut: a freeze that takes long (a loaded machine), which a stop cuts
+// short.
 type slowFreezeHost struct {
 	host
 	waiting chan struct{}
@@ -31,11 +32,15 @@ type slowFreezeLaunch struct {
 }
 
 func (l slowFreezeLaunch) pause(ctx context.Context, mode sandboxapi.Mode, o pauseOpts) (pauseOutcome, error) {
-	if mode == sandboxapi.ModeFreeze {
-		close(l.waiting)
-		<-ctx.Done()
+	if mode != sandboxapi.ModeFreeze {
+		return l.hostLaunch.pause(ctx, mode, o)
 	}
-	return l.hostLaunch.pause(ctx, mode, o)
+	close(l.waiting)
+	<-ctx.Done()
+	// What a freeze whose wait for "frozen 1" the context cut returns,
+	// once it thawed the cgroup again (linuxLaunch.freeze): a real freeze
+	// of a sleeping process may take hold at once, before the cut.
+	return pauseOutcome{fallback: "freeze: " + ctx.Err().Error()}, nil
 }
 
 // A stop that comes while a pause is still taking hold cuts the pause short:
