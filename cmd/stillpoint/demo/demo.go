@@ -471,10 +471,10 @@ func (d *Fleet) Spawn(program, name, as string, env []string, args ...string) er
 // direct drives the run: a checkpoint once every rollout in flight is
 // under way (its second model call answered: in both task sets, its slow
 // tool runs then), a second once a quarter have had two more calls
-// answered (and, with OpenCode, one rollout has returned), then the crash
-// (SIGKILL of the agents and the owners, started again: the collector
-// restores), then a third while relaunched rollouts
-// are under way.
+// answered (and, with a real harness, one rollout has returned and
+// another waits at its last call), then the crash (SIGKILL of the agents
+// and the owners, started again: the collector restores), then a third
+// while relaunched rollouts are under way.
 func (d *Fleet) direct(ctx context.Context, col *collect.Collector, ms *modelserver.Server, bus *jetstream.Bus, agents []string, modelURL string, ctl *client.Client) error {
 	n, inFlight := len(d.ids), d.inFlight
 	calls := func(min int) int {
@@ -517,21 +517,24 @@ func (d *Fleet) direct(ctx context.Context, col *collect.Collector, ms *modelser
 	// on, and their last replies wait until the third checkpoint: however
 	// slow the machine, none can end before the crash, and every one is
 	// relaunched (on microvm the snapshots keep the processes, which go
-	// on in place, their relays sending the held calls again). OpenCode's
-	// take longer and apart, so it waits for one that the first
-	// checkpoint paused to have finished in place.
-	returned, held := 0, false
+	// on in place, their relays sending the held calls again). A real
+	// harness's take longer and apart: the first to reach its last call
+	// goes on and finishes in place (the first checkpoint paused it), and
+	// the others' last replies wait, so that the crash finds them inside
+	// their launches rather than at their grading.
+	returned := 0
 	if d.realHarness() {
 		returned = 1
+		ms.HoldLast(returned)
 	} else {
 		ms.HoldFrom(d.lastTurn)
-		defer ms.Release()
-		held = true
 	}
-	// On microvm the second checkpoint waits for a last call held as
-	// well: its snapshot cuts that call, which the fork's relay sends
-	// again after the restore (recorded once, invariant 8).
-	cut := held && d.f.provider == "microvm"
+	defer ms.Release()
+	// With a real harness, and on microvm, the second checkpoint waits
+	// for a last call held as well. On microvm its snapshot cuts that
+	// call, which the fork's relay sends again after the restore
+	// (recorded once, invariant 8).
+	cut := d.realHarness() || d.f.provider == "microvm"
 	if err := waitUntil("a quarter of the rollouts had two more calls answered", func() bool {
 		return calls(4) >= max(inFlight/4, 1) && col.Counts().Done >= returned && (!cut || ms.Held() > 0)
 	}); err != nil {
@@ -559,7 +562,7 @@ func (d *Fleet) direct(ctx context.Context, col *collect.Collector, ms *modelser
 			return err
 		}
 	}
-	if !held || d.f.provider == "microvm" {
+	if d.f.provider == "microvm" {
 		// On microvm the restore resumed the held launches in place: they
 		// finish in place whenever the third checkpoint comes.
 		time.Sleep(300 * time.Millisecond)

@@ -155,6 +155,9 @@ type Server struct {
 	ledger  []Entry
 	hold    chan struct{} // closed on Release; nil when not holding
 	from    int           // the first turn a hold holds
+	last    bool          // the hold holds each task's last turn only (HoldLast)
+	spare   int           // how many tasks HoldLast lets through
+	passed  map[string]bool
 	held    int
 	cutNext int           // chunks after which the next stream stops; 0: no cut
 	slow    time.Duration // the wait between the chunks of the next stream
@@ -175,7 +178,38 @@ func (s *Server) HoldFrom(turn int) {
 	if s.hold == nil {
 		s.hold = make(chan struct{})
 	}
-	s.from = turn
+	s.from, s.last = turn, false
+}
+
+// HoldLast makes the reply to each task's last script turn wait until
+// Release, except for the first spare tasks to get there: a test or the
+// demo then knows that those finish while every other rollout waits inside
+// its launch, however the tasks' pace differs.
+func (s *Server) HoldLast(spare int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hold == nil {
+		s.hold = make(chan struct{})
+	}
+	s.from, s.last, s.spare, s.passed = 0, true, spare, map[string]bool{}
+}
+
+// holds tells whether the hold in force holds entry's reply; s.mu is held.
+func (s *Server) holds(entry Entry) bool {
+	if s.hold == nil || entry.Title || entry.Turn < s.from {
+		return false
+	}
+	if !s.last {
+		return true
+	}
+	if turns, ok := s.script[entry.Task]; !ok || entry.Turn != len(turns)-1 || s.passed[entry.Task] {
+		return false
+	}
+	if len(s.passed) < s.spare {
+		s.passed[entry.Task] = true
+		return false
+	}
+	return true
 }
 
 // Release lets held replies go.
@@ -347,13 +381,13 @@ func finish(t Turn) string {
 }
 
 // admit enters entry in the ledger, takes the cut and slow settings for a
-// stream, and waits while replies are held (a title call or a turn before
-// HoldFrom's is not). It returns the entry's index and false when the
-// caller went away while held.
+// stream, and waits while replies are held (a title call, a turn before
+// HoldFrom's or one HoldLast lets through is not). It returns the entry's
+// index and false when the caller went away while held.
 func (s *Server) admit(r *http.Request, entry Entry) (int, streamOptions, bool) {
 	s.mu.Lock()
 	hold := s.hold
-	if entry.Title || entry.Turn < s.from {
+	if !s.holds(entry) {
 		hold = nil
 	}
 	var o streamOptions

@@ -204,3 +204,53 @@ func TestHoldFrom(t *testing.T) {
 		t.Fatalf("turn 1 after the release: %d", code)
 	}
 }
+
+// HoldLast holds each task's last turn but lets the first spare tasks to
+// get there through: an earlier turn is answered at once, the first task's
+// last turn too, the second's waits until Release.
+func TestHoldLast(t *testing.T) {
+	s := modelserver.New(modelserver.Script{"t1": script["t1"], "t2": script["t1"]})
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	s.HoldLast(1)
+	calls, _ := json.Marshal(script["t1"][0].ToolCalls)
+	last := []modelserver.Message{user("x"), {Role: "assistant", ToolCalls: calls}, {Role: "tool", ToolCallID: "call-1", Content: json.RawMessage(`"ok"`)}}
+	if resp := post(t, srv.URL, "t2", []modelserver.Message{user("x")}, false); resp.StatusCode != 200 {
+		t.Fatalf("t2's turn 0 under HoldLast(1): %s", resp.Status)
+	}
+	if resp := post(t, srv.URL, "t1", last, false); resp.StatusCode != 200 {
+		t.Fatalf("t1's last turn, the first there, under HoldLast(1): %s", resp.Status)
+	}
+	if s.Held() != 0 {
+		t.Fatal("a reply HoldLast(1) lets through was held")
+	}
+	got := make(chan int, 1)
+	go func() {
+		b, _ := json.Marshal(modelserver.Request{Model: "m", Messages: last})
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", bytes.NewReader(b))
+		req.Header.Set(modelserver.TaskHeader, "t2")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			got <- 0
+			return
+		}
+		resp.Body.Close()
+		got <- resp.StatusCode
+	}()
+	poll.Wait(t, 5*time.Second, "t2's last turn to be held", func() bool {
+		select {
+		case <-got:
+			t.Fatal("t2's last turn was answered under HoldLast(1)")
+		default:
+		}
+		return s.Held() == 1
+	})
+	// The task let through is let through again (a harness that retries).
+	if resp := post(t, srv.URL, "t1", last, false); resp.StatusCode != 200 {
+		t.Fatalf("t1's last turn again: %s", resp.Status)
+	}
+	s.Release()
+	if code := <-got; code != 200 {
+		t.Fatalf("t2's last turn after the release: %d", code)
+	}
+}
