@@ -159,6 +159,7 @@ type ownerFlags struct {
 	vmCache       string
 	vmPrune       bool
 	vmMem         int
+	vmFullCopy    bool
 	vmCPU         string
 	sandboxdArgs  []string
 	metricsAddr   string
@@ -245,6 +246,7 @@ a root disk of them once per image; dir refuses.`,
 	metricsAddrFlag(fl, &f.metricsAddr)
 	fl.StringVar(&f.vmCPU, "microvm-cpu", "", "microvm: the guests' CPU model under TCG (default qemu64; max with --opencode, whose binary needs newer instructions)")
 	fl.IntVar(&f.vmMem, "microvm-mem", microvm.DefaultMemMiB, "microvm: each guest's RAM in MiB (OpenCode needs about 1024)")
+	fl.BoolVar(&f.vmFullCopy, "microvm-full-copy", false, "microvm: keep a snapshot's RAM in its state file, read in full by each fork (the design before RAM files, for comparison)")
 	fl.BoolVar(&f.vmPrune, "microvm-prune-cache", false, "microvm: prune --microvm-cache at start (templates unused for an hour beyond the newest four); only for a cache no other owner's snapshots stand on")
 	fl.StringVar(&f.upstream, "sandbox-upstream", "", "microvm: HOST:PORT of the model upstream, reachable in each VM at "+qemu.GuestUpstream)
 	fl.StringVar(&f.sandboxd, "sandboxd", "", "host path of the static sandboxd binary (required)")
@@ -308,7 +310,7 @@ func runOwner(ctx context.Context, g *globals, f ownerFlags) error {
 		return &exitError{code: ExitUsage, err: err}
 	}
 	mv := microvm.Config{Sandboxd: f.sandboxd, Lease: f.sandboxLease, Accel: f.accel, Upstream: f.upstream, CacheDir: f.vmCache,
-		PruneCache: f.vmPrune, MemMiB: f.vmMem, CPU: f.vmCPU, Logger: log}
+		PruneCache: f.vmPrune, MemMiB: f.vmMem, CPU: f.vmCPU, FullCopy: f.vmFullCopy, Logger: log}
 	if images != nil {
 		// Not a nil *image.Cache in the interface: microvm tells "no
 		// cache" by a nil interface.

@@ -48,6 +48,10 @@ type vmMeta struct {
 	NATSHost string `json:"nats_host,omitempty"`
 	// Sandbox is the sandbox a snapshot was taken of.
 	Sandbox string `json:"sandbox,omitempty"`
+	// RAMFile says a snapshot's RAM is its file "ram", which its forks
+	// map copy-on-write; without it (Config.FullCopy) the RAM is in the
+	// state file.
+	RAMFile bool `json:"ram_file,omitempty"`
 }
 
 // vmFile is the vm.json of dir.

@@ -6,8 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/stillpoint/stillpoint/internal/poll"
@@ -16,7 +18,8 @@ import (
 	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
 )
 
-// snapshotInto takes the snapshot into dst: vm.json and the state file.
+// snapshotInto takes the snapshot into dst: vm.json, the state file and
+// (unless Config.FullCopy) the RAM file.
 //
 // From QMP stop on, the VM is paused and its guest's lease cannot fire, so
 // everything up to the VM running again is done under a context of its
@@ -28,6 +31,10 @@ func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (p
 	var st provider.Snapshot
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	_, _ = vm.call(sctx, vmctl.Request{Op: vmctl.OpSync}) // best effort: stop flushes the disk anyway
+	// A fork resumes with the guest's lease as the snapshot found it: a
+	// whole one, renewed at the last instant, lets the fork run until its
+	// reidentify however busy the host is (best effort, as renewals are).
+	_, _ = vm.call(sctx, vmctl.Request{Op: vmctl.OpLease, UntilMS: m.cfg.Lease.Milliseconds()})
 	cancel()
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
@@ -57,7 +64,11 @@ func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (p
 		if err == nil {
 			vm.node = node
 			meta.Chain = append([]string{top}, meta.Chain...)
-			err = m.migrateOut(ctx, pctx, q, filepath.Join(dst, "state"))
+			if m.cfg.FullCopy {
+				err = m.migrateOut(ctx, pctx, q, qemu.SaveURI(filepath.Join(dst, "state")))
+			} else {
+				err = m.migrateSplit(ctx, pctx, vm, dst)
+			}
 		}
 	}
 	// Whether stop, the disk's snapshot or the migration failed, the VM
@@ -75,22 +86,92 @@ func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (p
 		return st, err
 	}
 	snap := vmMeta{Chain: frozen, Base: meta.Base, Image: meta.Image, Harness: meta.Harness, HarnessMount: meta.HarnessMount, CPU: meta.CPU,
-		Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id}
+		Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id, RAMFile: !m.cfg.FullCopy}
 	if err := vmFile(dst).Write(snap); err != nil {
 		return st, err
 	}
-	if fi, err := os.Stat(filepath.Join(dst, "state")); err == nil {
-		st.Size, st.Files = fi.Size(), 1
+	for _, f := range []string{"state", "ram"} {
+		if fi, err := os.Stat(filepath.Join(dst, f)); err == nil {
+			st.Size += allocated(fi)
+			st.Files++
+		}
 	}
 	return st, nil
 }
 
-// migrateOut writes the VM's state to the file at path and waits until
-// the migration completed. Commands go under pctx; the wait ends with ctx
-// too, and a migration that did not complete is cancelled, waited for
-// until QEMU says it ended, so that no migration is left running.
-func (m *Provider) migrateOut(ctx, pctx context.Context, q *qemu.QMP, path string) error {
-	if err := q.Do(pctx, "migrate", map[string]any{"uri": qemu.SaveURI(path)}, nil); err != nil {
+// allocated is a file's size on disk: a RAM file's holes are its guest's
+// zero pages.
+func allocated(fi os.FileInfo) int64 {
+	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return min(sys.Blocks*512, fi.Size())
+	}
+	return fi.Size()
+}
+
+// migrateSplit migrates the VM to a socket of this process, which writes
+// the guest's RAM block into dst's RAM file (a sparse file of the guest's
+// size, each page at its offset) and the rest of the stream, the devices,
+// into dst's state file (qemu.SplitRAM). It returns once both QEMU says
+// the migration completed and the stream was written.
+func (m *Provider) migrateSplit(ctx, pctx context.Context, vm *machine, dst string) error {
+	sock := m.sock(vm.id, "m")
+	_ = os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(sock)
+	defer ln.Close()
+	ram, err := os.OpenFile(filepath.Join(dst, "ram"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer ram.Close()
+	if err := ram.Truncate(int64(vm.meta.MemMiB) << 20); err != nil {
+		return err
+	}
+	state, err := os.OpenFile(filepath.Join(dst, "state"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer state.Close()
+	split := make(chan error, 1)
+	go func() { // ends when QEMU closes the stream, or the listener is closed
+		conn, err := ln.Accept()
+		if err != nil {
+			split <- err
+			return
+		}
+		defer conn.Close()
+		stop := context.AfterFunc(pctx, func() { conn.Close() })
+		defer stop()
+		_, err = qemu.SplitRAM(conn, state, ram, qemu.GuestRAMBlock, int64(vm.meta.MemMiB)<<20)
+		split <- err
+	}()
+	err = m.migrateOut(ctx, pctx, vm.qmp, "unix:"+sock)
+	if err != nil {
+		ln.Close()
+		<-split
+		return err
+	}
+	select {
+	case err = <-split:
+	case <-pctx.Done():
+		ln.Close()
+		err = errors.Join(pctx.Err(), <-split)
+	}
+	if err != nil {
+		return fmt.Errorf("snapshot: splitting the migration stream: %w", err)
+	}
+	return nil
+}
+
+// migrateOut migrates the VM's state to uri and waits until the migration
+// completed. Commands go under pctx; the wait ends with ctx too, and a
+// migration that did not complete is cancelled, waited for until QEMU says
+// it ended, so that no migration is left running.
+func (m *Provider) migrateOut(ctx, pctx context.Context, q *qemu.QMP, uri string) error {
+	if err := q.Do(pctx, "migrate", map[string]any{"uri": uri}, nil); err != nil {
 		return errors.Join(err, endMigration(pctx, q))
 	}
 	wctx, wcancel := context.WithCancel(pctx)

@@ -144,6 +144,14 @@ func (m *Provider) launch(ctx context.Context, spec provider.Spec, req vmctl.Req
 			return nil, fmt.Errorf("%w: snapshotID %q is not a microvm snapshot: %w", provider.ErrInvalid, snapshotID, err)
 		}
 		state = filepath.Join(sdir, "state")
+		// A snapshot's RAM file, mapped copy-on-write (one taken with
+		// Config.FullCopy has its RAM in the state file).
+		if parent.RAMFile {
+			ram = filepath.Join(sdir, "ram")
+			if fi, err := os.Stat(ram); err != nil || fi.Size() != int64(parent.MemMiB)<<20 {
+				return nil, fmt.Errorf("%w: snapshot %q: its RAM file is missing or not of its guest's %d MiB (%v)", provider.ErrInvalid, snapshotID, parent.MemMiB, statErr(fi, err))
+			}
+		}
 	}
 	if parent.MemMiB != m.cfg.MemMiB {
 		return nil, provider.InvalidField("MemMiB", "the snapshot's guest has %d MiB, this provider %d", parent.MemMiB, m.cfg.MemMiB)
@@ -327,11 +335,13 @@ func (vm *machine) reap() {
 	close(vm.reaped)
 }
 
-// restore loads state into an incoming VM and runs it: the template's
-// device state (its RAM is the shared file) or a snapshot's RAM and
-// devices. x-ignore-shared is on in every VM (a stream states it and the
+// restore loads state into an incoming VM and runs it: the device state
+// of the template or of a snapshot (the VM maps their RAM file
+// copy-on-write), or a full-copy snapshot's RAM and devices.
+// x-ignore-shared is on in every VM (a stream states it and the
 // destination must match); it skips only RAM mapped shared, the
-// template's, so a snapshot of a fork carries all of its RAM.
+// template's, so the stream of a fork's snapshot carries all of its RAM,
+// which the snapshot splits into its RAM file.
 func (m *Provider) restore(ctx context.Context, vm *machine, state string) error {
 	if err := vm.qmp.SetIgnoreShared(ctx, true); err != nil {
 		return err
@@ -351,6 +361,14 @@ func (m *Provider) restore(ctx context.Context, vm *machine, state string) error
 	}
 	vm.ctl, err = qemu.DialControl(ctx, vm.ctlSock, m.onNotice(vm.id, vm))
 	return err
+}
+
+// statErr says what a stat found: its error, or the file's size.
+func statErr(fi os.FileInfo, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%d bytes", fi.Size())
 }
 
 // tailFile returns the last n bytes of a file, for error messages.
