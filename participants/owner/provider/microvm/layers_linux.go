@@ -49,9 +49,12 @@ type vmMeta struct {
 	// Sandbox is the sandbox a snapshot was taken of.
 	Sandbox string `json:"sandbox,omitempty"`
 	// RAMFile says a snapshot's RAM is its file "ram", which its forks
-	// map copy-on-write; without it (Config.FullCopy) the RAM is in the
-	// state file.
-	RAMFile bool `json:"ram_file,omitempty"`
+	// map copy-on-write, beside its "devices"; without it
+	// (Config.FullCopy) the RAM is in the "state" file. RAMPages counts
+	// the pages written to the RAM file: a fork refuses one with fewer on
+	// disk (a crash of the machine before they reached it).
+	RAMFile  bool  `json:"ram_file,omitempty"`
+	RAMPages int64 `json:"ram_pages,omitempty"`
 }
 
 // vmFile is the vm.json of dir.

@@ -320,7 +320,7 @@ func (m *Provider) removeSockets(id string) error {
 	m.sockMu.Lock()
 	defer m.sockMu.Unlock()
 	var errs []error
-	for _, s := range []string{m.sock(id, "q"), m.sock(id, "c")} {
+	for _, s := range []string{m.sock(id, "q"), m.sock(id, "c"), m.sock(id, "m")} {
 		if err := os.Remove(s); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
@@ -592,16 +592,21 @@ func (m *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error 
 }
 
 // dropRAMCache gives back the cached pages of a snapshot's RAM file that
-// no fork maps: the forks still running keep the pages they map (and the
-// file, unlinked, until the last of them stops), the rest need not wait
-// for the kernel's reclaim.
+// no fork maps, when a running fork keeps the file (unlinked) alive: the
+// forks keep the pages they map, the rest need not wait for the kernel's
+// reclaim. With no fork mapping it, the unlink alone frees every page,
+// dirty ones unwritten, which the advice would first write back.
 func (m *Provider) dropRAMCache(snapshotID string) {
 	dir, _, release, err := m.snaps.Open(snapshotID)
 	if err != nil {
 		return
 	}
 	defer release()
-	f, err := os.Open(filepath.Join(dir, "ram"))
+	path := filepath.Join(dir, ramFile)
+	if !m.mapped(path) {
+		return
+	}
+	f, err := os.Open(path)
 	if err != nil {
 		return
 	}
@@ -609,6 +614,20 @@ func (m *Provider) dropRAMCache(snapshotID string) {
 	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
 		m.log.Debug().Err(err).Str("snapshot", snapshotID).Msg("microvm: the RAM file's cache stays until reclaimed")
 	}
+}
+
+// mapped tells whether a VM of this process maps the RAM file at path.
+func (m *Provider) mapped(path string) bool {
+	for _, id := range m.boxes.IDs() {
+		box, err := m.boxes.Get(id)
+		if err != nil || box.vm == nil || box.vm.gone() {
+			continue
+		}
+		if box.vm.ram == path {
+			return true
+		}
+	}
+	return false
 }
 
 // InitExited tells whether the init of sandbox id (in the guest, or its

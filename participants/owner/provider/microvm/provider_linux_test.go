@@ -453,14 +453,14 @@ func TestMicroVMSnapshotCancelledMidMigrationRunsOn(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	watching := make(chan struct{})
-	go func() { // cancels ctx once QEMU writes the state file: mid-migration
+	go func() { // cancels ctx once the RAM file is being written: mid-migration
 		defer close(watching)
 		wctx, wcancel := context.WithTimeout(ctx, time.Minute)
 		defer wcancel()
 		_ = poll.Until(wctx, poll.Every(time.Millisecond), func() (bool, error) {
-			files, _ := filepath.Glob(filepath.Join(state, "snapshots", "*", "state"))
+			files, _ := filepath.Glob(filepath.Join(state, "snapshots", "*", ramFile))
 			for _, f := range files {
-				if fi, err := os.Stat(f); err == nil && fi.Size() > 0 {
+				if fi, err := os.Stat(f); err == nil && allocated(fi) > 0 {
 					return true, nil
 				}
 			}

@@ -4,6 +4,7 @@ package microvm
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -42,16 +43,19 @@ func TestMicroVMForkMapsItsSnapshotsRAM(t *testing.T) {
 	}
 	release()
 	meta, err := vmFile(dir).Read()
-	if err != nil || !meta.RAMFile {
-		t.Fatalf("snapshot vm.json %+v %v: want its RAM in a file", meta, err)
+	if err != nil || !meta.RAMFile || meta.RAMPages == 0 {
+		t.Fatalf("snapshot vm.json %+v %v: want its RAM in a file, and the pages written", meta, err)
 	}
-	ram, err := os.Open(filepath.Join(dir, "ram"))
+	if _, err := os.Stat(filepath.Join(dir, fullStateFile)); err == nil {
+		t.Fatal("the snapshot has a full-copy state file: an owner of that design would fork it on zeroed RAM")
+	}
+	ram, err := os.Open(filepath.Join(dir, ramFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ram.Close()
 	fi, _ := ram.Stat()
-	st, _ := os.Stat(filepath.Join(dir, "state"))
+	st, _ := os.Stat(filepath.Join(dir, devicesFile))
 	guest := int64(m.cfg.MemMiB) << 20
 	if fi.Size() != guest || allocated(fi) >= guest || allocated(fi) < 16<<20 {
 		t.Fatalf("RAM file of %d bytes, %d allocated: want the guest's %d, sparse where its pages are zero", fi.Size(), allocated(fi), guest)
@@ -149,4 +153,39 @@ func ramMapping(t *testing.T, pid int) (rss, anon int64) {
 		t.Fatalf("QEMU %d maps no RAM file", pid)
 	}
 	return rss, anon
+}
+
+// A RAM file is checked before a fork maps it: of the guest's size, and
+// holding on disk every page the snapshot wrote; a file a crash of the
+// machine cut (its blocks never allocated: holes, which the guest would
+// read as zeros) or lost is refused, naming what is wrong.
+func TestCheckRAMFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), ramFile)
+	snap := vmMeta{MemMiB: 1, RAMPages: 8}
+	if err := checkRAMFile(path, snap); err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Fatalf("a missing RAM file: %v", err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(2 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkRAMFile(path, snap); err == nil || !strings.Contains(err.Error(), "not its guest's 1 MiB") {
+		t.Fatalf("a RAM file of another size: %v", err)
+	}
+	if err := f.Truncate(1 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkRAMFile(path, snap); err == nil || !strings.Contains(err.Error(), "on disk of the 32768 the snapshot wrote") {
+		t.Fatalf("a RAM file of holes: %v", err)
+	}
+	if _, err := f.WriteAt(bytes.Repeat([]byte{1}, 8*os.Getpagesize()), 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkRAMFile(path, snap); err != nil {
+		t.Fatalf("a RAM file with its pages: %v", err)
+	}
 }

@@ -55,6 +55,7 @@ func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (p
 	pctx, pcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer pcancel()
 	t0 := time.Now()
+	var pages int64
 	err := q.Do(pctx, "stop", nil, nil)
 	frozen := meta.Chain
 	if err == nil {
@@ -65,15 +66,19 @@ func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (p
 			vm.node = node
 			meta.Chain = append([]string{top}, meta.Chain...)
 			if m.cfg.FullCopy {
-				err = m.migrateOut(ctx, pctx, q, qemu.SaveURI(filepath.Join(dst, "state")))
+				err = m.migrateOut(ctx, pctx, q, qemu.SaveURI(filepath.Join(dst, fullStateFile)))
 			} else {
-				err = m.migrateSplit(ctx, pctx, vm, dst)
+				pages, err = m.migrateSplit(ctx, pctx, vm, dst)
 			}
 		}
 	}
 	// Whether stop, the disk's snapshot or the migration failed, the VM
 	// may be paused: it runs again before this returns.
-	rerr := resume(pctx, vm)
+	// The VM runs again under a time of its own: a split that used up
+	// pctx must not leave it paused.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
+	defer rcancel()
+	rerr := resume(rctx, vm)
 	took := time.Since(t0)
 	meta.Pending = ""
 	vm.meta = meta
@@ -86,11 +91,11 @@ func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (p
 		return st, err
 	}
 	snap := vmMeta{Chain: frozen, Base: meta.Base, Image: meta.Image, Harness: meta.Harness, HarnessMount: meta.HarnessMount, CPU: meta.CPU,
-		Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id, RAMFile: !m.cfg.FullCopy}
+		Gen: meta.Gen, MemMiB: meta.MemMiB, Sandbox: vm.id, RAMFile: !m.cfg.FullCopy, RAMPages: pages}
 	if err := vmFile(dst).Write(snap); err != nil {
 		return st, err
 	}
-	for _, f := range []string{"state", "ram"} {
+	for _, f := range []string{fullStateFile, devicesFile, ramFile} {
 		if fi, err := os.Stat(filepath.Join(dst, f)); err == nil {
 			st.Size += allocated(fi)
 			st.Files++
@@ -108,62 +113,79 @@ func allocated(fi os.FileInfo) int64 {
 	return fi.Size()
 }
 
+// The files of a snapshot: a full-copy snapshot's state holds its RAM;
+// one with a RAM file has its devices in a file of another name, which an
+// owner that knows only full copies does not find (it fails the fork
+// instead of running the guest on zeroed memory).
+const (
+	fullStateFile = "state"
+	devicesFile   = "devices"
+	ramFile       = "ram"
+)
+
 // migrateSplit migrates the VM to a socket of this process, which writes
 // the guest's RAM block into dst's RAM file (a sparse file of the guest's
 // size, each page at its offset) and the rest of the stream, the devices,
-// into dst's state file (qemu.SplitRAM). It returns once both QEMU says
-// the migration completed and the stream was written.
-func (m *Provider) migrateSplit(ctx, pctx context.Context, vm *machine, dst string) error {
+// into dst's devices file (qemu.SplitRAM). It returns, with the count of
+// distinct pages written, once both QEMU says the migration completed and
+// the stream was written.
+func (m *Provider) migrateSplit(ctx, pctx context.Context, vm *machine, dst string) (int64, error) {
 	sock := m.sock(vm.id, "m")
 	_ = os.Remove(sock)
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer os.Remove(sock)
 	defer ln.Close()
-	ram, err := os.OpenFile(filepath.Join(dst, "ram"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	ram, err := os.OpenFile(filepath.Join(dst, ramFile), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer ram.Close()
 	if err := ram.Truncate(int64(vm.meta.MemMiB) << 20); err != nil {
-		return err
+		return 0, err
 	}
-	state, err := os.OpenFile(filepath.Join(dst, "state"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	state, err := os.OpenFile(filepath.Join(dst, devicesFile), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer state.Close()
-	split := make(chan error, 1)
+	type result struct {
+		st  qemu.SplitStats
+		err error
+	}
+	split := make(chan result, 1)
 	go func() { // ends when QEMU closes the stream, or the listener is closed
 		conn, err := ln.Accept()
 		if err != nil {
-			split <- err
+			split <- result{err: err}
 			return
 		}
 		defer conn.Close()
 		stop := context.AfterFunc(pctx, func() { conn.Close() })
 		defer stop()
-		_, err = qemu.SplitRAM(conn, state, ram, qemu.GuestRAMBlock, int64(vm.meta.MemMiB)<<20)
-		split <- err
+		st, err := qemu.SplitRAM(conn, state, ram, qemu.GuestRAMBlock, int64(vm.meta.MemMiB)<<20)
+		split <- result{st, err}
 	}()
 	err = m.migrateOut(ctx, pctx, vm.qmp, "unix:"+sock)
 	if err != nil {
 		ln.Close()
 		<-split
-		return err
+		return 0, err
 	}
+	var r result
 	select {
-	case err = <-split:
+	case r = <-split:
 	case <-pctx.Done():
 		ln.Close()
-		err = errors.Join(pctx.Err(), <-split)
+		r = <-split
+		r.err = errors.Join(pctx.Err(), r.err)
 	}
-	if err != nil {
-		return fmt.Errorf("snapshot: splitting the migration stream: %w", err)
+	if r.err != nil {
+		return 0, fmt.Errorf("snapshot: splitting the migration stream: %w", r.err)
 	}
-	return nil
+	return r.st.Written, nil
 }
 
 // migrateOut migrates the VM's state to uri and waits until the migration

@@ -45,6 +45,8 @@ type machine struct {
 	node string // the block node of the disk's top layer
 	// ctlSock is the control channel's socket.
 	ctlSock string
+	// ram is the RAM file the VM maps ("" for none), set once made.
+	ram string
 	// hello is the guest's answer to its identify or reidentify.
 	hello vmctl.Hello
 	// initExited says the guest's plain init exited (vmctl.EventInit, or
@@ -143,13 +145,13 @@ func (m *Provider) launch(ctx context.Context, spec provider.Spec, req vmctl.Req
 		if parent, err = vmFile(sdir).Read(); err != nil {
 			return nil, fmt.Errorf("%w: snapshotID %q is not a microvm snapshot: %w", provider.ErrInvalid, snapshotID, err)
 		}
-		state = filepath.Join(sdir, "state")
+		state = filepath.Join(sdir, fullStateFile)
 		// A snapshot's RAM file, mapped copy-on-write (one taken with
 		// Config.FullCopy has its RAM in the state file).
 		if parent.RAMFile {
-			ram = filepath.Join(sdir, "ram")
-			if fi, err := os.Stat(ram); err != nil || fi.Size() != int64(parent.MemMiB)<<20 {
-				return nil, fmt.Errorf("%w: snapshot %q: its RAM file is missing or not of its guest's %d MiB (%v)", provider.ErrInvalid, snapshotID, parent.MemMiB, statErr(fi, err))
+			state, ram = filepath.Join(sdir, devicesFile), filepath.Join(sdir, ramFile)
+			if err := checkRAMFile(ram, parent); err != nil {
+				return nil, fmt.Errorf("%w: snapshot %q: %w", provider.ErrInvalid, snapshotID, err)
 			}
 		}
 	}
@@ -296,7 +298,7 @@ func (m *Provider) startQEMU(id, dir string, mc qemu.Machine, meta vmMeta, dieWi
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
-	vm := &machine{id: id, dir: dir, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{}), reaped: make(chan struct{}), node: "root", meta: meta, ctlSock: mc.Control, cg: cg}
+	vm := &machine{id: id, dir: dir, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{}), reaped: make(chan struct{}), node: "root", meta: meta, ctlSock: mc.Control, cg: cg, ram: mc.RAMFile}
 	go vm.reap() // ended by QEMU's exit, which stop brings about
 	meta.PID = vm.pid
 	if st, _, err := procfs.ReadStat(vm.pid, nil); err == nil {
@@ -363,12 +365,22 @@ func (m *Provider) restore(ctx context.Context, vm *machine, state string) error
 	return err
 }
 
-// statErr says what a stat found: its error, or the file's size.
-func statErr(fi os.FileInfo, err error) string {
+// checkRAMFile checks a snapshot's RAM file: the guest's size, and at
+// least the pages the snapshot wrote on disk (its blocks are allocated
+// only once their data is, so a file a crash of the machine cut reads
+// short here, never as zeros in the guest).
+func checkRAMFile(path string, snap vmMeta) error {
+	fi, err := os.Stat(path)
 	if err != nil {
-		return err.Error()
+		return fmt.Errorf("its RAM file: %w", err)
 	}
-	return fmt.Sprintf("%d bytes", fi.Size())
+	if fi.Size() != int64(snap.MemMiB)<<20 {
+		return fmt.Errorf("its RAM file has %d bytes, not its guest's %d MiB", fi.Size(), snap.MemMiB)
+	}
+	if got, want := allocated(fi), snap.RAMPages*qemu.PageSize; got < want {
+		return fmt.Errorf("its RAM file holds %d bytes on disk of the %d the snapshot wrote", got, want)
+	}
+	return nil
 }
 
 // tailFile returns the last n bytes of a file, for error messages.

@@ -10,7 +10,8 @@ import (
 )
 
 // ErrStream is returned (wrapped, with what was found and where) for a
-// migration stream SplitRAM cannot read.
+// migration stream SplitRAM cannot read; a failed write of its outputs is
+// not one.
 var ErrStream = errors.New("microvm: migration stream")
 
 // PageSize is the guest's page size in a migration stream (x86).
@@ -53,8 +54,9 @@ const (
 // SplitStats says what SplitRAM moved.
 type SplitStats struct {
 	// Pages and ZeroPages count the block's records: written to the RAM
-	// file, and left as its holes.
-	Pages, ZeroPages int64
+	// file, and left as its holes; Written counts the distinct pages
+	// written (a page may be sent twice).
+	Pages, ZeroPages, Written int64
 	// BlockBytes is the block's size as the stream states it.
 	BlockBytes int64
 }
@@ -75,7 +77,8 @@ type SplitStats struct {
 // iterative section, a stream version it does not know) is an error
 // naming it, never a guess.
 func SplitRAM(r io.Reader, state io.Writer, ram io.WriterAt, block string, size int64) (SplitStats, error) {
-	s := &splitter{r: bufio.NewReaderSize(r, 256<<10), w: bufio.NewWriterSize(state, 256<<10), ram: ram, block: block, size: size,
+	out := &stateWriter{w: state}
+	s := &splitter{r: bufio.NewReaderSize(r, 256<<10), w: bufio.NewWriterSize(out, 256<<10), ram: ram, block: block, size: size,
 		sections: map[uint32]string{}}
 	err := s.split()
 	if err == nil {
@@ -84,10 +87,49 @@ func SplitRAM(r io.Reader, state io.Writer, ram io.WriterAt, block string, size 
 	if err == nil {
 		err = s.w.Flush()
 	}
-	if err != nil && !errors.Is(err, ErrStream) {
+	var werr writeError
+	switch {
+	case out.err != nil:
+		err = out.err // what failed was the state's write, or its bound
+	case err != nil && !errors.Is(err, ErrStream) && !errors.As(err, &werr):
 		err = fmt.Errorf("%w: at byte %d: %w", ErrStream, s.off, err)
 	}
 	return s.st, err
+}
+
+// MaxState bounds the state SplitRAM writes: the devices and the small
+// RAM blocks of firmware and tables (about 70 KB for a microVM).
+const MaxState = 64 << 20
+
+// writeError is a failed write of the RAM file or the state: the disk's
+// fault, not the stream's.
+type writeError struct{ err error }
+
+func (e writeError) Error() string { return e.err.Error() }
+func (e writeError) Unwrap() error { return e.err }
+
+// stateWriter writes the state, up to MaxState bytes, and keeps the first
+// error.
+type stateWriter struct {
+	w   io.Writer
+	n   int64
+	err error
+}
+
+func (sw *stateWriter) Write(p []byte) (int, error) {
+	if sw.err != nil {
+		return 0, sw.err
+	}
+	if sw.n+int64(len(p)) > MaxState {
+		sw.err = fmt.Errorf("%w: the state passes %d bytes: more than a VM's devices", ErrStream, MaxState)
+		return 0, sw.err
+	}
+	n, err := sw.w.Write(p)
+	sw.n += int64(n)
+	if err != nil {
+		sw.err = writeError{fmt.Errorf("writing the state: %w", err)}
+	}
+	return n, sw.err
 }
 
 type splitter struct {
@@ -409,8 +451,8 @@ func (s *splitter) ramRecords() error {
 			return err
 		}
 		if name == s.block { // a zero page: a hole, unless filled otherwise
-			if int64(addr)+PageSize > s.st.BlockBytes {
-				return s.errorf("page at %#x is past the end of block %q (%d bytes)", addr, name, s.st.BlockBytes)
+			if err := s.inBlock(addr); err != nil {
+				return err
 			}
 			if fill == 0 && !s.wrote(int64(addr)) {
 				s.st.ZeroPages++
@@ -477,14 +519,22 @@ func (s *splitter) blockList(total uint64) error {
 	return nil
 }
 
+// inBlock checks that a page at addr lies inside the block.
+func (s *splitter) inBlock(addr uint64) error {
+	if s.st.BlockBytes < PageSize || addr > uint64(s.st.BlockBytes-PageSize) {
+		return s.errorf("page at %#x is past the end of block %q (%d bytes)", addr, s.block, s.st.BlockBytes)
+	}
+	return nil
+}
+
 // runBytes is the most the run holds before it is written.
 const runBytes = 1 << 20
 
 // extend makes the run end at off, writing it first when a page at off
 // does not extend it or it is full.
 func (s *splitter) extend(off int64) error {
-	if off+PageSize > s.st.BlockBytes || off < 0 {
-		return s.errorf("page at %#x is past the end of block %q (%d bytes)", off, s.block, s.st.BlockBytes)
+	if err := s.inBlock(uint64(off)); err != nil {
+		return err
 	}
 	if len(s.run) > 0 && (off != s.runAt+int64(len(s.run)) || len(s.run)+PageSize > runBytes) {
 		if err := s.flushRun(); err != nil {
@@ -501,7 +551,10 @@ func (s *splitter) extend(off int64) error {
 		s.written = make([]uint64, (s.st.BlockBytes/PageSize+63)/64)
 	}
 	i := off / PageSize
-	s.written[i/64] |= 1 << (i % 64)
+	if s.written[i/64]&(1<<(i%64)) == 0 {
+		s.written[i/64] |= 1 << (i % 64)
+		s.st.Written++
+	}
 	return nil
 }
 
@@ -537,5 +590,8 @@ func (s *splitter) flushRun() error {
 	}
 	_, err := s.ram.WriteAt(s.run, s.runAt)
 	s.run = s.run[:0]
-	return err
+	if err != nil {
+		return writeError{fmt.Errorf("writing the RAM file: %w", err)}
+	}
+	return nil
 }

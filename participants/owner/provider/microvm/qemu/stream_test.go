@@ -110,8 +110,8 @@ func TestSplitRAM(t *testing.T) {
 	if !bytes.Equal(state.Bytes(), want.Bytes()) {
 		t.Fatalf("state:\n%x\nwant:\n%x", state.Bytes(), want.Bytes())
 	}
-	if st.Pages != 6 || st.ZeroPages != 1 || st.BlockBytes != testBlock {
-		t.Fatalf("stats %+v: want 6 pages (one sent twice, one zero page over a written one, one filled), 1 zero page left a hole, %d bytes", st, testBlock)
+	if st.Pages != 6 || st.Written != 4 || st.ZeroPages != 1 || st.BlockBytes != testBlock {
+		t.Fatalf("stats %+v: want 6 pages (one sent twice, one zero page over a written one, one filled) of 4 distinct, 1 zero page left a hole, %d bytes", st, testBlock)
 	}
 	got, err := os.ReadFile(ram)
 	if err != nil {
@@ -150,6 +150,8 @@ func TestSplitRAMRefuses(t *testing.T) {
 		{"XBZRLE page", good().u64(ramXBZRLE).Bytes(), "XBZRLE"},
 		{"compressed page", good().u64(ramCompress).Bytes(), "compressed"},
 		{"page past the block", good().page(GuestRAMBlock, testBlock, false, fill(1)).Bytes(), "past the end"},
+		{"page at the top of the address space", good().page(GuestRAMBlock, 0x7ffffffffffff000, false, fill(1)).Bytes(), "past the end"},
+		{"zero page at the top of the address space", good().page(GuestRAMBlock, 0xfffffffffffff000, false, []byte{0}).Bytes(), "past the end"},
 		{"cut mid-page", good().page(GuestRAMBlock, 0, false, fill(1)).Bytes()[:good().Len()+20], "unexpected EOF"},
 		{"continue of nothing", good().page(GuestRAMBlock, 0, true, fill(1)).Bytes(), "continues no block"},
 		{"another iterative section", new(stream).header().u8(secStart).u32(3).str("block").u32(0).u32(1).Bytes(), `"block"`},
@@ -182,6 +184,23 @@ func TestSplitRAMRefuses(t *testing.T) {
 	}
 }
 
+// A write that fails is the disk's fault, said as such, not the stream's.
+func TestSplitRAMWriteFailure(t *testing.T) {
+	s := new(stream).header()
+	s.u8(secStart).u32(2).str("ram").u32(0).u32(4).blocks().u64(ramEOS).u8(secFooter).u32(2)
+	s.u8(secPart).u32(2).page(GuestRAMBlock, 0, false, fill(1)).u64(ramEOS).u8(secFooter).u32(2)
+	s.Write(devices)
+	full := errors.New("no space left on device")
+	_, err := SplitRAM(bytes.NewReader(s.Bytes()), new(bytes.Buffer), failingRAM{full}, GuestRAMBlock, testBlock)
+	if !errors.Is(err, full) || errors.Is(err, ErrStream) || !strings.Contains(err.Error(), "writing the RAM file") {
+		t.Fatalf("err %v: want the RAM file's write error, not ErrStream", err)
+	}
+}
+
+type failingRAM struct{ err error }
+
+func (f failingRAM) WriteAt([]byte, int64) (int, error) { return 0, f.err }
+
 // FuzzSplitRAM: no stream makes it panic or write outside the block, and
 // what it accepts splits again to the same state with no page left.
 func FuzzSplitRAM(f *testing.F) {
@@ -191,6 +210,10 @@ func FuzzSplitRAM(f *testing.F) {
 	s.u64(ramEOS).u8(secFooter).u32(2)
 	s.Write(devices)
 	f.Add(s.Bytes())
+	high := new(stream).header()
+	high.u8(secStart).u32(2).str("ram").u32(0).u32(4).blocks().u64(ramEOS).u8(secFooter).u32(2)
+	high.u8(secPart).u32(2).page(GuestRAMBlock, 0x7ffffffffffff000, false, []byte{0})
+	f.Add(high.Bytes())
 	f.Fuzz(func(t *testing.T, in []byte) {
 		ram := &boundedRAM{}
 		var state bytes.Buffer
