@@ -524,7 +524,7 @@ func (d *Fleet) direct(ctx context.Context, col *collect.Collector, ms *modelser
 	// their launches rather than at their grading.
 	returned := 0
 	if d.realHarness() {
-		returned = 1
+		returned = min(1, inFlight-1) // a single rollout is held, not let through
 		ms.HoldLast(returned)
 	} else {
 		ms.HoldFrom(d.lastTurn)
