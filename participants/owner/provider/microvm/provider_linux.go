@@ -217,6 +217,10 @@ type Provider struct {
 	// QEMU has made its sockets in it, and exclusively to remove the
 	// directory once empty.
 	sockMu sync.RWMutex
+	// ramUsers counts the QEMUs of this process that map each snapshot's
+	// RAM file (DeleteSnapshot's advice is for those alone).
+	ramMu    sync.Mutex
+	ramUsers map[string]int
 
 	initrdKey string
 
@@ -257,7 +261,7 @@ func New(cfg Config) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Provider{cfg: cfg, bounds: microvmBounds(cfg.MemMiB), assets: assets, tscKHz: khz, log: cfg.Logger,
+	m := &Provider{cfg: cfg, bounds: microvmBounds(cfg.MemMiB), assets: assets, tscKHz: khz, log: cfg.Logger, ramUsers: map[string]int{},
 		layers: filepath.Join(cfg.StateDir, "layers"), cache: cfg.CacheDir,
 		boxes: boxes.NewRegistry[*vmBox](cfg.StateDir), templates: map[string]*template{}, staged: map[string]string{}}
 	for _, d := range []string{filepath.Join(cfg.StateDir, "sandboxes"), m.layers, m.cache} {
@@ -616,18 +620,21 @@ func (m *Provider) dropRAMCache(snapshotID string) {
 	}
 }
 
-// mapped tells whether a VM of this process maps the RAM file at path.
-func (m *Provider) mapped(path string) bool {
-	for _, id := range m.boxes.IDs() {
-		box, err := m.boxes.Get(id)
-		if err != nil || box.vm == nil || box.vm.gone() {
-			continue
-		}
-		if box.vm.ram == path {
-			return true
-		}
+// useRAM counts a QEMU of this process that maps the RAM file at path
+// (n = 1) or one that exited (n = -1).
+func (m *Provider) useRAM(path string, n int) {
+	m.ramMu.Lock()
+	defer m.ramMu.Unlock()
+	if m.ramUsers[path] += n; m.ramUsers[path] <= 0 {
+		delete(m.ramUsers, path)
 	}
-	return false
+}
+
+// mapped tells whether a QEMU of this process maps the RAM file at path.
+func (m *Provider) mapped(path string) bool {
+	m.ramMu.Lock()
+	defer m.ramMu.Unlock()
+	return m.ramUsers[path] > 0
 }
 
 // InitExited tells whether the init of sandbox id (in the guest, or its

@@ -45,8 +45,6 @@ type machine struct {
 	node string // the block node of the disk's top layer
 	// ctlSock is the control channel's socket.
 	ctlSock string
-	// ram is the RAM file the VM maps ("" for none), set once made.
-	ram string
 	// hello is the guest's answer to its identify or reidentify.
 	hello vmctl.Hello
 	// initExited says the guest's plain init exited (vmctl.EventInit, or
@@ -298,8 +296,15 @@ func (m *Provider) startQEMU(id, dir string, mc qemu.Machine, meta vmMeta, dieWi
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start qemu: %w", err)
 	}
-	vm := &machine{id: id, dir: dir, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{}), reaped: make(chan struct{}), node: "root", meta: meta, ctlSock: mc.Control, cg: cg, ram: mc.RAMFile}
+	vm := &machine{id: id, dir: dir, pid: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{}), reaped: make(chan struct{}), node: "root", meta: meta, ctlSock: mc.Control, cg: cg}
 	go vm.reap() // ended by QEMU's exit, which stop brings about
+	if mc.RAMFile != "" && !mc.RAMShared {
+		m.useRAM(mc.RAMFile, 1)
+		go func() { // ends with QEMU, once reaped
+			<-vm.reaped
+			m.useRAM(mc.RAMFile, -1)
+		}()
+	}
 	meta.PID = vm.pid
 	if st, _, err := procfs.ReadStat(vm.pid, nil); err == nil {
 		meta.Start = st.Start
