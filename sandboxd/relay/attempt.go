@@ -75,7 +75,7 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 		if c.via != "" {
 			api = c.via
 		}
-		a.shape = newShaper(strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), c.augmented, c.asked, api)
+		a.shape = newShaper(strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), c.augmented, c.asked, api, r.cfg.MaxKeptReply)
 		if c.via != "" && resp.StatusCode == http.StatusOK {
 			a.shape.tr = newReplyTranslator(c.api, a.shape.stream)
 		}

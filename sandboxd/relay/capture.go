@@ -232,6 +232,7 @@ type shaper struct {
 	line    []byte // a stream's unfinished line
 	held    []byte // bytes that wait for the record
 	over    bool   // a plain reply too large to keep: passed through
+	maxKept int    // the largest plain reply kept whole (Config.MaxKeptReply)
 	// tr, when set, translates the upstream's chat completion into the
 	// API the harness spoke (translate_reply.go): the assembler reads the
 	// chat bytes, the harness gets the translation.
@@ -250,8 +251,8 @@ func (s *shaper) kept() int { return len(s.held) + len(s.line) }
 // then told why, as a relay error).
 func (s *shaper) holdsStatus() bool { return s.tr != nil && !s.stream }
 
-func newShaper(stream, rewrite bool, a asked, api trajectory.API) *shaper {
-	return &shaper{stream: stream, rewrite: rewrite, asked: a, asm: trajectory.NewAPIAssembler(api, stream)}
+func newShaper(stream, rewrite bool, a asked, api trajectory.API, maxKept int) *shaper {
+	return &shaper{stream: stream, rewrite: rewrite, asked: a, asm: trajectory.NewAPIAssembler(api, stream), maxKept: maxKept}
 }
 
 // feed takes the next bytes read from the upstream and returns those the
@@ -259,14 +260,14 @@ func newShaper(stream, rewrite bool, a asked, api trajectory.API) *shaper {
 func (s *shaper) feed(p []byte) []byte {
 	if !s.stream {
 		_, _ = s.asm.Write(p)
-		if s.tr != nil && len(s.held)+len(p) > maxHeldPlain {
+		if s.tr != nil && len(s.held)+len(p) > s.maxKept {
 			// A translation needs the reply whole: over the bound the call
 			// fails, its harness told why.
-			s.err = fmt.Errorf("relay: translate: a plain reply over %d bytes (a translation cannot pass half a body)", maxHeldPlain)
+			s.err = fmt.Errorf("relay: translate: a plain reply over %d bytes (a translation cannot pass half a body)", s.maxKept)
 			s.held = nil
 			return nil
 		}
-		if s.tr == nil && (s.over || len(s.held)+len(p) > maxHeldPlain) {
+		if s.tr == nil && (s.over || len(s.held)+len(p) > s.maxKept) {
 			// Over the bound a plain reply passes as it comes (the capture
 			// still assembles it, or records why it could not).
 			s.over = true
@@ -342,10 +343,6 @@ func (s *shaper) end() []byte {
 	}
 	return out
 }
-
-// maxHeldPlain bounds the plain reply a shaper keeps until the record:
-// above it a native reply passes as it comes, a translated one fails.
-const maxHeldPlain = 32 << 20
 
 // exchange is what the capture records of call c answered by attempt a,
 // but the reply (Relay.mu held).

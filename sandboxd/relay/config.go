@@ -21,6 +21,9 @@ const (
 	// DefaultMaxOpenBytes is how many bytes the open calls keep in all:
 	// their request bodies and the reply bytes not yet delivered.
 	DefaultMaxOpenBytes = 256 << 20
+	// DefaultMaxKeptReply is the largest plain reply the relay keeps whole
+	// until its end.
+	DefaultMaxKeptReply = 32 << 20
 )
 
 // Config configures a Relay.
@@ -46,6 +49,11 @@ type Config struct {
 	// past it is read on only as the harness takes what is kept (one read
 	// of 32 KiB at a time), and not at all while the relay holds.
 	MaxOpenBytes int64
+	// MaxKeptReply bounds a plain (not streamed) reply the relay keeps
+	// whole until its end, to record or translate it (default
+	// DefaultMaxKeptReply): past it a native reply passes as it comes, and
+	// a translated one fails its call, its harness told why.
+	MaxKeptReply int
 	// Transport makes the upstream requests (default: a clone of
 	// http.DefaultTransport without compression, so bytes pass as they
 	// are).
@@ -82,6 +90,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxOpenBytes == 0 {
 		c.MaxOpenBytes = DefaultMaxOpenBytes
+	}
+	if c.MaxKeptReply == 0 {
+		c.MaxKeptReply = DefaultMaxKeptReply
 	}
 	if c.Transport == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()

@@ -38,7 +38,7 @@
 //     one read at a time, and not at all while the relay holds. A reply's
 //     buffer is trimmed as it is delivered. What the capture or the
 //     translation keeps of a reply until its end counts too; a plain reply
-//     is kept whole up to 32 MiB, past which a native one passes as it
+//     is kept whole up to Config.MaxKeptReply (32 MiB), past which a native one passes as it
 //     comes and a translated one fails (502: a translation cannot pass
 //     half a body).
 //  5. Refusals. A request over Config.MaxRequestBytes (413), no upstream

@@ -324,7 +324,8 @@ func TestTranslatePlainError(t *testing.T) {
 func TestTranslatePlainReplyKept(t *testing.T) {
 	const first = `{"id":"c","model":"m","choices":[{"index":0,"finish_reason":"stop","message":{"role":"assistant","content":"`
 	more := make(chan struct{})
-	big := strings.Repeat("a", 33<<20)
+	const bound = 1 << 20 // Config.MaxKeptReply, small: the reply over it is read and translated fast under -race
+	big := strings.Repeat("a", bound+1)
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 		w.Header().Set("Content-Type", "application/json")
 		if strings.Contains(string(body), "big") {
@@ -344,7 +345,7 @@ func TestTranslatePlainReplyKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rec.Close() })
-	r := serveRelay(t, relay.Config{Upstream: up.URL, Capture: rec, Tokens: true, Translate: true})
+	r := serveRelay(t, relay.Config{Upstream: up.URL, Capture: rec, Tokens: true, Translate: true, MaxKeptReply: bound})
 	r.Label("e", "l", nil)
 
 	kept := post(t, r, "/v1/messages", `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`)
