@@ -13,7 +13,7 @@
 // process's pid and a random part: "spnet-4242-9f3a-n1"), so that runs
 // and parallel tests never meet:
 //
-//	namespace spnet-4242-9f3a-br:  br0 (bridge), v0 v1 v2 (its ports)
+//	namespace spnet-4242-9f3a_br:  br0 (bridge), v0 v1 v2 (its ports)
 //	namespace spnet-4242-9f3a-n1:  eth0 198.18.35.1/24 (peer of v0), lo
 //	namespace spnet-4242-9f3a-n2:  eth0 198.18.35.2/24 (peer of v1), lo
 //	...
