@@ -562,8 +562,8 @@ func (m *Provider) teardown(ctx context.Context, id string, box *vmBox) error {
 
 // Snapshot captures the sandbox at one instant: the guest syncs, the VM
 // stops, its disk's top layer is frozen (a new one takes the writes), its
-// RAM goes to the snapshot's RAM file and its device state to the state
-// file, and it runs on.
+// RAM goes to the snapshot's RAM file and its device state to the devices
+// file (with Config.FullCopy, both to the state file), and it runs on.
 func (m *Provider) Snapshot(ctx context.Context, id, snapshotID string) (provider.Snapshot, error) {
 	if err := errors.Join(provider.ValidateID("id", id), provider.ValidateID("snapshotID", snapshotID)); err != nil {
 		return provider.Snapshot{}, err
