@@ -3,6 +3,7 @@ package leak
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -20,7 +21,15 @@ const Settle = 10 * time.Second
 // Option changes what Find and VerifyTestMain report.
 type Option struct {
 	blockedForever string
+	orphanedWrite  string
 }
+
+// IgnoreOrphanedPipeWrite ignores goroutines that run fn (anywhere in
+// their stack, as stacks name it) while they block in a write to a
+// net.Pipe: a library that dropped the pipe's reader leaves such a writer
+// with nothing that can ever read or close it. A goroutine of fn blocked
+// on anything else is still reported.
+func IgnoreOrphanedPipeWrite(fn string) Option { return Option{orphanedWrite: fn} }
 
 // IgnoreBlockedForever ignores goroutines whose innermost function is fn
 // (as goroutine stacks name it, "pkg.(*T).method") while they block on a
@@ -50,11 +59,15 @@ func Find(opts ...Option) error { return find(Settle, opts) }
 
 func find(settle time.Duration, opts []Option) error {
 	var gopts []goleak.Option
-	var forever []string
+	var forever, orphaned []string
 	for _, o := range opts {
 		if o.blockedForever != "" {
 			forever = append(forever, o.blockedForever)
 			gopts = append(gopts, goleak.IgnoreTopFunction(o.blockedForever))
+		}
+		if o.orphanedWrite != "" {
+			orphaned = append(orphaned, o.orphanedWrite)
+			gopts = append(gopts, goleak.IgnoreAnyFunction(o.orphanedWrite))
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), settle)
@@ -64,7 +77,7 @@ func find(settle time.Duration, opts []Option) error {
 	_ = poll.Until(ctx, poll.Every(100*time.Millisecond), func() (bool, error) {
 		err = goleak.Find(gopts...)
 		if err == nil {
-			err = notForever(forever)
+			err = errors.Join(notForever(forever), notOrphaned(orphaned))
 		}
 		return err == nil, nil
 	})
@@ -83,6 +96,27 @@ func notForever(fns []string) error {
 		state, top := g.state, g.top
 		for _, fn := range fns {
 			if top == fn && !strings.HasPrefix(state, "chan receive (nil chan)") && !strings.HasPrefix(state, "chan send (nil chan)") {
+				bad = append(bad, g.text)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("found unexpected goroutines:\n%s", strings.Join(bad, "\n\n"))
+	}
+	return nil
+}
+
+// pipeWrite is the innermost function of a goroutine blocked writing to a
+// net.Pipe.
+const pipeWrite = "net.(*pipe).write"
+
+// notOrphaned returns an error for goroutines that run one of fns but are
+// not blocked writing to a pipe: goleak was told to ignore them all.
+func notOrphaned(fns []string) error {
+	var bad []string
+	for _, g := range stacks() {
+		for _, fn := range fns {
+			if strings.Contains(g.text, "\n"+fn+"(") && (g.top != pipeWrite || !strings.HasPrefix(g.state, "select")) {
 				bad = append(bad, g.text)
 			}
 		}

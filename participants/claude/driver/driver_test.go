@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -103,6 +104,22 @@ func newWorld(t *testing.T) *world {
 		}
 	}
 	return w
+}
+
+// sessionHolds tells whether Claude Code's saved session (its transcript
+// under the home directory) holds s.
+func (w *world) sessionHolds(s string) bool {
+	found := false
+	_ = filepath.WalkDir(w.home, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != session+".jsonl" {
+			return nil
+		}
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(s)) {
+			found = true
+		}
+		return nil
+	})
+	return found
 }
 
 func (w *world) driver(name, cmd string, args ...string) *child.Process {
@@ -211,13 +228,18 @@ func TestDriverContinuesAfterACrashMidTool(t *testing.T) {
 	tier.E2E(t)
 	w := newWorld(t)
 	run := w.driver("run", "run", append([]string{"--prompt", prompt}, w.model("fix-add")...)...)
-	poll.Wait(t, 2*time.Minute, "the slow test command", func() bool {
+	// Claude Code writes the call's reply to its saved session after it
+	// started the tool, and not at once: a crash before that write loses
+	// the reply, and the continuation asks that turn anew (the crash test
+	// of the relay's ledger). This test is of the reply saved: it crashes
+	// once the session holds the tool's call.
+	poll.Wait(t, 2*time.Minute, "the slow test command, its call saved in the session", func() bool {
 		select {
 		case <-run.Exited():
 			t.Fatalf("run exited early:\n%s", run.Output())
 		default:
 		}
-		return hasProcess(run.Pid(), "perl")
+		return hasProcess(run.Pid(), "perl") && w.sessionHolds(`"toolu_2"`)
 	})
 	crash(t, run)
 

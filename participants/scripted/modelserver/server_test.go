@@ -163,6 +163,26 @@ func TestHold(t *testing.T) {
 	}
 }
 
+// postAsync posts msgs for task and sends the reply's status on the
+// channel returned (0 when the request failed), for a reply that may be
+// held.
+func postAsync(url, task string, msgs []modelserver.Message) <-chan int {
+	got := make(chan int, 1)
+	go func() {
+		b, _ := json.Marshal(modelserver.Request{Model: "m", Messages: msgs})
+		req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(b))
+		req.Header.Set(modelserver.TaskHeader, task)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			got <- 0
+			return
+		}
+		resp.Body.Close()
+		got <- resp.StatusCode
+	}()
+	return got
+}
+
 // HoldFrom holds the replies of its turn and later ones only: an earlier
 // turn is answered at once, the later one waits until Release.
 func TestHoldFrom(t *testing.T) {
@@ -178,19 +198,7 @@ func TestHoldFrom(t *testing.T) {
 	}
 	calls, _ := json.Marshal(script["t1"][0].ToolCalls)
 	turn1 := []modelserver.Message{user("x"), {Role: "assistant", ToolCalls: calls}, {Role: "tool", ToolCallID: "call-1", Content: json.RawMessage(`"ok"`)}}
-	got := make(chan int, 1)
-	go func() {
-		b, _ := json.Marshal(modelserver.Request{Model: "m", Messages: turn1})
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", bytes.NewReader(b))
-		req.Header.Set(modelserver.TaskHeader, "t1")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			got <- 0
-			return
-		}
-		resp.Body.Close()
-		got <- resp.StatusCode
-	}()
+	got := postAsync(srv.URL, "t1", turn1)
 	poll.Wait(t, 5*time.Second, "turn 1 to be held", func() bool {
 		select {
 		case <-got:
@@ -224,19 +232,7 @@ func TestHoldLast(t *testing.T) {
 	if s.Held() != 0 {
 		t.Fatal("a reply HoldLast(1) lets through was held")
 	}
-	got := make(chan int, 1)
-	go func() {
-		b, _ := json.Marshal(modelserver.Request{Model: "m", Messages: last})
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", bytes.NewReader(b))
-		req.Header.Set(modelserver.TaskHeader, "t2")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			got <- 0
-			return
-		}
-		resp.Body.Close()
-		got <- resp.StatusCode
-	}()
+	got := postAsync(srv.URL, "t2", last)
 	poll.Wait(t, 5*time.Second, "t2's last turn to be held", func() bool {
 		select {
 		case <-got:

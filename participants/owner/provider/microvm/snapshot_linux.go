@@ -9,14 +9,49 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/participants/owner/provider"
+	"github.com/stillpoint/stillpoint/participants/owner/provider/internal/snapstore"
 	"github.com/stillpoint/stillpoint/participants/owner/provider/microvm/qemu"
 	"github.com/stillpoint/stillpoint/sandboxd/vmctl"
 )
+
+// Snapshot captures the sandbox at one instant: the guest syncs, the VM
+// stops, its disk's top layer is frozen (a new one takes the writes), its
+// RAM goes to the snapshot's RAM file and its device state to the devices
+// file (with Config.FullCopy, both to the state file), and it runs on.
+func (m *Provider) Snapshot(ctx context.Context, id, snapshotID string) (provider.Snapshot, error) {
+	if err := errors.Join(provider.ValidateID("id", id), provider.ValidateID("snapshotID", snapshotID)); err != nil {
+		return provider.Snapshot{}, err
+	}
+	box, err := m.boxes.LockLive(id)
+	if err != nil {
+		return provider.Snapshot{}, err
+	}
+	defer box.Mu.Unlock()
+	if box.vm == nil {
+		return provider.Snapshot{}, fmt.Errorf("%w: sandbox %q was left by an earlier process", provider.ErrNotFound, id)
+	}
+	meta := snapstore.Meta{ID: snapshotID, Provider: m.Name(), Sandbox: id}
+	return m.snaps.Create(meta, func(dst string) (provider.Snapshot, error) {
+		return m.snapshotInto(ctx, box.vm, dst)
+	})
+}
+
+// DeleteSnapshot removes snapshots/<snapshotID> and the disk layers only it
+// held.
+func (m *Provider) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	if err := provider.ValidateID("snapshotID", snapshotID); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.dropRAMCache(snapshotID)
+	return errors.Join(m.snaps.Delete(snapshotID), m.gc())
+}
 
 // snapshotInto takes the snapshot into dst: vm.json, the state file and
 // (unless Config.FullCopy) the RAM file.
@@ -103,25 +138,6 @@ func (m *Provider) snapshotInto(ctx context.Context, vm *machine, dst string) (p
 	}
 	return st, nil
 }
-
-// allocated is a file's size on disk: a RAM file's holes are its guest's
-// zero pages.
-func allocated(fi os.FileInfo) int64 {
-	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return min(sys.Blocks*512, fi.Size())
-	}
-	return fi.Size()
-}
-
-// The files of a snapshot: a full-copy snapshot's state holds its RAM;
-// one with a RAM file has its devices in a file of another name, which an
-// owner that knows only full copies does not find (it fails the fork
-// instead of running the guest on zeroed memory).
-const (
-	fullStateFile = "state"
-	devicesFile   = "devices"
-	ramFile       = "ram"
-)
 
 // migrateSplit migrates the VM to a socket of this process, which writes
 // the guest's RAM block into dst's RAM file (a sparse file of the guest's

@@ -370,24 +370,6 @@ func (m *Provider) restore(ctx context.Context, vm *machine, state string) error
 	return err
 }
 
-// checkRAMFile checks a snapshot's RAM file: the guest's size, and at
-// least the pages the snapshot wrote on disk (its blocks are allocated
-// only once their data is, so a file a crash of the machine cut reads
-// short here, never as zeros in the guest).
-func checkRAMFile(path string, snap vmMeta) error {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fmt.Errorf("its RAM file: %w", err)
-	}
-	if fi.Size() != int64(snap.MemMiB)<<20 {
-		return fmt.Errorf("its RAM file has %d bytes, not its guest's %d MiB", fi.Size(), snap.MemMiB)
-	}
-	if got, want := allocated(fi), snap.RAMPages*qemu.PageSize; got < want {
-		return fmt.Errorf("its RAM file holds %d bytes on disk of the %d the snapshot wrote", got, want)
-	}
-	return nil
-}
-
 // tailFile returns the last n bytes of a file, for error messages.
 func tailFile(p string, n int) string {
 	b, err := os.ReadFile(p)
