@@ -3,8 +3,8 @@
 // sandboxes and agents) in a network namespace of its own, joins them with
 // veth pairs and a bridge, and cuts, slows and drops the traffic between
 // them, every fault reversible and Heal undoing them all. It needs root and
-// the tools of iproute2 (ip, tc) and nftables (nft): apt-get install
-// iproute2 nftables.
+// the tools of iproute2 (ip, tc), nftables (nft) and util-linux (nsenter):
+// apt-get install iproute2 nftables util-linux.
 //
 // # The network
 //
@@ -24,8 +24,8 @@
 // cannot disturb the host's network, and deleting the namespaces removes
 // every interface with them. The subnet (Config.Subnet) is 198.18.35.0/24
 // by default, from the block that RFC 2544 sets aside for network tests;
-// as no address of it is in the host's namespace, it cannot clash with the
-// host's networks either way.
+// as no address of it is in the host's namespace (unless the run has a
+// host link, below), it cannot clash with the host's networks either way.
 //
 // Close deletes the namespaces (and kills what still runs in them, or
 // their interfaces would live on). Sweep deletes those a former run left
@@ -33,10 +33,39 @@
 // run is still alive, so a Sweep never takes the network of a live run.
 // New sweeps before it makes anything.
 //
-// Addr is a node's address; Command and Exec run a program inside a
-// node's namespace with `ip netns exec`, which also gives the program a
-// /sys of that namespace and the files of /etc/netns/<name>, the way the
-// ip tools themselves expect a namespace to be entered.
+// # The host
+//
+// A run whose own process (a chaos injector, its model server, its
+// proxies) must reach the nodes names one more node, Config.Host, whose
+// end is in the host's namespace (the caller's): a veth from the bridge
+// to it, named "sph", the pid and the random part of the tag, at most 15
+// characters, with the last address of the subnet (HostAddr):
+//
+//	namespace spnet-4242-9f3a_br:  br0, v0 v1 ..., vh (peer of sph4242-9f3a)
+//	host's namespace:              sph4242-9f3a 198.18.35.254/24
+//
+// That address gives the host a route for the subnet, so two runs with
+// hosts cannot share one: with no Config.Subnet, New takes the first /24
+// of 198.18.0.0/15 (HostBlock) that no route or address of the host's
+// namespace overlaps, and it refuses a given subnet that one overlaps
+// (ErrSubnetInUse). It holds a flock on /run/stillpoint-netns.lock from
+// the choice to the link's address, so parallel runs, whose links are
+// then routes the next one sees, never choose the same subnet. Close and
+// Sweep delete the host link before the bridge's namespace: the kernel
+// would delete the pair with that namespace, but in the background, a
+// moment later.
+//
+// Addr is a node's address (the host's too); Command and Exec run a
+// program inside a node's namespace with `ip netns exec`, which also gives
+// the program a mount namespace of its own with the /sys of that network
+// namespace and the files of /etc/netns/<name>, the way the ip tools
+// themselves expect a namespace to be entered. Enter is the start of an
+// argv (`nsenter --net=/run/netns/<name> --`) that enters the network
+// namespace only: use it for a program that mounts what the host must see,
+// or must find the host's mounts, such as an owner whose sandboxes are
+// overlay mounts it finds again after a restart; use Command for the rest.
+// On the host, Command and Exec run a program as it is, and Enter is
+// empty.
 //
 // # Faults
 //
@@ -47,11 +76,15 @@
 //
 //   - Cut(a, b) drops the packets between a and b, both ways; CutOneWay(from,
 //     to) only those from one to the other, in the receiver's input hook.
+//     No rule ever goes in the host's namespace, so its firewall is left
+//     alone: a cut involving the host is in the node's namespace only, an
+//     input drop of the host's packets and an output drop of those to it.
 //     A TCP connection needs both ways, so a one-way cut stops TCP both
 //     ways; datagrams show the direction. Uncut and UncutOneWay undo them.
-//   - Isolate(node) cuts a node from every other, both ways; Split(groups...)
-//     cuts every pair of nodes in different groups (a partition), leaving a
-//     node named in no group joined to all.
+//   - Isolate(node) cuts a node from every other and the host, both ways;
+//     Split(groups...) cuts every pair of nodes in different groups (a
+//     partition), leaving a node named in no group joined to all. Both may
+//     name the host.
 //   - Loss(node, percent) drops each packet into or out of node with that
 //     probability (nftables `numgen random mod 100 < p`); Loss(node, 0)
 //     ends it.
@@ -59,6 +92,9 @@
 //   - Bandwidth(node, bits) bounds the node's traffic, each way, with a
 //     tbf qdisc on both ends of its veth; Bandwidth(node, 0) ends it.
 //   - Heal undoes all of them.
+//
+// Loss, LinkDown and Bandwidth act on a node's own link and namespace: on
+// the host they return ErrHostFault.
 //
 // # Latency
 //

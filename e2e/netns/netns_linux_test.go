@@ -42,6 +42,8 @@ func TestMain(m *testing.M) {
 //	dial ADDR           exit 0 if a TCP connection opens within a second
 //	udp ADDR TOKEN N    send N datagrams TOKEN
 //	send ADDR BYTES     send BYTES bytes over TCP, wait for the close
+//	mknet PREFIX        make a network with a host link, print its tag
+//	                    and host link, wait to be killed (mknet)
 func helperMain(mode string, args []string) int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, mode, err); return 3 }
 	switch mode {
@@ -111,6 +113,11 @@ func helperMain(mode string, args []string) int {
 		_ = c.(*net.TCPConn).CloseWrite()
 		_, _ = io.Copy(io.Discard, c)
 		return 0
+	case "mknet":
+		if err := mknet(args[0]); err != nil {
+			return fail(err)
+		}
+		return 0
 	}
 	return fail(errors.New("unknown mode"))
 }
@@ -145,8 +152,8 @@ func (s *server) prefixed(p string) []string {
 	return out
 }
 
-// cluster is a test's network of three nodes, n1 to n3, each with its
-// helper server.
+// cluster is a test's network, each node with its helper server, and the
+// host, if any, with a server in the test process.
 type cluster struct {
 	t       *testing.T
 	n       *Net
@@ -165,11 +172,17 @@ func requireRoot(t *testing.T) {
 	}
 }
 
+// newCluster makes a network of three nodes, n1 to n3, and no host.
 func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	return newClusterOf(t, Config{Name: t.Name(), Nodes: []string{"n1", "n2", "n3"}})
+}
+
+func newClusterOf(t *testing.T, cfg Config) *cluster {
 	t.Helper()
 	requireRoot(t)
 	t.Parallel()
-	n, err := New(t.Context(), t.Name(), []string{"n1", "n2", "n3"})
+	n, err := cfg.New(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +195,18 @@ func newCluster(t *testing.T) *cluster {
 	for _, node := range n.Nodes() {
 		c.servers[node] = c.serve(node)
 	}
+	if h := n.Host(); h != "" {
+		c.servers[h] = c.serveHere()
+	}
 	return c
+}
+
+// names returns the nodes and the host, if any.
+func (c *cluster) names() []string {
+	if h := c.n.Host(); h != "" {
+		return append(c.n.Nodes(), h)
+	}
+	return c.n.Nodes()
 }
 
 // helper returns the command that runs the test binary as a helper in
@@ -231,6 +255,13 @@ func (c *cluster) addr(node string) string { return net.JoinHostPort(c.n.Addr(no
 // within a second: without a fault the kernel opens it in far less, busy
 // or not, so a failure is the fault's doing.
 func (c *cluster) dials(from, to string) bool {
+	if from == c.n.Host() {
+		conn, err := net.DialTimeout("tcp", c.addr(to), time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	}
 	return c.helper(from, "dial", c.addr(to)).Run() == nil
 }
 
@@ -253,6 +284,17 @@ func (c *cluster) blocked(from, to string) {
 func (c *cluster) datagrams(from, to string, k int) string {
 	c.t.Helper()
 	token := fmt.Sprintf("%s-%s-%08x", from, to, rand.Uint32())
+	if from == c.n.Host() {
+		conn, err := net.Dial("udp", c.addr(to))
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		defer conn.Close()
+		for range k {
+			_, _ = conn.Write([]byte(token)) // a refused one is as lost
+		}
+		return token
+	}
 	if out, err := c.helper(from, "udp", c.addr(to), token, strconv.Itoa(k)).CombinedOutput(); err != nil {
 		c.t.Fatalf("udp %s to %s: %v: %s", from, to, err, out)
 	}
@@ -267,8 +309,8 @@ func (c *cluster) heal() {
 	if err := c.n.Heal(c.t.Context()); err != nil {
 		c.t.Fatal(err)
 	}
-	for _, a := range c.n.Nodes() {
-		for _, b := range c.n.Nodes() {
+	for _, a := range c.names() {
+		for _, b := range c.names() {
 			if a != b {
 				c.reaches(a, b)
 			}
@@ -436,15 +478,17 @@ func TestBandwidth(t *testing.T) {
 	c.heal()
 }
 
-// TestCloseLeavesNothing makes a network with a fault of each kind and a
-// process in a namespace, closes it, and looks for anything of it left.
+// TestCloseLeavesNothing makes a network with a host link, a fault of each
+// kind and a process in a namespace, closes it, and looks for anything of
+// it left, in the host's namespace too.
 func TestCloseLeavesNothing(t *testing.T) {
 	requireRoot(t)
 	t.Parallel()
 	ctx := t.Context()
-	n, err := New(ctx, t.Name(), []string{"a", "b"})
+	n, err := Config{Name: t.Name(), Nodes: []string{"a", "b"}, Host: "h"}.New(ctx)
 	must(t, err)
 	must(t, n.Cut(ctx, "a", "b"))
+	must(t, n.Cut(ctx, "a", "h"))
 	must(t, n.Loss(ctx, "a", 10))
 	must(t, n.Bandwidth(ctx, "b", 1<<20))
 	must(t, n.LinkDown(ctx, "b"))
@@ -452,6 +496,9 @@ func TestCloseLeavesNothing(t *testing.T) {
 	must(t, err)
 	if !strings.Contains(string(out), "stillpoint_netns") {
 		t.Fatalf("no table of ours in a's namespace: %s", out)
+	}
+	if out, err := exec.Command("ip", "link", "show", "dev", n.HostLink()).CombinedOutput(); err != nil {
+		t.Fatalf("no host link %s before Close: %v: %s", n.HostLink(), err, out)
 	}
 	sleeper := n.Command("a", "sleep", "600")
 	must(t, sleeper.Start())
@@ -463,7 +510,8 @@ func TestCloseLeavesNothing(t *testing.T) {
 	for _, argv := range [][]string{{"ip", "netns", "list"}, {"ip", "link"}, {"nft", "list", "tables"}} {
 		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
 		must(t, err)
-		if strings.Contains(string(out), n.Tag()) || strings.Contains(string(out), "stillpoint_netns") {
+		if strings.Contains(string(out), n.Tag()) || strings.Contains(string(out), n.HostLink()) ||
+			strings.Contains(string(out), "stillpoint_netns") {
 			t.Fatalf("%s after Close: %s", strings.Join(argv, " "), out)
 		}
 	}
