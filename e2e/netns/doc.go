@@ -53,7 +53,9 @@
 // then routes the next one sees, never choose the same subnet. Close and
 // Sweep delete the host link before the bridge's namespace: the kernel
 // would delete the pair with that namespace, but in the background, a
-// moment later.
+// moment later. The host link is an interface of the host like any
+// other: the host's own firewall applies to it, and one that drops input
+// from unknown interfaces must let it in.
 //
 // Addr is a node's address (the host's too); Command and Exec run a
 // program inside a node's namespace with `ip netns exec`, which also gives

@@ -550,10 +550,18 @@ func TestConfigValidate(t *testing.T) {
 		{Nodes: []string{"A"}},
 		{Nodes: []string{"a", "a"}},
 		{Nodes: []string{"a", "b", "c"}, Subnet: netip.MustParsePrefix("198.18.35.0/30")},
+		{Nodes: []string{"a", "b"}, Host: "h", Subnet: netip.MustParsePrefix("198.18.35.0/30")},
+		{Nodes: []string{"a"}, Host: "a"},
+		{Nodes: []string{"a"}, Host: "H"},
 	} {
 		c.setDefaults()
 		if c.Validate() == nil {
 			t.Errorf("%+v is valid", c)
 		}
+	}
+	ok := Config{Nodes: []string{"a", "b"}, Host: "h"}
+	ok.setDefaults()
+	if err := ok.Validate(); err != nil || ok.Subnet.IsValid() {
+		t.Errorf("%+v: %v; want valid, its subnet left for New to choose", ok, err)
 	}
 }
