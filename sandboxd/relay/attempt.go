@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -39,6 +40,9 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 			// snapshot's connection to a model server that is gone): a
 			// re-send repairs it. Otherwise the harness is told.
 			a.cut = a.repointed || r.holding
+			if !a.cut && unsent(err) && ctx.Err() == nil {
+				r.redialLocked(c, a)
+			}
 		} else {
 			a.ended = true
 		}
@@ -204,4 +208,33 @@ func (r *Relay) record(c *call, a *attempt) {
 	}
 	r.log.Debug().Str("call", rec.ID).Str("parent", rec.Parent).Str("link", string(rec.Link)).Uint64("generation", ex.Generation).
 		Int("status", ex.Status).Bool("tokens", rec.Tokens).Msg("model call captured")
+}
+
+// unsent reports whether err says an upstream request failed before any
+// connection was made (refused, no route, a dial that timed out): the
+// upstream never saw it.
+func unsent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// redialBackoff bounds the pause between two dials of an unreachable
+// upstream.
+const redialBackoff = 5 * time.Second
+
+// redialLocked makes attempt a of c, which found the upstream
+// unreachable, a cut to dial again after a pause (250 ms, doubling to
+// redialBackoff) while Config.UnreachableFor has not passed since the
+// call first found it so (r.mu held).
+func (r *Relay) redialLocked(c *call, a *attempt) {
+	now := time.Now()
+	if c.unreachable.IsZero() {
+		c.unreachable = now
+	}
+	if r.cfg.UnreachableFor < 0 || now.Sub(c.unreachable) >= r.cfg.UnreachableFor {
+		return
+	}
+	pause := min(250*time.Millisecond<<min(c.redials, 5), redialBackoff)
+	c.redials++
+	a.cut, a.unsent, a.notBefore = true, true, now.Add(pause)
 }

@@ -72,6 +72,10 @@ type call struct {
 	err     string
 	att     *attempt // the current attempt, nil before the first
 	dropped string   // set by Drop: why the call is failed
+	// unreachable is when an attempt first found the upstream
+	// unreachable (zero: none did); redials counts the dials since.
+	unreachable time.Time
+	redials     int
 }
 
 // attempt is one sending of a call to one upstream. Its reader goroutine
@@ -91,6 +95,10 @@ type attempt struct {
 	err       error  // the attempt failed
 	repointed bool   // a Repoint cut it
 	cut       bool   // it failed in a way that a re-send repairs
+	// unsent: it failed before any connection was made, and is dialed
+	// again from notBefore on (a cut too).
+	unsent    bool
+	notBefore time.Time
 
 	firstByte time.Time // when the reply's first byte came
 	shape     *shaper   // the capture's, nil without one

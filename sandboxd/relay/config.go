@@ -24,6 +24,9 @@ const (
 	// DefaultMaxKeptReply is the largest plain reply the relay keeps whole
 	// until its end.
 	DefaultMaxKeptReply = 32 << 20
+	// DefaultUnreachableFor is how long a call is dialed again while its
+	// upstream cannot be reached.
+	DefaultUnreachableFor = 5 * time.Minute
 )
 
 // Config configures a Relay.
@@ -54,6 +57,14 @@ type Config struct {
 	// DefaultMaxKeptReply): past it a native reply passes as it comes, and
 	// a translated one fails its call, its harness told why.
 	MaxKeptReply int
+	// UnreachableFor is how long a call whose upstream cannot be reached
+	// (no connection was made: refused, no route, a dial that timed out)
+	// is dialed again, from 250 ms apart up to 5 s apart, before its
+	// harness is told (default DefaultUnreachableFor; negative: told at
+	// once). The request never left, so dialing again repeats no model
+	// call: a partition or a model server that restarts is the
+	// infrastructure's fault, not the rollout's.
+	UnreachableFor time.Duration
 	// Transport makes the upstream requests (default: a clone of
 	// http.DefaultTransport without compression, so bytes pass as they
 	// are).
@@ -93,6 +104,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxKeptReply == 0 {
 		c.MaxKeptReply = DefaultMaxKeptReply
+	}
+	if c.UnreachableFor == 0 {
+		c.UnreachableFor = DefaultUnreachableFor
 	}
 	if c.Transport == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash"
 	"net/http"
+	"time"
 
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 )
@@ -58,7 +59,13 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 				}
 			}
 			if a == nil || !a.ended {
-				if a != nil {
+				switch {
+				case a != nil && a.unsent:
+					c.resends++
+					r.counts.Resent++
+					r.log.Info().Uint64("call", c.seq).Str("digest", c.digest).Int("dials", c.redials).
+						AnErr("last", a.err).Msg("the upstream was unreachable: dialing it again")
+				case a != nil:
 					c.resends++
 					r.counts.Resent++
 					r.dropBufLocked(a)
@@ -126,6 +133,10 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 		if a != nil && a.err != nil && !a.cut && !a.repointed && failed == "" {
 			failed = a.err.Error()
 		}
+		var redial *time.Timer // the next dial of an unreachable upstream
+		if a != nil && a.unsent && a.cut && !r.holding {
+			redial = time.NewTimer(time.Until(a.notBefore))
+		}
 		r.mu.Unlock()
 
 		if failed != "" {
@@ -160,14 +171,22 @@ func (r *Relay) serve(ctx context.Context, w http.ResponseWriter, c *call) {
 			r.mu.Unlock()
 			return
 		}
+		var redialC <-chan time.Time
+		if redial != nil {
+			redialC = redial.C
+		}
 		select {
 		case <-c.wake:
+		case <-redialC:
 		case <-ctx.Done():
 			r.fail(c, "relay: harness gone")
 			return
 		case <-r.stopping:
 			r.fail(c, "relay: stopping")
 			return
+		}
+		if redial != nil {
+			redial.Stop()
 		}
 	}
 }
@@ -184,7 +203,7 @@ func (r *Relay) startable(c *call) bool {
 	case a.repointed:
 		return !r.holding
 	case a.cut:
-		return !r.holding
+		return !r.holding && !time.Now().Before(a.notBefore)
 	}
 	return false
 }

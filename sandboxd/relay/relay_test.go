@@ -351,7 +351,7 @@ func TestRelayRefusals(t *testing.T) {
 	up := newUpstream(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 		http.Error(w, `{"error":"overloaded"}`, http.StatusTooManyRequests)
 	})
-	rl, err := relay.New(relay.Config{Upstream: up.URL, MaxRequestBytes: 64, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	rl, err := relay.New(relay.Config{Upstream: up.URL, MaxRequestBytes: 64, UnreachableFor: -1, Logger: zerolog.New(zerolog.NewTestWriter(t))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -647,5 +647,62 @@ func TestRelayResendComparesALongDeliveredPrefix(t *testing.T) {
 			}
 			poll.Wait(t, 5*time.Second, "nothing kept", func() bool { st := r.Status(); return len(st.Open) == 0 && st.KeptBytes == 0 })
 		})
+	}
+}
+
+// An upstream that cannot be reached (nobody listens: the connection is
+// refused) is dialed again while the harness waits, and the call is
+// answered once the upstream listens; the upstream sees it once. Past
+// Config.UnreachableFor the harness is told, 502.
+func TestRelayDialsAnUnreachableUpstreamAgain(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	r := serveRelay(t, relay.Config{Upstream: "http://" + addr})
+	got := post(t, r, "/v1/chat/completions", `{"n":1}`)
+	poll.Wait(t, 10*time.Second, "the call dialed again", func() bool {
+		st := r.Status()
+		return len(st.Open) == 1 && st.Open[0].Resends >= 2
+	})
+	noReply(t, got)
+	// The upstream comes up on the address the relay dials.
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen again on %s: %v", addr, err)
+	}
+	up := &upstream{got: make(chan string, 16)}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		up.mu.Lock()
+		up.bodies = append(up.bodies, string(b))
+		up.mu.Unlock()
+		echo(w, req, b)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	g := wait(t, got)
+	if g.err != nil || g.status != http.StatusOK || g.body != `{"echo":{"n":1}}` {
+		t.Fatalf("reply %+v", g)
+	}
+	if n := up.count(); n != 1 {
+		t.Fatalf("the upstream saw the call %d times, want once", n)
+	}
+	st := r.Status()
+	if st.Calls.Delivered != 1 || st.Calls.Failed != 0 {
+		t.Fatalf("counts %+v, want one call delivered", st.Calls)
+	}
+
+	// Past UnreachableFor, the harness is told.
+	_ = srv.Close()
+	r2 := serveRelay(t, relay.Config{Upstream: "http://" + addr, UnreachableFor: 600 * time.Millisecond})
+	g = wait(t, post(t, r2, "/v1/chat/completions", `{}`))
+	if g.status != http.StatusBadGateway || !strings.Contains(g.body, "unreachable") {
+		t.Fatalf("reply %+v, want 502 naming the unreachable upstream", g)
+	}
+	if st := r2.Status(); st.Calls.Failed != 1 || st.Calls.Resent < 1 {
+		t.Fatalf("counts %+v, want the call dialed again, then failed once", st.Calls)
 	}
 }
