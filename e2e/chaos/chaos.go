@@ -63,7 +63,7 @@ const (
 
 // Faults lists every fault kind, in the order the table prints them.
 var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultNode, FaultPreempt, FaultSandboxd, FaultHarness, FaultNATS, FaultNATSNode,
-	FaultStall, FaultCollector}
+	FaultStall, FaultCollector, FaultPartition, FaultOneWay, FaultSplit, FaultSlow, FaultLossy}
 
 // BridgeFailpoints are the points FaultBridge arms (see the bridge's
 // failpoint package); the abort and restore ones are hit only when the
@@ -125,6 +125,7 @@ type chaosFlags struct {
 	steps    int
 	plan     string
 	cluster  bool
+	netns    bool
 	limit    time.Duration
 	grace    time.Duration
 	nodeDown time.Duration
@@ -167,6 +168,19 @@ passed: each round is a run of its own with --rollouts scripted tasks, a checkpo
   collector kill -9 of the round's collector (then a process of its own) at a phase,
             started again on its results and dispatch log (not drawn by default)
 
+With --netns (as root; implies --cluster), each NATS node and each node of an agent and
+its owner runs in a network namespace of its own, and the network faults are drawn too:
+
+  partition         one node of an agent and its owner cut off from everything, both
+                    ways (nftables, or its link down), past the members' lease (40 s)
+  partition-oneway  the same, one way only (it hears nothing, or nobody hears it), 15 s
+  split             the NATS cluster split into a minority of one and a majority, 15 s
+  slow              latency and jitter on every NATS connection (a proxy in front of
+                    each node), one node's bandwidth bounded, 15 s
+  lossy             a share of one node's packets dropped at random, 15 s
+
+Each heals at the end of its hold, and the invariants are checked once all are healed.
+
 After each round every PROTOCOL §7 invariant is checked on it (controller-bridge/invariant), and at
 the end a table says how many faults of each kind were injected, checkpoints committed and
 aborted, restores, rollouts finished and invariant violations (0, or the command fails).
@@ -189,6 +203,7 @@ checkout: go run ./e2e/cmd/chaos --seed 1 --duration 2m`,
 	fl.DurationVar(&f.grace, "recover-grace", chaosRecoverGrace, "how long a round's collector waits for a fleet that restarted to settle (a restore needs all of it back)")
 	fl.DurationVar(&f.limit, "round-limit", 5*time.Minute, "a round whose collection has not finished by then is stopped and counted as a violation")
 	fl.BoolVar(&f.cluster, "cluster", false, "run NATS as a 3-node cluster (R3), each node its own process (the nats-node fault kills one)")
+	fl.BoolVar(&f.netns, "netns", false, "run each NATS node and each node of an agent and its owner in a network namespace of its own, and draw the network faults (as root; implies --cluster)")
 	fl.IntVar(&f.perRound, "per-round", 2, "faults in each round")
 	fl.DurationVar(&f.every, "every", 2*time.Second, "checkpoint interval of each round")
 	fl.DurationVar(&f.tool, "tool-time", 8*time.Second, "how long each task's slow tool call runs (a checkpoint catches it)")
@@ -268,6 +283,8 @@ type chaosWorld struct {
 	// longer.
 	tool time.Duration
 
+	net *netWorld // with --netns
+
 	mu     sync.Mutex
 	nats   *child.Process
 	nodes  []*clusterNode // with --cluster
@@ -334,12 +351,16 @@ func (w *chaosWorld) stopNATS() {
 }
 
 func runChaos(ctx context.Context, env Env, f chaosFlags) error {
+	f.cluster = f.cluster || f.netns
 	kinds := map[string]bool{}
 	if strings.TrimSpace(f.faults) == "" {
 		for _, k := range Faults {
 			kinds[k] = k != FaultNATSNode && k != FaultNATS && k != FaultCollector || k == FaultNATSNode && f.cluster || k == FaultNATS && !f.cluster
 			if k == FaultNode || k == FaultPreempt {
 				kinds[k] = f.agents >= nodeFaultsNeed
+			}
+			if isNetFault(k) {
+				kinds[k] = f.netns
 			}
 		}
 	}
@@ -358,6 +379,11 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	if kinds[FaultNATSNode] && !f.cluster || kinds[FaultNATS] && f.cluster {
 		return fmt.Errorf("%w: --faults: nats-node goes with --cluster, nats without", ErrUsage)
 	}
+	for k := range kinds {
+		if kinds[k] && isNetFault(k) && !f.netns {
+			return fmt.Errorf("%w: --faults: %s is a network fault: it needs --netns", ErrUsage, k)
+		}
+	}
 	if (kinds[FaultNode] || kinds[FaultPreempt]) && f.agents < nodeFaultsNeed {
 		return fmt.Errorf("%w: --faults: node and preempt need --agents %d or more (a node is an agent and its owner)", ErrUsage, nodeFaultsNeed)
 	}
@@ -375,6 +401,9 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 		return err
 	}
 	for _, round := range planned {
+		if !f.netns && slices.ContainsFunc(round, func(p plannedFault) bool { return isNetFault(p.kind) }) {
+			return fmt.Errorf("%w: --plan: the network faults (%s) need --netns", ErrUsage, strings.Join(netFaults, ", "))
+		}
 		if f.agents < nodeFaultsNeed && slices.ContainsFunc(round, func(p plannedFault) bool { return p.kind == FaultNode || p.kind == FaultPreempt }) {
 			return fmt.Errorf("%w: --plan: node and preempt need --agents %d or more (a node is an agent and its owner)", ErrUsage, nodeFaultsNeed)
 		}
@@ -389,6 +418,13 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 	fmt.Fprintf(env.Stdout, "chaos: work directory %s (a directory per round, the NATS store)\n", w.dir)
 	if err := w.build(ctx); err != nil {
 		return err
+	}
+	if f.netns {
+		if w.net, err = startNet(ctx, demo.AgentNames(f.agents)); err != nil {
+			return err
+		}
+		defer w.net.close()
+		fmt.Fprintf(env.Stdout, "chaos: network %s: the NATS nodes and %d nodes of an agent and its owner, each in a namespace of its own\n", w.net.tag(), f.agents)
 	}
 	if f.cluster {
 		defer w.stopCluster()
@@ -452,7 +488,7 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	run := fmt.Sprintf("chaos%d-%08x", k, uint32(time.Now().UnixNano()))
 	d := demo.NewFleet(demo.FleetConfig{Env: demo.Env{Stdout: w.env.Stdout, Stderr: w.env.Stderr}, Who: "chaos " + run, Dir: filepath.Join(w.dir, run),
 		Program: w.program, Sandboxd: w.sandboxd, Harness: w.harness, NATSURL: w.natsURL, Run: run, Token: fmt.Sprintf("chaos-%d", time.Now().UnixNano()),
-		Rollouts: w.f.rollouts, Agents: w.f.agents, Provider: w.f.provider, Tool: cmp.Or(w.tool, w.f.tool), Steps: w.f.steps})
+		Rollouts: w.f.rollouts, Agents: w.f.agents, Provider: w.f.provider, Tool: cmp.Or(w.tool, w.f.tool), Steps: w.f.steps, Wrap: w.wrap()})
 	defer d.StopAll()
 	var names []string
 	for _, p := range plan {
@@ -482,7 +518,7 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	for _, tk := range ts {
 		ids = append(ids, tk.RolloutID)
 	}
-	ms, modelAddr, stopModel, err := demo.ServeModel(script)
+	ms, modelAddr, stopModel, err := demo.ServeModelOn(script, w.modelHost())
 	if err != nil {
 		return err
 	}
@@ -583,6 +619,12 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	}
 	stopInjecting()
 	wg.Wait()
+	// Every invariant is checked after healing.
+	if w.net != nil {
+		if err := w.net.heal(context.WithoutCancel(ctx)); err != nil {
+			t.violations = append(t.violations, fmt.Sprintf("round %d: the network did not heal: %v", k, err))
+		}
+	}
 	if cerr != nil {
 		t.violations = append(t.violations, fmt.Sprintf("round %d: the collection failed: %v", k, cerr))
 	}

@@ -240,6 +240,8 @@ func (i *injector) inject(ctx context.Context, p plannedFault, next string, phas
 		return killPID(pid)
 	case FaultCollector:
 		return i.collectorKill(ctx, p)
+	case FaultPartition, FaultOneWay, FaultSplit, FaultSlow, FaultLossy:
+		return i.netFault(ctx, p)
 	case FaultNATS:
 		if i.w.cluster() {
 			return errors.New("nats is a fault of one server; with --cluster, nats-node")

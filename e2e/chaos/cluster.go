@@ -1,12 +1,14 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -27,7 +29,7 @@ const clusterNodes = 3
 
 // nodeFlags are those of `chaos node`.
 type nodeFlags struct {
-	name, dir, listen, clusterListen, routes string
+	name, dir, listen, clusterListen, routes, advertise string
 }
 
 // nodeCommand is `chaos node`: one JetStream server of a
@@ -51,6 +53,7 @@ func nodeCommand() *cobra.Command {
 	fl.StringVar(&f.listen, "listen", "", "client address host:port")
 	fl.StringVar(&f.clusterListen, "cluster-listen", "", "route address host:port")
 	fl.StringVar(&f.routes, "routes", "", "every node's route URL, comma-separated")
+	fl.StringVar(&f.advertise, "advertise", "", "the client address host:port the node tells clients of (default: its --listen)")
 	return cmd
 }
 
@@ -67,7 +70,7 @@ func runNode(ctx context.Context, out interface{ Write([]byte) (int, error) }, f
 		return fmt.Errorf("%w: --name, --dir and --routes are required", ErrUsage)
 	}
 	ns, err := server.NewServer(&server.Options{
-		ServerName: f.name, Host: host, Port: port, JetStream: true, StoreDir: f.dir, NoSigs: true, Logtime: true,
+		ServerName: f.name, Host: host, Port: port, JetStream: true, StoreDir: f.dir, NoSigs: true, Logtime: true, ClientAdvertise: f.advertise,
 		Cluster: server.ClusterOpts{Name: "stillpoint-chaos", Host: chost, Port: cport},
 		Routes:  server.RoutesFromStr(f.routes),
 	})
@@ -100,29 +103,41 @@ var nodeReadyRE = regexp.MustCompile(`node \S+ ready at (\S+)`)
 // clusterNode is one node process of chaos's cluster and its addresses.
 type clusterNode struct {
 	name, client, route string
-	proc                *child.Process
+	// advertise is the client address the node tells clients of: with
+	// --netns, its proxy's.
+	advertise string
+	proc      *child.Process
 }
 
 // startCluster starts clusterNodes node processes that route to each
 // other, waits until each serves, and provisions the bus at R3 (which
 // succeeds once a JetStream meta leader is elected).
 func (w *chaosWorld) startCluster(ctx context.Context) error {
-	addrs, err := demo.FreeAddrs(2 * clusterNodes)
-	if err != nil {
-		return err
-	}
 	var routes []string
-	for i := range clusterNodes {
-		w.nodes = append(w.nodes, &clusterNode{name: "n" + strconv.Itoa(i), client: addrs[2*i], route: addrs[2*i+1]})
-		routes = append(routes, "nats-route://"+addrs[2*i+1])
+	if w.net != nil {
+		// Each node in its namespace; clients dial its proxy.
+		for i := range clusterNodes {
+			w.nodes = append(w.nodes, &clusterNode{name: "n" + strconv.Itoa(i), client: w.net.clientAddr(i), route: w.net.routeAddr(i),
+				advertise: w.net.advertise(i)})
+			routes = append(routes, "nats-route://"+w.net.routeAddr(i))
+		}
+	} else {
+		addrs, err := demo.FreeAddrs(2 * clusterNodes)
+		if err != nil {
+			return err
+		}
+		for i := range clusterNodes {
+			w.nodes = append(w.nodes, &clusterNode{name: "n" + strconv.Itoa(i), client: addrs[2*i], route: addrs[2*i+1]})
+			routes = append(routes, "nats-route://"+addrs[2*i+1])
+		}
 	}
 	w.routes = strings.Join(routes, ",")
 	var urls []string
-	for i := range w.nodes {
+	for i, n := range w.nodes {
 		if err := w.startNode(ctx, i); err != nil {
 			return err
 		}
-		urls = append(urls, "nats://"+w.nodes[i].client)
+		urls = append(urls, "nats://"+cmp.Or(n.advertise, n.client))
 	}
 	w.natsURL = strings.Join(urls, ",")
 	nc, js, err := demo.ConnectJS(ctx, jetstream.ConnConfig{URL: w.natsURL, Name: "stillpoint-chaos-provision"})
@@ -152,9 +167,16 @@ func (w *chaosWorld) startCluster(ctx context.Context) error {
 func (w *chaosWorld) startNode(ctx context.Context, i int) error {
 	n := w.nodes[i]
 	log := filepath.Join(w.dir, "nats-"+n.name+".log")
-	p, err := child.Start(child.Spec{Name: "nats-" + n.name, Path: w.self, LogFile: log,
-		Args: []string{"node", "--name", n.name, "--dir", filepath.Join(w.dir, "nats", n.name),
-			"--listen", n.client, "--cluster-listen", n.route, "--routes", w.routes}})
+	path, args := w.self, []string{"node", "--name", n.name, "--dir", filepath.Join(w.dir, "nats", n.name),
+		"--listen", n.client, "--cluster-listen", n.route, "--routes", w.routes}
+	if n.advertise != "" {
+		args = append(args, "--advertise", n.advertise)
+	}
+	if w.net != nil {
+		pre := w.net.enter(i)
+		path, args = pre[0], slices.Concat(pre[1:], []string{w.self}, args)
+	}
+	p, err := child.Start(child.Spec{Name: "nats-" + n.name, Path: path, LogFile: log, Args: args})
 	if err != nil {
 		return fmt.Errorf("chaos: %w", err)
 	}

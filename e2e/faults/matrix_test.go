@@ -75,6 +75,15 @@ var faultMatrix = []struct {
 	// and back: killed at the point, started again on its store once a
 	// checkpoint ended without it.
 	{"cluster-node", []string{"nats-node@prepare", "nats-node@commit", "nats-node@commit-acked", "nats-node@committed", "nats-node@resume"}, []string{"--cluster"}},
+	// A node of an agent and its owner cut off from the bus and the model
+	// (its NATS servers, the bridge, the other node) past its lease, both
+	// ways and one way, each node in a network namespace of its own
+	// (--netns): the checkpoints commit without it and carry its rollouts;
+	// healed, it acts on no stale phase, and nothing is lost or twice.
+	{"partition", []string{"partition@prepare", "partition@committed", "partition-oneway@prepare", "partition-oneway@commit"}, []string{"--netns"}},
+	// The NATS cluster split into a minority and a majority; latency,
+	// jitter and a bandwidth bound; random loss.
+	{"network", []string{"split@prepare", "split@commit", "slow@prepare", "lossy@commit"}, []string{"--netns"}},
 }
 
 // sandboxdRounds is the sandboxd row: a daemon killed at each point, and

@@ -177,6 +177,8 @@ type Fleet struct {
 	// "collector", served in this process), kept across restarts so that
 	// a scraper keeps its targets.
 	metricsAddrs map[string]string
+	// wrap is FleetConfig.Wrap.
+	wrap func(proc string) []string
 
 	mu    sync.Mutex
 	procs map[string]*child.Process // the latest process of each name
@@ -456,7 +458,13 @@ func (d *Fleet) Spawn(program, name, as string, env []string, args ...string) er
 		}
 		full = append(full, "--creds", creds)
 	}
-	p, err := child.Start(child.Spec{Name: name, Path: program, Args: append(full, args...), Env: env,
+	path, argv := program, append(full, args...)
+	if d.wrap != nil {
+		if pre := d.wrap(name); len(pre) > 0 {
+			path, argv = pre[0], slices.Concat(pre[1:], []string{program}, argv)
+		}
+	}
+	p, err := child.Start(child.Spec{Name: name, Path: path, Args: argv, Env: env,
 		LogFile: filepath.Join(d.dir, "logs", name+".log")})
 	if err != nil {
 		return fmt.Errorf("demo: %w", err)

@@ -333,8 +333,14 @@ func (d *Fleet) ReapOwner(ctx context.Context, name string) []string {
 // ServeModel serves the scripted model of script on a free loopback port
 // until stop, which waits for the server to end.
 func ServeModel(script modelserver.Script) (ms *modelserver.Server, addr string, stop func(), err error) {
+	return ServeModelOn(script, "127.0.0.1")
+}
+
+// ServeModelOn is ServeModel on a free port of host: an address that
+// processes in other network namespaces reach.
+func ServeModelOn(script modelserver.Script, host string) (ms *modelserver.Server, addr string, stop func(), err error) {
 	ms = modelserver.New(script)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return nil, "", nil, err
 	}

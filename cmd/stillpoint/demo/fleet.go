@@ -32,13 +32,19 @@ type FleetConfig struct {
 	Provider         string
 	Tool             time.Duration
 	Steps            int
+	// Wrap, when set, gives the argv that each process of the fleet is
+	// started under, by the process's name ("bridge", "agent-a",
+	// OwnerProc(owner)): a program that enters a network namespace and
+	// then runs the rest, say. nil or an empty prefix starts the process
+	// as it is.
+	Wrap func(proc string) []string
 }
 
 // NewFleet returns the world of one run of the scripted task set, with no
 // process started yet.
 func NewFleet(c FleetConfig) *Fleet {
 	return &Fleet{env: c.Env, who: c.Who, dir: c.Dir, self: c.Program, sandboxd: c.Sandboxd, harness: c.Harness,
-		natsURL: c.NATSURL, run: c.Run, token: c.Token, procs: map[string]*child.Process{},
+		natsURL: c.NATSURL, run: c.Run, token: c.Token, procs: map[string]*child.Process{}, wrap: c.Wrap,
 		f:   demoFlags{rollouts: c.Rollouts, agents: c.Agents, provider: c.Provider, tool: c.Tool, steps: c.Steps, harness: harnessScripted},
 		log: zerolog.New(c.Env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
 }
