@@ -264,16 +264,19 @@ func (d *driving) carry(ctx context.Context, e machine.Effect) machine.Input {
 		if err := b.publishOutcomeOnce(ctx, e.Outcome, e.ID, e.Replayed); err != nil {
 			return failed(err)
 		}
-		if e.Outcome.Type() == events.TypeCheckpointCommitted {
+		switch e.Outcome.Type() {
+		case events.TypeCheckpointCommitted:
 			failpoint.Hit("bridge/after-outcome")
+		case events.TypeReleaseCompleted, events.TypeReleaseFailed:
+			failpoint.Hit("bridge/after-release-outcome")
 		}
 		return machine.OutcomePublished{Type: e.Outcome.Type()}
 	case machine.ListCheckpoints:
-		all, err := b.checkpoints(ctx)
+		all, purged, err := b.listCheckpoints(ctx, e.Release)
 		if err != nil {
 			return failed(err)
 		}
-		return machine.CheckpointsListed{Checkpoints: all}
+		return machine.CheckpointsListed{Checkpoints: all, Purged: purged}
 	case machine.DeleteCheckpoints:
 		if err := b.deleteCheckpoints(ctx, e.Delete, e.Keep, e.Mark); err != nil {
 			return failed(err)

@@ -199,29 +199,62 @@ func decodeManifest(id string, v []byte) (events.CheckpointManifest, error) {
 // checkpoints lists every checkpoint key of the run (committed and
 // aborted), oldest first.
 func (b *Bridge) checkpoints(ctx context.Context) ([]events.CheckpointManifest, error) {
-	// Read from the stream's leader (jetstream.KVLeaderValues): a direct
+	all, _, err := b.listCheckpoints(ctx, "")
+	return all, err
+}
+
+// listCheckpoints lists every checkpoint key of the run, oldest first, and
+// the checkpoints whose key release op purged already (its purge marker
+// names it: events.HeaderReleasedBy), for a bridge finishing a release its
+// predecessor died in; none when op is "".
+func (b *Bridge) listCheckpoints(ctx context.Context, op string) ([]events.CheckpointManifest, []string, error) {
+	// Read from the stream's leader (jetstream.KVLeaderLast): a direct
 	// get or a consumer may be served by a replica that has not applied
 	// the last writes or, after its node came back, is still catching up;
 	// a release deleting what such a listing held would delete a
 	// checkpoint already gone and leave the newest one and its records.
-	values, err := jetstream.KVLeaderValues(ctx, b.cfg.JS, b.cfg.Bus.Manifests.Bucket(), b.cfg.Run+".*")
+	last, err := jetstream.KVLeaderLast(ctx, b.cfg.JS, b.cfg.Bus.Manifests.Bucket(), b.cfg.Run+".*")
 	if err != nil {
-		return nil, fmt.Errorf("bridge: list manifests: %w", err)
+		return nil, nil, fmt.Errorf("bridge: list manifests: %w", err)
 	}
-	var out []events.CheckpointManifest
-	for k, v := range values {
+	var (
+		out    []events.CheckpointManifest
+		purged []string
+	)
+	for k, msg := range last {
 		id := strings.TrimPrefix(k, b.cfg.Run+".")
 		if id == "LATEST" || id == "HEAD" { // the run's own keys (events.LatestKey, HeadKey)
 			continue
 		}
-		m, err := decodeManifest(id, v)
+		if jetstream.KVRemoved(msg.Header) {
+			if op != "" && msg.Header.Get(events.HeaderReleasedBy) == op {
+				purged = append(purged, id)
+			}
+			continue
+		}
+		m, err := decodeManifest(id, msg.Data)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
-	return out, nil
+	slices.Sort(purged)
+	return out, purged, nil
+}
+
+// purgeReleased purges checkpoint key id for release op, with a marker
+// that names the release (events.HeaderReleasedBy), as KeyValue.Purge does
+// otherwise: the marker rolls the key's messages up, and reads as purged.
+func (b *Bridge) purgeReleased(ctx context.Context, id, op string) error {
+	msg := nats.NewMsg("$KV." + b.cfg.Bus.Manifests.Bucket() + "." + events.ManifestKey(b.cfg.Run, id))
+	msg.Header.Set("KV-Operation", "PURGE")
+	msg.Header.Set(natsjs.MsgRollup, natsjs.MsgRollupSubject)
+	msg.Header.Set(events.HeaderReleasedBy, op)
+	if _, err := b.cfg.JS.PublishMsg(ctx, msg); err != nil {
+		return fmt.Errorf("bridge: delete manifest %s: %w", id, err)
+	}
+	return nil
 }
 
 // markReleased sets mark on every committed checkpoint not in keep,
@@ -270,6 +303,7 @@ func (b *Bridge) markOne(ctx context.Context, id string, mark events.ReleaseMark
 		}
 		_, err = b.cfg.Bus.Manifests.Update(ctx, events.ManifestKey(b.cfg.Run, id), v, rev)
 		if err == nil {
+			failpoint.Hit("bridge/after-release-mark")
 			return nil
 		}
 		if !errors.Is(err, natsjs.ErrKeyExists) && !jetstream.IsWrongLastSequence(err) {
@@ -319,7 +353,7 @@ func (b *Bridge) deleteCheckpoints(ctx context.Context, del []machine.Deletion, 
 				return err
 			}
 		}
-		if err := b.deleteCheckpoint(ctx, d); err != nil {
+		if err := b.deleteCheckpoint(ctx, d, mark.Op); err != nil {
 			return err
 		}
 	}
@@ -335,6 +369,7 @@ func (b *Bridge) deleteCheckpoints(ctx context.Context, del []machine.Deletion, 
 	if err := b.cfg.Bus.Manifests.Purge(ctx, events.LatestKey(b.cfg.Run)); err != nil {
 		return fmt.Errorf("bridge: delete LATEST: %w", err)
 	}
+	failpoint.Hit("bridge/after-release-latest")
 	return nil
 }
 
@@ -434,10 +469,12 @@ func leaderObjectLive(ctx context.Context, nc *nats.Conn, bucket, name string) (
 }
 
 // deleteCheckpoint deletes a checkpoint's records and member list, the
-// member manifest keys of a schema-1 checkpoint, and its key, in that order, so that a crash in between leaves a manifest that
-// names missing records rather than records nothing names. With
-// KeepMarker the key stays: only what its members wrote goes.
-func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error {
+// member manifest keys of a schema-1 checkpoint, and its key (purged by
+// release op, which its marker names), in that order, so that a crash in
+// between leaves a manifest that names missing records rather than
+// records nothing names. With KeepMarker the key stays: only what its
+// members wrote goes. A failpoint follows each write.
+func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion, op string) error {
 	lister, err := b.cfg.Bus.Manifests.ListKeysFiltered(ctx, events.ManifestKey(b.cfg.Run, d.CheckpointID)+".>")
 	if err != nil {
 		return fmt.Errorf("bridge: list member manifests: %w", err)
@@ -454,7 +491,11 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 	}
 	prefix := b.cfg.Run + "/" + d.CheckpointID + "/"
 	// The bridge's own store holds the checkpoint's member list.
-	for _, store := range append([]natsjs.ObjectStore{b.cfg.Bus.Records, b.cfg.Bus.Checkpoints}, own...) {
+	for i, store := range append([]natsjs.ObjectStore{b.cfg.Bus.Records, b.cfg.Bus.Checkpoints}, own...) {
+		point := "bridge/after-release-records"
+		if i == 1 {
+			point = "bridge/after-release-member-list"
+		}
 		st, err := store.Status(ctx)
 		if err != nil {
 			return fmt.Errorf("bridge: list records: %w", err)
@@ -468,6 +509,7 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 			if err := b.deleteRecords(ctx, store, bucket, name); err != nil {
 				return err
 			}
+			failpoint.Hit(point)
 		}
 	}
 	failpoint.Hit("bridge/mid-release")
@@ -479,9 +521,10 @@ func (b *Bridge) deleteCheckpoint(ctx context.Context, d machine.Deletion) error
 	if d.KeepMarker {
 		return nil
 	}
-	if err := b.cfg.Bus.Manifests.Purge(ctx, events.ManifestKey(b.cfg.Run, d.CheckpointID)); err != nil {
-		return fmt.Errorf("bridge: delete manifest %s: %w", d.CheckpointID, err)
+	if err := b.purgeReleased(ctx, d.CheckpointID, op); err != nil {
+		return err
 	}
+	failpoint.Hit("bridge/after-release-manifest")
 	return nil
 }
 

@@ -29,6 +29,12 @@ func MemberManifestKey(run, checkpoint string, m Member) string {
 	return run + "." + checkpoint + "." + string(m)
 }
 
+// HeaderReleasedBy is the header of the purge marker a release leaves on
+// each checkpoint key it deletes: the release's id. A bridge finishing a
+// release its predecessor died in reads it to report the checkpoints that
+// release deleted before the crash.
+const HeaderReleasedBy = "Sp-Released-By"
+
 // LatestKey returns the sp_manifests key of the run's newest committed
 // checkpoint, <run>.LATEST (moved by compare-and-set).
 func LatestKey(run string) string { return run + ".LATEST" }

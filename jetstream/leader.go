@@ -83,6 +83,23 @@ func leaderGet(ctx context.Context, nc *nats.Conn, stream string, req []byte) (*
 // that has not applied the last writes or that came back and is still catching up: a listing a
 // decision rests on, such as what a release deletes, is read here. It makes one request per key.
 func KVLeaderValues(ctx context.Context, js natsjs.JetStream, bucket, filter string) (map[string][]byte, error) {
+	last, err := KVLeaderLast(ctx, js, bucket, filter)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]byte{}
+	for k, m := range last {
+		if !KVRemoved(m.Header) {
+			out[k] = m.Data
+		}
+	}
+	return out, nil
+}
+
+// KVLeaderLast reads the last message of each of bucket's keys under filter, keyed by key, as
+// KVLeaderValues does, deleted and purged keys included: their delete or purge marker, whose
+// headers may say who removed the key. It makes one request per key.
+func KVLeaderLast(ctx context.Context, js natsjs.JetStream, bucket, filter string) (map[string]*natsjs.RawStreamMsg, error) {
 	stream, prefix := "KV_"+bucket, "$KV."+bucket+"."
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -92,7 +109,7 @@ func KVLeaderValues(ctx context.Context, js natsjs.JetStream, bucket, filter str
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: read %s from the leader: %w", bucket, err)
 	}
-	out := map[string][]byte{}
+	out := map[string]*natsjs.RawStreamMsg{}
 	for subj := range info.State.Subjects {
 		m, err := LeaderLastMsg(ctx, js.Conn(), stream, subj)
 		if errors.Is(err, natsjs.ErrMsgNotFound) {
@@ -101,9 +118,7 @@ func KVLeaderValues(ctx context.Context, js natsjs.JetStream, bucket, filter str
 		if err != nil {
 			return nil, err
 		}
-		if !KVRemoved(m.Header) {
-			out[strings.TrimPrefix(subj, prefix)] = m.Data
-		}
+		out[strings.TrimPrefix(subj, prefix)] = m
 	}
 	return out, nil
 }

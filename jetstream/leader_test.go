@@ -63,7 +63,8 @@ func TestLeaderLastMsg(t *testing.T) {
 }
 
 // TestKVLeaderValues reads a replicated bucket's keys under a filter from the stream's leader:
-// current values only, deleted and purged keys left out, keys outside the filter too.
+// current values only, deleted and purged keys left out, keys outside the filter too; and
+// KVLeaderLast, which keeps the removed keys' markers.
 func TestKVLeaderValues(t *testing.T) {
 	env := jstest.StartCluster(t)
 	ctx := testContext(t)
@@ -88,6 +89,15 @@ func TestKVLeaderValues(t *testing.T) {
 	}
 	if len(vals) != 2 || string(vals["run1.c1"]) != "v2" || string(vals["run1.c4"]) != "v1 run1.c4" {
 		t.Fatalf("leader's values of run1.*: %q, want run1.c1=v2 and run1.c4", vals)
+	}
+	// KVLeaderLast keeps the removed keys, as their markers.
+	last, err := jetstream.KVLeaderLast(ctx, env.JS, kv.Bucket(), "run1.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(last) != 4 || last["run1.c3"] == nil || last["run1.c3"].Header.Get("KV-Operation") != "PURGE" ||
+		last["run1.c2"] == nil || last["run1.c2"].Header.Get("KV-Operation") != "DEL" || string(last["run1.c1"].Data) != "v2" {
+		t.Fatalf("leader's last messages of run1.*: %v, want c1..c4 with c2 deleted and c3 purged", last)
 	}
 	if vals, err := jetstream.KVLeaderValues(ctx, env.JS, kv.Bucket(), "run3.*"); err != nil || len(vals) != 0 {
 		t.Fatalf("an empty filter: %q, %v", vals, err)

@@ -14,6 +14,7 @@
 //
 // What the checks need while the run goes on is gathered by a Manifests
 // (OnCommit verifies every member manifest of a checkpoint as it commits,
-// before a later release may delete it). Check does the rest once the run
+// before a later release may delete it; a read a release ran across waits
+// for that release to end and reads again). Check does the rest once the run
 // is over and returns one Result per invariant, numbered as in §7.
 package invariant

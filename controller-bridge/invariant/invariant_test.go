@@ -18,6 +18,7 @@ import (
 	"github.com/stillpoint/stillpoint/controller-bridge/invariant"
 	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/leak"
+	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/member/membertest"
 	"github.com/stillpoint/stillpoint/participants/scripted/modelserver"
@@ -110,8 +111,14 @@ func TestCheck(t *testing.T) {
 // it with the JetStream context it uses.
 func runBridge(t *testing.T, env *jstest.Env) (*bridge.Bridge, natsjs.JetStream) {
 	t.Helper()
+	return runBridgeFor(t, env, 5*time.Second)
+}
+
+// runBridgeFor is runBridge with phases of deadline timeout.
+func runBridgeFor(t *testing.T, env *jstest.Env, timeout time.Duration) (*bridge.Bridge, natsjs.JetStream) {
+	t.Helper()
 	nc, js := env.Connect(t)
-	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, Logger: zerolog.New(zerolog.NewTestWriter(t)), PhaseTimeout: 5 * time.Second})
+	b, err := bridge.New(bridge.Config{Run: run, Conn: nc, JS: js, Bus: env.Bus, Logger: zerolog.New(zerolog.NewTestWriter(t)), PhaseTimeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,5 +278,119 @@ func TestCheckpointReleasedUnderItsVerification(t *testing.T) {
 	}
 	if !strings.Contains(got.Detail, "2 member manifests of 2 checkpoints verified") {
 		t.Errorf("c2 should verify whole: %s", got.Detail)
+	}
+
+	// The release goes on to delete c1's member list: marked, it is still
+	// a checkpoint released, not one whose list is missing.
+	if c1.MemberList == nil {
+		t.Fatalf("c1 has no member list: %+v", c1)
+	}
+	if err := env.Bus.Checkpoints.Delete(ctx, c1.MemberList.Object); err != nil {
+		t.Fatal(err)
+	}
+	if got := verify(); !got.OK || !strings.Contains(got.Detail, "([c1])") {
+		t.Errorf("c1 marked, its member list deleted: %+v, want it counted released", got)
+	}
+}
+
+// gatedRelease is a test participant whose release waits until gate closes.
+type gatedRelease struct {
+	*membertest.Participant
+	gate chan struct{}
+}
+
+func (g gatedRelease) Release(ctx context.Context, keep []string) ([]string, error) {
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return g.Participant.Release(ctx, keep)
+}
+
+// A verification that finds a checkpoint's records missing while a release
+// that does not keep it is running waits for that release to end and
+// decides from what it left: here a release a member never answers, which
+// fails at its deadline and marks the checkpoint (the records were deleted
+// before the mark, as a replica that applied the deletions but not the mark
+// would show them). Records missing with no release after the commit stay
+// a violation.
+func TestReleaseAcrossTheVerification(t *testing.T) {
+	env := jstest.Start(t)
+	ctx := t.Context()
+	membertest.StartMembers(t, env, run, 1, membertest.Options{Episodes: 1})
+	gate := make(chan struct{})
+	membertest.StartMember(t, env, run, "owner.g", gatedRelease{membertest.NewParticipant("g"), gate}, membertest.Options{})
+	b, js := runBridgeFor(t, env, 8*time.Second)
+	for _, id := range []string{"c1", "c2"} {
+		if res, err := b.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: id}); err != nil || res.Status != bridgeapi.StatusCommitted {
+			t.Fatalf("%s: %+v %v", id, res, err)
+		}
+	}
+	released := make(chan *bridgeapi.OpResult, 1)
+	go func() {
+		res, err := b.Release(context.WithoutCancel(ctx), bridgeapi.ReleaseRequest{KeepLatest: 1})
+		if err != nil {
+			t.Errorf("release: %v", err)
+		}
+		released <- res
+	}()
+	poll.Wait(t, 10*time.Second, "the release phase on the stream", func() bool {
+		_, err := env.Bus.Stream.GetLastMsgForSubject(ctx, events.PhaseSubject(run, events.PhaseRelease))
+		return err == nil
+	})
+	deleteRecords(t, env, "c1")
+	if _, err := env.Bus.Stream.GetLastMsgForSubject(ctx, events.OutcomeSubject(run, events.TypeReleaseFailed)); err == nil {
+		t.Fatal("the release ended before the verification began: its deadline is too short for this machine")
+	}
+	var v invariant.Manifests
+	v.OnCommit(ctx, env.Bus, run, "c1") // waits for the release's end
+	if res := <-released; res == nil || res.Status != bridgeapi.StatusFailed {
+		t.Fatalf("the release a member never answered: %+v", res)
+	}
+	close(gate)
+
+	// c3 commits after the release; its records go with no release after.
+	if res, err := b.Checkpoint(ctx, bridgeapi.CheckpointRequest{ID: "c3"}); err != nil || res.Status != bridgeapi.StatusCommitted {
+		t.Fatalf("c3: %+v %v", res, err)
+	}
+	deleteRecords(t, env, "c3")
+	v.OnCommit(ctx, env.Bus, run, "c3")
+
+	results := filepath.Join(t.TempDir(), "results.jsonl")
+	writeResults(t, results, "r1")
+	sum := collect.Summary{}
+	for _, id := range []string{"c1", "c2", "c3"} {
+		sum.Checkpoints = append(sum.Checkpoints, collect.CheckpointStat{ID: id, Status: bridgeapi.StatusCommitted})
+	}
+	r := invariant.Run{Run: run, JS: js, Bus: env.Bus, Summary: sum, Results: results, Rollouts: []string{"r1"},
+		Model: modelserver.New(nil), Manifests: &v}
+	got := invariant.Check(ctx, r)[0]
+	if !strings.Contains(got.Detail, "released before the collector heard of them ([c1])") {
+		t.Errorf("c1, its records deleted under a release that marked it: %s, want it counted released", got.Detail)
+	}
+	if got.OK || !strings.Contains(got.Detail, "c3/") || strings.Contains(got.Detail, "c1/") {
+		t.Errorf("c3's records gone with no release after its commit: %+v, want a violation naming c3 alone", got)
+	}
+}
+
+// deleteRecords deletes the records objects of checkpoint id.
+func deleteRecords(t *testing.T, env *jstest.Env, id string) {
+	t.Helper()
+	infos, err := env.Bus.Records.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, o := range infos {
+		if strings.Contains(o.Name, "/"+id+"/") && !o.Deleted {
+			if err := env.Bus.Records.Delete(t.Context(), o.Name); err != nil {
+				t.Fatal(err)
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no records of %s among %d objects", id, len(infos))
 	}
 }

@@ -44,35 +44,70 @@ type Manifests struct {
 // OnCommit reads back the checkpoint manifest of run's checkpoint id (and,
 // in schema 2, its member list, verified by its digest) and every member
 // manifest and records it names, verifying size, sha256 and count. The
-// collector's OnCommit calls it.
+// collector's OnCommit calls it. A read that finds something missing or
+// not verifying while a release that does not keep id runs, or after one
+// did, is no verdict: it waits for that release to end and reads again
+// (acrossRelease), deciding from what the release left.
 func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id string) {
-	m, err := readManifest(ctx, bus, run, id)
+	got := verify(ctx, bus, run, id)
+	if len(got.bad) > 0 && acrossRelease(ctx, bus, run, id, got.commitSeq) {
+		got = afterRelease(ctx, bus, run, id)
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.verified == nil {
 		v.verified = map[string]bool{}
 	}
 	v.verified[id] = true
-	if errors.Is(err, natsjs.ErrKeyNotFound) {
+	switch {
+	case got.gone:
 		v.gone = append(v.gone, id)
-		return
-	}
-	if err != nil {
-		v.bad = append(v.bad, fmt.Sprintf("%s: manifest: %v", id, err))
-		return
-	}
-	if m.Released != nil {
+	case got.marked:
 		v.marked = append(v.marked, id)
-		return
+	default:
+		if got.loaded {
+			if v.read == nil {
+				v.read = map[string]events.CheckpointManifest{}
+			}
+			v.read[id] = got.m
+		}
+		v.bad = append(v.bad, got.bad...)
+		v.manifests += got.n
 	}
-	var bad []string
-	n := 0
+}
+
+// verified is what one verification of a checkpoint found.
+type verified struct {
+	gone, marked bool // its key not there, or marked released
+	m            events.CheckpointManifest
+	loaded       bool // m was read, its members loaded
+	commitSeq    uint64
+	n            int      // member manifests verified
+	bad          []string // what does not verify
+}
+
+// verify reads and verifies checkpoint id once, as OnCommit says.
+func verify(ctx context.Context, bus *jetstream.Bus, run, id string) verified {
+	m, err := readManifest(ctx, bus, run, id)
+	out := verified{m: m, commitSeq: m.CommitSeq}
+	switch {
+	case errors.Is(err, natsjs.ErrKeyNotFound):
+		out.gone = true
+		return out
+	case err != nil:
+		out.bad = append(out.bad, fmt.Sprintf("%s: manifest: %v", id, err))
+		return out
+	case m.Released != nil:
+		out.marked = true
+		return out
+	}
+	out.loaded = true
 	for _, mm := range m.Members {
 		if err := readRecords(ctx, bus, m, mm); err != nil {
-			bad = append(bad, fmt.Sprintf("%s/%s: %v", id, mm.Member, err))
+			out.bad = append(out.bad, fmt.Sprintf("%s/%s: %v", id, mm.Member, err))
 			continue
 		}
-		n++
+		out.n++
 	}
 	// What it carries must be restorable too: each source committed, not
 	// released, and holding every carried episode in the records of each
@@ -81,50 +116,44 @@ func (v *Manifests) OnCommit(ctx context.Context, bus *jetstream.Bus, run, id st
 	for _, cr := range m.Carried {
 		src, err := readManifest(ctx, bus, run, cr.From)
 		if err != nil {
-			bad = append(bad, fmt.Sprintf("%s: carries %d episodes from %s: %v", id, len(cr.Episodes), cr.From, err))
+			out.bad = append(out.bad, fmt.Sprintf("%s: carries %d episodes from %s: %v", id, len(cr.Episodes), cr.From, err))
 			continue
 		}
 		if src.Released != nil {
-			bad = append(bad, fmt.Sprintf("%s: carries %d episodes from %s, which a release marked", id, len(cr.Episodes), cr.From))
+			out.bad = append(out.bad, fmt.Sprintf("%s: carries %d episodes from %s, which a release marked", id, len(cr.Episodes), cr.From))
 			continue
 		}
 		for _, mem := range cr.Members {
 			i := slices.IndexFunc(src.Members, func(mm events.MemberManifest) bool { return mm.Member == mem })
 			if i < 0 {
-				bad = append(bad, fmt.Sprintf("%s: carries from %s records of %s, which has none there", id, cr.From, mem))
+				out.bad = append(out.bad, fmt.Sprintf("%s: carries from %s records of %s, which has none there", id, cr.From, mem))
 				continue
 			}
 			for _, k := range cr.Episodes {
 				if !slices.Contains(src.Members[i].Episodes, k) {
-					bad = append(bad, fmt.Sprintf("%s: carries %s from %s, where %s does not hold it", id, k, cr.From, mem))
+					out.bad = append(out.bad, fmt.Sprintf("%s: carries %s from %s, where %s does not hold it", id, k, cr.From, mem))
 				}
 			}
 		}
 	}
-	if v.read == nil {
-		v.read = map[string]events.CheckpointManifest{}
+	if len(out.bad) == 0 {
+		return out
 	}
-	v.read[id] = m
 	// A release that began after the manifest was read marks it before
 	// it deletes a thing: records it deleted under the read are no
 	// violation, and the manifest read again says so.
-	if len(bad) > 0 {
-		again, err := readManifest(ctx, bus, run, id)
-		switch {
-		case errors.Is(err, natsjs.ErrKeyNotFound):
-			v.gone = append(v.gone, id)
-			return
-		case err == nil && again.Released != nil:
-			v.marked = append(v.marked, id)
-			return
-		}
+	again, err := readManifest(ctx, bus, run, id)
+	switch {
+	case errors.Is(err, natsjs.ErrKeyNotFound):
+		return verified{gone: true, commitSeq: m.CommitSeq}
+	case err == nil && again.Released != nil:
+		return verified{marked: true, commitSeq: m.CommitSeq}
 	}
-	v.bad = append(v.bad, bad...)
-	v.manifests += n
+	return out
 }
 
-// readManifest reads the checkpoint manifest of run's checkpoint id, each
-// try bounded and tried again as readRecords does: a read sent to a node
+// readManifest reads the checkpoint manifest of run's checkpoint id (one
+// marked released without its members), each try bounded and tried again as readRecords does: a read sent to a node
 // killed under it is never answered, and without a bound it held the
 // collector's commit, and so the round, until the round limit.
 func readManifest(ctx context.Context, bus *jetstream.Bus, run, id string) (events.CheckpointManifest, error) {
@@ -140,6 +169,11 @@ func readManifest(ctx context.Context, bus *jetstream.Bus, run, id string) (even
 		}
 		if err := m.Validate(); err != nil {
 			return fmt.Errorf("%w: %w", errUnreadable, err)
+		}
+		if m.Released != nil {
+			// Restores no more: the release that marked it may have
+			// deleted its member list already.
+			return nil
 		}
 		// Schema 2: the members are in the member list, whose bytes must
 		// be the ones its digest names.

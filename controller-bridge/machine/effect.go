@@ -79,9 +79,10 @@ type PublishOutcome struct {
 	Replayed bool
 }
 
-// ListCheckpoints lists every checkpoint key of the run. Answer:
+// ListCheckpoints lists every checkpoint key of the run, and the keys
+// release Release purged already (a bridge that died in it did). Answer:
 // CheckpointsListed.
-type ListCheckpoints struct{}
+type ListCheckpoints struct{ Release string }
 
 // Deletion is one checkpoint a release deletes.
 type Deletion struct {

@@ -243,7 +243,12 @@ type OutcomeSeen struct {
 
 // CheckpointsListed answers ListCheckpoints: every checkpoint key of the
 // run, oldest first.
-type CheckpointsListed struct{ Checkpoints []events.CheckpointManifest }
+type CheckpointsListed struct {
+	Checkpoints []events.CheckpointManifest
+	// Purged are the checkpoints whose key the release asked about
+	// purged already: deleted by it before its bridge died.
+	Purged []string
+}
 
 // CheckpointsDeleted answers DeleteCheckpoints.
 type CheckpointsDeleted struct{}

@@ -116,7 +116,7 @@ func (m *Machine) releaseGathered(now time.Time, t *Tally, v Verdict) ([]Effect,
 		return []Effect{MarkReleased{Keep: res.Keep, Mark: mark}}, nil
 	}
 	m.want = wantCheckpointsListed
-	return []Effect{ListCheckpoints{}}, nil
+	return []Effect{ListCheckpoints{Release: m.op.id}}, nil
 }
 
 // checkpointsListed deletes every checkpoint not kept. Abort markers stay,
@@ -133,6 +133,13 @@ func (m *Machine) checkpointsListed(in CheckpointsListed) ([]Effect, error) {
 		kept[k] = true
 	}
 	var del []Deletion
+	// What a bridge that died in this release deleted already is deleted
+	// by it all the same.
+	for _, id := range in.Purged {
+		if !kept[id] {
+			res.Deleted = append(res.Deleted, id)
+		}
+	}
 	for _, c := range in.Checkpoints {
 		if kept[c.CheckpointID] {
 			continue

@@ -306,7 +306,7 @@ func (s *script) input(cmd string, a args, line string) (Input, bool) {
 	case "marked":
 		return ReleasedMarked{}, true
 	case "listed":
-		return CheckpointsListed{Checkpoints: s.checkpoints}, true
+		return CheckpointsListed{Checkpoints: s.checkpoints, Purged: a.list("purged")}, true
 	case "deleted":
 		gone := map[string]bool{}
 		for _, d := range s.deletes {

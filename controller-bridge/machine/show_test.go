@@ -177,7 +177,7 @@ func show(e Effect) string {
 				errs(o.Errors), list(md))
 		}
 	case ListCheckpoints:
-		return "list checkpoints"
+		return "list checkpoints " + e.Release
 	case DeleteCheckpoints:
 		var ds []string
 		for _, d := range e.Delete {

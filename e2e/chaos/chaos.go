@@ -67,11 +67,14 @@ var Faults = []string{FaultBridge, FaultAgent, FaultOwner, FaultFleet, FaultNode
 
 // BridgeFailpoints are the points FaultBridge arms (see the bridge's
 // failpoint package); the abort and restore ones are hit only when the
-// round aborts or restores.
+// round aborts or restores, after-release-latest only in a release that
+// deletes what LATEST names (the final one).
 var BridgeFailpoints = []string{
 	"bridge/after-prepare", "bridge/after-prepare-acks", "bridge/after-commit", "bridge/after-commit-acks",
 	"bridge/after-manifest", "bridge/after-latest", "bridge/after-outcome", "bridge/after-abort-marker",
-	"bridge/after-release", "bridge/mid-release", "bridge/after-restore", "bridge/after-restore-acks",
+	"bridge/after-release", "bridge/after-release-mark", "bridge/after-release-records", "bridge/after-release-member-list",
+	"bridge/mid-release", "bridge/after-release-manifest", "bridge/after-release-latest", "bridge/after-release-outcome",
+	"bridge/after-restore", "bridge/after-restore-acks",
 }
 
 // The points of a checkpoint a fault other than the bridge's waits for,

@@ -28,6 +28,8 @@ var faultMatrix = []struct {
 }{
 	{"bridge", []string{"bridge@after-prepare", "bridge@after-prepare-acks", "bridge@after-commit", "bridge@after-commit-acks",
 		"bridge@after-manifest", "bridge@after-latest", "bridge@after-outcome", "bridge@after-release",
+		"bridge@after-release-mark", "bridge@after-release-records", "bridge@after-release-member-list", "bridge@mid-release",
+		"bridge@after-release-manifest", "bridge@after-release-latest", "bridge@after-release-outcome",
 		"fleet@committed+bridge@after-restore", "fleet@committed+bridge@after-restore-acks"},
 		// A restore needs the whole fleet back within the recovery grace,
 		// and a loaded machine may take longer than chaos's 15 s to start

@@ -11,6 +11,12 @@
 // bridge/after-abort-marker, bridge/after-latest, bridge/after-outcome
 // (checkpoint.committed), bridge/after-restore-retire and
 // bridge/after-branch-retire (the retire of a failed restore or branch,
-// published) and bridge/mid-release (a released
-// checkpoint's records deleted, its manifest not yet).
+// published). A release has one after each of its writes: bridge/after-release
+// (the phase published), bridge/after-release-mark (a checkpoint marked
+// released), bridge/after-release-records (a member's records object
+// deleted), bridge/after-release-member-list (a checkpoint's member list
+// deleted), bridge/mid-release (a checkpoint's objects all deleted, its
+// keys not yet), bridge/after-release-manifest (a checkpoint's key
+// purged), bridge/after-release-latest (LATEST purged) and
+// bridge/after-release-outcome (release.completed or release.failed).
 package failpoint
