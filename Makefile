@@ -71,7 +71,7 @@ LONG      ?= 1
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,node,preempt,sandboxd,harness,stall,collector,nats
 CHAOS_SEED   ?= 1
 
-.PHONY: all help build test test-heavy test-soak bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak faults ci clean microvm-assets swe-base timeline-png
+.PHONY: all help build test test-heavy test-soak bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak chaos-netns soak-netns faults ci clean microvm-assets swe-base timeline-png
 
 all: build
 
@@ -190,6 +190,18 @@ chaos:
 ## soak: the 10-minute chaos soak whose table docs/RELIABILITY.md records.
 soak:
 	CGO_ENABLED=0 $(GO) run ./e2e/cmd/chaos --seed $(CHAOS_SEED) --duration 10m --faults $(CHAOS_FAULTS)
+
+## chaos-netns: chaos with each NATS node and each node of an agent and
+## its owner in a network namespace of its own, the network faults
+## (partitions, a split cluster, latency, loss) drawn with the others (as
+## root; docs/RELIABILITY.md).
+chaos-netns:
+	CGO_ENABLED=0 $(GO) run ./e2e/cmd/chaos --netns --seed $(CHAOS_SEED) --duration 2m
+
+## soak-netns: the 10-minute partition soak whose table docs/RELIABILITY.md
+## records.
+soak-netns:
+	CGO_ENABLED=0 $(GO) run ./e2e/cmd/chaos --netns --seed $(CHAOS_SEED) --duration 10m
 
 ## bench: the benchmarks recorded in docs/BENCHMARKS.md.
 bench:
