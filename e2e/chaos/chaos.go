@@ -182,8 +182,8 @@ its owner runs in a network namespace of its own, and the network faults are dra
                     each node), one node's bandwidth bounded, 15 s
   lossy             a share of one node's packets dropped at random, 15 s
 
-Each round's first fault is a network one; each heals at the end of its hold, and the
-invariants are checked once all are healed.
+Each round's first fault is the next network kind in turn; each heals at the end of its
+hold, and the invariants are checked once all are healed.
 
 After each round every PROTOCOL §7 invariant is checked on it (controller-bridge/invariant), and at
 the end a table says how many faults of each kind were injected, checkpoints committed and
@@ -470,10 +470,10 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 		for i := range plan {
 			plan[i] = draw()
 		}
-		// With --netns, every round has a network fault: the first
-		// drawn is one, when any is among the kinds.
-		if net := slices.DeleteFunc(slices.Clone(drawn), func(k string) bool { return !isNetFault(k) }); len(plan) > 0 && len(net) > 0 && !isNetFault(plan[0].kind) {
-			plan[0].kind = net[rng.IntN(len(net))]
+		// With --netns, every round has a network fault: its first is
+		// the next network kind in turn, so that a short run has each.
+		if net := slices.DeleteFunc(slices.Clone(drawn), func(k string) bool { return !isNetFault(k) }); len(plan) > 0 && len(net) > 0 {
+			plan[0].kind = net[(round-1)%len(net)]
 		}
 		// A preempt comes while a node is down: one is drawn before it.
 		plan = withNodes(plan, draw)
