@@ -30,6 +30,12 @@
 //
 // # Sessions
 //
+// A sandbox's first process is its daemon (sandboxd). The owner deletes the
+// daemon's heartbeat when it stops the sandbox, and, with a provider that
+// is an InitWatcher, when the init exits (inits.go): the bridge and the
+// agents then take the daemon for gone at once, not after its heartbeat's
+// TTL (PROTOCOL §3, Liveness).
+//
 // A session's sandbox is started on the provider and the task kind's setup
 // runs against it; only when the setup succeeded is the session tracked.
 // Setup may return a small JSON object, the session data, which is

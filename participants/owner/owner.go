@@ -228,6 +228,9 @@ type Owner struct {
 	grading  map[string]int           // session id -> grades running
 	verifies map[string]*verifyFlight // session id -> its verify running, or just answered
 	graded   map[string]*graded       // session id -> the verdict of its verify, which ended it
+	// stopping are the sandboxes an end is stopping: their init's exit is
+	// the stop's, not a daemon that died (watchInits).
+	stopping map[string]bool
 	nextReq  uint64
 	closed   bool          // admission closed by a prepare
 	reopen   chan struct{} // closed by the resume that reopens admission
@@ -276,6 +279,7 @@ func New(cfg Config) (*Owner, error) {
 		kind:     cfg.TaskKind,
 		exec:     noExec{provider: cfg.Provider.Name()},
 		sessions: map[string]*Session{},
+		stopping: map[string]bool{},
 		pending:  map[string]events.Episode{},
 		startEnd: map[string]chan struct{}{},
 		inFlight: map[uint64]string{},
@@ -341,19 +345,23 @@ func (o *Owner) Mode() Mode { return o.mode }
 func (o *Owner) Member() *member.Member { return o.member }
 
 // Run runs the member runtime with the owner as its participant until ctx
-// ends (see member.Member.Run for what it returns). In ModeOff it joins no
-// bus and waits for ctx.
+// ends (see member.Member.Run for what it returns), and, when the provider
+// is an InitWatcher, deletes the heartbeat of each sandbox daemon that
+// dies (watchInits). In ModeOff it joins no bus and waits for ctx.
 func (o *Owner) Run(ctx context.Context) error {
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
 	if c := o.cfg.SandboxCreds; c != nil {
-		rctx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
 		wg.Go(func() { c.Renew(rctx, o.log, o.liveSandboxes) })
-		defer wg.Wait()
-		defer cancel()
 	}
 	if o.member == nil {
 		<-ctx.Done()
 		return nil
+	}
+	if w, ok := o.cfg.Provider.(InitWatcher); ok {
+		wg.Go(func() { o.watchInits(rctx, w) })
 	}
 	return o.member.Run(ctx)
 }

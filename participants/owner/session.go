@@ -340,6 +340,14 @@ func (o *Owner) end(ctx context.Context, sessionID string) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrNoSandbox, sessionID)
 	}
+	o.mu.Lock()
+	o.stopping[s.Sandbox.ID] = true
+	o.mu.Unlock()
+	defer func() {
+		o.mu.Lock()
+		delete(o.stopping, s.Sandbox.ID)
+		o.mu.Unlock()
+	}()
 	if err := o.cfg.Provider.Stop(ctx, s.Sandbox.ID); err != nil {
 		return fmt.Errorf("owner: stop sandbox %s of session %s: %w", s.Sandbox.ID, sessionID, err)
 	}
@@ -357,18 +365,27 @@ func (o *Owner) end(ctx context.Context, sessionID string) error {
 // sandbox.<id>, if it ran one): it cannot say goodbye itself, and until its
 // heartbeat expired every phase would count on it.
 func (o *Owner) daemonGone(ctx context.Context, sandboxID string) {
+	if err := o.deleteDaemon(ctx, sandboxID); err != nil {
+		o.log.Debug().Err(err).Str("sandbox", sandboxID).Msg("the stopped sandbox's daemon")
+	}
+}
+
+// deleteDaemon deletes the heartbeat of sandbox sandboxID's daemon, and
+// returns the error of a delete the bus refused.
+func (o *Owner) deleteDaemon(ctx context.Context, sandboxID string) error {
 	if o.cfg.Bus == nil {
-		return
+		return nil
 	}
 	m, err := events.NewMember(events.KindSandbox, sandboxID)
 	if err != nil {
-		return
+		return nil // no daemon can have that name
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := o.cfg.Bus.Daemons.Delete(dctx, events.MemberKey(o.cfg.Run, m)); err != nil && !errors.Is(err, natsjs.ErrKeyNotFound) {
-		o.log.Debug().Err(err).Str("sandbox", sandboxID).Msg("delete the stopped sandbox daemon's heartbeat")
+		return fmt.Errorf("owner: delete the heartbeat of sandbox %s's daemon: %w", sandboxID, err)
 	}
+	return nil
 }
 
 // CloseSession is the empty-body close: it ends the session, and does
