@@ -21,6 +21,7 @@ import (
 	"github.com/stillpoint/stillpoint/internal/child"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
+	"github.com/stillpoint/stillpoint/jetstream/embedded"
 )
 
 // clusterNodes is the size of chaos's cluster: the smallest that keeps a
@@ -71,6 +72,7 @@ func runNode(ctx context.Context, out interface{ Write([]byte) (int, error) }, f
 	}
 	ns, err := server.NewServer(&server.Options{
 		ServerName: f.name, Host: host, Port: port, JetStream: true, StoreDir: f.dir, NoSigs: true, Logtime: true, ClientAdvertise: f.advertise,
+		PingInterval: embedded.PingInterval, MaxPingsOut: embedded.MaxPingsOut,
 		Cluster: server.ClusterOpts{Name: "stillpoint-chaos", Host: chost, Port: cport},
 		Routes:  server.RoutesFromStr(f.routes),
 	})

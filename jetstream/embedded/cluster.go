@@ -126,6 +126,8 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 			NoSigs:        true,
 			Authorization: cfg.Token,
 			Nkeys:         nkeyUsers(cfg.Users),
+			PingInterval:  PingInterval,
+			MaxPingsOut:   MaxPingsOut,
 			Cluster: server.ClusterOpts{
 				Name: cfg.Name,
 				Host: cfg.Host,

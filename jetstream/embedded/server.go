@@ -13,6 +13,18 @@ import (
 	"github.com/stillpoint/stillpoint/internal/poll"
 )
 
+// PingInterval and MaxPingsOut are how a server finds a client gone that
+// did not close its connection (cut off by a partition, its machine
+// lost): a ping every PingInterval, the connection closed after
+// MaxPingsOut go unanswered, within about 40 s rather than nats-server's
+// 4 minutes. Its subscriptions go with it, so that a request to a sandbox
+// daemon cut off answers "no responders" and the daemon is left out of
+// the phase instead of holding it until its deadline.
+const (
+	PingInterval = 10 * time.Second
+	MaxPingsOut  = 3
+)
+
 // Defaults of Config and ClusterConfig.
 const (
 	// DefaultHost is the interface servers listen on: loopback only.
@@ -62,6 +74,10 @@ type Config struct {
 	Logger zerolog.Logger
 	// ReadyTimeout bounds the wait for the server to be ready (default 10 s).
 	ReadyTimeout time.Duration
+	// PingInterval is how often the server pings each client (default
+	// PingInterval); it closes a connection after MaxPingsOut go
+	// unanswered.
+	PingInterval time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -70,6 +86,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.ReadyTimeout == 0 {
 		c.ReadyTimeout = DefaultReadyTimeout
+	}
+	if c.PingInterval <= 0 {
+		c.PingInterval = PingInterval
 	}
 }
 
@@ -119,6 +138,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		NoSigs:        true,
 		Authorization: cfg.Token,
 		Nkeys:         nkeyUsers(cfg.Users),
+		PingInterval:  cfg.PingInterval,
+		MaxPingsOut:   MaxPingsOut,
 	}
 	if err := cfg.Trust.apply(opts); err != nil {
 		return nil, err
