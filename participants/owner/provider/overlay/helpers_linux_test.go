@@ -25,13 +25,19 @@ func TestMain(m *testing.M) { leak.VerifyTestMain(m) }
 // deletes every snapshot and then checks that nothing is left anywhere.
 func newOverlay(t testing.TB) *Provider {
 	t.Helper()
+	return newOverlayOn(t, "")
+}
+
+// newOverlayOn is newOverlay over the base dir base ("": the host's root).
+func newOverlayOn(t testing.TB, base string) *Provider {
+	t.Helper()
 	providertest.RequireRoot(t)
 	cgMount, err := cgroup.Mount()
 	if err != nil {
 		t.Fatal(err)
 	}
 	parent := filepath.Join(cgMount, DefaultCgroupParentName, fmt.Sprintf("test-%d-%d", os.Getpid(), rand.Uint32()))
-	ov, err := New(Config{StateDir: t.TempDir(), CgroupParent: parent})
+	ov, err := New(Config{StateDir: t.TempDir(), BaseDir: base, CgroupParent: parent})
 	if err != nil {
 		t.Fatal(err)
 	}

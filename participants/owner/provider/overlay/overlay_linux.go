@@ -373,55 +373,6 @@ func initBinds(bs []provider.Bind) []initBind {
 	return out
 }
 
-// emptyWorkdir makes a new sandbox's working directory start empty, whatever
-// the base has at that path (a host directory of the same name would show
-// through the overlay, and a task's `go test ./...` there would see the
-// host's files): an opaque directory in the upper layer, its parents made
-// there with the base's modes (sticky and set-id bits too) and owners. The
-// opaque mark is an xattr, which a snapshot's copy keeps. No working
-// directory, or the root, needs none; a path that is not a directory in
-// the base (a symbolic link) is left to populate, unmarked. A sandbox on
-// an image needs none: what the image has there is the task's.
-func (o *Provider) emptyWorkdir(upper, workdir string) error {
-	if workdir == "" {
-		return nil
-	}
-	wd, err := provider.CleanAbs("spec.Workdir", workdir)
-	if err != nil || wd == "/" {
-		return err
-	}
-	parts := strings.Split(wd[1:], "/")
-	for i := range parts {
-		rel := filepath.Join(parts[:i+1]...)
-		d := filepath.Join(upper, rel)
-		mode, uid, gid := uint32(0o755), 0, 0
-		var st unix.Stat_t
-		if err := unix.Lstat(filepath.Join(o.cfg.BaseDir, rel), &st); err == nil {
-			if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-				// A file or a symbolic link in the base: populate makes the
-				// directory as it can, and this one is not marked.
-				return nil
-			}
-			mode, uid, gid = st.Mode&0o7777, int(st.Uid), int(st.Gid)
-		}
-		if err := os.Mkdir(d, 0o700); err != nil {
-			return fmt.Errorf("spec.Workdir: %w", err)
-		}
-		// Owner first, then the mode (a chown clears setgid), whole: the
-		// upper directory's attributes are the merged directory's.
-		if err := os.Lchown(d, uid, gid); err != nil {
-			return fmt.Errorf("spec.Workdir: %w", err)
-		}
-		if err := unix.Chmod(d, mode); err != nil {
-			return fmt.Errorf("spec.Workdir: %w", &os.PathError{Op: "chmod", Path: d, Err: err})
-		}
-	}
-	if err := unix.Setxattr(filepath.Join(upper, wd), "trusted.overlay.opaque", []byte("y"), 0); err != nil {
-		return fmt.Errorf("spec.Workdir: mark %s opaque: %w", wd, err)
-	}
-	return nil
-}
-
 // copyFromSnapshot copies the snapshot's upper layer to upper and returns
 // the image it stands on (nil: the base).
 func (o *Provider) copyFromSnapshot(ctx context.Context, snapshotID, upper string, want *provider.Image) (*provider.Image, error) {
