@@ -66,7 +66,7 @@ func Trajectories(ctx context.Context, r Run) Result {
 		bad = append(bad, err.Error())
 	}
 	res.OK = len(bad) == 0
-	res.Detail = fmt.Sprintf("%d trajectories, %d calls, each the surviving chain the model server answered; 0 dangling, 0 branches, 0 duplicates, 0 masked wanted; %d token breaks; %d cut by a snapshot and re-sent, each recorded once%s",
+	res.Detail = fmt.Sprintf("%d trajectories, %d calls, each the surviving chain the model server answered; 0 dangling, 0 branches, 0 duplicates, 0 masked wanted; %d token breaks; %d sent again (cut by a snapshot, or their upstream dialed again), each recorded once%s",
 		n, calls, breaks, resent, list(bad))
 	return res
 }
@@ -96,7 +96,8 @@ func Trajectory(ctx context.Context, bus *jetstream.Bus, ref *agentapi.Trajector
 
 // trajectoryStats is what checkTrajectory counts of one trajectory: its
 // calls, its token breaks, and its calls the relay sent again (a call a
-// snapshot cut, re-sent by the fork's relay).
+// snapshot cut, re-sent by the fork's relay, or one whose upstream could
+// not be reached, dialed again).
 type trajectoryStats struct{ calls, breaks, resent int }
 
 // checkTrajectory checks one stored trajectory and returns what is wrong

@@ -414,13 +414,14 @@ func runChaos(ctx context.Context, env Env, f chaosFlags) error {
 			restores = restores || p.kind == FaultFleet
 			return p
 		}
-		for i := range plan {
-			plan[i] = draw()
-		}
 		// With --netns, every round has a network fault: its first is
 		// the next network kind in turn, so that a short run has each.
-		if net := slices.DeleteFunc(slices.Clone(drawn), func(k string) bool { return !isNetFault(k) }); len(plan) > 0 && len(net) > 0 {
-			plan[0].kind = net[(round-1)%len(net)]
+		net := slices.DeleteFunc(slices.Clone(drawn), func(k string) bool { return !isNetFault(k) })
+		for i := range plan {
+			plan[i] = draw()
+			if i == 0 && len(net) > 0 {
+				plan[0].kind, restores = net[(round-1)%len(net)], false
+			}
 		}
 		// A preempt comes while a node is down: one is drawn before it.
 		plan = withNodes(plan, draw)

@@ -140,16 +140,16 @@ func (i *injector) netFault(ctx context.Context, p plannedFault) error {
 		hold = partitionHold
 		if i.rng.IntN(2) == 0 {
 			d.Say("partition at %s: node %s cut off from every other, both ways, for %s", p.phase, node, hold)
-			if err := nw.net.Isolate(ctx, node); err != nil {
-				return err
-			}
 			heal = func() error { return nw.net.Rejoin(hctx, node) }
+			if err := nw.net.Isolate(ctx, node); err != nil {
+				return errors.Join(err, heal())
+			}
 		} else {
 			d.Say("partition at %s: node %s's link down for %s", p.phase, node, hold)
-			if err := nw.net.LinkDown(ctx, node); err != nil {
-				return err
-			}
 			heal = func() error { return nw.net.LinkUp(hctx, node) }
+			if err := nw.net.LinkDown(ctx, node); err != nil {
+				return errors.Join(err, heal())
+			}
 		}
 	case FaultOneWay:
 		node := fleetNetNode(i.agents[i.rng.IntN(len(i.agents))])
@@ -181,15 +181,15 @@ func (i *injector) netFault(ctx context.Context, p plannedFault) error {
 			}
 		}
 		d.Say("split at %s: NATS node %s apart from %s, for %s", p.phase, natsNetNode(k), strings.Join(majority, " and "), hold)
-		if err := nw.net.Split(ctx, []string{natsNetNode(k)}, majority); err != nil {
-			return err
-		}
 		heal = func() error {
 			var errs []error
 			for _, m := range majority {
 				errs = append(errs, nw.net.Uncut(hctx, natsNetNode(k), m))
 			}
 			return errors.Join(errs...)
+		}
+		if err := nw.net.Split(ctx, []string{natsNetNode(k)}, majority); err != nil {
+			return errors.Join(err, heal())
 		}
 	case FaultSlow:
 		latency := time.Duration(50+i.rng.IntN(200)) * time.Millisecond
@@ -216,10 +216,10 @@ func (i *injector) netFault(ctx context.Context, p plannedFault) error {
 		node := nodes[i.rng.IntN(len(nodes))]
 		percent := 5 + i.rng.IntN(16)
 		d.Say("lossy at %s: %d%% of node %s's packets dropped, for %s", p.phase, percent, node, hold)
-		if err := nw.net.Loss(ctx, node, percent); err != nil {
-			return err
-		}
 		heal = func() error { return nw.net.Loss(hctx, node, 0) }
+		if err := nw.net.Loss(ctx, node, percent); err != nil {
+			return errors.Join(err, heal())
+		}
 	default:
 		return fmt.Errorf("unknown network fault %q", p.kind)
 	}

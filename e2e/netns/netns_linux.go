@@ -81,7 +81,7 @@ func (c Config) New(ctx context.Context) (n *Net, err error) {
 			return nil, fmt.Errorf("netns: %s: %w", c.Name, err)
 		}
 	}
-	r := rand.Uint32N(1 << 16)
+	r := freeTag(c.Prefix)
 	n = &Net{
 		tag:    fmt.Sprintf("%s%d-%04x", c.Prefix, os.Getpid(), r),
 		nodes:  append([]string(nil), c.Nodes...),
@@ -158,6 +158,29 @@ func runAll(ctx context.Context, steps [][]string) error {
 
 // bridgePort is the name of node i's veth end on the bridge.
 func bridgePort(i int) string { return "v" + strconv.Itoa(i) }
+
+// tags are the random parts this process has given its nets' tags: two
+// nets of one process never share a tag, so that one's failed New, which
+// closes what bears its tag, cannot take the other's namespaces.
+var tags = struct {
+	sync.Mutex
+	used map[uint32]bool
+}{used: map[uint32]bool{}}
+
+// freeTag draws the random part of a new net's tag, one that no net of
+// this process has had and no namespace bears.
+func freeTag(prefix string) uint32 {
+	tags.Lock()
+	defer tags.Unlock()
+	for {
+		r := rand.Uint32N(1 << 16)
+		if _, err := os.Stat(fmt.Sprintf("/run/netns/%s%d-%04x_br", prefix, os.Getpid(), r)); tags.used[r] || err == nil {
+			continue
+		}
+		tags.used[r] = true
+		return r
+	}
+}
 
 // Tag is the run's tag: every namespace of the run is named after it.
 func (n *Net) Tag() string { return n.tag }

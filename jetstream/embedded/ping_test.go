@@ -24,7 +24,7 @@ import (
 // responders", and its member is left out instead of holding a phase.
 func TestSilentClientIsClosedAndItsSubjectHasNoResponders(t *testing.T) {
 	ctx := testContext(t)
-	const ping = 200 * time.Millisecond
+	const ping = 500 * time.Millisecond
 	s, err := embedded.Start(ctx, embedded.Config{Dir: t.TempDir(), PingInterval: ping})
 	if err != nil {
 		t.Fatal(err)
@@ -34,6 +34,12 @@ func TestSilentClientIsClosedAndItsSubjectHasNoResponders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The asker first: the silent client is closed within a second.
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: s.ClientURL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
 	// The silent client speaks the protocol by hand: it connects,
 	// subscribes, and then reads nothing and answers no PING.
 	raw, err := net.Dial("tcp", u.Host)
@@ -50,11 +56,6 @@ func TestSilentClientIsClosedAndItsSubjectHasNoResponders(t *testing.T) {
 		t.Fatalf("after SUB: %q, %v", line, err)
 	}
 
-	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: s.ClientURL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	// While the server holds the silent client, a request times out: it
 	// proves nothing.
 	if _, err := nc.Request("alive.silent", nil, ping/2); !errors.Is(err, nats.ErrTimeout) {

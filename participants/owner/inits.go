@@ -17,7 +17,11 @@ const initPoll = 250 * time.Millisecond
 // delete it lives the sandbox TTL after the daemon died, and a phase waits
 // until the bridge's asking finds the daemon silent.
 func (o *Owner) watchInits(ctx context.Context, w InitWatcher) {
-	told := map[string]bool{} // sandbox ids whose daemon's heartbeat was deleted
+	// told holds, by sandbox, when its daemon's heartbeat was deleted;
+	// again, those deleted a second time, redeleteAfter later: a last
+	// heartbeat the daemon sent before it died may land after the first.
+	told := map[string]time.Time{}
+	again := map[string]bool{}
 	tick := time.NewTicker(initPoll)
 	defer tick.Stop()
 	for {
@@ -28,24 +32,40 @@ func (o *Owner) watchInits(ctx context.Context, w InitWatcher) {
 		}
 		live := map[string]bool{}
 		for _, id := range o.runningSandboxes() {
+			if ctx.Err() != nil {
+				return
+			}
 			live[id] = true
-			if told[id] || !w.InitExited(id) {
+			at, done := told[id]
+			switch {
+			case done && (again[id] || time.Since(at) < redeleteAfter):
+				continue
+			case !done && !w.InitExited(id):
 				continue
 			}
 			if err := o.deleteDaemon(ctx, id); err != nil {
 				o.log.Warn().Err(err).Str("sandbox", id).Msg("the sandbox's init, its daemon, exited; its heartbeat could not be deleted yet")
 				continue
 			}
-			told[id] = true
+			if done {
+				again[id] = true
+				continue
+			}
+			told[id] = time.Now()
 			o.log.Info().Str("sandbox", id).Msg("the sandbox's init, its daemon, exited: its heartbeat deleted")
 		}
 		for id := range told {
 			if !live[id] {
 				delete(told, id)
+				delete(again, id)
 			}
 		}
 	}
 }
+
+// redeleteAfter is when a dead daemon's heartbeat is deleted a second
+// time, after the first.
+const redeleteAfter = 2 * time.Second
 
 // runningSandboxes returns the ids of the sandboxes of the owner's
 // sessions that no end is stopping.

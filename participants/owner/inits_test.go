@@ -3,6 +3,7 @@ package owner
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
@@ -57,12 +58,15 @@ func TestDeadInitDeletesItsDaemonsHeartbeat(t *testing.T) {
 			return err != nil
 		})
 		t.Logf("the heartbeat was deleted %v after the kill", time.Since(killed).Round(time.Millisecond))
-		// The owner looks at its sandboxes every initPoll: a few looks later
-		// the live daemon's heartbeat is still there.
-		time.Sleep(4 * initPoll)
-		if _, err := env.Bus.Daemons.Get(t.Context(), livesKey); err != nil {
-			t.Errorf("the heartbeat of the daemon whose init lives: %v", err)
-		}
+		// The owner looks at its sandboxes every initPoll, and deletes a
+		// dead daemon's heartbeat again redeleteAfter later: through
+		// those looks the live daemon's heartbeat stays.
+		poll.Holds(t, redeleteAfter+4*initPoll, func() error {
+			if _, err := env.Bus.Daemons.Get(t.Context(), livesKey); err != nil {
+				return fmt.Errorf("the heartbeat of the daemon whose init lives: %w", err)
+			}
+			return nil
+		})
 		for _, s := range []string{"s1", "s2"} {
 			if err := o.EndSession(t.Context(), s); err != nil {
 				t.Fatalf("end %s: %v", s, err)

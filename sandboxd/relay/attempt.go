@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -31,6 +33,11 @@ func (r *Relay) start(ctx context.Context, c *call) *attempt {
 func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 	defer close(a.done)
 	defer c.signal()
+	// Whether the transport ever had a connection for the request: a
+	// dial error after one (the transport's own retry of a request it
+	// may have sent, on a connection that broke) is no proof that the
+	// upstream never saw it.
+	var connected atomic.Bool
 	finish := func(err error) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -40,7 +47,7 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 			// snapshot's connection to a model server that is gone): a
 			// re-send repairs it. Otherwise the harness is told.
 			a.cut = a.repointed || r.holding
-			if !a.cut && unsent(err) && ctx.Err() == nil {
+			if !a.cut && !connected.Load() && unsent(err) && ctx.Err() == nil {
 				r.redialLocked(c, a)
 			}
 		} else {
@@ -51,7 +58,8 @@ func (r *Relay) read(ctx context.Context, c *call, a *attempt, target string) {
 	if c.upBody != nil {
 		body = c.upBody
 	}
-	req, err := http.NewRequestWithContext(ctx, c.method, target, bytes.NewReader(body))
+	trace := &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), c.method, target, bytes.NewReader(body))
 	if err != nil {
 		finish(fmt.Errorf("relay: upstream request: %w", err))
 		return
@@ -219,8 +227,12 @@ func unsent(err error) bool {
 }
 
 // redialBackoff bounds the pause between two dials of an unreachable
-// upstream.
-const redialBackoff = 5 * time.Second
+// upstream; maxRedials bounds the dials of one call whatever the clock
+// says (a restore may move it).
+const (
+	redialBackoff = 5 * time.Second
+	maxRedials    = 1000
+)
 
 // redialLocked makes attempt a of c, which found the upstream
 // unreachable, a cut to dial again after a pause (250 ms, doubling to
@@ -231,7 +243,7 @@ func (r *Relay) redialLocked(c *call, a *attempt) {
 	if c.unreachable.IsZero() {
 		c.unreachable = now
 	}
-	if r.cfg.UnreachableFor < 0 || now.Sub(c.unreachable) >= r.cfg.UnreachableFor {
+	if r.cfg.UnreachableFor < 0 || now.Sub(c.unreachable) >= r.cfg.UnreachableFor || c.redials >= maxRedials {
 		return
 	}
 	pause := min(250*time.Millisecond<<min(c.redials, 5), redialBackoff)

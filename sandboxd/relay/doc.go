@@ -17,8 +17,10 @@
 //     and nothing is written until Release (the continue). A harness
 //     frozen or not sees only a slow model call. The relay runs inside
 //     sandboxd, which must answer the bus while the launch is frozen, so it
-//     is held rather than frozen: it keeps no timers, and nothing it does
-//     depends on the clock a restore moves.
+//     is held rather than frozen: nothing times out while it holds, and
+//     no call ends on the clock a restore moves (its one timer paces the
+//     dials of an upstream it could not reach, which a dial count bounds
+//     too, and runs only while it does not hold).
 //  3. Re-send. Repoint(url, generation) accepts only a higher generation.
 //     Every call of an older generation whose reply has not ended upstream
 //     (the snapshot caught it in flight, or its connection died with the
@@ -42,8 +44,10 @@
 //     comes and a translated one fails (502: a translation cannot pass
 //     half a body).
 //  5. Refusals. A request over Config.MaxRequestBytes (413), no upstream
-//     (503), an upstream that cannot be reached
-//     or breaks off while the relay is not held (502): the harness gets a
+//     (503), an upstream still unreachable after Config.UnreachableFor
+//     (dialed again meanwhile: the request never left, so nothing is
+//     repeated) or one that breaks off while the relay is not held (502):
+//     the harness gets a
 //     JSON error object naming the cause ({"error": {"message", "type":
 //     "relay_error", "code"}}), and the call is recorded once, as failed.
 //     While the relay holds, no answer is written, an error no more than a

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/stillpoint/stillpoint/sandboxd/sandboxapi"
 	"github.com/stillpoint/stillpoint/sandboxd/trajectory"
@@ -141,6 +142,12 @@ func (r *Relay) RepointBranch(upstream string, gen uint64, branch *sandboxapi.Br
 			a.repointed = true
 			a.cancel()
 			cut++
+		}
+		if a := c.att; a != nil && a.unsent {
+			// Waiting to dial an upstream it could not reach: the new
+			// one is dialed at once, with a window of its own.
+			a.notBefore = time.Time{}
+			c.unreachable, c.redials = time.Time{}, 0
 		}
 		c.signal()
 	}

@@ -79,7 +79,9 @@ type CallStatus struct {
 	State CallState `json:"state"`
 	// Stream is true for a streaming (SSE) call.
 	Stream bool `json:"stream,omitempty"`
-	// Resends counts the times the call was sent again after a re-point.
+	// Resends counts the times the call was sent again: after a re-point
+	// or a hold cut it, or dialed again while its upstream could not be
+	// reached.
 	Resends int `json:"resends,omitempty"`
 	// Status is the upstream's HTTP status, once it answered.
 	Status int `json:"status,omitempty"`
@@ -100,7 +102,8 @@ type RelayCounts struct {
 	Failed    uint64 `json:"failed"`
 	Held      int    `json:"held"`
 	InFlight  int    `json:"in_flight"`
-	// Resent counts the re-sends after re-points.
+	// Resent counts the re-sends: of calls a re-point or a hold cut, and
+	// the dials again of an upstream that could not be reached.
 	Resent uint64 `json:"resent"`
 }
 
