@@ -576,10 +576,14 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	}
 	stopInjecting()
 	wg.Wait()
-	// Every invariant is checked after healing.
+	// Every invariant is checked after healing: the network's faults
+	// undone, and every stream's replicas current again.
 	if w.net != nil {
 		if err := w.net.heal(context.WithoutCancel(ctx)); err != nil {
 			t.violations = append(t.violations, fmt.Sprintf("round %d: the network did not heal: %v", k, err))
+		}
+		if err := waitCurrent(context.WithoutCancel(ctx), js); err != nil {
+			t.violations = append(t.violations, fmt.Sprintf("round %d: the cluster did not heal: %v", k, err))
 		}
 	}
 	if cerr != nil {
