@@ -149,6 +149,12 @@ type Config struct {
 	// beside that, waiting costs little. A member that dies fails the
 	// restore at once, whatever its deadline.
 	RestoreTimeout time.Duration
+	// AskAgain is how often a rollout request still unanswered is asked
+	// again (default 30 s). Core NATS delivers at most once: an answer
+	// lost with the agent's connection (a partition of its node) is a
+	// loss the collector's connection never sees, and the agent answers a
+	// repeat from the run it has, never with a second one.
+	AskAgain time.Duration
 	// OnCommit, when set, is called after each committed checkpoint, before
 	// older ones are released (the demo verifies every member manifest).
 	OnCommit func(ctx context.Context, res *bridgeapi.CheckpointResult)
@@ -369,8 +375,8 @@ func New(cfg Config) (*Collector, error) {
 	if cfg.Conn == nil || cfg.JS == nil || cfg.Bus == nil || cfg.Controller == nil {
 		errs = append(errs, errors.New("collect: Conn, JS, Bus and Controller are required"))
 	}
-	if cfg.Keep < 0 || cfg.Concurrency < 0 {
-		errs = append(errs, errors.New("collect: Keep and Concurrency must not be negative"))
+	if cfg.Keep < 0 || cfg.Concurrency < 0 || cfg.AskAgain < 0 {
+		errs = append(errs, errors.New("collect: Keep, Concurrency and AskAgain must not be negative"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
@@ -390,6 +396,9 @@ func New(cfg Config) (*Collector, error) {
 	}
 	if cfg.RestoreTimeout == 0 {
 		cfg.RestoreTimeout = 5 * time.Minute
+	}
+	if cfg.AskAgain == 0 {
+		cfg.AskAgain = 30 * time.Second
 	}
 	c := &Collector{cfg: cfg, log: cfg.Logger.With().Str("run", cfg.Run).Str("component", "collect").Logger(),
 		byID: map[string]Task{}, done: map[string]Result{}, attempt: map[string]int{}, route: map[string]string{}, agentOwner: map[string]events.Member{}, infra: map[string]int{}, startOvers: map[string]int{},

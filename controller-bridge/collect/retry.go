@@ -1,8 +1,12 @@
 package collect
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"time"
+
+	agent "github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
 
 // The retries of unfinished rollouts: when a rollout the collector could
@@ -63,4 +67,31 @@ func (c *Collector) requeueDue(now time.Time) {
 		}
 		return true
 	})
+}
+
+// errAskAgain ends a rollout request that waited AskAgain unanswered.
+var errAskAgain = errors.New("collect: no answer yet; asking again")
+
+// askAgain runs a rollout request, asking it again every AskAgain while
+// no answer comes. A repeat names the agent process the request went to
+// (SentTo, from the dispatch log): that process answers it from the run
+// it has, or the answer it kept; any other refuses it (attempt_lost),
+// never runs the attempt a second time.
+func (c *Collector) askAgain(ctx context.Context, req *agent.Request, ask func(context.Context, agent.Request) (agent.Result, error)) (agent.Result, error) {
+	for {
+		actx, cancel := context.WithTimeoutCause(ctx, c.cfg.AskAgain, errAskAgain)
+		res, err := ask(actx, *req)
+		again := err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errAskAgain) &&
+			(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errAskAgain))
+		cancel()
+		if !again {
+			return res, err
+		}
+		if req.SentTo == "" {
+			c.mu.Lock()
+			req.SentTo = c.sentTo[req.RolloutID].Instance
+			c.mu.Unlock()
+		}
+		c.log.Debug().Str("rollout", req.RolloutID).Int("attempt", req.Attempt).Str("sent_to", req.SentTo).Msg("no answer yet; asking again")
+	}
 }

@@ -270,10 +270,11 @@ func (c *Collector) send(ctx context.Context, id string, task json.RawMessage, a
 			c.mu.Unlock()
 			return sent == "" || now == sent
 		}
-		res, err = live.Retry(ctx, live.Policy{Interval: poll.Backoff(100*time.Millisecond, 2*time.Second), Again: again},
-			func(ctx context.Context) (agent.Result, error) {
-				return cl.Rollout(ctx, agent.Request{RolloutID: id, Attempt: attempt, Task: task, SentTo: sentTo})
-			})
+		req := agent.Request{RolloutID: id, Attempt: attempt, Task: task, SentTo: sentTo}
+		res, err = c.askAgain(ctx, &req, func(ctx context.Context, req agent.Request) (agent.Result, error) {
+			return live.Retry(ctx, live.Policy{Interval: poll.Backoff(100*time.Millisecond, 2*time.Second), Again: again},
+				func(ctx context.Context) (agent.Result, error) { return cl.Rollout(ctx, req) })
+		})
 	}
 	if err == nil && res.Trajectory != nil && c.cfg.Trajectories != "" {
 		if terr := c.saveTrajectory(ctx, id, res.Trajectory); terr != nil {

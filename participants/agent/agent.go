@@ -47,6 +47,7 @@ const (
 	DefaultConcurrency = 16
 	DefaultMaxLaunches = 16
 	DefaultReceiptWait = 10 * time.Second
+	DefaultAskAgain    = 30 * time.Second
 )
 
 // Config configures an Agent.
@@ -83,6 +84,11 @@ type Config struct {
 	// ReceiptWait is how long one wait for a launch's end may hold the
 	// daemon's receipt endpoint (default DefaultReceiptWait).
 	ReceiptWait time.Duration
+	// AskAgain is how often a long request to the owner (a grade) still
+	// unanswered is asked again (default DefaultAskAgain): core NATS
+	// delivers at most once, and a request or its answer lost with the
+	// owner's connection is a loss the agent's own connection never sees.
+	AskAgain time.Duration
 	// ModelURL is the model server's base URL as a sandbox reaches it:
 	// on a provider whose snapshots keep processes the agent points each
 	// sandbox's model relay at it (generation 1 before the first launch,
@@ -129,8 +135,8 @@ func (c *Config) validate() error {
 	if c.Adapter == nil {
 		errs = append(errs, fmt.Errorf("%w: Adapter is required", ErrInvalidConfig))
 	}
-	if c.Concurrency < 0 || c.MaxLaunches < 0 || c.ReceiptWait < 0 {
-		errs = append(errs, fmt.Errorf("%w: Concurrency, MaxLaunches and ReceiptWait must not be negative", ErrInvalidConfig))
+	if c.Concurrency < 0 || c.MaxLaunches < 0 || c.ReceiptWait < 0 || c.AskAgain < 0 {
+		errs = append(errs, fmt.Errorf("%w: Concurrency, MaxLaunches, ReceiptWait and AskAgain must not be negative", ErrInvalidConfig))
 	}
 	switch c.ClockPolicy {
 	case "":
@@ -153,6 +159,9 @@ func (c *Config) validate() error {
 	}
 	if c.ReceiptWait == 0 {
 		c.ReceiptWait = DefaultReceiptWait
+	}
+	if c.AskAgain == 0 {
+		c.AskAgain = DefaultAskAgain
 	}
 	return errors.Join(errs...)
 }
@@ -428,8 +437,9 @@ type run struct {
 	parkReq   *parkRequest
 	restored  bool
 	seeded    bool
-	launch    string // the launch in flight
-	sandbox   string // its sandbox
+	launch    string        // the launch in flight
+	sandbox   string        // its sandbox
+	waiter    chan struct{} // the service request waiting for its end (waitFor)
 }
 
 func (a *Agent) bookmark(r *run) agentapi.Bookmark {

@@ -91,16 +91,24 @@ var errOwnerUnanswered = errors.New("agent: the owner does not answer")
 // its answer, which may then never come.
 var errReconnected = errors.New("agent: the connection to NATS reconnected while the request waited")
 
-// reconnectPoll is how often acrossReconnects looks at the connection.
+// errAskAgain: a request waited every without an answer, which may have
+// been lost with the callee's connection.
+var errAskAgain = errors.New("agent: no answer yet; asking again")
+
+// reconnectPoll is how often askingAgain looks at the connection.
 const reconnectPoll = 250 * time.Millisecond
 
-// acrossReconnects runs a long request (a grade may take an hour) and asks
-// again when the connection reconnects while it waits: a request or its
-// answer in flight when a server went away is lost, and the request would
-// otherwise wait out its whole timeout, hours for a grade. The callee must take a repeated request: the owner's
+// askingAgain runs a long request (a grade may take an hour) and asks
+// again when the connection reconnects while it waits, and every every
+// (none when every is 0) while it has no answer. Core NATS delivers at
+// most once: a request or its answer in flight when a connection broke is
+// lost, and the request would otherwise wait out its whole timeout, hours
+// for a grade. The caller sees its own connection reconnect; a loss with
+// the callee's connection (a partition of the callee's node) only a
+// repeat finds. The callee must take a repeated request: the owner's
 // verify answers a repeat from the grade already asked (running, or
 // answered within verifyKept), not with a second grade.
-func acrossReconnects[T any](ctx context.Context, nc *nats.Conn, fn func(context.Context) (T, error)) (T, error) {
+func askingAgain[T any](ctx context.Context, nc *nats.Conn, every time.Duration, fn func(context.Context) (T, error)) (T, error) {
 	for {
 		if nc == nil {
 			return fn(ctx)
@@ -113,9 +121,18 @@ func acrossReconnects[T any](ctx context.Context, nc *nats.Conn, fn func(context
 			defer close(watched)
 			t := time.NewTicker(reconnectPoll)
 			defer t.Stop()
+			var again <-chan time.Time
+			if every > 0 {
+				at := time.NewTimer(every)
+				defer at.Stop()
+				again = at.C
+			}
 			for {
 				select {
 				case <-done:
+					return
+				case <-again:
+					cancel(errAskAgain)
 					return
 				case <-t.C:
 					if nc.Stats().Reconnects != before && nc.IsConnected() {
@@ -128,7 +145,12 @@ func acrossReconnects[T any](ctx context.Context, nc *nats.Conn, fn func(context
 		v, err := fn(rctx)
 		close(done)
 		<-watched
-		again := errors.Is(context.Cause(rctx), errReconnected) && ctx.Err() == nil
+		// Asked again only when the cancel was askingAgain's and it is what
+		// ended the request; an answer that came with it (a refusal too) is
+		// the request's outcome.
+		cause := context.Cause(rctx)
+		ours := errors.Is(cause, errReconnected) || errors.Is(cause, errAskAgain)
+		again := ours && ctx.Err() == nil && err != nil && (errors.Is(err, context.Canceled) || errors.Is(err, cause))
 		cancel(nil)
 		if !again {
 			return v, err

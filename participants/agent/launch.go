@@ -25,7 +25,7 @@ func (a *Agent) launchStage(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, er
 	if len(bm.Launches) >= a.cfg.MaxLaunches {
 		return bm, fmt.Errorf("agent: %s: gave up after %d launches", r.key, len(bm.Launches))
 	}
-	info, err := acrossReconnects(r.ctx, a.nc, func(ctx context.Context) (SessionInfo, error) {
+	info, err := askingAgain(r.ctx, a.nc, 0, func(ctx context.Context) (SessionInfo, error) {
 		return retryNoResponders(ctx, ownerAsk, func(ctx context.Context) (SessionInfo, error) {
 			return a.owner.SandboxAccess(ctx, bm.Session)
 		})

@@ -142,9 +142,10 @@ func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) 
 	r.at = atVerifying
 	a.mu.Unlock()
 	a.member.Notify()
-	// Asked again after a reconnect, each time with its own wait for the
-	// owner's service to be back (no responders) and its own VerifyWait.
-	verdict, err := acrossReconnects(r.ctx, a.nc, func(ctx context.Context) (json.RawMessage, error) {
+	// Asked again after a reconnect and every AskAgain, each time with its
+	// own wait for the owner's service to be back (no responders) and its
+	// own VerifyWait; a repeat joins the grade the first ask began.
+	verdict, err := askingAgain(r.ctx, a.nc, a.cfg.AskAgain, func(ctx context.Context) (json.RawMessage, error) {
 		return retryNoResponders(ctx, VerifyWait, func(ctx context.Context) (json.RawMessage, error) {
 			return a.verifyEnd(ctx, bm.Session)
 		})

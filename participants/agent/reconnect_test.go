@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -9,14 +10,16 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/stillpoint/stillpoint/internal/poll"
+	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
+	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
 
 // A request whose answer a server restart lost is asked again once the
 // connection is back, instead of waiting out its timeout: the first
 // request here is never answered (as one in flight when the server went
 // away), the server restarts, and the second is.
-func TestAcrossReconnectsAsksAgain(t *testing.T) {
+func TestAskingAgainAfterAReconnect(t *testing.T) {
 	env := jstest.Start(t)
 	callee, _ := env.Connect(t)
 	caller, _ := env.Connect(t)
@@ -39,7 +42,7 @@ func TestAcrossReconnectsAsksAgain(t *testing.T) {
 	}
 	answered := make(chan answer, 1)
 	go func() {
-		got, err := acrossReconnects(ctx, caller, func(ctx context.Context) (string, error) {
+		got, err := askingAgain(ctx, caller, 0, func(ctx context.Context) (string, error) {
 			m, err := caller.RequestWithContext(ctx, "grade", nil)
 			if err != nil {
 				return "", err
@@ -51,7 +54,7 @@ func TestAcrossReconnectsAsksAgain(t *testing.T) {
 	poll.Wait(t, 10*time.Second, "the first request", func() bool { return asked.Load() > 0 })
 	env.Restart(t)
 	if a := <-answered; a.err != nil || a.got != "graded" {
-		t.Fatalf("acrossReconnects = %q, %v; want the second request's answer", a.got, a.err)
+		t.Fatalf("askingAgain = %q, %v; want the second request's answer", a.got, a.err)
 	}
 	if n := asked.Load(); n < 2 {
 		t.Fatalf("the callee was asked %d times, want a second request after the reconnect", n)
@@ -60,18 +63,118 @@ func TestAcrossReconnectsAsksAgain(t *testing.T) {
 
 // Without a reconnect the request's own outcome is returned: a deadline
 // is not retried.
-func TestAcrossReconnectsKeepsTheOutcome(t *testing.T) {
+func TestAskingAgainKeepsTheOutcome(t *testing.T) {
 	env := jstest.Start(t)
 	nc, _ := env.Connect(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	calls := 0
-	_, err := acrossReconnects(ctx, nc, func(ctx context.Context) (string, error) {
+	_, err := askingAgain(ctx, nc, 0, func(ctx context.Context) (string, error) {
 		calls++
 		<-ctx.Done()
 		return "", ctx.Err()
 	})
 	if err != context.DeadlineExceeded || calls != 1 {
 		t.Fatalf("err %v after %d calls, want the deadline after 1", err, calls)
+	}
+}
+
+// A request whose answer was lost with the callee's connection, which the
+// caller's own connection never sees, is asked again every period: the
+// first request here is never answered, and no connection reconnects.
+func TestAskingAgainEveryPeriod(t *testing.T) {
+	env := jstest.Start(t)
+	callee, _ := env.Connect(t)
+	caller, _ := env.Connect(t)
+	var asked atomic.Int32
+	if _, err := callee.Subscribe("grade", func(m *nats.Msg) {
+		if asked.Add(1) > 1 {
+			_ = m.Respond([]byte("graded"))
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := callee.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	got, err := askingAgain(ctx, caller, 200*time.Millisecond, func(ctx context.Context) (string, error) {
+		m, err := caller.RequestWithContext(ctx, "grade", nil)
+		if err != nil {
+			return "", err
+		}
+		return string(m.Data), nil
+	})
+	if err != nil || got != "graded" {
+		t.Fatalf("askingAgain = %q, %v; want the second request's answer", got, err)
+	}
+	if n, r := asked.Load(), caller.Stats().Reconnects; n != 2 || r != 0 {
+		t.Fatalf("the callee was asked %d times with %d reconnects; want 2 asks, the second after the period, and none", n, r)
+	}
+}
+
+// A refusal is the request's outcome, not a reason to ask again.
+func TestAskingAgainKeepsARefusal(t *testing.T) {
+	env := jstest.Start(t)
+	nc, _ := env.Connect(t)
+	refused := errors.New("admission closed")
+	calls := 0
+	_, err := askingAgain(t.Context(), nc, time.Millisecond, func(ctx context.Context) (string, error) {
+		calls++
+		return "", refused
+	})
+	if err != refused || calls != 1 {
+		t.Fatalf("err %v after %d calls, want the refusal after 1", err, calls)
+	}
+}
+
+// A rollout request asked again (the controller asks every AskAgain while
+// it has no answer) takes the place of the one before it: the earlier
+// request is answered rollout_busy, never the rollout's result, and the
+// run goes on once, for the later request.
+func TestRolloutAskedAgainReplacesTheWaiter(t *testing.T) {
+	w := newWorld(t)
+	cl, err := agentapi.NewClient(w.env.Conn, testRun, "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	req := agentapi.Request{RolloutID: "r1", Task: task}
+	ask := func() <-chan error {
+		got := make(chan error, 1)
+		go func() {
+			_, err := cl.Rollout(ctx, req)
+			got <- err
+		}()
+		return got
+	}
+	waiter := func() chan struct{} {
+		w.agent.mu.Lock()
+		defer w.agent.mu.Unlock()
+		if r := w.agent.runs["r1"]; r != nil {
+			return r.waiter
+		}
+		return nil
+	}
+	first := ask()
+	poll.Wait(t, 10*time.Second, "the first request to wait", func() bool { return waiter() != nil })
+	req.SentTo = w.agent.member.Instance()
+	second := ask()
+	var se *jetstream.ServiceError
+	if err := <-first; !errors.As(err, &se) || se.Code != agentapi.CodeRolloutBusy {
+		t.Fatalf("the request a repeat replaced: %v, want rollout_busy", err)
+	}
+	select {
+	case err := <-second:
+		t.Fatalf("the repeat was answered %v while the run goes on", err)
+	default:
+	}
+	w.agent.mu.Lock()
+	n := len(w.agent.runs)
+	w.agent.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d runs, want the one the first request began", n)
 	}
 }

@@ -21,7 +21,9 @@ func classify(err error) (int, string) {
 		return 409, agentapi.CodeStaleAttempt
 	case errors.Is(err, ErrAttemptLost):
 		return 409, agentapi.CodeAttemptLost
-	case errors.Is(err, ErrBusy):
+	case errors.Is(err, ErrBusy), errors.Is(err, errAskedAgain):
+		// Busy with another attempt, or with this one under a later
+		// request: never the rollout's result.
 		return 409, agentapi.CodeRolloutBusy
 	case errors.Is(err, ErrParked):
 		return 409, agentapi.CodeParked
@@ -62,9 +64,12 @@ func (a *Agent) serve(ctx context.Context) (*jetstream.Service, error) {
 		if err != nil {
 			return nil, err
 		}
+		w := a.waitFor(r)
 		select {
 		case <-r.done:
 			return r.res, r.err
+		case <-w:
+			return nil, errAskedAgain
 		case <-ctx.Done():
 			return nil, ErrClosed
 		}
@@ -86,4 +91,22 @@ func (a *Agent) serviceMetadata() map[string]string {
 		md["instance"] = a.member.Instance()
 	}
 	return md
+}
+
+// errAskedAgain answers a rollout request that a repeat of it replaced:
+// its caller asked again, and waits for that one's answer.
+var errAskedAgain = errors.New("agent: rollout asked again; the later request gets the answer")
+
+// waitFor registers a request waiting for r's end in place of the one
+// before it, whose waiter it closes: the controller asks again while it
+// waits (an answer may be lost with this agent's connection), and a run of
+// hours asked every half minute then holds one waiter, not hundreds.
+func (a *Agent) waitFor(r *run) <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r.waiter != nil {
+		close(r.waiter)
+	}
+	r.waiter = make(chan struct{})
+	return r.waiter
 }

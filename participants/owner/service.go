@@ -38,6 +38,8 @@ func classify(err error) (int, string) {
 		return 409, "sandbox_exited"
 	case errors.Is(err, ErrNoClock):
 		return 409, "clock_unavailable"
+	case errors.Is(err, errVerifyAskedAgain):
+		return 409, "asked_again"
 	case errors.Is(err, ErrBadTask), errors.Is(err, events.ErrInvalid), errors.Is(err, provider.ErrInvalid), errors.Is(err, jetstream.ErrBadRequest):
 		return 400, "bad_request"
 	}
@@ -161,11 +163,28 @@ func (o *Owner) verify(ctx context.Context, r ownerapi.VerifyRequest) (ownerapi.
 	}
 	f, ok := o.verifies[r.SessionID]
 	if ok && f.end == r.End && f.current(o.sessions[r.SessionID]) {
+		// The agent asks again while it waits (a lost request or answer):
+		// this request waits for the grade instead of the one before it,
+		// which its caller no longer waits for, so that a grade asked
+		// every minute for an hour holds one waiter, not sixty.
+		if f.waiter != nil {
+			close(f.waiter)
+		}
+		w := make(chan struct{})
+		f.waiter = w
 		o.mu.Unlock()
-		o.log.Info().Str("session", r.SessionID).Msg("verify asked again (a lost answer?); answering from the grade already asked")
+		ev := o.log.Debug()
+		select {
+		case <-f.done:
+			ev = o.log.Info() // answered already: that answer was lost, or is late
+		default:
+		}
+		ev.Str("session", r.SessionID).Msg("verify asked again; answering from the grade already asked")
 		select {
 		case <-f.done:
 			return f.res, f.err
+		case <-w:
+			return ownerapi.VerifyResult{}, errVerifyAskedAgain
 		case <-ctx.Done():
 			return ownerapi.VerifyResult{}, ctx.Err()
 		}
@@ -212,10 +231,15 @@ const verifyKept = 10 * time.Minute
 type verifyFlight struct {
 	done    chan struct{}
 	end     bool
-	sandbox string // the session's sandbox when it was asked
+	sandbox string        // the session's sandbox when it was asked
+	waiter  chan struct{} // closed when a later repeat takes its place; guarded by Owner.mu
 	res     ownerapi.VerifyResult
 	err     error
 }
+
+// errVerifyAskedAgain answers a repeated verify that a later repeat
+// replaced: its caller asked again, and waits for that one's answer.
+var errVerifyAskedAgain = errors.New("owner: verify asked again; the later request gets the answer")
 
 // current tells whether the flight answers for the session as it is now:
 // still on the sandbox it graded, or ended (gone) by that grade. A session

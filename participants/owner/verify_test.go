@@ -256,3 +256,68 @@ func isServiceCode(err error, code string) bool {
 	var se *jetstream.ServiceError
 	return errors.As(err, &se) && se.Code == code
 }
+
+// A verify asked again and again while its grade runs (an agent asks
+// again every AskAgain) holds one waiter: each repeat takes the place of
+// the one before it, which is answered that a later request gets the
+// verdict, while the grade goes on once.
+func TestVerifyRepeatTakesThePlaceOfTheOneBefore(t *testing.T) {
+	env := jstest.Start(t)
+	d := newDir(t)
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	cfg := baseConfig(t, env, d, "o1")
+	cfg.TaskKind = TaskFuncs{GradeFn: func(ctx context.Context, _ Execer, s *Session) (json.RawMessage, error) {
+		entered <- struct{}{}
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return json.RawMessage(`{"reward":1}`), nil
+	}}
+	o := newOwner(t, cfg)
+	c := serve(t, env, o)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := o.StartSession(ctx, "s1", ep("r1", 0), provider.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		v   ownerapi.VerifyResult
+		err error
+	}
+	ask := func() <-chan answer {
+		got := make(chan answer, 1)
+		go func() {
+			v, err := c.VerifyEnd(ctx, ownerapi.VerifyRequest{SessionID: "s1", End: true})
+			got <- answer{v, err}
+		}()
+		return got
+	}
+	waiter := func() chan struct{} {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if f := o.verifies["s1"]; f != nil {
+			return f.waiter
+		}
+		return nil
+	}
+	first := ask()
+	<-entered
+	second := ask()
+	poll.Wait(t, 10*time.Second, "the repeat to wait", func() bool { return waiter() != nil })
+	w := waiter()
+	third := ask()
+	a := <-second // before the grade ends
+	var se *jetstream.ServiceError
+	if !errors.As(a.err, &se) || se.Code != "asked_again" {
+		t.Fatalf("the repeat a later one replaced: %+v, want told a later request gets the verdict", a)
+	}
+	poll.Wait(t, 10*time.Second, "the third to wait", func() bool { return waiter() != w })
+	close(release)
+	for _, got := range []<-chan answer{first, third} {
+		if a := <-got; a.err != nil || string(a.v.Result) != `{"reward":1}` {
+			t.Fatalf("verdict: %+v, want the one grade's", a)
+		}
+	}
+}
