@@ -71,7 +71,7 @@ LONG      ?= 1
 CHAOS_FAULTS ?= bridge,agent,owner,fleet,node,preempt,sandboxd,harness,stall,collector,nats
 CHAOS_SEED   ?= 1
 
-.PHONY: all help build test test-heavy test-soak bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak chaos-netns soak-netns faults faults-netns ci clean microvm-assets swe-base timeline-png
+.PHONY: all help build test test-heavy test-soak bench-once test-short e2e test-loaded flakes lint fuzz bench chaos soak chaos-netns soak-netns faults ci clean microvm-assets swe-base timeline-png
 
 all: build
 
@@ -178,12 +178,6 @@ fuzz:
 ## faults: the fault matrix of docs/RELIABILITY.md (e2e/faults, about 7 minutes).
 faults:
 	$(GO) test -race -count=1 -timeout 40m ./e2e/faults/
-
-## faults-netns: the fault matrix's partition row (e2e/faults
-## TestFaultMatrixPartition, about 4 minutes; as root), kept out of
-## .ci/run while docs/RELIABILITY.md lists its finding as open.
-faults-netns:
-	STILLPOINT_TIER=soak $(GO) test -race -count=1 -timeout 40m ./e2e/faults/
 
 ## chaos: a 2-minute run of the chaos injector, e2e/cmd/chaos (random
 ## faults in rounds of collection, every PROTOCOL §7 invariant checked

@@ -77,6 +77,12 @@ var faultMatrix = []struct {
 	// and back: killed at the point, started again on its store once a
 	// checkpoint ended without it.
 	{"cluster-node", []string{"nats-node@prepare", "nats-node@commit", "nats-node@commit-acked", "nats-node@committed", "nats-node@resume"}, []string{"--cluster"}},
+	// A node of an agent and its owner cut off from the bus and the model
+	// (its NATS servers, the bridge, the other node) past its lease, both
+	// ways and one way, each node in a network namespace of its own
+	// (--netns): the checkpoints commit without it and carry its rollouts;
+	// healed, it acts on no stale phase, and nothing is lost or twice.
+	{"partition", []string{"partition@prepare", "partition@committed", "partition-oneway@prepare", "partition-oneway@commit"}, []string{"--netns"}},
 	// The NATS cluster split into a minority and a majority; latency,
 	// jitter and a bandwidth bound; random loss.
 	{"network", []string{"split@prepare", "split@commit", "slow@prepare", "lossy@commit"}, []string{"--netns"}},
@@ -233,22 +239,4 @@ func splitRun(s string) []string {
 		}
 	}
 	return append(parts, s[from:])
-}
-
-// partitionRounds is the partition row: a node of an agent and its owner
-// cut off from the bus and the model (its NATS servers, the bridge, the
-// other node) past its lease, both ways and one way, each node in a
-// network namespace of its own (--netns): the checkpoints commit without
-// it and carry its rollouts; healed, it acts on no stale phase, and
-// nothing is lost or twice.
-var partitionRounds = []string{"partition@prepare", "partition@committed", "partition-oneway@prepare", "partition-oneway@commit"}
-
-// TestFaultMatrixPartition runs the partition row. It is of the soak tier
-// (make faults-netns), outside .ci/run, while docs/RELIABILITY.md lists
-// as open the rollouts a partition at a commit left parked, which a
-// fresh-clone CI run found in its second round.
-func TestFaultMatrixPartition(t *testing.T) {
-	tier.Soak(t)
-	p := startChaos(t, "--rollouts", "4", "--tool-time", "5s", "--every", "1500ms", "--plan", strings.Join(partitionRounds, ","), "--netns")
-	checkChaos(t, p, len(partitionRounds))
 }
