@@ -445,7 +445,8 @@ func (w *chaosWorld) round(ctx context.Context, k int, plan []plannedFault, pick
 	run := fmt.Sprintf("chaos%d-%08x", k, uint32(time.Now().UnixNano()))
 	d := demo.NewFleet(demo.FleetConfig{Env: demo.Env{Stdout: w.env.Stdout, Stderr: w.env.Stderr}, Who: "chaos " + run, Dir: filepath.Join(w.dir, run),
 		Program: w.program, Sandboxd: w.sandboxd, Harness: w.harness, NATSURL: w.natsURL, Run: run, Token: fmt.Sprintf("chaos-%d", time.Now().UnixNano()),
-		Rollouts: w.f.rollouts, Agents: w.f.agents, Provider: w.f.provider, Tool: cmp.Or(w.tool, w.f.tool), Steps: w.f.steps, Wrap: w.wrap()})
+		Rollouts: w.f.rollouts, Agents: w.f.agents, Provider: w.f.provider, Tool: cmp.Or(w.tool, w.f.tool), Steps: w.f.steps, Wrap: w.wrap(),
+		RegisterWait: w.registerWait()})
 	defer d.StopAll()
 	var names []string
 	for _, p := range plan {

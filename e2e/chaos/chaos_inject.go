@@ -34,6 +34,10 @@ type injector struct {
 	missed      map[string]int
 	missedNames []string // the faults that missed, kind@point
 	down        string   // the agent of the node a node fault left down for a preempt
+
+	// applied, when set, is called by a network fault once it is in place
+	// (run: the faults after it land while it holds).
+	applied func()
 }
 
 func (i *injector) count(kind string, hit bool) {
@@ -92,6 +96,10 @@ func lastLine(s string) string {
 
 // run injects the planned faults other than the bridge's, one after the
 // other: each after its delay, at the next phase of its kind on the bus.
+// A network fault holds while the faults after it land (a fleet killed
+// while a node is cut off: its sandboxes' daemons, which outlive their
+// owner, are members of the epoch before the restore), and heals before
+// run returns.
 func (i *injector) run(ctx context.Context, plan []plannedFault, done func() int) {
 	phases := make(chan events.Phase, 64)
 	sub, err := i.nc.Subscribe(events.RunFilter(i.d.RunID()), func(m *nats.Msg) {
@@ -109,11 +117,24 @@ func (i *injector) run(ctx context.Context, plan []plannedFault, done func() int
 		return
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	var holds sync.WaitGroup
+	defer holds.Wait()
 	for k, p := range plan {
 		if p.kind == FaultBridge {
 			continue
 		}
 		next := nextKind(plan, k)
+		if isNetFault(p.kind) && next != "" {
+			applied := make(chan struct{})
+			var once sync.Once
+			i.applied = func() { once.Do(func() { close(applied) }) }
+			holds.Go(func() {
+				defer i.applied()
+				i.one(ctx, p, next, phases, done)
+			})
+			<-applied // in place, or missed
+			continue
+		}
 		i.one(ctx, p, next, phases, done)
 		if next != FaultPreempt && ctx.Err() == nil {
 			// A node left down for the preempt comes back once the

@@ -43,3 +43,13 @@ const (
 
 // isNetFault reports whether kind is a network fault.
 func isNetFault(kind string) bool { return slices.Contains(netFaults, kind) }
+
+// registerWait is how long a process of the fleet started again may take
+// to register: with --netns, past a partition's hold, since a node cut
+// off registers once it heals (a fleet killed while a node is cut off).
+func (w *chaosWorld) registerWait() time.Duration {
+	if w.net == nil {
+		return 0
+	}
+	return partitionHold + 30*time.Second
+}

@@ -223,6 +223,9 @@ func (i *injector) netFault(ctx context.Context, p plannedFault) error {
 	default:
 		return fmt.Errorf("unknown network fault %q", p.kind)
 	}
+	if i.applied != nil {
+		i.applied()
+	}
 	t := time.NewTimer(hold)
 	defer t.Stop()
 	select {

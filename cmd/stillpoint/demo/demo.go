@@ -179,6 +179,8 @@ type Fleet struct {
 	metricsAddrs map[string]string
 	// wrap is FleetConfig.Wrap.
 	wrap func(proc string) []string
+	// registerWait bounds waitMember (FleetConfig.RegisterWait).
+	registerWait time.Duration
 
 	mu    sync.Mutex
 	procs map[string]*child.Process // the latest process of each name

@@ -37,7 +37,11 @@ func (d *Fleet) Process(name string) *child.Process {
 // to register.
 func (d *Fleet) waitMember(ctx context.Context, bus *jetstream.Bus, m events.Member, not string, proc string) error {
 	p := d.Process(proc)
-	wctx, cancel := context.WithTimeoutCause(ctx, 30*time.Second,
+	wait := d.registerWait
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
+	wctx, cancel := context.WithTimeoutCause(ctx, wait,
 		fmt.Errorf("demo: %s did not register; see %s", m, filepath.Join(d.dir, "logs", proc+".log")))
 	defer cancel()
 	return poll.Until(wctx, poll.Every(50*time.Millisecond), func() (bool, error) {

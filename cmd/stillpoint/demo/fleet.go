@@ -38,13 +38,17 @@ type FleetConfig struct {
 	// then runs the rest, say. nil or an empty prefix starts the process
 	// as it is.
 	Wrap func(proc string) []string
+	// RegisterWait bounds the wait for a process started again to register
+	// (default 30 s); a node cut off from the bus registers only once the
+	// cut heals.
+	RegisterWait time.Duration
 }
 
 // NewFleet returns the world of one run of the scripted task set, with no
 // process started yet.
 func NewFleet(c FleetConfig) *Fleet {
 	return &Fleet{env: c.Env, who: c.Who, dir: c.Dir, self: c.Program, sandboxd: c.Sandboxd, harness: c.Harness,
-		natsURL: c.NATSURL, run: c.Run, token: c.Token, procs: map[string]*child.Process{}, wrap: c.Wrap,
+		natsURL: c.NATSURL, run: c.Run, token: c.Token, procs: map[string]*child.Process{}, wrap: c.Wrap, registerWait: c.RegisterWait,
 		f:   demoFlags{rollouts: c.Rollouts, agents: c.Agents, provider: c.Provider, tool: c.Tool, steps: c.Steps, harness: harnessScripted},
 		log: zerolog.New(c.Env.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()}
 }
