@@ -2,8 +2,12 @@ package netns
 
 import (
 	"bufio"
+	"errors"
 	"net"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -114,12 +118,65 @@ func TestProxyLatency(t *testing.T) {
 	if err := p.SetLatency(time.Millisecond, time.Second); err == nil {
 		t.Fatal("SetLatency took a jitter above the latency")
 	}
+	carried, err := net.DialTimeout("tcp", p.Addr(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer carried.Close()
+	if !listening(t, p.Addr()) {
+		t.Fatalf("no socket of this process listens on %s before Close", p.Addr())
+	}
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
+	// Not a dial: on a busy machine another process may listen on the
+	// freed port, or a dial to it may connect to itself.
+	if listening(t, p.Addr()) {
 		t.Fatal("the proxy listens after Close")
 	}
+	_ = carried.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := bufio.NewReader(carried).ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a connection the proxy carried is open after Close: read %v", err)
+	}
+}
+
+// listening tells whether a socket of this process listens on addr's TCP
+// port (/proc/net/tcp, LISTEN, matched to this process's descriptors).
+func listening(t *testing.T, addr string) bool {
+	t.Helper()
+	_, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inodes := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) < 10 || f[3] != "0A" {
+			continue
+		}
+		_, hexPort, _ := strings.Cut(f[1], ":")
+		if p, err := strconv.ParseUint(hexPort, 16, 16); err == nil && int(p) == port {
+			inodes["socket:["+f[9]+"]"] = true
+		}
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		if l, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && inodes[l] {
+			return true
+		}
+	}
+	return false
 }
 
 func median(d []time.Duration) time.Duration {
