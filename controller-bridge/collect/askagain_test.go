@@ -3,6 +3,7 @@ package collect
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -94,5 +95,46 @@ func TestRolloutAskedOnceWhenAnswered(t *testing.T) {
 	})
 	if err != context.Canceled || calls != 1 {
 		t.Fatalf("err %v after %d calls, want the caller's cancel after 1", err, calls)
+	}
+}
+
+// A request whose agent process the dispatch log does not know (sent
+// before the agent's heartbeat was seen) is asked once and waited for: a
+// repeat naming no process could reach a successor, which would run the
+// attempt again.
+func TestRolloutToAnUnknownProcessIsNotAskedAgain(t *testing.T) {
+	c := &Collector{cfg: Config{AskAgain: 50 * time.Millisecond}, log: zerolog.Nop(),
+		sentTo: map[string]dispatchEntry{"r1": {RolloutID: "r1", Agent: "a1"}}}
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	calls := 0
+	req := agent.Request{RolloutID: "r1"}
+	_, err := c.askAgain(ctx, &req, func(ctx context.Context, req agent.Request) (agent.Result, error) {
+		calls++
+		<-ctx.Done()
+		return agent.Result{}, ctx.Err()
+	})
+	if !errors.Is(err, context.DeadlineExceeded) || calls != 1 {
+		t.Fatalf("err %v after %d calls; want the caller's deadline after 1, with no repeat", err, calls)
+	}
+}
+
+// A request whose tries found no responders when AskAgain ran out (its
+// agent away) is asked again, not returned for a new dispatch.
+func TestRolloutWithNoRespondersIsAskedAgain(t *testing.T) {
+	c := &Collector{cfg: Config{AskAgain: 50 * time.Millisecond}, log: zerolog.Nop(),
+		sentTo: map[string]dispatchEntry{"r1": {RolloutID: "r1", Agent: "a1", Instance: "i-first"}}}
+	calls := 0
+	req := agent.Request{RolloutID: "r1"}
+	res, err := c.askAgain(t.Context(), &req, func(ctx context.Context, req agent.Request) (agent.Result, error) {
+		calls++
+		if calls < 3 {
+			<-ctx.Done()
+			return agent.Result{}, nats.ErrNoResponders
+		}
+		return agent.Result{RolloutID: req.RolloutID}, nil
+	})
+	if err != nil || res.RolloutID != "r1" || calls != 3 {
+		t.Fatalf("askAgain = %+v, %v after %d calls; want the third ask's answer", res, err, calls)
 	}
 }

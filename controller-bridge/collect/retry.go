@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/stillpoint/stillpoint/jetstream/live"
 	agent "github.com/stillpoint/stillpoint/participants/agent/agentapi"
 )
 
@@ -76,13 +77,26 @@ var errAskAgain = errors.New("collect: no answer yet; asking again")
 // no answer comes. A repeat names the agent process the request went to
 // (SentTo, from the dispatch log): that process answers it from the run
 // it has, or the answer it kept; any other refuses it (attempt_lost),
-// never runs the attempt a second time.
+// never runs the attempt a second time. A request whose process the
+// dispatch log does not know (sent before the agent's heartbeat was seen)
+// is asked once and waited for, as a repeat could reach a successor that
+// would run it again.
 func (c *Collector) askAgain(ctx context.Context, req *agent.Request, ask func(context.Context, agent.Request) (agent.Result, error)) (agent.Result, error) {
 	for {
+		if req.SentTo == "" {
+			c.mu.Lock()
+			known := c.sentTo[req.RolloutID].Instance != ""
+			c.mu.Unlock()
+			if !known {
+				return ask(ctx, *req)
+			}
+		}
 		actx, cancel := context.WithTimeoutCause(ctx, c.cfg.AskAgain, errAskAgain)
 		res, err := ask(actx, *req)
+		// Its own timeout ended it: the request's deadline, or the wait
+		// between two tries of an agent not answering (no responders).
 		again := err != nil && ctx.Err() == nil && errors.Is(context.Cause(actx), errAskAgain) &&
-			(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errAskAgain))
+			(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errAskAgain) || live.NoResponders(err))
 		cancel()
 		if !again {
 			return res, err

@@ -26,7 +26,7 @@ type injector struct {
 	agents    []string
 	ids       []string // the round's rollouts
 	modelURL  string
-	rng       *rand.Rand        // whom a fault hits; used by run alone
+	rng       *rand.Rand        // whom a fault hits; used by run, and by a held network fault before it is in place
 	collector *collectorProcess // the round's collector, when a fault kills it
 
 	mu          sync.Mutex

@@ -47,6 +47,11 @@ const (
 	// codeOwnerSandboxExited: the session's sandbox's init exited (its
 	// daemon died): nothing runs there any more.
 	codeOwnerSandboxExited = "sandbox_exited"
+	// codeOwnerAskedAgain: a later repeat of the verify took this one's
+	// place at the owner. Repeats sent together (buffered through a cut)
+	// may reach the owner in any order, so the one the agent waits on can
+	// be the one replaced: never an outcome, it waits for the next ask.
+	codeOwnerAskedAgain = "asked_again"
 )
 
 // SessionInfo is what the owner tells the agent of a session: its current
@@ -146,9 +151,14 @@ func (a *Agent) verify(r *run, bm agentapi.Bookmark) (agentapi.Bookmark, error) 
 	// own wait for the owner's service to be back (no responders) and its
 	// own VerifyWait; a repeat joins the grade the first ask began.
 	verdict, err := askingAgain(r.ctx, a.nc, a.cfg.AskAgain, func(ctx context.Context) (json.RawMessage, error) {
-		return retryNoResponders(ctx, VerifyWait, func(ctx context.Context) (json.RawMessage, error) {
+		v, err := retryNoResponders(ctx, VerifyWait, func(ctx context.Context) (json.RawMessage, error) {
 			return a.verifyEnd(ctx, bm.Session)
 		})
+		if isCode(err, codeOwnerAskedAgain) && ctx.Err() == nil {
+			<-ctx.Done() // askingAgain's next ask, or the run's end
+			return v, context.Cause(ctx)
+		}
+		return v, err
 	})
 	if isAdmissionClosed(err) {
 		return bm, errAdmissionClosed

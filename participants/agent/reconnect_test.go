@@ -9,10 +9,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/stillpoint/stillpoint/events"
 	"github.com/stillpoint/stillpoint/internal/poll"
 	"github.com/stillpoint/stillpoint/jetstream"
 	"github.com/stillpoint/stillpoint/jetstream/jstest"
 	"github.com/stillpoint/stillpoint/participants/agent/agentapi"
+	"github.com/stillpoint/stillpoint/participants/owner/ownerapi"
+	"github.com/stillpoint/stillpoint/participants/owner/provider"
 )
 
 // A request whose answer a server restart lost is asked again once the
@@ -176,5 +179,50 @@ func TestRolloutAskedAgainReplacesTheWaiter(t *testing.T) {
 	w.agent.mu.Unlock()
 	if n != 1 {
 		t.Fatalf("%d runs, want the one the first request began", n)
+	}
+}
+
+// askingOwner is the world's owner as the agent calls it, except that its
+// first verify answer is lost (as with a connection cut off), and its
+// second is asked_again (the repeat before it took its place: repeats
+// buffered through a cut reach the owner in any order).
+type askingOwner struct {
+	*stallingOwner
+	asks atomic.Int32
+}
+
+func (o *askingOwner) VerifyEnd(ctx context.Context, r ownerapi.VerifyRequest) (ownerapi.VerifyResult, error) {
+	switch o.asks.Add(1) {
+	case 1:
+		return ownerapi.VerifyResult{}, o.hang(ctx)
+	case 2:
+		return ownerapi.VerifyResult{}, &jetstream.ServiceError{Status: 409, Code: codeOwnerAskedAgain, Detail: "a later request gets the answer"}
+	}
+	return o.stallingOwner.Owner.VerifyEnd(ctx, r)
+}
+
+// A grade whose answer was lost is asked again after AskAgain; a repeat
+// another took the place of is no outcome, and waits for the next ask:
+// the rollout gets the owner's verdict, not a failure.
+func TestVerifyAskedAgainUntilAnswered(t *testing.T) {
+	w := newWorld(t)
+	if _, err := w.owner.StartSession(t.Context(), "r1", events.Episode{Rollout: "r1", Attempt: 1}, provider.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	o := &askingOwner{stallingOwner: newStallingOwner(t, w, "")}
+	a, _ := startAgent(t, w, o, nil, func(c *Config) { c.AskAgain = 300 * time.Millisecond })
+	bm := agentapi.Bookmark{V: 1, Next: agentapi.StageVerify, Rollout: "r1", Task: task, Session: "r1", Owner: "o1",
+		Answer: []byte(`"42"`), Launches: []agentapi.LaunchRecord{{ID: "r1.l1", Sandbox: "sb-r1", Ended: agentapi.LaunchFinished}}}
+	if _, err := a.Install(t.Context(), events.Restore{}, []events.Record{record(t, "r1", bm)}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	res, err := a.Rollout(ctx, agentapi.Request{RolloutID: "r1", Attempt: 1, Task: task})
+	if err != nil || string(res.Verdict) != `{"reward":1}` {
+		t.Fatalf("Rollout = %+v, %v; want the owner's verdict", res, err)
+	}
+	if n := o.asks.Load(); n != 3 {
+		t.Fatalf("verify asked %d times, want 3 (one answer lost, one replaced, one answered)", n)
 	}
 }
