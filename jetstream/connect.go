@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -26,8 +27,9 @@ const (
 	// ends first: a process started beside a busy server (a loaded
 	// machine, a guest under emulation behind its user-mode network) may
 	// need more than one dial's 2 s, and a member that exits takes its
-	// sandbox with it. A refused connection or an authentication error is
-	// not tried again.
+	// sandbox with it. A network that cannot be reached (no route: a link
+	// down) is tried again so too, a dial's timeout apart. A refused
+	// connection or an authentication error is not tried again.
 	SlowConnectFor = 30 * time.Second
 	// MaxConnectTimeout bounds one dial of the first connection's tries.
 	MaxConnectTimeout = 10 * time.Second
@@ -85,7 +87,8 @@ func (c ConnConfig) Validate() error {
 // attempts; opts are applied last and override these defaults (add handlers for disconnect and
 // reconnect there). The first connection is tried again while the server does not answer in time,
 // each dial waiting twice as long as the last (ConnectTimeout first), until ctx's deadline or for
-// SlowConnectFor when it has none; a refused connection fails at once. Errors name what failed
+// SlowConnectFor when it has none, and so is one to a network that cannot be reached; a refused
+// connection fails at once. Errors name what failed
 // (the config field, the file, or the servers, with credentials in URLs redacted).
 func Connect(ctx context.Context, cfg ConnConfig, opts ...nats.Option) (*nats.Conn, error) {
 	if err := cfg.Validate(); err != nil {
@@ -141,10 +144,26 @@ func Connect(ctx context.Context, cfg ConnConfig, opts ...nats.Option) (*nats.Co
 		if err == nil {
 			return nc, nil
 		}
-		if !timedOut(err) || ctx.Err() != nil || time.Until(deadline) <= 0 {
+		if !(timedOut(err) || unreachable(err)) || ctx.Err() != nil || time.Until(deadline) <= 0 {
 			return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), err)
 		}
+		if unreachable(err) {
+			// Said at once, where a dropped dial takes its timeout: wait
+			// that long before the next.
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("jetstream: connect to %s: %w", redactURLs(cfg.URL), err)
+			case <-time.After(min(timeout, time.Until(deadline))):
+			}
+		}
 	}
+}
+
+// unreachable tells whether a connection failed because no route leads to
+// the server now (its node's link is down, say): the network's state, as
+// a dial that gets no answer is, not a refusal.
+func unreachable(err error) bool {
+	return errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.EHOSTUNREACH)
 }
 
 // timedOut tells whether a connection failed for want of an answer in

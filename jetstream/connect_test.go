@@ -9,9 +9,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
 	"github.com/stillpoint/stillpoint/jetstream"
@@ -179,5 +181,48 @@ func TestIsNKeySeedFile(t *testing.T) {
 	}
 	if _, err := jetstream.IsNKeySeedFile(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing file: %v, want ErrNotExist", err)
+	}
+}
+
+// unreachableDialer fails its first fail dials as a node whose link is
+// down does (no route, said at once), then dials.
+type unreachableDialer struct {
+	mu    sync.Mutex
+	fail  int
+	dials int
+}
+
+func (d *unreachableDialer) Dial(network, address string) (net.Conn, error) {
+	d.mu.Lock()
+	d.dials++
+	n := d.dials
+	d.mu.Unlock()
+	if n <= d.fail {
+		return nil, &net.OpError{Op: "dial", Net: network, Err: &os.SyscallError{Syscall: "connect", Err: syscall.ENETUNREACH}}
+	}
+	return net.Dial(network, address)
+}
+
+// A network that cannot be reached when a member starts (its node's link
+// down) is waited for as a server that does not answer is, a dial's
+// timeout apart, not taken for a refusal: a member that exits takes its
+// sandbox with it.
+func TestConnectWhileTheNetworkIsUnreachable(t *testing.T) {
+	env := jstest.Start(t, jstest.WithoutProvision())
+	ctx := testContext(t)
+	d := &unreachableDialer{fail: 2}
+	began := time.Now()
+	nc, err := jetstream.Connect(ctx, jetstream.ConnConfig{URL: env.URL}, nats.SetCustomDialer(d))
+	if err != nil {
+		t.Fatalf("Connect while the network is unreachable for two dials: %v", err)
+	}
+	defer nc.Close()
+	if took := time.Since(began); took < 2*jetstream.ConnectTimeout {
+		t.Fatalf("connected after %s: the two unreachable dials were not a dial's timeout apart (%s, then twice that)", took, jetstream.ConnectTimeout)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.dials != 3 {
+		t.Fatalf("%d dials, want 3: two unreachable, one that connected", d.dials)
 	}
 }
