@@ -479,24 +479,6 @@ func (a *Agent) drive(r *run) {
 	ev.Int("launches", len(res.Launches)).Msg("rollout ended")
 }
 
-// MaxFinished is how many ended rollouts an agent remembers, so that a
-// request asked again (by a controller that restarted) gets the same
-// answer instead of a second run.
-const MaxFinished = 8192
-
-// remember keeps r's outcome; the caller holds a.mu.
-func (a *Agent) remember(r *run) {
-	a.finished[r.ep.Rollout] = r
-	a.order = append(a.order, r)
-	for len(a.order) > MaxFinished {
-		old := a.order[0]
-		if a.finished[old.ep.Rollout] == old {
-			delete(a.finished, old.ep.Rollout)
-		}
-		a.order = a.order[1:]
-	}
-}
-
 func (a *Agent) queue(r *run) (agentapi.Result, error) {
 	select {
 	case a.slots <- struct{}{}:

@@ -24,19 +24,8 @@ import (
 // away), the server restarts, and the second is.
 func TestAskingAgainAfterAReconnect(t *testing.T) {
 	env := jstest.Start(t)
-	callee, _ := env.Connect(t)
 	caller, _ := env.Connect(t)
-	var asked atomic.Int32
-	if _, err := callee.Subscribe("grade", func(m *nats.Msg) {
-		if asked.Add(1) > 1 {
-			_ = m.Respond([]byte("graded"))
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := callee.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	asked := gradeLosingTheFirst(t, env)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	type answer struct {
@@ -87,19 +76,8 @@ func TestAskingAgainKeepsTheOutcome(t *testing.T) {
 // first request here is never answered, and no connection reconnects.
 func TestAskingAgainEveryPeriod(t *testing.T) {
 	env := jstest.Start(t)
-	callee, _ := env.Connect(t)
 	caller, _ := env.Connect(t)
-	var asked atomic.Int32
-	if _, err := callee.Subscribe("grade", func(m *nats.Msg) {
-		if asked.Add(1) > 1 {
-			_ = m.Respond([]byte("graded"))
-		}
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := callee.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	asked := gradeLosingTheFirst(t, env)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	got, err := askingAgain(ctx, caller, 200*time.Millisecond, func(ctx context.Context) (string, error) {
@@ -225,4 +203,24 @@ func TestVerifyAskedAgainUntilAnswered(t *testing.T) {
 	if n := o.asks.Load(); n != 3 {
 		t.Fatalf("verify asked %d times, want 3 (one answer lost, one replaced, one answered)", n)
 	}
+}
+
+// gradeLosingTheFirst serves subject "grade" on a connection of its own,
+// answering "graded" to every request but the first, which it takes and
+// never answers (as one whose answer was lost); it counts the requests.
+func gradeLosingTheFirst(t *testing.T, env *jstest.Env) *atomic.Int32 {
+	t.Helper()
+	callee, _ := env.Connect(t)
+	asked := new(atomic.Int32)
+	if _, err := callee.Subscribe("grade", func(m *nats.Msg) {
+		if asked.Add(1) > 1 {
+			_ = m.Respond([]byte("graded"))
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := callee.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return asked
 }

@@ -93,6 +93,24 @@ func (a *Agent) serviceMetadata() map[string]string {
 	return md
 }
 
+// MaxFinished is how many ended rollouts an agent remembers, so that a
+// request asked again (by a controller that restarted) gets the same
+// answer instead of a second run.
+const MaxFinished = 8192
+
+// remember keeps r's outcome; the caller holds a.mu.
+func (a *Agent) remember(r *run) {
+	a.finished[r.ep.Rollout] = r
+	a.order = append(a.order, r)
+	for len(a.order) > MaxFinished {
+		old := a.order[0]
+		if a.finished[old.ep.Rollout] == old {
+			delete(a.finished, old.ep.Rollout)
+		}
+		a.order = a.order[1:]
+	}
+}
+
 // errAskedAgain answers a rollout request that a repeat of it replaced:
 // its caller asked again, and waits for that one's answer.
 var errAskedAgain = errors.New("agent: rollout asked again; the later request gets the answer")

@@ -25,26 +25,8 @@ import (
 // the verdict comes only then, and the session ends after it; a verify
 // asked while the checkpoint is open is refused.
 func TestVerifyInFlightIsABoundary(t *testing.T) {
-	env := jstest.Start(t)
-	d := newDir(t)
-	entered, release := make(chan struct{}, 1), make(chan struct{})
-	cfg := baseConfig(t, env, d, "o1")
-	cfg.TaskKind = TaskFuncs{GradeFn: func(ctx context.Context, _ Execer, s *Session) (json.RawMessage, error) {
-		entered <- struct{}{}
-		select {
-		case <-release:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		return json.RawMessage(`{"reward":1}`), nil
-	}}
-	o := newOwner(t, cfg)
-	c := serve(t, env, o)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	if _, err := o.StartSession(ctx, "s1", ep("r1", 0), provider.Spec{}); err != nil {
-		t.Fatal(err)
-	}
+	g := newGatedGrade(t)
+	o, c, d, ctx, entered, release := g.o, g.c, g.d, g.ctx, g.entered, g.release
 	type answer struct {
 		v   ownerapi.VerifyResult
 		err error
@@ -262,26 +244,8 @@ func isServiceCode(err error, code string) bool {
 // the one before it, which is answered that a later request gets the
 // verdict, while the grade goes on once.
 func TestVerifyRepeatTakesThePlaceOfTheOneBefore(t *testing.T) {
-	env := jstest.Start(t)
-	d := newDir(t)
-	entered, release := make(chan struct{}, 1), make(chan struct{})
-	cfg := baseConfig(t, env, d, "o1")
-	cfg.TaskKind = TaskFuncs{GradeFn: func(ctx context.Context, _ Execer, s *Session) (json.RawMessage, error) {
-		entered <- struct{}{}
-		select {
-		case <-release:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		return json.RawMessage(`{"reward":1}`), nil
-	}}
-	o := newOwner(t, cfg)
-	c := serve(t, env, o)
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	if _, err := o.StartSession(ctx, "s1", ep("r1", 0), provider.Spec{}); err != nil {
-		t.Fatal(err)
-	}
+	g := newGatedGrade(t)
+	o, c, ctx, entered, release := g.o, g.c, g.ctx, g.entered, g.release
 	type answer struct {
 		v   ownerapi.VerifyResult
 		err error
@@ -309,8 +273,7 @@ func TestVerifyRepeatTakesThePlaceOfTheOneBefore(t *testing.T) {
 	w := waiter()
 	third := ask()
 	a := <-second // before the grade ends
-	var se *jetstream.ServiceError
-	if !errors.As(a.err, &se) || se.Code != "asked_again" {
+	if !isServiceCode(a.err, "asked_again") {
 		t.Fatalf("the repeat a later one replaced: %+v, want told a later request gets the verdict", a)
 	}
 	poll.Wait(t, 10*time.Second, "the third to wait", func() bool { return waiter() != w })
@@ -320,4 +283,41 @@ func TestVerifyRepeatTakesThePlaceOfTheOneBefore(t *testing.T) {
 			t.Fatalf("verdict: %+v, want the one grade's", a)
 		}
 	}
+}
+
+// gatedGrade is an owner o1, served, whose grade signals entered and waits
+// for release, with session s1 started: a grade that runs as long as a
+// test wants.
+type gatedGrade struct {
+	o                *Owner
+	c                *ownerapi.Client
+	d                fullProvider
+	ctx              context.Context
+	entered, release chan struct{}
+}
+
+func newGatedGrade(t *testing.T) gatedGrade {
+	t.Helper()
+	env := jstest.Start(t)
+	d := newDir(t)
+	g := gatedGrade{d: d, entered: make(chan struct{}, 1), release: make(chan struct{})}
+	cfg := baseConfig(t, env, d, "o1")
+	cfg.TaskKind = TaskFuncs{GradeFn: func(ctx context.Context, _ Execer, s *Session) (json.RawMessage, error) {
+		g.entered <- struct{}{}
+		select {
+		case <-g.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return json.RawMessage(`{"reward":1}`), nil
+	}}
+	g.o = newOwner(t, cfg)
+	g.c = serve(t, env, g.o)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	g.ctx = ctx
+	if _, err := g.o.StartSession(ctx, "s1", ep("r1", 0), provider.Spec{}); err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
